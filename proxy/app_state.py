@@ -1,0 +1,105 @@
+"""Typed application state: what the routes share, and the drain bookkeeping.
+
+`track()` wraps every generation request: it counts it in flight and remembers its
+task, so shutdown can wait for the count to reach zero (`drain`) and then cancel the
+stragglers (`abort_all`), which closes their streams and aborts their generations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from .auth import Authenticator
+from .chain import BasePlugin, Next
+from .engine.base import Engine
+from .settings import Settings
+from .telemetry import Metrics
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: Engine
+    auth: Authenticator
+    metrics: Metrics
+    plugins: list[BasePlugin]
+    chain: Next
+    draining: bool = False
+    engine_error: BaseException | None = None
+    #: Set once the engine has started (or failed to).
+    engine_settled: asyncio.Event = field(default_factory=asyncio.Event)
+    _inflight: set[asyncio.Task[Any]] = field(default_factory=set)
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    dumps: Any = functools.partial(json.dumps, separators=(",", ":"), ensure_ascii=False)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    @contextmanager
+    def track(self) -> Iterator[None]:
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.add(task)
+        self._idle.clear()
+        self.metrics.in_flight.inc()
+        try:
+            yield
+        finally:
+            self._inflight.discard(task)
+            self.metrics.in_flight.dec()
+            if not self._inflight:
+                self._idle.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until nothing is in flight; False if the timeout came first."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    async def abort_all(self, grace: float = 5.0) -> int:
+        tasks = list(self._inflight)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        self.metrics.aborted.labels("shutdown").inc(len(tasks))
+        return len(tasks)
+
+    def readiness(self) -> dict[str, Any]:
+        if self.draining:
+            status = "draining"
+        elif self.engine_error is not None:
+            status = "failed"
+        elif not self.engine.ready():
+            status = "loading"
+        else:
+            status = "ready"
+        body: dict[str, Any] = {"status": status, "in_flight": self.in_flight}
+        stats = self.engine.stats()
+        body["engine"] = {"ready": self.engine.ready(), "running": stats.running,
+                          "waiting": stats.waiting}
+        plugins = {p.name: h for p in self.plugins if (h := p.health()) is not None}
+        if plugins:
+            body["plugins"] = plugins
+        return body
+
+    def refresh_gauges(self) -> None:
+        self.metrics.engine_running.set(self.engine.stats().running)
+
+
+STATE: web.AppKey[AppState] = web.AppKey("weir_state", AppState)

@@ -1,0 +1,236 @@
+"""The plugin chain: contract, registry, ordering rules and composition.
+
+A plugin is an async callable `(ctx, call_next) -> Reply`. The YAML list under
+`plugins:` is execution order, outermost first; each entry's `config` is validated by
+the plugin's own schema (`Config`, pydantic, `extra="forbid"`). A plugin may
+short-circuit (return a Reply without calling `call_next`), change `ctx.request`
+before calling on, or wrap the Reply it gets back. A `Stream` is wrapped by an async
+generator whose `finally` runs on completion, error and cancellation alike.
+
+Ordering is checked at load: plugins declare a `placement` (`first`: before every
+other plugin, like the sanitizer; `last`: next to the engine, like admission and the
+breaker) and may name plugins that must run `after` them. A bad order is refused with
+the YAML path of the offending entry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .context import RequestContext
+from .settings import ConfigError, PluginSpec, errors_from_validation
+
+if TYPE_CHECKING:
+    from .engine.base import Engine
+    from .settings import Settings
+    from .telemetry import Metrics
+
+
+@dataclass(slots=True)
+class Completion:
+    """A whole answer: the OpenAI response object, JSON-ready."""
+
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Stream:
+    """A streamed answer: an async iterator of OpenAI chunk objects (dicts).
+
+    `aclose()` closes the underlying iterator, which is how a client disconnect reaches
+    the engine (its generator's `finally` aborts the generation).
+    """
+
+    __slots__ = ("_it", "headers")
+
+    def __init__(
+        self, chunks: AsyncIterator[dict[str, Any]], headers: dict[str, str] | None = None
+    ) -> None:
+        self._it = chunks
+        self.headers: dict[str, str] = headers if headers is not None else {}
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._it
+
+    async def aclose(self) -> None:
+        close = getattr(self._it, "aclose", None)
+        if close is not None:
+            await close()
+
+    def wrap(
+        self, fn: Callable[[AsyncIterator[dict[str, Any]]], AsyncIterator[dict[str, Any]]]
+    ) -> Stream:
+        """A new Stream over `fn(self)`; headers carry over."""
+        return Stream(fn(self._it), self.headers)
+
+
+Reply = Completion | Stream
+Next = Callable[[RequestContext], Awaitable[Reply]]
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    name: ClassVar[str]
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply: ...
+
+
+class PluginConfig(BaseModel):
+    """Base for plugin configs: unknown keys are errors, every field has a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(slots=True)
+class Services:
+    """What a plugin may use besides its config, handed over at construction."""
+
+    engine: Engine
+    settings: Settings
+    metrics: Metrics
+
+
+class BasePlugin:
+    """Convenience base: config schema, placement, lifespan hooks (all optional)."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[PluginConfig]] = PluginConfig
+    placement: ClassVar[Literal["first", "any", "last"]] = "any"
+    #: Names of plugins that, when present, must come later in the chain.
+    before: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: PluginConfig, services: Services) -> None:
+        self.config = config
+        self.services = services
+
+    async def start(self) -> None:
+        """Open resources (Redis pools, background tasks). Called once at app start."""
+
+    async def close(self) -> None:
+        """Release them. Called once at shutdown, in reverse chain order."""
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        return await call_next(ctx)
+
+    def health(self) -> dict[str, Any] | None:
+        """Details for /health/ready (e.g. breaker state); None: nothing to show."""
+        return None
+
+
+# ---------------------------------------------------------------------------- registry
+
+#: Built-in plugins, imported on first use so a missing optional dependency of one
+#: plugin does not stop the others from loading.
+BUILTIN: dict[str, str] = {
+    "sanitizer": "plugins.sanitizer.plugin:SanitizerPlugin",
+    "cache": "plugins.cache.plugin:CachePlugin",
+    "rate_limit": "plugins.rate_limit.plugin:RateLimitPlugin",
+    "admission": "plugins.admission.plugin:AdmissionPlugin",
+    "breaker": "plugins.breaker.plugin:BreakerPlugin",
+}
+_registered: dict[str, type[BasePlugin]] = {}
+
+
+def register(cls: type[BasePlugin]) -> type[BasePlugin]:
+    """Register a plugin class under `cls.name` (usable as a decorator)."""
+    _registered[cls.name] = cls
+    return cls
+
+
+def unregister(name: str) -> None:
+    _registered.pop(name, None)
+
+
+def plugin_class(name: str) -> type[BasePlugin]:
+    if name in _registered:
+        return _registered[name]
+    target = BUILTIN.get(name)
+    if target is None:
+        known = sorted({*BUILTIN, *_registered})
+        raise KeyError(f"unknown plugin `{name}` (known: {', '.join(known)})")
+    module, _, attr = target.partition(":")
+    try:
+        cls: type[BasePlugin] = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise KeyError(f"plugin `{name}` is not available in this build ({e})") from None
+    return cls
+
+
+# ------------------------------------------------------------------------ validation
+
+
+def validate_plugins(
+    specs: list[PluginSpec],
+) -> list[tuple[type[BasePlugin], PluginConfig, int]]:
+    """Resolve, validate and order-check the YAML plugin list; raise ConfigError."""
+    errors: list[tuple[str, str]] = []
+    resolved: list[tuple[type[BasePlugin], PluginConfig, int]] = []
+    seen: dict[str, int] = {}
+    for i, spec in enumerate(specs):
+        path = f"plugins[{i}]"
+        if not spec.enabled:
+            continue
+        try:
+            cls = plugin_class(spec.name)
+        except KeyError as e:
+            errors.append((f"{path}.name", str(e.args[0])))
+            continue
+        if spec.name in seen:
+            errors.append((f"{path}.name", f"plugin `{spec.name}` is listed twice "
+                                           f"(first at plugins[{seen[spec.name]}])"))
+            continue
+        seen[spec.name] = i
+        try:
+            config = cls.Config.model_validate(spec.config)
+        except ValidationError as e:
+            errors.extend(errors_from_validation(e, prefix=f"{path}.config"))
+            continue
+        resolved.append((cls, config, i))
+    errors.extend(_order_errors(resolved))
+    if errors:
+        raise ConfigError(errors)
+    return resolved
+
+
+def _order_errors(
+    resolved: list[tuple[type[BasePlugin], PluginConfig, int]],
+) -> list[tuple[str, str]]:
+    errors = []
+    names = [cls.name for cls, _, _ in resolved]
+    for pos, (cls, _, i) in enumerate(resolved):
+        earlier = resolved[:pos]
+        if cls.placement == "first" and any(c.placement != "first" for c, _, _ in earlier):
+            errors.append((f"plugins[{i}]", f"`{cls.name}` must come before every other plugin"))
+        if cls.placement != "last" and any(c.placement == "last" for c, _, _ in earlier):
+            last = next(c.name for c, _, _ in earlier if c.placement == "last")
+            errors.append((f"plugins[{i}]", f"`{cls.name}` must come before `{last}`, which "
+                                            "has to sit next to the engine"))
+        for other in cls.before:
+            if other in names[:pos]:
+                errors.append((f"plugins[{i}]", f"`{cls.name}` must come before `{other}`"))
+    return errors
+
+
+def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugin]:
+    return [cls(config, services) for cls, config, _ in validate_plugins(specs)]
+
+
+def compose(plugins: list[Plugin], terminal: Next) -> Next:
+    """One callable running `plugins` outermost first, then `terminal`."""
+    handler = terminal
+    for plugin in reversed(plugins):
+        handler = _link(plugin, handler)
+    return handler
+
+
+def _link(plugin: Plugin, call_next: Next) -> Next:
+    async def step(ctx: RequestContext) -> Reply:
+        return await plugin(ctx, call_next)
+
+    step.__qualname__ = f"chain.{plugin.name}"
+    return step

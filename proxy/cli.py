@@ -1,0 +1,135 @@
+"""`weir serve | check-config | make-demo-model`.
+
+`serve` runs the app with `handler_cancellation` on, so a client that disconnects
+cancels its handler at once (aiohttp otherwise notices only at the next write), and
+shuts down gracefully on SIGTERM/SIGINT: readiness turns 503 and new requests get 503
+immediately; in-flight requests (streams too) may finish for `server.drain_timeout_s`;
+the rest are cancelled (their generations aborted); then the engine stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from .settings import ConfigError, Settings, load_settings
+
+
+def _load(path: str) -> Settings:
+    try:
+        return load_settings(path)
+    except FileNotFoundError:
+        print(f"{path}: no such file", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ConfigError as e:
+        _print_errors(path, e)
+        raise SystemExit(1) from None
+
+
+def _print_errors(path: str, e: ConfigError) -> None:
+    for where, msg in e.errors:
+        print(f"{path}: {where or '<root>'}: {msg}", file=sys.stderr)
+
+
+def check_config(path: str) -> int:
+    from .chain import validate_plugins
+
+    settings = _load(path)
+    try:
+        validate_plugins(settings.plugins)
+    except ConfigError as e:
+        _print_errors(path, e)
+        return 1
+    print(f"{path}: OK ({len([p for p in settings.plugins if p.enabled])} plugins, "
+          f"engine {settings.engine.kind})")
+    return 0
+
+
+async def serve(settings: Settings, host: str, port: int) -> int:
+    from .app import create_app
+    from .app_state import STATE
+    from .telemetry import get_logger
+
+    log = get_logger("weir.serve")
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    fatal: list[BaseException] = []
+
+    def on_fatal(e: BaseException) -> None:
+        fatal.append(e)
+        stop.set()
+
+    try:
+        app = create_app(settings, on_fatal=on_fatal)
+    except ConfigError as e:
+        _print_errors("config", e)
+        return 1
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = [s.getsockname() for s in (site._server.sockets if site._server else [])]  # type: ignore[union-attr]
+    actual_port = bound[0][1] if bound else port
+    log.info("listening", url=f"http://{host}:{actual_port}")
+    print(f"weir: listening on http://{host}:{actual_port}", file=sys.stderr, flush=True)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+
+    st = app[STATE]
+    st.draining = True
+    drain = settings.server.drain_timeout_s
+    log.info("draining", in_flight=st.in_flight, timeout_s=drain)
+    if not await st.drain(drain):
+        aborted = await st.abort_all()
+        log.warning("drain timeout: aborted in-flight requests", count=aborted)
+    await runner.cleanup()
+    log.info("stopped")
+    return 1 if fatal else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="weir", description="Weir inference gateway")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_serve = sub.add_parser("serve", help="run the gateway")
+    p_serve.add_argument("--config", default="config/weir.yaml")
+    p_serve.add_argument("--host", default=None)
+    p_serve.add_argument("--port", type=int, default=None)
+    p_serve.add_argument("--log-format", choices=["json", "console"], default=None)
+    p_check = sub.add_parser("check-config", help="validate a config file")
+    p_check.add_argument("file")
+    p_demo = sub.add_parser("make-demo-model", help="generate the tiny demo model")
+    p_demo.add_argument("dir", type=Path)
+    args = parser.parse_args(argv)
+
+    if args.cmd == "check-config":
+        return check_config(args.file)
+    if args.cmd == "make-demo-model":
+        from .engine.demo_model import build_demo_model
+
+        out = build_demo_model(args.dir)
+        print(f"demo model written to {out}")
+        return 0
+
+    from .telemetry import configure_logging
+
+    settings = _load(args.config)
+    if args.log_format:
+        settings.logging.format = args.log_format
+    configure_logging(settings.logging)
+    host = args.host or settings.server.host
+    port = settings.server.port if args.port is None else args.port
+    return asyncio.run(serve(settings, host, port))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""RequestContext: everything one request carries through the chain.
+
+Plugins keep per-request state here (`ctx.state[plugin_name]`), never on themselves:
+a plugin instance serves every request at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .auth import Principal
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+Route = Literal["chat", "completion"]
+
+
+@dataclass(slots=True)
+class RequestContext:
+    route: Route
+    request: ChatCompletionRequest | CompletionRequest
+    principal: Principal
+    request_id: str
+    #: Monotonic deadline (time.monotonic()) or None for no deadline.
+    deadline: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased request headers
+    #: Headers plugins want on the response (x-weir-cache, x-ratelimit-*, ...).
+    response_headers: dict[str, str] = field(default_factory=dict)
+    #: Set by the sanitizer (or a cache regex): the request must not touch the cache.
+    sensitive: bool = False
+    #: Names of detectors that fired (no matched text, ever).
+    flags: set[str] = field(default_factory=set)
+    state: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    #: Filled by the terminal step: prompt tokens, for rate limiters and logs.
+    prompt_tokens: int | None = None
+
+    @property
+    def model(self) -> str:
+        return self.request.model
+
+    @property
+    def stream(self) -> bool:
+        return self.request.stream
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None: no deadline)."""
+        if self.deadline is None:
+            return None
+        return self.deadline - time.monotonic()

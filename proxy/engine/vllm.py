@@ -1,0 +1,253 @@
+"""The in-process vLLM engine: `AsyncLLM` behind Weir's Engine protocol.
+
+The only module that imports vllm. It builds `AsyncEngineArgs` from YAML, starts
+`AsyncLLM` in a worker thread (loading takes tens of seconds and must not block the event
+loop, so `/health/live` answers meanwhile), renders chat templates with the engine's
+own tokenizer, maps Weir's `SamplingOptions` to `SamplingParams` (DELTA outputs, so each
+step carries only new tokens), and runs one warm-up request before it reports ready.
+
+vLLM's engine core runs in a spawned process; `close()` shuts it down and waits for it,
+so no engine process outlives Weir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ..settings import VllmEngineSettings
+from .base import (
+    ChoiceDelta,
+    EngineFailed,
+    EngineOutput,
+    EngineOverloaded,
+    EngineRejected,
+    EngineStats,
+    ModelInfo,
+    SamplingOptions,
+    TokenLogprob,
+    TopLogprob,
+)
+from .demo_model import DEMO_MODEL_NAME, ensure_demo_model
+
+# Keep vLLM's own logging to warnings unless the operator asks for more: its INFO lines
+# are not structured and can name request ids at a high rate.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
+from vllm.exceptions import GracefulHTTPError, VLLMClientError  # noqa: E402
+from vllm.inputs.engine import tokens_input  # noqa: E402
+from vllm.sampling_params import (  # noqa: E402
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
+from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError  # noqa: E402
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class VllmEngine:
+    def __init__(self, settings: VllmEngineSettings) -> None:
+        self.settings = settings
+        self._llm: AsyncLLM | None = None
+        self._tokenizer: Any = None
+        self._ready = False
+        self._model_path: str = settings.model
+        self._served = settings.served_model_name or (
+            DEMO_MODEL_NAME if settings.model == "builtin:demo" else settings.model
+        )
+        self._created = int(time.time())
+        self._max_model_len = settings.max_model_len or 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    def ready(self) -> bool:
+        return self._ready and self._llm is not None and not self._llm.errored
+
+    async def start(self) -> None:
+        s = self.settings
+        if s.cpu_kvcache_space_gib is not None:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{s.cpu_kvcache_space_gib:g}")
+        if s.model == "builtin:demo":
+            self._model_path = str(await asyncio.to_thread(ensure_demo_model))
+        args = AsyncEngineArgs(
+            model=self._model_path,
+            served_model_name=[self._served],
+            tokenizer=s.tokenizer,
+            dtype=s.dtype,  # type: ignore[arg-type]
+            quantization=s.quantization,  # type: ignore[arg-type]
+            kv_cache_dtype=s.kv_cache_dtype,  # type: ignore[arg-type]
+            max_num_seqs=s.max_num_seqs,
+            max_model_len=s.max_model_len,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            enable_prefix_caching=s.enable_prefix_caching,
+            tensor_parallel_size=s.tensor_parallel_size,
+            seed=s.seed,
+            disable_log_stats=False,
+            **s.extra_args,
+        )
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        self._tokenizer = self._llm.get_tokenizer()
+        self._max_model_len = int(self._llm.model_config.max_model_len)
+        if s.warmup:
+            await self._warmup()
+        self._ready = True
+
+    async def _warmup(self) -> None:
+        prompt = self.render_chat([{"role": "user", "content": "warm up"}], None)
+        opts = SamplingOptions(max_tokens=4, temperature=0.0)
+        async for _ in self.generate(prompt, opts, "weir-warmup"):
+            pass
+
+    async def close(self) -> None:
+        self._ready = False
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+
+    # ------------------------------------------------------------------- metadata
+
+    def models(self) -> list[ModelInfo]:
+        return [
+            ModelInfo(
+                id=self._served,
+                owned_by=self.settings.owned_by,
+                root=self._model_path,
+                created=self._created,
+                max_model_len=self._max_model_len or None,
+            )
+        ]
+
+    def stats(self) -> EngineStats:
+        if self._llm is None:
+            return EngineStats()
+        return EngineStats(running=self._llm.get_num_unfinished_requests())
+
+    # ----------------------------------------------------------------- tokenizing
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=True))
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+        try:
+            text = self._tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as e:  # jinja raises for roles or shapes a template refuses
+            raise EngineRejected(f"The model's chat template rejected the messages: {e}",
+                                 param="messages") from None
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    # ----------------------------------------------------------------- generating
+
+    def _sampling_params(self, o: SamplingOptions) -> SamplingParams:
+        structured = None
+        if o.json_schema is not None:
+            structured = StructuredOutputsParams(json=o.json_schema)
+        elif o.json_object:
+            structured = StructuredOutputsParams(json_object=True)
+        try:
+            return SamplingParams(
+                n=o.n,
+                temperature=o.temperature,
+                top_p=o.top_p,
+                top_k=o.top_k or 0,
+                seed=o.seed,
+                stop=o.stop or None,
+                max_tokens=o.max_tokens,
+                min_tokens=o.min_tokens,
+                presence_penalty=o.presence_penalty,
+                frequency_penalty=o.frequency_penalty,
+                logit_bias=o.logit_bias,
+                logprobs=o.logprobs,
+                ignore_eos=o.ignore_eos,
+                structured_outputs=structured,
+                output_kind=RequestOutputKind.DELTA,
+            )
+        except (VLLMClientError, ValueError) as e:
+            raise EngineRejected(str(e), param=getattr(e, "parameter", None)) from None
+
+    async def generate(
+        self,
+        prompt: list[int],
+        options: SamplingOptions,
+        request_id: str,
+        *,
+        cache_salt: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[EngineOutput]:
+        llm = self._llm
+        if llm is None or llm.errored:
+            raise EngineFailed("engine is not running")
+        params = self._sampling_params(options)
+        want_logprobs = options.logprobs is not None
+        try:
+            async for out in llm.generate(
+                tokens_input(prompt, cache_salt=cache_salt), params, request_id
+            ):
+                choices = [
+                    ChoiceDelta(
+                        index=c.index,
+                        text=c.text,
+                        token_ids=list(c.token_ids),
+                        logprobs=_logprobs(c.logprobs, c.token_ids) if want_logprobs else None,
+                        finish_reason=_FINISH.get(c.finish_reason or "", c.finish_reason),
+                    )
+                    for c in out.outputs
+                ]
+                yield EngineOutput(
+                    choices=choices,
+                    prompt_tokens=len(out.prompt_token_ids or prompt),
+                    finished=out.finished,
+                    cached_tokens=out.num_cached_tokens or 0,
+                )
+        except GracefulHTTPError as e:
+            raise EngineOverloaded(str(e)) from None
+        except VLLMClientError as e:
+            raise EngineRejected(str(e), param=getattr(e, "parameter", None)) from None
+        except (EngineDeadError, EngineGenerateError) as e:
+            raise EngineFailed(type(e).__name__) from e
+
+    async def abort(self, request_id: str) -> None:
+        if self._llm is not None:
+            await self._llm.abort(request_id)
+
+
+def _logprobs(entries: Any, token_ids: Any) -> list[TokenLogprob]:
+    out: list[TokenLogprob] = []
+    for tid, entry in zip(token_ids, entries or [], strict=False):
+        chosen = entry.get(tid)
+        tops = sorted(entry.values(), key=lambda lp: lp.rank or 0)
+        out.append(
+            TokenLogprob(
+                token=_tok(chosen),
+                logprob=max(float(chosen.logprob), -9999.0) if chosen else -9999.0,
+                bytes=_bytes(chosen),
+                top=[TopLogprob(_tok(lp), max(float(lp.logprob), -9999.0), _bytes(lp))
+                     for lp in tops],
+            )
+        )
+    return out
+
+
+def _tok(lp: Any) -> str:
+    return (lp.decoded_token if lp is not None else None) or ""
+
+
+def _bytes(lp: Any) -> list[int] | None:
+    text = _tok(lp)
+    return list(text.encode("utf-8")) if text else None
+
+
+def model_path_exists(model: str) -> bool:
+    return Path(model).exists()

@@ -1,0 +1,139 @@
+"""The WeirError tree: every error a client can see, in OpenAI's shape.
+
+Each subclass fixes the HTTP status and OpenAI `type`; instances carry the message,
+the offending `param` and a machine-readable `code`. `to_body()` is the only place that
+builds an error body, so every error the gateway sends has the same keys
+(`message`, `type`, `param`, `code`), in JSON or in-band in an SSE stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WeirError(Exception):
+    status: int = 500
+    type: str = "server_error"
+    default_code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+        self.headers: dict[str, str] = dict(headers or {})
+
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(WeirError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(WeirError):
+    status = 401
+    type = "authentication_error"
+    default_code = "invalid_api_key"
+
+    def __init__(self, message: str = "Incorrect API key provided.", **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.headers.setdefault("www-authenticate", 'Bearer realm="weir"')
+        self.headers.setdefault("x-should-retry", "false")
+
+
+class PermissionDenied(WeirError):
+    status = 403
+    type = "permission_error"
+    default_code = "permission_denied"
+
+
+class NotFound(WeirError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    default_code = "model_not_found"
+
+    def __init__(self, model: str, *, param: str | None = "model") -> None:
+        super().__init__(
+            f"The model `{model}` does not exist or you do not have access to it.",
+            param=param,
+        )
+
+
+class MethodNotAllowed(WeirError):
+    status = 405
+    type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
+class PayloadTooLarge(WeirError):
+    status = 413
+    type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class UnsupportedMediaType(WeirError):
+    status = 415
+    type = "invalid_request_error"
+    default_code = "unsupported_media_type"
+
+
+class RateLimited(WeirError):
+    status = 429
+    type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+
+class ServerError(WeirError):
+    """A bug or an unexpected engine failure. The message sent is always generic."""
+
+    status = 500
+    type = "server_error"
+
+    def __init__(self, message: str = "The server had an error while processing your request.",
+                 **kw: Any) -> None:
+        super().__init__(message, **kw)
+
+
+class EngineError(ServerError):
+    """The engine failed while generating (the engine is the one at fault, not Weir)."""
+
+    status = 502
+    default_code = "engine_error"
+
+
+class Unavailable(WeirError):
+    status = 503
+    type = "server_error"
+    default_code = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after: float | None = 1.0, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        if retry_after is not None:
+            self.headers.setdefault("retry-after", str(max(1, round(retry_after))))
+            self.headers.setdefault("retry-after-ms", str(int(retry_after * 1000)))
+
+
+class Timeout(WeirError):
+    status = 504
+    type = "timeout_error"
+    default_code = "timeout"

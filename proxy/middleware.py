@@ -1,0 +1,125 @@
+"""aiohttp middlewares: HTTP-level work only, outermost first.
+
+1. `request_id`: honours a sane `x-request-id` or makes one; binds it to the log
+   context; echoes it on the response.
+2. `access_log`: one structured line per request and the request metrics. It reads
+   what the route left in `request["weir"]` (tenant, model, cache result, tokens, TTFT)
+   and never logs headers, keys or prompt text.
+3. `errors`: the outermost handler of exceptions: WeirError -> its OpenAI body and
+   status; aiohttp's HTTP exceptions (404, 405, 413) -> OpenAI bodies; anything else ->
+   a generic 500 whose details go to the log only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from typing import Any
+
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from .errors import (
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ServerError,
+    WeirError,
+)
+from .telemetry import Metrics, get_logger
+
+log = get_logger("weir.http")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def error_response(err: WeirError, request_id: str | None = None) -> web.Response:
+    headers = dict(err.headers)
+    if request_id:
+        headers["x-request-id"] = request_id
+    return web.json_response(err.to_body(), status=err.status, headers=headers)
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    rid = request.headers.get("x-request-id", "")
+    if not _REQUEST_ID.match(rid):
+        rid = uuid.uuid4().hex
+    request["request_id"] = rid
+    request["weir"] = {}
+    with structlog.contextvars.bound_contextvars(request_id=rid):
+        resp = await handler(request)
+    if not resp.prepared:
+        resp.headers["x-request-id"] = rid
+    return resp
+
+
+def make_access_log(metrics: Metrics, enabled: bool) -> Any:
+    @web.middleware
+    async def access_log(request: web.Request, handler: Handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        status = 500
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        except asyncio.CancelledError:
+            status = 499  # client closed the connection
+            raise
+        finally:
+            info: dict[str, Any] = request.get("weir", {})
+            elapsed = time.perf_counter() - start
+            route = info.get("route")
+            if route is not None:
+                model = info.get("model", "")
+                metrics.requests.labels(route, model, str(status)).inc()
+                metrics.latency.labels(route, model).observe(elapsed)
+            if enabled and request.path != "/metrics" and not request.path.startswith("/health"):
+                log.info(
+                    "request",
+                    method=request.method,
+                    path=request.path,
+                    status=status,
+                    latency_ms=round(elapsed * 1000, 2),
+                    **{k: v for k, v in info.items() if v is not None},
+                )
+
+    return access_log
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    rid = request.get("request_id")
+    try:
+        return await handler(request)
+    except WeirError as e:
+        return error_response(e, rid)
+    except web.HTTPRequestEntityTooLarge as e:
+        return error_response(PayloadTooLarge(
+            f"The request body is larger than the limit of {e.max_size} bytes."), rid)
+    except web.HTTPMethodNotAllowed as e:
+        err: WeirError = MethodNotAllowed(
+            f"Method {request.method} is not allowed on {request.path}; "
+            f"allowed: {', '.join(sorted(e.allowed_methods))}.")
+        return error_response(err, rid)
+    except web.HTTPNotFound:
+        return error_response(NotFound(
+            f"Unknown request URL: {request.method} {request.path}.", code="unknown_url"), rid)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(_generic_http(e), rid)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error", path=request.path)
+        return error_response(ServerError(), rid)
+
+
+def _generic_http(e: web.HTTPException) -> WeirError:
+    err = WeirError(e.reason or "HTTP error")
+    err.status = e.status
+    err.type = "invalid_request_error" if e.status < 500 else "server_error"
+    return err

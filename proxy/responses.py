@@ -1,0 +1,191 @@
+"""Builders for OpenAI response objects and stream chunks (JSON-ready dicts).
+
+One place decides the shapes, so live answers, cached replays and fallbacks all look
+alike. Shapes follow the official spec (`shared/openai/openapi.yaml`): chat chunks carry
+the role only in a choice's first delta; every chunk of a stream has the same id;
+a choice's `finish_reason` is set exactly once; with `include_usage`, each chunk has
+`usage: null` and a last chunk carries the usage with `choices: []`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from .engine.base import TokenLogprob
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    u: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    if cached:
+        u["prompt_tokens_details"] = {"cached_tokens": cached}
+    return u
+
+
+def finish(reason: str | None) -> str:
+    """Engine finish reasons to OpenAI's enum ('abort' only reaches here on shutdown)."""
+    return "length" if reason == "length" else "stop"
+
+
+# ------------------------------------------------------------------------------ chat
+
+
+def chat_logprobs(entries: list[TokenLogprob], top: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "token": e.token,
+            "logprob": e.logprob,
+            "bytes": e.bytes,
+            "top_logprobs": [
+                {"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in e.top[:top]
+            ],
+        }
+        for e in entries
+    ]
+
+
+def chat_completion(
+    *,
+    id: str,
+    model: str,
+    created: int,
+    choices: list[dict[str, Any]],
+    usage_: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": usage_,
+        "system_fingerprint": None,
+    }
+
+
+def chat_choice(
+    index: int, text: str, reason: str, logprobs: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": text, "refusal": None},
+        "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None,
+        "finish_reason": reason,
+    }
+
+
+def chat_chunk(
+    *,
+    id: str,
+    model: str,
+    created: int,
+    choices: list[dict[str, Any]],
+    include_usage: bool,
+) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "system_fingerprint": None,
+    }
+    if include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def chat_chunk_choice(
+    index: int,
+    *,
+    content: str | None,
+    first: bool,
+    reason: str | None,
+    logprobs: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    if first:
+        delta["role"] = "assistant"
+    if content is not None:
+        delta["content"] = content
+    return {
+        "index": index,
+        "delta": delta,
+        "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None,
+        "finish_reason": reason,
+    }
+
+
+def usage_chunk(
+    *, id: str, model: str, created: int, object_: str, usage_: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": id,
+        "object": object_,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_,
+        "system_fingerprint": None,
+    }
+
+
+# ------------------------------------------------------------------------ completions
+
+
+def completion_logprobs(entries: list[TokenLogprob], top: int, offset: int) -> dict[str, Any]:
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    pos = offset
+    for e in entries:
+        tokens.append(e.token)
+        token_logprobs.append(e.logprob)
+        tops.append({t.token: t.logprob for t in e.top[: max(top, 1)]} if top else None)
+        offsets.append(pos)
+        pos += len(e.token)
+    out: dict[str, Any] = {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "text_offset": offsets,
+    }
+    out["top_logprobs"] = [t for t in tops if t is not None] if top else []
+    return out
+
+
+def completion_body(
+    *,
+    id: str,
+    model: str,
+    created: int,
+    choices: list[dict[str, Any]],
+    usage_: dict[str, Any] | None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "system_fingerprint": None,
+    }
+    if usage_ is not None:
+        body["usage"] = usage_
+    return body
+
+
+def completion_choice(
+    index: int, text: str, reason: str | None, logprobs: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,185 @@
+"""HTTP routes, kept thin: parse -> auth -> chain -> JSON or SSE.
+
+Order inside a generation route: refuse while draining (503), authenticate (401 before
+we read a body we might not want), check the content type and read the body within the
+size limit (413), decode and validate it (400 naming the param), check the key may use
+the model (403), then run the chain and send its Reply.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from .app_state import STATE, AppState
+from .chain import Completion, Stream
+from .context import RequestContext, Route
+from .errors import InvalidRequest, ModelNotFound, PayloadTooLarge, Unavailable
+from .protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    decode_json_object,
+    parse_model,
+)
+from .streaming import write_sse
+from .telemetry import get_logger
+
+log = get_logger("weir.routes")
+
+_MODELS: dict[Route, type[ChatCompletionRequest] | type[CompletionRequest]] = {
+    "chat": ChatCompletionRequest,
+    "completion": CompletionRequest,
+}
+
+
+def _state(request: web.Request) -> AppState:
+    return request.app[STATE]
+
+
+async def read_json(request: web.Request, limit: int) -> dict[str, Any]:
+    ctype = request.content_type
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise InvalidRequest(
+            f"Unsupported content type `{ctype or 'none'}`; send `application/json`.",
+            code="invalid_content_type",
+        )
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise PayloadTooLarge(
+            f"The request body is larger than the limit of {limit} bytes.") from None
+    return decode_json_object(body)
+
+
+async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
+    st = _state(request)
+    if st.draining:
+        raise Unavailable("The server is shutting down; retry on another replica.",
+                          code="shutting_down")
+    if not st.engine.ready():
+        raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
+                          retry_after=5)
+    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    data = await read_json(request, st.settings.server.max_body_bytes)
+    req = parse_model(_MODELS[route], data)
+    info = request["weir"]
+    info.update(route=route, model=req.model, tenant=principal.tenant, stream=req.stream)
+    principal.check_model(req.model)
+    ctx = RequestContext(
+        route=route,
+        request=req,
+        principal=principal,
+        request_id=request["request_id"],
+        headers={k.lower(): v for k, v in request.headers.items()},
+    )
+    with st.track():
+        reply = await st.chain(ctx)
+        headers = {**ctx.response_headers, **reply.headers}
+        info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
+        if isinstance(reply, Completion):
+            _note_usage(st, info, reply.body)
+            return web.json_response(reply.body, headers=headers, dumps=st.dumps)
+        assert isinstance(reply, Stream)
+        return await _send_stream(request, st, reply, headers, info)
+
+
+def _note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:
+    u = body.get("usage") or {}
+    info.update(prompt_tokens=u.get("prompt_tokens"), completion_tokens=u.get("completion_tokens"))
+    model = info.get("model", "")
+    st.metrics.tokens.labels(model, "prompt").inc(u.get("prompt_tokens") or 0)
+    st.metrics.tokens.labels(model, "completion").inc(u.get("completion_tokens") or 0)
+
+
+async def _send_stream(request: web.Request, st: AppState, reply: Stream,
+                       headers: dict[str, str], info: dict[str, Any]) -> web.StreamResponse:
+    start = time.perf_counter()
+
+    def first() -> None:
+        ttft = time.perf_counter() - start
+        info["ttft_ms"] = round(ttft * 1000, 2)
+        st.metrics.ttft.labels(info["route"], info.get("model", "")).observe(ttft)
+
+    async def tap(it: Any) -> Any:
+        async for chunk in it:
+            if chunk.get("usage"):
+                _note_usage(st, info, chunk)
+            yield chunk
+
+    def aborted(reason: str) -> None:
+        st.metrics.aborted.labels("client_gone").inc()
+        log.warning("stream cut: client stopped reading or went away", reason=reason)
+
+    srv = st.settings.server
+    return await write_sse(
+        request, tap(reply.__aiter__()), headers,
+        write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s, on_first=first,
+        on_abort=aborted, log_error=lambda e: log.error("stream failed", exc_info=e),
+    )
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completion")
+
+
+def _model_entry(m: Any) -> dict[str, Any]:
+    entry = {"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by,
+             "root": m.root, "parent": None}
+    if m.max_model_len:
+        entry["max_model_len"] = m.max_model_len
+    return entry
+
+
+async def list_models(request: web.Request) -> web.Response:
+    st = _state(request)
+    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    data = [_model_entry(m) for m in st.engine.models() if principal.may_use(m.id)]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    st = _state(request)
+    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    model_id = request.match_info["model"]
+    for m in st.engine.models():
+        if m.id == model_id and principal.may_use(m.id):
+            return web.json_response(_model_entry(m))
+    raise ModelNotFound(model_id, param=None)
+
+
+async def live(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    st = _state(request)
+    body = st.readiness()
+    status = 200 if body["status"] == "ready" else 503
+    headers = {"Retry-After": "5"} if status == 503 else None
+    return web.json_response(body, status=status, headers=headers)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    st = _state(request)
+    st.refresh_gauges()
+    return web.Response(body=st.metrics.render(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)
+    app.router.add_get("/health/live", live)
+    app.router.add_get("/health/ready", ready)
+    app.router.add_get("/health", ready)
+    app.router.add_get("/metrics", metrics)

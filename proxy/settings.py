@@ -1,0 +1,234 @@
+"""Root settings: one YAML file, validated by pydantic, errors named by YAML path.
+
+`${VAR}` and `${VAR:-default}` in string values are replaced from the environment after
+the YAML is parsed (so a substituted value can never change the document's structure);
+a value that is exactly one reference is then typed by the field (`port: ${PORT:-8000}`
+is an int). Plugin configs are validated by each plugin's own schema when the chain is
+built (`proxy.chain.validate_plugins`), with paths such as `plugins[1].config.ttl_s`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Strict):
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on (0: any free port).")
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="On SIGTERM/SIGINT, how long in-flight requests may finish."
+    )
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+    )
+    write_timeout_s: float = Field(
+        30.0, gt=0, description="A client that reads nothing for this long is cut off."
+    )
+    keepalive_s: float = Field(
+        15.0, gt=0, description="Interval of SSE keep-alive comments while a stream is idle."
+    )
+
+
+class VllmEngineSettings(_Strict):
+    kind: Literal["vllm"] = "vllm"
+    model: str = Field(
+        "builtin:demo",
+        description="Hugging Face id or local path; `builtin:demo` generates a tiny local model.",
+    )
+    served_model_name: str | None = Field(
+        None, description="Name clients use in `model` (default: the model id)."
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer id or path (default: model's).")
+    dtype: str = Field("auto", description="Weights dtype: auto, float16, bfloat16, float32.")
+    quantization: str | None = Field(None, description="awq, gptq, fp8 ... (None: off).")
+    kv_cache_dtype: str = Field("auto", description="KV cache dtype: auto, fp8 ...")
+    max_num_seqs: int = Field(64, ge=1, description="Sequences batched together at most.")
+    max_model_len: int | None = Field(None, ge=16, description="Context length (None: model's).")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU memory share.")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV cache of shared prefixes.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs one model is split across.")
+    seed: int = Field(0, description="Engine seed.")
+    cpu_kvcache_space_gib: float | None = Field(
+        1.0, gt=0, description="CPU builds: KV cache size (sets VLLM_CPU_KVCACHE_SPACE)."
+    )
+    warmup: bool = Field(True, description="Run one request before reporting ready.")
+    owned_by: str = Field("weir", description="`owned_by` in /v1/models.")
+    extra_args: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to vLLM's AsyncEngineArgs as they are."
+    )
+
+
+class UpstreamEngineSettings(_Strict):
+    kind: Literal["upstream"] = "upstream"
+    base_url: str = Field(description="OpenAI-compatible base URL, e.g. http://central:8000/v1.")
+    api_key: str | None = Field(None, description="Bearer key sent upstream.")
+    models: list[str] = Field(default_factory=list, description="Models served (empty: ask).")
+    timeout_s: float = Field(600.0, gt=0, description="Total timeout of one upstream request.")
+    connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout.")
+    max_connections: int = Field(100, ge=1, description="Pooled connections at most.")
+    owned_by: str = Field("upstream", description="`owned_by` in /v1/models.")
+
+
+def _engine_kind(v: Any) -> str:
+    kind = v.get("kind", "vllm") if isinstance(v, dict) else getattr(v, "kind", "vllm")
+    return kind if kind in ("vllm", "upstream") else "vllm"
+
+
+EngineSettings = Annotated[
+    Annotated[VllmEngineSettings, Tag("vllm")] | Annotated[UpstreamEngineSettings, Tag("upstream")],
+    Discriminator(_engine_kind),
+]
+
+
+class ApiKey(_Strict):
+    """One API key and who it stands for. Exactly one of the key sources must be set."""
+
+    key_sha256: str | None = Field(None, pattern=r"^[0-9a-fA-F]{64}$",
+                                   description="Hex sha256 of the key.")
+    key_env: str | None = Field(None, description="Environment variable holding the key.")
+    key_file: Path | None = Field(None, description="File holding the key.")
+    key: str | None = Field(None, description="The key in clear (for tests only).")
+    tenant: str = Field("default", min_length=1, description="Tenant of the caller.")
+    role: str = Field("user", min_length=1, description="Role: user, admin, ... ")
+    user: str | None = Field(None, description="User id (default: derived from the key).")
+    models: list[str] | None = Field(None, description="Models this key may use (None: all).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKey:
+        given = [k for k in ("key_sha256", "key_env", "key_file", "key") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(
+                "set exactly one of key_sha256, key_env, key_file, key"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+
+class AuthSettings(_Strict):
+    mode: Literal["open", "keys"] = Field(
+        "keys", description="`open`: anyone is the anonymous principal (development only)."
+    )
+    keys: list[ApiKey] = Field(default_factory=list, description="Accepted API keys.")
+    anonymous_tenant: str = Field("public", description="Tenant of callers in open mode.")
+    anonymous_role: str = Field("user", description="Role of callers in open mode.")
+
+    @model_validator(mode="after")
+    def _keys_needed(self) -> AuthSettings:
+        if self.mode == "keys" and not self.keys:
+            raise ValueError("mode `keys` needs at least one entry in `keys`")
+        return self
+
+
+class LoggingSettings(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Level.")
+    format: Literal["json", "console"] = Field("json", description="Output format.")
+    include_prompts: bool = Field(False, description="Log prompt and answer text (debug only).")
+    access_log: bool = Field(True, description="One line per request.")
+
+
+class PluginSpec(_Strict):
+    name: str = Field(description="Registered plugin name (sanitizer, cache, ...).")
+    enabled: bool = Field(True, description="Set false to keep the entry but skip it.")
+    config: dict[str, Any] = Field(default_factory=dict, description="The plugin's own config.")
+
+
+class Settings(_Strict):
+    server: ServerSettings = Field(default_factory=ServerSettings)  # type: ignore[arg-type]
+    engine: EngineSettings = Field(default_factory=VllmEngineSettings)  # type: ignore[arg-type]
+    auth: AuthSettings = Field(default_factory=lambda: AuthSettings(mode="open"))
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)  # type: ignore[arg-type]
+    plugins: list[PluginSpec] = Field(default_factory=list, description="Outermost first.")
+
+
+class ConfigError(Exception):
+    """Configuration errors, each with its YAML path."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(f"{p}: {m}" if p else m for p, m in errors))
+
+
+def yaml_path(loc: tuple[int | str, ...], prefix: str = "") -> str:
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("vllm", "upstream") and out.endswith("engine"):
+            continue  # the discriminated union's tag
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def errors_from_validation(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+    out = []
+    for e in exc.errors(include_url=False):
+        msg = e["msg"].removeprefix("Value error, ")
+        out.append((yaml_path(tuple(e["loc"]), prefix), msg))
+    return out
+
+
+_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str] | None = None, path: str = "") -> Any:
+    """Replace ${VAR} / ${VAR:-default} in every string of a parsed YAML document."""
+    env = os.environ if env is None else env  # type: ignore[assignment]
+    assert env is not None
+    if isinstance(value, dict):
+        return {k: interpolate(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env, f"{path}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${" not in value:
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError([(path, f"environment variable {name} is not set and has no default")])
+
+    return _REF.sub(sub, value)
+
+
+def load_settings(path: str | Path, env: dict[str, str] | None = None) -> Settings:
+    text = Path(path).read_text(encoding="utf-8")
+    return parse_settings(text, env=env)
+
+
+def parse_settings(text: str, env: dict[str, str] | None = None) -> Settings:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError([("", f"not valid YAML{where}: {getattr(e, 'problem', e)}")]) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError([("", "the top level must be a mapping")])
+    raw = interpolate(raw, env)
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(errors_from_validation(e)) from None
