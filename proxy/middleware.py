@@ -22,6 +22,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from .app_state import INFO, REQUEST_ID
 from .errors import (
     MethodNotAllowed,
     NotFound,
@@ -47,8 +48,8 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
     rid = request.headers.get("x-request-id", "")
     if not _REQUEST_ID.match(rid):
         rid = uuid.uuid4().hex
-    request["request_id"] = rid
-    request["weir"] = {}
+    request[REQUEST_ID] = rid
+    request[INFO] = {}
     with structlog.contextvars.bound_contextvars(request_id=rid):
         resp = await handler(request)
     if not resp.prepared:
@@ -69,7 +70,7 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             status = 499  # client closed the connection
             raise
         finally:
-            info: dict[str, Any] = request.get("weir", {})
+            info: dict[str, Any] = request.get(INFO, {})
             elapsed = time.perf_counter() - start
             route = info.get("route")
             if route is not None:
@@ -91,7 +92,7 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    rid = request.get("request_id")
+    rid = request.get(REQUEST_ID)
     try:
         return await handler(request)
     except WeirError as e:

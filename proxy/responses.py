@@ -68,7 +68,6 @@ def chat_completion(
         "model": model,
         "choices": choices,
         "usage": usage_,
-        "system_fingerprint": None,
     }
 
 
@@ -97,7 +96,6 @@ def chat_chunk(
         "created": created,
         "model": model,
         "choices": choices,
-        "system_fingerprint": None,
     }
     if include_usage:
         chunk["usage"] = None
@@ -135,7 +133,6 @@ def usage_chunk(
         "model": model,
         "choices": [],
         "usage": usage_,
-        "system_fingerprint": None,
     }
 
 
@@ -174,7 +171,6 @@ def completion_body(
         "created": created,
         "model": model,
         "choices": choices,
-        "system_fingerprint": None,
     }
     if usage_ is not None:
         body["usage"] = usage_

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .app_state import STATE, AppState
+from .app_state import INFO, REQUEST_ID, STATE, AppState
 from .chain import Completion, Stream
 from .context import RequestContext, Route
 from .errors import InvalidRequest, ModelNotFound, PayloadTooLarge, Unavailable
@@ -66,14 +66,14 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     principal = st.auth.authenticate(request.headers.get("Authorization"))
     data = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(_MODELS[route], data)
-    info = request["weir"]
+    info = request[INFO]
     info.update(route=route, model=req.model, tenant=principal.tenant, stream=req.stream)
     principal.check_model(req.model)
     ctx = RequestContext(
         route=route,
         request=req,
         principal=principal,
-        request_id=request["request_id"],
+        request_id=request[REQUEST_ID],
         headers={k.lower(): v for k, v in request.headers.items()},
     )
     with st.track():

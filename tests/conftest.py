@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from proxy.app import create_app
+from proxy.settings import Settings
+from tests.fakes import FakeEngine
+
+MakeClient = Callable[..., Awaitable[TestClient[Any, web.Application]]]
+
+
+def make_settings(**overrides: Any) -> Settings:
+    data: dict[str, Any] = {"auth": {"mode": "open"}, "logging": {"access_log": False}}
+    data.update(overrides)
+    return Settings.model_validate(data)
+
+
+@pytest.fixture
+def fake_engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+def make_client(aiohttp_client: Any, fake_engine: FakeEngine) -> MakeClient:
+    """Build an app over the fake engine and return a test client for it."""
+
+    async def make(settings: Settings | None = None, engine: FakeEngine | None = None,
+                   **overrides: Any) -> TestClient[Any, web.Application]:
+        settings = settings or make_settings(**overrides)
+        app = create_app(settings, engine=engine or fake_engine)
+        return await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+
+    return make

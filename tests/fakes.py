@@ -1,0 +1,121 @@
+"""A fake Engine for unit and integration tests (never for the e2e suite).
+
+Deterministic: the answer is derived from the prompt's token ids, one word a token,
+so tests can predict it. `delay` paces tokens; `fail_after` raises EngineFailed after
+that many tokens; `active` and `aborted` show what the engine is doing, so tests can
+check that disconnects really abort.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from proxy.engine.base import (
+    ChoiceDelta,
+    EngineFailed,
+    EngineOutput,
+    EngineStats,
+    ModelInfo,
+    SamplingOptions,
+    TokenLogprob,
+    TopLogprob,
+)
+
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+
+
+class FakeEngine:
+    def __init__(self, *, model: str = "fake-model", max_model_len: int = 512,
+                 delay: float = 0.0, ready: bool = True, vocab_size: int = 1000) -> None:
+        self.model = model
+        self._max_model_len = max_model_len
+        self.delay = delay
+        self._ready = ready
+        self.vocab_size = vocab_size
+        self.fail_after: int | None = None
+        self.active: set[str] = set()
+        self.aborted: list[str] = []
+        self.calls: list[tuple[list[int], SamplingOptions, str | None]] = []
+        self.started = False
+        self.closed = False
+        self.token_gate: asyncio.Event | None = None  # when set, each token waits on it
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def set_ready(self, value: bool) -> None:
+        self._ready = value
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=self.model, owned_by="test", root="/fake", created=1700000000,
+                          max_model_len=self._max_model_len)]
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self.active))
+
+    def encode(self, text: str) -> list[int]:
+        return [1] + [ord(c) % 997 + 2 for c in text]
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+        ids = [1]
+        for m in messages:
+            ids.append(3)
+            ids.extend(ord(c) % 997 + 2 for c in m["role"] + ":" + str(m["content"]))
+        return ids
+
+    @staticmethod
+    def expected_text(prompt: list[int], n_tokens: int, choice: int = 0) -> str:
+        seed = sum(prompt) + choice
+        return "".join(" " + WORDS[(seed + i) % len(WORDS)] for i in range(n_tokens))
+
+    async def generate(self, prompt: list[int], options: SamplingOptions, request_id: str, *,
+                       cache_salt: str | None = None, priority: int = 0,
+                       ) -> AsyncIterator[EngineOutput]:
+        self.calls.append((prompt, options, cache_salt))
+        self.active.add(request_id)
+        finished_ok = False
+        try:
+            seed = sum(prompt)
+            for i in range(options.max_tokens):
+                if self.token_gate is not None:
+                    await self.token_gate.wait()
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                else:
+                    await asyncio.sleep(0)
+                if self.fail_after is not None and i >= self.fail_after:
+                    raise EngineFailed("injected failure")
+                last = i == options.max_tokens - 1
+                choices = []
+                for c in range(options.n):
+                    word = " " + WORDS[(seed + c + i) % len(WORDS)]
+                    lp = None
+                    if options.logprobs is not None:
+                        top = [TopLogprob(word, -0.5, list(word.encode()))] + [
+                            TopLogprob(f" t{k}", -1.0 - k, None) for k in range(options.logprobs)]
+                        lp = [TokenLogprob(word, -0.5, list(word.encode()), top)]
+                    choices.append(ChoiceDelta(index=c, text=word, token_ids=[10 + i],
+                                               logprobs=lp,
+                                               finish_reason="length" if last else None))
+                yield EngineOutput(choices=choices, prompt_tokens=len(prompt), finished=last)
+            finished_ok = True
+        finally:
+            self.active.discard(request_id)
+            if not finished_ok:
+                self.aborted.append(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.active.discard(request_id)
+        self.aborted.append(request_id)

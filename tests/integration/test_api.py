@@ -1,0 +1,182 @@
+"""The OpenAI API over the fake engine: response shapes against the official spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.conftest import MakeClient
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate, validate_completion_chunk
+from tests.sse import check_chat_stream, parse_sse
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+async def test_chat_completion_matches_spec(make_client: MakeClient, fake_engine: FakeEngine
+                                            ) -> None:
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", json=CHAT)
+    assert r.status == 200
+    body = await r.json()
+    validate("CreateChatCompletionResponse", body)
+    prompt = fake_engine.calls[0][0]
+    assert body["choices"][0]["message"]["content"] == FakeEngine.expected_text(prompt, 5)
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": len(prompt), "completion_tokens": 5,
+                             "total_tokens": len(prompt) + 5}
+    assert r.headers["x-request-id"]
+
+
+async def test_request_id_is_honoured(make_client: MakeClient) -> None:
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "abc-1"})
+    assert r.headers["x-request-id"] == "abc-1"
+    r = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "bad id"})
+    assert r.headers["x-request-id"] != "bad id"
+
+
+async def test_chat_stream_matches_spec_and_agrees_with_whole(make_client: MakeClient) -> None:
+    client = await make_client()
+    whole = await (await client.post("/v1/chat/completions", json=CHAT)).json()
+    r = await client.post("/v1/chat/completions",
+                          json={**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events, done = parse_sse(await r.text())
+    assert done
+    text = check_chat_stream(events, usage=True)
+    assert text == whole["choices"][0]["message"]["content"]
+    assert events[-1]["usage"] == whole["usage"]
+
+
+async def test_chat_stream_without_usage_and_n2(make_client: MakeClient) -> None:
+    client = await make_client()
+    r = await client.post("/v1/chat/completions",
+                          json={**CHAT, "stream": True, "n": 2, "temperature": 0.7})
+    events, done = parse_sse(await r.text())
+    assert done
+    check_chat_stream(events, n=2)
+
+
+async def test_chat_logprobs(make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    r = await client.post("/v1/chat/completions",
+                          json={**CHAT, "logprobs": True, "top_logprobs": 3})
+    body = await r.json()
+    validate("CreateChatCompletionResponse", body)
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == 5 and len(content[0]["top_logprobs"]) == 3
+    assert fake_engine.calls[0][1].logprobs == 3
+
+
+async def test_sampling_params_reach_the_engine(make_client: MakeClient, fake_engine: FakeEngine
+                                                ) -> None:
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", json={
+        **CHAT, "temperature": 0.3, "top_p": 0.9, "seed": 7, "stop": "x",
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "logit_bias": {"42": 5},
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "r", "schema": {"type": "object"}}},
+        "user": "u1", "max_completion_tokens": 3})
+    assert r.status == 200
+    o = fake_engine.calls[0][1]
+    assert (o.temperature, o.top_p, o.seed, o.stop, o.max_tokens) == (0.3, 0.9, 7, ["x"], 3)
+    assert (o.presence_penalty, o.frequency_penalty, o.logit_bias) == (0.5, -0.5, {42: 5})
+    assert o.json_schema == {"type": "object"} and not o.json_object
+
+
+async def test_default_max_tokens_is_the_rest_of_the_context(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    fake_engine._max_model_len = 40
+    client = await make_client()
+    body = {**CHAT}
+    del body["max_tokens"]
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status == 200
+    prompt, opts, _ = fake_engine.calls[0]
+    assert opts.max_tokens == 40 - len(prompt)
+
+
+async def test_cache_salt_is_per_tenant(make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    client = await make_client(auth={"mode": "keys", "keys": [
+        {"key": "ka", "tenant": "a"}, {"key": "ka2", "tenant": "a"}, {"key": "kb", "tenant": "b"}]})
+    for key in ("ka", "ka2", "kb"):
+        r = await client.post("/v1/chat/completions", json=CHAT,
+                              headers={"Authorization": f"Bearer {key}"})
+        assert r.status == 200
+    salts = [c[2] for c in fake_engine.calls]
+    assert salts[0] == salts[1] != salts[2]
+
+
+async def _completion(client: Any, **kw: Any) -> dict[str, Any]:
+    r = await client.post("/v1/completions", json={"model": "fake-model", "max_tokens": 4, **kw})
+    assert r.status == 200, await r.text()
+    body: dict[str, Any] = await r.json()
+    validate("CreateCompletionResponse", body)
+    return body
+
+
+async def test_completions_prompt_forms(make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    one = await _completion(client, prompt="hello")
+    assert one["object"] == "text_completion" and len(one["choices"]) == 1
+    many = await _completion(client, prompt=["a", "b", "c"], n=2, temperature=1)
+    assert [c["index"] for c in many["choices"]] == list(range(6))
+    ids = await _completion(client, prompt=[5, 6, 7])
+    assert fake_engine.calls[-1][0] == [5, 6, 7]
+    assert ids["usage"]["prompt_tokens"] == 3
+    await _completion(client, prompt=[[5, 6], [7]])
+    echo = await _completion(client, prompt="say", echo=True)
+    assert echo["choices"][0]["text"].startswith("say ")
+    lp = await _completion(client, prompt="x", logprobs=2)
+    assert len(lp["choices"][0]["logprobs"]["tokens"]) == 4
+    assert len(lp["choices"][0]["logprobs"]["top_logprobs"][0]) == 2
+
+
+async def test_completion_stream(make_client: MakeClient) -> None:
+    client = await make_client()
+    r = await client.post("/v1/completions", json={
+        "model": "fake-model", "prompt": ["a", "b"], "max_tokens": 3, "stream": True,
+        "stream_options": {"include_usage": True}})
+    events, done = parse_sse(await r.text())
+    assert done
+    for e in events:
+        validate_completion_chunk(e)
+    assert len({e["id"] for e in events}) == 1
+    finishes = [c["index"] for e in events for c in e["choices"] if c["finish_reason"]]
+    assert sorted(finishes) == [0, 1]
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 6
+
+
+async def test_models(make_client: MakeClient) -> None:
+    client = await make_client()
+    body = await (await client.get("/v1/models")).json()
+    validate("ListModelsResponse", body)
+    assert body["data"][0]["id"] == "fake-model" and body["data"][0]["root"] == "/fake"
+    one = await client.get("/v1/models/fake-model")
+    validate("Model", await one.json())
+    missing = await client.get("/v1/models/nope")
+    assert missing.status == 404
+    err = await missing.json()
+    validate("ErrorResponse", err)
+    assert err["error"]["code"] == "model_not_found"
+
+
+async def test_models_respect_key_scope(make_client: MakeClient) -> None:
+    client = await make_client(auth={"mode": "keys", "keys": [
+        {"key": "k", "tenant": "a", "models": ["other"]}]})
+    h = {"Authorization": "Bearer k"}
+    body = await (await client.get("/v1/models", headers=h)).json()
+    assert body["data"] == []
+    assert (await client.get("/v1/models/fake-model", headers=h)).status == 404
+    assert (await client.get("/v1/models")).status == 401
+
+
+async def test_health_and_metrics(make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    assert (await client.get("/health/live")).status == 200
+    ready = await client.get("/health/ready")
+    assert ready.status == 200 and (await ready.json())["status"] == "ready"
+    await client.post("/v1/chat/completions", json=CHAT)
+    text = await (await client.get("/metrics")).text()
+    assert 'weir_requests_total{model="fake-model",route="chat",status="200"} 1.0' in text

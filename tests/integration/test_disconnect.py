@@ -1,0 +1,79 @@
+"""Clients that go away or stop reading must not leave work running in the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+from tests.conftest import MakeClient
+from tests.fakes import FakeEngine
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    """Poll a condition (bounded): the engine aborts asynchronously."""
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.01)
+
+
+async def test_abandoned_requests_abort_their_generations(make_client: MakeClient) -> None:
+    engine = FakeEngine(delay=0.01)
+    client = await make_client(engine=engine)
+    for i in range(50):
+        body = {**CHAT, "max_tokens": 400, "stream": i % 2 == 0}
+        task = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        await wait_for(lambda: len(engine.active) == 1)
+        if body["stream"]:
+            resp = await task
+            await resp.content.readuntil(b"\n\n")  # first chunk arrived, then hang up
+            resp.close()
+        else:
+            task.cancel()  # hang up while the whole answer is being generated
+            await asyncio.gather(task, return_exceptions=True)
+        await wait_for(lambda: not engine.active)
+    assert len(engine.aborted) == 50
+    engine.delay = 0
+    r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 3})
+    assert r.status == 200 and (await r.json())["choices"][0]["finish_reason"] == "length"
+
+
+async def test_disconnect_while_waiting_for_first_token(make_client: MakeClient) -> None:
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()  # the engine never produces a token
+    client = await make_client(engine=engine)
+    task = asyncio.create_task(client.post("/v1/chat/completions",
+                                           json={**CHAT, "stream": True}))
+    await wait_for(lambda: len(engine.active) == 1)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await wait_for(lambda: not engine.active)
+    assert len(engine.aborted) == 1
+
+
+async def test_stalled_reader_is_cut_off(make_client: MakeClient) -> None:
+    """A client that sends a request and never reads: the write timeout ends it."""
+    engine = FakeEngine()
+    client = await make_client(engine=engine, server={"write_timeout_s": 0.5})
+    body = json.dumps({**CHAT, "stream": True, "max_tokens": 200_000, "logprobs": True,
+                       "top_logprobs": 20}).encode()
+    # fake_engine.max_model_len must allow that many tokens
+    engine._max_model_len = 300_000
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (client.host, client.port))
+    await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                            b"Content-Type: application/json\r\n"
+                            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    try:
+        await wait_for(lambda: len(engine.active) == 1)
+        await wait_for(lambda: not engine.active, timeout=30)  # never read a byte
+        assert len(engine.aborted) == 1
+    finally:
+        sock.close()
+    r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2})
+    assert r.status == 200

@@ -1,0 +1,168 @@
+"""Every bad input gets an OpenAI-shaped error with the right status, and the server
+keeps serving afterwards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import MakeClient
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+
+MSG = [{"role": "user", "content": "hi"}]
+CHAT = {"model": "fake-model", "messages": MSG}
+
+
+async def error_of(resp: Any, status: int) -> dict[str, Any]:
+    assert resp.status == status, await resp.text()
+    body = await resp.json()
+    validate("ErrorResponse", body)
+    err: dict[str, Any] = body["error"]
+    return err
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({**CHAT, "temperature": -1}, "temperature"),
+        ({"messages": MSG}, "model"),
+        ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({**CHAT, "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+        ({**CHAT, "n": 2, "temperature": 0}, "n"),
+        ({**CHAT, "logit_bias": {"abc": 1}}, "logit_bias"),
+        ({**CHAT, "logit_bias": {"99999": 1}}, "logit_bias"),
+        ({**CHAT, "max_tokens": 10_000}, "max_tokens"),
+        ({"model": "fake-model", "messages": [{"role": "user", "content": "x" * 600}]},
+         "messages"),
+        ({"model": "fake-model", "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         "messages[0].content[0].type"),
+    ],
+)
+async def test_bad_chat_params_are_400_naming_the_param(
+        make_client: MakeClient, body: dict[str, Any], param: str) -> None:
+    client = await make_client()
+    err = await error_of(await client.post("/v1/chat/completions", json=body), 400)
+    assert err["type"] == "invalid_request_error"
+    assert err["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "fake-model", "prompt": "x", "suffix": "y"}, "suffix"),
+        ({"model": "fake-model", "prompt": "x", "best_of": 3}, "best_of"),
+        ({"model": "fake-model", "prompt": [1] * 600}, "prompt"),
+        ({"model": "fake-model", "prompt": "x", "logprobs": 9}, "logprobs"),
+    ],
+)
+async def test_bad_completion_params(make_client: MakeClient, body: dict[str, Any],
+                                     param: str) -> None:
+    client = await make_client()
+    err = await error_of(await client.post("/v1/completions", json=body), 400)
+    assert err["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("data", "ctype", "code"),
+    [
+        (b"{not json", "application/json", "invalid_json"),
+        (b'{"model": "\xff"}', "application/json", "invalid_encoding"),
+        (b"", "application/json", "invalid_json"),
+        (b"[]", "application/json", "invalid_json"),
+        (b'{"model": "fake-model"}', "text/plain", "invalid_content_type"),
+        (b"model=x", "application/x-www-form-urlencoded", "invalid_content_type"),
+    ],
+)
+async def test_malformed_bodies_are_400(make_client: MakeClient, data: bytes, ctype: str,
+                                        code: str) -> None:
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", data=data, headers={"Content-Type": ctype})
+    err = await error_of(r, 400)
+    assert err["code"] == code
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+
+
+async def test_body_too_large_is_413(make_client: MakeClient) -> None:
+    client = await make_client(server={"max_body_bytes": 2048})
+    big = {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}
+    err = await error_of(await client.post("/v1/chat/completions", json=big), 413)
+    assert err["code"] == "request_too_large"
+
+    async def chunked() -> Any:  # no Content-Length: the limit must hold while reading
+        yield b'{"model": "fake-model", "messages": [{"role": "user", "content": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}]}'
+
+    r = await client.post("/v1/chat/completions", data=chunked(),
+                          headers={"Content-Type": "application/json"})
+    await error_of(r, 413)
+
+
+async def test_unknown_model_is_404(make_client: MakeClient) -> None:
+    client = await make_client()
+    err = await error_of(await client.post("/v1/chat/completions",
+                                           json={**CHAT, "model": "nope"}), 404)
+    assert err["code"] == "model_not_found" and err["param"] == "model"
+
+
+async def test_unknown_route_404_and_wrong_method_405(make_client: MakeClient) -> None:
+    client = await make_client()
+    err = await error_of(await client.get("/v1/nope"), 404)
+    assert err["code"] == "unknown_url"
+    await error_of(await client.get("/v1/chat/completions"), 405)
+
+
+async def test_auth_errors(make_client: MakeClient) -> None:
+    client = await make_client(auth={"mode": "keys", "keys": [
+        {"key": "good", "tenant": "a", "models": ["other-model"]}]})
+    err = await error_of(await client.post("/v1/chat/completions", json=CHAT), 401)
+    assert err["code"] == "missing_api_key"
+    r = await client.post("/v1/chat/completions", json=CHAT,
+                          headers={"Authorization": "Bearer wrong"})
+    assert (await error_of(r, 401))["code"] == "invalid_api_key"
+    assert r.headers["x-should-retry"] == "false"
+    r = await client.post("/v1/chat/completions", json=CHAT,
+                          headers={"Authorization": "Bearer good"})
+    assert (await error_of(r, 403))["param"] == "model"
+
+
+async def test_not_ready_is_503_with_retry_after(make_client: MakeClient,
+                                                 fake_engine: FakeEngine) -> None:
+    fake_engine.set_ready(False)
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", json=CHAT)
+    err = await error_of(r, 503)
+    assert err["code"] == "not_ready" and int(r.headers["Retry-After"]) >= 1
+    ready = await client.get("/health/ready")
+    assert ready.status == 503 and "Retry-After" in ready.headers
+    assert (await client.get("/health/live")).status == 200
+
+
+async def test_engine_failure_is_generic_and_in_band_mid_stream(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    fake_engine.fail_after = 0
+    err = await error_of(await client.post("/v1/chat/completions", json=CHAT), 502)
+    assert "injected" not in err["message"]
+    fake_engine.fail_after = 2
+    r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True, "max_tokens": 5})
+    assert r.status == 200
+    text = await r.text()
+    assert '"error"' in text and text.endswith("data: [DONE]\n\n")
+    fake_engine.fail_after = None
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+
+
+async def test_a_bug_is_a_generic_500(make_client: MakeClient, fake_engine: FakeEngine,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(fake_engine, "render_chat", broken)
+    client = await make_client()
+    err = await error_of(await client.post("/v1/chat/completions", json=CHAT), 500)
+    assert "secret" not in err["message"] and err["type"] == "server_error"

@@ -1,0 +1,57 @@
+"""Parse an SSE body into events, and check a stream's OpenAI invariants."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.openai_spec import validate
+
+
+def parse_sse(text: str) -> tuple[list[dict[str, Any]], bool]:
+    """(JSON events, whether the stream ended with [DONE]). Comments are skipped."""
+    events: list[dict[str, Any]] = []
+    done = False
+    for block in text.split("\n\n"):
+        lines = [ln for ln in block.split("\n") if ln and not ln.startswith(":")]
+        if not lines:
+            continue
+        assert not done, "data after [DONE]"
+        data = "\n".join(ln.removeprefix("data: ") for ln in lines if ln.startswith("data: "))
+        if data == "[DONE]":
+            done = True
+            continue
+        events.append(json.loads(data))
+    return events, done
+
+
+def check_chat_stream(events: list[dict[str, Any]], n: int = 1, usage: bool = False) -> str:
+    """Assert OpenAI's stream invariants; return choice 0's text."""
+    assert events, "empty stream"
+    ids = {e["id"] for e in events}
+    assert len(ids) == 1, "every chunk must carry the same id"
+    texts = {i: "" for i in range(n)}
+    roles: dict[int, int] = {}
+    finishes: dict[int, int] = {}
+    body = events[:-1] if usage else events
+    for e in body:
+        validate("CreateChatCompletionStreamResponse", e)
+        assert e["choices"], "only the usage chunk may have no choices"
+        for c in e["choices"]:
+            i = c["index"]
+            if "role" in c["delta"]:
+                assert i not in roles and i not in texts or texts[i] == "", "role after content"
+                roles[i] = roles.get(i, 0) + 1
+            texts[i] += c["delta"].get("content") or ""
+            if c["finish_reason"]:
+                finishes[i] = finishes.get(i, 0) + 1
+    assert roles == {i: 1 for i in range(n)}, f"role once per choice, got {roles}"
+    assert finishes == {i: 1 for i in range(n)}, f"finish_reason once per choice: {finishes}"
+    if usage:
+        last = events[-1]
+        validate("CreateChatCompletionStreamResponse", last)
+        assert last["choices"] == [] and last["usage"]["total_tokens"] > 0
+        assert all(e["usage"] is None for e in body)
+    else:
+        assert all("usage" not in e or e["usage"] is None for e in events)
+    return texts[0]

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+
+from proxy.auth import Authenticator, sha256_hex
+from proxy.errors import PermissionDenied, Unauthorized
+from proxy.settings import AuthSettings
+
+
+def auth(tmp_path, monkeypatch) -> Authenticator:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("K_ENV", "env-key")
+    f = tmp_path / "k"
+    f.write_text("file-key\n")
+    return Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
+        {"key_sha256": sha256_hex("hashed-key"), "tenant": "a", "role": "admin"},
+        {"key_env": "K_ENV", "tenant": "b", "user": "bob"},
+        {"key_file": str(f), "tenant": "c", "models": ["m1"]},
+    ]}))
+
+
+def test_each_key_source_maps_to_its_principal(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    a = auth(tmp_path, monkeypatch)
+    p = a.authenticate("Bearer hashed-key")
+    assert (p.tenant, p.role) == ("a", "admin")
+    assert p.user.startswith("key-") and "hashed" not in p.user
+    assert a.authenticate("Bearer env-key").user == "bob"
+    c = a.authenticate("bearer file-key")
+    assert c.tenant == "c" and c.may_use("m1") and not c.may_use("m2")
+    with pytest.raises(PermissionDenied):
+        c.check_model("m2")
+
+
+@pytest.mark.parametrize("header", [None, "", "Bearer", "Basic abc", "Bearer wrong"])
+def test_bad_or_missing_keys_are_401(tmp_path, monkeypatch, header) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(Unauthorized) as e:
+        auth(tmp_path, monkeypatch).authenticate(header)
+    assert e.value.status == 401
+    assert e.value.headers["x-should-retry"] == "false"
+
+
+def test_open_mode_is_anonymous_but_honours_known_keys() -> None:
+    a = Authenticator(AuthSettings.model_validate(
+        {"mode": "open", "keys": [{"key": "k1", "tenant": "t1"}]}))
+    assert a.authenticate(None).tenant == "public"
+    assert a.authenticate("Bearer whatever").tenant == "public"
+    assert a.authenticate("Bearer k1").tenant == "t1"
+
+
+def test_missing_env_key_is_an_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("NOPE_KEY", raising=False)
+    with pytest.raises(ValueError):
+        Authenticator(AuthSettings.model_validate(
+            {"mode": "keys", "keys": [{"key_env": "NOPE_KEY"}]}))

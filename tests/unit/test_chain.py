@@ -1,0 +1,217 @@
+"""The chain framework, driven by small test plugins (the real plugins have their own)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, ClassVar, Literal
+
+import pytest
+from pydantic import Field
+
+from proxy.auth import Principal
+from proxy.chain import (
+    BasePlugin,
+    Completion,
+    PluginConfig,
+    Reply,
+    Services,
+    Stream,
+    build_plugins,
+    compose,
+    register,
+    unregister,
+    validate_plugins,
+)
+from proxy.context import RequestContext
+from proxy.errors import RateLimited
+from proxy.protocol import ChatCompletionRequest
+from proxy.settings import ConfigError, PluginSpec, Settings
+from proxy.telemetry import Metrics
+from tests.fakes import FakeEngine
+
+
+def ctx() -> RequestContext:
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                          request_id="r1")
+
+
+class TraceConfig(PluginConfig):
+    tag: str = Field("x", description="label written to the trace")
+
+
+class TracePlugin(BasePlugin):
+    """Records entry and exit around call_next."""
+
+    name: ClassVar[str] = "t_trace"
+    Config = TraceConfig
+    log: ClassVar[list[str]] = []
+
+    async def __call__(self, ctx: RequestContext, call_next: Any) -> Reply:
+        tag = self.config.tag  # type: ignore[attr-defined]
+        self.log.append(f"in:{tag}")
+        try:
+            return await call_next(ctx)
+        finally:
+            self.log.append(f"out:{tag}")
+
+
+class ShortCircuit(BasePlugin):
+    name: ClassVar[str] = "t_short"
+
+    async def __call__(self, ctx: RequestContext, call_next: Any) -> Reply:
+        return Completion({"short": True}, headers={"x-short": "1"})
+
+
+class First(BasePlugin):
+    name: ClassVar[str] = "t_first"
+    placement: ClassVar[Literal["first", "any", "last"]] = "first"
+
+
+class Last(BasePlugin):
+    name: ClassVar[str] = "t_last"
+    placement: ClassVar[Literal["first", "any", "last"]] = "last"
+
+
+class Early(BasePlugin):
+    name: ClassVar[str] = "t_early"
+    before: ClassVar[tuple[str, ...]] = ("t_trace",)
+
+
+@pytest.fixture(autouse=True)
+def _registry() -> Iterator[None]:
+    for cls in (TracePlugin, ShortCircuit, First, Last, Early):
+        register(cls)
+    TracePlugin.log = []
+    yield
+    for cls in (TracePlugin, ShortCircuit, First, Last, Early):
+        unregister(cls.name)
+
+
+def services() -> Services:
+    return Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+
+
+def plugins(*specs: dict[str, Any]) -> list[BasePlugin]:
+    return build_plugins([PluginSpec.model_validate(s) for s in specs], services())
+
+
+async def terminal(ctx: RequestContext) -> Reply:
+    return Completion({"terminal": True})
+
+
+async def test_plugins_run_outermost_first() -> None:
+    chain = compose(plugins({"name": "t_trace", "config": {"tag": "a"}}), terminal)  # type: ignore[arg-type]
+    reply = await chain(ctx())
+    assert isinstance(reply, Completion) and reply.body == {"terminal": True}
+    assert TracePlugin.log == ["in:a", "out:a"]
+
+
+async def test_short_circuit_skips_the_rest() -> None:
+    called = []
+
+    async def term(c: RequestContext) -> Reply:
+        called.append(1)
+        return Completion({})
+
+    ps = plugins({"name": "t_trace"}, {"name": "t_short"})
+    reply = await compose(ps, term)(ctx())  # type: ignore[arg-type]
+    assert isinstance(reply, Completion) and reply.body == {"short": True}
+    assert called == [] and TracePlugin.log == ["in:x", "out:x"]
+
+
+async def test_errors_propagate_through_plugins() -> None:
+    async def boom(c: RequestContext) -> Reply:
+        raise RateLimited("slow down")
+
+    with pytest.raises(RateLimited):
+        await compose(plugins({"name": "t_trace"}), boom)(ctx())  # type: ignore[arg-type]
+    assert TracePlugin.log == ["in:x", "out:x"]
+
+
+async def test_stream_wrapping_cleans_up_on_cancel() -> None:
+    cleaned: list[str] = []
+    gate = asyncio.Event()
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        try:
+            yield {"n": 0}
+            await gate.wait()  # never set: the consumer is cancelled while waiting
+            yield {"n": 1}
+        finally:
+            cleaned.append("source")
+
+    class Wrap(BasePlugin):
+        name: ClassVar[str] = "t_wrap"
+
+        async def __call__(self, ctx: RequestContext, call_next: Any) -> Reply:
+            reply = await call_next(ctx)
+            assert isinstance(reply, Stream)
+
+            async def wrapped(it: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+                try:
+                    async for chunk in it:
+                        yield {**chunk, "wrapped": True}
+                finally:
+                    cleaned.append("wrapper")
+                    await it.aclose()  # type: ignore[attr-defined]
+
+            return reply.wrap(wrapped)
+
+    async def term(c: RequestContext) -> Reply:
+        return Stream(source())
+
+    register(Wrap)
+    try:
+        reply = await compose(plugins({"name": "t_wrap"}), term)(ctx())  # type: ignore[arg-type]
+        assert isinstance(reply, Stream)
+        it = reply.__aiter__()
+        assert await it.__anext__() == {"n": 0, "wrapped": True}
+        task = asyncio.ensure_future(it.__anext__())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await reply.aclose()
+        assert sorted(cleaned) == ["source", "wrapper"]
+    finally:
+        unregister("t_wrap")
+
+
+def test_config_is_validated_with_paths() -> None:
+    with pytest.raises(ConfigError) as e:
+        validate_plugins([PluginSpec(name="t_trace", config={"tag": 1, "nope": 2})])
+    paths = {p for p, _ in e.value.errors}
+    assert paths == {"plugins[0].config.tag", "plugins[0].config.nope"}
+
+
+def test_unknown_and_duplicate_plugins_are_refused() -> None:
+    with pytest.raises(ConfigError) as e:
+        validate_plugins([PluginSpec(name="nope"), PluginSpec(name="t_trace"),
+                          PluginSpec(name="t_trace")])
+    assert [p for p, _ in e.value.errors] == ["plugins[0].name", "plugins[2].name"]
+
+
+def test_disabled_plugins_are_skipped() -> None:
+    assert validate_plugins([PluginSpec(name="t_trace", enabled=False)]) == []
+
+
+@pytest.mark.parametrize(
+    ("names", "bad"),
+    [
+        (["t_trace", "t_first"], "plugins[1]"),
+        (["t_last", "t_trace"], "plugins[1]"),
+        (["t_trace", "t_early"], "plugins[1]"),
+    ],
+)
+def test_order_rules(names: list[str], bad: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        validate_plugins([PluginSpec(name=n) for n in names])
+    assert e.value.errors[0][0] == bad
+
+
+def test_good_order_passes() -> None:
+    names = ["t_first", "t_early", "t_trace", "t_last"]
+    assert [c.name for c, _, _ in validate_plugins([PluginSpec(name=n) for n in names])] == names

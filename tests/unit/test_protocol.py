@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.errors import InvalidRequest
+from proxy.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    decode_json_object,
+    parse_model,
+)
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**kw: Any) -> ChatCompletionRequest:
+    return parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, **kw})
+
+
+def bad_param(model: type, data: dict[str, Any]) -> str | None:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(model, data)
+    assert e.value.status == 400
+    return e.value.param
+
+
+@pytest.mark.parametrize(
+    ("data", "param"),
+    [
+        ({"messages": MSG}, "model"),
+        ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"model": "m", "messages": MSG, "temperature": 2.5}, "temperature"),
+        ({"model": "m", "messages": MSG, "top_p": 0}, "top_p"),
+        ({"model": "m", "messages": MSG, "n": 0}, "n"),
+        ({"model": "m", "messages": MSG, "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "messages": MSG, "presence_penalty": 3}, "presence_penalty"),
+        ({"model": "m", "messages": MSG, "stop": ["x"] * 17}, "stop"),
+        ({"model": "m", "messages": MSG, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"model": "m", "messages": MSG, "top_logprobs": 2}, "top_logprobs"),
+        ({"model": "m", "messages": MSG, "stream_options": {"include_usage": True}},
+         "stream_options"),
+        ({"model": "m", "messages": MSG, "response_format": {"type": "xml"}},
+         "response_format.type"),
+        ({"model": "m", "messages": MSG, "response_format": {"type": "json_schema"}},
+         "response_format.json_schema"),
+        ({"model": "m", "messages": MSG, "logit_bias": {"5": 101}}, "logit_bias.5"),
+    ],
+)
+def test_chat_errors_name_the_param(data: dict[str, Any], param: str) -> None:
+    assert bad_param(ChatCompletionRequest, data) == param
+
+
+def test_unknown_fields_are_accepted() -> None:
+    req = chat(some_future_field={"x": 1})
+    assert req.model_extra == {"some_future_field": {"x": 1}}
+
+
+def test_content_parts_are_joined() -> None:
+    req = parse_model(ChatCompletionRequest, {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    assert req.messages[0].text() == "ab"
+
+
+def test_max_completion_tokens_wins() -> None:
+    assert chat(max_tokens=5, max_completion_tokens=7).output_limit == 7
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [("x", ["x"]), (["a", "b"], ["a", "b"]), ([1, 2], [[1, 2]]), ([[1], [2, 3]], [[1], [2, 3]])],
+)
+def test_completion_prompt_forms(prompt: Any, expected: Any) -> None:
+    req = parse_model(CompletionRequest, {"model": "m", "prompt": prompt})
+    assert req.prompts() == expected
+    assert req.max_tokens == 16  # OpenAI's default for completions
+
+
+@pytest.mark.parametrize("prompt", [[], [1, "a"], [-1], None, 5])
+def test_bad_completion_prompts(prompt: Any) -> None:
+    param = bad_param(CompletionRequest, {"model": "m", "prompt": prompt})
+    assert param is not None and param.startswith("prompt")
+
+
+def test_completion_logprobs_bound() -> None:
+    assert bad_param(CompletionRequest, {"model": "m", "prompt": "x", "logprobs": 6}) == "logprobs"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [(b"", "invalid_json"), (b"{", "invalid_json"), (b"\xff\xfe", "invalid_encoding"),
+     (b"[1, 2]", "invalid_json"), (b"[" * 100000, "invalid_json")],
+)
+def test_decode_json_object_rejects(body: bytes, code: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        decode_json_object(body)
+    assert e.value.code == code
+
+
+def test_decode_json_object_accepts_unicode() -> None:
+    assert decode_json_object('{"a": "é中"}'.encode()) == {"a": "é中"}

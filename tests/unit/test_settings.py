@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.settings import ConfigError, Settings, interpolate, load_settings, parse_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_are_the_embedded_default() -> None:
+    s = Settings()
+    assert s.engine.kind == "vllm"
+    assert s.engine.model == "builtin:demo"
+    assert s.auth.mode == "open"
+    assert s.plugins == []
+
+
+@pytest.mark.parametrize("name", ["weir.yaml", "production.yaml"])
+def test_shipped_configs_load(name: str) -> None:
+    s = load_settings(ROOT / "config" / name, env={})
+    assert s.server.port == 8000
+
+
+def test_env_interpolation_with_defaults_and_types() -> None:
+    text = "server:\n  port: ${PORT:-9000}\n  host: ${HOST}\n"
+    s = parse_settings(text, env={"HOST": "0.0.0.0"})
+    assert s.server.port == 9000 and s.server.host == "0.0.0.0"
+    s = parse_settings(text, env={"HOST": "h", "PORT": "1234"})
+    assert s.server.port == 1234
+
+
+def test_missing_env_without_default_names_the_path() -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_settings("server:\n  host: ${NOPE}\n", env={})
+    assert e.value.errors[0][0] == "server.host"
+    assert "NOPE" in e.value.errors[0][1]
+
+
+def test_interpolation_cannot_change_structure() -> None:
+    out = interpolate({"a": "${X}"}, env={"X": "{b: 1}\nc: 2"})
+    assert out == {"a": "{b: 1}\nc: 2"}
+
+
+def test_errors_carry_yaml_paths() -> None:
+    text = "engine:\n  max_num_seqs: 0\n  bogus: 1\nauth:\n  mode: keys\n  keys:\n    - tenant: a\n"
+    with pytest.raises(ConfigError) as e:
+        parse_settings(text, env={})
+    paths = {p for p, _ in e.value.errors}
+    assert "engine.max_num_seqs" in paths
+    assert "engine.bogus" in paths
+    assert "auth.keys[0]" in paths
+
+
+def test_keys_mode_needs_keys() -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: keys}\n", env={})
+    assert e.value.errors[0][0] == "auth"
+
+
+def test_invalid_yaml_is_reported_with_position() -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_settings("server: [\n", env={})
+    assert "line" in e.value.errors[0][1]
+
+
+def test_top_level_must_be_mapping() -> None:
+    with pytest.raises(ConfigError):
+        parse_settings("- a\n- b\n", env={})
+
+
+def test_engine_kind_upstream_selects_its_schema() -> None:
+    s = parse_settings("engine: {kind: upstream, base_url: 'http://x/v1'}\n", env={})
+    assert s.engine.kind == "upstream"
+    with pytest.raises(ConfigError) as e:
+        parse_settings("engine: {kind: upstream}\n", env={})
+    assert e.value.errors[0][0] == "engine.base_url"
