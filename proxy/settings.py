@@ -70,6 +70,11 @@ class VllmEngineSettings(_Strict):
         1.0, gt=0, description="CPU builds: KV cache size (sets VLLM_CPU_KVCACHE_SPACE)."
     )
     warmup: bool = Field(True, description="Run one request before reporting ready.")
+    structured_output_compact: bool = Field(
+        True,
+        description="json_object/json_schema answers without free whitespace (compact JSON; "
+        "small models cannot loop on blank space inside the grammar).",
+    )
     owned_by: str = Field("weir", description="`owned_by` in /v1/models.")
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed to vLLM's AsyncEngineArgs as they are."

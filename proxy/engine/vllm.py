@@ -16,7 +16,6 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from ..settings import VllmEngineSettings
@@ -38,6 +37,7 @@ from .demo_model import DEMO_MODEL_NAME, ensure_demo_model
 # are not structured and can name request ids at a high rate.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
+from vllm.config.structured_outputs import StructuredOutputsConfig  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.exceptions import GracefulHTTPError, VLLMClientError  # noqa: E402
 from vllm.inputs.engine import tokens_input  # noqa: E402
@@ -80,6 +80,11 @@ class VllmEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{s.cpu_kvcache_space_gib:g}")
         if s.model == "builtin:demo":
             self._model_path = str(await asyncio.to_thread(ensure_demo_model))
+        extra = dict(s.extra_args)
+        if s.structured_output_compact and "structured_outputs_config" not in extra:
+            # Engine-wide in vLLM: compact JSON for json_object / json_schema answers.
+            extra["structured_outputs_config"] = StructuredOutputsConfig(
+                backend="xgrammar", disable_any_whitespace=True)
         args = AsyncEngineArgs(
             model=self._model_path,
             served_model_name=[self._served],
@@ -94,7 +99,7 @@ class VllmEngine:
             tensor_parallel_size=s.tensor_parallel_size,
             seed=s.seed,
             disable_log_stats=False,
-            **s.extra_args,
+            **extra,
         )
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self._tokenizer = self._llm.get_tokenizer()
@@ -248,6 +253,3 @@ def _bytes(lp: Any) -> list[int] | None:
     text = _tok(lp)
     return list(text.encode("utf-8")) if text else None
 
-
-def model_path_exists(model: str) -> bool:
-    return Path(model).exists()

@@ -1,0 +1,121 @@
+"""End to end: errors through the SDK and raw HTTP, and abandoned requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import KEY_A, KEY_B, MODEL
+from tests.e2e.server import WeirProcess
+from tests.openai_spec import validate
+
+MSG = [{"role": "user", "content": "hello"}]
+AUTH = {"Authorization": f"Bearer {KEY_A}"}
+
+
+@pytest.mark.parametrize(
+    ("kw", "param"),
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"n": 2, "temperature": 0}, "n"),
+        ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"max_tokens": 5000}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "word " * 3000}]}, "messages"),
+    ],
+)
+def test_bad_requests_name_their_param(client: openai.OpenAI, kw: dict[str, Any],
+                                       param: str) -> None:
+    args: dict[str, Any] = {"model": MODEL, "messages": MSG, **kw}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**args)
+    assert e.value.status_code == 400
+    assert e.value.param == param
+
+
+def test_prompt_too_long_for_completions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=[5] * 1100)
+    assert e.value.param == "prompt" and e.value.code == "context_length_exceeded"
+
+
+def test_auth_and_model_errors(weir: WeirProcess) -> None:
+    bad = openai.OpenAI(base_url=f"{weir.url}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=MODEL, messages=MSG)  # type: ignore[arg-type]
+    b = openai.OpenAI(base_url=f"{weir.url}/v1", api_key=KEY_B, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError):
+        b.chat.completions.create(model=MODEL, messages=MSG)  # type: ignore[arg-type]
+    a = openai.OpenAI(base_url=f"{weir.url}/v1", api_key=KEY_A, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as e:
+        a.chat.completions.create(model="gpt-17", messages=MSG)  # type: ignore[arg-type]
+    assert e.value.code == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    ("content", "ctype", "status"),
+    [
+        (b'{"model": ', "application/json", 400),
+        (b'{"model": "\xc3\x28"}', "application/json", 400),
+        (b'{"model": "weir-demo"}', "text/plain", 400),
+        (b'{"model": "weir-demo", "messages": "' + b"x" * 5_000_000 + b'"}',
+         "application/json", 413),
+    ],
+)
+def test_raw_http_errors(weir: WeirProcess, content: bytes, ctype: str, status: int) -> None:
+    r = httpx.post(f"{weir.url}/v1/chat/completions", content=content, timeout=60,
+                   headers={**AUTH, "Content-Type": ctype})
+    assert r.status_code == status
+    validate("ErrorResponse", r.json())
+    assert httpx.get(f"{weir.url}/health/ready").status_code == 200
+
+
+def test_unknown_route(weir: WeirProcess) -> None:
+    r = httpx.get(f"{weir.url}/v1/assistants", headers=AUTH)
+    assert r.status_code == 404
+    validate("ErrorResponse", r.json())
+
+
+def engine_running(weir: WeirProcess) -> int:
+    running: int = httpx.get(f"{weir.url}/health/ready").json()["engine"]["running"]
+    return running
+
+
+def wait_idle(weir: WeirProcess, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while engine_running(weir):
+        assert time.monotonic() < deadline, "engine still has requests running"
+        time.sleep(0.05)
+
+
+async def test_fifty_abandoned_requests_leave_nothing_running(
+        weir: WeirProcess, client: openai.OpenAI) -> None:
+    """Disconnect while queued/prefilling (before any byte) and mid-stream."""
+    body = {"model": MODEL, "messages": MSG, "max_tokens": 800, "ignore_eos": True,
+            "temperature": 0}
+    async with httpx.AsyncClient(base_url=weir.url, headers=AUTH, timeout=60) as http:
+
+        async def mid_stream() -> None:
+            async with http.stream("POST", "/v1/chat/completions",
+                                   json={**body, "stream": True}) as r:
+                async for _ in r.aiter_bytes():
+                    break  # first bytes arrived: hang up
+
+        async def before_first_byte() -> None:
+            task = asyncio.create_task(http.post("/v1/chat/completions", json=body))
+            await asyncio.sleep(0.05)  # lets the request reach the server; not a sync point
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+        for batch in range(5):
+            await asyncio.gather(*(mid_stream() if (batch + i) % 2 else before_first_byte()
+                                   for i in range(10)))
+    # The engine aborts each within a second of its disconnect.
+    wait_idle(weir, timeout=10)
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=4)
+    assert r.usage is not None and r.usage.completion_tokens == 4

@@ -1,0 +1,226 @@
+"""End to end: the official OpenAI SDK against `weir serve` on the real vLLM engine.
+
+The model is the generated random-weight Llama, so texts are gibberish; the tests
+assert what must hold for any model: shapes (validated against OpenAI's spec), token
+counts, determinism at temperature 0 and with a seed, stop strings, logit bias, and
+structured output that parses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import KEY_A, KEY_B, MODEL
+from tests.e2e.server import WeirProcess
+from tests.openai_spec import validate, validate_completion_chunk
+from tests.sse import check_chat_stream, parse_sse
+
+MSG = [{"role": "user", "content": "How do I reset my password?"}]
+AUTH = {"Authorization": f"Bearer {KEY_A}"}
+
+
+def raw(weir: WeirProcess, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{weir.url}{path}", json=body, headers=AUTH, timeout=120)
+
+
+# ------------------------------------------------------------------------- models
+
+
+def test_models_list_and_retrieve(client: openai.OpenAI, weir: WeirProcess) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    body = httpx.get(f"{weir.url}/v1/models", headers=AUTH).json()
+    validate("ListModelsResponse", body)
+    assert body["data"][0]["root"] and body["data"][0]["owned_by"] == "weir"
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.code == "model_not_found"
+
+
+# --------------------------------------------------------------------------- chat
+
+
+def test_chat_completion_shape(client: openai.OpenAI, weir: WeirProcess) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.usage is not None and r.usage.completion_tokens == 8
+    assert r.choices[0].finish_reason == "length"
+    body = raw(weir, "/v1/chat/completions",
+               {"model": MODEL, "messages": MSG, "max_tokens": 8, "temperature": 0}).json()
+    validate("CreateChatCompletionResponse", body)
+    assert body["choices"][0]["message"]["content"] == r.choices[0].message.content
+
+
+def test_chat_stream_shape_and_agreement(client: openai.OpenAI, weir: WeirProcess) -> None:
+    whole = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=12,
+                                           temperature=0)
+    text = ""
+    usage = None
+    for chunk in client.chat.completions.create(
+            model=MODEL, messages=MSG, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True}):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == whole.choices[0].message.content
+    assert usage is not None and usage.completion_tokens == 12
+    r = raw(weir, "/v1/chat/completions", {
+        "model": MODEL, "messages": MSG, "max_tokens": 12, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}})
+    events, done = parse_sse(r.text)
+    assert done
+    assert check_chat_stream(events, usage=True) == text
+
+
+def test_content_parts_and_roles(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text",
+                                                                       "text": "there"}]},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+        {"role": "user", "content": "Thanks"},
+    ])
+    assert r.usage is not None and r.usage.completion_tokens == 4
+
+
+def test_n_choices_seed_and_temperature(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = dict(model=MODEL, messages=MSG, max_tokens=10, temperature=1.0,
+                              top_p=0.95)
+    r = client.chat.completions.create(n=3, **kw)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    a = client.chat.completions.create(seed=1234, **kw).choices[0].message.content
+    b = client.chat.completions.create(seed=1234, **kw).choices[0].message.content
+    assert a == b
+
+
+def test_stop_sequence_cuts_the_answer(client: openai.OpenAI) -> None:
+    base = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=30,
+                                          temperature=0).choices[0].message.content
+    assert base and len(base) > 10
+    stop = base[len(base) // 2: len(base) // 2 + 3]
+    cut = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=30,
+                                         temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == base[: base.index(stop)]
+
+
+def test_penalties_change_greedy_output(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = dict(model=MODEL, messages=MSG, max_tokens=40, temperature=0)
+    plain = client.chat.completions.create(**kw).choices[0].message.content
+    pen = client.chat.completions.create(frequency_penalty=2.0, presence_penalty=2.0,
+                                         **kw).choices[0].message.content
+    assert plain != pen
+
+
+def test_logprobs_and_logit_bias(client: openai.OpenAI, weir: WeirProcess) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=6,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 6
+    assert all(len(t.top_logprobs) == 3 for t in content)
+    assert all(t.logprob <= 0 for t in content)
+    # Push one ordinary token to +100: greedy decoding must pick it every time.
+    ids = httpx.post(f"{weir.url}/v1/completions", headers=AUTH, timeout=60, json={
+        "model": MODEL, "prompt": "hello", "max_tokens": 1, "logprobs": 0}).json()
+    token = ids["choices"][0]["logprobs"]["tokens"][0]
+    tok_id = 300  # any id inside the 2k vocabulary
+    biased = client.chat.completions.create(
+        model=MODEL, messages=MSG, max_tokens=5, temperature=0, logprobs=True,
+        logit_bias={str(tok_id): 100})
+    toks = [t.token for t in biased.choices[0].logprobs.content]  # type: ignore[union-attr]
+    assert len(set(toks)) == 1, toks
+    assert token is not None
+
+
+def test_max_completion_tokens(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_completion_tokens=3,
+                                       temperature=0)
+    assert r.usage is not None and r.usage.completion_tokens == 3
+
+
+def test_json_schema_output_parses(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"answer": {"type": "string",
+                                                          "enum": ["yes", "no"]}},
+              "required": ["answer"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=MODEL, messages=MSG, max_tokens=30, temperature=0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "yn", "schema": schema, "strict": True}})
+    assert json.loads(r.choices[0].message.content or "") in ({"answer": "yes"},
+                                                              {"answer": "no"})
+
+
+def test_json_object_output_is_json(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=20,
+                                       temperature=0, response_format={"type": "json_object"})
+    content = r.choices[0].message.content or ""
+    assert content.startswith("{")
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict)
+
+
+def test_unknown_fields_and_user_are_accepted(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2, user="u-1",
+                                       extra_body={"some_new_openai_field": True})
+    assert r.usage is not None and r.usage.completion_tokens == 2
+
+
+# -------------------------------------------------------------------- completions
+
+
+def test_completions_prompt_forms(client: openai.OpenAI, weir: WeirProcess) -> None:
+    one = client.completions.create(model=MODEL, prompt="The gateway", max_tokens=5,
+                                    temperature=0)
+    assert one.object == "text_completion" and one.usage and one.usage.completion_tokens == 5
+    many = client.completions.create(model=MODEL, prompt=["a", "b"], max_tokens=3,
+                                     temperature=0)
+    assert sorted(c.index for c in many.choices) == [0, 1]
+    toks = client.completions.create(model=MODEL, prompt=[5, 207, 714], max_tokens=3)
+    assert toks.usage is not None and toks.usage.prompt_tokens == 3
+    nested = client.completions.create(model=MODEL, prompt=[[5, 207], [714]], max_tokens=2)
+    assert len(nested.choices) == 2
+    for body in ({"prompt": "x", "max_tokens": 3, "logprobs": 2, "echo": True},
+                 {"prompt": ["a", "b"], "max_tokens": 2, "n": 2, "temperature": 1}):
+        validate("CreateCompletionResponse",
+                 raw(weir, "/v1/completions", {"model": MODEL, **body}).json())
+
+
+def test_completion_stream_agrees(client: openai.OpenAI, weir: WeirProcess) -> None:
+    whole = client.completions.create(model=MODEL, prompt="Once", max_tokens=10, temperature=0)
+    text = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="Once", max_tokens=10, temperature=0, stream=True) if c.choices)
+    assert text == whole.choices[0].text
+    r = raw(weir, "/v1/completions", {"model": MODEL, "prompt": "Once", "max_tokens": 5,
+                                      "stream": True, "stream_options": {"include_usage": True}})
+    events, done = parse_sse(r.text)
+    assert done
+    for e in events:
+        validate_completion_chunk(e)
+    assert events[-1]["usage"]["completion_tokens"] == 5
+
+
+async def test_async_sdk_concurrent_streams(aclient: openai.AsyncOpenAI) -> None:
+    async def one(i: int) -> str:
+        text = ""
+        stream = await aclient.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"question {i}"}],
+            max_tokens=16, temperature=0, stream=True)
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+        return text
+
+    texts = await asyncio.gather(*(one(i) for i in range(16)))
+    assert all(texts)
+    again = await one(3)
+    assert again == texts[3]  # batching does not change greedy output
+    await aclient.close()
