@@ -38,7 +38,8 @@ class AppState:
     engine_settled: asyncio.Event = field(default_factory=asyncio.Event)
     _inflight: set[asyncio.Task[Any]] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
-    dumps: Any = functools.partial(json.dumps, separators=(",", ":"), ensure_ascii=False)
+    dumps: Any = field(default=functools.partial(json.dumps, separators=(",", ":"),
+                                                 ensure_ascii=False))
 
     def __post_init__(self) -> None:
         self._idle.set()

@@ -74,7 +74,7 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
-    bound = [s.getsockname() for s in (site._server.sockets if site._server else [])]  # type: ignore[union-attr]
+    bound = runner.addresses
     actual_port = bound[0][1] if bound else port
     log.info("listening", url=f"http://{host}:{actual_port}")
     print(f"weir: listening on http://{host}:{actual_port}", file=sys.stderr, flush=True)

@@ -97,9 +97,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except WeirError as e:
         return error_response(e, rid)
-    except web.HTTPRequestEntityTooLarge as e:
-        return error_response(PayloadTooLarge(
-            f"The request body is larger than the limit of {e.max_size} bytes."), rid)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(PayloadTooLarge("The request body is too large."), rid)
     except web.HTTPMethodNotAllowed as e:
         err: WeirError = MethodNotAllowed(
             f"Method {request.method} is not allowed on {request.path}; "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -191,7 +191,7 @@ def _map_engine_error(e: Exception) -> WeirError:
 
 async def _engine_steps(
     engine: Engine, prep: Prepared, ctx: RequestContext
-) -> AsyncIterator[tuple[int, EngineOutput]]:
+) -> AsyncGenerator[tuple[int, EngineOutput], None]:
     """Run every prompt concurrently; yield (prompt index, output) as they come."""
     salt = cache_salt(ctx)
     base = f"weir-{uuid.uuid4().hex}"
@@ -231,10 +231,10 @@ async def _engine_steps(
 
 
 async def _guarded(
-    it: AsyncIterator[tuple[int, EngineOutput]],
-) -> AsyncIterator[tuple[int, EngineOutput]]:
+    it: AsyncGenerator[tuple[int, EngineOutput], None],
+) -> AsyncGenerator[tuple[int, EngineOutput], None]:
     try:
-        async with aclosing(it):  # type: ignore[type-var]
+        async with aclosing(it):
             async for item in it:
                 yield item
     except (EngineRejected, EngineOverloaded, EngineFailed) as e:
@@ -281,12 +281,12 @@ class _Acc:
 
 
 async def _collect(
-    steps: AsyncIterator[tuple[int, EngineOutput]], n: int, prompts: int
+    steps: AsyncGenerator[tuple[int, EngineOutput], None], n: int, prompts: int
 ) -> tuple[dict[int, _Acc], int, int]:
     accs: dict[int, _Acc] = {}
     prompt_tokens: dict[int, int] = {}
     cached = 0
-    async with aclosing(steps):  # type: ignore[type-var]
+    async with aclosing(steps):
         async for pi, out in steps:
             if pi not in prompt_tokens:
                 prompt_tokens[pi] = out.prompt_tokens
@@ -304,7 +304,7 @@ async def _collect(
     return accs, sum(prompt_tokens.values()), cached
 
 
-async def _chat_whole(steps: AsyncIterator[tuple[int, EngineOutput]],
+async def _chat_whole(steps: AsyncGenerator[tuple[int, EngineOutput], None],
                       req: ChatCompletionRequest, prep: Prepared) -> Completion:
     accs, ptoks, cached = await _collect(steps, req.n, 1)
     choices = [
@@ -321,7 +321,7 @@ async def _chat_whole(steps: AsyncIterator[tuple[int, EngineOutput]],
     ))
 
 
-async def _completion_whole(steps: AsyncIterator[tuple[int, EngineOutput]],
+async def _completion_whole(steps: AsyncGenerator[tuple[int, EngineOutput], None],
                             req: CompletionRequest, prep: Prepared) -> Completion:
     accs, ptoks, cached = await _collect(steps, req.n, len(prep.prompts))
     choices = []
@@ -340,7 +340,7 @@ async def _completion_whole(steps: AsyncIterator[tuple[int, EngineOutput]],
 # -------------------------------------------------------------------------- streaming
 
 
-async def _chat_stream(steps: AsyncIterator[tuple[int, EngineOutput]],
+async def _chat_stream(steps: AsyncGenerator[tuple[int, EngineOutput], None],
                        req: ChatCompletionRequest, prep: Prepared,
                        ) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("chatcmpl"), R.now(), req.model
@@ -348,7 +348,7 @@ async def _chat_stream(steps: AsyncIterator[tuple[int, EngineOutput]],
     started: set[int] = set()
     finished: set[int] = set()
     ptoks = ctoks = cached = 0
-    async with aclosing(steps):  # type: ignore[type-var]
+    async with aclosing(steps):
         async for _, out in steps:
             ptoks, cached = out.prompt_tokens, out.cached_tokens
             choices = []
@@ -381,7 +381,7 @@ async def _chat_stream(steps: AsyncIterator[tuple[int, EngineOutput]],
                             object_="chat.completion.chunk", usage_=R.usage(ptoks, ctoks, cached))
 
 
-async def _completion_stream(steps: AsyncIterator[tuple[int, EngineOutput]],
+async def _completion_stream(steps: AsyncGenerator[tuple[int, EngineOutput], None],
                              req: CompletionRequest, prep: Prepared,
                              ) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("cmpl"), R.now(), req.model
@@ -391,7 +391,7 @@ async def _completion_stream(steps: AsyncIterator[tuple[int, EngineOutput]],
     ptoks: dict[int, int] = {}
     ctoks = cached = 0
     offsets: dict[int, int] = {}
-    async with aclosing(steps):  # type: ignore[type-var]
+    async with aclosing(steps):
         async for pi, out in steps:
             if pi not in ptoks:
                 ptoks[pi] = out.prompt_tokens

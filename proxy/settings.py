@@ -158,7 +158,8 @@ class PluginSpec(_Strict):
 class Settings(_Strict):
     server: ServerSettings = Field(default_factory=ServerSettings)  # type: ignore[arg-type]
     engine: EngineSettings = Field(default_factory=VllmEngineSettings)  # type: ignore[arg-type]
-    auth: AuthSettings = Field(default_factory=lambda: AuthSettings(mode="open"))
+    auth: AuthSettings = Field(
+        default_factory=lambda: AuthSettings.model_validate({"mode": "open"}))
     logging: LoggingSettings = Field(default_factory=LoggingSettings)  # type: ignore[arg-type]
     plugins: list[PluginSpec] = Field(default_factory=list, description="Outermost first.")
 

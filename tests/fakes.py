@@ -9,7 +9,7 @@ check that disconnects really abort.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from proxy.engine.base import (
@@ -41,6 +41,25 @@ class FakeEngine:
         self.started = False
         self.closed = False
         self.token_gate: asyncio.Event | None = None  # when set, each token waits on it
+        self._waiters: list[tuple[Any, asyncio.Future[None]]] = []
+
+    def _changed(self) -> None:
+        for pred, fut in self._waiters:
+            if not fut.done() and pred():
+                fut.set_result(None)
+
+    async def wait_until(self, pred: Any, timeout: float = 5.0) -> None:
+        """Wake when `pred()` holds (checked whenever the set of active requests changes)."""
+        if pred():
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (pred, fut)
+        self._waiters.append(entry)
+        try:
+            async with asyncio.timeout(timeout):
+                await fut
+        finally:
+            self._waiters.remove(entry)
 
     @property
     def max_model_len(self) -> int:
@@ -82,9 +101,10 @@ class FakeEngine:
 
     async def generate(self, prompt: list[int], options: SamplingOptions, request_id: str, *,
                        cache_salt: str | None = None, priority: int = 0,
-                       ) -> AsyncIterator[EngineOutput]:
+                       ) -> AsyncGenerator[EngineOutput, None]:
         self.calls.append((prompt, options, cache_salt))
         self.active.add(request_id)
+        self._changed()
         finished_ok = False
         try:
             seed = sum(prompt)
@@ -115,7 +135,9 @@ class FakeEngine:
             self.active.discard(request_id)
             if not finished_ok:
                 self.aborted.append(request_id)
+            self._changed()
 
     async def abort(self, request_id: str) -> None:
         self.active.discard(request_id)
         self.aborted.append(request_id)
+        self._changed()

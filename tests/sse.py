@@ -40,7 +40,7 @@ def check_chat_stream(events: list[dict[str, Any]], n: int = 1, usage: bool = Fa
         for c in e["choices"]:
             i = c["index"]
             if "role" in c["delta"]:
-                assert i not in roles and i not in texts or texts[i] == "", "role after content"
+                assert i not in roles and texts[i] == "", "role must come once, first"
                 roles[i] = roles.get(i, 0) + 1
             texts[i] += c["delta"].get("content") or ""
             if c["finish_reason"]:

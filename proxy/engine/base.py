@@ -11,7 +11,7 @@ deadline) must abort the generation in the engine.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -130,6 +130,6 @@ class Engine(Protocol):
         *,
         cache_salt: str | None = None,
         priority: int = 0,
-    ) -> AsyncIterator[EngineOutput]: ...
+    ) -> AsyncGenerator[EngineOutput, None]: ...
 
     async def abort(self, request_id: str) -> None: ...

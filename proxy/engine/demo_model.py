@@ -125,7 +125,6 @@ def build_demo_model(target: Path, *, seed: int = 0, vocab_size: int = 2048) -> 
             eos_token_id=eos_id,
             pad_token_id=tok.token_to_id("</s>"),
             tie_word_embeddings=False,
-            torch_dtype="float32",
         )
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from ..settings import VllmEngineSettings
@@ -37,17 +37,17 @@ from .demo_model import DEMO_MODEL_NAME, ensure_demo_model
 # are not structured and can name request ids at a high rate.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from vllm.config.structured_outputs import StructuredOutputsConfig  # noqa: E402
-from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
-from vllm.exceptions import GracefulHTTPError, VLLMClientError  # noqa: E402
-from vllm.inputs.engine import tokens_input  # noqa: E402
-from vllm.sampling_params import (  # noqa: E402
+from vllm.config.structured_outputs import StructuredOutputsConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import GracefulHTTPError, VLLMClientError
+from vllm.inputs.engine import tokens_input
+from vllm.sampling_params import (
     RequestOutputKind,
     SamplingParams,
     StructuredOutputsParams,
 )
-from vllm.v1.engine.async_llm import AsyncLLM  # noqa: E402
-from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError  # noqa: E402
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -93,7 +93,7 @@ class VllmEngine:
             quantization=s.quantization,  # type: ignore[arg-type]
             kv_cache_dtype=s.kv_cache_dtype,  # type: ignore[arg-type]
             max_num_seqs=s.max_num_seqs,
-            max_model_len=s.max_model_len,
+            max_model_len=s.max_model_len,  # type: ignore[arg-type]
             gpu_memory_utilization=s.gpu_memory_utilization,
             enable_prefix_caching=s.enable_prefix_caching,
             tensor_parallel_size=s.tensor_parallel_size,
@@ -190,7 +190,7 @@ class VllmEngine:
         *,
         cache_salt: str | None = None,
         priority: int = 0,
-    ) -> AsyncIterator[EngineOutput]:
+    ) -> AsyncGenerator[EngineOutput, None]:
         llm = self._llm
         if llm is None or llm.errored:
             raise EngineFailed("engine is not running")

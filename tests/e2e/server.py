@@ -54,7 +54,7 @@ class WeirProcess:
 
     def _start(self, timeout: float) -> WeirProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self._log = open(self.log_path, "wb")  # noqa: SIM115
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy", "serve", "--config", str(self.config_path)],
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)

@@ -95,7 +95,7 @@ def wait_idle(weir: WeirProcess, timeout: float = 10) -> None:
 
 async def test_fifty_abandoned_requests_leave_nothing_running(
         weir: WeirProcess, client: openai.OpenAI) -> None:
-    """Disconnect while queued/prefilling (before any byte) and mid-stream."""
+    """Hang up before any byte (queued or prefilling) and mid-stream, 50 times in all."""
     body = {"model": MODEL, "messages": MSG, "max_tokens": 800, "ignore_eos": True,
             "temperature": 0}
     async with httpx.AsyncClient(base_url=weir.url, headers=AUTH, timeout=60) as http:
@@ -106,15 +106,21 @@ async def test_fifty_abandoned_requests_leave_nothing_running(
                 async for _ in r.aiter_bytes():
                     break  # first bytes arrived: hang up
 
-        async def before_first_byte() -> None:
-            task = asyncio.create_task(http.post("/v1/chat/completions", json=body))
-            await asyncio.sleep(0.05)  # lets the request reach the server; not a sync point
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        async def before_first_byte(count: int) -> None:
+            tasks = [asyncio.create_task(http.post("/v1/chat/completions", json=body))
+                     for _ in range(count)]
+            # A whole (non-streamed) answer sends nothing until it ends; hang up once the
+            # engine holds every one of them.
+            deadline = time.monotonic() + 30
+            while (await http.get("/health/ready")).json()["engine"]["running"] < count:
+                assert time.monotonic() < deadline, "requests never reached the engine"
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-        for batch in range(5):
-            await asyncio.gather(*(mid_stream() if (batch + i) % 2 else before_first_byte()
-                                   for i in range(10)))
+        for _ in range(5):
+            await before_first_byte(5)
+            await asyncio.gather(*(mid_stream() for _ in range(5)))
     # The engine aborts each within a second of its disconnect.
     wait_idle(weir, timeout=10)
     r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=4)

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import KEY_A, KEY_B, MODEL
+from tests.e2e.conftest import KEY_A, MODEL
 from tests.e2e.server import WeirProcess
 from tests.openai_spec import validate, validate_completion_chunk
 from tests.sse import check_chat_stream, parse_sse

@@ -79,7 +79,7 @@ def test_graceful_shutdown_under_load(tmp_path: Path, sig: int) -> None:
 
         assert weir.proc is not None
         assert weir.proc.wait(60) == 0, weir.tail()
-        gone, alive = psutil.wait_procs(children, timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"orphaned engine processes: {alive}"
         log = weir.log_text()
         assert "drain timeout: aborted in-flight requests" in log

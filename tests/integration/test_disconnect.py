@@ -12,20 +12,13 @@ from tests.fakes import FakeEngine
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def wait_for(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll a condition (bounded): the engine aborts asynchronously."""
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.01)
-
-
 async def test_abandoned_requests_abort_their_generations(make_client: MakeClient) -> None:
     engine = FakeEngine(delay=0.01)
     client = await make_client(engine=engine)
     for i in range(50):
         body = {**CHAT, "max_tokens": 400, "stream": i % 2 == 0}
         task = asyncio.create_task(client.post("/v1/chat/completions", json=body))
-        await wait_for(lambda: len(engine.active) == 1)
+        await engine.wait_until(lambda: len(engine.active) == 1)
         if body["stream"]:
             resp = await task
             await resp.content.readuntil(b"\n\n")  # first chunk arrived, then hang up
@@ -33,7 +26,7 @@ async def test_abandoned_requests_abort_their_generations(make_client: MakeClien
         else:
             task.cancel()  # hang up while the whole answer is being generated
             await asyncio.gather(task, return_exceptions=True)
-        await wait_for(lambda: not engine.active)
+        await engine.wait_until(lambda: not engine.active)
     assert len(engine.aborted) == 50
     engine.delay = 0
     r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 3})
@@ -46,10 +39,10 @@ async def test_disconnect_while_waiting_for_first_token(make_client: MakeClient)
     client = await make_client(engine=engine)
     task = asyncio.create_task(client.post("/v1/chat/completions",
                                            json={**CHAT, "stream": True}))
-    await wait_for(lambda: len(engine.active) == 1)
+    await engine.wait_until(lambda: len(engine.active) == 1)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    await wait_for(lambda: not engine.active)
+    await engine.wait_until(lambda: not engine.active)
     assert len(engine.aborted) == 1
 
 
@@ -70,8 +63,8 @@ async def test_stalled_reader_is_cut_off(make_client: MakeClient) -> None:
                             b"Content-Type: application/json\r\n"
                             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     try:
-        await wait_for(lambda: len(engine.active) == 1)
-        await wait_for(lambda: not engine.active, timeout=30)  # never read a byte
+        await engine.wait_until(lambda: len(engine.active) == 1)
+        await engine.wait_until(lambda: not engine.active, timeout=30)  # never read a byte
         assert len(engine.aborted) == 1
     finally:
         sock.close()

@@ -18,9 +18,7 @@ async def test_draining_refuses_new_work_and_drain_waits_for_in_flight(
     st = client.app[STATE]
     inflight = asyncio.create_task(client.post("/v1/chat/completions",
                                                json={**CHAT, "max_tokens": 3, "stream": True}))
-    async with asyncio.timeout(5):
-        while not engine.active:
-            await asyncio.sleep(0.01)
+    await engine.wait_until(lambda: bool(engine.active))
     st.draining = True
     r = await client.post("/v1/chat/completions", json=CHAT)
     assert r.status == 503 and (await r.json())["error"]["code"] == "shutting_down"
@@ -39,13 +37,9 @@ async def test_abort_all_cancels_stragglers(make_client: MakeClient) -> None:
     client = await make_client(engine=engine)
     st = client.app[STATE]
     task = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
-    async with asyncio.timeout(5):
-        while not engine.active:
-            await asyncio.sleep(0.01)
+    await engine.wait_until(lambda: bool(engine.active))
     assert await st.abort_all() == 1
-    async with asyncio.timeout(5):
-        while engine.active:
-            await asyncio.sleep(0.01)
+    await engine.wait_until(lambda: not engine.active)
     assert engine.aborted
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

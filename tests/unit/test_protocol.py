@@ -61,7 +61,8 @@ def test_unknown_fields_are_accepted() -> None:
 
 def test_content_parts_are_joined() -> None:
     req = parse_model(ChatCompletionRequest, {"model": "m", "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+        {"role": "user",
+         "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
     assert req.messages[0].text() == "ab"
 
 
