@@ -37,16 +37,25 @@ def _print_errors(path: str, e: ConfigError) -> None:
 
 
 def check_config(path: str) -> int:
+    """Validate settings and every plugin config; print all errors, not just the first."""
     from .chain import validate_plugins
+    from .settings import collect_errors
 
-    settings = _load(path)
     try:
-        validate_plugins(settings.plugins)
-    except ConfigError as e:
-        _print_errors(path, e)
+        errors, specs = collect_errors(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        print(f"{path}: no such file", file=sys.stderr)
+        return 2
+    if specs is not None:
+        try:
+            validate_plugins(specs)
+        except ConfigError as e:
+            errors.extend(e.errors)
+    if errors:
+        _print_errors(path, ConfigError(errors))
         return 1
-    print(f"{path}: OK ({len([p for p in settings.plugins if p.enabled])} plugins, "
-          f"engine {settings.engine.kind})")
+    assert specs is not None
+    print(f"{path}: OK ({len([p for p in specs if p.enabled])} plugins enabled)")
     return 0
 
 

@@ -35,6 +35,10 @@ class RequestContext:
     started: float = field(default_factory=time.monotonic)
     #: Filled by the terminal step: prompt tokens, for rate limiters and logs.
     prompt_tokens: int | None = None
+    #: The request as the cache should key it (normalized, redacted); None: `request`.
+    key_request: ChatCompletionRequest | CompletionRequest | None = None
+    #: Size of the HTTP body, for plugins that enforce their own limit.
+    body_bytes: int = 0
 
     @property
     def model(self) -> str:

@@ -12,6 +12,7 @@ of every cache hit, and validating them is the tests' job (against the official 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -225,7 +226,29 @@ def decode_json_object(body: bytes) -> dict[str, Any]:
         raise InvalidRequest("The JSON body is nested too deeply.", code="invalid_json") from None
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(data):
+        raise InvalidRequest("The request body holds an unpaired UTF-16 surrogate escape; "
+                             "strings must be valid Unicode.", code="invalid_encoding")
     return data
+
+
+# A \uD800-\uDFFF escape: valid JSON, but alone it is not a character, and tokenizers fail
+# on it. Only when the regex sees one is the decoded body walked to confirm.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 M = TypeVar("M", bound=BaseModel)

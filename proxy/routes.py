@@ -38,7 +38,7 @@ def _state(request: web.Request) -> AppState:
     return request.app[STATE]
 
 
-async def read_json(request: web.Request, limit: int) -> dict[str, Any]:
+async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], int]:
     ctype = request.content_type
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise InvalidRequest(
@@ -52,7 +52,7 @@ async def read_json(request: web.Request, limit: int) -> dict[str, Any]:
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(
             f"The request body is larger than the limit of {limit} bytes.") from None
-    return decode_json_object(body)
+    return decode_json_object(body), len(body)
 
 
 async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
@@ -64,7 +64,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
-    data = await read_json(request, st.settings.server.max_body_bytes)
+    data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(_MODELS[route], data)
     info = request[INFO]
     info.update(route=route, model=req.model, tenant=principal.tenant, stream=req.stream)
@@ -75,6 +75,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         principal=principal,
         request_id=request[REQUEST_ID],
         headers={k.lower(): v for k, v in request.headers.items()},
+        body_bytes=size,
     )
     with st.track():
         reply = await st.chain(ctx)

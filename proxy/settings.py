@@ -238,3 +238,25 @@ def parse_settings(text: str, env: dict[str, str] | None = None) -> Settings:
         return Settings.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(errors_from_validation(e)) from None
+
+
+def collect_errors(text: str, env: dict[str, str] | None = None,
+                   ) -> tuple[list[tuple[str, str]], list[PluginSpec] | None]:
+    """All root errors of a config file, and its plugin list if that part is valid.
+
+    When the root has errors elsewhere, the `plugins` list is still read on its own, so
+    `check-config` can report plugin errors in the same run.
+    """
+    try:
+        return [], parse_settings(text, env=env).plugins
+    except ConfigError as e:
+        errors = list(e.errors)
+    if any(p.startswith("plugins") for p, _ in errors):
+        return errors, None
+    try:
+        raw = interpolate(yaml.safe_load(text) or {}, env)
+        if isinstance(raw, dict):
+            return errors, Settings.model_validate({"plugins": raw.get("plugins", [])}).plugins
+    except (yaml.YAMLError, ConfigError, ValidationError):
+        pass
+    return errors, None

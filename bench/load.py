@@ -1,0 +1,121 @@
+"""An open-loop-free, closed-loop load generator: C workers send N requests in total.
+
+Every request is timed from send to first content byte (TTFT) and to the end (E2E); the
+output token count comes from the server's own usage report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+
+@dataclass
+class Sample:
+    ok: bool
+    status: int
+    ttft: float | None
+    e2e: float
+    tokens: int
+    cache: str | None = None
+
+
+@dataclass
+class RunResult:
+    samples: list[Sample] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def ok(self) -> list[Sample]:
+        return [s for s in self.samples if s.ok]
+
+
+def pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    vs = sorted(values)
+    k = (len(vs) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(vs) - 1)
+    return vs[lo] + (vs[hi] - vs[lo]) * (k - lo)
+
+
+def summarize(r: RunResult) -> dict[str, Any]:
+    ok = r.ok()
+    e2e = [s.e2e for s in ok]
+    ttft = [s.ttft for s in ok if s.ttft is not None]
+    toks = sum(s.tokens for s in ok)
+    ms = 1000.0
+    return {
+        "requests": len(r.samples),
+        "ok": len(ok),
+        "errors": len(r.samples) - len(ok),
+        "wall_s": round(r.wall_s, 3),
+        "req_per_s": round(len(ok) / r.wall_s, 3) if r.wall_s else None,
+        "output_tok_per_s": round(toks / r.wall_s, 1) if r.wall_s else None,
+        "e2e_mean_ms": round(statistics.fmean(e2e) * ms, 2) if e2e else None,
+        "e2e_p50_ms": round(pct(e2e, 50) * ms, 2) if e2e else None,  # type: ignore[operator]
+        "e2e_p99_ms": round(pct(e2e, 99) * ms, 2) if e2e else None,  # type: ignore[operator]
+        "ttft_p50_ms": round(pct(ttft, 50) * ms, 2) if ttft else None,  # type: ignore[operator]
+        "ttft_p99_ms": round(pct(ttft, 99) * ms, 2) if ttft else None,  # type: ignore[operator]
+    }
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                      headers: dict[str, str] | None = None) -> Sample:
+    start = time.perf_counter()
+    ttft = None
+    tokens = 0
+    try:
+        async with session.post(url, json=body, headers=headers) as resp:
+            cache = resp.headers.get("x-weir-cache")
+            if resp.status != 200:
+                await resp.read()
+                return Sample(False, resp.status, None, time.perf_counter() - start, 0, cache)
+            if not body.get("stream"):
+                data = await resp.json()
+                ttft = time.perf_counter() - start
+                tokens = (data.get("usage") or {}).get("completion_tokens", 0)
+                return Sample(True, 200, ttft, ttft, tokens, cache)
+            buf = b""
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                        continue
+                    data = json.loads(event[6:])
+                    if ttft is None and any((c.get("delta") or {}).get("content") or
+                                            c.get("text") for c in data.get("choices", [])):
+                        ttft = time.perf_counter() - start
+                    if data.get("usage"):
+                        tokens = data["usage"].get("completion_tokens", 0)
+            return Sample(True, 200, ttft, time.perf_counter() - start, tokens, cache)
+    except (TimeoutError, aiohttp.ClientError):
+        return Sample(False, 0, None, time.perf_counter() - start, 0)
+
+
+async def run_load(url: str, bodies: list[dict[str, Any]], concurrency: int,
+                   headers: dict[str, str] | None = None, timeout_s: float = 600) -> RunResult:
+    result = RunResult()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for b in bodies:
+        queue.put_nowait(b)
+    conn = aiohttp.TCPConnector(limit=concurrency * 2)
+    async with aiohttp.ClientSession(connector=conn,
+                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+
+        async def worker() -> None:
+            while not queue.empty():
+                body = queue.get_nowait()
+                result.samples.append(await one_request(session, url, body, headers))
+
+        start = time.perf_counter()
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        result.wall_s = time.perf_counter() - start
+    return result

@@ -1,0 +1,125 @@
+"""Start and stop the servers a benchmark compares, and watch their memory."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A server process with a readiness URL; its tree's peak RSS is sampled."""
+
+    def __init__(self, name: str, cmd: list[str], ready_url: str, base_url: str,
+                 log: Path, env: dict[str, str] | None = None) -> None:
+        self.name, self.cmd, self.ready_url, self.base_url = name, cmd, ready_url, base_url
+        self.log_path = log
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.ready_after_s = 0.0
+        self.peak_rss = 0
+        self._stop_sampling = threading.Event()
+
+    def start(self, timeout: float = 600) -> Server:
+        self._log = open(self.log_path, "wb")
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+        threading.Thread(target=self._sample, daemon=True).start()
+        deadline = self.started_at + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited early; see {self.log_path}")
+            try:
+                if httpx.get(self.ready_url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} not ready after {timeout}s")
+            time.sleep(0.25)
+        self.ready_after_s = time.monotonic() - self.started_at
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop_sampling.is_set() and self.proc and self.proc.poll() is None:
+            try:
+                root = psutil.Process(self.proc.pid)
+                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                self.peak_rss = max(self.peak_rss, rss)
+            except psutil.Error:
+                pass
+            self._stop_sampling.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop_sampling.set()
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if hasattr(self, "_log"):
+            self._log.close()
+
+
+def weir_server(tmp: Path, engine: dict[str, Any], plugins: list[dict[str, Any]] | None = None,
+                name: str = "weir", extra: dict[str, Any] | None = None) -> Server:
+    port = free_port()
+    cfg: dict[str, Any] = {
+        "server": {"host": "127.0.0.1", "port": port},
+        "engine": {"kind": "vllm", **engine},
+        "auth": {"mode": "open"},
+        "logging": {"level": "warning", "access_log": False},
+        "plugins": plugins or [],
+        **(extra or {}),
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return Server(name, [sys.executable, "-m", "proxy", "serve", "--config", str(path)],
+                  f"http://127.0.0.1:{port}/health/ready", f"http://127.0.0.1:{port}",
+                  tmp / f"{name}.log")
+
+
+def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str) -> Server:
+    """vLLM's own OpenAI server with the same model and engine settings."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+           "--model", model_path, "--served-model-name", engine["served_model_name"],
+           "--dtype", engine.get("dtype", "auto"),
+           "--max-model-len", str(engine["max_model_len"]),
+           "--max-num-seqs", str(engine["max_num_seqs"]),
+           "--seed", str(engine.get("seed", 0)),
+           "--host", "127.0.0.1", "--port", str(port)]
+    if engine.get("enable_prefix_caching", True):
+        cmd.append("--enable-prefix-caching")
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(engine.get("cpu_kvcache_space_gib", 1))}
+    return Server("vllm", cmd, f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}",
+                  tmp / "vllm.log", env=env)
+
+
+def model_name_of(log: Path) -> str:
+    m = re.search(r"served_model_name=\['?([^\]']+)", log.read_text(errors="replace"))
+    return m.group(1) if m else ""

@@ -1,0 +1,69 @@
+"""Sanitizer config: limits, normalization, and an action per detector."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from proxy.chain import PluginConfig
+
+Action = Literal["off", "flag", "redact", "block"]
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Request body bytes (413).")
+    max_messages: int = Field(256, ge=1, description="Messages per chat request.")
+    max_message_chars: int = Field(65_536, ge=1, description="Characters in one message.")
+    max_total_chars: int = Field(262_144, ge=1, description="Characters in all messages.")
+    max_tokens: int = Field(8192, ge=1, description="Ceiling for max_tokens.")
+    max_n: int = Field(8, ge=1, description="Ceiling for n.")
+    max_stop: int = Field(4, ge=0, description="Stop sequences at most (OpenAI allows 4).")
+    max_stop_chars: int = Field(64, ge=1, description="Characters per stop sequence.")
+
+
+class CustomDetector(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$", description="Name in metrics.")
+    pattern: str = Field(description="Python regular expression.")
+    action: Action = Field("flag", description="What to do on a match.")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression: {e}") from None
+        return v
+
+
+class Detectors(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    email: Action = Field("flag", description="E-mail addresses.")
+    phone: Action = Field("flag", description="International (+...) and NANP numbers.")
+    cn_mobile: Action = Field("flag", description="Mainland-China mobile numbers.")
+    card: Action = Field("flag", description="Payment card numbers (Luhn-checked).")
+    cn_id: Action = Field("flag", description="Chinese resident ids (checksum, birth date).")
+    iban: Action = Field("flag", description="IBANs (mod 97).")
+    ip: Action = Field("flag", description="IPv4 and IPv6 addresses.")
+    secret: Action = Field(
+        "flag", description="sk- API keys, AWS key ids, JWTs, PEM private keys.")
+    injection: Action = Field("flag", description="Prompt-injection phrases (en, zh).")
+
+
+class SanitizerConfig(PluginConfig):
+    limits: Limits = Field(default_factory=Limits)  # type: ignore[arg-type]
+    normalize: bool = Field(True, description="NFKC, strip controls/zero-width/bidi.")
+    engine_sees: Literal["normalized", "original"] = Field(
+        "normalized", description="Text the engine gets (the cache always keys on normalized).")
+    detectors: Detectors = Field(default_factory=Detectors)  # type: ignore[arg-type]
+    custom: list[CustomDetector] = Field(default_factory=list, description="Extra regexes.")
+    block_message: str = Field(
+        "The request was rejected by the content policy.",
+        description="Message of a blocked request (vague on purpose).")

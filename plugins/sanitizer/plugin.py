@@ -1,0 +1,203 @@
+"""The sanitizer: first in the chain, it protects the engine and the cache from hostile
+or careless input and decides what is sensitive.
+
+Order of work: limits (413/400 naming the param) -> normalization of every text ->
+detectors over the normalized text -> actions. `block` stops with a deliberately vague
+400; `redact` replaces matches with typed placeholders before anyone else sees them;
+`flag` marks the request sensitive (the cache neither reads nor writes it). Any
+injection detection, whatever its action, keeps the answer out of the cache.
+
+The cache keys on `ctx.key_request` (normalized, redacted); the engine gets
+`ctx.request`, normalized or original as configured (redacted either way). Matched text
+is never logged or counted; metrics carry only detector and action.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from prometheus_client import Counter
+
+from proxy.chain import BasePlugin, Next, Reply, Services
+from proxy.context import RequestContext
+from proxy.errors import InvalidRequest, PayloadTooLarge
+from proxy.protocol import ChatCompletionRequest, CompletionRequest, TextPart
+from proxy.telemetry import get_logger
+
+from .config import SanitizerConfig
+from .detectors import BUILTIN, INJECTION, Detector, Span, custom
+from .normalize import normalize
+
+log = get_logger("weir.sanitizer")
+
+
+class SanitizerPlugin(BasePlugin):
+    name: ClassVar[str] = "sanitizer"
+    Config = SanitizerConfig
+    placement: ClassVar[Literal["first", "any", "last"]] = "first"
+    before: ClassVar[tuple[str, ...]] = ("cache",)
+
+    def __init__(self, config: SanitizerConfig, services: Services) -> None:  # type: ignore[override]
+        super().__init__(config, services)
+        self.cfg = config
+        actions = config.detectors.model_dump()
+        self.detectors: list[tuple[Detector, str]] = [
+            (d, actions[name]) for name, d in BUILTIN.items() if actions[name] != "off"
+        ]
+        if actions["injection"] != "off":
+            self.detectors.append((INJECTION, actions["injection"]))
+        self.detectors += [(custom(c.name, c.pattern), c.action) for c in config.custom
+                           if c.action != "off"]
+        self.detections = Counter(
+            "weir_sanitizer_detections_total", "Sanitizer detections.",
+            ["detector", "action"], registry=services.metrics.registry)
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        self._check_limits(ctx)
+        fired: dict[str, str] = {}
+        req = ctx.request
+        key: ChatCompletionRequest | CompletionRequest
+        engine: ChatCompletionRequest | CompletionRequest
+        if isinstance(req, ChatCompletionRequest):
+            key, engine = self._chat(req, fired)
+        else:
+            key, engine = self._completion(req, fired)
+        for name, action in fired.items():
+            self.detections.labels(name, action).inc()
+            ctx.flags.add(name)
+            if action == "flag":
+                ctx.sensitive = True
+        if fired:
+            log.info("sanitizer detections", detectors=sorted(fired), route=ctx.route)
+        if "block" in fired.values():
+            raise InvalidRequest(self.cfg.block_message, code="content_policy_violation")
+        ctx.key_request = key
+        ctx.request = engine
+        return await call_next(ctx)
+
+    # ------------------------------------------------------------------- limits
+
+    def _check_limits(self, ctx: RequestContext) -> None:
+        lim = self.cfg.limits
+        if ctx.body_bytes > lim.max_body_bytes:
+            raise PayloadTooLarge(
+                f"The request body is larger than the limit of {lim.max_body_bytes} bytes.")
+        req = ctx.request
+        limit = req.output_limit
+        if limit is not None and limit > lim.max_tokens:
+            param = ("max_completion_tokens"
+                     if getattr(req, "max_completion_tokens", None) else "max_tokens")
+            raise InvalidRequest(f"`{param}` may be at most {lim.max_tokens}.", param=param)
+        if req.n > lim.max_n:
+            raise InvalidRequest(f"`n` may be at most {lim.max_n}.", param="n")
+        stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+        if len(stops) > lim.max_stop:
+            raise InvalidRequest(f"At most {lim.max_stop} stop sequences are allowed.",
+                                 param="stop")
+        if any(len(s) > lim.max_stop_chars for s in stops):
+            raise InvalidRequest(
+                f"Stop sequences may be at most {lim.max_stop_chars} characters.", param="stop")
+        if isinstance(req, ChatCompletionRequest):
+            if len(req.messages) > lim.max_messages:
+                raise InvalidRequest(f"At most {lim.max_messages} messages are allowed.",
+                                     param="messages")
+            total = 0
+            for i, m in enumerate(req.messages):
+                n = len(m.text())
+                if n > lim.max_message_chars:
+                    raise InvalidRequest(
+                        f"A message may be at most {lim.max_message_chars} characters.",
+                        param=f"messages[{i}].content")
+                total += n
+            if total > lim.max_total_chars:
+                raise InvalidRequest(
+                    f"Messages may hold at most {lim.max_total_chars} characters in all.",
+                    param="messages")
+        else:
+            texts = [p for p in req.prompts() if isinstance(p, str)]
+            if len(req.prompts()) > lim.max_messages:
+                raise InvalidRequest(f"At most {lim.max_messages} prompts are allowed.",
+                                     param="prompt")
+            if sum(len(t) for t in texts) > lim.max_total_chars:
+                raise InvalidRequest(
+                    f"The prompt may hold at most {lim.max_total_chars} characters.",
+                    param="prompt")
+
+    # ---------------------------------------------------------------- texts
+
+    def _process(self, text: str, fired: dict[str, str]) -> tuple[str, str]:
+        """(text for the cache key, text for the engine)."""
+        norm = normalize(text) if self.cfg.normalize else text
+        redact: list[tuple[Span, str]] = []
+        for det, action in self.detectors:
+            spans = list(det.find(norm))
+            if not spans:
+                continue
+            if _rank(action) > _rank(fired.get(det.name, "off")):
+                fired[det.name] = action
+            if action == "redact":
+                redact.extend((s, det.placeholder) for s in spans)
+        if redact:
+            norm = _apply(norm, redact)
+            return norm, norm  # redaction: nobody downstream sees the original
+        engine = norm if self.cfg.engine_sees == "normalized" else text
+        return norm, engine
+
+    def _chat(self, req: ChatCompletionRequest, fired: dict[str, str],
+              ) -> tuple[ChatCompletionRequest, ChatCompletionRequest]:
+        key_msgs, eng_msgs = [], []
+        for m in req.messages:
+            if isinstance(m.content, str):
+                k, e = self._process(m.content, fired)
+                key_msgs.append(m.model_copy(update={"content": k}))
+                eng_msgs.append(m.model_copy(update={"content": e}))
+            elif isinstance(m.content, list):
+                kp: list[Any] = []
+                ep: list[Any] = []
+                for part in m.content:
+                    if isinstance(part, TextPart):
+                        k, e = self._process(part.text, fired)
+                        kp.append(part.model_copy(update={"text": k}))
+                        ep.append(part.model_copy(update={"text": e}))
+                    else:
+                        kp.append(part)
+                        ep.append(part)
+                key_msgs.append(m.model_copy(update={"content": kp}))
+                eng_msgs.append(m.model_copy(update={"content": ep}))
+            else:
+                key_msgs.append(m)
+                eng_msgs.append(m)
+        return (req.model_copy(update={"messages": key_msgs}),
+                req.model_copy(update={"messages": eng_msgs}))
+
+    def _completion(self, req: CompletionRequest, fired: dict[str, str],
+                    ) -> tuple[CompletionRequest, CompletionRequest]:
+        p = req.prompt
+        if isinstance(p, str):
+            k, e = self._process(p, fired)
+            return req.model_copy(update={"prompt": k}), req.model_copy(update={"prompt": e})
+        if p and isinstance(p[0], str):
+            pairs = [self._process(t, fired) for t in p]  # type: ignore[arg-type]
+            return (req.model_copy(update={"prompt": [k for k, _ in pairs]}),
+                    req.model_copy(update={"prompt": [e for _, e in pairs]}))
+        return req, req  # token ids: nothing to read
+
+
+_RANKS = {"off": 0, "flag": 1, "redact": 2, "block": 3}
+
+
+def _rank(action: str) -> int:
+    return _RANKS[action]
+
+
+def _apply(text: str, spans: list[tuple[Span, str]]) -> str:
+    """Replace spans (overlaps merged: the earliest, then the longest, wins)."""
+    out, pos = [], 0
+    for (start, end), placeholder in sorted(spans, key=lambda s: (s[0][0], -s[0][1])):
+        if start < pos:
+            continue
+        out.append(text[pos:start])
+        out.append(placeholder)
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
