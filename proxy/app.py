@@ -15,6 +15,7 @@ from aiohttp import web
 from .app_state import STATE, AppState
 from .auth import Authenticator
 from .chain import Services, build_plugins, compose
+from .embedding import Embedder
 from .engine.base import Engine
 from .middleware import errors_middleware, make_access_log, request_id_middleware
 from .routes import add_routes
@@ -46,7 +47,8 @@ def create_app(
         auth = Authenticator(settings.auth)
     except (ValueError, OSError) as e:
         raise ConfigError([("auth.keys", str(e))]) from None
-    plugins = build_plugins(settings.plugins, Services(engine, settings, metrics))
+    embedder = Embedder(settings.embeddings) if settings.embeddings.enabled else None
+    plugins = build_plugins(settings.plugins, Services(engine, settings, metrics, embedder))
     chain = compose(plugins, LocalServing(engine))  # type: ignore[arg-type]
     app = web.Application(
         middlewares=[
@@ -57,10 +59,14 @@ def create_app(
         client_max_size=settings.server.max_body_bytes,
     )
     app[STATE] = AppState(settings=settings, engine=engine, auth=auth, metrics=metrics,
-                          plugins=plugins, chain=chain)
+                          plugins=plugins, chain=chain, embedder=embedder)
     app.cleanup_ctx.append(_engine_lifespan(on_fatal))
+    app.cleanup_ctx.append(_embedder_lifespan)
     app.cleanup_ctx.append(_plugins_lifespan)
     add_routes(app)
+    for plugin in plugins:
+        for method, path, handler in plugin.routes():
+            app.router.add_route(method, path, handler)
     return app
 
 
@@ -95,6 +101,17 @@ def _engine_lifespan(
         await st.engine.close()
 
     return lifespan
+
+
+async def _embedder_lifespan(app: web.Application) -> AsyncIterator[None]:
+    embedder = app[STATE].embedder
+    if embedder is not None:
+        await embedder.start()  # loads in its worker thread; callers await readiness
+    try:
+        yield
+    finally:
+        if embedder is not None:
+            await embedder.close()
 
 
 async def _plugins_lifespan(app: web.Application) -> AsyncIterator[None]:

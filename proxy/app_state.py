@@ -19,6 +19,7 @@ from aiohttp import web
 
 from .auth import Authenticator
 from .chain import BasePlugin, Next
+from .embedding import Embedder
 from .engine.base import Engine
 from .settings import Settings
 from .telemetry import Metrics
@@ -32,6 +33,7 @@ class AppState:
     metrics: Metrics
     plugins: list[BasePlugin]
     chain: Next
+    embedder: Embedder | None = None
     draining: bool = False
     engine_error: BaseException | None = None
     #: Set once the engine has started (or failed to).

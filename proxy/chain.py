@@ -26,6 +26,9 @@ from .context import RequestContext
 from .settings import ConfigError, PluginSpec, errors_from_validation
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
+    from .embedding import Embedder
     from .engine.base import Engine
     from .settings import Settings
     from .telemetry import Metrics
@@ -93,6 +96,7 @@ class Services:
     engine: Engine
     settings: Settings
     metrics: Metrics
+    embedder: Embedder | None = None
 
 
 class BasePlugin:
@@ -120,6 +124,10 @@ class BasePlugin:
     def health(self) -> dict[str, Any] | None:
         """Details for /health/ready (e.g. breaker state); None: nothing to show."""
         return None
+
+    def routes(self) -> list[tuple[str, str, Callable[[web.Request], Awaitable[Any]]]]:
+        """Extra HTTP routes (method, path, handler), e.g. an admin API."""
+        return []
 
 
 # ---------------------------------------------------------------------------- registry

@@ -8,6 +8,7 @@ the model (403), then run the chain and send its Reply.
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from .errors import InvalidRequest, ModelNotFound, PayloadTooLarge, Unavailable
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     decode_json_object,
     parse_model,
 )
@@ -156,6 +158,31 @@ async def get_model(request: web.Request) -> web.Response:
     raise ModelNotFound(model_id, param=None)
 
 
+async def embeddings(request: web.Request) -> web.Response:
+    st = _state(request)
+    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    data, _ = await read_json(request, st.settings.server.max_body_bytes)
+    req = parse_model(EmbeddingRequest, data)
+    emb = st.embedder
+    if emb is None or req.model != emb.model_id:
+        raise ModelNotFound(req.model)
+    principal.check_model(req.model)
+    if req.dimensions is not None and req.dimensions != emb.dim:
+        raise InvalidRequest(f"`dimensions` must be {emb.dim} for this model.",
+                             param="dimensions")
+    texts = [req.input] if isinstance(req.input, str) else req.input
+    vecs, counts = await emb.embed(texts)
+    items = []
+    for i, v in enumerate(vecs):
+        value: Any = (base64.b64encode(v.astype("<f4").tobytes()).decode()
+                      if req.encoding_format == "base64" else v.tolist())
+        items.append({"object": "embedding", "index": i, "embedding": value})
+    tokens = sum(counts)
+    return web.json_response({"object": "list", "data": items, "model": emb.model_id,
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
+                             dumps=st.dumps)
+
+
 async def live(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -178,6 +205,7 @@ async def metrics(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/health/live", live)

@@ -149,6 +149,16 @@ class LoggingSettings(_Strict):
     access_log: bool = Field(True, description="One line per request.")
 
 
+class EmbeddingSettings(_Strict):
+    enabled: bool = Field(True, description="Load the embedding model (and /v1/embeddings).")
+    model: str = Field("builtin:minilm", description="`builtin:minilm` or a local model dir.")
+    served_model_name: str = Field("all-MiniLM-L6-v2", description="Name in /v1/embeddings.")
+    batch_max: int = Field(32, ge=1, le=512, description="Texts per forward pass at most.")
+    batch_wait_ms: float = Field(2.0, ge=0, description="How long a batch waits for company.")
+    max_input_tokens: int = Field(256, ge=8, description="Inputs are truncated to this.")
+    threads: int = Field(1, ge=1, description="Torch threads of the embedding worker.")
+
+
 class PluginSpec(_Strict):
     name: str = Field(description="Registered plugin name (sanitizer, cache, ...).")
     enabled: bool = Field(True, description="Set false to keep the entry but skip it.")
@@ -161,6 +171,7 @@ class Settings(_Strict):
     auth: AuthSettings = Field(
         default_factory=lambda: AuthSettings.model_validate({"mode": "open"}))
     logging: LoggingSettings = Field(default_factory=LoggingSettings)  # type: ignore[arg-type]
+    embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)  # type: ignore[arg-type]
     plugins: list[PluginSpec] = Field(default_factory=list, description="Outermost first.")
 
 

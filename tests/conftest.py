@@ -15,7 +15,8 @@ MakeClient = Callable[..., Awaitable[TestClient[Any, web.Application]]]
 
 
 def make_settings(**overrides: Any) -> Settings:
-    data: dict[str, Any] = {"auth": {"mode": "open"}, "logging": {"access_log": False}}
+    data: dict[str, Any] = {"auth": {"mode": "open"}, "logging": {"access_log": False},
+                            "embeddings": {"enabled": False}}
     data.update(overrides)
     return Settings.model_validate(data)
 
@@ -36,3 +37,13 @@ def make_client(aiohttp_client: Any, fake_engine: FakeEngine) -> MakeClient:
         return await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
 
     return make
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One real redis-server for the session (tests use their own key prefixes)."""
+    from tests.redis_server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()

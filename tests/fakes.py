@@ -141,3 +141,29 @@ class FakeEngine:
         self.active.discard(request_id)
         self.aborted.append(request_id)
         self._changed()
+
+
+class FakeEmbedder:
+    """Bag-of-words vectors: same words, same vector; deterministic and instant."""
+
+    model_id = "fake-embedder"
+
+    def __init__(self, dim: int = 64) -> None:
+        self.dim = dim
+        self.calls = 0
+
+    async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
+        import hashlib
+
+        import numpy as np
+
+        self.calls += 1
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            for w in t.lower().replace("?", " ").replace(",", " ").split():
+                h = int(hashlib.md5(w.encode()).hexdigest(), 16)
+                out[i, h % self.dim] += 1.0
+            n = np.linalg.norm(out[i])
+            if n:
+                out[i] /= n
+        return out, [len(t.split()) for t in texts]

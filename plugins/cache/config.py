@@ -1,0 +1,76 @@
+"""Cache config: scope, the exact tiers (L1 in process, L2 in Redis), the semantic layer."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from proxy.chain import PluginConfig
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class L1Config(_Part):
+    enabled: bool = Field(True, description="In-process LRU of exact answers.")
+    max_bytes: int = Field(64 * 2**20, ge=1024, description="Memory bound of the LRU.")
+    ttl_s: float = Field(3600, gt=0, description="Seconds an entry is fresh.")
+
+
+class L2Config(_Part):
+    enabled: bool = Field(False, description="Exact answers in Redis, shared by replicas.")
+    ttl_s: float = Field(86400, gt=0, description="Seconds an entry is fresh.")
+
+
+class SemanticConfig(_Part):
+    enabled: bool = Field(True, description="Answer paraphrases of stored questions.")
+    threshold: float = Field(0.85, gt=0, le=1, description="Cosine similarity needed to hit.")
+    guard: bool = Field(True, description="Numbers, negations and names must agree too.")
+    ttl_s: float = Field(86400, gt=0, description="Seconds an entry is fresh.")
+    max_entries_per_scope: int = Field(10000, ge=1, description="Index size per partition.")
+    min_chars: int = Field(8, ge=1, description="Shorter questions are not embedded.")
+
+
+class RedisConfig(_Part):
+    url: str | None = Field(None, description="redis://host:port/db (None: no Redis).")
+    timeout_s: float = Field(0.05, gt=0, description="Per-command timeout; slower = down.")
+    key_prefix: str = Field("weir:cache:", min_length=1, description="Prefix of every key.")
+    max_connections: int = Field(64, ge=1, description="Connection pool size.")
+
+
+class CacheConfig(PluginConfig):
+    scope: Literal["tenant", "role", "user", "global"] = Field(
+        "tenant", description="Who shares entries (from the API key's principal).")
+    exact: L1Config = Field(default_factory=L1Config)  # type: ignore[arg-type]
+    l2: L2Config = Field(default_factory=L2Config)  # type: ignore[arg-type]
+    semantic: SemanticConfig = Field(default_factory=SemanticConfig)  # type: ignore[arg-type]
+    redis: RedisConfig = Field(default_factory=RedisConfig)  # type: ignore[arg-type]
+    deterministic_only: bool = Field(
+        True, description="Cache only temperature 0 or seeded requests.")
+    store_truncated: bool = Field(False, description="Also store answers cut by max_tokens.")
+    per_user_max_entries: int = Field(
+        1000, ge=1, description="Entries one user may own; the oldest go first.")
+    sensitive_patterns: list[str] = Field(
+        default_factory=list, description="Regexes: matching requests bypass the cache.")
+    stale_grace_s: float = Field(
+        0, ge=0, description="Expired entries kept this long for fallbacks (x-weir-cache: stale).")
+    coalesce: bool = Field(True, description="Identical concurrent misses share one generation.")
+
+    @field_validator("sensitive_patterns")
+    @classmethod
+    def _compile(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"not a valid regular expression {p!r}: {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _l2_needs_redis(self) -> CacheConfig:
+        if self.l2.enabled and not self.redis.url:
+            raise ValueError("l2.enabled needs redis.url")
+        return self

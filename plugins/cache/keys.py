@@ -1,0 +1,88 @@
+"""Cache keys: the canonical request, the scope, and the semantic partition.
+
+The exact key hashes everything that changes the answer: route, model, the normalized
+messages (or prompt), and every output-shaping parameter. Never `stream`,
+`stream_options`, `user` or headers. The scope id is hashed in, so the same prompt in two
+tenants has two keys. The semantic partition is the same hash without the last user
+message: a semantic hit only ever returns an answer produced under the same scope,
+model, system prompt, earlier turns and parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from plugins.sanitizer.normalize import normalize
+from proxy.auth import Principal
+from proxy.context import RequestContext
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
+
+_PARAMS = ("temperature", "top_p", "top_k", "n", "seed", "presence_penalty",
+           "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice",
+           "ignore_eos", "min_tokens", "echo", "suffix", "logprobs", "top_logprobs")
+
+
+def scope_id(principal: Principal, scope: str) -> str:
+    if scope == "global":
+        return "global"
+    if scope == "tenant":
+        return f"t={principal.tenant}"
+    if scope == "role":
+        return f"t={principal.tenant};r={principal.role}"
+    return f"t={principal.tenant};u={principal.user}"
+
+
+def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    dumped = req.model_dump(include=set(_PARAMS), exclude_none=True, by_alias=True)
+    stop = [req.stop] if isinstance(req.stop, str) else sorted(req.stop or [])
+    dumped["stop"] = stop
+    dumped["max_tokens"] = req.output_limit
+    return dumped
+
+
+def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    return [{"role": m.role, "content": normalize(m.text()), "name": m.name,
+             "tool_calls": m.tool_calls, "tool_call_id": m.tool_call_id}
+            for m in req.messages]
+
+
+def _hash(obj: Any) -> str:
+    data = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(data.encode()).hexdigest()
+
+
+def key_request(ctx: RequestContext) -> ChatCompletionRequest | CompletionRequest:
+    return ctx.key_request if ctx.key_request is not None else ctx.request
+
+
+def exact_key(ctx: RequestContext, scope: str) -> str:
+    req = key_request(ctx)
+    body: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "route": ctx.route,
+                            "model": req.model, "params": _params(req)}
+    if isinstance(req, ChatCompletionRequest):
+        body["messages"] = _messages(req)
+    else:
+        body["prompt"] = [normalize(p) if isinstance(p, str) else p for p in req.prompts()]
+    return _hash(body)
+
+
+def semantic_parts(ctx: RequestContext, scope: str) -> tuple[str, str] | None:
+    """(partition, question text) for a chat request ending in a user message."""
+    req = key_request(ctx)
+    if not isinstance(req, ChatCompletionRequest) or req.messages[-1].role != "user":
+        return None
+    msgs = _messages(req)
+    question = msgs[-1]["content"]
+    partition = _hash({"scope": scope_id(ctx.principal, scope), "model": req.model,
+                       "context": msgs[:-1], "params": _params(req)})
+    return partition, question
+
+
+def prompt_text(ctx: RequestContext) -> str:
+    """The request's text, for purges by content (kept with the entry, never logged)."""
+    req = key_request(ctx)
+    if isinstance(req, ChatCompletionRequest):
+        return "\n".join(normalize(m.text()) for m in req.messages)
+    return "\n".join(p for p in req.prompts() if isinstance(p, str))

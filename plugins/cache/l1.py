@@ -1,0 +1,60 @@
+"""L1: the in-process exact cache, an LRU bounded in bytes, with TTL (and stale grace).
+
+Single-threaded by design (the event loop), so no locks. Sizes are the serialized
+entry's length: a fair proxy for memory and what L2 stores too.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+
+from .entry import Entry
+
+
+class L1:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[str, tuple[Entry, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: str, now: float, allow_stale: bool = False) -> Entry | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        entry = item[0]
+        if not entry.usable(now, allow_stale):
+            if not entry.usable(now, True):
+                self.delete(key)
+            return None
+        self._items.move_to_end(key)
+        return entry
+
+    def put(self, entry: Entry, size: int) -> None:
+        if size > self.max_bytes:
+            return
+        self.delete(entry.key)
+        self._items[entry.key] = (entry, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, old) = self._items.popitem(last=False)
+            self.bytes -= old
+
+    def delete(self, key: str) -> bool:
+        item = self._items.pop(key, None)
+        if item is None:
+            return False
+        self.bytes -= item[1]
+        return True
+
+    def entries(self) -> Iterator[Entry]:
+        return (e for e, _ in list(self._items.values()))
+
+    def purge(self, match: Callable[[Entry], bool]) -> int:
+        doomed = [e.key for e in self.entries() if match(e)]
+        for k in doomed:
+            self.delete(k)
+        return len(doomed)

@@ -1,0 +1,268 @@
+"""Redis for the cache: L2 exact entries, semantic entries, per-user caps, and events.
+
+Layout (prefix P, default `weir:cache:`):
+  P x:<key>          exact entry (JSON), expiring after TTL + stale grace
+  P s:<partition>    hash: entry id -> {"v": base64 float32 vector, "q": question, "e": entry}
+  P u:<user hash>    sorted set of the user's entries (score: time stored), for the cap
+  P events           pub/sub channel: semantic adds, purges and cap evictions, so every
+                     replica's L1 and vector index follow within a second
+
+Every command runs under `timeout_s`: a slow Redis counts as a down Redis. Failures
+never reach the client: the call returns None, a metric and a (rate-limited) log line
+record it, and the next call tries again, so the cache uses Redis again once it returns.
+A command cancelled by the timeout makes redis-py drop that connection (redis >= 4.5.4),
+so a connection is never left out of step with its replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import redis.asyncio as aioredis
+from prometheus_client import Counter
+from redis.exceptions import RedisError
+
+from proxy.telemetry import get_logger
+
+from .config import RedisConfig
+from .entry import Entry
+
+log = get_logger("weir.cache.redis")
+T = TypeVar("T")
+EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class RedisStore:
+    def __init__(self, cfg: RedisConfig, errors: Counter, replica: str) -> None:
+        assert cfg.url
+        self.cfg = cfg
+        self.p = cfg.key_prefix
+        self.replica = replica
+        self._errors = errors
+        self._last_log: dict[str, float] = {}
+        # A blocking pool: a burst beyond max_connections waits for a free connection
+        # (within the command timeout) instead of failing at once.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            cfg.url, socket_timeout=max(cfg.timeout_s * 4, 0.5),
+            socket_connect_timeout=max(cfg.timeout_s * 4, 0.5),
+            max_connections=cfg.max_connections, timeout=max(cfg.timeout_s * 4, 0.5),
+            health_check_interval=5)
+        self._pool = pool
+        self.client = aioredis.Redis(connection_pool=pool)
+        self._listener: asyncio.Task[None] | None = None
+        self.healthy = True
+
+    async def start(self, on_event: EventHandler) -> None:
+        self._listener = asyncio.create_task(self._listen(on_event))
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+        await self.client.aclose()
+        await self._pool.disconnect()  # a client given a pool does not close it itself
+
+    async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        try:
+            async with asyncio.timeout(self.cfg.timeout_s):
+                result = await fn()
+        except (RedisError, OSError, TimeoutError) as e:
+            self._failed(op, e)
+            return None
+        if not self.healthy:
+            self.healthy = True
+            log.info("redis is back", op=op)
+        return result
+
+    def _failed(self, op: str, e: BaseException) -> None:
+        self.healthy = False
+        self._errors.labels(op).inc()
+        now = time.monotonic()
+        if now - self._last_log.get(op, 0.0) > 10:
+            self._last_log[op] = now
+            log.warning("redis unavailable; serving without it", op=op, error=type(e).__name__)
+
+    # -------------------------------------------------------------------- exact
+
+    async def get_exact(self, key: str) -> Entry | None:
+        raw = await self._call("get", lambda: self.client.get(self.p + "x:" + key))
+        return Entry.from_json(raw) if raw else None
+
+    async def put_exact(self, entry: Entry, data: str, ttl_s: float) -> bool:
+        px = max(1, int(ttl_s * 1000))
+        ok = await self._call("set", lambda: self.client.set(self.p + "x:" + entry.key, data,
+                                                             px=px))
+        return bool(ok)
+
+    # ----------------------------------------------------------------- semantic
+
+    @staticmethod
+    def _pack(vec: np.ndarray, entry: Entry, question: str) -> str:
+        return json.dumps({"v": base64.b64encode(vec.astype("<f4").tobytes()).decode(),
+                           "q": question, "e": entry.to_json()}, separators=(",", ":"))
+
+    @staticmethod
+    def _unpack(raw: str | bytes) -> tuple[np.ndarray, Entry, str]:
+        d = json.loads(raw)
+        vec = np.frombuffer(base64.b64decode(d["v"]), dtype="<f4").astype(np.float32)
+        return vec, Entry.from_json(d["e"]), d["q"]
+
+    async def put_semantic(self, partition: str, entry_id: str, vec: np.ndarray,
+                           entry: Entry, question: str, ttl_s: float) -> bool:
+        name = self.p + "s:" + partition
+        data = self._pack(vec, entry, question)
+
+        async def run() -> Any:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hset(name, entry_id, data)
+                pipe.pexpire(name, max(1, int(ttl_s * 1000)))
+                return await pipe.execute()
+
+        return await self._call("hset", run) is not None
+
+    async def get_semantic(self, partition: str, entry_id: str,
+                           ) -> tuple[np.ndarray, Entry, str] | None:
+        raw = await self._call("hget", lambda: self.client.hget(self.p + "s:" + partition,
+                                                                entry_id))
+        return self._unpack(raw) if raw else None
+
+    async def delete_semantic(self, items: list[tuple[str, str]]) -> None:
+        if not items:
+            return
+
+        async def run() -> Any:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for partition, entry_id in items:
+                    pipe.hdel(self.p + "s:" + partition, entry_id)
+                return await pipe.execute()
+
+        await self._call("hdel", run)
+
+    async def load_semantic(self, limit: int) -> list[tuple[str, str, np.ndarray, Entry, str]]:
+        """Every stored semantic entry (up to `limit`), for a replica that starts."""
+        out: list[tuple[str, str, np.ndarray, Entry, str]] = []
+        try:
+            async with asyncio.timeout(max(5.0, self.cfg.timeout_s * 100)):
+                async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
+                    partition = _s(name)[len(self.p) + 2:]
+                    for entry_id, raw in (await self.client.hgetall(name)).items():
+                        vec, entry, q = self._unpack(raw)
+                        out.append((partition, _s(entry_id), vec, entry, q))
+                        if len(out) >= limit:
+                            return out
+        except (RedisError, OSError, TimeoutError) as e:
+            self._failed("load", e)
+        return out
+
+    # --------------------------------------------------------------- user caps
+
+    def user_key(self, tenant: str, user: str) -> str:
+        return self.p + "u:" + hashlib.sha256(f"{tenant}\x00{user}".encode()).hexdigest()[:32]
+
+    async def track_user(self, tenant: str, user: str, member: str, cap: int,
+                         ttl_s: float) -> list[str] | None:
+        """Record a new entry of the user; returns the members evicted past the cap."""
+        name = self.user_key(tenant, user)
+
+        async def run() -> list[str]:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.zadd(name, {member: time.time()})
+                pipe.zcard(name)
+                pipe.pexpire(name, max(1, int(ttl_s * 1000)))
+                _, count, _ = await pipe.execute()
+            if count <= cap:
+                return []
+            popped: Any = await self.client.zpopmin(name, count - cap)
+            return [_s(m) for m, _ in popped]
+
+        return await self._call("zadd", run)
+
+    async def delete_exact(self, keys: list[str]) -> None:
+        if keys:
+            await self._call("del", lambda: self.client.delete(*[self.p + "x:" + k
+                                                                 for k in keys]))
+
+    # ------------------------------------------------------------------- purge
+
+    async def purge(self, match: Callable[[Entry], bool]) -> tuple[int, int] | None:
+        """Delete matching exact and semantic entries; (exact, semantic) counts."""
+        exact = semantic = 0
+        try:
+            async with asyncio.timeout(max(30.0, self.cfg.timeout_s * 200)):
+                async for name in self.client.scan_iter(match=self.p + "x:*", count=500):
+                    raw = await self.client.get(name)
+                    if raw and match(Entry.from_json(raw)):
+                        exact += await self.client.delete(name)
+                async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
+                    for entry_id, raw in (await self.client.hgetall(name)).items():
+                        if match(self._unpack(raw)[1]):
+                            semantic += await self.client.hdel(name, entry_id)
+        except (RedisError, OSError, TimeoutError) as e:
+            self._failed("purge", e)
+            return None
+        return exact, semantic
+
+    async def count(self) -> dict[str, int] | None:
+        async def run() -> dict[str, int]:
+            exact = 0
+            async for _ in self.client.scan_iter(match=self.p + "x:*", count=1000):
+                exact += 1
+            semantic = 0
+            async for name in self.client.scan_iter(match=self.p + "s:*", count=1000):
+                semantic += await self.client.hlen(name)
+            return {"exact": exact, "semantic": semantic}
+
+        try:
+            async with asyncio.timeout(10):
+                return await run()
+        except (RedisError, OSError, TimeoutError) as e:
+            self._failed("count", e)
+            return None
+
+    # ------------------------------------------------------------------ events
+
+    async def publish(self, event: dict[str, Any]) -> None:
+        data = json.dumps({**event, "from": self.replica}, separators=(",", ":"))
+        await self._call("publish", lambda: self.client.publish(self.p + "events", data))
+
+    async def _listen(self, on_event: EventHandler) -> None:
+        backoff = 0.2
+        lost = False
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.p + "events")
+                backoff = 0.2
+                if lost:  # events sent while we were away are gone: reload instead
+                    lost = False
+                    await on_event({"op": "resync"})
+                while True:
+                    msg = await pubsub.get_message(timeout=1.0)
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    event = json.loads(msg["data"])
+                    if event.get("from") != self.replica:
+                        await on_event(event)
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError, TimeoutError, ValueError) as e:
+                self._failed("subscribe", e)
+                lost = True
+                await asyncio.sleep(backoff)  # reconnect backoff, not synchronisation
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                try:
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                except (RedisError, OSError):
+                    pass
+
+
+def _s(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else v

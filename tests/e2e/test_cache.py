@@ -1,0 +1,104 @@
+"""End to end: the cache and the sanitizer in a real `weir serve` on the real engine,
+through the OpenAI SDK (raw responses, for the x-weir-cache header)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import MODEL
+from tests.e2e.server import WeirProcess, e2e_config
+from tests.openai_spec import validate
+from tests.sse import check_chat_stream, parse_sse
+
+KEYS = [{"key": "sk-cache-acme", "tenant": "acme"}, {"key": "sk-cache-globex", "tenant": "globex"}]
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeirProcess]:
+    cfg = e2e_config(auth={"mode": "keys", "keys": KEYS}, embeddings={"enabled": True},
+                     plugins=[{"name": "sanitizer", "config": {}},
+                              {"name": "cache", "config": {"store_truncated": True}}])
+    proc = WeirProcess(tmp_path_factory.mktemp("weir-cache"), cfg).start()
+    yield proc
+    proc.stop()
+
+
+def sdk(weir: WeirProcess, key: str = "sk-cache-acme") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{weir.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def ask(client: openai.OpenAI, content: str, **kw: Any) -> tuple[str, str, Any]:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=12,
+        temperature=0, **kw)
+    reply = raw.parse()
+    return raw.headers["x-weir-cache"], raw.headers.get("age", ""), reply
+
+
+def test_exact_hit_whole_and_streamed(cached: WeirProcess) -> None:
+    c = sdk(cached)
+    layer, _, first = ask(c, "What are the support hours for premium customers?")
+    assert layer == "miss"
+    layer, age, second = ask(c, "What are the support hours for premium customers?")
+    assert layer == "exact" and age.isdigit()
+    assert second.choices[0].message.content == first.choices[0].message.content
+    r = httpx.post(f"{cached.url}/v1/chat/completions", timeout=60,
+                   headers={"Authorization": "Bearer sk-cache-acme"},
+                   json={"model": MODEL, "temperature": 0, "max_tokens": 12, "stream": True,
+                         "stream_options": {"include_usage": True},
+                         "messages": [{"role": "user", "content":
+                                       "What are the support hours for premium customers?"}]})
+    assert r.headers["x-weir-cache"] == "exact"
+    events, done = parse_sse(r.text)
+    assert done and check_chat_stream(events, usage=True) == first.choices[0].message.content
+    assert events[-1]["usage"]["completion_tokens"] == first.usage.completion_tokens
+
+
+def test_semantic_hit_and_near_miss(cached: WeirProcess) -> None:
+    c = sdk(cached)
+    ask(c, "How do I cancel my subscription?")
+    layer, _, _ = ask(c, "How can I cancel my subscription?")
+    assert layer == "semantic"
+    ask(c, "Please cancel order 123")
+    layer, _, _ = ask(c, "Please cancel order 456")
+    assert layer == "miss"
+
+
+def test_tenants_are_isolated(cached: WeirProcess) -> None:
+    acme, globex = sdk(cached), sdk(cached, "sk-cache-globex")
+    ask(acme, "What is the discount for the enterprise tier?")
+    layer, _, _ = ask(globex, "What is the discount for the enterprise tier?",
+                      extra_headers={"Cache-Control": "no-store"})
+    assert layer == "miss"
+    layer, _, _ = ask(globex, "What's the discount for the enterprise tier?",
+                      extra_headers={"Cache-Control": "no-store"})
+    assert layer == "miss"
+
+
+def test_sensitive_requests_bypass(cached: WeirProcess) -> None:
+    c = sdk(cached)
+    for _ in range(2):
+        layer, _, _ = ask(c, "My card 4111 1111 1111 1111 was charged twice")
+        assert layer == "bypass"
+
+
+def test_embeddings_endpoint(cached: WeirProcess) -> None:
+    r = sdk(cached).embeddings.create(model="all-MiniLM-L6-v2", input=["hello", "world"])
+    assert len(r.data) == 2 and len(r.data[0].embedding) == 384
+    body = httpx.post(f"{cached.url}/v1/embeddings", timeout=60,
+                      headers={"Authorization": "Bearer sk-cache-acme"},
+                      json={"model": "all-MiniLM-L6-v2", "input": "hello"}).json()
+    validate("CreateEmbeddingResponse", body)
+
+
+def test_cache_metrics_move(cached: WeirProcess) -> None:
+    text = httpx.get(f"{cached.url}/metrics").text
+    assert 'weir_cache_lookups_total{layer="l1",result="hit"}' in text
+    assert 'weir_cache_lookups_total{layer="semantic",result="hit"}' in text
+    assert Path(cached.log_path).exists()

@@ -1,0 +1,260 @@
+"""The cache with a real redis-server and the real embedding model, two replicas sharing
+Redis: L2, cross-replica semantic entries, purges over pub/sub, tenant isolation, Redis
+going away and coming back, and cancelled Redis commands."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugins.cache.config import RedisConfig
+from plugins.cache.entry import Entry
+from plugins.cache.plugin import CachePlugin
+from plugins.cache.redis_store import RedisStore
+from proxy.app_state import STATE
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+from tests.redis_server import RedisServer
+from tests.sse import check_chat_stream, parse_sse
+from tests.waiting import eventually
+
+KEYS = [{"key": "k-alice", "tenant": "acme", "user": "alice"},
+        {"key": "k-bob", "tenant": "acme", "user": "bob"},
+        {"key": "k-eve", "tenant": "globex", "user": "eve"},
+        {"key": "k-admin", "tenant": "acme", "role": "admin", "user": "root"}]
+
+
+def h(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def body(content: str, **kw: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "temperature": 0, "max_tokens": 6,
+            "messages": [{"role": "user", "content": content}], **kw}
+
+
+async def replicas(make_client: MakeClient, url: str, n: int = 2, **cache: Any) -> list[Any]:
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    cfg = {"l2": {"enabled": True}, "redis": {"url": url, "key_prefix": prefix,
+                                              "timeout_s": 0.2},
+           "store_truncated": True, **cache}
+    clients = []
+    for _ in range(n):
+        settings = make_settings(auth={"mode": "keys", "keys": KEYS},
+                                 embeddings={"enabled": True},
+                                 plugins=[{"name": "cache", "config": cfg}])
+        c = await make_client(settings, engine=FakeEngine())
+        await c.app[STATE].embedder.ready()
+        clients.append(c)
+    return clients
+
+
+def cache_of(client: Any) -> CachePlugin:
+    return next(p for p in client.app[STATE].plugins if p.name == "cache")  # type: ignore[no-any-return]
+
+
+def engine_of(client: Any) -> FakeEngine:
+    return client.app[STATE].engine  # type: ignore[no-any-return]
+
+
+async def settle(*clients: Any) -> None:
+    for c in clients:
+        p = cache_of(c)
+        while p._background:
+            await asyncio.gather(*list(p._background))
+
+
+async def ask(client: Any, content: str, key: str = "k-alice",
+              headers: dict[str, str] | None = None, **kw: Any) -> tuple[str, Any]:
+    r = await client.post("/v1/chat/completions", json=body(content, **kw),
+                          headers={**h(key), **(headers or {})})
+    assert r.status == 200, await r.text()
+    data = await r.json() if not kw.get("stream") else await r.text()
+    await settle(client)
+    return r.headers["x-weir-cache"], data
+
+
+async def test_l2_is_shared_and_fills_l1(make_client: MakeClient, redis_server: RedisServer
+                                         ) -> None:
+    a, b = await replicas(make_client, redis_server.url)
+    layer, first = await ask(a, "What are your opening hours?")
+    assert layer == "miss"
+    layer, second = await ask(b, "What are your opening hours?")
+    assert layer == "exact" and engine_of(b).calls == []
+    assert second["choices"][0]["message"] == first["choices"][0]["message"]
+    layer, _ = await ask(b, "What are your opening hours?", stream=True)
+    assert layer == "exact"
+    metrics = await (await b.get("/metrics")).text()
+    assert 'weir_cache_lookups_total{layer="l2",result="hit"} 1.0' in metrics
+    assert 'weir_cache_lookups_total{layer="l1",result="hit"} 1.0' in metrics
+
+
+async def test_semantic_entry_reaches_the_other_replica(make_client: MakeClient,
+                                                        redis_server: RedisServer) -> None:
+    a, b = await replicas(make_client, redis_server.url)
+    await ask(a, "How do I reset my password?")
+    await eventually(lambda: len(cache_of(b).index) == 1, timeout=1.0)
+    layer, _ = await ask(b, "How can I reset my password?")
+    assert layer == "semantic" and engine_of(b).calls == []
+    # A third replica started later loads the entry from Redis at start.
+    (c,) = await replicas(make_client, redis_server.url, n=1,
+                          redis={"url": redis_server.url,
+                                 "key_prefix": cache_of(a).cfg.redis.key_prefix})
+    assert len(cache_of(c).index) == 1
+
+
+async def test_tenants_never_share_entries(make_client: MakeClient, redis_server: RedisServer
+                                           ) -> None:
+    a, b = await replicas(make_client, redis_server.url)
+    await ask(a, "What is our refund policy for enterprise plans?")
+    await eventually(lambda: len(cache_of(b).index) == 1)
+    probe = {"Cache-Control": "no-store"}  # eve's lookups must not plant entries of her own
+    for client in (a, b):
+        for q in ("What is our refund policy for enterprise plans?",
+                  "What's our refund policy for enterprise plans?"):
+            layer, _ = await ask(client, q, "k-eve", headers=probe)
+            assert layer == "miss"
+    layer, _ = await ask(b, "What is our refund policy for enterprise plans?", "k-bob")
+    assert layer == "exact"  # same tenant, tenant scope
+
+
+async def test_role_scope_separates_roles(make_client: MakeClient, redis_server: RedisServer
+                                          ) -> None:
+    (a,) = await replicas(make_client, redis_server.url, n=1, scope="role")
+    await ask(a, "Show me the quarterly numbers summary", "k-admin")
+    layer, _ = await ask(a, "Show me the quarterly numbers summary", "k-alice")
+    assert layer == "miss"
+
+
+async def test_admin_purge_reaches_every_replica(make_client: MakeClient,
+                                                 redis_server: RedisServer) -> None:
+    a, b = await replicas(make_client, redis_server.url)
+    await ask(a, "Tell me about project falcon launch")
+    await ask(a, "What is the weather policy for travel")
+    await ask(b, "Tell me about project falcon launch")  # b's L1 holds it too
+    await eventually(lambda: len(cache_of(b).index) == 2)
+    r = await a.post("/admin/cache/purge", json={"contains": "FALCON"}, headers=h("k-alice"))
+    assert r.status == 403
+    r = await a.post("/admin/cache/purge", json={}, headers=h("k-admin"))
+    assert r.status == 400
+    r = await a.post("/admin/cache/purge", json={"contains": "falcon"}, headers=h("k-admin"))
+    assert r.status == 200
+    purged = (await r.json())["purged"]
+    assert purged["redis"] == {"exact": 1, "semantic": 1}
+    await eventually(lambda: len(cache_of(b).index) == 1)
+    for client in (a, b):  # probes must not store the answer again
+        layer, _ = await ask(client, "Tell me about project falcon launch",
+                             headers={"Cache-Control": "no-store"})
+        assert layer == "miss"
+        layer, _ = await ask(client, "Tell me about the project falcon launch",
+                             headers={"Cache-Control": "no-store"})
+        assert layer == "miss"  # nor semantically
+    await settle(a, b)
+    stats = await (await a.get("/admin/cache/stats", headers=h("k-admin"))).json()
+    assert stats["redis"]["exact"] >= 1
+
+
+async def test_purge_by_tenant_and_user(make_client: MakeClient, redis_server: RedisServer
+                                        ) -> None:
+    (a,) = await replicas(make_client, redis_server.url, n=1, scope="user")
+    await ask(a, "alice question about invoices", "k-alice")
+    await ask(a, "bob question about invoices", "k-bob")
+    r = await a.post("/admin/cache/purge", json={"tenant": "acme", "user": "alice"},
+                     headers=h("k-admin"))
+    assert (await r.json())["purged"]["l1"] == 1
+    assert (await ask(a, "alice question about invoices", "k-alice",
+                      headers={"Cache-Control": "no-store"}))[0] == "miss"
+    assert (await ask(a, "bob question about invoices", "k-bob"))[0] == "exact"
+
+
+async def test_redis_down_then_back(make_client: MakeClient, tmp_path: Path) -> None:
+    server = RedisServer(tmp_path).start()
+    again: RedisServer | None = None
+    try:
+        a, b = await replicas(make_client, server.url)
+        await ask(a, "Which payment methods do you accept?")
+        await eventually(lambda: len(cache_of(b).index) == 1)
+        server.stop()
+        layer, _ = await ask(a, "Which payment methods do you accept?")
+        assert layer == "exact"  # L1 still serves
+        layer, _ = await ask(b, "Which payment methods do you accept?")
+        assert layer == "semantic"  # b's in-memory index still serves
+        layer, _ = await ask(a, "Where is your office located?")
+        assert layer == "miss"  # the engine serves; nothing raised
+        metrics = await (await a.get("/metrics")).text()
+        assert "weir_cache_store_errors_total{" in metrics
+        ready = await (await a.get("/health/ready")).json()
+        assert ready["plugins"]["cache"]["redis"] == "down"
+        again = RedisServer(tmp_path, port=server.port).start()
+        layer, _ = await ask(a, "How long does shipping take to Canada?")
+        assert layer == "miss"
+        layer, _ = await ask(b, "How long does shipping take to Canada?")
+        assert layer == "exact"  # written to Redis again, read by the other replica
+        assert cache_of(a).redis.healthy  # type: ignore[union-attr]
+    finally:
+        server.stop()
+        if again is not None:
+            again.stop()
+
+
+async def test_cancelled_commands_never_cross_keys(redis_server: RedisServer) -> None:
+    from prometheus_client import CollectorRegistry, Counter
+
+    errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                   timeout_s=1.0, max_connections=8), errors, "r")
+    rng = random.Random(7)
+
+    def entry(i: int) -> Entry:
+        return Entry(key=f"k{i}", route="chat", model="m", scope="s", tenant="t", role="r",
+                     user="u", prompt="p", usage={"prompt_tokens": 1, "completion_tokens": 1},
+                     choices=[{"index": 0, "text": f"value-{i}" * 50, "finish_reason": "stop"}],
+                     expires=1e12, stale_until=1e12)
+
+    await asyncio.gather(*(store.put_exact(entry(i), entry(i).to_json(), 60) for i in range(50)))
+    wrong = 0
+    for _ in range(20):
+        tasks = [asyncio.create_task(store.get_exact(f"k{i}")) for i in range(50)]
+        for t in rng.sample(tasks, 15):
+            t.get_loop().call_soon(t.cancel)
+        for i, t in enumerate(tasks):
+            try:
+                got = await t
+            except asyncio.CancelledError:
+                continue
+            if got is not None and got.key != f"k{i}":
+                wrong += 1
+    assert wrong == 0
+    for i in range(50):  # every connection still answers with its own key's value
+        got = await store.get_exact(f"k{i}")
+        assert got is not None and got.key == f"k{i}"
+    await store.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_concurrent_identical_requests_generate_once(
+        make_client: MakeClient, redis_server: RedisServer, stream: bool) -> None:
+    (a,) = await replicas(make_client, redis_server.url, n=1)
+    engine = engine_of(a)
+    engine.token_gate = asyncio.Event()
+    tasks = [asyncio.create_task(a.post("/v1/chat/completions", headers=h("k-alice"),
+                                        json=body("the same question", stream=stream)))
+             for _ in range(10)]
+    await engine.wait_until(lambda: len(engine.active) == 1)
+    engine.token_gate.set()
+    replies = await asyncio.gather(*tasks)
+    assert all(r.status == 200 for r in replies) and len(engine.calls) == 1
+    texts = set()
+    for r in replies:
+        if stream:
+            events, done = parse_sse(await r.text())
+            assert done
+            texts.add(check_chat_stream(events))
+        else:
+            texts.add((await r.json())["choices"][0]["message"]["content"])
+    assert len(texts) == 1

@@ -1,0 +1,64 @@
+"""/v1/embeddings with the real offline MiniLM model, and the embedder's batching."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+import pytest
+
+from proxy.app_state import STATE
+from tests.conftest import MakeClient
+from tests.openai_spec import validate
+
+MODEL = "all-MiniLM-L6-v2"
+
+
+@pytest.fixture
+async def client(make_client: MakeClient):  # type: ignore[no-untyped-def]
+    c = await make_client(embeddings={"enabled": True})
+    await c.app[STATE].embedder.ready()  # type: ignore[union-attr]
+    return c
+
+
+async def test_embeddings_shape_and_meaning(client) -> None:  # type: ignore[no-untyped-def]
+    r = await client.post("/v1/embeddings", json={"model": MODEL, "input": [
+        "How do I reset my password?", "I forgot my password, how can I change it?",
+        "What is the capital of France?"]})
+    assert r.status == 200
+    body = await r.json()
+    validate("CreateEmbeddingResponse", body)
+    vecs = np.array([d["embedding"] for d in body["data"]])
+    assert vecs.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+    assert vecs[0] @ vecs[1] > 0.6 > vecs[0] @ vecs[2]
+    assert body["usage"]["prompt_tokens"] > 0
+
+
+async def test_base64_matches_float(client) -> None:  # type: ignore[no-untyped-def]
+    f = await (await client.post("/v1/embeddings", json={"model": MODEL, "input": "x"})).json()
+    b = await (await client.post("/v1/embeddings", json={
+        "model": MODEL, "input": "x", "encoding_format": "base64"})).json()
+    decoded = np.frombuffer(base64.b64decode(b["data"][0]["embedding"]), dtype="<f4")
+    assert np.allclose(decoded, f["data"][0]["embedding"], atol=1e-6)
+
+
+async def test_errors(client) -> None:  # type: ignore[no-untyped-def]
+    r = await client.post("/v1/embeddings", json={"model": "nope", "input": "x"})
+    assert r.status == 404
+    r = await client.post("/v1/embeddings", json={"model": MODEL, "input": []})
+    assert r.status == 400 and (await r.json())["error"]["param"] == "input"
+    r = await client.post("/v1/embeddings", json={"model": MODEL, "input": "x",
+                                                  "dimensions": 12})
+    assert r.status == 400 and (await r.json())["error"]["param"] == "dimensions"
+
+
+async def test_concurrent_callers_are_batched(client) -> None:  # type: ignore[no-untyped-def]
+    emb = client.app[STATE].embedder
+    before = emb.batches
+    results = await asyncio.gather(*(emb.embed([f"question number {i}"]) for i in range(24)))
+    assert all(v.shape == (1, 384) for v, _ in results)
+    assert emb.batches - before < 24
+    single, _ = await emb.embed(["question number 3"])
+    assert np.allclose(single[0], results[3][0][0], atol=1e-5)

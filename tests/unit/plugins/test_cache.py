@@ -1,0 +1,385 @@
+"""Cache plugin against a stub call_next: keys, tiers, capture, replay, coalescing, scope."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from plugins.cache.config import CacheConfig
+from plugins.cache.entry import Entry
+from plugins.cache.keys import exact_key
+from plugins.cache.l1 import L1
+from plugins.cache.plugin import CachePlugin
+from plugins.cache.semantic import guard_ok
+from proxy.auth import Principal
+from proxy.chain import Completion, Reply, Services, Stream
+from proxy.context import RequestContext
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
+from tests.fakes import FakeEmbedder, FakeEngine
+from tests.openai_spec import validate
+from tests.sse import check_chat_stream
+
+ALICE = Principal("acme", "user", "alice")
+BOB = Principal("acme", "user", "bob")
+EVE = Principal("globex", "user", "eve")
+ADMIN = Principal("acme", "admin", "root")
+
+
+def plugin(**cfg: Any) -> CachePlugin:
+    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics(),
+                        embedder=FakeEmbedder())  # type: ignore[arg-type]
+    return CachePlugin(CacheConfig.model_validate(cfg), services)
+
+
+def ctx(content: str = "How do I reset my password?", principal: Principal = ALICE,
+        headers: dict[str, str] | None = None, **kw: Any) -> RequestContext:
+    body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": content}],
+            "temperature": 0, **kw}
+    return RequestContext(route="chat", request=ChatCompletionRequest.model_validate(body),
+                          principal=principal, request_id="r", headers=headers or {})
+
+
+def answer(text: str = "Use the reset link.", reason: str = "stop") -> dict[str, Any]:
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": reason}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}}
+
+
+class Engine:
+    """A stub call_next that counts generations; optionally streams."""
+
+    def __init__(self, text: str = "Use the reset link.", reason: str = "stop",
+                 gate: asyncio.Event | None = None) -> None:
+        self.calls = 0
+        self.text, self.reason, self.gate = text, reason, gate
+        self.entered = asyncio.Event()
+
+    async def __call__(self, c: RequestContext) -> Reply:
+        self.calls += 1
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if not c.request.stream:
+            return Completion(answer(self.text, self.reason))
+        return Stream(self._chunks(c))
+
+    async def _chunks(self, c: RequestContext) -> AsyncIterator[dict[str, Any]]:
+        words = self.text.split(" ")
+        for i, w in enumerate(words):
+            last = i == len(words) - 1
+            yield {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "delta": ({"role": "assistant"} if i == 0 else {})
+                                | {"content": (" " if i else "") + w}, "logprobs": None,
+                                "finish_reason": self.reason if last else None}]}
+        if c.request.include_usage:
+            yield {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 4,
+                                            "total_tokens": 11}}
+
+
+CHUNKS: dict[int, list[dict[str, Any]]] = {}
+
+
+async def run(p: CachePlugin, c: RequestContext, engine: Any) -> tuple[Any, str]:
+    """Run one request; a Stream reply is read to the end (its chunks in `chunks_of`)."""
+    reply = await p(c, engine)
+    if isinstance(reply, Stream):
+        CHUNKS[id(reply)] = [x async for x in reply]
+    await drain(p)
+    return reply, c.response_headers.get("x-weir-cache", "")
+
+
+def chunks_of(reply: Stream) -> list[dict[str, Any]]:
+    return CHUNKS.pop(id(reply))
+
+
+async def drain(p: CachePlugin) -> None:
+    """Wait for the background store tasks (Redis, index) the plugin started."""
+    while p._background:
+        await asyncio.gather(*list(p._background))
+
+
+async def test_miss_then_exact_hit_with_age() -> None:
+    p, eng = plugin(), Engine()
+    _, first = await run(p, ctx(), eng)
+    reply, second = await run(p, ctx(), eng)
+    assert (first, second, eng.calls) == ("miss", "exact", 1)
+    assert isinstance(reply, Completion)
+    validate("CreateChatCompletionResponse", reply.body)
+    assert reply.body["choices"][0]["message"]["content"] == "Use the reset link."
+    assert reply.body["usage"]["completion_tokens"] == 4
+
+
+async def test_stream_replay_has_live_shapes() -> None:
+    p, eng = plugin(), Engine()
+    await run(p, ctx(), eng)
+    reply, layer = await run(p, ctx(stream=True, stream_options={"include_usage": True}), eng)
+    assert layer == "exact" and eng.calls == 1
+    text = check_chat_stream(chunks_of(reply), usage=True)
+    assert text == "Use the reset link."
+
+
+async def test_streamed_miss_is_stored_when_complete() -> None:
+    p, eng = plugin(), Engine()
+    await run(p, ctx(stream=True), eng)
+    reply, layer = await run(p, ctx(), eng)
+    assert layer == "exact" and eng.calls == 1
+    assert reply.body["choices"][0]["message"]["content"] == "Use the reset link."  # type: ignore[union-attr]
+
+
+async def test_cancelled_stream_stores_nothing() -> None:
+    p, eng = plugin(), Engine()
+    reply = await p(ctx(stream=True), eng)
+    assert isinstance(reply, Stream)
+    it = reply.__aiter__()
+    await it.__anext__()
+    await reply.aclose()
+    await drain(p)
+    _, layer = await run(p, ctx(), eng)
+    assert layer == "miss" and eng.calls == 2
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("How do I reset my password?", "How  do I reset my password? "),
+    ("How do I reset my password?", "Ｈｏｗ do I reset my pass\u200bword?"),
+])
+async def test_equivalent_prompts_share_a_key(a: str, b: str) -> None:
+    assert exact_key(ctx(a), "tenant") == exact_key(ctx(b), "tenant")
+
+
+def test_key_ignores_transport_but_not_output_params() -> None:
+    base = exact_key(ctx(), "tenant")
+    assert exact_key(ctx(stream=True, stream_options={"include_usage": True}, user="x"),
+                     "tenant") == base
+    for kw in ({"max_tokens": 5}, {"seed": 1}, {"stop": ["x"]}, {"top_p": 0.5},
+               {"response_format": {"type": "json_object"}}, {"presence_penalty": 1}):
+        assert exact_key(ctx(**kw), "tenant") != base, kw
+    assert exact_key(ctx(principal=EVE), "tenant") != base
+    assert exact_key(ctx(principal=BOB), "tenant") == base
+    assert exact_key(ctx(principal=BOB), "user") != exact_key(ctx(), "user")
+
+
+async def test_non_deterministic_requests_bypass() -> None:
+    p, eng = plugin(), Engine()
+    _, layer = await run(p, ctx(temperature=1.0), eng)
+    assert layer == "bypass"
+    _, layer = await run(p, ctx(temperature=1.0, seed=3), eng)
+    assert layer == "miss"
+    wide = plugin(deterministic_only=False)
+    await run(wide, ctx(temperature=1.0), eng)
+    _, layer = await run(wide, ctx(temperature=1.0), eng)
+    assert layer == "exact"
+
+
+async def test_cache_control_headers() -> None:
+    p, eng = plugin(), Engine()
+    await run(p, ctx(headers={"cache-control": "no-store"}), eng)
+    _, layer = await run(p, ctx(), eng)
+    assert layer == "miss"  # nothing was stored
+    _, layer = await run(p, ctx(headers={"cache-control": "no-cache"}), eng)
+    assert layer == "bypass" and eng.calls == 3  # read skipped though an entry exists
+    _, layer = await run(p, ctx(), eng)
+    assert layer == "exact"
+
+
+async def test_sensitive_and_injection() -> None:
+    p, eng = plugin(sensitive_patterns=[r"(?i)password"]), Engine()
+    await run(p, ctx(), eng)
+    _, layer = await run(p, ctx(), eng)
+    assert layer == "bypass" and eng.calls == 2
+    q = plugin()
+    c = ctx()
+    c.sensitive = True
+    _, layer = await run(q, c, eng)
+    assert layer == "bypass"
+    c = ctx()
+    c.flags.add("injection")
+    await run(q, c, eng)
+    _, layer = await run(q, ctx(), eng)
+    assert layer == "miss"  # the injection-flagged answer was not written
+
+
+@pytest.mark.parametrize(("text", "reason", "cfg", "stored"), [
+    ("fine", "stop", {}, True),
+    ("cut off", "length", {}, False),
+    ("cut off", "length", {"store_truncated": True}, True),
+    ("   ", "stop", {}, False),
+])
+async def test_what_is_stored(text: str, reason: str, cfg: dict[str, Any], stored: bool) -> None:
+    p, eng = plugin(**cfg), Engine(text, reason)
+    await run(p, ctx(), eng)
+    _, layer = await run(p, ctx(), eng)
+    assert (layer == "exact") is stored
+
+
+async def test_errors_and_fallbacks_are_not_stored() -> None:
+    p = plugin()
+
+    async def boom(c: RequestContext) -> Reply:
+        raise RuntimeError("engine down")
+
+    with pytest.raises(RuntimeError):
+        await p(ctx(), boom)
+
+    async def fallback(c: RequestContext) -> Reply:
+        return Completion(answer("degraded"), headers={"x-weir-fallback": "static"})
+
+    await run(p, ctx(), fallback)  # type: ignore[arg-type]
+    _, layer = await run(p, ctx(), Engine())
+    assert layer == "miss"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_concurrent_identical_misses_coalesce(stream: bool) -> None:
+    gate = asyncio.Event()
+    p, eng = plugin(), Engine(gate=gate)
+
+    async def one() -> str:
+        reply, _ = await run(p, ctx(stream=stream), eng)
+        if isinstance(reply, Stream):
+            return check_chat_stream(chunks_of(reply))
+        return reply.body["choices"][0]["message"]["content"]  # type: ignore[no-any-return]
+
+    tasks = [asyncio.create_task(one()) for _ in range(8)]
+    await eng.entered.wait()
+    gate.set()
+    texts = await asyncio.gather(*tasks)
+    assert eng.calls == 1 and set(texts) == {"Use the reset link."}
+
+
+async def test_a_failed_leader_lets_followers_generate() -> None:
+    gate = asyncio.Event()
+    p = plugin()
+    calls = 0
+    entered = asyncio.Event()
+
+    async def flaky(c: RequestContext) -> Reply:
+        nonlocal calls
+        calls += 1
+        entered.set()
+        if calls == 1:
+            await gate.wait()
+            raise RuntimeError("leader failed")
+        return Completion(answer())
+
+    leader = asyncio.create_task(p(ctx(), flaky))
+    await entered.wait()
+    follower = asyncio.create_task(p(ctx(), flaky))
+    await asyncio.sleep(0)
+    gate.set()
+    with pytest.raises(RuntimeError):
+        await leader
+    assert isinstance(await follower, Completion) and calls == 2
+
+
+async def test_semantic_hit_within_scope_only() -> None:
+    p, eng = plugin(semantic={"threshold": 0.8}), Engine()
+    await run(p, ctx("How can I reset my password please?"), eng)
+    _, layer = await run(p, ctx("How do I reset my password please?"), eng)
+    assert layer == "semantic" and eng.calls == 1
+    _, layer = await run(p, ctx("How do I reset my password please?", principal=EVE), eng)
+    assert layer == "miss"  # another tenant: another partition
+    _, layer = await run(p, ctx("How do I reset my password please?", max_tokens=9), eng)
+    assert layer == "miss"  # other parameters: another partition
+
+
+async def test_semantic_guard_refuses_changed_numbers() -> None:
+    p, eng = plugin(semantic={"threshold": 0.5}), Engine()
+    await run(p, ctx("please cancel my order 123 now"), eng)
+    _, layer = await run(p, ctx("please cancel my order 456 now"), eng)
+    assert layer == "miss"
+    assert not guard_ok("I can log in", "I cannot log in")
+    assert not guard_ok("Flights from Paris to London", "Flights from London to Paris")
+    assert guard_ok("How do I reset my password?", "How can I change my password?")
+
+
+async def test_per_user_cap_evicts_the_oldest() -> None:
+    p, eng = plugin(per_user_max_entries=2, semantic={"enabled": False}), Engine()
+    for q in ("first question here", "second question here", "third question here"):
+        await run(p, ctx(q), eng)
+    _, layer = await run(p, ctx("third question here"), eng)
+    assert layer == "exact"
+    _, layer = await run(p, ctx("second question here", principal=BOB), eng)
+    assert layer == "exact"  # bob reads alice's entry (same tenant scope)
+    _, layer = await run(p, ctx("first question here"), eng)
+    assert layer == "miss"  # evicted: alice owns at most 2
+
+
+async def test_local_purge_by_content() -> None:
+    from plugins.cache.admin import matcher
+
+    p, eng = plugin(), Engine()
+    await run(p, ctx("tell me about the acme merger"), eng)
+    await run(p, ctx("unrelated question entirely"), eng)
+    l1, _ = p.purge_local(matcher({"contains": "ACME"}))
+    assert l1 == 1
+    _, layer = await run(p, ctx("tell me about the acme merger"), eng)
+    assert layer == "miss"
+    _, layer = await run(p, ctx("unrelated question entirely"), eng)
+    assert layer == "exact"
+
+
+async def test_completions_are_cached_too() -> None:
+    p = plugin()
+
+    async def eng(c: RequestContext) -> Reply:
+        return Completion({"id": "cmpl-1", "object": "text_completion", "created": 1,
+                           "model": "m", "choices": [{"index": 0, "text": "hi",
+                                                      "logprobs": None, "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                     "total_tokens": 2}})
+
+    c1 = RequestContext(route="completion", principal=ALICE, request_id="r",
+                        request=CompletionRequest.model_validate(
+                            {"model": "m", "prompt": "x", "temperature": 0}))
+    await run(p, c1, eng)  # type: ignore[arg-type]
+    c2 = RequestContext(route="completion", principal=ALICE, request_id="r",
+                        request=CompletionRequest.model_validate(
+                            {"model": "m", "prompt": "x", "temperature": 0}))
+    reply, layer = await run(p, c2, eng)  # type: ignore[arg-type]
+    assert layer == "exact"
+    validate("CreateCompletionResponse", reply.body)  # type: ignore[union-attr]
+
+
+def entry(key: str, size_text: str = "x", expires: float = 100.0) -> Entry:
+    return Entry(key=key, route="chat", model="m", scope="s", tenant="t", role="r", user="u",
+                 prompt="p", usage={"prompt_tokens": 1, "completion_tokens": 1},
+                 choices=[{"index": 0, "text": size_text, "finish_reason": "stop"}],
+                 created=0.0, expires=expires, stale_until=expires + 50)
+
+
+def test_l1_is_bounded_in_bytes_and_lru() -> None:
+    l1 = L1(max_bytes=300)
+    for k in "abc":
+        l1.put(entry(k), 100)
+    assert l1.get("a", 1.0) is not None  # a is now the most recent
+    l1.put(entry("d"), 100)
+    assert l1.get("b", 1.0) is None and l1.get("a", 1.0) is not None
+    assert l1.bytes <= 300
+    l1.put(entry("huge"), 1000)
+    assert l1.get("huge", 1.0) is None
+
+
+def test_l1_ttl_and_stale_grace() -> None:
+    l1 = L1(max_bytes=10_000)
+    l1.put(entry("k", expires=10.0), 10)
+    assert l1.get("k", 5.0) is not None
+    assert l1.get("k", 20.0) is None
+    assert l1.get("k", 20.0, allow_stale=True) is not None
+    assert l1.get("k", 70.0, allow_stale=True) is None and len(l1) == 0
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError):
+        CacheConfig.model_validate({"l2": {"enabled": True}})
+    with pytest.raises(ValueError):
+        CacheConfig.model_validate({"scope": "planet"})
+    with pytest.raises(ValueError):
+        CacheConfig.model_validate({"sensitive_patterns": ["("]})
