@@ -6,7 +6,7 @@ import argparse
 import importlib
 import time
 
-SUITES = ["serving", "sanitizer"]
+SUITES = ["serving", "cache", "sanitizer"]
 
 
 def main() -> int:

@@ -16,7 +16,8 @@ from .app_state import STATE, AppState
 from .auth import Authenticator
 from .chain import Services, build_plugins, compose
 from .embedding import Embedder
-from .engine.base import Engine
+from .engine.base import Backend
+from .engine.upstream import UpstreamEngine
 from .middleware import errors_middleware, make_access_log, request_id_middleware
 from .routes import add_routes
 from .serving import LocalServing
@@ -26,19 +27,19 @@ from .telemetry import Metrics, get_logger
 log = get_logger("weir.app")
 
 
-def make_engine(settings: Settings) -> Engine:
+def make_engine(settings: Settings) -> Backend:
     cfg = settings.engine
     if cfg.kind == "vllm":
         from .engine.vllm import VllmEngine  # imported here: vllm is heavy and optional
 
         return VllmEngine(cfg)
-    raise ConfigError([("engine.kind", f"engine kind `{cfg.kind}` is not available yet")])
+    return UpstreamEngine(cfg)
 
 
 def create_app(
     settings: Settings,
     *,
-    engine: Engine | None = None,
+    engine: Backend | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
 ) -> web.Application:
     metrics = Metrics()
@@ -49,7 +50,9 @@ def create_app(
         raise ConfigError([("auth.keys", str(e))]) from None
     embedder = Embedder(settings.embeddings) if settings.embeddings.enabled else None
     plugins = build_plugins(settings.plugins, Services(engine, settings, metrics, embedder))
-    chain = compose(plugins, LocalServing(engine))  # type: ignore[arg-type]
+    terminal = engine if isinstance(engine, UpstreamEngine) else LocalServing(
+        engine)  # type: ignore[arg-type]
+    chain = compose(plugins, terminal)  # type: ignore[arg-type]
     app = web.Application(
         middlewares=[
             request_id_middleware,

@@ -20,7 +20,7 @@ from aiohttp import web
 from .auth import Authenticator
 from .chain import BasePlugin, Next
 from .embedding import Embedder
-from .engine.base import Engine
+from .engine.base import Backend
 from .settings import Settings
 from .telemetry import Metrics
 
@@ -28,7 +28,7 @@ from .telemetry import Metrics
 @dataclass
 class AppState:
     settings: Settings
-    engine: Engine
+    engine: Backend
     auth: Authenticator
     metrics: Metrics
     plugins: list[BasePlugin]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from .embedding import Embedder
-    from .engine.base import Engine
+    from .engine.base import Backend
     from .settings import Settings
     from .telemetry import Metrics
 
@@ -93,10 +93,15 @@ class PluginConfig(BaseModel):
 class Services:
     """What a plugin may use besides its config, handed over at construction."""
 
-    engine: Engine
+    engine: Backend
     settings: Settings
     metrics: Metrics
     embedder: Embedder | None = None
+    #: Every plugin of the chain, in order (filled once the chain is built).
+    plugins: list[BasePlugin] = field(default_factory=list)
+
+    def plugin(self, name: str) -> BasePlugin | None:
+        return next((p for p in self.plugins if p.name == name), None)
 
 
 class BasePlugin:
@@ -225,7 +230,9 @@ def _order_errors(
 
 
 def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugin]:
-    return [cls(config, services) for cls, config, _ in validate_plugins(specs)]
+    plugins = [cls(config, services) for cls, config, _ in validate_plugins(specs)]
+    services.plugins[:] = plugins
+    return plugins
 
 
 def compose(plugins: list[Plugin], terminal: Next) -> Next:

@@ -100,9 +100,8 @@ class EngineFailed(Exception):
     """The engine failed while serving a valid request (maps to 5xx; counts for the breaker)."""
 
 
-class Engine(Protocol):
-    @property
-    def max_model_len(self) -> int: ...
+class Backend(Protocol):
+    """What the app needs of any backend: lifecycle, readiness, models, load."""
 
     async def start(self) -> None:
         """Load the model and warm up. Returns when the engine can serve."""
@@ -115,6 +114,13 @@ class Engine(Protocol):
     def models(self) -> list[ModelInfo]: ...
 
     def stats(self) -> EngineStats: ...
+
+
+class Engine(Backend, Protocol):
+    """A token-level engine that Weir drives itself (vLLM)."""
+
+    @property
+    def max_model_len(self) -> int: ...
 
     def encode(self, text: str) -> list[int]:
         """Tokenize a completion prompt (with the model's BOS handling)."""

@@ -1,0 +1,22 @@
+"""Admission config: engine concurrency, the wait queue, priorities, deadlines."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from proxy.chain import PluginConfig
+
+
+class AdmissionConfig(PluginConfig):
+    max_concurrent: int = Field(64, ge=1, description="Requests in the engine at once.")
+    max_queue: int = Field(128, ge=0, description="Requests waiting at most (503 beyond).")
+    max_queue_wait_s: float = Field(30, gt=0, description="Longest wait for an engine slot.")
+    priorities: dict[str, int] = Field(
+        default_factory=lambda: {"admin": 0, "user": 10},
+        description="Role -> priority; lower goes first.")
+    default_priority: int = Field(10, description="Priority of roles not listed.")
+    deadline_s: float | None = Field(
+        300, gt=0, description="Default per-request deadline (None: none).")
+    deadline_header: str = Field(
+        "x-weir-timeout-ms", description="Header that may shorten the deadline (ms).")
+    retry_after_s: float = Field(1, gt=0, description="Retry-After on a shed request.")

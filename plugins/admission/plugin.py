@@ -1,0 +1,138 @@
+"""Admission: bounds what the engine holds and sheds load at once when it cannot wait.
+
+A request takes a permit before it reaches the engine and gives it back when its answer
+ends (a stream: when the last chunk is sent or the client goes away). Without a free
+permit it waits in a bounded priority queue (by role); a full queue means an immediate
+503 `overloaded` with Retry-After, not a timeout later. A waiter that outlives
+`max_queue_wait_s` gets 503 `queue_timeout`.
+
+Deadlines: `deadline_s` by default, shortened by the `x-weir-timeout-ms` header. A
+request past its deadline is cut (its generation aborted) and answered 504 `timeout`,
+in-band if bytes were already sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Literal
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from proxy.chain import BasePlugin, Next, Reply, Services, Stream
+from proxy.context import RequestContext
+from proxy.errors import Timeout, Unavailable
+from proxy.telemetry import get_logger
+
+from .config import AdmissionConfig
+from .queue import PriorityGate, Shed
+
+log = get_logger("weir.admission")
+
+
+class AdmissionPlugin(BasePlugin):
+    name: ClassVar[str] = "admission"
+    Config = AdmissionConfig
+    placement: ClassVar[Literal["first", "any", "last"]] = "last"
+
+    def __init__(self, config: AdmissionConfig, services: Services) -> None:  # type: ignore[override]
+        super().__init__(config, services)
+        self.cfg = config
+        self.gate = PriorityGate(config.max_concurrent, config.max_queue)
+        reg = services.metrics.registry
+        self.depth = Gauge("weir_admission_queue_depth", "Requests waiting.", registry=reg)
+        self.in_engine = Gauge("weir_admission_in_engine", "Requests holding a permit.",
+                               registry=reg)
+        self.wait = Histogram("weir_admission_queue_wait_seconds", "Time waited for a permit.",
+                              registry=reg, buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                                                     5, 10, 30))
+        self.shed = Counter("weir_admission_shed_total", "Requests shed.", ["reason"],
+                            registry=reg)
+        self.timeouts = Counter("weir_admission_deadline_exceeded_total",
+                                "Requests cut at their deadline.", registry=reg)
+
+    def health(self) -> dict[str, Any]:
+        return {"in_engine": self.gate.in_use, "waiting": self.gate.waiting}
+
+    def _deadline(self, ctx: RequestContext) -> None:
+        limit = self.cfg.deadline_s
+        raw = ctx.headers.get(self.cfg.deadline_header)
+        if raw is not None:
+            try:
+                asked = float(raw) / 1000
+            except ValueError:
+                asked = None
+            if asked is not None and asked > 0:
+                limit = asked if limit is None else min(limit, asked)
+        if limit is not None:
+            deadline = ctx.started + limit
+            ctx.deadline = deadline if ctx.deadline is None else min(ctx.deadline, deadline)
+
+    def _overloaded(self, reason: str, message: str) -> Unavailable:
+        self.shed.labels(reason).inc()
+        return Unavailable(message, code="overloaded" if reason == "full" else "queue_timeout",
+                           retry_after=self.cfg.retry_after_s)
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        self._deadline(ctx)
+        priority = self.cfg.priorities.get(ctx.principal.role, self.cfg.default_priority)
+        remaining = ctx.remaining()
+        wait = self.cfg.max_queue_wait_s if remaining is None else min(
+            self.cfg.max_queue_wait_s, max(remaining, 0.0))
+        start = time.monotonic()
+        self.depth.set(self.gate.waiting + 1)
+        try:
+            await self.gate.acquire(priority, wait)
+        except Shed:
+            raise self._overloaded("full", "The server is overloaded; retry shortly.") from None
+        except TimeoutError:
+            if ctx.remaining() is not None and ctx.remaining() <= 0:  # type: ignore[operator]
+                self.timeouts.inc()
+                raise Timeout("The request did not start before its deadline.") from None
+            raise self._overloaded("wait", "No engine slot became free in time.") from None
+        finally:
+            self.depth.set(self.gate.waiting)
+        self.wait.observe(time.monotonic() - start)
+        self.in_engine.set(self.gate.in_use)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.gate.release()
+                self.in_engine.set(self.gate.in_use)
+
+        try:
+            try:
+                async with asyncio.timeout(ctx.remaining()):
+                    reply = await call_next(ctx)
+            except TimeoutError:
+                self.timeouts.inc()
+                raise Timeout("The request did not finish within its deadline.") from None
+        except BaseException:
+            release()
+            raise
+        if not isinstance(reply, Stream):
+            release()
+            return reply
+        return Stream(self._guard(ctx, reply, release), reply.headers)
+
+    async def _guard(self, ctx: RequestContext, reply: Stream,
+                     release: Any) -> AsyncIterator[dict[str, Any]]:
+        it = reply.__aiter__()
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(ctx.remaining()):
+                        chunk = await it.__anext__()
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    self.timeouts.inc()
+                    raise Timeout("The request did not finish within its deadline.") from None
+                yield chunk
+        finally:
+            release()
+            await reply.aclose()

@@ -1,0 +1,42 @@
+"""Breaker config: the sliding window and thresholds, and the fallback list."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from proxy.chain import PluginConfig
+
+
+class Fallback(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["stale", "upstream", "static", "error"] = Field(
+        description="stale: an expired cache entry in its grace window; upstream: another "
+        "OpenAI-compatible server; static: a fixed answer; error: a clean 503.")
+    base_url: str | None = Field(None, description="upstream: its base URL (…/v1).")
+    api_key: str | None = Field(None, description="upstream: its key.")
+    timeout_s: float = Field(60, gt=0, description="upstream: total timeout.")
+    content: str = Field("The service is busy right now; please try again shortly.",
+                         description="static: the answer's text.")
+
+    @model_validator(mode="after")
+    def _upstream_needs_url(self) -> Fallback:
+        if self.kind == "upstream" and not self.base_url:
+            raise ValueError("an upstream fallback needs base_url")
+        return self
+
+
+class BreakerConfig(PluginConfig):
+    window_s: float = Field(30, gt=0, description="Sliding window of engine outcomes.")
+    minimum_calls: int = Field(10, ge=1, description="Outcomes needed before it may open.")
+    failure_rate: float = Field(0.5, gt=0, le=1, description="Failure share that opens it.")
+    slow_call_s: float = Field(10, gt=0, description="Time to first token counted as slow.")
+    slow_call_rate: float = Field(0.8, gt=0, le=1, description="Slow share that opens it.")
+    open_s: float = Field(15, gt=0, description="How long it stays open.")
+    half_open_calls: int = Field(2, ge=1, description="Trial calls that must succeed.")
+    half_open_max_wait_s: float = Field(
+        30, gt=0, description="A trial silent this long counts as failed.")
+    fallback: list[Fallback] = Field(
+        default_factory=list, description="Tried in order when open, shed or failing.")

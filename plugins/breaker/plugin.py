@@ -1,0 +1,184 @@
+"""The circuit breaker, next to the engine, with the fallback list.
+
+Every call takes a permit. The call's engine outcome is recorded: failures are engine
+errors (5xx, timeouts); a call is slow when its first token (or whole answer) came after
+`slow_call_s`. Local rejections (4xx, 429, a shed 503) and client aborts release the
+permit without an outcome, so they never open the breaker. Streams are watched to their
+end, an error before the first chunk still falls back.
+
+When the breaker is open, an inner plugin sheds the request, or the engine fails, the
+fallbacks are tried in order; their replies carry `x-weir-fallback: <kind>` (so the
+cache never stores them). With none left: an open breaker answers 503 with Retry-After
+and `x-should-retry: false` (retrying at once cannot help), a shed request keeps its
+503, an engine failure its own error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Literal
+
+from prometheus_client import Counter, Gauge
+
+from proxy.chain import BasePlugin, Next, Reply, Services, Stream
+from proxy.context import RequestContext
+from proxy.engine.upstream import UpstreamEngine
+from proxy.errors import Timeout, Unavailable, WeirError
+from proxy.settings import UpstreamEngineSettings
+from proxy.telemetry import get_logger
+
+from .config import BreakerConfig, Fallback
+from .fallback import static_reply
+from .state import Breaker, BreakerPolicy, State
+
+log = get_logger("weir.breaker")
+_STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
+FALLBACK_HEADER = "x-weir-fallback"
+
+
+def is_engine_failure(e: BaseException) -> bool:
+    if isinstance(e, Unavailable):
+        return False  # shed, draining, not ready: local decisions
+    if isinstance(e, WeirError):
+        return e.status >= 500 or isinstance(e, Timeout)
+    return True  # anything unexpected from below is the engine's fault
+
+
+def is_shed(e: BaseException) -> bool:
+    return isinstance(e, Unavailable) and e.code in ("overloaded", "queue_timeout")
+
+
+class BreakerPlugin(BasePlugin):
+    name: ClassVar[str] = "breaker"
+    Config = BreakerConfig
+    placement: ClassVar[Literal["first", "any", "last"]] = "last"
+    before: ClassVar[tuple[str, ...]] = ("admission",)
+
+    def __init__(self, config: BreakerConfig, services: Services,  # type: ignore[override]
+                 clock: Any = time.monotonic) -> None:
+        super().__init__(config, services)
+        self.cfg = config
+        reg = services.metrics.registry
+        self.state_gauge = Gauge("weir_breaker_state", "0 closed, 1 half-open, 2 open.",
+                                 registry=reg)
+        self.transitions = Counter("weir_breaker_transitions_total", "State changes.",
+                                   ["from_state", "to_state"], registry=reg)
+        self.fallbacks = Counter("weir_fallbacks_total", "Fallback replies.",
+                                 ["kind", "reason"], registry=reg)
+        self.breaker = Breaker(BreakerPolicy(
+            window_s=config.window_s, minimum_calls=config.minimum_calls,
+            failure_rate=config.failure_rate, slow_call_s=config.slow_call_s,
+            slow_call_rate=config.slow_call_rate, open_s=config.open_s,
+            half_open_calls=config.half_open_calls,
+            half_open_max_wait_s=config.half_open_max_wait_s), clock, self._changed)
+        self.upstreams: dict[int, UpstreamEngine] = {
+            i: UpstreamEngine(UpstreamEngineSettings.model_validate({
+                "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s,
+                "models": ["*"]}))
+            for i, f in enumerate(config.fallback) if f.kind == "upstream"}
+
+    def _changed(self, old: State, new: State) -> None:
+        self.state_gauge.set(_STATE_VALUE[new])
+        self.transitions.labels(old, new).inc()
+        log.warning("breaker state changed", from_state=old, to_state=new)
+
+    async def start(self) -> None:
+        for u in self.upstreams.values():
+            await u.start()
+
+    async def close(self) -> None:
+        for u in self.upstreams.values():
+            await u.close()
+
+    def health(self) -> dict[str, Any]:
+        return self.breaker.snapshot()
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        permit = self.breaker.allow()
+        if permit is None:
+            return await self._fallback(ctx, "open", None)
+        started = time.monotonic()
+        try:
+            reply = await call_next(ctx)
+        except BaseException as e:
+            if is_engine_failure(e) and not _is_cancel(e):
+                self.breaker.record(permit, failed=True)
+                return await self._fallback(ctx, "engine", e)
+            self.breaker.release(permit)
+            if is_shed(e):
+                return await self._fallback(ctx, "shed", e)
+            raise
+        if not isinstance(reply, Stream):
+            self.breaker.record(permit, failed=False,
+                                slow=time.monotonic() - started > self.cfg.slow_call_s)
+            return reply
+        return Stream(self._watch(ctx, reply, permit, started), reply.headers)
+
+    async def _watch(self, ctx: RequestContext, reply: Stream, permit: int,
+                     started: float) -> AsyncIterator[dict[str, Any]]:
+        first = True
+        done = False
+        it = reply.__aiter__()
+        try:
+            async for chunk in it:
+                if first:
+                    first = False
+                    slow = time.monotonic() - started > self.cfg.slow_call_s
+                yield chunk
+            self.breaker.record(permit, failed=False, slow=not first and slow)
+            done = True
+        except BaseException as e:
+            if _is_cancel(e) or not is_engine_failure(e):
+                raise
+            self.breaker.record(permit, failed=True)
+            done = True
+            if not first:
+                raise  # bytes are out: the error goes in-band
+            fallback = await self._fallback(ctx, "engine", e)
+            assert isinstance(fallback, Stream)
+            async for chunk in fallback:
+                yield chunk
+        finally:
+            if not done:
+                self.breaker.release(permit)
+            await reply.aclose()
+
+    async def _fallback(self, ctx: RequestContext, reason: str,
+                        error: BaseException | None) -> Reply:
+        for i, f in enumerate(self.cfg.fallback):
+            reply = await self._try(i, f, ctx)
+            if reply is not None:
+                reply.headers[FALLBACK_HEADER] = f.kind
+                ctx.response_headers[FALLBACK_HEADER] = f.kind
+                self.fallbacks.labels(f.kind, reason).inc()
+                return reply
+            if f.kind == "error":
+                break
+        if reason == "open":
+            retry = self.cfg.open_s
+            raise Unavailable("The model is temporarily unavailable; the circuit breaker is "
+                              "open.", code="circuit_open", retry_after=retry,
+                              headers={"x-should-retry": "false"})
+        assert error is not None
+        raise error
+
+    async def _try(self, i: int, f: Fallback, ctx: RequestContext) -> Reply | None:
+        try:
+            if f.kind == "stale":
+                cache = self.services.plugin("cache")
+                stale = getattr(cache, "stale", None)
+                return await stale(ctx) if stale is not None else None
+            if f.kind == "upstream":
+                return await self.upstreams[i].forward(ctx)
+            if f.kind == "static":
+                return static_reply(ctx, f.content)
+        except WeirError as e:
+            log.warning("fallback failed", kind=f.kind, error=type(e).__name__)
+        return None
+
+
+def _is_cancel(e: BaseException) -> bool:
+    import asyncio
+
+    return isinstance(e, asyncio.CancelledError | GeneratorExit | KeyboardInterrupt)

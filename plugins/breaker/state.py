@@ -1,0 +1,133 @@
+"""The breaker's state machine, pure and clock-injected (tests drive time by hand).
+
+closed    -> open       when, over the sliding window, at least `minimum_calls` outcomes
+                        were seen and the failure rate or the slow-call rate passes its
+                        threshold
+open      -> half_open  after `open_s`
+half_open -> closed     after `half_open_calls` trial calls all succeeded
+half_open -> open       on any failed trial, or when a trial does not report back within
+                        `half_open_max_wait_s` (a stuck trial cannot wedge the breaker)
+
+Only engine outcomes are recorded; local rejections never reach `record`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+State = Literal["closed", "open", "half_open"]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    window_s: float = 30.0
+    minimum_calls: int = 10
+    failure_rate: float = 0.5
+    slow_call_s: float = 10.0
+    slow_call_rate: float = 0.8
+    open_s: float = 15.0
+    half_open_calls: int = 2
+    half_open_max_wait_s: float = 30.0
+
+
+class Breaker:
+    def __init__(self, policy: BreakerPolicy, clock: Callable[[], float],
+                 on_change: Callable[[State, State], None] | None = None) -> None:
+        self.p = policy
+        self.clock = clock
+        self.on_change = on_change
+        self.state: State = "closed"
+        self._outcomes: deque[tuple[float, bool, bool]] = deque()  # (time, failed, slow)
+        self._opened_at = 0.0
+        self._trials: dict[int, float] = {}  # permit id -> started
+        self._trial_ok = 0
+        self._next_id = 0
+
+    # ------------------------------------------------------------------ permits
+
+    def allow(self) -> int | None:
+        """A permit id when a call may go to the engine, else None (the breaker is open)."""
+        now = self.clock()
+        self._tick(now)
+        if self.state == "closed":
+            return self._permit(None)
+        if self.state == "open":
+            return None
+        # half-open: a bounded number of trial calls at a time
+        if len(self._trials) + self._trial_ok >= self.p.half_open_calls:
+            return None
+        return self._permit(now)
+
+    def _permit(self, trial_started: float | None) -> int:
+        self._next_id += 1
+        if trial_started is not None:
+            self._trials[self._next_id] = trial_started
+        return self._next_id
+
+    def record(self, permit: int, *, failed: bool, slow: bool = False) -> None:
+        now = self.clock()
+        if permit in self._trials:
+            del self._trials[permit]
+            if failed or slow:
+                self._open(now)
+            else:
+                self._trial_ok += 1
+                if self._trial_ok >= self.p.half_open_calls:
+                    self._set("closed")
+                    self._outcomes.clear()
+            return
+        if self.state != "closed":
+            return  # a call admitted before the breaker opened
+        self._outcomes.append((now, failed, slow))
+        self._trim(now)
+        n = len(self._outcomes)
+        if n >= self.p.minimum_calls:
+            failures = sum(1 for _, f, _ in self._outcomes if f)
+            slows = sum(1 for _, _, s in self._outcomes if s)
+            if failures / n >= self.p.failure_rate or slows / n >= self.p.slow_call_rate:
+                self._open(now)
+
+    def release(self, permit: int) -> None:
+        """The call ended without an engine outcome (client abort, local rejection)."""
+        self._trials.pop(permit, None)
+
+    # -------------------------------------------------------------------- state
+
+    def _tick(self, now: float) -> None:
+        if self.state == "open" and now - self._opened_at >= self.p.open_s:
+            self._set("half_open")
+            self._trials.clear()
+            self._trial_ok = 0
+        elif self.state == "half_open":
+            stuck = [k for k, t in self._trials.items() if now - t >= self.p.half_open_max_wait_s]
+            if stuck:
+                self._open(now)
+
+    def _trim(self, now: float) -> None:
+        while self._outcomes and now - self._outcomes[0][0] > self.p.window_s:
+            self._outcomes.popleft()
+
+    def _open(self, now: float) -> None:
+        self._opened_at = now
+        self._trials.clear()
+        self._trial_ok = 0
+        self._outcomes.clear()
+        self._set("open")
+
+    def _set(self, state: State) -> None:
+        if state != self.state:
+            old, self.state = self.state, state
+            if self.on_change is not None:
+                self.on_change(old, state)
+
+    def snapshot(self) -> dict[str, object]:
+        self._tick(self.clock())
+        return {"state": self.state, "window_calls": len(self._outcomes),
+                "trials_in_flight": len(self._trials)}
+
+    @property
+    def trials_in_flight(self) -> int:
+        return len(self._trials)

@@ -1,0 +1,59 @@
+"""Rate-limit config: rules per dimension, the store, and what to do when it fails."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from proxy.chain import PluginConfig
+
+Per = Literal["key", "user", "tenant", "role", "model", "global"]
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: int | None = Field(None, ge=1, description="Requests per minute.")
+    tpm: int | None = Field(None, ge=1, description="Tokens per minute (prompt + completion).")
+    concurrent: int | None = Field(None, ge=1, description="Requests in flight at once.")
+
+
+class Rule(Limits):
+    per: Per = Field("key", description="What the limit is counted per.")
+    overrides: dict[str, Limits] = Field(
+        default_factory=dict, description="Limits for particular values (a tenant, a role).")
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Rule:
+        if self.rpm is None and self.tpm is None and self.concurrent is None:
+            raise ValueError("a rule needs rpm, tpm or concurrent")
+        return self
+
+
+class RedisLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = Field(None, description="redis://host:port/db")
+    timeout_s: float = Field(0.05, gt=0, description="Per-call timeout; slower = down.")
+    key_prefix: str = Field("weir:rl:", min_length=1, description="Prefix of every key.")
+
+
+class RateLimitConfig(PluginConfig):
+    store: Literal["memory", "redis"] = Field("memory", description="Where counters live.")
+    redis: RedisLimits = Field(default_factory=RedisLimits)  # type: ignore[arg-type]
+    on_store_error: Literal["fail_open", "fail_closed"] = Field(
+        "fail_open", description="fail_open: a local limiter stands in; fail_closed: 503.")
+    rules: list[Rule] = Field(
+        default_factory=lambda: [Rule(per="key", rpm=600, tpm=1_000_000, concurrent=64)],
+        description="Every rule applies to every request.")
+    default_max_tokens: int = Field(
+        256, ge=1, description="Completion tokens reserved when a request sets no maximum.")
+    lease_s: float = Field(
+        600, gt=0, description="A concurrency slot not released by then expires (leak guard).")
+
+    @model_validator(mode="after")
+    def _redis_url(self) -> RateLimitConfig:
+        if self.store == "redis" and not self.redis.url:
+            raise ValueError("store `redis` needs redis.url")
+        return self

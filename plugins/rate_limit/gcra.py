@@ -1,0 +1,236 @@
+"""GCRA over a one-minute period, with token-weighted costs, in two stores.
+
+State per bucket: the theoretical arrival time (TAT). With limit L per period P, each
+unit of cost moves the TAT by T = P / L; a request is allowed when the new TAT is at
+most P ahead of now (so a full bucket admits L at once, then one every T). Remaining =
+floor((P - (TAT - now)) / T); reset = TAT - now. A refund moves the TAT back (never
+before now); a charge beyond the reservation moves it on without a check.
+
+Concurrency: a sorted set of leases (score: expiry), so a slot never released (a crash)
+frees itself after `lease_s`.
+
+`MemoryStore` and `RedisStore` implement the same decisions: the Redis script is the
+same algorithm in Lua, atomic across every bucket of a request, with time from Redis
+`TIME` (not the replica's clock) and expiring keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+PERIOD_MS = 60_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    key: str
+    limit: int
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class BucketState:
+    limit: int
+    remaining: int
+    reset_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    retry_after_ms: float
+    states: list[BucketState]
+
+
+class StoreError(Exception):
+    pass
+
+
+class MemoryStore:
+    def __init__(self, clock: object = None) -> None:
+        self._tat: dict[str, tuple[float, float]] = {}  # key -> (tat, expires)
+        self._leases: dict[str, dict[str, float]] = {}
+        self._clock = clock or (lambda: time.monotonic() * 1000)
+
+    def _now(self) -> float:
+        return self._clock()  # type: ignore[operator, no-any-return]
+
+    def _get(self, key: str, now: float) -> float:
+        tat, expires = self._tat.get(key, (now, 0.0))
+        return max(tat if expires > now else now, now)
+
+    async def admit(self, buckets: list[Bucket], conc: list[tuple[str, int]], lease: str,
+                    lease_ms: float) -> Decision:
+        now = self._now()
+        allowed, retry, states, new = True, 0.0, [], []
+        for b in buckets:
+            t = PERIOD_MS / b.limit
+            tat = self._get(b.key, now)
+            nt = tat + min(b.cost, b.limit) * t
+            diff = nt - now
+            if diff > PERIOD_MS:
+                allowed = False
+                retry = max(retry, diff - PERIOD_MS)
+                states.append(BucketState(b.limit, max(0, math.floor((PERIOD_MS - (tat - now))
+                                                                     / t)), tat - now))
+            else:
+                states.append(BucketState(b.limit, math.floor((PERIOD_MS - diff) / t), diff))
+            new.append(nt)
+        for key, limit in conc:
+            leases = self._leases.setdefault(key, {})
+            for k in [k for k, exp in leases.items() if exp <= now]:
+                del leases[k]
+            if len(leases) >= limit:
+                allowed = False
+                retry = max(retry, 1000.0)
+        if allowed:
+            for b, nt in zip(buckets, new, strict=True):
+                self._tat[b.key] = (nt, nt + 1000)
+            for key, _ in conc:
+                self._leases[key][lease] = now + lease_ms
+        return Decision(allowed, retry, states)
+
+    async def adjust(self, buckets: list[Bucket]) -> None:
+        """Cost > 0 charges, < 0 refunds (settling a token reservation)."""
+        now = self._now()
+        for b in buckets:
+            t = PERIOD_MS / b.limit
+            nt = max(now, self._get(b.key, now) + b.cost * t)
+            self._tat[b.key] = (nt, nt + 1000)
+
+    async def release(self, conc: list[str], lease: str) -> None:
+        for key in conc:
+            self._leases.get(key, {}).pop(lease, None)
+
+    def in_flight(self) -> int:
+        now = self._now()
+        return sum(1 for leases in self._leases.values() for exp in leases.values()
+                   if exp > now)
+
+
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local nb, nc = tonumber(ARGV[1]), tonumber(ARGV[2])
+local lease, lease_ms, period = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local allowed, retry = 1, 0
+local out, new = {}, {}
+for i = 1, nb do
+  local limit = tonumber(ARGV[5 + (i - 1) * 2 + 1])
+  local cost = math.min(tonumber(ARGV[5 + (i - 1) * 2 + 2]), limit)
+  local T = period / limit
+  local tat = tonumber(redis.call('GET', KEYS[i]) or now)
+  if tat < now then tat = now end
+  local nt = tat + cost * T
+  local diff = nt - now
+  if diff > period then
+    allowed = 0
+    retry = math.max(retry, diff - period)
+    out[#out + 1] = limit
+    out[#out + 1] = math.max(0, math.floor((period - (tat - now)) / T))
+    out[#out + 1] = math.ceil(tat - now)
+  else
+    out[#out + 1] = limit
+    out[#out + 1] = math.floor((period - diff) / T)
+    out[#out + 1] = math.ceil(diff)
+  end
+  new[i] = nt
+end
+for j = 1, nc do
+  local key = KEYS[nb + j]
+  local limit = tonumber(ARGV[5 + nb * 2 + j])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  if redis.call('ZCARD', key) >= limit then
+    allowed = 0
+    retry = math.max(retry, 1000)
+  end
+end
+if allowed == 1 then
+  for i = 1, nb do
+    redis.call('SET', KEYS[i], string.format('%.3f', new[i]), 'PX', math.ceil(new[i] - now) + 1000)
+  end
+  for j = 1, nc do
+    local key = KEYS[nb + j]
+    redis.call('ZADD', key, now + lease_ms, lease)
+    redis.call('PEXPIRE', key, math.ceil(lease_ms))
+  end
+end
+return {allowed, math.ceil(retry), unpack(out)}
+"""
+
+_ADJUST = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local period = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  local limit = tonumber(ARGV[1 + (i - 1) * 2 + 1])
+  local cost = tonumber(ARGV[1 + (i - 1) * 2 + 2])
+  local tat = tonumber(redis.call('GET', KEYS[i]) or now)
+  if tat < now then tat = now end
+  local nt = math.max(now, tat + cost * period / limit)
+  redis.call('SET', KEYS[i], string.format('%.3f', nt), 'PX', math.ceil(nt - now) + 1000)
+end
+return 1
+"""
+
+
+class RedisStore:
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=64, timeout=max(timeout_s * 4, 0.5),
+            socket_timeout=max(timeout_s * 4, 0.5), socket_connect_timeout=max(timeout_s * 4, 0.5))
+        self._pool = pool
+        self.client = aioredis.Redis(connection_pool=pool)
+        self._admit = self.client.register_script(_ADMIT)
+        self._adjust = self.client.register_script(_ADJUST)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        await self._pool.disconnect()
+
+    async def _run(self, coro: object) -> object:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await coro  # type: ignore[misc]
+        except (RedisError, OSError, TimeoutError) as e:
+            raise StoreError(type(e).__name__) from None
+
+    async def admit(self, buckets: list[Bucket], conc: list[tuple[str, int]], lease: str,
+                    lease_ms: float) -> Decision:
+        args: list[str | int | float] = [len(buckets), len(conc), lease, lease_ms, PERIOD_MS]
+        for b in buckets:
+            args += [b.limit, b.cost]
+        args += [limit for _, limit in conc]
+        keys = [b.key for b in buckets] + [k for k, _ in conc]
+        res = await self._run(self._admit(keys=keys, args=args))
+        vals = [float(v) for v in res]  # type: ignore[attr-defined]
+        states = [BucketState(int(vals[i]), int(vals[i + 1]), vals[i + 2])
+                  for i in range(2, len(vals), 3)]
+        return Decision(vals[0] == 1, vals[1], states)
+
+    async def adjust(self, buckets: list[Bucket]) -> None:
+        if not buckets:
+            return
+        args: list[str | int | float] = [PERIOD_MS]
+        for b in buckets:
+            args += [b.limit, b.cost]
+        await self._run(self._adjust(keys=[b.key for b in buckets], args=args))
+
+    async def release(self, conc: list[str], lease: str) -> None:
+        if not conc:
+            return
+
+        async def run() -> None:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key in conc:
+                    pipe.zrem(key, lease)
+                await pipe.execute()
+
+        await self._run(run())

@@ -1,0 +1,156 @@
+"""The upstream engine: any OpenAI-compatible server (another Weir, a vLLM server, a
+central cluster) behind Weir, as `engine.kind: upstream` or as a breaker fallback.
+
+It works at the OpenAI level, not on token ids: the request is forwarded as JSON through
+one pooled aiohttp session, with connect and total timeouts, the W3C `traceparent`
+passed on, and streams relayed chunk by chunk. An upstream 4xx is the client's error and
+is passed through (status, body); a 5xx, a timeout or a refused connection is an engine
+failure (502/504), which the breaker counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from ..chain import Completion, Reply, Stream
+from ..context import RequestContext
+from ..errors import EngineError, ModelNotFound, Timeout, WeirError
+from ..settings import UpstreamEngineSettings
+from .base import EngineStats, ModelInfo
+
+_PATHS = {"chat": "/chat/completions", "completion": "/completions"}
+_PASS_HEADERS = ("traceparent", "tracestate", "x-request-id")
+
+
+class UpstreamError(WeirError):
+    """An upstream 4xx, passed through as it came."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        raw = body.get("error")
+        err: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        super().__init__(str(err.get("message") or "Upstream rejected the request."),
+                         param=err.get("param"), code=err.get("code"))
+        self.status = status
+        self.type = str(err.get("type") or "invalid_request_error")
+
+
+class UpstreamEngine:
+    def __init__(self, settings: UpstreamEngineSettings) -> None:
+        self.settings = settings
+        self.base = settings.base_url.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+        self._models = list(settings.models)
+        self._ready = False
+        self._created = int(time.time())
+        self.in_flight = 0
+
+    @property
+    def max_model_len(self) -> int:
+        return 0
+
+    async def start(self) -> None:
+        s = self.settings
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=s.max_connections),
+            timeout=aiohttp.ClientTimeout(total=s.timeout_s, connect=s.connect_timeout_s))
+        if not self._models:
+            try:
+                async with self._session.get(f"{self.base}/models", headers=self._auth()) as r:
+                    data = await r.json()
+                self._models = [m["id"] for m in data.get("data", [])]
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                self._models = []
+        self._ready = True
+
+    async def close(self) -> None:
+        self._ready = False
+        if self._session is not None:
+            await self._session.close()
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=m, owned_by=self.settings.owned_by, root=self.base,
+                          created=self._created) for m in self._models]
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=self.in_flight)
+
+    def _auth(self) -> dict[str, str]:
+        key = self.settings.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _headers(self, ctx: RequestContext) -> dict[str, str]:
+        h = {**self._auth(), "Content-Type": "application/json"}
+        for name in _PASS_HEADERS:
+            if name in ctx.headers:
+                h[name] = ctx.headers[name]
+        return h
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        """Forward the request; the terminal step when `engine.kind` is upstream."""
+        if self._models and ctx.model not in self._models:
+            raise ModelNotFound(ctx.model)
+        return await self.forward(ctx)
+
+    async def forward(self, ctx: RequestContext) -> Reply:
+        assert self._session is not None, "UpstreamEngine.start() was not called"
+        body = ctx.request.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False)
+        url = self.base + _PATHS[ctx.route]
+        self.in_flight += 1
+        try:
+            resp = await self._session.post(url, data=json.dumps(body),
+                                            headers=self._headers(ctx))
+        except TimeoutError:
+            self.in_flight -= 1
+            raise Timeout("The upstream did not answer in time.") from None
+        except aiohttp.ClientError:
+            self.in_flight -= 1
+            raise EngineError("The upstream is unreachable.") from None
+        if resp.status != 200 or not ctx.request.stream:
+            try:
+                return await self._whole(resp)
+            finally:
+                self.in_flight -= 1
+                resp.release()
+        return Stream(self._relay(resp))
+
+    async def _whole(self, resp: aiohttp.ClientResponse) -> Completion:
+        try:
+            data = await resp.json(content_type=None)
+        except (aiohttp.ClientError, ValueError, TimeoutError):
+            raise EngineError("The upstream sent an unreadable answer.") from None
+        if resp.status >= 500:
+            raise EngineError(f"The upstream failed ({resp.status}).")
+        if resp.status >= 400:
+            raise UpstreamError(resp.status, data if isinstance(data, dict) else {})
+        return Completion(data)
+
+    async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+        try:
+            buf = b""
+            async for piece in resp.content.iter_any():
+                buf += piece
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data: "):
+                            continue
+                        data = line[6:].strip()
+                        if data == b"[DONE]":
+                            return
+                        chunk = json.loads(data)
+                        if "error" in chunk:
+                            raise EngineError("The upstream failed mid-stream.")
+                        yield chunk
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            raise EngineError("The upstream stream broke.") from None
+        finally:
+            self.in_flight -= 1
+            resp.release()

@@ -1,0 +1,247 @@
+"""Rate limits: one suite against both stores (memory and a real Redis), the HTTP
+headers and 429s, two replicas sharing Redis under a burst, and Redis going away."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plugins.rate_limit.config import RateLimitConfig
+from plugins.rate_limit.gcra import Bucket, MemoryStore, RedisStore
+from plugins.rate_limit.plugin import RateLimitPlugin, fmt_reset
+from proxy.app_state import STATE
+from proxy.auth import Principal
+from proxy.chain import Completion, Reply, Services, Stream
+from proxy.context import RequestContext
+from proxy.errors import RateLimited, Unavailable
+from proxy.protocol import ChatCompletionRequest
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+from tests.redis_server import RedisServer
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest, redis_server: RedisServer
+                ) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    s = RedisStore(redis_server.url, timeout_s=1.0)
+    yield s
+    await s.close()
+
+
+def key() -> str:
+    return f"weir:rltest:{uuid.uuid4().hex}"
+
+
+async def test_burst_up_to_the_limit_then_refused(store: Any) -> None:
+    b = key()
+    got = [(await store.admit([Bucket(b, 5, 1)], [], "l", 1000)).allowed for _ in range(8)]
+    assert got == [True] * 5 + [False] * 3
+    d = await store.admit([Bucket(b, 5, 1)], [], "l", 1000)
+    assert not d.allowed and 11_000 <= d.retry_after_ms <= 12_100  # one slot per 12 s
+
+
+async def test_remaining_and_reset(store: Any) -> None:
+    b = key()
+    d = await store.admit([Bucket(b, 10, 1)], [], "l", 1000)
+    assert d.states[0].limit == 10 and d.states[0].remaining == 9
+    assert 5900 <= d.states[0].reset_ms <= 6100
+
+
+async def test_token_costs_and_settling(store: Any) -> None:
+    b = key()
+    assert (await store.admit([Bucket(b, 1000, 800)], [], "l", 1000)).allowed
+    assert not (await store.admit([Bucket(b, 1000, 300)], [], "l", 1000)).allowed
+    await store.adjust([Bucket(b, 1000, -600)])  # the answer used 200, not 800
+    d = await store.admit([Bucket(b, 1000, 300)], [], "l", 1000)
+    assert d.allowed and 490 <= d.states[0].remaining <= 500
+
+
+async def test_all_buckets_or_none(store: Any) -> None:
+    wide, narrow = key(), key()
+    assert (await store.admit([Bucket(narrow, 1, 1)], [], "l", 1000)).allowed
+    d = await store.admit([Bucket(wide, 100, 1), Bucket(narrow, 1, 1)], [], "l", 1000)
+    assert not d.allowed
+    d = await store.admit([Bucket(wide, 100, 1)], [], "l", 1000)
+    assert d.states[0].remaining == 99  # the refused request charged nothing
+
+
+async def test_concurrency_leases(store: Any) -> None:
+    c = key()
+    assert (await store.admit([], [(c, 2)], "a", 60_000)).allowed
+    assert (await store.admit([], [(c, 2)], "b", 60_000)).allowed
+    assert not (await store.admit([], [(c, 2)], "c", 60_000)).allowed
+    await store.release([c], "a")
+    assert (await store.admit([], [(c, 2)], "c", 60_000)).allowed
+
+
+async def test_leases_expire(store: Any) -> None:
+    c = key()
+    assert (await store.admit([], [(c, 1)], "a", 50)).allowed
+    await asyncio.sleep(0.12)  # the lease's own expiry is what is tested here
+    assert (await store.admit([], [(c, 1)], "b", 50)).allowed
+
+
+def test_memory_refill_with_an_injected_clock() -> None:
+    now = [0.0]
+    s = MemoryStore(lambda: now[0])
+    b = key()
+
+    async def admit() -> bool:
+        return (await s.admit([Bucket(b, 60, 1)], [], "l", 1000)).allowed
+
+    assert all(asyncio.run(_many(admit, 60)))
+    assert not asyncio.run(admit())
+    now[0] += 1000  # one second: one request back
+    assert asyncio.run(admit()) and not asyncio.run(admit())
+
+
+async def _many(fn: Any, n: int) -> list[bool]:
+    return [await fn() for _ in range(n)]
+
+
+def test_reset_format() -> None:
+    assert [fmt_reset(x) for x in (20, 999.2, 1000, 59_500, 360_000)] == [
+        "20ms", "1000ms", "1s", "1m0s", "6m0s"]
+
+
+# ------------------------------------------------------------------ the plugin
+
+
+def ctx(principal: Principal | None = None, **kw: Any) -> RequestContext:
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x" * 40}], "max_tokens": 10,
+         **kw})
+    return RequestContext(route="chat", request=req, request_id="r",
+                          principal=principal or Principal("t", "user", "u", key_id="k1"))
+
+
+def plugin(redis_url: str | None = None, **cfg: Any) -> RateLimitPlugin:
+    if redis_url:
+        cfg = {"store": "redis", "redis": {"url": redis_url, "key_prefix": key() + ":",
+                                           "timeout_s": 0.2}, **cfg}
+    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+    return RateLimitPlugin(RateLimitConfig.model_validate(cfg), services)
+
+
+async def answer(c: RequestContext) -> Reply:
+    return Completion({"usage": {"total_tokens": 5}})
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_plugin_429_headers(backend: str, redis_server: RedisServer) -> None:
+    p = plugin(redis_server.url if backend == "redis" else None,
+               rules=[{"per": "key", "rpm": 2, "tpm": 1000}])
+    c = ctx()
+    await p(c, answer)
+    assert c.response_headers["x-ratelimit-limit-requests"] == "2"
+    assert c.response_headers["x-ratelimit-remaining-requests"] == "1"
+    assert c.response_headers["x-ratelimit-limit-tokens"] == "1000"
+    await p(ctx(), answer)
+    with pytest.raises(RateLimited) as e:
+        await p(ctx(), answer)
+    h = e.value.headers
+    assert e.value.status == 429 and e.value.code == "rate_limit_exceeded"
+    assert int(h["retry-after"]) >= 1 and int(h["retry-after-ms"]) > 0
+    assert h["x-ratelimit-remaining-requests"] == "0"
+    other = ctx(Principal("t", "user", "u2", key_id="k2"))
+    await p(other, answer)  # another key has its own bucket
+    await p.close()
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_plugin_releases_on_every_outcome(backend: str, redis_server: RedisServer) -> None:
+    p = plugin(redis_server.url if backend == "redis" else None,
+               rules=[{"per": "tenant", "concurrent": 3}])
+
+    async def boom(c: RequestContext) -> Reply:
+        raise RuntimeError("engine")
+
+    async def stream(c: RequestContext) -> Reply:
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            yield {"choices": []}
+            yield {"choices": [], "usage": {"total_tokens": 3}}
+        return Stream(chunks())
+
+    for i in range(60):
+        handler = (answer, boom, stream)[i % 3]
+        try:
+            reply = await p(ctx(), handler)
+        except RuntimeError:
+            continue
+        if isinstance(reply, Stream):
+            async for _ in reply:
+                if i % 2:
+                    break
+            await reply.aclose()
+    c = ctx()
+    for _ in range(3):  # all three slots are free again
+        await p(c, answer)
+    if backend == "memory":
+        assert p.local.in_flight() == 0
+    else:
+        assert p.remote is not None
+        keys = await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c")
+        for k in keys:
+            assert await p.remote.client.zcard(k) == 0
+    await p.close()
+
+
+async def test_fail_open_and_fail_closed(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path).start()
+    url = server.url
+    server.stop()
+    p = plugin(url, rules=[{"per": "key", "rpm": 1}])
+    await p(ctx(), answer)  # Redis is down: the local limiter decides
+    with pytest.raises(RateLimited):
+        await p(ctx(), answer)
+    assert p.health() == {"store": "local-fallback"}
+    closed = plugin(url, on_store_error="fail_closed", rules=[{"per": "key", "rpm": 1}])
+    with pytest.raises(Unavailable):
+        await closed(ctx(), answer)
+    again = RedisServer(tmp_path, port=server.port).start()
+    try:
+        await p(ctx(Principal("t", "user", "u", key_id="fresh")), answer)
+        assert p.health() == {"store": "redis"}
+    finally:
+        again.stop()
+        await p.close()
+        await closed.close()
+
+
+async def test_two_replicas_share_one_limit(make_client: MakeClient, redis_server: RedisServer
+                                            ) -> None:
+    prefix = key() + ":"
+    cfg = {"store": "redis", "redis": {"url": redis_server.url, "key_prefix": prefix,
+                                       "timeout_s": 0.5},
+           "rules": [{"per": "tenant", "rpm": 20}]}
+    clients = []
+    for _ in range(2):
+        settings = make_settings(plugins=[{"name": "rate_limit", "config": cfg}])
+        clients.append(await make_client(settings, engine=FakeEngine()))
+    body = {"model": "fake-model", "max_tokens": 1,
+            "messages": [{"role": "user", "content": "hi"}]}
+    replies = await asyncio.gather(*(clients[i % 2].post("/v1/chat/completions", json=body)
+                                     for i in range(80)))
+    statuses = [r.status for r in replies]
+    ok = statuses.count(200)
+    assert 20 <= ok <= 21  # the limit, plus at most one refill during the burst
+    assert statuses.count(429) == 80 - ok
+    rejected = next(r for r in replies if r.status == 429)
+    validate("ErrorResponse", await rejected.json())
+    assert int(rejected.headers["Retry-After"]) >= 1
+    accepted = next(r for r in replies if r.status == 200)
+    assert accepted.headers["x-ratelimit-limit-requests"] == "20"
+    for c in clients:
+        rl = next(p for p in c.app[STATE].plugins if p.name == "rate_limit")
+        assert not rl._degraded

@@ -1,0 +1,180 @@
+"""Admission: the priority gate, immediate shedding, deadlines, no permit leaks."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from plugins.admission.config import AdmissionConfig
+from plugins.admission.plugin import AdmissionPlugin
+from plugins.admission.queue import PriorityGate, Shed
+from proxy.auth import Principal
+from proxy.chain import Completion, Reply, Services, Stream
+from proxy.context import RequestContext
+from proxy.errors import EngineError, Timeout, Unavailable
+from proxy.protocol import ChatCompletionRequest
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
+from tests.fakes import FakeEngine
+
+
+async def test_gate_orders_by_priority_then_arrival() -> None:
+    gate = PriorityGate(1, 10)
+    await gate.acquire(5, None)
+    order: list[str] = []
+
+    async def wait(name: str, prio: int) -> None:
+        await gate.acquire(prio, None)
+        order.append(name)
+        gate.release()
+
+    tasks = [asyncio.create_task(wait(n, p)) for n, p in
+             (("low-1", 10), ("high", 0), ("low-2", 10))]
+    await asyncio.sleep(0)  # one turn of the loop: each task runs up to its wait
+    assert gate.waiting == 3
+    gate.release()
+    await asyncio.gather(*tasks)
+    assert order == ["high", "low-1", "low-2"] and gate.in_use == 0
+
+
+async def test_full_queue_sheds_at_once_or_displaces_the_worst() -> None:
+    gate = PriorityGate(1, 1)
+    await gate.acquire(10, None)
+    low = asyncio.create_task(gate.acquire(10, None))
+    await asyncio.sleep(0)
+    with pytest.raises(Shed):
+        await gate.acquire(10, None)  # same priority: shed immediately
+    high = asyncio.create_task(gate.acquire(0, None))
+    await asyncio.sleep(0)
+    with pytest.raises(Shed):
+        await low  # displaced by a better priority
+    gate.release()
+    await high
+    gate.release()
+    assert gate.in_use == 0 and gate.waiting == 0
+
+
+async def test_waiters_that_give_up_leave_no_leak() -> None:
+    gate = PriorityGate(2, 50)
+    rng = random.Random(1)
+
+    async def user() -> None:
+        try:
+            await gate.acquire(rng.choice([0, 10]), rng.choice([0.001, 0.01, None]))
+        except (TimeoutError, Shed):
+            return
+        await asyncio.sleep(0)
+        gate.release()
+
+    tasks = [asyncio.create_task(user()) for _ in range(500)]
+    for t in rng.sample(tasks, 100):
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert gate.in_use == 0 and gate.waiting == 0
+
+
+def ctx(headers: dict[str, str] | None = None, role: str = "user",
+        stream: bool = False) -> RequestContext:
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+    return RequestContext(route="chat", request=req, principal=Principal("t", role, "u"),
+                          request_id="r", headers=headers or {})
+
+
+def plugin(**cfg: Any) -> AdmissionPlugin:
+    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+    return AdmissionPlugin(AdmissionConfig.model_validate(cfg), services)
+
+
+async def test_shed_is_immediate_503_with_retry_after() -> None:
+    p = plugin(max_concurrent=1, max_queue=0)
+    gate = asyncio.Event()
+
+    async def slow(c: RequestContext) -> Reply:
+        await gate.wait()
+        return Completion({})
+
+    first = asyncio.create_task(p(ctx(), slow))
+    await asyncio.sleep(0)
+    with pytest.raises(Unavailable) as e:
+        await p(ctx(), slow)
+    assert e.value.code == "overloaded" and "retry-after" in e.value.headers
+    gate.set()
+    await first
+    assert p.gate.in_use == 0
+
+
+async def test_deadline_header_cuts_the_request() -> None:
+    p = plugin()
+    aborted = asyncio.Event()
+
+    async def hang(c: RequestContext) -> Reply:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            aborted.set()
+        raise AssertionError("unreachable")
+
+    with pytest.raises(Timeout):
+        await p(ctx({"x-weir-timeout-ms": "20"}), hang)
+    assert aborted.is_set() and p.gate.in_use == 0
+
+
+async def test_stream_deadline_and_release() -> None:
+    p = plugin()
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        yield {"n": 1}
+        await asyncio.Event().wait()
+        yield {"n": 2}  # pragma: no cover
+
+    async def engine(c: RequestContext) -> Reply:
+        return Stream(chunks())
+
+    reply = await p(ctx({"x-weir-timeout-ms": "30"}, stream=True), engine)
+    assert isinstance(reply, Stream) and p.gate.in_use == 1
+    got = []
+    with pytest.raises(Timeout):
+        async for c in reply:
+            got.append(c)
+    assert got == [{"n": 1}] and p.gate.in_use == 0
+
+
+async def test_thousands_of_mixed_requests_leave_no_permit() -> None:
+    p = plugin(max_concurrent=4, max_queue=16, max_queue_wait_s=0.05)
+    rng = random.Random(3)
+
+    async def engine(c: RequestContext) -> Reply:
+        kind = rng.random()
+        await asyncio.sleep(0)
+        if kind < 0.2:
+            raise EngineError("boom")
+        if kind < 0.4:
+            async def chunks() -> AsyncIterator[dict[str, Any]]:
+                for i in range(3):
+                    await asyncio.sleep(0)
+                    yield {"i": i}
+            return Stream(chunks())
+        return Completion({})
+
+    async def client() -> None:
+        try:
+            reply = await p(ctx({"x-weir-timeout-ms": str(rng.choice([1, 50, 1000]))},
+                                stream=True), engine)
+            if isinstance(reply, Stream):
+                async for _ in reply:
+                    if rng.random() < 0.3:
+                        break  # client goes away mid-stream
+                await reply.aclose()
+        except (EngineError, Timeout, Unavailable):
+            pass
+
+    tasks = [asyncio.create_task(client()) for _ in range(2000)]
+    for t in rng.sample(tasks, 300):
+        t.get_loop().call_soon(t.cancel)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert p.gate.in_use == 0 and p.gate.waiting == 0

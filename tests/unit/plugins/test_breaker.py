@@ -1,0 +1,222 @@
+"""Breaker: the state machine under an injected clock, and the plugin's accounting."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from plugins.breaker.config import BreakerConfig
+from plugins.breaker.plugin import BreakerPlugin
+from plugins.breaker.state import Breaker, BreakerPolicy
+from proxy.auth import Principal
+from proxy.chain import Completion, Reply, Services, Stream
+from proxy.context import RequestContext
+from proxy.errors import EngineError, InvalidRequest, RateLimited, Unavailable
+from proxy.protocol import ChatCompletionRequest
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+POLICY = BreakerPolicy(window_s=10, minimum_calls=4, failure_rate=0.5, slow_call_s=1,
+                       slow_call_rate=0.75, open_s=5, half_open_calls=2, half_open_max_wait_s=3)
+
+
+def calls(b: Breaker, outcomes: list[bool], slow: bool = False) -> None:
+    for failed in outcomes:
+        permit = b.allow()
+        assert permit is not None
+        b.record(permit, failed=failed, slow=slow)
+
+
+def test_opens_on_failure_rate_after_minimum_calls() -> None:
+    clock = Clock()
+    b = Breaker(POLICY, clock)
+    calls(b, [True, True, True])
+    assert b.state == "closed"  # under minimum_calls
+    calls(b, [False])
+    assert b.state == "open" and b.allow() is None
+
+
+def test_failures_leave_the_window() -> None:
+    clock = Clock()
+    b = Breaker(POLICY, clock)
+    calls(b, [True, True])
+    clock.t += 11
+    calls(b, [False, False, True, False])
+    assert b.state == "closed"
+
+
+def test_slow_calls_open_it() -> None:
+    b = Breaker(POLICY, Clock())
+    calls(b, [False] * 4, slow=True)
+    assert b.state == "open"
+
+
+def test_half_open_closes_after_trials() -> None:
+    clock = Clock()
+    changes: list[tuple[str, str]] = []
+    b = Breaker(POLICY, clock, lambda a, z: changes.append((a, z)))
+    calls(b, [True] * 4)
+    clock.t += 5
+    p1, p2 = b.allow(), b.allow()
+    assert b.state == "half_open" and p1 and p2 and b.allow() is None  # 2 trials at most
+    b.record(p1, failed=False)
+    b.record(p2, failed=False)
+    assert b.state == "closed"
+    assert changes == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+
+
+def test_a_failed_trial_reopens() -> None:
+    clock = Clock()
+    b = Breaker(POLICY, clock)
+    calls(b, [True] * 4)
+    clock.t += 5
+    p = b.allow()
+    assert p is not None
+    b.record(p, failed=True)
+    assert b.state == "open"
+
+
+def test_a_stuck_trial_cannot_wedge_it() -> None:
+    clock = Clock()
+    b = Breaker(POLICY, clock)
+    calls(b, [True] * 4)
+    clock.t += 5
+    assert b.allow() is not None and b.allow() is not None  # both trials hang
+    clock.t += 3
+    assert b.allow() is None and b.state == "open"
+    clock.t += 5
+    assert b.allow() is not None and b.state == "half_open"
+
+
+def test_release_frees_a_trial_without_an_outcome() -> None:
+    clock = Clock()
+    b = Breaker(POLICY, clock)
+    calls(b, [True] * 4)
+    clock.t += 5
+    p1, p2 = b.allow(), b.allow()
+    b.release(p1)  # type: ignore[arg-type]
+    assert b.allow() is not None and b.trials_in_flight == 2
+    assert p2 is not None
+
+
+# ------------------------------------------------------------------------ plugin
+
+
+def ctx(stream: bool = False) -> RequestContext:
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+    return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                          request_id="r")
+
+
+def plugin(clock: Clock | None = None, **cfg: Any) -> BreakerPlugin:
+    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+    return BreakerPlugin(BreakerConfig.model_validate(
+        {"minimum_calls": 2, "failure_rate": 0.5, "open_s": 5, **cfg}), services,
+        clock=clock or Clock())
+
+
+async def ok(c: RequestContext) -> Reply:
+    return Completion({"ok": True})
+
+
+async def failing(c: RequestContext) -> Reply:
+    raise EngineError("boom")
+
+
+@pytest.mark.parametrize("error", [InvalidRequest("bad"), RateLimited("slow"),
+                                   Unavailable("shed", code="overloaded"),
+                                   asyncio.CancelledError()])
+async def test_local_rejections_never_count(error: BaseException) -> None:
+    p = plugin()
+
+    async def reject(c: RequestContext) -> Reply:
+        raise error
+
+    for _ in range(5):
+        with pytest.raises(type(error)):
+            await p(ctx(), reject)
+    assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 0
+
+
+async def test_open_breaker_answers_503_without_retry() -> None:
+    p = plugin()
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    with pytest.raises(Unavailable) as e:
+        await p(ctx(), ok)
+    assert e.value.code == "circuit_open"
+    assert e.value.headers["x-should-retry"] == "false" and "retry-after" in e.value.headers
+    assert p.health()["state"] == "open"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_static_fallback_when_open_and_on_failure(stream: bool) -> None:
+    p = plugin(fallback=[{"kind": "stale"}, {"kind": "static", "content": "Busy, sorry."}])
+    reply = await p(ctx(stream), failing)  # the engine failure itself falls back
+    assert reply.headers["x-weir-fallback"] == "static"
+    if stream:
+        assert isinstance(reply, Stream)
+        chunks = [c async for c in reply]
+        assert chunks[0]["choices"][0]["delta"]["content"] == "Busy, sorry."
+        for c in chunks:
+            validate("CreateChatCompletionStreamResponse", c)
+    else:
+        assert isinstance(reply, Completion)
+        validate("CreateChatCompletionResponse", reply.body)
+
+
+async def test_stream_failure_before_first_chunk_falls_back() -> None:
+    p = plugin(fallback=[{"kind": "static"}])
+
+    async def broken() -> AsyncIterator[dict[str, Any]]:
+        raise EngineError("engine died")
+        yield {}  # pragma: no cover
+
+    async def engine(c: RequestContext) -> Reply:
+        return Stream(broken())
+
+    reply = await p(ctx(True), engine)
+    assert isinstance(reply, Stream)
+    chunks = [c async for c in reply]
+    assert chunks and chunks[0]["choices"][0]["finish_reason"] == "stop"
+    assert p.breaker.snapshot()["window_calls"] == 1
+
+
+async def test_client_abort_mid_stream_releases_the_permit() -> None:
+    clock = Clock()
+    p = plugin(clock)
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    clock.t += 5
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        yield {"choices": []}
+        await asyncio.Event().wait()
+        yield {}  # pragma: no cover
+
+    async def engine(c: RequestContext) -> Reply:
+        return Stream(chunks())
+
+    reply = await p(ctx(True), engine)  # a half-open trial
+    assert isinstance(reply, Stream)
+    it = reply.__aiter__()
+    await it.__anext__()
+    await reply.aclose()
+    assert p.breaker.trials_in_flight == 0 and p.breaker.state == "half_open"
