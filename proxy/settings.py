@@ -154,7 +154,8 @@ class EmbeddingSettings(_Strict):
     model: str = Field("builtin:minilm", description="`builtin:minilm` or a local model dir.")
     served_model_name: str = Field("all-MiniLM-L6-v2", description="Name in /v1/embeddings.")
     batch_max: int = Field(32, ge=1, le=512, description="Texts per forward pass at most.")
-    batch_wait_ms: float = Field(2.0, ge=0, description="How long a batch waits for company.")
+    batch_wait_ms: float = Field(
+        0.0, ge=0, description="Extra wait for company; 0: batch what queued meanwhile.")
     max_input_tokens: int = Field(256, ge=8, description="Inputs are truncated to this.")
     threads: int = Field(1, ge=1, description="Torch threads of the embedding worker.")
 

@@ -78,7 +78,12 @@ async def write_sse(
         if isinstance(first, BaseException):
             raise first
         resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, **headers})
-        await resp.prepare(request)
+        try:
+            await resp.prepare(request)
+        except ConnectionResetError:  # gone before the first byte: like any other abort
+            if on_abort is not None:
+                on_abort("client gone before the first byte")
+            return resp
         if on_first is not None:
             on_first()
 

@@ -33,7 +33,10 @@ def make_client(aiohttp_client: Any, fake_engine: FakeEngine) -> MakeClient:
     async def make(settings: Settings | None = None, engine: FakeEngine | None = None,
                    **overrides: Any) -> TestClient[Any, web.Application]:
         settings = settings or make_settings(**overrides)
-        app = create_app(settings, engine=engine or fake_engine)
+        if settings.engine.kind == "upstream" and engine is None:
+            app = create_app(settings)  # the real upstream engine, over real HTTP
+        else:
+            app = create_app(settings, engine=engine or fake_engine)
         return await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
 
     return make

@@ -143,6 +143,8 @@ class CachePlugin(BasePlugin):
             if sem is not None and len(sem[1]) >= self.cfg.semantic.min_chars:
                 vec, entry = await self._semantic(sem[0], sem[1], scope)
                 if entry is not None:
+                    if write:
+                        self._promote(ctx, key, entry)
                     return self._hit(ctx, entry, "semantic")
         else:
             ctx.response_headers[HEADER] = "bypass"
@@ -250,6 +252,19 @@ class CachePlugin(BasePlugin):
         log.debug("semantic lookup", score=round(score, 4), hit=ok)
         self.lookups.labels("semantic", "hit" if ok else "miss").inc()
         return vec, entry if ok else None
+
+    def _promote(self, ctx: RequestContext, key: str, entry: Entry) -> None:
+        """Keep the paraphrase as an exact alias in L1: its next ask skips the embedding.
+        The alias keeps the original's owner, times and text (plus the paraphrase), so
+        purges by user, tenant or content remove it with the original."""
+        if self.l1 is None:
+            return
+        alias = Entry(key=key, route=entry.route, model=entry.model, choices=entry.choices,
+                      usage=entry.usage, scope=entry.scope, tenant=entry.tenant,
+                      role=entry.role, user=entry.user,
+                      prompt=entry.prompt + "\n" + prompt_text(ctx), created=entry.created,
+                      expires=entry.expires, stale_until=entry.stale_until)
+        self.l1.put(alias, len(alias.to_json()))
 
     def _hit(self, ctx: RequestContext, entry: Entry, layer: str) -> Reply:
         ctx.response_headers[HEADER] = layer

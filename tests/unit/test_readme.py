@@ -11,7 +11,8 @@ import yaml
 
 from proxy.auth import Authenticator
 from proxy.cli import main
-from proxy.settings import Settings
+from proxy.chain import validate_plugins
+from proxy.settings import Settings, interpolate
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 YAML_BLOCKS = re.findall(r"```yaml\n(.*?)```", README, re.S)
@@ -24,8 +25,9 @@ def test_readme_has_yaml_examples() -> None:
 @pytest.mark.parametrize("block", YAML_BLOCKS)
 def test_yaml_examples_validate(block: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WEIR_KEY_APP", "sk-example")
-    settings = Settings.model_validate(yaml.safe_load(block))
+    settings = Settings.model_validate(interpolate(yaml.safe_load(block), env={}))
     Authenticator(settings.auth)
+    validate_plugins(settings.plugins)
 
 
 def test_check_config_transcript(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -383,3 +383,19 @@ def test_config_validation() -> None:
         CacheConfig.model_validate({"scope": "planet"})
     with pytest.raises(ValueError):
         CacheConfig.model_validate({"sensitive_patterns": ["("]})
+
+
+async def test_semantic_hit_is_promoted_to_an_exact_alias() -> None:
+    p, eng = plugin(semantic={"threshold": 0.8}), Engine()
+    await run(p, ctx("How can I reset my password please?"), eng)
+    _, layer = await run(p, ctx("How do I reset my password please?"), eng)
+    assert layer == "semantic"
+    calls = p.embedder.calls  # type: ignore[union-attr]
+    _, layer = await run(p, ctx("How do I reset my password please?"), eng)
+    assert layer == "exact" and p.embedder.calls == calls  # type: ignore[union-attr]
+    from plugins.cache.admin import matcher
+
+    p.purge_local(matcher({"contains": "can I reset"}))  # the original's text
+    _, layer = await run(p, ctx("How do I reset my password please?",
+                                headers={"cache-control": "no-store"}), eng)
+    assert layer == "miss"  # the alias went with the original

@@ -1,0 +1,235 @@
+"""Traffic control over real HTTP: an edge Weir in front of a central Weir (upstream
+engine), the upstream going down, the breaker opening and closing, fallbacks, a surge
+against admission, and counters back at zero after mixed traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any, ClassVar
+
+from aiohttp.test_utils import TestServer
+
+from plugins.breaker.plugin import BreakerPlugin
+from proxy.app import create_app
+from proxy.app_state import STATE
+from proxy.chain import BasePlugin, Next, Reply, register, unregister
+from proxy.context import RequestContext
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+from tests.redis_server import RedisServer
+from tests.sse import check_chat_stream, parse_sse
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 4}
+
+
+class HeaderSpy(BasePlugin):
+    name: ClassVar[str] = "t_header_spy"
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        self.seen.append(dict(ctx.headers))
+        return await call_next(ctx)
+
+
+async def central(engine: FakeEngine) -> TestServer:
+    register(HeaderSpy)
+    app = create_app(make_settings(plugins=[{"name": "t_header_spy"}]), engine=engine)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+def closed_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def edge_settings(url: str, **extra: Any) -> Any:
+    return make_settings(engine={"kind": "upstream", "base_url": url, "models": ["fake-model"],
+                                 "timeout_s": 5, "connect_timeout_s": 1}, **extra)
+
+
+async def test_edge_forwards_to_central(make_client: MakeClient) -> None:
+    engine = FakeEngine()
+    server = await central(engine)
+    try:
+        edge = await make_client(edge_settings(f"http://127.0.0.1:{server.port}/v1"))
+        tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        r = await edge.post("/v1/chat/completions", json=CHAT, headers={"traceparent": tp})
+        assert r.status == 200
+        body = await r.json()
+        validate("CreateChatCompletionResponse", body)
+        assert body["choices"][0]["message"]["content"] == FakeEngine.expected_text(
+            engine.calls[0][0], 4)
+        assert HeaderSpy.seen[-1]["traceparent"] == tp
+        r = await edge.post("/v1/chat/completions", json={
+            **CHAT, "stream": True, "stream_options": {"include_usage": True}})
+        events, done = parse_sse(await r.text())
+        assert done and check_chat_stream(events, usage=True)
+        models = await (await edge.get("/v1/models")).json()
+        assert [m["id"] for m in models["data"]] == ["fake-model"]
+        r = await edge.post("/v1/chat/completions", json={**CHAT, "temperature": 9})
+        assert r.status == 400  # the edge validates; nothing reached the central
+        r = await edge.post("/v1/chat/completions", json={**CHAT, "max_tokens": 100_000})
+        assert r.status == 400  # the central's 400 passes through
+        assert (await r.json())["error"]["param"] == "max_tokens"
+    finally:
+        unregister("t_header_spy")
+        await server.close()
+
+
+async def test_upstream_down_breaker_opens_and_falls_back(make_client: MakeClient) -> None:
+    breaker = {"minimum_calls": 3, "failure_rate": 0.5, "open_s": 30,
+               "fallback": [{"kind": "static", "content": "We are busy."}]}
+    settings = edge_settings(f"http://127.0.0.1:{closed_port()}/v1",
+                             plugins=[{"name": "breaker", "config": breaker}])
+    edge = await make_client(settings)
+    for _ in range(3):
+        r = await edge.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 200 and r.headers["x-weir-fallback"] == "static"
+    ready = await (await edge.get("/health/ready")).json()
+    assert ready["plugins"]["breaker"]["state"] == "open"
+    r = await edge.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    events, done = parse_sse(await r.text())
+    assert done and check_chat_stream(events) == "We are busy."
+    metrics = await (await edge.get("/metrics")).text()
+    assert "weir_breaker_state 2.0" in metrics
+
+
+async def test_without_fallback_an_open_breaker_is_a_clean_503(make_client: MakeClient) -> None:
+    edge = await make_client(edge_settings(f"http://127.0.0.1:{closed_port()}/v1", plugins=[
+        {"name": "breaker", "config": {"minimum_calls": 2, "open_s": 30}}]))
+    for _ in range(2):
+        r = await edge.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 502
+        validate("ErrorResponse", await r.json())
+    r = await edge.post("/v1/chat/completions", json=CHAT)
+    assert r.status == 503 and r.headers["x-should-retry"] == "false"
+    assert (await r.json())["error"]["code"] == "circuit_open"
+
+
+class Clock:
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_breaker_recovers_when_the_engine_does(make_client: MakeClient,
+                                                     fake_engine: FakeEngine) -> None:
+    client = await make_client(plugins=[{"name": "breaker", "config": {
+        "minimum_calls": 2, "open_s": 10, "half_open_calls": 1,
+        "fallback": [{"kind": "static"}]}}])
+    plugin = next(p for p in client.app[STATE].plugins if isinstance(p, BreakerPlugin))
+    clock = Clock()
+    plugin.breaker.clock = clock
+    fake_engine.fail_after = 0  # the engine errors
+    for _ in range(2):
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.headers.get("x-weir-fallback") == "static"
+    assert plugin.breaker.state == "open"
+    fake_engine.fail_after = None  # the engine recovers
+    r = await client.post("/v1/chat/completions", json=CHAT)
+    assert r.headers.get("x-weir-fallback") == "static"  # still open
+    clock.t += 10
+    r = await client.post("/v1/chat/completions", json=CHAT)  # the half-open trial
+    assert r.status == 200 and "x-weir-fallback" not in r.headers
+    assert plugin.breaker.state == "closed"
+
+
+async def test_stale_entry_serves_when_the_engine_fails(make_client: MakeClient,
+                                                        fake_engine: FakeEngine) -> None:
+    client = await make_client(plugins=[
+        {"name": "cache", "config": {"stale_grace_s": 3600, "store_truncated": True,
+                                     "semantic": {"enabled": False}}},
+        {"name": "breaker", "config": {"fallback": [{"kind": "stale"}, {"kind": "error"}]}}])
+    body = {**CHAT, "temperature": 0}
+    fresh = await (await client.post("/v1/chat/completions", json=body)).json()
+    cache = next(p for p in client.app[STATE].plugins if p.name == "cache")
+    for entry in cache.l1.entries():  # type: ignore[attr-defined]
+        entry.expires = 0.0  # the entry is past its TTL, inside its grace window
+    fake_engine.fail_after = 0
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status == 200
+    assert r.headers["x-weir-cache"] == "stale" and r.headers["x-weir-fallback"] == "stale"
+    assert (await r.json())["choices"][0]["message"] == fresh["choices"][0]["message"]
+    r = await client.post("/v1/chat/completions", json={**body, "max_tokens": 3})
+    assert r.status == 502  # nothing stale for this one: the engine's own error
+
+
+async def test_surge_is_shed_at_once(make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    fake_engine.token_gate = asyncio.Event()
+    client = await make_client(plugins=[{"name": "admission", "config": {
+        "max_concurrent": 2, "max_queue": 2, "retry_after_s": 2}}])
+    tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+             for _ in range(20)]
+    await fake_engine.wait_until(lambda: len(fake_engine.active) == 2)
+    finished: set[asyncio.Task[Any]] = set()
+    async with asyncio.timeout(10):  # 2 run, 2 queue, 16 are answered without waiting
+        while len(finished) < 16:
+            done, _ = await asyncio.wait(set(tasks) - finished,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            finished |= done
+    shed = [t.result() for t in finished]
+    assert len(shed) == 16 and all(r.status == 503 for r in shed)
+    assert len(fake_engine.active) == 2  # the engine has answered nobody yet
+    err = await shed[0].json()
+    validate("ErrorResponse", err)
+    assert err["error"]["code"] == "overloaded" and shed[0].headers["Retry-After"] == "2"
+    fake_engine.token_gate.set()
+    replies = await asyncio.gather(*tasks)
+    assert sum(r.status == 200 for r in replies) == 4
+
+
+async def test_counters_return_to_zero_after_mixed_traffic(make_client: MakeClient,
+                                                           redis_server: RedisServer) -> None:
+    engine = FakeEngine(delay=0.001)
+    client = await make_client(engine=engine, plugins=[
+        {"name": "rate_limit", "config": {
+            "store": "redis", "redis": {"url": redis_server.url,
+                                        "key_prefix": "weir:leak:", "timeout_s": 0.5},
+            "rules": [{"per": "tenant", "rpm": 100000, "tpm": 100000000, "concurrent": 50}]}},
+        {"name": "breaker", "config": {"minimum_calls": 100000}},
+        {"name": "admission", "config": {"max_concurrent": 8, "max_queue": 16,
+                                         "max_queue_wait_s": 0.5}}])
+    rng = random.Random(11)
+
+    async def one(i: int) -> None:
+        kind = i % 4
+        body = {**CHAT, "max_tokens": rng.choice([2, 20]), "stream": i % 2 == 0}
+        headers = {"x-weir-timeout-ms": "5"} if kind == 1 else {}
+        task = asyncio.create_task(client.post("/v1/chat/completions", json=body,
+                                               headers=headers))
+        if kind == 2:  # client abort
+            await asyncio.sleep(rng.random() * 0.01)
+            task.cancel()
+        try:
+            r = await task
+            await r.read()
+        except asyncio.CancelledError:
+            pass
+
+    for batch in range(10):  # 2,000 requests, 200 at a time
+        engine.fail_after = 1 if batch % 3 == 0 else None  # engine exceptions too
+        await asyncio.gather(*(one(batch * 200 + i) for i in range(200)))
+    await engine.wait_until(lambda: not engine.active, timeout=10)
+    engine.fail_after = None
+    st = client.app[STATE]
+    plugins = {p.name: p for p in st.plugins}
+    assert plugins["admission"].gate.in_use == 0  # type: ignore[attr-defined]
+    assert plugins["admission"].gate.waiting == 0  # type: ignore[attr-defined]
+    assert plugins["breaker"].breaker.trials_in_flight == 0  # type: ignore[attr-defined]
+    assert st.in_flight == 0
+    remote = plugins["rate_limit"].remote  # type: ignore[attr-defined]
+    for key in await remote.client.keys("weir:leak:*:c"):
+        assert await remote.client.zcard(key) == 0
+    r = await client.post("/v1/chat/completions", json=CHAT)
+    assert r.status == 200
+
