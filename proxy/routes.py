@@ -81,13 +81,19 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     )
     with st.track():
         reply = await st.chain(ctx)
-        headers = {**ctx.response_headers, **reply.headers}
-        info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
         if isinstance(reply, Completion):
+            headers = {**ctx.response_headers, **reply.headers}
+            info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
             _note_usage(st, info, reply.body)
             return web.json_response(reply.body, headers=headers, dumps=st.dumps)
         assert isinstance(reply, Stream)
-        return await _send_stream(request, st, reply, headers, info)
+
+        def stream_headers() -> dict[str, str]:
+            headers = {**ctx.response_headers, **reply.headers}
+            info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
+            return headers
+
+        return await _send_stream(request, st, reply, stream_headers, info)
 
 
 def _note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:
@@ -99,7 +105,7 @@ def _note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> Non
 
 
 async def _send_stream(request: web.Request, st: AppState, reply: Stream,
-                       headers: dict[str, str], info: dict[str, Any]) -> web.StreamResponse:
+                       headers: Any, info: dict[str, Any]) -> web.StreamResponse:
     start = time.perf_counter()
 
     def first() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
@@ -63,7 +63,7 @@ async def _produce(it: AsyncIterator[dict[str, Any]], queue: asyncio.Queue[Any])
 async def write_sse(
     request: web.Request,
     chunks: AsyncIterator[dict[str, Any]],
-    headers: dict[str, str],
+    headers: Callable[[], dict[str, str]],
     *,
     write_timeout: float,
     keepalive: float,
@@ -77,7 +77,9 @@ async def write_sse(
         first = await queue.get()
         if isinstance(first, BaseException):
             raise first
-        resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, **headers})
+        # Headers are taken now, after the first chunk: a plugin may have set some while
+        # producing it (a fallback inside the stream, for one).
+        resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, **headers()})
         try:
             await resp.prepare(request)
         except ConnectionResetError:  # gone before the first byte: like any other abort

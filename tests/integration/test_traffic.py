@@ -233,3 +233,29 @@ async def test_counters_return_to_zero_after_mixed_traffic(make_client: MakeClie
     r = await client.post("/v1/chat/completions", json=CHAT)
     assert r.status == 200
 
+
+
+async def test_upstream_fallback_when_the_local_engine_fails(make_client: MakeClient,
+                                                            fake_engine: FakeEngine) -> None:
+    central_engine = FakeEngine()
+    server = await central(central_engine)
+    try:
+        client = await make_client(plugins=[{"name": "breaker", "config": {"fallback": [
+            {"kind": "upstream", "base_url": f"http://127.0.0.1:{server.port}/v1"},
+            {"kind": "static"}]}}])
+        fake_engine.fail_after = 0  # the local engine fails
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 200 and r.headers["x-weir-fallback"] == "upstream"
+        body = await r.json()
+        validate("CreateChatCompletionResponse", body)
+        assert len(central_engine.calls) == 1
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert r.headers["x-weir-fallback"] == "upstream"
+        events, done = parse_sse(await r.text())
+        assert done and check_chat_stream(events)
+        await server.close()  # the central goes too: the next fallback answers
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.headers.get("x-weir-fallback") == "static", (r.status, await r.text())
+    finally:
+        unregister("t_header_spy")
+        await server.close()
