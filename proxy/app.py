@@ -18,7 +18,12 @@ from .chain import Services, build_plugins, compose
 from .embedding import Embedder
 from .engine.base import Backend
 from .engine.upstream import UpstreamEngine
-from .middleware import errors_middleware, make_access_log, request_id_middleware
+from .middleware import (
+    errors_middleware,
+    make_access_log,
+    request_id_middleware,
+    tracing_middleware,
+)
 from .routes import add_routes
 from .serving import LocalServing
 from .settings import ConfigError, Settings
@@ -57,6 +62,7 @@ def create_app(
         middlewares=[
             request_id_middleware,
             make_access_log(metrics, settings.logging.access_log),
+            tracing_middleware,
             errors_middleware,
         ],
         client_max_size=settings.server.max_body_bytes,

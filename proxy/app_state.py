@@ -102,7 +102,27 @@ class AppState:
         return body
 
     def refresh_gauges(self) -> None:
-        self.metrics.engine_running.set(self.engine.stats().running)
+        stats = self.engine.stats()
+        self.metrics.engine_running.set(stats.running)
+        self.metrics.engine_waiting.set(stats.waiting)
+        if stats.kv_cache_usage is not None:
+            self.metrics.kv_cache.set(stats.kv_cache_usage)
+        for gpu, used in gpu_memory().items():
+            self.metrics.gpu_memory.labels(gpu).set(used)
+
+
+def gpu_memory() -> dict[str, int]:
+    """Bytes in use per GPU (device-wide, so the engine's own process counts), if any."""
+    import sys
+
+    torch = sys.modules.get("torch")  # only where the engine already loaded it
+    if torch is None or not torch.cuda.is_available():
+        return {}
+    out = {}
+    for i in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(i)
+        out[str(i)] = int(total - free)
+    return out
 
 
 STATE: web.AppKey[AppState] = web.AppKey("weir_state", AppState)

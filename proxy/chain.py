@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .context import RequestContext
 from .settings import ConfigError, PluginSpec, errors_from_validation
+from .tracing import span
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -244,8 +245,11 @@ def compose(plugins: list[Plugin], terminal: Next) -> Next:
 
 
 def _link(plugin: Plugin, call_next: Next) -> Next:
+    name = f"plugin {plugin.name}"
+
     async def step(ctx: RequestContext) -> Reply:
-        return await plugin(ctx, call_next)
+        with span(name):
+            return await plugin(ctx, call_next)
 
     step.__qualname__ = f"chain.{plugin.name}"
     return step

@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_format:
         settings.logging.format = args.log_format
     configure_logging(settings.logging)
+    from .tracing import configure_tracing
+
+    configure_tracing(settings.tracing)
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
     return asyncio.run(serve(settings, host, port))

@@ -5,7 +5,8 @@
 2. `access_log`: one structured line per request and the request metrics. It reads
    what the route left in `request["weir"]` (tenant, model, cache result, tokens, TTFT)
    and never logs headers, keys or prompt text.
-3. `errors`: the outermost handler of exceptions: WeirError -> its OpenAI body and
+3. `tracing`: the OpenTelemetry server span (parent: the caller's `traceparent`).
+4. `errors`: the outermost handler of exceptions: WeirError -> its OpenAI body and
    status; aiohttp's HTTP exceptions (404, 405, 413) -> OpenAI bodies; anything else ->
    a generic 500 whose details go to the log only.
 """
@@ -21,6 +22,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .app_state import INFO, REQUEST_ID
 from .errors import (
@@ -31,6 +33,7 @@ from .errors import (
     WeirError,
 )
 from .telemetry import Metrics, get_logger
+from .tracing import extract, tracer
 
 log = get_logger("weir.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -88,6 +91,36 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
                 )
 
     return access_log
+
+
+_UNTRACED = ("/health", "/metrics", "/dashboard")
+
+
+@web.middleware
+async def tracing_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The server span; its parent is the caller's `traceparent`, if any."""
+    if request.path.startswith(_UNTRACED):
+        return await handler(request)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    attrs = {"http.request.method": request.method, "http.route": route,
+             "weir.request_id": request.get(REQUEST_ID, "")}
+    with tracer().start_as_current_span(f"HTTP {request.method} {route}",
+                                        context=extract(request.headers), kind=SpanKind.SERVER,
+                                        attributes=attrs) as s:
+        status = 499
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        finally:
+            s.set_attribute("http.response.status_code", status)
+            info = request.get(INFO) or {}
+            for key in ("model", "tenant", "cache"):
+                if info.get(key) is not None:
+                    s.set_attribute(f"weir.{key}", str(info[key]))
+            if status >= 500:
+                s.set_status(Status(StatusCode.ERROR))
 
 
 @web.middleware

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -70,6 +71,8 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     req = parse_model(_MODELS[route], data)
     info = request[INFO]
     info.update(route=route, model=req.model, tenant=principal.tenant, stream=req.stream)
+    if st.settings.logging.include_prompts:  # off by default: prompts are user data
+        info["prompt"] = _prompt_text(req)
     principal.check_model(req.model)
     ctx = RequestContext(
         route=route,
@@ -96,6 +99,12 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         return await _send_stream(request, st, reply, stream_headers, info)
 
 
+def _prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
+    if isinstance(req, ChatCompletionRequest):
+        return "\n".join(f"{m.role}: {m.text()}" for m in req.messages)
+    return "\n".join(p for p in req.prompts() if isinstance(p, str))
+
+
 def _note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:
     u = body.get("usage") or {}
     info.update(prompt_tokens=u.get("prompt_tokens"), completion_tokens=u.get("completion_tokens"))
@@ -113,8 +122,15 @@ async def _send_stream(request: web.Request, st: AppState, reply: Stream,
         info["ttft_ms"] = round(ttft * 1000, 2)
         st.metrics.ttft.labels(info["route"], info.get("model", "")).observe(ttft)
 
+    itl = st.metrics.itl.labels(info["route"], info.get("model", ""))
+
     async def tap(it: Any) -> Any:
+        last = None
         async for chunk in it:
+            now = time.perf_counter()
+            if last is not None and chunk.get("choices"):
+                itl.observe(now - last)
+            last = now
             if chunk.get("usage"):
                 _note_usage(st, info, chunk)
             yield chunk
@@ -208,6 +224,15 @@ async def metrics(request: web.Request) -> web.Response:
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
+_DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
+
+
+async def dashboard(request: web.Request) -> web.Response:
+    return web.Response(body=_DASHBOARD.read_bytes(),
+                        headers={"Content-Type": "text/html; charset=utf-8",
+                                 "Cache-Control": "no-cache"})
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -218,3 +243,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health/ready", ready)
     app.router.add_get("/health", ready)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/dashboard", dashboard)

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
+
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import responses as R
 from .chain import Completion, Reply, Stream
@@ -33,6 +36,7 @@ from .engine.base import (
 )
 from .errors import EngineError, InvalidRequest, ModelNotFound, Unavailable, WeirError
 from .protocol import ChatCompletionRequest, CompletionRequest, OtherPart, ResponseFormat
+from .tracing import tracer
 
 
 @dataclass(slots=True)
@@ -231,14 +235,36 @@ async def _engine_steps(
 
 
 async def _guarded(
-    it: AsyncGenerator[tuple[int, EngineOutput], None],
+    it: AsyncGenerator[tuple[int, EngineOutput], None], model: str,
 ) -> AsyncGenerator[tuple[int, EngineOutput], None]:
+    """Engine errors to OpenAI errors, and the `engine.generate` span.
+
+    The span is started, not made current: it lives across this generator's yields,
+    where making it current would leak it into the consumer's context."""
+    s = tracer().start_span("engine.generate", kind=SpanKind.CLIENT,
+                            attributes={"gen_ai.request.model": model})
+    started = time.perf_counter()
+    first = True
+    prompt_tokens: dict[int, int] = {}
+    completion = 0
     try:
         async with aclosing(it):
             async for item in it:
+                pi, out = item
+                if first:
+                    first = False
+                    s.add_event("first_token",
+                                {"weir.ttft_ms": round((time.perf_counter() - started) * 1e3, 2)})
+                prompt_tokens[pi] = out.prompt_tokens
+                completion += sum(len(c.token_ids) for c in out.choices)
                 yield item
     except (EngineRejected, EngineOverloaded, EngineFailed) as e:
+        s.set_status(Status(StatusCode.ERROR, type(e).__name__))
         raise _map_engine_error(e) from e
+    finally:
+        s.set_attribute("gen_ai.usage.input_tokens", sum(prompt_tokens.values()))
+        s.set_attribute("gen_ai.usage.output_tokens", completion)
+        s.end()
 
 
 class LocalServing:
@@ -259,7 +285,7 @@ class LocalServing:
         else:
             prep = prepare_completion(self.engine, req)
         ctx.prompt_tokens = sum(len(p) for p in prep.prompts)
-        steps = _guarded(_engine_steps(self.engine, prep, ctx))
+        steps = _guarded(_engine_steps(self.engine, prep, ctx), req.model)
         if isinstance(req, ChatCompletionRequest):
             if req.stream:
                 return Stream(_chat_stream(steps, req, prep))

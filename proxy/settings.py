@@ -160,6 +160,16 @@ class EmbeddingSettings(_Strict):
     threads: int = Field(1, ge=1, description="Torch threads of the embedding worker.")
 
 
+class TracingSettings(_Strict):
+    exporter: Literal["none", "console", "otlp"] = Field(
+        "none", description="Where spans go: none, console (stderr), or an OTLP collector.")
+    endpoint: str | None = Field(
+        None, description="OTLP endpoint, e.g. http://otel:4318/v1/traces or otel:4317.")
+    protocol: Literal["http", "grpc"] = Field("http", description="OTLP transport.")
+    service_name: str = Field("weir", description="service.name of the spans.")
+    sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of new traces kept.")
+
+
 class PluginSpec(_Strict):
     name: str = Field(description="Registered plugin name (sanitizer, cache, ...).")
     enabled: bool = Field(True, description="Set false to keep the entry but skip it.")
@@ -173,6 +183,7 @@ class Settings(_Strict):
         default_factory=lambda: AuthSettings.model_validate({"mode": "open"}))
     logging: LoggingSettings = Field(default_factory=LoggingSettings)  # type: ignore[arg-type]
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)  # type: ignore[arg-type]
+    tracing: TracingSettings = Field(default_factory=TracingSettings)  # type: ignore[arg-type]
     plugins: list[PluginSpec] = Field(default_factory=list, description="Outermost first.")
 
 

@@ -74,6 +74,16 @@ class Metrics:
         self.in_flight = Gauge("weir_requests_in_flight", "Requests being served.", registry=r)
         self.engine_running = Gauge("weir_engine_requests_running",
                                     "Requests unfinished in the engine.", registry=r)
+        self.engine_waiting = Gauge("weir_engine_requests_waiting",
+                                    "Requests waiting in the engine's scheduler.", registry=r)
+        self.kv_cache = Gauge("weir_engine_kv_cache_usage_ratio",
+                              "Share of the engine's KV cache in use.", registry=r)
+        self.gpu_memory = Gauge("weir_gpu_memory_used_bytes", "GPU memory in use.", ["gpu"],
+                                registry=r)
+        self.itl = Histogram("weir_inter_token_latency_seconds",
+                             "Time between streamed chunks.", ["route", "model"],
+                             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1),
+                             registry=r)
         self.aborted = Counter("weir_requests_aborted_total",
                                "Requests aborted before they ended.", ["reason"], registry=r)
 

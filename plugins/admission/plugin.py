@@ -51,6 +51,7 @@ class AdmissionPlugin(BasePlugin):
                             registry=reg)
         self.timeouts = Counter("weir_admission_deadline_exceeded_total",
                                 "Requests cut at their deadline.", registry=reg)
+        self._last_log = 0.0
 
     def health(self) -> dict[str, Any]:
         return {"in_engine": self.gate.in_use, "waiting": self.gate.waiting}
@@ -71,6 +72,11 @@ class AdmissionPlugin(BasePlugin):
 
     def _overloaded(self, reason: str, message: str) -> Unavailable:
         self.shed.labels(reason).inc()
+        now = time.monotonic()
+        if now - self._last_log > 5:  # one line per burst, not one per shed request
+            self._last_log = now
+            log.warning("shedding load", reason=reason, in_engine=self.gate.in_use,
+                        waiting=self.gate.waiting)
         return Unavailable(message, code="overloaded" if reason == "full" else "queue_timeout",
                            retry_after=self.cfg.retry_after_s)
 

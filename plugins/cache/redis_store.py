@@ -26,10 +26,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 import redis.asyncio as aioredis
+from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from proxy.telemetry import get_logger
+from proxy.tracing import span
 
 from .config import RedisConfig
 from .entry import Entry
@@ -71,8 +73,9 @@ class RedisStore:
 
     async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:
         try:
-            async with asyncio.timeout(self.cfg.timeout_s):
-                result = await fn()
+            with span(f"redis {op}", kind=SpanKind.CLIENT, **{"db.system": "redis"}):
+                async with asyncio.timeout(self.cfg.timeout_s):
+                    result = await fn()
         except (RedisError, OSError, TimeoutError) as e:
             self._failed(op, e)
             return None

@@ -22,7 +22,10 @@ import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
+
+from proxy.tracing import span
 
 PERIOD_MS = 60_000.0
 
@@ -197,8 +200,9 @@ class RedisStore:
 
     async def _run(self, coro: object) -> object:
         try:
-            async with asyncio.timeout(self.timeout_s):
-                return await coro  # type: ignore[misc]
+            with span("redis ratelimit", kind=SpanKind.CLIENT, **{"db.system": "redis"}):
+                async with asyncio.timeout(self.timeout_s):
+                    return await coro  # type: ignore[misc]
         except (RedisError, OSError, TimeoutError) as e:
             raise StoreError(type(e).__name__) from None
 

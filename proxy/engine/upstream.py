@@ -21,10 +21,10 @@ from ..chain import Completion, Reply, Stream
 from ..context import RequestContext
 from ..errors import EngineError, ModelNotFound, Timeout, WeirError
 from ..settings import UpstreamEngineSettings
+from ..tracing import inject
 from .base import EngineStats, ModelInfo
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
-_PASS_HEADERS = ("traceparent", "tracestate", "x-request-id")
 
 
 class UpstreamError(WeirError):
@@ -88,9 +88,11 @@ class UpstreamEngine:
 
     def _headers(self, ctx: RequestContext) -> dict[str, str]:
         h = {**self._auth(), "Content-Type": "application/json"}
-        for name in _PASS_HEADERS:
-            if name in ctx.headers:
-                h[name] = ctx.headers[name]
+        if "x-request-id" in ctx.headers:
+            h["x-request-id"] = ctx.headers["x-request-id"]
+        if "traceparent" in ctx.headers:  # no active SDK span: pass the caller's on
+            h["traceparent"] = ctx.headers["traceparent"]
+        inject(h)  # the current span, when tracing is on, becomes the upstream's parent
         return h
 
     async def __call__(self, ctx: RequestContext) -> Reply:

@@ -48,8 +48,26 @@ from vllm.sampling_params import (
 )
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+from vllm.v1.metrics.loggers import StatLoggerBase
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class _StatsTap(StatLoggerBase):
+    """Keeps the scheduler's latest numbers (running, waiting, KV-cache use)."""
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0, *, sink: EngineStats) -> None:
+        self.sink = sink
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:
+        if scheduler_stats is not None:
+            self.sink.running = scheduler_stats.num_running_reqs
+            self.sink.waiting = scheduler_stats.num_waiting_reqs
+            self.sink.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+
+    def log_engine_initialized(self) -> None:
+        pass
 
 
 class VllmEngine:
@@ -64,6 +82,7 @@ class VllmEngine:
         )
         self._created = int(time.time())
         self._max_model_len = settings.max_model_len or 0
+        self._stats = EngineStats()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -101,7 +120,13 @@ class VllmEngine:
             disable_log_stats=False,
             **extra,
         )
-        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        sink = self._stats
+
+        def tap(vllm_config: Any, engine_index: int = 0) -> _StatsTap:
+            return _StatsTap(vllm_config, engine_index, sink=sink)
+
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
+                                            stat_loggers=[tap])
         self._tokenizer = self._llm.get_tokenizer()
         self._max_model_len = int(self._llm.model_config.max_model_len)
         if s.warmup:
@@ -136,7 +161,11 @@ class VllmEngine:
     def stats(self) -> EngineStats:
         if self._llm is None:
             return EngineStats()
-        return EngineStats(running=self._llm.get_num_unfinished_requests())
+        unfinished = self._llm.get_num_unfinished_requests()
+        s = self._stats
+        # The scheduler's numbers lag by a step; unfinished requests are exact here.
+        return EngineStats(running=unfinished, waiting=min(s.waiting, unfinished),
+                           kv_cache_usage=s.kv_cache_usage)
 
     # ----------------------------------------------------------------- tokenizing
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from proxy.auth import Authenticator
-from proxy.cli import main
 from proxy.chain import validate_plugins
+from proxy.cli import main
 from proxy.settings import Settings, interpolate
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()

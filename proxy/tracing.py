@@ -1,0 +1,89 @@
+"""OpenTelemetry tracing: set up once per process, used through the global API.
+
+Spans: `HTTP POST /v1/chat/completions` (server; the W3C `traceparent` of the request is
+its parent) -> `plugin <name>` for each chain step -> `engine.generate` (a `first_token`
+event, token counts) and `redis <op>` for every Redis call. The trace context goes on to
+an upstream engine in `traceparent`. Spans carry no prompt text, no API key and no
+header values; without an exporter configured, the API's no-op tracer costs next to
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context, trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from .settings import TracingSettings
+
+_propagator = TraceContextTextMapPropagator()
+_configured = False
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer("weir")
+
+
+def configure_tracing(settings: TracingSettings, exporter: Any = None) -> None:
+    """Install the SDK's tracer provider (once per process). `exporter` overrides the
+    settings (tests pass an in-memory exporter)."""
+    global _configured
+    if _configured or (settings.exporter == "none" and exporter is None):
+        return
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+    )
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": settings.service_name}),
+        sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    elif settings.exporter == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    else:
+        provider.add_span_processor(BatchSpanProcessor(_otlp(settings)))
+    trace.set_tracer_provider(provider)
+    _configured = True
+
+
+def _otlp(settings: TracingSettings) -> Any:
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=settings.endpoint)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
+
+    return HttpExporter(endpoint=settings.endpoint)
+
+
+def extract(headers: Mapping[str, str]) -> context.Context:
+    return _propagator.extract(carrier=dict(headers))
+
+
+def inject(headers: MutableMapping[str, str]) -> None:
+    """Write the current span's context into outgoing headers (`traceparent`)."""
+    _propagator.inject(carrier=headers)
+
+
+@contextmanager
+def span(name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any) -> Iterator[Span]:
+    with tracer().start_as_current_span(name, kind=kind, attributes=attributes or None,
+                                        record_exception=False,
+                                        set_status_on_exception=False) as s:
+        try:
+            yield s
+        except BaseException as e:
+            s.set_status(Status(StatusCode.ERROR, type(e).__name__))
+            raise

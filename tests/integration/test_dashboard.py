@@ -1,0 +1,102 @@
+"""/dashboard in headless Chromium: the page reads /metrics and shows live numbers."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from proxy.app import create_app
+from tests.conftest import make_settings
+from tests.fakes import FakeEngine
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
+                                "(make test installs it where it can: apt-get install chromium)")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def start() -> None:
+        settings = make_settings(plugins=[{"name": "cache", "config": {
+            "semantic": {"enabled": False}}}, {"name": "breaker"}])
+        runner = web.AppRunner(create_app(settings, engine=FakeEngine(delay=0.002)))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        box["runner"], box["url"] = runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+        ready.set()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        loop.run_forever()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield box["url"]
+    asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(10)
+
+
+class Traffic(threading.Thread):
+    """Requests (half of them repeats, so the cache hits) until told to stop."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.stop = url, threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=10) as c:
+            for i in range(5000):  # bounded in count; stopped sooner by the test
+                if self.stop.is_set():
+                    return
+                c.post(f"{self.url}/v1/chat/completions", json={
+                    "model": "fake-model", "temperature": 0, "max_tokens": 2,
+                    "messages": [{"role": "user", "content": f"q{i % 10}"}]})
+
+
+def chromium(url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess[bytes]:
+    assert CHROMIUM is not None
+    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp / 'profile'}", *extra, url],
+                          capture_output=True, timeout=90, check=False)
+
+
+def test_dashboard_shows_live_numbers(server: str, tmp_path: Path) -> None:
+    page = httpx.get(f"{server}/dashboard")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    traffic = Traffic(server)
+    traffic.start()
+    try:
+        dom = chromium(f"{server}/dashboard", tmp_path, "--virtual-time-budget=7000",
+                       "--dump-dom").stdout.decode()
+        shot = tmp_path / "dashboard.png"
+        chromium(f"{server}/dashboard", tmp_path, "--virtual-time-budget=7000",
+                 "--window-size=1200,700", f"--screenshot={shot}")
+    finally:
+        traffic.stop.set()
+        traffic.join(10)
+    assert 'id="breaker" class="closed"' in dom
+    assert 'id="status">live' in dom
+    rps = dom.split('id="rps">')[1].split("<")[0]
+    assert rps != "-" and float(rps) > 0
+    hit = dom.split('id="hit">')[1].split("<")[0]
+    assert hit.endswith("%") and int(hit.split()[0]) > 0
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # drawn, not blank

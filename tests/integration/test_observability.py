@@ -1,0 +1,155 @@
+"""Traces (in-memory exporter), logs (captured) and metrics (parsed) of real requests.
+
+A planted API key and a marker prompt must never appear in logs, spans or error
+bodies, unless `logging.include_prompts` asks for prompts (the positive control)."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.settings import LoggingSettings, TracingSettings
+from proxy.telemetry import configure_logging
+from proxy.tracing import configure_tracing
+from tests.conftest import MakeClient, make_settings
+from tests.redis_server import RedisServer
+
+KEY = "sk-planted-SECRET-0123456789abcdef"
+MARKER = "MARKER-7f3a-do-not-log"
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+_exporter = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    configure_tracing(TracingSettings(), exporter=_exporter)  # once per process
+    _exporter.clear()
+    yield _exporter
+    _exporter.clear()
+
+
+@pytest.fixture
+def logs() -> Iterator[io.StringIO]:
+    buf = io.StringIO()
+    configure_logging(LoggingSettings(level="debug"), stream=buf)
+    yield buf
+    configure_logging(LoggingSettings())
+
+
+def settings(redis_url: str | None = None, **logging: Any) -> Any:
+    cache: dict[str, Any] = {"semantic": {"enabled": False}}
+    if redis_url:
+        cache |= {"l2": {"enabled": True}, "redis": {"url": redis_url,
+                                                     "key_prefix": "weir:obs:"}}
+    return make_settings(
+        auth={"mode": "keys", "keys": [{"key": KEY, "tenant": "acme", "role": "admin"}]},
+        logging={"access_log": True, **logging},
+        plugins=[{"name": "sanitizer"}, {"name": "rate_limit"}, {"name": "cache",
+                                                                 "config": cache}])
+
+
+def body(stream: bool = False) -> dict[str, Any]:
+    return {"model": "fake-model", "temperature": 0, "max_tokens": 3, "stream": stream,
+            "messages": [{"role": "user", "content": f"What is {MARKER}?"}]}
+
+
+async def test_span_tree(make_client: MakeClient, spans: InMemorySpanExporter,
+                         redis_server: RedisServer) -> None:
+    client = await make_client(settings(redis_server.url))
+    r = await client.post("/v1/chat/completions", json=body(),
+                          headers={"Authorization": f"Bearer {KEY}", "traceparent": TRACEPARENT})
+    assert r.status == 200
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    server = finished["HTTP POST /v1/chat/completions"]
+    assert format(server.context.trace_id, "032x") == TRACEPARENT.split("-")[1]
+    assert server.parent is not None and format(server.parent.span_id, "016x") == "00f067aa0ba902b7"
+    assert server.attributes["http.response.status_code"] == 200
+    by_id = {s.context.span_id: s for s in spans.get_finished_spans()}
+    chain = [finished[f"plugin {n}"] for n in ("sanitizer", "rate_limit", "cache")]
+    assert chain[0].parent.span_id == server.context.span_id  # type: ignore[union-attr]
+    assert chain[1].parent.span_id == chain[0].context.span_id  # type: ignore[union-attr]
+    assert chain[2].parent.span_id == chain[1].context.span_id  # type: ignore[union-attr]
+    engine = finished["engine.generate"]
+    assert by_id[engine.parent.span_id].name == "plugin cache"  # type: ignore[union-attr]
+    assert engine.attributes["gen_ai.usage.output_tokens"] == 3
+    assert engine.attributes["gen_ai.usage.input_tokens"] > 0
+    assert [e.name for e in engine.events] == ["first_token"]
+    assert "redis get" in finished
+
+
+async def test_streams_are_traced_to_their_end(make_client: MakeClient,
+                                               spans: InMemorySpanExporter) -> None:
+    client = await make_client(settings())
+    r = await client.post("/v1/chat/completions", json=body(stream=True),
+                          headers={"Authorization": f"Bearer {KEY}"})
+    await r.text()
+    names = [s.name for s in spans.get_finished_spans()]
+    assert "engine.generate" in names and "HTTP POST /v1/chat/completions" in names
+
+
+async def test_no_key_or_prompt_leaks(make_client: MakeClient, spans: InMemorySpanExporter,
+                                      logs: io.StringIO) -> None:
+    client = await make_client(settings())
+    h = {"Authorization": f"Bearer {KEY}"}
+    await client.post("/v1/chat/completions", json=body(), headers=h)
+    await (await client.post("/v1/chat/completions", json=body(stream=True), headers=h)).text()
+    bad = await client.post("/v1/chat/completions", headers=h,
+                            json={**body(), "temperature": 99})
+    error_body = await bad.text()
+    wrong = await client.post("/v1/chat/completions", json=body(),
+                              headers={"Authorization": f"Bearer {KEY}-wrong"})
+    error_body += await wrong.text()
+    text = logs.getvalue()
+    assert '"event": "request"' in text  # the access lines are there
+    exported = json.dumps([s.to_json() for s in spans.get_finished_spans()])
+    for haystack in (text, exported, error_body):
+        assert KEY not in haystack
+        assert MARKER not in haystack
+        assert "Bearer" not in haystack and "authorization" not in haystack.lower()
+
+
+async def test_prompts_only_when_asked(make_client: MakeClient, logs: io.StringIO) -> None:
+    client = await make_client(settings(include_prompts=True))
+    await client.post("/v1/chat/completions", json=body(),
+                      headers={"Authorization": f"Bearer {KEY}"})
+    text = logs.getvalue()
+    assert MARKER in text and KEY not in text
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+async def test_metrics_move(make_client: MakeClient) -> None:
+    client = await make_client(settings())
+    h = {"Authorization": f"Bearer {KEY}"}
+    before = await (await client.get("/metrics")).text()
+    await client.post("/v1/chat/completions", json=body(), headers=h)
+    await client.post("/v1/chat/completions", json=body(), headers=h)  # a cache hit
+    await (await client.post("/v1/chat/completions", json={**body(stream=True),
+                                                           "max_tokens": 5,
+                                                           "temperature": 0.5},
+                             headers=h)).text()
+    after = await (await client.get("/metrics")).text()
+    ok = {"route": "chat", "model": "fake-model", "status": "200"}
+    assert metric(after, "weir_requests_total", **ok) - metric(
+        before, "weir_requests_total", **ok) == 3
+    assert metric(after, "weir_request_duration_seconds_count", route="chat") == 3
+    assert metric(after, "weir_time_to_first_token_seconds_count", route="chat") == 1
+    assert metric(after, "weir_inter_token_latency_seconds_count", route="chat") == 4
+    assert metric(after, "weir_tokens_total", kind="completion") == 3 + 3 + 5
+    assert metric(after, "weir_cache_lookups_total", layer="l1", result="hit") == 1
+    assert metric(after, "weir_cache_lookups_total", layer="all", result="bypass") == 1
+    assert metric(after, "weir_engine_requests_running") == 0
+    assert "weir_rate_limit_rejections_total" in after
