@@ -16,7 +16,7 @@ STAMP   := $(VENV)/.weir-installed-$(EXTRA)
 # torch's CPU build lies on local disk on the workplace machines; use it when present.
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
-.PHONY: install serve test test-fast lint bench bench-quick clean
+.PHONY: install system-deps serve test test-fast lint bench bench-quick clean
 
 install: $(STAMP)
 
@@ -30,10 +30,22 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import transformers, vllm, proxy" 
 	touch $@
 
+# Debian packages some tests use: redis-server (integration tests start their own) and
+# Chromium (the dashboard test). Installed when missing and we may (root with apt).
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "missing:$$missing (install them; their tests need them)"; fi; \
+	fi
+
 serve: install
 	$(VENV)/bin/weir serve --config $(CONFIG) --host $(HOST) --port $(PORT)
 
-test: install
+test: install system-deps
 	$(PY) -m pytest -q
 
 test-fast: install

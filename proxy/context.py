@@ -39,6 +39,8 @@ class RequestContext:
     key_request: ChatCompletionRequest | CompletionRequest | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0
+    #: The answer's usage once known (also for streams that send no usage chunk).
+    usage: dict[str, Any] | None = None
 
     @property
     def model(self) -> str:

@@ -96,7 +96,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
             info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
             return headers
 
-        return await _send_stream(request, st, reply, stream_headers, info)
+        return await _send_stream(request, st, ctx, reply, stream_headers, info)
 
 
 def _prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
@@ -113,7 +113,7 @@ def _note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> Non
     st.metrics.tokens.labels(model, "completion").inc(u.get("completion_tokens") or 0)
 
 
-async def _send_stream(request: web.Request, st: AppState, reply: Stream,
+async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, reply: Stream,
                        headers: Any, info: dict[str, Any]) -> web.StreamResponse:
     start = time.perf_counter()
 
@@ -140,11 +140,14 @@ async def _send_stream(request: web.Request, st: AppState, reply: Stream,
         log.warning("stream cut: client stopped reading or went away", reason=reason)
 
     srv = st.settings.server
-    return await write_sse(
+    resp = await write_sse(
         request, tap(reply.__aiter__()), headers,
         write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s, on_first=first,
         on_abort=aborted, log_error=lambda e: log.error("stream failed", exc_info=e),
     )
+    if "completion_tokens" not in info and ctx.usage:  # no usage chunk was asked for
+        _note_usage(st, info, {"usage": ctx.usage})
+    return resp
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -288,10 +288,10 @@ class LocalServing:
         steps = _guarded(_engine_steps(self.engine, prep, ctx), req.model)
         if isinstance(req, ChatCompletionRequest):
             if req.stream:
-                return Stream(_chat_stream(steps, req, prep))
+                return Stream(_chat_stream(steps, req, prep, ctx))
             return await _chat_whole(steps, req, prep)
         if req.stream:
-            return Stream(_completion_stream(steps, req, prep))
+            return Stream(_completion_stream(steps, req, prep, ctx))
         return await _completion_whole(steps, req, prep)
 
 
@@ -367,7 +367,7 @@ async def _completion_whole(steps: AsyncGenerator[tuple[int, EngineOutput], None
 
 
 async def _chat_stream(steps: AsyncGenerator[tuple[int, EngineOutput], None],
-                       req: ChatCompletionRequest, prep: Prepared,
+                       req: ChatCompletionRequest, prep: Prepared, ctx: RequestContext,
                        ) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("chatcmpl"), R.now(), req.model
     include_usage = req.include_usage
@@ -402,13 +402,14 @@ async def _chat_stream(steps: AsyncGenerator[tuple[int, EngineOutput], None],
                            choices=[R.chat_chunk_choice(i, content=None if i in started else "",
                                                         first=i not in started, reason="stop",
                                                         logprobs=None) for i in missing])
+    ctx.usage = R.usage(ptoks, ctoks, cached)
     if include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created,
-                            object_="chat.completion.chunk", usage_=R.usage(ptoks, ctoks, cached))
+                            object_="chat.completion.chunk", usage_=ctx.usage)
 
 
 async def _completion_stream(steps: AsyncGenerator[tuple[int, EngineOutput], None],
-                             req: CompletionRequest, prep: Prepared,
+                             req: CompletionRequest, prep: Prepared, ctx: RequestContext,
                              ) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("cmpl"), R.now(), req.model
     total = req.n * len(prep.prompts)
@@ -451,6 +452,7 @@ async def _completion_stream(steps: AsyncGenerator[tuple[int, EngineOutput], Non
         yield R.completion_body(id=cid, model=model, created=created, usage_=None,
                                 choices=[R.completion_choice(i, "", "stop", None)
                                          for i in missing])
+    ctx.usage = R.usage(sum(ptoks.values()), ctoks, cached)
     if req.include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created, object_="text_completion",
-                            usage_=R.usage(sum(ptoks.values()), ctoks, cached))
+                            usage_=ctx.usage)

@@ -44,7 +44,7 @@ def logs() -> Iterator[io.StringIO]:
 
 
 def settings(redis_url: str | None = None, **logging: Any) -> Any:
-    cache: dict[str, Any] = {"semantic": {"enabled": False}}
+    cache: dict[str, Any] = {"semantic": {"enabled": False}, "store_truncated": True}
     if redis_url:
         cache |= {"l2": {"enabled": True}, "redis": {"url": redis_url,
                                                      "key_prefix": "weir:obs:"}}
