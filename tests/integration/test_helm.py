@@ -1,0 +1,145 @@
+"""The Helm chart, rendered with the helm library: default values and variants, lint,
+every manifest against Kubernetes' own schemas, the rendered config through
+`weir check-config`, and values.schema.json in sync with Weir's settings model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+from proxy.cli import main
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "weir"
+K8S = "1.30"
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "cpu": {"image": {"variant": "cpu"}, "gpu": {"count": 0},
+            "config": {"engine": {"model": "builtin:demo", "dtype": "float32",
+                                  "cpu_kvcache_space_gib": 4}}},
+    "bundled-redis-pvc": {"redis": {"bundled": True}, "modelCache": {"type": "pvc",
+                                                                     "storageClass": "fast"}},
+    "everything-on": {"autoscaling": {"enabled": True, "maxReplicas": 8},
+                      "podDisruptionBudget": {"enabled": True},
+                      "serviceMonitor": {"enabled": True}, "networkPolicy": {"enabled": True},
+                      "grafanaDashboard": {"enabled": True},
+                      "huggingface": {"tokenSecret": "hf"},
+                      "apiKeys": {"values": {"WEIR_KEY_APP": "sk-x"}},
+                      "nodeSelector": {"gpu": "a100"},
+                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                       "effect": "NoSchedule"}]},
+    "external-redis-existing-secret": {"redis": {"url": "redis://redis.infra:6379/0"},
+                                       "apiKeys": {"existingSecret": "weir-keys"},
+                                       "modelCache": {"type": "pvc", "existingClaim": "models"}},
+}
+
+
+def merged(extra: dict[str, Any]) -> dict[str, Any]:
+    base = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        for k, v in b.items():
+            a[k] = merge(a.get(k, {}), v) if isinstance(v, dict) and isinstance(
+                a.get(k), dict) else v
+        return a
+
+    return merge(base, json.loads(json.dumps(extra)))
+
+
+def render(extra: dict[str, Any]) -> list[dict[str, Any]]:
+    out = helm_python.Chart.load(CHART).render(merged(extra), name="weir", namespace="ai")
+    docs = []
+    for name, text in out.items():
+        if name.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_manifests_are_valid_kubernetes(variant: str) -> None:
+    docs = render(VARIANTS[variant])
+    for doc in docs:
+        if doc["kind"] == "ServiceMonitor":  # a CRD: not in Kubernetes' own schemas
+            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+            assert doc["spec"]["endpoints"][0]["path"] == "/metrics"
+            continue
+        kubernetes_validate.validate(doc, K8S, strict=True)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_config_passes_check_config(variant: str, tmp_path: Path) -> None:
+    cm = by_kind(render(VARIANTS[variant]), "ConfigMap")
+    f = tmp_path / "weir.yaml"
+    f.write_text(cm["data"]["weir.yaml"])
+    assert main(["check-config", str(f)]) == 0
+
+
+def test_lint_is_clean() -> None:
+    result = helm_python.chart.lint(CHART, strict=True)
+    assert result["errors"] == []
+    assert all(m["severity"] <= 1 for m in result["messages"]), result["messages"]
+
+
+def test_deployment_details() -> None:
+    docs = render(VARIANTS["everything-on"])
+    dep = by_kind(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["image"].endswith("-gpu")
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {v["name"]: v for v in pod["volumes"]}["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert c["startupProbe"]["httpGet"]["path"] == "/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 1200
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    assert pod["terminationGracePeriodSeconds"] == 10 + 60 + 15  # preStop + drain + slack
+    assert "replicas" not in dep["spec"]  # the HPA owns it
+    env = {e["name"]: e for e in c["env"]}
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf"
+    assert c["envFrom"][0]["secretRef"]["name"] == "weir-keys"
+    assert by_kind(docs, "Secret")["stringData"] == {"WEIR_KEY_APP": "sk-x"}
+    assert json.loads(by_kind([d for d in docs if d["metadata"]["name"].endswith("dashboard")],
+                              "ConfigMap")["data"]["weir.json"])["panels"]
+    cpu = by_kind(render(VARIANTS["cpu"]), "Deployment")["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in cpu["containers"][0]["resources"]["limits"]
+    redis = render(VARIANTS["bundled-redis-pvc"])
+    assert by_kind(redis, "StatefulSet")["metadata"]["name"] == "weir-redis"
+    env = {e["name"]: e for e in by_kind(redis, "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]["env"]}
+    assert env["REDIS_URL"]["value"] == "redis://weir-redis:6379/0"
+    assert by_kind(redis, "PersistentVolumeClaim")["spec"]["storageClassName"] == "fast"
+
+
+@pytest.mark.parametrize(("bad", "where"), [
+    ({"config": {"engine": {"max_num_seqs": 0}}}, "max_num_seqs"),
+    ({"config": {"server": {"bogus": 1}}}, "bogus"),
+    ({"config": {"auth": {"mode": "sometimes"}}}, "mode"),
+    ({"modelCache": {"type": "nfs"}}, "type"),
+])
+def test_bad_values_are_refused(bad: dict[str, Any], where: str) -> None:
+    with pytest.raises(helm_python.HelmError) as e:
+        render(bad)
+    assert where in str(e.value)
+
+
+def test_values_schema_is_in_sync_with_the_settings_model() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chart_schema", CHART / "schema.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    committed = json.loads((CHART / "values.schema.json").read_text())
+    assert committed == json.loads(json.dumps(mod.schema())), (
+        "regenerate: python helm/weir/schema.py > helm/weir/values.schema.json")
