@@ -270,8 +270,8 @@ class CachePlugin(BasePlugin):
         ctx.response_headers[HEADER] = layer
         ctx.response_headers["Age"] = str(entry.age(time.time()))
         ctx.prompt_tokens = entry.usage["prompt_tokens"]
-        ctx.usage = {**entry.usage,
-                     "total_tokens": entry.usage["prompt_tokens"] + entry.usage["completion_tokens"]}
+        u = entry.usage
+        ctx.usage = {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
         return self._reply(ctx, entry)
 
     @staticmethod
