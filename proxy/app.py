@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -26,6 +27,7 @@ from .middleware import (
 )
 from .routes import add_routes
 from .serving import LocalServing
+from .errors import InvalidRequest, PermissionDenied
 from .settings import ConfigError, Settings
 from .telemetry import Metrics, get_logger
 
@@ -37,7 +39,12 @@ def make_engine(settings: Settings) -> Backend:
     if cfg.kind == "vllm":
         from .engine.vllm import VllmEngine  # imported here: vllm is heavy and optional
 
-        return VllmEngine(cfg)
+        engine: Backend = VllmEngine(cfg)
+        if cfg.faults:
+            from .engine.faults import FaultyEngine
+
+            engine = FaultyEngine(engine)  # type: ignore[arg-type]
+        return engine
     return UpstreamEngine(cfg)
 
 
@@ -73,6 +80,8 @@ def create_app(
     app.cleanup_ctx.append(_embedder_lifespan)
     app.cleanup_ctx.append(_plugins_lifespan)
     add_routes(app)
+    if getattr(engine, "mode", None) is not None:  # the fault-injecting wrapper
+        app.router.add_post("/admin/faults", _faults_handler)
     for plugin in plugins:
         for method, path, handler in plugin.routes():
             app.router.add_route(method, path, handler)
@@ -110,6 +119,22 @@ def _engine_lifespan(
         await st.engine.close()
 
     return lifespan
+
+
+async def _faults_handler(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    if principal.role != "admin":
+        raise PermissionDenied("Fault injection needs an API key with role `admin`.")
+    body = await request.json()
+    mode = body.get("mode")
+    if mode not in ("ok", "error", "hang", "slow"):
+        raise InvalidRequest("`mode` must be ok, error, hang or slow.", param="mode")
+    engine: Any = st.engine
+    engine.mode = mode
+    engine.delay_s = float(body.get("delay_s", engine.delay_s))
+    log.warning("fault injection", mode=mode)
+    return web.json_response({"mode": mode})
 
 
 async def _embedder_lifespan(app: web.Application) -> AsyncIterator[None]:

@@ -76,6 +76,8 @@ class VllmEngineSettings(_Strict):
         "small models cannot loop on blank space inside the grammar).",
     )
     owned_by: str = Field("weir", description="`owned_by` in /v1/models.")
+    faults: bool = Field(
+        False, description="Chaos testing: POST /admin/faults switches injected faults.")
     extra_args: dict[str, Any] = Field(
         default_factory=dict, description="Passed to vLLM's AsyncEngineArgs as they are."
     )

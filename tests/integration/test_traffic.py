@@ -68,7 +68,8 @@ async def test_edge_forwards_to_central(make_client: MakeClient) -> None:
         validate("CreateChatCompletionResponse", body)
         assert body["choices"][0]["message"]["content"] == FakeEngine.expected_text(
             engine.calls[0][0], 4)
-        assert HeaderSpy.seen[-1]["traceparent"] == tp
+        # Same trace; the parent is the caller's span, or the edge's own when tracing is on.
+        assert HeaderSpy.seen[-1]["traceparent"].split("-")[1] == tp.split("-")[1]
         r = await edge.post("/v1/chat/completions", json={
             **CHAT, "stream": True, "stream_options": {"include_usage": True}})
         events, done = parse_sse(await r.text())

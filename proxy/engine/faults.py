@@ -1,0 +1,51 @@
+"""A fault-injecting wrapper around any Engine, for chaos and recovery tests.
+
+Off unless `engine.faults: true`. Then `POST /admin/faults {"mode": ...}` (role `admin`)
+switches what `generate` does: `ok` (pass through), `error` (fail at once, as a dead
+engine does), `hang` (never produce a token, until the caller gives up), `slow` (wait
+`delay_s` before the first token). Everything else passes through to the real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any, Literal
+
+from .base import Engine, EngineFailed, EngineOutput, SamplingOptions
+
+Mode = Literal["ok", "error", "hang", "slow"]
+
+
+class FaultyEngine:
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.mode: Mode = "ok"
+        self.delay_s = 1.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.inner.max_model_len
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def ready(self) -> bool:
+        return self.inner.ready()
+
+    async def generate(self, prompt: list[int], options: SamplingOptions, request_id: str,
+                       **kw: Any) -> AsyncGenerator[EngineOutput, None]:
+        if self.mode == "error":
+            raise EngineFailed("injected fault")
+        if self.mode == "hang":
+            await asyncio.Event().wait()
+        if self.mode == "slow":
+            await asyncio.sleep(self.delay_s)  # the injected fault is the delay itself
+        async for out in self.inner.generate(prompt, options, request_id, **kw):
+            yield out
