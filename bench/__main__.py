@@ -6,7 +6,7 @@ import argparse
 import importlib
 import time
 
-SUITES = ["serving", "cache", "surge", "sanitizer"]
+SUITES = ["table", "serving", "cache", "surge", "sanitizer"]
 
 
 def main() -> int:

@@ -69,7 +69,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     tokens = 48
     duration = 8.0 if quick else 20.0
     admission = [{"name": "admission", "config": {
-        "max_concurrent": LIMIT, "max_queue": LIMIT // 2, "max_queue_wait_s": 0.5}}]
+        "max_concurrent": LIMIT, "max_queue": LIMIT // 4, "max_queue_wait_s": 0.1}}]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         guarded = weir_server(tmp, ENGINE, admission, name="weir-admission")
