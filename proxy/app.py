@@ -19,6 +19,7 @@ from .chain import Services, build_plugins, compose
 from .embedding import Embedder
 from .engine.base import Backend
 from .engine.upstream import UpstreamEngine
+from .errors import InvalidRequest, PermissionDenied
 from .middleware import (
     errors_middleware,
     make_access_log,
@@ -27,7 +28,6 @@ from .middleware import (
 )
 from .routes import add_routes
 from .serving import LocalServing
-from .errors import InvalidRequest, PermissionDenied
 from .settings import ConfigError, Settings
 from .telemetry import Metrics, get_logger
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -224,3 +225,37 @@ async def test_async_sdk_concurrent_streams(aclient: openai.AsyncOpenAI) -> None
     again = await one(3)
     assert again == texts[3]  # batching does not change greedy output
     await aclient.close()
+
+
+def test_engine_gauges_move_while_generating(weir: WeirProcess) -> None:
+    """weir_engine_* come from vLLM's scheduler stats: they must move under a request."""
+    import threading
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    started = threading.Event()
+
+    def long_stream() -> None:
+        with httpx.stream("POST", f"{weir.url}/v1/chat/completions", headers=AUTH, timeout=120,
+                          json={"model": MODEL, "messages": MSG, "max_tokens": 900,
+                                "ignore_eos": True, "stream": True}) as r:
+            for _ in r.iter_bytes():
+                started.set()
+
+    t = threading.Thread(target=long_stream, daemon=True)
+    t.start()
+    assert started.wait(60)
+
+    def gauges() -> dict[str, float]:
+        text = httpx.get(f"{weir.url}/metrics").text
+        return {s.name: s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name.startswith("weir_engine_")}
+
+    seen = gauges()
+    deadline = time.monotonic() + 20
+    while seen["weir_engine_kv_cache_usage_ratio"] <= 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the scheduler reports once per engine step
+        seen = gauges()
+    assert seen["weir_engine_requests_running"] >= 1
+    assert 0 < seen["weir_engine_kv_cache_usage_ratio"] <= 1
+    t.join(120)

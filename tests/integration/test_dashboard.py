@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 
 from proxy.app import create_app
 from tests.conftest import make_settings
 from tests.fakes import FakeEngine
+from tests.threaded_server import serve_in_thread
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
@@ -29,31 +27,10 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def start() -> None:
-        settings = make_settings(plugins=[{"name": "cache", "config": {
-            "semantic": {"enabled": False}, "store_truncated": True}}, {"name": "breaker"}])
-        runner = web.AppRunner(create_app(settings, engine=FakeEngine(delay=0.002)))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        box["runner"], box["url"] = runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
-        ready.set()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield box["url"]
-    asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+    settings = make_settings(plugins=[{"name": "cache", "config": {
+        "semantic": {"enabled": False}, "store_truncated": True}}, {"name": "breaker"}])
+    with serve_in_thread(lambda: create_app(settings, engine=FakeEngine(delay=0.002))) as url:
+        yield url
 
 
 class Traffic(threading.Thread):

@@ -4,15 +4,12 @@ keeps serving."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,40 +17,18 @@ from proxy.app import create_app
 from tests.conftest import make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
+from tests.threaded_server import serve_in_thread
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """A real aiohttp server (fake engine, sanitizer on) in a thread of its own."""
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def start() -> None:
-        settings = make_settings(
-            server={"max_body_bytes": 65536},
-            plugins=[{"name": "sanitizer", "config": {"limits": {"max_body_bytes": 32768}}}])
-        app = create_app(settings, engine=FakeEngine(max_model_len=100_000))
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        box["runner"] = runner
-        box["url"] = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        started.set()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert started.wait(10)
-    yield box["url"]
-    asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+    settings = make_settings(
+        server={"max_body_bytes": 65536},
+        plugins=[{"name": "sanitizer", "config": {"limits": {"max_body_bytes": 32768}}}])
+    with serve_in_thread(lambda: create_app(settings, engine=FakeEngine(max_model_len=100_000))
+                         ) as url:
+        yield url
 
 
 def check(resp: httpx.Response) -> None:
