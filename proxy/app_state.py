@@ -112,17 +112,24 @@ class AppState:
 
 
 def gpu_memory() -> dict[str, int]:
-    """Bytes in use per GPU (device-wide, so the engine's own process counts), if any."""
+    """Bytes in use per GPU (device-wide, so the engine's own process counts), if any.
+
+    Only looks where torch is already loaded, and tolerates a torch still being imported
+    by another thread (the embedder loads it in its worker): metrics never fail for it.
+    """
     import sys
 
-    torch = sys.modules.get("torch")  # only where the engine already loaded it
-    if torch is None or not torch.cuda.is_available():
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        if cuda is None or not cuda.is_available():
+            return {}
+        out = {}
+        for i in range(cuda.device_count()):
+            free, total = cuda.mem_get_info(i)
+            out[str(i)] = int(total - free)
+        return out
+    except Exception:  # a driver or init error is not worth a failed scrape
         return {}
-    out = {}
-    for i in range(torch.cuda.device_count()):
-        free, total = torch.cuda.mem_get_info(i)
-        out[str(i)] = int(total - free)
-    return out
 
 
 STATE: web.AppKey[AppState] = web.AppKey("weir_state", AppState)
