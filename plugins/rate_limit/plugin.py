@@ -18,6 +18,7 @@ answers 503.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import uuid
@@ -151,8 +152,15 @@ class RateLimitPlugin(BasePlugin):
         reserve *= max(1, ctx.request.n)
         rpm, tpm, conc, per_of = self._plan(ctx, reserve)
         lease = uuid.uuid4().hex
-        decision: Decision = await self._call("admit", rpm + tpm, conc, lease,
-                                              self.cfg.lease_s * 1000)
+        conc_keys = [k for k, _ in conc]
+        try:
+            decision: Decision = await self._call("admit", rpm + tpm, conc, lease,
+                                                  self.cfg.lease_s * 1000)
+        except asyncio.CancelledError:
+            # The client left while the store decided: the script may have taken the
+            # lease and the tokens already. Give them back (a no-op if it had not).
+            await asyncio.shield(self._settle(tpm, reserve, 0, conc_keys, lease))
+            raise
         states = decision.states
         headers = self._headers(states[: len(rpm)], states[len(rpm):])
         if not decision.allowed:
@@ -167,15 +175,15 @@ class RateLimitPlugin(BasePlugin):
                 headers={**headers, "retry-after": str(max(1, math.ceil(retry_ms / 1000))),
                          "retry-after-ms": str(math.ceil(retry_ms))})
         ctx.response_headers.update(headers)
-        conc_keys = [k for k, _ in conc]
         try:
             reply = await call_next(ctx)
         except BaseException:
-            await self._settle(tpm, reserve, 0, conc_keys, lease)
+            # Shielded: a second cancellation must not leave the lease behind.
+            await asyncio.shield(self._settle(tpm, reserve, 0, conc_keys, lease))
             raise
         if isinstance(reply, Completion):
             used = (reply.body.get("usage") or {}).get("total_tokens")
-            await self._settle(tpm, reserve, used, conc_keys, lease)
+            await asyncio.shield(self._settle(tpm, reserve, used, conc_keys, lease))
             return reply
         assert isinstance(reply, Stream)
         return Stream(self._watch(reply, tpm, reserve, conc_keys, lease), reply.headers)
@@ -194,8 +202,8 @@ class RateLimitPlugin(BasePlugin):
         finally:
             # Without a usage chunk the reservation stands (the stream completed) or is
             # refunded (it did not).
-            await self._settle(tpm, reserve, used if used is not None else
-                               (reserve if completed else 0), conc_keys, lease)
+            await asyncio.shield(self._settle(tpm, reserve, used if used is not None else
+                                              (reserve if completed else 0), conc_keys, lease))
             await reply.aclose()
 
     async def _settle(self, tpm: list[Bucket], reserve: int, used: int | None,

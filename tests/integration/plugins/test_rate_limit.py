@@ -245,3 +245,27 @@ async def test_two_replicas_share_one_limit(make_client: MakeClient, redis_serve
     for c in clients:
         rl = next(p for p in c.app[STATE].plugins if p.name == "rate_limit")
         assert not rl._degraded
+
+
+async def test_client_gone_during_admit_leaves_no_lease(redis_server: RedisServer) -> None:
+    p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1, "tpm": 10_000}])
+    assert p.remote is not None
+    real_admit = p.remote.admit
+    decided = asyncio.Event()
+
+    async def admit_then_hang(*args: Any) -> Any:
+        await real_admit(*args)  # the script ran on Redis: the lease is taken
+        decided.set()
+        await asyncio.Event().wait()  # ... and the reply never reaches us
+
+    p.remote.admit = admit_then_hang  # type: ignore[method-assign]
+    task = asyncio.create_task(p(ctx(), answer))
+    await decided.wait()
+    task.cancel()  # the client hangs up
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    p.remote.admit = real_admit  # type: ignore[method-assign]
+    await p(ctx(), answer)  # the single slot is free again
+    for key in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
+        assert await p.remote.client.zcard(key) == 0
+    await p.close()
