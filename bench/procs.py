@@ -103,7 +103,8 @@ def weir_server(tmp: Path, engine: dict[str, Any], plugins: list[dict[str, Any]]
                   tmp / f"{name}.log")
 
 
-def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str) -> Server:
+def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str,
+                name: str = "vllm") -> Server:
     """vLLM's own OpenAI server with the same model and engine settings."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -116,8 +117,8 @@ def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str) -> Server:
     if engine.get("enable_prefix_caching", True):
         cmd.append("--enable-prefix-caching")
     env = {"VLLM_CPU_KVCACHE_SPACE": str(engine.get("cpu_kvcache_space_gib", 1))}
-    return Server("vllm", cmd, f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}",
-                  tmp / "vllm.log", env=env)
+    return Server(name, cmd, f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}",
+                  tmp / f"{name}.log", env=env)
 
 
 def model_name_of(log: Path) -> str:

@@ -164,8 +164,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         redis = RedisServer(tmp).start()
-        one = vllm_server(tmp, {**ENGINE, "max_num_seqs": 1}, model)
-        one.name, one.log_path = "vllm-1seq", tmp / "vllm-1seq.log"
+        one = vllm_server(tmp, {**ENGINE, "max_num_seqs": 1}, model, name="vllm-1seq")
         vllm = vllm_server(tmp, ENGINE, model)
         weir = weir_server(tmp, ENGINE, default_cfg["plugins"], name="weir-all",
                            extra={"embeddings": {"enabled": True}})

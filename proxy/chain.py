@@ -74,6 +74,9 @@ class Stream:
 
 
 Reply = Completion | Stream
+
+#: Set on replies a fallback produced (breaker); the cache never stores those.
+FALLBACK_HEADER = "x-weir-fallback"
 Next = Callable[[RequestContext], Awaitable[Reply]]
 
 

@@ -91,12 +91,6 @@ class PayloadTooLarge(WeirError):
     default_code = "request_too_large"
 
 
-class UnsupportedMediaType(WeirError):
-    status = 415
-    type = "invalid_request_error"
-    default_code = "unsupported_media_type"
-
-
 class RateLimited(WeirError):
     status = 429
     type = "rate_limit_error"

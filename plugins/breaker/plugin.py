@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 
 from prometheus_client import Counter, Gauge
 
-from proxy.chain import BasePlugin, Next, Reply, Services, Stream
+from proxy.chain import FALLBACK_HEADER, BasePlugin, Next, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.engine.upstream import UpstreamEngine
 from proxy.errors import Timeout, Unavailable, WeirError
@@ -34,7 +34,6 @@ from .state import Breaker, BreakerPolicy, State
 
 log = get_logger("weir.breaker")
 _STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
-FALLBACK_HEADER = "x-weir-fallback"
 
 
 def is_engine_failure(e: BaseException) -> bool:

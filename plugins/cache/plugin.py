@@ -27,7 +27,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
-from proxy.chain import BasePlugin, Completion, Next, Reply, Services, Stream
+from proxy.chain import FALLBACK_HEADER, BasePlugin, Completion, Next, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest
 from proxy.telemetry import get_logger
@@ -42,7 +42,6 @@ from .semantic import SemanticIndex, guard_ok
 
 log = get_logger("weir.cache")
 HEADER = "x-weir-cache"
-FALLBACK_HEADER = "x-weir-fallback"
 
 
 class CachePlugin(BasePlugin):

@@ -25,11 +25,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
-import redis.asyncio as aioredis
 from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
+from proxy.redis_client import blocking_client
 from proxy.telemetry import get_logger
 from proxy.tracing import span
 
@@ -49,15 +49,8 @@ class RedisStore:
         self.replica = replica
         self._errors = errors
         self._last_log: dict[str, float] = {}
-        # A blocking pool: a burst beyond max_connections waits for a free connection
-        # (within the command timeout) instead of failing at once.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            cfg.url, socket_timeout=max(cfg.timeout_s * 4, 0.5),
-            socket_connect_timeout=max(cfg.timeout_s * 4, 0.5),
-            max_connections=cfg.max_connections, timeout=max(cfg.timeout_s * 4, 0.5),
-            health_check_interval=5)
-        self._pool = pool
-        self.client = aioredis.Redis(connection_pool=pool)
+        self.client = blocking_client(cfg.url, cfg.timeout_s, cfg.max_connections,
+                                      health_check_interval=5)
         self._listener: asyncio.Task[None] | None = None
         self.healthy = True
 
@@ -69,7 +62,6 @@ class RedisStore:
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
         await self.client.aclose()
-        await self._pool.disconnect()  # a client given a pool does not close it itself
 
     async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:
         try:

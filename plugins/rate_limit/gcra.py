@@ -21,10 +21,10 @@ import math
 import time
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
 
+from proxy.redis_client import blocking_client
 from proxy.tracing import span
 
 PERIOD_MS = 60_000.0
@@ -186,17 +186,12 @@ return 1
 class RedisStore:
     def __init__(self, url: str, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=64, timeout=max(timeout_s * 4, 0.5),
-            socket_timeout=max(timeout_s * 4, 0.5), socket_connect_timeout=max(timeout_s * 4, 0.5))
-        self._pool = pool
-        self.client = aioredis.Redis(connection_pool=pool)
+        self.client = blocking_client(url, timeout_s, max_connections=64)
         self._admit = self.client.register_script(_ADMIT)
         self._adjust = self.client.register_script(_ADJUST)
 
     async def close(self) -> None:
         await self.client.aclose()
-        await self._pool.disconnect()
 
     async def _run(self, coro: object) -> object:
         try:
