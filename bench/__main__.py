@@ -1,4 +1,10 @@
-"""`python -m bench [--quick] [--only NAME ...]`: run the benchmarks, write bench/results/."""
+"""`python -m bench [--quick] [--only NAME ...] [--model ID] [--engine KEY=VALUE ...]`
+
+Runs the benchmarks against one fleet of servers (bench/fleet.py), started once and
+shared by the suites, and writes bench/results/ (run.json: what ran and how long).
+On a GPU machine: `python -m bench --model meta-llama/Llama-3.1-8B-Instruct
+--engine dtype=bfloat16 --engine gpu_memory_utilization=0.85 --engine max_model_len=8192`.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +12,61 @@ import argparse
 import importlib
 import time
 
+import yaml
+
+from bench import fleet as fleet_mod
+from bench.report import write
+
 SUITES = ["table", "serving", "cache", "surge", "sanitizer"]
 
 
-def main() -> int:
+def engine_setting(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), yaml.safe_load(value)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="smaller, faster run")
     parser.add_argument("--only", nargs="*", choices=SUITES, help="suites to run")
-    args = parser.parse_args()
-    for name in args.only or SUITES:
-        start = time.monotonic()
-        print(f"== {name}", flush=True)
-        importlib.import_module(f"bench.{name}").run(quick=args.quick)
-        print(f"== {name}: {time.monotonic() - start:.0f}s", flush=True)
+    parser.add_argument("--model", help="engine model: Hugging Face id or local path "
+                        "(default: builtin:demo, the generated CPU model)")
+    parser.add_argument("--served-model-name", help="the name clients send as `model`")
+    parser.add_argument("--engine", action="append", type=engine_setting, default=[],
+                        metavar="KEY=VALUE", help="an engine setting (Weir's engine keys, "
+                        "which are vLLM's own names), for both Weir and vLLM's server")
+    args = parser.parse_args(argv)
+    if args.model:
+        fleet_mod.ENGINE["model"] = args.model
+        fleet_mod.ENGINE["served_model_name"] = args.served_model_name or args.model
+        if args.model != "builtin:demo":
+            # The CPU defaults of the demo model do not carry over to a real model.
+            fleet_mod.ENGINE.pop("dtype", None)
+            fleet_mod.ENGINE.pop("cpu_kvcache_space_gib", None)
+    elif args.served_model_name:
+        fleet_mod.ENGINE["served_model_name"] = args.served_model_name
+    fleet_mod.ENGINE.update(dict(args.engine))
+    suites = args.only or SUITES
+    timings: dict[str, float] = {}
+    start = time.monotonic()
+    with fleet_mod.Fleet(quick=args.quick) as fleet:
+        for name in suites:
+            t = time.monotonic()
+            print(f"== {name}", flush=True)
+            importlib.import_module(f"bench.{name}").run(fleet)
+            timings[name] = round(time.monotonic() - t, 1)
+            print(f"== {name}: {timings[name]:.0f}s", flush=True)
+        starts = {s.name: round(s.ready_after_s, 1) for s in fleet.started}
+    total = round(time.monotonic() - start, 1)
+    write("run", {"quick": args.quick, "suites": suites, "engine": fleet_mod.ENGINE,
+                  "seconds": {"total": total, "per_suite": timings,
+                              "server_start_to_ready": starts}},
+          f"Benchmark run ({'quick' if args.quick else 'full'}): {total:.0f} s in all; "
+          + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + " (suite times "
+          "include the servers each one started first).")
+    print(f"== total: {total:.0f}s", flush=True)
     return 0
 
 

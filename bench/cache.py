@@ -1,9 +1,9 @@
 """Cache hits over HTTP: Weir's L1, L2 and semantic hits against the cold engine path and
 against LiteLLM's proxy with its Redis cache (in front of vLLM's server), in one run.
 
-Systems (each a real process; one redis-server of the benchmark's own):
-- weir:     L1 exact + semantic (the embedded default's cache), Redis L2 on as well
-- weir-l2:  L1 off, L2 on, same Redis: every exact hit comes from Redis
+Systems (bench/fleet.py; each a real process, one redis-server of the benchmark's own):
+- weir:     all plugins; the cache's L1 exact + semantic layers, Redis L2 on as well
+- weir-l2:  the cache alone with L1 off and L2 on: every exact hit comes from Redis
 - vllm:     vLLM's OpenAI server (LiteLLM's upstream)
 - litellm:  LiteLLM proxy, `cache: true` with Redis
 Each path is first filled (misses), then measured: latency one request at a time (p50,
@@ -14,26 +14,22 @@ p99) and hit throughput with 16 concurrent clients. The cold path is Weir with
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from bench.fleet import ENGINE, LITELLM_KEY, Fleet, System, served
 from bench.load import run_load, summarize
-from bench.procs import ROOT, Server, free_port, vllm_server, weir_server
+from bench.procs import ROOT, Server, free_port
 from bench.report import md_table, ratio, write
-from bench.serving import ENGINE
-from proxy.engine.demo_model import ensure_demo_model
 from tests.redis_server import RedisServer
 
+SUITE = "cache"
 LITELLM_VENV = ROOT / "bench" / ".peers" / "litellm"
-MASTER_KEY = "sk-bench-master-0123456789abcdef"
-AUTH = {"Authorization": f"Bearer {MASTER_KEY}"}  # LiteLLM needs it; Weir (open) ignores it
 PAIRS = yaml.safe_load((ROOT / "tests" / "data" / "semantic_pairs.yaml").read_text())
 
 
@@ -51,12 +47,12 @@ def ensure_litellm() -> Path:
 def litellm_server(tmp: Path, upstream: str, redis: RedisServer) -> Server:
     port = free_port()
     cfg = {
-        "model_list": [{"model_name": "weir-demo", "litellm_params": {
-            "model": "openai/weir-demo", "api_base": f"{upstream}/v1", "api_key": "none"}}],
+        "model_list": [{"model_name": served(), "litellm_params": {
+            "model": f"openai/{served()}", "api_base": f"{upstream}/v1", "api_key": "none"}}],
         "litellm_settings": {"cache": True, "cache_params": {
             "type": "redis", "host": "127.0.0.1", "port": redis.port,
             "namespace": f"litellm-{uuid.uuid4().hex[:6]}"}, "set_verbose": False},
-        "general_settings": {"master_key": MASTER_KEY},
+        "general_settings": {"master_key": LITELLM_KEY},
     }
     path = tmp / "litellm.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -68,7 +64,7 @@ def litellm_server(tmp: Path, upstream: str, redis: RedisServer) -> Server:
 
 
 def chat(content: str) -> dict[str, Any]:
-    return {"model": "weir-demo", "temperature": 0, "max_tokens": 32,
+    return {"model": served(), "temperature": 0, "max_tokens": 32,
             "messages": [{"role": "user", "content": content}]}
 
 
@@ -77,10 +73,12 @@ def questions(n: int) -> list[str]:
             for i in range(n)]
 
 
-async def _measure(url: str, bodies: list[dict[str, Any]], headers: dict[str, str] | None,
-                   concurrency_runs: int) -> dict[str, Any]:
-    lat = await run_load(url, bodies, 1, {**AUTH, **(headers or {})})
-    thr = await run_load(url, bodies * concurrency_runs, 16, {**AUTH, **(headers or {})})
+async def _measure(system: System, bodies: list[dict[str, Any]],
+                   headers: dict[str, str] | None, concurrency_runs: int) -> dict[str, Any]:
+    hdrs = system.headers(SUITE, headers)
+    bodies = system.bodies(bodies, SUITE)
+    lat = await run_load(system.chat_url, bodies, 1, hdrs)
+    thr = await run_load(system.chat_url, bodies * concurrency_runs, 16, hdrs)
     s = summarize(lat)
     t = summarize(thr)
     hits = sum(1 for x in lat.samples + thr.samples if x.cache in ("exact", "semantic"))
@@ -89,70 +87,47 @@ async def _measure(url: str, bodies: list[dict[str, Any]], headers: dict[str, st
             "weir_hits": hits, "requests": len(lat.samples) + len(thr.samples)}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    n = 30 if quick else 100
+async def _fill(system: System, bodies: list[dict[str, Any]], concurrency: int) -> None:
+    await run_load(system.chat_url, system.bodies(bodies, SUITE), concurrency,
+                   system.headers(SUITE))
+
+
+def run(fleet: Fleet) -> dict[str, Any]:
+    quick = fleet.quick
+    n = 20 if quick else 100
     reps = 2 if quick else 4
-    model = str(ensure_demo_model())
-    ensure_litellm()
+    weir, weir_l2, litellm = fleet.need("weir"), fleet.need("weir-l2"), fleet.need("litellm")
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        redis = RedisServer(tmp).start()
-        rurl = redis.url
-        cache_cfg = {"l2": {"enabled": True}, "redis": {"url": rurl, "timeout_s": 0.1},
-                     "store_truncated": True}
-        weir = weir_server(tmp, ENGINE, [{"name": "cache", "config": cache_cfg}],
-                           extra={"embeddings": {"enabled": True}})
-        weir_l2 = weir_server(tmp, ENGINE, [{"name": "cache", "config": {
-            **cache_cfg, "exact": {"enabled": False}, "semantic": {"enabled": False},
-            "redis": {"url": rurl, "timeout_s": 0.1, "key_prefix": "weir:l2only:"}}}],
-            name="weir-l2")
-        vllm = vllm_server(tmp, ENGINE, model)
-        servers = [weir, weir_l2, vllm]
-        try:
-            for s in servers:
-                s.start()
-            litellm = litellm_server(tmp, vllm.base_url, redis)
-            servers.append(litellm)
-            litellm.start()
+    exact = [chat(q) for q in questions(n)]
+    cold_bodies = [chat(q + " (cold)") for q in questions(n)]
+    no_cache = {"Cache-Control": "no-cache, no-store"}
+    base = [chat(a) for a, _ in PAIRS["paraphrase"]]
+    para = [chat(b) for _, b in PAIRS["paraphrase"]]
 
-            def url(s: Server) -> str:
-                return f"{s.base_url}/v1/chat/completions"
+    async def scenario() -> None:
+        # Fill every cache with the same questions (misses: the engine answers).
+        for s in (weir, weir_l2, litellm):
+            await _fill(s, exact, 8)
+        for s in (weir, litellm):
+            await _fill(s, base, 4)
+        results["weir_cold_engine"] = await _measure(weir, cold_bodies[: n // 2], no_cache, 1)
+        results["litellm_cold"] = summarize(await run_load(
+            litellm.chat_url, litellm.bodies(cold_bodies[: n // 2], SUITE), 1,
+            litellm.headers(SUITE)))
+        results["weir_l1_exact_hit"] = await _measure(weir, exact, None, reps)
+        results["weir_l2_exact_hit"] = await _measure(weir_l2, exact, None, reps)
+        # First sight: every lookup embeds (no-store: no alias is kept).
+        results["weir_semantic_hit"] = await _measure(weir, para, {"Cache-Control": "no-store"},
+                                                      reps)
+        await _fill(weir, para, 4)  # hits keep exact aliases
+        results["weir_semantic_repeat"] = await _measure(weir, para, None, reps)
+        results["litellm_redis_hit"] = await _measure(litellm, exact, None, reps)
+        # The same paraphrases through LiteLLM: its cache matches exactly, so they miss
+        # (the first time) and reach the engine.
+        results["litellm_paraphrase"] = summarize(await run_load(
+            litellm.chat_url, litellm.bodies(para, SUITE), 1, litellm.headers(SUITE)))
 
-            exact = [chat(q) for q in questions(n)]
-            cold_bodies = [chat(q + " (cold)") for q in questions(n)]
-            no_cache = {"Cache-Control": "no-cache, no-store"}
-            base = [chat(a) for a, _ in PAIRS["paraphrase"]]
-            para = [chat(b) for _, b in PAIRS["paraphrase"]]
-
-            async def scenario() -> None:
-                # Fill every cache with the same questions (misses: the engine answers).
-                for s in (weir, weir_l2, litellm):
-                    await run_load(url(s), exact, 8, AUTH)
-                for s in (weir, litellm):
-                    await run_load(url(s), base, 4, AUTH)
-                results["weir_cold_engine"] = await _measure(url(weir), cold_bodies[: n // 2],
-                                                             no_cache, 1)
-                results["litellm_cold"] = summarize(await run_load(
-                    url(litellm), cold_bodies[: n // 2], 1, AUTH))
-                results["weir_l1_exact_hit"] = await _measure(url(weir), exact, None, reps)
-                results["weir_l2_exact_hit"] = await _measure(url(weir_l2), exact, None, reps)
-                # First sight: every lookup embeds (no-store: no alias is kept).
-                results["weir_semantic_hit"] = await _measure(
-                    url(weir), para, {"Cache-Control": "no-store"}, reps)
-                await run_load(url(weir), para, 4, AUTH)  # hits keep exact aliases
-                results["weir_semantic_repeat"] = await _measure(url(weir), para, None, reps)
-                results["litellm_redis_hit"] = await _measure(url(litellm), exact, None, reps)
-                # The same paraphrases through LiteLLM: its cache matches exactly, so they
-                # miss (the first time) and reach the engine.
-                results["litellm_paraphrase"] = summarize(await run_load(
-                    url(litellm), para, 1, AUTH))
-
-            asyncio.run(scenario())
-        finally:
-            for s in servers:
-                s.stop()
-            redis.stop()
+    asyncio.run(scenario())
     lit = results["litellm_redis_hit"]
     rows = []
     for name, label in (("weir_l1_exact_hit", "Weir exact hit (L1)"),
@@ -180,7 +155,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             results["weir_l1_exact_hit"]["hit_req_per_s"], lit["hit_req_per_s"]),
     }
     table = (f"Cache hits over HTTP (non-streaming chat, {n} FAQ questions, 32 tokens; "
-             "latency one request at a time, throughput with 16 clients).\n\n" +
+             "latency one request at a time, throughput with 16 clients; Weir with all its "
+             "plugins on).\n\n" +
              md_table(["path", "p50 ms", "p99 ms", "req/s (16 clients)",
                        "LiteLLM hit p50 / this p50"], rows))
     data = {"workload": {"questions": n, "paraphrases": len(PAIRS["paraphrase"]),
@@ -190,8 +166,3 @@ def run(quick: bool = False) -> dict[str, Any]:
     write("cache", data, table)
     print(table)
     return data
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    run()

@@ -1,4 +1,5 @@
-"""An open-loop-free, closed-loop load generator: C workers send N requests in total.
+"""Load generators: closed loop (C workers send N requests in total) and open loop
+(arrivals at a rate, not waiting for answers).
 
 Every request is timed from send to first content byte (TTFT) and to the end (E2E); the
 output token count comes from the server's own usage report.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -30,9 +32,18 @@ class Sample:
 class RunResult:
     samples: list[Sample] = field(default_factory=list)
     wall_s: float = 0.0
+    unsent: int = 0  # open loop: arrivals not sent, the system having fallen behind
 
     def ok(self) -> list[Sample]:
         return [s for s in self.samples if s.ok]
+
+
+def merge(results: list[RunResult]) -> RunResult:
+    out = RunResult()
+    for r in results:
+        out.samples += r.samples
+        out.wall_s += r.wall_s
+    return out
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -117,5 +128,50 @@ async def run_load(url: str, bodies: list[dict[str, Any]], concurrency: int,
         start = time.perf_counter()
         async with asyncio.timeout(timeout_s):
             await asyncio.gather(*(worker() for _ in range(concurrency)))
+        result.wall_s = time.perf_counter() - start
+    return result
+
+
+async def open_loop(url: str, bodies: list[dict[str, Any]], rate: float,
+                    headers: dict[str, str] | None = None, seed: int | None = None,
+                    max_in_flight: int | None = None, drain_s: float = 120) -> RunResult:
+    """Open loop: one body per arrival at `rate` per second, never waiting for answers
+    (as real traffic does not). Arrivals are evenly spaced, or Poisson when `seed` is
+    given. Past `max_in_flight` unanswered requests the system is not keeping up: no
+    more are sent (`unsent` counts them). Requests still open `drain_s` after the last
+    arrival are cancelled and count as failures.
+    """
+    rng = random.Random(seed)
+    result = RunResult()
+    conn = aiohttp.TCPConnector(limit=0)
+    in_flight = 0
+
+    def answered(_: object) -> None:
+        nonlocal in_flight
+        in_flight -= 1
+
+    async with aiohttp.ClientSession(connector=conn,
+                                     timeout=aiohttp.ClientTimeout(total=600)) as session:
+        tasks = []
+        start = time.perf_counter()
+        due = 0.0
+        for i, body in enumerate(bodies):
+            if max_in_flight is not None and in_flight > max_in_flight:
+                result.unsent = len(bodies) - i
+                break
+            now = time.perf_counter() - start
+            if due > now:
+                await asyncio.sleep(due - now)  # pacing the arrivals, not a sync point
+            in_flight += 1
+            task = asyncio.create_task(one_request(session, url, body, headers))
+            task.add_done_callback(answered)
+            tasks.append(task)
+            due += rng.expovariate(rate) if seed is not None else 1 / rate
+        done, pending = await asyncio.wait(tasks, timeout=drain_s) if tasks else (set(), set())
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        result.samples = [t.result() for t in tasks if t in done]
+        result.samples += [Sample(False, 0, None, drain_s, 0) for _ in pending]
         result.wall_s = time.perf_counter() - start
     return result

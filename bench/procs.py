@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -105,22 +104,27 @@ def weir_server(tmp: Path, engine: dict[str, Any], plugins: list[dict[str, Any]]
 
 def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str,
                 name: str = "vllm") -> Server:
-    """vLLM's own OpenAI server with the same model and engine settings."""
+    """vLLM's own OpenAI server with the same model and engine settings as Weir's.
+
+    Every engine setting is passed as vLLM's flag of the same name (Weir's engine settings
+    use vLLM's names), so a GPU model's settings reach both systems alike.
+    """
     port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-           "--model", model_path, "--served-model-name", engine["served_model_name"],
-           "--dtype", engine.get("dtype", "auto"),
-           "--max-model-len", str(engine["max_model_len"]),
-           "--max-num-seqs", str(engine["max_num_seqs"]),
-           "--seed", str(engine.get("seed", 0)),
-           "--host", "127.0.0.1", "--port", str(port)]
-    if engine.get("enable_prefix_caching", True):
-        cmd.append("--enable-prefix-caching")
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(engine.get("cpu_kvcache_space_gib", 1))}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
+    env = {}
+    settings = {**engine, **engine.get("extra_args", {})}
+    for key, value in settings.items():
+        if key in ("model", "kind", "extra_args", "warmup", "owned_by", "faults",
+                   "structured_output_compact") or value is None:
+            continue
+        if key == "cpu_kvcache_space_gib":
+            env["VLLM_CPU_KVCACHE_SPACE"] = f"{value:g}"
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            cmd.append(flag if value else f"--no-{key.replace('_', '-')}")
+        else:
+            cmd += [flag, str(value)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port)]
     return Server(name, cmd, f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}",
                   tmp / f"{name}.log", env=env)
-
-
-def model_name_of(log: Path) -> str:
-    m = re.search(r"served_model_name=\['?([^\]']+)", log.read_text(errors="replace"))
-    return m.group(1) if m else ""

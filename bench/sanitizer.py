@@ -13,6 +13,7 @@ import statistics
 import time
 from typing import Any
 
+from bench.fleet import Fleet
 from bench.load import pct
 from bench.report import md_table, write
 from plugins.sanitizer.config import SanitizerConfig
@@ -68,7 +69,8 @@ def _ctxs(size: int, n: int) -> list[RequestContext]:
     return ctxs
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(fleet: Fleet) -> dict[str, Any]:
+    quick = fleet.quick
     services = Services(engine=None, settings=Settings(), metrics=Metrics())  # type: ignore[arg-type]
     sanitizer = SanitizerPlugin(SanitizerConfig(), services)
     passthrough = PassThrough(PluginConfig(), services)

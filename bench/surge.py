@@ -5,50 +5,28 @@
 2. Surge: open loop at 3x that rate for `duration` seconds (arrivals do not wait for
    answers, as real traffic does not).
 Reported: admitted requests' p50/p99 against the unloaded run, the share shed, and how
-fast a shed request is answered. Peer: the same engine without admission in the same
-run, where every request is let in and queues inside the engine.
+fast a shed request is answered. System: Weir with all plugins (bench/fleet.py; its
+admission: the engine's batch of 64, a queue of 16, a 0.25 s wait); the requests sample
+at temperature 1, so the cache steps aside. Peer: vLLM's server, the same engine without
+admission, in the same run, where every request is let in and queues inside the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from bench.load import RunResult, one_request, pct, run_load, summarize
-from bench.procs import Server, weir_server
+from bench.fleet import ADMISSION, Fleet, System, served
+from bench.load import RunResult, open_loop, pct, run_load, summarize
 from bench.report import md_table, ratio, write
-from bench.serving import ENGINE
 
-LIMIT = 16
+SUITE = "surge"
+LIMIT = int(ADMISSION["max_concurrent"])
 
 
 def body(i: int, tokens: int) -> dict[str, Any]:
-    return {"model": "weir-demo", "max_tokens": tokens, "ignore_eos": True, "temperature": 1,
+    return {"model": served(), "max_tokens": tokens, "ignore_eos": True, "temperature": 1,
             "messages": [{"role": "user", "content": f"surge request {i}"}]}
-
-
-async def open_loop(url: str, rate: float, duration: float, tokens: int) -> RunResult:
-    result = RunResult()
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn,
-                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
-        tasks = []
-        start = time.perf_counter()
-        i = 0
-        while (now := time.perf_counter() - start) < duration:
-            target = i / rate
-            if target > now:
-                await asyncio.sleep(target - now)  # pacing the arrivals, not a sync point
-            tasks.append(asyncio.create_task(one_request(session, url, body(i, tokens))))
-            i += 1
-        result.samples = list(await asyncio.gather(*tasks))
-        result.wall_s = time.perf_counter() - start
-    return result
 
 
 def split(r: RunResult) -> dict[str, Any]:
@@ -65,43 +43,36 @@ def split(r: RunResult) -> dict[str, Any]:
             "shed_p99_ms": round(pct(shed, 99) * ms, 2) if shed else None}  # type: ignore[operator]
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def run(fleet: Fleet) -> dict[str, Any]:
     tokens = 48
-    duration = 8.0 if quick else 20.0
-    admission = [{"name": "admission", "config": {
-        "max_concurrent": LIMIT, "max_queue": LIMIT // 4, "max_queue_wait_s": 0.1}}]
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        guarded = weir_server(tmp, ENGINE, admission, name="weir-admission")
-        open_door = weir_server(tmp, ENGINE, [], name="weir-no-admission")
-        servers: list[Server] = [guarded, open_door]
-        try:
-            for s in servers:
-                s.start()
-            url = f"{guarded.base_url}/v1/chat/completions"
-            asyncio.run(run_load(url, [body(i, 8) for i in range(LIMIT)], LIMIT))  # warm up
-            unloaded = asyncio.run(run_load(url, [body(i, tokens) for i in range(LIMIT * 8)],
-                                            LIMIT))
-            base = summarize(unloaded)
-            capacity = base["req_per_s"]
-            surge = split(asyncio.run(open_loop(url, 3 * capacity, duration, tokens)))
-            peer_url = f"{open_door.base_url}/v1/chat/completions"
-            asyncio.run(run_load(peer_url, [body(i, 8) for i in range(LIMIT)], LIMIT))
-            peer = split(asyncio.run(open_loop(peer_url, 3 * capacity, duration, tokens)))
-        finally:
-            for s in servers:
-                s.stop()
-    results = {"unloaded": base, "surge_with_admission": surge, "surge_without_admission": peer,
+    duration = 3.0 if fleet.quick else 12.0
+    guarded, peer_sys = fleet.need("weir"), fleet.need("vllm")
+
+    def closed(s: System, bodies: list[dict[str, Any]]) -> RunResult:
+        return asyncio.run(run_load(s.chat_url, bodies, LIMIT, s.headers(SUITE)))
+
+    def surge(s: System, rate: float) -> dict[str, Any]:
+        bodies = [body(i, tokens) for i in range(round(rate * duration))]
+        return split(asyncio.run(open_loop(s.chat_url, bodies, rate, s.headers(SUITE))))
+
+    closed(guarded, [body(i, 8) for i in range(LIMIT)])  # warm up
+    unloaded = [body(i, tokens) for i in range(LIMIT * (3 if fleet.quick else 6))]
+    base = summarize(closed(guarded, unloaded))
+    capacity = base["req_per_s"]
+    surged = surge(guarded, 3 * capacity)
+    closed(peer_sys, [body(i, 8) for i in range(LIMIT)])
+    peer = surge(peer_sys, 3 * capacity)
+    results = {"unloaded": base, "surge_with_admission": surged, "surge_without_admission": peer,
                "capacity_req_per_s": capacity, "offered_rate_req_per_s": round(3 * capacity, 2),
-               "admitted_p99_over_unloaded_p99": ratio(surge["admitted_p99_ms"],
+               "admitted_p99_over_unloaded_p99": ratio(surged["admitted_p99_ms"],
                                                        base["e2e_p99_ms"]),
                "peer_p99_over_unloaded_p99": ratio(peer["admitted_p99_ms"], base["e2e_p99_ms"])}
-    rows = [["unloaded (closed loop, 16)", base["requests"], None, base["e2e_p50_ms"],
+    rows = [[f"unloaded (closed loop, {LIMIT})", base["requests"], None, base["e2e_p50_ms"],
              base["e2e_p99_ms"], None, None],
-            ["surge 3x, Weir admission", surge["offered"], surge["shed_share"],
-             surge["admitted_p50_ms"], surge["admitted_p99_ms"], surge["shed_p50_ms"],
-             surge["shed_p99_ms"]],
-            ["surge 3x, no admission (peer)", peer["offered"], peer["shed_share"],
+            ["surge 3x, Weir admission", surged["offered"], surged["shed_share"],
+             surged["admitted_p50_ms"], surged["admitted_p99_ms"], surged["shed_p50_ms"],
+             surged["shed_p99_ms"]],
+            ["surge 3x, vLLM server, no admission (peer)", peer["offered"], peer["shed_share"],
              peer["admitted_p50_ms"], peer["admitted_p99_ms"], None, None]]
     table = (f"Surge: capacity {capacity} req/s ({tokens} tokens each), offered "
              f"{round(3 * capacity, 1)} req/s for {duration:.0f} s.\n\n" +
@@ -110,6 +81,7 @@ def run(quick: bool = False) -> dict[str, Any]:
              f"\n\nAdmitted p99 / unloaded p99: {results['admitted_p99_over_unloaded_p99']} "
              f"(without admission: {results['peer_p99_over_unloaded_p99']}).")
     write("surge", {"results": results, "targets": {"admitted_p99_within": "2x unloaded",
+                                                    "admission": ADMISSION,
                                                     "shed_answer_ms": 10}}, table)
     print(table)
     return results

@@ -3,12 +3,15 @@
 Workload: FAQ-like chat traffic: a fixed set of questions and paraphrases; each request
 repeats an earlier question (exactly, or as a paraphrase) with probability
 `repeat_ratio`, else asks a new one; half the requests stream; temperature 0.
-Systems, alternated round by round (ABCD, DCBA ...):
-1. engine, no batching: vLLM's server with `max_num_seqs: 1` (one request at a time)
+Systems (bench/fleet.py), alternated round by round (ABCDE, EDCBA ...):
+1. the engine serving one request at a time (no batching across requests)
 2. vLLM's OpenAI server, same model and engine settings
 3. LiteLLM's proxy with its Redis cache, in front of (2)
-4. Weir with every plugin on (the embedded default: sanitizer, rate limit, cache,
-   breaker, admission)
+4. Weir with every plugin on (sanitizer, rate limit, cache with Redis L2, breaker,
+   admission), and the same without the semantic layer (not in `--quick`)
+Rows: latency (mean, p50, p99), TTFT, closed-loop throughput with 16 clients, the max
+sustained rate (open-loop search: the highest Poisson arrival rate at which every
+request is answered and p99 stays under 1 s), output tokens/s, peak memory.
 Then: a concurrency sweep (Weir with the cache bypassed, against vLLM's server), cold
 start (process start to ready; first request against steady state), and how a cache
 lookup and the semantic index scale with entries. Plots go to bench/results/.
@@ -19,22 +22,20 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-import tempfile
 import time
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 import yaml
 
-from bench.cache import AUTH, litellm_server
-from bench.load import RunResult, run_load, summarize
-from bench.procs import RESULTS, ROOT, Server, vllm_server, weir_server
+from bench.fleet import Fleet, System, served
+from bench.load import RunResult, merge, open_loop, run_load, summarize
+from bench.procs import RESULTS, ROOT
 from bench.report import md_table, ratio, write
-from bench.serving import ENGINE, merge
-from proxy.engine.demo_model import ensure_demo_model
-from tests.redis_server import RedisServer
 
+SUITE = "table"
+SLO_P99_S = 1.0
 PAIRS = yaml.safe_load((ROOT / "tests" / "data" / "semantic_pairs.yaml").read_text())
 TOPICS = ["invoice", "password", "refund", "shipping", "plan", "account", "card", "order",
           "delivery", "subscription"]
@@ -42,21 +43,23 @@ TOPICS = ["invoice", "password", "refund", "shipping", "plan", "account", "card"
 
 def faq_bodies(n: int, repeat_ratio: float, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    base = [a for a, _ in PAIRS["paraphrase"]]
-    para = dict(PAIRS["paraphrase"])
+    para: dict[str, list[str]] = {}
+    for a, b in PAIRS["paraphrase"]:
+        para.setdefault(a, []).append(b)
+    base = list(para)
     asked: list[str] = []
     out = []
     for i in range(n):
         if asked and rng.random() < repeat_ratio:
             q = rng.choice(asked)
             if q in para and rng.random() < 0.3:
-                q = para[q]
+                q = rng.choice(para[q])
         else:
             topic, team = rng.choice(TOPICS), rng.randint(1, 10**6)
             q = base[i % len(base)] if i < len(base) else (
                 f"How do I change the {topic} settings for team {team}?")
             asked.append(q)
-        out.append({"model": "weir-demo", "temperature": 0, "max_tokens": 32,
+        out.append({"model": served(), "temperature": 0, "max_tokens": 32,
                     "stream": i % 2 == 0, "stream_options": {"include_usage": True}
                     if i % 2 == 0 else None,
                     "messages": [{"role": "user", "content": q}]})
@@ -66,14 +69,15 @@ def faq_bodies(n: int, repeat_ratio: float, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-async def _sweep(url: str, levels: list[int], headers: dict[str, str]) -> list[dict[str, Any]]:
+async def _sweep(system: System, levels: list[int],
+                 headers: dict[str, str]) -> list[dict[str, Any]]:
     rows = []
     for c in levels:
-        bodies = [{"model": "weir-demo", "max_tokens": 32, "ignore_eos": True, "temperature": 0,
+        bodies = [{"model": served(), "max_tokens": 32, "ignore_eos": True, "temperature": 0,
                    "stream": True, "stream_options": {"include_usage": True},
                    "messages": [{"role": "user", "content": f"sweep {c} {i}"}]}
                   for i in range(max(8, 3 * c))]
-        s = summarize(await run_load(url, bodies, c, headers))
+        s = summarize(await run_load(system.chat_url, bodies, c, headers))
         rows.append({"concurrency": c, "req_per_s": s["req_per_s"],
                      "output_tok_per_s": s["output_tok_per_s"], "e2e_p50_ms": s["e2e_p50_ms"],
                      "ttft_p50_ms": s["ttft_p50_ms"]})
@@ -153,107 +157,142 @@ def plots(per: dict[str, RunResult], sweep: dict[str, list[dict[str, Any]]]) -> 
     return names
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    n = 64 if quick else 192
+
+
+async def _probe(system: System, rate: float, duration: float, seed: int) -> dict[str, Any]:
+    """One open-loop window at `rate`: kept up, or not."""
+    n = max(8, round(rate * duration))
+    bodies = system.bodies(faq_bodies(n, 0.6, seed=seed), SUITE)
+    r = await open_loop(system.chat_url, bodies, rate, system.headers(SUITE), seed=seed,
+                        max_in_flight=round(rate * SLO_P99_S * 2) + 32, drain_s=3 * SLO_P99_S)
+    s = summarize(r)
+    failed = s["errors"] + r.unsent
+    kept_up = (r.unsent == 0 and failed <= 0.01 * n and s["e2e_p99_ms"] is not None
+               and s["e2e_p99_ms"] <= SLO_P99_S * 1000)
+    return {"rate": round(rate, 1), "kept_up": kept_up, "sent": len(r.samples),
+            "failed": failed, "p99_ms": s["e2e_p99_ms"], "achieved_req_per_s": s["req_per_s"]}
+
+
+async def max_sustained(probe: Callable[[float, int], Awaitable[dict[str, Any]]],
+                        start: float, probes: int) -> dict[str, Any]:
+    """The highest rate `probe` reports kept up: up (x1.5) or down (/1.5) from `start`
+    until both a kept-up and a failed rate are known, then bisect (geometric), `probes`
+    windows at most. `probe(rate, i)` runs window i at `rate`.
+    """
+    good: float | None = None
+    bad: float | None = None
+    rate = start
+    history = []
+    for i in range(probes):
+        p = await probe(rate, i)
+        history.append(p)
+        if p["kept_up"]:
+            good = max(good or 0.0, rate)
+        else:
+            bad = min(bad or float("inf"), rate)
+        if bad is None:
+            rate *= 1.5
+        elif good is None:
+            rate /= 1.5
+        elif bad / good < 1.1:
+            break
+        else:
+            rate = (good * bad) ** 0.5
+    return {"req_per_s": round(good, 1) if good else None,
+            "first_failed": round(bad, 1) if bad else None, "probes": history}
+
+
+def run(fleet: Fleet) -> dict[str, Any]:
+    quick = fleet.quick
+    n = 40 if quick else 192
     rounds = 2 if quick else 3
     clients = 16
     levels = [1, 8, 32] if quick else [1, 4, 8, 16, 32, 64]
     sizes = [1000, 10000] if quick else [1000, 10000, 100000]
-    model = str(ensure_demo_model())
-    default_cfg = yaml.safe_load((ROOT / "config" / "weir.yaml").read_text())
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        redis = RedisServer(tmp).start()
-        one = vllm_server(tmp, {**ENGINE, "max_num_seqs": 1}, model, name="vllm-1seq")
-        vllm = vllm_server(tmp, ENGINE, model)
-        weir = weir_server(tmp, ENGINE, default_cfg["plugins"], name="weir-all",
-                           extra={"embeddings": {"enabled": True}})
-        # The same chain without the semantic layer: what the embedding model costs when
-        # it shares the CPU with the engine (on a GPU machine it does not).
-        exact_only = [p if p["name"] != "cache" else
-                      {**p, "config": {**p["config"], "semantic": {"enabled": False}}}
-                      for p in default_cfg["plugins"]]
-        weir_exact = weir_server(tmp, ENGINE, exact_only, name="weir-exact",
-                                 extra={"embeddings": {"enabled": False}})
-        servers: list[Server] = [one, vllm, weir, weir_exact]
-        try:
-            for s in servers:
-                s.start()
-            lite = litellm_server(tmp, vllm.base_url, redis)
-            servers.append(lite)
-            lite.start()
-            systems = {"engine, no batching": one, "vLLM server": vllm,
-                       "LiteLLM + Redis cache": lite, "Weir, all plugins": weir,
-                       "Weir, all plugins, exact cache only": weir_exact}
+    probes, window = (2, 1.5) if quick else (5, 5.0)
+    roles = ["one-at-a-time", "vllm", "litellm", "weir", "weir-exact"]
+    # Weir last: its first request is measured right after it is ready.
+    for role in ("vllm", "one-at-a-time", "weir-exact", "litellm", "weir"):
+        fleet.get(role)
+    systems = {s.label: s for r in roles if (s := fleet.get(r)) is not None}
+    weir, vllm = fleet.need("weir"), fleet.need("vllm")
 
-            async def scenario() -> tuple[dict[str, list[RunResult]], dict[str, Any]]:
-                per: dict[str, list[RunResult]] = {k: [] for k in systems}
-                first: dict[str, Any] = {}
-                for name in ("vLLM server", "Weir, all plugins"):
-                    s = systems[name]
-                    t = time.perf_counter()
-                    await run_load(f"{s.base_url}/v1/chat/completions",
-                                   [{"model": "weir-demo", "max_tokens": 32, "temperature": 0,
-                                     "messages": [{"role": "user", "content": "first"}]}], 1,
-                                   AUTH)
-                    first[name] = round((time.perf_counter() - t) * 1000, 1)
-                order = list(systems)
-                for rnd in range(rounds):
-                    bodies = faq_bodies(n, 0.6, seed=rnd)
-                    for name in (order if rnd % 2 == 0 else order[::-1]):
-                        per[name].append(await run_load(
-                            f"{systems[name].base_url}/v1/chat/completions", bodies, clients,
-                            AUTH, timeout_s=900))
-                return per, first
+    async def scenario() -> tuple[dict[str, list[RunResult]], dict[str, Any], dict[str, Any]]:
+        first: dict[str, Any] = {}
+        for s in (weir, vllm):
+            t = time.perf_counter()
+            await run_load(s.chat_url, [{"model": served(), "max_tokens": 32,
+                                         "temperature": 0, "messages": [
+                                             {"role": "user", "content": "first"}]}],
+                           1, s.headers(SUITE))
+            first[s.label] = round((time.perf_counter() - t) * 1000, 1)
+        per: dict[str, list[RunResult]] = {k: [] for k in systems}
+        order = list(systems)
+        for rnd in range(rounds):
+            bodies = faq_bodies(n, 0.6, seed=rnd)
+            for name in (order if rnd % 2 == 0 else order[::-1]):
+                s = systems[name]
+                per[name].append(await run_load(s.chat_url, s.bodies(bodies, SUITE), clients,
+                                                s.headers(SUITE), timeout_s=900))
+        sustained = {}
+        for name, s in systems.items():
+            closed = summarize(merge(per[name]))["req_per_s"] or 1.0
 
-            per, first = asyncio.run(scenario())
-            nocache = {**AUTH, "Cache-Control": "no-cache, no-store"}
-            sweep = {"Weir (cache bypassed)": asyncio.run(_sweep(
-                f"{weir.base_url}/v1/chat/completions", levels, nocache)),
-                "vLLM server": asyncio.run(_sweep(f"{vllm.base_url}/v1/chat/completions",
-                                                  levels, AUTH))}
-        finally:
-            for s in servers:
-                s.stop()
-            redis.stop()
+            def probe(rate: float, i: int, s: System = s) -> Awaitable[dict[str, Any]]:
+                return _probe(s, rate, window, seed=100 + i)
+
+            sustained[name] = await max_sustained(probe, closed, probes)
+        return per, first, sustained
+
+    per, first, sustained = asyncio.run(scenario())
+    bypass = weir.headers(SUITE, {"Cache-Control": "no-cache, no-store"})
+    sweep = {"Weir, all plugins (cache bypassed)": asyncio.run(_sweep(weir, levels, bypass)),
+             "vLLM server": asyncio.run(_sweep(vllm, levels, vllm.headers(SUITE)))}
     merged = {k: merge(v) for k, v in per.items()}
-    summary = {k: summarize(v) | {"peak_rss_mib": round(systems[k].peak_rss / 2**20)}
+    summary = {k: summarize(v) | {"max_sustained_req_per_s": sustained[k]["req_per_s"],
+                                  "peak_rss_mib": round(systems[k].server.peak_rss / 2**20)}
                for k, v in merged.items()}
-    cold = {name: {"ready_after_s": round(systems[name].ready_after_s, 1),
-                   "first_request_ms": first[name],
-                   "steady_p50_ms": summary[name]["e2e_p50_ms"]}
-            for name in ("vLLM server", "Weir, all plugins")}
+    cold = {s.label: {"ready_after_s": round(s.server.ready_after_s, 1),
+                      "first_request_ms": first[s.label],
+                      "steady_p50_ms": summary[s.label]["e2e_p50_ms"]} for s in (vllm, weir)}
     scale = scaling(sizes)
     rows = [[k, s["ok"], s["e2e_mean_ms"], s["e2e_p50_ms"], s["e2e_p99_ms"], s["ttft_p50_ms"],
-             s["ttft_p99_ms"], s["req_per_s"], s["output_tok_per_s"], s["peak_rss_mib"]]
-            for k, s in summary.items()]
-    w = summary["Weir, all plugins"]
-    ratios = {f"weir_over_{k}": {"req_per_s": ratio(w["req_per_s"], s["req_per_s"]),
-                                 "p50": ratio(w["e2e_p50_ms"], s["e2e_p50_ms"]),
-                                 "p99": ratio(w["e2e_p99_ms"], s["e2e_p99_ms"])}
-              for k, s in summary.items() if not k.startswith("Weir")}
-    we = summary["Weir, all plugins, exact cache only"]
-    ratios |= {f"weir_exact_only_over_{k}": {
-        "req_per_s": ratio(we["req_per_s"], s["req_per_s"]),
-        "p50": ratio(we["e2e_p50_ms"], s["e2e_p50_ms"]),
-        "p99": ratio(we["e2e_p99_ms"], s["e2e_p99_ms"])}
-        for k, s in summary.items() if not k.startswith("Weir")}
+             s["ttft_p99_ms"], s["req_per_s"], s["max_sustained_req_per_s"],
+             s["output_tok_per_s"], s["peak_rss_mib"]] for k, s in summary.items()]
+    ratios = {}
+    for wname in (k for k in summary if k.startswith("Weir")):
+        w = summary[wname]
+        for k, peer in summary.items():
+            if not k.startswith("Weir"):
+                ratios[f"{wname} / {k}"] = {
+                    "req_per_s": ratio(w["req_per_s"], peer["req_per_s"]),
+                    "max_sustained": ratio(w["max_sustained_req_per_s"],
+                                           peer["max_sustained_req_per_s"]),
+                    "p50": ratio(w["e2e_p50_ms"], peer["e2e_p50_ms"]),
+                    "p99": ratio(w["e2e_p99_ms"], peer["e2e_p99_ms"])}
     try:
         pngs = plots(merged, sweep)
     except ImportError:
         pngs = []
+    notes = [f"{s.label}: {s.notes}" for s in systems.values() if s.notes]
     table = "\n\n".join([
         f"FAQ workload: {n} requests a round x {rounds} rounds, {clients} clients, 60% "
-        "repeats (30% of them paraphrased), half streamed, 32 tokens, systems alternated.",
+        "repeats (30% of them paraphrased), half streamed, 32 tokens, systems alternated. "
+        f"Max sustained: highest Poisson arrival rate answered in full with p99 under "
+        f"{SLO_P99_S:g} s ({probes} probes of {window:g} s at most)." +
+        (" " + "; ".join(notes) + "." if notes else ""),
         md_table(["system", "ok", "mean ms", "p50 ms", "p99 ms", "TTFT p50", "TTFT p99",
-                  "req/s", "out tok/s", "peak RSS MiB"], rows),
-        "Ratios (Weir / peer): " + "; ".join(
-            f"{k.replace('_over_', ' / ')}: {v['req_per_s']}x req/s, p50 x{v['p50']}, "
-            f"p99 x{v['p99']}" for k, v in ratios.items()),
+                  "req/s (16 clients)", "max sustained req/s", "out tok/s",
+                  "peak RSS MiB"], rows),
+        "Ratios (Weir / peer):",
+        md_table(["Weir / peer", "req/s", "max sustained", "p50", "p99"],
+                 [[k, v["req_per_s"], v["max_sustained"], v["p50"], v["p99"]]
+                  for k, v in ratios.items()]),
         "Concurrency sweep (streaming, 32 tokens, ignore_eos; output tokens/s):",
-        md_table(["concurrency", *sweep], [[lv, *(sweep[k][i]["output_tok_per_s"]
-                                                  for k in sweep)]
-                                           for i, lv in enumerate(levels)]),
+        md_table(["concurrency", *sweep, "Weir / vLLM"],
+                 [[lv, *(sweep[k][i]["output_tok_per_s"] for k in sweep),
+                   ratio(*(sweep[k][i]["output_tok_per_s"] for k in sweep))]
+                  for i, lv in enumerate(levels)]),
         "Cold start:",
         md_table(["system", "start to ready s", "first request ms", "steady p50 ms"],
                  [[k, v["ready_after_s"], v["first_request_ms"], v["steady_p50_ms"]]
@@ -264,9 +303,10 @@ def run(quick: bool = False) -> dict[str, Any]:
                    r["semantic_index_mib"]] for r in scale]),
     ])
     data = {"workload": {"requests_per_round": n, "rounds": rounds, "clients": clients,
-                         "repeat_ratio": 0.6, "engine": ENGINE},
-            "results": summary, "ratios": ratios, "sweep": sweep, "cold_start": cold,
-            "scaling": scale, "plots": pngs}
+                         "repeat_ratio": 0.6, "slo_p99_s": SLO_P99_S, "quick": quick},
+            "systems": {k: s.notes or s.kind for k, s in systems.items()},
+            "results": summary, "ratios": ratios, "max_sustained": sustained,
+            "sweep": sweep, "cold_start": cold, "scaling": scale, "plots": pngs}
     write("table", data, table)
     print(table)
     return data

@@ -1,0 +1,213 @@
+"""The systems one benchmark run compares: started once, on first use, shared by every suite.
+
+Starting an engine costs about 45 s on these 2-core machines (three Python processes
+import torch and vLLM; starting two at once takes as long as one after the other), so a
+run starts each server once and every suite measures the same processes. Suites stay
+apart by API key: each suite is its own tenant in Weir (its own cache scope and vLLM
+prefix-cache salt) and its own cache namespace in LiteLLM, and the prompts of each suite
+are its own, so vLLM's prefix cache carries nothing from one suite to the next.
+
+Roles:
+- `vllm`           vLLM's own OpenAI server (the engine settings below; LiteLLM's upstream)
+- `one-at-a-time`  the engine serving one request at a time: vLLM's server with
+                   `max_num_seqs: 1`; with `--quick`, vLLM's server behind a Weir whose
+                   admission lets one request in at a time (no second engine start)
+- `weir`           Weir with every plugin on: sanitizer, rate limit, cache (L1, semantic,
+                   Redis L2), breaker, admission; the in-process engine
+- `weir-exact`     the same without the semantic layer (not in `--quick`)
+- `weir-l2`        Weir with only the Redis layer of the cache, in front of `vllm`
+- `litellm`        LiteLLM's proxy with its Redis cache, in front of `vllm`
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.procs import ROOT, Server, vllm_server, weir_server
+from proxy.engine.demo_model import ensure_demo_model
+from tests.redis_server import RedisServer
+
+# The embedded default's engine. `python -m bench --model ID --engine KEY=VALUE` changes it
+# (a GPU model id, dtype, gpu_memory_utilization, tensor_parallel_size ...).
+ENGINE: dict[str, Any] = {
+    "model": "builtin:demo", "served_model_name": "weir-demo", "dtype": "float32",
+    "max_model_len": 2048, "max_num_seqs": 64, "seed": 0, "enable_prefix_caching": True,
+    "cpu_kvcache_space_gib": 1}
+
+SUITES = ("table", "serving", "cache", "surge")
+LITELLM_KEY = "sk-bench-master-0123456789abcdef"
+# Admission in the benchmarked Weir: the engine's batch, a short queue, a short wait; a
+# surge is shed in milliseconds instead of queueing for seconds.
+ADMISSION = {"max_concurrent": 64, "max_queue": 16, "max_queue_wait_s": 0.25,
+             "deadline_s": 300}
+
+
+def served() -> str:
+    return str(ENGINE.get("served_model_name") or ENGINE["model"])
+
+
+def weir_key(suite: str) -> str:
+    return f"sk-bench-{suite}-0123456789abcdef"
+
+
+@dataclass
+class System:
+    """One system under test: where it listens and how a suite's requests reach it."""
+
+    label: str
+    kind: str  # weir | vllm | litellm
+    server: Server
+    notes: str = ""
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self.server.base_url}/v1/chat/completions"
+
+    def headers(self, suite: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        key = LITELLM_KEY if self.kind == "litellm" else weir_key(suite)
+        return {"Authorization": f"Bearer {key}", **(extra or {})}
+
+    def bodies(self, bodies: list[dict[str, Any]], suite: str) -> list[dict[str, Any]]:
+        if self.kind != "litellm":
+            return bodies
+        # LiteLLM's per-request cache namespace keeps one suite's entries from the next.
+        return [{**b, "cache": {"namespace": f"bench-{suite}"}} for b in bodies]
+
+
+@dataclass
+class Fleet:
+    quick: bool = False
+    systems: dict[str, System] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="weir-bench-")
+        self.tmp = Path(self._tmp.name)
+        self._redis: RedisServer | None = None
+        self.started: list[Server] = []
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for s in reversed(self.started):
+            s.stop()
+        self.started.clear()
+        if self._redis is not None:
+            self._redis.stop()
+            self._redis = None
+        self._tmp.cleanup()
+
+    # ------------------------------------------------------------------ pieces
+
+    @property
+    def redis(self) -> RedisServer:
+        if self._redis is None:
+            self._redis = RedisServer(self.tmp).start()
+        return self._redis
+
+    def model_path(self) -> str:
+        m = str(ENGINE["model"])
+        return str(ensure_demo_model()) if m == "builtin:demo" else m
+
+    def _start(self, system: System) -> System:
+        self.started.append(system.server)
+        system.server.start()
+        return system
+
+    @staticmethod
+    def weir_auth() -> dict[str, Any]:
+        return {"mode": "keys", "keys": [{"key": weir_key(s), "tenant": s, "user": s}
+                                         for s in SUITES]}
+
+    def weir_plugins(self, semantic: bool = True) -> list[dict[str, Any]]:
+        """The embedded default's chain, with Redis L2 on and the bench's own limits."""
+        default = yaml.safe_load((ROOT / "config" / "weir.yaml").read_text())["plugins"]
+        out = []
+        for p in copy.deepcopy(default):
+            cfg = p.setdefault("config", {})
+            if p["name"] == "rate_limit":
+                # The limiter does its full work per request; the limits are set above
+                # what the benchmark offers, so it never refuses.
+                cfg["rules"] = [{"per": "key", "rpm": 10_000_000, "tpm": 10**10,
+                                 "concurrent": 1024}]
+            elif p["name"] == "cache":
+                cfg["l2"] = {"enabled": True}
+                cfg["redis"] = {"url": self.redis.url, "timeout_s": 0.1,
+                                "key_prefix": f"weir:{'all' if semantic else 'exact'}:"}
+                cfg["semantic"] = {**cfg.get("semantic", {}), "enabled": semantic}
+            elif p["name"] == "admission":
+                cfg.update(ADMISSION)
+            out.append(p)
+        return out
+
+    # ------------------------------------------------------------------ systems
+
+    def get(self, role: str) -> System | None:
+        """The system playing `role`, started on first use; None if this run has none."""
+        if role not in self.systems:
+            system = self._make(role)
+            if system is None:
+                return None
+            self.systems[role] = self._start(system)
+        return self.systems[role]
+
+    def need(self, role: str) -> System:
+        s = self.get(role)
+        assert s is not None, role
+        return s
+
+    def _make(self, role: str) -> System | None:
+        engine = {k: v for k, v in ENGINE.items()}
+        if role == "vllm":
+            return System("vLLM server", "vllm",
+                          vllm_server(self.tmp, engine, self.model_path()))
+        if role == "one-at-a-time":
+            if not self.quick:
+                return System("engine, no batching", "vllm", vllm_server(
+                    self.tmp, {**engine, "max_num_seqs": 1}, self.model_path(),
+                    name="vllm-1seq"), "vLLM's server with max_num_seqs 1")
+            admit_one = [{"name": "admission", "config": {
+                "max_concurrent": 1, "max_queue": 1024, "max_queue_wait_s": 600}}]
+            return System("engine, no batching", "weir", self._upstream(
+                "gate", admit_one), "vLLM's server behind a one-at-a-time admission gate")
+        if role == "weir":
+            return System("Weir, all plugins", "weir", weir_server(
+                self.tmp, engine, self.weir_plugins(), name="weir-all",
+                extra={"auth": self.weir_auth(), "embeddings": {"enabled": True}}))
+        if role == "weir-exact":
+            if self.quick:
+                return None
+            return System("Weir, all plugins, exact cache only", "weir", weir_server(
+                self.tmp, engine, self.weir_plugins(semantic=False), name="weir-exact",
+                extra={"auth": self.weir_auth(), "embeddings": {"enabled": False}}))
+        if role == "weir-l2":
+            l2_only = [{"name": "cache", "config": {
+                "exact": {"enabled": False}, "semantic": {"enabled": False},
+                "l2": {"enabled": True}, "store_truncated": True,
+                "redis": {"url": self.redis.url, "timeout_s": 0.1,
+                          "key_prefix": "weir:l2only:"}}}]
+            return System("Weir, Redis cache only", "weir", self._upstream("weir-l2", l2_only))
+        if role == "litellm":
+            from bench.cache import litellm_server
+
+            return System("LiteLLM + Redis cache", "litellm",
+                          litellm_server(self.tmp, self.need("vllm").server.base_url,
+                                         self.redis))
+        raise KeyError(role)
+
+    def _upstream(self, name: str, plugins: list[dict[str, Any]]) -> Server:
+        """A Weir with no engine of its own, in front of the `vllm` role's server."""
+        vllm = self.need("vllm")
+        engine = {"kind": "upstream", "base_url": f"{vllm.server.base_url}/v1",
+                  "models": [served()]}
+        return weir_server(self.tmp, engine, plugins, name=name,
+                           extra={"auth": self.weir_auth(), "embeddings": {"enabled": False}})

@@ -1,0 +1,145 @@
+"""The benchmark harness's own logic: the sustained-rate search, the open-loop generator,
+how engine settings reach vLLM's server, and that the fleet's Weir configs are valid."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from bench import __main__ as bench_main
+from bench import fleet as fleet_mod
+from bench.load import open_loop
+from bench.procs import vllm_server
+from bench.table import faq_bodies, max_sustained
+from proxy.cli import check_config
+
+
+def capacity_probe(capacity: float, log: list[float]):  # type: ignore[no-untyped-def]
+    async def probe(rate: float, i: int) -> dict[str, Any]:
+        log.append(rate)
+        return {"rate": rate, "kept_up": rate <= capacity}
+
+    return probe
+
+
+@pytest.mark.parametrize("start", [10.0, 40.0, 99.0, 150.0, 400.0])
+async def test_sustained_search_brackets_the_capacity(start: float) -> None:
+    rates: list[float] = []
+    found = await max_sustained(capacity_probe(100.0, rates), start, probes=12)
+    assert found["req_per_s"] is not None and found["first_failed"] is not None
+    assert found["req_per_s"] <= 100.0 < found["first_failed"]
+    # Bisection stops once the bracket is within 10%.
+    assert found["first_failed"] / found["req_per_s"] < 1.1
+    assert len(rates) == len(found["probes"]) <= 12
+
+
+async def test_sustained_search_is_bounded_and_honest_when_nothing_passes() -> None:
+    rates: list[float] = []
+    found = await max_sustained(capacity_probe(0.0, rates), 50.0, probes=4)
+    assert found["req_per_s"] is None
+    assert len(rates) == 4 and rates == sorted(rates, reverse=True)
+
+
+def chat_app(hold: asyncio.Event | None) -> web.Application:
+    async def chat(request: web.Request) -> web.Response:
+        await request.json()
+        if hold is not None:
+            await hold.wait()
+        return web.json_response({"choices": [], "usage": {"completion_tokens": 3}})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+async def test_open_loop_sends_every_arrival_and_counts_tokens() -> None:
+    async with TestServer(chat_app(None), host="127.0.0.1") as server:
+        url = str(server.make_url("/v1/chat/completions"))
+        r = await open_loop(url, [{"i": i} for i in range(20)], rate=2000, seed=1)
+    assert r.unsent == 0
+    assert len(r.samples) == 20 and all(s.ok and s.tokens == 3 for s in r.samples)
+
+
+async def test_open_loop_stops_sending_when_the_system_falls_behind() -> None:
+    hold = asyncio.Event()  # the server answers nothing: every request stays in flight
+    async with TestServer(chat_app(hold), host="127.0.0.1") as server:
+        url = str(server.make_url("/v1/chat/completions"))
+        r = await open_loop(url, [{"i": i} for i in range(10)], rate=5000, max_in_flight=3,
+                            drain_s=0.5)
+        hold.set()
+    assert r.unsent == 6  # 4 sent (more than 3 in flight), then it stopped
+    assert len(r.samples) == 4 and not any(s.ok for s in r.samples)
+
+
+def test_engine_settings_become_vllm_flags(tmp_path: Path) -> None:
+    engine = {"model": "org/model", "served_model_name": "m", "dtype": "bfloat16",
+              "max_num_seqs": 8, "enable_prefix_caching": False, "quantization": None,
+              "gpu_memory_utilization": 0.85, "cpu_kvcache_space_gib": 2,
+              "extra_args": {"enforce_eager": True}}
+    s = vllm_server(tmp_path, engine, "/models/m")
+    cmd = s.cmd
+    assert cmd[cmd.index("--model") + 1] == "/models/m"
+    assert cmd[cmd.index("--served-model-name") + 1] == "m"
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.85"
+    assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
+    assert "--quantization" not in cmd and "--extra-args" not in cmd
+    assert s.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_engine_flag_parsing() -> None:
+    assert bench_main.engine_setting("gpu_memory_utilization=0.85") == (
+        "gpu_memory_utilization", 0.85)
+    assert bench_main.engine_setting("enable_prefix_caching=false") == (
+        "enable_prefix_caching", False)
+    with pytest.raises(Exception, match="KEY=VALUE"):
+        bench_main.engine_setting("dtype")
+
+
+@pytest.mark.parametrize("role", ["weir", "weir-exact", "weir-l2", "one-at-a-time"])
+def test_fleet_weir_configs_pass_check_config(role: str, capsys: pytest.CaptureFixture[str],
+                                              ) -> None:
+    fleet = fleet_mod.Fleet(quick=role == "one-at-a-time")
+    try:
+        fleet._redis = SimpleNamespace(url="redis://127.0.0.1:1/0")  # type: ignore[assignment]
+        fleet.systems["vllm"] = fleet_mod.System(  # never started: only its URL is read
+            "vLLM server", "vllm", SimpleNamespace(base_url="http://127.0.0.1:1"))  # type: ignore[arg-type]
+        system = fleet._make(role)
+        assert system is not None and system.kind == "weir"
+        config = system.server.cmd[system.server.cmd.index("--config") + 1]
+        assert check_config(config) == 0, capsys.readouterr().err
+        if role == "weir":
+            import yaml
+
+            cfg = yaml.safe_load(Path(config).read_text())
+            names = [p["name"] for p in cfg["plugins"]]
+            assert names == ["sanitizer", "rate_limit", "cache", "breaker", "admission"]
+            assert {k["tenant"] for k in cfg["auth"]["keys"]} == set(fleet_mod.SUITES)
+    finally:
+        fleet._redis = None
+        fleet.close()
+
+
+def test_litellm_requests_carry_the_suites_cache_namespace() -> None:
+    lite = fleet_mod.System("LiteLLM", "litellm", SimpleNamespace(base_url="x"))  # type: ignore[arg-type]
+    weir = fleet_mod.System("Weir", "weir", SimpleNamespace(base_url="x"))  # type: ignore[arg-type]
+    bodies = faq_bodies(5, 0.5, seed=0)
+    assert all(b["cache"] == {"namespace": "bench-cache"} for b in lite.bodies(bodies, "cache"))
+    assert weir.bodies(bodies, "cache") == bodies
+    assert weir.headers("table") != weir.headers("cache")
+
+
+def test_faq_workload_repeats_at_the_ratio_asked() -> None:
+    def distinct(bodies: list[dict[str, Any]]) -> int:
+        return len({b["messages"][0]["content"] for b in bodies})
+
+    assert distinct(faq_bodies(200, 0.0, seed=3)) == 200
+    assert distinct(faq_bodies(200, 0.6, seed=3)) < 120
+    streamed = [b for b in faq_bodies(10, 0.6, seed=3) if b["stream"]]
+    assert len(streamed) == 5 and all(b["stream_options"]["include_usage"] for b in streamed)
