@@ -1,7 +1,9 @@
 """`python -m bench [--quick] [--only NAME ...] [--model ID] [--engine KEY=VALUE ...]`
 
 Runs the benchmarks against one fleet of servers (bench/fleet.py), started once and
-shared by the suites, and writes bench/results/ (run.json: what ran and how long).
+shared by the suites, and writes bench/results/ (run.json: what ran and how long) and
+the README's benchmark section; `--quick` writes bench/results/quick/ and leaves the
+README alone.
 On a GPU machine: `python -m bench --model meta-llama/Llama-3.1-8B-Instruct
 --engine dtype=bfloat16 --engine gpu_memory_utilization=0.85 --engine max_model_len=8192`.
 """
@@ -15,7 +17,8 @@ import time
 import yaml
 
 from bench import fleet as fleet_mod
-from bench.report import write
+from bench.procs import RESULTS
+from bench.report import update_readme, use_results_dir, write
 
 SUITES = ["table", "serving", "cache", "surge", "sanitizer"]
 
@@ -49,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         fleet_mod.ENGINE["served_model_name"] = args.served_model_name
     fleet_mod.ENGINE.update(dict(args.engine))
     suites = args.only or SUITES
+    if args.quick:
+        use_results_dir(RESULTS / "quick")
     timings: dict[str, float] = {}
     start = time.monotonic()
     with fleet_mod.Fleet(quick=args.quick) as fleet:
@@ -67,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + " (suite times "
           "include the servers each one started first).")
     print(f"== total: {total:.0f}s", flush=True)
+    if not args.quick and not args.only:
+        update_readme()
     return 0
 
 

@@ -31,8 +31,8 @@ import yaml
 
 from bench.fleet import Fleet, System, served
 from bench.load import RunResult, merge, open_loop, run_load, summarize
-from bench.procs import RESULTS, ROOT
-from bench.report import md_table, ratio, write
+from bench.procs import ROOT
+from bench.report import md_table, ratio, results_dir, write
 
 SUITE = "table"
 SLO_P99_S = 1.0
@@ -139,7 +139,7 @@ def plots(per: dict[str, RunResult], sweep: dict[str, list[dict[str, Any]]]) -> 
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "latency_cdf.png", dpi=110)
+    fig.savefig(results_dir() / "latency_cdf.png", dpi=110)
     names.append("latency_cdf.png")
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for label, rows in sweep.items():
@@ -152,7 +152,7 @@ def plots(per: dict[str, RunResult], sweep: dict[str, list[dict[str, Any]]]) -> 
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "throughput_sweep.png", dpi=110)
+    fig.savefig(results_dir() / "throughput_sweep.png", dpi=110)
     names.append("throughput_sweep.png")
     return names
 

@@ -4,6 +4,7 @@ how engine settings reach vLLM's server, and that the fleet's Weir configs are v
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -143,3 +144,16 @@ def test_faq_workload_repeats_at_the_ratio_asked() -> None:
     assert distinct(faq_bodies(200, 0.6, seed=3)) < 120
     streamed = [b for b in faq_bodies(10, 0.6, seed=3) if b["stream"]]
     assert len(streamed) == 5 and all(b["stream_options"]["include_usage"] for b in streamed)
+
+
+def test_readme_shows_the_last_full_runs_figures() -> None:
+    from bench.procs import RESULTS
+    from bench.report import README, readme_with_results
+
+    text = README.read_text()
+    assert readme_with_results(text) == text, "run `python -c 'from bench.report import " \
+        "update_readme; update_readme()'` after a full benchmark run"
+    run = json.loads((RESULTS / "run.json").read_text())
+    assert run["quick"] is False
+    for name in ("table", "serving", "cache", "surge", "sanitizer"):
+        assert (RESULTS / f"{name}.md").read_text().strip() in text
