@@ -178,6 +178,25 @@ async def test_non_deterministic_requests_bypass() -> None:
     assert layer == "exact"
 
 
+async def test_stale_fallback_looks_up_only_what_could_have_been_stored() -> None:
+    p, eng = plugin(stale_grace_s=60), Engine()
+    await run(p, ctx(), eng)
+    lookups: list[str] = []
+    real = p._exact
+
+    async def counted(key: str, scope: str, allow_stale: bool = False) -> Any:
+        lookups.append(key)
+        return await real(key, scope, allow_stale)
+
+    p._exact = counted  # type: ignore[method-assign]
+    hit = await p.stale(ctx())
+    assert hit is not None and hit.headers["x-weir-cache"] == "stale" and len(lookups) == 1
+    # Sampled, or asking not to be served from the cache: not a lookup at all.
+    assert await p.stale(ctx(temperature=1.0)) is None
+    assert await p.stale(ctx(headers={"cache-control": "no-cache"})) is None
+    assert len(lookups) == 1
+
+
 async def test_cache_control_headers() -> None:
     p, eng = plugin(), Engine()
     await run(p, ctx(headers={"cache-control": "no-store"}), eng)
