@@ -166,7 +166,7 @@ class Fleet:
         return s
 
     def _make(self, role: str) -> System | None:
-        engine = {k: v for k, v in ENGINE.items()}
+        engine = dict(ENGINE)
         if role == "vllm":
             return System("vLLM server", "vllm",
                           vllm_server(self.tmp, engine, self.model_path()))

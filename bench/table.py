@@ -126,35 +126,31 @@ def plots(per: dict[str, RunResult], sweep: dict[str, list[dict[str, Any]]]) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = []
+    def save(fig: Any, ax: Any, name: str, xlabel: str, ylabel: str, title: str) -> str:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(results_dir() / name, dpi=110)
+        return name
+
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for label, r in per.items():
         xs = sorted(s.e2e * 1000 for s in r.ok())
         if xs:
             ax.plot(xs, np.linspace(0, 1, len(xs)), label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("end-to-end latency (ms, log)")
-    ax.set_ylabel("share of requests")
-    ax.set_title("Latency distribution, FAQ workload")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(results_dir() / "latency_cdf.png", dpi=110)
-    names.append("latency_cdf.png")
+    cdf = save(fig, ax, "latency_cdf.png", "end-to-end latency (ms, log)", "share of requests",
+               "Latency distribution, FAQ workload")
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for label, rows in sweep.items():
         ax.plot([r["concurrency"] for r in rows], [r["output_tok_per_s"] for r in rows],
                 marker="o", label=label)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrent streaming requests")
-    ax.set_ylabel("output tokens / s")
-    ax.set_title("Throughput against concurrency (continuous batching)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(results_dir() / "throughput_sweep.png", dpi=110)
-    names.append("throughput_sweep.png")
-    return names
+    return [cdf, save(fig, ax, "throughput_sweep.png", "concurrent streaming requests",
+                      "output tokens / s", "Throughput against concurrency (continuous batching)")]
 
 
 

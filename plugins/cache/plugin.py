@@ -281,8 +281,8 @@ class CachePlugin(BasePlugin):
 
     async def stale(self, ctx: RequestContext) -> Reply | None:
         """An expired entry still inside its grace window, for the breaker's fallback."""
-        if self.cfg.stale_grace_s <= 0 or ctx.sensitive or not self._decide(ctx)[0]:
-            return None  # never stored (sampled, sensitive ...) or no-cache: no lookup
+        if self.cfg.stale_grace_s <= 0 or not self._decide(ctx)[0]:
+            return None  # never stored (sensitive, sampled ...) or no-cache: no lookup
         key = exact_key(ctx, self.cfg.scope)
         entry = await self._exact(key, scope_id(ctx.principal, self.cfg.scope), allow_stale=True)
         if entry is None:
