@@ -140,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_tracing(settings.tracing)
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
-    return asyncio.run(serve(settings, host, port))
+    from .loop import run_loop
+
+    return run_loop(serve(settings, host, port))
 
 
 if __name__ == "__main__":

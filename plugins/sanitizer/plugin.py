@@ -31,13 +31,13 @@ from .normalize import normalize
 log = get_logger("weir.sanitizer")
 
 
-class SanitizerPlugin(BasePlugin):
+class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     name: ClassVar[str] = "sanitizer"
     Config = SanitizerConfig
     placement: ClassVar[Literal["first", "any", "last"]] = "first"
     before: ClassVar[tuple[str, ...]] = ("cache",)
 
-    def __init__(self, config: SanitizerConfig, services: Services) -> None:  # type: ignore[override]
+    def __init__(self, config: SanitizerConfig, services: Services) -> None:
         super().__init__(config, services)
         self.cfg = config
         actions = config.detectors.model_dump()

@@ -83,12 +83,17 @@ class VllmEngine:
         self._created = int(time.time())
         self._max_model_len = settings.max_model_len or 0
         self._stats = EngineStats()
+        self._vocab_size: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._vocab_size
 
     def ready(self) -> bool:
         return self._ready and self._llm is not None and not self._llm.errored
@@ -129,6 +134,7 @@ class VllmEngine:
                                             stat_loggers=[tap])
         self._tokenizer = self._llm.get_tokenizer()
         self._max_model_len = int(self._llm.model_config.max_model_len)
+        self._vocab_size = int(self._llm.model_config.get_vocab_size())
         if s.warmup:
             await self._warmup()
         self._ready = True

@@ -18,6 +18,7 @@ from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from proxy.rendering import ChunkAssembler
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from tests.fakes import FakeEmbedder, FakeEngine
@@ -68,9 +69,19 @@ class Engine:
             await self.gate.wait()
         if not c.request.stream:
             return Completion(answer(self.text, self.reason))
-        return Stream(self._chunks(c))
+        # Like every producer, the stream leaves its answer on itself when it ends.
+        stream = Stream()
+        return stream.attach(self._chunks(c, stream))
 
-    async def _chunks(self, c: RequestContext) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(self, c: RequestContext,
+                      stream: Stream) -> AsyncIterator[dict[str, Any]]:
+        asm = ChunkAssembler(c.route)
+        async for chunk in self._words(c):
+            asm.feed(chunk)
+            yield chunk
+        asm.finish(stream)
+
+    async def _words(self, c: RequestContext) -> AsyncIterator[dict[str, Any]]:
         words = self.text.split(" ")
         for i, w in enumerate(words):
             last = i == len(words) - 1
