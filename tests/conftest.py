@@ -45,7 +45,7 @@ def make_client(aiohttp_client: Any, fake_engine: FakeEngine) -> MakeClient:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """One real redis-server for the session (tests use their own key prefixes)."""
-    from tests.redis_server import RedisServer
+    from bench.redis_server import RedisServer
 
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.redis_server import RedisServer
 from tests.e2e.conftest import MODEL
 from tests.e2e.server import WeirProcess, e2e_config
 from tests.openai_spec import validate
-from tests.redis_server import RedisServer
 
 USER, ADMIN = "sk-chaos-user", "sk-chaos-admin"
 DEADLINE_MS = 1500

@@ -14,11 +14,11 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.redis_server import RedisServer
 from proxy.settings import LoggingSettings, TracingSettings
 from proxy.telemetry import configure_logging
 from proxy.tracing import configure_tracing
 from tests.conftest import MakeClient, make_settings
-from tests.redis_server import RedisServer
 
 KEY = "sk-planted-SECRET-0123456789abcdef"
 MARKER = "MARKER-7f3a-do-not-log"
