@@ -14,8 +14,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bench.redis_server import RedisServer
-from proxy.settings import LoggingSettings, TracingSettings
-from proxy.telemetry import configure_logging
+from proxy.settings import TracingSettings
 from proxy.tracing import configure_tracing
 from tests.conftest import MakeClient, make_settings
 from tests.metrics import metric
@@ -33,14 +32,6 @@ def spans() -> Iterator[InMemorySpanExporter]:
     _exporter.clear()
     yield _exporter
     _exporter.clear()
-
-
-@pytest.fixture
-def logs() -> Iterator[io.StringIO]:
-    buf = io.StringIO()
-    configure_logging(LoggingSettings(level="debug"), stream=buf)
-    yield buf
-    configure_logging(LoggingSettings())
 
 
 def settings(redis_url: str | None = None, rpm: int = 600, **logging: Any) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,8 +21,7 @@ from proxy.middleware import (
     request_id_middleware,
     tracing_middleware,
 )
-from proxy.settings import LoggingSettings
-from proxy.telemetry import Metrics, configure_logging
+from proxy.telemetry import Metrics
 from tests.openai_spec import validate
 
 
@@ -36,14 +34,6 @@ def body_of(resp: web.StreamResponse) -> dict[str, Any]:
     assert isinstance(resp, web.Response) and resp.body is not None
     data: dict[str, Any] = json.loads(resp.body)  # type: ignore[arg-type]
     return data
-
-
-@pytest.fixture
-def logs() -> Iterator[io.StringIO]:
-    buf = io.StringIO()
-    configure_logging(LoggingSettings(level="debug"), stream=buf)
-    yield buf
-    configure_logging(LoggingSettings())
 
 
 # ------------------------------------------------------------------------ request id
