@@ -23,10 +23,10 @@ from proxy.context import RequestContext
 from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.protocol import ChatCompletionRequest, CompletionRequest, TextPart
 from proxy.telemetry import get_logger
+from proxy.text import normalize
 
 from .config import SanitizerConfig
 from .detectors import BUILTIN, INJECTION, Detector, Span, custom
-from .normalize import normalize
 
 log = get_logger("weir.sanitizer")
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bench.redis_server import RedisServer
 from plugins.cache.config import RedisConfig
 from plugins.cache.entry import Entry
 from plugins.cache.plugin import CachePlugin
@@ -19,7 +20,6 @@ from plugins.cache.redis_store import RedisStore
 from proxy.app_state import STATE
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
-from tests.redis_server import RedisServer
 from tests.sse import check_chat_stream, parse_sse
 from tests.waiting import eventually
 
