@@ -99,7 +99,9 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         assert isinstance(reply, Stream)
 
         def stream_headers() -> dict[str, str]:
-            headers = {**ctx.response_headers, **reply.headers}
+            # Sent before the request-id middleware sees the response: set it here.
+            headers = {**ctx.response_headers, **reply.headers,
+                       "x-request-id": request[REQUEST_ID]}
             info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
             return headers
 

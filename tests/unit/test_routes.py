@@ -164,12 +164,7 @@ async def test_health_metrics_and_dashboard(make_client: MakeClient,
     assert r.headers["Cache-Control"] == "no-cache" and "<html" in (await r.text()).lower()
 
 
-@pytest.mark.parametrize("stream", [
-    False,
-    pytest.param(True, marks=pytest.mark.xfail(
-        strict=True, reason="a stream's headers are sent before the request-id middleware "
-        "sees the response, and the stream writer does not add x-request-id")),
-])
+@pytest.mark.parametrize("stream", [False, True])
 async def test_the_request_id_is_echoed(make_client: MakeClient, stream: bool) -> None:
     client = await make_client()
     r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream},
