@@ -34,20 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="smaller, faster run")
     parser.add_argument("--only", nargs="*", choices=SUITES, help="suites to run")
-    parser.add_argument("--model", help="engine model: Hugging Face id or local path "
-                        "(default: builtin:demo, the generated CPU model)")
+    parser.add_argument("--model", help="engine model: builtin:smollm2 (a real small model "
+                        "on CPU), a Hugging Face id or a local path (default: builtin:demo, "
+                        "the generated CPU model)")
     parser.add_argument("--served-model-name", help="the name clients send as `model`")
     parser.add_argument("--engine", action="append", type=engine_setting, default=[],
                         metavar="KEY=VALUE", help="an engine setting (Weir's engine keys, "
                         "which are vLLM's own names), for both Weir and vLLM's server")
     args = parser.parse_args(argv)
     if args.model:
-        fleet_mod.ENGINE["model"] = args.model
-        fleet_mod.ENGINE["served_model_name"] = args.served_model_name or args.model
-        if args.model != "builtin:demo":
-            # The CPU defaults of the demo model do not carry over to a real model.
-            fleet_mod.ENGINE.pop("dtype", None)
-            fleet_mod.ENGINE.pop("cpu_kvcache_space_gib", None)
+        fleet_mod.use_model(args.model, args.served_model_name)
     elif args.served_model_name:
         fleet_mod.ENGINE["served_model_name"] = args.served_model_name
     fleet_mod.ENGINE.update(dict(args.engine))

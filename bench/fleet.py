@@ -30,15 +30,19 @@ from typing import Any
 import yaml
 
 from bench.procs import ROOT, Server, vllm_server, weir_server
-from proxy.engine.demo_model import ensure_demo_model
+from proxy.engine import builtin_models
 from tests.redis_server import RedisServer
 
-# The embedded default's engine. `python -m bench --model ID --engine KEY=VALUE` changes it
-# (a GPU model id, dtype, gpu_memory_utilization, tensor_parallel_size ...).
+# The engine every system serves: the generated demo model by default (fast, fixed-length
+# answers). `python -m bench --model ID --engine KEY=VALUE` changes it (`use_model`).
 ENGINE: dict[str, Any] = {
     "model": "builtin:demo", "served_model_name": "weir-demo", "dtype": "float32",
     "max_model_len": 2048, "max_num_seqs": 64, "seed": 0, "enable_prefix_caching": True,
     "cpu_kvcache_space_gib": 1}
+# CPU settings of the built-in models beyond the demo's (config/weir.yaml's for SmolLM2).
+BUILTIN_ENGINES: dict[str, dict[str, Any]] = {
+    "builtin:smollm2": {"dtype": "bfloat16", "extra_args": {"enforce_eager": True}},
+}
 
 SUITES = ("table", "serving", "cache", "surge")
 LITELLM_KEY = "sk-bench-master-0123456789abcdef"
@@ -46,6 +50,19 @@ LITELLM_KEY = "sk-bench-master-0123456789abcdef"
 # surge is shed in milliseconds instead of queueing for seconds.
 ADMISSION = {"max_concurrent": 64, "max_queue": 16, "max_queue_wait_s": 0.25,
              "deadline_s": 300}
+
+
+def use_model(model: str, served_name: str | None = None) -> None:
+    """Serve `model` in every system: a built-in one (`builtin:smollm2`: the CPU settings of
+    the embedded default, and vLLM's server gets the converted folder) or any id or path
+    (the demo's CPU settings do not carry over to it)."""
+    ENGINE["model"] = model
+    ENGINE["served_model_name"] = served_name or builtin_models.served_name(model)
+    if model in builtin_models.BUILTINS:
+        ENGINE.update(copy.deepcopy(BUILTIN_ENGINES.get(model, {})))
+    else:
+        ENGINE.pop("dtype", None)
+        ENGINE.pop("cpu_kvcache_space_gib", None)
 
 
 def served() -> str:
@@ -115,8 +132,8 @@ class Fleet:
         return self._redis
 
     def model_path(self) -> str:
-        m = str(ENGINE["model"])
-        return str(ensure_demo_model()) if m == "builtin:demo" else m
+        """What vLLM's server loads: built-in models are built (or reused) first."""
+        return builtin_models.resolve(str(ENGINE["model"]))
 
     def _start(self, system: System) -> System:
         self.started.append(system.server)
@@ -140,6 +157,9 @@ class Fleet:
                 cfg["rules"] = [{"per": "key", "rpm": 10_000_000, "tpm": 10**10,
                                  "concurrent": 1024}]
             elif p["name"] == "cache":
+                # The suites' answers run to max_tokens (ignore_eos): store them anyway,
+                # or repeats could never hit.
+                cfg["store_truncated"] = True
                 cfg["l2"] = {"enabled": True}
                 cfg["redis"] = {"url": self.redis.url, "timeout_s": 0.1,
                                 "key_prefix": f"weir:{'all' if semantic else 'exact'}:"}
