@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from ..settings import ConfigError
 from .demo_model import DEMO_MODEL_NAME, ensure_demo_model
-from .smollm2 import SMOLLM2_MODEL_NAME, ModelSourceMissing, ensure_smollm2, find_gguf
+from .smollm2 import SMOLLM2_MODEL_NAME, ModelSourceMissing, check_available, ensure_smollm2
 
 
 class Builtin(NamedTuple):
@@ -27,7 +27,7 @@ class Builtin(NamedTuple):
 
 BUILTINS: dict[str, Builtin] = {
     "builtin:demo": Builtin(DEMO_MODEL_NAME, ensure_demo_model, lambda: None),
-    "builtin:smollm2": Builtin(SMOLLM2_MODEL_NAME, ensure_smollm2, find_gguf),
+    "builtin:smollm2": Builtin(SMOLLM2_MODEL_NAME, ensure_smollm2, check_available),
 }
 
 

