@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from bench import SUITES
-from bench.fleet import DEFAULT_ENGINE, Fleet
+from bench.fleet import DEFAULT_ENGINE, Fleet, engine_for
 from bench.procs import RESULTS
 from bench.report import update_readme, use_results_dir, write
 
@@ -35,12 +35,7 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     and --engine (in that order)."""
     engine = dict(DEFAULT_ENGINE)
     if args.model:
-        engine["model"] = args.model
-        engine["served_model_name"] = args.served_model_name or args.model
-        if args.model != "builtin:demo":
-            # The CPU defaults of the demo model do not carry over to a real model.
-            engine.pop("dtype", None)
-            engine.pop("cpu_kvcache_space_gib", None)
+        engine = engine_for(args.model, args.served_model_name)
     elif args.served_model_name:
         engine["served_model_name"] = args.served_model_name
     engine.update(dict(args.engine))
@@ -51,8 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="smaller, faster run")
     parser.add_argument("--only", nargs="*", choices=SUITES, help="suites to run")
-    parser.add_argument("--model", help="engine model: Hugging Face id or local path "
-                        "(default: builtin:demo, the generated CPU model)")
+    parser.add_argument("--model", help="engine model: builtin:smollm2 (a real small model "
+                        "on CPU), a Hugging Face id or a local path (default: builtin:demo, "
+                        "the generated CPU model)")
     parser.add_argument("--served-model-name", help="the name clients send as `model`")
     parser.add_argument("--engine", action="append", type=engine_setting, default=[],
                         metavar="KEY=VALUE", help="an engine setting (Weir's engine keys, "

@@ -51,7 +51,8 @@ class VllmEngineSettings(_Strict):
     kind: Literal["vllm"] = "vllm"
     model: str = Field(
         "builtin:demo",
-        description="Hugging Face id or local path; `builtin:demo` generates a tiny local model.",
+        description="Local checkpoint folder or Hugging Face id; built here on first use: "
+        "`builtin:smollm2` (SmolLM2-135M-Instruct) or `builtin:demo` (tiny, random weights).",
     )
     served_model_name: str | None = Field(
         None, description="Name clients use in `model` (default: the model id)."

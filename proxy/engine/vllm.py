@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from ..settings import VllmEngineSettings
+from . import builtin_models
 from .base import (
     ChoiceDelta,
     EngineFailed,
@@ -31,7 +32,6 @@ from .base import (
     TokenLogprob,
     TopLogprob,
 )
-from .demo_model import DEMO_MODEL_NAME, ensure_demo_model
 
 # Keep vLLM's own logging to warnings unless the operator asks for more: its INFO lines
 # are not structured and can name request ids at a high rate.
@@ -77,9 +77,8 @@ class VllmEngine:
         self._tokenizer: Any = None
         self._ready = False
         self._model_path: str = settings.model
-        self._served = settings.served_model_name or (
-            DEMO_MODEL_NAME if settings.model == "builtin:demo" else settings.model
-        )
+        builtin_models.check_source(settings.model)  # before listening: names the fix
+        self._served = settings.served_model_name or builtin_models.served_name(settings.model)
         self._created = int(time.time())
         self._max_model_len = settings.max_model_len or 0
         self._stats = EngineStats()
@@ -102,8 +101,8 @@ class VllmEngine:
         s = self.settings
         if s.cpu_kvcache_space_gib is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{s.cpu_kvcache_space_gib:g}")
-        if s.model == "builtin:demo":
-            self._model_path = str(await asyncio.to_thread(ensure_demo_model))
+        if s.model in builtin_models.BUILTINS:
+            self._model_path = await asyncio.to_thread(builtin_models.resolve, s.model)
         extra = dict(s.extra_args)
         if s.structured_output_compact and "structured_outputs_config" not in extra:
             # Engine-wide in vLLM: compact JSON for json_object / json_schema answers.
