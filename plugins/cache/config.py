@@ -28,7 +28,7 @@ class L2Config(_Part):
 class SemanticConfig(_Part):
     enabled: bool = Field(True, description="Answer paraphrases of stored questions.")
     threshold: float = Field(
-        0.78, gt=0, le=1,
+        0.77, gt=0, le=1,
         description="Cosine similarity needed to hit (with the default embedding model; "
                     "tuned on tests/data/semantic_tune.yaml, see bench/results/embedders.md).")
     guard: bool = Field(True, description="Numbers, negations, names, directions and "
@@ -39,7 +39,7 @@ class SemanticConfig(_Part):
         1024, ge=1, description="Partitions (scope, model, earlier turns, parameters) kept "
                                 "in memory; the least recently used one goes whole.")
     lookup_timeout_ms: float = Field(
-        50, gt=0, description="A lookup's embedding wait; slower lookups are a miss.")
+        100, gt=0, description="A lookup's embedding wait; slower lookups are a miss.")
     min_chars: int = Field(8, ge=1, description="Shorter questions are not embedded.")
 
 
