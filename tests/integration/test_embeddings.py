@@ -12,6 +12,7 @@ import pytest
 from proxy.app_state import STATE
 from tests.conftest import MakeClient
 from tests.openai_spec import validate
+from tests.waiting import eventually
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -70,8 +71,8 @@ async def test_a_large_batch_does_not_hold_up_a_lookup(client) -> None:  # type:
     texts = [f"customer question number {i} about an order" for i in range(2048)]
     big = asyncio.create_task(client.post("/v1/embeddings", json={"model": MODEL,
                                                                   "input": texts}))
-    while emb.batches == 0 or not emb._bulk:  # the big batch is being embedded
-        await asyncio.sleep(0.001)
+    started = emb.batches
+    await eventually(lambda: emb.batches > started and bool(emb._bulk), timeout=30)
     lookup = asyncio.create_task(emb.embed(["When are you open?"]))
     done, _ = await asyncio.wait({big, lookup}, return_when=asyncio.FIRST_COMPLETED)
     assert lookup in done and not big.done()  # served between two slices of the batch

@@ -73,7 +73,7 @@ async def test_a_large_call_is_sliced_and_a_lookup_overtakes_it() -> None:
     await asyncio.sleep(0)
     rt.gate.set()
     vecs, counts = await lookup
-    assert vecs[0, 7] == 1.0
+    assert vecs[0, 7] == 1.0 and counts == [2]
     # the lookup went into the second pass, ahead of the bulk call's remaining slices
     assert rt.passes[1][0] == "lookup 7" and len(rt.passes[1]) == 8
     assert all(len(p) <= 8 for p in rt.passes)
