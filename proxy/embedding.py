@@ -9,8 +9,9 @@ Scheduling, so a large batch cannot starve a cache lookup:
 - small calls (at most `URGENT_TEXTS` texts: a cache lookup, a short embeddings request)
   wait in the urgent lane, larger ones in the bulk lane;
 - each forward pass takes at most `batch_max` texts: first every urgent call queued
-  meanwhile (they batch together), then as many texts of the oldest bulk call as fit;
-  a bulk call is thus served in slices, and an urgent call waits at most one pass;
+  meanwhile (they batch together), then as many bulk texts as fit, the bulk calls taking
+  turns slice by slice; an urgent call thus waits at most one pass, and one large call
+  cannot hold up another for its whole length;
 - a caller that gives up (a lookup's deadline, a client gone) cancels its call: its
   texts not yet embedded are skipped.
 Vectors are unit-length (cosine = dot product).
@@ -144,6 +145,8 @@ class LocalEmbedder:
                 call.cursor = end
                 if end == len(call.texts):
                     lane.popleft()
+                elif lane is self._bulk:
+                    lane.rotate(-1)  # bulk calls take turns, slice by slice
         return out
 
     async def _run(self) -> None:

@@ -119,3 +119,18 @@ async def test_empty_input_and_the_protocol() -> None:
     fakes: list[Embedder] = [emb, FakeEmbedder()]  # both satisfy the protocol (mypy)
     assert all(f.dim > 0 for f in fakes)
     await emb.close()
+
+
+async def test_two_large_calls_take_turns() -> None:
+    rt = Runtime()
+    emb = await started(rt, batch_max=4)
+    rt.gate.clear()
+    first = asyncio.create_task(emb.embed([f"a {i}" for i in range(12)]))
+    await wait_entered(rt)
+    second = asyncio.create_task(emb.embed([f"b {i}" for i in range(8)]))
+    await asyncio.sleep(0)
+    rt.gate.set()
+    await asyncio.gather(first, second)
+    heads = [p[0].split()[0] for p in rt.passes]
+    assert heads == ["a", "a", "b", "a", "b"]  # not a, a, a, b, b: b takes turns with a
+    await emb.close()
