@@ -56,16 +56,16 @@ def load_runtime(model: str, max_tokens: int, threads: int,
     if model in ("builtin:minilm", "builtin:minilm-fp32"):
         int8 = model == "builtin:minilm"
         name = f"minilm-onnx-{'int8' if int8 else 'fp32'}-v{_VERSION}"
-        path = _ensure(cache / name, lambda d: _build_onnx(d, int8))
+        path = build_once(cache / name, lambda d: _build_onnx(d, int8))
         return OnnxRuntime(path, max_tokens, threads, one_by_one=int8)
     if model == "builtin:minilm-static":
-        path = _ensure(cache / f"minilm-static-v{_VERSION}", _build_static)
+        path = build_once(cache / f"minilm-static-v{_VERSION}", _build_static)
         return StaticRuntime(path, max_tokens)
     src = minilm_dir() if model == "builtin:minilm-torch" else Path(model)
     return TorchRuntime(src, max_tokens, threads)
 
 
-def _ensure(target: Path, build: Any) -> Path:
+def build_once(target: Path, build: Any) -> Path:
     """The model at `target`, built into a temporary sibling and renamed on first use."""
     if (target / "READY").exists():
         return target

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from proxy.embed_models import build_once
 from proxy.embedding import Embedder, LocalEmbedder
 from proxy.settings import EmbeddingSettings
 from tests.fakes import FakeEmbedder
@@ -134,3 +136,35 @@ async def test_two_large_calls_take_turns() -> None:
     heads = [p[0].split()[0] for p in rt.passes]
     assert heads == ["a", "a", "b", "a", "b"]  # not a, a, a, b, b: b takes turns with a
     await emb.close()
+
+
+def test_derived_models_are_built_once_and_atomically(tmp_path: Path) -> None:
+    builds: list[Path] = []
+
+    def build(d: Path) -> None:
+        builds.append(d)
+        (d / "model.onnx").write_text("weights")
+
+    def broken(d: Path) -> None:
+        (d / "model.onnx").write_text("half")
+        raise OSError("disk full")
+
+    target = tmp_path / "embeddings" / "m-v1"
+    with pytest.raises(OSError):
+        build_once(target, broken)
+    assert not target.exists() and list(target.parent.iterdir()) == []  # no half model
+    assert build_once(target, build) == target and (target / "model.onnx").read_text() == "weights"
+    assert builds[0] != target  # built elsewhere, then renamed into place
+    assert build_once(target, broken) == target and len(builds) == 1  # reused, not rebuilt
+
+    def lost_race(d: Path) -> None:  # another process renames its copy in first
+        (d / "model.onnx").write_text("mine")
+        other = tmp_path / "embeddings" / "m-v2"
+        other.mkdir()
+        (other / "model.onnx").write_text("theirs")
+        (other / "READY").write_text("ok\n")
+
+    other = tmp_path / "embeddings" / "m-v2"
+    assert build_once(other, lost_race) == other
+    assert (other / "model.onnx").read_text() == "theirs"
+    assert sorted(p.name for p in other.parent.iterdir()) == ["m-v1", "m-v2"]
