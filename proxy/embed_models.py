@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,7 +66,7 @@ def load_runtime(model: str, max_tokens: int, threads: int,
     return TorchRuntime(src, max_tokens, threads)
 
 
-def build_once(target: Path, build: Any) -> Path:
+def build_once(target: Path, build: Callable[[Path], None]) -> Path:
     """The model at `target`, built into a temporary sibling and renamed on first use."""
     if (target / "READY").exists():
         return target
