@@ -28,7 +28,7 @@ class L2Config(_Part):
 class SemanticConfig(_Part):
     enabled: bool = Field(True, description="Answer paraphrases of stored questions.")
     threshold: float = Field(
-        0.77, gt=0, le=1,
+        0.71, gt=0, le=1,
         description="Cosine similarity needed to hit (with the default embedding model; "
                     "tuned on tests/data/semantic_tune.yaml, see bench/results/embedders.md).")
     guard: bool = Field(True, description="Numbers, negations, names, directions and "

@@ -12,7 +12,13 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
   (lock/unlock, follow/unfollow, activate/deactivate), or "from X to Y" swaps;
 - their answer-shaping instructions differ: a language ("in French"), a format (JSON,
   a table, a poem), a length (one word, two sentences, brief), a persona ("like a
-  pirate"), or a clause that directs the answer ("Answer ...", "Reply ...", "Keep it ...").
+  pirate"), or a clause that directs the answer ("Answer ...", "Reply ...", "Keep it ...");
+- they ask for a different kind of fact: a time or a cost on one side only ("How do I
+  return an item?" / "How long do I have to return an item?"), or different places or
+  reasons;
+- they are one template with one slot changed ("Does the laptop come with a charger?" /
+  "Does the phone ..."): a swapped entity, even in lower case. The price: a one-word
+  synonym swap ("opening hours" / "business hours") misses too.
 
 One-sided direction words are allowed ("turn on 2FA" vs "set up 2FA"): only a conflict
 within a family refuses. Tuned on tests/data/semantic_tune.yaml only.
@@ -20,6 +26,7 @@ within a family refuses. Tuned on tests/data/semantic_tune.yaml only.
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -92,6 +99,22 @@ _INSTRUCTIONS = {
 }
 
 
+_FOCUS = {
+    "time": re.compile(r"\b(?:how long|how many (?:days|hours|weeks|minutes|months|years)|"
+                       r"how soon|how fast|how quickly|when|what time|what date|deadline|"
+                       r"hours|delivery times?)\b", re.IGNORECASE),
+    "cost": re.compile(r"\b(?:how much|costs?|prices?|fees?|free|pay for)\b", re.IGNORECASE),
+    "place": re.compile(r"\b(?:where|which country|what country)\b", re.IGNORECASE),
+    "reason": re.compile(r"\b(?:why|what caused|reason)\b", re.IGNORECASE),
+}
+_ONE_SIDED_FOCUS = frozenset({"time", "cost"})  # "where"/"why" often just rephrase "how"
+_TOKEN = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+_SCAFFOLD = frozenset(
+    "a an the i my me you your we our do does did can could is are was were be how what "
+    "when where why which who to for of in on at with and or it this that there please "
+    "should would will".split())
+
+
 @dataclass(frozen=True, slots=True)
 class Signature:
     numbers: tuple[str, ...]
@@ -101,6 +124,8 @@ class Signature:
     words: frozenset[str]
     route: tuple[str, str] | None  # "from X to Y"
     instructions: frozenset[str]
+    focus: frozenset[str]
+    tokens: tuple[str, ...]
 
 
 def signature(text: str) -> Signature:
@@ -118,6 +143,8 @@ def signature(text: str) -> Signature:
         words=frozenset(words),
         route=(route.group(1), route.group(2)) if route else None,
         instructions=frozenset(k for k, p in _INSTRUCTIONS.items() if p.search(text)),
+        focus=frozenset(k for k, p in _FOCUS.items() if p.search(text)),
+        tokens=tuple(_TOKEN.findall(text.lower())),
     )
 
 
@@ -139,10 +166,28 @@ def _reversed(a: frozenset[str], b: frozenset[str]) -> bool:
     return False
 
 
+def _focus_differs(a: frozenset[str], b: frozenset[str]) -> bool:
+    return bool((a ^ b) & _ONE_SIDED_FOCUS) or bool(a and b and a != b)
+
+
+def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """The same words but one span of 1-2 content words replaced by another."""
+    ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    if len(ops) != 1 or ops[0][0] != "replace":
+        return False
+    _, i1, i2, j1, j2 = ops[0]
+    if i2 - i1 > 2 or j2 - j1 > 2 or len(a) - (i2 - i1) < 2:
+        return False
+    return not (set(a[i1:i2]) <= _SCAFFOLD and set(b[j1:j2]) <= _SCAFFOLD)
+
+
 def guard_ok(question: str, stored: str) -> bool:
     a, b = signature(question), signature(stored)
     return (a.numbers == b.numbers and a.negations == b.negations and a.names == b.names
             and a.instructions == b.instructions
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
-            and not _reversed(a.words, b.words))
+            and not _reversed(a.words, b.words)
+            and not _focus_differs(a.focus, b.focus)
+            and not _one_slot_changed(a.tokens, b.tokens))

@@ -42,12 +42,9 @@ def test_rates(scored: dict[str, Scored]) -> None:
               f"{x['near_misses']} {x['near_miss_hits_by_kind']}, different-question hits "
               f"{x['different_question_hits']} of {x['different_questions']}")
     held = r["heldout"]
-    assert held["near_miss_hits"] == 0
-    # Known: one held-out pair of distinct questions on one topic hits ("How long is the
-    # warranty?" / "What does the warranty cover?"); found on the held-out part, so not
-    # tuned away. The 85% paraphrase target is not met either (bench/results/embedders.md).
-    assert held["different_question_hits"] <= 1
-    assert held["paraphrase_hit_rate"] >= 0.4
+    assert held["near_miss_hits"] == 0 and held["different_question_hits"] == 0
+    # The 85% paraphrase target is not met (56%): bench/results/embedders.md says why.
+    assert held["paraphrase_hit_rate"] >= 0.5
     orig = r["original"]
     assert orig["near_miss_hits"] == 0 and orig["paraphrase_hit_rate"] >= 0.9
     unguarded = rates(scored["heldout"], t, guard=False)

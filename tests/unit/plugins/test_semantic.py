@@ -85,6 +85,11 @@ def test_an_added_instruction_is_a_different_question(extra: str) -> None:
     ("Is the item refundable?", "Is the item non-refundable?"),
     ("How do I upgrade my plan?", "How do I downgrade my plan?"),
     ("Cancel order 1234", "Cancel order 1243"),
+    ("Does the laptop come with a charger?", "Does the phone come with a charger?"),
+    ("How do I update my billing address?", "How do I update my shipping address?"),
+    ("How do I return an item?", "How long do I have to return an item?"),
+    ("How do I change my plan?", "How much does it cost to change my plan?"),
+    ("Where is my refund?", "Why is my refund late?"),
 ])
 def test_near_misses_are_refused(a: str, b: str) -> None:
     assert not guard_ok(a, b) and not guard_ok(b, a)
@@ -93,13 +98,18 @@ def test_near_misses_are_refused(a: str, b: str) -> None:
 @pytest.mark.parametrize("a, b", [
     ("How do I reset my password?", "forgot my password, what now?"),
     ("Are you open on Sundays?", "Do you open on Sunday?"),
-    ("How do I turn on two-factor authentication?", "How do I set up two-factor authentication?"),
+    ("How do I turn on notifications?", "How can I enable notifications?"),
     ("How do I cancel my subscription?", "I want to stop my subscription"),
     ("Can I pick up my order in store?", "Do you offer in-store collection?"),
     ("What is your refund policy?", "Can you explain your refund policy?"),
 ])
 def test_paraphrases_pass(a: str, b: str) -> None:
     assert guard_ok(a, b) and guard_ok(b, a)
+
+
+def test_the_price_of_the_slot_rule_a_one_word_synonym_swap_misses() -> None:
+    assert not guard_ok("What are your opening hours?", "What are your business hours?")
+    assert guard_ok("How do I reset my password?", "How can I reset my password?")
 
 
 class StuckEmbedder(FakeEmbedder):
