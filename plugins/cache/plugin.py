@@ -82,7 +82,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if config.semantic.enabled and self.embedder is None:
             log.warning("semantic cache needs `embeddings.enabled: true`; exact only")
         dim = self.embedder.dim if self.embedder is not None else 384
-        self.index = SemanticIndex(dim, config.semantic.max_entries_per_scope)
+        self.index = SemanticIndex(dim, config.semantic.max_entries_per_scope,
+                                   config.semantic.max_partitions)
         self.redis = (RedisStore(config.redis, self.store_errors, self.replica)
                       if config.redis.url else None)
         self._sensitive = [re.compile(p) for p in config.sensitive_patterns]
@@ -248,12 +249,16 @@ class CachePlugin(BasePlugin[CacheConfig]):
                         allow_stale: bool = False) -> tuple[np.ndarray | None, Entry | None]:
         assert self.embedder is not None
         try:
-            vecs, _ = await self.embedder.embed([question])
+            async with asyncio.timeout(self.cfg.semantic.lookup_timeout_ms / 1000):
+                vecs, _ = await self.embedder.embed([question])
+        except TimeoutError:  # a busy or loading model: a miss, not a wait
+            self.lookups.labels("semantic", "timeout").inc()
+            return None, None
         except Exception as e:  # the model failing must not fail the request
             log.warning("embedding failed; semantic lookup skipped", error=type(e).__name__)
             return None, None
         vec = vecs[0]
-        part = self.index.partitions.get(partition)
+        part = self.index.get(partition)
         found = part.search(vec, time.time(), allow_stale) if part is not None else None
         if found is None:
             self.lookups.labels("semantic", "miss").inc()
