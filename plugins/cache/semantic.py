@@ -14,6 +14,7 @@ paraphrases still hit.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import OrderedDict
 from collections.abc import Callable
@@ -66,7 +67,20 @@ def guard_tokens(text: str) -> tuple[tuple[str, ...], int, tuple[str, ...], tupl
     return numbers, negations, names, contrast
 
 
+#: Marks a stored guard digest (an entry read from Redis without its question text).
+DIGEST_MARK = "\x00guard:"
+
+
+def guard_digest(text: str) -> str:
+    """A hash of the guard's tokens: enough to compare, and no prompt text in it."""
+    tokens = repr(guard_tokens(text)).encode()
+    return DIGEST_MARK + hashlib.sha256(tokens).hexdigest()
+
+
 def guard_ok(question: str, stored: str) -> bool:
+    """`stored`: the stored question, or its `guard_digest`."""
+    if stored.startswith(DIGEST_MARK):
+        return guard_digest(question) == stored
     return guard_tokens(question) == guard_tokens(stored)
 
 
