@@ -131,16 +131,45 @@ def _ip_ok(candidate: str) -> bool:
 
 _EMAIL = r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}\b"
 # "name at domain dot com", "name[at]domain(dot)com", "name (at) domain [dot] co [dot] uk".
-_AT = r"(?:\s*[\[({<]\s*at\s*[\])}>]\s*|\s+at\s+|\s*@\s*)"
-_DOT = r"(?:\s*[\[({<]\s*dot\s*[\])}>]\s*|\s+dot\s+)"
+# Spelled-out addresses are found from their "at" (every run below is bounded, so a text
+# made of thousands of "a dot b at c" costs linear time): the local part just before it
+# (with up to two earlier parts joined by a spelled "dot"), then domain labels after it
+# ending in a spelled "dot" and a common top-level domain ("dot by dot" is not one).
+_AT_TOKEN = re.compile(r"\s{0,3}(?:[\[({<]\s{0,3}at\s{0,3}[\])}>]|(?<=\s)at(?=\s)|@)\s{0,3}",
+                       re.IGNORECASE)
+_DOT = r"(?:\s{0,3}[\[({<]\s{0,3}dot\s{0,3}[\])}>]\s{0,3}|\s{1,3}dot\s{1,3})"
 _LABEL = r"(?!(?:the|a|an|my|your|our|this|that|home|work|least|most|all)\b)[a-z0-9-]{1,63}"
-# Spelled-out addresses end in a common top-level domain ("dot by dot" is not one).
 _TLD = ("(?:com|net|org|edu|gov|mil|int|io|co|ai|app|dev|info|biz|me|xyz|online|site|"
         "uk|us|ca|au|nz|ie|de|fr|es|it|nl|be|ch|at|se|no|dk|fi|pl|cz|pt|gr|ru|ua|tr|il|"
         "in|cn|hk|tw|jp|kr|sg|my|id|th|vn|ph|br|mx|ar|cl|za|ng|ke|eg|ae|sa)")
-_EMAIL_SPELLED = re.compile(
-    rf"(?<![\w.+-])[a-z0-9._%+-]{{1,64}}(?:{_DOT}[a-z0-9._%+-]{{1,64}})*{_AT}{_LABEL}"
-    rf"(?:(?:{_DOT}|\.){_LABEL})*{_DOT}{_TLD}\b", re.IGNORECASE)
+_DOMAIN_AFTER = re.compile(rf"{_LABEL}(?:(?:{_DOT}|\.){_LABEL}){{0,4}}{_DOT}{_TLD}\b",
+                           re.IGNORECASE)
+_PART_BEFORE = re.compile(rf"[a-z0-9._%+-]{{1,64}}{_DOT}\Z", re.IGNORECASE)
+_LOCAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._%+-")
+
+
+def _spelled_emails(text: str) -> Iterator[Span]:
+    last = 0
+    for at in _AT_TOKEN.finditer(text):
+        if at.start() < last:
+            continue
+        domain = _DOMAIN_AFTER.match(text, at.end())
+        if domain is None:
+            continue
+        start = at.start()
+        while start > last and at.start() - start < 64 and text[start - 1] in _LOCAL:
+            start -= 1
+        if start == at.start():
+            continue
+        for _ in range(2):  # "jane dot doe at ...": earlier parts of the local name
+            part = _PART_BEFORE.search(text, max(last, start - 80), start)
+            if part is None:
+                break
+            start = part.start()
+        last = domain.end()
+        yield start, last
+
+
 # International numbers (+ or 00, an optional "(0)"), and North-American shapes whose area
 # code and exchange start with 2-9 (so "100 200 3000" is not one).
 _PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .-]?\(0\))?(?:[ .-]?\(?\d{1,4}\)?)"
@@ -161,17 +190,8 @@ _IPV6 = r"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])"  # che
 
 def _find_email(text: str) -> Iterator[Span]:
     yield from _email_plain(text)
-    low = text.lower()
-    if len(low) != len(text):
-        low = text  # offsets must line up; the spelled forms are then found in lower case
-    last = 0
-    j = low.find("dot")
-    while j != -1:  # a spelled address ends shortly after a "dot", begins within ~200 before
-        if not (low[j - 1: j].isalpha() or low[j + 3: j + 4].isalpha()):  # the word "dot"
-            for m in _EMAIL_SPELLED.finditer(text, max(last, j - 200), min(len(text), j + 80)):
-                yield m.span()
-                last = m.end()
-        j = low.find("dot", max(j + 1, last))
+    if "dot" in text or "DOT" in text or "Dot" in text:
+        yield from _spelled_emails(text)
 
 
 def _around_at(pattern: str) -> Callable[[str], Iterator[Span]]:

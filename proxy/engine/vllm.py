@@ -286,14 +286,16 @@ class VllmEngine:
 # Native code (the grammar compiler) prefixes its messages with a time and a source path.
 _NATIVE_NOISE = re.compile(
     r"\[\d{1,2}:\d{2}:\d{2}\]\s*"  # [22:43:45]
-    r"|(?:[A-Za-z]:)?(?:[/\\][\w.+-]+)+\.(?:cc|cpp|cxx|c|h|hpp|py|rs)(?::\d+)*:?\s*"
+    r"|(?:[A-Za-z]:)?[/\\](?:[\w+-]+[/\\])*[\w+-]+(?:\.[\w+-]+)*"
+    r"\.(?:cc|cpp|cxx|c|h|hpp|py|rs)\b(?::\d+)*:?\s*"
 )
 _MAX_MESSAGE = 500
 
 
 def _clean(message: str) -> str:
-    """An engine message fit for a client: no source paths, no stamps, bounded."""
-    text = " ".join(_NATIVE_NOISE.sub("", message).split())
+    """An engine message fit for a client: no source paths, no stamps, bounded (cut before
+    the regex runs, as the message can quote the client's own input)."""
+    text = " ".join(_NATIVE_NOISE.sub("", message[: _MAX_MESSAGE * 2]).split())
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
