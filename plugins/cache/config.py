@@ -48,6 +48,10 @@ class RedisConfig(_Part):
     timeout_s: float = Field(0.05, gt=0, description="Per-command timeout; slower = down.")
     key_prefix: str = Field("weir:cache:", min_length=1, description="Prefix of every key.")
     max_connections: int = Field(64, ge=1, description="Connection pool size.")
+    store_prompts: bool = Field(
+        False, description="Also keep the prompt text in Redis entries (needed for a purge "
+        "by content to reach them). Off: Redis holds keys, vectors, a hash for the semantic "
+        "guard and the answer; the prompt stays in process memory only.")
 
 
 class CacheConfig(PluginConfig):

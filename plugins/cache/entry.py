@@ -1,9 +1,11 @@
 """A cached answer, how it is captured from a live reply, and how it is replayed.
 
 An Entry holds the answer's choices (text and finish reason), its usage, and who it
-belongs to (scope, tenant, role, user: for isolation checks and purges). It is captured
-from a whole Completion body or from what a finished Stream carries (its `answer` and
-`usage`), and replayed through
+belongs to (scope, tenant, role, user: for isolation checks and purges). `prompt` (for
+purges by content) lives in process memory; what leaves the process (Redis) carries it
+only when the operator opts in, so an entry read back from Redis may have it empty. It
+is captured from a whole Completion body or from what a finished Stream carries (its
+`answer` and `usage`), and replayed through
 `proxy.responses`, so a cached answer has the same shapes as a live one: streamed when
 the request streams (usage chunk included when asked), whole otherwise.
 """
@@ -31,13 +33,16 @@ class Entry:
     tenant: str
     role: str
     user: str
-    prompt: str
+    prompt: str = ""
     created: float = field(default_factory=time.time)
     expires: float = 0.0
     stale_until: float = 0.0
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+    def to_json(self, *, with_prompt: bool = True) -> str:
+        data = asdict(self)
+        if not with_prompt:
+            del data["prompt"]
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
     def from_json(cls, data: str | bytes) -> Entry:

@@ -27,6 +27,7 @@ within a family refuses. Tuned on tests/data/semantic_tune.yaml only.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -182,7 +183,29 @@ def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return not (set(a[i1:i2]) <= _SCAFFOLD and set(b[j1:j2]) <= _SCAFFOLD)
 
 
+#: Marks a stored guard digest (an entry read from Redis without its question text).
+DIGEST_MARK = "\x00guard:"
+
+
+def _strict(sig: Signature) -> tuple[object, ...]:
+    return (sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
+            sig.route, sig.directions, tuple(sorted(sig.focus)))
+
+
+def guard_digest(text: str) -> str:
+    """A hash of the guard's features (numbers, negations, names, added instructions, a
+    from/to route, directions, the kind of fact asked): what Redis keeps instead of the
+    question, so no prompt text leaves the process unless the operator opts in."""
+    return DIGEST_MARK + hashlib.sha256(repr(_strict(signature(text))).encode()).hexdigest()
+
+
 def guard_ok(question: str, stored: str) -> bool:
+    """`stored`: the stored question, or its `guard_digest`. On a digest the features
+    must be equal (stricter on them than the text guard); the word-level checks (one
+    slot swapped, a reversing prefix) need the text, so an entry loaded from Redis without
+    it is guarded by its features and the similarity threshold alone."""
+    if stored.startswith(DIGEST_MARK):
+        return guard_digest(question) == stored
     a, b = signature(question), signature(stored)
     return (a.numbers == b.numbers and a.negations == b.negations and a.names == b.names
             and a.instructions == b.instructions

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import numpy as np
 
 from .entry import Entry
-from .guard import guard_ok
+from .guard import DIGEST_MARK, guard_digest, guard_ok
 
-__all__ = ["Partition", "SemanticIndex", "guard_ok"]
+__all__ = ["DIGEST_MARK", "Partition", "SemanticIndex", "guard_digest", "guard_ok"]
 
 
 class Partition:

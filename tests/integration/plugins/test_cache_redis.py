@@ -133,7 +133,10 @@ async def test_role_scope_separates_roles(make_client: MakeClient, redis_server:
 
 async def test_admin_purge_reaches_every_replica(make_client: MakeClient,
                                                  redis_server: RedisServer) -> None:
-    a, b = await replicas(make_client, redis_server.url)
+    # Prompts stored in Redis (opt-in): a purge by content reaches Redis entries too.
+    a, b = await replicas(make_client, redis_server.url, redis={
+        "url": redis_server.url, "key_prefix": f"weir:test:{uuid.uuid4().hex[:8]}:",
+        "timeout_s": 0.2, "store_prompts": True})
     await ask(a, "Tell me about project falcon launch")
     await ask(a, "What is the weather policy for travel")
     await ask(b, "Tell me about project falcon launch")  # b's L1 holds it too
