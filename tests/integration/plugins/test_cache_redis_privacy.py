@@ -9,9 +9,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from bench.redis_server import RedisServer
 from tests.conftest import MakeClient
 from tests.integration.plugins.test_cache_redis import ask, cache_of, replicas, settle
-from tests.redis_server import RedisServer
 from tests.waiting import eventually
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from plugins.sanitizer.normalize import normalize
 
 from plugins.sanitizer.config import SanitizerConfig
 from plugins.sanitizer.detectors import BUILTIN, luhn_ok
@@ -22,6 +21,7 @@ from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
+from proxy.text import normalize
 from tests.fakes import FakeEngine
 
 ALNUM = string.ascii_letters + string.digits
