@@ -1,0 +1,216 @@
+"""Connection limits in front of aiohttp's protocol: a cap, a head timeout, quiet logs.
+
+aiohttp bounds a request head's size (`max_line_size`, `max_field_size`) and closes a
+connection that stays idle for `keepalive_timeout`, but it has no clock on a request
+head that arrives one byte at a time (slowloris) and no limit on connections, so idle
+sockets can use up the process's file descriptors. `ConnectionGuard` wraps each of
+aiohttp's per-connection protocols:
+
+- over `max_connections`, a new connection gets a complete `503` (OpenAI-shaped,
+  `Connection: close`) and is closed at once, so file descriptors stay available for
+  the engine, Redis and the connections already served;
+- once the first byte of a request head arrives while no request is being handled,
+  the head must be complete within `header_timeout_s`, or the connection is aborted.
+  "Being handled" is marked by `guard_middleware` (the outermost middleware), which
+  runs as soon as aiohttp has parsed a head.
+
+The body's own timeout is applied where the body is read (`proxy.body`), and the idle
+keep-alive timeout is aiohttp's `keepalive_timeout`. `listen` puts it together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from .settings import ServerSettings
+from .telemetry import get_logger
+
+log = get_logger("weir.connections")
+
+_RESERVED_FDS = 256  # for the engine, Redis, log files, the embedding model ...
+
+
+def default_max_connections() -> int:
+    """The soft file-descriptor limit less a reserve (at least 64)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(64, soft - max(_RESERVED_FDS, soft // 4))
+
+
+def _refusal() -> bytes:
+    body = json.dumps({"error": {
+        "message": "The server has too many open connections; retry shortly.",
+        "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+_REFUSAL = _refusal()
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: delegates to aiohttp's protocol, adds the cap and the head clock."""
+
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+        self.guard = guard
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self.refused = False
+        self.busy = 0  # requests of this connection inside their handler
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        g = self.guard
+        if len(g.open) >= g.max_connections:
+            self.refused = True
+            g.refused += 1
+            g.note_refusal()
+            transport.write(_REFUSAL)
+            transport.close()
+            return
+        g.open[transport] = self
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        if not self.busy and self._head_timer is None and data:
+            loop = asyncio.get_running_loop()
+            self._head_timer = loop.call_later(self.guard.header_timeout_s, self._head_late)
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self.refused else self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self.refused:
+            return
+        assert self.transport is not None
+        self.guard.open.pop(self.transport, None)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if not self.refused:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if not self.refused:
+            self.inner.resume_writing()
+
+    def request_started(self) -> None:
+        self.busy += 1
+        self._disarm()
+
+    def request_ended(self) -> None:
+        self.busy -= 1
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.busy or self.transport is None or self.transport.is_closing():
+            return
+        self.guard.head_timeouts += 1
+        self.transport.abort()  # a slow sender gets no lingering close
+
+
+class ConnectionGuard:
+    """The protocol factory's wrapper and the live connections it tracks."""
+
+    def __init__(self, max_connections: int | None, header_timeout_s: float,
+                 on_refusal: Callable[[int], None] | None = None) -> None:
+        self.max_connections = max_connections or default_max_connections()
+        self.header_timeout_s = header_timeout_s
+        self.open: dict[asyncio.BaseTransport, _Guarded] = {}
+        self.refused = 0
+        self.head_timeouts = 0
+        self._on_refusal = on_refusal
+
+    def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        return lambda: _Guarded(self, inner())
+
+    def note_refusal(self) -> None:
+        if self._on_refusal is not None:
+            self._on_refusal(self.refused)
+
+    def connection_of(self, transport: Any) -> _Guarded | None:
+        return self.open.get(transport)
+
+
+GUARD = web.AppKey("connection_guard", ConnectionGuard)
+
+
+@web.middleware
+async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Marks the connection busy while its request is handled (stops the head clock)."""
+    guard = request.app.get(GUARD)
+    conn = guard.connection_of(request.transport) if guard is not None else None
+    if conn is None:
+        return await handler(request)
+    conn.request_started()
+    try:
+        return await handler(request)
+    finally:
+        conn.request_ended()
+
+
+class Listener:
+    """The app served on a socket through a `ConnectionGuard` (what `weir serve` runs)."""
+
+    def __init__(self, runner: web.AppRunner, server: asyncio.Server,
+                 guard: ConnectionGuard) -> None:
+        self.runner, self.server, self.guard = runner, server, guard
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        """Stop accepting, then aiohttp's own shutdown (open connections, cleanup_ctx)."""
+        self.server.close()
+        await self.runner.cleanup()
+
+
+async def listen(app: web.Application, settings: ServerSettings, host: str, port: int,
+                 **runner_kw: Any) -> Listener:
+    last_note = [0.0]
+
+    def refused(total: int) -> None:  # at most one line per 10 s in a connection flood
+        now = asyncio.get_running_loop().time()
+        if now - last_note[0] >= 10:
+            last_note[0] = now
+            log.warning("connection refused: too many open connections",
+                        max_connections=guard.max_connections, refused_total=total)
+
+    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, refused)
+    app[GUARD] = guard
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
+        keepalive_timeout=settings.idle_timeout_s, max_line_size=settings.max_header_line_bytes,
+        max_field_size=settings.max_header_line_bytes, max_headers=settings.max_headers,
+        **runner_kw)
+    await runner.setup()
+    assert runner.server is not None
+    loop = asyncio.get_running_loop()
+    try:
+        server = await loop.create_server(guard.factory(runner.server), host, port,
+                                          reuse_address=True, backlog=1024)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return Listener(runner, server, guard)
