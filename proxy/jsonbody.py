@@ -73,11 +73,45 @@ def _loads(text: str) -> Any:
         raise InvalidRequest(
             f"`{e}` is not valid JSON; numbers must be finite.", code="invalid_json"
         ) from None
-    except (RecursionError, MemoryError):
-        raise _too_deep(None) from None
+    except RecursionError:
+        raise _too_deep(_deep_field(text)) from None
     except ValueError:  # any other limit of the decoder (a float literal it cannot hold)
         raise InvalidRequest("The request body holds a number that cannot be represented.",
                              code="invalid_json") from None
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_ws(text: str, i: int) -> int:
+    m = _WS.match(text, i)
+    return m.end() if m else i
+
+
+def _deep_field(text: str) -> str | None:
+    """The top-level field whose value is too deep for `json` itself, if the body is an
+    object: its fields are decoded one by one (each in C) until one overflows."""
+    dec = json.JSONDecoder(parse_int=_parse_int, parse_constant=_parse_constant)
+    i = _skip_ws(text, 0)
+    if not text.startswith("{", i):
+        return None
+    i += 1
+    try:
+        while True:
+            key, i = dec.raw_decode(text, _skip_ws(text, i))
+            i = _skip_ws(text, i)
+            if not isinstance(key, str) or not text.startswith(":", i):
+                return None
+            try:
+                _, i = dec.raw_decode(text, _skip_ws(text, i + 1))
+            except RecursionError:
+                return key
+            i = _skip_ws(text, i)
+            if not text.startswith(",", i):
+                return None
+            i += 1
+    except ValueError:
+        return None
 
 
 def _too_deep(param: str | None) -> InvalidRequest:
