@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from .app_state import INFO, REQUEST_ID, STATE, AppState
-from .body import read_json
+from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
 from .context import RequestContext, Route
 from .errors import InvalidRequest, ModelNotFound, Unauthorized, Unavailable, WeirError
