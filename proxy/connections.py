@@ -6,9 +6,12 @@ head that arrives one byte at a time (slowloris) and no limit on connections, so
 sockets can use up the process's file descriptors. `ConnectionGuard` wraps each of
 aiohttp's per-connection protocols:
 
-- over `max_connections`, a new connection gets a complete `503` (OpenAI-shaped,
-  `Connection: close`) and is closed at once, so file descriptors stay available for
-  the engine, Redis and the connections already served;
+- at `max_connections`, a new connection takes the place of the oldest idle one (a
+  keep-alive connection between requests, or one that never sent a byte), which is
+  closed; when none is idle it gets a complete `503` (OpenAI-shaped, `Connection:
+  close`) and is closed at once. So a flood of idle sockets cannot use up the file
+  descriptors the engine, Redis and the requests in progress need, and new clients
+  (health probes too) are still served;
 - once the first byte of a request head arrives while no request is being handled,
   the head must be complete within `header_timeout_s`, or the connection is aborted.
   "Being handled" is marked by `guard_middleware` (the outermost middleware), which
@@ -72,7 +75,7 @@ class _Guarded(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         g = self.guard
-        if len(g.open) >= g.max_connections:
+        if len(g.open) >= g.max_connections and not g.evict_idle():
             self.refused = True
             g.refused += 1
             g.note_refusal()
@@ -121,6 +124,10 @@ class _Guarded(asyncio.Protocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    @property
+    def idle(self) -> bool:
+        return not self.busy and self._head_timer is None
+
     def _head_late(self) -> None:
         self._head_timer = None
         if self.busy or self.transport is None or self.transport.is_closing():
@@ -136,13 +143,24 @@ class ConnectionGuard:
                  on_refusal: Callable[[int], None] | None = None) -> None:
         self.max_connections = max_connections or default_max_connections()
         self.header_timeout_s = header_timeout_s
-        self.open: dict[asyncio.BaseTransport, _Guarded] = {}
+        self.open: dict[asyncio.Transport, _Guarded] = {}
         self.refused = 0
+        self.evicted = 0
         self.head_timeouts = 0
         self._on_refusal = on_refusal
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, inner())
+
+    def evict_idle(self) -> bool:
+        """Close the oldest idle connection (the dict keeps them oldest first)."""
+        for transport, conn in self.open.items():
+            if conn.idle and not transport.is_closing():
+                self.open.pop(transport)
+                self.evicted += 1
+                transport.abort()
+                return True
+        return False
 
     def note_refusal(self) -> None:
         if self._on_refusal is not None:

@@ -112,11 +112,28 @@ async def test_idle_connection_is_closed(served: Listener) -> None:
 
 
 @pytest.mark.parametrize("served", [{"max_connections": 2}], indirect=True)
-async def test_connection_cap_refuses_cleanly_and_recovers(served: Listener) -> None:
+async def test_at_the_cap_the_oldest_idle_connection_makes_room(served: Listener) -> None:
     held = [await connect(served) for _ in range(2)]
     for reader, writer in held:
         writer.write(LIVE)
-        assert (await response(reader))[0] == 200  # accepted and counted
+        assert (await response(reader))[0] == 200  # accepted, now idle keep-alive
+    reader, writer = await connect(served)
+    writer.write(LIVE)
+    assert (await response(reader))[0] == 200  # served: a probe still gets through
+    assert await closed_by_server(held[0][0])  # the oldest idle one made room
+    assert served.guard.evicted == 1 and served.guard.refused == 0
+    for _, w in [*held, (reader, writer)]:
+        w.close()
+
+
+@pytest.mark.parametrize("served", [{"max_connections": 2}], indirect=True)
+async def test_connection_cap_refuses_cleanly_when_none_is_idle(served: Listener) -> None:
+    held = [await connect(served) for _ in range(2)]
+    for _, writer in held:  # heads in progress: not idle, not to be evicted
+        writer.write(b"GET /health/live HTTP/1.1\r\n")
+        await writer.drain()
+    await eventually(lambda: len(served.guard.open) == 2 and not any(
+        c.idle for c in served.guard.open.values()), timeout=WAIT)
     reader, writer = await connect(served)
     writer.write(LIVE)
     status, headers, body = await response(reader)
@@ -125,8 +142,8 @@ async def test_connection_cap_refuses_cleanly_and_recovers(served: Listener) -> 
     assert await closed_by_server(reader)
     assert served.guard.refused == 1
     writer.close()
-    held[0][1].close()
-    await eventually(lambda: len(served.guard.open) == 1, timeout=WAIT)
+    held[0][1].write(b"Host: x\r\n\r\n")  # one head completes: answered, then idle
+    assert (await response(held[0][0]))[0] == 200
     reader, writer = await connect(served)
     writer.write(LIVE)
     assert (await response(reader))[0] == 200
