@@ -18,7 +18,9 @@ aiohttp's per-connection protocols:
   runs as soon as aiohttp has parsed a head.
 
 The body's own timeout is applied where the body is read (`proxy.body`), and the idle
-keep-alive timeout is aiohttp's `keepalive_timeout`. `listen` puts it together.
+keep-alive timeout is aiohttp's `keepalive_timeout`. aiohttp's own error answers (a
+malformed head) are replaced by OpenAI-shaped ones that do not quote the request.
+`listen` puts it together.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from .errors import ServerError, WeirError
 from .settings import ServerSettings
 from .telemetry import get_logger
 
@@ -58,6 +61,28 @@ def _refusal() -> bytes:
 
 
 _REFUSAL = _refusal()
+
+
+class _OpenAIErrors(web.RequestHandler):
+    """aiohttp's protocol, whose own error answers (a malformed request head, before any
+    middleware runs) are OpenAI-shaped and never echo the request: aiohttp's quote the
+    offending line, an `Authorization` key included."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        self.log_exception("Error handling request", exc_info=exc)  # scrubbed: telemetry
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response had started; no error answer is possible")
+        err = (WeirError("The HTTP request could not be parsed (its request line or a "
+                         "header is malformed or too long).", code="invalid_http_request")
+               if status < 500 else ServerError())
+        err.status, err.type = status, ("invalid_request_error" if status < 500
+                                        else "server_error")
+        resp = web.json_response(err.to_body(), status=status)
+        resp.force_close()
+        return resp
 
 
 class _Guarded(asyncio.Protocol):
@@ -152,6 +177,11 @@ class ConnectionGuard:
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, inner())
 
+    def handlers(self, server: web.Server, **kw: Any) -> Callable[[], asyncio.Protocol]:
+        """aiohttp's per-connection protocol (with OpenAI-shaped errors), guarded."""
+        loop = asyncio.get_running_loop()
+        return self.factory(lambda: _OpenAIErrors(server, loop=loop, **kw))
+
     def evict_idle(self) -> bool:
         """Close the oldest idle connection (the dict keeps them oldest first)."""
         for transport, conn in self.open.items():
@@ -205,7 +235,7 @@ class Listener:
 
 
 async def listen(app: web.Application, settings: ServerSettings, host: str, port: int,
-                 **runner_kw: Any) -> Listener:
+                 ) -> Listener:
     last_note = [0.0]
 
     def refused(total: int) -> None:  # at most one line per 10 s in a connection flood
@@ -217,17 +247,18 @@ async def listen(app: web.Application, settings: ServerSettings, host: str, port
 
     guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, refused)
     app[GUARD] = guard
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
-        keepalive_timeout=settings.idle_timeout_s, max_line_size=settings.max_header_line_bytes,
-        max_field_size=settings.max_header_line_bytes, max_headers=settings.max_headers,
-        **runner_kw)
+    handler_kw: dict[str, Any] = dict(
+        access_log=None, keepalive_timeout=settings.idle_timeout_s,
+        max_line_size=settings.max_header_line_bytes,
+        max_field_size=settings.max_header_line_bytes, max_headers=settings.max_headers)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0,
+                           **handler_kw)
     await runner.setup()
     assert runner.server is not None
     loop = asyncio.get_running_loop()
     try:
-        server = await loop.create_server(guard.factory(runner.server), host, port,
-                                          reuse_address=True, backlog=1024)
+        server = await loop.create_server(guard.handlers(runner.server, **handler_kw), host,
+                                          port, reuse_address=True, backlog=1024)
     except BaseException:
         await runner.cleanup()
         raise

@@ -174,8 +174,12 @@ async def test_parser_errors_never_log_the_key(head: bytes, log: io.StringIO,
     try:
         reader, writer = await connect(listener)
         writer.write(head)
-        status, _, _ = await response(reader)
+        status, _, body = await response(reader)
         assert status in (400, 413, 431)
+        error = json.loads(body)["error"]  # OpenAI's shape, not aiohttp's echo of the line
+        assert set(error) == {"message", "type", "param", "code"}
+        assert KEY[3:15].encode() not in body
+        assert await closed_by_server(reader)
         writer.close()
     finally:
         await listener.close()
