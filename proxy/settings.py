@@ -56,8 +56,9 @@ class ServerSettings(_Strict):
     body_timeout_s: float = Field(
         30.0, gt=0, description="A request body must arrive within this long (408 after).")
     max_connections: int | None = Field(
-        None, ge=1, description="Open client connections at most; more get a 503 and are "
-        "closed at once. None: the soft file-descriptor limit less a reserve.")
+        None, ge=1, description="Open client connections at most. At the cap a new one "
+        "replaces the oldest idle one; if none is idle it gets a 503 and is closed. None: "
+        "the soft file-descriptor limit less a reserve.")
     max_header_line_bytes: int = Field(
         8190, ge=1024, le=65536, description="Longest request line or header line (400 above).")
     max_headers: int = Field(128, ge=8, le=1024, description="Header fields per request.")
