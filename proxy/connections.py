@@ -34,6 +34,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from .app_state import STATE
 from .errors import ServerError, WeirError
 from .settings import ServerSettings
 from .telemetry import get_logger
@@ -103,7 +104,7 @@ class _Guarded(asyncio.Protocol):
         if len(g.open) >= g.max_connections and not g.evict_idle():
             self.refused = True
             g.refused += 1
-            g.note_refusal()
+            g.note("refused")
             transport.write(_REFUSAL)
             transport.close()
             return
@@ -158,6 +159,7 @@ class _Guarded(asyncio.Protocol):
         if self.busy or self.transport is None or self.transport.is_closing():
             return
         self.guard.head_timeouts += 1
+        self.guard.note("head_timeout")
         self.transport.abort()  # a slow sender gets no lingering close
 
 
@@ -165,14 +167,14 @@ class ConnectionGuard:
     """The protocol factory's wrapper and the live connections it tracks."""
 
     def __init__(self, max_connections: int | None, header_timeout_s: float,
-                 on_refusal: Callable[[int], None] | None = None) -> None:
+                 on_close: Callable[[str], None] | None = None) -> None:
         self.max_connections = max_connections or default_max_connections()
         self.header_timeout_s = header_timeout_s
         self.open: dict[asyncio.Transport, _Guarded] = {}
         self.refused = 0
         self.evicted = 0
         self.head_timeouts = 0
-        self._on_refusal = on_refusal
+        self._on_close = on_close
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, inner())
@@ -188,13 +190,15 @@ class ConnectionGuard:
             if conn.idle and not transport.is_closing():
                 self.open.pop(transport)
                 self.evicted += 1
+                self.note("evicted")
                 transport.abort()
                 return True
         return False
 
-    def note_refusal(self) -> None:
-        if self._on_refusal is not None:
-            self._on_refusal(self.refused)
+    def note(self, reason: str) -> None:
+        """A connection Weir closed on its own: refused, evicted or head_timeout."""
+        if self._on_close is not None:
+            self._on_close(reason)
 
     def connection_of(self, transport: Any) -> _Guarded | None:
         return self.open.get(transport)
@@ -236,16 +240,21 @@ class Listener:
 
 async def listen(app: web.Application, settings: ServerSettings, host: str, port: int,
                  ) -> Listener:
-    last_note = [0.0]
+    metrics = app[STATE].metrics
+    last_note: dict[str, float] = {}
 
-    def refused(total: int) -> None:  # at most one line per 10 s in a connection flood
+    def closed(reason: str) -> None:  # counted always; logged once per 10 s per reason
+        metrics.connections_closed.labels(reason).inc()
         now = asyncio.get_running_loop().time()
-        if now - last_note[0] >= 10:
-            last_note[0] = now
-            log.warning("connection refused: too many open connections",
-                        max_connections=guard.max_connections, refused_total=total)
+        if now - last_note.get(reason, -1e9) >= 10:
+            last_note[reason] = now
+            log.warning("connection closed by the server", reason=reason,
+                        open=len(guard.open), max_connections=guard.max_connections,
+                        refused_total=guard.refused, evicted_total=guard.evicted,
+                        head_timeouts_total=guard.head_timeouts)
 
-    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, refused)
+    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, closed)
+    metrics.connections.set_function(lambda: len(guard.open))
     app[GUARD] = guard
     handler_kw: dict[str, Any] = dict(
         access_log=None, keepalive_timeout=settings.idle_timeout_s,

@@ -151,6 +151,12 @@ class Metrics:
                              registry=r)
         self.aborted = Counter("weir_requests_aborted_total",
                                "Requests aborted before they ended.", ["reason"], registry=r)
+        self.connections = Gauge("weir_connections_open", "Client connections open.",
+                                 registry=r)
+        self.connections_closed = Counter(
+            "weir_connections_closed_total", "Client connections Weir closed on its own "
+            "(refused at the cap, idle evicted at the cap, request head too slow).",
+            ["reason"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

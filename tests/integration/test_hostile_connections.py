@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from proxy.app import create_app
+from proxy.app_state import STATE
 from proxy.connections import Listener, listen
 from proxy.settings import LoggingSettings
 from proxy.telemetry import configure_logging
@@ -63,6 +64,10 @@ async def closed_by_server(reader: asyncio.StreamReader) -> bool:
             return True
 
 
+def metrics(listener: Listener) -> str:
+    return listener.runner.app[STATE].metrics.render().decode()
+
+
 LIVE = b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
@@ -73,6 +78,7 @@ async def test_slowloris_head_is_cut(served: Listener) -> None:
     await writer.drain()
     assert await closed_by_server(reader)
     assert served.guard.head_timeouts == 1
+    assert 'weir_connections_closed_total{reason="head_timeout"} 1.0' in metrics(served)
     writer.close()
 
 
@@ -122,6 +128,9 @@ async def test_at_the_cap_the_oldest_idle_connection_makes_room(served: Listener
     assert (await response(reader))[0] == 200  # served: a probe still gets through
     assert await closed_by_server(held[0][0])  # the oldest idle one made room
     assert served.guard.evicted == 1 and served.guard.refused == 0
+    text = metrics(served)
+    assert 'weir_connections_closed_total{reason="evicted"} 1.0' in text
+    assert "weir_connections_open 2.0" in text
     for _, w in [*held, (reader, writer)]:
         w.close()
 
