@@ -11,7 +11,7 @@ settle tokens or store the answer: they never re-parse the chunks.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -78,7 +78,7 @@ class Choices:
 # ------------------------------------------------------------------------ whole answers
 
 
-async def whole(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepared,
+async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep: Prepared,
                 span: EngineSpan) -> Completion:
     """Collect every output, then build the body. Engine errors propagate unmapped."""
     prompts = len(prep.prompts)
@@ -86,7 +86,7 @@ async def whole(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepar
     error: BaseException | None = None
     first = True
     try:
-        async with aclosing(outputs):  # type: ignore[type-var]
+        async with aclosing(outputs):
             async for out in outputs:
                 if first:
                     first = False
@@ -129,14 +129,14 @@ async def whole(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepar
 # ------------------------------------------------------------------------------ streams
 
 
-def chunks(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepared,
+def chunks(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep: Prepared,
            span: EngineSpan, stream: Stream) -> AsyncIterator[dict[str, Any]]:
     if isinstance(req, ChatCompletionRequest):
         return _chat_chunks(outputs, req, prep, span, stream)
     return _completion_chunks(outputs, req, prep, span, stream)
 
 
-async def _chat_chunks(outputs: AsyncIterator[EngineOutput], req: ChatCompletionRequest,
+async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCompletionRequest,
                        prep: Prepared, span: EngineSpan,
                        stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("chatcmpl"), R.now(), req.model
@@ -146,7 +146,7 @@ async def _chat_chunks(outputs: AsyncIterator[EngineOutput], req: ChatCompletion
     error: BaseException | None = None
     first = True
     try:
-        async with aclosing(outputs):  # type: ignore[type-var]
+        async with aclosing(outputs):
             async for out in outputs:
                 if first:
                     first = False
@@ -198,7 +198,7 @@ async def _chat_chunks(outputs: AsyncIterator[EngineOutput], req: ChatCompletion
                             object_="chat.completion.chunk", usage_=stream.usage)
 
 
-async def _completion_chunks(outputs: AsyncIterator[EngineOutput], req: CompletionRequest,
+async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: CompletionRequest,
                              prep: Prepared, span: EngineSpan,
                              stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("cmpl"), R.now(), req.model
@@ -207,7 +207,7 @@ async def _completion_chunks(outputs: AsyncIterator[EngineOutput], req: Completi
     error: BaseException | None = None
     first = True
     try:
-        async with aclosing(outputs):  # type: ignore[type-var]
+        async with aclosing(outputs):
             async for out in outputs:
                 if first:
                     first = False

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from . import rendering
@@ -29,6 +28,7 @@ from .context import RequestContext
 from .engine.base import Engine, EngineOutput
 from .errors import ModelNotFound
 from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
+from .ids import new_hex
 from .preparing import Prepared, prepare_chat, prepare_completion
 from .protocol import ChatCompletionRequest
 
@@ -40,10 +40,10 @@ def cache_salt(ctx: RequestContext) -> str:
 
 
 def engine_outputs(engine: Engine, prep: Prepared,
-                   ctx: RequestContext) -> AsyncIterator[EngineOutput]:
+                   ctx: RequestContext) -> AsyncGenerator[EngineOutput, None]:
     """The engine's outputs for every prompt, each tagged with its prompt's index."""
     salt = cache_salt(ctx)
-    base = f"weir-{uuid.uuid4().hex}"
+    base = f"weir-{new_hex()}"
     if len(prep.prompts) == 1:  # the common case: the engine's own generator, as is
         return engine.generate(prep.prompts[0], prep.options, base, cache_salt=salt)
     return _merged(engine, prep, base, salt)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-import uuid
 from typing import Any, ClassVar
 
 from prometheus_client import Counter
@@ -31,6 +30,7 @@ from prometheus_client import Counter
 from proxy.chain import BasePlugin, Completion, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
+from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest
 from proxy.telemetry import get_logger
 
@@ -253,7 +253,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         reserve = estimate_tokens(ctx) + (ctx.request.output_limit or self.cfg.default_max_tokens)
         reserve *= max(1, ctx.request.n)
         rpm, tpm, conc, per_of = self._plan(ctx, reserve)
-        lease = uuid.uuid4().hex
+        lease = new_hex()
         conc_keys = [k for k, _ in conc]
         try:
             decision, store = await self._admit(rpm + tpm, conc, lease)
