@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -43,9 +43,9 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from .embedding import Embedder
-    from .engine.base import Backend
     from .settings import Settings
     from .telemetry import Metrics
+    from .terminal import Terminal
 
 _log = get_logger("weir.chain")
 
@@ -228,7 +228,7 @@ class PluginConfig(BaseModel):
 class Services:
     """What a plugin may use besides its config, handed over at construction."""
 
-    engine: Backend
+    terminal: Terminal
     settings: Settings
     metrics: Metrics
     embedder: Embedder | None = None
@@ -376,7 +376,7 @@ def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugi
     return plugins
 
 
-def compose(plugins: list[Plugin], terminal: Next) -> Next:
+def compose(plugins: Sequence[Plugin], terminal: Next) -> Next:
     """One callable running `plugins` outermost first, then `terminal`."""
     handler = terminal
     for plugin in reversed(plugins):

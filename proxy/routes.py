@@ -53,7 +53,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     if st.draining:
         raise Unavailable("The server is shutting down; retry on another replica.",
                           code="shutting_down")
-    if not st.engine.ready():
+    if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
@@ -164,7 +164,7 @@ def _model_entry(m: Any) -> dict[str, Any]:
 async def list_models(request: web.Request) -> web.Response:
     st = _state(request)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
-    data = [_model_entry(m) for m in st.engine.models() if principal.may_use(m.id)]
+    data = [_model_entry(m) for m in st.terminal.models() if principal.may_use(m.id)]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -172,7 +172,7 @@ async def get_model(request: web.Request) -> web.Response:
     st = _state(request)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
     model_id = request.match_info["model"]
-    for m in st.engine.models():
+    for m in st.terminal.models():
         if m.id == model_id and principal.may_use(m.id):
             return web.json_response(_model_entry(m))
     raise ModelNotFound(model_id, param=None)

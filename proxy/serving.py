@@ -21,16 +21,20 @@ import asyncio
 import hashlib
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from typing import TYPE_CHECKING
 
 from . import rendering
 from .chain import Reply, Stream
 from .context import RequestContext
-from .engine.base import Engine, EngineOutput
+from .engine.base import Engine, EngineOutput, EngineStats, ModelInfo
 from .errors import ModelNotFound
 from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
 from .ids import new_hex
 from .preparing import Prepared, prepare_chat, prepare_completion
 from .protocol import ChatCompletionRequest
+
+if TYPE_CHECKING:
+    from .terminal import Route
 
 
 def cache_salt(ctx: RequestContext) -> str:
@@ -82,11 +86,35 @@ async def _merged(engine: Engine, prep: Prepared, base: str,
 
 
 class LocalServing:
-    """Terminal step over an in-process Engine."""
+    """The Terminal over an in-process Engine."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._models: frozenset[str] | None = None
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    def ready(self) -> bool:
+        return self.engine.ready()
+
+    def models(self) -> list[ModelInfo]:
+        return self.engine.models()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def routes(self) -> list[Route]:
+        from .engine.faults import FaultyEngine
+
+        if isinstance(self.engine, FaultyEngine):
+            from .admin_faults import fault_routes
+
+            return fault_routes(self.engine)
+        return []
 
     def has_model(self, model: str) -> bool:
         if self._models is None:

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal
 
 from prometheus_client import Counter, Gauge
 
 from proxy.chain import FALLBACK_HEADER, BasePlugin, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
-from proxy.engine.upstream import UpstreamEngine
 from proxy.errors import DeadlineExceeded, Timeout, Unavailable, WeirError
 from proxy.settings import UpstreamEngineSettings
 from proxy.telemetry import get_logger
+from proxy.upstream import Upstream
 
 from .config import BreakerConfig, Fallback
 from .fallback import static_reply
@@ -78,10 +79,10 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             slow_call_rate=config.slow_call_rate, open_s=config.open_s,
             half_open_calls=config.half_open_calls,
             half_open_max_wait_s=config.half_open_max_wait_s), clock, self._changed)
-        self.upstreams: dict[int, UpstreamEngine] = {
-            i: UpstreamEngine(UpstreamEngineSettings.model_validate({
-                "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s,
-                "models": ["*"]}))
+        self.upstreams: dict[int, Upstream] = {
+            i: Upstream(UpstreamEngineSettings.model_validate({
+                "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s}),
+                check_models=False)
             for i, f in enumerate(config.fallback) if f.kind == "upstream"}
 
     def _changed(self, old: State, new: State) -> None:
@@ -169,10 +170,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         try:
             if f.kind == "stale":
                 cache = self.services.plugin("cache")
-                stale = getattr(cache, "stale", None)
+                stale: Callable[[RequestContext], Awaitable[Reply | None]] | None = getattr(
+                    cache, "stale", None)
                 return await stale(ctx) if stale is not None else None
             if f.kind == "upstream":
-                return await self.upstreams[i].forward(ctx)
+                return await self.upstreams[i](ctx)
             if f.kind == "static":
                 return static_reply(ctx, f.content)
         except WeirError as e:

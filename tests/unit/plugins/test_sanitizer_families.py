@@ -220,7 +220,7 @@ class Spy:
 
 
 def plugin(**detectors: str) -> SanitizerPlugin:
-    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
     return SanitizerPlugin(SanitizerConfig.model_validate({"detectors": detectors}), services)
 
 
