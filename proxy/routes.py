@@ -8,6 +8,7 @@ the model (403), then run the chain and send its Reply.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from .protocol import (
     EmbeddingRequest,
     parse_model,
 )
-from .streaming import dumps, write_sse
+from .streaming import SHUTDOWN, dumps, write_sse
 from .telemetry import get_logger
 
 log = get_logger("weir.routes")
@@ -64,6 +65,8 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     if st.settings.logging.include_prompts:  # off by default: prompts are user data
         info["prompt"] = _prompt_text(req)
     principal.check_model(req.model)
+    if not st.terminal.has_model(req.model):  # before the chain spends limits or lookups
+        raise ModelNotFound(req.model)
     ctx = RequestContext(
         route=route,
         request=req,
@@ -73,22 +76,32 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         body_bytes=size,
     )
     with st.track():
-        reply = await st.chain(ctx)
-        if isinstance(reply, Completion):
-            headers = {**ctx.response_headers, **reply.headers}
-            info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
-            _note_usage(st, info, reply.body)
-            return json_response(reply.body, headers)
-        assert isinstance(reply, Stream)
+        try:
+            return await _answer(request, st, ctx, info)
+        except asyncio.CancelledError as e:
+            if e.args != (SHUTDOWN,):  # the client went away (aiohttp cancels its handler)
+                st.metrics.aborted.labels("client_gone").inc()
+            raise
 
-        def stream_headers() -> dict[str, str]:
-            # Sent before the request-id middleware sees the response: set it here.
-            headers = {**ctx.response_headers, **reply.headers,
-                       "x-request-id": request[REQUEST_ID]}
-            info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
-            return headers
 
-        return await _send_stream(request, st, ctx, reply, stream_headers, info)
+async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
+                  info: dict[str, Any]) -> web.StreamResponse:
+    reply = await st.chain(ctx)
+    if isinstance(reply, Completion):
+        headers = {**ctx.response_headers, **reply.headers}
+        info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
+        _note_usage(st, info, reply.body)
+        return json_response(reply.body, headers)
+    assert isinstance(reply, Stream)
+
+    def stream_headers() -> dict[str, str]:
+        # Sent before the request-id middleware sees the response: set it here.
+        headers = {**ctx.response_headers, **reply.headers,
+                   "x-request-id": request[REQUEST_ID]}
+        info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
+        return headers
+
+    return await _send_stream(request, st, ctx, reply, stream_headers, info)
 
 
 def _prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:

@@ -34,6 +34,9 @@ class Terminal(Protocol):
 
     def models(self) -> list[ModelInfo]: ...
 
+    def has_model(self, model: str) -> bool:
+        """Whether a request for `model` can be served (checked before the chain runs)."""
+
     def stats(self) -> EngineStats: ...
 
     def routes(self) -> list[Route]:

@@ -99,9 +99,12 @@ class Upstream:
     def routes(self) -> list[tuple[str, str, Any]]:
         return []
 
+    def has_model(self, model: str) -> bool:
+        return not self.check_models or not self._models or model in self._models
+
     async def __call__(self, ctx: RequestContext) -> Reply:
         """Forward the request (after checking the model, unless told not to)."""
-        if self.check_models and self._models and ctx.model not in self._models:
+        if not self.has_model(ctx.model):
             raise ModelNotFound(ctx.model)
         assert self._session is not None, "Upstream.start() was not called"
         body = ctx.request.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False)

@@ -55,6 +55,13 @@ def estimate_tokens(ctx: RequestContext) -> int:
     return chars // 4 + 1
 
 
+_WHOSE = {"key": "this API key", "user": "this user", "tenant": "this tenant",
+          "role": "this role in its tenant", "model": "this model", "global": "this server",
+          "any": "this request's limits"}
+_LIMITS = {"rpm": "requests per minute", "tpm": "tokens per minute",
+           "concurrent": "concurrent requests"}
+
+
 def fmt_reset(ms: float) -> str:
     """OpenAI's reset format: '20ms', '1s', '6m0s'."""
     if ms < 1000:
@@ -236,6 +243,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 per_of[base + ":t"] = f"{rule.per}:tpm"
             if lim.concurrent:
                 conc.append((base + ":c", lim.concurrent))
+                per_of[base + ":c"] = f"{rule.per}:concurrent"
         return rpm, tpm, conc, per_of
 
     @staticmethod
@@ -268,13 +276,16 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         headers = self._headers(states[: len(rpm)], states[len(rpm):])
         if not decision.allowed:
             culprit = next((per_of[b.key] for s, b in zip(states, rpm + tpm, strict=True)
-                            if s.remaining <= 0 and b.cost <= s.limit), "any:concurrent")
+                            if s.remaining <= 0 and b.cost <= s.limit), None)
+            if culprit is None:  # no bucket was empty: a concurrency limit refused it
+                pers = {per_of[k].split(":")[0] for k, _ in conc}
+                culprit = f"{pers.pop() if len(pers) == 1 else 'any'}:concurrent"
             per, limit = culprit.split(":")
             self.rejected.labels(per, limit).inc()
             retry_ms = max(decision.retry_after_ms, 1.0)
             raise RateLimited(
-                "Rate limit reached for this API key; retry after the time given in "
-                "Retry-After.",
+                f"Rate limit reached ({_LIMITS[limit]} for {_WHOSE[per]}); retry after "
+                "the time given in Retry-After.",
                 headers={**headers, "retry-after": str(max(1, math.ceil(retry_ms / 1000))),
                          "retry-after-ms": str(math.ceil(retry_ms))})
         ctx.response_headers.update(headers)
