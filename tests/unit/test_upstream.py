@@ -19,11 +19,11 @@ from multidict import CIMultiDict
 from proxy.auth import Principal
 from proxy.chain import Completion, Stream
 from proxy.context import RequestContext
-from proxy.upstream import Upstream as UpstreamTerminal
-from proxy.upstream import UpstreamError
 from proxy.errors import EngineError, ModelNotFound, Timeout
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import UpstreamEngineSettings
+from proxy.upstream import Upstream as UpstreamTerminal
+from proxy.upstream import UpstreamError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ERROR = {"message": "too long", "type": "invalid_request_error", "param": "messages",
