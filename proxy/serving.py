@@ -28,7 +28,7 @@ from .chain import Reply, Stream
 from .context import RequestContext
 from .engine.base import Engine, EngineOutput, EngineStats, ModelInfo
 from .errors import ModelNotFound
-from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
+from .generation import EngineSpan
 from .ids import new_hex
 from .preparing import Prepared, prepare_chat, prepare_completion
 from .protocol import ChatCompletionRequest
@@ -134,10 +134,7 @@ class LocalServing:
         outputs = engine_outputs(self.engine, prep, ctx)
         span = EngineSpan(req.model)
         if not req.stream:
-            try:
-                return await rendering.whole(outputs, req, prep, span)
-            except ENGINE_ERRORS as e:
-                raise map_engine_error(e) from e
+            return await rendering.whole(outputs, req, prep, span)
         stream = Stream()
         stream.attach(rendering.chunks(outputs, req, prep, span, stream))
         return await stream.prime()
