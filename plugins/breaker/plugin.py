@@ -3,8 +3,10 @@
 Every call takes a permit. The call's engine outcome is recorded: failures are engine
 errors (5xx, timeouts); a call is slow when its first token (or whole answer) came after
 `slow_call_s`. Local rejections (4xx, 429, a shed 503) and client aborts release the
-permit without an outcome, so they never open the breaker; so do a request's own
-deadline and a client gone. A stream's outcome is recorded when it ends (an end hook,
+permit without an outcome, so they never open the breaker; so do a client gone and a
+request's own deadline (one tenant's 1 ms deadlines must not open the circuit for all),
+except that a call cut after waiting longer than `slow_call_s` counts as slow: a hung
+engine still opens the breaker, through the slow-call rate. A stream's outcome is recorded when it ends (an end hook,
 not a wrapper); an error before its first chunk still falls back.
 
 When the breaker is open, an inner plugin sheds the request, or the engine fails, the
