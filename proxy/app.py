@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from . import embeddings_api
 from .app_state import STATE, AppState
 from .auth import Authenticator
 from .chain import Services, build_plugins, compose
@@ -48,6 +49,8 @@ def create_app(
                 if settings.embeddings.enabled else None)
     plugins = build_plugins(settings.plugins, Services(terminal, settings, metrics, embedder))
     chain = compose(plugins, terminal)
+    embed_chain = (compose([p for p in plugins if "embeddings" in p.serves],
+                           embeddings_api.terminal(embedder)) if embedder is not None else None)
     app = web.Application(
         middlewares=[
             guard_middleware,
@@ -59,7 +62,8 @@ def create_app(
         client_max_size=settings.server.max_body_bytes,
     )
     app[STATE] = AppState(settings=settings, terminal=terminal, auth=auth, metrics=metrics,
-                          plugins=plugins, chain=chain, embedder=embedder)
+                          plugins=plugins, chain=chain, embed_chain=embed_chain,
+                          embedder=embedder)
     app.cleanup_ctx.append(_engine_lifespan(on_fatal))
     app.cleanup_ctx.append(_embedder_lifespan)
     app.cleanup_ctx.append(_plugins_lifespan)

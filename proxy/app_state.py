@@ -34,6 +34,8 @@ class AppState:
     metrics: Metrics
     plugins: list[BasePlugin[Any]]
     chain: Next
+    #: The chain of /v1/embeddings (the plugins that serve it, then the embedder).
+    embed_chain: Next | None = None
     embedder: Embedder | None = None
     draining: bool = False
     engine_error: BaseException | None = None

@@ -97,6 +97,8 @@ class BasePlugin(Generic[ConfigT]):
     placement: ClassVar[Literal["first", "any", "last"]] = "any"
     #: Names of plugins that, when present, must come later in the chain.
     before: ClassVar[tuple[str, ...]] = ()
+    #: The routes whose chain this plugin joins (`embeddings`: traffic plugins only).
+    serves: ClassVar[frozenset[str]] = frozenset({"chat", "completion"})
 
     def __init__(self, config: ConfigT, services: Services) -> None:
         self.config: ConfigT = config

@@ -9,22 +9,21 @@ the model (403), then run the chain and send its Reply.
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from . import embeddings_api
 from .app_state import INFO, REQUEST_ID, STATE, AppState
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
 from .context import RequestContext, Route
-from .errors import InvalidRequest, ModelNotFound, Unauthorized, Unavailable, WeirError
+from .errors import ModelNotFound, Unauthorized, Unavailable, WeirError
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    EmbeddingRequest,
     parse_model,
 )
 from .streaming import SHUTDOWN, dumps, write_sse
@@ -191,31 +190,6 @@ async def get_model(request: web.Request) -> web.Response:
     raise ModelNotFound(model_id, param=None)
 
 
-async def embeddings(request: web.Request) -> web.Response:
-    st = _state(request)
-    principal = st.auth.authenticate(request.headers.get("Authorization"))
-    data, _ = await read_json(request, st.settings.server.max_body_bytes)
-    req = parse_model(EmbeddingRequest, data)
-    emb = st.embedder
-    if emb is None or req.model != emb.model_id:
-        raise ModelNotFound(req.model)
-    principal.check_model(req.model)
-    if req.dimensions is not None and req.dimensions != emb.dim:
-        raise InvalidRequest(f"`dimensions` must be {emb.dim} for this model.",
-                             param="dimensions")
-    texts = [req.input] if isinstance(req.input, str) else req.input
-    vecs, counts = await emb.embed(texts)
-    items = []
-    for i, v in enumerate(vecs):
-        value: Any = (base64.b64encode(v.astype("<f4").tobytes()).decode()
-                      if req.encoding_format == "base64" else v.tolist())
-        items.append({"object": "embedding", "index": i, "embedding": value})
-    tokens = sum(counts)
-    return web.json_response({"object": "list", "data": items, "model": emb.model_id,
-                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
-                             dumps=st.dumps)
-
-
 async def live(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -267,7 +241,7 @@ async def dashboard(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/embeddings", embeddings_api.embeddings)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/health/live", live)

@@ -6,8 +6,9 @@ errors (5xx, timeouts); a call is slow when its first token (or whole answer) ca
 permit without an outcome, so they never open the breaker; so do a client gone and a
 request's own deadline (one tenant's 1 ms deadlines must not open the circuit for all),
 except that a call cut after waiting longer than `slow_call_s` counts as slow: a hung
-engine still opens the breaker, through the slow-call rate. A stream's outcome is recorded when it ends (an end hook,
-not a wrapper); an error before its first chunk still falls back.
+engine still opens the breaker, through the slow-call rate. A stream's outcome is
+recorded when it ends (an end hook, not a wrapper); an error before its first chunk
+still falls back.
 
 When the breaker is open, an inner plugin sheds the request, or the engine fails, the
 fallbacks are tried in order; their replies carry `x-weir-fallback: <kind>` (so the

@@ -72,6 +72,7 @@ def fmt_reset(ms: float) -> str:
 
 class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     name: ClassVar[str] = "rate_limit"
+    serves: ClassVar[frozenset[str]] = frozenset({"chat", "completion", "embeddings"})
     Config = RateLimitConfig
 
     def __init__(self, config: RateLimitConfig, services: Services,
