@@ -2,7 +2,7 @@
 
 `prepare_chat` / `prepare_completion` render the prompt with the engine's tokenizer and
 map OpenAI's parameters to `SamplingOptions`, refusing what the engine cannot do with a
-400 naming the param (a prompt longer than the context, greedy `n > 1`, a bad
+400 naming the param (a prompt longer than the context, a bad
 `logit_bias` token). Nothing here runs the engine: `proxy.serving` does.
 """
 
@@ -91,8 +91,7 @@ def _options(
     limit = req.output_limit
     room = max_model_len - prompt_len
     if limit is not None and limit > room:
-        param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else (
-            "max_tokens")
+        param = req.output_limit_param
         raise InvalidRequest(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {prompt_len + limit} tokens ({prompt_len} in the prompt, {limit} for "
@@ -101,10 +100,8 @@ def _options(
             code="context_length_exceeded",
         )
     temperature = 1.0 if req.temperature is None else req.temperature
-    if req.n > 1 and temperature == 0.0:
-        raise InvalidRequest("`n` greater than 1 needs a temperature above 0.", param="n")
     schema, json_object = _structured(req.response_format)
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    stop = req.stops
     return SamplingOptions(
         max_tokens=limit if limit is not None else room,
         temperature=temperature,

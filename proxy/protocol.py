@@ -165,6 +165,16 @@ class _SamplingFields(_Open):
         return None
 
     @property
+    def output_limit_param(self) -> str:
+        """The parameter that sets `output_limit` (the one an error about it names)."""
+        return "max_tokens"
+
+    @property
+    def stops(self) -> list[str]:
+        """`stop` as a list, whichever form it was sent in."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
@@ -191,6 +201,10 @@ class ChatCompletionRequest(_SamplingFields):
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def output_limit_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
 
 
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]

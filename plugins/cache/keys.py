@@ -36,7 +36,7 @@ def scope_id(principal: Principal, scope: str) -> str:
 
 def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
     dumped = req.model_dump(include=set(_PARAMS), exclude_none=True, by_alias=True)
-    stop = [req.stop] if isinstance(req.stop, str) else sorted(req.stop or [])
+    stop = sorted(req.stops)
     dumped["stop"] = stop
     dumped["max_tokens"] = req.output_limit
     return dumped

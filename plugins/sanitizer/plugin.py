@@ -84,12 +84,11 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         req = ctx.request
         limit = req.output_limit
         if limit is not None and limit > lim.max_tokens:
-            param = ("max_completion_tokens"
-                     if getattr(req, "max_completion_tokens", None) else "max_tokens")
+            param = req.output_limit_param
             raise InvalidRequest(f"`{param}` may be at most {lim.max_tokens}.", param=param)
         if req.n > lim.max_n:
             raise InvalidRequest(f"`n` may be at most {lim.max_n}.", param="n")
-        stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+        stops = req.stops
         if len(stops) > lim.max_stop:
             raise InvalidRequest(f"At most {lim.max_stop} stop sequences are allowed.",
                                  param="stop")
