@@ -23,6 +23,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import responses as R
+from . import tools as T
 from .chain import Completion, Reply, Stream
 from .context import RequestContext
 from .engine.base import (
@@ -63,7 +64,7 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
         if m.name:
             d["name"] = m.name
         if m.tool_calls:
-            d["tool_calls"] = m.tool_calls
+            d["tool_calls"] = T.template_calls(m.tool_calls)
         if m.tool_call_id:
             d["tool_call_id"] = m.tool_call_id
         out.append(d)
@@ -150,12 +151,13 @@ def _options(
 def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     messages = _message_dicts(req)
     try:
-        ids = engine.render_chat(messages, req.tools)
+        ids = engine.render_chat(messages, req.tool_dicts())
     except EngineRejected as e:
         raise InvalidRequest(str(e), param=e.param or "messages") from None
     top = req.top_logprobs or 0
     opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
                     getattr(engine, "vocab_size", None), "messages")
+    T.shape_options(req, opts, engine)
     return Prepared([ids], opts, top_logprobs=top)
 
 

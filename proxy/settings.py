@@ -75,6 +75,11 @@ class VllmEngineSettings(_Strict):
         description="json_object/json_schema answers without free whitespace (compact JSON; "
         "small models cannot loop on blank space inside the grammar).",
     )
+    tool_parser: str | None = Field(
+        None,
+        description="vLLM tool-call parser of the model's syntax (hermes, llama3_json, "
+        "mistral, pythonic, ...) for `tool_choice: auto`; None: such requests answer text.",
+    )
     owned_by: str = Field("weir", description="`owned_by` in /v1/models.")
     faults: bool = Field(
         False, description="Chaos testing: POST /admin/faults switches injected faults.")
