@@ -237,6 +237,8 @@ async def dashboard(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    from .openai_responses import setup as add_responses_api  # it imports read_json from here
+
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
@@ -247,3 +249,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/dashboard", dashboard)
+    add_responses_api(app)

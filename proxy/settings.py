@@ -177,6 +177,17 @@ class TracingSettings(_Strict):
     sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of new traces kept.")
 
 
+class ResponsesSettings(_Strict):
+    """Stored responses of the Responses API (`store: true`, `previous_response_id`)."""
+
+    ttl_s: float = Field(7 * 86400.0, gt=0, description="How long a stored response is kept.")
+    max_in_memory: int = Field(
+        10000, ge=1, description="Stored responses kept at most when held in memory "
+        "(oldest dropped first); with the cache's Redis they go there instead.")
+    redis: bool = Field(
+        True, description="Keep them in the cache plugin's Redis when it has one.")
+
+
 class PluginSpec(_Strict):
     name: str = Field(description="Registered plugin name (sanitizer, cache, ...).")
     enabled: bool = Field(True, description="Set false to keep the entry but skip it.")
@@ -191,6 +202,7 @@ class Settings(_Strict):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)  # type: ignore[arg-type]
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)  # type: ignore[arg-type]
     tracing: TracingSettings = Field(default_factory=TracingSettings)  # type: ignore[arg-type]
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)  # type: ignore[arg-type]
     plugins: list[PluginSpec] = Field(default_factory=list, description="Outermost first.")
 
 
