@@ -29,6 +29,14 @@ from .protocol import ChatCompletionRequest, NamedToolChoice, ToolCall
 Mode = Literal["text", "forced", "parser"]
 
 
+def tool_chars(req: ChatCompletionRequest) -> int:
+    """Characters the tool definitions and earlier calls add to the prompt (the chat
+    template renders them), for estimates made before tokenizing (the rate limiter)."""
+    n = len(json.dumps(req.tool_dicts())) if req.tools else 0
+    return n + sum(len(c.function.name) + len(c.function.arguments)
+                   for m in req.messages for c in m.tool_calls or [])
+
+
 def new_call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
@@ -198,3 +206,47 @@ class ToolCallTracker:
         if fn:
             out["function"] = fn
         return out
+
+
+# ------------------------------------------------------------------ answer shapes
+
+
+def with_calls(choice: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """A whole chat choice carrying `message.tool_calls` (content null when empty)."""
+    if calls:
+        msg = choice["message"]
+        msg["tool_calls"] = calls
+        msg["content"] = msg["content"] or None
+    return choice
+
+
+def with_call_deltas(choice: dict[str, Any], deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chunk choice carrying `delta.tool_calls`."""
+    if deltas:
+        choice["delta"]["tool_calls"] = deltas
+    return choice
+
+
+def replay_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Whole calls as the deltas of one chunk (a cached answer streamed again)."""
+    return [{"index": i, **c} for i, c in enumerate(calls)]
+
+
+class CallAssembler:
+    """A stream's `delta.tool_calls` put back together into whole calls."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, Any]] = {}
+
+    def feed(self, deltas: list[dict[str, Any]]) -> None:
+        for d in deltas:
+            call = self.calls.setdefault(d["index"], {
+                "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            if d.get("id"):
+                call["id"] = d["id"]
+            fn = d.get("function") or {}
+            call["function"]["name"] += fn.get("name") or ""
+            call["function"]["arguments"] += fn.get("arguments") or ""
+
+    def result(self) -> list[dict[str, Any]]:
+        return [c for _, c in sorted(self.calls.items())]

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from proxy import responses as R
+from proxy import tools as T
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -24,7 +25,7 @@ class Entry:
     key: str
     route: str
     model: str
-    choices: list[dict[str, Any]]  # {"index", "text", "finish_reason"}
+    choices: list[dict[str, Any]]  # {"index", "text", "finish_reason"[, "tool_calls"]}
     usage: dict[str, int]
     scope: str
     tenant: str
@@ -61,9 +62,14 @@ def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]]
     choices = []
     for c in body.get("choices") or []:
         text = (c.get("message") or {}).get("content") if route == "chat" else c.get("text")
+        calls = (c.get("message") or {}).get("tool_calls") if route == "chat" else None
+        if calls and text is None:
+            text = ""
         if not isinstance(text, str) or c.get("finish_reason") is None:
             return None
         choices.append({"index": c["index"], "text": text, "finish_reason": c["finish_reason"]})
+        if calls:
+            choices[-1]["tool_calls"] = calls
     usage = body.get("usage") or {}
     if not choices:
         return None
@@ -80,6 +86,7 @@ class StreamAssembler:
         self.reasons: dict[int, str] = {}
         self.usage: dict[str, int] | None = None
         self.error = False
+        self.calls: dict[int, T.CallAssembler] = {}
 
     def feed(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
@@ -90,6 +97,9 @@ class StreamAssembler:
             piece = (c.get("delta") or {}).get("content") if self.route == "chat" else c.get(
                 "text")
             self.texts.setdefault(i, []).append(piece or "")
+            deltas = (c.get("delta") or {}).get("tool_calls") if self.route == "chat" else None
+            if deltas:
+                self.calls.setdefault(i, T.CallAssembler()).feed(deltas)
             if c.get("finish_reason"):
                 self.reasons[i] = c["finish_reason"]
         if chunk.get("usage"):
@@ -102,6 +112,9 @@ class StreamAssembler:
             return None
         choices = [{"index": i, "text": "".join(t), "finish_reason": self.reasons[i]}
                    for i, t in sorted(self.texts.items())]
+        for c in choices:
+            if c["index"] in self.calls:
+                c["tool_calls"] = self.calls[c["index"]].result()
         return choices, self.usage or {"prompt_tokens": 0, "completion_tokens": 0}
 
 
@@ -113,7 +126,8 @@ def replay_body(entry: Entry, req: ChatCompletionRequest | CompletionRequest) ->
     if entry.route == "chat":
         return R.chat_completion(
             id=R.new_id("chatcmpl"), model=req.model, created=R.now(), usage_=_usage(entry),
-            choices=[R.chat_choice(c["index"], c["text"], c["finish_reason"], None)
+            choices=[T.with_calls(R.chat_choice(c["index"], c["text"], c["finish_reason"], None),
+                                  c.get("tool_calls") or [])
                      for c in entry.choices])
     return R.completion_body(
         id=R.new_id("cmpl"), model=req.model, created=R.now(), usage_=_usage(entry),
@@ -129,11 +143,11 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
     if entry.route == "chat":
         cid = R.new_id("chatcmpl")
         for c in entry.choices:
+            calls = c.get("tool_calls") or []
+            choice = R.chat_chunk_choice(c["index"], content=c["text"] or (None if calls else ""),
+                                         first=True, reason=c["finish_reason"], logprobs=None)
             yield R.chat_chunk(id=cid, model=model, created=created, include_usage=include_usage,
-                               choices=[R.chat_chunk_choice(c["index"], content=c["text"],
-                                                            first=True,
-                                                            reason=c["finish_reason"],
-                                                            logprobs=None)])
+                               choices=[T.with_call_deltas(choice, T.replay_deltas(calls))])
         obj = "chat.completion.chunk"
     else:
         cid = R.new_id("cmpl")
