@@ -9,6 +9,7 @@ from typing import Any
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
+from tests.redis_server import RedisServer
 from tests.sse import parse_sse
 
 BASE = {"model": "fake-model", "input": "hi", "max_output_tokens": 16}
@@ -174,4 +175,57 @@ async def test_the_chain_applies_rate_limit(make_client: MakeClient) -> None:
     assert (await client.post("/v1/responses", json=BASE)).status == 200
     r = await client.post("/v1/responses", json=BASE)
     assert r.status == 429
+    validate("ErrorResponse", await r.json())
+
+
+async def test_stored_in_the_caches_redis_and_shared_by_replicas(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    settings = make_settings(plugins=[{"name": "cache", "config": {
+        "redis": {"url": redis_server.url}, "l2": {"enabled": True}}}],
+        responses={"ttl_s": 60})
+    one, two = await make_client(settings), await make_client(settings)
+    body = await (await one.post("/v1/responses", json=BASE)).json()
+    got = await two.get(f"/v1/responses/{body['id']}")  # another replica, same Redis
+    assert got.status == 200 and (await got.json())["output"] == body["output"]
+    ttl = await _redis_ttl_ms(redis_server.url, body["id"])
+    assert 0 < ttl <= 60_000
+    assert (await two.delete(f"/v1/responses/{body['id']}")).status == 200
+    assert (await one.get(f"/v1/responses/{body['id']}")).status == 404
+
+
+async def _redis_ttl_ms(url: str, response_id: str) -> int:
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(url)
+    try:
+        keys = [k async for k in r.scan_iter(match=f"weir:responses:*:{response_id}")]
+        assert len(keys) == 1
+        return int(await r.pttl(keys[0]))
+    finally:
+        await r.aclose()
+
+
+async def test_an_error_mid_stream_is_an_error_event_then_failed(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    fake_engine.fail_after = 3
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    assert r.status == 200
+    events, _ = parse_sse(await r.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-1]["response"]["status"] == "failed"
+    assert events[-1]["response"]["error"]["code"] == "server_error"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    rid = events[-1]["response"]["id"]
+    assert (await client.get(f"/v1/responses/{rid}")).status == 404  # failed: not stored
+
+
+async def test_an_error_before_any_output_keeps_its_http_status(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    fake_engine.fail_after = 0
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    assert r.status == 502
     validate("ErrorResponse", await r.json())
