@@ -46,6 +46,8 @@ class Prepared:
     options: SamplingOptions
     top_logprobs: int = 0
     echo_texts: list[str] = field(default_factory=list)
+    #: Chat: a fresh per-choice tool-call tracker (model text -> tool_calls).
+    tracker: Any = None
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -158,7 +160,8 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
                     getattr(engine, "vocab_size", None), "messages")
     T.shape_options(req, opts, engine)
-    return Prepared([ids], opts, top_logprobs=top)
+    return Prepared([ids], opts, top_logprobs=top,
+                    tracker=lambda: T.ToolCallTracker.for_request(req, engine.tool_parser))
 
 
 def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
@@ -336,10 +339,10 @@ async def _chat_whole(steps: AsyncGenerator[tuple[int, EngineOutput], None],
                       req: ChatCompletionRequest, prep: Prepared) -> Completion:
     accs, ptoks, cached = await _collect(steps, req.n, 1)
     choices = [
-        R.chat_choice(
+        prep.tracker().whole_choice(R.chat_choice(
             i, "".join(a.text), R.finish(a.reason),
             R.chat_logprobs(a.logprobs, prep.top_logprobs) if req.logprobs else None,
-        )
+        ))
         for i, a in sorted(accs.items())
     ]
     ctoks = sum(a.tokens for a in accs.values())
@@ -375,6 +378,7 @@ async def _chat_stream(steps: AsyncGenerator[tuple[int, EngineOutput], None],
     include_usage = req.include_usage
     started: set[int] = set()
     finished: set[int] = set()
+    trackers = [prep.tracker() for _ in range(req.n)]
     ptoks = ctoks = cached = 0
     async with aclosing(steps):
         async for _, out in steps:
@@ -385,13 +389,14 @@ async def _chat_stream(steps: AsyncGenerator[tuple[int, EngineOutput], None],
                 if c.index in finished:
                     continue
                 reason = R.finish(c.finish_reason) if c.finish_reason else None
-                if not c.text and reason is None and c.index in started:
+                text, calls, reason = trackers[c.index].step(c.text, c.token_ids, reason)
+                if not text and not calls and reason is None and c.index in started:
                     continue
                 lp = (R.chat_logprobs(c.logprobs or [], prep.top_logprobs)
                       if req.logprobs else None)
-                choices.append(R.chat_chunk_choice(
-                    c.index, content=c.text, first=c.index not in started, reason=reason,
-                    logprobs=lp))
+                choices.append(T.with_call_deltas(R.chat_chunk_choice(
+                    c.index, content=text, first=c.index not in started, reason=reason,
+                    logprobs=lp), calls))
                 started.add(c.index)
                 if reason:
                     finished.add(c.index)

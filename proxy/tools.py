@@ -192,6 +192,25 @@ class ToolCallTracker:
             return None, [self._delta(d) for d in self.parser.finish()]
         return None, []
 
+    def step(self, text: str, token_ids: list[int], reason: str | None,
+             ) -> tuple[str | None, list[dict[str, Any]], str | None]:
+        """One streamed step of the choice: (content delta, call deltas, finish reason);
+        on the last step what only the end reveals is flushed and the reason mapped."""
+        content, deltas = self.feed(text, token_ids)
+        if reason is None:
+            return content, deltas, None
+        rest, more = self.finish()
+        if rest:
+            content = (content or "") + rest
+        return content, deltas + more, self.reason(reason)
+
+    def whole_choice(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """A whole chat choice with its calls read out of the text."""
+        msg = choice["message"]
+        msg["content"], calls = self.whole(msg["content"])
+        choice["finish_reason"] = self.reason(choice["finish_reason"])
+        return with_calls(choice, calls)
+
     def _delta(self, d: ToolCallDelta) -> dict[str, Any]:
         self.called = True
         out: dict[str, Any] = {"index": d.index}

@@ -32,14 +32,15 @@ def new_id(prefix: str) -> str:
 
 
 def rename_param(e: InvalidRequest) -> InvalidRequest:
-    """An error about the chat form, naming the Responses param instead."""
+    """An error about the chat form, naming the Responses param instead (an index into
+    `messages` is not one into `input`, so that is named whole)."""
     if e.param:
-        head, dot, rest = e.param.partition(".")
-        head, bracket, index = head.partition("[")
-        if head in _PARAMS:
-            e.param = _PARAMS[head] + (bracket + index if bracket else "") + dot + rest
-            if head == "messages":  # an index into messages is not one into input
-                e.param = "input"
+        head, _, rest = e.param.partition(".")
+        name = head.partition("[")[0]
+        if name == "messages":
+            e.param = "input"
+        elif name in _PARAMS:
+            e.param = _PARAMS[name] + (f".{rest}" if rest else "")
     return e
 
 
