@@ -8,6 +8,7 @@ its arguments stay short; `auto` without a configured parser answers text.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -59,8 +60,8 @@ def _check_calls(calls: Any, names: set[str]) -> None:
 
 def _create(sdk: openai.OpenAI, **kw: Any) -> Any:
     raw = sdk.chat.completions.with_raw_response.create(
-        model=MODEL, messages=kw.pop("messages", ASK), tools=TOOLS, max_tokens=200,
-        temperature=0, **kw)
+        model=MODEL, messages=kw.pop("messages", ASK), tools=TOOLS,
+        max_tokens=kw.pop("max_tokens", 200), temperature=0, **kw)
     body = raw.parse()
     validate("CreateChatCompletionResponse", json.loads(raw.text))
     return body, raw.headers.get("x-weir-cache")
@@ -69,7 +70,8 @@ def _create(sdk: openai.OpenAI, **kw: Any) -> Any:
 def _stream(sdk: openai.OpenAI, **kw: Any) -> tuple[str, dict[int, dict[str, Any]], str | None]:
     text, calls, reason = "", {}, None
     for chunk in sdk.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
-                                             max_tokens=200, temperature=0, stream=True, **kw):
+                                             max_tokens=kw.pop("max_tokens", 200),
+                                             temperature=0, stream=True, **kw):
         validate("CreateChatCompletionStreamResponse", chunk.model_dump(exclude_unset=True))
         for ch in chunk.choices:
             text += ch.delta.content or ""
@@ -174,15 +176,24 @@ def test_an_agent_with_two_function_tools(server: WeirProcess) -> None:
         return "12:00"
 
     agents.set_tracing_disabled(True)
-    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0,
-                                timeout=120)
-    agent = agents.Agent(
-        name="assistant", instructions="Use the tools.", tools=[get_weather, get_time],
-        model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
-        # The first turn must call a tool; the agent then resets the choice to `auto`,
-        # which (no parser configured) answers text and ends the run.
-        model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False,
-                                            max_tokens=64, temperature=0))
-    result = agents.Runner.run_sync(agent, "Weather in Paris?", max_turns=4)
-    assert calls and calls[0].split(":")[0] in ("weather", "time")
-    assert isinstance(result.final_output, str)
+
+    async def run() -> Any:
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0,
+                                      timeout=120) as client:
+            return await agents.Runner.run(agent(client), "Weather in Paris?", max_turns=2)
+
+    def agent(client: openai.AsyncOpenAI) -> Any:
+        return agents.Agent(
+            name="assistant", instructions="Use the tools.", tools=[get_weather, get_time],
+            model=agents.OpenAIResponsesModel(model=MODEL, openai_client=client),
+            # The model must call a tool (the random model would never stop talking), and
+            # the tool's result is the agent's answer.
+            model_settings=agents.ModelSettings(tool_choice="required",
+                                                parallel_tool_calls=False, max_tokens=64,
+                                                temperature=0),
+            tool_use_behavior="stop_on_first_tool")
+
+    result = asyncio.run(run())
+    assert len(calls) == 1 and calls[0] in ("weather:Paris", "weather:Rome", "time:UTC",
+                                            "time:CET")
+    assert result.final_output == ("Sunny" if calls[0].startswith("weather") else "12:00")
