@@ -197,3 +197,44 @@ def test_an_agent_with_two_function_tools(server: WeirProcess) -> None:
     assert len(calls) == 1 and calls[0] in ("weather:Paris", "weather:Rome", "time:UTC",
                                             "time:CET")
     assert result.final_output == ("Sunny" if calls[0].startswith("weather") else "12:00")
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # vllm's and torch's imports
+def test_vllms_tool_parsers_read_their_syntax_whole_and_streamed() -> None:
+    """The engine's adapter over vLLM's own parsers (no server: the demo tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from proxy.engine.demo_model import ensure_demo_model
+    from proxy.engine.vllm import _tool_parser_class, _ToolParserAdapter
+    from proxy.tools import CallAssembler, ToolCallTracker
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_demo_model()))
+    tools = list(TOOLS)
+    outputs = {"hermes": 'Sure. <tool_call>{"name": "get_weather", "arguments": '
+                         '{"city": "Paris"}}</tool_call>',
+               "pythonic": '[get_weather(city="Paris")]'}
+    for name, text in outputs.items():
+        cls = _tool_parser_class(name, tok)
+        assert cls is not None
+        content, calls = _ToolParserAdapter(cls, tok, tools).extract(text)
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+            ("get_weather", {"city": "Paris"})]
+        req: Any = type("Req", (), {"tools": tools, "tool_choice": "auto",
+                                    "tool_dicts": lambda self: tools})()
+        tracker = ToolCallTracker.for_request(
+            req, lambda t, cls=cls: _ToolParserAdapter(cls, tok, t))
+        assembler, streamed = CallAssembler(), ""
+        for i in range(0, len(text), 3):
+            piece, deltas, _ = tracker.step(text[i:i + 3], [0], None)
+            streamed += piece or ""
+            assembler.feed(deltas)
+        _, deltas, reason = tracker.step("", [], "stop")
+        assembler.feed(deltas)
+        (call,) = assembler.result()
+        assert call["function"]["name"] == "get_weather" and call["id"]
+        assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+        assert reason == "tool_calls" and streamed.strip() == (content or "").strip()
+    with pytest.raises(ValueError, match="unknown parser `nope`"):
+        _tool_parser_class("nope", tok)
+    with pytest.raises(ValueError, match="does not fit this model"):
+        _tool_parser_class("llama3_json", tok)  # needs <|python_tag|>, which it lacks
