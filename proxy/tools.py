@@ -6,7 +6,8 @@ Three modes, decided once per request (`mode`):
   built from the tools' own schemas, as vLLM's server does (`required`: an array of
   `{"name", "parameters"}` objects, one of the tools each; named: that function's
   parameters), so any model, the random demo model included, answers a valid call. That
-  JSON is read here; it is Weir's own format, not a model's syntax.
+  JSON is read here; it is Weir's own format, not a model's syntax. A named function's
+  arguments stream as they come; a `required` array is read whole at the end.
 - `parser` (`auto` with `engine.tool_parser` set): the model answers freely and the
   engine's parser (vLLM's registry: hermes, pythonic, ...) finds calls in its syntax.
 - `text` (`none`, no tools, or `auto` without a parser): the answer is text.
@@ -87,15 +88,15 @@ def shape_options(req: ChatCompletionRequest, opts: SamplingOptions, engine: Any
 
 
 def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
-    """The constrained JSON as calls; [] when it is cut short (the text is then content)."""
+    """The constrained JSON as calls; [] when it is cut short (the text is then content).
+    A named function's text is its arguments as they are (cut short, they stay a call,
+    with `finish_reason: "length"`, as OpenAI answers)."""
+    if isinstance(req.tool_choice, NamedToolChoice):
+        return [ParsedToolCall(req.tool_choice.function.name, text)]
     try:
         data = json.loads(text)
     except ValueError:
         return []
-    if isinstance(req.tool_choice, NamedToolChoice):
-        if not isinstance(data, dict):
-            return []
-        return [ParsedToolCall(req.tool_choice.function.name, json.dumps(data))]
     if not isinstance(data, list):
         return []
     calls = [ParsedToolCall(c["name"], json.dumps(c["parameters"]))
@@ -171,8 +172,15 @@ class ToolCallTracker:
         """(content delta, `delta.tool_calls`) for the next piece of text."""
         if self.mode == "text":
             return text, []
-        if self.mode == "forced":  # the JSON is read whole at the end
-            self._buffer.append(text)
+        if self.mode == "forced":
+            if isinstance(self.req.tool_choice, NamedToolChoice):  # text is the arguments
+                name = self.req.tool_choice.function.name
+                first = not self.called
+                if not text and not first:
+                    return None, []
+                return None, [self._delta(ToolCallDelta(0, name=name if first else None,
+                                                        arguments=text))]
+            self._buffer.append(text)  # `required`: the array is read whole at the end
             return None, []
         assert self.parser is not None
         content, deltas = self.parser.feed(text, token_ids)
@@ -180,7 +188,7 @@ class ToolCallTracker:
 
     def finish(self) -> tuple[str | None, list[dict[str, Any]]]:
         """What only the end of the answer reveals: forced calls, a parser's last args."""
-        if self.mode == "forced":
+        if self.mode == "forced" and not isinstance(self.req.tool_choice, NamedToolChoice):
             text = "".join(self._buffer)
             calls = parse_forced(self.req, text)
             if not calls:

@@ -151,6 +151,27 @@ def test_forced_tracker_whole_and_streamed_agree() -> None:
     assert streamed.reason("stop") == "tool_calls"
 
 
+def test_named_tracker_streams_the_arguments_as_they_come() -> None:
+    req = chat(tools=[WEATHER, TIME], tool_choice={"type": "function",
+                                                   "function": {"name": "get_weather"}})
+    tracker = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+    text = '{"city": "Paris"}'
+    steps = [tracker.step(text[i:i + 4], [1], None) for i in range(0, len(text), 4)]
+    steps.append(tracker.step("", [], "stop"))
+    first = steps[0][1][0]
+    assert first["id"].startswith("call_") and first["function"]["name"] == "get_weather"
+    assert all("id" not in d and "name" not in d.get("function", {})
+               for _, deltas, _ in steps[1:] for d in deltas)
+    assembler = T.CallAssembler()
+    for content, deltas, _ in steps:
+        assert content is None
+        assembler.feed(deltas)
+    assert assembler.result()[0]["function"]["arguments"] == text
+    assert steps[-1][2] == "tool_calls"
+    whole = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+    assert whole.whole(text)[1][0]["function"]["arguments"] == text
+
+
 def test_parser_tracker_splits_content_from_calls() -> None:
     req = chat(tools=[WEATHER])
     text = 'Let me check. <call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
