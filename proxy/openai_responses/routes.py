@@ -18,7 +18,7 @@ from ..chain import Completion
 from ..context import RequestContext
 from ..errors import InvalidRequest, NotFound, Unavailable
 from ..protocol import parse_model
-from ..routes import read_json
+from ..routes import _note_usage, read_json
 from ..streaming import write_sse
 from . import translate as X
 from .events import render
@@ -43,8 +43,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     principal = st.auth.authenticate(request.headers.get("Authorization"))
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(ResponsesRequest, data)
-    request[INFO].update(route="responses", model=req.model, tenant=principal.tenant,
-                         stream=req.stream)
+    info = request[INFO]
+    info.update(route="responses", model=req.model, tenant=principal.tenant, stream=req.stream)
     principal.check_model(req.model)
     store = _store(request)
     history: list[dict[str, Any]] = []
@@ -73,6 +73,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         except InvalidRequest as e:
             raise X.rename_param(e) from None
         if isinstance(reply, Completion):
+            _note_usage(st, info, reply.body)  # token metrics, as on the chat route
             response = X.response_from_chat(req, reply.body, id=rid,
                                             created_at=reply.body.get("created", 0))
             await save(response)
@@ -80,9 +81,12 @@ async def create(request: web.Request) -> web.StreamResponse:
                                                         **reply.headers}, dumps=st.dumps)
         events: AsyncIterator[dict[str, Any]] = render(reply.__aiter__(), req, rid, save)
         srv = st.settings.server
-        return await write_sse(request, events, lambda: {**ctx.response_headers,
+        resp = await write_sse(request, events, lambda: {**ctx.response_headers,
                                                          **reply.headers},
                                write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s)
+        if ctx.usage:
+            _note_usage(st, info, {"usage": ctx.usage})
+        return resp
 
 
 async def retrieve(request: web.Request) -> web.Response:

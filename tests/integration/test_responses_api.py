@@ -229,3 +229,19 @@ async def test_an_error_before_any_output_keeps_its_http_status(
     r = await client.post("/v1/responses", json={**BASE, "stream": True})
     assert r.status == 502
     validate("ErrorResponse", await r.json())
+
+
+async def test_tokens_are_counted_in_metrics(make_client: MakeClient) -> None:
+    client = await make_client()
+
+    async def completion_tokens() -> float:
+        text = await (await client.get("/metrics")).text()
+        line = next((ln for ln in text.splitlines() if ln.startswith("weir_tokens_total{")
+                     and 'kind="completion"' in ln), None)
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+    before = await completion_tokens()
+    await client.post("/v1/responses", json=BASE)
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    await r.text()
+    assert await completion_tokens() == before + 32
