@@ -245,3 +245,25 @@ async def test_tokens_are_counted_in_metrics(make_client: MakeClient) -> None:
     r = await client.post("/v1/responses", json={**BASE, "stream": True})
     await r.text()
     assert await completion_tokens() == before + 32
+
+
+async def test_text_then_a_parsed_call_are_two_output_items(make_client: MakeClient) -> None:
+    engine = FakeEngine(tool_parser=True)
+    engine.script = 'Checking. <call>{"name": "get_weather", "arguments": {"city": "Rome"}}</call>'
+    client = await make_client(engine=engine)
+    whole = await (await client.post("/v1/responses", json={**BASE, "tools": [TOOL],
+                                                            "max_output_tokens": 64})).json()
+    validate("Response", whole)
+    assert [i["type"] for i in whole["output"]] == ["message", "function_call"]
+    r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL], "stream": True,
+                                                 "max_output_tokens": 64})
+    events, _ = parse_sse(await r.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert added == ["message", "function_call"] and len(done) == 2
+    assert done[0]["content"][0]["text"].strip() == "Checking."
+    assert json.loads(done[1]["arguments"]) == {"city": "Rome"}
+    assert events[-1]["type"] == "response.completed"
+    assert [i["type"] for i in events[-1]["response"]["output"]] == ["message", "function_call"]
