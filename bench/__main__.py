@@ -13,14 +13,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import time
+from typing import Any
 
 import yaml
 
-from bench import fleet as fleet_mod
+from bench import SUITES
+from bench.fleet import DEFAULT_ENGINE, Fleet, engine_for
 from bench.procs import RESULTS
 from bench.report import update_readme, use_results_dir, write
-
-SUITES = ["table", "serving", "cache", "surge", "sanitizer"]
 
 
 def engine_setting(text: str) -> tuple[str, object]:
@@ -30,33 +30,41 @@ def engine_setting(text: str) -> tuple[str, object]:
     return key.strip(), yaml.safe_load(value)
 
 
-def main(argv: list[str] | None = None) -> int:
+def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The fleet's engine: the embedded default's, changed by --model, --served-model-name
+    and --engine (in that order)."""
+    engine = dict(DEFAULT_ENGINE)
+    if args.model:
+        engine = engine_for(args.model, args.served_model_name)
+    elif args.served_model_name:
+        engine["served_model_name"] = args.served_model_name
+    engine.update(dict(args.engine))
+    return engine
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="smaller, faster run")
     parser.add_argument("--only", nargs="*", choices=SUITES, help="suites to run")
-    parser.add_argument("--model", help="engine model: Hugging Face id or local path "
-                        "(default: builtin:demo, the generated CPU model)")
+    parser.add_argument("--model", help="engine model: builtin:smollm2 (a real small model "
+                        "on CPU), a Hugging Face id or a local path (default: builtin:demo, "
+                        "the generated CPU model)")
     parser.add_argument("--served-model-name", help="the name clients send as `model`")
     parser.add_argument("--engine", action="append", type=engine_setting, default=[],
                         metavar="KEY=VALUE", help="an engine setting (Weir's engine keys, "
                         "which are vLLM's own names), for both Weir and vLLM's server")
-    args = parser.parse_args(argv)
-    if args.model:
-        fleet_mod.ENGINE["model"] = args.model
-        fleet_mod.ENGINE["served_model_name"] = args.served_model_name or args.model
-        if args.model != "builtin:demo":
-            # The CPU defaults of the demo model do not carry over to a real model.
-            fleet_mod.ENGINE.pop("dtype", None)
-            fleet_mod.ENGINE.pop("cpu_kvcache_space_gib", None)
-    elif args.served_model_name:
-        fleet_mod.ENGINE["served_model_name"] = args.served_model_name
-    fleet_mod.ENGINE.update(dict(args.engine))
-    suites = args.only or SUITES
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    engine = engine_settings(args)
+    suites = args.only or list(SUITES)
     if args.quick:
         use_results_dir(RESULTS / "quick")
     timings: dict[str, float] = {}
     start = time.monotonic()
-    with fleet_mod.Fleet(quick=args.quick) as fleet:
+    with Fleet(quick=args.quick, engine=engine) as fleet:
         for name in suites:
             t = time.monotonic()
             print(f"== {name}", flush=True)
@@ -68,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== total: {total:.0f}s", flush=True)
     if args.only:
         return 0  # a partial run: the record of the last whole run stays
-    write("run", {"quick": args.quick, "suites": suites, "engine": fleet_mod.ENGINE,
+    write("run", {"quick": args.quick, "suites": suites, "engine": engine,
                   "seconds": {"total": total, "per_suite": timings,
                               "server_start_to_ready": starts}},
           f"Benchmark run ({'quick' if args.quick else 'full'}): {total:.0f} s in all; "

@@ -14,57 +14,21 @@ p99) and hit throughput with 16 concurrent clients. The cold path is Weir with
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import uuid
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.fleet import ENGINE, LITELLM_KEY, Fleet, System, served
+from bench.fleet import Fleet, System
 from bench.load import run_load, summarize
-from bench.procs import ROOT, Server, free_port
+from bench.procs import ROOT
 from bench.report import md_table, ratio, write
-from tests.redis_server import RedisServer
 
 SUITE = "cache"
-LITELLM_VENV = ROOT / "bench" / ".peers" / "litellm"
 PAIRS = yaml.safe_load((ROOT / "tests" / "data" / "semantic_pairs.yaml").read_text())
 
 
-def ensure_litellm() -> Path:
-    """LiteLLM's proxy in a venv of its own (its pins would fight Weir's)."""
-    exe = LITELLM_VENV / "bin" / "litellm"
-    if not exe.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
-        pip = [str(LITELLM_VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, "--upgrade", "pip"], check=True)
-        subprocess.run([*pip, "litellm[proxy]", "redis"], check=True)
-    return exe
-
-
-def litellm_server(tmp: Path, upstream: str, redis: RedisServer) -> Server:
-    port = free_port()
-    cfg = {
-        "model_list": [{"model_name": served(), "litellm_params": {
-            "model": f"openai/{served()}", "api_base": f"{upstream}/v1", "api_key": "none"}}],
-        "litellm_settings": {"cache": True, "cache_params": {
-            "type": "redis", "host": "127.0.0.1", "port": redis.port,
-            "namespace": f"litellm-{uuid.uuid4().hex[:6]}"}, "set_verbose": False},
-        "general_settings": {"master_key": LITELLM_KEY},
-    }
-    path = tmp / "litellm.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "NO_DOCS": "True"}
-    return Server("litellm", [str(ensure_litellm()), "--config", str(path), "--host",
-                              "127.0.0.1", "--port", str(port), "--num_workers", "1"],
-                  f"http://127.0.0.1:{port}/health/liveliness", f"http://127.0.0.1:{port}",
-                  tmp / "litellm.log", env=env)
-
-
-def chat(content: str) -> dict[str, Any]:
-    return {"model": served(), "temperature": 0, "max_tokens": 32,
+def chat(model: str, content: str) -> dict[str, Any]:
+    return {"model": model, "temperature": 0, "max_tokens": 32,
             "messages": [{"role": "user", "content": content}]}
 
 
@@ -98,11 +62,12 @@ def run(fleet: Fleet) -> dict[str, Any]:
     reps = 2 if quick else 4
     weir, weir_l2, litellm = fleet.need("weir"), fleet.need("weir-l2"), fleet.need("litellm")
     results: dict[str, Any] = {}
-    exact = [chat(q) for q in questions(n)]
-    cold_bodies = [chat(q + " (cold)") for q in questions(n)]
+    model = fleet.served
+    exact = [chat(model, q) for q in questions(n)]
+    cold_bodies = [chat(model, q + " (cold)") for q in questions(n)]
     no_cache = {"Cache-Control": "no-cache, no-store"}
-    base = [chat(a) for a, _ in PAIRS["paraphrase"]]
-    para = [chat(b) for _, b in PAIRS["paraphrase"]]
+    base = [chat(model, a) for a, _ in PAIRS["paraphrase"]]
+    para = [chat(model, b) for _, b in PAIRS["paraphrase"]]
 
     async def scenario() -> None:
         # Fill every cache with the same questions (misses: the engine answers).
@@ -160,7 +125,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
              md_table(["path", "p50 ms", "p99 ms", "req/s (16 clients)",
                        "LiteLLM hit p50 / this p50"], rows))
     data = {"workload": {"questions": n, "paraphrases": len(PAIRS["paraphrase"]),
-                         "throughput_repeats": reps, "engine": ENGINE},
+                         "throughput_repeats": reps, "engine": fleet.engine},
             "results": results, "targets": {"l1_p50_ms": 2, "l2_p50_ms": 3,
                                             "semantic_p50_ms": 40}}
     write("cache", data, table)

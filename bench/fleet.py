@@ -29,18 +29,22 @@ from typing import Any
 
 import yaml
 
-from bench.procs import ROOT, Server, vllm_server, weir_server
-from proxy.engine.demo_model import ensure_demo_model
-from tests.redis_server import RedisServer
+from bench import SUITES
+from bench.procs import ROOT, Server, litellm_server, vllm_server, weir_server
+from bench.redis_server import RedisServer
+from proxy.engine import builtin_models
 
-# The embedded default's engine. `python -m bench --model ID --engine KEY=VALUE` changes it
-# (a GPU model id, dtype, gpu_memory_utilization, tensor_parallel_size ...).
-ENGINE: dict[str, Any] = {
+# The embedded default's engine. `python -m bench --model ID --engine KEY=VALUE` builds a
+# fleet with other settings (a GPU model id, dtype, gpu_memory_utilization ...).
+DEFAULT_ENGINE: dict[str, Any] = {
     "model": "builtin:demo", "served_model_name": "weir-demo", "dtype": "float32",
     "max_model_len": 2048, "max_num_seqs": 64, "seed": 0, "enable_prefix_caching": True,
     "cpu_kvcache_space_gib": 1}
+# CPU settings of the built-in models beyond the demo's (config/weir.yaml's for SmolLM2).
+BUILTIN_ENGINES: dict[str, dict[str, Any]] = {
+    "builtin:smollm2": {"dtype": "bfloat16", "extra_args": {"enforce_eager": True}},
+}
 
-SUITES = ("table", "serving", "cache", "surge")
 LITELLM_KEY = "sk-bench-master-0123456789abcdef"
 # Admission in the benchmarked Weir: the engine's batch, a short queue, a short wait; a
 # surge is shed in milliseconds instead of queueing for seconds.
@@ -48,8 +52,20 @@ ADMISSION = {"max_concurrent": 64, "max_queue": 16, "max_queue_wait_s": 0.25,
              "deadline_s": 300}
 
 
-def served() -> str:
-    return str(ENGINE.get("served_model_name") or ENGINE["model"])
+def engine_for(model: str, served_name: str | None = None,
+               base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The engine settings that serve `model` in every system: a built-in one
+    (`builtin:smollm2`: the CPU settings of the embedded default; vLLM's server gets the
+    converted folder) or any id or path (the demo's CPU settings do not carry over)."""
+    engine = copy.deepcopy(base if base is not None else DEFAULT_ENGINE)
+    engine["model"] = model
+    engine["served_model_name"] = served_name or builtin_models.served_name(model)
+    if model in builtin_models.BUILTINS:
+        engine.update(copy.deepcopy(BUILTIN_ENGINES.get(model, {})))
+    else:
+        engine.pop("dtype", None)
+        engine.pop("cpu_kvcache_space_gib", None)
+    return engine
 
 
 def weir_key(suite: str) -> str:
@@ -83,7 +99,13 @@ class System:
 @dataclass
 class Fleet:
     quick: bool = False
+    engine: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_ENGINE))
     systems: dict[str, System] = field(default_factory=dict)
+
+    @property
+    def served(self) -> str:
+        """The model name clients send."""
+        return str(self.engine.get("served_model_name") or self.engine["model"])
 
     def __post_init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="weir-bench-")
@@ -115,8 +137,8 @@ class Fleet:
         return self._redis
 
     def model_path(self) -> str:
-        m = str(ENGINE["model"])
-        return str(ensure_demo_model()) if m == "builtin:demo" else m
+        """What vLLM's server loads: built-in models are built (or reused) first."""
+        return builtin_models.resolve(str(self.engine["model"]))
 
     def _start(self, system: System) -> System:
         self.started.append(system.server)
@@ -140,6 +162,9 @@ class Fleet:
                 cfg["rules"] = [{"per": "key", "rpm": 10_000_000, "tpm": 10**10,
                                  "concurrent": 1024}]
             elif p["name"] == "cache":
+                # The suites' answers run to max_tokens (ignore_eos): store them anyway,
+                # or repeats could never hit.
+                cfg["store_truncated"] = True
                 cfg["l2"] = {"enabled": True}
                 cfg["redis"] = {"url": self.redis.url, "timeout_s": 0.1,
                                 "key_prefix": f"weir:{'all' if semantic else 'exact'}:"}
@@ -166,7 +191,7 @@ class Fleet:
         return s
 
     def _make(self, role: str) -> System | None:
-        engine = dict(ENGINE)
+        engine = dict(self.engine)
         if role == "vllm":
             return System("vLLM server", "vllm",
                           vllm_server(self.tmp, engine, self.model_path()))
@@ -197,17 +222,15 @@ class Fleet:
                           "key_prefix": "weir:l2only:"}}}]
             return System("Weir, Redis cache only", "weir", self._upstream("weir-l2", l2_only))
         if role == "litellm":
-            from bench.cache import litellm_server
-
-            return System("LiteLLM + Redis cache", "litellm",
-                          litellm_server(self.tmp, self.need("vllm").server.base_url,
-                                         self.redis))
+            return System("LiteLLM + Redis cache", "litellm", litellm_server(
+                self.tmp, self.need("vllm").server.base_url, self.served, self.redis.port,
+                LITELLM_KEY))
         raise KeyError(role)
 
     def _upstream(self, name: str, plugins: list[dict[str, Any]]) -> Server:
         """A Weir with no engine of its own, in front of the `vllm` role's server."""
         vllm = self.need("vllm")
         engine = {"kind": "upstream", "base_url": f"{vllm.server.base_url}/v1",
-                  "models": [served()]}
+                  "models": [self.served]}
         return weir_server(self.tmp, engine, plugins, name=name,
                            extra={"auth": self.weir_auth(), "embeddings": {"enabled": False}})

@@ -1,14 +1,15 @@
-"""Start and stop the servers a benchmark compares, and watch their memory."""
+"""Start and stop the servers a benchmark compares (Weir, vLLM's server, LiteLLM's proxy),
+and watch their memory."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +17,11 @@ import httpx
 import psutil
 import yaml
 
+from bench.redis_server import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+LITELLM_VENV = ROOT / "bench" / ".peers" / "litellm"
 
 
 class Server:
@@ -128,3 +126,35 @@ def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str,
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     return Server(name, cmd, f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}",
                   tmp / f"{name}.log", env=env)
+
+
+def ensure_litellm() -> Path:
+    """LiteLLM's proxy in a venv of its own (its pins would fight Weir's)."""
+    exe = LITELLM_VENV / "bin" / "litellm"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+        pip = [str(LITELLM_VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, "--upgrade", "pip"], check=True)
+        subprocess.run([*pip, "litellm[proxy]", "redis"], check=True)
+    return exe
+
+
+def litellm_server(tmp: Path, upstream: str, model: str, redis_port: int,
+                   master_key: str) -> Server:
+    """LiteLLM's proxy with its Redis cache in front of `upstream` (an OpenAI server)."""
+    port = free_port()
+    cfg = {
+        "model_list": [{"model_name": model, "litellm_params": {
+            "model": f"openai/{model}", "api_base": f"{upstream}/v1", "api_key": "none"}}],
+        "litellm_settings": {"cache": True, "cache_params": {
+            "type": "redis", "host": "127.0.0.1", "port": redis_port,
+            "namespace": f"litellm-{uuid.uuid4().hex[:6]}"}, "set_verbose": False},
+        "general_settings": {"master_key": master_key},
+    }
+    path = tmp / "litellm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "NO_DOCS": "True"}
+    return Server("litellm", [str(ensure_litellm()), "--config", str(path), "--host",
+                              "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+                  f"http://127.0.0.1:{port}/health/liveliness", f"http://127.0.0.1:{port}",
+                  tmp / "litellm.log", env=env)

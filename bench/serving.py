@@ -13,15 +13,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bench.fleet import ENGINE, Fleet, System, served
+from bench.fleet import Fleet, System
 from bench.load import RunResult, merge, run_load, summarize
 from bench.report import md_table, ratio, write
 
 SUITE = "serving"
 
 
-def bodies(n: int, tokens: int, offset: int) -> list[dict[str, Any]]:
-    return [{"model": served(), "stream": True, "max_tokens": tokens, "ignore_eos": True,
+def bodies(model: str, n: int, tokens: int, offset: int) -> list[dict[str, Any]]:
+    return [{"model": model, "stream": True, "max_tokens": tokens, "ignore_eos": True,
              "temperature": 0, "stream_options": {"include_usage": True},
              "messages": [{"role": "user",
                            "content": f"Question {offset + i}: how do I change my plan?"}]}
@@ -42,12 +42,13 @@ def run(fleet: Fleet) -> dict[str, Any]:
         return asyncio.run(run_load(s.chat_url, b, concurrency, s.headers(SUITE, bypass)))
 
     for s in servers.values():  # same warm-up burst for both
-        load(s, bodies(concurrency, 16, 10_000))
+        load(s, bodies(fleet.served, concurrency, 16, 10_000))
     per: dict[str, list[RunResult]] = {k: [] for k in servers}
     order = list(servers)
     for rnd in range(rounds):
         for name in (order if rnd % 2 == 0 else order[::-1]):
-            per[name].append(load(servers[name], bodies(per_round, tokens, rnd * per_round)))
+            per[name].append(load(servers[name], bodies(fleet.served, per_round, tokens,
+                                                       rnd * per_round)))
     summary = {k: summarize(merge(v)) for k, v in per.items()}
     for k in summary:
         summary[k]["rounds"] = [summarize(r) for r in per[k]]
@@ -61,7 +62,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
         "e2e_p99_weir_over_vllm": ratio(w["e2e_p99_ms"], v["e2e_p99_ms"]),
     }
     workload = {"concurrency": concurrency, "output_tokens": tokens, "requests_per_round":
-                per_round, "rounds": rounds, "stream": True, "engine": ENGINE}
+                per_round, "rounds": rounds, "stream": True, "engine": fleet.engine}
     rows = [[name, s["ok"], s["req_per_s"], s["output_tok_per_s"], s["ttft_p50_ms"],
              s["ttft_p99_ms"], s["e2e_p50_ms"], s["e2e_p99_ms"], s["peak_rss_mib"]]
             for name, s in (("Weir, all plugins (cache bypassed)", w), ("vLLM OpenAI server", v))]

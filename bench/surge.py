@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from bench.fleet import ADMISSION, Fleet, System, served
+from bench.fleet import ADMISSION, Fleet, System
 from bench.load import RunResult, open_loop, pct, run_load, summarize
 from bench.report import md_table, ratio, write
 
@@ -24,8 +24,8 @@ SUITE = "surge"
 LIMIT = int(ADMISSION["max_concurrent"])
 
 
-def body(i: int, tokens: int) -> dict[str, Any]:
-    return {"model": served(), "max_tokens": tokens, "ignore_eos": True, "temperature": 1,
+def body(model: str, i: int, tokens: int) -> dict[str, Any]:
+    return {"model": model, "max_tokens": tokens, "ignore_eos": True, "temperature": 1,
             "messages": [{"role": "user", "content": f"surge request {i}"}]}
 
 
@@ -49,20 +49,21 @@ def run(fleet: Fleet) -> dict[str, Any]:
     tokens = 128
     duration = 3.0 if fleet.quick else 12.0
     guarded, peer_sys = fleet.need("weir"), fleet.need("vllm")
+    model = fleet.served
 
     def closed(s: System, bodies: list[dict[str, Any]]) -> RunResult:
         return asyncio.run(run_load(s.chat_url, bodies, LIMIT, s.headers(SUITE)))
 
     def surge(s: System, rate: float) -> dict[str, Any]:
-        bodies = [body(i, tokens) for i in range(round(rate * duration))]
+        bodies = [body(model, i, tokens) for i in range(round(rate * duration))]
         return split(asyncio.run(open_loop(s.chat_url, bodies, rate, s.headers(SUITE))))
 
-    closed(guarded, [body(i, 8) for i in range(LIMIT)])  # warm up
-    unloaded = [body(i, tokens) for i in range(LIMIT * (3 if fleet.quick else 6))]
+    closed(guarded, [body(model, i, 8) for i in range(LIMIT)])  # warm up
+    unloaded = [body(model, i, tokens) for i in range(LIMIT * (3 if fleet.quick else 6))]
     base = summarize(closed(guarded, unloaded))
     capacity = base["req_per_s"]
     surged = surge(guarded, 3 * capacity)
-    closed(peer_sys, [body(i, 8) for i in range(LIMIT)])
+    closed(peer_sys, [body(model, i, 8) for i in range(LIMIT)])
     peer = surge(peer_sys, 3 * capacity)
     results = {"unloaded": base, "surge_with_admission": surged, "surge_without_admission": peer,
                "capacity_req_per_s": capacity, "offered_rate_req_per_s": round(3 * capacity, 2),

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bench.fleet import Fleet, System, served
+from bench.fleet import Fleet, System
 from bench.load import RunResult, merge, open_loop, run_load, summarize
 from bench.procs import ROOT
 from bench.report import md_table, ratio, results_dir, write
@@ -41,7 +41,7 @@ TOPICS = ["invoice", "password", "refund", "shipping", "plan", "account", "card"
           "delivery", "subscription"]
 
 
-def faq_bodies(n: int, repeat_ratio: float, seed: int) -> list[dict[str, Any]]:
+def faq_bodies(model: str, n: int, repeat_ratio: float, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     para: dict[str, list[str]] = {}
     for a, b in PAIRS["paraphrase"]:
@@ -59,7 +59,7 @@ def faq_bodies(n: int, repeat_ratio: float, seed: int) -> list[dict[str, Any]]:
             q = base[i % len(base)] if i < len(base) else (
                 f"How do I change the {topic} settings for team {team}?")
             asked.append(q)
-        out.append({"model": served(), "temperature": 0, "max_tokens": 32,
+        out.append({"model": model, "temperature": 0, "max_tokens": 32,
                     "stream": i % 2 == 0, "stream_options": {"include_usage": True}
                     if i % 2 == 0 else None,
                     "messages": [{"role": "user", "content": q}]})
@@ -69,11 +69,11 @@ def faq_bodies(n: int, repeat_ratio: float, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-async def _sweep(system: System, levels: list[int],
+async def _sweep(system: System, model: str, levels: list[int],
                  headers: dict[str, str]) -> list[dict[str, Any]]:
     rows = []
     for c in levels:
-        bodies = [{"model": served(), "max_tokens": 32, "ignore_eos": True, "temperature": 0,
+        bodies = [{"model": model, "max_tokens": 32, "ignore_eos": True, "temperature": 0,
                    "stream": True, "stream_options": {"include_usage": True},
                    "messages": [{"role": "user", "content": f"sweep {c} {i}"}]}
                   for i in range(max(8, 3 * c))]
@@ -217,7 +217,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
         first: dict[str, Any] = {}
         for s in (weir, vllm):
             t = time.perf_counter()
-            await run_load(s.chat_url, [{"model": served(), "max_tokens": 32,
+            await run_load(s.chat_url, [{"model": fleet.served, "max_tokens": 32,
                                          "temperature": 0, "messages": [
                                              {"role": "user", "content": "first"}]}],
                            1, s.headers(SUITE))
@@ -225,7 +225,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
         per: dict[str, list[RunResult]] = {k: [] for k in systems}
         order = list(systems)
         for rnd in range(rounds):
-            bodies = faq_bodies(n, 0.6, seed=rnd)
+            bodies = faq_bodies(fleet.served, n, 0.6, seed=rnd)
             for name in (order if rnd % 2 == 0 else order[::-1]):
                 s = systems[name]
                 per[name].append(await run_load(s.chat_url, s.bodies(bodies, SUITE), clients,
@@ -242,8 +242,10 @@ def run(fleet: Fleet) -> dict[str, Any]:
 
     per, first, sustained = asyncio.run(scenario())
     bypass = weir.headers(SUITE, {"Cache-Control": "no-cache, no-store"})
-    sweep = {"Weir, all plugins (cache bypassed)": asyncio.run(_sweep(weir, levels, bypass)),
-             "vLLM server": asyncio.run(_sweep(vllm, levels, vllm.headers(SUITE)))}
+    model = fleet.served
+    sweep = {"Weir, all plugins (cache bypassed)": asyncio.run(_sweep(weir, model, levels,
+                                                                      bypass)),
+             "vLLM server": asyncio.run(_sweep(vllm, model, levels, vllm.headers(SUITE)))}
     merged = {k: merge(v) for k, v in per.items()}
     summary = {k: summarize(v) | {"max_sustained_req_per_s": sustained[k]["req_per_s"],
                                   "peak_rss_mib": round(systems[k].server.peak_rss / 2**20)}

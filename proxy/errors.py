@@ -131,3 +131,8 @@ class Timeout(WeirError):
     status = 504
     type = "timeout_error"
     default_code = "timeout"
+
+
+class DeadlineExceeded(Timeout):
+    """The request's own deadline passed (the client's `x-weir-timeout-ms`, or the
+    operator's `deadline_s`). Not an engine fault: the breaker never counts it."""

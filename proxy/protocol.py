@@ -171,10 +171,30 @@ class ResponseFormat(_Open):
         return self
 
 
-Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
-TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-Stop = str | Annotated[list[str], Field(max_length=16)]
+# Bounds: OpenAI's documented ones where it has them, otherwise the engine's real limits
+# (vLLM's `SamplingParams._verify_args` and its transport), so that no value the engine
+# would refuse, or could not even carry, gets past the parser. Every number is finite:
+# Python's JSON reader accepts `NaN` and `Infinity`.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Counts and token ids: the engine keeps them in 32-bit tensors.
+INT32_MAX = 2**31 - 1
+#: The engine's `_SAMPLING_EPS`: a temperature below it is greedy sampling.
+GREEDY_BELOW = 1e-5
+MAX_STOP_CHARS = 1024  # vLLM scans every stop string at each step; OpenAI sets no bound
+MAX_LOGIT_BIAS = 1024  # entries; each one is applied at every step
+
+Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
+StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Stop = StopText | Annotated[list[StopText], Field(max_length=16)]
+#: vLLM's extension: a positive count of candidates, or 0 / -1 for all of them.
+TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
+#: OpenAI's `seed` is an int64 (the engine's transport carries nothing wider).
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+OutputTokens = Annotated[int, Field(ge=1, le=INT32_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class _SamplingFields(_Open):
@@ -183,17 +203,40 @@ class _SamplingFields(_Open):
     top_p: TopP | None = None
     n: Annotated[int, Field(ge=1, le=128)] = 1
     stop: Stop | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM extensions that benchmarks and power users rely on.
     ignore_eos: bool = False
-    min_tokens: Annotated[int, Field(ge=0)] = 0
-    top_k: int | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
+    top_k: TopK | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for k in v or {}:
+            if not (k.isascii() and k.isdigit() and len(k) <= 10 and int(k) <= INT32_MAX):
+                raise InvalidRequest(
+                    f"Invalid token id `{k[:32]}` in `logit_bias`: keys must be token ids "
+                    f"(integers from 0 to {INT32_MAX}).", param="logit_bias",
+                    code="invalid_value")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> _SamplingFields:
+        if self.n > 1 and self.temperature is not None and self.temperature < GREEDY_BELOW:
+            raise InvalidRequest("`n` greater than 1 needs a temperature above 0.", param="n",
+                                 code="invalid_value")
+        limit = self.output_limit
+        if limit is not None and self.min_tokens > limit:
+            raise InvalidRequest(
+                f"`min_tokens` ({self.min_tokens}) may not exceed the output limit ({limit}).",
+                param="min_tokens", code="invalid_value")
+        return self
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
@@ -204,14 +247,19 @@ class _SamplingFields(_Open):
         return self
 
     @property
+    def output_limit(self) -> int | None:
+        """The most tokens the answer may have, when the request sets it."""
+        return None
+
+    @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: OutputTokens | None = None
+    max_completion_tokens: OutputTokens | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
@@ -243,14 +291,14 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens or self.max_tokens
 
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionRequest(_SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[
         list[TokenIds], Field(min_length=1)
     ]
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    max_tokens: OutputTokens | None = 16
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
     suffix: str | None = None
@@ -280,7 +328,7 @@ class EmbeddingRequest(_Open):
 
 
 # Pydantic names union members in an error's location ('TextPart', 'list[str]',
-# 'function-after[...]'); they are not fields and never part of a param.
+# 'constrained-str', 'function-after[...]'); they are not fields and never part of a param.
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
 #: Maps keyed by the caller's own keys: OpenAI names the field, not the key.
 _KEYED_FIELDS = frozenset({"logit_bias", "metadata"})
@@ -293,7 +341,8 @@ def _loc_to_param(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part and (part[0].isupper() or "[" in part or part in _TYPE_TAGS):
+        elif part and (part[0].isupper() or "[" in part or part in _TYPE_TAGS
+                       or part.startswith("constrained-")):
             continue
         else:
             out += f".{part}" if out else part

@@ -26,7 +26,7 @@ from .protocol import (
     decode_json_object,
     parse_model,
 )
-from .streaming import write_sse
+from .streaming import dumps, write_sse
 from .telemetry import get_logger
 
 log = get_logger("weir.routes")
@@ -35,6 +35,13 @@ _MODELS: dict[Route, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "chat": ChatCompletionRequest,
     "completion": CompletionRequest,
 }
+
+
+def json_response(body: Any, headers: dict[str, str] | None = None,
+                  status: int = 200) -> web.Response:
+    """A JSON answer serialised once, with orjson."""
+    return web.Response(body=dumps(body), status=status, headers=headers,
+                        content_type="application/json")
 
 
 def _state(request: web.Request) -> AppState:
@@ -88,11 +95,13 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
             headers = {**ctx.response_headers, **reply.headers}
             info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
             _note_usage(st, info, reply.body)
-            return web.json_response(reply.body, headers=headers, dumps=st.dumps)
+            return json_response(reply.body, headers)
         assert isinstance(reply, Stream)
 
         def stream_headers() -> dict[str, str]:
-            headers = {**ctx.response_headers, **reply.headers}
+            # Sent before the request-id middleware sees the response: set it here.
+            headers = {**ctx.response_headers, **reply.headers,
+                       "x-request-id": request[REQUEST_ID]}
             info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
             return headers
 
@@ -115,39 +124,42 @@ def _note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> Non
 
 async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, reply: Stream,
                        headers: Any, info: dict[str, Any]) -> web.StreamResponse:
-    start = time.perf_counter()
+    route, model = info["route"], info.get("model", "")
+    itl = st.metrics.itl.labels(route, model)
+    last = 0.0
+    usage_chunk: dict[str, Any] = {}
 
     def first() -> None:
-        ttft = time.perf_counter() - start
+        # The first chunk was awaited inside the chain (the stream is primed): time from
+        # the request's start, not from here.
+        ttft = time.monotonic() - ctx.started
         info["ttft_ms"] = round(ttft * 1000, 2)
-        st.metrics.ttft.labels(info["route"], info.get("model", "")).observe(ttft)
+        st.metrics.ttft.labels(route, model).observe(ttft)
 
-    itl = st.metrics.itl.labels(info["route"], info.get("model", ""))
-
-    async def tap(it: Any) -> Any:
-        last = None
-        async for chunk in it:
-            now = time.perf_counter()
-            if last is not None and chunk.get("choices"):
+    def chunk(c: dict[str, Any]) -> None:
+        nonlocal last
+        if c.get("choices"):
+            now = time.monotonic()
+            if last:
                 itl.observe(now - last)
             last = now
-            if chunk.get("usage"):
-                _note_usage(st, info, chunk)
-            yield chunk
+        elif c.get("usage"):
+            usage_chunk["usage"] = c["usage"]
 
     def aborted(reason: str) -> None:
         st.metrics.aborted.labels("client_gone").inc()
         log.warning("stream cut: client stopped reading or went away", reason=reason)
 
     srv = st.settings.server
-    resp = await write_sse(
-        request, tap(reply.__aiter__()), headers,
-        write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s, on_first=first,
-        on_abort=aborted, log_error=lambda e: log.error("stream failed", exc_info=e),
-    )
-    if "completion_tokens" not in info and ctx.usage:  # no usage chunk was asked for
-        _note_usage(st, info, {"usage": ctx.usage})
-    return resp
+    try:
+        return await write_sse(
+            request, reply, headers, write_timeout=srv.write_timeout_s,
+            keepalive=srv.keepalive_s, on_first=first, on_chunk=chunk,
+            on_abort=aborted, log_error=lambda e: log.error("stream failed", exc_info=e))
+    finally:
+        usage = reply.usage or usage_chunk.get("usage")
+        if usage:
+            _note_usage(st, info, {"usage": usage})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -51,7 +51,8 @@ class VllmEngineSettings(_Strict):
     kind: Literal["vllm"] = "vllm"
     model: str = Field(
         "builtin:demo",
-        description="Hugging Face id or local path; `builtin:demo` generates a tiny local model.",
+        description="Local checkpoint folder or Hugging Face id; built here on first use: "
+        "`builtin:smollm2` (SmolLM2-135M-Instruct) or `builtin:demo` (tiny, random weights).",
     )
     served_model_name: str | None = Field(
         None, description="Name clients use in `model` (default: the model id)."
@@ -158,13 +159,17 @@ class LoggingSettings(_Strict):
 
 class EmbeddingSettings(_Strict):
     enabled: bool = Field(True, description="Load the embedding model (and /v1/embeddings).")
-    model: str = Field("builtin:minilm", description="`builtin:minilm` or a local model dir.")
+    model: str = Field(
+        "builtin:minilm",
+        description="`builtin:minilm` (MiniLM, int8, on onnxruntime), `builtin:minilm-fp32`, "
+                    "`builtin:minilm-static` (model2vec), `builtin:minilm-torch`, or a local "
+                    "sentence-transformers model dir (torch).")
     served_model_name: str = Field("all-MiniLM-L6-v2", description="Name in /v1/embeddings.")
     batch_max: int = Field(32, ge=1, le=512, description="Texts per forward pass at most.")
     batch_wait_ms: float = Field(
         0.0, ge=0, description="Extra wait for company; 0: batch what queued meanwhile.")
     max_input_tokens: int = Field(256, ge=8, description="Inputs are truncated to this.")
-    threads: int = Field(1, ge=1, description="Torch threads of the embedding worker.")
+    threads: int = Field(1, ge=1, description="Intra-op threads of the embedding runtime.")
 
 
 class TracingSettings(_Strict):

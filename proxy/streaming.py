@@ -1,33 +1,42 @@
 """SSE framing and the stream writer: the only place that writes `text/event-stream`.
 
-A producer task drains the reply's chunk iterator into a small bounded queue; the
-handler writes from the queue. This split gives three things without a task per chunk:
-- keep-alive comments while the engine is quiet (waiting on the queue can time out
-  safely; waiting on the generator itself cannot be cancelled without killing it);
-- a write timeout: a client that stops reading fills the socket, `write()` blocks, and
-  after `write_timeout_s` the stream is cut and the generation aborted;
-- prompt aborts: cancelling the producer closes the chunk iterator, whose `finally`
-  aborts the engine request (client disconnect, write timeout, shutdown).
+One pass per chunk: the handler pulls each chunk from the reply's own iterator (no
+queue, no producer task), serialises it once (orjson) and writes it; one engine step is
+one chunk is one write. What used to cost a timeout scope per chunk is done once per
+stream:
+- the request's deadline is one `asyncio.timeout_at` around the whole loop; when it
+  passes, the generation is aborted and a 504 `timeout` error goes out in-band;
+- a watchdog task, one per stream, wakes every second or so: it sends a keep-alive
+  comment while the engine has been quiet for `keepalive_s`, and aborts the connection
+  when one write has been stuck for `write_timeout_s` (a client that stopped reading);
+  aborting (not closing) drops what is unsent at once, and the pending write fails.
 
-The first chunk is awaited before the response is prepared, so errors raised before any
-output (bad params the engine refused, overload) still get a real HTTP status. After the
-first byte, an error goes out in-band as `data: {"error": ...}` followed by `[DONE]`.
+The first chunk is in hand before the response is prepared (the terminal primes the
+stream), so errors before any output still get a real HTTP status; a stream that was
+not primed is primed here. After the first byte an error goes out in-band as
+`data: {"error": ...}` followed by `[DONE]`. However the stream ends, `Stream.end` runs
+once with its outcome, shielded from a second cancellation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 
-from .errors import ServerError, WeirError
+from .chain import Outcome, Stream
+from .context import loop_time
+from .errors import DeadlineExceeded, ServerError, Unavailable, WeirError
 
 DONE = b"data: [DONE]\n\n"
+#: The cancel message of requests cut at the end of a drain (AppState.abort_all).
+SHUTDOWN = "weir-shutdown"
 KEEPALIVE = b": keep-alive\n\n"
-_END = object()
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -36,98 +45,156 @@ SSE_HEADERS = {
 }
 
 
-def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + (
-        b"\n\n")
-
-
-class StreamAborted(Exception):
-    """The client stopped reading (write timeout) or went away."""
-
-
-async def _produce(it: AsyncIterator[dict[str, Any]], queue: asyncio.Queue[Any]) -> None:
+def dumps(obj: Any) -> bytes:
+    """JSON bytes, compact and UTF-8; orjson, with the standard library as the fallback
+    for what orjson refuses (integers past 64 bits, lone surrogates in echoed text)."""
     try:
-        async for chunk in it:
-            await queue.put(chunk)
-        await queue.put(_END)
-    except asyncio.CancelledError:
-        raise
-    except BaseException as e:
-        await queue.put(e)
-    finally:
-        close = getattr(it, "aclose", None)
-        if close is not None:
-            await close()
+        return orjson.dumps(obj)
+    except TypeError:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode(
+            "utf-8", "surrogatepass")
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+class _Watchdog:
+    """Keep-alives while the engine is quiet; cuts a connection stuck in one write."""
+
+    def __init__(self, resp: web.StreamResponse, request: web.Request, *,
+                 keepalive: float, write_timeout: float) -> None:
+        self.resp, self.request = resp, request
+        self.keepalive, self.write_timeout = keepalive, write_timeout
+        self.last_write = time.monotonic()
+        self.writing_since: float | None = None
+        self.cut = False
+        self._task = asyncio.create_task(self._run())
+
+    async def write(self, data: bytes) -> None:
+        self.writing_since = time.monotonic()
+        try:
+            await self.resp.write(data)
+        finally:
+            self.writing_since = None
+            self.last_write = time.monotonic()
+
+    async def _run(self) -> None:
+        tick = max(0.05, min(self.keepalive, self.write_timeout) / 4)
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            if self.writing_since is not None:
+                if now - self.writing_since >= self.write_timeout:
+                    self.cut = True
+                    if self.request.transport is not None:
+                        self.request.transport.abort()
+                    return
+            elif now - self.last_write >= self.keepalive:
+                await self.write(KEEPALIVE)
+
+    async def stop(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
 
 async def write_sse(
     request: web.Request,
-    chunks: AsyncIterator[dict[str, Any]],
+    stream: Stream,
     headers: Callable[[], dict[str, str]],
     *,
     write_timeout: float,
     keepalive: float,
-    on_first: Any = None,
-    on_abort: Any = None,
-    log_error: Any = None,
+    on_first: Callable[[], None] | None = None,
+    on_chunk: Callable[[dict[str, Any]], None] | None = None,
+    on_abort: Callable[[str], None] | None = None,
+    log_error: Callable[[BaseException], None] | None = None,
 ) -> web.StreamResponse:
-    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=32)
-    producer = asyncio.create_task(_produce(chunks, queue))
+    outcome: Outcome = "cancelled"
+    error: BaseException | None = None
+    watchdog: _Watchdog | None = None
     try:
-        first = await queue.get()
-        if isinstance(first, BaseException):
-            raise first
-        # Headers are taken now, after the first chunk: a plugin may have set some while
-        # producing it (a fallback inside the stream, for one).
+        if stream.primed_at is None:
+            await stream.prime()  # raises before any byte: the route answers with a status
+        # Headers are taken now, with the first chunk in hand: a plugin may have set some
+        # while producing it (a fallback, for one).
         resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, **headers()})
         try:
             await resp.prepare(request)
-        except ConnectionResetError:  # gone before the first byte: like any other abort
+        except ConnectionError:  # gone before the first byte: like any other abort
             if on_abort is not None:
                 on_abort("client gone before the first byte")
             return resp
         if on_first is not None:
             on_first()
-
-        async def send(data: bytes) -> None:
+        watchdog = _Watchdog(resp, request, keepalive=keepalive, write_timeout=write_timeout)
+        write = watchdog.write
+        try:
             try:
-                async with asyncio.timeout(write_timeout):
-                    await resp.write(data)
-            except (TimeoutError, ConnectionResetError) as e:
-                raise StreamAborted(type(e).__name__) from None
-
-        try:
-            item = first
-            while item is not _END:
-                if isinstance(item, BaseException):
-                    err = item if isinstance(item, WeirError) else ServerError()
-                    if not isinstance(item, WeirError) and log_error is not None:
-                        log_error(item)
-                    await send(sse(err.to_body()))
-                    break
-                await send(sse(item))
-                item = await _next(queue, send, keepalive)
-            await send(DONE)
+                async with asyncio.timeout_at(loop_time(stream.deadline)) as scope:
+                    first = stream.first
+                    if first is not None:
+                        if on_chunk is not None:
+                            on_chunk(first)
+                        await write(sse(first))
+                    async for chunk in stream.rest():
+                        if on_chunk is not None:
+                            on_chunk(chunk)
+                        await write(sse(chunk))
+                outcome = "completed"
+            except ConnectionError:
+                raise  # the client is gone: nothing more can be written
+            except TimeoutError as exc:
+                error = (DeadlineExceeded("The request did not finish within its deadline.")
+                         if scope.expired() else exc)
+                outcome = "failed"
+                await _error_event(write, error, log_error)
+            except Exception as e:  # after the first byte an error goes out in-band
+                outcome, error = "failed", e
+                await _error_event(write, e, log_error)
+            await write(DONE)
+            # Settle before the body ends: a client that saw the end of its answer never
+            # races its own request's accounting (slot, tokens, cache entry).
+            await watchdog.stop()
+            await asyncio.shield(stream.end(outcome, error))
             await resp.write_eof()
-        except StreamAborted as e:
-            # The producer is cancelled below (aborting the generation); the
-            # connection is closed so a stalled reader cannot hold the socket.
+        except ConnectionError:  # an answer already whole stays "completed"
             if on_abort is not None:
-                on_abort(str(e))
-            if request.transport is not None:
-                request.transport.close()
+                on_abort("write timeout" if watchdog.cut else "client gone")
         return resp
+    except asyncio.CancelledError as e:
+        outcome = "cancelled"
+        if e.args == (SHUTDOWN,) and watchdog is not None:
+            await _cut_for_shutdown(watchdog, resp)
+        raise
+    except BaseException as e:
+        if outcome != "completed":
+            outcome, error = "failed", e
+        raise
     finally:
-        if not producer.done():
-            producer.cancel()
-        await asyncio.gather(producer, return_exceptions=True)
+        if watchdog is not None:
+            await watchdog.stop()
+        if not stream.ended:
+            await asyncio.shield(stream.end(outcome, error))
 
 
-async def _next(queue: asyncio.Queue[Any], send: Any, keepalive: float) -> Any:
-    """The next queued item, sending a keep-alive comment every `keepalive` seconds."""
-    while True:
-        try:
-            async with asyncio.timeout(keepalive):
-                return await queue.get()
-        except TimeoutError:
-            await send(KEEPALIVE)
+async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse) -> None:
+    """Still running when the drain ran out: end the stream properly (an in-band 503 and
+    `[DONE]`), so a client can tell a cut answer from a whole one. Best effort, briefly."""
+    err = Unavailable("The server shut down before this answer was complete; retry.",
+                      code="shutting_down")
+    try:
+        async with asyncio.timeout(1.0):
+            await watchdog.write(sse(err.to_body()) + DONE)
+            await resp.write_eof()
+    except (TimeoutError, ConnectionError, asyncio.CancelledError):
+        pass
+
+
+async def _error_event(write: Callable[[bytes], Any], e: BaseException,
+                       log_error: Callable[[BaseException], None] | None) -> None:
+    err = e if isinstance(e, WeirError) else ServerError()
+    if not isinstance(e, WeirError) and log_error is not None:
+        log_error(e)
+    await write(sse(err.to_body()))

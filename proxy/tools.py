@@ -277,3 +277,36 @@ class CallAssembler:
 
     def result(self) -> list[dict[str, Any]]:
         return [c for _, c in sorted(self.calls.items())]
+
+
+class StreamCalls:
+    """The per-choice trackers of one streamed chat answer, and the calls they sent (the
+    answer a plugin stores carries them): the chat renderer's whole tool-call hook."""
+
+    def __init__(self, make_tracker: Any) -> None:
+        self._make = make_tracker
+        self._trackers: dict[int, ToolCallTracker] = {}
+        self._sent: dict[int, CallAssembler] = {}
+
+    def step(self, index: int, text: str, token_ids: list[int], reason: str | None,
+             ) -> tuple[str | None, list[dict[str, Any]], str | None]:
+        if self._make is None:
+            return text, [], reason
+        tracker = self._trackers.get(index)
+        if tracker is None:
+            tracker = self._trackers[index] = self._make()
+        content, deltas, reason = tracker.step(text, token_ids, reason)
+        if deltas:
+            self._sent.setdefault(index, CallAssembler()).feed(deltas)
+        return content, deltas, reason
+
+    def answer(self, choices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for c in choices:
+            if c["index"] in self._sent:
+                c["tool_calls"] = self._sent[c["index"]].result()
+        return choices
+
+
+def whole_choice(make_tracker: Any, choice: dict[str, Any]) -> dict[str, Any]:
+    """A whole chat choice with its calls read out of the text (the renderer's hook)."""
+    return choice if make_tracker is None else make_tracker().whole_choice(choice)

@@ -24,6 +24,11 @@ _propagator = TraceContextTextMapPropagator()
 _configured = False
 
 
+def tracing_enabled() -> bool:
+    """Whether a tracer provider was installed (spans inside requests are made)."""
+    return _configured
+
+
 def tracer() -> trace.Tracer:
     return trace.get_tracer("weir")
 

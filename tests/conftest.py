@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import io
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -8,7 +9,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from proxy.app import create_app
-from proxy.settings import Settings
+from proxy.settings import LoggingSettings, Settings
+from proxy.telemetry import configure_logging
 from tests.fakes import FakeEngine
 
 MakeClient = Callable[..., Awaitable[TestClient[Any, web.Application]]]
@@ -42,10 +44,19 @@ def make_client(aiohttp_client: Any, fake_engine: FakeEngine) -> MakeClient:
     return make
 
 
+@pytest.fixture
+def logs() -> Iterator[io.StringIO]:
+    """What the app logs during the test (debug level, JSON lines)."""
+    buf = io.StringIO()
+    configure_logging(LoggingSettings(level="debug"), stream=buf)
+    yield buf
+    configure_logging(LoggingSettings())
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """One real redis-server for the session (tests use their own key prefixes)."""
-    from tests.redis_server import RedisServer
+    from bench.redis_server import RedisServer
 
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server

@@ -231,6 +231,15 @@ class FakeEmbedder:
         self.dim = dim
         self.calls = 0
 
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def ready(self) -> None:
+        pass
+
     async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
         import hashlib
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from proxy.chain import BasePlugin, Next, Reply, Services, Stream
+from proxy.chain import BasePlugin, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
-from proxy.errors import Timeout, Unavailable
+from proxy.errors import DeadlineExceeded, Unavailable
 from proxy.telemetry import get_logger
 
 from .config import AdmissionConfig
@@ -31,12 +30,12 @@ from .queue import PriorityGate, Shed
 log = get_logger("weir.admission")
 
 
-class AdmissionPlugin(BasePlugin):
+class AdmissionPlugin(BasePlugin[AdmissionConfig]):
     name: ClassVar[str] = "admission"
     Config = AdmissionConfig
     placement: ClassVar[Literal["first", "any", "last"]] = "last"
 
-    def __init__(self, config: AdmissionConfig, services: Services) -> None:  # type: ignore[override]
+    def __init__(self, config: AdmissionConfig, services: Services) -> None:
         super().__init__(config, services)
         self.cfg = config
         self.gate = PriorityGate(config.max_concurrent, config.max_queue)
@@ -93,52 +92,46 @@ class AdmissionPlugin(BasePlugin):
         except Shed:
             raise self._overloaded("full", "The server is overloaded; retry shortly.") from None
         except TimeoutError:
-            if ctx.remaining() is not None and ctx.remaining() <= 0:  # type: ignore[operator]
+            left = ctx.remaining()
+            if left is not None and left <= 0:
                 self.timeouts.inc()
-                raise Timeout("The request did not start before its deadline.") from None
+                raise DeadlineExceeded("The request did not start before its deadline.") from None
             raise self._overloaded("wait", "No engine slot became free in time.") from None
         finally:
             self.depth.set(self.gate.waiting)
         self.wait.observe(time.monotonic() - start)
         self.in_engine.set(self.gate.in_use)
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.gate.release()
-                self.in_engine.set(self.gate.in_use)
-
+        # One deadline scope, around the call only: a stream's first chunk arrives inside
+        # it (the terminal primes streams); the rest of a stream runs under its consumer's
+        # single deadline scope (Stream.deadline).
+        scope = asyncio.timeout_at(ctx.loop_deadline())
         try:
-            try:
-                async with asyncio.timeout(ctx.remaining()):
-                    reply = await call_next(ctx)
-            except TimeoutError:
+            async with scope:
+                reply = await call_next(ctx)
+        except TimeoutError:
+            self._release()
+            if scope.expired():
                 self.timeouts.inc()
-                raise Timeout("The request did not finish within its deadline.") from None
+                raise DeadlineExceeded("The request did not finish within its deadline.") from None
+            raise
         except BaseException:
-            release()
+            self._release()
             raise
         if not isinstance(reply, Stream):
-            release()
+            self._release()
             return reply
-        return Stream(self._guard(ctx, reply, release), reply.headers)
+        if ctx.deadline is not None:
+            reply.deadline = (ctx.deadline if reply.deadline is None
+                              else min(reply.deadline, ctx.deadline))
+        reply.on_end(self._stream_ended)
+        return reply
 
-    async def _guard(self, ctx: RequestContext, reply: Stream,
-                     release: Any) -> AsyncIterator[dict[str, Any]]:
-        it = reply.__aiter__()
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout(ctx.remaining()):
-                        chunk = await it.__anext__()
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    self.timeouts.inc()
-                    raise Timeout("The request did not finish within its deadline.") from None
-                yield chunk
-        finally:
-            release()
-            await reply.aclose()
+    def _release(self) -> None:
+        self.gate.release()
+        self.in_engine.set(self.gate.in_use)
+
+    def _stream_ended(self, stream: Stream, outcome: Outcome) -> None:
+        self._release()
+        if isinstance(stream.error, DeadlineExceeded):
+            self.timeouts.inc()
+

@@ -3,8 +3,9 @@
 Every call takes a permit. The call's engine outcome is recorded: failures are engine
 errors (5xx, timeouts); a call is slow when its first token (or whole answer) came after
 `slow_call_s`. Local rejections (4xx, 429, a shed 503) and client aborts release the
-permit without an outcome, so they never open the breaker. Streams are watched to their
-end, an error before the first chunk still falls back.
+permit without an outcome, so they never open the breaker; so do a request's own
+deadline and a client gone. A stream's outcome is recorded when it ends (an end hook,
+not a wrapper); an error before its first chunk still falls back.
 
 When the breaker is open, an inner plugin sheds the request, or the engine fails, the
 fallbacks are tried in order; their replies carry `x-weir-fallback: <kind>` (so the
@@ -15,16 +16,16 @@ and `x-should-retry: false` (retrying at once cannot help), a shed request keeps
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
 
 from prometheus_client import Counter, Gauge
 
-from proxy.chain import FALLBACK_HEADER, BasePlugin, Next, Reply, Services, Stream
+from proxy.chain import FALLBACK_HEADER, BasePlugin, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.engine.upstream import UpstreamEngine
-from proxy.errors import Timeout, Unavailable, WeirError
+from proxy.errors import DeadlineExceeded, Timeout, Unavailable, WeirError
 from proxy.settings import UpstreamEngineSettings
 from proxy.telemetry import get_logger
 
@@ -37,8 +38,14 @@ _STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
 
 
 def is_engine_failure(e: BaseException) -> bool:
-    if isinstance(e, Unavailable):
-        return False  # shed, draining, not ready: local decisions
+    """Only the engine's own faults count toward opening the breaker (Envoy's rule:
+    overflow is not an upstream failure). A request's own deadline, a client gone, a bad
+    request, a rate-limit or admission refusal never count: one tenant must not be able
+    to open the circuit for everyone."""
+    if isinstance(e, asyncio.CancelledError | GeneratorExit | KeyboardInterrupt):
+        return False
+    if isinstance(e, Unavailable | DeadlineExceeded):
+        return False  # shed, draining, not ready, the caller's deadline: local decisions
     if isinstance(e, WeirError):
         return e.status >= 500 or isinstance(e, Timeout)
     return True  # anything unexpected from below is the engine's fault
@@ -48,13 +55,13 @@ def is_shed(e: BaseException) -> bool:
     return isinstance(e, Unavailable) and e.code in ("overloaded", "queue_timeout")
 
 
-class BreakerPlugin(BasePlugin):
+class BreakerPlugin(BasePlugin[BreakerConfig]):
     name: ClassVar[str] = "breaker"
     Config = BreakerConfig
     placement: ClassVar[Literal["first", "any", "last"]] = "last"
     before: ClassVar[tuple[str, ...]] = ("admission",)
 
-    def __init__(self, config: BreakerConfig, services: Services,  # type: ignore[override]
+    def __init__(self, config: BreakerConfig, services: Services,
                  clock: Any = time.monotonic) -> None:
         super().__init__(config, services)
         self.cfg = config
@@ -100,11 +107,13 @@ class BreakerPlugin(BasePlugin):
         started = time.monotonic()
         try:
             reply = await call_next(ctx)
+            if isinstance(reply, Stream) and reply.primed_at is None:
+                await reply.prime()  # an error before the first chunk can still fall back
         except BaseException as e:
-            if is_engine_failure(e) and not _is_cancel(e):
+            if is_engine_failure(e):
                 self.breaker.record(permit, failed=True)
                 return await self._fallback(ctx, "engine", e)
-            self.breaker.release(permit)
+            self._no_outcome(permit, started)
             if is_shed(e):
                 return await self._fallback(ctx, "shed", e)
             raise
@@ -112,36 +121,30 @@ class BreakerPlugin(BasePlugin):
             self.breaker.record(permit, failed=False,
                                 slow=time.monotonic() - started > self.cfg.slow_call_s)
             return reply
-        return Stream(self._watch(ctx, reply, permit, started), reply.headers)
+        # A primed stream's first chunk is in hand: an error before it was raised above
+        # (and fell back); the first-token time is what makes a call slow.
+        first_at = reply.primed_at if reply.primed_at is not None else time.monotonic()
+        slow = first_at - started > self.cfg.slow_call_s
 
-    async def _watch(self, ctx: RequestContext, reply: Stream, permit: int,
-                     started: float) -> AsyncIterator[dict[str, Any]]:
-        first = True
-        done = False
-        it = reply.__aiter__()
-        try:
-            async for chunk in it:
-                if first:
-                    first = False
-                    slow = time.monotonic() - started > self.cfg.slow_call_s
-                yield chunk
-            self.breaker.record(permit, failed=False, slow=not first and slow)
-            done = True
-        except BaseException as e:
-            if _is_cancel(e) or not is_engine_failure(e):
-                raise
-            self.breaker.record(permit, failed=True)
-            done = True
-            if not first:
-                raise  # bytes are out: the error goes in-band
-            fallback = await self._fallback(ctx, "engine", e)
-            assert isinstance(fallback, Stream)
-            async for chunk in fallback:
-                yield chunk
-        finally:
-            if not done:
-                self.breaker.release(permit)
-            await reply.aclose()
+        def ended(stream: Stream, outcome: Outcome) -> None:
+            if outcome == "completed":
+                self.breaker.record(permit, failed=False, slow=slow)
+            elif outcome == "failed" and stream.error is not None and is_engine_failure(
+                    stream.error):
+                self.breaker.record(permit, failed=True)
+            else:
+                self._no_outcome(permit, started)
+
+        reply.on_end(ended)
+        return reply
+
+    def _no_outcome(self, permit: int, started: float) -> None:
+        """The call ended without an engine outcome (client gone, its own deadline, a
+        local refusal): the permit goes back, unless the engine was slow all the same."""
+        if time.monotonic() - started > self.cfg.slow_call_s:
+            self.breaker.record(permit, failed=False, slow=True)
+        else:
+            self.breaker.release(permit)
 
     async def _fallback(self, ctx: RequestContext, reason: str,
                         error: BaseException | None) -> Reply:
@@ -176,8 +179,3 @@ class BreakerPlugin(BasePlugin):
             log.warning("fallback failed", kind=f.kind, error=type(e).__name__)
         return None
 
-
-def _is_cancel(e: BaseException) -> bool:
-    import asyncio
-
-    return isinstance(e, asyncio.CancelledError | GeneratorExit | KeyboardInterrupt)

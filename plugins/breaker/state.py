@@ -41,6 +41,9 @@ class Breaker:
         self.on_change = on_change
         self.state: State = "closed"
         self._outcomes: deque[tuple[float, bool, bool]] = deque()  # (time, failed, slow)
+        # Running counts over the window: each record is O(1), not a scan of the window.
+        self._failures = 0
+        self._slows = 0
         self._opened_at = 0.0
         self._trials: dict[int, float] = {}  # permit id -> started
         self._trial_ok = 0
@@ -77,17 +80,18 @@ class Breaker:
                 self._trial_ok += 1
                 if self._trial_ok >= self.p.half_open_calls:
                     self._set("closed")
-                    self._outcomes.clear()
+                    self._clear()
             return
         if self.state != "closed":
             return  # a call admitted before the breaker opened
         self._outcomes.append((now, failed, slow))
+        self._failures += failed
+        self._slows += slow
         self._trim(now)
         n = len(self._outcomes)
         if n >= self.p.minimum_calls:
-            failures = sum(1 for _, f, _ in self._outcomes if f)
-            slows = sum(1 for _, _, s in self._outcomes if s)
-            if failures / n >= self.p.failure_rate or slows / n >= self.p.slow_call_rate:
+            if (self._failures / n >= self.p.failure_rate
+                    or self._slows / n >= self.p.slow_call_rate):
                 self._open(now)
 
     def release(self, permit: int) -> None:
@@ -108,13 +112,19 @@ class Breaker:
 
     def _trim(self, now: float) -> None:
         while self._outcomes and now - self._outcomes[0][0] > self.p.window_s:
-            self._outcomes.popleft()
+            _, failed, slow = self._outcomes.popleft()
+            self._failures -= failed
+            self._slows -= slow
+
+    def _clear(self) -> None:
+        self._outcomes.clear()
+        self._failures = self._slows = 0
 
     def _open(self, now: float) -> None:
         self._opened_at = now
         self._trials.clear()
         self._trial_ok = 0
-        self._outcomes.clear()
+        self._clear()
         self._set("open")
 
     def _set(self, state: State) -> None:

@@ -27,10 +27,19 @@ class L2Config(_Part):
 
 class SemanticConfig(_Part):
     enabled: bool = Field(True, description="Answer paraphrases of stored questions.")
-    threshold: float = Field(0.85, gt=0, le=1, description="Cosine similarity needed to hit.")
-    guard: bool = Field(True, description="Numbers, negations and names must agree too.")
+    threshold: float = Field(
+        0.71, gt=0, le=1,
+        description="Cosine similarity needed to hit (with the default embedding model; "
+                    "tuned on tests/data/semantic_tune.yaml, see bench/results/embedders.md).")
+    guard: bool = Field(True, description="Numbers, negations, names, directions and "
+                                          "added instructions must agree too.")
     ttl_s: float = Field(86400, gt=0, description="Seconds an entry is fresh.")
     max_entries_per_scope: int = Field(10000, ge=1, description="Index size per partition.")
+    max_partitions: int = Field(
+        1024, ge=1, description="Partitions (scope, model, earlier turns, parameters) kept "
+                                "in memory; the least recently used one goes whole.")
+    lookup_timeout_ms: float = Field(
+        100, gt=0, description="A lookup's embedding wait; slower lookups are a miss.")
     min_chars: int = Field(8, ge=1, description="Shorter questions are not embedded.")
 
 
@@ -39,6 +48,10 @@ class RedisConfig(_Part):
     timeout_s: float = Field(0.05, gt=0, description="Per-command timeout; slower = down.")
     key_prefix: str = Field("weir:cache:", min_length=1, description="Prefix of every key.")
     max_connections: int = Field(64, ge=1, description="Connection pool size.")
+    store_prompts: bool = Field(
+        False, description="Also keep the prompt text in Redis entries (needed for a purge "
+        "by content to reach them). Off: Redis holds keys, vectors, a hash for the semantic "
+        "guard and the answer; the prompt stays in process memory only.")
 
 
 class CacheConfig(PluginConfig):

@@ -1,8 +1,11 @@
 """A cached answer, how it is captured from a live reply, and how it is replayed.
 
 An Entry holds the answer's choices (text and finish reason), its usage, and who it
-belongs to (scope, tenant, role, user: for isolation checks and purges). It is captured
-from a whole Completion body or assembled from a stream's chunks, and replayed through
+belongs to (scope, tenant, role, user: for isolation checks and purges). `prompt` (for
+purges by content) lives in process memory; what leaves the process (Redis) carries it
+only when the operator opts in, so an entry read back from Redis may have it empty. It
+is captured from a whole Completion body or from what a finished Stream carries (its
+`answer` and `usage`), and replayed through
 `proxy.responses`, so a cached answer has the same shapes as a live one: streamed when
 the request streams (usage chunk included when asked), whole otherwise.
 """
@@ -31,13 +34,16 @@ class Entry:
     tenant: str
     role: str
     user: str
-    prompt: str
+    prompt: str = ""
     created: float = field(default_factory=time.time)
     expires: float = 0.0
     stale_until: float = 0.0
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+    def to_json(self, *, with_prompt: bool = True) -> str:
+        data = asdict(self)
+        if not with_prompt:
+            del data["prompt"]
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
     def from_json(cls, data: str | bytes) -> Entry:
@@ -75,47 +81,6 @@ def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]]
         return None
     return choices, {"prompt_tokens": int(usage.get("prompt_tokens", 0)),
                      "completion_tokens": int(usage.get("completion_tokens", 0))}
-
-
-class StreamAssembler:
-    """Collects a live stream's chunks into an answer (the stream passes through)."""
-
-    def __init__(self, route: str) -> None:
-        self.route = route
-        self.texts: dict[int, list[str]] = {}
-        self.reasons: dict[int, str] = {}
-        self.usage: dict[str, int] | None = None
-        self.error = False
-        self.calls: dict[int, T.CallAssembler] = {}
-
-    def feed(self, chunk: dict[str, Any]) -> None:
-        if "error" in chunk:
-            self.error = True
-            return
-        for c in chunk.get("choices") or []:
-            i = c["index"]
-            piece = (c.get("delta") or {}).get("content") if self.route == "chat" else c.get(
-                "text")
-            self.texts.setdefault(i, []).append(piece or "")
-            deltas = (c.get("delta") or {}).get("tool_calls") if self.route == "chat" else None
-            if deltas:
-                self.calls.setdefault(i, T.CallAssembler()).feed(deltas)
-            if c.get("finish_reason"):
-                self.reasons[i] = c["finish_reason"]
-        if chunk.get("usage"):
-            u = chunk["usage"]
-            self.usage = {"prompt_tokens": int(u.get("prompt_tokens", 0)),
-                          "completion_tokens": int(u.get("completion_tokens", 0))}
-
-    def result(self) -> tuple[list[dict[str, Any]], dict[str, int]] | None:
-        if self.error or not self.texts or set(self.texts) != set(self.reasons):
-            return None
-        choices = [{"index": i, "text": "".join(t), "finish_reason": self.reasons[i]}
-                   for i, t in sorted(self.texts.items())]
-        for c in choices:
-            if c["index"] in self.calls:
-                c["tool_calls"] = self.calls[c["index"]].result()
-        return choices, self.usage or {"prompt_tokens": 0, "completion_tokens": 0}
 
 
 def _usage(entry: Entry) -> dict[str, Any]:

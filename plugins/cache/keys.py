@@ -15,10 +15,10 @@ import hashlib
 import json
 from typing import Any
 
-from plugins.sanitizer.normalize import normalize
 from proxy.auth import Principal
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from proxy.text import normalize
 
 _PARAMS = ("temperature", "top_p", "top_k", "n", "seed", "presence_penalty",
            "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice",

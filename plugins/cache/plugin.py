@@ -20,21 +20,30 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
-from proxy.chain import FALLBACK_HEADER, BasePlugin, Completion, Next, Reply, Services, Stream
+from proxy.chain import (
+    FALLBACK_HEADER,
+    BasePlugin,
+    Completion,
+    Next,
+    Outcome,
+    Reply,
+    Services,
+    Stream,
+)
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest
 from proxy.telemetry import get_logger
 
 from . import admin
 from .config import CacheConfig
-from .entry import Entry, StreamAssembler, capture_body, replay_body, replay_stream
+from .entry import Entry, capture_body, replay_body, replay_stream
 from .keys import exact_key, prompt_text, scope_id, semantic_parts
 from .l1 import L1
 from .redis_store import RedisStore
@@ -42,13 +51,15 @@ from .semantic import SemanticIndex, guard_ok
 
 log = get_logger("weir.cache")
 HEADER = "x-weir-cache"
+#: A leader's settle value when its client went away: a waiter takes the lead.
+ABANDONED = object()
 
 
-class CachePlugin(BasePlugin):
+class CachePlugin(BasePlugin[CacheConfig]):
     name: ClassVar[str] = "cache"
     Config = CacheConfig
 
-    def __init__(self, config: CacheConfig, services: Services) -> None:  # type: ignore[override]
+    def __init__(self, config: CacheConfig, services: Services) -> None:
         super().__init__(config, services)
         self.cfg = config
         self.replica = uuid.uuid4().hex[:12]
@@ -71,11 +82,12 @@ class CachePlugin(BasePlugin):
         if config.semantic.enabled and self.embedder is None:
             log.warning("semantic cache needs `embeddings.enabled: true`; exact only")
         dim = self.embedder.dim if self.embedder is not None else 384
-        self.index = SemanticIndex(dim, config.semantic.max_entries_per_scope)
+        self.index = SemanticIndex(dim, config.semantic.max_entries_per_scope,
+                                   config.semantic.max_partitions)
         self.redis = (RedisStore(config.redis, self.store_errors, self.replica)
                       if config.redis.url else None)
         self._sensitive = [re.compile(p) for p in config.sensitive_patterns]
-        self._inflight: dict[str, asyncio.Future[Entry | None]] = {}
+        self._inflight: dict[str, asyncio.Future[Entry | object | None]] = {}
         self._users: dict[tuple[str, str], OrderedDict[str, None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._purged_at = 0.0
@@ -150,22 +162,24 @@ class CachePlugin(BasePlugin):
         ctx.response_headers.setdefault(HEADER, "miss")
         if not write:
             return await call_next(ctx)
-        leader = self._inflight.get(key)
-        if leader is not None and self.cfg.coalesce:
-            entry = await asyncio.shield(leader)
-            if entry is not None:
+        while self.cfg.coalesce and (leader := self._inflight.get(key)) is not None:
+            led: Entry | object | None = await asyncio.shield(leader)
+            if isinstance(led, Entry):
                 self.coalesced.inc()
-                return self._reply(ctx, entry)
-            return await call_next(ctx)  # the leader failed: generate for ourselves
+                return self._reply(ctx, led)
+            if led is None:
+                return await call_next(ctx)  # the leader failed: generate for ourselves
+            # ABANDONED: the leader's client went away; the first waiter to get here
+            # takes the lead, the others wait on it.
         return await self._lead(ctx, call_next, key, scope, sem, vec)
 
     async def _lead(self, ctx: RequestContext, call_next: Next, key: str, scope: str,
                     sem: tuple[str, str] | None, vec: np.ndarray | None) -> Reply:
-        fut: asyncio.Future[Entry | None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Entry | object | None] = asyncio.get_running_loop().create_future()
         if self.cfg.coalesce:
             self._inflight[key] = fut
 
-        def settle(entry: Entry | None) -> None:
+        def settle(entry: Entry | object | None) -> None:
             if not fut.done():
                 fut.set_result(entry)
             if self._inflight.get(key) is fut:
@@ -174,39 +188,42 @@ class CachePlugin(BasePlugin):
         started = time.time()
         try:
             reply = await call_next(ctx)
+        except asyncio.CancelledError:
+            settle(ABANDONED)
+            raise
         except BaseException:
             settle(None)
             raise
+        if FALLBACK_HEADER in reply.headers:
+            settle(None)
+            return reply
         if isinstance(reply, Completion):
-            captured = (capture_body(reply.body, ctx.route)
-                        if FALLBACK_HEADER not in reply.headers else None)
-            entry = self._make_entry(ctx, key, scope, captured, started)
+            entry = self._make_entry(ctx, key, scope, capture_body(reply.body, ctx.route),
+                                     started)
             settle(entry)
             if entry is not None:
                 self._store(entry, sem, vec)
             return reply
-        assert isinstance(reply, Stream)
-        if FALLBACK_HEADER in reply.headers:
-            settle(None)
-            return reply
 
-        async def tap(it: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-            asm = StreamAssembler(ctx.route)
-            try:
-                async for chunk in it:
-                    asm.feed(chunk)
-                    yield chunk
-                entry = self._make_entry(ctx, key, scope, asm.result(), started)
-                settle(entry)
-                if entry is not None:
-                    self._store(entry, sem, vec)
-            finally:
-                settle(None)  # cancelled or failed: nothing stored, followers generate
-                close = getattr(it, "aclose", None)
-                if close is not None:
-                    await close()
+        def ended(stream: Stream, outcome: Outcome) -> None:
+            if outcome != "completed":
+                # Nothing stored. A client gone hands the lead to a waiter; a failure
+                # lets each waiter generate for itself.
+                settle(ABANDONED if outcome == "cancelled" else None)
+                return
+            captured = None
+            if stream.answer is not None:
+                u = stream.usage or {}
+                captured = (stream.answer, {"prompt_tokens": int(u.get("prompt_tokens", 0)),
+                                            "completion_tokens": int(
+                                                u.get("completion_tokens", 0))})
+            entry = self._make_entry(ctx, key, scope, captured, started)
+            settle(entry)
+            if entry is not None:
+                self._store(entry, sem, vec)
 
-        return reply.wrap(tap)
+        reply.on_end(ended)
+        return reply
 
     # -------------------------------------------------------------------- lookups
 
@@ -232,12 +249,16 @@ class CachePlugin(BasePlugin):
                         allow_stale: bool = False) -> tuple[np.ndarray | None, Entry | None]:
         assert self.embedder is not None
         try:
-            vecs, _ = await self.embedder.embed([question])
+            async with asyncio.timeout(self.cfg.semantic.lookup_timeout_ms / 1000):
+                vecs, _ = await self.embedder.embed([question])
+        except TimeoutError:  # a busy or loading model: a miss, not a wait
+            self.lookups.labels("semantic", "timeout").inc()
+            return None, None
         except Exception as e:  # the model failing must not fail the request
             log.warning("embedding failed; semantic lookup skipped", error=type(e).__name__)
             return None, None
         vec = vecs[0]
-        part = self.index.partitions.get(partition)
+        part = self.index.get(partition)
         found = part.search(vec, time.time(), allow_stale) if part is not None else None
         if found is None:
             self.lookups.labels("semantic", "miss").inc()
@@ -269,14 +290,15 @@ class CachePlugin(BasePlugin):
         ctx.response_headers[HEADER] = layer
         ctx.response_headers["Age"] = str(entry.age(time.time()))
         ctx.prompt_tokens = entry.usage["prompt_tokens"]
-        u = entry.usage
-        ctx.usage = {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
         return self._reply(ctx, entry)
 
     @staticmethod
     def _reply(ctx: RequestContext, entry: Entry) -> Reply:
         if ctx.request.stream:
-            return Stream(replay_stream(entry, ctx.request))
+            stream = Stream(replay_stream(entry, ctx.request))
+            u = entry.usage
+            stream.usage = {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
+            return stream
         return Completion(replay_body(entry, ctx.request))
 
     async def stale(self, ctx: RequestContext) -> Reply | None:

@@ -2,7 +2,8 @@
 
 Layout (prefix P, default `weir:cache:`):
   P x:<key>          exact entry (JSON), expiring after TTL + stale grace
-  P s:<partition>    hash: entry id -> {"v": base64 float32 vector, "q": question, "e": entry}
+  P s:<partition>    hash: entry id -> {"v": base64 float32 vector, "g": guard digest,
+                     "e": entry}
   P u:<user hash>    sorted set of the user's entries (score: time stored), for the cap
   P events           pub/sub channel: semantic adds, purges and cap evictions, so every
                      replica's L1 and vector index follow within a second
@@ -12,6 +13,13 @@ never reach the client: the call returns None, a metric and a (rate-limited) log
 record it, and the next call tries again, so the cache uses Redis again once it returns.
 A command cancelled by the timeout makes redis-py drop that connection (redis >= 4.5.4),
 so a connection is never left out of step with its replies.
+
+No prompt text is stored unless `store_prompts` is on: entries go out without `prompt`,
+semantic entries with a hash of the near-miss guard's tokens instead of the question
+(`"q"` is added only with the opt-in). Keys, the user index and the events are hashes
+already. The answer is stored: it is what a hit serves. So a purge by content matches
+Redis entries on their answer only, unless prompts are stored; this replica's L1 and
+vector index keep the prompts of the entries they hold and match them as before.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from proxy.tracing import span
 
 from .config import RedisConfig
 from .entry import Entry
+from .semantic import guard_digest
 
 log = get_logger("weir.cache.redis")
 T = TypeVar("T")
@@ -91,6 +100,9 @@ class RedisStore:
         return Entry.from_json(raw) if raw else None
 
     async def put_exact(self, entry: Entry, data: str, ttl_s: float) -> bool:
+        """`data`: the entry's full JSON, stored as is only when prompts may be stored."""
+        if not self.cfg.store_prompts:
+            data = entry.to_json(with_prompt=False)
         px = max(1, int(ttl_s * 1000))
         ok = await self._call("set", lambda: self.client.set(self.p + "x:" + entry.key, data,
                                                              px=px))
@@ -98,16 +110,20 @@ class RedisStore:
 
     # ----------------------------------------------------------------- semantic
 
-    @staticmethod
-    def _pack(vec: np.ndarray, entry: Entry, question: str) -> str:
-        return json.dumps({"v": base64.b64encode(vec.astype("<f4").tobytes()).decode(),
-                           "q": question, "e": entry.to_json()}, separators=(",", ":"))
+    def _pack(self, vec: np.ndarray, entry: Entry, question: str) -> str:
+        keep = self.cfg.store_prompts
+        d = {"v": base64.b64encode(vec.astype("<f4").tobytes()).decode(),
+             "g": guard_digest(question), "e": entry.to_json(with_prompt=keep)}
+        if keep:
+            d["q"] = question
+        return json.dumps(d, separators=(",", ":"))
 
     @staticmethod
     def _unpack(raw: str | bytes) -> tuple[np.ndarray, Entry, str]:
+        """(vector, entry, the question or, when it was not stored, its guard digest)."""
         d = json.loads(raw)
         vec = np.frombuffer(base64.b64decode(d["v"]), dtype="<f4").astype(np.float32)
-        return vec, Entry.from_json(d["e"]), d["q"]
+        return vec, Entry.from_json(d["e"]), d.get("q") or d["g"]
 
     async def put_semantic(self, partition: str, entry_id: str, vec: np.ndarray,
                            entry: Entry, question: str, ttl_s: float) -> bool:

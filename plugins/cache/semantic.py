@@ -1,73 +1,25 @@
-"""The semantic index: one vector matrix per partition, and the near-miss guard.
+"""The semantic index: one vector matrix per partition, partitions bounded (LRU).
 
 A partition is (scope, model, earlier turns, parameters): the lookup picks the
 partition first and searches only inside it, so the tenant filter is part of the lookup
 itself, not a filter applied to results. Vectors are unit-length, so the score is a dot
 product. Rows of deleted entries are zeroed and reused.
 
-Embeddings score "cancel order 123" and "cancel order 456" as near-identical. The guard
-(on by default) refuses a hit whose numbers, negations, capitalized names or contrast
-words (increase/decrease, add/remove, enable/disable ...) differ from the question's, in
-order, so changed ids, amounts, negations, opposites and swapped entities miss while
-paraphrases still hit.
+Embeddings score "cancel order 123" and "cancel order 456" as near-identical: the
+near-miss guard (guard.py) refuses such hits.
 """
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
 
 from .entry import Entry
+from .guard import DIGEST_MARK, guard_digest, guard_ok
 
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-_NEGATION = re.compile(
-    r"\b(?:not|no|never|none|nothing|cannot|can't|won't|don't|doesn't|didn't|isn't|aren't|"
-    r"wasn't|weren't|without|neither|nor)\b|n't\b|不|没|无|别|非", re.IGNORECASE)
-_NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-zA-Z]+\b")
-_WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
-# Words that flip a request's meaning while barely moving its embedding. Synonyms share
-# a polarity tag, so "enable" and "turn on" still agree.
-_PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
-            "switch off": "disable", "sign up": "register", "log out": "logout",
-            "sign out": "logout", "log in": "login", "sign in": "login"}
-_CONTRAST = {
-    **dict.fromkeys(("increase", "raise", "higher", "more", "up"), "+amount"),
-    **dict.fromkeys(("decrease", "reduce", "lower", "less", "down"), "-amount"),
-    **dict.fromkeys(("add", "create", "invite", "insert"), "+member"),
-    **dict.fromkeys(("remove", "delete", "kick"), "-member"),
-    **dict.fromkeys(("enable", "activate", "allow"), "+switch"),
-    **dict.fromkeys(("disable", "deactivate", "block", "forbid"), "-switch"),
-    **dict.fromkeys(("upgrade",), "+plan"), **dict.fromkeys(("downgrade",), "-plan"),
-    **dict.fromkeys(("renew", "extend", "resume"), "+term"),
-    **dict.fromkeys(("cancel", "terminate", "pause", "end"), "-term"),
-    **dict.fromkeys(("buy", "purchase"), "+trade"), **dict.fromkeys(("sell",), "-trade"),
-    **dict.fromkeys(("lock",), "+lock"), **dict.fromkeys(("unlock",), "-lock"),
-    **dict.fromkeys(("login", "register"), "+session"),
-    **dict.fromkeys(("logout", "unsubscribe"), "-session"),
-    **dict.fromkeys(("before", "earlier"), "+time"), **dict.fromkeys(("after", "later"), "-time"),
-    **dict.fromkeys(("maximum", "max", "most"), "+bound"),
-    **dict.fromkeys(("minimum", "min", "least"), "-bound"),
-}
-
-
-def guard_tokens(text: str) -> tuple[tuple[str, ...], int, tuple[str, ...], tuple[str, ...]]:
-    """(numbers, negation count, capitalized names, contrast tags), each in order."""
-    numbers = tuple(n.replace(",", "") for n in _NUMBER.findall(text))
-    negations = len(_NEGATION.findall(text))
-    names = tuple(m.group(0).lower() for m in _NAME.finditer(text.strip()))
-    low = text.lower()
-    for phrase, word in _PHRASES.items():
-        if phrase in low:
-            low = low.replace(phrase, word)
-    contrast = tuple(_CONTRAST[w] for w in _WORD.findall(low) if w in _CONTRAST)
-    return numbers, negations, names, contrast
-
-
-def guard_ok(question: str, stored: str) -> bool:
-    return guard_tokens(question) == guard_tokens(stored)
+__all__ = ["DIGEST_MARK", "Partition", "SemanticIndex", "guard_digest", "guard_ok"]
 
 
 class Partition:
@@ -88,6 +40,9 @@ class Partition:
             ) -> list[str]:
         """Insert; returns the ids evicted to stay within capacity."""
         evicted: list[str] = []
+        if not self._used and len(vec) != self.dim:  # the model's size, known once loaded
+            self.dim = len(vec)
+            self.vecs = np.zeros((len(self.vecs), self.dim), dtype=np.float32)
         if entry_id in self.rows:
             self.remove(entry_id)
         while len(self.rows) >= self.capacity:
@@ -143,17 +98,34 @@ class Partition:
 
 
 class SemanticIndex:
-    def __init__(self, dim: int, capacity: int) -> None:
+    """Partitions by name, at most `max_partitions` of them: every distinct seed or
+    parameter set makes a partition, so the least recently used one is dropped whole
+    (its entries stay in Redis until their TTL, and the exact tiers are untouched)."""
+
+    def __init__(self, dim: int, capacity: int, max_partitions: int = 1024) -> None:
         self.dim = dim
         self.capacity = capacity
-        self.partitions: dict[str, Partition] = {}
+        self.max_partitions = max_partitions
+        self.partitions: OrderedDict[str, Partition] = OrderedDict()  # least recent first
+        self.evicted_partitions = 0
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.partitions.values())
 
-    def partition(self, name: str) -> Partition:
+    def get(self, name: str) -> Partition | None:
+        """The partition, if any, marked as recently used."""
         p = self.partitions.get(name)
+        if p is not None:
+            self.partitions.move_to_end(name)
+        return p
+
+    def partition(self, name: str) -> Partition:
+        """The partition, made (evicting the least recently used one) if new."""
+        p = self.get(name)
         if p is None:
+            while len(self.partitions) >= self.max_partitions:
+                self.partitions.popitem(last=False)
+                self.evicted_partitions += 1
             p = self.partitions[name] = Partition(self.dim, self.capacity)
         return p
 

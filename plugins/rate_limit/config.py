@@ -50,7 +50,8 @@ class RateLimitConfig(PluginConfig):
     default_max_tokens: int = Field(
         256, ge=1, description="Completion tokens reserved when a request sets no maximum.")
     lease_s: float = Field(
-        600, gt=0, description="A concurrency slot not released by then expires (leak guard).")
+        30, ge=1, description="A concurrency slot's lease: renewed every lease_s/3 while its "
+        "request runs, so a slot every release missed (a crash) frees itself this soon.")
 
     @model_validator(mode="after")
     def _redis_url(self) -> RateLimitConfig:

@@ -6,8 +6,8 @@ most P ahead of now (so a full bucket admits L at once, then one every T). Remai
 floor((P - (TAT - now)) / T); reset = TAT - now. A refund moves the TAT back (never
 before now); a charge beyond the reservation moves it on without a check.
 
-Concurrency: a sorted set of leases (score: expiry), so a slot never released (a crash)
-frees itself after `lease_s`.
+Concurrency: a sorted set of leases (score: expiry), renewed while their request runs,
+so a slot never released (a crash) frees itself within `lease_s`.
 
 `MemoryStore` and `RedisStore` implement the same decisions: the Redis script is the
 same algorithm in Lua, atomic across every bucket of a request, with time from Redis
@@ -20,6 +20,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
@@ -53,6 +54,20 @@ class Decision:
 
 class StoreError(Exception):
     pass
+
+
+class Store(Protocol):
+    """What the plugin needs of a store; MemoryStore and RedisStore decide alike."""
+
+    async def admit(self, buckets: list[Bucket], conc: list[tuple[str, int]], lease: str,
+                    lease_ms: float) -> Decision: ...
+
+    async def adjust(self, buckets: list[Bucket]) -> None: ...
+
+    async def release(self, conc: list[str], lease: str) -> None: ...
+
+    async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
+        """Push the expiry of running leases (lease -> its keys) `lease_ms` ahead."""
 
 
 class MemoryStore:
@@ -110,6 +125,14 @@ class MemoryStore:
     async def release(self, conc: list[str], lease: str) -> None:
         for key in conc:
             self._leases.get(key, {}).pop(lease, None)
+
+    async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
+        until = self._now() + lease_ms
+        for lease, keys in leases.items():
+            for key in keys:
+                held = self._leases.get(key)
+                if held is not None and lease in held:
+                    held[lease] = until
 
     def in_flight(self) -> int:
         now = self._now()
@@ -183,12 +206,27 @@ return 1
 """
 
 
+_RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local lease_ms = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  if redis.call('ZSCORE', KEYS[i], ARGV[i + 1]) then
+    redis.call('ZADD', KEYS[i], now + lease_ms, ARGV[i + 1])
+    redis.call('PEXPIRE', KEYS[i], math.ceil(lease_ms))
+  end
+end
+return 1
+"""
+
+
 class RedisStore:
     def __init__(self, url: str, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.client = blocking_client(url, timeout_s, max_connections=64)
         self._admit = self.client.register_script(_ADMIT)
         self._adjust = self.client.register_script(_ADJUST)
+        self._renew = self.client.register_script(_RENEW)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -233,3 +271,13 @@ class RedisStore:
                 await pipe.execute()
 
         await self._run(run())
+
+    async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
+        keys: list[str] = []
+        args: list[str | float] = [lease_ms]
+        for lease, conc in leases.items():
+            for key in conc:
+                keys.append(key)
+                args.append(lease)
+        if keys:
+            await self._run(self._renew(keys=keys, args=args))

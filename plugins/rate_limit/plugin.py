@@ -13,7 +13,9 @@ Over a limit: 429 `rate_limit_exceeded` with an integer `Retry-After` and
 
 Store failures: `fail_open` falls back to a local in-memory limiter (per replica) with
 a metric and a log line, and uses Redis again as soon as a call succeeds; `fail_closed`
-answers 503.
+answers 503. A concurrency lease is released in the store that granted it, exactly once
+on every path (answer, error, cancellation, a store call that timed out); leases are
+short and renewed while their request runs.
 """
 
 from __future__ import annotations
@@ -22,12 +24,11 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from prometheus_client import Counter
 
-from proxy.chain import BasePlugin, Completion, Next, Reply, Services, Stream
+from proxy.chain import BasePlugin, Completion, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
 from proxy.protocol import ChatCompletionRequest
@@ -35,7 +36,7 @@ from proxy.telemetry import get_logger
 from proxy.tools import tool_chars
 
 from .config import Limits, RateLimitConfig
-from .gcra import Bucket, BucketState, Decision, MemoryStore, RedisStore, StoreError
+from .gcra import Bucket, BucketState, Decision, MemoryStore, RedisStore, Store, StoreError
 
 log = get_logger("weir.rate_limit")
 
@@ -63,11 +64,11 @@ def fmt_reset(ms: float) -> str:
     return f"{s // 60}m{s % 60}s" if s >= 60 else f"{s}s"
 
 
-class RateLimitPlugin(BasePlugin):
+class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     name: ClassVar[str] = "rate_limit"
     Config = RateLimitConfig
 
-    def __init__(self, config: RateLimitConfig, services: Services,  # type: ignore[override]
+    def __init__(self, config: RateLimitConfig, services: Services,
                  clock: Any = None) -> None:
         super().__init__(config, services)
         self.cfg = config
@@ -82,9 +83,21 @@ class RateLimitPlugin(BasePlugin):
                                     registry=reg)
         self._degraded = False
         self._last_log = 0.0
+        #: lease -> (the store that granted it, its concurrency keys), while it runs.
+        self._active: dict[str, tuple[Store, list[str]]] = {}
+        #: lease -> keys: leases Redis may hold that no running request owns.
+        self._orphans: dict[str, list[str]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._renewer = asyncio.create_task(self._renew_loop())
 
     async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
         if self.remote is not None:
+            await self._retry_orphans()
             await self.remote.close()
 
     def health(self) -> dict[str, Any] | None:
@@ -93,29 +106,96 @@ class RateLimitPlugin(BasePlugin):
         return {"store": "local-fallback" if self._degraded else "redis"}
 
     # -------------------------------------------------------------- store calls
+    #
+    # A concurrency lease lives in the store that granted it, and is released there,
+    # exactly once, on every path. A Redis call that timed out may still run once Redis
+    # wakes up: the lease it would have taken is an orphan, released in Redis in the
+    # background until that succeeds (ZREM of a lease never taken is a no-op). Leases
+    # are short (`lease_s`) and renewed while their request runs, so one that every
+    # release missed (a crash) frees itself soon.
 
-    async def _call(self, op: str, *args: Any) -> Any:
+    def _store_failed(self, e: StoreError) -> None:
+        self.store_errors.inc()
+        self._degraded = True
+        now = time.monotonic()
+        if now - self._last_log > 10:
+            self._last_log = now
+            log.warning("rate-limit store unavailable", error=str(e),
+                        fallback=self.cfg.on_store_error)
+
+    def _store_ok(self) -> None:
+        if self._degraded:
+            self._degraded = False
+            log.info("rate-limit store is back")
+
+    async def _admit(self, buckets: list[Bucket], conc: list[tuple[str, int]],
+                     lease: str) -> tuple[Decision, Store]:
+        lease_ms = self.cfg.lease_s * 1000
         if self.remote is not None:
             try:
-                result = await getattr(self.remote, op)(*args)
-                if self._degraded:
-                    self._degraded = False
-                    log.info("rate-limit store is back")
-                return result
+                decision = await self.remote.admit(buckets, conc, lease, lease_ms)
             except StoreError as e:
-                self.store_errors.inc()
-                self._degraded = True
-                now = time.monotonic()
-                if now - self._last_log > 10:
-                    self._last_log = now
-                    log.warning("rate-limit store unavailable", error=str(e),
-                                fallback=self.cfg.on_store_error)
+                if conc:
+                    self._orphans[lease] = [k for k, _ in conc]
+                self._store_failed(e)
                 if self.cfg.on_store_error == "fail_closed":
-                    if op == "admit":
-                        raise Unavailable("Rate limiting is unavailable; retry shortly.",
-                                          code="rate_limiter_unavailable") from None
-                    return None
-        return await getattr(self.local, op)(*args)
+                    raise Unavailable("Rate limiting is unavailable; retry shortly.",
+                                      code="rate_limiter_unavailable") from None
+            else:
+                self._store_ok()
+                return decision, self.remote
+        return await self.local.admit(buckets, conc, lease, lease_ms), self.local
+
+    async def _settle(self, store: Store, tpm: list[Bucket], reserve: int, used: int | None,
+                      conc_keys: list[str], lease: str) -> None:
+        self._active.pop(lease, None)
+        if tpm and used is not None and used != reserve:
+            try:
+                await store.adjust([Bucket(b.key, b.limit, used - reserve) for b in tpm])
+            except StoreError as e:  # tokens only: the reservation stands
+                self._store_failed(e)
+        if conc_keys:
+            try:
+                await store.release(conc_keys, lease)
+            except StoreError as e:
+                self._orphans[lease] = conc_keys
+                self._store_failed(e)
+            else:
+                if store is self.remote:
+                    self._orphans.pop(lease, None)
+
+    async def _renew_loop(self) -> None:
+        period = self.cfg.lease_s / 3
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self._renew()
+                await self._retry_orphans()
+            except Exception:  # keep renewing: a missed round only shortens leases
+                log.exception("rate-limit lease renewal failed")
+
+    async def _renew(self) -> None:
+        lease_ms = self.cfg.lease_s * 1000
+        by_store: dict[int, tuple[Store, dict[str, list[str]]]] = {}
+        for lease, (store, keys) in list(self._active.items()):
+            by_store.setdefault(id(store), (store, {}))[1][lease] = keys
+        for store, leases in by_store.values():
+            try:
+                await store.renew(leases, lease_ms)
+            except StoreError as e:
+                self._store_failed(e)
+
+    async def _retry_orphans(self) -> None:
+        if self.remote is None or not self._orphans:
+            return
+        for lease, keys in list(self._orphans.items()):
+            if lease in self._active:
+                continue  # still running: released when it ends
+            try:
+                await self.remote.release(keys, lease)
+            except StoreError:
+                return  # still down: the next round tries again
+            self._orphans.pop(lease, None)
 
     # ------------------------------------------------------------------- request
 
@@ -155,12 +235,13 @@ class RateLimitPlugin(BasePlugin):
         lease = uuid.uuid4().hex
         conc_keys = [k for k, _ in conc]
         try:
-            decision: Decision = await self._call("admit", rpm + tpm, conc, lease,
-                                                  self.cfg.lease_s * 1000)
+            decision, store = await self._admit(rpm + tpm, conc, lease)
         except asyncio.CancelledError:
             # The client left while the store decided: the script may have taken the
             # lease and the tokens already. Give them back (a no-op if it had not).
-            await asyncio.shield(self._settle(tpm, reserve, 0, conc_keys, lease))
+            if self.remote is not None:
+                await asyncio.shield(self._settle(self.remote, tpm, reserve, 0, conc_keys,
+                                                  lease))
             raise
         states = decision.states
         headers = self._headers(states[: len(rpm)], states[len(rpm):])
@@ -176,40 +257,27 @@ class RateLimitPlugin(BasePlugin):
                 headers={**headers, "retry-after": str(max(1, math.ceil(retry_ms / 1000))),
                          "retry-after-ms": str(math.ceil(retry_ms))})
         ctx.response_headers.update(headers)
+        if conc_keys:
+            self._active[lease] = (store, conc_keys)
         try:
             reply = await call_next(ctx)
         except BaseException:
             # Shielded: a second cancellation must not leave the lease behind.
-            await asyncio.shield(self._settle(tpm, reserve, 0, conc_keys, lease))
+            await asyncio.shield(self._settle(store, tpm, reserve, 0, conc_keys, lease))
             raise
         if isinstance(reply, Completion):
             used = (reply.body.get("usage") or {}).get("total_tokens")
-            await asyncio.shield(self._settle(tpm, reserve, used, conc_keys, lease))
+            await asyncio.shield(self._settle(store, tpm, reserve, used, conc_keys, lease))
             return reply
         assert isinstance(reply, Stream)
-        return Stream(self._watch(reply, tpm, reserve, conc_keys, lease), reply.headers)
 
-    async def _watch(self, reply: Stream, tpm: list[Bucket], reserve: int,
-                     conc_keys: list[str], lease: str) -> AsyncIterator[dict[str, Any]]:
-        used: int | None = None
-        completed = False
-        try:
-            async for chunk in reply:
-                usage = chunk.get("usage")
-                if usage:
-                    used = usage.get("total_tokens")
-                yield chunk
-            completed = True
-        finally:
-            # Without a usage chunk the reservation stands (the stream completed) or is
+        async def ended(stream: Stream, outcome: Outcome) -> None:
+            # Without a usage report the reservation stands (the stream completed) or is
             # refunded (it did not).
-            await asyncio.shield(self._settle(tpm, reserve, used if used is not None else
-                                              (reserve if completed else 0), conc_keys, lease))
-            await reply.aclose()
+            used = (stream.usage or {}).get("total_tokens")
+            if used is None:
+                used = reserve if outcome == "completed" else 0
+            await self._settle(store, tpm, reserve, used, conc_keys, lease)
 
-    async def _settle(self, tpm: list[Bucket], reserve: int, used: int | None,
-                      conc_keys: list[str], lease: str) -> None:
-        if tpm and used is not None and used != reserve:
-            await self._call("adjust", [Bucket(b.key, b.limit, used - reserve) for b in tpm])
-        if conc_keys:
-            await self._call("release", conc_keys, lease)
+        reply.on_end(ended)
+        return reply

@@ -45,15 +45,19 @@ class CustomDetector(BaseModel):
 class Detectors(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    email: Action = Field("flag", description="E-mail addresses.")
-    phone: Action = Field("flag", description="International (+...) and NANP numbers.")
+    email: Action = Field(
+        "flag", description="E-mail addresses, also spelled out (name at domain dot com).")
+    phone: Action = Field(
+        "flag", description="International (+... or 00...) and NANP numbers, any separators.")
     cn_mobile: Action = Field("flag", description="Mainland-China mobile numbers.")
-    card: Action = Field("flag", description="Payment card numbers (Luhn-checked).")
+    card: Action = Field(
+        "flag", description="Payment card numbers (Luhn-checked), also split over two messages.")
     cn_id: Action = Field("flag", description="Chinese resident ids (checksum, birth date).")
     iban: Action = Field("flag", description="IBANs (mod 97).")
     ip: Action = Field("flag", description="IPv4 and IPv6 addresses.")
     secret: Action = Field(
-        "flag", description="sk- API keys, AWS key ids, JWTs, PEM private keys.")
+        "flag", description="API keys (OpenAI, GitHub, Stripe, Google, Slack, AWS), JWTs, "
+        "private keys, and 'my password is ...' / 'api key: ...' phrases.")
     injection: Action = Field("flag", description="Prompt-injection phrases (en, zh).")
 
 

@@ -3,7 +3,13 @@
 Regexes find candidates; where a kind has a checksum (payment cards: Luhn; Chinese
 resident ids: ISO 7064 mod 11-2 plus a real birth date; IBAN: mod 97) a candidate only
 counts when it passes, so card-like order numbers do not trip the card detector. Each
-detector returns (start, end) spans and never keeps the matched text.
+detector returns (start, end) spans and never keeps the matched text. Secrets live in
+`credentials`, injection phrases in `injection`.
+
+Shapes covered, by family: cards in groups separated by spaces, dots or dashes (one kind
+per number) or unseparated, and a card split across two messages (`card_across`); phones
+with +/00 prefixes, a "(0)", parentheses, dots, spaces or dashes; e-mails written plainly
+or as "name at domain dot com", "name[at]domain(dot)com".
 """
 
 from __future__ import annotations
@@ -12,31 +18,15 @@ import datetime as dt
 import ipaddress
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
-Span = tuple[int, int]
+from .credentials import find_secrets
+from .injection import INJECTION
+from .spans import Detector, Span, regex_finder
 
+__all__ = ["BUILTIN", "INJECTION", "Detector", "Span", "card_across", "cn_id_ok", "custom",
+           "iban_ok", "luhn_ok"]
 
-@dataclass(frozen=True, slots=True)
-class Detector:
-    name: str
-    placeholder: str
-    find: Callable[[str], Iterator[Span]]
-
-
-def _regex(pattern: str, flags: int = 0, check: Callable[[str], bool] | None = None,
-           needs: tuple[str, ...] = ()) -> Callable[[str], Iterator[Span]]:
-    """A regex detector; `needs`: literals one of which must occur (a cheap prefilter)."""
-    rx = re.compile(pattern, flags)
-
-    def find(text: str) -> Iterator[Span]:
-        if needs and not any(n in text for n in needs):
-            return
-        for m in rx.finditer(text):
-            if check is None or check(m.group(0)):
-                yield m.span()
-
-    return find
+_regex = regex_finder
 
 
 # Numbers (cards, ids, phones, IPv4) are found in two steps: one scan for runs of
@@ -83,6 +73,27 @@ def luhn_ok(candidate: str) -> bool:
     return total % 10 == 0
 
 
+_TAIL = re.compile(r"(?<!\d)\d(?:[ .-]{0,3}\d)*$")
+_HEAD = re.compile(r"\s*(\d(?:[ .-]{0,3}\d)*)")
+
+
+def card_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
+    """Card numbers split over the end of one text and the start of the next: yields
+    (text index, span) for both parts. Each part needs 4 digits or more."""
+    for i in range(len(texts) - 1):
+        a = texts[i].rstrip()
+        off = max(0, len(a) - 64)
+        tail = _TAIL.search(a, off)
+        head = _HEAD.match(texts[i + 1][:64])
+        if tail is None or head is None:
+            continue
+        left = re.sub(r"\D", "", tail.group(0))
+        right = re.sub(r"\D", "", head.group(1))
+        if len(left) >= 4 and len(right) >= 4 and luhn_ok(left + right):
+            yield i, tail.span()
+            yield i + 1, head.span(1)
+
+
 _CN_WEIGHTS = (7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2)
 _CN_CHECK = "10X98765432"
 
@@ -119,23 +130,69 @@ def _ip_ok(candidate: str) -> bool:
 
 
 _EMAIL = r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}\b"
-# International numbers with a leading +, and the common North-American shapes.
-_PHONE = (r"(?<![\w+])\+\d{1,3}(?:[ .-]?\(?\d{1,4}\)?)(?:[ .-]?\d{2,4}){2,4}(?!\d)"
-          r"|(?<!\d)\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}(?!\d)"
-          r"|(?<![\d-])\d{3}-\d{3}-\d{4}(?![\d-])")
-_CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ -]?)?1[3-9]\d[ -]?\d{4}[ -]?\d{4}(?!\d)"
-_CARD = r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"
+# "name at domain dot com", "name[at]domain(dot)com", "name (at) domain [dot] co [dot] uk".
+# Spelled-out addresses are found from their "at" (every run below is bounded, so a text
+# made of thousands of "a dot b at c" costs linear time): the local part just before it
+# (with up to two earlier parts joined by a spelled "dot"), then domain labels after it
+# ending in a spelled "dot" and a common top-level domain ("dot by dot" is not one).
+_AT_TOKEN = re.compile(r"\s{0,3}(?:[\[({<]\s{0,3}at\s{0,3}[\])}>]|(?<=\s)at(?=\s)|@)\s{0,3}",
+                       re.IGNORECASE)
+_DOT = r"(?:\s{0,3}[\[({<]\s{0,3}dot\s{0,3}[\])}>]\s{0,3}|\s{1,3}dot\s{1,3})"
+_LABEL = r"(?!(?:the|a|an|my|your|our|this|that|home|work|least|most|all)\b)[a-z0-9-]{1,63}"
+_TLD = ("(?:com|net|org|edu|gov|mil|int|io|co|ai|app|dev|info|biz|me|xyz|online|site|"
+        "uk|us|ca|au|nz|ie|de|fr|es|it|nl|be|ch|at|se|no|dk|fi|pl|cz|pt|gr|ru|ua|tr|il|"
+        "in|cn|hk|tw|jp|kr|sg|my|id|th|vn|ph|br|mx|ar|cl|za|ng|ke|eg|ae|sa)")
+_DOMAIN_AFTER = re.compile(rf"{_LABEL}(?:(?:{_DOT}|\.){_LABEL}){{0,4}}{_DOT}{_TLD}\b",
+                           re.IGNORECASE)
+_PART_BEFORE = re.compile(rf"[a-z0-9._%+-]{{1,64}}{_DOT}\Z", re.IGNORECASE)
+_LOCAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._%+-")
+
+
+def _spelled_emails(text: str) -> Iterator[Span]:
+    last = 0
+    for at in _AT_TOKEN.finditer(text):
+        if at.start() < last:
+            continue
+        domain = _DOMAIN_AFTER.match(text, at.end())
+        if domain is None:
+            continue
+        start = at.start()
+        while start > last and at.start() - start < 64 and text[start - 1] in _LOCAL:
+            start -= 1
+        if start == at.start():
+            continue
+        for _ in range(2):  # "jane dot doe at ...": earlier parts of the local name
+            part = _PART_BEFORE.search(text, max(last, start - 80), start)
+            if part is None:
+                break
+            start = part.start()
+        last = domain.end()
+        yield start, last
+
+
+# International numbers (+ or 00, an optional "(0)"), and North-American shapes whose area
+# code and exchange start with 2-9 (so "100 200 3000" is not one).
+_PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .-]?\(0\))?(?:[ .-]?\(?\d{1,4}\)?)"
+          r"(?:[ .-]?\d{2,4}){2,4}(?!\d)"
+          r"|(?<![\d.-])\(\d{3}\)\s?\d{3}[ .-]\d{4}(?![\d-])"
+          r"|(?<![\w.-])[2-9]\d{2}([ .-])[2-9]\d{2}\1\d{4}(?![\w-]|\.\d)")
+_CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d)"
+# Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5.
+_CARD = (r"(?<![\d.,-])(?:\d{13,19}"
+         r"|\d{4}(?P<s>[ .-]| - )\d{4}(?:(?P=s)\d{4}){1,2}(?:(?P=s)\d{1,4})?"
+         r"|\d{4}(?P<t>[ .-]| - )\d{6}(?P=t)\d{4,5})(?![\d]|[.,-]\d)")
 _CN_ID = r"(?<![0-9Xx])\d{17}[0-9Xx](?![0-9Xx])"
 _IBAN = r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _IPV4 = rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\d.])"
 _IPV6 = r"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])"  # checked by ipaddress
-_SECRET = "|".join([
-    r"\bsk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{20,}",  # OpenAI-style keys
-    r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b",  # AWS access key ids
-    r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWTs
-    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----",
-])
+
+
+def _find_email(text: str) -> Iterator[Span]:
+    yield from _email_plain(text)
+    if "dot" in text or "DOT" in text or "Dot" in text:
+        yield from _spelled_emails(text)
+
 
 def _around_at(pattern: str) -> Callable[[str], Iterator[Span]]:
     """E-mail: match only in a window around each '@' (addresses are short)."""
@@ -153,6 +210,7 @@ def _around_at(pattern: str) -> Callable[[str], Iterator[Span]]:
     return find
 
 
+_email_plain = _around_at(_EMAIL)
 _ip_v4 = _numeric(_IPV4)
 _ip_v6 = _regex(_IPV6, check=_ip_ok, needs=(":",))
 
@@ -166,10 +224,8 @@ def _find_ip(text: str) -> Iterator[Span]:
 BUILTIN: dict[str, Detector] = {
     d.name: d
     for d in [
-        Detector("secret", "[SECRET]", _regex(
-            _SECRET, needs=("sk-", "AKIA", "ASIA", "AGPA", "AIDA", "AROA", "eyJ",
-                            "PRIVATE KEY"))),
-        Detector("email", "[EMAIL]", _around_at(_EMAIL)),
+        Detector("secret", "[SECRET]", find_secrets),
+        Detector("email", "[EMAIL]", _find_email),
         Detector("iban", "[IBAN]", _regex(_IBAN, check=iban_ok)),
         Detector("cn_id", "[CN_ID]", _numeric(_CN_ID, check=cn_id_ok)),
         Detector("card", "[CARD]", _numeric(_CARD, check=luhn_ok)),
@@ -178,48 +234,6 @@ BUILTIN: dict[str, Detector] = {
         Detector("ip", "[IP]", _find_ip),
     ]
 }
-
-# Prompt-injection phrases, English and Chinese. Deliberately about intent ("ignore the
-# previous instructions"), not topics, so ordinary questions about instructions pass.
-_INJECTION = [
-    r"\b(?:ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}?\b(?:all\s+|any\s+)?"
-    r"(?:previous|prior|above|earlier|preceding|original|system|your)\b[^.\n]{0,20}?"
-    r"\b(?:instructions?|prompts?|rules|directions|guidelines|messages?)\b",
-    r"\b(?:reveal|show|print|repeat|output|leak|tell me)\b[^.\n]{0,30}?\b(?:your|the)\s+"
-    r"(?:system|hidden|initial|original)\s+(?:prompt|instructions?|message)",
-    r"\byou\s+are\s+now\s+(?:in\s+)?(?:DAN|developer\s+mode|jailbroken|unrestricted)\b",
-    r"\b(?:new|updated)\s+system\s+(?:prompt|instructions?)\s*:",
-    r"(?m:^\s*(?:#+\s*)?system\s*(?:prompt|override)?\s*:\s*you\s+(?:are|must|will)\b)",
-    r"(?:忽略|无视|忘记|忘掉|不要理会|跳过)[^。\n]{0,10}?(?:之前|以上|上面|前面|先前|原来|所有)"
-    r"[^。\n]{0,6}?(?:的)?(?:所有)?(?:指令|指示|说明|规则|提示|要求|设定)",
-    r"(?:显示|输出|告诉我|泄露|打印|重复)[^。\n]{0,8}?(?:你的)?(?:系统提示|系统指令|初始指令|隐藏指令)",
-    r"你现在(?:是|处于)[^。\n]{0,6}?(?:开发者模式|越狱模式|DAN)",
-]
-
-# Each phrase family runs only when one of its trigger words occurs (lower-cased text).
-_INJECTION_TRIGGERS: list[tuple[str, ...]] = [
-    ("ignore", "disregard", "forget", "override", "bypass"),
-    ("reveal", "show", "print", "repeat", "output", "leak", "tell me"),
-    ("you are now",),
-    ("system",),
-    ("system",),
-    ("忽略", "无视", "忘记", "忘掉", "不要理会", "跳过"),
-    ("显示", "输出", "告诉我", "泄露", "打印", "重复"),
-    ("你现在",),
-]
-_INJECTION_RX = [re.compile(p, re.IGNORECASE) for p in _INJECTION]
-
-
-def _find_injection(text: str) -> Iterator[Span]:
-    low = text.lower()
-    for rx, triggers in zip(_INJECTION_RX, _INJECTION_TRIGGERS, strict=True):
-        if any(t in low for t in triggers):
-            for m in rx.finditer(text):
-                yield m.span()
-
-
-INJECTION = Detector("injection", "[REMOVED]", _find_injection)
-
 
 def custom(name: str, pattern: str) -> Detector:
     return Detector(name, f"[{name.upper()}]", _regex(pattern))

@@ -2,7 +2,8 @@
 or careless input and decides what is sensitive.
 
 Order of work: limits (413/400 naming the param) -> normalization of every text ->
-detectors over the normalized text -> actions. `block` stops with a deliberately vague
+detectors over each normalized text, and over consecutive texts of a conversation for a
+card split between them -> actions. `block` stops with a deliberately vague
 400; `redact` replaces matches with typed placeholders before anyone else sees them;
 `flag` marks the request sensitive (the cache neither reads nor writes it). Any
 injection detection, whatever its action, keeps the answer out of the cache.
@@ -23,24 +24,25 @@ from proxy.context import RequestContext
 from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.protocol import ChatCompletionRequest, CompletionRequest, TextPart
 from proxy.telemetry import get_logger
+from proxy.text import normalize
 
 from .config import SanitizerConfig
-from .detectors import BUILTIN, INJECTION, Detector, Span, custom
-from .normalize import normalize
+from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom
 
 log = get_logger("weir.sanitizer")
 
 
-class SanitizerPlugin(BasePlugin):
+class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     name: ClassVar[str] = "sanitizer"
     Config = SanitizerConfig
     placement: ClassVar[Literal["first", "any", "last"]] = "first"
     before: ClassVar[tuple[str, ...]] = ("cache",)
 
-    def __init__(self, config: SanitizerConfig, services: Services) -> None:  # type: ignore[override]
+    def __init__(self, config: SanitizerConfig, services: Services) -> None:
         super().__init__(config, services)
         self.cfg = config
         actions = config.detectors.model_dump()
+        self.card_action: str = actions["card"]
         self.detectors: list[tuple[Detector, str]] = [
             (d, actions[name]) for name, d in BUILTIN.items() if actions[name] != "off"
         ]
@@ -125,10 +127,13 @@ class SanitizerPlugin(BasePlugin):
 
     # ---------------------------------------------------------------- texts
 
-    def _process(self, text: str, fired: dict[str, str]) -> tuple[str, str]:
-        """(text for the cache key, text for the engine)."""
-        norm = normalize(text) if self.cfg.normalize else text
-        redact: list[tuple[Span, str]] = []
+    def _process(self, text: str, fired: dict[str, str], norm: str | None = None,
+                 extra: list[tuple[Span, str]] | None = None) -> tuple[str, str]:
+        """(text for the cache key, text for the engine). `extra`: spans to redact that
+        were found across texts (a card split over two messages)."""
+        if norm is None:
+            norm = normalize(text) if self.cfg.normalize else text
+        redact: list[tuple[Span, str]] = list(extra or [])
         for det, action in self.detectors:
             spans = list(det.find(norm))
             if not spans:
@@ -143,12 +148,38 @@ class SanitizerPlugin(BasePlugin):
         engine = norm if self.cfg.engine_sees == "normalized" else text
         return norm, engine
 
+    def _across(self, norms: list[str], fired: dict[str, str],
+                ) -> list[list[tuple[Span, str]]]:
+        """Cards split over consecutive texts of one conversation: per text, the spans
+        to redact (when the card action is `redact`)."""
+        extra: list[list[tuple[Span, str]]] = [[] for _ in norms]
+        action = self.card_action
+        if action == "off" or len(norms) < 2:
+            return extra
+        for i, span in card_across(norms):
+            if _rank(action) > _rank(fired.get("card", "off")):
+                fired["card"] = action
+            if action == "redact":
+                extra[i].append((span, "[CARD]"))
+        return extra
+
     def _chat(self, req: ChatCompletionRequest, fired: dict[str, str],
               ) -> tuple[ChatCompletionRequest, ChatCompletionRequest]:
+        # Every text of the conversation in order (string contents and text parts).
+        texts: list[str] = []
+        for m in req.messages:
+            if isinstance(m.content, str):
+                texts.append(m.content)
+            elif isinstance(m.content, list):
+                texts += [p.text for p in m.content if isinstance(p, TextPart)]
+        norms = [normalize(t) for t in texts] if self.cfg.normalize else texts
+        extra = self._across(norms, fired)
+        done = iter([self._process(t, fired, n, x)
+                     for t, n, x in zip(texts, norms, extra, strict=True)])
         key_msgs, eng_msgs = [], []
         for m in req.messages:
             if isinstance(m.content, str):
-                k, e = self._process(m.content, fired)
+                k, e = next(done)
                 key_msgs.append(m.model_copy(update={"content": k}))
                 eng_msgs.append(m.model_copy(update={"content": e}))
             elif isinstance(m.content, list):
@@ -156,7 +187,7 @@ class SanitizerPlugin(BasePlugin):
                 ep: list[Any] = []
                 for part in m.content:
                     if isinstance(part, TextPart):
-                        k, e = self._process(part.text, fired)
+                        k, e = next(done)
                         kp.append(part.model_copy(update={"text": k}))
                         ep.append(part.model_copy(update={"text": e}))
                     else:

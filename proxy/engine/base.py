@@ -68,6 +68,8 @@ class EngineOutput:
     prompt_tokens: int
     finished: bool
     cached_tokens: int = 0
+    #: Which prompt of a multi-prompt request this output belongs to (set by the merger).
+    prompt_index: int = 0
 
 
 @dataclass(slots=True)
@@ -156,6 +158,10 @@ class Engine(Backend, Protocol):
 
     @property
     def max_model_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids are below this (None: unknown, ids are not checked)."""
 
     def encode(self, text: str) -> list[int]:
         """Tokenize a completion prompt (with the model's BOS handling)."""

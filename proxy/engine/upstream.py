@@ -20,6 +20,7 @@ import aiohttp
 from ..chain import Completion, Reply, Stream
 from ..context import RequestContext
 from ..errors import EngineError, ModelNotFound, Timeout, WeirError
+from ..rendering import ChunkAssembler
 from ..settings import UpstreamEngineSettings
 from ..tracing import inject
 from .base import EngineStats, ModelInfo
@@ -121,7 +122,9 @@ class UpstreamEngine:
             finally:
                 self.in_flight -= 1
                 resp.release()
-        return Stream(self._relay(resp))
+        stream = Stream()
+        stream.attach(self._relay(resp, ChunkAssembler(ctx.route), stream))
+        return await stream.prime()
 
     async def _whole(self, resp: aiohttp.ClientResponse) -> Completion:
         try:
@@ -134,7 +137,8 @@ class UpstreamEngine:
             raise UpstreamError(resp.status, data if isinstance(data, dict) else {})
         return Completion(data)
 
-    async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
+                     stream: Stream) -> AsyncIterator[dict[str, Any]]:
         try:
             buf = b""
             async for piece in resp.content.iter_any():
@@ -146,10 +150,12 @@ class UpstreamEngine:
                             continue
                         data = line[6:].strip()
                         if data == b"[DONE]":
+                            asm.finish(stream)
                             return
                         chunk = json.loads(data)
                         if "error" in chunk:
                             raise EngineError("The upstream failed mid-stream.")
+                        asm.feed(chunk)
                         yield chunk
         except (TimeoutError, aiohttp.ClientError, ValueError):
             raise EngineError("The upstream stream broke.") from None

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from ..settings import VllmEngineSettings
 from ..telemetry import get_logger
+from . import builtin_models
 from .base import (
     ChoiceDelta,
     EngineFailed,
@@ -34,7 +36,7 @@ from .base import (
     ToolCallDelta,
     TopLogprob,
 )
-from .demo_model import DEMO_MODEL_NAME, ensure_demo_model
+from .chat_text import ChatText
 
 # Keep vLLM's own logging to warnings unless the operator asks for more: its INFO lines
 # are not structured and can name request ids at a high rate.
@@ -83,21 +85,26 @@ class VllmEngine:
         self.settings = settings
         self._llm: AsyncLLM | None = None
         self._tokenizer: Any = None
+        self._chat_text: ChatText | None = None
         self._ready = False
         self._model_path: str = settings.model
-        self._served = settings.served_model_name or (
-            DEMO_MODEL_NAME if settings.model == "builtin:demo" else settings.model
-        )
+        builtin_models.check_source(settings.model)  # before listening: names the fix
+        self._served = settings.served_model_name or builtin_models.served_name(settings.model)
         self._created = int(time.time())
         self._max_model_len = settings.max_model_len or 0
         self._stats = EngineStats()
         self._tool_parser: type[ToolParser] | None = None
+        self._vocab_size: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._vocab_size
 
     def ready(self) -> bool:
         return self._ready and self._llm is not None and not self._llm.errored
@@ -106,8 +113,8 @@ class VllmEngine:
         s = self.settings
         if s.cpu_kvcache_space_gib is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{s.cpu_kvcache_space_gib:g}")
-        if s.model == "builtin:demo":
-            self._model_path = str(await asyncio.to_thread(ensure_demo_model))
+        if s.model in builtin_models.BUILTINS:
+            self._model_path = await asyncio.to_thread(builtin_models.resolve, s.model)
         extra = dict(s.extra_args)
         if s.structured_output_compact and "structured_outputs_config" not in extra:
             # Engine-wide in vLLM: compact JSON for json_object / json_schema answers.
@@ -139,6 +146,7 @@ class VllmEngine:
         self._tokenizer = self._llm.get_tokenizer()
         self._tool_parser = _tool_parser_class(s.tool_parser, self._tokenizer)
         self._max_model_len = int(self._llm.model_config.max_model_len)
+        self._vocab_size = int(self._llm.model_config.get_vocab_size())
         if s.warmup:
             await self._warmup()
         self._ready = True
@@ -179,18 +187,27 @@ class VllmEngine:
 
     # ----------------------------------------------------------------- tokenizing
 
+    def _text(self) -> ChatText:
+        if self._chat_text is None or self._chat_text.tokenizer is not self._tokenizer:
+            self._chat_text = ChatText(self._tokenizer)
+        return self._chat_text
+
     def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=True))
+        # The prompt is client text: special-token strings in it stay plain text.
+        return self._text().encode_text(text, add_special_tokens=True)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+        def render(msgs: list[dict[str, Any]]) -> str:
+            return str(self._tokenizer.apply_chat_template(
+                msgs, tools=tools, add_generation_prompt=True, tokenize=False))
+
         try:
-            text = self._tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False
-            )
+            # Message text never becomes a control token; the template's markers do.
+            return self._text().render(messages, render)
         except Exception as e:  # jinja raises for roles or shapes a template refuses
-            raise EngineRejected(f"The model's chat template rejected the messages: {e}",
-                                 param="messages") from None
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+            raise EngineRejected(
+                f"The model's chat template rejected the messages: {_clean(str(e))}",
+                param="messages") from None
 
     # ----------------------------------------------------------------- generating
 
@@ -220,7 +237,7 @@ class VllmEngine:
                 output_kind=RequestOutputKind.DELTA,
             )
         except (VLLMClientError, ValueError) as e:
-            raise EngineRejected(str(e), param=getattr(e, "parameter", None)) from None
+            raise _rejected(e) from None
 
     async def generate(
         self,
@@ -236,6 +253,7 @@ class VllmEngine:
             raise EngineFailed("engine is not running")
         params = self._sampling_params(options)
         want_logprobs = options.logprobs is not None
+        finished = False
         try:
             async for out in llm.generate(
                 tokens_input(prompt, cache_salt=cache_salt), params, request_id
@@ -250,6 +268,7 @@ class VllmEngine:
                     )
                     for c in out.outputs
                 ]
+                finished = out.finished
                 yield EngineOutput(
                     choices=choices,
                     prompt_tokens=len(out.prompt_token_ids or prompt),
@@ -257,11 +276,18 @@ class VllmEngine:
                     cached_tokens=out.num_cached_tokens or 0,
                 )
         except GracefulHTTPError as e:
-            raise EngineOverloaded(str(e)) from None
+            raise EngineOverloaded(_clean(str(e))) from None
         except VLLMClientError as e:
-            raise EngineRejected(str(e), param=getattr(e, "parameter", None)) from None
+            raise _rejected(e) from None
         except (EngineDeadError, EngineGenerateError) as e:
             raise EngineFailed(type(e).__name__) from e
+        finally:
+            # vLLM registers a request before it hands it to its engine process, and a
+            # refusal after that point (or any exception on our side of the loop) would
+            # leave the request counted as running for good. Aborting an id vLLM no
+            # longer knows is a no-op.
+            if not finished and not llm.errored:
+                await llm.abort(request_id)
 
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:
@@ -332,6 +358,30 @@ class _ToolParserAdapter:
         if not rest:
             return []
         return [ToolCallDelta(len(self._parser.prev_tool_call_arr) - 1, arguments=rest)]
+
+
+# Native code (the grammar compiler) prefixes its messages with a time and a source path.
+_NATIVE_NOISE = re.compile(
+    r"\[\d{1,2}:\d{2}:\d{2}\]\s*"  # [22:43:45]
+    r"|(?:[A-Za-z]:)?[/\\](?:[\w+-]+[/\\])*[\w+-]+(?:\.[\w+-]+)*"
+    r"\.(?:cc|cpp|cxx|c|h|hpp|py|rs)\b(?::\d+)*:?\s*"
+)
+_MAX_MESSAGE = 500
+
+
+def _clean(message: str) -> str:
+    """An engine message fit for a client: no source paths, no stamps, bounded (cut before
+    the regex runs, as the message can quote the client's own input)."""
+    text = " ".join(_NATIVE_NOISE.sub("", message[: _MAX_MESSAGE * 2]).split())
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+def _rejected(e: Exception) -> EngineRejected:
+    message = _clean(str(e)) or "The engine refused the request."
+    param = getattr(e, "parameter", None)
+    if param is None and ("schema" in message.lower() or "grammar" in message.lower()):
+        param = "response_format"
+    return EngineRejected(message, param=param)
 
 
 def _logprobs(entries: Any, token_ids: Any) -> list[TokenLogprob]:

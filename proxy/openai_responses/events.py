@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ..errors import ServerError, WeirError
@@ -144,7 +144,7 @@ class _Events:
         return out
 
 
-async def render(chunks: AsyncIterator[dict[str, Any]], req: ResponsesRequest,
+async def render(chunks: AsyncIterable[dict[str, Any]], req: ResponsesRequest,
                  response_id: str, on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
     """Response events from chat chunks; `on_done(response)` once it completed."""
     e = _Events(req, response_id)

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from ..app_state import INFO, REQUEST_ID, STATE
-from ..chain import Completion
+from ..chain import Completion, Stream
 from ..context import RequestContext
 from ..errors import InvalidRequest, NotFound, Unavailable
 from ..protocol import parse_model
@@ -79,13 +79,15 @@ async def create(request: web.Request) -> web.StreamResponse:
             await save(response)
             return web.json_response(response, headers={**ctx.response_headers,
                                                         **reply.headers}, dumps=st.dumps)
-        events: AsyncIterator[dict[str, Any]] = render(reply.__aiter__(), req, rid, save)
+        # Iterating the chat Stream ends it (its plugins' end hooks run); the events are
+        # a Stream of their own for the SSE writer.
+        events = Stream(render(reply, req, rid, save))
         srv = st.settings.server
         resp = await write_sse(request, events, lambda: {**ctx.response_headers,
                                                          **reply.headers},
                                write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s)
-        if ctx.usage:
-            _note_usage(st, info, {"usage": ctx.usage})
+        if reply.usage:
+            _note_usage(st, info, {"usage": reply.usage})
         return resp
 
 

@@ -3,8 +3,10 @@ through the OpenAI SDK (raw responses, for the x-weir-cache header)."""
 
 from __future__ import annotations
 
+import json
+import time
+import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +15,7 @@ import pytest
 
 from tests.e2e.conftest import MODEL
 from tests.e2e.server import WeirProcess, e2e_config
+from tests.metrics import metric
 from tests.openai_spec import validate
 from tests.sse import check_chat_stream, parse_sse
 
@@ -33,10 +36,13 @@ def sdk(weir: WeirProcess, key: str = "sk-cache-acme") -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{weir.url}/v1", api_key=key, max_retries=0, timeout=120)
 
 
-def ask(client: openai.OpenAI, content: str, **kw: Any) -> tuple[str, str, Any]:
+def ask(client: openai.OpenAI, content: str, system: str | None = None,
+        **kw: Any) -> tuple[str, str, Any]:
+    messages = [{"role": "user", "content": content}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=12,
-        temperature=0, **kw)
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, **kw)
     reply = raw.parse()
     return raw.headers["x-weir-cache"], raw.headers.get("age", ""), reply
 
@@ -97,8 +103,41 @@ def test_embeddings_endpoint(cached: WeirProcess) -> None:
     validate("CreateEmbeddingResponse", body)
 
 
-def test_cache_metrics_move(cached: WeirProcess) -> None:
-    text = httpx.get(f"{cached.url}/metrics").text
-    assert 'weir_cache_lookups_total{layer="l1",result="hit"}' in text
-    assert 'weir_cache_lookups_total{layer="semantic",result="hit"}' in text
-    assert Path(cached.log_path).exists()
+def access_lines(weir: WeirProcess, offset: int) -> list[dict[str, Any]]:
+    """The JSON access-log lines the server wrote after `offset` bytes of its log."""
+    with open(weir.log_path, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    out = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("event") == "request":
+            out.append(entry)
+    return out
+
+
+def test_cache_metrics_and_access_log_move(cached: WeirProcess) -> None:
+    # A system prompt of its own: a fresh cache partition, whatever ran before.
+    system = f"Metrics test {uuid.uuid4().hex}"
+    offset = cached.log_path.stat().st_size
+    before = httpx.get(f"{cached.url}/metrics").text
+    c = sdk(cached)
+    assert ask(c, "How do I cancel my subscription?", system)[0] == "miss"
+    assert ask(c, "How do I cancel my subscription?", system)[0] == "exact"
+    assert ask(c, "How can I cancel my subscription?", system)[0] == "semantic"
+    after = httpx.get(f"{cached.url}/metrics").text
+    for layer in ("l1", "semantic"):
+        moved = (metric(after, "weir_cache_lookups_total", layer=layer, result="hit")
+                 - metric(before, "weir_cache_lookups_total", layer=layer, result="hit"))
+        assert moved == 1, layer
+    # The access log records each request's cache result (the server writes the line
+    # before it answers; the file is read until the three lines are there, bounded).
+    deadline = time.monotonic() + 10
+    while len(lines := access_lines(cached, offset)) < 3:
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)  # another process's file
+    chat = [e["cache"] for e in lines if e.get("path") == "/v1/chat/completions"]
+    assert chat == ["miss", "exact", "semantic"]

@@ -1,4 +1,5 @@
-"""/v1/embeddings with the real offline MiniLM model, and the embedder's batching."""
+"""/v1/embeddings with the real offline MiniLM model (the default runtime), and the
+embedder's batching and slicing."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from proxy.app_state import STATE
 from tests.conftest import MakeClient
 from tests.openai_spec import validate
+from tests.waiting import eventually
 
 MODEL = "all-MiniLM-L6-v2"
 
@@ -62,3 +64,21 @@ async def test_concurrent_callers_are_batched(client) -> None:  # type: ignore[n
     assert emb.batches - before < 24
     single, _ = await emb.embed(["question number 3"])
     assert np.allclose(single[0], results[3][0][0], atol=1e-5)
+
+
+async def test_a_large_batch_does_not_hold_up_a_lookup(client) -> None:  # type: ignore[no-untyped-def]
+    emb = client.app[STATE].embedder
+    texts = [f"customer question number {i} about an order" for i in range(2048)]
+    big = asyncio.create_task(client.post("/v1/embeddings", json={"model": MODEL,
+                                                                  "input": texts}))
+    started = emb.batches
+    await eventually(lambda: emb.batches > started and bool(emb._bulk), timeout=30)
+    lookup = asyncio.create_task(emb.embed(["When are you open?"]))
+    done, _ = await asyncio.wait({big, lookup}, return_when=asyncio.FIRST_COMPLETED)
+    assert lookup in done and not big.done()  # served between two slices of the batch
+    r = await big
+    body = await r.json()
+    assert r.status == 200 and len(body["data"]) == 2048
+    assert [d["index"] for d in body["data"]] == list(range(2048))
+    alone, _ = await emb.embed([texts[1500]])
+    assert np.allclose(body["data"][1500]["embedding"], alone[0], atol=1e-4)

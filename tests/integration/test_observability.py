@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.settings import LoggingSettings, TracingSettings
-from proxy.telemetry import configure_logging
+from bench.redis_server import RedisServer
+from proxy.settings import TracingSettings
 from proxy.tracing import configure_tracing
 from tests.conftest import MakeClient, make_settings
-from tests.redis_server import RedisServer
+from tests.metrics import metric
 
 KEY = "sk-planted-SECRET-0123456789abcdef"
 MARKER = "MARKER-7f3a-do-not-log"
@@ -35,15 +34,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
     _exporter.clear()
 
 
-@pytest.fixture
-def logs() -> Iterator[io.StringIO]:
-    buf = io.StringIO()
-    configure_logging(LoggingSettings(level="debug"), stream=buf)
-    yield buf
-    configure_logging(LoggingSettings())
-
-
-def settings(redis_url: str | None = None, **logging: Any) -> Any:
+def settings(redis_url: str | None = None, rpm: int = 600, **logging: Any) -> Any:
     cache: dict[str, Any] = {"semantic": {"enabled": False}, "store_truncated": True}
     if redis_url:
         cache |= {"l2": {"enabled": True}, "redis": {"url": redis_url,
@@ -51,8 +42,9 @@ def settings(redis_url: str | None = None, **logging: Any) -> Any:
     return make_settings(
         auth={"mode": "keys", "keys": [{"key": KEY, "tenant": "acme", "role": "admin"}]},
         logging={"access_log": True, **logging},
-        plugins=[{"name": "sanitizer"}, {"name": "rate_limit"}, {"name": "cache",
-                                                                 "config": cache}])
+        plugins=[{"name": "sanitizer"},
+                 {"name": "rate_limit", "config": {"rules": [{"per": "key", "rpm": rpm}]}},
+                 {"name": "cache", "config": cache}])
 
 
 def body(stream: bool = False) -> dict[str, Any]:
@@ -123,16 +115,8 @@ async def test_prompts_only_when_asked(make_client: MakeClient, logs: io.StringI
     assert MARKER in text and KEY not in text
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
-
-
 async def test_metrics_move(make_client: MakeClient) -> None:
-    client = await make_client(settings())
+    client = await make_client(settings(rpm=3))
     h = {"Authorization": f"Bearer {KEY}"}
     before = await (await client.get("/metrics")).text()
     await client.post("/v1/chat/completions", json=body(), headers=h)
@@ -152,4 +136,10 @@ async def test_metrics_move(make_client: MakeClient) -> None:
     assert metric(after, "weir_cache_lookups_total", layer="l1", result="hit") == 1
     assert metric(after, "weir_cache_lookups_total", layer="all", result="bypass") == 1
     assert metric(after, "weir_engine_requests_running") == 0
-    assert "weir_rate_limit_rejections_total" in after
+    assert metric(after, "weir_rate_limit_rejections_total", per="key", limit="rpm") == 0
+    limited = await client.post("/v1/chat/completions", json=body(), headers=h)
+    assert limited.status == 429  # the fourth request within the minute, at rpm 3
+    last = await (await client.get("/metrics")).text()
+    assert metric(last, "weir_rate_limit_rejections_total", per="key", limit="rpm") == 1
+    assert metric(last, "weir_requests_total", route="chat", model="fake-model",
+                  status="429") == 1

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bench.redis_server import RedisServer
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
-from tests.redis_server import RedisServer
 from tests.sse import parse_sse
 
 BASE = {"model": "fake-model", "input": "hi", "max_output_tokens": 16}

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from aiohttp.test_utils import TestServer
 
+from bench.redis_server import RedisServer
 from plugins.breaker.plugin import BreakerPlugin
 from proxy.app import create_app
 from proxy.app_state import STATE
@@ -18,7 +19,6 @@ from proxy.context import RequestContext
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
-from tests.redis_server import RedisServer
 from tests.sse import check_chat_stream, parse_sse
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}],

@@ -1,8 +1,10 @@
 """The benchmark harness's own logic: the sustained-rate search, the open-loop generator,
-how engine settings reach vLLM's server, and that the fleet's Weir configs are valid."""
+how engine settings reach vLLM's server, that the fleet's Weir configs are valid, and that
+bench's imports point one way (never into tests/, no cycles)."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from bench import SUITES
 from bench import __main__ as bench_main
 from bench import fleet as fleet_mod
 from bench.load import open_loop
@@ -121,7 +124,7 @@ def test_fleet_weir_configs_pass_check_config(role: str, capsys: pytest.CaptureF
             cfg = yaml.safe_load(Path(config).read_text())
             names = [p["name"] for p in cfg["plugins"]]
             assert names == ["sanitizer", "rate_limit", "cache", "breaker", "admission"]
-            assert {k["tenant"] for k in cfg["auth"]["keys"]} == set(fleet_mod.SUITES)
+            assert {k["tenant"] for k in cfg["auth"]["keys"]} == set(SUITES)
     finally:
         fleet._redis = None
         fleet.close()
@@ -130,7 +133,7 @@ def test_fleet_weir_configs_pass_check_config(role: str, capsys: pytest.CaptureF
 def test_litellm_requests_carry_the_suites_cache_namespace() -> None:
     lite = fleet_mod.System("LiteLLM", "litellm", SimpleNamespace(base_url="x"))  # type: ignore[arg-type]
     weir = fleet_mod.System("Weir", "weir", SimpleNamespace(base_url="x"))  # type: ignore[arg-type]
-    bodies = faq_bodies(5, 0.5, seed=0)
+    bodies = faq_bodies("m", 5, 0.5, seed=0)
     assert all(b["cache"] == {"namespace": "bench-cache"} for b in lite.bodies(bodies, "cache"))
     assert weir.bodies(bodies, "cache") == bodies
     assert weir.headers("table") != weir.headers("cache")
@@ -140,9 +143,9 @@ def test_faq_workload_repeats_at_the_ratio_asked() -> None:
     def distinct(bodies: list[dict[str, Any]]) -> int:
         return len({b["messages"][0]["content"] for b in bodies})
 
-    assert distinct(faq_bodies(200, 0.0, seed=3)) == 200
-    assert distinct(faq_bodies(200, 0.6, seed=3)) < 120
-    streamed = [b for b in faq_bodies(10, 0.6, seed=3) if b["stream"]]
+    assert distinct(faq_bodies("m", 200, 0.0, seed=3)) == 200
+    assert distinct(faq_bodies("m", 200, 0.6, seed=3)) < 120
+    streamed = [b for b in faq_bodies("m", 10, 0.6, seed=3) if b["stream"]]
     assert len(streamed) == 5 and all(b["stream_options"]["include_usage"] for b in streamed)
 
 
@@ -155,5 +158,102 @@ def test_readme_shows_the_last_full_runs_figures() -> None:
         "update_readme; update_readme()'` after a full benchmark run"
     run = json.loads((RESULTS / "run.json").read_text())
     assert run["quick"] is False
-    for name in ("table", "serving", "cache", "surge", "sanitizer"):
+    for name in SUITES:
         assert (RESULTS / f"{name}.md").read_text().strip() in text
+
+
+def test_engine_settings_are_built_per_run_not_patched_into_a_module() -> None:
+    before = dict(fleet_mod.DEFAULT_ENGINE)
+    args = bench_main.parse_args(["--model", "org/big", "--engine", "dtype=bfloat16",
+                                  "--engine", "max_num_seqs=8"])
+    engine = bench_main.engine_settings(args)
+    assert engine["model"] == engine["served_model_name"] == "org/big"
+    assert engine["dtype"] == "bfloat16" and engine["max_num_seqs"] == 8
+    assert "cpu_kvcache_space_gib" not in engine  # the demo model's CPU default is dropped
+    assert fleet_mod.DEFAULT_ENGINE == before  # nothing shared was changed
+    named = bench_main.engine_settings(bench_main.parse_args(["--served-model-name", "x"]))
+    assert named["model"] == "builtin:demo" and named["served_model_name"] == "x"
+
+
+def test_a_fleet_serves_the_engine_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import procs
+
+    # Building LiteLLM's command must not install LiteLLM (ensure_litellm does, on first use).
+    monkeypatch.setattr(procs, "ensure_litellm", lambda: Path("/nonexistent/litellm"))
+    engine = {**fleet_mod.DEFAULT_ENGINE, "served_model_name": "bench-model"}
+    fleet = fleet_mod.Fleet(engine=engine)
+    try:
+        assert fleet.served == "bench-model"
+        assert fleet_mod.DEFAULT_ENGINE["served_model_name"] == "weir-demo"
+        fleet._redis = SimpleNamespace(url="redis://127.0.0.1:1/0", port=1)  # type: ignore[assignment]
+        fleet.systems["vllm"] = fleet_mod.System(  # never started: only its URL is read
+            "vLLM server", "vllm", SimpleNamespace(base_url="http://127.0.0.1:1"))  # type: ignore[arg-type]
+        weir = fleet._make("weir-l2")
+        assert weir is not None
+        import yaml
+
+        cfg = yaml.safe_load(Path(weir.server.cmd[weir.server.cmd.index("--config") + 1])
+                             .read_text())
+        assert cfg["engine"]["models"] == ["bench-model"]
+        lite = fleet._make("litellm")
+        assert lite is not None
+        lite_cfg = yaml.safe_load(Path(lite.server.cmd[lite.server.cmd.index("--config") + 1])
+                                  .read_text())
+        assert lite_cfg["model_list"][0]["model_name"] == "bench-model"
+        assert lite_cfg["litellm_settings"]["cache_params"]["port"] == 1
+    finally:
+        fleet._redis = None
+        fleet.close()
+
+
+def test_the_suite_list_is_the_one_every_part_uses() -> None:
+    import importlib
+
+    from bench.report import SECTIONS
+
+    parser_choices = bench_main.parse_args(["--only", *SUITES]).only
+    assert parser_choices == list(SUITES)
+    with pytest.raises(SystemExit):
+        bench_main.parse_args(["--only", "no-such-suite"])
+    assert [name for name, _ in SECTIONS] == [*SUITES, "run"]
+    for name in SUITES:
+        assert callable(importlib.import_module(f"bench.{name}").run)
+
+
+def _bench_imports() -> dict[str, set[str]]:
+    """Every module of bench/ and what it imports, at module level or inside functions."""
+    root = Path(bench_main.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in root.glob("*.py"):
+        name = "bench" if path.stem == "__init__" else f"bench.{path.stem}"
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+                found |= {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = found
+    return graph
+
+
+def test_bench_never_imports_tests_and_has_no_import_cycle() -> None:
+    graph = _bench_imports()
+    assert len(graph) > 5
+    for name, imports in graph.items():
+        assert not any(i == "tests" or i.startswith("tests.") for i in imports), name
+    edges = {n: {i for i in imports if i in graph and i != n and i != "bench"}
+             for n, imports in graph.items()}
+    state: dict[str, str] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = "open"
+        for m in edges[n]:
+            assert state.get(m) != "open", f"import cycle: {' -> '.join([*path, n, m])}"
+            if m not in state:
+                visit(m, [*path, n])
+        state[n] = "done"
+
+    for n in edges:
+        if n not in state:
+            visit(n, [])

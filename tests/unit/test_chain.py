@@ -131,7 +131,7 @@ async def test_errors_propagate_through_plugins() -> None:
     assert TracePlugin.log == ["in:x", "out:x"]
 
 
-async def test_stream_wrapping_cleans_up_on_cancel() -> None:
+async def test_stream_end_hook_runs_once_on_cancel() -> None:
     cleaned: list[str] = []
     gate = asyncio.Event()
 
@@ -143,41 +143,80 @@ async def test_stream_wrapping_cleans_up_on_cancel() -> None:
         finally:
             cleaned.append("source")
 
-    class Wrap(BasePlugin):
-        name: ClassVar[str] = "t_wrap"
+    class Hooked(BasePlugin[Any]):
+        name: ClassVar[str] = "t_hooked"
 
         async def __call__(self, ctx: RequestContext, call_next: Any) -> Reply:
             reply = await call_next(ctx)
             assert isinstance(reply, Stream)
-
-            async def wrapped(it: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-                try:
-                    async for chunk in it:
-                        yield {**chunk, "wrapped": True}
-                finally:
-                    cleaned.append("wrapper")
-                    await it.aclose()  # type: ignore[attr-defined]
-
-            return reply.wrap(wrapped)
+            reply.on_end(lambda s, outcome: cleaned.append(f"hook:{outcome}"))
+            return reply
 
     async def term(c: RequestContext) -> Reply:
         return Stream(source())
 
-    register(Wrap)
+    register(Hooked)
     try:
-        reply = await compose(plugins({"name": "t_wrap"}), term)(ctx())  # type: ignore[arg-type]
+        reply = await compose(plugins({"name": "t_hooked"}), term)(ctx())  # type: ignore[arg-type]
         assert isinstance(reply, Stream)
         it = reply.__aiter__()
-        assert await it.__anext__() == {"n": 0, "wrapped": True}
-        task = asyncio.ensure_future(it.__anext__())
-        await asyncio.sleep(0)
+        assert await it.__anext__() == {"n": 0}
+        waiting = asyncio.Event()
+
+        async def next_chunk() -> Any:
+            waiting.set()
+            return await it.__anext__()
+
+        task = asyncio.ensure_future(next_chunk())
+        await waiting.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await reply.aclose()
-        assert sorted(cleaned) == ["source", "wrapper"]
+        # The source's finally ran (the engine would abort) and the hook saw the outcome,
+        # exactly once.
+        assert cleaned == ["source", "hook:cancelled"]
+        await reply.end("completed")
+        assert cleaned == ["source", "hook:cancelled"]
     finally:
-        unregister("t_wrap")
+        unregister("t_hooked")
+
+
+async def test_end_hooks_run_in_order_and_survive_a_failing_hook() -> None:
+    seen: list[str] = []
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        yield {"n": 0}
+
+    stream = Stream(source())
+
+    def bad(s: Stream, outcome: str) -> None:
+        raise RuntimeError("hook bug")
+
+    async def inner(s: Stream, outcome: str) -> None:
+        seen.append(f"inner:{outcome}")
+
+    stream.on_end(inner)
+    stream.on_end(bad)
+    stream.on_end(lambda s, outcome: seen.append(f"outer:{outcome}"))
+    assert [c async for c in stream] == [{"n": 0}]
+    assert seen == ["inner:completed", "outer:completed"]
+    with pytest.raises(RuntimeError):
+        stream.on_end(inner)  # too late: it has ended
+
+
+async def test_primed_stream_raises_before_any_output_and_ends_failed() -> None:
+    seen: list[str] = []
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        raise RuntimeError("engine refused")
+        yield {}  # pragma: no cover
+
+    stream = Stream(source())
+    stream.on_end(lambda s, outcome: seen.append(outcome))
+    with pytest.raises(RuntimeError):
+        await stream.prime()
+    assert seen == ["failed"] and isinstance(stream.error, RuntimeError)
 
 
 def test_config_is_validated_with_paths() -> None:

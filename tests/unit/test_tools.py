@@ -254,17 +254,17 @@ def test_cache_captures_and_replays_tool_calls_whole() -> None:
     assert replay["choices"][0]["finish_reason"] == "tool_calls"
 
 
-def test_cache_assembles_and_replays_tool_calls_streamed() -> None:
-    asm = E.StreamAssembler("chat")
-    asm.feed({"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [
-        {"index": 0, "id": "call_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": ""}}]}, "finish_reason": None}]})
-    asm.feed({"choices": [{"index": 0, "delta": {"tool_calls": [
-        {"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]},
-        "finish_reason": "tool_calls"}]})
-    result = asm.result()
-    assert result is not None
-    entry = _entry(result[0])
+def test_a_streamed_answer_carries_its_calls_and_replays_as_calls() -> None:
+    req = chat(tools=[WEATHER], tool_choice={"type": "function",
+                                             "function": {"name": "get_weather"}})
+    calls = T.StreamCalls(lambda: T.ToolCallTracker.for_request(req, _Engine(False).tool_parser))
+    text = '{"city": "Paris"}'
+    calls.step(0, text[:5], [1], None)
+    _, _, reason = calls.step(0, text[5:], [1], "stop")
+    answer = calls.answer([{"index": 0, "text": "", "finish_reason": reason}])
+    (call,) = answer[0]["tool_calls"]
+    assert call["function"] == CALL["function"] and reason == "tool_calls"
+    entry = _entry([{**answer[0], "tool_calls": [CALL]}])
     req = chat(tools=[WEATHER], stream=True)
 
     async def collect() -> list[dict[str, Any]]:

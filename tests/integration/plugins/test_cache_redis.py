@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from bench.redis_server import RedisServer
 from plugins.cache.config import RedisConfig
 from plugins.cache.entry import Entry
 from plugins.cache.plugin import CachePlugin
@@ -19,7 +20,6 @@ from plugins.cache.redis_store import RedisStore
 from proxy.app_state import STATE
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
-from tests.redis_server import RedisServer
 from tests.sse import check_chat_stream, parse_sse
 from tests.waiting import eventually
 
@@ -133,7 +133,10 @@ async def test_role_scope_separates_roles(make_client: MakeClient, redis_server:
 
 async def test_admin_purge_reaches_every_replica(make_client: MakeClient,
                                                  redis_server: RedisServer) -> None:
-    a, b = await replicas(make_client, redis_server.url)
+    # Prompts stored in Redis (opt-in): a purge by content reaches Redis entries too.
+    a, b = await replicas(make_client, redis_server.url, redis={
+        "url": redis_server.url, "key_prefix": f"weir:test:{uuid.uuid4().hex[:8]}:",
+        "timeout_s": 0.2, "store_prompts": True})
     await ask(a, "Tell me about project falcon launch")
     await ask(a, "What is the weather policy for travel")
     await ask(b, "Tell me about project falcon launch")  # b's L1 holds it too

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from bench.redis_server import RedisServer
 from plugins.rate_limit.config import RateLimitConfig
 from plugins.rate_limit.gcra import Bucket, MemoryStore, RedisStore
 from plugins.rate_limit.plugin import RateLimitPlugin, fmt_reset
@@ -25,7 +26,6 @@ from proxy.telemetry import Metrics
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
-from tests.redis_server import RedisServer
 
 
 @pytest.fixture(params=["memory", "redis"])

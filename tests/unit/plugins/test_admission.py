@@ -20,6 +20,7 @@ from proxy.protocol import ChatCompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from tests.fakes import FakeEngine
+from tests.waiting import eventually
 
 
 async def test_gate_orders_by_priority_then_arrival() -> None:
@@ -32,10 +33,10 @@ async def test_gate_orders_by_priority_then_arrival() -> None:
         order.append(name)
         gate.release()
 
-    tasks = [asyncio.create_task(wait(n, p)) for n, p in
-             (("low-1", 10), ("high", 0), ("low-2", 10))]
-    await asyncio.sleep(0)  # one turn of the loop: each task runs up to its wait
-    assert gate.waiting == 3
+    tasks = []
+    for n, p in (("low-1", 10), ("high", 0), ("low-2", 10)):
+        tasks.append(asyncio.create_task(wait(n, p)))
+        await eventually(lambda: gate.waiting == len(tasks))  # queued in this order
     gate.release()
     await asyncio.gather(*tasks)
     assert order == ["high", "low-1", "low-2"] and gate.in_use == 0
@@ -45,13 +46,14 @@ async def test_full_queue_sheds_at_once_or_displaces_the_worst() -> None:
     gate = PriorityGate(1, 1)
     await gate.acquire(10, None)
     low = asyncio.create_task(gate.acquire(10, None))
-    await asyncio.sleep(0)
+    await eventually(lambda: gate.waiting == 1)
     with pytest.raises(Shed):
         await gate.acquire(10, None)  # same priority: shed immediately
+    assert gate.waiting == 1 and not low.done()
     high = asyncio.create_task(gate.acquire(0, None))
-    await asyncio.sleep(0)
     with pytest.raises(Shed):
         await low  # displaced by a better priority
+    assert gate.waiting == 1 and not high.done()  # high took low's place in the queue
     gate.release()
     await high
     gate.release()
@@ -92,14 +94,15 @@ def plugin(**cfg: Any) -> AdmissionPlugin:
 
 async def test_shed_is_immediate_503_with_retry_after() -> None:
     p = plugin(max_concurrent=1, max_queue=0)
-    gate = asyncio.Event()
+    gate, entered = asyncio.Event(), asyncio.Event()
 
     async def slow(c: RequestContext) -> Reply:
+        entered.set()
         await gate.wait()
         return Completion({})
 
     first = asyncio.create_task(p(ctx(), slow))
-    await asyncio.sleep(0)
+    await entered.wait()  # the first request holds the only permit
     with pytest.raises(Unavailable) as e:
         await p(ctx(), slow)
     assert e.value.code == "overloaded" and "retry-after" in e.value.headers

@@ -165,10 +165,12 @@ async def test_open_breaker_answers_503_without_retry() -> None:
     assert p.health()["state"] == "open"
 
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_static_fallback_when_open_and_on_failure(stream: bool) -> None:
-    p = plugin(fallback=[{"kind": "stale"}, {"kind": "static", "content": "Busy, sorry."}])
-    reply = await p(ctx(stream), failing)  # the engine failure itself falls back
+def fallbacks(p: BreakerPlugin, reason: str) -> float:
+    return p.services.metrics.registry.get_sample_value(
+        "weir_fallbacks_total", {"kind": "static", "reason": reason}) or 0.0
+
+
+async def check_static(reply: Reply, stream: bool) -> None:
     assert reply.headers["x-weir-fallback"] == "static"
     if stream:
         assert isinstance(reply, Stream)
@@ -179,6 +181,25 @@ async def test_static_fallback_when_open_and_on_failure(stream: bool) -> None:
     else:
         assert isinstance(reply, Completion)
         validate("CreateChatCompletionResponse", reply.body)
+        assert reply.body["choices"][0]["message"]["content"] == "Busy, sorry."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_static_fallback_when_open_and_on_failure(stream: bool) -> None:
+    p = plugin(fallback=[{"kind": "stale"}, {"kind": "static", "content": "Busy, sorry."}])
+    for _ in range(2):  # minimum_calls failures: each engine failure itself falls back
+        await check_static(await p(ctx(stream), failing), stream)
+    assert p.breaker.state == "open" and fallbacks(p, "engine") == 2
+    engine_calls = 0
+
+    async def healthy(c: RequestContext) -> Reply:
+        nonlocal engine_calls
+        engine_calls += 1
+        return await ok(c)
+
+    # Open: the engine is not called at all, even though it would answer now.
+    await check_static(await p(ctx(stream), healthy), stream)
+    assert engine_calls == 0 and fallbacks(p, "open") == 1
 
 
 async def test_stream_failure_before_first_chunk_falls_back() -> None:

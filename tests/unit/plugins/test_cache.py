@@ -18,11 +18,13 @@ from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from proxy.rendering import ChunkAssembler
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from tests.fakes import FakeEmbedder, FakeEngine
 from tests.openai_spec import validate
 from tests.sse import check_chat_stream
+from tests.waiting import eventually
 
 ALICE = Principal("acme", "user", "alice")
 BOB = Principal("acme", "user", "bob")
@@ -68,9 +70,19 @@ class Engine:
             await self.gate.wait()
         if not c.request.stream:
             return Completion(answer(self.text, self.reason))
-        return Stream(self._chunks(c))
+        # Like every producer, the stream leaves its answer on itself when it ends.
+        stream = Stream()
+        return stream.attach(self._chunks(c, stream))
 
-    async def _chunks(self, c: RequestContext) -> AsyncIterator[dict[str, Any]]:
+    async def _chunks(self, c: RequestContext,
+                      stream: Stream) -> AsyncIterator[dict[str, Any]]:
+        asm = ChunkAssembler(c.route)
+        async for chunk in self._words(c):
+            asm.feed(chunk)
+            yield chunk
+        asm.finish(stream)
+
+    async def _words(self, c: RequestContext) -> AsyncIterator[dict[str, Any]]:
         words = self.text.split(" ")
         for i, w in enumerate(words):
             last = i == len(words) - 1
@@ -98,6 +110,15 @@ async def run(p: CachePlugin, c: RequestContext, engine: Any) -> tuple[Any, str]
 
 def chunks_of(reply: Stream) -> list[dict[str, Any]]:
     return CHUNKS.pop(id(reply))
+
+
+def sample(p: CachePlugin, name: str, **labels: str) -> float:
+    """A metric's value in the plugin's registry (0 before its first increment)."""
+    return p.services.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def l1_misses(p: CachePlugin) -> float:
+    return sample(p, "weir_cache_lookups_total", layer="l1", result="miss")
 
 
 async def drain(p: CachePlugin) -> None:
@@ -258,7 +279,8 @@ async def test_errors_and_fallbacks_are_not_stored() -> None:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_concurrent_identical_misses_coalesce(stream: bool) -> None:
     gate = asyncio.Event()
-    p, eng = plugin(), Engine(gate=gate)
+    # Exact layer only: a request's last step before it joins a leader is its L1 miss.
+    p, eng = plugin(semantic={"enabled": False}), Engine(gate=gate)
 
     async def one() -> str:
         reply, _ = await run(p, ctx(stream=stream), eng)
@@ -266,16 +288,22 @@ async def test_concurrent_identical_misses_coalesce(stream: bool) -> None:
             return check_chat_stream(chunks_of(reply))
         return reply.body["choices"][0]["message"]["content"]  # type: ignore[no-any-return]
 
-    tasks = [asyncio.create_task(one()) for _ in range(8)]
-    await eng.entered.wait()
+    tasks = [asyncio.create_task(one())]
+    await eng.entered.wait()  # the leader is generating, held at the gate
+    tasks += [asyncio.create_task(one()) for _ in range(7)]
+    await eventually(lambda: l1_misses(p) == 8)  # every follower has looked up and missed
+    # The followers wait for the leader: none has an answer or has reached the engine.
+    assert eng.calls == 1 and not any(t.done() for t in tasks)
+    assert sample(p, "weir_cache_coalesced_total") == 0
     gate.set()
     texts = await asyncio.gather(*tasks)
     assert eng.calls == 1 and set(texts) == {"Use the reset link."}
+    assert sample(p, "weir_cache_coalesced_total") == 7  # answered by the leader's generation
 
 
 async def test_a_failed_leader_lets_followers_generate() -> None:
     gate = asyncio.Event()
-    p = plugin()
+    p = plugin(semantic={"enabled": False})
     calls = 0
     entered = asyncio.Event()
 
@@ -291,11 +319,13 @@ async def test_a_failed_leader_lets_followers_generate() -> None:
     leader = asyncio.create_task(p(ctx(), flaky))
     await entered.wait()
     follower = asyncio.create_task(p(ctx(), flaky))
-    await asyncio.sleep(0)
+    await eventually(lambda: l1_misses(p) == 2)  # the follower missed and joined the leader
+    assert calls == 1 and not follower.done()
     gate.set()
     with pytest.raises(RuntimeError):
         await leader
-    assert isinstance(await follower, Completion) and calls == 2
+    assert isinstance(await follower, Completion) and calls == 2  # it generated for itself
+    assert sample(p, "weir_cache_coalesced_total") == 0
 
 
 async def test_semantic_hit_within_scope_only() -> None:

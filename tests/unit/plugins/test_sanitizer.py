@@ -1,5 +1,5 @@
-"""Sanitizer: detector tables (true positives and near misses), normalization, actions
-and limits, against a stub call_next."""
+"""Sanitizer: detector tables (true positives and near misses), actions and limits,
+against a stub call_next (normalization itself: tests/unit/test_text.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from plugins.sanitizer.config import SanitizerConfig
 from plugins.sanitizer.detectors import BUILTIN, INJECTION, cn_id_ok, iban_ok, luhn_ok
-from plugins.sanitizer.normalize import normalize
 from plugins.sanitizer.plugin import SanitizerPlugin
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services
@@ -18,6 +17,7 @@ from proxy.errors import InvalidRequest, PayloadTooLarge
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
+from proxy.text import normalize
 from tests.fakes import FakeEngine
 
 # (detector, text, should it fire)
@@ -90,22 +90,6 @@ def test_checksums() -> None:
     assert luhn_ok("4111111111111111") and not luhn_ok("4111111111111112")
     assert cn_id_ok("11010519491231002X") and not cn_id_ok("110105194912310021")
     assert iban_ok("GB82WEST12345698765432") and not iban_ok("GB82WEST12345698765433")
-
-
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        ("ｈｅｌｌｏ　ｗｏｒｌｄ", "hello world"),  # full-width letters and space
-        ("pass\u200bword", "password"),  # zero-width space
-        ("abc\u202edcba", "abcdcba"),  # bidi override
-        ("a\x00b\x07c\td\ne", "abc\td\ne"),  # controls go, tab and newline stay
-        ("  many    spaces  ", "many spaces"),
-        ("ﬁle", "file"),  # ligature
-        ("line\r\nbreak", "line\nbreak"),
-    ],
-)
-def test_normalize(raw: str, expected: str) -> None:
-    assert normalize(raw) == expected
 
 
 def test_zero_width_cannot_dodge_a_detector() -> None:

@@ -1,4 +1,6 @@
-"""Text normalization: one canonical form for look-alike prompts.
+"""Text normalization: one canonical form for look-alike prompts, shared by the sanitizer
+(its detectors) and the cache (its keys); it lives in the core so that neither plugin
+imports the other.
 
 NFKC folds compatibility forms (full-width letters, ligatures, superscripts) into their
 plain forms; then control characters other than newline and tab, zero-width characters

@@ -1,4 +1,7 @@
-"""A real redis-server on a free port, started and stopped by the tests (by its pid)."""
+"""A real redis-server on a free port, started and stopped by its owner (by its pid).
+
+Used by the benchmarks and by the tests alike: it lives here, beside the benchmark's other
+process helpers, so that bench never imports from tests/ (tests may import bench)."""
 
 from __future__ import annotations
 

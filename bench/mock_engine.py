@@ -1,0 +1,62 @@
+"""An engine that answers at once, to measure what the gateway itself costs.
+
+It speaks Weir's Engine protocol like the real one: `tokens` deltas per answer, one word
+each, the last with finish reason `length`; nothing waits, so every microsecond a request
+takes is the gateway's (HTTP, auth, plugins, rendering, SSE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from proxy.engine.base import ChoiceDelta, EngineOutput, EngineStats, ModelInfo, SamplingOptions
+
+
+class InstantEngine:
+    def __init__(self, model: str = "mock", tokens: int = 16, max_model_len: int = 4096) -> None:
+        self.model = model
+        self.tokens = tokens
+        self._max_model_len = max_model_len
+        self.vocab_size = 32000
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    def ready(self) -> bool:
+        return True
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=self.model, owned_by="bench", root="mock", created=0,
+                          max_model_len=self._max_model_len)]
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+    def encode(self, text: str) -> list[int]:
+        return [1 + (ord(c) % 255) for c in text[: self._max_model_len // 2]]
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+        return self.encode(" ".join(str(m.get("content") or "") for m in messages))
+
+    async def generate(self, prompt: list[int], options: SamplingOptions, request_id: str, *,
+                       cache_salt: str | None = None, priority: int = 0,
+                       ) -> AsyncGenerator[EngineOutput, None]:
+        n = min(self.tokens, options.max_tokens)
+        for i in range(n):
+            last = i == n - 1
+            yield EngineOutput(
+                choices=[ChoiceDelta(index=c, text=" word", token_ids=[100 + i],
+                                     finish_reason="length" if last else None)
+                         for c in range(options.n)],
+                prompt_tokens=len(prompt), finished=last)
+
+    async def abort(self, request_id: str) -> None:
+        pass

@@ -1,0 +1,64 @@
+"""`python -m bench.mock_server --config FILE [--tokens N] [--profile OUT]`: Weir with the
+config's plugins, over an engine that answers at once (bench/mock_engine.py).
+
+Prints `weir: listening on URL` like `weir serve`. With `--profile`, the whole server
+runs under cProfile and the stats are written to OUT when it gets SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import signal
+import sys
+
+from aiohttp import web
+
+from bench.mock_engine import InstantEngine
+from proxy.app import create_app
+from proxy.loop import run_loop
+from proxy.settings import load_settings
+from proxy.telemetry import configure_logging
+
+
+async def _serve(config: str, port: int, tokens: int) -> None:
+    settings = load_settings(config)
+    configure_logging(settings.logging)
+    model = settings.engine.served_model_name or "mock"
+    app = create_app(settings, engine=InstantEngine(model, tokens))
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    print(f"weir: listening on http://127.0.0.1:{runner.addresses[0][1]}", file=sys.stderr,
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--profile")
+    a = p.parse_args()
+    if a.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            run_loop(_serve(a.config, a.port, a.tokens))
+        finally:
+            prof.disable()
+            prof.dump_stats(a.profile)
+    else:
+        run_loop(_serve(a.config, a.port, a.tokens))
+
+
+if __name__ == "__main__":
+    main()

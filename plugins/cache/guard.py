@@ -1,0 +1,216 @@
+"""The near-miss guard: refuse a semantic hit whose question differs in what matters.
+
+Sentence embeddings score "cancel order 123" and "cancel order 456" as near-identical,
+and "How do I reset my password? Answer like a pirate." as the plain question. The guard
+compares cheap lexical signatures of the two questions and refuses the hit when:
+
+- their numbers differ (in order): ids, amounts, dates, sizes;
+- their negation counts differ (not, never, n't, "non-" ...);
+- their capitalized names differ (in order): places, brands, languages, plans;
+- they carry opposite directions of the same family (enable/disable, upgrade/downgrade,
+  refund/charge, import/export ...), or one word is the other with a reversing prefix
+  (lock/unlock, follow/unfollow, activate/deactivate), or "from X to Y" swaps;
+- their answer-shaping instructions differ: a language ("in French"), a format (JSON,
+  a table, a poem), a length (one word, two sentences, brief), a persona ("like a
+  pirate"), or a clause that directs the answer ("Answer ...", "Reply ...", "Keep it ...");
+- they ask for a different kind of fact: a time or a cost on one side only ("How do I
+  return an item?" / "How long do I have to return an item?"), or different places or
+  reasons;
+- they are one template with one slot changed ("Does the laptop come with a charger?" /
+  "Does the phone ..."): a swapped entity, even in lower case. The price: a one-word
+  synonym swap ("opening hours" / "business hours") misses too.
+
+One-sided direction words are allowed ("turn on 2FA" vs "set up 2FA"): only a conflict
+within a family refuses. Tuned on tests/data/semantic_tune.yaml only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+from dataclasses import dataclass
+
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_NEGATION = re.compile(
+    r"\b(?:not|no|never|none|nothing|cannot|without|neither|nor|non)\b|n't\b|\bnon-|"
+    r"不|没|无|别|非", re.IGNORECASE)
+_NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][a-zA-Z]+\b")
+_WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
+_FROM_TO = re.compile(r"\bfrom\s+(\w+)\s+(?:to|into)\s+(\w+)", re.IGNORECASE)
+_PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
+            "switch off": "disable", "sign up": "register", "log out": "logout",
+            "sign out": "logout", "log in": "login", "log into": "login", "sign in": "login",
+            "opt in": "enable", "opt out": "disable", "check in": "checkin",
+            "check out": "checkout"}
+_FAMILIES = (
+    ("amount", ("increase", "raise", "higher", "more", "up", "extend"),
+     ("decrease", "reduce", "lower", "less", "down", "shorten")),
+    ("member", ("add", "create", "invite", "insert", "include"),
+     ("remove", "delete", "kick", "exclude")),
+    ("switch", ("enable", "activate", "allow", "show", "start"),
+     ("disable", "deactivate", "block", "forbid", "hide", "stop")),
+    ("plan", ("upgrade",), ("downgrade",)),
+    ("term", ("renew", "resume", "continue"), ("cancel", "terminate", "pause", "end")),
+    ("trade", ("buy", "purchase", "order"), ("sell", "return")),
+    ("lock", ("lock", "freeze", "suspend"), ("unlock", "unfreeze", "reactivate")),
+    ("session", ("login", "register", "subscribe", "join", "checkin"),
+     ("logout", "unsubscribe", "leave", "checkout")),
+    ("time", ("before", "earlier", "early"), ("after", "later", "late")),
+    ("bound", ("maximum", "max", "most"), ("minimum", "min", "least")),
+    ("flow", ("import", "upload", "receive", "deposit", "incoming"),
+     ("export", "download", "send", "withdraw", "outgoing")),
+    ("money", ("refund", "credit", "reimburse", "refunded"),
+     ("charge", "debit", "bill", "charged", "billed")),
+    ("visibility", ("public", "visible"), ("private", "hidden")),
+    ("follow", ("follow", "mute"), ("unfollow", "unmute")),
+    ("accept", ("accept", "approve", "confirm"), ("reject", "decline", "deny")),
+)
+_DIRECTION = {w: (fam, sign) for fam, plus, minus in _FAMILIES
+              for sign, words in (("+", plus), ("-", minus)) for w in words}
+_REVERSING = ("un", "de", "dis", "non", "non-")
+
+_LANGUAGES = ("english|french|spanish|german|italian|portuguese|japanese|chinese|mandarin|"
+              "korean|russian|arabic|hindi|dutch|polish|turkish|swedish|norwegian|danish|"
+              "finnish|greek|hebrew|latin|ukrainian|czech|hungarian|romanian|vietnamese|"
+              "thai|indonesian|malay|bengali|urdu|persian|swahili|emoji")
+_INSTRUCTIONS = {
+    "language": re.compile(rf"\b(?:in|into|to)\s+(?:{_LANGUAGES})\b|^\s*(?:{_LANGUAGES})\s*:",
+                           re.IGNORECASE),
+    "format": re.compile(
+        r"\b(?:json|yaml|xml|csv|markdown|html|table|bullet\w*|numbered|poem|haiku|limerick|"
+        r"song|rap|sonnet|essay|tweet|code (?:sample|snippet|example)|all caps|uppercase|"
+        r"lowercase|as a list|in a list)\b", re.IGNORECASE),
+    "length": re.compile(
+        r"\b(?:(?:one|two|three|four|five|\d+)\s+(?:words?|sentences?|lines?|paragraphs?|"
+        r"bullets?|points?)|in a (?:word|sentence|line)|brief(?:ly)?|concise(?:ly)?|short|"
+        r"succinct(?:ly)?|detailed|in detail|step by step|summar(?:y|ize|ise)|tl;?dr|"
+        r"no more than|at most|max(?:imum)?\s+\d+|yes or no|true or false|only (?:a|one) )",
+        re.IGNORECASE),
+    "persona": re.compile(
+        r"\b(?:like (?:a|an|i'm|i am|you're)\b|as if|pretend|role-?play|in the (?:style|voice) "
+        r"of|talk like|speak like|act as|you are an? |eli5)", re.IGNORECASE),
+    "directive": re.compile(
+        r"(?:^|[.!?:;]\s*|\band\s+)(?:please\s+|just\s+|only\s+|now\s+)*(?:answer|respond|reply|"
+        r"write|format|translate|rewrite|summari[sz]e|keep (?:it|your|the)|be (?:very |extremely |"
+        r"really )?\w+ly\b|be (?:brief|concise|short|detailed|funny|formal|casual)|"
+        r"use (?:only|no|a|an|simple|plain|emojis?)|include an? |give (?:me )?(?:only|just)|"
+        r"say (?:it|only|yes|no)|start with|end with|do not explain|don't explain|no explanation)",
+        re.IGNORECASE),
+}
+
+
+_FOCUS = {
+    "time": re.compile(r"\b(?:how long|how many (?:days|hours|weeks|minutes|months|years)|"
+                       r"how soon|how fast|how quickly|when|what time|what date|deadline|"
+                       r"hours|delivery times?)\b", re.IGNORECASE),
+    "cost": re.compile(r"\b(?:how much|costs?|prices?|fees?|free|pay for)\b", re.IGNORECASE),
+    "place": re.compile(r"\b(?:where|which country|what country)\b", re.IGNORECASE),
+    "reason": re.compile(r"\b(?:why|what caused|reason)\b", re.IGNORECASE),
+}
+_ONE_SIDED_FOCUS = frozenset({"time", "cost"})  # "where"/"why" often just rephrase "how"
+_TOKEN = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+_SCAFFOLD = frozenset(
+    "a an the i my me you your we our do does did can could is are was were be how what "
+    "when where why which who to for of in on at with and or it this that there please "
+    "should would will".split())
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    numbers: tuple[str, ...]
+    negations: int
+    names: tuple[str, ...]
+    directions: tuple[tuple[str, str], ...]  # (family, sign) in order
+    words: frozenset[str]
+    route: tuple[str, str] | None  # "from X to Y"
+    instructions: frozenset[str]
+    focus: frozenset[str]
+    tokens: tuple[str, ...]
+
+
+def signature(text: str) -> Signature:
+    low = text.lower()
+    for phrase, word in _PHRASES.items():
+        low = re.sub(rf"\b{phrase}\b", word, low)
+    words = _WORD.findall(low)
+    route = _FROM_TO.search(low)
+    return Signature(
+        numbers=tuple(n.replace(",", "") for n in _NUMBER.findall(text)),
+        negations=len(_NEGATION.findall(text)),
+        names=tuple(m.group(0).lower().rstrip("s")
+                    for m in _NAME.finditer(text.strip())),
+        directions=tuple(_DIRECTION[w] for w in words if w in _DIRECTION),
+        words=frozenset(words),
+        route=(route.group(1), route.group(2)) if route else None,
+        instructions=frozenset(k for k, p in _INSTRUCTIONS.items() if p.search(text)),
+        focus=frozenset(k for k, p in _FOCUS.items() if p.search(text)),
+        tokens=tuple(_TOKEN.findall(text.lower())),
+    )
+
+
+def _conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:
+    """Opposite signs within a family both sides mention."""
+    for fam in {f for f, _ in a} & {f for f, _ in b}:
+        if [s for f, s in a if f == fam] != [s for f, s in b if f == fam]:
+            return True
+    return False
+
+
+def _reversed(a: frozenset[str], b: frozenset[str]) -> bool:
+    """A word on one side is the other side's word with a reversing prefix."""
+    for x, y in ((a - b, b), (b - a, a)):
+        for w in x:
+            for p in _REVERSING:
+                if w.startswith(p) and len(w) - len(p) >= 3 and w[len(p):] in y:
+                    return True
+    return False
+
+
+def _focus_differs(a: frozenset[str], b: frozenset[str]) -> bool:
+    return bool((a ^ b) & _ONE_SIDED_FOCUS) or bool(a and b and a != b)
+
+
+def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """The same words but one span of 1-2 content words replaced by another."""
+    ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    if len(ops) != 1 or ops[0][0] != "replace":
+        return False
+    _, i1, i2, j1, j2 = ops[0]
+    if i2 - i1 > 2 or j2 - j1 > 2 or len(a) - (i2 - i1) < 2:
+        return False
+    return not (set(a[i1:i2]) <= _SCAFFOLD and set(b[j1:j2]) <= _SCAFFOLD)
+
+
+#: Marks a stored guard digest (an entry read from Redis without its question text).
+DIGEST_MARK = "\x00guard:"
+
+
+def _strict(sig: Signature) -> tuple[object, ...]:
+    return (sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
+            sig.route, sig.directions, tuple(sorted(sig.focus)))
+
+
+def guard_digest(text: str) -> str:
+    """A hash of the guard's features (numbers, negations, names, added instructions, a
+    from/to route, directions, the kind of fact asked): what Redis keeps instead of the
+    question, so no prompt text leaves the process unless the operator opts in."""
+    return DIGEST_MARK + hashlib.sha256(repr(_strict(signature(text))).encode()).hexdigest()
+
+
+def guard_ok(question: str, stored: str) -> bool:
+    """`stored`: the stored question, or its `guard_digest`. On a digest the features
+    must be equal (stricter on them than the text guard); the word-level checks (one
+    slot swapped, a reversing prefix) need the text, so an entry loaded from Redis without
+    it is guarded by its features and the similarity threshold alone."""
+    if stored.startswith(DIGEST_MARK):
+        return guard_digest(question) == stored
+    a, b = signature(question), signature(stored)
+    return (a.numbers == b.numbers and a.negations == b.negations and a.names == b.names
+            and a.instructions == b.instructions
+            and not (a.route and b.route and a.route != b.route)
+            and not _conflict(a.directions, b.directions)
+            and not _reversed(a.words, b.words)
+            and not _focus_differs(a.focus, b.focus)
+            and not _one_slot_changed(a.tokens, b.tokens))

@@ -1,0 +1,96 @@
+"""Tokenizing so that a client's text never becomes a control token.
+
+A tokenizer turns the text `<|end|>` (or `</s>`, `<|im_start|>`, any special token) into
+the control token itself, wherever it occurs. In a rendered chat that lets a message
+close its own turn and forge a system or assistant turn. Here the template's own markers
+stay control tokens and the messages' text never does:
+
+- A message whose text holds no special-token string renders as usual (the common case,
+  one template render, the same ids as before).
+- Otherwise each such message's text is swapped for a unique marker, the template is
+  rendered once, and the result is tokenized piece by piece: template text as usual,
+  message text with `split_special_tokens` (so `<|end|>` becomes plain `<`, `|`, ...).
+  The swap is only used when putting the texts back yields exactly what the template
+  renders from the real messages (a template that trims or rewrites its content fails
+  that check).
+- Failing that, each special-token string in the messages gets a word joiner (U+2060)
+  after its first character, which no tokenizer reads as a control token.
+
+Completion prompts (`encode`) are tokenized with `split_special_tokens` too: a client that
+needs control tokens in a raw prompt sends token ids.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+Render = Callable[[list[dict[str, Any]]], str]
+_JOINER = "\u2060"
+
+
+class ChatText:
+    """Wraps a Hugging Face tokenizer (the engine's); one per tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        specials = {str(t) for t in getattr(tokenizer, "all_special_tokens", [])}
+        for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+            if getattr(tok, "special", False):
+                specials.add(str(tok.content))
+        specials.discard("")
+        ordered = sorted(specials, key=len, reverse=True)  # longest first in the alternation
+        self._special = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+    def has_special(self, text: str) -> bool:
+        return self._special is not None and self._special.search(text) is not None
+
+    def encode_text(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """Client text: special-token strings stay plain text."""
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens,
+                                          split_special_tokens=True))
+
+    def _encode_template(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False,
+                                          split_special_tokens=False))
+
+    def render(self, messages: list[dict[str, Any]], render: Render) -> list[int]:
+        """Token ids of the rendered chat; `render` applies the chat template."""
+        risky = [i for i, m in enumerate(messages)
+                 if isinstance(m.get("content"), str) and self.has_special(m["content"])]
+        if not risky:
+            return self._encode_template(render(messages))
+        ids = self._render_marked(messages, risky, render)
+        if ids is not None:
+            return ids
+        escaped = [{**m, "content": self.escape(m["content"])} if i in risky else m
+                   for i, m in enumerate(messages)]
+        return self._encode_template(render(escaped))
+
+    def escape(self, text: str) -> str:
+        assert self._special is not None
+        return self._special.sub(lambda m: m.group(0)[0] + _JOINER + m.group(0)[1:], text)
+
+    def _render_marked(self, messages: list[dict[str, Any]], risky: list[int],
+                       render: Render) -> list[int] | None:
+        nonce = secrets.token_hex(8)
+        marked = [{**m, "content": f"\ue000{nonce}.{i}\ue001"} if i in risky else m
+                  for i, m in enumerate(messages)]
+        pieces = re.split(f"\ue000{nonce}\\.(\\d+)\ue001", render(marked))
+        found = [int(p) for p in pieces[1::2]]
+        if sorted(found) != risky:  # a marker dropped, repeated or rewritten
+            return None
+        texts = {i: messages[i]["content"] for i in risky}
+        restored = "".join(p if j % 2 == 0 else texts[int(p)] for j, p in enumerate(pieces))
+        if restored != render(messages):
+            return None
+        ids: list[int] = []
+        for j, p in enumerate(pieces):
+            if j % 2 == 0:
+                if p:
+                    ids += self._encode_template(p)
+            else:
+                ids += self.encode_text(texts[int(p)], add_special_tokens=False)
+        return ids

@@ -1,0 +1,161 @@
+"""Request preparation: an OpenAI request in, token ids and engine-neutral options out.
+
+`prepare_chat` / `prepare_completion` render the prompt with the engine's tokenizer and
+map OpenAI's parameters to `SamplingOptions`, refusing what the engine cannot do with a
+400 naming the param (a prompt longer than the context, greedy `n > 1`, a bad
+`logit_bias` token). Nothing here runs the engine: `proxy.serving` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import tools as T
+from .engine.base import Engine, EngineRejected, SamplingOptions
+from .errors import InvalidRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, OtherPart, ResponseFormat
+
+
+@dataclass(slots=True)
+class Prepared:
+    prompts: list[list[int]]
+    options: SamplingOptions
+    top_logprobs: int = 0
+    echo_texts: list[str] = field(default_factory=list)
+    #: Chat: makes one choice's tool-call tracker (model text -> tool_calls).
+    tracker: Any = None
+
+
+def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, list):
+            for j, part in enumerate(m.content):
+                if isinstance(part, OtherPart):
+                    raise InvalidRequest(
+                        f"Content parts of type `{part.type}` are not supported by this "
+                        "model; only `text` parts are.",
+                        param=f"messages[{i}].content[{j}].type",
+                        code="unsupported_content",
+                    )
+        d: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.name:
+            d["name"] = m.name
+        if m.tool_calls:
+            d["tool_calls"] = T.template_calls(m.tool_calls)
+        if m.tool_call_id:
+            d["tool_call_id"] = m.tool_call_id
+        out.append(d)
+    return out
+
+
+def _structured(fmt: ResponseFormat | None) -> tuple[dict[str, Any] | None, bool]:
+    if fmt is None or fmt.type == "text":
+        return None, False
+    if fmt.type == "json_object":
+        return None, True
+    assert fmt.json_schema is not None
+    return (fmt.json_schema.schema_ or {"type": "object"}), False
+
+
+def _logit_bias(raw: dict[str, float] | None, vocab: int | None) -> dict[int, float] | None:
+    if not raw:
+        return None
+    out = {}
+    for k, v in raw.items():
+        try:
+            tid = int(k)
+        except ValueError:
+            raise InvalidRequest(f"Invalid token id `{k}` in `logit_bias`.",
+                                 param="logit_bias") from None
+        if tid < 0 or (vocab is not None and tid >= vocab):
+            raise InvalidRequest(f"Token id {tid} in `logit_bias` is out of the vocabulary.",
+                                 param="logit_bias")
+        out[tid] = v
+    return out
+
+
+def _options(
+    req: ChatCompletionRequest | CompletionRequest,
+    prompt_len: int,
+    max_model_len: int,
+    logprobs: int | None,
+    vocab: int | None,
+    prompt_param: str,
+) -> SamplingOptions:
+    if prompt_len >= max_model_len:
+        raise InvalidRequest(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt has {prompt_len} tokens.",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    limit = req.output_limit
+    room = max_model_len - prompt_len
+    if limit is not None and limit > room:
+        param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else (
+            "max_tokens")
+        raise InvalidRequest(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_len + limit} tokens ({prompt_len} in the prompt, {limit} for "
+            "the completion). Please reduce the prompt or the completion length.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if req.n > 1 and temperature == 0.0:
+        raise InvalidRequest("`n` greater than 1 needs a temperature above 0.", param="n")
+    schema, json_object = _structured(req.response_format)
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return SamplingOptions(
+        max_tokens=limit if limit is not None else room,
+        temperature=temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k,
+        n=req.n,
+        stop=stop,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=_logit_bias(req.logit_bias, vocab),
+        logprobs=logprobs,
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
+        json_schema=schema,
+        json_object=json_object,
+    )
+
+
+def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
+    messages = _message_dicts(req)
+    try:
+        ids = engine.render_chat(messages, req.tool_dicts())
+    except EngineRejected as e:
+        raise InvalidRequest(str(e), param=e.param or "messages") from None
+    top = req.top_logprobs or 0
+    opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
+                    engine.vocab_size, "messages")
+    T.shape_options(req, opts, engine)
+    return Prepared([ids], opts, top_logprobs=top,
+                    tracker=lambda: T.ToolCallTracker.for_request(req, engine.tool_parser))
+
+
+def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
+    if req.suffix:
+        raise InvalidRequest("`suffix` is not supported by this model.", param="suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise InvalidRequest("`best_of` other than `n` is not supported.", param="best_of")
+    prompts: list[list[int]] = []
+    echo: list[str] = []
+    for p in req.prompts():
+        if isinstance(p, str):
+            prompts.append(engine.encode(p))
+            echo.append(p)
+        else:
+            prompts.append(list(p))
+            echo.append("")
+    longest = max(len(p) for p in prompts)
+    opts = _options(req, longest, engine.max_model_len, req.logprobs,
+                    engine.vocab_size, "prompt")
+    return Prepared(prompts, opts, top_logprobs=req.logprobs or 0, echo_texts=echo)

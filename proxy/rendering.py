@@ -1,0 +1,299 @@
+"""Engine outputs rendered as OpenAI answers: whole, or as stream chunks.
+
+One per-choice tracker (`Choices`) serves every renderer, so the bookkeeping the four
+shapes share (which choice has started, which has finished, text so far, token counts,
+the usage) is written once. A streamed choice's role comes in its first delta, its
+finish reason exactly once; a choice the engine ended without a reason is closed with
+`stop` after the last output. When a stream ends normally the renderer leaves `usage`
+and `answer` (the choices' text and finish reasons) on its Stream, for the plugins that
+settle tokens or store the answer: they never re-parse the chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import responses as R
+from . import tools as T
+from .chain import Completion, Stream
+from .engine.base import ChoiceDelta, EngineOutput, TokenLogprob
+from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from .preparing import Prepared
+
+Request = ChatCompletionRequest | CompletionRequest
+
+
+@dataclass(slots=True)
+class _Choice:
+    text: list[str] = field(default_factory=list)
+    tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    reason: str | None = None
+    started: bool = False
+
+
+class Choices:
+    """Every choice of one answer (n per prompt), indexed as OpenAI numbers them."""
+
+    __slots__ = ("_prompt_tokens", "by_index", "cached", "n", "total")
+
+    def __init__(self, n: int, prompts: int) -> None:
+        self.n = n
+        self.total = n * prompts
+        self.by_index: dict[int, _Choice] = {}
+        self._prompt_tokens: dict[int, int] = {}
+        self.cached = 0
+
+    def output(self, out: EngineOutput) -> None:
+        if out.prompt_index not in self._prompt_tokens:
+            self._prompt_tokens[out.prompt_index] = out.prompt_tokens
+            self.cached += out.cached_tokens
+
+    def choice(self, out: EngineOutput, c: ChoiceDelta) -> tuple[int, _Choice]:
+        idx = out.prompt_index * self.n + c.index
+        ch = self.by_index.get(idx)
+        if ch is None:
+            ch = self.by_index[idx] = _Choice()
+        ch.tokens += len(c.token_ids)
+        return idx, ch
+
+    def unfinished(self) -> list[int]:
+        return [i for i in range(self.total)
+                if (c := self.by_index.get(i)) is None or c.reason is None]
+
+    def usage(self) -> dict[str, Any]:
+        return R.usage(sum(self._prompt_tokens.values()),
+                       sum(c.tokens for c in self.by_index.values()), self.cached)
+
+    def answer(self) -> list[dict[str, Any]]:
+        return [{"index": i, "text": "".join(c.text), "finish_reason": c.reason or "stop"}
+                for i, c in sorted(self.by_index.items())]
+
+
+# ------------------------------------------------------------------------ whole answers
+
+
+async def whole(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepared,
+                span: EngineSpan) -> Completion:
+    """Collect every output, then build the body. Engine errors propagate unmapped."""
+    prompts = len(prep.prompts)
+    track = Choices(req.n, prompts)
+    error: BaseException | None = None
+    first = True
+    try:
+        async with aclosing(outputs):  # type: ignore[type-var]
+            async for out in outputs:
+                if first:
+                    first = False
+                    span.first_token()
+                track.output(out)
+                for c in out.choices:
+                    _, ch = track.choice(out, c)
+                    ch.text.append(c.text)
+                    if c.logprobs:
+                        ch.logprobs.extend(c.logprobs)
+                    if c.finish_reason:
+                        ch.reason = c.finish_reason
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        u = track.usage()
+        span.end(u["prompt_tokens"], u["completion_tokens"], error)
+    for i in track.unfinished():
+        track.by_index.setdefault(i, _Choice()).reason = "stop"
+    usage = track.usage()
+    if isinstance(req, ChatCompletionRequest):
+        choices = [T.whole_choice(prep.tracker, R.chat_choice(
+                       i, "".join(ch.text), R.finish(ch.reason),
+                       R.chat_logprobs(ch.logprobs, prep.top_logprobs) if req.logprobs else None))
+                   for i, ch in sorted(track.by_index.items())]
+        return Completion(R.chat_completion(id=R.new_id("chatcmpl"), model=req.model,
+                                            created=R.now(), choices=choices, usage_=usage))
+    out_choices = []
+    for i, ch in sorted(track.by_index.items()):
+        prefix = prep.echo_texts[i // req.n] if req.echo else ""
+        lp = (R.completion_logprobs(ch.logprobs, prep.top_logprobs, len(prefix))
+              if req.logprobs is not None else None)
+        out_choices.append(R.completion_choice(i, prefix + "".join(ch.text),
+                                               R.finish(ch.reason), lp))
+    return Completion(R.completion_body(id=R.new_id("cmpl"), model=req.model,
+                                        created=R.now(), choices=out_choices, usage_=usage))
+
+
+# ------------------------------------------------------------------------------ streams
+
+
+def chunks(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepared,
+           span: EngineSpan, stream: Stream) -> AsyncIterator[dict[str, Any]]:
+    if isinstance(req, ChatCompletionRequest):
+        return _chat_chunks(outputs, req, prep, span, stream)
+    return _completion_chunks(outputs, req, prep, span, stream)
+
+
+async def _chat_chunks(outputs: AsyncIterator[EngineOutput], req: ChatCompletionRequest,
+                       prep: Prepared, span: EngineSpan,
+                       stream: Stream) -> AsyncIterator[dict[str, Any]]:
+    cid, created, model = R.new_id("chatcmpl"), R.now(), req.model
+    include_usage = req.include_usage
+    want_logprobs = bool(req.logprobs)
+    track = Choices(req.n, 1)
+    calls = T.StreamCalls(prep.tracker)
+    error: BaseException | None = None
+    first = True
+    try:
+        async with aclosing(outputs):  # type: ignore[type-var]
+            async for out in outputs:
+                if first:
+                    first = False
+                    span.first_token()
+                track.output(out)
+                choices = []
+                for c in out.choices:
+                    idx, ch = track.choice(out, c)
+                    if ch.reason is not None:
+                        continue
+                    reason = R.finish(c.finish_reason) if c.finish_reason else None
+                    text, deltas, reason = calls.step(idx, c.text, c.token_ids, reason)
+                    if not text and not deltas and reason is None and ch.started:
+                        continue
+                    ch.text.append(text or "")
+                    lp = (R.chat_logprobs(c.logprobs or [], prep.top_logprobs)
+                          if want_logprobs else None)
+                    choices.append(T.with_call_deltas(R.chat_chunk_choice(
+                        idx, content=text, first=not ch.started, reason=reason, logprobs=lp),
+                        deltas))
+                    ch.started = True
+                    ch.reason = reason
+                if choices:
+                    yield R.chat_chunk(id=cid, model=model, created=created, choices=choices,
+                                       include_usage=include_usage)
+    except ENGINE_ERRORS as e:
+        error = e
+        raise map_engine_error(e) from e
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        u = track.usage()
+        span.end(u["prompt_tokens"], u["completion_tokens"], error)
+    missing = track.unfinished()
+    if missing:  # the engine ended without a reason for some choice: close it once
+        closing = []
+        for i in missing:
+            ch = track.by_index.setdefault(i, _Choice())
+            closing.append(R.chat_chunk_choice(i, content=None if ch.started else "",
+                                               first=not ch.started, reason="stop",
+                                               logprobs=None))
+            ch.reason = "stop"
+        yield R.chat_chunk(id=cid, model=model, created=created, include_usage=include_usage,
+                           choices=closing)
+    stream.usage = track.usage()
+    stream.answer = calls.answer(track.answer())
+    if include_usage:
+        yield R.usage_chunk(id=cid, model=model, created=created,
+                            object_="chat.completion.chunk", usage_=stream.usage)
+
+
+async def _completion_chunks(outputs: AsyncIterator[EngineOutput], req: CompletionRequest,
+                             prep: Prepared, span: EngineSpan,
+                             stream: Stream) -> AsyncIterator[dict[str, Any]]:
+    cid, created, model = R.new_id("cmpl"), R.now(), req.model
+    track = Choices(req.n, len(prep.prompts))
+    offsets: dict[int, int] = {}
+    error: BaseException | None = None
+    first = True
+    try:
+        async with aclosing(outputs):  # type: ignore[type-var]
+            async for out in outputs:
+                if first:
+                    first = False
+                    span.first_token()
+                track.output(out)
+                choices = []
+                for c in out.choices:
+                    idx, ch = track.choice(out, c)
+                    if ch.reason is not None:
+                        continue
+                    text = c.text
+                    if req.echo and not ch.started:
+                        text = prep.echo_texts[out.prompt_index] + text
+                    ch.started = True
+                    reason = R.finish(c.finish_reason) if c.finish_reason else None
+                    if not text and reason is None:
+                        continue
+                    ch.text.append(text)
+                    lp = None
+                    if req.logprobs is not None:
+                        lp = R.completion_logprobs(c.logprobs or [], prep.top_logprobs,
+                                                   offsets.get(idx, 0))
+                    offsets[idx] = offsets.get(idx, 0) + len(text)
+                    choices.append(R.completion_choice(idx, text, reason, lp))
+                    ch.reason = reason
+                if choices:
+                    yield R.completion_body(id=cid, model=model, created=created,
+                                            choices=choices, usage_=None)
+    except ENGINE_ERRORS as e:
+        error = e
+        raise map_engine_error(e) from e
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        u = track.usage()
+        span.end(u["prompt_tokens"], u["completion_tokens"], error)
+    missing = track.unfinished()
+    if missing:
+        for i in missing:
+            track.by_index.setdefault(i, _Choice()).reason = "stop"
+        yield R.completion_body(id=cid, model=model, created=created, usage_=None,
+                                choices=[R.completion_choice(i, "", "stop", None)
+                                         for i in missing])
+    stream.usage = track.usage()
+    stream.answer = track.answer()
+    if req.include_usage:
+        yield R.usage_chunk(id=cid, model=model, created=created, object_="text_completion",
+                            usage_=stream.usage)
+
+
+class ChunkAssembler:
+    """A stream's answer and usage assembled from its chunks, for producers that relay
+    chunks they did not render (an upstream server's)."""
+
+    def __init__(self, route: str) -> None:
+        self.route = route
+        self.texts: dict[int, list[str]] = {}
+        self.reasons: dict[int, str] = {}
+        self.usage: dict[str, int] | None = None
+        self.error = False
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        if "error" in chunk:
+            self.error = True
+            return
+        for c in chunk.get("choices") or []:
+            i = c["index"]
+            piece = (c.get("delta") or {}).get("content") if self.route == "chat" else c.get(
+                "text")
+            self.texts.setdefault(i, []).append(piece or "")
+            if c.get("finish_reason"):
+                self.reasons[i] = c["finish_reason"]
+        if chunk.get("usage"):
+            u = chunk["usage"]
+            self.usage = {"prompt_tokens": int(u.get("prompt_tokens", 0)),
+                          "completion_tokens": int(u.get("completion_tokens", 0))}
+
+    def finish(self, stream: Stream) -> None:
+        """Leave the answer (when every choice ended) and the usage on `stream`."""
+        if self.usage is not None:
+            stream.usage = R.usage(self.usage["prompt_tokens"], self.usage["completion_tokens"])
+        if self.error or not self.texts or set(self.texts) != set(self.reasons):
+            return
+        stream.answer = [{"index": i, "text": "".join(t), "finish_reason": self.reasons[i]}
+                         for i, t in sorted(self.texts.items())]

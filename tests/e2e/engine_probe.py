@@ -1,0 +1,60 @@
+"""Drives the real vLLM engine through Weir's engine layer and prints what it saw, as
+JSON (run as a script by `test_engine_refusals.py`: the engine's processes and sockets
+then live and die with this process, not with the test session)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from proxy.engine.base import SamplingOptions
+from proxy.engine.vllm import VllmEngine
+from proxy.settings import VllmEngineSettings
+
+BAD_SEEDS = [2**64, -(2**63) - 1, 2**64, 10**30]
+
+
+async def drain(it: AsyncIterator[Any]) -> str | None:
+    """None if the generation finished, else the error's type and message."""
+    try:
+        async for _ in it:
+            pass
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+async def probe() -> dict[str, Any]:
+    engine = VllmEngine(VllmEngineSettings(
+        model="builtin:demo", dtype="float32", max_model_len=256, max_num_seqs=8,
+        cpu_kvcache_space_gib=1, warmup=False))
+    await engine.start()
+    seen: dict[str, Any] = {"bad_seed": []}
+    try:
+        prompt = engine.render_chat([{"role": "user", "content": "hello"}], None)
+        for i, seed in enumerate(BAD_SEEDS):
+            err = await drain(engine.generate(
+                prompt, SamplingOptions(max_tokens=4, seed=seed), f"bad-seed-{i}"))
+            seen["bad_seed"].append({"error": err, "running": engine.stats().running})
+        err = await drain(engine.generate(
+            prompt, SamplingOptions(max_tokens=4, json_schema={"type": "nonsense"}),
+            "bad-schema"))
+        seen["bad_schema"] = {"error": err, "running": engine.stats().running}
+        async with aclosing(engine.generate(
+                prompt, SamplingOptions(max_tokens=200, ignore_eos=True), "closed")) as it:
+            async for _ in it:
+                break
+        seen["closed_early_running"] = engine.stats().running
+        outs = [o async for o in engine.generate(prompt, SamplingOptions(max_tokens=4),
+                                                 "fine")]
+        seen["fine"] = {"finished": outs[-1].finished, "running": engine.stats().running}
+    finally:
+        await engine.close()
+    return seen
+
+
+if __name__ == "__main__":
+    print("PROBE " + json.dumps(asyncio.run(probe())), flush=True)

@@ -1,0 +1,44 @@
+"""The real vLLM engine, driven through Weir's engine layer (below the parser, so values
+the parser now refuses can still be sent): a request the engine refuses is always
+released. A seed of 2**64 passes vLLM's own checks, is registered, and then fails in the
+transport to the engine process; it used to stay counted as running for good (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def seen() -> dict[str, Any]:
+    run = subprocess.run([sys.executable, "-m", "tests.e2e.engine_probe"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=400)
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith("PROBE ")]
+    assert run.returncode == 0 and lines, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads(lines[-1][len("PROBE "):])  # type: ignore[no-any-return]
+
+
+def test_refused_seeds_are_released(seen: dict[str, Any]) -> None:
+    for step in seen["bad_seed"]:
+        assert step["error"] is not None  # the engine refused it ...
+        assert step["running"] == 0  # ... and nothing stays running
+
+
+def test_grammar_refusal_is_clean_and_released(seen: dict[str, Any]) -> None:
+    err = seen["bad_schema"]["error"]
+    assert err.startswith("EngineRejected: ") and "nonsense" in err
+    assert ".cc" not in err and "/project" not in err
+    assert seen["bad_schema"]["running"] == 0
+
+
+def test_closed_generation_is_released_and_the_engine_still_serves(
+        seen: dict[str, Any]) -> None:
+    assert seen["closed_early_running"] == 0
+    assert seen["fine"] == {"finished": True, "running": 0}

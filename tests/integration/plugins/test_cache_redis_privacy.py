@@ -1,0 +1,95 @@
+"""No prompt text in Redis (issue 16): after caching a prompt that carries a unique marker
+word, no Redis key or value holds the marker, while the semantic layer still works
+across replicas (its guard compares a hash). Opting in keeps the prompt in Redis."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from bench.redis_server import RedisServer
+from tests.conftest import MakeClient
+from tests.integration.plugins.test_cache_redis import ask, cache_of, replicas, settle
+from tests.waiting import eventually
+
+
+async def redis_dump(url: str, prefix: str) -> list[str]:
+    """Every key under `prefix` and every value in it, as text."""
+    client = aioredis.from_url(url)
+    out: list[str] = []
+    try:
+        async for raw in client.scan_iter(match=prefix + "*", count=500):
+            key = raw.decode()
+            out.append(key)
+            kind = (await client.type(key)).decode()
+            if kind == "string":
+                out.append((await client.get(key)).decode())
+            elif kind == "hash":
+                for f, v in (await client.hgetall(key)).items():
+                    out += [f.decode(), v.decode()]
+            elif kind == "zset":
+                out += [m.decode() for m in await client.zrange(key, 0, -1)]
+            else:
+                raise AssertionError(f"unexpected Redis type {kind} at {key}")
+    finally:
+        await client.aclose()
+    return out
+
+
+async def with_prefix(make_client: MakeClient, url: str, n: int = 2,
+                      **redis: Any) -> tuple[Any, str]:
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    clients = await replicas(make_client, url, n=n, redis={
+        "url": url, "key_prefix": prefix, "timeout_s": 0.2, **redis})
+    return clients, prefix
+
+
+async def test_redis_holds_no_prompt_text(make_client: MakeClient,
+                                          redis_server: RedisServer) -> None:
+    marker = "zq" + uuid.uuid4().hex[:10]  # lower case: not a "name" for the guard
+    (a, b), prefix = await with_prefix(make_client, redis_server.url)
+    layer, _ = await ask(a, f"How do I reset the {marker} password for 2 users?")
+    assert layer == "miss"
+    await ask(a, f"What is the {marker} refund policy?", stream=True)
+    await settle(a)
+    dump = await redis_dump(redis_server.url, prefix)
+    assert any(k.startswith(prefix + "x:") for k in dump)  # exact entries are there
+    assert any(k.startswith(prefix + "s:") for k in dump)  # and semantic ones
+    assert not [v for v in dump if marker in v.lower()]
+    assert not [v for v in dump if "reset the" in v or "refund policy" in v]
+
+    # The other replica gets the entry from Redis and serves paraphrases from it, and
+    # the guard (a hash of numbers, negations, names) still refuses a changed number.
+    await eventually(lambda: len(cache_of(b).index) == 2, timeout=2.0)
+    layer, _ = await ask(b, f"How can I reset the {marker} password for 2 users?")
+    assert layer == "semantic"
+    layer, _ = await ask(b, f"How can I reset the {marker} password for 3 users?",
+                         headers={"Cache-Control": "no-store"})
+    assert layer == "miss"
+    # An exact repeat on the other replica is served from Redis (L2).
+    layer, _ = await ask(b, f"What is the {marker} refund policy?")
+    assert layer == "exact"
+
+
+async def test_purge_by_content_without_stored_prompts(make_client: MakeClient,
+                                                      redis_server: RedisServer) -> None:
+    """Without the opt-in a content purge reaches prompts held in memory (and answers in
+    Redis), as the README says."""
+    (a,), _ = await with_prefix(make_client, redis_server.url, n=1)
+    await ask(a, "Tell me about project heron launch")
+    r = await a.post("/admin/cache/purge", json={"contains": "heron"},
+                     headers={"Authorization": "Bearer k-admin"})
+    purged = (await r.json())["purged"]
+    assert purged["l1"] == 1 and purged["semantic_index"] == 1
+    assert purged["redis"] == {"exact": 0, "semantic": 0}  # no prompt text there to match
+
+
+async def test_opt_in_keeps_prompts_in_redis(make_client: MakeClient,
+                                             redis_server: RedisServer) -> None:
+    marker = "zq" + uuid.uuid4().hex[:10]
+    (a,), prefix = await with_prefix(make_client, redis_server.url, n=1, store_prompts=True)
+    await ask(a, f"Explain the {marker} setup steps")
+    dump = await redis_dump(redis_server.url, prefix)
+    assert [v for v in dump if marker in v]

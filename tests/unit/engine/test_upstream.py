@@ -1,0 +1,238 @@
+"""The upstream engine (proxy/engine/upstream.py) against a stand-in OpenAI server on
+127.0.0.1 (aiohttp's TestServer): model discovery, what is forwarded (body, key, request
+id, traceparent), how upstream failures map (4xx passed through; 5xx, garbage, timeouts
+and refused connections are engine failures), and the SSE relay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from multidict import CIMultiDict
+
+from proxy.auth import Principal
+from proxy.chain import Completion, Stream
+from proxy.context import RequestContext
+from proxy.engine.upstream import UpstreamEngine, UpstreamError
+from proxy.errors import EngineError, ModelNotFound, Timeout
+from proxy.protocol import ChatCompletionRequest
+from proxy.settings import UpstreamEngineSettings
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ERROR = {"message": "too long", "type": "invalid_request_error", "param": "messages",
+         "code": "context_length_exceeded"}
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+ANSWER = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "up-model",
+          "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                       "finish_reason": "stop", "logprobs": None}],
+          "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+class Upstream:
+    """A stand-in OpenAI server whose chat handler each test chooses; it records requests."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[CIMultiDict[str], dict[str, Any]]] = []
+        self.chat: Handler = self.answer
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.route)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "up-model"},
+                                                             {"id": "up-other"}]})
+
+    async def route(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append((CIMultiDict(request.headers), await request.json()))
+        return await self.chat(request)
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(ANSWER)
+
+    @property
+    def base_url(self) -> str:
+        return str(self.server.make_url("/v1"))
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    up = Upstream()
+    await up.server.start_server()
+    yield up
+    await up.server.close()
+
+
+async def engine_for(base_url: str, **kw: Any) -> UpstreamEngine:
+    engine = UpstreamEngine(UpstreamEngineSettings.model_validate({"base_url": base_url, **kw}))
+    await engine.start()
+    return engine
+
+
+def ctx(model: str = "up-model", stream: bool = False,
+        headers: dict[str, str] | None = None) -> RequestContext:
+    req = ChatCompletionRequest.model_validate(
+        {"model": model, "stream": stream, "max_tokens": 5,
+         "messages": [{"role": "user", "content": "hello"}]})
+    return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                          request_id="r", headers=headers or {})
+
+
+async def test_models_are_discovered_when_none_are_configured(upstream: Upstream) -> None:
+    engine = await engine_for(upstream.base_url, owned_by="central")
+    try:
+        assert engine.ready()
+        assert [(m.id, m.owned_by) for m in engine.models()] == [
+            ("up-model", "central"), ("up-other", "central")]
+        with pytest.raises(ModelNotFound):
+            await engine(ctx("elsewhere"))
+    finally:
+        await engine.close()
+    assert not engine.ready()
+
+
+async def test_a_failed_discovery_leaves_no_models_but_a_ready_engine() -> None:
+    engine = await engine_for(f"http://127.0.0.1:{closed_port()}/v1", connect_timeout_s=1)
+    try:
+        assert engine.ready() and engine.models() == []
+    finally:
+        await engine.close()
+
+
+async def test_the_request_key_id_and_trace_go_upstream(upstream: Upstream) -> None:
+    engine = await engine_for(upstream.base_url, api_key="sk-central", models=["up-model"])
+    try:
+        reply = await engine(ctx(headers={"x-request-id": "rid-9", "traceparent": TRACEPARENT,
+                                          "authorization": "Bearer sk-client"}))
+    finally:
+        await engine.close()
+    assert isinstance(reply, Completion) and reply.body == ANSWER
+    [(headers, body)] = upstream.seen
+    assert headers["Authorization"] == "Bearer sk-central"  # never the client's key
+    assert headers["x-request-id"] == "rid-9" and headers["traceparent"] == TRACEPARENT
+    assert body["model"] == "up-model" and body["max_tokens"] == 5
+    assert body["messages"] == [{"role": "user", "content": "hello"}]
+    assert engine.stats().running == 0
+
+
+async def test_an_upstream_4xx_is_passed_through(upstream: Upstream) -> None:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": ERROR}, status=400)
+
+    upstream.chat = refuse
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(UpstreamError) as e:
+            await engine(ctx())
+    finally:
+        await engine.close()
+    assert e.value.status == 400 and e.value.param == "messages"
+    assert e.value.to_body()["error"] == ERROR
+
+
+@pytest.mark.parametrize("reply", [
+    web.json_response({"error": {"message": "boom"}}, status=500),
+    web.Response(text="<html>bad gateway</html>", status=200, content_type="text/html"),
+])
+async def test_5xx_and_garbage_are_engine_failures(upstream: Upstream,
+                                                   reply: web.Response) -> None:
+    async def broken(request: web.Request) -> web.StreamResponse:
+        return reply
+
+    upstream.chat = broken
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(EngineError):
+            await engine(ctx())
+        assert engine.stats().running == 0
+    finally:
+        await engine.close()
+
+
+async def test_a_silent_upstream_times_out(upstream: Upstream) -> None:
+    release = asyncio.Event()
+
+    async def silent(request: web.Request) -> web.StreamResponse:
+        await release.wait()
+        return web.json_response(ANSWER)
+
+    upstream.chat = silent
+    engine = await engine_for(upstream.base_url, models=["up-model"], timeout_s=0.2)
+    try:
+        with pytest.raises(Timeout):
+            await engine(ctx())
+        assert engine.stats().running == 0
+    finally:
+        release.set()
+        await engine.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_an_unreachable_upstream_is_an_engine_failure() -> None:
+    engine = await engine_for(f"http://127.0.0.1:{closed_port()}/v1", models=["up-model"],
+                              connect_timeout_s=1)
+    try:
+        with pytest.raises(EngineError):
+            await engine(ctx())
+    finally:
+        await engine.close()
+
+
+def sse(*chunks: Any) -> list[bytes]:
+    return [b": comment line\n\n"] + [
+        f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n".encode() for c in chunks]
+
+
+def sse_handler(pieces: list[bytes]) -> Handler:
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        blob = b"".join(pieces)
+        for i in range(0, len(blob), 7):  # events split at arbitrary points
+            await resp.write(blob[i:i + 7])
+        await resp.write_eof()
+        return resp
+
+    return stream
+
+
+async def test_a_stream_is_relayed_chunk_by_chunk_until_done(upstream: Upstream) -> None:
+    chunks = [{"id": "c", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+              for i in range(5)]
+    upstream.chat = sse_handler(sse(*chunks, "[DONE]", {"after": "done"}))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True))
+        assert isinstance(reply, Stream) and engine.stats().running == 1
+        got = [c async for c in reply]
+        assert got == chunks  # the comment is skipped; nothing after [DONE]
+        assert engine.stats().running == 0
+    finally:
+        await engine.close()
+
+
+async def test_an_error_event_mid_stream_is_an_engine_failure(upstream: Upstream) -> None:
+    first = {"id": "c", "choices": [{"index": 0, "delta": {"content": "a"}}]}
+    upstream.chat = sse_handler(sse(first, {"error": {"message": "engine died"}}))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True))
+        assert isinstance(reply, Stream)
+        got = []
+        with pytest.raises(EngineError):
+            async for c in reply:
+                got.append(c)
+        assert got == [first] and engine.stats().running == 0
+    finally:
+        await engine.close()

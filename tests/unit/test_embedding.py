@@ -1,0 +1,170 @@
+"""LocalEmbedder's scheduling over a fake runtime: batching, urgent lane, slices, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from proxy.embed_models import build_once
+from proxy.embedding import Embedder, LocalEmbedder
+from proxy.settings import EmbeddingSettings
+from tests.fakes import FakeEmbedder
+
+
+class Runtime:
+    """Vector i has 1.0 at position hash(text) % dim; records each pass's texts. Every
+    pass waits for `gate` (a threading.Event: the pass runs in the worker thread)."""
+
+    dim = 16
+
+    def __init__(self) -> None:
+        self.passes: list[list[str]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def __call__(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
+        self.passes.append(list(texts))
+        self.entered.set()
+        assert self.gate.wait(10)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, t in enumerate(texts):
+            out[i, int(t.split()[-1]) % self.dim] = 1.0
+        return out, [len(t.split()) for t in texts]
+
+
+async def started(rt: Runtime, batch_max: int = 8) -> LocalEmbedder:
+    emb = LocalEmbedder(EmbeddingSettings(batch_max=batch_max), runtime=lambda: rt)
+    await emb.start()
+    await emb.ready()
+    return emb
+
+
+async def wait_entered(rt: Runtime) -> None:
+    await asyncio.to_thread(rt.entered.wait, 10)
+    rt.entered.clear()
+
+
+async def test_concurrent_small_calls_share_a_pass() -> None:
+    rt = Runtime()
+    emb = await started(rt)
+    rt.gate.clear()
+    first = asyncio.create_task(emb.embed(["q 0"]))
+    await wait_entered(rt)  # the first pass runs; the others queue meanwhile
+    rest = [asyncio.create_task(emb.embed([f"q {i}"])) for i in range(1, 6)]
+    await asyncio.sleep(0)
+    rt.gate.set()
+    results = await asyncio.gather(first, *rest)
+    assert rt.passes == [["q 0"], [f"q {i}" for i in range(1, 6)]]
+    for i, (vecs, counts) in enumerate(results):
+        assert vecs.shape == (1, 16) and vecs[0, i] == 1.0 and counts == [2]
+    await emb.close()
+
+
+async def test_a_large_call_is_sliced_and_a_lookup_overtakes_it() -> None:
+    rt = Runtime()
+    emb = await started(rt, batch_max=8)
+    rt.gate.clear()
+    big = asyncio.create_task(emb.embed([f"doc {i}" for i in range(40)]))
+    await wait_entered(rt)  # slice 1 of 5 is running
+    lookup = asyncio.create_task(emb.embed(["lookup 7"]))
+    await asyncio.sleep(0)
+    rt.gate.set()
+    vecs, counts = await lookup
+    assert vecs[0, 7] == 1.0 and counts == [2]
+    # the lookup went into the second pass, ahead of the bulk call's remaining slices
+    assert rt.passes[1][0] == "lookup 7" and len(rt.passes[1]) == 8
+    assert all(len(p) <= 8 for p in rt.passes)
+    big_vecs, big_counts = await big
+    assert big_vecs.shape == (40, 16) and big_counts == [2] * 40
+    assert [int(np.argmax(v)) for v in big_vecs] == [i % 16 for i in range(40)]
+    await emb.close()
+
+
+async def test_a_cancelled_call_is_not_embedded_further() -> None:
+    rt = Runtime()
+    emb = await started(rt, batch_max=4)
+    rt.gate.clear()
+    big = asyncio.create_task(emb.embed([f"doc {i}" for i in range(40)]))
+    await wait_entered(rt)
+    big.cancel()
+    rt.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await big
+    after = await emb.embed(["q 1"])
+    assert after[0][0, 1] == 1.0
+    assert rt.passes == [[f"doc {i}" for i in range(4)], ["q 1"]]
+    await emb.close()
+
+
+async def test_a_model_that_fails_to_load_fails_calls_instead_of_hanging() -> None:
+    def broken() -> Runtime:
+        raise OSError("model files missing")
+
+    emb = LocalEmbedder(EmbeddingSettings(), runtime=broken)
+    await emb.start()
+    with pytest.raises(OSError):
+        await emb.ready()
+    with pytest.raises(OSError):
+        await asyncio.wait_for(emb.embed(["q 1"]), 10)
+    await emb.close()
+
+
+async def test_empty_input_and_the_protocol() -> None:
+    emb = await started(Runtime())
+    vecs, counts = await emb.embed([])
+    assert vecs.shape == (0, 16) and counts == []
+    fakes: list[Embedder] = [emb, FakeEmbedder()]  # both satisfy the protocol (mypy)
+    assert all(f.dim > 0 for f in fakes)
+    await emb.close()
+
+
+async def test_two_large_calls_take_turns() -> None:
+    rt = Runtime()
+    emb = await started(rt, batch_max=4)
+    rt.gate.clear()
+    first = asyncio.create_task(emb.embed([f"a {i}" for i in range(12)]))
+    await wait_entered(rt)
+    second = asyncio.create_task(emb.embed([f"b {i}" for i in range(8)]))
+    await asyncio.sleep(0)
+    rt.gate.set()
+    await asyncio.gather(first, second)
+    heads = [p[0].split()[0] for p in rt.passes]
+    assert heads == ["a", "a", "b", "a", "b"]  # not a, a, a, b, b: b takes turns with a
+    await emb.close()
+
+
+def test_derived_models_are_built_once_and_atomically(tmp_path: Path) -> None:
+    builds: list[Path] = []
+
+    def build(d: Path) -> None:
+        builds.append(d)
+        (d / "model.onnx").write_text("weights")
+
+    def broken(d: Path) -> None:
+        (d / "model.onnx").write_text("half")
+        raise OSError("disk full")
+
+    target = tmp_path / "embeddings" / "m-v1"
+    with pytest.raises(OSError):
+        build_once(target, broken)
+    assert not target.exists() and list(target.parent.iterdir()) == []  # no half model
+    assert build_once(target, build) == target and (target / "model.onnx").read_text() == "weights"
+    assert builds[0] != target  # built elsewhere, then renamed into place
+    assert build_once(target, broken) == target and len(builds) == 1  # reused, not rebuilt
+
+    def lost_race(d: Path) -> None:  # another process renames its copy in first
+        (d / "model.onnx").write_text("mine")
+        other = tmp_path / "embeddings" / "m-v2"
+        other.mkdir()
+        (other / "model.onnx").write_text("theirs")
+        (other / "READY").write_text("ok\n")
+
+    other = tmp_path / "embeddings" / "m-v2"
+    assert build_once(other, lost_race) == other
+    assert (other / "model.onnx").read_text() == "theirs"
+    assert sorted(p.name for p in other.parent.iterdir()) == ["m-v1", "m-v2"]

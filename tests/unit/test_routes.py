@@ -1,0 +1,173 @@
+"""The routes (proxy/routes.py) over aiohttp's test client and the fake engine: the order
+of a generation route's checks (draining, readiness, auth, content type, size, body,
+model permission), how a Reply and the chain's headers become the response, and the
+small routes (models, health, metrics, dashboard)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from proxy.app_state import STATE
+from proxy.chain import BasePlugin, Next, Reply, register, unregister
+from proxy.context import RequestContext
+from tests.conftest import MakeClient
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+from tests.sse import check_chat_stream, parse_sse
+
+CHAT = {"model": "fake-model", "max_tokens": 3,
+        "messages": [{"role": "user", "content": "hello"}]}
+KEYS = {"mode": "keys", "keys": [{"key": "sk-any", "tenant": "a"},
+                                 {"key": "sk-other", "tenant": "b", "models": ["other"]}]}
+ANY = {"Authorization": "Bearer sk-any"}
+
+
+async def error_of(resp: Any, status: int) -> dict[str, Any]:
+    assert resp.status == status, await resp.text()
+    body = await resp.json()
+    validate("ErrorResponse", body)
+    return body["error"]  # type: ignore[no-any-return]
+
+
+async def keyed(make_client: MakeClient, **kw: Any) -> TestClient[Any, web.Application]:
+    return await make_client(auth=KEYS, **kw)
+
+
+async def test_draining_is_refused_before_anything_else(make_client: MakeClient) -> None:
+    client = await keyed(make_client)
+    client.app[STATE].draining = True
+    r = await client.post("/v1/chat/completions", data=b"not json")  # no key, no JSON
+    assert (await error_of(r, 503))["code"] == "shutting_down"
+
+
+async def test_loading_is_refused_before_auth(make_client: MakeClient,
+                                              fake_engine: FakeEngine) -> None:
+    client = await keyed(make_client)
+    fake_engine.set_ready(False)
+    r = await client.post("/v1/chat/completions", data=b"not json")
+    assert (await error_of(r, 503))["code"] == "not_ready" and r.headers["Retry-After"] == "5"
+
+
+async def test_auth_comes_before_the_body_is_read(make_client: MakeClient) -> None:
+    client = await keyed(make_client)
+    r = await client.post("/v1/chat/completions", data=b"x" * 100,
+                          headers={"Content-Type": "text/plain"})
+    await error_of(r, 401)  # not 400: an unauthenticated body is never looked at
+
+
+@pytest.mark.parametrize(("ctype", "status"), [
+    ("text/plain", 400), ("application/x-www-form-urlencoded", 400),
+    ("application/json", 200), ("application/vnd.weir+json", 200)])
+async def test_content_type(make_client: MakeClient, ctype: str, status: int) -> None:
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", data=json.dumps(CHAT),
+                          headers={"Content-Type": ctype})
+    if status == 400:
+        assert (await error_of(r, 400))["code"] == "invalid_content_type"
+    else:
+        assert r.status == 200
+
+
+async def test_a_declared_oversize_body_is_refused_before_it_is_read(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    client = await make_client(server={"max_body_bytes": 1024})
+    r = await client.post("/v1/chat/completions", json={**CHAT, "pad": "x" * 2000})
+    await error_of(r, 413)
+    assert fake_engine.calls == []
+
+
+async def test_the_body_is_validated_before_the_model_permission(make_client: MakeClient,
+                                                                  ) -> None:
+    client = await keyed(make_client)
+    other = {"Authorization": "Bearer sk-other"}
+    r = await client.post("/v1/chat/completions", json={**CHAT, "temperature": 7},
+                          headers=other)
+    assert (await error_of(r, 400))["param"] == "temperature"
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=other)
+    assert (await error_of(r, 403))["param"] == "model"
+
+
+class StampHeaders(BasePlugin):
+    """Sets a response header through the context and one on the reply itself."""
+
+    name: ClassVar[str] = "t_stamp_headers"
+
+    async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        ctx.response_headers["x-from-ctx"] = "1"
+        reply = await call_next(ctx)
+        reply.headers["x-from-reply"] = "2"
+        return reply
+
+
+@pytest.fixture
+def stamp() -> Iterator[None]:
+    register(StampHeaders)
+    yield
+    unregister(StampHeaders.name)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_reply_and_the_chains_headers_make_the_response(
+        make_client: MakeClient, stamp: None, stream: bool) -> None:
+    client = await make_client(plugins=[{"name": "t_stamp_headers"}])
+    r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+    assert r.status == 200
+    assert r.headers["x-from-ctx"] == "1" and r.headers["x-from-reply"] == "2"
+    if stream:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        events, done = parse_sse(await r.text())
+        assert done and check_chat_stream(events)
+    else:
+        validate("CreateChatCompletionResponse", await r.json())
+
+
+async def test_models_are_filtered_by_the_keys_scope(make_client: MakeClient) -> None:
+    client = await keyed(make_client)
+    listed = await (await client.get("/v1/models", headers=ANY)).json()
+    validate("ListModelsResponse", listed)
+    assert [m["id"] for m in listed["data"]] == ["fake-model"]
+    one = await (await client.get("/v1/models/fake-model", headers=ANY)).json()
+    assert one["id"] == "fake-model" and one["max_model_len"] == 512
+    other = {"Authorization": "Bearer sk-other"}
+    assert (await (await client.get("/v1/models", headers=other)).json())["data"] == []
+    await error_of(await client.get("/v1/models/fake-model", headers=other), 404)
+    await error_of(await client.get("/v1/models"), 401)
+
+
+async def test_embeddings_without_an_embedder_is_an_unknown_model(make_client: MakeClient,
+                                                                  ) -> None:
+    client = await make_client()
+    r = await client.post("/v1/embeddings", json={"model": "any", "input": "hi"})
+    assert (await error_of(r, 404))["code"] == "model_not_found"
+
+
+async def test_health_metrics_and_dashboard(make_client: MakeClient,
+                                            fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    assert (await client.get("/health/live")).status == 200
+    assert (await client.get("/health")).status == 200
+    fake_engine.set_ready(False)
+    r = await client.get("/health/ready")
+    assert r.status == 503 and r.headers["Retry-After"] == "5"
+    assert (await client.get("/health/live")).status == 200  # alive while loading
+    r = await client.get("/metrics")
+    assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert "weir_requests_in_flight" in await r.text()
+    r = await client.get("/dashboard")
+    assert r.headers["Content-Type"].startswith("text/html")
+    assert r.headers["Cache-Control"] == "no-cache" and "<html" in (await r.text()).lower()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_request_id_is_echoed(make_client: MakeClient, stream: bool) -> None:
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream},
+                          headers={"x-request-id": "route-test-1"})
+    await r.read()
+    assert r.status == 200 and r.headers.get("x-request-id") == "route-test-1"

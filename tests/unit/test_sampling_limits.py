@@ -1,0 +1,111 @@
+"""Every sampling value is checked against the engine's real limits at parse time: a value
+vLLM would refuse (or could not carry to its engine process) is a 400 naming the param,
+never a request that reaches the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.errors import InvalidRequest
+from proxy.protocol import ChatCompletionRequest, CompletionRequest, parse_model
+
+MSG = [{"role": "user", "content": "hi"}]
+NAN, INF = float("nan"), float("inf")
+
+
+def chat(**kw: Any) -> ChatCompletionRequest:
+    return parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, **kw})
+
+
+def rejected(model: type, data: dict[str, Any]) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(model, data)
+    assert e.value.status == 400 and e.value.type == "invalid_request_error"
+    return e.value
+
+
+@pytest.mark.parametrize(
+    ("kw", "param"),
+    [
+        ({"seed": 2**64}, "seed"),  # the engine's transport cannot carry it (issue 16)
+        ({"seed": 2**63}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
+        ({"seed": 10**30}, "seed"),
+        ({"temperature": NAN}, "temperature"),
+        ({"temperature": INF}, "temperature"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": NAN}, "top_p"),
+        ({"top_p": 1.01}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_k": 2**31}, "top_k"),
+        ({"top_k": 2**64}, "top_k"),
+        ({"presence_penalty": NAN}, "presence_penalty"),
+        ({"frequency_penalty": -INF}, "frequency_penalty"),
+        ({"frequency_penalty": -2.01}, "frequency_penalty"),
+        ({"logit_bias": {"7": NAN}}, "logit_bias"),  # as OpenAI names it
+        ({"logit_bias": {"7": -100.5}}, "logit_bias"),  # as OpenAI names it
+        ({"logit_bias": {"abc": 1}}, "logit_bias"),
+        ({"logit_bias": {"-1": 1}}, "logit_bias"),
+        ({"logit_bias": {str(2**64): 1}}, "logit_bias"),
+        ({"logit_bias": {"１２": 1}}, "logit_bias"),  # full-width digits are not an id
+        ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+        ({"max_tokens": 2**31}, "max_tokens"),
+        ({"max_completion_tokens": 2**64}, "max_completion_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 2**64}, "min_tokens"),
+        ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
+        ({"min_tokens": 9, "max_completion_tokens": 8, "max_tokens": 100}, "min_tokens"),
+        ({"n": 2, "temperature": 0}, "n"),
+        ({"n": 2, "temperature": 1e-6}, "n"),  # below vLLM's greedy threshold
+        ({"n": 129, "temperature": 1}, "n"),
+        ({"stop": ""}, "stop"),
+        ({"stop": ["ok", ""]}, "stop[1]"),
+        ({"stop": "x" * 1025}, "stop"),
+        ({"stop": ["x"] * 17}, "stop"),
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ({"top_logprobs": -1, "logprobs": True}, "top_logprobs"),
+    ],
+)
+def test_chat_values_outside_the_engine_limits_name_the_param(kw: dict[str, Any],
+                                                              param: str) -> None:
+    err = rejected(ChatCompletionRequest, {"model": "m", "messages": MSG, **kw})
+    assert err.param == param
+    assert err.code == "invalid_value"
+
+
+@pytest.mark.parametrize(
+    ("kw", "param"),
+    [
+        ({"seed": 2**64}, "seed"),
+        ({"logprobs": 6}, "logprobs"),
+        ({"best_of": 21}, "best_of"),
+        ({"max_tokens": 2**40}, "max_tokens"),
+        ({"min_tokens": 17}, "min_tokens"),  # over the default max_tokens of 16
+        ({"prompt": [2**31]}, "prompt[0]"),
+        ({"prompt": [[1], [2**64]]}, "prompt[1][0]"),
+    ],
+)
+def test_completion_values_outside_the_engine_limits(kw: dict[str, Any], param: str) -> None:
+    err = rejected(CompletionRequest, {"model": "m", "prompt": "x", **kw})
+    assert err.param == param
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"seed": 2**63 - 1}, {"seed": -(2**63)}, {"seed": 0},
+        {"temperature": 0}, {"temperature": 2}, {"top_p": 1e-9}, {"top_p": 1},
+        {"top_k": -1}, {"top_k": 0}, {"top_k": 2**31 - 1},
+        {"presence_penalty": -2}, {"frequency_penalty": 2},
+        {"logit_bias": {"0": -100, str(2**31 - 1): 100}},
+        {"max_tokens": 2**31 - 1}, {"min_tokens": 8, "max_tokens": 8},
+        {"min_tokens": 5},  # no output limit given: the engine's room decides later
+        {"n": 128, "temperature": 0.5}, {"n": 2},  # temperature unset: 1.0
+        {"stop": "x" * 1024}, {"stop": ["a"] * 16}, {"stop": []},
+        {"top_logprobs": 20, "logprobs": True},
+    ],
+)
+def test_values_at_the_limits_are_accepted(kw: dict[str, Any]) -> None:
+    chat(**kw)
