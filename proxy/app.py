@@ -9,23 +9,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from aiohttp import web
 
 from .app_state import STATE, AppState
 from .auth import Authenticator
+from .body import read_json
 from .chain import Services, build_plugins, compose
+from .connections import guard_middleware
 from .embedding import LocalEmbedder
 from .engine.base import Backend
 from .engine.upstream import UpstreamEngine
-from .errors import InvalidRequest, PermissionDenied
 from .middleware import (
     errors_middleware,
     make_access_log,
     request_id_middleware,
     tracing_middleware,
 )
+from .protocol import parse_model
 from .routes import add_routes
 from .serving import LocalServing
 from .settings import ConfigError, Settings
@@ -68,6 +69,7 @@ def create_app(
     chain = compose(plugins, terminal)  # type: ignore[arg-type]
     app = web.Application(
         middlewares=[
+            guard_middleware,
             request_id_middleware,
             make_access_log(metrics, settings.logging.access_log),
             tracing_middleware,
@@ -123,19 +125,17 @@ def _engine_lifespan(
 
 
 async def _faults_handler(request: web.Request) -> web.Response:
+    from .engine.faults import FaultRequest, FaultyEngine
+
     st = request.app[STATE]
-    principal = st.auth.authenticate(request.headers.get("Authorization"))
-    if principal.role != "admin":
-        raise PermissionDenied("Fault injection needs an API key with role `admin`.")
-    body = await request.json()
-    mode = body.get("mode")
-    if mode not in ("ok", "error", "hang", "slow"):
-        raise InvalidRequest("`mode` must be ok, error, hang or slow.", param="mode")
-    engine: Any = st.engine
-    engine.mode = mode
-    engine.delay_s = float(body.get("delay_s", engine.delay_s))
-    log.warning("fault injection", mode=mode)
-    return web.json_response({"mode": mode})
+    st.auth.require_role(request.headers.get("Authorization"), "operator", "Fault injection")
+    data, _ = await read_json(request, 4096)
+    req = parse_model(FaultRequest, data)
+    engine = st.engine
+    assert isinstance(engine, FaultyEngine)
+    engine.switch(req)
+    log.warning("fault injection", mode=req.mode, delay_s=engine.delay_s)
+    return web.json_response({"mode": req.mode, "delay_s": engine.delay_s})
 
 
 async def _embedder_lifespan(app: web.Application) -> AsyncIterator[None]:

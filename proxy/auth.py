@@ -1,21 +1,31 @@
-"""API keys -> Principal(tenant, role, user, models).
+"""API keys -> Principal(tenant, role, user, models, operator), and admin checks.
 
 Keys are never kept in clear: each configured key (given as a sha256, or read from an
 env var or a file) is reduced to its sha256 at start. A presented key is hashed and
 looked up; the final comparison is `hmac.compare_digest`, so the time taken does not
 depend on how much of a key matched. The user id defaults to a short fingerprint of the
 key hash: stable, and useless to an attacker.
+
+Admin rights are per tenant: a key with role `admin` administers its own tenant only
+(the cache admin API acts within that tenant). A key marked `operator: true` is a
+global admin (every tenant, fault injection). `Authenticator.require_role` is the one
+check every admin route makes.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from .errors import PermissionDenied, Unauthorized
 from .settings import ApiKey, AuthSettings
+
+AdminRole = Literal["admin", "operator"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +35,11 @@ class Principal:
     user: str
     models: frozenset[str] | None = None  # None: every model
     key_id: str = "anonymous"  # fingerprint of the key, safe to log
+    operator: bool = False  # a global admin: every tenant
+
+    @property
+    def is_admin(self) -> bool:
+        return self.operator or self.role == "admin"
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -74,6 +89,7 @@ class Authenticator:
                 user=spec.user or f"key-{fingerprint}",
                 models=frozenset(spec.models) if spec.models is not None else None,
                 key_id=fingerprint,
+                operator=spec.operator,
             ))
 
     def authenticate(self, authorization: str | None) -> Principal:
@@ -94,11 +110,35 @@ class Authenticator:
             )
         raise Unauthorized()
 
+    def require_role(self, authorization: str | None, role: AdminRole, what: str) -> Principal:
+        """The caller, if it may use an admin route: 401 without a valid key, else 403.
+
+        `admin`: a tenant admin (acting on its own tenant) or an operator; `operator`:
+        an operator key only. In open mode the anonymous principal is checked the same
+        way (its role is `auth.anonymous_role`).
+        """
+        principal = self.authenticate(authorization)
+        if role == "operator" and not principal.operator:
+            raise PermissionDenied(f"{what} needs an operator API key (`operator: true`).")
+        if not principal.is_admin:
+            raise PermissionDenied(f"{what} needs an API key with role `admin`.")
+        return principal
+
 
 def _bearer(header: str | None) -> str | None:
+    """The key from `Bearer KEY`, or from HTTP Basic's password (what a browser sends)."""
     if not header:
         return None
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if not token:
         return None
-    return token.strip()
+    if scheme.lower() == "bearer":
+        return token
+    if scheme.lower() == "basic":
+        try:
+            _, _, password = base64.b64decode(token, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return password.strip() or None
+    return None

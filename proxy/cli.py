@@ -1,7 +1,8 @@
 """`weir serve | check-config | make-demo-model [--model demo|smollm2]`.
 
 `serve` runs the app with `handler_cancellation` on, so a client that disconnects
-cancels its handler at once (aiohttp otherwise notices only at the next write), and
+cancels its handler at once (aiohttp otherwise notices only at the next write), behind
+the connection limits of `proxy.connections` (a cap, header/body/idle timeouts), and
 shuts down gracefully on SIGTERM/SIGINT: readiness turns 503 and new requests get 503
 immediately; in-flight requests (streams too) may finish for `server.drain_timeout_s`;
 the rest are cancelled (their generations aborted); then the engine stops.
@@ -14,8 +15,6 @@ import asyncio
 import signal
 import sys
 from pathlib import Path
-
-from aiohttp import web
 
 from .settings import ConfigError, Settings, load_settings
 
@@ -82,6 +81,7 @@ def make_model(kind: str, target: Path | None) -> int:
 async def serve(settings: Settings, host: str, port: int) -> int:
     from .app import create_app
     from .app_state import STATE
+    from .connections import listen
     from .telemetry import get_logger
 
     log = get_logger("weir.serve")
@@ -98,13 +98,8 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     except ConfigError as e:
         _print_errors("config", e)
         return 1
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    bound = runner.addresses
-    actual_port = bound[0][1] if bound else port
+    listener = await listen(app, settings.server, host, port)
+    actual_port = listener.port
     log.info("listening", url=f"http://{host}:{actual_port}")
     print(f"weir: listening on http://{host}:{actual_port}", file=sys.stderr, flush=True)
 
@@ -121,7 +116,7 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     if not await st.drain(drain):
         aborted = await st.abort_all()
         log.warning("drain timeout: aborted in-flight requests", count=aborted)
-    await runner.cleanup()
+    await listener.close()
     log.info("stopped")
     return 1 if fatal else 0
 

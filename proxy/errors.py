@@ -85,6 +85,14 @@ class MethodNotAllowed(WeirError):
     default_code = "method_not_allowed"
 
 
+class RequestTimeout(WeirError):
+    """The client took too long to send its request (408)."""
+
+    status = 408
+    type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
 class PayloadTooLarge(WeirError):
     status = 413
     type = "invalid_request_error"

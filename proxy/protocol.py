@@ -11,8 +11,6 @@ of every cache hit, and validating them is the tests' job (against the official 
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Annotated, Any, Literal, TypeVar
 
 from jsonschema import Draft202012Validator
@@ -27,6 +25,7 @@ from pydantic import (
 )
 
 from .errors import InvalidRequest
+from .jsonbody import decode_json_object as decode_json_object  # bodies are decoded there
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -388,54 +387,6 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
     where = f" for `{param}`" if param else ""
     code = "missing_required_parameter" if err["type"] == "missing" else "invalid_value"
     return InvalidRequest(f"Invalid value{where}: {msg}.", param=param or None, code=code)
-
-
-def decode_json_object(body: bytes) -> dict[str, Any]:
-    """Bytes -> JSON object, or a 400 that says what was wrong (never a 500)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InvalidRequest(
-            f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding"
-        ) from None
-    if not text.strip():
-        raise InvalidRequest("The request body is empty; expected a JSON object.",
-                             code="invalid_json")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request: {e.msg} "
-            f"(line {e.lineno}, column {e.colno}).",
-            code="invalid_json",
-        ) from None
-    except RecursionError:
-        raise InvalidRequest("The JSON body is nested too deeply.", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
-    if "\\u" in text and _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(data):
-        raise InvalidRequest("The request body holds an unpaired UTF-16 surrogate escape; "
-                             "strings must be valid Unicode.", code="invalid_encoding")
-    return data
-
-
-# A \uD800-\uDFFF escape: valid JSON, but alone it is not a character, and tokenizers fail
-# on it. Only when the regex sees one is the decoded body walked to confirm.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
-
-
-def _has_lone_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return True
-        return False
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(v) for v in value)
-    return False
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -16,14 +16,14 @@ from typing import Any
 from aiohttp import web
 
 from .app_state import INFO, REQUEST_ID, STATE, AppState
+from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
 from .context import RequestContext, Route
-from .errors import InvalidRequest, ModelNotFound, PayloadTooLarge, Unavailable
+from .errors import InvalidRequest, ModelNotFound, Unauthorized, Unavailable, WeirError
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
-    decode_json_object,
     parse_model,
 )
 from .streaming import dumps, write_sse
@@ -46,23 +46,6 @@ def json_response(body: Any, headers: dict[str, str] | None = None,
 
 def _state(request: web.Request) -> AppState:
     return request.app[STATE]
-
-
-async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], int]:
-    ctype = request.content_type
-    if ctype != "application/json" and not ctype.endswith("+json"):
-        raise InvalidRequest(
-            f"Unsupported content type `{ctype or 'none'}`; send `application/json`.",
-            code="invalid_content_type",
-        )
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge(
-            f"The request body is larger than the limit of {limit} bytes.") from None
-    return decode_json_object(body), len(body)
 
 
 async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
@@ -224,16 +207,30 @@ async def live(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+def _admin_gate(request: web.Request, exposure: str, what: str) -> None:
+    """Nothing if `exposure` is open (or auth is open); else 401/403 unless an admin key."""
+    st = _state(request)
+    if exposure == "open" or st.auth.open:
+        return
+    st.auth.require_role(request.headers.get("Authorization"), "admin", what)
+
+
 async def ready(request: web.Request) -> web.Response:
+    """The status and its code are open (probes); the details need an admin key."""
     st = _state(request)
     body = st.readiness()
     status = 200 if body["status"] == "ready" else 503
     headers = {"Retry-After": "5"} if status == 503 else None
+    try:
+        _admin_gate(request, st.settings.observability.health_details, "Readiness details")
+    except WeirError:
+        body = {"status": body["status"]}
     return web.json_response(body, status=status, headers=headers)
 
 
 async def metrics(request: web.Request) -> web.Response:
     st = _state(request)
+    _admin_gate(request, st.settings.observability.metrics, "/metrics")
     st.refresh_gauges()
     return web.Response(body=st.metrics.render(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
@@ -243,6 +240,12 @@ _DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
 
 
 async def dashboard(request: web.Request) -> web.Response:
+    st = _state(request)
+    try:
+        _admin_gate(request, st.settings.observability.dashboard, "The dashboard")
+    except Unauthorized as e:  # a browser asks for the key (as the Basic password)
+        e.headers["www-authenticate"] = 'Basic realm="weir dashboard", charset="UTF-8"'
+        raise
     return web.Response(body=_DASHBOARD.read_bytes(),
                         headers={"Content-Type": "text/html; charset=utf-8",
                                  "Cache-Control": "no-cache"})
@@ -260,5 +263,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/health/ready", ready)
     app.router.add_get("/health", ready)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/dashboard", dashboard)
+    if app[STATE].settings.observability.dashboard != "off":
+        app.router.add_get("/dashboard", dashboard)
     add_responses_api(app)

@@ -37,7 +37,8 @@ class ServerSettings(_Strict):
         30.0, ge=0, description="On SIGTERM/SIGINT, how long in-flight requests may finish."
     )
     max_body_bytes: int = Field(
-        4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+        4 * 1024 * 1024, ge=1024,
+        description="Largest request body accepted (413 above): the one body-size limit."
     )
     write_timeout_s: float = Field(
         30.0, gt=0, description="A client that reads nothing for this long is cut off."
@@ -45,6 +46,22 @@ class ServerSettings(_Strict):
     keepalive_s: float = Field(
         15.0, gt=0, description="Interval of SSE keep-alive comments while a stream is idle."
     )
+    idle_timeout_s: float = Field(
+        75.0, gt=0, description="A keep-alive connection with no request for this long is "
+        "closed. Keep it above the front proxy's upstream idle timeout (so the proxy, not "
+        "Weir, closes idle connections).")
+    header_timeout_s: float = Field(
+        15.0, gt=0, description="Once a request head starts arriving it must be complete "
+        "within this long, or the connection is aborted (slowloris).")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request body must arrive within this long (408 after).")
+    max_connections: int | None = Field(
+        None, ge=1, description="Open client connections at most. At the cap a new one "
+        "replaces the oldest idle one; if none is idle it gets a 503 and is closed. None: "
+        "the soft file-descriptor limit less a reserve.")
+    max_header_line_bytes: int = Field(
+        8190, ge=1024, le=65536, description="Longest request line or header line (400 above).")
+    max_headers: int = Field(128, ge=8, le=1024, description="Header fields per request.")
 
 
 class VllmEngineSettings(_Strict):
@@ -121,6 +138,10 @@ class ApiKey(_Strict):
     key: str | None = Field(None, description="The key in clear (for tests only).")
     tenant: str = Field("default", min_length=1, description="Tenant of the caller.")
     role: str = Field("user", min_length=1, description="Role: user, admin, ... ")
+    operator: bool = Field(
+        False, description="Operator (global) key: admin rights over every tenant (cache "
+        "purge and stats across tenants, fault injection). An `admin` role alone is an "
+        "admin of its own tenant only.")
     user: str | None = Field(None, description="User id (default: derived from the key).")
     models: list[str] | None = Field(None, description="Models this key may use (None: all).")
 
@@ -193,6 +214,26 @@ class ResponsesSettings(_Strict):
         True, description="Keep them in the cache plugin's Redis when it has one.")
 
 
+Exposure = Literal["open", "admin"]
+
+
+class ObservabilitySettings(_Strict):
+    """Who may read the operational endpoints. The probes stay open: `/health/live` and
+    the status (and status code) of `/health/ready`. With `auth.mode: open` (development)
+    everything here is open."""
+
+    metrics: Exposure = Field(
+        "open", description="`/metrics`: `open` for Prometheus scrapers (keep the port "
+        "internal: a NetworkPolicy or a separate Service), or `admin` (scrape with "
+        "`authorization: Bearer <admin key>`). Metrics carry no tenant, key or prompt.")
+    health_details: Exposure = Field(
+        "admin", description="The details of `/health/ready` (engine queue, plugins, "
+        "in-flight count); without an admin key the body holds only the status.")
+    dashboard: Literal["open", "admin", "off"] = Field(
+        "admin", description="`/dashboard`: a browser sends the admin key as HTTP Basic "
+        "(any user name, the key as password); `off` removes the page.")
+
+
 class PluginSpec(_Strict):
     name: str = Field(description="Registered plugin name (sanitizer, cache, ...).")
     enabled: bool = Field(True, description="Set false to keep the entry but skip it.")
@@ -208,6 +249,8 @@ class Settings(_Strict):
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)  # type: ignore[arg-type]
     tracing: TracingSettings = Field(default_factory=TracingSettings)  # type: ignore[arg-type]
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)  # type: ignore[arg-type]
+    observability: ObservabilitySettings = Field(
+        default_factory=ObservabilitySettings)  # type: ignore[arg-type]
     plugins: list[PluginSpec] = Field(default_factory=list, description="Outermost first.")
 
 

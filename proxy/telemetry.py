@@ -4,6 +4,13 @@ Processor order matters: contextvars first (request id bound by the middleware),
 level and timestamp, then `_redact` which drops secrets a careless call might pass
 (`authorization`, `api_key`, ...), then the renderer (JSON by default).
 
+Library loggers (`aiohttp`, `asyncio`) go through `LibraryLogBridge` into the same
+structured log, never as raw tracebacks: aiohttp's parser errors quote the offending
+request line or header (an `Authorization` key included) in the exception's message, so
+only the exception's type and errno are kept; and a burst of the same record (a
+"Too many open files" accept error, once per attempt) is logged once per
+`_BURST_WINDOW_S` with a count of what was left out.
+
 Each app owns a `Metrics` with its own registry, so two apps in one test process do not
 share counters.
 """
@@ -11,7 +18,9 @@ share counters.
 from __future__ import annotations
 
 import logging
+import re
 import sys
+import time
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -30,6 +39,61 @@ def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[
         if k.lower() in _SECRET_KEYS:
             event[k] = "[redacted]"
     return event
+
+
+_BURST_WINDOW_S = 10.0
+_LIBRARY_LOGGERS = ("aiohttp", "asyncio")
+_PLACEHOLDER = re.compile(r"\s*(from|for|at)?\s*%[srd]")
+
+
+class LibraryLogBridge(logging.Handler):
+    """Stdlib records of library loggers -> structlog events, scrubbed and rate-limited.
+
+    The message kept is the format string's first line (aiohttp's "Error handling
+    request from %s" and asyncio's "socket.accept() out of system resource" name no
+    user data there); arguments, exception messages and tracebacks are dropped.
+    """
+
+    def __init__(self, window_s: float = _BURST_WINDOW_S) -> None:
+        super().__init__(logging.WARNING)
+        self.window_s = window_s
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            event = _PLACEHOLDER.sub("", str(record.msg).split("\n", 1)[0])[:200]
+            key = (record.name, event)
+            now = time.monotonic()
+            last, suppressed = self._last.get(key, (-1e18, 0))
+            if now - last < self.window_s:
+                self._last[key] = (last, suppressed + 1)
+                return
+            self._last[key] = (now, 0)
+            if len(self._last) > 1024:  # bounded, whatever the libraries log
+                self._last.clear()
+            fields: dict[str, Any] = {"logger": record.name}
+            if suppressed:
+                fields["suppressed"] = suppressed
+            exc = record.exc_info[1] if record.exc_info else None
+            if exc is not None:
+                fields["error"] = type(exc).__name__
+                if isinstance(exc, OSError) and exc.errno is not None:
+                    fields["errno"] = exc.errno
+            getattr(structlog.get_logger("weir.lib"), record.levelname.lower())(event, **fields)
+        except Exception:  # a log handler must never raise into the caller
+            self.handleError(record)
+
+
+def _bridge_library_loggers() -> None:
+    for name in _LIBRARY_LOGGERS:
+        lib = logging.getLogger(name)
+        for h in list(lib.handlers):
+            if isinstance(h, LibraryLogBridge):
+                lib.removeHandler(h)
+        lib.addHandler(LibraryLogBridge())
+        lib.propagate = False  # not also to the root's handlers (or the last resort)
+        if lib.level == logging.NOTSET or lib.level < logging.WARNING:
+            lib.setLevel(logging.WARNING)
 
 
 def configure_logging(settings: LoggingSettings, stream: Any = None) -> None:
@@ -53,6 +117,7 @@ def configure_logging(settings: LoggingSettings, stream: Any = None) -> None:
         cache_logger_on_first_use=False,
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    _bridge_library_loggers()
 
 
 def get_logger(name: str) -> Any:
@@ -86,6 +151,12 @@ class Metrics:
                              registry=r)
         self.aborted = Counter("weir_requests_aborted_total",
                                "Requests aborted before they ended.", ["reason"], registry=r)
+        self.connections = Gauge("weir_connections_open", "Client connections open.",
+                                 registry=r)
+        self.connections_closed = Counter(
+            "weir_connections_closed_total", "Client connections Weir closed on its own "
+            "(refused at the cap, idle evicted at the cap, request head too slow).",
+            ["reason"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

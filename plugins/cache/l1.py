@@ -53,8 +53,9 @@ class L1:
     def entries(self) -> Iterator[Entry]:
         return (e for e, _ in list(self._items.values()))
 
-    def purge(self, match: Callable[[Entry], bool]) -> int:
+    def purge(self, match: Callable[[Entry], bool]) -> list[str]:
+        """Delete the matching entries; their keys."""
         doomed = [e.key for e in self.entries() if match(e)]
         for k in doomed:
             self.delete(k)
-        return len(doomed)
+        return doomed

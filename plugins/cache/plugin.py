@@ -91,6 +91,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         self._users: dict[tuple[str, str], OrderedDict[str, None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._purged_at = 0.0
+        self._purged_keys: tuple[list[str], list[tuple[str, str]]] = ([], [])
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -428,7 +429,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 if entry.created >= self._purged_at:
                     self._index_add(event["p"], event["id"], vec, entry, question)
         elif op == "purge":
-            self.purge_local(admin.matcher(event.get("filter") or {}))
+            self.purge_local(admin.matcher(event.get("filter") or {}), drop_remote=True)
         elif op == "drop":
             await self._drop(list(event.get("members") or []), local_only=True)
         elif op == "resync" and self.embedder is not None:
@@ -448,11 +449,31 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     # --------------------------------------------------------------------- purges
 
-    def purge_local(self, match: Callable[[Entry], bool]) -> tuple[int, int]:
+    def purge_local(self, match: Callable[[Entry], bool],
+                    drop_remote: bool = False) -> tuple[int, int]:
+        """Purge this replica's memory; (L1 entries, semantic entries) removed. A replica
+        holds its entries' prompts and Redis does not (unless `store_prompts`), so a purge
+        by content reaches the Redis copies through the replicas that hold the originals:
+        the admin route deletes them with its own Redis purge (`last_purged`), a replica
+        told of a purge with `drop_remote`."""
         self._purged_at = time.time()
-        l1 = self.l1.purge(match) if self.l1 is not None else 0
-        sem = len(self.index.purge(match))
+        keys = self.l1.purge(match) if self.l1 is not None else []
+        sem = self.index.purge(match)
         if self.l1 is not None:
             self.entries_gauge.labels("l1").set(len(self.l1))
         self.entries_gauge.labels("semantic").set(len(self.index))
-        return l1, sem
+        self._purged_keys = (keys, sem)
+        if drop_remote and self.redis is not None and (keys or sem):
+            t = asyncio.create_task(self._drop_remote(keys, sem))
+            self._background.add(t)
+            t.add_done_callback(self._background.discard)
+        return len(keys), len(sem)
+
+    async def _drop_remote(self, keys: list[str], sem: list[tuple[str, str]]) -> None:
+        assert self.redis is not None
+        await self.redis.delete_exact(keys)
+        await self.redis.delete_semantic(sem)
+
+    def last_purged(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """The exact keys and semantic ids the last `purge_local` removed."""
+        return self._purged_keys

@@ -202,18 +202,26 @@ class RedisStore:
 
     # ------------------------------------------------------------------- purge
 
-    async def purge(self, match: Callable[[Entry], bool]) -> tuple[int, int] | None:
-        """Delete matching exact and semantic entries; (exact, semantic) counts."""
+    async def purge(self, match: Callable[[Entry], bool], keys: list[str] | None = None,
+                    semantic_ids: list[tuple[str, str]] | None = None,
+                    ) -> tuple[int, int] | None:
+        """Delete matching exact and semantic entries, and the ones named (a replica's
+        own matches: it knows their prompts, Redis may not); (exact, semantic) counts."""
         exact = semantic = 0
+        named = {self.p + "x:" + k for k in keys or []}
+        named_sem = {(self.p + "s:" + part, eid) for part, eid in semantic_ids or []}
         try:
             async with asyncio.timeout(max(30.0, self.cfg.timeout_s * 200)):
                 async for name in self.client.scan_iter(match=self.p + "x:*", count=500):
                     raw = await self.client.get(name)
-                    if raw and match(Entry.from_json(raw)):
+                    key = name.decode() if isinstance(name, bytes) else name
+                    if raw and (key in named or match(Entry.from_json(raw))):
                         exact += await self.client.delete(name)
                 async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
+                    hname = name.decode() if isinstance(name, bytes) else name
                     for entry_id, raw in (await self.client.hgetall(name)).items():
-                        if match(self._unpack(raw)[1]):
+                        eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                        if (hname, eid) in named_sem or match(self._unpack(raw)[1]):
                             semantic += await self.client.hdel(name, entry_id)
         except (RedisError, OSError, TimeoutError) as e:
             self._failed("purge", e)

@@ -88,14 +88,16 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         #: lease -> keys: leases Redis may hold that no running request owns.
         self._orphans: dict[str, list[str]] = {}
         self._renewer: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._renewer = asyncio.create_task(self._renew_loop())
 
     async def close(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            await asyncio.gather(self._renewer, return_exceptions=True)
+        for task in (self._renewer, self._reaper):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.remote is not None:
             await self._retry_orphans()
             await self.remote.close()
@@ -136,7 +138,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 decision = await self.remote.admit(buckets, conc, lease, lease_ms)
             except StoreError as e:
                 if conc:
-                    self._orphans[lease] = [k for k, _ in conc]
+                    self._orphan(lease, [k for k, _ in conc])
                 self._store_failed(e)
                 if self.cfg.on_store_error == "fail_closed":
                     raise Unavailable("Rate limiting is unavailable; retry shortly.",
@@ -158,11 +160,31 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             try:
                 await store.release(conc_keys, lease)
             except StoreError as e:
-                self._orphans[lease] = conc_keys
+                self._orphan(lease, conc_keys)
                 self._store_failed(e)
             else:
                 if store is self.remote:
                     self._orphans.pop(lease, None)
+
+    def _orphan(self, lease: str, keys: list[str]) -> None:
+        """Remember a lease Redis may hold, and start releasing it at once (retried with
+        backoff until Redis answers; the renewal loop retries too)."""
+        self._orphans[lease] = keys
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap())
+
+    async def _reap(self) -> None:
+        delay = 0.05
+        while self._orphans:
+            await self._retry_orphans()
+            if not self._orphans or all(lease in self._active for lease in self._orphans):
+                return
+            await asyncio.sleep(delay)  # backing off while Redis does not answer
+            delay = min(delay * 2, self.cfg.lease_s / 3)
+
+    def idle(self) -> bool:
+        """No lease held by a running request, and none left to release in Redis."""
+        return not self._active and not self._orphans
 
     async def _renew_loop(self) -> None:
         period = self.cfg.lease_s / 3

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.chain import PluginConfig
 
@@ -15,7 +15,6 @@ Action = Literal["off", "flag", "redact", "block"]
 class Limits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_body_bytes: int = Field(1_048_576, ge=1024, description="Request body bytes (413).")
     max_messages: int = Field(256, ge=1, description="Messages per chat request.")
     max_message_chars: int = Field(65_536, ge=1, description="Characters in one message.")
     max_total_chars: int = Field(262_144, ge=1, description="Characters in all messages.")
@@ -23,6 +22,14 @@ class Limits(BaseModel):
     max_n: int = Field(8, ge=1, description="Ceiling for n.")
     max_stop: int = Field(4, ge=0, description="Stop sequences at most (OpenAI allows 4).")
     max_stop_chars: int = Field(64, ge=1, description="Characters per stop sequence.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _body_limit_moved(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "max_body_bytes" in v:
+            raise ValueError("`max_body_bytes` moved to `server.max_body_bytes`, the one "
+                             "body-size limit (bodies are refused there, before parsing)")
+        return v
 
 
 class CustomDetector(BaseModel):

@@ -21,7 +21,7 @@ from prometheus_client import Counter
 
 from proxy.chain import BasePlugin, Next, Reply, Services
 from proxy.context import RequestContext
-from proxy.errors import InvalidRequest, PayloadTooLarge
+from proxy.errors import InvalidRequest
 from proxy.protocol import ChatCompletionRequest, CompletionRequest, TextPart
 from proxy.telemetry import get_logger
 from proxy.text import normalize
@@ -81,9 +81,6 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _check_limits(self, ctx: RequestContext) -> None:
         lim = self.cfg.limits
-        if ctx.body_bytes > lim.max_body_bytes:
-            raise PayloadTooLarge(
-                f"The request body is larger than the limit of {lim.max_body_bytes} bytes.")
         req = ctx.request
         limit = req.output_limit
         if limit is not None and limit > lim.max_tokens:

@@ -1,9 +1,10 @@
 """A fault-injecting wrapper around any Engine, for chaos and recovery tests.
 
-Off unless `engine.faults: true`. Then `POST /admin/faults {"mode": ...}` (role `admin`)
-switches what `generate` does: `ok` (pass through), `error` (fail at once, as a dead
-engine does), `hang` (never produce a token, until the caller gives up), `slow` (wait
-`delay_s` before the first token). Everything else passes through to the real engine.
+Off unless `engine.faults: true`. Then `POST /admin/faults {"mode": ..., "delay_s": ...}`
+(an operator key only: a fault hits every tenant) switches what `generate` does: `ok`
+(pass through), `error` (fail at once, as a dead engine does), `hang` (never produce a
+token, until the caller gives up), `slow` (wait `delay_s` before the first token).
+Everything else passes through to the real engine.
 """
 
 from __future__ import annotations
@@ -12,9 +13,21 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from .base import Engine, EngineFailed, EngineOutput, SamplingOptions
 
 Mode = Literal["ok", "error", "hang", "slow"]
+
+
+class FaultRequest(BaseModel):
+    """The body of `POST /admin/faults`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Mode = Field(description="What `generate` does from now on.")
+    delay_s: float | None = Field(None, ge=0, le=3600,
+                                  description="Delay before the first token in `slow` mode.")
 
 
 class FaultyEngine:
@@ -22,6 +35,11 @@ class FaultyEngine:
         self.inner = inner
         self.mode: Mode = "ok"
         self.delay_s = 1.0
+
+    def switch(self, req: FaultRequest) -> None:
+        self.mode = req.mode
+        if req.delay_s is not None:
+            self.delay_s = req.delay_s
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

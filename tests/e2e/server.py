@@ -30,6 +30,7 @@ def e2e_config(**overrides: Any) -> dict[str, Any]:
             {"key": "sk-test-tenant-b", "tenant": "b", "role": "user", "models": ["other"]},
         ]},
         "logging": {"level": "info", "format": "json"},
+        "observability": {"health_details": "open"},  # the tests read the engine's counts
         "plugins": [],
     }
     for k, v in overrides.items():

@@ -32,7 +32,8 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WeirProces
     cfg = e2e_config(
         engine={"faults": True},
         auth={"mode": "keys", "keys": [{"key": USER, "tenant": "t"},
-                                       {"key": ADMIN, "tenant": "t", "role": "admin"}]},
+                                       {"key": ADMIN, "tenant": "t", "role": "admin",
+                                        "operator": True}]},
         plugins=[
             {"name": "rate_limit", "config": {
                 "store": "redis", "redis": {"url": redis.url, "timeout_s": 0.2},

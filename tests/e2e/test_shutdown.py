@@ -74,8 +74,10 @@ def test_graceful_shutdown_under_load(tmp_path: Path, sig: int) -> None:
             events, done = parse_sse(c.body)
             assert done, c.body[-300:]
             assert events[-1]["choices"][0]["finish_reason"] == "length"
-        for c in long:  # still running at the drain timeout: aborted, no [DONE]
-            assert "data: [DONE]" not in c.body
+        for c in long:  # still running at the drain timeout: cut, and told so in-band
+            events, done = parse_sse(c.body)
+            assert done, c.body[-300:]
+            assert events[-1]["error"]["code"] == "shutting_down", c.body[-300:]
 
         assert weir.proc is not None
         assert weir.proc.wait(60) == 0, weir.tail()

@@ -51,3 +51,25 @@ def test_missing_env_key_is_an_error(monkeypatch) -> None:  # type: ignore[no-un
     with pytest.raises(ValueError):
         Authenticator(AuthSettings.model_validate(
             {"mode": "keys", "keys": [{"key_env": "NOPE_KEY"}]}))
+
+
+def test_admin_rights_are_per_tenant_unless_operator() -> None:
+    import base64
+
+    a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
+        {"key": "u", "tenant": "t"}, {"key": "adm", "tenant": "t", "role": "admin"},
+        {"key": "op", "tenant": "ops", "operator": True}]}))
+    assert a.require_role("Bearer adm", "admin", "x").tenant == "t"
+    assert a.require_role("Bearer op", "admin", "x").operator
+    assert a.require_role("Bearer op", "operator", "x").is_admin
+    for header, role in (("Bearer u", "admin"), ("Bearer adm", "operator"),
+                         ("Bearer u", "operator")):
+        with pytest.raises(PermissionDenied):
+            a.require_role(header, role, "x")  # type: ignore[arg-type]
+    with pytest.raises(Unauthorized):
+        a.require_role(None, "admin", "x")
+    basic = "Basic " + base64.b64encode(b"anyone:adm").decode()
+    assert a.authenticate(basic).role == "admin"  # what a browser sends for /dashboard
+    for bad in ("Basic " + base64.b64encode(b"adm").decode(), "Basic !!not-base64!!"):
+        with pytest.raises(Unauthorized):  # no password / not base64
+            a.authenticate(bad)

@@ -191,7 +191,7 @@ async def test_redis_down_then_back(make_client: MakeClient, tmp_path: Path) -> 
         assert layer == "miss"  # the engine serves; nothing raised
         metrics = await (await a.get("/metrics")).text()
         assert "weir_cache_store_errors_total{" in metrics
-        ready = await (await a.get("/health/ready")).json()
+        ready = await (await a.get("/health/ready", headers=h("k-admin"))).json()
         assert ready["plugins"]["cache"]["redis"] == "down"
         again = RedisServer(tmp_path, port=server.port).start()
         layer, _ = await ask(a, "How long does shipping take to Canada?")

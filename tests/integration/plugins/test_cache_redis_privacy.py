@@ -75,15 +75,17 @@ async def test_redis_holds_no_prompt_text(make_client: MakeClient,
 
 async def test_purge_by_content_without_stored_prompts(make_client: MakeClient,
                                                       redis_server: RedisServer) -> None:
-    """Without the opt-in a content purge reaches prompts held in memory (and answers in
-    Redis), as the README says."""
-    (a,), _ = await with_prefix(make_client, redis_server.url, n=1)
+    """Without the opt-in a content purge matches prompts held in a replica's memory, and
+    removes those entries' Redis copies too (Redis itself holds no prompt to match)."""
+    (a,), prefix = await with_prefix(make_client, redis_server.url, n=1)
     await ask(a, "Tell me about project heron launch")
     r = await a.post("/admin/cache/purge", json={"contains": "heron"},
                      headers={"Authorization": "Bearer k-admin"})
     purged = (await r.json())["purged"]
     assert purged["l1"] == 1 and purged["semantic_index"] == 1
-    assert purged["redis"] == {"exact": 0, "semantic": 0}  # no prompt text there to match
+    assert purged["redis"] == {"exact": 1, "semantic": 1}
+    left = await redis_dump(redis_server.url, prefix)
+    assert not [k for k in left if k.startswith((prefix + "x:", prefix + "s:"))]
 
 
 async def test_opt_in_keeps_prompts_in_redis(make_client: MakeClient,

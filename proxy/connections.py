@@ -1,0 +1,274 @@
+"""Connection limits in front of aiohttp's protocol: a cap, a head timeout, quiet logs.
+
+aiohttp bounds a request head's size (`max_line_size`, `max_field_size`) and closes a
+connection that stays idle for `keepalive_timeout`, but it has no clock on a request
+head that arrives one byte at a time (slowloris) and no limit on connections, so idle
+sockets can use up the process's file descriptors. `ConnectionGuard` wraps each of
+aiohttp's per-connection protocols:
+
+- at `max_connections`, a new connection takes the place of the oldest idle one (a
+  keep-alive connection between requests, or one that never sent a byte), which is
+  closed; when none is idle it gets a complete `503` (OpenAI-shaped, `Connection:
+  close`) and is closed at once. So a flood of idle sockets cannot use up the file
+  descriptors the engine, Redis and the requests in progress need, and new clients
+  (health probes too) are still served;
+- once the first byte of a request head arrives while no request is being handled,
+  the head must be complete within `header_timeout_s`, or the connection is aborted.
+  "Being handled" is marked by `guard_middleware` (the outermost middleware), which
+  runs as soon as aiohttp has parsed a head.
+
+The body's own timeout is applied where the body is read (`proxy.body`), and the idle
+keep-alive timeout is aiohttp's `keepalive_timeout`. aiohttp's own error answers (a
+malformed head) are replaced by OpenAI-shaped ones that do not quote the request.
+`listen` puts it together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from .app_state import STATE
+from .errors import ServerError, WeirError
+from .settings import ServerSettings
+from .telemetry import get_logger
+
+log = get_logger("weir.connections")
+
+_RESERVED_FDS = 256  # for the engine, Redis, log files, the embedding model ...
+
+
+def default_max_connections() -> int:
+    """The soft file-descriptor limit less a reserve (at least 64)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(64, soft - max(_RESERVED_FDS, soft // 4))
+
+
+def _refusal() -> bytes:
+    body = json.dumps({"error": {
+        "message": "The server has too many open connections; retry shortly.",
+        "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+_REFUSAL = _refusal()
+
+
+class _OpenAIErrors(web.RequestHandler):
+    """aiohttp's protocol, whose own error answers (a malformed request head, before any
+    middleware runs) are OpenAI-shaped and never echo the request: aiohttp's quote the
+    offending line, an `Authorization` key included."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        self.log_exception("Error handling request", exc_info=exc)  # scrubbed: telemetry
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response had started; no error answer is possible")
+        err = (WeirError("The HTTP request could not be parsed (its request line or a "
+                         "header is malformed or too long).", code="invalid_http_request")
+               if status < 500 else ServerError())
+        err.status, err.type = status, ("invalid_request_error" if status < 500
+                                        else "server_error")
+        resp = web.json_response(err.to_body(), status=status)
+        resp.force_close()
+        return resp
+
+
+class _Guarded(asyncio.Protocol):
+    """One connection: delegates to aiohttp's protocol, adds the cap and the head clock."""
+
+    def __init__(self, guard: ConnectionGuard, inner: asyncio.Protocol) -> None:
+        self.guard = guard
+        self.inner = inner
+        self.transport: asyncio.Transport | None = None
+        self.refused = False
+        self.busy = 0  # requests of this connection inside their handler
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        g = self.guard
+        if len(g.open) >= g.max_connections and not g.evict_idle():
+            self.refused = True
+            g.refused += 1
+            g.note("refused")
+            transport.write(_REFUSAL)
+            transport.close()
+            return
+        g.open[transport] = self
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return
+        if not self.busy and self._head_timer is None and data:
+            loop = asyncio.get_running_loop()
+            self._head_timer = loop.call_later(self.guard.header_timeout_s, self._head_late)
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None if self.refused else self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self.refused:
+            return
+        assert self.transport is not None
+        self.guard.open.pop(self.transport, None)
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if not self.refused:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if not self.refused:
+            self.inner.resume_writing()
+
+    def request_started(self) -> None:
+        self.busy += 1
+        self._disarm()
+
+    def request_ended(self) -> None:
+        self.busy -= 1
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    @property
+    def idle(self) -> bool:
+        return not self.busy and self._head_timer is None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.busy or self.transport is None or self.transport.is_closing():
+            return
+        self.guard.head_timeouts += 1
+        self.guard.note("head_timeout")
+        self.transport.abort()  # a slow sender gets no lingering close
+
+
+class ConnectionGuard:
+    """The protocol factory's wrapper and the live connections it tracks."""
+
+    def __init__(self, max_connections: int | None, header_timeout_s: float,
+                 on_close: Callable[[str], None] | None = None) -> None:
+        self.max_connections = max_connections or default_max_connections()
+        self.header_timeout_s = header_timeout_s
+        self.open: dict[asyncio.Transport, _Guarded] = {}
+        self.refused = 0
+        self.evicted = 0
+        self.head_timeouts = 0
+        self._on_close = on_close
+
+    def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        return lambda: _Guarded(self, inner())
+
+    def handlers(self, server: web.Server, **kw: Any) -> Callable[[], asyncio.Protocol]:
+        """aiohttp's per-connection protocol (with OpenAI-shaped errors), guarded."""
+        loop = asyncio.get_running_loop()
+        return self.factory(lambda: _OpenAIErrors(server, loop=loop, **kw))
+
+    def evict_idle(self) -> bool:
+        """Close the oldest idle connection (the dict keeps them oldest first)."""
+        for transport, conn in self.open.items():
+            if conn.idle and not transport.is_closing():
+                self.open.pop(transport)
+                self.evicted += 1
+                self.note("evicted")
+                transport.abort()
+                return True
+        return False
+
+    def note(self, reason: str) -> None:
+        """A connection Weir closed on its own: refused, evicted or head_timeout."""
+        if self._on_close is not None:
+            self._on_close(reason)
+
+    def connection_of(self, transport: Any) -> _Guarded | None:
+        return self.open.get(transport)
+
+
+GUARD = web.AppKey("connection_guard", ConnectionGuard)
+
+
+@web.middleware
+async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Marks the connection busy while its request is handled (stops the head clock)."""
+    guard = request.app.get(GUARD)
+    conn = guard.connection_of(request.transport) if guard is not None else None
+    if conn is None:
+        return await handler(request)
+    conn.request_started()
+    try:
+        return await handler(request)
+    finally:
+        conn.request_ended()
+
+
+class Listener:
+    """The app served on a socket through a `ConnectionGuard` (what `weir serve` runs)."""
+
+    def __init__(self, runner: web.AppRunner, server: asyncio.Server,
+                 guard: ConnectionGuard) -> None:
+        self.runner, self.server, self.guard = runner, server, guard
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        """Stop accepting, then aiohttp's own shutdown (open connections, cleanup_ctx)."""
+        self.server.close()
+        await self.runner.cleanup()
+
+
+async def listen(app: web.Application, settings: ServerSettings, host: str, port: int,
+                 ) -> Listener:
+    metrics = app[STATE].metrics
+    last_note: dict[str, float] = {}
+
+    def closed(reason: str) -> None:  # counted always; logged once per 10 s per reason
+        metrics.connections_closed.labels(reason).inc()
+        now = asyncio.get_running_loop().time()
+        if now - last_note.get(reason, -1e9) >= 10:
+            last_note[reason] = now
+            log.warning("connection closed by the server", reason=reason,
+                        open=len(guard.open), max_connections=guard.max_connections,
+                        refused_total=guard.refused, evicted_total=guard.evicted,
+                        head_timeouts_total=guard.head_timeouts)
+
+    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, closed)
+    metrics.connections.set_function(lambda: len(guard.open))
+    app[GUARD] = guard
+    handler_kw: dict[str, Any] = dict(
+        access_log=None, keepalive_timeout=settings.idle_timeout_s,
+        max_line_size=settings.max_header_line_bytes,
+        max_field_size=settings.max_header_line_bytes, max_headers=settings.max_headers)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0,
+                           **handler_kw)
+    await runner.setup()
+    assert runner.server is not None
+    loop = asyncio.get_running_loop()
+    try:
+        server = await loop.create_server(guard.handlers(runner.server, **handler_kw), host,
+                                          port, reuse_address=True, backlog=1024)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return Listener(runner, server, guard)

@@ -1,0 +1,195 @@
+"""Request bodies -> JSON objects, with bounds that hostile input cannot get past.
+
+Every body the gateway reads goes through `decode_json_object`, which answers a 400
+(OpenAI-shaped, `param` naming the top-level field at fault where there is one) for
+anything it will not accept, never a 500:
+
+- not UTF-8, empty, not JSON, not an object;
+- an integer literal longer than `MAX_INT_DIGITS` (Python refuses to build ints past
+  4,300 digits with a ValueError that `json` does not wrap; nothing Weir accepts needs
+  more than 20), and the non-standard `NaN` / `Infinity` constants;
+- nesting deeper than `MAX_DEPTH` (the OpenAI schema nests a few levels; a JSON schema
+  in `response_format` or `tools` perhaps twenty). Everything downstream that walks user
+  data (pydantic, the cache key's hash, the sanitizer) may then recurse safely;
+- a lone UTF-16 surrogate escape (`"\\ud800"`): valid JSON, but not a character;
+- more than `MAX_MESSAGES` messages or `MAX_TOOLS` tools: refused before the models
+  validate them, so a 100k-message body costs one `json.loads`, not seconds of
+  validation on the event loop.
+
+The walk that checks depth and surrogates is iterative (an explicit stack), so no input
+can make it overflow Python's recursion limit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .errors import InvalidRequest
+
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 64
+MAX_MESSAGES = 2048  # OpenAI's own limit on `messages`
+MAX_TOOLS = 128  # OpenAI's own limit on `tools`
+
+# A \uD800-\uDFFF escape: only when the regex sees one are strings checked for a lone one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+class _NumberTooLong(ValueError):
+    pass
+
+
+class _BadConstant(ValueError):
+    pass
+
+
+def _parse_int(literal: str) -> int:
+    if len(literal.lstrip("-")) > MAX_INT_DIGITS:
+        raise _NumberTooLong(literal[:12])
+    return int(literal)
+
+
+def _parse_constant(name: str) -> Any:
+    raise _BadConstant(name)
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text, parse_int=_parse_int, parse_constant=_parse_constant)
+    except json.JSONDecodeError as e:
+        raise InvalidRequest(
+            f"We could not parse the JSON body of your request: {e.msg} "
+            f"(line {e.lineno}, column {e.colno}).",
+            code="invalid_json",
+        ) from None
+    except _NumberTooLong:
+        raise InvalidRequest(
+            f"The request body holds an integer of more than {MAX_INT_DIGITS} digits.",
+            code="invalid_json",
+        ) from None
+    except _BadConstant as e:
+        raise InvalidRequest(
+            f"`{e}` is not valid JSON; numbers must be finite.", code="invalid_json"
+        ) from None
+    except RecursionError:
+        raise _too_deep(_deep_field(text)) from None
+    except ValueError:  # any other limit of the decoder (a float literal it cannot hold)
+        raise InvalidRequest("The request body holds a number that cannot be represented.",
+                             code="invalid_json") from None
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _skip_ws(text: str, i: int) -> int:
+    m = _WS.match(text, i)
+    return m.end() if m else i
+
+
+def _deep_field(text: str) -> str | None:
+    """The top-level field whose value is too deep for `json` itself, if the body is an
+    object: its fields are decoded one by one (each in C) until one overflows."""
+    dec = json.JSONDecoder(parse_int=_parse_int, parse_constant=_parse_constant)
+    i = _skip_ws(text, 0)
+    if not text.startswith("{", i):
+        return None
+    i += 1
+    try:
+        while True:
+            key, i = dec.raw_decode(text, _skip_ws(text, i))
+            i = _skip_ws(text, i)
+            if not isinstance(key, str) or not text.startswith(":", i):
+                return None
+            try:
+                _, i = dec.raw_decode(text, _skip_ws(text, i + 1))
+            except RecursionError:
+                return key
+            i = _skip_ws(text, i)
+            if not text.startswith(",", i):
+                return None
+            i += 1
+    except ValueError:
+        return None
+
+
+def _too_deep(param: str | None) -> InvalidRequest:
+    where = f" in `{param}`" if param else ""
+    return InvalidRequest(
+        f"The JSON body is nested too deeply{where}: at most {MAX_DEPTH} levels are allowed.",
+        param=param, code="invalid_json")
+
+
+def _check_counts(data: dict[str, Any]) -> None:
+    for field, limit in (("messages", MAX_MESSAGES), ("tools", MAX_TOOLS)):
+        value = data.get(field)
+        if isinstance(value, list) and len(value) > limit:
+            raise InvalidRequest(
+                f"Invalid value for `{field}`: at most {limit} items are allowed "
+                f"(got {len(value)}).", param=field, code="invalid_value")
+
+
+def _lone_surrogate(s: str) -> bool:
+    if s.isascii():
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def check_tree(data: dict[str, Any], *, surrogates: bool = True) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and (optionally) lone surrogates. Iterative.
+
+    The stack holds (value, depth, top-level field) so the error can name the field.
+    """
+    stack: list[tuple[Any, int, str | None]] = [(data, 1, None)]
+    while stack:
+        value, depth, top = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep(top)
+        if isinstance(value, dict):
+            items: Any = value.items()
+        else:
+            items = enumerate(value)
+        for k, v in items:
+            field = top if top is not None else str(k)
+            if surrogates and isinstance(k, str) and _lone_surrogate(k):
+                raise _surrogate(field)
+            if isinstance(v, str):
+                if surrogates and _lone_surrogate(v):
+                    raise _surrogate(field)
+            elif isinstance(v, (dict, list)):
+                stack.append((v, depth + 1, field))
+
+
+def _surrogate(param: str | None) -> InvalidRequest:
+    return InvalidRequest("The request body holds an unpaired UTF-16 surrogate escape; "
+                          "strings must be valid Unicode.", param=param,
+                          code="invalid_encoding")
+
+
+def decode_json_object(body: bytes) -> dict[str, Any]:
+    """Bytes -> JSON object, or a 400 that says what was wrong (never a 500)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(
+            f"The request body is not valid UTF-8 (byte {e.start}).", code="invalid_encoding"
+        ) from None
+    if not text.strip():
+        raise InvalidRequest("The request body is empty; expected a JSON object.",
+                             code="invalid_json")
+    data = _loads(text)
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    _check_counts(data)
+    # Depth can only exceed the bound when there are that many brackets at all: most
+    # bodies skip the walk; a string with escapes is only walked when one could be bad.
+    deep = text.count("[") + text.count("{") > MAX_DEPTH
+    surrogates = "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None
+    if deep or surrogates:
+        check_tree(data, surrogates=surrogates)
+    return data

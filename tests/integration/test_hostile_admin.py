@@ -1,0 +1,106 @@
+"""Cross-tenant admin: a tenant's admin acts on its own tenant only; operator keys are
+global. A purge's counts are counts within the caller's scope (no oracle on another
+tenant's prompts), stats are per tenant, fault injection is operator-only. Real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from bench.redis_server import RedisServer
+from proxy.app_state import STATE
+from proxy.engine.faults import FaultyEngine
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+
+KEYS = [{"key": "k-a-user", "tenant": "a"}, {"key": "k-b-user", "tenant": "b"},
+        {"key": "k-a-admin", "tenant": "a", "role": "admin"},
+        {"key": "k-b-admin", "tenant": "b", "role": "admin"},
+        {"key": "k-operator", "tenant": "ops", "role": "user", "operator": True}]
+
+
+def h(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+async def client(make_client: MakeClient, redis_server: RedisServer) -> Any:
+    cache = {"semantic": {"enabled": False}, "store_truncated": True, "scope": "tenant",
+             "l2": {"enabled": True},
+             "redis": {"url": redis_server.url, "key_prefix": f"weir:adm:{uuid.uuid4().hex}:"}}
+    settings = make_settings(auth={"mode": "keys", "keys": KEYS}, engine={"faults": True},
+                             plugins=[{"name": "cache", "config": cache}])
+    return await make_client(settings, engine=FaultyEngine(FakeEngine()))  # type: ignore[arg-type]
+
+
+async def ask(client: Any, key: str, content: str, **headers: str) -> str:
+    r = await client.post("/v1/chat/completions", headers={**h(key), **headers}, json={
+        "model": "fake-model", "temperature": 0, "max_tokens": 4,
+        "messages": [{"role": "user", "content": content}]})
+    assert r.status == 200, await r.text()
+    cache = next(p for p in client.app[STATE].plugins if p.name == "cache")
+    while cache._background:  # the Redis write runs after the answer
+        await asyncio.gather(*list(cache._background))
+    return str(r.headers["x-weir-cache"])
+
+
+async def purge(client: Any, key: str, **f: str) -> Any:
+    return await client.post("/admin/cache/purge", json=f, headers=h(key))
+
+
+async def test_tenant_admin_cannot_purge_or_probe_another_tenant(client: Any) -> None:
+    await ask(client, "k-b-user", "tell me about project NIGHTJAR")
+    await ask(client, "k-a-user", "what is the holiday policy")
+    # A's admin probes for B's word: nothing of A's matches, and B's entry is untouched.
+    r = await purge(client, "k-a-admin", contains="nightjar")
+    assert r.status == 200
+    assert (await r.json())["purged"] == {"l1": 0, "semantic_index": 0,
+                                          "redis": {"exact": 0, "semantic": 0}}
+    assert await ask(client, "k-b-user", "tell me about project NIGHTJAR") == "exact"
+    # Naming the other tenant is refused outright.
+    r = await purge(client, "k-a-admin", tenant="b", contains="nightjar")
+    assert r.status == 403 and (await r.json())["error"]["param"] == "tenant"
+    # Its own tenant's entries it may purge.
+    r = await purge(client, "k-a-admin", contains="holiday")
+    assert (await r.json())["purged"]["redis"] == {"exact": 1, "semantic": 0}
+    assert await ask(client, "k-a-user", "what is the holiday policy",
+                     **{"Cache-Control": "no-store"}) == "miss"
+    # Users are not admins at all.
+    assert (await purge(client, "k-b-user", contains="x")).status == 403
+
+
+async def test_operator_purges_across_tenants(client: Any) -> None:
+    await ask(client, "k-a-user", "shared word PELICAN one")
+    await ask(client, "k-b-user", "shared word PELICAN two")
+    r = await purge(client, "k-operator", contains="pelican")
+    assert (await r.json())["purged"]["l1"] == 2
+    r = await purge(client, "k-operator", tenant="b", contains="anything")
+    assert r.status == 200
+
+
+async def test_stats_are_per_tenant_for_tenant_admins(client: Any) -> None:
+    await ask(client, "k-a-user", "alpha question one")
+    await ask(client, "k-b-user", "beta question one")
+    await ask(client, "k-b-user", "beta question two")
+    a = await (await client.get("/admin/cache/stats", headers=h("k-a-admin"))).json()
+    b = await (await client.get("/admin/cache/stats", headers=h("k-b-admin"))).json()
+    ops = await (await client.get("/admin/cache/stats", headers=h("k-operator"))).json()
+    assert (a["l1"]["entries"], a["redis"]["exact"]) == (1, 1)
+    assert (b["l1"]["entries"], b["redis"]["exact"]) == (2, 2)
+    assert "in_flight" not in a and a["scope"] == "tenant a"
+    assert (ops["l1"]["entries"], ops["redis"]["exact"], ops["scope"]) == (3, 3, "global")
+    r = await client.get("/admin/cache/stats", headers=h("k-a-user"))
+    assert r.status == 403
+
+
+async def test_fault_injection_is_operator_only(client: Any) -> None:
+    engine = client.app[STATE].engine
+    for key, status in (("k-a-admin", 403), ("k-a-user", 403), ("nope", 401)):
+        r = await client.post("/admin/faults", json={"mode": "error"}, headers=h(key))
+        assert r.status == status
+        assert engine.mode == "ok"
+    r = await client.post("/admin/faults", json={"mode": "error"}, headers=h("k-operator"))
+    assert r.status == 200 and engine.mode == "error"

@@ -1,0 +1,199 @@
+"""Connection limits on a real listening socket (what `weir serve` runs): slowloris heads
+and stalled bodies are cut, idle connections closed, a connection cap refuses cleanly,
+and aiohttp's parser errors never write a key to the log."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from proxy.app import create_app
+from proxy.app_state import STATE
+from proxy.connections import Listener, listen
+from proxy.settings import LoggingSettings
+from proxy.telemetry import configure_logging
+from tests.conftest import make_settings
+from tests.fakes import FakeEngine
+from tests.waiting import eventually
+
+KEY = "sk-LEAKCHECK-5c1d0e7f9a2b4c6d"
+WAIT = 10  # bound on any wait for the server; the limits under test are well below it
+
+
+async def start(**server: Any) -> Listener:
+    settings = make_settings(server={"host": "127.0.0.1", "port": 0, **server},
+                             auth={"mode": "keys", "keys": [{"key": KEY}]})
+    app = create_app(settings, engine=FakeEngine())
+    return await listen(app, settings.server, "127.0.0.1", 0)
+
+
+@pytest.fixture
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[Listener]:
+    listener = await start(**getattr(request, "param", {}))
+    try:
+        yield listener
+    finally:
+        await listener.close()
+
+
+async def connect(listener: Listener) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", listener.port)
+
+
+async def response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    async with asyncio.timeout(WAIT):
+        status = int((await reader.readline()).split()[1])
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode().partition(":")
+            headers[k.strip().lower()] = v.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bool:
+    async with asyncio.timeout(WAIT):
+        try:
+            return await reader.read() == b""
+        except ConnectionResetError:  # aborted: as closed as it gets
+            return True
+
+
+def metrics(listener: Listener) -> str:
+    return listener.runner.app[STATE].metrics.render().decode()
+
+
+LIVE = b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize("served", [{"header_timeout_s": 0.3}], indirect=True)
+async def test_slowloris_head_is_cut(served: Listener) -> None:
+    reader, writer = await connect(served)
+    writer.write(b"GET /health/live HTTP/1.1\r\nHost: x\r\n")  # never ends the head
+    await writer.drain()
+    assert await closed_by_server(reader)
+    assert served.guard.head_timeouts == 1
+    assert 'weir_connections_closed_total{reason="head_timeout"} 1.0' in metrics(served)
+    writer.close()
+
+
+@pytest.mark.parametrize("served", [{"header_timeout_s": 0.3}], indirect=True)
+async def test_idle_time_between_requests_is_not_head_time(served: Listener) -> None:
+    reader, writer = await connect(served)
+    for _ in range(2):
+        writer.write(LIVE)
+        assert (await response(reader))[0] == 200
+        await asyncio.sleep(0.5)  # the idle gap under test, longer than the head timeout
+    assert served.guard.head_timeouts == 0
+    writer.close()
+
+
+@pytest.mark.parametrize("served", [{"body_timeout_s": 0.3}], indirect=True)
+async def test_stalled_body_is_a_408(served: Listener) -> None:
+    reader, writer = await connect(served)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"")
+    status, _, body = await response(reader)
+    assert status == 408
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    writer.close()
+
+
+@pytest.mark.parametrize("served", [{"idle_timeout_s": 0.3}], indirect=True)
+async def test_idle_connection_is_closed(served: Listener) -> None:
+    reader, writer = await connect(served)
+    writer.write(LIVE)
+    assert (await response(reader))[0] == 200
+    assert await closed_by_server(reader)  # nothing more sent: closed after the idle time
+    reader2, writer2 = await connect(served)  # a connection that never sends a byte too
+    assert await closed_by_server(reader2)
+    writer.close()
+    writer2.close()
+
+
+@pytest.mark.parametrize("served", [{"max_connections": 2}], indirect=True)
+async def test_at_the_cap_the_oldest_idle_connection_makes_room(served: Listener) -> None:
+    held = [await connect(served) for _ in range(2)]
+    for reader, writer in held:
+        writer.write(LIVE)
+        assert (await response(reader))[0] == 200  # accepted, now idle keep-alive
+    reader, writer = await connect(served)
+    writer.write(LIVE)
+    assert (await response(reader))[0] == 200  # served: a probe still gets through
+    assert await closed_by_server(held[0][0])  # the oldest idle one made room
+    assert served.guard.evicted == 1 and served.guard.refused == 0
+    text = metrics(served)
+    assert 'weir_connections_closed_total{reason="evicted"} 1.0' in text
+    assert "weir_connections_open 2.0" in text
+    for _, w in [*held, (reader, writer)]:
+        w.close()
+
+
+@pytest.mark.parametrize("served", [{"max_connections": 2}], indirect=True)
+async def test_connection_cap_refuses_cleanly_when_none_is_idle(served: Listener) -> None:
+    held = [await connect(served) for _ in range(2)]
+    for _, writer in held:  # heads in progress: not idle, not to be evicted
+        writer.write(b"GET /health/live HTTP/1.1\r\n")
+        await writer.drain()
+    await eventually(lambda: len(served.guard.open) == 2 and not any(
+        c.idle for c in served.guard.open.values()), timeout=WAIT)
+    reader, writer = await connect(served)
+    writer.write(LIVE)
+    status, headers, body = await response(reader)
+    assert status == 503 and headers["connection"] == "close"
+    assert json.loads(body)["error"]["code"] == "too_many_connections"
+    assert await closed_by_server(reader)
+    assert served.guard.refused == 1
+    writer.close()
+    held[0][1].write(b"Host: x\r\n\r\n")  # one head completes: answered, then idle
+    assert (await response(held[0][0]))[0] == 200
+    reader, writer = await connect(served)
+    writer.write(LIVE)
+    assert (await response(reader))[0] == 200
+    for _, w in [*held, (reader, writer)]:
+        w.close()
+
+
+@pytest.fixture
+def log() -> Iterator[io.StringIO]:
+    buf = io.StringIO()
+    configure_logging(LoggingSettings(level="debug"), stream=buf)
+    yield buf
+    configure_logging(LoggingSettings())
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"\x01\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"\x7f\x00\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"x" * 9000
+    + b"\r\n\r\n",
+    b"GET /v1/models?" + KEY.encode() * 400 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nX-" + KEY.encode() + b": a\r\n" * 200 + b"\r\n",
+    b"GET /v1/models HTTP/1.1\r\nContent-Length: " + KEY.encode() + b"\r\n\r\n",
+])
+async def test_parser_errors_never_log_the_key(head: bytes, log: io.StringIO,
+                                               capfd: pytest.CaptureFixture[str]) -> None:
+    listener = await start()
+    try:
+        reader, writer = await connect(listener)
+        writer.write(head)
+        status, _, body = await response(reader)
+        assert status in (400, 413, 431)
+        error = json.loads(body)["error"]  # OpenAI's shape, not aiohttp's echo of the line
+        assert set(error) == {"message", "type", "param", "code"}
+        assert KEY[3:15].encode() not in body
+        assert await closed_by_server(reader)
+        writer.close()
+    finally:
+        await listener.close()
+    out, err = capfd.readouterr()
+    text = log.getvalue()
+    assert "Error handling request" in text  # it was logged (the positive control) ...
+    for where in (text, out, err):
+        assert KEY not in where and KEY[3:15] not in where  # ... but without the key

@@ -1,0 +1,88 @@
+"""The body decoder's bounds: depth, integer digits, counts, lone surrogates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.errors import InvalidRequest
+from proxy.jsonbody import MAX_DEPTH, MAX_INT_DIGITS, MAX_MESSAGES, check_tree, decode_json_object
+
+
+def nested(depth: int, leaf: str = "0") -> str:
+    """`depth` containers in all, alternating lists and objects, around `leaf`."""
+    opens = "".join("[" if i % 2 else '{"k":' for i in range(depth))
+    closes = "".join("]" if i % 2 else "}" for i in reversed(range(depth)))
+    return opens + leaf + closes
+
+
+def refused(body: str | bytes) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as e:
+        decode_json_object(body.encode() if isinstance(body, str) else body)
+    assert e.value.status == 400
+    return e.value
+
+
+def test_depth_at_the_bound_passes_and_one_more_is_refused_naming_the_field() -> None:
+    ok = decode_json_object(f'{{"tools": {nested(MAX_DEPTH - 1)}}}'.encode())
+    assert "tools" in ok
+    err = refused(f'{{"model": "m", "tools": {nested(MAX_DEPTH)}}}')
+    assert err.param == "tools" and err.code == "invalid_json"
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 300, 970, 5_000, 200_000])
+@pytest.mark.parametrize("field", ["messages", "tools", "response_format", "junk"])
+def test_any_depth_in_any_field_is_a_400(depth: int, field: str) -> None:
+    err = refused(f'{{"{field}": {nested(depth)}}}')
+    assert err.param in (field, None)  # None only where json itself gave up first
+
+
+@pytest.mark.parametrize("depth", [10, 300, 900])
+def test_lone_surrogate_deep_inside_is_a_400_not_a_recursion_error(depth: int) -> None:
+    lone = '"x\\ud800"'  # the six characters of an escape, as a client sends them
+    err = refused('{"a": ' + nested(depth, lone) + "}")
+    assert err.code in ("invalid_encoding", "invalid_json")
+    paired = decode_json_object(b'{"a": ["\\ud83d\\ude00"]}')  # a pair is one character
+    assert paired["a"] == ["\U0001f600"]
+
+
+def test_lone_surrogate_in_a_key_is_refused() -> None:
+    assert refused('{"\\udc00": 1}').code == "invalid_encoding"
+
+
+@pytest.mark.parametrize("digits", [MAX_INT_DIGITS + 1, 4_300, 4_301, 100_000])
+def test_long_integers_are_a_400(digits: int) -> None:
+    err = refused('{"seed": ' + "9" * digits + "}")
+    assert "digits" in err.message
+    assert refused('{"seed": -' + "9" * digits + "}").status == 400
+
+
+def test_integers_within_the_bound_reach_the_models() -> None:
+    big = "9" * MAX_INT_DIGITS
+    assert decode_json_object(f'{{"seed": {big}}}'.encode())["seed"] == int(big)
+
+
+@pytest.mark.parametrize("const", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_constants_are_refused(const: str) -> None:
+    assert refused(f'{{"temperature": {const}}}').code == "invalid_json"
+
+
+def test_too_many_messages_are_refused_by_count() -> None:
+    msgs = [{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1)
+    err = refused(json.dumps({"model": "m", "messages": msgs}))
+    assert err.param == "messages"
+    ok = decode_json_object(json.dumps({"model": "m", "messages": msgs[:MAX_MESSAGES]}).encode())
+    assert len(ok["messages"]) == MAX_MESSAGES
+
+
+def test_check_tree_is_iterative() -> None:
+    deep: list[object] = []
+    node = deep
+    for _ in range(100_000):  # far past Python's recursion limit
+        child: list[object] = []
+        node.append(child)
+        node = child
+    with pytest.raises(InvalidRequest) as e:
+        check_tree({"x": deep})
+    assert e.value.param == "x"
