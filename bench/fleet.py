@@ -52,6 +52,16 @@ ADMISSION = {"max_concurrent": 64, "max_queue": 16, "max_queue_wait_s": 0.25,
              "deadline_s": 300}
 
 
+def default_plugins() -> list[dict[str, Any]]:
+    """config/weir.yaml's chain as shipped, but for limits a benchmark would trip."""
+    plugins = yaml.safe_load((ROOT / "config" / "weir.yaml").read_text())["plugins"]
+    for p in plugins:
+        if p["name"] == "rate_limit":
+            p["config"]["rules"] = [{"per": "key", "rpm": 10_000_000, "tpm": 10**10,
+                                     "concurrent": 1024}]
+    return list(plugins)
+
+
 def engine_for(model: str, served_name: str | None = None,
                base: dict[str, Any] | None = None) -> dict[str, Any]:
     """The engine settings that serve `model` in every system: a built-in one
@@ -207,6 +217,14 @@ class Fleet:
         if role == "weir":
             return System("Weir, all plugins", "weir", weir_server(
                 self.tmp, engine, self.weir_plugins(), name="weir-all",
+                extra={"auth": self.weir_auth(), "embeddings": {"enabled": True}}))
+        if role == "weir-bare":
+            return System("Weir, no plugins", "weir", weir_server(
+                self.tmp, engine, [], name="weir-bare",
+                extra={"auth": self.weir_auth(), "embeddings": {"enabled": False}}))
+        if role == "weir-default":
+            return System("Weir, config/weir.yaml", "weir", weir_server(
+                self.tmp, engine, default_plugins(), name="weir-default",
                 extra={"auth": self.weir_auth(), "embeddings": {"enabled": True}}))
         if role == "weir-exact":
             if self.quick:

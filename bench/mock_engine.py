@@ -1,8 +1,9 @@
 """An engine that answers at once, to measure what the gateway itself costs.
 
 It speaks Weir's Engine protocol like the real one: `tokens` deltas per answer, one word
-each, the last with finish reason `length`; nothing waits, so every microsecond a request
-takes is the gateway's (HTTP, auth, plugins, rendering, SSE).
+each, the last with finish reason `stop` (`length` when `max_tokens` cuts it first);
+nothing waits, so every microsecond a request takes is the gateway's (HTTP, auth,
+plugins, rendering, SSE).
 """
 
 from __future__ import annotations
@@ -50,11 +51,12 @@ class InstantEngine:
                        cache_salt: str | None = None, priority: int = 0,
                        ) -> AsyncGenerator[EngineOutput, None]:
         n = min(self.tokens, options.max_tokens)
+        reason = "stop" if n < options.max_tokens else "length"
         for i in range(n):
             last = i == n - 1
             yield EngineOutput(
                 choices=[ChoiceDelta(index=c, text=" word", token_ids=[100 + i],
-                                     finish_reason="length" if last else None)
+                                     finish_reason=reason if last else None)
                          for c in range(options.n)],
                 prompt_tokens=len(prompt), finished=last)
 

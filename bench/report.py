@@ -26,6 +26,8 @@ SECTIONS = [
               "cache):"),
     ("surge", "**Surge** (`bench/surge.py`, three times capacity):"),
     ("sanitizer", "**Sanitizer** (`bench/sanitizer.py`):"),
+    ("overhead", "**Gateway overhead** (`bench/overhead.py`; vLLM's own client for the "
+                 "engine path):"),
     ("run", "**This run** (`bench/results/run.json`):"),
 ]
 

@@ -12,61 +12,45 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
+from . import embeddings_api
 from .app_state import STATE, AppState
 from .auth import Authenticator
-from .body import read_json
 from .chain import Services, build_plugins, compose
 from .connections import guard_middleware
 from .embedding import LocalEmbedder
-from .engine.base import Backend
-from .engine.upstream import UpstreamEngine
+from .engine.base import Engine
 from .middleware import (
     errors_middleware,
     make_access_log,
     request_id_middleware,
     tracing_middleware,
 )
-from .protocol import parse_model
 from .routes import add_routes
-from .serving import LocalServing
 from .settings import ConfigError, Settings
 from .telemetry import Metrics, get_logger
+from .terminal import make_terminal
 
 log = get_logger("weir.app")
-
-
-def make_engine(settings: Settings) -> Backend:
-    cfg = settings.engine
-    if cfg.kind == "vllm":
-        from .engine.vllm import VllmEngine  # imported here: vllm is heavy and optional
-
-        engine: Backend = VllmEngine(cfg)
-        if cfg.faults:
-            from .engine.faults import FaultyEngine
-
-            engine = FaultyEngine(engine)  # type: ignore[arg-type]
-        return engine
-    return UpstreamEngine(cfg)
 
 
 def create_app(
     settings: Settings,
     *,
-    engine: Backend | None = None,
+    engine: Engine | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
 ) -> web.Application:
     metrics = Metrics()
-    engine = engine if engine is not None else make_engine(settings)
+    terminal = make_terminal(settings, engine)
     try:
         auth = Authenticator(settings.auth)
     except (ValueError, OSError) as e:
         raise ConfigError([("auth.keys", str(e))]) from None
     embedder = (LocalEmbedder(settings.embeddings, metrics.registry)
                 if settings.embeddings.enabled else None)
-    plugins = build_plugins(settings.plugins, Services(engine, settings, metrics, embedder))
-    terminal = engine if isinstance(engine, UpstreamEngine) else LocalServing(
-        engine)  # type: ignore[arg-type]
-    chain = compose(plugins, terminal)  # type: ignore[arg-type]
+    plugins = build_plugins(settings.plugins, Services(terminal, settings, metrics, embedder))
+    chain = compose(plugins, terminal)
+    embed_chain = (compose([p for p in plugins if "embeddings" in p.serves],
+                           embeddings_api.terminal(embedder)) if embedder is not None else None)
     app = web.Application(
         middlewares=[
             guard_middleware,
@@ -77,14 +61,15 @@ def create_app(
         ],
         client_max_size=settings.server.max_body_bytes,
     )
-    app[STATE] = AppState(settings=settings, engine=engine, auth=auth, metrics=metrics,
-                          plugins=plugins, chain=chain, embedder=embedder)
+    app[STATE] = AppState(settings=settings, terminal=terminal, auth=auth, metrics=metrics,
+                          plugins=plugins, chain=chain, embed_chain=embed_chain,
+                          embedder=embedder)
     app.cleanup_ctx.append(_engine_lifespan(on_fatal))
     app.cleanup_ctx.append(_embedder_lifespan)
     app.cleanup_ctx.append(_plugins_lifespan)
     add_routes(app)
-    if getattr(engine, "mode", None) is not None:  # the fault-injecting wrapper
-        app.router.add_post("/admin/faults", _faults_handler)
+    for method, path, handler in terminal.routes():
+        app.router.add_route(method, path, handler)
     for plugin in plugins:
         for method, path, handler in plugin.routes():
             app.router.add_route(method, path, handler)
@@ -102,8 +87,8 @@ def _engine_lifespan(
 
         async def start() -> None:
             try:
-                await st.engine.start()
-                log.info("engine ready", models=[m.id for m in st.engine.models()])
+                await st.terminal.start()
+                log.info("engine ready", models=[m.id for m in st.terminal.models()])
             except asyncio.CancelledError:
                 raise
             except BaseException as e:
@@ -119,23 +104,9 @@ def _engine_lifespan(
         if not task.done():
             task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await st.engine.close()
+        await st.terminal.close()
 
     return lifespan
-
-
-async def _faults_handler(request: web.Request) -> web.Response:
-    from .engine.faults import FaultRequest, FaultyEngine
-
-    st = request.app[STATE]
-    st.auth.require_role(request.headers.get("Authorization"), "operator", "Fault injection")
-    data, _ = await read_json(request, 4096)
-    req = parse_model(FaultRequest, data)
-    engine = st.engine
-    assert isinstance(engine, FaultyEngine)
-    engine.switch(req)
-    log.warning("fault injection", mode=req.mode, delay_s=engine.delay_s)
-    return web.json_response({"mode": req.mode, "delay_s": engine.delay_s})
 
 
 async def _embedder_lifespan(app: web.Application) -> AsyncIterator[None]:

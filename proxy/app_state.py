@@ -20,20 +20,22 @@ from aiohttp import web
 from .auth import Authenticator
 from .chain import BasePlugin, Next
 from .embedding import Embedder
-from .engine.base import Backend
 from .settings import Settings
 from .streaming import SHUTDOWN
 from .telemetry import Metrics
+from .terminal import Terminal
 
 
 @dataclass
 class AppState:
     settings: Settings
-    engine: Backend
+    terminal: Terminal
     auth: Authenticator
     metrics: Metrics
     plugins: list[BasePlugin[Any]]
     chain: Next
+    #: The chain of /v1/embeddings (the plugins that serve it, then the embedder).
+    embed_chain: Next | None = None
     embedder: Embedder | None = None
     draining: bool = False
     engine_error: BaseException | None = None
@@ -89,13 +91,13 @@ class AppState:
             status = "draining"
         elif self.engine_error is not None:
             status = "failed"
-        elif not self.engine.ready():
+        elif not self.terminal.ready():
             status = "loading"
         else:
             status = "ready"
         body: dict[str, Any] = {"status": status, "in_flight": self.in_flight}
-        stats = self.engine.stats()
-        body["engine"] = {"ready": self.engine.ready(), "running": stats.running,
+        stats = self.terminal.stats()
+        body["engine"] = {"ready": self.terminal.ready(), "running": stats.running,
                           "waiting": stats.waiting}
         plugins = {p.name: h for p in self.plugins if (h := p.health()) is not None}
         if plugins:
@@ -103,7 +105,7 @@ class AppState:
         return body
 
     def refresh_gauges(self) -> None:
-        stats = self.engine.stats()
+        stats = self.terminal.stats()
         self.metrics.engine_running.set(stats.running)
         self.metrics.engine_waiting.set(stats.waiting)
         if stats.kv_cache_usage is not None:

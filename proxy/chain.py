@@ -4,8 +4,8 @@ A plugin is an async callable `(ctx, call_next) -> Reply`. The YAML list under
 `plugins:` is execution order, outermost first; each entry's `config` is validated by
 the plugin's own schema (`Config`, pydantic, `extra="forbid"`). A plugin may
 short-circuit (return a Reply without calling `call_next`), change `ctx.request`
-before calling on, or wrap the Reply it gets back. A `Stream` is wrapped by an async
-generator whose `finally` runs on completion, error and cancellation alike.
+before calling on, or act on the Reply it gets back: a `Stream` is not wrapped, a plugin
+registers `on_end` hooks on it, which run once however it ends (proxy/reply.py).
 
 Ordering is checked at load: plugins declare a `placement` (`first`: before every
 other plugin, like the sanitizer; `last`: next to the engine, like admission and the
@@ -15,10 +15,8 @@ the YAML path of the offending entry.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -33,178 +31,24 @@ from typing import (
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .context import RequestContext, loop_time
-from .errors import DeadlineExceeded
+from .context import RequestContext
+
+# Replies are defined in proxy.reply; plugins import them from here with the contract.
+from .reply import Completion, EndHook, Outcome, Reply, Stream
 from .settings import ConfigError, PluginSpec, errors_from_validation
-from .telemetry import get_logger
 from .tracing import span, tracing_enabled
+
+__all__ = ["FALLBACK_HEADER", "BasePlugin", "Completion", "EndHook", "Next", "Outcome",
+           "Plugin", "PluginConfig", "Reply", "Services", "Stream", "build_plugins",
+           "compose", "register", "unregister", "validate_plugins"]
 
 if TYPE_CHECKING:
     from aiohttp import web
 
     from .embedding import Embedder
-    from .engine.base import Backend
     from .settings import Settings
     from .telemetry import Metrics
-
-_log = get_logger("weir.chain")
-
-
-@dataclass(slots=True)
-class Completion:
-    """A whole answer: the OpenAI response object, JSON-ready."""
-
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-Outcome = Literal["completed", "failed", "cancelled"]
-#: Called once when a stream ends: (the stream, how it ended). May be async.
-EndHook = Callable[["Stream", Outcome], Awaitable[None] | None]
-
-
-class Stream:
-    """A streamed answer: OpenAI chunk objects (dicts), and what is known about them.
-
-    One pass per chunk: plugins do not wrap the chunk iterator. A plugin that cares how a
-    stream ends registers `on_end(hook)`; the one consumer (the SSE writer, or whoever
-    iterates it) calls `end(outcome)` exactly once on every path: completed, failed
-    (`error` says why: a deadline, an engine fault) or cancelled (client gone, shutdown).
-    `end` closes the iterator (which aborts the engine request) and then runs the hooks in
-    the order they were registered: innermost plugin first (admission frees its slot
-    before the breaker records, the cache stores and the rate limiter settles).
-
-    The producer fills in what consumers would otherwise re-parse from the chunks:
-    `usage` (prompt and completion tokens, once known) and `answer` (the choices' text and
-    finish reasons, for the cache to store; None where the producer does not assemble
-    them, e.g. an upstream relay). `first` is the first chunk when the producer awaited it
-    before returning (`prime()`): errors before any output then surface from the chain
-    call itself, with a real HTTP status, where the breaker can still fall back.
-    """
-
-    __slots__ = ("_ended", "_hooks", "_it", "answer", "deadline", "error", "first", "headers",
-                 "primed_at", "usage")
-
-    def __init__(
-        self,
-        chunks: AsyncIterator[dict[str, Any]] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self._it = chunks
-        self.headers: dict[str, str] = headers if headers is not None else {}
-        self.usage: dict[str, Any] | None = None
-        self.answer: list[dict[str, Any]] | None = None
-        self.error: BaseException | None = None
-        self.first: dict[str, Any] | None = None
-        #: time.monotonic() when the first chunk was in hand (prime()); None: not primed.
-        self.primed_at: float | None = None
-        #: time.monotonic() by which the stream must end (one per request; the consumer
-        #: enforces it, ending the stream with DeadlineExceeded). None: no deadline.
-        self.deadline: float | None = None
-        self._hooks: list[EndHook] = []
-        self._ended = False
-
-    def attach(self, chunks: AsyncIterator[dict[str, Any]]) -> Stream:
-        """Set the chunk source (for producers that hand the Stream to their generator)."""
-        self._it = chunks
-        return self
-
-    async def prime(self) -> Stream:
-        """Await the first chunk now. An error before it propagates (the stream ends
-        `failed`); an empty stream is fine."""
-        assert self._it is not None and self.first is None
-        try:
-            self.first = await self._it.__anext__()
-        except StopAsyncIteration:
-            pass
-        except BaseException as e:
-            await self.end("cancelled" if isinstance(e, asyncio.CancelledError) else "failed",
-                           e)
-            raise
-        self.primed_at = time.monotonic()
-        return self
-
-    def rest(self) -> AsyncIterator[dict[str, Any]]:
-        """The chunks after `first`: the consumer's hot path (no extra frame)."""
-        assert self._it is not None
-        return self._it
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    def on_end(self, hook: EndHook) -> None:
-        if self._ended:
-            raise RuntimeError("the stream has already ended")
-        self._hooks.append(hook)
-
-    async def end(self, outcome: Outcome, error: BaseException | None = None) -> None:
-        """Close the chunk source and run the end hooks; only the first call counts.
-        Hooks run even if closing fails, and one hook failing does not stop the rest."""
-        if self._ended:
-            return
-        self._ended = True
-        if error is not None and self.error is None:
-            self.error = error
-        close = getattr(self._it, "aclose", None)
-        if close is not None:
-            try:
-                await close()
-            except Exception:
-                _log.exception("closing a stream failed")
-        for hook in self._hooks:
-            try:
-                result = hook(self, outcome)
-                if result is not None:
-                    await result
-            except Exception:
-                _log.exception("a stream end hook failed", hook=getattr(
-                    hook, "__qualname__", repr(hook)))
-
-    # Consumers other than the SSE writer (tests, translations into other APIs) iterate
-    # the stream; the iteration ends it.
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[dict[str, Any]]:
-        outcome: Outcome = "cancelled"
-        error: BaseException | None = None
-        try:
-            if self.first is not None:
-                first, self.first = self.first, None
-                yield first
-            while self._it is not None:
-                # A scope per chunk here (a timeout cannot span a generator's yields);
-                # the SSE writer, the hot path, has one for the whole stream.
-                scope = asyncio.timeout_at(loop_time(self.deadline))
-                try:
-                    async with scope:
-                        chunk = await self._it.__anext__()
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    if scope.expired():
-                        raise DeadlineExceeded(
-                            "The request did not finish within its deadline.") from None
-                    raise
-                yield chunk
-            outcome = "completed"
-        except GeneratorExit:
-            raise
-        except asyncio.CancelledError:
-            raise
-        except BaseException as e:
-            outcome, error = "failed", e
-            raise
-        finally:
-            await asyncio.shield(self.end(outcome, error))
-
-    async def aclose(self) -> None:
-        """End the stream as cancelled (the consumer gave up on it)."""
-        await self.end("cancelled")
-
-
-Reply = Completion | Stream
+    from .terminal import Terminal
 
 #: Set on replies a fallback produced (breaker); the cache never stores those.
 FALLBACK_HEADER = "x-weir-fallback"
@@ -228,7 +72,7 @@ class PluginConfig(BaseModel):
 class Services:
     """What a plugin may use besides its config, handed over at construction."""
 
-    engine: Backend
+    terminal: Terminal
     settings: Settings
     metrics: Metrics
     embedder: Embedder | None = None
@@ -253,6 +97,8 @@ class BasePlugin(Generic[ConfigT]):
     placement: ClassVar[Literal["first", "any", "last"]] = "any"
     #: Names of plugins that, when present, must come later in the chain.
     before: ClassVar[tuple[str, ...]] = ()
+    #: The routes whose chain this plugin joins (`embeddings`: traffic plugins only).
+    serves: ClassVar[frozenset[str]] = frozenset({"chat", "completion"})
 
     def __init__(self, config: ConfigT, services: Services) -> None:
         self.config: ConfigT = config
@@ -376,7 +222,7 @@ def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugi
     return plugins
 
 
-def compose(plugins: list[Plugin], terminal: Next) -> Next:
+def compose(plugins: Sequence[Plugin], terminal: Next) -> Next:
     """One callable running `plugins` outermost first, then `terminal`."""
     handler = terminal
     for plugin in reversed(plugins):

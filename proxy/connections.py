@@ -29,7 +29,7 @@ import asyncio
 import json
 import resource
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -97,8 +97,9 @@ class _Guarded(asyncio.Protocol):
         self.busy = 0  # requests of this connection inside their handler
         self._head_timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        transport = cast(asyncio.Transport, base)
         self.transport = transport
         g = self.guard
         if len(g.open) >= g.max_connections and not g.evict_idle():

@@ -14,12 +14,14 @@ from typing import Any, Literal
 from .auth import Principal
 from .protocol import ChatCompletionRequest, CompletionRequest
 
-Route = Literal["chat", "completion"]
+Route = Literal["chat", "completion", "embeddings"]
 
 
 @dataclass(slots=True)
 class RequestContext:
     route: Route
+    #: For `embeddings`, a completion-shaped view of the request (its inputs as prompts,
+    #: one output token): what the traffic plugins that serve that route need to see.
     request: ChatCompletionRequest | CompletionRequest
     principal: Principal
     request_id: str

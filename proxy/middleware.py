@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import uuid
 from typing import Any
 
 import structlog
@@ -32,6 +31,7 @@ from .errors import (
     ServerError,
     WeirError,
 )
+from .ids import new_hex
 from .telemetry import Metrics, get_logger
 from .tracing import extract, tracer
 
@@ -50,7 +50,7 @@ def error_response(err: WeirError, request_id: str | None = None) -> web.Respons
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     rid = request.headers.get("x-request-id", "")
     if not _REQUEST_ID.match(rid):
-        rid = uuid.uuid4().hex
+        rid = new_hex()
     request[REQUEST_ID] = rid
     request[INFO] = {}
     with structlog.contextvars.bound_contextvars(request_id=rid):

@@ -11,7 +11,7 @@ settle tokens or store the answer: they never re-parse the chunks.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,19 +39,38 @@ class _Choice:
 
 
 class Choices:
-    """Every choice of one answer (n per prompt), indexed as OpenAI numbers them."""
+    """Every choice of one answer (n per prompt), indexed as OpenAI numbers them.
 
-    __slots__ = ("_prompt_tokens", "by_index", "cached", "n", "total")
+    Also the engine call's bookkeeping, as a context manager around the loop over its
+    outputs: the span's first-token event and token counts, and engine exceptions mapped
+    to OpenAI errors on the way out."""
 
-    def __init__(self, n: int, prompts: int) -> None:
+    __slots__ = ("_prompt_tokens", "_span", "by_index", "cached", "n", "total")
+
+    def __init__(self, n: int, prompts: int, span: EngineSpan) -> None:
         self.n = n
         self.total = n * prompts
         self.by_index: dict[int, _Choice] = {}
         self._prompt_tokens: dict[int, int] = {}
         self.cached = 0
+        self._span: EngineSpan | None = span
+
+    def __enter__(self) -> Choices:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                 tb: Any) -> None:
+        if self._span is not None:
+            u = self.usage()
+            self._span.end(u["prompt_tokens"], u["completion_tokens"], e)
+            self._span = None
+        if isinstance(e, ENGINE_ERRORS):
+            raise map_engine_error(e) from e
 
     def output(self, out: EngineOutput) -> None:
         if out.prompt_index not in self._prompt_tokens:
+            if not self._prompt_tokens and self._span is not None:
+                self._span.first_token()
             self._prompt_tokens[out.prompt_index] = out.prompt_tokens
             self.cached += out.cached_tokens
 
@@ -79,19 +98,13 @@ class Choices:
 # ------------------------------------------------------------------------ whole answers
 
 
-async def whole(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepared,
+async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep: Prepared,
                 span: EngineSpan) -> Completion:
-    """Collect every output, then build the body. Engine errors propagate unmapped."""
-    prompts = len(prep.prompts)
-    track = Choices(req.n, prompts)
-    error: BaseException | None = None
-    first = True
-    try:
-        async with aclosing(outputs):  # type: ignore[type-var]
+    """Collect every output, then build the body."""
+    track = Choices(req.n, len(prep.prompts), span)
+    with track:
+        async with aclosing(outputs):
             async for out in outputs:
-                if first:
-                    first = False
-                    span.first_token()
                 track.output(out)
                 for c in out.choices:
                     _, ch = track.choice(out, c)
@@ -100,12 +113,6 @@ async def whole(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepar
                         ch.logprobs.extend(c.logprobs)
                     if c.finish_reason:
                         ch.reason = c.finish_reason
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        u = track.usage()
-        span.end(u["prompt_tokens"], u["completion_tokens"], error)
     for i in track.unfinished():
         track.by_index.setdefault(i, _Choice()).reason = "stop"
     usage = track.usage()
@@ -130,29 +137,24 @@ async def whole(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepar
 # ------------------------------------------------------------------------------ streams
 
 
-def chunks(outputs: AsyncIterator[EngineOutput], req: Request, prep: Prepared,
+def chunks(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep: Prepared,
            span: EngineSpan, stream: Stream) -> AsyncIterator[dict[str, Any]]:
     if isinstance(req, ChatCompletionRequest):
         return _chat_chunks(outputs, req, prep, span, stream)
     return _completion_chunks(outputs, req, prep, span, stream)
 
 
-async def _chat_chunks(outputs: AsyncIterator[EngineOutput], req: ChatCompletionRequest,
+async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCompletionRequest,
                        prep: Prepared, span: EngineSpan,
                        stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("chatcmpl"), R.now(), req.model
     include_usage = req.include_usage
     want_logprobs = bool(req.logprobs)
-    track = Choices(req.n, 1)
+    track = Choices(req.n, 1, span)
     calls = T.StreamCalls(prep.tracker)
-    error: BaseException | None = None
-    first = True
-    try:
-        async with aclosing(outputs):  # type: ignore[type-var]
+    with track:
+        async with aclosing(outputs):
             async for out in outputs:
-                if first:
-                    first = False
-                    span.first_token()
                 track.output(out)
                 choices = []
                 for c in out.choices:
@@ -174,15 +176,6 @@ async def _chat_chunks(outputs: AsyncIterator[EngineOutput], req: ChatCompletion
                 if choices:
                     yield R.chat_chunk(id=cid, model=model, created=created, choices=choices,
                                        include_usage=include_usage)
-    except ENGINE_ERRORS as e:
-        error = e
-        raise map_engine_error(e) from e
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        u = track.usage()
-        span.end(u["prompt_tokens"], u["completion_tokens"], error)
     missing = track.unfinished()
     if missing:  # the engine ended without a reason for some choice: close it once
         closing = []
@@ -201,20 +194,15 @@ async def _chat_chunks(outputs: AsyncIterator[EngineOutput], req: ChatCompletion
                             object_="chat.completion.chunk", usage_=stream.usage)
 
 
-async def _completion_chunks(outputs: AsyncIterator[EngineOutput], req: CompletionRequest,
+async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: CompletionRequest,
                              prep: Prepared, span: EngineSpan,
                              stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("cmpl"), R.now(), req.model
-    track = Choices(req.n, len(prep.prompts))
+    track = Choices(req.n, len(prep.prompts), span)
     offsets: dict[int, int] = {}
-    error: BaseException | None = None
-    first = True
-    try:
-        async with aclosing(outputs):  # type: ignore[type-var]
+    with track:
+        async with aclosing(outputs):
             async for out in outputs:
-                if first:
-                    first = False
-                    span.first_token()
                 track.output(out)
                 choices = []
                 for c in out.choices:
@@ -239,15 +227,6 @@ async def _completion_chunks(outputs: AsyncIterator[EngineOutput], req: Completi
                 if choices:
                     yield R.completion_body(id=cid, model=model, created=created,
                                             choices=choices, usage_=None)
-    except ENGINE_ERRORS as e:
-        error = e
-        raise map_engine_error(e) from e
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        u = track.usage()
-        span.end(u["prompt_tokens"], u["completion_tokens"], error)
     missing = track.unfinished()
     if missing:
         for i in missing:

@@ -9,15 +9,15 @@ a choice's `finish_reason` is set exactly once; with `include_usage`, each chunk
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
 from .engine.base import TokenLogprob
+from .ids import new_hex
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
+    return f"{prefix}-{new_hex(96)}"
 
 
 def usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:

@@ -8,25 +8,25 @@ the model (403), then run the chain and send its Reply.
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from . import embeddings_api
 from .app_state import INFO, REQUEST_ID, STATE, AppState
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
 from .context import RequestContext, Route
-from .errors import InvalidRequest, ModelNotFound, Unauthorized, Unavailable, WeirError
+from .errors import ModelNotFound, Unauthorized, Unavailable, WeirError
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    EmbeddingRequest,
     parse_model,
 )
-from .streaming import dumps, write_sse
+from .streaming import SHUTDOWN, dumps, write_sse
 from .telemetry import get_logger
 
 log = get_logger("weir.routes")
@@ -53,7 +53,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     if st.draining:
         raise Unavailable("The server is shutting down; retry on another replica.",
                           code="shutting_down")
-    if not st.engine.ready():
+    if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
@@ -64,6 +64,8 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     if st.settings.logging.include_prompts:  # off by default: prompts are user data
         info["prompt"] = _prompt_text(req)
     principal.check_model(req.model)
+    if not st.terminal.has_model(req.model):  # before the chain spends limits or lookups
+        raise ModelNotFound(req.model)
     ctx = RequestContext(
         route=route,
         request=req,
@@ -73,22 +75,32 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         body_bytes=size,
     )
     with st.track():
-        reply = await st.chain(ctx)
-        if isinstance(reply, Completion):
-            headers = {**ctx.response_headers, **reply.headers}
-            info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
-            _note_usage(st, info, reply.body)
-            return json_response(reply.body, headers)
-        assert isinstance(reply, Stream)
+        try:
+            return await _answer(request, st, ctx, info)
+        except asyncio.CancelledError as e:
+            if e.args != (SHUTDOWN,):  # the client went away (aiohttp cancels its handler)
+                st.metrics.aborted.labels("client_gone").inc()
+            raise
 
-        def stream_headers() -> dict[str, str]:
-            # Sent before the request-id middleware sees the response: set it here.
-            headers = {**ctx.response_headers, **reply.headers,
-                       "x-request-id": request[REQUEST_ID]}
-            info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
-            return headers
 
-        return await _send_stream(request, st, ctx, reply, stream_headers, info)
+async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
+                  info: dict[str, Any]) -> web.StreamResponse:
+    reply = await st.chain(ctx)
+    if isinstance(reply, Completion):
+        headers = {**ctx.response_headers, **reply.headers}
+        info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
+        _note_usage(st, info, reply.body)
+        return json_response(reply.body, headers)
+    assert isinstance(reply, Stream)
+
+    def stream_headers() -> dict[str, str]:
+        # Sent before the request-id middleware sees the response: set it here.
+        headers = {**ctx.response_headers, **reply.headers,
+                   "x-request-id": request[REQUEST_ID]}
+        info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
+        return headers
+
+    return await _send_stream(request, st, ctx, reply, stream_headers, info)
 
 
 def _prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
@@ -164,7 +176,7 @@ def _model_entry(m: Any) -> dict[str, Any]:
 async def list_models(request: web.Request) -> web.Response:
     st = _state(request)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
-    data = [_model_entry(m) for m in st.engine.models() if principal.may_use(m.id)]
+    data = [_model_entry(m) for m in st.terminal.models() if principal.may_use(m.id)]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -172,35 +184,10 @@ async def get_model(request: web.Request) -> web.Response:
     st = _state(request)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
     model_id = request.match_info["model"]
-    for m in st.engine.models():
+    for m in st.terminal.models():
         if m.id == model_id and principal.may_use(m.id):
             return web.json_response(_model_entry(m))
     raise ModelNotFound(model_id, param=None)
-
-
-async def embeddings(request: web.Request) -> web.Response:
-    st = _state(request)
-    principal = st.auth.authenticate(request.headers.get("Authorization"))
-    data, _ = await read_json(request, st.settings.server.max_body_bytes)
-    req = parse_model(EmbeddingRequest, data)
-    emb = st.embedder
-    if emb is None or req.model != emb.model_id:
-        raise ModelNotFound(req.model)
-    principal.check_model(req.model)
-    if req.dimensions is not None and req.dimensions != emb.dim:
-        raise InvalidRequest(f"`dimensions` must be {emb.dim} for this model.",
-                             param="dimensions")
-    texts = [req.input] if isinstance(req.input, str) else req.input
-    vecs, counts = await emb.embed(texts)
-    items = []
-    for i, v in enumerate(vecs):
-        value: Any = (base64.b64encode(v.astype("<f4").tobytes()).decode()
-                      if req.encoding_format == "base64" else v.tolist())
-        items.append({"object": "embedding", "index": i, "embedding": value})
-    tokens = sum(counts)
-    return web.json_response({"object": "list", "data": items, "model": emb.model_id,
-                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}},
-                             dumps=st.dumps)
 
 
 async def live(request: web.Request) -> web.Response:
@@ -256,7 +243,7 @@ def add_routes(app: web.Application) -> None:
 
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/embeddings", embeddings_api.embeddings)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/health/live", live)

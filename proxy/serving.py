@@ -19,18 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from typing import TYPE_CHECKING
 
 from . import rendering
 from .chain import Reply, Stream
 from .context import RequestContext
-from .engine.base import Engine, EngineOutput
+from .engine.base import Engine, EngineOutput, EngineStats, ModelInfo
 from .errors import ModelNotFound
-from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
+from .generation import EngineSpan
+from .ids import new_hex
 from .preparing import Prepared, prepare_chat, prepare_completion
 from .protocol import ChatCompletionRequest
+
+if TYPE_CHECKING:
+    from .terminal import Route
 
 
 def cache_salt(ctx: RequestContext) -> str:
@@ -40,10 +44,10 @@ def cache_salt(ctx: RequestContext) -> str:
 
 
 def engine_outputs(engine: Engine, prep: Prepared,
-                   ctx: RequestContext) -> AsyncIterator[EngineOutput]:
+                   ctx: RequestContext) -> AsyncGenerator[EngineOutput, None]:
     """The engine's outputs for every prompt, each tagged with its prompt's index."""
     salt = cache_salt(ctx)
-    base = f"weir-{uuid.uuid4().hex}"
+    base = f"weir-{new_hex()}"
     if len(prep.prompts) == 1:  # the common case: the engine's own generator, as is
         return engine.generate(prep.prompts[0], prep.options, base, cache_salt=salt)
     return _merged(engine, prep, base, salt)
@@ -82,11 +86,35 @@ async def _merged(engine: Engine, prep: Prepared, base: str,
 
 
 class LocalServing:
-    """Terminal step over an in-process Engine."""
+    """The Terminal over an in-process Engine."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._models: frozenset[str] | None = None
+
+    async def start(self) -> None:
+        await self.engine.start()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+    def ready(self) -> bool:
+        return self.engine.ready()
+
+    def models(self) -> list[ModelInfo]:
+        return self.engine.models()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def routes(self) -> list[Route]:
+        from .engine.faults import FaultyEngine
+
+        if isinstance(self.engine, FaultyEngine):
+            from .admin_faults import fault_routes
+
+            return fault_routes(self.engine)
+        return []
 
     def has_model(self, model: str) -> bool:
         if self._models is None:
@@ -106,10 +134,7 @@ class LocalServing:
         outputs = engine_outputs(self.engine, prep, ctx)
         span = EngineSpan(req.model)
         if not req.stream:
-            try:
-                return await rendering.whole(outputs, req, prep, span)
-            except ENGINE_ERRORS as e:
-                raise map_engine_error(e) from e
+            return await rendering.whole(outputs, req, prep, span)
         stream = Stream()
         stream.attach(rendering.chunks(outputs, req, prep, span, stream))
         return await stream.prime()

@@ -241,16 +241,16 @@ class PluginSpec(_Strict):
 
 
 class Settings(_Strict):
-    server: ServerSettings = Field(default_factory=ServerSettings)  # type: ignore[arg-type]
-    engine: EngineSettings = Field(default_factory=VllmEngineSettings)  # type: ignore[arg-type]
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    engine: EngineSettings = Field(default_factory=VllmEngineSettings)
     auth: AuthSettings = Field(
         default_factory=lambda: AuthSettings.model_validate({"mode": "open"}))
-    logging: LoggingSettings = Field(default_factory=LoggingSettings)  # type: ignore[arg-type]
-    embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)  # type: ignore[arg-type]
-    tracing: TracingSettings = Field(default_factory=TracingSettings)  # type: ignore[arg-type]
-    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)  # type: ignore[arg-type]
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     observability: ObservabilitySettings = Field(
-        default_factory=ObservabilitySettings)  # type: ignore[arg-type]
+        default_factory=ObservabilitySettings)
     plugins: list[PluginSpec] = Field(default_factory=list, description="Outermost first.")
 
 

@@ -32,6 +32,7 @@ log = get_logger("weir.admission")
 
 class AdmissionPlugin(BasePlugin[AdmissionConfig]):
     name: ClassVar[str] = "admission"
+    serves: ClassVar[frozenset[str]] = frozenset({"chat", "completion", "embeddings"})
     Config = AdmissionConfig
     placement: ClassVar[Literal["first", "any", "last"]] = "last"
 

@@ -3,9 +3,12 @@
 Every call takes a permit. The call's engine outcome is recorded: failures are engine
 errors (5xx, timeouts); a call is slow when its first token (or whole answer) came after
 `slow_call_s`. Local rejections (4xx, 429, a shed 503) and client aborts release the
-permit without an outcome, so they never open the breaker; so do a request's own
-deadline and a client gone. A stream's outcome is recorded when it ends (an end hook,
-not a wrapper); an error before its first chunk still falls back.
+permit without an outcome, so they never open the breaker; so do a client gone and a
+request's own deadline (one tenant's 1 ms deadlines must not open the circuit for all),
+except that a call cut after waiting longer than `slow_call_s` counts as slow: a hung
+engine still opens the breaker, through the slow-call rate. A stream's outcome is
+recorded when it ends (an end hook, not a wrapper); an error before its first chunk
+still falls back.
 
 When the breaker is open, an inner plugin sheds the request, or the engine fails, the
 fallbacks are tried in order; their replies carry `x-weir-fallback: <kind>` (so the
@@ -18,16 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal
 
 from prometheus_client import Counter, Gauge
 
 from proxy.chain import FALLBACK_HEADER, BasePlugin, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
-from proxy.engine.upstream import UpstreamEngine
 from proxy.errors import DeadlineExceeded, Timeout, Unavailable, WeirError
 from proxy.settings import UpstreamEngineSettings
 from proxy.telemetry import get_logger
+from proxy.upstream import Upstream
 
 from .config import BreakerConfig, Fallback
 from .fallback import static_reply
@@ -78,10 +82,10 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             slow_call_rate=config.slow_call_rate, open_s=config.open_s,
             half_open_calls=config.half_open_calls,
             half_open_max_wait_s=config.half_open_max_wait_s), clock, self._changed)
-        self.upstreams: dict[int, UpstreamEngine] = {
-            i: UpstreamEngine(UpstreamEngineSettings.model_validate({
-                "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s,
-                "models": ["*"]}))
+        self.upstreams: dict[int, Upstream] = {
+            i: Upstream(UpstreamEngineSettings.model_validate({
+                "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s}),
+                check_models=False)
             for i, f in enumerate(config.fallback) if f.kind == "upstream"}
 
     def _changed(self, old: State, new: State) -> None:
@@ -169,10 +173,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         try:
             if f.kind == "stale":
                 cache = self.services.plugin("cache")
-                stale = getattr(cache, "stale", None)
+                stale: Callable[[RequestContext], Awaitable[Reply | None]] | None = getattr(
+                    cache, "stale", None)
                 return await stale(ctx) if stale is not None else None
             if f.kind == "upstream":
-                return await self.upstreams[i].forward(ctx)
+                return await self.upstreams[i](ctx)
             if f.kind == "static":
                 return static_reply(ctx, f.content)
         except WeirError as e:

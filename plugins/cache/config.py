@@ -41,6 +41,10 @@ class SemanticConfig(_Part):
     lookup_timeout_ms: float = Field(
         100, gt=0, description="A lookup's embedding wait; slower lookups are a miss.")
     min_chars: int = Field(8, ge=1, description="Shorter questions are not embedded.")
+    max_chars: int = Field(
+        2000, ge=1, description="Longer questions are not embedded (no semantic lookup or "
+        "entry): FAQ-style repeats are short, and the model reads only its first 256 "
+        "tokens anyway.")
 
 
 class RedisConfig(_Part):
@@ -57,10 +61,10 @@ class RedisConfig(_Part):
 class CacheConfig(PluginConfig):
     scope: Literal["tenant", "role", "user", "global"] = Field(
         "tenant", description="Who shares entries (from the API key's principal).")
-    exact: L1Config = Field(default_factory=L1Config)  # type: ignore[arg-type]
-    l2: L2Config = Field(default_factory=L2Config)  # type: ignore[arg-type]
-    semantic: SemanticConfig = Field(default_factory=SemanticConfig)  # type: ignore[arg-type]
-    redis: RedisConfig = Field(default_factory=RedisConfig)  # type: ignore[arg-type]
+    exact: L1Config = Field(default_factory=L1Config)
+    l2: L2Config = Field(default_factory=L2Config)
+    semantic: SemanticConfig = Field(default_factory=SemanticConfig)
+    redis: RedisConfig = Field(default_factory=RedisConfig)
     deterministic_only: bool = Field(
         True, description="Cache only temperature 0 or seeded requests.")
     store_truncated: bool = Field(False, description="Also store answers cut by max_tokens.")

@@ -72,9 +72,12 @@ def exact_key(ctx: RequestContext, scope: str) -> str:
 
 
 def semantic_parts(ctx: RequestContext, scope: str) -> tuple[str, str] | None:
-    """(partition, question text) for a chat request ending in a user message."""
+    """(partition, question text) for a chat request ending in a user message; None for
+    what the semantic layer never serves (a completion, a tool turn, a request offering
+    tools: a paraphrase must not replay another request's tool calls)."""
     req = key_request(ctx)
-    if not isinstance(req, ChatCompletionRequest) or req.messages[-1].role != "user":
+    if (not isinstance(req, ChatCompletionRequest) or req.messages[-1].role != "user"
+            or req.tools):
         return None
     msgs = _messages(req)
     question = msgs[-1]["content"]

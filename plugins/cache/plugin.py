@@ -147,12 +147,15 @@ class CachePlugin(BasePlugin[CacheConfig]):
         key = exact_key(ctx, self.cfg.scope)
         scope = scope_id(ctx.principal, self.cfg.scope)
         sem = semantic_parts(ctx, self.cfg.scope) if self.embedder is not None else None
+        if sem is not None and not (self.cfg.semantic.min_chars <= len(sem[1])
+                                    <= self.cfg.semantic.max_chars):
+            sem = None  # never embedded: no lookup, no entry
         vec: np.ndarray | None = None
         if read:
             entry = await self._exact(key, scope)
             if entry is not None:
                 return self._hit(ctx, entry, "exact")
-            if sem is not None and len(sem[1]) >= self.cfg.semantic.min_chars:
+            if sem is not None:
                 vec, entry = await self._semantic(sem[0], sem[1], scope)
                 if entry is not None:
                     if write:

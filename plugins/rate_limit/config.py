@@ -41,7 +41,7 @@ class RedisLimits(BaseModel):
 
 class RateLimitConfig(PluginConfig):
     store: Literal["memory", "redis"] = Field("memory", description="Where counters live.")
-    redis: RedisLimits = Field(default_factory=RedisLimits)  # type: ignore[arg-type]
+    redis: RedisLimits = Field(default_factory=RedisLimits)
     on_store_error: Literal["fail_open", "fail_closed"] = Field(
         "fail_open", description="fail_open: a local limiter stands in; fail_closed: 503.")
     rules: list[Rule] = Field(

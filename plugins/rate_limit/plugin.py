@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-import uuid
 from typing import Any, ClassVar
 
 from prometheus_client import Counter
@@ -31,6 +30,7 @@ from prometheus_client import Counter
 from proxy.chain import BasePlugin, Completion, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
+from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest
 from proxy.telemetry import get_logger
 from proxy.tools import tool_chars
@@ -56,6 +56,13 @@ def estimate_tokens(ctx: RequestContext) -> int:
     return chars // 4 + 1
 
 
+_WHOSE = {"key": "this API key", "user": "this user", "tenant": "this tenant",
+          "role": "this role in its tenant", "model": "this model", "global": "this server",
+          "any": "this request's limits"}
+_LIMITS = {"rpm": "requests per minute", "tpm": "tokens per minute",
+           "concurrent": "concurrent requests"}
+
+
 def fmt_reset(ms: float) -> str:
     """OpenAI's reset format: '20ms', '1s', '6m0s'."""
     if ms < 1000:
@@ -66,6 +73,7 @@ def fmt_reset(ms: float) -> str:
 
 class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     name: ClassVar[str] = "rate_limit"
+    serves: ClassVar[frozenset[str]] = frozenset({"chat", "completion", "embeddings"})
     Config = RateLimitConfig
 
     def __init__(self, config: RateLimitConfig, services: Services,
@@ -237,6 +245,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 per_of[base + ":t"] = f"{rule.per}:tpm"
             if lim.concurrent:
                 conc.append((base + ":c", lim.concurrent))
+                per_of[base + ":c"] = f"{rule.per}:concurrent"
         return rpm, tpm, conc, per_of
 
     @staticmethod
@@ -254,7 +263,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         reserve = estimate_tokens(ctx) + (ctx.request.output_limit or self.cfg.default_max_tokens)
         reserve *= max(1, ctx.request.n)
         rpm, tpm, conc, per_of = self._plan(ctx, reserve)
-        lease = uuid.uuid4().hex
+        lease = new_hex()
         conc_keys = [k for k, _ in conc]
         try:
             decision, store = await self._admit(rpm + tpm, conc, lease)
@@ -269,13 +278,16 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         headers = self._headers(states[: len(rpm)], states[len(rpm):])
         if not decision.allowed:
             culprit = next((per_of[b.key] for s, b in zip(states, rpm + tpm, strict=True)
-                            if s.remaining <= 0 and b.cost <= s.limit), "any:concurrent")
+                            if s.remaining <= 0 and b.cost <= s.limit), None)
+            if culprit is None:  # no bucket was empty: a concurrency limit refused it
+                pers = {per_of[k].split(":")[0] for k, _ in conc}
+                culprit = f"{pers.pop() if len(pers) == 1 else 'any'}:concurrent"
             per, limit = culprit.split(":")
             self.rejected.labels(per, limit).inc()
             retry_ms = max(decision.retry_after_ms, 1.0)
             raise RateLimited(
-                "Rate limit reached for this API key; retry after the time given in "
-                "Retry-After.",
+                f"Rate limit reached ({_LIMITS[limit]} for {_WHOSE[per]}); retry after "
+                "the time given in Retry-After.",
                 headers={**headers, "retry-after": str(max(1, math.ceil(retry_ms / 1000))),
                          "retry-after-ms": str(math.ceil(retry_ms))})
         ctx.response_headers.update(headers)

@@ -69,11 +69,11 @@ class Detectors(BaseModel):
 
 
 class SanitizerConfig(PluginConfig):
-    limits: Limits = Field(default_factory=Limits)  # type: ignore[arg-type]
+    limits: Limits = Field(default_factory=Limits)
     normalize: bool = Field(True, description="NFKC, strip controls/zero-width/bidi.")
     engine_sees: Literal["normalized", "original"] = Field(
         "normalized", description="Text the engine gets (the cache always keys on normalized).")
-    detectors: Detectors = Field(default_factory=Detectors)  # type: ignore[arg-type]
+    detectors: Detectors = Field(default_factory=Detectors)
     custom: list[CustomDetector] = Field(default_factory=list, description="Extra regexes.")
     block_message: str = Field(
         "The request was rejected by the content policy.",

@@ -137,8 +137,8 @@ class EngineFailed(Exception):
     """The engine failed while serving a valid request (maps to 5xx; counts for the breaker)."""
 
 
-class Backend(Protocol):
-    """What the app needs of any backend: lifecycle, readiness, models, load."""
+class Engine(Protocol):
+    """A token-level engine that Weir drives itself (vLLM), and its lifecycle."""
 
     async def start(self) -> None:
         """Load the model and warm up. Returns when the engine can serve."""
@@ -151,10 +151,6 @@ class Backend(Protocol):
     def models(self) -> list[ModelInfo]: ...
 
     def stats(self) -> EngineStats: ...
-
-
-class Engine(Backend, Protocol):
-    """A token-level engine that Weir drives itself (vLLM)."""
 
     @property
     def max_model_len(self) -> int: ...

@@ -15,7 +15,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import Engine, EngineFailed, EngineOutput, SamplingOptions
+from .base import (
+    Engine,
+    EngineFailed,
+    EngineOutput,
+    EngineStats,
+    ModelInfo,
+    SamplingOptions,
+    ToolCallParser,
+)
 
 Mode = Literal["ok", "error", "hang", "slow"]
 
@@ -41,12 +49,33 @@ class FaultyEngine:
         if req.delay_s is not None:
             self.delay_s = req.delay_s
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
+    # Everything but `generate` is the inner engine's, stated one by one (the protocol
+    # says what callers use; nothing passes through unseen).
     @property
     def max_model_len(self) -> int:
         return self.inner.max_model_len
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.inner.vocab_size
+
+    def models(self) -> list[ModelInfo]:
+        return self.inner.models()
+
+    def stats(self) -> EngineStats:
+        return self.inner.stats()
+
+    def encode(self, text: str) -> list[int]:
+        return self.inner.encode(text)
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+        return self.inner.render_chat(messages, tools)
+
+    async def abort(self, request_id: str) -> None:
+        await self.inner.abort(request_id)
+
+    def tool_parser(self, tools: list[dict[str, Any]]) -> ToolCallParser | None:
+        return self.inner.tool_parser(tools)
 
     async def start(self) -> None:
         await self.inner.start()

@@ -16,7 +16,7 @@ from aiohttp import web
 from ..app_state import INFO, REQUEST_ID, STATE
 from ..chain import Completion, Stream
 from ..context import RequestContext
-from ..errors import InvalidRequest, NotFound, Unavailable
+from ..errors import InvalidRequest, ModelNotFound, NotFound, Unavailable
 from ..protocol import parse_model
 from ..routes import _note_usage, read_json
 from ..streaming import write_sse
@@ -37,7 +37,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     if st.draining:
         raise Unavailable("The server is shutting down; retry on another replica.",
                           code="shutting_down")
-    if not st.engine.ready():
+    if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
@@ -46,6 +46,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     info = request[INFO]
     info.update(route="responses", model=req.model, tenant=principal.tenant, stream=req.stream)
     principal.check_model(req.model)
+    if not st.terminal.has_model(req.model):  # before the chain spends limits or lookups
+        raise ModelNotFound(req.model)
     store = _store(request)
     history: list[dict[str, Any]] = []
     if req.previous_response_id:

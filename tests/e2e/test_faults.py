@@ -38,8 +38,12 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[WeirProces
             {"name": "rate_limit", "config": {
                 "store": "redis", "redis": {"url": redis.url, "timeout_s": 0.2},
                 "rules": [{"per": "tenant", "rpm": 100000, "concurrent": 64}]}},
+            # A request cut by its own deadline is not an engine failure; one that waited
+            # past slow_call_s for its first token is a slow call: a hung engine opens
+            # the breaker through the slow-call rate.
             {"name": "breaker", "config": {
                 "minimum_calls": 4, "failure_rate": 0.5, "open_s": 3, "half_open_calls": 1,
+                "slow_call_s": 1.0, "slow_call_rate": 0.5,
                 "fallback": [{"kind": "static", "content": "degraded"}]}},
             {"name": "admission", "config": {"max_concurrent": 16, "max_queue": 32,
                                              "deadline_s": 30}},

@@ -82,3 +82,26 @@ async def test_a_large_batch_does_not_hold_up_a_lookup(client) -> None:  # type:
     assert [d["index"] for d in body["data"]] == list(range(2048))
     alone, _ = await emb.embed([texts[1500]])
     assert np.allclose(body["data"][1500]["embedding"], alone[0], atol=1e-4)
+
+
+async def test_embeddings_are_rate_limited_like_any_route(make_client: MakeClient) -> None:
+    """A key at its limit is refused here too, with OpenAI's headers; tokens are counted."""
+    c = await make_client(embeddings={"enabled": True}, plugins=[
+        {"name": "rate_limit", "config": {"rules": [{"per": "key", "rpm": 5,
+                                                     "tpm": 1_000_000}]}},
+        {"name": "admission", "config": {"max_concurrent": 2, "max_queue": 4}}])
+    await c.app[STATE].embedder.ready()  # type: ignore[union-attr]
+    statuses = []
+    for _ in range(8):
+        r = await c.post("/v1/embeddings", json={"model": MODEL, "input": ["a b c d"] * 3})
+        statuses.append(r.status)
+        if r.status == 200:
+            assert r.headers["x-ratelimit-limit-requests"] == "5"
+        else:
+            body = await r.json()
+            assert body["error"]["code"] == "rate_limit_exceeded" and "Retry-After" in r.headers
+    assert statuses == [200] * 5 + [429] * 3
+    limiter = next(p for p in c.app[STATE].plugins if p.name == "rate_limit")
+    assert limiter.local.in_flight() == 0  # type: ignore[attr-defined]
+    admission = next(p for p in c.app[STATE].plugins if p.name == "admission")
+    assert admission.gate.in_use == 0  # type: ignore[attr-defined]

@@ -97,7 +97,7 @@ async def test_stats_are_per_tenant_for_tenant_admins(client: Any) -> None:
 
 
 async def test_fault_injection_is_operator_only(client: Any) -> None:
-    engine = client.app[STATE].engine
+    engine = client.app[STATE].terminal.engine
     for key, status in (("k-a-admin", 403), ("k-a-user", 403), ("nope", 401)):
         r = await client.post("/admin/faults", json={"mode": "error"}, headers=h(key))
         assert r.status == status

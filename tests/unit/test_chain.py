@@ -91,7 +91,7 @@ def _registry() -> Iterator[None]:
 
 
 def services() -> Services:
-    return Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+    return Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
 
 
 def plugins(*specs: dict[str, Any]) -> list[BasePlugin]:

@@ -59,7 +59,7 @@ def cache_of(client: Any) -> CachePlugin:
 
 
 def engine_of(client: Any) -> FakeEngine:
-    return client.app[STATE].engine  # type: ignore[no-any-return]
+    return client.app[STATE].terminal.engine  # type: ignore[no-any-return]
 
 
 async def settle(*clients: Any) -> None:

@@ -130,7 +130,7 @@ def plugin(redis_url: str | None = None, **cfg: Any) -> RateLimitPlugin:
     if redis_url:
         cfg = {"store": "redis", "redis": {"url": redis_url, "key_prefix": key() + ":",
                                            "timeout_s": 0.2}, **cfg}
-    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
     return RateLimitPlugin(RateLimitConfig.model_validate(cfg), services)
 
 

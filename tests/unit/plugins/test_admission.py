@@ -88,7 +88,7 @@ def ctx(headers: dict[str, str] | None = None, role: str = "user",
 
 
 def plugin(**cfg: Any) -> AdmissionPlugin:
-    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
     return AdmissionPlugin(AdmissionConfig.model_validate(cfg), services)
 
 

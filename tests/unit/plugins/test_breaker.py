@@ -124,7 +124,7 @@ def ctx(stream: bool = False) -> RequestContext:
 
 
 def plugin(clock: Clock | None = None, **cfg: Any) -> BreakerPlugin:
-    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
     return BreakerPlugin(BreakerConfig.model_validate(
         {"minimum_calls": 2, "failure_rate": 0.5, "open_s": 5, **cfg}), services,
         clock=clock or Clock())

@@ -33,7 +33,7 @@ ADMIN = Principal("acme", "admin", "root")
 
 
 def plugin(**cfg: Any) -> CachePlugin:
-    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics(),
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics(),
                         embedder=FakeEmbedder())  # type: ignore[arg-type]
     return CachePlugin(CacheConfig.model_validate(cfg), services)
 

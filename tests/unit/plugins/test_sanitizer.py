@@ -97,7 +97,7 @@ def test_zero_width_cannot_dodge_a_detector() -> None:
 
 
 def services() -> Services:
-    return Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics())
+    return Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
 
 
 def plugin(**cfg: Any) -> SanitizerPlugin:

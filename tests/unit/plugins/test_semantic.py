@@ -130,7 +130,7 @@ class StuckEmbedder(FakeEmbedder):
 
 async def test_a_slow_embedding_is_a_miss_not_a_wait() -> None:
     emb = StuckEmbedder()
-    services = Services(engine=FakeEngine(), settings=Settings(), metrics=Metrics(),
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics(),
                         embedder=emb)
     p = CachePlugin(CacheConfig.model_validate(
         {"semantic": {"lookup_timeout_ms": 20}}), services)

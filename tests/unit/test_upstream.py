@@ -1,4 +1,4 @@
-"""The upstream engine (proxy/engine/upstream.py) against a stand-in OpenAI server on
+"""The upstream engine (proxy/upstream.py) against a stand-in OpenAI server on
 127.0.0.1 (aiohttp's TestServer): model discovery, what is forwarded (body, key, request
 id, traceparent), how upstream failures map (4xx passed through; 5xx, garbage, timeouts
 and refused connections are engine failures), and the SSE relay."""
@@ -19,10 +19,11 @@ from multidict import CIMultiDict
 from proxy.auth import Principal
 from proxy.chain import Completion, Stream
 from proxy.context import RequestContext
-from proxy.engine.upstream import UpstreamEngine, UpstreamError
 from proxy.errors import EngineError, ModelNotFound, Timeout
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import UpstreamEngineSettings
+from proxy.upstream import Upstream as UpstreamTerminal
+from proxy.upstream import UpstreamError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ERROR = {"message": "too long", "type": "invalid_request_error", "param": "messages",
@@ -69,8 +70,8 @@ async def upstream() -> AsyncIterator[Upstream]:
     await up.server.close()
 
 
-async def engine_for(base_url: str, **kw: Any) -> UpstreamEngine:
-    engine = UpstreamEngine(UpstreamEngineSettings.model_validate({"base_url": base_url, **kw}))
+async def engine_for(base_url: str, **kw: Any) -> UpstreamTerminal:
+    engine = UpstreamTerminal(UpstreamEngineSettings.model_validate({"base_url": base_url, **kw}))
     await engine.start()
     return engine
 

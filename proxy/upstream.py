@@ -1,7 +1,7 @@
-"""The upstream engine: any OpenAI-compatible server (another Weir, a vLLM server, a
+"""The upstream terminal: any OpenAI-compatible server (another Weir, a vLLM server, a
 central cluster) behind Weir, as `engine.kind: upstream` or as a breaker fallback.
-
-It works at the OpenAI level, not on token ids: the request is forwarded as JSON through
+It serves at the OpenAI level, not on token ids (so it lives beside `LocalServing`, not
+in the engine package): the request is forwarded as JSON through
 one pooled aiohttp session, with connect and total timeouts, the W3C `traceparent`
 passed on, and streams relayed chunk by chunk. An upstream 4xx is the client's error and
 is passed through (status, body); a 5xx, a timeout or a refused connection is an engine
@@ -17,13 +17,13 @@ from typing import Any
 
 import aiohttp
 
-from ..chain import Completion, Reply, Stream
-from ..context import RequestContext
-from ..errors import EngineError, ModelNotFound, Timeout, WeirError
-from ..rendering import ChunkAssembler
-from ..settings import UpstreamEngineSettings
-from ..tracing import inject
-from .base import EngineStats, ModelInfo
+from .chain import Completion, Reply, Stream
+from .context import RequestContext
+from .engine.base import EngineStats, ModelInfo
+from .errors import EngineError, ModelNotFound, Timeout, WeirError
+from .rendering import ChunkAssembler
+from .settings import UpstreamEngineSettings
+from .tracing import inject
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
 
@@ -40,9 +40,13 @@ class UpstreamError(WeirError):
         self.type = str(err.get("type") or "invalid_request_error")
 
 
-class UpstreamEngine:
-    def __init__(self, settings: UpstreamEngineSettings) -> None:
+class Upstream:
+    """A Terminal over an upstream server. `check_models=False` (a fallback target)
+    forwards whatever model the request names."""
+
+    def __init__(self, settings: UpstreamEngineSettings, *, check_models: bool = True) -> None:
         self.settings = settings
+        self.check_models = check_models
         self.base = settings.base_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
         self._models = list(settings.models)
@@ -50,16 +54,12 @@ class UpstreamEngine:
         self._created = int(time.time())
         self.in_flight = 0
 
-    @property
-    def max_model_len(self) -> int:
-        return 0
-
     async def start(self) -> None:
         s = self.settings
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=s.max_connections),
             timeout=aiohttp.ClientTimeout(total=s.timeout_s, connect=s.connect_timeout_s))
-        if not self._models:
+        if self.check_models and not self._models:
             try:
                 async with self._session.get(f"{self.base}/models", headers=self._auth()) as r:
                     data = await r.json()
@@ -96,14 +96,17 @@ class UpstreamEngine:
         inject(h)  # the current span, when tracing is on, becomes the upstream's parent
         return h
 
-    async def __call__(self, ctx: RequestContext) -> Reply:
-        """Forward the request; the terminal step when `engine.kind` is upstream."""
-        if self._models and ctx.model not in self._models:
-            raise ModelNotFound(ctx.model)
-        return await self.forward(ctx)
+    def routes(self) -> list[tuple[str, str, Any]]:
+        return []
 
-    async def forward(self, ctx: RequestContext) -> Reply:
-        assert self._session is not None, "UpstreamEngine.start() was not called"
+    def has_model(self, model: str) -> bool:
+        return not self.check_models or not self._models or model in self._models
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        """Forward the request (after checking the model, unless told not to)."""
+        if not self.has_model(ctx.model):
+            raise ModelNotFound(ctx.model)
+        assert self._session is not None, "Upstream.start() was not called"
         body = ctx.request.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False)
         url = self.base + _PATHS[ctx.route]
         self.in_flight += 1

@@ -1,0 +1,69 @@
+"""`POST /v1/embeddings`: the embedding model, behind the same traffic plugins as chat.
+
+Auth, then the plugins that serve this route (those whose `serves` names it: the rate
+limiter, counting requests and input tokens, and admission), then the embedder. Those
+plugins see a completion-shaped view of the request (its inputs as prompts, one output
+token), which is all they read; the embedder gets the request itself.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from aiohttp import web
+
+from .app_state import REQUEST_ID, STATE
+from .body import read_json
+from .chain import Completion, Reply
+from .context import RequestContext
+from .embedding import Embedder
+from .errors import InvalidRequest, ModelNotFound
+from .protocol import CompletionRequest, EmbeddingRequest, parse_model
+from .streaming import dumps
+
+_ORIGINAL = "embeddings.request"
+
+
+def terminal(embedder: Embedder) -> Any:
+    async def embed(ctx: RequestContext) -> Reply:
+        req: EmbeddingRequest = ctx.state[_ORIGINAL]
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        vecs, counts = await embedder.embed(texts)
+        items = []
+        for i, v in enumerate(vecs):
+            value: Any = (base64.b64encode(v.astype("<f4").tobytes()).decode()
+                          if req.encoding_format == "base64" else v.tolist())
+            items.append({"object": "embedding", "index": i, "embedding": value})
+        tokens = sum(counts)
+        ctx.prompt_tokens = tokens
+        return Completion({"object": "list", "data": items, "model": embedder.model_id,
+                           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    return embed
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    data, size = await read_json(request, st.settings.server.max_body_bytes)
+    req = parse_model(EmbeddingRequest, data)
+    emb = st.embedder
+    if emb is None or st.embed_chain is None or req.model != emb.model_id:
+        raise ModelNotFound(req.model)
+    principal.check_model(req.model)
+    if req.dimensions is not None and req.dimensions != emb.dim:
+        raise InvalidRequest(f"`dimensions` must be {emb.dim} for this model.",
+                             param="dimensions")
+    texts = [req.input] if isinstance(req.input, str) else req.input
+    view = CompletionRequest.model_construct(model=req.model, prompt=list(texts),
+                                             max_tokens=1, n=1, stream=False)
+    ctx = RequestContext(route="embeddings", request=view, principal=principal,
+                         request_id=request[REQUEST_ID],
+                         headers={k.lower(): v for k, v in request.headers.items()},
+                         body_bytes=size, state={_ORIGINAL: req})
+    with st.track():
+        reply = await st.embed_chain(ctx)
+    assert isinstance(reply, Completion)
+    return web.Response(body=dumps(reply.body), content_type="application/json",
+                        headers={**ctx.response_headers, **reply.headers})

@@ -1,0 +1,64 @@
+"""The chain's last step, chosen in one place.
+
+A Terminal serves a request the plugins passed on (`__call__`) and tells the app what it
+needs to know of whatever serves: lifecycle, readiness, models, load, and any HTTP routes
+of its own. Two kinds: `LocalServing` over an in-process Engine (vLLM, optionally
+behind the fault injector) and `Upstream` (any OpenAI-compatible server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .chain import Reply
+from .context import RequestContext
+from .engine.base import Engine, EngineStats, ModelInfo
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+Route = tuple[str, str, Callable[[Any], Awaitable[Any]]]
+
+
+class Terminal(Protocol):
+    async def __call__(self, ctx: RequestContext) -> Reply: ...
+
+    async def start(self) -> None:
+        """Load the model (or reach the upstream) and warm up."""
+
+    async def close(self) -> None:
+        """Stop, and end every process it started."""
+
+    def ready(self) -> bool: ...
+
+    def models(self) -> list[ModelInfo]: ...
+
+    def has_model(self, model: str) -> bool:
+        """Whether a request for `model` can be served (checked before the chain runs)."""
+
+    def stats(self) -> EngineStats: ...
+
+    def routes(self) -> list[Route]:
+        """HTTP routes of its own (method, path, handler), e.g. fault injection."""
+
+
+def make_terminal(settings: Settings, engine: Engine | None = None) -> Terminal:
+    """`engine` given (tests, benchmarks): serve it. Otherwise as `settings.engine` says."""
+    from .serving import LocalServing
+
+    if engine is not None:
+        return LocalServing(engine)
+    cfg = settings.engine
+    if cfg.kind == "upstream":
+        from .upstream import Upstream
+
+        return Upstream(cfg)
+    from .engine.vllm import VllmEngine  # imported here: vllm is heavy and optional
+
+    real: Engine = VllmEngine(cfg)
+    if cfg.faults:
+        from .engine.faults import FaultyEngine
+
+        real = FaultyEngine(real)
+    return LocalServing(real)

@@ -1,0 +1,116 @@
+"""What one tenant or one flaky dependency must not do to everyone else (issue 16):
+open the shared breaker with its own deadlines or bad requests, leave rate-limit slots
+taken after Redis stalls, or go uncounted when it hangs up."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from bench.redis_server import RedisServer
+from proxy.app_state import STATE
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+from tests.waiting import eventually
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 4}
+KEYS = {"mode": "keys", "keys": [{"key": "sk-tenant-a", "tenant": "a"},
+                                 {"key": "sk-tenant-b", "tenant": "b"}]}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def plugin(client: Any, name: str) -> Any:
+    return next(p for p in client.app[STATE].plugins if p.name == name)
+
+
+async def test_one_tenants_deadlines_and_bad_requests_never_open_the_breaker(
+        make_client: MakeClient) -> None:
+    engine = FakeEngine(delay=0.05)
+    client = await make_client(make_settings(auth=KEYS, plugins=[
+        {"name": "breaker", "config": {"minimum_calls": 4, "failure_rate": 0.5, "open_s": 60}},
+        {"name": "admission", "config": {"max_concurrent": 8, "max_queue": 64}}]),
+        engine=engine)
+    for stream in (False, True) * 5:  # ten calls cut by their own 1 ms deadline
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream},
+                              headers={**bearer("sk-tenant-a"), "x-weir-timeout-ms": "1"})
+        body = await r.text()
+        assert r.status == 504 or (r.status == 200 and '"code":"timeout"' in body), body
+    for _ in range(10):  # and ten the engine refuses as invalid
+        r = await client.post("/v1/chat/completions", headers=bearer("sk-tenant-a"),
+                              json={**CHAT, "logit_bias": {"999999": 1}})
+        assert r.status == 400
+    assert plugin(client, "breaker").breaker.state == "closed"
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-tenant-b"))
+    assert r.status == 200
+
+
+async def test_engine_faults_still_open_it(make_client: MakeClient) -> None:
+    engine = FakeEngine()
+    engine.fail_after = 0
+    client = await make_client(make_settings(auth=KEYS, plugins=[
+        {"name": "breaker", "config": {"minimum_calls": 4, "failure_rate": 0.5, "open_s": 60}}]),
+        engine=engine)
+    for _ in range(4):
+        r = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-tenant-a"))
+        assert r.status == 502
+    assert plugin(client, "breaker").breaker.state == "open"
+
+
+async def test_no_slot_stays_taken_when_redis_stalls(make_client: MakeClient,
+                                                      redis_server: RedisServer) -> None:
+    engine = FakeEngine(delay=0.002)
+    client = await make_client(make_settings(auth=KEYS, plugins=[
+        {"name": "rate_limit", "config": {
+            "store": "redis", "lease_s": 3,
+            "redis": {"url": redis_server.url, "key_prefix": "weir:stall:", "timeout_s": 0.05},
+            "rules": [{"per": "tenant", "rpm": 1_000_000, "tpm": 10**9, "concurrent": 64}]}}]),
+        engine=engine)
+    admin = aioredis.from_url(redis_server.url)
+    rl = plugin(client, "rate_limit")
+
+    async def one(i: int) -> None:
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": i % 2 == 0},
+                              headers=bearer("sk-tenant-a"))
+        await r.read()
+
+    try:
+        for _ in range(4):  # bursts of 40 while Redis stops answering for 200 ms
+            burst = [asyncio.create_task(one(i)) for i in range(40)]
+            await admin.execute_command("CLIENT", "PAUSE", "200", "ALL")
+            await asyncio.gather(*burst)
+        await eventually(rl.idle, timeout=10)
+        for key in await admin.keys("weir:stall:*:c"):
+            assert await admin.zcard(key) == 0
+        assert rl.local.in_flight() == 0
+        assert rl.store_errors._value.get() > 0  # the stall really happened
+        # The key is not refused while idle: its whole concurrency is there.
+        rs = await asyncio.gather(*(client.post("/v1/chat/completions", json=CHAT,
+                                                headers=bearer("sk-tenant-a"))
+                                    for _ in range(64)))
+        assert [r.status for r in rs] == [200] * 64
+    finally:
+        await admin.aclose()
+
+
+async def test_every_client_that_hangs_up_is_counted(make_client: MakeClient) -> None:
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()  # no token until the clients are gone
+    client = await make_client(make_settings(auth=KEYS), engine=engine)
+    metric = client.app[STATE].metrics.aborted.labels("client_gone")
+    before = metric._value.get()
+    tasks = [asyncio.create_task(client.post(
+        "/v1/chat/completions", json={**CHAT, "stream": i % 2 == 0},
+        headers=bearer("sk-tenant-a"))) for i in range(6)]
+    await engine.wait_until(lambda: len(engine.active) == 6)
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await engine.wait_until(lambda: not engine.active)
+    await eventually(lambda: metric._value.get() - before == 6, timeout=5)
+    assert len(engine.aborted) == 6
