@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import tools as T
 from .engine.base import Engine, EngineRejected, SamplingOptions
 from .errors import InvalidRequest
 from .protocol import ChatCompletionRequest, CompletionRequest, OtherPart, ResponseFormat
@@ -22,6 +23,8 @@ class Prepared:
     options: SamplingOptions
     top_logprobs: int = 0
     echo_texts: list[str] = field(default_factory=list)
+    #: Chat: makes one choice's tool-call tracker (model text -> tool_calls).
+    tracker: Any = None
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -40,7 +43,7 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
         if m.name:
             d["name"] = m.name
         if m.tool_calls:
-            d["tool_calls"] = m.tool_calls
+            d["tool_calls"] = T.template_calls(m.tool_calls)
         if m.tool_call_id:
             d["tool_call_id"] = m.tool_call_id
         out.append(d)
@@ -124,13 +127,15 @@ def _options(
 def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     messages = _message_dicts(req)
     try:
-        ids = engine.render_chat(messages, req.tools)
+        ids = engine.render_chat(messages, req.tool_dicts())
     except EngineRejected as e:
         raise InvalidRequest(str(e), param=e.param or "messages") from None
     top = req.top_logprobs or 0
     opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
                     engine.vocab_size, "messages")
-    return Prepared([ids], opts, top_logprobs=top)
+    T.shape_options(req, opts, engine)
+    return Prepared([ids], opts, top_logprobs=top,
+                    tracker=lambda: T.ToolCallTracker.for_request(req, engine.tool_parser))
 
 
 def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:

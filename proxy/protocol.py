@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -37,17 +39,100 @@ class TextPart(_Open):
     text: str
 
 
+# ------------------------------------------------------------------------------ tools
+# Function tools as OpenAI takes them. A function's `parameters` must be a JSON schema
+# (checked against the metaschema, so a typo is a 400 naming the tool, not a 500 later
+# in the grammar compiler); a named `tool_choice` must name one of `tools`.
+
+_FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class FunctionDef(_Open):
+    name: str = Field(pattern=_FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    _is_json_schema = field_validator("parameters")(lambda v: json_schema_or_none(v))
+
+
+def json_schema_or_none(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A tool's `parameters`: checked against the JSON-schema metaschema."""
+    if v is not None:
+        try:
+            Draft202012Validator.check_schema(v)
+        except SchemaError as e:
+            raise ValueError(f"not a valid JSON schema ({e.message})") from None
+    return v
+
+
+class ChatTool(_Open):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Open):
+    name: str
+
+
+class NamedToolChoice(_Open):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class CalledFunction(_Open):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Open):
+    """A call an assistant made earlier in the conversation (sent back as history)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+def check_tool_choice(tools: list[ChatTool] | None, choice: ToolChoice | None) -> None:
+    """A `tool_choice` needs `tools`, and a named one must name a tool among them."""
+    if choice is None:
+        return
+    if not tools:
+        raise InvalidRequest("Invalid value for `tool_choice`: `tool_choice` is only allowed "
+                             "when `tools` are specified.", param="tool_choice")
+    if isinstance(choice, NamedToolChoice):
+        names = {t.function.name for t in tools}
+        if choice.function.name not in names:
+            raise InvalidRequest(
+                f"Invalid value for `tool_choice`: no function named "
+                f"`{choice.function.name}` is among `tools`.",
+                param="tool_choice.function.name")
+
+
+class RefusalPart(_Open):
+    """An assistant's earlier refusal, sent back as history (OpenAI accepts it)."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
 class OtherPart(_Open):
     """Non-text parts (images, audio, files) are parsed so the error can name them."""
 
     type: str
 
 
+Part = Annotated[TextPart | RefusalPart | OtherPart, Field(union_mode="left_to_right")]
+
+
 class ChatMessage(_Open):
     role: Role
-    content: str | list[TextPart | OtherPart] | None = None
+    content: str | list[Part] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
     def text(self) -> str:
@@ -56,7 +141,8 @@ class ChatMessage(_Open):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+        return "".join(p.text if isinstance(p, TextPart) else p.refusal
+                       for p in self.content if isinstance(p, TextPart | RefusalPart))
 
 
 class StreamOptions(_Open):
@@ -186,8 +272,8 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
@@ -197,6 +283,17 @@ class ChatCompletionRequest(_SamplingFields):
                 "`top_logprobs` requires `logprobs` to be true.", param="top_logprobs"
             )
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        check_tool_choice(self.tools, self.tool_choice)
+        return self
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template and the cache see them (None: no tools)."""
+        if not self.tools:
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
 
     @property
     def output_limit(self) -> int | None:
@@ -243,26 +340,60 @@ class EmbeddingRequest(_Open):
     user: str | None = None
 
 
+# Pydantic names union members in an error's location ('TextPart', 'list[str]',
+# 'constrained-str', 'function-after[...]'); they are not fields and never part of a param.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+#: Maps keyed by the caller's own keys: OpenAI names the field, not the key.
+_KEYED_FIELDS = frozenset({"logit_bias", "metadata"})
+
+
 def _loc_to_param(loc: tuple[int | str, ...]) -> str:
-    """('messages', 0, 'content') -> 'messages[0].content' (pydantic's union tags dropped)."""
+    """('messages', 0, 'content') -> 'messages[0].content' (union tags dropped;
+    ('logit_bias', '12345') -> 'logit_bias', as OpenAI names it)."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part and (part[0].isupper() or "[" in part
-                       or part.startswith(("str", "list", "constrained-"))):
-            continue  # union member names such as 'TextPart', 'list[str]', 'constrained-str'
+        elif part and (part[0].isupper() or "[" in part or part in _TYPE_TAGS
+                       or part.startswith("constrained-")):
+            continue
         else:
             out += f".{part}" if out else part
+        if out in _KEYED_FIELDS:
+            break
     return out
 
 
-def validation_error(exc: ValidationError) -> InvalidRequest:
+#: The order OpenAI's API checks fields in (its spec's property order): with several bad
+#: fields, the error names the first of them in this order, as OpenAI's does.
+OPENAI_ORDER: dict[str, tuple[str, ...]] = {
+    "ChatCompletionRequest": (
+        "metadata", "top_logprobs", "temperature", "top_p", "user", "messages", "model",
+        "max_completion_tokens", "frequency_penalty", "presence_penalty", "response_format",
+        "store", "stream", "stop", "logit_bias", "logprobs", "max_tokens", "n", "seed",
+        "stream_options", "tools", "tool_choice", "parallel_tool_calls"),
+    "CompletionRequest": (
+        "model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs",
+        "max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options",
+        "suffix", "temperature", "top_p", "user"),
+    "ResponsesRequest": (
+        "metadata", "temperature", "top_p", "user", "previous_response_id", "model", "text",
+        "tools", "tool_choice", "input", "parallel_tool_calls", "store", "instructions",
+        "stream", "max_output_tokens"),
+}
+
+
+def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> InvalidRequest:
     errors = exc.errors(include_url=False)
-    # For a union (`stop: str | list[str]`) the first error is usually "not a string";
-    # the member that got further (a list that is too long) says more.
-    specific = [e for e in errors if not e["type"].endswith("_type")]
-    err = (specific or errors)[0]
+    # With several bad fields, the first in OpenAI's order is named (fields it does not
+    # list come after, in declaration order). For a union (`stop: str | list[str]`) the
+    # first error of that field is usually "not a string"; the member that got further
+    # (a list that is too long) says more.
+    rank = {name: i for i, name in enumerate(order)}
+    first = min(errors, key=lambda e: rank.get(str(e["loc"][0]) if e["loc"] else "", len(rank)))
+    field_errors = [e for e in errors if e["loc"][:1] == first["loc"][:1]]
+    specific = [e for e in field_errors if not e["type"].endswith("_type")]
+    err = (specific or field_errors)[0]
     param = _loc_to_param(tuple(err["loc"]))
     msg = err["msg"]
     if msg.startswith("Value error, "):
@@ -279,4 +410,4 @@ def parse_model(model: type[M], data: dict[str, Any]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise validation_error(e) from None
+        raise validation_error(e, OPENAI_ORDER.get(model.__name__, ())) from None

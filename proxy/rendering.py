@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import responses as R
+from . import tools as T
 from .chain import Completion, Stream
 from .engine.base import ChoiceDelta, EngineOutput, TokenLogprob
 from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
@@ -116,9 +117,9 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
         track.by_index.setdefault(i, _Choice()).reason = "stop"
     usage = track.usage()
     if isinstance(req, ChatCompletionRequest):
-        choices = [R.chat_choice(i, "".join(ch.text), R.finish(ch.reason),
-                                 R.chat_logprobs(ch.logprobs, prep.top_logprobs)
-                                 if req.logprobs else None)
+        choices = [T.whole_choice(prep.tracker, R.chat_choice(
+                       i, "".join(ch.text), R.finish(ch.reason),
+                       R.chat_logprobs(ch.logprobs, prep.top_logprobs) if req.logprobs else None))
                    for i, ch in sorted(track.by_index.items())]
         return Completion(R.chat_completion(id=R.new_id("chatcmpl"), model=req.model,
                                             created=R.now(), choices=choices, usage_=usage))
@@ -150,6 +151,7 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
     include_usage = req.include_usage
     want_logprobs = bool(req.logprobs)
     track = Choices(req.n, 1, span)
+    calls = T.StreamCalls(prep.tracker)
     with track:
         async with aclosing(outputs):
             async for out in outputs:
@@ -160,14 +162,15 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                     if ch.reason is not None:
                         continue
                     reason = R.finish(c.finish_reason) if c.finish_reason else None
-                    if not c.text and reason is None and ch.started:
+                    text, deltas, reason = calls.step(idx, c.text, c.token_ids, reason)
+                    if not text and not deltas and reason is None and ch.started:
                         continue
-                    ch.text.append(c.text)
+                    ch.text.append(text or "")
                     lp = (R.chat_logprobs(c.logprobs or [], prep.top_logprobs)
                           if want_logprobs else None)
-                    choices.append(R.chat_chunk_choice(idx, content=c.text,
-                                                       first=not ch.started, reason=reason,
-                                                       logprobs=lp))
+                    choices.append(T.with_call_deltas(R.chat_chunk_choice(
+                        idx, content=text, first=not ch.started, reason=reason, logprobs=lp),
+                        deltas))
                     ch.started = True
                     ch.reason = reason
                 if choices:
@@ -185,7 +188,7 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
         yield R.chat_chunk(id=cid, model=model, created=created, include_usage=include_usage,
                            choices=closing)
     stream.usage = track.usage()
-    stream.answer = track.answer()
+    stream.answer = calls.answer(track.answer())
     if include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created,
                             object_="chat.completion.chunk", usage_=stream.usage)

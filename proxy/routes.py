@@ -239,6 +239,8 @@ async def dashboard(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    from .openai_responses import setup as add_responses_api  # it imports read_json from here
+
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings_api.embeddings)
@@ -250,3 +252,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
     if app[STATE].settings.observability.dashboard != "off":
         app.router.add_get("/dashboard", dashboard)
+    add_responses_api(app)

@@ -93,6 +93,11 @@ class VllmEngineSettings(_Strict):
         description="json_object/json_schema answers without free whitespace (compact JSON; "
         "small models cannot loop on blank space inside the grammar).",
     )
+    tool_parser: str | None = Field(
+        None,
+        description="vLLM tool-call parser of the model's syntax (hermes, llama3_json, "
+        "mistral, pythonic, ...) for `tool_choice: auto`; None: such requests answer text.",
+    )
     owned_by: str = Field("weir", description="`owned_by` in /v1/models.")
     faults: bool = Field(
         False, description="Chaos testing: POST /admin/faults switches injected faults.")
@@ -198,6 +203,17 @@ class TracingSettings(_Strict):
     sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of new traces kept.")
 
 
+class ResponsesSettings(_Strict):
+    """Stored responses of the Responses API (`store: true`, `previous_response_id`)."""
+
+    ttl_s: float = Field(7 * 86400.0, gt=0, description="How long a stored response is kept.")
+    max_in_memory: int = Field(
+        10000, ge=1, description="Stored responses kept at most when held in memory "
+        "(oldest dropped first); with the cache's Redis they go there instead.")
+    redis: bool = Field(
+        True, description="Keep them in the cache plugin's Redis when it has one.")
+
+
 Exposure = Literal["open", "admin"]
 
 
@@ -232,6 +248,7 @@ class Settings(_Strict):
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     embeddings: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     observability: ObservabilitySettings = Field(
         default_factory=ObservabilitySettings)
     plugins: list[PluginSpec] = Field(default_factory=list, description="Outermost first.")

@@ -9,6 +9,8 @@ check that disconnects really abort.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -18,8 +20,10 @@ from proxy.engine.base import (
     EngineOutput,
     EngineStats,
     ModelInfo,
+    ParsedToolCall,
     SamplingOptions,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
 )
 
@@ -28,8 +32,12 @@ WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel
 
 class FakeEngine:
     def __init__(self, *, model: str = "fake-model", max_model_len: int = 512,
-                 delay: float = 0.0, ready: bool = True, vocab_size: int = 1000) -> None:
+                 delay: float = 0.0, ready: bool = True, vocab_size: int = 1000,
+                 tool_parser: bool = False) -> None:
         self.model = model
+        #: When set, answers are this text (in 4-character pieces) instead of words.
+        self.script: str | None = None
+        self.has_tool_parser = tool_parser
         self._max_model_len = max_model_len
         self.delay = delay
         self._ready = ready
@@ -94,6 +102,19 @@ class FakeEngine:
             ids.extend(ord(c) % 997 + 2 for c in m["role"] + ":" + str(m["content"]))
         return ids
 
+    def tool_parser(self, tools: list[dict[str, Any]]) -> FakeToolParser | None:
+        return FakeToolParser() if self.has_tool_parser else None
+
+    def _pieces(self, prompt: list[int], options: SamplingOptions) -> list[str] | None:
+        """Scripted or schema-constrained answers (the twin of structured output)."""
+        if options.json_schema is not None:
+            text = json.dumps(schema_instance(options.json_schema))
+        elif self.script is not None:
+            text = self.script
+        else:
+            return None
+        return [text[i:i + 4] for i in range(0, len(text), 4)][:options.max_tokens]
+
     @staticmethod
     def expected_text(prompt: list[int], n_tokens: int, choice: int = 0) -> str:
         seed = sum(prompt) + choice
@@ -106,9 +127,11 @@ class FakeEngine:
         self.active.add(request_id)
         self._changed()
         finished_ok = False
+        pieces = self._pieces(prompt, options)
         try:
             seed = sum(prompt)
-            for i in range(options.max_tokens):
+            steps = options.max_tokens if pieces is None else len(pieces)
+            for i in range(steps):
                 if self.token_gate is not None:
                     await self.token_gate.wait()
                 if self.delay:
@@ -117,10 +140,12 @@ class FakeEngine:
                     await asyncio.sleep(0)
                 if self.fail_after is not None and i >= self.fail_after:
                     raise EngineFailed("injected failure")
-                last = i == options.max_tokens - 1
+                last = i == steps - 1
+                reason = "length" if i == options.max_tokens - 1 else "stop"
                 choices = []
                 for c in range(options.n):
-                    word = " " + WORDS[(seed + c + i) % len(WORDS)]
+                    word = (" " + WORDS[(seed + c + i) % len(WORDS)] if pieces is None
+                            else pieces[i])
                     lp = None
                     if options.logprobs is not None:
                         top = [TopLogprob(word, -0.5, list(word.encode()))] + [
@@ -128,7 +153,7 @@ class FakeEngine:
                         lp = [TokenLogprob(word, -0.5, list(word.encode()), top)]
                     choices.append(ChoiceDelta(index=c, text=word, token_ids=[10 + i],
                                                logprobs=lp,
-                                               finish_reason="length" if last else None))
+                                               finish_reason=reason if last else None))
                 yield EngineOutput(choices=choices, prompt_tokens=len(prompt), finished=last)
             finished_ok = True
         finally:
@@ -141,6 +166,60 @@ class FakeEngine:
         self.active.discard(request_id)
         self.aborted.append(request_id)
         self._changed()
+
+
+def schema_instance(schema: dict[str, Any]) -> Any:
+    """A small value that validates against `schema` (the subset tool schemas use)."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "anyOf" in schema:
+        return schema_instance({**schema["anyOf"][0], **{k: v for k, v in schema.items()
+                                                         if k != "anyOf"}})
+    kind = schema.get("type", "object")
+    if kind == "array":
+        item = schema_instance(schema.get("items", {}))
+        return [item] * max(1, int(schema.get("minItems", 1)))
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: schema_instance(props[k]) for k in schema.get("required", props)}
+    return {"string": "x", "integer": 1, "number": 1.5, "boolean": True, "null": None}[kind]
+
+
+class FakeToolParser:
+    """Finds `<call>{"name": ..., "arguments": {...}}</call>` (a made-up syntax)."""
+
+    _CALL = re.compile(r"<call>(.*?)</call>", re.S)
+
+    def __init__(self) -> None:
+        self._text = ""
+        self._sent = 0  # calls already streamed
+        self._content_sent = 0
+
+    def extract(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        calls = [json.loads(m) for m in self._CALL.findall(text)]
+        if not calls:
+            return text, []
+        content = self._CALL.sub("", text).strip() or None
+        return content, [ParsedToolCall(c["name"], json.dumps(c["arguments"])) for c in calls]
+
+    def feed(self, delta: str, token_ids: list[int]) -> tuple[str | None, list[ToolCallDelta]]:
+        self._text += delta
+        calls = [json.loads(m) for m in self._CALL.findall(self._text)]
+        out = []
+        for i, c in enumerate(calls[self._sent:], start=self._sent):
+            args = json.dumps(c["arguments"])
+            half = len(args) // 2  # two argument pieces, as a real parser streams them
+            out += [ToolCallDelta(i, f"fake-{i}", c["name"]),
+                    ToolCallDelta(i, arguments=args[:half]),
+                    ToolCallDelta(i, arguments=args[half:])]
+        self._sent = len(calls)
+        plain = self._text.split("<", 1)[0]
+        content = plain[self._content_sent:] or None
+        self._content_sent = len(plain)
+        return content, out
+
+    def finish(self) -> list[ToolCallDelta]:
+        return []
 
 
 class FakeEmbedder:

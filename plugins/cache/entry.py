@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from proxy import responses as R
+from proxy import tools as T
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -27,7 +28,7 @@ class Entry:
     key: str
     route: str
     model: str
-    choices: list[dict[str, Any]]  # {"index", "text", "finish_reason"}
+    choices: list[dict[str, Any]]  # {"index", "text", "finish_reason"[, "tool_calls"]}
     usage: dict[str, int]
     scope: str
     tenant: str
@@ -67,9 +68,14 @@ def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]]
     choices = []
     for c in body.get("choices") or []:
         text = (c.get("message") or {}).get("content") if route == "chat" else c.get("text")
+        calls = (c.get("message") or {}).get("tool_calls") if route == "chat" else None
+        if calls and text is None:
+            text = ""
         if not isinstance(text, str) or c.get("finish_reason") is None:
             return None
         choices.append({"index": c["index"], "text": text, "finish_reason": c["finish_reason"]})
+        if calls:
+            choices[-1]["tool_calls"] = calls
     usage = body.get("usage") or {}
     if not choices:
         return None
@@ -85,7 +91,8 @@ def replay_body(entry: Entry, req: ChatCompletionRequest | CompletionRequest) ->
     if entry.route == "chat":
         return R.chat_completion(
             id=R.new_id("chatcmpl"), model=req.model, created=R.now(), usage_=_usage(entry),
-            choices=[R.chat_choice(c["index"], c["text"], c["finish_reason"], None)
+            choices=[T.with_calls(R.chat_choice(c["index"], c["text"], c["finish_reason"], None),
+                                  c.get("tool_calls") or [])
                      for c in entry.choices])
     return R.completion_body(
         id=R.new_id("cmpl"), model=req.model, created=R.now(), usage_=_usage(entry),
@@ -101,11 +108,11 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
     if entry.route == "chat":
         cid = R.new_id("chatcmpl")
         for c in entry.choices:
+            calls = c.get("tool_calls") or []
+            choice = R.chat_chunk_choice(c["index"], content=c["text"] or (None if calls else ""),
+                                         first=True, reason=c["finish_reason"], logprobs=None)
             yield R.chat_chunk(id=cid, model=model, created=created, include_usage=include_usage,
-                               choices=[R.chat_chunk_choice(c["index"], content=c["text"],
-                                                            first=True,
-                                                            reason=c["finish_reason"],
-                                                            logprobs=None)])
+                               choices=[T.with_call_deltas(choice, T.replay_deltas(calls))])
         obj = "chat.completion.chunk"
     else:
         cid = R.new_id("cmpl")

@@ -1,7 +1,8 @@
 """Cache keys: the canonical request, the scope, and the semantic partition.
 
 The exact key hashes everything that changes the answer: route, model, the normalized
-messages (or prompt), and every output-shaping parameter. Never `stream`,
+messages (or prompt) with their tool calls and tool results, and every output-shaping
+parameter (tools, tool_choice and parallel_tool_calls included). Never `stream`,
 `stream_options`, `user` or headers. The scope id is hashed in, so the same prompt in two
 tenants has two keys. The semantic partition is the same hash without the last user
 message: a semantic hit only ever returns an answer produced under the same scope,
@@ -21,7 +22,8 @@ from proxy.text import normalize
 
 _PARAMS = ("temperature", "top_p", "top_k", "n", "seed", "presence_penalty",
            "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice",
-           "ignore_eos", "min_tokens", "echo", "suffix", "logprobs", "top_logprobs")
+           "parallel_tool_calls", "ignore_eos", "min_tokens", "echo", "suffix", "logprobs",
+           "top_logprobs")
 
 
 def scope_id(principal: Principal, scope: str) -> str:
@@ -44,7 +46,8 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
 
 def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return [{"role": m.role, "content": normalize(m.text()), "name": m.name,
-             "tool_calls": m.tool_calls, "tool_call_id": m.tool_call_id}
+             "tool_calls": [c.model_dump() for c in m.tool_calls] if m.tool_calls else None,
+             "tool_call_id": m.tool_call_id}
             for m in req.messages]
 
 

@@ -325,8 +325,10 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if captured is None:
             return None
         choices, usage = captured
-        allowed = {"stop", "length"} if self.cfg.store_truncated else {"stop"}
-        if any(c["finish_reason"] not in allowed or not c["text"].strip() for c in choices):
+        allowed = {"stop", "tool_calls", "length"} if self.cfg.store_truncated else {
+            "stop", "tool_calls"}
+        if any(c["finish_reason"] not in allowed or not (c["text"].strip() or c.get("tool_calls"))
+               for c in choices):
             return None
         if started < self._purged_at:
             return None  # generated across a purge: it may hold what was purged

@@ -33,6 +33,7 @@ from proxy.errors import RateLimited, Unavailable
 from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest
 from proxy.telemetry import get_logger
+from proxy.tools import tool_chars
 
 from .config import Limits, RateLimitConfig
 from .gcra import Bucket, BucketState, Decision, MemoryStore, RedisStore, Store, StoreError
@@ -49,7 +50,7 @@ def _dimension(ctx: RequestContext, per: str) -> str:
 def estimate_tokens(ctx: RequestContext) -> int:
     req = ctx.request
     if isinstance(req, ChatCompletionRequest):
-        chars = sum(len(m.text()) for m in req.messages)
+        chars = sum(len(m.text()) for m in req.messages) + tool_chars(req)
     else:
         chars = sum(len(p) if isinstance(p, str) else len(p) * 4 for p in req.prompts())
     return chars // 4 + 1

@@ -34,6 +34,8 @@ class SamplingOptions:
     ignore_eos: bool = False
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    #: False when a tool parser needs the model's special tokens (`<tool_call>`) in the text.
+    skip_special_tokens: bool = True
 
 
 @dataclass(slots=True)
@@ -84,6 +86,39 @@ class EngineStats:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float | None = None
+
+
+@dataclass(slots=True)
+class ParsedToolCall:
+    """One call found in a whole answer; `arguments` is JSON text."""
+
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of a streamed call: id and name on a call's first piece, then arguments."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallParser(Protocol):
+    """The model's own tool-call syntax, read out of its text (one instance per answer:
+    streaming parsers keep state between `feed` calls)."""
+
+    def extract(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        """A whole answer -> (content left over, calls)."""
+
+    def feed(self, delta: str, token_ids: list[int]) -> tuple[str | None, list[ToolCallDelta]]:
+        """The next piece of a streamed answer -> (content delta, call deltas)."""
+
+    def finish(self) -> list[ToolCallDelta]:
+        """At the end of a stream: argument text parsed but not yet sent."""
 
 
 class EngineRejected(Exception):
@@ -141,3 +176,7 @@ class Engine(Protocol):
     ) -> AsyncGenerator[EngineOutput, None]: ...
 
     async def abort(self, request_id: str) -> None: ...
+
+    def tool_parser(self, tools: list[dict[str, Any]]) -> ToolCallParser | None:
+        """A fresh parser of the model's tool-call syntax for one answer, or None when
+        none is configured (`engine.tool_parser`)."""

@@ -15,7 +15,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .base import Engine, EngineFailed, EngineOutput, EngineStats, ModelInfo, SamplingOptions
+from .base import (
+    Engine,
+    EngineFailed,
+    EngineOutput,
+    EngineStats,
+    ModelInfo,
+    SamplingOptions,
+    ToolCallParser,
+)
 
 Mode = Literal["ok", "error", "hang", "slow"]
 
@@ -65,6 +73,9 @@ class FaultyEngine:
 
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)
+
+    def tool_parser(self, tools: list[dict[str, Any]]) -> ToolCallParser | None:
+        return self.inner.tool_parser(tools)
 
     async def start(self) -> None:
         await self.inner.start()

@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from ..settings import VllmEngineSettings
+from ..telemetry import get_logger
 from . import builtin_models
 from .base import (
     ChoiceDelta,
@@ -29,8 +30,10 @@ from .base import (
     EngineRejected,
     EngineStats,
     ModelInfo,
+    ParsedToolCall,
     SamplingOptions,
     TokenLogprob,
+    ToolCallDelta,
     TopLogprob,
 )
 from .chat_text import ChatText
@@ -41,6 +44,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from vllm.config.structured_outputs import StructuredOutputsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.chat_completion.protocol import (
+    ChatCompletionRequest as VllmChatRequest,
+)
 from vllm.exceptions import GracefulHTTPError, VLLMClientError
 from vllm.inputs.engine import tokens_input
 from vllm.sampling_params import (
@@ -48,10 +54,12 @@ from vllm.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from vllm.tool_parsers import ToolParser, ToolParserManager
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+log = get_logger("weir.engine")
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -85,6 +93,7 @@ class VllmEngine:
         self._created = int(time.time())
         self._max_model_len = settings.max_model_len or 0
         self._stats = EngineStats()
+        self._tool_parser: type[ToolParser] | None = None
         self._vocab_size: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -135,6 +144,7 @@ class VllmEngine:
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
                                             stat_loggers=[tap])
         self._tokenizer = self._llm.get_tokenizer()
+        self._tool_parser = _tool_parser_class(s.tool_parser, self._tokenizer)
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._vocab_size = int(self._llm.model_config.get_vocab_size())
         if s.warmup:
@@ -222,6 +232,7 @@ class VllmEngine:
                 logit_bias=o.logit_bias,
                 logprobs=o.logprobs,
                 ignore_eos=o.ignore_eos,
+                skip_special_tokens=o.skip_special_tokens,
                 structured_outputs=structured,
                 output_kind=RequestOutputKind.DELTA,
             )
@@ -281,6 +292,72 @@ class VllmEngine:
     async def abort(self, request_id: str) -> None:
         if self._llm is not None:
             await self._llm.abort(request_id)
+
+    def tool_parser(self, tools: list[dict[str, Any]]) -> _ToolParserAdapter | None:
+        if self._tool_parser is None:
+            return None
+        return _ToolParserAdapter(self._tool_parser, self._tokenizer, tools)
+
+
+# ------------------------------------------------------------------- tool parsing
+
+
+def _tool_parser_class(name: str | None, tokenizer: Any) -> type[ToolParser] | None:
+    """vLLM's parser registered under `name` (the `--tool-call-parser` names), checked
+    against the model's tokenizer once at start (some need special tokens it may lack)."""
+    if name is None:
+        log.info("no engine.tool_parser configured: `tool_choice: auto` answers text; "
+                 "`required` and named tool choices still answer with calls")
+        return None
+    try:
+        cls = ToolParserManager.get_tool_parser(name)
+    except KeyError:
+        known = ", ".join(sorted(ToolParserManager.list_registered()))
+        raise ValueError(f"engine.tool_parser: unknown parser `{name}` (known: {known})"
+                         ) from None
+    try:
+        cls(tokenizer, [])
+    except Exception as e:  # parsers raise what they like when a token is missing
+        raise ValueError(f"engine.tool_parser: `{name}` does not fit this model: {e}"
+                         ) from None
+    return cls
+
+
+class _ToolParserAdapter:
+    """One answer's vLLM tool parser behind Weir's engine-neutral `ToolCallParser`."""
+
+    def __init__(self, cls: type[ToolParser], tokenizer: Any,
+                 tools: list[dict[str, Any]]) -> None:
+        self._request = VllmChatRequest.model_validate(
+            {"messages": [], "tools": tools, "tool_choice": "auto"})
+        self._parser = cls(tokenizer, self._request.tools)  # type: ignore[arg-type]
+        self._text = ""
+        self._ids: list[int] = []
+
+    def extract(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
+        info = self._parser.extract_tool_calls(text, self._request)
+        if not info.tools_called:
+            return text, []
+        return info.content, [ParsedToolCall(c.function.name, c.function.arguments, c.id)
+                              for c in info.tool_calls]
+
+    def feed(self, delta: str, token_ids: list[int]) -> tuple[str | None, list[ToolCallDelta]]:
+        prev_text, prev_ids = self._text, self._ids
+        self._text, self._ids = prev_text + delta, prev_ids + token_ids
+        msg = self._parser.extract_tool_calls_streaming(
+            prev_text, self._text, delta, prev_ids, self._ids, token_ids, self._request)
+        if msg is None:
+            return None, []
+        return msg.content, [
+            ToolCallDelta(d.index, d.id, d.function.name if d.function else None,
+                          d.function.arguments if d.function else None)
+            for d in msg.tool_calls]
+
+    def finish(self) -> list[ToolCallDelta]:
+        rest = self._parser.get_remaining_unstreamed_args()
+        if not rest:
+            return []
+        return [ToolCallDelta(len(self._parser.prev_tool_call_arr) - 1, arguments=rest)]
 
 
 # Native code (the grammar compiler) prefixes its messages with a time and a source path.

@@ -21,6 +21,8 @@ ROOTS = [
     "Model",
     "ErrorResponse",
     "CreateEmbeddingResponse",
+    "Response",
+    "ResponseStreamEvent",
 ]
 
 

@@ -1,0 +1,188 @@
+"""A stream of chat chunks as the Responses API's typed events.
+
+Order, as OpenAI sends it: `response.created`, `response.in_progress`; per output item
+`response.output_item.added`, then for a message `response.content_part.added`,
+`response.output_text.delta`... `response.output_text.done`,
+`response.content_part.done`, or for a function call
+`response.function_call_arguments.delta`... `.done`; `response.output_item.done`; and
+last `response.completed` (or `response.incomplete` when cut at the token limit). Every
+event carries a `sequence_number`, counting from 0.
+
+The first chat chunk is awaited before `response.created` goes out, so an error before
+any output (a 429, an engine refusal) still gets its HTTP status. An error after that
+goes out in-band as an `error` event, then `response.failed`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from ..errors import ServerError, WeirError
+from ..telemetry import get_logger
+from . import translate as X
+from .models import ResponsesRequest
+
+log = get_logger("weir.responses")
+
+OnDone = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class _Events:
+    """Builds events in order, numbering them."""
+
+    def __init__(self, req: ResponsesRequest, response_id: str) -> None:
+        self.req, self.id, self.created = req, response_id, int(time.time())
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []
+        self.open: dict[str, Any] | None = None  # the item being streamed
+        self.open_text: list[str] = []  # the open message's text so far
+        self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
+        self.usage: dict[str, Any] | None = None
+        self.reason: str | None = None
+
+    def ev(self, type_: str, **fields: Any) -> dict[str, Any]:
+        e = {"type": type_, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return e
+
+    def response(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        return X.response_object(self.req, id=self.id, created_at=self.created, status=status,
+                                 output=copy.deepcopy(self.output), usage_=X.usage(self.usage),
+                                 error=error)
+
+    # ------------------------------------------------------------------- items
+
+    def _add(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        out = self.close()
+        self.output.append(item)
+        self.open = item
+        out.append(self.ev("response.output_item.added", output_index=len(self.output) - 1,
+                           item=copy.deepcopy(item)))
+        return out
+
+    def text(self, delta: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.open is None or self.open["type"] != "message":
+            out += self._add(X.message_item("", "in_progress"))
+            out.append(self.ev("response.content_part.added", item_id=self.open_id,
+                               output_index=self.index, content_index=0,
+                               part=X.text_part("")))
+            self.open_text = []
+        self.open_text.append(delta)
+        out.append(self.ev("response.output_text.delta", item_id=self.open_id,
+                           output_index=self.index, content_index=0, delta=delta, logprobs=[]))
+        return out
+
+    def call(self, d: dict[str, Any]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        fn = d.get("function") or {}
+        item = self.calls.get(d["index"])
+        if item is None:
+            item = X.call_item(d.get("id") or X.new_id("call"), fn.get("name") or "", "",
+                               "in_progress")
+            self.calls[d["index"]] = item
+            out += self._add(item)
+        elif fn.get("name"):
+            item["name"] += fn["name"]
+        if fn.get("arguments"):
+            item["arguments"] += fn["arguments"]
+            out.append(self.ev("response.function_call_arguments.delta", item_id=item["id"],
+                               output_index=self.output.index(item), delta=fn["arguments"]))
+        return out
+
+    @property
+    def open_id(self) -> str:
+        assert self.open is not None
+        return str(self.open["id"])
+
+    @property
+    def index(self) -> int:
+        return len(self.output) - 1
+
+    def close(self) -> list[dict[str, Any]]:
+        """Finish the open item: its `.done` events."""
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        status = "incomplete" if self.reason == "length" else "completed"
+        idx = self.output.index(item)
+        out = []
+        if item["type"] == "message":
+            text = "".join(self.open_text)
+            part = X.text_part(text)
+            out.append(self.ev("response.output_text.done", item_id=item["id"],
+                               output_index=idx, content_index=0, text=text, logprobs=[]))
+            out.append(self.ev("response.content_part.done", item_id=item["id"],
+                               output_index=idx, content_index=0, part=part))
+            item["content"] = [part]
+        else:
+            out.append(self.ev("response.function_call_arguments.done", item_id=item["id"],
+                               output_index=idx, name=item["name"],
+                               arguments=item["arguments"]))
+        item["status"] = status
+        out.append(self.ev("response.output_item.done", output_index=idx,
+                           item=copy.deepcopy(item)))
+        return out
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        out: list[dict[str, Any]] = []
+        for c in chunk.get("choices") or []:
+            if c.get("index", 0) != 0:
+                continue
+            delta = c.get("delta") or {}
+            if delta.get("content"):
+                out += self.text(delta["content"])
+            for d in delta.get("tool_calls") or []:
+                out += self.call(d)
+            if c.get("finish_reason"):
+                self.reason = c["finish_reason"]
+        return out
+
+
+async def render(chunks: AsyncIterable[dict[str, Any]], req: ResponsesRequest,
+                 response_id: str, on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
+    """Response events from chat chunks; `on_done(response)` once it completed."""
+    e = _Events(req, response_id)
+    it = aiter(chunks)
+    try:
+        first = await anext(it, None)  # errors before any output keep their HTTP status
+        yield e.ev("response.created", response=e.response("in_progress"))
+        yield e.ev("response.in_progress", response=e.response("in_progress"))
+        try:
+            chunk = first
+            while chunk is not None:
+                for event in e.feed(chunk):
+                    yield event
+                chunk = await anext(it, None)
+        except WeirError as err:
+            for event in _failed(e, err):
+                yield event
+            return
+        except Exception as exc:  # a bug: logged, and a generic failure in-band
+            log.error("responses stream failed", exc_info=exc)
+            for event in _failed(e, ServerError()):
+                yield event
+            return
+        for event in e.close():
+            yield event
+        status = "incomplete" if e.reason == "length" else "completed"
+        final = e.response(status)
+        await on_done(final)
+        yield e.ev(f"response.{status}", response=final)
+    finally:
+        close = getattr(it, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def _failed(e: _Events, err: WeirError) -> list[dict[str, Any]]:
+    body = err.to_body()["error"]
+    code = "rate_limit_exceeded" if err.status == 429 else "server_error"
+    return [e.ev("error", code=body["code"], message=body["message"], param=body["param"]),
+            e.ev("response.failed", response=e.response(
+                "failed", error={"code": code, "message": body["message"]}))]

@@ -1,0 +1,141 @@
+"""The Responses API request, as OpenAI takes it (the subset Weir serves).
+
+`input` is a string or a list of items: messages (with or without `type: "message"`;
+content a string or `input_text` / `output_text` / `refusal` parts), `function_call`
+items (a call the model made earlier) and `function_call_output` items (its result).
+Tools are function tools in the Responses shape (`name` at the top, not under
+`function`). Unknown fields are accepted, as on the chat route; a field Weir cannot
+honour (a built-in tool such as `web_search`, an image part) is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+
+from ..errors import InvalidRequest
+from ..protocol import _FUNCTION_NAME, Temperature, TopP, _Open, json_schema_or_none
+
+
+class InputText(_Open):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class InputRefusal(_Open):
+    type: Literal["refusal"]
+    refusal: str
+
+
+Part = Annotated[InputText | InputRefusal, Field(discriminator="type")]
+
+
+class MessageItem(_Open):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[Part]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text if isinstance(p, InputText) else p.refusal for p in self.content)
+
+
+class FunctionCallItem(_Open):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+class FunctionCallOutputItem(_Open):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(
+            p.text for p in self.output)
+
+
+def _item_kind(v: Any) -> str:
+    """The item's model; tags are capitalised so error params leave them out."""
+    kind = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
+    return {"function_call": "FunctionCall",
+            "function_call_output": "FunctionCallOutput"}.get(kind, "Message")
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("Message")]
+    | Annotated[FunctionCallItem, Tag("FunctionCall")]
+    | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutput")],
+    Discriminator(_item_kind),
+]
+
+
+class FunctionTool(_Open):
+    type: Literal["function"]
+    name: str = Field(pattern=_FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    _is_json_schema = field_validator("parameters")(lambda v: json_schema_or_none(v))
+
+
+class ToolChoiceFunction(_Open):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and self.schema_ is None:
+            raise InvalidRequest("`text.format.schema` is required when type is `json_schema`.",
+                                 param="text.format.schema")
+        return self
+
+
+class TextConfig(_Open):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(_Open):
+    model: str = Field(min_length=1)
+    input: str | Annotated[list[InputItem], Field(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Field(ge=16)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    text: TextConfig | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
+    user: str | None = None
+    stream: bool = False
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ResponsesRequest:
+        choice = self.tool_choice
+        if isinstance(choice, ToolChoiceFunction) and choice.name not in {
+                t.name for t in self.tools or []}:
+            raise InvalidRequest(f"Invalid value for `tool_choice`: no function named "
+                                 f"`{choice.name}` is among `tools`.", param="tool_choice.name")
+        return self
+
+    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)

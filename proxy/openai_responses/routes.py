@@ -1,0 +1,131 @@
+"""HTTP routes of the Responses API: create, retrieve, delete.
+
+Create runs the SAME plugin chain as chat: the request becomes a chat request in a
+chat `RequestContext` (so the sanitizer, rate limiter, cache, breaker and admission
+all apply), and the chat Reply becomes a Response (whole) or typed events (stream).
+Stored responses are scoped to the caller's tenant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from ..app_state import INFO, REQUEST_ID, STATE
+from ..chain import Completion, Stream
+from ..context import RequestContext
+from ..errors import InvalidRequest, ModelNotFound, NotFound, Unavailable
+from ..protocol import parse_model
+from ..routes import _note_usage, read_json
+from ..streaming import write_sse
+from . import translate as X
+from .events import render
+from .models import ResponsesRequest
+from .store import ResponseStore, make_store
+
+STORE: web.AppKey[ResponseStore] = web.AppKey("weir_responses_store", ResponseStore)
+
+
+def _store(request: web.Request) -> ResponseStore:
+    return request.app[STORE]
+
+
+async def create(request: web.Request) -> web.StreamResponse:
+    st = request.app[STATE]
+    if st.draining:
+        raise Unavailable("The server is shutting down; retry on another replica.",
+                          code="shutting_down")
+    if not st.terminal.ready():
+        raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
+                          retry_after=5)
+    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    data, size = await read_json(request, st.settings.server.max_body_bytes)
+    req = parse_model(ResponsesRequest, data)
+    info = request[INFO]
+    info.update(route="responses", model=req.model, tenant=principal.tenant, stream=req.stream)
+    principal.check_model(req.model)
+    if not st.terminal.has_model(req.model):  # before the chain spends limits or lookups
+        raise ModelNotFound(req.model)
+    store = _store(request)
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id:
+        record = await store.get(principal.tenant, req.previous_response_id)
+        if record is None:
+            raise NotFound(f"Previous response with id '{req.previous_response_id}' not "
+                           "found.", param="previous_response_id")
+        history = record["conversation"]
+    chat_req, conversation = X.chat_request(req, history)
+    ctx = RequestContext(route="chat", request=chat_req, principal=principal,
+                         request_id=request[REQUEST_ID],
+                         headers={k.lower(): v for k, v in request.headers.items()},
+                         body_bytes=size)
+    rid = X.new_id("resp")
+
+    async def save(response: dict[str, Any]) -> None:
+        if req.store:
+            await store.put(principal.tenant, rid, {
+                "response": response,
+                "conversation": conversation + X.output_messages(response["output"])})
+
+    with st.track():
+        try:
+            reply = await st.chain(ctx)
+        except InvalidRequest as e:
+            raise X.rename_param(e) from None
+        if isinstance(reply, Completion):
+            _note_usage(st, info, reply.body)  # token metrics, as on the chat route
+            response = X.response_from_chat(req, reply.body, id=rid,
+                                            created_at=reply.body.get("created", 0))
+            await save(response)
+            return web.json_response(response, headers={**ctx.response_headers,
+                                                        **reply.headers}, dumps=st.dumps)
+        # Iterating the chat Stream ends it (its plugins' end hooks run); the events are
+        # a Stream of their own for the SSE writer.
+        events = Stream(render(reply, req, rid, save))
+        srv = st.settings.server
+        resp = await write_sse(request, events, lambda: {**ctx.response_headers,
+                                                         **reply.headers},
+                               write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s)
+        if reply.usage:
+            _note_usage(st, info, {"usage": reply.usage})
+        return resp
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    rid = request.match_info["response_id"]
+    record = await _store(request).get(principal.tenant, rid)
+    if record is None:
+        raise NotFound(f"Response with id '{rid}' not found.", param=None)
+    return web.json_response(record["response"], dumps=st.dumps)
+
+
+async def delete(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    rid = request.match_info["response_id"]
+    if not await _store(request).delete(principal.tenant, rid):
+        raise NotFound(f"Response with id '{rid}' not found.", param=None)
+    return web.json_response({"id": rid, "object": "response.deleted", "deleted": True})
+
+
+async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
+    st = app[STATE]
+    cache = next((p for p in st.plugins if p.name == "cache"), None)
+    redis_cfg = getattr(getattr(cache, "config", None), "redis", None)
+    app[STORE] = make_store(st.settings.responses, getattr(redis_cfg, "url", None))
+    try:
+        yield
+    finally:
+        await app[STORE].close()
+
+
+def setup(app: web.Application) -> None:
+    """Routes and the store's lifespan (called from `proxy.routes.add_routes`)."""
+    app.cleanup_ctx.append(_store_lifespan)
+    app.router.add_post("/v1/responses", create)
+    app.router.add_get("/v1/responses/{response_id}", retrieve)
+    app.router.add_delete("/v1/responses/{response_id}", delete)

@@ -1,0 +1,113 @@
+"""Where stored responses live: in memory, or in the cache plugin's Redis when it has one.
+
+A record is `{"response": <Response>, "conversation": [chat messages]}`. Every key holds
+the caller's tenant, so another tenant's id is simply not found (a 404, never a 403
+that would confirm the id exists). Records expire after `responses.ttl_s`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError
+
+from ..errors import Unavailable
+from ..redis_client import blocking_client
+from ..settings import ResponsesSettings
+from ..telemetry import get_logger
+
+log = get_logger("weir.responses")
+
+Record = dict[str, Any]
+
+
+class ResponseStore(Protocol):
+    async def get(self, tenant: str, response_id: str) -> Record | None: ...
+
+    async def put(self, tenant: str, response_id: str, record: Record) -> None: ...
+
+    async def delete(self, tenant: str, response_id: str) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryStore:
+    """Bounded and expiring: the oldest record goes first when full."""
+
+    def __init__(self, ttl_s: float, max_items: int) -> None:
+        self.ttl_s = ttl_s
+        self.max_items = max_items
+        self._items: OrderedDict[tuple[str, str], tuple[float, Record]] = OrderedDict()
+
+    async def get(self, tenant: str, response_id: str) -> Record | None:
+        hit = self._items.get((tenant, response_id))
+        if hit is None:
+            return None
+        if hit[0] <= time.monotonic():
+            del self._items[(tenant, response_id)]
+            return None
+        return hit[1]
+
+    async def put(self, tenant: str, response_id: str, record: Record) -> None:
+        self._items[(tenant, response_id)] = (time.monotonic() + self.ttl_s, record)
+        while len(self._items) > self.max_items:
+            self._items.popitem(last=False)
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        return self._items.pop((tenant, response_id), None) is not None
+
+    async def close(self) -> None:
+        self._items.clear()
+
+
+class RedisStore:
+    """One key per record, `SET ... EX ttl`; a Redis that fails is a 503."""
+
+    def __init__(self, url: str, ttl_s: float, timeout_s: float = 0.5) -> None:
+        self.ttl_s = ttl_s
+        self._redis = blocking_client(url, timeout_s)
+
+    @staticmethod
+    def _key(tenant: str, response_id: str) -> str:
+        scope = hashlib.sha256(tenant.encode()).hexdigest()[:32]
+        return f"weir:responses:{scope}:{response_id}"
+
+    async def get(self, tenant: str, response_id: str) -> Record | None:
+        try:
+            raw = await self._redis.get(self._key(tenant, response_id))
+        except (RedisError, OSError, TimeoutError) as e:
+            raise _down(e) from None
+        return None if raw is None else dict(json.loads(raw))
+
+    async def put(self, tenant: str, response_id: str, record: Record) -> None:
+        data = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+        try:
+            await self._redis.set(self._key(tenant, response_id), data,
+                                  px=max(1, int(self.ttl_s * 1000)))
+        except (RedisError, OSError, TimeoutError) as e:
+            raise _down(e) from None
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        try:
+            return bool(await self._redis.delete(self._key(tenant, response_id)))
+        except (RedisError, OSError, TimeoutError) as e:
+            raise _down(e) from None
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def _down(e: BaseException) -> Unavailable:
+    log.error("response store failed", error=f"{type(e).__name__}: {e}")
+    return Unavailable("The response store is unavailable; retry shortly.",
+                       code="store_unavailable")
+
+
+def make_store(cfg: ResponsesSettings, cache_redis_url: str | None) -> ResponseStore:
+    if cfg.redis and cache_redis_url:
+        return RedisStore(cache_redis_url, cfg.ttl_s)
+    return MemoryStore(cfg.ttl_s, cfg.max_in_memory)

@@ -1,0 +1,203 @@
+"""Responses <-> chat: a Responses request becomes a chat request (so the same plugin
+chain and engine path serve it), and a chat answer becomes a Response object.
+
+The conversation a stored response keeps is in chat form (input and output, without
+`instructions`: OpenAI does not carry those over to a follow-up), so
+`previous_response_id` prepends it to the next request's input as it is.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from ..errors import InvalidRequest
+from ..protocol import ChatCompletionRequest, parse_model
+from .models import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    MessageItem,
+    ResponsesRequest,
+    ToolChoiceFunction,
+)
+
+#: Chat params as the Responses API names them (for errors raised on the chat form).
+_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens",
+           "response_format": "text.format"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+def rename_param(e: InvalidRequest) -> InvalidRequest:
+    """An error about the chat form, naming the Responses param instead (an index into
+    `messages` is not one into `input`, so that is named whole)."""
+    if e.param:
+        head, _, rest = e.param.partition(".")
+        name = head.partition("[")[0]
+        if name == "messages":
+            e.param = "input"
+        elif name in _PARAMS:
+            e.param = _PARAMS[name] + (f".{rest}" if rest else "")
+    return e
+
+
+# ------------------------------------------------------------------------ to chat
+
+
+def input_messages(items: list[MessageItem | FunctionCallItem | FunctionCallOutputItem],
+                   ) -> list[dict[str, Any]]:
+    """Input items as chat messages: calls join the assistant turn before them."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            role = "system" if item.role == "developer" else item.role
+            out.append({"role": role, "content": item.text()})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+    return out
+
+
+def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
+    fmt = req.text.format if req.text else None
+    if fmt is None or fmt.type != "json_schema":
+        return None if fmt is None else {"type": fmt.type}
+    return {"type": "json_schema", "json_schema": {
+        "name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict,
+        "description": fmt.description}}
+
+
+def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
+                 ) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
+    """(the chat request, the conversation so far without instructions)."""
+    conversation = history + input_messages(req.items())
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    body: dict[str, Any] = {"model": req.model, "messages": system + conversation,
+                            "stream": req.stream}
+    if req.stream:
+        body["stream_options"] = {"include_usage": True}
+    optional = {"max_completion_tokens": req.max_output_tokens, "temperature": req.temperature,
+                "top_p": req.top_p, "user": req.user, "response_format": _response_format(req),
+                "parallel_tool_calls": req.parallel_tool_calls}
+    body.update({k: v for k, v in optional.items() if v is not None})
+    if req.tools:
+        body["tools"] = [{"type": "function", "function": t.model_dump(
+            exclude={"type"}, exclude_none=True)} for t in req.tools]
+    choice = req.tool_choice
+    if isinstance(choice, ToolChoiceFunction):
+        body["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif choice is not None and req.tools:
+        body["tool_choice"] = choice
+    try:
+        return parse_model(ChatCompletionRequest, body), conversation
+    except InvalidRequest as e:
+        raise rename_param(e) from None
+
+
+# ---------------------------------------------------------------------- from chat
+
+
+def message_item(text: str, status: str, item_id: str | None = None) -> dict[str, Any]:
+    return {"type": "message", "id": item_id or new_id("msg"), "status": status,
+            "role": "assistant", "content": [] if status == "in_progress" else [
+                text_part(text)]}
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(call_id: str, name: str, arguments: str, status: str,
+              item_id: str | None = None) -> dict[str, Any]:
+    return {"type": "function_call", "id": item_id or new_id("fc"), "call_id": call_id,
+            "name": name, "arguments": arguments, "status": status}
+
+
+def output_items(message: dict[str, Any], finish_reason: str | None) -> list[dict[str, Any]]:
+    """A chat answer's message as Response output items."""
+    status = "incomplete" if finish_reason == "length" else "completed"
+    items = []
+    text = message.get("content")
+    calls = message.get("tool_calls") or []
+    if text or not calls:
+        items.append(message_item(text or "", status))
+    for c in calls:
+        items.append(call_item(c["id"], c["function"]["name"], c["function"]["arguments"],
+                               status))
+    return items
+
+
+def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Output items back in chat form, for the stored conversation."""
+    as_input: list[MessageItem | FunctionCallItem | FunctionCallOutputItem] = []
+    for it in items:
+        if it["type"] == "message":
+            as_input.append(MessageItem(role="assistant",
+                                        content="".join(p["text"] for p in it["content"])))
+        else:
+            as_input.append(FunctionCallItem(type="function_call", call_id=it["call_id"],
+                                             name=it["name"], arguments=it["arguments"]))
+    return input_messages(as_input)
+
+
+def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    if chat_usage is None:
+        return None
+    cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": chat_usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": chat_usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": chat_usage["prompt_tokens"] + chat_usage["completion_tokens"]}
+
+
+def response_object(req: ResponsesRequest, *, id: str, created_at: int, status: str,
+                    output: list[dict[str, Any]], usage_: dict[str, Any] | None,
+                    error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Response, echoing the request's settings as OpenAI does."""
+    fmt = (req.text.format.model_dump(by_alias=True, exclude_none=True)
+           if req.text and req.text.format else {"type": "text"})
+    choice: Any = req.tool_choice if req.tool_choice is not None else "auto"
+    if isinstance(choice, ToolChoiceFunction):
+        choice = {"type": "function", "name": choice.name}
+    body = {
+        "id": id, "object": "response", "created_at": created_at, "status": status,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "error": error,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
+        else None,
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "model": req.model, "output": output,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": req.previous_response_id,
+        "store": req.store, "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "text": {"format": fmt}, "tool_choice": choice,
+        "tools": [{"type": "function", "name": t.name, "description": t.description,
+                   "parameters": t.parameters, "strict": t.strict} for t in req.tools or []],
+        "truncation": "disabled", "metadata": req.metadata or {},
+    }
+    if usage_ is not None:  # not nullable in the spec: absent until known
+        body["usage"] = usage_
+    if req.user is not None:
+        body["user"] = req.user
+    return body
+
+
+def response_from_chat(req: ResponsesRequest, body: dict[str, Any], *, id: str,
+                       created_at: int) -> dict[str, Any]:
+    """A whole chat answer (first choice) as a Response."""
+    choice = body["choices"][0]
+    output = output_items(choice["message"], choice.get("finish_reason"))
+    status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
+    return response_object(req, id=id, created_at=created_at, status=status, output=output,
+                           usage_=usage(body.get("usage")))

@@ -1,0 +1,312 @@
+"""Tool calling on the chat route: how a request's `tool_choice` shapes generation, and
+how the model's text becomes OpenAI `tool_calls`, whole and streamed.
+
+Three modes, decided once per request (`mode`):
+- `forced` (`required` or a named function): generation is constrained by a JSON schema
+  built from the tools' own schemas, as vLLM's server does (`required`: an array of
+  `{"name", "parameters"}` objects, one of the tools each; named: that function's
+  parameters), so any model, the random demo model included, answers a valid call. That
+  JSON is read here; it is Weir's own format, not a model's syntax. A named function's
+  arguments stream as they come; a `required` array is read whole at the end.
+- `parser` (`auto` with `engine.tool_parser` set): the model answers freely and the
+  engine's parser (vLLM's registry: hermes, pythonic, ...) finds calls in its syntax.
+- `text` (`none`, no tools, or `auto` without a parser): the answer is text.
+
+A `ToolCallTracker` follows one choice: `feed` turns each text delta into a content
+delta and `delta.tool_calls` entries; `finish` flushes what only the end reveals; a
+choice that called a tool ends with `finish_reason: "tool_calls"`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .engine.base import ParsedToolCall, SamplingOptions, ToolCallDelta, ToolCallParser
+from .protocol import ChatCompletionRequest, NamedToolChoice, ToolCall
+
+Mode = Literal["text", "forced", "parser"]
+
+
+def tool_chars(req: ChatCompletionRequest) -> int:
+    """Characters the tool definitions and earlier calls add to the prompt (the chat
+    template renders them), for estimates made before tokenizing (the rate limiter)."""
+    n = len(json.dumps(req.tool_dicts())) if req.tools else 0
+    return n + sum(len(c.function.name) + len(c.function.arguments)
+                   for m in req.messages for c in m.tool_calls or [])
+
+
+def new_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
+
+
+def mode(req: ChatCompletionRequest, has_parser: bool) -> Mode:
+    if not req.tools or req.tool_choice == "none":
+        return "text"
+    if req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice):
+        return "forced"
+    return "parser" if has_parser else "text"
+
+
+def _parameters(params: dict[str, Any] | None) -> dict[str, Any]:
+    # No parameters still means an object of arguments.
+    return params if params else {"type": "object", "properties": {}}
+
+
+def forced_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The JSON schema that makes any model answer a valid call (None: not forced)."""
+    if not req.tools:
+        return None
+    choice = req.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        tool = next(t for t in req.tools if t.function.name == choice.function.name)
+        return _parameters(tool.function.parameters)
+    if choice != "required":
+        return None
+    one_of = [{"type": "object",
+               "properties": {"name": {"type": "string", "enum": [t.function.name]},
+                              "parameters": _parameters(t.function.parameters)},
+               "required": ["name", "parameters"]}
+              for t in req.tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": {"type": "object", "anyOf": one_of}}
+    if req.parallel_tool_calls is False:
+        schema["maxItems"] = 1
+    return schema
+
+
+def shape_options(req: ChatCompletionRequest, opts: SamplingOptions, engine: Any) -> None:
+    """Constrain forced calls to the tools' schema (over any `response_format`, as
+    OpenAI does); keep special tokens for a parser whose syntax uses them."""
+    m = mode(req, has_parser=True)
+    if m == "forced":
+        opts.json_schema, opts.json_object = forced_schema(req), False
+    elif m == "parser" and engine.tool_parser(req.tool_dicts()) is not None:
+        opts.skip_special_tokens = False
+
+
+def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
+    """The constrained JSON as calls; [] when it is cut short (the text is then content).
+    A named function's text is its arguments as they are (cut short, they stay a call,
+    with `finish_reason: "length"`, as OpenAI answers)."""
+    if isinstance(req.tool_choice, NamedToolChoice):
+        return [ParsedToolCall(req.tool_choice.function.name, text)]
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(data, list):
+        return []
+    calls = [ParsedToolCall(c["name"], json.dumps(c["parameters"]))
+             for c in data if isinstance(c, dict) and "name" in c and "parameters" in c]
+    return calls if len(calls) == len(data) else []
+
+
+def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """Earlier calls as chat templates read them: arguments as an object where they are
+    JSON (templates write `arguments | tojson`), as vLLM's own renderer passes them."""
+    out = []
+    for c in calls:
+        try:
+            args: Any = json.loads(c.function.arguments)
+        except ValueError:
+            args = c.function.arguments
+        out.append({"id": c.id, "type": "function",
+                    "function": {"name": c.function.name, "arguments": args}})
+    return out
+
+
+def call_dict(call: ParsedToolCall) -> dict[str, Any]:
+    """A call as `message.tool_calls[i]`."""
+    return {"id": call.id or new_call_id(), "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+@dataclass(slots=True)
+class ToolCallTracker:
+    """One choice's tool calls, from engine text to OpenAI's shapes."""
+
+    mode: Mode
+    req: ChatCompletionRequest
+    parser: ToolCallParser | None = None
+    _buffer: list[str] = field(default_factory=list)
+    _ids: dict[int, str] = field(default_factory=dict)
+    called: bool = False
+
+    @classmethod
+    def for_request(cls, req: ChatCompletionRequest,
+                    make_parser: Any) -> ToolCallTracker:
+        """`make_parser(tools)` is the engine's `tool_parser` (None when it has none)."""
+        tools = req.tool_dicts()
+        parser = make_parser(tools) if tools and req.tool_choice in (None, "auto") else None
+        return cls(mode(req, parser is not None), req, parser)
+
+    # ------------------------------------------------------------------ whole answers
+
+    def whole(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """(content, tool_calls) of a whole answer."""
+        if self.mode == "forced":
+            calls = parse_forced(self.req, text)
+        elif self.mode == "parser":
+            assert self.parser is not None
+            content, calls = self.parser.extract(text)
+            if calls:
+                self.called = True
+                return content or None, [call_dict(c) for c in calls]
+            return text, []
+        else:
+            return text, []
+        self.called = bool(calls)
+        return (None, [call_dict(c) for c in calls]) if calls else (text, [])
+
+    def reason(self, reason: str) -> str:
+        """OpenAI's finish reason: `tool_calls` when the choice called a tool and stopped."""
+        return "tool_calls" if self.called and reason == "stop" else reason
+
+    # ---------------------------------------------------------------------- streaming
+
+    def feed(self, text: str, token_ids: list[int]) -> tuple[str | None,
+                                                               list[dict[str, Any]]]:
+        """(content delta, `delta.tool_calls`) for the next piece of text."""
+        if self.mode == "text":
+            return text, []
+        if self.mode == "forced":
+            if isinstance(self.req.tool_choice, NamedToolChoice):  # text is the arguments
+                name = self.req.tool_choice.function.name
+                first = not self.called
+                if not text and not first:
+                    return None, []
+                return None, [self._delta(ToolCallDelta(0, name=name if first else None,
+                                                        arguments=text))]
+            self._buffer.append(text)  # `required`: the array is read whole at the end
+            return None, []
+        assert self.parser is not None
+        content, deltas = self.parser.feed(text, token_ids)
+        return content, [self._delta(d) for d in deltas]
+
+    def finish(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """What only the end of the answer reveals: forced calls, a parser's last args."""
+        if self.mode == "forced" and not isinstance(self.req.tool_choice, NamedToolChoice):
+            text = "".join(self._buffer)
+            calls = parse_forced(self.req, text)
+            if not calls:
+                return text, []
+            self.called = True
+            return None, [{"index": i, **call_dict(c)} for i, c in enumerate(calls)]
+        if self.mode == "parser":
+            assert self.parser is not None
+            return None, [self._delta(d) for d in self.parser.finish()]
+        return None, []
+
+    def step(self, text: str, token_ids: list[int], reason: str | None,
+             ) -> tuple[str | None, list[dict[str, Any]], str | None]:
+        """One streamed step of the choice: (content delta, call deltas, finish reason);
+        on the last step what only the end reveals is flushed and the reason mapped."""
+        content, deltas = self.feed(text, token_ids)
+        if reason is None:
+            return content, deltas, None
+        rest, more = self.finish()
+        if rest:
+            content = (content or "") + rest
+        return content, deltas + more, self.reason(reason)
+
+    def whole_choice(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """A whole chat choice with its calls read out of the text."""
+        msg = choice["message"]
+        msg["content"], calls = self.whole(msg["content"])
+        choice["finish_reason"] = self.reason(choice["finish_reason"])
+        return with_calls(choice, calls)
+
+    def _delta(self, d: ToolCallDelta) -> dict[str, Any]:
+        self.called = True
+        out: dict[str, Any] = {"index": d.index}
+        if d.index not in self._ids:
+            self._ids[d.index] = d.id or new_call_id()
+            out["id"], out["type"] = self._ids[d.index], "function"
+        fn: dict[str, Any] = {}
+        if d.name is not None:
+            fn["name"] = d.name
+        if d.arguments is not None:
+            fn["arguments"] = d.arguments
+        if fn:
+            out["function"] = fn
+        return out
+
+
+# ------------------------------------------------------------------ answer shapes
+
+
+def with_calls(choice: dict[str, Any], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """A whole chat choice carrying `message.tool_calls` (content null when empty)."""
+    if calls:
+        msg = choice["message"]
+        msg["tool_calls"] = calls
+        msg["content"] = msg["content"] or None
+    return choice
+
+
+def with_call_deltas(choice: dict[str, Any], deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """A chunk choice carrying `delta.tool_calls`."""
+    if deltas:
+        choice["delta"]["tool_calls"] = deltas
+    return choice
+
+
+def replay_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Whole calls as the deltas of one chunk (a cached answer streamed again)."""
+    return [{"index": i, **c} for i, c in enumerate(calls)]
+
+
+class CallAssembler:
+    """A stream's `delta.tool_calls` put back together into whole calls."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, Any]] = {}
+
+    def feed(self, deltas: list[dict[str, Any]]) -> None:
+        for d in deltas:
+            call = self.calls.setdefault(d["index"], {
+                "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            if d.get("id"):
+                call["id"] = d["id"]
+            fn = d.get("function") or {}
+            call["function"]["name"] += fn.get("name") or ""
+            call["function"]["arguments"] += fn.get("arguments") or ""
+
+    def result(self) -> list[dict[str, Any]]:
+        return [c for _, c in sorted(self.calls.items())]
+
+
+class StreamCalls:
+    """The per-choice trackers of one streamed chat answer, and the calls they sent (the
+    answer a plugin stores carries them): the chat renderer's whole tool-call hook."""
+
+    def __init__(self, make_tracker: Any) -> None:
+        self._make = make_tracker
+        self._trackers: dict[int, ToolCallTracker] = {}
+        self._sent: dict[int, CallAssembler] = {}
+
+    def step(self, index: int, text: str, token_ids: list[int], reason: str | None,
+             ) -> tuple[str | None, list[dict[str, Any]], str | None]:
+        if self._make is None:
+            return text, [], reason
+        tracker = self._trackers.get(index)
+        if tracker is None:
+            tracker = self._trackers[index] = self._make()
+        content, deltas, reason = tracker.step(text, token_ids, reason)
+        if deltas:
+            self._sent.setdefault(index, CallAssembler()).feed(deltas)
+        return content, deltas, reason
+
+    def answer(self, choices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for c in choices:
+            if c["index"] in self._sent:
+                c["tool_calls"] = self._sent[c["index"]].result()
+        return choices
+
+
+def whole_choice(make_tracker: Any, choice: dict[str, Any]) -> dict[str, Any]:
+    """A whole chat choice with its calls read out of the text (the renderer's hook)."""
+    return choice if make_tracker is None else make_tracker().whole_choice(choice)

@@ -1,0 +1,269 @@
+"""The Responses API over the fake engine: shapes against the official spec, events in
+order, storage scoped by tenant, the same plugin chain as chat."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bench.redis_server import RedisServer
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+from tests.sse import parse_sse
+
+BASE = {"model": "fake-model", "input": "hi", "max_output_tokens": 16}
+TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}
+
+
+def keyed(*tenants: str) -> Any:
+    return make_settings(auth={"mode": "keys", "keys": [
+        {"key": f"sk-{t}", "tenant": t} for t in tenants]})
+
+
+def auth(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer sk-{tenant}"}
+
+
+async def test_create_matches_spec_and_echoes_settings(make_client: MakeClient,
+                                                       fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "instructions": "Be brief.",
+                                                 "metadata": {"k": "v"}, "temperature": 0.5})
+    assert r.status == 200
+    body = await r.json()
+    validate("Response", body)
+    prompt, opts, _ = fake_engine.calls[0]
+    assert body["status"] == "incomplete"  # the fake engine always runs to the limit
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["output"][0]["content"][0]["text"] == FakeEngine.expected_text(prompt, 16)
+    assert body["instructions"] == "Be brief." and body["metadata"] == {"k": "v"}
+    assert body["usage"]["output_tokens"] == 16 and opts.temperature == 0.5
+
+
+async def test_stream_events_are_ordered_numbered_and_valid(make_client: MakeClient) -> None:
+    client = await make_client()
+    whole = await (await client.post("/v1/responses", json={**BASE, "store": False})).json()
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    assert r.status == 200
+    events, _ = parse_sse(await r.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    types = [e["type"] for e in events]
+    assert types[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.incomplete"]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == whole["output"][0]["content"][0]["text"]
+    final = events[-1]["response"]
+    assert final["output"][0]["content"][0]["text"] == text
+    stored = await (await client.get(f"/v1/responses/{final['id']}")).json()
+    assert stored["output"] == final["output"]
+
+
+async def test_retrieve_and_delete_are_scoped_to_the_tenant(make_client: MakeClient) -> None:
+    client = await make_client(keyed("a", "b"))
+    body = await (await client.post("/v1/responses", json=BASE, headers=auth("a"))).json()
+    rid = body["id"]
+    got = await client.get(f"/v1/responses/{rid}", headers=auth("a"))
+    assert got.status == 200 and (await got.json())["id"] == rid
+    other = await client.get(f"/v1/responses/{rid}", headers=auth("b"))
+    assert other.status == 404
+    validate("ErrorResponse", await other.json())
+    assert (await client.delete(f"/v1/responses/{rid}", headers=auth("b"))).status == 404
+    follow = await client.post("/v1/responses", headers=auth("b"),
+                               json={**BASE, "previous_response_id": rid})
+    assert follow.status == 404
+    assert (await follow.json())["error"]["param"] == "previous_response_id"
+    deleted = await client.delete(f"/v1/responses/{rid}", headers=auth("a"))
+    assert await deleted.json() == {"id": rid, "object": "response.deleted", "deleted": True}
+    assert (await client.get(f"/v1/responses/{rid}", headers=auth("a"))).status == 404
+
+
+async def test_store_false_keeps_nothing(make_client: MakeClient) -> None:
+    client = await make_client()
+    body = await (await client.post("/v1/responses", json={**BASE, "store": False})).json()
+    assert (await client.get(f"/v1/responses/{body['id']}")).status == 404
+
+
+async def test_previous_response_id_rebuilds_the_conversation(make_client: MakeClient,
+                                                              fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    first = await (await client.post("/v1/responses", json={
+        **BASE, "instructions": "Only for the first turn."})).json()
+    await client.post("/v1/responses", json={**BASE, "input": "and then?",
+                                             "previous_response_id": first["id"]})
+    prompt = fake_engine.calls[1][0]
+    answer = first["output"][0]["content"][0]["text"]
+    expected = fake_engine.render_chat([
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": answer},
+        {"role": "user", "content": "and then?"}], None)
+    assert prompt == expected  # the earlier turn, without its instructions
+
+
+async def test_function_call_items_round_trip_to_the_template(make_client: MakeClient,
+                                                              fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL], "input": [
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]})
+    assert r.status == 200
+    assert fake_engine.calls[0][0] == fake_engine.render_chat([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": ""},
+        {"role": "tool", "content": "sunny"}], None)
+
+
+async def test_required_tool_choice_answers_a_function_call(make_client: MakeClient) -> None:
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "max_output_tokens": 64,
+                                                 "tools": [TOOL], "tool_choice": "required"})
+    body = await r.json()
+    validate("Response", body)
+    call = body["output"][0]
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == {"city": "x"}
+    assert body["status"] == "completed"
+
+
+async def test_required_tool_choice_streams_argument_events(make_client: MakeClient) -> None:
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "max_output_tokens": 64, "stream": True,
+                                                 "tools": [TOOL], "tool_choice": {
+                                                     "type": "function", "name": "get_weather"}})
+    events, _ = parse_sse(await r.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    deltas = [e["delta"] for e in events
+              if e["type"] == "response.function_call_arguments.delta"]
+    assert "".join(deltas) == done["arguments"] and json.loads(done["arguments"]) == {"city": "x"}
+    assert done["name"] == "get_weather"
+    assert events[-1]["type"] == "response.completed"
+
+
+async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> None:
+    client = await make_client()
+    cases = [
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+         "input[0].content[0]"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}},
+         "tool_choice.name"),
+        ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+        ({"max_output_tokens": 10_000}, "max_output_tokens"),
+        ({"input": "x" * 3000}, "input"),
+    ]
+    for extra, param in cases:
+        r = await client.post("/v1/responses", json={**BASE, **extra})
+        assert r.status == 400, extra
+        body = await r.json()
+        validate("ErrorResponse", body)
+        assert body["error"]["param"] == param, (extra, body)
+
+
+async def test_the_chain_applies_rate_limit(make_client: MakeClient) -> None:
+    settings = make_settings(plugins=[{"name": "rate_limit", "config": {
+        "rules": [{"per": "key", "rpm": 1}]}}])
+    client = await make_client(settings)
+    assert (await client.post("/v1/responses", json=BASE)).status == 200
+    r = await client.post("/v1/responses", json=BASE)
+    assert r.status == 429
+    validate("ErrorResponse", await r.json())
+
+
+async def test_stored_in_the_caches_redis_and_shared_by_replicas(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    settings = make_settings(plugins=[{"name": "cache", "config": {
+        "redis": {"url": redis_server.url}, "l2": {"enabled": True}}}],
+        responses={"ttl_s": 60})
+    one, two = await make_client(settings), await make_client(settings)
+    body = await (await one.post("/v1/responses", json=BASE)).json()
+    got = await two.get(f"/v1/responses/{body['id']}")  # another replica, same Redis
+    assert got.status == 200 and (await got.json())["output"] == body["output"]
+    ttl = await _redis_ttl_ms(redis_server.url, body["id"])
+    assert 0 < ttl <= 60_000
+    assert (await two.delete(f"/v1/responses/{body['id']}")).status == 200
+    assert (await one.get(f"/v1/responses/{body['id']}")).status == 404
+
+
+async def _redis_ttl_ms(url: str, response_id: str) -> int:
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(url)
+    try:
+        keys = [k async for k in r.scan_iter(match=f"weir:responses:*:{response_id}")]
+        assert len(keys) == 1
+        return int(await r.pttl(keys[0]))
+    finally:
+        await r.aclose()
+
+
+async def test_an_error_mid_stream_is_an_error_event_then_failed(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    fake_engine.fail_after = 3
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    assert r.status == 200
+    events, _ = parse_sse(await r.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-1]["response"]["status"] == "failed"
+    assert events[-1]["response"]["error"]["code"] == "server_error"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    rid = events[-1]["response"]["id"]
+    assert (await client.get(f"/v1/responses/{rid}")).status == 404  # failed: not stored
+
+
+async def test_an_error_before_any_output_keeps_its_http_status(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    fake_engine.fail_after = 0
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    assert r.status == 502
+    validate("ErrorResponse", await r.json())
+
+
+async def test_tokens_are_counted_in_metrics(make_client: MakeClient) -> None:
+    client = await make_client()
+
+    async def completion_tokens() -> float:
+        text = await (await client.get("/metrics")).text()
+        line = next((ln for ln in text.splitlines() if ln.startswith("weir_tokens_total{")
+                     and 'kind="completion"' in ln), None)
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+    before = await completion_tokens()
+    await client.post("/v1/responses", json=BASE)
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    await r.text()
+    assert await completion_tokens() == before + 32
+
+
+async def test_text_then_a_parsed_call_are_two_output_items(make_client: MakeClient) -> None:
+    engine = FakeEngine(tool_parser=True)
+    engine.script = 'Checking. <call>{"name": "get_weather", "arguments": {"city": "Rome"}}</call>'
+    client = await make_client(engine=engine)
+    whole = await (await client.post("/v1/responses", json={**BASE, "tools": [TOOL],
+                                                            "max_output_tokens": 64})).json()
+    validate("Response", whole)
+    assert [i["type"] for i in whole["output"]] == ["message", "function_call"]
+    r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL], "stream": True,
+                                                 "max_output_tokens": 64})
+    events, _ = parse_sse(await r.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert added == ["message", "function_call"] and len(done) == 2
+    assert done[0]["content"][0]["text"].strip() == "Checking."
+    assert json.loads(done[1]["arguments"]) == {"city": "Rome"}
+    assert events[-1]["type"] == "response.completed"
+    assert [i["type"] for i in events[-1]["response"]["output"]] == ["message", "function_call"]

@@ -1,0 +1,133 @@
+"""Tool calls on /v1/chat/completions over the fake engine: forced choices (the fake
+engine honours the JSON schema, as structured output does), a configured parser for
+`auto`, text otherwise; whole and streamed agree; the cache replays calls as calls."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+from tests.sse import parse_sse
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "required": ["city"],
+                                          "properties": {"city": {"type": "string"}}}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+BASE: dict[str, Any] = {"model": "fake-model", "max_tokens": 64, "tools": [WEATHER, TIME],
+                        "messages": [{"role": "user", "content": "weather in Paris?"}]}
+SCRIPT = 'Checking. <call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
+
+
+def assemble(events: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]], list[str]]:
+    """(content, whole calls, finish reasons) of a stream, checking OpenAI's shapes."""
+    content, calls, reasons = "", {}, []
+    for e in events:
+        validate("CreateChatCompletionStreamResponse", e)
+        for c in e["choices"]:
+            content += c["delta"].get("content") or ""
+            for d in c["delta"].get("tool_calls") or []:
+                if d["index"] not in calls:
+                    assert d["id"] and d["type"] == "function" and d["function"]["name"], (
+                        "id, type and name come on a call's first delta")
+                    calls[d["index"]] = {"id": d["id"], "type": "function",
+                                         "function": {"name": "", "arguments": ""}}
+                else:
+                    assert "id" not in d
+                fn = d.get("function") or {}
+                calls[d["index"]]["function"]["name"] += fn.get("name") or ""
+                calls[d["index"]]["function"]["arguments"] += fn.get("arguments") or ""
+            if c["finish_reason"]:
+                reasons.append(c["finish_reason"])
+    return content, [calls[i] for i in sorted(calls)], reasons
+
+
+async def test_required_whole_and_streamed(make_client: MakeClient) -> None:
+    client = await make_client()
+    body = await (await client.post("/v1/chat/completions",
+                                    json={**BASE, "tool_choice": "required"})).json()
+    validate("CreateChatCompletionResponse", body)
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "x"}'}
+    r = await client.post("/v1/chat/completions",
+                          json={**BASE, "tool_choice": "required", "stream": True})
+    events, done = parse_sse(await r.text())
+    content, calls, reasons = assemble(events)
+    assert done and content == "" and reasons == ["tool_calls"]
+    assert [c["function"] for c in calls] == [call["function"]]
+
+
+async def test_named_function(make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    body = await (await client.post("/v1/chat/completions", json={
+        **BASE, "tool_choice": {"type": "function", "function": {"name": "get_time"}}})).json()
+    assert fake_engine.calls[0][1].json_schema == {"type": "object", "properties": {}}
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"] == {
+        "name": "get_time", "arguments": "{}"}
+
+
+async def test_auto_with_a_parser_whole_and_streamed(make_client: MakeClient) -> None:
+    engine = FakeEngine(tool_parser=True)
+    engine.script = SCRIPT
+    client = await make_client(engine=engine)
+    body = await (await client.post("/v1/chat/completions", json=BASE)).json()
+    validate("CreateChatCompletionResponse", body)
+    msg = body["choices"][0]["message"]
+    assert msg["content"] == "Checking."
+    assert msg["tool_calls"][0]["function"] == {"name": "get_weather",
+                                                "arguments": '{"city": "Paris"}'}
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    assert engine.calls[0][1].skip_special_tokens is False
+    r = await client.post("/v1/chat/completions", json={**BASE, "stream": True})
+    content, calls, reasons = assemble(parse_sse(await r.text())[0])
+    assert content.strip() == "Checking." and reasons == ["tool_calls"]
+    assert [c["function"] for c in calls] == [msg["tool_calls"][0]["function"]]
+
+
+async def test_auto_without_a_parser_and_none_answer_text(make_client: MakeClient) -> None:
+    engine = FakeEngine()
+    engine.script = SCRIPT
+    client = await make_client(engine=engine)
+    for choice in ("auto", "none"):
+        body = await (await client.post("/v1/chat/completions",
+                                        json={**BASE, "tool_choice": choice})).json()
+        msg = body["choices"][0]["message"]
+        assert msg["content"] == SCRIPT and "tool_calls" not in msg
+        assert body["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_tool_results_round_trip(make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    first = await (await client.post("/v1/chat/completions",
+                                     json={**BASE, "tool_choice": "required"})).json()
+    msg = first["choices"][0]["message"]
+    call = msg["tool_calls"][0]
+    r = await client.post("/v1/chat/completions", json={**BASE, "max_tokens": 3, "messages": [
+        *BASE["messages"], msg, {"role": "tool", "tool_call_id": call["id"], "content": "9C"}]})
+    assert r.status == 200
+    assert (await r.json())["choices"][0]["message"]["content"]
+
+
+async def test_cached_calls_replay_whole_and_streamed(make_client: MakeClient) -> None:
+    client = await make_client(make_settings(plugins=[{"name": "cache", "config": {}}]))
+    req = {**BASE, "tool_choice": "required", "temperature": 0}
+    r1 = await client.post("/v1/chat/completions", json=req)
+    first = await r1.json()
+    r2 = await client.post("/v1/chat/completions", json=req)
+    assert (r1.headers["x-weir-cache"], r2.headers["x-weir-cache"]) == ("miss", "exact")
+    again = await r2.json()
+    validate("CreateChatCompletionResponse", again)
+    assert again["choices"][0]["message"]["tool_calls"] == first["choices"][0]["message"][
+        "tool_calls"]
+    r3 = await client.post("/v1/chat/completions", json={**req, "stream": True})
+    assert r3.headers["x-weir-cache"] == "exact"
+    content, calls, reasons = assemble(parse_sse(await r3.text())[0])
+    assert content == "" and reasons == ["tool_calls"]
+    assert calls == first["choices"][0]["message"]["tool_calls"]
+    other = await client.post("/v1/chat/completions", json={**req, "tools": [WEATHER]})
+    assert other.headers["x-weir-cache"] == "miss"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "x"}

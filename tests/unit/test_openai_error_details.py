@@ -1,0 +1,52 @@
+"""Error details that match recorded real-OpenAI answers (issue 13)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.errors import InvalidRequest
+from proxy.protocol import ChatCompletionRequest, parse_model
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def bad_param(data: dict[str, Any]) -> str | None:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, **data})
+    assert e.value.status == 400
+    return e.value.param
+
+
+def test_a_nested_field_is_named_by_its_path() -> None:
+    assert bad_param({"stream": True, "stream_options": {"include_usage": "x"}}) == (
+        "stream_options.include_usage")
+
+
+def test_a_bad_logit_bias_value_names_the_field_not_the_token() -> None:
+    assert bad_param({"logit_bias": {"12345": 500}}) == "logit_bias"
+
+
+def test_fields_whose_names_start_like_type_tags_are_named() -> None:
+    # `stream` and `stream_options` begin with "str", a pydantic union tag.
+    assert bad_param({"stream": "foo"}) == "stream"
+    assert bad_param({"stream_options": "foo", "stream": True}) == "stream_options"
+
+
+def test_with_several_bad_fields_the_first_in_order_is_named() -> None:
+    # A type error on an earlier field wins over a range error on a later one.
+    assert bad_param({"stream": "foo", "n": 0}) == "stream"
+    assert bad_param({"temperature": "hot", "stream": "foo"}) == "temperature"
+
+
+def test_assistant_refusal_parts_are_accepted_as_history() -> None:
+    req = parse_model(ChatCompletionRequest, {"model": "m", "messages": [
+        *MSG, {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+        {"role": "user", "content": "why?"}]})
+    assert req.messages[1].text() == "I can't."
+
+
+def test_a_45_character_stop_string_is_accepted() -> None:
+    req = parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, "stop": "x" * 45})
+    assert req.stop == "x" * 45

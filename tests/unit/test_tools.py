@@ -1,0 +1,279 @@
+"""Tool calling: request validation, the forced-call schema, the per-choice tracker, and
+what the cache and rate limiter make of tools."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from plugins.cache import entry as E
+from plugins.cache.keys import exact_key
+from plugins.rate_limit.plugin import estimate_tokens
+from proxy import tools as T
+from proxy.auth import Principal
+from proxy.context import RequestContext
+from proxy.engine.base import ParsedToolCall, SamplingOptions
+from proxy.errors import InvalidRequest
+from proxy.protocol import ChatCompletionRequest, parse_model
+from tests.fakes import FakeToolParser, schema_instance
+
+MSG = [{"role": "user", "content": "weather in Paris and Rome?"}]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+
+
+def chat(**kw: Any) -> ChatCompletionRequest:
+    return parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, **kw})
+
+
+def bad_param(**kw: Any) -> str | None:
+    with pytest.raises(InvalidRequest) as e:
+        chat(**kw)
+    assert e.value.status == 400
+    return e.value.param
+
+
+# ------------------------------------------------------------------------ validation
+
+
+@pytest.mark.parametrize(("kw", "param"), [
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "objekt"}}}]}, "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "maybe"}, "parallel_tool_calls"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {
+        "name": "f"}}]}]}, "messages[0].tool_calls[0].function.arguments"),
+])
+def test_bad_tool_input_names_the_param(kw: dict[str, Any], param: str) -> None:
+    assert bad_param(**kw) == param
+
+
+def test_tool_history_is_accepted() -> None:
+    req = chat(tools=[WEATHER], messages=[*MSG, {"role": "assistant", "content": None,
+                                                 "tool_calls": [{"id": "c1", "type": "function",
+                                                                 "function": {"name": "get_weather",
+                                                                              "arguments": "{}"}}]},
+                                          {"role": "tool", "tool_call_id": "c1", "content": "9C"}])
+    calls = T.template_calls(req.messages[1].tool_calls or [])
+    assert calls == [{"id": "c1", "type": "function",
+                      "function": {"name": "get_weather", "arguments": {}}}]
+
+
+# ------------------------------------------------------------------- forced calls
+
+
+def test_required_schema_admits_only_the_tools_calls() -> None:
+    req = chat(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
+    schema = T.forced_schema(req)
+    assert schema is not None and schema["maxItems"] == 1
+    good = [{"name": "get_weather", "parameters": {"city": "Paris"}}]
+    jsonschema.validate(good, schema)
+    for bad in ([], [{"name": "other", "parameters": {}}],
+                [{"name": "get_weather", "parameters": {}}], good * 2):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    assert T.parse_forced(req, json.dumps(good)) == [
+        ParsedToolCall("get_weather", '{"city": "Paris"}')]
+
+
+def test_named_schema_is_the_functions_parameters() -> None:
+    req = chat(tools=[WEATHER, TIME], tool_choice={"type": "function",
+                                                   "function": {"name": "get_time"}})
+    assert T.forced_schema(req) == {"type": "object", "properties": {}}
+    assert [c.name for c in T.parse_forced(req, "{}")] == ["get_time"]
+
+
+def test_shape_options_constrains_forced_choices_over_response_format() -> None:
+    req = chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"})
+    opts = SamplingOptions(max_tokens=8, json_object=True)
+    T.shape_options(req, opts, _Engine(parser=False))
+    assert opts.json_schema == T.forced_schema(req) and not opts.json_object
+    auto = SamplingOptions(max_tokens=8)
+    T.shape_options(chat(tools=[WEATHER]), auto, _Engine(parser=True))
+    assert auto.json_schema is None and auto.skip_special_tokens is False
+    plain = SamplingOptions(max_tokens=8)
+    T.shape_options(chat(tools=[WEATHER]), plain, _Engine(parser=False))
+    assert plain.skip_special_tokens is True
+
+
+def test_a_cut_short_forced_answer_stays_text() -> None:
+    req = chat(tools=[WEATHER], tool_choice="required")
+    tracker = T.ToolCallTracker.for_request(req, lambda tools: None)
+    assert tracker.whole('[{"name": "get_wea') == ('[{"name": "get_wea', [])
+    assert tracker.reason("length") == "length"
+
+
+class _Engine:
+    def __init__(self, parser: bool) -> None:
+        self.parser = parser
+
+    def tool_parser(self, tools: list[dict[str, Any]]) -> FakeToolParser | None:
+        return FakeToolParser() if self.parser else None
+
+
+# ------------------------------------------------------------------------ tracker
+
+
+def _forced_text(req: ChatCompletionRequest) -> str:
+    schema = T.forced_schema(req)
+    assert schema is not None
+    return json.dumps(schema_instance(schema))
+
+
+def test_forced_tracker_whole_and_streamed_agree() -> None:
+    req = chat(tools=[WEATHER], tool_choice="required")
+    text = _forced_text(req)
+    whole = T.ToolCallTracker.for_request(req, _Engine(False).tool_parser)
+    content, calls = whole.whole(text)
+    assert content is None and calls[0]["function"] == {"name": "get_weather",
+                                                        "arguments": '{"city": "x"}'}
+    assert calls[0]["id"].startswith("call_") and whole.reason("stop") == "tool_calls"
+    streamed = T.ToolCallTracker.for_request(req, _Engine(False).tool_parser)
+    assert all(streamed.feed(text[i:i + 3], [1]) == (None, [])
+               for i in range(0, len(text), 3))
+    _, deltas = streamed.finish()
+    assembler = T.CallAssembler()
+    assembler.feed(deltas)
+    assert [c["function"] for c in assembler.result()] == [calls[0]["function"]]
+    assert streamed.reason("stop") == "tool_calls"
+
+
+def test_named_tracker_streams_the_arguments_as_they_come() -> None:
+    req = chat(tools=[WEATHER, TIME], tool_choice={"type": "function",
+                                                   "function": {"name": "get_weather"}})
+    tracker = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+    text = '{"city": "Paris"}'
+    steps = [tracker.step(text[i:i + 4], [1], None) for i in range(0, len(text), 4)]
+    steps.append(tracker.step("", [], "stop"))
+    first = steps[0][1][0]
+    assert first["id"].startswith("call_") and first["function"]["name"] == "get_weather"
+    assert all("id" not in d and "name" not in d.get("function", {})
+               for _, deltas, _ in steps[1:] for d in deltas)
+    assembler = T.CallAssembler()
+    for content, deltas, _ in steps:
+        assert content is None
+        assembler.feed(deltas)
+    assert assembler.result()[0]["function"]["arguments"] == text
+    assert steps[-1][2] == "tool_calls"
+    whole = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+    assert whole.whole(text)[1][0]["function"]["arguments"] == text
+
+
+def test_parser_tracker_splits_content_from_calls() -> None:
+    req = chat(tools=[WEATHER])
+    text = 'Let me check. <call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
+    whole = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+    assert whole.mode == "parser"
+    content, calls = whole.whole(text)
+    assert content == "Let me check." and calls[0]["function"]["name"] == "get_weather"
+    streamed = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+    pieces, assembler = [], T.CallAssembler()
+    for i in range(0, len(text), 5):
+        c, deltas = streamed.feed(text[i:i + 5], [1])
+        pieces.append(c or "")
+        assembler.feed(deltas)
+    assert "".join(pieces).strip() == "Let me check."
+    got = assembler.result()
+    assert got[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert got[0]["id"] and streamed.reason("stop") == "tool_calls"
+
+
+def test_text_modes_pass_text_through() -> None:
+    for req, parser in ((chat(tools=[WEATHER], tool_choice="none"), True),
+                        (chat(tools=[WEATHER]), False), (chat(), True)):
+        tracker = T.ToolCallTracker.for_request(req, _Engine(parser).tool_parser)
+        assert tracker.mode == "text"
+        assert tracker.feed("hello", [1]) == ("hello", [])
+        assert tracker.whole("hello") == ("hello", [])
+        assert tracker.reason("stop") == "stop"
+
+
+# ----------------------------------------------------------------- cache and limits
+
+
+def _ctx(req: ChatCompletionRequest) -> RequestContext:
+    return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                          request_id="r")
+
+
+def test_cache_keys_on_tools_choice_and_results() -> None:
+    history = [*MSG, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather",
+                                                      "arguments": '{"city": "Paris"}'}}]}]
+    variants = [
+        chat(),
+        chat(tools=[WEATHER]),
+        chat(tools=[WEATHER, TIME]),
+        chat(tools=[WEATHER], tool_choice="required"),
+        chat(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False),
+        chat(tools=[WEATHER], messages=[*history, {"role": "tool", "tool_call_id": "c1",
+                                                   "content": "9C"}]),
+        chat(tools=[WEATHER], messages=[*history, {"role": "tool", "tool_call_id": "c1",
+                                                   "content": "31C"}]),
+    ]
+    keys = {exact_key(_ctx(r), "tenant") for r in variants}
+    assert len(keys) == len(variants)
+
+
+def test_rate_limit_estimate_counts_tool_definitions() -> None:
+    assert estimate_tokens(_ctx(chat(tools=[WEATHER, TIME]))) > estimate_tokens(_ctx(chat())) + 20
+
+
+CALL = {"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+
+
+def _entry(choices: list[dict[str, Any]]) -> E.Entry:
+    return E.Entry(key="k", route="chat", model="m", choices=choices,
+                   usage={"prompt_tokens": 3, "completion_tokens": 4}, scope="t", tenant="t",
+                   role="user", user="u", prompt="p")
+
+
+def test_cache_captures_and_replays_tool_calls_whole() -> None:
+    body = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [CALL]}}], "usage": {}}
+    captured = E.capture_body(body, "chat")
+    assert captured is not None
+    entry = _entry(captured[0])
+    replay = E.replay_body(E.Entry.from_json(entry.to_json()), chat(tools=[WEATHER]))
+    msg = replay["choices"][0]["message"]
+    assert msg["tool_calls"] == [CALL] and msg["content"] is None
+    assert replay["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_streamed_answer_carries_its_calls_and_replays_as_calls() -> None:
+    req = chat(tools=[WEATHER], tool_choice={"type": "function",
+                                             "function": {"name": "get_weather"}})
+    calls = T.StreamCalls(lambda: T.ToolCallTracker.for_request(req, _Engine(False).tool_parser))
+    text = '{"city": "Paris"}'
+    calls.step(0, text[:5], [1], None)
+    _, _, reason = calls.step(0, text[5:], [1], "stop")
+    answer = calls.answer([{"index": 0, "text": "", "finish_reason": reason}])
+    (call,) = answer[0]["tool_calls"]
+    assert call["function"] == CALL["function"] and reason == "tool_calls"
+    entry = _entry([{**answer[0], "tool_calls": [CALL]}])
+    req = chat(tools=[WEATHER], stream=True)
+
+    async def collect() -> list[dict[str, Any]]:
+        return [c async for c in E.replay_stream(entry, req)]
+
+    chunks = asyncio.run(collect())
+    replayed = T.CallAssembler()
+    for c in chunks:
+        for ch in c["choices"]:
+            replayed.feed(ch["delta"].get("tool_calls") or [])
+    assert replayed.result() == [CALL]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
