@@ -17,6 +17,7 @@ from aiohttp import web
 
 from . import embeddings_api
 from .app_state import INFO, REQUEST_ID, STATE, AppState
+from .auth import Principal
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
 from .context import RequestContext, Route
@@ -48,7 +49,8 @@ def _state(request: web.Request) -> AppState:
     return request.app[STATE]
 
 
-async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
+def open_generation(request: web.Request) -> tuple[AppState, Principal]:
+    """What every generation route checks first: not draining, the model loaded, a key."""
     st = _state(request)
     if st.draining:
         raise Unavailable("The server is shutting down; retry on another replica.",
@@ -56,16 +58,26 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
-    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    return st, st.auth.authenticate(request.headers.get("Authorization"))
+
+
+def check_model(st: AppState, principal: Principal, model: str) -> None:
+    """The key may use the model, and it is served: before the chain spends limits or
+    lookups on the request."""
+    principal.check_model(model)
+    if not st.terminal.has_model(model):
+        raise ModelNotFound(model)
+
+
+async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
+    st, principal = open_generation(request)
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(_MODELS[route], data)
     info = request[INFO]
     info.update(route=route, model=req.model, tenant=principal.tenant, stream=req.stream)
     if st.settings.logging.include_prompts:  # off by default: prompts are user data
         info["prompt"] = _prompt_text(req)
-    principal.check_model(req.model)
-    if not st.terminal.has_model(req.model):  # before the chain spends limits or lookups
-        raise ModelNotFound(req.model)
+    check_model(st, principal, req.model)
     ctx = RequestContext(
         route=route,
         request=req,
@@ -89,7 +101,7 @@ async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
     if isinstance(reply, Completion):
         headers = {**ctx.response_headers, **reply.headers}
         info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
-        _note_usage(st, info, reply.body)
+        note_usage(st, info, reply.body)
         return json_response(reply.body, headers)
     assert isinstance(reply, Stream)
 
@@ -109,7 +121,7 @@ def _prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
     return "\n".join(p for p in req.prompts() if isinstance(p, str))
 
 
-def _note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:
+def note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:
     u = body.get("usage") or {}
     info.update(prompt_tokens=u.get("prompt_tokens"), completion_tokens=u.get("completion_tokens"))
     model = info.get("model", "")
@@ -154,7 +166,7 @@ async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, 
     finally:
         usage = reply.usage or usage_chunk.get("usage")
         if usage:
-            _note_usage(st, info, {"usage": usage})
+            note_usage(st, info, {"usage": usage})
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -16,9 +16,9 @@ from aiohttp import web
 from ..app_state import INFO, REQUEST_ID, STATE
 from ..chain import Completion, Stream
 from ..context import RequestContext
-from ..errors import InvalidRequest, ModelNotFound, NotFound, Unavailable
+from ..errors import InvalidRequest, NotFound
 from ..protocol import parse_model
-from ..routes import _note_usage, read_json
+from ..routes import check_model, note_usage, open_generation, read_json
 from ..streaming import write_sse
 from . import translate as X
 from .events import render
@@ -33,21 +33,12 @@ def _store(request: web.Request) -> ResponseStore:
 
 
 async def create(request: web.Request) -> web.StreamResponse:
-    st = request.app[STATE]
-    if st.draining:
-        raise Unavailable("The server is shutting down; retry on another replica.",
-                          code="shutting_down")
-    if not st.terminal.ready():
-        raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
-                          retry_after=5)
-    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    st, principal = open_generation(request)
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(ResponsesRequest, data)
     info = request[INFO]
     info.update(route="responses", model=req.model, tenant=principal.tenant, stream=req.stream)
-    principal.check_model(req.model)
-    if not st.terminal.has_model(req.model):  # before the chain spends limits or lookups
-        raise ModelNotFound(req.model)
+    check_model(st, principal, req.model)
     store = _store(request)
     history: list[dict[str, Any]] = []
     if req.previous_response_id:
@@ -75,7 +66,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         except InvalidRequest as e:
             raise X.rename_param(e) from None
         if isinstance(reply, Completion):
-            _note_usage(st, info, reply.body)  # token metrics, as on the chat route
+            note_usage(st, info, reply.body)  # token metrics, as on the chat route
             response = X.response_from_chat(req, reply.body, id=rid,
                                             created_at=reply.body.get("created", 0))
             await save(response)
@@ -89,7 +80,7 @@ async def create(request: web.Request) -> web.StreamResponse:
                                                          **reply.headers},
                                write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s)
         if reply.usage:
-            _note_usage(st, info, {"usage": reply.usage})
+            note_usage(st, info, {"usage": reply.usage})
         return resp
 
 
