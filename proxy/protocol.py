@@ -1,5 +1,8 @@
 """OpenAI request models and the parser that turns a body into one.
 
+Longer than most modules on purpose: it is the OpenAI request surface in one place
+(models and the rules on them); splitting it would scatter one schema.
+
 Requests are pydantic models with `extra="allow"`: unknown fields are accepted, as
 OpenAI does. Bounds follow OpenAI's API reference. A validation failure becomes a 400
 `invalid_request_error` whose `param` is the dotted path of the first bad field

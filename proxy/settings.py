@@ -1,5 +1,8 @@
 """Root settings: one YAML file, validated by pydantic, errors named by YAML path.
 
+Longer than most modules on purpose: it is the one schema of every setting (Helm's
+values schema is generated from it), and splitting it would scatter that schema.
+
 `${VAR}` and `${VAR:-default}` in string values are replaced from the environment after
 the YAML is parsed (so a substituted value can never change the document's structure);
 a value that is exactly one reference is then typed by the field (`port: ${PORT:-8000}`

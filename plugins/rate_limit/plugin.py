@@ -1,6 +1,10 @@
 """Rate limits per API key, user, tenant, role and model: requests and tokens per minute,
 and concurrent requests.
 
+Longer than most plugin shells on purpose: besides the decision it owns the leases'
+life (which store granted each, renewal, orphans after a store timeout), which must
+stay in one place to release every slot exactly once.
+
 On admission, every rule's buckets are checked and charged in one atomic step: one
 request, and the tokens it may use (its prompt, estimated from its text, plus its
 `max_tokens` or `default_max_tokens`), and a concurrency lease. When the answer ends the

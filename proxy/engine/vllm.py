@@ -1,5 +1,9 @@
 """The in-process vLLM engine: `AsyncLLM` behind Weir's Engine protocol.
 
+Longer than most modules on purpose: it is the only module that imports vllm, so every
+vLLM-specific piece (engine args, sampling params, chat rendering, tool parsers) lives
+here and nowhere else.
+
 The only module that imports vllm. It builds `AsyncEngineArgs` from YAML, starts
 `AsyncLLM` in a worker thread (loading takes tens of seconds and must not block the event
 loop, so `/health/live` answers meanwhile), renders chat templates with the engine's
