@@ -126,6 +126,16 @@ class SemanticIndex:
             self.partitions.move_to_end(name)
         return p
 
+    def find(self, name: str, vec: np.ndarray, now: float, allow_stale: bool = False,
+             ) -> tuple[Entry, str, float] | None:
+        """The best usable entry in partition `name`: (entry, its question, score)."""
+        p = self.get(name)
+        found = p.search(vec, now, allow_stale) if p is not None else None
+        if p is None or found is None:
+            return None
+        entry, question = p.entries[found[0]]
+        return entry, question, found[1]
+
     def partition(self, name: str) -> Partition:
         """The partition, made (evicting the least recently used one) if new."""
         p = self.get(name)

@@ -31,7 +31,7 @@ from .l1 import L1
 from .metrics import CacheMetrics
 from .redis_store import RedisStore
 from .semantic import SemanticIndex, guard_ok
-from .users import UserIndex
+from .users import UserIndex, exact_member, semantic_member, split_members
 
 log = get_logger("weir.cache")
 #: (partition, question): where a question's vector goes and what the guard compares.
@@ -46,12 +46,12 @@ class CacheStore:
         self.embedder = embedder
         self.replica = uuid.uuid4().hex[:12]
         self.users = UserIndex()
-        self.l1 = (L1(cfg.exact.max_bytes, lambda key: self.users.discard(f"x:{key}"))
+        self.l1 = (L1(cfg.exact.max_bytes, lambda key: self.users.discard(exact_member(key)))
                    if cfg.exact.enabled else None)
         self.index = SemanticIndex(
             embedder.dim if embedder is not None else 384,
             cfg.semantic.max_entries_per_scope, cfg.semantic.max_partitions,
-            lambda part, eid: self.users.discard(f"s:{part}:{eid}"))
+            lambda part, eid: self.users.discard(semantic_member(part, eid)))
         self.redis = (RedisStore(cfg.redis, metrics.store_errors, self.replica)
                       if cfg.redis.url else None)
         self._background: set[asyncio.Task[Any]] = set()
@@ -123,14 +123,12 @@ class CacheStore:
             log.warning("embedding failed; semantic lookup skipped", error=type(e).__name__)
             return None, None
         vec = vecs[0]
-        part = self.index.get(partition)
-        found = part.search(vec, time.time(), allow_stale) if part is not None else None
-        if part is None or found is None:
+        found = self.index.find(partition, vec, time.time(), allow_stale)
+        if found is None:
             lookups.labels("semantic", "miss").inc()
             return vec, None
-        entry_id, score = found
+        entry, stored_q, score = found
         self.metrics.similarity.observe(score)
-        entry, stored_q = part.entries[entry_id]
         ok = score >= self.cfg.semantic.threshold and entry.scope == scope and (
             not self.cfg.semantic.guard or guard_ok(question, stored_q))
         log.debug("semantic lookup", score=round(score, 4), hit=ok)
@@ -165,7 +163,7 @@ class CacheStore:
 
     async def _persist(self, entry: Entry, data: str, sem: SemanticKey | None,
                        vec: np.ndarray | None) -> None:
-        members = [f"x:{entry.key}"]
+        members = [exact_member(entry.key)]
         if self.redis is not None and self.cfg.l2.enabled:
             await self.redis.put_exact(entry, data, self.cfg.exact.ttl_s + self.cfg.stale_grace_s)
         if sem is not None and self.embedder is not None:
@@ -177,7 +175,7 @@ class CacheStore:
                     vec = None
             if vec is not None:
                 self._index_add(partition, entry.key, vec, entry, question)
-                members.append(f"s:{partition}:{entry.key}")
+                members.append(semantic_member(partition, entry.key))
                 if self.redis is not None:
                     if await self.redis.put_semantic(partition, entry.key, vec, entry, question,
                                                      self.cfg.semantic.ttl_s):
@@ -192,12 +190,11 @@ class CacheStore:
         self.metrics.entries.labels("semantic").set(len(self.index))
 
     def _held(self, member: str) -> bool:
-        kind, _, rest = member.partition(":")
-        if kind == "x":
-            return self.l1 is not None and rest in self.l1
-        partition, _, entry_id = rest.rpartition(":")
-        part = self.index.partitions.get(partition)
-        return part is not None and entry_id in part.rows
+        keys, sem = split_members([member])
+        if keys:
+            return self.l1 is not None and keys[0] in self.l1
+        part = self.index.partitions.get(sem[0][0]) if sem else None
+        return part is not None and sem[0][1] in part.rows
 
     async def _enforce_user_cap(self, entry: Entry, members: list[str]) -> None:
         evicted = await self.users.enforce(
@@ -209,22 +206,16 @@ class CacheStore:
                 await self.redis.publish({"op": "drop", "members": evicted})
 
     async def _drop(self, members: list[str], local_only: bool = False) -> None:
-        keys, sem = [], []
-        for m in members:
-            kind, _, rest = m.partition(":")
-            if kind == "x":
-                keys.append(rest)
-                if self.l1 is not None:
-                    self.l1.delete(rest)
-            elif kind == "s":
-                partition, _, entry_id = rest.rpartition(":")
-                sem.append((partition, entry_id))
-                part = self.index.partitions.get(partition)
-                if part is not None:
-                    part.remove(entry_id)
-        if self.redis is not None and not local_only:
-            await self.redis.delete_exact(keys)
-            await self.redis.delete_semantic(sem)
+        keys, sem = split_members(members)
+        for key in keys:
+            if self.l1 is not None:
+                self.l1.delete(key)
+        for partition, entry_id in sem:
+            part = self.index.partitions.get(partition)
+            if part is not None:
+                part.remove(entry_id)
+        if not local_only:
+            await self._drop_remote(keys, sem)
 
     # ------------------------------------------------------------ replica events
 
@@ -292,7 +283,8 @@ class CacheStore:
         return keys, sem
 
     async def _drop_remote(self, keys: list[str], sem: list[tuple[str, str]]) -> None:
-        assert self.redis is not None
+        if self.redis is None:
+            return
         await self.redis.delete_exact(keys)
         await self.redis.delete_semantic(sem)
 

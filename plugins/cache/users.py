@@ -19,6 +19,27 @@ if TYPE_CHECKING:
 Owner = tuple[str, str]  # (tenant, user)
 
 
+def exact_member(key: str) -> str:
+    return f"x:{key}"
+
+
+def semantic_member(partition: str, entry_id: str) -> str:
+    return f"s:{partition}:{entry_id}"
+
+
+def split_members(members: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """(exact keys, (partition, entry id) pairs) named by members."""
+    keys, sem = [], []
+    for m in members:
+        kind, _, rest = m.partition(":")
+        if kind == "x":
+            keys.append(rest)
+        elif kind == "s":
+            partition, _, entry_id = rest.rpartition(":")
+            sem.append((partition, entry_id))
+    return keys, sem
+
+
 class UserIndex:
     def __init__(self) -> None:
         self._lists: dict[Owner, OrderedDict[str, None]] = {}

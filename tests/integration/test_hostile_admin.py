@@ -4,7 +4,6 @@ tenant's prompts), stats are per tenant, fault injection is operator-only. Real 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
