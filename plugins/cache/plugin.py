@@ -62,7 +62,6 @@ class CachePlugin(BasePlugin[CacheConfig]):
         super().__init__(config, services)
         self.cfg = config
         self.metrics = CacheMetrics(services.metrics.registry)
-        self.lookups = self.metrics.lookups
         self.embedder = services.embedder if config.semantic.enabled else None
         if config.semantic.enabled and self.embedder is None:
             log.warning("semantic cache needs `embeddings.enabled: true`; exact only")
