@@ -11,17 +11,18 @@ Scope: a key with role `admin` sees and purges only entries made by its own tena
 (its filter is pinned to that tenant, and the counts it gets back are counts within it,
 so a purge cannot be used to learn what another tenant asked). Only an operator key
 (`operator: true`) may name another tenant, purge across tenants or see global stats.
+
+Talks to the store only; the one thing it needs from the plugin (how many generations
+are in flight) is handed in as a function.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from redis.exceptions import RedisError
 
 from proxy.app_state import STATE
 from proxy.auth import Principal
@@ -29,10 +30,8 @@ from proxy.body import read_json
 from proxy.errors import InvalidRequest, PermissionDenied
 from proxy.protocol import parse_model
 
-from .entry import Entry
-
-if TYPE_CHECKING:
-    from .plugin import CachePlugin
+from .entry import matcher
+from .store import CacheStore
 
 
 class PurgeRequest(BaseModel):
@@ -51,24 +50,6 @@ class PurgeRequest(BaseModel):
         return self
 
 
-def matcher(f: dict[str, Any]) -> Callable[[Entry], bool]:
-    needle = (f.get("contains") or "").casefold()
-
-    def match(e: Entry) -> bool:
-        if f.get("tenant") and e.tenant != f["tenant"]:
-            return False
-        if f.get("role") and e.role != f["role"]:
-            return False
-        if f.get("user") and e.user != f["user"]:
-            return False
-        if f.get("key") and e.key != f["key"]:
-            return False
-        return not needle or needle in e.prompt.casefold() or needle in e.answer_text(
-        ).casefold()
-
-    return match
-
-
 def _caller(request: web.Request, what: str) -> Principal:
     return request.app[STATE].auth.require_role(
         request.headers.get("Authorization"), "admin", what)
@@ -84,68 +65,23 @@ def scoped_filter(principal: Principal, f: dict[str, Any]) -> dict[str, Any]:
     return {**f, "tenant": principal.tenant}
 
 
-async def _count_redis(plugin: CachePlugin, match: Callable[[Entry], bool],
-                       ) -> dict[str, int] | None:
-    """Entries in Redis that `match` accepts (a tenant's share); None if Redis fails."""
-    store = plugin.redis
-    assert store is not None
-    exact = semantic = 0
-    try:
-        async with asyncio.timeout(10):
-            async for name in store.client.scan_iter(match=store.p + "x:*", count=500):
-                raw = await store.client.get(name)
-                exact += bool(raw and match(Entry.from_json(raw)))
-            async for name in store.client.scan_iter(match=store.p + "s:*", count=500):
-                for raw in (await store.client.hgetall(name)).values():
-                    semantic += match(store._unpack(raw)[1])
-    except (RedisError, OSError, TimeoutError, ValueError):
-        return None
-    return {"exact": exact, "semantic": semantic}
-
-
-def _local_stats(plugin: CachePlugin, match: Callable[[Entry], bool]) -> dict[str, Any]:
-    mine = [e for e in plugin.l1.entries() if match(e)] if plugin.l1 else []
-    parts = [sum(map(match, (e for e, _ in p.entries.values())))
-             for p in plugin.index.partitions.values()]
-    return {"l1": {"entries": len(mine)},
-            "semantic_index": {"entries": sum(parts), "partitions": sum(n > 0 for n in parts)}}
-
-
-def routes(plugin: CachePlugin) -> list[tuple[str, str, Callable[[web.Request], Any]]]:
+def routes(store: CacheStore, in_flight: Callable[[], int],
+           ) -> list[tuple[str, str, Callable[[web.Request], Any]]]:
     async def purge(request: web.Request) -> web.Response:
         principal = _caller(request, "The cache admin API")
         data, _ = await read_json(request, 65536)
         req = parse_model(PurgeRequest, data)
         f = scoped_filter(principal, req.model_dump(exclude_none=True))
-        match = matcher(f)
-        l1, sem = plugin.purge_local(match)
-        body: dict[str, Any] = {"purged": {"l1": l1, "semantic_index": sem}}
-        if plugin.redis is not None:
-            counts = await plugin.redis.purge(match, *plugin.last_purged())
-            await plugin.redis.publish({"op": "purge", "filter": f})
-            body["purged"]["redis"] = (None if counts is None else
-                                       {"exact": counts[0], "semantic": counts[1]})
-        return web.json_response(body)
+        return web.json_response({"purged": await store.purge(f)})
 
     async def stats(request: web.Request) -> web.Response:
         principal = _caller(request, "The cache admin API")
-        body: dict[str, Any] = {"replica": plugin.replica}
         if principal.operator:
-            body |= {
-                "scope": "global",
-                "l1": {"entries": len(plugin.l1) if plugin.l1 else 0,
-                       "bytes": plugin.l1.bytes if plugin.l1 else 0},
-                "semantic_index": {"entries": len(plugin.index),
-                                   "partitions": len(plugin.index.partitions)},
-                "in_flight": len(plugin._inflight),
-            }
-            if plugin.redis is not None:
-                body["redis"] = await plugin.redis.count()
-            return web.json_response(body)
-        match = matcher({"tenant": principal.tenant})
-        body |= {"scope": f"tenant {principal.tenant}", **_local_stats(plugin, match)}
-        if plugin.redis is not None:
-            body["redis"] = await _count_redis(plugin, match)
+            body = await store.stats()
+            body |= {"scope": "global", "in_flight": in_flight()}
+        else:
+            body = await store.stats(matcher({"tenant": principal.tenant}))
+            body["scope"] = f"tenant {principal.tenant}"
         return web.json_response(body)
 
     return [("POST", "/admin/cache/purge", purge), ("GET", "/admin/cache/stats", stats)]

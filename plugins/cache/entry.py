@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -124,3 +124,21 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
     if include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created, object_=obj,
                             usage_=_usage(entry))
+
+
+Match = Callable[[Entry], bool]
+
+
+def matcher(f: dict[str, Any]) -> Match:
+    """The entry filter of purges and stats: every field given (tenant, role, user, key)
+    must equal the entry's; `contains` is a case-insensitive substring of the prompt or
+    the answer."""
+    needle = (f.get("contains") or "").casefold()
+
+    def match(e: Entry) -> bool:
+        if any(f.get(k) and getattr(e, k) != f[k] for k in ("tenant", "role", "user", "key")):
+            return False
+        return not needle or needle in e.prompt.casefold() or needle in e.answer_text(
+        ).casefold()
+
+    return match

@@ -228,20 +228,29 @@ class RedisStore:
             return None
         return exact, semantic
 
-    async def count(self) -> dict[str, int] | None:
+    async def count(self, match: Callable[[Entry], bool] | None = None,
+                    ) -> dict[str, int] | None:
+        """Exact and semantic entries in Redis (those `match` accepts, if given)."""
         async def run() -> dict[str, int]:
-            exact = 0
-            async for _ in self.client.scan_iter(match=self.p + "x:*", count=1000):
-                exact += 1
-            semantic = 0
+            exact = semantic = 0
+            async for name in self.client.scan_iter(match=self.p + "x:*", count=1000):
+                if match is None:
+                    exact += 1
+                else:
+                    raw = await self.client.get(name)
+                    exact += bool(raw and match(Entry.from_json(raw)))
             async for name in self.client.scan_iter(match=self.p + "s:*", count=1000):
-                semantic += await self.client.hlen(name)
+                if match is None:
+                    semantic += await self.client.hlen(name)
+                else:
+                    semantic += sum(match(self._unpack(raw)[1])
+                                    for raw in (await self.client.hgetall(name)).values())
             return {"exact": exact, "semantic": semantic}
 
         try:
             async with asyncio.timeout(10):
                 return await run()
-        except (RedisError, OSError, TimeoutError) as e:
+        except (RedisError, OSError, TimeoutError, ValueError) as e:
             self._failed("count", e)
             return None
 

@@ -3,7 +3,8 @@
 A partition is (scope, model, earlier turns, parameters): the lookup picks the
 partition first and searches only inside it, so the tenant filter is part of the lookup
 itself, not a filter applied to results. Vectors are unit-length, so the score is a dot
-product. Rows of deleted entries are zeroed and reused.
+product. Rows of deleted entries are zeroed and reused. `on_remove(partition, id)` hears
+of every entry that leaves (eviction, purge, delete, its partition dropped whole).
 
 Embeddings score "cancel order 123" and "cancel order 456" as near-identical: the
 near-miss guard (guard.py) refuses such hits.
@@ -23,8 +24,10 @@ __all__ = ["DIGEST_MARK", "Partition", "SemanticIndex", "guard_digest", "guard_o
 
 
 class Partition:
-    def __init__(self, dim: int, capacity: int) -> None:
+    def __init__(self, dim: int, capacity: int,
+                 on_remove: Callable[[str], None] | None = None) -> None:
         self.dim = dim
+        self._on_remove = on_remove
         self.capacity = capacity
         self.vecs = np.zeros((min(capacity, 64), dim), dtype=np.float32)
         self.rows: OrderedDict[str, int] = OrderedDict()  # entry id -> row, oldest first
@@ -74,6 +77,8 @@ class Partition:
         self._row_ids[row] = None
         self._free.append(row)
         self.entries.pop(entry_id, None)
+        if self._on_remove is not None:
+            self._on_remove(entry_id)
         return True
 
     def search(self, vec: np.ndarray, now: float, allow_stale: bool = False,
@@ -102,8 +107,10 @@ class SemanticIndex:
     parameter set makes a partition, so the least recently used one is dropped whole
     (its entries stay in Redis until their TTL, and the exact tiers are untouched)."""
 
-    def __init__(self, dim: int, capacity: int, max_partitions: int = 1024) -> None:
+    def __init__(self, dim: int, capacity: int, max_partitions: int = 1024,
+                 on_remove: Callable[[str, str], None] | None = None) -> None:
         self.dim = dim
+        self._on_remove = on_remove
         self.capacity = capacity
         self.max_partitions = max_partitions
         self.partitions: OrderedDict[str, Partition] = OrderedDict()  # least recent first
@@ -119,15 +126,35 @@ class SemanticIndex:
             self.partitions.move_to_end(name)
         return p
 
+    def find(self, name: str, vec: np.ndarray, now: float, allow_stale: bool = False,
+             ) -> tuple[Entry, str, float] | None:
+        """The best usable entry in partition `name`: (entry, its question, score)."""
+        p = self.get(name)
+        found = p.search(vec, now, allow_stale) if p is not None else None
+        if p is None or found is None:
+            return None
+        entry, question = p.entries[found[0]]
+        return entry, question, found[1]
+
     def partition(self, name: str) -> Partition:
         """The partition, made (evicting the least recently used one) if new."""
         p = self.get(name)
         if p is None:
             while len(self.partitions) >= self.max_partitions:
-                self.partitions.popitem(last=False)
+                gone, old = self.partitions.popitem(last=False)
                 self.evicted_partitions += 1
-            p = self.partitions[name] = Partition(self.dim, self.capacity)
+                if self._on_remove is not None:
+                    for entry_id in old.rows:
+                        self._on_remove(gone, entry_id)
+            p = self.partitions[name] = Partition(self.dim, self.capacity,
+                                                  self._hook(name))
         return p
+
+    def _hook(self, name: str) -> Callable[[str], None] | None:
+        hook = self._on_remove
+        if hook is None:
+            return None
+        return lambda entry_id: hook(name, entry_id)
 
     def purge(self, match: Callable[[Entry], bool]) -> list[tuple[str, str]]:
         removed = []

@@ -4,7 +4,6 @@ tenant's prompts), stats are per tenant, fault injection is operator-only. Real 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
@@ -42,8 +41,7 @@ async def ask(client: Any, key: str, content: str, **headers: str) -> str:
         "messages": [{"role": "user", "content": content}]})
     assert r.status == 200, await r.text()
     cache = next(p for p in client.app[STATE].plugins if p.name == "cache")
-    while cache._background:  # the Redis write runs after the answer
-        await asyncio.gather(*list(cache._background))
+    await cache.store.drain()  # the Redis write runs after the answer
     return str(r.headers["x-weir-cache"])
 
 

@@ -155,7 +155,7 @@ async def test_stale_entry_serves_when_the_engine_fails(make_client: MakeClient,
     body = {**CHAT, "temperature": 0}
     fresh = await (await client.post("/v1/chat/completions", json=body)).json()
     cache = next(p for p in client.app[STATE].plugins if p.name == "cache")
-    for entry in cache.l1.entries():  # type: ignore[attr-defined]
+    for entry in cache.store.l1.entries():  # type: ignore[attr-defined]
         entry.expires = 0.0  # the entry is past its TTL, inside its grace window
     fake_engine.fail_after = 0
     r = await client.post("/v1/chat/completions", json=body)

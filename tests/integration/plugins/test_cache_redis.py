@@ -65,8 +65,7 @@ def engine_of(client: Any) -> FakeEngine:
 async def settle(*clients: Any) -> None:
     for c in clients:
         p = cache_of(c)
-        while p._background:
-            await asyncio.gather(*list(p._background))
+        await p.store.drain()
 
 
 async def ask(client: Any, content: str, key: str = "k-alice",
@@ -98,21 +97,21 @@ async def test_semantic_entry_reaches_the_other_replica(make_client: MakeClient,
                                                         redis_server: RedisServer) -> None:
     a, b = await replicas(make_client, redis_server.url)
     await ask(a, "How do I reset my password?")
-    await eventually(lambda: len(cache_of(b).index) == 1, timeout=1.0)
+    await eventually(lambda: len(cache_of(b).store.index) == 1, timeout=1.0)
     layer, _ = await ask(b, "How can I reset my password?")
     assert layer == "semantic" and engine_of(b).calls == []
     # A third replica started later loads the entry from Redis at start.
     (c,) = await replicas(make_client, redis_server.url, n=1,
                           redis={"url": redis_server.url,
                                  "key_prefix": cache_of(a).cfg.redis.key_prefix})
-    assert len(cache_of(c).index) == 1
+    assert len(cache_of(c).store.index) == 1
 
 
 async def test_tenants_never_share_entries(make_client: MakeClient, redis_server: RedisServer
                                            ) -> None:
     a, b = await replicas(make_client, redis_server.url)
     await ask(a, "What is our refund policy for enterprise plans?")
-    await eventually(lambda: len(cache_of(b).index) == 1)
+    await eventually(lambda: len(cache_of(b).store.index) == 1)
     probe = {"Cache-Control": "no-store"}  # eve's lookups must not plant entries of her own
     for client in (a, b):
         for q in ("What is our refund policy for enterprise plans?",
@@ -140,7 +139,7 @@ async def test_admin_purge_reaches_every_replica(make_client: MakeClient,
     await ask(a, "Tell me about project falcon launch")
     await ask(a, "What is the weather policy for travel")
     await ask(b, "Tell me about project falcon launch")  # b's L1 holds it too
-    await eventually(lambda: len(cache_of(b).index) == 2)
+    await eventually(lambda: len(cache_of(b).store.index) == 2)
     r = await a.post("/admin/cache/purge", json={"contains": "FALCON"}, headers=h("k-alice"))
     assert r.status == 403
     r = await a.post("/admin/cache/purge", json={}, headers=h("k-admin"))
@@ -149,7 +148,7 @@ async def test_admin_purge_reaches_every_replica(make_client: MakeClient,
     assert r.status == 200
     purged = (await r.json())["purged"]
     assert purged["redis"] == {"exact": 1, "semantic": 1}
-    await eventually(lambda: len(cache_of(b).index) == 1)
+    await eventually(lambda: len(cache_of(b).store.index) == 1)
     for client in (a, b):  # probes must not store the answer again
         layer, _ = await ask(client, "Tell me about project falcon launch",
                              headers={"Cache-Control": "no-store"})
@@ -181,7 +180,7 @@ async def test_redis_down_then_back(make_client: MakeClient, tmp_path: Path) -> 
     try:
         a, b = await replicas(make_client, server.url)
         await ask(a, "Which payment methods do you accept?")
-        await eventually(lambda: len(cache_of(b).index) == 1)
+        await eventually(lambda: len(cache_of(b).store.index) == 1)
         server.stop()
         layer, _ = await ask(a, "Which payment methods do you accept?")
         assert layer == "exact"  # L1 still serves
@@ -198,7 +197,7 @@ async def test_redis_down_then_back(make_client: MakeClient, tmp_path: Path) -> 
         assert layer == "miss"
         layer, _ = await ask(b, "How long does shipping take to Canada?")
         assert layer == "exact"  # written to Redis again, read by the other replica
-        assert cache_of(a).redis.healthy  # type: ignore[union-attr]
+        assert cache_of(a).store.redis.healthy  # type: ignore[union-attr]
     finally:
         server.stop()
         if again is not None:

@@ -62,7 +62,7 @@ async def test_redis_holds_no_prompt_text(make_client: MakeClient,
 
     # The other replica gets the entry from Redis and serves paraphrases from it, and
     # the guard (a hash of numbers, negations, names) still refuses a changed number.
-    await eventually(lambda: len(cache_of(b).index) == 2, timeout=2.0)
+    await eventually(lambda: len(cache_of(b).store.index) == 2, timeout=2.0)
     layer, _ = await ask(b, f"How can I reset the {marker} password for 2 users?")
     assert layer == "semantic"
     layer, _ = await ask(b, f"How can I reset the {marker} password for 3 users?",

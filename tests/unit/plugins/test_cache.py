@@ -123,8 +123,7 @@ def l1_misses(p: CachePlugin) -> float:
 
 async def drain(p: CachePlugin) -> None:
     """Wait for the background store tasks (Redis, index) the plugin started."""
-    while p._background:
-        await asyncio.gather(*list(p._background))
+    await p.store.drain()
 
 
 async def test_miss_then_exact_hit_with_age() -> None:
@@ -203,13 +202,13 @@ async def test_stale_fallback_looks_up_only_what_could_have_been_stored() -> Non
     p, eng = plugin(stale_grace_s=60), Engine()
     await run(p, ctx(), eng)
     lookups: list[str] = []
-    real = p._exact
+    real = p.store.get
 
     async def counted(key: str, scope: str, allow_stale: bool = False) -> Any:
         lookups.append(key)
         return await real(key, scope, allow_stale)
 
-    p._exact = counted  # type: ignore[method-assign]
+    p.store.get = counted  # type: ignore[method-assign]
     hit = await p.stale(ctx())
     assert hit is not None and hit.headers["x-weir-cache"] == "stale" and len(lookups) == 1
     # Sampled, or asking not to be served from the cache: not a lookup at all.
@@ -362,12 +361,12 @@ async def test_per_user_cap_evicts_the_oldest() -> None:
 
 
 async def test_local_purge_by_content() -> None:
-    from plugins.cache.admin import matcher
+    from plugins.cache.entry import matcher
 
     p, eng = plugin(), Engine()
     await run(p, ctx("tell me about the acme merger"), eng)
     await run(p, ctx("unrelated question entirely"), eng)
-    l1, _ = p.purge_local(matcher({"contains": "ACME"}))
+    l1, _ = p.store.purge_local(matcher({"contains": "ACME"}))
     assert l1 == 1
     _, layer = await run(p, ctx("tell me about the acme merger"), eng)
     assert layer == "miss"
@@ -442,9 +441,9 @@ async def test_semantic_hit_is_promoted_to_an_exact_alias() -> None:
     calls = p.embedder.calls  # type: ignore[union-attr]
     _, layer = await run(p, ctx("How do I reset my password please?"), eng)
     assert layer == "exact" and p.embedder.calls == calls  # type: ignore[union-attr]
-    from plugins.cache.admin import matcher
+    from plugins.cache.entry import matcher
 
-    p.purge_local(matcher({"contains": "can I reset"}))  # the original's text
+    p.store.purge_local(matcher({"contains": "can I reset"}))  # the original's text
     _, layer = await run(p, ctx("How do I reset my password please?",
                                 headers={"cache-control": "no-store"}), eng)
     assert layer == "miss"  # the alias went with the original

@@ -138,5 +138,5 @@ async def test_a_slow_embedding_is_a_miss_not_a_wait() -> None:
     await asyncio.wait_for(p(c, eng), 10)  # not run(): storing would embed again, forever
     assert c.response_headers["x-weir-cache"] == "miss" and eng.calls == 1
     assert emb.cancelled == 1
-    assert p.lookups.labels("semantic", "timeout")._value.get() == 1
+    assert p.metrics.lookups.labels("semantic", "timeout")._value.get() == 1
     await p.close()

@@ -1,0 +1,22 @@
+"""The cache's metrics, made once per plugin in its services' registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class CacheMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.lookups = Counter("weir_cache_lookups_total", "Cache lookups.",
+                               ["layer", "result"], registry=registry)
+        self.similarity = Histogram("weir_cache_semantic_similarity",
+                                    "Best semantic score per lookup.", registry=registry,
+                                    buckets=(0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 1.0))
+        self.store_errors = Counter("weir_cache_store_errors_total",
+                                    "Redis operations that failed or timed out.", ["op"],
+                                    registry=registry)
+        self.coalesced = Counter("weir_cache_coalesced_total",
+                                 "Requests answered by another request's generation.",
+                                 registry=registry)
+        self.entries = Gauge("weir_cache_entries", "Entries held by this replica.",
+                             ["layer"], registry=registry)

@@ -1,0 +1,309 @@
+"""The cache store: where entries live, with no say in which requests may use them.
+
+L1 (in process) and Redis (L2, shared) for exact answers, the semantic index (this
+replica's vectors, mirrored in Redis), the per-user caps, the replica events that keep
+other replicas' memory in step, and purges. The plugin decides, coalesces and
+captures; the admin API reads and purges through `stats` and `purge`.
+
+Public API: `get` (exact, stale allowed on request), `lookup` (semantic), `put`,
+`promote`, `purge(filter)`, `purge_local(match)`, `stats(match)`, `purged_since`,
+`drain`. A put lands in L1 at once; Redis, the vector index and the user's cap are
+written in the background, so a miss pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from proxy.embedding import Embedder
+from proxy.telemetry import get_logger
+
+from .config import CacheConfig
+from .entry import Entry, Match, matcher
+from .l1 import L1
+from .metrics import CacheMetrics
+from .redis_store import RedisStore
+from .semantic import SemanticIndex, guard_ok
+from .users import UserIndex, exact_member, semantic_member, split_members
+
+log = get_logger("weir.cache")
+#: (partition, question): where a question's vector goes and what the guard compares.
+SemanticKey = tuple[str, str]
+
+
+class CacheStore:
+    def __init__(self, cfg: CacheConfig, metrics: CacheMetrics,
+                 embedder: Embedder | None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.embedder = embedder
+        self.replica = uuid.uuid4().hex[:12]
+        self.users = UserIndex()
+        self.l1 = (L1(cfg.exact.max_bytes, lambda key: self.users.discard(exact_member(key)))
+                   if cfg.exact.enabled else None)
+        self.index = SemanticIndex(
+            embedder.dim if embedder is not None else 384,
+            cfg.semantic.max_entries_per_scope, cfg.semantic.max_partitions,
+            lambda part, eid: self.users.discard(semantic_member(part, eid)))
+        self.redis = (RedisStore(cfg.redis, metrics.store_errors, self.replica)
+                      if cfg.redis.url else None)
+        self._background: set[asyncio.Task[Any]] = set()
+        self._purged_at = 0.0
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        if self.redis is not None:
+            await self.redis.start(self._on_event)
+            if self.embedder is not None:
+                await self._load_semantic()
+
+    async def close(self) -> None:
+        for t in list(self._background):
+            t.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self.redis is not None:
+            await self.redis.close()
+
+    async def drain(self) -> None:
+        """Wait for the background writes started so far (and those they start)."""
+        while self._background:
+            await asyncio.gather(*list(self._background))
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -------------------------------------------------------------------- lookups
+
+    async def get(self, key: str, scope: str, allow_stale: bool = False) -> Entry | None:
+        """The exact entry under `key` if `scope` owns it: L1, then Redis (a fresh L2 hit
+        fills L1)."""
+        now = time.time()
+        lookups = self.metrics.lookups
+        if self.l1 is not None:
+            entry = self.l1.get(key, now, allow_stale)
+            if entry is not None and entry.scope == scope:
+                lookups.labels("l1", "hit").inc()
+                return entry
+            lookups.labels("l1", "miss").inc()
+        if self.redis is not None and self.cfg.l2.enabled:
+            entry = await self.redis.get_exact(key)
+            if entry is not None and entry.scope == scope and entry.usable(now, allow_stale):
+                lookups.labels("l2", "hit").inc()
+                if self.l1 is not None and entry.fresh(now):
+                    self.l1.put(entry, len(entry.to_json()))
+                return entry
+            lookups.labels("l2", "miss").inc()
+        return None
+
+    async def lookup(self, sem: SemanticKey, scope: str, allow_stale: bool = False,
+                     ) -> tuple[np.ndarray | None, Entry | None]:
+        """(the question's vector, the entry answering it): embed within the lookup
+        deadline, search the partition, then the threshold, scope and near-miss guard.
+        The vector comes back for `put` to reuse; None if the model failed or was slow."""
+        assert self.embedder is not None
+        partition, question = sem
+        lookups = self.metrics.lookups
+        try:
+            async with asyncio.timeout(self.cfg.semantic.lookup_timeout_ms / 1000):
+                vecs, _ = await self.embedder.embed([question])
+        except TimeoutError:  # a busy or loading model: a miss, not a wait
+            lookups.labels("semantic", "timeout").inc()
+            return None, None
+        except Exception as e:  # the model failing must not fail the request
+            log.warning("embedding failed; semantic lookup skipped", error=type(e).__name__)
+            return None, None
+        vec = vecs[0]
+        found = self.index.find(partition, vec, time.time(), allow_stale)
+        if found is None:
+            lookups.labels("semantic", "miss").inc()
+            return vec, None
+        entry, stored_q, score = found
+        self.metrics.similarity.observe(score)
+        ok = score >= self.cfg.semantic.threshold and entry.scope == scope and (
+            not self.cfg.semantic.guard or guard_ok(question, stored_q))
+        log.debug("semantic lookup", score=round(score, 4), hit=ok)
+        lookups.labels("semantic", "hit" if ok else "miss").inc()
+        return vec, entry if ok else None
+
+    # -------------------------------------------------------------------- storing
+
+    def purged_since(self, started: float) -> bool:
+        """Whether a purge ran after `started`: an answer generated across it may hold
+        what was purged, so it is not stored."""
+        return started < self._purged_at
+
+    def promote(self, key: str, entry: Entry, prompt: str) -> None:
+        """Keep a paraphrase as an exact alias in L1: its next ask skips the embedding.
+        The alias keeps the original's owner, times and text (plus the paraphrase), so
+        purges by user, tenant or content remove it with the original."""
+        if self.l1 is None:
+            return
+        alias = replace(entry, key=key, prompt=entry.prompt + "\n" + prompt)
+        self.l1.put(alias, len(alias.to_json()))
+
+    def put(self, entry: Entry, sem: SemanticKey | None = None,
+            vec: np.ndarray | None = None) -> None:
+        """Store: L1 now; Redis, the vector index (`sem`, embedding the question unless
+        `vec` is given) and the owner's cap in the background."""
+        data = entry.to_json()
+        if self.l1 is not None:
+            self.l1.put(entry, len(data))
+            self.metrics.entries.labels("l1").set(len(self.l1))
+        self._spawn(self._persist(entry, data, sem, vec))
+
+    async def _persist(self, entry: Entry, data: str, sem: SemanticKey | None,
+                       vec: np.ndarray | None) -> None:
+        members = [exact_member(entry.key)]
+        if self.redis is not None and self.cfg.l2.enabled:
+            await self.redis.put_exact(entry, data, self.cfg.exact.ttl_s + self.cfg.stale_grace_s)
+        if sem is not None and self.embedder is not None:
+            partition, question = sem
+            if vec is None:
+                try:
+                    vec = (await self.embedder.embed([question]))[0][0]
+                except Exception:
+                    vec = None
+            if vec is not None:
+                self._index_add(partition, entry.key, vec, entry, question)
+                members.append(semantic_member(partition, entry.key))
+                if self.redis is not None:
+                    if await self.redis.put_semantic(partition, entry.key, vec, entry, question,
+                                                     self.cfg.semantic.ttl_s):
+                        await self.redis.publish({"op": "add", "p": partition, "id": entry.key})
+        await self._enforce_user_cap(entry, members)
+
+    def _index_add(self, partition: str, entry_id: str, vec: np.ndarray, entry: Entry,
+                   question: str) -> None:
+        evicted = self.index.partition(partition).add(entry_id, vec, entry, question)
+        if evicted and self.redis is not None:
+            self._spawn(self.redis.delete_semantic([(partition, e) for e in evicted]))
+        self.metrics.entries.labels("semantic").set(len(self.index))
+
+    def _held(self, member: str) -> bool:
+        keys, sem = split_members([member])
+        if keys:
+            return self.l1 is not None and keys[0] in self.l1
+        part = self.index.partitions.get(sem[0][0]) if sem else None
+        return part is not None and sem[0][1] in part.rows
+
+    async def _enforce_user_cap(self, entry: Entry, members: list[str]) -> None:
+        evicted = await self.users.enforce(
+            (entry.tenant, entry.user), members, self.cfg.per_user_max_entries, self.redis,
+            self.cfg.exact.ttl_s + self.cfg.semantic.ttl_s, self._held)
+        if evicted:
+            await self._drop(evicted)
+            if self.redis is not None:
+                await self.redis.publish({"op": "drop", "members": evicted})
+
+    async def _drop(self, members: list[str], local_only: bool = False) -> None:
+        keys, sem = split_members(members)
+        for key in keys:
+            if self.l1 is not None:
+                self.l1.delete(key)
+        for partition, entry_id in sem:
+            part = self.index.partitions.get(partition)
+            if part is not None:
+                part.remove(entry_id)
+        if not local_only:
+            await self._drop_remote(keys, sem)
+
+    # ------------------------------------------------------------ replica events
+
+    async def _on_event(self, event: dict[str, Any]) -> None:
+        op = event.get("op")
+        if op == "add" and self.redis is not None and self.embedder is not None:
+            got = await self.redis.get_semantic(event["p"], event["id"])
+            if got is not None:
+                vec, entry, question = got
+                if entry.created >= self._purged_at:
+                    self._index_add(event["p"], event["id"], vec, entry, question)
+        elif op == "purge":
+            self._purge_memory(matcher(event.get("filter") or {}), drop_remote=True)
+        elif op == "drop":
+            await self._drop(list(event.get("members") or []), local_only=True)
+        elif op == "resync" and self.embedder is not None:
+            await self._load_semantic()
+
+    async def _load_semantic(self) -> None:
+        assert self.redis is not None
+        now = time.time()
+        loaded = 0
+        for partition, entry_id, vec, entry, q in await self.redis.load_semantic(
+                self.cfg.semantic.max_entries_per_scope * 1000):
+            if entry.usable(now, True) and len(vec) == self.index.dim:
+                self._index_add(partition, entry_id, vec, entry, q)
+                loaded += 1
+        if loaded:
+            log.info("semantic entries loaded from redis", count=loaded)
+
+    # ------------------------------------------------------------- purge, stats
+
+    async def purge(self, f: dict[str, Any]) -> dict[str, Any]:
+        """Remove what filter `f` matches everywhere: this replica's memory, Redis, and
+        (through an event) every other replica's memory. Counts per layer; Redis's is
+        None when it failed, absent without Redis."""
+        match = matcher(f)
+        keys, sem = self._purge_memory(match)
+        counts: dict[str, Any] = {"l1": len(keys), "semantic_index": len(sem)}
+        if self.redis is not None:
+            # Redis may hold no prompts: the entries this replica matched by prompt are
+            # named, so a purge by content reaches their Redis copies too.
+            got = await self.redis.purge(match, keys, sem)
+            await self.redis.publish({"op": "purge", "filter": f})
+            counts["redis"] = None if got is None else {"exact": got[0], "semantic": got[1]}
+        return counts
+
+    def purge_local(self, match: Match) -> tuple[int, int]:
+        """Purge this replica's memory only; (L1 entries, semantic entries) removed."""
+        keys, sem = self._purge_memory(match)
+        return len(keys), len(sem)
+
+    def _purge_memory(self, match: Match, drop_remote: bool = False,
+                      ) -> tuple[list[str], list[tuple[str, str]]]:
+        """A replica told of a purge (`drop_remote`) also deletes the Redis copies of what
+        it matched: it holds their prompts, Redis may not."""
+        self._purged_at = time.time()
+        keys = self.l1.purge(match) if self.l1 is not None else []
+        sem = self.index.purge(match)
+        if self.l1 is not None:
+            self.metrics.entries.labels("l1").set(len(self.l1))
+        self.metrics.entries.labels("semantic").set(len(self.index))
+        if drop_remote and self.redis is not None and (keys or sem):
+            self._spawn(self._drop_remote(keys, sem))
+        return keys, sem
+
+    async def _drop_remote(self, keys: list[str], sem: list[tuple[str, str]]) -> None:
+        if self.redis is None:
+            return
+        await self.redis.delete_exact(keys)
+        await self.redis.delete_semantic(sem)
+
+    async def stats(self, match: Match | None = None) -> dict[str, Any]:
+        """Entry counts per layer: all of them, or those `match` accepts (no byte count
+        then: a share of L1's bytes would tell a tenant about the others')."""
+        body: dict[str, Any] = {"replica": self.replica}
+        if match is None:
+            body |= {"l1": {"entries": len(self.l1) if self.l1 else 0,
+                            "bytes": self.l1.bytes if self.l1 else 0},
+                     "semantic_index": {"entries": len(self.index),
+                                        "partitions": len(self.index.partitions)}}
+        else:
+            mine = sum(map(match, self.l1.entries())) if self.l1 else 0
+            parts = [sum(map(match, (e for e, _ in p.entries.values())))
+                     for p in self.index.partitions.values()]
+            body |= {"l1": {"entries": mine},
+                     "semantic_index": {"entries": sum(parts),
+                                        "partitions": sum(n > 0 for n in parts)}}
+        if self.redis is not None:
+            body["redis"] = await self.redis.count(match)
+        return body

@@ -1,0 +1,146 @@
+"""The cache store's public API without Redis: get, lookup, put, promote, purge, stats,
+and the per-user bookkeeping that must stay within what the store still holds."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from plugins.cache.config import CacheConfig
+from plugins.cache.entry import Entry, matcher
+from plugins.cache.metrics import CacheMetrics
+from plugins.cache.store import CacheStore
+from plugins.cache.users import UserIndex
+from tests.fakes import FakeEmbedder
+
+
+def store(**cfg: Any) -> CacheStore:
+    return CacheStore(CacheConfig.model_validate(cfg), CacheMetrics(CollectorRegistry()),
+                      FakeEmbedder())  # type: ignore[arg-type]
+
+
+def entry(key: str, *, tenant: str = "acme", user: str = "alice", scope: str = "acme",
+          text: str = "Use the reset link.", prompt: str = "reset my password",
+          ttl: float = 60.0, grace: float = 0.0) -> Entry:
+    now = time.time()
+    return Entry(key=key, route="chat", model="m", scope=scope, tenant=tenant, role="user",
+                 user=user, prompt=prompt, usage={"prompt_tokens": 3, "completion_tokens": 4},
+                 choices=[{"index": 0, "text": text, "finish_reason": "stop"}],
+                 created=now, expires=now + ttl, stale_until=now + ttl + grace)
+
+
+async def test_put_then_get_within_its_scope_only() -> None:
+    s = store()
+    s.put(entry("k1"))
+    await s.drain()
+    got = await s.get("k1", "acme")
+    assert got is not None and got.answer_text() == "Use the reset link."
+    assert await s.get("k1", "globex") is None
+    assert await s.get("nope", "acme") is None
+
+
+async def test_get_serves_an_expired_entry_only_when_stale_is_allowed() -> None:
+    s = store()
+    s.put(entry("k1", ttl=-1.0, grace=60.0))
+    await s.drain()
+    assert await s.get("k1", "acme") is None
+    assert await s.get("k1", "acme", allow_stale=True) is not None
+
+
+async def test_semantic_lookup_finds_a_stored_question_in_its_partition_and_scope() -> None:
+    s = store(semantic={"threshold": 0.8})
+    s.put(entry("k1"), ("p", "How can I reset my password please?"))
+    await s.drain()
+    vec, hit = await s.lookup(("p", "How do I reset my password please?"), "acme")
+    assert vec is not None and hit is not None and hit.key == "k1"
+    assert (await s.lookup(("p", "How do I reset my password please?"), "globex"))[1] is None
+    assert (await s.lookup(("other", "How do I reset my password please?"), "acme"))[1] is None
+
+
+async def test_promote_makes_an_exact_alias_that_purges_with_the_original() -> None:
+    s = store()
+    original = entry("k1", prompt="How can I reset it?")
+    s.put(original)
+    s.promote("k2", original, "How do I reset it?")
+    assert await s.get("k2", "acme") is not None
+    assert s.purge_local(matcher({"contains": "can I reset"})) == (2, 0)
+    assert await s.get("k2", "acme") is None
+
+
+async def test_purge_counts_per_layer_and_marks_the_time() -> None:
+    s = store()
+    before = time.time() - 1
+    s.put(entry("a1", prompt="the acme merger"), ("p", "tell me about the acme merger"))
+    s.put(entry("b1", tenant="globex", scope="globex"), ("p", "tell me about the weather"))
+    await s.drain()
+    assert not s.purged_since(before)
+    counts = await s.purge({"contains": "ACME"})
+    assert counts == {"l1": 1, "semantic_index": 1}  # no Redis: no Redis count
+    assert s.purged_since(before)
+    assert await s.get("a1", "acme") is None
+    assert await s.get("b1", "globex") is not None
+
+
+async def test_stats_global_and_filtered() -> None:
+    s = store()
+    s.put(entry("a1"), ("p1", "first question about things"))
+    s.put(entry("a2"))
+    s.put(entry("g1", tenant="globex", scope="globex"), ("p2", "second question about x"))
+    await s.drain()
+    everything = await s.stats()
+    assert everything["l1"]["entries"] == 3 and everything["l1"]["bytes"] > 0
+    assert everything["semantic_index"] == {"entries": 2, "partitions": 2}
+    acme = await s.stats(matcher({"tenant": "acme"}))
+    assert acme["l1"] == {"entries": 2}
+    assert acme["semantic_index"] == {"entries": 1, "partitions": 1}
+    assert "redis" not in acme and acme["replica"] == s.replica
+
+
+async def test_user_cap_without_redis_evicts_the_oldest() -> None:
+    s = store(per_user_max_entries=2, semantic={"enabled": False})
+    for k in ("k1", "k2", "k3"):
+        s.put(entry(k))
+        await s.drain()
+    assert await s.get("k1", "acme") is None
+    assert await s.get("k2", "acme") is not None and await s.get("k3", "acme") is not None
+    assert s.users.members(("acme", "alice")) == ["x:k2", "x:k3"]
+
+
+async def test_user_bookkeeping_without_redis_is_bounded_by_what_l1_holds() -> None:
+    s = store(exact={"max_bytes": 2048}, semantic={"enabled": False})
+    assert s.l1 is not None
+    for i in range(200):  # 200 users, one entry each; L1 holds only a handful
+        s.put(entry(f"k{i}", user=f"u{i}"))
+        await s.drain()
+    held = {e.key for e in s.l1.entries()}
+    assert 0 < len(held) < 20
+    assert len(s.users) == len(held) and s.users.users() == len(held)
+    for i in range(200):
+        assert s.users.members(("acme", f"u{i}")) == ([f"x:k{i}"] if f"k{i}" in held else [])
+
+
+async def test_user_bookkeeping_forgets_purged_and_index_evicted_entries() -> None:
+    s = store(semantic={"max_entries_per_scope": 1, "max_partitions": 1})
+    s.put(entry("k1"), ("p1", "first question about things"))
+    await s.drain()
+    assert s.users.members(("acme", "alice")) == ["x:k1", "s:p1:k1"]
+    s.put(entry("k2", user="bob"), ("p2", "second question about things"))
+    await s.drain()  # p2 pushed p1 out whole
+    assert s.users.members(("acme", "alice")) == ["x:k1"]
+    s.purge_local(matcher({"user": "alice"}))
+    assert s.users.members(("acme", "alice")) == [] and s.users.users() == 1
+
+
+def test_user_index_add_discard_over() -> None:
+    u = UserIndex()
+    for m in ("a", "b", "c"):
+        u.add(("t", "x"), m)
+    u.add(("t", "y"), "d")
+    assert u.over(("t", "x"), 2) == ["a"]
+    u.discard("b")
+    u.discard("missing")
+    assert u.members(("t", "x")) == ["c"] and len(u) == 2
+    u.discard("d")
+    assert u.users() == 1 and u.members(("t", "y")) == []
