@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.e2e.server import WeirProcess, e2e_config
+from tests.e2e.server import CLIENTS, WeirProcess, async_sdk, e2e_config, sdk
 
 KEY_A = "sk-test-tenant-a"
 KEY_B = "sk-test-tenant-b"
@@ -28,10 +28,22 @@ def weir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeirProcess]:
 
 @pytest.fixture(scope="session")
 def client(weir: WeirProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{weir.url}/v1", api_key=KEY_A, max_retries=0, timeout=120)
+    return sdk(weir.url, KEY_A)  # type: ignore[no-any-return]
 
 
 @pytest.fixture
 def aclient(weir: WeirProcess) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{weir.url}/v1", api_key=KEY_A, max_retries=0,
-                              timeout=120)
+    return async_sdk(weir.url, KEY_A)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    yield
+    import asyncio
+
+    for client in CLIENTS:
+        closed = client.close()
+        if asyncio.iscoroutine(closed):
+            asyncio.run(closed)
+    CLIENTS.clear()
+

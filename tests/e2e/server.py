@@ -110,3 +110,28 @@ class WeirProcess:
                 self.proc.wait(10)
         self._log.close()
         return self.proc.returncode
+
+
+#: Every SDK client the e2e tests made, closed at the end of the session (an unclosed
+#: client's pool is a ResourceWarning when collected, which pytest turns into a failure).
+CLIENTS: list[Any] = []
+
+
+def sdk(url: str, key: str, **kw: Any) -> Any:
+    """An OpenAI SDK client for `url` (a Weir base URL), closed at the session's end."""
+    import openai
+
+    opts: dict[str, Any] = {"max_retries": 0, "timeout": 120, **kw}
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, **opts)
+    CLIENTS.append(client)
+    return client
+
+
+def async_sdk(url: str, key: str, **kw: Any) -> Any:
+    import openai
+
+    opts: dict[str, Any] = {"max_retries": 0, "timeout": 120, **kw}
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, **opts)
+    CLIENTS.append(client)
+    return client
+

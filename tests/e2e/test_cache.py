@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.conftest import MODEL
 from tests.e2e.server import WeirProcess, e2e_config
+from tests.e2e.server import sdk as sdk_client
 from tests.metrics import metric
 from tests.openai_spec import validate
 from tests.sse import check_chat_stream, parse_sse
@@ -33,7 +34,7 @@ def cached(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeirProcess]:
 
 
 def sdk(weir: WeirProcess, key: str = "sk-cache-acme") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{weir.url}/v1", api_key=key, max_retries=0, timeout=120)
+    return sdk_client(weir.url, key)  # type: ignore[no-any-return]
 
 
 def ask(client: openai.OpenAI, content: str, system: str | None = None,

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import KEY_A, KEY_B, MODEL
-from tests.e2e.server import WeirProcess
+from tests.e2e.server import WeirProcess, sdk
 from tests.openai_spec import validate
 
 MSG = [{"role": "user", "content": "hello"}]
@@ -45,13 +45,13 @@ def test_prompt_too_long_for_completions(client: openai.OpenAI) -> None:
 
 
 def test_auth_and_model_errors(weir: WeirProcess) -> None:
-    bad = openai.OpenAI(base_url=f"{weir.url}/v1", api_key="sk-wrong", max_retries=0)
+    bad = sdk(weir.url, "sk-wrong")
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model=MODEL, messages=MSG)  # type: ignore[arg-type]
-    b = openai.OpenAI(base_url=f"{weir.url}/v1", api_key=KEY_B, max_retries=0)
+    b = sdk(weir.url, KEY_B)
     with pytest.raises(openai.PermissionDeniedError):
         b.chat.completions.create(model=MODEL, messages=MSG)  # type: ignore[arg-type]
-    a = openai.OpenAI(base_url=f"{weir.url}/v1", api_key=KEY_A, max_retries=0)
+    a = sdk(weir.url, KEY_A)
     with pytest.raises(openai.NotFoundError) as e:
         a.chat.completions.create(model="gpt-17", messages=MSG)  # type: ignore[arg-type]
     assert e.value.code == "model_not_found"

@@ -19,7 +19,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.server import WeirProcess, e2e_config
+from tests.e2e.server import WeirProcess, e2e_config, sdk
 
 MODEL = "smollm2-135m-instruct"
 KEY = "sk-test-tenant-a"
@@ -39,7 +39,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeirProcess]:
 
 @pytest.fixture(scope="module")
 def client(real: WeirProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{real.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    return sdk(real.url, KEY)  # type: ignore[no-any-return]
 
 
 def ask(client: openai.OpenAI, question: str, **kw: Any) -> tuple[Any, str, str]:

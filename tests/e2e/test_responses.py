@@ -14,6 +14,7 @@ import pytest
 
 from tests.e2e.conftest import MODEL
 from tests.e2e.server import WeirProcess, e2e_config
+from tests.e2e.server import sdk as sdk_client
 from tests.openai_spec import validate
 
 KEYS = [{"key": "sk-resp-a", "tenant": "a"}, {"key": "sk-resp-b", "tenant": "b"}]
@@ -33,7 +34,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeirProcess]:
 
 
 def sdk(server: WeirProcess, key: str = "sk-resp-a") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0, timeout=120)
+    return sdk_client(server.url, key)  # type: ignore[no-any-return]
 
 
 def test_create_whole_and_retrieve(server: WeirProcess) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.conftest import MODEL
 from tests.e2e.server import WeirProcess, e2e_config
+from tests.e2e.server import sdk as sdk_client
 from tests.openai_spec import validate
 
 KEY = "sk-tools"
@@ -48,7 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeirProcess]:
 
 @pytest.fixture(scope="module")
 def sdk(server: WeirProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    return sdk_client(server.url, KEY)  # type: ignore[no-any-return]
 
 
 def _check_calls(calls: Any, names: set[str]) -> None:
