@@ -62,3 +62,6 @@ class InstantEngine:
 
     async def abort(self, request_id: str) -> None:
         pass
+
+    def tool_parser(self, tools: list[dict[str, Any]]) -> None:
+        return None  # no parser: `auto` answers text, as with an unconfigured engine

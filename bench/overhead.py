@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,19 +140,22 @@ class MockWeir:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
-    def start(self, core: int | None) -> MockWeir:
+    def start(self, core: int | None, timeout: float = 120) -> MockWeir:
         cmd = [sys.executable, "-m", "bench.mock_server", "--config", str(self.config)]
         if core is not None and shutil.which("taskset"):
             cmd = ["taskset", "-c", str(core), *cmd]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE)
-        assert self.proc.stderr is not None
-        for raw in self.proc.stderr:  # bounded: the server prints this line, or exits
-            m = re.search(rb"listening on (\S+)", raw)
+        # Its output goes to a file (a pipe nobody reads would fill and stall the server).
+        self._out = open(self.log, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while not self.url:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mock server did not start; see {self.log}")
+            m = re.search(rb"listening on (\S+)", self.log.read_bytes())
             if m:
                 self.url = m.group(1).decode()
-                break
-        if not self.url:
-            raise RuntimeError(f"mock server {self.config} did not start")
+            else:
+                time.sleep(0.1)  # polling another process's output
         return self
 
     def stop(self) -> None:
@@ -162,6 +166,8 @@ class MockWeir:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        if hasattr(self, "_out"):
+            self._out.close()
 
 
 def _bodies(n: int, *, stream: bool, deterministic: bool, distinct: int | None = None,

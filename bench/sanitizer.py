@@ -71,7 +71,7 @@ def _ctxs(size: int, n: int) -> list[RequestContext]:
 
 def run(fleet: Fleet) -> dict[str, Any]:
     quick = fleet.quick
-    services = Services(engine=None, settings=Settings(), metrics=Metrics())  # type: ignore[arg-type]
+    services = Services(terminal=None, settings=Settings(), metrics=Metrics())  # type: ignore[arg-type]
     sanitizer = SanitizerPlugin(SanitizerConfig(), services)
     passthrough = PassThrough(PluginConfig(), services)
     n = 200 if quick else 1000

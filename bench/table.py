@@ -155,10 +155,11 @@ def plots(per: dict[str, RunResult], sweep: dict[str, list[dict[str, Any]]]) -> 
 
 
 
-async def _probe(system: System, rate: float, duration: float, seed: int) -> dict[str, Any]:
+async def _probe(system: System, model: str, rate: float, duration: float,
+                 seed: int) -> dict[str, Any]:
     """One open-loop window at `rate`: kept up, or not."""
     n = max(8, round(rate * duration))
-    bodies = system.bodies(faq_bodies(n, 0.6, seed=seed), SUITE)
+    bodies = system.bodies(faq_bodies(model, n, 0.6, seed=seed), SUITE)
     r = await open_loop(system.chat_url, bodies, rate, system.headers(SUITE), seed=seed,
                         max_in_flight=round(rate * SLO_P99_S * 2) + 32, drain_s=3 * SLO_P99_S)
     s = summarize(r)
@@ -235,7 +236,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
             closed = summarize(merge(per[name]))["req_per_s"] or 1.0
 
             def probe(rate: float, i: int, s: System = s) -> Awaitable[dict[str, Any]]:
-                return _probe(s, rate, window, seed=100 + i)
+                return _probe(s, fleet.served, rate, window, seed=100 + i)
 
             sustained[name] = await max_sustained(probe, closed, probes)
         return per, first, sustained
