@@ -21,13 +21,10 @@ import asyncio
 import copy
 import json
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +32,8 @@ import yaml
 
 from bench.fleet import Fleet, System, default_plugins, weir_key
 from bench.load import RunResult, pct, run_load, summarize
-from bench.procs import ROOT
+from bench.procs import ROOT, Server
+from bench.redis_server import free_port
 from bench.report import md_table, ratio, write
 
 SUITE = "overhead"
@@ -122,52 +120,24 @@ def _median(values: list[float | None]) -> float:
 # ---------------------------------------------------------------- 2: the gateway alone
 
 
-class MockWeir:
+def mock_weir(tmp: Path, name: str, plugins: list[dict[str, Any]], embeddings: bool,
+              core: int | None) -> Server:
     """`python -m bench.mock_server` on one core (taskset where it exists)."""
-
-    def __init__(self, tmp: Path, name: str, plugins: list[dict[str, Any]],
-                 embeddings: bool) -> None:
-        cfg = {"server": {"host": "127.0.0.1", "port": 0},
-               "engine": {"kind": "vllm", "model": "builtin:demo",
-                          "served_model_name": "mock"},
-               "auth": {"mode": "open"},
-               "logging": {"level": "warning", "access_log": False},
-               "embeddings": {"enabled": embeddings},
-               "plugins": plugins}
-        self.config = tmp / f"mock-{name}.yaml"
-        self.config.write_text(yaml.safe_dump(cfg))
-        self.log = tmp / f"mock-{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.url = ""
-
-    def start(self, core: int | None, timeout: float = 120) -> MockWeir:
-        cmd = [sys.executable, "-m", "bench.mock_server", "--config", str(self.config)]
-        if core is not None and shutil.which("taskset"):
-            cmd = ["taskset", "-c", str(core), *cmd]
-        # Its output goes to a file (a pipe nobody reads would fill and stall the server).
-        self._out = open(self.log, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while not self.url:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mock server did not start; see {self.log}")
-            m = re.search(rb"listening on (\S+)", self.log.read_bytes())
-            if m:
-                self.url = m.group(1).decode()
-            else:
-                time.sleep(0.1)  # polling another process's output
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if hasattr(self, "_out"):
-            self._out.close()
+    port = free_port()
+    cfg = {"server": {"host": "127.0.0.1", "port": port},
+           "engine": {"kind": "vllm", "model": "builtin:demo", "served_model_name": "mock"},
+           "auth": {"mode": "open"},
+           "logging": {"level": "warning", "access_log": False},
+           "embeddings": {"enabled": embeddings},
+           "plugins": plugins}
+    config = tmp / f"mock-{name}.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "bench.mock_server", "--config", str(config),
+           "--port", str(port)]
+    if core is not None and shutil.which("taskset"):
+        cmd = ["taskset", "-c", str(core), *cmd]
+    base = f"http://127.0.0.1:{port}"
+    return Server(f"mock-{name}", cmd, f"{base}/health/live", base, tmp / f"mock-{name}.log")
 
 
 def _bodies(n: int, *, stream: bool, deterministic: bool, distinct: int | None = None,
@@ -198,19 +168,19 @@ def gateway(fleet: Fleet) -> dict[str, Any]:
     n1 = 300 if fleet.quick else 1500
     hits_n = 1500 if fleet.quick else 6000
     tmp = Path(tempfile.mkdtemp(prefix="weir-mock-", dir=fleet.tmp))
-    servers = {"all": MockWeir(tmp, "all", default_plugins(), embeddings=True),
-               "none": MockWeir(tmp, "none", [], embeddings=False)}
+    servers = {"all": mock_weir(tmp, "all", default_plugins(), True, server_core),
+               "none": mock_weir(tmp, "none", [], False, server_core)}
     out: dict[str, Any] = {"pinned": pinned}
     try:
         for s in servers.values():
-            s.start(server_core)
+            s.start(timeout=120)
         for s in servers.values():  # warm-up
-            _latencies(s.url, _bodies(100, stream=False, deterministic=False), 1)
+            _latencies(s.base_url, _bodies(100, stream=False, deterministic=False), 1)
         lat: dict[str, dict[str, RunResult]] = {}
         for kind, stream in (("whole", False), ("stream", True)):
             lat[kind] = {}
             for name in ("none", "all", "none", "all")[: 2 if fleet.quick else 4]:
-                r = _latencies(servers[name].url, _bodies(n1, stream=stream,
+                r = _latencies(servers[name].base_url, _bodies(n1, stream=stream,
                                                           deterministic=False), 1)
                 prev = lat[kind].get(name)
                 if prev is not None:
@@ -224,7 +194,7 @@ def gateway(fleet: Fleet) -> dict[str, Any]:
                          "added_p50_ms": round(p50["all"] - p50["none"], 3),
                          "added_p99_ms": round(p99["all"] - p99["none"], 3),
                          "errors": {k: len(r.samples) - len(r.ok()) for k, r in per.items()}}
-        hits_url = servers["all"].url
+        hits_url = servers["all"].base_url
         _latencies(hits_url, _bodies(10, stream=False, deterministic=True, distinct=10), 1)
         hits = _latencies(hits_url, _bodies(hits_n, stream=False, deterministic=True,
                                             distinct=10), 16)
