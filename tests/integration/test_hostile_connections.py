@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,8 +15,6 @@ import pytest
 from proxy.app import create_app
 from proxy.app_state import STATE
 from proxy.connections import Listener, listen
-from proxy.settings import LoggingSettings
-from proxy.telemetry import configure_logging
 from tests.conftest import make_settings
 from tests.fakes import FakeEngine
 from tests.waiting import eventually
@@ -160,14 +158,6 @@ async def test_connection_cap_refuses_cleanly_when_none_is_idle(served: Listener
         w.close()
 
 
-@pytest.fixture
-def log() -> Iterator[io.StringIO]:
-    buf = io.StringIO()
-    configure_logging(LoggingSettings(level="debug"), stream=buf)
-    yield buf
-    configure_logging(LoggingSettings())
-
-
 @pytest.mark.parametrize("head", [
     b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"\x01\r\n\r\n",
     b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"\x7f\x00\r\n\r\n",
@@ -177,7 +167,7 @@ def log() -> Iterator[io.StringIO]:
     b"GET /v1/models HTTP/1.1\r\nX-" + KEY.encode() + b": a\r\n" * 200 + b"\r\n",
     b"GET /v1/models HTTP/1.1\r\nContent-Length: " + KEY.encode() + b"\r\n\r\n",
 ])
-async def test_parser_errors_never_log_the_key(head: bytes, log: io.StringIO,
+async def test_parser_errors_never_log_the_key(head: bytes, logs: io.StringIO,
                                                capfd: pytest.CaptureFixture[str]) -> None:
     listener = await start()
     try:
@@ -193,7 +183,7 @@ async def test_parser_errors_never_log_the_key(head: bytes, log: io.StringIO,
     finally:
         await listener.close()
     out, err = capfd.readouterr()
-    text = log.getvalue()
+    text = logs.getvalue()
     assert "Error handling request" in text  # it was logged (the positive control) ...
     for where in (text, out, err):
         assert KEY not in where and KEY[3:15] not in where  # ... but without the key
