@@ -8,8 +8,6 @@ stragglers (`abort_all`), which closes their streams and aborts their generation
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,8 +41,6 @@ class AppState:
     engine_settled: asyncio.Event = field(default_factory=asyncio.Event)
     _inflight: set[asyncio.Task[Any]] = field(default_factory=set)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
-    dumps: Any = field(default=functools.partial(json.dumps, separators=(",", ":"),
-                                                 ensure_ascii=False))
 
     def __post_init__(self) -> None:
         self._idle.set()

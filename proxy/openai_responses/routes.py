@@ -18,7 +18,7 @@ from ..chain import Completion, Stream
 from ..context import RequestContext
 from ..errors import InvalidRequest, NotFound
 from ..protocol import parse_model
-from ..routes import check_model, note_usage, open_generation, read_json
+from ..routes import check_model, json_response, note_usage, open_generation, read_json
 from ..streaming import write_sse
 from . import translate as X
 from .events import render
@@ -70,8 +70,7 @@ async def create(request: web.Request) -> web.StreamResponse:
             response = X.response_from_chat(req, reply.body, id=rid,
                                             created_at=reply.body.get("created", 0))
             await save(response)
-            return web.json_response(response, headers={**ctx.response_headers,
-                                                        **reply.headers}, dumps=st.dumps)
+            return json_response(response, {**ctx.response_headers, **reply.headers})
         # Iterating the chat Stream ends it (its plugins' end hooks run); the events are
         # a Stream of their own for the SSE writer.
         events = Stream(render(reply, req, rid, save))
@@ -91,7 +90,7 @@ async def retrieve(request: web.Request) -> web.Response:
     record = await _store(request).get(principal.tenant, rid)
     if record is None:
         raise NotFound(f"Response with id '{rid}' not found.", param=None)
-    return web.json_response(record["response"], dumps=st.dumps)
+    return json_response(record["response"])
 
 
 async def delete(request: web.Request) -> web.Response:
