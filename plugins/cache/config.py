@@ -40,6 +40,11 @@ class SemanticConfig(_Part):
                                 "in memory; the least recently used one goes whole.")
     lookup_timeout_ms: float = Field(
         100, gt=0, description="A lookup's embedding wait; slower lookups are a miss.")
+    head_start_ms: float = Field(
+        5, ge=0, description="How long a miss waits for its semantic lookup before it "
+        "starts generating alongside it: a lookup that hits later cancels the generation "
+        "(its prefill is the price), one that misses has cost the request nothing more. "
+        "0: always alongside; at or above lookup_timeout_ms: never.")
     min_chars: int = Field(8, ge=1, description="Shorter questions are not embedded.")
     max_chars: int = Field(
         2000, ge=1, description="Longer questions are not embedded (no semantic lookup or "

@@ -20,3 +20,7 @@ class CacheMetrics:
                                  registry=registry)
         self.entries = Gauge("weir_cache_entries", "Entries held by this replica.",
                              ["layer"], registry=registry)
+        self.overlapped = Counter(
+            "weir_cache_overlapped_total", "Misses that started generating while their "
+            "semantic lookup ran: the generation kept (the lookup missed), or cancelled "
+            "(it hit).", ["result"], registry=registry)

@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import numpy as np
 from aiohttp import web
 
 from proxy.chain import (
@@ -46,12 +45,25 @@ from .config import CacheConfig
 from .entry import Entry, capture_body, replay_body, replay_stream
 from .keys import exact_key, prompt_text, scope_id, semantic_parts
 from .metrics import CacheMetrics
-from .store import CacheStore, SemanticKey
+from .store import CacheStore, Lookup, SemanticKey
 
 log = get_logger("weir.cache")
 HEADER = "x-weir-cache"
 #: A leader's settle value when its client went away: a waiter takes the lead.
 ABANDONED = object()
+#: What a generation settles for the identical requests waiting on it.
+Settle = asyncio.Future[Entry | object | None]
+
+
+async def _discard(gen: asyncio.Future[Reply]) -> None:
+    """Drop a generation nobody will read: cancel it, or close the stream it made."""
+    gen.cancel()
+    await asyncio.wait((gen,))
+    if gen.cancelled() or gen.exception() is not None:
+        return  # nothing to close
+    reply = gen.result()
+    if isinstance(reply, Stream):
+        await reply.aclose()
 
 
 class CachePlugin(BasePlugin[CacheConfig]):
@@ -123,17 +135,18 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if sem is not None and not (self.cfg.semantic.min_chars <= len(sem[1])
                                     <= self.cfg.semantic.max_chars):
             sem = None  # never embedded: no lookup, no entry
-        vec: np.ndarray | None = None
+        look: Lookup | None = None
         if read:
             entry = await self.store.get(key, scope)
             if entry is not None:
                 return self._hit(ctx, entry, "exact")
             if sem is not None:
-                vec, entry = await self.store.lookup(sem, scope)
-                if entry is not None:
-                    if write:
-                        self.store.promote(key, entry, prompt_text(ctx))
-                    return self._hit(ctx, entry, "semantic")
+                look = asyncio.ensure_future(self.store.lookup(sem, scope))
+                if not write or await self._given_head_start(look) or (
+                        self.cfg.coalesce and key in self._inflight):
+                    _, entry = await look  # nothing to race: wait (within its deadline)
+                    if entry is not None:
+                        return self._semantic_hit(ctx, key, entry, write)
         else:
             ctx.response_headers[HEADER] = "bypass"
         ctx.response_headers.setdefault(HEADER, "miss")
@@ -148,13 +161,55 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 return await call_next(ctx)  # the leader failed: generate for ourselves
             # ABANDONED: the leader's client went away; the first waiter to get here
             # takes the lead, the others wait on it.
-        return await self._lead(ctx, call_next, key, scope, sem, vec)
-
-    async def _lead(self, ctx: RequestContext, call_next: Next, key: str, scope: str,
-                    sem: SemanticKey | None, vec: np.ndarray | None) -> Reply:
-        fut: asyncio.Future[Entry | object | None] = asyncio.get_running_loop().create_future()
+        fut: Settle = asyncio.get_running_loop().create_future()
         if self.cfg.coalesce:
             self._inflight[key] = fut
+        if look is not None and not look.done():
+            return await self._race(ctx, call_next, key, scope, sem, look, fut)
+        return await self._lead(ctx, call_next, key, scope, sem, look, fut)
+
+    async def _given_head_start(self, look: Lookup) -> bool:
+        """Whether the lookup answered within its head start (it is cancelled with us)."""
+        try:
+            await asyncio.wait((look,), timeout=self.cfg.semantic.head_start_ms / 1000)
+        except asyncio.CancelledError:
+            look.cancel()
+            raise
+        return look.done()
+
+    async def _race(self, ctx: RequestContext, call_next: Next, key: str, scope: str,
+                    sem: SemanticKey | None, look: Lookup, fut: Settle) -> Reply:
+        """Generate while the semantic lookup (slow: a busy embedder) finishes: a miss
+        does not wait for it. A hit drops the generation and answers from the cache,
+        with the headers the request had before generating."""
+        headers = dict(ctx.response_headers)
+        gen = asyncio.ensure_future(self._lead(ctx, call_next, key, scope, sem, look, fut))
+        try:
+            await asyncio.wait((look, gen), return_when=asyncio.FIRST_COMPLETED)
+            if gen.done() and not gen.cancelled() and gen.exception() is None and isinstance(
+                    gen.result(), Completion):
+                self.metrics.overlapped.labels("generated").inc()
+                return gen.result()  # whole already: the lookup only feeds its entry
+            _, entry = await look  # bounded by the lookup's own deadline
+        except BaseException:
+            look.cancel()
+            await _discard(gen)
+            raise
+        if entry is None:
+            self.metrics.overlapped.labels("generated").inc()
+            return await gen
+        self.metrics.overlapped.labels("cancelled").inc()
+        if not fut.done():
+            fut.set_result(entry)  # requests waiting on this generation take the hit too
+        await _discard(gen)
+        ctx.response_headers.clear()
+        ctx.response_headers.update(headers)
+        return self._semantic_hit(ctx, key, entry, True)
+
+    async def _lead(self, ctx: RequestContext, call_next: Next, key: str, scope: str,
+                    sem: SemanticKey | None, look: Lookup | None, fut: Settle) -> Reply:
+        """Generate for `key`, settle `fut` (the requests waiting on it) and store the
+        answer; the question's vector comes from `look` (or is embedded again)."""
 
         def settle(entry: Entry | object | None) -> None:
             if not fut.done():
@@ -179,7 +234,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                                      started)
             settle(entry)
             if entry is not None:
-                self.store.put(entry, sem, vec)
+                self.store.put(entry, sem, look)
             return reply
 
         def ended(stream: Stream, outcome: Outcome) -> None:
@@ -197,12 +252,18 @@ class CachePlugin(BasePlugin[CacheConfig]):
             entry = self._make_entry(ctx, key, scope, captured, started)
             settle(entry)
             if entry is not None:
-                self.store.put(entry, sem, vec)
+                self.store.put(entry, sem, look)
 
         reply.on_end(ended)
         return reply
 
     # -------------------------------------------------------------------- replies
+
+    def _semantic_hit(self, ctx: RequestContext, key: str, entry: Entry, write: bool,
+                      ) -> Reply:
+        if write:
+            self.store.promote(key, entry, prompt_text(ctx))
+        return self._hit(ctx, entry, "semantic")
 
     def _hit(self, ctx: RequestContext, entry: Entry, layer: str) -> Reply:
         ctx.response_headers[HEADER] = layer

@@ -36,6 +36,10 @@ from .users import UserIndex, exact_member, semantic_member, split_members
 log = get_logger("weir.cache")
 #: (partition, question): where a question's vector goes and what the guard compares.
 SemanticKey = tuple[str, str]
+#: A semantic lookup under way: (the question's vector, the entry answering it).
+Lookup = asyncio.Future[tuple[np.ndarray | None, Entry | None]]
+#: A question's vector, or the lookup that computes it.
+Vec = np.ndarray | Lookup
 
 
 class CacheStore:
@@ -152,9 +156,10 @@ class CacheStore:
         self.l1.put(alias, len(alias.to_json()))
 
     def put(self, entry: Entry, sem: SemanticKey | None = None,
-            vec: np.ndarray | None = None) -> None:
+            vec: Vec | None = None) -> None:
         """Store: L1 now; Redis, the vector index (`sem`, embedding the question unless
-        `vec` is given) and the owner's cap in the background."""
+        `vec` gives its vector, or the lookup that computes it) and the owner's cap in
+        the background."""
         data = entry.to_json()
         if self.l1 is not None:
             self.l1.put(entry, len(data))
@@ -162,18 +167,21 @@ class CacheStore:
         self._spawn(self._persist(entry, data, sem, vec))
 
     async def _persist(self, entry: Entry, data: str, sem: SemanticKey | None,
-                       vec: np.ndarray | None) -> None:
+                       vec: Vec | None) -> None:
         members = [exact_member(entry.key)]
         if self.redis is not None and self.cfg.l2.enabled:
             await self.redis.put_exact(entry, data, self.cfg.exact.ttl_s + self.cfg.stale_grace_s)
         if sem is not None and self.embedder is not None:
             partition, question = sem
+            if isinstance(vec, asyncio.Future):
+                await asyncio.wait((vec,))
+                vec = None if vec.cancelled() else vec.result()[0]
             if vec is None:
                 try:
                     vec = (await self.embedder.embed([question]))[0][0]
                 except Exception:
                     vec = None
-            if vec is not None:
+            if isinstance(vec, np.ndarray):
                 self._index_add(partition, entry.key, vec, entry, question)
                 members.append(semantic_member(partition, entry.key))
                 if self.redis is not None:

@@ -13,11 +13,12 @@ from plugins.cache.entry import Entry
 from plugins.cache.guard import guard_ok
 from plugins.cache.plugin import CachePlugin
 from plugins.cache.semantic import SemanticIndex
-from proxy.chain import Services
+from proxy.chain import Completion, Reply, Services, Stream
+from proxy.context import RequestContext
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from tests.fakes import FakeEmbedder, FakeEngine
-from tests.unit.plugins.test_cache import Engine, ctx
+from tests.unit.plugins.test_cache import Engine, ctx, run, sample
 
 
 def entry(key: str) -> Entry:
@@ -118,12 +119,14 @@ class StuckEmbedder(FakeEmbedder):
     def __init__(self) -> None:
         super().__init__()
         self.cancelled = 0
+        self.gave_up = asyncio.Event()
 
     async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             self.cancelled += 1
+            self.gave_up.set()
             raise
         raise AssertionError("unreachable")
 
@@ -137,6 +140,123 @@ async def test_a_slow_embedding_is_a_miss_not_a_wait() -> None:
     eng, c = Engine(), ctx("How do I reset my password?")
     await asyncio.wait_for(p(c, eng), 10)  # not run(): storing would embed again, forever
     assert c.response_headers["x-weir-cache"] == "miss" and eng.calls == 1
+    # The generation did not wait for the lookup; the lookup's deadline still ends it.
+    await asyncio.wait_for(emb.gave_up.wait(), 10)
     assert emb.cancelled == 1
     assert p.metrics.lookups.labels("semantic", "timeout")._value.get() == 1
+    await p.close()
+
+
+class GatedEmbedder(FakeEmbedder):
+    """Answers once `gate` opens: a busy model, released when the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
+        await self.gate.wait()
+        return await super().embed(texts)
+
+
+class Generation:
+    """A call_next that records what became of its generation."""
+
+    def __init__(self, stream: bool) -> None:
+        self.engine = Engine(gate=None if stream else asyncio.Event())
+        self.entered = self.engine.entered
+        self.cancelled = False
+        self.reply: Reply | None = None
+        self.returned = asyncio.Event()
+
+    async def __call__(self, c: RequestContext) -> Reply:
+        c.response_headers["x-downstream"] = "generating"
+        try:
+            self.reply = await self.engine(c)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        self.returned.set()
+        return self.reply
+
+
+def racing_plugin() -> tuple[CachePlugin, GatedEmbedder]:
+    emb = GatedEmbedder()
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics(),
+                        embedder=emb)
+    # No head start: every slow lookup races its generation (no timing in the test).
+    cfg = {"semantic": {"threshold": 0.8, "head_start_ms": 0}}
+    return CachePlugin(CacheConfig.model_validate(cfg), services), emb
+
+
+def overlapped(p: CachePlugin, result: str) -> float:
+    return sample(p, "weir_cache_overlapped_total", result=result)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_late_semantic_hit_cancels_the_generation(stream: bool) -> None:
+    p, emb = racing_plugin()
+    await run(p, ctx("How can I reset my password please?"), Engine())
+    emb.gate.clear()
+    gen, c = Generation(stream), ctx("How do I reset my password please?", stream=stream)
+    task = asyncio.create_task(p(c, gen))
+    await gen.entered.wait()  # generating while the lookup waits for the model
+    if stream:
+        await gen.returned.wait()  # the stream reaches the cache before the lookup ends
+    emb.gate.set()
+    reply = await asyncio.wait_for(task, 10)
+    assert c.response_headers["x-weir-cache"] == "semantic"
+    assert "x-downstream" not in c.response_headers  # the dropped generation's headers
+    if stream:
+        assert isinstance(gen.reply, Stream) and gen.reply.ended  # closed, not read
+        assert isinstance(reply, Stream) and reply is not gen.reply
+        text = [ch["choices"][0]["delta"].get("content", "") async for ch in reply
+                if ch["choices"]]
+        assert "".join(text) == "Use the reset link."
+    else:
+        assert gen.cancelled and isinstance(reply, Completion)
+        assert reply.body["choices"][0]["message"]["content"] == "Use the reset link."
+    assert overlapped(p, "cancelled") == 1 and overlapped(p, "generated") == 0
+    await p.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_late_semantic_miss_keeps_the_generation(stream: bool) -> None:
+    p, emb = racing_plugin()
+    emb.gate.clear()
+    gen, c = Generation(stream), ctx("How do I close my account for good?", stream=stream)
+    task = asyncio.create_task(p(c, gen))
+    await gen.entered.wait()
+    if not stream:
+        assert gen.engine.gate is not None
+        gen.engine.gate.set()
+    emb.gate.set()
+    reply = await asyncio.wait_for(task, 10)
+    assert reply is gen.reply and c.response_headers["x-weir-cache"] == "miss"
+    assert c.response_headers["x-downstream"] == "generating"
+    if isinstance(reply, Stream):
+        [x async for x in reply]
+    await p.store.drain()
+    # Stored under the lookup's own vector: the question was embedded once.
+    assert emb.calls == 1 and len(p.store.index) == 1
+    assert overlapped(p, "generated") == 1 and overlapped(p, "cancelled") == 0
+    _, layer = await run(p, ctx("How do I close my account for good please?"), Engine())
+    assert layer == "semantic"
+    await p.close()
+
+
+async def test_a_client_gone_mid_race_cancels_both() -> None:
+    p, emb = racing_plugin()
+    emb.gate.clear()
+    gen, c = Generation(stream=False), ctx("How do I close my account for good?")
+    task = asyncio.create_task(p(c, gen))
+    await gen.entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert gen.cancelled and p.in_flight() == 0
+    emb.gate.set()
+    await p.store.drain()
+    assert len(p.store.index) == 0 and len(p.store.l1) == 0  # type: ignore[arg-type]
     await p.close()
