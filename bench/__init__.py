@@ -2,4 +2,4 @@
 
 # The suites of a run, in the order they run; each is the module `bench.<name>` with a
 # `run(fleet)`, and each is its own tenant in the fleet's Weir servers (bench/fleet.py).
-SUITES = ("table", "serving", "cache", "surge", "sanitizer", "overhead")
+SUITES = ("table", "serving", "cache", "surge", "sanitizer", "overhead", "real_model")

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             importlib.import_module(f"bench.{name}").run(fleet)
             timings[name] = round(time.monotonic() - t, 1)
             print(f"== {name}: {timings[name]:.0f}s", flush=True)
-        starts = {s.name: round(s.ready_after_s, 1) for s in fleet.started}
+        starts = {s.name: round(s.ready_after_s, 1) for s in fleet.retired + fleet.started}
     total = round(time.monotonic() - start, 1)
     print(f"== total: {total:.0f}s", flush=True)
     if args.only:

@@ -111,6 +111,9 @@ class Fleet:
     quick: bool = False
     engine: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_ENGINE))
     systems: dict[str, System] = field(default_factory=dict)
+    # Weir stores answers cut at max_tokens: the suites' ignore_eos answers always are.
+    # False (as shipped) for a model's own answer lengths (bench/real_model.py).
+    store_truncated: bool = True
 
     @property
     def served(self) -> str:
@@ -122,6 +125,7 @@ class Fleet:
         self.tmp = Path(self._tmp.name)
         self._redis: RedisServer | None = None
         self.started: list[Server] = []
+        self.retired: list[Server] = []  # started, then stopped by retire()
 
     def __enter__(self) -> Fleet:
         return self
@@ -133,10 +137,20 @@ class Fleet:
         for s in reversed(self.started):
             s.stop()
         self.started.clear()
+        self.systems.clear()
         if self._redis is not None:
             self._redis.stop()
             self._redis = None
         self._tmp.cleanup()
+
+    def retire(self) -> None:
+        """Stop the servers started so far, for a suite that needs the memory and cores
+        (their records stay in `retired`); a later `get` starts a role again."""
+        running = list(self.started)
+        self.close()
+        self.retired += running
+        self._tmp = tempfile.TemporaryDirectory(prefix="weir-bench-")
+        self.tmp = Path(self._tmp.name)
 
     # ------------------------------------------------------------------ pieces
 
@@ -174,7 +188,7 @@ class Fleet:
             elif p["name"] == "cache":
                 # The suites' answers run to max_tokens (ignore_eos): store them anyway,
                 # or repeats could never hit.
-                cfg["store_truncated"] = True
+                cfg["store_truncated"] = self.store_truncated
                 cfg["l2"] = {"enabled": True}
                 cfg["redis"] = {"url": self.redis.url, "timeout_s": 0.1,
                                 "key_prefix": f"weir:{'all' if semantic else 'exact'}:"}

@@ -28,6 +28,8 @@ SECTIONS = [
     ("sanitizer", "**Sanitizer** (`bench/sanitizer.py`):"),
     ("overhead", "**Gateway overhead** (`bench/overhead.py`; vLLM's own client for the "
                  "engine path):"),
+    ("real_model", "**A real model** (`bench/real_model.py`, SmolLM2-135M-Instruct, its own "
+                   "answer lengths):"),
     ("run", "**This run** (`bench/results/run.json`):"),
 ]
 

@@ -41,7 +41,8 @@ TOPICS = ["invoice", "password", "refund", "shipping", "plan", "account", "card"
           "delivery", "subscription"]
 
 
-def faq_bodies(model: str, n: int, repeat_ratio: float, seed: int) -> list[dict[str, Any]]:
+def faq_bodies(model: str, n: int, repeat_ratio: float, seed: int,
+               max_tokens: int = 32) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     para: dict[str, list[str]] = {}
     for a, b in PAIRS["paraphrase"]:
@@ -59,7 +60,7 @@ def faq_bodies(model: str, n: int, repeat_ratio: float, seed: int) -> list[dict[
             q = base[i % len(base)] if i < len(base) else (
                 f"How do I change the {topic} settings for team {team}?")
             asked.append(q)
-        out.append({"model": model, "temperature": 0, "max_tokens": 32,
+        out.append({"model": model, "temperature": 0, "max_tokens": max_tokens,
                     "stream": i % 2 == 0, "stream_options": {"include_usage": True}
                     if i % 2 == 0 else None,
                     "messages": [{"role": "user", "content": q}]})
