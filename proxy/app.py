@@ -19,6 +19,7 @@ from .chain import Services, build_plugins, compose
 from .connections import guard_middleware
 from .embedding import LocalEmbedder
 from .engine.base import Engine
+from .loop import freeze_startup_heap
 from .middleware import (
     errors_middleware,
     make_access_log,
@@ -38,7 +39,10 @@ def create_app(
     *,
     engine: Engine | None = None,
     on_fatal: Callable[[BaseException], None] | None = None,
+    freeze_heap: bool = False,
 ) -> web.Application:
+    """`freeze_heap`: once the engine is up, hide the startup heap from the garbage
+    collector (proxy/loop.py); for a process that serves one app (`weir serve`)."""
     metrics = Metrics()
     terminal = make_terminal(settings, engine)
     try:
@@ -64,7 +68,7 @@ def create_app(
     app[STATE] = AppState(settings=settings, terminal=terminal, auth=auth, metrics=metrics,
                           plugins=plugins, chain=chain, embed_chain=embed_chain,
                           embedder=embedder)
-    app.cleanup_ctx.append(_engine_lifespan(on_fatal))
+    app.cleanup_ctx.append(_engine_lifespan(on_fatal, freeze_heap))
     app.cleanup_ctx.append(_embedder_lifespan)
     app.cleanup_ctx.append(_plugins_lifespan)
     add_routes(app)
@@ -77,7 +81,7 @@ def create_app(
 
 
 def _engine_lifespan(
-    on_fatal: Callable[[BaseException], None] | None,
+    on_fatal: Callable[[BaseException], None] | None, freeze_heap: bool,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifespan(app: web.Application) -> AsyncIterator[None]:
         st = app[STATE]
@@ -88,7 +92,9 @@ def _engine_lifespan(
         async def start() -> None:
             try:
                 await st.terminal.start()
-                log.info("engine ready", models=[m.id for m in st.terminal.models()])
+                frozen = freeze_startup_heap() if freeze_heap else 0
+                log.info("engine ready", models=[m.id for m in st.terminal.models()],
+                         gc_frozen_objects=frozen)
             except asyncio.CancelledError:
                 raise
             except BaseException as e:

@@ -94,7 +94,7 @@ async def serve(settings: Settings, host: str, port: int) -> int:
         stop.set()
 
     try:
-        app = create_app(settings, on_fatal=on_fatal)
+        app = create_app(settings, on_fatal=on_fatal, freeze_heap=True)
     except ConfigError as e:
         _print_errors("config", e)
         return 1

@@ -45,6 +45,15 @@ def test_models_list_and_retrieve(client: openai.OpenAI, weir: WeirProcess) -> N
     assert e.value.code == "model_not_found"
 
 
+def test_the_startup_heap_is_hidden_from_the_garbage_collector(weir: WeirProcess) -> None:
+    """`weir serve` freezes what the engine's start allocated (vLLM, torch: hundreds of
+    thousands of objects), so no collection of the oldest generation walks it while
+    serving (a ~0.45 s stall of every stream each time)."""
+    ready = [json.loads(line) for line in weir.log_text().splitlines()
+             if '"event": "engine ready"' in line]
+    assert len(ready) == 1 and ready[0]["gc_frozen_objects"] > 100_000
+
+
 # --------------------------------------------------------------------------- chat
 
 
