@@ -52,13 +52,16 @@ ADMISSION = {"max_concurrent": 64, "max_queue": 16, "max_queue_wait_s": 0.25,
              "deadline_s": 300}
 
 
-def default_plugins() -> list[dict[str, Any]]:
-    """config/weir.yaml's chain as shipped, but for limits a benchmark would trip."""
+def default_plugins(store_truncated: bool = False) -> list[dict[str, Any]]:
+    """config/weir.yaml's chain as shipped, but for limits a benchmark would trip (and,
+    for answers that always run to max_tokens, `store_truncated`)."""
     plugins = yaml.safe_load((ROOT / "config" / "weir.yaml").read_text())["plugins"]
     for p in plugins:
         if p["name"] == "rate_limit":
             p["config"]["rules"] = [{"per": "key", "rpm": 10_000_000, "tpm": 10**10,
                                      "concurrent": 1024}]
+        elif p["name"] == "cache" and store_truncated:
+            p["config"]["store_truncated"] = True
     return list(plugins)
 
 
@@ -238,7 +241,7 @@ class Fleet:
                 extra={"auth": self.weir_auth(), "embeddings": {"enabled": False}}))
         if role == "weir-default":
             return System("Weir, config/weir.yaml", "weir", weir_server(
-                self.tmp, engine, default_plugins(), name="weir-default",
+                self.tmp, engine, default_plugins(self.store_truncated), name="weir-default",
                 extra={"auth": self.weir_auth(), "embeddings": {"enabled": True}}))
         if role == "weir-exact":
             if self.quick:

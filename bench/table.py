@@ -8,7 +8,8 @@ Systems (bench/fleet.py), alternated round by round (ABCDE, EDCBA ...):
 2. vLLM's OpenAI server, same model and engine settings
 3. LiteLLM's proxy with its Redis cache, in front of (2)
 4. Weir with every plugin on (sanitizer, rate limit, cache with Redis L2, breaker,
-   admission), and the same without the semantic layer (not in `--quick`)
+   admission), config/weir.yaml's chain as shipped (the same, with the semantic layer
+   but no Redis), and every plugin without the semantic layer (not in `--quick`)
 Rows: latency (mean, p50, p99), TTFT, closed-loop throughput with 16 clients, the max
 sustained rate (open-loop search: the highest Poisson arrival rate at which every
 request is answered and p99 stays under 1 s), output tokens/s, peak memory.
@@ -208,9 +209,9 @@ def run(fleet: Fleet) -> dict[str, Any]:
     levels = [1, 8, 32] if quick else [1, 4, 8, 16, 32, 64]
     sizes = [1000, 10000] if quick else [1000, 10000, 100000]
     probes, window = (2, 1.5) if quick else (5, 5.0)
-    roles = ["one-at-a-time", "vllm", "litellm", "weir", "weir-exact"]
+    roles = ["one-at-a-time", "vllm", "litellm", "weir", "weir-default", "weir-exact"]
     # Weir last: its first request is measured right after it is ready.
-    for role in ("vllm", "one-at-a-time", "weir-exact", "litellm", "weir"):
+    for role in ("vllm", "one-at-a-time", "weir-exact", "weir-default", "litellm", "weir"):
         fleet.get(role)
     systems = {s.label: s for r in roles if (s := fleet.get(r)) is not None}
     weir, vllm = fleet.need("weir"), fleet.need("vllm")

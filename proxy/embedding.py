@@ -3,7 +3,8 @@
 `Embedder` is the protocol (test fakes implement it too); `LocalEmbedder` runs one of the
 runtimes in embed_models.py (by default MiniLM on onnxruntime, ~2-3 ms a query on one
 core) in one worker thread, off the event loop, with `threads` intra-op threads (1 by
-default), so it never takes more than its core from the engine.
+default), so it never takes more than its core from the engine, at a lower scheduling
+priority (`nice`, 10 by default), so under CPU contention serving goes first.
 
 Scheduling, so a large batch cannot starve a cache lookup:
 - small calls (at most `URGENT_TEXTS` texts: a cache lookup, a short embeddings request)
@@ -22,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,6 +76,7 @@ class LocalEmbedder:
         self.model_id = settings.served_model_name
         self.dim = 384
         self.batches = 0
+        self.thread_id: int | None = None  # the worker thread's (native) id, once loaded
         self._runtime: Runtime | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weir-embed")
         self._urgent: collections.deque[_Call] = collections.deque()
@@ -91,6 +95,13 @@ class LocalEmbedder:
 
     def _load(self) -> None:
         s = self.settings
+        self.thread_id = threading.get_native_id()
+        if s.nice and hasattr(os, "setpriority"):
+            try:  # on Linux, a thread id as the "process" sets that thread's niceness
+                os.setpriority(os.PRIO_PROCESS, self.thread_id,
+                               os.getpriority(os.PRIO_PROCESS, self.thread_id) + s.nice)
+            except OSError as e:
+                log.warning("could not lower the embedding thread's priority", error=str(e))
         self._runtime = (self._make_runtime() if self._make_runtime is not None else
                          load_runtime(s.model, s.max_input_tokens, s.threads))
         self.dim = self._runtime.dim

@@ -194,6 +194,10 @@ class EmbeddingSettings(_Strict):
         0.0, ge=0, description="Extra wait for company; 0: batch what queued meanwhile.")
     max_input_tokens: int = Field(256, ge=8, description="Inputs are truncated to this.")
     threads: int = Field(1, ge=1, description="Intra-op threads of the embedding runtime.")
+    nice: int = Field(
+        10, ge=0, le=19, description="Scheduling niceness of the embedding thread (Linux): "
+        "when the CPU is short, the event loop and an engine on the same cores go first, "
+        "and a semantic lookup that then runs past its deadline is a miss. 0: equal share.")
 
 
 class TracingSettings(_Strict):

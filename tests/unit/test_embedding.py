@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 
@@ -168,3 +169,16 @@ def test_derived_models_are_built_once_and_atomically(tmp_path: Path) -> None:
     assert build_once(other, lost_race) == other
     assert (other / "model.onnx").read_text() == "theirs"
     assert sorted(p.name for p in other.parent.iterdir()) == ["m-v1", "m-v2"]
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread priority here")
+async def test_the_worker_thread_yields_the_cpu_to_serving() -> None:
+    rt = Runtime()
+    emb = LocalEmbedder(EmbeddingSettings(nice=7), runtime=lambda: rt)
+    await emb.start()
+    await emb.ready()
+    await emb.embed(["q 1"])  # runs in the worker thread
+    assert emb.thread_id is not None and emb.thread_id != threading.get_native_id()
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert os.getpriority(os.PRIO_PROCESS, emb.thread_id) == min(19, mine + 7)
+    await emb.close()
