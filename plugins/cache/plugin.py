@@ -180,16 +180,18 @@ class CachePlugin(BasePlugin[CacheConfig]):
     async def _race(self, ctx: RequestContext, call_next: Next, key: str, scope: str,
                     sem: SemanticKey | None, look: Lookup, fut: Settle) -> Reply:
         """Generate while the semantic lookup (slow: a busy embedder) finishes: a miss
-        does not wait for it. A hit drops the generation and answers from the cache,
-        with the headers the request had before generating."""
+        never waits for it. Whichever answers first wins: a hit drops the generation and
+        answers from the cache, with the headers the request had before generating; a
+        generation that has its first output (a primed stream, a whole answer) goes out,
+        and the lookup only feeds the stored entry its vector. A generation that failed
+        before any output waits for the lookup (within its deadline): a hit still serves."""
         headers = dict(ctx.response_headers)
         gen = asyncio.ensure_future(self._lead(ctx, call_next, key, scope, sem, look, fut))
         try:
             await asyncio.wait((look, gen), return_when=asyncio.FIRST_COMPLETED)
-            if gen.done() and not gen.cancelled() and gen.exception() is None and isinstance(
-                    gen.result(), Completion):
+            if not look.done() and gen.exception() is None:
                 self.metrics.overlapped.labels("generated").inc()
-                return gen.result()  # whole already: the lookup only feeds its entry
+                return gen.result()
             _, entry = await look  # bounded by the lookup's own deadline
         except BaseException:
             look.cancel()

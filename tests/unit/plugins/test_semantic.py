@@ -194,30 +194,65 @@ def overlapped(p: CachePlugin, result: str) -> float:
     return sample(p, "weir_cache_overlapped_total", result=result)
 
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_a_late_semantic_hit_cancels_the_generation(stream: bool) -> None:
+async def test_a_late_semantic_hit_cancels_the_generation() -> None:
     p, emb = racing_plugin()
     await run(p, ctx("How can I reset my password please?"), Engine())
     emb.gate.clear()
-    gen, c = Generation(stream), ctx("How do I reset my password please?", stream=stream)
+    gen, c = Generation(stream=False), ctx("How do I reset my password please?")
     task = asyncio.create_task(p(c, gen))
     await gen.entered.wait()  # generating while the lookup waits for the model
-    if stream:
-        await gen.returned.wait()  # the stream reaches the cache before the lookup ends
     emb.gate.set()
     reply = await asyncio.wait_for(task, 10)
     assert c.response_headers["x-weir-cache"] == "semantic"
     assert "x-downstream" not in c.response_headers  # the dropped generation's headers
-    if stream:
-        assert isinstance(gen.reply, Stream) and gen.reply.ended  # closed, not read
-        assert isinstance(reply, Stream) and reply is not gen.reply
-        text = [ch["choices"][0]["delta"].get("content", "") async for ch in reply
-                if ch["choices"]]
-        assert "".join(text) == "Use the reset link."
-    else:
-        assert gen.cancelled and isinstance(reply, Completion)
-        assert reply.body["choices"][0]["message"]["content"] == "Use the reset link."
+    assert gen.cancelled and isinstance(reply, Completion)
+    assert reply.body["choices"][0]["message"]["content"] == "Use the reset link."
     assert overlapped(p, "cancelled") == 1 and overlapped(p, "generated") == 0
+    await p.close()
+
+
+async def test_a_stream_that_starts_first_goes_out() -> None:
+    """The first chunk is there before the lookup ends: the stream is the answer (the
+    lookup still ends, and gives the stored entry its vector)."""
+    p, emb = racing_plugin()
+    await run(p, ctx("How can I reset my password please?"), Engine())
+    emb.gate.clear()
+    gen = Generation(stream=True)
+    c = ctx("How do I reset my password please?", stream=True)
+    reply = await asyncio.wait_for(p(c, gen), 10)
+    assert reply is gen.reply and c.response_headers["x-weir-cache"] == "miss"
+    assert overlapped(p, "generated") == 1 and overlapped(p, "cancelled") == 0
+    assert isinstance(reply, Stream)
+    [x async for x in reply]
+    emb.gate.set()
+    await p.store.drain()
+    assert emb.calls == 2 and len(p.store.index) == 2  # one embedding per question
+
+
+async def test_a_generation_failing_before_output_still_takes_a_late_hit() -> None:
+    p, emb = racing_plugin()
+    await run(p, ctx("How can I reset my password please?"), Engine())
+    emb.gate.clear()
+    called = asyncio.Event()
+
+    async def failing(c: RequestContext) -> Reply:
+        called.set()
+        raise RuntimeError("engine down")
+
+    c = ctx("How do I reset my password please?")
+    task = asyncio.create_task(p(c, failing))
+    await called.wait()  # failed while the lookup waits for the model
+    emb.gate.set()
+    reply = await asyncio.wait_for(task, 10)
+    assert c.response_headers["x-weir-cache"] == "semantic" and isinstance(reply, Completion)
+    emb.gate.clear()
+    called.clear()
+    c = ctx("How do I close my account for good?")
+    task = asyncio.create_task(p(c, failing))
+    await called.wait()
+    emb.gate.set()
+    with pytest.raises(RuntimeError, match="engine down"):  # a miss: the failure stands
+        await asyncio.wait_for(task, 10)
     await p.close()
 
 
