@@ -140,13 +140,16 @@ class CachePlugin(BasePlugin[CacheConfig]):
             entry = await self.store.get(key, scope)
             if entry is not None:
                 return self._hit(ctx, entry, "exact")
-            if sem is not None:
+            # A generation for this very request under way answers it (below): no lookup.
+            if sem is not None and not (write and self._leading(key)):
                 look = asyncio.ensure_future(self.store.lookup(sem, scope))
-                if not write or await self._given_head_start(look) or (
-                        self.cfg.coalesce and key in self._inflight):
+                if not write or await self._given_head_start(look):
                     _, entry = await look  # nothing to race: wait (within its deadline)
                     if entry is not None:
                         return self._semantic_hit(ctx, key, entry, write)
+                elif self._leading(key):  # one started meanwhile: wait for it instead
+                    look.cancel()
+                    look = None
         else:
             ctx.response_headers[HEADER] = "bypass"
         ctx.response_headers.setdefault(HEADER, "miss")
@@ -161,12 +164,20 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 return await call_next(ctx)  # the leader failed: generate for ourselves
             # ABANDONED: the leader's client went away; the first waiter to get here
             # takes the lead, the others wait on it.
+        if look is not None and (done := self.store.just_stored(key, scope)) is not None:
+            # An identical request's generation ended while this one's lookup ran.
+            self.metrics.coalesced.inc()
+            return self._reply(ctx, done)
         fut: Settle = asyncio.get_running_loop().create_future()
         if self.cfg.coalesce:
             self._inflight[key] = fut
         if look is not None and not look.done():
             return await self._race(ctx, call_next, key, scope, sem, look, fut)
         return await self._lead(ctx, call_next, key, scope, sem, look, fut)
+
+    def _leading(self, key: str) -> bool:
+        """Whether a generation for `key` is under way that identical requests wait on."""
+        return self.cfg.coalesce and key in self._inflight
 
     async def _given_head_start(self, look: Lookup) -> bool:
         """Whether the lookup answered within its head start (it is cancelled with us)."""

@@ -109,6 +109,12 @@ class CacheStore:
             lookups.labels("l2", "miss").inc()
         return None
 
+    def just_stored(self, key: str, scope: str) -> Entry | None:
+        """The exact entry under `key` in L1, uncounted: for a request that looked it up
+        moments ago and may have been overtaken by an identical one's generation."""
+        entry = self.l1.get(key, time.time()) if self.l1 is not None else None
+        return entry if entry is not None and entry.scope == scope else None
+
     async def lookup(self, sem: SemanticKey, scope: str, allow_stale: bool = False,
                      ) -> tuple[np.ndarray | None, Entry | None]:
         """(the question's vector, the entry answering it): embed within the lookup

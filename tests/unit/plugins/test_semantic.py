@@ -154,8 +154,10 @@ class GatedEmbedder(FakeEmbedder):
         super().__init__()
         self.gate = asyncio.Event()
         self.gate.set()
+        self.arrivals: asyncio.Queue[None] = asyncio.Queue()  # one per call
 
     async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
+        self.arrivals.put_nowait(None)
         await self.gate.wait()
         return await super().embed(texts)
 
@@ -294,4 +296,22 @@ async def test_a_client_gone_mid_race_cancels_both() -> None:
     emb.gate.set()
     await p.store.drain()
     assert len(p.store.index) == 0 and len(p.store.l1) == 0  # type: ignore[arg-type]
+    await p.close()
+
+
+async def test_a_request_overtaken_during_its_lookup_takes_the_stored_answer() -> None:
+    """Two identical requests look up at once; the first one's generation ends (and is
+    stored) before the second decides to generate: the second answers from it."""
+    p, emb = racing_plugin()
+    p.cfg.semantic.head_start_ms = 10_000  # both wait for their lookups: no race here
+    emb.gate.clear()
+    eng = Engine()
+    tasks = [asyncio.create_task(p(ctx("How do I close my account?"), eng))
+             for _ in range(2)]
+    for _ in tasks:
+        await emb.arrivals.get()  # both lookups under way, neither request generating
+    emb.gate.set()
+    replies = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert eng.calls == 1 and all(isinstance(r, Completion) for r in replies)
+    assert sample(p, "weir_cache_coalesced_total") == 1
     await p.close()
