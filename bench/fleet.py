@@ -54,10 +54,13 @@ ADMISSION = {"max_concurrent": 64, "max_queue": 16, "max_queue_wait_s": 0.25,
 
 def default_plugins(store_truncated: bool = False) -> list[dict[str, Any]]:
     """config/weir.yaml's chain as shipped, but for limits a benchmark would trip (and,
-    for answers that always run to max_tokens, `store_truncated`)."""
+    for answers that always run to max_tokens, `store_truncated`: repeats of them could
+    never hit otherwise)."""
     plugins = yaml.safe_load((ROOT / "config" / "weir.yaml").read_text())["plugins"]
     for p in plugins:
         if p["name"] == "rate_limit":
+            # The limiter does its full work per request; the limits are set above what
+            # the benchmark offers, so it never refuses.
             p["config"]["rules"] = [{"per": "key", "rpm": 10_000_000, "tpm": 10**10,
                                      "concurrent": 1024}]
         elif p["name"] == "cache" and store_truncated:
@@ -178,27 +181,18 @@ class Fleet:
                                          for s in SUITES]}
 
     def weir_plugins(self, semantic: bool = True) -> list[dict[str, Any]]:
-        """The embedded default's chain, with Redis L2 on and the bench's own limits."""
-        default = yaml.safe_load((ROOT / "config" / "weir.yaml").read_text())["plugins"]
-        out = []
-        for p in copy.deepcopy(default):
+        """The embedded default's chain (`default_plugins`), with Redis L2 on and the
+        bench's own admission."""
+        out = default_plugins(self.store_truncated)
+        for p in out:
             cfg = p.setdefault("config", {})
-            if p["name"] == "rate_limit":
-                # The limiter does its full work per request; the limits are set above
-                # what the benchmark offers, so it never refuses.
-                cfg["rules"] = [{"per": "key", "rpm": 10_000_000, "tpm": 10**10,
-                                 "concurrent": 1024}]
-            elif p["name"] == "cache":
-                # The suites' answers run to max_tokens (ignore_eos): store them anyway,
-                # or repeats could never hit.
-                cfg["store_truncated"] = self.store_truncated
+            if p["name"] == "cache":
                 cfg["l2"] = {"enabled": True}
                 cfg["redis"] = {"url": self.redis.url, "timeout_s": 0.1,
                                 "key_prefix": f"weir:{'all' if semantic else 'exact'}:"}
                 cfg["semantic"] = {**cfg.get("semantic", {}), "enabled": semantic}
             elif p["name"] == "admission":
                 cfg.update(ADMISSION)
-            out.append(p)
         return out
 
     # ------------------------------------------------------------------ systems

@@ -94,8 +94,8 @@ class CacheStore:
         now = time.time()
         lookups = self.metrics.lookups
         if self.l1 is not None:
-            entry = self.l1.get(key, now, allow_stale)
-            if entry is not None and entry.scope == scope:
+            entry = self._l1_get(key, scope, now, allow_stale)
+            if entry is not None:
                 lookups.labels("l1", "hit").inc()
                 return entry
             lookups.labels("l1", "miss").inc()
@@ -112,7 +112,11 @@ class CacheStore:
     def just_stored(self, key: str, scope: str) -> Entry | None:
         """The exact entry under `key` in L1, uncounted: for a request that looked it up
         moments ago and may have been overtaken by an identical one's generation."""
-        entry = self.l1.get(key, time.time()) if self.l1 is not None else None
+        return self._l1_get(key, scope, time.time())
+
+    def _l1_get(self, key: str, scope: str, now: float, allow_stale: bool = False,
+                ) -> Entry | None:
+        entry = self.l1.get(key, now, allow_stale) if self.l1 is not None else None
         return entry if entry is not None and entry.scope == scope else None
 
     async def lookup(self, sem: SemanticKey, scope: str, allow_stale: bool = False,

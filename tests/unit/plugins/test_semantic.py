@@ -229,6 +229,7 @@ async def test_a_stream_that_starts_first_goes_out() -> None:
     emb.gate.set()
     await p.store.drain()
     assert emb.calls == 2 and len(p.store.index) == 2  # one embedding per question
+    await p.close()
 
 
 async def test_a_generation_failing_before_output_still_takes_a_late_hit() -> None:
