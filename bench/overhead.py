@@ -10,8 +10,10 @@ Three parts, each against peers measured in the same run:
    cores with the servers (as a user's `vllm bench serve` on one box would).
 2. The gateway alone, over an engine that answers at once (bench/mock_engine.py): Weir
    with every plugin on and with none, the server pinned to one core and the load
-   generator to the other. Added latency at concurrency 1 (p50, p99), and the exact-hit
-   requests/s one core carries.
+   generator to the other. Added latency at concurrency 1 (p50, p99), the exact-hit
+   requests/s one core carries, and the stored misses/s it carries (each a new
+   deterministic question: looked up, generated, stored in L1 and the vector index)
+   without Redis and with Redis L2 (exact entry, semantic entry, the owner's cap).
 3. (The FAQ sustained-rate table is `bench/table.py`.)
 """
 
@@ -168,8 +170,14 @@ def gateway(fleet: Fleet) -> dict[str, Any]:
     n1 = 300 if fleet.quick else 1500
     hits_n = 1500 if fleet.quick else 6000
     tmp = Path(tempfile.mkdtemp(prefix="weir-mock-", dir=fleet.tmp))
+    with_l2 = default_plugins()
+    for p in with_l2:
+        if p["name"] == "cache":
+            p["config"].update(l2={"enabled": True}, redis={
+                "url": fleet.redis.url, "timeout_s": 0.1, "key_prefix": "weir:mock:"})
     servers = {"all": mock_weir(tmp, "all", default_plugins(), True, server_core),
-               "none": mock_weir(tmp, "none", [], False, server_core)}
+               "none": mock_weir(tmp, "none", [], False, server_core),
+               "all+l2": mock_weir(tmp, "all-l2", with_l2, True, server_core)}
     out: dict[str, Any] = {"pinned": pinned}
     try:
         for s in servers.values():
@@ -203,6 +211,20 @@ def gateway(fleet: Fleet) -> dict[str, Any]:
         misses_all = _latencies(hits_url, _bodies(hits_n // 2, stream=False,
                                                   deterministic=False), 16)
         out["misses_all_plugins"] = summarize(misses_all)
+        stored: dict[str, list[RunResult]] = {"all": [], "all+l2": []}
+        for rnd, name in enumerate(("all", "all+l2", "all+l2", "all")[: 2 if fleet.quick else 4]):
+            bodies = _bodies(hits_n // 4, stream=False, deterministic=True)
+            for b in bodies:  # questions no earlier round asked
+                b["messages"][0]["content"] += f" (round {rnd})"
+            stored[name].append(_latencies(servers[name].base_url, bodies, 16))
+        out["stored_misses"] = {name: {
+            "req_per_s": _median([summarize(r)["req_per_s"] for r in runs]),
+            "e2e_p50_ms": _median([summarize(r)["e2e_p50_ms"] for r in runs]),
+            "errors": sum(len(r.samples) - len(r.ok()) for r in runs),
+            "cache": sorted({s.cache or "-" for r in runs for s in r.samples})}
+            for name, runs in stored.items()}
+        out["stored_misses"]["l2_ratio"] = ratio(out["stored_misses"]["all+l2"]["req_per_s"],
+                                                 out["stored_misses"]["all"]["req_per_s"])
     finally:
         for s in servers.values():
             s.stop()
@@ -221,7 +243,12 @@ def gateway(fleet: Fleet) -> dict[str, Any]:
              f"{out['exact_hits']['req_per_s']:,.0f} req/s (p50 "
              f"{out['exact_hits']['e2e_p50_ms']} ms, p99 {out['exact_hits']['e2e_p99_ms']} "
              f"ms); misses through the whole chain to the instant engine: "
-             f"{out['misses_all_plugins']['req_per_s']:,.0f} req/s.")
+             f"{out['misses_all_plugins']['req_per_s']:,.0f} req/s."
+             f"\n\nStored misses (new deterministic questions: looked up, generated, stored), "
+             f"every plugin on, one core, 16 clients: "
+             f"{out['stored_misses']['all']['req_per_s']:,.0f} req/s without Redis, "
+             f"{out['stored_misses']['all+l2']['req_per_s']:,.0f} req/s with Redis L2 "
+             f"(ratio {out['stored_misses']['l2_ratio']}).")
     out["table"] = table
     return out
 

@@ -12,11 +12,12 @@ the request streams (usage chunk included when asked), whole otherwise.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+import orjson
 
 from proxy import responses as R
 from proxy import tools as T
@@ -40,14 +41,16 @@ class Entry:
     stale_until: float = 0.0
 
     def to_json(self, *, with_prompt: bool = True) -> str:
-        data = asdict(self)
+        # A shallow dict: the choices and usage are plain JSON already (asdict's deep
+        # copy was most of a store's cost).
+        data = {name: getattr(self, name) for name in _FIELDS}
         if not with_prompt:
             del data["prompt"]
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+        return orjson.dumps(data).decode()
 
     @classmethod
     def from_json(cls, data: str | bytes) -> Entry:
-        return cls(**json.loads(data))
+        return cls(**orjson.loads(data))
 
     def fresh(self, now: float) -> bool:
         return now < self.expires
@@ -60,6 +63,9 @@ class Entry:
 
     def age(self, now: float) -> int:
         return max(0, int(now - self.created))
+
+
+_FIELDS = tuple(f.name for f in fields(Entry))
 
 
 def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]],

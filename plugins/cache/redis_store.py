@@ -8,6 +8,9 @@ Layout (prefix P, default `weir:cache:`):
   P events           pub/sub channel: semantic adds, purges and cap evictions, so every
                      replica's L1 and vector index follow within a second
 
+A stored answer is one round trip: `persist` runs one Lua script that writes the exact
+entry, the semantic entry (and announces it), and counts both against the owner's cap.
+
 Every command runs under `timeout_s`: a slow Redis counts as a down Redis. Failures
 never reach the client: the call returns None, a metric and a (rate-limited) log line
 record it, and the next call tries again, so the cache uses Redis again once it returns.
@@ -49,6 +52,29 @@ log = get_logger("weir.cache.redis")
 T = TypeVar("T")
 EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 
+# KEYS: exact entry, semantic hash, the owner's sorted set.
+# ARGV: exact JSON ("": none), its PX; semantic field ("": none), its value, the hash's
+# PX, the events channel, the add event; the cap, the set's PX, the time; the members.
+_PERSIST = """
+if ARGV[1] ~= '' then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  redis.call('PUBLISH', ARGV[6], ARGV[7])
+end
+local evicted = {}
+if #ARGV < 11 then return evicted end
+local now = tonumber(ARGV[10])
+for i = 11, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 11) * 1e-4, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[3], ARGV[9])
+local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])
+if over > 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[3], over)
+  for j = 1, #popped, 2 do evicted[#evicted + 1] = popped[j] end
+end
+return evicted
+"""
+
 
 class RedisStore:
     def __init__(self, cfg: RedisConfig, errors: Counter, replica: str) -> None:
@@ -61,6 +87,7 @@ class RedisStore:
         self.client = blocking_client(cfg.url, cfg.timeout_s, cfg.max_connections,
                                       health_check_interval=5)
         self._listener: asyncio.Task[None] | None = None
+        self._persist = self.client.register_script(_PERSIST)
         self.healthy = True
 
     async def start(self, on_event: EventHandler) -> None:
@@ -99,22 +126,14 @@ class RedisStore:
         raw = await self._call("get", lambda: self.client.get(self.p + "x:" + key))
         return Entry.from_json(raw) if raw else None
 
-    async def put_exact(self, entry: Entry, data: str, ttl_s: float) -> bool:
-        """`data`: the entry's full JSON, stored as is only when prompts may be stored."""
-        if not self.cfg.store_prompts:
-            data = entry.to_json(with_prompt=False)
-        px = max(1, int(ttl_s * 1000))
-        ok = await self._call("set", lambda: self.client.set(self.p + "x:" + entry.key, data,
-                                                             px=px))
-        return bool(ok)
-
     # ----------------------------------------------------------------- semantic
 
-    def _pack(self, vec: np.ndarray, entry: Entry, question: str) -> str:
-        keep = self.cfg.store_prompts
+    def _pack(self, vec: np.ndarray, entry: str, question: str) -> str:
+        """A semantic entry: its vector, the guard's digest, the entry's JSON (with the
+        prompt only when prompts may be stored, and then the question too)."""
         d = {"v": base64.b64encode(vec.astype("<f4").tobytes()).decode(),
-             "g": guard_digest(question), "e": entry.to_json(with_prompt=keep)}
-        if keep:
+             "g": guard_digest(question), "e": entry}
+        if self.cfg.store_prompts:
             d["q"] = question
         return json.dumps(d, separators=(",", ":"))
 
@@ -124,19 +143,6 @@ class RedisStore:
         d = json.loads(raw)
         vec = np.frombuffer(base64.b64decode(d["v"]), dtype="<f4").astype(np.float32)
         return vec, Entry.from_json(d["e"]), d.get("q") or d["g"]
-
-    async def put_semantic(self, partition: str, entry_id: str, vec: np.ndarray,
-                           entry: Entry, question: str, ttl_s: float) -> bool:
-        name = self.p + "s:" + partition
-        data = self._pack(vec, entry, question)
-
-        async def run() -> Any:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.hset(name, entry_id, data)
-                pipe.pexpire(name, max(1, int(ttl_s * 1000)))
-                return await pipe.execute()
-
-        return await self._call("hset", run) is not None
 
     async def get_semantic(self, partition: str, entry_id: str,
                            ) -> tuple[np.ndarray, Entry, str] | None:
@@ -177,23 +183,29 @@ class RedisStore:
     def user_key(self, tenant: str, user: str) -> str:
         return self.p + "u:" + hashlib.sha256(f"{tenant}\x00{user}".encode()).hexdigest()[:32]
 
-    async def track_user(self, tenant: str, user: str, member: str, cap: int,
-                         ttl_s: float) -> list[str] | None:
-        """Record a new entry of the user; returns the members evicted past the cap."""
-        name = self.user_key(tenant, user)
+    # ------------------------------------------------------------------- store
 
-        async def run() -> list[str]:
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.zadd(name, {member: time.time()})
-                pipe.zcard(name)
-                pipe.pexpire(name, max(1, int(ttl_s * 1000)))
-                _, count, _ = await pipe.execute()
-            if count <= cap:
-                return []
-            popped: Any = await self.client.zpopmin(name, count - cap)
-            return [_s(m) for m, _ in popped]
-
-        return await self._call("zadd", run)
+    async def persist(self, entry: Entry, exact: bool, exact_ttl_s: float,
+                      semantic: tuple[str, np.ndarray, str] | None, semantic_ttl_s: float,
+                      members: list[str], cap: int, user_ttl_s: float) -> list[str] | None:
+        """Store an answer in one round trip: the exact entry (when `exact`: L2 is on),
+        the semantic one (`(partition, vector, question)`) with its add event, and
+        `members` counted against the owner's cap. The members evicted past the cap,
+        or None when Redis could not be reached."""
+        data = entry.to_json(with_prompt=self.cfg.store_prompts)
+        field = value = event = ""
+        if semantic is not None:
+            partition, vec, question = semantic
+            field, value = entry.key, self._pack(vec, data, question)
+            event = self._event({"op": "add", "p": partition, "id": entry.key})
+        keys = [self.p + "x:" + entry.key,
+                self.p + "s:" + (semantic[0] if semantic is not None else ""),
+                self.user_key(entry.tenant, entry.user)]
+        args: list[str | int] = [
+            data if exact else "", _px(exact_ttl_s), field, value, _px(semantic_ttl_s),
+            self.p + "events", event, cap, _px(user_ttl_s), repr(time.time()), *members]
+        popped = await self._call("persist", lambda: self._persist(keys=keys, args=args))
+        return None if popped is None else [_s(m) for m in popped]
 
     async def delete_exact(self, keys: list[str]) -> None:
         if keys:
@@ -256,8 +268,11 @@ class RedisStore:
 
     # ------------------------------------------------------------------ events
 
+    def _event(self, event: dict[str, Any]) -> str:
+        return json.dumps({**event, "from": self.replica}, separators=(",", ":"))
+
     async def publish(self, event: dict[str, Any]) -> None:
-        data = json.dumps({**event, "from": self.replica}, separators=(",", ":"))
+        data = self._event(event)
         await self._call("publish", lambda: self.client.publish(self.p + "events", data))
 
     async def _listen(self, on_event: EventHandler) -> None:
@@ -290,6 +305,10 @@ class RedisStore:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                 except (RedisError, OSError):
                     pass
+
+
+def _px(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
 
 
 def _s(v: str | bytes) -> str:

@@ -170,35 +170,48 @@ class CacheStore:
         """Store: L1 now; Redis, the vector index (`sem`, embedding the question unless
         `vec` gives its vector, or the lookup that computes it) and the owner's cap in
         the background."""
-        data = entry.to_json()
         if self.l1 is not None:
-            self.l1.put(entry, len(data))
+            self.l1.put(entry, len(entry.to_json()))
             self.metrics.entries.labels("l1").set(len(self.l1))
-        self._spawn(self._persist(entry, data, sem, vec))
+        self._spawn(self._persist(entry, sem, vec))
 
-    async def _persist(self, entry: Entry, data: str, sem: SemanticKey | None,
-                       vec: Vec | None) -> None:
+    async def _persist(self, entry: Entry, sem: SemanticKey | None, vec: Vec | None) -> None:
         members = [exact_member(entry.key)]
-        if self.redis is not None and self.cfg.l2.enabled:
-            await self.redis.put_exact(entry, data, self.cfg.exact.ttl_s + self.cfg.stale_grace_s)
+        semantic = None
         if sem is not None and self.embedder is not None:
             partition, question = sem
-            if isinstance(vec, asyncio.Future):
-                await asyncio.wait((vec,))
-                vec = None if vec.cancelled() else vec.result()[0]
-            if vec is None:
-                try:
-                    vec = (await self.embedder.embed([question]))[0][0]
-                except Exception:
-                    vec = None
-            if isinstance(vec, np.ndarray):
+            vec = await self._vector(question, vec)
+            if vec is not None:
                 self._index_add(partition, entry.key, vec, entry, question)
                 members.append(semantic_member(partition, entry.key))
-                if self.redis is not None:
-                    if await self.redis.put_semantic(partition, entry.key, vec, entry, question,
-                                                     self.cfg.semantic.ttl_s):
-                        await self.redis.publish({"op": "add", "p": partition, "id": entry.key})
-        await self._enforce_user_cap(entry, members)
+                semantic = (partition, vec, question)
+        cap = self.cfg.per_user_max_entries * len(members)
+        evicted = None
+        if self.redis is not None:  # one round trip (Redis keeps the owner's list)
+            evicted = await self.redis.persist(
+                entry, self.cfg.l2.enabled,
+                self.cfg.exact.ttl_s + self.cfg.stale_grace_s, semantic,
+                self.cfg.semantic.ttl_s, members, cap,
+                self.cfg.exact.ttl_s + self.cfg.semantic.ttl_s)
+        if evicted is None:  # no Redis, or it is down: this replica keeps the list
+            evicted = self.users.enforce((entry.tenant, entry.user), members, cap, self._held)
+        if evicted:
+            await self._drop(evicted)
+            if self.redis is not None:
+                await self.redis.publish({"op": "drop", "members": evicted})
+
+    async def _vector(self, question: str, vec: Vec | None) -> np.ndarray | None:
+        """The question's vector: given, from the lookup that computed it, or embedded
+        now; None if it cannot be had."""
+        if isinstance(vec, asyncio.Future):
+            await asyncio.wait((vec,))
+            vec = None if vec.cancelled() or vec.exception() else vec.result()[0]
+        if vec is None:
+            try:
+                vec = (await self.embedder.embed([question]))[0][0] if self.embedder else None
+            except Exception:
+                vec = None
+        return vec if isinstance(vec, np.ndarray) else None
 
     def _index_add(self, partition: str, entry_id: str, vec: np.ndarray, entry: Entry,
                    question: str) -> None:
@@ -213,15 +226,6 @@ class CacheStore:
             return self.l1 is not None and keys[0] in self.l1
         part = self.index.partitions.get(sem[0][0]) if sem else None
         return part is not None and sem[0][1] in part.rows
-
-    async def _enforce_user_cap(self, entry: Entry, members: list[str]) -> None:
-        evicted = await self.users.enforce(
-            (entry.tenant, entry.user), members, self.cfg.per_user_max_entries, self.redis,
-            self.cfg.exact.ttl_s + self.cfg.semantic.ttl_s, self._held)
-        if evicted:
-            await self._drop(evicted)
-            if self.redis is not None:
-                await self.redis.publish({"op": "drop", "members": evicted})
 
     async def _drop(self, members: list[str], local_only: bool = False) -> None:
         keys, sem = split_members(members)

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .redis_store import RedisStore
 
 Owner = tuple[str, str]  # (tenant, user)
 
@@ -79,21 +75,11 @@ class UserIndex:
             self.discard(evicted[-1])
         return evicted
 
-    async def enforce(self, owner: Owner, members: list[str], per_user: int,
-                      redis: RedisStore | None, ttl_s: float,
-                      held: Callable[[str], bool]) -> list[str]:
+    def enforce(self, owner: Owner, members: list[str], cap: int,
+                held: Callable[[str], bool]) -> list[str]:
         """Count `members` (one entry's exact and semantic parts) against the owner's
-        cap; the members to evict. `held` says whether this replica still holds one."""
-        cap = per_user * len(members)
-        if redis is not None:
-            evicted: list[str] = []
-            for m in members:
-                got = await redis.track_user(owner[0], owner[1], m, cap, ttl_s)
-                if got is None:
-                    break
-                evicted += got
-            else:
-                return evicted
+        `cap`, here, when Redis cannot; the members to evict. `held` says whether this
+        replica still holds one."""
         for m in members:
             if held(m):  # already evicted or purged: nothing to count
                 self.add(owner, m)

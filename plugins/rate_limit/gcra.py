@@ -9,6 +9,11 @@ before now); a charge beyond the reservation moves it on without a check.
 Concurrency: a sorted set of leases (score: expiry), renewed while their request runs,
 so a slot never released (a crash) frees itself within `lease_s`.
 
+Times are float milliseconds of a clock that may read 1e6 (monotonic, a fresh machine)
+to 1e12 (Redis TIME), so `tat + cost * T - now` can miss an exact P by its last bits:
+every comparison and floor allows EPS_MS, or a full bucket would refuse its last unit
+(or report one less remaining) depending on what the clock read.
+
 `MemoryStore` and `RedisStore` implement the same decisions: the Redis script is the
 same algorithm in Lua, atomic across every bucket of a request, with time from Redis
 `TIME` (not the replica's clock) and expiring keys.
@@ -29,6 +34,7 @@ from proxy.redis_client import blocking_client
 from proxy.tracing import span
 
 PERIOD_MS = 60_000.0
+EPS_MS = 0.01  # far below a unit's spacing (T >= 60 us at a million per minute)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +98,13 @@ class MemoryStore:
             tat = self._get(b.key, now)
             nt = tat + min(b.cost, b.limit) * t
             diff = nt - now
-            if diff > PERIOD_MS:
+            if diff > PERIOD_MS + EPS_MS:
                 allowed = False
                 retry = max(retry, diff - PERIOD_MS)
-                states.append(BucketState(b.limit, max(0, math.floor((PERIOD_MS - (tat - now))
-                                                                     / t)), tat - now))
+                states.append(BucketState(b.limit, max(0, _units(PERIOD_MS - (tat - now), t)),
+                                          tat - now))
             else:
-                states.append(BucketState(b.limit, math.floor((PERIOD_MS - diff) / t), diff))
+                states.append(BucketState(b.limit, _units(PERIOD_MS - diff, t), diff))
             new.append(nt)
         for key, limit in conc:
             leases = self._leases.setdefault(key, {})
@@ -140,7 +146,13 @@ class MemoryStore:
                    if exp > now)
 
 
+def _units(ms: float, t: float) -> int:
+    """Whole units of spacing `t` in `ms`, allowing EPS_MS of rounding."""
+    return math.floor((ms + EPS_MS) / t)
+
+
 _ADMIT = """
+local eps = $EPS
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local nb, nc = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -155,15 +167,15 @@ for i = 1, nb do
   if tat < now then tat = now end
   local nt = tat + cost * T
   local diff = nt - now
-  if diff > period then
+  if diff > period + eps then
     allowed = 0
     retry = math.max(retry, diff - period)
     out[#out + 1] = limit
-    out[#out + 1] = math.max(0, math.floor((period - (tat - now)) / T))
+    out[#out + 1] = math.max(0, math.floor((period - (tat - now) + eps) / T))
     out[#out + 1] = math.ceil(tat - now)
   else
     out[#out + 1] = limit
-    out[#out + 1] = math.floor((period - diff) / T)
+    out[#out + 1] = math.floor((period - diff + eps) / T)
     out[#out + 1] = math.ceil(diff)
   end
   new[i] = nt
@@ -188,7 +200,7 @@ if allowed == 1 then
   end
 end
 return {allowed, math.ceil(retry), unpack(out)}
-"""
+""".replace("$EPS", repr(EPS_MS))
 
 _ADJUST = """
 local t = redis.call('TIME')

@@ -204,6 +204,48 @@ async def test_redis_down_then_back(make_client: MakeClient, tmp_path: Path) -> 
             again.stop()
 
 
+async def test_user_cap_holds_across_replicas(make_client: MakeClient,
+                                              redis_server: RedisServer) -> None:
+    """Redis keeps each user's list: entries stored through two replicas count against one
+    cap, and the oldest leaves Redis and both replicas' memory."""
+    a, b = await replicas(make_client, redis_server.url, per_user_max_entries=2)
+    questions = ["What are your opening hours on Sundays?", "How do I export my invoices?",
+                 "Which browsers does the dashboard support?"]
+    for client, q in zip((a, b, a), questions, strict=True):
+        assert (await ask(client, q))[0] == "miss"
+    await eventually(lambda: len(cache_of(b).store.index) == 2)  # b heard of the drop
+    assert len(cache_of(a).store.index) == 2
+    probe = {"Cache-Control": "no-store"}
+    for client in (a, b):  # the first is gone everywhere, L2 included
+        assert (await ask(client, questions[0], headers=probe))[0] == "miss"
+    assert (await ask(b, questions[1]))[0] == "exact"  # from L2: b never asked it
+    assert (await ask(b, questions[0], "k-bob"))[0] == "miss"  # bob's own cap is untouched
+
+
+async def test_a_stored_answer_is_one_redis_round_trip(
+        make_client: MakeClient, redis_server: RedisServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.asyncio.connection import AbstractConnection
+
+    (a,) = await replicas(make_client, redis_server.url, n=1)
+    await ask(a, "Warm the script cache with a first question")
+    sent: list[bytes] = []
+    send = AbstractConnection.send_packed_command
+
+    async def counting(self: AbstractConnection, command: Any, *args: Any, **kw: Any) -> None:
+        sent.append(b"".join(command) if isinstance(command, list) else bytes(command))
+        await send(self, command, *args, **kw)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    await ask(a, "Where can I download my receipts?")  # a miss: exact + semantic + cap
+    monkeypatch.undo()
+    # Two writes to Redis: the miss's L2 lookup, then the whole store (exact entry,
+    # semantic entry and its event, the owner's cap) as one script.
+    assert len(sent) == 2, sent
+    assert sent[0].startswith(b"*2\r\n$3\r\nGET")
+    assert b"EVALSHA" in sent[1]
+
+
 async def test_cancelled_commands_never_cross_keys(redis_server: RedisServer) -> None:
     from prometheus_client import CollectorRegistry, Counter
 
@@ -218,7 +260,8 @@ async def test_cancelled_commands_never_cross_keys(redis_server: RedisServer) ->
                      choices=[{"index": 0, "text": f"value-{i}" * 50, "finish_reason": "stop"}],
                      expires=1e12, stale_until=1e12)
 
-    await asyncio.gather(*(store.put_exact(entry(i), entry(i).to_json(), 60) for i in range(50)))
+    await asyncio.gather(*(store.persist(entry(i), True, 60, None, 60,
+                                         [f"x:k{i}"], 1000, 60) for i in range(50)))
     wrong = 0
     for _ in range(20):
         tasks = [asyncio.create_task(store.get_exact(f"k{i}")) for i in range(50)]

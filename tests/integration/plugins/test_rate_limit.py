@@ -106,6 +106,38 @@ def test_memory_refill_with_an_injected_clock() -> None:
     assert asyncio.run(admit()) and not asyncio.run(admit())
 
 
+@pytest.mark.parametrize("limit", [1, 3, 7, 10, 13, 1000])
+async def test_a_full_bucket_admits_exactly_its_limit_whatever_the_clock_reads(
+        limit: int) -> None:
+    """Float milliseconds lose their last bits at large clock values (a monotonic clock
+    after days, Redis TIME always); a full bucket must still admit `limit` requests,
+    counting remaining down to 0, then refuse."""
+    import random
+
+    rng = random.Random(limit)
+    for _ in range(200):
+        now = rng.uniform(1e5, 1e13)
+        s = MemoryStore(lambda now=now: now)  # type: ignore[misc]
+        got = [await s.admit([Bucket("k", limit, 1)], [], "l", 1000) for _ in range(limit + 1)]
+        assert [d.allowed for d in got] == [True] * limit + [False], now
+        assert [d.states[0].remaining for d in got[:limit]] == list(range(limit - 1, -1, -1))
+
+
+async def test_redis_full_bucket_admits_exactly_its_limit(redis_server: RedisServer) -> None:
+    s = RedisStore(redis_server.url, timeout_s=1.0)
+    try:
+        for limit in (1, 3, 7, 13):
+            for _ in range(20):  # Redis TIME moves on: each round a different clock value
+                b = key()
+                got = [await s.admit([Bucket(b, limit, 1)], [], "l", 1000)
+                       for _ in range(limit + 1)]
+                assert [d.allowed for d in got] == [True] * limit + [False]
+                assert [d.states[0].remaining for d in got[:limit]] == list(
+                    range(limit - 1, -1, -1))
+    finally:
+        await s.close()
+
+
 async def _many(fn: Any, n: int) -> list[bool]:
     return [await fn() for _ in range(n)]
 
