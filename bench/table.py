@@ -12,7 +12,12 @@ Systems (bench/fleet.py), alternated round by round (ABCDE, EDCBA ...):
    but no Redis), and every plugin without the semantic layer (not in `--quick`)
 Rows: latency (mean, p50, p99), TTFT, closed-loop throughput with 16 clients, the max
 sustained rate (open-loop search: the highest Poisson arrival rate at which every
-request is answered and p99 stays under 1 s), output tokens/s, peak memory.
+request is answered and p99 stays under 1 s), output tokens/s, peak memory. Then the
+latency at equal load: vLLM's server and each Weir configuration offered the same
+Poisson arrivals, at vLLM's max sustained rate (what a team's p50 and p99 become when
+Weir goes in front of the traffic vLLM's server was carrying; in the closed loop each
+system is offered as much as it answers, so Weir's p99 there is taken at a higher
+rate).
 Then: a concurrency sweep (Weir with the cache bypassed, against vLLM's server), cold
 start (process start to ready; first request against steady state), and how a cache
 lookup and the semantic index scale with entries. Plots go to bench/results/.
@@ -172,6 +177,24 @@ async def _probe(system: System, model: str, rate: float, duration: float,
             "failed": failed, "p99_ms": s["e2e_p99_ms"], "achieved_req_per_s": s["req_per_s"]}
 
 
+async def equal_load(systems: dict[str, System], model: str, rate: float, duration: float,
+                     ) -> dict[str, dict[str, Any]]:
+    """Each system offered the same Poisson arrivals (same questions, same times) at
+    `rate` for `duration` seconds: p50/p99 and whether it kept up."""
+    out = {}
+    for name, s in systems.items():
+        n = max(16, round(rate * duration))
+        bodies = s.bodies(faq_bodies(model, n, 0.6, seed=300), SUITE)
+        r = await open_loop(s.chat_url, bodies, rate, s.headers(SUITE), seed=300,
+                            max_in_flight=round(rate * SLO_P99_S * 4) + 64,
+                            drain_s=10 * SLO_P99_S)
+        sm = summarize(r)
+        out[name] = {"rate": round(rate, 1), "sent": len(r.samples), "unsent": r.unsent,
+                     "errors": sm["errors"], "p50_ms": sm["e2e_p50_ms"],
+                     "p99_ms": sm["e2e_p99_ms"], "ttft_p99_ms": sm["ttft_p99_ms"]}
+    return out
+
+
 async def max_sustained(probe: Callable[[float, int], Awaitable[dict[str, Any]]],
                         start: float, probes: int) -> dict[str, Any]:
     """The highest rate `probe` reports kept up: up (x1.5) or down (/1.5) from `start`
@@ -208,7 +231,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
     clients = 16
     levels = [1, 8, 32] if quick else [1, 4, 8, 16, 32, 64]
     sizes = [1000, 10000] if quick else [1000, 10000, 100000]
-    probes, window = (2, 1.5) if quick else (5, 5.0)
+    probes, window = (2, 1.5) if quick else (7, 6.0)
     roles = ["one-at-a-time", "vllm", "litellm", "weir", "weir-default", "weir-exact"]
     # Weir last: its first request is measured right after it is ready.
     for role in ("vllm", "one-at-a-time", "weir-exact", "weir-default", "litellm", "weir"):
@@ -241,9 +264,13 @@ def run(fleet: Fleet) -> dict[str, Any]:
                 return _probe(s, fleet.served, rate, window, seed=100 + i)
 
             sustained[name] = await max_sustained(probe, closed, probes)
-        return per, first, sustained
+        level = sustained[vllm.label]["req_per_s"] or 1.0
+        equal = await equal_load({k: s for k, s in systems.items()
+                                  if s is vllm or k.startswith("Weir")},
+                                 fleet.served, level, 2 * window)
+        return per, first, sustained, equal
 
-    per, first, sustained = asyncio.run(scenario())
+    per, first, sustained, equal = asyncio.run(scenario())
     bypass = weir.headers(SUITE, {"Cache-Control": "no-cache, no-store"})
     model = fleet.served
     sweep = {"Weir, all plugins (cache bypassed)": asyncio.run(_sweep(weir, model, levels,
@@ -271,6 +298,10 @@ def run(fleet: Fleet) -> dict[str, Any]:
                                            peer["max_sustained_req_per_s"]),
                     "p50": ratio(w["e2e_p50_ms"], peer["e2e_p50_ms"]),
                     "p99": ratio(w["e2e_p99_ms"], peer["e2e_p99_ms"])}
+                if k in equal:
+                    ratios[f"{wname} / {k}"] |= {
+                        "p50_equal_load": ratio(equal[wname]["p50_ms"], equal[k]["p50_ms"]),
+                        "p99_equal_load": ratio(equal[wname]["p99_ms"], equal[k]["p99_ms"])}
     try:
         pngs = plots(merged, sweep)
     except ImportError:
@@ -286,9 +317,16 @@ def run(fleet: Fleet) -> dict[str, Any]:
                   "req/s (16 clients)", "max sustained req/s", "out tok/s",
                   "peak RSS MiB"], rows),
         "Ratios (Weir / peer):",
-        md_table(["Weir / peer", "req/s", "max sustained", "p50", "p99"],
-                 [[k, v["req_per_s"], v["max_sustained"], v["p50"], v["p99"]]
+        md_table(["Weir / peer", "req/s", "max sustained", "p50", "p99",
+                  "p50, equal load", "p99, equal load"],
+                 [[k, v["req_per_s"], v["max_sustained"], v["p50"], v["p99"],
+                   v.get("p50_equal_load", "-"), v.get("p99_equal_load", "-")]
                   for k, v in ratios.items()]),
+        f"Equal load: every system offered the same Poisson arrivals at vLLM's max "
+        f"sustained rate ({next(iter(equal.values()))['rate']} req/s, {2 * window:g} s):",
+        md_table(["system", "sent", "unsent", "errors", "p50 ms", "p99 ms", "TTFT p99 ms"],
+                 [[k, v["sent"], v["unsent"], v["errors"], v["p50_ms"], v["p99_ms"],
+                   v["ttft_p99_ms"]] for k, v in equal.items()]),
         "Concurrency sweep (streaming, 32 tokens, ignore_eos; output tokens/s):",
         md_table(["concurrency", *sweep, "Weir / vLLM"],
                  [[lv, *(sweep[k][i]["output_tok_per_s"] for k in sweep),
@@ -307,6 +345,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
                          "repeat_ratio": 0.6, "slo_p99_s": SLO_P99_S, "quick": quick},
             "systems": {k: s.notes or s.kind for k, s in systems.items()},
             "results": summary, "ratios": ratios, "max_sustained": sustained,
+            "equal_load": equal,
             "sweep": sweep, "cold_start": cold, "scaling": scale, "plots": pngs}
     write("table", data, table)
     print(table)
