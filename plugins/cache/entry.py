@@ -12,6 +12,7 @@ the request streams (usage chunk included when asked), whole otherwise.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, fields
@@ -46,11 +47,17 @@ class Entry:
         data = {name: getattr(self, name) for name in _FIELDS}
         if not with_prompt:
             del data["prompt"]
-        return orjson.dumps(data).decode()
+        try:
+            return orjson.dumps(data).decode()
+        except TypeError:  # what orjson refuses (a lone surrogate from an upstream's
+            return json.dumps(data, separators=(",", ":"))  # JSON, a huge int): escaped
 
     @classmethod
     def from_json(cls, data: str | bytes) -> Entry:
-        return cls(**orjson.loads(data))
+        try:
+            return cls(**orjson.loads(data))
+        except orjson.JSONDecodeError:  # escaped by to_json's fallback
+            return cls(**json.loads(data))
 
     def fresh(self, now: float) -> bool:
         return now < self.expires

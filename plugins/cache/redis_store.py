@@ -9,7 +9,8 @@ Layout (prefix P, default `weir:cache:`):
                      replica's L1 and vector index follow within a second
 
 A stored answer is one round trip: `persist` runs one Lua script that writes the exact
-entry, the semantic entry (and announces it), and counts both against the owner's cap.
+entry, the semantic entry (and announces it), and counts both against the owner's cap
+(deleting and announcing what the cap evicts).
 
 Every command runs under `timeout_s`: a slow Redis counts as a down Redis. Failures
 never reach the client: the call returns None, a metric and a (rate-limited) log line
@@ -54,7 +55,10 @@ EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 
 # KEYS: exact entry, semantic hash, the owner's sorted set.
 # ARGV: exact JSON ("": none), its PX; semantic field ("": none), its value, the hash's
-# PX, the events channel, the add event; the cap, the set's PX, the time; the members.
+# PX, the events channel, the add event; the cap, the set's PX, the time; the key
+# prefix, this replica; the members. The members popped past the cap are deleted here
+# too (their keys cannot be named in KEYS before the pop: a standalone Redis, as the
+# rest of the cache assumes) and announced in one drop event.
 _PERSIST = """
 if ARGV[1] ~= '' then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
 if ARGV[3] ~= '' then
@@ -63,15 +67,26 @@ if ARGV[3] ~= '' then
   redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
 local evicted = {}
-if #ARGV < 11 then return evicted end
-local now = tonumber(ARGV[10])
-for i = 11, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 11) * 1e-4, ARGV[i]) end
+if #ARGV < 13 then return evicted end
+local now, prefix = tonumber(ARGV[10]), ARGV[11]
+for i = 13, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 13) * 1e-4, ARGV[i]) end
 redis.call('PEXPIRE', KEYS[3], ARGV[9])
 local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])
-if over > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[3], over)
-  for j = 1, #popped, 2 do evicted[#evicted + 1] = popped[j] end
+if over <= 0 then return evicted end
+local popped = redis.call('ZPOPMIN', KEYS[3], over)
+for j = 1, #popped, 2 do
+  local m = popped[j]
+  evicted[#evicted + 1] = m
+  local kind, rest = string.sub(m, 1, 2), string.sub(m, 3)
+  if kind == 'x:' then
+    redis.call('DEL', prefix .. 'x:' .. rest)
+  elseif kind == 's:' then
+    local part, id = string.match(rest, '^(.*):([^:]*)$')
+    if part then redis.call('HDEL', prefix .. 's:' .. part, id) end
+  end
 end
+redis.call('PUBLISH', ARGV[6], cjson.encode({op = 'drop', members = evicted,
+                                             ['from'] = ARGV[12]}))
 return evicted
 """
 
@@ -203,7 +218,8 @@ class RedisStore:
                 self.user_key(entry.tenant, entry.user)]
         args: list[str | int] = [
             data if exact else "", _px(exact_ttl_s), field, value, _px(semantic_ttl_s),
-            self.p + "events", event, cap, _px(user_ttl_s), repr(time.time()), *members]
+            self.p + "events", event, cap, _px(user_ttl_s), repr(time.time()), self.p,
+            self.replica, *members]
         popped = await self._call("persist", lambda: self._persist(keys=keys, args=args))
         return None if popped is None else [_s(m) for m in popped]
 

@@ -178,23 +178,34 @@ class CacheStore:
     async def _persist(self, entry: Entry, sem: SemanticKey | None, vec: Vec | None) -> None:
         members = [exact_member(entry.key)]
         semantic = None
+        exact_to_l2 = self.redis is not None and self.cfg.l2.enabled
+        exact_ttl = self.cfg.exact.ttl_s + self.cfg.stale_grace_s
         if sem is not None and self.embedder is not None:
             partition, question = sem
+            if exact_to_l2 and not _vector_ready(vec):
+                # A busy embedding model: the other replicas get the exact entry now,
+                # not once the vector comes (a second round trip; tried again with the
+                # rest if this one fails).
+                assert self.redis is not None
+                exact_to_l2 = await self.redis.persist(
+                    entry, True, exact_ttl, None, 0, [], 0, 0) is None
             vec = await self._vector(question, vec)
             if vec is not None:
                 self._index_add(partition, entry.key, vec, entry, question)
                 members.append(semantic_member(partition, entry.key))
                 semantic = (partition, vec, question)
         cap = self.cfg.per_user_max_entries * len(members)
-        evicted = None
-        if self.redis is not None:  # one round trip (Redis keeps the owner's list)
+        if self.redis is not None:
+            # One round trip: Redis keeps the owner's list, and deletes and announces
+            # what the cap evicts; this replica forgets it here.
             evicted = await self.redis.persist(
-                entry, self.cfg.l2.enabled,
-                self.cfg.exact.ttl_s + self.cfg.stale_grace_s, semantic,
-                self.cfg.semantic.ttl_s, members, cap,
+                entry, exact_to_l2, exact_ttl, semantic, self.cfg.semantic.ttl_s, members, cap,
                 self.cfg.exact.ttl_s + self.cfg.semantic.ttl_s)
-        if evicted is None:  # no Redis, or it is down: this replica keeps the list
-            evicted = self.users.enforce((entry.tenant, entry.user), members, cap, self._held)
+            if evicted is not None:
+                await self._drop(evicted, local_only=True)
+                return
+        # No Redis, or it is down: this replica keeps the list.
+        evicted = self.users.enforce((entry.tenant, entry.user), members, cap, self._held)
         if evicted:
             await self._drop(evicted)
             if self.redis is not None:
@@ -329,3 +340,7 @@ class CacheStore:
         if self.redis is not None:
             body["redis"] = await self.redis.count(match)
         return body
+
+
+def _vector_ready(vec: Vec | None) -> bool:
+    return isinstance(vec, np.ndarray) or (isinstance(vec, asyncio.Future) and vec.done())

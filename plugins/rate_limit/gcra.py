@@ -11,8 +11,10 @@ so a slot never released (a crash) frees itself within `lease_s`.
 
 Times are float milliseconds of a clock that may read 1e6 (monotonic, a fresh machine)
 to 1e12 (Redis TIME), so `tat + cost * T - now` can miss an exact P by its last bits:
-every comparison and floor allows EPS_MS, or a full bucket would refuse its last unit
-(or report one less remaining) depending on what the clock read.
+every comparison and floor allows `_eps(now)` (0.01 ms, or 256 units in the last place
+of `now` where that is more: the rounding of hundreds of additions at once), or a full
+bucket would refuse its last unit (or report one less remaining) depending on what the
+clock read. At Redis TIME's 1.7e12 ms that is 0.1 ms in a 60 s period.
 
 `MemoryStore` and `RedisStore` implement the same decisions: the Redis script is the
 same algorithm in Lua, atomic across every bucket of a request, with time from Redis
@@ -34,7 +36,12 @@ from proxy.redis_client import blocking_client
 from proxy.tracing import span
 
 PERIOD_MS = 60_000.0
-EPS_MS = 0.01  # far below a unit's spacing (T >= 60 us at a million per minute)
+EPS_MS = 0.01
+EPS_ULPS = 2.0**-44  # 256 units in the last place, relative to the clock's reading
+
+
+def _eps(now: float) -> float:
+    return max(EPS_MS, abs(now) * EPS_ULPS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,19 +99,21 @@ class MemoryStore:
     async def admit(self, buckets: list[Bucket], conc: list[tuple[str, int]], lease: str,
                     lease_ms: float) -> Decision:
         now = self._now()
+        eps = _eps(now)
         allowed, retry, states, new = True, 0.0, [], []
         for b in buckets:
             t = PERIOD_MS / b.limit
             tat = self._get(b.key, now)
             nt = tat + min(b.cost, b.limit) * t
             diff = nt - now
-            if diff > PERIOD_MS + EPS_MS:
+            if diff > PERIOD_MS + eps:
                 allowed = False
                 retry = max(retry, diff - PERIOD_MS)
-                states.append(BucketState(b.limit, max(0, _units(PERIOD_MS - (tat - now), t)),
-                                          tat - now))
+                states.append(BucketState(b.limit, max(0, math.floor(
+                    (PERIOD_MS - (tat - now) + eps) / t)), tat - now))
             else:
-                states.append(BucketState(b.limit, _units(PERIOD_MS - diff, t), diff))
+                states.append(BucketState(b.limit, math.floor((PERIOD_MS - diff + eps) / t),
+                                          diff))
             new.append(nt)
         for key, limit in conc:
             leases = self._leases.setdefault(key, {})
@@ -146,15 +155,10 @@ class MemoryStore:
                    if exp > now)
 
 
-def _units(ms: float, t: float) -> int:
-    """Whole units of spacing `t` in `ms`, allowing EPS_MS of rounding."""
-    return math.floor((ms + EPS_MS) / t)
-
-
 _ADMIT = """
-local eps = $EPS
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local eps = math.max($EPS_MS, now * $EPS_ULPS)
 local nb, nc = tonumber(ARGV[1]), tonumber(ARGV[2])
 local lease, lease_ms, period = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local allowed, retry = 1, 0
@@ -200,7 +204,7 @@ if allowed == 1 then
   end
 end
 return {allowed, math.ceil(retry), unpack(out)}
-""".replace("$EPS", repr(EPS_MS))
+""".replace("$EPS_MS", repr(EPS_MS)).replace("$EPS_ULPS", repr(EPS_ULPS))
 
 _ADJUST = """
 local t = redis.call('TIME')

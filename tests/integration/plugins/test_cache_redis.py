@@ -204,6 +204,11 @@ async def test_redis_down_then_back(make_client: MakeClient, tmp_path: Path) -> 
             again.stop()
 
 
+def entry_ids(client: Any) -> set[str]:
+    return {eid for part in cache_of(client).store.index.partitions.values()
+            for eid in part.rows}
+
+
 async def test_user_cap_holds_across_replicas(make_client: MakeClient,
                                               redis_server: RedisServer) -> None:
     """Redis keeps each user's list: entries stored through two replicas count against one
@@ -211,29 +216,40 @@ async def test_user_cap_holds_across_replicas(make_client: MakeClient,
     a, b = await replicas(make_client, redis_server.url, per_user_max_entries=2)
     questions = ["What are your opening hours on Sundays?", "How do I export my invoices?",
                  "Which browsers does the dashboard support?"]
-    for client, q in zip((a, b, a), questions, strict=True):
+    assert (await ask(a, questions[0]))[0] == "miss"
+    await eventually(lambda: len(entry_ids(b)) == 1)
+    first = entry_ids(b)
+    for client, q in ((b, questions[1]), (a, questions[2])):
         assert (await ask(client, q))[0] == "miss"
-    await eventually(lambda: len(cache_of(b).store.index) == 2)  # b heard of the drop
-    assert len(cache_of(a).store.index) == 2
+    # b heard of the third entry and of the first's drop
+    await eventually(lambda: len(entry_ids(b)) == 2 and not first & entry_ids(b))
+    assert entry_ids(a) == entry_ids(b)
     probe = {"Cache-Control": "no-store"}
     for client in (a, b):  # the first is gone everywhere, L2 included
         assert (await ask(client, questions[0], headers=probe))[0] == "miss"
-    assert (await ask(b, questions[1]))[0] == "exact"  # from L2: b never asked it
+    assert (await ask(b, questions[2]))[0] == "exact"  # from L2: a stored it
     assert (await ask(b, questions[0], "k-bob"))[0] == "miss"  # bob's own cap is untouched
 
 
+@pytest.mark.parametrize("cap", [1000, 1])
 async def test_a_stored_answer_is_one_redis_round_trip(
         make_client: MakeClient, redis_server: RedisServer,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, cap: int) -> None:
+    """With the cap reached too (cap 1: the second answer evicts the first, deleted from
+    Redis and announced in the same script)."""
     from redis.asyncio.connection import AbstractConnection
 
-    (a,) = await replicas(make_client, redis_server.url, n=1)
+    a, b = await replicas(make_client, redis_server.url, per_user_max_entries=cap)
     await ask(a, "Warm the script cache with a first question")
+    await eventually(lambda: len(entry_ids(b)) == 1)
+    first = entry_ids(a)
+    pool = cache_of(a).store.redis.client.connection_pool  # type: ignore[union-attr]
     sent: list[bytes] = []
     send = AbstractConnection.send_packed_command
 
     async def counting(self: AbstractConnection, command: Any, *args: Any, **kw: Any) -> None:
-        sent.append(b"".join(command) if isinstance(command, list) else bytes(command))
+        if self in pool._in_use_connections:  # a's commands only (b reads a's events)
+            sent.append(b"".join(command) if isinstance(command, list) else bytes(command))
         await send(self, command, *args, **kw)
 
     monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
@@ -244,6 +260,61 @@ async def test_a_stored_answer_is_one_redis_round_trip(
     assert len(sent) == 2, sent
     assert sent[0].startswith(b"*2\r\n$3\r\nGET")
     assert b"EVALSHA" in sent[1]
+    if cap == 1:  # the first answer left Redis and both replicas' memory
+        await eventually(lambda: entry_ids(b) == entry_ids(a) and len(entry_ids(a)) == 1
+                         and entry_ids(a) != first)
+        probe = {"Cache-Control": "no-store"}
+        for client in (b, a):
+            layer, _ = await ask(client, "Warm the script cache with a first question",
+                                 headers=probe)
+            assert layer == "miss"
+
+
+async def test_the_exact_entry_reaches_l2_while_its_vector_is_pending(
+        redis_server: RedisServer) -> None:
+    """A busy embedding model must not hold the exact entry back from the other
+    replicas: it goes to Redis at once; the semantic entry follows with its vector."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from plugins.cache.config import CacheConfig
+    from plugins.cache.metrics import CacheMetrics
+    from plugins.cache.store import CacheStore
+    from tests.fakes import FakeEmbedder
+
+    class Gated(FakeEmbedder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate, self.called = asyncio.Event(), asyncio.Event()
+
+        async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
+            self.called.set()
+            await self.gate.wait()
+            return await super().embed(texts)
+
+    cfg = CacheConfig.model_validate({"l2": {"enabled": True}, "redis": {
+        "url": redis_server.url, "key_prefix": f"weir:t:{uuid.uuid4().hex}:", "timeout_s": 1}})
+    emb = Gated()
+    store = CacheStore(cfg, CacheMetrics(CollectorRegistry()), emb)  # type: ignore[arg-type]
+    other = RedisStore(cfg.redis, Counter("e", "e", ["op"], registry=CollectorRegistry()), "o")
+    e = Entry(key="k1", route="chat", model="m", scope="s", tenant="t", role="r", user="u",
+              prompt="p", usage={"prompt_tokens": 1, "completion_tokens": 1},
+              choices=[{"index": 0, "text": "an answer", "finish_reason": "stop"}],
+              expires=1e12, stale_until=1e12)
+    try:
+        await store.start()
+        store.put(e, ("part", "the question"))
+        await emb.called.wait()  # the vector is being computed, and stays so
+        async with asyncio.timeout(2):
+            while await other.get_exact("k1") is None:  # noqa: ASYNC110 - another process
+                await asyncio.sleep(0.005)
+        assert await other.get_semantic("part", "k1") is None
+        emb.gate.set()
+        await store.drain()
+        assert await other.get_semantic("part", "k1") is not None
+    finally:
+        emb.gate.set()
+        await store.close()
+        await other.close()
 
 
 async def test_cancelled_commands_never_cross_keys(redis_server: RedisServer) -> None:

@@ -144,3 +144,18 @@ def test_user_index_add_discard_over() -> None:
     assert u.members(("t", "x")) == ["c"] and len(u) == 2
     u.discard("d")
     assert u.users() == 1 and u.members(("t", "y")) == []
+
+
+async def test_entries_orjson_refuses_still_store_and_round_trip() -> None:
+    """A lone surrogate (an upstream's JSON can carry one) or an integer past 64 bits:
+    stored and read back as they were, never an error on the request's path."""
+    odd = entry("k1", text="half a pair: \ud83d, and on")
+    odd.usage["completion_tokens"] = 2**70
+    for e in (odd, entry("k2", text="ünïcødé ✓ 答え")):
+        assert Entry.from_json(e.to_json()) == e
+        assert Entry.from_json(e.to_json(with_prompt=False)).prompt == ""
+    s = store()
+    s.put(odd)
+    await s.drain()
+    got = await s.get("k1", "acme")
+    assert got is not None and got.answer_text() == "half a pair: \ud83d, and on"
