@@ -35,12 +35,12 @@ def capacity_probe(capacity: float, log: list[float]):  # type: ignore[no-untype
 @pytest.mark.parametrize("start", [10.0, 40.0, 99.0, 150.0, 400.0])
 async def test_sustained_search_brackets_the_capacity(start: float) -> None:
     rates: list[float] = []
-    found = await max_sustained(capacity_probe(100.0, rates), start, probes=12)
+    found = await max_sustained(capacity_probe(100.0, rates), start, probes=20)
     assert found["req_per_s"] is not None and found["first_failed"] is not None
     assert found["req_per_s"] <= 100.0 < found["first_failed"]
     # Bisection stops once the bracket is within 10%.
     assert found["first_failed"] / found["req_per_s"] < 1.1
-    assert len(rates) == len(found["probes"]) <= 12
+    assert len(rates) == len(found["probes"]) <= 20
 
 
 async def test_sustained_search_is_bounded_and_honest_when_nothing_passes() -> None:
@@ -48,6 +48,20 @@ async def test_sustained_search_is_bounded_and_honest_when_nothing_passes() -> N
     found = await max_sustained(capacity_probe(0.0, rates), 50.0, probes=4)
     assert found["req_per_s"] is None
     assert len(rates) == 4 and rates == sorted(rates, reverse=True)
+    assert rates[0] == rates[1] and rates[2] == rates[3]  # each failure confirmed
+
+
+async def test_one_stalled_window_does_not_fail_a_rate() -> None:
+    rates: list[float] = []
+    steady = capacity_probe(100.0, rates)
+
+    async def probe(rate: float, i: int) -> dict[str, Any]:
+        got = await steady(rate, i)
+        return {**got, "kept_up": got["kept_up"] and i != 0}  # the first window stalls
+
+    found = await max_sustained(probe, 60.0, probes=12)
+    assert rates[:2] == [60.0, 60.0]  # the stalled rate, tried again and kept up
+    assert found["req_per_s"] is not None and 90.0 <= found["req_per_s"] <= 100.0
 
 
 def chat_app(hold: asyncio.Event | None) -> web.Application:
