@@ -270,53 +270,6 @@ async def test_a_stored_answer_is_one_redis_round_trip(
             assert layer == "miss"
 
 
-async def test_the_exact_entry_reaches_l2_while_its_vector_is_pending(
-        redis_server: RedisServer) -> None:
-    """A busy embedding model must not hold the exact entry back from the other
-    replicas: it goes to Redis at once; the semantic entry follows with its vector."""
-    from prometheus_client import CollectorRegistry, Counter
-
-    from plugins.cache.config import CacheConfig
-    from plugins.cache.metrics import CacheMetrics
-    from plugins.cache.store import CacheStore
-    from tests.fakes import FakeEmbedder
-
-    class Gated(FakeEmbedder):
-        def __init__(self) -> None:
-            super().__init__()
-            self.gate, self.called = asyncio.Event(), asyncio.Event()
-
-        async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
-            self.called.set()
-            await self.gate.wait()
-            return await super().embed(texts)
-
-    cfg = CacheConfig.model_validate({"l2": {"enabled": True}, "redis": {
-        "url": redis_server.url, "key_prefix": f"weir:t:{uuid.uuid4().hex}:", "timeout_s": 1}})
-    emb = Gated()
-    store = CacheStore(cfg, CacheMetrics(CollectorRegistry()), emb)  # type: ignore[arg-type]
-    other = RedisStore(cfg.redis, Counter("e", "e", ["op"], registry=CollectorRegistry()), "o")
-    e = Entry(key="k1", route="chat", model="m", scope="s", tenant="t", role="r", user="u",
-              prompt="p", usage={"prompt_tokens": 1, "completion_tokens": 1},
-              choices=[{"index": 0, "text": "an answer", "finish_reason": "stop"}],
-              expires=1e12, stale_until=1e12)
-    try:
-        await store.start()
-        store.put(e, ("part", "the question"))
-        await emb.called.wait()  # the vector is being computed, and stays so
-        async with asyncio.timeout(2):
-            while await other.get_exact("k1") is None:  # noqa: ASYNC110 - another process
-                await asyncio.sleep(0.005)
-        assert await other.get_semantic("part", "k1") is None
-        emb.gate.set()
-        await store.drain()
-        assert await other.get_semantic("part", "k1") is not None
-    finally:
-        emb.gate.set()
-        await store.close()
-        await other.close()
-
-
 async def test_cancelled_commands_never_cross_keys(redis_server: RedisServer) -> None:
     from prometheus_client import CollectorRegistry, Counter
 
