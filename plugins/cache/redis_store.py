@@ -205,8 +205,9 @@ class RedisStore:
                       members: list[str], cap: int, user_ttl_s: float) -> list[str] | None:
         """Store an answer in one round trip: the exact entry (when `exact`: L2 is on),
         the semantic one (`(partition, vector, question)`) with its add event, and
-        `members` counted against the owner's cap. The members evicted past the cap,
-        or None when Redis could not be reached."""
+        `members` counted against the owner's cap. The members evicted past the cap
+        (already deleted from Redis and announced to the other replicas), or None when
+        Redis could not be reached."""
         data = entry.to_json(with_prompt=self.cfg.store_prompts)
         field = value = event = ""
         if semantic is not None:
