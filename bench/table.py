@@ -182,7 +182,7 @@ async def _probe(system: System, model: str, rate: float, duration: float,
 async def equal_load(systems: dict[str, System], model: str, rate: float, duration: float,
                      ) -> dict[str, dict[str, Any]]:
     """Each system offered the same Poisson arrivals (same questions, same times) at
-    `rate` for `duration` seconds: p50/p99 and whether it kept up."""
+    `rate` for `duration` seconds: p50/p99, and what was sent, left unsent or failed."""
     out = {}
     for name, s in systems.items():
         n = max(16, round(rate * duration))

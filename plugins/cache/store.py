@@ -190,11 +190,10 @@ class CacheStore:
                 semantic = (partition, vec, question)
         cap = self.cfg.per_user_max_entries * len(members)
         if self.redis is not None:
-            # One round trip, after the vector (a pending lookup ends within its
-            # deadline): a second one for the exact entry alone, while an embedding runs
-            # afresh, measured 0.55-0.72x the stored misses/s of one (0.82-0.87x) under
-            # load. Redis keeps the owner's list, and deletes and announces what the cap
-            # evicts; this replica forgets it here.
+            # One round trip, once the vector is known: Redis keeps the owner's list and
+            # deletes and announces what the cap evicts; this replica forgets it here.
+            # (Sending the exact entry ahead while the question is embedded again was
+            # measured: under load the second round trip cost more than it saved.)
             evicted = await self.redis.persist(
                 entry, self.cfg.l2.enabled, self.cfg.exact.ttl_s + self.cfg.stale_grace_s,
                 semantic, self.cfg.semantic.ttl_s, members, cap,
@@ -334,4 +333,3 @@ class CacheStore:
         if self.redis is not None:
             body["redis"] = await self.redis.count(match)
         return body
-
