@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .app_state import INFO, REQUEST_ID
@@ -32,8 +33,8 @@ from .errors import (
     WeirError,
 )
 from .ids import new_hex
-from .telemetry import Metrics, get_logger
-from .tracing import extract, tracer
+from .telemetry import Metrics, get_logger, labelled
+from .tracing import extract, tracer, tracing_enabled
 
 log = get_logger("weir.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -78,8 +79,8 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             route = info.get("route")
             if route is not None:
                 model = info.get("model", "")
-                metrics.requests.labels(route, model, str(status)).inc()
-                metrics.latency.labels(route, model).observe(elapsed)
+                labelled(metrics.requests, route, model, str(status)).inc()
+                labelled(metrics.latency, route, model).observe(elapsed)
             if enabled and request.path != "/metrics" and not request.path.startswith("/health"):
                 log.info(
                     "request",
@@ -101,6 +102,16 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
     """The server span; its parent is the caller's `traceparent`, if any."""
     if request.path.startswith(_UNTRACED):
         return await handler(request)
+    if not tracing_enabled():
+        # No tracer provider: the server span would record nothing. What it carried, the
+        # caller's trace context for the engine's upstream calls, is attached as it is.
+        if "traceparent" not in request.headers:
+            return await handler(request)
+        token = otel_context.attach(extract(request.headers))
+        try:
+            return await handler(request)
+        finally:
+            otel_context.detach(token)
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     attrs = {"http.request.method": request.method, "http.route": route,

@@ -28,7 +28,7 @@ from .protocol import (
     parse_model,
 )
 from .streaming import SHUTDOWN, dumps, write_sse
-from .telemetry import get_logger
+from .telemetry import get_logger, labelled
 
 log = get_logger("weir.routes")
 
@@ -91,7 +91,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
             return await _answer(request, st, ctx, info)
         except asyncio.CancelledError as e:
             if e.args != (SHUTDOWN,):  # the client went away (aiohttp cancels its handler)
-                st.metrics.aborted.labels("client_gone").inc()
+                labelled(st.metrics.aborted, "client_gone").inc()
             raise
 
 
@@ -125,14 +125,14 @@ def note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None
     u = body.get("usage") or {}
     info.update(prompt_tokens=u.get("prompt_tokens"), completion_tokens=u.get("completion_tokens"))
     model = info.get("model", "")
-    st.metrics.tokens.labels(model, "prompt").inc(u.get("prompt_tokens") or 0)
-    st.metrics.tokens.labels(model, "completion").inc(u.get("completion_tokens") or 0)
+    labelled(st.metrics.tokens, model, "prompt").inc(u.get("prompt_tokens") or 0)
+    labelled(st.metrics.tokens, model, "completion").inc(u.get("completion_tokens") or 0)
 
 
 async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, reply: Stream,
                        headers: Any, info: dict[str, Any]) -> web.StreamResponse:
     route, model = info["route"], info.get("model", "")
-    itl = st.metrics.itl.labels(route, model)
+    itl = labelled(st.metrics.itl, route, model)
     last = 0.0
     usage_chunk: dict[str, Any] = {}
 
@@ -141,7 +141,7 @@ async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, 
         # the request's start, not from here.
         ttft = time.monotonic() - ctx.started
         info["ttft_ms"] = round(ttft * 1000, 2)
-        st.metrics.ttft.labels(route, model).observe(ttft)
+        labelled(st.metrics.ttft, route, model).observe(ttft)
 
     def chunk(c: dict[str, Any]) -> None:
         nonlocal last
@@ -154,7 +154,7 @@ async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, 
             usage_chunk["usage"] = c["usage"]
 
     def aborted(reason: str) -> None:
-        st.metrics.aborted.labels("client_gone").inc()
+        labelled(st.metrics.aborted, "client_gone").inc()
         log.warning("stream cut: client stopped reading or went away", reason=reason)
 
     srv = st.settings.server

@@ -124,6 +124,25 @@ def get_logger(name: str) -> Any:
     return structlog.get_logger(name)
 
 
+_CHILDREN_MAX = 4096
+
+
+def labelled(metric: Any, *values: str) -> Any:
+    """`metric.labels(*values)`, memoised on the metric. prometheus_client validates the
+    values and takes a lock on every `labels` call, a few per cent of a cache hit's CPU at
+    thousands of requests a second. Past `_CHILDREN_MAX` label sets nothing more is
+    memoised (the metric itself still holds every child)."""
+    memo: dict[tuple[str, ...], Any] | None = metric.__dict__.get("_weir_children")
+    if memo is None:
+        memo = metric.__dict__["_weir_children"] = {}
+    got = memo.get(values)
+    if got is None:
+        got = metric.labels(*values)
+        if len(memo) < _CHILDREN_MAX:
+            memo[values] = got
+    return got
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()

@@ -15,6 +15,8 @@ import hashlib
 import json
 from typing import Any
 
+import orjson
+
 from proxy.auth import Principal
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
@@ -52,8 +54,12 @@ def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
 
 
 def _hash(obj: Any) -> str:
-    data = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(data.encode()).hexdigest()
+    try:
+        data = orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson refuses: an integer past 64 bits, a lone surrogate
+        data = json.dumps(obj, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()
 
 
 def key_request(ctx: RequestContext) -> ChatCompletionRequest | CompletionRequest:

@@ -38,7 +38,7 @@ from proxy.chain import (
 )
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest
-from proxy.telemetry import get_logger
+from proxy.telemetry import get_logger, labelled
 
 from . import admin
 from .config import CacheConfig
@@ -126,20 +126,19 @@ class CachePlugin(BasePlugin[CacheConfig]):
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         read, write = self._decide(ctx)
         if not read and not write:
-            self.metrics.lookups.labels("all", "bypass").inc()
+            labelled(self.metrics.lookups, "all", "bypass").inc()
             ctx.response_headers[HEADER] = "bypass"
             return await call_next(ctx)
         key = exact_key(ctx, self.cfg.scope)
         scope = scope_id(ctx.principal, self.cfg.scope)
+        if read and (entry := await self.store.get(key, scope)) is not None:
+            return self._hit(ctx, entry, "exact")
         sem = semantic_parts(ctx, self.cfg.scope) if self.embedder is not None else None
         if sem is not None and not (self.cfg.semantic.min_chars <= len(sem[1])
                                     <= self.cfg.semantic.max_chars):
             sem = None  # never embedded: no lookup, no entry
         look: Lookup | None = None
         if read:
-            entry = await self.store.get(key, scope)
-            if entry is not None:
-                return self._hit(ctx, entry, "exact")
             # A generation for this very request under way answers it (below): no lookup.
             if sem is not None and not (write and self._leading(key)):
                 look = asyncio.ensure_future(self.store.lookup(sem, scope))
@@ -201,7 +200,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         try:
             await asyncio.wait((look, gen), return_when=asyncio.FIRST_COMPLETED)
             if not look.done() and gen.exception() is None:
-                self.metrics.overlapped.labels("generated").inc()
+                labelled(self.metrics.overlapped, "generated").inc()
                 return gen.result()
             _, entry = await look  # bounded by the lookup's own deadline
         except BaseException:
@@ -209,9 +208,9 @@ class CachePlugin(BasePlugin[CacheConfig]):
             await _discard(gen)
             raise
         if entry is None:
-            self.metrics.overlapped.labels("generated").inc()
+            labelled(self.metrics.overlapped, "generated").inc()
             return await gen
-        self.metrics.overlapped.labels("cancelled").inc()
+        labelled(self.metrics.overlapped, "cancelled").inc()
         if not fut.done():
             fut.set_result(entry)  # requests waiting on this generation take the hit too
         await _discard(gen)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from proxy.embedding import Embedder
-from proxy.telemetry import get_logger
+from proxy.telemetry import get_logger, labelled
 
 from .config import CacheConfig
 from .entry import Entry, Match, matcher
@@ -96,17 +96,17 @@ class CacheStore:
         if self.l1 is not None:
             entry = self._l1_get(key, scope, now, allow_stale)
             if entry is not None:
-                lookups.labels("l1", "hit").inc()
+                labelled(lookups, "l1", "hit").inc()
                 return entry
-            lookups.labels("l1", "miss").inc()
+            labelled(lookups, "l1", "miss").inc()
         if self.redis is not None and self.cfg.l2.enabled:
             entry = await self.redis.get_exact(key)
             if entry is not None and entry.scope == scope and entry.usable(now, allow_stale):
-                lookups.labels("l2", "hit").inc()
+                labelled(lookups, "l2", "hit").inc()
                 if self.l1 is not None and entry.fresh(now):
                     self.l1.put(entry, len(entry.to_json()))
                 return entry
-            lookups.labels("l2", "miss").inc()
+            labelled(lookups, "l2", "miss").inc()
         return None
 
     def just_stored(self, key: str, scope: str) -> Entry | None:
@@ -131,7 +131,7 @@ class CacheStore:
             async with asyncio.timeout(self.cfg.semantic.lookup_timeout_ms / 1000):
                 vecs, _ = await self.embedder.embed([question])
         except TimeoutError:  # a busy or loading model: a miss, not a wait
-            lookups.labels("semantic", "timeout").inc()
+            labelled(lookups, "semantic", "timeout").inc()
             return None, None
         except Exception as e:  # the model failing must not fail the request
             log.warning("embedding failed; semantic lookup skipped", error=type(e).__name__)
@@ -139,14 +139,14 @@ class CacheStore:
         vec = vecs[0]
         found = self.index.find(partition, vec, time.time(), allow_stale)
         if found is None:
-            lookups.labels("semantic", "miss").inc()
+            labelled(lookups, "semantic", "miss").inc()
             return vec, None
         entry, stored_q, score = found
         self.metrics.similarity.observe(score)
         ok = score >= self.cfg.semantic.threshold and entry.scope == scope and (
             not self.cfg.semantic.guard or guard_ok(question, stored_q))
         log.debug("semantic lookup", score=round(score, 4), hit=ok)
-        lookups.labels("semantic", "hit" if ok else "miss").inc()
+        labelled(lookups, "semantic", "hit" if ok else "miss").inc()
         return vec, entry if ok else None
 
     # -------------------------------------------------------------------- storing
@@ -172,7 +172,7 @@ class CacheStore:
         the background."""
         if self.l1 is not None:
             self.l1.put(entry, len(entry.to_json()))
-            self.metrics.entries.labels("l1").set(len(self.l1))
+            labelled(self.metrics.entries, "l1").set(len(self.l1))
         self._spawn(self._persist(entry, sem, vec))
 
     async def _persist(self, entry: Entry, sem: SemanticKey | None, vec: Vec | None) -> None:
@@ -222,7 +222,7 @@ class CacheStore:
         evicted = self.index.partition(partition).add(entry_id, vec, entry, question)
         if evicted and self.redis is not None:
             self._spawn(self.redis.delete_semantic([(partition, e) for e in evicted]))
-        self.metrics.entries.labels("semantic").set(len(self.index))
+        labelled(self.metrics.entries, "semantic").set(len(self.index))
 
     def _held(self, member: str) -> bool:
         keys, sem = split_members([member])
@@ -302,8 +302,8 @@ class CacheStore:
         keys = self.l1.purge(match) if self.l1 is not None else []
         sem = self.index.purge(match)
         if self.l1 is not None:
-            self.metrics.entries.labels("l1").set(len(self.l1))
-        self.metrics.entries.labels("semantic").set(len(self.index))
+            labelled(self.metrics.entries, "l1").set(len(self.l1))
+        labelled(self.metrics.entries, "semantic").set(len(self.index))
         if drop_remote and self.redis is not None and (keys or sem):
             self._spawn(self._drop_remote(keys, sem))
         return keys, sem

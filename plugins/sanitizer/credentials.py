@@ -33,6 +33,8 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
      r"(?:is\s+)?[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
 ]
 _FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
+# Any of the literals at all: one scan, and most prompts stop there.
+_ANY_NEED = re.compile("|".join(re.escape(n) for needs, _ in _FORMATS for n in needs))
 
 # "password is X", "pwd: X", "api key = X", "密码是 X": the value is what gets redacted
 # (with the phrase, so the placeholder reads naturally).
@@ -65,10 +67,11 @@ def _value_ok(value: str) -> bool:
 
 def find_secrets(text: str) -> Iterator[Span]:
     low = text.lower()
-    for needs, rx in _FORMAT_RX:
-        if any(n in low for n in needs):
-            for m in rx.finditer(text):
-                yield m.span()
+    if _ANY_NEED.search(low) is not None:
+        for needs, rx in _FORMAT_RX:
+            if any(n in low for n in needs):
+                for m in rx.finditer(text):
+                    yield m.span()
     if len(low) != len(text):  # lower-casing moved offsets (rare letters): scan it all
         matches: Iterator[re.Match[str]] = _PHRASE.finditer(text)
     else:

@@ -38,10 +38,14 @@ _INJECTION_TRIGGERS: list[tuple[str, ...]] = [
     ("你现在",),
 ]
 _INJECTION_RX = [re.compile(p, re.IGNORECASE) for p in _INJECTION]
+# Any trigger at all: one scan, and most prompts stop there.
+_ANY_TRIGGER = re.compile("|".join(re.escape(t) for ts in _INJECTION_TRIGGERS for t in ts))
 
 
 def _find_injection(text: str) -> Iterator[Span]:
     low = text.lower()
+    if _ANY_TRIGGER.search(low) is None:
+        return
     for rx, triggers in zip(_INJECTION_RX, _INJECTION_TRIGGERS, strict=True):
         if any(t in low for t in triggers):
             for m in rx.finditer(text):

@@ -86,3 +86,47 @@ def test_check_tree_is_iterative() -> None:
     with pytest.raises(InvalidRequest) as e:
         check_tree({"x": deep})
     assert e.value.param == "x"
+
+
+# Bodies that the fast decoder (orjson) and the standard one must read alike: integers
+# either side of 64 bits (orjson would read past them as floats), surrogate pairs, escapes,
+# duplicate keys, floats at the edges, non-ASCII text.
+SAME = [
+    '{"seed": 9223372036854775807, "n": -9223372036854775808}',
+    '{"seed": 18446744073709551615}',
+    '{"seed": 123456789012345678901}',
+    '{"seed": -123456789012345678901, "x": [1, 2.5, -0, 1e-400, 1.7976931348623157e308]}',
+    '{"temperature": 0.1000000000000000055511151231257827}',
+    '{"a": "\\ud83d\\ude00 \\u00e9 \\u0000 \\n", "b": "日本語", "a2": "x"}',
+    '{"a": 1, "a": 2}',
+    '{"messages": [{"role": "user", "content": "card 4111111111111111111"}]}',
+    '  {"nested": {"deep": [[[{"k": null}]]]}, "t": true, "f": false}  ',
+]
+
+
+@pytest.mark.parametrize("text", SAME)
+def test_the_fast_path_decodes_what_the_standard_library_does(text: str) -> None:
+    got = decode_json_object(text.encode())
+    want = json.loads(text)
+    assert got == want
+    assert [type(v) for v in got.values()] == [type(v) for v in want.values()]
+    if "seed" in want:
+        assert type(got["seed"]) is int and got["seed"] == want["seed"]
+
+
+@pytest.mark.parametrize("text,code", [
+    ('{"a": "\\udc00"}', "invalid_encoding"),
+    ('{"a": "\\ud800x"}', "invalid_encoding"),
+    ('{"a": 1e400}', None),
+    ('\ufeff{"a": 1}', "invalid_json"),
+    ('[1, 2]', "invalid_json"),
+    ('{"a": 1,}', "invalid_json"),
+])
+def test_what_the_fast_path_refuses_gets_the_standard_answer(text: str, code: str | None,
+                                                             ) -> None:
+    """orjson refuses these; the standard decoder then accepts (an infinite float, as
+    before) or answers with its own message."""
+    if code is None:
+        assert decode_json_object(text.encode()) == json.loads(text)
+    else:
+        assert refused(text).code == code

@@ -197,3 +197,27 @@ async def test_untraced_paths_pass_straight_through() -> None:
     for path in ("/health/live", "/metrics", "/dashboard"):
         resp = await tracing_middleware(request(path, "GET"), handler)
         assert resp.status == 204
+
+
+@pytest.mark.parametrize("caller", [
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None])
+async def test_without_a_tracer_provider_the_callers_context_still_goes_upstream(
+        monkeypatch: pytest.MonkeyPatch, caller: str | None) -> None:
+    """No span is made when nothing would record it, but what the handler sends upstream
+    carries the caller's `traceparent` as it came (and none when it came without one)."""
+    import proxy.tracing as tracing
+
+    monkeypatch.setattr(tracing, "_configured", False)
+    sent: dict[str, str] = {}
+
+    async def handler(r: web.Request) -> web.StreamResponse:
+        tracing.inject(sent)
+        return web.Response(status=204)
+
+    headers = {"traceparent": caller} if caller else {}
+    resp = await tracing_middleware(request(headers=headers), handler)
+    assert resp.status == 204
+    assert sent.get("traceparent") == caller
+    after: dict[str, str] = {}
+    tracing.inject(after)  # the caller's context ended with the request
+    assert after == {}

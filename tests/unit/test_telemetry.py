@@ -59,3 +59,24 @@ def test_exception_messages_and_arguments_are_dropped(log: io.StringIO) -> None:
     text = log.getvalue()
     assert "sk-secret" not in text
     assert lines(log)[0]["error"] == "ValueError"
+
+
+def test_labelled_children_are_memoised_and_count() -> None:
+    m = telemetry.Metrics()
+    a = telemetry.labelled(m.requests, "chat", "m", "200")
+    assert telemetry.labelled(m.requests, "chat", "m", "200") is a
+    a.inc()
+    telemetry.labelled(m.requests, "chat", "m", "200").inc(2)
+    telemetry.labelled(m.requests, "chat", "m", "429").inc()
+    text = m.render().decode()
+    assert 'weir_requests_total{model="m",route="chat",status="200"} 3.0' in text
+    assert 'weir_requests_total{model="m",route="chat",status="429"} 1.0' in text
+
+
+def test_labelled_stops_memoising_past_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(telemetry, "_CHILDREN_MAX", 2)
+    m = telemetry.Metrics()
+    for status in ("200", "400", "500", "503"):
+        telemetry.labelled(m.requests, "chat", "m", status).inc()
+    assert len(m.requests.__dict__["_weir_children"]) == 2
+    assert m.render().decode().count("weir_requests_total{") == 4

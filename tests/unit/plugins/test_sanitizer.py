@@ -161,6 +161,26 @@ async def test_engine_may_see_the_original() -> None:
     assert ctx.key_request.messages[0].content == "hello"  # type: ignore[union-attr]
 
 
+async def test_what_it_leaves_unchanged_is_not_copied() -> None:
+    """Clean text keeps its objects (no copy per message per side on the hot path); a
+    changed text is a copy, and the original request is left as it came."""
+    ctx = chat_ctx("What are your opening hours?")
+    original = ctx.request
+    await plugin()(ctx, Spy())
+    assert ctx.request is original and ctx.key_request is original
+    parts = [{"type": "text", "text": "plain"}, {"type": "text", "text": "ｈｉ"}]
+    ctx = chat_ctx(parts)
+    original = ctx.request
+    await plugin(engine_sees="original")(ctx, Spy())
+    assert ctx.request is original  # the engine sees the original: nothing changed
+    assert ctx.key_request is not None and ctx.key_request is not original
+    key_parts = ctx.key_request.messages[0].content
+    orig_parts = original.messages[0].content
+    assert [p.text for p in key_parts] == ["plain", "hi"]  # type: ignore[union-attr]
+    assert key_parts[0] is orig_parts[0]  # type: ignore[index]
+    assert [p.text for p in orig_parts] == ["plain", "ｈｉ"]  # type: ignore[union-attr]
+
+
 async def test_custom_detector_and_metrics() -> None:
     p = plugin(custom=[{"name": "order_id", "pattern": r"ORD-\d{6}", "action": "redact"}])
     spy, ctx = Spy(), chat_ctx("status of ORD-123456?")
