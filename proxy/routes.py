@@ -74,10 +74,11 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(_MODELS[route], data)
     info = request[INFO]
-    info.update(route=route, model=req.model, tenant=principal.tenant, stream=req.stream)
+    info.update(route=route, tenant=principal.tenant, stream=req.stream)
     if st.settings.logging.include_prompts:  # off by default: prompts are user data
         info["prompt"] = _prompt_text(req)
     check_model(st, principal, req.model)
+    info["model"] = req.model  # a metric label: only names the server serves
     ctx = RequestContext(
         route=route,
         request=req,

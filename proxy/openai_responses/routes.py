@@ -37,8 +37,9 @@ async def create(request: web.Request) -> web.StreamResponse:
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(ResponsesRequest, data)
     info = request[INFO]
-    info.update(route="responses", model=req.model, tenant=principal.tenant, stream=req.stream)
+    info.update(route="responses", tenant=principal.tenant, stream=req.stream)
     check_model(st, principal, req.model)
+    info["model"] = req.model  # a metric label: only names the server serves
     store = _store(request)
     history: list[dict[str, Any]] = []
     if req.previous_response_id:

@@ -143,3 +143,22 @@ async def test_metrics_move(make_client: MakeClient) -> None:
     assert metric(last, "weir_rate_limit_rejections_total", per="key", limit="rpm") == 1
     assert metric(last, "weir_requests_total", route="chat", model="fake-model",
                   status="429") == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+async def test_unknown_model_names_never_become_metric_labels(make_client: MakeClient,
+                                                              path: str) -> None:
+    """A model name is client text: only names the server serves label a metric, so a
+    client sending made-up names cannot grow /metrics (or the spans) without bound."""
+    client = await make_client(settings())
+    h = {"Authorization": f"Bearer {KEY}"}
+    names = [f"made-up-{i}-{MARKER}" for i in range(3)]
+    for name in names:
+        payload = ({"model": name, "input": "hi"} if path == "/v1/responses"
+                   else {**body(), "model": name})
+        r = await client.post(path, json=payload, headers=h)
+        assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+    text = await (await client.get("/metrics")).text()
+    assert MARKER not in text
+    route = "responses" if path == "/v1/responses" else "chat"
+    assert metric(text, "weir_requests_total", route=route, model="", status="404") == 3
