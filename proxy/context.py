@@ -42,6 +42,9 @@ class RequestContext:
     key_request: ChatCompletionRequest | CompletionRequest | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0
+    #: The most tokens a request that names no output limit may generate (the
+    #: sanitizer's `limits.max_tokens`); None: up to the model's context.
+    output_ceiling: int | None = None
 
     @property
     def model(self) -> str:

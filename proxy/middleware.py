@@ -144,9 +144,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPRequestEntityTooLarge:
         return error_response(PayloadTooLarge("The request body is too large."), rid)
     except web.HTTPMethodNotAllowed as e:
+        allowed = ", ".join(sorted(e.allowed_methods))
         err: WeirError = MethodNotAllowed(
-            f"Method {request.method} is not allowed on {request.path}; "
-            f"allowed: {', '.join(sorted(e.allowed_methods))}.")
+            f"Method {request.method} is not allowed on {request.path}; allowed: {allowed}.",
+            headers={"Allow": allowed})  # RFC 9110: a 405 says what is allowed
         return error_response(err, rid)
     except web.HTTPNotFound:
         return error_response(NotFound(

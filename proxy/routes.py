@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +89,26 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         headers={k.lower(): v for k, v in request.headers.items()},
         body_bytes=size,
     )
+    with generating(st):
+        return await _answer(request, st, ctx, info)
+
+
+@contextmanager
+def generating(st: AppState) -> Iterator[None]:
+    """A generation under way: tracked for the drain, and counted if its client leaves."""
     with st.track():
         try:
-            return await _answer(request, st, ctx, info)
+            yield
         except asyncio.CancelledError as e:
             if e.args != (SHUTDOWN,):  # the client went away (aiohttp cancels its handler)
                 labelled(st.metrics.aborted, "client_gone").inc()
             raise
+
+
+def count_abort(st: AppState, reason: str) -> None:
+    """A stream cut because its client stopped reading or went away."""
+    labelled(st.metrics.aborted, "client_gone").inc()
+    log.warning("stream cut: client stopped reading or went away", reason=reason)
 
 
 async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
@@ -154,16 +169,13 @@ async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, 
         elif c.get("usage"):
             usage_chunk["usage"] = c["usage"]
 
-    def aborted(reason: str) -> None:
-        labelled(st.metrics.aborted, "client_gone").inc()
-        log.warning("stream cut: client stopped reading or went away", reason=reason)
-
     srv = st.settings.server
     try:
         return await write_sse(
             request, reply, headers, write_timeout=srv.write_timeout_s,
             keepalive=srv.keepalive_s, on_first=first, on_chunk=chunk,
-            on_abort=aborted, log_error=lambda e: log.error("stream failed", exc_info=e))
+            on_abort=lambda reason: count_abort(st, reason),
+            log_error=lambda e: log.error("stream failed", exc_info=e))
     finally:
         usage = reply.usage or usage_chunk.get("usage")
         if usage:

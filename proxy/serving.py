@@ -130,6 +130,8 @@ class LocalServing:
         req = ctx.request
         prep = (prepare_chat(self.engine, req) if isinstance(req, ChatCompletionRequest)
                 else prepare_completion(self.engine, req))
+        if req.output_limit is None and ctx.output_ceiling is not None:
+            prep.options.max_tokens = min(prep.options.max_tokens, ctx.output_ceiling)
         ctx.prompt_tokens = sum(len(p) for p in prep.prompts)
         outputs = engine_outputs(self.engine, prep, ctx)
         span = EngineSpan(req.model)

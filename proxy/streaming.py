@@ -110,7 +110,10 @@ async def write_sse(
     on_chunk: Callable[[dict[str, Any]], None] | None = None,
     on_abort: Callable[[str], None] | None = None,
     log_error: Callable[[BaseException], None] | None = None,
+    terminator: bytes = DONE,
 ) -> web.StreamResponse:
+    """`terminator`: what ends the body after the last event (chat and completions:
+    `data: [DONE]`; the Responses API: nothing)."""
     outcome: Outcome = "cancelled"
     error: BaseException | None = None
     watchdog: _Watchdog | None = None
@@ -153,7 +156,8 @@ async def write_sse(
             except Exception as e:  # after the first byte an error goes out in-band
                 outcome, error = "failed", e
                 await _error_event(write, e, log_error)
-            await write(DONE)
+            if terminator:
+                await write(terminator)
             # Settle before the body ends: a client that saw the end of its answer never
             # races its own request's accounting (slot, tokens, cache entry).
             await watchdog.stop()
@@ -166,7 +170,7 @@ async def write_sse(
     except asyncio.CancelledError as e:
         outcome = "cancelled"
         if e.args == (SHUTDOWN,) and watchdog is not None:
-            await _cut_for_shutdown(watchdog, resp)
+            await _cut_for_shutdown(watchdog, resp, terminator)
         raise
     except BaseException as e:
         if outcome != "completed":
@@ -179,14 +183,15 @@ async def write_sse(
             await asyncio.shield(stream.end(outcome, error))
 
 
-async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse) -> None:
+async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse,
+                            terminator: bytes) -> None:
     """Still running when the drain ran out: end the stream properly (an in-band 503 and
     `[DONE]`), so a client can tell a cut answer from a whole one. Best effort, briefly."""
     err = Unavailable("The server shut down before this answer was complete; retry.",
                       code="shutting_down")
     try:
         async with asyncio.timeout(1.0):
-            await watchdog.write(sse(err.to_body()) + DONE)
+            await watchdog.write(sse(err.to_body()) + terminator)
             await resp.write_eof()
     except (TimeoutError, ConnectionError, asyncio.CancelledError):
         pass

@@ -20,6 +20,7 @@ choice that called a tool ends with `finish_reason: "tool_calls"`.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -88,20 +89,42 @@ def shape_options(req: ChatCompletionRequest, opts: SamplingOptions, engine: Any
 
 
 def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
-    """The constrained JSON as calls; [] when it is cut short (the text is then content).
-    A named function's text is its arguments as they are (cut short, they stay a call,
-    with `finish_reason: "length"`, as OpenAI answers)."""
+    """The constrained JSON as calls. A named function's text is its arguments as they
+    are; `required`'s is an array of {"name", "parameters"}, Weir's own wrapper, which
+    never reaches a client: cut short (`finish_reason: "length"`), its whole calls stay
+    calls and the last keeps its arguments as far as they came, as a named function's
+    do and as OpenAI answers; a call cut before its arguments began is dropped."""
     if isinstance(req.tool_choice, NamedToolChoice):
         return [ParsedToolCall(req.tool_choice.function.name, text)]
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return []
-    if not isinstance(data, list):
-        return []
-    calls = [ParsedToolCall(c["name"], json.dumps(c["parameters"]))
-             for c in data if isinstance(c, dict) and "name" in c and "parameters" in c]
-    return calls if len(calls) == len(data) else []
+    calls: list[ParsedToolCall] = []
+    dec = json.JSONDecoder()
+    i = _skip(text, 0)
+    if not text.startswith("[", i):
+        return calls
+    i += 1
+    while (i := _skip(text, i)) < len(text) and text[i] != "]":
+        try:
+            c, i = dec.raw_decode(text, i)
+        except ValueError:  # cut short: the name, then the arguments as far as they came
+            m = _CUT_CALL.match(text, i)
+            if m is not None:
+                calls.append(ParsedToolCall(json.loads(m["name"]), text[m.end():]))
+            return calls
+        if isinstance(c, dict) and isinstance(c.get("name"), str) and "parameters" in c:
+            calls.append(ParsedToolCall(c["name"], json.dumps(c["parameters"])))
+        i = _skip(text, i)
+        if text.startswith(",", i):
+            i += 1
+    return calls
+
+
+_CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*(?P<name>"(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, i: int) -> int:
+    m = _WS.match(text, i)
+    return m.end() if m else i
 
 
 def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
@@ -159,7 +182,7 @@ class ToolCallTracker:
         else:
             return text, []
         self.called = bool(calls)
-        return (None, [call_dict(c) for c in calls]) if calls else (text, [])
+        return None, [call_dict(c) for c in calls]  # the forced JSON is never content
 
     def reason(self, reason: str) -> str:
         """OpenAI's finish reason: `tool_calls` when the choice called a tool and stopped."""
@@ -189,10 +212,9 @@ class ToolCallTracker:
     def finish(self) -> tuple[str | None, list[dict[str, Any]]]:
         """What only the end of the answer reveals: forced calls, a parser's last args."""
         if self.mode == "forced" and not isinstance(self.req.tool_choice, NamedToolChoice):
-            text = "".join(self._buffer)
-            calls = parse_forced(self.req, text)
+            calls = parse_forced(self.req, "".join(self._buffer))
             if not calls:
-                return text, []
+                return None, []  # the forced JSON is never content
             self.called = True
             return None, [{"index": i, **call_dict(c)} for i, c in enumerate(calls)]
         if self.mode == "parser":

@@ -35,7 +35,7 @@ from proxy.chain import BasePlugin, Completion, Next, Outcome, Reply, Services, 
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
 from proxy.ids import new_hex
-from proxy.protocol import ChatCompletionRequest
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.telemetry import get_logger
 from proxy.tools import tool_chars
 
@@ -264,8 +264,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         return h
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        reserve = estimate_tokens(ctx) + (ctx.request.output_limit or self.cfg.default_max_tokens)
-        reserve *= max(1, ctx.request.n)
+        req = ctx.request
+        prompts = len(req.prompts()) if isinstance(req, CompletionRequest) else 1
+        # Every prompt of a completion gets its own n choices, each up to the limit.
+        out = (req.output_limit or self.cfg.default_max_tokens) * prompts
+        reserve = (estimate_tokens(ctx) + out) * max(1, req.n)
         rpm, tpm, conc, per_of = self._plan(ctx, reserve)
         lease = new_hex()
         conc_keys = [k for k, _ in conc]

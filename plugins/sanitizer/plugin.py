@@ -87,6 +87,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if limit is not None and limit > lim.max_tokens:
             param = req.output_limit_param
             raise InvalidRequest(f"`{param}` may be at most {lim.max_tokens}.", param=param)
+        ctx.output_ceiling = lim.max_tokens  # for a request that names no limit
         if req.n > lim.max_n:
             raise InvalidRequest(f"`n` may be at most {lim.max_n}.", param="n")
         stops = req.stops

@@ -18,7 +18,15 @@ from ..chain import Completion, Stream
 from ..context import RequestContext
 from ..errors import InvalidRequest, NotFound
 from ..protocol import parse_model
-from ..routes import check_model, json_response, note_usage, open_generation, read_json
+from ..routes import (
+    check_model,
+    count_abort,
+    generating,
+    json_response,
+    note_usage,
+    open_generation,
+    read_json,
+)
 from ..streaming import write_sse
 from . import translate as X
 from .events import render
@@ -61,7 +69,7 @@ async def create(request: web.Request) -> web.StreamResponse:
                 "response": response,
                 "conversation": conversation + X.output_messages(response["output"])})
 
-    with st.track():
+    with generating(st):
         try:
             reply = await st.chain(ctx)
         except InvalidRequest as e:
@@ -76,9 +84,12 @@ async def create(request: web.Request) -> web.StreamResponse:
         # a Stream of their own for the SSE writer.
         events = Stream(render(reply, req, rid, save))
         srv = st.settings.server
+        # The Responses stream has no `[DONE]`: `response.completed` (or `error`) ends it.
         resp = await write_sse(request, events, lambda: {**ctx.response_headers,
                                                          **reply.headers},
-                               write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s)
+                               write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
+                               on_abort=lambda reason: count_abort(st, reason),
+                               terminator=b"")
         if reply.usage:
             note_usage(st, info, {"usage": reply.usage})
         return resp

@@ -70,3 +70,28 @@ async def test_stalled_reader_is_cut_off(make_client: MakeClient) -> None:
         sock.close()
     r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2})
     assert r.status == 200
+
+
+async def test_clients_gone_are_counted_on_every_generation_route(
+        make_client: MakeClient) -> None:
+    """`weir_requests_aborted_total{reason="client_gone"}` moves for a chat stream, a
+    completion and a Responses stream whose clients hang up mid-answer."""
+    from tests.metrics import metric
+
+    engine = FakeEngine(delay=0.01)
+    client = await make_client(engine=engine)
+    bodies = [("/v1/chat/completions", {**CHAT, "max_tokens": 400, "stream": True}),
+              ("/v1/completions", {"model": "fake-model", "prompt": "hi",
+                                   "max_tokens": 400, "stream": True}),
+              ("/v1/responses", {"model": "fake-model", "input": "hi",
+                                 "max_output_tokens": 400, "stream": True})]
+    for i, (path, body) in enumerate(bodies, 1):
+        resp = await client.post(path, json=body)
+        await resp.content.readuntil(b"\n\n")  # the first event arrived, then hang up
+        resp.close()
+        await engine.wait_until(lambda: not engine.active)
+        for _ in range(500):  # the writer notices after the engine stopped: poll, bounded
+            text = await (await client.get("/metrics")).text()
+            if metric(text, "weir_requests_aborted_total", reason="client_gone") >= i:
+                break
+        assert metric(text, "weir_requests_aborted_total", reason="client_gone") == i, path

@@ -48,7 +48,9 @@ async def test_stream_events_are_ordered_numbered_and_valid(make_client: MakeCli
     whole = await (await client.post("/v1/responses", json={**BASE, "store": False})).json()
     r = await client.post("/v1/responses", json={**BASE, "stream": True})
     assert r.status == 200
-    events, _ = parse_sse(await r.text())
+    body = await r.text()
+    events, done = parse_sse(body)
+    assert not done and "[DONE]" not in body  # the Responses stream ends with its event
     for e in events:
         validate("ResponseStreamEvent", e)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
@@ -211,7 +213,8 @@ async def test_an_error_mid_stream_is_an_error_event_then_failed(
     client = await make_client()
     r = await client.post("/v1/responses", json={**BASE, "stream": True})
     assert r.status == 200
-    events, _ = parse_sse(await r.text())
+    events, done = parse_sse(await r.text())
+    assert not done
     for e in events:
         validate("ResponseStreamEvent", e)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]

@@ -110,6 +110,7 @@ async def test_a_wrong_method_names_the_allowed_ones() -> None:
     body = body_of(resp)
     validate("ErrorResponse", body)
     assert resp.status == 405 and "allowed: GET, POST" in body["error"]["message"]
+    assert resp.headers["Allow"] == "GET, POST"
 
 
 async def test_a_redirect_is_not_an_error() -> None:

@@ -109,11 +109,26 @@ def test_shape_options_constrains_forced_choices_over_response_format() -> None:
     assert plain.skip_special_tokens is True
 
 
-def test_a_cut_short_forced_answer_stays_text() -> None:
-    req = chat(tools=[WEATHER], tool_choice="required")
+def test_a_cut_short_forced_answer_never_shows_its_wrapper() -> None:
+    """`required` answers an array of {"name", "parameters"}: Weir's own format. Cut at
+    max_tokens, whole calls stay calls and the last keeps its arguments as far as they
+    came (as a named function's do, and as OpenAI answers); none of it is content."""
+    req = chat(tools=[WEATHER, TIME], tool_choice="required")
     tracker = T.ToolCallTracker.for_request(req, lambda tools: None)
-    assert tracker.whole('[{"name": "get_wea') == ('[{"name": "get_wea', [])
+    assert tracker.whole('[{"name": "get_wea') == (None, [])
     assert tracker.reason("length") == "length"
+    content, calls = T.ToolCallTracker.for_request(req, lambda tools: None).whole(
+        '[{"name": "get_time", "parameters": {}}, {"name": "get_weather", '
+        '"parameters": {"city": "Par')
+    assert content is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("get_time", "{}"), ("get_weather", '{"city": "Par')]
+    streamed = T.ToolCallTracker.for_request(req, lambda tools: None)
+    assert streamed.step('[{"name": "get_weather", "param', [], None) == (None, [], None)
+    content, deltas, reason = streamed.step('eters": {"city": 1', [], "length")
+    assert content is None and reason == "length"
+    assert [(d["index"], d["function"]) for d in deltas] == [
+        (0, {"name": "get_weather", "arguments": '{"city": 1'})]
 
 
 class _Engine:
@@ -277,3 +292,80 @@ def test_a_streamed_answer_carries_its_calls_and_replays_as_calls() -> None:
             replayed.feed(ch["delta"].get("tool_calls") or [])
     assert replayed.result() == [CALL]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+# ------------------------------------------------------------------ schema budgets
+
+
+def _wide(n: int) -> dict[str, Any]:
+    """An object schema of n properties: n + 2 objects."""
+    return {"type": "object", "properties": {f"p{j}": {"type": "string"} for j in range(n)}}
+
+
+def _tool(i: int, n: int) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": f"f{i}", "parameters": _wide(n)}}
+
+
+def refused(body: dict[str, Any], model: Any = ChatCompletionRequest) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(model, body)
+    assert e.value.status == 400 and e.value.code == "invalid_value"
+    return e.value
+
+
+def test_schemas_past_the_request_budget_are_refused_before_any_is_checked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: list[Any] = []
+    monkeypatch.setattr(jsonschema.Draft7Validator, "check_schema",
+                        classmethod(lambda cls, s: checked.append(s)))
+    tools = [_tool(i, 400) for i in range(128)]  # 51,456 objects: 14 s of checks before
+    err = refused({"model": "m", "messages": MSG, "tools": tools})
+    assert err.param is not None and err.param.startswith("tools[")
+    assert err.param.endswith("].function.parameters") and checked == []
+
+
+def test_what_the_engine_compiles_has_its_own_smaller_budget() -> None:
+    body = {"model": "m", "messages": MSG, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": _wide(2000)}}}
+    assert refused(body).param == "response_format.json_schema.schema"
+    tools = [_tool(i, 600) for i in range(2)]  # 1,204 objects: fine unless forced
+    ok = parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, "tools": tools,
+                                             "tool_choice": "auto"})
+    assert ok.tools is not None and len(ok.tools) == 2
+    parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, "tools": tools,
+                                        "tool_choice": {"type": "function",
+                                                        "function": {"name": "f0"}}})
+    err = refused({"model": "m", "messages": MSG, "tools": tools, "tool_choice": "required"})
+    assert err.param == "tools[1].function.parameters" and "tool_choice" in err.message
+
+
+def test_the_responses_api_shapes_are_counted_too() -> None:
+    from proxy.openai_responses.models import ResponsesRequest
+
+    tools = [{"type": "function", "name": f"f{i}", "parameters": _wide(600)} for i in range(2)]
+    assert refused({"model": "m", "input": "hi", "tools": tools, "tool_choice": "required"},
+                   ResponsesRequest).param == "tools[1].parameters"
+    assert refused({"model": "m", "input": "hi", "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": _wide(1100)}}},
+        ResponsesRequest).param == "text.format.schema"
+
+
+def test_a_schema_that_passed_is_remembered_and_a_bad_one_is_refused_every_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+    real = jsonschema.Draft7Validator.check_schema
+
+    def spy(cls: Any, s: Any) -> None:
+        calls.append(s)
+        real(s)
+
+    monkeypatch.setattr(jsonschema.Draft7Validator, "check_schema", classmethod(spy))
+    good = {"type": "function", "function": {"name": "g", "parameters": {
+        "type": "object", "properties": {"memo-test": {"type": "integer"}}}}}
+    for _ in range(3):
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, "tools": [good]})
+    assert len(calls) == 1
+    bad = {"type": "function", "function": {"name": "b", "parameters": {"type": "strnig"}}}
+    for _ in range(2):
+        assert refused({"model": "m", "messages": MSG, "tools": [bad]}).param is not None
+    assert len(calls) == 3

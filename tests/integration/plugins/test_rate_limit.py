@@ -309,3 +309,28 @@ async def test_client_gone_during_admit_leaves_no_lease(redis_server: RedisServe
     for key in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
         assert await p.remote.client.zcard(key) == 0
     await p.close()
+
+
+async def test_every_prompt_of_a_completion_reserves_its_own_output() -> None:
+    """256 prompts x n 8 is 2,048 generations: the reservation is theirs, not one's."""
+    from proxy.protocol import CompletionRequest
+
+    p = plugin(None, rules=[{"per": "key", "tpm": 1000}])
+
+    def completion(prompts: int) -> RequestContext:
+        req = CompletionRequest.model_validate({"model": "m", "prompt": ["x"] * prompts,
+                                                "n": 2, "max_tokens": 100})
+        return RequestContext(route="completions", request=req,
+                              principal=Principal("t", "user", "u", key_id="k"),
+                              request_id="r")
+
+    async def unsettled(c: RequestContext) -> Reply:
+        return Completion({})  # no usage: the reservation stands
+
+    c = completion(1)
+    await p(c, unsettled)  # (1 token + 100) x 2 = 202
+    assert c.response_headers["x-ratelimit-remaining-tokens"] == str(1000 - 202)
+    with pytest.raises(RateLimited):
+        await p(completion(4), unsettled)  # (2 + 400) x 2 = 804 > 798 left
+    await p(completion(3), unsettled)  # (1 + 300) x 2 = 602
+    await p.close()

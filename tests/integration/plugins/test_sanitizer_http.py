@@ -62,3 +62,22 @@ async def test_embedded_default_builds_with_its_plugins(aiohttp_client) -> None:
     assert r.status == 200
     metrics = await (await client.get("/metrics")).text()
     assert 'weir_sanitizer_detections_total{action="flag",detector="card"} 1.0' in metrics
+
+
+async def test_the_output_ceiling_holds_for_requests_that_name_no_limit(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """`limits.max_tokens` bounds what a request may ask for, and what one that asks for
+    nothing (or null) gets: not the rest of the model's context."""
+    client = await make_client(plugins=sanitizer(limits={"max_tokens": 3}))
+    msgs = [{"role": "user", "content": "hi"}]
+    for extra in ({}, {"max_tokens": None}, {"max_completion_tokens": None}):
+        r = await client.post("/v1/chat/completions", json={
+            "model": "fake-model", "messages": msgs, **extra})
+        assert r.status == 200
+    r = await client.post("/v1/completions", json={
+        "model": "fake-model", "prompt": "hi", "max_tokens": None})
+    assert r.status == 200  # (absent, a completion's max_tokens is OpenAI's 16)
+    assert [opts.max_tokens for _, opts, _ in fake_engine.calls] == [3, 3, 3, 3]
+    r = await client.post("/v1/chat/completions", json={
+        "model": "fake-model", "messages": msgs, "max_tokens": 2})
+    assert r.status == 200 and fake_engine.calls[-1][1].max_tokens == 2
