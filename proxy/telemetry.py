@@ -25,6 +25,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+from aiohttp.http_exceptions import BadHttpMessage
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from .settings import LoggingSettings
@@ -79,7 +80,10 @@ class LibraryLogBridge(logging.Handler):
                 fields["error"] = type(exc).__name__
                 if isinstance(exc, OSError) and exc.errno is not None:
                     fields["errno"] = exc.errno
-            getattr(structlog.get_logger("weir.lib"), record.levelname.lower())(event, **fields)
+            level = record.levelname.lower()
+            if isinstance(exc, BadHttpMessage) and level == "error":
+                level = "warning"  # a malformed request is the client's error, not ours
+            getattr(structlog.get_logger("weir.lib"), level)(event, **fields)
         except Exception:  # a log handler must never raise into the caller
             self.handleError(record)
 

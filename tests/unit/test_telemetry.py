@@ -61,6 +61,22 @@ def test_exception_messages_and_arguments_are_dropped(log: io.StringIO) -> None:
     assert lines(log)[0]["error"] == "ValueError"
 
 
+def test_a_malformed_request_is_a_warning_and_our_own_failure_an_error(
+        log: io.StringIO) -> None:
+    """A client can send a too-long header line at will: it must not page anyone."""
+    from aiohttp.http_exceptions import LineTooLong
+
+    for exc, event in ((LineTooLong(b"x" * 10, "8190"), "Error handling request %s"),
+                       (RuntimeError("ours"), "Unhandled error in %s")):
+        try:
+            raise exc
+        except Exception:
+            logging.getLogger("aiohttp.server").exception(event, "peer")
+    got = lines(log)
+    assert [(g["error"], g["level"]) for g in got] == [("LineTooLong", "warning"),
+                                                       ("RuntimeError", "error")]
+
+
 def test_labelled_children_are_memoised_and_count() -> None:
     m = telemetry.Metrics()
     a = telemetry.labelled(m.requests, "chat", "m", "200")
