@@ -31,8 +31,8 @@ async def _serve(config: str, port: int, tokens: int) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
-    print(f"weir: listening on http://127.0.0.1:{runner.addresses[0][1]}", file=sys.stderr,
-          flush=True)
+    sys.stderr.write(f"weir: listening on http://127.0.0.1:{runner.addresses[0][1]}\n")
+    sys.stderr.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -101,7 +101,11 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     listener = await listen(app, settings.server, host, port)
     actual_port = listener.port
     log.info("listening", url=f"http://{host}:{actual_port}")
-    print(f"weir: listening on http://{host}:{actual_port}", file=sys.stderr, flush=True)
+    # One write, newline included: print() writes the text and its end separately, and
+    # a log line from another thread (the model's first-start conversion) can land
+    # between them, onto the line scripts read the URL from.
+    sys.stderr.write(f"weir: listening on http://{host}:{actual_port}\n")
+    sys.stderr.flush()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

@@ -15,7 +15,7 @@ import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-LISTEN = re.compile(r"weir: listening on (http://\S+)")
+LISTEN = re.compile(r"weir: listening on (http://[\w.:\[\]-]+)\n")  # the whole line
 
 
 def e2e_config(**overrides: Any) -> dict[str, Any]:
