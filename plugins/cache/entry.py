@@ -100,12 +100,18 @@ def _usage(entry: Entry) -> dict[str, Any]:
     return R.usage(entry.usage["prompt_tokens"], entry.usage["completion_tokens"])
 
 
+def _fresh_ids(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A replayed tool call gets an id of its own: clients match a call's result to it
+    by id, across a conversation that may hold the same cached call twice."""
+    return [{**c, "id": T.new_call_id()} for c in calls]
+
+
 def replay_body(entry: Entry, req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
     if entry.route == "chat":
         return R.chat_completion(
             id=R.new_id("chatcmpl"), model=req.model, created=R.now(), usage_=_usage(entry),
             choices=[T.with_calls(R.chat_choice(c["index"], c["text"], c["finish_reason"], None),
-                                  c.get("tool_calls") or [])
+                                  _fresh_ids(c.get("tool_calls") or []))
                      for c in entry.choices])
     return R.completion_body(
         id=R.new_id("cmpl"), model=req.model, created=R.now(), usage_=_usage(entry),
@@ -121,7 +127,7 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
     if entry.route == "chat":
         cid = R.new_id("chatcmpl")
         for c in entry.choices:
-            calls = c.get("tool_calls") or []
+            calls = _fresh_ids(c.get("tool_calls") or [])
             choice = R.chat_chunk_choice(c["index"], content=c["text"] or (None if calls else ""),
                                          first=True, reason=c["finish_reason"], logprobs=None)
             yield R.chat_chunk(id=cid, model=model, created=created, include_usage=include_usage,

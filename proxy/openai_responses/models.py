@@ -129,6 +129,9 @@ class ResponsesRequest(_Open):
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ResponsesRequest:
         choice = self.tool_choice
+        if choice == "required" and not self.tools:
+            raise InvalidRequest("Invalid value for `tool_choice`: `required` needs `tools`.",
+                                 param="tool_choice")
         if isinstance(choice, ToolChoiceFunction) and choice.name not in {
                 t.name for t in self.tools or []}:
             raise InvalidRequest(f"Invalid value for `tool_choice`: no function named "

@@ -159,6 +159,7 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
         ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}},
          "tool_choice.name"),
         ({"text": {"format": {"type": "json_schema"}}}, "text.format.schema"),
+        ({"tool_choice": "required"}, "tool_choice"),
         ({"max_output_tokens": 10_000}, "max_output_tokens"),
         ({"input": "x" * 3000}, "input"),
     ]

@@ -265,8 +265,16 @@ def test_cache_captures_and_replays_tool_calls_whole() -> None:
     entry = _entry(captured[0])
     replay = E.replay_body(E.Entry.from_json(entry.to_json()), chat(tools=[WEATHER]))
     msg = replay["choices"][0]["message"]
-    assert msg["tool_calls"] == [CALL] and msg["content"] is None
+    assert _without_ids(msg["tool_calls"]) == _without_ids([CALL]) and msg["content"] is None
     assert replay["choices"][0]["finish_reason"] == "tool_calls"
+    # Each replay's calls have ids of their own: a client matches results to calls by id.
+    again = E.replay_body(entry, chat(tools=[WEATHER]))["choices"][0]["message"]["tool_calls"]
+    ids = {CALL["id"], msg["tool_calls"][0]["id"], again[0]["id"]}
+    assert len(ids) == 3 and all(i.startswith("call_") for i in ids)
+
+
+def _without_ids(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in c.items() if k != "id"} for c in calls]
 
 
 def test_a_streamed_answer_carries_its_calls_and_replays_as_calls() -> None:
@@ -290,7 +298,8 @@ def test_a_streamed_answer_carries_its_calls_and_replays_as_calls() -> None:
     for c in chunks:
         for ch in c["choices"]:
             replayed.feed(ch["delta"].get("tool_calls") or [])
-    assert replayed.result() == [CALL]
+    (got,) = replayed.result()
+    assert _without_ids([got]) == _without_ids([CALL]) and got["id"] != CALL["id"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
