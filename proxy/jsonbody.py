@@ -86,7 +86,8 @@ def _loads(text: str) -> Any:
 _WS = re.compile(r"[ \t\n\r]*")
 
 
-def _skip_ws(text: str, i: int) -> int:
+def skip_ws(text: str, i: int) -> int:
+    """The index of the first non-whitespace character (JSON's whitespace) from `i`."""
     m = _WS.match(text, i)
     return m.end() if m else i
 
@@ -95,21 +96,21 @@ def _deep_field(text: str) -> str | None:
     """The top-level field whose value is too deep for `json` itself, if the body is an
     object: its fields are decoded one by one (each in C) until one overflows."""
     dec = json.JSONDecoder(parse_int=_parse_int, parse_constant=_parse_constant)
-    i = _skip_ws(text, 0)
+    i = skip_ws(text, 0)
     if not text.startswith("{", i):
         return None
     i += 1
     try:
         while True:
-            key, i = dec.raw_decode(text, _skip_ws(text, i))
-            i = _skip_ws(text, i)
+            key, i = dec.raw_decode(text, skip_ws(text, i))
+            i = skip_ws(text, i)
             if not isinstance(key, str) or not text.startswith(":", i):
                 return None
             try:
-                _, i = dec.raw_decode(text, _skip_ws(text, i + 1))
+                _, i = dec.raw_decode(text, skip_ws(text, i + 1))
             except RecursionError:
                 return key
-            i = _skip_ws(text, i)
+            i = skip_ws(text, i)
             if not text.startswith(",", i):
                 return None
             i += 1

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .engine.base import ParsedToolCall, SamplingOptions, ToolCallDelta, ToolCallParser
+from .jsonbody import skip_ws
 from .protocol import ChatCompletionRequest, NamedToolChoice, ToolCall
 
 Mode = Literal["text", "forced", "parser"]
@@ -98,11 +99,11 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
         return [ParsedToolCall(req.tool_choice.function.name, text)]
     calls: list[ParsedToolCall] = []
     dec = json.JSONDecoder()
-    i = _skip(text, 0)
+    i = skip_ws(text, 0)
     if not text.startswith("[", i):
         return calls
     i += 1
-    while (i := _skip(text, i)) < len(text) and text[i] != "]":
+    while (i := skip_ws(text, i)) < len(text) and text[i] != "]":
         try:
             c, i = dec.raw_decode(text, i)
         except ValueError:  # cut short: the name, then the arguments as far as they came
@@ -112,19 +113,13 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
             return calls
         if isinstance(c, dict) and isinstance(c.get("name"), str) and "parameters" in c:
             calls.append(ParsedToolCall(c["name"], json.dumps(c["parameters"])))
-        i = _skip(text, i)
+        i = skip_ws(text, i)
         if text.startswith(",", i):
             i += 1
     return calls
 
 
 _CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*(?P<name>"(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
-_WS = re.compile(r"[ \t\n\r]*")
-
-
-def _skip(text: str, i: int) -> int:
-    m = _WS.match(text, i)
-    return m.end() if m else i
 
 
 def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
