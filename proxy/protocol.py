@@ -4,7 +4,9 @@ Longer than most modules on purpose: it is the OpenAI request surface in one pla
 (models and the rules on them); splitting it would scatter one schema.
 
 Requests are pydantic models with `extra="allow"`: unknown fields are accepted, as
-OpenAI does. Bounds follow OpenAI's API reference. A validation failure becomes a 400
+OpenAI does. Types are strict, as OpenAI's are: `"max_tokens": "5"`, `true` for a number
+or `5.0` for an integer are a 400 `invalid_type`, not quietly coerced. Bounds follow
+OpenAI's API reference. A validation failure becomes a 400
 `invalid_request_error` whose `param` is the dotted path of the first bad field
 (`messages[0].content`), which is what the OpenAI SDK shows its users.
 
@@ -22,7 +24,9 @@ from jsonschema.exceptions import SchemaError
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -215,7 +219,18 @@ class OtherPart(_Open):
     type: str
 
 
-Part = Annotated[TextPart | RefusalPart | OtherPart, Field(union_mode="left_to_right")]
+def _part_kind(v: Any) -> str:
+    """A part's model by its `type`, so a text part with a bad `text` is told so (and not
+    taken for an unsupported kind); tags are capitalised so error params leave them out."""
+    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return {"text": "Text", "refusal": "Refusal"}.get(kind, "Other")  # type: ignore[arg-type]
+
+
+Part = Annotated[
+    Annotated[TextPart, Tag("Text")] | Annotated[RefusalPart, Tag("Refusal")]
+    | Annotated[OtherPart, Tag("Other")],
+    Discriminator(_part_kind),
+]
 
 
 class ChatMessage(_Open):
@@ -240,7 +255,7 @@ class StreamOptions(_Open):
 
 
 class JsonSchemaFormat(_Open):
-    name: str = "response"
+    name: str = Field(default="response", pattern=_FUNCTION_NAME)  # OpenAI checks it so
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
@@ -346,6 +361,11 @@ class _SamplingFields(_Open):
         return "max_tokens"
 
     @property
+    def sequences(self) -> int:
+        """The sequences the engine generates for this request (`n` per prompt)."""
+        return self.n
+
+    @property
     def stops(self) -> list[str]:
         """`stop` as a list, whichever form it was sent in."""
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -365,6 +385,17 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _contents_given(self) -> ChatCompletionRequest:
+        """Only an assistant turn that made calls may go without content (OpenAI's rule)."""
+        for i, m in enumerate(self.messages):
+            if m.content is None and not (m.role == "assistant" and m.tool_calls):
+                raise InvalidRequest(
+                    f"Missing required parameter: `messages[{i}].content` (only an assistant "
+                    "message with `tool_calls` may leave it out).",
+                    param=f"messages[{i}].content", code="missing_required_parameter")
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -411,6 +442,10 @@ class CompletionRequest(_SamplingFields):
     @property
     def output_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def sequences(self) -> int:
+        return self.n * len(self.prompts())
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of single prompts (text or token ids)."""
@@ -483,14 +518,44 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
     first = min(errors, key=lambda e: rank.get(str(e["loc"][0]) if e["loc"] else "", len(rank)))
     field_errors = [e for e in errors if e["loc"][:1] == first["loc"][:1]]
     specific = [e for e in field_errors if not e["type"].endswith("_type")]
-    err = (specific or field_errors)[0]
+    # Among type errors, the union member that got furthest into the value names the
+    # real fault (`content[0].text` is a number, not "`content` is not a string").
+    err = (specific or [max(field_errors, key=lambda e: len(e["loc"]))])[0]
     param = _loc_to_param(tuple(err["loc"]))
+    where = f" for `{param}`" if param else ""
+    expected = _EXPECTED.get(err["type"])
+    if expected is not None:  # a wrong JSON type, said as OpenAI says it
+        return InvalidRequest(
+            f"Invalid type{where}: expected {expected}, but got {_json_type(err['input'])} "
+            "instead.", param=param or None, code="invalid_type")
+    if err["type"] == "missing":
+        return InvalidRequest(f"Missing required parameter: `{param}`.", param=param or None,
+                              code="missing_required_parameter")
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
-    where = f" for `{param}`" if param else ""
-    code = "missing_required_parameter" if err["type"] == "missing" else "invalid_value"
-    return InvalidRequest(f"Invalid value{where}: {msg}.", param=param or None, code=code)
+    return InvalidRequest(f"Invalid value{where}: {msg}.", param=param or None,
+                          code="invalid_value")
+
+
+#: Pydantic's type errors, as the JSON type that was expected.
+_EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean",
+             "string_type": "a string", "list_type": "an array", "dict_type": "an object",
+             "model_type": "an object", "model_attributes_type": "an object"}
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a decimal number"
+    if isinstance(v, str):
+        return "a string"
+    return "an array" if isinstance(v, list) else "an object"
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -499,6 +564,6 @@ M = TypeVar("M", bound=BaseModel)
 def parse_model(model: type[M], data: dict[str, Any]) -> M:
     check_schema_budget(data)
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=True)
     except ValidationError as e:
         raise validation_error(e, OPENAI_ORDER.get(model.__name__, ())) from None

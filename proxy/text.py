@@ -3,8 +3,10 @@
 imports the other.
 
 NFKC folds compatibility forms (full-width letters, ligatures, superscripts) into their
-plain forms; then control characters other than newline and tab, zero-width characters
-and bidi overrides/isolates are removed; runs of spaces collapse and the ends are
+plain forms; then control characters other than newline and tab and every
+default-ignorable character that renders as nothing (zero-width, variation selectors,
+bidi controls) are removed, and blanks that render as a space (Hangul fillers) become
+one; runs of spaces collapse and the ends are
 stripped. Two prompts that render alike end up equal, so the cache keys on one entry and
 detectors cannot be dodged with a zero-width space inside a phrase.
 """
@@ -14,15 +16,22 @@ from __future__ import annotations
 import re
 import unicodedata
 
-# C0/C1 controls except \t and \n; DEL; zero-width and invisible formatting characters;
-# bidi embeddings, overrides and isolates; BOM; the Unicode tag block used to smuggle
-# invisible text.
+# C0/C1 controls except \t and \n; DEL; and every Unicode default-ignorable code point
+# (DerivedCoreProperties.txt) that renders as nothing: soft hyphen, combining grapheme
+# joiner, Mongolian and other variation selectors, zero-width characters,
+# bidi embeddings, overrides and isolates, BOM, the tag block used to smuggle invisible
+# text. "ig\ufe0fnore" must read as "ignore".
 _STRIP = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f"
-    "\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff"
-    "\U000e0000-\U000e007f]"
+    "\u00ad\u034f\u061c\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u206f\ufe00-\ufe0f\ufeff\ufff0-\ufff8"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
 )
-_WIDE_SPACES = str.maketrans({"\u00a0": " ", "\u3000": " "})
+# What renders as a blank the width of a letter reads as a space: no-break and ideographic
+# spaces, the Hangul fillers (NFKC turns U+3164 and U+FFA0 into U+1160) and the braille
+# blank. "ignore\u3164all" is "ignore all" to its reader.
+_WIDE_SPACES = str.maketrans({c: " " for c in "\u00a0\u3000\u115f\u1160\u3164\uffa0\u2800"})
+_HAS_WIDE = re.compile("[\u00a0\u3000\u115f\u1160\u3164\uffa0\u2800]")
 _SPACES = re.compile(r" {2,}")
 _CRLF = re.compile(r"\r\n?")
 
@@ -38,6 +47,6 @@ def normalize(text: str) -> str:
     if "\r" in out:
         out = _CRLF.sub("\n", out)
     out = _STRIP.sub("", out)
-    if "\u00a0" in out or "\u3000" in out:
+    if _HAS_WIDE.search(out):
         out = out.translate(_WIDE_SPACES)
     return _squeeze(out).strip()

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from proxy.chain import BasePlugin, Next, Outcome, Reply, Services, Stream
+from proxy.chain import BasePlugin, Next, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.errors import DeadlineExceeded, Unavailable
 from proxy.telemetry import get_logger
@@ -42,7 +42,8 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         self.gate = PriorityGate(config.max_concurrent, config.max_queue)
         reg = services.metrics.registry
         self.depth = Gauge("weir_admission_queue_depth", "Requests waiting.", registry=reg)
-        self.in_engine = Gauge("weir_admission_in_engine", "Requests holding a permit.",
+        self.in_engine = Gauge("weir_admission_in_engine",
+                               "Permits held: sequences in the engine (n per prompt).",
                                registry=reg)
         self.wait = Histogram("weir_admission_queue_wait_seconds", "Time waited for a permit.",
                               registry=reg, buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
@@ -86,10 +87,12 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         remaining = ctx.remaining()
         wait = self.cfg.max_queue_wait_s if remaining is None else min(
             self.cfg.max_queue_wait_s, max(remaining, 0.0))
+        # Embeddings run beside the engine, in one batch per request: one permit.
+        weight = 1 if ctx.route == "embeddings" else self.gate.weight(ctx.request.sequences)
         start = time.monotonic()
         self.depth.set(self.gate.waiting + 1)
         try:
-            await self.gate.acquire(priority, wait)
+            await self.gate.acquire(priority, wait, weight)
         except Shed:
             raise self._overloaded("full", "The server is overloaded; retry shortly.") from None
         except TimeoutError:
@@ -110,29 +113,29 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
             async with scope:
                 reply = await call_next(ctx)
         except TimeoutError:
-            self._release()
+            self._release(weight)
             if scope.expired():
                 self.timeouts.inc()
                 raise DeadlineExceeded("The request did not finish within its deadline.") from None
             raise
         except BaseException:
-            self._release()
+            self._release(weight)
             raise
         if not isinstance(reply, Stream):
-            self._release()
+            self._release(weight)
             return reply
         if ctx.deadline is not None:
             reply.deadline = (ctx.deadline if reply.deadline is None
                               else min(reply.deadline, ctx.deadline))
-        reply.on_end(self._stream_ended)
+        reply.on_end(lambda stream, outcome: self._stream_ended(stream, weight))
         return reply
 
-    def _release(self) -> None:
-        self.gate.release()
+    def _release(self, weight: int) -> None:
+        self.gate.release(weight)
         self.in_engine.set(self.gate.in_use)
 
-    def _stream_ended(self, stream: Stream, outcome: Outcome) -> None:
-        self._release()
+    def _stream_ended(self, stream: Stream, weight: int) -> None:
+        self._release(weight)
         if isinstance(stream.error, DeadlineExceeded):
             self.timeouts.inc()
 

@@ -6,8 +6,9 @@ counts when it passes, so card-like order numbers do not trip the card detector.
 detector returns (start, end) spans and never keeps the matched text. Secrets live in
 `credentials`, injection phrases in `injection`.
 
-Shapes covered, by family: cards in groups separated by spaces, dots or dashes (one kind
-per number) or unseparated, and a card split across two messages (`card_across`); phones
+Shapes covered, by family: cards in groups separated by spaces, dots, dashes, slashes,
+underscores or commas (one kind per number) or unseparated, with the CVV or expiry that
+follows them, and a card split across two messages (`card_across`); phones
 with +/00 prefixes, a "(0)", parentheses, dots, spaces or dashes; e-mails written plainly
 or as "name at domain dot com", "name[at]domain(dot)com".
 """
@@ -31,7 +32,7 @@ _regex = regex_finder
 
 # Numbers (cards, ids, phones, IPv4) are found in two steps: one scan for runs of
 # digit-ish characters, then the specific pattern only inside those short windows.
-_NUMERIC_RUN = re.compile(r"\d[\d \-().]{5,48}")
+_NUMERIC_RUN = re.compile(r"\d[\d \-().,/_]{5,48}")
 _MARGIN = 4  # room for a leading "+86 " or "(" and the patterns' look-arounds
 _runs_of: tuple[str, list[Span]] = ("", [])
 
@@ -177,10 +178,24 @@ _PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .-]?\(0\))?(?:[ .-]?\(?\d{1,4}\)
           r"|(?<![\d.-])\(\d{3}\)\s?\d{3}[ .-]\d{4}(?![\d-])"
           r"|(?<![\w.-])[2-9]\d{2}([ .-])[2-9]\d{2}\1\d{4}(?![\w-]|\.\d)")
 _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d)"
-# Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5.
-_CARD = (r"(?<![\d.,-])(?:\d{13,19}"
-         r"|\d{4}(?P<s>[ .-]| - )\d{4}(?:(?P=s)\d{4}){1,2}(?:(?P=s)\d{1,4})?"
-         r"|\d{4}(?P<t>[ .-]| - )\d{6}(?P=t)\d{4,5})(?![\d]|[.,-]\d)")
+# Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5;
+# then perhaps what often follows a card number: its CVV or expiry ("4111 ... 1111 123",
+# "4111...1111/12/27"), redacted with it.
+_CARD_SEP = r"(?:[ ./_,-]| - |, )"
+_CARD_TAIL = rf"{_CARD_SEP}(?:\d{{3,4}}|\d{{2}}/\d{{2,4}})"
+_CARD = (rf"(?<![\d.,-])(?:\d{{13,19}}"
+         rf"|\d{{4}}(?P<s>{_CARD_SEP})\d{{4}}(?:(?P=s)\d{{4}}){{1,2}}(?:(?P=s)\d{{1,4}})?"
+         rf"|\d{{4}}(?P<t>{_CARD_SEP})\d{{6}}(?P=t)\d{{4,5}})(?:{_CARD_TAIL})?"
+         r"(?![\d]|[.,-]\d)")
+_TAIL_AT_END = re.compile(_CARD_TAIL + "$")
+
+
+def _card_ok(candidate: str) -> bool:
+    """Luhn on the number, with or without what follows it (a CVV or expiry)."""
+    if luhn_ok(candidate):
+        return True
+    tail = _TAIL_AT_END.search(candidate)
+    return tail is not None and luhn_ok(candidate[: tail.start()])
 _CN_ID = r"(?<![0-9Xx])\d{17}[0-9Xx](?![0-9Xx])"
 _IBAN = r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
@@ -228,7 +243,7 @@ BUILTIN: dict[str, Detector] = {
         Detector("email", "[EMAIL]", _find_email),
         Detector("iban", "[IBAN]", _regex(_IBAN, check=iban_ok)),
         Detector("cn_id", "[CN_ID]", _numeric(_CN_ID, check=cn_id_ok)),
-        Detector("card", "[CARD]", _numeric(_CARD, check=luhn_ok)),
+        Detector("card", "[CARD]", _numeric(_CARD, check=_card_ok)),
         Detector("cn_mobile", "[PHONE]", _numeric(_CN_MOBILE)),
         Detector("phone", "[PHONE]", _numeric(_PHONE)),
         Detector("ip", "[IP]", _find_ip),

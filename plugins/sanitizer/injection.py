@@ -42,7 +42,33 @@ _INJECTION_RX = [re.compile(p, re.IGNORECASE) for p in _INJECTION]
 _ANY_TRIGGER = re.compile("|".join(re.escape(t) for ts in _INJECTION_TRIGGERS for t in ts))
 
 
+# Letters of other scripts that look like Latin ones (Unicode's confusables.txt, the
+# single-letter lowercase Cyrillic, Greek and Armenian ones and the small-capital, dotless
+# and IPA look-alikes): "ignоre" with a Cyrillic "о" reads as "ignore". One letter for
+# one, so spans found in the folded text are spans of the text. Only the injection
+# phrases are read this way: a look-alike inside an address or a key is no address or key.
+_LOOKALIKES = str.maketrans(dict(zip(
+    # Cyrillic
+    "аеорсухѕіјһԁԛԝѵӏкмнтвьү" "АВЕКМНОРСТУХЅІЈҺԀԚԜӀҮ"
+    # Greek
+    "αονικρτυχϲϳεγ" "ΑΒΕΖΗΙΚΜΝΟΡΤΥΧ"
+    # Armenian
+    "օսոհցզ"
+    # Latin small capitals, dotless and IPA letters
+    "ıȷɑɡɩɪʟɴʀʏᴀʙᴄᴅᴇꜰɢʜᴊᴋᴍᴏᴘꜱᴛᴜᴠᴡᴢ",
+    "aeopcyxsijhdqwvlkmhtbby" "ABEKMHOPCTYXSIJHDQWIY"
+    "aovikptuxcjey" "ABEZHIKMNOPTYX"
+    "ounhgq"
+    "ijagiilnryabcdefghjkmopstuvwz",
+    strict=True)))
+
+
+def _fold(text: str) -> str:
+    return text if text.isascii() else text.translate(_LOOKALIKES)
+
+
 def _find_injection(text: str) -> Iterator[Span]:
+    text = _fold(text)
     low = text.lower()
     if _ANY_TRIGGER.search(low) is None:
         return

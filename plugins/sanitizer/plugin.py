@@ -23,7 +23,14 @@ from pydantic import BaseModel
 from proxy.chain import BasePlugin, Next, Reply, Services
 from proxy.context import RequestContext
 from proxy.errors import InvalidRequest
-from proxy.protocol import ChatCompletionRequest, CompletionRequest, TextPart
+from proxy.protocol import (
+    ChatCompletionRequest,
+    ChatTool,
+    CompletionRequest,
+    RefusalPart,
+    TextPart,
+    ToolCall,
+)
 from proxy.telemetry import get_logger
 from proxy.text import normalize
 
@@ -163,64 +170,110 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _chat(self, req: ChatCompletionRequest, fired: dict[str, str],
               ) -> tuple[ChatCompletionRequest, ChatCompletionRequest]:
-        # Every text of the conversation in order (string contents and text parts).
+        # Every text of the conversation in order (string contents, text and refusal
+        # parts): a card may be split between two of them.
         texts: list[str] = []
         for m in req.messages:
             if isinstance(m.content, str):
                 texts.append(m.content)
             elif isinstance(m.content, list):
-                texts += [p.text for p in m.content if isinstance(p, TextPart)]
+                texts += [getattr(p, f) for p in m.content
+                          if (f := _PART_TEXT.get(type(p))) is not None]
         norms = [normalize(t) for t in texts] if self.cfg.normalize else texts
         extra = self._across(norms, fired)
         done = iter([self._process(t, fired, n, x)
                      for t, n, x in zip(texts, norms, extra, strict=True)])
         key_msgs, eng_msgs = [], []
         for m in req.messages:
+            k_upd: dict[str, Any] = {}
+            e_upd: dict[str, Any] = {}
             if isinstance(m.content, str):
-                k, e = next(done)
-                key_msgs.append(_with(m, "content", k))
-                eng_msgs.append(_with(m, "content", e))
+                k_upd["content"], e_upd["content"] = next(done)
             elif isinstance(m.content, list):
                 kp: list[Any] = []
                 ep: list[Any] = []
                 for part in m.content:
-                    if isinstance(part, TextPart):
-                        k, e = next(done)
-                        kp.append(_with(part, "text", k))
-                        ep.append(_with(part, "text", e))
-                    else:
+                    field = _PART_TEXT.get(type(part))
+                    if field is None:  # an image or other part: nothing to read
                         kp.append(part)
                         ep.append(part)
-                key_msgs.append(_with(m, "content", kp))
-                eng_msgs.append(_with(m, "content", ep))
-            else:
-                key_msgs.append(m)
-                eng_msgs.append(m)
-        return _with(req, "messages", key_msgs), _with(req, "messages", eng_msgs)
+                        continue
+                    k, e = next(done)
+                    kp.append(_with(part, field, k))
+                    ep.append(_with(part, field, e))
+                k_upd["content"], e_upd["content"] = kp, ep
+            # The rest of what a message carries reaches the engine too: the speaker's
+            # name and the arguments of calls the assistant made earlier.
+            if m.name:
+                k_upd["name"], e_upd["name"] = self._process(m.name, fired)
+            if m.tool_calls:
+                k_upd["tool_calls"], e_upd["tool_calls"] = self._calls(m.tool_calls, fired)
+            key_msgs.append(_update(m, k_upd))
+            eng_msgs.append(_update(m, e_upd))
+        key = _with(req, "messages", key_msgs)
+        engine = _with(req, "messages", eng_msgs)
+        if req.tools:  # tool descriptions are read by the model as text
+            k_tools, e_tools = self._tools(req.tools, fired)
+            key, engine = _with(key, "tools", k_tools), _with(engine, "tools", e_tools)
+        return key, engine
+
+    def _calls(self, calls: list[ToolCall], fired: dict[str, str],
+               ) -> tuple[list[ToolCall], list[ToolCall]]:
+        key, engine = [], []
+        for call in calls:
+            k, e = self._process(call.function.arguments, fired)
+            key.append(_with(call, "function", _with(call.function, "arguments", k)))
+            engine.append(_with(call, "function", _with(call.function, "arguments", e)))
+        return key, engine
+
+    def _tools(self, tools: list[ChatTool], fired: dict[str, str],
+               ) -> tuple[list[ChatTool], list[ChatTool]]:
+        key, engine = [], []
+        for tool in tools:
+            desc = tool.function.description
+            if not desc:
+                key.append(tool)
+                engine.append(tool)
+                continue
+            k, e = self._process(desc, fired)
+            key.append(_with(tool, "function", _with(tool.function, "description", k)))
+            engine.append(_with(tool, "function", _with(tool.function, "description", e)))
+        return key, engine
 
     def _completion(self, req: CompletionRequest, fired: dict[str, str],
                     ) -> tuple[CompletionRequest, CompletionRequest]:
         p = req.prompt
         if isinstance(p, str):
             k, e = self._process(p, fired)
-            return req.model_copy(update={"prompt": k}), req.model_copy(update={"prompt": e})
-        if p and isinstance(p[0], str):
+            key, engine = _with(req, "prompt", k), _with(req, "prompt", e)
+        elif p and isinstance(p[0], str):
             pairs = [self._process(t, fired) for t in p]  # type: ignore[arg-type]
-            return (req.model_copy(update={"prompt": [k for k, _ in pairs]}),
-                    req.model_copy(update={"prompt": [e for _, e in pairs]}))
-        return req, req  # token ids: nothing to read
+            key = _with(req, "prompt", [k for k, _ in pairs])
+            engine = _with(req, "prompt", [e for _, e in pairs])
+        else:
+            key, engine = req, req  # token ids: nothing to read
+        if req.suffix:
+            k, e = self._process(req.suffix, fired)
+            key, engine = _with(key, "suffix", k), _with(engine, "suffix", e)
+        return key, engine
 
+
+#: The text field of each kind of content part the sanitizer reads.
+_PART_TEXT: dict[type, str] = {TextPart: "text", RefusalPart: "refusal"}
 
 _M = TypeVar("_M", bound=BaseModel)
 
 
+def _update(model: _M, values: dict[str, Any]) -> _M:
+    """`model` with `values` set; the model itself where they are already there. Most
+    texts leave the sanitizer unchanged, and two copies of every message (key side and
+    engine side) were a visible share of a cache hit's CPU."""
+    changed = {f: v for f, v in values.items() if getattr(model, f) != v}
+    return model.model_copy(update=changed) if changed else model
+
+
 def _with(model: _M, field: str, value: Any) -> _M:
-    """`model` with `field` set to `value`; the model itself where the value is already
-    there. Most texts leave the sanitizer unchanged, and two copies of every message (key
-    side and engine side) were a visible share of a cache hit's CPU."""
-    if getattr(model, field) == value:
-        return model
-    return model.model_copy(update={field: value})
+    return _update(model, {field: value})
 
 
 _RANKS = {"off": 0, "flag": 1, "redact": 2, "block": 3}

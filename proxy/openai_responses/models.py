@@ -92,7 +92,7 @@ class ToolChoiceFunction(_Open):
 
 class TextFormat(_Open):
     type: Literal["text", "json_object", "json_schema"]
-    name: str | None = None
+    name: str | None = Field(default=None, pattern=_FUNCTION_NAME)
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     description: str | None = None
     strict: bool | None = None

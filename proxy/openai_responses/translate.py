@@ -8,6 +8,7 @@ The conversation a stored response keeps is in chat form (input and output, with
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from typing import Any
@@ -25,6 +26,7 @@ from .models import (
 #: Chat params as the Responses API names them (for errors raised on the chat form).
 _PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens",
            "response_format": "text.format"}
+_CHAT_SCHEMA = "text.format.json_schema"  # chat's json_schema fields sit in text.format
 
 
 def new_id(prefix: str) -> str:
@@ -41,7 +43,18 @@ def rename_param(e: InvalidRequest) -> InvalidRequest:
             e.param = "input"
         elif name in _PARAMS:
             e.param = _PARAMS[name] + (f".{rest}" if rest else "")
+        e.param = e.param.replace(_CHAT_SCHEMA, "text.format")
+    e.message = _CHAT_NAME.sub(_responses_name, e.message).replace(_CHAT_SCHEMA, "text.format")
     return e
+
+
+# A chat param named in an error's text: "`max_completion_tokens` may be at most ...".
+_CHAT_NAME = re.compile(r"`(" + "|".join(_PARAMS) + r")((?:\[\d+\])?[^`\s]*)`")
+
+
+def _responses_name(m: re.Match[str]) -> str:
+    name, rest = m.group(1), m.group(2)
+    return "`input`" if name == "messages" else f"`{_PARAMS[name]}{rest}`"
 
 
 # ------------------------------------------------------------------------ to chat

@@ -162,6 +162,9 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
         ({"tool_choice": "required"}, "tool_choice"),
         ({"max_output_tokens": 10_000}, "max_output_tokens"),
         ({"input": "x" * 3000}, "input"),
+        ({"max_output_tokens": "64"}, "max_output_tokens"),
+        ({"text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}},
+         "text.format.name"),
     ]
     for extra, param in cases:
         r = await client.post("/v1/responses", json={**BASE, **extra})
@@ -169,6 +172,10 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
         body = await r.json()
         validate("ErrorResponse", body)
         assert body["error"]["param"] == param, (extra, body)
+        # The text names what the caller sent, never the chat form's fields.
+        message = body["error"]["message"]
+        assert not any(n in message for n in ("max_completion_tokens", "messages",
+                                                "response_format")), message
 
 
 async def test_the_chain_applies_rate_limit(make_client: MakeClient) -> None:

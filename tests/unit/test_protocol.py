@@ -103,3 +103,80 @@ def test_decode_json_object_rejects(body: bytes, code: str) -> None:
 
 def test_decode_json_object_accepts_unicode() -> None:
     assert decode_json_object('{"a": "é中"}'.encode()) == {"a": "é中"}
+
+
+# -------------------------------------------------------------------- strict types
+# OpenAI refuses a value of the wrong JSON type; pydantic's lax mode would have read
+# "5" as 5, true as 1 and [true] as token id 1.
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "param", "said"),
+    [
+        (ChatCompletionRequest, {"max_tokens": "5"}, "max_tokens",
+         "expected an integer, but got a string"),
+        (ChatCompletionRequest, {"max_tokens": 5.0}, "max_tokens",
+         "expected an integer, but got a decimal number"),
+        (ChatCompletionRequest, {"temperature": True}, "temperature",
+         "expected a number, but got a boolean"),
+        (ChatCompletionRequest, {"temperature": "0.5"}, "temperature",
+         "expected a number, but got a string"),
+        (ChatCompletionRequest, {"n": True}, "n", "expected an integer, but got a boolean"),
+        (ChatCompletionRequest, {"stream": 1}, "stream", "expected a boolean, but got an integer"),
+        (ChatCompletionRequest, {"logprobs": "true"}, "logprobs", "expected a boolean"),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": 5}]},
+         "messages[0].content", "but got an integer"),
+        (ChatCompletionRequest,
+         {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+         "messages[0].content[0].text", "expected a string, but got an integer"),
+        (CompletionRequest, {"prompt": [True]}, "prompt[0]", "but got a boolean"),
+        (CompletionRequest, {"prompt": "x", "max_tokens": "16"}, "max_tokens",
+         "expected an integer, but got a string"),
+        (CompletionRequest, {"prompt": None}, "prompt", "but got null"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused(model: type, data: dict[str, Any], param: str,
+                                              said: str) -> None:
+    base: dict[str, Any] = {"model": "m"}
+    base.update({"messages": MSG} if model is ChatCompletionRequest else {})
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(model, {**base, **data})
+    assert (e.value.param, e.value.code) == (param, "invalid_type")
+    assert f"Invalid type for `{param}`" in e.value.message and said in e.value.message
+
+
+def test_integers_still_serve_for_numbers() -> None:
+    req = chat(temperature=1, top_p=1, presence_penalty=0)
+    assert (req.temperature, req.top_p) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("role", ["user", "system", "tool", "assistant"])
+def test_a_message_without_content_is_refused(role: str) -> None:
+    for message in ({"role": role}, {"role": role, "content": None}):
+        with pytest.raises(InvalidRequest) as e:
+            parse_model(ChatCompletionRequest, {"model": "m", "messages": [message]})
+        assert (e.value.param, e.value.code) == (
+            "messages[0].content", "missing_required_parameter")
+
+
+def test_an_assistant_call_needs_no_content() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    req = chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "ok"}])
+    assert req.messages[1].content is None
+
+
+def test_a_missing_field_is_said_as_openai_says_it() -> None:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest,
+                    {"model": "m", "messages": [{"role": "user", "content": [{"text": "x"}]}]})
+    assert e.value.param == "messages[0].content[0].type"
+    assert e.value.message == "Missing required parameter: `messages[0].content[0].type`."
+
+
+@pytest.mark.parametrize("name", ["has space", "", "x" * 65, "naïve"])
+def test_a_json_schema_name_follows_openais_pattern(name: str) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": {"type": "object"}}}
+    assert bad_param(ChatCompletionRequest, {"model": "m", "messages": MSG,
+                                             "response_format": fmt}) == (
+        "response_format.json_schema.name")

@@ -16,7 +16,7 @@ from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.errors import EngineError, Timeout, Unavailable
-from proxy.protocol import ChatCompletionRequest
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from tests.fakes import FakeEngine
@@ -79,6 +79,58 @@ async def test_waiters_that_give_up_leave_no_leak() -> None:
     assert gate.in_use == 0 and gate.waiting == 0
 
 
+async def test_a_request_takes_a_permit_per_sequence_and_waits_its_turn() -> None:
+    gate = PriorityGate(4, 10)
+    await gate.acquire(5, None, gate.weight(3))
+    assert gate.in_use == 3
+    two = asyncio.create_task(gate.acquire(5, None, 2))
+    await eventually(lambda: gate.waiting == 1)
+    # One permit is free, but the waiter before it needs two: the later one queues too
+    # (smaller requests do not pass a larger one for ever).
+    one = asyncio.create_task(gate.acquire(5, None, 1))
+    await eventually(lambda: gate.waiting == 2)
+    assert not two.done() and not one.done()
+    gate.release(3)
+    await asyncio.gather(two, one)
+    assert gate.in_use == 3 and gate.waiting == 0
+    assert gate.weight(100) == 4 and gate.weight(0) == 1  # all permits at most: it can run
+
+
+async def test_a_large_waiter_giving_up_lets_the_next_ones_in() -> None:
+    gate = PriorityGate(2, 10)
+    await gate.acquire(5, None)
+    heavy = asyncio.create_task(gate.acquire(5, 30, 2))
+    await eventually(lambda: gate.waiting == 1)
+    light = asyncio.create_task(gate.acquire(5, None, 1))
+    await eventually(lambda: gate.waiting == 2)
+    heavy.cancel()
+    await light  # the free permit was held back for `heavy` only
+    with pytest.raises(asyncio.CancelledError):
+        await heavy
+    assert gate.in_use == 2 and gate.waiting == 0
+
+
+async def test_weighted_waiters_that_give_up_leave_no_leak() -> None:
+    gate = PriorityGate(4, 50)
+    rng = random.Random(2)
+
+    async def user() -> None:
+        weight = gate.weight(rng.choice([1, 1, 2, 3, 8]))
+        try:
+            await gate.acquire(rng.choice([0, 10]), rng.choice([0.001, 0.01, None]), weight)
+        except (TimeoutError, Shed):
+            return
+        assert gate.in_use <= 4
+        await asyncio.sleep(0)
+        gate.release(weight)
+
+    tasks = [asyncio.create_task(user()) for _ in range(500)]
+    for t in rng.sample(tasks, 100):
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert gate.in_use == 0 and gate.waiting == 0
+
+
 def ctx(headers: dict[str, str] | None = None, role: str = "user",
         stream: bool = False) -> RequestContext:
     req = ChatCompletionRequest.model_validate(
@@ -109,6 +161,35 @@ async def test_shed_is_immediate_503_with_retry_after() -> None:
     gate.set()
     await first
     assert p.gate.in_use == 0
+
+
+def in_engine(p: AdmissionPlugin) -> float:
+    return p.services.metrics.registry.get_sample_value("weir_admission_in_engine") or 0.0
+
+
+async def test_a_multi_prompt_completion_holds_a_permit_per_sequence() -> None:
+    p = plugin(max_concurrent=8, max_queue=4)
+    held, gate = asyncio.Event(), asyncio.Event()
+
+    async def slow(c: RequestContext) -> Reply:
+        held.set()
+        await gate.wait()
+        return Completion({})
+
+    req = CompletionRequest.model_validate(
+        {"model": "m", "prompt": ["a", "b", "c"], "n": 2, "temperature": 1})
+    c = RequestContext(route="completion", request=req, principal=Principal("t", "user", "u"),
+                       request_id="r")
+    first = asyncio.create_task(p(c, slow))
+    await held.wait()
+    assert p.gate.in_use == 6 and in_engine(p) == 6
+    second = asyncio.create_task(p(ctx(), slow))  # 2 permits left: it gets one
+    third = asyncio.create_task(p(ctx(), slow))
+    fourth = asyncio.create_task(p(ctx(), slow))  # waits: six, one and one are taken
+    await eventually(lambda: p.gate.in_use == 8 and p.gate.waiting == 1)
+    gate.set()
+    await asyncio.gather(first, second, third, fourth)
+    assert p.gate.in_use == 0 and in_engine(p) == 0
 
 
 async def test_deadline_header_cuts_the_request() -> None:
