@@ -23,6 +23,7 @@ from .auth import Principal
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
 from .context import RequestContext, Route
+from .engine.base import ModelInfo
 from .errors import ModelNotFound, Unauthorized, Unavailable, WeirError
 from .protocol import (
     ChatCompletionRequest,
@@ -198,10 +199,23 @@ def _model_entry(m: Any) -> dict[str, Any]:
     return entry
 
 
+def _served_models(st: AppState) -> list[ModelInfo]:
+    """The engine's models, and the embedding model where `/v1/embeddings` serves it."""
+    models = list(st.terminal.models())
+    emb = st.embedder
+    if emb is not None and st.embed_chain is not None:
+        models.append(ModelInfo(id=emb.model_id, owned_by="weir", root=emb.model_id,
+                                created=_STARTED))
+    return models
+
+
+_STARTED = int(time.time())
+
+
 async def list_models(request: web.Request) -> web.Response:
     st = _state(request)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
-    data = [_model_entry(m) for m in st.terminal.models() if principal.may_use(m.id)]
+    data = [_model_entry(m) for m in _served_models(st) if principal.may_use(m.id)]
     return web.json_response({"object": "list", "data": data})
 
 
@@ -209,7 +223,7 @@ async def get_model(request: web.Request) -> web.Response:
     st = _state(request)
     principal = st.auth.authenticate(request.headers.get("Authorization"))
     model_id = request.match_info["model"]
-    for m in st.terminal.models():
+    for m in _served_models(st):
         if m.id == model_id and principal.may_use(m.id):
             return web.json_response(_model_entry(m))
     raise ModelNotFound(model_id, param=None)

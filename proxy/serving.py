@@ -130,7 +130,7 @@ class LocalServing:
         req = ctx.request
         prep = (prepare_chat(self.engine, req) if isinstance(req, ChatCompletionRequest)
                 else prepare_completion(self.engine, req))
-        if req.output_limit is None and ctx.output_ceiling is not None:
+        if ctx.output_ceiling is not None:  # a limit the caller named is within it already
             prep.options.max_tokens = min(prep.options.max_tokens, ctx.output_ceiling)
         ctx.prompt_tokens = sum(len(p) for p in prep.prompts)
         outputs = engine_outputs(self.engine, prep, ctx)

@@ -91,7 +91,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         lim = self.cfg.limits
         req = ctx.request
         limit = req.output_limit
-        if limit is not None and limit > lim.max_tokens:
+        # Only a limit the caller named is refused; a default (completions' 16) is cut
+        # down to the ceiling like no limit at all.
+        if (limit is not None and limit > lim.max_tokens
+                and req.output_limit_param in req.model_fields_set):
             param = req.output_limit_param
             raise InvalidRequest(f"`{param}` may be at most {lim.max_tokens}.", param=param)
         ctx.output_ceiling = lim.max_tokens  # for a request that names no limit

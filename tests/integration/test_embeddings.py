@@ -46,6 +46,14 @@ async def test_base64_matches_float(client) -> None:  # type: ignore[no-untyped-
     assert np.allclose(decoded, f["data"][0]["embedding"], atol=1e-6)
 
 
+async def test_the_embedding_model_is_listed(client) -> None:  # type: ignore[no-untyped-def]
+    body = await (await client.get("/v1/models")).json()
+    validate("ListModelsResponse", body)
+    assert [m["id"] for m in body["data"]] == ["fake-model", MODEL]
+    one = await client.get(f"/v1/models/{MODEL}")
+    assert one.status == 200 and (await one.json())["id"] == MODEL
+
+
 async def test_errors(client) -> None:  # type: ignore[no-untyped-def]
     r = await client.post("/v1/embeddings", json={"model": "nope", "input": "x"})
     assert r.status == 404

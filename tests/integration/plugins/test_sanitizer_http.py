@@ -74,10 +74,14 @@ async def test_the_output_ceiling_holds_for_requests_that_name_no_limit(
         r = await client.post("/v1/chat/completions", json={
             "model": "fake-model", "messages": msgs, **extra})
         assert r.status == 200
+    for extra in ({"max_tokens": None}, {}):  # absent, a completion's max_tokens is 16:
+        r = await client.post("/v1/completions", json={  # a default, cut to the ceiling
+            "model": "fake-model", "prompt": "hi", **extra})
+        assert r.status == 200
+    assert [opts.max_tokens for _, opts, _ in fake_engine.calls] == [3, 3, 3, 3, 3]
     r = await client.post("/v1/completions", json={
-        "model": "fake-model", "prompt": "hi", "max_tokens": None})
-    assert r.status == 200  # (absent, a completion's max_tokens is OpenAI's 16)
-    assert [opts.max_tokens for _, opts, _ in fake_engine.calls] == [3, 3, 3, 3]
+        "model": "fake-model", "prompt": "hi", "max_tokens": 16})
+    assert r.status == 400 and (await r.json())["error"]["param"] == "max_tokens"
     r = await client.post("/v1/chat/completions", json={
         "model": "fake-model", "messages": msgs, "max_tokens": 2})
     assert r.status == 200 and fake_engine.calls[-1][1].max_tokens == 2
