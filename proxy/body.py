@@ -29,8 +29,11 @@ async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], i
         raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
     timeout = request.app[STATE].settings.server.body_timeout_s
     try:
-        async with asyncio.timeout(timeout):
+        if request.content.is_eof():  # a small body comes with the headers: all there
             body = await request.read()
+        else:
+            async with asyncio.timeout(timeout):
+                body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(
             f"The request body is larger than the limit of {limit} bytes.") from None

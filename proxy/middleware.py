@@ -54,8 +54,13 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
         rid = new_hex()
     request[REQUEST_ID] = rid
     request[INFO] = {}
-    with structlog.contextvars.bound_contextvars(request_id=rid):
+    # bind + reset by token: `bound_contextvars` reads every context variable first,
+    # which was a visible share of a cache hit.
+    tokens = structlog.contextvars.bind_contextvars(request_id=rid)
+    try:
         resp = await handler(request)
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)
     if not resp.prepared:
         resp.headers["x-request-id"] = rid
     return resp

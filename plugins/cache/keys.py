@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import orjson
+from pydantic import BaseModel
 
 from proxy.auth import Principal
 from proxy.context import RequestContext
@@ -39,7 +40,19 @@ def scope_id(principal: Principal, scope: str) -> str:
 
 
 def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    dumped = req.model_dump(include=set(_PARAMS), exclude_none=True, by_alias=True)
+    # What `req.model_dump(include=_PARAMS, exclude_none=True, by_alias=True)` gives
+    # (tests/unit/plugins/test_cache.py holds them equal), field by field: a whole-model
+    # dump was a visible share of a cache hit, and most of these are plain values.
+    dumped: dict[str, Any] = {}
+    for name in _PARAMS:
+        v = getattr(req, name, None)
+        if v is None:
+            continue
+        if isinstance(v, BaseModel):
+            v = v.model_dump(exclude_none=True, by_alias=True)
+        elif isinstance(v, list) and v and isinstance(v[0], BaseModel):
+            v = [x.model_dump(exclude_none=True, by_alias=True) for x in v]
+        dumped[name] = v
     stop = sorted(req.stops)
     dumped["stop"] = stop
     dumped["max_tokens"] = req.output_limit

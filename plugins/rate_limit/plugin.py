@@ -47,8 +47,15 @@ log = get_logger("weir.rate_limit")
 
 def _dimension(ctx: RequestContext, per: str) -> str:
     p = ctx.principal
-    return {"key": p.key_id, "user": f"{p.tenant}/{p.user}", "tenant": p.tenant,
-            "role": f"{p.tenant}/{p.role}", "model": ctx.model, "global": "*"}[per]
+    if per == "key":
+        return p.key_id
+    if per == "user":
+        return f"{p.tenant}/{p.user}"
+    if per == "tenant":
+        return p.tenant
+    if per == "role":
+        return f"{p.tenant}/{p.role}"
+    return ctx.model if per == "model" else "*"
 
 
 def estimate_tokens(ctx: RequestContext) -> int:
@@ -159,6 +166,17 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 self._store_ok()
                 return decision, self.remote
         return await self.local.admit(buckets, conc, lease, lease_ms), self.local
+
+    async def _settle_shielded(self, store: Store, tpm: list[Bucket], reserve: int,
+                               used: int | None, conc_keys: list[str], lease: str) -> None:
+        """`_settle`, safe from cancellation. Only Redis can suspend it: the memory
+        store never yields to the loop, so nothing can cut it short and it needs no
+        task of its own (one task per request was a visible share of a cache hit)."""
+        settle = self._settle(store, tpm, reserve, used, conc_keys, lease)
+        if store is self.remote:
+            await asyncio.shield(settle)
+        else:
+            await settle
 
     async def _settle(self, store: Store, tpm: list[Bucket], reserve: int, used: int | None,
                       conc_keys: list[str], lease: str) -> None:
@@ -304,11 +322,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             reply = await call_next(ctx)
         except BaseException:
             # Shielded: a second cancellation must not leave the lease behind.
-            await asyncio.shield(self._settle(store, tpm, reserve, 0, conc_keys, lease))
+            await self._settle_shielded(store, tpm, reserve, 0, conc_keys, lease)
             raise
         if isinstance(reply, Completion):
             used = (reply.body.get("usage") or {}).get("total_tokens")
-            await asyncio.shield(self._settle(store, tpm, reserve, used, conc_keys, lease))
+            await self._settle_shielded(store, tpm, reserve, used, conc_keys, lease)
             return reply
         assert isinstance(reply, Stream)
 

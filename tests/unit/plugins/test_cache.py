@@ -10,7 +10,7 @@ import pytest
 
 from plugins.cache.config import CacheConfig
 from plugins.cache.entry import Entry
-from plugins.cache.keys import exact_key
+from plugins.cache.keys import _PARAMS, _params, exact_key
 from plugins.cache.l1 import L1
 from plugins.cache.plugin import CachePlugin
 from plugins.cache.semantic import guard_ok
@@ -447,3 +447,30 @@ async def test_semantic_hit_is_promoted_to_an_exact_alias() -> None:
     _, layer = await run(p, ctx("How do I reset my password please?",
                                 headers={"cache-control": "no-store"}), eng)
     assert layer == "miss"  # the alias went with the original
+
+
+_M = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "m", "messages": _M},
+    {"model": "m", "messages": _M, "temperature": 0, "seed": 3, "logit_bias": {"1": 2.0},
+     "stop": ["b", "a"], "logprobs": True, "top_logprobs": 2, "echo": True},
+    {"model": "m", "messages": _M, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}, "strict": None}},
+     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}, "x": 1}}],
+     "tool_choice": {"type": "function", "function": {"name": "f"}},
+     "parallel_tool_calls": False},
+    {"model": "m", "messages": _M, "tools": [{"type": "function", "function": {"name": "f"}}],
+     "tool_choice": "required"},
+    {"model": "m", "prompt": "x", "suffix": "s", "logprobs": 2, "echo": True, "best_of": 2},
+    {"model": "m", "prompt": [1, 2], "top_k": 5, "min_tokens": 1, "ignore_eos": True},
+])
+def test_key_params_are_the_whole_model_dump(body: dict[str, Any]) -> None:
+    """The key's parameters, read field by field, are what a whole-model dump gave (keys
+    written by an earlier version, in a shared Redis, stay valid)."""
+    model = ChatCompletionRequest if "messages" in body else CompletionRequest
+    req = model.model_validate(body)
+    want = req.model_dump(include=set(_PARAMS), exclude_none=True, by_alias=True)
+    want.update(stop=sorted(req.stops), max_tokens=req.output_limit)
+    assert _params(req) == want
