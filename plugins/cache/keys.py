@@ -44,8 +44,11 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
     # (tests/unit/plugins/test_cache.py holds them equal), field by field: a whole-model
     # dump was a visible share of a cache hit, and most of these are plain values.
     dumped: dict[str, Any] = {}
+    extra = req.model_extra or {}
+    fields = type(req).model_fields
     for name in _PARAMS:
-        v = getattr(req, name, None)
+        # (getattr on a name the model lacks raises inside pydantic: slow, so not that)
+        v = getattr(req, name) if name in fields else extra.get(name)
         if v is None:
             continue
         if isinstance(v, BaseModel):

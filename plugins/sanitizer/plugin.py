@@ -61,6 +61,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         self.detections = Counter(
             "weir_sanitizer_detections_total", "Sanitizer detections.",
             ["detector", "action"], registry=services.metrics.registry)
+        self._clean: dict[str, None] = {}  # see _remember_clean
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         self._check_limits(ctx)
@@ -141,11 +142,15 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         were found across texts (a card split over two messages)."""
         if norm is None:
             norm = normalize(text) if self.cfg.normalize else text
+        if not extra and norm in self._clean:
+            return norm, (norm if self.cfg.engine_sees == "normalized" else text)
         redact: list[tuple[Span, str]] = list(extra or [])
+        found = False
         for det, action in self.detectors:
             spans = list(det.find(norm))
             if not spans:
                 continue
+            found = True
             if _rank(action) > _rank(fired.get(det.name, "off")):
                 fired[det.name] = action
             if action == "redact":
@@ -153,8 +158,18 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if redact:
             norm = _apply(norm, redact)
             return norm, norm  # redaction: nobody downstream sees the original
+        if not found and len(norm) <= _CLEAN_CHARS:
+            self._remember_clean(norm)
         engine = norm if self.cfg.engine_sees == "normalized" else text
         return norm, engine
+
+    def _remember_clean(self, norm: str) -> None:
+        """Texts in which no detector found anything: repeated traffic (an FAQ) skips
+        the detectors. Only clean texts are kept (nothing sensitive stays in memory),
+        and only short ones, at most `_CLEAN_MAX` (the oldest goes first)."""
+        if len(self._clean) >= _CLEAN_MAX:
+            self._clean.pop(next(iter(self._clean)))
+        self._clean[norm] = None
 
     def _across(self, norms: list[str], fired: dict[str, str],
                 ) -> list[list[tuple[Span, str]]]:
@@ -278,6 +293,9 @@ def _update(model: _M, values: dict[str, Any]) -> _M:
 def _with(model: _M, field: str, value: Any) -> _M:
     return _update(model, {field: value})
 
+
+_CLEAN_MAX = 4096  # texts
+_CLEAN_CHARS = 1024  # the longest text remembered as clean
 
 _RANKS = {"off": 0, "flag": 1, "redact": 2, "block": 3}
 

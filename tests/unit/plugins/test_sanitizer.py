@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from plugins.sanitizer.config import SanitizerConfig
-from plugins.sanitizer.detectors import BUILTIN, INJECTION, cn_id_ok, iban_ok, luhn_ok
+from plugins.sanitizer.detectors import (
+    BUILTIN,
+    INJECTION,
+    Detector,
+    cn_id_ok,
+    iban_ok,
+    luhn_ok,
+)
 from plugins.sanitizer.plugin import SanitizerPlugin
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services
@@ -200,6 +207,32 @@ async def test_what_it_leaves_unchanged_is_not_copied() -> None:
     assert [p.text for p in key_parts] == ["plain", "hi"]  # type: ignore[union-attr]
     assert key_parts[0] is orig_parts[0]  # type: ignore[index]
     assert [p.text for p in orig_parts] == ["plain", "ｈｉ"]  # type: ignore[union-attr]
+
+
+async def test_a_clean_text_seen_before_skips_the_detectors() -> None:
+    """Repeated traffic: a text in which nothing was found is remembered as clean, and
+    its repeat is not scanned again; a text in which something was found is scanned
+    every time (and never kept)."""
+    p = plugin(detectors={"email": "redact"})
+    await p(chat_ctx("What are your opening hours?"), Spy())
+    await p(chat_ctx("write to a@b.io"), Spy())
+    scanned: list[str] = []
+
+    def spying(d: Detector) -> Detector:
+        def find(text: str) -> Any:
+            scanned.append(text)
+            return d.find(text)
+        return Detector(d.name, d.placeholder, find)
+
+    p.detectors = [(spying(d), a) for d, a in p.detectors]
+    ctx = chat_ctx("What are your opening hours?")
+    await p(ctx, Spy())
+    assert scanned == [] and not ctx.flags
+    ctx = chat_ctx("write to a@b.io")
+    await p(ctx, Spy())
+    assert scanned and ctx.flags == {"email"}
+    assert ctx.request.messages[0].content == "write to [EMAIL]"  # type: ignore[union-attr]
+    assert "write to a@b.io" not in p._clean and "write to [EMAIL]" not in p._clean
 
 
 async def test_custom_detector_and_metrics() -> None:
