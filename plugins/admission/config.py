@@ -8,7 +8,9 @@ from proxy.chain import PluginConfig
 
 
 class AdmissionConfig(PluginConfig):
-    max_concurrent: int = Field(64, ge=1, description="Requests in the engine at once.")
+    max_concurrent: int = Field(
+        64, ge=1, description="Sequences in the engine at once: a request takes one per "
+        "choice of each prompt (`n` x prompts), all of them at most.")
     max_queue: int = Field(128, ge=0, description="Requests waiting at most (503 beyond).")
     max_queue_wait_s: float = Field(30, gt=0, description="Longest wait for an engine slot.")
     priorities: dict[str, int] = Field(
