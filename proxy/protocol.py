@@ -225,7 +225,9 @@ def _part_kind(v: Any) -> str:
     """A part's model by its `type`, so a text part with a bad `text` is told so (and not
     taken for an unsupported kind); tags are capitalised so error params leave them out."""
     kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
-    return {"text": "Text", "refusal": "Refusal"}.get(kind, "Other")  # type: ignore[arg-type]
+    if kind == "text":
+        return "Text"
+    return "Refusal" if kind == "refusal" else "Other"  # (any other value, a list even)
 
 
 Part = Annotated[
@@ -250,6 +252,15 @@ class ChatMessage(_Open):
             return self.content
         return "".join(p.text if isinstance(p, TextPart) else p.refusal
                        for p in self.content if isinstance(p, TextPart | RefusalPart))
+
+
+def _may_lack_content(m: ChatMessage) -> bool:
+    """An assistant turn that made calls (`tool_calls`, or the legacy `function_call`),
+    and a legacy `function` result, may go without content, as OpenAI allows."""
+    if m.role == "function":
+        return True
+    return m.role == "assistant" and bool(
+        m.tool_calls or (m.model_extra or {}).get("function_call"))
 
 
 class StreamOptions(_Open):
@@ -392,7 +403,7 @@ class ChatCompletionRequest(_SamplingFields):
     def _contents_given(self) -> ChatCompletionRequest:
         """Only an assistant turn that made calls may go without content (OpenAI's rule)."""
         for i, m in enumerate(self.messages):
-            if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            if m.content is None and not _may_lack_content(m):
                 raise InvalidRequest(
                     f"Missing required parameter: `messages[{i}].content` (only an assistant "
                     "message with `tool_calls` may leave it out).",

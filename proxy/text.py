@@ -16,15 +16,19 @@ from __future__ import annotations
 import re
 import unicodedata
 
-# C0/C1 controls except \t and \n; DEL; and every Unicode default-ignorable code point
-# (DerivedCoreProperties.txt) that renders as nothing: soft hyphen, combining grapheme
-# joiner, Mongolian and other variation selectors, zero-width characters,
-# bidi embeddings, overrides and isolates, BOM, the tag block used to smuggle invisible
-# text. "ig\ufe0fnore" must read as "ignore".
+# C0/C1 controls except \t and \n; DEL; every format character (category Cf) and every
+# Unicode default-ignorable code point (DerivedCoreProperties.txt) that renders as
+# nothing: soft hyphen, combining grapheme joiner, Mongolian and other variation
+# selectors, zero-width characters, bidi embeddings, overrides and isolates, BOM, the
+# tag block used to smuggle invisible text. "ig\ufe0fnore" must read as "ignore".
 _STRIP = re.compile(
     "[\x00-\x08\x0b-\x1f\x7f-\x9f"
     "\u00ad\u034f\u061c\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
-    "\u202a-\u202e\u2060-\u206f\ufe00-\ufe0f\ufeff\ufff0-\ufff8"
+    "\u202a-\u202e\u2060-\u206f\ufe00-\ufe0f\ufeff\ufff0-\ufffb"
+    # the rest of the format characters (category Cf): Arabic number and end-of-ayah
+    # signs, annotation anchors, Kaithi and Egyptian format controls
+    "\u0600-\u0605\u06dd\u070f\u0890\u0891\u08e2"
+    "\U000110bd\U000110cd\U00013430-\U0001343f"
     "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
 )
 # What renders as a blank the width of a letter reads as a space: no-break and ideographic

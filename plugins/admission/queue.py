@@ -62,6 +62,7 @@ class PriorityGate:
         w = _Waiter(priority, next(self._seq), asyncio.get_running_loop().create_future(),
                     weight)
         bisect.insort(self._waiters, w)
+        self._grant()  # it may have gone ahead of a heavy first waiter, and fit
         try:
             async with asyncio.timeout(timeout):
                 await w.future

@@ -6,8 +6,8 @@ counts when it passes, so card-like order numbers do not trip the card detector.
 detector returns (start, end) spans and never keeps the matched text. Secrets live in
 `credentials`, injection phrases in `injection`.
 
-Shapes covered, by family: cards in groups separated by spaces, dots, dashes, slashes,
-underscores or commas (one kind per number) or unseparated, with the CVV or expiry that
+Shapes covered, by family: cards in groups separated by spaces, dots, dashes, slashes
+or underscores (one kind per number) or unseparated, with the CVV or expiry that
 follows them, and a card split across two messages (`card_across`); phones
 with +/00 prefixes, a "(0)", parentheses, dots, spaces or dashes; e-mails written plainly
 or as "name at domain dot com", "name[at]domain(dot)com".
@@ -32,8 +32,12 @@ _regex = regex_finder
 
 # Numbers (cards, ids, phones, IPv4) are found in two steps: one scan for runs of
 # digit-ish characters, then the specific pattern only inside those short windows.
-_NUMERIC_RUN = re.compile(r"\d[\d \-().,/_]{5,48}")
+_NUMERIC_RUN = re.compile(r"\d[\d \-()./_]{5,48}")
 _MARGIN = 4  # room for a leading "+86 " or "(" and the patterns' look-arounds
+# A run stops at 49 characters and the next one starts there: each window reaches this
+# far past its run, so a number that a run's end cuts (and a card's CVV after it) is
+# still read whole.
+_REACH = 64
 _runs_of: tuple[str, list[Span]] = ("", [])
 
 
@@ -53,7 +57,7 @@ def _numeric(pattern: str, check: Callable[[str], bool] | None = None,
     def find(text: str) -> Iterator[Span]:
         end = len(text)
         for a, b in _numeric_runs(text):
-            for m in rx.finditer(text, max(0, a - _MARGIN), min(end, b + _MARGIN)):
+            for m in rx.finditer(text, max(0, a - _MARGIN), min(end, b + _REACH)):
                 if check is None or check(m.group(0)):
                     yield m.span()
 
@@ -181,10 +185,12 @@ _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d
 # Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5;
 # then perhaps what often follows a card number: its CVV or expiry ("4111 ... 1111 123",
 # "4111...1111/12/27"), redacted with it.
-_CARD_SEP = r"(?:[ ./_,-]| - |, )"
-_CARD_TAIL = rf"{_CARD_SEP}(?:\d{{3,4}}|\d{{2}}/\d{{2,4}})"
+# (Not a comma between groups: "2023,2024,2025,2026" is a list of years, and one such
+# list in ten passes Luhn.)
+_CARD_SEP = r"(?:[ ./_-]| - )"
+_CARD_TAIL = r"(?:[ ./_,-]| - |, )(?:\d{3,4}|\d{2}/\d{2,4})"
 _CARD = (rf"(?<![\d.,-])(?:\d{{13,19}}"
-         rf"|\d{{4}}(?P<s>{_CARD_SEP})\d{{4}}(?:(?P=s)\d{{4}}){{1,2}}(?:(?P=s)\d{{1,4}})?"
+         rf"|\d{{4}}(?P<s>{_CARD_SEP})\d{{4}}(?:(?P=s)\d{{4}}){{1,2}}(?:(?P=s)\d{{1,4}}(?![\d/]))?"
          rf"|\d{{4}}(?P<t>{_CARD_SEP})\d{{6}}(?P=t)\d{{4,5}})(?:{_CARD_TAIL})?"
          r"(?![\d]|[.,-]\d)")
 _TAIL_AT_END = re.compile(_CARD_TAIL + "$")

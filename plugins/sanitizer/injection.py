@@ -6,7 +6,9 @@ questions about instructions pass.
 
 from __future__ import annotations
 
+import bisect
 import re
+import unicodedata
 from collections.abc import Iterator
 
 from .spans import Detector, Span
@@ -42,40 +44,86 @@ _INJECTION_RX = [re.compile(p, re.IGNORECASE) for p in _INJECTION]
 _ANY_TRIGGER = re.compile("|".join(re.escape(t) for ts in _INJECTION_TRIGGERS for t in ts))
 
 
-# Letters of other scripts that look like Latin ones (Unicode's confusables.txt, the
-# single-letter lowercase Cyrillic, Greek and Armenian ones and the small-capital, dotless
-# and IPA look-alikes): "ignоre" with a Cyrillic "о" reads as "ignore". One letter for
-# one, so spans found in the folded text are spans of the text. Only the injection
+# Letters of other scripts that look like Latin ones (from Unicode's confusables.txt:
+# Cyrillic, Greek, Armenian, Coptic, Lisu and Cherokee look-alikes, and the small-capital,
+# dotless and IPA letters): "ignоre" with a Cyrillic "о" reads as "ignore". One letter
+# for one, so spans found in the folded text are spans of the text. Only the injection
 # phrases are read this way: a look-alike inside an address or a key is no address or key.
-_LOOKALIKES = str.maketrans(dict(zip(
+_SHAPES = dict(zip(
     # Cyrillic
     "аеорсухѕіјһԁԛԝѵӏкмнтвьү" "АВЕКМНОРСТУХЅІЈҺԀԚԜӀҮ"
     # Greek
     "αονικρτυχϲϳεγ" "ΑΒΕΖΗΙΚΜΝΟΡΤΥΧ"
-    # Armenian
-    "օսոհցզ"
-    # Latin small capitals, dotless and IPA letters
-    "ıȷɑɡɩɪʟɴʀʏᴀʙᴄᴅᴇꜰɢʜᴊᴋᴍᴏᴘꜱᴛᴜᴠᴡᴢ",
+    # Armenian, Coptic, Lisu, Cherokee
+    "օսոհցզ" "ⲟⲞⲥⲤⲁⲓ" "ꓳꓲꓮꓰꓢꓔꓑ" "ᎥᎪᎬᏂᎠᏔ"
+    # Latin small capitals, dotless, barred and IPA letters
+    "ıȷɑɡɩɪʟɴʀʏᴀʙᴄᴅᴇꜰɢʜᴊᴋᴍᴏᴘꜱᴛᴜᴠᴡᴢᴑøØİ",
     "aeopcyxsijhdqwvlkmhtbby" "ABEKMHOPCTYXSIJHDQWIY"
     "aovikptuxcjey" "ABEZHIKMNOPTYX"
-    "ounhgq"
-    "ijagiilnryabcdefghjkmopstuvwz",
-    strict=True)))
+    "ounhgq" "oOcCai" "OIAESTP" "iAEhDW"
+    "ijagiilnryabcdefghjkmopstuvwzooOI",
+    strict=True))
 
 
-def _fold(text: str) -> str:
-    return text if text.isascii() else text.translate(_LOOKALIKES)
+def _base_letters() -> dict[int, str]:
+    """Letters with diacritics (Latin, Greek, Cyrillic) as their base letter, itself
+    folded: "ïgnörë" reads as "ignore", a Cyrillic "ӧ" as "o"."""
+    table: dict[int, str] = {}
+    for start, end in ((0xC0, 0x24F), (0x370, 0x4FF), (0x1E00, 0x1FFF)):
+        for code in range(start, end + 1):
+            parts = unicodedata.normalize("NFD", chr(code))
+            if len(parts) > 1 and all(unicodedata.combining(c) for c in parts[1:]):
+                table[code] = _SHAPES.get(parts[0], parts[0])
+    return table
+
+
+_LOOKALIKES = {**_base_letters(), **str.maketrans(_SHAPES)}
+# Combining marks on their own ("i" + U+0307 renders as "i"): dropped before reading.
+_MARKS = re.compile("[\u0300-\u036f\u0483-\u0489\u1ab0-\u1aff\u1dc0-\u1dff"
+                    "\u20d0-\u20ff\ufe20-\ufe2f]+")
+
+
+def _without_marks(text: str) -> tuple[str, list[int], list[int]] | None:
+    """`text` without its combining marks, and where each kept piece starts in the
+    result and in `text` (None: it has none)."""
+    if _MARKS.search(text) is None:
+        return None
+    pieces, starts, origins = [], [], []
+    pos = length = 0
+    for m in _MARKS.finditer(text):
+        pieces.append(text[pos:m.start()])
+        starts.append(length)
+        origins.append(pos)
+        length += m.start() - pos
+        pos = m.end()
+    pieces.append(text[pos:])
+    starts.append(length)
+    origins.append(pos)
+    return "".join(pieces), starts, origins
+
+
+def _back(i: int, starts: list[int], origins: list[int]) -> int:
+    k = bisect.bisect_right(starts, i) - 1
+    return origins[k] + i - starts[k]
 
 
 def _find_injection(text: str) -> Iterator[Span]:
-    text = _fold(text)
+    marks = None
+    if not text.isascii():
+        marks = _without_marks(text)
+        text = (marks[0] if marks else text).translate(_LOOKALIKES)
     low = text.lower()
     if _ANY_TRIGGER.search(low) is None:
         return
     for rx, triggers in zip(_INJECTION_RX, _INJECTION_TRIGGERS, strict=True):
         if any(t in low for t in triggers):
             for m in rx.finditer(text):
-                yield m.span()
+                if marks is None:
+                    yield m.span()
+                else:  # a span of the text without marks, as a span of the text
+                    _, starts, origins = marks
+                    yield (_back(m.start(), starts, origins),
+                           _back(m.end() - 1, starts, origins) + 1)
 
 
 INJECTION = Detector("injection", "[REMOVED]", _find_injection)

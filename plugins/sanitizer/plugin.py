@@ -15,6 +15,7 @@ is never logged or counted; metrics carry only detector and action.
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, Literal, TypeVar
 
 from prometheus_client import Counter
@@ -112,6 +113,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             if len(req.messages) > lim.max_messages:
                 raise InvalidRequest(f"At most {lim.max_messages} messages are allowed.",
                                      param="messages")
+            # Every text the detectors read counts: content, and a message's name and
+            # earlier call arguments (3 MB of arguments held the event loop for seconds).
             total = 0
             for i, m in enumerate(req.messages):
                 n = len(m.text())
@@ -119,11 +122,21 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     raise InvalidRequest(
                         f"A message may be at most {lim.max_message_chars} characters.",
                         param=f"messages[{i}].content")
+                n += len(m.name or "") + sum(len(c.function.arguments)
+                                             for c in m.tool_calls or ())
+                if n > lim.max_message_chars:
+                    raise InvalidRequest(
+                        f"A message may be at most {lim.max_message_chars} characters, its "
+                        "name and tool calls included.", param=f"messages[{i}]")
                 total += n
             if total > lim.max_total_chars:
                 raise InvalidRequest(
                     f"Messages may hold at most {lim.max_total_chars} characters in all.",
                     param="messages")
+            if req.tools and total + len(json.dumps(req.tool_dicts())) > lim.max_total_chars:
+                raise InvalidRequest(
+                    f"Messages and tool definitions may hold at most {lim.max_total_chars} "
+                    "characters in all.", param="tools")
         else:
             texts = [p for p in req.prompts() if isinstance(p, str)]
             if len(req.prompts()) > lim.max_messages:
@@ -133,6 +146,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 raise InvalidRequest(
                     f"The prompt may hold at most {lim.max_total_chars} characters.",
                     param="prompt")
+            if req.suffix and sum(len(t) for t in texts) + len(req.suffix) > lim.max_total_chars:
+                raise InvalidRequest(
+                    f"The prompt and suffix may hold at most {lim.max_total_chars} "
+                    "characters in all.", param="suffix")
 
     # ---------------------------------------------------------------- texts
 
@@ -223,7 +240,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             # The rest of what a message carries reaches the engine too: the speaker's
             # name and the arguments of calls the assistant made earlier.
             if m.name:
-                k_upd["name"], e_upd["name"] = self._process(m.name, fired)
+                k_upd["name"] = e_upd["name"] = self._redacted(m.name, fired)
             if m.tool_calls:
                 k_upd["tool_calls"], e_upd["tool_calls"] = self._calls(m.tool_calls, fired)
             key_msgs.append(_update(m, k_upd))
@@ -237,26 +254,67 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _calls(self, calls: list[ToolCall], fired: dict[str, str],
                ) -> tuple[list[ToolCall], list[ToolCall]]:
-        key, engine = [], []
+        """Earlier calls' arguments: the same for the key and the engine (left as they
+        came unless something in them is redacted)."""
+        out = []
         for call in calls:
-            k, e = self._process(call.function.arguments, fired)
-            key.append(_with(call, "function", _with(call.function, "arguments", k)))
-            engine.append(_with(call, "function", _with(call.function, "arguments", e)))
-        return key, engine
+            args = self._json_text(call.function.arguments, fired)
+            out.append(_with(call, "function", _with(call.function, "arguments", args)))
+        return out, out
 
     def _tools(self, tools: list[ChatTool], fired: dict[str, str],
                ) -> tuple[list[ChatTool], list[ChatTool]]:
-        key, engine = [], []
+        """Tool definitions: the description and every string of the parameters' schema
+        (descriptions, enums, defaults) are shown to the model."""
+        out = []
         for tool in tools:
-            desc = tool.function.description
-            if not desc:
-                key.append(tool)
-                engine.append(tool)
-                continue
-            k, e = self._process(desc, fired)
-            key.append(_with(tool, "function", _with(tool.function, "description", k)))
-            engine.append(_with(tool, "function", _with(tool.function, "description", e)))
-        return key, engine
+            fn = tool.function
+            update: dict[str, Any] = {}
+            if fn.description:
+                update["description"] = self._redacted(fn.description, fired)
+            if fn.parameters:
+                update["parameters"] = self._json_value(fn.parameters, fired)
+            out.append(_with(tool, "function", _update(fn, update)))
+        return out, out
+
+    def _redacted(self, text: str, fired: dict[str, str]) -> str:
+        """`text` as it came, or its redacted form where a `redact` detector fired (no
+        normalizing otherwise: these texts are data, such as JSON, not prose)."""
+        norm = normalize(text) if self.cfg.normalize else text
+        key, _ = self._process(text, fired, norm)
+        return text if key == norm else key
+
+    def _json_text(self, text: str, fired: dict[str, str]) -> str:
+        """A JSON document (call arguments): its strings are read decoded, as the chat
+        template shows them to the model (`"\\u0040"` is an `@`); re-encoded only where
+        something was redacted. Text that is not JSON is read as it is."""
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            return self._redacted(text, fired)
+        if not isinstance(value, dict | list):
+            return self._redacted(text, fired)
+        try:
+            redacted = self._json_value(value, fired)
+        except RecursionError:
+            return self._redacted(text, fired)
+        return text if redacted is value else json.dumps(redacted)  # (\u-escaped: safe)
+
+    def _json_value(self, value: Any, fired: dict[str, str]) -> Any:
+        """`value` with its strings (keys too) read; the same object where nothing was
+        redacted."""
+        if isinstance(value, str):
+            return self._redacted(value, fired)
+        if isinstance(value, list):
+            items = [self._json_value(v, fired) for v in value]
+            return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+        if isinstance(value, dict):
+            pairs = [(self._json_value(k, fired), self._json_value(v, fired))
+                     for k, v in value.items()]
+            same = all(k2 is k and v2 is v for (k2, v2), (k, v) in zip(
+                pairs, value.items(), strict=True))
+            return value if same else dict(pairs)
+        return value
 
     def _completion(self, req: CompletionRequest, fired: dict[str, str],
                     ) -> tuple[CompletionRequest, CompletionRequest]:

@@ -28,7 +28,30 @@ class InputRefusal(_Open):
     refusal: str
 
 
-Part = Annotated[InputText | InputRefusal, Field(discriminator="type")]
+class UnsupportedPart(_Open):
+    """Any other part (an image, a file): parsed so that the error can name it."""
+
+    type: str
+
+    @model_validator(mode="after")
+    def _refuse(self) -> UnsupportedPart:
+        raise ValueError(f"`{self.type[:64]}` parts are not supported; send `input_text`, "
+                         "`output_text` or `refusal` parts")
+
+
+def _part_kind(v: Any) -> str:
+    """A part's model by its `type`; tags are capitalised so error params leave them out."""
+    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    if kind in ("input_text", "output_text", "text"):
+        return "Text"
+    return "Refusal" if kind == "refusal" else "Unsupported"
+
+
+Part = Annotated[
+    Annotated[InputText, Tag("Text")] | Annotated[InputRefusal, Tag("Refusal")]
+    | Annotated[UnsupportedPart, Tag("Unsupported")],
+    Discriminator(_part_kind),
+]
 
 
 class MessageItem(_Open):
@@ -39,7 +62,8 @@ class MessageItem(_Open):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text if isinstance(p, InputText) else p.refusal for p in self.content)
+        return "".join(p.text if isinstance(p, InputText)
+                       else p.refusal if isinstance(p, InputRefusal) else "" for p in self.content)
 
 
 class FunctionCallItem(_Open):
@@ -63,8 +87,9 @@ class FunctionCallOutputItem(_Open):
 def _item_kind(v: Any) -> str:
     """The item's model; tags are capitalised so error params leave them out."""
     kind = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
-    return {"function_call": "FunctionCall",
-            "function_call_output": "FunctionCallOutput"}.get(kind, "Message")
+    if kind == "function_call":
+        return "FunctionCall"
+    return "FunctionCallOutput" if kind == "function_call_output" else "Message"
 
 
 InputItem = Annotated[

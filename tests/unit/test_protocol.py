@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from proxy.errors import InvalidRequest
+from proxy.openai_responses.models import ResponsesRequest
 from proxy.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -180,3 +181,31 @@ def test_a_json_schema_name_follows_openais_pattern(name: str) -> None:
     assert bad_param(ChatCompletionRequest, {"model": "m", "messages": MSG,
                                              "response_format": fmt}) == (
         "response_format.json_schema.name")
+
+
+def test_legacy_function_turns_may_go_without_content() -> None:
+    req = chat(messages=[*MSG, {"role": "assistant", "content": None,
+                                "function_call": {"name": "f", "arguments": "{}"}},
+                         {"role": "function", "name": "f", "content": None}])
+    assert [m.content for m in req.messages[1:]] == [None, None]
+
+
+@pytest.mark.parametrize(("model", "data", "param"), [
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": [
+        {"type": ["text"], "text": "hi"}]}]}, "messages[0].content[0].type"),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": [
+        {"type": {}, "text": "hi"}]}]}, "messages[0].content[0].type"),
+    (ResponsesRequest, {"input": [{"type": {}, "role": "user", "content": "hi"}]},
+     "input[0].type"),
+    (ResponsesRequest, {"input": [{"role": "user", "content": [
+        {"type": ["input_text"], "text": "hi"}]}]}, "input[0].content[0].type"),
+    (ResponsesRequest, {"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": 5}]}]}, "input[0].content[0].text"),
+    (ResponsesRequest, {"input": [{"role": "user", "content": [
+        {"type": "input_image"}]}]}, "input[0].content[0]"),
+])
+def test_a_kind_of_any_json_type_is_a_400_naming_it(model: type, data: dict[str, Any],
+                                                      param: str) -> None:
+    """A part's or item's `type` picks its model: a list or an object there is refused
+    like any bad value (it was a 500), and no model tag appears in the param."""
+    assert bad_param(model, {"model": "m", **data}) == param

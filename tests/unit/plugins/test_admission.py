@@ -110,6 +110,19 @@ async def test_a_large_waiter_giving_up_lets_the_next_ones_in() -> None:
     assert gate.in_use == 2 and gate.waiting == 0
 
 
+async def test_a_newcomer_ahead_of_a_heavy_waiter_takes_free_permits() -> None:
+    gate = PriorityGate(4, 1)
+    await gate.acquire(5, None, 2)
+    heavy = asyncio.create_task(gate.acquire(5, 30, 4))
+    await eventually(lambda: gate.waiting == 1)
+    await gate.acquire(0, 30, 1)  # better priority, displaces the heavy one, and fits now
+    with pytest.raises(Shed):
+        await heavy
+    ahead = asyncio.create_task(gate.acquire(0, 30, 1))  # queue empty: the fast path
+    await ahead
+    assert gate.in_use == 4 and gate.waiting == 0
+
+
 async def test_weighted_waiters_that_give_up_leave_no_leak() -> None:
     gate = PriorityGate(4, 50)
     rng = random.Random(2)
