@@ -16,7 +16,8 @@ of every cache hit, and validating them is the tests' job (against the official 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, TypeVar
+import functools
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import orjson
 from jsonschema import Draft7Validator
@@ -40,6 +41,30 @@ Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+class _NullIsDefault(_Open):
+    """A request whose optional parameters read `null` as absent, as OpenAI does
+    (`"n": null` is one choice, `"stream": null` no stream), for the fields that have a
+    default other than null. `_NULL_STAYS`: fields where null means something else."""
+
+    _NULL_STAYS: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            defaulted = _defaulted(cls)
+            if any(data.get(k, 0) is None for k in defaulted):
+                data = {k: v for k, v in data.items() if not (v is None and k in defaulted)}
+        return data
+
+
+@functools.cache
+def _defaulted(cls: type[BaseModel]) -> frozenset[str]:
+    stays: frozenset[str] = getattr(cls, "_NULL_STAYS", frozenset())
+    return frozenset(f.alias or name for name, f in cls.model_fields.items()
+                     if not f.is_required() and f.default is not None and name not in stays)
 
 
 class TextPart(_Open):
@@ -314,7 +339,7 @@ OutputTokens = Annotated[int, Field(ge=1, le=INT32_MAX)]
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
-class _SamplingFields(_Open):
+class _SamplingFields(_NullIsDefault):
     model: str = Field(min_length=1)
     temperature: Temperature | None = None
     top_p: TopP | None = None
@@ -446,6 +471,8 @@ class CompletionRequest(_SamplingFields):
         list[TokenIds], Field(min_length=1)
     ]
     max_tokens: OutputTokens | None = 16
+    #: (null: no limit of its own, as vLLM reads it; the sanitizer's ceiling still holds)
+    _NULL_STAYS: ClassVar[frozenset[str]] = frozenset({"max_tokens"})
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
     suffix: str | None = None
@@ -470,7 +497,7 @@ class CompletionRequest(_SamplingFields):
         return list(p)  # type: ignore[arg-type]
 
 
-class EmbeddingRequest(_Open):
+class EmbeddingRequest(_NullIsDefault):
     model: str = Field(min_length=1)
     input: str | Annotated[list[str], Field(min_length=1, max_length=2048)]
     encoding_format: Literal["float", "base64"] = "float"

@@ -15,7 +15,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from ..errors import InvalidRequest
-from ..protocol import _FUNCTION_NAME, Temperature, TopP, _Open, json_schema_or_none
+from ..protocol import (
+    _FUNCTION_NAME,
+    Temperature,
+    TopP,
+    _NullIsDefault,
+    _Open,
+    json_schema_or_none,
+)
 
 
 class InputText(_Open):
@@ -134,7 +141,7 @@ class TextConfig(_Open):
     format: TextFormat | None = None
 
 
-class ResponsesRequest(_Open):
+class ResponsesRequest(_NullIsDefault):
     model: str = Field(min_length=1)
     input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None

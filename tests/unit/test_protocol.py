@@ -209,3 +209,17 @@ def test_a_kind_of_any_json_type_is_a_400_naming_it(model: type, data: dict[str,
     """A part's or item's `type` picks its model: a list or an object there is refused
     like any bad value (it was a 500), and no model tag appears in the param."""
     assert bad_param(model, {"model": "m", **data}) == param
+
+
+def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
+    """OpenAI reads `"n": null` as no `n` at all; a strict type check must not refuse it."""
+    req = chat(n=None, stream=None, logprobs=None, ignore_eos=None, min_tokens=None)
+    assert (req.n, req.stream, req.logprobs, req.ignore_eos, req.min_tokens) == (
+        1, False, False, False, 0)
+    done = parse_model(CompletionRequest, {"model": "m", "prompt": "x", "echo": None,
+                                           "max_tokens": None})
+    assert done.echo is False and done.max_tokens is None  # null: no limit of its own
+    resp = parse_model(ResponsesRequest, {"model": "m", "input": "x", "store": None,
+                                          "stream": None})
+    assert resp.store is True and resp.stream is False
+    assert bad_param(ChatCompletionRequest, {"model": "m", "messages": MSG, "n": "2"}) == "n"
