@@ -558,9 +558,10 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
     first = min(errors, key=lambda e: rank.get(str(e["loc"][0]) if e["loc"] else "", len(rank)))
     field_errors = [e for e in errors if e["loc"][:1] == first["loc"][:1]]
     specific = [e for e in field_errors if not e["type"].endswith("_type")]
-    # Among type errors, the union member that got furthest into the value names the
-    # real fault (`content[0].text` is a number, not "`content` is not a string").
-    err = (specific or [max(field_errors, key=lambda e: len(e["loc"]))])[0]
+    # The union member that got furthest into the value names the real fault
+    # (`content[0].text` is a number, not "`content` is not a string";
+    # `tool_choice.function` is missing, not "`tool_choice` is not 'auto'").
+    err = max(specific or field_errors, key=lambda e: len(e["loc"]))
     param = _loc_to_param(tuple(err["loc"]))
     where = f" for `{param}`" if param else ""
     expected = _EXPECTED.get(err["type"])

@@ -49,6 +49,8 @@ def bad_param(model: type, data: dict[str, Any]) -> str | None:
         ({"model": "m", "messages": MSG, "response_format": {"type": "json_schema"}},
          "response_format.json_schema"),
         ({"model": "m", "messages": MSG, "logit_bias": {"5": 101}}, "logit_bias"),
+        ({"model": "m", "messages": MSG, "tool_choice": {"type": "function"},
+          "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice.function"),
     ],
 )
 def test_chat_errors_name_the_param(data: dict[str, Any], param: str) -> None:
