@@ -35,7 +35,8 @@ def raw(weir: WeirProcess, path: str, body: dict[str, Any]) -> httpx.Response:
 
 def test_models_list_and_retrieve(client: openai.OpenAI, weir: WeirProcess) -> None:
     models = client.models.list()
-    assert [m.id for m in models.data] == [MODEL]
+    # The engine's model, and the embedding model /v1/embeddings serves.
+    assert [m.id for m in models.data] == [MODEL, "all-MiniLM-L6-v2"]
     body = httpx.get(f"{weir.url}/v1/models", headers=AUTH).json()
     validate("ListModelsResponse", body)
     assert body["data"][0]["root"] and body["data"][0]["owned_by"] == "weir"

@@ -66,7 +66,8 @@ def server_latency_ms(weir: WeirProcess, request_id: str, timeout: float = 10.0)
 
 
 def test_the_model_is_listed(client: openai.OpenAI) -> None:
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    # The engine's model, and the embedding model /v1/embeddings serves.
+    assert [m.id for m in client.models.list().data] == [MODEL, "all-MiniLM-L6-v2"]
 
 
 @pytest.mark.parametrize(("question", "expected"), [
