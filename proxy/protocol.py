@@ -246,10 +246,16 @@ class OtherPart(_Open):
     type: str
 
 
+def type_of(v: Any, default: Any = None) -> Any:
+    """The `type` of a part or item, raw (a dict) or validated (a model), for the
+    discriminators that pick its model."""
+    return v.get("type", default) if isinstance(v, dict) else getattr(v, "type", default)
+
+
 def _part_kind(v: Any) -> str:
     """A part's model by its `type`, so a text part with a bad `text` is told so (and not
     taken for an unsupported kind); tags are capitalised so error params leave them out."""
-    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    kind = type_of(v)
     if kind == "text":
         return "Text"
     return "Refusal" if kind == "refusal" else "Other"  # (any other value, a list even)
@@ -426,12 +432,12 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _contents_given(self) -> ChatCompletionRequest:
-        """Only an assistant turn that made calls may go without content (OpenAI's rule)."""
+        """Only turns `_may_lack_content` names may go without content (OpenAI's rule)."""
         for i, m in enumerate(self.messages):
             if m.content is None and not _may_lack_content(m):
                 raise InvalidRequest(
                     f"Missing required parameter: `messages[{i}].content` (only an assistant "
-                    "message with `tool_calls` may leave it out).",
+                    "message that made calls, or a `function` result, may leave it out).",
                     param=f"messages[{i}].content", code="missing_required_parameter")
         return self
 

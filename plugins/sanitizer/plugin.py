@@ -242,28 +242,26 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             if m.name:
                 k_upd["name"] = e_upd["name"] = self._redacted(m.name, fired)
             if m.tool_calls:
-                k_upd["tool_calls"], e_upd["tool_calls"] = self._calls(m.tool_calls, fired)
+                k_upd["tool_calls"] = e_upd["tool_calls"] = self._calls(m.tool_calls, fired)
             key_msgs.append(_update(m, k_upd))
             eng_msgs.append(_update(m, e_upd))
         key = _with(req, "messages", key_msgs)
         engine = _with(req, "messages", eng_msgs)
         if req.tools:  # tool descriptions are read by the model as text
-            k_tools, e_tools = self._tools(req.tools, fired)
-            key, engine = _with(key, "tools", k_tools), _with(engine, "tools", e_tools)
+            tools = self._tools(req.tools, fired)
+            key, engine = _with(key, "tools", tools), _with(engine, "tools", tools)
         return key, engine
 
-    def _calls(self, calls: list[ToolCall], fired: dict[str, str],
-               ) -> tuple[list[ToolCall], list[ToolCall]]:
-        """Earlier calls' arguments: the same for the key and the engine (left as they
+    def _calls(self, calls: list[ToolCall], fired: dict[str, str]) -> list[ToolCall]:
+        """Earlier calls' arguments, the same for the key and the engine (left as they
         came unless something in them is redacted)."""
         out = []
         for call in calls:
             args = self._json_text(call.function.arguments, fired)
             out.append(_with(call, "function", _with(call.function, "arguments", args)))
-        return out, out
+        return out
 
-    def _tools(self, tools: list[ChatTool], fired: dict[str, str],
-               ) -> tuple[list[ChatTool], list[ChatTool]]:
+    def _tools(self, tools: list[ChatTool], fired: dict[str, str]) -> list[ChatTool]:
         """Tool definitions: the description and every string of the parameters' schema
         (descriptions, enums, defaults) are shown to the model."""
         out = []
@@ -275,7 +273,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             if fn.parameters:
                 update["parameters"] = self._json_value(fn.parameters, fired)
             out.append(_with(tool, "function", _update(fn, update)))
-        return out, out
+        return out
 
     def _redacted(self, text: str, fired: dict[str, str]) -> str:
         """`text` as it came, or its redacted form where a `redact` detector fired (no

@@ -22,6 +22,7 @@ from ..protocol import (
     _NullIsDefault,
     _Open,
     json_schema_or_none,
+    type_of,
 )
 
 
@@ -48,7 +49,7 @@ class UnsupportedPart(_Open):
 
 def _part_kind(v: Any) -> str:
     """A part's model by its `type`; tags are capitalised so error params leave them out."""
-    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    kind = type_of(v)
     if kind in ("input_text", "output_text", "text"):
         return "Text"
     return "Refusal" if kind == "refusal" else "Unsupported"
@@ -93,7 +94,7 @@ class FunctionCallOutputItem(_Open):
 
 def _item_kind(v: Any) -> str:
     """The item's model; tags are capitalised so error params leave them out."""
-    kind = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
+    kind = type_of(v, "message")
     if kind == "function_call":
         return "FunctionCall"
     return "FunctionCallOutput" if kind == "function_call_output" else "Message"

@@ -34,27 +34,28 @@ def new_id(prefix: str) -> str:
 
 
 def rename_param(e: InvalidRequest) -> InvalidRequest:
-    """An error about the chat form, naming the Responses param instead (an index into
-    `messages` is not one into `input`, so that is named whole)."""
+    """An error about the chat form, naming the Responses params instead, in `param` and
+    in its text."""
     if e.param:
-        head, _, rest = e.param.partition(".")
-        name = head.partition("[")[0]
-        if name == "messages":
-            e.param = "input"
-        elif name in _PARAMS:
-            e.param = _PARAMS[name] + (f".{rest}" if rest else "")
-        e.param = e.param.replace(_CHAT_SCHEMA, "text.format")
-    e.message = _CHAT_NAME.sub(_responses_name, e.message).replace(_CHAT_SCHEMA, "text.format")
+        e.param = _responses_param(e.param)
+    e.message = _CHAT_NAME.sub(lambda m: f"`{_responses_param(m.group(1))}`", e.message)
     return e
 
 
+def _responses_param(param: str) -> str:
+    """A chat param as Responses names it (an index into `messages` is not one into
+    `input`, so that is named whole)."""
+    head, _, rest = param.partition(".")
+    name = head.partition("[")[0]
+    if name == "messages":
+        return "input"
+    if name in _PARAMS:
+        param = _PARAMS[name] + (f".{rest}" if rest else "")
+    return param.replace(_CHAT_SCHEMA, "text.format")
+
+
 # A chat param named in an error's text: "`max_completion_tokens` may be at most ...".
-_CHAT_NAME = re.compile(r"`(" + "|".join(_PARAMS) + r")((?:\[\d+\])?[^`\s]*)`")
-
-
-def _responses_name(m: re.Match[str]) -> str:
-    name, rest = m.group(1), m.group(2)
-    return "`input`" if name == "messages" else f"`{_PARAMS[name]}{rest}`"
+_CHAT_NAME = re.compile(r"`((?:" + "|".join(_PARAMS) + r")(?![\w])[^`\s]*)`")
 
 
 # ------------------------------------------------------------------------ to chat
