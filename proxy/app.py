@@ -28,6 +28,7 @@ from .middleware import (
 )
 from .routes import add_routes
 from .settings import ConfigError, Settings
+from .tasks import cancel_and_wait
 from .telemetry import Metrics, get_logger
 from .terminal import make_terminal
 
@@ -107,9 +108,7 @@ def _engine_lifespan(
 
         task = asyncio.create_task(start())
         yield
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait(task)
         await st.terminal.close()
 
     return lifespan

@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from .embed_models import Runtime, load_runtime
 from .settings import EmbeddingSettings
+from .tasks import cancel_and_wait
 from .telemetry import get_logger
 
 log = get_logger("weir.embedding")
@@ -112,9 +113,7 @@ class LocalEmbedder:
         self._worker = asyncio.create_task(self._run())
 
     async def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            await asyncio.gather(self._worker, return_exceptions=True)
+        await cancel_and_wait(self._worker)
         for call in (*self._urgent, *self._bulk):
             call.future.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -32,6 +32,7 @@ from .generation import EngineSpan
 from .ids import new_hex
 from .preparing import Prepared, prepare_chat, prepare_completion
 from .protocol import ChatCompletionRequest
+from .tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from .terminal import Route
@@ -80,9 +81,7 @@ async def _merged(engine: Engine, prep: Prepared, base: str,
             else:
                 yield item
     finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
 
 
 class LocalServing:

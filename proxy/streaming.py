@@ -32,6 +32,7 @@ from aiohttp import web
 from .chain import Outcome, Stream
 from .context import loop_time
 from .errors import DeadlineExceeded, ServerError, Unavailable, WeirError
+from .tasks import cancel_and_wait
 
 DONE = b"data: [DONE]\n\n"
 #: The cancel message of requests cut at the end of a drain (AppState.abort_all).
@@ -94,9 +95,7 @@ class _Watchdog:
                 await self.write(KEEPALIVE)
 
     async def stop(self) -> None:
-        if not self._task.done():
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
 
 
 async def write_sse(

@@ -42,6 +42,7 @@ from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from proxy.redis_client import blocking_client
+from proxy.tasks import cancel_and_wait
 from proxy.telemetry import get_logger
 from proxy.tracing import span
 
@@ -109,9 +110,7 @@ class RedisStore:
         self._listener = asyncio.create_task(self._listen(on_event))
 
     async def close(self) -> None:
-        if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.gather(self._listener, return_exceptions=True)
+        await cancel_and_wait(self._listener)
         await self.client.aclose()
 
     async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from proxy.embedding import Embedder
+from proxy.tasks import cancel_and_wait
 from proxy.telemetry import get_logger, labelled
 
 from .config import CacheConfig
@@ -70,9 +71,7 @@ class CacheStore:
                 await self._load_semantic()
 
     async def close(self) -> None:
-        for t in list(self._background):
-            t.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await cancel_and_wait(*self._background)
         if self.redis is not None:
             await self.redis.close()
 

@@ -36,6 +36,7 @@ from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
 from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from proxy.tasks import cancel_and_wait
 from proxy.telemetry import get_logger
 from proxy.tools import tool_chars
 
@@ -113,10 +114,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._renewer = asyncio.create_task(self._renew_loop())
 
     async def close(self) -> None:
-        for task in (self._renewer, self._reaper):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait(self._renewer, self._reaper)
         if self.remote is not None:
             await self._retry_orphans()
             await self.remote.close()

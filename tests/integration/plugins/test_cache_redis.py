@@ -327,3 +327,45 @@ async def test_concurrent_identical_requests_generate_once(
         else:
             texts.add((await r.json())["choices"][0]["message"]["content"])
     assert len(texts) == 1
+
+
+async def test_closing_ends_a_listener_that_lost_its_cancellation(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Python 3.11 redis-py can lose a cancellation (its `asyncio.wait_for` returns
+    the command's result when the command finished as the cancellation arrived): the
+    listener read on and a replica's shutdown waited for it forever."""
+    from prometheus_client import CollectorRegistry, Counter
+    from redis.asyncio.client import PubSub
+
+    get_message = PubSub.get_message
+    lost: list[bool] = []
+
+    async def losing(self: PubSub, *args: Any, **kw: Any) -> Any:
+        try:
+            return await get_message(self, *args, **kw)
+        except asyncio.CancelledError:
+            if lost:
+                raise
+            lost.append(True)
+            return None
+
+    monkeypatch.setattr(PubSub, "get_message", losing)
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                   timeout_s=1.0),
+                       Counter("e", "e", ["op"], registry=CollectorRegistry()), "r")
+    subscribed = asyncio.Event()
+
+    async def on_event(event: dict[str, Any]) -> None:
+        subscribed.set()
+
+    await store.start(on_event)
+    other = RedisStore(RedisConfig(url=redis_server.url, key_prefix=store.p, timeout_s=1.0),
+                       Counter("e", "e", ["op"], registry=CollectorRegistry()), "other")
+    heard = asyncio.ensure_future(subscribed.wait())
+    async with asyncio.timeout(30):
+        while not heard.done():  # once it hears, the listener is subscribed and reading
+            await other.publish({"op": "ping"})
+            await asyncio.wait({heard}, timeout=0.05)
+        await store.close()
+    await other.close()
+    assert lost == [True] and store._listener is not None and store._listener.done()
