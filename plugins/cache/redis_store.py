@@ -42,7 +42,7 @@ from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from proxy.redis_client import blocking_client
-from proxy.tasks import cancel_and_wait
+from proxy.tasks import cancel_and_wait, lost_cancellation
 from proxy.telemetry import get_logger
 from proxy.tracing import span
 
@@ -115,7 +115,8 @@ class RedisStore:
 
     async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:
         try:
-            with span(f"redis {op}", kind=SpanKind.CLIENT, **{"db.system": "redis"}):
+            with lost_cancellation(), span(f"redis {op}", kind=SpanKind.CLIENT,
+                                           **{"db.system": "redis"}):
                 async with asyncio.timeout(self.cfg.timeout_s):
                     result = await fn()
         except (RedisError, OSError, TimeoutError) as e:

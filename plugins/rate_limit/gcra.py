@@ -33,6 +33,7 @@ from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
 
 from proxy.redis_client import blocking_client
+from proxy.tasks import lost_cancellation
 from proxy.tracing import span
 
 PERIOD_MS = 60_000.0
@@ -249,7 +250,8 @@ class RedisStore:
 
     async def _run(self, coro: object) -> object:
         try:
-            with span("redis ratelimit", kind=SpanKind.CLIENT, **{"db.system": "redis"}):
+            with lost_cancellation(), span("redis ratelimit", kind=SpanKind.CLIENT,
+                                           **{"db.system": "redis"}):
                 async with asyncio.timeout(self.timeout_s):
                     return await coro  # type: ignore[misc]
         except (RedisError, OSError, TimeoutError) as e:

@@ -1,5 +1,6 @@
-"""Stopping a background task whose cancellation gets lost on the way (as redis-py's
-commands lose one on Python 3.11, through `asyncio.wait_for`)."""
+"""Cancellations that get lost on the way (as redis-py's commands lose one on Python
+3.11, through `asyncio.wait_for`): stopping a background task anyway, and raising a
+request's cancellation again after the call that lost it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 
 import pytest
 
-from proxy.tasks import cancel_and_wait
+from proxy.tasks import cancel_and_wait, lost_cancellation
 
 
 def stubborn(losses: int) -> tuple[asyncio.Task[None], list[int]]:
@@ -50,3 +51,47 @@ async def test_several_tasks_none_and_finished_ones() -> None:
     assert a.cancelled() and b.cancelled() and not done.cancelled()
     # The failure was retrieved: asyncio does not log it as never retrieved.
     assert failed._log_traceback is False  # type: ignore[attr-defined]
+
+
+async def losing_call(started: asyncio.Event) -> str:
+    """A call that finishes as its cancellation arrives and returns all the same."""
+    started.set()
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        pass
+    return "result"
+
+
+async def test_a_lost_cancellation_is_raised_after_the_call() -> None:
+    started, after = asyncio.Event(), []
+
+    async def request(guarded: bool) -> None:
+        if guarded:
+            with lost_cancellation():
+                await losing_call(started)
+        else:
+            await losing_call(started)
+        after.append(guarded)  # what the request would go on to do (generate)
+
+    for guarded in (False, True):
+        started.clear()
+        task = asyncio.create_task(request(guarded))
+        await started.wait()
+        task.cancel()
+        await asyncio.wait({task})
+    assert after == [False]  # the unguarded request ran on; the guarded one stopped
+    assert task.cancelled()
+
+
+async def test_a_timeout_inside_the_call_is_not_a_lost_cancellation() -> None:
+    """A timeout that fires inside takes its own cancellation back, lost or not."""
+    with lost_cancellation():
+        try:
+            async with asyncio.timeout(0):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            pass
+        async with asyncio.timeout(0):  # fires, and the call loses its cancellation
+            assert await losing_call(asyncio.Event()) == "result"
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]

@@ -369,3 +369,31 @@ async def test_closing_ends_a_listener_that_lost_its_cancellation(
         await store.close()
     await other.close()
     assert lost == [True] and store._listener is not None and store._listener.done()
+
+
+async def test_a_cancellation_redis_loses_is_raised_again(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that leaves during an L2 lookup whose command loses the cancellation:
+    the lookup raises it, so the request does not go on to generate for nobody."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                   timeout_s=5.0),
+                       Counter("e", "e", ["op"], registry=CollectorRegistry()), "r")
+    started = asyncio.Event()
+
+    async def losing_get(*args: Any) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return None  # the command finished as the cancellation arrived
+        return None
+
+    monkeypatch.setattr(store.client, "get", losing_get)
+    lookup = asyncio.create_task(store.get_exact("k"))
+    await started.wait()
+    lookup.cancel()
+    await asyncio.wait({lookup})
+    assert lookup.cancelled()
+    await store.close()

@@ -334,3 +334,25 @@ async def test_every_prompt_of_a_completion_reserves_its_own_output() -> None:
         await p(completion(4), unsettled)  # (2 + 400) x 2 = 804 > 798 left
     await p(completion(3), unsettled)  # (1 + 300) x 2 = 602
     await p.close()
+
+
+async def test_a_cancellation_redis_loses_is_raised_again(redis_server: RedisServer) -> None:
+    """The client left while Redis decided, and the command lost the cancellation: the
+    store raises it, so the plugin gives the lease back and the request stops."""
+    s = RedisStore(redis_server.url, timeout_s=5.0)
+    started = asyncio.Event()
+
+    async def losing() -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass
+        return "decided"
+
+    call = asyncio.create_task(s._run(losing()))
+    await started.wait()
+    call.cancel()
+    await asyncio.wait({call})
+    assert call.cancelled()
+    await s.close()
