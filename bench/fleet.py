@@ -42,7 +42,7 @@ DEFAULT_ENGINE: dict[str, Any] = {
     "cpu_kvcache_space_gib": 1}
 # CPU settings of the built-in models beyond the demo's (config/weir.yaml's for SmolLM2).
 BUILTIN_ENGINES: dict[str, dict[str, Any]] = {
-    "builtin:smollm2": {"dtype": "bfloat16", "extra_args": {"enforce_eager": True}},
+    "builtin:smollm2": {"dtype": "float32", "extra_args": {"enforce_eager": True}},
 }
 
 LITELLM_KEY = "sk-bench-master-0123456789abcdef"

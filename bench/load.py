@@ -14,6 +14,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -129,6 +130,59 @@ async def run_load(url: str, bodies: list[dict[str, Any]], concurrency: int,
         async with asyncio.timeout(timeout_s):
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         result.wall_s = time.perf_counter() - start
+    return result
+
+
+async def run_load_lean(url: str, bodies: list[dict[str, Any]], concurrency: int,
+                        headers: dict[str, str] | None = None,
+                        timeout_s: float = 600) -> RunResult:
+    """Closed loop like `run_load`, for whole (not streamed) answers, with a lean client:
+    one keep-alive HTTP/1.1 connection per worker, the requests serialised before the
+    clock starts, a response read by its Content-Length and not parsed. It is for
+    measuring how many requests a server carries: an aiohttp client on one core tops
+    out near the rate a fast server reaches, and would measure itself (as wrk or oha
+    would not). Output tokens are not counted."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    head = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "Content-Type: application/json\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()))
+    requests = []
+    for b in bodies:
+        data = json.dumps(b).encode()
+        requests.append(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    requests.reverse()
+    result = RunResult()
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while requests:
+                req = requests.pop()
+                start = time.perf_counter()
+                writer.write(req)
+                raw = await reader.readuntil(b"\r\n\r\n")
+                status = int(raw[9:12])
+                length, cache = 0, None
+                for line in raw.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    name = name.strip().lower()
+                    if name == b"content-length":
+                        length = int(value)
+                    elif name == b"x-weir-cache":
+                        cache = value.strip().decode()
+                    elif name == b"transfer-encoding":
+                        raise ValueError("run_load_lean reads Content-Length bodies only")
+                await reader.readexactly(length)
+                e2e = time.perf_counter() - start
+                result.samples.append(Sample(status == 200, status, e2e, e2e, 0, cache))
+        finally:
+            writer.close()
+
+    start = time.perf_counter()
+    async with asyncio.timeout(timeout_s):
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    result.wall_s = time.perf_counter() - start
     return result
 
 

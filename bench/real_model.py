@@ -73,7 +73,8 @@ def run(fleet: Fleet) -> dict[str, Any]:
              s["answer_tokens"]["p90"], s["answer_tokens"]["cut_at_max_tokens"],
              s["peak_rss_mib"]] for k, s in summary.items()]
     table = "\n\n".join([
-        f"FAQ workload on {MODEL} (SmolLM2-135M-Instruct, bf16, eager, CPU): {n} requests "
+        f"FAQ workload on {MODEL} (SmolLM2-135M-Instruct, {engine_for(MODEL)['dtype']}, "
+        f"eager, CPU): {n} requests "
         f"a round x {rounds} rounds, {clients} clients, 60% repeats (30% of them "
         f"paraphrased), half streamed, temperature 0, up to {MAX_TOKENS} tokens, no "
         "ignore_eos: the model's own answer lengths. Answers cut at max_tokens are not "

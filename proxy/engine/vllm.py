@@ -128,7 +128,7 @@ class VllmEngine:
             model=self._model_path,
             served_model_name=[self._served],
             tokenizer=s.tokenizer,
-            dtype=s.dtype,  # type: ignore[arg-type]
+            dtype=builtin_models.dtype(s.model, s.dtype),  # type: ignore[arg-type]
             quantization=s.quantization,  # type: ignore[arg-type]
             kv_cache_dtype=s.kv_cache_dtype,  # type: ignore[arg-type]
             max_num_seqs=s.max_num_seqs,

@@ -18,8 +18,9 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
+import yaml
 
-from tests.e2e.server import WeirProcess, e2e_config, sdk
+from tests.e2e.server import ROOT, WeirProcess, e2e_config, sdk
 
 MODEL = "smollm2-135m-instruct"
 KEY = "sk-test-tenant-a"
@@ -27,9 +28,12 @@ KEY = "sk-test-tenant-a"
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeirProcess]:
+    # The engine as config/weir.yaml serves it (dtype, eager mode, context length).
+    engine = yaml.safe_load((ROOT / "config" / "weir.yaml").read_text())["engine"]
+    assert engine["model"] == "builtin:smollm2" and engine["served_model_name"] == MODEL
     cfg = e2e_config(
-        engine={"model": "builtin:smollm2", "served_model_name": MODEL, "dtype": "bfloat16",
-                "max_model_len": 2048, "extra_args": {"enforce_eager": True}},
+        engine={k: engine[k] for k in ("model", "served_model_name", "dtype",
+                                       "max_model_len", "extra_args")},
         embeddings={"enabled": True},
         plugins=[{"name": "sanitizer", "config": {}}, {"name": "cache", "config": {}}])
     proc = WeirProcess(tmp_path_factory.mktemp("weir-real"), cfg).start(timeout=420)

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from bench import SUITES
 from bench import __main__ as bench_main
 from bench import fleet as fleet_mod
-from bench.load import open_loop
+from bench.load import open_loop, run_load_lean
 from bench.procs import vllm_server
 from bench.table import faq_bodies, max_sustained
 from proxy.cli import check_config
@@ -82,6 +82,26 @@ async def test_open_loop_sends_every_arrival_and_counts_tokens() -> None:
         r = await open_loop(url, [{"i": i} for i in range(20)], rate=2000, seed=1)
     assert r.unsent == 0
     assert len(r.samples) == 20 and all(s.ok and s.tokens == 3 for s in r.samples)
+
+
+async def test_the_lean_client_sends_every_body_once_and_reads_each_answer() -> None:
+    seen: list[Any] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body["i"])
+        status = 429 if body["i"] == 7 else 200
+        return web.json_response({"i": body["i"], "pad": "x" * body["i"] * 100},
+                                 status=status, headers={"x-weir-cache": f"c{body['i']}"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    async with TestServer(app, host="127.0.0.1") as server:
+        url = str(server.make_url("/v1/chat/completions"))
+        r = await run_load_lean(url, [{"i": i} for i in range(40)], concurrency=4)
+    assert sorted(seen) == list(range(40))  # every body, once, over 4 kept-alive connections
+    assert sorted(s.cache for s in r.samples) == sorted(f"c{i}" for i in range(40))  # type: ignore[type-var]
+    assert [s.status for s in r.samples if not s.ok] == [429] and r.wall_s > 0
 
 
 async def test_open_loop_stops_sending_when_the_system_falls_behind() -> None:

@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 from bench import fleet as fleet_mod
-from bench.procs import vllm_server
+from bench.procs import ROOT, vllm_server
 from proxy.cli import main
 from proxy.engine import builtin_models, smollm2
 from proxy.settings import ConfigError
@@ -143,7 +144,10 @@ def test_bench_serves_smollm2_to_weir_and_vllm_alike(monkeypatch: pytest.MonkeyP
                             ensure=lambda: converted))
     engine = fleet_mod.engine_for("builtin:smollm2")
     assert engine["served_model_name"] == "smollm2-135m-instruct"
-    assert engine["dtype"] == "bfloat16"
+    assert engine["dtype"] == "float32"
+    shipped = yaml.safe_load((ROOT / "config" / "weir.yaml").read_text())["engine"]
+    for key in ("model", "served_model_name", "dtype", "extra_args"):  # as users get it
+        assert engine[key] == shipped[key], key
     fleet = fleet_mod.Fleet(engine=engine)
     try:
         assert fleet.served == "smollm2-135m-instruct"
@@ -153,7 +157,7 @@ def test_bench_serves_smollm2_to_weir_and_vllm_alike(monkeypatch: pytest.MonkeyP
         fleet.close()
     assert cmd[cmd.index("--model") + 1] == str(converted)
     assert cmd[cmd.index("--served-model-name") + 1] == "smollm2-135m-instruct"
-    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[cmd.index("--dtype") + 1] == "float32"
     assert "--enforce-eager" in cmd
 
 
@@ -166,3 +170,13 @@ def test_bench_other_models_drop_the_demo_cpu_settings() -> None:
         assert fleet.model_path() == "/models/llama"
     finally:
         fleet.close()
+
+
+@pytest.mark.parametrize(("model", "configured", "served"), [
+    ("builtin:smollm2", "auto", "float32"),  # bf16 derails it on CPUs with AMX
+    ("builtin:smollm2", "bfloat16", "bfloat16"),  # what the config says, when it says
+    ("builtin:demo", "auto", "float32"),
+    ("/models/llama", "auto", "auto"),  # vLLM reads the checkpoint's own
+])
+def test_the_dtype_a_model_is_served_in(model: str, configured: str, served: str) -> None:
+    assert builtin_models.dtype(model, configured) == served
