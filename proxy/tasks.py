@@ -18,23 +18,46 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-#: How long one cancellation gets before it is repeated.
+from .telemetry import get_logger
+
+log = get_logger(__name__)
+
+#: How long the first cancellation gets before it is repeated; each repeat waits twice
+#: as long as the one before, up to `RECANCEL_MAX_S`, so a task that cleans up on its
+#: way out (an abort sent to the engine, a connection closed) is not cut short by a
+#: repeat unless that cleanup is slow.
 RECANCEL_S = 0.1
+RECANCEL_MAX_S = 2.0
 
 
 async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
     """Cancel `tasks` (None is skipped) and return once each has ended. What a task
     raised on its way out is retrieved and dropped, as `gather(return_exceptions=True)`
-    would."""
+    would. If the caller is cancelled meanwhile, it still waits for the tasks to end
+    (as a cancelled `gather` does), then raises the cancellation."""
     given = [t for t in tasks if t is not None]
     pending = {t for t in given if not t.done()}
+    wait, interrupted = RECANCEL_S, False
+    repeats = 0
     while pending:
         for t in pending:
             t.cancel()
-        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+        try:
+            _, pending = await asyncio.wait(pending, timeout=wait)
+        except asyncio.CancelledError:
+            interrupted = True
+            pending = {t for t in pending if not t.done()}
+            continue
+        if pending:
+            repeats += 1
+            wait = min(wait * 2, RECANCEL_MAX_S)
+    if repeats:
+        log.debug("cancelled again: a task ran on after its cancellation", repeats=repeats)
     for t in given:
         if not t.cancelled():
             t.exception()
+    if interrupted:
+        raise asyncio.CancelledError
 
 
 @contextmanager

@@ -32,7 +32,7 @@ class Builtin(NamedTuple):
 # where transformers, and vLLM in float32 or float16, answer "The capital of France is
 # Paris."). float32 answers the same on every CPU, at about two thirds of bf16's speed.
 BUILTINS: dict[str, Builtin] = {
-    "builtin:demo": Builtin(DEMO_MODEL_NAME, ensure_demo_model, lambda: None, "float32"),
+    "builtin:demo": Builtin(DEMO_MODEL_NAME, ensure_demo_model, lambda: None, "auto"),
     "builtin:smollm2": Builtin(SMOLLM2_MODEL_NAME, ensure_smollm2, check_available,
                                "float32"),
 }

@@ -37,6 +37,19 @@ async def test_a_task_that_loses_its_cancellations_still_ends(losses: int) -> No
     assert task.cancelled() and lost[0] == losses
 
 
+async def test_a_cancelled_caller_still_waits_for_the_tasks_to_end() -> None:
+    """As a cancelled `gather` does: the caller's cancellation comes out only once
+    the tasks it was stopping have ended."""
+    task, _ = stubborn(1)
+    await asyncio.sleep(0)
+    stopper = asyncio.create_task(cancel_and_wait(task))
+    await asyncio.sleep(0)  # the stopper is waiting on the task
+    stopper.cancel()
+    async with asyncio.timeout(30):
+        await asyncio.wait({stopper})
+    assert stopper.cancelled() and task.done()
+
+
 async def test_several_tasks_none_and_finished_ones() -> None:
     async def fails() -> None:
         raise RuntimeError("on its way out")
