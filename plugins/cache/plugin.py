@@ -66,6 +66,9 @@ async def _discard(gen: asyncio.Future[Reply]) -> None:
         await reply.aclose()
 
 
+#: Finish reasons of an answer that ended on its own or at its length limit.
+_WHOLE = frozenset({"stop", "tool_calls", "length"})
+
 class CachePlugin(BasePlugin[CacheConfig]):
     name: ClassVar[str] = "cache"
     Config = CacheConfig
@@ -245,7 +248,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
             entry = self._make_entry(ctx, key, scope, capture_body(reply.body, ctx.route),
                                      started)
             settle(entry)
-            if entry is not None:
+            if entry is not None and self._storable(entry, started):
                 self.store.put(entry, sem, look)
             return reply
 
@@ -263,11 +266,17 @@ class CachePlugin(BasePlugin[CacheConfig]):
                                                 u.get("completion_tokens", 0))})
             entry = self._make_entry(ctx, key, scope, captured, started)
             settle(entry)
-            if entry is not None:
+            if entry is not None and self._storable(entry, started):
                 self.store.put(entry, sem, look)
 
         reply.on_end(ended)
         return reply
+
+    def _storable(self, entry: Entry, started: float) -> bool:
+        if not self.cfg.store_truncated and any(c["finish_reason"] == "length"
+                                                for c in entry.choices):
+            return False
+        return not self.store.purged_since(started)  # across a purge: it may hold what was
 
     # -------------------------------------------------------------------- replies
 
@@ -310,16 +319,17 @@ class CachePlugin(BasePlugin[CacheConfig]):
     def _make_entry(self, ctx: RequestContext, key: str, scope: str,
                     captured: tuple[list[dict[str, Any]], dict[str, int]] | None,
                     started: float) -> Entry | None:
+        """The answer as an entry, if it is whole: the requests waiting on this
+        generation (the same key: the same parameters, `max_tokens` included) take it,
+        stored or not (`_storable`). An answer cut by `max_tokens` is whole for them: it
+        is what each of them would generate. Without it each waiter generated anew,
+        after waiting out the leader, and took twice as long."""
         if captured is None:
             return None
         choices, usage = captured
-        allowed = {"stop", "tool_calls", "length"} if self.cfg.store_truncated else {
-            "stop", "tool_calls"}
-        if any(c["finish_reason"] not in allowed or not (c["text"].strip() or c.get("tool_calls"))
+        if any(c["finish_reason"] not in _WHOLE or not (c["text"].strip() or c.get("tool_calls"))
                for c in choices):
             return None
-        if self.store.purged_since(started):
-            return None  # generated across a purge: it may hold what was purged
         ttl = self.cfg.exact.ttl_s
         now = time.time()
         p = ctx.principal

@@ -275,11 +275,15 @@ async def test_errors_and_fallbacks_are_not_stored() -> None:
     assert layer == "miss"
 
 
+@pytest.mark.parametrize("reason", ["stop", "length"])
 @pytest.mark.parametrize("stream", [False, True])
-async def test_concurrent_identical_misses_coalesce(stream: bool) -> None:
+async def test_concurrent_identical_misses_coalesce(stream: bool, reason: str) -> None:
+    """An answer cut by max_tokens is not stored (store_truncated is off), but the
+    requests waiting on it take it all the same: it is what each would generate (the
+    same key, max_tokens included). They used to generate anew after the wait."""
     gate = asyncio.Event()
     # Exact layer only: a request's last step before it joins a leader is its L1 miss.
-    p, eng = plugin(semantic={"enabled": False}), Engine(gate=gate)
+    p, eng = plugin(semantic={"enabled": False}), Engine(reason=reason, gate=gate)
 
     async def one() -> str:
         reply, _ = await run(p, ctx(stream=stream), eng)
@@ -298,6 +302,8 @@ async def test_concurrent_identical_misses_coalesce(stream: bool) -> None:
     texts = await asyncio.gather(*tasks)
     assert eng.calls == 1 and set(texts) == {"Use the reset link."}
     assert sample(p, "weir_cache_coalesced_total") == 7  # answered by the leader's generation
+    _, layer = await run(p, ctx(stream=stream), eng)  # stored only if whole
+    assert layer == ("exact" if reason == "stop" else "miss")
 
 
 async def test_a_failed_leader_lets_followers_generate() -> None:
