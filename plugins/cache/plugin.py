@@ -69,6 +69,7 @@ async def _discard(gen: asyncio.Future[Reply]) -> None:
 #: Finish reasons of an answer that ended on its own or at its length limit.
 _WHOLE = frozenset({"stop", "tool_calls", "length"})
 
+
 class CachePlugin(BasePlugin[CacheConfig]):
     name: ClassVar[str] = "cache"
     Config = CacheConfig
