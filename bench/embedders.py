@@ -408,7 +408,12 @@ def markdown(res: dict[str, Any]) -> str:
               "false hits, and the original set falls to 85% (the normalised one-slot check "
               "also refuses a paraphrase that swaps one word for a synonym: in the tune part "
               "\"cancel my subscription\" / \"stop my subscription\"): tuned on 86 "
-              "paraphrases, the extra freedom fits the tune part, not the questions."]
+              "paraphrases, the extra freedom fits the tune part, not the questions.",
+              "- MiniLM fine-tuned on the tune part (`python -m bench.finetune`, "
+              "finetune.md): at the threshold tuned on the tune part the held-out part hits "
+              "71% of its paraphrases with 2 false hits; at the held-out part's own best "
+              "threshold it separates 61% (the base model 60%): it learned the tune part, "
+              "not paraphrase."]
     return "\n".join(lines) + "\n"
 
 

@@ -294,3 +294,14 @@ def test_bench_never_imports_tests_and_has_no_import_cycle() -> None:
     for n in edges:
         if n not in state:
             visit(n, [])
+
+
+def test_finetune_pairs_label_paraphrases_and_every_distinct_stored_question() -> None:
+    from bench.finetune import pairs
+
+    data = {"paraphrase": [["A?", "a1"], ["A?", "a2"], ["B?", "b1"]],
+            "near_miss": {"number": [["B?", "B 2?"]]}}
+    got = {(a, b): y for a, b, y in pairs(data)}
+    assert got == {("A?", "a1"): 1.0, ("A?", "a2"): 1.0, ("B?", "b1"): 1.0,
+                   ("a1", "a2"): 1.0,  # two paraphrases of one question
+                   ("B?", "B 2?"): 0.0, ("A?", "B?"): 0.0}
