@@ -439,6 +439,11 @@ class ChatCompletionRequest(_SamplingFields):
                     f"Missing required parameter: `messages[{i}].content` (only an assistant "
                     "message that made calls, or a `function` result, may leave it out).",
                     param=f"messages[{i}].content", code="missing_required_parameter")
+            if m.role == "tool" and not m.tool_call_id:
+                raise InvalidRequest(
+                    f"Missing required parameter: `messages[{i}].tool_call_id` (a `tool` "
+                    "message answers the call with that id).",
+                    param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
         return self
 
     @model_validator(mode="after")

@@ -18,6 +18,14 @@ from .telemetry import get_logger
 
 _log = get_logger("weir.reply")
 
+#: Tasks finishing what a cancelled caller left (the loop keeps only weak references).
+_RUNNING: set[asyncio.Future[None]] = set()
+
+
+def _keep(task: asyncio.Future[None]) -> None:
+    _RUNNING.add(task)
+    task.add_done_callback(_RUNNING.discard)
+
 
 @dataclass(slots=True)
 class Completion:
@@ -116,16 +124,39 @@ class Stream:
         if error is not None and self.error is None:
             self.error = error
         close = getattr(self._it, "aclose", None)
-        if close is not None:
-            try:
-                await close()
-            except Exception:
-                _log.exception("closing a stream failed")
-        for hook in self._hooks:
+        try:
+            if close is not None:
+                try:
+                    await close()
+                except Exception:
+                    _log.exception("closing a stream failed")
+        finally:  # a cancellation while closing (an engine abort under way) skips no hook
+            await self._run_hooks(outcome, 0)
+
+    async def end_shielded(self, outcome: Outcome, error: BaseException | None = None,
+                           ) -> None:
+        """`end`, run to its end even if the caller is cancelled meanwhile (the caller
+        still gets the cancellation)."""
+        if self._ended:
+            return
+        task = asyncio.ensure_future(self.end(outcome, error))
+        _keep(task)
+        await asyncio.shield(task)
+
+    async def _run_hooks(self, outcome: Outcome, start: int) -> None:
+        """The hooks from `start` on. Cut short by a cancellation inside an async hook,
+        the ones after it still run, in a task of their own: each frees what its plugin
+        holds (an engine slot, a lease), and one skipped would hold it for good."""
+        for i in range(start, len(self._hooks)):
+            hook = self._hooks[i]
             try:
                 result = hook(self, outcome)
                 if result is not None:
                     await result
+            except asyncio.CancelledError:
+                if i + 1 < len(self._hooks):
+                    _keep(asyncio.ensure_future(self._run_hooks(outcome, i + 1)))
+                raise
             except Exception:
                 _log.exception("a stream end hook failed", hook=getattr(
                     hook, "__qualname__", repr(hook)))
@@ -166,7 +197,7 @@ class Stream:
             outcome, error = "failed", e
             raise
         finally:
-            await asyncio.shield(self.end(outcome, error))
+            await self.end_shielded(outcome, error)
 
     async def aclose(self) -> None:
         """End the stream as cancelled (the consumer gave up on it)."""

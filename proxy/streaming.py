@@ -160,7 +160,7 @@ async def write_sse(
             # Settle before the body ends: a client that saw the end of its answer never
             # races its own request's accounting (slot, tokens, cache entry).
             await watchdog.stop()
-            await asyncio.shield(stream.end(outcome, error))
+            await stream.end_shielded(outcome, error)
             await resp.write_eof()
         except ConnectionError:  # an answer already whole stays "completed"
             if on_abort is not None:
@@ -176,10 +176,12 @@ async def write_sse(
             outcome, error = "failed", e
         raise
     finally:
-        if watchdog is not None:
-            await watchdog.stop()
-        if not stream.ended:
-            await asyncio.shield(stream.end(outcome, error))
+        try:
+            if watchdog is not None:
+                await watchdog.stop()  # raises if cancelled (again) meanwhile
+        finally:
+            if not stream.ended:
+                await stream.end_shielded(outcome, error)
 
 
 async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse,

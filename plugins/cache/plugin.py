@@ -56,7 +56,17 @@ Settle = asyncio.Future[Entry | object | None]
 
 
 async def _discard(gen: asyncio.Future[Reply]) -> None:
-    """Drop a generation nobody will read: cancel it, or close the stream it made."""
+    """Drop a generation nobody will read: cancel it, or close the stream it made (it
+    may have made one in the instant it was cancelled). Done to the end in a task of its
+    own, even if the caller is cancelled meanwhile: an unclosed stream would hold its
+    engine slot, rate-limit lease and breaker permit for good."""
+    task = asyncio.ensure_future(_drop(gen))
+    _DROPPING.add(task)
+    task.add_done_callback(_DROPPING.discard)
+    await asyncio.shield(task)
+
+
+async def _drop(gen: asyncio.Future[Reply]) -> None:
     gen.cancel()
     await asyncio.wait((gen,))
     if gen.cancelled() or gen.exception() is not None:
@@ -64,6 +74,21 @@ async def _discard(gen: asyncio.Future[Reply]) -> None:
     reply = gen.result()
     if isinstance(reply, Stream):
         await reply.aclose()
+
+
+async def _take(gen: asyncio.Future[Reply]) -> Reply:
+    """`await gen`, but a caller cancelled as `gen` ends does not drop the reply it made
+    (awaiting a task that has just finished, the cancellation wins and the result would
+    be lost): the reply is discarded properly."""
+    try:
+        return await asyncio.shield(gen)
+    except asyncio.CancelledError:
+        await _discard(gen)
+        raise
+
+
+#: Discards under way (the loop keeps only weak references to tasks).
+_DROPPING: set[asyncio.Future[None]] = set()
 
 
 #: Finish reasons of an answer that ended on its own or at its length limit.
@@ -213,7 +238,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
             raise
         if entry is None:
             labelled(self.metrics.overlapped, "generated").inc()
-            return await gen
+            return await _take(gen)
         labelled(self.metrics.overlapped, "cancelled").inc()
         if not fut.done():
             fut.set_result(entry)  # requests waiting on this generation take the hit too

@@ -45,6 +45,14 @@ def _eps(now: float) -> float:
     return max(EPS_MS, abs(now) * EPS_ULPS)
 
 
+def _units(room_ms: float, eps: float, t: float, most: int) -> int:
+    """Whole units in `room_ms` of the period, within [0, most] (the limit, less what
+    this request just took): at a limit so high that one unit is shorter than `eps`
+    (200M tokens a minute: 0.0003 ms), the allowance would otherwise count tens of units
+    past the limit."""
+    return min(most, max(0, math.floor((room_ms + eps) / t)))
+
+
 @dataclass(frozen=True, slots=True)
 class Bucket:
     key: str
@@ -110,11 +118,11 @@ class MemoryStore:
             if diff > PERIOD_MS + eps:
                 allowed = False
                 retry = max(retry, diff - PERIOD_MS)
-                states.append(BucketState(b.limit, max(0, math.floor(
-                    (PERIOD_MS - (tat - now) + eps) / t)), tat - now))
+                states.append(BucketState(b.limit, _units(PERIOD_MS - (tat - now), eps, t,
+                                                          b.limit), tat - now))
             else:
-                states.append(BucketState(b.limit, math.floor((PERIOD_MS - diff + eps) / t),
-                                          diff))
+                states.append(BucketState(b.limit, _units(
+                    PERIOD_MS - diff, eps, t, math.floor(b.limit - min(b.cost, b.limit))), diff))
             new.append(nt)
         for key, limit in conc:
             leases = self._leases.setdefault(key, {})
@@ -176,11 +184,12 @@ for i = 1, nb do
     allowed = 0
     retry = math.max(retry, diff - period)
     out[#out + 1] = limit
-    out[#out + 1] = math.max(0, math.floor((period - (tat - now) + eps) / T))
+    out[#out + 1] = math.min(limit, math.max(0, math.floor((period - (tat - now) + eps) / T)))
     out[#out + 1] = math.ceil(tat - now)
   else
     out[#out + 1] = limit
-    out[#out + 1] = math.floor((period - diff + eps) / T)
+    out[#out + 1] = math.min(math.floor(limit - cost),
+                             math.max(0, math.floor((period - diff + eps) / T)))
     out[#out + 1] = math.ceil(diff)
   end
   new[i] = nt

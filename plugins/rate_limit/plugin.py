@@ -334,7 +334,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             used = (stream.usage or {}).get("total_tokens")
             if used is None:
                 used = reserve if outcome == "completed" else 0
-            await self._settle(store, tpm, reserve, used, conc_keys, lease)
+            await self._settle_shielded(store, tpm, reserve, used, conc_keys, lease)
 
         reply.on_end(ended)
         return reply

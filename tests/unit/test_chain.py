@@ -254,3 +254,51 @@ def test_order_rules(names: list[str], bad: str) -> None:
 def test_good_order_passes() -> None:
     names = ["t_first", "t_early", "t_trace", "t_last"]
     assert [c.name for c, _, _ in validate_plugins([PluginSpec(name=n) for n in names])] == names
+
+
+async def test_a_cancellation_while_closing_skips_no_end_hook() -> None:
+    """Closing the source awaits (an engine abort under way); a client gone in that
+    moment still frees what every plugin holds."""
+    seen: list[str] = []
+    closing = asyncio.Event()
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        try:
+            yield {"n": 0}
+        finally:
+            closing.set()
+            await asyncio.Event().wait()  # a slow abort: cancelled below
+
+    stream = Stream(source())
+    it = stream.rest()
+    assert await it.__anext__() == {"n": 0}
+    stream.on_end(lambda s, outcome: seen.append(f"slot:{outcome}"))
+    task = asyncio.ensure_future(stream.end("cancelled"))
+    await closing.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == ["slot:cancelled"] and stream.ended
+
+
+async def test_hooks_after_an_interrupted_async_hook_still_run() -> None:
+    seen: list[str] = []
+    entered, done = asyncio.Event(), asyncio.Event()
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        yield {"n": 0}
+
+    async def slow(s: Stream, outcome: str) -> None:
+        entered.set()
+        await asyncio.Event().wait()  # cancelled below
+
+    stream = Stream(source())
+    stream.on_end(slow)
+    stream.on_end(lambda s, outcome: (seen.append(f"lease:{outcome}"), done.set()))
+    task = asyncio.ensure_future(stream.end("completed"))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wait_for(done.wait(), 10)  # in a task of its own
+    assert seen == ["lease:completed"]

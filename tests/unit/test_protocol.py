@@ -162,6 +162,16 @@ def test_a_message_without_content_is_refused(role: str) -> None:
             "messages[0].content", "missing_required_parameter")
 
 
+@pytest.mark.parametrize("message", [{"role": "tool", "content": "ok"},
+                                     {"role": "tool", "content": "ok", "tool_call_id": None},
+                                     {"role": "tool", "content": "ok", "tool_call_id": ""}])
+def test_a_tool_result_needs_the_id_of_its_call(message: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": [*MSG, message]})
+    assert (e.value.param, e.value.code) == (
+        "messages[1].tool_call_id", "missing_required_parameter")
+
+
 def test_an_assistant_call_needs_no_content() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     req = chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},

@@ -64,3 +64,50 @@ async def test_a_steady_stream_has_no_keepalives(make_client: MakeClient) -> Non
     r = await client.post("/v1/chat/completions", json=CHAT)
     text = await r.text()
     assert ": keep-alive" not in text and parse_sse(text)[1]
+
+
+async def test_a_second_cancellation_while_stopping_still_ends_the_stream(
+        monkeypatch: Any) -> None:
+    """The client goes (the handler is cancelled), and the handler is cancelled again
+    while its keep-alive watchdog stops: the stream still ends, so every plugin frees
+    what it holds (admission's engine slot stayed taken for good before)."""
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    from proxy import streaming
+    from proxy.reply import Stream
+
+    ended: list[str] = []
+    handler: list[asyncio.Task[Any]] = []
+    stopping = asyncio.Event()
+
+    async def stop(self: Any) -> None:  # a stop that takes a while: cut by the 2nd cancel
+        stopping.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self._task.cancel()
+
+    monkeypatch.setattr(streaming._Watchdog, "stop", stop)
+
+    async def source() -> Any:
+        yield {"n": 0}
+        await asyncio.Event().wait()  # quiet: the handler waits here when cancelled
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        handler.append(asyncio.current_task())  # type: ignore[arg-type]
+        stream = Stream(source())
+        stream.on_end(lambda s, outcome: ended.append(outcome))
+        return await streaming.write_sse(request, stream, dict, write_timeout=60,
+                                         keepalive=60)
+
+    app = web.Application()
+    app.router.add_get("/", handle)
+    async with TestServer(app) as server, ClientSession() as session:
+        async with session.get(server.make_url("/")) as r:
+            assert (await r.content.readline()).startswith(b"data: ")
+            handler[0].cancel()
+            await asyncio.wait_for(stopping.wait(), 10)
+            handler[0].cancel()
+            await asyncio.wait((handler[0],), timeout=10)
+    assert handler[0].done() and ended == ["cancelled"]

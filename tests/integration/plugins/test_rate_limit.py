@@ -58,6 +58,19 @@ async def test_remaining_and_reset(store: Any) -> None:
     assert 5900 <= d.states[0].reset_ms <= 6100
 
 
+@pytest.mark.parametrize("limit", [200_000_000, 10**12])
+async def test_remaining_never_exceeds_the_limit_at_huge_limits(store: Any, limit: int) -> None:
+    """At 200M tokens a minute one token is 0.0003 ms, under the clock's rounding
+    allowance: the remaining count once read the limit plus 25."""
+    b = key()
+    for cost in (8, 1, 500):
+        d = await store.admit([Bucket(b, limit, cost)], [], "l", 1000)
+        assert d.allowed and 0 <= d.states[0].remaining <= limit - cost + 1, d.states[0]
+        await store.adjust([Bucket(b, limit, -cost)])  # a refund never lifts it past full
+    d = await store.admit([Bucket(b, limit, 3)], [], "l", 1000)
+    assert d.states[0].remaining <= limit
+
+
 async def test_token_costs_and_settling(store: Any) -> None:
     b = key()
     assert (await store.admit([Bucket(b, 1000, 800)], [], "l", 1000)).allowed

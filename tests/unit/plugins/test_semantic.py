@@ -316,3 +316,44 @@ async def test_a_request_overtaken_during_its_lookup_takes_the_stored_answer() -
     assert eng.calls == 1 and all(isinstance(r, Completion) for r in replies)
     assert sample(p, "weir_cache_coalesced_total") == 1
     await p.close()
+
+
+async def test_a_client_gone_as_the_race_is_won_frees_the_stream() -> None:
+    """The lookup missed and the request awaits its generation; the client leaves in
+    the very step the generation hands over its stream. The stream is ended (its hooks
+    free the engine slot and the lease); awaiting the finished task dropped it before."""
+    p, emb = racing_plugin()
+    emb.gate.clear()
+    entered, go = asyncio.Event(), asyncio.Event()
+    ended: list[str] = []
+    task: asyncio.Task[Reply]
+
+    async def source() -> Any:
+        yield {"n": 0}
+
+    async def generate(c: RequestContext) -> Reply:
+        entered.set()
+        await go.wait()
+        stream = Stream(source())
+        stream.on_end(lambda s, outcome: ended.append(outcome))
+        asyncio.get_running_loop().call_soon(task.cancel)  # before the handover runs
+        return stream
+
+    task = asyncio.create_task(p(ctx("How do I close my account for good?", stream=True),
+                                 generate))
+    await entered.wait()
+    emb.gate.set()  # the lookup misses: the request now awaits the generation
+    for _ in range(1000):  # bounded: a few loop turns
+        if overlapped(p, "generated") == 1:
+            break
+        await asyncio.sleep(0)
+    assert overlapped(p, "generated") == 1
+    go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(1000):
+        if ended:
+            break
+        await asyncio.sleep(0)
+    assert ended == ["cancelled"] and p.in_flight() == 0
+    await p.close()
