@@ -14,17 +14,10 @@ from typing import Any, Literal
 
 from .context import loop_time
 from .errors import DeadlineExceeded
+from .tasks import detach
 from .telemetry import get_logger
 
 _log = get_logger("weir.reply")
-
-#: Tasks finishing what a cancelled caller left (the loop keeps only weak references).
-_RUNNING: set[asyncio.Future[None]] = set()
-
-
-def _keep(task: asyncio.Future[None]) -> None:
-    _RUNNING.add(task)
-    task.add_done_callback(_RUNNING.discard)
 
 
 @dataclass(slots=True)
@@ -139,9 +132,7 @@ class Stream:
         still gets the cancellation)."""
         if self._ended:
             return
-        task = asyncio.ensure_future(self.end(outcome, error))
-        _keep(task)
-        await asyncio.shield(task)
+        await asyncio.shield(detach(self.end(outcome, error)))
 
     async def _run_hooks(self, outcome: Outcome, start: int) -> None:
         """The hooks from `start` on. Cut short by a cancellation inside an async hook,
@@ -155,7 +146,7 @@ class Stream:
                     await result
             except asyncio.CancelledError:
                 if i + 1 < len(self._hooks):
-                    _keep(asyncio.ensure_future(self._run_hooks(outcome, i + 1)))
+                    detach(self._run_hooks(outcome, i + 1))
                 raise
             except Exception:
                 _log.exception("a stream end hook failed", hook=getattr(

@@ -14,7 +14,7 @@ generate, for nobody.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -58,6 +58,19 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
             t.exception()
     if interrupted:
         raise asyncio.CancelledError
+
+
+#: Tasks left to finish on their own (the event loop keeps only weak references).
+_DETACHED: set[asyncio.Future[Any]] = set()
+
+
+def detach(work: Awaitable[Any]) -> asyncio.Future[Any]:
+    """Run `work` (a coroutine or future) to its end as a task of its own, referenced
+    until it ends: what a cancelled caller leaves to finish (an end hook, a discard)."""
+    task = asyncio.ensure_future(work)
+    _DETACHED.add(task)
+    task.add_done_callback(_DETACHED.discard)
+    return task
 
 
 @contextmanager

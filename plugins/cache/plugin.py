@@ -38,6 +38,7 @@ from proxy.chain import (
 )
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest
+from proxy.tasks import detach
 from proxy.telemetry import get_logger, labelled
 
 from . import admin
@@ -60,10 +61,7 @@ async def _discard(gen: asyncio.Future[Reply]) -> None:
     may have made one in the instant it was cancelled). Done to the end in a task of its
     own, even if the caller is cancelled meanwhile: an unclosed stream would hold its
     engine slot, rate-limit lease and breaker permit for good."""
-    task = asyncio.ensure_future(_drop(gen))
-    _DROPPING.add(task)
-    task.add_done_callback(_DROPPING.discard)
-    await asyncio.shield(task)
+    await asyncio.shield(detach(_drop(gen)))
 
 
 async def _drop(gen: asyncio.Future[Reply]) -> None:
@@ -85,10 +83,6 @@ async def _take(gen: asyncio.Future[Reply]) -> Reply:
     except asyncio.CancelledError:
         await _discard(gen)
         raise
-
-
-#: Discards under way (the loop keeps only weak references to tasks).
-_DROPPING: set[asyncio.Future[None]] = set()
 
 
 #: Finish reasons of an answer that ended on its own or at its length limit.
