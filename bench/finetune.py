@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.embedders import RESULTS, load_set, make_runtime, rates, score_set, tune
+from bench.embedders import load_set, make_runtime, rates, score_set, tune
+from bench.report import write
 
 
 def pairs(data: dict[str, Any]) -> list[tuple[str, str, float]]:
@@ -127,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         res = {"training": training,
                "models": {"builtin:minilm-torch (base)": judge("builtin:minilm-torch"),
                           "fine-tuned": judge(tmp)}}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "finetune.json").write_text(json.dumps(res, indent=1) + "\n")
-    (RESULTS / "finetune.md").write_text(markdown(res))
+    write("finetune", res, markdown(res).rstrip("\n"))
     print(markdown(res))
     return 0
 
