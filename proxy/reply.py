@@ -145,6 +145,13 @@ class Stream:
                 if result is not None:
                     await result
             except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and not task.cancelling():
+                    # Not our cancellation (a task the hook awaited was cancelled, at
+                    # loop teardown say): a failed hook, like any other.
+                    _log.warning("a stream end hook was cancelled", hook=getattr(
+                        hook, "__qualname__", repr(hook)))
+                    continue
                 if i + 1 < len(self._hooks):
                     detach(self._run_hooks(outcome, i + 1))
                 raise

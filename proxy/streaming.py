@@ -116,6 +116,7 @@ async def write_sse(
     outcome: Outcome = "cancelled"
     error: BaseException | None = None
     watchdog: _Watchdog | None = None
+    whole = False
     try:
         if stream.primed_at is None:
             await stream.prime()  # raises before any byte: the route answers with a status
@@ -157,6 +158,7 @@ async def write_sse(
                 await _error_event(write, e, log_error)
             if terminator:
                 await write(terminator)
+            whole = True  # the body is complete: a cancellation now cuts nothing
             # Settle before the body ends: a client that saw the end of its answer never
             # races its own request's accounting (slot, tokens, cache entry).
             await watchdog.stop()
@@ -167,8 +169,9 @@ async def write_sse(
                 on_abort("write timeout" if watchdog.cut else "client gone")
         return resp
     except asyncio.CancelledError as e:
-        outcome = "cancelled"
-        if e.args == (SHUTDOWN,) and watchdog is not None:
+        if not whole:  # (whole: the answer went out, and ends as it was)
+            outcome = "cancelled"
+        if e.args == (SHUTDOWN,) and watchdog is not None and not whole:
             await _cut_for_shutdown(watchdog, resp, terminator)
         raise
     except BaseException as e:

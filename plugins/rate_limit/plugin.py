@@ -36,7 +36,7 @@ from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
 from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
-from proxy.tasks import cancel_and_wait
+from proxy.tasks import cancel_and_wait, detach
 from proxy.telemetry import get_logger
 from proxy.tools import tool_chars
 
@@ -172,7 +172,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         task of its own (one task per request was a visible share of a cache hit)."""
         settle = self._settle(store, tpm, reserve, used, conc_keys, lease)
         if store is self.remote:
-            await asyncio.shield(settle)
+            await asyncio.shield(detach(settle))
         else:
             await settle
 

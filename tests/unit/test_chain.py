@@ -292,9 +292,13 @@ async def test_hooks_after_an_interrupted_async_hook_still_run() -> None:
         entered.set()
         await asyncio.Event().wait()  # cancelled below
 
+    def lease(s: Stream, outcome: str) -> None:
+        seen.append(f"lease:{outcome}")
+        done.set()
+
     stream = Stream(source())
     stream.on_end(slow)
-    stream.on_end(lambda s, outcome: (seen.append(f"lease:{outcome}"), done.set()))
+    stream.on_end(lease)
     task = asyncio.ensure_future(stream.end("completed"))
     await entered.wait()
     task.cancel()
@@ -302,3 +306,23 @@ async def test_hooks_after_an_interrupted_async_hook_still_run() -> None:
         await task
     await asyncio.wait_for(done.wait(), 10)  # in a task of its own
     assert seen == ["lease:completed"]
+
+
+async def test_a_hook_cancelled_on_its_own_is_a_failed_hook() -> None:
+    """A CancelledError out of a hook while nobody cancels the stream's ender (a task the
+    hook awaited was cancelled): logged, and the rest run in place; `end` returns."""
+    seen: list[str] = []
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        yield {"n": 0}
+
+    async def awaits_a_cancelled_task(s: Stream, outcome: str) -> None:
+        inner = asyncio.ensure_future(asyncio.Event().wait())
+        inner.cancel()
+        await inner
+
+    stream = Stream(source())
+    stream.on_end(awaits_a_cancelled_task)
+    stream.on_end(lambda s, outcome: seen.append(f"slot:{outcome}"))
+    await stream.end("completed")
+    assert seen == ["slot:completed"]

@@ -111,3 +111,63 @@ async def test_a_second_cancellation_while_stopping_still_ends_the_stream(
             handler[0].cancel()
             await asyncio.wait((handler[0],), timeout=10)
     assert handler[0].done() and ended == ["cancelled"]
+
+
+async def test_a_shutdown_after_the_whole_answer_cuts_nothing(monkeypatch: Any) -> None:
+    """The answer and `[DONE]` went out; the drain's cancellation arrives while the
+    writer settles: no 503 event after the answer, and the stream ends `completed`."""
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    from proxy import streaming
+    from proxy.reply import Stream
+
+    ended: list[str] = []
+    handler: list[asyncio.Task[Any]] = []
+    stopping = asyncio.Event()
+
+    async def stop(self: Any) -> None:
+        if stopping.is_set():  # the second call, on the way out: a plain stop
+            self._task.cancel()
+            await asyncio.wait((self._task,))
+            return
+        stopping.set()
+        try:
+            await asyncio.Event().wait()  # cut by the shutdown below
+        finally:
+            self._task.cancel()
+
+    monkeypatch.setattr(streaming._Watchdog, "stop", stop)
+
+    async def source() -> Any:
+        yield {"n": 0}
+
+    transports: list[Any] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        handler.append(asyncio.current_task())  # type: ignore[arg-type]
+        transports.append(request.transport)
+        stream = Stream(source())
+        stream.on_end(lambda s, outcome: ended.append(outcome))
+        return await streaming.write_sse(request, stream, dict, write_timeout=60,
+                                         keepalive=60)
+
+    app = web.Application()
+    app.router.add_get("/", handle)
+    async with TestServer(app) as server, ClientSession() as session:
+        async with session.get(server.make_url("/")) as r:
+            body = b""
+            async with asyncio.timeout(10):
+                while not body.endswith(b"data: [DONE]\n\n"):
+                    body += await r.content.readline()
+                await stopping.wait()
+            handler[0].cancel(streaming.SHUTDOWN)
+            await asyncio.wait((handler[0],), timeout=10)
+            transports[0].close()  # what else was written is read to its end
+            try:
+                body += await r.content.read()
+            except Exception:
+                pass  # cut without a chunked terminator: the bytes before it count
+    assert handler[0].done()
+    assert body.count(b"data: [DONE]") == 1 and b"shutting_down" not in body
+    assert ended == ["completed"]
