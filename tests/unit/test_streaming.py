@@ -66,19 +66,43 @@ async def test_a_steady_stream_has_no_keepalives(make_client: MakeClient) -> Non
     assert ": keep-alive" not in text and parse_sse(text)[1]
 
 
+
+class OneStream:
+    """An app whose one handler writes `source()` with `write_sse`; it records the
+    handler's task, its connection, and how the stream ended."""
+
+    def __init__(self, source: Any) -> None:
+        from aiohttp import web
+
+        self.source = source
+        self.ended: list[str] = []
+        self.handler: list[asyncio.Task[Any]] = []
+        self.transports: list[Any] = []
+        self.app = web.Application()
+        self.app.router.add_get("/", self.handle)
+
+    async def handle(self, request: Any) -> Any:
+        from proxy import streaming
+        from proxy.reply import Stream
+
+        self.handler.append(asyncio.current_task())  # type: ignore[arg-type]
+        self.transports.append(request.transport)
+        stream = Stream(self.source())
+        stream.on_end(lambda s, outcome: self.ended.append(outcome))
+        return await streaming.write_sse(request, stream, dict, write_timeout=60,
+                                         keepalive=60)
+
+
 async def test_a_second_cancellation_while_stopping_still_ends_the_stream(
         monkeypatch: Any) -> None:
     """The client goes (the handler is cancelled), and the handler is cancelled again
     while its keep-alive watchdog stops: the stream still ends, so every plugin frees
     what it holds (admission's engine slot stayed taken for good before)."""
-    from aiohttp import ClientSession, web
+    from aiohttp import ClientSession
     from aiohttp.test_utils import TestServer
 
     from proxy import streaming
-    from proxy.reply import Stream
 
-    ended: list[str] = []
-    handler: list[asyncio.Task[Any]] = []
     stopping = asyncio.Event()
 
     async def stop(self: Any) -> None:  # a stop that takes a while: cut by the 2nd cancel
@@ -94,36 +118,25 @@ async def test_a_second_cancellation_while_stopping_still_ends_the_stream(
         yield {"n": 0}
         await asyncio.Event().wait()  # quiet: the handler waits here when cancelled
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        handler.append(asyncio.current_task())  # type: ignore[arg-type]
-        stream = Stream(source())
-        stream.on_end(lambda s, outcome: ended.append(outcome))
-        return await streaming.write_sse(request, stream, dict, write_timeout=60,
-                                         keepalive=60)
-
-    app = web.Application()
-    app.router.add_get("/", handle)
-    async with TestServer(app) as server, ClientSession() as session:
+    one = OneStream(source)
+    async with TestServer(one.app) as server, ClientSession() as session:
         async with session.get(server.make_url("/")) as r:
             assert (await r.content.readline()).startswith(b"data: ")
-            handler[0].cancel()
+            one.handler[0].cancel()
             await asyncio.wait_for(stopping.wait(), 10)
-            handler[0].cancel()
-            await asyncio.wait((handler[0],), timeout=10)
-    assert handler[0].done() and ended == ["cancelled"]
+            one.handler[0].cancel()
+            await asyncio.wait((one.handler[0],), timeout=10)
+    assert one.handler[0].done() and one.ended == ["cancelled"]
 
 
 async def test_a_shutdown_after_the_whole_answer_cuts_nothing(monkeypatch: Any) -> None:
     """The answer and `[DONE]` went out; the drain's cancellation arrives while the
     writer settles: no 503 event after the answer, and the stream ends `completed`."""
-    from aiohttp import ClientSession, web
+    from aiohttp import ClientSession
     from aiohttp.test_utils import TestServer
 
     from proxy import streaming
-    from proxy.reply import Stream
 
-    ended: list[str] = []
-    handler: list[asyncio.Task[Any]] = []
     stopping = asyncio.Event()
 
     async def stop(self: Any) -> None:
@@ -142,32 +155,21 @@ async def test_a_shutdown_after_the_whole_answer_cuts_nothing(monkeypatch: Any) 
     async def source() -> Any:
         yield {"n": 0}
 
-    transports: list[Any] = []
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        handler.append(asyncio.current_task())  # type: ignore[arg-type]
-        transports.append(request.transport)
-        stream = Stream(source())
-        stream.on_end(lambda s, outcome: ended.append(outcome))
-        return await streaming.write_sse(request, stream, dict, write_timeout=60,
-                                         keepalive=60)
-
-    app = web.Application()
-    app.router.add_get("/", handle)
-    async with TestServer(app) as server, ClientSession() as session:
+    one = OneStream(source)
+    async with TestServer(one.app) as server, ClientSession() as session:
         async with session.get(server.make_url("/")) as r:
             body = b""
             async with asyncio.timeout(10):
                 while not body.endswith(b"data: [DONE]\n\n"):
                     body += await r.content.readline()
                 await stopping.wait()
-            handler[0].cancel(streaming.SHUTDOWN)
-            await asyncio.wait((handler[0],), timeout=10)
-            transports[0].close()  # what else was written is read to its end
+            one.handler[0].cancel(streaming.SHUTDOWN)
+            await asyncio.wait((one.handler[0],), timeout=10)
+            one.transports[0].close()  # what else was written is read to its end
             try:
                 body += await r.content.read()
             except Exception:
                 pass  # cut without a chunked terminator: the bytes before it count
-    assert handler[0].done()
+    assert one.handler[0].done()
     assert body.count(b"data: [DONE]") == 1 and b"shutting_down" not in body
-    assert ended == ["completed"]
+    assert one.ended == ["completed"]
