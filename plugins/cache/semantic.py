@@ -87,19 +87,27 @@ class Partition:
         if not self.rows:
             return None
         scores = self.vecs[: self._used] @ vec
-        k = min(8, len(scores))
+        best = int(np.argmax(scores))  # the usual case: the best row is live and usable
+        found = self._usable(best, float(scores[best]), now, allow_stale)
+        if found is not None or scores[best] <= 0:
+            return found
+        k = min(8, len(scores))  # else the next best few, in order
         top = np.argpartition(-scores, k - 1)[:k]
         for row in top[np.argsort(-scores[top])]:
             score = float(scores[row])
             if score <= 0:
                 break
-            entry_id = self._row_ids[int(row)]
-            if entry_id is None:
-                continue
-            entry, _ = self.entries[entry_id]
-            if entry.usable(now, allow_stale):
-                return entry_id, score
+            if (found := self._usable(int(row), score, now, allow_stale)) is not None:
+                return found
         return None
+
+    def _usable(self, row: int, score: float, now: float, allow_stale: bool,
+                ) -> tuple[str, float] | None:
+        entry_id = self._row_ids[row]
+        if entry_id is None or score <= 0:
+            return None
+        entry, _ = self.entries[entry_id]
+        return (entry_id, score) if entry.usable(now, allow_stale) else None
 
 
 class SemanticIndex:

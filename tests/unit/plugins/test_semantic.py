@@ -63,6 +63,23 @@ def test_a_partition_takes_the_model_dimension_on_first_vector() -> None:
     assert index.get("p").search(unit(0, 256), now=1.0)[0] == "k"  # type: ignore[union-attr,index]
 
 
+def test_search_passes_over_an_expired_best_match_to_the_next_usable_one() -> None:
+    part = SemanticIndex(dim=8, capacity=10).partition("p")
+    old = entry("old")
+    old.expires = old.stale_until = 5.0
+    near = np.array([1, 0.1, 0, 0, 0, 0, 0, 0], dtype=np.float32)
+    part.add("old", unit(0), old, "q")  # the best match, expired at now=10
+    part.add("next", near / np.linalg.norm(near), entry("next"), "q")
+    part.add("far", unit(3), entry("far"), "q")
+    found = part.search(unit(0), now=10.0)
+    assert found is not None and found[0] == "next" and 0.9 < found[1] < 1.0
+    assert part.search(unit(0), now=10.0, allow_stale=False)[0] == "next"  # type: ignore[index]
+    assert part.search(unit(0), now=1.0)[0] == "old"  # type: ignore[index]
+    part.remove("next")  # its row is zeroed: it scores 0, never a match
+    assert part.search(unit(0), now=10.0) is None
+    assert part.search(unit(5), now=1.0) is None  # nothing scores above 0
+
+
 @pytest.mark.parametrize("extra", [
     "Answer in exactly one word.", "Answer like a pirate.", "answer like a pirate",
     "Reply in French.", "in German please", "Respond in JSON.", "Use a bulleted list.",
