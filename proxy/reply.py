@@ -52,8 +52,8 @@ class Stream:
     call itself, with a real HTTP status, where the breaker can still fall back.
     """
 
-    __slots__ = ("_ended", "_hooks", "_it", "answer", "deadline", "error", "first", "headers",
-                 "primed_at", "usage")
+    __slots__ = ("_ended", "_hooks", "_it", "_outcome", "answer", "deadline", "error", "first",
+                 "headers", "primed_at", "usage")
 
     def __init__(
         self,
@@ -73,6 +73,7 @@ class Stream:
         self.deadline: float | None = None
         self._hooks: list[EndHook] = []
         self._ended = False
+        self._outcome: Outcome = "cancelled"
 
     def attach(self, chunks: AsyncIterator[dict[str, Any]]) -> Stream:
         """Set the chunk source (for producers that hand the Stream to their generator)."""
@@ -104,8 +105,12 @@ class Stream:
         return self._ended
 
     def on_end(self, hook: EndHook) -> None:
+        """Run `hook` when the stream ends; on a stream that has already ended, at once
+        (in a task of its own), with the outcome it ended with: what the plugin holds
+        is freed either way."""
         if self._ended:
-            raise RuntimeError("the stream has already ended")
+            detach(self._run_hooks(self._outcome, [hook]))
+            return
         self._hooks.append(hook)
 
     async def end(self, outcome: Outcome, error: BaseException | None = None) -> None:
@@ -114,6 +119,7 @@ class Stream:
         if self._ended:
             return
         self._ended = True
+        self._outcome = outcome
         if error is not None and self.error is None:
             self.error = error
         close = getattr(self._it, "aclose", None)
@@ -124,7 +130,7 @@ class Stream:
                 except Exception:
                     _log.exception("closing a stream failed")
         finally:  # a cancellation while closing (an engine abort under way) skips no hook
-            await self._run_hooks(outcome, 0)
+            await self._run_hooks(outcome, self._hooks)
 
     async def end_shielded(self, outcome: Outcome, error: BaseException | None = None,
                            ) -> None:
@@ -134,12 +140,11 @@ class Stream:
             return
         await asyncio.shield(detach(self.end(outcome, error)))
 
-    async def _run_hooks(self, outcome: Outcome, start: int) -> None:
-        """The hooks from `start` on. Cut short by a cancellation inside an async hook,
-        the ones after it still run, in a task of their own: each frees what its plugin
-        holds (an engine slot, a lease), and one skipped would hold it for good."""
-        for i in range(start, len(self._hooks)):
-            hook = self._hooks[i]
+    async def _run_hooks(self, outcome: Outcome, hooks: list[EndHook]) -> None:
+        """Run `hooks` in order. Cut short by a cancellation inside an async hook, the
+        ones after it still run, in a task of their own: each frees what its plugin holds
+        (an engine slot, a lease), and one skipped would hold it for good."""
+        for i, hook in enumerate(hooks):
             try:
                 result = hook(self, outcome)
                 if result is not None:
@@ -152,8 +157,8 @@ class Stream:
                     _log.warning("a stream end hook was cancelled", hook=getattr(
                         hook, "__qualname__", repr(hook)))
                     continue
-                if i + 1 < len(self._hooks):
-                    detach(self._run_hooks(outcome, i + 1))
+                if i + 1 < len(hooks):
+                    detach(self._run_hooks(outcome, hooks[i + 1:]))
                 raise
             except Exception:
                 _log.exception("a stream end hook failed", hook=getattr(

@@ -171,8 +171,8 @@ async def write_sse(
     except asyncio.CancelledError as e:
         if not whole:  # (whole: the answer went out, and ends as it was)
             outcome = "cancelled"
-        if e.args == (SHUTDOWN,) and watchdog is not None and not whole:
-            await _cut_for_shutdown(watchdog, resp, terminator)
+            if e.args == (SHUTDOWN,) and watchdog is not None:
+                await _cut_for_shutdown(watchdog, resp, terminator)
         raise
     except BaseException as e:
         if outcome != "completed":
