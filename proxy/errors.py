@@ -116,6 +116,12 @@ class ServerError(WeirError):
         super().__init__(message, **kw)
 
 
+class GatewayFault(ServerError):
+    """Weir itself failed on a request before the engine saw it (a bug that some input
+    reaches). A 500 like any other to the caller, but never the engine's failure: no
+    input one tenant can send may open the circuit breaker for every tenant."""
+
+
 class EngineError(ServerError):
     """The engine failed while generating (the engine is the one at fault, not Weir)."""
 

@@ -17,6 +17,7 @@ of every cache hit, and validating them is the tests' job (against the official 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import orjson
@@ -67,6 +68,36 @@ def _defaulted(cls: type[BaseModel]) -> frozenset[str]:
                      if not f.is_required() and f.default is not None and name not in stays)
 
 
+#: An OpenAI parameter Weir cannot honour: (whether a value asks nothing of it, why not).
+Unsupported = Mapping[str, tuple[Callable[[Any], bool], str]]
+
+
+def inert(*values: Any) -> Callable[[Any], bool]:
+    """A value that asks nothing: null or one of `values` (compared by equality)."""
+    return lambda v: v is None or any(type(v) is type(x) and v == x for x in values)
+
+
+def refuse_unsupported(data: Any, table: Unsupported) -> None:
+    """A parameter OpenAI defines and Weir cannot honour is a 400 naming it: ignored, the
+    answer would claim what was not done. (Unknown fields are still accepted.)"""
+    if not isinstance(data, dict):
+        return
+    for name, (asks_nothing, why) in table.items():
+        if name in data and not asks_nothing(data[name]):
+            raise InvalidRequest(f"Unsupported parameter: `{name}`: {why}", param=name,
+                                 code="unsupported_parameter")
+
+
+CHAT_UNSUPPORTED: Unsupported = {
+    "functions": (inert([]), "the legacy form of `tools`; send `tools` and `tool_choice`."),
+    "function_call": (inert(), "the legacy form of `tool_choice`; send `tools` and "
+                      "`tool_choice`."),
+    "audio": (inert(), "this model answers text only."),
+    "modalities": (inert(["text"]), "this model answers text only."),
+    "web_search_options": (inert(), "this server does not search the web."),
+}
+
+
 class TextPart(_Open):
     type: Literal["text"]
     text: str
@@ -104,6 +135,7 @@ def json_schema_or_none(v: dict[str, Any] | None) -> dict[str, Any] | None:
                 Draft7Validator.check_schema(v)
             except SchemaError as e:
                 raise ValueError(f"not a valid JSON schema ({e.message})") from None
+            _local_refs_only(v)
             if key is not None:
                 if len(_VALID_SCHEMAS) >= 1024:
                     _VALID_SCHEMAS.pop(next(iter(_VALID_SCHEMAS)))
@@ -112,6 +144,21 @@ def json_schema_or_none(v: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 _VALID_SCHEMAS: dict[bytes, None] = {}  # insertion-ordered: the oldest goes first
+
+
+def _local_refs_only(schema: dict[str, Any]) -> None:
+    """Every `$ref` points inside the schema (`#...`): nothing is fetched, and the
+    grammar compiler would otherwise drop the reference silently (printing it)."""
+    stack: list[Any] = [schema]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            ref = x.get("$ref")
+            if isinstance(ref, str) and not ref.startswith("#"):
+                raise ValueError("a `$ref` may only point inside the schema (`#/...`)")
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
 
 # What a request's JSON schemas may hold, in objects and arrays. The metaschema check
 # costs ~0.1 ms a node on the event loop, before any limit or admission sees the request,
@@ -304,6 +351,8 @@ class JsonSchemaFormat(_Open):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
+    _is_json_schema = field_validator("schema_")(lambda v: json_schema_or_none(v))
+
 
 class ResponseFormat(_Open):
     type: Literal["text", "json_object", "json_schema"]
@@ -421,6 +470,12 @@ class _SamplingFields(_NullIsDefault):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        refuse_unsupported(data, CHAT_UNSUPPORTED)
+        return data
     max_tokens: OutputTokens | None = None
     max_completion_tokens: OutputTokens | None = None
     logprobs: bool = False
@@ -432,7 +487,9 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _contents_given(self) -> ChatCompletionRequest:
-        """Only turns `_may_lack_content` names may go without content (OpenAI's rule)."""
+        """Only turns `_may_lack_content` names may go without content, and a `tool`
+        message answers a call of the assistant turn just before it (OpenAI's rules)."""
+        calls: set[str] = set()  # the calls a `tool` message here may answer
         for i, m in enumerate(self.messages):
             if m.content is None and not _may_lack_content(m):
                 raise InvalidRequest(
@@ -444,6 +501,17 @@ class ChatCompletionRequest(_SamplingFields):
                     f"Missing required parameter: `messages[{i}].tool_call_id` (a `tool` "
                     "message answers the call with that id).",
                     param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
+            if m.role == "assistant":
+                calls = {c.id for c in m.tool_calls or ()}
+            elif m.role == "tool" and m.tool_call_id not in calls:
+                raise InvalidRequest(
+                    f"Invalid parameter: `messages[{i}]` has role `tool` but answers no call "
+                    "of the assistant message before it (a `tool` message must follow an "
+                    "assistant message with `tool_calls`, and its `tool_call_id` must be "
+                    "one of their ids).", param=f"messages[{i}].tool_call_id",
+                    code="invalid_value")
+            elif m.role != "tool":
+                calls = set()
         return self
 
     @model_validator(mode="after")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import traceback
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import TYPE_CHECKING
@@ -27,15 +28,18 @@ from . import rendering
 from .chain import Reply, Stream
 from .context import RequestContext
 from .engine.base import Engine, EngineOutput, EngineStats, ModelInfo
-from .errors import ModelNotFound
+from .errors import GatewayFault, InvalidRequest, ModelNotFound, WeirError
 from .generation import EngineSpan
 from .ids import new_hex
 from .preparing import Prepared, prepare_chat, prepare_completion
 from .protocol import ChatCompletionRequest
 from .tasks import cancel_and_wait
+from .telemetry import get_logger
 
 if TYPE_CHECKING:
     from .terminal import Route
+
+log = get_logger("weir.serving")
 
 
 def cache_salt(ctx: RequestContext) -> str:
@@ -127,8 +131,21 @@ class LocalServing:
         if not self.has_model(ctx.model):
             raise ModelNotFound(ctx.model)
         req = ctx.request
-        prep = (prepare_chat(self.engine, req) if isinstance(req, ChatCompletionRequest)
-                else prepare_completion(self.engine, req))
+        try:
+            if isinstance(req, ChatCompletionRequest):
+                prep = prepare_chat(self.engine, req)
+            else:
+                prep = prepare_completion(self.engine, req)
+        except WeirError:
+            raise
+        except RecursionError:  # a structure nested past what the template can render
+            raise InvalidRequest("The request nests too deeply to be rendered.", param=(
+                "messages" if isinstance(req, ChatCompletionRequest) else "prompt")) from None
+        except Exception as e:  # where, not what: the message may quote the request
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            log.error("preparing a request failed", error=type(e).__name__,
+                      at=f"{where.filename}:{where.lineno}")
+            raise GatewayFault() from None
         if ctx.output_ceiling is not None:  # a limit the caller named is within it already
             prep.options.max_tokens = min(prep.options.max_tokens, ctx.output_ceiling)
         ctx.prompt_tokens = sum(len(p) for p in prep.prompts)

@@ -215,8 +215,9 @@ class ResponsesSettings(_Strict):
 
     ttl_s: float = Field(7 * 86400.0, gt=0, description="How long a stored response is kept.")
     max_in_memory: int = Field(
-        10000, ge=1, description="Stored responses kept at most when held in memory "
-        "(oldest dropped first); with the cache's Redis they go there instead.")
+        10000, ge=1, description="Stored responses kept at most when held in memory; "
+        "when full, the tenant holding the most loses its oldest (one tenant cannot push "
+        "out another's). With the cache's Redis they go there instead.")
     redis: bool = Field(
         True, description="Keep them in the cache plugin's Redis when it has one.")
 

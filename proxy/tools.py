@@ -79,12 +79,24 @@ def forced_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
     return schema
 
 
+def _forced_param(req: ChatCompletionRequest) -> str:
+    """The param a forced call's schema comes from: the named tool's parameters, or the
+    tools (`required`: every tool's parameters in one schema)."""
+    if isinstance(req.tool_choice, NamedToolChoice) and req.tools:
+        name = req.tool_choice.function.name
+        for i, t in enumerate(req.tools):
+            if t.function.name == name:
+                return f"tools[{i}].function.parameters"
+    return "tools"
+
+
 def shape_options(req: ChatCompletionRequest, opts: SamplingOptions, engine: Any) -> None:
     """Constrain forced calls to the tools' schema (over any `response_format`, as
     OpenAI does); keep special tokens for a parser whose syntax uses them."""
     m = mode(req, has_parser=True)
     if m == "forced":
         opts.json_schema, opts.json_object = forced_schema(req), False
+        opts.schema_param = _forced_param(req)
     elif m == "parser" and engine.tool_parser(req.tool_dicts()) is not None:
         opts.skip_special_tokens = False
 
@@ -106,6 +118,8 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
     while (i := skip_ws(text, i)) < len(text) and text[i] != "]":
         try:
             c, i = dec.raw_decode(text, i)
+        except RecursionError:  # nested past the parser: not calls to run
+            return calls
         except ValueError:  # cut short: the name, then the arguments as far as they came
             m = _CUT_CALL.match(text, i)
             if m is not None:
@@ -129,7 +143,7 @@ def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
     for c in calls:
         try:
             args: Any = json.loads(c.function.arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser
             args = c.function.arguments
         out.append({"id": c.id, "type": "function",
                     "function": {"name": c.function.name, "arguments": args}})

@@ -28,7 +28,7 @@ from prometheus_client import Counter, Gauge
 
 from proxy.chain import FALLBACK_HEADER, BasePlugin, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
-from proxy.errors import DeadlineExceeded, Timeout, Unavailable, WeirError
+from proxy.errors import DeadlineExceeded, GatewayFault, Timeout, Unavailable, WeirError
 from proxy.settings import UpstreamEngineSettings
 from proxy.telemetry import get_logger
 from proxy.upstream import Upstream
@@ -48,8 +48,10 @@ def is_engine_failure(e: BaseException) -> bool:
     to open the circuit for everyone."""
     if isinstance(e, asyncio.CancelledError | GeneratorExit | KeyboardInterrupt):
         return False
-    if isinstance(e, Unavailable | DeadlineExceeded):
-        return False  # shed, draining, not ready, the caller's deadline: local decisions
+    if isinstance(e, Unavailable | DeadlineExceeded | GatewayFault):
+        # shed, draining, not ready, the caller's deadline: local decisions; a request
+        # Weir failed to prepare: its own fault, whatever the request held
+        return False
     if isinstance(e, WeirError):
         return e.status >= 500 or isinstance(e, Timeout)
     return True  # anything unexpected from below is the engine's fault

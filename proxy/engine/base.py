@@ -34,6 +34,8 @@ class SamplingOptions:
     ignore_eos: bool = False
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    #: The request param the JSON schema came from, for the engine's refusals of it.
+    schema_param: str = "response_format"
     #: False when a tool parser needs the model's special tokens (`<tool_call>`) in the text.
     skip_special_tokens: bool = True
 

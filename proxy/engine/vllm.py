@@ -241,7 +241,7 @@ class VllmEngine:
                 output_kind=RequestOutputKind.DELTA,
             )
         except (VLLMClientError, ValueError) as e:
-            raise _rejected(e) from None
+            raise _rejected(e, o.schema_param) from None
 
     async def generate(
         self,
@@ -282,7 +282,7 @@ class VllmEngine:
         except GracefulHTTPError as e:
             raise EngineOverloaded(_clean(str(e))) from None
         except VLLMClientError as e:
-            raise _rejected(e) from None
+            raise _rejected(e, options.schema_param) from None
         except (EngineDeadError, EngineGenerateError) as e:
             raise EngineFailed(type(e).__name__) from e
         finally:
@@ -380,11 +380,12 @@ def _clean(message: str) -> str:
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
-def _rejected(e: Exception) -> EngineRejected:
+def _rejected(e: Exception, schema_param: str) -> EngineRejected:
+    """`schema_param`: the request param the JSON schema came from (SamplingOptions)."""
     message = _clean(str(e)) or "The engine refused the request."
     param = getattr(e, "parameter", None)
     if param is None and ("schema" in message.lower() or "grammar" in message.lower()):
-        param = "response_format"
+        param = schema_param
     return EngineRejected(message, param=param)
 
 

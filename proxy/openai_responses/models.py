@@ -19,9 +19,12 @@ from ..protocol import (
     _FUNCTION_NAME,
     Temperature,
     TopP,
+    Unsupported,
     _NullIsDefault,
     _Open,
+    inert,
     json_schema_or_none,
+    refuse_unsupported,
     type_of,
 )
 
@@ -130,6 +133,8 @@ class TextFormat(_Open):
     description: str | None = None
     strict: bool | None = None
 
+    _is_json_schema = field_validator("schema_")(lambda v: json_schema_or_none(v))
+
     @model_validator(mode="after")
     def _schema_given(self) -> TextFormat:
         if self.type == "json_schema" and self.schema_ is None:
@@ -140,6 +145,27 @@ class TextFormat(_Open):
 
 class TextConfig(_Open):
     format: TextFormat | None = None
+
+
+def _asks_no_reasoning(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and all(x is None for x in v.values()))
+
+
+RESPONSES_UNSUPPORTED: Unsupported = {
+    "background": (inert(False), "background responses are not supported; leave it out, "
+                   "or stream the response."),
+    "conversation": (inert(), "conversations are not kept here; chain turns with "
+                     "`previous_response_id`."),
+    "prompt": (inert(), "stored prompt templates are not supported; send `instructions` "
+               "and `input`."),
+    "include": (inert([]), "none of the extra output it names is available here."),
+    "top_logprobs": (inert(0), "log probabilities are not available on the Responses API "
+                     "here (they are on /v1/chat/completions)."),
+    "max_tool_calls": (inert(), "a cap on the number of tool calls is not supported."),
+    "truncation": (inert("disabled"), "`auto` truncation is not supported; the input must "
+                   "fit the model's context."),
+    "reasoning": (_asks_no_reasoning, "this model does not reason."),
+}
 
 
 class ResponsesRequest(_NullIsDefault):
@@ -158,6 +184,12 @@ class ResponsesRequest(_NullIsDefault):
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
     user: str | None = None
     stream: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        refuse_unsupported(data, RESPONSES_UNSUPPORTED)
+        return data
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ResponsesRequest:

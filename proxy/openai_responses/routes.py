@@ -1,4 +1,4 @@
-"""HTTP routes of the Responses API: create, retrieve, delete.
+"""HTTP routes of the Responses API: create, retrieve, delete, list input items, cancel.
 
 Create runs the SAME plugin chain as chat: the request becomes a chat request in a
 chat `RequestContext` (so the sanitizer, rate limiter, cache, breaker and admission
@@ -62,11 +62,12 @@ async def create(request: web.Request) -> web.StreamResponse:
                          headers={k.lower(): v for k, v in request.headers.items()},
                          body_bytes=size)
     rid = X.new_id("resp")
+    inputs = X.input_items(req) if req.store else []
 
     async def save(response: dict[str, Any]) -> None:
         if req.store:
             await store.put(principal.tenant, rid, {
-                "response": response,
+                "response": response, "input": inputs,
                 "conversation": conversation + X.output_messages(response["output"])})
 
     with generating(st):
@@ -95,14 +96,59 @@ async def create(request: web.Request) -> web.StreamResponse:
         return resp
 
 
-async def retrieve(request: web.Request) -> web.Response:
+async def _record(request: web.Request) -> dict[str, Any]:
+    """The caller's stored record of the response the path names; another tenant's is
+    not found, as a missing one is."""
     st = request.app[STATE]
     principal = st.auth.authenticate(request.headers.get("Authorization"))
     rid = request.match_info["response_id"]
     record = await _store(request).get(principal.tenant, rid)
     if record is None:
         raise NotFound(f"Response with id '{rid}' not found.", param=None)
-    return json_response(record["response"])
+    return record
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    return json_response((await _record(request))["response"])
+
+
+async def list_input_items(request: web.Request) -> web.Response:
+    """`GET /v1/responses/{id}/input_items?limit=&order=&after=`: the request's input,
+    newest first unless `order=asc`."""
+    items = list((await _record(request)).get("input") or [])
+    q = request.query
+    try:
+        limit = int(q.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("`limit` must be an integer from 1 to 100.", param="limit",
+                             code="invalid_value")
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("`order` must be `asc` or `desc`.", param="order",
+                             code="invalid_value")
+    if order == "desc":
+        items.reverse()
+    if "after" in q:
+        at = next((i for i, item in enumerate(items) if item.get("id") == q["after"]), None)
+        if at is None:
+            raise InvalidRequest("`after` names no input item of this response.",
+                                 param="after", code="invalid_value")
+        items = items[at + 1:]
+    page = items[:limit]
+    return json_response({"object": "list", "data": page, "has_more": len(items) > limit,
+                          "first_id": page[0]["id"] if page else "",
+                          "last_id": page[-1]["id"] if page else ""})
+
+
+async def cancel(request: web.Request) -> web.Response:
+    """Only background responses can be cancelled, and Weir makes none (a request with
+    `background: true` is refused): a stored response is already complete."""
+    await _record(request)
+    raise InvalidRequest("Only responses created with `background: true` can be cancelled; "
+                         "this one has already completed.", param=None,
+                         code="invalid_request")
 
 
 async def delete(request: web.Request) -> web.Response:
@@ -131,3 +177,5 @@ def setup(app: web.Application) -> None:
     app.router.add_post("/v1/responses", create)
     app.router.add_get("/v1/responses/{response_id}", retrieve)
     app.router.add_delete("/v1/responses/{response_id}", delete)
+    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
+    app.router.add_post("/v1/responses/{response_id}/cancel", cancel)

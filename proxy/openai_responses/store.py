@@ -36,32 +36,54 @@ class ResponseStore(Protocol):
 
 
 class MemoryStore:
-    """Bounded and expiring: the oldest record goes first when full."""
+    """Bounded and expiring. When full, the tenant holding the most records loses its
+    oldest: a tenant can push out its own records, never a smaller tenant's (cheap
+    requests, cache hits say, must not wipe another tenant's conversations)."""
 
     def __init__(self, ttl_s: float, max_items: int) -> None:
         self.ttl_s = ttl_s
         self.max_items = max_items
-        self._items: OrderedDict[tuple[str, str], tuple[float, Record]] = OrderedDict()
+        self._count = 0
+        #: tenant -> response id -> (expires, record), oldest first
+        self._items: dict[str, OrderedDict[str, tuple[float, Record]]] = {}
+
+    def __len__(self) -> int:
+        return self._count
 
     async def get(self, tenant: str, response_id: str) -> Record | None:
-        hit = self._items.get((tenant, response_id))
+        records = self._items.get(tenant)
+        hit = records.get(response_id) if records is not None else None
         if hit is None:
             return None
         if hit[0] <= time.monotonic():
-            del self._items[(tenant, response_id)]
+            self._pop(tenant, response_id)
             return None
         return hit[1]
 
     async def put(self, tenant: str, response_id: str, record: Record) -> None:
-        self._items[(tenant, response_id)] = (time.monotonic() + self.ttl_s, record)
-        while len(self._items) > self.max_items:
-            self._items.popitem(last=False)
+        self._pop(tenant, response_id)
+        self._items.setdefault(tenant, OrderedDict())[response_id] = (
+            time.monotonic() + self.ttl_s, record)
+        self._count += 1
+        while self._count > self.max_items:
+            largest = max(self._items, key=lambda t: len(self._items[t]))
+            self._pop(largest, next(iter(self._items[largest])))
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        return self._items.pop((tenant, response_id), None) is not None
+        return self._pop(tenant, response_id)
+
+    def _pop(self, tenant: str, response_id: str) -> bool:
+        records = self._items.get(tenant)
+        if records is None or records.pop(response_id, None) is None:
+            return False
+        self._count -= 1
+        if not records:
+            del self._items[tenant]
+        return True
 
     async def close(self) -> None:
         self._items.clear()
+        self._count = 0
 
 
 class RedisStore:

@@ -51,6 +51,8 @@ def _responses_param(param: str) -> str:
         return "input"
     if name in _PARAMS:
         param = _PARAMS[name] + (f".{rest}" if rest else "")
+    elif name == "tools":  # chat's {"function": {...}} is flat in a Responses tool
+        param = param.replace("].function.", "].", 1)
     return param.replace(_CHAT_SCHEMA, "text.format")
 
 
@@ -90,10 +92,25 @@ def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
         "description": fmt.description}}
 
 
+def _calls_answered(conversation: list[dict[str, Any]]) -> None:
+    """Every `function_call_output` answers a `function_call` before it (in this input
+    or the earlier responses'), as OpenAI requires."""
+    called: set[str] = set()
+    for m in conversation:
+        if m["role"] == "assistant":
+            called.update(c["id"] for c in m.get("tool_calls") or ())
+        elif m["role"] == "tool" and m["tool_call_id"] not in called:
+            raise InvalidRequest(
+                "No function call found for a `function_call_output` item: its `call_id` "
+                "must be that of a `function_call` before it, in the input or in the "
+                "earlier responses.", param="input", code="invalid_value")
+
+
 def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
                  ) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
     """(the chat request, the conversation so far without instructions)."""
     conversation = history + input_messages(req.items())
+    _calls_answered(conversation)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     body: dict[str, Any] = {"model": req.model, "messages": system + conversation,
                             "stream": req.stream}
@@ -136,14 +153,40 @@ def call_item(call_id: str, name: str, arguments: str, status: str,
             "name": name, "arguments": arguments, "status": status}
 
 
+def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as the items `GET /v1/responses/{id}/input_items` lists, each
+    with an id (its own where the client sent one)."""
+    out: list[dict[str, Any]] = []
+    for item in req.items():
+        given = (item.model_extra or {}).get("id") if not isinstance(
+            item, FunctionCallItem) else item.id
+        item_id = given if isinstance(given, str) and given else None
+        if isinstance(item, MessageItem):
+            if item.role == "assistant":
+                out.append(message_item(item.text(), "completed", item_id))
+            else:
+                out.append({"type": "message", "id": item_id or new_id("msg"),
+                            "status": "completed", "role": item.role,
+                            "content": [{"type": "input_text", "text": item.text()}]})
+        elif isinstance(item, FunctionCallItem):
+            out.append(call_item(item.call_id, item.name, item.arguments, "completed",
+                                 item_id))
+        else:
+            out.append({"type": "function_call_output", "id": item_id or new_id("fco"),
+                        "call_id": item.call_id, "output": item.text(),
+                        "status": "completed"})
+    return out
+
+
 def output_items(message: dict[str, Any], finish_reason: str | None) -> list[dict[str, Any]]:
-    """A chat answer's message as Response output items."""
+    """A chat answer's message as Response output items. Content null with no calls is
+    a forced call cut before it began: no item, as its stream has none."""
     status = "incomplete" if finish_reason == "length" else "completed"
     items = []
     text = message.get("content")
     calls = message.get("tool_calls") or []
-    if text or not calls:
-        items.append(message_item(text or "", status))
+    if text or (not calls and text is not None):
+        items.append(message_item(text, status))
     for c in calls:
         items.append(call_item(c["id"], c["function"]["name"], c["function"]["arguments"],
                                status))

@@ -46,6 +46,15 @@ def test_create_whole_and_retrieve(server: WeirProcess) -> None:
     got = c.responses.retrieve(resp.id)
     assert got.id == resp.id and got.output_text == resp.output_text
     assert got.metadata == {"run": "e2e"}
+    items = c.responses.input_items.list(resp.id)  # the SDK's own call and parsing
+    assert [(i.type, i.role) for i in items.data] == [("message", "user")]
+    assert items.data[0].content[0].text == "Hello there"  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError) as e:  # only background ones cancel
+        c.responses.cancel(resp.id)
+    assert "background" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model=MODEL, input="Hello", background=True)
+    assert e.value.body["param"] == "background"  # type: ignore[index]
 
 
 def test_create_streamed(server: WeirProcess) -> None:

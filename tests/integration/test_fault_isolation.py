@@ -50,6 +50,57 @@ async def test_one_tenants_deadlines_and_bad_requests_never_open_the_breaker(
     assert r.status == 200
 
 
+async def test_a_request_weir_fails_to_prepare_never_opens_the_breaker(
+        make_client: MakeClient) -> None:
+    """A tool call's arguments nested 5,000 deep once made a 500 counted as the engine's
+    failure: ten of them opened the circuit for every tenant. Now such arguments reach
+    the template as text, and a request Weir fails to prepare (its own bug) is a 500
+    that the breaker does not count."""
+    engine = FakeEngine()
+    client = await make_client(make_settings(auth=KEYS, plugins=[
+        {"name": "breaker", "config": {"minimum_calls": 4, "failure_rate": 0.5, "open_s": 60}}]),
+        engine=engine)
+    nested = "[" * 5000 + "]" * 5000
+    turns = [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "c1", "type": "function",
+                  "function": {"name": "f", "arguments": nested}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "1"}]
+    seen: list[list[dict[str, Any]]] = []
+    render = engine.render_chat
+
+    def spy(messages: list[dict[str, Any]], tools: Any) -> list[int]:
+        seen.append(messages)
+        return render(messages, tools)
+
+    engine.render_chat = spy  # type: ignore[method-assign]
+    for _ in range(6):
+        r = await client.post("/v1/chat/completions", headers=bearer("sk-tenant-a"),
+                              json={**CHAT, "messages": turns})
+        assert r.status == 200, await r.text()
+    assert seen[-1][1]["tool_calls"][0]["function"]["arguments"] == nested  # as text
+
+    def broken(messages: list[dict[str, Any]], tools: Any) -> list[int]:
+        raise KeyError("a bug some input reaches")
+
+    engine.render_chat = broken  # type: ignore[method-assign]
+    for _ in range(10):
+        r = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-tenant-a"))
+        assert r.status == 500
+        assert (await r.json())["error"]["type"] == "server_error"
+
+    def too_deep(messages: list[dict[str, Any]], tools: Any) -> list[int]:
+        raise RecursionError("a template's tojson on arguments nested 900 deep")
+
+    engine.render_chat = too_deep  # type: ignore[method-assign]
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-tenant-a"))
+    assert r.status == 400 and (await r.json())["error"]["param"] == "messages"
+    assert plugin(client, "breaker").breaker.state == "closed"
+    del engine.render_chat
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-tenant-b"))
+    assert r.status == 200
+
+
 async def test_engine_faults_still_open_it(make_client: MakeClient) -> None:
     engine = FakeEngine()
     engine.fail_after = 0

@@ -86,6 +86,73 @@ async def test_retrieve_and_delete_are_scoped_to_the_tenant(make_client: MakeCli
     assert (await client.get(f"/v1/responses/{rid}", headers=auth("a"))).status == 404
 
 
+async def test_one_tenant_filling_the_store_never_evicts_another(make_client: MakeClient,
+                                                                 ) -> None:
+    settings = keyed("a", "b")
+    settings.responses.max_in_memory = 5
+    client = await make_client(settings)
+    mine = (await (await client.post("/v1/responses", json=BASE, headers=auth("a"))).json())
+    theirs = [(await (await client.post("/v1/responses", json=BASE, headers=auth("b"))).json()
+               )["id"] for _ in range(8)]
+    assert (await client.get(f"/v1/responses/{mine['id']}", headers=auth("a"))).status == 200
+    follow = await client.post("/v1/responses", headers=auth("a"),
+                               json={**BASE, "previous_response_id": mine["id"]})
+    assert follow.status == 200
+    # b pushed out its own oldest: it holds what is left of the 5 after a's 2
+    kept = [(await client.get(f"/v1/responses/{rid}", headers=auth("b"))).status
+            for rid in theirs]
+    assert kept == [404] * 5 + [200] * 3
+
+
+async def test_input_items_are_listed_paged_and_scoped(make_client: MakeClient) -> None:
+    client = await make_client(keyed("a", "b"))
+    items = [{"role": "system", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather",
+              "arguments": '{"city": "Paris"}', "id": "fc_given"},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+             {"role": "assistant", "content": "It is sunny."},
+             {"role": "user", "content": "thanks"}]
+    body = await (await client.post("/v1/responses", headers=auth("a"),
+                                    json={**BASE, "tools": [TOOL], "input": items})).json()
+    url = f"/v1/responses/{body['id']}/input_items"
+    listed = await (await client.get(url, headers=auth("a"))).json()
+    validate("ResponseItemList", listed)
+    data = listed["data"]
+    assert [d["type"] for d in data] == ["message", "message", "function_call_output",
+                                         "function_call", "message", "message"]  # newest first
+    assert data[0]["content"] == [{"type": "input_text", "text": "thanks"}]
+    assert data[3]["id"] == "fc_given" and data[2]["output"] == "sunny"
+    assert listed["has_more"] is False and listed["first_id"] == data[0]["id"]
+    asc = await (await client.get(url, headers=auth("a"),
+                                  params={"order": "asc", "limit": "2"})).json()
+    assert [d["id"] for d in asc["data"]] == [d["id"] for d in data[::-1][:2]]
+    assert asc["has_more"] is True and asc["last_id"] == asc["data"][-1]["id"]
+    rest = await (await client.get(url, headers=auth("a"), params={
+        "order": "asc", "after": asc["last_id"]})).json()
+    assert [d["id"] for d in rest["data"]] == [d["id"] for d in data[::-1][2:]]
+    for bad, param in (({"limit": "0"}, "limit"), ({"limit": "x"}, "limit"),
+                       ({"order": "up"}, "order"), ({"after": "nope"}, "after")):
+        r = await client.get(url, headers=auth("a"), params=bad)
+        assert r.status == 400 and (await r.json())["error"]["param"] == param
+    other = await client.get(url, headers=auth("b"))
+    assert other.status == 404
+    validate("ErrorResponse", await other.json())
+
+
+async def test_cancel_is_for_background_responses_only(make_client: MakeClient) -> None:
+    client = await make_client(keyed("a", "b"))
+    body = await (await client.post("/v1/responses", json=BASE, headers=auth("a"))).json()
+    r = await client.post(f"/v1/responses/{body['id']}/cancel", headers=auth("a"))
+    assert r.status == 400
+    validate("ErrorResponse", await r.json())
+    assert "background" in (await r.json())["error"]["message"]
+    assert (await client.post(f"/v1/responses/{body['id']}/cancel",
+                              headers=auth("b"))).status == 404
+    assert (await client.post("/v1/responses/resp_nope/cancel",
+                              headers=auth("a"))).status == 404
+
+
 async def test_store_false_keeps_nothing(make_client: MakeClient) -> None:
     client = await make_client()
     body = await (await client.post("/v1/responses", json={**BASE, "store": False})).json()
@@ -122,6 +189,21 @@ async def test_function_call_items_round_trip_to_the_template(make_client: MakeC
         {"role": "tool", "content": "sunny"}], None)
 
 
+async def test_a_call_output_without_its_call_is_refused(make_client: MakeClient) -> None:
+    client = await make_client()
+    for items in ([{"role": "user", "content": "hi"},
+                   {"type": "function_call_output", "call_id": "call_nomatch", "output": "x"}],
+                  [{"role": "user", "content": "hi"},
+                   {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                    "arguments": "{}"},
+                   {"type": "function_call_output", "call_id": "c2", "output": "x"}]):
+        r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL], "input": items})
+        assert r.status == 400
+        body = await r.json()
+        validate("ErrorResponse", body)
+        assert body["error"]["param"] == "input" and "messages" not in body["error"]["message"]
+
+
 async def test_required_tool_choice_answers_a_function_call(make_client: MakeClient) -> None:
     client = await make_client()
     r = await client.post("/v1/responses", json={**BASE, "max_output_tokens": 64,
@@ -132,6 +214,20 @@ async def test_required_tool_choice_answers_a_function_call(make_client: MakeCli
     assert call["type"] == "function_call" and call["name"] == "get_weather"
     assert json.loads(call["arguments"]) == {"city": "x"}
     assert body["status"] == "completed"
+
+
+async def test_a_forced_call_cut_before_it_began_has_no_output_whole_or_streamed(
+        make_client: MakeClient) -> None:
+    client = await make_client()
+    long_name = {**TOOL, "name": "get_the_weather_" + "x" * 44}  # 16 tokens end inside it
+    req = {**BASE, "max_output_tokens": 16, "tools": [long_name], "tool_choice": "required"}
+    whole = await (await client.post("/v1/responses", json=req)).json()
+    events, _ = parse_sse(await (await client.post("/v1/responses", json={
+        **req, "stream": True})).text())
+    streamed = events[-1]["response"]
+    assert whole["status"] == streamed["status"] == "incomplete"
+    assert whole["output"] == streamed["output"] == []
+    validate("Response", whole)
 
 
 async def test_required_tool_choice_streams_argument_events(make_client: MakeClient) -> None:

@@ -101,10 +101,13 @@ def test_grammar_compiler_errors_reach_the_client_without_paths() -> None:
         with pytest.raises(VLLMClientError) as raised:
             validate_xgrammar_grammar(params)
         assert ".cc" in str(raised.value)  # what vLLM says
-        rejected = _rejected(raised.value)
+        rejected = _rejected(raised.value, "response_format")
         assert ".cc" not in str(rejected) and "/project" not in str(rejected)
         assert str(rejected).startswith("Failed to transform json schema into a grammar: ")
         assert rejected.param == "response_format"
+        # a schema from a forced tool call names the tool's parameters instead
+        assert _rejected(raised.value, "tools[2].function.parameters").param == (
+            "tools[2].function.parameters")
 
 
 def test_engine_render_chat_keeps_message_text_out_of_control_tokens() -> None:

@@ -23,6 +23,7 @@ ROOTS = [
     "CreateEmbeddingResponse",
     "Response",
     "ResponseStreamEvent",
+    "ResponseItemList",
 ]
 
 

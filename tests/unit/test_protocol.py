@@ -172,6 +172,37 @@ def test_a_tool_result_needs_the_id_of_its_call(message: dict[str, Any]) -> None
         "messages[1].tool_call_id", "missing_required_parameter")
 
 
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize(("turns", "at"), [
+    ([{"role": "tool", "tool_call_id": "c1", "content": "42"}], 1),  # no call at all
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]},
+      {"role": "tool", "tool_call_id": "c2", "content": "42"}], 2),  # another call's id
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]},
+      {"role": "user", "content": "and?"},
+      {"role": "tool", "tool_call_id": "c1", "content": "42"}], 3),  # not right after it
+    ([{"role": "assistant", "content": "no calls"},
+      {"role": "tool", "tool_call_id": "c1", "content": "42"}], 2),
+])
+def test_a_tool_result_must_answer_a_call_just_before_it(turns: list[dict[str, Any]],
+                                                         at: int) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": [*MSG, *turns]})
+    assert (e.value.status, e.value.param, e.value.code) == (
+        400, f"messages[{at}].tool_call_id", "invalid_value")
+
+
+def test_several_tool_results_answer_several_calls() -> None:
+    two = [CALL, {**CALL, "id": "c2"}]
+    req = parse_model(ChatCompletionRequest, {"model": "m", "messages": [
+        *MSG, {"role": "assistant", "content": None, "tool_calls": two},
+        {"role": "tool", "tool_call_id": "c2", "content": "2"},
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "assistant", "content": "both done"}]})
+    assert [m.role for m in req.messages][-3:] == ["tool", "tool", "assistant"]
+
+
 def test_an_assistant_call_needs_no_content() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     req = chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},
@@ -235,3 +266,46 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
                                           "stream": None})
     assert resp.store is True and resp.stream is False
     assert bad_param(ChatCompletionRequest, {"model": "m", "messages": MSG, "n": "2"}) == "n"
+
+
+@pytest.mark.parametrize(("model", "extra"), [
+    (ChatCompletionRequest, {"functions": [{"name": "f", "parameters": {}}]}),
+    (ChatCompletionRequest, {"function_call": {"name": "f"}}),
+    (ChatCompletionRequest, {"function_call": "auto"}),
+    (ChatCompletionRequest, {"modalities": ["text", "audio"]}),
+    (ChatCompletionRequest, {"audio": {"voice": "alloy", "format": "wav"}}),
+    (ChatCompletionRequest, {"web_search_options": {}}),
+    (ResponsesRequest, {"background": True}),
+    (ResponsesRequest, {"conversation": "conv_123"}),
+    (ResponsesRequest, {"prompt": {"id": "pmpt_1"}}),
+    (ResponsesRequest, {"include": ["message.output_text.logprobs"]}),
+    (ResponsesRequest, {"top_logprobs": 5}),
+    (ResponsesRequest, {"max_tool_calls": 1}),
+    (ResponsesRequest, {"truncation": "auto"}),
+    (ResponsesRequest, {"reasoning": {"effort": "high"}}),
+])
+def test_a_parameter_that_cannot_be_honoured_is_refused_by_name(model: type,
+                                                                extra: dict[str, Any]) -> None:
+    """Ignored, the answer would claim what was not done (a background response
+    answered at once, `truncation: "disabled"` echoed for `auto`)."""
+    base: dict[str, Any] = ({"model": "m", "messages": MSG} if model is ChatCompletionRequest
+                            else {"model": "m", "input": "hi"})
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(model, {**base, **extra})
+    name = next(iter(extra))
+    assert (e.value.status, e.value.param, e.value.code) == (400, name, "unsupported_parameter")
+    assert f"`{name}`" in e.value.message
+
+
+@pytest.mark.parametrize(("model", "extra"), [
+    (ChatCompletionRequest, {"functions": [], "function_call": None, "modalities": ["text"],
+                             "audio": None, "web_search_options": None}),
+    (ResponsesRequest, {"background": False, "conversation": None, "prompt": None,
+                        "include": [], "top_logprobs": 0, "max_tool_calls": None,
+                        "truncation": "disabled", "reasoning": {"effort": None}}),
+])
+def test_the_same_parameters_asking_nothing_are_accepted(model: type,
+                                                         extra: dict[str, Any]) -> None:
+    base: dict[str, Any] = ({"model": "m", "messages": MSG} if model is ChatCompletionRequest
+                            else {"model": "m", "input": "hi"})
+    parse_model(model, {**base, **extra})

@@ -109,6 +109,36 @@ def test_shape_options_constrains_forced_choices_over_response_format() -> None:
     assert plain.skip_special_tokens is True
 
 
+def test_a_forced_schema_names_where_it_came_from() -> None:
+    """The engine's refusal of a schema names the param it came from, not the
+    response_format the request may not have."""
+    opts = SamplingOptions(max_tokens=8)
+    T.shape_options(chat(tools=[WEATHER], tool_choice="required"), opts, _Engine(False))
+    assert opts.schema_param == "tools"
+    named = SamplingOptions(max_tokens=8)
+    T.shape_options(chat(tools=[WEATHER, TIME], tool_choice={
+        "type": "function", "function": {"name": "get_time"}}), named, _Engine(False))
+    assert named.schema_param == "tools[1].function.parameters"
+    assert SamplingOptions(max_tokens=8).schema_param == "response_format"
+    from proxy.errors import InvalidRequest as Bad
+    from proxy.openai_responses.translate import rename_param
+    assert rename_param(Bad("x", param="tools[1].function.parameters")).param == (
+        "tools[1].parameters")  # a Responses tool is flat
+
+
+@pytest.mark.parametrize("schema", [
+    {"$ref": "https://example.com/s.json"}, {"$ref": "other.json#/a"},
+    {"type": "object", "properties": {"a": {"$ref": "file:///etc/passwd"}}}])
+def test_a_schema_may_refer_only_inside_itself(schema: dict[str, Any]) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    assert bad_param(tools=[tool]) == "tools[0].function.parameters"
+    assert bad_param(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": schema}}) == "response_format.json_schema.schema"
+    local = {"type": "object", "properties": {"a": {"$ref": "#/definitions/a"}},
+             "definitions": {"a": {"type": "string"}}}
+    chat(tools=[{"type": "function", "function": {"name": "f", "parameters": local}}])
+
+
 def test_a_cut_short_forced_answer_never_shows_its_wrapper() -> None:
     """`required` answers an array of {"name", "parameters"}: Weir's own format. Cut at
     max_tokens, whole calls stay calls and the last keeps its arguments as far as they
