@@ -70,7 +70,7 @@ def create_app(
                           plugins=plugins, chain=chain, embed_chain=embed_chain,
                           embedder=embedder)
     app.cleanup_ctx.append(_engine_lifespan(on_fatal, freeze_heap))
-    app.cleanup_ctx.append(_embedder_lifespan)
+    app.cleanup_ctx.append(_embedder_lifespan(on_fatal))
     app.cleanup_ctx.append(_plugins_lifespan)
     add_routes(app)
     for method, path, handler in terminal.routes():
@@ -114,15 +114,35 @@ def _engine_lifespan(
     return lifespan
 
 
-async def _embedder_lifespan(app: web.Application) -> AsyncIterator[None]:
-    embedder = app[STATE].embedder
-    if embedder is not None:
-        await embedder.start()  # loads in its worker thread; callers await readiness
-    try:
-        yield
-    finally:
+def _embedder_lifespan(
+    on_fatal: Callable[[BaseException], None] | None,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """The embedding model loads in its worker thread. A model that cannot load is a
+    configuration error, fatal as an engine that cannot start is (`weir serve` exits
+    saying why); without `on_fatal` its calls answer 503."""
+
+    async def lifespan(app: web.Application) -> AsyncIterator[None]:
+        embedder = app[STATE].embedder
+        watch = None
         if embedder is not None:
-            await embedder.close()
+            await embedder.start()
+
+            async def loaded() -> None:
+                try:
+                    await embedder.ready()
+                except Exception as e:
+                    if on_fatal is not None:
+                        on_fatal(e)
+
+            watch = asyncio.create_task(loaded())
+        try:
+            yield
+        finally:
+            await cancel_and_wait(watch)
+            if embedder is not None:
+                await embedder.close()
+
+    return lifespan
 
 
 async def _plugins_lifespan(app: web.Application) -> AsyncIterator[None]:

@@ -80,8 +80,12 @@ class Authenticator:
             tenant=settings.anonymous_tenant, role=settings.anonymous_role, user="anonymous"
         )
         self._by_hash: dict[str, tuple[str, Principal]] = {}
-        for spec in settings.keys:
+        first: dict[str, int] = {}
+        for i, spec in enumerate(settings.keys):
             digest = _key_hash(spec)
+            if first.setdefault(digest, i) != i:  # (env vars and files hold keys too)
+                raise ValueError(f"keys[{first[digest]}] and keys[{i}] hold the same key: "
+                                 "it would stand for only one of them")
             fingerprint = digest[:12]
             self._by_hash[digest] = (digest, Principal(
                 tenant=spec.tenant,

@@ -38,13 +38,16 @@ def _print_errors(path: str, e: ConfigError) -> None:
 def check_config(path: str) -> int:
     """Validate settings and every plugin config; print all errors, not just the first."""
     from .chain import validate_plugins
-    from .settings import collect_errors
+    from .settings import collect_errors, read_config_text
 
     try:
-        errors, specs = collect_errors(Path(path).read_text(encoding="utf-8"))
+        errors, specs = collect_errors(read_config_text(path))
     except FileNotFoundError:
         print(f"{path}: no such file", file=sys.stderr)
         return 2
+    except ConfigError as e:
+        _print_errors(path, e)
+        return 1
     if specs is not None:
         try:
             validate_plugins(specs)

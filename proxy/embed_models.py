@@ -62,7 +62,11 @@ def load_runtime(model: str, max_tokens: int, threads: int,
     if model == "builtin:minilm-static":
         path = build_once(cache / f"minilm-static-v{_VERSION}", _build_static)
         return StaticRuntime(path, max_tokens)
+    if model.startswith("builtin:") and model != "builtin:minilm-torch":
+        raise ValueError(f"embeddings.model: no built-in model {model!r}")
     src = minilm_dir() if model == "builtin:minilm-torch" else Path(model)
+    if not src.is_dir():  # not a hub id: nothing is fetched
+        raise FileNotFoundError(f"embeddings.model: no model folder at {model!r}")
     return TorchRuntime(src, max_tokens, threads)
 
 

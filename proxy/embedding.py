@@ -34,6 +34,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Histogram
 
 from .embed_models import Runtime, load_runtime
+from .errors import Unavailable
 from .settings import EmbeddingSettings
 from .tasks import cancel_and_wait
 from .telemetry import get_logger
@@ -167,7 +168,8 @@ class LocalEmbedder:
             failure: BaseException | None = None
         except Exception as e:
             log.error("embedding model failed to load", error=f"{type(e).__name__}: {e}")
-            failure = e
+            failure = Unavailable("The embedding model failed to load; the server log says "
+                                  "why.", code="model_unavailable", retry_after=None)
         while True:
             await self._wake.wait()
             self._wake.clear()

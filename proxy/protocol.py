@@ -317,7 +317,7 @@ Part = Annotated[
 
 class ChatMessage(_Open):
     role: Role
-    content: str | list[Part] | None = None
+    content: str | Annotated[list[Part], Field(min_length=1)] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -576,9 +576,12 @@ class CompletionRequest(_SamplingFields):
         return list(p)  # type: ignore[arg-type]
 
 
+NonEmptyText = Annotated[str, Field(min_length=1)]  # OpenAI: "cannot be an empty string"
+
+
 class EmbeddingRequest(_NullIsDefault):
     model: str = Field(min_length=1)
-    input: str | Annotated[list[str], Field(min_length=1, max_length=2048)]
+    input: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1, max_length=2048)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None

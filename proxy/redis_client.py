@@ -1,4 +1,4 @@
-"""One way to open Redis for Weir's plugins.
+"""One way to open Redis for Weir's plugins, and the type of a Redis URL in a config.
 
 A blocking pool: a burst beyond `max_connections` waits for a free connection (within
 the command timeout) instead of failing at once, as redis-py's default pool does. The
@@ -7,7 +7,25 @@ client owns its pool (`from_pool`), so `await client.aclose()` closes both.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import redis.asyncio as aioredis
+from pydantic import AfterValidator
+from redis.connection import parse_url
+
+
+def _redis_url(url: str) -> str:
+    """Checked as redis-py will read it when the client opens, so a bad one is a config
+    error at load time (and in `check-config`), not a traceback at start."""
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as e:
+        raise ValueError(f"not a Redis URL ({e}); e.g. redis://host:6379/0") from None
+    return url
+
+
+#: A Redis URL: redis://, rediss:// or unix://.
+RedisUrl = Annotated[str, AfterValidator(_redis_url)]
 
 
 def blocking_client(url: str, timeout_s: float, max_connections: int = 64,

@@ -12,6 +12,7 @@ built (`proxy.chain.validate_plugins`), with paths such as `plugins[1].config.tt
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -171,6 +172,13 @@ class AuthSettings(_Strict):
     def _keys_needed(self) -> AuthSettings:
         if self.mode == "keys" and not self.keys:
             raise ValueError("mode `keys` needs at least one entry in `keys`")
+        seen: dict[str, int] = {}  # keys given here (env and file ones: at start)
+        for i, k in enumerate(self.keys):
+            digest = (k.key_sha256.lower() if k.key_sha256 else
+                      hashlib.sha256(k.key.encode()).hexdigest() if k.key else None)
+            if digest is not None and seen.setdefault(digest, i) != i:
+                raise ValueError(f"keys[{seen[digest]}] and keys[{i}] hold the same key: it "
+                                 "would stand for only one of them")
         return self
 
 
@@ -316,8 +324,21 @@ def interpolate(value: Any, env: dict[str, str] | None = None, path: str = "") -
 
 
 def load_settings(path: str | Path, env: dict[str, str] | None = None) -> Settings:
-    text = Path(path).read_text(encoding="utf-8")
-    return parse_settings(text, env=env)
+    return parse_settings(read_config_text(path), env=env)
+
+
+def read_config_text(path: str | Path) -> str:
+    """The config file's text; FileNotFoundError when there is none, a ConfigError (one
+    line, no traceback) when it cannot be read as UTF-8 text."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except UnicodeDecodeError as e:
+        raise ConfigError([("", f"not UTF-8 text (byte {e.start})")]) from None
+    except OSError as e:
+        raise ConfigError([("", f"cannot be read: {e.strerror or type(e).__name__}")],
+                          ) from None
 
 
 def parse_settings(text: str, env: dict[str, str] | None = None) -> Settings:

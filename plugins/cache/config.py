@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from proxy.chain import PluginConfig
+from proxy.redis_client import RedisUrl
 
 
 class _Part(BaseModel):
@@ -53,7 +54,7 @@ class SemanticConfig(_Part):
 
 
 class RedisConfig(_Part):
-    url: str | None = Field(None, description="redis://host:port/db (None: no Redis).")
+    url: RedisUrl | None = Field(None, description="redis://host:port/db (None: no Redis).")
     timeout_s: float = Field(0.05, gt=0, description="Per-command timeout; slower = down.")
     key_prefix: str = Field("weir:cache:", min_length=1, description="Prefix of every key.")
     max_connections: int = Field(64, ge=1, description="Connection pool size.")

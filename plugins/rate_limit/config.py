@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.chain import PluginConfig
+from proxy.redis_client import RedisUrl
 
 Per = Literal["key", "user", "tenant", "role", "model", "global"]
 
@@ -34,7 +35,7 @@ class Rule(Limits):
 class RedisLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str | None = Field(None, description="redis://host:port/db")
+    url: RedisUrl | None = Field(None, description="redis://host:port/db")
     timeout_s: float = Field(0.05, gt=0, description="Per-call timeout; slower = down.")
     key_prefix: str = Field("weir:rl:", min_length=1, description="Prefix of every key.")
 

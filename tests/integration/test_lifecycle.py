@@ -59,6 +59,25 @@ async def test_engine_start_failure_is_reported(aiohttp_client) -> None:  # type
     assert body["status"] == "failed" and len(fatal) == 1
 
 
+async def test_an_embedding_model_that_cannot_load_is_fatal_or_a_503(
+        aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings(embeddings={"enabled": True, "model": "/nonexistent/emb"})
+    fatal: list[BaseException] = []
+    reported = asyncio.Event()
+
+    def on_fatal(e: BaseException) -> None:
+        fatal.append(e)
+        reported.set()
+
+    await aiohttp_client(create_app(settings, engine=FakeEngine(), on_fatal=on_fatal))
+    await asyncio.wait_for(reported.wait(), 30)  # `weir serve` exits saying why
+    assert isinstance(fatal[0], FileNotFoundError) and "embeddings.model" in str(fatal[0])
+    client = await aiohttp_client(create_app(settings, engine=FakeEngine()))
+    r = await client.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"})
+    assert r.status == 503
+    assert (await r.json())["error"]["code"] == "model_unavailable"
+
+
 async def test_engine_is_closed_on_cleanup(aiohttp_client) -> None:  # type: ignore[no-untyped-def]
     engine = FakeEngine()
     client = await aiohttp_client(create_app(make_settings(), engine=engine))

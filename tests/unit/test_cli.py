@@ -23,6 +23,12 @@ def test_check_config_accepts_shipped_configs(name: str, capsys: pytest.CaptureF
         ("plugins: [{name: sanitizer, config: {}}, {name: sanitizer}]\n", ["plugins[1].name"]),
         ("auth: {mode: keys, keys: [{tenant: a}]}\n", ["auth.keys[0]"]),
         ("server: [\n", ["<root>"]),
+        ("plugins: [{name: cache, config: {l2: {enabled: true}, redis: {url: notaurl}}}]\n",
+         ["plugins[0].config.redis.url"]),
+        ("plugins: [{name: rate_limit, config: {store: redis, redis: {url: 'localhost:6379'}}}]"
+         "\n", ["plugins[0].config.redis.url"]),
+        ("auth: {mode: keys, keys: [{key: sk-1, tenant: a}, {key: sk-1, tenant: b, "
+         "role: admin}]}\n", ["auth"]),
     ],
 )
 def test_check_config_reports_each_error_path(tmp_path: Path, text: str, paths: list[str],
@@ -37,3 +43,15 @@ def test_check_config_reports_each_error_path(tmp_path: Path, text: str, paths: 
 
 def test_check_config_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", "/nonexistent/weir.yaml"]) == 2
+
+
+def test_check_config_and_serve_refuse_a_file_that_is_not_utf8_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_bytes(b"\xff\xfeserver: {}\n")
+    assert main(["check-config", str(f)]) == 1
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--config", str(f)])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("not UTF-8") == 2 and "Traceback" not in err

@@ -12,6 +12,7 @@ import pytest
 
 from proxy.embed_models import build_once
 from proxy.embedding import Embedder, LocalEmbedder
+from proxy.errors import Unavailable
 from proxy.settings import EmbeddingSettings
 from tests.fakes import FakeEmbedder
 
@@ -110,8 +111,9 @@ async def test_a_model_that_fails_to_load_fails_calls_instead_of_hanging() -> No
     await emb.start()
     with pytest.raises(OSError):
         await emb.ready()
-    with pytest.raises(OSError):
+    with pytest.raises(Unavailable) as e:  # a 503 to callers, not their own 500
         await asyncio.wait_for(emb.embed(["q 1"]), 10)
+    assert (e.value.status, e.value.code) == (503, "model_unavailable")
     await emb.close()
 
 

@@ -9,6 +9,7 @@ from proxy.openai_responses.models import ResponsesRequest
 from proxy.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    EmbeddingRequest,
     decode_json_object,
     parse_model,
 )
@@ -309,3 +310,16 @@ def test_the_same_parameters_asking_nothing_are_accepted(model: type,
     base: dict[str, Any] = ({"model": "m", "messages": MSG} if model is ChatCompletionRequest
                             else {"model": "m", "input": "hi"})
     parse_model(model, {**base, **extra})
+
+
+@pytest.mark.parametrize(("model", "data", "param"), [
+    (EmbeddingRequest, {"model": "m", "input": ""}, "input"),
+    (EmbeddingRequest, {"model": "m", "input": ["a", ""]}, "input[1]"),
+    (ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": []}]},
+     "messages[0].content"),
+])
+def test_empty_text_where_openai_needs_some_is_refused(model: type, data: dict[str, Any],
+                                                       param: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(model, data)
+    assert (e.value.status, e.value.param) == (400, param)

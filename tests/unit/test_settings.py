@@ -59,6 +59,26 @@ def test_keys_mode_needs_keys() -> None:
     assert e.value.errors[0][0] == "auth"
 
 
+def test_one_key_twice_is_refused_whatever_holds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Else the last entry wins: a key meant for one tenant's user serves another's admin."""
+    import hashlib
+
+    from proxy.auth import Authenticator
+
+    digest = hashlib.sha256(b"sk-dup").hexdigest().upper()
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: keys, keys: [{key: sk-dup, tenant: a}, "
+                       f"{{key_sha256: {digest}, tenant: b, role: admin}}]}}\n", env={})
+    assert e.value.errors[0][0] == "auth" and "keys[0] and keys[1]" in e.value.errors[0][1]
+    assert "sk-dup" not in e.value.errors[0][1]
+    monkeypatch.setenv("K1", "sk-same")
+    monkeypatch.setenv("K2", "sk-same")
+    env_keys = parse_settings("auth: {mode: keys, keys: [{key_env: K1, tenant: a}, "
+                              "{key_env: K2, tenant: b}]}\n", env={})
+    with pytest.raises(ValueError, match=r"keys\[0\] and keys\[1\]"):
+        Authenticator(env_keys.auth)
+
+
 def test_invalid_yaml_is_reported_with_position() -> None:
     with pytest.raises(ConfigError) as e:
         parse_settings("server: [\n", env={})
