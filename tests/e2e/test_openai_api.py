@@ -96,7 +96,9 @@ def test_content_parts_and_roles(client: openai.OpenAI) -> None:
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text",
                                                                        "text": "there"}]},
-        {"role": "assistant", "content": "Hello."},
+        {"role": "assistant", "content": "Hello.", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "lookup", "arguments": "{}"}}]},
         {"role": "tool", "content": "42", "tool_call_id": "call_1"},
         {"role": "user", "content": "Thanks"},
     ])
