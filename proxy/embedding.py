@@ -7,12 +7,17 @@ default), so it never takes more than its core from the engine, at a lower sched
 priority (`nice`, 10 by default), so under CPU contention serving goes first.
 
 Scheduling, so a large batch cannot starve a cache lookup:
-- small calls (at most `URGENT_TEXTS` texts: a cache lookup, a short embeddings request)
-  wait in the urgent lane, larger ones in the bulk lane;
+- small calls (at most `URGENT_TEXTS` texts and `BULK_PASS_CHARS` characters: a cache
+  lookup, a short embeddings request) wait in the urgent lane, larger ones in the bulk
+  lane;
 - each forward pass takes at most `batch_max` texts: first every urgent call queued
   meanwhile (they batch together), then as many bulk texts as fit, the bulk calls taking
   turns slice by slice; an urgent call thus waits at most one pass, and one large call
   cannot hold up another for its whole length;
+- a pass takes bulk texts of at most `BULK_PASS_CHARS` characters in all (at least one
+  text): 32 long documents are a second or more on one core, past any lookup's
+  deadline, so one tenant's large embeddings request would turn every tenant's
+  semantic lookups into misses while it ran;
 - a caller that gives up (a lookup's deadline, a client gone) cancels its call: its
   texts not yet embedded are skipped.
 Vectors are unit-length (cosine = dot product).
@@ -41,6 +46,7 @@ from .telemetry import get_logger
 
 log = get_logger("weir.embedding")
 URGENT_TEXTS = 4
+BULK_PASS_CHARS = 2048  # ~500 tokens: tens of milliseconds of MiniLM on one core
 Vectors = tuple[np.ndarray, list[int]]
 
 
@@ -79,6 +85,8 @@ class LocalEmbedder:
         self.dim = 384
         self.batches = 0
         self.thread_id: int | None = None  # the worker thread's (native) id, once loaded
+        #: What a text's length counts for at most: longer ones are cut to the same cost.
+        self._char_cap = 8 * settings.max_input_tokens
         self._runtime: Runtime | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weir-embed")
         self._urgent: collections.deque[_Call] = collections.deque()
@@ -128,7 +136,8 @@ class LocalEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32), []
         call = _Call(list(texts), asyncio.get_running_loop().create_future())
-        urgent = len(texts) <= URGENT_TEXTS
+        urgent = (len(texts) <= URGENT_TEXTS
+                  and sum(min(len(t), self._char_cap) for t in texts) <= BULK_PASS_CHARS)
         (self._urgent if urgent else self._bulk).append(call)
         self._wake.set()
         started = time.perf_counter()
@@ -141,6 +150,8 @@ class LocalEmbedder:
     def _take(self) -> list[tuple[_Call, int, int]]:
         """(call, start, end) slices for one pass: urgent calls first, then bulk."""
         room = self.settings.batch_max
+        chars = BULK_PASS_CHARS
+        cap = self._char_cap
         out: list[tuple[_Call, int, int]] = []
         for lane in (self._urgent, self._bulk):
             while lane and room > 0:
@@ -151,6 +162,16 @@ class LocalEmbedder:
                 end = min(len(call.texts), call.cursor + room)
                 if lane is self._urgent and end < len(call.texts) and out:
                     break  # a small call is never split: it waits for the next pass
+                if lane is self._bulk:
+                    first = chars == BULK_PASS_CHARS  # no bulk text in this pass yet
+                    for i in range(call.cursor, end):
+                        size = min(len(call.texts[i]), cap)
+                        if size > chars and not (first and i == call.cursor):
+                            end = i
+                            break
+                        chars -= size
+                    if end == call.cursor:
+                        break  # the pass is full of bulk text
                 out.append((call, call.cursor, end))
                 room -= end - call.cursor
                 call.cursor = end

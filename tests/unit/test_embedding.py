@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from proxy.embed_models import build_once
-from proxy.embedding import Embedder, LocalEmbedder
+from proxy.embedding import BULK_PASS_CHARS, Embedder, LocalEmbedder
 from proxy.errors import Unavailable
 from proxy.settings import EmbeddingSettings
 from tests.fakes import FakeEmbedder
@@ -84,6 +84,34 @@ async def test_a_large_call_is_sliced_and_a_lookup_overtakes_it() -> None:
     big_vecs, big_counts = await big
     assert big_vecs.shape == (40, 16) and big_counts == [2] * 40
     assert [int(np.argmax(v)) for v in big_vecs] == [i % 16 for i in range(40)]
+    await emb.close()
+
+
+async def test_long_bulk_texts_make_short_passes_so_lookups_wait_little() -> None:
+    """One tenant's large embeddings request of long documents must not hold every
+    tenant's semantic lookups past their deadline: a pass takes bulk text up to
+    BULK_PASS_CHARS (at least one text), not batch_max long documents."""
+    rt = Runtime()
+    emb = await started(rt, batch_max=8)
+    rt.gate.clear()
+    docs = ["x" * 1500 + f" doc {i}" for i in range(10)]
+    big = asyncio.create_task(emb.embed(docs))
+    await wait_entered(rt)
+    lookup = asyncio.create_task(emb.embed(["lookup 3"]))
+    await asyncio.sleep(0)
+    rt.gate.set()
+    await lookup
+    await big
+    assert rt.passes[0] == docs[:1]  # 1,506 characters: the next would pass the budget
+    assert rt.passes[1] == ["lookup 3", docs[1]]
+    assert all(sum(len(t) for t in p if " doc " in t) <= BULK_PASS_CHARS or len(p) == 1
+               for p in rt.passes)
+    huge = ["y" * 100_000 + " 1", "z" * 100_000 + " 2"]  # each one past the budget
+    assert (await emb.embed(huge))[0].shape[0] == 2
+    assert rt.passes[-2:] == [huge[:1], huge[1:]]
+    short = [f"s {i}" for i in range(20)]  # short texts still fill a pass
+    await emb.embed(short)
+    assert rt.passes[-3:] == [short[:8], short[8:16], short[16:]]
     await emb.close()
 
 
