@@ -19,7 +19,7 @@ from .chain import Services, build_plugins, compose
 from .connections import guard_middleware
 from .embedding import LocalEmbedder
 from .engine.base import Engine
-from .loop import freeze_startup_heap
+from .loop import freeze_startup_heap, one_blas_thread
 from .middleware import (
     errors_middleware,
     make_access_log,
@@ -44,6 +44,7 @@ def create_app(
 ) -> web.Application:
     """`freeze_heap`: once the engine is up, hide the startup heap from the garbage
     collector (proxy/loop.py); for a process that serves one app (`weir serve`)."""
+    one_blas_thread()  # the semantic search must not wait on a core the engine holds
     metrics = Metrics()
     terminal = make_terminal(settings, engine)
     try:

@@ -85,3 +85,14 @@ async def test_engine_is_closed_on_cleanup(aiohttp_client) -> None:  # type: ign
     assert engine.started
     await client.close()
     assert engine.closed
+
+
+def test_the_app_keeps_numpys_blas_to_one_thread() -> None:
+    """Split over a thread per core, the semantic search waits on a core the engine
+    holds (proxy/loop.py)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threadpool_limits(2, user_api="blas")  # what OpenBLAS starts with on 2 cores
+    create_app(make_settings(), engine=FakeEngine())
+    blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
+    assert blas and all(p["num_threads"] == 1 for p in blas)
