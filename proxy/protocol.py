@@ -135,6 +135,8 @@ def json_schema_or_none(v: dict[str, Any] | None) -> dict[str, Any] | None:
                 Draft7Validator.check_schema(v)
             except SchemaError as e:
                 raise ValueError(f"not a valid JSON schema ({e.message})") from None
+            except RecursionError:  # pydantic would not turn it into a 400
+                raise ValueError("the JSON schema nests too deeply") from None
             _local_refs_only(v)
             if key is not None:
                 if len(_VALID_SCHEMAS) >= 1024:
@@ -146,19 +148,27 @@ def json_schema_or_none(v: dict[str, Any] | None) -> dict[str, Any] | None:
 _VALID_SCHEMAS: dict[bytes, None] = {}  # insertion-ordered: the oldest goes first
 
 
+_SCHEMA_DATA = frozenset({"default", "const", "enum", "examples"})  # values, not schemas
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                          "dependentSchemas"})  # names -> schemas (a name is no keyword)
+
+
 def _local_refs_only(schema: dict[str, Any]) -> None:
     """Every `$ref` points inside the schema (`#...`): nothing is fetched, and the
     grammar compiler would otherwise drop the reference silently (printing it)."""
-    stack: list[Any] = [schema]
+    stack: list[tuple[Any, bool]] = [(schema, False)]  # (node, a map of name -> schema)
     while stack:
-        x = stack.pop()
-        if isinstance(x, dict):
+        x, named = stack.pop()
+        if isinstance(x, dict) and named:
+            stack.extend((v, False) for v in x.values())
+        elif isinstance(x, dict):
             ref = x.get("$ref")
             if isinstance(ref, str) and not ref.startswith("#"):
                 raise ValueError("a `$ref` may only point inside the schema (`#/...`)")
-            stack.extend(x.values())
+            stack.extend((v, k in _SCHEMA_MAPS) for k, v in x.items()
+                         if k not in _SCHEMA_DATA)
         elif isinstance(x, list):
-            stack.extend(x)
+            stack.extend((v, False) for v in x)
 
 # What a request's JSON schemas may hold, in objects and arrays. The metaschema check
 # costs ~0.1 ms a node on the event loop, before any limit or admission sees the request,

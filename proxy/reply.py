@@ -52,8 +52,8 @@ class Stream:
     call itself, with a real HTTP status, where the breaker can still fall back.
     """
 
-    __slots__ = ("_ended", "_hooks", "_it", "_outcome", "answer", "deadline", "error", "first",
-                 "headers", "primed_at", "usage")
+    __slots__ = ("_ended", "_hooks", "_hooks_started", "_it", "_outcome", "answer", "deadline",
+                 "error", "first", "headers", "primed_at", "usage")
 
     def __init__(
         self,
@@ -73,6 +73,7 @@ class Stream:
         self.deadline: float | None = None
         self._hooks: list[EndHook] = []
         self._ended = False
+        self._hooks_started = False
         self._outcome: Outcome = "cancelled"
 
     def attach(self, chunks: AsyncIterator[dict[str, Any]]) -> Stream:
@@ -105,10 +106,10 @@ class Stream:
         return self._ended
 
     def on_end(self, hook: EndHook) -> None:
-        """Run `hook` when the stream ends; on a stream that has already ended, at once
-        (in a task of its own), with the outcome it ended with: what the plugin holds
-        is freed either way."""
-        if self._ended:
+        """Run `hook` when the stream ends, after the hooks registered before it; once the
+        hooks have run (or are running), at once, in a task of its own, with the outcome
+        the stream ended with: what the plugin holds is freed either way."""
+        if self._hooks_started:
             detach(self._run_hooks(self._outcome, [hook]))
             return
         self._hooks.append(hook)
@@ -130,6 +131,7 @@ class Stream:
                 except Exception:
                     _log.exception("closing a stream failed")
         finally:  # a cancellation while closing (an engine abort under way) skips no hook
+            self._hooks_started = True
             await self._run_hooks(outcome, self._hooks)
 
     async def end_shielded(self, outcome: Outcome, error: BaseException | None = None,

@@ -148,7 +148,8 @@ class TextConfig(_Open):
 
 
 def _asks_no_reasoning(v: Any) -> bool:
-    return v is None or (isinstance(v, dict) and all(x is None for x in v.values()))
+    return v is None or (isinstance(v, dict) and all(
+        x is None or (k == "effort" and x == "none") for k, x in v.items()))
 
 
 RESPONSES_UNSUPPORTED: Unsupported = {

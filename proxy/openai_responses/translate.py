@@ -65,11 +65,18 @@ _CHAT_NAME = re.compile(r"`((?:" + "|".join(_PARAMS) + r")(?![\w])[^`\s]*)`")
 
 def input_messages(items: list[MessageItem | FunctionCallItem | FunctionCallOutputItem],
                    ) -> list[dict[str, Any]]:
-    """Input items as chat messages: calls join the assistant turn before them."""
+    """Input items as chat messages: calls join the assistant turn before them, and so
+    does assistant text right after a call (a streamed answer that writes text after its
+    call stores [call, message]): a call's outputs then follow its own turn."""
     out: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, MessageItem):
             role = "system" if item.role == "developer" else item.role
+            last = out[-1] if out else None
+            if role == "assistant" and last is not None and last["role"] == "assistant" \
+                    and last.get("tool_calls"):
+                last["content"] = (last["content"] or "") + item.text()
+                continue
             out.append({"role": role, "content": item.text()})
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
@@ -93,17 +100,21 @@ def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
 
 
 def _calls_answered(conversation: list[dict[str, Any]]) -> None:
-    """Every `function_call_output` answers a `function_call` before it (in this input
-    or the earlier responses'), as OpenAI requires."""
-    called: set[str] = set()
+    """Every `function_call_output` answers a `function_call` of the assistant turn
+    before it (in this input or the earlier responses'), with only other outputs between
+    (the chat form's rule, said in the Responses API's words)."""
+    open_calls: set[str] = set()
     for m in conversation:
         if m["role"] == "assistant":
-            called.update(c["id"] for c in m.get("tool_calls") or ())
-        elif m["role"] == "tool" and m["tool_call_id"] not in called:
+            open_calls = {c["id"] for c in m.get("tool_calls") or ()}
+        elif m["role"] != "tool":
+            open_calls = set()
+        elif m["tool_call_id"] not in open_calls:
             raise InvalidRequest(
                 "No function call found for a `function_call_output` item: its `call_id` "
-                "must be that of a `function_call` before it, in the input or in the "
-                "earlier responses.", param="input", code="invalid_value")
+                "must be that of a `function_call` before it (in the input or the earlier "
+                "responses), with no message between them.", param="input",
+                code="invalid_value")
 
 
 def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
@@ -157,10 +168,13 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's input as the items `GET /v1/responses/{id}/input_items` lists, each
     with an id (its own where the client sent one)."""
     out: list[dict[str, Any]] = []
+    seen: set[str] = set()  # an id given twice would page forever: the second is new
     for item in req.items():
         given = (item.model_extra or {}).get("id") if not isinstance(
             item, FunctionCallItem) else item.id
-        item_id = given if isinstance(given, str) and given else None
+        item_id = given if isinstance(given, str) and given and given not in seen else None
+        if item_id is not None:
+            seen.add(item_id)
         if isinstance(item, MessageItem):
             if item.role == "assistant":
                 out.append(message_item(item.text(), "completed", item_id))

@@ -334,3 +334,33 @@ async def test_a_hook_cancelled_on_its_own_is_a_failed_hook() -> None:
     stream.on_end(lambda s, outcome: seen.append(f"slot:{outcome}"))
     await stream.end("completed")
     assert seen == ["slot:completed"]
+
+
+async def test_a_hook_registered_while_the_stream_closes_runs_after_the_earlier_ones() -> None:
+    """`end` marks the stream ended, closes the source, then runs the hooks: a hook
+    registered in between waits its turn instead of running at once, out of order."""
+    closing, release = asyncio.Event(), asyncio.Event()
+    seen: list[str] = []
+
+    class Source:
+        def __aiter__(self) -> Source:
+            return self
+
+        async def __anext__(self) -> dict[str, Any]:
+            raise StopAsyncIteration
+
+        async def aclose(self) -> None:
+            closing.set()
+            await release.wait()
+
+    stream = Stream(Source())  # type: ignore[arg-type]
+    stream.on_end(lambda s, outcome: seen.append(f"first:{outcome}"))
+    ending = asyncio.create_task(stream.end("completed"))
+    async with asyncio.timeout(5):
+        await closing.wait()
+    stream.on_end(lambda s, outcome: seen.append(f"during:{outcome}"))
+    assert seen == []
+    release.set()
+    async with asyncio.timeout(5):
+        await ending
+    assert seen == ["first:completed", "during:completed"]

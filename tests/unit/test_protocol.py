@@ -303,7 +303,7 @@ def test_a_parameter_that_cannot_be_honoured_is_refused_by_name(model: type,
                              "audio": None, "web_search_options": None}),
     (ResponsesRequest, {"background": False, "conversation": None, "prompt": None,
                         "include": [], "top_logprobs": 0, "max_tool_calls": None,
-                        "truncation": "disabled", "reasoning": {"effort": None}}),
+                        "truncation": "disabled", "reasoning": {"effort": "none"}}),
 ])
 def test_the_same_parameters_asking_nothing_are_accepted(model: type,
                                                          extra: dict[str, Any]) -> None:
@@ -323,3 +323,49 @@ def test_empty_text_where_openai_needs_some_is_refused(model: type, data: dict[s
     with pytest.raises(InvalidRequest) as e:
         parse_model(model, data)
     assert (e.value.status, e.value.param) == (400, param)
+
+
+def _responses_chat(items: list[dict[str, Any]], history: list[dict[str, Any]] | None = None,
+                    ) -> Any:
+    from proxy.openai_responses.translate import chat_request
+    return chat_request(parse_model(ResponsesRequest, {"model": "m", "input": items}),
+                        history or [])
+
+
+CALL_ITEM = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+OUTPUT_ITEM = {"type": "function_call_output", "call_id": "c1", "output": "42"}
+
+
+def test_assistant_text_after_a_call_joins_its_turn_so_the_output_still_answers_it() -> None:
+    """A streamed answer that writes text after its call is stored [call, message]; the
+    next turn's output for that call must still be accepted (as in the Agents SDK's
+    replayed histories)."""
+    chat_req, _ = _responses_chat([{"role": "user", "content": "hi"}, CALL_ITEM,
+                                   {"role": "assistant", "content": "Let me check."},
+                                   OUTPUT_ITEM])
+    assert [m.role for m in chat_req.messages] == ["user", "assistant", "tool"]
+    assert chat_req.messages[1].content == "Let me check."
+    from proxy.openai_responses.translate import output_messages
+    stored = output_messages([
+        {"type": "message", "content": [{"type": "output_text", "text": "Sure."}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "message", "content": [{"type": "output_text", "text": "One moment."}]}])
+    chat_req, _ = _responses_chat([OUTPUT_ITEM], [{"role": "user", "content": "hi"}, *stored])
+    assert [m.role for m in chat_req.messages] == ["user", "assistant", "tool"]
+
+
+def test_an_output_cut_off_from_its_call_by_a_message_is_a_responses_400() -> None:
+    with pytest.raises(InvalidRequest) as e:
+        _responses_chat([CALL_ITEM, {"role": "user", "content": "and?"}, OUTPUT_ITEM])
+    assert (e.value.param, e.value.code) == ("input", "invalid_value")
+    assert "function_call_output" in e.value.message and "tool_calls" not in e.value.message
+
+
+def test_input_items_given_one_id_twice_get_distinct_ids() -> None:
+    """Else paging with `after` at that id would return the same page for ever."""
+    from proxy.openai_responses.translate import input_items
+    req = parse_model(ResponsesRequest, {"model": "m", "input": [
+        {"role": "user", "content": "a", "id": "msg_same"},
+        {"role": "user", "content": "b", "id": "msg_same"}]})
+    ids = [i["id"] for i in input_items(req)]
+    assert ids[0] == "msg_same" and ids[1] != "msg_same" and len(set(ids)) == 2

@@ -408,3 +408,29 @@ def test_a_schema_that_passed_is_remembered_and_a_bad_one_is_refused_every_time(
     for _ in range(2):
         assert refused({"model": "m", "messages": MSG, "tools": [bad]}).param is not None
     assert len(calls) == 3
+
+
+def test_a_forced_answer_nested_past_the_parser_is_no_call() -> None:
+    req = chat(tools=[WEATHER], tool_choice="required")
+    assert T.parse_forced(req, "[" + "[" * 5000 + "]" * 5001) == []
+
+
+def test_schema_data_may_hold_what_looks_like_an_outside_ref() -> None:
+    """`default`, `const`, `enum` and `examples` hold values, not schemas; a property
+    named like one of them holds a schema, and is checked."""
+    data = {"type": "object", "properties": {"a": {
+        "type": "object", "default": {"$ref": "http://x"}, "enum": [{"$ref": "http://x"}]}}}
+    chat(tools=[{"type": "function", "function": {"name": "f", "parameters": data}}])
+    named = {"type": "object", "properties": {"default": {"$ref": "http://x"}}}
+    assert bad_param(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": named}}]) == "tools[0].function.parameters"
+
+
+def test_a_schema_nested_past_the_metaschema_check_is_a_400() -> None:
+    deep: dict[str, Any] = {"type": "object"}
+    node = deep
+    for _ in range(300):
+        node["properties"] = {"a": {"type": "object"}}
+        node = node["properties"]["a"]
+    assert bad_param(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": deep}}) == "response_format.json_schema.schema"
