@@ -246,7 +246,11 @@ def run(fleet: Fleet) -> dict[str, Any]:
     # 15 s windows: in 6 s ones vLLM's server passed rates (181-211 req/s) that a 12 s
     # window at 169 found past its capacity (p99 3.1 s), so the search overstated
     # every system's rate and the equal-load level fell past vLLM's capacity.
-    probes, window = (2, 1.5) if quick else (8, 15.0)
+    # Up to 14 windows: the search stops once a kept-up and a failed rate are within
+    # 10% of each other, and every system gets there (with 8, a system found with x1.5
+    # steps near the top of its range ran out of windows 22% below its first failed
+    # rate, while vLLM's server had bisected to 5%: the ratio mixed resolutions).
+    probes, window = (2, 1.5) if quick else (14, 15.0)
     roles = ["one-at-a-time", "vllm", "litellm", "weir", "weir-default", "weir-exact"]
     # Weir last: its first request is measured right after it is ready.
     for role in ("vllm", "one-at-a-time", "weir-exact", "weir-default", "litellm", "weir"):

@@ -126,8 +126,12 @@ class MemoryStore:
             new.append(nt)
         for key, limit in conc:
             leases = self._leases.setdefault(key, {})
-            for k in [k for k, exp in leases.items() if exp <= now]:
-                del leases[k]
+            if len(leases) >= limit:
+                # Expired leases (their release lost) are swept only when they could
+                # refuse: a sweep on every request walked every running lease, and below
+                # the limit they change nothing (nor can they pile up past it).
+                for k in [k for k, exp in leases.items() if exp <= now]:
+                    del leases[k]
             if len(leases) >= limit:
                 allowed = False
                 retry = max(retry, 1000.0)

@@ -38,6 +38,9 @@ class SamplingOptions:
     schema_param: str = "response_format"
     #: False when a tool parser needs the model's special tokens (`<tool_call>`) in the text.
     skip_special_tokens: bool = True
+    #: The caller reads only the finished answer (not streamed): an engine may hand it
+    #: over in one output instead of one per step.
+    final_only: bool = False
 
 
 @dataclass(slots=True)

@@ -91,6 +91,35 @@ def test_chat_stream_shape_and_agreement(client: openai.OpenAI, weir: WeirProces
     assert check_chat_stream(events, usage=True) == text
 
 
+def test_whole_answers_agree_with_streams_choice_by_choice(client: openai.OpenAI) -> None:
+    """A whole answer comes from the engine in one output (vLLM's FINAL_ONLY), a stream
+    step by step: texts, logprobs, finish reasons and usage agree for every choice."""
+    kw: dict[str, Any] = dict(model=MODEL, messages=MSG, max_tokens=9, temperature=1.0,
+                              seed=77, n=2, logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**kw)
+    text = {0: "", 1: ""}
+    tokens: dict[int, list[str]] = {0: [], 1: []}
+    reasons = {}
+    usage = None
+    for chunk in client.chat.completions.create(stream=True,
+                                                stream_options={"include_usage": True}, **kw):
+        for c in chunk.choices:
+            text[c.index] += c.delta.content or ""
+            tokens[c.index] += [t.token for t in (c.logprobs.content or [])] if c.logprobs else []
+            if c.finish_reason:
+                reasons[c.index] = c.finish_reason
+        usage = chunk.usage or usage
+    assert sorted(c.index for c in whole.choices) == [0, 1]
+    for c in whole.choices:
+        assert c.message.content == text[c.index] and c.finish_reason == reasons[c.index]
+        assert c.logprobs is not None and c.logprobs.content is not None
+        assert [t.token for t in c.logprobs.content] == tokens[c.index]
+        assert all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
+    assert usage is not None and whole.usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (
+        whole.usage.prompt_tokens, whole.usage.completion_tokens) and usage.completion_tokens > 0
+
+
 def test_content_parts_and_roles(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
         {"role": "system", "content": "You are terse."},

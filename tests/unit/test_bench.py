@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from bench import SUITES
 from bench import __main__ as bench_main
 from bench import fleet as fleet_mod
-from bench.load import open_loop, run_load_lean
+from bench.load import SseTally, open_loop, run_load_lean
 from bench.procs import vllm_server
 from bench.table import faq_bodies, max_sustained
 from proxy.cli import check_config
@@ -82,6 +82,25 @@ async def test_open_loop_sends_every_arrival_and_counts_tokens() -> None:
         r = await open_loop(url, [{"i": i} for i in range(20)], rate=2000, seed=1)
     assert r.unsent == 0
     assert len(r.samples) == 20 and all(s.ok and s.tokens == 3 for s in r.samples)
+
+
+def test_a_stream_tally_finds_the_first_content_and_the_usage() -> None:
+    def event(obj: object) -> bytes:
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    tally = SseTally()
+    role = event({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
+    assert not tally.feed(role)  # an empty content is no content
+    first = event({"choices": [{"delta": {"content": "Hi"}}], "usage": None})
+    assert not tally.feed(first[:9])  # split mid-event: nothing yet
+    assert tally.feed(first[9:] + event({"choices": [{"delta": {"content": "!"}}]}))
+    assert not tally.feed(event({"choices": [{"delta": {"content": "again"}}]}))
+    assert tally.tokens == 0
+    assert not tally.feed(event({"choices": [], "usage": {"completion_tokens": 7}})
+                          + b": comment\n\ndata: [DONE]\n\n")
+    assert tally.tokens == 7 and tally.content
+    legacy = SseTally()  # /v1/completions chunks carry `text`
+    assert legacy.feed(event({"choices": [{"text": "x"}]}))
 
 
 async def test_the_lean_client_sends_every_body_once_and_reads_each_answer() -> None:

@@ -119,6 +119,20 @@ def test_memory_refill_with_an_injected_clock() -> None:
     assert asyncio.run(admit()) and not asyncio.run(admit())
 
 
+async def test_lost_releases_never_hold_a_memory_limit_nor_pile_up() -> None:
+    now = [0.0]
+    s = MemoryStore(lambda: now[0])
+    c = key()
+    for i in range(10):  # rounds of leases whose release never comes
+        for j in range(3):
+            assert (await s.admit([], [(c, 3)], f"{i}-{j}", 50)).allowed
+        assert not (await s.admit([], [(c, 3)], f"{i}-x", 50)).allowed
+        assert s.in_flight() == 3
+        now[0] += 100  # every lease of the round has expired
+        assert s.in_flight() == 0
+    assert len(s._leases[c]) <= 3
+
+
 @pytest.mark.parametrize("limit", [1, 3, 7, 10, 13, 22, 100, 1000])
 async def test_a_full_bucket_admits_exactly_its_limit_whatever_the_clock_reads(
         limit: int) -> None:
