@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from .errors import PermissionDenied, Unauthorized
-from .settings import ApiKey, AuthSettings
+from .settings import ApiKey, AuthSettings, sha256_hex
 
 AdminRole = Literal["admin", "operator"]
 
@@ -53,24 +52,18 @@ class Principal:
             )
 
 
-def sha256_hex(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
 def _key_hash(spec: ApiKey) -> str:
     import os
 
-    if spec.key_sha256:
-        return spec.key_sha256.lower()
+    if (digest := spec.configured_digest()) is not None:
+        return digest
     if spec.key_env:
         value = os.environ.get(spec.key_env)
         if not value:
             raise ValueError(f"auth key env var {spec.key_env} is empty or unset")
         return sha256_hex(value.strip())
-    if spec.key_file:
-        return sha256_hex(Path(spec.key_file).read_text(encoding="utf-8").strip())
-    assert spec.key is not None
-    return sha256_hex(spec.key)
+    assert spec.key_file is not None
+    return sha256_hex(Path(spec.key_file).read_text(encoding="utf-8").strip())
 
 
 class Authenticator:

@@ -24,6 +24,7 @@ import orjson
 from jsonschema import Draft7Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -111,38 +112,41 @@ class TextPart(_Open):
 _FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
+def check_json_schema(v: dict[str, Any]) -> dict[str, Any]:
+    """A schema from the request (a tool's `parameters`, a response format's `schema`):
+    checked against the JSON-schema metaschema (draft 7's: the 2020-12 metaschema's
+    dynamic references cost five times as much per node, and either catches what the
+    check is for, a schema the grammar compiler would choke on), with `$ref`s inside it
+    only. Apps send the same tools with every request, so a schema that passed is
+    remembered."""
+    try:
+        key = orjson.dumps(v, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson refuses (an integer past 64 bits): no memo
+        key = None
+    if key is None or key not in _VALID_SCHEMAS:
+        try:
+            Draft7Validator.check_schema(v)
+        except SchemaError as e:
+            raise ValueError(f"not a valid JSON schema ({e.message})") from None
+        except RecursionError:  # pydantic would not turn it into a 400
+            raise ValueError("the JSON schema nests too deeply") from None
+        _local_refs_only(v)
+        if key is not None:
+            if len(_VALID_SCHEMAS) >= 1024:
+                _VALID_SCHEMAS.pop(next(iter(_VALID_SCHEMAS)))
+            _VALID_SCHEMAS[key] = None
+    return v
+
+
+#: A JSON schema a request carries, checked as it is parsed (`check_json_schema`).
+JsonSchema = Annotated[dict[str, Any], AfterValidator(check_json_schema)]
+
+
 class FunctionDef(_Open):
     name: str = Field(pattern=_FUNCTION_NAME)
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonSchema | None = None
     strict: bool | None = None
-
-    _is_json_schema = field_validator("parameters")(lambda v: json_schema_or_none(v))
-
-
-def json_schema_or_none(v: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A tool's `parameters`: checked against the JSON-schema metaschema (draft 7's: the
-    2020-12 metaschema's dynamic references cost five times as much per node, and either
-    catches what the check is for, a schema the grammar compiler would choke on). Apps
-    send the same tools with every request, so a schema that passed is remembered."""
-    if v is not None:
-        try:
-            key = orjson.dumps(v, option=orjson.OPT_SORT_KEYS)
-        except TypeError:  # what orjson refuses (an integer past 64 bits): no memo
-            key = None
-        if key is None or key not in _VALID_SCHEMAS:
-            try:
-                Draft7Validator.check_schema(v)
-            except SchemaError as e:
-                raise ValueError(f"not a valid JSON schema ({e.message})") from None
-            except RecursionError:  # pydantic would not turn it into a 400
-                raise ValueError("the JSON schema nests too deeply") from None
-            _local_refs_only(v)
-            if key is not None:
-                if len(_VALID_SCHEMAS) >= 1024:
-                    _VALID_SCHEMAS.pop(next(iter(_VALID_SCHEMAS)))
-                _VALID_SCHEMAS[key] = None
-    return v
 
 
 _VALID_SCHEMAS: dict[bytes, None] = {}  # insertion-ordered: the oldest goes first
@@ -358,10 +362,8 @@ class StreamOptions(_Open):
 class JsonSchemaFormat(_Open):
     name: str = Field(default="response", pattern=_FUNCTION_NAME)  # OpenAI checks it so
     description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: JsonSchema | None = Field(default=None, alias="schema")
     strict: bool | None = None
-
-    _is_json_schema = field_validator("schema_")(lambda v: json_schema_or_none(v))
 
 
 class ResponseFormat(_Open):

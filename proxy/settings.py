@@ -132,6 +132,11 @@ EngineSettings = Annotated[
 ]
 
 
+def sha256_hex(key: str) -> str:
+    """What an API key is reduced to, configured or presented: it is never kept in clear."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
 class ApiKey(_Strict):
     """One API key and who it stands for. Exactly one of the key sources must be set."""
 
@@ -148,6 +153,13 @@ class ApiKey(_Strict):
         "admin of its own tenant only.")
     user: str | None = Field(None, description="User id (default: derived from the key).")
     models: list[str] | None = Field(None, description="Models this key may use (None: all).")
+
+    def configured_digest(self) -> str | None:
+        """The key's sha256 when the config itself holds it (`key_sha256`, `key`); None
+        for keys read at start (`key_env`, `key_file`)."""
+        if self.key_sha256:
+            return self.key_sha256.lower()
+        return sha256_hex(self.key) if self.key else None
 
     @model_validator(mode="after")
     def _one_source(self) -> ApiKey:
@@ -174,8 +186,7 @@ class AuthSettings(_Strict):
             raise ValueError("mode `keys` needs at least one entry in `keys`")
         seen: dict[str, int] = {}  # keys given here (env and file ones: at start)
         for i, k in enumerate(self.keys):
-            digest = (k.key_sha256.lower() if k.key_sha256 else
-                      hashlib.sha256(k.key.encode()).hexdigest() if k.key else None)
+            digest = k.configured_digest()
             if digest is not None and seen.setdefault(digest, i) != i:
                 raise ValueError(f"keys[{seen[digest]}] and keys[{i}] hold the same key: it "
                                  "would stand for only one of them")

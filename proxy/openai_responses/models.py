@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from ..errors import InvalidRequest
 from ..protocol import (
     _FUNCTION_NAME,
+    JsonSchema,
     Temperature,
     TopP,
     Unsupported,
     _NullIsDefault,
     _Open,
     inert,
-    json_schema_or_none,
     refuse_unsupported,
     type_of,
 )
@@ -115,10 +115,8 @@ class FunctionTool(_Open):
     type: Literal["function"]
     name: str = Field(pattern=_FUNCTION_NAME)
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonSchema | None = None
     strict: bool | None = None
-
-    _is_json_schema = field_validator("parameters")(lambda v: json_schema_or_none(v))
 
 
 class ToolChoiceFunction(_Open):
@@ -129,11 +127,9 @@ class ToolChoiceFunction(_Open):
 class TextFormat(_Open):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(default=None, pattern=_FUNCTION_NAME)
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: JsonSchema | None = Field(default=None, alias="schema")
     description: str | None = None
     strict: bool | None = None
-
-    _is_json_schema = field_validator("schema_")(lambda v: json_schema_or_none(v))
 
     @model_validator(mode="after")
     def _schema_given(self) -> TextFormat:
