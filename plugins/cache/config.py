@@ -46,6 +46,12 @@ class SemanticConfig(_Part):
         "starts generating alongside it: a lookup that hits later cancels the generation "
         "(its prefill is the price), one that misses has cost the request nothing more. "
         "0: always alongside; at or above lookup_timeout_ms: never.")
+    lazy: bool = Field(
+        True, description="With the guard on: a question that no stored question's numbers, "
+        "names, negations and instructions match is not embedded to look it up (it cannot "
+        "hit), and its answer's question is embedded only once a lookup could use it or "
+        "the gateway is idle (until then it is an exact entry only). Off: every miss is "
+        "embedded at once.")
     min_chars: int = Field(8, ge=1, description="Shorter questions are not embedded.")
     max_chars: int = Field(
         2000, ge=1, description="Longer questions are not embedded (no semantic lookup or "

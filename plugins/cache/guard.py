@@ -27,6 +27,7 @@ within a family refuses. Tuned on tests/data/semantic_tune.yaml only.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -129,6 +130,7 @@ class Signature:
     tokens: tuple[str, ...]
 
 
+@functools.lru_cache(maxsize=4096)  # a stored question is compared again and again
 def signature(text: str) -> Signature:
     low = text.lower()
     for phrase, word in _PHRASES.items():
@@ -185,6 +187,9 @@ def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 #: Marks a stored guard digest (an entry read from Redis without its question text).
 DIGEST_MARK = "\x00guard:"
+#: The gate of a stored question whose gate is not known (a digest from before gates):
+#: it may pass the guard with any question.
+ANY_GATE = "*"
 
 
 def _strict(sig: Signature) -> tuple[object, ...]:
@@ -192,11 +197,32 @@ def _strict(sig: Signature) -> tuple[object, ...]:
             sig.route, sig.directions, tuple(sorted(sig.focus)))
 
 
+def _gate(sig: Signature) -> str:
+    return hashlib.sha256(repr((
+        sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
+        "time" in sig.focus, "cost" in sig.focus)).encode()).hexdigest()[:16]
+
+
+def gate(text: str) -> str:
+    """What two questions must share for the guard to let one answer the other: their
+    numbers, negation count, names, added instructions, and whether they ask for a time
+    or a cost (every check the guard makes by equality). A question whose gate no stored
+    question has cannot hit, so it need not be embedded (store.py). `text`: a question or
+    its `guard_digest`."""
+    if text.startswith(DIGEST_MARK):
+        head, sep, _ = text[len(DIGEST_MARK):].partition(":")
+        return head if sep else ANY_GATE
+    return _gate(signature(text))
+
+
 def guard_digest(text: str) -> str:
     """A hash of the guard's features (numbers, negations, names, added instructions, a
-    from/to route, directions, the kind of fact asked): what Redis keeps instead of the
-    question, so no prompt text leaves the process unless the operator opts in."""
-    return DIGEST_MARK + hashlib.sha256(repr(_strict(signature(text))).encode()).hexdigest()
+    from/to route, directions, the kind of fact asked), after the question's `gate`: what
+    Redis keeps instead of the question, so no prompt text leaves the process unless the
+    operator opts in."""
+    sig = signature(text)
+    strict = hashlib.sha256(repr(_strict(sig)).encode()).hexdigest()
+    return f"{DIGEST_MARK}{_gate(sig)}:{strict}"
 
 
 def guard_ok(question: str, stored: str) -> bool:

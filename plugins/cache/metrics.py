@@ -24,3 +24,8 @@ class CacheMetrics:
             "weir_cache_overlapped_total", "Misses that started generating while their "
             "semantic lookup ran: the generation kept (the lookup missed), or cancelled "
             "(it hit).", ["result"], registry=registry)
+        self.gated = Counter(
+            "weir_cache_semantic_gated_total", "Semantic lookups that were a miss without "
+            "an embedding: no stored question in the partition shares the question's "
+            "numbers, names, negations and instructions, so none could pass the guard.",
+            registry=registry)

@@ -103,6 +103,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
         self.store = CacheStore(config, self.metrics, self.embedder)
         self._sensitive = [re.compile(p) for p in config.sensitive_patterns]
         self._inflight: dict[str, asyncio.Future[Entry | object | None]] = {}
+        self._active = 0  # requests in flight: none, and the store may embed at leisure
+        self.store.idle = lambda: not self._active
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -147,6 +149,24 @@ class CachePlugin(BasePlugin[CacheConfig]):
     # -------------------------------------------------------------------- request
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        self._active += 1
+        try:
+            reply = await self._serve(ctx, call_next)
+        except BaseException:
+            self._settled()
+            raise
+        if isinstance(reply, Stream):
+            reply.on_end(lambda _stream, _outcome: self._settled())
+        else:
+            self._settled()
+        return reply
+
+    def _settled(self) -> None:
+        self._active -= 1
+        if not self._active:
+            self.store.wake()
+
+    async def _serve(self, ctx: RequestContext, call_next: Next) -> Reply:
         read, write = self._decide(ctx)
         if not read and not write:
             labelled(self.metrics.lookups, "all", "bypass").inc()
@@ -163,7 +183,10 @@ class CachePlugin(BasePlugin[CacheConfig]):
         look: Lookup | None = None
         if read:
             # A generation for this very request under way answers it (below): no lookup.
-            if sem is not None and not (write and self._leading(key)):
+            if sem is not None and not self.store.may_serve(sem):
+                labelled(self.metrics.lookups, "semantic", "miss").inc()  # nothing to embed
+                self.metrics.gated.inc()
+            elif sem is not None and not (write and self._leading(key)):
                 look = asyncio.ensure_future(self.store.lookup(sem, scope))
                 if not write or await self._given_head_start(look):
                     _, entry = await look  # nothing to race: wait (within its deadline)

@@ -7,20 +7,22 @@ product. Rows of deleted entries are zeroed and reused. `on_remove(partition, id
 of every entry that leaves (eviction, purge, delete, its partition dropped whole).
 
 Embeddings score "cancel order 123" and "cancel order 456" as near-identical: the
-near-miss guard (guard.py) refuses such hits.
+near-miss guard (guard.py) refuses such hits. A partition counts its entries' guard
+gates, so a question no entry's gate matches is a miss without a search (or an
+embedding).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 
 import numpy as np
 
 from .entry import Entry
-from .guard import DIGEST_MARK, guard_digest, guard_ok
+from .guard import ANY_GATE, DIGEST_MARK, gate, guard_digest, guard_ok
 
-__all__ = ["DIGEST_MARK", "Partition", "SemanticIndex", "guard_digest", "guard_ok"]
+__all__ = ["DIGEST_MARK", "Partition", "SemanticIndex", "gate", "guard_digest", "guard_ok"]
 
 
 class Partition:
@@ -32,6 +34,8 @@ class Partition:
         self.vecs = np.zeros((min(capacity, 64), dim), dtype=np.float32)
         self.rows: OrderedDict[str, int] = OrderedDict()  # entry id -> row, oldest first
         self.entries: dict[str, tuple[Entry, str]] = {}  # id -> (entry, question)
+        self._gates: dict[str, str] = {}  # id -> its question's guard gate
+        self.gates: Counter[str] = Counter()  # gate -> entries
         self._free: list[int] = []
         self._used = 0
         self._row_ids: list[str | None] = []  # row -> entry id
@@ -57,7 +61,14 @@ class Partition:
         self.rows[entry_id] = row
         self._row_ids[row] = entry_id
         self.entries[entry_id] = (entry, question)
+        self._gates[entry_id] = g = gate(question)
+        self.gates[g] += 1
         return evicted
+
+    def may_pass(self, question_gate: str) -> bool:
+        """Whether some entry's question could pass the guard with a question of this
+        gate."""
+        return self.gates[question_gate] > 0 or self.gates[ANY_GATE] > 0
 
     def _grow(self) -> int:
         if self._used == len(self.vecs):
@@ -77,6 +88,10 @@ class Partition:
         self._row_ids[row] = None
         self._free.append(row)
         self.entries.pop(entry_id, None)
+        g = self._gates.pop(entry_id)
+        self.gates[g] -= 1
+        if not self.gates[g]:
+            del self.gates[g]
         if self._on_remove is not None:
             self._on_remove(entry_id)
         return True

@@ -5,10 +5,19 @@ replica's vectors, mirrored in Redis), the per-user caps, the replica events tha
 other replicas' memory in step, and purges. The plugin decides, coalesces and
 captures; the admin API reads and purges through `stats` and `purge`.
 
-Public API: `get` (exact, stale allowed on request), `lookup` (semantic), `put`,
-`promote`, `purge(filter)`, `purge_local(match)`, `stats(match)`, `purged_since`,
-`drain`. A put lands in L1 at once; Redis, the vector index and the user's cap are
-written in the background, so a miss pays nothing for them.
+Public API: `get` (exact, stale allowed on request), `may_serve` and `lookup`
+(semantic), `put`, `promote`, `purge(filter)`, `purge_local(match)`, `stats(match)`,
+`purged_since`, `drain`, `wake`. A put lands in L1 at once; Redis, the vector index and
+the user's cap are written in the background, so a miss pays nothing for them.
+
+Lazy vectors (`semantic.lazy`, with the guard on): a question whose guard gate (guard.py)
+no stored question shares cannot hit, so its lookup embeds nothing (`may_serve`), and the
+answer it generates waits unembedded ("pending") until a lookup could use it (a question
+of the same gate: that lookup embeds it along with its own question) or until the
+gateway is idle (`idle`, `wake`: the plugin says when no request is in flight), then
+goes to the index and Redis like any other. Under load, questions that carry an order
+number, a name or an instruction nobody else asks thus cost no embedding at all; the
+exact entry goes to L1 and Redis at once either way.
 """
 
 from __future__ import annotations
@@ -16,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable
-from dataclasses import replace
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +41,7 @@ from .entry import Entry, Match, matcher
 from .l1 import L1
 from .metrics import CacheMetrics
 from .redis_store import RedisStore
-from .semantic import SemanticIndex, guard_ok
+from .semantic import SemanticIndex, gate, guard_ok
 from .users import UserIndex, exact_member, semantic_member, split_members
 
 log = get_logger("weir.cache")
@@ -41,6 +51,25 @@ SemanticKey = tuple[str, str]
 Lookup = asyncio.Future[tuple[np.ndarray | None, Entry | None]]
 #: A question's vector, or the lookup that computes it.
 Vec = np.ndarray | Lookup
+#: Answers waiting for their question's vector, at most (the oldest is dropped: it stays
+#: an exact entry only).
+MAX_PENDING = 10_000
+#: Pending questions embedded per forward pass while idle (a pass is a few ms per text:
+#: a request arriving meanwhile waits at most one pass).
+IDLE_BATCH = 4
+#: Pending questions of its gate a lookup embeds with its own, at most (the newest).
+LOOKUP_BATCH = 16
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """A stored answer whose question is not embedded yet."""
+
+    partition: str
+    gate: str
+    entry: Entry
+    question: str
+    vec: asyncio.Future[np.ndarray | None]
 
 
 class CacheStore:
@@ -61,6 +90,14 @@ class CacheStore:
                       if cfg.redis.url else None)
         self._background: set[asyncio.Task[Any]] = set()
         self._purged_at = 0.0
+        self.lazy = embedder is not None and cfg.semantic.lazy and cfg.semantic.guard
+        #: Whether the gateway is idle (no request in flight): set by the plugin.
+        self.idle: Callable[[], bool] = lambda: True
+        self._pending: OrderedDict[tuple[str, str], _Pending] = OrderedDict()  # oldest first
+        self._gated: dict[tuple[str, str], dict[str, _Pending]] = {}  # (partition, gate)
+        self._flushing = 0
+        self._wake = asyncio.Event()
+        self._embedder_task: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -71,14 +108,20 @@ class CacheStore:
                 await self._load_semantic()
 
     async def close(self) -> None:
-        await cancel_and_wait(*self._background)
+        await cancel_and_wait(self._embedder_task, *self._background)
         if self.redis is not None:
             await self.redis.close()
 
     async def drain(self) -> None:
-        """Wait for the background writes started so far (and those they start)."""
-        while self._background:
-            await asyncio.gather(*list(self._background))
+        """Wait for the background writes started so far (and those they start),
+        pending vectors included (embedded now, idle or not)."""
+        self._flushing += 1
+        self._wake.set()
+        try:
+            while self._background:
+                await asyncio.gather(*list(self._background))
+        finally:
+            self._flushing -= 1
 
     def _spawn(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)
@@ -118,24 +161,40 @@ class CacheStore:
         entry = self.l1.get(key, now, allow_stale) if self.l1 is not None else None
         return entry if entry is not None and entry.scope == scope else None
 
+    def may_serve(self, sem: SemanticKey) -> bool:
+        """Whether some entry (indexed or pending) in the question's partition could pass
+        the near-miss guard with it: if none can, a lookup is a miss without embedding."""
+        if not self.lazy:
+            return True
+        partition, question = sem
+        g = gate(question)
+        p = self.index.partitions.get(partition)
+        return (p is not None and p.may_pass(g)) or (partition, g) in self._gated
+
     async def lookup(self, sem: SemanticKey, scope: str, allow_stale: bool = False,
                      ) -> tuple[np.ndarray | None, Entry | None]:
         """(the question's vector, the entry answering it): embed within the lookup
-        deadline, search the partition, then the threshold, scope and near-miss guard.
-        The vector comes back for `put` to reuse; None if the model failed or was slow."""
+        deadline (with the pending questions of its gate, which join the index), search
+        the partition, then the threshold, scope and near-miss guard. The vector comes
+        back for `put` to reuse; None if the model failed or was slow."""
         assert self.embedder is not None
         partition, question = sem
         lookups = self.metrics.lookups
+        group = self._gated.get((partition, gate(question))) if self.lazy else None
+        pending = list(group.values())[-LOOKUP_BATCH:] if group else []
         try:
             async with asyncio.timeout(self.cfg.semantic.lookup_timeout_ms / 1000):
-                vecs, _ = await self.embedder.embed([question])
+                if pending:
+                    vec = (await asyncio.gather(self.embedder.embed([question]),
+                                                self._embed_pending(pending)))[0][0][0]
+                else:
+                    vec = (await self.embedder.embed([question]))[0][0]
         except TimeoutError:  # a busy or loading model: a miss, not a wait
             labelled(lookups, "semantic", "timeout").inc()
             return None, None
         except Exception as e:  # the model failing must not fail the request
             log.warning("embedding failed; semantic lookup skipped", error=type(e).__name__)
             return None, None
-        vec = vecs[0]
         found = self.index.find(partition, vec, time.time(), allow_stale)
         if found is None:
             labelled(lookups, "semantic", "miss").inc()
@@ -147,6 +206,70 @@ class CacheStore:
         log.debug("semantic lookup", score=round(score, 4), hit=ok)
         labelled(lookups, "semantic", "hit" if ok else "miss").inc()
         return vec, entry if ok else None
+
+    # ----------------------------------------------------------- pending vectors
+
+    def wake(self) -> None:
+        """The gateway may have become idle: embed pending questions if it has."""
+        if self._pending:
+            self._wake.set()
+
+    def _defer(self, partition: str, entry: Entry, question: str,
+               ) -> asyncio.Future[np.ndarray | None]:
+        """Keep `entry` pending; its vector (None: dropped, purged or failed) comes later."""
+        key = (partition, entry.key)
+        if (old := self._pending.get(key)) is not None:
+            self._settle(old, None)  # the same question answered again: the newer waits
+        while len(self._pending) >= MAX_PENDING:
+            self._settle(next(iter(self._pending.values())), None)
+        p = _Pending(partition, gate(question), entry, question,
+                     asyncio.get_running_loop().create_future())
+        self._pending[key] = p
+        self._gated.setdefault((partition, p.gate), {})[entry.key] = p
+        labelled(self.metrics.entries, "pending").set(len(self._pending))
+        if self._embedder_task is None or self._embedder_task.done():
+            self._embedder_task = asyncio.create_task(self._embed_when_idle())
+        self._wake.set()
+        return p.vec
+
+    def _settle(self, p: _Pending, vec: np.ndarray | None) -> None:
+        """Give a pending entry its vector (it joins the index, unless a purge ran since
+        it was made) or None; it is pending no more."""
+        if self._pending.get((p.partition, p.entry.key)) is p:
+            del self._pending[(p.partition, p.entry.key)]
+            group = self._gated[(p.partition, p.gate)]
+            del group[p.entry.key]
+            if not group:
+                del self._gated[(p.partition, p.gate)]
+            labelled(self.metrics.entries, "pending").set(len(self._pending))
+        if p.vec.done():
+            return
+        if vec is not None and p.entry.created < self._purged_at:
+            vec = None  # made before a purge that may have matched it
+        if vec is not None:
+            self._index_add(p.partition, p.entry.key, vec, p.entry, p.question)
+        p.vec.set_result(vec)
+
+    async def _embed_pending(self, batch: list[_Pending]) -> None:
+        """Embed pending questions and settle them. One that fails is settled without a
+        vector; one cut short (a lookup's deadline) stays pending."""
+        try:
+            vecs, _ = await self.embedder.embed([p.question for p in batch]) \
+                if self.embedder is not None else (None, [])
+        except Exception:
+            vecs = None
+        for i, p in enumerate(batch):
+            self._settle(p, None if vecs is None else vecs[i])
+
+    async def _embed_when_idle(self) -> None:
+        """Embed pending questions, a few per pass, while the gateway is idle (or
+        `drain` asks for everything); sleep on `wake` otherwise."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending and (self._flushing or self.idle()):
+                batch = [p for _, p in zip(range(IDLE_BATCH), self._pending.values())]
+                await self._embed_pending(batch)
 
     # -------------------------------------------------------------------- storing
 
@@ -176,17 +299,36 @@ class CacheStore:
 
     async def _persist(self, entry: Entry, sem: SemanticKey | None, vec: Vec | None) -> None:
         members = [exact_member(entry.key)]
+        if sem is None or self.embedder is None:
+            await self._write(entry, None, members)
+            return
+        partition, question = sem
+        if isinstance(vec, asyncio.Future):  # ends within the lookup's deadline
+            await asyncio.wait((vec,))
+            vec = None if vec.cancelled() or vec.exception() else vec.result()[0]
+        member = semantic_member(partition, entry.key)
+        if vec is None and self.lazy:
+            # No vector at hand: the exact entry now, the semantic one once embedded. Both
+            # count against the owner's cap now, so it holds while the vector waits (a
+            # semantic member evicted meanwhile drops the pending entry: `_drop`).
+            later = self._defer(partition, entry, question)
+            await self._write(entry, None, [*members, member])
+            if (vec := await later) is not None and self._held(member):
+                await self._write(entry, (partition, vec, question), [], exact=False)
+            return
+        vec = await self._vector(question, vec)
         semantic = None
-        if sem is not None and self.embedder is not None:
-            partition, question = sem
-            if isinstance(vec, asyncio.Future):  # ends within the lookup's deadline
-                await asyncio.wait((vec,))
-                vec = None if vec.cancelled() or vec.exception() else vec.result()[0]
-            vec = await self._vector(question, vec)
-            if vec is not None:
-                self._index_add(partition, entry.key, vec, entry, question)
-                members.append(semantic_member(partition, entry.key))
-                semantic = (partition, vec, question)
+        if vec is not None:
+            self._index_add(partition, entry.key, vec, entry, question)
+            members.append(member)
+            semantic = (partition, vec, question)
+        await self._write(entry, semantic, members)
+
+    async def _write(self, entry: Entry, semantic: tuple[str, np.ndarray, str] | None,
+                     members: list[str], exact: bool = True) -> None:
+        """Redis (the exact entry when `exact` and L2 is on, the semantic one) and the
+        owner's cap, counting `members` (an entry's parts: its exact one, and its
+        semantic one if it has or will have one)."""
         cap = self.cfg.per_user_max_entries * len(members)
         if self.redis is not None:
             # One round trip, once the vector is known: Redis keeps the owner's list and
@@ -194,12 +336,15 @@ class CacheStore:
             # (Sending the exact entry ahead while the question is embedded again was
             # measured: under load the second round trip cost more than it saved.)
             evicted = await self.redis.persist(
-                entry, self.cfg.l2.enabled, self.cfg.exact.ttl_s + self.cfg.stale_grace_s,
+                entry, exact and self.cfg.l2.enabled,
+                self.cfg.exact.ttl_s + self.cfg.stale_grace_s,
                 semantic, self.cfg.semantic.ttl_s, members, cap,
                 self.cfg.exact.ttl_s + self.cfg.semantic.ttl_s)
             if evicted is not None:
                 await self._drop(evicted, local_only=True)
                 return
+        if not members:
+            return
         # No Redis, or it is down: this replica keeps the list.
         evicted = self.users.enforce((entry.tenant, entry.user), members, cap, self._held)
         if evicted:
@@ -227,8 +372,10 @@ class CacheStore:
         keys, sem = split_members([member])
         if keys:
             return self.l1 is not None and keys[0] in self.l1
-        part = self.index.partitions.get(sem[0][0]) if sem else None
-        return part is not None and sem[0][1] in part.rows
+        if not sem:
+            return False
+        part = self.index.partitions.get(sem[0][0])
+        return (part is not None and sem[0][1] in part.rows) or sem[0] in self._pending
 
     async def _drop(self, members: list[str], local_only: bool = False) -> None:
         keys, sem = split_members(members)
@@ -236,6 +383,8 @@ class CacheStore:
             if self.l1 is not None:
                 self.l1.delete(key)
         for partition, entry_id in sem:
+            if (p := self._pending.get((partition, entry_id))) is not None:
+                self._settle(p, None)
             part = self.index.partitions.get(partition)
             if part is not None:
                 part.remove(entry_id)

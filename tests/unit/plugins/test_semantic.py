@@ -152,8 +152,9 @@ async def test_a_slow_embedding_is_a_miss_not_a_wait() -> None:
     emb = StuckEmbedder()
     services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics(),
                         embedder=emb)
+    # Not lazy: the index is empty, and a lazy cache would not embed (nothing to find).
     p = CachePlugin(CacheConfig.model_validate(
-        {"semantic": {"lookup_timeout_ms": 20}}), services)
+        {"semantic": {"lookup_timeout_ms": 20, "lazy": False}}), services)
     eng, c = Engine(), ctx("How do I reset my password?")
     await asyncio.wait_for(p(c, eng), 10)  # not run(): storing would embed again, forever
     assert c.response_headers["x-weir-cache"] == "miss" and eng.calls == 1
@@ -204,8 +205,9 @@ def racing_plugin() -> tuple[CachePlugin, GatedEmbedder]:
     emb = GatedEmbedder()
     services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics(),
                         embedder=emb)
-    # No head start: every slow lookup races its generation (no timing in the test).
-    cfg = {"semantic": {"threshold": 0.8, "head_start_ms": 0}}
+    # No head start: every slow lookup races its generation (no timing in the test). Not
+    # lazy: every miss looks up, even in an empty partition (lazy lookups: test_lazy.py).
+    cfg = {"semantic": {"threshold": 0.8, "head_start_ms": 0, "lazy": False}}
     return CachePlugin(CacheConfig.model_validate(cfg), services), emb
 
 

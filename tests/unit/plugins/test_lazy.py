@@ -1,0 +1,216 @@
+"""Lazy vectors: a question no stored question's guard gate matches is not embedded, and
+its answer's question is embedded once a lookup could use it or the gateway is idle."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from plugins.cache.config import CacheConfig
+from plugins.cache.guard import ANY_GATE, DIGEST_MARK, gate, guard_digest, guard_ok
+from plugins.cache.plugin import CachePlugin
+from proxy.chain import Services
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
+from tests.fakes import FakeEmbedder, FakeEngine
+from tests.unit.plugins.test_cache import ALICE, Engine, ctx, sample
+
+DATA = Path(__file__).parents[2] / "data"
+
+
+def pairs() -> list[tuple[str, str]]:
+    """Every labelled pair: paraphrases and near misses of each kind."""
+    out = []
+    for name in ("semantic_pairs.yaml", "semantic_tune.yaml", "semantic_heldout.yaml"):
+        doc = yaml.safe_load((DATA / name).read_text())
+        near = doc["near_miss"]
+        for group in [doc["paraphrase"], *(near.values() if isinstance(near, dict) else [near])]:
+            out += [(a, b) for a, b in group]
+    return out
+
+
+def test_every_pair_the_guard_lets_through_shares_a_gate() -> None:
+    """The gate is a necessary condition of the guard: skipping a lookup whose gate no
+    entry has never loses a hit the guard would have allowed."""
+    allowed = [(a, b) for a, b in pairs() if guard_ok(a, b)]
+    assert len(allowed) > 100
+    assert all(gate(a) == gate(b) for a, b in allowed)
+    refused = [(a, b) for a, b in pairs() if gate(a) != gate(b)]
+    assert refused and not any(guard_ok(a, b) for a, b in refused)
+
+
+def test_a_digest_carries_its_gate_and_an_old_one_passes_any() -> None:
+    q = "Cancel order 12345 for Alice"
+    assert gate(guard_digest(q)) == gate(q) != gate("Cancel order 999 for Alice")
+    assert gate(DIGEST_MARK + "0" * 64) == ANY_GATE  # stored before digests had gates
+
+
+class Recording(FakeEmbedder):
+    """Records each call's texts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[list[str]] = []
+
+    async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
+        self.texts.append(list(texts))
+        return await super().embed(texts)
+
+
+def lazy_plugin(**cfg: Any) -> tuple[CachePlugin, Recording]:
+    emb = Recording()
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics(),
+                        embedder=emb)  # type: ignore[arg-type]
+    cfg = {"semantic": {"threshold": 0.8}, **cfg}
+    return CachePlugin(CacheConfig.model_validate(cfg), services), emb
+
+
+async def loop_turns(cond: Callable[[], bool]) -> bool:
+    for _ in range(1000):  # bounded: a few loop turns
+        if cond():
+            return True
+        await asyncio.sleep(0)
+    return cond()
+
+
+class Busy:
+    """A request held in flight, so the gateway is not idle until `release`."""
+
+    def __init__(self, p: CachePlugin) -> None:
+        self.gate = asyncio.Event()
+        self.engine = Engine("Busy.", gate=self.gate)
+        self.task = asyncio.create_task(p(ctx("busy", temperature=0.7), self.engine))
+
+    async def start(self) -> Busy:
+        await self.engine.entered.wait()
+        return self
+
+    async def release(self) -> None:
+        self.gate.set()
+        await self.task
+
+
+async def test_under_load_a_question_nobody_shares_costs_no_embedding() -> None:
+    p, emb = lazy_plugin()
+    busy = await Busy(p).start()
+    eng = Engine("Team 4411's invoice settings are under Billing.")
+    reply = await p(ctx("How do I change the invoice settings for team 4411?"), eng)
+    assert reply is not None and eng.calls == 1
+    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    assert emb.texts == [] and sample(p, "weir_cache_semantic_gated_total") == 1
+    assert sample(p, "weir_cache_lookups_total", layer="semantic", result="miss") == 1
+    # Another number: its gate is not held either, still nothing embedded.
+    await p(ctx("How do I change the invoice settings for team 77?"), eng)
+    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 2)
+    assert emb.texts == [] and sample(p, "weir_cache_semantic_gated_total") == 2
+    # A paraphrase with the same number: its lookup embeds the pending question of its
+    # gate alongside its own, and hits.
+    c = ctx("How can I change invoice settings for team 4411?")
+    await p(c, eng)
+    assert c.response_headers["x-weir-cache"] == "semantic" and eng.calls == 2
+    assert sorted(emb.texts) == [["How can I change invoice settings for team 4411?"],
+                                 ["How do I change the invoice settings for team 4411?"]]
+    assert sample(p, "weir_cache_entries", layer="pending") == 1  # team 77's still waits
+    await busy.release()
+    await p.close()
+
+
+async def test_pending_questions_are_embedded_once_the_gateway_is_idle() -> None:
+    p, emb = lazy_plugin()
+    busy = await Busy(p).start()
+    await p(ctx("What is the refund policy for order 5521?"), Engine())
+    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    assert emb.texts == []  # busy: it waits
+    await busy.release()  # nothing in flight now
+    assert await loop_turns(lambda: len(p.store.index) == 1)
+    assert emb.texts == [["What is the refund policy for order 5521?"]]
+    assert sample(p, "weir_cache_entries", layer="pending") == 0
+    c = ctx("What is your refund policy for order 5521?")
+    await p(c, Engine())
+    assert c.response_headers["x-weir-cache"] == "semantic"
+    await p.close()
+
+
+async def test_a_question_whose_gate_is_held_is_looked_up_and_its_vector_reused() -> None:
+    p, emb = lazy_plugin()
+    await p(ctx("How do I reset my password?"), Engine())
+    await p.store.drain()
+    assert len(p.store.index) == 1 and len(emb.texts) == 1
+    c = ctx("How do I delete my account?")  # the same (empty) gate: a real lookup
+    await p(c, Engine("Settings, Account, Delete."))
+    await p.store.drain()
+    assert c.response_headers["x-weir-cache"] == "miss"
+    assert len(emb.texts) == 2 and len(p.store.index) == 2  # embedded once, then stored
+    assert sample(p, "weir_cache_semantic_gated_total") == 1  # the first: an empty index
+    await p.close()
+
+
+async def test_drain_embeds_what_waits_even_while_busy() -> None:
+    p, emb = lazy_plugin()
+    busy = await Busy(p).start()
+    await p(ctx("Where is parcel 88123 now?"), Engine())
+    await p.store.drain()
+    assert len(p.store.index) == 1 and emb.texts == [["Where is parcel 88123 now?"]]
+    await busy.release()
+    await p.close()
+
+
+async def test_the_owner_cap_counts_a_pending_entry_and_evicts_it_whole() -> None:
+    p, emb = lazy_plugin(per_user_max_entries=1)
+    busy = await Busy(p).start()
+    await p(ctx("Where is parcel 88123 now?"), Engine())
+    await p(ctx("Where is parcel 99321 now?"), Engine())
+    await p.store.drain()
+    assert p.store.l1 is not None
+    keys = {e.prompt for e in p.store.l1.entries()}
+    assert not any("88123" in k for k in keys) and any("99321" in k for k in keys)
+    assert [q for _, q in p.store.index.partitions[next(iter(p.store.index.partitions))]
+            .entries.values()] == ["Where is parcel 99321 now?"]
+    assert all("88123" not in t for call in emb.texts for t in call)  # never embedded
+    await busy.release()
+    await p.close()
+
+
+async def test_an_answer_pending_across_a_purge_is_never_indexed() -> None:
+    p, _emb = lazy_plugin()
+    busy = await Busy(p).start()
+    await p(ctx("Where is parcel 88123 now?"), Engine())
+    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    await p.store.purge({"user": ALICE.user})
+    await p.store.drain()
+    assert len(p.store.index) == 0 and sample(p, "weir_cache_entries", layer="pending") == 0
+    await busy.release()
+    await p.close()
+
+
+@pytest.mark.parametrize("cfg", [{"lazy": False}, {"guard": False}])
+async def test_without_laziness_or_the_guard_every_miss_is_looked_up(
+        cfg: dict[str, Any]) -> None:
+    p, emb = lazy_plugin(semantic={"threshold": 0.8, **cfg})
+    busy = await Busy(p).start()
+    await p(ctx("Where is parcel 88123 now?"), Engine())
+    assert await loop_turns(lambda: len(p.store.index) == 1)
+    assert emb.texts == [["Where is parcel 88123 now?"]]  # looked up, the vector reused
+    assert sample(p, "weir_cache_semantic_gated_total") == 0
+    await busy.release()
+    await p.close()
+
+
+async def test_an_answer_stored_again_while_pending_replaces_the_pending_one() -> None:
+    p, emb = lazy_plugin()
+    busy = await Busy(p).start()
+    for _ in range(2):
+        await p(ctx("Where is parcel 88123 now?", headers={"cache-control": "no-cache"}),
+                Engine())
+    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    assert len(p.store._gated) == 1 and sum(map(len, p.store._gated.values())) == 1
+    await p.store.drain()
+    assert len(p.store.index) == 1 and not p.store._gated
+    assert emb.texts == [["Where is parcel 88123 now?"]]
+    await busy.release()
+    await p.close()
