@@ -23,6 +23,7 @@ exact entry goes to L1 and Redis at once either way.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections import OrderedDict
@@ -268,7 +269,7 @@ class CacheStore:
             await self._wake.wait()
             self._wake.clear()
             while self._pending and (self._flushing or self.idle()):
-                batch = [p for _, p in zip(range(IDLE_BATCH), self._pending.values())]
+                batch = list(itertools.islice(self._pending.values(), IDLE_BATCH))
                 await self._embed_pending(batch)
 
     # -------------------------------------------------------------------- storing
