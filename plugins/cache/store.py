@@ -450,6 +450,8 @@ class CacheStore:
         self._purged_at = time.time()
         keys = self.l1.purge(match) if self.l1 is not None else []
         sem = self.index.purge(match)
+        for p in [p for p in self._pending.values() if match(p.entry)]:
+            self._settle(p, None)  # its question text leaves memory now, not when idle
         if self.l1 is not None:
             labelled(self.metrics.entries, "l1").set(len(self.l1))
         labelled(self.metrics.entries, "semantic").set(len(self.index))

@@ -182,6 +182,7 @@ async def test_an_answer_pending_across_a_purge_is_never_indexed() -> None:
     await p(ctx("Where is parcel 88123 now?"), Engine())
     assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
     await p.store.purge({"user": ALICE.user})
+    assert not p.store._pending  # the question leaves memory with the purge
     await p.store.drain()
     assert len(p.store.index) == 0 and sample(p, "weir_cache_entries", layer="pending") == 0
     await busy.release()
