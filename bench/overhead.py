@@ -12,8 +12,10 @@ Three parts, each against peers measured in the same run:
    with every plugin on and with none, the server pinned to one core and the load
    generator to the other. Added latency at concurrency 1 (p50, p99), the exact-hit
    requests/s one core carries, and the stored misses/s it carries (each a new
-   deterministic question: looked up, generated, stored in L1 and the vector index)
-   without Redis and with Redis L2 (exact entry, semantic entry, the owner's cap).
+   deterministic question: looked up, generated, stored in L1; each names a store number
+   no earlier question has, so with `cache.semantic.lazy` it is not embedded while the
+   load lasts, and its vector comes once the server is idle) without Redis and with
+   Redis L2 (exact entry, the owner's cap; the semantic entry once embedded).
    Rates are measured with the lean client (`run_load_lean`: keep-alive connections,
    requests serialised up front, bodies not parsed), so the client's own core is not
    what limits them: the aiohttp client took 65-72% of its core at ~4,800 hits/s.
