@@ -27,7 +27,6 @@ within a family refuses. Tuned on tests/data/semantic_tune.yaml only.
 from __future__ import annotations
 
 import difflib
-import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -130,7 +129,6 @@ class Signature:
     tokens: tuple[str, ...]
 
 
-@functools.lru_cache(maxsize=4096)  # a stored question is compared again and again
 def signature(text: str) -> Signature:
     low = text.lower()
     for phrase, word in _PHRASES.items():
@@ -188,13 +186,17 @@ def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 #: Marks a stored guard digest (an entry read from Redis without its question text).
 DIGEST_MARK = "\x00guard:"
 #: The gate of a stored question whose gate is not known (a digest from before gates):
-#: it may pass the guard with any question.
+#: questions of any gate may pass the guard with it (the digest decides).
 ANY_GATE = "*"
 
 
 def _strict(sig: Signature) -> tuple[object, ...]:
     return (sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
             sig.route, sig.directions, tuple(sorted(sig.focus)))
+
+
+def _strict_hash(sig: Signature) -> str:
+    return hashlib.sha256(repr(_strict(sig)).encode()).hexdigest()
 
 
 def _gate(sig: Signature) -> str:
@@ -221,8 +223,7 @@ def guard_digest(text: str) -> str:
     Redis keeps instead of the question, so no prompt text leaves the process unless the
     operator opts in."""
     sig = signature(text)
-    strict = hashlib.sha256(repr(_strict(sig)).encode()).hexdigest()
-    return f"{DIGEST_MARK}{_gate(sig)}:{strict}"
+    return f"{DIGEST_MARK}{_gate(sig)}:{_strict_hash(sig)}"
 
 
 def guard_ok(question: str, stored: str) -> bool:
@@ -231,6 +232,8 @@ def guard_ok(question: str, stored: str) -> bool:
     slot swapped, a reversing prefix) need the text, so an entry loaded from Redis without
     it is guarded by its features and the similarity threshold alone."""
     if stored.startswith(DIGEST_MARK):
+        if gate(stored) == ANY_GATE:  # stored before digests had gates: no gate in it
+            return stored == DIGEST_MARK + _strict_hash(signature(question))
         return guard_digest(question) == stored
     a, b = signature(question), signature(stored)
     return (a.numbers == b.numbers and a.negations == b.negations and a.names == b.names

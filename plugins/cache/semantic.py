@@ -159,8 +159,9 @@ class SemanticIndex:
         entry, question = p.entries[found[0]]
         return entry, question, found[1]
 
-    def partition(self, name: str) -> Partition:
-        """The partition, made (evicting the least recently used one) if new."""
+    def partition(self, name: str, new_last: bool = True) -> Partition:
+        """The partition, made (evicting the least recently used one) if new; a new one
+        is the most recently used, or with `new_last=False` the least."""
         p = self.get(name)
         if p is None:
             while len(self.partitions) >= self.max_partitions:
@@ -171,6 +172,8 @@ class SemanticIndex:
                         self._on_remove(gone, entry_id)
             p = self.partitions[name] = Partition(self.dim, self.capacity,
                                                   self._hook(name))
+            if not new_last:
+                self.partitions.move_to_end(name, last=False)
         return p
 
     def _hook(self, name: str) -> Callable[[str], None] | None:

@@ -71,6 +71,7 @@ class _Pending:
     entry: Entry
     question: str
     vec: asyncio.Future[np.ndarray | None]
+    embedding: bool = False  # a pass has it
 
 
 class CacheStore:
@@ -110,6 +111,8 @@ class CacheStore:
 
     async def close(self) -> None:
         await cancel_and_wait(self._embedder_task, *self._background)
+        for p in list(self._pending.values()):
+            self._settle(p, None)
         if self.redis is not None:
             await self.redis.close()
 
@@ -117,6 +120,8 @@ class CacheStore:
         """Wait for the background writes started so far (and those they start),
         pending vectors included (embedded now, idle or not)."""
         self._flushing += 1
+        if self._pending:
+            self._start_embedder()
         self._wake.set()
         try:
             while self._background:
@@ -181,32 +186,41 @@ class CacheStore:
         assert self.embedder is not None
         partition, question = sem
         lookups = self.metrics.lookups
-        group = self._gated.get((partition, gate(question))) if self.lazy else None
-        pending = list(group.values())[-LOOKUP_BATCH:] if group else []
+        deadline = asyncio.get_running_loop().time() + self.cfg.semantic.lookup_timeout_ms / 1000
+        waiting = self._embed_gate(partition, gate(question)) if self.lazy else []
         try:
-            async with asyncio.timeout(self.cfg.semantic.lookup_timeout_ms / 1000):
-                if pending:
-                    vec = (await asyncio.gather(self.embedder.embed([question]),
-                                                self._embed_pending(pending)))[0][0][0]
-                else:
-                    vec = (await self.embedder.embed([question]))[0][0]
+            async with asyncio.timeout_at(deadline):
+                vec = (await self.embedder.embed([question]))[0][0]
         except TimeoutError:  # a busy or loading model: a miss, not a wait
             labelled(lookups, "semantic", "timeout").inc()
             return None, None
         except Exception as e:  # the model failing must not fail the request
             log.warning("embedding failed; semantic lookup skipped", error=type(e).__name__)
             return None, None
+        entry = self._search(sem, scope, vec, allow_stale)
+        if entry is None and waiting and not all(f.done() for f in waiting):
+            # The pending questions of its gate may answer it: what is left of the
+            # deadline for them (they go on without us), then search again.
+            await asyncio.wait(waiting, timeout=max(
+                0.0, deadline - asyncio.get_running_loop().time()))
+            entry = self._search(sem, scope, vec, allow_stale)
+        labelled(lookups, "semantic", "miss" if entry is None else "hit").inc()
+        return vec, entry
+
+    def _search(self, sem: SemanticKey, scope: str, vec: np.ndarray, allow_stale: bool,
+                ) -> Entry | None:
+        """The entry in the partition answering the question: the best match, if it
+        passes the threshold, the scope and the near-miss guard."""
+        partition, question = sem
         found = self.index.find(partition, vec, time.time(), allow_stale)
         if found is None:
-            labelled(lookups, "semantic", "miss").inc()
-            return vec, None
+            return None
         entry, stored_q, score = found
         self.metrics.similarity.observe(score)
         ok = score >= self.cfg.semantic.threshold and entry.scope == scope and (
             not self.cfg.semantic.guard or guard_ok(question, stored_q))
         log.debug("semantic lookup", score=round(score, 4), hit=ok)
-        labelled(lookups, "semantic", "hit" if ok else "miss").inc()
-        return vec, entry if ok else None
+        return entry if ok else None
 
     # ----------------------------------------------------------- pending vectors
 
@@ -219,6 +233,10 @@ class CacheStore:
                ) -> asyncio.Future[np.ndarray | None]:
         """Keep `entry` pending; its vector (None: dropped, purged or failed) comes later."""
         key = (partition, entry.key)
+        if entry.created < self._purged_at:  # a purge ran between its put and now
+            fut: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return fut
         if (old := self._pending.get(key)) is not None:
             self._settle(old, None)  # the same question answered again: the newer waits
         while len(self._pending) >= MAX_PENDING:
@@ -228,8 +246,7 @@ class CacheStore:
         self._pending[key] = p
         self._gated.setdefault((partition, p.gate), {})[entry.key] = p
         labelled(self.metrics.entries, "pending").set(len(self._pending))
-        if self._embedder_task is None or self._embedder_task.done():
-            self._embedder_task = asyncio.create_task(self._embed_when_idle())
+        self._start_embedder()
         self._wake.set()
         return p.vec
 
@@ -245,22 +262,43 @@ class CacheStore:
             labelled(self.metrics.entries, "pending").set(len(self._pending))
         if p.vec.done():
             return
-        if vec is not None and p.entry.created < self._purged_at:
-            vec = None  # made before a purge that may have matched it
         if vec is not None:
-            self._index_add(p.partition, p.entry.key, vec, p.entry, p.question)
+            # A partition it makes comes in as the least recently used: a burst of
+            # one-off questions embedded at once (idle) pushes out at most one partition
+            # in use, then each other.
+            self._index_add(p.partition, p.entry.key, vec, p.entry, p.question, new_last=False)
+        else:  # it counted against its owner's cap while it waited
+            self.users.discard(semantic_member(p.partition, p.entry.key))
         p.vec.set_result(vec)
 
+    def _embed_gate(self, partition: str, question_gate: str,
+                    ) -> list[asyncio.Future[np.ndarray | None]]:
+        """Embed the newest pending questions of a gate (in the background: a lookup
+        waits for them within its deadline, never beyond, and never cancels them); the
+        vectors they will have."""
+        group = self._gated.get((partition, question_gate))
+        if not group:
+            return []
+        batch = list(group.values())[-LOOKUP_BATCH:]
+        start = [p for p in batch if not p.embedding]
+        if start:
+            self._spawn(self._embed_pending(start))
+        return [p.vec for p in batch]
+
     async def _embed_pending(self, batch: list[_Pending]) -> None:
-        """Embed pending questions and settle them. One that fails is settled without a
-        vector; one cut short (a lookup's deadline) stays pending."""
+        """Embed pending questions and settle them; one that fails (or is cut short) is
+        settled without a vector."""
+        for p in batch:
+            p.embedding = True
+        vecs = None
         try:
-            vecs, _ = await self.embedder.embed([p.question for p in batch]) \
-                if self.embedder is not None else (None, [])
+            if self.embedder is not None:
+                vecs, _ = await self.embedder.embed([p.question for p in batch])
         except Exception:
             vecs = None
-        for i, p in enumerate(batch):
-            self._settle(p, None if vecs is None else vecs[i])
+        finally:
+            for i, p in enumerate(batch):
+                self._settle(p, None if vecs is None else vecs[i])
 
     async def _embed_when_idle(self) -> None:
         """Embed pending questions, a few per pass, while the gateway is idle (or
@@ -269,8 +307,22 @@ class CacheStore:
             await self._wake.wait()
             self._wake.clear()
             while self._pending and (self._flushing or self.idle()):
-                batch = list(itertools.islice(self._pending.values(), IDLE_BATCH))
-                await self._embed_pending(batch)
+                oldest = list(itertools.islice(self._pending.values(), IDLE_BATCH * 2))
+                batch = [p for p in oldest if not p.embedding][:IDLE_BATCH]
+                if not batch:  # lookups are embedding these: they settle on their own
+                    await asyncio.wait([p.vec for p in oldest],
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    await self._embed_pending(batch)
+                except Exception as e:  # never leave a pending answer (or a drain) hanging
+                    log.error("pending vectors failed", error=type(e).__name__)
+                    for p in batch:
+                        self._settle(p, None)
+
+    def _start_embedder(self) -> None:
+        if self._embedder_task is None or self._embedder_task.done():
+            self._embedder_task = asyncio.create_task(self._embed_when_idle())
 
     # -------------------------------------------------------------------- storing
 
@@ -363,8 +415,8 @@ class CacheStore:
         return vec if isinstance(vec, np.ndarray) else None
 
     def _index_add(self, partition: str, entry_id: str, vec: np.ndarray, entry: Entry,
-                   question: str) -> None:
-        evicted = self.index.partition(partition).add(entry_id, vec, entry, question)
+                   question: str, new_last: bool = True) -> None:
+        evicted = self.index.partition(partition, new_last).add(entry_id, vec, entry, question)
         if evicted and self.redis is not None:
             self._spawn(self.redis.delete_semantic([(partition, e) for e in evicted]))
         labelled(self.metrics.entries, "semantic").set(len(self.index))

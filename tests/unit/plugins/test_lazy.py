@@ -215,3 +215,83 @@ async def test_an_answer_stored_again_while_pending_replaces_the_pending_one() -
     assert emb.texts == [["Where is parcel 88123 now?"]]
     await busy.release()
     await p.close()
+
+
+class SlowBatches(Recording):
+    """One text at once; a batch (pending questions) only once `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
+        if len(texts) > 1:
+            await self.release.wait()
+        return await super().embed(texts)
+
+
+async def test_a_lookup_is_not_held_up_by_the_pending_questions_it_embeds() -> None:
+    emb = SlowBatches()
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics(),
+                        embedder=emb)  # type: ignore[arg-type]
+    p = CachePlugin(CacheConfig.model_validate(
+        {"semantic": {"threshold": 0.8, "lookup_timeout_ms": 50}}), services)
+    await p(ctx("How do I reset my password?"), Engine())
+    await p.store.drain()  # indexed: the empty gate is held
+    busy = await Busy(p).start()
+    for q in ("How do I delete my account?", "How do I change my email address?"):
+        # no-cache: no lookup, so no vector at hand: pending in the (held) empty gate
+        await p(ctx(q, headers={"cache-control": "no-cache"}), Engine())
+    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 2)
+    c = ctx("How can I reset my password?")
+    await p(c, Engine())  # its lookup starts embedding both pending ones, which stall
+    assert c.response_headers["x-weir-cache"] == "semantic"
+    assert sample(p, "weir_cache_lookups_total", layer="semantic", result="timeout") == 0
+    assert sample(p, "weir_cache_entries", layer="pending") == 2  # still being embedded
+    emb.release.set()
+    await p.store.drain()
+    assert len(p.store.index) == 3 and not p.store._pending
+    await busy.release()
+    await p.close()
+
+
+async def test_a_purge_of_someone_else_keeps_a_pending_answer_and_frees_the_owner() -> None:
+    p, _ = lazy_plugin()
+    busy = await Busy(p).start()
+    await p(ctx("Where is parcel 88123 now?"), Engine())
+    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    await p.store.purge({"user": "somebody-else"})
+    await p.store.drain()
+    assert len(p.store.index) == 1  # not Alice's: it stays
+    await p(ctx("Where is parcel 88124 now?"), Engine())
+    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    await p.store.purge({"user": ALICE.user})
+    # Nothing of Alice's is counted any more: the pending answer's reserved member too.
+    assert p.store.users.members((ALICE.tenant, ALICE.user)) == []
+    await busy.release()
+    await p.close()
+
+
+def test_a_digest_stored_before_gates_still_passes_the_guard() -> None:
+    import hashlib
+
+    from plugins.cache.guard import _strict, signature
+
+    q = "Cancel order 12345 for Alice"
+    legacy = DIGEST_MARK + hashlib.sha256(repr(_strict(signature(q))).encode()).hexdigest()
+    assert guard_ok(q, legacy) and not guard_ok("Cancel order 999 for Alice", legacy)
+
+
+async def test_pending_questions_embedded_at_once_push_out_at_most_one_partition() -> None:
+    p, _ = lazy_plugin(semantic={"threshold": 0.8, "max_partitions": 3})
+    for seed in (1, 2):  # two partitions in use (a seed makes its own partition)
+        await p(ctx("How do I reset my password?", seed=seed), Engine())
+    await p.store.drain()
+    in_use = list(p.store.index.partitions)
+    busy = await Busy(p).start()
+    for seed in range(10, 15):  # one-off questions in partitions of their own
+        await p(ctx("Where is parcel 88123 now?", seed=seed), Engine())
+    await p.store.drain()  # embedded back to back
+    assert set(in_use) <= set(p.store.index.partitions)
+    await busy.release()
+    await p.close()
