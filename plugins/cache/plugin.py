@@ -183,11 +183,12 @@ class CachePlugin(BasePlugin[CacheConfig]):
         look: Lookup | None = None
         if read:
             # A generation for this very request under way answers it (below): no lookup.
-            if sem is not None and not self.store.may_serve(sem):
+            qgate = self.store.question_gate(sem) if sem is not None else None
+            if sem is not None and not self.store.may_serve(sem[0], qgate):
                 labelled(self.metrics.lookups, "semantic", "miss").inc()  # nothing to embed
                 self.metrics.gated.inc()
             elif sem is not None and not (write and self._leading(key)):
-                look = asyncio.ensure_future(self.store.lookup(sem, scope))
+                look = asyncio.ensure_future(self.store.lookup(sem, scope, question_gate=qgate))
                 if not write or await self._given_head_start(look):
                     _, entry = await look  # nothing to race: wait (within its deadline)
                     if entry is not None:

@@ -5,8 +5,8 @@ replica's vectors, mirrored in Redis), the per-user caps, the replica events tha
 other replicas' memory in step, and purges. The plugin decides, coalesces and
 captures; the admin API reads and purges through `stats` and `purge`.
 
-Public API: `get` (exact, stale allowed on request), `may_serve` and `lookup`
-(semantic), `put`, `promote`, `purge(filter)`, `purge_local(match)`, `stats(match)`,
+Public API: `get` (exact, stale allowed on request), `question_gate`, `may_serve` and
+`lookup` (semantic), `put`, `promote`, `purge(filter)`, `purge_local(match)`, `stats(match)`,
 `purged_since`, `drain`, `wake`. A put lands in L1 at once; Redis, the vector index and
 the user's cap are written in the background, so a miss pays nothing for them.
 
@@ -167,27 +167,36 @@ class CacheStore:
         entry = self.l1.get(key, now, allow_stale) if self.l1 is not None else None
         return entry if entry is not None and entry.scope == scope else None
 
-    def may_serve(self, sem: SemanticKey) -> bool:
-        """Whether some entry (indexed or pending) in the question's partition could pass
-        the near-miss guard with it: if none can, a lookup is a miss without embedding."""
-        if not self.lazy:
+    def question_gate(self, sem: SemanticKey) -> str | None:
+        """The question's guard gate when lookups are gated (lazy), else None: computed
+        once per request, for `may_serve` and `lookup`."""
+        return gate(sem[1]) if self.lazy else None
+
+    def may_serve(self, partition: str, question_gate: str | None) -> bool:
+        """Whether some entry (indexed or pending) in the partition could pass the
+        near-miss guard with a question of this gate: if none can, a lookup is a miss
+        without embedding."""
+        if question_gate is None:
             return True
-        partition, question = sem
-        g = gate(question)
         p = self.index.partitions.get(partition)
-        return (p is not None and p.may_pass(g)) or (partition, g) in self._gated
+        return ((p is not None and p.may_pass(question_gate))
+                or (partition, question_gate) in self._gated)
 
     async def lookup(self, sem: SemanticKey, scope: str, allow_stale: bool = False,
+                     question_gate: str | None = None,
                      ) -> tuple[np.ndarray | None, Entry | None]:
         """(the question's vector, the entry answering it): embed within the lookup
         deadline (with the pending questions of its gate, which join the index), search
         the partition, then the threshold, scope and near-miss guard. The vector comes
-        back for `put` to reuse; None if the model failed or was slow."""
+        back for `put` to reuse; None if the model failed or was slow. `question_gate`:
+        the question's, if the caller has it (`question_gate`)."""
         assert self.embedder is not None
         partition, question = sem
         lookups = self.metrics.lookups
         deadline = asyncio.get_running_loop().time() + self.cfg.semantic.lookup_timeout_ms / 1000
-        waiting = self._embed_gate(partition, gate(question)) if self.lazy else []
+        if question_gate is None:
+            question_gate = self.question_gate(sem)
+        waiting = self._embed_gate(partition, question_gate) if question_gate else []
         try:
             async with asyncio.timeout_at(deadline):
                 vec = (await self.embedder.embed([question]))[0][0]

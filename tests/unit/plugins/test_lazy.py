@@ -78,6 +78,11 @@ async def loop_turns(cond: Callable[[], bool]) -> bool:
     return cond()
 
 
+async def pending_is(p: CachePlugin, n: int) -> bool:
+    """Whether `n` answers wait for their vectors (within a few loop turns)."""
+    return await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == n)
+
+
 class Busy:
     """A request held in flight, so the gateway is not idle until `release`."""
 
@@ -101,12 +106,12 @@ async def test_under_load_a_question_nobody_shares_costs_no_embedding() -> None:
     eng = Engine("Team 4411's invoice settings are under Billing.")
     reply = await p(ctx("How do I change the invoice settings for team 4411?"), eng)
     assert reply is not None and eng.calls == 1
-    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    assert await pending_is(p, 1)
     assert emb.texts == [] and sample(p, "weir_cache_semantic_gated_total") == 1
     assert sample(p, "weir_cache_lookups_total", layer="semantic", result="miss") == 1
     # Another number: its gate is not held either, still nothing embedded.
     await p(ctx("How do I change the invoice settings for team 77?"), eng)
-    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 2)
+    assert await pending_is(p, 2)
     assert emb.texts == [] and sample(p, "weir_cache_semantic_gated_total") == 2
     # A paraphrase with the same number: its lookup embeds the pending question of its
     # gate alongside its own, and hits.
@@ -124,7 +129,7 @@ async def test_pending_questions_are_embedded_once_the_gateway_is_idle() -> None
     p, emb = lazy_plugin()
     busy = await Busy(p).start()
     await p(ctx("What is the refund policy for order 5521?"), Engine())
-    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    assert await pending_is(p, 1)
     assert emb.texts == []  # busy: it waits
     await busy.release()  # nothing in flight now
     assert await loop_turns(lambda: len(p.store.index) == 1)
@@ -180,7 +185,7 @@ async def test_an_answer_pending_across_a_purge_is_never_indexed() -> None:
     p, _emb = lazy_plugin()
     busy = await Busy(p).start()
     await p(ctx("Where is parcel 88123 now?"), Engine())
-    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    assert await pending_is(p, 1)
     await p.store.purge({"user": ALICE.user})
     assert not p.store._pending  # the question leaves memory with the purge
     await p.store.drain()
@@ -208,7 +213,7 @@ async def test_an_answer_stored_again_while_pending_replaces_the_pending_one() -
     for _ in range(2):
         await p(ctx("Where is parcel 88123 now?", headers={"cache-control": "no-cache"}),
                 Engine())
-    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    assert await pending_is(p, 1)
     assert len(p.store._gated) == 1 and sum(map(len, p.store._gated.values())) == 1
     await p.store.drain()
     assert len(p.store.index) == 1 and not p.store._gated
@@ -242,7 +247,7 @@ async def test_a_lookup_is_not_held_up_by_the_pending_questions_it_embeds() -> N
     for q in ("How do I delete my account?", "How do I change my email address?"):
         # no-cache: no lookup, so no vector at hand: pending in the (held) empty gate
         await p(ctx(q, headers={"cache-control": "no-cache"}), Engine())
-    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 2)
+    assert await pending_is(p, 2)
     c = ctx("How can I reset my password?")
     await p(c, Engine())  # its lookup starts embedding both pending ones, which stall
     assert c.response_headers["x-weir-cache"] == "semantic"
@@ -259,12 +264,12 @@ async def test_a_purge_of_someone_else_keeps_a_pending_answer_and_frees_the_owne
     p, _ = lazy_plugin()
     busy = await Busy(p).start()
     await p(ctx("Where is parcel 88123 now?"), Engine())
-    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    assert await pending_is(p, 1)
     await p.store.purge({"user": "somebody-else"})
     await p.store.drain()
     assert len(p.store.index) == 1  # not Alice's: it stays
     await p(ctx("Where is parcel 88124 now?"), Engine())
-    assert await loop_turns(lambda: sample(p, "weir_cache_entries", layer="pending") == 1)
+    assert await pending_is(p, 1)
     await p.store.purge({"user": ALICE.user})
     # Nothing of Alice's is counted any more: the pending answer's reserved member too.
     assert p.store.users.members((ALICE.tenant, ALICE.user)) == []
