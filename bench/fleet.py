@@ -17,12 +17,18 @@ Roles:
 - `weir-exact`     the same without the semantic layer (not in `--quick`)
 - `weir-l2`        Weir with only the Redis layer of the cache, in front of `vllm`
 - `litellm`        LiteLLM's proxy with its Redis cache, in front of `vllm`
+
+The servers share the machine's cores, so a suite calls `quiet()` before each measured
+window: work one system leaves running after its window (Weir embedding the questions it
+deferred once idle, an engine finishing what a client gave up on) must not land in the
+next system's window.
 """
 
 from __future__ import annotations
 
 import copy
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +138,29 @@ class Fleet:
         self._redis: RedisServer | None = None
         self.started: list[Server] = []
         self.retired: list[Server] = []  # started, then stopped by retire()
+        self.quiet_waits: list[float] = []  # seconds each quiet() waited
+
+    def quiet(self, timeout_s: float = 30.0, interval_s: float = 0.25,
+              share: float = 0.05) -> float:
+        """Wait until every running server is idle: their process trees together used
+        under `share` of one core over `interval_s`. Returns the seconds waited (at most
+        `timeout_s`: a server busy for good cannot hold a run up)."""
+        start = time.monotonic()
+        before = sum(s.cpu_seconds() for s in self.started)
+        while time.monotonic() - start < timeout_s:
+            time.sleep(interval_s)
+            now = sum(s.cpu_seconds() for s in self.started)
+            if now - before < share * interval_s:
+                break
+            before = now
+        waited = time.monotonic() - start
+        self.quiet_waits.append(waited)
+        return waited
+
+    def quiet_summary(self) -> dict[str, Any]:
+        w = self.quiet_waits
+        return {"waits": len(w), "total_s": round(sum(w), 1),
+                "max_s": round(max(w, default=0.0), 2)}
 
     def __enter__(self) -> Fleet:
         return self

@@ -69,6 +69,24 @@ class Server:
                 pass
             self._stop_sampling.wait(0.5)
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) its process tree has used so far; 0 once it is gone."""
+        if not self.proc or self.proc.poll() is not None:
+            return 0.0
+        total = 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass  # a child that ended between the listing and the read
+        return total
+
     def stop(self) -> None:
         self._stop_sampling.set()
         if self.proc and self.proc.poll() is None:

@@ -79,9 +79,10 @@ def faq_bodies(model: str, n: int, repeat_ratio: float, seed: int,
 
 
 async def _sweep(system: System, model: str, levels: list[int],
-                 headers: dict[str, str]) -> list[dict[str, Any]]:
+                 headers: dict[str, str], quiet: Callable[[], float]) -> list[dict[str, Any]]:
     rows = []
     for c in levels:
+        await asyncio.to_thread(quiet)
         bodies = [{"model": model, "max_tokens": 32, "ignore_eos": True, "temperature": 0,
                    "stream": True, "stream_options": {"include_usage": True},
                    "messages": [{"role": "user", "content": f"sweep {c} {i}"}]}
@@ -180,11 +181,12 @@ async def _probe(system: System, model: str, rate: float, duration: float,
 
 
 async def equal_load(systems: dict[str, System], model: str, rate: float, duration: float,
-                     ) -> dict[str, dict[str, Any]]:
+                     quiet: Callable[[], float]) -> dict[str, dict[str, Any]]:
     """Each system offered the same Poisson arrivals (same questions, same times) at
     `rate` for `duration` seconds: p50/p99, and what was sent, left unsent or failed."""
     out = {}
     for name, s in systems.items():
+        await asyncio.to_thread(quiet)
         n = max(16, round(rate * duration))
         bodies = s.bodies(faq_bodies(model, n, 0.6, seed=300), SUITE)
         r = await open_loop(s.chat_url, bodies, rate, s.headers(SUITE), seed=300,
@@ -273,28 +275,31 @@ def run(fleet: Fleet) -> dict[str, Any]:
             bodies = faq_bodies(fleet.served, n, 0.6, seed=rnd)
             for name in (order if rnd % 2 == 0 else order[::-1]):
                 s = systems[name]
+                await asyncio.to_thread(fleet.quiet)
                 per[name].append(await run_load(s.chat_url, s.bodies(bodies, SUITE), clients,
                                                 s.headers(SUITE), timeout_s=900))
         sustained = {}
         for name, s in systems.items():
             closed = summarize(merge(per[name]))["req_per_s"] or 1.0
 
-            def probe(rate: float, i: int, s: System = s) -> Awaitable[dict[str, Any]]:
-                return _probe(s, fleet.served, rate, window, seed=100 + i)
+            async def probe(rate: float, i: int, s: System = s) -> dict[str, Any]:
+                await asyncio.to_thread(fleet.quiet)
+                return await _probe(s, fleet.served, rate, window, seed=100 + i)
 
             sustained[name] = await max_sustained(probe, closed, probes)
         level = EQUAL_LOAD * (sustained[vllm.label]["req_per_s"] or 1.0)
         equal = await equal_load({k: s for k, s in systems.items()
                                   if s is vllm or k.startswith("Weir")},
-                                 fleet.served, level, 2 * window)
+                                 fleet.served, level, 2 * window, fleet.quiet)
         return per, first, sustained, equal
 
     per, first, sustained, equal = asyncio.run(scenario())
     bypass = weir.headers(SUITE, {"Cache-Control": "no-cache, no-store"})
     model = fleet.served
-    sweep = {"Weir, all plugins (cache bypassed)": asyncio.run(_sweep(weir, model, levels,
-                                                                      bypass)),
-             "vLLM server": asyncio.run(_sweep(vllm, model, levels, vllm.headers(SUITE)))}
+    sweep = {"Weir, all plugins (cache bypassed)": asyncio.run(_sweep(
+                 weir, model, levels, bypass, fleet.quiet)),
+             "vLLM server": asyncio.run(_sweep(vllm, model, levels, vllm.headers(SUITE),
+                                               fleet.quiet))}
     merged = {k: merge(v) for k, v in per.items()}
     summary = {k: summarize(v) | {"max_sustained_req_per_s": sustained[k]["req_per_s"],
                                   "peak_rss_mib": round(systems[k].server.peak_rss / 2**20)}
@@ -331,7 +336,8 @@ def run(fleet: Fleet) -> dict[str, Any]:
         "repeats (30% of them paraphrased), half streamed, 32 tokens, systems alternated. "
         f"Max sustained: highest Poisson arrival rate answered in full with p99 under "
         f"{SLO_P99_S:g} s ({probes} windows of {window:g} s at most; a rate fails when "
-        "two windows at it fail)." +
+        "two windows at it fail). Before each window the servers are let go quiet "
+        "(under 5% of a core), so one system's leftover work is not in another's window." +
         (" " + "; ".join(notes) + "." if notes else ""),
         md_table(["system", "ok", "mean ms", "p50 ms", "p99 ms", "TTFT p50", "TTFT p99",
                   "req/s (16 clients)", "max sustained req/s", "out tok/s",
@@ -366,7 +372,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
                          "repeat_ratio": 0.6, "slo_p99_s": SLO_P99_S, "quick": quick},
             "systems": {k: s.notes or s.kind for k, s in systems.items()},
             "results": summary, "ratios": ratios, "max_sustained": sustained,
-            "equal_load": equal,
+            "equal_load": equal, "quiet": fleet.quiet_summary(),
             "sweep": sweep, "cold_start": cold, "scaling": scale, "plots": pngs}
     write("table", data, table)
     print(table)

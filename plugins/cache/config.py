@@ -81,7 +81,7 @@ class CacheConfig(PluginConfig):
         True, description="Cache only temperature 0 or seeded requests.")
     store_truncated: bool = Field(False, description="Also store answers cut by max_tokens.")
     per_user_max_entries: int = Field(
-        1000, ge=1, description="Entries one user may own; the oldest go first.")
+        5000, ge=1, description="Entries one user may own; the oldest go first.")
     sensitive_patterns: list[str] = Field(
         default_factory=list, description="Regexes: matching requests bypass the cache.")
     stale_grace_s: float = Field(

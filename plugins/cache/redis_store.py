@@ -224,6 +224,13 @@ class RedisStore:
         popped = await self._call("persist", lambda: self._persist(keys=keys, args=args))
         return None if popped is None else [_s(m) for m in popped]
 
+    async def release(self, tenant: str, user: str, members: list[str]) -> None:
+        """Take `members` off the owner's list: parts counted against the cap ahead of
+        time and then never stored (a pending answer dropped before its vector came)."""
+        if members:
+            await self._call("zrem", lambda: self.client.zrem(self.user_key(tenant, user),
+                                                              *members))
+
     async def delete_exact(self, keys: list[str]) -> None:
         if keys:
             await self._call("del", lambda: self.client.delete(*[self.p + "x:" + k

@@ -206,30 +206,33 @@ class CacheStore:
         except Exception as e:  # the model failing must not fail the request
             log.warning("embedding failed; semantic lookup skipped", error=type(e).__name__)
             return None, None
-        entry = self._search(sem, scope, vec, allow_stale)
+        entry, score = self._search(sem, scope, vec, allow_stale)
         if entry is None and waiting and not all(f.done() for f in waiting):
             # The pending questions of its gate may answer it: what is left of the
             # deadline for them (they go on without us), then search again.
             await asyncio.wait(waiting, timeout=max(
                 0.0, deadline - asyncio.get_running_loop().time()))
-            entry = self._search(sem, scope, vec, allow_stale)
+            entry, again = self._search(sem, scope, vec, allow_stale)
+            score = again if again is not None else score
+        if score is not None:  # once a lookup: the best match it ended with
+            self.metrics.similarity.observe(score)
         labelled(lookups, "semantic", "miss" if entry is None else "hit").inc()
         return vec, entry
 
     def _search(self, sem: SemanticKey, scope: str, vec: np.ndarray, allow_stale: bool,
-                ) -> Entry | None:
-        """The entry in the partition answering the question: the best match, if it
-        passes the threshold, the scope and the near-miss guard."""
+                ) -> tuple[Entry | None, float | None]:
+        """The entry in the partition answering the question (the best match, if it
+        passes the threshold, the scope and the near-miss guard), and the best match's
+        similarity (None: the partition is empty)."""
         partition, question = sem
         found = self.index.find(partition, vec, time.time(), allow_stale)
         if found is None:
-            return None
+            return None, None
         entry, stored_q, score = found
-        self.metrics.similarity.observe(score)
         ok = score >= self.cfg.semantic.threshold and entry.scope == scope and (
             not self.cfg.semantic.guard or guard_ok(question, stored_q))
         log.debug("semantic lookup", score=round(score, 4), hit=ok)
-        return entry if ok else None
+        return (entry if ok else None), score
 
     # ----------------------------------------------------------- pending vectors
 
@@ -377,6 +380,11 @@ class CacheStore:
             await self._write(entry, None, [*members, member])
             if (vec := await later) is not None and self._held(member):
                 await self._write(entry, (partition, vec, question), [], exact=False)
+            elif vec is None and self.redis is not None and not self._held(member):
+                # Dropped while pending (a purge, the pending bound, the same question
+                # answered again holds it anew): its reserved place on the owner's list
+                # is freed, as this replica's count was.
+                await self.redis.release(entry.tenant, entry.user, [member])
             return
         vec = await self._vector(question, vec)
         semantic = None

@@ -64,6 +64,39 @@ async def test_one_stalled_window_does_not_fail_a_rate() -> None:
     assert found["req_per_s"] is not None and 90.0 <= found["req_per_s"] <= 100.0
 
 
+class ScriptedCpu:
+    """A server whose process tree has used `totals[k]` CPU seconds at the k-th read."""
+
+    def __init__(self, totals: list[float]) -> None:
+        self.totals, self.reads = totals, 0
+
+    def cpu_seconds(self) -> float:
+        t = self.totals[min(self.reads, len(self.totals) - 1)]
+        self.reads += 1
+        return t
+
+
+def test_quiet_waits_until_every_server_is_idle() -> None:
+    # One server burns a whole core for three intervals, then stops; the other is idle.
+    busy = ScriptedCpu([0.0, 0.01, 0.02, 0.03, 0.03])
+    idle = ScriptedCpu([5.0])
+    with fleet_mod.Fleet() as fleet:
+        fleet.started = [busy, idle]  # type: ignore[list-item]
+        fleet.quiet(timeout_s=60, interval_s=0.01)
+        assert busy.reads == 5  # read until two reads in a row were equal
+        assert fleet.quiet_summary()["waits"] == 1
+        fleet.started = []
+
+
+def test_quiet_gives_up_on_a_server_busy_for_good() -> None:
+    spinning = ScriptedCpu([0.01 * k for k in range(10_000)])
+    with fleet_mod.Fleet() as fleet:
+        fleet.started = [spinning]  # type: ignore[list-item]
+        waited = fleet.quiet(timeout_s=0.05, interval_s=0.01)
+        assert 0.05 <= waited < 60 and 2 <= spinning.reads < 10_000
+        fleet.started = []
+
+
 def chat_app(hold: asyncio.Event | None) -> web.Application:
     async def chat(request: web.Request) -> web.Response:
         await request.json()

@@ -397,3 +397,34 @@ async def test_a_cancellation_redis_loses_is_raised_again(
     await asyncio.wait({lookup})
     assert lookup.cancelled()
     await store.close()
+
+
+
+async def test_a_pending_answer_dropped_unembedded_frees_its_place_on_the_owners_list(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lazy vectors reserve an answer's semantic place on its owner's Redis list when it
+    is stored; an answer dropped before its vector came gives that place back."""
+    from plugins.cache import store as store_mod
+    from tests.unit.plugins.test_cache import ALICE, Engine, ctx
+    from tests.unit.plugins.test_lazy import Busy, lazy_plugin, pending_is
+
+    monkeypatch.setattr(store_mod, "MAX_PENDING", 1)
+    p, _ = lazy_plugin(l2={"enabled": True}, redis={
+        "url": redis_server.url, "key_prefix": f"weir:test:{uuid.uuid4().hex[:8]}:"})
+    await p.start()
+    redis = p.store.redis
+    assert redis is not None
+    busy = await Busy(p).start()
+    await p(ctx("Where is parcel 88123 now?"), Engine("In Lisbon."))
+    assert await pending_is(p, 1)
+    await p(ctx("Where is parcel 99231 now?"), Engine("In Porto."))  # the bound drops it
+    await p.store.drain()  # the writes, the release, and the second's vector
+    indexed = {f"s:{name}:{eid}" for name, part in p.store.index.partitions.items()
+               for eid in part.rows}
+    assert len(indexed) == 1  # the second answer; the first was dropped unembedded
+    owner = redis.user_key(ALICE.tenant, ALICE.user)
+    members = {m.decode() for m in await redis.client.zrange(owner, 0, -1)}
+    assert {m for m in members if m.startswith("s:")} == indexed
+    assert sum(m.startswith("x:") for m in members) == 2  # both exact entries stay
+    await busy.release()
+    await p.close()

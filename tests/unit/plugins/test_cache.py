@@ -366,6 +366,19 @@ async def test_per_user_cap_evicts_the_oldest() -> None:
     assert layer == "miss"  # evicted: alice owns at most 2
 
 
+async def test_one_key_keeps_an_faq_past_a_thousand_questions() -> None:
+    """An app behind one API key owns every entry it stores: the default cap must hold a
+    busy FAQ (the FAQ benchmark asks ~3,000 distinct questions in a 15 s window; a cap
+    of 1,000 turned a third of its repeats into misses)."""
+    p, eng = plugin(semantic={"enabled": False}), Engine()
+    questions = [f"How do I change the invoice settings for team {i}?" for i in range(3000)]
+    for q in questions:
+        await run(p, ctx(q), eng)
+    await drain(p)
+    _, layer = await run(p, ctx(questions[0]), eng)
+    assert layer == "exact" and eng.calls == len(questions)
+
+
 async def test_local_purge_by_content() -> None:
     from plugins.cache.entry import matcher
 

@@ -125,6 +125,27 @@ async def test_under_load_a_question_nobody_shares_costs_no_embedding() -> None:
     await p.close()
 
 
+async def test_a_lookup_that_searches_twice_observes_one_similarity() -> None:
+    p, _ = lazy_plugin()
+    eng = Engine("Under Account, then Password.")
+    await p(ctx("How do I reset my password?"), eng)
+    await p.store.drain()
+    assert len(p.store.index) == 1
+    busy = await Busy(p).start()
+    await p(ctx("How do I change the invoice settings for team 4411?"),
+            Engine("Team 4411's invoice settings are under Billing."))
+    assert await pending_is(p, 1)
+    # Its own vector finds the password question (no hit), then the pending question of
+    # its gate, embedded meanwhile, answers it: one lookup, one similarity observed.
+    c = ctx("How can I change invoice settings for team 4411?")
+    await p(c, eng)
+    assert c.response_headers["x-weir-cache"] == "semantic"
+    assert sample(p, "weir_cache_semantic_similarity_count") == 1
+    assert sample(p, "weir_cache_lookups_total", layer="semantic", result="hit") == 1
+    await busy.release()
+    await p.close()
+
+
 async def test_pending_questions_are_embedded_once_the_gateway_is_idle() -> None:
     p, emb = lazy_plugin()
     busy = await Busy(p).start()
