@@ -59,11 +59,21 @@ class Server:
         self.ready_after_s = time.monotonic() - self.started_at
         return self
 
+    def _tree(self) -> list[psutil.Process]:
+        """Its process and every descendant (the engine's own processes); none once it
+        has ended."""
+        if not self.proc or self.proc.poll() is not None:
+            return []
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
     def _sample(self) -> None:
         while not self._stop_sampling.is_set() and self.proc and self.proc.poll() is None:
             try:
-                root = psutil.Process(self.proc.pid)
-                rss = sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+                rss = sum(p.memory_info().rss for p in self._tree())
                 self.peak_rss = max(self.peak_rss, rss)
             except psutil.Error:
                 pass
@@ -71,15 +81,8 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) its process tree has used so far; 0 once it is gone."""
-        if not self.proc or self.proc.poll() is not None:
-            return 0.0
         total = 0.0
-        try:
-            root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return 0.0
-        for p in procs:
+        for p in self._tree():
             try:
                 t = p.cpu_times()
                 total += t.user + t.system
