@@ -13,7 +13,6 @@ p99) and hit throughput with 16 concurrent clients. The cold path is Weir with
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import yaml
@@ -22,6 +21,7 @@ from bench.fleet import Fleet, System
 from bench.load import run_load, summarize
 from bench.procs import ROOT
 from bench.report import md_table, ratio, write
+from proxy.loop import run_loop
 
 SUITE = "cache"
 PAIRS = yaml.safe_load((ROOT / "tests" / "data" / "semantic_pairs.yaml").read_text())
@@ -92,7 +92,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
         results["litellm_paraphrase"] = summarize(await run_load(
             litellm.chat_url, litellm.bodies(para, SUITE), 1, litellm.headers(SUITE)))
 
-    asyncio.run(scenario())
+    run_loop(scenario())
     lit = results["litellm_redis_hit"]
     rows = []
     for name, label in (("weir_l1_exact_hit", "Weir exact hit (L1)"),

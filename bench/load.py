@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
-
-import aiohttp
 
 
 @dataclass
@@ -109,123 +108,241 @@ class SseTally:
         return first
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                      headers: dict[str, str] | None = None) -> Sample:
-    start = time.perf_counter()
-    ttft = None
-    tokens = 0
-    try:
-        async with session.post(url, json=body, headers=headers) as resp:
-            cache = resp.headers.get("x-weir-cache")
-            if resp.status != 200:
-                await resp.read()
-                return Sample(False, resp.status, None, time.perf_counter() - start, 0, cache)
-            if not body.get("stream"):
-                data = await resp.json()
-                ttft = time.perf_counter() - start
-                tokens = (data.get("usage") or {}).get("completion_tokens", 0)
-                return Sample(True, 200, ttft, ttft, tokens, cache)
-            tally = SseTally()
-            async for chunk in resp.content.iter_any():
-                if tally.feed(chunk) and ttft is None:
-                    ttft = time.perf_counter() - start
-            tokens = tally.tokens
-            return Sample(True, 200, ttft, time.perf_counter() - start, tokens, cache)
-    except (TimeoutError, aiohttp.ClientError):
-        return Sample(False, 0, None, time.perf_counter() - start, 0)
+_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
-async def run_load(url: str, bodies: list[dict[str, Any]], concurrency: int,
-                   headers: dict[str, str] | None = None, timeout_s: float = 600) -> RunResult:
-    result = RunResult()
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    for b in bodies:
-        queue.put_nowait(b)
-    conn = aiohttp.TCPConnector(limit=concurrency * 2)
-    async with aiohttp.ClientSession(connector=conn,
-                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+class Client:
+    """A lean HTTP/1.1 client for one URL, as wrk or oha would be: keep-alive
+    connections reused across requests (an idle one per request in flight at most), the
+    bodies serialised before the clock starts, each answer parsed as its bytes arrive by
+    a protocol's callback (no coroutine per read), a whole answer only searched for its
+    usage, a stream's events fed to an `SseTally`. The load generator shares the cores the
+    servers use, and every CPU microsecond it spends is taken from them, more from the
+    faster server (it is asked more per second): on the FAQ workload an aiohttp client
+    on asyncio's loop used ~1.0-1.5 ms of CPU a request here, this one ~0.3 (see
+    bench/results/other_machines/README.md); at ~4,800 exact hits/s on one core, a
+    stream-reader version of this client used 17-19% of a core, aiohttp's 65-72%."""
 
-        async def worker() -> None:
-            while not queue.empty():
-                body = queue.get_nowait()
-                result.samples.append(await one_request(session, url, body, headers))
+    def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self._head = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {self.host}:{self.port}"
+                      "\r\nContent-Type: application/json\r\n"
+                      + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()))
+        self._idle: list[_Connection] = []
 
+    def encode(self, body: dict[str, Any]) -> Request:
+        data = json.dumps(body).encode()
+        return Request(f"{self._head}Content-Length: {len(data)}\r\n\r\n".encode() + data,
+                       bool(body.get("stream")))
+
+    async def send(self, req: Request) -> Sample:
         start = time.perf_counter()
-        async with asyncio.timeout(timeout_s):
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-        result.wall_s = time.perf_counter() - start
-    return result
+        while True:
+            conn = self._idle.pop() if self._idle else None
+            if conn is not None and conn.lost:
+                continue  # closed by the server while idle
+            reused = conn is not None
+            try:
+                if conn is None:
+                    _, conn = await asyncio.get_running_loop().create_connection(
+                        _Connection, self.host, self.port)
+                sample, keep = await conn.exchange(req, start)
+            except _Unanswered:
+                _close(conn)
+                if reused:
+                    continue  # the server closed an idle connection as this was sent
+                return Sample(False, 0, None, time.perf_counter() - start, 0)
+            except (OSError, ValueError, _Broken):
+                _close(conn)
+                return Sample(False, 0, None, time.perf_counter() - start, 0)
+            except BaseException:  # cancelled mid-answer: the connection is unusable
+                _close(conn)
+                raise
+            if keep and not conn.lost:
+                self._idle.append(conn)
+            else:
+                _close(conn)
+            return sample
+
+    def close(self) -> None:
+        while self._idle:
+            _close(self._idle.pop())
 
 
-async def run_load_lean(url: str, bodies: list[dict[str, Any]], concurrency: int,
-                        headers: dict[str, str] | None = None,
-                        timeout_s: float = 600) -> RunResult:
-    """Closed loop like `run_load`, for whole (not streamed) answers, with a lean client:
-    one keep-alive HTTP/1.1 connection per worker, the requests serialised before the
-    clock starts, a response read by its Content-Length and not parsed. It is for
-    measuring how many requests a server carries, as wrk or oha would: on one core it
-    uses about a fifth of the CPU an aiohttp client does for the same requests (measured
-    at ~4,800 exact hits/s: 17-19% against 65-72%), so a faster server does not end up
-    measuring its client. Output tokens are not counted."""
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    head = (f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-            "Content-Type: application/json\r\n"
-            + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()))
-    requests = []
-    for b in bodies:
-        data = json.dumps(b).encode()
-        requests.append(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
-    requests.reverse()
-    result = RunResult()
+@dataclass(frozen=True, slots=True)
+class Request:
+    data: bytes
+    stream: bool
 
-    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  req: bytes) -> tuple[Sample, bool]:
-        """One request on an open connection: its sample, and whether the connection
-        stays usable."""
-        start = time.perf_counter()
-        writer.write(req)
-        raw = await reader.readuntil(b"\r\n\r\n")
-        status = int(raw[9:12])
-        length, cache, keep = None, None, True
+
+class _Unanswered(Exception):
+    """The connection ended before any byte of an answer."""
+
+
+class _Broken(Exception):
+    """The connection ended, or the answer was malformed, partway through an answer."""
+
+
+_MAX_HEAD = 1 << 16
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection, one request at a time: the answer is parsed as it
+    arrives (head; then the body by Content-Length, by chunks, or to the connection's
+    end) and `exchange`'s future gets its sample."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self._done: asyncio.Future[tuple[Sample, bool]] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def exchange(self, req: Request, start: float) -> asyncio.Future[tuple[Sample, bool]]:
+        assert self.transport is not None
+        self._req, self._start, self._buf = req, start, b""
+        self._status: int | None = None
+        self._length: int | None = None
+        self._chunked = self._trailers = self._answered = False
+        self._cache: str | None = None
+        self._keep = True
+        self._tally = SseTally()
+        self._parts: list[bytes] = []
+        self._ttft: float | None = None
+        self._done = asyncio.get_running_loop().create_future()
+        self.transport.write(req.data)
+        return self._done
+
+    def data_received(self, data: bytes) -> None:
+        if self._done is None or self._done.done():
+            return  # nothing asked: not an answer
+        self._answered = True
+        self._buf += data
+        try:
+            self._parse()
+        except ValueError as e:
+            self._fail(_Broken(str(e)))
+
+    def eof_received(self) -> bool:
+        self.lost = True
+        if self._done is not None and not self._done.done() and self._status is not None \
+                and self._length is None and not self._chunked:
+            self._take(self._buf)  # the body ran to the connection's end
+            self._finish()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._fail(_Broken("connection lost") if self._answered else _Unanswered())
+
+    def _fail(self, exc: Exception) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _parse(self) -> None:
+        if self._status is None:
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buf) > _MAX_HEAD:
+                    raise ValueError("answer head too long")
+                return
+            self._head(self._buf[:end])
+            self._buf = self._buf[end + 4:]
+        if self._chunked:
+            self._chunks()
+        elif self._length is not None and len(self._buf) >= self._length:
+            self._take(self._buf[:self._length])
+            self._finish()
+
+    def _head(self, raw: bytes) -> None:
+        self._status = int(raw[9:12])
         for line in raw.split(b"\r\n")[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
             if name == b"content-length":
-                length = int(value)
+                self._length = int(value)
+            elif name == b"transfer-encoding":
+                self._chunked = b"chunked" in value.lower()
             elif name == b"x-weir-cache":
-                cache = value.strip().decode()
+                self._cache = value.strip().decode()
             elif name == b"connection" and value.strip().lower() == b"close":
-                keep = False
-        if length is None:  # chunked or unframed: not what this client is for
-            raise ValueError("run_load_lean reads Content-Length bodies only")
-        await reader.readexactly(length)
-        e2e = time.perf_counter() - start
-        return Sample(status == 200, status, e2e, e2e, 0, cache), keep
+                self._keep = False
+        if self._length is None and not self._chunked:
+            self._keep = False  # the body runs to the connection's end
+
+    def _chunks(self) -> None:
+        buf = self._buf
+        while True:
+            if self._trailers:  # after the last chunk: trailers, then a blank line
+                if buf.startswith(b"\r\n"):
+                    self._finish()
+                    return
+                end = buf.find(b"\r\n\r\n")
+                if end >= 0:
+                    self._finish()
+                    return
+                break
+            eol = buf.find(b"\r\n")
+            if eol < 0:
+                break
+            size = int(buf[:eol].split(b";", 1)[0], 16)
+            if not size:
+                buf, self._trailers = buf[eol + 2:], True
+                continue
+            if len(buf) < eol + 4 + size:
+                break
+            self._take(buf[eol + 2:eol + 2 + size])
+            buf = buf[eol + 4 + size:]
+        self._buf = buf
+
+    def _take(self, data: bytes) -> None:
+        if self._req.stream and self._status == 200:
+            if self._tally.feed(data) and self._ttft is None:
+                self._ttft = time.perf_counter() - self._start
+        else:
+            self._parts.append(data)
+
+    def _finish(self) -> None:
+        e2e = time.perf_counter() - self._start
+        ok = self._status == 200
+        if self._req.stream and ok:
+            sample = Sample(True, 200, self._ttft, e2e, self._tally.tokens, self._cache)
+        else:
+            found = _TOKENS.search(b"".join(self._parts)) if ok else None
+            sample = Sample(ok, self._status or 0, e2e if ok else None, e2e,
+                            int(found.group(1)) if found else 0, self._cache)
+        assert self._done is not None
+        self._done.set_result((sample, self._keep))
+
+
+def _close(conn: _Connection | None) -> None:
+    if conn is not None and conn.transport is not None:
+        conn.transport.close()
+
+
+async def run_load(url: str, bodies: list[dict[str, Any]], concurrency: int,
+                   headers: dict[str, str] | None = None, timeout_s: float = 600) -> RunResult:
+    """Closed loop: `concurrency` workers, each sending its next body once its last is
+    answered, until every body is sent."""
+    client = Client(url, headers)
+    requests = [client.encode(b) for b in bodies]
+    requests.reverse()
+    result = RunResult()
 
     async def worker() -> None:
-        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        try:
-            while requests:
-                req = requests.pop()
-                start = time.perf_counter()
-                try:
-                    if conn is None:
-                        conn = await asyncio.open_connection(host, port)
-                    sample, keep = await one(*conn, req)
-                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-                    sample, keep = Sample(False, 0, None, time.perf_counter() - start, 0), False
-                result.samples.append(sample)
-                if not keep and conn is not None:  # the server closed it, or it broke
-                    conn[1].close()
-                    conn = None
-        finally:
-            if conn is not None:
-                conn[1].close()
+        while requests:
+            result.samples.append(await client.send(requests.pop()))
 
     start = time.perf_counter()
-    async with asyncio.timeout(timeout_s):
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        client.close()
     result.wall_s = time.perf_counter() - start
     return result
 
@@ -241,27 +358,27 @@ async def open_loop(url: str, bodies: list[dict[str, Any]], rate: float,
     """
     rng = random.Random(seed)
     result = RunResult()
-    conn = aiohttp.TCPConnector(limit=0)
+    client = Client(url, headers)
+    requests = [client.encode(b) for b in bodies]
     in_flight = 0
 
     def answered(_: object) -> None:
         nonlocal in_flight
         in_flight -= 1
 
-    async with aiohttp.ClientSession(connector=conn,
-                                     timeout=aiohttp.ClientTimeout(total=600)) as session:
-        tasks = []
-        start = time.perf_counter()
-        due = 0.0
-        for i, body in enumerate(bodies):
+    tasks = []
+    start = time.perf_counter()
+    due = 0.0
+    try:
+        for i, req in enumerate(requests):
             if max_in_flight is not None and in_flight > max_in_flight:
-                result.unsent = len(bodies) - i
+                result.unsent = len(requests) - i
                 break
             now = time.perf_counter() - start
             if due > now:
                 await asyncio.sleep(due - now)  # pacing the arrivals, not a sync point
             in_flight += 1
-            task = asyncio.create_task(one_request(session, url, body, headers))
+            task = asyncio.create_task(client.send(req))
             task.add_done_callback(answered)
             tasks.append(task)
             due += rng.expovariate(rate) if seed is not None else 1 / rate
@@ -269,7 +386,9 @@ async def open_loop(url: str, bodies: list[dict[str, Any]], rate: float,
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        result.samples = [t.result() for t in tasks if t in done]
-        result.samples += [Sample(False, 0, None, drain_s, 0) for _ in pending]
-        result.wall_s = time.perf_counter() - start
+    finally:
+        client.close()
+    result.samples = [t.result() for t in tasks if t in done]
+    result.samples += [Sample(False, 0, None, drain_s, 0) for _ in pending]
+    result.wall_s = time.perf_counter() - start
     return result

@@ -16,15 +16,15 @@ Three parts, each against peers measured in the same run:
    no earlier question has, so with `cache.semantic.lazy` it is not embedded while the
    load lasts, and its vector comes once the server is idle) without Redis and with
    Redis L2 (exact entry, the owner's cap; the semantic entry once embedded).
-   Rates are measured with the lean client (`run_load_lean`: keep-alive connections,
-   requests serialised up front, bodies not parsed), so the client's own core is not
-   what limits them: the aiohttp client took 65-72% of its core at ~4,800 hits/s.
+   Rates are measured with the lean client (bench/load.py: keep-alive connections,
+   requests serialised up front, bodies only searched for their usage), so the client's
+   own core is not what limits them: an aiohttp client took 65-72% of its core at
+   ~4,800 hits/s.
 3. (The FAQ sustained-rate table is `bench/table.py`.)
 """
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import os
@@ -38,10 +38,11 @@ from typing import Any
 import yaml
 
 from bench.fleet import Fleet, System, default_plugins, weir_key
-from bench.load import RunResult, pct, run_load, run_load_lean, summarize
+from bench.load import RunResult, pct, run_load, summarize
 from bench.procs import ROOT, Server
 from bench.redis_server import free_port
 from bench.report import md_table, ratio, write
+from proxy.loop import run_loop
 
 SUITE = "overhead"
 CONCURRENCY = (1, 8, 32, 64)
@@ -163,14 +164,13 @@ def _bodies(n: int, *, stream: bool, deterministic: bool, distinct: int | None =
 
 
 def _latencies(url: str, bodies: list[dict[str, Any]], concurrency: int) -> RunResult:
-    return asyncio.run(run_load(url + "/v1/chat/completions", bodies, concurrency,
-                                timeout_s=300))
+    return run_loop(run_load(url + "/v1/chat/completions", bodies, concurrency,
+                             timeout_s=300))
 
 
 def _carried(url: str, bodies: list[dict[str, Any]]) -> RunResult:
     """What the server carries: 16 workers over the lean client (bench/load.py)."""
-    return asyncio.run(run_load_lean(url + "/v1/chat/completions", bodies, 16,
-                                     timeout_s=300))
+    return run_loop(run_load(url + "/v1/chat/completions", bodies, 16, timeout_s=300))
 
 
 def gateway(fleet: Fleet) -> dict[str, Any]:

@@ -14,7 +14,6 @@ earlier suites are stopped first (two engines of this size fit beside nothing el
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import statistics
 from typing import Any
@@ -23,6 +22,7 @@ from bench.fleet import Fleet, System, engine_for
 from bench.load import RunResult, merge, pct, run_load, summarize
 from bench.report import md_table, ratio, write
 from bench.table import faq_bodies
+from proxy.loop import run_loop
 
 SUITE = "real_model"
 MODEL = "builtin:smollm2"
@@ -56,7 +56,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
                     per[name].append(await run_load(s.chat_url, s.bodies(bodies, SUITE),
                                                     clients, s.headers(SUITE), timeout_s=900))
 
-        asyncio.run(scenario())
+        run_loop(scenario())
         merged = {k: merge(v) for k, v in per.items()}
         summary = {k: summarize(v) | {"answer_tokens": answer_lengths(v),
                                       "peak_rss_mib": round(systems[k].server.peak_rss / 2**20)}

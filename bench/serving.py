@@ -10,12 +10,12 @@ request throughput, output tokens/s, TTFT and end-to-end p50/p99, and Weir/vLLM 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from bench.fleet import Fleet, System
 from bench.load import RunResult, merge, run_load, summarize
 from bench.report import md_table, ratio, write
+from proxy.loop import run_loop
 
 SUITE = "serving"
 
@@ -39,7 +39,7 @@ def run(fleet: Fleet) -> dict[str, Any]:
     bypass = {"Cache-Control": "no-cache, no-store"}
 
     def load(s: System, b: list[dict[str, Any]]) -> RunResult:
-        return asyncio.run(run_load(s.chat_url, b, concurrency, s.headers(SUITE, bypass)))
+        return run_loop(run_load(s.chat_url, b, concurrency, s.headers(SUITE, bypass)))
 
     for s in servers.values():  # same warm-up burst for both
         load(s, bodies(fleet.served, concurrency, 16, 10_000))

@@ -13,12 +13,12 @@ admission, in the same run, where every request is let in and queues inside the 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from bench.fleet import ADMISSION, Fleet, System
 from bench.load import RunResult, open_loop, pct, run_load, summarize
 from bench.report import md_table, ratio, write
+from proxy.loop import run_loop
 
 SUITE = "surge"
 LIMIT = int(ADMISSION["max_concurrent"])
@@ -52,11 +52,11 @@ def run(fleet: Fleet) -> dict[str, Any]:
     model = fleet.served
 
     def closed(s: System, bodies: list[dict[str, Any]]) -> RunResult:
-        return asyncio.run(run_load(s.chat_url, bodies, LIMIT, s.headers(SUITE)))
+        return run_loop(run_load(s.chat_url, bodies, LIMIT, s.headers(SUITE)))
 
     def surge(s: System, rate: float) -> dict[str, Any]:
         bodies = [body(model, i, tokens) for i in range(round(rate * duration))]
-        return split(asyncio.run(open_loop(s.chat_url, bodies, rate, s.headers(SUITE))))
+        return split(run_loop(open_loop(s.chat_url, bodies, rate, s.headers(SUITE))))
 
     closed(guarded, [body(model, i, 8) for i in range(LIMIT)])  # warm up
     unloaded = [body(model, i, tokens) for i in range(LIMIT * (3 if fleet.quick else 6))]

@@ -40,6 +40,7 @@ from bench.fleet import Fleet, System
 from bench.load import RunResult, merge, open_loop, run_load, summarize
 from bench.procs import ROOT
 from bench.report import md_table, ratio, results_dir, write
+from proxy.loop import run_loop
 
 SUITE = "table"
 SLO_P99_S = 1.0
@@ -293,12 +294,12 @@ def run(fleet: Fleet) -> dict[str, Any]:
                                  fleet.served, level, 2 * window, fleet.quiet)
         return per, first, sustained, equal
 
-    per, first, sustained, equal = asyncio.run(scenario())
+    per, first, sustained, equal = run_loop(scenario())
     bypass = weir.headers(SUITE, {"Cache-Control": "no-cache, no-store"})
     model = fleet.served
-    sweep = {"Weir, all plugins (cache bypassed)": asyncio.run(_sweep(
+    sweep = {"Weir, all plugins (cache bypassed)": run_loop(_sweep(
                  weir, model, levels, bypass, fleet.quiet)),
-             "vLLM server": asyncio.run(_sweep(vllm, model, levels, vllm.headers(SUITE),
+             "vLLM server": run_loop(_sweep(vllm, model, levels, vllm.headers(SUITE),
                                                fleet.quiet))}
     merged = {k: merge(v) for k, v in per.items()}
     summary = {k: summarize(v) | {"max_sustained_req_per_s": sustained[k]["req_per_s"],

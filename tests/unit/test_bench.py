@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from bench import SUITES
 from bench import __main__ as bench_main
 from bench import fleet as fleet_mod
-from bench.load import SseTally, open_loop, run_load_lean
+from bench.load import Client, SseTally, open_loop, run_load
 from bench.procs import vllm_server
 from bench.table import faq_bodies, max_sustained
 from proxy.cli import check_config
@@ -136,7 +137,7 @@ def test_a_stream_tally_finds_the_first_content_and_the_usage() -> None:
     assert legacy.feed(event({"choices": [{"text": "x"}]}))
 
 
-async def test_the_lean_client_sends_every_body_once_and_reads_each_answer() -> None:
+async def test_the_client_sends_every_body_once_and_reads_each_answer() -> None:
     seen: list[Any] = []
 
     async def chat(request: web.Request) -> web.Response:
@@ -153,10 +154,93 @@ async def test_the_lean_client_sends_every_body_once_and_reads_each_answer() -> 
     app.router.add_post("/v1/chat/completions", chat)
     async with TestServer(app, host="127.0.0.1") as server:
         url = str(server.make_url("/v1/chat/completions"))
-        r = await run_load_lean(url, [{"i": i} for i in range(40)], concurrency=4)
+        r = await run_load(url, [{"i": i} for i in range(40)], concurrency=4)
     assert sorted(seen) == list(range(40))  # every body, once, over 4 workers' connections
     assert sorted(s.cache for s in r.samples) == sorted(f"c{i}" for i in range(40))  # type: ignore[type-var]
     assert [s.status for s in r.samples if not s.ok] == [429] and r.wall_s > 0
+
+
+def stream_app() -> web.Application:
+    """Streams answer by chunked SSE, one write per event, as Weir and vLLM's server do;
+    whole answers by Content-Length; `{"close": true}` closes a stream's connection."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.json_response({"usage": {"completion_tokens": 2}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "x-weir-cache": "miss"})
+        if body.get("close"):
+            resp.force_close()
+        await resp.prepare(request)
+        for data in ({"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+                     {"choices": [{"delta": {"content": "a" * 70_000}}]},
+                     {"choices": [{"delta": {"content": "b"}}]},
+                     {"choices": [], "usage": {"completion_tokens": 5}}):
+            await resp.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+async def test_the_client_reads_chunked_streams_and_whole_answers_on_one_connection(
+) -> None:
+    async with TestServer(stream_app(), host="127.0.0.1") as server:
+        url = str(server.make_url("/v1/chat/completions"))
+        bodies = [{"stream": i % 2 == 0, "close": i == 4} for i in range(12)]
+        r = await run_load(url, bodies, concurrency=1)
+    assert len(r.samples) == 12 and all(s.ok for s in r.samples)
+    streamed = r.samples[::2]
+    assert [s.tokens for s in streamed] == [5] * 6 and {s.cache for s in streamed} == {"miss"}
+    assert all(s.ttft is not None and s.ttft <= s.e2e for s in streamed)
+    assert [s.tokens for s in r.samples[1::2]] == [2] * 6
+
+
+async def test_the_client_sends_again_when_an_idle_connection_was_closed() -> None:
+    """A server that answers one request a connection, as one whose keep-alive timeout
+    ends just as the client sends its next: it reads the next request and closes without
+    a byte of answer. The client sends that request again, on a new connection."""
+    served: list[int] = []
+    dropped: list[int] = []
+    ended: list[int] = []
+    all_ended = asyncio.Event()  # the three connections' handlers are done
+
+    async def body(reader: asyncio.StreamReader) -> int:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        return int(json.loads(await reader.readexactly(length))["i"])
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(await body(reader))
+        answer = b'{"usage": {"completion_tokens": 1}}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(answer), answer))
+        with contextlib.suppress(asyncio.IncompleteReadError):
+            dropped.append(await body(reader))
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        ended.append(len(ended))
+        if len(ended) == 3:
+            all_ended.set()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = Client(f"http://127.0.0.1:{port}/v1/chat/completions")
+    try:
+        samples = [await client.send(client.encode({"i": i})) for i in range(3)]
+    finally:
+        client.close()  # the third connection's end: its handler returns
+        async with asyncio.timeout(10):
+            await all_ended.wait()
+        server.close()
+        await server.wait_closed()
+    assert all(s.ok and s.tokens == 1 for s in samples)
+    assert served == [0, 1, 2] and dropped == [1, 2]  # each sent again after its drop
 
 
 async def test_open_loop_stops_sending_when_the_system_falls_behind() -> None:
