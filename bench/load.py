@@ -1,8 +1,9 @@
 """Load generators: closed loop (C workers send N requests in total) and open loop
-(arrivals at a rate, not waiting for answers).
+(arrivals at a rate, not waiting for answers), both over one lean client (`Client`) and,
+as the suites run them (`proxy.loop.run_loop`), on uvloop where it is installed.
 
-Every request is timed from send to first content byte (TTFT) and to the end (E2E); the
-output token count comes from the server's own usage report.
+Every request is timed from send to first content (TTFT; a whole answer's is its end)
+and to the end (E2E); the output token count comes from the server's own usage report.
 """
 
 from __future__ import annotations
@@ -118,10 +119,10 @@ class Client:
     a protocol's callback (no coroutine per read), a whole answer only searched for its
     usage, a stream's events fed to an `SseTally`. The load generator shares the cores the
     servers use, and every CPU microsecond it spends is taken from them, more from the
-    faster server (it is asked more per second): on the FAQ workload an aiohttp client
-    on asyncio's loop used ~1.0-1.5 ms of CPU a request here, this one ~0.3 (see
-    bench/results/other_machines/README.md); at ~4,800 exact hits/s on one core, a
-    stream-reader version of this client used 17-19% of a core, aiohttp's 65-72%."""
+    faster server (it is asked more per second): on the FAQ workload at 120 req/s an
+    aiohttp client on asyncio's loop used 1.1-1.6 ms of CPU a request, this one 0.5-0.8
+    (bench/results/other_machines/README.md); at ~4,800 exact hits/s on one core, a
+    stream-reader version of it used 17-19% of a core, aiohttp's 65-72%."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
         parts = urlsplit(url)
@@ -201,7 +202,8 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def exchange(self, req: Request, start: float) -> asyncio.Future[tuple[Sample, bool]]:
-        assert self.transport is not None
+        if self.lost or self.transport is None or self.transport.is_closing():
+            raise _Unanswered  # closed since it went idle: nothing was sent
         self._req, self._start, self._buf = req, start, b""
         self._status: int | None = None
         self._length: int | None = None

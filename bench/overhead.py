@@ -221,9 +221,6 @@ def gateway(fleet: Fleet) -> dict[str, Any]:
         hits = _carried(hits_url, hit_bodies)
         out["exact_hits"] = {**summarize(hits),
                              "cache": sorted({s.cache or "-" for s in hits.samples})}
-        # The same hits through the aiohttp client the latency figures use (the figure
-        # earlier runs reported), for comparison with them.
-        out["exact_hits_aiohttp_client"] = summarize(_latencies(hits_url, hit_bodies, 16))
         misses_all = _carried(hits_url, _bodies(hits_n // 2, stream=False,
                                                 deterministic=False))
         out["misses_all_plugins"] = summarize(misses_all)
@@ -259,8 +256,7 @@ def gateway(fleet: Fleet) -> dict[str, Any]:
              f"client, bench/load.py): "
              f"{out['exact_hits']['req_per_s']:,.0f} req/s (p50 "
              f"{out['exact_hits']['e2e_p50_ms']} ms, p99 {out['exact_hits']['e2e_p99_ms']} "
-             f"ms; through the aiohttp client, as earlier runs measured: "
-             f"{out['exact_hits_aiohttp_client']['req_per_s']:,.0f} req/s); "
+             f"ms); "
              f"misses through the whole chain to the instant engine: "
              f"{out['misses_all_plugins']['req_per_s']:,.0f} req/s."
              f"\n\nStored misses (new deterministic questions: looked up, generated, stored), "
