@@ -141,8 +141,6 @@ class Client:
         start = time.perf_counter()
         while True:
             conn = self._idle.pop() if self._idle else None
-            if conn is not None and conn.lost:
-                continue  # closed by the server while idle
             reused = conn is not None
             try:
                 if conn is None:
@@ -152,9 +150,9 @@ class Client:
             except _Unanswered:
                 _close(conn)
                 if reused:
-                    continue  # the server closed an idle connection as this was sent
+                    continue  # the server closed an idle connection, before or as this was sent
                 return Sample(False, 0, None, time.perf_counter() - start, 0)
-            except (OSError, ValueError, _Broken):
+            except (OSError, _Broken):
                 _close(conn)
                 return Sample(False, 0, None, time.perf_counter() - start, 0)
             except BaseException:  # cancelled mid-answer: the connection is unusable
@@ -280,11 +278,7 @@ class _Connection(asyncio.Protocol):
         buf = self._buf
         while True:
             if self._trailers:  # after the last chunk: trailers, then a blank line
-                if buf.startswith(b"\r\n"):
-                    self._finish()
-                    return
-                end = buf.find(b"\r\n\r\n")
-                if end >= 0:
+                if buf.startswith(b"\r\n") or b"\r\n\r\n" in buf:
                     self._finish()
                     return
                 break
