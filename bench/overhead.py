@@ -5,7 +5,9 @@ Three parts, each against peers measured in the same run:
    openai-chat, random 64-token prompts, 64 output tokens, ignore_eos; the requests are
    sampled, so the cache steps aside): vLLM's OpenAI server, Weir with no plugins and Weir
    with `config/weir.yaml`'s chain (its rate limits raised above what the run offers), the
-   same engine settings for all; rounds alternated (ABC, CBA) at concurrency 1, 8, 32, 64.
+   same engine settings for all; five rounds, each in another order (ABC, CBA, BCA, ...),
+   at concurrency 1, 8, 32, 64, each system's median taken, and each round's ratio of
+   the chain to no plugins shown (how far one round strays).
    Output tokens/s, TTFT p50/p99, TPOT p50, ITL p99. The load generator shares the two
    cores with the servers (as a user's `vllm bench serve` on one box would).
 2. The gateway alone, over an engine that answers at once (bench/mock_engine.py): Weir
@@ -26,6 +28,7 @@ Three parts, each against peers measured in the same run:
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import shutil
@@ -69,18 +72,27 @@ def misses(fleet: Fleet) -> dict[str, Any]:
         "weir-default": fleet.need("weir-default"),
     }
     tokenizer = fleet.model_path()
-    rounds = 1 if fleet.quick else 2
+    rounds = 1 if fleet.quick else 5
     levels = (1, 32) if fleet.quick else CONCURRENCY
     plan = [{"label": f"warmup/{name}", "args": _client_args(s, fleet.served, tokenizer, 8,
                                                              16, 1)}
             for name, s in systems.items()]
     order = list(systems)
+    # Each round another order (ABC, CBA, BCA, ACB, CAB, ...): no system always first
+    # after a change of concurrency, or always right after the same neighbour.
+    orders = [list(p) for p in itertools.permutations(order)]
+    orders = [orders[i] for i in (0, 5, 3, 1, 4, 2)]
     for c in levels:
         # 48 at concurrency 1: 16 (2.5 s a run) moved vLLM's own figure by +-15% between
-        # rounds on a 2-core machine, more than the differences measured.
-        prompts = max(48, 4 * c) if not fleet.quick else max(8, 2 * c)
+        # rounds on a 2-core machine, more than the differences measured. 10 a stream
+        # above that: with 4 (1-3 s a run at 8-64 streams) two rounds of the same code on
+        # a 2-core EPYC put the chain's ratio at 0.86-1.12 at 32 and 64 streams, the
+        # opening burst of prefills and the last stragglers a large share of each run.
+        # Five rounds: with three, one round's ratio still ranged 0.80-1.09 at one level
+        # (the same CPU time per request in Weir's process, with and without plugins).
+        prompts = max(48, 10 * c) if not fleet.quick else max(8, 2 * c)
         for rnd in range(rounds):
-            for name in (order if rnd % 2 == 0 else order[::-1]):
+            for name in orders[rnd % len(orders)]:
                 plan.append({"label": f"{c}/{rnd}/{name}", "args": _client_args(
                     systems[name], fleet.served, tokenizer, c, prompts, 100 + rnd)})
     plan_path, out_path = fleet.tmp / "overhead-plan.json", fleet.tmp / "overhead-out.json"
@@ -111,12 +123,24 @@ def misses(fleet: Fleet) -> dict[str, Any]:
         rows.append([c, "default / vLLM's server", ratio(d["output_throughput"],
                                                          v["output_throughput"]),
                      ratio(d["median_ttft_ms"], v["median_ttft_ms"]), None, None, None])
+    paired = {c: [ratio(_run(runs, c, rnd, "weir-default")["output_throughput"],
+                        _run(runs, c, rnd, "weir-bare")["output_throughput"])
+                  for rnd in range(rounds)] for c in levels}
     table = (f"Misses through the real engine, `vllm bench serve` (openai-chat, random "
              f"64-token prompts, 64 output tokens, ignore_eos), medians of {rounds} "
              "alternated rounds:\n\n" + md_table(
                  ["concurrency", "system", "out tok/s", "TTFT p50 ms", "TTFT p99 ms",
-                  "TPOT p50 ms", "ITL p99 ms"], rows))
-    return {"per_concurrency": per, "runs": runs, "table": table}
+                  "TPOT p50 ms", "ITL p99 ms"], rows) +
+             "\n\nEach round's default / no plugins output tok/s (how far one round "
+             "strays on this machine): " + "; ".join(
+                 f"{c} streams: " + ", ".join("-" if r is None else f"{r:.2f}" for r in rs)
+                 for c, rs in paired.items()) + ".")
+    return {"per_concurrency": per, "runs": runs, "paired_default_over_bare": paired,
+            "table": table}
+
+
+def _run(runs: list[dict[str, Any]], c: int, rnd: int, name: str) -> dict[str, Any]:
+    return next(r for r in runs if r["label"] == f"{c}/{rnd}/{name}")
 
 
 def _median(values: list[float | None]) -> float:

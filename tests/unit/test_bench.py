@@ -19,9 +19,9 @@ from aiohttp.test_utils import TestServer
 from bench import SUITES
 from bench import __main__ as bench_main
 from bench import fleet as fleet_mod
-from bench.load import Client, SseTally, open_loop, run_load
+from bench.load import Client, RunResult, Sample, SseTally, open_loop, run_load
 from bench.procs import vllm_server
-from bench.table import faq_bodies, max_sustained
+from bench.table import closed_loop_split, concurrency_sweep, faq_bodies, max_sustained
 from proxy.cli import check_config
 
 
@@ -441,3 +441,57 @@ def test_finetune_pairs_label_paraphrases_and_every_distinct_stored_question() -
     assert got == {("A?", "a1"): 1.0, ("A?", "a2"): 1.0, ("B?", "b1"): 1.0,
                    ("a1", "a2"): 1.0,  # two paraphrases of one question
                    ("B?", "B 2?"): 0.0, ("A?", "B?"): 0.0}
+
+
+def test_the_closed_loop_split_tells_cache_answers_from_engine_ones() -> None:
+    def sample(ms: float, cache: str | None, ok: bool = True) -> Sample:
+        return Sample(ok=ok, status=200 if ok else 500, ttft=None, e2e=ms / 1000, tokens=1,
+                      cache=cache)
+
+    r = RunResult(samples=[sample(2, "exact"), sample(4, "semantic"), sample(3, "exact"),
+                           sample(150, "miss"), sample(170, "miss"), sample(190, None),
+                           sample(900, "miss", ok=False)])
+    split = closed_loop_split(r)
+    assert split["cache"]["share"] == 0.5 and split["engine"]["share"] == 0.5
+    assert split["cache"]["p50_ms"] == 3.0 and split["engine"]["p50_ms"] == 170.0
+    assert 3.0 < split["cache"]["p99_ms"] <= 4.0 and 170 < split["engine"]["p99_ms"] <= 190
+    empty = {"share": None, "p50_ms": None, "p99_ms": None}
+    assert closed_loop_split(RunResult())["engine"] == empty
+
+
+async def test_the_sweep_alternates_the_systems_and_keeps_one_row_a_level() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def app(name: str) -> web.Application:
+        async def chat(request: web.Request) -> web.StreamResponse:
+            body = await request.json()
+            seen.append((name, body["messages"][0]["content"]))
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n')
+            await resp.write(b'data: {"choices": [], "usage": {"completion_tokens": 4}}\n\n')
+            await resp.write_eof()
+            return resp
+
+        a = web.Application()
+        a.router.add_post("/v1/chat/completions", chat)
+        return a
+
+    async with TestServer(app("A"), host="127.0.0.1") as a, \
+            TestServer(app("B"), host="127.0.0.1") as b:
+        systems = {name: (SimpleNamespace(chat_url=str(s.make_url("/v1/chat/completions"))),
+                          {}) for name, s in (("A", a), ("B", b))}
+        rows = await concurrency_sweep(systems, "m", [1, 4], lambda: 0.0)  # type: ignore[arg-type]
+    # Per level: A then B in the first round, B then A in the second.
+    runs = []
+    for name, content in seen:
+        run = (name, content.rsplit(" ", 1)[0])
+        if not runs or runs[-1] != run:
+            runs.append(run)
+    assert runs == [("A", "sweep 1 0"), ("B", "sweep 1 0"), ("B", "sweep 1 1"),
+                    ("A", "sweep 1 1"), ("A", "sweep 4 0"), ("B", "sweep 4 0"),
+                    ("B", "sweep 4 1"), ("A", "sweep 4 1")]
+    assert len(seen) == 2 * 2 * (8 + 12)
+    for name in ("A", "B"):
+        assert [r["concurrency"] for r in rows[name]] == [1, 4]
+        assert all(r["output_tok_per_s"] > 0 and r["req_per_s"] > 0 for r in rows[name])
