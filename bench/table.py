@@ -86,7 +86,8 @@ async def concurrency_sweep(systems: dict[str, tuple[System, dict[str, str]]], m
                             ) -> dict[str, list[dict[str, Any]]]:
     """Streaming output tokens/s at each concurrency, two rounds a level with the systems
     alternated (AB, BA), each level's median kept: one window a level on a 2-core machine
-    put a level out of order with its neighbours (0.67x at 4 streams, 1.34x at 8)."""
+    put a level out of order with its neighbours (0.67x at 4 streams, 1.34x at 8). 8
+    requests a stream, 32 at least (a run of 8 at one stream was 0.6 s)."""
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     order = list(systems)
     for c in levels:
@@ -99,7 +100,7 @@ async def concurrency_sweep(systems: dict[str, tuple[System, dict[str, str]]], m
                            "temperature": 0, "stream": True,
                            "stream_options": {"include_usage": True},
                            "messages": [{"role": "user", "content": f"sweep {c} {rnd} {i}"}]}
-                          for i in range(max(8, 3 * c))]
+                          for i in range(max(32, 8 * c))]
                 s = summarize(await run_load(system.chat_url, bodies, c, headers))
                 per[name].append({"concurrency": c, "req_per_s": s["req_per_s"],
                                   "output_tok_per_s": s["output_tok_per_s"],

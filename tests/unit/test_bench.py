@@ -491,7 +491,7 @@ async def test_the_sweep_alternates_the_systems_and_keeps_one_row_a_level() -> N
     assert runs == [("A", "sweep 1 0"), ("B", "sweep 1 0"), ("B", "sweep 1 1"),
                     ("A", "sweep 1 1"), ("A", "sweep 4 0"), ("B", "sweep 4 0"),
                     ("B", "sweep 4 1"), ("A", "sweep 4 1")]
-    assert len(seen) == 2 * 2 * (8 + 12)
+    assert len(seen) == 2 * 2 * (32 + 32)
     for name in ("A", "B"):
         assert [r["concurrency"] for r in rows[name]] == [1, 4]
         assert all(r["output_tok_per_s"] > 0 and r["req_per_s"] > 0 for r in rows[name])
