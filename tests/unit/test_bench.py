@@ -160,12 +160,15 @@ async def test_the_client_sends_every_body_once_and_reads_each_answer() -> None:
     assert [s.status for s in r.samples if not s.ok] == [429] and r.wall_s > 0
 
 
-def stream_app() -> web.Application:
+def stream_app(name: str = "", seen: list[tuple[str, str]] | None = None) -> web.Application:
     """Streams answer by chunked SSE, one write per event, as Weir and vLLM's server do;
-    whole answers by Content-Length; `{"close": true}` closes a stream's connection."""
+    whole answers by Content-Length; `{"close": true}` closes a stream's connection.
+    `seen` gets (name, the first message's content) of each request."""
 
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if seen is not None:
+            seen.append((name, body["messages"][0]["content"]))
         if not body.get("stream"):
             return web.json_response({"usage": {"completion_tokens": 2}})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
@@ -461,24 +464,8 @@ def test_the_closed_loop_split_tells_cache_answers_from_engine_ones() -> None:
 
 async def test_the_sweep_alternates_the_systems_and_keeps_one_row_a_level() -> None:
     seen: list[tuple[str, str]] = []
-
-    def app(name: str) -> web.Application:
-        async def chat(request: web.Request) -> web.StreamResponse:
-            body = await request.json()
-            seen.append((name, body["messages"][0]["content"]))
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
-            await resp.write(b'data: {"choices": [{"delta": {"content": "a"}}]}\n\n')
-            await resp.write(b'data: {"choices": [], "usage": {"completion_tokens": 4}}\n\n')
-            await resp.write_eof()
-            return resp
-
-        a = web.Application()
-        a.router.add_post("/v1/chat/completions", chat)
-        return a
-
-    async with TestServer(app("A"), host="127.0.0.1") as a, \
-            TestServer(app("B"), host="127.0.0.1") as b:
+    async with TestServer(stream_app("A", seen), host="127.0.0.1") as a, \
+            TestServer(stream_app("B", seen), host="127.0.0.1") as b:
         systems = {name: (SimpleNamespace(chat_url=str(s.make_url("/v1/chat/completions"))),
                           {}) for name, s in (("A", a), ("B", b))}
         rows = await concurrency_sweep(systems, "m", [1, 4], lambda: 0.0)  # type: ignore[arg-type]
