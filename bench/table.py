@@ -39,7 +39,7 @@ import numpy as np
 import yaml
 
 from bench.fleet import Fleet, System
-from bench.load import RunResult, merge, open_loop, pct, run_load, summarize
+from bench.load import RunResult, Sample, merge, open_loop, run_load, summarize
 from bench.procs import ROOT
 from bench.report import md_table, ratio, results_dir, write
 from proxy.loop import run_loop
@@ -101,13 +101,12 @@ async def concurrency_sweep(systems: dict[str, tuple[System, dict[str, str]]], m
                            "stream_options": {"include_usage": True},
                            "messages": [{"role": "user", "content": f"sweep {c} {rnd} {i}"}]}
                           for i in range(max(32, 8 * c))]
-                s = summarize(await run_load(system.chat_url, bodies, c, headers))
-                per[name].append({"concurrency": c, "req_per_s": s["req_per_s"],
-                                  "output_tok_per_s": s["output_tok_per_s"],
-                                  "e2e_p50_ms": s["e2e_p50_ms"], "ttft_p50_ms": s["ttft_p50_ms"]})
+                per[name].append(summarize(await run_load(system.chat_url, bodies, c,
+                                                          headers)))
         for name, runs in per.items():
-            rows[name].append({k: statistics.median(r[k] or 0.0 for r in runs)
-                               if k != "concurrency" else c for k in runs[0]})
+            rows[name].append({"concurrency": c, **{
+                k: statistics.median(r[k] or 0.0 for r in runs)
+                for k in ("req_per_s", "output_tok_per_s", "e2e_p50_ms", "ttft_p50_ms")}})
     return rows
 
 
@@ -115,14 +114,14 @@ def closed_loop_split(r: RunResult) -> dict[str, Any]:
     """Answered from the cache (exact or semantic) against the rest: misses, bypasses,
     and requests that waited for an identical miss's generation (coalesced)."""
     ok = r.ok()
+    parts: dict[str, list[Sample]] = {"cache": [], "engine": []}
+    for s in ok:
+        parts["cache" if s.cache in ("exact", "semantic") else "engine"].append(s)
     out: dict[str, Any] = {}
-    for part, mine in (("cache", [s for s in ok if s.cache in ("exact", "semantic")]),
-                       ("engine", [s for s in ok if s.cache not in ("exact", "semantic")])):
-        e2e = [s.e2e * 1000 for s in mine]
-        p50, p99 = pct(e2e, 50), pct(e2e, 99)
+    for part, mine in parts.items():
+        sm = summarize(RunResult(samples=mine))
         out[part] = {"share": round(len(mine) / len(ok), 3) if ok else None,
-                     "p50_ms": None if p50 is None else round(p50, 2),
-                     "p99_ms": None if p99 is None else round(p99, 2)}
+                     "p50_ms": sm["e2e_p50_ms"], "p99_ms": sm["e2e_p99_ms"]}
     return out
 
 
