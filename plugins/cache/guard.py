@@ -43,6 +43,9 @@ _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             "sign out": "logout", "log in": "login", "log into": "login", "sign in": "login",
             "opt in": "enable", "opt out": "disable", "check in": "checkin",
             "check out": "checkout"}
+# One pass for every phrase (longest first); no replacement makes another phrase.
+_PHRASE = re.compile(r"\b(?:" + "|".join(
+    re.escape(p) for p in sorted(_PHRASES, key=len, reverse=True)) + r")\b")
 _FAMILIES = (
     ("amount", ("increase", "raise", "higher", "more", "up", "extend"),
      ("decrease", "reduce", "lower", "less", "down", "shorten")),
@@ -75,38 +78,35 @@ _LANGUAGES = ("english|french|spanish|german|italian|portuguese|japanese|chinese
               "finnish|greek|hebrew|latin|ukrainian|czech|hungarian|romanian|vietnamese|"
               "thai|indonesian|malay|bengali|urdu|persian|swahili|emoji")
 _INSTRUCTIONS = {
-    "language": re.compile(rf"\b(?:in|into|to)\s+(?:{_LANGUAGES})\b|^\s*(?:{_LANGUAGES})\s*:",
-                           re.IGNORECASE),
+    "language": re.compile(rf"\b(?:in|into|to)\s+(?:{_LANGUAGES})\b|^\s*(?:{_LANGUAGES})\s*:"),
     "format": re.compile(
         r"\b(?:json|yaml|xml|csv|markdown|html|table|bullet\w*|numbered|poem|haiku|limerick|"
         r"song|rap|sonnet|essay|tweet|code (?:sample|snippet|example)|all caps|uppercase|"
-        r"lowercase|as a list|in a list)\b", re.IGNORECASE),
+        r"lowercase|as a list|in a list)\b"),
     "length": re.compile(
         r"\b(?:(?:one|two|three|four|five|\d+)\s+(?:words?|sentences?|lines?|paragraphs?|"
         r"bullets?|points?)|in a (?:word|sentence|line)|brief(?:ly)?|concise(?:ly)?|short|"
         r"succinct(?:ly)?|detailed|in detail|step by step|summar(?:y|ize|ise)|tl;?dr|"
-        r"no more than|at most|max(?:imum)?\s+\d+|yes or no|true or false|only (?:a|one) )",
-        re.IGNORECASE),
+        r"no more than|at most|max(?:imum)?\s+\d+|yes or no|true or false|only (?:a|one) )"),
     "persona": re.compile(
         r"\b(?:like (?:a|an|i'm|i am|you're)\b|as if|pretend|role-?play|in the (?:style|voice) "
-        r"of|talk like|speak like|act as|you are an? |eli5)", re.IGNORECASE),
+        r"of|talk like|speak like|act as|you are an? |eli5)"),
     "directive": re.compile(
         r"(?:^|[.!?:;]\s*|\band\s+)(?:please\s+|just\s+|only\s+|now\s+)*(?:answer|respond|reply|"
         r"write|format|translate|rewrite|summari[sz]e|keep (?:it|your|the)|be (?:very |extremely |"
         r"really )?\w+ly\b|be (?:brief|concise|short|detailed|funny|formal|casual)|"
         r"use (?:only|no|a|an|simple|plain|emojis?)|include an? |give (?:me )?(?:only|just)|"
-        r"say (?:it|only|yes|no)|start with|end with|do not explain|don't explain|no explanation)",
-        re.IGNORECASE),
+        r"say (?:it|only|yes|no)|start with|end with|do not explain|don't explain|no explanation)"),
 }
 
 
 _FOCUS = {
     "time": re.compile(r"\b(?:how long|how many (?:days|hours|weeks|minutes|months|years)|"
                        r"how soon|how fast|how quickly|when|what time|what date|deadline|"
-                       r"hours|delivery times?)\b", re.IGNORECASE),
-    "cost": re.compile(r"\b(?:how much|costs?|prices?|fees?|free|pay for)\b", re.IGNORECASE),
-    "place": re.compile(r"\b(?:where|which country|what country)\b", re.IGNORECASE),
-    "reason": re.compile(r"\b(?:why|what caused|reason)\b", re.IGNORECASE),
+                       r"hours|delivery times?)\b"),
+    "cost": re.compile(r"\b(?:how much|costs?|prices?|fees?|free|pay for)\b"),
+    "place": re.compile(r"\b(?:where|which country|what country)\b"),
+    "reason": re.compile(r"\b(?:why|what caused|reason)\b"),
 }
 _ONE_SIDED_FOCUS = frozenset({"time", "cost"})  # "where"/"why" often just rephrase "how"
 _TOKEN = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -130,9 +130,8 @@ class Signature:
 
 
 def signature(text: str) -> Signature:
-    low = text.lower()
-    for phrase, word in _PHRASES.items():
-        low = re.sub(rf"\b{phrase}\b", word, low)
+    lowered = text.lower()  # what the instruction and focus patterns read (all lower case)
+    low = _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
     words = _WORD.findall(low)
     route = _FROM_TO.search(low)
     return Signature(
@@ -143,9 +142,9 @@ def signature(text: str) -> Signature:
         directions=tuple(_DIRECTION[w] for w in words if w in _DIRECTION),
         words=frozenset(words),
         route=(route.group(1), route.group(2)) if route else None,
-        instructions=frozenset(k for k, p in _INSTRUCTIONS.items() if p.search(text)),
-        focus=frozenset(k for k, p in _FOCUS.items() if p.search(text)),
-        tokens=tuple(_TOKEN.findall(text.lower())),
+        instructions=frozenset(k for k, p in _INSTRUCTIONS.items() if p.search(lowered)),
+        focus=frozenset(k for k, p in _FOCUS.items() if p.search(lowered)),
+        tokens=tuple(_TOKEN.findall(lowered)),
     )
 
 

@@ -86,6 +86,7 @@ def test_search_passes_over_an_expired_best_match_to_the_next_usable_one() -> No
     "Keep it under ten words.", "Be brief.", "Just say yes or no.", "Write it as a haiku.",
     "Summarize in two sentences.", "Pretend you are a lawyer.", "Make it a table.",
     "Give me only the number.", "Explain like I'm five.", "Format the answer as markdown.",
+    "ANSWER IN FRENCH.", "Reply In Json",
 ])
 def test_an_added_instruction_is_a_different_question(extra: str) -> None:
     q = "How do I reset my password?"
