@@ -53,14 +53,19 @@ class Stream:
     """
 
     __slots__ = ("_ended", "_hooks", "_hooks_started", "_it", "_outcome", "answer", "deadline",
-                 "error", "first", "headers", "primed_at", "usage")
+                 "error", "first", "headers", "primed_at", "usage", "whole")
 
     def __init__(
         self,
         chunks: AsyncIterator[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
+        *,
+        whole: bool = False,
     ) -> None:
         self._it = chunks
+        #: Every chunk is in hand at once (a stored answer replayed, a static fallback):
+        #: the SSE writer sends them, and what ends the body, in one write.
+        self.whole = whole
         self.headers: dict[str, str] = headers if headers is not None else {}
         self.usage: dict[str, Any] | None = None
         self.answer: list[dict[str, Any]] | None = None

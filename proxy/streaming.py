@@ -2,8 +2,9 @@
 
 One pass per chunk: the handler pulls each chunk from the reply's own iterator (no
 queue, no producer task), serialises it once (orjson) and writes it; one engine step is
-one chunk is one write. What used to cost a timeout scope per chunk is done once per
-stream:
+one chunk is one write, and a stream whose chunks are all in hand (`Stream.whole`: a
+cached answer replayed) is one write with its `[DONE]`. What used to cost a timeout
+scope per chunk is done once per stream:
 - the request's deadline is one `asyncio.timeout_at` around the whole loop; when it
   passes, the generation is aborted and a 504 `timeout` error goes out in-band;
 - a watchdog task, one per stream, wakes every second or so: it sends a keep-alive
@@ -58,6 +59,14 @@ def dumps(obj: Any) -> bytes:
 
 def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
+
+
+class _SseResponse(web.StreamResponse):
+    """A stream response whose head goes out with its first write (as aiohttp's
+    `web.Response` does), not in a write of its own: the first chunk is in hand when it
+    is prepared, so it never delays the head."""
+
+    _send_headers_immediately = False
 
 
 class _Watchdog:
@@ -122,7 +131,7 @@ async def write_sse(
             await stream.prime()  # raises before any byte: the route answers with a status
         # Headers are taken now, with the first chunk in hand: a plugin may have set some
         # while producing it (a fallback, for one).
-        resp = web.StreamResponse(status=200, headers={**SSE_HEADERS, **headers()})
+        resp = _SseResponse(status=200, headers={**SSE_HEADERS, **headers()})
         try:
             await resp.prepare(request)
         except ConnectionError:  # gone before the first byte: like any other abort
@@ -133,18 +142,29 @@ async def write_sse(
             on_first()
         watchdog = _Watchdog(resp, request, keepalive=keepalive, write_timeout=write_timeout)
         write = watchdog.write
+        held: list[bytes] = []  # a whole stream's events: they go out with what ends it
         try:
             try:
                 async with asyncio.timeout_at(loop_time(stream.deadline)) as scope:
                     first = stream.first
-                    if first is not None:
-                        if on_chunk is not None:
-                            on_chunk(first)
-                        await write(sse(first))
-                    async for chunk in stream.rest():
-                        if on_chunk is not None:
-                            on_chunk(chunk)
-                        await write(sse(chunk))
+                    if stream.whole:
+                        if first is not None:
+                            if on_chunk is not None:
+                                on_chunk(first)
+                            held.append(sse(first))
+                        async for chunk in stream.rest():
+                            if on_chunk is not None:
+                                on_chunk(chunk)
+                            held.append(sse(chunk))
+                    else:
+                        if first is not None:
+                            if on_chunk is not None:
+                                on_chunk(first)
+                            await write(sse(first))
+                        async for chunk in stream.rest():
+                            if on_chunk is not None:
+                                on_chunk(chunk)
+                            await write(sse(chunk))
                 outcome = "completed"
             except ConnectionError:
                 raise  # the client is gone: nothing more can be written
@@ -152,12 +172,12 @@ async def write_sse(
                 error = (DeadlineExceeded("The request did not finish within its deadline.")
                          if scope.expired() else exc)
                 outcome = "failed"
-                await _error_event(write, error, log_error)
+                await _error_event(write, error, log_error, _take(held))
             except Exception as e:  # after the first byte an error goes out in-band
                 outcome, error = "failed", e
-                await _error_event(write, e, log_error)
-            if terminator:
-                await write(terminator)
+                await _error_event(write, e, log_error, _take(held))
+            if terminator or held:
+                await write(_take(held) + terminator)
             whole = True  # the body is complete: a cancellation now cuts nothing
             # Settle before the body ends: a client that saw the end of its answer never
             # races its own request's accounting (slot, tokens, cache entry).
@@ -201,9 +221,18 @@ async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse,
         pass
 
 
+def _take(held: list[bytes]) -> bytes:
+    """The events held back so far, as one buffer; none are held after."""
+    out = b"".join(held)
+    held.clear()
+    return out
+
+
 async def _error_event(write: Callable[[bytes], Any], e: BaseException,
-                       log_error: Callable[[BaseException], None] | None) -> None:
+                       log_error: Callable[[BaseException], None] | None,
+                       before: bytes = b"") -> None:
+    """The error as an in-band event, after `before` (events not yet written)."""
     err = e if isinstance(e, WeirError) else ServerError()
     if not isinstance(e, WeirError) and log_error is not None:
         log_error(e)
-    await write(sse(err.to_body()))
+    await write(before + sse(err.to_body()))

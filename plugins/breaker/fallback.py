@@ -17,12 +17,12 @@ def static_reply(ctx: RequestContext, text: str) -> Reply:
             return Completion(R.chat_completion(
                 id=R.new_id("chatcmpl"), model=model, created=created, usage_=R.usage(0, 0),
                 choices=[R.chat_choice(0, text, "stop", None)]))
-        return Stream(_chat_chunks(ctx, text))
+        return Stream(_chat_chunks(ctx, text), whole=True)
     if not ctx.stream:
         return Completion(R.completion_body(
             id=R.new_id("cmpl"), model=model, created=created, usage_=R.usage(0, 0),
             choices=[R.completion_choice(0, text, "stop", None)]))
-    return Stream(_completion_chunks(ctx, text))
+    return Stream(_completion_chunks(ctx, text), whole=True)
 
 
 async def _chat_chunks(ctx: RequestContext, text: str) -> AsyncIterator[dict[str, Any]]:

@@ -339,7 +339,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
     @staticmethod
     def _reply(ctx: RequestContext, entry: Entry) -> Reply:
         if ctx.request.stream:
-            stream = Stream(replay_stream(entry, ctx.request))
+            stream = Stream(replay_stream(entry, ctx.request), whole=True)
             u = entry.usage
             stream.usage = {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
             return stream

@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import pytest
+
 from proxy.engine.base import EngineOutput, SamplingOptions
 from tests.conftest import MakeClient
 from tests.fakes import FakeEngine
@@ -71,13 +73,14 @@ class OneStream:
     """An app whose one handler writes `source()` with `write_sse`; it records the
     handler's task, its connection, and how the stream ended."""
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, whole: bool = False) -> None:
         from aiohttp import web
 
-        self.source = source
+        self.source, self.whole = source, whole
         self.ended: list[str] = []
         self.handler: list[asyncio.Task[Any]] = []
         self.transports: list[Any] = []
+        self.writes: list[bytes] = []  # what the handler handed its transport, call by call
         self.app = web.Application()
         self.app.router.add_get("/", self.handle)
 
@@ -86,11 +89,67 @@ class OneStream:
         from proxy.reply import Stream
 
         self.handler.append(asyncio.current_task())  # type: ignore[arg-type]
-        self.transports.append(request.transport)
-        stream = Stream(self.source())
+        t = request.transport
+        self.transports.append(t)
+        write, writelines = t.write, t.writelines
+
+        def record_write(data: bytes) -> None:
+            self.writes.append(bytes(data))
+            write(data)
+
+        def record_writelines(parts: list[bytes]) -> None:
+            self.writes.append(b"".join(bytes(p) for p in parts))
+            writelines(parts)
+
+        t.write, t.writelines = record_write, record_writelines
+        stream = Stream(self.source(), whole=self.whole)
         stream.on_end(lambda s, outcome: self.ended.append(outcome))
         return await streaming.write_sse(request, stream, dict, write_timeout=60,
                                          keepalive=60)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+async def test_a_whole_stream_goes_out_in_one_write(whole: bool) -> None:
+    """A stream whose chunks are all in hand (a cached answer replayed) is one write:
+    the response head, every event and `[DONE]`; then the body's end. Otherwise each
+    chunk is a write of its own."""
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    async def source() -> Any:
+        for n in range(3):
+            yield {"n": n}
+
+    one = OneStream(source, whole=whole)
+    async with TestServer(one.app) as server, ClientSession() as session:
+        async with session.get(server.make_url("/")) as r:
+            events, done = parse_sse(await r.text())
+    assert [e["n"] for e in events] == [0, 1, 2] and done and one.ended == ["completed"]
+    with_data = [w for w in one.writes if b"data: " in w]
+    if whole:
+        assert len(with_data) == 1 and with_data[0].startswith(b"HTTP/1.1 200")
+        assert with_data[0].count(b"data: ") == 4 and with_data[0].endswith(b"data: [DONE]\n\n\r\n")
+        assert len(one.writes) == 2  # and the chunked body's end
+    else:
+        assert len(with_data) == 4  # three events and [DONE], one write each
+
+
+async def test_a_whole_stream_that_fails_sends_what_it_had_then_the_error() -> None:
+    """A failure while a whole stream's events are held back: they go out before the
+    error event, in order, and the stream ends `failed`."""
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    async def source() -> Any:
+        yield {"n": 0}
+        raise RuntimeError("boom")
+
+    one = OneStream(source, whole=True)
+    async with TestServer(one.app) as server, ClientSession() as session:
+        async with session.get(server.make_url("/")) as r:
+            events, done = parse_sse(await r.text())
+    assert events[0] == {"n": 0} and events[1]["error"]["type"] == "server_error" and done
+    assert one.ended == ["failed"]
 
 
 async def test_a_second_cancellation_while_stopping_still_ends_the_stream(

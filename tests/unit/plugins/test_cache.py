@@ -142,6 +142,8 @@ async def test_stream_replay_has_live_shapes() -> None:
     await run(p, ctx(), eng)
     reply, layer = await run(p, ctx(stream=True, stream_options={"include_usage": True}), eng)
     assert layer == "exact" and eng.calls == 1
+    # Every chunk in hand: the SSE writer sends the replay in one write.
+    assert isinstance(reply, Stream) and reply.whole
     text = check_chat_stream(chunks_of(reply), usage=True)
     assert text == "Use the reset link."
 

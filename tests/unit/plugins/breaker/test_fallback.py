@@ -48,7 +48,9 @@ def test_whole_chat_answer() -> None:
 
 @pytest.mark.parametrize("usage", [False, True])
 async def test_streamed_chat_answer(usage: bool) -> None:
-    got = await chunks(static_reply(ctx("chat", stream=True, usage=usage), TEXT))
+    reply = static_reply(ctx("chat", stream=True, usage=usage), TEXT)
+    assert isinstance(reply, Stream) and reply.whole  # written in one go
+    got = await chunks(reply)
     if usage:  # a last chunk with the (zero) usage and no choices
         *got, last = got
         validate("CreateChatCompletionStreamResponse", last)
@@ -66,7 +68,9 @@ def test_whole_completion_answer() -> None:
 
 @pytest.mark.parametrize("usage", [False, True])
 async def test_streamed_completion_answer(usage: bool) -> None:
-    got = await chunks(static_reply(ctx("completion", stream=True, usage=usage), TEXT))
+    reply = static_reply(ctx("completion", stream=True, usage=usage), TEXT)
+    assert isinstance(reply, Stream) and reply.whole
+    got = await chunks(reply)
     validate_completion_chunk(got[0])
     assert got[0]["choices"][0]["text"] == TEXT and got[0]["choices"][0]["finish_reason"] == "stop"
     assert len({c["id"] for c in got}) == 1
