@@ -126,6 +126,7 @@ async def write_sse(
     error: BaseException | None = None
     watchdog: _Watchdog | None = None
     whole = False
+    ending = False  # the body's last write (its end, with a whole stream's events) began
     try:
         if stream.primed_at is None:
             await stream.prime()  # raises before any byte: the route answers with a status
@@ -177,7 +178,14 @@ async def write_sse(
                 outcome, error = "failed", e
                 await _error_event(write, e, log_error, _take(held))
             if terminator or held:
-                await write(_take(held) + terminator)
+                unsent = bool(held)  # a whole stream's events go out only now
+                ending = True  # handed over with its end: a shutdown adds nothing after
+                try:
+                    await write(_take(held) + terminator)
+                except ConnectionError:
+                    if unsent:  # the client never had any of the answer
+                        outcome = "cancelled"
+                    raise
             whole = True  # the body is complete: a cancellation now cuts nothing
             # Settle before the body ends: a client that saw the end of its answer never
             # races its own request's accounting (slot, tokens, cache entry).
@@ -191,7 +199,7 @@ async def write_sse(
     except asyncio.CancelledError as e:
         if not whole:  # (whole: the answer went out, and ends as it was)
             outcome = "cancelled"
-            if e.args == (SHUTDOWN,) and watchdog is not None:
+            if e.args == (SHUTDOWN,) and watchdog is not None and not ending:
                 await _cut_for_shutdown(watchdog, resp, terminator)
         raise
     except BaseException as e:

@@ -78,36 +78,44 @@ _LANGUAGES = ("english|french|spanish|german|italian|portuguese|japanese|chinese
               "finnish|greek|hebrew|latin|ukrainian|czech|hungarian|romanian|vietnamese|"
               "thai|indonesian|malay|bengali|urdu|persian|swahili|emoji")
 _INSTRUCTIONS = {
-    "language": re.compile(rf"\b(?:in|into|to)\s+(?:{_LANGUAGES})\b|^\s*(?:{_LANGUAGES})\s*:"),
+    "language": re.compile(rf"\b(?:in|into|to)\s+(?:{_LANGUAGES})\b|^\s*(?:{_LANGUAGES})\s*:",
+                           re.IGNORECASE),
     "format": re.compile(
         r"\b(?:json|yaml|xml|csv|markdown|html|table|bullet\w*|numbered|poem|haiku|limerick|"
         r"song|rap|sonnet|essay|tweet|code (?:sample|snippet|example)|all caps|uppercase|"
-        r"lowercase|as a list|in a list)\b"),
+        r"lowercase|as a list|in a list)\b", re.IGNORECASE),
     "length": re.compile(
         r"\b(?:(?:one|two|three|four|five|\d+)\s+(?:words?|sentences?|lines?|paragraphs?|"
         r"bullets?|points?)|in a (?:word|sentence|line)|brief(?:ly)?|concise(?:ly)?|short|"
         r"succinct(?:ly)?|detailed|in detail|step by step|summar(?:y|ize|ise)|tl;?dr|"
-        r"no more than|at most|max(?:imum)?\s+\d+|yes or no|true or false|only (?:a|one) )"),
+        r"no more than|at most|max(?:imum)?\s+\d+|yes or no|true or false|only (?:a|one) )",
+        re.IGNORECASE),
     "persona": re.compile(
         r"\b(?:like (?:a|an|i'm|i am|you're)\b|as if|pretend|role-?play|in the (?:style|voice) "
-        r"of|talk like|speak like|act as|you are an? |eli5)"),
+        r"of|talk like|speak like|act as|you are an? |eli5)", re.IGNORECASE),
     "directive": re.compile(
         r"(?:^|[.!?:;]\s*|\band\s+)(?:please\s+|just\s+|only\s+|now\s+)*(?:answer|respond|reply|"
         r"write|format|translate|rewrite|summari[sz]e|keep (?:it|your|the)|be (?:very |extremely |"
         r"really )?\w+ly\b|be (?:brief|concise|short|detailed|funny|formal|casual)|"
         r"use (?:only|no|a|an|simple|plain|emojis?)|include an? |give (?:me )?(?:only|just)|"
-        r"say (?:it|only|yes|no)|start with|end with|do not explain|don't explain|no explanation)"),
+        r"say (?:it|only|yes|no)|start with|end with|do not explain|don't explain|no explanation)",
+        re.IGNORECASE),
 }
 
 
 _FOCUS = {
     "time": re.compile(r"\b(?:how long|how many (?:days|hours|weeks|minutes|months|years)|"
                        r"how soon|how fast|how quickly|when|what time|what date|deadline|"
-                       r"hours|delivery times?)\b"),
-    "cost": re.compile(r"\b(?:how much|costs?|prices?|fees?|free|pay for)\b"),
-    "place": re.compile(r"\b(?:where|which country|what country)\b"),
-    "reason": re.compile(r"\b(?:why|what caused|reason)\b"),
+                       r"hours|delivery times?)\b", re.IGNORECASE),
+    "cost": re.compile(r"\b(?:how much|costs?|prices?|fees?|free|pay for)\b", re.IGNORECASE),
+    "place": re.compile(r"\b(?:where|which country|what country)\b", re.IGNORECASE),
+    "reason": re.compile(r"\b(?:why|what caused|reason)\b", re.IGNORECASE),
 }
+# The same patterns without IGNORECASE, for ASCII text lowered first (faster; on
+# ASCII the two agree, while IGNORECASE also lets the dotless i, the dotted capital I
+# and the long s match "i" and "s").
+_INSTRUCTIONS_ASCII = {k: re.compile(p.pattern) for k, p in _INSTRUCTIONS.items()}
+_FOCUS_ASCII = {k: re.compile(p.pattern) for k, p in _FOCUS.items()}
 _ONE_SIDED_FOCUS = frozenset({"time", "cost"})  # "where"/"why" often just rephrase "how"
 _TOKEN = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _SCAFFOLD = frozenset(
@@ -130,8 +138,12 @@ class Signature:
 
 
 def signature(text: str) -> Signature:
-    lowered = text.lower()  # what the instruction and focus patterns read (all lower case)
+    lowered = text.lower()
     low = _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
+    if text.isascii():
+        instructions, focus, seen = _INSTRUCTIONS_ASCII, _FOCUS_ASCII, lowered
+    else:
+        instructions, focus, seen = _INSTRUCTIONS, _FOCUS, text
     words = _WORD.findall(low)
     route = _FROM_TO.search(low)
     return Signature(
@@ -142,8 +154,8 @@ def signature(text: str) -> Signature:
         directions=tuple(_DIRECTION[w] for w in words if w in _DIRECTION),
         words=frozenset(words),
         route=(route.group(1), route.group(2)) if route else None,
-        instructions=frozenset(k for k, p in _INSTRUCTIONS.items() if p.search(lowered)),
-        focus=frozenset(k for k, p in _FOCUS.items() if p.search(lowered)),
+        instructions=frozenset(k for k, p in instructions.items() if p.search(seen)),
+        focus=frozenset(k for k, p in focus.items() if p.search(seen)),
         tokens=tuple(_TOKEN.findall(lowered)),
     )
 

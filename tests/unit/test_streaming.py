@@ -73,24 +73,35 @@ class OneStream:
     """An app whose one handler writes `source()` with `write_sse`; it records the
     handler's task, its connection, and how the stream ended."""
 
-    def __init__(self, source: Any, whole: bool = False) -> None:
+    def __init__(self, source: Any, whole: bool = False,
+                 start: asyncio.Event | None = None) -> None:
         from aiohttp import web
 
-        self.source, self.whole = source, whole
+        self.source, self.whole, self.start = source, whole, start  # start: waited first
         self.ended: list[str] = []
         self.handler: list[asyncio.Task[Any]] = []
         self.transports: list[Any] = []
         self.writes: list[bytes] = []  # what the handler handed its transport, call by call
+        self.arrived = asyncio.Event()  # a request reached the handler
         self.app = web.Application()
         self.app.router.add_get("/", self.handle)
 
     async def handle(self, request: Any) -> Any:
+        if self.start is not None:  # runs on after the client goes, as without
+            # aiohttp's handler cancellation
+            return await asyncio.shield(self.serve(request))
+        return await self.serve(request)
+
+    async def serve(self, request: Any) -> Any:
         from proxy import streaming
         from proxy.reply import Stream
 
         self.handler.append(asyncio.current_task())  # type: ignore[arg-type]
         t = request.transport
         self.transports.append(t)
+        self.arrived.set()
+        if self.start is not None:
+            await self.start.wait()
         write, writelines = t.write, t.writelines
 
         def record_write(data: bytes) -> None:
@@ -150,6 +161,59 @@ async def test_a_whole_stream_that_fails_sends_what_it_had_then_the_error() -> N
             events, done = parse_sse(await r.text())
     assert events[0] == {"n": 0} and events[1]["error"]["type"] == "server_error" and done
     assert one.ended == ["failed"]
+
+
+async def test_a_shutdown_while_a_whole_stream_drains_adds_nothing_after_its_end() -> None:
+    """A whole stream's events and `[DONE]` are one write; a shutdown while that write
+    waits on a slow reader sends no error event (and no second `[DONE]`) after it."""
+    from aiohttp.test_utils import TestServer
+
+    from proxy import streaming
+
+    async def source() -> Any:
+        yield {"text": "x" * 4_000_000}
+
+    one = OneStream(source, whole=True)
+    async with TestServer(one.app) as server:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(10):  # the client reads nothing yet: the write waits
+            # (a transport's buffer has no event to wait on: polled, within the timeout)
+            while not one.writes or one.transports[0].get_write_buffer_size() == 0:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        one.handler[0].cancel(streaming.SHUTDOWN)
+        data = b""
+        async with asyncio.timeout(10):
+            while chunk := await reader.read(1 << 20):
+                data += chunk
+        writer.close()
+    assert data.count(b"data: [DONE]") == 1 and b"shutting" not in data
+    assert one.ended == ["cancelled"]
+
+
+async def test_a_whole_stream_to_a_client_already_gone_ends_cancelled() -> None:
+    """Nothing of a whole stream reaches a client gone before its one write: the stream
+    ends `cancelled` (the plugins settle it as cut), not `completed`."""
+    from aiohttp.test_utils import TestServer
+
+    async def source() -> Any:
+        yield {"n": 0}
+
+    start = asyncio.Event()
+    one = OneStream(source, whole=True, start=start)
+    async with TestServer(one.app) as server:
+        _, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(10):
+            await one.arrived.wait()
+            writer.close()
+            await writer.wait_closed()
+            # (the server seeing the close has no event to wait on: polled)
+            while not one.transports[0].is_closing():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+            start.set()
+            await asyncio.wait((one.handler[0],))
+    assert one.ended == ["cancelled"]
 
 
 async def test_a_second_cancellation_while_stopping_still_ends_the_stream(

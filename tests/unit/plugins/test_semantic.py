@@ -94,6 +94,14 @@ def test_an_added_instruction_is_a_different_question(extra: str) -> None:
     assert not guard_ok(q, f"{q} {extra}")
 
 
+@pytest.mark.parametrize("extra", ["ın french", "İN FRENCH", "Be ſhort."])
+def test_an_instruction_with_letters_that_fold_to_ascii_is_seen(extra: str) -> None:
+    """Dotless i, dotted capital I and long s match "i" and "s" case-insensitively, as
+    the guard has always read them (a fast path for ASCII text must not drop them)."""
+    q = "How do I reset my password?"
+    assert not guard_ok(f"{q} {extra}", q)
+
+
 @pytest.mark.parametrize("a, b", [
     ("How do I lock my card?", "How do I unlock my card?"),
     ("How do I follow a store?", "How do I unfollow a store?"),
