@@ -133,39 +133,37 @@ async def write_sse(
         # Headers are taken now, with the first chunk in hand: a plugin may have set some
         # while producing it (a fallback, for one).
         resp = _SseResponse(status=200, headers={**SSE_HEADERS, **headers()})
-        try:
-            await resp.prepare(request)
-        except ConnectionError:  # gone before the first byte: like any other abort
-            if on_abort is not None:
-                on_abort("client gone before the first byte")
-            return resp
-        if on_first is not None:
-            on_first()
+        # The head is held until the first write (_SseResponse): a client already gone is
+        # found there, by the write's ConnectionError.
+        await resp.prepare(request)
         watchdog = _Watchdog(resp, request, keepalive=keepalive, write_timeout=write_timeout)
-        write = watchdog.write
         held: list[bytes] = []  # a whole stream's events: they go out with what ends it
+        keep = stream.whole
+        sent = False  # some of the body reached the socket
+
+        async def write(data: bytes) -> None:
+            nonlocal sent
+            await watchdog.write(data)
+            if not sent:
+                sent = True
+                if on_first is not None:
+                    on_first()
+
+        async def put(chunk: dict[str, Any]) -> None:
+            if on_chunk is not None:
+                on_chunk(chunk)
+            if keep:
+                held.append(sse(chunk))
+            else:
+                await write(sse(chunk))
+
         try:
             try:
                 async with asyncio.timeout_at(loop_time(stream.deadline)) as scope:
-                    first = stream.first
-                    if stream.whole:
-                        if first is not None:
-                            if on_chunk is not None:
-                                on_chunk(first)
-                            held.append(sse(first))
-                        async for chunk in stream.rest():
-                            if on_chunk is not None:
-                                on_chunk(chunk)
-                            held.append(sse(chunk))
-                    else:
-                        if first is not None:
-                            if on_chunk is not None:
-                                on_chunk(first)
-                            await write(sse(first))
-                        async for chunk in stream.rest():
-                            if on_chunk is not None:
-                                on_chunk(chunk)
-                            await write(sse(chunk))
+                    if stream.first is not None:
+                        await put(stream.first)
+                    async for chunk in stream.rest():
+                        await put(chunk)
                 outcome = "completed"
             except ConnectionError:
                 raise  # the client is gone: nothing more can be written
@@ -194,7 +192,8 @@ async def write_sse(
             await resp.write_eof()
         except ConnectionError:  # an answer already whole stays "completed"
             if on_abort is not None:
-                on_abort("write timeout" if watchdog.cut else "client gone")
+                on_abort("write timeout" if watchdog.cut else
+                         "client gone" if sent else "client gone before the first byte")
         return resp
     except asyncio.CancelledError as e:
         if not whole:  # (whole: the answer went out, and ends as it was)

@@ -82,8 +82,9 @@ async def create(request: web.Request) -> web.StreamResponse:
             await save(response)
             return json_response(response, {**ctx.response_headers, **reply.headers})
         # Iterating the chat Stream ends it (its plugins' end hooks run); the events are
-        # a Stream of their own for the SSE writer.
-        events = Stream(render(reply, req, rid, save))
+        # a Stream of their own for the SSE writer, whole when the chat stream is (a
+        # cached answer replayed: its events go out in one write).
+        events = Stream(render(reply, req, rid, save), whole=reply.whole)
         srv = st.settings.server
         # The Responses stream has no `[DONE]`: `response.completed` (or `error`) ends it.
         resp = await write_sse(request, events, lambda: {**ctx.response_headers,

@@ -374,3 +374,36 @@ async def test_text_then_a_parsed_call_are_two_output_items(make_client: MakeCli
     assert json.loads(done[1]["arguments"]) == {"city": "Rome"}
     assert events[-1]["type"] == "response.completed"
     assert [i["type"] for i in events[-1]["response"]["output"]] == ["message", "function_call"]
+
+
+async def test_a_streamed_cache_hit_goes_out_in_one_write(make_client: MakeClient,
+                                                           fake_engine: FakeEngine,
+                                                           monkeypatch: Any) -> None:
+    """A cached answer replayed as Response events is a whole stream (one write, as on
+    the chat route); an engine's answer streams event by event. Both the same answer."""
+    from proxy.openai_responses import routes
+
+    wholes: list[bool] = []
+    write_sse = routes.write_sse
+
+    async def recording(request: Any, stream: Any, *args: Any, **kwargs: Any) -> Any:
+        wholes.append(stream.whole)
+        return await write_sse(request, stream, *args, **kwargs)
+
+    monkeypatch.setattr(routes, "write_sse", recording)
+    client = await make_client(make_settings(plugins=[{"name": "cache", "config": {
+        "semantic": {"enabled": False}, "store_truncated": True}}]))
+    req = {**BASE, "stream": True, "temperature": 0, "store": False}  # (cut at 16 tokens)
+    runs = []
+    for _ in range(2):
+        r = await client.post("/v1/responses", json=req)
+        assert r.status == 200
+        events, _ = parse_sse(await r.text())
+        for e in events:
+            validate("ResponseStreamEvent", e)
+        runs.append(events)
+    assert wholes == [False, True] and len(fake_engine.calls) == 1
+    # (the replay's text is one delta; the engine's came token by token)
+    assert [e["type"] for e in runs[1]][-3:] == [e["type"] for e in runs[0]][-3:]
+    texts = [run[-1]["response"]["output"][0]["content"][0]["text"] for run in runs]
+    assert texts[0] == texts[1] != ""

@@ -82,6 +82,8 @@ class OneStream:
         self.handler: list[asyncio.Task[Any]] = []
         self.transports: list[Any] = []
         self.writes: list[bytes] = []  # what the handler handed its transport, call by call
+        self.firsts = 0  # on_first calls: the first byte of the body went out
+        self.aborts: list[str] = []  # on_abort reasons
         self.arrived = asyncio.Event()  # a request reached the handler
         self.app = web.Application()
         self.app.router.add_get("/", self.handle)
@@ -115,8 +117,13 @@ class OneStream:
         t.write, t.writelines = record_write, record_writelines
         stream = Stream(self.source(), whole=self.whole)
         stream.on_end(lambda s, outcome: self.ended.append(outcome))
+
+        def first() -> None:
+            self.firsts += 1
+
         return await streaming.write_sse(request, stream, dict, write_timeout=60,
-                                         keepalive=60)
+                                         keepalive=60, on_first=first,
+                                         on_abort=self.aborts.append)
 
 
 @pytest.mark.parametrize("whole", [True, False])
@@ -136,6 +143,7 @@ async def test_a_whole_stream_goes_out_in_one_write(whole: bool) -> None:
         async with session.get(server.make_url("/")) as r:
             events, done = parse_sse(await r.text())
     assert [e["n"] for e in events] == [0, 1, 2] and done and one.ended == ["completed"]
+    assert one.firsts == 1 and one.aborts == []
     with_data = [w for w in one.writes if b"data: " in w]
     if whole:
         assert len(with_data) == 1 and with_data[0].startswith(b"HTTP/1.1 200")
@@ -191,16 +199,19 @@ async def test_a_shutdown_while_a_whole_stream_drains_adds_nothing_after_its_end
     assert one.ended == ["cancelled"]
 
 
-async def test_a_whole_stream_to_a_client_already_gone_ends_cancelled() -> None:
-    """Nothing of a whole stream reaches a client gone before its one write: the stream
-    ends `cancelled` (the plugins settle it as cut), not `completed`."""
+@pytest.mark.parametrize("whole", [True, False])
+async def test_a_stream_to_a_client_already_gone_ends_cancelled(whole: bool) -> None:
+    """Nothing of a stream reaches a client gone before its first write: the stream ends
+    `cancelled` (the plugins settle it as cut), not `completed`; no first byte is counted
+    (the TTFT metric), and the abort says it came before the first byte."""
     from aiohttp.test_utils import TestServer
 
     async def source() -> Any:
         yield {"n": 0}
+        yield {"n": 1}
 
     start = asyncio.Event()
-    one = OneStream(source, whole=True, start=start)
+    one = OneStream(source, whole=whole, start=start)
     async with TestServer(one.app) as server:
         _, writer = await asyncio.open_connection(server.host, server.port)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -214,6 +225,7 @@ async def test_a_whole_stream_to_a_client_already_gone_ends_cancelled() -> None:
             start.set()
             await asyncio.wait((one.handler[0],))
     assert one.ended == ["cancelled"]
+    assert one.firsts == 0 and one.aborts == ["client gone before the first byte"]
 
 
 async def test_a_second_cancellation_while_stopping_still_ends_the_stream(
