@@ -181,6 +181,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                                     <= self.cfg.semantic.max_chars):
             sem = None  # never embedded: no lookup, no entry
         look: Lookup | None = None
+        qgate: str | None = None
         if read:
             # A generation for this very request under way answers it (below): no lookup.
             qgate = self.store.question_gate(sem) if sem is not None else None
@@ -218,8 +219,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if self.cfg.coalesce:
             self._inflight[key] = fut
         if look is not None and not look.done():
-            return await self._race(ctx, call_next, key, scope, sem, look, fut)
-        return await self._lead(ctx, call_next, key, scope, sem, look, fut)
+            return await self._race(ctx, call_next, key, scope, sem, qgate, look, fut)
+        return await self._lead(ctx, call_next, key, scope, sem, qgate, look, fut)
 
     def _leading(self, key: str) -> bool:
         """Whether a generation for `key` is under way that identical requests wait on."""
@@ -235,7 +236,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
         return look.done()
 
     async def _race(self, ctx: RequestContext, call_next: Next, key: str, scope: str,
-                    sem: SemanticKey | None, look: Lookup, fut: Settle) -> Reply:
+                    sem: SemanticKey | None, qgate: str | None, look: Lookup, fut: Settle,
+                    ) -> Reply:
         """Generate while the semantic lookup (slow: a busy embedder) finishes: a miss
         never waits for it. Whichever answers first wins: a hit drops the generation and
         answers from the cache, with the headers the request had before generating; a
@@ -243,7 +245,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
         and the lookup only feeds the stored entry its vector. A generation that failed
         before any output waits for the lookup (within its deadline): a hit still serves."""
         headers = dict(ctx.response_headers)
-        gen = asyncio.ensure_future(self._lead(ctx, call_next, key, scope, sem, look, fut))
+        gen = asyncio.ensure_future(self._lead(ctx, call_next, key, scope, sem, qgate, look,
+                                               fut))
         try:
             await asyncio.wait((look, gen), return_when=asyncio.FIRST_COMPLETED)
             if not look.done() and gen.exception() is None:
@@ -266,9 +269,11 @@ class CachePlugin(BasePlugin[CacheConfig]):
         return self._semantic_hit(ctx, key, entry, True)
 
     async def _lead(self, ctx: RequestContext, call_next: Next, key: str, scope: str,
-                    sem: SemanticKey | None, look: Lookup | None, fut: Settle) -> Reply:
+                    sem: SemanticKey | None, qgate: str | None, look: Lookup | None,
+                    fut: Settle) -> Reply:
         """Generate for `key`, settle `fut` (the requests waiting on it) and store the
-        answer; the question's vector comes from `look` (or is embedded again)."""
+        answer; the question's vector comes from `look` (or is embedded again), its
+        guard gate from the lookup (`qgate`; None: worked out when needed)."""
 
         def settle(entry: Entry | object | None) -> None:
             if not fut.done():
@@ -293,7 +298,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                                      started)
             settle(entry)
             if entry is not None and self._storable(entry, started):
-                self.store.put(entry, sem, look)
+                self.store.put(entry, sem, look, qgate)
             return reply
 
         def ended(stream: Stream, outcome: Outcome) -> None:
@@ -311,7 +316,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
             entry = self._make_entry(ctx, key, scope, captured, started)
             settle(entry)
             if entry is not None and self._storable(entry, started):
-                self.store.put(entry, sem, look)
+                self.store.put(entry, sem, look, qgate)
 
         reply.on_end(ended)
         return reply

@@ -44,8 +44,9 @@ class Partition:
         return len(self.rows)
 
     def add(self, entry_id: str, vec: np.ndarray, entry: Entry, question: str,
-            ) -> list[str]:
-        """Insert; returns the ids evicted to stay within capacity."""
+            question_gate: str | None = None) -> list[str]:
+        """Insert; returns the ids evicted to stay within capacity. `question_gate`: the
+        question's `gate`, if the caller has it."""
         evicted: list[str] = []
         if not self._used and len(vec) != self.dim:  # the model's size, known once loaded
             self.dim = len(vec)
@@ -61,7 +62,7 @@ class Partition:
         self.rows[entry_id] = row
         self._row_ids[row] = entry_id
         self.entries[entry_id] = (entry, question)
-        self._gates[entry_id] = g = gate(question)
+        self._gates[entry_id] = g = gate(question) if question_gate is None else question_gate
         self.gates[g] += 1
         return evicted
 

@@ -241,7 +241,7 @@ class CacheStore:
         if self._pending:
             self._wake.set()
 
-    def _defer(self, partition: str, entry: Entry, question: str,
+    def _defer(self, partition: str, entry: Entry, question: str, question_gate: str | None,
                ) -> asyncio.Future[np.ndarray | None]:
         """Keep `entry` pending; its vector (None: dropped, purged or failed) comes later."""
         key = (partition, entry.key)
@@ -253,7 +253,8 @@ class CacheStore:
             self._settle(old, None)  # the same question answered again: the newer waits
         while len(self._pending) >= MAX_PENDING:
             self._settle(next(iter(self._pending.values())), None)
-        p = _Pending(partition, gate(question), entry, question,
+        p = _Pending(partition, gate(question) if question_gate is None else question_gate,
+                     entry, question,
                      asyncio.get_running_loop().create_future())
         self._pending[key] = p
         self._gated.setdefault((partition, p.gate), {})[entry.key] = p
@@ -278,7 +279,8 @@ class CacheStore:
             # A partition it makes comes in as the least recently used: a burst of
             # one-off questions embedded at once (idle) pushes out at most one partition
             # in use, then each other.
-            self._index_add(p.partition, p.entry.key, vec, p.entry, p.question, new_last=False)
+            self._index_add(p.partition, p.entry.key, vec, p.entry, p.question, new_last=False,
+                            question_gate=p.gate)
         else:  # it counted against its owner's cap while it waited
             self.users.discard(semantic_member(p.partition, p.entry.key))
         p.vec.set_result(vec)
@@ -353,16 +355,18 @@ class CacheStore:
         self.l1.put(alias, len(alias.to_json()))
 
     def put(self, entry: Entry, sem: SemanticKey | None = None,
-            vec: Vec | None = None) -> None:
+            vec: Vec | None = None, question_gate: str | None = None) -> None:
         """Store: L1 now; Redis, the vector index (`sem`, embedding the question unless
         `vec` gives its vector, or the lookup that computes it) and the owner's cap in
-        the background."""
+        the background. `question_gate`: the question's (`question_gate`), if the caller
+        has it."""
         if self.l1 is not None:
             self.l1.put(entry, len(entry.to_json()))
             labelled(self.metrics.entries, "l1").set(len(self.l1))
-        self._spawn(self._persist(entry, sem, vec))
+        self._spawn(self._persist(entry, sem, vec, question_gate))
 
-    async def _persist(self, entry: Entry, sem: SemanticKey | None, vec: Vec | None) -> None:
+    async def _persist(self, entry: Entry, sem: SemanticKey | None, vec: Vec | None,
+                       question_gate: str | None) -> None:
         members = [exact_member(entry.key)]
         if sem is None or self.embedder is None:
             await self._write(entry, None, members)
@@ -376,7 +380,7 @@ class CacheStore:
             # No vector at hand: the exact entry now, the semantic one once embedded. Both
             # count against the owner's cap now, so it holds while the vector waits (a
             # semantic member evicted meanwhile drops the pending entry: `_drop`).
-            later = self._defer(partition, entry, question)
+            later = self._defer(partition, entry, question, question_gate)
             await self._write(entry, None, [*members, member])
             if (vec := await later) is not None and self._held(member):
                 await self._write(entry, (partition, vec, question), [], exact=False)
@@ -389,7 +393,8 @@ class CacheStore:
         vec = await self._vector(question, vec)
         semantic = None
         if vec is not None:
-            self._index_add(partition, entry.key, vec, entry, question)
+            self._index_add(partition, entry.key, vec, entry, question,
+                            question_gate=question_gate)
             members.append(member)
             semantic = (partition, vec, question)
         await self._write(entry, semantic, members)
@@ -432,8 +437,10 @@ class CacheStore:
         return vec if isinstance(vec, np.ndarray) else None
 
     def _index_add(self, partition: str, entry_id: str, vec: np.ndarray, entry: Entry,
-                   question: str, new_last: bool = True) -> None:
-        evicted = self.index.partition(partition, new_last).add(entry_id, vec, entry, question)
+                   question: str, new_last: bool = True,
+                   question_gate: str | None = None) -> None:
+        evicted = self.index.partition(partition, new_last).add(entry_id, vec, entry, question,
+                                                                question_gate)
         if evicted and self.redis is not None:
             self._spawn(self.redis.delete_semantic([(partition, e) for e in evicted]))
         labelled(self.metrics.entries, "semantic").set(len(self.index))

@@ -321,3 +321,27 @@ async def test_pending_questions_embedded_at_once_push_out_at_most_one_partition
     assert set(in_use) <= set(p.store.index.partitions)
     await busy.release()
     await p.close()
+
+
+async def test_a_miss_works_out_its_guard_features_once(monkeypatch: Any) -> None:
+    """The question's gate found by its lookup is the one its pending entry and its
+    index row keep: the guard's features (`signature`, ~20 us) are computed once per
+    miss, not again when it is stored and when its vector joins the index."""
+    from plugins.cache import guard
+
+    calls: list[str] = []
+    signature = guard.signature
+
+    def counted(text: str) -> Any:
+        calls.append(text)
+        return signature(text)
+
+    monkeypatch.setattr(guard, "signature", counted)
+    p, emb = lazy_plugin()
+    q = "What is the refund policy for order 5521?"
+    await p(ctx(q), Engine())
+    await p.store.drain()  # embedded and indexed
+    assert len(p.store.index) == 1 and emb.texts == [[q]]
+    assert calls == [q]
+    assert p.store.index.partitions[next(iter(p.store.index.partitions))].gates[gate(q)] == 1
+    await p.close()
