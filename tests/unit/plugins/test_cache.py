@@ -495,3 +495,43 @@ def test_key_params_are_the_whole_model_dump(body: dict[str, Any]) -> None:
     want = req.model_dump(include=set(_PARAMS), exclude_none=True, by_alias=True)
     want.update(stop=sorted(req.stops), max_tokens=req.output_limit)
     assert _params(req) == want
+
+
+def _sensitive_ctx() -> RequestContext:
+    c = ctx()
+    c.sensitive = True  # the sanitizer found personal data
+    return c
+
+
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(("kind", "make"), [
+    ("sensitive", _sensitive_ctx),
+    ("matches a sensitive pattern", lambda: ctx("My card PIN is 1234, what now?")),
+    ("sampled", lambda: ctx(temperature=0.9)),
+    ("no-cache, no-store", lambda: ctx(headers={"cache-control": "no-cache, no-store"})),
+    ("offers tools", lambda: ctx(tools=[TOOL])),
+    ("a tool turn", lambda: ctx(messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "lookup", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}])),
+    ("too long", lambda: ctx("How do I reset my password? " * 100)),
+    ("too short", lambda: ctx("Hi?")),
+    ("a completion", lambda: RequestContext(
+        route="completion", principal=ALICE, request_id="r",
+        request=CompletionRequest.model_validate(
+            {"model": "m", "prompt": "How do I reset my password?", "temperature": 0}))),
+])
+async def test_what_the_semantic_layer_can_never_serve_is_never_embedded(
+        kind: str, make: Any) -> None:
+    """Asked twice (a lookup, a store, a second lookup), with every miss embedded at once
+    (no lazy vectors): the embedder never runs. The same question asked plainly is."""
+    p = plugin(sensitive_patterns=[r"(?i)\bPIN\b"], semantic={"lazy": False})
+    assert p.embedder is not None
+    for _ in range(2):
+        await run(p, make(), Engine())
+    assert p.embedder.calls == 0, kind  # type: ignore[attr-defined]
+    await run(p, ctx(), Engine())
+    assert p.embedder.calls > 0  # type: ignore[attr-defined]
