@@ -135,3 +135,5 @@ STATE: web.AppKey[AppState] = web.AppKey("weir_state", AppState)
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("weir_request_id", str)
 #: What the route learned about the request, for the access log (tenant, model, tokens).
 INFO: web.RequestKey[dict[str, Any]] = web.RequestKey("weir_info", dict)
+#: The request was counted as aborted by its client (once per request).
+ABORTED: web.RequestKey[bool] = web.RequestKey("weir_aborted", bool)

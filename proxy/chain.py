@@ -113,6 +113,11 @@ class BasePlugin(Generic[ConfigT]):
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         return await call_next(ctx)
 
+    def enter(self, ctx: RequestContext) -> None:
+        """What the whole chain should know of a request from its start, set before any
+        plugin runs, in chain order (admission: the request's deadline, which a plugin
+        ahead of it that waits, e.g. the cache's coalescing, must honour too)."""
+
     def health(self) -> dict[str, Any] | None:
         """Details for /health/ready (e.g. breaker state); None: nothing to show."""
         return None
@@ -223,11 +228,23 @@ def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugi
 
 
 def compose(plugins: Sequence[Plugin], terminal: Next) -> Next:
-    """One callable running `plugins` outermost first, then `terminal`."""
+    """One callable running `plugins` outermost first, then `terminal`; the plugins'
+    `enter` hooks (those that have one) run first, before any of them."""
     handler = terminal
     for plugin in reversed(plugins):
         handler = _link(plugin, handler)
-    return handler
+    entering = [f for p in plugins if (f := getattr(p, "enter", None)) is not None
+                and getattr(f, "__func__", None) is not BasePlugin.enter]
+    if not entering:
+        return handler
+    chain = handler
+
+    async def enter(ctx: RequestContext) -> Reply:
+        for hook in entering:
+            hook(ctx)
+        return await chain(ctx)
+
+    return enter
 
 
 def _link(plugin: Plugin, call_next: Next) -> Next:

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from . import embeddings_api
-from .app_state import INFO, REQUEST_ID, STATE, AppState
+from .app_state import ABORTED, INFO, REQUEST_ID, STATE, AppState
 from .auth import Principal
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
@@ -30,7 +30,7 @@ from .protocol import (
     CompletionRequest,
     parse_model,
 )
-from .streaming import SHUTDOWN, dumps, write_sse
+from .streaming import PREPARED, SHUTDOWN, dumps, write_sse
 from .telemetry import get_logger, labelled
 
 log = get_logger("weir.routes")
@@ -90,26 +90,48 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         headers={k.lower(): v for k, v in request.headers.items()},
         body_bytes=size,
     )
-    with generating(st):
+    with generating(st, request):
         return await _answer(request, st, ctx, info)
 
 
 @contextmanager
-def generating(st: AppState) -> Iterator[None]:
-    """A generation under way: tracked for the drain, and counted if its client leaves."""
+def generating(st: AppState, request: web.Request) -> Iterator[None]:
+    """A generation under way: tracked for the drain, and counted if its client leaves.
+
+    Cut at the end of a drain (`AppState.abort_all`) before its response began (waiting
+    for the engine, or queued for a slot), it is answered 503 `shutting_down`, as a
+    request arriving during the drain is; a stream already begun is cut in-band by the
+    stream writer."""
     with st.track():
         try:
             yield
         except asyncio.CancelledError as e:
             if e.args != (SHUTDOWN,):  # the client went away (aiohttp cancels its handler)
-                labelled(st.metrics.aborted, "client_gone").inc()
-            raise
+                _count_abort(st, request)
+                raise
+            if request.get(PREPARED):
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # answered after all: the response below still goes out
+            raise Unavailable("The server shut down before this request was answered; "
+                              "retry on another replica.", code="shutting_down") from None
 
 
-def count_abort(st: AppState, reason: str) -> None:
+def count_abort(st: AppState, request: web.Request, reason: str) -> None:
     """A stream cut because its client stopped reading or went away."""
+    if _count_abort(st, request):
+        log.warning("stream cut: client stopped reading or went away", reason=reason)
+
+
+def _count_abort(st: AppState, request: web.Request) -> bool:
+    """Count the request as aborted by its client, once (the stream writer sees a client
+    go, then aiohttp's handler cancellation reaches `generating`): whether it was new."""
+    if request.get(ABORTED):
+        return False
+    request[ABORTED] = True
     labelled(st.metrics.aborted, "client_gone").inc()
-    log.warning("stream cut: client stopped reading or went away", reason=reason)
+    return True
 
 
 async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
@@ -146,27 +168,42 @@ def note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None
     labelled(st.metrics.tokens, model, "completion").inc(u.get("completion_tokens") or 0)
 
 
+class StreamTiming:
+    """A stream's time to first token and the gaps between its outputs: the metrics (by
+    route and model) and the access log's `ttft_ms`."""
+
+    __slots__ = ("_ctx", "_info", "_itl", "_last", "_ttft")
+
+    def __init__(self, st: AppState, ctx: RequestContext, info: dict[str, Any]) -> None:
+        route, model = info["route"], info.get("model", "")
+        self._ttft = labelled(st.metrics.ttft, route, model)
+        self._itl = labelled(st.metrics.itl, route, model)
+        self._ctx, self._info = ctx, info
+        self._last = 0.0
+
+    def first(self) -> None:
+        """The first byte went out. The first chunk was awaited inside the chain (the
+        stream is primed): time from the request's start."""
+        ttft = time.monotonic() - self._ctx.started
+        self._info["ttft_ms"] = round(ttft * 1000, 2)
+        self._ttft.observe(ttft)
+
+    def output(self) -> None:
+        """An event carrying output (tokens) goes out."""
+        now = time.monotonic()
+        if self._last:
+            self._itl.observe(now - self._last)
+        self._last = now
+
+
 async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, reply: Stream,
                        headers: Any, info: dict[str, Any]) -> web.StreamResponse:
-    route, model = info["route"], info.get("model", "")
-    itl = labelled(st.metrics.itl, route, model)
-    last = 0.0
+    timing = StreamTiming(st, ctx, info)
     usage_chunk: dict[str, Any] = {}
 
-    def first() -> None:
-        # The first chunk was awaited inside the chain (the stream is primed): time from
-        # the request's start, not from here.
-        ttft = time.monotonic() - ctx.started
-        info["ttft_ms"] = round(ttft * 1000, 2)
-        labelled(st.metrics.ttft, route, model).observe(ttft)
-
     def chunk(c: dict[str, Any]) -> None:
-        nonlocal last
         if c.get("choices"):
-            now = time.monotonic()
-            if last:
-                itl.observe(now - last)
-            last = now
+            timing.output()
         elif c.get("usage"):
             usage_chunk["usage"] = c["usage"]
 
@@ -174,8 +211,8 @@ async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, 
     try:
         return await write_sse(
             request, reply, headers, write_timeout=srv.write_timeout_s,
-            keepalive=srv.keepalive_s, on_first=first, on_chunk=chunk,
-            on_abort=lambda reason: count_abort(st, reason),
+            keepalive=srv.keepalive_s, on_first=timing.first, on_chunk=chunk,
+            on_abort=lambda reason: count_abort(st, request, reason),
             log_error=lambda e: log.error("stream failed", exc_info=e))
     finally:
         usage = reply.usage or usage_chunk.get("usage")

@@ -133,8 +133,10 @@ EngineSettings = Annotated[
 
 
 def sha256_hex(key: str) -> str:
-    """What an API key is reduced to, configured or presented: it is never kept in clear."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+    """What an API key is reduced to, configured or presented: it is never kept in clear.
+    A presented key is a header's text: bytes that are not UTF-8 reach it as the surrogates
+    aiohttp decodes them to, and hash as those bytes (no configured key has them: 401)."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 class ApiKey(_Strict):

@@ -39,6 +39,9 @@ DONE = b"data: [DONE]\n\n"
 #: The cancel message of requests cut at the end of a drain (AppState.abort_all).
 SHUTDOWN = "weir-shutdown"
 KEEPALIVE = b": keep-alive\n\n"
+#: Set on a request once its stream's response is prepared: from then on a status can no
+#: longer be sent, and a shutdown cuts the stream in-band.
+PREPARED: web.RequestKey[bool] = web.RequestKey("weir_stream_prepared", bool)
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -119,9 +122,13 @@ async def write_sse(
     on_abort: Callable[[str], None] | None = None,
     log_error: Callable[[BaseException], None] | None = None,
     terminator: bytes = DONE,
+    error_events: Callable[[WeirError], bytes] | None = None,
 ) -> web.StreamResponse:
     """`terminator`: what ends the body after the last event (chat and completions:
-    `data: [DONE]`; the Responses API: nothing)."""
+    `data: [DONE]`; the Responses API: nothing). `error_events`: an error that cuts the
+    stream, as the route's events (chat and completions: `data: {"error": ...}`; the
+    Responses API: a typed `error` event, then `response.failed`)."""
+    framed = error_events if error_events is not None else _chat_error
     outcome: Outcome = "cancelled"
     error: BaseException | None = None
     watchdog: _Watchdog | None = None
@@ -136,6 +143,7 @@ async def write_sse(
         # The head is held until the first write (_SseResponse): a client already gone is
         # found there, by the write's ConnectionError.
         await resp.prepare(request)
+        request[PREPARED] = True
         watchdog = _Watchdog(resp, request, keepalive=keepalive, write_timeout=write_timeout)
         held: list[bytes] = []  # a whole stream's events: they go out with what ends it
         keep = stream.whole
@@ -171,10 +179,10 @@ async def write_sse(
                 error = (DeadlineExceeded("The request did not finish within its deadline.")
                          if scope.expired() else exc)
                 outcome = "failed"
-                await _error_event(write, error, log_error, _take(held))
+                await _error_event(write, error, log_error, framed, _take(held))
             except Exception as e:  # after the first byte an error goes out in-band
                 outcome, error = "failed", e
-                await _error_event(write, e, log_error, _take(held))
+                await _error_event(write, e, log_error, framed, _take(held))
             if terminator or held:
                 unsent = bool(held)  # a whole stream's events go out only now
                 ending = True  # handed over with its end: a shutdown adds nothing after
@@ -199,7 +207,7 @@ async def write_sse(
         if not whole:  # (whole: the answer went out, and ends as it was)
             outcome = "cancelled"
             if e.args == (SHUTDOWN,) and watchdog is not None and not ending:
-                await _cut_for_shutdown(watchdog, resp, terminator)
+                await _cut_for_shutdown(watchdog, resp, terminator, framed)
         raise
     except BaseException as e:
         if outcome != "completed":
@@ -215,14 +223,14 @@ async def write_sse(
 
 
 async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse,
-                            terminator: bytes) -> None:
+                            terminator: bytes, framed: Callable[[WeirError], bytes]) -> None:
     """Still running when the drain ran out: end the stream properly (an in-band 503 and
     `[DONE]`), so a client can tell a cut answer from a whole one. Best effort, briefly."""
     err = Unavailable("The server shut down before this answer was complete; retry.",
                       code="shutting_down")
     try:
         async with asyncio.timeout(1.0):
-            await watchdog.write(sse(err.to_body()) + terminator)
+            await watchdog.write(framed(err) + terminator)
             await resp.write_eof()
     except (TimeoutError, ConnectionError, asyncio.CancelledError):
         pass
@@ -235,11 +243,15 @@ def _take(held: list[bytes]) -> bytes:
     return out
 
 
+def _chat_error(err: WeirError) -> bytes:
+    return sse(err.to_body())
+
+
 async def _error_event(write: Callable[[bytes], Any], e: BaseException,
                        log_error: Callable[[BaseException], None] | None,
-                       before: bytes = b"") -> None:
-    """The error as an in-band event, after `before` (events not yet written)."""
+                       framed: Callable[[WeirError], bytes], before: bytes = b"") -> None:
+    """The error as in-band events, after `before` (events not yet written)."""
     err = e if isinstance(e, WeirError) else ServerError()
     if not isinstance(e, WeirError) and log_error is not None:
         log_error(e)
-    await write(before + sse(err.to_body()))
+    await write(before + framed(err))

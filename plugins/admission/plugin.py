@@ -57,7 +57,11 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
     def health(self) -> dict[str, Any]:
         return {"in_engine": self.gate.in_use, "waiting": self.gate.waiting}
 
+    def enter(self, ctx: RequestContext) -> None:
+        self._deadline(ctx)  # known from the chain's start: a plugin ahead may wait
+
     def _deadline(self, ctx: RequestContext) -> None:
+        """`deadline_s`, shortened by the header; applied again it changes nothing."""
         limit = self.cfg.deadline_s
         raw = ctx.headers.get(self.cfg.deadline_header)
         if raw is not None:

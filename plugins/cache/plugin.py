@@ -37,6 +37,7 @@ from proxy.chain import (
     Stream,
 )
 from proxy.context import RequestContext
+from proxy.errors import DeadlineExceeded
 from proxy.protocol import ChatCompletionRequest
 from proxy.tasks import detach
 from proxy.telemetry import get_logger, labelled
@@ -203,7 +204,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if not write:
             return await call_next(ctx)
         while self.cfg.coalesce and (leader := self._inflight.get(key)) is not None:
-            led: Entry | object | None = await asyncio.shield(leader)
+            led = await self._follow(ctx, leader)
             if isinstance(led, Entry):
                 self.metrics.coalesced.inc()
                 return self._reply(ctx, led)
@@ -221,6 +222,19 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if look is not None and not look.done():
             return await self._race(ctx, call_next, key, scope, sem, qgate, look, fut)
         return await self._lead(ctx, call_next, key, scope, sem, qgate, look, fut)
+
+    async def _follow(self, ctx: RequestContext, leader: Settle) -> Entry | object | None:
+        """The identical request's outcome, waited for within this request's own deadline
+        (not the leader's: a follower asking for less time gets its 504 on time)."""
+        scope = asyncio.timeout_at(ctx.loop_deadline())
+        try:
+            async with scope:
+                return await asyncio.shield(leader)
+        except TimeoutError:
+            if scope.expired():
+                raise DeadlineExceeded(
+                    "The request did not finish within its deadline.") from None
+            raise
 
     def _leading(self, key: str) -> bool:
         """Whether a generation for `key` is under way that identical requests wait on."""

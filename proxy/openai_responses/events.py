@@ -144,10 +144,29 @@ class _Events:
         return out
 
 
-async def render(chunks: AsyncIterable[dict[str, Any]], req: ResponsesRequest,
-                 response_id: str, on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
-    """Response events from chat chunks; `on_done(response)` once it completed."""
-    e = _Events(req, response_id)
+#: The events that carry output as it is generated (a stream's inter-token gaps).
+OUTPUT_DELTAS = frozenset({"response.output_text.delta",
+                           "response.function_call_arguments.delta"})
+
+
+class Rendering:
+    """A Response's events from chat chunks (`events`), and the events that end it with
+    an error wherever it stands (`failed`: a stream cut by a shutdown, in the writer)."""
+
+    def __init__(self, req: ResponsesRequest, response_id: str) -> None:
+        self._e = _Events(req, response_id)
+
+    def events(self, chunks: AsyncIterable[dict[str, Any]],
+               on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
+        """`on_done(response)` once it completed."""
+        return _render(self._e, chunks, on_done)
+
+    def failed(self, err: WeirError) -> list[dict[str, Any]]:
+        return _failed(self._e, err)
+
+
+async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
+                  on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
     it = aiter(chunks)
     try:
         first = await anext(it, None)  # errors before any output keep their HTTP status

@@ -19,6 +19,7 @@ from ..context import RequestContext
 from ..errors import InvalidRequest, NotFound
 from ..protocol import parse_model
 from ..routes import (
+    StreamTiming,
     check_model,
     count_abort,
     generating,
@@ -27,9 +28,9 @@ from ..routes import (
     open_generation,
     read_json,
 )
-from ..streaming import write_sse
+from ..streaming import sse, write_sse
 from . import translate as X
-from .events import render
+from .events import OUTPUT_DELTAS, Rendering
 from .models import ResponsesRequest
 from .store import ResponseStore, make_store
 
@@ -70,7 +71,7 @@ async def create(request: web.Request) -> web.StreamResponse:
                 "response": response, "input": inputs,
                 "conversation": conversation + X.output_messages(response["output"])})
 
-    with generating(st):
+    with generating(st, request):
         try:
             reply = await st.chain(ctx)
         except InvalidRequest as e:
@@ -84,14 +85,23 @@ async def create(request: web.Request) -> web.StreamResponse:
         # Iterating the chat Stream ends it (its plugins' end hooks run); the events are
         # a Stream of their own for the SSE writer, whole when the chat stream is (a
         # cached answer replayed: its events go out in one write).
-        events = Stream(render(reply, req, rid, save), whole=reply.whole)
+        rendering = Rendering(req, rid)
+        events = Stream(rendering.events(reply, save), whole=reply.whole)
+        timing = StreamTiming(st, ctx, info)
+
+        def event(ev: dict[str, Any]) -> None:
+            if ev["type"] in OUTPUT_DELTAS:
+                timing.output()
+
         srv = st.settings.server
         # The Responses stream has no `[DONE]`: `response.completed` (or `error`) ends it.
         resp = await write_sse(request, events, lambda: {**ctx.response_headers,
                                                          **reply.headers},
                                write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
-                               on_abort=lambda reason: count_abort(st, reason),
-                               terminator=b"")
+                               on_first=timing.first, on_chunk=event,
+                               on_abort=lambda reason: count_abort(st, request, reason),
+                               terminator=b"", error_events=lambda err: b"".join(
+                                   sse(ev) for ev in rendering.failed(err)))
         if reply.usage:
             note_usage(st, info, {"usage": reply.usage})
         return resp

@@ -187,3 +187,22 @@ async def test_parser_errors_never_log_the_key(head: bytes, logs: io.StringIO,
     assert "Error handling request" in text  # it was logged (the positive control) ...
     for where in (text, out, err):
         assert KEY not in where and KEY[3:15] not in where  # ... but without the key
+
+
+@pytest.mark.parametrize("path", [b"GET /v1/models", b"POST /v1/chat/completions",
+                                  b"POST /v1/responses", b"POST /v1/embeddings",
+                                  b"GET /v1/responses/resp_x"])
+async def test_a_key_that_is_not_utf8_is_a_401_not_a_500(served: Listener, path: bytes,
+                                                         logs: io.StringIO) -> None:
+    """Header bytes that are not UTF-8 (aiohttp hands them on as surrogates) in the key:
+    the key is wrong like any other, never a server error or an error-level log."""
+    reader, writer = await connect(served)
+    body = b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'
+    writer.write(path + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-\xe9\xe9\xff\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: "
+                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+    status, _, raw = await response(reader)
+    writer.close()
+    assert status == 401, raw
+    assert json.loads(raw)["error"]["code"] == "invalid_api_key"
+    assert "unhandled" not in logs.getvalue()

@@ -1,11 +1,19 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+import pytest
 
 from proxy.app import create_app
 from proxy.app_state import STATE
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+from tests.sse import parse_sse
+from tests.waiting import eventually
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -96,3 +104,110 @@ def test_the_app_keeps_numpys_blas_to_one_thread() -> None:
     create_app(make_settings(), engine=FakeEngine())
     blas = [p for p in threadpool_info() if p["user_api"] == "blas"]
     assert blas and all(p["num_threads"] == 1 for p in blas)
+
+
+ROUTES = {
+    "chat": ("/v1/chat/completions", CHAT),
+    "completions": ("/v1/completions", {"model": "fake-model", "prompt": "hi"}),
+    "responses": ("/v1/responses", {"model": "fake-model", "input": "hi"}),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", list(ROUTES))
+async def test_a_drain_ending_before_the_first_byte_answers_503(
+        make_client: MakeClient, route: str, stream: bool) -> None:
+    """Requests still waiting at the end of a drain, for the engine or for an admission
+    slot, get the 503 `shutting_down` a request arriving during the drain gets (they had
+    no byte yet: a real status is still possible), not a dropped connection."""
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()
+    client = await make_client(engine=engine, plugins=[
+        {"name": "admission", "config": {"max_concurrent": 1, "max_queue": 4}}])
+    st = client.app[STATE]
+    path, body = ROUTES[route]
+    body = {**body, "stream": stream}
+    running = asyncio.create_task(client.post(path, json=body))
+    await engine.wait_until(lambda: bool(engine.active))
+    queued = asyncio.create_task(client.post(path, json=body))
+    await eventually(lambda: st.in_flight == 2)
+    st.draining = True
+    assert await st.abort_all() == 2
+    for task in (running, queued):
+        r = await task
+        assert r.status == 503
+        error = (await r.json())["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] == "shutting_down"
+    await engine.wait_until(lambda: not engine.active)
+    assert st.metrics.registry.get_sample_value(
+        "weir_requests_aborted_total", {"reason": "client_gone"}) in (None, 0.0)
+
+
+class Holding(FakeEngine):
+    """Answers its first tokens, then holds until `hold` is set."""
+
+    def __init__(self, after: int = 2) -> None:
+        super().__init__()
+        self.hold = asyncio.Event()
+        self.after = after
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        n = 0
+        async with aclosing(super().generate(*args, **kwargs)) as outputs:
+            async for out in outputs:
+                yield out
+                n += 1
+                if n >= self.after:
+                    await self.hold.wait()
+
+
+async def test_a_responses_stream_cut_by_a_drain_ends_with_its_own_events(
+        make_client: MakeClient) -> None:
+    """Cut mid-stream at the end of a drain, a Responses stream ends as the Responses API
+    ends a failed one: a typed `error` event (`shutting_down`) with the next sequence
+    number, then `response.failed`; no chat-style `{"error": ...}` and no `[DONE]`."""
+    engine = Holding()
+    client = await make_client(engine=engine)
+    st = client.app[STATE]
+    r = await client.post("/v1/responses", json={**ROUTES["responses"][1], "stream": True,
+                                                 "max_output_tokens": 32})
+    assert r.status == 200
+    head = b""
+    async with asyncio.timeout(10):
+        while b"response.output_text.delta" not in head:
+            head += await r.content.readany()
+        assert await st.abort_all() == 1
+        text = (head + await r.content.read()).decode()
+    events, done = parse_sse(text)
+    assert not done
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2]["code"] == "shutting_down"
+    assert events[-1]["response"]["status"] == "failed"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+async def test_a_client_gone_is_counted_once_per_request(make_client: MakeClient) -> None:
+    """The stream writer sees the client go (a write fails), then aiohttp's handler
+    cancellation reaches the route: one abort, not two."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from proxy.routes import count_abort, generating
+
+    client = await make_client()
+    st = client.app[STATE]
+
+    def aborted() -> float:
+        return st.metrics.registry.get_sample_value(
+            "weir_requests_aborted_total", {"reason": "client_gone"}) or 0.0
+
+    for writer_saw_it in (True, False):
+        request = make_mocked_request("POST", "/v1/chat/completions")
+        before = aborted()
+        with pytest.raises(asyncio.CancelledError), generating(st, request):
+            if writer_saw_it:
+                count_abort(st, request, "client gone")
+            raise asyncio.CancelledError()
+        assert aborted() == before + 1

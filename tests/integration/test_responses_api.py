@@ -407,3 +407,18 @@ async def test_a_streamed_cache_hit_goes_out_in_one_write(make_client: MakeClien
     assert [e["type"] for e in runs[1]][-3:] == [e["type"] for e in runs[0]][-3:]
     texts = [run[-1]["response"]["output"][0]["content"][0]["text"] for run in runs]
     assert texts[0] == texts[1] != ""
+
+
+async def test_a_stream_times_its_first_token_and_its_gaps(make_client: MakeClient) -> None:
+    """Responses streams feed the time-to-first-token and inter-token histograms (route
+    `responses`), as chat streams do."""
+    from proxy.app_state import STATE
+
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    events, _ = parse_sse(await r.text())
+    deltas = sum(e["type"] == "response.output_text.delta" for e in events)
+    reg = client.app[STATE].metrics.registry
+    labels = {"route": "responses", "model": "fake-model"}
+    assert reg.get_sample_value("weir_time_to_first_token_seconds_count", labels) == 1
+    assert reg.get_sample_value("weir_inter_token_latency_seconds_count", labels) == deltas - 1

@@ -8,6 +8,7 @@ import asyncio
 import random
 from typing import Any, ClassVar
 
+import pytest
 from aiohttp.test_utils import TestServer
 
 from bench.redis_server import RedisServer
@@ -263,3 +264,28 @@ async def test_upstream_fallback_when_the_local_engine_fails(make_client: MakeCl
     finally:
         unregister("t_header_spy")
         await server.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_waiting_on_an_identical_one_keeps_its_own_deadline(
+        make_client: MakeClient, stream: bool) -> None:
+    """A follower coalesced onto an identical generation under way waits within its own
+    deadline (`x-weir-timeout-ms`), not the leader's: its 504 comes while the leader is
+    still held, and the leader's answer is untouched."""
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()
+    client = await make_client(engine=engine, plugins=[
+        {"name": "cache", "config": {"semantic": {"enabled": False}}},
+        {"name": "admission", "config": {}}])
+    body = {**CHAT, "temperature": 0, "max_tokens": 3, "stream": stream}
+    leader = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+    await engine.wait_until(lambda: bool(engine.active))
+    async with asyncio.timeout(5):  # (a follower waiting on the held leader: never)
+        r = await client.post("/v1/chat/completions", json=body,
+                              headers={"x-weir-timeout-ms": "100"})
+    assert not leader.done() and len(engine.calls) == 1  # it never reached the engine
+    assert r.status == 504 and (await r.json())["error"]["code"] == "timeout"
+    engine.token_gate.set()
+    led = await leader
+    assert led.status == 200
+    await led.read()
