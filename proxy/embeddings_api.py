@@ -19,6 +19,7 @@ from .chain import Completion, Reply
 from .context import RequestContext
 from .embedding import Embedder
 from .errors import InvalidRequest, ModelNotFound
+from .inflight import generating
 from .protocol import CompletionRequest, EmbeddingRequest, parse_model
 from .streaming import dumps
 
@@ -62,7 +63,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
                          request_id=request[REQUEST_ID],
                          headers={k.lower(): v for k, v in request.headers.items()},
                          body_bytes=size, state={_ORIGINAL: req})
-    with st.track():
+    with generating(st, request):
         reply = await st.embed_chain(ctx)
     assert isinstance(reply, Completion)
     return web.Response(body=dumps(reply.body), content_type="application/json",

@@ -8,29 +8,27 @@ the model (403), then run the chain and send its Reply.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from . import embeddings_api
-from .app_state import ABORTED, INFO, REQUEST_ID, STATE, AppState
+from .app_state import INFO, REQUEST_ID, STATE, AppState
 from .auth import Principal
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
 from .context import RequestContext, Route
 from .engine.base import ModelInfo
 from .errors import ModelNotFound, Unauthorized, Unavailable, WeirError
+from .inflight import count_abort, generating
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_model,
 )
-from .streaming import PREPARED, SHUTDOWN, dumps, write_sse
+from .streaming import dumps, write_sse
 from .telemetry import get_logger, labelled
 
 log = get_logger("weir.routes")
@@ -92,46 +90,6 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     )
     with generating(st, request):
         return await _answer(request, st, ctx, info)
-
-
-@contextmanager
-def generating(st: AppState, request: web.Request) -> Iterator[None]:
-    """A generation under way: tracked for the drain, and counted if its client leaves.
-
-    Cut at the end of a drain (`AppState.abort_all`) before its response began (waiting
-    for the engine, or queued for a slot), it is answered 503 `shutting_down`, as a
-    request arriving during the drain is; a stream already begun is cut in-band by the
-    stream writer."""
-    with st.track():
-        try:
-            yield
-        except asyncio.CancelledError as e:
-            if e.args != (SHUTDOWN,):  # the client went away (aiohttp cancels its handler)
-                _count_abort(st, request)
-                raise
-            if request.get(PREPARED):
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # answered after all: the response below still goes out
-            raise Unavailable("The server shut down before this request was answered; "
-                              "retry on another replica.", code="shutting_down") from None
-
-
-def count_abort(st: AppState, request: web.Request, reason: str) -> None:
-    """A stream cut because its client stopped reading or went away."""
-    if _count_abort(st, request):
-        log.warning("stream cut: client stopped reading or went away", reason=reason)
-
-
-def _count_abort(st: AppState, request: web.Request) -> bool:
-    """Count the request as aborted by its client, once (the stream writer sees a client
-    go, then aiohttp's handler cancellation reaches `generating`): whether it was new."""
-    if request.get(ABORTED):
-        return False
-    request[ABORTED] = True
-    labelled(st.metrics.aborted, "client_gone").inc()
-    return True
 
 
 async def _answer(request: web.Request, st: AppState, ctx: RequestContext,

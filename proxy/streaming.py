@@ -14,9 +14,11 @@ scope per chunk is done once per stream:
 
 The first chunk is in hand before the response is prepared (the terminal primes the
 stream), so errors before any output still get a real HTTP status; a stream that was
-not primed is primed here. After the first byte an error goes out in-band as
-`data: {"error": ...}` followed by `[DONE]`. However the stream ends, `Stream.end` runs
-once with its outcome, shielded from a second cancellation.
+not primed is primed here. After the first byte an error goes out in-band, in the
+route's framing (`error_events`; chat and completions: `data: {"error": ...}` followed by
+`[DONE]`; the Responses API: a typed `error` event, then `response.failed`), and so does
+a shutdown's cut at the end of a drain. However the stream ends, `Stream.end` runs once
+with its outcome, shielded from a second cancellation.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ async def write_sse(
     watchdog: _Watchdog | None = None
     whole = False
     ending = False  # the body's last write (its end, with a whole stream's events) began
+    errored = False  # an in-band error's write began: a shutdown cut adds only the end
     try:
         if stream.primed_at is None:
             await stream.prime()  # raises before any byte: the route answers with a status
@@ -178,10 +181,10 @@ async def write_sse(
             except TimeoutError as exc:
                 error = (DeadlineExceeded("The request did not finish within its deadline.")
                          if scope.expired() else exc)
-                outcome = "failed"
+                outcome, errored = "failed", True
                 await _error_event(write, error, log_error, framed, _take(held))
             except Exception as e:  # after the first byte an error goes out in-band
-                outcome, error = "failed", e
+                outcome, error, errored = "failed", e, True
                 await _error_event(write, e, log_error, framed, _take(held))
             if terminator or held:
                 unsent = bool(held)  # a whole stream's events go out only now
@@ -207,7 +210,8 @@ async def write_sse(
         if not whole:  # (whole: the answer went out, and ends as it was)
             outcome = "cancelled"
             if e.args == (SHUTDOWN,) and watchdog is not None and not ending:
-                await _cut_for_shutdown(watchdog, resp, terminator, framed)
+                await _cut_for_shutdown(watchdog, resp, _take(held),
+                                        None if errored else framed, terminator)
         raise
     except BaseException as e:
         if outcome != "completed":
@@ -222,15 +226,19 @@ async def write_sse(
                 await stream.end_shielded(outcome, error)
 
 
-async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse,
-                            terminator: bytes, framed: Callable[[WeirError], bytes]) -> None:
-    """Still running when the drain ran out: end the stream properly (an in-band 503 and
-    `[DONE]`), so a client can tell a cut answer from a whole one. Best effort, briefly."""
+async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse, before: bytes,
+                            framed: Callable[[WeirError], bytes] | None,
+                            terminator: bytes) -> None:
+    """Still running when the drain ran out: end the stream properly, so a client can tell
+    a cut answer from a whole one: the events held back (`before`: a whole stream's), an
+    in-band 503 in the route's framing (none if an error event already went out:
+    `framed` None), and the body's end (`[DONE]` for chat). Best effort, briefly."""
     err = Unavailable("The server shut down before this answer was complete; retry.",
                       code="shutting_down")
     try:
         async with asyncio.timeout(1.0):
-            await watchdog.write(framed(err) + terminator)
+            await watchdog.write(before + (framed(err) if framed is not None else b"")
+                                 + terminator)
             await resp.write_eof()
     except (TimeoutError, ConnectionError, asyncio.CancelledError):
         pass

@@ -42,10 +42,16 @@ class _Events:
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
         self.usage: dict[str, Any] | None = None
         self.reason: str | None = None
+        self.finished = False  # a terminal event went out
 
     def ev(self, type_: str, **fields: Any) -> dict[str, Any]:
-        e = {"type": type_, "sequence_number": self.seq, **fields}
+        return {"type": type_, "sequence_number": None, **fields}
+
+    def number(self, e: dict[str, Any]) -> dict[str, Any]:
+        e["sequence_number"] = self.seq
         self.seq += 1
+        if e["type"] in TERMINAL:
+            self.finished = True
         return e
 
     def response(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -144,6 +150,8 @@ class _Events:
         return out
 
 
+TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
 #: The events that carry output as it is generated (a stream's inter-token gaps).
 OUTPUT_DELTAS = frozenset({"response.output_text.delta",
                            "response.function_call_arguments.delta"})
@@ -162,7 +170,9 @@ class Rendering:
         return _render(self._e, chunks, on_done)
 
     def failed(self, err: WeirError) -> list[dict[str, Any]]:
-        return _failed(self._e, err)
+        if self._e.finished:
+            return []
+        return [self._e.number(ev) for ev in _failed(self._e, err)]
 
 
 async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
@@ -170,29 +180,29 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
     it = aiter(chunks)
     try:
         first = await anext(it, None)  # errors before any output keep their HTTP status
-        yield e.ev("response.created", response=e.response("in_progress"))
-        yield e.ev("response.in_progress", response=e.response("in_progress"))
+        yield e.number(e.ev("response.created", response=e.response("in_progress")))
+        yield e.number(e.ev("response.in_progress", response=e.response("in_progress")))
         try:
             chunk = first
             while chunk is not None:
                 for event in e.feed(chunk):
-                    yield event
+                    yield e.number(event)
                 chunk = await anext(it, None)
         except WeirError as err:
             for event in _failed(e, err):
-                yield event
+                yield e.number(event)
             return
         except Exception as exc:  # a bug: logged, and a generic failure in-band
             log.error("responses stream failed", exc_info=exc)
             for event in _failed(e, ServerError()):
-                yield event
+                yield e.number(event)
             return
         for event in e.close():
-            yield event
+            yield e.number(event)
         status = "incomplete" if e.reason == "length" else "completed"
         final = e.response(status)
         await on_done(final)
-        yield e.ev(f"response.{status}", response=final)
+        yield e.number(e.ev(f"response.{status}", response=final))
     finally:
         close = getattr(it, "aclose", None)
         if close is not None:

@@ -17,22 +17,24 @@ from ..app_state import INFO, REQUEST_ID, STATE
 from ..chain import Completion, Stream
 from ..context import RequestContext
 from ..errors import InvalidRequest, NotFound
+from ..inflight import count_abort, generating
 from ..protocol import parse_model
 from ..routes import (
     StreamTiming,
     check_model,
-    count_abort,
-    generating,
     json_response,
     note_usage,
     open_generation,
     read_json,
 )
 from ..streaming import sse, write_sse
+from ..telemetry import get_logger
 from . import translate as X
 from .events import OUTPUT_DELTAS, Rendering
 from .models import ResponsesRequest
 from .store import ResponseStore, make_store
+
+log = get_logger("weir.responses")
 
 STORE: web.AppKey[ResponseStore] = web.AppKey("weir_responses_store", ResponseStore)
 
@@ -100,6 +102,7 @@ async def create(request: web.Request) -> web.StreamResponse:
                                write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
                                on_first=timing.first, on_chunk=event,
                                on_abort=lambda reason: count_abort(st, request, reason),
+                               log_error=lambda e: log.error("stream failed", exc_info=e),
                                terminator=b"", error_events=lambda err: b"".join(
                                    sse(ev) for ev in rendering.failed(err)))
         if reply.usage:

@@ -194,7 +194,7 @@ async def test_a_client_gone_is_counted_once_per_request(make_client: MakeClient
     cancellation reaches the route: one abort, not two."""
     from aiohttp.test_utils import make_mocked_request
 
-    from proxy.routes import count_abort, generating
+    from proxy.inflight import count_abort, generating
 
     client = await make_client()
     st = client.app[STATE]

@@ -1,0 +1,61 @@
+"""A generation request under way: tracked for the drain, its client's abort counted
+once, and answered 503 if a drain ends before its response began.
+
+Every generation route (chat, completions, the Responses API, embeddings) runs inside
+`generating`; the stream writer reports a client it saw go with `count_abort`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from aiohttp import web
+
+from .app_state import ABORTED, AppState
+from .errors import Unavailable
+from .streaming import PREPARED, SHUTDOWN
+from .telemetry import get_logger, labelled
+
+log = get_logger("weir.routes")
+
+
+@contextmanager
+def generating(st: AppState, request: web.Request) -> Iterator[None]:
+    """A generation under way: tracked for the drain, and counted if its client leaves.
+
+    Cut at the end of a drain (`AppState.abort_all`) before its response began (waiting
+    for the engine, or queued for a slot), it is answered 503 `shutting_down`, as a
+    request arriving during the drain is; a stream already begun is cut in-band by the
+    stream writer."""
+    with st.track():
+        try:
+            yield
+        except asyncio.CancelledError as e:
+            if e.args != (SHUTDOWN,):  # the client went away (aiohttp cancels its handler)
+                _count_abort(st, request)
+                raise
+            if request.get(PREPARED):
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # answered after all: the response below still goes out
+            raise Unavailable("The server shut down before this request was answered; "
+                              "retry on another replica.", code="shutting_down") from None
+
+
+def count_abort(st: AppState, request: web.Request, reason: str) -> None:
+    """A stream cut because its client stopped reading or went away."""
+    if _count_abort(st, request):
+        log.warning("stream cut: client stopped reading or went away", reason=reason)
+
+
+def _count_abort(st: AppState, request: web.Request) -> bool:
+    """Count the request as aborted by its client, once (the stream writer sees a client
+    go, then aiohttp's handler cancellation reaches `generating`): whether it was new."""
+    if request.get(ABORTED):
+        return False
+    request[ABORTED] = True
+    labelled(st.metrics.aborted, "client_gone").inc()
+    return True

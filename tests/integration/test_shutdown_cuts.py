@@ -1,0 +1,141 @@
+"""Streams cut at the end of a drain (`AppState.abort_all`) at awkward moments: while a
+write waits on a slow reader, mid-batch, while a replay's events are held, while an error
+event is being written. Each ends once, in its route's framing, with nothing lost or
+repeated. (A review's repros.)"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from proxy import streaming
+from proxy.app_state import STATE
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+from tests.sse import parse_sse
+from tests.waiting import eventually
+
+BASE = {"model": "fake-model", "input": "hi", "max_output_tokens": 16, "stream": True}
+
+
+def block_write_containing(monkeypatch: Any, marker: bytes) -> asyncio.Event:
+    """The write carrying `marker` is handed to the transport (as aiohttp does), then
+    waits, as a write to a slow reader waits for the transport to drain."""
+    blocked = asyncio.Event()
+    orig = streaming._Watchdog.write
+
+    async def write(self: Any, data: bytes) -> None:
+        await orig(self, data)
+        if marker in data and not blocked.is_set():
+            blocked.set()
+            await asyncio.Event().wait()
+
+    monkeypatch.setattr(streaming._Watchdog, "write", write)
+    return blocked
+
+
+async def cut(client: Any, blocked: asyncio.Event, r: Any) -> list[dict[str, Any]]:
+    st = client.app[STATE]
+    async with asyncio.timeout(10):
+        await blocked.wait()
+        st.draining = True
+        assert await st.abort_all() == 1
+        text = (await r.read()).decode()
+    events, done = parse_sse(text)
+    assert not done  # the Responses stream has no [DONE]
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+async def test_a_response_already_ended_gets_nothing_after_its_end(
+        make_client: MakeClient, monkeypatch: Any) -> None:
+    blocked = block_write_containing(monkeypatch, b'"response.incomplete"')
+    client = await make_client()
+    events = await cut(client, blocked, await client.post("/v1/responses", json=BASE))
+    assert events[-1]["type"] == "response.incomplete"
+    assert not any(e["type"] in ("error", "response.failed") for e in events)
+
+
+async def test_a_cut_mid_batch_leaves_no_gap_in_the_sequence(
+        make_client: MakeClient, monkeypatch: Any) -> None:
+    """The cut lands while `output_item.added` drains; the events made with it (its
+    content part, the first delta) never went out and take no number."""
+    blocked = block_write_containing(monkeypatch, b'"response.output_item.added"')
+    client = await make_client()
+    events = await cut(client, blocked, await client.post("/v1/responses", json=BASE))
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2]["code"] == "shutting_down"
+
+
+async def test_a_replay_cut_while_its_events_are_held_still_sends_them(
+        make_client: MakeClient, monkeypatch: Any) -> None:
+    """A cached answer replayed as Response events is written in one go at its end; a
+    drain ending while the response store is slow sends the events held so far, then
+    the failure: the stream still begins with `response.created`."""
+    from proxy.openai_responses import routes
+
+    client = await make_client(make_settings(plugins=[{"name": "cache", "config": {
+        "semantic": {"enabled": False}, "store_truncated": True}}]))
+    req = {**BASE, "temperature": 0}
+    r = await client.post("/v1/responses", json=req)
+    assert r.status == 200
+    await r.read()  # stored: the next one is a whole replay
+    store = client.app[routes.STORE]
+    held = asyncio.Event()
+
+    async def put(self: Any, *a: Any, **k: Any) -> None:
+        held.set()
+        await asyncio.Event().wait()  # a slow store (Redis) when the drain ends
+
+    monkeypatch.setattr(type(store), "put", put)
+    events = await cut(client, held, await client.post("/v1/responses", json=req))
+    assert events[0]["type"] == "response.created"
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+
+
+async def test_a_chat_stream_cut_while_its_error_drains_has_one_error(
+        monkeypatch: Any) -> None:
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    from tests.unit.test_streaming import OneStream
+
+    blocked = block_write_containing(monkeypatch, b'"error"')
+
+    async def source() -> Any:
+        yield {"n": 0}
+        await asyncio.sleep(0)
+        raise RuntimeError("boom")
+
+    one = OneStream(source)
+    async with TestServer(one.app) as server, ClientSession() as session:
+        async with session.get(server.make_url("/")) as r:
+            async with asyncio.timeout(10):
+                await blocked.wait()
+                one.handler[0].cancel(streaming.SHUTDOWN)
+                body = await r.read()
+    assert body.count(b'"error"') == 1 and body.endswith(b"data: [DONE]\n\n")
+
+
+async def test_embeddings_waiting_for_a_slot_at_the_drain_end_get_503(
+        make_client: MakeClient) -> None:
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()
+    client = await make_client(engine=engine, embeddings={"enabled": True}, plugins=[
+        {"name": "admission", "config": {"max_concurrent": 1, "max_queue": 4}}])
+    st = client.app[STATE]
+    await st.embedder.ready()
+    running = asyncio.create_task(client.post("/v1/chat/completions", json={
+        "model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}))
+    await engine.wait_until(lambda: bool(engine.active))
+    queued = asyncio.create_task(client.post("/v1/embeddings", json={
+        "model": "all-MiniLM-L6-v2", "input": "hi"}))
+    await eventually(lambda: st.in_flight == 2)
+    st.draining = True
+    assert await st.abort_all() == 2
+    for task in (running, queued):
+        r = await task
+        assert r.status == 503 and (await r.json())["error"]["code"] == "shutting_down"
