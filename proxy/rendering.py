@@ -42,12 +42,16 @@ class Choices:
     """Every choice of one answer (n per prompt), indexed as OpenAI numbers them.
 
     Also the engine call's bookkeeping, as a context manager around the loop over its
-    outputs: the span's first-token event and token counts, and engine exceptions mapped
-    to OpenAI errors on the way out."""
+    outputs: the span's first-token event and token counts, engine exceptions mapped to
+    OpenAI errors on the way out, and a stream cut short (client gone, deadline, engine
+    fault) left with the usage generated so far (`stream.usage`: what the rate limiter
+    charges; a stream that ends normally sets its own)."""
 
-    __slots__ = ("_prompt_tokens", "_span", "by_index", "cached", "n", "total")
+    __slots__ = ("_prompt_tokens", "_span", "_stream", "by_index", "cached", "n", "total")
 
-    def __init__(self, n: int, prompts: int, span: EngineSpan) -> None:
+    def __init__(self, n: int, prompts: int, span: EngineSpan,
+                 stream: Stream | None = None) -> None:
+        self._stream = stream
         self.n = n
         self.total = n * prompts
         self.by_index: dict[int, _Choice] = {}
@@ -64,6 +68,8 @@ class Choices:
             u = self.usage()
             self._span.end(u["prompt_tokens"], u["completion_tokens"], e)
             self._span = None
+        if e is not None and self._stream is not None and self._stream.usage is None:
+            self._stream.usage = self.usage()
         if isinstance(e, ENGINE_ERRORS):
             raise map_engine_error(e) from e
 
@@ -150,7 +156,7 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
     cid, created, model = R.new_id("chatcmpl"), R.now(), req.model
     include_usage = req.include_usage
     want_logprobs = bool(req.logprobs)
-    track = Choices(req.n, 1, span)
+    track = Choices(req.n, 1, span, stream)
     calls = T.StreamCalls(prep.tracker)
     with track:
         async with aclosing(outputs):
@@ -198,7 +204,7 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                              prep: Prepared, span: EngineSpan,
                              stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("cmpl"), R.now(), req.model
-    track = Choices(req.n, len(prep.prompts), span)
+    track = Choices(req.n, len(prep.prompts), span, stream)
     offsets: dict[int, int] = {}
     with track:
         async with aclosing(outputs):

@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Any
 
 from proxy.engine.base import (
@@ -183,6 +184,25 @@ def schema_instance(schema: dict[str, Any]) -> Any:
         props = schema.get("properties", {})
         return {k: schema_instance(props[k]) for k in schema.get("required", props)}
     return {"string": "x", "integer": 1, "number": 1.5, "boolean": True, "null": None}[kind]
+
+
+
+class HoldingEngine(FakeEngine):
+    """Answers its first tokens, then holds until `hold` is set."""
+
+    def __init__(self, after: int = 2) -> None:
+        super().__init__()
+        self.hold = asyncio.Event()
+        self.after = after
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        n = 0
+        async with aclosing(super().generate(*args, **kwargs)) as outputs:
+            async for out in outputs:
+                yield out
+                n += 1
+                if n >= self.after:
+                    await self.hold.wait()
 
 
 class FakeToolParser:

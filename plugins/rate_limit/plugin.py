@@ -8,8 +8,9 @@ stay in one place to release every slot exactly once.
 On admission, every rule's buckets are checked and charged in one atomic step: one
 request, and the tokens it may use (its prompt, estimated from its text, plus its
 `max_tokens` or `default_max_tokens`), and a concurrency lease. When the answer ends the
-token charge is settled against the real usage and the lease released; a failed or
-aborted request gets its tokens back.
+token charge is settled against the real usage and the lease released: a stream cut
+short (its client gone, its deadline, an engine fault) is charged the tokens generated
+until then; a whole answer that failed or was abandoned gets its tokens back.
 
 Over a limit: 429 `rate_limit_exceeded` with an integer `Retry-After` and
 `retry-after-ms`. Every answer carries OpenAI's `x-ratelimit-limit-requests`,
@@ -300,9 +301,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         states = decision.states
         headers = self._headers(states[: len(rpm)], states[len(rpm):])
         if not decision.allowed:
-            culprit = next((per_of[b.key] for s, b in zip(states, rpm + tpm, strict=True)
-                            if s.remaining <= 0 and b.cost <= s.limit), None)
-            if culprit is None:  # no bucket was empty: a concurrency limit refused it
+            culprit = _culprit(states, rpm + tpm, per_of)
+            if culprit is None:  # no bucket lacked room: a concurrency limit refused it
                 pers = {per_of[k].split(":")[0] for k, _ in conc}
                 culprit = f"{pers.pop() if len(pers) == 1 else 'any'}:concurrent"
             per, limit = culprit.split(":")
@@ -329,8 +329,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         assert isinstance(reply, Stream)
 
         async def ended(stream: Stream, outcome: Outcome) -> None:
-            # Without a usage report the reservation stands (the stream completed) or is
-            # refunded (it did not).
+            # A stream cut short reports the usage generated until the cut; without any
+            # report the reservation stands (it completed) or is refunded (it did not).
             used = (stream.usage or {}).get("total_tokens")
             if used is None:
                 used = reserve if outcome == "completed" else 0
@@ -338,3 +338,18 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
 
         reply.on_end(ended)
         return reply
+
+
+def _culprit(states: list[BucketState], buckets: list[Bucket],
+             per_of: dict[str, str]) -> str | None:
+    """The rule (`per:limit`) of a bucket that refused: one left empty first, then one
+    with room for less than this request's cost (a token reservation larger than what is
+    left); None when every bucket had room (a concurrency limit refused)."""
+    pairs = list(zip(states, buckets, strict=True))
+    for s, b in pairs:
+        if s.remaining <= 0 and b.cost <= s.limit:
+            return per_of[b.key]
+    for s, b in pairs:
+        if min(b.cost, s.limit) > s.remaining:
+            return per_of[b.key]
+    return None

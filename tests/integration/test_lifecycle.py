@@ -1,16 +1,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
-from typing import Any
 
 import pytest
 
 from proxy.app import create_app
 from proxy.app_state import STATE
 from tests.conftest import MakeClient, make_settings
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, HoldingEngine
 from tests.openai_spec import validate
 from tests.sse import parse_sse
 from tests.waiting import eventually
@@ -144,30 +141,12 @@ async def test_a_drain_ending_before_the_first_byte_answers_503(
         "weir_requests_aborted_total", {"reason": "client_gone"}) in (None, 0.0)
 
 
-class Holding(FakeEngine):
-    """Answers its first tokens, then holds until `hold` is set."""
-
-    def __init__(self, after: int = 2) -> None:
-        super().__init__()
-        self.hold = asyncio.Event()
-        self.after = after
-
-    async def generate(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
-        n = 0
-        async with aclosing(super().generate(*args, **kwargs)) as outputs:
-            async for out in outputs:
-                yield out
-                n += 1
-                if n >= self.after:
-                    await self.hold.wait()
-
-
 async def test_a_responses_stream_cut_by_a_drain_ends_with_its_own_events(
         make_client: MakeClient) -> None:
     """Cut mid-stream at the end of a drain, a Responses stream ends as the Responses API
     ends a failed one: a typed `error` event (`shutting_down`) with the next sequence
     number, then `response.failed`; no chat-style `{"error": ...}` and no `[DONE]`."""
-    engine = Holding()
+    engine = HoldingEngine()
     client = await make_client(engine=engine)
     st = client.app[STATE]
     r = await client.post("/v1/responses", json={**ROUTES["responses"][1], "stream": True,

@@ -24,8 +24,9 @@ from proxy.protocol import ChatCompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from tests.conftest import MakeClient, make_settings
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, HoldingEngine
 from tests.openai_spec import validate
+from tests.waiting import eventually
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -400,3 +401,52 @@ async def test_a_cancellation_redis_loses_still_stops_the_request(
     for k in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
         assert await p.remote.client.zcard(k) == 0
     await p.close()
+
+
+async def test_a_token_reservation_larger_than_the_room_left_is_named_a_tpm_refusal() -> None:
+    """The token bucket still has room, but less than this request reserves: the 429 and
+    its metric name the token limit, not a concurrency limit."""
+    p = plugin(rules=[{"per": "key", "tpm": 100}])
+
+    async def used_60(c: RequestContext) -> Reply:
+        return Completion({"usage": {"total_tokens": 60}})
+
+    await p(ctx(), used_60)  # ~40 tokens left
+    with pytest.raises(RateLimited) as e:
+        await p(ctx(max_tokens=60), answer)
+    assert "tokens per minute" in e.value.message
+    reg = p.services.metrics.registry
+    assert reg.get_sample_value("weir_rate_limit_rejections_total",
+                                {"per": "key", "limit": "tpm"}) == 1
+    assert not reg.get_sample_value("weir_rate_limit_rejections_total",
+                                    {"per": "any", "limit": "concurrent"})
+    await p.close()
+
+
+async def test_streams_cut_short_are_charged_what_they_generated(make_client: MakeClient
+                                                                 ) -> None:
+    """A client that drops each stream just before its end is charged the tokens it was
+    sent (the usage until the cut), so a token limit still stops it: it got them all
+    back before."""
+    engine = HoldingEngine(after=40)  # 40 tokens out, then the stream waits
+    client = await make_client(engine=engine, plugins=[{"name": "rate_limit", "config": {
+        "rules": [{"per": "tenant", "tpm": 200}]}}])
+    st = client.app[STATE]
+    body = {"model": "fake-model", "max_tokens": 50, "stream": True,
+            "messages": [{"role": "user", "content": "hi"}]}
+    statuses = []
+    for _ in range(8):  # ~45 tokens charged a cut: the fifth is refused
+        r = await client.post("/v1/chat/completions", json=body)
+        statuses.append(r.status)
+        if r.status != 200:
+            error = (await r.json())["error"]
+            assert error["code"] == "rate_limit_exceeded"
+            assert "tokens per minute" in error["message"]
+            break
+        seen = b""
+        async with asyncio.timeout(10):
+            while seen.count(b"data: ") < 40:
+                seen += await r.content.readany()
+        r.close()  # gone before the answer's end
+        await eventually(lambda: st.in_flight == 0)
+    assert statuses[-1] == 429 and 3 <= len(statuses) - 1 <= 5
