@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from proxy.app_state import STATE
 from proxy.auth import Principal
 from proxy.body import read_json
-from proxy.errors import InvalidRequest, PermissionDenied
+from proxy.errors import InvalidRequest, PermissionDenied, Unavailable
 from proxy.protocol import parse_model
 
 from .entry import matcher
@@ -72,7 +72,14 @@ def routes(store: CacheStore, in_flight: Callable[[], int],
         data, _ = await read_json(request, 65536)
         req = parse_model(PurgeRequest, data)
         f = scoped_filter(principal, req.model_dump(exclude_none=True))
-        return web.json_response({"purged": await store.purge(f)})
+        counts = await store.purge(f)
+        if "redis" in counts and counts["redis"] is None:
+            # This replica's memory is purged; Redis (and, through it, the others) is
+            # not: the entries could come back from it. Say so, and retry.
+            raise Unavailable("The cache's Redis could not be purged, so the matching "
+                              "entries may still be served from it; retry the purge.",
+                              code="cache_store_unavailable", retry_after=1)
+        return web.json_response({"purged": counts})
 
     async def stats(request: web.Request) -> web.Response:
         principal = _caller(request, "The cache admin API")

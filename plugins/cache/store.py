@@ -479,7 +479,14 @@ class CacheStore:
                 if entry.created >= self._purged_at:
                     self._index_add(event["p"], event["id"], vec, entry, question)
         elif op == "purge":
-            self._purge_memory(matcher(event.get("filter") or {}), drop_remote=True)
+            keys, sem = self._purge_memory(matcher(event.get("filter") or {}),
+                                           drop_remote=True)
+            # What the purging replica matched, by name: copies this replica read from
+            # Redis may hold no prompt for the filter to match.
+            await self._drop(list(event.get("members") or []), local_only=True)
+            if (keys or sem) and self.redis is not None:
+                # And what this one matched (it held their prompts), for the others.
+                await self.redis.publish({"op": "drop", "members": _members(keys, sem)})
         elif op == "drop":
             await self._drop(list(event.get("members") or []), local_only=True)
         elif op == "resync" and self.embedder is not None:
@@ -507,10 +514,12 @@ class CacheStore:
         keys, sem = self._purge_memory(match)
         counts: dict[str, Any] = {"l1": len(keys), "semantic_index": len(sem)}
         if self.redis is not None:
-            # Redis may hold no prompts: the entries this replica matched by prompt are
-            # named, so a purge by content reaches their Redis copies too.
+            # Redis, and the other replicas' copies read from it, may hold no prompts:
+            # the entries this replica matched by prompt are named, so a purge by content
+            # reaches those copies too.
             got = await self.redis.purge(match, keys, sem)
-            await self.redis.publish({"op": "purge", "filter": f})
+            await self.redis.publish({"op": "purge", "filter": f,
+                                      "members": _members(keys, sem)})
             counts["redis"] = None if got is None else {"exact": got[0], "semantic": got[1]}
         return counts
 
@@ -560,3 +569,8 @@ class CacheStore:
         if self.redis is not None:
             body["redis"] = await self.redis.count(match)
         return body
+
+
+def _members(keys: list[str], sem: list[tuple[str, str]]) -> list[str]:
+    """The names (`users.py`'s members) of exact keys and semantic entries."""
+    return [*map(exact_member, keys), *(semantic_member(p, e) for p, e in sem)]

@@ -95,3 +95,49 @@ async def test_opt_in_keeps_prompts_in_redis(make_client: MakeClient,
     await ask(a, f"Explain the {marker} setup steps")
     dump = await redis_dump(redis_server.url, prefix)
     assert [v for v in dump if marker in v]
+
+
+async def test_a_content_purge_reaches_copies_read_from_redis(make_client: MakeClient,
+                                                              redis_server: RedisServer) -> None:
+    """Replica b serves an answer it read from Redis (no prompt in it), exactly and
+    semantically; the purge is asked of replica c, which never saw it. a, which stored it
+    and holds its prompt, matches it and names it to the others: b drops its copies, and
+    no replica serves the purged answer again."""
+    (a, b, c), _ = await with_prefix(make_client, redis_server.url, n=3)
+    q = "Tell me about project osprey launch"
+    await ask(a, q)
+    await settle(a)
+    assert (await ask(b, q))[0] == "exact"  # read from Redis into b's memory
+    await eventually(lambda: len(cache_of(b).store.index) == 1, timeout=2.0)
+    assert (await ask(b, "Tell me about the project osprey launch",
+                      headers={"Cache-Control": "no-store"}))[0] == "semantic"
+    r = await c.post("/admin/cache/purge", json={"contains": "osprey"},
+                     headers={"Authorization": "Bearer k-admin"})
+    assert r.status == 200 and (await r.json())["purged"]["l1"] == 0
+    await eventually(lambda: len(cache_of(b).store.index) == 0
+                     and len(cache_of(a).store.index) == 0, timeout=2.0)
+    for client in (a, b, c):  # probes must not store the answer again
+        for text in (q, "Tell me about the project osprey launch"):
+            layer, _ = await ask(client, text, headers={"Cache-Control": "no-store"})
+            assert layer == "miss", (text, layer)
+
+
+async def test_a_purge_redis_did_not_take_is_a_503(make_client: MakeClient,
+                                                   redis_server: RedisServer) -> None:
+    """Redis unreachable during a purge: this replica's memory is purged, but Redis's
+    copies (and the other replicas, told through it) are not; the purge says so (503,
+    retry) instead of a 200."""
+    (a,), _ = await with_prefix(make_client, redis_server.url, n=1)
+    await ask(a, "Tell me about project kestrel launch")
+    await settle(a)
+    store = cache_of(a).store
+    assert store.redis is not None
+
+    async def down(*args: Any, **kwargs: Any) -> None:
+        return None  # what RedisStore.purge answers when Redis failed
+
+    store.redis.purge = down  # type: ignore[method-assign]
+    r = await a.post("/admin/cache/purge", json={"contains": "kestrel"},
+                     headers={"Authorization": "Bearer k-admin"})
+    assert r.status == 503 and r.headers["Retry-After"] == "1"
+    assert (await r.json())["error"]["code"] == "cache_store_unavailable"
