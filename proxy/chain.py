@@ -32,6 +32,7 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .context import RequestContext
+from .errors import WeirError
 
 # Replies are defined in proxy.reply; plugins import them from here with the contract.
 from .reply import Completion, EndHook, Outcome, Reply, Stream
@@ -229,22 +230,27 @@ def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugi
 
 def compose(plugins: Sequence[Plugin], terminal: Next) -> Next:
     """One callable running `plugins` outermost first, then `terminal`; the plugins'
-    `enter` hooks (those that have one) run first, before any of them."""
+    `enter` hooks (those that have one) run first, before any of them. An error leaving
+    the chain carries the response headers plugins set on the way in (the rate limiter's
+    `x-ratelimit-*` on a request it charged), as an answer would."""
     handler = terminal
     for plugin in reversed(plugins):
         handler = _link(plugin, handler)
     entering = [f for p in plugins if (f := getattr(p, "enter", None)) is not None
                 and getattr(f, "__func__", None) is not BasePlugin.enter]
-    if not entering:
-        return handler
     chain = handler
 
-    async def enter(ctx: RequestContext) -> Reply:
+    async def run(ctx: RequestContext) -> Reply:
         for hook in entering:
             hook(ctx)
-        return await chain(ctx)
+        try:
+            return await chain(ctx)
+        except WeirError as e:
+            for name, value in ctx.response_headers.items():
+                e.headers.setdefault(name, value)
+            raise
 
-    return enter
+    return run
 
 
 def _link(plugin: Plugin, call_next: Next) -> Next:

@@ -303,6 +303,9 @@ class RedisStore:
 
         await self._run(run())
 
+    async def ping(self) -> None:
+        await self._run(self.client.ping())
+
     async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
         keys: list[str] = []
         args: list[str | float] = [lease_ms]

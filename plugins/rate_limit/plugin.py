@@ -222,8 +222,19 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             try:
                 await self._renew()
                 await self._retry_orphans()
+                await self._probe()
             except Exception:  # keep renewing: a missed round only shortens leases
                 log.exception("rate-limit lease renewal failed")
+
+    async def _probe(self) -> None:
+        """On the local fallback, see whether Redis is back (health says so then, not
+        only after the next request's admission succeeds)."""
+        if self._degraded and self.remote is not None:
+            try:
+                await self.remote.ping()
+            except StoreError:
+                return
+            self._store_ok()
 
     async def _renew(self) -> None:
         lease_ms = self.cfg.lease_s * 1000

@@ -450,3 +450,47 @@ async def test_streams_cut_short_are_charged_what_they_generated(make_client: Ma
         r.close()  # gone before the answer's end
         await eventually(lambda: st.in_flight == 0)
     assert statuses[-1] == 429 and 3 <= len(statuses) - 1 <= 5
+
+
+async def test_health_sees_redis_back_without_waiting_for_a_request(tmp_path: Path) -> None:
+    """On its local fallback the limiter checks Redis in its background round: health
+    reads `redis` again once Redis is back, with no request in between."""
+    server = RedisServer(tmp_path).start()
+    url = server.url
+    server.stop()
+    p = plugin(url, lease_s=1, rules=[{"per": "key", "rpm": 100}])
+    await p.start()
+    again = None
+    try:
+        await p(ctx(), answer)  # Redis is down: the local limiter decides
+        assert p.health() == {"store": "local-fallback"}
+        again = RedisServer(tmp_path, port=server.port).start()
+        await eventually(lambda: p.health() == {"store": "redis"}, timeout=5)
+    finally:
+        if again is not None:
+            again.stop()
+        await p.close()
+
+
+async def test_an_error_after_the_limiter_charged_carries_its_headers(
+        make_client: MakeClient) -> None:
+    """A request the limiter charged and something later refused (the engine's context
+    limit, a shed) still tells the client its limits, as an answer would."""
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()
+    client = await make_client(engine=engine, plugins=[
+        {"name": "rate_limit", "config": {"rules": [{"per": "tenant", "rpm": 100,
+                                                     "tpm": 1_000_000}]}},
+        {"name": "admission", "config": {"max_concurrent": 1, "max_queue": 0}}])
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+    too_long = await client.post("/v1/chat/completions", json={**body, "max_tokens": 10_000})
+    running = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+    await engine.wait_until(lambda: bool(engine.active))
+    shed = await client.post("/v1/chat/completions", json=body)
+    engine.token_gate.set()
+    assert (await running).status == 200
+    for r, status in ((too_long, 400), (shed, 503)):
+        assert r.status == status
+        validate("ErrorResponse", await r.json())
+        assert r.headers["x-ratelimit-limit-requests"] == "100"
+        assert int(r.headers["x-ratelimit-remaining-requests"]) < 100
