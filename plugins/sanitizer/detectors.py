@@ -204,34 +204,37 @@ def _card_ok(candidate: str) -> bool:
     return tail is not None and luhn_ok(candidate[: tail.start()])
 _CN_ID = r"(?<![0-9Xx])\d{17}[0-9Xx](?![0-9Xx])"
 _IBAN = r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"
-_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|0?[1-9]\d|0{0,2}\d)"  # "007", "010" too
 _IPV4 = rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\d.])"
 _IPV6 = r"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])"  # checked by ipaddress
 
 
 def _find_email(text: str) -> Iterator[Span]:
     yield from _email_plain(text)
+    if "%40" in text:  # URL-encoded: "jane%40example.com"
+        yield from _email_encoded(text)
     if "dot" in text or "DOT" in text or "Dot" in text:
         yield from _spelled_emails(text)
 
 
-def _around_at(pattern: str) -> Callable[[str], Iterator[Span]]:
-    """E-mail: match only in a window around each '@' (addresses are short)."""
+def _around_at(pattern: str, at: str = "@") -> Callable[[str], Iterator[Span]]:
+    """E-mail: match only in a window around each `at` (addresses are short)."""
     rx = re.compile(pattern)
 
     def find(text: str) -> Iterator[Span]:
         last = 0
-        i = text.find("@")
+        i = text.find(at)
         while i != -1:
             for m in rx.finditer(text, max(last, i - 64), min(len(text), i + 256)):
                 yield m.span()
                 last = m.end()
-            i = text.find("@", max(i + 1, last))
+            i = text.find(at, max(i + 1, last))
 
     return find
 
 
 _email_plain = _around_at(_EMAIL)
+_email_encoded = _around_at(_EMAIL.replace("@", "%40"), "%40")
 _ip_v4 = _numeric(_IPV4)
 _ip_v6 = _regex(_IPV6, check=_ip_ok, needs=(":",))
 

@@ -290,3 +290,27 @@ async def test_numbers_in_two_messages_that_are_not_a_card_pass() -> None:
     ctx = convo("order 4111 1111", "1111 1112 please")  # fails Luhn
     await plugin(card="flag")(ctx, Spy())
     assert not ctx.sensitive
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("email", "write to jane%40example.com please"),
+    ("email", "mailto:j.doe%40mail.example.co.uk"),
+    ("ip", "the server at 192.168.001.001 is down"),
+    ("ip", "gateway 010.000.000.001"),
+    ("secret", "my pw is Hunter22x"),
+    ("secret", "PW: s3cr3t!"),
+])
+def test_encoded_padded_and_short_forms(name: str, text: str) -> None:
+    """An address URL-encoded (`%40`), an IPv4 address with zero-padded octets, a
+    password given as "pw": found like their plain forms."""
+    assert fires(name, text)
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("ip", "version 1.2.3.4.5"),
+    ("ip", "256.1.1.1"),
+    ("secret", "my pw is required"),
+    ("email", "100%40 of them"),
+])
+def test_what_only_looks_like_them_does_not_fire(name: str, text: str) -> None:
+    assert not fires(name, text)
