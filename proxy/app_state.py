@@ -135,5 +135,10 @@ STATE: web.AppKey[AppState] = web.AppKey("weir_state", AppState)
 REQUEST_ID: web.RequestKey[str] = web.RequestKey("weir_request_id", str)
 #: What the route learned about the request, for the access log (tenant, model, tokens).
 INFO: web.RequestKey[dict[str, Any]] = web.RequestKey("weir_info", dict)
+#: The response headers the chain's plugins set for this request (its context's): an
+#: error answer carries them too (the rate limiter's `x-ratelimit-*` on a request it
+#: charged and something later refused), as an answer does.
+RESPONSE_HEADERS: web.RequestKey[dict[str, str]] = web.RequestKey("weir_response_headers",
+                                                                  dict)
 #: The request was counted as aborted by its client (once per request).
 ABORTED: web.RequestKey[bool] = web.RequestKey("weir_aborted", bool)

@@ -32,7 +32,6 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .context import RequestContext
-from .errors import WeirError
 
 # Replies are defined in proxy.reply; plugins import them from here with the contract.
 from .reply import Completion, EndHook, Outcome, Reply, Stream
@@ -230,25 +229,20 @@ def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugi
 
 def compose(plugins: Sequence[Plugin], terminal: Next) -> Next:
     """One callable running `plugins` outermost first, then `terminal`; the plugins'
-    `enter` hooks (those that have one) run first, before any of them. An error leaving
-    the chain carries the response headers plugins set on the way in (the rate limiter's
-    `x-ratelimit-*` on a request it charged), as an answer would."""
+    `enter` hooks (those that have one) run first, before any of them."""
     handler = terminal
     for plugin in reversed(plugins):
         handler = _link(plugin, handler)
     entering = [f for p in plugins if (f := getattr(p, "enter", None)) is not None
                 and getattr(f, "__func__", None) is not BasePlugin.enter]
+    if not entering:
+        return handler
     chain = handler
 
     async def run(ctx: RequestContext) -> Reply:
         for hook in entering:
             hook(ctx)
-        try:
-            return await chain(ctx)
-        except WeirError as e:
-            for name, value in ctx.response_headers.items():
-                e.headers.setdefault(name, value)
-            raise
+        return await chain(ctx)
 
     return run
 

@@ -186,19 +186,20 @@ class LocalEmbedder:
         loop = asyncio.get_running_loop()
         try:
             await self.ready()
-            failure: BaseException | None = None
+            failed = False
         except Exception as e:
             log.error("embedding model failed to load", error=f"{type(e).__name__}: {e}")
-            failure = Unavailable("The embedding model failed to load; the server log says "
-                                  "why.", code="model_unavailable", retry_after=None)
+            failed = True
         while True:
             await self._wake.wait()
             self._wake.clear()
             while slices := self._take():
-                if failure is not None:
+                if failed:
                     for call, _, _ in slices:
-                        if not call.future.done():
-                            call.future.set_exception(failure)
+                        if not call.future.done():  # an error of its own for each caller
+                            call.future.set_exception(Unavailable(
+                                "The embedding model failed to load; the server log says "
+                                "why.", code="model_unavailable", retry_after=None))
                     continue
                 texts = [t for call, a, b in slices for t in call.texts[a:b]]
                 started = time.perf_counter()

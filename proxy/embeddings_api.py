@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .app_state import REQUEST_ID, STATE
+from .app_state import REQUEST_ID, RESPONSE_HEADERS, STATE
 from .body import read_json
 from .chain import Completion, Reply
 from .context import RequestContext
@@ -63,6 +63,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
                          request_id=request[REQUEST_ID],
                          headers={k.lower(): v for k, v in request.headers.items()},
                          body_bytes=size, state={_ORIGINAL: req})
+    request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     with generating(st, request):
         reply = await st.embed_chain(ctx)
     assert isinstance(reply, Completion)

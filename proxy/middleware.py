@@ -24,7 +24,7 @@ from aiohttp.typedefs import Handler
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from .app_state import INFO, REQUEST_ID
+from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS
 from .errors import (
     MethodNotAllowed,
     NotFound,
@@ -40,8 +40,10 @@ log = get_logger("weir.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-def error_response(err: WeirError, request_id: str | None = None) -> web.Response:
-    headers = dict(err.headers)
+def error_response(err: WeirError, request_id: str | None = None,
+                   carried: dict[str, str] | None = None) -> web.Response:
+    """`carried`: the request's response headers so far (the error's own win)."""
+    headers = {**carried, **err.headers} if carried else dict(err.headers)
     if request_id:
         headers["x-request-id"] = request_id
     return web.json_response(err.to_body(), status=err.status, headers=headers)
@@ -145,7 +147,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except WeirError as e:
-        return error_response(e, rid)
+        return error_response(e, rid, request.get(RESPONSE_HEADERS))
     except web.HTTPRequestEntityTooLarge:
         return error_response(PayloadTooLarge("The request body is too large."), rid)
     except web.HTTPMethodNotAllowed as e:

@@ -182,6 +182,7 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                 if choices:
                     yield R.chat_chunk(id=cid, model=model, created=created, choices=choices,
                                        include_usage=include_usage)
+    stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()
     if missing:  # the engine ended without a reason for some choice: close it once
         closing = []
@@ -193,7 +194,6 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
             ch.reason = "stop"
         yield R.chat_chunk(id=cid, model=model, created=created, include_usage=include_usage,
                            choices=closing)
-    stream.usage = track.usage()
     stream.answer = calls.answer(track.answer())
     if include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created,
@@ -233,6 +233,7 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                 if choices:
                     yield R.completion_body(id=cid, model=model, created=created,
                                             choices=choices, usage_=None)
+    stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()
     if missing:
         for i in missing:
@@ -240,7 +241,6 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
         yield R.completion_body(id=cid, model=model, created=created, usage_=None,
                                 choices=[R.completion_choice(i, "", "stop", None)
                                          for i in missing])
-    stream.usage = track.usage()
     stream.answer = track.answer()
     if req.include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created, object_="text_completion",

@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from . import embeddings_api
-from .app_state import INFO, REQUEST_ID, STATE, AppState
+from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from .auth import Principal
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
@@ -88,6 +88,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         headers={k.lower(): v for k, v in request.headers.items()},
         body_bytes=size,
     )
+    request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     with generating(st, request):
         return await _answer(request, st, ctx, info)
 

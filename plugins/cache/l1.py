@@ -28,6 +28,11 @@ class L1:
     def __contains__(self, key: object) -> bool:
         return key in self._items
 
+    def held(self, key: str) -> Entry | None:
+        """The entry under `key`, expired or not, without touching its recency."""
+        item = self._items.get(key)
+        return None if item is None else item[0]
+
     def get(self, key: str, now: float, allow_stale: bool = False) -> Entry | None:
         item = self._items.get(key)
         if item is None:

@@ -295,9 +295,11 @@ class RedisStore:
     def _event(self, event: dict[str, Any]) -> str:
         return json.dumps({**event, "from": self.replica}, separators=(",", ":"))
 
-    async def publish(self, event: dict[str, Any]) -> None:
+    async def publish(self, event: dict[str, Any]) -> bool:
+        """Whether Redis took the event (to pass on to every replica)."""
         data = self._event(event)
-        await self._call("publish", lambda: self.client.publish(self.p + "events", data))
+        return await self._call("publish",
+                                lambda: self.client.publish(self.p + "events", data)) is not None
 
     async def _listen(self, on_event: EventHandler) -> None:
         backoff = 0.2

@@ -58,6 +58,9 @@ MAX_PENDING = 10_000
 #: Pending questions embedded per forward pass while idle (a pass is a few ms per text:
 #: a request arriving meanwhile waits at most one pass).
 IDLE_BATCH = 4
+#: Members named per purge or drop event (a message stays well under Redis's pub/sub
+#: output buffer limit, and under the store's per-call timeout, whatever a purge matched).
+PUBLISH_CHUNK = 2000
 #: Pending questions of its gate a lookup embeds with its own, at most (the newest).
 LOOKUP_BATCH = 16
 
@@ -92,6 +95,9 @@ class CacheStore:
                       if cfg.redis.url else None)
         self._background: set[asyncio.Task[Any]] = set()
         self._purged_at = 0.0
+        #: Names a purge matched that Redis (or the event to the others) did not take:
+        #: the next purge tries them again (this replica no longer holds their prompts).
+        self._owed: tuple[list[str], list[tuple[str, str]]] = ([], [])
         self.lazy = embedder is not None and cfg.semantic.lazy and cfg.semantic.guard
         #: Whether the gateway is idle (no request in flight): set by the plugin.
         self.idle: Callable[[], bool] = lambda: True
@@ -479,16 +485,20 @@ class CacheStore:
                 if entry.created >= self._purged_at:
                     self._index_add(event["p"], event["id"], vec, entry, question)
         elif op == "purge":
-            keys, sem = self._purge_memory(matcher(event.get("filter") or {}),
-                                           drop_remote=True)
-            # What the purging replica matched, by name: copies this replica read from
-            # Redis may hold no prompt for the filter to match.
-            await self._drop(list(event.get("members") or []), local_only=True)
-            if (keys or sem) and self.redis is not None:
+            f = event.get("filter") or {}
+            keys, sem = self._purge_memory(matcher(f), drop_remote=True)
+            # What the purging replica matched by content, by name: copies this replica
+            # read from Redis may hold no prompt for the filter to match.
+            await self._drop(self._named(list(event.get("members") or []), f),
+                             local_only=True)
+            if (keys or sem) and "contains" in f:
                 # And what this one matched (it held their prompts), for the others.
-                await self.redis.publish({"op": "drop", "members": _members(keys, sem)})
+                await self._publish({"op": "drop", "filter": f}, _members(keys, sem))
         elif op == "drop":
-            await self._drop(list(event.get("members") or []), local_only=True)
+            members = list(event.get("members") or [])
+            if "filter" in event:  # named by a purge: only what its filter's scope allows
+                members = self._named(members, event["filter"])
+            await self._drop(members, local_only=True)
         elif op == "resync" and self.embedder is not None:
             await self._load_semantic()
 
@@ -509,19 +519,55 @@ class CacheStore:
     async def purge(self, f: dict[str, Any]) -> dict[str, Any]:
         """Remove what filter `f` matches everywhere: this replica's memory, Redis, and
         (through an event) every other replica's memory. Counts per layer; Redis's is
-        None when it failed, absent without Redis."""
+        None when Redis or the event failed (the names matched here are kept, and the
+        next purge tries them again), absent without Redis."""
         match = matcher(f)
         keys, sem = self._purge_memory(match)
         counts: dict[str, Any] = {"l1": len(keys), "semantic_index": len(sem)}
         if self.redis is not None:
             # Redis, and the other replicas' copies read from it, may hold no prompts:
-            # the entries this replica matched by prompt are named, so a purge by content
-            # reaches those copies too.
+            # what this replica matched by content is named, so the purge reaches those
+            # copies too (a filter by owner alone matches them everywhere as it is).
+            owed_keys, owed_sem = self._owed
+            keys, sem = [*owed_keys, *keys], [*owed_sem, *sem]
             got = await self.redis.purge(match, keys, sem)
-            await self.redis.publish({"op": "purge", "filter": f,
-                                      "members": _members(keys, sem)})
-            counts["redis"] = None if got is None else {"exact": got[0], "semantic": got[1]}
+            named = _members(keys, sem) if "contains" in f or owed_keys or owed_sem else []
+            told = await self._publish({"op": "purge", "filter": f}, named)
+            self._owed = ([], []) if got is not None and told else (keys, sem)
+            counts["redis"] = (None if got is None or not told
+                               else {"exact": got[0], "semantic": got[1]})
         return counts
+
+    async def _publish(self, event: dict[str, Any], members: list[str]) -> bool:
+        """`event` with `members`, in messages of a bounded size; whether Redis took them
+        all."""
+        assert self.redis is not None
+        ok = True
+        for i in range(0, max(len(members), 1), PUBLISH_CHUNK):
+            ok = await self.redis.publish({**event, "members": members[i:i + PUBLISH_CHUNK]}
+                                          ) and ok
+        return ok
+
+    def _named(self, members: list[str], f: dict[str, Any]) -> list[str]:
+        """The members another replica's purge named that this replica holds for an entry
+        the filter's owner fields accept (tenant, role, user, key): a shared key (scope
+        `global`) can name another tenant's entry here."""
+        owned = matcher({k: v for k, v in f.items() if k != "contains"})
+        out = []
+        keys, sem = split_members(members)
+        for key in keys:
+            entry = self.l1.held(key) if self.l1 is not None else None
+            if entry is not None and owned(entry):
+                out.append(exact_member(key))
+        for partition, entry_id in sem:
+            pending = self._pending.get((partition, entry_id))
+            part = self.index.partitions.get(partition)
+            held = (pending.entry if pending is not None else
+                    part.entries[entry_id][0] if part is not None and entry_id in part.entries
+                    else None)
+            if held is not None and owned(held):
+                out.append(semantic_member(partition, entry_id))
+        return out
 
     def purge_local(self, match: Match) -> tuple[int, int]:
         """Purge this replica's memory only; (L1 entries, semantic entries) removed."""

@@ -36,16 +36,16 @@ _FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
 # Any of the literals at all: one scan, and most prompts stop there.
 _ANY_NEED = re.compile("|".join(re.escape(n) for needs, _ in _FORMATS for n in needs))
 
-# "password is X", "pwd: X", "pw is X", "api key = X", "密码是 X": the value is what gets redacted
+# "password is X", "pwd: X", "api key = X", "密码是 X": the value is what gets redacted
 # (with the phrase, so the placeholder reads naturally).
 _PHRASE = re.compile(
-    r"(?i:\b(?:pass(?:word|wd|code|phrase)|pwd?|pin\s+(?:code|number)|api[\s_-]?key|"
+    r"(?i:\b(?:pass(?:word|wd|code|phrase)|pwd|pin\s+(?:code|number)|api[\s_-]?key|"
     r"access[\s_-]?token|auth[\s_-]?token|secret[\s_-]?key)"
     r"(?:\s+(?:for|to|of|on)(?:\s+[\w.@-]{1,40}){1,3}?)?"  # "password for my bank"
     r"(?:\s+(?:is|was|would\s+be|will\s+be)\s+|\s*[=:]\s*))[\"'`]?(?P<v>[^\s\"'`]{3,128})"
     r"|(?:密码|口令|密钥)\s*(?:是|为|[:=])\s*(?P<zh>\S{3,64})")
 # Where a phrase can start: the regex runs only at these words, not at every position.
-_PHRASE_STARTS = ("pass", "pw", "pin", "api", "access", "auth", "secret", "密码", "口令",
+_PHRASE_STARTS = ("pass", "pwd", "pin", "api", "access", "auth", "secret", "密码", "口令",
                   "密钥")
 
 # Words that follow "password is" in ordinary talk about passwords, not a password.

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..app_state import INFO, REQUEST_ID, STATE
+from ..app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from ..chain import Completion, Stream
 from ..context import RequestContext
 from ..errors import InvalidRequest, NotFound
@@ -64,6 +64,7 @@ async def create(request: web.Request) -> web.StreamResponse:
                          request_id=request[REQUEST_ID],
                          headers={k.lower(): v for k, v in request.headers.items()},
                          body_bytes=size)
+    request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     rid = X.new_id("resp")
     inputs = X.input_items(req) if req.store else []
 

@@ -428,3 +428,34 @@ async def test_a_pending_answer_dropped_unembedded_frees_its_place_on_the_owners
     assert sum(m.startswith("x:") for m in members) == 2  # both exact entries stay
     await busy.release()
     await p.close()
+
+
+async def test_a_tenant_purge_never_drops_another_tenants_entry(make_client: MakeClient,
+                                                               redis_server: RedisServer
+                                                               ) -> None:
+    """Scope `global`: two tenants' entries for one prompt share a key. acme's admin
+    purges by content on replica a; replica b holds globex's entry under that key: the
+    name a sends does not drop it (the filter's tenant is checked against what b holds)."""
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    cfg = {"scope": "global", "store_truncated": True, "semantic": {"enabled": False},
+           "redis": {"url": redis_server.url, "key_prefix": prefix, "timeout_s": 0.2}}
+    a, b = [await make_client(make_settings(auth={"mode": "keys", "keys": KEYS},
+                                            plugins=[{"name": "cache", "config": cfg}]),
+                              engine=FakeEngine()) for _ in range(2)]
+    q = "Tell me about project osprey launch"
+    assert (await ask(a, q, key="k-alice"))[0] == "miss"  # acme's entry on a
+    assert (await ask(b, q, key="k-eve"))[0] == "miss"  # globex's own entry on b
+    await settle(a, b)
+    assert [e.tenant for e in cache_of(b).store.l1.entries()] == ["globex"]
+    r = await a.post("/admin/cache/purge", json={"contains": "osprey"}, headers=h("k-admin"))
+    assert r.status == 200 and (await r.json())["purged"]["l1"] == 1
+    # A second purge, of an acme entry only b holds: once b has dropped it, b has
+    # handled the first purge's event too (events arrive in order).
+    marker = "Tell me about project plover launch"
+    await ask(b, marker, key="k-alice")
+    await settle(b)
+    r = await a.post("/admin/cache/purge", json={"contains": "plover"}, headers=h("k-admin"))
+    assert r.status == 200
+    await eventually(lambda: all(e.tenant != "acme" for e in cache_of(b).store.l1.entries()),
+                     timeout=2.0)
+    assert [e.tenant for e in cache_of(b).store.l1.entries()] == ["globex"]

@@ -141,3 +141,35 @@ async def test_a_purge_redis_did_not_take_is_a_503(make_client: MakeClient,
                      headers={"Authorization": "Bearer k-admin"})
     assert r.status == 503 and r.headers["Retry-After"] == "1"
     assert (await r.json())["error"]["code"] == "cache_store_unavailable"
+
+
+async def test_the_retry_a_failed_purge_asks_for_reaches_redis(make_client: MakeClient,
+                                                               redis_server: RedisServer
+                                                               ) -> None:
+    """Redis failed a content purge once (503); the retry finds nothing left in this
+    replica's memory to match by prompt, but the names the first try matched are kept
+    and retried: the Redis copies go, and no replica serves the answer again."""
+    (a, b), prefix = await with_prefix(make_client, redis_server.url, n=2)
+    q = "Tell me about project kestrel launch"
+    await ask(a, q)
+    await settle(a)
+    store = cache_of(a).store
+    assert store.redis is not None
+    real = store.redis.purge
+
+    async def down(*args: Any, **kwargs: Any) -> None:
+        return None  # Redis failed this once (a scan timeout, a blip)
+
+    store.redis.purge = down  # type: ignore[method-assign]
+    admin = {"Authorization": "Bearer k-admin"}
+    r = await a.post("/admin/cache/purge", json={"contains": "kestrel"}, headers=admin)
+    assert r.status == 503
+    store.redis.purge = real  # type: ignore[method-assign]
+    r = await a.post("/admin/cache/purge", json={"contains": "kestrel"}, headers=admin)
+    assert r.status == 200
+    left = [k for k in await redis_dump(redis_server.url, prefix)
+            if k.startswith((prefix + "x:", prefix + "s:"))]
+    assert left == []
+    for client in (a, b):
+        layer, _ = await ask(client, q, headers={"Cache-Control": "no-store"})
+        assert layer == "miss"

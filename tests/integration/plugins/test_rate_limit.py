@@ -494,3 +494,25 @@ async def test_an_error_after_the_limiter_charged_carries_its_headers(
         validate("ErrorResponse", await r.json())
         assert r.headers["x-ratelimit-limit-requests"] == "100"
         assert int(r.headers["x-ratelimit-remaining-requests"]) < 100
+
+
+async def test_an_error_answer_shows_each_tenant_its_own_limits(make_client: MakeClient
+                                                                ) -> None:
+    """The embedding model failed to load: every embeddings request is a 503 after the
+    limiter charged it, and each tenant's 503 carries its own tenant's limits (headers
+    travel with the request, never on an error object several requests share)."""
+    keys = [{"key": "k-alice", "tenant": "acme", "user": "alice"},
+            {"key": "k-eve", "tenant": "globex", "user": "eve"}]
+    cfg = {"rules": [{"per": "tenant", "rpm": 1000, "overrides": {"globex": {"rpm": 7}}}]}
+    client = await make_client(make_settings(
+        auth={"mode": "keys", "keys": keys},
+        embeddings={"enabled": True, "model": "/nonexistent/emb"},
+        plugins=[{"name": "rate_limit", "config": cfg}]), engine=FakeEngine())
+    body = {"model": "all-MiniLM-L6-v2", "input": "hi"}
+    seen = {}
+    for k in ("k-alice", "k-eve", "k-eve"):
+        r = await client.post("/v1/embeddings", json=body,
+                              headers={"Authorization": f"Bearer {k}"})
+        assert r.status == 503
+        seen[k] = r.headers.get("x-ratelimit-limit-requests")
+    assert seen == {"k-alice": "1000", "k-eve": "7"}

@@ -297,20 +297,41 @@ async def test_numbers_in_two_messages_that_are_not_a_card_pass() -> None:
     ("email", "mailto:j.doe%40mail.example.co.uk"),
     ("ip", "the server at 192.168.001.001 is down"),
     ("ip", "gateway 010.000.000.001"),
-    ("secret", "my pw is Hunter22x"),
-    ("secret", "PW: s3cr3t!"),
 ])
-def test_encoded_padded_and_short_forms(name: str, text: str) -> None:
-    """An address URL-encoded (`%40`), an IPv4 address with zero-padded octets, a
-    password given as "pw": found like their plain forms."""
+def test_encoded_and_padded_forms(name: str, text: str) -> None:
+    """An address URL-encoded (`%40`), an IPv4 address with octets zero-padded to three
+    digits: found like their plain forms."""
     assert fires(name, text)
 
 
 @pytest.mark.parametrize(("name", "text"), [
     ("ip", "version 1.2.3.4.5"),
     ("ip", "256.1.1.1"),
-    ("secret", "my pw is required"),
+    ("ip", "on 01.02.03.04"),  # a date
+    ("ip", "at 12.05.00.00"),
+    ("ip", "build 1.00.00.01"),
     ("email", "100%40 of them"),
+    ("email", "https%3A%2F%2Fexample.com%2Fpath"),
 ])
 def test_what_only_looks_like_them_does_not_fire(name: str, text: str) -> None:
     assert not fires(name, text)
+
+
+@pytest.mark.parametrize("text", [
+    "jane%40example.com", "a.b+c@mail.example.co.uk", "x_y@example.org",
+    "see bob@example.com, then", "(alice@example.io)",
+])
+def test_an_address_is_found_whole(text: str) -> None:
+    """From its separator: the whole address, local part and domain, is the span."""
+    address = text.strip("(),. ").removeprefix("see ").split(",")[0]
+    spans = list(BUILTIN["email"].find(normalize(text)))
+    assert [normalize(text)[a:b] for a, b in spans] == [address]
+
+
+@pytest.mark.parametrize("text", [
+    "%40" * 20000, "a%40" * 15000, "a@" * 30000, "@" * 60000, "a." * 30000 + "@x",
+])
+def test_separators_without_an_address_find_nothing(text: str) -> None:
+    """Long runs of separators (each one's domain is tried forwards, its local part only
+    when a domain follows: linear in the text)."""
+    assert list(BUILTIN["email"].find(text)) == []
