@@ -78,21 +78,30 @@ class _Watchdog:
     """Keep-alives while the engine is quiet; cuts a connection stuck in one write."""
 
     def __init__(self, resp: web.StreamResponse, request: web.Request, *,
-                 keepalive: float, write_timeout: float) -> None:
+                 keepalive: float, write_timeout: float,
+                 on_first: Callable[[], None] | None = None) -> None:
         self.resp, self.request = resp, request
         self.keepalive, self.write_timeout = keepalive, write_timeout
         self.last_write = time.monotonic()
         self.writing_since: float | None = None
         self.cut = False
+        self.sent = False  # some of the body (not a keep-alive) reached the socket
+        self._on_first = on_first
         self._task = asyncio.create_task(self._run())
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, body: bool = True) -> None:
+        """`body`: events or the body's end (the first such write that goes out calls
+        `on_first`), not a keep-alive or the shutdown's cut."""
         self.writing_since = time.monotonic()
         try:
             await self.resp.write(data)
         finally:
             self.writing_since = None
             self.last_write = time.monotonic()
+        if body and not self.sent:
+            self.sent = True
+            if self._on_first is not None:
+                self._on_first()
 
     async def _run(self) -> None:
         tick = max(0.05, min(self.keepalive, self.write_timeout) / 4)
@@ -106,7 +115,7 @@ class _Watchdog:
                         self.request.transport.abort()
                     return
             elif now - self.last_write >= self.keepalive:
-                await self.write(KEEPALIVE)
+                await self.write(KEEPALIVE, body=False)
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
@@ -147,18 +156,11 @@ async def write_sse(
         # found there, by the write's ConnectionError.
         await resp.prepare(request)
         request[PREPARED] = True
-        watchdog = _Watchdog(resp, request, keepalive=keepalive, write_timeout=write_timeout)
+        watchdog = _Watchdog(resp, request, keepalive=keepalive, write_timeout=write_timeout,
+                             on_first=on_first)
+        write = watchdog.write
         held: list[bytes] = []  # a whole stream's events: they go out with what ends it
         keep = stream.whole
-        sent = False  # some of the body reached the socket
-
-        async def write(data: bytes) -> None:
-            nonlocal sent
-            await watchdog.write(data)
-            if not sent:
-                sent = True
-                if on_first is not None:
-                    on_first()
 
         async def put(chunk: dict[str, Any]) -> None:
             if on_chunk is not None:
@@ -204,7 +206,7 @@ async def write_sse(
         except ConnectionError:  # an answer already whole stays "completed"
             if on_abort is not None:
                 on_abort("write timeout" if watchdog.cut else
-                         "client gone" if sent else "client gone before the first byte")
+                         "client gone" if watchdog.sent else "client gone before the first byte")
         return resp
     except asyncio.CancelledError as e:
         if not whole:  # (whole: the answer went out, and ends as it was)
@@ -238,7 +240,7 @@ async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse, befor
     try:
         async with asyncio.timeout(1.0):
             await watchdog.write(before + (framed(err) if framed is not None else b"")
-                                 + terminator)
+                                 + terminator, body=False)
             await resp.write_eof()
     except (TimeoutError, ConnectionError, asyncio.CancelledError):
         pass

@@ -25,8 +25,8 @@ def block_write_containing(monkeypatch: Any, marker: bytes) -> asyncio.Event:
     blocked = asyncio.Event()
     orig = streaming._Watchdog.write
 
-    async def write(self: Any, data: bytes) -> None:
-        await orig(self, data)
+    async def write(self: Any, data: bytes, body: bool = True) -> None:
+        await orig(self, data, body)
         if marker in data and not blocked.is_set():
             blocked.set()
             await asyncio.Event().wait()
