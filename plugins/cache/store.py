@@ -452,13 +452,20 @@ class CacheStore:
         labelled(self.metrics.entries, "semantic").set(len(self.index))
 
     def _held(self, member: str) -> bool:
+        return self._holding(member) is not None
+
+    def _holding(self, member: str) -> Entry | None:
+        """The entry this replica holds under `member` (L1, the index, or pending)."""
         keys, sem = split_members([member])
         if keys:
-            return self.l1 is not None and keys[0] in self.l1
+            return self.l1.held(keys[0]) if self.l1 is not None else None
         if not sem:
-            return False
+            return None
+        if (pending := self._pending.get(sem[0])) is not None:
+            return pending.entry
         part = self.index.partitions.get(sem[0][0])
-        return (part is not None and sem[0][1] in part.rows) or sem[0] in self._pending
+        held = part.entries.get(sem[0][1]) if part is not None else None
+        return held[0] if held is not None else None
 
     async def _drop(self, members: list[str], local_only: bool = False) -> None:
         keys, sem = split_members(members)
@@ -553,21 +560,7 @@ class CacheStore:
         the filter's owner fields accept (tenant, role, user, key): a shared key (scope
         `global`) can name another tenant's entry here."""
         owned = matcher({k: v for k, v in f.items() if k != "contains"})
-        out = []
-        keys, sem = split_members(members)
-        for key in keys:
-            entry = self.l1.held(key) if self.l1 is not None else None
-            if entry is not None and owned(entry):
-                out.append(exact_member(key))
-        for partition, entry_id in sem:
-            pending = self._pending.get((partition, entry_id))
-            part = self.index.partitions.get(partition)
-            held = (pending.entry if pending is not None else
-                    part.entries[entry_id][0] if part is not None and entry_id in part.entries
-                    else None)
-            if held is not None and owned(held):
-                out.append(semantic_member(partition, entry_id))
-        return out
+        return [m for m in members if (held := self._holding(m)) is not None and owned(held)]
 
     def purge_local(self, match: Match) -> tuple[int, int]:
         """Purge this replica's memory only; (L1 entries, semantic entries) removed."""

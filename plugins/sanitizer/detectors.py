@@ -134,7 +134,6 @@ def _ip_ok(candidate: str) -> bool:
     return True
 
 
-_EMAIL = r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,24}\b"
 # "name at domain dot com", "name[at]domain(dot)com", "name (at) domain [dot] co [dot] uk".
 # Spelled-out addresses are found from their "at" (every run below is bounded, so a text
 # made of thousands of "a dot b at c" costs linear time): the local part just before it
