@@ -38,6 +38,11 @@ class RequestContext:
     started: float = field(default_factory=time.monotonic)
     #: Filled by the terminal step: prompt tokens, for rate limiters and logs.
     prompt_tokens: int | None = None
+    #: Left by the terminal step when the request is cut (client gone, deadline) after the
+    #: engine had it, before an answer came back: the usage spent until the cut (prompt
+    #: tokens and the tokens generated), which the rate limiter charges. A stream cut after
+    #: its first chunk carries its own (`Stream.usage`).
+    usage_so_far: dict[str, Any] | None = None
     #: The request as the cache should key it (normalized, redacted); None: `request`.
     key_request: ChatCompletionRequest | CompletionRequest | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.

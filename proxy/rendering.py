@@ -11,6 +11,7 @@ settle tokens or store the answer: they never re-parse the chunks.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
+    from .context import RequestContext
     from .preparing import Prepared
 
 Request = ChatCompletionRequest | CompletionRequest
@@ -43,17 +45,22 @@ class Choices:
 
     Also the engine call's bookkeeping, as a context manager around the loop over its
     outputs: the span's first-token event and token counts, engine exceptions mapped to
-    OpenAI errors on the way out, and a stream cut short (client gone, deadline, engine
-    fault) left with the usage generated so far (`stream.usage`: what the rate limiter
-    charges; a stream that ends normally sets its own)."""
+    OpenAI errors on the way out, and an answer cut short left with the usage spent so
+    far, which the rate limiter charges: on its stream (`stream.usage`, any early end: the
+    tokens reached the client; a stream that ends normally sets its own) and, when the
+    client or the deadline cut it, on the request (`ctx.usage_so_far`: the answer never
+    came back, but the engine had the request)."""
 
-    __slots__ = ("_prompt_tokens", "_span", "_stream", "by_index", "cached", "n", "total")
+    __slots__ = ("_ctx", "_prep", "_prompt_tokens", "_span", "_stream", "by_index", "cached",
+                 "n", "total")
 
-    def __init__(self, n: int, prompts: int, span: EngineSpan,
+    def __init__(self, n: int, prep: Prepared, span: EngineSpan, ctx: RequestContext,
                  stream: Stream | None = None) -> None:
         self._stream = stream
+        self._ctx = ctx
+        self._prep = prep
         self.n = n
-        self.total = n * prompts
+        self.total = n * len(prep.prompts)
         self.by_index: dict[int, _Choice] = {}
         self._prompt_tokens: dict[int, int] = {}
         self.cached = 0
@@ -68,8 +75,12 @@ class Choices:
             u = self.usage()
             self._span.end(u["prompt_tokens"], u["completion_tokens"], e)
             self._span = None
-        if e is not None and self._stream is not None and self._stream.usage is None:
-            self._stream.usage = self.usage()
+        if e is not None:
+            spent = self._spent()
+            if self._stream is not None and self._stream.usage is None:
+                self._stream.usage = spent
+            if isinstance(e, asyncio.CancelledError):
+                self._ctx.usage_so_far = spent
         if isinstance(e, ENGINE_ERRORS):
             raise map_engine_error(e) from e
 
@@ -96,6 +107,15 @@ class Choices:
         return R.usage(sum(self._prompt_tokens.values()),
                        sum(c.tokens for c in self.by_index.values()), self.cached)
 
+    def _spent(self) -> dict[str, Any]:
+        """The usage until an early end: every prompt was submitted (the engine had it,
+        output or not), and an engine that hands over only the final output counts what
+        it generated (`options.generated`)."""
+        prompt = max(sum(self._prompt_tokens.values()), sum(map(len, self._prep.prompts)))
+        generated = max(sum(c.tokens for c in self.by_index.values()),
+                        self._prep.options.generated)
+        return R.usage(prompt, generated, self.cached)
+
     def answer(self) -> list[dict[str, Any]]:
         return [{"index": i, "text": "".join(c.text), "finish_reason": c.reason or "stop"}
                 for i, c in sorted(self.by_index.items())]
@@ -105,9 +125,9 @@ class Choices:
 
 
 async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep: Prepared,
-                span: EngineSpan) -> Completion:
+                span: EngineSpan, ctx: RequestContext) -> Completion:
     """Collect every output, then build the body."""
-    track = Choices(req.n, len(prep.prompts), span)
+    track = Choices(req.n, prep, span, ctx)
     with track:
         async with aclosing(outputs):
             async for out in outputs:
@@ -144,19 +164,20 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
 
 
 def chunks(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep: Prepared,
-           span: EngineSpan, stream: Stream) -> AsyncIterator[dict[str, Any]]:
+           span: EngineSpan, ctx: RequestContext, stream: Stream
+           ) -> AsyncIterator[dict[str, Any]]:
+    track = Choices(req.n, prep, span, ctx, stream)
     if isinstance(req, ChatCompletionRequest):
-        return _chat_chunks(outputs, req, prep, span, stream)
-    return _completion_chunks(outputs, req, prep, span, stream)
+        return _chat_chunks(outputs, req, prep, track, stream)
+    return _completion_chunks(outputs, req, prep, track, stream)
 
 
 async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCompletionRequest,
-                       prep: Prepared, span: EngineSpan,
+                       prep: Prepared, track: Choices,
                        stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("chatcmpl"), R.now(), req.model
     include_usage = req.include_usage
     want_logprobs = bool(req.logprobs)
-    track = Choices(req.n, 1, span, stream)
     calls = T.StreamCalls(prep.tracker)
     with track:
         async with aclosing(outputs):
@@ -201,10 +222,9 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
 
 
 async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: CompletionRequest,
-                             prep: Prepared, span: EngineSpan,
+                             prep: Prepared, track: Choices,
                              stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("cmpl"), R.now(), req.model
-    track = Choices(req.n, len(prep.prompts), span, stream)
     offsets: dict[int, int] = {}
     with track:
         async with aclosing(outputs):
@@ -257,6 +277,9 @@ class ChunkAssembler:
         self.reasons: dict[int, str] = {}
         self.usage: dict[str, int] | None = None
         self.error = False
+        #: Pieces of text relayed: a stream's tokens, as OpenAI-compatible servers stream
+        #: one (or a few) per chunk.
+        self.pieces = 0
 
     def feed(self, chunk: dict[str, Any]) -> None:
         if "error" in chunk:
@@ -267,12 +290,20 @@ class ChunkAssembler:
             piece = (c.get("delta") or {}).get("content") if self.route == "chat" else c.get(
                 "text")
             self.texts.setdefault(i, []).append(piece or "")
+            self.pieces += bool(piece)
             if c.get("finish_reason"):
                 self.reasons[i] = c["finish_reason"]
         if chunk.get("usage"):
             u = chunk["usage"]
             self.usage = {"prompt_tokens": int(u.get("prompt_tokens", 0)),
                           "completion_tokens": int(u.get("completion_tokens", 0))}
+
+    def cut(self, stream: Stream) -> None:
+        """The stream ended before the upstream's last chunk: leave what it reported, or
+        else the pieces relayed as the tokens generated (its prompt unknown: 0)."""
+        if stream.usage is None:
+            stream.usage = (R.usage(self.usage["prompt_tokens"], self.usage["completion_tokens"])
+                            if self.usage is not None else R.usage(0, self.pieces))
 
     def finish(self, stream: Stream) -> None:
         """Leave the answer (when every choice ended) and the usage on `stream`."""

@@ -153,7 +153,7 @@ class LocalServing:
         outputs = engine_outputs(self.engine, prep, ctx)
         span = EngineSpan(req.model)
         if not req.stream:
-            return await rendering.whole(outputs, req, prep, span)
+            return await rendering.whole(outputs, req, prep, span, ctx)
         stream = Stream()
-        stream.attach(rendering.chunks(outputs, req, prep, span, stream))
+        stream.attach(rendering.chunks(outputs, req, prep, span, ctx, stream))
         return await stream.prime()

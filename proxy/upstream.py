@@ -142,6 +142,7 @@ class Upstream:
 
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
                      stream: Stream) -> AsyncIterator[dict[str, Any]]:
+        done = False
         try:
             buf = b""
             async for piece in resp.content.iter_any():
@@ -154,6 +155,7 @@ class Upstream:
                         data = line[6:].strip()
                         if data == b"[DONE]":
                             asm.finish(stream)
+                            done = True
                             return
                         chunk = json.loads(data)
                         if "error" in chunk:
@@ -163,5 +165,7 @@ class Upstream:
         except (TimeoutError, aiohttp.ClientError, ValueError):
             raise EngineError("The upstream stream broke.") from None
         finally:
+            if not done:
+                asm.cut(stream)
             self.in_flight -= 1
             resp.release()

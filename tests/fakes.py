@@ -194,6 +194,7 @@ class HoldingEngine(FakeEngine):
         super().__init__()
         self.hold = asyncio.Event()
         self.after = after
+        self.held = 0  # generations waiting at the hold (`wait_until` sees it change)
 
     async def generate(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         n = 0
@@ -201,8 +202,13 @@ class HoldingEngine(FakeEngine):
             async for out in outputs:
                 yield out
                 n += 1
-                if n >= self.after:
-                    await self.hold.wait()
+                if n >= self.after and not self.hold.is_set():
+                    self.held += 1
+                    self._changed()
+                    try:
+                        await self.hold.wait()
+                    finally:
+                        self.held -= 1
 
 
 class FakeToolParser:

@@ -10,7 +10,8 @@ request, and the tokens it may use (its prompt, estimated from its text, plus it
 `max_tokens` or `default_max_tokens`), and a concurrency lease. When the answer ends the
 token charge is settled against the real usage and the lease released: a stream cut
 short (its client gone, its deadline, an engine fault) is charged the tokens generated
-until then; a whole answer that failed or was abandoned gets its tokens back.
+until then, and so is any answer its client or deadline cut once the engine had it (its
+prompt and what was generated until the cut); an answer that failed gets its tokens back.
 
 Over a limit: 429 `rate_limit_exceeded` with an integer `Retry-After` and
 `retry-after-ms`. Every answer carries OpenAI's `x-ratelimit-limit-requests`,
@@ -330,8 +331,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         try:
             reply = await call_next(ctx)
         except BaseException:
-            # Shielded: a second cancellation must not leave the lease behind.
-            await self._settle_shielded(store, tpm, reserve, 0, conc_keys, lease)
+            # Refunded, but for what a request cut (client gone, deadline) after the
+            # engine had it spent until the cut. Shielded: a second cancellation must not
+            # leave the lease behind.
+            spent = (ctx.usage_so_far or {}).get("total_tokens", 0)
+            await self._settle_shielded(store, tpm, reserve, spent, conc_keys, lease)
             raise
         if isinstance(reply, Completion):
             used = (reply.body.get("usage") or {}).get("total_tokens")
@@ -342,9 +346,12 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         async def ended(stream: Stream, outcome: Outcome) -> None:
             # A stream cut short reports the usage generated until the cut; without any
             # report the reservation stands (it completed) or is refunded (it did not).
-            used = (stream.usage or {}).get("total_tokens")
+            usage = stream.usage or {}
+            used = usage.get("total_tokens")
             if used is None:
                 used = reserve if outcome == "completed" else 0
+            elif not usage.get("prompt_tokens"):  # a relay that could not count the prompt
+                used += estimate_tokens(ctx)
             await self._settle_shielded(store, tpm, reserve, used, conc_keys, lease)
 
         reply.on_end(ended)

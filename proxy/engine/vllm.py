@@ -54,6 +54,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
 )
 from vllm.exceptions import GracefulHTTPError, VLLMClientError
 from vllm.inputs.engine import tokens_input
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import (
     RequestOutputKind,
     SamplingParams,
@@ -267,10 +268,11 @@ class VllmEngine:
         params = self._sampling_params(options)
         want_logprobs = options.logprobs is not None
         finished = False
+        outputs = llm.generate(tokens_input(prompt, cache_salt=cache_salt), params, request_id)
+        if options.final_only:
+            outputs = _counted(llm, outputs, request_id, options)
         try:
-            async for out in llm.generate(
-                tokens_input(prompt, cache_salt=cache_salt), params, request_id
-            ):
+            async for out in outputs:
                 choices = [
                     ChoiceDelta(
                         index=c.index,
@@ -380,6 +382,44 @@ _NATIVE_NOISE = re.compile(
     r"\.(?:cc|cpp|cxx|c|h|hpp|py|rs)\b(?::\d+)*:?\s*"
 )
 _MAX_MESSAGE = 500
+
+
+async def _counted(llm: AsyncLLM, outputs: AsyncGenerator[RequestOutput, None],
+                   request_id: str, options: SamplingOptions
+                   ) -> AsyncGenerator[RequestOutput, None]:
+    """vLLM's outputs for a request that hands over only its final one, each awaited in a
+    task of its own, so that a cancellation (client gone, deadline) reaches this frame
+    before vLLM's generator, which aborts the request and drops its state at once: what
+    the request had generated is read first (`options.generated`, what it spent)."""
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(outputs))
+            try:
+                out = await asyncio.shield(step)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                options.generated += _generated(llm, request_id)
+                step.cancel()
+                await asyncio.gather(step, return_exceptions=True)
+                raise
+            yield out
+    finally:
+        await outputs.aclose()
+
+
+def _generated(llm: AsyncLLM, request_id: str) -> int:
+    """The tokens a request still running has generated (every choice of it): vLLM keeps
+    them on its output processor's per-request state until the request ends. 0 where that
+    state is not where this version keeps it."""
+    try:
+        proc = llm.output_processor
+        states = [proc.request_states.get(i)
+                  for i in proc.external_req_ids.get(request_id, ())]
+        return sum(len(s.detokenizer.output_token_ids) for s in states
+                   if s is not None and s.detokenizer is not None)
+    except (AttributeError, TypeError):
+        return 0
 
 
 def _clean(message: str) -> str:

@@ -48,6 +48,21 @@ async def probe() -> dict[str, Any]:
             async for _ in it:
                 break
         seen["closed_early_running"] = engine.stats().running
+        # A whole answer (final output only) cut while it runs: nothing reached the
+        # caller, and the engine says what it had generated (both choices). A streamed
+        # request beside it paces the cut: ten of its steps ran with the other in them.
+        whole = SamplingOptions(max_tokens=200, ignore_eos=True, n=2, final_only=True)
+        cut = asyncio.ensure_future(drain(engine.generate(prompt, whole, "cut-whole")))
+        async with aclosing(engine.generate(
+                prompt, SamplingOptions(max_tokens=200, ignore_eos=True), "pacer")) as it:
+            steps = 0
+            async for _ in it:
+                steps += 1
+                if steps == 10:
+                    break
+        cut.cancel()
+        await asyncio.gather(cut, return_exceptions=True)
+        seen["cut_whole"] = {"generated": whole.generated, "running": engine.stats().running}
         outs = [o async for o in engine.generate(prompt, SamplingOptions(max_tokens=4),
                                                  "fine")]
         seen["fine"] = {"finished": outs[-1].finished, "running": engine.stats().running}

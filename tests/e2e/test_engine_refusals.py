@@ -42,3 +42,11 @@ def test_closed_generation_is_released_and_the_engine_still_serves(
         seen: dict[str, Any]) -> None:
     assert seen["closed_early_running"] == 0
     assert seen["fine"] == {"finished": True, "running": 0}
+
+
+def test_a_whole_answer_cut_while_running_reports_what_it_generated(
+        seen: dict[str, Any]) -> None:
+    """What the rate limiter charges a cut non-streamed request: vLLM handed nothing over
+    (final output only), so the engine reads the tokens its two choices had generated."""
+    assert 10 <= seen["cut_whole"]["generated"] <= 400
+    assert seen["cut_whole"]["running"] == 0

@@ -18,7 +18,7 @@ from proxy.app_state import STATE
 from proxy.chain import BasePlugin, Next, Reply, register, unregister
 from proxy.context import RequestContext
 from tests.conftest import MakeClient, make_settings
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, HoldingEngine
 from tests.openai_spec import validate
 from tests.sse import check_chat_stream, parse_sse
 from tests.waiting import eventually
@@ -289,3 +289,37 @@ async def test_a_request_waiting_on_an_identical_one_keeps_its_own_deadline(
     led = await leader
     assert led.status == 200
     await led.read()
+
+
+async def test_relayed_streams_cut_short_are_charged_what_was_relayed(
+        make_client: MakeClient) -> None:
+    """An upstream stream cut before its end reports no usage (the upstream's last chunk
+    never came): the edge's limiter charges the pieces it relayed and its own estimate of
+    the prompt, so a token limit still stops a client that drops each stream before its
+    end (it was refunded everything before)."""
+    engine = HoldingEngine(after=40)
+    server = await central(engine)
+    try:
+        edge = await make_client(edge_settings(
+            f"http://127.0.0.1:{server.port}/v1",
+            plugins=[{"name": "rate_limit", "config": {
+                "rules": [{"per": "tenant", "tpm": 250}]}}]))
+        st = edge.app[STATE]
+        body = {**CHAT, "max_tokens": 50, "stream": True}
+        statuses = []
+        for _ in range(10):
+            r = await edge.post("/v1/chat/completions", json=body)
+            statuses.append(r.status)
+            if r.status != 200:
+                assert "tokens per minute" in (await r.json())["error"]["message"]
+                break
+            seen = b""
+            async with asyncio.timeout(10):
+                while seen.count(b"data: ") < 40:
+                    seen += await r.content.readany()
+            r.close()  # gone before the answer's end
+            await eventually(lambda: st.in_flight == 0 and not engine.active)
+        assert statuses[-1] == 429 and 2 <= len(statuses) - 1 <= 5, statuses
+    finally:
+        unregister("t_header_spy")
+        await server.close()

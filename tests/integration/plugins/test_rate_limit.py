@@ -516,3 +516,41 @@ async def test_an_error_answer_shows_each_tenant_its_own_limits(make_client: Mak
         assert r.status == 503
         seen[k] = r.headers.get("x-ratelimit-limit-requests")
     assert seen == {"k-alice": "1000", "k-eve": "7"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "before-first-chunk"])
+async def test_answers_cut_before_they_came_back_are_charged_what_they_spent(
+        make_client: MakeClient, stream: bool) -> None:
+    """A client that hangs up on each request once the engine has generated most of it
+    (a whole answer), or before the first chunk of a stream, is charged the prompt and
+    the tokens generated until the cut: a token limit still stops it (it was refunded
+    everything before)."""
+    engine = HoldingEngine(after=1 if stream else 40)
+    if stream:
+        engine.token_gate = asyncio.Event()  # the engine has the request, no token yet
+    client = await make_client(engine=engine, plugins=[{"name": "rate_limit", "config": {
+        "rules": [{"per": "tenant", "tpm": 300}]}}])
+    st = client.app[STATE]
+    body = {"model": "fake-model", "max_tokens": 5 if stream else 50, "stream": stream,
+            "messages": [{"role": "user", "content": "a question of several words " * 4}]}
+    statuses = []
+    for _ in range(12):
+        task = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        done = asyncio.ensure_future(engine.wait_until(
+            lambda: len(engine.active) == 1 and (stream or engine.held == 1)))
+        await asyncio.wait([task, done], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():  # refused before the engine saw it
+            r = task.result()
+            done.cancel()
+            statuses.append(r.status)
+            error = (await r.json())["error"]
+            assert error["code"] == "rate_limit_exceeded" and "tokens per minute" in error[
+                "message"]
+            break
+        statuses.append(0)
+        task.cancel()  # hang up before anything came back
+        await asyncio.gather(task, return_exceptions=True)
+        await eventually(lambda: st.in_flight == 0 and not engine.active)
+    # whole: the prompt + 40 generated a cut; stream: the prompt alone
+    assert statuses[-1] == 429, statuses
+    assert len(statuses) - 1 >= 2, statuses
