@@ -1,4 +1,9 @@
-"""Reading a request body: content type, the one size limit, a time limit, then JSON.
+"""Reading a request body: content type and coding, the one size limit, a time limit,
+then JSON.
+
+A body may come compressed (`Content-Encoding`: gzip, deflate, br or zstd; aiohttp
+decodes it as it reads, and the size limit counts the decoded bytes); any other coding,
+or several, is a 415, and a body its coding cannot decode a 400.
 
 `server.max_body_bytes` is the only body-size limit (aiohttp's `client_max_size` is set
 from it, and routes pass it here); `server.body_timeout_s` bounds how long a client may
@@ -13,8 +18,11 @@ from typing import Any
 from aiohttp import web
 
 from .app_state import STATE
-from .errors import InvalidRequest, PayloadTooLarge, RequestTimeout
+from .errors import InvalidRequest, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
 from .jsonbody import decode_json_object
+
+#: The codings aiohttp decodes (one at a time), and `identity`.
+_CODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 
 
 async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], int]:
@@ -25,6 +33,11 @@ async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], i
             f"Unsupported content type `{ctype or 'none'}`; send `application/json`.",
             code="invalid_content_type",
         )
+    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    if coding not in _CODINGS:
+        raise UnsupportedMediaType(
+            "Unsupported Content-Encoding; send the body as is, or in one of gzip, "
+            "deflate, br or zstd.")
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
     timeout = request.app[STATE].settings.server.body_timeout_s
@@ -40,6 +53,11 @@ async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], i
     except TimeoutError:
         raise RequestTimeout(
             f"The request body did not arrive within {timeout:g} s.") from None
+    except web.RequestPayloadError:  # a broken body (chunking), or its coding refused it
+        raise InvalidRequest(
+            "The request body is malformed." if coding in ("", "identity") else
+            f"The request body could not be decoded as its Content-Encoding ({coding}) says.",
+            code="invalid_body") from None
     if len(body) > limit:  # a chunked body under the server-wide limit, over this one
         raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
     return decode_json_object(body), len(body)

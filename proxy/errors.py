@@ -99,6 +99,12 @@ class PayloadTooLarge(WeirError):
     default_code = "request_too_large"
 
 
+class UnsupportedMediaType(WeirError):
+    status = 415
+    type = "invalid_request_error"
+    default_code = "unsupported_content_encoding"
+
+
 class RateLimited(WeirError):
     status = 429
     type = "rate_limit_error"

@@ -147,7 +147,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except WeirError as e:
-        return error_response(e, rid, request.get(RESPONSE_HEADERS))
+        resp = error_response(e, rid, request.get(RESPONSE_HEADERS))
+        if request.content.exception() is not None:
+            # The body broke while being read (its coding refused it): the rest of it
+            # cannot be read past, so this connection ends with this answer (aiohttp
+            # would close it after the answer went out, under a client about to reuse it).
+            resp.force_close()
+        return resp
     except web.HTTPRequestEntityTooLarge:
         return error_response(PayloadTooLarge("The request body is too large."), rid)
     except web.HTTPMethodNotAllowed as e:

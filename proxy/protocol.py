@@ -403,6 +403,9 @@ TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
 #: OpenAI's `seed` is an int64 (the engine's transport carries nothing wider).
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 OutputTokens = Annotated[int, Field(ge=1, le=INT32_MAX)]
+#: OpenAI's `Metadata`: at most 16 pairs, keys up to 64 characters, values up to 512.
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)],
+                          Annotated[str, Field(max_length=512)]], Field(max_length=16)]
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
@@ -496,6 +499,7 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    metadata: Metadata | None = None
 
     @model_validator(mode="after")
     def _contents_given(self) -> ChatCompletionRequest:

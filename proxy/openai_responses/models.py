@@ -18,6 +18,7 @@ from ..errors import InvalidRequest
 from ..protocol import (
     _FUNCTION_NAME,
     JsonSchema,
+    Metadata,
     Temperature,
     TopP,
     Unsupported,
@@ -178,7 +179,7 @@ class ResponsesRequest(_NullIsDefault):
     parallel_tool_calls: bool | None = None
     store: bool = True
     previous_response_id: str | None = None
-    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
+    metadata: Metadata | None = None
     user: str | None = None
     stream: bool = False
 

@@ -3,6 +3,7 @@ keeps serving afterwards."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -82,6 +83,57 @@ async def test_malformed_bodies_are_400(make_client: MakeClient, data: bytes, ct
     r = await client.post("/v1/chat/completions", data=data, headers={"Content-Type": ctype})
     err = await error_of(r, 400)
     assert err["code"] == code
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+
+
+def _compressed(coding: str, data: bytes) -> bytes:
+    import gzip
+    import zlib
+
+    import brotli
+
+    if coding == "zstd":
+        from backports import zstd
+
+        return bytes(zstd.compress(data))
+    return {"gzip": gzip.compress, "deflate": zlib.compress, "br": brotli.compress,
+            "identity": bytes}[coding](data)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "zstd", "identity"])
+async def test_compressed_bodies_are_read_and_refused_cleanly(make_client: MakeClient,
+                                                              coding: str) -> None:
+    """A body in a coding aiohttp decodes is served; one its coding cannot decode is a
+    400 (it was a 500 for gzip); a decoded body over the limit is a 413 (a small
+    compressed body cannot expand past it); the connection keeps serving."""
+    client = await make_client(server={"max_body_bytes": 4096})
+    raw = json.dumps({**CHAT, "max_tokens": 2}).encode()
+    headers = {"Content-Type": "application/json", "Content-Encoding": coding}
+    r = await client.post("/v1/chat/completions", data=_compressed(coding, raw),
+                          headers=headers)
+    assert r.status == 200, await r.text()
+    if coding != "identity":
+        r = await client.post("/v1/chat/completions", data=b"\x00 not " + raw,
+                              headers=headers)
+        err = await error_of(r, 400)
+        assert err["code"] == "invalid_body" and coding in err["message"]
+    bomb = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 100_000}]})
+    r = await client.post("/v1/chat/completions", data=_compressed(coding, bomb.encode()),
+                          headers=headers)
+    assert (await error_of(r, 413))["code"] == "request_too_large"
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+
+
+@pytest.mark.parametrize("coding", ["compress", "x-gzip", "gzip, br", "foo"])
+async def test_codings_it_cannot_decode_are_415(make_client: MakeClient, coding: str) -> None:
+    """They were passed on undecoded (a body in an unknown coding read as JSON)."""
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", data=json.dumps(CHAT).encode(),
+                          headers={"Content-Type": "application/json",
+                                   "Content-Encoding": coding})
+    err = await error_of(r, 415)
+    assert err["code"] == "unsupported_content_encoding" and err["type"] == (
+        "invalid_request_error")
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
 
 
@@ -166,3 +218,20 @@ async def test_a_bug_is_a_generic_500(make_client: MakeClient, fake_engine: Fake
     client = await make_client()
     err = await error_of(await client.post("/v1/chat/completions", json=CHAT), 500)
     assert "secret" not in err["message"] and err["type"] == "server_error"
+
+
+@pytest.mark.parametrize("metadata", [
+    {"k": "v" * 513}, {"k" * 65: "v"}, {f"k{i}": "v" for i in range(17)}, {"k": 1}])
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", CHAT),
+    ("/v1/responses", {"model": "fake-model", "input": "hi"})])
+async def test_metadata_past_openais_bounds_is_400(make_client: MakeClient, path: str,
+                                                   body: dict[str, Any],
+                                                   metadata: dict[str, Any]) -> None:
+    """OpenAI's `Metadata`: at most 16 pairs, keys up to 64 characters, values up to 512
+    (chat accepted anything; the Responses API bounded only the count)."""
+    client = await make_client()
+    err = await error_of(await client.post(path, json={**body, "metadata": metadata}), 400)
+    assert err["param"] == "metadata"
+    ok = {f"k{i}"[:64]: "v" * 512 for i in range(16)}
+    assert (await client.post(path, json={**body, "metadata": ok})).status == 200
