@@ -40,6 +40,9 @@ class Entry:
     created: float = field(default_factory=time.time)
     expires: float = 0.0
     stale_until: float = 0.0
+    #: A paraphrase kept as an exact alias (`promote`): the key of the entry it answers
+    #: from. In memory only (never stored): a purge naming that entry drops the alias.
+    source: str = ""
 
     def to_json(self, *, with_prompt: bool = True) -> str:
         # A shallow dict: the choices and usage are plain JSON already (asdict's deep
@@ -72,7 +75,7 @@ class Entry:
         return max(0, int(now - self.created))
 
 
-_FIELDS = tuple(f.name for f in fields(Entry))
+_FIELDS = tuple(f.name for f in fields(Entry) if f.name != "source")
 
 
 def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]],

@@ -354,10 +354,12 @@ class CacheStore:
     def promote(self, key: str, entry: Entry, prompt: str) -> None:
         """Keep a paraphrase as an exact alias in L1: its next ask skips the embedding.
         The alias keeps the original's owner, times and text (plus the paraphrase), so
-        purges by user, tenant or content remove it with the original."""
+        purges by user, tenant or content remove it with the original, and its key (a
+        purge another replica names the original by reaches it: `_named`)."""
         if self.l1 is None:
             return
-        alias = replace(entry, key=key, prompt=entry.prompt + "\n" + prompt)
+        alias = replace(entry, key=key, prompt=entry.prompt + "\n" + prompt,
+                        source=entry.source or entry.key)
         self.l1.put(alias, len(alias.to_json()))
 
     def put(self, entry: Entry, sem: SemanticKey | None = None,
@@ -560,7 +562,15 @@ class CacheStore:
         the filter's owner fields accept (tenant, role, user, key): a shared key (scope
         `global`) can name another tenant's entry here."""
         owned = matcher({k: v for k, v in f.items() if k != "contains"})
-        return [m for m in members if (held := self._holding(m)) is not None and owned(held)]
+        named = [m for m in members if (held := self._holding(m)) is not None and owned(held)]
+        if self.l1 is not None and members:
+            # Paraphrases kept here as aliases of a named entry go with it: they may hold
+            # none of its text for the filter to match (it was read from Redis).
+            keys, sem = split_members(members)
+            sources = {*keys, *(entry_id for _, entry_id in sem)}  # an entry id is its key
+            named += [exact_member(e.key) for e in self.l1.entries()
+                      if e.source in sources and owned(e)]
+        return named
 
     def purge_local(self, match: Match) -> tuple[int, int]:
         """Purge this replica's memory only; (L1 entries, semantic entries) removed."""

@@ -122,6 +122,33 @@ async def test_a_content_purge_reaches_copies_read_from_redis(make_client: MakeC
             assert layer == "miss", (text, layer)
 
 
+async def test_a_content_purge_reaches_paraphrases_kept_as_aliases(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """Replica b serves a paraphrase from an entry it read from Redis and keeps it as an
+    exact alias (its next ask skips the embedding); the alias holds the paraphrase's text,
+    not the original's. A purge of words only the original has, asked of c, reaches the
+    alias too (a names the original; b drops what it keeps of it, aliases included)."""
+    (a, b, c), _ = await with_prefix(make_client, redis_server.url, n=3)
+    q = "Tell me about project osprey launch"
+    paraphrase = "Tell me about the project osprey launch"
+    await ask(a, q)
+    await settle(a)
+    await eventually(lambda: len(cache_of(b).store.index) == 1, timeout=2.0)
+    assert (await ask(b, paraphrase))[0] == "semantic"  # kept as an alias
+    assert (await ask(b, paraphrase, headers={"Cache-Control": "no-store"}))[0] == "exact"
+    r = await c.post("/admin/cache/purge", json={"contains": "about project osprey"},
+                     headers={"Authorization": "Bearer k-admin"})
+    assert r.status == 200
+    await eventually(lambda: len(cache_of(b).store.index) == 0
+                     and len(cache_of(a).store.index) == 0, timeout=2.0)
+    b_l1 = cache_of(b).store.l1
+    await eventually(lambda: b_l1 is not None and len(b_l1) == 0, timeout=2.0)
+    for client in (a, b, c):
+        for text in (q, paraphrase):
+            layer, _ = await ask(client, text, headers={"Cache-Control": "no-store"})
+            assert layer == "miss", (text, layer)
+
+
 async def test_a_purge_redis_did_not_take_is_a_503(make_client: MakeClient,
                                                    redis_server: RedisServer) -> None:
     """Redis unreachable during a purge: this replica's memory is purged, but Redis's
