@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tests.openai_spec import validate
+from tests.waiting import eventually
 
 
 def parse_sse(text: str) -> tuple[list[dict[str, Any]], bool]:
@@ -55,3 +58,26 @@ def check_chat_stream(events: list[dict[str, Any]], n: int = 1, usage: bool = Fa
     else:
         assert all("usage" not in e or e["usage"] is None for e in events)
     return texts[0]
+
+
+async def streams_cut_until_refused(client: Any, body: dict[str, Any], *, events: int,
+                                    rounds: int, idle: Callable[[], bool]) -> list[int]:
+    """Stream `body` and hang up after `events` events, again and again (at most
+    `rounds` times, each once `idle()` holds), until a request is refused with a token
+    limit's 429. The statuses, the refusal last."""
+    statuses: list[int] = []
+    for _ in range(rounds):
+        r = await client.post("/v1/chat/completions", json=body)
+        statuses.append(r.status)
+        if r.status != 200:
+            error = (await r.json())["error"]
+            assert error["code"] == "rate_limit_exceeded"
+            assert "tokens per minute" in error["message"]
+            break
+        seen = b""
+        async with asyncio.timeout(10):
+            while seen.count(b"data: ") < events:
+                seen += await r.content.readany()
+        r.close()  # gone before the answer's end
+        await eventually(idle)
+    return statuses

@@ -20,7 +20,7 @@ from proxy.context import RequestContext
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine, HoldingEngine
 from tests.openai_spec import validate
-from tests.sse import check_chat_stream, parse_sse
+from tests.sse import check_chat_stream, parse_sse, streams_cut_until_refused
 from tests.waiting import eventually
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}],
@@ -306,19 +306,9 @@ async def test_relayed_streams_cut_short_are_charged_what_was_relayed(
                 "rules": [{"per": "tenant", "tpm": 250}]}}]))
         st = edge.app[STATE]
         body = {**CHAT, "max_tokens": 50, "stream": True}
-        statuses = []
-        for _ in range(10):
-            r = await edge.post("/v1/chat/completions", json=body)
-            statuses.append(r.status)
-            if r.status != 200:
-                assert "tokens per minute" in (await r.json())["error"]["message"]
-                break
-            seen = b""
-            async with asyncio.timeout(10):
-                while seen.count(b"data: ") < 40:
-                    seen += await r.content.readany()
-            r.close()  # gone before the answer's end
-            await eventually(lambda: st.in_flight == 0 and not engine.active)
+        statuses = await streams_cut_until_refused(
+            edge, body, events=40, rounds=10,
+            idle=lambda: st.in_flight == 0 and not engine.active)
         assert statuses[-1] == 429 and 2 <= len(statuses) - 1 <= 5, statuses
     finally:
         unregister("t_header_spy")

@@ -26,6 +26,7 @@ from proxy.telemetry import Metrics
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine, HoldingEngine
 from tests.openai_spec import validate
+from tests.sse import streams_cut_until_refused
 from tests.waiting import eventually
 
 
@@ -434,21 +435,9 @@ async def test_streams_cut_short_are_charged_what_they_generated(make_client: Ma
     st = client.app[STATE]
     body = {"model": "fake-model", "max_tokens": 50, "stream": True,
             "messages": [{"role": "user", "content": "hi"}]}
-    statuses = []
-    for _ in range(8):  # ~45 tokens charged a cut: the fifth is refused
-        r = await client.post("/v1/chat/completions", json=body)
-        statuses.append(r.status)
-        if r.status != 200:
-            error = (await r.json())["error"]
-            assert error["code"] == "rate_limit_exceeded"
-            assert "tokens per minute" in error["message"]
-            break
-        seen = b""
-        async with asyncio.timeout(10):
-            while seen.count(b"data: ") < 40:
-                seen += await r.content.readany()
-        r.close()  # gone before the answer's end
-        await eventually(lambda: st.in_flight == 0)
+    # ~45 tokens charged a cut: the fifth is refused
+    statuses = await streams_cut_until_refused(client, body, events=40, rounds=8,
+                                               idle=lambda: st.in_flight == 0)
     assert statuses[-1] == 429 and 3 <= len(statuses) - 1 <= 5
 
 
