@@ -222,7 +222,14 @@ def _find_email(text: str) -> Iterator[Span]:
 # matched forwards from the separator (bounded labels), then its local part, the run of
 # address characters (at most 64) just before the separator. (A regex over a window
 # around each separator backtracked for seconds on 64 KiB of "%40%40..." or "a@a@...".)
-_DOMAIN = re.compile(r"[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63}){0,8}\.[A-Za-z]{2,24}\b")
+_DOMAIN = re.compile(r"[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63}){0,8}\.(?P<tld>[A-Za-z]{2,24})\b")
+# File names that read like addresses ("logo@2x.png", "icon%402x.webp"): their "top-level
+# domain" is a file type no registry delegates (.zip, .mov, .py, .md are real TLDs).
+_FILE_TYPES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "tif",
+                         "tiff", "avif", "heic", "css", "js", "mjs", "ts", "json", "html",
+                         "htm", "txt", "csv", "xml", "yaml", "yml", "mp3", "mp4", "wav",
+                         "ogg", "webm", "woff", "woff2", "ttf", "otf", "pdf", "exe", "dll",
+                         "tar", "gz", "tgz"})
 
 
 def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
@@ -233,7 +240,7 @@ def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
         i = text.find(at)
         while i != -1:
             domain = _DOMAIN.match(text, i + len(at))
-            if domain is not None:
+            if domain is not None and domain["tld"].lower() not in _FILE_TYPES:
                 lo = max(last, i - 64)
                 part = tail.search(text, lo, i)
                 # Glued to a word ("x_y@..."), it is not an address's start.

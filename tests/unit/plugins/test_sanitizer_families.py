@@ -312,13 +312,17 @@ def test_encoded_and_padded_forms(name: str, text: str) -> None:
     ("ip", "build 1.00.00.01"),
     ("email", "100%40 of them"),
     ("email", "https%3A%2F%2Fexample.com%2Fpath"),
+    ("email", "use logo@2x.png on retina"),  # file names, not addresses
+    ("email", "src=/img/icon%402x.webp"),
+    ("email", "the bundle main@1.2.3.js"),
 ])
 def test_what_only_looks_like_them_does_not_fire(name: str, text: str) -> None:
     assert not fires(name, text)
 
 
 @pytest.mark.parametrize("text", [
-    "jane%40example.com", "a.b+c@mail.example.co.uk", "x_y@example.org",
+    "jane%40example.com", "a.b+c@mail.example.co.uk", "x_y@example.org", "dev@files.zip",
+    "ops@python.py",
     "see bob@example.com, then", "(alice@example.io)",
 ])
 def test_an_address_is_found_whole(text: str) -> None:
