@@ -67,16 +67,50 @@ def forced_schema(req: ChatCompletionRequest) -> dict[str, Any] | None:
         return _parameters(tool.function.parameters)
     if choice != "required":
         return None
+    defs: dict[str, Any] = {}
     one_of = [{"type": "object",
                "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                              "parameters": _parameters(t.function.parameters)},
+                              "parameters": _rebased(_parameters(t.function.parameters),
+                                                     f"tool{i}", defs)},
                "required": ["name", "parameters"]}
-              for t in req.tools]
+              for i, t in enumerate(req.tools)]
     schema: dict[str, Any] = {"type": "array", "minItems": 1,
                               "items": {"type": "object", "anyOf": one_of}}
     if req.parallel_tool_calls is False:
         schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
     return schema
+
+
+def _rebased(params: dict[str, Any], name: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameters nested in the `required` schema, where their references to
+    their own root (`#/$defs/Address`, as pydantic writes them, `#/definitions/...`, `#`)
+    would point at the new root: a schema with references moves whole into the root's
+    `$defs` under `name`, its references rebased onto it, and is referenced from its
+    place."""
+    if not _refers(params):
+        return params
+    defs[name] = _rebase(params, f"#/$defs/{name}")
+    return {"$ref": f"#/$defs/{name}"}
+
+
+def _refers(node: Any) -> bool:
+    if isinstance(node, dict):
+        return isinstance(node.get("$ref"), str) or any(map(_refers, node.values()))
+    return isinstance(node, list) and any(map(_refers, node))
+
+
+def _rebase(node: Any, base: str) -> Any:
+    if isinstance(node, dict):
+        out = {k: _rebase(v, base) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            out["$ref"] = base + ref[1:]
+        return out
+    if isinstance(node, list):
+        return [_rebase(v, base) for v in node]
+    return node
 
 
 def _forced_param(req: ChatCompletionRequest) -> str:

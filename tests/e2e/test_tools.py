@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from tests.e2e.conftest import MODEL
@@ -107,6 +108,33 @@ def test_forced_choice_streamed_returns_valid_calls(sdk: openai.OpenAI, choice: 
     call = calls[0]
     assert call["id"] and call["name"] in SCHEMAS
     jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+
+
+def test_required_with_a_pydantic_tool_that_nests_models(sdk: openai.OpenAI) -> None:
+    """pydantic writes a nested model as a reference to the schema's own `$defs`; under
+    `required` it was a 400 (vLLM could not resolve `#/$defs/Address` in the combined
+    schema). The SDK's own `pydantic_function_tool`, and a second tool beside it."""
+
+    class Address(pydantic.BaseModel):  # enums: the random model's answers stay short
+        city: Literal["Rome", "Oslo"]
+
+    class Person(pydantic.BaseModel):
+        name: Literal["Ann", "Bo"]
+        address: Address
+
+    person = openai.pydantic_function_tool(Person, name="save_person")
+    completion = sdk.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "Ann lives in Rome."}],
+        tools=[person, {"type": "function", "function": {**TOOLS[0]["function"],
+                                                          "strict": True}}],
+        tool_choice="required", parallel_tool_calls=False,
+        max_tokens=120, temperature=0)
+    calls = completion.choices[0].message.tool_calls
+    assert completion.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+    if calls[0].function.name == "save_person":
+        Person.model_validate_json(calls[0].function.arguments)
+    else:
+        jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER_PARAMS)
 
 
 @pytest.mark.parametrize("choice", ["auto", "none"])

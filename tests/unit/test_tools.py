@@ -89,6 +89,41 @@ def test_required_schema_admits_only_the_tools_calls() -> None:
         ParsedToolCall("get_weather", '{"city": "Paris"}')]
 
 
+PERSON = {  # as pydantic writes a nested model: references to the schema's own root
+    "type": "object", "required": ["name", "address"],
+    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/Address"},
+                   "manager": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+    "$defs": {"Address": {"type": "object", "required": ["city"],
+                          "properties": {"city": {"type": "string"}}}}}
+
+
+def test_required_schema_keeps_each_tools_own_references() -> None:
+    """Nested under the `required` schema, `#/$defs/Address` pointed at a root without
+    it: vLLM refused the grammar (a 400 for any pydantic tool with a nested model)."""
+    other = {"type": "function", "function": {"name": "save_pet", "parameters": {
+        "type": "object", "properties": {"kind": {"$ref": "#/$defs/Address"}},
+        "$defs": {"Address": {"type": "integer"}}}}}  # the same name, another schema
+    req = chat(tools=[WEATHER, {"type": "function", "function": {
+        "name": "save_person", "parameters": PERSON}}, other], tool_choice="required")
+    schema = T.forced_schema(req)
+    assert schema is not None
+    check = jsonschema.Draft202012Validator(schema)
+    person = {"name": "Ann", "address": {"city": "Rome"},
+              "manager": {"name": "Bo", "address": {"city": "Oslo"}, "manager": None}}
+    check.validate([{"name": "save_person", "parameters": person},
+                    {"name": "save_pet", "parameters": {"kind": 3}},
+                    {"name": "get_weather", "parameters": {"city": "Paris"}}])
+    for bad in ({"name": "Ann", "address": {"city": 1}},
+                {"name": "Ann", "address": {"city": "Rome"}, "manager": {"name": "Bo"}}):
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate([{"name": "save_person", "parameters": bad}])
+    with pytest.raises(jsonschema.ValidationError):
+        check.validate([{"name": "save_pet", "parameters": {"kind": "Rome"}}])
+    # without references, a tool's parameters stay in place
+    assert schema["items"]["anyOf"][0]["properties"]["parameters"] == WEATHER["function"][
+        "parameters"]
+
+
 def test_named_schema_is_the_functions_parameters() -> None:
     req = chat(tools=[WEATHER, TIME], tool_choice={"type": "function",
                                                    "function": {"name": "get_time"}})
