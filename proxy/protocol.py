@@ -360,7 +360,7 @@ class StreamOptions(_Open):
 
 
 class JsonSchemaFormat(_Open):
-    name: str = Field(default="response", pattern=_FUNCTION_NAME)  # OpenAI checks it so
+    name: str = Field(pattern=_FUNCTION_NAME)  # OpenAI requires it, and checks it so
     description: str | None = None
     schema_: JsonSchema | None = Field(default=None, alias="schema")
     strict: bool | None = None

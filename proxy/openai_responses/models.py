@@ -137,6 +137,9 @@ class TextFormat(_Open):
         if self.type == "json_schema" and self.schema_ is None:
             raise InvalidRequest("`text.format.schema` is required when type is `json_schema`.",
                                  param="text.format.schema")
+        if self.type == "json_schema" and self.name is None:
+            raise InvalidRequest("Missing required parameter: 'text.format.name'.",
+                                 param="text.format.name", code="missing_required_parameter")
         return self
 
 

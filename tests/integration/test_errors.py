@@ -235,3 +235,20 @@ async def test_metadata_past_openais_bounds_is_400(make_client: MakeClient, path
     assert err["param"] == "metadata"
     ok = {f"k{i}"[:64]: "v" * 512 for i in range(16)}
     assert (await client.post(path, json={**body, "metadata": ok})).status == 200
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {**CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "object"}}}},
+     "response_format.json_schema.name"),
+    ("/v1/responses", {"model": "fake-model", "input": "hi", "text": {"format": {
+        "type": "json_schema", "schema": {"type": "object"}}}}, "text.format.name"),
+])
+async def test_a_json_schema_format_without_a_name_is_400(make_client: MakeClient, path: str,
+                                                          body: dict[str, Any],
+                                                          param: str) -> None:
+    """OpenAI requires the format's `name`; the Responses API echoed the nameless format
+    in a `Response` its own spec refuses."""
+    client = await make_client()
+    err = await error_of(await client.post(path, json=body), 400)
+    assert err["param"] == param and err["code"] == "missing_required_parameter"
