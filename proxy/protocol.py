@@ -483,6 +483,16 @@ class _SamplingFields(_NullIsDefault):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+def _unanswered(calls: dict[str, int]) -> None:
+    """OpenAI's refusal of an assistant turn whose calls were not all answered."""
+    i = next(iter(calls.values()))
+    raise InvalidRequest(
+        "An assistant message with `tool_calls` must be followed by `tool` messages "
+        "responding to each `tool_call_id`. The following `tool_call_id`s did not have "
+        f"response messages: {', '.join(calls)}.", param=f"messages[{i}].tool_calls",
+        code="invalid_value")
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
 
@@ -503,10 +513,14 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _contents_given(self) -> ChatCompletionRequest:
-        """Only turns `_may_lack_content` names may go without content, and a `tool`
-        message answers a call of the assistant turn just before it (OpenAI's rules)."""
+        """Only turns `_may_lack_content` names may go without content, a `tool` message
+        answers a call of the assistant turn just before it, and every call of an
+        assistant turn is answered before the next turn (OpenAI's rules)."""
         calls: set[str] = set()  # the calls a `tool` message here may answer
+        unanswered: dict[str, int] = {}  # those not answered yet: their message's index
         for i, m in enumerate(self.messages):
+            if unanswered and m.role != "tool":
+                _unanswered(unanswered)
             if m.content is None and not _may_lack_content(m):
                 raise InvalidRequest(
                     f"Missing required parameter: `messages[{i}].content` (only an assistant "
@@ -519,6 +533,7 @@ class ChatCompletionRequest(_SamplingFields):
                     param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
             if m.role == "assistant":
                 calls = {c.id for c in m.tool_calls or ()}
+                unanswered = dict.fromkeys(calls, i)
             elif m.role == "tool" and m.tool_call_id not in calls:
                 raise InvalidRequest(
                     f"Invalid parameter: `messages[{i}]` has role `tool` but answers no call "
@@ -528,6 +543,10 @@ class ChatCompletionRequest(_SamplingFields):
                     code="invalid_value")
             elif m.role != "tool":
                 calls = set()
+            else:
+                unanswered.pop(m.tool_call_id or "", None)
+        if unanswered:
+            _unanswered(unanswered)
         return self
 
     @model_validator(mode="after")

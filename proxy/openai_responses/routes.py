@@ -55,9 +55,10 @@ async def create(request: web.Request) -> web.StreamResponse:
     history: list[dict[str, Any]] = []
     if req.previous_response_id:
         record = await store.get(principal.tenant, req.previous_response_id)
-        if record is None:
-            raise NotFound(f"Previous response with id '{req.previous_response_id}' not "
-                           "found.", param="previous_response_id")
+        if record is None:  # OpenAI's answer: a 400, with a code clients look for
+            raise InvalidRequest(f"Previous response with id '{req.previous_response_id}' "
+                                 "not found.", param="previous_response_id",
+                                 code="previous_response_not_found")
         history = record["conversation"]
     chat_req, conversation = X.chat_request(req, history)
     ctx = RequestContext(route="chat", request=chat_req, principal=principal,

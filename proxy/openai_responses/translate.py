@@ -101,15 +101,25 @@ def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
 
 def _calls_answered(conversation: list[dict[str, Any]]) -> None:
     """Every `function_call_output` answers a `function_call` of the assistant turn
-    before it (in this input or the earlier responses'), with only other outputs between
-    (the chat form's rule, said in the Responses API's words)."""
+    before it (in this input or the earlier responses'), with only other outputs between,
+    and every `function_call` has its output before the next message (the chat form's
+    rules, said in the Responses API's words)."""
     open_calls: set[str] = set()
-    for m in conversation:
+    unanswered: list[str] = []
+    for m in [*conversation, None]:
+        if unanswered and (m is None or m["role"] != "tool"):
+            raise InvalidRequest(f"No tool output found for function call {unanswered[0]}.",
+                                 param="input", code="invalid_value")
+        if m is None:
+            break
         if m["role"] == "assistant":
             open_calls = {c["id"] for c in m.get("tool_calls") or ()}
+            unanswered = [c["id"] for c in m.get("tool_calls") or ()]
         elif m["role"] != "tool":
             open_calls = set()
-        elif m["tool_call_id"] not in open_calls:
+        elif m["tool_call_id"] in open_calls:
+            unanswered = [c for c in unanswered if c != m["tool_call_id"]]
+        else:
             raise InvalidRequest(
                 "No function call found for a `function_call_output` item: its `call_id` "
                 "must be that of a `function_call` before it (in the input or the earlier "

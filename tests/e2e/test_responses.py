@@ -95,9 +95,10 @@ def test_stored_responses_are_tenant_scoped(server: WeirProcess) -> None:
         other.responses.retrieve(resp.id)
     with pytest.raises(openai.NotFoundError):
         other.responses.delete(resp.id)
-    with pytest.raises(openai.NotFoundError) as e:
+    with pytest.raises(openai.BadRequestError) as e:  # OpenAI's 400 for an unknown id
         other.responses.create(model=MODEL, input="and?", previous_response_id=resp.id)
     assert e.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert e.value.code == "previous_response_not_found"
     sdk(server).responses.delete(resp.id)
     with pytest.raises(openai.NotFoundError):
         sdk(server).responses.retrieve(resp.id)

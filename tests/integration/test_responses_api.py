@@ -79,8 +79,9 @@ async def test_retrieve_and_delete_are_scoped_to_the_tenant(make_client: MakeCli
     assert (await client.delete(f"/v1/responses/{rid}", headers=auth("b"))).status == 404
     follow = await client.post("/v1/responses", headers=auth("b"),
                                json={**BASE, "previous_response_id": rid})
-    assert follow.status == 404
+    assert follow.status == 400  # as OpenAI answers an id it does not know
     assert (await follow.json())["error"]["param"] == "previous_response_id"
+    assert (await follow.json())["error"]["code"] == "previous_response_not_found"
     deleted = await client.delete(f"/v1/responses/{rid}", headers=auth("a"))
     assert await deleted.json() == {"id": rid, "object": "response.deleted", "deleted": True}
     assert (await client.get(f"/v1/responses/{rid}", headers=auth("a"))).status == 404

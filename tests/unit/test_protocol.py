@@ -181,8 +181,9 @@ CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "
     ([{"role": "assistant", "content": None, "tool_calls": [CALL]},
       {"role": "tool", "tool_call_id": "c2", "content": "42"}], 2),  # another call's id
     ([{"role": "assistant", "content": None, "tool_calls": [CALL]},
+      {"role": "tool", "tool_call_id": "c1", "content": "42"},
       {"role": "user", "content": "and?"},
-      {"role": "tool", "tool_call_id": "c1", "content": "42"}], 3),  # not right after it
+      {"role": "tool", "tool_call_id": "c1", "content": "42"}], 4),  # not right after it
     ([{"role": "assistant", "content": "no calls"},
       {"role": "tool", "tool_call_id": "c1", "content": "42"}], 2),
 ])
@@ -192,6 +193,24 @@ def test_a_tool_result_must_answer_a_call_just_before_it(turns: list[dict[str, A
         parse_model(ChatCompletionRequest, {"model": "m", "messages": [*MSG, *turns]})
     assert (e.value.status, e.value.param, e.value.code) == (
         400, f"messages[{at}].tool_call_id", "invalid_value")
+
+
+@pytest.mark.parametrize("turns", [
+    [{"role": "assistant", "content": None, "tool_calls": [CALL]}],  # the last turn
+    [{"role": "assistant", "content": None, "tool_calls": [CALL]},
+     {"role": "user", "content": "and?"}],
+    [{"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "c2"}]},
+     {"role": "tool", "tool_call_id": "c2", "content": "2"}],  # one of two answered
+])
+def test_every_call_of_an_assistant_turn_must_be_answered(turns: list[dict[str, Any]]
+                                                          ) -> None:
+    """OpenAI's rule: an assistant message with `tool_calls` is followed by a `tool`
+    message for each of its calls (it was generated from, as if they were answered)."""
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": [*MSG, *turns]})
+    assert (e.value.status, e.value.param, e.value.code) == (
+        400, "messages[1].tool_calls", "invalid_value")
+    assert "c1" in e.value.message and "c2" not in e.value.message
 
 
 def test_several_tool_results_answer_several_calls() -> None:
@@ -356,9 +375,20 @@ def test_assistant_text_after_a_call_joins_its_turn_so_the_output_still_answers_
 
 def test_an_output_cut_off_from_its_call_by_a_message_is_a_responses_400() -> None:
     with pytest.raises(InvalidRequest) as e:
-        _responses_chat([CALL_ITEM, {"role": "user", "content": "and?"}, OUTPUT_ITEM])
+        _responses_chat([CALL_ITEM, OUTPUT_ITEM, {"role": "user", "content": "and?"},
+                         OUTPUT_ITEM])
     assert (e.value.param, e.value.code) == ("input", "invalid_value")
     assert "function_call_output" in e.value.message and "tool_calls" not in e.value.message
+
+
+@pytest.mark.parametrize("items", [
+    [CALL_ITEM], [CALL_ITEM, {"role": "user", "content": "and?"}]])
+def test_a_function_call_without_its_output_is_a_responses_400(items: list[Any]) -> None:
+    """As OpenAI answers it: "No tool output found for function call <id>." """
+    with pytest.raises(InvalidRequest) as e:
+        _responses_chat(items)
+    assert (e.value.param, e.value.code) == ("input", "invalid_value")
+    assert e.value.message == f"No tool output found for function call {CALL_ITEM['call_id']}."
 
 
 def test_input_items_given_one_id_twice_get_distinct_ids() -> None:
