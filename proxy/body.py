@@ -33,7 +33,8 @@ async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], i
             f"Unsupported content type `{ctype or 'none'}`; send `application/json`.",
             code="invalid_content_type",
         )
-    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    # (Several headers are several codings: aiohttp would decode by the last one alone.)
+    coding = ",".join(request.headers.getall("Content-Encoding", ())).strip().lower()
     if coding not in _CODINGS:
         raise UnsupportedMediaType(
             "Unsupported Content-Encoding; send the body as is, or in one of gzip, "

@@ -23,6 +23,7 @@ from .chain import Completion, Stream
 from .engine.base import ChoiceDelta, EngineOutput, TokenLogprob
 from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
 from .protocol import ChatCompletionRequest, CompletionRequest
+from .streaming import SHUTDOWN
 
 if TYPE_CHECKING:
     from .context import RequestContext
@@ -49,7 +50,8 @@ class Choices:
     far, which the rate limiter charges: on its stream (`stream.usage`, any early end: the
     tokens reached the client; a stream that ends normally sets its own) and, when the
     client or the deadline cut it, on the request (`ctx.usage_so_far`: the answer never
-    came back, but the engine had the request)."""
+    came back, but the engine read its prompt and generated; a drain's cut is not
+    charged, its 503 says to retry elsewhere)."""
 
     __slots__ = ("_ctx", "_prep", "_prompt_tokens", "_span", "_stream", "by_index", "cached",
                  "n", "total")
@@ -79,8 +81,8 @@ class Choices:
             spent = self._spent()
             if self._stream is not None and self._stream.usage is None:
                 self._stream.usage = spent
-            if isinstance(e, asyncio.CancelledError):
-                self._ctx.usage_so_far = spent
+            if isinstance(e, asyncio.CancelledError) and e.args != (SHUTDOWN,):
+                self._ctx.usage_so_far = spent  # (a drain's cut is a 503: nothing spent)
         if isinstance(e, ENGINE_ERRORS):
             raise map_engine_error(e) from e
 
@@ -108,13 +110,16 @@ class Choices:
                        sum(c.tokens for c in self.by_index.values()), self.cached)
 
     def _spent(self) -> dict[str, Any]:
-        """The usage until an early end: every prompt was submitted (the engine had it,
-        output or not), and an engine that hands over only the final output counts what
-        it generated (`options.generated`)."""
-        prompt = max(sum(self._prompt_tokens.values()), sum(map(len, self._prep.prompts)))
-        generated = max(sum(c.tokens for c in self.by_index.values()),
-                        self._prep.options.generated)
-        return R.usage(prompt, generated, self.cached)
+        """The usage until an early end: the prompts the engine had read (their first
+        tokens out), and the tokens generated: those that came out, and what an engine
+        that hands over only final outputs says the prompts it was cut on generated
+        (`options.generated`; they never came out)."""
+        generated = self._prep.options.generated
+        prompt = sum(self._prompt_tokens.values())
+        if generated and len(self._prompt_tokens) < len(self._prep.prompts):
+            prompt = sum(map(len, self._prep.prompts))  # (cut ones read theirs: no finer)
+        return R.usage(prompt, sum(c.tokens for c in self.by_index.values()) + generated,
+                       self.cached)
 
     def answer(self) -> list[dict[str, Any]]:
         return [{"index": i, "text": "".join(c.text), "finish_reason": c.reason or "stop"}
@@ -287,10 +292,11 @@ class ChunkAssembler:
             return
         for c in chunk.get("choices") or []:
             i = c["index"]
-            piece = (c.get("delta") or {}).get("content") if self.route == "chat" else c.get(
-                "text")
+            delta = c.get("delta") or {}
+            piece = delta.get("content") if self.route == "chat" else c.get("text")
             self.texts.setdefault(i, []).append(piece or "")
-            self.pieces += bool(piece)
+            self.pieces += bool(piece or delta.get("tool_calls")
+                                or delta.get("reasoning_content"))
             if c.get("finish_reason"):
                 self.reasons[i] = c["finish_reason"]
         if chunk.get("usage"):

@@ -350,8 +350,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             used = usage.get("total_tokens")
             if used is None:
                 used = reserve if outcome == "completed" else 0
-            elif not usage.get("prompt_tokens"):  # a relay that could not count the prompt
-                used += estimate_tokens(ctx)
+            elif outcome != "completed" and not usage.get("prompt_tokens"):
+                used += estimate_tokens(ctx)  # a relay cut before the upstream counted it
             await self._settle_shielded(store, tpm, reserve, used, conc_keys, lease)
 
         reply.on_end(ended)

@@ -230,6 +230,7 @@ _FILE_TYPES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp
                          "htm", "txt", "csv", "xml", "yaml", "yml", "mp3", "mp4", "wav",
                          "ogg", "webm", "woff", "woff2", "ttf", "otf", "pdf", "exe", "dll",
                          "tar", "gz", "tgz"})
+_HOST_TLD = re.compile(r"\.[A-Za-z]{2,24}\Z")  # a host that still ends in a TLD-like label
 
 
 def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
@@ -240,14 +241,20 @@ def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
         i = text.find(at)
         while i != -1:
             domain = _DOMAIN.match(text, i + len(at))
-            if domain is not None and domain["tld"].lower() not in _FILE_TYPES:
+            end = domain.end() if domain is not None else -1
+            if domain is not None and domain["tld"].lower() in _FILE_TYPES:
+                # "logo@2x.png" is a file; "bob@example.com.pdf" an address and a file
+                # type after it: the address ends a label earlier, if it still has a TLD.
+                host = text[i + len(at):domain.start("tld") - 1]
+                end = -1 if _HOST_TLD.search(host) is None else domain.start("tld") - 1
+            if end != -1:
                 lo = max(last, i - 64)
                 part = tail.search(text, lo, i)
                 # Glued to a word ("x_y@..."), it is not an address's start.
                 if part is not None and (part.start() == lo or not (
                         text[part.start() - 1].isalnum() or text[part.start() - 1] == "_")):
-                    yield part.start(), domain.end()
-                    last = domain.end()
+                    yield part.start(), end
+                    last = end
             i = text.find(at, max(i + 1, last))
 
     return find

@@ -399,25 +399,38 @@ async def _counted(llm: AsyncLLM, outputs: AsyncGenerator[RequestOutput, None],
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
-                options.generated += _generated(llm, request_id)
-                step.cancel()
-                await asyncio.gather(step, return_exceptions=True)
+                if step.done() and not step.cancelled() and step.exception() is None:
+                    done = step.result()  # the final output, in hand as the cut came
+                    options.generated += sum(len(c.token_ids) for c in done.outputs)
+                else:
+                    options.generated += _generated(llm, request_id)
+                    step.cancel()
+                    await asyncio.gather(step, return_exceptions=True)
                 raise
             yield out
+            if out.finished:  # vLLM's generator ends at once after it: no task for that
+                async for _ in outputs:
+                    pass
+                return
     finally:
         await outputs.aclose()
 
 
 def _generated(llm: AsyncLLM, request_id: str) -> int:
     """The tokens a request still running has generated (every choice of it): vLLM keeps
-    them on its output processor's per-request state until the request ends. 0 where that
+    them on its output processor's per-request state until the request ends, and the
+    choices that ended already (n > 1) on their parent's aggregated outputs. 0 where that
     state is not where this version keeps it."""
     try:
         proc = llm.output_processor
-        states = [proc.request_states.get(i)
-                  for i in proc.external_req_ids.get(request_id, ())]
-        return sum(len(s.detokenizer.output_token_ids) for s in states
-                   if s is not None and s.detokenizer is not None)
+        states = [s for i in proc.external_req_ids.get(request_id, ())
+                  if (s := proc.request_states.get(i)) is not None]
+        running = sum(s.detokenizer.num_output_tokens() for s in states
+                      if s.detokenizer is not None)
+        parents = {id(s.parent_req): s.parent_req for s in states if s.parent_req is not None}
+        ended = sum(len(o.token_ids) for p in parents.values()
+                    for o in p.output_aggregator if o is not None)
+        return int(running + ended)
     except (AttributeError, TypeError):
         return 0
 

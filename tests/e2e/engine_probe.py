@@ -8,10 +8,11 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from types import SimpleNamespace
 from typing import Any
 
 from proxy.engine.base import SamplingOptions
-from proxy.engine.vllm import VllmEngine
+from proxy.engine.vllm import VllmEngine, _counted, _generated
 from proxy.settings import VllmEngineSettings
 
 BAD_SEEDS = [2**64, -(2**63) - 1, 2**64, 10**30]
@@ -27,12 +28,54 @@ async def drain(it: AsyncIterator[Any]) -> str | None:
     return None
 
 
+def _state(tokens: int, parent: Any = None) -> Any:
+    detok = SimpleNamespace(num_output_tokens=lambda: tokens)
+    return SimpleNamespace(detokenizer=detok, parent_req=parent)
+
+
+def generated_parts() -> dict[str, int]:
+    """`_generated` on stand-ins of vLLM's state: two choices running, two that ended
+    (their outputs on the parent), and one whose state is gone."""
+    done = SimpleNamespace(token_ids=[1] * 200)
+    parent = SimpleNamespace(output_aggregator=[done, None, done, None])
+    proc = SimpleNamespace(
+        external_req_ids={"r": ["r-a", "r-b", "r-gone"]},
+        request_states={"r-a": _state(30, parent), "r-b": _state(12, parent)})
+    llm: Any = SimpleNamespace(output_processor=proc)
+    return {"both": _generated(llm, "r"), "unknown": _generated(llm, "other"),
+            "elsewhere": _generated(SimpleNamespace(), "r")}  # type: ignore[arg-type]
+
+
+async def cut_at_the_end() -> int:
+    """A cut that reaches the caller once the final output's task is done (the output in
+    hand, not yet handed over): the step-by-step order asyncio runs ready callbacks in."""
+    final = SimpleNamespace(finished=True, outputs=[SimpleNamespace(token_ids=[1] * 7),
+                                                    SimpleNamespace(token_ids=[2] * 5)])
+    release = asyncio.Event()
+
+    async def vllm_outputs() -> Any:
+        await release.wait()
+        yield final
+
+    options = SamplingOptions(max_tokens=10, final_only=True)
+    empty: Any = SimpleNamespace(output_processor=SimpleNamespace(
+        external_req_ids={}, request_states={}))
+    consumer = asyncio.ensure_future(anext(_counted(empty, vllm_outputs(), "r", options)))
+    await asyncio.sleep(0)  # the consumer has made the step's task
+    release.set()
+    await asyncio.sleep(0)  # the step ran and finished; the consumer is not resumed yet
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
+    return options.generated
+
+
 async def probe() -> dict[str, Any]:
     engine = VllmEngine(VllmEngineSettings(
         model="builtin:demo", dtype="float32", max_model_len=256, max_num_seqs=8,
         cpu_kvcache_space_gib=1, warmup=False))
     await engine.start()
-    seen: dict[str, Any] = {"bad_seed": []}
+    seen: dict[str, Any] = {"bad_seed": [], "generated_parts": generated_parts(),
+                            "cut_at_the_end": await cut_at_the_end()}
     try:
         prompt = engine.render_chat([{"role": "user", "content": "hello"}], None)
         for i, seed in enumerate(BAD_SEEDS):

@@ -50,3 +50,18 @@ def test_a_whole_answer_cut_while_running_reports_what_it_generated(
     (final output only), so the engine reads the tokens its two choices had generated."""
     assert 10 <= seen["cut_whole"]["generated"] <= 400
     assert seen["cut_whole"]["running"] == 0
+
+
+
+def test_what_a_cut_request_generated_counts_choices_that_ended_already(
+        seen: dict[str, Any]) -> None:
+    """n > 1: vLLM drops a choice's state when it ends and keeps its output on the parent
+    (final outputs only); the cut counts both, each parent once (read on stand-ins of
+    vLLM's state, in the probe)."""
+    assert seen["generated_parts"] == {"both": 30 + 12 + 400, "unknown": 0, "elsewhere": 0}
+
+
+def test_a_cut_landing_as_the_final_output_arrives_counts_it(seen: dict[str, Any]) -> None:
+    """The final output is in hand (its task done) when the cut reaches the caller: vLLM
+    has dropped the request's state by then, so the output's own tokens are counted."""
+    assert seen["cut_at_the_end"] == 12

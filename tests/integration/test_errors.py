@@ -252,3 +252,17 @@ async def test_a_json_schema_format_without_a_name_is_400(make_client: MakeClien
     client = await make_client()
     err = await error_of(await client.post(path, json=body), 400)
     assert err["param"] == param and err["code"] == "missing_required_parameter"
+
+
+async def test_two_content_encoding_headers_are_two_codings(make_client: MakeClient) -> None:
+    """aiohttp would decode by the last header alone: both are read, and together they
+    are codings it does not decode (415), whichever comes last."""
+    from multidict import CIMultiDict
+
+    client = await make_client()
+    for order in (("foo", "gzip"), ("gzip", "foo")):
+        headers = CIMultiDict([("Content-Type", "application/json"),
+                               *(("Content-Encoding", c) for c in order)])
+        r = await client.post("/v1/chat/completions", data=json.dumps(CHAT).encode(),
+                              headers=headers)
+        assert (await error_of(r, 415))["code"] == "unsupported_content_encoding"

@@ -507,30 +507,21 @@ async def test_an_error_answer_shows_each_tenant_its_own_limits(make_client: Mak
     assert seen == {"k-alice": "1000", "k-eve": "7"}
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "before-first-chunk"])
-async def test_answers_cut_before_they_came_back_are_charged_what_they_spent(
-        make_client: MakeClient, stream: bool) -> None:
-    """A client that hangs up on each request once the engine has generated most of it
-    (a whole answer), or before the first chunk of a stream, is charged the prompt and
-    the tokens generated until the cut: a token limit still stops it (it was refunded
-    everything before)."""
-    engine = HoldingEngine(after=1 if stream else 40)
-    if stream:
-        engine.token_gate = asyncio.Event()  # the engine has the request, no token yet
-    client = await make_client(engine=engine, plugins=[{"name": "rate_limit", "config": {
-        "rules": [{"per": "tenant", "tpm": 300}]}}])
+async def _cut_until_refused(client: Any, engine: HoldingEngine, body: dict[str, Any],
+                             rounds: int) -> list[int]:
+    """Send `body` and hang up once the engine is at its hold (or, without tokens, has the
+    request), again and again until a request is refused; the statuses (0: cut)."""
     st = client.app[STATE]
-    body = {"model": "fake-model", "max_tokens": 5 if stream else 50, "stream": stream,
-            "messages": [{"role": "user", "content": "a question of several words " * 4}]}
     statuses = []
-    for _ in range(12):
+    for _ in range(rounds):
         task = asyncio.create_task(client.post("/v1/chat/completions", json=body))
-        done = asyncio.ensure_future(engine.wait_until(
-            lambda: len(engine.active) == 1 and (stream or engine.held == 1)))
-        await asyncio.wait([task, done], return_when=asyncio.FIRST_COMPLETED)
+        there = asyncio.ensure_future(engine.wait_until(
+            lambda: len(engine.active) == 1 and (engine.token_gate is not None
+                                                 or engine.held == 1)))
+        await asyncio.wait([task, there], return_when=asyncio.FIRST_COMPLETED)
         if task.done():  # refused before the engine saw it
+            there.cancel()
             r = task.result()
-            done.cancel()
             statuses.append(r.status)
             error = (await r.json())["error"]
             assert error["code"] == "rate_limit_exceeded" and "tokens per minute" in error[
@@ -540,6 +531,57 @@ async def test_answers_cut_before_they_came_back_are_charged_what_they_spent(
         task.cancel()  # hang up before anything came back
         await asyncio.gather(task, return_exceptions=True)
         await eventually(lambda: st.in_flight == 0 and not engine.active)
-    # whole: the prompt + 40 generated a cut; stream: the prompt alone
-    assert statuses[-1] == 429, statuses
-    assert len(statuses) - 1 >= 2, statuses
+    return statuses
+
+
+BODY = {"model": "fake-model", "max_tokens": 50,
+        "messages": [{"role": "user", "content": "a question of several words " * 4}]}
+
+
+async def test_whole_answers_cut_before_they_came_back_are_charged_what_they_spent(
+        make_client: MakeClient) -> None:
+    """A client that hangs up on each non-streamed request once the engine has generated
+    most of it is charged the prompt and the tokens generated until the cut: a token
+    limit still stops it (it was refunded everything before)."""
+    engine = HoldingEngine(after=40)
+    client = await make_client(engine=engine, plugins=[{"name": "rate_limit", "config": {
+        "rules": [{"per": "tenant", "tpm": 300}]}}])
+    statuses = await _cut_until_refused(client, engine, BODY, rounds=12)
+    assert statuses[-1] == 429 and len(statuses) - 1 >= 2, statuses
+
+
+async def test_what_the_engine_had_not_read_is_not_charged(make_client: MakeClient) -> None:
+    """Cut before the engine's first token (queued in it, or reading the prompt): nothing
+    was generated, and the prompt may not have been read (a backlog's deadline cuts must
+    not turn into the client's 429s): refunded."""
+    engine = HoldingEngine(after=1)
+    engine.token_gate = asyncio.Event()  # the engine has the request, no token yet
+    client = await make_client(engine=engine, plugins=[{"name": "rate_limit", "config": {
+        "rules": [{"per": "tenant", "tpm": 300}]}}])
+    for stream in (False, True):
+        statuses = await _cut_until_refused(client, engine, {**BODY, "stream": stream},
+                                            rounds=8)
+        assert statuses == [0] * 8
+
+
+async def test_a_drains_cut_is_not_charged(make_client: MakeClient) -> None:
+    """A request cut by a drain gets a 503 that says to retry on another replica: with a
+    shared limiter, charging it would charge that retry twice."""
+    engine = HoldingEngine(after=40)
+    client = await make_client(engine=engine, plugins=[{"name": "rate_limit", "config": {
+        "rules": [{"per": "tenant", "tpm": 600}]}}])
+    st = client.app[STATE]
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=BODY))
+    await engine.wait_until(lambda: engine.held == 1)
+    st.draining = True
+    assert await st.abort_all() == 1
+    r = await task
+    assert r.status == 503 and (await r.json())["error"]["code"] == "shutting_down"
+    st.draining = False
+    engine.hold.set()
+    await eventually(lambda: st.in_flight == 0 and not engine.active)
+    r = await client.post("/v1/chat/completions", json={**BODY, "max_tokens": 5})
+    assert r.status == 200
+    # only this request's reservation (~35) is gone from the bucket; charging the cut
+    # (its prompt and 40 tokens) would leave ~500
+    assert int(r.headers["x-ratelimit-remaining-tokens"]) >= 550

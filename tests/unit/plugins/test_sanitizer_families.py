@@ -332,6 +332,18 @@ def test_an_address_is_found_whole(text: str) -> None:
     assert [normalize(text)[a:b] for a, b in spans] == [address]
 
 
+@pytest.mark.parametrize(("text", "address"), [
+    ("see bob@example.com.pdf", "bob@example.com"),
+    ("mail alice@corp.example.com.csv now", "alice@corp.example.com"),
+    ("icon%402x.png or jo%40example.org.txt", "jo%40example.org"),
+])
+def test_an_address_before_a_file_type_is_still_found(text: str, address: str) -> None:
+    """A file type after an address ends it a label earlier; a file name alone (no TLD
+    left: `icon@2x.png`) is no address."""
+    spans = list(BUILTIN["email"].find(normalize(text)))
+    assert [normalize(text)[a:b] for a, b in spans] == [address]
+
+
 @pytest.mark.parametrize("text", [
     "%40" * 20000, "a%40" * 15000, "a@" * 30000, "@" * 60000, "a." * 30000 + "@x",
 ])
