@@ -66,6 +66,12 @@ def sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
+def typed_sse(event: dict[str, Any]) -> bytes:
+    """A typed event as OpenAI sends the Responses API's: named by an `event:` line too
+    (clients that listen by name, as browsers' EventSource does, need it)."""
+    return b"event: " + event["type"].encode() + b"\n" + sse(event)
+
+
 class _SseResponse(web.StreamResponse):
     """A stream response whose head goes out with its first write (as aiohttp's
     `web.Response` does), not in a write of its own: the first chunk is in hand when it
@@ -134,11 +140,13 @@ async def write_sse(
     log_error: Callable[[BaseException], None] | None = None,
     terminator: bytes = DONE,
     error_events: Callable[[WeirError], bytes] | None = None,
+    frame: Callable[[dict[str, Any]], bytes] = sse,
 ) -> web.StreamResponse:
     """`terminator`: what ends the body after the last event (chat and completions:
     `data: [DONE]`; the Responses API: nothing). `error_events`: an error that cuts the
     stream, as the route's events (chat and completions: `data: {"error": ...}`; the
-    Responses API: a typed `error` event, then `response.failed`)."""
+    Responses API: a typed `error` event, then `response.failed`). `frame`: one event's
+    bytes (the Responses API's are named: `typed_sse`)."""
     framed = error_events if error_events is not None else _chat_error
     outcome: Outcome = "cancelled"
     error: BaseException | None = None
@@ -166,9 +174,9 @@ async def write_sse(
             if on_chunk is not None:
                 on_chunk(chunk)
             if keep:
-                held.append(sse(chunk))
+                held.append(frame(chunk))
             else:
-                await write(sse(chunk))
+                await write(frame(chunk))
 
         try:
             try:

@@ -81,3 +81,15 @@ async def streams_cut_until_refused(client: Any, body: dict[str, Any], *, events
         r.close()  # gone before the answer's end
         await eventually(idle)
     return statuses
+
+
+def check_event_names(text: str) -> int:
+    """Every event of a Responses API stream is named as OpenAI names it: an `event:`
+    line with its `type`, before its data. The number of events."""
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    for block in blocks:
+        lines = block.split("\n")
+        assert len(lines) == 2 and lines[0].startswith("event: "), block[:200]
+        assert lines[0].removeprefix("event: ") == json.loads(
+            lines[1].removeprefix("data: "))["type"]
+    return len(blocks)

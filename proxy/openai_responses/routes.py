@@ -27,7 +27,7 @@ from ..routes import (
     open_generation,
     read_json,
 )
-from ..streaming import sse, write_sse
+from ..streaming import typed_sse, write_sse
 from ..telemetry import get_logger
 from . import translate as X
 from .events import OUTPUT_DELTAS, Rendering
@@ -105,8 +105,9 @@ async def create(request: web.Request) -> web.StreamResponse:
                                on_first=timing.first, on_chunk=event,
                                on_abort=lambda reason: count_abort(st, request, reason),
                                log_error=lambda e: log.error("stream failed", exc_info=e),
-                               terminator=b"", error_events=lambda err: b"".join(
-                                   sse(ev) for ev in rendering.failed(err)))
+                               terminator=b"", frame=typed_sse,
+                               error_events=lambda err: b"".join(
+                                   typed_sse(ev) for ev in rendering.failed(err)))
         if reply.usage:
             note_usage(st, info, {"usage": reply.usage})
         return resp

@@ -10,7 +10,7 @@ from bench.redis_server import RedisServer
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
-from tests.sse import parse_sse
+from tests.sse import check_event_names, parse_sse
 
 BASE = {"model": "fake-model", "input": "hi", "max_output_tokens": 16}
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",
@@ -51,6 +51,7 @@ async def test_stream_events_are_ordered_numbered_and_valid(make_client: MakeCli
     body = await r.text()
     events, done = parse_sse(body)
     assert not done and "[DONE]" not in body  # the Responses stream ends with its event
+    assert check_event_names(body) == len(events)
     for e in events:
         validate("ResponseStreamEvent", e)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
@@ -318,8 +319,9 @@ async def test_an_error_mid_stream_is_an_error_event_then_failed(
     client = await make_client()
     r = await client.post("/v1/responses", json={**BASE, "stream": True})
     assert r.status == 200
-    events, done = parse_sse(await r.text())
-    assert not done
+    body = await r.text()
+    events, done = parse_sse(body)
+    assert not done and check_event_names(body) == len(events)
     for e in events:
         validate("ResponseStreamEvent", e)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
@@ -399,7 +401,9 @@ async def test_a_streamed_cache_hit_goes_out_in_one_write(make_client: MakeClien
     for _ in range(2):
         r = await client.post("/v1/responses", json=req)
         assert r.status == 200
-        events, _ = parse_sse(await r.text())
+        body = await r.text()
+        events, _ = parse_sse(body)
+        assert check_event_names(body) == len(events)
         for e in events:
             validate("ResponseStreamEvent", e)
         runs.append(events)
