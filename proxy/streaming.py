@@ -69,7 +69,8 @@ def sse(obj: dict[str, Any]) -> bytes:
 def typed_sse(event: dict[str, Any]) -> bytes:
     """A typed event as OpenAI sends the Responses API's: named by an `event:` line too
     (clients that listen by name, as browsers' EventSource does, need it)."""
-    return b"event: " + event["type"].encode() + b"\n" + sse(event)
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\n" + sse(event)
 
 
 class _SseResponse(web.StreamResponse):
