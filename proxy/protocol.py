@@ -96,6 +96,7 @@ CHAT_UNSUPPORTED: Unsupported = {
     "audio": (inert(), "this model answers text only."),
     "modalities": (inert(["text"]), "this model answers text only."),
     "web_search_options": (inert(), "this server does not search the web."),
+    "reasoning_effort": (inert("none"), "this model does not reason."),
 }
 
 
@@ -142,10 +143,24 @@ def check_json_schema(v: dict[str, Any]) -> dict[str, Any]:
 JsonSchema = Annotated[dict[str, Any], AfterValidator(check_json_schema)]
 
 
+def _object_schema(v: dict[str, Any]) -> dict[str, Any]:
+    """A function's arguments are an object: its `parameters` say so, or say no type."""
+    kind = v.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise ValueError(f"the function's parameters must be a JSON schema of type "
+                         f"`object`, not `{kind}`")
+    return v
+
+
+#: A function tool's `parameters`: a JSON schema (`check_json_schema`) of an object.
+ToolParameters = Annotated[dict[str, Any], AfterValidator(check_json_schema),
+                           AfterValidator(_object_schema)]
+
+
 class FunctionDef(_Open):
     name: str = Field(pattern=_FUNCTION_NAME)
     description: str | None = None
-    parameters: JsonSchema | None = None
+    parameters: ToolParameters | None = None
     strict: bool | None = None
 
 

@@ -20,6 +20,7 @@ from ..protocol import (
     JsonSchema,
     Metadata,
     Temperature,
+    ToolParameters,
     TopP,
     Unsupported,
     _NullIsDefault,
@@ -116,7 +117,7 @@ class FunctionTool(_Open):
     type: Literal["function"]
     name: str = Field(pattern=_FUNCTION_NAME)
     description: str | None = None
-    parameters: JsonSchema | None = None
+    parameters: ToolParameters | None = None
     strict: bool | None = None
 
 

@@ -295,6 +295,7 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
     (ChatCompletionRequest, {"modalities": ["text", "audio"]}),
     (ChatCompletionRequest, {"audio": {"voice": "alloy", "format": "wav"}}),
     (ChatCompletionRequest, {"web_search_options": {}}),
+    (ChatCompletionRequest, {"reasoning_effort": "high"}),
     (ResponsesRequest, {"background": True}),
     (ResponsesRequest, {"conversation": "conv_123"}),
     (ResponsesRequest, {"prompt": {"id": "pmpt_1"}}),
@@ -319,7 +320,8 @@ def test_a_parameter_that_cannot_be_honoured_is_refused_by_name(model: type,
 
 @pytest.mark.parametrize(("model", "extra"), [
     (ChatCompletionRequest, {"functions": [], "function_call": None, "modalities": ["text"],
-                             "audio": None, "web_search_options": None}),
+                             "audio": None, "web_search_options": None,
+                             "reasoning_effort": "none"}),
     (ResponsesRequest, {"background": False, "conversation": None, "prompt": None,
                         "include": [], "top_logprobs": 0, "max_tool_calls": None,
                         "truncation": "disabled", "reasoning": {"effort": "none"}}),
@@ -399,3 +401,22 @@ def test_input_items_given_one_id_twice_get_distinct_ids() -> None:
         {"role": "user", "content": "b", "id": "msg_same"}]})
     ids = [i["id"] for i in input_items(req)]
     assert ids[0] == "msg_same" and ids[1] != "msg_same" and len(set(ids)) == 2
+
+
+@pytest.mark.parametrize(("model", "tool", "param"), [
+    (ChatCompletionRequest, {"type": "function", "function": {
+        "name": "f", "parameters": {"type": "string"}}}, "tools[0].function.parameters"),
+    (ResponsesRequest, {"type": "function", "name": "f", "parameters": {"type": "array"}},
+     "tools[0].parameters"),
+])
+def test_a_functions_parameters_are_an_object(model: type, tool: dict[str, Any],
+                                              param: str) -> None:
+    """OpenAI refuses parameters of another type (the arguments would not be an object)."""
+    base: dict[str, Any] = ({"model": "m", "messages": MSG} if model is ChatCompletionRequest
+                            else {"model": "m", "input": "hi"})
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(model, {**base, "tools": [tool]})
+    assert (e.value.status, e.value.param) == (400, param)
+    ok = {**tool, "function": {**tool["function"], "parameters": {"properties": {}}}} if (
+        "function" in tool) else {**tool, "parameters": {"type": ["object", "null"]}}
+    parse_model(model, {**base, "tools": [ok]})
