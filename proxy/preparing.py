@@ -145,6 +145,7 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
         raise InvalidRequest("`best_of` other than `n` is not supported.", param="best_of")
     prompts: list[list[int]] = []
     echo: list[str] = []
+    vocab = engine.vocab_size
     for p in req.prompts():
         if isinstance(p, str):
             prompts.append(engine.encode(p))
@@ -152,6 +153,12 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
         else:
             prompts.append(list(p))
             echo.append("")
+            if vocab is not None and any(t >= vocab for t in p):
+                raise InvalidRequest(f"The prompt holds token ids past the model's vocabulary "
+                                     f"of {vocab}.", param="prompt", code="invalid_value")
+        if not prompts[-1]:  # the engine has nothing to start from
+            raise InvalidRequest("The prompt is empty: it must hold at least one token.",
+                                 param="prompt", code="invalid_value")
     longest = max(len(p) for p in prompts)
     opts = _options(req, longest, engine.max_model_len, req.logprobs,
                     engine.vocab_size, "prompt")

@@ -77,7 +77,7 @@ class Upstream:
         return self._ready
 
     def models(self) -> list[ModelInfo]:
-        return [ModelInfo(id=m, owned_by=self.settings.owned_by, root=self.base,
+        return [ModelInfo(id=m, owned_by=self.settings.owned_by, root=m,  # not its address
                           created=self._created) for m in self._models]
 
     def stats(self) -> EngineStats:

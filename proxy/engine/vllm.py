@@ -181,7 +181,7 @@ class VllmEngine:
             ModelInfo(
                 id=self._served,
                 owned_by=self.settings.owned_by,
-                root=self._model_path,
+                root=self.settings.model,  # as configured: not the cache's own path
                 created=self._created,
                 max_model_len=self._max_model_len or None,
             )

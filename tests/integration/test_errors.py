@@ -266,3 +266,18 @@ async def test_two_content_encoding_headers_are_two_codings(make_client: MakeCli
         r = await client.post("/v1/chat/completions", data=json.dumps(CHAT).encode(),
                               headers=headers)
         assert (await error_of(r, 415))["code"] == "unsupported_content_encoding"
+
+
+@pytest.mark.parametrize("prompt", ["", [5, 1000], ["x", ""], [[5], [7, 2000]]])
+async def test_a_prompt_the_engine_cannot_start_from_names_the_prompt(
+        make_client: MakeClient, prompt: Any) -> None:
+    """Empty once tokenized (a tokenizer without a start token), or token ids past the
+    vocabulary (1,000 here): vLLM refused them with no `param`."""
+    engine = FakeEngine()
+    engine.encode = lambda text: [ord(c) % 997 + 2 for c in text]  # type: ignore[method-assign]
+    client = await make_client(engine=engine)
+    r = await client.post("/v1/completions", json={"model": "fake-model", "prompt": prompt,
+                                                   "max_tokens": 2})
+    err = await error_of(r, 400)
+    assert err["param"] == "prompt"
+    assert not engine.calls

@@ -78,6 +78,7 @@ async def test_edge_forwards_to_central(make_client: MakeClient) -> None:
         assert done and check_chat_stream(events, usage=True)
         models = await (await edge.get("/v1/models")).json()
         assert [m["id"] for m in models["data"]] == ["fake-model"]
+        assert models["data"][0]["root"] == "fake-model"  # not the upstream's address
         r = await edge.post("/v1/chat/completions", json={**CHAT, "temperature": 9})
         assert r.status == 400  # the edge validates; nothing reached the central
         r = await edge.post("/v1/chat/completions", json={**CHAT, "max_tokens": 100_000})
