@@ -156,7 +156,7 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
             return calls
         except ValueError:  # cut short: the name, then the arguments as far as they came
             m = _CUT_CALL.match(text, i)
-            if m is not None:
+            if m is not None and text[m.end():].strip():  # (else: no argument began)
                 calls.append(ParsedToolCall(json.loads(m["name"]), text[m.end():]))
             return calls
         if isinstance(c, dict) and isinstance(c.get("name"), str) and "parameters" in c:

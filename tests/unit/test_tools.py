@@ -188,6 +188,11 @@ def test_a_cut_short_forced_answer_never_shows_its_wrapper() -> None:
     assert content is None
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
         ("get_time", "{}"), ("get_weather", '{"city": "Par')]
+    # cut right after `"parameters":`: no argument began, the call is dropped (it was
+    # one with `arguments: ""`, not JSON at all)
+    _, calls = T.ToolCallTracker.for_request(req, lambda tools: None).whole(
+        '[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": ')
+    assert [c["function"]["name"] for c in calls] == ["get_time"]
     streamed = T.ToolCallTracker.for_request(req, lambda tools: None)
     assert streamed.step('[{"name": "get_weather", "param', [], None) == (None, [], None)
     content, deltas, reason = streamed.step('eters": {"city": 1', [], "length")
