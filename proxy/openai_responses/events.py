@@ -113,7 +113,7 @@ class _Events:
         item, self.open = self.open, None
         if item is None:
             return []
-        status = "incomplete" if self.reason == "length" else "completed"
+        status = "incomplete" if self.reason in ("length", "failed") else "completed"
         idx = self.output.index(item)
         out = []
         if item["type"] == "message":
@@ -210,8 +210,12 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
 
 
 def _failed(e: _Events, err: WeirError) -> list[dict[str, Any]]:
+    """The item under way ends `incomplete` with what it holds (its `.done` events), then
+    the error and the failed response, which keeps the output that went out."""
     body = err.to_body()["error"]
     code = "rate_limit_exceeded" if err.status == 429 else "server_error"
-    return [e.ev("error", code=body["code"], message=body["message"], param=body["param"]),
+    e.reason = "failed"
+    return [*e.close(),
+            e.ev("error", code=body["code"], message=body["message"], param=body["param"]),
             e.ev("response.failed", response=e.response(
                 "failed", error={"code": code, "message": body["message"]}))]

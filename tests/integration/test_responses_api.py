@@ -326,6 +326,13 @@ async def test_an_error_mid_stream_is_an_error_event_then_failed(
         validate("ResponseStreamEvent", e)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert events[-1]["response"]["status"] == "failed"
+    # the message under way ends incomplete, holding what went out, in the failed
+    # response too (its content was empty, its status in_progress, with no `.done`)
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    done = [e for e in events if e["type"] == "response.output_item.done"]
+    assert text and len(done) == 1 and done[0]["item"]["status"] == "incomplete"
+    for item in (done[0]["item"], events[-1]["response"]["output"][0]):
+        assert item["content"][0]["text"] == text and item["status"] == "incomplete"
     assert events[-1]["response"]["error"]["code"] == "server_error"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     rid = events[-1]["response"]["id"]
