@@ -14,7 +14,13 @@ from typing import Any
 from . import tools as T
 from .engine.base import Engine, EngineRejected, SamplingOptions
 from .errors import InvalidRequest
-from .protocol import ChatCompletionRequest, CompletionRequest, OtherPart, ResponseFormat
+from .protocol import (
+    GREEDY_BELOW,
+    ChatCompletionRequest,
+    CompletionRequest,
+    OtherPart,
+    ResponseFormat,
+)
 
 
 @dataclass(slots=True)
@@ -110,7 +116,9 @@ def _options(
         temperature=temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k,
-        n=req.n,
+        # Greedy choices are one answer n times (vLLM refuses n > 1 there): generated
+        # once, handed out n times (`serving.engine_outputs`).
+        n=1 if temperature < GREEDY_BELOW else req.n,
         stop=stop,
         seed=req.seed,
         presence_penalty=req.presence_penalty or 0.0,

@@ -455,9 +455,6 @@ class _SamplingFields(_NullIsDefault):
 
     @model_validator(mode="after")
     def _cross_field(self) -> _SamplingFields:
-        if self.n > 1 and self.temperature is not None and self.temperature < GREEDY_BELOW:
-            raise InvalidRequest("`n` greater than 1 needs a temperature above 0.", param="n",
-                                 code="invalid_value")
         limit = self.output_limit
         if limit is not None and self.min_tokens > limit:
             raise InvalidRequest(

@@ -22,6 +22,7 @@ import hashlib
 import traceback
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from . import rendering
@@ -54,8 +55,20 @@ def engine_outputs(engine: Engine, prep: Prepared,
     salt = cache_salt(ctx)
     base = f"weir-{new_hex()}"
     if len(prep.prompts) == 1:  # the common case: the engine's own generator, as is
-        return engine.generate(prep.prompts[0], prep.options, base, cache_salt=salt)
-    return _merged(engine, prep, base, salt)
+        outputs = engine.generate(prep.prompts[0], prep.options, base, cache_salt=salt)
+    else:
+        outputs = _merged(engine, prep, base, salt)
+    n = ctx.request.n
+    return outputs if prep.options.n == n else _fanned_out(outputs, n)
+
+
+async def _fanned_out(outputs: AsyncGenerator[EngineOutput, None],
+                      n: int) -> AsyncGenerator[EngineOutput, None]:
+    """One greedy answer as `n` choices (they would all be the same)."""
+    async with aclosing(outputs):
+        async for out in outputs:
+            out.choices = [replace(c, index=i) for c in out.choices for i in range(n)]
+            yield out
 
 
 async def _merged(engine: Engine, prep: Prepared, base: str,

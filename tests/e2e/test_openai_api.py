@@ -192,6 +192,16 @@ def test_max_completion_tokens(client: openai.OpenAI) -> None:
     assert r.usage is not None and r.usage.completion_tokens == 3
 
 
+def test_n_greedy_choices_are_one_answer(client: openai.OpenAI) -> None:
+    """vLLM refuses n > 1 at temperature 0; OpenAI answers it: n copies of one answer."""
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8,
+                                       temperature=0, n=2)
+    assert len(r.choices) == 2 and r.choices[0].message.content == r.choices[
+        1].message.content
+    assert r.usage is not None and r.usage.completion_tokens % 2 == 0  # both counted
+    assert r.choices[0].finish_reason == r.choices[1].finish_reason
+
+
 def test_json_schema_output_parses(client: openai.OpenAI) -> None:
     schema = {"type": "object", "properties": {"answer": {"type": "string",
                                                           "enum": ["yes", "no"]}},

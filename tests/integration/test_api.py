@@ -58,6 +58,37 @@ async def test_chat_stream_without_usage_and_n2(make_client: MakeClient) -> None
     check_chat_stream(events, n=2)
 
 
+async def test_greedy_choices_are_one_answer_n_times(make_client: MakeClient,
+                                                     fake_engine: FakeEngine) -> None:
+    """`n > 1` at temperature 0 (OpenAI takes it; vLLM refuses it): the engine answers
+    once and every choice is that answer, whole and streamed, on chat and completions;
+    the usage counts each choice's tokens, as OpenAI's does."""
+    client = await make_client()
+    body = await (await client.post("/v1/chat/completions", json={
+        **CHAT, "n": 3, "temperature": 0, "max_tokens": 4})).json()
+    validate("CreateChatCompletionResponse", body)
+    texts = [c["message"]["content"] for c in body["choices"]]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert len(set(texts)) == 1 and texts[0] and body["usage"]["completion_tokens"] == 12
+    assert fake_engine.calls[-1][1].n == 1
+    r = await client.post("/v1/chat/completions", json={
+        **CHAT, "n": 2, "temperature": 0, "max_tokens": 4, "stream": True})
+    events, done = parse_sse(await r.text())
+    assert done
+    check_chat_stream(events, n=2)
+    streamed = ["".join(c["delta"].get("content") or "" for e in events
+                        for c in e["choices"] if c["index"] == i) for i in (0, 1)]
+    assert streamed[0] == streamed[1] == texts[0]
+    done_body = await (await client.post("/v1/completions", json={
+        "model": "fake-model", "prompt": ["a", "b"], "n": 2, "temperature": 0,
+        "max_tokens": 3})).json()
+    validate("CreateCompletionResponse", done_body)
+    got = sorted((c["index"], c["text"]) for c in done_body["choices"])
+    assert [i for i, _ in got] == [0, 1, 2, 3]
+    assert got[0][1] == got[1][1] and got[2][1] == got[3][1] and got[0][1] != got[2][1]
+    assert fake_engine.calls[-1][1].n == 1
+
+
 async def test_chat_logprobs(make_client: MakeClient, fake_engine: FakeEngine) -> None:
     client = await make_client()
     r = await client.post("/v1/chat/completions",

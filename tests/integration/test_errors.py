@@ -31,7 +31,6 @@ async def error_of(resp: Any, status: int) -> dict[str, Any]:
         ({"messages": MSG}, "model"),
         ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
         ({**CHAT, "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
-        ({**CHAT, "n": 2, "temperature": 0}, "n"),
         ({**CHAT, "logit_bias": {"abc": 1}}, "logit_bias"),
         ({**CHAT, "logit_bias": {"99999": 1}}, "logit_bias"),
         ({**CHAT, "max_tokens": 10_000}, "max_tokens"),
