@@ -16,10 +16,12 @@ from .engine.base import Engine, EngineRejected, SamplingOptions
 from .errors import InvalidRequest
 from .protocol import (
     GREEDY_BELOW,
+    LOCAL_UNSUPPORTED,
     ChatCompletionRequest,
     CompletionRequest,
     OtherPart,
     ResponseFormat,
+    refuse_unsupported,
 )
 
 
@@ -133,6 +135,7 @@ def _options(
 
 
 def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
+    refuse_unsupported(req.model_extra, LOCAL_UNSUPPORTED)
     messages = _message_dicts(req)
     try:
         ids = engine.render_chat(messages, req.tool_dicts())

@@ -96,6 +96,9 @@ CHAT_UNSUPPORTED: Unsupported = {
     "audio": (inert(), "this model answers text only."),
     "modalities": (inert(["text"]), "this model answers text only."),
     "web_search_options": (inert(), "this server does not search the web."),
+}
+#: What the in-process engine cannot honour (an upstream engine may: it is passed on).
+LOCAL_UNSUPPORTED: Unsupported = {
     "reasoning_effort": (inert("none"), "this model does not reason."),
 }
 
@@ -147,9 +150,13 @@ def _object_schema(v: dict[str, Any]) -> dict[str, Any]:
     """A function's arguments are an object: its `parameters` say so, or say no type."""
     kind = v.get("type", "object")
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
-        raise ValueError(f"the function's parameters must be a JSON schema of type "
-                         f"`object`, not `{kind}`")
+        raise InvalidFunctionParameters(f"the function's parameters must be a JSON schema "
+                                        f"of type `object`, not `{kind}`")
     return v
+
+
+class InvalidFunctionParameters(ValueError):
+    """OpenAI's code for it: `invalid_function_parameters`."""
 
 
 #: A function tool's `parameters`: a JSON schema (`check_json_schema`) of an object.
@@ -167,7 +174,7 @@ class FunctionDef(_Open):
 _VALID_SCHEMAS: dict[bytes, None] = {}  # insertion-ordered: the oldest goes first
 
 
-_SCHEMA_DATA = frozenset({"default", "const", "enum", "examples"})  # values, not schemas
+SCHEMA_DATA = frozenset({"default", "const", "enum", "examples"})  # values, not schemas
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
                           "dependentSchemas"})  # names -> schemas (a name is no keyword)
 
@@ -185,7 +192,7 @@ def _local_refs_only(schema: dict[str, Any]) -> None:
             if isinstance(ref, str) and not ref.startswith("#"):
                 raise ValueError("a `$ref` may only point inside the schema (`#/...`)")
             stack.extend((v, k in _SCHEMA_MAPS) for k, v in x.items()
-                         if k not in _SCHEMA_DATA)
+                         if k not in SCHEMA_DATA)
         elif isinstance(x, list):
             stack.extend((v, False) for v in x)
 
@@ -498,10 +505,10 @@ class _SamplingFields(_NullIsDefault):
 def _unanswered(calls: dict[str, int]) -> None:
     """OpenAI's refusal of an assistant turn whose calls were not all answered."""
     i = next(iter(calls.values()))
-    raise InvalidRequest(
-        "An assistant message with `tool_calls` must be followed by `tool` messages "
-        "responding to each `tool_call_id`. The following `tool_call_id`s did not have "
-        f"response messages: {', '.join(calls)}.", param=f"messages[{i}].tool_calls",
+    raise InvalidRequest(  # OpenAI's words, which clients match
+        "An assistant message with 'tool_calls' must be followed by tool messages "
+        "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+        f"response messages: {', '.join(calls)}", param=f"messages[{i}].tool_calls",
         code="invalid_value")
 
 
@@ -545,7 +552,7 @@ class ChatCompletionRequest(_SamplingFields):
                     param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
             if m.role == "assistant":
                 calls = {c.id for c in m.tool_calls or ()}
-                unanswered = dict.fromkeys(calls, i)
+                unanswered = {c.id: i for c in m.tool_calls or ()}  # (in their order)
             elif m.role == "tool" and m.tool_call_id not in calls:
                 raise InvalidRequest(
                     f"Invalid parameter: `messages[{i}]` has role `tool` but answers no call "
@@ -704,8 +711,11 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
+    cause = (err.get("ctx") or {}).get("error")
     return InvalidRequest(f"Invalid value{where}: {msg}.", param=param or None,
-                          code="invalid_value")
+                          code=("invalid_function_parameters"
+                                if isinstance(cause, InvalidFunctionParameters)
+                                else "invalid_value"))
 
 
 #: Pydantic's type errors, as the JSON type that was expected.

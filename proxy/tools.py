@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from .engine.base import ParsedToolCall, SamplingOptions, ToolCallDelta, ToolCallParser
 from .jsonbody import skip_ws
-from .protocol import ChatCompletionRequest, NamedToolChoice, ToolCall
+from .protocol import SCHEMA_DATA, ChatCompletionRequest, NamedToolChoice, ToolCall
 
 Mode = Literal["text", "forced", "parser"]
 
@@ -89,28 +89,36 @@ def _rebased(params: dict[str, Any], name: str, defs: dict[str, Any]) -> dict[st
     would point at the new root: a schema with references moves whole into the root's
     `$defs` under `name`, its references rebased onto it, and is referenced from its
     place."""
-    if not _refers(params):
+    # (A schema with its own `$id` resolves its references against itself: left as is.)
+    if "$id" in params or not _refers(params):
         return params
     defs[name] = _rebase(params, f"#/$defs/{name}")
     return {"$ref": f"#/$defs/{name}"}
 
 
+def _pointer(ref: Any) -> bool:
+    """A JSON-pointer reference into the schema (`#`, `#/...`; not an anchor's `#name`)."""
+    return isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
+
+
 def _refers(node: Any) -> bool:
-    if isinstance(node, dict):
-        return isinstance(node.get("$ref"), str) or any(map(_refers, node.values()))
-    return isinstance(node, list) and any(map(_refers, node))
+    if isinstance(node, list):
+        return any(map(_refers, node))
+    return isinstance(node, dict) and (_pointer(node.get("$ref")) or any(
+        _refers(v) for k, v in node.items() if k not in SCHEMA_DATA))
 
 
 def _rebase(node: Any, base: str) -> Any:
-    if isinstance(node, dict):
-        out = {k: _rebase(v, base) for k, v in node.items()}
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            out["$ref"] = base + ref[1:]
-        return out
+    """`node` with its pointer references moved under `base`; values that are data, not
+    schemas (`const`, `enum`, ...), as they are."""
     if isinstance(node, list):
         return [_rebase(v, base) for v in node]
-    return node
+    if not isinstance(node, dict):
+        return node
+    out = {k: v if k in SCHEMA_DATA else _rebase(v, base) for k, v in node.items()}
+    if _pointer(node.get("$ref")):
+        out["$ref"] = base + node["$ref"][1:]
+    return out
 
 
 def _forced_param(req: ChatCompletionRequest) -> str:

@@ -230,7 +230,8 @@ _FILE_TYPES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp
                          "htm", "txt", "csv", "xml", "yaml", "yml", "mp3", "mp4", "wav",
                          "ogg", "webm", "woff", "woff2", "ttf", "otf", "pdf", "exe", "dll",
                          "tar", "gz", "tgz"})
-_HOST_TLD = re.compile(r"\.[A-Za-z]{2,24}\Z")  # a host that still ends in a TLD-like label
+_HOST_TLD = re.compile(r"\.([A-Za-z]{2,24})\Z")  # a host that still ends in a TLD-like label
+_ASSET_SCALE = re.compile(r"\d+(?:\.\d+)?x\.", re.IGNORECASE)  # "icon@2x.min.png"
 
 
 def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
@@ -246,7 +247,9 @@ def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
                 # "logo@2x.png" is a file; "bob@example.com.pdf" an address and a file
                 # type after it: the address ends a label earlier, if it still has a TLD.
                 host = text[i + len(at):domain.start("tld") - 1]
-                end = -1 if _HOST_TLD.search(host) is None else domain.start("tld") - 1
+                tld = _HOST_TLD.search(host)
+                end = (-1 if tld is None or tld[1].lower() in _FILE_TYPES
+                       or _ASSET_SCALE.match(host) else domain.start("tld") - 1)
             if end != -1:
                 lo = max(last, i - 64)
                 part = tail.search(text, lo, i)

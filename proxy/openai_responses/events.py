@@ -116,15 +116,18 @@ class _Events:
         status = "incomplete" if self.reason in ("length", "failed") else "completed"
         idx = self.output.index(item)
         out = []
+        failed = self.reason == "failed"
         if item["type"] == "message":
             text = "".join(self.open_text)
             part = X.text_part(text)
-            out.append(self.ev("response.output_text.done", item_id=item["id"],
-                               output_index=idx, content_index=0, text=text, logprobs=[]))
-            out.append(self.ev("response.content_part.done", item_id=item["id"],
-                               output_index=idx, content_index=0, part=part))
+            if not failed:  # (a text's `.done` is the whole text: SDKs parse it as such)
+                out.append(self.ev("response.output_text.done", item_id=item["id"],
+                                   output_index=idx, content_index=0, text=text,
+                                   logprobs=[]))
+                out.append(self.ev("response.content_part.done", item_id=item["id"],
+                                   output_index=idx, content_index=0, part=part))
             item["content"] = [part]
-        else:
+        elif not failed:
             out.append(self.ev("response.function_call_arguments.done", item_id=item["id"],
                                output_index=idx, name=item["name"],
                                arguments=item["arguments"]))
@@ -210,8 +213,9 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
 
 
 def _failed(e: _Events, err: WeirError) -> list[dict[str, Any]]:
-    """The item under way ends `incomplete` with what it holds (its `.done` events), then
-    the error and the failed response, which keeps the output that went out."""
+    """The item under way ends `incomplete` with what it holds (`output_item.done` only:
+    the text's and arguments' `.done` events say they are whole, and SDKs parse them),
+    then the error and the failed response, which keeps the output that went out."""
     body = err.to_body()["error"]
     code = "rate_limit_exceeded" if err.status == 429 else "server_error"
     e.reason = "failed"

@@ -95,8 +95,15 @@ def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
     if fmt is None or fmt.type != "json_schema":
         return None if fmt is None else {"type": fmt.type}
     return {"type": "json_schema", "json_schema": {
-        "name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict,
+        "name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict,
         "description": fmt.description}}
+
+
+def _calls_of(message: dict[str, Any]) -> set[str]:
+    """The ids of an assistant message's calls."""
+    if message["role"] != "assistant":
+        return set()
+    return {c["id"] for c in message.get("tool_calls") or ()}
 
 
 def _calls_answered(conversation: list[dict[str, Any]]) -> None:
@@ -130,7 +137,11 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
 def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
                  ) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
     """(the chat request, the conversation so far without instructions)."""
-    conversation = history + input_messages(req.items())
+    given = input_messages(req.items())
+    if history and given and _calls_of(given[0]) and _calls_of(given[0]) <= _calls_of(
+            history[-1]):
+        given = given[1:]  # the stored response's calls, sent again with their outputs
+    conversation = history + given
     _calls_answered(conversation)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     body: dict[str, Any] = {"model": req.model, "messages": system + conversation,

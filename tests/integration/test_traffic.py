@@ -314,3 +314,27 @@ async def test_relayed_streams_cut_short_are_charged_what_was_relayed(
     finally:
         unregister("t_header_spy")
         await server.close()
+
+
+async def test_reasoning_effort_is_refused_here_and_passed_on_to_an_upstream(
+        make_client: MakeClient) -> None:
+    """The in-process model does not reason: `reasoning_effort` other than `none` is a
+    400 naming it there; an upstream (a reasoning model behind another server) gets it."""
+    engine = FakeEngine()
+    server = await central(engine)
+    try:
+        local = await make_client()
+        r = await local.post("/v1/chat/completions", json={**CHAT, "reasoning_effort": "low"})
+        assert r.status == 400
+        err = (await r.json())["error"]
+        assert (err["param"], err["code"]) == ("reasoning_effort", "unsupported_parameter")
+        ok = await local.post("/v1/chat/completions", json={**CHAT, "reasoning_effort": "none"})
+        assert ok.status == 200
+        edge = await make_client(edge_settings(f"http://127.0.0.1:{server.port}/v1"))
+        r = await edge.post("/v1/chat/completions", json={**CHAT, "reasoning_effort": "low"})
+        # the central (in-process) refuses it: the edge passed it on, as it is
+        assert r.status == 400 and (await r.json())["error"]["param"] == "reasoning_effort"
+        assert not engine.calls
+    finally:
+        unregister("t_header_spy")
+        await server.close()

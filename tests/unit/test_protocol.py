@@ -211,6 +211,8 @@ def test_every_call_of_an_assistant_turn_must_be_answered(turns: list[dict[str, 
     assert (e.value.status, e.value.param, e.value.code) == (
         400, "messages[1].tool_calls", "invalid_value")
     assert "c1" in e.value.message and "c2" not in e.value.message
+    assert e.value.message.startswith("An assistant message with 'tool_calls' must be "
+                                      "followed by tool messages")
 
 
 def test_several_tool_results_answer_several_calls() -> None:
@@ -295,7 +297,6 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
     (ChatCompletionRequest, {"modalities": ["text", "audio"]}),
     (ChatCompletionRequest, {"audio": {"voice": "alloy", "format": "wav"}}),
     (ChatCompletionRequest, {"web_search_options": {}}),
-    (ChatCompletionRequest, {"reasoning_effort": "high"}),
     (ResponsesRequest, {"background": True}),
     (ResponsesRequest, {"conversation": "conv_123"}),
     (ResponsesRequest, {"prompt": {"id": "pmpt_1"}}),
@@ -320,8 +321,7 @@ def test_a_parameter_that_cannot_be_honoured_is_refused_by_name(model: type,
 
 @pytest.mark.parametrize(("model", "extra"), [
     (ChatCompletionRequest, {"functions": [], "function_call": None, "modalities": ["text"],
-                             "audio": None, "web_search_options": None,
-                             "reasoning_effort": "none"}),
+                             "audio": None, "web_search_options": None}),
     (ResponsesRequest, {"background": False, "conversation": None, "prompt": None,
                         "include": [], "top_logprobs": 0, "max_tool_calls": None,
                         "truncation": "disabled", "reasoning": {"effort": "none"}}),
@@ -416,7 +416,23 @@ def test_a_functions_parameters_are_an_object(model: type, tool: dict[str, Any],
                             else {"model": "m", "input": "hi"})
     with pytest.raises(InvalidRequest) as e:
         parse_model(model, {**base, "tools": [tool]})
-    assert (e.value.status, e.value.param) == (400, param)
+    assert (e.value.status, e.value.param, e.value.code) == (
+        400, param, "invalid_function_parameters")
     ok = {**tool, "function": {**tool["function"], "parameters": {"properties": {}}}} if (
         "function" in tool) else {**tool, "parameters": {"type": ["object", "null"]}}
     parse_model(model, {**base, "tools": [ok]})
+
+
+def test_a_stored_responses_calls_sent_again_with_their_outputs_are_read_once() -> None:
+    """After a response that ended in calls, some clients send those calls again with
+    their outputs (and `previous_response_id`): one assistant turn, answered."""
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "f", "arguments": "{}"}}]}]
+    _, conversation = _responses_chat([CALL_ITEM, OUTPUT_ITEM], history)
+    assert [m["role"] for m in conversation] == ["user", "assistant", "tool"]
+    _, conversation = _responses_chat([OUTPUT_ITEM], history)  # the usual way
+    assert [m["role"] for m in conversation] == ["user", "assistant", "tool"]
+    with pytest.raises(InvalidRequest):  # a user turn while the call waits: refused
+        _responses_chat([{"role": "user", "content": "and?"}], history)

@@ -124,6 +124,28 @@ def test_required_schema_keeps_each_tools_own_references() -> None:
         "parameters"]
 
 
+def test_rebasing_leaves_anchors_data_and_schemas_with_their_own_id() -> None:
+    """Only pointer references move (`#foo` names an anchor); `const`/`enum` values are
+    data, kept as they are; a schema with its own `$id` resolves against itself."""
+    anchored = {"type": "object", "properties": {
+        "a": {"$ref": "#foo"}, "b": {"$ref": "#/$defs/B"},
+        "c": {"const": {"$ref": "#/x"}}},
+        "$defs": {"A": {"$anchor": "foo", "type": "string"}, "B": {"type": "integer"}}}
+    with_id = {"$id": "https://example.com/p", "type": "object",
+               "properties": {"b": {"$ref": "#/$defs/B"}}, "$defs": {"B": {"type": "string"}}}
+    req = chat(tools=[
+        {"type": "function", "function": {"name": "f", "parameters": anchored}},
+        {"type": "function", "function": {"name": "g", "parameters": with_id}}],
+        tool_choice="required")
+    schema = T.forced_schema(req)
+    assert schema is not None
+    moved = schema["$defs"]["tool0"]["properties"]
+    assert moved["a"] == {"$ref": "#foo"} and moved["b"] == {"$ref": "#/$defs/tool0/$defs/B"}
+    assert moved["c"] == {"const": {"$ref": "#/x"}}
+    assert "tool1" not in schema["$defs"]
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == with_id
+
+
 def test_named_schema_is_the_functions_parameters() -> None:
     req = chat(tools=[WEATHER, TIME], tool_choice={"type": "function",
                                                    "function": {"name": "get_time"}})

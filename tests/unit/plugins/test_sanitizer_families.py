@@ -315,6 +315,8 @@ def test_encoded_and_padded_forms(name: str, text: str) -> None:
     ("email", "use logo@2x.png on retina"),  # file names, not addresses
     ("email", "src=/img/icon%402x.webp"),
     ("email", "the bundle main@1.2.3.js"),
+    ("email", "get pkg@1.2.3.tar.gz"),
+    ("email", "icon@2x.min.png and img@2x.dark.svg"),
 ])
 def test_what_only_looks_like_them_does_not_fire(name: str, text: str) -> None:
     assert not fires(name, text)
