@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from proxy.auth import Principal
 from proxy.context import RequestContext
-from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from proxy.protocol import ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
 from proxy.text import normalize
 
 _PARAMS = ("temperature", "top_p", "top_k", "n", "seed", "presence_penalty",
@@ -62,11 +62,38 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
     return dumped
 
 
+#: Fields a request may carry that do not change its answer (who asks, how it is billed
+#: or kept): not in the key. Any other field Weir does not know is (an upstream engine
+#: may honour it).
+_NOT_ANSWER = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key",
+                         "safety_identifier", "stream", "stream_options"})
+
+
+def _extras(obj: BaseModel) -> dict[str, Any] | None:
+    extra = obj.model_extra
+    if not extra:
+        return None
+    kept = {k: v for k, v in extra.items() if k not in _NOT_ANSWER}
+    return kept or None
+
+
 def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    return [{"role": m.role, "content": normalize(m.text()), "name": m.name,
-             "tool_calls": [c.model_dump() for c in m.tool_calls] if m.tool_calls else None,
-             "tool_call_id": m.tool_call_id}
-            for m in req.messages]
+    out = []
+    for m in req.messages:
+        msg: dict[str, Any] = {
+            "role": m.role, "content": normalize(m.text()), "name": m.name,
+            "tool_calls": [c.model_dump() for c in m.tool_calls] if m.tool_calls else None,
+            "tool_call_id": m.tool_call_id}
+        # What the text leaves out (an image, audio, a file; fields Weir does not know)
+        # is keyed too: two requests with one text and two images are two questions.
+        if isinstance(m.content, list) and any(
+                not isinstance(p, TextPart | RefusalPart) for p in m.content):
+            msg["parts"] = [p.model_dump() for p in m.content
+                            if not isinstance(p, TextPart | RefusalPart)]
+        if (extra := _extras(m)) is not None:
+            msg["extra"] = extra
+        out.append(msg)
+    return out
 
 
 def _hash(obj: Any) -> str:
@@ -86,6 +113,8 @@ def exact_key(ctx: RequestContext, scope: str) -> str:
     req = key_request(ctx)
     body: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "route": ctx.route,
                             "model": req.model, "params": _params(req)}
+    if (extra := _extras(req)) is not None:
+        body["extra"] = extra
     if isinstance(req, ChatCompletionRequest):
         body["messages"] = _messages(req)
     else:
@@ -102,9 +131,14 @@ def semantic_parts(ctx: RequestContext, scope: str) -> tuple[str, str] | None:
             or req.tools):
         return None
     msgs = _messages(req)
+    if "parts" in msgs[-1] or "extra" in msgs[-1]:
+        return None  # the question is more than its text: only an exact repeat is one
     question = msgs[-1]["content"]
-    partition = _hash({"scope": scope_id(ctx.principal, scope), "model": req.model,
-                       "context": msgs[:-1], "params": _params(req)})
+    part: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "model": req.model,
+                            "context": msgs[:-1], "params": _params(req)}
+    if (extra := _extras(req)) is not None:
+        part["extra"] = extra
+    partition = _hash(part)
     return partition, question
 
 

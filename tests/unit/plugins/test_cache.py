@@ -188,6 +188,34 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     assert exact_key(ctx(principal=BOB), "user") != exact_key(ctx(), "user")
 
 
+def test_key_holds_what_the_text_leaves_out() -> None:
+    """An image (audio, a file) beside the same text, and fields Weir does not know (an
+    upstream engine may honour them: `guided_choice`, `repetition_penalty`), make another
+    question: one user was served the answer to another's image. Who asks and how it is
+    kept (`user`, `store`, `metadata`, `safety_identifier`) still share one entry."""
+    from plugins.cache.keys import semantic_parts
+
+    def with_image(url: str) -> RequestContext:
+        return ctx([{"type": "text", "text": "What is in this picture?"},  # type: ignore[arg-type]
+                    {"type": "image_url", "image_url": {"url": url}}])
+
+    text_only = exact_key(ctx("What is in this picture?"), "tenant")
+    alice, bob = (exact_key(with_image(u), "tenant") for u in ("https://x/a.png",
+                                                                "https://x/b.png"))
+    assert len({text_only, alice, bob}) == 3
+    assert exact_key(with_image("https://x/a.png"), "tenant") == alice
+    assert semantic_parts(with_image("https://x/a.png"), "tenant") is None
+    base = exact_key(ctx(), "tenant")
+    for kw in ({"guided_choice": ["a", "b"]}, {"repetition_penalty": 1.2},
+               {"chat_template_kwargs": {"x": 1}}):
+        assert exact_key(ctx(**kw), "tenant") != base, kw
+        parts = semantic_parts(ctx(**kw), "tenant")
+        assert parts is not None and parts[0] != semantic_parts(ctx(), "tenant")[0]  # type: ignore[index]
+    for kw in ({"store": True}, {"metadata": {"a": "b"}}, {"safety_identifier": "u1"},
+               {"service_tier": "auto"}):
+        assert exact_key(ctx(**kw), "tenant") == base, kw
+
+
 async def test_non_deterministic_requests_bypass() -> None:
     p, eng = plugin(), Engine()
     _, layer = await run(p, ctx(temperature=1.0), eng)
