@@ -339,7 +339,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if not self.cfg.store_truncated and any(c["finish_reason"] == "length"
                                                 for c in entry.choices):
             return False
-        return not self.store.purged_since(started)  # across a purge: it may hold what was
+        return not self.store.purged_since(started, entry)  # across a purge that reaches it
 
     # -------------------------------------------------------------------- replies
 

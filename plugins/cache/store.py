@@ -26,7 +26,7 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -61,6 +61,9 @@ IDLE_BATCH = 4
 #: Members named per purge or drop event (a message stays well under Redis's pub/sub
 #: output buffer limit, and under the store's per-call timeout, whatever a purge matched).
 PUBLISH_CHUNK = 2000
+#: Purges remembered for the answers generated across them (`purged_since`); past it,
+#: the oldest one's time holds for everything (as if it reached every entry).
+MAX_PURGES_KEPT = 256
 #: Pending questions of its gate a lookup embeds with its own, at most (the newest).
 LOOKUP_BATCH = 16
 
@@ -94,7 +97,12 @@ class CacheStore:
         self.redis = (RedisStore(cfg.redis, metrics.store_errors, self.replica)
                       if cfg.redis.url else None)
         self._background: set[asyncio.Task[Any]] = set()
-        self._purged_at = 0.0
+        #: Recent purges, oldest first: (when, whom it reached). An answer generated
+        #: across one that would have matched it is not stored; another tenant's purge
+        #: does not stop this one's answers. Past the bound, the oldest one's time is
+        #: the floor before which every answer counts as purged.
+        self._purges: deque[tuple[float, Match]] = deque()
+        self._purge_floor = 0.0
         #: Names a purge matched that Redis (or the event to the others) did not take:
         #: the next purge tries them again (this replica no longer holds their prompts).
         self._owed: tuple[list[str], list[tuple[str, str]]] = ([], [])
@@ -251,7 +259,7 @@ class CacheStore:
                ) -> asyncio.Future[np.ndarray | None]:
         """Keep `entry` pending; its vector (None: dropped, purged or failed) comes later."""
         key = (partition, entry.key)
-        if entry.created < self._purged_at:  # a purge ran between its put and now
+        if self.purged_since(entry.created, entry):  # a purge reached it since its put
             fut: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
             fut.set_result(None)
             return fut
@@ -346,10 +354,25 @@ class CacheStore:
 
     # -------------------------------------------------------------------- storing
 
-    def purged_since(self, started: float) -> bool:
-        """Whether a purge ran after `started`: an answer generated across it may hold
-        what was purged, so it is not stored."""
-        return started < self._purged_at
+    def purged_since(self, started: float, entry: Entry) -> bool:
+        """Whether a purge that reaches `entry` ran after `started`: an answer generated
+        across it may hold what was purged, so it is not stored."""
+        return started < self._purge_floor or any(
+            started < at and reaches(entry) for at, reaches in reversed(self._purges))
+
+    def _purged(self, f: dict[str, Any] | None, match: Match) -> None:
+        """Remember a purge now: what filter `f` reaches (`match` when there is none). An
+        entry without its prompt (read from Redis) counts as reached by a content filter
+        its owner fields accept: its prompt cannot say otherwise."""
+        reaches = match
+        if f is not None and f.get("contains"):
+            owner = matcher({k: v for k, v in f.items() if k != "contains"})
+
+            def reaches(e: Entry) -> bool:
+                return owner(e) and (not e.prompt or match(e))
+        self._purges.append((time.time(), reaches))
+        while len(self._purges) > MAX_PURGES_KEPT:
+            self._purge_floor = self._purges.popleft()[0]
 
     def promote(self, key: str, entry: Entry, prompt: str) -> None:
         """Keep a paraphrase as an exact alias in L1: its next ask skips the embedding.
@@ -491,11 +514,11 @@ class CacheStore:
             got = await self.redis.get_semantic(event["p"], event["id"])
             if got is not None:
                 vec, entry, question = got
-                if entry.created >= self._purged_at:
+                if not self.purged_since(entry.created, entry):
                     self._index_add(event["p"], event["id"], vec, entry, question)
         elif op == "purge":
             f = event.get("filter") or {}
-            keys, sem = self._purge_memory(matcher(f), drop_remote=True)
+            keys, sem = self._purge_memory(matcher(f), drop_remote=True, f=f)
             # What the purging replica matched by content, by name: copies this replica
             # read from Redis may hold no prompt for the filter to match.
             await self._drop(self._named(list(event.get("members") or []), f),
@@ -531,7 +554,7 @@ class CacheStore:
         None when Redis or the event failed (the names matched here are kept, and the
         next purge tries them again), absent without Redis."""
         match = matcher(f)
-        keys, sem = self._purge_memory(match)
+        keys, sem = self._purge_memory(match, f=f)
         counts: dict[str, Any] = {"l1": len(keys), "semantic_index": len(sem)}
         if self.redis is not None:
             # Redis, and the other replicas' copies read from it, may hold no prompts:
@@ -578,10 +601,11 @@ class CacheStore:
         return len(keys), len(sem)
 
     def _purge_memory(self, match: Match, drop_remote: bool = False,
+                      f: dict[str, Any] | None = None,
                       ) -> tuple[list[str], list[tuple[str, str]]]:
         """A replica told of a purge (`drop_remote`) also deletes the Redis copies of what
-        it matched: it holds their prompts, Redis may not."""
-        self._purged_at = time.time()
+        it matched: it holds their prompts, Redis may not. `f`: the purge's filter."""
+        self._purged(f, match)
         keys = self.l1.purge(match) if self.l1 is not None else []
         sem = self.index.purge(match)
         for p in [p for p in self._pending.values() if match(p.entry)]:

@@ -4,6 +4,7 @@ and the per-user bookkeeping that must stay within what the store still holds.""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -75,12 +76,32 @@ async def test_purge_counts_per_layer_and_marks_the_time() -> None:
     s.put(entry("a1", prompt="the acme merger"), ("p", "tell me about the acme merger"))
     s.put(entry("b1", tenant="globex", scope="globex"), ("p", "tell me about the weather"))
     await s.drain()
-    assert not s.purged_since(before)
+    acme = entry("a2", prompt="more on the acme merger")
+    weather = entry("b2", tenant="globex", scope="globex", prompt="the weather")
+    assert not s.purged_since(before, acme)
     counts = await s.purge({"contains": "ACME"})
     assert counts == {"l1": 1, "semantic_index": 1}  # no Redis: no Redis count
-    assert s.purged_since(before)
+    assert s.purged_since(before, acme)  # an answer generated across it is not stored
+    assert not s.purged_since(before, weather)  # one the purge does not reach is
+    assert s.purged_since(before, replace(weather, prompt=""))  # no prompt: cannot tell
     assert await s.get("a1", "acme") is None
     assert await s.get("b1", "globex") is not None
+
+
+async def test_one_tenants_purge_never_stops_anothers_answers_being_stored() -> None:
+    """A tenant admin's purge marked every answer under way as purged: purging in a loop
+    kept every other tenant's cache from filling."""
+    s = store()
+    before = time.time() - 1
+    await s.purge({"tenant": "globex", "user": "no-such-user"})
+    assert not s.purged_since(before, entry("a1"))  # acme's answer is stored
+    assert s.purged_since(before, entry("g1", tenant="globex", user="no-such-user"))
+    for i in range(300):  # past the bound: the oldest purges' time holds for all
+        await s.purge({"tenant": "globex", "user": f"u{i}"})
+    assert s.purged_since(before, entry("a1"))
+    later = time.time()  # after the floor: only the kept purges count, and none reach acme
+    await s.purge({"tenant": "globex", "user": "x"})
+    assert not s.purged_since(later, entry("a1"))
 
 
 async def test_stats_global_and_filtered() -> None:
