@@ -298,8 +298,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
         started = time.time()
         try:
             reply = await call_next(ctx)
-        except asyncio.CancelledError:
-            settle(ABANDONED)
+        except (asyncio.CancelledError, DeadlineExceeded):
+            settle(ABANDONED)  # the leader's own client or deadline: not the question's
             raise
         except BaseException:
             settle(None)
@@ -317,9 +317,10 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
         def ended(stream: Stream, outcome: Outcome) -> None:
             if outcome != "completed":
-                # Nothing stored. A client gone hands the lead to a waiter; a failure
-                # lets each waiter generate for itself.
-                settle(ABANDONED if outcome == "cancelled" else None)
+                # Nothing stored. A client gone, or its own deadline, hands the lead to a
+                # waiter; a failure lets each waiter generate for itself.
+                settle(ABANDONED if outcome == "cancelled"
+                       or isinstance(stream.error, DeadlineExceeded) else None)
                 return
             captured = None
             if stream.answer is not None:

@@ -363,6 +363,44 @@ async def test_a_failed_leader_lets_followers_generate() -> None:
     assert sample(p, "weir_cache_coalesced_total") == 0
 
 
+async def test_a_leader_past_its_own_deadline_hands_the_lead_to_a_follower() -> None:
+    """The leader's deadline is its own (`x-weir-timeout-ms`), not the question's: a
+    follower takes the lead and its answer is stored (each follower generated for itself,
+    and nothing was stored)."""
+    from proxy.errors import DeadlineExceeded
+
+    gate, second = asyncio.Event(), asyncio.Event()
+    p = plugin(semantic={"enabled": False})
+    calls = 0
+    entered = asyncio.Event()
+
+    async def slow(c: RequestContext) -> Reply:
+        nonlocal calls
+        calls += 1
+        entered.set()
+        if calls == 1:
+            await gate.wait()
+            raise DeadlineExceeded("The request did not finish within its deadline.")
+        await second.wait()  # the new leader generating
+        return Completion(answer())
+
+    leader = asyncio.create_task(p(ctx(), slow))
+    await entered.wait()
+    followers = [asyncio.create_task(p(ctx(), slow)) for _ in range(3)]
+    await eventually(lambda: l1_misses(p) == 4)
+    gate.set()
+    with pytest.raises(DeadlineExceeded):
+        await leader
+    await eventually(lambda: calls >= 2)
+    second.set()
+    replies = await asyncio.gather(*followers)
+    assert all(isinstance(r, Completion) for r in replies)
+    assert calls == 2  # one follower generated; the others took its answer
+    assert sample(p, "weir_cache_coalesced_total") == 2
+    _, layer = await run(p, ctx(), Engine())
+    assert layer == "exact"
+
+
 async def test_semantic_hit_within_scope_only() -> None:
     p, eng = plugin(semantic={"threshold": 0.8}), Engine()
     await run(p, ctx("How can I reset my password please?"), eng)
