@@ -23,12 +23,29 @@ class Limits(BaseModel):
 class Rule(Limits):
     per: Per = Field("key", description="What the limit is counted per.")
     overrides: dict[str, Limits] = Field(
-        default_factory=dict, description="Limits for particular values (a tenant, a role).")
+        default_factory=dict,
+        description="Limits for particular values: a tenant (`acme`), a model, a key's id; "
+                    "users and roles within their tenant (`acme/alice`, `acme/analyst`).")
 
     @model_validator(mode="after")
     def _some_limit(self) -> Rule:
         if self.rpm is None and self.tpm is None and self.concurrent is None:
             raise ValueError("a rule needs rpm, tpm or concurrent")
+        return self
+
+    @model_validator(mode="after")
+    def _overrides_can_match(self) -> Rule:
+        """An override that can never match is an error, not a limit that silently never
+        applies: users and roles are counted within their tenant."""
+        if self.per in ("user", "role"):
+            bad = [k for k in self.overrides if k.count("/") != 1 or k.startswith("/")
+                   or k.endswith("/")]
+            if bad:
+                raise ValueError(f"overrides of a per-{self.per} rule are keyed "
+                                 f"`tenant/{self.per}` (e.g. `acme/{bad[0].strip('/')}`), "
+                                 f"not `{bad[0]}`")
+        if self.per == "global" and self.overrides:
+            raise ValueError("a global rule has one value: give its limits, not overrides")
         return self
 
 

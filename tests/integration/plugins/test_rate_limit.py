@@ -585,3 +585,35 @@ async def test_a_drains_cut_is_not_charged(make_client: MakeClient) -> None:
     # only this request's reservation (~35) is gone from the bucket; charging the cut
     # (its prompt and 40 tokens) would leave ~500
     assert int(r.headers["x-ratelimit-remaining-tokens"]) >= 550
+
+
+@pytest.mark.parametrize(("rule", "fault"), [
+    ({"per": "user", "rpm": 100, "overrides": {"flooder": {"rpm": 5}}}, "acme/flooder"),
+    ({"per": "role", "rpm": 100, "overrides": {"analyst": {"rpm": 2}}}, "acme/analyst"),
+    ({"per": "user", "rpm": 100, "overrides": {"/x": {"rpm": 2}}}, "tenant/user"),
+    ({"per": "global", "rpm": 100, "overrides": {"*": {"rpm": 2}}}, "global rule"),
+])
+def test_an_override_that_can_never_match_is_a_config_error(rule: dict[str, Any],
+                                                            fault: str) -> None:
+    """Users and roles are counted within their tenant (`acme/alice`): an override keyed
+    `alice` never applied, and nothing said so."""
+    with pytest.raises(ValueError, match=fault.replace("*", r"\*")):
+        RateLimitConfig.model_validate({"rules": [rule]})
+
+
+async def test_a_per_user_override_applies(make_client: MakeClient) -> None:
+    keys = [{"key": "k-flood", "tenant": "acme", "user": "flooder"},
+            {"key": "k-calm", "tenant": "acme", "user": "calm"}]
+    cfg = {"rules": [{"per": "user", "rpm": 100, "overrides": {"acme/flooder": {"rpm": 2}}}]}
+    client = await make_client(make_settings(auth={"mode": "keys", "keys": keys},
+                                             plugins=[{"name": "rate_limit", "config": cfg}]))
+    body = {"model": "fake-model", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}
+
+    async def status(key: str) -> int:
+        r = await client.post("/v1/chat/completions", json=body,
+                              headers={"Authorization": f"Bearer {key}"})
+        return r.status
+
+    assert [await status("k-flood") for _ in range(3)] == [200, 200, 429]
+    assert [await status("k-calm") for _ in range(3)] == [200, 200, 200]
