@@ -324,8 +324,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             pairs = [self._process(t, fired) for t in p]  # type: ignore[arg-type]
             key = _with(req, "prompt", [k for k, _ in pairs])
             engine = _with(req, "prompt", [e for _, e in pairs])
-        else:
-            key, engine = req, req  # token ids: nothing to read
+        else:  # token ids: nothing the detectors can read, so nothing they cleared
+            key, engine = req, req
+            fired["unscreened"] = "flag"  # (never cached, never served from the cache)
         if req.suffix:
             k, e = self._process(req.suffix, fired)
             key, engine = _with(key, "suffix", k), _with(engine, "suffix", e)

@@ -376,6 +376,24 @@ async def test_a_completions_suffix_is_read() -> None:
     assert ctx.request.suffix == "[EMAIL]" and ctx.flags == {"email"}  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("prompt", [[17, 42, 99], [[17, 42], [99]]])
+async def test_token_id_prompts_are_unscreened_and_never_cached(prompt: Any) -> None:
+    """Token ids hold text no detector reads (an injection, an address, a card sent as
+    ids went through and was cached): flagged `unscreened`, so the cache leaves them."""
+    req = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+    ctx = RequestContext(route="completion", request=req, principal=Principal("t", "u", "u"),
+                         request_id="r")
+    p = plugin()
+    await p(ctx, Spy())
+    assert ctx.sensitive and ctx.flags == {"unscreened"}
+    assert p.detections.labels("unscreened", "flag")._value.get() == 1
+    text = CompletionRequest.model_validate({"model": "m", "prompt": "plain words"})
+    ctx = RequestContext(route="completion", request=text, principal=Principal("t", "u", "u"),
+                         request_id="r")
+    await p(ctx, Spy())
+    assert not ctx.sensitive and not ctx.flags
+
+
 async def test_completion_prompts() -> None:
     req = CompletionRequest.model_validate({"model": "m", "prompt": ["a@b.io", "plain"]})
     ctx = RequestContext(route="completion", request=req, principal=Principal("t", "u", "u"),
