@@ -92,13 +92,19 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
                 log.info(
                     "request",
                     method=request.method,
-                    path=request.path,
+                    path=logged_path(request),
                     status=status,
                     latency_ms=round(elapsed * 1000, 2),
                     **{k: v for k, v in info.items() if v is not None},
                 )
 
     return access_log
+
+
+def logged_path(request: web.Request) -> str:
+    """The path a log line may hold: a route's (its ids are the server's own); a path no
+    route serves is the caller's text (`/v1/jane@example.com`), so it is not written."""
+    return request.path if request.match_info.route.resource is not None else "(no route)"
 
 
 _UNTRACED = ("/health", "/metrics", "/dashboard")
@@ -172,7 +178,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
-        log.exception("unhandled error", path=request.path)
+        log.exception("unhandled error", path=logged_path(request))
         return error_response(ServerError(), rid)
 
 

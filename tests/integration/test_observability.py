@@ -98,6 +98,9 @@ async def test_no_key_or_prompt_leaks(make_client: MakeClient, spans: InMemorySp
     wrong = await client.post("/v1/chat/completions", json=body(),
                               headers={"Authorization": f"Bearer {KEY}-wrong"})
     error_body += await wrong.text()
+    # a path no route serves is the caller's text: it is not logged (nor traced)
+    unknown = await client.post(f"/v1/{MARKER}", json=body(), headers=h)
+    assert unknown.status == 404
     text = logs.getvalue()
     assert '"event": "request"' in text  # the access lines are there
     exported = json.dumps([s.to_json() for s in spans.get_finished_spans()])
