@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .app_state import REQUEST_ID, RESPONSE_HEADERS, STATE
+from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from .body import read_json
 from .chain import Completion, Reply
 from .context import RequestContext
@@ -46,6 +46,8 @@ def terminal(embedder: Embedder) -> Any:
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
+    info = request[INFO]
+    info["route"] = "embeddings"  # counted from here on, refused or not
     principal = st.auth.authenticate(request.headers.get("Authorization"))
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(EmbeddingRequest, data)
@@ -53,6 +55,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     if emb is None or st.embed_chain is None or req.model != emb.model_id:
         raise ModelNotFound(req.model)
     principal.check_model(req.model)
+    info.update(model=req.model, tenant=principal.tenant)  # (a served name: a metric label)
     if req.dimensions is not None and req.dimensions != emb.dim:
         raise InvalidRequest(f"`dimensions` must be {emb.dim} for this model.",
                              param="dimensions")

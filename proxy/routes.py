@@ -50,8 +50,10 @@ def _state(request: web.Request) -> AppState:
     return request.app[STATE]
 
 
-def open_generation(request: web.Request) -> tuple[AppState, Principal]:
-    """What every generation route checks first: not draining, the model loaded, a key."""
+def open_generation(request: web.Request, route: str) -> tuple[AppState, Principal]:
+    """What every generation route checks first: not draining, the model loaded, a key.
+    The request counts under `route` from here on, refused or not (a 401, a 400)."""
+    request[INFO]["route"] = route
     st = _state(request)
     if st.draining:
         raise Unavailable("The server is shutting down; retry on another replica.",
@@ -71,7 +73,7 @@ def check_model(st: AppState, principal: Principal, model: str) -> None:
 
 
 async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
-    st, principal = open_generation(request)
+    st, principal = open_generation(request, route)
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(_MODELS[route], data)
     info = request[INFO]

@@ -44,7 +44,7 @@ def _store(request: web.Request) -> ResponseStore:
 
 
 async def create(request: web.Request) -> web.StreamResponse:
-    st, principal = open_generation(request)
+    st, principal = open_generation(request, "responses")
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(ResponsesRequest, data)
     info = request[INFO]

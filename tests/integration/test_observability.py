@@ -165,3 +165,27 @@ async def test_unknown_model_names_never_become_metric_labels(make_client: MakeC
     assert MARKER not in text
     route = "responses" if path == "/v1/responses" else "chat"
     assert metric(text, "weir_requests_total", route=route, model="", status="404") == 3
+
+
+async def test_refused_requests_are_counted_under_their_route(make_client: MakeClient) -> None:
+    """A 401 or a body refused before the model is known counted nowhere: the requests
+    metric undercounted errors. They count under their route, with no model."""
+    client = await make_client(settings())
+    before = await (await client.get("/metrics")).text()
+    await client.post("/v1/chat/completions", json=body(),
+                      headers={"Authorization": f"Bearer {KEY}-wrong"})
+    await client.post("/v1/chat/completions", data=b"{not json",
+                      headers={"Authorization": f"Bearer {KEY}",
+                               "Content-Type": "application/json"})
+    await client.post("/v1/responses", json={"model": "fake-model", "input": "hi",
+                                             "max_output_tokens": "5"},
+                      headers={"Authorization": f"Bearer {KEY}"})
+    after = await (await client.get("/metrics")).text()
+
+    def moved(**labels: str) -> float:
+        return metric(after, "weir_requests_total", **labels) - metric(
+            before, "weir_requests_total", **labels)
+
+    assert moved(route="chat", model="", status="401") == 1
+    assert moved(route="chat", model="", status="400") == 1
+    assert moved(route="responses", model="", status="400") == 1
