@@ -336,30 +336,38 @@ async def test_concurrent_identical_misses_coalesce(stream: bool, reason: str) -
     assert layer == ("exact" if reason == "stop" else "miss")
 
 
-async def test_a_failed_leader_lets_followers_generate() -> None:
-    gate = asyncio.Event()
-    p = plugin(semantic={"enabled": False})
-    calls = 0
-    entered = asyncio.Event()
+class FailingLeader:
+    """A call_next whose first call (the leader) waits at `gate`, then raises `error`;
+    the later ones answer once `later` is set."""
 
-    async def flaky(c: RequestContext) -> Reply:
-        nonlocal calls
-        calls += 1
-        entered.set()
-        if calls == 1:
-            await gate.wait()
-            raise RuntimeError("leader failed")
+    def __init__(self, error: Exception) -> None:
+        self.error, self.calls = error, 0
+        self.entered, self.gate, self.later = (asyncio.Event(), asyncio.Event(),
+                                               asyncio.Event())
+
+    async def __call__(self, c: RequestContext) -> Reply:
+        self.calls += 1
+        self.entered.set()
+        if self.calls == 1:
+            await self.gate.wait()
+            raise self.error
+        await self.later.wait()
         return Completion(answer())
 
+
+async def test_a_failed_leader_lets_followers_generate() -> None:
+    p = plugin(semantic={"enabled": False})
+    flaky = FailingLeader(RuntimeError("leader failed"))
+    flaky.later.set()
     leader = asyncio.create_task(p(ctx(), flaky))
-    await entered.wait()
+    await flaky.entered.wait()
     follower = asyncio.create_task(p(ctx(), flaky))
     await eventually(lambda: l1_misses(p) == 2)  # the follower missed and joined the leader
-    assert calls == 1 and not follower.done()
-    gate.set()
+    assert flaky.calls == 1 and not follower.done()
+    flaky.gate.set()
     with pytest.raises(RuntimeError):
         await leader
-    assert isinstance(await follower, Completion) and calls == 2  # it generated for itself
+    assert isinstance(await follower, Completion) and flaky.calls == 2  # it generated
     assert sample(p, "weir_cache_coalesced_total") == 0
 
 
@@ -369,33 +377,20 @@ async def test_a_leader_past_its_own_deadline_hands_the_lead_to_a_follower() -> 
     and nothing was stored)."""
     from proxy.errors import DeadlineExceeded
 
-    gate, second = asyncio.Event(), asyncio.Event()
     p = plugin(semantic={"enabled": False})
-    calls = 0
-    entered = asyncio.Event()
-
-    async def slow(c: RequestContext) -> Reply:
-        nonlocal calls
-        calls += 1
-        entered.set()
-        if calls == 1:
-            await gate.wait()
-            raise DeadlineExceeded("The request did not finish within its deadline.")
-        await second.wait()  # the new leader generating
-        return Completion(answer())
-
+    slow = FailingLeader(DeadlineExceeded("The request did not finish within its deadline."))
     leader = asyncio.create_task(p(ctx(), slow))
-    await entered.wait()
+    await slow.entered.wait()
     followers = [asyncio.create_task(p(ctx(), slow)) for _ in range(3)]
     await eventually(lambda: l1_misses(p) == 4)
-    gate.set()
+    slow.gate.set()
     with pytest.raises(DeadlineExceeded):
         await leader
-    await eventually(lambda: calls >= 2)
-    second.set()
+    await eventually(lambda: slow.calls >= 2)  # the new leader is generating
+    slow.later.set()
     replies = await asyncio.gather(*followers)
     assert all(isinstance(r, Completion) for r in replies)
-    assert calls == 2  # one follower generated; the others took its answer
+    assert slow.calls == 2  # one follower generated; the others took its answer
     assert sample(p, "weir_cache_coalesced_total") == 2
     _, layer = await run(p, ctx(), Engine())
     assert layer == "exact"
