@@ -22,7 +22,7 @@ AUTH = {"Authorization": f"Bearer {KEY_A}"}
     ("kw", "param"),
     [
         ({"temperature": 5}, "temperature"),
-        ({"n": 2, "temperature": 0}, "n"),
+        ({"n": 200, "temperature": 1}, "n"),
         ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"max_tokens": 5000}, "max_tokens"),
