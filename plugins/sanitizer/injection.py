@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from .spans import Detector, Span
 
 _INJECTION = [
-    r"\b(?:ignore|disregard|forget|override|bypass)\b[^.\n]{0,40}?\b(?:all\s+|any\s+)?"
-    r"(?:previous|prior|above|earlier|preceding|original|system|your)\b[^.\n]{0,20}?"
+    # (a line break does not end the phrase: "Ignore the previous\ninstructions")
+    r"\b(?:ignore|disregard|forget|override|bypass)\b[^.]{0,40}?\b(?:all\s+|any\s+)?"
+    r"(?:previous|prior|above|earlier|preceding|original|system|your)\b[^.]{0,20}?"
     r"\b(?:instructions?|prompts?|rules|directions|guidelines|messages?)\b",
     r"\b(?:reveal|show|print|repeat|output|leak|tell me)\b[^.\n]{0,30}?\b(?:your|the)\s+"
     r"(?:system|hidden|initial|original)\s+(?:prompt|instructions?|message)",
@@ -26,6 +27,30 @@ _INJECTION = [
     r"[^。\n]{0,6}?(?:的)?(?:所有)?(?:指令|指示|说明|规则|提示|要求|设定)",
     r"(?:显示|输出|告诉我|泄露|打印|重复)[^。\n]{0,8}?(?:你的)?(?:系统提示|系统指令|初始指令|隐藏指令)",
     r"你现在(?:是|处于)[^。\n]{0,6}?(?:开发者模式|越狱模式|DAN)",
+    # "Ignore all instructions", "Disregard the rules given above", "Ignore the above and"
+    r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:all|any|every)\s+(?:of\s+)?"
+    r"(?:your\s+|the\s+|these\s+|those\s+|my\s+)?(?:instructions?|rules|guidelines|"
+    r"directions|prompts?)\b",
+    r"\b(?:ignore|disregard|forget)\s+(?:all\s+)?(?:the|your|these|those|my)\s+"
+    r"(?:instructions?|rules|prompts?|guidelines|directions)\s+(?:above|before|earlier|"
+    r"previously|given|so\s+far)\b",
+    r"\b(?:ignore|disregard|forget)\s+(?:all\s+(?:of\s+)?)?(?:the\s+|everything\s+)?"
+    r"(?:above|previous|prior|preceding)\s*(?:[,.;:!]|and\b|then\b|\Z)",
+    # Words glued together once what separated them is gone (zero-width spaces)
+    r"(?:ignore|disregard|forget)(?:all|any)?(?:the)?(?:previous|prior|above|earlier|"
+    r"preceding)(?:instructions?|prompts?|rules|directions)",
+    # A leak of what came before: "Print the text above verbatim"
+    r"\b(?:print|output|reveal|repeat)\s+(?:me\s+)?(?:the\s+|all\s+(?:of\s+)?(?:the\s+)?|"
+    r"everything\s+)?(?:text|words|content|everything|instructions?|prompt)\s+(?:above|"
+    r"before\s+this)\b[^.\n]{0,20}?\b(?:verbatim|word\s+for\s+word|exactly|in\s+full)\b",
+    # French, German, Spanish (letters folded: "precedentes", "regles")
+    r"\b(?:ignore[rz]?|oublie[rz]?)\s+(?:toutes\s+)?(?:les\s+|tes\s+|vos\s+)?"
+    r"(?:instructions|consignes|regles)\s+(?:precedentes|ci-dessus|anterieures)\b",
+    r"\b(?:ignoriere|ignorieren\s+sie|vergiss|vergessen\s+sie)\s+(?:alle\s+)?"
+    r"(?:vorherigen|vorigen|bisherigen|obigen|vorangegangenen)\s+"
+    r"(?:anweisungen|instruktionen|regeln|befehle)\b",
+    r"\b(?:ignora|olvida|ignore|olvide)\s+(?:todas\s+)?(?:las\s+|tus\s+)?"
+    r"(?:instrucciones|reglas|indicaciones)\s+(?:anteriores|previas)\b",
 ]
 
 # Each phrase family runs only when one of its trigger words occurs (lower-cased text).
@@ -38,6 +63,14 @@ _INJECTION_TRIGGERS: list[tuple[str, ...]] = [
     ("忽略", "无视", "忘记", "忘掉", "不要理会", "跳过"),
     ("显示", "输出", "告诉我", "泄露", "打印", "重复"),
     ("你现在",),
+    ("ignore", "disregard", "forget", "override", "bypass"),
+    ("ignore", "disregard", "forget"),
+    ("ignore", "disregard", "forget"),
+    ("ignore", "disregard", "forget"),
+    ("print", "output", "reveal", "repeat"),
+    ("ignor", "oubli"),
+    ("ignorier", "vergiss", "vergessen"),
+    ("ignor", "olvid"),
 ]
 _INJECTION_RX = [re.compile(p, re.IGNORECASE) for p in _INJECTION]
 # Any trigger at all: one scan, and most prompts stop there.
@@ -112,6 +145,8 @@ def _find_injection(text: str) -> Iterator[Span]:
     if not text.isascii():
         marks = _without_marks(text)
         text = (marks[0] if marks else text).translate(_LOOKALIKES)
+    if "_" in text:  # "ignore_all_previous_instructions" (a name): one letter for one
+        text = text.replace("_", " ")
     low = text.lower()
     if _ANY_TRIGGER.search(low) is None:
         return
