@@ -171,6 +171,5 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
             raise InvalidRequest("The prompt is empty: it must hold at least one token.",
                                  param="prompt", code="invalid_value")
     longest = max(len(p) for p in prompts)
-    opts = _options(req, longest, engine.max_model_len, req.logprobs,
-                    engine.vocab_size, "prompt")
+    opts = _options(req, longest, engine.max_model_len, req.logprobs, vocab, "prompt")
     return Prepared(prompts, opts, top_logprobs=req.logprobs or 0, echo_texts=echo)

@@ -17,7 +17,7 @@ of every cache hit, and validating them is the tests' job (against the official 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import orjson
@@ -175,13 +175,13 @@ _VALID_SCHEMAS: dict[bytes, None] = {}  # insertion-ordered: the oldest goes fir
 
 
 SCHEMA_DATA = frozenset({"default", "const", "enum", "examples"})  # values, not schemas
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
-                          "dependentSchemas"})  # names -> schemas (a name is no keyword)
+SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                         "dependentSchemas"})  # names -> schemas (a name is no keyword)
 
 
-def _local_refs_only(schema: dict[str, Any]) -> None:
-    """Every `$ref` points inside the schema (`#...`): nothing is fetched, and the
-    grammar compiler would otherwise drop the reference silently (printing it)."""
+def schema_refs(schema: dict[str, Any]) -> Iterator[str]:
+    """Every `$ref` where a schema stands: not in data (`enum`, `default`, ...), and a
+    property or definition named like a keyword is a name."""
     stack: list[tuple[Any, bool]] = [(schema, False)]  # (node, a map of name -> schema)
     while stack:
         x, named = stack.pop()
@@ -189,12 +189,19 @@ def _local_refs_only(schema: dict[str, Any]) -> None:
             stack.extend((v, False) for v in x.values())
         elif isinstance(x, dict):
             ref = x.get("$ref")
-            if isinstance(ref, str) and not ref.startswith("#"):
-                raise ValueError("a `$ref` may only point inside the schema (`#/...`)")
-            stack.extend((v, k in _SCHEMA_MAPS) for k, v in x.items()
+            if isinstance(ref, str):
+                yield ref
+            stack.extend((v, k in SCHEMA_MAPS) for k, v in x.items()
                          if k not in SCHEMA_DATA)
         elif isinstance(x, list):
             stack.extend((v, False) for v in x)
+
+
+def _local_refs_only(schema: dict[str, Any]) -> None:
+    """Every `$ref` points inside the schema (`#...`): nothing is fetched, and the
+    grammar compiler would otherwise drop the reference silently (printing it)."""
+    if any(not ref.startswith("#") for ref in schema_refs(schema)):
+        raise ValueError("a `$ref` may only point inside the schema (`#/...`)")
 
 # What a request's JSON schemas may hold, in objects and arrays. The metaschema check
 # costs ~0.1 ms a node on the event loop, before any limit or admission sees the request,

@@ -280,7 +280,7 @@ class ChunkAssembler:
         self.route = route
         self.texts: dict[int, list[str]] = {}
         self.reasons: dict[int, str] = {}
-        self.usage: dict[str, int] | None = None
+        self.usage: dict[str, Any] | None = None  # the upstream's, as OpenAI's usage
         self.error = False
         #: Pieces of text relayed: a stream's tokens, as OpenAI-compatible servers stream
         #: one (or a few) per chunk.
@@ -301,20 +301,19 @@ class ChunkAssembler:
                 self.reasons[i] = c["finish_reason"]
         if chunk.get("usage"):
             u = chunk["usage"]
-            self.usage = {"prompt_tokens": int(u.get("prompt_tokens", 0)),
-                          "completion_tokens": int(u.get("completion_tokens", 0))}
+            self.usage = R.usage(int(u.get("prompt_tokens", 0)),
+                                 int(u.get("completion_tokens", 0)))
 
     def cut(self, stream: Stream) -> None:
         """The stream ended before the upstream's last chunk: leave what it reported, or
         else the pieces relayed as the tokens generated (its prompt unknown: 0)."""
         if stream.usage is None:
-            stream.usage = (R.usage(self.usage["prompt_tokens"], self.usage["completion_tokens"])
-                            if self.usage is not None else R.usage(0, self.pieces))
+            stream.usage = self.usage if self.usage is not None else R.usage(0, self.pieces)
 
     def finish(self, stream: Stream) -> None:
         """Leave the answer (when every choice ended) and the usage on `stream`."""
         if self.usage is not None:
-            stream.usage = R.usage(self.usage["prompt_tokens"], self.usage["completion_tokens"])
+            stream.usage = self.usage
         if self.error or not self.texts or set(self.texts) != set(self.reasons):
             return
         stream.answer = [{"index": i, "text": "".join(t), "finish_reason": self.reasons[i]}

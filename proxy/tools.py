@@ -27,7 +27,14 @@ from typing import Any, Literal
 
 from .engine.base import ParsedToolCall, SamplingOptions, ToolCallDelta, ToolCallParser
 from .jsonbody import skip_ws
-from .protocol import SCHEMA_DATA, ChatCompletionRequest, NamedToolChoice, ToolCall
+from .protocol import (
+    SCHEMA_DATA,
+    SCHEMA_MAPS,
+    ChatCompletionRequest,
+    NamedToolChoice,
+    ToolCall,
+    schema_refs,
+)
 
 Mode = Literal["text", "forced", "parser"]
 
@@ -101,21 +108,21 @@ def _pointer(ref: Any) -> bool:
     return isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
 
 
-def _refers(node: Any) -> bool:
-    if isinstance(node, list):
-        return any(map(_refers, node))
-    return isinstance(node, dict) and (_pointer(node.get("$ref")) or any(
-        _refers(v) for k, v in node.items() if k not in SCHEMA_DATA))
+def _refers(schema: dict[str, Any]) -> bool:
+    return any(map(_pointer, schema_refs(schema)))
 
 
-def _rebase(node: Any, base: str) -> Any:
-    """`node` with its pointer references moved under `base`; values that are data, not
-    schemas (`const`, `enum`, ...), as they are."""
+def _rebase(node: Any, base: str, named: bool = False) -> Any:
+    """`node` with its pointer references moved under `base`, where schemas stand (as
+    `schema_refs` reads them: data such as `enum` as it is, names as names)."""
     if isinstance(node, list):
         return [_rebase(v, base) for v in node]
     if not isinstance(node, dict):
         return node
-    out = {k: v if k in SCHEMA_DATA else _rebase(v, base) for k, v in node.items()}
+    if named:  # names -> schemas
+        return {k: _rebase(v, base) for k, v in node.items()}
+    out = {k: v if k in SCHEMA_DATA else _rebase(v, base, k in SCHEMA_MAPS)
+           for k, v in node.items()}
     if _pointer(node.get("$ref")):
         out["$ref"] = base + node["$ref"][1:]
     return out

@@ -129,7 +129,8 @@ def test_rebasing_leaves_anchors_data_and_schemas_with_their_own_id() -> None:
     data, kept as they are; a schema with its own `$id` resolves against itself."""
     anchored = {"type": "object", "properties": {
         "a": {"$ref": "#foo"}, "b": {"$ref": "#/$defs/B"},
-        "c": {"const": {"$ref": "#/x"}}},
+        "c": {"const": {"$ref": "#/x"}},
+        "default": {"$ref": "#/$defs/B"}},  # a property named like a keyword: a schema
         "$defs": {"A": {"$anchor": "foo", "type": "string"}, "B": {"type": "integer"}}}
     with_id = {"$id": "https://example.com/p", "type": "object",
                "properties": {"b": {"$ref": "#/$defs/B"}}, "$defs": {"B": {"type": "string"}}}
@@ -142,6 +143,7 @@ def test_rebasing_leaves_anchors_data_and_schemas_with_their_own_id() -> None:
     moved = schema["$defs"]["tool0"]["properties"]
     assert moved["a"] == {"$ref": "#foo"} and moved["b"] == {"$ref": "#/$defs/tool0/$defs/B"}
     assert moved["c"] == {"const": {"$ref": "#/x"}}
+    assert moved["default"] == {"$ref": "#/$defs/tool0/$defs/B"}
     assert "tool1" not in schema["$defs"]
     assert schema["items"]["anyOf"][1]["properties"]["parameters"] == with_id
 
