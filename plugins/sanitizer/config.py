@@ -52,19 +52,25 @@ class CustomDetector(BaseModel):
 class Detectors(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    email: Action = Field(
-        "flag", description="E-mail addresses, also spelled out (name at domain dot com).")
-    phone: Action = Field(
-        "flag", description="International (+... or 00...) and NANP numbers, any separators.")
+    email: Action = Field("flag", description=(
+        "E-mail addresses in any script, also spelled or spaced out (name at domain dot "
+        "com, name [at] domain.com, name @ domain . com)."))
+    phone: Action = Field("flag", description=(
+        "International (+... or 00...) and NANP numbers, any separators; ten digits "
+        "unseparated where the text says they are a number to call."))
     cn_mobile: Action = Field("flag", description="Mainland-China mobile numbers.")
-    card: Action = Field(
-        "flag", description="Payment card numbers (Luhn-checked), also split over two messages.")
+    card: Action = Field("flag", description=(
+        "Payment card numbers (Luhn-checked), also split over two messages or two lines."))
     cn_id: Action = Field("flag", description="Chinese resident ids (checksum, birth date).")
-    iban: Action = Field("flag", description="IBANs (mod 97).")
-    ip: Action = Field("flag", description="IPv4 and IPv6 addresses.")
-    secret: Action = Field(
-        "flag", description="API keys (OpenAI, GitHub, Stripe, Google, Slack, AWS), JWTs, "
-        "private keys, and 'my password is ...' / 'api key: ...' phrases.")
+    iban: Action = Field("flag", description=(
+        "IBANs (mod 97), in either case, grouped by spaces or dashes."))
+    ip: Action = Field("flag", description=(
+        "IPv4 and IPv6 addresses (not a version number: 'version 1.2.3.4')."))
+    secret: Action = Field("flag", description=(
+        "API keys (OpenAI, GitHub, GitLab, Hugging Face, Stripe, Google, Slack, AWS, npm, "
+        "PyPI, SendGrid, Shopify, DigitalOcean, Azure storage), bearer and basic "
+        "credentials, JWTs, private keys, and 'my password is ...' / 'api key: ...' "
+        "phrases (also pw, Passwort, contraseña, mot de passe, senha)."))
     injection: Action = Field("flag", description="Prompt-injection phrases (en, zh).")
 
 

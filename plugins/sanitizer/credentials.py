@@ -28,25 +28,60 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("sk_", "rk_"), r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,247}\b"),  # Stripe
     (("aiza",), r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),  # Google API keys
     (("xox",), r"\bxox[abposr]-[A-Za-z0-9-]{10,250}"),  # Slack tokens
+    (("hf_",), r"\bhf_[A-Za-z0-9]{30,64}\b"),  # Hugging Face
+    (("glpat-", "gldt-", "glptt-", "glrt-", "gloas-"),
+     r"\bgl(?:pat|dt|ptt|rt|oas)-[A-Za-z0-9_-]{20,}"),  # GitLab
+    (("npm_",), r"\bnpm_[A-Za-z0-9]{36}\b"),
+    (("pypi-",), r"\bpypi-[A-Za-z0-9_-]{50,}"),
+    (("sg.",), r"\bSG\.[A-Za-z0-9_-]{16,32}\.[A-Za-z0-9_-]{16,64}"),  # SendGrid
+    (("shpat_", "shpss_", "shpca_", "shppa_"), r"\bshp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}\b"),
+    (("dop_v1_", "doo_v1_", "dor_v1_"), r"\bdo[opr]_v1_[a-f0-9]{64}\b"),  # DigitalOcean
+    (("accountkey=",), r"(?i:\bAccountKey=)[A-Za-z0-9+/]{40,}={0,2}"),  # Azure storage
+    # A credential after its scheme, whatever its format: "Bearer <token>" (with a digit
+    # in it: "the bearer of bad news" is no token) and "Authorization: Basic/Token ...".
+    (("bearer",), r"(?i:\bbearer)\s+(?=[A-Za-z._~+/-]*\d)[A-Za-z0-9._~+/-]{16,}=*"),
+    (("authorization",),
+     r"(?i:\bauthorization\b[\"']?\s*[:=]\s*[\"']?)(?:(?i:basic)\s+[A-Za-z0-9+/]{8,}={0,2}"
+     r"|(?:(?i:token|bearer|apikey)\s+)?(?=[A-Za-z._~+/-]*\d)[A-Za-z0-9._~+/-]{8,}=*)"),
     (("aws", "secret_access"),  # an AWS secret key, named as one
      r"(?i:aws[\w \-]{0,20}?secret[\w \-]{0,20}?|secret_access_key)[\"']?\s*[:=]?\s*"
      r"(?:is\s+)?[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
 ]
 _FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
+
+
+def _trie(words: list[str]) -> str:
+    """A regex matching any of `words`, as a trie ("gh(?:p_|o_)" rather than
+    "ghp_|gho_"): one branch per first character, so scanning text costs about the
+    same however many literals there are."""
+    heads: dict[str, list[str]] = {}
+    for w in sorted(set(words)):
+        heads.setdefault(w[:1], []).append(w[1:])
+    branches = []
+    for head, tails in heads.items():
+        if "" in tails:  # a word that ends here: its longer forms are no different
+            branches.append(re.escape(head))
+        else:
+            branches.append(re.escape(head) + (re.escape(tails[0]) if len(tails) == 1
+                                               else f"(?:{_trie(tails)})"))
+    return branches[0] if len(branches) == 1 else "|".join(branches)
+
+
 # Any of the literals at all: one scan, and most prompts stop there.
-_ANY_NEED = re.compile("|".join(re.escape(n) for needs, _ in _FORMATS for n in needs))
+_ANY_NEED = re.compile(_trie([n for needs, _ in _FORMATS for n in needs]))
 
 # "password is X", "pwd: X", "api key = X", "密码是 X": the value is what gets redacted
 # (with the phrase, so the placeholder reads naturally).
 _PHRASE = re.compile(
-    r"(?i:\b(?:pass(?:word|wd|code|phrase)|pwd|pin\s+(?:code|number)|api[\s_-]?key|"
+    r"(?i:\b(?:pass(?:word|wd|code|phrase)|pwd|pw|pword|pin\s+(?:code|number)|"
+    r"passwort|kennwort|contrase[nñ]a|mot\s+de\s+passe|senha|api[\s_-]?key|"
     r"access[\s_-]?token|auth[\s_-]?token|secret[\s_-]?key)"
     r"(?:\s+(?:for|to|of|on)(?:\s+[\w.@-]{1,40}){1,3}?)?"  # "password for my bank"
-    r"(?:\s+(?:is|was|would\s+be|will\s+be)\s+|\s*[=:]\s*))[\"'`]?(?P<v>[^\s\"'`]{3,128})"
+    r"(?:\s+(?:is|was|would\s+be|will\s+be|ist|es|est|é)\s+|\s*[=:]\s*))[\"'`]?(?P<v>[^\s\"'`]{3,128})"
     r"|(?:密码|口令|密钥)\s*(?:是|为|[:=])\s*(?P<zh>\S{3,64})")
 # Where a phrase can start: the regex runs only at these words, not at every position.
-_PHRASE_STARTS = ("pass", "pwd", "pin", "api", "access", "auth", "secret", "密码", "口令",
-                  "密钥")
+_PHRASE_STARTS = ("pass", "pw", "pin", "kennwort", "contrase", "mot", "senha", "api",
+                  "access", "auth", "secret", "密码", "口令", "密钥")
 
 # Words that follow "password is" in ordinary talk about passwords, not a password.
 _NOT_A_VALUE = frozenset("""
@@ -57,6 +92,10 @@ optional mandatory same different forgotten lost protected shown hidden ok fine 
 being used working accepted rejected there here what which how where when why
 must should can cannot will would needs need has have contains containing requires
 at least more less than only just like
+falsch richtig ungültig abgelaufen erforderlich nicht kein zu sehr
+incorrecto incorrecta correcto correcta obligatorio requerido inválido inválida muy
+requis obligatoire invalide expiré trop très
+incorreto incorreta errado errada obrigatório obrigatória muito
 """.split())
 
 

@@ -8,9 +8,12 @@ detector returns (start, end) spans and never keeps the matched text. Secrets li
 
 Shapes covered, by family: cards in groups separated by spaces, dots, dashes, slashes
 or underscores (one kind per number) or unseparated, with the CVV or expiry that
-follows them, and a card split across two messages (`card_across`); phones
-with +/00 prefixes, a "(0)", parentheses, dots, spaces or dashes; e-mails written plainly
-or as "name at domain dot com", "name[at]domain(dot)com".
+follows them, and a card split across two messages or two lines (`card_across`); phones
+with +/00 prefixes, a "(0)", parentheses, dots, spaces or dashes, a NANP number with a
+leading 1, ten bare digits after "call me at" / "phone:"; e-mails in any script, written
+plainly, as "name at domain dot com", "name[at]domain(dot)com", "name [at] domain.com"
+or "name @ domain . com"; IBANs in either case, grouped by spaces or dashes; dotted quads
+that are not a version number ("version 1.2.3.4").
 """
 
 from __future__ import annotations
@@ -117,8 +120,20 @@ def cn_id_ok(candidate: str) -> bool:
     return _CN_CHECK[total % 11] == s[17]
 
 
+# Countries that issue IBANs (SWIFT's registry): a candidate written in lower case must
+# start with one of them, so that ordinary words with digits are not read as one.
+_IBAN_COUNTRIES = frozenset("""
+AD AE AL AT AZ BA BE BG BH BI BR BY CH CR CY CZ DE DJ DK DO EE EG ES FI FK FO FR GB GE GI
+GL GR GT HN HR HU IE IL IQ IS IT JO KW KZ LB LC LI LT LU LV LY MC MD ME MK MN MR MT MU NI
+NL NO OM PK PL PS PT QA RO RS RU SA SC SD SE SI SK SM SO ST SV TL TN TR UA VA VG XK YE
+""".split())
+
+
 def iban_ok(candidate: str) -> bool:
-    s = candidate.replace(" ", "").upper()
+    s = candidate.replace(" ", "").replace("-", "")
+    if s != s.upper() and s[:2].upper() not in _IBAN_COUNTRIES:
+        return False
+    s = s.upper()
     if not 15 <= len(s) <= 34:
         return False
     rearranged = s[4:] + s[:4]
@@ -148,8 +163,19 @@ _TLD = ("(?:com|net|org|edu|gov|mil|int|io|co|ai|app|dev|info|biz|me|xyz|online|
         "in|cn|hk|tw|jp|kr|sg|my|id|th|vn|ph|br|mx|ar|cl|za|ng|ke|eg|ae|sa)")
 _DOMAIN_AFTER = re.compile(rf"{_LABEL}(?:(?:{_DOT}|\.){_LABEL}){{0,4}}{_DOT}{_TLD}\b",
                            re.IGNORECASE)
-_PART_BEFORE = re.compile(rf"[a-z0-9._%+-]{{1,64}}{_DOT}\Z", re.IGNORECASE)
-_LOCAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._%+-")
+# After an "@" or a bracketed "[at]", the dots may be written plainly too, spaced out or
+# not ("jane @ example . com", "jane[at]example.com"); after a bare " at " only a spelled
+# "dot" marks an address ("look at example.com" is not one).
+_DOMAIN_LOOSE = re.compile(
+    rf"{_LABEL}(?:(?:{_DOT}|\s{{0,3}}\.\s{{0,3}}){_LABEL}){{0,4}}"
+    rf"(?:{_DOT}|\s{{0,3}}\.\s{{0,3}}){_TLD}\b", re.IGNORECASE)
+_PART_BEFORE = re.compile(rf"[\w.%+-]{{1,64}}{_DOT}\Z", re.IGNORECASE)
+# Where the loose forms can start: an "@" with a space beside it, or a bracketed "at".
+_LOOSE_AT = re.compile(r"\s@|@\s|[\[({<]\s{0,3}at\s{0,3}[\])}>]", re.IGNORECASE)
+
+
+def _local_char(c: str) -> bool:
+    return c.isalnum() or c in "._%+-"
 
 
 def _spelled_emails(text: str) -> Iterator[Span]:
@@ -157,11 +183,12 @@ def _spelled_emails(text: str) -> Iterator[Span]:
     for at in _AT_TOKEN.finditer(text):
         if at.start() < last:
             continue
-        domain = _DOMAIN_AFTER.match(text, at.end())
+        bare = at.group(0).strip().lower() == "at"
+        domain = (_DOMAIN_AFTER if bare else _DOMAIN_LOOSE).match(text, at.end())
         if domain is None:
             continue
         start = at.start()
-        while start > last and at.start() - start < 64 and text[start - 1] in _LOCAL:
+        while start > last and at.start() - start < 64 and _local_char(text[start - 1]):
             start -= 1
         if start == at.start():
             continue
@@ -179,7 +206,17 @@ def _spelled_emails(text: str) -> Iterator[Span]:
 _PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .-]?\(0\))?(?:[ .-]?\(?\d{1,4}\)?)"
           r"(?:[ .-]?\d{2,4}){2,4}(?!\d)"
           r"|(?<![\d.-])\(\d{3}\)\s?\d{3}[ .-]\d{4}(?![\d-])"
-          r"|(?<![\w.-])[2-9]\d{2}([ .-])[2-9]\d{2}\1\d{4}(?![\w-]|\.\d)")
+          r"|(?<![\w.+-])(?:1[ .-]?)?[2-9]\d{2}(?P<ps>[ .-])[2-9]\d{2}(?P=ps)\d{4}"
+          r"(?![\w-]|\.\d)")
+# Ten digits unseparated ("4155550132", "1 4155550132") only where the text says it is a
+# number to call: bare, they are as often order numbers or counters.
+_PHONE_SAID = re.compile(
+    r"\b(?:phone|tel|telephone|call|calling|mobile|cell|cellphone|text\s+me|sms|whatsapp|"
+    r"fax|reach\s+me|ring\s+me|dial)\b\.?(?:\s+(?:me|us|him|her|them|at|on|is|number|no\.?|#)"
+    r"){0,3}\s{0,3}[:=]?\s{0,3}(?P<n>(?:\+?1[ .-]?)?[2-9]\d{2}[2-9]\d{6})(?![\w-]|\.\d)",
+    re.IGNORECASE)
+_PHONE_WORDS = ("phone", "tel", "call", "mobile", "cell", "text", "sms", "whatsapp", "fax",
+                "reach", "ring", "dial")
 _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d)"
 # Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5;
 # then perhaps what often follows a card number: its CVV or expiry ("4111 ... 1111 123",
@@ -202,7 +239,8 @@ def _card_ok(candidate: str) -> bool:
     tail = _TAIL_AT_END.search(candidate)
     return tail is not None and luhn_ok(candidate[: tail.start()])
 _CN_ID = r"(?<![0-9Xx])\d{17}[0-9Xx](?![0-9Xx])"
-_IBAN = r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"
+# Grouped by spaces or dashes, in either case ("de89 3704 ...", "DE89-3704-...").
+_IBAN = r"(?i:\b[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]{4}){2,7}(?:[ -]?[A-Z0-9]{1,4})?\b)"
 # Zero-padded to three digits too ("192.168.001.001"); two-digit padding is left to
 # dates, times and versions ("01.02.03.04").
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|0\d\d|[1-9]?\d)"
@@ -214,7 +252,9 @@ def _find_email(text: str) -> Iterator[Span]:
     yield from _email_plain(text)
     if "%40" in text:  # URL-encoded: "jane%40example.com"
         yield from _email_encoded(text)
-    if "dot" in text or "DOT" in text or "Dot" in text:
+    if ("dot" in text or "DOT" in text or "Dot" in text
+            or (("@" in text or "[" in text or "(" in text or "{" in text or "<" in text)
+                and _LOOSE_AT.search(text) is not None)):
         yield from _spelled_emails(text)
 
 
@@ -222,7 +262,10 @@ def _find_email(text: str) -> Iterator[Span]:
 # matched forwards from the separator (bounded labels), then its local part, the run of
 # address characters (at most 64) just before the separator. (A regex over a window
 # around each separator backtracked for seconds on 64 KiB of "%40%40..." or "a@a@...".)
-_DOMAIN = re.compile(r"[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63}){0,8}\.(?P<tld>[A-Za-z]{2,24})\b")
+# Labels and top-level domains in any script ("jöhn@exämple.de", "用户@例子.中国"), or
+# in their ASCII form ("xn--...").
+_DOMAIN = re.compile(r"[\w-]{1,63}(?:\.[\w-]{1,63}){0,8}"
+                     r"\.(?P<tld>[^\W\d_]{2,24}|xn--[a-z0-9-]{1,59})\b")
 # File names that read like addresses ("logo@2x.png", "icon%402x.webp"): their "top-level
 # domain" is a file type no registry delegates (.zip, .mov, .py, .md are real TLDs).
 _FILE_TYPES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "tif",
@@ -230,7 +273,7 @@ _FILE_TYPES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp
                          "htm", "txt", "csv", "xml", "yaml", "yml", "mp3", "mp4", "wav",
                          "ogg", "webm", "woff", "woff2", "ttf", "otf", "pdf", "exe", "dll",
                          "tar", "gz", "tgz"})
-_HOST_TLD = re.compile(r"\.([A-Za-z]{2,24})\Z")  # a host that still ends in a TLD-like label
+_HOST_TLD = re.compile(r"\.([^\W\d_]{2,24})\Z")  # a host that still ends in a TLD-like label
 _ASSET_SCALE = re.compile(r"\d+(?:\.\d+)?x\.", re.IGNORECASE)  # "icon@2x.min.png"
 
 
@@ -263,18 +306,54 @@ def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
     return find
 
 
-_email_plain = _emails_at("@", "A-Za-z0-9._%+-")
+_email_plain = _emails_at("@", r"\w.%+-")  # local parts in any script ("jöhn@...")
 # URL-encoded ("jane%40example.com"): no "%" in the local part, so an encoded URL
 # before it ("https%3A%2F%2F...") is not taken for one.
-_email_encoded = _emails_at("%40", "A-Za-z0-9._+-")
+_email_encoded = _emails_at("%40", r"\w.+-")
 _ip_v4 = _numeric(_IPV4)
 _ip_v6 = _regex(_IPV6, check=_ip_ok, needs=(":",))
 
 
+# A dotted quad right after "version", "v", "build", "release" or "firmware" is a version
+# number ("version 1.2.3.4", "v10.0.0.1"), not an address.
+_VERSION_BEFORE = re.compile(r"(?:\b(?:version|ver|release|build|firmware|fw|v)\.?\s{0,2}"
+                             r"|\bv)\Z", re.IGNORECASE)
+
+
 def _find_ip(text: str) -> Iterator[Span]:
-    yield from _ip_v4(text)
+    for a, b in _ip_v4(text):
+        if _VERSION_BEFORE.search(text, max(0, a - 12), a) is None:
+            yield a, b
     if text.count(":") >= 2:
         yield from _ip_v6(text)
+
+
+_phone = _numeric(_PHONE)
+
+
+def _find_phone(text: str) -> Iterator[Span]:
+    yield from _phone(text)
+    if _numeric_runs(text):
+        low = text.lower()
+        if any(w in low for w in _PHONE_WORDS):
+            for m in _PHONE_SAID.finditer(text):
+                yield m.span("n")
+
+
+_card = _numeric(_CARD, check=_card_ok)
+# A digit at a line's end and another at the next one's start: a card may be split there.
+_DIGITS_ACROSS_LINE = re.compile(r"\d[ \t]{0,3}\r?\n\s{0,3}\d")
+
+
+def _find_card(text: str) -> Iterator[Span]:
+    yield from _card(text)
+    if "\n" in text and _DIGITS_ACROSS_LINE.search(text) is not None:
+        lines = text.split("\n")
+        starts = [0]
+        for line in lines[:-1]:
+            starts.append(starts[-1] + len(line) + 1)
+        for i, (a, b) in card_across(lines):
+            yield starts[i] + a, starts[i] + b
 
 
 BUILTIN: dict[str, Detector] = {
@@ -284,9 +363,9 @@ BUILTIN: dict[str, Detector] = {
         Detector("email", "[EMAIL]", _find_email),
         Detector("iban", "[IBAN]", _regex(_IBAN, check=iban_ok)),
         Detector("cn_id", "[CN_ID]", _numeric(_CN_ID, check=cn_id_ok)),
-        Detector("card", "[CARD]", _numeric(_CARD, check=_card_ok)),
+        Detector("card", "[CARD]", _find_card),
         Detector("cn_mobile", "[PHONE]", _numeric(_CN_MOBILE)),
-        Detector("phone", "[PHONE]", _numeric(_PHONE)),
+        Detector("phone", "[PHONE]", _find_phone),
         Detector("ip", "[IP]", _find_ip),
     ]
 }

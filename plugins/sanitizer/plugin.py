@@ -28,6 +28,7 @@ from proxy.protocol import (
     ChatCompletionRequest,
     ChatTool,
     CompletionRequest,
+    JsonSchemaFormat,
     RefusalPart,
     TextPart,
     ToolCall,
@@ -250,7 +251,31 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if req.tools:  # tool descriptions are read by the model as text
             tools = self._tools(req.tools, fired)
             key, engine = _with(key, "tools", tools), _with(engine, "tools", tools)
+        fmt = req.response_format
+        if fmt is not None and fmt.json_schema is not None:
+            screened = self._schema_format(fmt.json_schema, fired)
+            if screened is not fmt.json_schema:
+                fmt = _with(fmt, "json_schema", screened)
+                key, engine = _with(key, "response_format", fmt), _with(
+                    engine, "response_format", fmt)
         return key, engine
+
+    def _schema_format(self, fmt: JsonSchemaFormat, fired: dict[str, str],
+                       ) -> JsonSchemaFormat:
+        """A structured output's schema: its description and every string in it
+        (property descriptions, enums, defaults, examples) reach the model's prompt (the
+        engine's template shows it) or shape what it writes. The same object where
+        nothing was redacted."""
+        update: dict[str, Any] = {}
+        if fmt.description:
+            text = self._redacted(fmt.description, fired)
+            if text != fmt.description:
+                update["description"] = text
+        if fmt.schema_:
+            schema = self._json_value(fmt.schema_, fired)
+            if schema is not fmt.schema_:
+                update["schema_"] = schema
+        return _update(fmt, update) if update else fmt
 
     def _calls(self, calls: list[ToolCall], fired: dict[str, str]) -> list[ToolCall]:
         """Earlier calls' arguments, the same for the key and the engine (left as they
@@ -362,10 +387,12 @@ def _rank(action: str) -> int:
 
 
 def _apply(text: str, spans: list[tuple[Span, str]]) -> str:
-    """Replace spans (overlaps merged: the earliest, then the longest, wins)."""
+    """Replace spans (overlaps merged: the earliest, then the longest, names the merged
+    span; a span reaching past the one before it extends it)."""
     out, pos = [], 0
     for (start, end), placeholder in sorted(spans, key=lambda s: (s[0][0], -s[0][1])):
         if start < pos:
+            pos = max(pos, end)
             continue
         out.append(text[pos:start])
         out.append(placeholder)

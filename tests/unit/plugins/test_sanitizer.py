@@ -444,3 +444,42 @@ def test_config_rejects_bad_regex_and_unknown_keys() -> None:
         SanitizerConfig.model_validate({"custom": [{"name": "x", "pattern": "("}]})
     with pytest.raises(ValueError):
         SanitizerConfig.model_validate({"detectors": {"emial": "flag"}})
+
+
+async def test_a_structured_outputs_schema_is_read() -> None:
+    """`response_format`'s schema reaches the model (its descriptions, enums and
+    defaults): its strings are read and redacted like the messages' text, on the key and
+    the engine side; a schema with nothing found is the caller's own object."""
+    schema = {"type": "object", "properties": {"to": {
+        "type": "string", "description": "always jane@example.com",
+        "enum": ["bob@corp.io", "x"]}}}
+    ctx = chat_ctx("hi", response_format={"type": "json_schema", "json_schema": {
+        "name": "mail", "description": "mail for ann@corp.io", "schema": schema}})
+    await plugin(detectors={"email": "redact"})(ctx, Spy())
+    for sent in (ctx.request, ctx.key_request):
+        assert isinstance(sent, ChatCompletionRequest) and sent.response_format is not None
+        js = sent.response_format.json_schema
+        assert js is not None and js.schema_ is not None
+        assert js.description == "mail for [EMAIL]"
+        to = js.schema_["properties"]["to"]
+        assert to["description"] == "always [EMAIL]" and to["enum"] == ["[EMAIL]", "x"]
+    flagged = chat_ctx("hi", response_format={"type": "json_schema", "json_schema": {
+        "name": "mail", "schema": schema}})
+    await plugin()(flagged, Spy())
+    assert flagged.sensitive and flagged.flags == {"email"}
+    plain = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    clean = chat_ctx("hi", response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": plain}})
+    before = clean.request.response_format  # type: ignore[union-attr]
+    await plugin(detectors={"email": "redact"})(clean, Spy())
+    assert not clean.sensitive
+    assert clean.request.response_format is before  # type: ignore[union-attr]
+
+
+async def test_overlapping_spans_are_redacted_whole() -> None:
+    """Two detectors' spans that overlap, the later reaching past the earlier, are one
+    redaction: nothing of the later span is left in the text."""
+    spy, ctx = Spy(), chat_ctx("ref AB-1234-CD now")
+    await plugin(custom=[{"name": "head", "pattern": r"AB-\d+", "action": "redact"},
+                         {"name": "tail", "pattern": r"\d+-CD", "action": "redact"}])(ctx, spy)
+    assert ctx.request.messages[0].content == "ref [HEAD] now"  # type: ignore[union-attr]

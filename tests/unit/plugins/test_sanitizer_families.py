@@ -113,7 +113,7 @@ def phones(draw: Any) -> str:
     exch = draw(st.sampled_from("23456789")) + d(2)
     line = d(4)
     sep = draw(st.sampled_from([" ", ".", "-"]))
-    shape = draw(st.integers(0, 5))
+    shape = draw(st.integers(0, 7))
     if shape == 0:
         return f"{area}{sep}{exch}{sep}{line}"
     if shape == 1:
@@ -124,6 +124,12 @@ def phones(draw: Any) -> str:
         return f"{draw(st.sampled_from(['+44', '0044']))} 20 {d(4)} {d(4)}"
     if shape == 4:
         return f"+33 (0)1 {d(2)} {d(2)} {d(2)} {d(2)}"
+    if shape == 5:
+        return f"1{sep}{area}{sep}{exch}{sep}{line}"  # a leading 1 without the +
+    if shape == 6:  # unseparated, where the text says it is a number to call
+        said = draw(st.sampled_from(["call me at ", "phone: ", "Tel. ", "text me on ",
+                                     "WhatsApp ", "mobile number is "]))
+        return f"{said}{draw(st.sampled_from(['', '1', '+1']))}{area}{exch}{line}"
     return f"+49{sep}30{sep}{d(7)}"
 
 
@@ -178,6 +184,20 @@ SECRETS = st.one_of(
     st.builds(lambda k, b: f"-----BEGIN {k}PRIVATE KEY-----\n{b}\n-----END {k}PRIVATE KEY-----",
               st.sampled_from(["", "RSA ", "EC ", "OPENSSH "]), body_of(64)),
     st.builds(lambda b: f"-----BEGIN PRIVATE KEY-----\n{b}", body_of(64)),  # cut off
+    st.builds(lambda b: "hf_" + b, body_of(34)),
+    st.builds(lambda p, b: p + b, st.sampled_from(["glpat-", "gldt-", "glrt-"]),
+              body_of(20, ALNUM + "_-")),
+    st.builds(lambda b: "npm_" + b, body_of(36)),
+    st.builds(lambda b: "pypi-AgEIcHlwaS5vcmc" + b, body_of(60, ALNUM + "_-")),
+    st.builds(lambda a, b: f"SG.{a}.{b}", body_of(22, ALNUM + "_-"), body_of(43, ALNUM + "_-")),
+    st.builds(lambda b: "shpat_" + b, body_of(32, "0123456789abcdef")),
+    st.builds(lambda b: "dop_v1_" + b, body_of(64, "0123456789abcdef")),
+    st.builds(lambda b: "AccountKey=" + b + "==", body_of(86, ALNUM + "+/")),
+    st.builds(lambda s, b: f"{s} {b}9", st.sampled_from(["Bearer", "bearer", "BEARER"]),
+              body_of(24, ALNUM + "._-")),
+    st.builds(lambda s, b: f"Authorization: {s}{b}",
+              st.sampled_from(["Basic ", "Token ", ""]), body_of(20, string.ascii_letters)
+              .map(lambda b: b + "1")),
 )
 
 
@@ -192,7 +212,8 @@ VALUE = st.text(alphabet=ALNUM + "!#$%&*", min_size=6, max_size=20).filter(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(["password", "Password", "passwd", "pwd", "passcode", "api key",
+@given(st.sampled_from(["password", "Password", "passwd", "pwd", "pw", "PW", "passcode",
+                        "Passwort", "contraseña", "mot de passe", "senha", "api key",
                         "API key", "api_key", "apikey", "secret key", "access token",
                         "password for my bank", "PIN code"]),
        st.sampled_from([" is ", ": ", " = ", "=", ":", " was ", " will be "]),
@@ -231,6 +252,15 @@ NEGATIVES = [
     "Scores: 12 15 18 21 24 27 30 33 36.",
     "Coordinates 40.7128, -74.0060 in NYC.",
     "The next token is 'hello' and the pin is bent.",
+    "Look at example.com for the docs, or at python.org.",
+    "Order 4155550132 shipped; ticket 2125550100 is closed.",
+    "Version 1.2.3.4 and v10.0.0.1 are out; build 2.0.0.1 next.",
+    "He was the bearer of bad news and the bearer responsibilities.",
+    "Authorization: required for every admin route.",
+    "Das Passwort ist falsch. La contraseña es incorrecta.",
+    "My pw is too short.",
+    "Use @app.route and the @ sign alone; mention @jane.doe in the thread.",
+    "Prices: 4111 1111\n1111 1112 units in stock.",
 ]
 
 
@@ -353,3 +383,42 @@ def test_separators_without_an_address_find_nothing(text: str) -> None:
     """Long runs of separators (each one's domain is tried forwards, its local part only
     when a domain follows: linear in the text)."""
     assert list(BUILTIN["email"].find(text)) == []
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("email", "write to jöhn.müller@exämple.de today"),
+    ("email", "联系 用户@例子.中国 谢谢"),
+    ("email", "ivan@пример.рф"),
+    ("email", "jane @ example . com"),
+    ("email", "jane@ example.com"),
+    ("email", "jane [at] example.com"),
+    ("email", "jane(at)mail.example.co.uk"),
+    ("phone", "call 1-415-555-0132 after six"),
+    ("phone", "1.415.555.0132"),
+    ("iban", "de89 3704 0044 0532 0130 00"),
+    ("iban", "DE89-3704-0044-0532-0130-00"),
+    ("iban", "gb82west12345698765432"),
+    ("card", "my card is 4111 1111\n1111 1111, thanks"),
+    ("card", "4111-1111-1111\r\n1111"),
+    ("ip", "the host is 10.0.0.1"),
+])
+def test_more_written_forms(name: str, text: str) -> None:
+    """Addresses in other scripts or spaced out, a US number with a leading 1, IBANs in
+    lower case or grouped by dashes, a card split over two lines: found."""
+    assert fires(name, text)
+
+
+@pytest.mark.parametrize("text", [
+    "my card is 4111 1111\n1111 1111, thanks", "IBAN: de89-3704-0044-0532-0130-00.",
+    "ping jane @ example . com", "Authorization: Bearer abc123def456ghi789jkl",
+])
+async def test_more_forms_are_redacted_whole(text: str) -> None:
+    """What the new forms find is redacted: no digit of the card, IBAN or token and no
+    part of the address is left."""
+    ctx = convo(text)
+    spy = Spy()
+    await plugin(card="redact", iban="redact", email="redact", secret="redact")(ctx, spy)
+    assert spy.ctx is not None
+    sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
+    for piece in ("1111", "3704", "example", "abc123"):
+        assert piece not in sent
