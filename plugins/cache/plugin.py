@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from aiohttp import web
@@ -128,24 +128,22 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     # ------------------------------------------------------------------ decision
 
-    def _decide(self, ctx: RequestContext) -> tuple[bool, bool]:
-        """(may read, may write)."""
+    def _decide(self, ctx: RequestContext) -> tuple[bool, bool, float | None]:
+        """(may read, may write, the oldest answer in seconds the client takes)."""
         req = ctx.request
         if ctx.sensitive:
-            return False, False
+            return False, False, None
         if self.cfg.deterministic_only and not (req.temperature == 0 or req.seed is not None):
-            return False, False
+            return False, False, None
         if (isinstance(req, ChatCompletionRequest) and req.logprobs) or (
                 not isinstance(req, ChatCompletionRequest) and req.logprobs is not None):
-            return False, False  # cached answers carry no logprobs
+            return False, False, None  # cached answers carry no logprobs
         if self._sensitive:
             text = prompt_text(ctx)
             if any(p.search(text) for p in self._sensitive):
-                return False, False
-        directives = {d.strip().lower() for d in ctx.headers.get("cache-control", "").split(",")}
-        read = "no-cache" not in directives  # no-cache: skip the read; no-store: the write
-        write = "no-store" not in directives and "injection" not in ctx.flags
-        return read, write
+                return False, False, None
+        read, write, max_age = request_directives(ctx.headers)
+        return read, write and "injection" not in ctx.flags, max_age
 
     # -------------------------------------------------------------------- request
 
@@ -168,14 +166,15 @@ class CachePlugin(BasePlugin[CacheConfig]):
             self.store.wake()
 
     async def _serve(self, ctx: RequestContext, call_next: Next) -> Reply:
-        read, write = self._decide(ctx)
+        read, write, max_age = self._decide(ctx)
         if not read and not write:
             labelled(self.metrics.lookups, "all", "bypass").inc()
             ctx.response_headers[HEADER] = "bypass"
             return await call_next(ctx)
         key = exact_key(ctx, self.cfg.scope)
         scope = scope_id(ctx.principal, self.cfg.scope)
-        if read and (entry := await self.store.get(key, scope)) is not None:
+        if read and (entry := await self.store.get(key, scope)) is not None and (
+                max_age is None or entry.age(time.time()) <= max_age):
             return self._hit(ctx, entry, "exact")
         sem = semantic_parts(ctx, self.cfg.scope) if self.embedder is not None else None
         if sem is not None and not (self.cfg.semantic.min_chars <= len(sem[1])
@@ -190,7 +189,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 labelled(self.metrics.lookups, "semantic", "miss").inc()  # nothing to embed
                 self.metrics.gated.inc()
             elif sem is not None and not (write and self._leading(key)):
-                look = asyncio.ensure_future(self.store.lookup(sem, scope, question_gate=qgate))
+                look = asyncio.ensure_future(self._lookup(sem, scope, qgate, max_age))
                 if not write or await self._given_head_start(look):
                     _, entry = await look  # nothing to race: wait (within its deadline)
                     if entry is not None:
@@ -212,7 +211,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 return await call_next(ctx)  # the leader failed: generate for ourselves
             # ABANDONED: the leader's client went away; the first waiter to get here
             # takes the lead, the others wait on it.
-        if look is not None and (done := self.store.just_stored(key, scope)) is not None:
+        if look is not None and (done := self.store.just_stored(key, scope)) is not None and (
+                max_age is None or done.age(time.time()) <= max_age):
             # An identical request's generation ended while this one's lookup ran.
             self.metrics.coalesced.inc()
             return self._reply(ctx, done)
@@ -222,6 +222,15 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if look is not None and not look.done():
             return await self._race(ctx, call_next, key, scope, sem, qgate, look, fut)
         return await self._lead(ctx, call_next, key, scope, sem, qgate, look, fut)
+
+    async def _lookup(self, sem: SemanticKey, scope: str, qgate: str | None,
+                      max_age: float | None) -> tuple[Any, Entry | None]:
+        """The semantic lookup; an answer older than the client takes is none."""
+        found = await self.store.lookup(sem, scope, question_gate=qgate)
+        if max_age is not None and found[1] is not None and found[1].age(
+                time.time()) > max_age:
+            return found[0], None
+        return found
 
     async def _follow(self, ctx: RequestContext, leader: Settle) -> Entry | object | None:
         """The identical request's outcome, waited for within this request's own deadline
@@ -367,12 +376,13 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     async def stale(self, ctx: RequestContext) -> Reply | None:
         """An expired entry still inside its grace window, for the breaker's fallback."""
-        if self.cfg.stale_grace_s <= 0 or not self._decide(ctx)[0]:
+        read, _, max_age = self._decide(ctx)
+        if self.cfg.stale_grace_s <= 0 or not read:
             return None  # never stored (sensitive, sampled ...) or no-cache: no lookup
         key = exact_key(ctx, self.cfg.scope)
         scope = scope_id(ctx.principal, self.cfg.scope)
         entry = await self.store.get(key, scope, allow_stale=True)
-        if entry is None:
+        if entry is None or (max_age is not None and entry.age(time.time()) > max_age):
             return None
         reply = self._hit(ctx, entry, "stale")
         reply.headers[HEADER] = "stale"
@@ -401,3 +411,31 @@ class CachePlugin(BasePlugin[CacheConfig]):
                      scope=scope, tenant=p.tenant, role=p.role, user=p.user,
                      prompt=prompt_text(ctx), created=now, expires=now + ttl,
                      stale_until=now + ttl + self.cfg.stale_grace_s)
+
+
+def request_directives(headers: Mapping[str, str]) -> tuple[bool, bool, float | None]:
+    """A request's caching directives, as HTTP caches read them: (may read, may write,
+    the oldest answer in seconds the client takes). `no-cache` and `max-age=0` skip the
+    read, `no-store` the write, `max-age=N` serves only answers at most N seconds old;
+    without `Cache-Control`, `Pragma: no-cache` (HTTP/1.0) skips the read. A directive
+    whose value is no number is ignored."""
+    value = headers.get("cache-control")
+    if value is None:
+        return "no-cache" not in headers.get("pragma", "").lower(), True, None
+    read = write = True
+    max_age: float | None = None
+    for directive in value.split(","):
+        name, _, arg = directive.strip().lower().partition("=")
+        if name == "no-cache":
+            read = False
+        elif name == "no-store":
+            write = False
+        elif name == "max-age":
+            try:
+                age = int(arg.strip().strip('"'))
+            except ValueError:
+                continue
+            if age <= 0:
+                read = False
+            max_age = age if max_age is None else min(age, max_age)
+    return read, write, max_age

@@ -10,7 +10,7 @@ import pytest
 
 from plugins.cache.config import CacheConfig
 from plugins.cache.entry import Entry
-from plugins.cache.keys import _PARAMS, _params, exact_key
+from plugins.cache.keys import _PARAMS, _params, exact_key, scope_id
 from plugins.cache.l1 import L1
 from plugins.cache.plugin import CachePlugin
 from plugins.cache.semantic import guard_ok
@@ -256,6 +256,68 @@ async def test_cache_control_headers() -> None:
     assert layer == "bypass" and eng.calls == 3  # read skipped though an entry exists
     _, layer = await run(p, ctx(), eng)
     assert layer == "exact"
+
+
+@pytest.mark.parametrize("headers", [
+    {"cache-control": "max-age=0"}, {"cache-control": "no-store, max-age=0"},
+    {"pragma": "no-cache"}, {"cache-control": 'max-age="0"'}, {"cache-control": "max-age=-1"},
+])
+async def test_directives_that_skip_the_read(headers: dict[str, str]) -> None:
+    """`max-age=0` (any answer is too old) and, without Cache-Control, HTTP/1.0's
+    `Pragma: no-cache` skip the read as `no-cache` does."""
+    p, eng = plugin(), Engine()
+    await run(p, ctx(), eng)
+    _, layer = await run(p, ctx(headers=headers), eng)
+    assert layer == "bypass" and eng.calls == 2
+
+
+@pytest.mark.parametrize("headers", [
+    {"cache-control": "max-age=abc"}, {"cache-control": "max-stale"},
+    {"pragma": "no-cache", "cache-control": "max-age=60"},  # Cache-Control wins
+])
+async def test_directives_that_still_read(headers: dict[str, str]) -> None:
+    p, eng = plugin(), Engine()
+    await run(p, ctx(), eng)
+    _, layer = await run(p, ctx(headers=headers), eng)
+    assert layer == "exact" and eng.calls == 1
+
+
+async def test_max_age_serves_only_answers_young_enough() -> None:
+    """`max-age=N`: an answer older than N seconds is not served (a miss generates and
+    stores a fresh one); one young enough is, and the stale fallback honours it too."""
+    p, eng = plugin(semantic={"enabled": False}, stale_grace_s=600), Engine()
+    await run(p, ctx(), eng)
+    key, scope = exact_key(ctx(), p.cfg.scope), scope_id(ALICE, p.cfg.scope)
+    old = await p.store.get(key, scope)
+    assert old is not None
+    old.created -= 120  # two minutes old
+    young = {"cache-control": "max-age=60"}
+    _, layer = await run(p, ctx(headers={"cache-control": "max-age=600"}), eng)
+    assert layer == "exact" and eng.calls == 1  # old enough for this client
+    _, layer = await run(p, ctx(headers=young), eng)
+    assert layer == "miss" and eng.calls == 2
+    _, layer = await run(p, ctx(headers=young), eng)
+    assert layer == "exact" and eng.calls == 2  # the fresh answer was stored
+    entry = await p.store.get(key, scope)
+    assert entry is not None
+    entry.created -= 120
+    assert await p.stale(ctx(headers=young)) is None
+    assert await p.stale(ctx(headers={"cache-control": "max-age=600"})) is not None
+
+
+async def test_max_age_applies_to_paraphrases() -> None:
+    p, eng = plugin(semantic={"threshold": 0.8}), Engine()
+    asked = "How can I reset my password please?"
+    await run(p, ctx(asked), eng)
+    old = await p.store.get(exact_key(ctx(asked), p.cfg.scope), scope_id(ALICE, p.cfg.scope))
+    assert old is not None
+    old.created -= 120
+    paraphrase = "How do I reset my password please?"
+    _, layer = await run(p, ctx(paraphrase, headers={"cache-control": "max-age=60"}), eng)
+    assert layer == "miss" and eng.calls == 2
+    _, layer = await run(p, ctx("How do I reset my password, please?",
+                                headers={"cache-control": "max-age=60"}), eng)
+    assert layer == "semantic" and eng.calls == 2  # the fresh paraphrase's answer
 
 
 async def test_sensitive_and_injection() -> None:
