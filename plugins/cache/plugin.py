@@ -206,6 +206,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
             led = await self._follow(ctx, leader)
             if isinstance(led, Entry):
                 self.metrics.coalesced.inc()
+                ctx.response_headers[HEADER] = "coalesced"
                 return self._reply(ctx, led)
             if led is None:
                 return await call_next(ctx)  # the leader failed: generate for ourselves
@@ -215,6 +216,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 max_age is None or done.age(time.time()) <= max_age):
             # An identical request's generation ended while this one's lookup ran.
             self.metrics.coalesced.inc()
+            ctx.response_headers[HEADER] = "coalesced"
             return self._reply(ctx, done)
         fut: Settle = asyncio.get_running_loop().create_future()
         if self.cfg.coalesce:

@@ -377,8 +377,11 @@ async def test_concurrent_identical_misses_coalesce(stream: bool, reason: str) -
     # Exact layer only: a request's last step before it joins a leader is its L1 miss.
     p, eng = plugin(semantic={"enabled": False}), Engine(reason=reason, gate=gate)
 
+    layers: list[str] = []
+
     async def one() -> str:
-        reply, _ = await run(p, ctx(stream=stream), eng)
+        reply, layer = await run(p, ctx(stream=stream), eng)
+        layers.append(layer)
         if isinstance(reply, Stream):
             return check_chat_stream(chunks_of(reply))
         return reply.body["choices"][0]["message"]["content"]  # type: ignore[no-any-return]
@@ -394,6 +397,7 @@ async def test_concurrent_identical_misses_coalesce(stream: bool, reason: str) -
     texts = await asyncio.gather(*tasks)
     assert eng.calls == 1 and set(texts) == {"Use the reset link."}
     assert sample(p, "weir_cache_coalesced_total") == 7  # answered by the leader's generation
+    assert sorted(layers) == ["coalesced"] * 7 + ["miss"]  # the header says which
     _, layer = await run(p, ctx(stream=stream), eng)  # stored only if whole
     assert layer == ("exact" if reason == "stop" else "miss")
 
