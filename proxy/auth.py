@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -120,6 +121,20 @@ class Authenticator:
         if not principal.is_admin:
             raise PermissionDenied(f"{what} needs an API key with role `admin`.")
         return principal
+
+
+def credentials(headers: Mapping[str, str]) -> str | None:
+    """What a request presents as its key, as an `Authorization` value: that header when
+    it carries a key (Bearer or Basic), else an `api-key` header (what Azure OpenAI's SDK
+    sends) or `x-api-key` (Anthropic's), read as a bearer key."""
+    authorization = headers.get("Authorization")
+    if _bearer(authorization) is not None:
+        return authorization
+    for name in ("api-key", "x-api-key"):
+        key = headers.get(name, "").strip()
+        if key:
+            return f"Bearer {key}"
+    return authorization
 
 
 def _bearer(header: str | None) -> str | None:

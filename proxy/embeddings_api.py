@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
+from .auth import credentials
 from .body import read_json
 from .chain import Completion, Reply
 from .context import RequestContext
@@ -48,7 +49,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     info = request[INFO]
     info["route"] = "embeddings"  # counted from here on, refused or not
-    principal = st.auth.authenticate(request.headers.get("Authorization"))
+    principal = st.auth.authenticate(credentials(request.headers))
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(EmbeddingRequest, data)
     emb = st.embedder

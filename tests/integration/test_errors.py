@@ -181,6 +181,26 @@ async def test_auth_errors(make_client: MakeClient) -> None:
     assert (await error_of(r, 403))["param"] == "model"
 
 
+@pytest.mark.parametrize("headers", [
+    {"api-key": "good"}, {"x-api-key": "good"}, {"Api-Key": " good "},
+    {"Authorization": "Token good", "api-key": "good"},  # a scheme Weir does not read
+])
+async def test_a_key_in_an_api_key_header_is_read(make_client: MakeClient,
+                                                  headers: dict[str, str]) -> None:
+    """Azure OpenAI's SDK sends its key as `api-key`, Anthropic's as `x-api-key`: read as
+    a bearer key when no `Authorization` carries one; a wrong one is a 401 as ever."""
+    client = await make_client(auth={"mode": "keys", "keys": [{"key": "good", "tenant": "a"}]})
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+    assert r.status == 200, await r.text()
+    wrong = {k: "bad" if v.strip() == "good" else v for k, v in headers.items()}
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=wrong)
+    assert (await error_of(r, 401))["code"] == "invalid_api_key"
+    # A valid Authorization wins over the others.
+    r = await client.post("/v1/chat/completions", json=CHAT,
+                          headers={"Authorization": "Bearer good", "x-api-key": "bad"})
+    assert r.status == 200
+
+
 async def test_not_ready_is_503_with_retry_after(make_client: MakeClient,
                                                  fake_engine: FakeEngine) -> None:
     fake_engine.set_ready(False)
