@@ -215,16 +215,19 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
 
 def output_items(message: dict[str, Any], finish_reason: str | None) -> list[dict[str, Any]]:
     """A chat answer's message as Response output items. Content null with no calls is
-    a forced call cut before it began: no item, as its stream has none."""
-    status = "incomplete" if finish_reason == "length" else "completed"
+    a forced call cut before it began: no item, as its stream has none. An answer cut
+    at the token limit leaves only its last item `incomplete`: the ones before it ended
+    (the stream marks them `completed` as each closes)."""
     items = []
     text = message.get("content")
     calls = message.get("tool_calls") or []
     if text or (not calls and text is not None):
-        items.append(message_item(text, status))
+        items.append(message_item(text, "completed"))
     for c in calls:
         items.append(call_item(c["id"], c["function"]["name"], c["function"]["arguments"],
-                               status))
+                               "completed"))
+    if items and finish_reason == "length":
+        items[-1]["status"] = "incomplete"
     return items
 
 
