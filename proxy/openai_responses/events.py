@@ -21,6 +21,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ..errors import ServerError, WeirError
+from ..tasks import detach
 from ..telemetry import get_logger
 from . import translate as X
 from .models import ResponsesRequest
@@ -166,16 +167,22 @@ class Rendering:
 
     def __init__(self, req: ResponsesRequest, response_id: str) -> None:
         self._e = _Events(req, response_id)
+        self._on_done: OnDone | None = None
 
     def events(self, chunks: AsyncIterable[dict[str, Any]],
                on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
-        """`on_done(response)` once it completed."""
+        """`on_done(response)` once it ended: completed, incomplete or failed (OpenAI
+        keeps a failed response too, with what went out before the failure)."""
+        self._on_done = on_done
         return _render(self._e, chunks, on_done)
 
     def failed(self, err: WeirError) -> list[dict[str, Any]]:
         if self._e.finished:
             return []
-        return [self._e.number(ev) for ev in _failed(self._e, err)]
+        events = [self._e.number(ev) for ev in _failed(self._e, err)]
+        if self._on_done is not None:  # (the writer's own failure: it cannot wait)
+            detach(self._on_done(events[-1]["response"]))
+        return events
 
 
 async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
@@ -192,13 +199,18 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
                     yield e.number(event)
                 chunk = await anext(it, None)
         except WeirError as err:
-            for event in _failed(e, err):
-                yield e.number(event)
-            return
+            failure = _failed(e, err)
         except Exception as exc:  # a bug: logged, and a generic failure in-band
             log.error("responses stream failed", exc_info=exc)
-            for event in _failed(e, ServerError()):
+            failure = _failed(e, ServerError())
+        else:
+            failure = []
+        if failure:  # kept before its terminal event goes out, as a completed one is
+            *head, last = failure
+            for event in head:
                 yield e.number(event)
+            await on_done(last["response"])
+            yield e.number(last)
             return
         for event in e.close():
             yield e.number(event)

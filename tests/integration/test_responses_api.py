@@ -335,8 +335,16 @@ async def test_an_error_mid_stream_is_an_error_event_then_failed(
         assert item["content"][0]["text"] == text and item["status"] == "incomplete"
     assert events[-1]["response"]["error"]["code"] == "server_error"
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    # Kept as OpenAI keeps a failed response (`store` defaults to true), with what went
+    # out before the failure; one with `store: false` is not.
     rid = events[-1]["response"]["id"]
-    assert (await client.get(f"/v1/responses/{rid}")).status == 404  # failed: not stored
+    got = await client.get(f"/v1/responses/{rid}")
+    assert got.status == 200 and await got.json() == events[-1]["response"]
+    r = await client.post("/v1/responses", json={**BASE, "stream": True, "store": False})
+    events, _ = parse_sse(await r.text())
+    assert events[-1]["type"] == "response.failed"
+    rid = events[-1]["response"]["id"]
+    assert (await client.get(f"/v1/responses/{rid}")).status == 404
 
 
 async def test_an_error_before_any_output_keeps_its_http_status(

@@ -68,6 +68,14 @@ async def test_a_cut_mid_batch_leaves_no_gap_in_the_sequence(
     events = await cut(client, blocked, await client.post("/v1/responses", json=BASE))
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert events[-2]["code"] == "shutting_down"
+    # The failed response is kept, as one that failed in the engine is.
+    from proxy.openai_responses import routes
+
+    store = client.app[routes.STORE]
+    rid = events[-1]["response"]["id"]
+    await eventually(lambda: len(store) == 1)
+    record = await store.get("public", rid)
+    assert record is not None and record["response"] == events[-1]["response"]
 
 
 async def test_a_replay_cut_while_its_events_are_held_still_sends_them(
