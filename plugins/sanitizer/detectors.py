@@ -345,6 +345,12 @@ _card = _numeric(_CARD, check=_card_ok)
 _DIGITS_ACROSS_LINE = re.compile(r"\d[ \t]{0,3}\r?\n\s{0,3}\d")
 
 
+# Lines of numbers are common (tables, logs), so a number split over two lines must
+# also look like a card: a card's length and an issuer's prefix (Visa, Mastercard, Amex,
+# Discover, JCB, Diners, UnionPay).
+_ISSUER = re.compile(r"4|5[1-5]|2[2-7]|3[47]|3[0689]|35|6(?:011|5|4[4-9]|2)")
+
+
 def _find_card(text: str) -> Iterator[Span]:
     yield from _card(text)
     if "\n" in text and _DIGITS_ACROSS_LINE.search(text) is not None:
@@ -352,8 +358,12 @@ def _find_card(text: str) -> Iterator[Span]:
         starts = [0]
         for line in lines[:-1]:
             starts.append(starts[-1] + len(line) + 1)
-        for i, (a, b) in card_across(lines):
-            yield starts[i] + a, starts[i] + b
+        found = list(card_across(lines))
+        for (i, (a, b)), (j, (c, d)) in zip(found[::2], found[1::2], strict=True):
+            digits = re.sub(r"\D", "", lines[i][a:b] + lines[j][c:d])
+            if len(digits) in (15, 16, 19) and _ISSUER.match(digits):
+                yield starts[i] + a, starts[i] + b
+                yield starts[j] + c, starts[j] + d
 
 
 BUILTIN: dict[str, Detector] = {

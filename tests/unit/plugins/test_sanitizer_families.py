@@ -261,6 +261,7 @@ NEGATIVES = [
     "My pw is too short.",
     "Use @app.route and the @ sign alone; mention @jane.doe in the thread.",
     "Prices: 4111 1111\n1111 1112 units in stock.",
+    "ids:\n1234 5678\n9012 3452\n",  # passes Luhn, but no card's issuer or length
 ]
 
 
