@@ -44,6 +44,9 @@ class _Events:
         self.usage: dict[str, Any] | None = None
         self.reason: str | None = None
         self.finished = False  # a terminal event went out
+        #: A failure's events not yet handed to the writer: a shutdown cutting the
+        #: stream meanwhile sends these, not a failure of its own.
+        self.failing: list[dict[str, Any]] = []
 
     def ev(self, type_: str, **fields: Any) -> dict[str, Any]:
         return {"type": type_, "sequence_number": None, **fields}
@@ -177,9 +180,13 @@ class Rendering:
         return _render(self._e, chunks, on_done)
 
     def failed(self, err: WeirError) -> list[dict[str, Any]]:
-        if self._e.finished:
+        e = self._e
+        if e.finished:
             return []
-        events = [self._e.number(ev) for ev in _failed(self._e, err)]
+        if e.failing:  # the stream's own failure under way: its events not yet sent
+            events, e.failing = [e.number(ev) for ev in e.failing], []
+        else:
+            events = [e.number(ev) for ev in _failed(e, err)]
         if self._on_done is not None:  # (the writer's own failure: it cannot wait)
             detach(self._on_done(events[-1]["response"]))
         return events
@@ -206,11 +213,11 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
         else:
             failure = []
         if failure:  # kept before its terminal event goes out, as a completed one is
-            *head, last = failure
-            for event in head:
-                yield e.number(event)
-            await on_done(last["response"])
-            yield e.number(last)
+            e.failing = failure
+            while e.failing:
+                if len(e.failing) == 1:
+                    await on_done(e.failing[0]["response"])
+                yield e.number(e.failing.pop(0))
             return
         for event in e.close():
             yield e.number(event)

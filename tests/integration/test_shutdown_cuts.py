@@ -147,3 +147,39 @@ async def test_embeddings_waiting_for_a_slot_at_the_drain_end_get_503(
     for task in (running, queued):
         r = await task
         assert r.status == 503 and (await r.json())["error"]["code"] == "shutting_down"
+
+
+async def test_a_response_cut_while_its_own_failure_goes_out_fails_once(
+        make_client: MakeClient, monkeypatch: Any) -> None:
+    """The engine failed mid-stream and the failure's `error` event is being written
+    when the drain ends: the rest of that failure (`response.failed`) goes out, not a
+    second `error` and failure of the shutdown's own."""
+    engine = FakeEngine()
+    engine.fail_after = 3
+    blocked = block_write_containing(monkeypatch, b"event: error")
+    client = await make_client(engine=engine)
+    events = await cut(client, blocked, await client.post("/v1/responses", json=BASE))
+    types = [e["type"] for e in events]
+    assert types.count("error") == 1 and types[-2:] == ["error", "response.failed"]
+    assert events[-2]["code"] != "shutting_down"  # the engine's failure, not the drain's
+
+
+async def test_a_response_cut_while_its_failure_is_stored_fails_once(
+        make_client: MakeClient, monkeypatch: Any) -> None:
+    """The drain ends while the failed response is being stored (a slow Redis): its
+    `response.failed` still goes out, once, after the one `error`."""
+    from proxy.openai_responses import routes
+
+    engine = FakeEngine()
+    engine.fail_after = 3
+    client = await make_client(engine=engine)
+    held = asyncio.Event()
+
+    async def put(self: Any, *a: Any, **k: Any) -> None:
+        held.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(type(client.app[routes.STORE]), "put", put)
+    events = await cut(client, held, await client.post("/v1/responses", json=BASE))
+    types = [e["type"] for e in events]
+    assert types.count("error") == 1 and types[-2:] == ["error", "response.failed"]
