@@ -43,6 +43,10 @@ class RequestContext:
     #: tokens and the tokens generated), which the rate limiter charges. A stream cut after
     #: its first chunk carries its own (`Stream.usage`).
     usage_so_far: dict[str, Any] | None = None
+    #: Left instead by a terminal step that cannot tell what a cut request spent (an
+    #: upstream's whole answer, whose usage comes only at its end): the rate limiter
+    #: charges the request's reservation.
+    spent_unknown: bool = False
     #: The request as the cache should key it (normalized, redacted); None: `request`.
     key_request: ChatCompletionRequest | CompletionRequest | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.

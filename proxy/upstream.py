@@ -10,6 +10,7 @@ failure (502/504), which the breaker counts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from .engine.base import EngineStats, ModelInfo
 from .errors import EngineError, ModelNotFound, Timeout, WeirError
 from .rendering import ChunkAssembler
 from .settings import UpstreamEngineSettings
+from .streaming import SHUTDOWN
 from .tracing import inject
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
@@ -119,9 +121,16 @@ class Upstream:
         except aiohttp.ClientError:
             self.in_flight -= 1
             raise EngineError("The upstream is unreachable.") from None
+        except asyncio.CancelledError as e:
+            self.in_flight -= 1
+            _left(ctx, e)
+            raise
         if resp.status != 200 or not ctx.request.stream:
             try:
                 return await self._whole(resp)
+            except asyncio.CancelledError as e:
+                _left(ctx, e)
+                raise
             finally:
                 self.in_flight -= 1
                 resp.release()
@@ -169,3 +178,12 @@ class Upstream:
                 asm.cut(stream)
             self.in_flight -= 1
             resp.release()
+
+
+def _left(ctx: RequestContext, e: asyncio.CancelledError) -> None:
+    """A request cut (its client gone, its deadline) while the upstream had it: what it
+    spent comes only with the whole answer, which is never read, so the rate limiter
+    charges its reservation (OpenAI bills an answer whose client left). A drain's cut is
+    a 503 that says to retry elsewhere: nothing is charged."""
+    if e.args != (SHUTDOWN,):
+        ctx.spent_unknown = True

@@ -334,7 +334,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             # Refunded, but for what a request cut (client gone, deadline) after the
             # engine had it spent until the cut. Shielded: a second cancellation must not
             # leave the lease behind.
-            spent = (ctx.usage_so_far or {}).get("total_tokens", 0)
+            spent = (reserve if ctx.spent_unknown
+                     else (ctx.usage_so_far or {}).get("total_tokens", 0))
             await self._settle_shielded(store, tpm, reserve, spent, conc_keys, lease)
             raise
         if isinstance(reply, Completion):

@@ -22,6 +22,7 @@ from proxy.context import RequestContext
 from proxy.errors import EngineError, ModelNotFound, Timeout
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import UpstreamEngineSettings
+from proxy.streaming import SHUTDOWN
 from proxy.upstream import Upstream as UpstreamTerminal
 from proxy.upstream import UpstreamError
 
@@ -236,4 +237,34 @@ async def test_an_error_event_mid_stream_is_an_engine_failure(upstream: Upstream
                 got.append(c)
         assert got == [first] and engine.stats().running == 0
     finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("reason", [None, SHUTDOWN])
+async def test_a_whole_request_cut_while_the_upstream_has_it(upstream: Upstream,
+                                                            reason: str | None) -> None:
+    """Its client gone (or its deadline), the request is marked spent without a count
+    (the upstream's usage comes only with the whole answer): the rate limiter charges its
+    reservation. A drain's cut (a 503: retry elsewhere) is not; the running count goes
+    back either way."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        entered.set()
+        await release.wait()
+        return web.json_response(ANSWER)
+
+    upstream.chat = slow
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    c = ctx()
+    try:
+        task = asyncio.create_task(engine(c))
+        await entered.wait()
+        task.cancel(reason)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert c.spent_unknown is (reason is None)
+        assert engine.stats().running == 0
+    finally:
+        release.set()
         await engine.close()

@@ -587,6 +587,28 @@ async def test_a_drains_cut_is_not_charged(make_client: MakeClient) -> None:
     assert int(r.headers["x-ratelimit-remaining-tokens"]) >= 550
 
 
+@pytest.mark.parametrize("unknown", [True, False])
+async def test_a_cut_whose_spend_no_one_counted_is_charged_its_reservation(
+        unknown: bool) -> None:
+    """A terminal step that cannot say what a cut request spent (an upstream's whole
+    answer) marks it `spent_unknown`: its reservation is charged, not refunded."""
+    p = plugin(rules=[{"per": "tenant", "tpm": 1000}])
+
+    async def cut(c: RequestContext) -> Reply:
+        c.spent_unknown = unknown
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await p(ctx(), cut)
+    c = ctx(max_tokens=1)
+    await p(c, answer)
+    left = int(c.response_headers["x-ratelimit-remaining-tokens"])
+    # the cut's reservation (its ~10-token prompt estimate and 10 output tokens) stays
+    # charged, or all of it came back
+    assert (left < 985) is unknown, left
+    await p.close()
+
+
 @pytest.mark.parametrize(("rule", "fault"), [
     ({"per": "user", "rpm": 100, "overrides": {"flooder": {"rpm": 5}}}, "acme/flooder"),
     ({"per": "role", "rpm": 100, "overrides": {"analyst": {"rpm": 2}}}, "acme/analyst"),
