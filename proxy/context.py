@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -79,3 +80,14 @@ def loop_time(deadline: float | None) -> float | None:
     if deadline is None:
         return None
     return asyncio.get_running_loop().time() + (deadline - time.monotonic())
+
+
+def header_map(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Request headers by lower-cased name, for `RequestContext.headers`. A header sent on
+    several lines is one comma-separated list, as HTTP reads it (RFC 9110 5.3):
+    `Cache-Control: no-store` and `Cache-Control: max-age=60` are both heard."""
+    out: dict[str, str] = {}
+    for name, value in headers:
+        key = name.lower()
+        out[key] = f"{out[key]}, {value}" if key in out else value
+    return out

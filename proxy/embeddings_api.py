@@ -17,7 +17,7 @@ from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from .auth import credentials
 from .body import read_json
 from .chain import Completion, Reply
-from .context import RequestContext
+from .context import RequestContext, header_map
 from .embedding import Embedder
 from .errors import InvalidRequest, ModelNotFound
 from .inflight import generating
@@ -65,7 +65,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
                                              max_tokens=1, n=1, stream=False)
     ctx = RequestContext(route="embeddings", request=view, principal=principal,
                          request_id=request[REQUEST_ID],
-                         headers={k.lower(): v for k, v in request.headers.items()},
+                         headers=header_map(request.headers.items()),
                          body_bytes=size, state={_ORIGINAL: req})
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     with generating(st, request):

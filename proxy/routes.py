@@ -19,7 +19,7 @@ from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from .auth import Principal, credentials
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
-from .context import RequestContext, Route
+from .context import RequestContext, Route, header_map
 from .engine.base import ModelInfo
 from .errors import ModelNotFound, Unauthorized, Unavailable, WeirError
 from .inflight import count_abort, generating
@@ -87,7 +87,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         request=req,
         principal=principal,
         request_id=request[REQUEST_ID],
-        headers={k.lower(): v for k, v in request.headers.items()},
+        headers=header_map(request.headers.items()),
         body_bytes=size,
     )
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them

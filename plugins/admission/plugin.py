@@ -14,6 +14,7 @@ in-band if bytes were already sent.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any, ClassVar, Literal
 
@@ -64,12 +65,12 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         """`deadline_s`, shortened by the header; applied again it changes nothing."""
         limit = self.cfg.deadline_s
         raw = ctx.headers.get(self.cfg.deadline_header)
-        if raw is not None:
+        for value in (raw or "").split(","):  # (sent twice: the shorter holds)
             try:
-                asked = float(raw) / 1000
+                asked = float(value) / 1000
             except ValueError:
-                asked = None
-            if asked is not None and asked > 0:
+                continue
+            if asked > 0 and math.isfinite(asked):
                 limit = asked if limit is None else min(limit, asked)
         if limit is not None:
             deadline = ctx.started + limit

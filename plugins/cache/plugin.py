@@ -4,16 +4,18 @@ Where entries live (L1, Redis, the vector index, caps, purges) is the store's co
 (store.py); this plugin decides, coalesces identical misses, captures and replays.
 
 Per request: decide (bypass when sensitive, non-deterministic, asking for logprobs, or
-`Cache-Control: no-cache/no-store`) -> exact lookup (L1, then L2, whose hit fills L1) ->
+`Cache-Control: no-cache/no-store`; `max-age=N`: only answers at most N seconds old; see
+`request_directives`) -> exact lookup (L1, then L2, whose hit fills L1) ->
 semantic lookup (embed the last user message, search the request's own partition, then
 the similarity threshold and the near-miss guard) -> on a miss, one generation per key
 (concurrent identical misses wait for the leader) -> capture the answer if it ended
 normally and store it (L1 at once; Redis, the vector index and the user's cap in the
 background, so a miss pays nothing for them).
 
-Responses carry `x-weir-cache: exact | semantic | miss | bypass | stale` and `Age` on a
-hit. Similarity scores go to metrics and debug logs only: exposing them would let a
-client probe what other entries say.
+Responses carry `x-weir-cache: exact | semantic | miss | bypass | stale | coalesced` (the
+last: answered by an identical request's generation) and `Age` on a hit. Similarity
+scores go to metrics and debug logs only: exposing them would let a client probe what
+other entries say.
 """
 
 from __future__ import annotations
@@ -173,8 +175,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
             return await call_next(ctx)
         key = exact_key(ctx, self.cfg.scope)
         scope = scope_id(ctx.principal, self.cfg.scope)
-        if read and (entry := await self.store.get(key, scope)) is not None and (
-                max_age is None or entry.age(time.time()) <= max_age):
+        if read and (entry := await self.store.get(key, scope, max_age=max_age)) is not None:
             return self._hit(ctx, entry, "exact")
         sem = semantic_parts(ctx, self.cfg.scope) if self.embedder is not None else None
         if sem is not None and not (self.cfg.semantic.min_chars <= len(sem[1])
@@ -189,7 +190,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 labelled(self.metrics.lookups, "semantic", "miss").inc()  # nothing to embed
                 self.metrics.gated.inc()
             elif sem is not None and not (write and self._leading(key)):
-                look = asyncio.ensure_future(self._lookup(sem, scope, qgate, max_age))
+                look = asyncio.ensure_future(self.store.lookup(
+                    sem, scope, question_gate=qgate, max_age=max_age))
                 if not write or await self._given_head_start(look):
                     _, entry = await look  # nothing to race: wait (within its deadline)
                     if entry is not None:
@@ -202,18 +204,26 @@ class CachePlugin(BasePlugin[CacheConfig]):
         ctx.response_headers.setdefault(HEADER, "miss")
         if not write:
             return await call_next(ctx)
+        joined = time.time()
         while self.cfg.coalesce and (leader := self._inflight.get(key)) is not None:
             led = await self._follow(ctx, leader)
             if isinstance(led, Entry):
-                self.metrics.coalesced.inc()
-                ctx.response_headers[HEADER] = "coalesced"
-                return self._reply(ctx, led)
+                now = time.time()
+                # The leader's own generation (made after this request came), or an
+                # answer from the cache (a paraphrase's hit the leader took) that this
+                # request may read: its no-cache or max-age applies to that one.
+                if led.created >= joined or (read and (max_age is None
+                                                       or led.age(now) <= max_age)):
+                    self.metrics.coalesced.inc()
+                    ctx.response_headers[HEADER] = "coalesced"
+                    ctx.response_headers["Age"] = str(led.age(now))
+                    return self._reply(ctx, led)
+                led = None
             if led is None:
                 return await call_next(ctx)  # the leader failed: generate for ourselves
             # ABANDONED: the leader's client went away; the first waiter to get here
             # takes the lead, the others wait on it.
-        if look is not None and (done := self.store.just_stored(key, scope)) is not None and (
-                max_age is None or done.age(time.time()) <= max_age):
+        if look is not None and (done := self.store.just_stored(key, scope, max_age)) is not None:
             # An identical request's generation ended while this one's lookup ran.
             self.metrics.coalesced.inc()
             ctx.response_headers[HEADER] = "coalesced"
@@ -224,15 +234,6 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if look is not None and not look.done():
             return await self._race(ctx, call_next, key, scope, sem, qgate, look, fut)
         return await self._lead(ctx, call_next, key, scope, sem, qgate, look, fut)
-
-    async def _lookup(self, sem: SemanticKey, scope: str, qgate: str | None,
-                      max_age: float | None) -> tuple[Any, Entry | None]:
-        """The semantic lookup; an answer older than the client takes is none."""
-        found = await self.store.lookup(sem, scope, question_gate=qgate)
-        if max_age is not None and found[1] is not None and found[1].age(
-                time.time()) > max_age:
-            return found[0], None
-        return found
 
     async def _follow(self, ctx: RequestContext, leader: Settle) -> Entry | object | None:
         """The identical request's outcome, waited for within this request's own deadline
@@ -383,8 +384,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
             return None  # never stored (sensitive, sampled ...) or no-cache: no lookup
         key = exact_key(ctx, self.cfg.scope)
         scope = scope_id(ctx.principal, self.cfg.scope)
-        entry = await self.store.get(key, scope, allow_stale=True)
-        if entry is None or (max_age is not None and entry.age(time.time()) > max_age):
+        entry = await self.store.get(key, scope, allow_stale=True, max_age=max_age)
+        if entry is None:
             return None
         reply = self._hit(ctx, entry, "stale")
         reply.headers[HEADER] = "stale"

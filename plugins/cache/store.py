@@ -150,20 +150,23 @@ class CacheStore:
 
     # -------------------------------------------------------------------- lookups
 
-    async def get(self, key: str, scope: str, allow_stale: bool = False) -> Entry | None:
+    async def get(self, key: str, scope: str, allow_stale: bool = False,
+                  max_age: float | None = None) -> Entry | None:
         """The exact entry under `key` if `scope` owns it: L1, then Redis (a fresh L2 hit
-        fills L1)."""
+        fills L1). `max_age`: the oldest answer, in seconds, the client takes (an older
+        one is a miss)."""
         now = time.time()
         lookups = self.metrics.lookups
         if self.l1 is not None:
             entry = self._l1_get(key, scope, now, allow_stale)
-            if entry is not None:
+            if entry is not None and _young(entry, now, max_age):
                 labelled(lookups, "l1", "hit").inc()
                 return entry
             labelled(lookups, "l1", "miss").inc()
         if self.redis is not None and self.cfg.l2.enabled:
             entry = await self.redis.get_exact(key)
-            if entry is not None and entry.scope == scope and entry.usable(now, allow_stale):
+            if entry is not None and entry.scope == scope and entry.usable(
+                    now, allow_stale) and _young(entry, now, max_age):
                 labelled(lookups, "l2", "hit").inc()
                 if self.l1 is not None and entry.fresh(now):
                     self.l1.put(entry, len(entry.to_json()))
@@ -171,10 +174,13 @@ class CacheStore:
             labelled(lookups, "l2", "miss").inc()
         return None
 
-    def just_stored(self, key: str, scope: str) -> Entry | None:
+    def just_stored(self, key: str, scope: str, max_age: float | None = None,
+                    ) -> Entry | None:
         """The exact entry under `key` in L1, uncounted: for a request that looked it up
         moments ago and may have been overtaken by an identical one's generation."""
-        return self._l1_get(key, scope, time.time())
+        now = time.time()
+        entry = self._l1_get(key, scope, now)
+        return entry if entry is not None and _young(entry, now, max_age) else None
 
     def _l1_get(self, key: str, scope: str, now: float, allow_stale: bool = False,
                 ) -> Entry | None:
@@ -197,13 +203,13 @@ class CacheStore:
                 or (partition, question_gate) in self._gated)
 
     async def lookup(self, sem: SemanticKey, scope: str, allow_stale: bool = False,
-                     question_gate: str | None = None,
+                     question_gate: str | None = None, max_age: float | None = None,
                      ) -> tuple[np.ndarray | None, Entry | None]:
         """(the question's vector, the entry answering it): embed within the lookup
         deadline (with the pending questions of its gate, which join the index), search
         the partition, then the threshold, scope and near-miss guard. The vector comes
         back for `put` to reuse; None if the model failed or was slow. `question_gate`:
-        the question's, if the caller has it (`question_gate`)."""
+        the question's, if the caller has it (`question_gate`). `max_age`: as for `get`."""
         assert self.embedder is not None
         partition, question = sem
         lookups = self.metrics.lookups
@@ -230,6 +236,8 @@ class CacheStore:
             score = again if again is not None else score
         if score is not None:  # once a lookup: the best match it ended with
             self.metrics.similarity.observe(score)
+        if entry is not None and not _young(entry, time.time(), max_age):
+            entry = None  # an answer older than the client takes
         labelled(lookups, "semantic", "miss" if entry is None else "hit").inc()
         return vec, entry
 
@@ -647,3 +655,8 @@ class CacheStore:
 def _members(keys: list[str], sem: list[tuple[str, str]]) -> list[str]:
     """The names (`users.py`'s members) of exact keys and semantic entries."""
     return [*map(exact_member, keys), *(semantic_member(p, e) for p, e in sem)]
+
+
+def _young(entry: Entry, now: float, max_age: float | None) -> bool:
+    """Whether `entry` is at most `max_age` seconds old (None: any age)."""
+    return max_age is None or entry.age(now) <= max_age

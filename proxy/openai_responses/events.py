@@ -15,6 +15,7 @@ goes out in-band as an `error` event, then `response.failed`.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
@@ -188,8 +189,30 @@ class Rendering:
         else:
             events = [e.number(ev) for ev in _failed(e, err)]
         if self._on_done is not None:  # (the writer's own failure: it cannot wait)
-            detach(self._on_done(events[-1]["response"]))
+            save = detach(_kept(self._on_done, events[-1]["response"]))
+            _SAVES.add(save)
+            save.add_done_callback(_SAVES.discard)
         return events
+
+
+#: Failed responses being stored from a task of their own (a drain's cut): the store
+#: waits for them before it closes (`saves_settled`).
+_SAVES: set[asyncio.Future[None]] = set()
+
+
+async def saves_settled(timeout: float) -> None:
+    """Wait, at most `timeout` seconds, for the failed responses still being stored."""
+    if _SAVES:
+        await asyncio.wait(set(_SAVES), timeout=timeout)
+
+
+async def _kept(on_done: OnDone, response: dict[str, Any]) -> None:
+    """`on_done` for a failed response: a store that fails too is logged, and the
+    failure that goes out stays the request's own."""
+    try:
+        await on_done(response)
+    except Exception as exc:
+        log.warning("failed response not stored", error=type(exc).__name__)
 
 
 async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
@@ -216,7 +239,7 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
             e.failing = failure
             while e.failing:
                 if len(e.failing) == 1:
-                    await on_done(e.failing[0]["response"])
+                    await _kept(on_done, e.failing[0]["response"])
                 yield e.number(e.failing.pop(0))
             return
         for event in e.close():

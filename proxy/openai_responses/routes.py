@@ -16,7 +16,7 @@ from aiohttp import web
 from ..app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from ..auth import credentials
 from ..chain import Completion, Stream
-from ..context import RequestContext
+from ..context import RequestContext, header_map
 from ..errors import InvalidRequest, NotFound
 from ..inflight import count_abort, generating
 from ..protocol import parse_model
@@ -31,13 +31,15 @@ from ..routes import (
 from ..streaming import typed_sse, write_sse
 from ..telemetry import get_logger
 from . import translate as X
-from .events import OUTPUT_DELTAS, Rendering
+from .events import OUTPUT_DELTAS, Rendering, saves_settled
 from .models import ResponsesRequest
 from .store import ResponseStore, make_store
 
 log = get_logger("weir.responses")
 
 STORE: web.AppKey[ResponseStore] = web.AppKey("weir_responses_store", ResponseStore)
+#: How long a closing store waits for the failed responses still being stored.
+_SAVES_AT_CLOSE_S = 2.0
 
 
 def _store(request: web.Request) -> ResponseStore:
@@ -64,7 +66,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     chat_req, conversation = X.chat_request(req, history)
     ctx = RequestContext(route="chat", request=chat_req, principal=principal,
                          request_id=request[REQUEST_ID],
-                         headers={k.lower(): v for k, v in request.headers.items()},
+                         headers=header_map(request.headers.items()),
                          body_bytes=size)
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     rid = X.new_id("resp")
@@ -72,9 +74,13 @@ async def create(request: web.Request) -> web.StreamResponse:
 
     async def save(response: dict[str, Any]) -> None:
         if req.store:
+            # A failed response goes on from what it finished: an item the failure cut
+            # (a call's arguments half written) is no turn to build on.
+            said = [it for it in response["output"] if response["status"] != "failed"
+                    or it.get("status") == "completed"]
             await store.put(principal.tenant, rid, {
                 "response": response, "input": inputs,
-                "conversation": conversation + X.output_messages(response["output"])})
+                "conversation": conversation + X.output_messages(said)})
 
     with generating(st, request):
         try:
@@ -165,7 +171,7 @@ async def cancel(request: web.Request) -> web.Response:
     `background: true` is refused): a stored response is already complete."""
     await _record(request)
     raise InvalidRequest("Only responses created with `background: true` can be cancelled; "
-                         "this one has already completed.", param=None,
+                         "this one is not in progress.", param=None,
                          code="invalid_request")
 
 
@@ -186,6 +192,7 @@ async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await saves_settled(_SAVES_AT_CLOSE_S)  # failed responses a drain's cut stores
         await app[STORE].close()
 
 

@@ -340,11 +340,41 @@ async def test_an_error_mid_stream_is_an_error_event_then_failed(
     rid = events[-1]["response"]["id"]
     got = await client.get(f"/v1/responses/{rid}")
     assert got.status == 200 and await got.json() == events[-1]["response"]
+    # Going on from it: what the failure cut (the message half written) is no turn.
+    fake_engine.fail_after = None
+    r = await client.post("/v1/responses", json={**BASE, "input": "again",
+                                                 "previous_response_id": rid})
+    assert r.status == 200
+    seen = "".join(chr(i - 2) for i in fake_engine.calls[-1][0][1:])  # (its encoding)
+    assert "hi" in seen and "again" in seen and text not in seen
+    fake_engine.fail_after = 3
     r = await client.post("/v1/responses", json={**BASE, "stream": True, "store": False})
     events, _ = parse_sse(await r.text())
     assert events[-1]["type"] == "response.failed"
     rid = events[-1]["response"]["id"]
     assert (await client.get(f"/v1/responses/{rid}")).status == 404
+
+
+async def test_a_store_that_fails_with_the_stream_adds_no_second_failure(
+        make_client: MakeClient, fake_engine: FakeEngine, monkeypatch: Any) -> None:
+    """The engine fails mid-stream and the response store (Redis) is down too: the
+    stream ends with the engine's one `error` and `response.failed`, not a second
+    failure naming the store."""
+    from proxy.errors import Unavailable
+    from proxy.openai_responses import routes
+
+    fake_engine.fail_after = 3
+    client = await make_client()
+
+    async def put(self: Any, *a: Any, **k: Any) -> None:
+        raise Unavailable("The response store is unreachable.")
+
+    monkeypatch.setattr(type(client.app[routes.STORE]), "put", put)
+    events, _ = parse_sse(await (await client.post("/v1/responses", json={
+        **BASE, "stream": True})).text())
+    types = [e["type"] for e in events]
+    assert types.count("error") == 1 and types[-2:] == ["error", "response.failed"]
+    assert "store" not in events[-1]["response"]["error"]["message"]
 
 
 async def test_an_error_before_any_output_keeps_its_http_status(

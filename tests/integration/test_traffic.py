@@ -338,3 +338,23 @@ async def test_reasoning_effort_is_refused_here_and_passed_on_to_an_upstream(
     finally:
         unregister("t_header_spy")
         await server.close()
+
+
+async def test_cache_directives_sent_on_several_lines_are_all_heard(
+        make_client: MakeClient) -> None:
+    """`Cache-Control` sent twice is one list, as HTTP reads it: a `no-store` on the
+    first line holds though a `max-age` follows on the second (only the last line was
+    read: the answer was stored); a deadline header sent twice keeps the shorter."""
+    from multidict import CIMultiDict
+
+    client = await make_client(plugins=[{"name": "cache", "config": {
+        "store_truncated": True, "semantic": {"enabled": False}}}])
+    body = {**CHAT, "temperature": 0}
+    twice = CIMultiDict([("Cache-Control", "no-store"), ("Cache-Control", "max-age=60")])
+    r = await client.post("/v1/chat/completions", json=body, headers=twice)
+    assert r.status == 200 and r.headers["x-weir-cache"] == "miss"
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.headers["x-weir-cache"] == "miss"  # nothing was stored
+    r = await client.post("/v1/chat/completions", json=body, headers=CIMultiDict([
+        ("Cache-Control", "max-age=60"), ("Cache-Control", "no-cache")]))
+    assert r.headers["x-weir-cache"] == "bypass"

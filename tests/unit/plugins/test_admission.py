@@ -221,6 +221,19 @@ async def test_deadline_header_cuts_the_request() -> None:
     assert aborted.is_set() and p.gate.in_use == 0
 
 
+@pytest.mark.parametrize(("raw", "seconds"), [
+    ("20", 0.02), ("5000, 20", 0.02), ("20,5000", 0.02), ("x, 20", 0.02), ("x", 300.0),
+    ("inf", 300.0), ("-5, 0", 300.0),
+])
+def test_a_deadline_header_sent_twice_keeps_the_shorter(raw: str, seconds: float) -> None:
+    """Sent on two lines the header is one list (`5000, 20`): the shortest valid value
+    holds; values that are no positive number are ignored (`deadline_s` holds)."""
+    c = ctx({"x-weir-timeout-ms": raw})
+    plugin(deadline_s=300).enter(c)
+    assert c.deadline is not None
+    assert c.deadline - c.started == pytest.approx(seconds)
+
+
 async def test_stream_deadline_and_release() -> None:
     p = plugin()
 

@@ -234,9 +234,10 @@ async def test_stale_fallback_looks_up_only_what_could_have_been_stored() -> Non
     lookups: list[str] = []
     real = p.store.get
 
-    async def counted(key: str, scope: str, allow_stale: bool = False) -> Any:
+    async def counted(key: str, scope: str, allow_stale: bool = False,
+                      max_age: float | None = None) -> Any:
         lookups.append(key)
-        return await real(key, scope, allow_stale)
+        return await real(key, scope, allow_stale, max_age)
 
     p.store.get = counted  # type: ignore[method-assign]
     hit = await p.stale(ctx())

@@ -11,6 +11,7 @@ import pytest
 from plugins.cache.config import CacheConfig, SemanticConfig
 from plugins.cache.entry import Entry
 from plugins.cache.guard import guard_ok
+from plugins.cache.keys import exact_key, scope_id
 from plugins.cache.plugin import CachePlugin
 from plugins.cache.semantic import SemanticIndex
 from proxy.chain import Completion, Reply, Services, Stream
@@ -18,7 +19,8 @@ from proxy.context import RequestContext
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from tests.fakes import FakeEmbedder, FakeEngine
-from tests.unit.plugins.test_cache import Engine, ctx, run, sample
+from tests.unit.plugins.test_cache import ALICE, Engine, ctx, run, sample
+from tests.waiting import eventually
 
 
 def entry(key: str) -> Entry:
@@ -238,6 +240,42 @@ async def test_a_late_semantic_hit_cancels_the_generation() -> None:
     assert gen.cancelled and isinstance(reply, Completion)
     assert reply.body["choices"][0]["message"]["content"] == "Use the reset link."
     assert overlapped(p, "cancelled") == 1 and overlapped(p, "generated") == 0
+    await p.close()
+
+
+@pytest.mark.parametrize(("headers", "cached"), [
+    ({"cache-control": "max-age=60"}, False), ({"cache-control": "no-cache"}, False),
+    ({"cache-control": "max-age=600"}, True), ({}, True),
+])
+async def test_a_follower_takes_the_leaders_hit_only_if_it_would_read_it(
+        headers: dict[str, str], cached: bool) -> None:
+    """The leader's late semantic hit goes to the identical requests waiting on it. A
+    follower that would not read that answer (too old for its max-age, or no-cache)
+    generates its own; one that would gets it, with its Age."""
+    p, emb = racing_plugin()
+    asked = "How can I reset my password please?"
+    await run(p, ctx(asked), Engine())
+    old = await p.store.get(exact_key(ctx(asked), p.cfg.scope), scope_id(ALICE, p.cfg.scope))
+    assert old is not None
+    old.created -= 120
+    emb.gate.clear()
+    gen, lc = Generation(stream=False), ctx("How do I reset my password please?")
+    leader = asyncio.create_task(p(lc, gen))
+    await gen.entered.wait()  # generating while the lookup waits for the model
+    own = Engine()
+    fc = ctx("How do I reset my password please?", headers=headers)
+    follower = asyncio.create_task(p(fc, own))
+    # Its cache header is set (miss, or bypass for no-cache) just before it follows.
+    await eventually(lambda: "x-weir-cache" in fc.response_headers)
+    emb.gate.set()
+    await asyncio.wait_for(leader, 10)
+    await asyncio.wait_for(follower, 10)
+    assert lc.response_headers["x-weir-cache"] == "semantic"
+    if cached:
+        assert fc.response_headers["x-weir-cache"] == "coalesced" and own.calls == 0
+        assert int(fc.response_headers["Age"]) >= 120
+    else:
+        assert own.calls == 1  # generated for itself
     await p.close()
 
 
