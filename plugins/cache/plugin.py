@@ -24,7 +24,7 @@ import asyncio
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from aiohttp import web
 
@@ -39,7 +39,7 @@ from proxy.chain import (
     Stream,
 )
 from proxy.context import RequestContext
-from proxy.errors import DeadlineExceeded
+from proxy.errors import DeadlineExceeded, Timeout
 from proxy.protocol import ChatCompletionRequest
 from proxy.tasks import detach
 from proxy.telemetry import get_logger, labelled
@@ -130,22 +130,22 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     # ------------------------------------------------------------------ decision
 
-    def _decide(self, ctx: RequestContext) -> tuple[bool, bool, float | None]:
-        """(may read, may write, the oldest answer in seconds the client takes)."""
+    def _decide(self, ctx: RequestContext) -> Directives:
+        """What the request lets the cache do: its own directives, less what its content
+        rules out."""
+        d = request_directives(ctx.headers)
         req = ctx.request
-        if ctx.sensitive:
-            return False, False, None
-        if self.cfg.deterministic_only and not (req.temperature == 0 or req.seed is not None):
-            return False, False, None
-        if (isinstance(req, ChatCompletionRequest) and req.logprobs) or (
-                not isinstance(req, ChatCompletionRequest) and req.logprobs is not None):
-            return False, False, None  # cached answers carry no logprobs
-        if self._sensitive:
-            text = prompt_text(ctx)
-            if any(p.search(text) for p in self._sensitive):
-                return False, False, None
-        read, write, max_age = request_directives(ctx.headers)
-        return read, write and "injection" not in ctx.flags, max_age
+        never = (ctx.sensitive
+                 or (self.cfg.deterministic_only
+                     and not (req.temperature == 0 or req.seed is not None))
+                 # cached answers carry no logprobs
+                 or (isinstance(req, ChatCompletionRequest) and bool(req.logprobs))
+                 or (not isinstance(req, ChatCompletionRequest) and req.logprobs is not None)
+                 or (bool(self._sensitive) and any(
+                     p.search(prompt_text(ctx)) for p in self._sensitive)))
+        if never:
+            return d._replace(read=False, write=False)
+        return d._replace(write=d.write and "injection" not in ctx.flags)
 
     # -------------------------------------------------------------------- request
 
@@ -168,7 +168,10 @@ class CachePlugin(BasePlugin[CacheConfig]):
             self.store.wake()
 
     async def _serve(self, ctx: RequestContext, call_next: Next) -> Reply:
-        read, write, max_age = self._decide(ctx)
+        d = self._decide(ctx)
+        read, write, max_age = d.read, d.write, d.max_age
+        if d.only_if_cached and not read:
+            raise _not_cached()
         if not read and not write:
             labelled(self.metrics.lookups, "all", "bypass").inc()
             ctx.response_headers[HEADER] = "bypass"
@@ -192,7 +195,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
             elif sem is not None and not (write and self._leading(key)):
                 look = asyncio.ensure_future(self.store.lookup(
                     sem, scope, question_gate=qgate, max_age=max_age))
-                if not write or await self._given_head_start(look):
+                if not write or d.only_if_cached or await self._given_head_start(look):
                     _, entry = await look  # nothing to race: wait (within its deadline)
                     if entry is not None:
                         return self._semantic_hit(ctx, key, entry, write)
@@ -201,6 +204,10 @@ class CachePlugin(BasePlugin[CacheConfig]):
                     look = None
         else:
             ctx.response_headers[HEADER] = "bypass"
+        if d.only_if_cached:
+            if look is not None:
+                look.cancel()
+            raise _not_cached()
         ctx.response_headers.setdefault(HEADER, "miss")
         if not write:
             return await call_next(ctx)
@@ -379,7 +386,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     async def stale(self, ctx: RequestContext) -> Reply | None:
         """An expired entry still inside its grace window, for the breaker's fallback."""
-        read, _, max_age = self._decide(ctx)
+        d = self._decide(ctx)
+        read, max_age = d.read, d.max_age
         if self.cfg.stale_grace_s <= 0 or not read:
             return None  # never stored (sensitive, sampled ...) or no-cache: no lookup
         key = exact_key(ctx, self.cfg.scope)
@@ -416,23 +424,37 @@ class CachePlugin(BasePlugin[CacheConfig]):
                      stale_until=now + ttl + self.cfg.stale_grace_s)
 
 
-def request_directives(headers: Mapping[str, str]) -> tuple[bool, bool, float | None]:
-    """A request's caching directives, as HTTP caches read them: (may read, may write,
-    the oldest answer in seconds the client takes). `no-cache` and `max-age=0` skip the
-    read, `no-store` the write, `max-age=N` serves only answers at most N seconds old;
-    without `Cache-Control`, `Pragma: no-cache` (HTTP/1.0) skips the read. A directive
-    whose value is no number is ignored."""
-    value = headers.get("cache-control")
-    if value is None:
-        return "no-cache" not in headers.get("pragma", "").lower(), True, None
+class Directives(NamedTuple):
+    """A request's caching directives."""
+
+    read: bool = True  # no-cache, max-age=0: skip the read
+    write: bool = True  # no-store: skip the write
+    max_age: float | None = None  # the oldest answer, in seconds, the client takes
+    only_if_cached: bool = False  # an answer from the cache or a 504, never a generation
+
+
+def request_directives(headers: Mapping[str, str]) -> Directives:
+    """A request's caching directives, as HTTP caches read them (RFC 9111 5.2.1):
+    `no-cache` and `max-age=0` skip the read, `no-store` the write, `max-age=N` serves
+    only answers at most N seconds old, `only-if-cached` answers from the cache or not at
+    all (504 `not_cached`); without `Cache-Control`, `Pragma: no-cache` (HTTP/1.0) skips
+    the read. A directive whose value is no number is ignored, as are the ones that do
+    not apply to a cache without revalidation (`max-stale`, `min-fresh`, `no-transform`)."""
+    value = headers.get("cache-control", "").strip()
+    if not value:
+        return Directives(read="no-cache" not in headers.get("pragma", "").lower())
     read = write = True
+    only = False
     max_age: float | None = None
     for directive in value.split(","):
-        name, _, arg = directive.strip().lower().partition("=")
+        name, _, arg = directive.partition("=")
+        name = name.strip().lower()
         if name == "no-cache":
             read = False
         elif name == "no-store":
             write = False
+        elif name == "only-if-cached":
+            only = True
         elif name == "max-age":
             try:
                 age = int(arg.strip().strip('"'))
@@ -441,4 +463,9 @@ def request_directives(headers: Mapping[str, str]) -> tuple[bool, bool, float | 
             if age <= 0:
                 read = False
             max_age = age if max_age is None else min(age, max_age)
-    return read, write, max_age
+    return Directives(read, write, max_age, only)
+
+
+def _not_cached() -> Timeout:
+    return Timeout("No cached answer for this request (it asked for one only: "
+                   "`Cache-Control: only-if-cached`).", code="not_cached")

@@ -12,11 +12,12 @@ from plugins.cache.config import CacheConfig
 from plugins.cache.entry import Entry
 from plugins.cache.keys import _PARAMS, _params, exact_key, scope_id
 from plugins.cache.l1 import L1
-from plugins.cache.plugin import CachePlugin
+from plugins.cache.plugin import CachePlugin, Directives, request_directives
 from plugins.cache.semantic import guard_ok
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services, Stream
 from proxy.context import RequestContext
+from proxy.errors import Timeout
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.rendering import ChunkAssembler
 from proxy.settings import Settings
@@ -281,6 +282,38 @@ async def test_directives_that_still_read(headers: dict[str, str]) -> None:
     await run(p, ctx(), eng)
     _, layer = await run(p, ctx(headers=headers), eng)
     assert layer == "exact" and eng.calls == 1
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({}, Directives()),
+    ({"cache-control": "max-age = 60"}, Directives(max_age=60)),
+    ({"cache-control": "Max-Age=60, MAX-AGE=30"}, Directives(max_age=30)),
+    ({"cache-control": "no-store,no-cache"}, Directives(read=False, write=False)),
+    ({"cache-control": "only-if-cached"}, Directives(only_if_cached=True)),
+    ({"cache-control": "max-stale=5, min-fresh=3, no-transform"}, Directives()),
+    ({"cache-control": "  ", "pragma": "no-cache"}, Directives(read=False)),
+    ({"cache-control": "max-age=10", "pragma": "no-cache"}, Directives(max_age=10)),
+])
+def test_request_directives(headers: dict[str, str], expected: Directives) -> None:
+    assert request_directives(headers) == expected
+
+
+async def test_only_if_cached_answers_from_the_cache_or_504() -> None:
+    """`only-if-cached`: a stored answer (exact or a paraphrase's), else a 504
+    `not_cached`, never a generation, also when the request could never be cached."""
+    p, eng = plugin(semantic={"threshold": 0.8}), Engine()
+    only = {"cache-control": "only-if-cached"}
+    for c in (ctx(headers=only), ctx(headers=only, temperature=1.0),
+              ctx(headers={"cache-control": "only-if-cached, no-cache"})):
+        with pytest.raises(Timeout) as e:
+            await run(p, c, eng)
+        assert e.value.status == 504 and e.value.code == "not_cached"
+    assert eng.calls == 0
+    await run(p, ctx("How can I reset my password please?"), eng)
+    _, layer = await run(p, ctx("How can I reset my password please?", headers=only), eng)
+    assert layer == "exact"
+    _, layer = await run(p, ctx("How do I reset my password please?", headers=only), eng)
+    assert layer == "semantic" and eng.calls == 1
 
 
 async def test_max_age_serves_only_answers_young_enough() -> None:
