@@ -30,7 +30,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from .settings import LoggingSettings
 
-_SECRET_KEYS = {"authorization", "api_key", "apikey", "key", "password", "token", "secret"}
+_SECRET_KEYS = {"authorization", "api_key", "apikey", "api-key", "x-api-key", "x_api_key", "key",
+                "password", "token", "secret"}
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30, 60, 120)
 

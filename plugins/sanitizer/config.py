@@ -65,12 +65,15 @@ class Detectors(BaseModel):
     iban: Action = Field("flag", description=(
         "IBANs (mod 97), in either case, grouped by spaces or dashes."))
     ip: Action = Field("flag", description=(
-        "IPv4 and IPv6 addresses (not a version number: 'version 1.2.3.4')."))
+        "IPv4 and IPv6 addresses that name a host (not loopback, unspecified, link-local "
+        "or a netmask; not a version number: 'version 1.2.3.4', 'torch==2.1.0.1')."))
     secret: Action = Field("flag", description=(
         "API keys (OpenAI, GitHub, GitLab, Hugging Face, Stripe, Google, Slack, AWS, npm, "
-        "PyPI, SendGrid, Shopify, DigitalOcean, Azure storage), bearer and basic "
-        "credentials, JWTs, private keys, and 'my password is ...' / 'api key: ...' "
-        "phrases (also pw, Passwort, contraseña, mot de passe, senha)."))
+        "PyPI, SendGrid, Shopify, DigitalOcean, Azure storage, Groq, Replicate, xAI, "
+        "Atlassian, Telegram, Slack webhooks), bearer and basic credentials, passwords "
+        "in URLs and curl -u, JWTs, private keys (PGP too), and 'my password is ...' / "
+        "'api key: ...' / 'DB_PASSWORD=...' phrases in 15 languages (code that reads a "
+        "secret from elsewhere, '$PASSWORD', 'os.getenv(...)', does not fire)."))
     injection: Action = Field("flag", description="Prompt-injection phrases (en, zh).")
 
 

@@ -16,15 +16,16 @@ from .spans import Span
 
 # (literals, one of which must occur in the lower-cased text; pattern)
 _FORMATS: list[tuple[tuple[str, ...], str]] = [
-    (("sk-",), r"\bsk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{20,}"),  # OpenAI-style
+    # OpenAI-style (with a digit: "sk-learn-pipeline-preprocessing-guide" is a slug)
+    (("sk-",), r"\bsk-(?=[A-Za-z_-]*\d)(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{20,}"),
     (("akia", "asia", "agpa", "aida", "aroa"),
      r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"),  # AWS access key ids
     (("eyj",), r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # JWT
     (("private key",),
-     r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*"
-     r"PRIVATE KEY-----|[\s\S]{0,8192})"),  # a cut-off block is still a key
+     r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END "
+     r"(?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|[\s\S]{0,8192})"),  # cut off: still a key
     (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-     r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
+     r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})(?![A-Za-z0-9])"),
     (("sk_", "rk_"), r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,247}\b"),  # Stripe
     (("aiza",), r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),  # Google API keys
     (("xox",), r"\bxox[abposr]-[A-Za-z0-9-]{10,250}"),  # Slack tokens
@@ -43,8 +44,18 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("authorization",),
      r"(?i:\bauthorization\b[\"']?\s*[:=]\s*[\"']?)(?:(?i:basic)\s+[A-Za-z0-9+/]{8,}={0,2}"
      r"|(?:(?i:token|bearer|apikey)\s+)?(?=[A-Za-z._~+/-]*\d)[A-Za-z0-9._~+/-]{8,}=*)"),
-    (("aws", "secret_access"),  # an AWS secret key, named as one
-     r"(?i:aws[\w \-]{0,20}?secret[\w \-]{0,20}?|secret_access_key)[\"']?\s*[:=]?\s*"
+    (("hooks.slack.com",),
+     r"hooks\.slack\.com/services/T[A-Za-z0-9]+/B[A-Za-z0-9]+/[A-Za-z0-9]+"),
+    (("bot", ":aa"), r"\b(?:bot)?\d{8,10}:AA[A-Za-z0-9_-]{30,40}"),  # Telegram bots
+    (("gsk_",), r"\bgsk_[A-Za-z0-9]{40,60}\b"),  # Groq
+    (("r8_",), r"\br8_[A-Za-z0-9]{30,40}\b"),  # Replicate
+    (("xai-",), r"\bxai-[A-Za-z0-9]{60,100}\b"),  # xAI
+    (("atatt",), r"\bATATT[A-Za-z0-9_=-]{100,}"),  # Atlassian
+    # A password in a URL ("postgres://app:s3cret@db/app") or after curl's -u.
+    (("://",), r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@]{1,64}:[^\s@/]{1,128}@"),
+    (("-u", "--user"), r"(?<!\S)(?:-u|--user)\s+[^\s:]{1,64}:[^\s]{3,128}"),
+    (("aws", "secret_access", "secretaccesskey"),  # an AWS secret key, named as one
+     r"(?i:aws[\w \-]{0,20}?secret[\w \-]{0,20}?|secret_?access_?key)[\"']?\s*[:=]?\s*"
      r"(?:is\s+)?[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
 ]
 _FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
@@ -70,38 +81,68 @@ def _trie(words: list[str]) -> str:
 # Any of the literals at all: one scan, and most prompts stop there.
 _ANY_NEED = re.compile(_trie([n for needs, _ in _FORMATS for n in needs]))
 
-# "password is X", "pwd: X", "api key = X", "密码是 X": the value is what gets redacted
-# (with the phrase, so the placeholder reads naturally).
+# "password is X", "pwd: X", "api key = X", "DB_PASSWORD=X", '{"password": "X"}',
+# "密码是 X": the value is what gets redacted (with the phrase, so the placeholder reads
+# naturally). A quoted value is taken to its closing quote (spaces and all).
+_KEYWORD = (r"pass(?:word|wd|code|phrase)|pwd|pw|pword|pin\s+(?:code|number)|passwort|"
+            r"kennwort|contrase[nñ]a|mot\s+de\s+passe|senha|wachtwoord|lösenord|"
+            r"adgangskode|salasana|has[lł]o|şifre|sifre|пароль|パスワード|비밀번호|"
+            r"api[\s_-]?key|access[\s_-]?token|auth[\s_-]?token|refresh[\s_-]?token|"
+            r"secret[\s_-]?key|client[\s_-]?secret")
 _PHRASE = re.compile(
-    r"(?i:\b(?:pass(?:word|wd|code|phrase)|pwd|pw|pword|pin\s+(?:code|number)|"
-    r"passwort|kennwort|contrase[nñ]a|mot\s+de\s+passe|senha|api[\s_-]?key|"
-    r"access[\s_-]?token|auth[\s_-]?token|secret[\s_-]?key)"
+    rf"(?i:(?<![A-Za-z])(?:{_KEYWORD})"
     r"(?:\s+(?:for|to|of|on)(?:\s+[\w.@-]{1,40}){1,3}?)?"  # "password for my bank"
-    r"(?:\s+(?:is|was|would\s+be|will\s+be|ist|es|est|é)\s+|\s*[=:]\s*))[\"'`]?(?P<v>[^\s\"'`]{3,128})"
-    r"|(?:密码|口令|密钥)\s*(?:是|为|[:=])\s*(?P<zh>\S{3,64})")
+    r"(?:[\"'`]?\s*(?:=>|[=:])\s*"  # "password: X", "DB_PASSWORD=X", '"password": "X"'
+    r"|'s\s+|\s*(?:는|은|は)\s*|\s+(?:is|was|would\s+be|will\s+be|ist|lautet|es|est|é|è|"
+    r"är|er|jest|это)\s*:?\s+))"
+    r"(?:(?P<q>[\"'`])(?P<qv>[^\"'`\n]{3,512})(?P=q)|(?P<v>[^\s\"'`]\S{2,511}))"
+    r"|(?:密码|口令|密钥)\s*(?:是|为|[:=])\s*(?P<zh>\S{3,64})"
+    r"|(?i:(?<![A-Za-z])pin(?:\s+(?:code|number))?(?:\s+is\s+|\s*[:=]\s*))(?P<pin>\d{4,8})\b"
+    r"|(?i:(?<![A-Za-z])(?:(?:changed|updated|reset)\s+(?:(?:my|the|your)\s+)?"
+    r"|set\s+(?:my|the|your)\s+)password\s+to\s+)(?P<to>\S{3,128})")
 # Where a phrase can start: the regex runs only at these words, not at every position.
-_PHRASE_STARTS = ("pass", "pw", "pin", "kennwort", "contrase", "mot", "senha", "api",
-                  "access", "auth", "secret", "密码", "口令", "密钥")
+_PHRASE_STARTS = ("pass", "pw", "pin", "kennwort", "contrase", "mot", "senha", "wachtwoord",
+                  "lösenord", "adgangskode", "salasana", "has", "şifre", "sifre", "пароль",
+                  "パスワード", "비밀번호", "api", "access", "auth", "refresh", "secret",
+                  "client", "changed", "updated", "reset", "set", "密码", "口令", "密钥")
 
 # Words that follow "password is" in ordinary talk about passwords, not a password.
 _NOT_A_VALUE = frozenset("""
 a an the my your our their his her its this that not no too very so also still now
 required incorrect wrong invalid valid correct expired missing empty blank set unset
-reset changed weak strong long short case-sensitive stored saved hashed encrypted needed
-optional mandatory same different forgotten lost protected shown hidden ok fine good bad
-being used working accepted rejected there here what which how where when why
+reset changed weak strong long short case case-sensitive stored saved hashed encrypted
+needed optional mandatory same different forgotten lost protected shown hidden ok fine
+good bad being used working accepted rejected there here what which how where when why
 must should can cannot will would needs need has have contains containing requires
-at least more less than only just like
-falsch richtig ungültig abgelaufen erforderlich nicht kein zu sehr
+at least more less than only just like sent then never always see below above minimum
+maximum given too
+str string int integer bool boolean float bytes true false none null nil undefined
+any list dict object number text secret password
+falsch richtig ungültig abgelaufen erforderlich nicht kein zu sehr leer mindestens
 incorrecto incorrecta correcto correcta obligatorio requerido inválido inválida muy
+demasiado válido válida vacío vacía
 requis obligatoire invalide expiré trop très
 incorreto incorreta errado errada obrigatório obrigatória muito
 """.split())
+# Values that are code or a stand-in, not a secret: a variable or template
+# ("$PASSWORD", "${{ secrets.X }}", "<your-password>", "%(pw)s"), a call or lookup
+# ("os.environ['X']", "getpass.getpass()", "config.password"), a type ("Optional[str]"),
+# a placeholder ("YOUR_API_KEY", "xxxxxxxx", "********").
+_NOT_A_SECRET = re.compile(
+    r"\$(?:[{(]|[A-Z_]+(?:_[A-Z0-9]+)*\Z)"  # $PASSWORD, ${DB_PASSWORD}, $(cat key)
+    r"|%\(|\{\{?\s*[\w.$-]+\s*\}|\([^()]*\)?\Z"  # %(pw)s, {password}, {{ x }}, (optional)
+    r"|<[^<>\s]{1,40}>|[*•]+\Z|\[\w+\]\Z"  # <your-password>, ********, [REDACTED]
+    r"|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+(?:[(\[].*)?\Z|[A-Za-z_]\w*[(\[]"  # calls, lookups
+    r"|(?i:your[_-]|x{4,}\Z)")  # YOUR_API_KEY, xxxxxxxx
+# An ordinary word in its -ed, -ly or -ing form ("is updated", "is randomly ...").
+_PROSE = re.compile(r"[a-zà-ÿ]{3,}(?:ed|ly|ing)")
 
 
 def _value_ok(value: str) -> bool:
-    v = value.rstrip(".,;:!?)").lower()
-    return len(v) >= 3 and v not in _NOT_A_VALUE
+    v = value.rstrip(".,;:!?)")
+    low = v.lower()
+    return (len(v) >= 3 and low not in _NOT_A_VALUE and _NOT_A_SECRET.match(v) is None
+            and _PROSE.fullmatch(v) is None)
 
 
 def find_secrets(text: str) -> Iterator[Span]:
@@ -116,8 +157,8 @@ def find_secrets(text: str) -> Iterator[Span]:
     else:
         matches = _phrases_at_starts(text, low)
     for m in matches:
-        group = "v" if m.group("v") is not None else "zh"
-        if _value_ok(m.group(group)):
+        group = next(g for g in ("v", "qv", "zh", "pin", "to") if m.group(g) is not None)
+        if group == "pin" or _value_ok(m.group(group)):
             yield m.span()
 
 

@@ -35,22 +35,42 @@ _regex = regex_finder
 
 # Numbers (cards, ids, phones, IPv4) are found in two steps: one scan for runs of
 # digit-ish characters, then the specific pattern only inside those short windows.
-_NUMERIC_RUN = re.compile(r"\d[\d \-()./_]{5,48}")
+_NUMERIC_RUN = re.compile(r"\d[\d \-\u2013()./_]{5,48}")
 _MARGIN = 4  # room for a leading "+86 " or "(" and the patterns' look-arounds
 # A run stops at 49 characters and the next one starts there: each window reaches this
 # far past its run, so a number that a run's end cuts (and a card's CVV after it) is
 # still read whole.
 _REACH = 64
-_runs_of: tuple[str, list[Span]] = ("", [])
+_runs_of: tuple[str, list[Span], list[Span]] = ("", [], [])
 
 
 def _numeric_runs(text: str) -> list[Span]:
     """Digit runs of `text`, computed once for the detectors that run one after another
     on the same string (plugins run on the event loop's single thread)."""
+    return _scanned(text)[1]
+
+
+def _windows(text: str) -> list[Span]:
+    """Where the numeric patterns look: each run with its margin and reach, overlapping
+    windows merged (each place is read once: on number-dense text, separate windows
+    read each number several times, and reported it as often)."""
+    return _scanned(text)[2]
+
+
+def _scanned(text: str) -> tuple[str, list[Span], list[Span]]:
     global _runs_of
     if _runs_of[0] is not text:
-        _runs_of = (text, [m.span() for m in _NUMERIC_RUN.finditer(text)])
-    return _runs_of[1]
+        runs = [m.span() for m in _NUMERIC_RUN.finditer(text)]
+        end = len(text)
+        windows: list[Span] = []
+        for a, b in runs:
+            lo, hi = max(0, a - _MARGIN), min(end, b + _REACH)
+            if windows and lo <= windows[-1][1]:
+                windows[-1] = (windows[-1][0], max(hi, windows[-1][1]))
+            else:
+                windows.append((lo, hi))
+        _runs_of = (text, runs, windows)
+    return _runs_of
 
 
 def _numeric(pattern: str, check: Callable[[str], bool] | None = None,
@@ -58,9 +78,8 @@ def _numeric(pattern: str, check: Callable[[str], bool] | None = None,
     rx = re.compile(pattern)
 
     def find(text: str) -> Iterator[Span]:
-        end = len(text)
-        for a, b in _numeric_runs(text):
-            for m in rx.finditer(text, max(0, a - _MARGIN), min(end, b + _REACH)):
+        for lo, hi in _windows(text):
+            for m in rx.finditer(text, lo, hi):
                 if check is None or check(m.group(0)):
                     yield m.span()
 
@@ -89,7 +108,7 @@ def card_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
     """Card numbers split over the end of one text and the start of the next: yields
     (text index, span) for both parts. Each part needs 4 digits or more."""
     for i in range(len(texts) - 1):
-        a = texts[i].rstrip()
+        a = texts[i].rstrip().rstrip(".-_/ ")  # "4111-1111-" then "1111-1111"
         off = max(0, len(a) - 64)
         tail = _TAIL.search(a, off)
         head = _HEAD.match(texts[i + 1][:64])
@@ -142,11 +161,24 @@ def iban_ok(candidate: str) -> bool:
 
 
 def _ip_ok(candidate: str) -> bool:
+    """An IPv6 address that could name a host: three groups or more (`s[::-1]`, `a[1::2]`
+    and `dead::beef` are code), and not one that names no one (loopback, unspecified,
+    link-local, multicast)."""
+    if sum(1 for g in candidate.split(":") if g) < 3:
+        return False
     try:
-        ipaddress.ip_address(candidate)
+        ip = ipaddress.ip_address(candidate)
     except ValueError:
         return False
-    return True
+    return _names_a_host(ip)
+
+
+def _names_a_host(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return not (ip.is_loopback or ip.is_unspecified or ip.is_link_local or ip.is_multicast)
+
+
+# Netmasks (255.255.255.0) and the broadcast address are no one's address either.
+_MASKS = frozenset(str(ipaddress.IPv4Network(f"0.0.0.0/{n}").netmask) for n in range(8, 33))
 
 
 # "name at domain dot com", "name[at]domain(dot)com", "name (at) domain [dot] co [dot] uk".
@@ -154,13 +186,16 @@ def _ip_ok(candidate: str) -> bool:
 # made of thousands of "a dot b at c" costs linear time): the local part just before it
 # (with up to two earlier parts joined by a spelled "dot"), then domain labels after it
 # ending in a spelled "dot" and a common top-level domain ("dot by dot" is not one).
-_AT_TOKEN = re.compile(r"\s{0,3}(?:[\[({<]\s{0,3}at\s{0,3}[\])}>]|(?<=\s)at(?=\s)|@)\s{0,3}",
-                       re.IGNORECASE)
-_DOT = r"(?:\s{0,3}[\[({<]\s{0,3}dot\s{0,3}[\])}>]\s{0,3}|\s{1,3}dot\s{1,3})"
+_AT_TOKEN = re.compile(
+    r"\s{0,3}(?:[\[({<]\s{0,3}(?:at|@)\s{0,3}[\])}>]|(?<=\s)at(?=\s)|@)\s{0,3}",
+    re.IGNORECASE)
+_DOT = r"(?:\s{0,3}[\[({<]\s{0,3}(?:dot|\.)\s{0,3}[\])}>]\s{0,3}|\s{1,3}dot\s{1,3})"
 _LABEL = r"(?!(?:the|a|an|my|your|our|this|that|home|work|least|most|all)\b)[a-z0-9-]{1,63}"
 _TLD = ("(?:com|net|org|edu|gov|mil|int|io|co|ai|app|dev|info|biz|me|xyz|online|site|"
         "uk|us|ca|au|nz|ie|de|fr|es|it|nl|be|ch|at|se|no|dk|fi|pl|cz|pt|gr|ru|ua|tr|il|"
-        "in|cn|hk|tw|jp|kr|sg|my|id|th|vn|ph|br|mx|ar|cl|za|ng|ke|eg|ae|sa)")
+        "in|cn|hk|tw|jp|kr|sg|my|id|th|vn|ph|br|mx|ar|cl|za|ng|ke|eg|ae|sa|travel|tech|"
+        "shop|store|cloud|email|live|blog|news|agency|studio|design|space|today|world|"
+        "solutions|consulting|company|network|systems|digital|media|group|team|tv|fm|ly)")
 _DOMAIN_AFTER = re.compile(rf"{_LABEL}(?:(?:{_DOT}|\.){_LABEL}){{0,4}}{_DOT}{_TLD}\b",
                            re.IGNORECASE)
 # After an "@" or a bracketed "[at]", the dots may be written plainly too, spaced out or
@@ -171,11 +206,29 @@ _DOMAIN_LOOSE = re.compile(
     rf"(?:{_DOT}|\s{{0,3}}\.\s{{0,3}}){_TLD}\b", re.IGNORECASE)
 _PART_BEFORE = re.compile(rf"[\w.%+-]{{1,64}}{_DOT}\Z", re.IGNORECASE)
 # Where the loose forms can start: an "@" with a space beside it, or a bracketed "at".
-_LOOSE_AT = re.compile(r"\s@|@\s|[\[({<]\s{0,3}at\s{0,3}[\])}>]", re.IGNORECASE)
+_LOOSE_AT = re.compile(r"\s@|@\s|[\[({<]\s{0,3}(?:at|@)\s{0,3}[\])}>]", re.IGNORECASE)
+# Words that come before " at X dot com" in talk about a company, not a mailbox ("I worked
+# at Amazon dot com", "we met at startup dot io").
+_NOT_A_MAILBOX = frozenset("""
+worked work works working job jobs was were is are be been am me us him her them it
+met meet meeting live lived living stay stayed look looked looking here there anyone
+someone everyone people employee employees engineer engineers intern internship
+career careers shop shopped buy bought order ordered sell sold available found find
+""".split())
 
 
 def _local_char(c: str) -> bool:
     return c.isalnum() or c in "._%+-"
+
+
+def _local_start(text: str, start: int, floor: int) -> int:
+    """The local part reaches on over an apostrophe or "!" between its letters
+    ("o'brien@...", "jane!doe@..."): none of it stays outside the redaction."""
+    while (start - 2 >= floor and text[start - 1] in "'!" and text[start - 2].isalnum()):
+        start -= 2
+        while start > floor and _local_char(text[start - 1]):
+            start -= 1
+    return start
 
 
 def _spelled_emails(text: str) -> Iterator[Span]:
@@ -190,7 +243,7 @@ def _spelled_emails(text: str) -> Iterator[Span]:
         start = at.start()
         while start > last and at.start() - start < 64 and _local_char(text[start - 1]):
             start -= 1
-        if start == at.start():
+        if start == at.start() or (bare and text[start:at.start()].lower() in _NOT_A_MAILBOX):
             continue
         for _ in range(2):  # "jane dot doe at ...": earlier parts of the local name
             part = _PART_BEFORE.search(text, max(last, start - 80), start)
@@ -203,20 +256,27 @@ def _spelled_emails(text: str) -> Iterator[Span]:
 
 # International numbers (+ or 00, an optional "(0)"), and North-American shapes whose area
 # code and exchange start with 2-9 (so "100 200 3000" is not one).
-_PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .-]?\(0\))?(?:[ .-]?\(?\d{1,4}\)?)"
-          r"(?:[ .-]?\d{2,4}){2,4}(?!\d)"
-          r"|(?<![\d.-])\(\d{3}\)\s?\d{3}[ .-]\d{4}(?![\d-])"
-          r"|(?<![\w.+-])(?:1[ .-]?)?[2-9]\d{2}(?P<ps>[ .-])[2-9]\d{2}(?P=ps)\d{4}"
-          r"(?![\w-]|\.\d)")
-# Ten digits unseparated ("4155550132", "1 4155550132") only where the text says it is a
-# number to call: bare, they are as often order numbers or counters.
+_PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .\-\u2013]?\(0\))?(?:[ .\-\u2013]?\(?\d{1,4}\)?)"
+          r"(?:[ .\-\u2013]?\d{2,4}){2,4}(?!\d)"
+          r"|(?<![\d.-])\(\d{3}\)[ .\-\u2013]?\d{3}[ .\-\u2013]?\d{4}(?![\d-])"
+          r"|(?<![\w.+-])(?:1[ .\-\u2013]?)?[2-9]\d{2}(?P<ps>[ .\-\u2013])[2-9]\d{2}(?P=ps)\d{4}"
+          r"(?:\s?(?:x|ext\.?)\s?\d{1,5})?(?![\w-]|\.\d)")
+# A number written without its country code ("07700 900123", "030 12345678",
+# "090-1234-5678", "(02) 9876 5432", "(11) 91234-5678"), or ten digits unseparated
+# ("4155550132"), only where the text says it is a number to call: bare, they are as
+# often order numbers, dates or counters.
 _PHONE_SAID = re.compile(
     r"\b(?:phone|tel|telephone|call|calling|mobile|cell|cellphone|text\s+me|sms|whatsapp|"
-    r"fax|reach\s+me|ring\s+me|dial)\b\.?(?:\s+(?:me|us|him|her|them|at|on|is|number|no\.?|#)"
-    r"){0,3}\s{0,3}[:=]?\s{0,3}(?P<n>(?:\+?1[ .-]?)?[2-9]\d{2}[2-9]\d{6})(?![\w-]|\.\d)",
+    r"fax|reach\s+me|ring\s+me|dial|telefon|teléfono|telefono|téléphone|tél|handy|móvil|"
+    r"celular|portable|(?:my|our|his|her|their|contact)\s+number|電話|电话|携帯|手机|전화)"
+    r"\b\.?(?:\s+(?:me|us|him|her|them|at|on|is|number|no\.?|#|nummer|número|numéro)){0,3}"
+    r"\s{0,3}[:=]?\s{0,3}(?P<n>(?:\+?1[ .\-\u2013]?)?[2-9]\d{2}[2-9]\d{6}"
+    r"|\(?0\d{1,4}\)?(?:[ .\-\u2013/]?\d{2,5}){1,4}|\(\d{2}\)\s?\d{4,5}[ .\-\u2013]?\d{4})"
+    r"(?![\w-]|\.\d)",
     re.IGNORECASE)
 _PHONE_WORDS = ("phone", "tel", "call", "mobile", "cell", "text", "sms", "whatsapp", "fax",
-                "reach", "ring", "dial")
+                "reach", "ring", "dial", "tél", "handy", "móvil", "celular", "portable",
+                "number", "電話", "电话", "携帯", "手机", "전화")
 _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d)"
 # Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5;
 # then perhaps what often follows a card number: its CVV or expiry ("4111 ... 1111 123",
@@ -233,18 +293,31 @@ _TAIL_AT_END = re.compile(_CARD_TAIL + "$")
 
 
 def _card_ok(candidate: str) -> bool:
-    """Luhn on the number, with or without what follows it (a CVV or expiry)."""
+    """Luhn on the number, with or without what follows it (a CVV or expiry), and an
+    issuer's first digits (2-6: the card networks; 81, 82: RuPay, UnionPay): lists of
+    numbers ("1000 2000 3000 4000", "8080 8443 9090 3000") pass Luhn one time in ten."""
+    if not _ANY_ISSUER.match(candidate):
+        return False
     if luhn_ok(candidate):
         return True
     tail = _TAIL_AT_END.search(candidate)
     return tail is not None and luhn_ok(candidate[: tail.start()])
+
+
+_ANY_ISSUER = re.compile(r"[2-6]|8[12]")
+# What names a card's security code or expiry a few words after it ("... 1111 exp 12/27
+# cvv 123"): redacted with the number.
+_CARD_EXTRA = re.compile(
+    r"[\s,;]{1,3}(?:(?:exp(?:iry|ires|iration)?(?:\s+date)?|valid\s+(?:thru|through|until)|"
+    r"cvv2?|cvc2?|csc|cid|security\s+code)\.?\s{0,2}[:#=]?\s{0,2}"
+    r"(?:\d{3,4}|\d{1,2}\s?/\s?\d{2,4})(?!\d))", re.IGNORECASE)
 _CN_ID = r"(?<![0-9Xx])\d{17}[0-9Xx](?![0-9Xx])"
 # Grouped by spaces or dashes, in either case ("de89 3704 ...", "DE89-3704-...").
 _IBAN = r"(?i:\b[A-Z]{2}\d{2}(?:[ -]?[A-Z0-9]{4}){2,7}(?:[ -]?[A-Z0-9]{1,4})?\b)"
 # Zero-padded to three digits too ("192.168.001.001"); two-digit padding is left to
 # dates, times and versions ("01.02.03.04").
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|0\d\d|[1-9]?\d)"
-_IPV4 = rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?![\d.])"
+_IPV4 = rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\d|\.\d)"  # (at a sentence's end too)
 _IPV6 = r"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])"  # checked by ipaddress
 
 
@@ -274,6 +347,11 @@ _FILE_TYPES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp
                          "ogg", "webm", "woff", "woff2", "ttf", "otf", "pdf", "exe", "dll",
                          "tar", "gz", "tgz"})
 _HOST_TLD = re.compile(r"\.([^\W\d_]{2,24})\Z")  # a host that still ends in a TLD-like label
+# Hosts, not mailboxes: names no registry delegates ("pi@raspberrypi.local",
+# "postgres@db.internal"), and an scp or git remote ("git@github.com:user/repo.git").
+_PRIVATE_TLDS = frozenset({"local", "internal", "lan", "localdomain", "localhost", "home",
+                           "corp", "intranet", "test", "invalid", "example"})
+_REMOTE_PATH = re.compile(r":[\w~./-]")
 _ASSET_SCALE = re.compile(r"\d+(?:\.\d+)?x\.", re.IGNORECASE)  # "icon@2x.min.png"
 
 
@@ -293,13 +371,17 @@ def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
                 tld = _HOST_TLD.search(host)
                 end = (-1 if tld is None or tld[1].lower() in _FILE_TYPES
                        or _ASSET_SCALE.match(host) else domain.start("tld") - 1)
+            if end != -1 and (domain is not None and (
+                    domain["tld"].lower() in _PRIVATE_TLDS
+                    or _REMOTE_PATH.match(text, end) is not None)):
+                end = -1
             if end != -1:
                 lo = max(last, i - 64)
                 part = tail.search(text, lo, i)
                 # Glued to a word ("x_y@..."), it is not an address's start.
                 if part is not None and (part.start() == lo or not (
                         text[part.start() - 1].isalnum() or text[part.start() - 1] == "_")):
-                    yield part.start(), end
+                    yield _local_start(text, part.start(), max(last, i - 64)), end
                     last = end
             i = text.find(at, max(i + 1, last))
 
@@ -314,21 +396,39 @@ _ip_v4 = _numeric(_IPV4)
 _ip_v6 = _regex(_IPV6, check=_ip_ok, needs=(":",))
 
 
-# A dotted quad right after "version", "v", "build", "release" or "firmware" is a version
-# number ("version 1.2.3.4", "v10.0.0.1"), not an address.
-_VERSION_BEFORE = re.compile(r"(?:\b(?:version|ver|release|build|firmware|fw|v)\.?\s{0,2}"
-                             r"|\bv)\Z", re.IGNORECASE)
+# A dotted quad that is a version or a section number, not an address: after "version",
+# "v", "build", "release", "firmware", "kernel", "section" ... ("version 1.2.3.4",
+# '__version__ = "1.2.3.4"', "v10.0.0.1"), after a package or product name ("torch==",
+# "numpy-", "Chrome/"), or with a pre-release tag after it ("1.2.3.4-beta").
+_VERSION_BEFORE = re.compile(
+    r"(?:(?:version|(?<![A-Za-z])(?:ver|release|build|firmware|fw|kernel|cuda|section|"
+    r"clause|chapter|step|rule|v))_{0,2}[\s:=\"'(]{0,4}|\bv|==|[A-Za-z]/|[A-Za-z][-_])\Z",
+    re.IGNORECASE)
+_TAG_AFTER = re.compile(r"-[A-Za-z]")
 
 
 def _find_ip(text: str) -> Iterator[Span]:
     for a, b in _ip_v4(text):
-        if _VERSION_BEFORE.search(text, max(0, a - 12), a) is None:
+        candidate = text[a:b]
+        if (_VERSION_BEFORE.search(text, max(0, a - 16), a) is None
+                and _TAG_AFTER.match(text, b) is None and candidate not in _MASKS
+                and _names_a_host(ipaddress.IPv4Address(_unpadded(candidate)))):
             yield a, b
     if text.count(":") >= 2:
         yield from _ip_v6(text)
 
 
-_phone = _numeric(_PHONE)
+def _digits(text: str) -> int:
+    return sum(c.isdigit() for c in text)
+
+
+def _phone_ok(candidate: str) -> bool:
+    """Eight digits at least: "+1000000 users", "+37.7749" (a latitude) are no number
+    to call."""
+    return _digits(candidate) >= 8
+
+
+_phone = _numeric(_PHONE, check=_phone_ok)
 
 
 def _find_phone(text: str) -> Iterator[Span]:
@@ -337,12 +437,14 @@ def _find_phone(text: str) -> Iterator[Span]:
         low = text.lower()
         if any(w in low for w in _PHONE_WORDS):
             for m in _PHONE_SAID.finditer(text):
-                yield m.span("n")
+                if 9 <= _digits(m["n"]) <= 13:
+                    yield m.span("n")
+
 
 
 _card = _numeric(_CARD, check=_card_ok)
 # A digit at a line's end and another at the next one's start: a card may be split there.
-_DIGITS_ACROSS_LINE = re.compile(r"\d[ \t]{0,3}\r?\n\s{0,3}\d")
+_DIGITS_ACROSS_LINE = re.compile(r"\d[ \t.\-_/]{0,3}\r?\n\s{0,3}\d")
 
 
 # Lines of numbers are common (tables, logs), so a number split over two lines must
@@ -352,7 +454,13 @@ _ISSUER = re.compile(r"4|5[1-5]|2[2-7]|3[47]|3[0689]|35|6(?:011|5|4[4-9]|2)")
 
 
 def _find_card(text: str) -> Iterator[Span]:
-    yield from _card(text)
+    for a, b in _card(text):
+        for _ in range(2):  # its expiry and its code, in either order
+            extra = _CARD_EXTRA.match(text, b)
+            if extra is None:
+                break
+            b = extra.end()
+        yield a, b
     if "\n" in text and _DIGITS_ACROSS_LINE.search(text) is not None:
         lines = text.split("\n")
         starts = [0]
@@ -366,12 +474,31 @@ def _find_card(text: str) -> Iterator[Span]:
                 yield starts[j] + c, starts[j] + d
 
 
+_IBAN_RX = re.compile(_IBAN)
+_LAST_GROUP = re.compile(r"[ -][A-Za-z0-9]+\Z")
+
+
+def _find_iban(text: str) -> Iterator[Span]:
+    """IBANs by their checksum; a word after one, which the case-insensitive groups take
+    for its last group ("BE68 5390 0754 7034 from ..."), is given back."""
+    for m in _IBAN_RX.finditer(text):
+        a, b = m.span()
+        for _ in range(3):
+            if iban_ok(text[a:b]):
+                yield a, b
+                break
+            last = _LAST_GROUP.search(text, a, b)
+            if last is None:
+                break
+            b = last.start()
+
+
 BUILTIN: dict[str, Detector] = {
     d.name: d
     for d in [
         Detector("secret", "[SECRET]", find_secrets),
         Detector("email", "[EMAIL]", _find_email),
-        Detector("iban", "[IBAN]", _regex(_IBAN, check=iban_ok)),
+        Detector("iban", "[IBAN]", _find_iban),
         Detector("cn_id", "[CN_ID]", _numeric(_CN_ID, check=cn_id_ok)),
         Detector("card", "[CARD]", _find_card),
         Detector("cn_mobile", "[PHONE]", _numeric(_CN_MOBILE)),
@@ -382,3 +509,8 @@ BUILTIN: dict[str, Detector] = {
 
 def custom(name: str, pattern: str) -> Detector:
     return Detector(name, f"[{name.upper()}]", _regex(pattern))
+
+
+def _unpadded(quad: str) -> str:
+    """`192.168.001.001` as `ipaddress` reads it (it refuses leading zeros)."""
+    return ".".join(str(int(o)) for o in quad.split("."))

@@ -16,7 +16,9 @@ from .spans import Detector, Span
 _INJECTION = [
     # (a line break does not end the phrase: "Ignore the previous\ninstructions")
     r"\b(?:ignore|disregard|forget|override|bypass)\b[^.]{0,40}?\b(?:all\s+|any\s+)?"
-    r"(?:previous|prior|above|earlier|preceding|original|system|your)\b[^.]{0,20}?"
+    r"(?:previous|prior|above|earlier|preceding|original|system|your)\b"
+    r"(?:(?!\s*(?:error|warning|log|compiler|lint|deprecation|build|test|email|spam))"
+    r"[^.]){0,20}?"
     r"\b(?:instructions?|prompts?|rules|directions|guidelines|messages?)\b",
     r"\b(?:reveal|show|print|repeat|output|leak|tell me)\b[^.\n]{0,30}?\b(?:your|the)\s+"
     r"(?:system|hidden|initial|original)\s+(?:prompt|instructions?|message)",
@@ -140,6 +142,29 @@ def _back(i: int, starts: list[int], origins: list[int]) -> int:
     return origins[k] + i - starts[k]
 
 
+# What turns the first two families' phrases into ordinary talk: the user taking back
+# their own words ("ignore my previous message, I meant Python"), a topic after them
+# ("ignore any previous messages about the meeting", "the prior guidelines from 2019"),
+# or configuration ("override the system prompt with the --system flag", "show the
+# system prompt setting").
+_OWN = re.compile(r"\bmy\b", re.IGNORECASE)
+_TOPIC_AFTER = re.compile(r"\s+(?:about|regarding|concerning|on|from|in|for|re)\b",
+                          re.IGNORECASE)
+_CONFIG_AFTER = re.compile(
+    r"[^.\n]{0,40}?(?:--\w|\b(?:flag|option|parameter|settings?|config(?:uration)?|field|"
+    r"variable|template|argument)\b)", re.IGNORECASE)
+
+
+def _ordinary(family: int, text: str, m: re.Match[str]) -> bool:
+    if family == 0:
+        return (_OWN.search(m.group(0)) is not None
+                or _TOPIC_AFTER.match(text, m.end()) is not None
+                or _CONFIG_AFTER.match(text, m.end()) is not None)
+    if family == 1:
+        return _CONFIG_AFTER.match(text, m.end()) is not None
+    return False
+
+
 def _find_injection(text: str) -> Iterator[Span]:
     marks = None
     if not text.isascii():
@@ -150,9 +175,12 @@ def _find_injection(text: str) -> Iterator[Span]:
     low = text.lower()
     if _ANY_TRIGGER.search(low) is None:
         return
-    for rx, triggers in zip(_INJECTION_RX, _INJECTION_TRIGGERS, strict=True):
+    for family, (rx, triggers) in enumerate(zip(_INJECTION_RX, _INJECTION_TRIGGERS,
+                                                 strict=True)):
         if any(t in low for t in triggers):
             for m in rx.finditer(text):
+                if _ordinary(family, text, m):
+                    continue
                 if marks is None:
                     yield m.span()
                 else:  # a span of the text without marks, as a span of the text

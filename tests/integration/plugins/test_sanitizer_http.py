@@ -22,7 +22,7 @@ async def test_redacted_text_never_reaches_the_engine(make_client: MakeClient,
     r = await client.post("/v1/chat/completions", json={
         "model": "fake-model", "max_tokens": 2,
         "messages": [{"role": "user",
-                      "content": "mail bob@example.com key sk-abcdefghijklmnopqrstuvwxyz"}]})
+                      "content": "mail bob@example.com key sk-abc123defghijklmnopqrstuvwxyz"}]})
     assert r.status == 200
     prompt = fake_engine.calls[0][0]
     assert prompt == fake_engine.render_chat(

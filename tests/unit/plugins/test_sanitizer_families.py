@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from plugins.sanitizer.config import SanitizerConfig
-from plugins.sanitizer.detectors import BUILTIN, luhn_ok
+from plugins.sanitizer.detectors import BUILTIN, INJECTION, luhn_ok
 from plugins.sanitizer.plugin import SanitizerPlugin
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services
@@ -423,3 +423,79 @@ async def test_more_forms_are_redacted_whole(text: str) -> None:
     sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
     for piece in ("1111", "3704", "example", "abc123"):
         assert piece not in sent
+
+
+# ----------------------------------------------- a second adversarial pass (today's)
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("secret", "DB_PASSWORD=Zx9kLm2qW"), ("secret", "POSTGRES_PASSWORD: Zx9kLm2qW"),
+    ("secret", "AZURE_OPENAI_API_KEY=0123456789abcdef0123456789abcdef"),
+    ("secret", '{"password":"Zx9kLm2qW"}'), ("secret", "'password' => 'Zx9kLm2qW'"),
+    ("secret", '"SecretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"'),
+    ("secret", "mysql://root:toor1234@localhost/db"), ("secret", "curl -u admin:S3cr3tP4ss"),
+    ("secret", "my password is: hunter2"), ("secret", "I changed my password to hunter2"),
+    ("secret", "my password's hunter2"), ("secret", "my pin is 4921"), ("secret", "PIN: 4921"),
+    ("secret", "client_secret: abc123def456"), ("secret", "refresh_token: abc123def456"),
+    ("secret", "la password è hunter2"), ("secret", "wachtwoord: hunter2"),
+    ("secret", "пароль: hunter2"), ("secret", "パスワードは hunter2"),
+    ("secret", "das Passwort lautet hunter2"),
+    ("secret", "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF"),
+    ("secret", "https://hooks.slack.com/services/T0001/B0002/XXXXXXXXXXXXXXXXXXXXXXXX"),
+    ("secret", "bot123456789:AAHabcdefghijklmnopqrstuvwxyz0123456"),
+    ("phone", "call me at 07700 900123"), ("phone", "Tel: 030 12345678"),
+    ("phone", "Tél : 06 12 34 56 78"), ("phone", "phone: (02) 9876 5432"),
+    ("phone", "my number is 4155550132"), ("phone", "Call me at (415)5550132"),
+    ("phone", "415\u2013555\u20130132"), ("phone", "call 415-555-0132x123"),
+    ("ip", "my IP is 203.0.113.7."), ("ip", "2001:db8:85a3::8a2e:370:7334"),
+    ("iban", "BE68 5390 0754 7034 from my account"), ("iban", "AT61 1904 3002 3457 3201 bitte"),
+    ("email", "jane [@] example.com"), ("email", "jane [at] example [.] com"),
+    ("email", "jane at example dot travel"), ("email", "o'brien@example.com"),
+    ("card", "4111-1111-\n1111-1111"),
+])
+def test_more_shapes_from_the_second_pass(name: str, text: str) -> None:
+    assert fires(name, text)
+
+
+@pytest.mark.parametrize("text", [
+    # code and configuration about secrets, not secrets
+    "def login(username: str, password: str):", "password: Optional[str] = None",
+    "password = os.environ['DB_PASSWORD']", "api_key = os.getenv('OPENAI_API_KEY')",
+    "password = getpass.getpass()", "apiKey: process.env.API_KEY", "password=$PASSWORD",
+    'api_key="$OPENAI_API_KEY"', "password: ${{ secrets.DB_PASSWORD }}", "password = None",
+    "api_key: YOUR_API_KEY", "password: <your-password>", "Password: ********",
+    "Password: (optional)", "sk-learn-pipeline-preprocessing-guide",
+    # prose about passwords
+    "the password is sent over http", "The password is case sensitive.",
+    "the password is generated randomly", "API key: see below",
+    "la contraseña es demasiado corta", "update password to meet policy",
+    # code that looks like addresses or numbers
+    "print(s[::-1]) and x[1::2] and Add::add(x)", "127.0.0.1 and 0.0.0.0:8000 and fe80::1",
+    "netmask 255.255.255.0", '__version__ = "1.2.3.4"', "torch==2.1.0.1",
+    "Chrome/120.0.0.0 Safari/537.36", "1.2.3.4-beta", "Section 1.2.3.4 of the spec",
+    "+1000000 users", "coordinates: +37.7749, -122.4194",
+    "git clone git@github.com:user/repo.git", "pi@raspberrypi.local:~ $",
+    "I worked at Amazon dot com for five years", "port 8080 8443 9090 3000",
+    "1000 2000 3000 4000",
+    # a user taking back their own words, or talking about configuration
+    "Please ignore my previous message, I meant Python",
+    "ignore any previous messages about the meeting", "ignore the above error messages",
+    "show the system prompt setting in LangChain",
+    "You can override the system prompt with the --system flag",
+])
+def test_ordinary_text_from_the_second_pass_does_not_fire(text: str) -> None:
+    fired = [name for name in BUILTIN if fires(name, text)]
+    assert fired == [] and not list(INJECTION.find(normalize(text)))
+
+
+@pytest.mark.parametrize(("text", "left"), [
+    ("password: 'multi word secret' ok", "[SECRET] ok"),
+    ("my password is P@ss'w0rd!", "my [SECRET]"),
+    ("write o'brien@example.com", "write [EMAIL]"),
+    ("4111 1111 1111 1111 exp 12/27 cvv 123 thanks", "[CARD] thanks"),
+])
+async def test_second_pass_redactions_leave_nothing(text: str, left: str) -> None:
+    ctx = convo(text)
+    spy = Spy()
+    await plugin(card="redact", email="redact", secret="redact")(ctx, spy)
+    assert spy.ctx is not None
+    assert spy.ctx.request.messages[0].text() == left  # type: ignore[union-attr]
