@@ -78,8 +78,6 @@ def _trie(words: list[str]) -> str:
     return branches[0] if len(branches) == 1 else "|".join(branches)
 
 
-# Any of the literals at all: one scan, and most prompts stop there.
-_ANY_NEED = re.compile(_trie([n for needs, _ in _FORMATS for n in needs]))
 
 # "password is X", "pwd: X", "api key = X", "DB_PASSWORD=X", '{"password": "X"}',
 # "密码是 X": the value is what gets redacted (with the phrase, so the placeholder reads
@@ -105,6 +103,14 @@ _PHRASE_STARTS = ("pass", "pw", "pin", "kennwort", "contrase", "mot", "senha", "
                   "lösenord", "adgangskode", "salasana", "has", "şifre", "sifre", "пароль",
                   "パスワード", "비밀번호", "api", "access", "auth", "refresh", "secret",
                   "client", "changed", "updated", "reset", "set", "密码", "口令", "密钥")
+
+# The literals of both, as one trie: at a place where several begin, the shortest is
+# what the scan reports, so each reported word stands for every literal it begins.
+_NEEDS = [n for needs, _ in _FORMATS for n in needs]
+_ANY_WORD = re.compile(_trie(_NEEDS + list(_PHRASE_STARTS)))
+_WORDS = set(_NEEDS) | set(_PHRASE_STARTS)
+_MAYBE_NEED = frozenset(w for w in _WORDS if any(n.startswith(w) for n in _NEEDS))
+_MAYBE_START = frozenset(w for w in _WORDS if any(t.startswith(w) for t in _PHRASE_STARTS))
 
 # Words that follow "password is" in ordinary talk about passwords, not a password.
 _NOT_A_VALUE = frozenset("""
@@ -147,26 +153,33 @@ def _value_ok(value: str) -> bool:
 
 def find_secrets(text: str) -> Iterator[Span]:
     low = text.lower()
-    if _ANY_NEED.search(low) is not None:
+    # One scan for every literal a family needs and every word a phrase starts with (a
+    # search per word cost more than the rest of the detector).
+    need = False
+    starts: list[int] = []
+    for hit in _ANY_WORD.finditer(low):
+        word = hit.group()
+        need = need or word in _MAYBE_NEED
+        i = hit.start()
+        if word in _MAYBE_START and not (i and "a" <= low[i - 1] <= "z"):
+            starts.append(i)
+    if need:
         for needs, rx in _FORMAT_RX:
             if any(n in low for n in needs):
                 for m in rx.finditer(text):
                     yield m.span()
     if len(low) != len(text):  # lower-casing moved offsets (rare letters): scan it all
         matches: Iterator[re.Match[str]] = _PHRASE.finditer(text)
-    else:
-        matches = _phrases_at_starts(text, low)
+    else:  # the phrase tried only where one of its first words starts a word
+        matches = _matches_at(text, starts)
     for m in matches:
         group = next(g for g in ("v", "qv", "zh", "pin", "to") if m.group(g) is not None)
         if group == "pin" or _value_ok(m.group(group)):
             yield m.span()
 
 
-def _phrases_at_starts(text: str, low: str) -> Iterator[re.Match[str]]:
-    for word in _PHRASE_STARTS:
-        i = low.find(word)
-        while i != -1:
-            m = _PHRASE.match(text, i)
-            if m is not None:
-                yield m
-            i = low.find(word, i + 1)
+def _matches_at(text: str, starts: list[int]) -> Iterator[re.Match[str]]:
+    for i in starts:
+        m = _PHRASE.match(text, i)
+        if m is not None:
+            yield m

@@ -217,6 +217,21 @@ career careers shop shopped buy bought order ordered sell sold available found f
 """.split())
 
 
+def _loose_at(text: str) -> bool:
+    """Whether a loose form may start here: an "@" with a space beside it, or a
+    bracketed "at" or "@" (found by searching for the separators, not with a regex over
+    the whole text)."""
+    i = text.find("@")
+    while i != -1:
+        if (i and (text[i - 1].isspace() or text[i - 1] in "[({<")) or (
+                i + 1 < len(text) and text[i + 1].isspace()):
+            return True
+        i = text.find("@", i + 1)
+    if "[" in text or "(" in text or "{" in text or "<" in text:
+        return _LOOSE_AT.search(text) is not None
+    return False
+
+
 def _local_char(c: str) -> bool:
     return c.isalnum() or c in "._%+-"
 
@@ -325,9 +340,7 @@ def _find_email(text: str) -> Iterator[Span]:
     yield from _email_plain(text)
     if "%40" in text:  # URL-encoded: "jane%40example.com"
         yield from _email_encoded(text)
-    if ("dot" in text or "DOT" in text or "Dot" in text
-            or (("@" in text or "[" in text or "(" in text or "{" in text or "<" in text)
-                and _LOOSE_AT.search(text) is not None)):
+    if "dot" in text or "DOT" in text or "Dot" in text or _loose_at(text):
         yield from _spelled_emails(text)
 
 
@@ -433,12 +446,21 @@ _phone = _numeric(_PHONE, check=_phone_ok)
 
 def _find_phone(text: str) -> Iterator[Span]:
     yield from _phone(text)
-    if _numeric_runs(text):
-        low = text.lower()
-        if any(w in low for w in _PHONE_WORDS):
-            for m in _PHONE_SAID.finditer(text):
+    # A number said to be one: its phone word just before a run of digits (read only
+    # there, not over the whole text).
+    end = len(text)
+    last = 0
+    for a, b in _numeric_runs(text):
+        lo = max(last, a - _SAID_REACH)
+        before = text[lo:a].lower()
+        if any(w in before for w in _PHONE_WORDS):
+            for m in _PHONE_SAID.finditer(text, lo, min(end, b + _REACH)):
                 if 9 <= _digits(m["n"]) <= 13:
                     yield m.span("n")
+        last = a
+
+
+_SAID_REACH = 48  # how far before its number a phone word is looked for
 
 
 
@@ -478,10 +500,32 @@ _IBAN_RX = re.compile(_IBAN)
 _LAST_GROUP = re.compile(r"[ -][A-Za-z0-9]+\Z")
 
 
+def _iban_windows(text: str) -> Iterator[Span]:
+    """Where IBANs can be: around a run of digits (every country's account number holds
+    one), reaching back to the country code ("GB82 WEST 1234 5698 7654 32")."""
+    end = len(text)
+    lo = hi = -1
+    for a, b in _numeric_runs(text):
+        a, b = max(0, a - 40), min(end, b + 40)
+        if a <= hi:
+            hi = max(hi, b)
+            continue
+        if hi != -1:
+            yield lo, hi
+        lo, hi = a, b
+    if hi != -1:
+        yield lo, hi
+
+
 def _find_iban(text: str) -> Iterator[Span]:
     """IBANs by their checksum; a word after one, which the case-insensitive groups take
     for its last group ("BE68 5390 0754 7034 from ..."), is given back."""
-    for m in _IBAN_RX.finditer(text):
+    for lo, hi in _iban_windows(text):
+        yield from _ibans_in(text, lo, hi)
+
+
+def _ibans_in(text: str, lo: int, hi: int) -> Iterator[Span]:
+    for m in _IBAN_RX.finditer(text, lo, hi):
         a, b = m.span()
         for _ in range(3):
             if iban_ok(text[a:b]):
