@@ -121,7 +121,7 @@ needed optional mandatory same different forgotten lost protected shown hidden o
 good bad being used working accepted rejected there here what which how where when why
 must should can cannot will would needs need has have contains containing requires
 at least more less than only just like sent then never always see below above minimum
-maximum given too
+maximum given too random default expire expires expired include
 str string int integer bool boolean float bytes true false none null nil undefined
 any list dict object number text secret password
 falsch richtig ungültig abgelaufen erforderlich nicht kein zu sehr leer mindestens
@@ -174,7 +174,8 @@ def find_secrets(text: str) -> Iterator[Span]:
         matches = _matches_at(text, starts)
     for m in matches:
         group = next(g for g in ("v", "qv", "zh", "pin", "to") if m.group(g) is not None)
-        if group == "pin" or _value_ok(m.group(group)):
+        value = m.group(group)
+        if group == "pin" or (_value_ok(value) and (group != "to" or _looks_made_up(value))):
             yield m.span()
 
 
@@ -183,3 +184,11 @@ def _matches_at(text: str, starts: list[int]) -> Iterator[re.Match[str]]:
         m = _PHRASE.match(text, i)
         if m is not None:
             yield m
+
+
+def _looks_made_up(value: str) -> bool:
+    """After "changed my password to", a password rather than a word ("to default",
+    "to expire"): a digit, a symbol or mixed case in it."""
+    v = value.rstrip(".,;:!?)")
+    return (any(c.isdigit() for c in v) or not v.isalnum()
+            or (v != v.lower() and v != v.upper() and v != v.capitalize()))

@@ -415,7 +415,9 @@ _ip_v6 = _regex(_IPV6, check=_ip_ok, needs=(":",))
 # "numpy-", "Chrome/"), or with a pre-release tag after it ("1.2.3.4-beta").
 _VERSION_BEFORE = re.compile(
     r"(?:(?:version|(?<![A-Za-z])(?:ver|release|build|firmware|fw|kernel|cuda|section|"
-    r"clause|chapter|step|rule|v))_{0,2}[\s:=\"'(]{0,4}|\bv|==|[A-Za-z]/|[A-Za-z][-_])\Z",
+    r"clause|chapter|step|rule|python|node|java|ruby|php|perl|gcc|clang|go|rust|dotnet|"
+    r"windows|ios|android|macos|chrome|firefox|v))_{0,2}[\s:=\"'(]{0,4}|\bv|==|[A-Za-z]/"
+    r"|[A-Za-z][-_])\Z",
     re.IGNORECASE)
 _TAG_AFTER = re.compile(r"-[A-Za-z]")
 

@@ -468,6 +468,9 @@ def test_more_shapes_from_the_second_pass(name: str, text: str) -> None:
     "the password is sent over http", "The password is case sensitive.",
     "the password is generated randomly", "API key: see below",
     "la contraseña es demasiado corta", "update password to meet policy",
+    "I reset my password to default", "Set the password to expire after 30 days",
+    "The password is random", "I updated my password to include symbols",
+    "python 3.11.7.1 and node 18.17.1.0",
     # code that looks like addresses or numbers
     "print(s[::-1]) and x[1::2] and Add::add(x)", "127.0.0.1 and 0.0.0.0:8000 and fe80::1",
     "netmask 255.255.255.0", '__version__ = "1.2.3.4"', "torch==2.1.0.1",
