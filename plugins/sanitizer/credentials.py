@@ -16,8 +16,7 @@ from .spans import Span
 
 # (literals, one of which must occur in the lower-cased text; pattern)
 _FORMATS: list[tuple[tuple[str, ...], str]] = [
-    # OpenAI-style (with a digit: "sk-learn-pipeline-preprocessing-guide" is a slug)
-    (("sk-",), r"\bsk-(?=[A-Za-z_-]*\d)(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{20,}"),
+    (("sk-",), r"\bsk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{20,}"),  # OpenAI-style
     (("akia", "asia", "agpa", "aida", "aroa"),
      r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"),  # AWS access key ids
     (("eyj",), r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # JWT
@@ -51,14 +50,21 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("r8_",), r"\br8_[A-Za-z0-9]{30,40}\b"),  # Replicate
     (("xai-",), r"\bxai-[A-Za-z0-9]{60,100}\b"),  # xAI
     (("atatt",), r"\bATATT[A-Za-z0-9_=-]{100,}"),  # Atlassian
-    # A password in a URL ("postgres://app:s3cret@db/app") or after curl's -u.
-    (("://",), r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@]{1,64}:[^\s@/]{1,128}@"),
-    (("-u", "--user"), r"(?<!\S)(?:-u|--user)\s+[^\s:]{1,64}:[^\s]{3,128}"),
+    # A password in a URL ("postgres://app:s3cret@db/app", "redis://:s3cret@cache"),
+    # after curl's -u, after --password, in a <password> element, after mysql's -p.
+    (("://",), r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@]{0,64}:(?P<v>[^\s@/]{1,128})@"),
+    (("-u", "--user"), r"(?<!\S)(?:-u\s*|--user[\s=]+)(?:'[^'\n]{3,128}'|\"[^\"\n]{3,128}\""
+                       r"|[^\s:'\"]{1,64}:(?P<v>\S{3,128}))"),
+    (("--password", "--pass"), r"(?<!\S)--pass(?:word)?[\s=]+(?P<v>[^\s\"']\S{2,127})"),
+    (("<password>",), r"(?i:<password>)(?P<v>[^<\n]{3,128})(?i:</password>)"),
+    (("mysql",), r"\bmysql\b[^\n]{0,60}?\s-p(?P<v>[^\s\"']\S{2,127})"),
     (("aws", "secret_access", "secretaccesskey"),  # an AWS secret key, named as one
      r"(?i:aws[\w \-]{0,20}?secret[\w \-]{0,20}?|secret_?access_?key)[\"']?\s*[:=]?\s*"
      r"(?:is\s+)?[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
 ]
 _FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
+# A slug, not a key: lower-case words joined by hyphens ("sk-learn-pipeline-guide").
+_SLUG = re.compile(r"sk-[a-z]+(?:-[a-z]+)+\Z")
 
 
 def _trie(words: list[str]) -> str:
@@ -82,27 +88,43 @@ def _trie(words: list[str]) -> str:
 # "password is X", "pwd: X", "api key = X", "DB_PASSWORD=X", '{"password": "X"}',
 # "密码是 X": the value is what gets redacted (with the phrase, so the placeholder reads
 # naturally). A quoted value is taken to its closing quote (spaces and all).
-_KEYWORD = (r"pass(?:word|wd|code|phrase)|pwd|pw|pword|pin\s+(?:code|number)|passwort|"
-            r"kennwort|contrase[nñ]a|mot\s+de\s+passe|senha|wachtwoord|lösenord|"
-            r"adgangskode|salasana|has[lł]o|şifre|sifre|пароль|パスワード|비밀번호|"
-            r"api[\s_-]?key|access[\s_-]?token|auth[\s_-]?token|refresh[\s_-]?token|"
-            r"secret[\s_-]?key|client[\s_-]?secret")
+#
+# How sure a value must look depends on what names it. After "password is" in English,
+# any word not in the lists below is taken (passwords are often plain words). After a
+# machine credential's name ("api key", "token", "client secret", a bare "pass") or a
+# keyword or link word of another language, it must look made up (a digit, a symbol or
+# mixed case): "the token is 'hello'", "client secret: leave it empty", "Het wachtwoord
+# is onjuist" are talk, not values.
+_KW_PASSWORD = r"pass(?:word|wd|code|phrase)|pwd|pw|pword|pin\s+(?:code|number)"
+_KW_MACHINE = (r"api[\s_-]?key|access[\s_-]?token|auth[\s_-]?token|refresh[\s_-]?token|"
+               r"secret[\s_-]?key|client[\s_-]?secret|token(?![a-z])|pass(?![a-z])")
+_KW_OTHER = (r"passwort|kennwort|contrase[nñ]a|mot\s+de\s+passe|senha|wachtwoord|lösenord|"
+             r"adgangskode|salasana|has[lł]o|şifre|sifre|пароль|パスワード|비밀번호")
+_LINK_EN = r"[\"'`]?[ \t]*(?:=>|[=:])[ \t]*|'s\s+|\s+(?:is|was|would\s+be|will\s+be)\s*:?[ \t]+"
+_LINK_OTHER = (r"\s*(?:는|은|は)\s*|\s+(?:ist|lautet|es|est|é|è|är|er|jest|это|is)"
+               r"\s*:?[ \t]+")
+_QUOTED = ("\"[^\"\\n]{3,512}\"|'[^'\\n]{3,512}'|`[^`\\n]{3,512}`|\u201c[^\u201d\\n]{3,512}"
+           "\u201d|\u2018[^\u2019\\n]{3,512}\u2019|\u00ab[^\u00bb\\n]{3,512}\u00bb")
 _PHRASE = re.compile(
-    rf"(?i:(?<![A-Za-z])(?:{_KEYWORD})"
+    rf"(?i:(?<![A-Za-z])(?:(?P<kp>{_KW_PASSWORD})|(?P<km>{_KW_MACHINE})|(?P<ko>{_KW_OTHER}))"
     r"(?:\s+(?:for|to|of|on)(?:\s+[\w.@-]{1,40}){1,3}?)?"  # "password for my bank"
-    r"(?:[\"'`]?\s*(?:=>|[=:])\s*"  # "password: X", "DB_PASSWORD=X", '"password": "X"'
-    r"|'s\s+|\s*(?:는|은|は)\s*|\s+(?:is|was|would\s+be|will\s+be|ist|lautet|es|est|é|è|"
-    r"är|er|jest|это)\s*:?\s+))"
-    r"(?:(?P<q>[\"'`])(?P<qv>[^\"'`\n]{3,512})(?P=q)|(?P<v>[^\s\"'`]\S{2,511}))"
-    r"|(?:密码|口令|密钥)\s*(?:是|为|[:=])\s*(?P<zh>\S{3,64})"
-    r"|(?i:(?<![A-Za-z])pin(?:\s+(?:code|number))?(?:\s+is\s+|\s*[:=]\s*))(?P<pin>\d{4,8})\b"
+    rf"(?:(?P<le>{_LINK_EN})|(?P<lo>{_LINK_OTHER})))"
+    rf"(?:(?P<qv>{_QUOTED})|(?P<v>[^\s\"'`\u201c\u2018\u00ab]\S{{2,511}}))"
+    r"|(?:密码|口令|密钥)\s*(?:是|为|[:=])\s*(?P<zh>[!-~]{3,64})"
+    r"|(?i:(?<![A-Za-z_])pin(?:\s+(?:code|number))?(?:\s+is\s+|\s*[:=]\s*))(?P<pin>\d{4,8})\b"
     r"|(?i:(?<![A-Za-z])(?:(?:changed|updated|reset)\s+(?:(?:my|the|your)\s+)?"
     r"|set\s+(?:my|the|your)\s+)password\s+to\s+)(?P<to>\S{3,128})")
 # Where a phrase can start: the regex runs only at these words, not at every position.
 _PHRASE_STARTS = ("pass", "pw", "pin", "kennwort", "contrase", "mot", "senha", "wachtwoord",
                   "lösenord", "adgangskode", "salasana", "has", "şifre", "sifre", "пароль",
                   "パスワード", "비밀번호", "api", "access", "auth", "refresh", "secret",
-                  "client", "changed", "updated", "reset", "set", "密码", "口令", "密钥")
+                  "client", "token", "changed", "updated", "reset", "set", "密码", "口令",
+                  "密钥")
+# An environment variable that names a credential ("OPENAI_KEY=...", "GITHUB_TOKEN: ..."),
+# found where the text holds one of these endings.
+_ENV = re.compile(r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9]*_(?:KEY|SECRET|TOKEN|PASS|PWD)"
+                  rf"[ \t]*[=:][ \t]*(?:(?P<qv>{_QUOTED})|(?P<v>[^\s\"'`]\S{{2,511}}))")
+_ENV_ENDINGS = ("_key", "_secret", "_token", "_pass", "_pwd")
 
 # The literals of both, as one trie: at a place where several begin, the shortest is
 # what the scan reports, so each reported word stands for every literal it begins.
@@ -121,34 +143,45 @@ needed optional mandatory same different forgotten lost protected shown hidden o
 good bad being used working accepted rejected there here what which how where when why
 must should can cannot will would needs need has have contains containing requires
 at least more less than only just like sent then never always see below above minimum
-maximum given too random default expire expires expired include
+maximum given too random randomly default expire expires include usually currently
+automatically securely typically generally yes on off n/a
 str string int integer bool boolean float bytes true false none null nil undefined
-any list dict object number text secret password
+any list dict object number
 falsch richtig ungültig abgelaufen erforderlich nicht kein zu sehr leer mindestens
 incorrecto incorrecta correcto correcta obligatorio requerido inválido inválida muy
-demasiado válido válida vacío vacía
+demasiado válido válida vacío vacía obligatoria
 requis obligatoire invalide expiré trop très
 incorreto incorreta errado errada obrigatório obrigatória muito
 """.split())
 # Values that are code or a stand-in, not a secret: a variable or template
-# ("$PASSWORD", "${{ secrets.X }}", "<your-password>", "%(pw)s"), a call or lookup
-# ("os.environ['X']", "getpass.getpass()", "config.password"), a type ("Optional[str]"),
-# a placeholder ("YOUR_API_KEY", "xxxxxxxx", "********").
+# ("$PASSWORD", "${{ secrets.X }}", "<your key here>", "%(pw)s", "{password}"), a
+# lookup or call ("os.environ['X']", "config.password", "getpass()"), a placeholder
+# ("YOUR_API_KEY", "xxxxxxxx", "********", "[REDACTED]", "(optional)", "sk-..."), a
+# JSON schema's object. (A digit inside brackets makes it a password: "{hunter2}".)
 _NOT_A_SECRET = re.compile(
-    r"\$(?:[{(]|[A-Z_]+(?:_[A-Z0-9]+)*\Z)"  # $PASSWORD, ${DB_PASSWORD}, $(cat key)
-    r"|%\(|\{\{?\s*[\w.$-]+\s*\}|\([^()]*\)?\Z"  # %(pw)s, {password}, {{ x }}, (optional)
-    r"|<[^<>\s]{1,40}>|[*•]+\Z|\[\w+\]\Z"  # <your-password>, ********, [REDACTED]
-    r"|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+(?:[(\[].*)?\Z|[A-Za-z_]\w*[(\[]"  # calls, lookups
-    r"|(?i:your[_-]|x{4,}\Z)")  # YOUR_API_KEY, xxxxxxxx
-# An ordinary word in its -ed, -ly or -ing form ("is updated", "is randomly ...").
-_PROSE = re.compile(r"[a-zà-ÿ]{3,}(?:ed|ly|ing)")
+    r"\$(?:[{(]|[A-Z_]+(?:_[A-Z0-9]+)*\Z)"
+    r"|%\(|\{\{?\s*[A-Za-z_.$ -]+\s*\}\}?\Z|<[^<>\d]{1,40}>?\Z|\[[A-Za-z_ ]+\]\Z"
+    r"|\([A-Za-z_ /]*\)?\Z|[*•]+\Z"
+    r"|(?:os|process|config|settings|env|self|this|request|req|secrets|vars|params|args|"
+    r"options|opts|cfg|app|ctx|context|environ|props)\.[\w.]*(?:[(\[].*)?\Z"
+    r"|[A-Za-z_][A-Za-z_.]*\([^()]*\)\Z|[A-Za-z_][A-Za-z_.]*\[[^\[\]]*\]\Z"
+    r"|(?i:your[_-][a-z_-]*\Z|x{4,}\Z|changeme\Z|!vault)|.*(?:\.\.\.|\u2026)"
+    r"|[{\[][\"'{\[]")
+# An ordinary word in its -ed form ("is updated", "is sent" is listed).
+_PROSE = re.compile(r"[a-zà-ÿ]{3,}ed")
 
 
 def _value_ok(value: str) -> bool:
     v = value.rstrip(".,;:!?)")
-    low = v.lower()
-    return (len(v) >= 3 and low not in _NOT_A_VALUE and _NOT_A_SECRET.match(v) is None
-            and _PROSE.fullmatch(v) is None)
+    return (len(v) >= 3 and v.lower() not in _NOT_A_VALUE
+            and _NOT_A_SECRET.match(value) is None and _PROSE.fullmatch(v) is None)
+
+
+def _looks_made_up(value: str) -> bool:
+    """A password rather than a word: a digit, a symbol or mixed case in it."""
+    v = value.rstrip(".,;:!?)")
+    return (any(c.isdigit() for c in v) or not v.replace(" ", "").isalnum()
+            or (v != v.lower() and v != v.upper() and v != v.capitalize()))
 
 
 def find_secrets(text: str) -> Iterator[Span]:
@@ -167,16 +200,54 @@ def find_secrets(text: str) -> Iterator[Span]:
         for needs, rx in _FORMAT_RX:
             if any(n in low for n in needs):
                 for m in rx.finditer(text):
-                    yield m.span()
+                    if _format_ok(m):
+                        yield m.span()
     if len(low) != len(text):  # lower-casing moved offsets (rare letters): scan it all
         matches: Iterator[re.Match[str]] = _PHRASE.finditer(text)
     else:  # the phrase tried only where one of its first words starts a word
         matches = _matches_at(text, starts)
     for m in matches:
-        group = next(g for g in ("v", "qv", "zh", "pin", "to") if m.group(g) is not None)
-        value = m.group(group)
-        if group == "pin" or (_value_ok(value) and (group != "to" or _looks_made_up(value))):
+        if _phrase_ok(m):
             yield m.span()
+    if any(e in low for e in _ENV_ENDINGS):
+        for m in _ENV.finditer(text):
+            value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
+            if _value_ok(value) and _looks_made_up(value):
+                yield m.span()
+
+
+def _format_ok(m: re.Match[str]) -> bool:
+    """A vendor format's match, unless it is a slug (sk-) or its value a placeholder
+    ("postgres://user:password@host", "--password $DB_PASS")."""
+    if m.group(0).startswith("sk-") and _SLUG.match(m.group(0)):
+        return False
+    value = m.groupdict().get("v")
+    return value is None or (_value_ok(value) and value.lower() not in _PLACEHOLDER_WORDS)
+
+
+# What a documentation example writes where a password goes.
+_PLACEHOLDER_WORDS = frozenset({"password", "pass", "passwd", "pwd", "secret", "pw",
+                                "<password>", "changeme"})
+
+
+def _phrase_ok(m: re.Match[str]) -> bool:
+    if m["pin"] is not None:
+        return True
+    if m["zh"] is not None:
+        return _value_ok(m["zh"])
+    if m["to"] is not None:
+        return _value_ok(m["to"]) and _looks_made_up(m["to"])
+    value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
+    if not _value_ok(value):
+        return False
+    if m["kp"] is not None and m["le"] is not None:
+        return True  # "password is swordfish": plain words are passwords too
+    cjk_link = m["lo"] is not None and m["lo"].strip() in ("는", "은", "は")
+    return _looks_made_up(value) and (not cjk_link or value.isascii())
+
+
+def _unquoted(quoted: str) -> str:
+    return quoted[1:-1]
 
 
 def _matches_at(text: str, starts: list[int]) -> Iterator[re.Match[str]]:
@@ -184,11 +255,3 @@ def _matches_at(text: str, starts: list[int]) -> Iterator[re.Match[str]]:
         m = _PHRASE.match(text, i)
         if m is not None:
             yield m
-
-
-def _looks_made_up(value: str) -> bool:
-    """After "changed my password to", a password rather than a word ("to default",
-    "to expire"): a digit, a symbol or mixed case in it."""
-    v = value.rstrip(".,;:!?)")
-    return (any(c.isdigit() for c in v) or not v.isalnum()
-            or (v != v.lower() and v != v.upper() and v != v.capitalize()))

@@ -214,6 +214,7 @@ worked work works working job jobs was were is are be been am me us him her them
 met meet meeting live lived living stay stayed look looked looking here there anyone
 someone everyone people employee employees engineer engineers intern internship
 career careers shop shopped buy bought order ordered sell sold available found find
+site sites hosted host located based online page pages app website
 """.split())
 
 
@@ -286,7 +287,7 @@ _PHONE_SAID = re.compile(
     r"celular|portable|(?:my|our|his|her|their|contact)\s+number|電話|电话|携帯|手机|전화)"
     r"\b\.?(?:\s+(?:me|us|him|her|them|at|on|is|number|no\.?|#|nummer|número|numéro)){0,3}"
     r"\s{0,3}[:=]?\s{0,3}(?P<n>(?:\+?1[ .\-\u2013]?)?[2-9]\d{2}[2-9]\d{6}"
-    r"|\(?0\d{1,4}\)?(?:[ .\-\u2013/]?\d{2,5}){1,4}|\(\d{2}\)\s?\d{4,5}[ .\-\u2013]?\d{4})"
+    r"|\(?0\d{1,4}\)?(?:[ .\-\u2013]?\d{2,5}){1,4}|\(\d{2}\)\s?\d{4,5}[ .\-\u2013]?\d{4})"
     r"(?![\w-]|\.\d)",
     re.IGNORECASE)
 _PHONE_WORDS = ("phone", "tel", "call", "mobile", "cell", "text", "sms", "whatsapp", "fax",
@@ -364,7 +365,7 @@ _HOST_TLD = re.compile(r"\.([^\W\d_]{2,24})\Z")  # a host that still ends in a T
 # "postgres@db.internal"), and an scp or git remote ("git@github.com:user/repo.git").
 _PRIVATE_TLDS = frozenset({"local", "internal", "lan", "localdomain", "localhost", "home",
                            "corp", "intranet", "test", "invalid", "example"})
-_REMOTE_PATH = re.compile(r":[\w~./-]")
+_REMOTE_PATH = re.compile(r":(?:~|[\w.-]*/)")  # (a port or "addr:password" is no path)
 _ASSET_SCALE = re.compile(r"\d+(?:\.\d+)?x\.", re.IGNORECASE)  # "icon@2x.min.png"
 
 
@@ -414,12 +415,14 @@ _ip_v6 = _regex(_IPV6, check=_ip_ok, needs=(":",))
 # '__version__ = "1.2.3.4"', "v10.0.0.1"), after a package or product name ("torch==",
 # "numpy-", "Chrome/"), or with a pre-release tag after it ("1.2.3.4-beta").
 _VERSION_BEFORE = re.compile(
-    r"(?:(?:version|(?<![A-Za-z])(?:ver|release|build|firmware|fw|kernel|cuda|section|"
-    r"clause|chapter|step|rule|python|node|java|ruby|php|perl|gcc|clang|go|rust|dotnet|"
-    r"windows|ios|android|macos|chrome|firefox|v))_{0,2}[\s:=\"'(]{0,4}|\bv|==|[A-Za-z]/"
-    r"|[A-Za-z][-_])\Z",
+    r"(?:(?:version|(?<![A-Za-z])(?:ver|release|build|v))\.?_{0,2}[\s:=\"'(-]{0,4}"
+    r"|(?<![A-Za-z])(?:firmware|fw|kernel|cuda|cudnn|section|clause|chapter|paragraph|"
+    r"figure|fig|table|appendix|step|rule|oid|python|node|java|ruby|php|perl|gcc|clang|go|"
+    r"rust|dotnet|windows|ios|android|macos|chrome|firefox)\.?[\s:=\"'(]{1,4}"
+    r"|\bv|==|[A-Za-z]/|§\s?)\Z",
     re.IGNORECASE)
-_TAG_AFTER = re.compile(r"-[A-Za-z]")
+_TAG_AFTER = re.compile(r"-(?:alpha|beta|rc|snapshot|dev|pre|preview|final|stable|ga|"
+                        r"release|nightly)\b", re.IGNORECASE)
 
 
 def _find_ip(text: str) -> Iterator[Span]:
@@ -438,9 +441,15 @@ def _digits(text: str) -> int:
 
 
 def _phone_ok(candidate: str) -> bool:
-    """Eight digits at least: "+1000000 users", "+37.7749" (a latitude) are no number
-    to call."""
-    return _digits(candidate) >= 8
+    """Eight digits at least ("+1000000 users", "+37.7749", a latitude, are no number to
+    call), not one digit repeated ("000-000-0000"), not a date ("01.02.2024 1030")."""
+    digits = [c for c in candidate if c.isdigit()]
+    return (len(digits) >= 8 and len(set(digits)) > 1
+            and _DATE.search(candidate) is None)
+
+
+_DATE = re.compile(r"\b\d{1,2}[./]\d{1,2}[./](?:19|20)\d{2}\b|\b(?:19|20)\d{2}[./-]\d{1,2}[./-]"
+                   r"\d{1,2}\b")
 
 
 _phone = _numeric(_PHONE, check=_phone_ok)
@@ -457,7 +466,7 @@ def _find_phone(text: str) -> Iterator[Span]:
         before = text[lo:a].lower()
         if any(w in before for w in _PHONE_WORDS):
             for m in _PHONE_SAID.finditer(text, lo, min(end, b + _REACH)):
-                if 9 <= _digits(m["n"]) <= 13:
+                if 9 <= _digits(m["n"]) <= 13 and _phone_ok(m["n"]):
                     yield m.span("n")
         last = a
 

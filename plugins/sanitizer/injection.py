@@ -16,15 +16,14 @@ from .spans import Detector, Span
 _INJECTION = [
     # (a line break does not end the phrase: "Ignore the previous\ninstructions")
     r"\b(?:ignore|disregard|forget|override|bypass)\b[^.]{0,40}?\b(?:all\s+|any\s+)?"
-    r"(?:previous|prior|above|earlier|preceding|original|system|your)\b"
-    r"(?:(?!\s*(?:error|warning|log|compiler|lint|deprecation|build|test|email|spam))"
-    r"[^.]){0,20}?"
+    r"(?:previous|prior|above|earlier|preceding|original|system|your)\b[^.]{0,20}?"
     r"\b(?:instructions?|prompts?|rules|directions|guidelines|messages?)\b",
     r"\b(?:reveal|show|print|repeat|output|leak|tell me)\b[^.\n]{0,30}?\b(?:your|the)\s+"
     r"(?:system|hidden|initial|original)\s+(?:prompt|instructions?|message)",
     r"\byou\s+are\s+now\s+(?:in\s+)?(?:DAN|developer\s+mode|jailbroken|unrestricted)\b",
     r"\b(?:new|updated)\s+system\s+(?:prompt|instructions?)\s*:",
-    r"(?m:^\s*(?:#+\s*)?system\s*(?:prompt|override)?\s*:\s*you\s+(?:are|must|will)\b)",
+    r"(?m:^[ \t]*(?:#+[ \t]*)?system[ \t]*(?:prompt|override)?[ \t]*:\s*you\s+"
+    r"(?:are|must|will)\b)",
     r"(?:忽略|无视|忘记|忘掉|不要理会|跳过)[^。\n]{0,10}?(?:之前|以上|上面|前面|先前|原来|所有)"
     r"[^。\n]{0,6}?(?:的)?(?:所有)?(?:指令|指示|说明|规则|提示|要求|设定)",
     r"(?:显示|输出|告诉我|泄露|打印|重复)[^。\n]{0,8}?(?:你的)?(?:系统提示|系统指令|初始指令|隐藏指令)",
@@ -142,26 +141,33 @@ def _back(i: int, starts: list[int], origins: list[int]) -> int:
     return origins[k] + i - starts[k]
 
 
-# What turns the first two families' phrases into ordinary talk: the user taking back
-# their own words ("ignore my previous message, I meant Python"), a topic after them
-# ("ignore any previous messages about the meeting", "the prior guidelines from 2019"),
-# or configuration ("override the system prompt with the --system flag", "show the
-# system prompt setting").
-_OWN = re.compile(r"\bmy\b", re.IGNORECASE)
-_TOPIC_AFTER = re.compile(r"\s+(?:about|regarding|concerning|on|from|in|for|re)\b",
-                          re.IGNORECASE)
-_CONFIG_AFTER = re.compile(
-    r"[^.\n]{0,40}?(?:--\w|\b(?:flag|option|parameter|settings?|config(?:uration)?|field|"
-    r"variable|template|argument)\b)", re.IGNORECASE)
+# What turns the first two families' phrases into ordinary talk, narrowly: the user
+# taking back their own message ("ignore my previous message, I meant Python"), earlier
+# messages about a topic ("ignore any previous messages about the meeting") or of a kind
+# ("ignore the above error messages"), the system
+# prompt as a command-line flag ("override the system prompt with the --system flag"),
+# or a framework's setting ("show the system prompt setting in LangChain"). The same
+# words about instructions, rules or guidelines stay an injection.
+_OWN_MESSAGE = re.compile(r"\bmy\s+(?:\w+\s+){0,2}messages?\b", re.IGNORECASE)
+_MESSAGES = re.compile(r"messages?\Z", re.IGNORECASE)
+_NOISE = re.compile(r"\b(?:error|warning|log|compiler|lint|deprecation|build|test|email|"
+                    r"spam|debug|console)s?\s+messages?\Z", re.IGNORECASE)
+_TOPIC_AFTER = re.compile(r"\s+(?:about|regarding|concerning)\b", re.IGNORECASE)
+_FLAG_AFTER = re.compile(r"\s+(?:with|using|via)\s+(?:the\s+)?--[a-z]", re.IGNORECASE)
+_SETTING_AFTER = re.compile(r"\s+(?:setting|settings|option|parameter)\s+(?:in|of|for)\b",
+                            re.IGNORECASE)
 
 
 def _ordinary(family: int, text: str, m: re.Match[str]) -> bool:
+    said = m.group(0)
     if family == 0:
-        return (_OWN.search(m.group(0)) is not None
-                or _TOPIC_AFTER.match(text, m.end()) is not None
-                or _CONFIG_AFTER.match(text, m.end()) is not None)
+        if _MESSAGES.search(said) is not None:
+            return (_OWN_MESSAGE.search(said) is not None or _NOISE.search(said) is not None
+                    or _TOPIC_AFTER.match(text, m.end()) is not None)
+        return _FLAG_AFTER.match(text, m.end()) is not None
     if family == 1:
-        return _CONFIG_AFTER.match(text, m.end()) is not None
+        return "the" in said.lower().split() and _SETTING_AFTER.match(
+            text, m.end()) is not None
     return False
 
 
