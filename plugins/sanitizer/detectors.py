@@ -455,8 +455,13 @@ _DATE = re.compile(r"\b\d{1,2}[./]\d{1,2}[./](?:19|20)\d{2}\b|\b(?:19|20)\d{2}[.
 _phone = _numeric(_PHONE, check=_phone_ok)
 
 
+_EXTENSION = re.compile(r",?\s?(?:x|ext\.?|extension)\s?\d{1,5}\b", re.IGNORECASE)
+
+
 def _find_phone(text: str) -> Iterator[Span]:
-    yield from _phone(text)
+    for a, b in _phone(text):
+        ext = _EXTENSION.match(text, b)  # "... 0958 ext. 204": redacted with it
+        yield a, ext.end() if ext is not None else b
     # A number said to be one: its phone word just before a run of digits (read only
     # there, not over the whole text).
     end = len(text)

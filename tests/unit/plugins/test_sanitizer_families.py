@@ -494,12 +494,13 @@ def test_ordinary_text_from_the_second_pass_does_not_fire(text: str) -> None:
     ("password: 'multi word secret' ok", "[SECRET] ok"),
     ("my password is P@ss'w0rd!", "my [SECRET]"),
     ("write o'brien@example.com", "write [EMAIL]"),
+    ("call +44 20 7946 0958 ext. 204 now", "call [PHONE] now"),
     ("4111 1111 1111 1111 exp 12/27 cvv 123 thanks", "[CARD] thanks"),
 ])
 async def test_second_pass_redactions_leave_nothing(text: str, left: str) -> None:
     ctx = convo(text)
     spy = Spy()
-    await plugin(card="redact", email="redact", secret="redact")(ctx, spy)
+    await plugin(card="redact", email="redact", secret="redact", phone="redact")(ctx, spy)
     assert spy.ctx is not None
     assert spy.ctx.request.messages[0].text() == left  # type: ignore[union-attr]
 
