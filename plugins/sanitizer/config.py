@@ -74,7 +74,8 @@ class Detectors(BaseModel):
         "in URLs and curl -u, JWTs, private keys (PGP too), and 'my password is ...' / "
         "'api key: ...' / 'DB_PASSWORD=...' phrases in 15 languages (code that reads a "
         "secret from elsewhere, '$PASSWORD', 'os.getenv(...)', does not fire)."))
-    injection: Action = Field("flag", description="Prompt-injection phrases (en, zh).")
+    injection: Action = Field("flag", description=(
+        "Prompt-injection phrases (en, zh, fr, de, es; look-alike letters folded)."))
 
 
 class SanitizerConfig(PluginConfig):

@@ -1,10 +1,11 @@
 """Secrets: vendor key formats, key blocks, tokens, and "my password is ..." phrases.
 
-Each family has a literal that must occur before its regex runs (most prompts hold none
-of them, so the family costs one substring scan). Vendor formats are matched by their
-documented prefixes and lengths; AWS secret keys (40 characters with no prefix) only next
-to a name that says what they are; generic phrases only when the value after "password
-is" / "api key:" is not an ordinary word ("the password is incorrect" does not fire).
+Each family has a literal that must occur before its regex runs: one scan of the text
+finds every family's literals and every word a phrase starts with (most prompts hold
+none of them). Vendor formats are matched by their documented prefixes and lengths; AWS
+secret keys (40 characters with no prefix) only next to a name that says what they are;
+generic phrases only when the value after "password is" / "api key:" is not an ordinary
+word ("the password is incorrect" does not fire).
 """
 
 from __future__ import annotations
@@ -52,10 +53,11 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("atatt",), r"\bATATT[A-Za-z0-9_=-]{100,}"),  # Atlassian
     # A password in a URL ("postgres://app:s3cret@db/app", "redis://:s3cret@cache"),
     # after curl's -u, after --password, in a <password> element, after mysql's -p.
-    (("://",), r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@]{0,64}:(?P<v>[^\s@/]{1,128})@"),
+    (("://",), r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@]{0,64}:(?P<v>[^\s/]{1,128})@"),
     (("-u", "--user"), r"(?<!\S)(?:-u\s*|--user[\s=]+)(?:'[^'\n]{3,128}'|\"[^\"\n]{3,128}\""
                        r"|[^\s:'\"]{1,64}:(?P<v>\S{3,128}))"),
-    (("--password", "--pass"), r"(?<!\S)--pass(?:word)?[\s=]+(?P<v>[^\s\"']\S{2,127})"),
+    (("--password", "--pass"), r"(?<!\S)--pass(?:word)?[\s=]+(?:'(?P<q1>[^'\n]{3,512})'"
+                               r"|\"(?P<q2>[^\"\n]{3,512})\"|(?P<v>[^\s\"']\S{2,127}))"),
     (("<password>",), r"(?i:<password>)(?P<v>[^<\n]{3,128})(?i:</password>)"),
     (("mysql",), r"\bmysql\b[^\n]{0,60}?\s-p(?P<v>[^\s\"']\S{2,127})"),
     (("aws", "secret_access", "secretaccesskey"),  # an AWS secret key, named as one
@@ -103,8 +105,9 @@ _KW_OTHER = (r"passwort|kennwort|contrase[nñ]a|mot\s+de\s+passe|senha|wachtwoor
 _LINK_EN = r"[\"'`]?[ \t]*(?:=>|[=:])[ \t]*|'s\s+|\s+(?:is|was|would\s+be|will\s+be)\s*:?[ \t]+"
 _LINK_OTHER = (r"\s*(?:는|은|は)\s*|\s+(?:ist|lautet|es|est|é|è|är|er|jest|это|is)"
                r"\s*:?[ \t]+")
-_QUOTED = ("\"[^\"\\n]{3,512}\"|'[^'\\n]{3,512}'|`[^`\\n]{3,512}`|\u201c[^\u201d\\n]{3,512}"
-           "\u201d|\u2018[^\u2019\\n]{3,512}\u2019|\u00ab[^\u00bb\\n]{3,512}\u00bb")
+_QUOTED = "|".join(f"{a}[^{b}\\n]{{3,4096}}{b}" for a, b in (
+    ('"', '"'), ("'", "'"), ("`", "`"), ("\u201c", "\u201d"), ("\u2018", "\u2019"),
+    ("\u00ab", "\u00bb")))
 _PHRASE = re.compile(
     rf"(?i:(?<![A-Za-z])(?:(?P<kp>{_KW_PASSWORD})|(?P<km>{_KW_MACHINE})|(?P<ko>{_KW_OTHER}))"
     r"(?:\s+(?:for|to|of|on)(?:\s+[\w.@-]{1,40}){1,3}?)?"  # "password for my bank"
@@ -122,7 +125,7 @@ _PHRASE_STARTS = ("pass", "pw", "pin", "kennwort", "contrase", "mot", "senha", "
                   "密钥")
 # An environment variable that names a credential ("OPENAI_KEY=...", "GITHUB_TOKEN: ..."),
 # found where the text holds one of these endings.
-_ENV = re.compile(r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9]*_(?:KEY|SECRET|TOKEN|PASS|PWD)"
+_ENV = re.compile(r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9_]*_(?:KEY|SECRET|TOKEN|PASS|PWD)"
                   rf"[ \t]*[=:][ \t]*(?:(?P<qv>{_QUOTED})|(?P<v>[^\s\"'`]\S{{2,511}}))")
 _ENV_ENDINGS = ("_key", "_secret", "_token", "_pass", "_pwd")
 
@@ -165,7 +168,7 @@ _NOT_A_SECRET = re.compile(
     r"|(?:os|process|config|settings|env|self|this|request|req|secrets|vars|params|args|"
     r"options|opts|cfg|app|ctx|context|environ|props)\.[\w.]*(?:[(\[].*)?\Z"
     r"|[A-Za-z_][A-Za-z_.]*\([^()]*\)\Z|[A-Za-z_][A-Za-z_.]*\[[^\[\]]*\]\Z"
-    r"|(?i:your[_-][a-z_-]*\Z|x{4,}\Z|changeme\Z|!vault)|.*(?:\.\.\.|\u2026)"
+    r"|(?i:your[_-][a-z_-]*\Z|x{4,}\Z|changeme\Z|!vault)|[^\d]*(?:\.\.\.|\u2026)\Z"
     r"|[{\[][\"'{\[]")
 # An ordinary word in its -ed form ("is updated", "is sent" is listed).
 _PROSE = re.compile(r"[a-zà-ÿ]{3,}ed")
@@ -196,6 +199,8 @@ def find_secrets(text: str) -> Iterator[Span]:
         i = hit.start()
         if word in _MAYBE_START and not (i and "a" <= low[i - 1] <= "z"):
             starts.append(i)
+        elif word == "--pass":  # the scan took "--pass": "password" starts inside it
+            starts.append(i + 2)
     if need:
         for needs, rx in _FORMAT_RX:
             if any(n in low for n in needs):
@@ -217,12 +222,19 @@ def find_secrets(text: str) -> Iterator[Span]:
 
 
 def _format_ok(m: re.Match[str]) -> bool:
-    """A vendor format's match, unless it is a slug (sk-) or its value a placeholder
-    ("postgres://user:password@host", "--password $DB_PASS")."""
-    if m.group(0).startswith("sk-") and _SLUG.match(m.group(0)):
+    """A vendor format's match, unless it is a slug (sk-), its value a placeholder
+    ("postgres://user:password@host", "--password $DB_PASS") or a uid:gid pair
+    ("docker run -u 1000:1000")."""
+    said = m.group(0)
+    if said.startswith("sk-") and _SLUG.match(said):
         return False
-    value = m.groupdict().get("v")
-    return value is None or (_value_ok(value) and value.lower() not in _PLACEHOLDER_WORDS)
+    groups = m.groupdict()
+    value = groups.get("v") or groups.get("q1") or groups.get("q2")
+    if value is None:
+        return True
+    if value.isdigit() and said.lstrip().startswith("-"):
+        return False
+    return _value_ok(value) and value.lower() not in _PLACEHOLDER_WORDS
 
 
 # What a documentation example writes where a password goes.
@@ -251,7 +263,14 @@ def _unquoted(quoted: str) -> str:
 
 
 def _matches_at(text: str, starts: list[int]) -> Iterator[re.Match[str]]:
+    """The phrase at each start, none inside the one before (as `finditer` reads it: a
+    start within a value is part of that value, and reading it again made a text of
+    repeated keywords cost a value's length per keyword)."""
+    end = 0
     for i in starts:
+        if i < end:
+            continue
         m = _PHRASE.match(text, i)
         if m is not None:
+            end = m.end()
             yield m

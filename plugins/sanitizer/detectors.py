@@ -10,7 +10,8 @@ Shapes covered, by family: cards in groups separated by spaces, dots, dashes, sl
 or underscores (one kind per number) or unseparated, with the CVV or expiry that
 follows them, and a card split across two messages or two lines (`card_across`); phones
 with +/00 prefixes, a "(0)", parentheses, dots, spaces or dashes, a NANP number with a
-leading 1, ten bare digits after "call me at" / "phone:"; e-mails in any script, written
+leading 1, an extension, and after a phone word ("call me at", "Tel:", "携帯") ten bare
+digits or a national number ("07700 900123"); e-mails in any script, written
 plainly, as "name at domain dot com", "name[at]domain(dot)com", "name [at] domain.com"
 or "name @ domain . com"; IBANs in either case, grouped by spaces or dashes; dotted quads
 that are not a version number ("version 1.2.3.4").
@@ -70,6 +71,7 @@ def _scanned(text: str) -> tuple[str, list[Span], list[Span]]:
             else:
                 windows.append((lo, hi))
         _runs_of = (text, runs, windows)
+        return text, runs, windows
     return _runs_of
 
 
@@ -100,13 +102,17 @@ def luhn_ok(candidate: str) -> bool:
     return total % 10 == 0
 
 
+# A card's first digits: 2-6 (the card networks), 81 and 82 (RuPay, UnionPay).
+_ANY_ISSUER = re.compile(r"[2-6]|8[12]")
 _TAIL = re.compile(r"(?<!\d)\d(?:[ .-]{0,3}\d)*$")
 _HEAD = re.compile(r"\s*(\d(?:[ .-]{0,3}\d)*)")
 
 
 def card_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
-    """Card numbers split over the end of one text and the start of the next: yields
-    (text index, span) for both parts. Each part needs 4 digits or more."""
+    """Card numbers split over the end of one text and the start of the next (two
+    messages, two lines): yields (text index, span) for both parts. Each part needs 4
+    digits or more, and the whole a card's length and an issuer's first digits: tables
+    and logs put numbers at the ends of lines, and one pair in ten passes Luhn."""
     for i in range(len(texts) - 1):
         a = texts[i].rstrip().rstrip(".-_/ ")  # "4111-1111-" then "1111-1111"
         off = max(0, len(a) - 64)
@@ -116,7 +122,9 @@ def card_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
             continue
         left = re.sub(r"\D", "", tail.group(0))
         right = re.sub(r"\D", "", head.group(1))
-        if len(left) >= 4 and len(right) >= 4 and luhn_ok(left + right):
+        number = left + right
+        if (len(left) >= 4 and len(right) >= 4 and 14 <= len(number) <= 19
+                and _ANY_ISSUER.match(number) and luhn_ok(number)):
             yield i, tail.span()
             yield i + 1, head.span(1)
 
@@ -276,7 +284,7 @@ _PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .\-\u2013]?\(0\))?(?:[ .\-\u2013
           r"(?:[ .\-\u2013]?\d{2,4}){2,4}(?!\d)"
           r"|(?<![\d.-])\(\d{3}\)[ .\-\u2013]?\d{3}[ .\-\u2013]?\d{4}(?![\d-])"
           r"|(?<![\w.+-])(?:1[ .\-\u2013]?)?[2-9]\d{2}(?P<ps>[ .\-\u2013])[2-9]\d{2}(?P=ps)\d{4}"
-          r"(?:\s?(?:x|ext\.?)\s?\d{1,5})?(?![\w-]|\.\d)")
+          r"(?=\s?(?:x|ext\.?)\s?\d|(?![\w-]|\.\d))")  # (its extension: _EXTENSION)
 # A number written without its country code ("07700 900123", "030 12345678",
 # "090-1234-5678", "(02) 9876 5432", "(11) 91234-5678"), or ten digits unseparated
 # ("4155550132"), only where the text says it is a number to call: bare, they are as
@@ -320,7 +328,6 @@ def _card_ok(candidate: str) -> bool:
     return tail is not None and luhn_ok(candidate[: tail.start()])
 
 
-_ANY_ISSUER = re.compile(r"[2-6]|8[12]")
 # What names a card's security code or expiry a few words after it ("... 1111 exp 12/27
 # cvv 123"): redacted with the number.
 _CARD_EXTRA = re.compile(
@@ -391,11 +398,15 @@ def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
                 end = -1
             if end != -1:
                 lo = max(last, i - 64)
-                part = tail.search(text, lo, i)
-                # Glued to a word ("x_y@..."), it is not an address's start.
-                if part is not None and (part.start() == lo or not (
-                        text[part.start() - 1].isalnum() or text[part.start() - 1] == "_")):
-                    yield _local_start(text, part.start(), max(last, i - 64)), end
+                part = tail.search(text, lo, i)  # the local part: the run just before
+                if part is not None:
+                    start = part.start()
+                    # Longer than an address's 64 characters: the rest of the run goes
+                    # with it, so none of it is left beside the placeholder.
+                    while start == lo and start > last and _local_char(text[start - 1]):
+                        start -= 1
+                        lo = start
+                    yield _local_start(text, start, last), end
                     last = end
             i = text.find(at, max(i + 1, last))
 
@@ -417,12 +428,17 @@ _ip_v6 = _regex(_IPV6, check=_ip_ok, needs=(":",))
 _VERSION_BEFORE = re.compile(
     r"(?:(?:version|(?<![A-Za-z])(?:ver|release|build|v))\.?_{0,2}[\s:=\"'(-]{0,4}"
     r"|(?<![A-Za-z])(?:firmware|fw|kernel|cuda|cudnn|section|clause|chapter|paragraph|"
-    r"figure|fig|table|appendix|step|rule|oid|python|node|java|ruby|php|perl|gcc|clang|go|"
-    r"rust|dotnet|windows|ios|android|macos|chrome|firefox)\.?[\s:=\"'(]{1,4}"
-    r"|\bv|==|[A-Za-z]/|§\s?)\Z",
+    r"figure|fig|appendix|step|rule|oid|python|java|ruby|php|perl|gcc|clang|go|rust|"
+    r"dotnet|windows|ios|android|macos|chrome|firefox)\.?[\s:=\"'(]{1,4}"
+    r"|\bv|==|(?-i:\b[A-Z][A-Za-z]+/)|§\s?)\Z",  # (a product token: "Chrome/120.0.0.0")
     re.IGNORECASE)
 _TAG_AFTER = re.compile(r"-(?:alpha|beta|rc|snapshot|dev|pre|preview|final|stable|ga|"
                         r"release|nightly)\b", re.IGNORECASE)
+
+
+def _unpadded(quad: str) -> str:
+    """`192.168.001.001` as `ipaddress` reads it (it refuses leading zeros)."""
+    return ".".join(str(int(o)) for o in quad.split("."))
 
 
 def _find_ip(text: str) -> Iterator[Span]:
@@ -458,6 +474,9 @@ _phone = _numeric(_PHONE, check=_phone_ok)
 _EXTENSION = re.compile(r",?\s?(?:x|ext\.?|extension)\s?\d{1,5}\b", re.IGNORECASE)
 
 
+_SAID_REACH = 48  # how far before its number a phone word is looked for
+
+
 def _find_phone(text: str) -> Iterator[Span]:
     for a, b in _phone(text):
         ext = _EXTENSION.match(text, b)  # "... 0958 ext. 204": redacted with it
@@ -476,19 +495,9 @@ def _find_phone(text: str) -> Iterator[Span]:
         last = a
 
 
-_SAID_REACH = 48  # how far before its number a phone word is looked for
-
-
-
 _card = _numeric(_CARD, check=_card_ok)
 # A digit at a line's end and another at the next one's start: a card may be split there.
-_DIGITS_ACROSS_LINE = re.compile(r"\d[ \t.\-_/]{0,3}\r?\n\s{0,3}\d")
-
-
-# Lines of numbers are common (tables, logs), so a number split over two lines must
-# also look like a card: a card's length and an issuer's prefix (Visa, Mastercard, Amex,
-# Discover, JCB, Diners, UnionPay).
-_ISSUER = re.compile(r"4|5[1-5]|2[2-7]|3[47]|3[0689]|35|6(?:011|5|4[4-9]|2)")
+_DIGITS_ACROSS_LINE = re.compile(r"\d[ \t.\-_/]*\r?\n\s*\d")
 
 
 def _find_card(text: str) -> Iterator[Span]:
@@ -504,12 +513,8 @@ def _find_card(text: str) -> Iterator[Span]:
         starts = [0]
         for line in lines[:-1]:
             starts.append(starts[-1] + len(line) + 1)
-        found = list(card_across(lines))
-        for (i, (a, b)), (j, (c, d)) in zip(found[::2], found[1::2], strict=True):
-            digits = re.sub(r"\D", "", lines[i][a:b] + lines[j][c:d])
-            if len(digits) in (15, 16, 19) and _ISSUER.match(digits):
-                yield starts[i] + a, starts[i] + b
-                yield starts[j] + c, starts[j] + d
+        for i, (a, b) in card_across(lines):
+            yield starts[i] + a, starts[i] + b
 
 
 _IBAN_RX = re.compile(_IBAN)
@@ -543,7 +548,7 @@ def _find_iban(text: str) -> Iterator[Span]:
 def _ibans_in(text: str, lo: int, hi: int) -> Iterator[Span]:
     for m in _IBAN_RX.finditer(text, lo, hi):
         a, b = m.span()
-        for _ in range(3):
+        for _ in range(4):  # the match, then up to three words given back
             if iban_ok(text[a:b]):
                 yield a, b
                 break
@@ -567,10 +572,6 @@ BUILTIN: dict[str, Detector] = {
     ]
 }
 
+
 def custom(name: str, pattern: str) -> Detector:
     return Detector(name, f"[{name.upper()}]", _regex(pattern))
-
-
-def _unpadded(quad: str) -> str:
-    """`192.168.001.001` as `ipaddress` reads it (it refuses leading zeros)."""
-    return ".".join(str(int(o)) for o in quad.split("."))

@@ -1,4 +1,4 @@
-"""Prompt-injection phrases, English and Chinese.
+"""Prompt-injection phrases: English, Chinese, and French, German and Spanish forms.
 
 Deliberately about intent ("ignore the previous instructions"), not topics, so ordinary
 questions about instructions pass.

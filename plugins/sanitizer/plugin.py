@@ -134,10 +134,20 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 raise InvalidRequest(
                     f"Messages may hold at most {lim.max_total_chars} characters in all.",
                     param="messages")
-            if req.tools and total + len(json.dumps(req.tool_dicts())) > lim.max_total_chars:
+            if req.tools:
+                total += len(json.dumps(req.tool_dicts()))
+                if total > lim.max_total_chars:
+                    raise InvalidRequest(
+                        f"Messages and tool definitions may hold at most "
+                        f"{lim.max_total_chars} characters in all.", param="tools")
+            fmt = req.response_format
+            if fmt is not None and fmt.json_schema is not None and (
+                    total + len(json.dumps(fmt.json_schema.model_dump(by_alias=True)))
+                    > lim.max_total_chars):  # its strings are read too (_schema_format)
                 raise InvalidRequest(
-                    f"Messages and tool definitions may hold at most {lim.max_total_chars} "
-                    "characters in all.", param="tools")
+                    f"Messages, tool definitions and the response format's schema may hold "
+                    f"at most {lim.max_total_chars} characters in all.",
+                    param="response_format")
         else:
             texts = [p for p in req.prompts() if isinstance(p, str)]
             if len(req.prompts()) > lim.max_messages:

@@ -483,3 +483,18 @@ async def test_overlapping_spans_are_redacted_whole() -> None:
     await plugin(custom=[{"name": "head", "pattern": r"AB-\d+", "action": "redact"},
                          {"name": "tail", "pattern": r"\d+-CD", "action": "redact"}])(ctx, spy)
     assert ctx.request.messages[0].content == "ref [HEAD] now"  # type: ignore[union-attr]
+
+
+async def test_a_response_formats_schema_counts_toward_the_text_limit() -> None:
+    """The schema's strings are read like the messages' (`_schema_format`), so they count
+    toward `max_total_chars`: 4 MB of property descriptions held the event loop for
+    seconds. Past the limit: a 400 naming response_format."""
+    props = {f"p{i}": {"type": "string", "description": "d" * 400} for i in range(20)}
+    ctx = chat_ctx("hi", response_format={"type": "json_schema", "json_schema": {
+        "name": "big", "schema": {"type": "object", "properties": props}}})
+    with pytest.raises(InvalidRequest) as e:
+        await plugin(limits={"max_total_chars": 4000})(ctx, Spy())
+    assert e.value.param == "response_format"
+    small = chat_ctx("hi", response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "object"}}})
+    await plugin(limits={"max_total_chars": 4000})(small, Spy())

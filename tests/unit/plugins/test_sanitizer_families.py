@@ -470,7 +470,7 @@ def test_more_shapes_from_the_second_pass(name: str, text: str) -> None:
     "la contraseña es demasiado corta", "update password to meet policy",
     "I reset my password to default", "Set the password to expire after 30 days",
     "The password is random", "I updated my password to include symbols",
-    "python 3.11.7.1 and node 18.17.1.0",
+    "python 3.11.7.1 and node v18.17.1.0",
     # code that looks like addresses or numbers
     "print(s[::-1]) and x[1::2] and Add::add(x)", "127.0.0.1 and 0.0.0.0:8000 and fe80::1",
     "netmask 255.255.255.0", '__version__ = "1.2.3.4"', "torch==2.1.0.1",
@@ -558,6 +558,7 @@ def test_what_the_re_probe_found_firing(text: str) -> None:
 @pytest.mark.timeout(30)  # a guard against a hang, far above the milliseconds they take
 @pytest.mark.parametrize("text", [
     "sk-" * 21845, "x" + "\n" * 60000 + "system x", "ignore " * 5 + "your " * 4 + "\n" * 60000,
+    "パスワードは" * 11000, "token=" * 11000, "pw=" * 22000,
 ])
 def test_long_runs_stay_linear(text: str) -> None:
     """Each detector reads these 64 KiB in one pass. They took 8 s, 57 s and 1 s: the
@@ -565,3 +566,43 @@ def test_long_runs_stay_linear(text: str) -> None:
     newlines, an unbounded lookahead in the injection phrase's gap."""
     for d in [*BUILTIN.values(), INJECTION]:
         list(d.find(text[:65536]))
+
+
+# ------------------------------------------------- the code review of the change
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("secret", "mycli --password='my secret pw' --host db"),
+    ("secret", "STRIPE_WEBHOOK_SECRET=whsec_9aB3xYz7Qp"),
+    ("secret", "my password is hunter2... is that ok"),
+    ("iban", "IBAN BE68 5390 0754 7034 with this note"),
+    ("card", "card 4111 1111    \n1111 1111"),
+    ("ip", "kubectl get node 10.0.0.12"), ("ip", "see ips/192.168.1.10"),
+])
+def test_what_the_review_found_missing(name: str, text: str) -> None:
+    assert fires(name, text)
+
+
+@pytest.mark.parametrize("text", ["docker run -u 1000:1000 image", "ticket 1000 2000\n3000 4"])
+def test_what_the_review_found_firing(text: str) -> None:
+    assert [name for name in BUILTIN if fires(name, text)] == []
+
+
+async def test_numbers_over_two_messages_need_a_cards_shape() -> None:
+    """As over two lines: a card's length and an issuer's first digits, not Luhn alone."""
+    ctx = convo("ticket 1000 2000", "3000 4 is the order")
+    await plugin(card="flag")(ctx, Spy())
+    assert not ctx.sensitive
+
+
+@pytest.mark.parametrize(("text", "gone"), [
+    ("postgres://admin:Pa55@word@db.example.com/app", ["Pa55", "word@"]),
+    ('token: "' + "a1B2" * 140 + '"', ["a1B2"]),
+    ("mail " + "bob" + "x" * 70 + "@example.com", ["bob", "xxx"]),
+])
+async def test_the_review_s_leaks_are_redacted(text: str, gone: list[str]) -> None:
+    ctx = convo(text)
+    spy = Spy()
+    await plugin(secret="redact", email="redact", ip="redact")(ctx, spy)
+    assert spy.ctx is not None
+    sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
+    assert not any(piece in sent for piece in gone), sent
