@@ -358,3 +358,22 @@ async def test_cache_directives_sent_on_several_lines_are_all_heard(
     r = await client.post("/v1/chat/completions", json=body, headers=CIMultiDict([
         ("Cache-Control", "max-age=60"), ("Cache-Control", "no-cache")]))
     assert r.headers["x-weir-cache"] == "bypass"
+
+
+async def test_only_if_cached_over_http(make_client: MakeClient, fake_engine: FakeEngine,
+                                        ) -> None:
+    """A miss asking `only-if-cached` is a 504 in OpenAI's error shape, the engine never
+    called; once the answer is stored, the same request is served from the cache."""
+    client = await make_client(plugins=[{"name": "cache", "config": {
+        "store_truncated": True, "semantic": {"enabled": False}}}])
+    body = {**CHAT, "temperature": 0}
+    only = {"Cache-Control": "only-if-cached"}
+    r = await client.post("/v1/chat/completions", json=body, headers=only)
+    assert r.status == 504
+    err = await r.json()
+    validate("ErrorResponse", err)
+    assert err["error"]["code"] == "not_cached" and not fake_engine.calls
+    assert (await client.post("/v1/chat/completions", json=body)).status == 200
+    r = await client.post("/v1/chat/completions", json=body, headers=only)
+    assert r.status == 200 and r.headers["x-weir-cache"] == "exact"
+    assert len(fake_engine.calls) == 1
