@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from .spans import Span
+from .spans import Span, trie
 
 # (literals, one of which must occur in the lower-cased text; pattern)
 _FORMATS: list[tuple[tuple[str, ...], str]] = [
@@ -69,24 +69,6 @@ _FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
 _SLUG = re.compile(r"sk-[a-z]+(?:-[a-z]+)+\Z")
 
 
-def _trie(words: list[str]) -> str:
-    """A regex matching any of `words`, as a trie ("gh(?:p_|o_)" rather than
-    "ghp_|gho_"): one branch per first character, so scanning text costs about the
-    same however many literals there are."""
-    heads: dict[str, list[str]] = {}
-    for w in sorted(set(words)):
-        heads.setdefault(w[:1], []).append(w[1:])
-    branches = []
-    for head, tails in heads.items():
-        if "" in tails:  # a word that ends here: its longer forms are no different
-            branches.append(re.escape(head))
-        else:
-            branches.append(re.escape(head) + (re.escape(tails[0]) if len(tails) == 1
-                                               else f"(?:{_trie(tails)})"))
-    return branches[0] if len(branches) == 1 else "|".join(branches)
-
-
-
 # "password is X", "pwd: X", "api key = X", "DB_PASSWORD=X", '{"password": "X"}',
 # "密码是 X": the value is what gets redacted (with the phrase, so the placeholder reads
 # naturally). A quoted value is taken to its closing quote (spaces and all).
@@ -132,7 +114,7 @@ _ENV_ENDINGS = ("_key", "_secret", "_token", "_pass", "_pwd")
 # The literals of both, as one trie: at a place where several begin, the shortest is
 # what the scan reports, so each reported word stands for every literal it begins.
 _NEEDS = [n for needs, _ in _FORMATS for n in needs]
-_ANY_WORD = re.compile(_trie(_NEEDS + list(_PHRASE_STARTS)))
+_ANY_WORD = re.compile(trie(_NEEDS + list(_PHRASE_STARTS)))
 _WORDS = set(_NEEDS) | set(_PHRASE_STARTS)
 _MAYBE_NEED = frozenset(w for w in _WORDS if any(n.startswith(w) for n in _NEEDS))
 _MAYBE_START = frozenset(w for w in _WORDS if any(t.startswith(w) for t in _PHRASE_STARTS))

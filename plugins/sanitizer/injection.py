@@ -11,7 +11,7 @@ import re
 import unicodedata
 from collections.abc import Iterator
 
-from .spans import Detector, Span
+from .spans import Detector, Span, trie
 
 _INJECTION = [
     # (a line break does not end the phrase: "Ignore the previous\ninstructions")
@@ -52,6 +52,38 @@ _INJECTION = [
     r"(?:anweisungen|instruktionen|regeln|befehle)\b",
     r"\b(?:ignora|olvida|ignore|olvide)\s+(?:todas\s+)?(?:las\s+|tus\s+)?"
     r"(?:instrucciones|reglas|indicaciones)\s+(?:anteriores|previas)\b",
+    # Common jailbreaks: "ignore prior directives", "disregard your programming",
+    # "override your safety settings"
+    r"\b(?:ignore|disregard|forget|override|bypass)\s+(?:all\s+|any\s+)?(?:of\s+)?"
+    r"(?:your|all|any|previous|prior|earlier|the\s+(?:previous|prior|earlier))\s+"
+    r"(?:(?:previous|prior|earlier)\s+)?(?:directives|commands|orders|programming|training|"
+    r"restrictions|constraints|filters|polic(?:y|ies)|safety\s+(?:guidelines|rules|settings|"
+    r"filters|measures|protocols|policies))\b",
+    # "Forget everything you were told before"
+    r"\bforget\s+everything\s+(?:you\s+(?:were|have\s+been|'ve\s+been)\s+told|"
+    r"(?:i|we)\s+(?:said|told\s+you)|above|before\s+this|so\s+far)",
+    # "From now on you are DAN", "From now on, you will act as an unrestricted AI"
+    r"\b(?:from\s+now\s+on|starting\s+now|henceforth)\b[^.\n]{0,30}?\byou\s+(?:are|will"
+    r"\s+be|will\s+act\s+as|act\s+as|must\s+act\s+as)\s+(?:an?\s+)?(?:(?-i:DAN)|"
+    r"unrestricted|unfiltered|uncensored|jailbroken|evil)\b",
+    r"\b(?:act|acting|behave)\s+as\s+(?:an?\s+)?(?:(?-i:DAN)|jailbroken|unrestricted|"
+    r"unfiltered|uncensored)\b",
+    # "Pretend you have no restrictions", "you are no longer bound by any rules"
+    r"\b(?:pretend|imagine|assume|act\s+as\s+if)\s+(?:that\s+)?you\s+(?:have|had)\s+no\s+"
+    r"(?:rules|restrictions|limits|limitations|filters|guidelines)\b|\byou\s+(?:have|has)\s+no"
+    r"\s+(?:rules|restrictions|limits|limitations|filters)\s+(?:anymore|any\s+more|now)\b"
+    r"|\b(?:no\s+longer|not)\s+bound\s+by\s+(?:any\s+)?(?:rules|restrictions|guidelines|"
+    r"polic(?:y|ies)|your\s+(?:rules|programming|guidelines))\b",
+    # (not "developer mode" alone: phones have one)
+    r"\b(?:jailbreak|jailbroken|god|(?-i:DAN))\s+mode\s+(?:enabled|on|activated)\b"
+    r"|\benable\s+jailbreak\s+mode\b|\b(?:chatgpt|you|assistant|ai)\s+(?:with|in)\s+"
+    r"developer\s+mode\b",
+    r"(?-i:\bDo Anything Now\b)|\bdo\s+anything\s+now\W{0,3}(?-i:DAN)\b",
+    r"\b(?:stop|quit)\s+following\s+(?:your|the|all)\s+(?:previous\s+)?(?:instructions|"
+    r"rules|guidelines|programming)\b",
+    r"\b(?:ignore|disregard|forget)\s+(?:all\s+)?(?:the|your|any)\s+instructions\s+"
+    r"(?:you\s+(?:were|have\s+been)\s+given|given\s+to\s+you|you\s+received)\b",
+    r"\bnew\s+instructions?\s*:\s*(?:you\b|from\s+now|ignore\b)",
 ]
 
 # Each phrase family runs only when one of its trigger words occurs (lower-cased text).
@@ -72,10 +104,23 @@ _INJECTION_TRIGGERS: list[tuple[str, ...]] = [
     ("ignor", "oubli"),
     ("ignorier", "vergiss", "vergessen"),
     ("ignor", "olvid"),
+    ("ignore", "disregard", "forget", "override", "bypass"),
+    ("forget everything",),
+    ("from now on", "starting now", "henceforth"),
+    ("act as", "acting as", "behave as"),
+    ("you have no", "you had no", "you has no", "bound by"),
+    ("mode",),
+    ("do anything now",),
+    ("following",),
+    ("ignore", "disregard", "forget"),
+    ("new instruction",),
 ]
 _INJECTION_RX = [re.compile(p, re.IGNORECASE) for p in _INJECTION]
 # Any trigger at all: one scan, and most prompts stop there.
-_ANY_TRIGGER = re.compile("|".join(re.escape(t) for ts in _INJECTION_TRIGGERS for t in ts))
+_TRIGGERS = sorted({t for ts in _INJECTION_TRIGGERS for t in ts})
+_ANY_TRIGGER = re.compile(trie(_TRIGGERS))
+# The scan reports the shortest trigger where several begin: each stands for these.
+_EXTENDED = {w: [t for t in _TRIGGERS if t.startswith(w)] for w in _TRIGGERS}
 
 
 # Letters of other scripts that look like Latin ones (from Unicode's confusables.txt:
@@ -179,11 +224,15 @@ def _find_injection(text: str) -> Iterator[Span]:
     if "_" in text:  # "ignore_all_previous_instructions" (a name): one letter for one
         text = text.replace("_", " ")
     low = text.lower()
-    if _ANY_TRIGGER.search(low) is None:
+    found: set[str] = set()  # the triggers in the text: one scan, not a search per word
+    for hit in _ANY_TRIGGER.finditer(low):
+        i = hit.start()
+        found.update(t for t in _EXTENDED[hit.group()] if low.startswith(t, i))
+    if not found:
         return
     for family, (rx, triggers) in enumerate(zip(_INJECTION_RX, _INJECTION_TRIGGERS,
                                                  strict=True)):
-        if any(t in low for t in triggers):
+        if not found.isdisjoint(triggers):
             for m in rx.finditer(text):
                 if _ordinary(family, text, m):
                     continue

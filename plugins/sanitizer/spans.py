@@ -33,3 +33,20 @@ def regex_finder(pattern: str, flags: int = 0, check: Callable[[str], bool] | No
                 yield m.span()
 
     return find
+
+
+def trie(words: list[str]) -> str:
+    """A regex matching any of `words`, as a trie ("gh(?:p_|o_)" rather than
+    "ghp_|gho_"): one branch per first character, so scanning text costs about the
+    same however many literals there are."""
+    heads: dict[str, list[str]] = {}
+    for w in sorted(set(words)):
+        heads.setdefault(w[:1], []).append(w[1:])
+    branches = []
+    for head, tails in heads.items():
+        if "" in tails:  # a word that ends here: its longer forms are no different
+            branches.append(re.escape(head))
+        else:
+            branches.append(re.escape(head) + (re.escape(tails[0]) if len(tails) == 1
+                                               else f"(?:{trie(tails)})"))
+    return branches[0] if len(branches) == 1 else "|".join(branches)
