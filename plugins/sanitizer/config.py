@@ -17,7 +17,9 @@ class Limits(BaseModel):
 
     max_messages: int = Field(256, ge=1, description="Messages per chat request.")
     max_message_chars: int = Field(65_536, ge=1, description="Characters in one message.")
-    max_total_chars: int = Field(262_144, ge=1, description="Characters in all messages.")
+    max_total_chars: int = Field(262_144, ge=1, description=(
+        "Characters in all messages, with the tool definitions and a response format's "
+        "schema (the detectors read them all)."))
     max_tokens: int = Field(8192, ge=1, description="Ceiling for max_tokens.")
     max_n: int = Field(8, ge=1, description="Ceiling for n.")
     max_stop: int = Field(4, ge=0, description="Stop sequences at most (OpenAI allows 4).")
