@@ -74,6 +74,11 @@ class Entry:
     def age(self, now: float) -> int:
         return max(0, int(now - self.created))
 
+    def young(self, now: float, max_age: float | None) -> bool:
+        """Whether it is at most `max_age` seconds old (None: any age), as a request's
+        `Cache-Control: max-age` asks."""
+        return max_age is None or self.age(now) <= max_age
+
 
 _FIELDS = tuple(f.name for f in fields(Entry) if f.name != "source")
 

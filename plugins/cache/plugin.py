@@ -219,8 +219,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 # The leader's own generation (made after this request came), or an
                 # answer from the cache (a paraphrase's hit the leader took) that this
                 # request may read: its no-cache or max-age applies to that one.
-                if led.created >= joined or (read and (max_age is None
-                                                       or led.age(now) <= max_age)):
+                if led.created >= joined or (read and led.young(now, max_age)):
                     self.metrics.coalesced.inc()
                     ctx.response_headers[HEADER] = "coalesced"
                     ctx.response_headers["Age"] = str(led.age(now))

@@ -159,14 +159,14 @@ class CacheStore:
         lookups = self.metrics.lookups
         if self.l1 is not None:
             entry = self._l1_get(key, scope, now, allow_stale)
-            if entry is not None and _young(entry, now, max_age):
+            if entry is not None and entry.young(now, max_age):
                 labelled(lookups, "l1", "hit").inc()
                 return entry
             labelled(lookups, "l1", "miss").inc()
         if self.redis is not None and self.cfg.l2.enabled:
             entry = await self.redis.get_exact(key)
             if entry is not None and entry.scope == scope and entry.usable(
-                    now, allow_stale) and _young(entry, now, max_age):
+                    now, allow_stale) and entry.young(now, max_age):
                 labelled(lookups, "l2", "hit").inc()
                 if self.l1 is not None and entry.fresh(now):
                     self.l1.put(entry, len(entry.to_json()))
@@ -180,7 +180,7 @@ class CacheStore:
         moments ago and may have been overtaken by an identical one's generation."""
         now = time.time()
         entry = self._l1_get(key, scope, now)
-        return entry if entry is not None and _young(entry, now, max_age) else None
+        return entry if entry is not None and entry.young(now, max_age) else None
 
     def _l1_get(self, key: str, scope: str, now: float, allow_stale: bool = False,
                 ) -> Entry | None:
@@ -236,7 +236,7 @@ class CacheStore:
             score = again if again is not None else score
         if score is not None:  # once a lookup: the best match it ended with
             self.metrics.similarity.observe(score)
-        if entry is not None and not _young(entry, time.time(), max_age):
+        if entry is not None and not entry.young(time.time(), max_age):
             entry = None  # an answer older than the client takes
         labelled(lookups, "semantic", "miss" if entry is None else "hit").inc()
         return vec, entry
@@ -655,8 +655,3 @@ class CacheStore:
 def _members(keys: list[str], sem: list[tuple[str, str]]) -> list[str]:
     """The names (`users.py`'s members) of exact keys and semantic entries."""
     return [*map(exact_member, keys), *(semantic_member(p, e) for p, e in sem)]
-
-
-def _young(entry: Entry, now: float, max_age: float | None) -> bool:
-    """Whether `entry` is at most `max_age` seconds old (None: any age)."""
-    return max_age is None or entry.age(now) <= max_age

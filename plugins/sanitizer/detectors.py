@@ -62,17 +62,23 @@ def _scanned(text: str) -> tuple[str, list[Span], list[Span]]:
     global _runs_of
     if _runs_of[0] is not text:
         runs = [m.span() for m in _NUMERIC_RUN.finditer(text)]
-        end = len(text)
-        windows: list[Span] = []
-        for a, b in runs:
-            lo, hi = max(0, a - _MARGIN), min(end, b + _REACH)
-            if windows and lo <= windows[-1][1]:
-                windows[-1] = (windows[-1][0], max(hi, windows[-1][1]))
-            else:
-                windows.append((lo, hi))
+        windows = _merged(runs, len(text), _MARGIN, _REACH)
         _runs_of = (text, runs, windows)
         return text, runs, windows
     return _runs_of
+
+
+def _merged(runs: list[Span], end: int, before: int, after: int) -> list[Span]:
+    """Each run widened by `before` and `after` (within the text), overlapping ones
+    merged: the places a pattern around the runs must read, each once."""
+    windows: list[Span] = []
+    for a, b in runs:
+        lo, hi = max(0, a - before), min(end, b + after)
+        if windows and lo <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], max(hi, windows[-1][1]))
+        else:
+            windows.append((lo, hi))
+    return windows
 
 
 def _numeric(pattern: str, check: Callable[[str], bool] | None = None,
@@ -521,27 +527,12 @@ _IBAN_RX = re.compile(_IBAN)
 _LAST_GROUP = re.compile(r"[ -][A-Za-z0-9]+\Z")
 
 
-def _iban_windows(text: str) -> Iterator[Span]:
-    """Where IBANs can be: around a run of digits (every country's account number holds
-    one), reaching back to the country code ("GB82 WEST 1234 5698 7654 32")."""
-    end = len(text)
-    lo = hi = -1
-    for a, b in _numeric_runs(text):
-        a, b = max(0, a - 40), min(end, b + 40)
-        if a <= hi:
-            hi = max(hi, b)
-            continue
-        if hi != -1:
-            yield lo, hi
-        lo, hi = a, b
-    if hi != -1:
-        yield lo, hi
-
-
 def _find_iban(text: str) -> Iterator[Span]:
     """IBANs by their checksum; a word after one, which the case-insensitive groups take
-    for its last group ("BE68 5390 0754 7034 from ..."), is given back."""
-    for lo, hi in _iban_windows(text):
+    for its last group ("BE68 5390 0754 7034 from ..."), is given back. Read only around
+    a run of digits (every country's account number holds one), reaching back to the
+    country code ("GB82 WEST 1234 5698 7654 32")."""
+    for lo, hi in _merged(_numeric_runs(text), len(text), 40, 40):
         yield from _ibans_in(text, lo, hi)
 
 
