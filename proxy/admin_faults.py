@@ -9,7 +9,6 @@ from __future__ import annotations
 from aiohttp import web
 
 from .app_state import STATE
-from .auth import credentials
 from .body import read_json
 from .engine.faults import FaultRequest, FaultyEngine
 from .protocol import parse_model
@@ -22,7 +21,7 @@ log = get_logger("weir.faults")
 def fault_routes(engine: FaultyEngine) -> list[Route]:
     async def switch(request: web.Request) -> web.Response:
         st = request.app[STATE]
-        st.auth.require_role(credentials(request.headers), "operator",
+        st.auth.require_role(request.headers, "operator",
                              "Fault injection")
         data, _ = await read_json(request, 4096)
         req = parse_model(FaultRequest, data)

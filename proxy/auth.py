@@ -90,8 +90,10 @@ class Authenticator:
                 operator=spec.operator,
             ))
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        token = _bearer(authorization)
+    def authenticate(self, headers: Mapping[str, str]) -> Principal:
+        """The caller that a request's headers present (see `credentials`): 401 without a
+        valid key unless auth is open."""
+        token = _bearer(credentials(headers))
         if token is not None:
             # The lookup is by the key's hash, so its timing says nothing about the key;
             # the final check is constant-time all the same.
@@ -108,14 +110,14 @@ class Authenticator:
             )
         raise Unauthorized()
 
-    def require_role(self, authorization: str | None, role: AdminRole, what: str) -> Principal:
+    def require_role(self, headers: Mapping[str, str], role: AdminRole, what: str) -> Principal:
         """The caller, if it may use an admin route: 401 without a valid key, else 403.
 
         `admin`: a tenant admin (acting on its own tenant) or an operator; `operator`:
         an operator key only. In open mode the anonymous principal is checked the same
         way (its role is `auth.anonymous_role`).
         """
-        principal = self.authenticate(authorization)
+        principal = self.authenticate(headers)
         if role == "operator" and not principal.operator:
             raise PermissionDenied(f"{what} needs an operator API key (`operator: true`).")
         if not principal.is_admin:

@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 
 from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
-from .auth import credentials
 from .body import read_json
 from .chain import Completion, Reply
 from .context import RequestContext, header_map
@@ -49,7 +48,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     info = request[INFO]
     info["route"] = "embeddings"  # counted from here on, refused or not
-    principal = st.auth.authenticate(credentials(request.headers))
+    principal = st.auth.authenticate(request.headers)
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(EmbeddingRequest, data)
     emb = st.embedder

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from . import embeddings_api
 from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
-from .auth import Principal, credentials
+from .auth import Principal
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
 from .context import RequestContext, Route, header_map
@@ -61,7 +61,7 @@ def open_generation(request: web.Request, route: str) -> tuple[AppState, Princip
     if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
-    return st, st.auth.authenticate(credentials(request.headers))
+    return st, st.auth.authenticate(request.headers)
 
 
 def check_model(st: AppState, principal: Principal, model: str) -> None:
@@ -212,14 +212,14 @@ _STARTED = int(time.time())
 
 async def list_models(request: web.Request) -> web.Response:
     st = _state(request)
-    principal = st.auth.authenticate(credentials(request.headers))
+    principal = st.auth.authenticate(request.headers)
     data = [_model_entry(m) for m in _served_models(st) if principal.may_use(m.id)]
     return web.json_response({"object": "list", "data": data})
 
 
 async def get_model(request: web.Request) -> web.Response:
     st = _state(request)
-    principal = st.auth.authenticate(credentials(request.headers))
+    principal = st.auth.authenticate(request.headers)
     model_id = request.match_info["model"]
     for m in _served_models(st):
         if m.id == model_id and principal.may_use(m.id):
@@ -236,7 +236,7 @@ def _admin_gate(request: web.Request, exposure: str, what: str) -> None:
     st = _state(request)
     if exposure == "open" or st.auth.open:
         return
-    st.auth.require_role(credentials(request.headers), "admin", what)
+    st.auth.require_role(request.headers, "admin", what)
 
 
 async def ready(request: web.Request) -> web.Response:

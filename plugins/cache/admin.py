@@ -25,7 +25,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.app_state import STATE
-from proxy.auth import Principal, credentials
+from proxy.auth import Principal
 from proxy.body import read_json
 from proxy.errors import InvalidRequest, PermissionDenied, Unavailable
 from proxy.protocol import parse_model
@@ -52,7 +52,7 @@ class PurgeRequest(BaseModel):
 
 def _caller(request: web.Request, what: str) -> Principal:
     return request.app[STATE].auth.require_role(
-        credentials(request.headers), "admin", what)
+        request.headers, "admin", what)
 
 
 def scoped_filter(principal: Principal, f: dict[str, Any]) -> dict[str, Any]:

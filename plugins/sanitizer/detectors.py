@@ -68,6 +68,13 @@ def _scanned(text: str) -> tuple[str, list[Span], list[Span]]:
     return _runs_of
 
 
+def forget() -> None:
+    """Drop the last text's digit runs: the detectors' memo must not keep a prompt
+    alive (or readable in a heap dump) once its scan is over."""
+    global _runs_of
+    _runs_of = ("", [], [])
+
+
 def _merged(runs: list[Span], end: int, before: int, after: int) -> list[Span]:
     """Each run widened by `before` and `after` (within the text), overlapping ones
     merged: the places a pattern around the runs must read, each once."""

@@ -37,7 +37,7 @@ from proxy.telemetry import get_logger
 from proxy.text import normalize
 
 from .config import SanitizerConfig
-from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom
+from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom, forget
 
 log = get_logger("weir.sanitizer")
 
@@ -174,15 +174,18 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             return norm, (norm if self.cfg.engine_sees == "normalized" else text)
         redact: list[tuple[Span, str]] = list(extra or [])
         found = False
-        for det, action in self.detectors:
-            spans = list(det.find(norm))
-            if not spans:
-                continue
-            found = True
-            if _rank(action) > _rank(fired.get(det.name, "off")):
-                fired[det.name] = action
-            if action == "redact":
-                redact.extend((s, det.placeholder) for s in spans)
+        try:
+            for det, action in self.detectors:
+                spans = list(det.find(norm))
+                if not spans:
+                    continue
+                found = True
+                if _rank(action) > _rank(fired.get(det.name, "off")):
+                    fired[det.name] = action
+                if action == "redact":
+                    redact.extend((s, det.placeholder) for s in spans)
+        finally:
+            forget()
         if redact:
             norm = _apply(norm, redact)
             return norm, norm  # redaction: nobody downstream sees the original

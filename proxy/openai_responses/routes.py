@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 
 from ..app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
-from ..auth import credentials
 from ..chain import Completion, Stream
 from ..context import RequestContext, header_map
 from ..errors import InvalidRequest, NotFound
@@ -124,7 +123,7 @@ async def _record(request: web.Request) -> dict[str, Any]:
     """The caller's stored record of the response the path names; another tenant's is
     not found, as a missing one is."""
     st = request.app[STATE]
-    principal = st.auth.authenticate(credentials(request.headers))
+    principal = st.auth.authenticate(request.headers)
     rid = request.match_info["response_id"]
     record = await _store(request).get(principal.tenant, rid)
     if record is None:
@@ -177,7 +176,7 @@ async def cancel(request: web.Request) -> web.Response:
 
 async def delete(request: web.Request) -> web.Response:
     st = request.app[STATE]
-    principal = st.auth.authenticate(credentials(request.headers))
+    principal = st.auth.authenticate(request.headers)
     rid = request.match_info["response_id"]
     if not await _store(request).delete(principal.tenant, rid):
         raise NotFound(f"Response with id '{rid}' not found.", param=None)

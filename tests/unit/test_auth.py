@@ -7,6 +7,11 @@ from proxy.errors import PermissionDenied, Unauthorized
 from proxy.settings import AuthSettings
 
 
+def _h(authorization: str | None) -> dict[str, str]:
+    """Request headers carrying `authorization` (none when it is None)."""
+    return {} if authorization is None else {"Authorization": authorization}
+
+
 def auth(tmp_path, monkeypatch) -> Authenticator:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("K_ENV", "env-key")
     f = tmp_path / "k"
@@ -20,11 +25,11 @@ def auth(tmp_path, monkeypatch) -> Authenticator:  # type: ignore[no-untyped-def
 
 def test_each_key_source_maps_to_its_principal(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     a = auth(tmp_path, monkeypatch)
-    p = a.authenticate("Bearer hashed-key")
+    p = a.authenticate(_h("Bearer hashed-key"))
     assert (p.tenant, p.role) == ("a", "admin")
     assert p.user.startswith("key-") and "hashed" not in p.user
-    assert a.authenticate("Bearer env-key").user == "bob"
-    c = a.authenticate("bearer file-key")
+    assert a.authenticate(_h("Bearer env-key")).user == "bob"
+    c = a.authenticate(_h("bearer file-key"))
     assert c.tenant == "c" and c.may_use("m1") and not c.may_use("m2")
     with pytest.raises(PermissionDenied):
         c.check_model("m2")
@@ -33,7 +38,7 @@ def test_each_key_source_maps_to_its_principal(tmp_path, monkeypatch) -> None:  
 @pytest.mark.parametrize("header", [None, "", "Bearer", "Basic abc", "Bearer wrong"])
 def test_bad_or_missing_keys_are_401(tmp_path, monkeypatch, header) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(Unauthorized) as e:
-        auth(tmp_path, monkeypatch).authenticate(header)
+        auth(tmp_path, monkeypatch).authenticate(_h(header))
     assert e.value.status == 401
     assert e.value.headers["x-should-retry"] == "false"
 
@@ -41,9 +46,9 @@ def test_bad_or_missing_keys_are_401(tmp_path, monkeypatch, header) -> None:  # 
 def test_open_mode_is_anonymous_but_honours_known_keys() -> None:
     a = Authenticator(AuthSettings.model_validate(
         {"mode": "open", "keys": [{"key": "k1", "tenant": "t1"}]}))
-    assert a.authenticate(None).tenant == "public"
-    assert a.authenticate("Bearer whatever").tenant == "public"
-    assert a.authenticate("Bearer k1").tenant == "t1"
+    assert a.authenticate(_h(None)).tenant == "public"
+    assert a.authenticate(_h("Bearer whatever")).tenant == "public"
+    assert a.authenticate(_h("Bearer k1")).tenant == "t1"
 
 
 def test_missing_env_key_is_an_error(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -59,17 +64,17 @@ def test_admin_rights_are_per_tenant_unless_operator() -> None:
     a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
         {"key": "u", "tenant": "t"}, {"key": "adm", "tenant": "t", "role": "admin"},
         {"key": "op", "tenant": "ops", "operator": True}]}))
-    assert a.require_role("Bearer adm", "admin", "x").tenant == "t"
-    assert a.require_role("Bearer op", "admin", "x").operator
-    assert a.require_role("Bearer op", "operator", "x").is_admin
+    assert a.require_role(_h("Bearer adm"), "admin", "x").tenant == "t"
+    assert a.require_role(_h("Bearer op"), "admin", "x").operator
+    assert a.require_role(_h("Bearer op"), "operator", "x").is_admin
     for header, role in (("Bearer u", "admin"), ("Bearer adm", "operator"),
                          ("Bearer u", "operator")):
         with pytest.raises(PermissionDenied):
-            a.require_role(header, role, "x")  # type: ignore[arg-type]
+            a.require_role(_h(header), role, "x")  # type: ignore[arg-type]
     with pytest.raises(Unauthorized):
-        a.require_role(None, "admin", "x")
+        a.require_role(_h(None), "admin", "x")
     basic = "Basic " + base64.b64encode(b"anyone:adm").decode()
-    assert a.authenticate(basic).role == "admin"  # what a browser sends for /dashboard
+    assert a.authenticate(_h(basic)).role == "admin"  # what a browser sends for /dashboard
     for bad in ("Basic " + base64.b64encode(b"adm").decode(), "Basic !!not-base64!!"):
         with pytest.raises(Unauthorized):  # no password / not base64
-            a.authenticate(bad)
+            a.authenticate(_h(bad))

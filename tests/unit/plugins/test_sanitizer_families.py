@@ -633,3 +633,16 @@ def test_common_jailbreaks_are_injections(text: str) -> None:
 ])
 def test_the_same_words_in_ordinary_questions_are_not(text: str) -> None:
     assert not list(INJECTION.find(normalize(text)))
+
+
+async def test_no_prompt_stays_in_the_detectors_memo() -> None:
+    """The digit-run memo that detectors share during one scan is dropped after it: a
+    prompt (here one with a card in it) is not kept alive by module state."""
+    from plugins.sanitizer import detectors
+
+    secret = "my card is 4111 1111 1111 1111 and my phone +1 415 555 0100"
+    ctx = convo(secret)
+    await plugin(card="flag", phone="flag")(ctx, Spy())
+    assert ctx.sensitive
+    memo = detectors._runs_of
+    assert memo == ("", [], []), "the last scanned text is still held"
