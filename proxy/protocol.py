@@ -647,6 +647,23 @@ class EmbeddingRequest(_NullIsDefault):
     dimensions: int | None = None
     user: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_token_ids(cls, data: Any) -> Any:
+        """Token ids (OpenAI's API takes them) name tokens of the client's tokenizer,
+        usually tiktoken's, which mean nothing to this embedding model: refused in words
+        that say what to send instead, not embedded as other tokens."""
+        inp = data.get("input") if isinstance(data, dict) else None
+        if isinstance(inp, list) and inp and all(
+                isinstance(x, int) and not isinstance(x, bool)
+                or isinstance(x, list) and x and all(isinstance(y, int) for y in x)
+                for x in inp):
+            raise InvalidRequest(
+                "Token-id input is not supported by this embedding model: send the text "
+                "(a string or an array of strings). LangChain's OpenAIEmbeddings sends "
+                "token ids unless `check_embedding_ctx_length=False`.", param="input")
+        return data
+
 
 # Pydantic names union members in an error's location ('TextPart', 'list[str]',
 # 'constrained-str', 'function-after[...]'); they are not fields and never part of a param.

@@ -64,6 +64,17 @@ async def test_errors(client) -> None:  # type: ignore[no-untyped-def]
     assert r.status == 400 and (await r.json())["error"]["param"] == "dimensions"
 
 
+@pytest.mark.parametrize("ids", [[15339, 1917], [[15339, 1917], [9906]]])
+async def test_token_id_input_is_refused_in_words(client, ids) -> None:  # type: ignore[no-untyped-def]
+    """What LangChain's OpenAIEmbeddings sends by default: tiktoken ids, which name
+    nothing in this model's vocabulary. A 400 that says what to send instead."""
+    r = await client.post("/v1/embeddings", json={"model": MODEL, "input": ids})
+    assert r.status == 400
+    err = (await r.json())["error"]
+    assert err["param"] == "input" and err["type"] == "invalid_request_error"
+    assert "Token-id input" in err["message"] and "check_embedding_ctx_length" in err["message"]
+
+
 async def test_concurrent_callers_are_batched(client) -> None:  # type: ignore[no-untyped-def]
     emb = client.app[STATE].embedder
     before = emb.batches
