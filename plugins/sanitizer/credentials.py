@@ -51,6 +51,27 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("r8_",), r"\br8_[A-Za-z0-9]{30,40}\b"),  # Replicate
     (("xai-",), r"\bxai-[A-Za-z0-9]{60,100}\b"),  # xAI
     (("atatt",), r"\bATATT[A-Za-z0-9_=-]{100,}"),  # Atlassian
+    (("discord", "bot"),  # Discord bot tokens (a base64 user id, a time, an HMAC)
+     r"\b[MNO][A-Za-z0-9_-]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,38}(?![A-Za-z0-9_-])"),
+    (("/api/webhooks/",),
+     r"\bdiscord(?:app)?\.com/api/webhooks/\d{5,30}/[A-Za-z0-9_-]{40,100}"),
+    (("sk",), r"\bSK[0-9a-f]{32}\b"),  # Twilio API keys
+    (("key-",), r"\bkey-[0-9a-f]{32}\b"),  # Mailgun
+    (("-us",), r"\b[0-9a-f]{32}-us\d{1,2}\b"),  # Mailchimp
+    (("sq0atp-", "sq0csp-", "eaaa"),
+     r"\b(?:sq0atp-[A-Za-z0-9_-]{22}|sq0csp-[A-Za-z0-9_-]{43}|EAAA[A-Za-z0-9_-]{60})\b"),
+    (("dapi",), r"\bdapi[0-9a-f]{32}(?:-\d)?\b"),  # Databricks
+    (("age-secret-key-1",), r"\bAGE-SECRET-KEY-1[0-9A-Z]{58}\b"),
+    (("hvs.", "hvb."), r"\bhv[sb]\.[A-Za-z0-9_-]{24,}"),  # HashiCorp Vault
+    (("dp.pt.", "dp.st.", "dp.sa.", "dp.ct."), r"\bdp\.(?:pt|st|sa|ct)\.[A-Za-z0-9]{40,44}"),
+    (("pmak-",), r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}\b"),  # Postman
+    (("lin_api_",), r"\blin_api_[A-Za-z0-9]{40}\b"),  # Linear
+    (("secret_", "ntn_"), r"\b(?:secret_[A-Za-z0-9]{43}|ntn_[A-Za-z0-9]{40,50})\b"),  # Notion
+    (("figd_",), r"\bfigd_[A-Za-z0-9_-]{40,}"),  # Figma
+    (("glsa_", "glc_"), r"\b(?:glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}|glc_[A-Za-z0-9+/]{32,}={0,2})"),
+    (("sntrys_", "sntryu_"), r"\bsntry[su]_[A-Za-z0-9+/=_-]{40,}"),  # Sentry
+    (("pplx-",), r"\bpplx-[A-Za-z0-9]{40,60}\b"),  # Perplexity
+    (("pul-",), r"\bpul-[a-f0-9]{40}\b"),  # Pulumi
     # A password in a URL ("postgres://app:s3cret@db/app", "redis://:s3cret@cache"),
     # after curl's -u, after --password, in a <password> element, after mysql's -p.
     (("://",), r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://[^\s:/@]{0,64}:(?P<v>[^\s/]{1,128})@"),

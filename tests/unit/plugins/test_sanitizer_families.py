@@ -25,6 +25,7 @@ from proxy.text import normalize
 from tests.fakes import FakeEngine
 
 ALNUM = string.ascii_letters + string.digits
+HEX = "0123456789abcdef"
 around = st.sampled_from(["", "my ", "please use ", "note: ", "见 "])
 after = st.sampled_from(["", " thanks", ", ok?", ".", " 谢谢"])
 
@@ -190,7 +191,7 @@ SECRETS = st.one_of(
     st.builds(lambda b: "npm_" + b, body_of(36)),
     st.builds(lambda b: "pypi-AgEIcHlwaS5vcmc" + b, body_of(60, ALNUM + "_-")),
     st.builds(lambda a, b: f"SG.{a}.{b}", body_of(22, ALNUM + "_-"), body_of(43, ALNUM + "_-")),
-    st.builds(lambda b: "shpat_" + b, body_of(32, "0123456789abcdef")),
+    st.builds(lambda b: "shpat_" + b, body_of(32, HEX)),
     st.builds(lambda b: "dop_v1_" + b, body_of(64, "0123456789abcdef")),
     st.builds(lambda b: "AccountKey=" + b + "==", body_of(86, ALNUM + "+/")),
     st.builds(lambda s, b: f"{s} {b}9", st.sampled_from(["Bearer", "bearer", "BEARER"]),
@@ -198,7 +199,38 @@ SECRETS = st.one_of(
     st.builds(lambda s, b: f"Authorization: {s}{b}",
               st.sampled_from(["Basic ", "Token ", ""]), body_of(20, string.ascii_letters)
               .map(lambda b: b + "1")),
+    st.builds(lambda f, a, b, c: f"discord bot token {f}{a}.{b}.{c}",
+              st.sampled_from("MNO"), body_of(25, ALNUM), body_of(6, ALNUM + "_-"),
+              body_of(38, ALNUM + "_-")),
+    st.builds(lambda i, b: f"https://discord.com/api/webhooks/{i}/{b}",
+              st.integers(10**17, 10**19), body_of(68, ALNUM + "_-")),
+    st.builds(lambda b: "SK" + b, body_of(32, HEX)),  # Twilio
+    st.builds(lambda b: "key-" + b, body_of(32, HEX)),  # Mailgun
+    st.builds(lambda b, n: f"{b}-us{n}", body_of(32, HEX), st.integers(1, 21)),  # Mailchimp
+    st.builds(lambda b: "sq0atp-" + b, body_of(22, ALNUM + "_-")),
+    st.builds(lambda b: "dapi" + b, body_of(32, HEX)),
+    st.builds(lambda b: "AGE-SECRET-KEY-1" + b, body_of(58, string.ascii_uppercase
+                                                        + string.digits)),
+    st.builds(lambda b: "hvs." + b, body_of(90, ALNUM + "_-")),
+    st.builds(lambda b: "dp.pt." + b, body_of(43, ALNUM)),
+    st.builds(lambda a, b: f"PMAK-{a}-{b}", body_of(24, HEX), body_of(34, HEX)),
+    st.builds(lambda b: "lin_api_" + b, body_of(40, ALNUM)),
+    st.builds(lambda b: "secret_" + b, body_of(43, ALNUM)),  # Notion
+    st.builds(lambda b: "figd_" + b, body_of(40, ALNUM + "_-")),
+    st.builds(lambda a, b: f"glsa_{a}_{b}", body_of(32, ALNUM), body_of(8, HEX)),
+    st.builds(lambda b: "sntrys_" + b, body_of(80, ALNUM + "_=")),
+    st.builds(lambda b: "pplx-" + b, body_of(48, ALNUM)),
+    st.builds(lambda b: "pul-" + b, body_of(40, "0123456789abcdef")),
 )
+
+
+@pytest.mark.parametrize("text", [
+    "The bot said MNO is a company.", "see key-value stores", "the secret_sauce recipe",
+    "Skip the SK12 row", "use the discord bot to greet users", "plans for the us-east region",
+    "hvs. is short for what?", "the figd_ prefix", "a dapi is a call",
+])
+def test_vendor_prefixes_alone_are_not_secrets(text: str) -> None:
+    assert not fires("secret", text)
 
 
 @settings(max_examples=400, deadline=None)
