@@ -216,7 +216,7 @@ def find_secrets(text: str) -> Iterator[Span]:
         matches = _matches_at(text, starts)
     for m in matches:
         if _phrase_ok(m):
-            yield m.span()
+            yield m.start(), _phrase_end(text, m)
     if any(e in low for e in _ENV_ENDINGS):
         for m in _ENV.finditer(text):
             value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
@@ -254,11 +254,62 @@ def _phrase_ok(m: re.Match[str]) -> bool:
         return _value_ok(m["to"]) and _looks_made_up(m["to"])
     value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
     if not _value_ok(value):
-        return False
+        # "passphrase: correct horse battery staple": ordinary words, three or more
+        return (_is_passphrase(m) and m["le"] is not None and m["v"] is not None
+                and m["v"].lower() not in _CLAUSE and m["v"][-1] not in ".,;:!?)"
+                and len(_tail(m.string, m.end(), passphrase=True)) >= 2)
     if m["kp"] is not None and m["le"] is not None:
         return True  # "password is swordfish": plain words are passwords too
     cjk_link = m["lo"] is not None and m["lo"].strip() in ("는", "은", "は")
     return _looks_made_up(value) and (not cjk_link or value.isascii())
+
+
+# A password's words run on after "password is" ("the wifi password is blue elephant
+# 42", "passphrase: correct horse battery staple") to the clause's end: a punctuation
+# mark, a line's end, or a word that starts the rest of the sentence ("... and I forgot
+# it", "... please help"). At most `_TAIL_WORDS` more words are taken.
+_TAIL_WORDS = 5
+_NEXT_WORD = re.compile(r"[ \t]+([^\s\"'`]+)")
+_CLAUSE = frozenset("""
+and or but so because since for to in on at with from by of if though although which who
+whom whose that than then when where while why how what is are was were be been do does
+did done can could would should will shall may might must i i'm i've i'd me my mine you
+your yours we our us they their them he she him her his it it's its this these those
+please pls plz thanks thank thx help ok okay now also still just yet too as after before
+until unless whenever wherever not no yes the a an any some all but
+""".split())
+
+
+def _phrase_end(text: str, m: re.Match[str]) -> int:
+    """Where a phrase's value ends: an unquoted English password goes on over the words
+    after it that are not the sentence going on."""
+    if m["v"] is None or m["kp"] is None or m["le"] is None or m["v"][-1] in ".,;:!?)":
+        return m.end()
+    ends = _tail(text, m.end(), passphrase=_is_passphrase(m))
+    return ends[-1] if ends else m.end()
+
+
+def _tail(text: str, end: int, *, passphrase: bool) -> list[int]:
+    """The ends of the words after `end` that go on a password (see `_TAIL_WORDS`); a
+    passphrase's words may be ones that follow "password is" in talk ("correct")."""
+    ends: list[int] = []
+    for _ in range(_TAIL_WORDS):
+        nxt = _NEXT_WORD.match(text, end)
+        if nxt is None:
+            break
+        word = nxt[1]
+        bare = word.rstrip(".,;:!?)").lower()
+        if not bare or bare in _CLAUSE or (not passphrase and bare in _NOT_A_VALUE):
+            break
+        end = nxt.start(1) + len(bare)
+        ends.append(end)
+        if len(bare) != len(word):  # the clause ends with this word
+            break
+    return ends
+
+
+def _is_passphrase(m: re.Match[str]) -> bool:
+    return m["kp"] is not None and m["kp"].lower() == "passphrase"
 
 
 def _unquoted(quoted: str) -> str:

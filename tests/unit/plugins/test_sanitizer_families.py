@@ -678,3 +678,25 @@ async def test_no_prompt_stays_in_the_detectors_memo() -> None:
     assert ctx.sensitive
     memo = detectors._runs_of
     assert memo == ("", [], []), "the last scanned text is still held"
+
+
+@pytest.mark.parametrize(("text", "taken"), [
+    ("the wifi password is blue elephant 42", "password is blue elephant 42"),
+    ("passphrase: correct horse battery staple", "passphrase: correct horse battery staple"),
+    ("password is fluffy bunny\nwhat next?", "password is fluffy bunny"),
+    ("my password is Tr0ub4dor&3 and I forgot it", "password is Tr0ub4dor&3"),
+    ("password: hunter2 please help", "password: hunter2"),
+    ("password is letmein123 on the router", "password is letmein123"),
+    ("the password is purple monkey. Is it strong?", "password is purple monkey"),
+])
+def test_a_password_of_several_words_is_taken_to_the_clause_end(text: str, taken: str) -> None:
+    n = normalize(text)
+    assert [n[a:b] for a, b in BUILTIN["secret"].find(n)] == [taken]
+
+
+@pytest.mark.parametrize("text", [
+    "the passphrase is required for login", "the passphrase is not long enough",
+    "Passphrase is case sensitive", "The passphrase is correct.",
+])
+def test_talk_about_a_passphrase_is_not_one(text: str) -> None:
+    assert not fires("secret", text)
