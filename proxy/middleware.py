@@ -101,10 +101,27 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
     return access_log
 
 
+# An id the server made ("resp_" and hex): a log line may name it.
+_OWN_ID = re.compile(r"[a-z]{2,10}[_-][0-9a-f]{16,64}\Z")
+
+
 def logged_path(request: web.Request) -> str:
-    """The path a log line may hold: a route's (its ids are the server's own); a path no
-    route serves is the caller's text (`/v1/jane@example.com`), so it is not written."""
-    return request.path if request.match_info.route.resource is not None else "(no route)"
+    """The path a log line may hold. A path no route serves is the caller's text
+    (`/v1/jane@example.com`), so it is not written; a route's parameters are the
+    caller's text too (`/v1/responses/jane@example.com`, `/v1/models/sk-live-...`):
+    the route's template is written, with an id the server made put back in."""
+    resource = request.match_info.route.resource
+    if resource is None:
+        return "(no route)"
+    params = dict(request.match_info)
+    if not params:
+        return request.path
+    info = resource.get_info()
+    template = info.get("formatter") or resource.canonical
+    for name, value in params.items():
+        if _OWN_ID.match(value):
+            template = re.sub(r"\{" + re.escape(name) + r"(?::[^}]*)?\}", value, template)
+    return template
 
 
 _UNTRACED = ("/health", "/metrics", "/dashboard")

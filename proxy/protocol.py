@@ -655,8 +655,8 @@ class EmbeddingRequest(_NullIsDefault):
         that say what to send instead, not embedded as other tokens."""
         inp = data.get("input") if isinstance(data, dict) else None
         if isinstance(inp, list) and inp and all(
-                isinstance(x, int) and not isinstance(x, bool)
-                or isinstance(x, list) and x and all(isinstance(y, int) for y in x)
+                (isinstance(x, int) and not isinstance(x, bool))
+                or (isinstance(x, list) and x and all(isinstance(y, int) for y in x))
                 for x in inp):
             raise InvalidRequest(
                 "Token-id input is not supported by this embedding model: send the text "
