@@ -101,8 +101,10 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         except Shed:
             raise self._overloaded("full", "The server is overloaded; retry shortly.") from None
         except TimeoutError:
-            left = ctx.remaining()
-            if left is not None and left <= 0:
+            # The request's own deadline bounded the wait: its deadline passed (asked by
+            # the wait's length, not the clock after it: a timer may fire a clock tick
+            # early, and a request cut by its own deadline is no shed load).
+            if remaining is not None and remaining <= self.cfg.max_queue_wait_s:
                 self.timeouts.inc()
                 raise DeadlineExceeded("The request did not start before its deadline.") from None
             raise self._overloaded("wait", "No engine slot became free in time.") from None

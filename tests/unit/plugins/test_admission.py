@@ -288,3 +288,25 @@ async def test_thousands_of_mixed_requests_leave_no_permit() -> None:
         t.get_loop().call_soon(t.cancel)
     await asyncio.gather(*tasks, return_exceptions=True)
     assert p.gate.in_use == 0 and p.gate.waiting == 0
+
+
+@pytest.mark.parametrize(("header_ms", "max_wait_s", "expected"), [
+    ("3000", 10.0, Timeout),  # its own deadline bounded the wait: 504, no shed load
+    ("30000", 1.0, Unavailable),  # the queue's bound came first: shed, 503
+])
+async def test_a_wait_cut_by_the_request_s_own_deadline_is_a_504(
+        header_ms: str, max_wait_s: float, expected: type[Exception],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which bound ended the wait decides the answer, not the clock read after it: a
+    timer may fire a clock tick before the deadline (a 503 `queue_timeout`, counted as
+    shed load, came back for one of twelve requests cut by their own 3 s deadline)."""
+    p = plugin(max_queue_wait_s=max_wait_s)
+
+    async def times_out(priority: int, wait: float | None, weight: int = 1) -> None:
+        raise TimeoutError  # the wait ended, a tick before the deadline
+
+    monkeypatch.setattr(p.gate, "acquire", times_out)
+    with pytest.raises(expected) as e:
+        await p(ctx({"x-weir-timeout-ms": header_ms}), lambda c: Completion({}))  # type: ignore[arg-type, return-value]
+    if expected is Unavailable:
+        assert e.value.code == "queue_timeout"  # type: ignore[attr-defined]
