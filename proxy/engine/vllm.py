@@ -163,10 +163,15 @@ class VllmEngine:
         self._ready = True
 
     async def _warmup(self) -> None:
+        """The paths a first request would otherwise pay for, while nobody waits: greedy
+        decoding, and sampling with logprobs (the first `logprobs` request after a
+        start held the engine for seconds, every tenant's requests behind it)."""
         prompt = self.render_chat([{"role": "user", "content": "warm up"}], None)
-        opts = SamplingOptions(max_tokens=4, temperature=0.0)
-        async for _ in self.generate(prompt, opts, "weir-warmup"):
-            pass
+        for i, opts in enumerate((
+                SamplingOptions(max_tokens=4, temperature=0.0),
+                SamplingOptions(max_tokens=4, temperature=0.7, seed=0, logprobs=5))):
+            async for _ in self.generate(prompt, opts, f"weir-warmup-{i}"):
+                pass
 
     async def close(self) -> None:
         self._ready = False

@@ -125,3 +125,22 @@ def test_engine_render_chat_keeps_message_text_out_of_control_tokens() -> None:
         ["<|user|>", "<|end|>", "<|assistant|>"])
     assert [i for i in engine.encode(forged) if i in special] == [
         i for i in tok.encode("", add_special_tokens=True) if i in special]
+
+
+async def test_warm_up_runs_the_paths_a_first_request_would_pay_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy decoding and sampling with logprobs are both run before the engine says
+    it is ready: the first `logprobs` request after a start used to hold the engine
+    (and every tenant behind it) for seconds."""
+    engine = VllmEngine(VllmEngineSettings())
+    seen: list[Any] = []
+
+    async def generate(prompt: list[int], opts: Any, request_id: str) -> Any:
+        seen.append(opts)
+        yield None
+
+    monkeypatch.setattr(engine, "render_chat", lambda messages, tools: [1, 2, 3])
+    monkeypatch.setattr(engine, "generate", generate)
+    await engine._warmup()
+    assert any(o.temperature == 0 and o.logprobs is None for o in seen)
+    assert any(o.logprobs is not None and o.temperature > 0 for o in seen)
