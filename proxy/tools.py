@@ -175,7 +175,8 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
                 calls.append(ParsedToolCall(json.loads(m["name"]), text[m.end():]))
             return calls
         if isinstance(c, dict) and isinstance(c.get("name"), str) and "parameters" in c:
-            calls.append(ParsedToolCall(c["name"], json.dumps(c["parameters"])))
+            calls.append(ParsedToolCall(c["name"], json.dumps(  # as a model writes them
+                c["parameters"], separators=(",", ":"), ensure_ascii=False)))
         i = skip_ws(text, i)
         if text.startswith(",", i):
             i += 1
@@ -214,6 +215,7 @@ class ToolCallTracker:
     parser: ToolCallParser | None = None
     _buffer: list[str] = field(default_factory=list)
     _ids: dict[int, str] = field(default_factory=dict)
+    _streamed: list[str] = field(default_factory=list)  # content sent (parser mode)
     called: bool = False
 
     @classmethod
@@ -235,7 +237,7 @@ class ToolCallTracker:
             content, calls = self.parser.extract(text)
             if calls:
                 self.called = True
-                return content or None, [call_dict(c) for c in calls]
+                return content or None, [call_dict(c) for c in calls[:self._most_calls]]
             return text, []
         else:
             return text, []
@@ -264,8 +266,16 @@ class ToolCallTracker:
             self._buffer.append(text)  # `required`: the array is read whole at the end
             return None, []
         assert self.parser is not None
+        self._buffer.append(text)
         content, deltas = self.parser.feed(text, token_ids)
-        return content, [self._delta(d) for d in deltas]
+        if content:
+            self._streamed.append(content)
+        return content, [self._delta(d) for d in deltas if d.index < self._most_calls]
+
+    @property
+    def _most_calls(self) -> int:
+        """`parallel_tool_calls: false`: one call at most (the first the model made)."""
+        return 1 if self.req.parallel_tool_calls is False else 1 << 30
 
     def finish(self) -> tuple[str | None, list[dict[str, Any]]]:
         """What only the end of the answer reveals: forced calls, a parser's last args."""
@@ -277,7 +287,13 @@ class ToolCallTracker:
             return None, [{"index": i, **call_dict(c)} for i, c in enumerate(calls)]
         if self.mode == "parser":
             assert self.parser is not None
-            return None, [self._delta(d) for d in self.parser.finish()]
+            deltas = [self._delta(d) for d in self.parser.finish() if d.index < self._most_calls]
+            if self.called:
+                return None, deltas
+            # No call after all (an answer that began like one, "[4, 5," cut at
+            # max_tokens): the text the parser held back is content, as a whole answer's.
+            text, sent = "".join(self._buffer), "".join(self._streamed)
+            return (text[len(sent):] or None) if text.startswith(sent) else None, deltas
         return None, []
 
     def step(self, text: str, token_ids: list[int], reason: str | None,

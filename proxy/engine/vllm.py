@@ -353,6 +353,7 @@ class _ToolParserAdapter:
         self._parser = cls(tokenizer, self._request.tools)  # type: ignore[arg-type]
         self._text = ""
         self._ids: list[int] = []
+        self._named: set[int] = set()  # calls whose name was streamed
 
     def extract(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
         info = self._parser.extract_tool_calls(text, self._request)
@@ -368,16 +369,20 @@ class _ToolParserAdapter:
             prev_text, self._text, delta, prev_ids, self._ids, token_ids, self._request)
         if msg is None:
             return None, []
-        return msg.content, [
-            ToolCallDelta(d.index, d.id, d.function.name if d.function else None,
-                          d.function.arguments if d.function else None)
-            for d in msg.tool_calls]
+        deltas = [ToolCallDelta(d.index, d.id, d.function.name if d.function else None,
+                                d.function.arguments if d.function else None)
+                  for d in msg.tool_calls]
+        self._named.update(d.index for d in deltas if d.name)
+        return msg.content, deltas
 
     def finish(self) -> list[ToolCallDelta]:
+        """The last call's arguments the parser held back, if that call was begun (an
+        answer cut before a call's name was whole has no call: its "{}" is no call's)."""
+        index = len(self._parser.prev_tool_call_arr) - 1
         rest = self._parser.get_remaining_unstreamed_args()
-        if not rest:
+        if not rest or index not in self._named:
             return []
-        return [ToolCallDelta(len(self._parser.prev_tool_call_arr) - 1, arguments=rest)]
+        return [ToolCallDelta(index, arguments=rest)]
 
 
 # Native code (the grammar compiler) prefixes its messages with a time and a source path.

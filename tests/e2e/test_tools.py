@@ -252,6 +252,7 @@ def test_vllms_tool_parsers_read_their_syntax_whole_and_streamed() -> None:
         assert [(c.name, json.loads(c.arguments)) for c in calls] == [
             ("get_weather", {"city": "Paris"})]
         req: Any = type("Req", (), {"tools": tools, "tool_choice": "auto",
+                                    "parallel_tool_calls": None,
                                     "tool_dicts": lambda self: tools})()
         tracker = ToolCallTracker.for_request(
             req, lambda t, cls=cls: _ToolParserAdapter(cls, tok, t))
@@ -266,6 +267,15 @@ def test_vllms_tool_parsers_read_their_syntax_whole_and_streamed() -> None:
         assert call["function"]["name"] == "get_weather" and call["id"]
         assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
         assert reason == "tool_calls" and streamed.strip() == (content or "").strip()
+        # an answer that began like a call and was cut before one: streamed, the text
+        # comes out (as the whole answer's content)
+        cut = text[: text.index("get_weather") + 3]  # before a name is whole
+        tracker = ToolCallTracker.for_request(
+            req, lambda t, cls=cls: _ToolParserAdapter(cls, tok, t))
+        pieces = [tracker.step(cut[i:i + 3], [0], None) for i in range(0, len(cut), 3)]
+        pieces.append(tracker.step("", [], "length"))
+        assert not any(d for _, d, _ in pieces)
+        assert "".join(p or "" for p, _, _ in pieces) == cut
     with pytest.raises(ValueError, match="unknown parser `nope`"):
         _tool_parser_class("nope", tok)
     with pytest.raises(ValueError, match="does not fit this model"):

@@ -52,7 +52,7 @@ async def test_required_whole_and_streamed(make_client: MakeClient) -> None:
     choice = body["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
-    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "x"}'}
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city":"x"}'}
     r = await client.post("/v1/chat/completions",
                           json={**BASE, "tool_choice": "required", "stream": True})
     events, done = parse_sse(await r.text())

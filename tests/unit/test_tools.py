@@ -86,7 +86,7 @@ def test_required_schema_admits_only_the_tools_calls() -> None:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
     assert T.parse_forced(req, json.dumps(good)) == [
-        ParsedToolCall("get_weather", '{"city": "Paris"}')]
+        ParsedToolCall("get_weather", '{"city":"Paris"}')]
 
 
 PERSON = {  # as pydantic writes a nested model: references to the schema's own root
@@ -248,7 +248,7 @@ def test_forced_tracker_whole_and_streamed_agree() -> None:
     whole = T.ToolCallTracker.for_request(req, _Engine(False).tool_parser)
     content, calls = whole.whole(text)
     assert content is None and calls[0]["function"] == {"name": "get_weather",
-                                                        "arguments": '{"city": "x"}'}
+                                                        "arguments": '{"city":"x"}'}
     assert calls[0]["id"].startswith("call_") and whole.reason("stop") == "tool_calls"
     streamed = T.ToolCallTracker.for_request(req, _Engine(False).tool_parser)
     assert all(streamed.feed(text[i:i + 3], [1]) == (None, [])
@@ -298,6 +298,37 @@ def test_parser_tracker_splits_content_from_calls() -> None:
     got = assembler.result()
     assert got[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert got[0]["id"] and streamed.reason("stop") == "tool_calls"
+
+
+def test_text_the_parser_held_back_is_content_when_no_call_came() -> None:
+    """An answer that began like a call and was cut before one was whole: streamed, the
+    text the parser held back comes out at the end, as the whole answer's content."""
+    req = chat(tools=[WEATHER])
+    text = 'Sure: <call>{"name": "get_wea'
+    streamed = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+    steps = [streamed.step(text[i:i + 4], [1], None) for i in range(0, len(text), 4)]
+    steps.append(streamed.step("", [], "length"))
+    assert "".join(c or "" for c, _, _ in steps) == text
+    assert all(not deltas for _, deltas, _ in steps) and steps[-1][2] == "length"
+    whole = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+    assert whole.whole(text) == (text, [])
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
+    two = ('<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
+           '<call>{"name": "get_weather", "arguments": {"city": "Rome"}}</call>')
+    for parallel, expected in ((False, ["Paris"]), (None, ["Paris", "Rome"])):
+        req = chat(tools=[WEATHER], parallel_tool_calls=parallel)
+        whole = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+        _, calls = whole.whole(two)
+        assert [json.loads(c["function"]["arguments"])["city"] for c in calls] == expected
+        streamed = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+        assembler = T.CallAssembler()
+        for i in range(0, len(two), 7):
+            assembler.feed(streamed.step(two[i:i + 7], [1], None)[1])
+        assembler.feed(streamed.step("", [], "stop")[1])
+        assert [json.loads(c["function"]["arguments"])["city"]
+                for c in assembler.result()] == expected
 
 
 def test_text_modes_pass_text_through() -> None:
