@@ -64,6 +64,10 @@ from vllm.tool_parsers import ToolParser, ToolParserManager
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.structured_output.backend_xgrammar import (
+    STRING_SUPPORTED_FORMATS,
+    has_xgrammar_unsupported_json_features,
+)
 
 log = get_logger("weir.engine")
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -230,7 +234,7 @@ class VllmEngine:
     def _sampling_params(self, o: SamplingOptions) -> SamplingParams:
         structured = None
         if o.json_schema is not None:
-            structured = StructuredOutputsParams(json=o.json_schema)
+            structured = StructuredOutputsParams(json=_loosened(o.json_schema))
         elif o.json_object:
             structured = StructuredOutputsParams(json_object=True)
         try:
@@ -443,6 +447,55 @@ def _generated(llm: AsyncLLM, request_id: str) -> int:
         return int(running + ended)
     except (AttributeError, TypeError):
         return 0
+
+
+# Schema keywords the grammar compiler cannot enforce; vLLM refuses a schema holding
+# them. They narrow values a schema already types (a multiple, distinct items, a string
+# format, a length beside a pattern): the answer is constrained without them, as OpenAI
+# constrains a tool that is not strict, where vLLM's server falls back to another
+# compiler. (Object keywords that decide which keys exist are left to be refused.)
+_NUMBER_ONLY = ("multipleOf",)
+_ARRAY_ONLY = ("uniqueItems", "contains", "minContains", "maxContains")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else",
+               "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+               "additionalItems")
+
+
+def _loosened(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` without the keywords the compiler refuses (a copy; as given when it
+    holds none)."""
+    if not has_xgrammar_unsupported_json_features(schema):
+        return schema
+    return _loosen(schema)  # type: ignore[no-any-return]
+
+
+def _loosen(node: Any) -> Any:
+    if not isinstance(node, dict):
+        return node
+    types = node.get("type")
+    kinds = {types} if isinstance(types, str) else set(types or ())
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if kinds & {"integer", "number"} and key in _NUMBER_ONLY:
+            continue
+        if "array" in kinds and key in _ARRAY_ONLY:
+            continue
+        if "string" in kinds:
+            if key == "format" and value not in STRING_SUPPORTED_FORMATS:
+                continue
+            if key in ("minLength", "maxLength") and ("pattern" in node or "format" in node):
+                continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            value = {k: _loosen(v) for k, v in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            value = [_loosen(v) for v in value]
+        elif key in _SCHEMA_ONE:
+            value = [_loosen(v) for v in value] if isinstance(value, list) else _loosen(value)
+        out[key] = value
+    return out
 
 
 def _clean(message: str) -> str:

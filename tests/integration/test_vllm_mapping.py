@@ -144,3 +144,35 @@ async def test_warm_up_runs_the_paths_a_first_request_would_pay_for(
     await engine._warmup()
     assert any(o.temperature == 0 and o.logprobs is None for o in seen)
     assert any(o.logprobs is not None and o.temperature > 0 for o in seen)
+
+
+def test_schema_keywords_the_compiler_refuses_are_left_out_not_refused() -> None:
+    """A tool's or response format's schema with `multipleOf`, `uniqueItems`, an
+    unknown string format or a length beside a pattern is served (constrained without
+    those keywords, as vLLM's server serves it through another compiler); a property
+    that happens to carry one of those names is kept."""
+    from vllm.v1.structured_output.backend_xgrammar import (
+        has_xgrammar_unsupported_json_features,
+    )
+
+    from proxy.engine.vllm import _loosened
+
+    schema = {"type": "object", "required": ["n"], "$defs": {
+        "Tags": {"type": "array", "items": {"type": "string", "format": "color"},
+                 "uniqueItems": True, "maxItems": 3}},
+        "properties": {
+            "n": {"type": "integer", "multipleOf": 5, "minimum": 0},
+            "multipleOf": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 5},
+            "tags": {"$ref": "#/$defs/Tags"},
+            "alt": {"anyOf": [{"type": "number", "multipleOf": 0.5}, {"type": "null"}]}}}
+    assert has_xgrammar_unsupported_json_features(schema)
+    loose = _loosened(schema)
+    assert not has_xgrammar_unsupported_json_features(loose)
+    assert loose["properties"]["n"] == {"type": "integer", "minimum": 0}
+    assert loose["properties"]["multipleOf"] == {"type": "string", "pattern": "^[a-z]+$"}
+    assert loose["$defs"]["Tags"] == {"type": "array", "items": {"type": "string"},
+                                      "maxItems": 3}
+    assert loose["properties"]["alt"]["anyOf"][0] == {"type": "number"}
+    assert schema["properties"]["n"]["multipleOf"] == 5  # the caller's own is untouched
+    plain = {"type": "object", "properties": {"city": {"type": "string"}}}
+    assert _loosened(plain) is plain

@@ -529,3 +529,18 @@ def test_a_schema_nested_past_the_metaschema_check_is_a_400() -> None:
         node = node["properties"]["a"]
     assert bad_param(response_format={"type": "json_schema", "json_schema": {
         "name": "n", "schema": deep}}) == "response_format.json_schema.schema"
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_stop_strings_do_not_cut_a_forced_call(choice: Any) -> None:
+    """`stop` ends text, not a call's arguments: a stop word inside them cut the JSON
+    mid-string (`{"city":"` with finish_reason tool_calls); text answers keep it."""
+    from proxy.preparing import prepare_chat
+    from tests.fakes import FakeEngine
+
+    forced = prepare_chat(FakeEngine(), chat(tools=[WEATHER], tool_choice=choice,
+                                             stop=["Paris"]))
+    assert forced.options.stop == [] and forced.options.json_schema is not None
+    text = prepare_chat(FakeEngine(), chat(tools=[WEATHER], stop=["Paris"]))
+    assert text.options.stop == ["Paris"]
