@@ -287,7 +287,7 @@ class VllmEngine:
                         index=c.index,
                         text=c.text,
                         token_ids=list(c.token_ids),
-                        logprobs=_logprobs(c.logprobs, c.token_ids) if want_logprobs else None,
+                        logprobs=_logprobs(c.logprobs, _shown(c)) if want_logprobs else None,
                         finish_reason=_FINISH.get(c.finish_reason or "", c.finish_reason),
                     )
                     for c in out.outputs
@@ -512,6 +512,16 @@ def _rejected(e: Exception, schema_param: str) -> EngineRejected:
     if param is None and ("schema" in message.lower() or "grammar" in message.lower()):
         param = schema_param
     return EngineRejected(message, param=param)
+
+
+def _shown(c: Any) -> Any:
+    """The tokens of a choice's text: an end-of-turn or stop token (`stop_reason` None or
+    a token id) ends the answer and is not in its text, so it has no logprob entry (the
+    entries' tokens join to the content, as OpenAI's do)."""
+    ids = c.token_ids
+    if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and len(ids):
+        return ids[:-1]
+    return ids
 
 
 def _logprobs(entries: Any, token_ids: Any) -> list[TokenLogprob]:

@@ -88,6 +88,19 @@ def test_answers_are_real_and_end_on_their_own(client: openai.OpenAI, question: 
     assert expected in (choice.message.content or "").lower()
 
 
+def test_logprob_tokens_join_to_an_answer_that_ended_on_its_own(
+        client: openai.OpenAI) -> None:
+    """The end-of-turn token is no part of the content: no logprob entry for it."""
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the capital of Italy?"}],
+        temperature=0, max_tokens=128, logprobs=True, top_logprobs=1,
+        extra_headers={"Cache-Control": "no-store"})
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop" and choice.logprobs and choice.logprobs.content
+    assert "".join(t.token for t in choice.logprobs.content) == choice.message.content
+    assert "<|im_end|>" not in [t.token for t in choice.logprobs.content]
+
+
 def test_streamed_answer_ends_with_stop(client: openai.OpenAI) -> None:
     parts: list[str] = []
     finish = None

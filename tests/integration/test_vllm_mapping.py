@@ -176,3 +176,19 @@ def test_schema_keywords_the_compiler_refuses_are_left_out_not_refused() -> None
     assert schema["properties"]["n"]["multipleOf"] == 5  # the caller's own is untouched
     plain = {"type": "object", "properties": {"city": {"type": "string"}}}
     assert _loosened(plain) is plain
+
+
+@pytest.mark.parametrize(("reason", "stop_reason", "shown"), [
+    ("stop", None, [5, 6]),  # the end-of-turn token: not in the text, no logprob
+    ("stop", 99, [5, 6]),  # a stop token id: the same
+    ("stop", "Paris", [5, 6, 7]),  # a stop string: its tokens are what vLLM gives
+    ("length", None, [5, 6, 7]),
+])
+def test_the_token_that_ends_a_turn_has_no_logprob_entry(
+        reason: str, stop_reason: Any, shown: list[int]) -> None:
+    from types import SimpleNamespace
+
+    from proxy.engine.vllm import _shown
+
+    c = SimpleNamespace(token_ids=[5, 6, 7], finish_reason=reason, stop_reason=stop_reason)
+    assert list(_shown(c)) == shown
