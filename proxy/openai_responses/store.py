@@ -89,14 +89,15 @@ class MemoryStore:
 class RedisStore:
     """One key per record, `SET ... EX ttl`; a Redis that fails is a 503."""
 
-    def __init__(self, url: str, ttl_s: float, timeout_s: float = 0.5) -> None:
+    def __init__(self, url: str, ttl_s: float, key_prefix: str = "weir:cache:",
+                 timeout_s: float = 0.5) -> None:
         self.ttl_s = ttl_s
+        self._prefix = f"{key_prefix}responses:"  # under the cache's own prefix
         self._redis = blocking_client(url, timeout_s)
 
-    @staticmethod
-    def _key(tenant: str, response_id: str) -> str:
+    def _key(self, tenant: str, response_id: str) -> str:
         scope = hashlib.sha256(tenant.encode()).hexdigest()[:32]
-        return f"weir:responses:{scope}:{response_id}"
+        return f"{self._prefix}{scope}:{response_id}"
 
     async def get(self, tenant: str, response_id: str) -> Record | None:
         try:
@@ -129,7 +130,10 @@ def _down(e: BaseException) -> Unavailable:
                        code="store_unavailable")
 
 
-def make_store(cfg: ResponsesSettings, cache_redis_url: str | None) -> ResponseStore:
+def make_store(cfg: ResponsesSettings, cache_redis_url: str | None,
+               key_prefix: str = "weir:cache:") -> ResponseStore:
+    """In the cache's Redis, under its key prefix (two deployments sharing a Redis with
+    their own prefixes share no stored response), or in memory."""
     if cfg.redis and cache_redis_url:
-        return RedisStore(cache_redis_url, cfg.ttl_s)
+        return RedisStore(cache_redis_url, cfg.ttl_s, key_prefix)
     return MemoryStore(cfg.ttl_s, cfg.max_in_memory)

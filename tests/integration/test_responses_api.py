@@ -289,12 +289,16 @@ async def test_the_chain_applies_rate_limit(make_client: MakeClient) -> None:
 async def test_stored_in_the_caches_redis_and_shared_by_replicas(
         make_client: MakeClient, redis_server: RedisServer) -> None:
     settings = make_settings(plugins=[{"name": "cache", "config": {
-        "redis": {"url": redis_server.url}, "l2": {"enabled": True}}}],
+        "redis": {"url": redis_server.url, "key_prefix": "east:"}, "l2": {"enabled": True}}}],
         responses={"ttl_s": 60})
+    other = make_settings(plugins=[{"name": "cache", "config": {
+        "redis": {"url": redis_server.url, "key_prefix": "west:"}, "l2": {"enabled": True}}}])
     one, two = await make_client(settings), await make_client(settings)
+    elsewhere = await make_client(other)  # another deployment sharing the Redis
     body = await (await one.post("/v1/responses", json=BASE)).json()
     got = await two.get(f"/v1/responses/{body['id']}")  # another replica, same Redis
     assert got.status == 200 and (await got.json())["output"] == body["output"]
+    assert (await elsewhere.get(f"/v1/responses/{body['id']}")).status == 404
     ttl = await _redis_ttl_ms(redis_server.url, body["id"])
     assert 0 < ttl <= 60_000
     assert (await two.delete(f"/v1/responses/{body['id']}")).status == 200
@@ -306,7 +310,7 @@ async def _redis_ttl_ms(url: str, response_id: str) -> int:
 
     r = aioredis.Redis.from_url(url)
     try:
-        keys = [k async for k in r.scan_iter(match=f"weir:responses:*:{response_id}")]
+        keys = [k async for k in r.scan_iter(match=f"east:responses:*:{response_id}")]
         assert len(keys) == 1
         return int(await r.pttl(keys[0]))
     finally:
