@@ -136,6 +136,8 @@ def semantic_parts(ctx: RequestContext, scope: str) -> tuple[str, str] | None:
     question = msgs[-1]["content"]
     part: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "model": req.model,
                             "context": msgs[:-1], "params": _params(req)}
+    if msgs[-1]["name"] is not None:  # who asks is part of the prompt the model reads
+        part["asker"] = msgs[-1]["name"]
     if (extra := _extras(req)) is not None:
         part["extra"] = extra
     partition = _hash(part)

@@ -217,6 +217,25 @@ def test_key_holds_what_the_text_leaves_out() -> None:
         assert exact_key(ctx(**kw), "tenant") == base, kw
 
 
+def test_the_asker_s_name_partitions_the_semantic_layer() -> None:
+    """`name` on the question is part of the prompt the model reads ("bob" asks): a
+    paraphrase, or the same question, from another name (or none) is no hit."""
+    from plugins.cache.keys import semantic_parts
+
+    def named(name: str | None) -> RequestContext:
+        msg: dict[str, Any] = {"role": "user", "content": "How do I reset my password?"}
+        if name is not None:
+            msg["name"] = name
+        req = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [msg], "temperature": 0})
+        return RequestContext(route="chat", request=req, principal=ALICE, request_id="r")
+
+    parts = {n: semantic_parts(named(n), "tenant") for n in (None, "bob", "carol")}
+    assert all(p is not None for p in parts.values())
+    assert len({p[0] for p in parts.values() if p is not None}) == 3
+    assert semantic_parts(named("bob"), "tenant") == parts["bob"]
+
+
 async def test_non_deterministic_requests_bypass() -> None:
     p, eng = plugin(), Engine()
     _, layer = await run(p, ctx(temperature=1.0), eng)
