@@ -97,18 +97,35 @@ class FunctionCallOutputItem(_Open):
             p.text for p in self.output)
 
 
+class UnsupportedItem(_Open):
+    """Any other input item (a reference to a stored item, a reasoning item, a built-in
+    tool's call): parsed so that the error can name it."""
+
+    type: str
+
+    @model_validator(mode="after")
+    def _refuse(self) -> UnsupportedItem:
+        hint = (" (chain turns with `previous_response_id`, or send the items themselves)"
+                if self.type == "item_reference" else "")
+        raise ValueError(f"`{self.type[:64]}` input items are not supported{hint}; send "
+                         "`message`, `function_call` or `function_call_output` items")
+
+
 def _item_kind(v: Any) -> str:
     """The item's model; tags are capitalised so error params leave them out."""
     kind = type_of(v, "message")
     if kind == "function_call":
         return "FunctionCall"
-    return "FunctionCallOutput" if kind == "function_call_output" else "Message"
+    if kind == "function_call_output":
+        return "FunctionCallOutput"
+    return "Message" if kind == "message" or not isinstance(kind, str) else "Unsupported"
 
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("Message")]
     | Annotated[FunctionCallItem, Tag("FunctionCall")]
-    | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutput")],
+    | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutput")]
+    | Annotated[UnsupportedItem, Tag("Unsupported")],
     Discriminator(_item_kind),
 ]
 
@@ -190,6 +207,10 @@ class ResponsesRequest(_NullIsDefault):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("truncation") not in (None, "auto", "disabled"):
+            raise InvalidRequest(
+                f"Invalid value: {str(data['truncation'])[:64]!r}. Supported values are: "
+                "'auto' and 'disabled'.", param="truncation", code="invalid_value")
         refuse_unsupported(data, RESPONSES_UNSUPPORTED)
         return data
 
@@ -208,4 +229,5 @@ class ResponsesRequest(_NullIsDefault):
     def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
         if isinstance(self.input, str):
             return [MessageItem(role="user", content=self.input)]
-        return list(self.input)
+        # (an UnsupportedItem never validates: it is in the union to be named)
+        return [i for i in self.input if not isinstance(i, UnsupportedItem)]

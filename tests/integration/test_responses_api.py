@@ -263,7 +263,13 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
         ({"max_output_tokens": "64"}, "max_output_tokens"),
         ({"text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}},
          "text.format.name"),
+        ({"truncation": "foo"}, "truncation"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
+        ({"input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "summary": []}]},
+         "input[1]"),
     ]
+    said = {}
     for extra, param in cases:
         r = await client.post("/v1/responses", json={**BASE, **extra})
         assert r.status == 400, extra
@@ -274,6 +280,12 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
         message = body["error"]["message"]
         assert not any(n in message for n in ("max_completion_tokens", "messages",
                                                 "response_format")), message
+        said[str(extra)] = body["error"]
+    # an unknown value is told as one; an item kind is named, not taken for a message
+    assert said[str({"truncation": "foo"})]["code"] == "invalid_value"
+    assert said[str({"truncation": "auto"})]["code"] == "unsupported_parameter"
+    item = said[str({"input": [{"type": "item_reference", "id": "msg_1"}]})]["message"]
+    assert "`item_reference` input items are not supported" in item and "'message'" not in item
 
 
 async def test_the_chain_applies_rate_limit(make_client: MakeClient) -> None:
