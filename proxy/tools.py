@@ -51,6 +51,15 @@ def new_call_id() -> str:
     return f"call_{secrets.token_hex(12)}"
 
 
+def call_id(parsed: str | None) -> str:
+    """A call's id: the parser's where it is the model's own (Mistral's nine characters,
+    which its template checks on the way back), else one of OpenAI's form (vLLM's parsers
+    otherwise make random `chatcmpl-tool-...` ids, and only when not streaming)."""
+    if parsed and not parsed.startswith("chatcmpl-tool-"):
+        return parsed
+    return new_call_id()
+
+
 def mode(req: ChatCompletionRequest, has_parser: bool) -> Mode:
     if not req.tools or req.tool_choice == "none":
         return "text"
@@ -205,7 +214,7 @@ def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 def call_dict(call: ParsedToolCall) -> dict[str, Any]:
     """A call as `message.tool_calls[i]`."""
-    return {"id": call.id or new_call_id(), "type": "function",
+    return {"id": call_id(call.id), "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
 
 
@@ -322,7 +331,7 @@ class ToolCallTracker:
         self.called = True
         out: dict[str, Any] = {"index": d.index}
         if d.index not in self._ids:
-            self._ids[d.index] = d.id or new_call_id()
+            self._ids[d.index] = call_id(d.id)
             out["id"], out["type"] = self._ids[d.index], "function"
         fn: dict[str, Any] = {}
         if d.name is not None:

@@ -544,3 +544,14 @@ def test_stop_strings_do_not_cut_a_forced_call(choice: Any) -> None:
     assert forced.options.stop == [] and forced.options.json_schema is not None
     text = prepare_chat(FakeEngine(), chat(tools=[WEATHER], stop=["Paris"]))
     assert text.options.stop == ["Paris"]
+
+
+@pytest.mark.parametrize(("parsed", "kept"), [
+    (None, False), ("chatcmpl-tool-8c1f0e", False), ("Ab3dE9xYz", True),
+    ("functions.get_weather:0", True)])
+def test_call_ids_are_openai_s_unless_the_model_made_its_own(parsed: str | None,
+                                                             kept: bool) -> None:
+    """vLLM's random ids become `call_...` on every path (whole, streamed, replayed);
+    a model's own (Mistral's nine characters, Kimi's) are kept for its template."""
+    got = T.call_id(parsed)
+    assert got == parsed if kept else got.startswith("call_") and len(got) == 29
