@@ -134,7 +134,9 @@ class Breaker:
                 self.on_change(old, state)
 
     def snapshot(self) -> dict[str, object]:
-        self._tick(self.clock())
+        now = self.clock()
+        self._tick(now)
+        self._trim(now)  # outcomes past the window are not in it (they were shown)
         return {"state": self.state, "window_calls": len(self._outcomes),
                 "trials_in_flight": len(self._trials)}
 

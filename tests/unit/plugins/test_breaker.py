@@ -59,6 +59,17 @@ def test_failures_leave_the_window() -> None:
     assert b.state == "closed"
 
 
+def test_the_snapshot_counts_only_the_window() -> None:
+    """What /health/ready shows: outcomes past the window are gone from it, whether or
+    not a call has come since."""
+    clock = Clock()
+    b = Breaker(POLICY, clock)
+    calls(b, [True, False])
+    assert b.snapshot()["window_calls"] == 2
+    clock.t += 11
+    assert b.snapshot()["window_calls"] == 0
+
+
 def test_slow_calls_open_it() -> None:
     b = Breaker(POLICY, Clock())
     calls(b, [False] * 4, slow=True)
