@@ -199,7 +199,7 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                         continue
                     ch.text.append(text or "")
                     lp = (R.chat_logprobs(c.logprobs or [], prep.top_logprobs)
-                          if want_logprobs else None)
+                          if want_logprobs and calls.has_text(idx) else None)
                     choices.append(T.with_call_deltas(R.chat_chunk_choice(
                         idx, content=text, first=not ch.started, reason=reason, logprobs=lp),
                         deltas))

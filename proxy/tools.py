@@ -325,6 +325,10 @@ class ToolCallTracker:
         msg = choice["message"]
         msg["content"], calls = self.whole(msg["content"])
         choice["finish_reason"] = self.reason(choice["finish_reason"])
+        if self.mode == "forced" and choice.get("logprobs") is not None:
+            # the constrained JSON is no content (`required`'s is Weir's own wrapper):
+            # no content logprobs, as a streamed forced answer has none
+            choice["logprobs"] = {"content": None, "refusal": None}
         return with_calls(choice, calls)
 
     def _delta(self, d: ToolCallDelta) -> dict[str, Any]:
@@ -407,6 +411,12 @@ class StreamCalls:
         if deltas:
             self._sent.setdefault(index, CallAssembler()).feed(deltas)
         return content, deltas, reason
+
+    def has_text(self, index: int) -> bool:
+        """Whether a choice's tokens are its content (not a forced call's JSON): only then
+        do its chunks carry logprobs."""
+        tracker = self._trackers.get(index)
+        return tracker is None or tracker.mode != "forced"
 
     def answer(self, choices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for c in choices:

@@ -61,6 +61,24 @@ async def test_required_whole_and_streamed(make_client: MakeClient) -> None:
     assert [c["function"] for c in calls] == [call["function"]]
 
 
+async def test_a_forced_call_has_no_content_logprobs_whole_or_streamed(
+        make_client: MakeClient) -> None:
+    """The constrained JSON is no content (`required`'s is Weir's own wrapper): its
+    tokens' logprobs are not shown, whole or streamed; a text answer keeps them."""
+    client = await make_client()
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        ask = {**BASE, "tool_choice": choice, "logprobs": True, "top_logprobs": 2}
+        body = await (await client.post("/v1/chat/completions", json=ask)).json()
+        validate("CreateChatCompletionResponse", body)
+        assert body["choices"][0]["logprobs"] == {"content": None, "refusal": None}
+        r = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+        events, done = parse_sse(await r.text())
+        assert done and not any(c.get("logprobs") for e in events for c in e["choices"])
+    text = {**BASE, "tool_choice": "none", "logprobs": True}
+    body = await (await client.post("/v1/chat/completions", json=text)).json()
+    assert body["choices"][0]["logprobs"]["content"]
+
+
 async def test_named_function(make_client: MakeClient, fake_engine: FakeEngine) -> None:
     client = await make_client()
     body = await (await client.post("/v1/chat/completions", json={
