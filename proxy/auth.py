@@ -140,7 +140,8 @@ def credentials(headers: Mapping[str, str]) -> str | None:
 
 
 def _bearer(header: str | None) -> str | None:
-    """The key from `Bearer KEY`, or from HTTP Basic's password (what a browser sends)."""
+    """The key from `Bearer KEY`, or from HTTP Basic's password (what a browser sends) or,
+    with no password, its user."""
     if not header:
         return None
     scheme, _, token = header.partition(" ")
@@ -151,8 +152,10 @@ def _bearer(header: str | None) -> str | None:
         return token
     if scheme.lower() == "basic":
         try:
-            _, _, password = base64.b64decode(token, validate=True).decode().partition(":")
+            user, colon, password = base64.b64decode(token, validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return None
-        return password.strip() or None
+        # the key as the password (a browser's prompt), or as the user with no password
+        # (`curl -u KEY:`, as Stripe's API takes it)
+        return password.strip() or (colon and user.strip()) or None
     return None

@@ -101,8 +101,9 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
     return access_log
 
 
-# An id the server made ("resp_" and hex): a log line may name it.
-_OWN_ID = re.compile(r"[a-z]{2,10}[_-][0-9a-f]{16,64}\Z")
+# An id the server made (a stored response's: "resp_" and 48 hex digits): a log line may
+# name it. Nothing looser: "sk-" or "key-" and hex is a caller's secret.
+_OWN_ID = re.compile(r"resp_[0-9a-f]{48}\Z")
 
 
 def logged_path(request: web.Request) -> str:

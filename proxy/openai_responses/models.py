@@ -118,7 +118,7 @@ def _item_kind(v: Any) -> str:
         return "FunctionCall"
     if kind == "function_call_output":
         return "FunctionCallOutput"
-    return "Message" if kind == "message" or not isinstance(kind, str) else "Unsupported"
+    return "Message" if kind == "message" else "Unsupported"  # (a `type` not a string too)
 
 
 InputItem = Annotated[
@@ -210,7 +210,8 @@ class ResponsesRequest(_NullIsDefault):
         if isinstance(data, dict) and data.get("truncation") not in (None, "auto", "disabled"):
             raise InvalidRequest(
                 f"Invalid value: {str(data['truncation'])[:64]!r}. Supported values are: "
-                "'auto' and 'disabled'.", param="truncation", code="invalid_value")
+                "'disabled' (OpenAI's 'auto' is not supported here).", param="truncation",
+                code="invalid_value")
         refuse_unsupported(data, RESPONSES_UNSUPPORTED)
         return data
 

@@ -104,12 +104,15 @@ async def test_no_key_or_prompt_leaks(make_client: MakeClient, spans: InMemorySp
     # nor is a route's parameter, which is the caller's text too (with a key or without)
     for method, path in [("GET", f"/v1/responses/{MARKER}"), ("DELETE", f"/v1/responses/{MARKER}"),
                          ("GET", f"/v1/responses/{MARKER}/input_items"),
-                         ("GET", f"/v1/models/{MARKER}")]:
+                         ("GET", f"/v1/models/{MARKER}"),
+                         ("GET", "/v1/responses/sk-" + "0123456789abcdef" * 2),
+                         ("GET", "/v1/responses/key-" + "0123456789abcdef" * 2)]:
         for headers in (h, {}):
             r = await client.request(method, path, headers=headers)
             assert r.status in (401, 404), (method, path, r.status)
             await r.read()  # (its error may name the id back: the caller's own text)
     assert '"path": "/v1/responses/{response_id}"' in logs.getvalue()
+    assert "0123456789abcdef" not in logs.getvalue()
     text = logs.getvalue()
     assert '"event": "request"' in text  # the access lines are there
     exported = json.dumps([s.to_json() for s in spans.get_finished_spans()])

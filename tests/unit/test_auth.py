@@ -75,6 +75,8 @@ def test_admin_rights_are_per_tenant_unless_operator() -> None:
         a.require_role(_h(None), "admin", "x")
     basic = "Basic " + base64.b64encode(b"anyone:adm").decode()
     assert a.authenticate(_h(basic)).role == "admin"  # what a browser sends for /dashboard
+    as_user = "Basic " + base64.b64encode(b"adm:").decode()  # curl -u KEY:
+    assert a.authenticate(_h(as_user)).role == "admin"
     for bad in ("Basic " + base64.b64encode(b"adm").decode(), "Basic !!not-base64!!"):
         with pytest.raises(Unauthorized):  # no password / not base64
             a.authenticate(_h(bad))
