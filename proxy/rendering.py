@@ -39,6 +39,14 @@ class _Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     reason: str | None = None
     started: bool = False
+    # A stream's logprob entries of steps that sent nothing (text held back while a stop
+    # string or a tool call might be forming): they go out with the next chunk.
+    held: list[TokenLogprob] = field(default_factory=list)
+
+    def entries(self, new: list[TokenLogprob] | None) -> list[TokenLogprob]:
+        """The held entries and `new`, to go out now."""
+        out, self.held = self.held + (new or []), []
+        return out
 
 
 class Choices:
@@ -195,11 +203,14 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                         continue
                     reason = R.finish(c.finish_reason) if c.finish_reason else None
                     text, deltas, reason = calls.step(idx, c.text, c.token_ids, reason)
+                    shows = want_logprobs and calls.has_text(idx)
                     if not text and not deltas and reason is None and ch.started:
+                        if shows:
+                            ch.held += c.logprobs or []
                         continue
                     ch.text.append(text or "")
-                    lp = (R.chat_logprobs(c.logprobs or [], prep.top_logprobs)
-                          if want_logprobs and calls.has_text(idx) else None)
+                    lp = (R.chat_logprobs(ch.entries(c.logprobs), prep.top_logprobs)
+                          if shows else None)
                     choices.append(T.with_call_deltas(R.chat_chunk_choice(
                         idx, content=text, first=not ch.started, reason=reason, logprobs=lp),
                         deltas))
@@ -246,11 +257,13 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                     ch.started = True
                     reason = R.finish(c.finish_reason) if c.finish_reason else None
                     if not text and reason is None:
+                        if req.logprobs is not None:
+                            ch.held += c.logprobs or []
                         continue
                     ch.text.append(text)
                     lp = None
                     if req.logprobs is not None:
-                        lp = R.completion_logprobs(c.logprobs or [], prep.top_logprobs,
+                        lp = R.completion_logprobs(ch.entries(c.logprobs), prep.top_logprobs,
                                                    offsets.get(idx, 0))
                     offsets[idx] = offsets.get(idx, 0) + len(text)
                     choices.append(R.completion_choice(idx, text, reason, lp))

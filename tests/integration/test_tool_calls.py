@@ -79,6 +79,22 @@ async def test_a_forced_call_has_no_content_logprobs_whole_or_streamed(
     assert body["choices"][0]["logprobs"]["content"]
 
 
+async def test_logprobs_of_held_back_text_go_out_with_it(make_client: MakeClient) -> None:
+    """Steps whose text the parser holds back send nothing; their logprob entries go out
+    with the text when it comes (they were dropped: the tokens no longer joined to the
+    content)."""
+    engine = FakeEngine(tool_parser=True)
+    engine.script = "Sure <not a call after all> done."
+    client = await make_client(engine=engine)
+    r = await client.post("/v1/chat/completions",
+                          json={**BASE, "stream": True, "logprobs": True, "max_tokens": 64})
+    events, done = parse_sse(await r.text())
+    content = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    tokens = "".join(t["token"] for e in events for c in e["choices"]
+                     for t in ((c.get("logprobs") or {}).get("content") or []))
+    assert done and content == engine.script and tokens == content
+
+
 async def test_named_function(make_client: MakeClient, fake_engine: FakeEngine) -> None:
     client = await make_client()
     body = await (await client.post("/v1/chat/completions", json={
