@@ -282,6 +282,8 @@ class VllmEngine:
             outputs = _counted(llm, outputs, request_id, options)
         try:
             async for out in outputs:
+                if any(c.finish_reason == "error" for c in out.outputs):
+                    raise _failed(out, options)
                 choices = [
                     ChoiceDelta(
                         index=c.index,
@@ -503,6 +505,19 @@ def _clean(message: str) -> str:
     the regex runs, as the message can quote the client's own input)."""
     text = " ".join(_NATIVE_NOISE.sub("", message[: _MAX_MESSAGE * 2]).split())
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+def _failed(out: RequestOutput, options: SamplingOptions) -> Exception:
+    """A choice vLLM ended in error (it said `finish_reason: "error"`; its answer was
+    empty text ending in `stop`). With a schema and no token yet, its grammar did not
+    compile in the engine process (a pattern past the compiler, which the front-end
+    check passed): the request's fault, a 400 naming the schema. Else the engine's."""
+    structured = options.json_schema is not None or options.json_object
+    if structured and not any(len(c.token_ids) for c in out.outputs):
+        return EngineRejected("The engine could not compile this JSON schema into a grammar "
+                              "(a pattern or a size past what it supports).",
+                              param=options.schema_param)
+    return EngineFailed("the engine failed the request")
 
 
 def _rejected(e: Exception, schema_param: str) -> EngineRejected:

@@ -38,6 +38,24 @@ def test_bad_requests_name_their_param(client: openai.OpenAI, kw: dict[str, Any]
     assert e.value.param == param
 
 
+PAST_THE_COMPILER = {"type": "object", "required": ["a"], "properties": {
+    "a": {"type": "string", "pattern": "^(a{1,200}){1,200}$"}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_the_engine_cannot_compile_is_a_400_not_an_empty_answer(
+        client: openai.OpenAI, stream: bool) -> None:
+    """The front-end check passes it; the engine process fails its grammar and ends the
+    request in error: a 400 naming the schema (it was a 200 with empty content)."""
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "x",
+                                                       "schema": PAST_THE_COMPILER}}
+    with pytest.raises(openai.BadRequestError) as e:
+        r = client.chat.completions.create(model=MODEL, messages=MSG,  # type: ignore[call-overload]
+                                           max_tokens=8, response_format=fmt, stream=stream)
+        list(r) if stream else r
+    assert e.value.param == "response_format" and "grammar" in str(e.value.message)
+
+
 def test_prompt_too_long_for_completions(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt=[5] * 1100)

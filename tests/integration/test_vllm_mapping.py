@@ -192,3 +192,22 @@ def test_the_token_that_ends_a_turn_has_no_logprob_entry(
 
     c = SimpleNamespace(token_ids=[5, 6, 7], finish_reason=reason, stop_reason=stop_reason)
     assert list(_shown(c)) == shown
+
+
+@pytest.mark.parametrize(("schema", "tokens", "error"), [
+    ({"type": "object"}, 0, "EngineRejected"),  # its grammar failed in the engine
+    ({"type": "object"}, 3, "EngineFailed"),
+    (None, 0, "EngineFailed"),
+])
+def test_a_choice_ended_in_error_is_an_error(schema: Any, tokens: int, error: str) -> None:
+    from types import SimpleNamespace
+
+    from proxy.engine.base import SamplingOptions
+    from proxy.engine.vllm import _failed
+
+    out: Any = SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1] * tokens,
+                                                        finish_reason="error")])
+    got = _failed(out, SamplingOptions(max_tokens=8, json_schema=schema))
+    assert type(got).__name__ == error
+    if error == "EngineRejected":
+        assert got.param == "response_format"  # type: ignore[attr-defined]
