@@ -33,6 +33,10 @@ class Prepared:
     echo_texts: list[str] = field(default_factory=list)
     #: Chat: makes one choice's tool-call tracker (model text -> tool_calls).
     tracker: Any = None
+    #: Chat with a tool parser reading the answer (`tool_choice: auto`): a whole answer
+    #: is its stream assembled, so that the two agree on content and calls wherever the
+    #: parser's whole and streaming readings differ (an answer cut inside a call).
+    streams_calls: bool = False
 
 
 def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -144,8 +148,8 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     top = req.top_logprobs or 0
     opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
                     engine.vocab_size, "messages")
-    T.shape_options(req, opts, engine)
-    return Prepared([ids], opts, top_logprobs=top,
+    parses = T.shape_options(req, opts, engine)
+    return Prepared([ids], opts, top_logprobs=top, streams_calls=parses,
                     tracker=lambda: T.ToolCallTracker.for_request(req, engine.tool_parser))
 
 

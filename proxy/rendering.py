@@ -141,25 +141,38 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
                 span: EngineSpan, ctx: RequestContext) -> Completion:
     """Collect every output, then build the body."""
     track = Choices(req.n, prep, span, ctx)
+    # A tool parser reads the answer as the stream would (step by step), so a whole
+    # answer is what its stream would have sent, assembled.
+    calls = T.StreamCalls(prep.tracker) if prep.streams_calls else None
     with track:
         async with aclosing(outputs):
             async for out in outputs:
                 track.output(out)
                 for c in out.choices:
-                    _, ch = track.choice(out, c)
-                    ch.text.append(c.text)
+                    idx, ch = track.choice(out, c)
+                    text: str | None = c.text
+                    reason = c.finish_reason
+                    if calls is not None and ch.reason is None:
+                        text, _, reason = calls.step(idx, c.text, c.token_ids,
+                                                     R.finish(reason) if reason else None)
+                    ch.text.append(text or "")
                     if c.logprobs:
                         ch.logprobs.extend(c.logprobs)
-                    if c.finish_reason:
-                        ch.reason = c.finish_reason
+                    if reason:
+                        ch.reason = reason
     for i in track.unfinished():
         track.by_index.setdefault(i, _Choice()).reason = "stop"
     usage = track.usage()
     if isinstance(req, ChatCompletionRequest):
-        choices = [T.whole_choice(prep.tracker, R.chat_choice(
-                       i, "".join(ch.text), R.finish(ch.reason),
-                       R.chat_logprobs(ch.logprobs, prep.top_logprobs) if req.logprobs else None))
-                   for i, ch in sorted(track.by_index.items())]
+        def choice(i: int, ch: _Choice) -> dict[str, Any]:
+            lp = R.chat_logprobs(ch.logprobs, prep.top_logprobs) if req.logprobs else None
+            if calls is None:
+                return T.whole_choice(prep.tracker, R.chat_choice(
+                    i, "".join(ch.text), R.finish(ch.reason), lp))
+            reason = ch.reason if ch.reason == "tool_calls" else R.finish(ch.reason)
+            return T.with_calls(R.chat_choice(i, "".join(ch.text), reason, lp), calls.calls(i))
+
+        choices = [choice(i, ch) for i, ch in sorted(track.by_index.items())]
         return Completion(R.chat_completion(id=R.new_id("chatcmpl"), model=req.model,
                                             created=R.now(), choices=choices, usage_=usage))
     out_choices = []

@@ -162,7 +162,7 @@ class LocalServing:
         if ctx.output_ceiling is not None:  # a limit the caller named is within it already
             prep.options.max_tokens = min(prep.options.max_tokens, ctx.output_ceiling)
         ctx.prompt_tokens = sum(len(p) for p in prep.prompts)
-        prep.options.final_only = not req.stream
+        prep.options.final_only = not req.stream and not prep.streams_calls
         outputs = engine_outputs(self.engine, prep, ctx)
         span = EngineSpan(req.model)
         if not req.stream:

@@ -148,11 +148,11 @@ def _forced_param(req: ChatCompletionRequest) -> str:
     return "tools"
 
 
-def shape_options(req: ChatCompletionRequest, opts: SamplingOptions, engine: Any) -> None:
+def shape_options(req: ChatCompletionRequest, opts: SamplingOptions, engine: Any) -> bool:
     """Constrain forced calls to the tools' schema (over any `response_format`, as
     OpenAI does), with no `stop` strings: they end text, not a call's arguments (a stop
     word inside them cut the JSON mid-string); keep special tokens for a parser whose
-    syntax uses them."""
+    syntax uses them. True when a tool parser will read the answer."""
     m = mode(req, has_parser=True)
     if m == "forced":
         opts.json_schema, opts.json_object = forced_schema(req), False
@@ -160,6 +160,8 @@ def shape_options(req: ChatCompletionRequest, opts: SamplingOptions, engine: Any
         opts.stop = []
     elif m == "parser" and engine.tool_parser(req.tool_dicts()) is not None:
         opts.skip_special_tokens = False
+        return True
+    return False
 
 
 def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
@@ -417,6 +419,11 @@ class StreamCalls:
         do its chunks carry logprobs."""
         tracker = self._trackers.get(index)
         return tracker is None or tracker.mode != "forced"
+
+    def calls(self, index: int) -> list[dict[str, Any]]:
+        """The calls a choice sent, whole."""
+        sent = self._sent.get(index)
+        return sent.result() if sent is not None else []
 
     def answer(self, choices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for c in choices:

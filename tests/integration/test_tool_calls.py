@@ -111,15 +111,39 @@ async def test_auto_with_a_parser_whole_and_streamed(make_client: MakeClient) ->
     body = await (await client.post("/v1/chat/completions", json=BASE)).json()
     validate("CreateChatCompletionResponse", body)
     msg = body["choices"][0]["message"]
-    assert msg["content"] == "Checking."
+    assert msg["content"] == "Checking. "  # the text before the call, as it streams
     assert msg["tool_calls"][0]["function"] == {"name": "get_weather",
                                                 "arguments": '{"city": "Paris"}'}
     assert body["choices"][0]["finish_reason"] == "tool_calls"
     assert engine.calls[0][1].skip_special_tokens is False
     r = await client.post("/v1/chat/completions", json={**BASE, "stream": True})
     content, calls, reasons = assemble(parse_sse(await r.text())[0])
-    assert content.strip() == "Checking." and reasons == ["tool_calls"]
+    assert content == msg["content"] and reasons == ["tool_calls"]
     assert [c["function"] for c in calls] == [msg["tool_calls"][0]["function"]]
+
+
+async def test_with_a_parser_a_whole_answer_is_its_stream_assembled(
+        make_client: MakeClient) -> None:
+    """Wherever the parser's whole and streaming readings differ (an answer cut inside a
+    call, a second call cut after a first whole one), the whole answer is what the
+    stream sends: the stream cannot take back a call it sent."""
+    engine = FakeEngine(tool_parser=True)
+    client = await make_client(engine=engine)
+    whole_call = '<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
+    for script in (SCRIPT, "Sure " + whole_call + '<call>{"name": "get_ti',
+                   "Hmm <call>{\"name", "plain text only"):
+        engine.script = script
+        for max_tokens in (64, 9):
+            ask = {**BASE, "max_tokens": max_tokens}
+            body = await (await client.post("/v1/chat/completions", json=ask)).json()
+            validate("CreateChatCompletionResponse", body)
+            choice = body["choices"][0]
+            r = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+            content, calls, reasons = assemble(parse_sse(await r.text())[0])
+            assert (choice["message"]["content"] or "") == content, (script, max_tokens)
+            assert [c["function"] for c in choice["message"].get("tool_calls") or []] == [
+                c["function"] for c in calls], (script, max_tokens)
+            assert [choice["finish_reason"]] == reasons, (script, max_tokens)
 
 
 async def test_auto_without_a_parser_and_none_answer_text(make_client: MakeClient) -> None:
