@@ -254,7 +254,7 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                              prep: Prepared, track: Choices,
                              stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("cmpl"), R.now(), req.model
-    offsets: dict[int, int] = {}
+    offsets: dict[int, int] = {}  # where a choice's next token sits in its text
     with track:
         async with aclosing(outputs):
             async for out in outputs:
@@ -267,6 +267,7 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                     text = c.text
                     if req.echo and not ch.started:
                         text = prep.echo_texts[out.prompt_index] + text
+                        offsets[idx] = len(prep.echo_texts[out.prompt_index])
                     ch.started = True
                     reason = R.finish(c.finish_reason) if c.finish_reason else None
                     if not text and reason is None:
@@ -278,7 +279,10 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                     if req.logprobs is not None:
                         lp = R.completion_logprobs(ch.entries(c.logprobs), prep.top_logprobs,
                                                    offsets.get(idx, 0))
-                    offsets[idx] = offsets.get(idx, 0) + len(text)
+                        # each token's place in the text: advanced by the tokens reported,
+                        # not the text sent (text held back for a stop string lags them)
+                        if lp["tokens"]:
+                            offsets[idx] = lp["text_offset"][-1] + len(lp["tokens"][-1])
                     choices.append(R.completion_choice(idx, text, reason, lp))
                     ch.reason = reason
                 if choices:

@@ -393,6 +393,14 @@ class CallAssembler:
         return [c for _, c in sorted(self.calls.items())]
 
 
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 class StreamCalls:
     """The per-choice trackers of one streamed chat answer, and the calls they sent (the
     answer a plugin stores carries them): the chat renderer's whole tool-call hook."""
@@ -412,6 +420,9 @@ class StreamCalls:
         content, deltas, reason = tracker.step(text, token_ids, reason)
         if deltas:
             self._sent.setdefault(index, CallAssembler()).feed(deltas)
+        if reason == "tool_calls" and tracker.mode == "parser" and not all(
+                _whole_json(c["function"]["arguments"]) for c in self.calls(index)):
+            reason = "stop"  # a stop string cut a call's arguments: no call to run
         return content, deltas, reason
 
     def has_text(self, index: int) -> bool:

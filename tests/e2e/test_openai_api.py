@@ -313,3 +313,17 @@ def test_engine_gauges_move_while_generating(weir: WeirProcess) -> None:
     assert seen["weir_engine_requests_running"] >= 1
     assert 0 < seen["weir_engine_kv_cache_usage_ratio"] <= 1
     t.join(120)
+
+
+def test_streamed_logprob_offsets_survive_text_held_for_a_stop_string(
+        weir: WeirProcess) -> None:
+    """vLLM holds text back while it might be a stop string's start; the tokens' offsets
+    in the stream are their places in the text all the same (they lagged by the text held
+    back), as in the whole answer."""
+    body = {"model": MODEL, "prompt": "Tell me a story", "max_tokens": 16, "logprobs": 1,
+            "temperature": 0, "stop": ["xyzw"]}
+    whole = raw(weir, "/v1/completions", body).json()["choices"][0]
+    events, done = parse_sse(raw(weir, "/v1/completions", {**body, "stream": True}).text)
+    offsets = [o for e in events for c in e["choices"]
+               for o in (c.get("logprobs") or {}).get("text_offset", [])]
+    assert done and offsets == whole["logprobs"]["text_offset"]

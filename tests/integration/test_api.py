@@ -179,6 +179,27 @@ async def test_completion_stream(make_client: MakeClient) -> None:
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 6
 
 
+async def test_streamed_completion_logprob_offsets_match_the_whole_answer(
+        make_client: MakeClient) -> None:
+    """Each token's `text_offset` is its place in the choice's text, echoed prompt
+    included: a stream numbered its first token from 0 after an echo (the whole answer
+    from the prompt's end)."""
+    client = await make_client()
+    for echo in (False, True):
+        ask = {"model": "fake-model", "prompt": "say hello", "max_tokens": 5, "logprobs": 1,
+               "echo": echo}
+        whole = (await (await client.post("/v1/completions", json=ask)).json())["choices"][0]
+        r = await client.post("/v1/completions", json={**ask, "stream": True})
+        events, done = parse_sse(await r.text())
+        text = "".join(c["text"] for e in events for c in e["choices"])
+        offsets = [o for e in events for c in e["choices"]
+                   for o in (c.get("logprobs") or {}).get("text_offset", [])]
+        assert done and text == whole["text"]
+        assert offsets == whole["logprobs"]["text_offset"], echo
+        tokens = whole["logprobs"]["tokens"]
+        assert all(text[o:o + len(t)] == t for o, t in zip(offsets, tokens, strict=True))
+
+
 async def test_models(make_client: MakeClient) -> None:
     client = await make_client()
     body = await (await client.get("/v1/models")).json()

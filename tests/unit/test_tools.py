@@ -555,3 +555,33 @@ def test_call_ids_are_openai_s_unless_the_model_made_its_own(parsed: str | None,
     a model's own (Mistral's nine characters, Kimi's) are kept for its template."""
     got = T.call_id(parsed)
     assert got == parsed if kept else got.startswith("call_") and len(got) == 29
+
+
+class _CutParser:
+    """A parser that has streamed a call whose arguments a stop string then cut."""
+
+    def __init__(self, args: str) -> None:
+        self.args, self.sent = args, False
+
+    def feed(self, delta: str, token_ids: list[int]) -> tuple[str | None, list[Any]]:
+        if self.sent:
+            return None, []
+        self.sent = True
+        from proxy.engine.base import ToolCallDelta
+        return None, [ToolCallDelta(0, None, "get_weather", self.args)]
+
+    def finish(self) -> list[Any]:
+        return []
+
+
+@pytest.mark.parametrize(("args", "reason"), [('{"city": "Par', "stop"),
+                                              ('{"city": "Paris"}', "tool_calls")])
+def test_a_call_cut_by_a_stop_string_is_not_a_call_to_run(args: str, reason: str) -> None:
+    """With a parser, a stop string can end the answer inside a call's arguments: the
+    cut call is sent as it came, but the finish reason is `stop`, not `tool_calls` (a
+    client would run arguments that are no JSON); whole answers are the same stream."""
+    req = chat(tools=[WEATHER])
+    calls = T.StreamCalls(lambda: T.ToolCallTracker("parser", req, _CutParser(args)))
+    calls.step(0, "<call>", [1], None)
+    assert calls.step(0, "", [], "stop")[2] == reason
+    assert calls.calls(0)[0]["function"]["arguments"] == args
