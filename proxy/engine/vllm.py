@@ -382,11 +382,15 @@ class _ToolParserAdapter:
         return msg.content, deltas
 
     def finish(self) -> list[ToolCallDelta]:
-        """The last call's arguments the parser held back, if that call was begun (an
-        answer cut before a call's name was whole has no call: its "{}" is no call's)."""
-        index = len(self._parser.prev_tool_call_arr) - 1
+        """The last call's arguments the parser held back, if that call was begun and its
+        arguments were (an answer cut before a call's name was whole has no call, one cut
+        after it no arguments: vLLM's "{}" for them is no model's text)."""
+        calls = self._parser.prev_tool_call_arr
+        index = len(calls) - 1
+        if index not in self._named or "arguments" not in calls[index]:
+            return []  # (vLLM reads absent arguments as {}: the model never wrote them)
         rest = self._parser.get_remaining_unstreamed_args()
-        if not rest or index not in self._named:
+        if not rest:
             return []
         return [ToolCallDelta(index, arguments=rest)]
 
