@@ -291,7 +291,7 @@ class ToolCallTracker:
         """`parallel_tool_calls: false`: one call at most (the first the model made)."""
         return 1 if self.req.parallel_tool_calls is False else 1 << 30
 
-    def finish(self) -> tuple[str | None, list[dict[str, Any]]]:
+    def finish(self, reason: str | None = None) -> tuple[str | None, list[dict[str, Any]]]:
         """What only the end of the answer reveals: forced calls, a parser's last args."""
         if self.mode == "forced" and not isinstance(self.req.tool_choice, NamedToolChoice):
             calls = parse_forced(self.req, "".join(self._buffer))
@@ -301,7 +301,8 @@ class ToolCallTracker:
             return None, [{"index": i, **call_dict(c)} for i, c in enumerate(calls)]
         if self.mode == "parser":
             assert self.parser is not None
-            deltas = [self._delta(d) for d in self.parser.finish() if d.index < self._most_calls]
+            deltas = [self._delta(d) for d in self.parser.finish(cut=reason == "length")
+                      if d.index < self._most_calls]
             if self.called:
                 return None, deltas
             # No call after all (an answer that began like one, "[4, 5," cut at
@@ -317,7 +318,7 @@ class ToolCallTracker:
         content, deltas = self.feed(text, token_ids)
         if reason is None:
             return content, deltas, None
-        rest, more = self.finish()
+        rest, more = self.finish(reason)
         if rest:
             content = (content or "") + rest
         return content, deltas + more, self.reason(reason)

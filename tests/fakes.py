@@ -244,7 +244,7 @@ class FakeToolParser:
         self._content_sent = len(plain)
         return content, out
 
-    def finish(self) -> list[ToolCallDelta]:
+    def finish(self, cut: bool = False) -> list[ToolCallDelta]:
         return []
 
 

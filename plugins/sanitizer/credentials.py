@@ -51,11 +51,11 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("r8_",), r"\br8_[A-Za-z0-9]{30,40}\b"),  # Replicate
     (("xai-",), r"\bxai-[A-Za-z0-9]{60,100}\b"),  # xAI
     (("atatt",), r"\bATATT[A-Za-z0-9_=-]{100,}"),  # Atlassian
-    (("discord", "bot"),  # Discord bot tokens (a base64 user id, a time, an HMAC)
+    (("discord",),  # Discord bot tokens (a base64 user id, a time, an HMAC)
      r"\b[MNO][A-Za-z0-9_-]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,38}(?![A-Za-z0-9_-])"),
     (("/api/webhooks/",),
      r"\bdiscord(?:app)?\.com/api/webhooks/\d{5,30}/[A-Za-z0-9_-]{40,100}"),
-    (("sk",), r"\bSK[0-9a-f]{32}\b"),  # Twilio API keys
+    (("twilio",), r"\bSK[0-9a-f]{32}\b"),  # Twilio API keys (named: "sk" is in "ask")
     (("key-",), r"\bkey-[0-9a-f]{32}\b"),  # Mailgun
     (("-us",), r"\b[0-9a-f]{32}-us\d{1,2}\b"),  # Mailchimp
     (("sq0atp-", "sq0csp-", "eaaa"),
@@ -65,7 +65,7 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("hvs.", "hvb."), r"\bhv[sb]\.[A-Za-z0-9_-]{24,}"),  # HashiCorp Vault
     (("dp.pt.", "dp.st.", "dp.sa.", "dp.ct."), r"\bdp\.(?:pt|st|sa|ct)\.[A-Za-z0-9]{40,44}"),
     (("pmak-",), r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}\b"),  # Postman
-    (("lin_api_",), r"\blin_api_[A-Za-z0-9]{40}\b"),  # Linear
+    (("lin_",), r"\blin_api_[A-Za-z0-9]{40}\b"),  # Linear ("lin_api_" hid "api" in "berlin_api")
     (("secret_", "ntn_"), r"\b(?:secret_[A-Za-z0-9]{43}|ntn_[A-Za-z0-9]{40,50})\b"),  # Notion
     (("figd_",), r"\bfigd_[A-Za-z0-9_-]{40,}"),  # Figma
     (("glsa_", "glc_"), r"\b(?:glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}|glc_[A-Za-z0-9+/]{32,}={0,2})"),
@@ -255,8 +255,10 @@ def _phrase_ok(m: re.Match[str]) -> bool:
     value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
     if not _value_ok(value):
         # "passphrase: correct horse battery staple": ordinary words, three or more
+        first = (m["v"] or "").lower()
         return (_is_passphrase(m) and m["le"] is not None and m["v"] is not None
-                and m["v"].lower() not in _CLAUSE and m["v"][-1] not in ".,;:!?)"
+                and first not in _CLAUSE and first not in _NOT_A_PASSPHRASE
+                and _PROSE.fullmatch(first) is None and m["v"][-1] not in ".,;:!?)"
                 and len(_tail(m.string, m.end(), passphrase=True)) >= 2)
     if m["kp"] is not None and m["le"] is not None:
         return True  # "password is swordfish": plain words are passwords too
@@ -276,7 +278,14 @@ whom whose that than then when where while why how what is are was were be been 
 did done can could would should will shall may might must i i'm i've i'd me my mine you
 your yours we our us they their them he she him her his it it's its this these those
 please pls plz thanks thank thx help ok okay now also still just yet too as after before
-until unless whenever wherever not no yes the a an any some all but
+until unless whenever wherever not no yes the a an any some all but during into onto over
+under via per using across through against about like without within between among upon
+""".split())
+# What cannot start a passphrase of ordinary words ("the passphrase is never stored").
+_NOT_A_PASSPHRASE = frozenset("""
+never always not also still only just usually currently automatically securely typically
+generally being used required needed optional stored saved hashed encrypted set reset
+changed must should can cannot will would needs need has have is was
 """.split())
 
 
@@ -299,7 +308,9 @@ def _tail(text: str, end: int, *, passphrase: bool) -> list[int]:
             break
         word = nxt[1]
         bare = word.rstrip(".,;:!?)").lower()
-        if not bare or bare in _CLAUSE or (not passphrase and bare in _NOT_A_VALUE):
+        if (not bare or bare in _CLAUSE or word.endswith(":")  # (a label: "Host:")
+                or (passphrase and _PROSE.fullmatch(bare) is not None)
+                or (not passphrase and bare in _NOT_A_VALUE)):
             break
         end = nxt.start(1) + len(bare)
         ends.append(end)

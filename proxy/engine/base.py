@@ -126,8 +126,9 @@ class ToolCallParser(Protocol):
     def feed(self, delta: str, token_ids: list[int]) -> tuple[str | None, list[ToolCallDelta]]:
         """The next piece of a streamed answer -> (content delta, call deltas)."""
 
-    def finish(self) -> list[ToolCallDelta]:
-        """At the end of a stream: argument text parsed but not yet sent."""
+    def finish(self, cut: bool = False) -> list[ToolCallDelta]:
+        """At the end of a stream: argument text parsed but not yet sent (`cut`: the
+        answer ended at max_tokens, not on its own)."""
 
 
 class EngineRejected(Exception):

@@ -234,7 +234,12 @@ class VllmEngine:
     def _sampling_params(self, o: SamplingOptions) -> SamplingParams:
         structured = None
         if o.json_schema is not None:
-            structured = StructuredOutputsParams(json=_loosened(o.json_schema))
+            try:
+                loose = _loosened(o.json_schema)
+            except Exception:  # a shape the walk does not expect: the schema's fault
+                raise EngineRejected("The JSON schema could not be read.",
+                                     param=o.schema_param) from None
+            structured = StructuredOutputsParams(json=loose)
         elif o.json_object:
             structured = StructuredOutputsParams(json_object=True)
         try:
@@ -277,13 +282,15 @@ class VllmEngine:
         params = self._sampling_params(options)
         want_logprobs = options.logprobs is not None
         finished = False
+        seen = 0  # tokens handed over before this output
         outputs = llm.generate(tokens_input(prompt, cache_salt=cache_salt), params, request_id)
         if options.final_only:
             outputs = _counted(llm, outputs, request_id, options)
         try:
             async for out in outputs:
                 if any(c.finish_reason == "error" for c in out.outputs):
-                    raise _failed(out, options)
+                    raise _failed(out, options, seen)
+                seen += sum(len(c.token_ids) for c in out.outputs)
                 choices = [
                     ChoiceDelta(
                         index=c.index,
@@ -381,14 +388,15 @@ class _ToolParserAdapter:
         self._named.update(d.index for d in deltas if d.name)
         return msg.content, deltas
 
-    def finish(self) -> list[ToolCallDelta]:
-        """The last call's arguments the parser held back, if that call was begun and its
-        arguments were (an answer cut before a call's name was whole has no call, one cut
-        after it no arguments: vLLM's "{}" for them is no model's text)."""
+    def finish(self, cut: bool = False) -> list[ToolCallDelta]:
+        """The last call's arguments the parser held back, if that call was begun (an
+        answer cut before a call's name was whole has no call). vLLM reads absent
+        arguments as {}: right for a call the model closed without any, made up for one
+        `cut` (max_tokens) before they began."""
         calls = self._parser.prev_tool_call_arr
         index = len(calls) - 1
-        if index not in self._named or "arguments" not in calls[index]:
-            return []  # (vLLM reads absent arguments as {}: the model never wrote them)
+        if index not in self._named or (cut and "arguments" not in calls[index]):
+            return []
         rest = self._parser.get_remaining_unstreamed_args()
         if not rest:
             return []
@@ -482,7 +490,8 @@ def _loosen(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     types = node.get("type")
-    kinds = {types} if isinstance(types, str) else set(types or ())
+    kinds = ({types} if isinstance(types, str) else
+             {t for t in types if isinstance(t, str)} if isinstance(types, list) else set())
     out: dict[str, Any] = {}
     for key, value in node.items():
         if kinds & {"integer", "number"} and key in _NUMBER_ONLY:
@@ -511,13 +520,13 @@ def _clean(message: str) -> str:
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
-def _failed(out: RequestOutput, options: SamplingOptions) -> Exception:
+def _failed(out: RequestOutput, options: SamplingOptions, seen: int = 0) -> Exception:
     """A choice vLLM ended in error (it said `finish_reason: "error"`; its answer was
     empty text ending in `stop`). With a schema and no token yet, its grammar did not
     compile in the engine process (a pattern past the compiler, which the front-end
     check passed): the request's fault, a 400 naming the schema. Else the engine's."""
     structured = options.json_schema is not None or options.json_object
-    if structured and not any(len(c.token_ids) for c in out.outputs):
+    if structured and not seen and not any(len(c.token_ids) for c in out.outputs):
         return EngineRejected("The engine could not compile this JSON schema into a grammar "
                               "(a pattern or a size past what it supports).",
                               param=options.schema_param)

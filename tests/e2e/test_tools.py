@@ -286,6 +286,18 @@ def test_vllms_tool_parsers_read_their_syntax_whole_and_streamed() -> None:
             assembler.feed(tracker.step("", [], "length")[1])
             (call,) = assembler.result()
             assert call["function"] == {"name": "get_weather", "arguments": ""}
+            # a call the model closed with no arguments has {}, and is a call
+            closed = '<tool_call>{"name": "get_time"}</tool_call>'
+            tracker = ToolCallTracker.for_request(
+                req, lambda t, cls=cls: _ToolParserAdapter(cls, tok, t))
+            assembler = CallAssembler()
+            for i in range(0, len(closed), 3):
+                assembler.feed(tracker.step(closed[i:i + 3], [0], None)[1])
+            _, deltas, reason = tracker.step("", [], "stop")
+            assembler.feed(deltas)
+            (call,) = assembler.result()
+            assert call["function"] == {"name": "get_time", "arguments": "{}"}
+            assert reason == "tool_calls"
     with pytest.raises(ValueError, match="unknown parser `nope`"):
         _tool_parser_class("nope", tok)
     with pytest.raises(ValueError, match="does not fit this model"):

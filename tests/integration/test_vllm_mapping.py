@@ -211,3 +211,21 @@ def test_a_choice_ended_in_error_is_an_error(schema: Any, tokens: int, error: st
     assert type(got).__name__ == error
     if error == "EngineRejected":
         assert got.param == "response_format"  # type: ignore[attr-defined]
+        # tokens handed over in earlier steps: the grammar had compiled
+        later = _failed(out, SamplingOptions(max_tokens=8, json_schema=schema), seen=4)
+        assert type(later).__name__ == "EngineFailed"
+
+
+@pytest.mark.parametrize("odd", [{"type": 5}, {"type": True}, {"type": [None, "string"]}])
+def test_an_odd_type_inside_a_loosened_schema_is_a_400_not_a_500(odd: dict[str, Any]) -> None:
+    """The front-end check does not read every keyword (`$defs` under draft 7): a type
+    that is no string there reached the loosening walk and raised a TypeError (a 500, an
+    engine failure for the breaker)."""
+    from proxy.engine.base import EngineRejected, SamplingOptions
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}},
+              "$defs": {"x": odd}}
+    try:
+        ENGINE._sampling_params(SamplingOptions(max_tokens=8, json_schema=schema))
+    except EngineRejected as e:
+        assert e.param == "response_format"

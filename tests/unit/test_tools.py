@@ -570,7 +570,7 @@ class _CutParser:
         from proxy.engine.base import ToolCallDelta
         return None, [ToolCallDelta(0, None, "get_weather", self.args)]
 
-    def finish(self) -> list[Any]:
+    def finish(self, cut: bool = False) -> list[Any]:
         return []
 
 

@@ -204,7 +204,7 @@ SECRETS = st.one_of(
               body_of(38, ALNUM + "_-")),
     st.builds(lambda i, b: f"https://discord.com/api/webhooks/{i}/{b}",
               st.integers(10**17, 10**19), body_of(68, ALNUM + "_-")),
-    st.builds(lambda b: "SK" + b, body_of(32, HEX)),  # Twilio
+    st.builds(lambda b: "twilio SK" + b, body_of(32, HEX)),  # Twilio (named)
     st.builds(lambda b: "key-" + b, body_of(32, HEX)),  # Mailgun
     st.builds(lambda b, n: f"{b}-us{n}", body_of(32, HEX), st.integers(1, 21)),  # Mailchimp
     st.builds(lambda b: "sq0atp-" + b, body_of(22, ALNUM + "_-")),
@@ -687,6 +687,8 @@ async def test_no_prompt_stays_in_the_detectors_memo() -> None:
     ("my password is Tr0ub4dor&3 and I forgot it", "password is Tr0ub4dor&3"),
     ("password: hunter2 please help", "password: hunter2"),
     ("password is letmein123 on the router", "password is letmein123"),
+    ("Password: hunter2 Host: db.internal", "Password: hunter2"),  # the next label stays
+    ("berlin_api_key = Zx9kQ2mPq7", "api_key = Zx9kQ2mPq7"),  # "lin_" hides no "api"
     ("the password is purple monkey. Is it strong?", "password is purple monkey"),
 ])
 def test_a_password_of_several_words_is_taken_to_the_clause_end(text: str, taken: str) -> None:
@@ -697,6 +699,9 @@ def test_a_password_of_several_words_is_taken_to_the_clause_end(text: str, taken
 @pytest.mark.parametrize("text", [
     "the passphrase is required for login", "the passphrase is not long enough",
     "Passphrase is case sensitive", "The passphrase is correct.",
+    "The passphrase is used during key derivation.",
+    "Your passphrase is never stored anywhere on our servers",
+    "The passphrase is hashed using Argon2id today",
 ])
 def test_talk_about_a_passphrase_is_not_one(text: str) -> None:
     assert not fires("secret", text)
