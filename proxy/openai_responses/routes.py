@@ -187,8 +187,7 @@ async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
     st = app[STATE]
     cache = next((p for p in st.plugins if p.name == "cache"), None)
     redis_cfg = getattr(getattr(cache, "config", None), "redis", None)
-    app[STORE] = make_store(st.settings.responses, getattr(redis_cfg, "url", None),
-                            getattr(redis_cfg, "key_prefix", "weir:cache:"))
+    app[STORE] = make_store(st.settings.responses, redis_cfg)
     try:
         yield
     finally:

@@ -89,7 +89,7 @@ class MemoryStore:
 class RedisStore:
     """One key per record, `SET ... EX ttl`; a Redis that fails is a 503."""
 
-    def __init__(self, url: str, ttl_s: float, key_prefix: str = "weir:cache:",
+    def __init__(self, url: str, ttl_s: float, key_prefix: str,
                  timeout_s: float = 0.5) -> None:
         self.ttl_s = ttl_s
         self._prefix = f"{key_prefix}responses:"  # under the cache's own prefix
@@ -130,10 +130,11 @@ def _down(e: BaseException) -> Unavailable:
                        code="store_unavailable")
 
 
-def make_store(cfg: ResponsesSettings, cache_redis_url: str | None,
-               key_prefix: str = "weir:cache:") -> ResponseStore:
-    """In the cache's Redis, under its key prefix (two deployments sharing a Redis with
-    their own prefixes share no stored response), or in memory."""
-    if cfg.redis and cache_redis_url:
-        return RedisStore(cache_redis_url, cfg.ttl_s, key_prefix)
+def make_store(cfg: ResponsesSettings, cache_redis: Any) -> ResponseStore:
+    """In the cache's Redis (`cache_redis`: the cache plugin's `redis` config, or None),
+    under its key prefix (two deployments sharing a Redis with their own prefixes share
+    no stored response), or in memory."""
+    url = getattr(cache_redis, "url", None)
+    if cfg.redis and url:
+        return RedisStore(url, cfg.ttl_s, cache_redis.key_prefix)
     return MemoryStore(cfg.ttl_s, cfg.max_in_memory)
