@@ -44,6 +44,9 @@ class InstantEngine:
     def encode(self, text: str) -> list[int]:
         return [1 + (ord(c) % 255) for c in text[: self._max_model_len // 2]]
 
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(chr(t - 1) for t in token_ids)
+
     def render_chat(self, messages: list[dict[str, Any]], tools: Any) -> list[int]:
         return self.encode(" ".join(str(m.get("content") or "") for m in messages))
 

@@ -31,6 +31,9 @@ class Prepared:
     options: SamplingOptions
     top_logprobs: int = 0
     echo_texts: list[str] = field(default_factory=list)
+    #: A completion's `max_tokens: 0` with `echo`: the engine makes one token (it cannot
+    #: make none) and the answer is the prompt alone.
+    echo_only: bool = False
     #: Chat: makes one choice's tool-call tracker (model text -> tool_calls).
     tracker: Any = None
     #: Chat with a tool parser reading the answer (`tool_choice: auto`): a whole answer
@@ -166,14 +169,19 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
             prompts.append(engine.encode(p))
             echo.append(p)
         else:
-            prompts.append(list(p))
-            echo.append("")
             if vocab is not None and any(t >= vocab for t in p):
                 raise InvalidRequest(f"The prompt holds token ids past the model's vocabulary "
                                      f"of {vocab}.", param="prompt", code="invalid_value")
+            prompts.append(list(p))
+            echo.append(engine.decode(prompts[-1]) if req.echo and p else "")
         if not prompts[-1]:  # the engine has nothing to start from
             raise InvalidRequest("The prompt is empty: it must hold at least one token.",
                                  param="prompt", code="invalid_value")
     longest = max(len(p) for p in prompts)
     opts = _options(req, longest, engine.max_model_len, req.logprobs, vocab, "prompt")
-    return Prepared(prompts, opts, top_logprobs=req.logprobs or 0, echo_texts=echo)
+    if req.echo and req.logprobs is not None:
+        opts.prompt_logprobs = req.logprobs
+    if req.echo_only:
+        opts.max_tokens = 1
+    return Prepared(prompts, opts, top_logprobs=req.logprobs or 0, echo_texts=echo,
+                    echo_only=req.echo_only)

@@ -610,7 +610,9 @@ class CompletionRequest(_SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[
         list[TokenIds], Field(min_length=1)
     ]
-    max_tokens: OutputTokens | None = 16
+    #: 0 only with `echo`: the prompt back, nothing generated (with `logprobs`, the
+    #: prompt's: how lm-evaluation-harness scores a text).
+    max_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = 16
     #: (null: no limit of its own, as vLLM reads it; the sanitizer's ceiling still holds)
     _NULL_STAYS: ClassVar[frozenset[str]] = frozenset({"max_tokens"})
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
@@ -618,6 +620,20 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=1, le=20)] | None = None
     response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _zero_only_echoes(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequest(
+                "Invalid value for `max_tokens`: Input should be greater than or equal to 1 "
+                "(0 only with `echo`, which returns the prompt alone).", param="max_tokens",
+                code="invalid_value")
+        return self
+
+    @property
+    def echo_only(self) -> bool:
+        """The prompt back and nothing generated (`max_tokens: 0` with `echo`)."""
+        return self.echo and self.max_tokens == 0
 
     @property
     def output_limit(self) -> int | None:

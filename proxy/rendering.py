@@ -62,7 +62,7 @@ class Choices:
     charged, its 503 says to retry elsewhere)."""
 
     __slots__ = ("_ctx", "_prep", "_prompt_tokens", "_span", "_stream", "by_index", "cached",
-                 "n", "total")
+                 "n", "prompt_logprobs", "total")
 
     def __init__(self, n: int, prep: Prepared, span: EngineSpan, ctx: RequestContext,
                  stream: Stream | None = None) -> None:
@@ -73,6 +73,8 @@ class Choices:
         self.total = n * len(prep.prompts)
         self.by_index: dict[int, _Choice] = {}
         self._prompt_tokens: dict[int, int] = {}
+        #: Each prompt's own logprobs (a completion's `echo` with `logprobs`), by prompt.
+        self.prompt_logprobs: dict[int, list[TokenLogprob]] = {}
         self.cached = 0
         self._span: EngineSpan | None = span
 
@@ -100,6 +102,8 @@ class Choices:
                 self._span.first_token()
             self._prompt_tokens[out.prompt_index] = out.prompt_tokens
             self.cached += out.cached_tokens
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs[out.prompt_index] = out.prompt_logprobs
 
     def choice(self, out: EngineOutput, c: ChoiceDelta) -> tuple[int, _Choice]:
         idx = out.prompt_index * self.n + c.index
@@ -178,10 +182,13 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
     out_choices = []
     for i, ch in sorted(track.by_index.items()):
         prefix = prep.echo_texts[i // req.n] if req.echo else ""
-        lp = (R.completion_logprobs(ch.logprobs, prep.top_logprobs, len(prefix))
+        # `max_tokens: 0`: the engine's one token is not part of the answer
+        text, entries = ("", []) if prep.echo_only else ("".join(ch.text), ch.logprobs)
+        lp = (R.completion_logprobs(entries, prep.top_logprobs, len(prefix),
+                                    track.prompt_logprobs.get(i // req.n))
               if req.logprobs is not None else None)
-        out_choices.append(R.completion_choice(i, prefix + "".join(ch.text),
-                                               R.finish(ch.reason), lp))
+        out_choices.append(R.completion_choice(
+            i, prefix + text, "length" if prep.echo_only else R.finish(ch.reason), lp))
     return Completion(R.completion_body(id=R.new_id("cmpl"), model=req.model,
                                         created=R.now(), choices=out_choices, usage_=usage))
 
@@ -264,25 +271,30 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                     idx, ch = track.choice(out, c)
                     if ch.reason is not None:
                         continue
-                    text = c.text
+                    # `max_tokens: 0`: the engine's one token is not part of the answer
+                    text, new = ("", None) if prep.echo_only else (c.text, c.logprobs)
+                    prompt_lp = None
                     if req.echo and not ch.started:
                         text = prep.echo_texts[out.prompt_index] + text
                         offsets[idx] = len(prep.echo_texts[out.prompt_index])
+                        prompt_lp = track.prompt_logprobs.get(out.prompt_index)
                     ch.started = True
                     reason = R.finish(c.finish_reason) if c.finish_reason else None
+                    if reason and prep.echo_only:
+                        reason = "length"
                     if not text and reason is None:
                         if req.logprobs is not None:
-                            ch.held += c.logprobs or []
+                            ch.held += new or []
                         continue
                     ch.text.append(text)
                     lp = None
                     if req.logprobs is not None:
-                        lp = R.completion_logprobs(ch.entries(c.logprobs), prep.top_logprobs,
-                                                   offsets.get(idx, 0))
+                        entries = ch.entries(new)
+                        lp = R.completion_logprobs(entries, prep.top_logprobs,
+                                                   offsets.get(idx, 0), prompt_lp)
                         # each token's place in the text: advanced by the tokens reported,
                         # not the text sent (text held back for a stop string lags them)
-                        if lp["tokens"]:
-                            offsets[idx] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                        offsets[idx] = offsets.get(idx, 0) + sum(len(e.token) for e in entries)
                     choices.append(R.completion_choice(idx, text, reason, lp))
                     ch.reason = reason
                 if choices:

@@ -139,22 +139,25 @@ def usage_chunk(
 # ------------------------------------------------------------------------ completions
 
 
-def completion_logprobs(entries: list[TokenLogprob], top: int, offset: int) -> dict[str, Any]:
+def completion_logprobs(entries: list[TokenLogprob], top: int, offset: int,
+                        prompt: list[TokenLogprob] | None = None) -> dict[str, Any]:
+    """A completion choice's `logprobs`: the echoed `prompt`'s entries first (placed from
+    0), then the generated ones (placed from `offset`, where they start in the text). A
+    prompt's first token has no logprob: null in `token_logprobs` and `top_logprobs`, as
+    OpenAI's and vLLM's servers send it (OpenAI's spec types these items as numbers)."""
     tokens, token_logprobs, tops, offsets = [], [], [], []
-    pos = offset
-    for e in entries:
-        tokens.append(e.token)
-        token_logprobs.append(e.logprob)
-        tops.append({t.token: t.logprob for t in e.top[: max(top, 1)]} if top else None)
-        offsets.append(pos)
-        pos += len(e.token)
-    out: dict[str, Any] = {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "text_offset": offsets,
-    }
-    out["top_logprobs"] = [t for t in tops if t is not None] if top else []
-    return out
+    for part, start in ((prompt or [], 0), (entries, offset)):
+        pos = start
+        for e in part:
+            tokens.append(e.token)
+            token_logprobs.append(e.logprob)
+            # the top ones and always the chosen one: up to `logprobs` + 1, as OpenAI says
+            tops.append(None if e.logprob is None else {
+                **{t.token: t.logprob for t in e.top[: max(top, 1)]}, e.token: e.logprob})
+            offsets.append(pos)
+            pos += len(e.token)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "text_offset": offsets,
+            "top_logprobs": tops if top else []}
 
 
 def completion_body(

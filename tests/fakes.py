@@ -96,6 +96,19 @@ class FakeEngine:
     def encode(self, text: str) -> list[int]:
         return [1] + [ord(c) % 997 + 2 for c in text]
 
+    def decode(self, token_ids: list[int]) -> str:
+        return "".join(chr(t - 2) for t in token_ids if t >= 2)
+
+    def prompt_entries(self, prompt: list[int], k: int) -> list[TokenLogprob]:
+        """The prompt's logprobs: the first token has none; token i's is -i/10."""
+        out = [TokenLogprob(self.decode(prompt[:1]), None, None, [])]
+        for i, t in enumerate(prompt[1:], 1):
+            tok = self.decode([t])
+            top = [TopLogprob(tok, -i / 10, list(tok.encode()))] + [
+                TopLogprob(f" p{j}", -5.0 - j, None) for j in range(k)]
+            out.append(TokenLogprob(tok, -i / 10, list(tok.encode()), top))
+        return out
+
     def render_chat(self, messages: list[dict[str, Any]], tools: Any) -> list[int]:
         ids = [1]
         for m in messages:
@@ -155,7 +168,10 @@ class FakeEngine:
                     choices.append(ChoiceDelta(index=c, text=word, token_ids=[10 + i],
                                                logprobs=lp,
                                                finish_reason=reason if last else None))
-                yield EngineOutput(choices=choices, prompt_tokens=len(prompt), finished=last)
+                yield EngineOutput(
+                    choices=choices, prompt_tokens=len(prompt), finished=last,
+                    prompt_logprobs=self.prompt_entries(prompt, options.prompt_logprobs)
+                    if i == 0 and options.prompt_logprobs is not None else None)
             finished_ok = True
         finally:
             self.active.discard(request_id)

@@ -30,6 +30,8 @@ class SamplingOptions:
     logit_bias: dict[int, float] | None = None
     #: None: no logprobs; k >= 0: the chosen token's logprob plus the top k.
     logprobs: int | None = None
+    #: The same for the prompt's tokens (a completion's `echo` with `logprobs`).
+    prompt_logprobs: int | None = None
     min_tokens: int = 0
     ignore_eos: bool = False
     json_schema: dict[str, Any] | None = None
@@ -57,7 +59,8 @@ class TopLogprob:
 @dataclass(slots=True)
 class TokenLogprob:
     token: str
-    logprob: float
+    #: None for a prompt's first token: nothing came before it to predict it from.
+    logprob: float | None
     bytes: list[int] | None
     top: list[TopLogprob]
 
@@ -79,6 +82,8 @@ class EngineOutput:
     cached_tokens: int = 0
     #: Which prompt of a multi-prompt request this output belongs to (set by the merger).
     prompt_index: int = 0
+    #: One entry per prompt token (`options.prompt_logprobs`), on the prompt's first output.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(slots=True)
@@ -171,6 +176,9 @@ class Engine(Protocol):
 
     def encode(self, text: str) -> list[int]:
         """Tokenize a completion prompt (with the model's BOS handling)."""
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of token ids (a completion prompt sent as ids, echoed)."""
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
         """Apply the model's chat template and tokenize (generation prompt appended)."""

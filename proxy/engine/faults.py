@@ -68,6 +68,9 @@ class FaultyEngine:
     def encode(self, text: str) -> list[int]:
         return self.inner.encode(text)
 
+    def decode(self, token_ids: list[int]) -> str:
+        return self.inner.decode(token_ids)
+
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
         return self.inner.render_chat(messages, tools)
 

@@ -216,6 +216,9 @@ class VllmEngine:
         # The prompt is client text: special-token strings in it stay plain text.
         return self._text().encode_text(text, add_special_tokens=True)
 
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._tokenizer.decode(token_ids))
+
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
         def render(msgs: list[dict[str, Any]]) -> str:
             return str(self._tokenizer.apply_chat_template(
@@ -256,6 +259,7 @@ class VllmEngine:
                 frequency_penalty=o.frequency_penalty,
                 logit_bias=o.logit_bias,
                 logprobs=o.logprobs,
+                prompt_logprobs=o.prompt_logprobs,
                 ignore_eos=o.ignore_eos,
                 skip_special_tokens=o.skip_special_tokens,
                 structured_outputs=structured,
@@ -307,6 +311,9 @@ class VllmEngine:
                     prompt_tokens=len(out.prompt_token_ids or prompt),
                     finished=out.finished,
                     cached_tokens=out.num_cached_tokens or 0,
+                    prompt_logprobs=_prompt_entries(self._tokenizer, prompt,
+                                                    out.prompt_logprobs)
+                    if out.prompt_logprobs else None,
                 )
         except GracefulHTTPError as e:
             raise EngineOverloaded(_clean(str(e))) from None
@@ -540,6 +547,14 @@ def _rejected(e: Exception, schema_param: str) -> EngineRejected:
     if param is None and ("schema" in message.lower() or "grammar" in message.lower()):
         param = schema_param
     return EngineRejected(message, param=param)
+
+
+def _prompt_entries(tokenizer: Any, prompt: list[int], entries: Any) -> list[TokenLogprob]:
+    """vLLM's prompt logprobs (None for the first token, then one map per token) as one
+    entry per prompt token; the first has no logprob, as vLLM's server and OpenAI show."""
+    first = TokenLogprob(token=str(tokenizer.decode(prompt[:1])), logprob=None, bytes=None,
+                         top=[])
+    return [first, *_logprobs(list(entries)[1:], prompt[1:])]
 
 
 def _shown(c: Any) -> Any:

@@ -97,9 +97,33 @@ class FunctionCallOutputItem(_Open):
             p.text for p in self.output)
 
 
+class SummaryText(_Open):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningText(_Open):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(_Open):
+    """A reasoning model's item, as an app replays a conversation's output (the Agents SDK
+    does, and so does one that moved from a reasoning model). It is taken and left out
+    of the prompt: this model does not reason, and its template has nowhere to put it
+    (vLLM's server hands it to the template as `reasoning`, which such templates drop)."""
+
+    type: Literal["reasoning"]
+    summary: list[SummaryText]
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
 class UnsupportedItem(_Open):
-    """Any other input item (a reference to a stored item, a reasoning item, a built-in
-    tool's call): parsed so that the error can name it."""
+    """Any other input item (a reference to a stored item, a built-in tool's call):
+    parsed so that the error can name it."""
 
     type: str
 
@@ -118,6 +142,8 @@ def _item_kind(v: Any) -> str:
         return "FunctionCall"
     if kind == "function_call_output":
         return "FunctionCallOutput"
+    if kind == "reasoning":
+        return "Reasoning"
     return "Message" if kind == "message" else "Unsupported"  # (a `type` not a string too)
 
 
@@ -125,6 +151,7 @@ InputItem = Annotated[
     Annotated[MessageItem, Tag("Message")]
     | Annotated[FunctionCallItem, Tag("FunctionCall")]
     | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutput")]
+    | Annotated[ReasoningItem, Tag("Reasoning")]
     | Annotated[UnsupportedItem, Tag("Unsupported")],
     Discriminator(_item_kind),
 ]
@@ -227,8 +254,14 @@ class ResponsesRequest(_NullIsDefault):
                                  f"`{choice.name}` is among `tools`.", param="tool_choice.name")
         return self
 
-    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
+    def given(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem
+                            | ReasoningItem]:
+        """Every input item, as sent."""
         if isinstance(self.input, str):
             return [MessageItem(role="user", content=self.input)]
         # (an UnsupportedItem never validates: it is in the union to be named)
         return [i for i in self.input if not isinstance(i, UnsupportedItem)]
+
+    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
+        """The input items the prompt is made of: all but reasoning items."""
+        return [i for i in self.given() if not isinstance(i, ReasoningItem)]

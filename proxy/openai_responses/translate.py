@@ -19,6 +19,7 @@ from .models import (
     FunctionCallItem,
     FunctionCallOutputItem,
     MessageItem,
+    ReasoningItem,
     ResponsesRequest,
     ToolChoiceFunction,
 )
@@ -190,9 +191,9 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     with an id (its own where the client sent one)."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()  # an id given twice would page forever: the second is new
-    for item in req.items():
+    for item in req.given():
         given = (item.model_extra or {}).get("id") if not isinstance(
-            item, FunctionCallItem) else item.id
+            item, FunctionCallItem | ReasoningItem) else item.id
         item_id = given if isinstance(given, str) and given and given not in seen else None
         if item_id is not None:
             seen.add(item_id)
@@ -206,6 +207,9 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
         elif isinstance(item, FunctionCallItem):
             out.append(call_item(item.call_id, item.name, item.arguments, "completed",
                                  item_id))
+        elif isinstance(item, ReasoningItem):
+            out.append({**item.model_dump(exclude_none=True, exclude={"id"}),
+                        "id": item_id or new_id("rs")})
         else:
             out.append({"type": "function_call_output", "id": item_id or new_id("fco"),
                         "call_id": item.call_id, "output": item.text(),

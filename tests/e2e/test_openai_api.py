@@ -243,10 +243,46 @@ def test_completions_prompt_forms(client: openai.OpenAI, weir: WeirProcess) -> N
     assert toks.usage is not None and toks.usage.prompt_tokens == 3
     nested = client.completions.create(model=MODEL, prompt=[[5, 207], [714]], max_tokens=2)
     assert len(nested.choices) == 2
-    for body in ({"prompt": "x", "max_tokens": 3, "logprobs": 2, "echo": True},
+    for body in ({"prompt": "x", "max_tokens": 3, "logprobs": 2},
                  {"prompt": ["a", "b"], "max_tokens": 2, "n": 2, "temperature": 1}):
         validate("CreateCompletionResponse",
                  raw(weir, "/v1/completions", {"model": MODEL, **body}).json())
+
+
+def test_echo_logprobs_score_a_text_as_generation_saw_it(client: openai.OpenAI,
+                                                         weir: WeirProcess) -> None:
+    """lm-evaluation-harness's loglikelihood: `echo` + `logprobs` + `max_tokens` 0 gives
+    each prompt token's logprob (the first none). Scored so, a greedy continuation's
+    tokens have the logprobs its generation reported; whole and streamed agree."""
+    for prompt in ("Once upon a time", "The capital of France is"):
+        gen = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3,
+                                        temperature=0, logprobs=1).choices[0]
+        assert gen.logprobs and gen.logprobs.tokens and gen.logprobs.token_logprobs
+        ask = {"model": MODEL, "prompt": prompt + gen.text, "echo": True, "logprobs": 1,
+               "max_tokens": 0}
+        body = raw(weir, "/v1/completions", ask).json()
+        scored = body["choices"][0]
+        lp = scored["logprobs"]
+        assert scored["text"] == prompt + gen.text and scored["finish_reason"] == "length"
+        assert len(lp["tokens"]) == body["usage"]["prompt_tokens"]
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert all(isinstance(x, float) and x <= 0 for x in lp["token_logprobs"][1:])
+        assert all(t in top for t, top in zip(lp["tokens"][1:], lp["top_logprobs"][1:],
+                                              strict=True))
+        assert lp["tokens"][-3:] == gen.logprobs.tokens
+        assert lp["token_logprobs"][-3:] == pytest.approx(gen.logprobs.token_logprobs,
+                                                          abs=1e-3)
+        events, done = parse_sse(raw(weir, "/v1/completions", {**ask, "stream": True}).text)
+        assert done
+        streamed = [c for e in events for c in e["choices"]]
+        assert "".join(c["text"] for c in streamed) == scored["text"]
+        assert [t for c in streamed for t in (c["logprobs"] or {}).get("tokens", [])
+                ] == lp["tokens"]
+    # token ids, as the harness sends them: echoed as their text, each scored
+    ids = client.completions.create(model=MODEL, prompt=[5, 207, 714], echo=True, logprobs=2,
+                                    max_tokens=2, temperature=0).choices[0]
+    assert ids.logprobs and ids.logprobs.tokens and len(ids.logprobs.tokens) == 5
+    assert ids.text == "".join(ids.logprobs.tokens)
 
 
 def test_completion_stream_agrees(client: openai.OpenAI, weir: WeirProcess) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tests.conftest import MakeClient
@@ -198,6 +199,95 @@ async def test_streamed_completion_logprob_offsets_match_the_whole_answer(
         assert offsets == whole["logprobs"]["text_offset"], echo
         tokens = whole["logprobs"]["tokens"]
         assert all(text[o:o + len(t)] == t for o, t in zip(offsets, tokens, strict=True))
+
+
+def _without_first_nulls(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with each choice's leading null logprob (a prompt's first token) dropped:
+    OpenAI's spec types the items as numbers, its API and vLLM's send null there."""
+    out = json.loads(json.dumps(body))
+    for c in out["choices"]:
+        lp = c.get("logprobs")
+        if lp and lp["token_logprobs"] and lp["token_logprobs"][0] is None:
+            for k in ("tokens", "token_logprobs", "text_offset", "top_logprobs"):
+                del lp[k][:1]
+    return out
+
+
+async def _echo_stream(client: Any, ask: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """A streamed completion assembled per choice: text, finish reason, logprobs."""
+    r = await client.post("/v1/completions", json={**ask, "stream": True})
+    assert r.status == 200, await r.text()
+    events, done = parse_sse(await r.text())
+    assert done
+    out: dict[int, dict[str, Any]] = {}
+    for e in events:
+        validate_completion_chunk(_without_first_nulls(e))
+        for c in e["choices"]:
+            got = out.setdefault(c["index"], {"text": "", "finish_reason": None, "logprobs": {
+                "tokens": [], "token_logprobs": [], "text_offset": [], "top_logprobs": []}})
+            got["text"] += c["text"]
+            got["finish_reason"] = c["finish_reason"] or got["finish_reason"]
+            for k, v in (c.get("logprobs") or {}).items():
+                got["logprobs"][k] += v
+    return out
+
+
+async def test_echo_with_logprobs_scores_the_prompt(make_client: MakeClient,
+                                                   fake_engine: FakeEngine) -> None:
+    """lm-evaluation-harness scores a text as `echo` + `logprobs` (+ `max_tokens` 0 or 1),
+    often with token ids: each prompt token's logprob comes first (the first null), then
+    the generated ones; whole and streamed alike, per prompt and per choice."""
+    client = await make_client()
+    for prompt in ("say hi", [1, 40, 50, 60], ["ab", "cde"]):
+        for max_tokens in (0, 2):
+            ask = {"model": "fake-model", "prompt": prompt, "echo": True, "logprobs": 2,
+                   "max_tokens": max_tokens, "n": 2, "temperature": 1}
+            r = await client.post("/v1/completions", json=ask)
+            assert r.status == 200, await r.text()
+            body = await r.json()
+            validate("CreateCompletionResponse", _without_first_nulls(body))
+            assert fake_engine.calls[-1][1].prompt_logprobs == 2
+            prompts = [prompt] if not isinstance(prompt, list) or isinstance(
+                prompt[0], int) else prompt
+            streamed = await _echo_stream(client, ask)
+            assert len(body["choices"]) == 2 * len(prompts)
+            for c in body["choices"]:
+                p = prompts[c["index"] // 2]
+                ids = fake_engine.encode(p) if isinstance(p, str) else p
+                text = p if isinstance(p, str) else fake_engine.decode(p)
+                lp = c["logprobs"]
+                assert lp["token_logprobs"][:len(ids)] == [None] + [
+                    -i / 10 for i in range(1, len(ids))]
+                assert lp["top_logprobs"][0] is None
+                assert lp["top_logprobs"][1] == {lp["tokens"][1]: -0.1, " p0": -5.0}
+                # each prompt token's place in the echoed text (the fake's BOS has none)
+                assert all(text[o:o + len(t)] == t for o, t in zip(
+                    lp["text_offset"], lp["tokens"][:len(ids)], strict=False))
+                if max_tokens == 0:  # the prompt alone: nothing generated is shown
+                    assert c["text"] == text and c["finish_reason"] == "length"
+                    assert len(lp["tokens"]) == len(ids)
+                else:
+                    assert c["text"].startswith(text) and len(c["text"]) > len(text)
+                    assert len(lp["tokens"]) == len(ids) + max_tokens
+                    assert lp["text_offset"][len(ids)] == len(text)
+                    assert lp["token_logprobs"][len(ids):] == [-0.5] * max_tokens
+                assert streamed[c["index"]] == {k: c[k] for k in (
+                    "text", "finish_reason", "logprobs")}, (prompt, max_tokens)
+
+
+async def test_max_tokens_zero_is_only_for_echo(make_client: MakeClient,
+                                                fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    r = await client.post("/v1/completions", json={"model": "fake-model", "prompt": "x",
+                                                   "max_tokens": 0})
+    assert r.status == 400
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["param"] == "max_tokens" and "echo" in body["error"]["message"]
+    assert not fake_engine.calls
+    echoed = await _completion(client, prompt="hello there", echo=True, max_tokens=0)
+    assert echoed["choices"][0]["text"] == "hello there"
+    assert fake_engine.calls[-1][1].prompt_logprobs is None  # none asked, none computed
 
 
 async def test_models(make_client: MakeClient) -> None:

@@ -191,6 +191,34 @@ async def test_function_call_items_round_trip_to_the_template(make_client: MakeC
         {"role": "tool", "content": "sunny"}], None)
 
 
+async def test_reasoning_items_are_taken_listed_and_left_out_of_the_prompt(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """Apps replay a reasoning model's output items (the Agents SDK does): this model does
+    not reason, so they are listed with the input but never reach the template."""
+    client = await make_client()
+    reasoning = {"type": "reasoning", "id": "rs_1", "status": "completed",
+                 "summary": [{"type": "summary_text", "text": "thought about it"}],
+                 "encrypted_content": "opaque"}
+    r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL], "input": [
+        {"role": "user", "content": "weather?"}, reasoning,
+        {"type": "function_call", "call_id": "c1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {**reasoning, "id": "rs_2", "content": [{"type": "reasoning_text", "text": "hm"}]}]})
+    assert r.status == 200, await r.text()
+    assert fake_engine.calls[0][0] == fake_engine.render_chat([
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": ""},
+        {"role": "tool", "content": "sunny"}], None)
+    listed = await (await client.get(
+        f"/v1/responses/{(await r.json())['id']}/input_items?order=asc")).json()
+    validate("ResponseItemList", listed)
+    assert [i["type"] for i in listed["data"]] == [
+        "message", "reasoning", "function_call", "function_call_output", "reasoning"]
+    assert listed["data"][1] == reasoning and listed["data"][4]["id"] == "rs_2"
+    assert "thought about it" not in fake_engine.calls[0][0]
+
+
 async def test_a_call_output_without_its_call_is_refused(make_client: MakeClient) -> None:
     client = await make_client()
     for items in ([{"role": "user", "content": "hi"},
@@ -266,8 +294,9 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
         ({"truncation": "foo"}, "truncation"),
         ({"truncation": "auto"}, "truncation"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
-        ({"input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "summary": []}]},
-         "input[1]"),
+        ({"input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "summary": "x"}]},
+         "input[1].summary"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ]
     said = {}
     for extra, param in cases:
