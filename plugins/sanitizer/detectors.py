@@ -449,6 +449,23 @@ _TAG_AFTER = re.compile(r"-(?:alpha|beta|rc|snapshot|dev|pre|preview|final|stabl
                         r"release|nightly)\b", re.IGNORECASE)
 
 
+# A package's file or release name: a name joined to a version by "-" or "_"
+# ("numpy-1.26.0.1", "mylib_2.0.0.1-py3-none-any.whl"). Only a one-digit first part:
+# a host's name joined to its address ("node-192.168.1.20") is an address.
+_PACKAGE_BEFORE = re.compile(
+    r"(?<![\w.-])(?P<name>[A-Za-z][A-Za-z0-9]+(?:[.-][A-Za-z][A-Za-z0-9]*)*)[-_]\Z")
+_HOST_WORDS = frozenset({"host", "hostname", "node", "server", "srv", "router", "gw",
+                         "gateway", "ip", "addr", "address", "db", "vm", "pod", "machine",
+                         "worker", "peer", "client", "proxy", "lb", "nat", "dns"})
+
+
+def _package_version(text: str, a: int) -> bool:
+    """The quad at `a` is a package's version ("numpy-1.26.0.1")."""
+    name = _PACKAGE_BEFORE.search(text, max(0, a - 64), a)
+    return (name is not None and text[a].isdigit() and not text[a + 1].isdigit()
+            and name["name"].rsplit("-", 1)[-1].lower() not in _HOST_WORDS)
+
+
 def _unpadded(quad: str) -> str:
     """`192.168.001.001` as `ipaddress` reads it (it refuses leading zeros)."""
     return ".".join(str(int(o)) for o in quad.split("."))
@@ -458,7 +475,7 @@ def _find_ip(text: str) -> Iterator[Span]:
     for a, b in _ip_v4(text):
         candidate = text[a:b]
         if (_VERSION_BEFORE.search(text, max(0, a - 16), a) is None
-                and _TAG_AFTER.match(text, b) is None and candidate not in _MASKS
+                and _TAG_AFTER.match(text, b) is None and not _package_version(text, a) and candidate not in _MASKS
                 and _names_a_host(ipaddress.IPv4Address(_unpadded(candidate)))):
             yield a, b
     if text.count(":") >= 2:
