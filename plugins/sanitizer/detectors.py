@@ -475,7 +475,8 @@ def _find_ip(text: str) -> Iterator[Span]:
     for a, b in _ip_v4(text):
         candidate = text[a:b]
         if (_VERSION_BEFORE.search(text, max(0, a - 16), a) is None
-                and _TAG_AFTER.match(text, b) is None and not _package_version(text, a) and candidate not in _MASKS
+                and _TAG_AFTER.match(text, b) is None and not _package_version(text, a)
+                and candidate not in _MASKS
                 and _names_a_host(ipaddress.IPv4Address(_unpadded(candidate)))):
             yield a, b
     if text.count(":") >= 2:
