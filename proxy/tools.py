@@ -243,18 +243,12 @@ class ToolCallTracker:
     # ------------------------------------------------------------------ whole answers
 
     def whole(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        """(content, tool_calls) of a whole answer."""
-        if self.mode == "forced":
-            calls = parse_forced(self.req, text)
-        elif self.mode == "parser":
-            assert self.parser is not None
-            content, calls = self.parser.extract(text)
-            if calls:
-                self.called = True
-                return content or None, [call_dict(c) for c in calls[:self._most_calls]]
+        """(content, tool_calls) of a whole answer, forced or text (a parser reads a
+        whole answer step by step, as its stream: `StreamCalls`)."""
+        assert self.mode != "parser"
+        if self.mode == "text":
             return text, []
-        else:
-            return text, []
+        calls = parse_forced(self.req, text)
         self.called = bool(calls)
         return None, [call_dict(c) for c in calls]  # the forced JSON is never content
 

@@ -21,7 +21,6 @@ from proxy.engine.base import (
     EngineOutput,
     EngineStats,
     ModelInfo,
-    ParsedToolCall,
     SamplingOptions,
     TokenLogprob,
     ToolCallDelta,
@@ -236,13 +235,6 @@ class FakeToolParser:
         self._text = ""
         self._sent = 0  # calls already streamed
         self._content_sent = 0
-
-    def extract(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        calls = [json.loads(m) for m in self._CALL.findall(text)]
-        if not calls:
-            return text, []
-        content = self._CALL.sub("", text).strip() or None
-        return content, [ParsedToolCall(c["name"], json.dumps(c["arguments"])) for c in calls]
 
     def feed(self, delta: str, token_ids: list[int]) -> tuple[str | None, list[ToolCallDelta]]:
         self._text += delta

@@ -122,11 +122,9 @@ class ToolCallDelta:
 
 
 class ToolCallParser(Protocol):
-    """The model's own tool-call syntax, read out of its text (one instance per answer:
-    streaming parsers keep state between `feed` calls)."""
-
-    def extract(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        """A whole answer -> (content left over, calls)."""
+    """The model's own tool-call syntax, read out of its text step by step (one instance
+    per answer: streaming parsers keep state between `feed` calls). A whole answer is
+    read the same way, so that it is its stream assembled."""
 
     def feed(self, delta: str, token_ids: list[int]) -> tuple[str | None, list[ToolCallDelta]]:
         """The next piece of a streamed answer -> (content delta, call deltas)."""

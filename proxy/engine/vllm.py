@@ -34,7 +34,6 @@ from .base import (
     EngineRejected,
     EngineStats,
     ModelInfo,
-    ParsedToolCall,
     SamplingOptions,
     TokenLogprob,
     ToolCallDelta,
@@ -374,13 +373,6 @@ class _ToolParserAdapter:
         self._text = ""
         self._ids: list[int] = []
         self._named: set[int] = set()  # calls whose name was streamed
-
-    def extract(self, text: str) -> tuple[str | None, list[ParsedToolCall]]:
-        info = self._parser.extract_tool_calls(text, self._request)
-        if not info.tools_called:
-            return text, []
-        return info.content, [ParsedToolCall(c.function.name, c.function.arguments, c.id)
-                              for c in info.tool_calls]
 
     def feed(self, delta: str, token_ids: list[int]) -> tuple[str | None, list[ToolCallDelta]]:
         prev_text, prev_ids = self._text, self._ids

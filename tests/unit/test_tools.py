@@ -284,11 +284,8 @@ def test_named_tracker_streams_the_arguments_as_they_come() -> None:
 def test_parser_tracker_splits_content_from_calls() -> None:
     req = chat(tools=[WEATHER])
     text = 'Let me check. <call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
-    whole = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
-    assert whole.mode == "parser"
-    content, calls = whole.whole(text)
-    assert content == "Let me check." and calls[0]["function"]["name"] == "get_weather"
     streamed = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
+    assert streamed.mode == "parser"
     pieces, assembler = [], T.CallAssembler()
     for i in range(0, len(text), 5):
         c, deltas = streamed.feed(text[i:i + 5], [1])
@@ -310,8 +307,6 @@ def test_text_the_parser_held_back_is_content_when_no_call_came() -> None:
     steps.append(streamed.step("", [], "length"))
     assert "".join(c or "" for c, _, _ in steps) == text
     assert all(not deltas for _, deltas, _ in steps) and steps[-1][2] == "length"
-    whole = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
-    assert whole.whole(text) == (text, [])
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
@@ -319,9 +314,6 @@ def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
            '<call>{"name": "get_weather", "arguments": {"city": "Rome"}}</call>')
     for parallel, expected in ((False, ["Paris"]), (None, ["Paris", "Rome"])):
         req = chat(tools=[WEATHER], parallel_tool_calls=parallel)
-        whole = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
-        _, calls = whole.whole(two)
-        assert [json.loads(c["function"]["arguments"])["city"] for c in calls] == expected
         streamed = T.ToolCallTracker.for_request(req, _Engine(True).tool_parser)
         assembler = T.CallAssembler()
         for i in range(0, len(two), 7):
