@@ -43,6 +43,9 @@ class ChatText:
         specials.discard("")
         ordered = sorted(specials, key=len, reverse=True)  # longest first in the alternation
         self._special = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        #: OpenAI's `developer` role is its newer name for `system`; a template with no
+        #: turn of that name (most) would render a role the model never saw in training.
+        self._developer = "developer" in str(getattr(tokenizer, "chat_template", "") or "")
 
     def has_special(self, text: str) -> bool:
         return self._special is not None and self._special.search(text) is not None
@@ -58,6 +61,9 @@ class ChatText:
 
     def render(self, messages: list[dict[str, Any]], render: Render) -> list[int]:
         """Token ids of the rendered chat; `render` applies the chat template."""
+        if not self._developer:
+            messages = [{**m, "role": "system"} if m.get("role") == "developer" else m
+                        for m in messages]
         risky = [i for i, m in enumerate(messages)
                  if isinstance(m.get("content"), str) and self.has_special(m["content"])]
         if not risky:

@@ -44,6 +44,7 @@ class _Events:
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
         self.usage: dict[str, Any] | None = None
         self.reason: str | None = None
+        self.texts = False  # the answer is text (its content is a string, maybe empty)
         self.finished = False  # a terminal event went out
         #: A failure's events not yet handed to the writer: a shutdown cutting the
         #: stream meanwhile sends these, not a failure of its own.
@@ -82,6 +83,8 @@ class _Events:
                                output_index=self.index, content_index=0,
                                part=X.text_part("")))
             self.open_text = []
+        if not delta:  # (an empty answer: its message, and no delta)
+            return out
         self.open_text.append(delta)
         out.append(self.ev("response.output_text.delta", item_id=self.open_id,
                            output_index=self.index, content_index=0, delta=delta, logprobs=[]))
@@ -149,6 +152,7 @@ class _Events:
             if c.get("index", 0) != 0:
                 continue
             delta = c.get("delta") or {}
+            self.texts = self.texts or isinstance(delta.get("content"), str)
             if delta.get("content"):
                 out += self.text(delta["content"])
             for d in delta.get("tool_calls") or []:
@@ -242,6 +246,9 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
                     await _kept(on_done, e.failing[0]["response"])
                 yield e.number(e.failing.pop(0))
             return
+        if not e.output and e.texts:  # an empty answer is an empty message, as a whole one
+            for event in e.text(""):
+                yield e.number(event)
         for event in e.close():
             yield e.number(event)
         status = "incomplete" if e.reason == "length" else "completed"

@@ -243,6 +243,15 @@ class ResponsesRequest(_NullIsDefault):
         return data
 
     @model_validator(mode="after")
+    def _something_to_answer(self) -> ResponsesRequest:
+        if not self.items():
+            raise InvalidRequest(
+                "`input` holds only reasoning items, which are not put in this model's "
+                "prompt: send a message (or a function call's output) to answer.",
+                param="input", code="invalid_value")
+        return self
+
+    @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ResponsesRequest:
         choice = self.tool_choice
         if choice == "required" and not self.tools:

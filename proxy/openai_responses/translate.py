@@ -72,7 +72,7 @@ def input_messages(items: list[MessageItem | FunctionCallItem | FunctionCallOutp
     out: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, MessageItem):
-            role = "system" if item.role == "developer" else item.role
+            role = item.role  # (`developer` is read as the model's template reads it)
             last = out[-1] if out else None
             if role == "assistant" and last is not None and last["role"] == "assistant" \
                     and last.get("tool_calls"):

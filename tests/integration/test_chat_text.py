@@ -89,3 +89,23 @@ def test_completion_prompts_keep_markers_as_text(prompt: str) -> None:
     bos = TOK.encode("", add_special_tokens=True)  # whatever the tokenizer adds itself
     assert specials(ids) == specials(bos)
     assert TOK.decode(ids, skip_special_tokens=False).endswith(prompt)
+
+
+def test_developer_is_system_where_the_template_has_no_such_turn() -> None:
+    """OpenAI's `developer` role is its newer `system`: the demo template, like most,
+    has no developer turn, so one renders as a system message. A template that has
+    one keeps it."""
+    asked = [{"role": "developer", "content": "Answer in French."},
+             {"role": "user", "content": "hi"}]
+    as_system = [{**asked[0], "role": "system"}, asked[1]]
+    assert ChatText(TOK).render(asked, render) == ChatText(TOK).render(as_system, render)
+
+    class Knows:
+        chat_template = "{% if m.role == 'developer' %}...{% endif %}"
+
+        def encode(self, text: str, **kw: Any) -> list[int]:
+            return []
+
+    seen: list[list[dict[str, Any]]] = []
+    ChatText(Knows()).render(asked, lambda msgs: seen.append(msgs) or "")
+    assert seen[0][0]["role"] == "developer"

@@ -219,6 +219,25 @@ async def test_reasoning_items_are_taken_listed_and_left_out_of_the_prompt(
     assert "thought about it" not in fake_engine.calls[0][0]
 
 
+async def test_an_empty_answer_is_one_empty_message_whole_and_streamed(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A model that ends its turn at once answers an empty message, whole or streamed
+    (the stream had no item at all)."""
+    client = await make_client()
+    fake_engine.script = ""
+    whole = await (await client.post("/v1/responses", json=BASE)).json()
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    events, _ = parse_sse(await r.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed"
+    for got in (whole["output"], final["output"]):
+        assert [(i["type"], i["content"][0]["text"]) for i in got] == [("message", "")]
+    assert not [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [e["text"] for e in events if e["type"] == "response.output_text.done"] == [""]
+
+
 async def test_a_call_output_without_its_call_is_refused(make_client: MakeClient) -> None:
     client = await make_client()
     for items in ([{"role": "user", "content": "hi"},
@@ -315,6 +334,8 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
     assert said[str({"truncation": "auto"})]["code"] == "unsupported_parameter"
     item = said[str({"input": [{"type": "item_reference", "id": "msg_1"}]})]["message"]
     assert "`item_reference` input items are not supported" in item and "'message'" not in item
+    assert "only reasoning items" in said[str({"input": [
+        {"type": "reasoning", "summary": []}]})]["message"]
 
 
 async def test_the_chain_applies_rate_limit(make_client: MakeClient) -> None:
