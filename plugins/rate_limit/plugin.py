@@ -297,8 +297,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         prompts = len(req.prompts()) if isinstance(req, CompletionRequest) else 1
         # Every prompt of a completion gets its own n choices, each up to the limit.
         # (`max_tokens: 0` with `echo` generates one token, not shown)
-        limit = req.output_limit
-        out = (self.cfg.default_max_tokens if limit is None else max(limit, 1)) * prompts
+        most = req.output_limit
+        out = (self.cfg.default_max_tokens if most is None else max(most, 1)) * prompts
         reserve = (estimate_tokens(ctx) + out) * max(1, req.n)
         rpm, tpm, conc, per_of = self._plan(ctx, reserve)
         lease = new_hex()
