@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from urllib.parse import unquote
 
 import orjson
 from jsonschema import Draft7Validator
@@ -202,6 +203,41 @@ def _local_refs_only(schema: dict[str, Any]) -> None:
     grammar compiler would otherwise drop the reference silently (printing it)."""
     if any(not ref.startswith("#") for ref in schema_refs(schema)):
         raise ValueError("a `$ref` may only point inside the schema (`#/...`)")
+    _no_ref_loops(schema)
+
+
+_ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment", "default", "examples",
+                          "deprecated", "readOnly", "writeOnly"})
+
+
+def _pointed(schema: dict[str, Any], ref: str) -> Any:
+    """What a local `$ref` (`#/$defs/a`) points at; None where it points at nothing."""
+    node: Any = schema
+    for part in ref[1:].lstrip("/").split("/") if ref not in ("#", "#/") else []:
+        key = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict):
+            node = node.get(key)
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node
+
+
+def _no_ref_loops(schema: dict[str, Any]) -> None:
+    """No `$ref` leads, through references only, back to itself (`{"$ref": "#"}`, a
+    `$defs` pair naming each other): no value matches such a schema, and the engine's
+    grammar fails on it mid-answer, as if the engine had failed."""
+    for ref in set(schema_refs(schema)):
+        seen = {ref}
+        node = _pointed(schema, ref)
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str) and set(
+                node) <= _ANNOTATIONS:
+            if node["$ref"] in seen:
+                raise ValueError(f"the `$ref` {node['$ref'][:64]!r} refers back to itself "
+                                 "through references only: no value can match it")
+            seen.add(node["$ref"])
+            node = _pointed(schema, node["$ref"])
 
 # What a request's JSON schemas may hold, in objects and arrays. The metaschema check
 # costs ~0.1 ms a node on the event loop, before any limit or admission sees the request,

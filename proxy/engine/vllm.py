@@ -520,14 +520,22 @@ def _clean(message: str) -> str:
 
 
 def _failed(out: RequestOutput, options: SamplingOptions, seen: int = 0) -> Exception:
-    """A choice vLLM ended in error (it said `finish_reason: "error"`; its answer was
-    empty text ending in `stop`). With a schema and no token yet, its grammar did not
-    compile in the engine process (a pattern past the compiler, which the front-end
-    check passed): the request's fault, a 400 naming the schema. Else the engine's."""
-    structured = options.json_schema is not None or options.json_object
-    if structured and not seen and not any(len(c.token_ids) for c in out.outputs):
-        return EngineRejected("The engine could not compile this JSON schema into a grammar "
-                              "(a pattern or a size past what it supports).",
+    """A choice vLLM ended in error (it said `finish_reason: "error"`). With a schema, its
+    grammar failed: before any token, it did not compile in the engine process (a
+    pattern past the compiler, which the front-end check passed); after some, it refused
+    every token the model could write next (a schema no finite value matches, a
+    recursion with no way out). Either is the request's fault, a 400 naming the schema,
+    never counted against the engine (vLLM's other per-request errors come from KV
+    connectors and multimodal encoders, which this engine has none of). Else the
+    engine's."""
+    if options.json_schema is not None or options.json_object:
+        if not seen and not any(len(c.token_ids) for c in out.outputs):
+            return EngineRejected("The engine could not compile this JSON schema into a "
+                                  "grammar (a pattern or a size past what it supports).",
+                                  param=options.schema_param)
+        return EngineRejected("The engine could not go on under this JSON schema: no "
+                              "token the model could write next fits it (a schema that no "
+                              "finite value matches, such as a recursion with no way out).",
                               param=options.schema_param)
     return EngineFailed("the engine failed the request")
 

@@ -196,8 +196,10 @@ def test_the_token_that_ends_a_turn_has_no_logprob_entry(
 
 @pytest.mark.parametrize(("schema", "tokens", "error"), [
     ({"type": "object"}, 0, "EngineRejected"),  # its grammar failed in the engine
-    ({"type": "object"}, 3, "EngineFailed"),
+    # after tokens: the grammar refused every next token (no finite value fits)
+    ({"type": "object"}, 3, "EngineRejected"),
     (None, 0, "EngineFailed"),
+    (None, 3, "EngineFailed"),
 ])
 def test_a_choice_ended_in_error_is_an_error(schema: Any, tokens: int, error: str) -> None:
     from types import SimpleNamespace
@@ -211,9 +213,11 @@ def test_a_choice_ended_in_error_is_an_error(schema: Any, tokens: int, error: st
     assert type(got).__name__ == error
     if error == "EngineRejected":
         assert got.param == "response_format"  # type: ignore[attr-defined]
-        # tokens handed over in earlier steps: the grammar had compiled
+        # tokens handed over in earlier steps: the grammar had compiled, then refused
+        # all the model could write; the schema's fault still, never the engine's
         later = _failed(out, SamplingOptions(max_tokens=8, json_schema=schema), seen=4)
-        assert type(later).__name__ == "EngineFailed"
+        assert type(later).__name__ == "EngineRejected" and "go on" in str(later)
+        assert "compile" in str(got) if not tokens else "go on" in str(got)
 
 
 @pytest.mark.parametrize("odd", [{"type": 5}, {"type": True}, {"type": [None, "string"]}])

@@ -436,3 +436,31 @@ def test_a_stored_responses_calls_sent_again_with_their_outputs_are_read_once() 
     assert [m["role"] for m in conversation] == ["user", "assistant", "tool"]
     with pytest.raises(InvalidRequest):  # a user turn while the call waits: refused
         _responses_chat([{"role": "user", "content": "and?"}], history)
+
+
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},
+    {"type": "object", "properties": {"a": {"$ref": "#/properties/a"}}, "required": ["a"]},
+    {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b", "description": "x"},
+                                    "b": {"$ref": "#/$defs/a"}}},
+])
+def test_a_ref_loop_with_no_way_out_is_a_400_before_the_engine(schema: Any) -> None:
+    """No value matches a `$ref` that leads back to itself through references only; the
+    engine's grammar failed on it mid-answer (a 502 the breaker counted: one tenant
+    could open the circuit for all)."""
+    for body in ({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                  "response_format": {"type": "json_schema",
+                                      "json_schema": {"name": "x", "schema": schema}}},
+                 {"model": "m", "messages": [{"role": "user", "content": "x"}],
+                  "tools": [{"type": "function", "function": {
+                      "name": "f", "parameters": schema}}]}):
+        with pytest.raises(InvalidRequest, match="refers back to itself"):
+            parse_model(ChatCompletionRequest, body)
+
+
+def test_a_recursive_schema_with_a_way_out_is_served() -> None:
+    node = {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}
+    parse_model(ChatCompletionRequest, {
+        "model": "m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "$ref": "#/$defs/node", "$defs": {"node": node}}}}})
