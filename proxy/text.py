@@ -6,9 +6,11 @@ NFKC folds compatibility forms (full-width letters, ligatures, superscripts) int
 plain forms; then control characters other than newline and tab and every
 default-ignorable character that renders as nothing (zero-width, variation selectors,
 bidi controls) are removed, and blanks that render as a space (Hangul fillers) become
-one; runs of spaces collapse and the ends are
-stripped. Two prompts that render alike end up equal, so the cache keys on one entry and
-detectors cannot be dodged with a zero-width space inside a phrase.
+one (`fold`, what the engine reads when it reads normalized text: the layout stays, so
+code keeps its indentation); then, for cache keys and detectors, runs of spaces collapse
+and the ends are stripped (`normalize`). Two prompts that render alike end up equal, so
+the cache keys on one entry and detectors cannot be dodged with a zero-width space inside
+a phrase.
 """
 
 from __future__ import annotations
@@ -44,13 +46,21 @@ def _squeeze(text: str) -> str:
     return _SPACES.sub(" ", text) if "  " in text else text
 
 
-def normalize(text: str) -> str:
+def fold(text: str) -> str:
+    """What renders alike, made alike, with the text's layout kept (indentation, blank
+    lines, a part's trailing space): what the engine reads of a normalized text."""
     if text.isascii() and text.isprintable():
-        return _squeeze(text).strip()  # the common case: nothing to fold or strip
+        return text  # the common case: nothing to fold or strip
     out = text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
     if "\r" in out:
         out = _CRLF.sub("\n", out)
     out = _STRIP.sub("", out)
     if _HAS_WIDE.search(out):
         out = out.translate(_WIDE_SPACES)
-    return _squeeze(out).strip()
+    return out
+
+
+def normalize(text: str) -> str:
+    """`fold`, then runs of spaces as one and the ends stripped: the canonical form that
+    cache keys and detectors read."""
+    return _squeeze(fold(text)).strip()

@@ -149,4 +149,4 @@ def prompt_text(ctx: RequestContext) -> str:
     req = key_request(ctx)
     if isinstance(req, ChatCompletionRequest):
         return "\n".join(normalize(m.text()) for m in req.messages)
-    return "\n".join(p for p in req.prompts() if isinstance(p, str))
+    return "\n".join(normalize(p) for p in req.prompts() if isinstance(p, str))

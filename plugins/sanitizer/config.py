@@ -84,7 +84,9 @@ class SanitizerConfig(PluginConfig):
     limits: Limits = Field(default_factory=Limits)
     normalize: bool = Field(True, description="NFKC, strip controls/zero-width/bidi.")
     engine_sees: Literal["normalized", "original"] = Field(
-        "normalized", description="Text the engine gets (the cache always keys on normalized).")
+        "normalized", description="Text the engine gets: normalized folds look-alikes and "
+        "drops invisible characters, keeping the layout (the cache always keys on "
+        "normalized).")
     detectors: Detectors = Field(default_factory=Detectors)
     custom: list[CustomDetector] = Field(default_factory=list, description="Extra regexes.")
     block_message: str = Field(

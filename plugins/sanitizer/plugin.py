@@ -34,7 +34,7 @@ from proxy.protocol import (
     ToolCall,
 )
 from proxy.telemetry import get_logger
-from proxy.text import normalize
+from proxy.text import fold, normalize
 
 from .config import SanitizerConfig
 from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom, forget
@@ -167,11 +167,16 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def _process(self, text: str, fired: dict[str, str], norm: str | None = None,
                  extra: list[tuple[Span, str]] | None = None) -> tuple[str, str]:
         """(text for the cache key, text for the engine). `extra`: spans to redact that
-        were found across texts (a card split over two messages)."""
+        were found across texts (a card split over two messages). Detectors read the
+        normalized text; a clean text goes on folded (`fold`: its layout kept, so code
+        keeps its indentation and a part its trailing space; the cache normalizes what
+        it keys on), a redacted one as the normalized text redacted."""
+        folded = fold(text) if self.cfg.normalize else text
         if norm is None:
             norm = normalize(text) if self.cfg.normalize else text
+        engine = folded if self.cfg.engine_sees == "normalized" else text
         if not extra and norm in self._clean:
-            return norm, (norm if self.cfg.engine_sees == "normalized" else text)
+            return folded, engine
         redact: list[tuple[Span, str]] = list(extra or [])
         found = False
         try:
@@ -191,8 +196,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             return norm, norm  # redaction: nobody downstream sees the original
         if not found and len(norm) <= _CLEAN_CHARS:
             self._remember_clean(norm)
-        engine = norm if self.cfg.engine_sees == "normalized" else text
-        return norm, engine
+        return folded, engine
 
     def _remember_clean(self, norm: str) -> None:
         """Texts in which no detector found anything: repeated traffic (an FAQ) skips
@@ -316,9 +320,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def _redacted(self, text: str, fired: dict[str, str]) -> str:
         """`text` as it came, or its redacted form where a `redact` detector fired (no
         normalizing otherwise: these texts are data, such as JSON, not prose)."""
-        norm = normalize(text) if self.cfg.normalize else text
-        key, _ = self._process(text, fired, norm)
-        return text if key == norm else key
+        key, _ = self._process(text, fired)
+        return text if key == (fold(text) if self.cfg.normalize else text) else key
 
     def _json_text(self, text: str, fired: dict[str, str]) -> str:
         """A JSON document (call arguments): its strings are read decoded, as the chat

@@ -85,3 +85,28 @@ async def test_the_output_ceiling_holds_for_requests_that_name_no_limit(
     r = await client.post("/v1/chat/completions", json={
         "model": "fake-model", "messages": msgs, "max_tokens": 2})
     assert r.status == 200 and fake_engine.calls[-1][1].max_tokens == 2
+
+
+async def test_normalized_text_keeps_its_layout_for_the_engine(make_client: MakeClient,
+                                                               fake_engine: FakeEngine) -> None:
+    """Normalizing folds what renders alike (a zero-width space, full-width letters) for
+    the engine too, but keeps the layout: code its indentation, a text part its
+    trailing space ("Hello " + "world" had reached the model as "Helloworld"), a
+    completion prompt its blank lines. The cache still keys on the canonical form."""
+    code = "def f():\n    return 1\n\n"
+    client = await make_client(plugins=sanitizer(normalize=True, engine_sees="normalized"))
+    r = await client.post("/v1/chat/completions", json={
+        "model": "fake-model", "max_tokens": 2, "messages": [
+            {"role": "system", "content": "Ｂe\u200b brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hello "},
+                                         {"type": "text", "text": "world"}]},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": code}]})
+    assert r.status == 200, await r.text()
+    assert fake_engine.calls[-1][0] == fake_engine.render_chat([
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world"},
+        {"role": "assistant", "content": "ok"}, {"role": "user", "content": code}], None)
+    r = await client.post("/v1/completions", json={"model": "fake-model", "max_tokens": 2,
+                                                   "prompt": code, "echo": True})
+    assert fake_engine.calls[-1][0] == fake_engine.encode(code)
+    assert (await r.json())["choices"][0]["text"].startswith(code)
