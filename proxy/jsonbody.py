@@ -170,8 +170,12 @@ def check_tree(data: dict[str, Any], *, surrogates: bool = True) -> None:
 
 
 def _surrogate(param: str | None) -> InvalidRequest:
+    """Named by its field, unless the field's own name is what holds the surrogate (or is
+    past a field name's length): an error must not carry what it refuses."""
+    named = param if param is not None and len(param) <= 64 and not _lone_surrogate(
+        param) else None
     return InvalidRequest("The request body holds an unpaired UTF-16 surrogate escape; "
-                          "strings must be valid Unicode.", param=param,
+                          "strings must be valid Unicode.", param=named,
                           code="invalid_encoding")
 
 

@@ -29,6 +29,7 @@ from .errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    RequestTimeout,
     ServerError,
     WeirError,
 )
@@ -172,9 +173,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await handler(request)
     except WeirError as e:
         resp = error_response(e, rid, request.get(RESPONSE_HEADERS))
-        if request.content.exception() is not None:
-            # The body broke while being read (its coding refused it): the rest of it
-            # cannot be read past, so this connection ends with this answer (aiohttp
+        if request.content.exception() is not None or isinstance(e, RequestTimeout):
+            # The body broke while being read (its coding refused it), or did not all
+            # come: the rest of it cannot be read past (what the client sends next would
+            # be read as this body), so this connection ends with this answer (aiohttp
             # would close it after the answer went out, under a client about to reuse it).
             resp.force_close()
         return resp

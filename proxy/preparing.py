@@ -158,9 +158,11 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
 
 def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
     if req.suffix:
-        raise InvalidRequest("`suffix` is not supported by this model.", param="suffix")
+        raise InvalidRequest("`suffix` is not supported by this model.", param="suffix",
+                             code="unsupported_parameter")
     if req.best_of is not None and req.best_of != req.n:
-        raise InvalidRequest("`best_of` other than `n` is not supported.", param="best_of")
+        raise InvalidRequest("`best_of` other than `n` is not supported.", param="best_of",
+                             code="unsupported_parameter")
     prompts: list[list[int]] = []
     echo: list[str] = []
     vocab = engine.vocab_size

@@ -110,7 +110,8 @@ class Choices:
         ch = self.by_index.get(idx)
         if ch is None:
             ch = self.by_index[idx] = _Choice()
-        ch.tokens += len(c.token_ids)
+        if not self._prep.echo_only:  # (its one token is not the answer's: none shown)
+            ch.tokens += len(c.token_ids)
         return idx, ch
 
     def unfinished(self) -> list[int]:

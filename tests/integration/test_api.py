@@ -287,6 +287,7 @@ async def test_max_tokens_zero_is_only_for_echo(make_client: MakeClient,
     assert not fake_engine.calls
     echoed = await _completion(client, prompt="hello there", echo=True, max_tokens=0)
     assert echoed["choices"][0]["text"] == "hello there"
+    assert echoed["usage"]["completion_tokens"] == 0  # nothing generated is shown
     assert fake_engine.calls[-1][1].prompt_logprobs is None  # none asked, none computed
 
 

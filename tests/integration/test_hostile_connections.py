@@ -97,9 +97,12 @@ async def test_stalled_body_is_a_408(served: Listener) -> None:
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                  b"Authorization: Bearer " + KEY.encode() + b"\r\n"
                  b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"")
-    status, _, body = await response(reader)
+    status, headers, body = await response(reader)
     assert status == 408
     assert json.loads(body)["error"]["code"] == "request_timeout"
+    # The rest of the body never came: what the client sends next would be read as it,
+    # so the answer ends the connection (aiohttp then lingers, reading what comes).
+    assert headers.get("connection") == "close"
     writer.close()
 
 

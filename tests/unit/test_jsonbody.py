@@ -49,6 +49,11 @@ def test_lone_surrogate_deep_inside_is_a_400_not_a_recursion_error(depth: int) -
 
 def test_lone_surrogate_in_a_key_is_refused() -> None:
     assert refused('{"\\udc00": 1}').code == "invalid_encoding"
+    # the error never carries what it refuses, nor a field name past a name's length
+    for key in ("<script>\\ud800", "k" * 3000):
+        err = refused('{"' + key + '": "\\ud800"}')
+        assert err.code == "invalid_encoding" and err.param is None, key
+    assert refused('{"model": "\\ud800"}').param == "model"
 
 
 @pytest.mark.parametrize("digits", [MAX_INT_DIGITS + 1, 4_300, 4_301, 100_000])
