@@ -63,4 +63,9 @@ def fold(text: str) -> str:
 def normalize(text: str) -> str:
     """`fold`, then runs of spaces as one and the ends stripped: the canonical form that
     cache keys and detectors read."""
-    return _squeeze(fold(text)).strip()
+    return canonical(fold(text))
+
+
+def canonical(folded: str) -> str:
+    """A folded text's canonical form (`normalize` of the text it was folded from)."""
+    return _squeeze(folded).strip()

@@ -34,7 +34,7 @@ from proxy.protocol import (
     ToolCall,
 )
 from proxy.telemetry import get_logger
-from proxy.text import fold, normalize
+from proxy.text import canonical, fold
 
 from .config import SanitizerConfig
 from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom, forget
@@ -164,16 +164,16 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     # ---------------------------------------------------------------- texts
 
-    def _process(self, text: str, fired: dict[str, str], norm: str | None = None,
+    def _process(self, text: str, fired: dict[str, str], folded: str | None = None,
                  extra: list[tuple[Span, str]] | None = None) -> tuple[str, str]:
         """(text for the cache key, text for the engine). `extra`: spans to redact that
         were found across texts (a card split over two messages). Detectors read the
         normalized text; a clean text goes on folded (`fold`: its layout kept, so code
         keeps its indentation and a part its trailing space; the cache normalizes what
         it keys on), a redacted one as the normalized text redacted."""
-        folded = fold(text) if self.cfg.normalize else text
-        if norm is None:
-            norm = normalize(text) if self.cfg.normalize else text
+        if folded is None:
+            folded = fold(text) if self.cfg.normalize else text
+        norm = canonical(folded) if self.cfg.normalize else text
         engine = folded if self.cfg.engine_sees == "normalized" else text
         if not extra and norm in self._clean:
             return folded, engine
@@ -232,10 +232,11 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             elif isinstance(m.content, list):
                 texts += [getattr(p, f) for p in m.content
                           if (f := _PART_TEXT.get(type(p))) is not None]
-        norms = [normalize(t) for t in texts] if self.cfg.normalize else texts
-        extra = self._across(norms, fired)
-        done = iter([self._process(t, fired, n, x)
-                     for t, n, x in zip(texts, norms, extra, strict=True)])
+        folds = [fold(t) for t in texts] if self.cfg.normalize else texts
+        extra = self._across([canonical(f) for f in folds] if self.cfg.normalize else texts,
+                             fired)
+        done = iter([self._process(t, fired, f, x)
+                     for t, f, x in zip(texts, folds, extra, strict=True)])
         key_msgs, eng_msgs = [], []
         for m in req.messages:
             k_upd: dict[str, Any] = {}
