@@ -121,10 +121,10 @@ class _Events:
         item, self.open = self.open, None
         if item is None:
             return []
-        status = "incomplete" if self.reason in ("length", "failed") else "completed"
+        status = "incomplete" if self.reason in ("length", "failed", "cut") else "completed"
         idx = self.output.index(item)
         out = []
-        failed = self.reason == "failed"
+        failed = self.reason in ("failed", "cut")
         if item["type"] == "message":
             text = "".join(self.open_text)
             part = X.text_part(text)
@@ -193,9 +193,7 @@ class Rendering:
         else:
             events = [e.number(ev) for ev in _failed(e, err)]
         if self._on_done is not None:  # (the writer's own failure: it cannot wait)
-            save = detach(_kept(self._on_done, events[-1]["response"]))
-            _SAVES.add(save)
-            save.add_done_callback(_SAVES.discard)
+            _keep_detached(self._on_done, events[-1]["response"])
         return events
 
 
@@ -210,6 +208,14 @@ async def saves_settled(timeout: float) -> None:
         await asyncio.wait(set(_SAVES), timeout=timeout)
 
 
+def _keep_detached(on_done: OnDone, response: dict[str, Any]) -> None:
+    """`on_done(response)` in a task of its own (from where nothing can wait for it: a
+    writer's failure, a stream being closed); the store waits for it before it closes."""
+    save = detach(_kept(on_done, response))
+    _SAVES.add(save)
+    save.add_done_callback(_SAVES.discard)
+
+
 async def _kept(on_done: OnDone, response: dict[str, Any]) -> None:
     """`on_done` for a failed response: a store that fails too is logged, and the
     failure that goes out stays the request's own."""
@@ -222,8 +228,10 @@ async def _kept(on_done: OnDone, response: dict[str, Any]) -> None:
 async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
                   on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
     it = aiter(chunks)
+    announced = False  # the response's id went out
     try:
         first = await anext(it, None)  # errors before any output keep their HTTP status
+        announced = True
         yield e.number(e.ev("response.created", response=e.response("in_progress")))
         yield e.number(e.ev("response.in_progress", response=e.response("in_progress")))
         try:
@@ -256,9 +264,21 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
         await on_done(final)
         yield e.number(e.ev(f"response.{status}", response=final))
     finally:
+        if announced and not e.finished:
+            # Cut short (the client left): its id went out with `response.created`, so
+            # it is kept as it stood, and a client can retrieve it or go on from it.
+            _keep_detached(on_done, e.failing[-1]["response"] if e.failing else _cut(e))
         close = getattr(it, "aclose", None)
         if close is not None:
             await close()
+
+
+def _cut(e: _Events) -> dict[str, Any]:
+    """A response whose stream was cut short, as it stood: the item under way ends
+    `incomplete` with what it holds, the response `cancelled`."""
+    e.reason = "cut"
+    e.close()  # (its events go nowhere)
+    return e.response("cancelled")
 
 
 def _failed(e: _Events, err: WeirError) -> list[dict[str, Any]]:

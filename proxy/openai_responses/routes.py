@@ -73,10 +73,10 @@ async def create(request: web.Request) -> web.StreamResponse:
 
     async def save(response: dict[str, Any]) -> None:
         if req.store:
-            # A failed response goes on from what it finished: an item the failure cut
-            # (a call's arguments half written) is no turn to build on.
-            said = [it for it in response["output"] if response["status"] != "failed"
-                    or it.get("status") == "completed"]
+            # A failed or cut response goes on from what it finished: an item the end
+            # cut (a call's arguments half written) is no turn to build on.
+            said = [it for it in response["output"] if response["status"] not in (
+                "failed", "cancelled") or it.get("status") == "completed"]
             await store.put(principal.tenant, rid, {
                 "response": response, "input": inputs,
                 "conversation": conversation + X.output_messages(said)})
