@@ -8,7 +8,8 @@ default-ignorable character that renders as nothing (zero-width, variation selec
 bidi controls) are removed, and blanks that render as a space (Hangul fillers) become
 one (`fold`, what the engine reads when it reads normalized text: the layout stays, so
 code keeps its indentation); then, for cache keys and detectors, runs of spaces collapse
-and the ends are stripped (`normalize`). Two prompts that render alike end up equal, so
+and the ends are stripped (`normalize`; a line's indentation stays: in code it is
+meaning). Two prompts that render alike end up equal, so
 the cache keys on one entry and detectors cannot be dodged with a zero-width space inside
 a phrase.
 """
@@ -38,7 +39,7 @@ _STRIP = re.compile(
 # blank. "ignore\u3164all" is "ignore all" to its reader.
 _WIDE_SPACES = str.maketrans({c: " " for c in "\u00a0\u3000\u115f\u1160\u3164\uffa0\u2800"})
 _HAS_WIDE = re.compile("[\u00a0\u3000\u115f\u1160\u3164\uffa0\u2800]")
-_SPACES = re.compile(r" {2,}")
+_SPACES = re.compile(r"(?<=\S) {2,}")  # (not a line's indentation: code's is meaning)
 _CRLF = re.compile(r"\r\n?")
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from proxy.auth import Principal
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
-from proxy.text import normalize
+from proxy.text import fold, normalize
 
 _PARAMS = ("temperature", "top_p", "top_k", "n", "seed", "presence_penalty",
            "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice",
@@ -118,7 +118,9 @@ def exact_key(ctx: RequestContext, scope: str) -> str:
     if isinstance(req, ChatCompletionRequest):
         body["messages"] = _messages(req)
     else:
-        body["prompt"] = [normalize(p) if isinstance(p, str) else p for p in req.prompts()]
+        # A raw prompt is continued as it ends: a trailing space (or a blank line) makes
+        # other tokens, so only look-alikes are folded, not its blanks.
+        body["prompt"] = [fold(p) if isinstance(p, str) else p for p in req.prompts()]
     return _hash(body)
 
 

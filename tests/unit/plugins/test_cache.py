@@ -177,6 +177,25 @@ async def test_equivalent_prompts_share_a_key(a: str, b: str) -> None:
     assert exact_key(ctx(a), "tenant") == exact_key(ctx(b), "tenant")
 
 
+def test_what_the_engine_reads_differently_has_its_own_key() -> None:
+    """Blanks that change the answer are keyed: code's indentation (the engine reads the
+    text's layout), and a raw completion prompt's trailing space or blank lines (they
+    make other tokens to continue from). One had been served the other's answer."""
+    assert exact_key(ctx("def f():\n    return 1"), "tenant") != exact_key(
+        ctx("def f():\n return 1"), "tenant")
+
+    def completion(prompt: str) -> RequestContext:
+        return RequestContext(route="completions", request=CompletionRequest.model_validate(
+            {"model": "m", "prompt": prompt, "temperature": 0}), principal=ALICE,
+            request_id="r", headers={})
+
+    keys = {exact_key(completion(p), "tenant") for p in (
+        "The answer is", "The answer is ", "The answer is\n\n", "The  answer is")}
+    assert len(keys) == 4
+    assert exact_key(completion("Ｔhe answer is"), "tenant") == exact_key(
+        completion("The answer is"), "tenant")  # look-alikes still fold
+
+
 def test_key_ignores_transport_but_not_output_params() -> None:
     base = exact_key(ctx(), "tenant")
     assert exact_key(ctx(stream=True, stream_options={"include_usage": True}, user="x"),
