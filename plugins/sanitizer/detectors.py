@@ -449,21 +449,27 @@ _TAG_AFTER = re.compile(r"-(?:alpha|beta|rc|snapshot|dev|pre|preview|final|stabl
                         r"release|nightly)\b", re.IGNORECASE)
 
 
-# A package's file or release name: a name joined to a version by "-" or "_"
-# ("numpy-1.26.0.1", "mylib_2.0.0.1-py3-none-any.whl"). Only a one-digit first part:
-# a host's name joined to its address ("node-192.168.1.20") is an address.
+# A package's file or release name: a name joined to a version by "-" or "_", where
+# what is around it says package: a distribution's file after it ("-py3-none-any.whl",
+# "-cp311-...", ".tar.gz") or an installer before it ("pip install numpy-1.26.0.1"). A
+# name joined to an address otherwise is a host's ("web-3.120.45.67", "srv01-8.8.8.8").
 _PACKAGE_BEFORE = re.compile(
-    r"(?<![\w.-])(?P<name>[A-Za-z][A-Za-z0-9]+(?:[.-][A-Za-z][A-Za-z0-9]*)*)[-_]\Z")
-_HOST_WORDS = frozenset({"host", "hostname", "node", "server", "srv", "router", "gw",
-                         "gateway", "ip", "addr", "address", "db", "vm", "pod", "machine",
-                         "worker", "peer", "client", "proxy", "lb", "nat", "dns"})
+    r"(?<![\w.-])[A-Za-z][A-Za-z0-9]+(?:[.-][A-Za-z][A-Za-z0-9]*)*[-_]\Z")
+_PACKAGE_FILE_AFTER = re.compile(
+    r"(?:[-_.](?:py\d|cp\d|pp\d|whl\b|tar\b|tgz\b|zip\b|egg\b|src\b|dist\b|"
+    r"sdist\b|any\b|none\b|manylinux|macosx|win_?(?:amd64|32)|linux_))", re.IGNORECASE)
+_INSTALLER_BEFORE = re.compile(
+    r"\b(?:pip3?|pipx|uv(?:\s+pip)?|conda|mamba|poetry|pdm|easy_install)\s+"
+    r"(?:install|add|download)\b(?:\s+-{1,2}[\w=-]+)*\s+\S*\Z", re.IGNORECASE)
 
 
-def _package_version(text: str, a: int) -> bool:
-    """The quad at `a` is a package's version ("numpy-1.26.0.1")."""
-    name = _PACKAGE_BEFORE.search(text, max(0, a - 64), a)
-    return (name is not None and text[a].isdigit() and not text[a + 1].isdigit()
-            and name["name"].rsplit("-", 1)[-1].lower() not in _HOST_WORDS)
+def _package_version(text: str, a: int, b: int) -> bool:
+    """The quad at `a`..`b` is a package's version ("numpy-1.26.0.1-py3-none-any.whl",
+    "pip install numpy-1.26.0.1")."""
+    if _PACKAGE_BEFORE.search(text, max(0, a - 64), a) is None:
+        return False
+    return (_PACKAGE_FILE_AFTER.match(text, b) is not None
+            or _INSTALLER_BEFORE.search(text, max(0, a - 120), a) is not None)
 
 
 def _unpadded(quad: str) -> str:
@@ -475,7 +481,7 @@ def _find_ip(text: str) -> Iterator[Span]:
     for a, b in _ip_v4(text):
         candidate = text[a:b]
         if (_VERSION_BEFORE.search(text, max(0, a - 16), a) is None
-                and _TAG_AFTER.match(text, b) is None and not _package_version(text, a)
+                and _TAG_AFTER.match(text, b) is None and not _package_version(text, a, b)
                 and candidate not in _MASKS
                 and _names_a_host(ipaddress.IPv4Address(_unpadded(candidate)))):
             yield a, b
