@@ -255,7 +255,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     k, e = next(done)
                     kp.append(_with(part, field, k))
                     ep.append(_with(part, field, e))
-                k_upd["content"], e_upd["content"] = kp, ep
+                k_upd["content"], e_upd["content"] = self._joined_runs(m.content, kp, ep,
+                                                                       fired)
             # The rest of what a message carries reaches the engine too: the speaker's
             # name and the arguments of calls the assistant made earlier.
             if m.name:
@@ -277,6 +278,46 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 key, engine = _with(key, "response_format", fmt), _with(
                     engine, "response_format", fmt)
         return key, engine
+
+    def _joined_runs(self, parts: list[Any], kp: list[Any], ep: list[Any],
+                     fired: dict[str, str]) -> tuple[list[Any], list[Any]]:
+        """The model reads a message's adjacent text parts joined (`ChatMessage.text()`):
+        what is found only across two of them ("mail alice" + "@example.com") counts as
+        found, and where it is to be redacted, that run of parts goes on as one text
+        part, redacted whole. `kp`, `ep`: the parts as each was processed alone."""
+        out_k: list[Any] = []
+        out_e: list[Any] = []
+        i = 0
+        while i < len(parts):
+            j = i
+            while j < len(parts) and type(parts[j]) in _PART_TEXT:
+                j += 1
+            if j - i < 2:  # one text part, or another kind of part
+                j = max(j, i + 1)
+                out_k += kp[i:j]
+                out_e += ep[i:j]
+                i = j
+                continue
+            joined = "".join(_part_text(p) for p in parts[i:j])
+            k, e = self._process(joined, fired)  # (what it finds is fired)
+            if k != (fold(joined) if self.cfg.normalize else joined) and self._redacts(
+                    "".join(_part_text(p) for p in kp[i:j])):
+                out_k.append(TextPart(type="text", text=k))  # found across parts
+                out_e.append(TextPart(type="text", text=e))
+            else:
+                out_k += kp[i:j]
+                out_e += ep[i:j]
+            i = j
+        return out_k, out_e
+
+    def _redacts(self, text: str) -> bool:
+        """Whether a `redact` detector finds anything in `text`."""
+        norm = canonical(fold(text)) if self.cfg.normalize else text
+        try:
+            return any(action == "redact" and next(iter(det.find(norm)), None) is not None
+                       for det, action in self.detectors)
+        finally:
+            forget()
 
     def _schema_format(self, fmt: JsonSchemaFormat, fired: dict[str, str],
                        ) -> JsonSchemaFormat:
@@ -377,6 +418,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
 #: The text field of each kind of content part the sanitizer reads.
 _PART_TEXT: dict[type, str] = {TextPart: "text", RefusalPart: "refusal"}
+
+
+def _part_text(part: Any) -> str:
+    return str(getattr(part, _PART_TEXT[type(part)]))
 
 _M = TypeVar("_M", bound=BaseModel)
 

@@ -212,6 +212,33 @@ async def test_parts_are_processed_each() -> None:
     assert [p.text for p in parts] == ["hi", "[EMAIL]"]  # type: ignore[union-attr]
 
 
+async def test_what_only_the_joined_parts_hold_is_found() -> None:
+    """The model reads a message's text parts joined: an address or a card split over
+    parts (a blank part between them too) is found, flagged or redacted; parts that
+    hold nothing across them keep their shape."""
+    split_mail = [{"type": "text", "text": "mail me at alice"},
+                  {"type": "text", "text": "@example.com please"}]
+    ctx = chat_ctx(split_mail)
+    await plugin(detectors={"email": "flag"})(ctx, Spy())
+    assert ctx.sensitive and ctx.flags == {"email"}
+    for parts, placeholder in ((split_mail, "[EMAIL]"), ([
+            {"type": "text", "text": "Card: 4111 1111"}, {"type": "text", "text": " "},
+            {"type": "text", "text": "1111 1111"}], "[CARD]")):
+        ctx = chat_ctx(parts)
+        await plugin(detectors={"email": "redact", "card": "redact"})(ctx, Spy())
+        for sent in (ctx.request, ctx.key_request):
+            assert isinstance(sent, ChatCompletionRequest)
+            text = sent.messages[0].text()
+            assert placeholder in text and "@" not in text and "1111" not in text, text
+    ctx = chat_ctx([{"type": "text", "text": "hi "}, {"type": "text", "text": "x@y.io"},
+                    {"type": "image_url", "image_url": {"url": "http://a/b.png"}},
+                    {"type": "text", "text": "there"}])
+    await plugin(detectors={"email": "redact"})(ctx, Spy())
+    parts = ctx.request.messages[0].content  # type: ignore[union-attr]
+    assert [getattr(p, "text", None) for p in parts] == [  # type: ignore[union-attr]
+        "hi ", "[EMAIL]", None, "there"]
+
+
 async def test_engine_may_see_the_original() -> None:
     spy, ctx = Spy(), chat_ctx("ｈｅｌｌｏ")
     await plugin(engine_sees="original")(ctx, spy)
