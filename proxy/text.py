@@ -70,3 +70,19 @@ def normalize(text: str) -> str:
 def canonical(folded: str) -> str:
     """A folded text's canonical form (`normalize` of the text it was folded from)."""
     return _squeeze(folded).strip()
+
+
+def canonical_places(folded: str) -> list[int]:
+    """Where each character of `canonical(folded)` sits in `folded`, and its end last:
+    a span found in the canonical form, placed in the folded text."""
+    dropped: set[int] = set()
+    if "  " in folded:
+        for m in _SPACES.finditer(folded):  # a run keeps its first space
+            dropped.update(range(m.start() + 1, m.end()))
+    start, end = 0, len(folded)
+    while start < end and folded[start].isspace():
+        start += 1
+    while end > start and folded[end - 1].isspace():
+        end -= 1
+    places = [i for i in range(start, end) if i not in dropped]
+    return [*places, end]

@@ -34,7 +34,7 @@ from proxy.protocol import (
     ToolCall,
 )
 from proxy.telemetry import get_logger
-from proxy.text import canonical, fold
+from proxy.text import canonical, canonical_places, fold
 
 from .config import SanitizerConfig
 from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom, forget
@@ -192,8 +192,12 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         finally:
             forget()
         if redact:
-            norm = _apply(norm, redact)
-            return norm, norm  # redaction: nobody downstream sees the original
+            if self.cfg.normalize and norm != folded:  # redacted where the engine reads
+                at = canonical_places(folded)
+                redact = [((at[a], at[b - 1] + 1 if b > a else at[a]), ph)
+                          for (a, b), ph in redact]
+            red = _apply(folded, redact)
+            return red, red  # redaction: nobody downstream sees the original
         if not found and len(norm) <= _CLEAN_CHARS:
             self._remember_clean(norm)
         return folded, engine

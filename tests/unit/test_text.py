@@ -4,6 +4,8 @@ by the sanitizer's detectors and the cache's keys."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.text import normalize
 
@@ -52,3 +54,16 @@ def test_every_format_character_is_removed() -> None:
     survivors = [hex(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"
                  and normalize(f"a{chr(c)}b") != "ab"]
     assert survivors == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=" \t\nab\u3000", max_size=30))
+def test_canonical_places_place_each_character(text: str) -> None:
+    """Each character of the canonical form, found where it sits in the folded text
+    (the sanitizer redacts the folded text with spans found in the canonical one)."""
+    from proxy.text import canonical, canonical_places, fold
+
+    folded = fold(text)
+    places = canonical_places(folded)
+    assert "".join(folded[i] for i in places[:-1]) == canonical(folded)
+    assert places == sorted(places) and places[-1] <= len(folded)

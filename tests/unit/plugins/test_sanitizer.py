@@ -239,6 +239,17 @@ async def test_what_only_the_joined_parts_hold_is_found() -> None:
         "hi ", "[EMAIL]", None, "there"]
 
 
+async def test_a_redacted_text_keeps_its_layout() -> None:
+    """Redaction is made where the engine reads: code keeps its indentation and a part
+    its trailing space (the redacted text had been the canonical form)."""
+    code = "code:\n    x = 1  # a@b.com\n    y = 2\n"
+    ctx = chat_ctx([{"type": "text", "text": code}, {"type": "text", "text": "Ｂye"}])
+    await plugin(detectors={"email": "redact"})(ctx, Spy())
+    parts = ctx.request.messages[0].content  # type: ignore[union-attr]
+    assert [p.text for p in parts] == [  # type: ignore[union-attr]
+        "code:\n    x = 1  # [EMAIL]\n    y = 2\n", "Bye"]
+
+
 async def test_engine_may_see_the_original() -> None:
     spy, ctx = Spy(), chat_ctx("ｈｅｌｌｏ")
     await plugin(engine_sees="original")(ctx, spy)
