@@ -175,7 +175,7 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
                 raise InvalidRequest(f"The prompt holds token ids past the model's vocabulary "
                                      f"of {vocab}.", param="prompt", code="invalid_value")
             prompts.append(list(p))
-            echo.append(engine.decode(prompts[-1]) if req.echo and p else "")
+            echo.append(engine.decode(prompts[-1]) if req.echo else "")
         if not prompts[-1]:  # the engine has nothing to start from
             raise InvalidRequest("The prompt is empty: it must hold at least one token.",
                                  param="prompt", code="invalid_value")

@@ -284,8 +284,8 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                     if reason and prep.echo_only:
                         reason = "length"
                     if not text and reason is None:
-                        if req.logprobs is not None:
-                            ch.held += new or []
+                        if req.logprobs is not None:  # (an echo of no text: its entries too)
+                            ch.held += [*(prompt_lp or []), *(new or [])]
                         continue
                     ch.text.append(text)
                     lp = None
@@ -304,10 +304,11 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
     stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()
     if missing:
+        closing = "length" if prep.echo_only else "stop"  # (as the whole answer says)
         for i in missing:
-            track.by_index.setdefault(i, _Choice()).reason = "stop"
+            track.by_index.setdefault(i, _Choice()).reason = closing
         yield R.completion_body(id=cid, model=model, created=created, usage_=None,
-                                choices=[R.completion_choice(i, "", "stop", None)
+                                choices=[R.completion_choice(i, "", closing, None)
                                          for i in missing])
     stream.answer = track.answer()
     if req.include_usage:

@@ -2,14 +2,18 @@
 or careless input and decides what is sensitive.
 
 Order of work: limits (413/400 naming the param) -> normalization of every text ->
-detectors over each normalized text, and over consecutive texts of a conversation for a
-card split between them -> actions. `block` stops with a deliberately vague
+detectors over each normalized text (a message's adjacent text parts read joined too, as
+the model reads them), and over consecutive texts of a conversation for a card split
+between them -> actions. `block` stops with a deliberately vague
 400; `redact` replaces matches with typed placeholders before anyone else sees them;
 `flag` marks the request sensitive (the cache neither reads nor writes it). Any
 injection detection, whatever its action, keeps the answer out of the cache.
 
-The cache keys on `ctx.key_request` (normalized, redacted); the engine gets
-`ctx.request`, normalized or original as configured (redacted either way). Matched text
+Detectors read each text's canonical form (`proxy.text.normalize`); the texts go on
+folded (`proxy.text.fold`: look-alikes and invisible characters, the layout kept), with
+any redaction made in them. The cache keys on `ctx.key_request` (folded, redacted; the
+cache takes its own canonical form of it); the engine gets `ctx.request`, folded or
+original as configured (redacted either way). Matched text
 is never logged or counted; metrics carry only detector and action.
 """
 

@@ -45,7 +45,8 @@ class ChatText:
         self._special = re.compile("|".join(map(re.escape, ordered))) if ordered else None
         #: OpenAI's `developer` role is its newer name for `system`; a template with no
         #: turn of that name (most) would render a role the model never saw in training.
-        self._developer = "developer" in str(getattr(tokenizer, "chat_template", "") or "")
+        self._developer = "developer" in str(getattr(tokenizer, "chat_template", "") or "") or any(
+            "developer" in t for t in specials)  # (a model with a developer turn's token)
 
     def has_special(self, text: str) -> bool:
         return self._special is not None and self._special.search(text) is not None

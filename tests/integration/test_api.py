@@ -275,6 +275,29 @@ async def test_echo_with_logprobs_scores_the_prompt(make_client: MakeClient,
                     "text", "finish_reason", "logprobs")}, (prompt, max_tokens)
 
 
+async def test_an_echo_of_no_text_streams_its_prompt_logprobs(make_client: MakeClient) -> None:
+    """A prompt whose text is empty (a BOS token alone) and a first step with no text:
+    the prompt's entries wait for the next chunk, as a step's do (they were dropped)."""
+    from proxy.engine.base import ChoiceDelta, EngineOutput, TokenLogprob, TopLogprob
+
+    class Quiet(FakeEngine):
+        async def generate(self, prompt: list[int], options: Any, request_id: str,
+                           **kw: Any) -> Any:
+            first = self.prompt_entries(prompt, options.prompt_logprobs or 0)
+            yield EngineOutput([ChoiceDelta(0, "", [])], len(prompt), False,
+                               prompt_logprobs=first)
+            top = [TopLogprob(" a", -0.5, None)]
+            yield EngineOutput([ChoiceDelta(0, " a", [9], [TokenLogprob(" a", -0.5, None, top)],
+                                            "length")], len(prompt), True)
+
+    client = await make_client(engine=Quiet())
+    ask = {"model": "fake-model", "prompt": [1], "echo": True, "logprobs": 1, "max_tokens": 1}
+    whole = (await (await client.post("/v1/completions", json=ask)).json())["choices"][0]
+    streamed = (await _echo_stream(client, ask))[0]
+    assert whole["logprobs"]["tokens"] == ["", " a"] and whole["text"] == " a"
+    assert streamed == {k: whole[k] for k in ("text", "finish_reason", "logprobs")}
+
+
 async def test_max_tokens_zero_is_only_for_echo(make_client: MakeClient,
                                                 fake_engine: FakeEngine) -> None:
     client = await make_client()

@@ -91,21 +91,30 @@ def test_completion_prompts_keep_markers_as_text(prompt: str) -> None:
     assert TOK.decode(ids, skip_special_tokens=False).endswith(prompt)
 
 
-def test_developer_is_system_where_the_template_has_no_such_turn() -> None:
-    """OpenAI's `developer` role is its newer `system`: the demo template, like most,
-    has no developer turn, so one renders as a system message. A template that has
-    one keeps it."""
+def test_developer_is_system_where_the_model_has_no_such_turn() -> None:
+    """OpenAI's `developer` role is its newer `system`: a model whose template and
+    tokens know no developer turn (most: ChatML's SmolLM2, Llama) gets a system message.
+    One that has it (the demo model's `<|developer|>` token, a template naming it)
+    keeps it."""
     asked = [{"role": "developer", "content": "Answer in French."},
              {"role": "user", "content": "hi"}]
-    as_system = [{**asked[0], "role": "system"}, asked[1]]
-    assert ChatText(TOK).render(asked, render) == ChatText(TOK).render(as_system, render)
 
-    class Knows:
-        chat_template = "{% if m.role == 'developer' %}...{% endif %}"
+    class Tok:
+        all_special_tokens = ["<|im_start|>", "<|im_end|>"]
+
+        def __init__(self, template: str) -> None:
+            self.chat_template = template
 
         def encode(self, text: str, **kw: Any) -> list[int]:
             return []
 
-    seen: list[list[dict[str, Any]]] = []
-    ChatText(Knows()).render(asked, lambda msgs: seen.append(msgs) or "")
-    assert seen[0][0]["role"] == "developer"
+    def roles(tokenizer: Any) -> list[str]:
+        seen: list[list[dict[str, Any]]] = []
+        ChatText(tokenizer).render(asked, lambda msgs: seen.append(msgs) or "")
+        return [m["role"] for m in seen[0]]
+
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"
+    assert roles(Tok(chatml)) == ["system", "user"]
+    assert roles(Tok(chatml + "{% if m.role == 'developer' %}{% endif %}")) == [
+        "developer", "user"]
+    assert roles(TOK) == ["developer", "user"]  # the demo model has a developer token
