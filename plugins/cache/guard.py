@@ -16,6 +16,8 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - they ask for a different kind of fact: a time or a cost on one side only ("How do I
   return an item?" / "How long do I have to return an item?"), or different places or
   reasons;
+- their lines are indented differently: in code, indentation is meaning (a statement
+  in a loop's body or after it), and an embedding does not see it;
 - they are one template with one slot changed ("Does the laptop come with a charger?" /
   "Does the phone ..."): a swapped entity, even in lower case. The price: a one-word
   synonym swap ("opening hours" / "business hours") misses too.
@@ -118,6 +120,7 @@ _INSTRUCTIONS_ASCII = {k: re.compile(p.pattern) for k, p in _INSTRUCTIONS.items(
 _FOCUS_ASCII = {k: re.compile(p.pattern) for k, p in _FOCUS.items()}
 _ONE_SIDED_FOCUS = frozenset({"time", "cost"})  # "where"/"why" often just rephrase "how"
 _TOKEN = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+_INDENT = re.compile(r"\n([ \t]+)(?=\S)")
 _SCAFFOLD = frozenset(
     "a an the i my me you your we our do does did can could is are was were be how what "
     "when where why which who to for of in on at with and or it this that there please "
@@ -135,6 +138,7 @@ class Signature:
     instructions: frozenset[str]
     focus: frozenset[str]
     tokens: tuple[str, ...]
+    layout: tuple[str, ...] = ()  # each indented line's indentation, in order
 
 
 def signature(text: str) -> Signature:
@@ -157,6 +161,7 @@ def signature(text: str) -> Signature:
         instructions=frozenset(k for k, p in instructions.items() if p.search(seen)),
         focus=frozenset(k for k, p in focus.items() if p.search(seen)),
         tokens=tuple(_TOKEN.findall(lowered)),
+        layout=tuple(_INDENT.findall(text)) if "\n" in text else (),
     )
 
 
@@ -203,7 +208,13 @@ ANY_GATE = "*"
 
 def _strict(sig: Signature) -> tuple[object, ...]:
     return (sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
-            sig.route, sig.directions, tuple(sorted(sig.focus)))
+            sig.route, sig.directions, tuple(sorted(sig.focus)), *_layout(sig))
+
+
+def _layout(sig: Signature) -> tuple[object, ...]:
+    """The layout, where there is one (prose has none: its digests and gates are as
+    they were before layout counted)."""
+    return (sig.layout,) if sig.layout else ()
 
 
 def _strict_hash(sig: Signature) -> str:
@@ -213,7 +224,7 @@ def _strict_hash(sig: Signature) -> str:
 def _gate(sig: Signature) -> str:
     return hashlib.sha256(repr((
         sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
-        "time" in sig.focus, "cost" in sig.focus)).encode()).hexdigest()[:16]
+        "time" in sig.focus, "cost" in sig.focus, *_layout(sig))).encode()).hexdigest()[:16]
 
 
 def gate(text: str) -> str:
@@ -248,7 +259,7 @@ def guard_ok(question: str, stored: str) -> bool:
         return guard_digest(question) == stored
     a, b = signature(question), signature(stored)
     return (a.numbers == b.numbers and a.negations == b.negations and a.names == b.names
-            and a.instructions == b.instructions
+            and a.instructions == b.instructions and a.layout == b.layout
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)

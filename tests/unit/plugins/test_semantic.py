@@ -423,3 +423,19 @@ async def test_a_client_gone_as_the_race_is_won_frees_the_stream() -> None:
         await asyncio.sleep(0)
     assert ended == ["cancelled"] and p.in_flight() == 0
     await p.close()
+
+
+def test_code_indented_otherwise_is_another_question() -> None:
+    """Indentation is meaning in code (a statement in a loop's body or after it) and an
+    embedding does not see it: the guard refuses, on the text and on a digest from
+    Redis. Prose has no layout, and its digests are as they were."""
+    from plugins.cache.guard import DIGEST_MARK, guard_digest
+
+    body = "How many times does this print hi?\n\nfor i in range(3):\n    x = i\n"
+    inside, after = body + '    print("hi")', body + 'print("hi")'
+    assert not guard_ok(inside, after) and not guard_ok(after, inside)
+    assert not guard_ok(inside, guard_digest(after))
+    assert guard_ok(inside, inside) and guard_ok(inside, guard_digest(inside))
+    assert guard_digest("How do I reset my password?").startswith(DIGEST_MARK)
+    assert guard_ok("How do I reset my password?",
+                    guard_digest("How can I reset my password?"))
