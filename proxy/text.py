@@ -67,22 +67,59 @@ def normalize(text: str) -> str:
     return canonical(fold(text))
 
 
+# What the canonical form reads as the same, one character for another: a tab as a space
+# (numbers and phrases split by tabs), a line or paragraph separator as a newline, and
+# any script's decimal digits as ASCII ones ("٤١١١" is 4111 to a reader, and a card).
+_AS = str.maketrans({"\t": " ", "\u2028": "\n", "\u2029": "\n", **{
+    chr(c): str(unicodedata.decimal(chr(c))) for c in range(0x80, 0x110000)
+    if unicodedata.category(chr(c)) == "Nd"}})
+# Combining marks NFKC leaves on an ASCII letter or digit (no precomposed form): a
+# strikethrough or an enclosing circle over "alice@..." or "4111 ..." that hides it
+# from a pattern, not from a reader.
+_MARKS = re.compile("(?<=[A-Za-z0-9])[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff"
+                    "\u20d0-\u20ff\ufe20-\ufe2f]+")
+
+
+def _as_read(folded: str) -> str:
+    """`folded` one character for another as a reader reads it (`_AS`)."""
+    if folded.isascii():  # the common case: a tab at most
+        return folded.replace("\t", " ") if "\t" in folded else folded
+    return folded.translate(_AS)
+
+
 def canonical(folded: str) -> str:
     """A folded text's canonical form (`normalize` of the text it was folded from)."""
     return _squeeze(folded).strip()
 
 
-def canonical_places(folded: str) -> list[int]:
-    """Where each character of `canonical(folded)` sits in `folded`, and its end last:
-    a span found in the canonical form, placed in the folded text."""
+def scanned(folded: str) -> str:
+    """What detectors read of a folded text: its canonical form, read as a reader reads
+    it (a tab as a space, any script's digits as digits, no marks laid over ASCII
+    letters and digits): what hides a number or an address from a pattern, not from a
+    reader or the model."""
+    text = _as_read(folded)
+    if not text.isascii():
+        text = _MARKS.sub("", text)
+    return canonical(text)
+
+
+def scanned_places(folded: str) -> list[int]:
+    """Where each character of `scanned(folded)` sits in `folded`, and its end last: a
+    span a detector found, placed in the folded text."""
+    read = _as_read(folded)  # (one character for one: the places are folded's)
+    keep = list(range(len(read)))
+    if not read.isascii():
+        marks = {i for m in _MARKS.finditer(read) for i in range(m.start(), m.end())}
+        keep = [i for i in keep if i not in marks]
+    text = "".join(read[i] for i in keep)
     dropped: set[int] = set()
-    if "  " in folded:
-        for m in _SPACES.finditer(folded):  # a run keeps its first space
+    if "  " in text:
+        for m in _SPACES.finditer(text):  # a run keeps its first space
             dropped.update(range(m.start() + 1, m.end()))
-    start, end = 0, len(folded)
-    while start < end and folded[start].isspace():
+    start, end = 0, len(text)
+    while start < end and text[start].isspace():
         start += 1
-    while end > start and folded[end - 1].isspace():
+    while end > start and text[end - 1].isspace():
         end -= 1
-    places = [i for i in range(start, end) if i not in dropped]
-    return [*places, end]
+    places = [keep[j] for j in range(start, end) if j not in dropped]
+    return [*places, places[-1] + 1 if places else 0]

@@ -9,7 +9,8 @@ between them -> actions. `block` stops with a deliberately vague
 `flag` marks the request sensitive (the cache neither reads nor writes it). Any
 injection detection, whatever its action, keeps the answer out of the cache.
 
-Detectors read each text's canonical form (`proxy.text.normalize`); the texts go on
+Detectors read each text's canonical form as a reader reads it (`proxy.text.scanned`:
+a tab as a space, any script's digits as digits, no marks over ASCII); the texts go on
 folded (`proxy.text.fold`: look-alikes and invisible characters, the layout kept), with
 any redaction made in them. The cache keys on `ctx.key_request` (folded, redacted; the
 cache takes its own canonical form of it); the engine gets `ctx.request`, folded or
@@ -38,7 +39,7 @@ from proxy.protocol import (
     ToolCall,
 )
 from proxy.telemetry import get_logger
-from proxy.text import canonical, canonical_places, fold
+from proxy.text import fold, scanned, scanned_places
 
 from .config import SanitizerConfig
 from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom, forget
@@ -177,7 +178,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         it keys on), a redacted one as the normalized text redacted."""
         if folded is None:
             folded = fold(text) if self.cfg.normalize else text
-        norm = canonical(folded) if self.cfg.normalize else text
+        norm = scanned(folded) if self.cfg.normalize else text
         engine = folded if self.cfg.engine_sees == "normalized" else text
         if not extra and norm in self._clean:
             return folded, engine
@@ -197,7 +198,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             forget()
         if redact:
             if self.cfg.normalize and norm != folded:  # redacted where the engine reads
-                at = canonical_places(folded)
+                at = scanned_places(folded)
                 redact = [((at[a], at[b - 1] + 1 if b > a else at[a]), ph)
                           for (a, b), ph in redact]
             red = _apply(folded, redact)
@@ -241,7 +242,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 texts += [getattr(p, f) for p in m.content
                           if (f := _PART_TEXT.get(type(p))) is not None]
         folds = [fold(t) for t in texts] if self.cfg.normalize else texts
-        extra = self._across([canonical(f) for f in folds] if self.cfg.normalize else texts,
+        extra = self._across([scanned(f) for f in folds] if self.cfg.normalize else texts,
                              fired)
         done = iter([self._process(t, fired, f, x)
                      for t, f, x in zip(texts, folds, extra, strict=True)])
@@ -320,7 +321,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _redacts(self, text: str) -> bool:
         """Whether a `redact` detector finds anything in `text`."""
-        norm = canonical(fold(text)) if self.cfg.normalize else text
+        norm = scanned(fold(text)) if self.cfg.normalize else text
         try:
             return any(action == "redact" and next(iter(det.find(norm)), None) is not None
                        for det, action in self.detectors)

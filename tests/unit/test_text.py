@@ -57,13 +57,30 @@ def test_every_format_character_is_removed() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=" \t\nab\u3000", max_size=30))
+@given(st.text(alphabet=" \t\nab4\u3000\u0301\u20dd\u0664\u2028é", max_size=30))
 def test_canonical_places_place_each_character(text: str) -> None:
     """Each character of the canonical form, found where it sits in the folded text
     (the sanitizer redacts the folded text with spans found in the canonical one)."""
-    from proxy.text import canonical, canonical_places, fold
+    from proxy.text import _as_read, fold, scanned, scanned_places
 
     folded = fold(text)
-    places = canonical_places(folded)
-    assert "".join(folded[i] for i in places[:-1]) == canonical(folded)
+    places = scanned_places(folded)
+    assert "".join(_as_read(folded)[i] for i in places[:-1]) == scanned(folded)
     assert places == sorted(places) and places[-1] <= len(folded)
+
+
+@pytest.mark.parametrize(("text", "read"), [
+    ("card 4111\t1111\t1111\t1111", "card 4111 1111 1111 1111"),
+    ("alice.smith\u0301@example.com", "alice.smith@example.com"),
+    ("a\u0336l\u0336i\u0336c\u0336e\u0336@example.com", "alice@example.com"),
+    ("card 4\u20dd111 1111", "card 4111 1111"),
+    ("\u0664\u0661\u0661\u0661 \u0967\u0967\u0967\u0967", "4111 1111"),
+    ("one\u2028two", "one\ntwo"),
+    ("café, नमस्ते", "café, नमस्ते"),  # marks of other scripts are letters' own
+])
+def test_detectors_read_what_a_reader_reads(text: str, read: str) -> None:
+    """Tabs, other scripts' digits, marks laid over ASCII letters and digits: what hides
+    a number or an address from a pattern, not from a reader (or the model)."""
+    from proxy.text import fold, scanned
+
+    assert scanned(fold(text)) == read

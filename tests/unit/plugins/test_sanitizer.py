@@ -250,6 +250,26 @@ async def test_a_redacted_text_keeps_its_layout() -> None:
         "code:\n    x = 1  # [EMAIL]\n    y = 2\n", "Bye"]
 
 
+@pytest.mark.parametrize(("text", "placeholder"), [
+    ("card 4111\t1111\t1111\t1111 ok", "[CARD]"),
+    ("mail alice.smith\u0301@example.com ok", "[EMAIL]"),
+    ("mail a\u0336l\u0336i\u0336c\u0336e\u0336@example.com ok", "[EMAIL]"),
+    ("card \u0664\u0661\u0661\u0661 \u0661\u0661\u0661\u0661 \u0661\u0661\u0661\u0661 "
+     "\u0661\u0661\u0661\u0661 ok", "[CARD]"),
+    ("card 4\u20dd111 1111 1111 1111 ok", "[CARD]"),
+])
+async def test_what_hides_from_a_pattern_not_a_reader_is_redacted(text: str,
+                                                                   placeholder: str) -> None:
+    """Tabs between a card's groups, other scripts' digits, marks laid over an address:
+    the model reads through them, so the detectors do too (found by a re-probe)."""
+    ctx = chat_ctx(text)
+    await plugin(detectors={"email": "redact", "card": "redact"})(ctx, Spy())
+    for sent in (ctx.request, ctx.key_request):
+        assert isinstance(sent, ChatCompletionRequest)
+        got = sent.messages[0].text()
+        assert got.startswith(("card ", "mail ")) and got.endswith(f"{placeholder} ok"), got
+
+
 async def test_engine_may_see_the_original() -> None:
     spy, ctx = Spy(), chat_ctx("ｈｅｌｌｏ")
     await plugin(engine_sees="original")(ctx, spy)
