@@ -180,6 +180,12 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
             raise InvalidRequest("The prompt is empty: it must hold at least one token.",
                                  param="prompt", code="invalid_value")
     longest = max(len(p) for p in prompts)
+    if req.echo_only and longest >= engine.max_model_len:
+        raise InvalidRequest(
+            f"This model's maximum context length is {engine.max_model_len} tokens. However, "
+            f"your prompt has {longest} tokens, and `max_tokens: 0` with `echo` still needs "
+            "room for one token (the engine makes one and it is not shown).",
+            param="prompt", code="context_length_exceeded")
     opts = _options(req, longest, engine.max_model_len, req.logprobs, vocab, "prompt")
     if req.echo and req.logprobs is not None:
         opts.prompt_logprobs = req.logprobs

@@ -311,6 +311,12 @@ async def test_max_tokens_zero_is_only_for_echo(make_client: MakeClient,
     echoed = await _completion(client, prompt="hello there", echo=True, max_tokens=0)
     assert echoed["choices"][0]["text"] == "hello there"
     assert echoed["usage"]["completion_tokens"] == 0  # nothing generated is shown
+    r = await client.post("/v1/completions", json={  # the one hidden token needs room
+        "model": "fake-model", "prompt": [5] * fake_engine.max_model_len, "echo": True,
+        "max_tokens": 0})
+    body = await r.json()
+    assert r.status == 400 and body["error"]["code"] == "context_length_exceeded"
+    assert "room for one token" in body["error"]["message"]
     assert fake_engine.calls[-1][1].prompt_logprobs is None  # none asked, none computed
 
 
