@@ -21,6 +21,7 @@ from .embedding import LocalEmbedder
 from .engine.base import Engine
 from .loop import freeze_startup_heap, one_blas_thread
 from .middleware import (
+    ROUTE_OPTS,
     errors_middleware,
     make_access_log,
     request_id_middleware,
@@ -75,10 +76,10 @@ def create_app(
     app.cleanup_ctx.append(_plugins_lifespan)
     add_routes(app)
     for method, path, handler in terminal.routes():
-        app.router.add_route(method, path, handler)
+        app.router.add_route(method, path, handler, **ROUTE_OPTS)
     for plugin in plugins:
         for method, path, handler in plugin.routes():
-            app.router.add_route(method, path, handler)
+            app.router.add_route(method, path, handler, **ROUTE_OPTS)
     return app
 
 

@@ -85,6 +85,14 @@ class MethodNotAllowed(WeirError):
     default_code = "method_not_allowed"
 
 
+class ExpectationFailed(WeirError):
+    """An `Expect` header the server cannot meet (417)."""
+
+    status = 417
+    type = "invalid_request_error"
+    default_code = "expectation_failed"
+
+
 class RequestTimeout(WeirError):
     """The client took too long to send its request (408)."""
 

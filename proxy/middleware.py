@@ -19,13 +19,14 @@ import time
 from typing import Any
 
 import structlog
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS
 from .errors import (
+    ExpectationFailed,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
@@ -48,6 +49,27 @@ def error_response(err: WeirError, request_id: str | None = None,
     if request_id:
         headers["x-request-id"] = request_id
     return web.json_response(err.to_body(), status=err.status, headers=headers)
+
+
+async def expect_continue(request: web.Request) -> web.StreamResponse | None:
+    """aiohttp's `Expect` handling, with an OpenAI-shaped 417 for what it cannot meet
+    (aiohttp's own is plain text): `100-continue` asks the client for its body; any
+    other expectation ends the connection (its body, if it sends one, is not read)."""
+    expect = request.headers.get("Expect", "")
+    if request.version != HttpVersion11:
+        return None
+    if expect.lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # (the answer's size counts from here)
+        return None
+    resp = error_response(ExpectationFailed(
+        "Unsupported `Expect` header: only `100-continue` is supported.", param="Expect"))
+    resp.force_close()
+    return resp
+
+
+#: Every route's options: `Expect` handled as above.
+ROUTE_OPTS: dict[str, Any] = {"expect_handler": expect_continue}
 
 
 @web.middleware

@@ -23,6 +23,7 @@ from .context import RequestContext, Route, header_map
 from .engine.base import ModelInfo
 from .errors import ModelNotFound, Unauthorized, Unavailable, WeirError
 from .inflight import count_abort, generating
+from .middleware import ROUTE_OPTS
 from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -278,15 +279,15 @@ async def dashboard(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     from .openai_responses import setup as add_responses_api  # it imports read_json from here
 
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings_api.embeddings)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model:.+}", get_model)
-    app.router.add_get("/health/live", live)
-    app.router.add_get("/health/ready", ready)
-    app.router.add_get("/health", ready)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/chat/completions", chat_completions, **ROUTE_OPTS)
+    app.router.add_post("/v1/completions", completions, **ROUTE_OPTS)
+    app.router.add_post("/v1/embeddings", embeddings_api.embeddings, **ROUTE_OPTS)
+    app.router.add_get("/v1/models", list_models, **ROUTE_OPTS)
+    app.router.add_get("/v1/models/{model:.+}", get_model, **ROUTE_OPTS)
+    app.router.add_get("/health/live", live, **ROUTE_OPTS)
+    app.router.add_get("/health/ready", ready, **ROUTE_OPTS)
+    app.router.add_get("/health", ready, **ROUTE_OPTS)
+    app.router.add_get("/metrics", metrics, **ROUTE_OPTS)
     if app[STATE].settings.observability.dashboard != "off":
-        app.router.add_get("/dashboard", dashboard)
+        app.router.add_get("/dashboard", dashboard, **ROUTE_OPTS)
     add_responses_api(app)

@@ -18,6 +18,7 @@ from ..chain import Completion, Stream
 from ..context import RequestContext, header_map
 from ..errors import InvalidRequest, NotFound
 from ..inflight import count_abort, generating
+from ..middleware import ROUTE_OPTS
 from ..protocol import parse_model
 from ..routes import (
     StreamTiming,
@@ -198,8 +199,8 @@ async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
 def setup(app: web.Application) -> None:
     """Routes and the store's lifespan (called from `proxy.routes.add_routes`)."""
     app.cleanup_ctx.append(_store_lifespan)
-    app.router.add_post("/v1/responses", create)
-    app.router.add_get("/v1/responses/{response_id}", retrieve)
-    app.router.add_delete("/v1/responses/{response_id}", delete)
-    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
-    app.router.add_post("/v1/responses/{response_id}/cancel", cancel)
+    app.router.add_post("/v1/responses", create, **ROUTE_OPTS)
+    app.router.add_get("/v1/responses/{response_id}", retrieve, **ROUTE_OPTS)
+    app.router.add_delete("/v1/responses/{response_id}", delete, **ROUTE_OPTS)
+    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items, **ROUTE_OPTS)
+    app.router.add_post("/v1/responses/{response_id}/cancel", cancel, **ROUTE_OPTS)

@@ -209,3 +209,34 @@ async def test_a_key_that_is_not_utf8_is_a_401_not_a_500(served: Listener, path:
     assert status == 401, raw
     assert json.loads(raw)["error"]["code"] == "invalid_api_key"
     assert "unhandled" not in logs.getvalue()
+
+
+@pytest.mark.parametrize("served", [{}], indirect=True)
+async def test_an_expectation_it_cannot_meet_is_an_openai_417(served: Listener) -> None:
+    """`Expect: 100-continue` gets its `100 Continue` and then the answer; any other
+    expectation an OpenAI-shaped 417 (aiohttp's own was plain text) that ends the
+    connection."""
+    from tests.openai_spec import validate
+
+    body = json.dumps({"model": "fake-model", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n")
+    reader, writer = await connect(served)
+    writer.write(head + b"Expect: 100-continue\r\n\r\n")
+    async with asyncio.timeout(WAIT):
+        assert await reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+        assert await reader.readline() == b"\r\n"
+    writer.write(body)
+    assert (await response(reader))[0] == 200
+    writer.close()
+    reader, writer = await connect(served)
+    writer.write(head + b"Expect: something-else\r\n\r\n" + body)
+    status, headers, raw = await response(reader)
+    assert status == 417 and headers.get("connection") == "close"
+    error = json.loads(raw)
+    validate("ErrorResponse", error)
+    assert error["error"]["code"] == "expectation_failed"
+    writer.close()
