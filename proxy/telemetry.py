@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from .settings import LoggingSettings
@@ -82,8 +83,10 @@ class LibraryLogBridge(logging.Handler):
                 if isinstance(exc, OSError) and exc.errno is not None:
                     fields["errno"] = exc.errno
             level = record.levelname.lower()
-            if isinstance(exc, BadHttpMessage) and level == "error":
-                level = "warning"  # a malformed request is the client's error, not ours
+            if isinstance(exc, BadHttpMessage | RequestPayloadError) and level == "error":
+                # a malformed request (or a body its coding refused, read again by
+                # aiohttp after the 400) is the client's error, not ours
+                level = "warning"
             getattr(structlog.get_logger("weir.lib"), level)(event, **fields)
         except Exception:  # a log handler must never raise into the caller
             self.handleError(record)

@@ -123,6 +123,23 @@ async def test_compressed_bodies_are_read_and_refused_cleanly(make_client: MakeC
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
 
 
+async def test_a_body_its_coding_refused_logs_no_error(make_client: MakeClient,
+                                                       logs: Any) -> None:
+    """aiohttp reads what is left of a refused body after the 400 and logs its failure
+    as an unhandled exception: the client's error, logged as a warning (error-level
+    lines page whoever is on call)."""
+    from tests.waiting import eventually
+
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", data=b"\x00 not gzip",
+                          headers={"Content-Type": "application/json",
+                                   "Content-Encoding": "gzip"})
+    assert (await error_of(r, 400))["code"] == "invalid_body"
+    await eventually(lambda: "RequestPayloadError" in logs.getvalue(), timeout=5.0)
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if "RequestPayloadError" in x]
+    assert lines and {x["level"] for x in lines} == {"warning"}
+
+
 @pytest.mark.parametrize("coding", ["compress", "x-gzip", "gzip, br", "foo"])
 async def test_codings_it_cannot_decode_are_415(make_client: MakeClient, coding: str) -> None:
     """They were passed on undecoded (a body in an unknown coding read as JSON)."""
