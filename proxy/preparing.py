@@ -189,7 +189,7 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
     opts = _options(req, longest, engine.max_model_len, req.logprobs, vocab, "prompt")
     if req.echo and req.logprobs is not None:
         opts.prompt_logprobs = req.logprobs
-    if req.echo_only:
-        opts.max_tokens = 1
+    if req.echo_only:  # its one token is not shown: one generation serves every choice
+        opts.max_tokens, opts.n = 1, 1
     return Prepared(prompts, opts, top_logprobs=req.logprobs or 0, echo_texts=echo,
                     echo_only=req.echo_only)

@@ -311,6 +311,10 @@ async def test_max_tokens_zero_is_only_for_echo(make_client: MakeClient,
     echoed = await _completion(client, prompt="hello there", echo=True, max_tokens=0)
     assert echoed["choices"][0]["text"] == "hello there"
     assert echoed["usage"]["completion_tokens"] == 0  # nothing generated is shown
+    three = await _completion(client, prompt="hey", echo=True, max_tokens=0, n=3,
+                              temperature=1)
+    assert [c["text"] for c in three["choices"]] == ["hey"] * 3
+    assert fake_engine.calls[-1][1].n == 1  # one hidden token made, not three
     r = await client.post("/v1/completions", json={  # the one hidden token needs room
         "model": "fake-model", "prompt": [5] * fake_engine.max_model_len, "echo": True,
         "max_tokens": 0})
