@@ -211,9 +211,12 @@ _ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment", "default",
 
 
 def _pointed(schema: dict[str, Any], ref: str) -> Any:
-    """What a local `$ref` (`#/$defs/a`) points at; None where it points at nothing."""
+    """What a local `$ref` (`#/$defs/a`) points at; None where it points at nothing (or
+    is no JSON pointer: an anchor, `#name`)."""
+    if ref not in ("#", "#/") and not ref.startswith("#/"):
+        return None
     node: Any = schema
-    for part in ref[1:].lstrip("/").split("/") if ref not in ("#", "#/") else []:
+    for part in ref[2:].split("/") if ref not in ("#", "#/") else []:
         key = unquote(part).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict):
             node = node.get(key)

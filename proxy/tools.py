@@ -25,7 +25,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .engine.base import ParsedToolCall, SamplingOptions, ToolCallDelta, ToolCallParser
+from .engine.base import SamplingOptions, ToolCallDelta, ToolCallParser
 from .jsonbody import skip_ws
 from .protocol import (
     SCHEMA_DATA,
@@ -164,6 +164,14 @@ def shape_options(req: ChatCompletionRequest, opts: SamplingOptions, engine: Any
     return False
 
 
+@dataclass(slots=True)
+class ParsedToolCall:
+    """One call read out of a forced answer's JSON; `arguments` is JSON text."""
+
+    name: str
+    arguments: str
+
+
 def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
     """The constrained JSON as calls. A named function's text is its arguments as they
     are; `required`'s is an array of {"name", "parameters"}, Weir's own wrapper, which
@@ -216,7 +224,7 @@ def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 def call_dict(call: ParsedToolCall) -> dict[str, Any]:
     """A call as `message.tool_calls[i]`."""
-    return {"id": call_id(call.id), "type": "function",
+    return {"id": new_call_id(), "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
 
 

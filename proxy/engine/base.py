@@ -103,15 +103,6 @@ class EngineStats:
 
 
 @dataclass(slots=True)
-class ParsedToolCall:
-    """One call found in a whole answer; `arguments` is JSON text."""
-
-    name: str
-    arguments: str
-    id: str | None = None
-
-
-@dataclass(slots=True)
 class ToolCallDelta:
     """A piece of a streamed call: id and name on a call's first piece, then arguments."""
 

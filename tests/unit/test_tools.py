@@ -16,7 +16,7 @@ from plugins.rate_limit.plugin import estimate_tokens
 from proxy import tools as T
 from proxy.auth import Principal
 from proxy.context import RequestContext
-from proxy.engine.base import ParsedToolCall, SamplingOptions
+from proxy.engine.base import SamplingOptions
 from proxy.errors import InvalidRequest
 from proxy.protocol import ChatCompletionRequest, parse_model
 from tests.fakes import FakeToolParser, schema_instance
@@ -86,7 +86,7 @@ def test_required_schema_admits_only_the_tools_calls() -> None:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
     assert T.parse_forced(req, json.dumps(good)) == [
-        ParsedToolCall("get_weather", '{"city":"Paris"}')]
+        T.ParsedToolCall("get_weather", '{"city":"Paris"}')]
 
 
 PERSON = {  # as pydantic writes a nested model: references to the schema's own root
