@@ -55,6 +55,12 @@ class RequestContext:
     #: The most tokens a request that names no output limit may generate (the
     #: sanitizer's `limits.max_tokens`); None: up to the model's context.
     output_ceiling: int | None = None
+    #: When the terminal step handed the request to its engine (monotonic; None: it
+    #: never did: refused, shed, or cut while queued), and how long the engine took to
+    #: its first token (None: not yet, or not known). What the breaker times a call by:
+    #: a queue's wait and an answer's length (which the caller sets) are no engine's.
+    engine_started: float | None = None
+    engine_ttft_s: float | None = None
 
     @property
     def model(self) -> str:

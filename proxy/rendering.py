@@ -12,6 +12,7 @@ settle tokens or store the answer: they never re-parse the chunks.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -104,6 +105,10 @@ class Choices:
             self.cached += out.cached_tokens
         if out.prompt_logprobs is not None:
             self.prompt_logprobs[out.prompt_index] = out.prompt_logprobs
+        if self._ctx.engine_ttft_s is None:  # the first prompt's first token: the call's
+            self._ctx.engine_ttft_s = (out.ttft_s if out.ttft_s is not None else
+                                       time.monotonic() - (self._ctx.engine_started
+                                                           or self._ctx.started))
 
     def choice(self, out: EngineOutput, c: ChoiceDelta) -> tuple[int, _Choice]:
         idx = out.prompt_index * self.n + c.index

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import traceback
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -163,6 +164,7 @@ class LocalServing:
             prep.options.max_tokens = min(prep.options.max_tokens, ctx.output_ceiling)
         ctx.prompt_tokens = sum(len(p) for p in prep.prompts)
         prep.options.final_only = not req.stream and not prep.streams_calls
+        ctx.engine_started = time.monotonic()
         outputs = engine_outputs(self.engine, prep, ctx)
         span = EngineSpan(req.model)
         if not req.stream:

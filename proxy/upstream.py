@@ -109,6 +109,8 @@ class Upstream:
         if not self.has_model(ctx.model):
             raise ModelNotFound(ctx.model)
         assert self._session is not None, "Upstream.start() was not called"
+        if ctx.engine_started is None:  # (the breaker times the call from here)
+            ctx.engine_started = time.monotonic()
         body = ctx.request.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False)
         url = self.base + _PATHS[ctx.route]
         self.in_flight += 1

@@ -1,12 +1,16 @@
 """The circuit breaker, next to the engine, with the fallback list.
 
 Every call takes a permit. The call's engine outcome is recorded: failures are engine
-errors (5xx, timeouts); a call is slow when its first token (or whole answer) came after
-`slow_call_s`. Local rejections (4xx, 429, a shed 503) and client aborts release the
-permit without an outcome, so they never open the breaker; so do a client gone and a
-request's own deadline (one tenant's 1 ms deadlines must not open the circuit for all),
-except that a call cut after waiting longer than `slow_call_s` counts as slow: a hung
-engine still opens the breaker, through the slow-call rate. A stream's outcome is
+errors (5xx, timeouts); a call is slow when the engine took past `slow_call_s` to its
+first token, timed from when it took the request (`ctx.engine_started`; vLLM's own
+measure where it has one, a whole answer's too): a wait in the admission queue, a shed,
+or an answer's length, which the caller sets, is no engine's slowness (one tenant's long
+answers or a full queue opened the circuit for all). Local rejections (4xx, 429, a shed
+503) and client aborts release the permit without an outcome, so they never open the
+breaker; so do a client gone and a request's own deadline (one tenant's 1 ms deadlines
+must not open the circuit for all), except that a call cut while the engine had had it
+past `slow_call_s` without a first token counts as slow: a hung engine still opens the
+breaker, through the slow-call rate. A stream's outcome is
 recorded when it ends (an end hook, not a wrapper); an error before its first chunk
 still falls back.
 
@@ -110,7 +114,6 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         permit = self.breaker.allow()
         if permit is None:
             return await self._fallback(ctx, "open", None)
-        started = time.monotonic()
         try:
             reply = await call_next(ctx)
             if isinstance(reply, Stream) and reply.primed_at is None:
@@ -119,18 +122,17 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             if is_engine_failure(e):
                 self.breaker.record(permit, failed=True)
                 return await self._fallback(ctx, "engine", e)
-            self._no_outcome(permit, started)
+            self._no_outcome(permit, ctx)
             if is_shed(e):
                 return await self._fallback(ctx, "shed", e)
             raise
         if not isinstance(reply, Stream):
-            self.breaker.record(permit, failed=False,
-                                slow=time.monotonic() - started > self.cfg.slow_call_s)
+            self.breaker.record(permit, failed=False, slow=self._slow(ctx, time.monotonic()))
             return reply
         # A primed stream's first chunk is in hand: an error before it was raised above
         # (and fell back); the first-token time is what makes a call slow.
-        first_at = reply.primed_at if reply.primed_at is not None else time.monotonic()
-        slow = first_at - started > self.cfg.slow_call_s
+        slow = self._slow(ctx, reply.primed_at if reply.primed_at is not None
+                          else time.monotonic())
 
         def ended(stream: Stream, outcome: Outcome) -> None:
             if outcome == "completed":
@@ -139,15 +141,25 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                     stream.error):
                 self.breaker.record(permit, failed=True)
             else:
-                self._no_outcome(permit, started)
+                self._no_outcome(permit, ctx)
 
         reply.on_end(ended)
         return reply
 
-    def _no_outcome(self, permit: int, started: float) -> None:
+    def _slow(self, ctx: RequestContext, first_at: float) -> bool:
+        """Whether the engine took past `slow_call_s` to its first token: its own measure
+        where it has one, else from when it took the request to `first_at` (an upstream's
+        first chunk, or its whole answer). A call no engine took is never slow."""
+        if ctx.engine_ttft_s is not None:
+            return ctx.engine_ttft_s > self.cfg.slow_call_s
+        begun = ctx.engine_started
+        return begun is not None and first_at - begun > self.cfg.slow_call_s
+
+    def _no_outcome(self, permit: int, ctx: RequestContext) -> None:
         """The call ended without an engine outcome (client gone, its own deadline, a
-        local refusal): the permit goes back, unless the engine was slow all the same."""
-        if time.monotonic() - started > self.cfg.slow_call_s:
+        local refusal): the permit goes back, unless the engine was slow all the same (it
+        had the request past `slow_call_s` with no first token: hung)."""
+        if self._slow(ctx, time.monotonic()):
             self.breaker.record(permit, failed=False, slow=True)
         else:
             self.breaker.release(permit)

@@ -84,6 +84,9 @@ class EngineOutput:
     prompt_index: int = 0
     #: One entry per prompt token (`options.prompt_logprobs`), on the prompt's first output.
     prompt_logprobs: list[TokenLogprob] | None = None
+    #: Seconds from the engine's taking the request to its first token, where the engine
+    #: measures it (a whole answer handed over at its end still has one).
+    ttft_s: float | None = None
 
 
 @dataclass(slots=True)

@@ -313,6 +313,7 @@ class VllmEngine:
                     prompt_logprobs=_prompt_entries(self._tokenizer, prompt,
                                                     out.prompt_logprobs)
                     if out.prompt_logprobs else None,
+                    ttft_s=_ttft(out),
                 )
         except GracefulHTTPError as e:
             raise EngineOverloaded(_clean(str(e))) from None
@@ -547,6 +548,13 @@ def _rejected(e: Exception, schema_param: str) -> EngineRejected:
     if param is None and ("schema" in message.lower() or "grammar" in message.lower()):
         param = schema_param
     return EngineRejected(message, param=param)
+
+
+def _ttft(out: Any) -> float | None:
+    """vLLM's own time to the request's first token (its stats, on every output)."""
+    stats = getattr(out, "metrics", None)
+    latency = getattr(stats, "first_token_latency", 0.0) if stats is not None else 0.0
+    return float(latency) if latency and latency > 0 else None
 
 
 def _prompt_entries(tokenizer: Any, prompt: list[int], entries: Any) -> list[TokenLogprob]:

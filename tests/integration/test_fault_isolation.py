@@ -165,3 +165,38 @@ async def test_every_client_that_hangs_up_is_counted(make_client: MakeClient) ->
     await engine.wait_until(lambda: not engine.active)
     await eventually(lambda: metric._value.get() - before == 6, timeout=5)
     assert len(engine.aborted) == 6
+
+
+async def test_long_answers_and_queue_waits_never_open_the_breaker(
+        make_client: MakeClient) -> None:
+    """A tenant's long answers (it sets their length) and the admission queue's waits
+    behind them are no engine's slowness: the breaker times the engine's first token,
+    from when the engine took the request. Timed from the breaker's own start, whole
+    answers of 25 tokens queued behind each other opened the circuit for every tenant.
+    A call the engine had past `slow_call_s` with no first token still counts (hung)."""
+    engine = FakeEngine(delay=0.02)  # a first token at once, 25 tokens in half a second
+    client = await make_client(make_settings(auth=KEYS, plugins=[
+        {"name": "breaker", "config": {"minimum_calls": 4, "failure_rate": 0.5,
+                                       "slow_call_s": 0.3, "slow_call_rate": 0.5,
+                                       "open_s": 60}},
+        {"name": "admission", "config": {"max_concurrent": 1, "max_queue": 64}}]),
+        engine=engine)
+    breaker = plugin(client, "breaker").breaker
+
+    async def ask(stream: bool) -> int:
+        r = await client.post("/v1/chat/completions", headers=bearer("sk-tenant-a"),
+                              json={**CHAT, "max_tokens": 25, "stream": stream})
+        await r.read()
+        return r.status
+
+    assert await asyncio.gather(*(ask(s) for s in (False, True) * 3)) == [200] * 6
+    assert breaker.state == "closed"
+    engine.token_gate = asyncio.Event()  # the engine hangs: calls it has get no token
+    statuses = []
+    for _ in range(8):  # cut by their deadlines, until the breaker opens
+        r = await client.post("/v1/chat/completions", json=CHAT,
+                              headers={**bearer("sk-tenant-b"), "x-weir-timeout-ms": "400"})
+        statuses.append(r.status)
+        if r.status == 503:
+            break
+    assert breaker.state == "open" and statuses[-1] == 503 and 504 in statuses

@@ -233,3 +233,15 @@ def test_an_odd_type_inside_a_loosened_schema_is_a_400_not_a_500(odd: dict[str, 
         ENGINE._sampling_params(SamplingOptions(max_tokens=8, json_schema=schema))
     except EngineRejected as e:
         assert e.param == "response_format"
+
+
+def test_the_engines_first_token_time_is_read_from_its_stats() -> None:
+    """vLLM measures each request's first token (from when it took the request), on
+    every output, a whole answer's too: what the breaker times a call by."""
+    from types import SimpleNamespace
+
+    from proxy.engine.vllm import _ttft
+
+    assert _ttft(SimpleNamespace(metrics=SimpleNamespace(first_token_latency=0.25))) == 0.25
+    assert _ttft(SimpleNamespace(metrics=SimpleNamespace(first_token_latency=0.0))) is None
+    assert _ttft(SimpleNamespace(metrics=None)) is None
