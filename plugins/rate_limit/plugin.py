@@ -181,9 +181,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     async def _settle(self, store: Store, tpm: list[Bucket], reserve: int, used: int | None,
                       conc_keys: list[str], lease: str) -> None:
         self._active.pop(lease, None)
-        if tpm and used is not None and used != reserve:
+        # Each bucket took the reservation up to its limit (a request may reserve more
+        # than a minute's budget, and still be let in): it is settled from what it took.
+        owed = [Bucket(b.key, b.limit, used - min(reserve, b.limit)) for b in tpm
+                if used is not None and used != min(reserve, b.limit)]
+        if owed:
             try:
-                await store.adjust([Bucket(b.key, b.limit, used - reserve) for b in tpm])
+                await store.adjust(owed)
             except StoreError as e:  # tokens only: the reservation stands
                 self._store_failed(e)
         if conc_keys:

@@ -424,6 +424,25 @@ async def test_a_token_reservation_larger_than_the_room_left_is_named_a_tpm_refu
     await p.close()
 
 
+@pytest.mark.parametrize("where", ["memory", "redis"])
+async def test_a_reservation_past_the_limit_is_settled_from_what_was_taken(
+        where: str, redis_server: RedisServer) -> None:
+    """A request may reserve more than a minute's tokens (its bucket takes the limit at
+    most). It is settled from what the bucket took: settled from the whole reservation,
+    an answer of 800 tokens against a 1,000 limit was charged nothing, and a user spent
+    2,400 tokens in a minute against a limit of 1,000 (found by an adversarial pass)."""
+    p = plugin(redis_server.url if where == "redis" else None,
+               rules=[{"per": "key", "tpm": 1000}])
+
+    async def used_800(c: RequestContext) -> Reply:
+        return Completion({"usage": {"total_tokens": 800}})
+
+    await p(ctx(max_tokens=1900), used_800)  # reserves past the limit, uses 800
+    with pytest.raises(RateLimited):  # 800 of 1,000 spent: 600 more do not fit
+        await p(ctx(max_tokens=600), answer)
+    await p.close()
+
+
 async def test_streams_cut_short_are_charged_what_they_generated(make_client: MakeClient
                                                                  ) -> None:
     """A client that drops each stream just before its end is charged the tokens it was
