@@ -57,10 +57,27 @@ class Entry:
 
     @classmethod
     def from_json(cls, data: str | bytes) -> Entry:
+        """An entry read back (from Redis: anything may be there, another version's
+        entry, or garbage). Fields it does not know are left out; one it needs that is
+        missing or of the wrong type raises BadEntry, never a TypeError further on."""
         try:
-            return cls(**orjson.loads(data))
-        except orjson.JSONDecodeError:  # escaped by to_json's fallback
-            return cls(**json.loads(data))
+            try:
+                d = orjson.loads(data)
+            except orjson.JSONDecodeError:  # escaped by to_json's fallback
+                d = json.loads(data)
+        except (ValueError, TypeError, RecursionError):
+            raise BadEntry("not JSON") from None
+        if not isinstance(d, dict):
+            raise BadEntry("not an object")
+        for name, kind in _TYPES.items():
+            if (name in d and (not isinstance(d[name], kind) or isinstance(d[name], bool))) or (
+                    name in _REQUIRED and name not in d):
+                raise BadEntry(name)
+        if not d["choices"] or not all(_choice_ok(c) for c in d["choices"]) or not all(
+                isinstance(d["usage"].get(k), int) for k in ("prompt_tokens",
+                                                              "completion_tokens")):
+            raise BadEntry("choices or usage")
+        return cls(**{k: v for k, v in d.items() if k in _TYPES})
 
     def fresh(self, now: float) -> bool:
         return now < self.expires
@@ -81,6 +98,25 @@ class Entry:
 
 
 _FIELDS = tuple(f.name for f in fields(Entry) if f.name != "source")
+_NUMBER = (int, float)
+#: Each stored field's type (bool is an int to Python: not a number here either).
+_TYPES: dict[str, Any] = {"key": str, "route": str, "model": str, "choices": list,
+                          "usage": dict, "scope": str, "tenant": str, "role": str,
+                          "user": str, "prompt": str, "created": _NUMBER,
+                          "expires": _NUMBER, "stale_until": _NUMBER}
+_REQUIRED = frozenset({"key", "route", "model", "choices", "usage", "scope", "tenant",
+                       "role", "user"})
+
+
+class BadEntry(ValueError):
+    """A stored entry that cannot be read (garbage, or a shape this version does not
+    know): a miss, never an answer or a 500."""
+
+
+def _choice_ok(c: Any) -> bool:
+    return (isinstance(c, dict) and isinstance(c.get("index"), int)
+            and isinstance(c.get("text"), str) and isinstance(c.get("finish_reason"), str)
+            and isinstance(c.get("tool_calls", []), list))
 
 
 def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]],

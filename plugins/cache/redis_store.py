@@ -47,10 +47,14 @@ from proxy.telemetry import get_logger
 from proxy.tracing import span
 
 from .config import RedisConfig
-from .entry import Entry
+from .entry import BadEntry, Entry
 from .semantic import guard_digest
 
 log = get_logger("weir.cache.redis")
+
+
+def _matches(match: Callable[[Entry], bool], entry: Entry | None) -> bool:
+    return entry is not None and match(entry)
 T = TypeVar("T")
 EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -138,8 +142,22 @@ class RedisStore:
     # -------------------------------------------------------------------- exact
 
     async def get_exact(self, key: str) -> Entry | None:
+        """The entry under `key`; None for none, or for one that cannot be read (a miss:
+        the answer generated again overwrites it)."""
         raw = await self._call("get", lambda: self.client.get(self.p + "x:" + key))
-        return Entry.from_json(raw) if raw else None
+        return self._read(raw, "exact") if raw else None
+
+    def _read(self, raw: str | bytes, kind: str) -> Entry | None:
+        try:
+            return Entry.from_json(raw)
+        except BadEntry as e:
+            self._unreadable(kind, e)
+            return None
+
+    def _unreadable(self, kind: str, e: Exception) -> None:
+        """A stored entry this version cannot read: skipped (garbage, or another
+        version's shape), counted and logged (what field, never its value)."""
+        log.warning("unreadable cache entry in redis skipped", kind=kind, field=str(e)[:40])
 
     # ----------------------------------------------------------------- semantic
 
@@ -154,16 +172,31 @@ class RedisStore:
 
     @staticmethod
     def _unpack(raw: str | bytes) -> tuple[np.ndarray, Entry, str]:
-        """(vector, entry, the question or, when it was not stored, its guard digest)."""
-        d = json.loads(raw)
-        vec = np.frombuffer(base64.b64decode(d["v"]), dtype="<f4").astype(np.float32)
-        return vec, Entry.from_json(d["e"]), d.get("q") or d["g"]
+        """(vector, entry, the question or, when it was not stored, its guard digest);
+        BadEntry where any of it cannot be read."""
+        try:
+            d = json.loads(raw)
+            question = d.get("q") or d["g"]
+            vec = np.frombuffer(base64.b64decode(d["v"], validate=True),
+                                dtype="<f4").astype(np.float32)
+            if not isinstance(question, str) or not isinstance(d["e"], str | bytes):
+                raise TypeError
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            raise BadEntry("semantic entry") from None
+        return vec, Entry.from_json(d["e"]), question
+
+    def _unpacked(self, raw: str | bytes) -> tuple[np.ndarray, Entry, str] | None:
+        try:
+            return self._unpack(raw)
+        except BadEntry as e:
+            self._unreadable("semantic", e)
+            return None
 
     async def get_semantic(self, partition: str, entry_id: str,
                            ) -> tuple[np.ndarray, Entry, str] | None:
         raw = await self._call("hget", lambda: self.client.hget(self.p + "s:" + partition,
                                                                 entry_id))
-        return self._unpack(raw) if raw else None
+        return self._unpacked(raw) if raw else None
 
     async def delete_semantic(self, items: list[tuple[str, str]]) -> None:
         if not items:
@@ -185,7 +218,9 @@ class RedisStore:
                 async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
                     partition = _s(name)[len(self.p) + 2:]
                     for entry_id, raw in (await self.client.hgetall(name)).items():
-                        vec, entry, q = self._unpack(raw)
+                        if (got := self._unpacked(raw)) is None:
+                            continue
+                        vec, entry, q = got
                         out.append((partition, _s(entry_id), vec, entry, q))
                         if len(out) >= limit:
                             return out
@@ -251,13 +286,14 @@ class RedisStore:
                 async for name in self.client.scan_iter(match=self.p + "x:*", count=500):
                     raw = await self.client.get(name)
                     key = name.decode() if isinstance(name, bytes) else name
-                    if raw and (key in named or match(Entry.from_json(raw))):
+                    if raw and (key in named or _matches(match, self._read(raw, "exact"))):
                         exact += await self.client.delete(name)
                 async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
                     hname = name.decode() if isinstance(name, bytes) else name
                     for entry_id, raw in (await self.client.hgetall(name)).items():
                         eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                        if (hname, eid) in named_sem or match(self._unpack(raw)[1]):
+                        got = self._unpacked(raw)
+                        if (hname, eid) in named_sem or (got is not None and match(got[1])):
                             semantic += await self.client.hdel(name, entry_id)
         except (RedisError, OSError, TimeoutError) as e:
             self._failed("purge", e)
@@ -274,13 +310,14 @@ class RedisStore:
                     exact += 1
                 else:
                     raw = await self.client.get(name)
-                    exact += bool(raw and match(Entry.from_json(raw)))
+                    exact += bool(raw and _matches(match, self._read(raw, "exact")))
             async for name in self.client.scan_iter(match=self.p + "s:*", count=1000):
                 if match is None:
                     semantic += await self.client.hlen(name)
                 else:
-                    semantic += sum(match(self._unpack(raw)[1])
-                                    for raw in (await self.client.hgetall(name)).values())
+                    semantic += sum(
+                        got is not None and match(got[1])
+                        for got in map(self._unpacked, (await self.client.hgetall(name)).values()))
             return {"exact": exact, "semantic": semantic}
 
         try:
@@ -301,6 +338,23 @@ class RedisStore:
         return await self._call("publish",
                                 lambda: self.client.publish(self.p + "events", data)) is not None
 
+    async def _handle(self, data: Any, on_event: EventHandler) -> None:
+        """One event: one that cannot be read, or whose handling fails, is logged and
+        skipped; the listener goes on (it had died on one, and purges then stopped
+        reaching this replica while Redis and /health/ready looked fine)."""
+        try:
+            event = json.loads(data)
+            if not isinstance(event, dict) or not isinstance(event.get("op"), str):
+                raise BadEntry("event")
+            if event.get("from") != self.replica:
+                await on_event(event)
+        except asyncio.CancelledError:
+            raise
+        except (RedisError, OSError, TimeoutError):
+            raise  # the connection's: the listener reconnects
+        except Exception as e:
+            log.warning("cache event skipped", error=type(e).__name__)
+
     async def _listen(self, on_event: EventHandler) -> None:
         backoff = 0.2
         lost = False
@@ -316,9 +370,7 @@ class RedisStore:
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is None or msg.get("type") != "message":
                         continue
-                    event = json.loads(msg["data"])
-                    if event.get("from") != self.replica:
-                        await on_event(event)
+                    await self._handle(msg["data"], on_event)
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError, TimeoutError, ValueError) as e:
