@@ -124,7 +124,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     def health(self) -> dict[str, Any] | None:
         if self.remote is None:
             return None
-        return {"store": "local-fallback" if self._degraded else "redis"}
+        if not self._degraded:
+            return {"store": "redis"}
+        # (`fail_closed` falls back to nothing: its requests are refused meanwhile)
+        return {"store": "unavailable" if self.cfg.on_store_error == "fail_closed"
+                else "local-fallback"}
 
     # -------------------------------------------------------------- store calls
     #

@@ -276,6 +276,7 @@ async def test_fail_open_and_fail_closed(tmp_path: Path) -> None:
     closed = plugin(url, on_store_error="fail_closed", rules=[{"per": "key", "rpm": 1}])
     with pytest.raises(Unavailable):
         await closed(ctx(), answer)
+    assert closed.health() == {"store": "unavailable"}  # it falls back to nothing
     again = RedisServer(tmp_path, port=server.port).start()
     try:
         await p(ctx(Principal("t", "user", "u", key_id="fresh")), answer)
