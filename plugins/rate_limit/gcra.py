@@ -109,20 +109,20 @@ class MemoryStore:
                     lease_ms: float) -> Decision:
         now = self._now()
         eps = _eps(now)
-        allowed, retry, states, new = True, 0.0, [], []
+        allowed, retry, states, untaken, new = True, 0.0, [], [], []
         for b in buckets:
             t = PERIOD_MS / b.limit
             tat = self._get(b.key, now)
             nt = tat + min(b.cost, b.limit) * t
             diff = nt - now
+            # as the bucket stands (what a refused request reports: it takes nothing)
+            untaken.append(BucketState(b.limit, _units(PERIOD_MS - (tat - now), eps, t,
+                                                       b.limit), tat - now))
             if diff > PERIOD_MS + eps:
                 allowed = False
                 retry = max(retry, diff - PERIOD_MS)
-                states.append(BucketState(b.limit, _units(PERIOD_MS - (tat - now), eps, t,
-                                                          b.limit), tat - now))
-            else:
-                states.append(BucketState(b.limit, _units(
-                    PERIOD_MS - diff, eps, t, math.floor(b.limit - min(b.cost, b.limit))), diff))
+            states.append(BucketState(b.limit, _units(
+                PERIOD_MS - diff, eps, t, math.floor(b.limit - min(b.cost, b.limit))), diff))
             new.append(nt)
         for key, limit in conc:
             leases = self._leases.setdefault(key, {})
@@ -135,12 +135,13 @@ class MemoryStore:
             if len(leases) >= limit:
                 allowed = False
                 retry = max(retry, 1000.0)
-        if allowed:
-            for b, nt in zip(buckets, new, strict=True):
-                self._tat[b.key] = (nt, nt + 1000)
-            for key, _ in conc:
-                self._leases[key][lease] = now + lease_ms
-        return Decision(allowed, retry, states)
+        if not allowed:
+            return Decision(False, retry, untaken)
+        for b, nt in zip(buckets, new, strict=True):
+            self._tat[b.key] = (nt, nt + 1000)
+        for key, _ in conc:
+            self._leases[key][lease] = now + lease_ms
+        return Decision(True, retry, states)
 
     async def adjust(self, buckets: list[Bucket]) -> None:
         """Cost > 0 charges, < 0 refunds (settling a token reservation)."""
@@ -175,7 +176,7 @@ local eps = math.max($EPS_MS, now * $EPS_ULPS)
 local nb, nc = tonumber(ARGV[1]), tonumber(ARGV[2])
 local lease, lease_ms, period = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local allowed, retry = 1, 0
-local out, new = {}, {}
+local out, untaken, new = {}, {}, {}
 for i = 1, nb do
   local limit = tonumber(ARGV[5 + (i - 1) * 2 + 1])
   local cost = math.min(tonumber(ARGV[5 + (i - 1) * 2 + 2]), limit)
@@ -184,18 +185,18 @@ for i = 1, nb do
   if tat < now then tat = now end
   local nt = tat + cost * T
   local diff = nt - now
+  -- as the bucket stands: what a refused request reports (it takes nothing)
+  untaken[#untaken + 1] = limit
+  untaken[#untaken + 1] = math.min(limit, math.max(0, math.floor((period - (tat - now) + eps) / T)))
+  untaken[#untaken + 1] = math.ceil(tat - now)
   if diff > period + eps then
     allowed = 0
     retry = math.max(retry, diff - period)
-    out[#out + 1] = limit
-    out[#out + 1] = math.min(limit, math.max(0, math.floor((period - (tat - now) + eps) / T)))
-    out[#out + 1] = math.ceil(tat - now)
-  else
-    out[#out + 1] = limit
-    out[#out + 1] = math.min(math.floor(limit - cost),
-                             math.max(0, math.floor((period - diff + eps) / T)))
-    out[#out + 1] = math.ceil(diff)
   end
+  out[#out + 1] = limit
+  out[#out + 1] = math.min(math.floor(limit - cost),
+                           math.max(0, math.floor((period - diff + eps) / T)))
+  out[#out + 1] = math.ceil(diff)
   new[i] = nt
 end
 for j = 1, nc do
@@ -217,6 +218,7 @@ if allowed == 1 then
     redis.call('PEXPIRE', key, math.ceil(lease_ms))
   end
 end
+if allowed == 0 then out = untaken end
 return {allowed, math.ceil(retry), unpack(out)}
 """.replace("$EPS_MS", repr(EPS_MS)).replace("$EPS_ULPS", repr(EPS_ULPS))
 

@@ -82,6 +82,19 @@ async def test_token_costs_and_settling(store: Any) -> None:
     assert d.allowed and 490 <= d.states[0].remaining <= 500
 
 
+async def test_a_refused_request_reports_the_buckets_as_they_stand(store: Any) -> None:
+    """A refused request takes nothing: every bucket's remaining count is what it was
+    (those with room had reported what they would have had left after it)."""
+    rpm, tpm = key(), key()
+    assert (await store.admit([Bucket(rpm, 2, 1), Bucket(tpm, 1000, 30)], [], "l",
+                              1000)).allowed
+    assert (await store.admit([Bucket(rpm, 2, 1), Bucket(tpm, 1000, 30)], [], "l",
+                              1000)).allowed
+    d = await store.admit([Bucket(rpm, 2, 1), Bucket(tpm, 1000, 30)], [], "l", 1000)
+    assert not d.allowed
+    assert d.states[0].remaining == 0 and d.states[1].remaining == 940
+
+
 async def test_all_buckets_or_none(store: Any) -> None:
     wide, narrow = key(), key()
     assert (await store.admit([Bucket(narrow, 1, 1)], [], "l", 1000)).allowed
