@@ -107,8 +107,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._last_log = 0.0
         #: lease -> (the store that granted it, its concurrency keys), while it runs.
         self._active: dict[str, tuple[Store, list[str]]] = {}
-        #: lease -> keys: leases Redis may hold that no running request owns.
-        self._orphans: dict[str, list[str]] = {}
+        #: lease -> (keys, until): leases Redis may hold that no running request owns,
+        #: until they expire there on their own (no one renews them): past that, there is
+        #: nothing to release (a long outage adds one per request, and they had piled up).
+        self._orphans: dict[str, tuple[list[str], float]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
 
@@ -207,7 +209,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     def _orphan(self, lease: str, keys: list[str]) -> None:
         """Remember a lease Redis may hold, and start releasing it at once (retried with
         backoff until Redis answers; the renewal loop retries too)."""
-        self._orphans[lease] = keys
+        self._orphans[lease] = (keys, time.monotonic() + self.cfg.lease_s)
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap())
 
@@ -259,7 +261,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     async def _retry_orphans(self) -> None:
         if self.remote is None or not self._orphans:
             return
-        for lease, keys in list(self._orphans.items()):
+        now = time.monotonic()
+        for lease, (keys, until) in list(self._orphans.items()):
+            if now >= until:  # expired in Redis by now: nothing left to release
+                self._orphans.pop(lease, None)
+                continue
             if lease in self._active:
                 continue  # still running: released when it ends
             try:

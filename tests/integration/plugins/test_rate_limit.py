@@ -494,6 +494,24 @@ async def test_health_sees_redis_back_without_waiting_for_a_request(tmp_path: Pa
         await p.close()
 
 
+async def test_an_outages_orphan_leases_are_dropped_once_expired_in_redis(
+        tmp_path: Path) -> None:
+    """Each request's admit that failed while Redis was down left a lease to release
+    there, kept until Redis answered: one per request for the whole outage. A lease no
+    one renews expires in Redis after `lease_s`, and then there is nothing to release."""
+    server = RedisServer(tmp_path).start()
+    url = server.url
+    server.stop()
+    p = plugin(url, lease_s=1, rules=[{"per": "key", "rpm": 1000, "concurrent": 4}])
+    try:
+        for _ in range(20):
+            await p(ctx(), answer)  # the local fallback decides
+        assert not p.idle()  # leases Redis may hold, Redis still down
+        await eventually(p.idle, timeout=5)  # expired there: dropped here
+    finally:
+        await p.close()
+
+
 async def test_an_error_after_the_limiter_charged_carries_its_headers(
         make_client: MakeClient) -> None:
     """A request the limiter charged and something later refused (the engine's context
