@@ -189,8 +189,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._active.pop(lease, None)
         # Each bucket took the reservation up to its limit (a request may reserve more
         # than a minute's budget, and still be let in): it is settled from what it took.
-        owed = [Bucket(b.key, b.limit, used - min(reserve, b.limit)) for b in tpm
-                if used is not None and used != min(reserve, b.limit)]
+        # A measured usage is charged whole; the reservation standing for an unknown one
+        # (a cut upstream answer, a stream without usage) is charged what was taken.
+        owed = [Bucket(b.key, b.limit, d) for b in tpm
+                if used is not None and (d := _owed(b.limit, reserve, used))]
         if owed:
             try:
                 await store.adjust(owed)
@@ -373,6 +375,14 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
 
         reply.on_end(ended)
         return reply
+
+
+def _owed(limit: int, reserve: int, used: int) -> int:
+    """What settling adds to (or takes from) a token bucket that took `reserve` up to its
+    `limit`: a measured `used` is charged whole, the reservation itself (an estimate
+    standing for an unknown usage) what was taken."""
+    taken = min(reserve, limit)
+    return (taken if used == reserve else used) - taken
 
 
 def _culprit(states: list[BucketState], buckets: list[Bucket],

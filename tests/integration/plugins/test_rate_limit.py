@@ -457,6 +457,19 @@ async def test_a_reservation_past_the_limit_is_settled_from_what_was_taken(
     await p.close()
 
 
+def test_an_estimate_past_the_limit_is_charged_what_was_taken() -> None:
+    """Where the usage is unknown (an upstream answer cut, a stream without usage) the
+    reservation stands, as far as the bucket took it: a reservation of millions (n=128,
+    a huge max_tokens) must not block a bucket, perhaps a model's or everyone's, for
+    hours; a measured usage is charged whole."""
+    from plugins.rate_limit.plugin import _owed
+
+    assert _owed(100_000, 12_800_000, 12_800_000) == 0  # the estimate: what was taken
+    assert _owed(1000, 1900, 800) == -200  # measured: charged whole (800 of 1,000 taken)
+    assert _owed(1000, 500, 800) == 300
+    assert _owed(1000, 500, 100) == -400
+
+
 async def test_streams_cut_short_are_charged_what_they_generated(make_client: MakeClient
                                                                  ) -> None:
     """A client that drops each stream just before its end is charged the tokens it was
