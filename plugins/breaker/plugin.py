@@ -88,6 +88,8 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             slow_call_rate=config.slow_call_rate, open_s=config.open_s,
             half_open_calls=config.half_open_calls,
             half_open_max_wait_s=config.half_open_max_wait_s), clock, self._changed)
+        #: permit -> its call, until the call's outcome is told (once).
+        self._running: dict[int, RequestContext] = {}
         self.upstreams: dict[int, Upstream] = {
             i: Upstream(UpstreamEngineSettings.model_validate({
                 "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s}),
@@ -111,23 +113,28 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         return self.breaker.snapshot()
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
+        self._sweep()
         permit = self.breaker.allow()
         if permit is None:
             return await self._fallback(ctx, "open", None)
+        self._running[permit] = ctx
         try:
             reply = await call_next(ctx)
             if isinstance(reply, Stream) and reply.primed_at is None:
                 await reply.prime()  # an error before the first chunk can still fall back
         except BaseException as e:
             if is_engine_failure(e):
-                self.breaker.record(permit, failed=True)
+                self._record(permit, failed=True)
                 return await self._fallback(ctx, "engine", e)
             self._no_outcome(permit, ctx)
             if is_shed(e):
                 return await self._fallback(ctx, "shed", e)
             raise
         if not isinstance(reply, Stream):
-            self.breaker.record(permit, failed=False, slow=self._slow(ctx, time.monotonic()))
+            # (an upstream's whole answer tells no first token: its length is the
+            # caller's, and a hung upstream times out as a failure)
+            self._record(permit, failed=False,
+                         slow=ctx.engine_timed and self._slow(ctx, time.monotonic()))
             return reply
         # A primed stream's first chunk is in hand: an error before it was raised above
         # (and fell back); the first-token time is what makes a call slow.
@@ -136,10 +143,10 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
 
         def ended(stream: Stream, outcome: Outcome) -> None:
             if outcome == "completed":
-                self.breaker.record(permit, failed=False, slow=slow)
+                self._record(permit, failed=False, slow=slow)
             elif outcome == "failed" and stream.error is not None and is_engine_failure(
                     stream.error):
-                self.breaker.record(permit, failed=True)
+                self._record(permit, failed=True)
             else:
                 self._no_outcome(permit, ctx)
 
@@ -158,11 +165,29 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
     def _no_outcome(self, permit: int, ctx: RequestContext) -> None:
         """The call ended without an engine outcome (client gone, its own deadline, a
         local refusal): the permit goes back, unless the engine was slow all the same (it
-        had the request past `slow_call_s` with no first token: hung)."""
-        if self._slow(ctx, time.monotonic()):
-            self.breaker.record(permit, failed=False, slow=True)
-        else:
+        had the request past `slow_call_s` with no first token: hung; an upstream that
+        hangs times out, a failure)."""
+        if ctx.engine_timed and self._slow(ctx, time.monotonic()):
+            self._record(permit, failed=False, slow=True)
+        elif self._running.pop(permit, None) is not None:
             self.breaker.release(permit)
+
+    def _record(self, permit: int, *, failed: bool, slow: bool = False) -> None:
+        """A call's outcome, once: the sweep may have told it already (slow)."""
+        if self._running.pop(permit, None) is not None:
+            self.breaker.record(permit, failed=failed, slow=slow)
+
+    def _sweep(self) -> None:
+        """Calls the engine has had past `slow_call_s` with no first token are slow now,
+        not when their deadline or their client ends them: a hung engine opens the
+        breaker while requests queue behind it (their waits and sheds count for
+        nothing), not minutes later."""
+        now = time.monotonic()
+        late = [p for p, c in self._running.items() if c.engine_timed and
+                c.engine_ttft_s is None and c.engine_started is not None
+                and now - c.engine_started > self.cfg.slow_call_s]
+        for permit in late:
+            self._record(permit, failed=False, slow=True)
 
     async def _fallback(self, ctx: RequestContext, reason: str,
                         error: BaseException | None) -> Reply:

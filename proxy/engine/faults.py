@@ -95,7 +95,11 @@ class FaultyEngine:
             raise EngineFailed("injected fault")
         if self.mode == "hang":
             await asyncio.Event().wait()
-        if self.mode == "slow":
-            await asyncio.sleep(self.delay_s)  # the injected fault is the delay itself
+        delay = self.delay_s if self.mode == "slow" else 0.0
+        if delay:
+            await asyncio.sleep(delay)  # the injected fault is the delay itself
         async for out in self.inner.generate(prompt, options, request_id, **kw):
+            if delay and out.ttft_s is not None:  # the engine's own time leaves it out
+                out.ttft_s += delay
+            delay = 0.0
             yield out

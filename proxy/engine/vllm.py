@@ -551,9 +551,16 @@ def _rejected(e: Exception, schema_param: str) -> EngineRejected:
 
 
 def _ttft(out: Any) -> float | None:
-    """vLLM's own time to the request's first token (its stats, on every output)."""
+    """vLLM's own time to the request's first token (its stats, on every output), from
+    when its scheduler took the request (a wait in vLLM's queue, behind other requests,
+    is load, not slowness: its engine-core clock), else from its arrival."""
     stats = getattr(out, "metrics", None)
-    latency = getattr(stats, "first_token_latency", 0.0) if stats is not None else 0.0
+    if stats is None:
+        return None
+    first, scheduled = getattr(stats, "first_token_ts", 0.0), getattr(stats, "scheduled_ts", 0.0)
+    if first and scheduled and first >= scheduled:
+        return float(first - scheduled)
+    latency = getattr(stats, "first_token_latency", 0.0)
     return float(latency) if latency and latency > 0 else None
 
 

@@ -200,3 +200,35 @@ async def test_long_answers_and_queue_waits_never_open_the_breaker(
         if r.status == 503:
             break
     assert breaker.state == "open" and statuses[-1] == 503 and 504 in statuses
+
+
+async def test_a_hung_engine_opens_the_breaker_while_requests_queue_behind_it(
+        make_client: MakeClient) -> None:
+    """The calls a hung engine holds are slow once it has had them past `slow_call_s`
+    with no token, not when their (long) deadlines end them: the queue's waits and sheds
+    behind them count for nothing, and the breaker opens while the calls still hang."""
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()
+    client = await make_client(make_settings(auth=KEYS, plugins=[
+        {"name": "breaker", "config": {"minimum_calls": 2, "failure_rate": 0.5,
+                                       "slow_call_s": 0.2, "slow_call_rate": 0.5,
+                                       "open_s": 60}},
+        {"name": "admission", "config": {"max_concurrent": 2, "max_queue": 8,
+                                         "max_queue_wait_s": 0.3, "deadline_s": 60}}]),
+        engine=engine)
+    hung = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT,
+                                            headers=bearer("sk-tenant-a"))) for _ in range(2)]
+    try:
+        await engine.wait_until(lambda: len(engine.active) == 2)
+        codes = []
+        for _ in range(20):  # bounded: each is shed after its 0.3 s in the queue
+            r = await client.post("/v1/chat/completions", json=CHAT,
+                                  headers=bearer("sk-tenant-b"))
+            codes.append((await r.json())["error"]["code"])
+            if codes[-1] == "circuit_open":
+                break
+        assert codes[-1] == "circuit_open" and set(codes[:-1]) <= {"queue_timeout"}
+        assert all(not t.done() for t in hung)  # opened while they still hang
+    finally:
+        engine.token_gate.set()
+        await asyncio.gather(*hung)

@@ -236,8 +236,8 @@ def test_an_odd_type_inside_a_loosened_schema_is_a_400_not_a_500(odd: dict[str, 
 
 
 def test_the_engines_first_token_time_is_read_from_its_stats() -> None:
-    """vLLM measures each request's first token (from when it took the request), on
-    every output, a whole answer's too: what the breaker times a call by."""
+    """vLLM measures each request's first token, on every output, a whole answer's too:
+    what the breaker times a call by."""
     from types import SimpleNamespace
 
     from proxy.engine.vllm import _ttft
@@ -245,3 +245,6 @@ def test_the_engines_first_token_time_is_read_from_its_stats() -> None:
     assert _ttft(SimpleNamespace(metrics=SimpleNamespace(first_token_latency=0.25))) == 0.25
     assert _ttft(SimpleNamespace(metrics=SimpleNamespace(first_token_latency=0.0))) is None
     assert _ttft(SimpleNamespace(metrics=None)) is None
+    # from when its scheduler took the request: a wait in vLLM's own queue is load
+    queued = SimpleNamespace(scheduled_ts=105.0, first_token_ts=105.5, first_token_latency=9.0)
+    assert _ttft(SimpleNamespace(metrics=queued)) == 0.5

@@ -252,3 +252,33 @@ async def test_client_abort_mid_stream_releases_the_permit() -> None:
     await it.__anext__()
     await reply.aclose()
     assert p.breaker.trials_in_flight == 0 and p.breaker.state == "half_open"
+
+
+async def test_a_whole_answer_is_slow_only_by_the_engines_first_token() -> None:
+    """An answer's length is the caller's: a long whole answer is not slow, from the
+    in-process engine (it tells its first token) or an upstream (it tells none; a hung
+    one times out, a failure). A late first token is."""
+    import time
+
+    p = plugin(slow_call_s=1, slow_call_rate=0.5, minimum_calls=4)
+
+    async def upstream_whole(c: RequestContext) -> Reply:  # ten seconds, no token told
+        c.engine_started = time.monotonic() - 10
+        return Completion({"ok": True})
+
+    async def local_whole(c: RequestContext) -> Reply:  # ten seconds, a token at once
+        c.engine_started, c.engine_timed, c.engine_ttft_s = time.monotonic() - 10, True, 0.1
+        return Completion({"ok": True})
+
+    async def local_late(c: RequestContext) -> Reply:
+        c.engine_started, c.engine_timed, c.engine_ttft_s = time.monotonic() - 10, True, 2.0
+        return Completion({"ok": True})
+
+    for f in (upstream_whole, local_whole) * 3:
+        await p(ctx(), f)
+    assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 6
+    for _ in range(8):
+        if p.breaker.state == "open":
+            break
+        await p(ctx(), local_late)
+    assert p.breaker.state == "open"
