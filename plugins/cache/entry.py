@@ -13,6 +13,7 @@ the request streams (usage chunk included when asked), whole otherwise.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, fields
@@ -77,6 +78,9 @@ class Entry:
                 isinstance(d["usage"].get(k), int) for k in ("prompt_tokens",
                                                               "completion_tokens")):
             raise BadEntry("choices or usage")
+        if d["route"] not in ("chat", "completion") or not all(
+                math.isfinite(d[k]) for k in ("created", "expires", "stale_until") if k in d):
+            raise BadEntry("route or times")
         return cls(**{k: v for k, v in d.items() if k in _TYPES})
 
     def fresh(self, now: float) -> bool:
@@ -116,7 +120,14 @@ class BadEntry(ValueError):
 def _choice_ok(c: Any) -> bool:
     return (isinstance(c, dict) and isinstance(c.get("index"), int)
             and isinstance(c.get("text"), str) and isinstance(c.get("finish_reason"), str)
-            and isinstance(c.get("tool_calls", []), list))
+            and isinstance(c.get("tool_calls", []), list)
+            and all(_call_ok(t) for t in c.get("tool_calls", [])))
+
+
+def _call_ok(t: Any) -> bool:
+    fn = t.get("function") if isinstance(t, dict) else None
+    return (isinstance(fn, dict) and isinstance(fn.get("name"), str)
+            and isinstance(fn.get("arguments"), str))
 
 
 def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]],

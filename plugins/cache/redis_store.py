@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import numpy as np
 from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from proxy.redis_client import blocking_client
 from proxy.tasks import cancel_and_wait, lost_cancellation
@@ -55,6 +55,15 @@ log = get_logger("weir.cache.redis")
 
 def _matches(match: Callable[[Entry], bool], entry: Entry | None) -> bool:
     return entry is not None and match(entry)
+
+
+async def _or_none(call: Awaitable[Any]) -> Any:
+    """A read of one key in a scan; None where the key holds another type (WRONGTYPE):
+    one stray key must not stop a scan over the rest."""
+    try:
+        return await call
+    except ResponseError:
+        return None
 T = TypeVar("T")
 EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -179,8 +188,9 @@ class RedisStore:
             question = d.get("q") or d["g"]
             vec = np.frombuffer(base64.b64decode(d["v"], validate=True),
                                 dtype="<f4").astype(np.float32)
-            if not isinstance(question, str) or not isinstance(d["e"], str | bytes):
-                raise TypeError
+            if not isinstance(question, str) or not isinstance(d["e"], str | bytes) or (
+                    not len(vec) or not np.isfinite(vec).all()):
+                raise TypeError  # (a NaN would win every search in its partition)
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             raise BadEntry("semantic entry") from None
         return vec, Entry.from_json(d["e"]), question
@@ -217,7 +227,8 @@ class RedisStore:
             async with asyncio.timeout(max(5.0, self.cfg.timeout_s * 100)):
                 async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
                     partition = _s(name)[len(self.p) + 2:]
-                    for entry_id, raw in (await self.client.hgetall(name)).items():
+                    for entry_id, raw in (await _or_none(self.client.hgetall(name)) or {}
+                                          ).items():
                         if (got := self._unpacked(raw)) is None:
                             continue
                         vec, entry, q = got
@@ -277,23 +288,33 @@ class RedisStore:
                     semantic_ids: list[tuple[str, str]] | None = None,
                     ) -> tuple[int, int] | None:
         """Delete matching exact and semantic entries, and the ones named (a replica's
-        own matches: it knows their prompts, Redis may not); (exact, semantic) counts."""
+        own matches: it knows their prompts, Redis may not); (exact, semantic) counts.
+        An entry that cannot be read cannot be shown not to match: it goes too (not
+        counted), and a key of another type is passed over."""
         exact = semantic = 0
         named = {self.p + "x:" + k for k in keys or []}
         named_sem = {(self.p + "s:" + part, eid) for part, eid in semantic_ids or []}
         try:
             async with asyncio.timeout(max(30.0, self.cfg.timeout_s * 200)):
                 async for name in self.client.scan_iter(match=self.p + "x:*", count=500):
-                    raw = await self.client.get(name)
+                    raw = await _or_none(self.client.get(name))
+                    if not raw:
+                        continue
                     key = name.decode() if isinstance(name, bytes) else name
-                    if raw and (key in named or _matches(match, self._read(raw, "exact"))):
+                    entry = self._read(raw, "exact")
+                    if entry is None:
+                        await self.client.delete(name)
+                    elif key in named or match(entry):
                         exact += await self.client.delete(name)
                 async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
                     hname = name.decode() if isinstance(name, bytes) else name
-                    for entry_id, raw in (await self.client.hgetall(name)).items():
+                    for entry_id, raw in (await _or_none(self.client.hgetall(name)) or {}
+                                          ).items():
                         eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                         got = self._unpacked(raw)
-                        if (hname, eid) in named_sem or (got is not None and match(got[1])):
+                        if got is None:
+                            await self.client.hdel(name, entry_id)
+                        elif (hname, eid) in named_sem or match(got[1]):
                             semantic += await self.client.hdel(name, entry_id)
         except (RedisError, OSError, TimeoutError) as e:
             self._failed("purge", e)
@@ -309,15 +330,15 @@ class RedisStore:
                 if match is None:
                     exact += 1
                 else:
-                    raw = await self.client.get(name)
+                    raw = await _or_none(self.client.get(name))
                     exact += bool(raw and _matches(match, self._read(raw, "exact")))
             async for name in self.client.scan_iter(match=self.p + "s:*", count=1000):
                 if match is None:
-                    semantic += await self.client.hlen(name)
+                    semantic += await _or_none(self.client.hlen(name)) or 0
                 else:
-                    semantic += sum(
-                        got is not None and match(got[1])
-                        for got in map(self._unpacked, (await self.client.hgetall(name)).values()))
+                    held = await _or_none(self.client.hgetall(name)) or {}
+                    semantic += sum(got is not None and match(got[1])
+                                    for got in map(self._unpacked, held.values()))
             return {"exact": exact, "semantic": semantic}
 
         try:

@@ -522,7 +522,7 @@ class CacheStore:
             got = await self.redis.get_semantic(event["p"], event["id"])
             if got is not None:
                 vec, entry, question = got
-                if not self.purged_since(entry.created, entry):
+                if len(vec) == self.index.dim and not self.purged_since(entry.created, entry):
                     self._index_add(event["p"], event["id"], vec, entry, question)
         elif op == "purge":
             f = event.get("filter") or {}

@@ -5,11 +5,14 @@ going away and coming back, and cancelled Redis commands."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import random
 import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from bench.redis_server import RedisServer
@@ -501,6 +504,13 @@ async def test_garbage_in_redis_is_a_miss_never_a_crash(make_client: MakeClient,
                       b'{"op": "add"}', b'{"op": "add", "p": "deadbeef", "id": "id1"}'):
             await r.publish(prefix + "events", event)
         await r.set(prefix + "x:bad", "[1,2,3]")
+        await r.set(prefix + "x:nan", good.replace(b'"created":', b'"created":NaN,"x":'))
+        await r.hset(prefix + "x:wrongtype", "a", "b")  # another type under the prefix
+        nan = base64.b64encode(np.full(384, np.nan, dtype="<f4").tobytes()).decode()
+        await r.hset(prefix + "s:nanpart", "n1",
+                     json.dumps({"v": nan, "g": "#", "e": good.decode()}))
+        held = len(cache_of(b).store.index)
+        await r.publish(prefix + "events", json.dumps({"op": "add", "p": "nanpart", "id": "n1"}))
         assert (await ask(b, "Tell me about the spring sale"))[0] == "miss"
         assert (await ask(b, "Tell me about the spring sale"))[0] == "exact"
         stats = await b.get("/admin/cache/stats", headers=h("k-admin"))
@@ -508,6 +518,10 @@ async def test_garbage_in_redis_is_a_miss_never_a_crash(make_client: MakeClient,
         purge = await a.post("/admin/cache/purge", json={"user": "alice"},
                              headers=h("k-admin"))
         assert purge.status == 200, await purge.text()
+        # what no replica can read cannot be shown not to match: it went too
+        assert not await r.exists(prefix + "x:bad") and not await r.exists(prefix + "x:nan")
+        assert not await r.hexists(prefix + "s:nanpart", "n1")
+        assert len(cache_of(b).store.index) <= held + 1  # the NaN vector never joined
         # b's listener lived through the bad events: a's purge reaches b's memory
         await eventually(lambda: len(cache_of(b).store.l1 or []) == 0, timeout=2.0)
         for client in (a, b, c):
