@@ -89,6 +89,10 @@ class Choices:
             self._span.end(u["prompt_tokens"], u["completion_tokens"], e)
             self._span = None
         if e is not None:
+            if self._ctx.engine_ttft_s is None and self._prep.options.generated:
+                # a whole answer cut before its end had tokens all the same (when the
+                # first came is not known): an engine at work, not a hung one
+                self._ctx.engine_ttft_s = 0.0
             spent = self._spent()
             if self._stream is not None and self._stream.usage is None:
                 self._stream.usage = spent

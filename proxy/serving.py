@@ -164,6 +164,7 @@ class LocalServing:
             prep.options.max_tokens = min(prep.options.max_tokens, ctx.output_ceiling)
         ctx.prompt_tokens = sum(len(p) for p in prep.prompts)
         prep.options.final_only = not req.stream and not prep.streams_calls
+        ctx.engine_live = not prep.options.final_only
         ctx.engine_started, ctx.engine_timed = time.monotonic(), True
         outputs = engine_outputs(self.engine, prep, ctx)
         span = EngineSpan(req.model)

@@ -178,12 +178,13 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             self.breaker.record(permit, failed=failed, slow=slow)
 
     def _sweep(self) -> None:
-        """Calls the engine has had past `slow_call_s` with no first token are slow now,
-        not when their deadline or their client ends them: a hung engine opens the
-        breaker while requests queue behind it (their waits and sheds count for
-        nothing), not minutes later."""
+        """Streamed calls the engine has had past `slow_call_s` with no first token are
+        slow now, not when their deadline or their client ends them: a hung engine opens
+        the breaker while requests queue behind it (their waits and sheds count for
+        nothing), not minutes later. A whole answer tells its first token only with its
+        end: one cut with no token generated is slow when it ends."""
         now = time.monotonic()
-        late = [p for p, c in self._running.items() if c.engine_timed and
+        late = [p for p, c in self._running.items() if c.engine_live and
                 c.engine_ttft_s is None and c.engine_started is not None
                 and now - c.engine_started > self.cfg.slow_call_s]
         for permit in late:

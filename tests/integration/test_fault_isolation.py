@@ -204,9 +204,10 @@ async def test_long_answers_and_queue_waits_never_open_the_breaker(
 
 async def test_a_hung_engine_opens_the_breaker_while_requests_queue_behind_it(
         make_client: MakeClient) -> None:
-    """The calls a hung engine holds are slow once it has had them past `slow_call_s`
-    with no token, not when their (long) deadlines end them: the queue's waits and sheds
-    behind them count for nothing, and the breaker opens while the calls still hang."""
+    """The streamed calls a hung engine holds are slow once it has had them past
+    `slow_call_s` with no token, not when their (long) deadlines end them: the queue's
+    waits and sheds behind them count for nothing, and the breaker opens while the calls
+    still hang."""
     engine = FakeEngine()
     engine.token_gate = asyncio.Event()
     client = await make_client(make_settings(auth=KEYS, plugins=[
@@ -216,7 +217,8 @@ async def test_a_hung_engine_opens_the_breaker_while_requests_queue_behind_it(
         {"name": "admission", "config": {"max_concurrent": 2, "max_queue": 8,
                                          "max_queue_wait_s": 0.3, "deadline_s": 60}}]),
         engine=engine)
-    hung = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT,
+    hung = [asyncio.create_task(client.post("/v1/chat/completions",
+                                            json={**CHAT, "stream": True},
                                             headers=bearer("sk-tenant-a"))) for _ in range(2)]
     try:
         await engine.wait_until(lambda: len(engine.active) == 2)
@@ -231,4 +233,31 @@ async def test_a_hung_engine_opens_the_breaker_while_requests_queue_behind_it(
         assert all(not t.done() for t in hung)  # opened while they still hang
     finally:
         engine.token_gate.set()
-        await asyncio.gather(*hung)
+        for r in await asyncio.gather(*hung):
+            await r.read()
+
+
+async def test_a_whole_answer_cut_after_its_tokens_came_is_not_slow(
+        make_client: MakeClient) -> None:
+    """A whole answer tells its first token only with its end. Cut before it (the
+    client's deadline) after the engine had generated tokens, it is an engine at work,
+    not a hung one: it never counts as slow (one cut with none does, as a hang)."""
+
+    class Generating(FakeEngine):
+        async def generate(self, prompt: list[int], options: Any, request_id: str,
+                           **kw: Any) -> Any:
+            options.generated += 5  # as vLLM's final-only reader counts a cut request's
+            await asyncio.Event().wait()
+            yield  # (a generator)
+
+    client = await make_client(make_settings(auth=KEYS, plugins=[
+        {"name": "breaker", "config": {"minimum_calls": 2, "failure_rate": 0.5,
+                                       "slow_call_s": 0.1, "slow_call_rate": 0.5,
+                                       "open_s": 60}},
+        {"name": "admission", "config": {"max_concurrent": 8, "max_queue": 8}}]),
+        engine=Generating())
+    for _ in range(4):
+        r = await client.post("/v1/chat/completions", json=CHAT,
+                              headers={**bearer("sk-tenant-a"), "x-weir-timeout-ms": "300"})
+        assert r.status == 504
+    assert plugin(client, "breaker").breaker.state == "closed"

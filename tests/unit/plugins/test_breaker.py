@@ -282,3 +282,32 @@ async def test_a_whole_answer_is_slow_only_by_the_engines_first_token() -> None:
             break
         await p(ctx(), local_late)
     assert p.breaker.state == "open"
+
+
+async def test_a_whole_answer_still_generating_is_not_swept() -> None:
+    """A whole answer tells its first token only with its end: one the engine has had
+    past `slow_call_s` while others arrive is not taken for hung (it was, and a tenant's
+    long whole answers would have opened the circuit); its own first token decides."""
+    import time
+
+    p = plugin(slow_call_s=1, slow_call_rate=0.5, minimum_calls=2)
+    gate, both_in = asyncio.Event(), asyncio.Event()
+    started = 0
+
+    async def long_whole(c: RequestContext) -> Reply:
+        nonlocal started
+        c.engine_started, c.engine_timed = time.monotonic() - 10, True  # not live
+        started += 1
+        if started == 2:
+            both_in.set()
+        await gate.wait()
+        c.engine_ttft_s = 0.1  # known at its end: the first token came at once
+        return Completion({"ok": True})
+
+    running = [asyncio.create_task(p(ctx(), long_whole)) for _ in range(2)]
+    await both_in.wait()  # both are in the engine
+    for _ in range(2):
+        await p(ctx(), ok)  # each arrival sweeps
+    gate.set()
+    await asyncio.gather(*running)
+    assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 4
