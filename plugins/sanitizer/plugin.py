@@ -172,12 +172,13 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def _process(self, text: str, fired: dict[str, str], folded: str | None = None,
                  extra: list[tuple[Span, str]] | None = None) -> tuple[str, str]:
         """(text for the cache key, text for the engine). `extra`: spans to redact that
-        were found across texts (a card split over two messages). Detectors read the
-        normalized text; a clean text goes on folded (`fold`: its layout kept, so code
-        keeps its indentation and a part its trailing space; the cache normalizes what
-        it keys on), a redacted one as the normalized text redacted."""
+        were found across texts (a card split over two messages); `folded`: `_fold(text)`,
+        where the caller has it. Detectors read the text as a reader does (`scanned`); it
+        goes on folded (its layout kept, so code keeps its indentation and a part its
+        trailing space; the cache normalizes what it keys on), redacted there where a
+        detector said so."""
         if folded is None:
-            folded = fold(text) if self.cfg.normalize else text
+            folded = self._fold(text)
         norm = scanned(folded) if self.cfg.normalize else text
         engine = folded if self.cfg.engine_sees == "normalized" else text
         if not extra and norm in self._clean:
@@ -206,6 +207,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if not found and len(norm) <= _CLEAN_CHARS:
             self._remember_clean(norm)
         return folded, engine
+
+    def _fold(self, text: str) -> str:
+        """`text` as it goes on when nothing in it is redacted: folded, when normalizing."""
+        return fold(text) if self.cfg.normalize else text
 
     def _remember_clean(self, norm: str) -> None:
         """Texts in which no detector found anything: repeated traffic (an FAQ) skips
@@ -241,7 +246,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             elif isinstance(m.content, list):
                 texts += [getattr(p, f) for p in m.content
                           if (f := _PART_TEXT.get(type(p))) is not None]
-        folds = [fold(t) for t in texts] if self.cfg.normalize else texts
+        folds = [self._fold(t) for t in texts]
         extra = self._across([scanned(f) for f in folds] if self.cfg.normalize else texts,
                              fired)
         done = iter([self._process(t, fired, f, x)
@@ -308,8 +313,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 i = j
                 continue
             joined = "".join(_part_text(p) for p in parts[i:j])
-            k, e = self._process(joined, fired)  # (what it finds is fired)
-            if k != (fold(joined) if self.cfg.normalize else joined) and self._redacts(
+            folded = self._fold(joined)
+            k, e = self._process(joined, fired, folded)  # (what it finds is fired)
+            if k != folded and self._redacts(
                     "".join(_part_text(p) for p in kp[i:j])):
                 out_k.append(TextPart(type="text", text=k))  # found across parts
                 out_e.append(TextPart(type="text", text=e))
@@ -321,7 +327,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _redacts(self, text: str) -> bool:
         """Whether a `redact` detector finds anything in `text`."""
-        norm = scanned(fold(text)) if self.cfg.normalize else text
+        norm = scanned(self._fold(text)) if self.cfg.normalize else text
         try:
             return any(action == "redact" and next(iter(det.find(norm)), None) is not None
                        for det, action in self.detectors)
@@ -371,8 +377,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def _redacted(self, text: str, fired: dict[str, str]) -> str:
         """`text` as it came, or its redacted form where a `redact` detector fired (no
         normalizing otherwise: these texts are data, such as JSON, not prose)."""
-        key, _ = self._process(text, fired)
-        return text if key == (fold(text) if self.cfg.normalize else text) else key
+        folded = self._fold(text)
+        key, _ = self._process(text, fired, folded)
+        return text if key == folded else key
 
     def _json_text(self, text: str, fired: dict[str, str]) -> str:
         """A JSON document (call arguments): its strings are read decoded, as the chat
