@@ -24,7 +24,7 @@ from aiohttp.typedefs import Handler
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS
+from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from .errors import (
     ExpectationFailed,
     MethodNotAllowed,
@@ -62,10 +62,24 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # (the answer's size counts from here)
         return None
+    # Answered before the middlewares run: the request id and the access-log line are
+    # given here, as `request_id_middleware` and `access_log` give them.
+    rid = _request_id(request)
     resp = error_response(ExpectationFailed(
-        "Unsupported `Expect` header: only `100-continue` is supported.", param="Expect"))
+        "Unsupported `Expect` header: only `100-continue` is supported.", param="Expect"),
+        request_id=rid)
     resp.force_close()
+    state = request.app.get(STATE)
+    if state is None or state.settings.logging.access_log:
+        log.info("request", request_id=rid, method=request.method,
+                 path=logged_path(request), status=resp.status, latency_ms=0.0)
     return resp
+
+
+def _request_id(request: web.Request) -> str:
+    """The caller's `x-request-id` where it is sane, else a new one."""
+    rid = request.headers.get("x-request-id", "")
+    return rid if _REQUEST_ID.match(rid) else new_hex()
 
 
 #: Every route's options: `Expect` handled as above.
@@ -74,9 +88,7 @@ ROUTE_OPTS: dict[str, Any] = {"expect_handler": expect_continue}
 
 @web.middleware
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    rid = request.headers.get("x-request-id", "")
-    if not _REQUEST_ID.match(rid):
-        rid = new_hex()
+    rid = _request_id(request)
     request[REQUEST_ID] = rid
     request[INFO] = {}
     # bind + reset by token: `bound_contextvars` reads every context variable first,

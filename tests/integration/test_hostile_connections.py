@@ -23,9 +23,10 @@ KEY = "sk-LEAKCHECK-5c1d0e7f9a2b4c6d"
 WAIT = 10  # bound on any wait for the server; the limits under test are well below it
 
 
-async def start(**server: Any) -> Listener:
+async def start(access_log: bool = False, **server: Any) -> Listener:
     settings = make_settings(server={"host": "127.0.0.1", "port": 0, **server},
-                             auth={"mode": "keys", "keys": [{"key": KEY}]})
+                             auth={"mode": "keys", "keys": [{"key": KEY}]},
+                             logging={"access_log": access_log})
     app = create_app(settings, engine=FakeEngine())
     return await listen(app, settings.server, "127.0.0.1", 0)
 
@@ -211,11 +212,13 @@ async def test_a_key_that_is_not_utf8_is_a_401_not_a_500(served: Listener, path:
     assert "unhandled" not in logs.getvalue()
 
 
-@pytest.mark.parametrize("served", [{}], indirect=True)
-async def test_an_expectation_it_cannot_meet_is_an_openai_417(served: Listener) -> None:
+@pytest.mark.parametrize("served", [{"access_log": True}], indirect=True)
+async def test_an_expectation_it_cannot_meet_is_an_openai_417(logs: io.StringIO,
+                                                               served: Listener) -> None:
     """`Expect: 100-continue` gets its `100 Continue` and then the answer; any other
     expectation an OpenAI-shaped 417 (aiohttp's own was plain text) that ends the
-    connection."""
+    connection. Answered before the middlewares, it still carries the caller's request id
+    and has its access-log line."""
     from tests.openai_spec import validate
 
     body = json.dumps({"model": "fake-model", "max_tokens": 2,
@@ -233,9 +236,12 @@ async def test_an_expectation_it_cannot_meet_is_an_openai_417(served: Listener) 
     assert (await response(reader))[0] == 200
     writer.close()
     reader, writer = await connect(served)
-    writer.write(head + b"Expect: something-else\r\n\r\n" + body)
+    writer.write(head + b"X-Request-Id: req-417-a\r\nExpect: something-else\r\n\r\n" + body)
     status, headers, raw = await response(reader)
     assert status == 417 and headers.get("connection") == "close"
+    assert headers.get("x-request-id") == "req-417-a"
+    lines = [json.loads(line) for line in logs.getvalue().splitlines() if "req-417-a" in line]
+    assert [(x["status"], x["path"]) for x in lines] == [(417, "/v1/chat/completions")]
     error = json.loads(raw)
     validate("ErrorResponse", error)
     assert error["error"]["code"] == "expectation_failed"
