@@ -61,7 +61,12 @@ class SemanticConfig(_Part):
 
 class RedisConfig(_Part):
     url: RedisUrl | None = Field(None, description="redis://host:port/db (None: no Redis).")
-    timeout_s: float = Field(0.05, gt=0, description="Per-command timeout; slower = down.")
+    timeout_s: float = Field(0.05, gt=0, description="Per-command timeout of reads (on "
+                             "the request's path); slower = down.")
+    write_timeout_s: float = Field(
+        1.0, gt=0, description="Per-command timeout of writes (storing an answer, "
+        "evictions, deletes, events), which run after the answer has gone out: a busy "
+        "Redis still takes them instead of the entry being lost.")
     key_prefix: str = Field("weir:cache:", min_length=1, description="Prefix of every key.")
     max_connections: int = Field(64, ge=1, description="Connection pool size.")
     store_prompts: bool = Field(

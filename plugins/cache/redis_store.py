@@ -12,7 +12,8 @@ A stored answer is one round trip: `persist` runs one Lua script that writes the
 entry, the semantic entry (and announces it), and counts both against the owner's cap
 (deleting and announcing what the cap evicts).
 
-Every command runs under `timeout_s`: a slow Redis counts as a down Redis. Failures
+Every read runs under `timeout_s`, every write (off the request's path) under
+`write_timeout_s`: a slow Redis counts as a down Redis. Failures
 never reach the client: the call returns None, a metric and a (rate-limited) log line
 record it, and the next call tries again, so the cache uses Redis again once it returns.
 A command cancelled by the timeout makes redis-py drop that connection (redis >= 4.5.4),
@@ -113,7 +114,8 @@ class RedisStore:
         self.replica = replica
         self._errors = errors
         self._last_log: dict[str, float] = {}
-        self.client = blocking_client(cfg.url, cfg.timeout_s, cfg.max_connections,
+        self.client = blocking_client(cfg.url, max(cfg.timeout_s, cfg.write_timeout_s),
+                                      cfg.max_connections,
                                       health_check_interval=5)
         self._listener: asyncio.Task[None] | None = None
         self._persist = self.client.register_script(_PERSIST)
@@ -126,11 +128,13 @@ class RedisStore:
         await cancel_and_wait(self._listener)
         await self.client.aclose()
 
-    async def _call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+    async def _call(self, op: str, fn: Callable[[], Awaitable[T]],
+                    write: bool = False) -> T | None:
         try:
             with lost_cancellation(), span(f"redis {op}", kind=SpanKind.CLIENT,
                                            **{"db.system": "redis"}):
-                async with asyncio.timeout(self.cfg.timeout_s):
+                async with asyncio.timeout(self.cfg.write_timeout_s if write
+                                           else self.cfg.timeout_s):
                     result = await fn()
         except (RedisError, OSError, TimeoutError) as e:
             self._failed(op, e)
@@ -218,7 +222,7 @@ class RedisStore:
                     pipe.hdel(self.p + "s:" + partition, entry_id)
                 return await pipe.execute()
 
-        await self._call("hdel", run)
+        await self._call("hdel", run, write=True)
 
     async def load_semantic(self, limit: int) -> list[tuple[str, str, np.ndarray, Entry, str]]:
         """Every stored semantic entry (up to `limit`), for a replica that starts."""
@@ -267,7 +271,8 @@ class RedisStore:
             data if exact else "", _px(exact_ttl_s), field, value, _px(semantic_ttl_s),
             self.p + "events", event, cap, _px(user_ttl_s), repr(time.time()), self.p,
             self.replica, *members]
-        popped = await self._call("persist", lambda: self._persist(keys=keys, args=args))
+        popped = await self._call("persist", lambda: self._persist(keys=keys, args=args),
+                                 write=True)
         return None if popped is None else [_s(m) for m in popped]
 
     async def release(self, tenant: str, user: str, members: list[str]) -> None:
@@ -275,12 +280,12 @@ class RedisStore:
         time and then never stored (a pending answer dropped before its vector came)."""
         if members:
             await self._call("zrem", lambda: self.client.zrem(self.user_key(tenant, user),
-                                                              *members))
+                                                              *members), write=True)
 
     async def delete_exact(self, keys: list[str]) -> None:
         if keys:
             await self._call("del", lambda: self.client.delete(*[self.p + "x:" + k
-                                                                 for k in keys]))
+                                                                 for k in keys]), write=True)
 
     # ------------------------------------------------------------------- purge
 
@@ -357,7 +362,8 @@ class RedisStore:
         """Whether Redis took the event (to pass on to every replica)."""
         data = self._event(event)
         return await self._call("publish",
-                                lambda: self.client.publish(self.p + "events", data)) is not None
+                                lambda: self.client.publish(self.p + "events", data),
+                                write=True) is not None
 
     async def _handle(self, data: Any, on_event: EventHandler) -> None:
         """One event: one that cannot be read, or whose handling fails, is logged and

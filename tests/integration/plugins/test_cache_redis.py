@@ -308,6 +308,35 @@ async def test_cancelled_commands_never_cross_keys(redis_server: RedisServer) ->
     await store.close()
 
 
+async def test_a_busy_redis_still_takes_writes_that_reads_give_up_on(
+        redis_server: RedisServer) -> None:
+    """A read is on the request's path and gives up after `timeout_s` (a miss); a write
+    runs after the answer has gone out and waits up to `write_timeout_s`, so a Redis busy
+    for longer than a read may wait still stores the answer (with one timeout for both,
+    a busy machine lost stored answers to neither Redis nor the other replicas)."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                   timeout_s=0.05, write_timeout_s=5.0), errors, "r")
+    other = RedisStore(RedisConfig(url=redis_server.url, key_prefix=store.p), errors, "o")
+    entry = Entry(key="k", route="chat", model="m", scope="s", tenant="t", role="r", user="u",
+                  prompt="p", usage={"prompt_tokens": 1, "completion_tokens": 1},
+                  choices=[{"index": 0, "text": "kept", "finish_reason": "stop"}],
+                  expires=1e12, stale_until=1e12)
+    try:
+        assert await other.client.client_pause(300) is True  # Redis busy for 0.3 s
+        assert await store.get_exact("k") is None
+        assert errors.labels("get")._value.get() == 1  # the read gave up ...
+        assert await store.persist(entry, True, 60, None, 60, ["x:k"], 1000, 60) == []
+        assert errors.labels("persist")._value.get() == 0  # ... the write waited
+        got = await store.get_exact("k")
+        assert got is not None and got.choices[0]["text"] == "kept"
+    finally:
+        await store.close()
+        await other.close()
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_concurrent_identical_requests_generate_once(
         make_client: MakeClient, redis_server: RedisServer, stream: bool) -> None:
