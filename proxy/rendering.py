@@ -198,9 +198,16 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
                                     track.prompt_logprobs.get(i // req.n))
               if req.logprobs is not None else None)
         out_choices.append(R.completion_choice(
-            i, prefix + text, "length" if prep.echo_only else R.finish(ch.reason), lp))
+            i, prefix + text, _completion_finish(prep, ch.reason), lp))
     return Completion(R.completion_body(id=R.new_id("cmpl"), model=req.model,
                                         created=R.now(), choices=out_choices, usage_=usage))
+
+
+def _completion_finish(prep: Prepared, reason: str | None) -> str:
+    """A completion choice's finish reason: the engine's in OpenAI's terms ("stop" where
+    it gave none), and "length" for `max_tokens: 0` (its one hidden token is not the
+    answer: the answer stopped at its limit, as OpenAI's says)."""
+    return "length" if prep.echo_only else R.finish(reason)
 
 
 # ------------------------------------------------------------------------------ streams
@@ -289,9 +296,7 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                         offsets[idx] = len(prep.echo_texts[out.prompt_index])
                         prompt_lp = track.prompt_logprobs.get(out.prompt_index)
                     ch.started = True
-                    reason = R.finish(c.finish_reason) if c.finish_reason else None
-                    if reason and prep.echo_only:
-                        reason = "length"
+                    reason = _completion_finish(prep, c.finish_reason) if c.finish_reason else None
                     if not text and reason is None:
                         if req.logprobs is not None:  # (an echo of no text: its entries too)
                             ch.held += [*(prompt_lp or []), *(new or [])]
@@ -313,7 +318,7 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
     stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()
     if missing:
-        closing = "length" if prep.echo_only else "stop"  # (as the whole answer says)
+        closing = _completion_finish(prep, None)  # (as the whole answer says)
         for i in missing:
             track.by_index.setdefault(i, _Choice()).reason = closing
         yield R.completion_body(id=cid, model=model, created=created, usage_=None,
