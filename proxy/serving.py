@@ -133,6 +133,16 @@ class LocalServing:
             return fault_routes(self.engine)
         return []
 
+    def read_tokens(self, token_ids: list[int]) -> str | None:
+        vocab = self.engine.vocab_size
+        if not self.engine.ready() or vocab is None or any(
+                not 0 <= t < vocab for t in token_ids):
+            return None
+        try:
+            return self.engine.decode(token_ids)
+        except Exception:  # (the request's own checks answer for ids the tokenizer refuses)
+            return None
+
     def has_model(self, model: str) -> bool:
         if self._models is None:
             ids = frozenset(m.id for m in self.engine.models())

@@ -42,6 +42,11 @@ class Terminal(Protocol):
     def routes(self) -> list[Route]:
         """HTTP routes of its own (method, path, handler), e.g. fault injection."""
 
+    def read_tokens(self, token_ids: list[int]) -> str | None:
+        """The text of a prompt given as token ids, as the model reads it, for plugins
+        that read prompts (the sanitizer); None where it cannot be told (an upstream
+        holds its tokenizer; the engine is not ready; an id outside the vocabulary)."""
+
 
 def make_terminal(settings: Settings, engine: Engine | None = None) -> Terminal:
     """`engine` given (tests, benchmarks): serve it. Otherwise as `settings.engine` says."""

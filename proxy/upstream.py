@@ -101,6 +101,9 @@ class Upstream:
     def routes(self) -> list[tuple[str, str, Any]]:
         return []
 
+    def read_tokens(self, token_ids: list[int]) -> str | None:
+        return None  # (the upstream holds the tokenizer)
+
     def has_model(self, model: str) -> bool:
         return not self.check_models or not self._models or model in self._models
 

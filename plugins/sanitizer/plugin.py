@@ -423,13 +423,44 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             pairs = [self._process(t, fired) for t in p]  # type: ignore[arg-type]
             key = _with(req, "prompt", [k for k, _ in pairs])
             engine = _with(req, "prompt", [e for _, e in pairs])
-        else:  # token ids: nothing the detectors can read, so nothing they cleared
-            key, engine = req, req
-            fired["unscreened"] = "flag"  # (never cached, never served from the cache)
+        else:
+            key, engine = self._token_ids(req, fired)
         if req.suffix:
             k, e = self._process(req.suffix, fired)
             key, engine = _with(key, "suffix", k), _with(engine, "suffix", e)
         return key, engine
+
+    def _token_ids(self, req: CompletionRequest, fired: dict[str, str],
+                   ) -> tuple[CompletionRequest, CompletionRequest]:
+        """A prompt of token ids, read as the model reads it where the terminal can tell
+        its text (a local engine's tokenizer): it goes on as ids, unless a detector
+        redacted something; then the redacted text goes on instead, for the cache key and
+        the engine alike (a card, an address or an injection sent as ids had gone through
+        every detector). Where the ids cannot be read (an upstream holds the tokenizer),
+        nothing cleared them: flagged `unscreened`, never cached nor served from the
+        cache."""
+        prompts = req.prompts()
+        read = self.services.terminal.read_tokens
+        texts = [read(ids) for ids in prompts if isinstance(ids, list)]
+        if len(texts) != len(prompts) or any(t is None for t in texts):
+            fired["unscreened"] = "flag"
+            return req, req
+        keys: list[Any] = []
+        engines: list[Any] = []
+        for ids, text in zip(prompts, texts, strict=True):
+            assert text is not None
+            folded = self._fold(text)
+            k, e = self._process(text, fired, folded)
+            keys.append(ids if k == folded else k)
+            engines.append(ids if k == folded else e)
+        if all(k is ids for k, ids in zip(keys, prompts, strict=True)):
+            return req, req
+        if len(prompts) == 1 and not isinstance(req.prompt[0], list):
+            return _with(req, "prompt", keys[0]), _with(req, "prompt", engines[0])
+        if any(isinstance(k, str) for k in keys):  # (a list is all text or all ids)
+            keys = [k if isinstance(k, str) else read(k) for k in keys]
+            engines = [e if isinstance(e, str) else read(e) for e in engines]
+        return _with(req, "prompt", keys), _with(req, "prompt", engines)
 
 
 #: The text field of each kind of content part the sanitizer reads.

@@ -23,6 +23,7 @@ from proxy.chain import Completion, Reply, Services
 from proxy.context import RequestContext
 from proxy.errors import InvalidRequest
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from proxy.serving import LocalServing
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from proxy.text import normalize
@@ -154,12 +155,13 @@ def test_look_alikes_leave_other_scripts_alone() -> None:
         assert not list(INJECTION.find(normalize(text)))
 
 
-def services() -> Services:
-    return Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
+def services(terminal: Any = None) -> Services:
+    return Services(terminal=terminal or LocalServing(FakeEngine()), settings=Settings(),
+                    metrics=Metrics())
 
 
-def plugin(**cfg: Any) -> SanitizerPlugin:
-    return SanitizerPlugin(SanitizerConfig.model_validate(cfg), services())
+def plugin(terminal: Any = None, **cfg: Any) -> SanitizerPlugin:
+    return SanitizerPlugin(SanitizerConfig.model_validate(cfg), services(terminal))
 
 
 def chat_ctx(content: Any, **kw: Any) -> RequestContext:
@@ -448,14 +450,22 @@ async def test_a_completions_suffix_is_read() -> None:
     assert ctx.request.suffix == "[EMAIL]" and ctx.flags == {"email"}  # type: ignore[union-attr]
 
 
+class Unreadable:
+    """A terminal that cannot tell the text of token ids (an upstream holds its tokenizer)."""
+
+    def read_tokens(self, token_ids: list[int]) -> None:
+        return None
+
+
 @pytest.mark.parametrize("prompt", [[17, 42, 99], [[17, 42], [99]]])
 async def test_token_id_prompts_are_unscreened_and_never_cached(prompt: Any) -> None:
-    """Token ids hold text no detector reads (an injection, an address, a card sent as
-    ids went through and was cached): flagged `unscreened`, so the cache leaves them."""
+    """Token ids hold text no detector reads where the terminal cannot tell it (an
+    injection, an address, a card sent as ids went through and was cached): flagged
+    `unscreened`, so the cache leaves them."""
     req = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
     ctx = RequestContext(route="completion", request=req, principal=Principal("t", "u", "u"),
                          request_id="r")
-    p = plugin()
+    p = plugin(Unreadable())
     await p(ctx, Spy())
     assert ctx.sensitive and ctx.flags == {"unscreened"}
     assert p.detections.labels("unscreened", "flag")._value.get() == 1
@@ -464,6 +474,36 @@ async def test_token_id_prompts_are_unscreened_and_never_cached(prompt: Any) -> 
                          request_id="r")
     await p(ctx, Spy())
     assert not ctx.sensitive and not ctx.flags
+
+
+@pytest.mark.parametrize("single", [True, False])
+async def test_token_id_prompts_are_read_as_the_model_reads_them(single: bool) -> None:
+    """With a local engine the ids are decoded and screened like text: a block refuses
+    them, a redaction sends the redacted text on in their place (cache key and engine
+    alike), and clean ids go on as they came, screened (so cacheable)."""
+    engine = FakeEngine()
+    card, clean = engine.encode("my card is 4111 1111 1111 1111"), engine.encode("hello there")
+
+    def ctx_of(*prompts: list[int]) -> RequestContext:
+        prompt: Any = prompts[0] if single else list(prompts)
+        req = CompletionRequest.model_validate({"model": "m", "prompt": prompt})
+        return RequestContext(route="completion", request=req,
+                              principal=Principal("t", "u", "u"), request_id="r")
+
+    with pytest.raises(InvalidRequest):
+        await plugin(LocalServing(engine), detectors={"card": "block"})(ctx_of(card), Spy())
+    p = plugin(LocalServing(engine), detectors={"card": "redact"})
+    ctx = ctx_of(card) if single else ctx_of(clean, card)
+    spy = Spy()
+    await p(ctx, spy)
+    assert ctx.flags == {"card"} and "unscreened" not in ctx.flags
+    sent = spy.ctx.request.prompt  # type: ignore[union-attr]
+    assert sent == ("my card is [CARD]" if single else ["hello there", "my card is [CARD]"])
+    assert ctx.key_request.prompt == sent  # type: ignore[union-attr]
+    ctx = ctx_of(clean) if single else ctx_of(clean, clean)
+    await p(ctx, spy)
+    assert not ctx.flags and not ctx.sensitive
+    assert spy.ctx.request.prompt == (clean if single else [clean, clean])  # type: ignore[union-attr]
 
 
 async def test_completion_prompts() -> None:
