@@ -10,9 +10,13 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - they carry opposite directions of the same family (enable/disable, upgrade/downgrade,
   refund/charge, import/export ...), or one word is the other with a reversing prefix
   (lock/unlock, follow/unfollow, activate/deactivate), or "from X to Y" swaps;
-- their answer-shaping instructions differ: a language ("in French"), a format (JSON,
-  a table, a poem), a length (one word, two sentences, brief), a persona ("like a
-  pirate"), or a clause that directs the answer ("Answer ...", "Reply ...", "Keep it ...");
+- their answer-shaping instructions differ, in kind or in what they say: a language ("in
+  French" / "in German"), a format (JSON / YAML, a table, a poem), a length (one word,
+  "in one sentence" / a plain "summarize"), a persona ("like a pirate" / "like a
+  cowboy"), an audience ("to a five-year-old", "for beginners", "in simple terms"), a
+  tone ("a sad story"), or a clause that directs the answer ("Answer ...", "Keep it ...");
+- one adds words to the other and changes nothing else ("Tell me a joke" / "Tell me a
+  joke about cats", "Give me a vegan recipe"): an added qualifier narrows the question;
 - they ask for a different kind of fact: a time or a cost on one side only ("How do I
   return an item?" / "How long do I have to return an item?"), or different places or
   reasons;
@@ -93,8 +97,26 @@ _INSTRUCTIONS = {
         r"no more than|at most|max(?:imum)?\s+\d+|yes or no|true or false|only (?:a|one) )",
         re.IGNORECASE),
     "persona": re.compile(
-        r"\b(?:like (?:a|an|i'm|i am|you're)\b|as if|pretend|role-?play|in the (?:style|voice) "
-        r"of|talk like|speak like|act as|you are an? |eli5)", re.IGNORECASE),
+        r"\b(?:(?:like (?:a|an|i'm|i am|you're)|in the (?:style|voice) of|talk like|speak like|"
+        r"act as|acting as|pretend(?: to be| you are| you're)?|you are an?)(?:\s+(?:a|an|the))?"
+        r"(?:\s+[\w'-]+){1,2}|as if|role-?play|eli5)", re.IGNORECASE),
+    "audience": re.compile(
+        r"\b(?:for|to)\s+(?:a\s+|an\s+|the\s+|my\s+|your\s+|someone\s+who\s+is\s+(?:a\s+|an\s+)?)?"
+        r"(?:(?:complete|total|absolute|curious|young|little|smart|expert|seasoned|"
+        r"non-?technical|technical)\s+)?(?:beginners?|novices?|newbies?|dummies|kids?|"
+        r"child(?:ren)?|toddlers?|teen(?:ager)?s?|(?:\d+|one|two|three|four|five|six|seven|eight|"
+        r"nine|ten|eleven|twelve)[- ]years?[- ]olds?|experts?|"
+        r"physicists?|scientists?|mathematicians?|phd students?|layperson|lay people|laymen|"
+        r"layman|non-?experts?|grandma|grandmother|grandpa|grandparents?)\b"
+        r"|\bin (?:simple|simpler|plain|basic|easy|layman'?s'?|technical|non-?technical) "
+        r"(?:terms|english|words|language)\b|\bexplain (?:it |this )?like i'?m\s+\w+|\bsimply\b",
+        re.IGNORECASE),
+    "tone": re.compile(
+        r"\b(?:sad|happy|funny|humou?rous|hilarious|scary|spooky|creepy|romantic|dark|serious|"
+        r"formal|informal|casual|polite|rude|friendly|angry|sarcastic|witty|cheerful|"
+        r"motivational|inspirational|inspiring|persuasive|dramatic|silly|whimsical|playful|"
+        r"heartwarming|emotional|upbeat|gloomy|optimistic|pessimistic|enthusiastic|vegan|"
+        r"vegetarian|gluten-free|kid-friendly|child-friendly)\b", re.IGNORECASE),
     "directive": re.compile(
         r"(?:^|[.!?:;]\s*|\band\s+)(?:please\s+|just\s+|only\s+|now\s+)*(?:answer|respond|reply|"
         r"write|format|translate|rewrite|summari[sz]e|keep (?:it|your|the)|be (?:very |extremely |"
@@ -125,6 +147,17 @@ _SCAFFOLD = frozenset(
     "a an the i my me you your we our do does did can could is are was were be how what "
     "when where why which who to for of in on at with and or it this that there please "
     "should would will".split())
+#: Words that add nothing to a question ("Is there a free trial available?"): a question
+#: that adds only these to another still asks the same.
+_FILLER = _SCAFFOLD | frozenset(
+    "available currently still actually exactly really just also anymore today now here "
+    "again ever possible any some so even already yet out up get have has".split())
+_ASKING = frozenset("how what when where why which who can could do does is are".split())
+#: Instruction kinds compared by what they say, not only by their presence.
+_PHRASED = frozenset({"language", "format", "length", "persona", "audience", "tone"})
+_NUMBER_WORDS = {w: str(i) for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve".split())}
+_LEAD = frozenset("in into to for a an the only as".split())
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +191,44 @@ def signature(text: str) -> Signature:
         directions=tuple(_DIRECTION[w] for w in words if w in _DIRECTION),
         words=frozenset(words),
         route=(route.group(1), route.group(2)) if route else None,
-        instructions=frozenset(k for k, p in instructions.items() if p.search(seen)),
+        instructions=_instructions(instructions, seen),
         focus=frozenset(k for k, p in focus.items() if p.search(seen)),
         tokens=tuple(_TOKEN.findall(lowered)),
         layout=tuple(_INDENT.findall(text)) if "\n" in text else (),
     )
+
+
+def _instructions(patterns: dict[str, re.Pattern[str]], seen: str) -> frozenset[str]:
+    """Each instruction's kind, and for the kinds in `_PHRASED` what it says, in a
+    canonical form ("length:1 sentence", "audience:5 year old", "language:french")."""
+    out = set()
+    for kind, p in patterns.items():
+        if kind not in _PHRASED:
+            if p.search(seen):
+                out.add(kind)
+            continue
+        for m in p.finditer(seen):
+            out.add(f"{kind}:{_canonical_phrase(m.group(0))}")
+    return frozenset(out)
+
+
+def _canonical_phrase(phrase: str) -> str:
+    """An instruction's words, lowered, with number words as digits, plurals and "-ly"
+    dropped and leading prepositions and articles left out: "In two sentences" and "2
+    sentence", "briefly" and "brief", "summarise" and "summary" read alike."""
+    words = [_NUMBER_WORDS.get(w, w) for w in re.findall(r"[a-z0-9']+", phrase.lower())]
+    while len(words) > 1 and words[0] in _LEAD:
+        words.pop(0)
+    out = []
+    for w in words:
+        if w.startswith("summar"):
+            w = "summar"
+        elif len(w) > 5 and w.endswith("ly"):
+            w = w[:-2]
+        elif len(w) > 3 and w.endswith("s") and not w.endswith("ss"):
+            w = w[:-1]
+        out.append(w)
+    return " ".join(out)
 
 
 def _conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:
@@ -197,6 +263,20 @@ def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     if i2 - i1 > 2 or j2 - j1 > 2 or len(a) - (i2 - i1) < 2:
         return False
     return not (set(a[i1:i2]) <= _SCAFFOLD and set(b[j1:j2]) <= _SCAFFOLD)
+
+
+def _one_span_added(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """One side is the other with one span of words added that says something ("Tell me
+    a joke" / "Tell me a joke about cats", "a recipe" / "a vegan recipe")."""
+    ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    if len(ops) != 1 or ops[0][0] not in ("insert", "delete"):
+        return False
+    _, i1, i2, j1, j2 = ops[0]
+    added = a[i1:i2] if ops[0][0] == "delete" else b[j1:j2]
+    if i1 == 0 and set(added) & _ASKING:  # a frame put round a bare query ("How do I
+        return False                       # check ..." / "gift card balance?")
+    return min(len(a), len(b)) >= 2 and not set(added) <= _FILLER
 
 
 #: Marks a stored guard digest (an entry read from Redis without its question text).
@@ -264,4 +344,5 @@ def guard_ok(question: str, stored: str) -> bool:
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)
             and not _focus_differs(a.focus, b.focus)
-            and not _one_slot_changed(a.tokens, b.tokens))
+            and not _one_slot_changed(a.tokens, b.tokens)
+            and not _one_span_added(a.tokens, b.tokens))

@@ -125,6 +125,46 @@ def test_near_misses_are_refused(a: str, b: str) -> None:
 
 
 @pytest.mark.parametrize("a, b", [
+    # the same kind of instruction, saying another thing
+    ("Summarize the plot of Cinderella.", "Summarize the plot of Cinderella in one sentence."),
+    ("Answer like a pirate.", "Answer like a cowboy."),
+    ("Reply in french.", "Reply in german."),
+    ("Answer in JSON.", "Answer in YAML."),
+    ("Describe the water cycle in two sentences.", "Describe the water cycle in five sentences."),
+    # an audience, or a tone
+    ("What is inflation?", "What is inflation? Explain it for complete beginners."),
+    ("Explain photosynthesis.", "Explain photosynthesis to a five-year-old."),
+    ("Explain how a rainbow forms.", "Explain how a rainbow forms, for an expert physicist."),
+    ("Explain photosynthesis.", "Explain photosynthesis in simple terms."),
+    ("Write a funny poem about the sea.", "Compose a sad poem about the ocean."),
+    # words added that narrow the question
+    ("Write a story about a dog.", "Write a sad story about a dog."),
+    ("Give me a recipe for pancakes.", "Give me a vegan recipe for pancakes."),
+    ("Tell me a joke.", "Tell me a joke about cats."),
+    ("List the planets.", "List the planets in order of size."),
+    ("Explain recursion.", "Explain recursion with an example."),
+])
+def test_a_question_that_asks_for_more_or_other_than_the_stored_one_is_refused(
+        a: str, b: str) -> None:
+    """An instruction is compared by what it says, not only by its kind, and a question
+    that adds a qualifier to another asks something narrower (a re-probe had "Summarize
+    X in one sentence" answered with the stored multi-sentence summary)."""
+    assert not guard_ok(a, b) and not guard_ok(b, a)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("How do I reset my password? Answer briefly.", "How can I reset my password? Be brief."),
+    ("How do I reset my password? Reply in two sentences.",
+     "How can I reset my password? Reply in two sentences."),
+    ("Is there a free trial?", "Is there a free trial available?"),
+    ("How do I check my gift card balance?", "gift card balance?"),
+    ("Do you offer a student discount?", "Are there discounts for students?"),
+])
+def test_instructions_and_questions_said_alike_still_pass(a: str, b: str) -> None:
+    assert guard_ok(a, b) and guard_ok(b, a)
+
+
+@pytest.mark.parametrize("a, b", [
     ("How do I reset my password?", "forgot my password, what now?"),
     ("Are you open on Sundays?", "Do you open on Sunday?"),
     ("How do I turn on notifications?", "How can I enable notifications?"),
