@@ -16,9 +16,10 @@ still falls back.
 
 When the breaker is open, an inner plugin sheds the request, or the engine fails, the
 fallbacks are tried in order; their replies carry `x-weir-fallback: <kind>` (so the
-cache never stores them). With none left: an open breaker answers 503 with Retry-After
-and `x-should-retry: false` (retrying at once cannot help), a shed request keeps its
-503, an engine failure its own error.
+cache never stores them). A static text answers neither a shed request nor one it cannot
+answer as asked (`fallback.static_fits`). With none left: an open breaker answers 503
+with Retry-After and `x-should-retry: false` (retrying at once cannot help), a shed
+request keeps its 503, an engine failure its own error.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from proxy.telemetry import get_logger
 from proxy.upstream import Upstream
 
 from .config import BreakerConfig, Fallback
-from .fallback import static_reply
+from .fallback import static_fits, static_reply
 from .state import Breaker, BreakerPolicy, State
 
 log = get_logger("weir.breaker")
@@ -193,7 +194,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
     async def _fallback(self, ctx: RequestContext, reason: str,
                         error: BaseException | None) -> Reply:
         for i, f in enumerate(self.cfg.fallback):
-            reply = await self._try(i, f, ctx)
+            reply = await self._try(i, f, ctx, reason)
             if reply is not None:
                 reply.headers[FALLBACK_HEADER] = f.kind
                 ctx.response_headers[FALLBACK_HEADER] = f.kind
@@ -209,7 +210,8 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         assert error is not None
         raise error
 
-    async def _try(self, i: int, f: Fallback, ctx: RequestContext) -> Reply | None:
+    async def _try(self, i: int, f: Fallback, ctx: RequestContext,
+                   reason: str) -> Reply | None:
         try:
             if f.kind == "stale":
                 cache = self.services.plugin("cache")
@@ -219,6 +221,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             if f.kind == "upstream":
                 return await self.upstreams[i](ctx)
             if f.kind == "static":
+                # A shed request keeps its 503 and Retry-After (clients retry it; a 200
+                # "busy" they would take as the answer), as does a request a fixed text
+                # cannot answer as asked.
+                if reason == "shed" or not static_fits(ctx, f.content):
+                    return None
                 return static_reply(ctx, f.content)
         except WeirError as e:
             log.warning("fallback failed", kind=f.kind, error=type(e).__name__)

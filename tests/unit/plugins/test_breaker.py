@@ -213,6 +213,64 @@ async def test_static_fallback_when_open_and_on_failure(stream: bool) -> None:
     assert engine_calls == 0 and fallbacks(p, "open") == 1
 
 
+def ctx_with(**fields: Any) -> RequestContext:
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+    return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                          request_id="r")
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("fields", [
+    {"tools": [TOOL], "tool_choice": "required"},
+    {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+    {"response_format": {"type": "json_object"}},
+    {"logprobs": True},
+])
+async def test_a_static_text_never_answers_what_it_cannot_answer_as_asked(
+        fields: dict[str, Any]) -> None:
+    """A forced tool call, a JSON schema, JSON mode (with a text that is not JSON) and
+    logprobs get the next fallback or their error, never a 200 "busy" that breaks the
+    contract they asked for."""
+    p = plugin(fallback=[{"kind": "static", "content": "Busy, sorry."}])
+    with pytest.raises(EngineError):
+        await p(ctx_with(**fields), failing)
+    assert fallbacks(p, "engine") == 0
+    json_text = plugin(fallback=[{"kind": "static", "content": '{"busy": true}'}])
+    if fields == {"response_format": {"type": "json_object"}}:  # a JSON object it answers
+        reply = await json_text(ctx_with(**fields), failing)
+        assert isinstance(reply, Completion)
+        assert reply.body["choices"][0]["message"]["content"] == '{"busy": true}'
+
+
+async def test_a_static_text_answers_every_choice_asked_for() -> None:
+    p = plugin(fallback=[{"kind": "static", "content": "Busy, sorry."}])
+    reply = await p(ctx_with(n=3), failing)
+    assert isinstance(reply, Completion)
+    validate("CreateChatCompletionResponse", reply.body)
+    assert [c["index"] for c in reply.body["choices"]] == [0, 1, 2]
+    reply = await p(ctx_with(n=2, stream=True), failing)
+    assert isinstance(reply, Stream)
+    chunks = [c async for c in reply]
+    assert sorted(ch["index"] for c in chunks for ch in c["choices"]) == [0, 1]
+
+
+async def test_a_shed_request_keeps_its_503_rather_than_a_static_text() -> None:
+    """Clients retry a 503 with Retry-After; a 200 "busy" they would take as the answer.
+    A stale answer still serves a shed request."""
+    p = plugin(fallback=[{"kind": "static", "content": "Busy, sorry."}])
+
+    async def shed(c: RequestContext) -> Reply:
+        raise Unavailable("shed", code="overloaded", retry_after=1)
+
+    with pytest.raises(Unavailable) as e:
+        await p(ctx(), shed)
+    assert e.value.code == "overloaded" and fallbacks(p, "shed") == 0
+
+
 async def test_stream_failure_before_first_chunk_falls_back() -> None:
     p = plugin(fallback=[{"kind": "static"}])
 
