@@ -3,18 +3,25 @@
 `serve` runs the app with `handler_cancellation` on, so a client that disconnects
 cancels its handler at once (aiohttp otherwise notices only at the next write), behind
 the connection limits of `proxy.connections` (a cap, header/body/idle timeouts), and
-shuts down gracefully on SIGTERM/SIGINT: readiness turns 503 and new requests get 503
-immediately; in-flight requests (streams too) may finish for `server.drain_timeout_s`;
-the rest are cancelled (their generations aborted); then the engine stops.
+shuts down gracefully on SIGTERM, SIGINT or SIGHUP: readiness turns 503 and new requests
+get 503 immediately; in-flight requests (streams too) may finish for
+`server.drain_timeout_s`; the rest are cancelled (their generations aborted); then the
+engine stops. A second signal cuts the drain short (the in-flight requests end with their
+in-band error at once), never the engine's shutdown: no engine process outlives the
+server. A server stopped while its engine is still loading (a thread Python cannot
+cancel) ends the engine's processes and exits at once instead of waiting for the load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from .settings import ConfigError, Settings, load_settings
 
@@ -58,7 +65,22 @@ def check_config(path: str) -> int:
         return 1
     assert specs is not None
     print(f"{path}: OK ({len([p for p in specs if p.enabled])} plugins enabled)")
+    _warn_unreadable_keys(path)
     return 0
+
+
+def _warn_unreadable_keys(path: str) -> None:
+    """The keys' environment variables and files, read as `serve` reads them: where one
+    holds no key here, a warning (the file is valid: a deployment's secrets are often
+    not where the config is checked), as `serve` would refuse to start."""
+    from .auth import Authenticator, KeyConfigError
+    from .settings import parse_settings, read_config_text
+
+    try:
+        Authenticator(parse_settings(read_config_text(path)).auth)
+    except KeyConfigError as e:
+        print(f"{path}: warning: {e.where}: {e} here; `weir serve` refuses to start "
+              "without it", file=sys.stderr)
 
 
 def make_model(kind: str, target: Path | None) -> int:
@@ -101,7 +123,12 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     except ConfigError as e:
         _print_errors("config", e)
         return 1
-    listener = await listen(app, settings.server, host, port)
+    st = app[STATE]
+    try:
+        listener = await listen(app, settings.server, host, port)
+    except OSError as e:  # the address in use, a host that does not resolve
+        print(f"weir: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
+        return _exit(1, engine_loading=not st.terminal.ready())
     actual_port = listener.port
     log.info("listening", url=f"http://{host}:{actual_port}")
     # One write, newline included: print() writes the text and its end separately, and
@@ -110,22 +137,81 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     sys.stderr.write(f"weir: listening on http://{host}:{actual_port}\n")
     sys.stderr.flush()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.remove_signal_handler(sig)
+    hurry = asyncio.Event()
 
-    st = app[STATE]
+    def on_signal() -> None:
+        if stop.is_set():
+            hurry.set()  # a second signal: no more waiting for the drain
+        stop.set()
+
+    # (kept until the loop closes: a default handler would kill the process mid-shutdown
+    # and leave the engine's processes running)
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal)
+    await stop.wait()
+
     st.draining = True
     drain = settings.server.drain_timeout_s
     log.info("draining", in_flight=st.in_flight, timeout_s=drain)
-    if not await st.drain(drain):
+    if not await _drained(st, drain, hurry):
         aborted = await st.abort_all()
-        log.warning("drain timeout: aborted in-flight requests", count=aborted)
+        log.warning("second signal: aborted in-flight requests" if hurry.is_set()
+                    else "drain timeout: aborted in-flight requests", count=aborted)
+    engine_loading = not st.terminal.ready() and st.engine_error is None
     await listener.close()
     log.info("stopped")
-    return 1 if fatal else 0
+    return _exit(1 if fatal else 0, engine_loading=engine_loading)
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+async def _drained(st: Any, timeout: float, hurry: asyncio.Event) -> bool:
+    """Whether every in-flight request finished within `timeout` (False at once when a
+    second signal comes)."""
+    drained = asyncio.ensure_future(st.drain(timeout))
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait({drained, hurried}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hurried.cancel()
+    if not drained.done():
+        drained.cancel()
+        return False
+    return bool(drained.result())
+
+
+def _exit(code: int, engine_loading: bool) -> int:
+    """End the processes this server started that are still running (the engine's), then
+    `code`. An engine still loading runs in a thread Python cannot stop and the loop's
+    close would wait for it (minutes for a large model): the process exits now."""
+    _end_children()
+    if not engine_loading:
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _end_children(grace_s: float = 5.0) -> None:
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(grace_s)
+        if child.is_alive():
+            child.kill()
+            child.join(1.0)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)")
+    return port
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p_serve = sub.add_parser("serve", help="run the gateway")
     p_serve.add_argument("--config", default="config/weir.yaml")
     p_serve.add_argument("--host", default=None)
-    p_serve.add_argument("--port", type=int, default=None)
+    p_serve.add_argument("--port", type=_port, default=None)
     p_serve.add_argument("--log-format", choices=["json", "console"], default=None)
     p_check = sub.add_parser("check-config", help="validate a config file")
     p_check.add_argument("file")

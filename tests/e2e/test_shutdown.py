@@ -88,3 +88,41 @@ def test_graceful_shutdown_under_load(tmp_path: Path, sig: int) -> None:
         assert '"count": 3' in log
     finally:
         weir.stop()
+
+
+@pytest.mark.parametrize("first, second", [(signal.SIGTERM, signal.SIGTERM),
+                                           (signal.SIGHUP, signal.SIGINT)],
+                         ids=["SIGTERM-SIGTERM", "SIGHUP-SIGINT"])
+def test_a_second_signal_cuts_the_drain_and_no_engine_process_outlives_the_server(
+        tmp_path: Path, first: int, second: int) -> None:
+    """SIGHUP drains as SIGTERM does; a second signal ends the drain at once (the streams
+    get their in-band error and [DONE]) but never the engine's shutdown: the default
+    handler used to kill the server mid-drain, leaving the engine's processes running
+    on their own and the clients without an answer."""
+    weir = WeirProcess(tmp_path, e2e_config(server={"drain_timeout_s": 600},
+                                            engine={"max_model_len": 4096})).start()
+    try:
+        children = psutil.Process(weir.pid).children(recursive=True)
+        assert children, "the engine core runs in child processes"
+        long = [StreamClient(weir.url, 4000) for _ in range(2)]
+        for c in long:
+            c.start()
+        for c in long:
+            assert c.started.wait(60)
+        weir.signal(first)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{weir.url}/health/ready").status_code != 503:
+            assert time.monotonic() < deadline
+        weir.signal(second)
+        for c in long:
+            c.join(120)
+            events, done = parse_sse(c.body)
+            assert done, c.body[-300:]
+            assert events[-1]["error"]["code"] == "shutting_down", c.body[-300:]
+        assert weir.proc is not None
+        assert weir.proc.wait(120) == 0, weir.tail()
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"orphaned engine processes: {alive}"
+        assert "second signal: aborted in-flight requests" in weir.log_text()
+    finally:
+        weir.stop()

@@ -1,0 +1,58 @@
+"""`weir serve` as a process, where no engine is needed to see it: a socket it cannot
+listen on, and the processes it leaves behind."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from proxy import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sleep() -> None:
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("where", ["taken", "bad host"])
+def test_a_socket_it_cannot_listen_on_is_one_line_and_exit_1(tmp_path: Path,
+                                                            where: str) -> None:
+    """An address in use or a host that does not resolve was a 20-line traceback."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    host = "127.0.0.1" if where == "taken" else "no-such-host.invalid"
+    config = tmp_path / "weir.yaml"
+    config.write_text(
+        "engine: {kind: upstream, base_url: 'http://127.0.0.1:9/v1', models: [m]}\n"
+        f"server: {{host: '{host}', port: {port}}}\nembeddings: {{enabled: false}}\n")
+    try:
+        done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        taken.close()
+    assert done.returncode == 1, done.stderr
+    assert f"weir: cannot listen on {host}:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_processes_it_started_end_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the engine left running is ended before the server exits; a server whose
+    engine is still loading exits at once (the loop's close would wait for the load)."""
+    child = multiprocessing.get_context("spawn").Process(target=_sleep, daemon=True)
+    child.start()
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    assert cli._exit(0, engine_loading=False) == 0 and exits == []
+    assert not child.is_alive()
+    cli._exit(3, engine_loading=True)
+    assert exits == [3]
