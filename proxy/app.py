@@ -14,7 +14,7 @@ from aiohttp import web
 
 from . import embeddings_api
 from .app_state import STATE, AppState
-from .auth import Authenticator
+from .auth import Authenticator, KeyConfigError
 from .chain import Services, build_plugins, compose
 from .connections import guard_middleware
 from .embedding import LocalEmbedder
@@ -28,9 +28,9 @@ from .middleware import (
     tracing_middleware,
 )
 from .routes import add_routes
-from .settings import ConfigError, Settings
+from .settings import Settings
 from .tasks import cancel_and_wait
-from .telemetry import Metrics, get_logger
+from .telemetry import Metrics, error_fields, get_logger
 from .terminal import make_terminal
 
 log = get_logger("weir.app")
@@ -50,8 +50,8 @@ def create_app(
     terminal = make_terminal(settings, engine)
     try:
         auth = Authenticator(settings.auth)
-    except (ValueError, OSError) as e:
-        raise ConfigError([("auth.keys", str(e))]) from None
+    except KeyConfigError as e:
+        raise e.config_error() from None
     embedder = (LocalEmbedder(settings.embeddings, metrics.registry)
                 if settings.embeddings.enabled else None)
     plugins = build_plugins(settings.plugins, Services(terminal, settings, metrics, embedder))
@@ -159,5 +159,5 @@ async def _plugins_lifespan(app: web.Application) -> AsyncIterator[None]:
         for p in reversed(started):
             try:
                 await p.close()
-            except Exception:
-                log.exception("plugin close failed", plugin=p.name)
+            except Exception as e:
+                log.error("plugin close failed", plugin=p.name, **error_fields(e))

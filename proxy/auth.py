@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from .errors import PermissionDenied, Unauthorized
-from .settings import ApiKey, AuthSettings, sha256_hex
+from .settings import ApiKey, AuthSettings, ConfigError, sha256_hex
 
 AdminRole = Literal["admin", "operator"]
 
@@ -53,18 +53,41 @@ class Principal:
             )
 
 
-def _key_hash(spec: ApiKey) -> str:
+class KeyConfigError(ValueError):
+    """A configured key that cannot be read; `config_error()` names its entry's field."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(message)
+        self.where = where
+
+    def config_error(self) -> ConfigError:
+        return ConfigError([(self.where, str(self))])
+
+
+def _key_hash(spec: ApiKey, i: int) -> str:
+    """The key's digest; a KeyConfigError naming the entry's field when its environment
+    variable or file holds none."""
     import os
 
     if (digest := spec.configured_digest()) is not None:
         return digest
     if spec.key_env:
         value = os.environ.get(spec.key_env)
-        if not value:
-            raise ValueError(f"auth key env var {spec.key_env} is empty or unset")
+        if not value or not value.strip():
+            raise KeyConfigError(f"auth.keys[{i}].key_env", f"environment variable "
+                                 f"{spec.key_env} is empty or unset")
         return sha256_hex(value.strip())
     assert spec.key_file is not None
-    return sha256_hex(Path(spec.key_file).read_text(encoding="utf-8").strip())
+    try:
+        value = Path(spec.key_file).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise KeyConfigError(f"auth.keys[{i}].key_file", f"cannot be read: "
+                             f"{e.strerror or type(e).__name__}") from None
+    except UnicodeDecodeError:
+        raise KeyConfigError(f"auth.keys[{i}].key_file", "not UTF-8 text") from None
+    if not value:
+        raise KeyConfigError(f"auth.keys[{i}].key_file", "the file holds no key")
+    return sha256_hex(value)
 
 
 class Authenticator:
@@ -76,10 +99,10 @@ class Authenticator:
         self._by_hash: dict[str, tuple[str, Principal]] = {}
         first: dict[str, int] = {}
         for i, spec in enumerate(settings.keys):
-            digest = _key_hash(spec)
+            digest = _key_hash(spec, i)
             if first.setdefault(digest, i) != i:  # (env vars and files hold keys too)
-                raise ValueError(f"keys[{first[digest]}] and keys[{i}] hold the same key: "
-                                 "it would stand for only one of them")
+                raise KeyConfigError("auth.keys", f"keys[{first[digest]}] and keys[{i}] hold "
+                                     "the same key: it would stand for only one of them")
             fingerprint = digest[:12]
             self._by_hash[digest] = (digest, Principal(
                 tenant=spec.tenant,

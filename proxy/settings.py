@@ -354,9 +354,61 @@ def read_config_text(path: str | Path) -> str:
                           ) from None
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML would keep the
+    last silently: a second `plugins:` block dropped the first chain, sanitizer and all)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: overridable
+                continue
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the mapping's own error says so
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key `{str(key)[:64]}`", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+#: The most values a config may hold once its aliases are expanded: a few anchors that
+#: name each other ("billion laughs") expand past memory.
+_MAX_EXPANDED = 100_000
+
+
+def _expanded_size(value: Any, memo: dict[int, int]) -> int:
+    """How many values `value` holds with every alias expanded, counted once per shared
+    object (so an alias bomb costs as little to measure as its text)."""
+    if not isinstance(value, dict | list):
+        return 1
+    got = memo.get(id(value))
+    if got is None:
+        memo[id(value)] = _MAX_EXPANDED + 1  # (a cycle counts as too large)
+        items = value.values() if isinstance(value, dict) else value
+        got = 1
+        for v in items:
+            got += _expanded_size(v, memo)
+            if got > _MAX_EXPANDED:
+                break
+        memo[id(value)] = got
+    return got
+
+
+def _load_yaml(text: str) -> Any:
+    raw = yaml.load(text, Loader=_ConfigLoader)  # (a safe loader: SafeLoader's own)
+    if _expanded_size(raw, {}) > _MAX_EXPANDED:
+        raise ConfigError([("", f"more than {_MAX_EXPANDED:,} values once its aliases are "
+                                "expanded")])
+    return raw
+
+
 def parse_settings(text: str, env: dict[str, str] | None = None) -> Settings:
     try:
-        raw = yaml.safe_load(text)
+        raw = _load_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -386,7 +438,7 @@ def collect_errors(text: str, env: dict[str, str] | None = None,
     if any(p.startswith("plugins") for p, _ in errors):
         return errors, None
     try:
-        raw = interpolate(yaml.safe_load(text) or {}, env)
+        raw = interpolate(_load_yaml(text) or {}, env)
         if isinstance(raw, dict):
             return errors, Settings.model_validate({"plugins": raw.get("plugins", [])}).plugins
     except (yaml.YAMLError, ConfigError, ValidationError):

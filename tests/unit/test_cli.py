@@ -55,3 +55,53 @@ def test_check_config_and_serve_refuse_a_file_that_is_not_utf8_in_one_line(
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert err.count("not UTF-8") == 2 and "Traceback" not in err
+
+
+def test_a_key_given_twice_in_one_mapping_is_refused(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """YAML keeps the last of two equal keys silently: a second `plugins:` block dropped
+    the first chain, sanitizer and all."""
+    f = tmp_path / "c.yaml"
+    f.write_text("plugins: [{name: sanitizer}]\nserver: {port: 1}\nplugins: []\n")
+    assert main(["check-config", str(f)]) == 1
+    assert "duplicate key `plugins`" in capsys.readouterr().err
+    f.write_text("base: &b {host: 127.0.0.1, port: 1}\nserver:\n  <<: *b\n  port: 2\n")
+    assert main(["check-config", str(f)]) == 1  # (a merge key may be overridden; the
+    assert "duplicate" not in capsys.readouterr().err  # error is the unknown `base`)
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    f = tmp_path / "c.yaml"
+    f.write_text("\n".join(lines) + "\n")  # 9^9 values once expanded
+    assert main(["check-config", str(f)]) == 1
+    assert "once its aliases are expanded" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("port", ["83636", "-5", "x"])
+def test_a_port_out_of_range_is_a_usage_error(port: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """It was taken modulo 65536 (83636 listened on 18100)."""
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--port", port])
+    assert e.value.code == 2 and "is not a port" in capsys.readouterr().err
+
+
+def test_check_config_warns_of_a_key_serve_cannot_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The file is valid (a deployment's secrets are often not where it is checked), so
+    OK, with a warning naming the entry `serve` would refuse."""
+    monkeypatch.delenv("WEIR_TEST_NO_KEY", raising=False)
+    f = tmp_path / "c.yaml"
+    f.write_text("auth: {mode: keys, keys: [{key: sk-a, tenant: a}, "
+                 "{key_env: WEIR_TEST_NO_KEY, tenant: b}]}\n")
+    assert main(["check-config", str(f)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: auth.keys[1].key_env: environment variable WEIR_TEST_NO_KEY" in err
+    f.write_text(f"auth: {{mode: keys, keys: [{{key_file: {tmp_path / 'none'}, tenant: b}}]}}\n")
+    assert main(["check-config", str(f)]) == 0
+    assert "warning: auth.keys[0].key_file: cannot be read" in capsys.readouterr().err
