@@ -35,7 +35,8 @@ from .errors import (
     WeirError,
 )
 from .ids import new_hex
-from .telemetry import Metrics, get_logger, labelled
+from .streaming import SHUTDOWN
+from .telemetry import Metrics, error_fields, get_logger, labelled
 from .tracing import extract, tracer, tracing_enabled
 
 log = get_logger("weir.http")
@@ -77,9 +78,18 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
 
 
 def _request_id(request: web.Request) -> str:
-    """The caller's `x-request-id` where it is sane, else a new one."""
+    """The caller's `x-request-id` where it is sane and does not look like a key (it is
+    written on every log line of the request), else a new one."""
     rid = request.headers.get("x-request-id", "")
-    return rid if _REQUEST_ID.match(rid) else new_hex()
+    return rid if _REQUEST_ID.match(rid) and not _KEY_LIKE.match(rid) else new_hex()
+
+
+#: A vendor key's shape (OpenAI's `sk-`, Stripe's, GitHub's, Slack's, AWS's, Google's,
+#: GitLab's, Hugging Face's, or any "key-"/"token_" prefix): a caller who sent its key as
+#: a request id must not find it in the logs.
+_KEY_LIKE = re.compile(
+    r"(?i:(?:sk|pk|rk|ak|key|api|apikey|api_key|token|secret|bearer|pat|ghp|gho|ghu|ghs|ghr|"
+    r"github_pat|glpat|xox[abposr]|hf|npm|pypi)[-_]|AKIA|ASIA|AIza)")
 
 
 #: Every route's options: `Expect` handled as above.
@@ -112,8 +122,9 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             resp = await handler(request)
             status = resp.status
             return resp
-        except asyncio.CancelledError:
-            status = 499  # client closed the connection
+        except asyncio.CancelledError as e:
+            # cut by the server's shutdown (told in-band) or its client gone
+            status = 503 if SHUTDOWN in e.args else 499
             raise
         finally:
             info: dict[str, Any] = request.get(INFO, {})
@@ -231,8 +242,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(_generic_http(e), rid)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except Exception:
-        log.exception("unhandled error", path=logged_path(request))
+    except Exception as e:
+        log.error("unhandled error", path=logged_path(request), **error_fields(e))
         return error_response(ServerError(), rid)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from .context import loop_time
 from .errors import DeadlineExceeded
 from .tasks import detach
-from .telemetry import get_logger
+from .telemetry import error_fields, get_logger
 
 _log = get_logger("weir.reply")
 
@@ -133,8 +133,8 @@ class Stream:
             if close is not None:
                 try:
                     await close()
-                except Exception:
-                    _log.exception("closing a stream failed")
+                except Exception as e:
+                    _log.error("closing a stream failed", **error_fields(e))
         finally:  # a cancellation while closing (an engine abort under way) skips no hook
             self._hooks_started = True
             await self._run_hooks(outcome, self._hooks)
@@ -167,9 +167,9 @@ class Stream:
                 if i + 1 < len(hooks):
                     detach(self._run_hooks(outcome, hooks[i + 1:]))
                 raise
-            except Exception:
-                _log.exception("a stream end hook failed", hook=getattr(
-                    hook, "__qualname__", repr(hook)))
+            except Exception as e:
+                _log.error("a stream end hook failed", hook=getattr(
+                    hook, "__qualname__", repr(hook)), **error_fields(e))
 
     # Consumers other than the SSE writer (tests, translations into other APIs) iterate
     # the stream; the iteration ends it.

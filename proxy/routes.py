@@ -30,7 +30,7 @@ from .protocol import (
     parse_model,
 )
 from .streaming import dumps, write_sse
-from .telemetry import get_logger, labelled
+from .telemetry import error_fields, get_logger, labelled
 
 log = get_logger("weir.routes")
 
@@ -175,7 +175,7 @@ async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, 
             request, reply, headers, write_timeout=srv.write_timeout_s,
             keepalive=srv.keepalive_s, on_first=timing.first, on_chunk=chunk,
             on_abort=lambda reason: count_abort(st, request, reason),
-            log_error=lambda e: log.error("stream failed", exc_info=e))
+            log_error=lambda e: log.error("stream failed", **error_fields(e)))
     finally:
         usage = reply.usage or usage_chunk.get("usage")
         if usage:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-import traceback
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import replace
@@ -36,7 +35,7 @@ from .ids import new_hex
 from .preparing import Prepared, prepare_chat, prepare_completion
 from .protocol import ChatCompletionRequest
 from .tasks import cancel_and_wait
-from .telemetry import get_logger
+from .telemetry import error_fields, get_logger
 
 if TYPE_CHECKING:
     from .terminal import Route
@@ -166,9 +165,7 @@ class LocalServing:
             raise InvalidRequest("The request nests too deeply to be rendered.", param=(
                 "messages" if isinstance(req, ChatCompletionRequest) else "prompt")) from None
         except Exception as e:  # where, not what: the message may quote the request
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            log.error("preparing a request failed", error=type(e).__name__,
-                      at=f"{where.filename}:{where.lineno}")
+            log.error("preparing a request failed", **error_fields(e))
             raise GatewayFault() from None
         if ctx.output_ceiling is not None:  # a limit the caller named is within it already
             prep.options.max_tokens = min(prep.options.max_tokens, ctx.output_ceiling)

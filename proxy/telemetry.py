@@ -21,6 +21,7 @@ import logging
 import re
 import sys
 import time
+import traceback
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -126,6 +127,26 @@ def configure_logging(settings: LoggingSettings, stream: Any = None) -> None:
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     _bridge_library_loggers()
+
+
+def error_fields(e: BaseException, frames: int = 8) -> dict[str, str]:
+    """What a log line may say of an unexpected exception: its type and where it was
+    raised (the innermost frames, file:line in function), never its message or the
+    locals a traceback shows: those may quote a prompt, an answer or a key."""
+    tb = traceback.extract_tb(e.__traceback__)[-frames:]
+    return {"error": type(e).__name__,
+            "at": " < ".join(f"{_short(f.filename)}:{f.lineno} in {f.name}"
+                             for f in reversed(tb))}
+
+
+def _short(filename: str) -> str:
+    """A frame's file from its package down (`proxy/routes.py`, `vllm/...`)."""
+    for mark in ("/site-packages/", "/proxy/", "/plugins/"):
+        i = filename.rfind(mark)
+        if i >= 0:
+            return filename[i + len("/site-packages/"):] if mark == "/site-packages/" \
+                else filename[i + 1:]
+    return filename.rsplit("/", 1)[-1]
 
 
 def get_logger(name: str) -> Any:

@@ -39,7 +39,7 @@ from proxy.errors import RateLimited, Unavailable
 from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.tasks import cancel_and_wait, detach
-from proxy.telemetry import get_logger
+from proxy.telemetry import error_fields, get_logger
 from proxy.tools import tool_chars
 
 from .config import Limits, RateLimitConfig
@@ -236,8 +236,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 await self._renew()
                 await self._retry_orphans()
                 await self._probe()
-            except Exception:  # keep renewing: a missed round only shortens leases
-                log.exception("rate-limit lease renewal failed")
+            except Exception as e:  # keep renewing: a missed round only shortens leases
+                log.error("rate-limit lease renewal failed", **error_fields(e))
 
     async def _probe(self) -> None:
         """On the local fallback, see whether Redis is back (health says so then, not

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ServerError, WeirError
 from ..tasks import detach
-from ..telemetry import get_logger
+from ..telemetry import error_fields, get_logger
 from . import translate as X
 from .models import ResponsesRequest
 
@@ -243,7 +243,7 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
         except WeirError as err:
             failure = _failed(e, err)
         except Exception as exc:  # a bug: logged, and a generic failure in-band
-            log.error("responses stream failed", exc_info=exc)
+            log.error("responses stream failed", **error_fields(exc))
             failure = _failed(e, ServerError())
         else:
             failure = []

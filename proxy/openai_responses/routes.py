@@ -29,7 +29,7 @@ from ..routes import (
     read_json,
 )
 from ..streaming import typed_sse, write_sse
-from ..telemetry import get_logger
+from ..telemetry import error_fields, get_logger
 from . import translate as X
 from .events import OUTPUT_DELTAS, Rendering, saves_settled
 from .models import ResponsesRequest
@@ -111,7 +111,7 @@ async def create(request: web.Request) -> web.StreamResponse:
                                write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
                                on_first=timing.first, on_chunk=event,
                                on_abort=lambda reason: count_abort(st, request, reason),
-                               log_error=lambda e: log.error("stream failed", exc_info=e),
+                               log_error=lambda e: log.error("stream failed", **error_fields(e)),
                                terminator=b"", frame=typed_sse,
                                error_events=lambda err: b"".join(
                                    typed_sse(ev) for ev in rendering.failed(err)))

@@ -190,3 +190,24 @@ async def test_a_client_gone_is_counted_once_per_request(make_client: MakeClient
                 count_abort(st, request, "client gone")
             raise asyncio.CancelledError()
         assert aborted() == before + 1
+
+
+async def test_a_stream_cut_by_the_shutdown_is_counted_as_the_servers_not_the_clients(
+        make_client: MakeClient) -> None:
+    """A stream the drain's end cut was recorded as 499 (client closed), as if its client
+    had left: it is the server's 503 (`shutting_down`, told in-band)."""
+    client = await make_client(engine=FakeEngine(delay=0.05))
+    st = client.app[STATE]
+    r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 500,
+                                                        "stream": True})
+    assert r.status == 200
+    await r.content.readline()  # the stream is under way
+    st.draining = True
+    assert await st.abort_all() == 1
+    events, done = parse_sse(await r.text())
+    assert done and events[-1]["error"]["code"] == "shutting_down"
+    metrics = st.metrics.registry
+    labels = {"route": "chat", "model": "fake-model"}
+    await eventually(lambda: metrics.get_sample_value(
+        "weir_requests_total", {**labels, "status": "503"}) == 1)
+    assert metrics.get_sample_value("weir_requests_total", {**labels, "status": "499"}) is None

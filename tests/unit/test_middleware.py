@@ -54,7 +54,12 @@ async def test_a_sane_request_id_is_honoured_and_echoed(given: str) -> None:
     assert "request_id" not in structlog.contextvars.get_contextvars()  # unbound after
 
 
-@pytest.mark.parametrize("given", ["", "has space", "a" * 129, "semi;colon", "ünïcode"])
+@pytest.mark.parametrize("given", [
+    "", "has space", "a" * 129, "semi;colon", "ünïcode",
+    # a key sent as a request id: it would be on every log line of the request
+    "sk-live-0123456789abcdef0123", "sk-proj-AbC_dEf-123", "ghp_0123456789abcdefABCDEF",
+    "AKIAIOSFODNN7EXAMPLE", "xoxb-123-456-abc", "key-0123456789abcdef", "API_KEY_123",
+])
 async def test_an_unusable_request_id_is_replaced(given: str) -> None:
     async def handler(r: web.Request) -> web.StreamResponse:
         return web.Response(text=r[REQUEST_ID])
@@ -118,13 +123,17 @@ async def test_a_redirect_is_not_an_error() -> None:
         await fails_with(web.HTTPFound("/elsewhere"))
 
 
-async def test_a_bug_is_a_generic_500_with_details_only_in_the_log(logs: io.StringIO) -> None:
+async def test_a_bug_is_a_generic_500_with_where_only_in_the_log(logs: io.StringIO) -> None:
+    """The log says what failed and where (type, file:line in function), not the
+    exception's message: it may quote the request (a prompt, a key)."""
     resp = await fails_with(RuntimeError("secret detail 0xdeadbeef"))
     body = body_of(resp)
     validate("ErrorResponse", body)
     assert resp.status == 500 and body["error"]["type"] == "server_error"
     assert "deadbeef" not in json.dumps(body)
-    assert "deadbeef" in logs.getvalue() and "unhandled error" in logs.getvalue()
+    line = json.loads(next(x for x in logs.getvalue().splitlines() if "unhandled error" in x))
+    assert line["error"] == "RuntimeError" and "test_middleware.py" in line["at"]
+    assert "in handler" in line["at"] and "deadbeef" not in logs.getvalue()
 
 
 @pytest.mark.parametrize("exc", [asyncio.CancelledError(), ConnectionResetError()])
