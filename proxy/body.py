@@ -27,7 +27,8 @@ _CODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 
 async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], int]:
     """The body as a JSON object and its size in bytes, or a 400 / 408 / 413."""
-    ctype = request.content_type
+    # (aiohttp reads a missing Content-Type as application/octet-stream: say none)
+    ctype = request.content_type if "Content-Type" in request.headers else ""
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise InvalidRequest(
             f"Unsupported content type `{ctype or 'none'}`; send `application/json`.",

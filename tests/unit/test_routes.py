@@ -74,6 +74,15 @@ async def test_content_type(make_client: MakeClient, ctype: str, status: int) ->
         assert r.status == 200
 
 
+async def test_a_body_sent_with_no_content_type_is_told_so(make_client: MakeClient) -> None:
+    """The message named `application/octet-stream`, a type the client never sent."""
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", data=json.dumps(CHAT).encode(),
+                          skip_auto_headers=["Content-Type"])
+    error = await error_of(r, 400)
+    assert error["code"] == "invalid_content_type" and "`none`" in error["message"]
+
+
 async def test_a_declared_oversize_body_is_refused_before_it_is_read(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     client = await make_client(server={"max_body_bytes": 1024})
