@@ -98,6 +98,11 @@ class FakeEngine:
     def decode(self, token_ids: list[int]) -> str:
         return "".join(chr(t - 2) for t in token_ids if t >= 2)
 
+    def read_tokens(self, token_ids: list[int]) -> str | None:
+        """(As `LocalServing.read_tokens`: tests that hand plugins the engine as their
+        terminal.)"""
+        return self.decode(token_ids)
+
     def prompt_entries(self, prompt: list[int], k: int) -> list[TokenLogprob]:
         """The prompt's logprobs: the first token has none; token i's is -i/10."""
         out = [TokenLogprob(self.decode(prompt[:1]), None, None, [])]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -146,9 +147,14 @@ def semantic_parts(ctx: RequestContext, scope: str) -> tuple[str, str] | None:
     return partition, question
 
 
-def prompt_text(ctx: RequestContext) -> str:
-    """The request's text, for purges by content (kept with the entry, never logged)."""
+def prompt_text(ctx: RequestContext,
+                read_tokens: Callable[[list[int]], str | None] | None = None) -> str:
+    """The request's text, for `sensitive_patterns` and purges by content (kept with the
+    entry, never logged); a prompt of token ids as `read_tokens` tells its text (the
+    terminal's: a local engine's tokenizer), else as nothing."""
     req = key_request(ctx)
     if isinstance(req, ChatCompletionRequest):
         return "\n".join(normalize(m.text()) for m in req.messages)
-    return "\n".join(normalize(p) for p in req.prompts() if isinstance(p, str))
+    texts = [p if isinstance(p, str) else (read_tokens(p) if read_tokens else None)
+             for p in req.prompts()]
+    return "\n".join(normalize(t) for t in texts if t)

@@ -142,7 +142,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                  or (isinstance(req, ChatCompletionRequest) and bool(req.logprobs))
                  or (not isinstance(req, ChatCompletionRequest) and req.logprobs is not None)
                  or (bool(self._sensitive) and any(
-                     p.search(prompt_text(ctx)) for p in self._sensitive)))
+                     p.search(self._prompt_text(ctx)) for p in self._sensitive)))
         if never:
             return d._replace(read=False, write=False)
         return d._replace(write=d.write and "injection" not in ctx.flags)
@@ -360,12 +360,15 @@ class CachePlugin(BasePlugin[CacheConfig]):
             return False
         return not self.store.purged_since(started, entry)  # across a purge that reaches it
 
+    def _prompt_text(self, ctx: RequestContext) -> str:
+        return prompt_text(ctx, self.services.terminal.read_tokens)
+
     # -------------------------------------------------------------------- replies
 
     def _semantic_hit(self, ctx: RequestContext, key: str, entry: Entry, write: bool,
                       ) -> Reply:
         if write:
-            self.store.promote(key, entry, prompt_text(ctx))
+            self.store.promote(key, entry, self._prompt_text(ctx))
         return self._hit(ctx, entry, "semantic")
 
     def _hit(self, ctx: RequestContext, entry: Entry, layer: str) -> Reply:
@@ -419,7 +422,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         p = ctx.principal
         return Entry(key=key, route=ctx.route, model=ctx.model, choices=choices, usage=usage,
                      scope=scope, tenant=p.tenant, role=p.role, user=p.user,
-                     prompt=prompt_text(ctx), created=now, expires=now + ttl,
+                     prompt=self._prompt_text(ctx), created=now, expires=now + ttl,
                      stale_until=now + ttl + self.cfg.stale_grace_s)
 
 

@@ -127,3 +127,24 @@ async def test_normalized_text_keeps_its_layout_for_the_engine(make_client: Make
                                                    "prompt": code, "echo": True})
     assert fake_engine.calls[-1][0] == fake_engine.encode(code)
     assert (await r.json())["choices"][0]["text"].startswith(code)
+
+
+async def test_a_prompt_of_token_ids_is_read_by_the_cache_too(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """Screened ids may be cached: `sensitive_patterns` and a purge by content read their
+    text (the cache kept an empty prompt for them, so both missed it)."""
+    client = await make_client(plugins=[
+        *sanitizer(), {"name": "cache", "config": {"sensitive_patterns": ["(?i)payroll"],
+                                                   "store_truncated": True}}])
+    body = {"model": "fake-model", "max_tokens": 2, "temperature": 0,
+            "prompt": fake_engine.encode("the payroll numbers for March")}
+    for _ in range(2):
+        r = await client.post("/v1/completions", json=body)
+        assert r.status == 200 and r.headers["x-weir-cache"] == "bypass"
+    assert len(fake_engine.calls) == 2
+    clean = {**body, "prompt": fake_engine.encode("the opening hours in March")}
+    layers = []
+    for _ in range(2):
+        r = await client.post("/v1/completions", json=clean)
+        layers.append(r.headers["x-weir-cache"])
+    assert layers == ["miss", "exact"]
