@@ -13,10 +13,12 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - their answer-shaping instructions differ, in kind or in what they say: a language ("in
   French" / "in German"), a format (JSON / YAML, a table, a poem), a length (one word,
   "in one sentence" / a plain "summarize"), a persona ("like a pirate" / "like a
-  cowboy"), an audience ("to a five-year-old", "for beginners", "in simple terms"), a
-  tone ("a sad story"), or a clause that directs the answer ("Answer ...", "Keep it ...");
+  cowboy"), plain words ("in simple terms"), an audience or a tone after a verb that
+  asks for an answer ("explain ... to a five-year-old", "write a sad story"), or a
+  clause that directs the answer ("Answer ...", "Keep it ...");
 - one adds words to the other and changes nothing else ("Tell me a joke" / "Tell me a
-  joke about cats", "Give me a vegan recipe"): an added qualifier narrows the question;
+  joke about cats", "Give me a vegan recipe"), "please", greetings and thanks aside:
+  an added qualifier narrows the question;
 - they ask for a different kind of fact: a time or a cost on one side only ("How do I
   return an item?" / "How long do I have to return an item?"), or different places or
   reasons;
@@ -99,24 +101,27 @@ _INSTRUCTIONS = {
     "persona": re.compile(
         r"\b(?:(?:like (?:a|an|i'm|i am|you're)|in the (?:style|voice) of|talk like|speak like|"
         r"act as|acting as|pretend(?: to be| you are| you're)?|you are an?)(?:\s+(?:a|an|the))?"
-        r"(?:\s+[\w'-]+){1,2}|as if|role-?play|eli5)", re.IGNORECASE),
+        r"\s+[\w'-]+|as if|role-?play|eli5)", re.IGNORECASE),
+    # (audience and tone count only after a verb that asks for an answer: "explain ... to
+    # a child", "write a sad story"; "classes for beginners" or "dark mode" ask a fact)
     "audience": re.compile(
         r"\b(?:for|to)\s+(?:a\s+|an\s+|the\s+|my\s+|your\s+|someone\s+who\s+is\s+(?:a\s+|an\s+)?)?"
-        r"(?:(?:complete|total|absolute|curious|young|little|smart|expert|seasoned|"
-        r"non-?technical|technical)\s+)?(?:beginners?|novices?|newbies?|dummies|kids?|"
-        r"child(?:ren)?|toddlers?|teen(?:ager)?s?|(?:\d+|one|two|three|four|five|six|seven|eight|"
-        r"nine|ten|eleven|twelve)[- ]years?[- ]olds?|experts?|"
-        r"physicists?|scientists?|mathematicians?|phd students?|layperson|lay people|laymen|"
-        r"layman|non-?experts?|grandma|grandmother|grandpa|grandparents?)\b"
-        r"|\bin (?:simple|simpler|plain|basic|easy|layman'?s'?|technical|non-?technical) "
-        r"(?:terms|english|words|language)\b|\bexplain (?:it |this )?like i'?m\s+\w+|\bsimply\b",
-        re.IGNORECASE),
+        r"(?:[\w-]+\s+){0,2}?(?:beginners?|novices?|newbies?|dummies|kids?|child(?:ren)?|"
+        r"toddlers?|teen(?:ager)?s?|(?:\d+|one|two|three|four|five|six|seven|eight|nine|ten|"
+        r"eleven|twelve)[- ]years?[- ]olds?|experts?|specialists?|professionals?|physicists?|"
+        r"scientists?|mathematicians?|students?|graduates?|developers?|programmers?|"
+        r"engineers?|managers?|executives?|ceos?|doctors?|lawyers?|teachers?|parents?|"
+        r"seniors?|marketers?|investors?|layperson|lay people|laymen|layman|non-?experts?|"
+        r"grandma|grandmother|grandpa|grandparents?)\b", re.IGNORECASE),
     "tone": re.compile(
         r"\b(?:sad|happy|funny|humou?rous|hilarious|scary|spooky|creepy|romantic|dark|serious|"
         r"formal|informal|casual|polite|rude|friendly|angry|sarcastic|witty|cheerful|"
         r"motivational|inspirational|inspiring|persuasive|dramatic|silly|whimsical|playful|"
-        r"heartwarming|emotional|upbeat|gloomy|optimistic|pessimistic|enthusiastic|vegan|"
-        r"vegetarian|gluten-free|kid-friendly|child-friendly)\b", re.IGNORECASE),
+        r"heartwarming|bittersweet|emotional|upbeat|gloomy|optimistic|pessimistic|"
+        r"enthusiastic)\b", re.IGNORECASE),
+    "plain": re.compile(
+        r"\bin (?:simple|simpler|plain|basic|easy|layman'?s'?|technical|non-?technical) "
+        r"(?:terms|english|words|language)\b|\blike i'?m\s+\w+", re.IGNORECASE),
     "directive": re.compile(
         r"(?:^|[.!?:;]\s*|\band\s+)(?:please\s+|just\s+|only\s+|now\s+)*(?:answer|respond|reply|"
         r"write|format|translate|rewrite|summari[sz]e|keep (?:it|your|the)|be (?:very |extremely |"
@@ -151,10 +156,25 @@ _SCAFFOLD = frozenset(
 #: that adds only these to another still asks the same.
 _FILLER = _SCAFFOLD | frozenset(
     "available currently still actually exactly really just also anymore today now here "
-    "again ever possible any some so even already yet out up get have has".split())
+    "again ever possible any some so even already yet out up get have has hi hello hey "
+    "thanks thank thx pls plz help tell know need want quick question right kindly "
+    "like would love got gets getting use using details detail info information placed "
+    "made simply".split())
 _ASKING = frozenset("how what when where why which who can could do does is are".split())
 #: Instruction kinds compared by what they say, not only by their presence.
-_PHRASED = frozenset({"language", "format", "length", "persona", "audience", "tone"})
+_PHRASED = frozenset({"language", "format", "length", "persona", "audience", "tone",
+                      "plain"})
+#: Kinds that count only after a verb asking for an answer, in the same sentence.
+_AFTER_VERB = frozenset({"audience", "tone"})
+_ANSWER_VERB = re.compile(
+    r"\b(?:explain|describe|write|tell|answer|summari[sz]e|teach|define|simplify|break|"
+    r"rewrite|reply|respond|compose|create|make|give|generate|draft|craft|suggest|present|"
+    r"pitch|introduce|outline|walk)\b", re.IGNORECASE)
+_SENTENCE_END = re.compile(r"[.!?]")
+_SAME = {"short": "brief", "concise": "brief", "succinct": "brief", "child": "kid",
+         "children": "kid", "kids": "kid", "simpler": "simple"}
+_UNITS = frozenset({"word", "words", "sentence", "sentences", "line", "lines", "paragraph",
+                    "paragraphs"})
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve".split())}
 _LEAD = frozenset("in into to for a an the only as".split())
@@ -208,15 +228,21 @@ def _instructions(patterns: dict[str, re.Pattern[str]], seen: str) -> frozenset[
                 out.add(kind)
             continue
         for m in p.finditer(seen):
+            if kind in _AFTER_VERB and not _ANSWER_VERB.search(
+                    _SENTENCE_END.split(seen[:m.start()])[-1]):
+                continue
             out.add(f"{kind}:{_canonical_phrase(m.group(0))}")
     return frozenset(out)
 
 
 def _canonical_phrase(phrase: str) -> str:
-    """An instruction's words, lowered, with number words as digits, plurals and "-ly"
-    dropped and leading prepositions and articles left out: "In two sentences" and "2
-    sentence", "briefly" and "brief", "summarise" and "summary" read alike."""
+    """An instruction's words, lowered, with number words as digits ("a" before a unit
+    as 1), plurals and "-ly" dropped, a few synonyms as one, and leading prepositions and
+    articles left out: "in a sentence" and "in one sentence", "briefly", "short" and
+    "concise", "summarise" and "summary", "for kids" and "for children" read alike."""
     words = [_NUMBER_WORDS.get(w, w) for w in re.findall(r"[a-z0-9']+", phrase.lower())]
+    words = ["1" if w in ("a", "an") and i + 1 < len(words) and words[i + 1] in _UNITS
+             else _SAME.get(w, w) for i, w in enumerate(words)]
     while len(words) > 1 and words[0] in _LEAD:
         words.pop(0)
     out = []
@@ -266,17 +292,21 @@ def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 
 def _one_span_added(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """One side is the other with one span of words added that says something ("Tell me
-    a joke" / "Tell me a joke about cats", "a recipe" / "a vegan recipe")."""
+    """One side is the other with one span of words added that says something ("Tell me a
+    joke" / "Please tell me a joke about cats", "a recipe" / "a vegan recipe"); edits of
+    words that say nothing (`_FILLER`: "please", "can you", greetings, thanks) aside."""
+    if min(len(a), len(b)) < 2:
+        return False
+    if (len(a), a) > (len(b), b):  # one order, whichever side asks: the same answer
+        a, b = b, a
     ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
-           if op[0] != "equal"]
-    if len(ops) != 1 or ops[0][0] not in ("insert", "delete"):
+           if op[0] != "equal" and not set(a[op[1]:op[2]] + b[op[3]:op[4]]) <= _FILLER]
+    if len(ops) != 1 or ops[0][0] == "replace":
         return False
     _, i1, i2, j1, j2 = ops[0]
-    added = a[i1:i2] if ops[0][0] == "delete" else b[j1:j2]
-    if i1 == 0 and set(added) & _ASKING:  # a frame put round a bare query ("How do I
-        return False                       # check ..." / "gift card balance?")
-    return min(len(a), len(b)) >= 2 and not set(added) <= _FILLER
+    if not any(t not in _FILLER for t in a[:i1]):  # at the start, a frame round a bare
+        return not set(a[i1:i2] + b[j1:j2]) & _ASKING  # query ("How do I check ..." / "...")
+    return True
 
 
 #: Marks a stored guard digest (an entry read from Redis without its question text).

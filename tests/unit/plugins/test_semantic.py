@@ -143,6 +143,13 @@ def test_near_misses_are_refused(a: str, b: str) -> None:
     ("Tell me a joke.", "Tell me a joke about cats."),
     ("List the planets.", "List the planets in order of size."),
     ("Explain recursion.", "Explain recursion with an example."),
+    # ... with words that say nothing edited too (a review found them passing)
+    ("Tell me a joke", "Please tell me a joke about cats"),
+    ("How do I reset my password?", "How can I reset my work password?"),
+    ("Is there a free trial?", "Is there currently a free trial for students?"),
+    ("Write a story", "Now write a bittersweet story"),
+    ("Explain quantum computing", "Could you explain quantum computing to a marketing manager"),
+    ("Explain photosynthesis to a high school student", "Explain photosynthesis to a graduate"),
 ])
 def test_a_question_that_asks_for_more_or_other_than_the_stored_one_is_refused(
         a: str, b: str) -> None:
@@ -159,6 +166,17 @@ def test_a_question_that_asks_for_more_or_other_than_the_stored_one_is_refused(
     ("Is there a free trial?", "Is there a free trial available?"),
     ("How do I check my gift card balance?", "gift card balance?"),
     ("Do you offer a student discount?", "Are there discounts for students?"),
+    # greetings, thanks and lead-ins add nothing; audience and tone words in a question
+    # that asks a fact (no "explain", "write" ...) are not instructions
+    ("How do I reset my password?", "Hi, how do I reset my password?"),
+    ("How do I reset my password?", "How do I reset my password? Thanks!"),
+    ("How do I reset my password?", "Quick question: how do I reset my password?"),
+    ("How do I reset my password?", "I need to know how to reset my password"),
+    ("How do I talk to an expert?", "How can I reach an expert?"),
+    ("Is the pool open to kids?", "Can kids use the pool?"),
+    ("How do I enable dark mode?", "How can I turn on dark mode?"),
+    ("How do I cancel my plan?", "How do I simply cancel my plan?"),
+    ("Answer like a pirate.", "Answer like a pirate please."),
 ])
 def test_instructions_and_questions_said_alike_still_pass(a: str, b: str) -> None:
     assert guard_ok(a, b) and guard_ok(b, a)
