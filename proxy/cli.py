@@ -8,7 +8,8 @@ get 503 immediately; in-flight requests (streams too) may finish for
 `server.drain_timeout_s`; the rest are cancelled (their generations aborted); then the
 engine stops. A second signal cuts the drain short (the in-flight requests end with their
 in-band error at once), never the engine's shutdown: no engine process outlives the
-server. A server stopped while its engine is still loading (a thread Python cannot
+server; a third ends the processes it started and exits at once (a shutdown that
+hangs). A server stopped while its engine is still loading (a thread Python cannot
 cancel) ends the engine's processes and exits at once instead of waiting for the load.
 """
 
@@ -124,6 +125,27 @@ async def serve(settings: Settings, host: str, port: int) -> int:
         _print_errors("config", e)
         return 1
     st = app[STATE]
+    hurry = asyncio.Event()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 2:
+            hurry.set()  # a second signal: no more waiting for the drain
+        elif signals >= 3:  # a third: a shutdown that hangs is ended, engine and all
+            log.warning("third signal: exiting now")
+            _end_children(grace_s=1.0)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        stop.set()
+
+    # Installed before the engine starts loading (`listen` starts it) and kept until the
+    # loop closes: a default handler would kill the process mid-shutdown and leave the
+    # engine's processes running.
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal)
     try:
         listener = await listen(app, settings.server, host, port)
     except OSError as e:  # the address in use, a host that does not resolve
@@ -137,17 +159,6 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     sys.stderr.write(f"weir: listening on http://{host}:{actual_port}\n")
     sys.stderr.flush()
 
-    hurry = asyncio.Event()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            hurry.set()  # a second signal: no more waiting for the drain
-        stop.set()
-
-    # (kept until the loop closes: a default handler would kill the process mid-shutdown
-    # and leave the engine's processes running)
-    for sig in _STOP_SIGNALS:
-        loop.add_signal_handler(sig, on_signal)
     await stop.wait()
 
     st.draining = True

@@ -85,11 +85,11 @@ def _request_id(request: web.Request) -> str:
 
 
 #: A vendor key's shape (OpenAI's `sk-`, Stripe's, GitHub's, Slack's, AWS's, Google's,
-#: GitLab's, Hugging Face's, or any "key-"/"token_" prefix): a caller who sent its key as
+#: GitLab's, Hugging Face's, a JWT, or any "key-"/"token_" prefix): a caller who sent its key as
 #: a request id must not find it in the logs.
 _KEY_LIKE = re.compile(
     r"(?i:(?:sk|pk|rk|ak|key|api|apikey|api_key|token|secret|bearer|pat|ghp|gho|ghu|ghs|ghr|"
-    r"github_pat|glpat|xox[abposr]|hf|npm|pypi)[-_]|AKIA|ASIA|AIza)")
+    r"github_pat|glpat|xox[abposr]|hf|npm|pypi)[-_]|AKIA|ASIA|AIza|eyJ)")
 
 
 #: Every route's options: `Expect` handled as above.

@@ -59,6 +59,7 @@ async def test_a_sane_request_id_is_honoured_and_echoed(given: str) -> None:
     # a key sent as a request id: it would be on every log line of the request
     "sk-live-0123456789abcdef0123", "sk-proj-AbC_dEf-123", "ghp_0123456789abcdefABCDEF",
     "AKIAIOSFODNN7EXAMPLE", "xoxb-123-456-abc", "key-0123456789abcdef", "API_KEY_123",
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abc",
 ])
 async def test_an_unusable_request_id_is_replaced(given: str) -> None:
     async def handler(r: web.Request) -> web.StreamResponse:
