@@ -44,6 +44,22 @@ class StreamClient(threading.Thread):
             self.started.set()
 
 
+def assert_cut(clients: list[StreamClient]) -> None:
+    """Each stream was cut by the shutdown, and told so in-band before [DONE]."""
+    for c in clients:
+        events, done = parse_sse(c.body)
+        assert done, c.body[-300:]
+        assert events[-1]["error"]["code"] == "shutting_down", c.body[-300:]
+
+
+def assert_exited_cleanly(weir: WeirProcess, children: list[psutil.Process],
+                          timeout: float) -> None:
+    assert weir.proc is not None
+    assert weir.proc.wait(timeout) == 0, weir.tail()
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"orphaned engine processes: {alive}"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_graceful_shutdown_under_load(tmp_path: Path, sig: int) -> None:
     weir = WeirProcess(tmp_path, e2e_config(server={"drain_timeout_s": DRAIN_S},
@@ -74,15 +90,8 @@ def test_graceful_shutdown_under_load(tmp_path: Path, sig: int) -> None:
             events, done = parse_sse(c.body)
             assert done, c.body[-300:]
             assert events[-1]["choices"][0]["finish_reason"] == "length"
-        for c in long:  # still running at the drain timeout: cut, and told so in-band
-            events, done = parse_sse(c.body)
-            assert done, c.body[-300:]
-            assert events[-1]["error"]["code"] == "shutting_down", c.body[-300:]
-
-        assert weir.proc is not None
-        assert weir.proc.wait(60) == 0, weir.tail()
-        _, alive = psutil.wait_procs(children, timeout=30)
-        assert not alive, f"orphaned engine processes: {alive}"
+        assert_cut(long)  # still running at the drain timeout: cut, and told so in-band
+        assert_exited_cleanly(weir, children, timeout=60)
         log = weir.log_text()
         assert "drain timeout: aborted in-flight requests" in log
         assert '"count": 3' in log
@@ -116,13 +125,8 @@ def test_a_second_signal_cuts_the_drain_and_no_engine_process_outlives_the_serve
         weir.signal(second)
         for c in long:
             c.join(120)
-            events, done = parse_sse(c.body)
-            assert done, c.body[-300:]
-            assert events[-1]["error"]["code"] == "shutting_down", c.body[-300:]
-        assert weir.proc is not None
-        assert weir.proc.wait(120) == 0, weir.tail()
-        _, alive = psutil.wait_procs(children, timeout=30)
-        assert not alive, f"orphaned engine processes: {alive}"
+        assert_cut(long)
+        assert_exited_cleanly(weir, children, timeout=120)
         assert "second signal: aborted in-flight requests" in weir.log_text()
     finally:
         weir.stop()
