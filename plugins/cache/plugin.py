@@ -141,8 +141,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                  # cached answers carry no logprobs
                  or (isinstance(req, ChatCompletionRequest) and bool(req.logprobs))
                  or (not isinstance(req, ChatCompletionRequest) and req.logprobs is not None)
-                 or (bool(self._sensitive) and any(
-                     p.search(self._prompt_text(ctx)) for p in self._sensitive)))
+                 or self._matches_sensitive(ctx))
         if never:
             return d._replace(read=False, write=False)
         return d._replace(write=d.write and "injection" not in ctx.flags)
@@ -362,6 +361,14 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     def _prompt_text(self, ctx: RequestContext) -> str:
         return prompt_text(ctx, self.services.terminal.read_tokens)
+
+    def _matches_sensitive(self, ctx: RequestContext) -> bool:
+        """Whether a `sensitive_patterns` entry matches the request's text (read once,
+        not once per pattern: a prompt of token ids is decoded to read it)."""
+        if not self._sensitive:
+            return False
+        text = self._prompt_text(ctx)
+        return any(p.search(text) for p in self._sensitive)
 
     # -------------------------------------------------------------------- replies
 

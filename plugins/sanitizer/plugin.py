@@ -212,6 +212,13 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         """`text` as it goes on when nothing in it is redacted: folded, when normalizing."""
         return fold(text) if self.cfg.normalize else text
 
+    def _screened(self, text: str, fired: dict[str, str]) -> tuple[str, str, bool]:
+        """`_process(text)`'s (key text, engine text), and whether a redaction changed
+        the text."""
+        folded = self._fold(text)
+        key, engine = self._process(text, fired, folded)
+        return key, engine, key != folded
+
     def _remember_clean(self, norm: str) -> None:
         """Texts in which no detector found anything: repeated traffic (an FAQ) skips
         the detectors. Only clean texts are kept (nothing sensitive stays in memory),
@@ -313,9 +320,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 i = j
                 continue
             joined = "".join(_part_text(p) for p in parts[i:j])
-            folded = self._fold(joined)
-            k, e = self._process(joined, fired, folded)  # (what it finds is fired)
-            if k != folded and self._redacts(
+            k, e, redacted = self._screened(joined, fired)  # (what it finds is fired)
+            if redacted and self._redacts(
                     "".join(_part_text(p) for p in kp[i:j])):
                 out_k.append(TextPart(type="text", text=k))  # found across parts
                 out_e.append(TextPart(type="text", text=e))
@@ -377,9 +383,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def _redacted(self, text: str, fired: dict[str, str]) -> str:
         """`text` as it came, or its redacted form where a `redact` detector fired (no
         normalizing otherwise: these texts are data, such as JSON, not prose)."""
-        folded = self._fold(text)
-        key, _ = self._process(text, fired, folded)
-        return text if key == folded else key
+        key, _, redacted = self._screened(text, fired)
+        return key if redacted else text
 
     def _json_text(self, text: str, fired: dict[str, str]) -> str:
         """A JSON document (call arguments): its strings are read decoded, as the chat
@@ -439,27 +444,22 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         every detector). Where the ids cannot be read (an upstream holds the tokenizer),
         nothing cleared them: flagged `unscreened`, never cached nor served from the
         cache."""
-        prompts = req.prompts()
         read = self.services.terminal.read_tokens
-        texts = [read(ids) for ids in prompts if isinstance(ids, list)]
-        if len(texts) != len(prompts) or any(t is None for t in texts):
+        texts = [read(ids) if isinstance(ids, list) else None for ids in req.prompts()]
+        if any(t is None for t in texts):
             fired["unscreened"] = "flag"
             return req, req
-        keys: list[Any] = []
-        engines: list[Any] = []
-        for ids, text in zip(prompts, texts, strict=True):
-            assert text is not None
-            folded = self._fold(text)
-            k, e = self._process(text, fired, folded)
-            keys.append(ids if k == folded else k)
-            engines.append(ids if k == folded else e)
-        if all(k is ids for k, ids in zip(keys, prompts, strict=True)):
+        screened = [self._screened(t, fired) for t in texts if t is not None]
+        if not any(redacted for _, _, redacted in screened):
             return req, req
-        if len(prompts) == 1 and not isinstance(req.prompt[0], list):
-            return _with(req, "prompt", keys[0]), _with(req, "prompt", engines[0])
-        if any(isinstance(k, str) for k in keys):  # (a list is all text or all ids)
-            keys = [k if isinstance(k, str) else read(k) for k in keys]
-            engines = [e if isinstance(e, str) else read(e) for e in engines]
+        if not isinstance(req.prompt[0], list):  # one prompt of ids: its text goes on
+            key, engine, _ = screened[0]
+            return _with(req, "prompt", key), _with(req, "prompt", engine)
+        # (a list is all text or all ids: the others go on as their text too)
+        keys = [k if redacted else t for (k, _, redacted), t in zip(screened, texts,
+                                                                    strict=True)]
+        engines = [e if redacted else t for (_, e, redacted), t in zip(screened, texts,
+                                                                       strict=True)]
         return _with(req, "prompt", keys), _with(req, "prompt", engines)
 
 
