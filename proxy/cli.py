@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .settings import ConfigError, Settings, load_settings
 
@@ -135,10 +135,7 @@ async def serve(settings: Settings, host: str, port: int) -> int:
             hurry.set()  # a second signal: no more waiting for the drain
         elif signals >= 3:  # a third: a shutdown that hangs is ended, engine and all
             log.warning("third signal: exiting now")
-            _end_children(grace_s=1.0)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+            _exit_now(1, grace_s=1.0)
         stop.set()
 
     # Installed before the engine starts loading (`listen` starts it) and kept until the
@@ -196,9 +193,15 @@ def _exit(code: int, engine_loading: bool) -> int:
     """End the processes this server started that are still running (the engine's), then
     `code`. An engine still loading runs in a thread Python cannot stop and the loop's
     close would wait for it (minutes for a large model): the process exits now."""
+    if engine_loading:
+        _exit_now(code)
     _end_children()
-    if not engine_loading:
-        return code
+    return code
+
+
+def _exit_now(code: int, grace_s: float = 5.0) -> NoReturn:
+    """End this server's child processes, then the process itself, at once."""
+    _end_children(grace_s)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -72,8 +72,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     resp.force_close()
     state = request.app.get(STATE)
     if state is None or state.settings.logging.access_log:
-        log.info("request", request_id=rid, method=request.method,
-                 path=logged_path(request), status=resp.status, latency_ms=0.0)
+        log_request(request, resp.status, 0.0, request_id=rid)
     return resp
 
 
@@ -85,8 +84,8 @@ def _request_id(request: web.Request) -> str:
 
 
 #: A vendor key's shape (OpenAI's `sk-`, Stripe's, GitHub's, Slack's, AWS's, Google's,
-#: GitLab's, Hugging Face's, a JWT, or any "key-"/"token_" prefix): a caller who sent its key as
-#: a request id must not find it in the logs.
+#: GitLab's, Hugging Face's, a JWT, or any "key-"/"token_" prefix): a caller who sent its
+#: key as a request id must not find it in the logs.
 _KEY_LIKE = re.compile(
     r"(?i:(?:sk|pk|rk|ak|key|api|apikey|api_key|token|secret|bearer|pat|ghp|gho|ghu|ghs|ghr|"
     r"github_pat|glpat|xox[abposr]|hf|npm|pypi)[-_]|AKIA|ASIA|AIza|eyJ)")
@@ -135,16 +134,16 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
                 labelled(metrics.requests, route, model, str(status)).inc()
                 labelled(metrics.latency, route, model).observe(elapsed)
             if enabled and request.path != "/metrics" and not request.path.startswith("/health"):
-                log.info(
-                    "request",
-                    method=request.method,
-                    path=logged_path(request),
-                    status=status,
-                    latency_ms=round(elapsed * 1000, 2),
-                    **{k: v for k, v in info.items() if v is not None},
-                )
+                log_request(request, status, elapsed,
+                            **{k: v for k, v in info.items() if v is not None})
 
     return access_log
+
+
+def log_request(request: web.Request, status: int, elapsed_s: float, **fields: Any) -> None:
+    """A request's access-log line (never its headers, keys or prompt text)."""
+    log.info("request", method=request.method, path=logged_path(request), status=status,
+             latency_ms=round(elapsed_s * 1000, 2), **fields)
 
 
 # An id the server made (a stored response's: "resp_" and 48 hex digits): a log line may

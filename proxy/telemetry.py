@@ -141,11 +141,13 @@ def error_fields(e: BaseException, frames: int = 8) -> dict[str, str]:
 
 def _short(filename: str) -> str:
     """A frame's file from its package down (`proxy/routes.py`, `vllm/...`)."""
-    for mark in ("/site-packages/", "/proxy/", "/plugins/"):
+    _, installed, inside = filename.rpartition("/site-packages/")
+    if installed:
+        return inside
+    for mark in ("/proxy/", "/plugins/"):
         i = filename.rfind(mark)
         if i >= 0:
-            return filename[i + len("/site-packages/"):] if mark == "/site-packages/" \
-                else filename[i + 1:]
+            return filename[i + 1:]
     return filename.rsplit("/", 1)[-1]
 
 

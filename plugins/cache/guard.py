@@ -172,7 +172,7 @@ _ANSWER_VERB = re.compile(
     r"pitch|introduce|outline|walk)\b", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"[.!?]")
 _SAME = {"short": "brief", "concise": "brief", "succinct": "brief", "child": "kid",
-         "children": "kid", "kids": "kid", "simpler": "simple"}
+         "children": "kid", "simpler": "simple"}  # (plurals: "kids" reads as "kid")
 _UNITS = frozenset({"word", "words", "sentence", "sentences", "line", "lines", "paragraph",
                     "paragraphs"})
 _NUMBER_WORDS = {w: str(i) for i, w in enumerate(
