@@ -2,8 +2,9 @@
 (its detectors) and the cache (its keys); it lives in the core so that neither plugin
 imports the other.
 
-NFKC folds compatibility forms (full-width letters, ligatures, superscripts) into their
-plain forms; then control characters other than newline and tab and every
+NFKC folds compatibility forms (full-width letters, ligatures) into their plain forms,
+superscripts and subscripts aside ("2³" is not "23": detectors alone read them plain);
+then control characters other than newline and tab and every
 default-ignorable character that renders as nothing (zero-width, variation selectors,
 bidi controls) are removed, and blanks that render as a space (Hangul fillers) become
 one (`fold`, what the engine reads when it reads normalized text: the layout stays, so
@@ -47,12 +48,29 @@ def _squeeze(text: str) -> str:
     return _SPACES.sub(" ", text) if "  " in text else text
 
 
+# Superscripts and subscripts: NFKC reads "2³" as "23" and "m²" as "m2", which is not
+# what the text says; `fold` keeps them (detectors still read them as digits and letters:
+# `_AS`).
+_SCRIPTS = "\u00b2\u00b3\u00b9" + "".join(map(chr, range(0x2070, 0x20a0)))
+_SCRIPTED = re.compile(f"([{_SCRIPTS}]+)")
+
+
+def _nfkc(text: str) -> str:
+    if unicodedata.is_normalized("NFKC", text):
+        return text
+    if not _SCRIPTED.search(text):
+        return unicodedata.normalize("NFKC", text)
+    return "".join(part if i % 2 else unicodedata.normalize("NFKC", part)
+                   for i, part in enumerate(_SCRIPTED.split(text)))
+
+
 def fold(text: str) -> str:
     """What renders alike, made alike, with the text's layout kept (indentation, blank
-    lines, a part's trailing space): what the engine reads of a normalized text."""
+    lines, a part's trailing space): what the engine reads of a normalized text.
+    Superscripts and subscripts stay as written ("2³" is not "23")."""
     if text.isascii() and text.isprintable():
         return text  # the common case: nothing to fold or strip
-    out = text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
+    out = _nfkc(text)
     if "\r" in out:
         out = _CRLF.sub("\n", out)
     out = _STRIP.sub("", out)
@@ -68,11 +86,14 @@ def normalize(text: str) -> str:
 
 
 # What the canonical form reads as the same, one character for another: a tab as a space
-# (numbers and phrases split by tabs), a line or paragraph separator as a newline, and
-# any script's decimal digits as ASCII ones ("٤١١١" is 4111 to a reader, and a card).
+# (numbers and phrases split by tabs), a line or paragraph separator as a newline, any
+# script's decimal digits as ASCII ones ("٤١١١" is 4111 to a reader, and a card), and
+# a superscript or subscript as its plain form.
 _AS = str.maketrans({"\t": " ", "\u2028": "\n", "\u2029": "\n", **{
     chr(c): str(unicodedata.decimal(chr(c))) for c in range(0x80, 0x110000)
-    if unicodedata.category(chr(c)) == "Nd"}})
+    if unicodedata.category(chr(c)) == "Nd"}, **{  # superscripts and subscripts (`fold`)
+    c: unicodedata.normalize("NFKC", c) for c in _SCRIPTS
+    if len(unicodedata.normalize("NFKC", c)) == 1}})
 # Combining marks NFKC leaves on an ASCII letter or digit (no precomposed form): a
 # strikethrough or an enclosing circle over "alice@..." or "4111 ..." that hides it
 # from a pattern, not from a reader.

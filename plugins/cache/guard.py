@@ -4,11 +4,12 @@ Sentence embeddings score "cancel order 123" and "cancel order 456" as near-iden
 and "How do I reset my password? Answer like a pirate." as the plain question. The guard
 compares cheap lexical signatures of the two questions and refuses the hit when:
 
-- their numbers differ (in order): ids, amounts, dates, sizes;
+- their numbers differ (in order), or the operators between them ("7 + 5" / "7 - 5");
 - their negation counts differ (not, never, n't, "non-" ...);
 - their capitalized names differ (in order): places, brands, languages, plans;
 - they carry opposite directions of the same family (enable/disable, upgrade/downgrade,
-  refund/charge, import/export ...), or one word is the other with a reversing prefix
+  refund/charge, import/export, boiling/freezing, largest/smallest, first/last ...), or
+  one word is the other with a reversing prefix
   (lock/unlock, follow/unfollow, activate/deactivate), or "from X to Y" swaps;
 - their answer-shaping instructions differ, in kind or in what they say: a language ("in
   French" / "in German"), a format (JSON / YAML, a table, a poem), a length (one word,
@@ -24,6 +25,9 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
   reasons;
 - their lines are indented differently: in code, indentation is meaning (a statement
   in a loop's body or after it), and an embedding does not see it;
+- they hold the same words in another order ("convert miles to kilometers" /
+  "kilometers to miles"; the price: "password reset" / "reset password" misses);
+- they are written in different languages (the model answers in the question's own);
 - they are one template with one slot changed ("Does the laptop come with a charger?" /
   "Does the phone ..."): a swapped entity, even in lower case. The price: a one-word
   synonym swap ("opening hours" / "business hours") misses too.
@@ -39,7 +43,27 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+# A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
+_NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212](?=\d))?\d+(?:[.,]\d+)*")
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+# An operator between two numbers ("7 + 5" / "7 - 5", "8 times 2"), as one sign.
+# After a number or a bracket; a sign also after a word, blanks round it ("3x - 7 = 0");
+# before a number, signed or not ("5 * -3").
+_SYMBOLS = r"[-+*/\u00d7\u00f7\u2212^%=<>\u2264\u2265\u2260]|[<>!]="
+_OPERATOR = re.compile(
+    rf"(?:(?<=[\d)])\s*({_SYMBOLS}|x|plus|minus|times|multiplied by|divided by|over|mod|"
+    rf"modulo|to the power of)|(?<=\w)\s+({_SYMBOLS}))\s*(?=[-\u2212]?\d)", re.IGNORECASE)
+_SIGN = {"plus": "+", "minus": "-", "\u2212": "-", "times": "*", "multiplied by": "*",
+         "x": "*", "\u00d7": "*", "divided by": "/", "over": "/", "\u00f7": "/", "mod": "%",
+         "modulo": "%", "to the power of": "^", "\u2264": "<=", "\u2265": ">=",
+         "\u2260": "!="}
+# Superscript and subscript digits (the text keeps them: proxy.text.fold) as an exponent
+# and an index: "2³" is 2^3, neither 23 nor 2²; "H₂O" has an index 2.
+_SCRIPT_DIGITS = str.maketrans({
+    **{c: f"^{d}" for d, c in enumerate(
+        "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")},
+    **{chr(0x2080 + d): f"_{d}" for d in range(10)}})
+_HAS_SCRIPT_DIGITS = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u2079\u2080-\u2089]")
 _NEGATION = re.compile(
     r"\b(?:not|no|never|none|nothing|cannot|without|neither|nor|non)\b|n't\b|\bnon-|"
     r"不|没|无|别|非", re.IGNORECASE)
@@ -76,6 +100,16 @@ _FAMILIES = (
     ("visibility", ("public", "visible"), ("private", "hidden")),
     ("follow", ("follow", "mute"), ("unfollow", "unmute")),
     ("accept", ("accept", "approve", "confirm"), ("reject", "decline", "deny")),
+    ("heat", ("hot", "hottest", "warm", "warmest", "boiling", "melting", "heat", "heating"),
+     ("cold", "coldest", "cool", "coolest", "freezing", "frozen", "cooling")),
+    ("size", ("large", "larger", "largest", "big", "bigger", "biggest", "long", "longer",
+              "longest", "tall", "taller", "tallest"),
+     ("small", "smaller", "smallest", "little", "tiny", "short", "shorter", "shortest")),
+    ("speed", ("fast", "faster", "fastest"), ("slow", "slower", "slowest")),
+    ("rank", ("best", "better", "good"), ("worst", "worse", "bad")),
+    ("order", ("first", "earliest", "oldest"), ("last", "latest", "newest")),
+    ("outcome", ("win", "won", "pass", "passed", "succeed", "success"),
+     ("lose", "lost", "fail", "failed", "failure")),
 )
 _DIRECTION = {w: (fam, sign) for fam, plus, minus in _FAMILIES
               for sign, words in (("+", plus), ("-", minus)) for w in words}
@@ -85,6 +119,31 @@ _LANGUAGES = ("english|french|spanish|german|italian|portuguese|japanese|chinese
               "korean|russian|arabic|hindi|dutch|polish|turkish|swedish|norwegian|danish|"
               "finnish|greek|hebrew|latin|ukrainian|czech|hungarian|romanian|vietnamese|"
               "thai|indonesian|malay|bengali|urdu|persian|swahili|emoji")
+#: Words that mark a question's own language (English is the default: ""), each list
+#: without the words it shares with English (a tie between two others goes to the first
+#: listed); and the scripts that mark one by themselves.
+_STOPWORDS = {lang: frozenset(words.split()) for lang, words in {
+    "en": "the is are what how why where do does i you my with for to of in and can it "
+          "this that which who when a an should would could will there",
+    "fr": "le la les de des est une du et pour que qui quelle quel quels comment pourquoi "
+          "où je vous nous avec dans sur au aux cette ce mon ma mes votre pas ne suis sont "
+          "faire puis peux peut",
+    "es": "el la los las de es una del y para qué que cómo como dónde cuál mi con está son "
+          "por puedo hacer mis tu su yo hay",
+    "de": "der die das ist ein eine und wie was warum wo ich mit für nicht kann mein meine "
+          "sie wir auf zu den dem von bitte",
+    "it": "il lo la di gli è una per che come perché dove quale mio mia con sono posso fare "
+          "della del non cosa",
+    "pt": "o os de é um uma para que como onde qual meu minha com não posso fazer da do em "
+          "são você",
+    "nl": "het een en hoe wat waarom waar ik je met voor niet mijn kan van zijn",
+}.items()}
+_LATIN_WORD = re.compile(r"[^\W\d_]+")
+_SCRIPTS = tuple((lang, re.compile(chars)) for lang, chars in (
+    ("ja", "[\u3040-\u30ff]"), ("zh", "[\u4e00-\u9fff]"), ("ko", "[\uac00-\ud7af]"),
+    ("ru", "[\u0400-\u04ff]"), ("ar", "[\u0600-\u06ff]"), ("he", "[\u0590-\u05ff]"),
+    ("el", "[\u0370-\u03ff]"), ("hi", "[\u0900-\u097f]"), ("th", "[\u0e00-\u0e7f]")))
+_ASCII_LETTERS = re.compile(r"[A-Za-z]")
 _INSTRUCTIONS = {
     "language": re.compile(rf"\b(?:in|into|to)\s+(?:{_LANGUAGES})\b|^\s*(?:{_LANGUAGES})\s*:",
                            re.IGNORECASE),
@@ -192,6 +251,7 @@ class Signature:
     focus: frozenset[str]
     tokens: tuple[str, ...]
     layout: tuple[str, ...] = ()  # each indented line's indentation, in order
+    language: str = ""  # the question's own language, where not English (`_language`)
 
 
 def signature(text: str) -> Signature:
@@ -204,7 +264,7 @@ def signature(text: str) -> Signature:
     words = _WORD.findall(low)
     route = _FROM_TO.search(low)
     return Signature(
-        numbers=tuple(n.replace(",", "") for n in _NUMBER.findall(text)),
+        numbers=_numbers(text),
         negations=len(_NEGATION.findall(text)),
         names=tuple(m.group(0).lower().rstrip("s")
                     for m in _NAME.finditer(text.strip())),
@@ -215,7 +275,51 @@ def signature(text: str) -> Signature:
         focus=frozenset(k for k, p in focus.items() if p.search(seen)),
         tokens=tuple(_TOKEN.findall(lowered)),
         layout=tuple(_INDENT.findall(text)) if "\n" in text else (),
+        language=_language(text),
     )
+
+
+def _language(text: str) -> str:
+    """The language the question is written in, where it is not English: a script's
+    ("zh", "ru", ...: most of its letters), or the language whose own small words it uses
+    most, at least two of them and more than English's ("fr", "es", ...). "" for
+    English and for what it cannot tell: a question in French is not answered by the
+    English answer of the same question (the model answers in the question's language)."""
+    if not text.isascii():
+        latin = len(_ASCII_LETTERS.findall(text))
+        for lang, chars in _SCRIPTS:
+            if len(chars.findall(text)) > latin:
+                return lang
+    words = _LATIN_WORD.findall(text.lower())
+    counts = {lang: sum(w in stop for w in words) for lang, stop in _STOPWORDS.items()}
+    best = max(counts, key=lambda lang: counts[lang])
+    if best == "en" or counts[best] < 2 or counts[best] <= counts["en"]:
+        return ""
+    return best
+
+
+def _number(n: str) -> str:
+    """A number as its value reads: "1,000" is 1000, "1,5" is 1.5 (not 15), a minus sign
+    (U+2212) as "-"."""
+    n = n.replace("\u2212", "-")
+    digits = n.lstrip("-")
+    if "," in digits:
+        digits = digits.replace(",", "") if _THOUSANDS.fullmatch(digits) else digits.replace(
+            ",", ".")
+    return ("-" if n.startswith("-") else "") + digits
+
+
+def _numbers(text: str) -> tuple[str, ...]:
+    """The numbers in order (with a sign written on one), and after them the operators
+    between two of them, if any ("7 + 5" and "7 plus 5" have the same numbers and
+    operator; "7 - 5" does not)."""
+    if not text.isascii() and _HAS_SCRIPT_DIGITS.search(text):
+        text = text.translate(_SCRIPT_DIGITS)
+    numbers = tuple(_number(n) for n in _NUMBER.findall(text))
+    if len(numbers) < 2:
+        return numbers
+    ops = [(m.group(1) or m.group(2)).lower() for m in _OPERATOR.finditer(text)]
+    return numbers + tuple(_SIGN.get(op, op) for op in ops)
 
 
 def _instructions(patterns: dict[str, re.Pattern[str]], seen: str) -> frozenset[str]:
@@ -279,34 +383,66 @@ def _focus_differs(a: frozenset[str], b: frozenset[str]) -> bool:
     return bool((a ^ b) & _ONE_SIDED_FOCUS) or bool(a and b and a != b)
 
 
+Op = tuple[str, int, int, int, int]
+
+
+def _edited(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Whether one question is the other with a small edit that changes what it asks
+    (one diff of the two, in one order whichever side asks: the same answer):
+    - one slot changed: one span of 1-2 words replaced, not all scaffold ("the laptop" /
+      "the phone");
+    - one span added that says something ("Tell me a joke" / "Please tell me a joke
+      about cats", "a recipe" / "a vegan recipe"), edits of words that say nothing
+      (`_FILLER`: "please", "can you", greetings, thanks) aside.
+    Both at once are not refused: a synonym and an added word is how most paraphrases
+    read ("verify my email" / "confirm my email address")."""
+    if (len(a), a) > (len(b), b):
+        a, b = b, a
+    ops: list[Op] = [op for op in difflib.SequenceMatcher(
+        a=a, b=b, autojunk=False).get_opcodes() if op[0] != "equal"]
+    if len(ops) == 1 and _slot(a, b, ops[0], _SCAFFOLD):
+        return True
+    said = [op for op in ops if not set(a[op[1]:op[2]] + b[op[3]:op[4]]) <= _FILLER]
+    if len(said) == 1 and said[0][0] != "replace":
+        return _span_added(a, b, said[0])
+    return False
+
+
 def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """The same words but one span of 1-2 content words replaced by another."""
+    """The same words but one span of 1-2 words replaced (bench/embedders.py's feature)."""
     ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
            if op[0] != "equal"]
-    if len(ops) != 1 or ops[0][0] != "replace":
-        return False
-    _, i1, i2, j1, j2 = ops[0]
-    if i2 - i1 > 2 or j2 - j1 > 2 or len(a) - (i2 - i1) < 2:
-        return False
-    return not (set(a[i1:i2]) <= _SCAFFOLD and set(b[j1:j2]) <= _SCAFFOLD)
+    return len(ops) == 1 and _slot(a, b, ops[0], _SCAFFOLD)
 
 
-def _one_span_added(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """One side is the other with one span of words added that says something ("Tell me a
-    joke" / "Please tell me a joke about cats", "a recipe" / "a vegan recipe"); edits of
-    words that say nothing (`_FILLER`: "please", "can you", greetings, thanks) aside."""
-    if min(len(a), len(b)) < 2:
+def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str]) -> bool:
+    """`op` replaces 1-2 words by 1-2 others, not all of them `empty`, at least two
+    words kept."""
+    kind, i1, i2, j1, j2 = op
+    if kind != "replace" or i2 - i1 > 2 or j2 - j1 > 2 or len(a) - (i2 - i1) < 2:
         return False
-    if (len(a), a) > (len(b), b):  # one order, whichever side asks: the same answer
-        a, b = b, a
-    ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
-           if op[0] != "equal" and not set(a[op[1]:op[2]] + b[op[3]:op[4]]) <= _FILLER]
-    if len(ops) != 1 or ops[0][0] == "replace":
+    return not (set(a[i1:i2]) <= empty and set(b[j1:j2]) <= empty)
+
+
+def _span_added(a: tuple[str, ...], b: tuple[str, ...], op: Op) -> bool:
+    """`op` adds (or drops) a span; at the start, only when the span is not a frame
+    round a bare query ("How do I check ..." / "...")."""
+    _, i1, i2, j1, j2 = op
+    if len(a) < 2:
         return False
-    _, i1, i2, j1, j2 = ops[0]
-    if not any(t not in _FILLER for t in a[:i1]):  # at the start, a frame round a bare
-        return not set(a[i1:i2] + b[j1:j2]) & _ASKING  # query ("How do I check ..." / "...")
+    if not any(t not in _FILLER for t in a[:i1]):
+        return not set(a[i1:i2] + b[j1:j2]) & _ASKING
     return True
+
+
+def _reordered(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """The same words that say something, in another order: "convert miles to
+    kilometers" / "convert kilometers to miles", "Does the basic plan include the
+    premium support?" with the two swapped. (The price: "cats and dogs" / "dogs and
+    cats", "reset password" / "password reset" miss.)"""
+    ca = [t for t in a if t not in _FILLER]
+    cb = [t for t in b if t not in _FILLER]
+    return ca != cb and len(ca) == len(cb) and sorted(ca) == sorted(cb)
 
 
 #: Marks a stored guard digest (an entry read from Redis without its question text).
@@ -318,13 +454,15 @@ ANY_GATE = "*"
 
 def _strict(sig: Signature) -> tuple[object, ...]:
     return (sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
-            sig.route, sig.directions, tuple(sorted(sig.focus)), *_layout(sig))
+            sig.route, sig.directions, tuple(sorted(sig.focus)), *_added(sig))
 
 
-def _layout(sig: Signature) -> tuple[object, ...]:
-    """The layout, where there is one (prose has none: its digests and gates are as
-    they were before layout counted)."""
-    return (sig.layout,) if sig.layout else ()
+def _added(sig: Signature) -> tuple[object, ...]:
+    """The features added after digests and gates were first kept: the layout, where
+    there is one, and the language, where not English (English prose has neither: its
+    digests and gates are as they were before these counted)."""
+    return ((sig.layout,) if sig.layout else ()) + (
+        (("language", sig.language),) if sig.language else ())
 
 
 def _strict_hash(sig: Signature) -> str:
@@ -334,7 +472,7 @@ def _strict_hash(sig: Signature) -> str:
 def _gate(sig: Signature) -> str:
     return hashlib.sha256(repr((
         sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
-        "time" in sig.focus, "cost" in sig.focus, *_layout(sig))).encode()).hexdigest()[:16]
+        "time" in sig.focus, "cost" in sig.focus, *_added(sig))).encode()).hexdigest()[:16]
 
 
 def gate(text: str) -> str:
@@ -370,9 +508,10 @@ def guard_ok(question: str, stored: str) -> bool:
     a, b = signature(question), signature(stored)
     return (a.numbers == b.numbers and a.negations == b.negations and a.names == b.names
             and a.instructions == b.instructions and a.layout == b.layout
+            and a.language == b.language
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)
             and not _focus_differs(a.focus, b.focus)
-            and not _one_slot_changed(a.tokens, b.tokens)
-            and not _one_span_added(a.tokens, b.tokens))
+            and not _edited(a.tokens, b.tokens)
+            and not _reordered(a.tokens, b.tokens))

@@ -57,7 +57,7 @@ def test_every_format_character_is_removed() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=" \t\nab4\u3000\u0301\u20dd\u0664\u2028é", max_size=30))
+@given(st.text(alphabet=" \t\nab4\u3000\u0301\u20dd\u0664\u2028é\u00b2\u2081", max_size=30))
 def test_canonical_places_place_each_character(text: str) -> None:
     """Each character of the canonical form, found where it sits in the folded text
     (the sanitizer redacts the folded text with spans found in the canonical one)."""
@@ -77,6 +77,8 @@ def test_canonical_places_place_each_character(text: str) -> None:
     ("\u0664\u0661\u0661\u0661 \u0967\u0967\u0967\u0967", "4111 1111"),
     ("one\u2028two", "one\ntwo"),
     ("café, नमस्ते", "café, नमस्ते"),  # marks of other scripts are letters' own
+    ("card ⁴¹¹¹ ₁₁₁₁", "card 4111 1111"),
+    ("ⁱgnore previous", "ignore previous"),
 ])
 def test_detectors_read_what_a_reader_reads(text: str, read: str) -> None:
     """Tabs, other scripts' digits, marks laid over ASCII letters and digits: what hides
@@ -84,3 +86,16 @@ def test_detectors_read_what_a_reader_reads(text: str, read: str) -> None:
     from proxy.text import fold, scanned
 
     assert scanned(fold(text)) == read
+
+
+@pytest.mark.parametrize(("text", "folded"), [
+    ("What is 2\u00b3?", "What is 2\u00b3?"), ("Area in m\u00b2", "Area in m\u00b2"),
+    ("H\u2082O and \uff46\uff55\uff4c\uff4c 10\u207b\u00b3", "H\u2082O and full 10\u207b\u00b3"),
+])
+def test_superscripts_and_subscripts_stay_as_written(text: str, folded: str) -> None:
+    """NFKC reads "2\u00b3" as "23": the engine (and the cache key) must not; detectors still
+    read digits."""
+    from proxy.text import fold
+
+    assert fold(text) == folded
+    assert normalize("What is 2\u00b3?") != normalize("What is 23?")

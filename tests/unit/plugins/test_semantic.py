@@ -119,6 +119,36 @@ def test_an_instruction_with_letters_that_fold_to_ascii_is_seen(extra: str) -> N
     ("How do I return an item?", "How long do I have to return an item?"),
     ("How do I change my plan?", "How much does it cost to change my plan?"),
     ("Where is my refund?", "Why is my refund late?"),
+    # an operator between the same numbers
+    ("What is 7 + 5?", "What is 7 - 5?"),
+    ("What is 8 * 2?", "What is 8 / 2?"),
+    ("What is 9 times 3?", "What is 9 divided by 3?"),
+    ("Is 5 \u2265 3?", "Is 5 \u2264 3?"),
+    # a sign written on a number; a decimal comma
+    ("Is -7 greater than 5?", "Is 7 greater than 5?"), ("What is -5 + 3?", "What is 5 + 3?"),
+    ("What is 1,5 + 1?", "What is 15 + 1?"),
+    ("What is 5 + -3?", "What is 5 * -3?"), ("Solve 3x - 7 = 0", "Solve 3x + 7 = 0"),
+    # superscripts and subscripts, which the text keeps (an exponent, an index)
+    ("What is 2\u00b3?", "What is 2\u00b2?"), ("What is 2\u00b3?", "What is 23?"),
+    ("How much is 1 m\u00b3?", "How much is 1 m\u00b2?"),
+    ("What is H\u2082O?", "What is H\u2082O\u2082?"),
+    # the same words in another order: who does what to whom, which way a conversion goes
+    ("How do I convert miles to kilometers?", "How do I convert kilometers to miles?"),
+    ("Convert 5 km into miles.", "Convert 5 miles into km."),
+    ("Does the basic plan include priority support?",
+     "Does priority support include the basic plan?"),
+    # opposites of one family
+    ("What is the boiling point of water in fahrenheit?", "What is the freezing point of water?"),
+    ("What is the largest planet?", "What is the smallest planet?"),
+    ("What is the fastest way to ship?", "What is the slowest way to ship?"),
+    ("Who was the first president?", "Who was the last president?"),
+    # the question asked in another language (the model answers in that language)
+    ("What is the capital of France?", "Quelle est la capitale de la France ?"),
+    ("Capital of France?", "Capitale de la France ?"),
+    ("What is the capital of France?", "¿Cuál es la capital de Francia?"),
+    ("What is the capital of France?", "Was ist die Hauptstadt von Frankreich?"),
+    ("What is the capital of France?", "法国的首都是什么？"),
+    ("How do I reset my password?", "Как сбросить мой пароль?"),
 ])
 def test_near_misses_are_refused(a: str, b: str) -> None:
     assert not guard_ok(a, b) and not guard_ok(b, a)
@@ -189,6 +219,9 @@ def test_instructions_and_questions_said_alike_still_pass(a: str, b: str) -> Non
     ("How do I cancel my subscription?", "I want to stop my subscription"),
     ("Can I pick up my order in store?", "Do you offer in-store collection?"),
     ("What is your refund policy?", "Can you explain your refund policy?"),
+    ("What is 7 + 5?", "what is 7+5"),
+    ("What does je ne sais quoi mean?", "What is the meaning of je ne sais quoi?"),
+    ("Quelle est la capitale de la France ?", "Quelle est la capitale de la France?"),
 ])
 def test_paraphrases_pass(a: str, b: str) -> None:
     assert guard_ok(a, b) and guard_ok(b, a)
@@ -197,6 +230,12 @@ def test_paraphrases_pass(a: str, b: str) -> None:
 def test_the_price_of_the_slot_rule_a_one_word_synonym_swap_misses() -> None:
     assert not guard_ok("What are your opening hours?", "What are your business hours?")
     assert guard_ok("How do I reset my password?", "How can I reset my password?")
+
+
+def test_the_price_of_the_order_rule_a_reordered_pair_misses() -> None:
+    assert not guard_ok("What is the difference between cats and dogs?",
+                        "What is the difference between dogs and cats?")
+    assert not guard_ok("How do I reset my password?", "Password reset: how do I do it?")
 
 
 class StuckEmbedder(FakeEmbedder):
