@@ -17,6 +17,7 @@ of every cache hit, and validating them is the tests' job (against the official 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from urllib.parse import unquote
@@ -97,6 +98,8 @@ CHAT_UNSUPPORTED: Unsupported = {
     "audio": (inert(), "this model answers text only."),
     "modalities": (inert(["text"]), "this model answers text only."),
     "web_search_options": (inert(), "this server does not search the web."),
+    "verbosity": (inert("medium"), "this model has no verbosity setting; ask for a length "
+                  "in the prompt."),
 }
 #: What the in-process engine cannot honour (an upstream engine may: it is passed on).
 LOCAL_UNSUPPORTED: Unsupported = {
@@ -160,6 +163,46 @@ class InvalidFunctionParameters(ValueError):
     """OpenAI's code for it: `invalid_function_parameters`."""
 
 
+def strict_problem(schema: dict[str, Any]) -> str | None:
+    """What OpenAI's strict mode (`"strict": true`) refuses in a schema, in its words, or
+    None: every object must say `additionalProperties: false` and list every property in
+    `required` (the grammar then holds the answer to exactly that shape)."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(schema, ())]
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        kind = node.get("type")
+        props = node.get("properties")
+        if kind == "object" or (isinstance(kind, list) and "object" in kind) or isinstance(
+                props, dict):
+            context = f"In context={where}"
+            if node.get("additionalProperties") is not False:
+                return (f"{context}, 'additionalProperties' is required to be supplied and "
+                        "to be false")
+            missing = [k for k in props or {} if k not in (node.get("required") or ())]
+            if missing:
+                return (f"{context}, 'required' is required to be supplied and to be an "
+                        "array including every key in properties. Missing "
+                        f"'{missing[0]}'")
+        for key, sub in node.items():  # (subschemas only: `x-meta` and the like are data)
+            if key in SCHEMA_MAPS and isinstance(sub, dict):
+                stack.extend((v, (*where, key, name)) for name, v in sub.items())
+            elif key in SUBSCHEMA and isinstance(sub, dict):
+                stack.append((sub, (*where, key)))
+            elif key in SUBSCHEMAS and isinstance(sub, list):
+                stack.extend((v, (*where, key, str(i))) for i, v in enumerate(sub))
+    return None
+
+
+def check_strict(what: str, schema: dict[str, Any] | None, strict: bool | None,
+                 error: type[ValueError] = ValueError) -> None:
+    """`strict: true` on a schema strict mode refuses: a 400 saying why (OpenAI's words;
+    a function's `error` is `InvalidFunctionParameters`, its code)."""
+    if strict and schema is not None and (problem := strict_problem(schema)):
+        raise error(f"Invalid schema for {what}: {problem}")
+
+
 #: A function tool's `parameters`: a JSON schema (`check_json_schema`) of an object.
 ToolParameters = Annotated[dict[str, Any], AfterValidator(check_json_schema),
                            AfterValidator(_object_schema)]
@@ -171,13 +214,25 @@ class FunctionDef(_Open):
     parameters: ToolParameters | None = None
     strict: bool | None = None
 
+    @model_validator(mode="after")
+    def _strict_schema(self) -> FunctionDef:
+        check_strict(f"function '{self.name}'", self.parameters, self.strict,
+                     InvalidFunctionParameters)
+        return self
+
 
 _VALID_SCHEMAS: dict[bytes, None] = {}  # insertion-ordered: the oldest goes first
 
 
 SCHEMA_DATA = frozenset({"default", "const", "enum", "examples"})  # values, not schemas
 SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
-                         "dependentSchemas"})  # names -> schemas (a name is no keyword)
+                         "dependentSchemas", "dependencies"})  # names -> schemas (a name is
+# no keyword; draft 7's `dependencies` may also map a name to a list of names)
+#: Keywords whose value is one subschema, or (`items` too) a list of them.
+SUBSCHEMA = frozenset({"items", "additionalProperties", "not", "if", "then", "else",
+                       "contains", "propertyNames", "unevaluatedProperties",
+                       "unevaluatedItems", "additionalItems"})
+SUBSCHEMAS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
 
 
 def schema_refs(schema: dict[str, Any]) -> Iterator[str]:
@@ -198,11 +253,24 @@ def schema_refs(schema: dict[str, Any]) -> Iterator[str]:
             stack.extend((v, False) for v in x)
 
 
+_ESCAPE = re.compile(r"~[01]|%[0-9A-Fa-f]{2}")
+
+
 def _local_refs_only(schema: dict[str, Any]) -> None:
-    """Every `$ref` points inside the schema (`#...`): nothing is fetched, and the
-    grammar compiler would otherwise drop the reference silently (printing it)."""
-    if any(not ref.startswith("#") for ref in schema_refs(schema)):
+    """Every `$ref` points inside the schema (`#...`), at something: nothing is fetched,
+    and the grammar compiler would otherwise drop the reference silently (printing it)."""
+    refs = set(schema_refs(schema))
+    if any(not ref.startswith("#") for ref in refs):
         raise ValueError("a `$ref` may only point inside the schema (`#/...`)")
+    for ref in sorted(refs):  # (the grammar compiler's error would name Weir's rewrite)
+        if not (ref in ("#", "#/") or ref.startswith("#/")):
+            continue
+        if _ESCAPE.search(ref):  # the compiler reads the pointer's parts unescaped
+            raise ValueError(f"`$ref` `{ref}` names a definition by an escaped name (`~0`, "
+                             "`~1`, `%xx`), which the grammar compiler cannot follow: "
+                             "name it with letters, digits, `_` and `-`")
+        if _pointed(schema, ref) is None:
+            raise ValueError(f"`$ref` `{ref}` points at nothing in the schema")
     _no_ref_loops(schema)
 
 
@@ -411,7 +479,7 @@ class ChatMessage(_Open):
     role: Role
     content: str | Annotated[list[Part], Field(min_length=1)] | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None
     tool_call_id: str | None = None
 
     def text(self) -> str:
@@ -442,6 +510,11 @@ class JsonSchemaFormat(_Open):
     description: str | None = None
     schema_: JsonSchema | None = Field(default=None, alias="schema")
     strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _strict_schema(self) -> JsonSchemaFormat:
+        check_strict(f"response_format '{self.name}'", self.schema_, self.strict)
+        return self
 
 
 class ResponseFormat(_Open):
@@ -581,10 +654,12 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
-    tools: list[ChatTool] | None = None
+    tools: Annotated[list[ChatTool], Field(min_length=1)] | None = None  # (OpenAI: 400)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     metadata: Metadata | None = None
+    #: Kept for the caller to list and retrieve (`proxy.stored_chat`).
+    store: bool | None = None
 
     @model_validator(mode="after")
     def _contents_given(self) -> ChatCompletionRequest:
@@ -622,6 +697,17 @@ class ChatCompletionRequest(_SamplingFields):
                 unanswered.pop(m.tool_call_id or "", None)
         if unanswered:
             _unanswered(unanswered)
+        return self
+
+    @model_validator(mode="after")
+    def _json_mode_is_asked_for(self) -> ChatCompletionRequest:
+        """OpenAI's rule: JSON mode needs the word "json" in the messages (told nothing
+        of JSON, a model held to it may write whitespace until the limit)."""
+        if self.response_format is not None and self.response_format.type == "json_object" \
+                and not any("json" in m.text().lower() for m in self.messages):
+            raise InvalidRequest(
+                "`messages` must contain the word 'json' in some form, to use "
+                "`response_format` of type `json_object`.", param="messages")
         return self
 
     @model_validator(mode="after")
@@ -797,6 +883,10 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
     if err["type"] == "missing":
         return InvalidRequest(f"Missing required parameter: `{param}`.", param=param or None,
                               code="missing_required_parameter")
+    if err["type"] == "too_short" and err["input"] == []:  # OpenAI's words and code
+        return InvalidRequest(f"Invalid `{param}`: empty array. Expected an array with minimum "
+                              "length 1, but got an empty array instead.",
+                              param=param or None, code="empty_array")
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]

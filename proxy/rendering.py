@@ -253,8 +253,8 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                         deltas))
                     ch.started = True
                     ch.reason = reason
-                if choices:
-                    yield R.chat_chunk(id=cid, model=model, created=created, choices=choices,
+                for part in T.finish_apart(choices) if choices else ():
+                    yield R.chat_chunk(id=cid, model=model, created=created, choices=part,
                                        include_usage=include_usage)
     stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()

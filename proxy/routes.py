@@ -9,12 +9,13 @@ the model (403), then run the chain and send its Reply.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from . import embeddings_api
+from . import embeddings_api, stored_chat
 from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from .auth import Principal
 from .body import read_json as read_json  # route modules elsewhere import it from here
@@ -29,7 +30,8 @@ from .protocol import (
     CompletionRequest,
     parse_model,
 )
-from .streaming import dumps, write_sse
+from .streaming import json_response as json_response  # (route modules import it here)
+from .streaming import write_sse
 from .telemetry import error_fields, get_logger, labelled
 
 log = get_logger("weir.routes")
@@ -38,13 +40,6 @@ _MODELS: dict[Route, type[ChatCompletionRequest] | type[CompletionRequest]] = {
     "chat": ChatCompletionRequest,
     "completion": CompletionRequest,
 }
-
-
-def json_response(body: Any, headers: dict[str, str] | None = None,
-                  status: int = 200) -> web.Response:
-    """A JSON answer serialised once, with orjson."""
-    return web.Response(body=dumps(body), status=status, headers=headers,
-                        content_type="application/json")
 
 
 def _state(request: web.Request) -> AppState:
@@ -99,12 +94,16 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
 async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
                   info: dict[str, Any]) -> web.StreamResponse:
     reply = await st.chain(ctx)
+    store = stored_chat.wanted(ctx)
     if isinstance(reply, Completion):
         headers = {**ctx.response_headers, **reply.headers}
         info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
         note_usage(st, info, reply.body)
+        if store:
+            await stored_chat.save(request.app, ctx, reply.body)
         return json_response(reply.body, headers)
     assert isinstance(reply, Stream)
+    keep = stored_chat.keep_when_completed(request.app, ctx, reply) if store else None
 
     def stream_headers() -> dict[str, str]:
         # Sent before the request-id middleware sees the response: set it here.
@@ -113,7 +112,7 @@ async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
         info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
         return headers
 
-    return await _send_stream(request, st, ctx, reply, stream_headers, info)
+    return await _send_stream(request, st, ctx, reply, stream_headers, info, keep)
 
 
 def _prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
@@ -159,11 +158,15 @@ class StreamTiming:
 
 
 async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, reply: Stream,
-                       headers: Any, info: dict[str, Any]) -> web.StreamResponse:
+                       headers: Any, info: dict[str, Any],
+                       keep: Callable[[dict[str, Any]], None] | None) -> web.StreamResponse:
+    """`keep`: sees every chunk (a stored completion being assembled)."""
     timing = StreamTiming(st, ctx, info)
     usage_chunk: dict[str, Any] = {}
 
     def chunk(c: dict[str, Any]) -> None:
+        if keep is not None:
+            keep(c)
         if c.get("choices"):
             timing.output()
         elif c.get("usage"):
@@ -291,3 +294,4 @@ def add_routes(app: web.Application) -> None:
     if app[STATE].settings.observability.dashboard != "off":
         app.router.add_get("/dashboard", dashboard, **ROUTE_OPTS)
     add_responses_api(app)
+    stored_chat.setup(app)

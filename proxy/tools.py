@@ -25,6 +25,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import responses as R
 from .engine.base import SamplingOptions, ToolCallDelta, ToolCallParser
 from .jsonbody import skip_ws
 from .protocol import (
@@ -369,6 +370,20 @@ def with_call_deltas(choice: dict[str, Any], deltas: list[dict[str, Any]]) -> di
     if deltas:
         choice["delta"]["tool_calls"] = deltas
     return choice
+
+
+def finish_apart(choices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A chunk's choices as the chunks to send: the finish reasons of the choices that
+    also carry call deltas taken off them, into a chunk of their own (an empty `delta`),
+    as OpenAI sends them: the SDK's stream helper reads a finish reason before the deltas
+    beside it, and never reports such a call's arguments as done."""
+    apart = []
+    for c in choices:
+        if c["finish_reason"] is not None and c["delta"].get("tool_calls"):
+            apart.append(R.chat_chunk_choice(c["index"], content=None, first=False,
+                                             reason=c["finish_reason"], logprobs=None))
+            c["finish_reason"] = None
+    return [choices, apart] if apart else [choices]
 
 
 def replay_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:

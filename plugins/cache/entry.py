@@ -176,7 +176,8 @@ def replay_body(entry: Entry, req: ChatCompletionRequest | CompletionRequest) ->
 
 async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionRequest,
                         ) -> AsyncIterator[dict[str, Any]]:
-    """The answer as a stream: one content chunk per choice carrying its finish reason."""
+    """The answer as a stream: one content chunk per choice carrying its finish reason
+    (after its calls, in a chunk of its own: `finish_apart`)."""
     created, model = R.now(), req.model
     include_usage = req.include_usage
     if entry.route == "chat":
@@ -185,8 +186,9 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
             calls = _fresh_ids(c.get("tool_calls") or [])
             choice = R.chat_chunk_choice(c["index"], content=c["text"] or (None if calls else ""),
                                          first=True, reason=c["finish_reason"], logprobs=None)
-            yield R.chat_chunk(id=cid, model=model, created=created, include_usage=include_usage,
-                               choices=[T.with_call_deltas(choice, T.replay_deltas(calls))])
+            for part in T.finish_apart([T.with_call_deltas(choice, T.replay_deltas(calls))]):
+                yield R.chat_chunk(id=cid, model=model, created=created,
+                                   include_usage=include_usage, choices=part)
         obj = "chat.completion.chunk"
     else:
         cid = R.new_id("cmpl")

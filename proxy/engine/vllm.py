@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from ..protocol import SCHEMA_MAPS, SUBSCHEMA, SUBSCHEMAS
 from ..settings import VllmEngineSettings
 from ..telemetry import get_logger
 from . import builtin_models
@@ -470,12 +471,6 @@ def _generated(llm: AsyncLLM, request_id: str) -> int:
 # compiler. (Object keywords that decide which keys exist are left to be refused.)
 _NUMBER_ONLY = ("multipleOf",)
 _ARRAY_ONLY = ("uniqueItems", "contains", "minContains", "maxContains")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
-                "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else",
-               "propertyNames", "unevaluatedProperties", "unevaluatedItems",
-               "additionalItems")
 
 
 def _loosened(schema: dict[str, Any]) -> dict[str, Any]:
@@ -503,11 +498,11 @@ def _loosen(node: Any) -> Any:
                 continue
             if key in ("minLength", "maxLength") and ("pattern" in node or "format" in node):
                 continue
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
+        if key in SCHEMA_MAPS and isinstance(value, dict):
             value = {k: _loosen(v) for k, v in value.items()}
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
+        elif key in SUBSCHEMAS and isinstance(value, list):
             value = [_loosen(v) for v in value]
-        elif key in _SCHEMA_ONE:
+        elif key in SUBSCHEMA:
             value = [_loosen(v) for v in value] if isinstance(value, list) else _loosen(value)
         out[key] = value
     return out

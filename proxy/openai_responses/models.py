@@ -17,6 +17,7 @@ from pydantic import Discriminator, Field, Tag, model_validator
 from ..errors import InvalidRequest
 from ..protocol import (
     _FUNCTION_NAME,
+    InvalidFunctionParameters,
     JsonSchema,
     Metadata,
     Temperature,
@@ -25,6 +26,7 @@ from ..protocol import (
     Unsupported,
     _NullIsDefault,
     _Open,
+    check_strict,
     inert,
     refuse_unsupported,
     type_of,
@@ -81,7 +83,7 @@ class MessageItem(_Open):
 
 class FunctionCallItem(_Open):
     type: Literal["function_call"]
-    call_id: str
+    call_id: str = Field(min_length=1)
     name: str
     arguments: str
     id: str | None = None
@@ -89,7 +91,7 @@ class FunctionCallItem(_Open):
 
 class FunctionCallOutputItem(_Open):
     type: Literal["function_call_output"]
-    call_id: str
+    call_id: str = Field(min_length=1)
     output: str | list[InputText]
 
     def text(self) -> str:
@@ -164,6 +166,12 @@ class FunctionTool(_Open):
     parameters: ToolParameters | None = None
     strict: bool | None = None
 
+    @model_validator(mode="after")
+    def _strict_schema(self) -> FunctionTool:
+        check_strict(f"function '{self.name}'", self.parameters, self.strict,
+                     InvalidFunctionParameters)
+        return self
+
 
 class ToolChoiceFunction(_Open):
     type: Literal["function"]
@@ -179,10 +187,13 @@ class TextFormat(_Open):
 
     @model_validator(mode="after")
     def _schema_given(self) -> TextFormat:
-        if self.type == "json_schema" and self.schema_ is None:
+        if self.type != "json_schema":
+            return self
+        check_strict(f"text.format '{self.name}'", self.schema_, self.strict)
+        if self.schema_ is None:
             raise InvalidRequest("`text.format.schema` is required when type is `json_schema`.",
                                  param="text.format.schema")
-        if self.type == "json_schema" and self.name is None:
+        if self.name is None:
             raise InvalidRequest("Missing required parameter: 'text.format.name'.",
                                  param="text.format.name", code="missing_required_parameter")
         return self
@@ -190,6 +201,15 @@ class TextFormat(_Open):
 
 class TextConfig(_Open):
     format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    @model_validator(mode="after")
+    def _verbosity_asks_nothing(self) -> TextConfig:
+        if self.verbosity not in (None, "medium"):
+            raise InvalidRequest("Unsupported parameter: `text.verbosity`: this model has no "
+                                 "verbosity setting; ask for a length in the input.",
+                                 param="text.verbosity", code="unsupported_parameter")
+        return self
 
 
 def _asks_no_reasoning(v: Any) -> bool:
@@ -211,6 +231,22 @@ RESPONSES_UNSUPPORTED: Unsupported = {
     "truncation": (inert("disabled"), "`auto` truncation is not supported; the input must "
                    "fit the model's context."),
     "reasoning": (_asks_no_reasoning, "this model does not reason."),
+    # Chat Completions' names, which the Responses API does not take: ignored, a
+    # `max_tokens` would leave the answer uncapped and a `response_format` unenforced.
+    **{name: (inert(), f"in the Responses API, this parameter has moved to `{to}`.")
+       for name, to in (("max_tokens", "max_output_tokens"),
+                        ("max_completion_tokens", "max_output_tokens"),
+                        ("response_format", "text.format"), ("messages", "input"),
+                        ("functions", "tools"), ("function_call", "tool_choice"))},
+    "reasoning_effort": (inert("none"), "this model does not reason (and the Responses "
+                         "API takes `reasoning.effort`)."),
+    "verbosity": (inert("medium"), "this model has no verbosity setting (and the Responses "
+                  "API takes `text.verbosity`); ask for a length in the input."),
+    **{name: (inert(), "the Responses API has no such parameter (it is Chat "
+              "Completions'); use /v1/chat/completions for it.")
+       for name in ("stop", "n", "seed", "logprobs", "logit_bias", "presence_penalty",
+                    "frequency_penalty", "modalities", "audio", "web_search_options",
+                    "prediction")},
 }
 
 

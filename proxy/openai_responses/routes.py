@@ -19,7 +19,9 @@ from ..context import RequestContext, header_map
 from ..errors import InvalidRequest, NotFound
 from ..inflight import count_abort, generating
 from ..middleware import ROUTE_OPTS
+from ..pagination import page
 from ..protocol import parse_model
+from ..record_store import RecordStore, cache_redis, make_store
 from ..routes import (
     StreamTiming,
     check_model,
@@ -33,16 +35,15 @@ from ..telemetry import error_fields, get_logger
 from . import translate as X
 from .events import OUTPUT_DELTAS, Rendering, saves_settled
 from .models import ResponsesRequest
-from .store import ResponseStore, make_store
 
 log = get_logger("weir.responses")
 
-STORE: web.AppKey[ResponseStore] = web.AppKey("weir_responses_store", ResponseStore)
+STORE: web.AppKey[RecordStore] = web.AppKey("weir_responses_store", RecordStore)
 #: How long a closing store waits for the failed responses still being stored.
 _SAVES_AT_CLOSE_S = 2.0
 
 
-def _store(request: web.Request) -> ResponseStore:
+def _store(request: web.Request) -> RecordStore:
     return request.app[STORE]
 
 
@@ -140,30 +141,8 @@ async def list_input_items(request: web.Request) -> web.Response:
     """`GET /v1/responses/{id}/input_items?limit=&order=&after=`: the request's input,
     newest first unless `order=asc`."""
     items = list((await _record(request)).get("input") or [])
-    q = request.query
-    try:
-        limit = int(q.get("limit", "20"))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("`limit` must be an integer from 1 to 100.", param="limit",
-                             code="invalid_value")
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("`order` must be `asc` or `desc`.", param="order",
-                             code="invalid_value")
-    if order == "desc":
-        items.reverse()
-    if "after" in q:
-        at = next((i for i, item in enumerate(items) if item.get("id") == q["after"]), None)
-        if at is None:
-            raise InvalidRequest("`after` names no input item of this response.",
-                                 param="after", code="invalid_value")
-        items = items[at + 1:]
-    page = items[:limit]
-    return json_response({"object": "list", "data": page, "has_more": len(items) > limit,
-                          "first_id": page[0]["id"] if page else "",
-                          "last_id": page[-1]["id"] if page else ""})
+    return json_response(page(items, request.query, order="desc",
+                              what="input item of this response"))
 
 
 async def cancel(request: web.Request) -> web.Response:
@@ -181,14 +160,12 @@ async def delete(request: web.Request) -> web.Response:
     rid = request.match_info["response_id"]
     if not await _store(request).delete(principal.tenant, rid):
         raise NotFound(f"Response with id '{rid}' not found.", param=None)
-    return web.json_response({"id": rid, "object": "response.deleted", "deleted": True})
+    return web.json_response({"id": rid, "object": "response", "deleted": True})
 
 
 async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
     st = app[STATE]
-    cache = next((p for p in st.plugins if p.name == "cache"), None)
-    redis_cfg = getattr(getattr(cache, "config", None), "redis", None)
-    app[STORE] = make_store(st.settings.responses, redis_cfg)
+    app[STORE] = make_store(st.settings.responses, cache_redis(st.plugins))
     try:
         yield
     finally:

@@ -107,6 +107,21 @@ def _calls_of(message: dict[str, Any]) -> set[str]:
     return {c["id"] for c in message.get("tool_calls") or ()}
 
 
+def _without_resent_calls(given: list[dict[str, Any]], stored: set[str],
+                          ) -> list[dict[str, Any]]:
+    """`given` without the stored response's calls sent again with their outputs, grouped
+    ([call A, call B, output A, output B]) or each before its output ([call A, output A,
+    call B, output B]): the calls are the stored turn's, the outputs answer it."""
+    kept: list[dict[str, Any]] = []
+    for m in given:
+        resent = bool(_calls_of(m)) and _calls_of(m) <= stored
+        if resent and all(k["role"] == "tool" and k.get("tool_call_id") in stored
+                          for k in kept):
+            continue
+        kept.append(m)
+    return kept
+
+
 def _calls_answered(conversation: list[dict[str, Any]]) -> None:
     """Every `function_call_output` answers a `function_call` of the assistant turn
     before it (in this input or the earlier responses'), with only other outputs between,
@@ -139,11 +154,16 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
                  ) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
     """(the chat request, the conversation so far without instructions)."""
     given = input_messages(req.items())
-    if history and given and _calls_of(given[0]) and _calls_of(given[0]) <= _calls_of(
-            history[-1]):
-        given = given[1:]  # the stored response's calls, sent again with their outputs
+    if history and (stored := _calls_of(history[-1])):
+        given = _without_resent_calls(given, stored)
     conversation = history + given
     _calls_answered(conversation)
+    fmt = req.text.format if req.text else None
+    if fmt is not None and fmt.type == "json_object" and "json" not in " ".join(
+            [req.instructions or ""] + [m.get("content") or "" for m in conversation]).lower():
+        raise InvalidRequest("Response input messages must contain the word 'json' in some "
+                             "form to use `text.format` of type `json_object`.",
+                             param="input")
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     body: dict[str, Any] = {"model": req.model, "messages": system + conversation,
                             "stream": req.stream}

@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import KEY_A, MODEL
-from tests.e2e.server import WeirProcess
+from tests.e2e.conftest import KEY_A, KEY_B, MODEL
+from tests.e2e.server import WeirProcess, sdk
 from tests.openai_spec import validate, validate_completion_chunk
 from tests.sse import check_chat_stream, parse_sse
 
@@ -215,8 +215,10 @@ def test_json_schema_output_parses(client: openai.OpenAI) -> None:
 
 
 def test_json_object_output_is_json(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=20,
-                                       temperature=0, response_format={"type": "json_object"})
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "How do I reset my password? "
+                                "Answer in JSON."}],
+        max_tokens=20, temperature=0, response_format={"type": "json_object"})
     content = r.choices[0].message.content or ""
     assert content.startswith("{")
     if r.choices[0].finish_reason == "stop":
@@ -227,6 +229,38 @@ def test_unknown_fields_and_user_are_accepted(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2, user="u-1",
                                        extra_body={"some_new_openai_field": True})
     assert r.usage is not None and r.usage.completion_tokens == 2
+
+
+def test_stored_chat_completions_through_the_sdk(client: openai.OpenAI,
+                                                 weir: WeirProcess) -> None:
+    """`store: true`, then the SDK's own calls: retrieve, list (by metadata), messages,
+    update and delete; another tenant finds none of it."""
+    tag = {"run": str(time.monotonic_ns())}
+    made = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=4,
+                                          store=True, metadata=tag)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=MSG, max_tokens=4, store=True, metadata=tag, stream=True))
+    got = client.chat.completions.retrieve(made.id)
+    assert got.choices[0].message.content == made.choices[0].message.content
+    assert got.metadata == tag
+    again = client.chat.completions.retrieve(chunks[0].id)
+    assert again.choices[0].message.content == "".join(
+        c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert again.usage is not None and again.usage.completion_tokens == 4
+    listed = client.chat.completions.list(metadata=tag, model=MODEL)
+    assert [c.id for c in listed.data] == [made.id, chunks[0].id]
+    messages = client.chat.completions.messages.list(made.id)
+    assert [(m.role, m.content) for m in messages.data] == [("user", MSG[0]["content"])]
+    updated = client.chat.completions.update(made.id, metadata={"kept": "yes"})
+    assert updated.metadata == {"kept": "yes"}
+    other = sdk(weir.url, KEY_B)
+    with pytest.raises(openai.NotFoundError):
+        other.chat.completions.retrieve(made.id)
+    assert other.chat.completions.list(metadata=tag).data == []
+    deleted = client.chat.completions.delete(made.id)
+    assert deleted.deleted and deleted.id == made.id
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.retrieve(made.id)
 
 
 # -------------------------------------------------------------------- completions

@@ -181,7 +181,7 @@ async def test_unknown_route_404_and_wrong_method_405(make_client: MakeClient) -
     client = await make_client()
     err = await error_of(await client.get("/v1/nope"), 404)
     assert err["code"] == "unknown_url"
-    await error_of(await client.get("/v1/chat/completions"), 405)
+    await error_of(await client.put("/v1/chat/completions"), 405)
 
 
 async def test_auth_errors(make_client: MakeClient) -> None:

@@ -84,7 +84,7 @@ async def test_retrieve_and_delete_are_scoped_to_the_tenant(make_client: MakeCli
     assert (await follow.json())["error"]["param"] == "previous_response_id"
     assert (await follow.json())["error"]["code"] == "previous_response_not_found"
     deleted = await client.delete(f"/v1/responses/{rid}", headers=auth("a"))
-    assert await deleted.json() == {"id": rid, "object": "response.deleted", "deleted": True}
+    assert await deleted.json() == {"id": rid, "object": "response", "deleted": True}
     assert (await client.get(f"/v1/responses/{rid}", headers=auth("a"))).status == 404
 
 
@@ -316,6 +316,9 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
         ({"input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "summary": "x"}]},
          "input[1].summary"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+        ({"input": [{"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "", "output": "x"}]},
+         "input[0].call_id"),
     ]
     said = {}
     for extra, param in cases:
@@ -336,6 +339,42 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
     assert "`item_reference` input items are not supported" in item and "'message'" not in item
     assert "only reasoning items" in said[str({"input": [
         {"type": "reasoning", "summary": []}]})]["message"]
+
+
+async def test_chat_completions_parameters_are_refused_not_ignored(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A Chat Completions parameter sent to the Responses API was ignored: `max_tokens`
+    left the answer uncapped, `response_format` unenforced. OpenAI answers 400 naming
+    the Responses API's own parameter where there is one."""
+    client = await make_client()
+    for extra, moved in (({"max_tokens": 16}, "max_output_tokens"),
+                         ({"max_completion_tokens": 16}, "max_output_tokens"),
+                         ({"response_format": {"type": "json_object"}}, "text.format"),
+                         ({"messages": [{"role": "user", "content": "hi"}]}, "input"),
+                         ({"stop": ["x"]}, None), ({"n": 2}, None), ({"seed": 1}, None),
+                         ({"logprobs": True}, None), ({"presence_penalty": 1.0}, None),
+                         ({"reasoning_effort": "low"}, None),
+                         ({"verbosity": "low"}, None),
+                         ({"modalities": ["text", "audio"]}, None),
+                         ({"web_search_options": {}}, None),
+                         ({"prediction": {"type": "content", "content": "x"}}, None)):
+        r = await client.post("/v1/responses", json={**BASE, **extra})
+        assert r.status == 400, extra
+        err = (await r.json())["error"]
+        (name,) = extra
+        assert (err["param"], err["code"]) == (name, "unsupported_parameter")
+        if moved:
+            assert f"moved to `{moved}`" in err["message"]
+    assert fake_engine.calls == []
+    # null asks for nothing (as clients that send every field send it)
+    assert (await client.post("/v1/responses", json={**BASE, "max_tokens": None})).status == 200
+    for text, status in (({"verbosity": "high"}, 400), ({"verbosity": "medium"}, 200)):
+        r = await client.post("/v1/responses", json={**BASE, "text": text})
+        assert r.status == status
+    assert (await r.json())["object"] == "response"
+    err = (await (await client.post("/v1/responses", json={
+        **BASE, "text": {"verbosity": "low"}})).json())["error"]
+    assert (err["param"], err["code"]) == ("text.verbosity", "unsupported_parameter")
 
 
 async def test_the_chain_applies_rate_limit(make_client: MakeClient) -> None:

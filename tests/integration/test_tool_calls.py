@@ -44,6 +44,21 @@ def assemble(events: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]], l
     return content, [calls[i] for i in sorted(calls)], reasons
 
 
+def sdk_done_calls(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(name, arguments) of each call the official SDK's stream helper reports done
+    (`tool_calls.function.arguments.done`), fed the stream's chunks."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    state: Any = ChatCompletionStreamState()
+    done = []
+    for e in events:
+        for ev in state.handle_chunk(ChatCompletionChunk.model_validate(e)):
+            if ev.type == "tool_calls.function.arguments.done":
+                done.append((ev.name, ev.arguments))
+    return done
+
+
 async def test_required_whole_and_streamed(make_client: MakeClient) -> None:
     client = await make_client()
     body = await (await client.post("/v1/chat/completions",
@@ -59,6 +74,9 @@ async def test_required_whole_and_streamed(make_client: MakeClient) -> None:
     content, calls, reasons = assemble(events)
     assert done and content == "" and reasons == ["tool_calls"]
     assert [c["function"] for c in calls] == [call["function"]]
+    # (the finish reason comes in a chunk of its own, as OpenAI sends it: beside the
+    # last deltas, the SDK's helper never said the call was done)
+    assert sdk_done_calls(events) == [("get_weather", '{"city":"x"}')]
 
 
 async def test_a_forced_call_has_no_content_logprobs_whole_or_streamed(
@@ -188,9 +206,11 @@ async def test_cached_calls_replay_whole_and_streamed(make_client: MakeClient) -
     assert without_ids(again_calls) == without_ids(first_calls)
     r3 = await client.post("/v1/chat/completions", json={**req, "stream": True})
     assert r3.headers["x-weir-cache"] == "exact"
-    content, calls, reasons = assemble(parse_sse(await r3.text())[0])
+    replayed = parse_sse(await r3.text())[0]
+    content, calls, reasons = assemble(replayed)
     assert content == "" and reasons == ["tool_calls"]
     assert without_ids(calls) == without_ids(first_calls)
+    assert sdk_done_calls(replayed) == [("get_weather", '{"city":"x"}')]
     # Every answer's calls have ids of their own (a client matches results to them).
     assert len({c["id"] for c in first_calls + again_calls + calls}) == 3 * len(first_calls)
     other = await client.post("/v1/chat/completions", json={**req, "tools": [WEATHER]})

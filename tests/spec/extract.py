@@ -24,6 +24,9 @@ ROOTS = [
     "Response",
     "ResponseStreamEvent",
     "ResponseItemList",
+    "ChatCompletionList",
+    "ChatCompletionMessageList",
+    "ChatCompletionDeleted",
 ]
 
 

@@ -297,6 +297,7 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
     (ChatCompletionRequest, {"modalities": ["text", "audio"]}),
     (ChatCompletionRequest, {"audio": {"voice": "alloy", "format": "wav"}}),
     (ChatCompletionRequest, {"web_search_options": {}}),
+    (ChatCompletionRequest, {"verbosity": "low"}),
     (ResponsesRequest, {"background": True}),
     (ResponsesRequest, {"conversation": "conv_123"}),
     (ResponsesRequest, {"prompt": {"id": "pmpt_1"}}),
@@ -321,10 +322,11 @@ def test_a_parameter_that_cannot_be_honoured_is_refused_by_name(model: type,
 
 @pytest.mark.parametrize(("model", "extra"), [
     (ChatCompletionRequest, {"functions": [], "function_call": None, "modalities": ["text"],
-                             "audio": None, "web_search_options": None}),
+                             "audio": None, "web_search_options": None, "verbosity": "medium"}),
     (ResponsesRequest, {"background": False, "conversation": None, "prompt": None,
                         "include": [], "top_logprobs": 0, "max_tool_calls": None,
-                        "truncation": "disabled", "reasoning": {"effort": "none"}}),
+                        "truncation": "disabled", "reasoning": {"effort": "none"},
+                        "reasoning_effort": "none", "verbosity": "medium"}),
 ])
 def test_the_same_parameters_asking_nothing_are_accepted(model: type,
                                                          extra: dict[str, Any]) -> None:
@@ -489,3 +491,111 @@ def test_a_long_ref_chain_is_followed_once_per_link(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ValueError, match="refers back to itself"):
         P._no_ref_loops({"properties": {"x": {"$ref": "#/$defs/a0"}}, "$defs": defs})
     assert len(calls) == n + 1
+
+
+@pytest.mark.parametrize(("data", "param"), [
+    ({"tools": []}, "tools"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": []},
+                   {"role": "user", "content": "y"}]}, "messages[0].tool_calls"),
+])
+def test_an_empty_array_is_refused_as_openai_refuses_it(data: dict[str, Any],
+                                                        param: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        chat(**data)
+    assert (e.value.param, e.value.code) == (param, "empty_array")
+    assert "empty array" in e.value.message
+
+
+def test_json_mode_needs_the_word_json_in_the_messages() -> None:
+    with pytest.raises(InvalidRequest) as e:
+        chat(response_format={"type": "json_object"})
+    assert e.value.param == "messages" and "'json'" in e.value.message
+    chat(response_format={"type": "json_object"},
+         messages=[{"role": "system", "content": "Answer in JSON."}, *MSG])
+    with pytest.raises(InvalidRequest) as e:
+        _responses_json("Give me an object.")
+    assert e.value.param == "input" and "`text.format`" in e.value.message
+    _responses_json("Give me an object.", instructions="Reply with json.")
+    _responses_json("Give me a JSON object.")
+
+
+def _responses_json(text: str, **kw: Any) -> Any:
+    from proxy.openai_responses.translate import chat_request
+    return chat_request(parse_model(ResponsesRequest, {
+        "model": "m", "input": text, "text": {"format": {"type": "json_object"}}, **kw}), [])
+
+
+STRICT_OK = {"type": "object", "properties": {"a": {"type": "string"}, "b": {
+    "type": "array", "items": {"type": "object", "properties": {"x": {"type": "integer"}},
+                               "required": ["x"], "additionalProperties": False}}},
+    "required": ["a", "b"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize(("schema", "said"), [
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+     "In context=(), 'additionalProperties' is required to be supplied and to be false"),
+    ({**STRICT_OK, "required": ["a"]}, "Missing 'b'"),
+    ({**STRICT_OK, "dependencies": {"a": {"type": "object", "properties": {}}}},
+     "In context=('dependencies', 'a'), 'additionalProperties'"),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "b": {"type": "array", "items": {
+        "type": "object", "properties": {"x": {"type": "integer"}}}}}},
+     "In context=('properties', 'b', 'items'), 'additionalProperties'"),
+])
+def test_strict_schemas_follow_openais_strict_mode(schema: dict[str, Any], said: str) -> None:
+    """`strict: true` on a schema OpenAI's strict mode refuses is a 400 saying why (it was
+    accepted, and the answer held to a shape the caller did not describe); without
+    `strict` the same schema is served."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    cases = [
+        (lambda s: chat(tools=[{**tool, "function": {**tool["function"], "strict": s}}]),
+         "tools[0].function", "invalid_function_parameters"),
+        (lambda s: chat(response_format={**fmt, "json_schema": {**fmt["json_schema"],
+                                                                "strict": s}}),
+         "response_format.json_schema", "invalid_value"),
+        (lambda s: parse_model(ResponsesRequest, {"model": "m", "input": "x", "tools": [
+            {"type": "function", "name": "f", "parameters": schema, "strict": s}]}),
+         "tools[0]", "invalid_function_parameters"),
+        (lambda s: parse_model(ResponsesRequest, {"model": "m", "input": "x", "text": {
+            "format": {"type": "json_schema", "name": "n", "schema": schema, "strict": s}}}),
+         "text.format", "invalid_value"),
+    ]
+    for make, param, code in cases:
+        with pytest.raises(InvalidRequest) as e:
+            make(True)
+        assert (e.value.param, e.value.code) == (param, code)
+        assert said in e.value.message
+        make(False)
+        make(None)
+
+
+def test_a_strict_schema_that_follows_strict_mode_is_served() -> None:
+    chat(tools=[{"type": "function", "function": {"name": "f", "strict": True,
+                                                  "parameters": STRICT_OK}}])
+    # a vendor extension's value is data, not a schema
+    chat(tools=[{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        **STRICT_OK, "x-meta": {"type": "object", "owner": "team"}}}}])
+    chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "n", "strict": True, "schema": STRICT_OK}})
+
+
+def test_a_ref_to_nothing_is_a_400_naming_it() -> None:
+    """(the grammar compiler's error named Weir's rewrite of the schema, `$defs/tool0`)"""
+    with pytest.raises(InvalidRequest) as e:
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}}}])
+    assert e.value.param == "tools[0].function.parameters"
+    assert "`#/$defs/Missing` points at nothing" in e.value.message
+    for escaped in ("a~1b", "a%20b"):  # valid pointers the grammar compiler cannot follow
+        with pytest.raises(InvalidRequest) as e:
+            chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+                "type": "object", "properties": {"a": {"$ref": f"#/$defs/{escaped}"}},
+                "$defs": {"a/b": {"type": "string"}, "a b": {"type": "string"}}}}}])
+        assert "escaped name" in e.value.message and "tool0" not in e.value.message
+    chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {  # not escaped
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/a%"}},
+        "$defs": {"a%": {"type": "string"}}}}}])
+    chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}},
+        "$defs": {"A": {"type": "string"}}}}}])

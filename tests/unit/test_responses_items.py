@@ -71,3 +71,38 @@ async def test_whole_and_streamed_items_agree(message: dict[str, Any], reason: s
          "usage": {"prompt_tokens": 3, "completion_tokens": 5}}, id="resp_1", created_at=1)
     validate("Response", body)
     assert body["status"] == final["status"]
+
+
+def _call(cid: str) -> dict[str, Any]:
+    return {"id": cid, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+@pytest.mark.parametrize("order", ["grouped", "interleaved"])
+def test_a_stored_turns_calls_sent_again_with_their_outputs_are_that_turn(order: str) -> None:
+    """After `previous_response_id`, the stored response's calls sent again with their
+    outputs, grouped or each before its output, answer the stored turn (interleaved,
+    the second call was taken for a new turn, and the stored one as unanswered: a 400)."""
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [_call("a"), _call("b")]}]
+    fc = {i: {"type": "function_call", "call_id": i, "name": "f", "arguments": "{}"}
+          for i in "ab"}
+    fco = {i: {"type": "function_call_output", "call_id": i, "output": i.upper()}
+           for i in "ab"}
+    items = ([fc["a"], fc["b"], fco["a"], fco["b"]] if order == "grouped"
+             else [fc["a"], fco["a"], fc["b"], fco["b"]])
+    req = ResponsesRequest.model_validate({"model": "m", "input": items})
+    chat, conversation = X.chat_request(req, history)
+    assert conversation == [*history, {"role": "tool", "tool_call_id": "a", "content": "A"},
+                            {"role": "tool", "tool_call_id": "b", "content": "B"}]
+    assert [m.role for m in chat.messages] == ["user", "assistant", "tool", "tool"]
+
+
+def test_a_new_call_after_the_stored_turns_outputs_is_a_new_turn() -> None:
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [_call("a")]}]
+    req = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"type": "function_call_output", "call_id": "a", "output": "A"},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "C"}]})
+    _, conversation = X.chat_request(req, history)
+    assert [m["role"] for m in conversation[2:]] == ["tool", "assistant", "tool"]

@@ -156,7 +156,8 @@ def test_named_schema_is_the_functions_parameters() -> None:
 
 
 def test_shape_options_constrains_forced_choices_over_response_format() -> None:
-    req = chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"})
+    req = chat(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"},
+               messages=[{"role": "user", "content": "weather, in JSON?"}])
     opts = SamplingOptions(max_tokens=8, json_object=True)
     T.shape_options(req, opts, _Engine(parser=False))
     assert opts.json_schema == T.forced_schema(req) and not opts.json_object

@@ -215,7 +215,7 @@ async def test_static_fallback_when_open_and_on_failure(stream: bool) -> None:
 
 def ctx_with(**fields: Any) -> RequestContext:
     req = ChatCompletionRequest.model_validate(
-        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields})
+        {"model": "m", "messages": [{"role": "user", "content": "hi, in JSON"}], **fields})
     return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
                           request_id="r")
 

@@ -201,8 +201,12 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     assert exact_key(ctx(stream=True, stream_options={"include_usage": True}, user="x"),
                      "tenant") == base
     for kw in ({"max_tokens": 5}, {"seed": 1}, {"stop": ["x"]}, {"top_p": 0.5},
-               {"response_format": {"type": "json_object"}}, {"presence_penalty": 1}):
+               {"response_format": {"type": "text"}}, {"presence_penalty": 1}):
         assert exact_key(ctx(**kw), "tenant") != base, kw
+    in_json = ctx("How do I reset my password? Reply in JSON.")
+    assert exact_key(ctx("How do I reset my password? Reply in JSON.",
+                         response_format={"type": "json_object"}), "tenant") != exact_key(
+        in_json, "tenant")
     assert exact_key(ctx(principal=EVE), "tenant") != base
     assert exact_key(ctx(principal=BOB), "tenant") == base
     assert exact_key(ctx(principal=BOB), "user") != exact_key(ctx(), "user")

@@ -1,0 +1,292 @@
+"""Stored chat completions: a chat request with `store: true` is kept, for its tenant, and
+served back as OpenAI serves it (`client.chat.completions.list / retrieve / update /
+delete / messages.list`).
+
+What is kept is what went out: the completion (a streamed one assembled from its chunks,
+and only once it completed; one cut or failed is not kept), the request's messages as the
+model saw them (after the sanitizer's redactions) and the request's `metadata`. Stored
+records live where stored responses do (`proxy.record_store`: memory, or the cache's
+Redis), with the same `responses.ttl_s`, and in memory a `max_in_memory` of their own. A
+store that fails does not fail the answer, which has gone out: it is logged, and the
+completion is not found afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from .app_state import STATE
+from .body import read_json
+from .context import RequestContext
+from .errors import NotFound, WeirError
+from .middleware import ROUTE_OPTS
+from .pagination import page
+from .protocol import ChatCompletionRequest, Metadata, parse_model
+from .record_store import Record, RecordStore, cache_redis, make_store
+from .reply import Outcome, Stream
+from .streaming import json_response
+from .telemetry import error_fields, get_logger
+from .tools import CallAssembler
+
+log = get_logger("weir.stored_chat")
+
+STORE: web.AppKey[RecordStore] = web.AppKey("weir_chat_store", RecordStore)
+
+
+def wanted(ctx: RequestContext) -> bool:
+    return isinstance(ctx.request, ChatCompletionRequest) and ctx.request.store is True
+
+
+async def save(app: web.Application, ctx: RequestContext, completion: dict[str, Any]) -> None:
+    """Keep `completion`, the answer to `ctx`'s request (`wanted(ctx)`)."""
+    req = ctx.request
+    assert isinstance(req, ChatCompletionRequest)
+    cid = completion.get("id")
+    if not isinstance(cid, str) or not cid:  # (an upstream's answer without one)
+        log.warning("chat completion not stored: it has no id")
+        return
+    record: Record = {
+        "at": time.time_ns(),  # the order of completions made within one second
+        "completion": {**completion, "metadata": dict(req.metadata or {})},
+        "messages": [_message(f"{cid}-{i}", m.model_dump(exclude_none=True))
+                     for i, m in enumerate(req.messages)],
+    }
+    try:
+        await _put(app[STORE], ctx.principal.tenant, record)
+    except WeirError:  # the store logged why; the answer has gone out
+        log.warning("chat completion not stored", completion_id=cid)
+
+
+async def _put(store: RecordStore, tenant: str, record: Record) -> None:
+    """`record` under its completion's id, with what a listing filters it by."""
+    c = record["completion"]
+    await store.put(tenant, c["id"], record, summary={
+        "id": c["id"], "at": record.get("at", 0), "model": c.get("model"),
+        "metadata": c.get("metadata") or {}})
+
+
+def keep_when_completed(app: web.Application, ctx: RequestContext,
+                        stream: Stream) -> Callable[[dict[str, Any]], None]:
+    """Assemble `stream`'s chunks as they go out (the returned callable takes each) and
+    store the completion when the stream ends completed. A chunk it cannot read stops
+    the assembly (logged), never the stream."""
+    chunks = Assembly()
+
+    def add(chunk: dict[str, Any]) -> None:
+        if chunks.broken:
+            return
+        try:
+            chunks.add(chunk)
+        except (KeyError, TypeError, AttributeError) as e:
+            chunks.broken = True
+            log.warning("a streamed chat completion cannot be stored", **error_fields(e))
+
+    async def ended(_stream: Stream, outcome: Outcome) -> None:
+        if outcome == "completed" and not chunks.broken and (
+                completion := chunks.completion(stream.usage)):
+            await save(app, ctx, completion)
+
+    stream.on_end(ended)
+    return add
+
+
+def _message(mid: str, m: dict[str, Any]) -> dict[str, Any]:
+    """A request message as OpenAI lists it: its text as `content`, and its parts, when it
+    was sent as parts, as `content_parts`."""
+    content = m.get("content")
+    parts = content if isinstance(content, list) else None
+    if parts is not None:
+        content = "".join(p.get("text") or "" for p in parts if p.get("type") == "text")
+    out = {"id": mid, "role": m["role"], "content": content, "refusal": None,
+           "name": m.get("name"), "content_parts": parts}
+    for extra in ("tool_calls", "tool_call_id"):
+        if m.get(extra) is not None:
+            out[extra] = m[extra]
+    return out
+
+
+class Assembly:
+    """A chat completion put back together from its stream's chunks (pieces kept in lists,
+    joined once at the end)."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] | None = None
+        self.choices: dict[int, _Choice] = {}
+        self.usage: dict[str, Any] | None = None
+        self.broken = False
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        if self.head is None:
+            self.head = {"id": chunk["id"], "object": "chat.completion",
+                         "created": chunk["created"], "model": chunk["model"]}
+            if chunk.get("system_fingerprint") is not None:
+                self.head["system_fingerprint"] = chunk["system_fingerprint"]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for c in chunk.get("choices") or ():
+            i = c["index"]
+            (self.choices.get(i) or self.choices.setdefault(i, _Choice())).add(c)
+
+    def completion(self, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+        if self.head is None:
+            return None
+        choices = [self.choices[i].whole(i) for i in sorted(self.choices)]
+        return {**self.head, "choices": choices, "usage": self.usage or usage}
+
+
+_TEXTS = ("content", "refusal")
+
+
+class _Choice:
+    """One choice's pieces: texts and logprobs by field (a field never sent stays null),
+    calls, finish reason."""
+
+    __slots__ = ("calls", "logprobs", "reason", "texts")
+
+    def __init__(self) -> None:
+        self.texts: dict[str, list[str]] = {}
+        self.logprobs: dict[str, list[Any]] | None = None
+        self.calls = CallAssembler()
+        self.reason: str | None = None
+
+    def add(self, c: dict[str, Any]) -> None:
+        delta = c.get("delta") or {}
+        for field in _TEXTS:
+            if delta.get(field) is not None:
+                self.texts.setdefault(field, []).append(delta[field])
+        if delta.get("tool_calls"):
+            self.calls.feed(delta["tool_calls"])
+        if c.get("logprobs"):
+            held = self.logprobs = self.logprobs if self.logprobs is not None else {}
+            for field in _TEXTS:
+                if c["logprobs"].get(field) is not None:
+                    held.setdefault(field, []).extend(c["logprobs"][field])
+        if c.get("finish_reason") is not None:
+            self.reason = c["finish_reason"]
+
+    def whole(self, index: int) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", **{
+            f: "".join(self.texts[f]) if f in self.texts else None for f in _TEXTS}}
+        if self.calls.calls:
+            message["tool_calls"] = self.calls.result()
+        logprobs = None if self.logprobs is None else {
+            f: self.logprobs.get(f) for f in _TEXTS}
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": self.reason}
+
+
+# ------------------------------------------------------------------------------ routes
+
+async def _record(request: web.Request) -> tuple[str, str, Record]:
+    st = request.app[STATE]
+    tenant = st.auth.authenticate(request.headers).tenant
+    cid = request.match_info["completion_id"]
+    record = _readable(await request.app[STORE].get(tenant, cid))
+    if record is None:  # another tenant's is not found, as a missing one is
+        raise NotFound(f"Chat completion with id '{cid}' not found.", param=None)
+    return tenant, cid, record
+
+
+def _readable(record: Record | None) -> Record | None:
+    """`record` if it is a stored chat completion's (not something else's under its key)."""
+    if record is None or not isinstance(record.get("messages"), list):
+        return None
+    completion = record.get("completion")
+    ok = isinstance(completion, dict) and isinstance(completion.get("id"), str)
+    return record if ok else None
+
+
+async def list_completions(request: web.Request) -> web.Response:
+    """`GET /v1/chat/completions?model=&metadata[k]=v&after=&limit=&order=`: oldest
+    first unless `order=desc`."""
+    st = request.app[STATE]
+    tenant = st.auth.authenticate(request.headers).tenant
+    q = request.query
+    wanted_meta = {k[len("metadata["):-1]: v for k, v in q.items()
+                   if k.startswith("metadata[") and k.endswith("]")}
+    store = request.app[STORE]
+    found = [c for c in map(_summary, await store.summaries(tenant)) if c is not None
+             and ("model" not in q or c.get("model") == q["model"])
+             and all(c["metadata"].get(k) == v for k, v in wanted_meta.items())]
+    found.sort(key=lambda c: c["at"])
+    while True:  # a page of completions still held, and cursors that name them
+        listed = page(found, q, order="asc", what="stored chat completion")
+        ids = [c["id"] for c in listed["data"]]
+        records = [_readable(r) for r in await store.get_many(tenant, ids)]
+        gone = {cid for cid, r in zip(ids, records, strict=True) if r is None}
+        if not gone:
+            break
+        for cid in gone:  # expired or evicted: out of the listing too
+            await store.forget(tenant, cid)
+        found = [c for c in found if c["id"] not in gone]
+    listed["data"] = [r["completion"] for r in records if r is not None]
+    return json_response(listed)
+
+
+def _summary(s: dict[str, Any]) -> dict[str, Any] | None:
+    """A listing's summary as `_put` writes it, or None (written by something else)."""
+    ok = (isinstance(s.get("id"), str) and isinstance(s.get("at"), int | float)
+          and isinstance(s.get("metadata"), dict))
+    return s if ok else None
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    return json_response((await _record(request))[2]["completion"])
+
+
+async def list_messages(request: web.Request) -> web.Response:
+    messages = (await _record(request))[2]["messages"]
+    return json_response(page(messages, request.query, order="asc",
+                      what="message of this chat completion"))
+
+
+class _Update(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    metadata: Metadata | None = Field(...)
+
+
+async def update(request: web.Request) -> web.Response:
+    """`POST /v1/chat/completions/{id}` with `{"metadata": {...}}`: the metadata replaced
+    (the only change OpenAI allows); `null` clears it."""
+    st = request.app[STATE]
+    tenant, _, record = await _record(request)
+    data, _ = await read_json(request, st.settings.server.max_body_bytes)
+    change = parse_model(_Update, data)
+    record["completion"]["metadata"] = dict(change.metadata or {})
+    await _put(request.app[STORE], tenant, record)
+    return json_response(record["completion"])
+
+
+async def delete(request: web.Request) -> web.Response:
+    st = request.app[STATE]
+    tenant = st.auth.authenticate(request.headers).tenant
+    cid = request.match_info["completion_id"]
+    if not await request.app[STORE].delete(tenant, cid):
+        raise NotFound(f"Chat completion with id '{cid}' not found.", param=None)
+    return json_response({"object": "chat.completion.deleted", "id": cid, "deleted": True})
+
+
+async def _lifespan(app: web.Application) -> AsyncIterator[None]:
+    st = app[STATE]
+    app[STORE] = make_store(st.settings.responses, cache_redis(st.plugins), kind="chat")
+    try:
+        yield
+    finally:
+        await app[STORE].close()
+
+
+def setup(app: web.Application) -> None:
+    """Routes and the store's lifespan (called from `proxy.routes.add_routes`)."""
+    app.cleanup_ctx.append(_lifespan)
+    path = "/v1/chat/completions/{completion_id}"
+    app.router.add_get("/v1/chat/completions", list_completions, **ROUTE_OPTS)
+    app.router.add_get(path, retrieve, **ROUTE_OPTS)
+    app.router.add_post(path, update, **ROUTE_OPTS)
+    app.router.add_delete(path, delete, **ROUTE_OPTS)
+    app.router.add_get(path + "/messages", list_messages, **ROUTE_OPTS)
+
