@@ -9,10 +9,8 @@ from typing import Any
 from .errors import InvalidRequest
 
 
-def page(items: list[dict[str, Any]], query: Mapping[str, str], *, order: str,
-         what: str) -> dict[str, Any]:
-    """`items` oldest first; `order` the default order (`asc` or `desc`); `what` names
-    the items in an `after` that names none of them."""
+def params(query: Mapping[str, str], order: str) -> tuple[int, str]:
+    """(`limit`, `order`) of a list request; `order` the default order."""
     given = query.get("limit", "20")  # digits only: not " 5", "+5" or a full-width 5
     limit = int(given) if given.isascii() and given.isdigit() and len(given) <= 3 else 0
     if not 1 <= limit <= 100:
@@ -22,15 +20,30 @@ def page(items: list[dict[str, Any]], query: Mapping[str, str], *, order: str,
     if order not in ("asc", "desc"):
         raise InvalidRequest("`order` must be `asc` or `desc`.", param="order",
                              code="invalid_value")
+    return limit, order
+
+
+def no_such_cursor(what: str) -> InvalidRequest:
+    return InvalidRequest(f"`after` names no {what}.", param="after", code="invalid_value")
+
+
+def listing(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A `list` object of `data`, one page."""
+    return {"object": "list", "data": data, "has_more": has_more,
+            "first_id": data[0]["id"] if data else "",
+            "last_id": data[-1]["id"] if data else ""}
+
+
+def page(items: list[dict[str, Any]], query: Mapping[str, str], *, order: str,
+         what: str) -> dict[str, Any]:
+    """`items` oldest first; `order` the default order (`asc` or `desc`); `what` names
+    the items in an `after` that names none of them."""
+    limit, order = params(query, order)
     items = items[::-1] if order == "desc" else list(items)
     if "after" in query:
         at = next((i for i, item in enumerate(items) if item.get("id") == query["after"]),
                   None)
         if at is None:
-            raise InvalidRequest(f"`after` names no {what}.", param="after",
-                                 code="invalid_value")
+            raise no_such_cursor(what)
         items = items[at + 1:]
-    data = items[:limit]
-    return {"object": "list", "data": data, "has_more": len(items) > limit,
-            "first_id": data[0]["id"] if data else "",
-            "last_id": data[-1]["id"] if data else ""}
+    return listing(items[:limit], len(items) > limit)

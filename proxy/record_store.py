@@ -5,7 +5,10 @@ A response's record is `{"response": <Response>, "conversation": [chat messages]
 chat completion's, `proxy.stored_chat`'s. Every key holds the caller's tenant, so another
 tenant's id is simply not found (a 404, never a 403 that would confirm the id exists).
 Records expire after `responses.ttl_s`. A record put with a summary can be listed:
-`summaries` gives a tenant's, and `get_many` the records of a page of them.
+`summaries` gives a tenant's, and `get_many` the records of a page of them. A listed
+record deleted or gone leaves its summary behind, marked `gone`, until a while after it
+would have expired: a page cursor naming it still says where the next page starts (a
+client that deletes what it lists, page by page, pages on).
 """
 
 from __future__ import annotations
@@ -38,11 +41,18 @@ class RecordStore(Protocol):
     async def put(self, tenant: str, record_id: str, record: Record,
                   summary: Summary | None = None) -> None: ...
 
+    async def replace(self, tenant: str, record_id: str, record: Record,
+                      summary: Summary | None = None) -> bool:
+        """Put `record` only where one is held (False: none is), keeping its expiry."""
+        ...
+
     async def delete(self, tenant: str, record_id: str) -> bool: ...
 
     async def forget(self, tenant: str, record_id: str) -> None: ...
 
-    async def summaries(self, tenant: str) -> list[Summary]: ...
+    async def summaries(self, tenant: str) -> list[Summary]:
+        """The tenant's summaries: those of records gone marked `"gone": True`."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -58,26 +68,32 @@ class MemoryStore:
         self._count = 0
         #: tenant -> id -> (expires, record, summary), oldest first
         self._items: dict[str, OrderedDict[str, tuple[float, Record, Summary | None]]] = {}
+        #: tenant -> id -> (kept until, summary) of listed records gone, oldest first
+        self._gone: dict[str, OrderedDict[str, tuple[float, Summary]]] = {}
+        self._gone_count = 0
 
     def __len__(self) -> int:
         return self._count
 
-    async def get(self, tenant: str, record_id: str) -> Record | None:
+    def _held(self, tenant: str, record_id: str) -> tuple[float, Record, Summary | None] | None:
         records = self._items.get(tenant)
         hit = records.get(record_id) if records is not None else None
-        if hit is None:
-            return None
-        if hit[0] <= time.monotonic():
+        if hit is not None and hit[0] <= time.monotonic():
             self._pop(tenant, record_id)
             return None
-        return hit[1]
+        return hit
+
+    async def get(self, tenant: str, record_id: str) -> Record | None:
+        hit = self._held(tenant, record_id)
+        return None if hit is None else hit[1]
 
     async def get_many(self, tenant: str, ids: list[str]) -> list[Record | None]:
         return [await self.get(tenant, i) for i in ids]
 
     async def put(self, tenant: str, record_id: str, record: Record,
                   summary: Summary | None = None) -> None:
-        self._pop(tenant, record_id)
+        self._pop(tenant, record_id, mark=False)
+        self._unmark(tenant, record_id)
         self._items.setdefault(tenant, OrderedDict())[record_id] = (
             time.monotonic() + self.ttl_s, record, summary)
         self._count += 1
@@ -85,8 +101,16 @@ class MemoryStore:
             largest = max(self._items, key=lambda t: len(self._items[t]))
             self._pop(largest, next(iter(self._items[largest])))
 
+    async def replace(self, tenant: str, record_id: str, record: Record,
+                      summary: Summary | None = None) -> bool:
+        hit = self._held(tenant, record_id)
+        if hit is None:
+            return False
+        self._items[tenant][record_id] = (hit[0], record, summary)
+        return True
+
     async def delete(self, tenant: str, record_id: str) -> bool:
-        return self._pop(tenant, record_id)
+        return self._held(tenant, record_id) is not None and self._pop(tenant, record_id)
 
     async def forget(self, tenant: str, record_id: str) -> None:
         """(A record gone from memory took its summary with it.)"""
@@ -96,21 +120,43 @@ class MemoryStore:
         held = self._items.get(tenant)
         for rid in [rid for rid, (expires, _, _) in (held or {}).items() if expires <= now]:
             self._pop(tenant, rid)
-        return [summary for _, _, summary in (self._items.get(tenant) or {}).values()
-                if summary is not None]
+        gone = self._gone.get(tenant)
+        for rid in [rid for rid, (until, _) in (gone or {}).items() if until <= now]:
+            self._unmark(tenant, rid)
+        return [*(summary for _, _, summary in (self._items.get(tenant) or {}).values()
+                  if summary is not None),
+                *({**summary, "gone": True}
+                  for _, summary in (self._gone.get(tenant) or {}).values())]
 
-    def _pop(self, tenant: str, record_id: str) -> bool:
+    def _pop(self, tenant: str, record_id: str, mark: bool = True) -> bool:
         records = self._items.get(tenant)
-        if records is None or records.pop(record_id, None) is None:
+        hit = records.pop(record_id, None) if records is not None else None
+        if records is None or hit is None:
             return False
         self._count -= 1
         if not records:
             del self._items[tenant]
+        if mark and hit[2] is not None:  # listed: its summary stays a while, marked gone
+            self._unmark(tenant, record_id)
+            self._gone.setdefault(tenant, OrderedDict())[record_id] = (
+                max(hit[0], time.monotonic()) + _GRACE_S, hit[2])
+            self._gone_count += 1
+            while self._gone_count > self.max_items:
+                largest = max(self._gone, key=lambda t: len(self._gone[t]))
+                self._unmark(largest, next(iter(self._gone[largest])))
         return True
+
+    def _unmark(self, tenant: str, record_id: str) -> None:
+        gone = self._gone.get(tenant)
+        if gone is not None and gone.pop(record_id, None) is not None:
+            self._gone_count -= 1
+            if not gone:
+                del self._gone[tenant]
 
     async def close(self) -> None:
         self._items.clear()
-        self._count = 0
+        self._gone.clear()
+        self._count = self._gone_count = 0
 
 
 #: How long past its expiry a listing keeps a summary (replicas' clocks differ; its
@@ -118,23 +164,44 @@ class MemoryStore:
 _GRACE_S = 60.0
 #: At most this many expired summaries leave the listing at each put (bounded work).
 _PRUNE = 256
-# Expired summaries out of the listing (hash) and the expiry index (sorted set).
+# Expired summaries out of the listing (hash), the gone ones (hash) and the expiry index
+# (sorted set).
 _PRUNE_SCRIPT = """
-local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 if #gone > 0 then
   redis.call('HDEL', KEYS[1], unpack(gone))
-  redis.call('ZREM', KEYS[2], unpack(gone))
+  redis.call('HDEL', KEYS[2], unpack(gone))
+  redis.call('ZREM', KEYS[3], unpack(gone))
 end
 return #gone
 """
-# A summary out of the listing, only if its record is gone (not one put again meanwhile).
-_FORGET_SCRIPT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  return 1
+# A record deleted (ARGV[3] = '1'), or found gone: its summary moves from the listing to
+# the gone ones. Returns whether a record was deleted.
+_RETIRE_SCRIPT = """
+local deleted = 0
+if ARGV[3] == '1' then
+  deleted = redis.call('DEL', KEYS[1])
+elseif redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
 end
-return 0
+local summary = redis.call('HGET', KEYS[2], ARGV[1])
+if summary then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('HSET', KEYS[3], ARGV[1], summary)
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+end
+return deleted
+"""
+# A record put again only if it is held, with its expiry kept.
+_REPLACE_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+end
+return 1
 """
 
 
@@ -153,7 +220,8 @@ class RedisStore:
         self._prefix = f"{key_prefix}{kind}:"  # under the cache's own prefix
         self._redis = blocking_client(url, timeout_s)
         self._prune = self._redis.register_script(_PRUNE_SCRIPT)
-        self._forget = self._redis.register_script(_FORGET_SCRIPT)
+        self._retire = self._redis.register_script(_RETIRE_SCRIPT)
+        self._replace = self._redis.register_script(_REPLACE_SCRIPT)
 
     @staticmethod
     def _scope(tenant: str) -> str:
@@ -162,10 +230,12 @@ class RedisStore:
     def _key(self, tenant: str, record_id: str) -> str:
         return f"{self._prefix}{self._scope(tenant)}:{record_id}"
 
-    def _listing(self, tenant: str) -> tuple[str, str]:
-        """(the summaries' hash, their expiry set): a scope is hex, so no record's key."""
+    def _listing(self, tenant: str) -> tuple[str, str, str]:
+        """(the summaries' hash, the gone ones' hash, their expiry set): a scope is hex,
+        so no record's key."""
         scope = self._scope(tenant)
-        return f"{self._prefix}listing:{scope}", f"{self._prefix}expiry:{scope}"
+        return (f"{self._prefix}listing:{scope}", f"{self._prefix}gone:{scope}",
+                f"{self._prefix}expiry:{scope}")
 
     async def get(self, tenant: str, record_id: str) -> Record | None:
         return (await self.get_many(tenant, [record_id]))[0]
@@ -179,56 +249,77 @@ class RedisStore:
             raise _down(e, self.kind) from None
         return [_record(raw) for raw in raws]
 
+    @property
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.ttl_s * 1000))
+
     async def put(self, tenant: str, record_id: str, record: Record,
                   summary: Summary | None = None) -> None:
-        data = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
-        ttl_ms = max(1, int(self.ttl_s * 1000))
+        ttl_ms = self._ttl_ms
         try:
             async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.set(self._key(tenant, record_id), data, px=ttl_ms)
+                pipe.set(self._key(tenant, record_id), _json(record), px=ttl_ms)
                 if summary is not None:
-                    listing, expiry = self._listing(tenant)
-                    pipe.hset(listing, record_id, json.dumps(
-                        summary, separators=(",", ":"), ensure_ascii=False))
+                    listing, gone, expiry = self._listing(tenant)
+                    pipe.hset(listing, record_id, _json(summary))
+                    pipe.hdel(gone, record_id)
                     pipe.zadd(expiry, {record_id: time.time() + self.ttl_s})
                     pipe.pexpire(listing, ttl_ms)
                     pipe.pexpire(expiry, ttl_ms)
                 await pipe.execute()
-            if summary is not None:
+        except (RedisError, OSError, TimeoutError) as e:
+            raise _down(e, self.kind) from None
+        if summary is not None:
+            try:  # (the record is stored: a prune that fails waits for the next put)
                 await self._prune(keys=list(self._listing(tenant)),
                                   args=[time.time() - _GRACE_S, _PRUNE])
+            except (RedisError, OSError, TimeoutError) as e:
+                log.warning("record store: expired summaries not pruned",
+                            kind=self.kind, error=type(e).__name__)
+
+    async def replace(self, tenant: str, record_id: str, record: Record,
+                      summary: Summary | None = None) -> bool:
+        try:
+            return bool(await self._replace(
+                keys=[self._key(tenant, record_id), self._listing(tenant)[0]],
+                args=[_json(record), record_id, "" if summary is None else _json(summary)]))
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
 
     async def delete(self, tenant: str, record_id: str) -> bool:
-        listing, expiry = self._listing(tenant)
-        try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.delete(self._key(tenant, record_id))
-                pipe.hdel(listing, record_id)
-                pipe.zrem(expiry, record_id)
-                deleted, _, _ = await pipe.execute()
-            return bool(deleted)
-        except (RedisError, OSError, TimeoutError) as e:
-            raise _down(e, self.kind) from None
+        return await self._retire_one(tenant, record_id, delete=True)
 
     async def forget(self, tenant: str, record_id: str) -> None:
-        """`record_id`'s summary out of the listing, if its record is gone."""
+        """`record_id`'s summary marked gone, if its record is gone."""
+        await self._retire_one(tenant, record_id, delete=False)
+
+    async def _retire_one(self, tenant: str, record_id: str, *, delete: bool) -> bool:
+        listing, gone, _ = self._listing(tenant)
         try:
-            await self._forget(keys=[self._key(tenant, record_id), *self._listing(tenant)],
-                               args=[record_id])
+            return bool(await self._retire(
+                keys=[self._key(tenant, record_id), listing, gone],
+                args=[record_id, self._ttl_ms, "1" if delete else "0"]))
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
 
     async def summaries(self, tenant: str) -> list[Summary]:
+        listing, gone, _ = self._listing(tenant)
         try:
-            held = await self._redis.hgetall(self._listing(tenant)[0])
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(listing)
+                pipe.hgetall(gone)
+                held, were = await pipe.execute()
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
-        return [s for s in map(_record, held.values()) if s is not None]
+        return [*(s for s in map(_record, held.values()) if s is not None),
+                *({**s, "gone": True} for s in map(_record, were.values()) if s is not None)]
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _record(raw: Any) -> Record | None:

@@ -25,7 +25,7 @@ from .body import read_json
 from .context import RequestContext
 from .errors import NotFound, WeirError
 from .middleware import ROUTE_OPTS
-from .pagination import page
+from .pagination import listing, no_such_cursor, page, params
 from .protocol import ChatCompletionRequest, Metadata, parse_model
 from .record_store import Record, RecordStore, cache_redis, make_store
 from .reply import Outcome, Stream
@@ -51,7 +51,9 @@ async def save(app: web.Application, ctx: RequestContext, completion: dict[str, 
         log.warning("chat completion not stored: it has no id")
         return
     record: Record = {
-        "at": time.time_ns(),  # the order of completions made within one second
+        # When the request came (a listing's order, to the nanosecond; a stream is saved
+        # when it ends, after requests that came later and ended sooner).
+        "at": time.time_ns() - int((time.monotonic() - ctx.started) * 1e9),
         "completion": {**completion, "metadata": dict(req.metadata or {})},
         "messages": [_message(f"{cid}-{i}", m.model_dump(exclude_none=True))
                      for i, m in enumerate(req.messages)],
@@ -64,10 +66,13 @@ async def save(app: web.Application, ctx: RequestContext, completion: dict[str, 
 
 async def _put(store: RecordStore, tenant: str, record: Record) -> None:
     """`record` under its completion's id, with what a listing filters it by."""
+    await store.put(tenant, record["completion"]["id"], record, summary=_summary_of(record))
+
+
+def _summary_of(record: Record) -> dict[str, Any]:
     c = record["completion"]
-    await store.put(tenant, c["id"], record, summary={
-        "id": c["id"], "at": record.get("at", 0), "model": c.get("model"),
-        "metadata": c.get("metadata") or {}})
+    return {"id": c["id"], "at": record.get("at", 0), "model": c.get("model"),
+            "metadata": c.get("metadata") or {}}
 
 
 def keep_when_completed(app: web.Application, ctx: RequestContext,
@@ -182,14 +187,21 @@ class _Choice:
 
 # ------------------------------------------------------------------------------ routes
 
-async def _record(request: web.Request) -> tuple[str, str, Record]:
-    st = request.app[STATE]
-    tenant = st.auth.authenticate(request.headers).tenant
+def _tenant(request: web.Request) -> str:
+    return request.app[STATE].auth.authenticate(request.headers).tenant
+
+
+async def _record(request: web.Request, tenant: str) -> Record:
     cid = request.match_info["completion_id"]
     record = _readable(await request.app[STORE].get(tenant, cid))
     if record is None:  # another tenant's is not found, as a missing one is
-        raise NotFound(f"Chat completion with id '{cid}' not found.", param=None)
-    return tenant, cid, record
+        raise _not_found(cid)
+    return record
+
+
+def _not_found(cid: str) -> NotFound:
+    shown = cid if len(cid) <= 80 else cid[:77] + "..."
+    return NotFound(f"Chat completion with id '{shown}' not found.", param=None)
 
 
 def _readable(record: Record | None) -> Record | None:
@@ -203,29 +215,44 @@ def _readable(record: Record | None) -> Record | None:
 
 async def list_completions(request: web.Request) -> web.Response:
     """`GET /v1/chat/completions?model=&metadata[k]=v&after=&limit=&order=`: oldest
-    first unless `order=desc`."""
-    st = request.app[STATE]
-    tenant = st.auth.authenticate(request.headers).tenant
+    first unless `order=desc`. `after` may name a completion deleted or expired since
+    its page was read (its summary stays a while, marked gone): paging goes on."""
+    tenant = _tenant(request)
     q = request.query
+    limit, order = params(q, "asc")
     wanted_meta = {k[len("metadata["):-1]: v for k, v in q.items()
                    if k.startswith("metadata[") and k.endswith("]")}
     store = request.app[STORE]
-    found = [c for c in map(_summary, await store.summaries(tenant)) if c is not None
+    every = sorted((c for c in map(_summary, await store.summaries(tenant)) if c is not None),
+                   key=_position)
+    mark = None
+    if "after" in q:
+        mark = next((_position(c) for c in every if c["id"] == q["after"]), None)
+        if mark is None:
+            raise no_such_cursor("stored chat completion")
+    desc = order == "desc"
+    found = [c for c in every if not c.get("gone")
              and ("model" not in q or c.get("model") == q["model"])
-             and all(c["metadata"].get(k) == v for k, v in wanted_meta.items())]
-    found.sort(key=lambda c: c["at"])
-    while True:  # a page of completions still held, and cursors that name them
-        listed = page(found, q, order="asc", what="stored chat completion")
-        ids = [c["id"] for c in listed["data"]]
-        records = [_readable(r) for r in await store.get_many(tenant, ids)]
-        gone = {cid for cid, r in zip(ids, records, strict=True) if r is None}
-        if not gone:
-            break
-        for cid in gone:  # expired or evicted: out of the listing too
-            await store.forget(tenant, cid)
-        found = [c for c in found if c["id"] not in gone]
-    listed["data"] = [r["completion"] for r in records if r is not None]
-    return json_response(listed)
+             and all(c["metadata"].get(k) == v for k, v in wanted_meta.items())
+             and (mark is None or (_position(c) < mark if desc else _position(c) > mark))]
+    if desc:
+        found.reverse()
+    held: list[Record] = []  # the page's records, and one more if there is one
+    i = 0
+    while len(held) <= limit and i < len(found):
+        batch = found[i:i + limit + 1 - len(held)]
+        i += len(batch)
+        records = await store.get_many(tenant, [c["id"] for c in batch])
+        for c, record in zip(batch, map(_readable, records), strict=True):
+            if record is None:  # expired or evicted: marked gone in the listing too
+                await store.forget(tenant, c["id"])
+            else:
+                held.append(record)
+    return json_response(listing([r["completion"] for r in held[:limit]], len(held) > limit))
+
+
+def _position(c: dict[str, Any]) -> tuple[Any, str]:
+    return c["at"], c["id"]
 
 
 def _summary(s: dict[str, Any]) -> dict[str, Any] | None:
@@ -236,11 +263,11 @@ def _summary(s: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def retrieve(request: web.Request) -> web.Response:
-    return json_response((await _record(request))[2]["completion"])
+    return json_response((await _record(request, _tenant(request)))["completion"])
 
 
 async def list_messages(request: web.Request) -> web.Response:
-    messages = (await _record(request))[2]["messages"]
+    messages = (await _record(request, _tenant(request)))["messages"]
     return json_response(page(messages, request.query, order="asc",
                       what="message of this chat completion"))
 
@@ -252,22 +279,24 @@ class _Update(BaseModel):
 
 async def update(request: web.Request) -> web.Response:
     """`POST /v1/chat/completions/{id}` with `{"metadata": {...}}`: the metadata replaced
-    (the only change OpenAI allows); `null` clears it."""
-    st = request.app[STATE]
-    tenant, _, record = await _record(request)
-    data, _ = await read_json(request, st.settings.server.max_body_bytes)
+    (the only change OpenAI allows); `null` clears it. The record is read once the body
+    has come, and written back only if it is still held (a delete meanwhile stands), with
+    its expiry kept."""
+    tenant = _tenant(request)
+    data, _ = await read_json(request, request.app[STATE].settings.server.max_body_bytes)
     change = parse_model(_Update, data)
+    record = await _record(request, tenant)
     record["completion"]["metadata"] = dict(change.metadata or {})
-    await _put(request.app[STORE], tenant, record)
+    cid = record["completion"]["id"]
+    if not await request.app[STORE].replace(tenant, cid, record, _summary_of(record)):
+        raise _not_found(cid)
     return json_response(record["completion"])
 
 
 async def delete(request: web.Request) -> web.Response:
-    st = request.app[STATE]
-    tenant = st.auth.authenticate(request.headers).tenant
     cid = request.match_info["completion_id"]
-    if not await request.app[STORE].delete(tenant, cid):
-        raise NotFound(f"Chat completion with id '{cid}' not found.", param=None)
+    if not await request.app[STORE].delete(_tenant(request), cid):
+        raise _not_found(cid)
     return json_response({"object": "chat.completion.deleted", "id": cid, "deleted": True})
 
 

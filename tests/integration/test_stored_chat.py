@@ -4,9 +4,14 @@ against the official spec."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import pytest
+
 from bench.redis_server import RedisServer
+from proxy.record_store import MemoryStore
+from proxy.stored_chat import STORE
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
@@ -278,7 +283,8 @@ async def test_the_redis_listing_is_pruned_as_records_expire(redis_server: Redis
         monkeypatch.setattr(record_store, "_GRACE_S", 60.0)
         await store.put("t", "c", {"x": 3}, summary={"id": "c"})
         assert [s["id"] for s in await store.summaries("t")] == ["c"]
-        assert await store.delete("t", "c") and await store.summaries("t") == []
+        assert await store.delete("t", "c") and not await store.delete("t", "c")
+        assert await store.summaries("t") == [{"id": "c", "gone": True}]  # (a cursor)
     finally:
         await store.close()
 
@@ -306,3 +312,153 @@ async def test_an_answer_without_an_id_is_not_stored_and_still_answered() -> Non
     ctx = RequestContext(route="chat", request=ChatCompletionRequest.model_validate(CHAT),
                          principal=None, request_id="r")  # type: ignore[arg-type]
     await save(None, ctx, {"object": "chat.completion", "choices": []})  # type: ignore[arg-type]
+
+
+def _redis_settings(redis_server: RedisServer, prefix: str) -> Any:
+    return make_settings(plugins=[{"name": "cache", "config": {
+        "redis": {"url": redis_server.url, "key_prefix": prefix}, "l2": {"enabled": True}}}])
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_settings(request: pytest.FixtureRequest) -> Any:
+    if request.param == "memory":
+        return make_settings()
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return _redis_settings(server, f"chat-{time.monotonic_ns()}:")
+
+
+async def test_deleting_what_is_listed_page_by_page_pages_on(make_client: MakeClient,
+                                                             store_settings: Any) -> None:
+    """The SDK's auto-paging with a delete of each item: the next page's cursor names a
+    completion deleted meanwhile, and paging goes on from where it stood."""
+    client = await make_client(store_settings)
+    ids = [(await (await client.post("/v1/chat/completions", json=CHAT)).json())["id"]
+           for _ in range(5)]
+    for order, want in (("asc", ids), ("desc", ids[::-1])):
+        seen: list[str] = []
+        query = {"limit": "2", "order": order}
+        for _ in range(5):  # (bounded)
+            got = await client.get("/v1/chat/completions", params=query)
+            assert got.status == 200, await got.text()
+            listed = await got.json()
+            validate("ChatCompletionList", listed)
+            seen += [c["id"] for c in listed["data"]]
+            if order == "asc":  # delete as it goes (the second pass finds them again)
+                for c in listed["data"]:
+                    assert (await client.delete(f"/v1/chat/completions/{c['id']}")).status == 200
+            if not listed["has_more"]:
+                break
+            query = {**query, "after": listed["last_id"]}
+        assert seen == (want if order == "asc" else [])
+        if order == "asc":  # all deleted: a listing is empty, a deleted cursor still reads
+            listed = await (await client.get("/v1/chat/completions",
+                                             params={"after": ids[1]})).json()
+            assert listed["data"] == [] and not listed["has_more"]
+    bad = await client.get("/v1/chat/completions", params={"after": "chatcmpl-never"})
+    assert bad.status == 400 and (await bad.json())["error"]["param"] == "after"
+
+
+async def test_has_more_counts_only_records_still_held(make_client: MakeClient,
+                                                       redis_server: RedisServer) -> None:
+    """A summary whose record expired in Redis (another replica's listing still has it)
+    is not a page to come."""
+    import redis.asyncio as aioredis
+
+    prefix = f"chat-more-{time.monotonic_ns()}:"
+    client = await make_client(_redis_settings(redis_server, prefix))
+    ids = [(await (await client.post("/v1/chat/completions", json=CHAT)).json())["id"]
+           for _ in range(3)]
+    r = aioredis.from_url(redis_server.url)
+    try:  # the two oldest records expire; their summaries stay in the listing
+        for key in [k async for k in r.scan_iter(match=f"{prefix}chat:*")
+                    if k.decode().rsplit(":", 1)[-1] in ids[:2]]:
+            await r.delete(key)
+    finally:
+        await r.aclose()
+    listed = await (await client.get("/v1/chat/completions",
+                                      params={"order": "desc", "limit": "1"})).json()
+    assert [c["id"] for c in listed["data"]] == ids[2:] and listed["has_more"] is False
+
+
+async def test_an_update_racing_a_delete_does_not_bring_the_completion_back(
+        make_client: MakeClient, store_settings: Any, monkeypatch: Any) -> None:
+    """A delete that lands while an update's body is still coming stands."""
+    from proxy import stored_chat
+
+    client = await make_client(store_settings)
+    cid = (await (await client.post("/v1/chat/completions", json=CHAT)).json())["id"]
+    tenant = store_settings.auth.anonymous_tenant
+    reading = stored_chat.read_json
+
+    async def slow_body(request: Any, limit: int) -> Any:  # the delete, while it comes
+        assert await client.app[STORE].delete(tenant, cid)
+        return await reading(request, limit)
+
+    monkeypatch.setattr(stored_chat, "read_json", slow_body)
+    answer = await client.post(f"/v1/chat/completions/{cid}", json={"metadata": {"a": "2"}})
+    assert answer.status == 404
+    validate("ErrorResponse", await answer.json())
+    assert (await client.get(f"/v1/chat/completions/{cid}")).status == 404
+    assert (await (await client.get("/v1/chat/completions")).json())["data"] == []
+    assert not await client.app[STORE].replace(tenant, cid, {"x": 1})
+
+
+async def test_an_update_keeps_the_records_expiry(store_settings: Any,
+                                                  make_client: MakeClient) -> None:
+    settings = store_settings.model_copy(update={
+        "responses": store_settings.responses.model_copy(update={"ttl_s": 3600.0})})
+    client = await make_client(settings)
+    cid = (await (await client.post("/v1/chat/completions", json=CHAT)).json())["id"]
+    store, tenant = client.app[STORE], settings.auth.anonymous_tenant
+    await _expire_in(store, tenant, cid, 100.0)  # as if stored an hour less 100 s ago
+    changed = await client.post(f"/v1/chat/completions/{cid}", json={"metadata": {"a": "1"}})
+    assert changed.status == 200
+    assert await _expiry(store, tenant, cid) <= 100.0  # not pushed back by the update
+    assert (await (await client.get(f"/v1/chat/completions/{cid}")).json())["metadata"] == {
+        "a": "1"}
+
+
+async def _expire_in(store: Any, tenant: str, cid: str, seconds: float) -> None:
+    if isinstance(store, MemoryStore):
+        _, record, summary = store._items[tenant][cid]
+        store._items[tenant][cid] = (time.monotonic() + seconds, record, summary)
+    else:
+        await store._redis.pexpire(store._key(tenant, cid), int(seconds * 1000))
+
+
+async def _expiry(store: Any, tenant: str, cid: str) -> float:
+    """When `cid`'s record expires (seconds from now, near enough)."""
+    if isinstance(store, MemoryStore):
+        return float(store._items[tenant][cid][0] - time.monotonic())
+    return float(await store._redis.pttl(store._key(tenant, cid))) / 1000
+
+
+async def test_an_expired_record_is_not_deleted_again() -> None:
+    store = MemoryStore(ttl_s=0.0, max_items=10)
+    await store.put("t", "a", {"x": 1}, summary={"id": "a"})
+    assert await store.get("t", "a") is None
+    assert not await store.delete("t", "a")
+    assert await store.summaries("t") == [{"id": "a", "gone": True}]
+
+
+async def test_listed_by_when_the_request_came_not_when_it_ended() -> None:
+    """A long stream saved after a short request that came later is listed before it."""
+    from aiohttp import web
+
+    from proxy.context import RequestContext
+    from proxy.protocol import ChatCompletionRequest
+    from proxy.stored_chat import save
+
+    app = web.Application()
+    app[STORE] = MemoryStore(ttl_s=60, max_items=10)
+    principal = type("P", (), {"tenant": "t"})()
+    req = ChatCompletionRequest.model_validate(CHAT)
+    long = RequestContext(route="chat", request=req, principal=principal,  # type: ignore[arg-type]
+                          request_id="a", started=time.monotonic() - 30)
+    short = RequestContext(route="chat", request=req, principal=principal,  # type: ignore[arg-type]
+                           request_id="b")
+    for ctx, cid in ((short, "chatcmpl-short"), (long, "chatcmpl-long")):
+        await save(app, ctx, {"id": cid, "object": "chat.completion", "created": 0,
+                              "model": "m", "choices": []})
+    summaries = sorted(await app[STORE].summaries("t"), key=lambda s: s["at"])
+    assert [s["id"] for s in summaries] == ["chatcmpl-long", "chatcmpl-short"]
