@@ -15,7 +15,7 @@ from aiohttp import web
 
 from .app_state import ABORTED, AppState
 from .errors import Unavailable
-from .streaming import PREPARED, SHUTDOWN
+from .streaming import ANSWERED, PREPARED, SHUTDOWN
 from .telemetry import get_logger, labelled
 
 log = get_logger("weir.routes")
@@ -34,7 +34,8 @@ def generating(st: AppState, request: web.Request) -> Iterator[None]:
             yield
         except asyncio.CancelledError as e:
             if e.args != (SHUTDOWN,):  # the client went away (aiohttp cancels its handler)
-                _count_abort(st, request)
+                if not request.get(ANSWERED):  # (not after reading its whole answer)
+                    _count_abort(st, request)
                 raise
             if request.get(PREPARED):
                 raise

@@ -35,7 +35,7 @@ from .errors import (
     WeirError,
 )
 from .ids import new_hex
-from .streaming import SHUTDOWN
+from .streaming import ANSWERED, SHUTDOWN
 from .telemetry import Metrics, error_fields, get_logger, labelled
 from .tracing import extract, tracer, tracing_enabled
 
@@ -122,8 +122,9 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             status = resp.status
             return resp
         except asyncio.CancelledError as e:
-            # cut by the server's shutdown (told in-band) or its client gone
-            status = 503 if SHUTDOWN in e.args else 499
+            # a stream's client gone after its whole answer (the SDK closes at `[DONE]`),
+            # cut by the server's shutdown (told in-band), or its client gone
+            status = 200 if request.get(ANSWERED) else 503 if SHUTDOWN in e.args else 499
             raise
         finally:
             info: dict[str, Any] = request.get(INFO, {})
@@ -201,6 +202,8 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
             status = resp.status
             return resp
         finally:
+            if status == 499 and request.get(ANSWERED):
+                status = 200  # (its client left after the whole answer)
             s.set_attribute("http.response.status_code", status)
             info = request.get(INFO) or {}
             for key in ("model", "tenant", "cache"):

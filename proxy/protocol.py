@@ -166,7 +166,12 @@ class InvalidFunctionParameters(ValueError):
 def strict_problem(schema: dict[str, Any]) -> str | None:
     """What OpenAI's strict mode (`"strict": true`) refuses in a schema, in its words, or
     None: every object must say `additionalProperties: false` and list every property in
-    `required` (the grammar then holds the answer to exactly that shape)."""
+    `required`, and only those (the grammar then holds the answer to exactly that
+    shape); the root is an object."""
+    root = schema.get("type")
+    if root is not None and root != "object":
+        got = orjson.dumps(root).decode()
+        return f"schema must be a JSON Schema of 'type: \"object\"', got 'type: {got}'."
     stack: list[tuple[Any, tuple[str, ...]]] = [(schema, ())]
     while stack:
         node, where = stack.pop()
@@ -185,6 +190,13 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
                 return (f"{context}, 'required' is required to be supplied and to be an "
                         "array including every key in properties. Missing "
                         f"'{missing[0]}'")
+            required = node.get("required")
+            extra = [k for k in required if isinstance(k, str) and k not in (props or {})
+                     ] if isinstance(required, list) else []
+            if extra:
+                return (f"{context}, 'required' is required to be supplied and to be an "
+                        "array including every key in properties. Extra required key "
+                        f"'{extra[0]}' supplied.")
         for key, sub in node.items():  # (subschemas only: `x-meta` and the like are data)
             if key in SCHEMA_MAPS and isinstance(sub, dict):
                 stack.extend((v, (*where, key, name)) for name, v in sub.items())
@@ -269,7 +281,11 @@ def _local_refs_only(schema: dict[str, Any]) -> None:
             raise ValueError(f"`$ref` `{ref}` names a definition by an escaped name (`~0`, "
                              "`~1`, `%xx`), which the grammar compiler cannot follow: "
                              "name it with letters, digits, `_` and `-`")
-        if _pointed(schema, ref) is None:
+        if _pointed(schema, ref, arrays=False) is None:
+            if _pointed(schema, ref) is not None:
+                raise ValueError(f"`$ref` `{ref}` points into an array, which the grammar "
+                                 "compiler cannot follow: move that schema into `$defs` "
+                                 "and point at it there")
             raise ValueError(f"`$ref` `{ref}` points at nothing in the schema")
     _no_ref_loops(schema)
 
@@ -278,9 +294,9 @@ _ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment", "default",
                           "deprecated", "readOnly", "writeOnly"})
 
 
-def _pointed(schema: dict[str, Any], ref: str) -> Any:
+def _pointed(schema: dict[str, Any], ref: str, arrays: bool = True) -> Any:
     """What a local `$ref` (`#/$defs/a`) points at; None where it points at nothing (or
-    is no JSON pointer: an anchor, `#name`)."""
+    is no JSON pointer: an anchor, `#name`; or, `arrays` False, passes an array's item)."""
     if ref not in ("#", "#/") and not ref.startswith("#/"):
         return None
     node: Any = schema
@@ -288,7 +304,7 @@ def _pointed(schema: dict[str, Any], ref: str) -> Any:
         key = unquote(part).replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict):
             node = node.get(key)
-        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+        elif arrays and isinstance(node, list) and key.isdigit() and int(key) < len(node):
             node = node[int(key)]
         else:
             return None

@@ -44,6 +44,9 @@ KEEPALIVE = b": keep-alive\n\n"
 #: Set on a request once its stream's response is prepared: from then on a status can no
 #: longer be sent, and a shutdown cuts the stream in-band.
 PREPARED: web.RequestKey[bool] = web.RequestKey("weir_stream_prepared", bool)
+#: The stream's body went out whole (its end written): a client that leaves now, having
+#: read its answer (the SDK closes at `[DONE]`), was answered, not aborted.
+ANSWERED: web.RequestKey[bool] = web.RequestKey("weir_stream_answered", bool)
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -213,14 +216,14 @@ async def write_sse(
                     if unsent:  # the client never had any of the answer
                         outcome = "cancelled"
                     raise
-            whole = True  # the body is complete: a cancellation now cuts nothing
+            whole = request[ANSWERED] = True  # a cancellation now cuts nothing
             # Settle before the body ends: a client that saw the end of its answer never
             # races its own request's accounting (slot, tokens, cache entry).
             await watchdog.stop()
             await stream.end_shielded(outcome, error)
             await resp.write_eof()
         except ConnectionError:  # an answer already whole stays "completed"
-            if on_abort is not None:
+            if on_abort is not None and not whole:
                 on_abort("write timeout" if watchdog.cut else
                          "client gone" if watchdog.sent else "client gone before the first byte")
         return resp

@@ -250,6 +250,11 @@ RESPONSES_UNSUPPORTED: Unsupported = {
 }
 
 
+class StreamOptions(_Open):
+    #: (Weir adds no obfuscation field to its events: nothing to turn off.)
+    include_obfuscation: bool | None = None
+
+
 class ResponsesRequest(_NullIsDefault):
     model: str = Field(min_length=1)
     input: str | Annotated[list[InputItem], Field(min_length=1)]
@@ -266,6 +271,7 @@ class ResponsesRequest(_NullIsDefault):
     metadata: Metadata | None = None
     user: str | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -277,6 +283,13 @@ class ResponsesRequest(_NullIsDefault):
                 code="invalid_value")
         refuse_unsupported(data, RESPONSES_UNSUPPORTED)
         return data
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> ResponsesRequest:
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest("`stream_options` is only allowed when `stream` is true.",
+                                 param="stream_options")
+        return self
 
     @model_validator(mode="after")
     def _something_to_answer(self) -> ResponsesRequest:

@@ -608,3 +608,20 @@ async def test_a_stream_times_its_first_token_and_its_gaps(make_client: MakeClie
     labels = {"route": "responses", "model": "fake-model"}
     assert reg.get_sample_value("weir_time_to_first_token_seconds_count", labels) == 1
     assert reg.get_sample_value("weir_inter_token_latency_seconds_count", labels) == deltas - 1
+
+
+async def test_stream_options_need_a_stream(make_client: MakeClient) -> None:
+    client = await make_client()
+    for options in ({"include_obfuscation": False}, {}):
+        r = await client.post("/v1/responses", json={**BASE, "stream_options": options})
+        assert r.status == 400
+        body = await r.json()
+        validate("ErrorResponse", body)
+        assert body["error"]["param"] == "stream_options"
+    bad = await client.post("/v1/responses", json={
+        **BASE, "stream": True, "stream_options": {"include_obfuscation": "no"}})
+    assert bad.status == 400 and (await bad.json())["error"]["code"] == "invalid_type"
+    r = await client.post("/v1/responses", json={
+        **BASE, "stream": True, "stream_options": {"include_obfuscation": False}})
+    events, _ = parse_sse(await r.text())
+    assert r.status == 200 and events[-1]["type"] in ("response.completed", "response.incomplete")

@@ -462,3 +462,40 @@ async def test_listed_by_when_the_request_came_not_when_it_ended() -> None:
                               "model": "m", "choices": []})
     summaries = sorted(await app[STORE].summaries("t"), key=lambda s: s["at"])
     assert [s["id"] for s in summaries] == ["chatcmpl-long", "chatcmpl-short"]
+
+
+async def test_a_client_leaving_at_done_while_the_store_settles_was_answered(
+        make_client: MakeClient, monkeypatch: Any) -> None:
+    """The SDK closes at `[DONE]`; the stream's end hooks (storing it) still run: the
+    request is a 200, not a client's 499, and no abort is counted."""
+    import asyncio
+
+    from proxy import stored_chat
+    from proxy.app_state import STATE
+    from tests.waiting import eventually
+
+    client = await make_client()
+    saving, release = asyncio.Event(), asyncio.Event()
+    save = stored_chat.save
+
+    async def slow_save(*args: Any) -> None:
+        saving.set()
+        await release.wait()
+        await save(*args)
+
+    monkeypatch.setattr(stored_chat, "save", slow_save)
+    r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    while b"[DONE]" not in await r.content.readline():
+        pass
+    await saving.wait()
+    r.close()  # gone, having read the whole answer
+    registry = client.app[STATE].metrics.registry
+    labels = {"route": "chat", "model": "fake-model"}
+    release.set()
+    await eventually(lambda: registry.get_sample_value(
+        "weir_requests_total", {**labels, "status": "200"}) == 1)
+    assert registry.get_sample_value("weir_requests_total", {**labels, "status": "499"}) is None
+    assert not registry.get_sample_value("weir_requests_aborted_total",
+                                         {"reason": "client_gone"})
+    listed = await (await client.get("/v1/chat/completions")).json()
+    assert len(listed["data"]) == 1  # stored all the same

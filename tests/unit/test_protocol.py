@@ -536,6 +536,7 @@ STRICT_OK = {"type": "object", "properties": {"a": {"type": "string"}, "b": {
     ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
      "In context=(), 'additionalProperties' is required to be supplied and to be false"),
     ({**STRICT_OK, "required": ["a"]}, "Missing 'b'"),
+    ({**STRICT_OK, "required": ["a", "b", "zzz"]}, "Extra required key 'zzz' supplied."),
     ({**STRICT_OK, "dependencies": {"a": {"type": "object", "properties": {}}}},
      "In context=('dependencies', 'a'), 'additionalProperties'"),
     ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "b": {"type": "array", "items": {
@@ -570,6 +571,23 @@ def test_strict_schemas_follow_openais_strict_mode(schema: dict[str, Any], said:
         make(None)
 
 
+@pytest.mark.parametrize("root", ["array", ["object", "null"]])
+def test_a_strict_formats_root_is_an_object(root: Any) -> None:
+    schema = {**STRICT_OK, "type": root}
+    for make, param in (
+            (lambda s: chat(response_format={"type": "json_schema", "json_schema": {
+                "name": "n", "schema": schema, "strict": s}}), "response_format.json_schema"),
+            (lambda s: parse_model(ResponsesRequest, {"model": "m", "input": "x", "text": {
+                "format": {"type": "json_schema", "name": "n", "schema": schema,
+                           "strict": s}}}), "text.format")):
+        with pytest.raises(InvalidRequest) as e:
+            make(True)
+        assert e.value.param == param
+        assert "schema must be a JSON Schema of 'type: \"object\"', got 'type: " in (
+            e.value.message)
+        make(False)
+
+
 def test_a_strict_schema_that_follows_strict_mode_is_served() -> None:
     chat(tools=[{"type": "function", "function": {"name": "f", "strict": True,
                                                   "parameters": STRICT_OK}}])
@@ -593,6 +611,12 @@ def test_a_ref_to_nothing_is_a_400_naming_it() -> None:
                 "type": "object", "properties": {"a": {"$ref": f"#/$defs/{escaped}"}},
                 "$defs": {"a/b": {"type": "string"}, "a b": {"type": "string"}}}}}])
         assert "escaped name" in e.value.message and "tool0" not in e.value.message
+    with pytest.raises(InvalidRequest) as e:  # an array's item: the compiler cannot follow
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": {
+            "type": "object", "properties": {
+                "a": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                "b": {"$ref": "#/properties/a/anyOf/0"}}}}})
+    assert "`#/properties/a/anyOf/0` points into an array" in e.value.message
     chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {  # not escaped
         "type": "object", "properties": {"a": {"$ref": "#/$defs/a%"}},
         "$defs": {"a%": {"type": "string"}}}}}])
