@@ -28,6 +28,11 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - they hold the same words in another order ("convert miles to kilometers" /
   "kilometers to miles"; the price: "password reset" / "reset password" misses);
 - they are written in different languages (the model answers in the question's own);
+- they ask about different times: a day ("yesterday" / "today" / "tomorrow"), "next" /
+  "last" / "first", or the tense a question opens with, past against future ("Was the
+  bank closed on Friday?" / "Will the bank be closed ..."; a present is either: "Why
+  was I charged twice?" / "There is a double charge on my card", and "Will the bank be
+  closed on Friday?" / "Is the bank closed on Friday?" are one question);
 - they are one template with one slot changed ("Does the laptop come with a charger?" /
   "Does the phone ..."): a swapped entity, even in lower case. The price: a one-word
   synonym swap ("opening hours" / "business hours") misses too.
@@ -70,11 +75,16 @@ _NEGATION = re.compile(
 _NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][a-zA-Z]+\b")
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
 _FROM_TO = re.compile(r"\bfrom\s+(\w+)\s+(?:to|into)\s+(\w+)", re.IGNORECASE)
+_PERIODS = ("night", "morning", "evening", "week", "weekend", "month", "year", "season",
+            "quarter", "summer", "winter", "spring", "autumn", "fall", "time")
 _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             "switch off": "disable", "sign up": "register", "log out": "logout",
             "sign out": "logout", "log in": "login", "log into": "login", "sign in": "login",
             "opt in": "enable", "opt out": "disable", "check in": "checkin",
-            "check out": "checkout"}
+            "check out": "checkout",
+            # a time of day or a period, this one, the last or the next: one word each
+            **{f"{when} {unit}": f"{when}-{unit}" for when in ("last", "next", "this")
+               for unit in _PERIODS}}
 # One pass for every phrase (longest first); no replacement makes another phrase.
 _PHRASE = re.compile(r"\b(?:" + "|".join(
     re.escape(p) for p in sorted(_PHRASES, key=len, reverse=True)) + r")\b")
@@ -108,11 +118,24 @@ _FAMILIES = (
     ("speed", ("fast", "faster", "fastest"), ("slow", "slower", "slowest")),
     ("rank", ("best", "better", "good"), ("worst", "worse", "bad")),
     ("order", ("first", "earliest", "oldest"), ("last", "latest", "newest")),
+    ("day", ("tomorrow", "upcoming"), ("yesterday", "ago")),
     ("outcome", ("win", "won", "pass", "passed", "succeed", "success"),
      ("lose", "lost", "fail", "failed", "failure")),
 )
 _DIRECTION = {w: (fam, sign) for fam, plus, minus in _FAMILIES
               for sign, words in (("+", plus), ("-", minus)) for w in words}
+# Signs of their own: "today" is neither side of the day's family, "next" neither the
+# first nor the last.
+_DIRECTION.update({"today": ("day", "0"), "tonight": ("day", "0"), "next": ("order", "next"),
+                   **{f"{when}-{unit}": ("day", sign) for when, sign in (
+                       ("last", "-"), ("this", "0"), ("next", "+")) for unit in _PERIODS}})
+#: The tense a question opens with: its first word, or the one after a question word
+#: (and one more: "How much did ..."), when it is a past or a future auxiliary.
+_TENSE = re.compile(
+    r"^\W*(?:(?:what|when|where|who|whom|whose|why|how|which)\W+(?:[a-z]+\W+)?)?"
+    r"(did|was|were|had|will|shall|won['\u2019]?t|(?:is|are|am)\W+[a-z]+\W+going\W+to)"
+    r"(?:n['\u2019]?t)?\b")
+_PAST = frozenset({"did", "was", "were", "had"})
 _REVERSING = ("un", "de", "dis", "non", "non-")
 
 _LANGUAGES = ("english|french|spanish|german|italian|portuguese|japanese|chinese|mandarin|"
@@ -252,6 +275,7 @@ class Signature:
     tokens: tuple[str, ...]
     layout: tuple[str, ...] = ()  # each indented line's indentation, in order
     language: str = ""  # the question's own language, where not English (`_language`)
+    tense: str = ""  # "past" or "future" where the question opens with one (`_TENSE`)
 
 
 def signature(text: str) -> Signature:
@@ -276,7 +300,13 @@ def signature(text: str) -> Signature:
         tokens=tuple(_TOKEN.findall(lowered)),
         layout=tuple(_INDENT.findall(text)) if "\n" in text else (),
         language=_language(text),
+        tense=_tense(lowered),
     )
+
+
+def _tense(lowered: str) -> str:
+    m = _TENSE.match(lowered)
+    return "" if m is None else "past" if m.group(1) in _PAST else "future"
 
 
 def _language(text: str) -> str:
@@ -454,7 +484,8 @@ ANY_GATE = "*"
 
 def _strict(sig: Signature) -> tuple[object, ...]:
     return (sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
-            sig.route, sig.directions, tuple(sorted(sig.focus)), *_added(sig))
+            sig.route, sig.directions, tuple(sorted(sig.focus)), *_added(sig),
+            *((("tense", sig.tense),) if sig.tense else ()))
 
 
 def _added(sig: Signature) -> tuple[object, ...]:
@@ -509,6 +540,7 @@ def guard_ok(question: str, stored: str) -> bool:
     return (a.numbers == b.numbers and a.negations == b.negations and a.names == b.names
             and a.instructions == b.instructions and a.layout == b.layout
             and a.language == b.language
+            and {a.tense, b.tense} != {"past", "future"}
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)

@@ -149,6 +149,18 @@ def test_an_instruction_with_letters_that_fold_to_ascii_is_seen(extra: str) -> N
     ("What is the capital of France?", "Was ist die Hauptstadt von Frankreich?"),
     ("What is the capital of France?", "法国的首都是什么？"),
     ("How do I reset my password?", "Как сбросить мой пароль?"),
+    # another time: a day, a period, next / last, a past against a future (a live pass
+    # had "Did it snow yesterday?" answered with "Will it snow tomorrow?"'s answer)
+    ("Will it snow tomorrow?", "Did it snow yesterday?"),
+    ("Is the store open today?", "Is the store open tomorrow?"),
+    ("What's the weather today?", "What was the weather yesterday?"),
+    ("What are the sales figures for next week?", "What are the sales figures for last week?"),
+    ("Is it going to rain tonight?", "Did it rain last night?"),
+    ("Is it going to be sunny next week?", "Is it going to be hot this weekend?"),
+    ("When is the next train to Boston?", "When is the last train to Boston?"),
+    ("What is the first step?", "What is the next step?"),
+    ("Will the bank be closed on Friday?", "Was the bank closed on Friday?"),
+    ("What did the market do yesterday?", "What will the market do tomorrow?"),
 ])
 def test_near_misses_are_refused(a: str, b: str) -> None:
     assert not guard_ok(a, b) and not guard_ok(b, a)
@@ -222,6 +234,11 @@ def test_instructions_and_questions_said_alike_still_pass(a: str, b: str) -> Non
     ("What is 7 + 5?", "what is 7+5"),
     ("What does je ne sais quoi mean?", "What is the meaning of je ne sais quoi?"),
     ("Quelle est la capitale de la France ?", "Quelle est la capitale de la France?"),
+    # a present is a past's or a future's paraphrase
+    ("Will the bank be closed on Friday?", "Is the bank closed on Friday?"),
+    ("Why was my card declined?", "My card got declined, why?"),
+    ("Did my payment go through?", "Has my payment gone through?"),
+    ("What's the next step?", "What should I do next?"),
 ])
 def test_paraphrases_pass(a: str, b: str) -> None:
     assert guard_ok(a, b) and guard_ok(b, a)
