@@ -5,10 +5,11 @@ A response's record is `{"response": <Response>, "conversation": [chat messages]
 chat completion's, `proxy.stored_chat`'s. Every key holds the caller's tenant, so another
 tenant's id is simply not found (a 404, never a 403 that would confirm the id exists).
 Records expire after `responses.ttl_s`. A record put with a summary can be listed:
-`summaries` gives a tenant's, and `get_many` the records of a page of them. A listed
-record deleted or gone leaves its summary behind, marked `gone`, until a while after it
-would have expired: a page cursor naming it still says where the next page starts (a
-client that deletes what it lists, page by page, pages on).
+`scan` reads a tenant's summaries in order (their `at`, nanoseconds since the epoch),
+a window at a time from a cursor, and `get_many` the records of a page of them. A
+listed record deleted or gone keeps its place a while after it would have expired: a
+page cursor naming it still says where the next page starts (a client that deletes
+what it lists, page by page, pages on).
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ class RecordStore(Protocol):
 
     async def forget(self, tenant: str, record_id: str) -> None: ...
 
-    async def summaries(self, tenant: str) -> list[Summary]:
-        """The tenant's summaries: those of records gone marked `"gone": True`."""
+    async def scan(self, tenant: str, after: str | None, desc: bool, count: int,
+                   ) -> tuple[list[Summary], str | None]:
+        """The next `count` places of the tenant's listing after `after` (an id; None: its
+        start), oldest first or newest first (`desc`): the summaries of the records still
+        listed there, and the cursor to go on from (None: the listing ended). `after`
+        that has no place (never listed, or gone long enough): `KeyError`."""
         ...
 
     async def close(self) -> None: ...
@@ -113,9 +118,10 @@ class MemoryStore:
         return self._held(tenant, record_id) is not None and self._pop(tenant, record_id)
 
     async def forget(self, tenant: str, record_id: str) -> None:
-        """(A record gone from memory took its summary with it.)"""
+        """(A record gone from memory has left the listing already, keeping its place.)"""
 
-    async def summaries(self, tenant: str) -> list[Summary]:
+    async def scan(self, tenant: str, after: str | None, desc: bool, count: int,
+                   ) -> tuple[list[Summary], str | None]:
         now = time.monotonic()
         held = self._items.get(tenant)
         for rid in [rid for rid, (expires, _, _) in (held or {}).items() if expires <= now]:
@@ -123,10 +129,23 @@ class MemoryStore:
         gone = self._gone.get(tenant)
         for rid in [rid for rid, (until, _) in (gone or {}).items() if until <= now]:
             self._unmark(tenant, rid)
-        return [*(summary for _, _, summary in (self._items.get(tenant) or {}).values()
-                  if summary is not None),
-                *({**summary, "gone": True}
-                  for _, summary in (self._gone.get(tenant) or {}).values())]
+        places = sorted(
+            [*((summary.get("at", 0), rid, summary)
+               for rid, (_, _, summary) in (self._items.get(tenant) or {}).items()
+               if summary is not None),
+             *((summary.get("at", 0), rid, None)
+               for rid, (_, summary) in (self._gone.get(tenant) or {}).items())],
+            key=lambda p: (p[0], p[1]), reverse=desc)
+        start = 0
+        if after is not None:
+            at = next((i for i, p in enumerate(places) if p[1] == after), None)
+            if at is None:
+                raise KeyError(after)
+            start = at + 1
+        window = places[start:start + count]
+        more = start + count < len(places)
+        return ([summary for _, _, summary in window if summary is not None],
+                window[-1][1] if more else None)
 
     def _pop(self, tenant: str, record_id: str, mark: bool = True) -> bool:
         records = self._items.get(tenant)
@@ -136,7 +155,7 @@ class MemoryStore:
         self._count -= 1
         if not records:
             del self._items[tenant]
-        if mark and hit[2] is not None:  # listed: its summary stays a while, marked gone
+        if mark and hit[2] is not None:  # listed: its place stays a while (a cursor)
             self._unmark(tenant, record_id)
             self._gone.setdefault(tenant, OrderedDict())[record_id] = (
                 max(hit[0], time.monotonic()) + _GRACE_S, hit[2])
@@ -164,33 +183,48 @@ class MemoryStore:
 _GRACE_S = 60.0
 #: At most this many expired summaries leave the listing at each put (bounded work).
 _PRUNE = 256
-# Expired summaries out of the listing (hash), the gone ones (hash) and the expiry index
-# (sorted set).
+# Expired places out of the listing: the summaries (hash), the order (sorted set by
+# `at`) and the expiry index (sorted set).
 _PRUNE_SCRIPT = """
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
 if #gone > 0 then
   redis.call('HDEL', KEYS[1], unpack(gone))
-  redis.call('HDEL', KEYS[2], unpack(gone))
+  redis.call('ZREM', KEYS[2], unpack(gone))
   redis.call('ZREM', KEYS[3], unpack(gone))
 end
 return #gone
 """
-# A record deleted (ARGV[3] = '1'), or found gone: its summary moves from the listing to
-# the gone ones. Returns whether a record was deleted.
+# A record deleted (ARGV[2] = '1'), or found gone: its summary leaves the listing, its
+# place in the order stays (a cursor). Returns whether a record was deleted.
 _RETIRE_SCRIPT = """
 local deleted = 0
-if ARGV[3] == '1' then
+if ARGV[2] == '1' then
   deleted = redis.call('DEL', KEYS[1])
 elseif redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-local summary = redis.call('HGET', KEYS[2], ARGV[1])
-if summary then
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  redis.call('HSET', KEYS[3], ARGV[1], summary)
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
-end
+redis.call('HDEL', KEYS[2], ARGV[1])
 return deleted
+"""
+# The next ARGV[3] places of the order after ARGV[1] (an id; '': from the start), newest
+# first if ARGV[2] = '1': {ids, their summaries (nil: not listed)}; nil if ARGV[1] has
+# no place.
+_SCAN_SCRIPT = """
+local start = 0
+local desc = ARGV[2] == '1'
+if ARGV[1] ~= '' then
+  local rank
+  if desc then rank = redis.call('ZREVRANK', KEYS[1], ARGV[1])
+  else rank = redis.call('ZRANK', KEYS[1], ARGV[1]) end
+  if not rank then return false end
+  start = rank + 1
+end
+local stop = start + tonumber(ARGV[3]) - 1
+local ids
+if desc then ids = redis.call('ZREVRANGE', KEYS[1], start, stop)
+else ids = redis.call('ZRANGE', KEYS[1], start, stop) end
+if #ids == 0 then return {} end
+return {ids, redis.call('HMGET', KEYS[2], unpack(ids))}
 """
 # A record put again only if it is held, with its expiry kept.
 _REPLACE_SCRIPT = """
@@ -208,10 +242,12 @@ return 1
 class RedisStore:
     """One key per record, `SET ... PX ttl`. A record put with a summary (a stored chat
     completion: its id, order, model and metadata) also has it in the tenant's listing,
-    a hash read to list and filter without loading the records, and its expiry in a
-    sorted set: each put takes expired summaries out of the listing (a bounded number),
-    so a tenant that stores and never lists does not grow it. A Redis that fails is a
-    503; a record that is not a JSON object is not found."""
+    a hash read to list and filter without loading the records, its place in a sorted
+    set by `at` (a page reads a window of it from its cursor's rank: a listing costs its
+    page, not the tenant's whole history), and its expiry in another: each put takes
+    expired places out of the listing (a bounded number), so a tenant that stores and
+    never lists does not grow it. A Redis that fails is a 503; a record that is not a
+    JSON object is not found."""
 
     def __init__(self, url: str, ttl_s: float, key_prefix: str,
                  timeout_s: float = 0.5, kind: str = "responses") -> None:
@@ -222,6 +258,7 @@ class RedisStore:
         self._prune = self._redis.register_script(_PRUNE_SCRIPT)
         self._retire = self._redis.register_script(_RETIRE_SCRIPT)
         self._replace = self._redis.register_script(_REPLACE_SCRIPT)
+        self._scan = self._redis.register_script(_SCAN_SCRIPT)
 
     @staticmethod
     def _scope(tenant: str) -> str:
@@ -231,10 +268,10 @@ class RedisStore:
         return f"{self._prefix}{self._scope(tenant)}:{record_id}"
 
     def _listing(self, tenant: str) -> tuple[str, str, str]:
-        """(the summaries' hash, the gone ones' hash, their expiry set): a scope is hex,
-        so no record's key."""
+        """(the summaries' hash, their order, their expiry): a scope is hex, so no
+        record's key."""
         scope = self._scope(tenant)
-        return (f"{self._prefix}listing:{scope}", f"{self._prefix}gone:{scope}",
+        return (f"{self._prefix}listing:{scope}", f"{self._prefix}order:{scope}",
                 f"{self._prefix}expiry:{scope}")
 
     async def get(self, tenant: str, record_id: str) -> Record | None:
@@ -260,12 +297,14 @@ class RedisStore:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.set(self._key(tenant, record_id), _json(record), px=ttl_ms)
                 if summary is not None:
-                    listing, gone, expiry = self._listing(tenant)
+                    listing, order, expiry = self._listing(tenant)
                     pipe.hset(listing, record_id, _json(summary))
-                    pipe.hdel(gone, record_id)
+                    at = summary.get("at")
+                    pipe.zadd(order, {record_id: (at if isinstance(at, int | float)
+                                                  else time.time_ns()) / 1e9})
                     pipe.zadd(expiry, {record_id: time.time() + self.ttl_s})
-                    pipe.pexpire(listing, ttl_ms)
-                    pipe.pexpire(expiry, ttl_ms)
+                    for key in (listing, order, expiry):
+                        pipe.pexpire(key, ttl_ms)
                 await pipe.execute()
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
@@ -294,25 +333,29 @@ class RedisStore:
         await self._retire_one(tenant, record_id, delete=False)
 
     async def _retire_one(self, tenant: str, record_id: str, *, delete: bool) -> bool:
-        listing, gone, _ = self._listing(tenant)
         try:
             return bool(await self._retire(
-                keys=[self._key(tenant, record_id), listing, gone],
-                args=[record_id, self._ttl_ms, "1" if delete else "0"]))
+                keys=[self._key(tenant, record_id), self._listing(tenant)[0]],
+                args=[record_id, "1" if delete else "0"]))
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
 
-    async def summaries(self, tenant: str) -> list[Summary]:
-        listing, gone, _ = self._listing(tenant)
+    async def scan(self, tenant: str, after: str | None, desc: bool, count: int,
+                   ) -> tuple[list[Summary], str | None]:
+        listing, order, _ = self._listing(tenant)
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hgetall(listing)
-                pipe.hgetall(gone)
-                held, were = await pipe.execute()
+            found = await self._scan(keys=[order, listing],
+                                     args=[after or "", "1" if desc else "0", count])
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
-        return [*(s for s in map(_record, held.values()) if s is not None),
-                *({**s, "gone": True} for s in map(_record, were.values()) if s is not None)]
+        if found is None:
+            raise KeyError(after)
+        if not found:
+            return [], None
+        ids, raws = found
+        last = ids[-1].decode() if isinstance(ids[-1], bytes) else ids[-1]
+        return ([s for s in map(_record, raws) if s is not None],
+                last if len(ids) == count else None)
 
     async def close(self) -> None:
         await self._redis.aclose()

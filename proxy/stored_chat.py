@@ -213,46 +213,47 @@ def _readable(record: Record | None) -> Record | None:
     return record if ok else None
 
 
+#: The most places of the listing read at a time (their summaries, not their records):
+#: a page reads as many as it shows first, then more each time a filter passes some over.
+_WINDOW = 200
+
+
 async def list_completions(request: web.Request) -> web.Response:
     """`GET /v1/chat/completions?model=&metadata[k]=v&after=&limit=&order=`: oldest
     first unless `order=desc`. `after` may name a completion deleted or expired since
-    its page was read (its summary stays a while, marked gone): paging goes on."""
+    its page was read (it keeps its place a while): paging goes on."""
     tenant = _tenant(request)
     q = request.query
     limit, order = params(q, "asc")
     wanted_meta = {k[len("metadata["):-1]: v for k, v in q.items()
                    if k.startswith("metadata[") and k.endswith("]")}
     store = request.app[STORE]
-    every = sorted((c for c in map(_summary, await store.summaries(tenant)) if c is not None),
-                   key=_position)
-    mark = None
-    if "after" in q:
-        mark = next((_position(c) for c in every if c["id"] == q["after"]), None)
-        if mark is None:
-            raise no_such_cursor("stored chat completion")
-    desc = order == "desc"
-    found = [c for c in every if not c.get("gone")
-             and ("model" not in q or c.get("model") == q["model"])
-             and all(c["metadata"].get(k) == v for k, v in wanted_meta.items())
-             and (mark is None or (_position(c) < mark if desc else _position(c) > mark))]
-    if desc:
-        found.reverse()
     held: list[Record] = []  # the page's records, and one more if there is one
-    i = 0
-    while len(held) <= limit and i < len(found):
-        batch = found[i:i + limit + 1 - len(held)]
-        i += len(batch)
-        records = await store.get_many(tenant, [c["id"] for c in batch])
-        for c, record in zip(batch, map(_readable, records), strict=True):
-            if record is None:  # expired or evicted: marked gone in the listing too
-                await store.forget(tenant, c["id"])
-            else:
-                held.append(record)
+    cursor: str | None = q.get("after")
+    first = True
+    size = min(limit + 1, _WINDOW)
+    while len(held) <= limit:
+        try:
+            window, cursor = await store.scan(tenant, cursor, order == "desc", size)
+        except KeyError:
+            if first:
+                raise no_such_cursor("stored chat completion") from None
+            break  # (its place expired meanwhile: the listing ends there)
+        first, size = False, min(size * 4, _WINDOW)
+        found = [c for c in map(_summary, window) if c is not None
+                 and ("model" not in q or c.get("model") == q["model"])
+                 and all(c["metadata"].get(k) == v for k, v in wanted_meta.items())]
+        while found and len(held) <= limit:
+            batch, found = found[:limit + 1 - len(held)], found[limit + 1 - len(held):]
+            records = await store.get_many(tenant, [c["id"] for c in batch])
+            for c, record in zip(batch, map(_readable, records), strict=True):
+                if record is None:  # expired or evicted: out of the listing too
+                    await store.forget(tenant, c["id"])
+                else:
+                    held.append(record)
+        if cursor is None:
+            break
     return json_response(listing([r["completion"] for r in held[:limit]], len(held) > limit))
-
-
-def _position(c: dict[str, Any]) -> tuple[Any, str]:
-    return c["at"], c["id"]
 
 
 def _summary(s: dict[str, Any]) -> dict[str, Any] | None:

@@ -273,18 +273,26 @@ async def test_the_redis_listing_is_pruned_as_records_expire(redis_server: Redis
     from proxy.record_store import RedisStore
 
     store = RedisStore(redis_server.url, 3600, "prune:", kind="chat")
+
+    async def listed(after: str | None = None) -> list[str]:
+        window, more = await store.scan("t", after, False, 10)
+        assert more is None
+        return [x["id"] for x in window]
+
     try:
-        await store.put("t", "a", {"x": 1}, summary={"id": "a"})
+        await store.put("t", "a", {"x": 1}, summary={"id": "a", "at": 1})
         await store.forget("t", "a")  # its record is there: kept
-        assert [s["id"] for s in await store.summaries("t")] == ["a"]
+        assert await listed() == ["a"]
         monkeypatch.setattr(record_store, "_GRACE_S", -7200.0)  # as if two hours on
-        await store.put("t", "b", {"x": 2}, summary={"id": "b"})
-        assert await store.summaries("t") == []  # both expired by then, both pruned
+        await store.put("t", "b", {"x": 2}, summary={"id": "b", "at": 2})
+        assert await listed() == []  # both expired by then, both pruned
+        with pytest.raises(KeyError):  # places and all
+            await listed("a")
         monkeypatch.setattr(record_store, "_GRACE_S", 60.0)
-        await store.put("t", "c", {"x": 3}, summary={"id": "c"})
-        assert [s["id"] for s in await store.summaries("t")] == ["c"]
+        await store.put("t", "c", {"x": 3}, summary={"id": "c", "at": 3})
+        assert await listed() == ["c"]
         assert await store.delete("t", "c") and not await store.delete("t", "c")
-        assert await store.summaries("t") == [{"id": "c", "gone": True}]  # (a cursor)
+        assert await listed() == [] and await listed("c") == []  # its place: a cursor
     finally:
         await store.close()
 
@@ -438,7 +446,8 @@ async def test_an_expired_record_is_not_deleted_again() -> None:
     await store.put("t", "a", {"x": 1}, summary={"id": "a"})
     assert await store.get("t", "a") is None
     assert not await store.delete("t", "a")
-    assert await store.summaries("t") == [{"id": "a", "gone": True}]
+    assert await store.scan("t", None, False, 10) == ([], None)
+    assert await store.scan("t", "a", False, 10) == ([], None)  # its place: a cursor
 
 
 async def test_listed_by_when_the_request_came_not_when_it_ended() -> None:
@@ -460,8 +469,8 @@ async def test_listed_by_when_the_request_came_not_when_it_ended() -> None:
     for ctx, cid in ((short, "chatcmpl-short"), (long, "chatcmpl-long")):
         await save(app, ctx, {"id": cid, "object": "chat.completion", "created": 0,
                               "model": "m", "choices": []})
-    summaries = sorted(await app[STORE].summaries("t"), key=lambda s: s["at"])
-    assert [s["id"] for s in summaries] == ["chatcmpl-long", "chatcmpl-short"]
+    window, _ = await app[STORE].scan("t", None, False, 10)
+    assert [s["id"] for s in window] == ["chatcmpl-long", "chatcmpl-short"]
 
 
 async def test_a_client_leaving_at_done_while_the_store_settles_was_answered(
@@ -499,3 +508,31 @@ async def test_a_client_leaving_at_done_while_the_store_settles_was_answered(
                                          {"reason": "client_gone"})
     listed = await (await client.get("/v1/chat/completions")).json()
     assert len(listed["data"]) == 1  # stored all the same
+
+
+async def test_a_listing_reads_its_windows_in_order_and_filters_them(
+        make_client: MakeClient, store_settings: Any, monkeypatch: Any) -> None:
+    """A listing reads the tenant's places a window at a time (not its whole history):
+    a page that filters gathers its items across windows, and gone records between them
+    are passed over."""
+    from proxy import stored_chat
+
+    monkeypatch.setattr(stored_chat, "_WINDOW", 2)
+    client = await make_client(store_settings)
+    ids = [(await (await client.post("/v1/chat/completions", json={
+        **CHAT, "metadata": {"k": "odd" if i % 2 else "even"}})).json())["id"]
+        for i in range(9)]
+    assert (await client.delete(f"/v1/chat/completions/{ids[2]}")).status == 200
+    for order, want in (("asc", [ids[i] for i in (0, 4, 6, 8)]),
+                        ("desc", [ids[i] for i in (8, 6, 4, 0)])):
+        seen: list[str] = []
+        query = {"limit": "3", "order": order, "metadata[k]": "even"}
+        for _ in range(5):  # (bounded)
+            listed = await (await client.get("/v1/chat/completions", params=query)).json()
+            seen += [c["id"] for c in listed["data"]]
+            if not listed["has_more"]:
+                break
+            query = {**query, "after": listed["last_id"]}
+        assert seen == want, order
+    every = await (await client.get("/v1/chat/completions", params={"limit": "100"})).json()
+    assert [c["id"] for c in every["data"]] == ids[:2] + ids[3:] and not every["has_more"]
