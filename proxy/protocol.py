@@ -169,6 +169,9 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
     `required`, and only those (the grammar then holds the answer to exactly that
     shape); the root is an object."""
     root = schema.get("type")
+    if root is None and any(k in schema for k in ("anyOf", "oneOf", "allOf")):
+        # (OpenAI: the root must be an object, not an `anyOf`)
+        return "schema must be a JSON Schema of 'type: \"object\"', got 'type: \"None\"'."
     if root is not None and root != "object":
         got = orjson.dumps(root).decode()
         return f"schema must be a JSON Schema of 'type: \"object\"', got 'type: {got}'."

@@ -76,6 +76,9 @@ class MemoryStore:
         #: tenant -> id -> (kept until, summary) of listed records gone, oldest first
         self._gone: dict[str, OrderedDict[str, tuple[float, Summary]]] = {}
         self._gone_count = 0
+        #: tenant -> its places sorted by (at, id), and each id's index; dropped at each
+        #: change (a listing's windows read one sort, not one each)
+        self._places: dict[str, tuple[list[tuple[Any, str, Summary | None]], dict[str, int]]] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -102,6 +105,7 @@ class MemoryStore:
         self._items.setdefault(tenant, OrderedDict())[record_id] = (
             time.monotonic() + self.ttl_s, record, summary)
         self._count += 1
+        self._places.pop(tenant, None)
         while self._count > self.max_items:
             largest = max(self._items, key=lambda t: len(self._items[t]))
             self._pop(largest, next(iter(self._items[largest])))
@@ -112,6 +116,7 @@ class MemoryStore:
         if hit is None:
             return False
         self._items[tenant][record_id] = (hit[0], record, summary)
+        self._places.pop(tenant, None)
         return True
 
     async def delete(self, tenant: str, record_id: str) -> bool:
@@ -124,28 +129,34 @@ class MemoryStore:
                    ) -> tuple[list[Summary], str | None]:
         now = time.monotonic()
         held = self._items.get(tenant)
-        for rid in [rid for rid, (expires, _, _) in (held or {}).items() if expires <= now]:
-            self._pop(tenant, rid)
+        while held and (oldest := next(iter(held.items())))[1][0] <= now:
+            self._pop(tenant, oldest[0])  # (puts come in expiry order: oldest first)
+            held = self._items.get(tenant)
         gone = self._gone.get(tenant)
         for rid in [rid for rid, (until, _) in (gone or {}).items() if until <= now]:
             self._unmark(tenant, rid)
-        places = sorted(
-            [*((summary.get("at", 0), rid, summary)
-               for rid, (_, _, summary) in (self._items.get(tenant) or {}).items()
-               if summary is not None),
-             *((summary.get("at", 0), rid, None)
-               for rid, (_, summary) in (self._gone.get(tenant) or {}).items())],
-            key=lambda p: (p[0], p[1]), reverse=desc)
+        if tenant not in self._places:
+            places = sorted(
+                [*((summary.get("at", 0), rid, summary)
+                   for rid, (_, _, summary) in (self._items.get(tenant) or {}).items()
+                   if summary is not None),
+                 *((summary.get("at", 0), rid, None)
+                   for rid, (_, summary) in (self._gone.get(tenant) or {}).items())],
+                key=lambda p: (p[0], p[1]))
+            self._places[tenant] = places, {p[1]: i for i, p in enumerate(places)}
+        places, index = self._places[tenant]
+        n = len(places)
         start = 0
         if after is not None:
-            at = next((i for i, p in enumerate(places) if p[1] == after), None)
-            if at is None:
+            if after not in index:
                 raise KeyError(after)
-            start = at + 1
-        window = places[start:start + count]
-        more = start + count < len(places)
-        return ([summary for _, _, summary in window if summary is not None],
-                window[-1][1] if more else None)
+            start = index[after] + 1 if not desc else n - index[after]
+        # (desc: places read from the end; `start` counts from there)
+        chosen = [places[i if not desc else n - 1 - i]
+                  for i in range(start, min(start + count, n))]
+        more = start + count < n
+        return ([summary for _, _, summary in chosen if summary is not None],
+                chosen[-1][1] if more else None)
 
     def _pop(self, tenant: str, record_id: str, mark: bool = True) -> bool:
         records = self._items.get(tenant)
@@ -153,6 +164,7 @@ class MemoryStore:
         if records is None or hit is None:
             return False
         self._count -= 1
+        self._places.pop(tenant, None)
         if not records:
             del self._items[tenant]
         if mark and hit[2] is not None:  # listed: its place stays a while (a cursor)
@@ -169,12 +181,14 @@ class MemoryStore:
         gone = self._gone.get(tenant)
         if gone is not None and gone.pop(record_id, None) is not None:
             self._gone_count -= 1
+            self._places.pop(tenant, None)
             if not gone:
                 del self._gone[tenant]
 
     async def close(self) -> None:
         self._items.clear()
         self._gone.clear()
+        self._places.clear()
         self._count = self._gone_count = 0
 
 
@@ -207,8 +221,9 @@ redis.call('HDEL', KEYS[2], ARGV[1])
 return deleted
 """
 # The next ARGV[3] places of the order after ARGV[1] (an id; '': from the start), newest
-# first if ARGV[2] = '1': {ids, their summaries (nil: not listed)}; nil if ARGV[1] has
-# no place.
+# first if ARGV[2] = '1': {ids, their summaries (nil: not listed), the last one's score};
+# nil if ARGV[1] has no place. ARGV[4]: the score ARGV[1] had ('': none known), to go on
+# from if its place was pruned meanwhile.
 _SCAN_SCRIPT = """
 local start = 0
 local desc = ARGV[2] == '1'
@@ -216,15 +231,22 @@ if ARGV[1] ~= '' then
   local rank
   if desc then rank = redis.call('ZREVRANK', KEYS[1], ARGV[1])
   else rank = redis.call('ZRANK', KEYS[1], ARGV[1]) end
-  if not rank then return false end
-  start = rank + 1
+  if rank then
+    start = rank + 1
+  elseif ARGV[4] ~= '' then
+    if desc then start = redis.call('ZCOUNT', KEYS[1], ARGV[4], '+inf')
+    else start = redis.call('ZCOUNT', KEYS[1], '-inf', ARGV[4]) end
+  else
+    return false
+  end
 end
 local stop = start + tonumber(ARGV[3]) - 1
 local ids
 if desc then ids = redis.call('ZREVRANGE', KEYS[1], start, stop)
 else ids = redis.call('ZRANGE', KEYS[1], start, stop) end
 if #ids == 0 then return {} end
-return {ids, redis.call('HMGET', KEYS[2], unpack(ids))}
+return {ids, redis.call('HMGET', KEYS[2], unpack(ids)),
+        redis.call('ZSCORE', KEYS[1], ids[#ids])}
 """
 # A record put again only if it is held, with its expiry kept.
 _REPLACE_SCRIPT = """
@@ -237,6 +259,10 @@ if ARGV[3] ~= '' then
 end
 return 1
 """
+
+
+#: Joins a place's id and score in the cursor `RedisStore.scan` gives to go on from.
+_SCORED = "\x00"
 
 
 class RedisStore:
@@ -300,8 +326,8 @@ class RedisStore:
                     listing, order, expiry = self._listing(tenant)
                     pipe.hset(listing, record_id, _json(summary))
                     at = summary.get("at")
-                    pipe.zadd(order, {record_id: (at if isinstance(at, int | float)
-                                                  else time.time_ns()) / 1e9})
+                    at = int(at if isinstance(at, int | float) else time.time_ns())
+                    pipe.zadd(order, {record_id: at // 1000})  # µs: exact in a double
                     pipe.zadd(expiry, {record_id: time.time() + self.ttl_s})
                     for key in (listing, order, expiry):
                         pipe.pexpire(key, ttl_ms)
@@ -343,19 +369,28 @@ class RedisStore:
     async def scan(self, tenant: str, after: str | None, desc: bool, count: int,
                    ) -> tuple[list[Summary], str | None]:
         listing, order, _ = self._listing(tenant)
+        place, _, score = (after or "").partition(_SCORED)  # (a cursor this scan gave)
+        try:
+            float(score)
+        except ValueError:
+            place, score = after or "", ""
+        if after is not None and not place:
+            raise KeyError(after)
         try:
             found = await self._scan(keys=[order, listing],
-                                     args=[after or "", "1" if desc else "0", count])
+                                     args=[place, "1" if desc else "0", count, score])
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
         if found is None:
             raise KeyError(after)
         if not found:
             return [], None
-        ids, raws = found
+        ids, raws, last_score = (*found, None)[:3]
         last = ids[-1].decode() if isinstance(ids[-1], bytes) else ids[-1]
+        if isinstance(last_score, bytes):
+            last_score = last_score.decode()
         return ([s for s in map(_record, raws) if s is not None],
-                last if len(ids) == count else None)
+                f"{last}{_SCORED}{last_score}" if len(ids) == count else None)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -230,6 +230,8 @@ async def list_completions(request: web.Request) -> web.Response:
     store = request.app[STORE]
     held: list[Record] = []  # the page's records, and one more if there is one
     cursor: str | None = q.get("after")
+    if cursor == "":
+        raise no_such_cursor("stored chat completion")
     first = True
     size = min(limit + 1, _WINDOW)
     while len(held) <= limit:

@@ -362,8 +362,9 @@ async def test_deleting_what_is_listed_page_by_page_pages_on(make_client: MakeCl
             listed = await (await client.get("/v1/chat/completions",
                                              params={"after": ids[1]})).json()
             assert listed["data"] == [] and not listed["has_more"]
-    bad = await client.get("/v1/chat/completions", params={"after": "chatcmpl-never"})
-    assert bad.status == 400 and (await bad.json())["error"]["param"] == "after"
+    for never in ("chatcmpl-never", ""):
+        bad = await client.get("/v1/chat/completions", params={"after": never})
+        assert bad.status == 400 and (await bad.json())["error"]["param"] == "after"
 
 
 async def test_has_more_counts_only_records_still_held(make_client: MakeClient,
@@ -536,3 +537,29 @@ async def test_a_listing_reads_its_windows_in_order_and_filters_them(
         assert seen == want, order
     every = await (await client.get("/v1/chat/completions", params={"limit": "100"})).json()
     assert [c["id"] for c in every["data"]] == ids[:2] + ids[3:] and not every["has_more"]
+
+
+async def test_a_listing_goes_on_when_its_cursors_place_is_pruned_between_windows(
+        redis_server: RedisServer) -> None:
+    """Another replica's put may prune the place a listing's window ended on before the
+    next window is read: the listing goes on from that place's score, not stops."""
+    import redis.asyncio as aioredis
+
+    from proxy.record_store import RedisStore
+
+    store = RedisStore(redis_server.url, 3600, f"cursor-{time.monotonic_ns()}:", kind="chat")
+    r = aioredis.from_url(redis_server.url)
+    try:
+        for i in range(4):
+            await store.put("t", f"c{i}", {"x": i}, summary={"id": f"c{i}", "at": i * 1000})
+        for desc, want in ((False, ["c2", "c3"]), (True, ["c0"])):
+            _, cursor = await store.scan("t", None, desc, 2)
+            assert cursor is not None
+            place = "c1" if not desc else "c2"
+            assert await store.delete("t", place)
+            await r.zrem(store._listing("t")[1], place)  # pruned meanwhile
+            rest, _ = await store.scan("t", cursor, desc, 10)
+            assert [x["id"] for x in rest] == want, desc
+    finally:
+        await r.aclose()
+        await store.close()
