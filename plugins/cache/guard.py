@@ -28,6 +28,12 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - they hold the same words in another order ("convert miles to kilometers" /
   "kilometers to miles"; the price: "password reset" / "reset password" misses);
 - they are written in different languages (the model answers in the question's own);
+- they hold other symbols, in order: emoji and signs the embedding model reads as one
+  unknown token ("👍" / "👎", "∀" / "∃"), and operators and brackets in code and
+  formulas ("x = a + b" / "x = a - b", "age > 30" / "age < 30", "{}" / "[]");
+- a small word that asks another thing is swapped for another of its kind: a question
+  word ("How do bees ..." / "Why ..."), a modal ("Should I ..." / "Can I ..."), "and" /
+  "or"; or the persons swap roles ("Do I owe you money?" / "Do you owe me money?");
 - they ask about different times: a day ("yesterday" / "today" / "tomorrow"), "next" /
   "last" / "first", or the tense a question opens with, past against future ("Was the
   bank closed on Friday?" / "Will the bank be closed ..."; a present is either: "Why
@@ -46,10 +52,18 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+import unicodedata
 from dataclasses import dataclass
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
 _NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212](?=\d))?\d+(?:[.,]\d+)*")
+#: Operators and brackets outside numbers' arithmetic (code, formulas, comparisons):
+#: "x = a + b" / "x = a - b", "age > 30" / "age < 30", "a == b" / "a != b", "{}" / "[]".
+#: A minus only where it is one (blanks round it, or before an operand: "-sin(x)",
+#: "e^-x"), not a hyphen ("e-mail"); a lone "&", "|", "/", "%", "~", "!" are prose.
+_CODE_SYMBOLS = re.compile(
+    r"===|!==|==|!=|<=|>=|<<|>>|\*\*|&&|\|\||->|=>|:=|[+*/%-]=|[=<>^*+\[\]{}]|"
+    r"(?:(?<=\s)|(?<=^)|(?<=[(=^,]))-(?=[\sA-Za-z(])")
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 # An operator between two numbers ("7 + 5" / "7 - 5", "8 times 2"), as one sign.
 # After a number or a bracket; a sign also after a word, blanks round it ("3x - 7 = 0");
@@ -242,6 +256,12 @@ _FILLER = _SCAFFOLD | frozenset(
     "thanks thank thx pls plz help tell know need want quick question right kindly "
     "like would love got gets getting use using details detail info information placed "
     "made simply".split())
+#: Small words that ask different things (each its kind's class): a question word for
+#: another ("How do bees make honey?" / "Why ..."), a modal for another ("Should I stop
+#: taking it?" / "Can I ..."), "and" for "or".
+_SWAPS = {"how": "how", "why": "why", "where": "where", "when": "when", "who": "who",
+          "what": "what", "which": "what", "can": "can", "could": "can", "would": "can",
+          "will": "can", "should": "should", "must": "must", "and": "and", "or": "or"}
 _ASKING = frozenset("how what when where why which who can could do does is are".split())
 #: Instruction kinds compared by what they say, not only by their presence.
 _PHRASED = frozenset({"language", "format", "length", "persona", "audience", "tone",
@@ -276,6 +296,8 @@ class Signature:
     layout: tuple[str, ...] = ()  # each indented line's indentation, in order
     language: str = ""  # the question's own language, where not English (`_language`)
     tense: str = ""  # "past" or "future" where the question opens with one (`_TENSE`)
+    symbols: tuple[str, ...] = ()  # emoji, signs and operators in order (`_symbols`)
+    persons: tuple[str, ...] = ()  # "1" (I, my, we...) and "2" (you...) in order
 
 
 def signature(text: str) -> Signature:
@@ -301,7 +323,38 @@ def signature(text: str) -> Signature:
         layout=tuple(_INDENT.findall(text)) if "\n" in text else (),
         language=_language(text),
         tense=_tense(lowered),
+        symbols=_symbols(text),
+        persons=_persons(words),
     )
+
+
+def _symbols(text: str) -> tuple[str, ...]:
+    """The symbols a question holds, in order: emoji and other signs (what the embedding
+    model reads as one unknown token: "What does the 👍 emoji mean?" / "... 👎 ...",
+    "∀" / "∃", "→" / "←"; currency signs aside, read with their numbers), and operators
+    and brackets outside numbers' arithmetic (`_CODE_SYMBOLS`; `_numbers` reads those)."""
+    arithmetic = len(_NUMBER.findall(text)) >= 2  # (then `_numbers` holds its operators)
+    out = [m.group(0) for m in _CODE_SYMBOLS.finditer(
+        _OPERATOR.sub(" ", text) if arithmetic else text)]
+    if not text.isascii():
+        out += [c for c in text if ord(c) > 127 and unicodedata.category(c) in _SIGNS]
+    return tuple(out)
+
+
+_SIGNS = frozenset({"So", "Sm", "Sk"})
+_PERSON = {**dict.fromkeys(("i", "me", "my", "mine", "we", "us", "our", "ours"), "1"),
+           **dict.fromkeys(("you", "your", "yours"), "2")}
+
+
+def _persons(words: list[str]) -> tuple[str, ...]:
+    """Who is who, where a question names both sides ("Do I owe you money?" / "Do you
+    owe me money?"): the persons in order, a run of one as one; () unless both."""
+    seq: list[str] = []
+    for w in words:
+        p = _PERSON.get(w)
+        if p is not None and (not seq or seq[-1] != p):
+            seq.append(p)
+    return tuple(seq) if len(set(seq)) == 2 else ()
 
 
 def _tense(lowered: str) -> str:
@@ -446,11 +499,15 @@ def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 
 def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str]) -> bool:
-    """`op` replaces 1-2 words by 1-2 others, not all of them `empty`, at least two
-    words kept."""
+    """`op` replaces 1-2 words by 1-2 others, not all of them `empty` (unless one small
+    word of a kind that says something becomes another of its kind: `_SWAPS`), at least
+    two words kept."""
     kind, i1, i2, j1, j2 = op
     if kind != "replace" or i2 - i1 > 2 or j2 - j1 > 2 or len(a) - (i2 - i1) < 2:
         return False
+    if i2 - i1 == j2 - j1 == 1 and _SWAPS.get(a[i1], a[i1]) != _SWAPS.get(b[j1], b[j1]) and (
+            a[i1] in _SWAPS and b[j1] in _SWAPS):
+        return True  # "How do bees ..." / "Why do bees ...", "Should I ..." / "Can I ..."
     return not (set(a[i1:i2]) <= empty and set(b[j1:j2]) <= empty)
 
 
@@ -485,7 +542,8 @@ ANY_GATE = "*"
 def _strict(sig: Signature) -> tuple[object, ...]:
     return (sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
             sig.route, sig.directions, tuple(sorted(sig.focus)), *_added(sig),
-            *((("tense", sig.tense),) if sig.tense else ()))
+            *((("tense", sig.tense),) if sig.tense else ()),
+            *((("persons", sig.persons),) if sig.persons else ()))
 
 
 def _added(sig: Signature) -> tuple[object, ...]:
@@ -493,7 +551,8 @@ def _added(sig: Signature) -> tuple[object, ...]:
     there is one, and the language, where not English (English prose has neither: its
     digests and gates are as they were before these counted)."""
     return ((sig.layout,) if sig.layout else ()) + (
-        (("language", sig.language),) if sig.language else ())
+        (("language", sig.language),) if sig.language else ()) + (
+        (("symbols", sig.symbols),) if sig.symbols else ())
 
 
 def _strict_hash(sig: Signature) -> str:
@@ -541,6 +600,8 @@ def guard_ok(question: str, stored: str) -> bool:
             and a.instructions == b.instructions and a.layout == b.layout
             and a.language == b.language
             and {a.tense, b.tense} != {"past", "future"}
+            and a.symbols == b.symbols
+            and not (a.persons and b.persons and a.persons != b.persons)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)

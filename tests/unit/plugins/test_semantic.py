@@ -161,6 +161,27 @@ def test_an_instruction_with_letters_that_fold_to_ascii_is_seen(extra: str) -> N
     ("What is the first step?", "What is the next step?"),
     ("Will the bank be closed on Friday?", "Was the bank closed on Friday?"),
     ("What did the market do yesterday?", "What will the market do tomorrow?"),
+    # symbols the embedding model reads as one unknown token, operators in code and
+    # formulas (a live pass had each served the other's answer)
+    ("What does the 👍 emoji mean?", "What does the 👎 emoji mean?"),
+    ("What does ❤️ mean?", "What does 💔 mean?"),
+    ("What does ∀ mean in logic?", "What does ∃ mean in logic?"),
+    ("What does → mean?", "What does ← mean?"),
+    ("What does x = a + b do?", "What does x = a - b do?"),
+    ("SELECT * FROM users WHERE age > 30", "SELECT * FROM users WHERE age < 30"),
+    ("What does print(a == b) output?", "What does print(a != b) output?"),
+    ("What is x**2 when x is 3?", "What is x*2 when x is 3?"),
+    ("What is the derivative of e^x?", "What is the derivative of e^-x?"),
+    ("What is the derivative of sin(x)?", "What is the derivative of -sin(x)?"),
+    ("What is {} in Python?", "What is [] in Python?"),
+    # a small word that asks another thing: a question word, a modal, and / or; who is who
+    ("How do bees make honey?", "Why do bees make honey?"),
+    ("What is the Eiffel Tower?", "Where is the Eiffel Tower?"),
+    ("Should I stop taking my medication?", "Can I stop taking my medication?"),
+    ("Can I take ibuprofen and paracetamol together?",
+     "Can I take ibuprofen or paracetamol together?"),
+    ("Do I owe you money?", "Do you owe me money?"),
+    ("Can I see your messages?", "Can you see my messages?"),
 ])
 def test_near_misses_are_refused(a: str, b: str) -> None:
     assert not guard_ok(a, b) and not guard_ok(b, a)
@@ -239,6 +260,10 @@ def test_instructions_and_questions_said_alike_still_pass(a: str, b: str) -> Non
     ("Why was my card declined?", "My card got declined, why?"),
     ("Did my payment go through?", "Has my payment gone through?"),
     ("What's the next step?", "What should I do next?"),
+    ("How do I reset my password?", "How do you reset your password?"),
+    ("What is our refund policy?", "What is your refund policy?"),
+    ("Can I cancel my order?", "Could I cancel my order?"),
+    ("What are the terms & conditions?", "What are the terms and conditions?"),
 ])
 def test_paraphrases_pass(a: str, b: str) -> None:
     assert guard_ok(a, b) and guard_ok(b, a)
