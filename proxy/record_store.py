@@ -234,8 +234,13 @@ if ARGV[1] ~= '' then
   if rank then
     start = rank + 1
   elseif ARGV[4] ~= '' then
-    if desc then start = redis.call('ZCOUNT', KEYS[1], ARGV[4], '+inf')
-    else start = redis.call('ZCOUNT', KEYS[1], '-inf', ARGV[4]) end
+    -- the places before its score, and those of its score before its id
+    local tied = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[4], ARGV[4])
+    if desc then start = redis.call('ZCOUNT', KEYS[1], '(' .. ARGV[4], '+inf')
+    else start = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. ARGV[4]) end
+    for _, id in ipairs(tied) do
+      if (desc and id > ARGV[1]) or (not desc and id < ARGV[1]) then start = start + 1 end
+    end
   else
     return false
   end
@@ -370,9 +375,7 @@ class RedisStore:
                    ) -> tuple[list[Summary], str | None]:
         listing, order, _ = self._listing(tenant)
         place, _, score = (after or "").partition(_SCORED)  # (a cursor this scan gave)
-        try:
-            float(score)
-        except ValueError:
+        if not score.isascii() or not score.isdigit():  # (scores are whole microseconds)
             place, score = after or "", ""
         if after is not None and not place:
             raise KeyError(after)

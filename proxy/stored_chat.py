@@ -230,7 +230,7 @@ async def list_completions(request: web.Request) -> web.Response:
     store = request.app[STORE]
     held: list[Record] = []  # the page's records, and one more if there is one
     cursor: str | None = q.get("after")
-    if cursor == "":
+    if cursor == "" or (cursor and "\x00" in cursor):  # (no id holds one: a store's own)
         raise no_such_cursor("stored chat completion")
     first = True
     size = min(limit + 1, _WINDOW)

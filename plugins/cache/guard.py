@@ -62,8 +62,20 @@ _NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212](?=\d))?\d+(?:[.,]\d+)*")
 #: A minus only where it is one (blanks round it, or before an operand: "-sin(x)",
 #: "e^-x"), not a hyphen ("e-mail"); a lone "&", "|", "/", "%", "~", "!" are prose.
 _CODE_SYMBOLS = re.compile(
-    r"===|!==|==|!=|<=|>=|<<|>>|\*\*|&&|\|\||->|=>|:=|[+*/%-]=|[=<>^*+\[\]{}]|"
-    r"(?:(?<=\s)|(?<=^)|(?<=[(=^,]))-(?=[\sA-Za-z(])")
+    r"===|!==|==|!=|<=|>=|<<|>>|\*\*|&&|\|\||->|=>|:=|[+*/%-]=|[=<>^*+]|\[\]|\{\}|"
+    r"(?<=\w)\[|"  # an index, "a[0]" (not a bracketed word, "error [403]")
+    # a minus between operands (a letter, a digit, a bracket, a call: "a - b", "x-1",
+    # "sin(x) - cos(x)"; not "policy - how", "e-mail", "Wi-Fi"), or before one ("-sin")
+    r"(?<![A-Za-z][A-Za-z])(?<=[A-Za-z0-9)\]])\s*-\s*(?=[A-Za-z0-9(](?![A-Za-z])|[A-Za-z]+\()|"
+    r"(?:(?<=\s)|(?<=^)|(?<=[(=^,]))-(?=[A-Za-z(])")
+# Markdown emphasis is not an operator ("the **refund** policy"; "x**2" is one).
+_EMPHASIS = re.compile(r"(?<![\w*])(\*{1,2})(?=\S)(.+?)(?<=\S)\1(?![\w*])")
+# Signs written two ways read alike; signs that decorate (™, °) and emoji after the
+# question's last mark ("... my password? 🙏") say nothing.
+_SAME_SIGN = str.maketrans({"\u2265": ">=", "\u2264": "<=", "\u2260": "!=", "\u00d7": "*",
+                            "\u2212": "-", "\u2192": "->", "\u21d2": "=>"})
+_PLAIN_SIGNS = frozenset("\u2122\u00ae\u00a9\u00b0")
+_SIGN_OFF = re.compile(r"([?.!])[^\w?.!]*$")
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 # An operator between two numbers ("7 + 5" / "7 - 5", "8 times 2"), as one sign.
 # After a number or a bracket; a sign also after a word, blanks round it ("3x - 7 = 0");
@@ -259,7 +271,7 @@ _FILLER = _SCAFFOLD | frozenset(
 #: Small words that ask different things (each its kind's class): a question word for
 #: another ("How do bees make honey?" / "Why ..."), a modal for another ("Should I stop
 #: taking it?" / "Can I ..."), "and" for "or".
-_SWAPS = {"how": "how", "why": "why", "where": "where", "when": "when", "who": "who",
+_SWAPS = {"how": "how", "why": "why", "where": "where", "when": "what", "who": "who",
           "what": "what", "which": "what", "can": "can", "could": "can", "would": "can",
           "will": "can", "should": "should", "must": "must", "and": "and", "or": "or"}
 _ASKING = frozenset("how what when where why which who can could do does is are".split())
@@ -297,7 +309,6 @@ class Signature:
     language: str = ""  # the question's own language, where not English (`_language`)
     tense: str = ""  # "past" or "future" where the question opens with one (`_TENSE`)
     symbols: tuple[str, ...] = ()  # emoji, signs and operators in order (`_symbols`)
-    persons: tuple[str, ...] = ()  # "1" (I, my, we...) and "2" (you...) in order
 
 
 def signature(text: str) -> Signature:
@@ -324,7 +335,6 @@ def signature(text: str) -> Signature:
         language=_language(text),
         tense=_tense(lowered),
         symbols=_symbols(text),
-        persons=_persons(words),
     )
 
 
@@ -333,28 +343,31 @@ def _symbols(text: str) -> tuple[str, ...]:
     model reads as one unknown token: "What does the 👍 emoji mean?" / "... 👎 ...",
     "∀" / "∃", "→" / "←"; currency signs aside, read with their numbers), and operators
     and brackets outside numbers' arithmetic (`_CODE_SYMBOLS`; `_numbers` reads those)."""
+    if not text.isascii():
+        text = _SIGN_OFF.sub(r"\1", text.translate(_SAME_SIGN))
+    if "*" in text:
+        text = _EMPHASIS.sub(r"\2", text)
     arithmetic = len(_NUMBER.findall(text)) >= 2  # (then `_numbers` holds its operators)
-    out = [m.group(0) for m in _CODE_SYMBOLS.finditer(
+    out = [m.group(0).strip() for m in _CODE_SYMBOLS.finditer(
         _OPERATOR.sub(" ", text) if arithmetic else text)]
     if not text.isascii():
-        out += [c for c in text if ord(c) > 127 and unicodedata.category(c) in _SIGNS]
+        out += [c for c in text if ord(c) > 127 and c not in _PLAIN_SIGNS
+                and unicodedata.category(c) in _SIGNS]
     return tuple(out)
 
 
 _SIGNS = frozenset({"So", "Sm", "Sk"})
 _PERSON = {**dict.fromkeys(("i", "me", "my", "mine", "we", "us", "our", "ours"), "1"),
            **dict.fromkeys(("you", "your", "yours"), "2")}
+_SWAPPED = {"1": "2", "2": "1"}
 
 
-def _persons(words: list[str]) -> tuple[str, ...]:
-    """Who is who, where a question names both sides ("Do I owe you money?" / "Do you
-    owe me money?"): the persons in order, a run of one as one; () unless both."""
-    seq: list[str] = []
-    for w in words:
-        p = _PERSON.get(w)
-        if p is not None and (not seq or seq[-1] != p):
-            seq.append(p)
-    return tuple(seq) if len(set(seq)) == 2 else ()
+def _roles_swapped(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """One question is the other with its persons' roles swapped ("Do I owe you money?"
+    / "Do you owe me money?"): the same words, each person the other one."""
+    pa = [_PERSON.get(t, t) for t in a]
+    pb = [_PERSON.get(t, t) for t in b]
+    return pa != pb and "1" in pa and "2" in pa and [_SWAPPED.get(t, t) for t in pa] == pb
 
 
 def _tense(lowered: str) -> str:
@@ -542,8 +555,7 @@ ANY_GATE = "*"
 def _strict(sig: Signature) -> tuple[object, ...]:
     return (sig.numbers, sig.negations, sig.names, tuple(sorted(sig.instructions)),
             sig.route, sig.directions, tuple(sorted(sig.focus)), *_added(sig),
-            *((("tense", sig.tense),) if sig.tense else ()),
-            *((("persons", sig.persons),) if sig.persons else ()))
+            *((("tense", sig.tense),) if sig.tense else ()))
 
 
 def _added(sig: Signature) -> tuple[object, ...]:
@@ -601,7 +613,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and a.language == b.language
             and {a.tense, b.tense} != {"past", "future"}
             and a.symbols == b.symbols
-            and not (a.persons and b.persons and a.persons != b.persons)
+            and not _roles_swapped(a.tokens, b.tokens)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)

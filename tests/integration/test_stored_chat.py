@@ -362,7 +362,8 @@ async def test_deleting_what_is_listed_page_by_page_pages_on(make_client: MakeCl
             listed = await (await client.get("/v1/chat/completions",
                                              params={"after": ids[1]})).json()
             assert listed["data"] == [] and not listed["has_more"]
-    for never in ("chatcmpl-never", ""):
+    for never in ("chatcmpl-never", "", "chatcmpl-never\x00nan", f"{ids[0]}\x005",
+                  "\x005"):
         bad = await client.get("/v1/chat/completions", params={"after": never})
         assert bad.status == 400 and (await bad.json())["error"]["param"] == "after"
 
@@ -552,14 +553,20 @@ async def test_a_listing_goes_on_when_its_cursors_place_is_pruned_between_window
     try:
         for i in range(4):
             await store.put("t", f"c{i}", {"x": i}, summary={"id": f"c{i}", "at": i * 1000})
-        for desc, want in ((False, ["c2", "c3"]), (True, ["c0"])):
-            _, cursor = await store.scan("t", None, desc, 2)
+        for tied in ("d0", "d1", "d2"):  # three places of one microsecond
+            await store.put("t", tied, {"x": tied}, summary={"id": tied, "at": 5000})
+        for desc, first, want in (
+                (False, 2, ["c2", "c3", "d0", "d1", "d2"]),  # c1 pruned
+                (True, 2, ["d0", "c3", "c2", "c0"]),  # d1 pruned: d2 came, d0 to come
+                (False, 4, ["d2"]),  # d0 pruned: d2, of its microsecond, to come
+                (True, 1, ["c3", "c2", "c0"])):  # d2 pruned
+            window, cursor = await store.scan("t", None, desc, first)
             assert cursor is not None
-            place = "c1" if not desc else "c2"
+            place = window[-1]["id"]  # pruned meanwhile
             assert await store.delete("t", place)
-            await r.zrem(store._listing("t")[1], place)  # pruned meanwhile
+            await r.zrem(store._listing("t")[1], place)
             rest, _ = await store.scan("t", cursor, desc, 10)
-            assert [x["id"] for x in rest] == want, desc
+            assert [x["id"] for x in rest] == want, (desc, place)
     finally:
         await r.aclose()
         await store.close()

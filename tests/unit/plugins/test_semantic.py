@@ -182,6 +182,8 @@ def test_an_instruction_with_letters_that_fold_to_ascii_is_seen(extra: str) -> N
      "Can I take ibuprofen or paracetamol together?"),
     ("Do I owe you money?", "Do you owe me money?"),
     ("Can I see your messages?", "Can you see my messages?"),
+    ("What is the derivative of sin(x) - cos(x)?", "What is the derivative of sin(x) + cos(x)?"),
+    ("Is a - b the same as b - a?", "Is a + b the same as b + a?"),
 ])
 def test_near_misses_are_refused(a: str, b: str) -> None:
     assert not guard_ok(a, b) and not guard_ok(b, a)
@@ -264,6 +266,16 @@ def test_instructions_and_questions_said_alike_still_pass(a: str, b: str) -> Non
     ("What is our refund policy?", "What is your refund policy?"),
     ("Can I cancel my order?", "Could I cancel my order?"),
     ("What are the terms & conditions?", "What are the terms and conditions?"),
+    # what a symbol rule must not read as an operator or a sign (a review found each)
+    ("Refund policy - how does it work?", "How does the refund policy work?"),
+    ("What is the **refund** policy?", "What is the refund policy?"),
+    ("How do I reset my password? 🙏", "How do I reset my password?"),
+    ("Is Weir™ free?", "Is Weir free?"),
+    ("How many ≥ 18 users?", "How many >= 18 users?"),
+    ("Why do I get error [403]?", "Why do I get error 403?"),
+    ("How do I change my e-mail address?", "How can I change my e-mail address?"),
+    ("Can you send me my invoice?", "Can I get my invoice from you?"),
+    ("When is the deadline?", "What is the deadline?"),
 ])
 def test_paraphrases_pass(a: str, b: str) -> None:
     assert guard_ok(a, b) and guard_ok(b, a)
