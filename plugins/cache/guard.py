@@ -4,7 +4,8 @@ Sentence embeddings score "cancel order 123" and "cancel order 456" as near-iden
 and "How do I reset my password? Answer like a pirate." as the plain question. The guard
 compares cheap lexical signatures of the two questions and refuses the hit when:
 
-- their numbers differ (in order), or the operators between them ("7 + 5" / "7 - 5");
+- their numbers differ (in order; a count in words is one: "one extra user" / "two
+  extra users"), or the operators between them ("7 + 5" / "7 - 5");
 - their negation counts differ (not, never, n't, "non-" ...);
 - their capitalized names differ (in order): places, brands, languages, plans;
 - they carry opposite directions of the same family (enable/disable, upgrade/downgrade,
@@ -33,7 +34,7 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
   formulas ("x = a + b" / "x = a - b", "age > 30" / "age < 30", "{}" / "[]");
 - a small word that asks another thing is swapped for another of its kind: a question
   word ("How do bees ..." / "Why ..."), a modal ("Should I ..." / "Can I ..."), "and" /
-  "or"; or the persons swap roles ("Do I owe you money?" / "Do you owe me money?");
+  "or", "my" / "your"; or the persons swap roles ("Do I owe you money?" / "Do you owe me money?");
 - they ask about different times: a day ("yesterday" / "today" / "tomorrow"), "next" /
   "last" / "first", or the tense a question opens with, past against future ("Was the
   bank closed on Friday?" / "Will the bank be closed ..."; a present is either: "Why
@@ -145,6 +146,13 @@ _FAMILIES = (
     ("rank", ("best", "better", "good"), ("worst", "worse", "bad")),
     ("order", ("first", "earliest", "oldest"), ("last", "latest", "newest")),
     ("day", ("tomorrow", "upcoming"), ("yesterday", "ago")),
+    ("loan", ("lend", "lends", "lent", "lending"), ("borrow", "borrows", "borrowed",
+                                                     "borrowing")),
+    ("git", ("push", "pushes", "pushed", "pushing"), ("pull", "pulls", "pulled", "pulling")),
+    ("give", ("give", "gives", "gave", "given", "grant", "granted"),
+     ("take", "takes", "took", "taken", "revoke", "revoked")),
+    ("teach", ("teach", "teaches", "taught", "teaching"),
+     ("learn", "learns", "learned", "learnt", "learning")),
     ("outcome", ("win", "won", "pass", "passed", "succeed", "success"),
      ("lose", "lost", "fail", "failed", "failure")),
 )
@@ -273,7 +281,9 @@ _FILLER = _SCAFFOLD | frozenset(
 #: taking it?" / "Can I ..."), "and" for "or".
 _SWAPS = {"how": "how", "why": "why", "where": "where", "when": "what", "who": "who",
           "what": "what", "which": "what", "can": "can", "could": "can", "would": "can",
-          "will": "can", "should": "should", "must": "must", "and": "and", "or": "or"}
+          "will": "can", "should": "should", "must": "must", "and": "and", "or": "or",
+          # whose ("Can you delete my data?" / "... your data?"; "our" is either's)
+          "my": "my", "mine": "my", "your": "your", "yours": "your"}
 _ASKING = frozenset("how what when where why which who can could do does is are".split())
 #: Instruction kinds compared by what they say, not only by their presence.
 _PHRASED = frozenset({"language", "format", "length", "persona", "audience", "tone",
@@ -394,6 +404,20 @@ def _language(text: str) -> str:
     return best
 
 
+#: Counts in words, read as numbers where they count something: "one" only before a
+#: word it counts (not "which one is", "one of", "no one", "one another").
+_COUNTS = {"one": "1", "single": "1", "two": "2", "dual": "2", "both": "2", "twice": "2",
+           "double": "2", "pair of": "2", "three": "3", "triple": "3", "four": "4",
+           "five": "5", "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10",
+           "eleven": "11", "twelve": "12", "dozen": "12"}
+_COUNT_WORD = re.compile(
+    r"(?<![\w-])(" + "|".join(
+        ["(?<!which )(?<!no )(?<!any )(?<!every )(?<!this )(?<!that )(?<!the )"
+         "(?<!each )(?<!some )(?<!than )one(?=\\s+(?!of\\b|another\\b|is\\b|are\\b|was\\b|or\\b|"
+         "and\\b|more\\b)[a-z])"]
+        + [w for w in _COUNTS if w != "one"]) + r")(?![\w-])", re.IGNORECASE)
+
+
 def _number(n: str) -> str:
     """A number as its value reads: "1,000" is 1000, "1,5" is 1.5 (not 15), a minus sign
     (U+2212) as "-"."""
@@ -408,9 +432,12 @@ def _number(n: str) -> str:
 def _numbers(text: str) -> tuple[str, ...]:
     """The numbers in order (with a sign written on one), and after them the operators
     between two of them, if any ("7 + 5" and "7 plus 5" have the same numbers and
-    operator; "7 - 5" does not)."""
+    operator; "7 - 5" does not). A count in words is a number ("one extra user" / "two
+    extra users", "a single monitor" / "dual monitors")."""
     if not text.isascii() and _HAS_SCRIPT_DIGITS.search(text):
         text = text.translate(_SCRIPT_DIGITS)
+    if _COUNT_WORD.search(text):
+        text = _COUNT_WORD.sub(lambda m: _COUNTS[m.group(1).lower()], text)
     numbers = tuple(_number(n) for n in _NUMBER.findall(text))
     if len(numbers) < 2:
         return numbers

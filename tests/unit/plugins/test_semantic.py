@@ -184,6 +184,15 @@ def test_an_instruction_with_letters_that_fold_to_ascii_is_seen(extra: str) -> N
     ("Can I see your messages?", "Can you see my messages?"),
     ("What is the derivative of sin(x) - cos(x)?", "What is the derivative of sin(x) + cos(x)?"),
     ("Is a - b the same as b - a?", "Is a + b the same as b + a?"),
+    # counts in words; whose; verbs of opposite ways (a third live pass found each)
+    ("Can I add one extra user to my plan?", "Can I add two extra users to my plan?"),
+    ("Do I need a single monitor?", "Do I need dual monitors?"),
+    ("Can I refund one unused ticket?", "Can I refund both unused tickets?"),
+    ("Can you delete my data?", "Can you delete your data?"),
+    ("Can I lend money to my colleague?", "Can I borrow money from my colleague?"),
+    ("How do I push my changes to the remote?", "How do I pull my changes from the remote?"),
+    ("How do I give access to a colleague?", "How do I take access from a colleague?"),
+    ("What is the best way to teach kids math?", "What is the best way to learn math as a kid?"),
 ])
 def test_near_misses_are_refused(a: str, b: str) -> None:
     assert not guard_ok(a, b) and not guard_ok(b, a)
@@ -276,6 +285,8 @@ def test_instructions_and_questions_said_alike_still_pass(a: str, b: str) -> Non
     ("How do I change my e-mail address?", "How can I change my e-mail address?"),
     ("Can you send me my invoice?", "Can I get my invoice from you?"),
     ("When is the deadline?", "What is the deadline?"),
+    ("Can I have more than one account?", "Is it allowed to have multiple accounts?"),
+    ("Why was I charged twice?", "There is a double charge on my card"),
 ])
 def test_paraphrases_pass(a: str, b: str) -> None:
     assert guard_ok(a, b) and guard_ok(b, a)
