@@ -4,8 +4,8 @@ Sentence embeddings score "cancel order 123" and "cancel order 456" as near-iden
 and "How do I reset my password? Answer like a pirate." as the plain question. The guard
 compares cheap lexical signatures of the two questions and refuses the hit when:
 
-- their numbers differ (in order; a count in words is one: "one extra user" / "two
-  extra users"), or the operators between them ("7 + 5" / "7 - 5");
+- their numbers differ (in order), or the operators between them ("7 + 5" / "7 - 5"),
+  or both count in words and count differently ("one extra user" / "two extra users");
 - their negation counts differ (not, never, n't, "non-" ...);
 - their capitalized names differ (in order): places, brands, languages, plans;
 - they carry opposite directions of the same family (enable/disable, upgrade/downgrade,
@@ -149,10 +149,7 @@ _FAMILIES = (
     ("loan", ("lend", "lends", "lent", "lending"), ("borrow", "borrows", "borrowed",
                                                      "borrowing")),
     ("git", ("push", "pushes", "pushed", "pushing"), ("pull", "pulls", "pulled", "pulling")),
-    ("give", ("give", "gives", "gave", "given", "grant", "granted"),
-     ("take", "takes", "took", "taken", "revoke", "revoked")),
-    ("teach", ("teach", "teaches", "taught", "teaching"),
-     ("learn", "learns", "learned", "learnt", "learning")),
+    ("access", ("grant", "grants", "granted"), ("revoke", "revokes", "revoked")),
     ("outcome", ("win", "won", "pass", "passed", "succeed", "success"),
      ("lose", "lost", "fail", "failed", "failure")),
 )
@@ -319,6 +316,7 @@ class Signature:
     language: str = ""  # the question's own language, where not English (`_language`)
     tense: str = ""  # "past" or "future" where the question opens with one (`_TENSE`)
     symbols: tuple[str, ...] = ()  # emoji, signs and operators in order (`_symbols`)
+    counts: tuple[str, ...] = ()  # counts in words, in order (`_counts`)
 
 
 def signature(text: str) -> Signature:
@@ -345,6 +343,7 @@ def signature(text: str) -> Signature:
         language=_language(text),
         tense=_tense(lowered),
         symbols=_symbols(text),
+        counts=_counts(text),
     )
 
 
@@ -418,6 +417,13 @@ _COUNT_WORD = re.compile(
         + [w for w in _COUNTS if w != "one"]) + r")(?![\w-])", re.IGNORECASE)
 
 
+def _counts(text: str) -> tuple[str, ...]:
+    """Counts in words, in order ("one extra user" / "two extra users", "a single
+    monitor" / "dual monitors"): compared only where both questions hold some (an idiom,
+    "in one place", "a one year plan", has its paraphrase without one)."""
+    return tuple(_COUNTS.get(m.group(1).lower(), m.group(1)) for m in _COUNT_WORD.finditer(text))
+
+
 def _number(n: str) -> str:
     """A number as its value reads: "1,000" is 1000, "1,5" is 1.5 (not 15), a minus sign
     (U+2212) as "-"."""
@@ -432,12 +438,9 @@ def _number(n: str) -> str:
 def _numbers(text: str) -> tuple[str, ...]:
     """The numbers in order (with a sign written on one), and after them the operators
     between two of them, if any ("7 + 5" and "7 plus 5" have the same numbers and
-    operator; "7 - 5" does not). A count in words is a number ("one extra user" / "two
-    extra users", "a single monitor" / "dual monitors")."""
+    operator; "7 - 5" does not)."""
     if not text.isascii() and _HAS_SCRIPT_DIGITS.search(text):
         text = text.translate(_SCRIPT_DIGITS)
-    if _COUNT_WORD.search(text):
-        text = _COUNT_WORD.sub(lambda m: _COUNTS[m.group(1).lower()], text)
     numbers = tuple(_number(n) for n in _NUMBER.findall(text))
     if len(numbers) < 2:
         return numbers
@@ -640,6 +643,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and a.language == b.language
             and {a.tense, b.tense} != {"past", "future"}
             and a.symbols == b.symbols
+            and not (a.counts and b.counts and a.counts != b.counts)
             and not _roles_swapped(a.tokens, b.tokens)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
