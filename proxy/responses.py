@@ -152,12 +152,13 @@ def completion_logprobs(entries: list[TokenLogprob], top: int, offset: int,
             tokens.append(e.token)
             token_logprobs.append(e.logprob)
             # the top ones and always the chosen one: up to `logprobs` + 1, as OpenAI says
+            # (`logprobs: 0` is the chosen one alone, as vLLM's server sends it)
             tops.append(None if e.logprob is None else {
-                **{t.token: t.logprob for t in e.top[: max(top, 1)]}, e.token: e.logprob})
+                **{t.token: t.logprob for t in e.top[:top]}, e.token: e.logprob})
             offsets.append(pos)
             pos += len(e.token)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "text_offset": offsets,
-            "top_logprobs": tops if top else []}
+            "top_logprobs": tops}
 
 
 def completion_body(

@@ -69,6 +69,9 @@ class Detectors(BaseModel):
     ip: Action = Field("flag", description=(
         "IPv4 and IPv6 addresses that name a host (not loopback, unspecified, link-local "
         "or a netmask; not a version number: 'version 1.2.3.4', 'torch==2.1.0.1')."))
+    ssn: Action = Field("flag", description=(
+        "US Social Security numbers: 3-2-4 digits in the ranges the SSA assigns; nine "
+        "bare digits where the text names one ('SSN: 123456789')."))
     secret: Action = Field("flag", description=(
         "API keys (OpenAI, GitHub, GitLab, Hugging Face, Stripe, Google, Slack, AWS, npm, "
         "PyPI, SendGrid, Shopify, DigitalOcean, Azure storage, Groq, Replicate, xAI, "

@@ -370,9 +370,10 @@ def _find_email(text: str) -> Iterator[Span]:
 # address characters (at most 64) just before the separator. (A regex over a window
 # around each separator backtracked for seconds on 64 KiB of "%40%40..." or "a@a@...".)
 # Labels and top-level domains in any script ("jöhn@exämple.de", "用户@例子.中国"), or
-# in their ASCII form ("xn--...").
-_DOMAIN = re.compile(r"[\w-]{1,63}(?:\.[\w-]{1,63}){0,8}"
-                     r"\.(?P<tld>[^\W\d_]{2,24}|xn--[a-z0-9-]{1,59})\b")
+# in their ASCII form ("xn--..."); an ideographic full stop separates labels as a dot
+# does (IDNA reads "例子。中国" so; NFKC folds the full-width dot, not this one).
+_DOMAIN = re.compile(r"[\w-]{1,63}(?:[.\u3002][\w-]{1,63}){0,8}"
+                     r"[.\u3002](?P<tld>[^\W\d_]{2,24}|xn--[a-z0-9-]{1,59})\b")
 # File names that read like addresses ("logo@2x.png", "icon%402x.webp"): their "top-level
 # domain" is a file type no registry delegates (.zip, .mov, .py, .md are real TLDs).
 _FILE_TYPES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "tif",
@@ -554,6 +555,32 @@ def _find_card(text: str) -> Iterator[Span]:
             yield starts[i] + a, starts[i] + b
 
 
+# US Social Security numbers: 3-2-4 digits with one kind of separator (a dash or a
+# space), in the ranges the SSA assigns (no area 000, 666 or 9xx, no group 00, no serial
+# 0000); nine bare digits only where the text names one ("SSN: 123456789", "social
+# security number is ..."): unseparated, they are any order or account number.
+_SSN = re.compile(r"(?<![\d-])(?!000|666|9\d\d)\d{3}([- ])(?!00)\d{2}\1(?!0000)\d{4}(?![\d-])")
+_SSN_SAID = re.compile(
+    r"(?:\b(?:ssn|social\s+security(?:\s+(?:number|no\.?))?|tax\s*payer\s+id|tin|itin)"
+    r"\b\.?|\bss#)(?:\s+(?:is|was|number|no\.?|#)){0,2}\s{0,3}[:=#]?\s{0,3}"
+    r"(?P<n>(?!000|666|9\d\d)\d{3}(?!00)\d{2}(?!0000)\d{4})(?!\d)", re.IGNORECASE)
+_SSN_WORDS = ("ssn", "ss#", "social", "tax", "tin")
+
+
+def _find_ssn(text: str) -> Iterator[Span]:
+    for lo, hi in _windows(text):
+        for m in _SSN.finditer(text, lo, hi):
+            yield m.span()
+    last = 0
+    for a, _ in _numeric_runs(text):
+        lo = max(last, a - _SAID_REACH)
+        before = text[lo:a].lower()
+        if any(w in before for w in _SSN_WORDS):
+            for m in _SSN_SAID.finditer(text, lo, min(len(text), a + 10)):
+                yield m.span("n")
+        last = a
+
+
 _IBAN_RX = re.compile(_IBAN)
 _LAST_GROUP = re.compile(r"[ -][A-Za-z0-9]+\Z")
 
@@ -591,6 +618,7 @@ BUILTIN: dict[str, Detector] = {
         Detector("cn_mobile", "[PHONE]", _numeric(_CN_MOBILE)),
         Detector("phone", "[PHONE]", _find_phone),
         Detector("ip", "[IP]", _find_ip),
+        Detector("ssn", "[SSN]", _find_ssn),
     ]
 }
 

@@ -92,4 +92,7 @@ def test_completion_logprobs_offsets_and_tops() -> None:
     assert lp["tokens"] == [" he", "llo"] and lp["token_logprobs"] == [-0.1, -0.2]
     assert lp["text_offset"] == [10, 13]  # each token starts where the last one ended
     assert lp["top_logprobs"] == [{" he": -0.1, " she": -2.5}, {"llo": -0.2}]
-    assert R.completion_logprobs(LOGPROBS, top=0, offset=0)["top_logprobs"] == []
+    # `logprobs: 0`: the chosen token alone at each place (OpenAI: up to logprobs + 1
+    # entries; vLLM's server sends the chosen one), never an empty list beside the tokens
+    assert R.completion_logprobs(LOGPROBS, top=0, offset=0)["top_logprobs"] == [
+        {" he": -0.1}, {"llo": -0.2}]

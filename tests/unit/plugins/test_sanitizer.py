@@ -59,6 +59,15 @@ CASES = [
     ("ip", "ipv6 2001:db8::8a2e:370:7334 here", True),
     ("ip", "version 1.2.3.4.5 and 999.1.1.1", False),
     ("ip", "time 12:30:45", False),
+    ("ssn", "my SSN is 123-45-6789", True),
+    ("ssn", "social security number 078 05 1120", True),
+    ("ssn", "SSN: 123456789", True),  # bare digits where the text names one
+    ("ssn", "ss#123456789", True),
+    ("ssn", "order 123456789 shipped", False),  # bare digits, nothing says SSN
+    ("ssn", "ssn 1234567890", False),  # ten digits
+    ("ssn", "000-12-3456 666-12-3456 912-12-3456", False),  # areas never assigned
+    ("ssn", "123-00-4567 123-45-0000", False),  # no group 00, no serial 0000
+    ("ssn", "12-345-6789 2023-45-6789 123-45-67890 123-45 6789", False),
     ("secret", "key sk-proj-abcdefghijklmnopqrstuvwx1234", True),
     ("secret", "aws AKIAIOSFODNN7EXAMPLE", True),
     ("secret", "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",

@@ -423,6 +423,8 @@ def test_separators_without_an_address_find_nothing(text: str) -> None:
 @pytest.mark.parametrize(("name", "text"), [
     ("email", "write to jöhn.müller@exämple.de today"),
     ("email", "联系 用户@例子.中国 谢谢"),
+    ("email", "联系 用户@例子。中国 谢谢"),  # an ideographic full stop separates labels
+    ("email", "mail john.doe@example\uff61com"),  # its half-width form (NFKC: U+3002)
     ("email", "ivan@пример.рф"),
     ("email", "jane @ example . com"),
     ("email", "jane@ example.com"),
