@@ -547,10 +547,14 @@ def _find_card(text: str) -> Iterator[Span]:
             b = extra.end()
         yield a, b
     if "\n" in text and _DIGITS_ACROSS_LINE.search(text) is not None:
-        lines = text.split("\n")
-        starts = [0]
-        for line in lines[:-1]:
-            starts.append(starts[-1] + len(line) + 1)
+        # blank lines between the parts are skipped ("4111 1111\n\n1111 1111")
+        lines, starts = [], []
+        at = 0
+        for line in text.split("\n"):
+            if line.strip():
+                lines.append(line)
+                starts.append(at)
+            at += len(line) + 1
         for i, (a, b) in card_across(lines):
             yield starts[i] + a, starts[i] + b
 

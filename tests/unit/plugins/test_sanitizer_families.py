@@ -437,6 +437,8 @@ def test_separators_without_an_address_find_nothing(text: str) -> None:
     ("iban", "gb82west12345698765432"),
     ("card", "my card is 4111 1111\n1111 1111, thanks"),
     ("card", "4111-1111-1111\r\n1111"),
+    ("card", "my card is 4111 1111\n\n1111 1111, thanks"),  # a blank line between
+    ("card", "4111 1111 1111\n   \n\n1111"),
     ("ip", "the host is 10.0.0.1"),
 ])
 def test_more_written_forms(name: str, text: str) -> None:
@@ -446,7 +448,8 @@ def test_more_written_forms(name: str, text: str) -> None:
 
 
 @pytest.mark.parametrize("text", [
-    "my card is 4111 1111\n1111 1111, thanks", "IBAN: de89-3704-0044-0532-0130-00.",
+    "my card is 4111 1111\n1111 1111, thanks", "my card is 4111 1111\n\n1111 1111, thanks",
+    "IBAN: de89-3704-0044-0532-0130-00.", "SSN 123-45-6789",
     "ping jane @ example . com", "Authorization: Bearer abc123def456ghi789jkl",
 ])
 async def test_more_forms_are_redacted_whole(text: str) -> None:
@@ -454,10 +457,11 @@ async def test_more_forms_are_redacted_whole(text: str) -> None:
     part of the address is left."""
     ctx = convo(text)
     spy = Spy()
-    await plugin(card="redact", iban="redact", email="redact", secret="redact")(ctx, spy)
+    await plugin(card="redact", iban="redact", email="redact", secret="redact",
+                 ssn="redact")(ctx, spy)
     assert spy.ctx is not None
     sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
-    for piece in ("1111", "3704", "example", "abc123"):
+    for piece in ("1111", "3704", "example", "abc123", "6789"):
         assert piece not in sent
 
 
