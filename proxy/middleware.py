@@ -71,9 +71,17 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         request_id=rid)
     resp.force_close()
     state = request.app.get(STATE)
+    route = _COUNTED.get(request.path)
+    if state is not None and route is not None:  # counted as the route counts its refusals
+        labelled(state.metrics.requests, route, "", str(resp.status)).inc()
     if state is None or state.settings.logging.access_log:
         log_request(request, resp.status, 0.0, request_id=rid)
     return resp
+
+
+#: The routes counted in `weir_requests_total`, by path, under their `route` label.
+_COUNTED = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
+            "/v1/embeddings": "embeddings", "/v1/responses": "responses"}
 
 
 def _request_id(request: web.Request) -> str:

@@ -40,6 +40,12 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[Listener]:
         await listener.close()
 
 
+def requests_counted(listener: Listener, **labels: str) -> float:
+    """`weir_requests_total{labels}` as the listener's app counts it."""
+    registry = listener.runner.app[STATE].metrics.registry
+    return registry.get_sample_value("weir_requests_total", labels) or 0.0
+
+
 async def connect(listener: Listener) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     return await asyncio.open_connection("127.0.0.1", listener.port)
 
@@ -236,9 +242,11 @@ async def test_an_expectation_it_cannot_meet_is_an_openai_417(logs: io.StringIO,
     assert (await response(reader))[0] == 200
     writer.close()
     reader, writer = await connect(served)
+    counted = requests_counted(served, route="chat", model="", status="417")
     writer.write(head + b"X-Request-Id: req-417-a\r\nExpect: something-else\r\n\r\n" + body)
     status, headers, raw = await response(reader)
     assert status == 417 and headers.get("connection") == "close"
+    assert requests_counted(served, route="chat", model="", status="417") == counted + 1
     assert headers.get("x-request-id") == "req-417-a"
     lines = [json.loads(line) for line in logs.getvalue().splitlines() if "req-417-a" in line]
     assert [(x["status"], x["path"]) for x in lines] == [(417, "/v1/chat/completions")]
