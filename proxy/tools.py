@@ -177,8 +177,9 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
     """The constrained JSON as calls. A named function's text is its arguments as they
     are; `required`'s is an array of {"name", "parameters"}, Weir's own wrapper, which
     never reaches a client: cut short (`finish_reason: "length"`), its whole calls stay
-    calls and the last keeps its arguments as far as they came, as a named function's
-    do and as OpenAI answers; a call cut before its arguments began is dropped."""
+    calls and the last keeps its arguments as far as they came (`""` where they had not
+    begun), as a named function's do and as OpenAI answers; a call cut before its name
+    was whole is dropped."""
     if isinstance(req.tool_choice, NamedToolChoice):
         return [ParsedToolCall(req.tool_choice.function.name, text)]
     calls: list[ParsedToolCall] = []
@@ -194,8 +195,9 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
             return calls
         except ValueError:  # cut short: the name, then the arguments as far as they came
             m = _CUT_CALL.match(text, i)
-            if m is not None and text[m.end():].strip():  # (else: no argument began)
-                calls.append(ParsedToolCall(json.loads(m["name"]), text[m.end():]))
+            if m is not None:  # (a name cut short is no call: nothing names it)
+                calls.append(ParsedToolCall(json.loads(m["name"]), text[m.end("args"):]
+                                            if m["args"] is not None else ""))
             return calls
         if isinstance(c, dict) and isinstance(c.get("name"), str) and "parameters" in c:
             calls.append(ParsedToolCall(c["name"], json.dumps(  # as a model writes them
@@ -206,7 +208,10 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
     return calls
 
 
-_CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*(?P<name>"(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*')
+# A call cut short once its name was whole: its arguments from where they begin (none
+# yet where the cut came before them: `arguments: ""`, as a named function cut there).
+_CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*(?P<name>"(?:[^"\\]|\\.)*")'
+                       r'(?:\s*,\s*"parameters"\s*:\s*(?P<args>))?')
 
 
 def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:

@@ -213,10 +213,21 @@ def test_a_cut_short_forced_answer_never_shows_its_wrapper() -> None:
     assert content is None
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
         ("get_time", "{}"), ("get_weather", '{"city": "Par')]
-    # cut right after `"parameters":`: no argument began, the call is dropped (it was
-    # one with `arguments: ""`, not JSON at all)
+    # cut once the name was whole, before its arguments began: a call with `arguments:
+    # ""`, as a named function's cut there (it was dropped: a cut answer billed for its
+    # tokens showed neither content nor a call)
+    for cut in ('"parameters": ', '"param', "", " "):
+        _, calls = T.ToolCallTracker.for_request(req, lambda tools: None).whole(
+            '[{"name": "get_time", "parameters": {}}, {"name": "get_weather"' + cut)
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+            ("get_time", "{}"), ("get_weather", "")]
+    named = chat(tools=[WEATHER], tool_choice={"type": "function",
+                                               "function": {"name": "get_weather"}})
+    assert T.ToolCallTracker.for_request(named, lambda tools: None).whole("")[1][0][
+        "function"] == {"name": "get_weather", "arguments": ""}
+    # a name cut short names nothing: no call
     _, calls = T.ToolCallTracker.for_request(req, lambda tools: None).whole(
-        '[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": ')
+        '[{"name": "get_time", "parameters": {}}, {"name": "get_wea')
     assert [c["function"]["name"] for c in calls] == ["get_time"]
     streamed = T.ToolCallTracker.for_request(req, lambda tools: None)
     assert streamed.step('[{"name": "get_weather", "param', [], None) == (None, [], None)
