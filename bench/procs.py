@@ -130,15 +130,13 @@ def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str,
     """
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
-    env = {}
     settings = {**engine, **engine.get("extra_args", {})}
     for key, value in settings.items():
         if key in ("model", "kind", "extra_args", "warmup", "owned_by", "faults",
                    "structured_output_compact") or value is None:
             continue
-        if key == "cpu_kvcache_space_gib":
-            env["VLLM_CPU_KVCACHE_SPACE"] = f"{value:g}"
-            continue
+        if key == "cpu_kvcache_space_gib":  # as Weir's engine passes it (CPU builds)
+            key, value = "kv_cache_memory_bytes", int(value * 2**30)
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
             cmd.append(flag if value else f"--no-{key.replace('_', '-')}")
@@ -146,7 +144,7 @@ def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str,
             cmd += [flag, str(value)]
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     return Server(name, cmd, f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}",
-                  tmp / f"{name}.log", env=env)
+                  tmp / f"{name}.log")
 
 
 def ensure_litellm() -> Path:

@@ -89,7 +89,8 @@ class VllmEngineSettings(_Strict):
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one model is split across.")
     seed: int = Field(0, description="Engine seed.")
     cpu_kvcache_space_gib: float | None = Field(
-        1.0, gt=0, description="CPU builds: KV cache size (sets VLLM_CPU_KVCACHE_SPACE)."
+        1.0, gt=0, description="CPU builds: KV cache size in GiB, fractions too (vLLM's "
+        "kv_cache_memory_bytes; its VLLM_CPU_KVCACHE_SPACE, where set, wins).",
     )
     warmup: bool = Field(True, description="Run one request before reporting ready.")
     structured_output_compact: bool = Field(

@@ -55,6 +55,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import (
 from vllm.exceptions import GracefulHTTPError, VLLMClientError
 from vllm.inputs.engine import tokens_input
 from vllm.outputs import RequestOutput
+from vllm.platforms import current_platform
 from vllm.sampling_params import (
     RequestOutputKind,
     SamplingParams,
@@ -121,11 +122,14 @@ class VllmEngine:
 
     async def start(self) -> None:
         s = self.settings
-        if s.cpu_kvcache_space_gib is not None:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{s.cpu_kvcache_space_gib:g}")
+        extra = dict(s.extra_args)
+        if (s.cpu_kvcache_space_gib is not None and current_platform.is_cpu()
+                and "kv_cache_memory_bytes" not in extra):
+            # in bytes: vLLM reads its VLLM_CPU_KVCACHE_SPACE as whole GiB ("1.5" made
+            # the engine's start fail), and that variable, where it is set, still wins
+            extra["kv_cache_memory_bytes"] = int(s.cpu_kvcache_space_gib * 2**30)
         if s.model in builtin_models.BUILTINS:
             self._model_path = await asyncio.to_thread(builtin_models.resolve, s.model)
-        extra = dict(s.extra_args)
         if s.structured_output_compact and "structured_outputs_config" not in extra:
             # Engine-wide in vLLM: compact JSON for json_object / json_schema answers.
             extra["structured_outputs_config"] = StructuredOutputsConfig(

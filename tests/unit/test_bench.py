@@ -270,7 +270,8 @@ def test_engine_settings_become_vllm_flags(tmp_path: Path) -> None:
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.85"
     assert "--no-enable-prefix-caching" in cmd and "--enforce-eager" in cmd
     assert "--quantization" not in cmd and "--extra-args" not in cmd
-    assert s.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(2 * 2**30)
+    assert "--cpu-kvcache-space-gib" not in cmd
 
 
 def test_engine_flag_parsing() -> None:
