@@ -79,7 +79,9 @@ class VllmEngineSettings(_Strict):
         None, description="Name clients use in `model` (default: the model id)."
     )
     tokenizer: str | None = Field(None, description="Tokenizer id or path (default: model's).")
-    dtype: str = Field("auto", description="Weights dtype: auto, float16, bfloat16, float32.")
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="Weights dtype (vLLM's choices: check-config refuses others, "
+        "which the engine's start refused).")
     quantization: str | None = Field(None, description="awq, gptq, fp8 ... (None: off).")
     kv_cache_dtype: str = Field("auto", description="KV cache dtype: auto, fp8 ...")
     max_num_seqs: int = Field(64, ge=1, description="Sequences batched together at most.")

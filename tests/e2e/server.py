@@ -24,7 +24,8 @@ def e2e_config(**overrides: Any) -> dict[str, Any]:
                    "write_timeout_s": 3, "keepalive_s": 5},
         "engine": {"model": "builtin:demo", "served_model_name": "weir-demo",
                    "dtype": "float32", "max_model_len": 1024, "max_num_seqs": 32,
-                   "cpu_kvcache_space_gib": 1, "seed": 0},
+                   # a fraction of a GiB: vLLM's own variable took whole GiB only
+                   "cpu_kvcache_space_gib": 0.75, "seed": 0},
         "auth": {"mode": "keys", "keys": [
             {"key": "sk-test-tenant-a", "tenant": "a", "role": "user"},
             {"key": "sk-test-tenant-b", "tenant": "b", "role": "user", "models": ["other"]},

@@ -29,6 +29,8 @@ def test_check_config_accepts_shipped_configs(name: str, capsys: pytest.CaptureF
          "\n", ["plugins[0].config.redis.url"]),
         ("auth: {mode: keys, keys: [{key: sk-1, tenant: a}, {key: sk-1, tenant: b, "
          "role: admin}]}\n", ["auth"]),
+        # a dtype vLLM has no such name for: refused here, not at the engine's start
+        ("engine: {dtype: float64}\n", ["engine.dtype"]),
     ],
 )
 def test_check_config_reports_each_error_path(tmp_path: Path, text: str, paths: list[str],
