@@ -72,6 +72,9 @@ class Decision:
     allowed: bool
     retry_after_ms: float
     states: list[BucketState]
+    #: the concurrency limits (their places in `conc`) that were full: a refusal names
+    #: its rule by them
+    full: tuple[int, ...] = ()
 
 
 class StoreError(Exception):
@@ -124,7 +127,8 @@ class MemoryStore:
             states.append(BucketState(b.limit, _units(
                 PERIOD_MS - diff, eps, t, math.floor(b.limit - min(b.cost, b.limit))), diff))
             new.append(nt)
-        for key, limit in conc:
+        full = []
+        for j, (key, limit) in enumerate(conc):
             leases = self._leases.setdefault(key, {})
             if len(leases) >= limit:
                 # Expired leases (their release lost) are swept only when they could
@@ -135,8 +139,9 @@ class MemoryStore:
             if len(leases) >= limit:
                 allowed = False
                 retry = max(retry, 1000.0)
+                full.append(j)
         if not allowed:
-            return Decision(False, retry, untaken)
+            return Decision(False, retry, untaken, tuple(full))
         for b, nt in zip(buckets, new, strict=True):
             self._tat[b.key] = (nt, nt + 1000)
         for key, _ in conc:
@@ -176,7 +181,7 @@ local eps = math.max($EPS_MS, now * $EPS_ULPS)
 local nb, nc = tonumber(ARGV[1]), tonumber(ARGV[2])
 local lease, lease_ms, period = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local allowed, retry = 1, 0
-local out, untaken, new = {}, {}, {}
+local out, untaken, new, full = {}, {}, {}, {}
 for i = 1, nb do
   local limit = tonumber(ARGV[5 + (i - 1) * 2 + 1])
   local cost = math.min(tonumber(ARGV[5 + (i - 1) * 2 + 2]), limit)
@@ -206,6 +211,7 @@ for j = 1, nc do
   if redis.call('ZCARD', key) >= limit then
     allowed = 0
     retry = math.max(retry, 1000)
+    full[#full + 1] = j - 1
   end
 end
 if allowed == 1 then
@@ -219,7 +225,11 @@ if allowed == 1 then
   end
 end
 if allowed == 0 then out = untaken end
-return {allowed, math.ceil(retry), unpack(out)}
+-- allowed, retry, the full concurrency limits (a count, then their places), the states
+local res = {allowed, math.ceil(retry), #full}
+for _, j in ipairs(full) do res[#res + 1] = j end
+for _, v in ipairs(out) do res[#res + 1] = v end
+return res
 """.replace("$EPS_MS", repr(EPS_MS)).replace("$EPS_ULPS", repr(EPS_ULPS))
 
 _ADJUST = """
@@ -281,9 +291,11 @@ class RedisStore:
         keys = [b.key for b in buckets] + [k for k, _ in conc]
         res = await self._run(self._admit(keys=keys, args=args))
         vals = [float(v) for v in res]  # type: ignore[attr-defined]
+        first = 3 + int(vals[2])
         states = [BucketState(int(vals[i]), int(vals[i + 1]), vals[i + 2])
-                  for i in range(2, len(vals), 3)]
-        return Decision(vals[0] == 1, vals[1], states)
+                  for i in range(first, len(vals), 3)]
+        return Decision(vals[0] == 1, vals[1], states,
+                        tuple(int(v) for v in vals[3:first]))
 
     async def adjust(self, buckets: list[Bucket]) -> None:
         if not buckets:

@@ -333,8 +333,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         if not decision.allowed:
             culprit = _culprit(states, rpm + tpm, per_of)
             if culprit is None:  # no bucket lacked room: a concurrency limit refused it
-                pers = {per_of[k].split(":")[0] for k, _ in conc}
-                culprit = f"{pers.pop() if len(pers) == 1 else 'any'}:concurrent"
+                culprit = (per_of[conc[decision.full[0]][0]] if decision.full
+                           else "any:concurrent")
             per, limit = culprit.split(":")
             self.rejected.labels(per, limit).inc()
             retry_ms = max(decision.retry_after_ms, 1.0)

@@ -113,6 +113,42 @@ async def test_concurrency_leases(store: Any) -> None:
     assert (await store.admit([], [(c, 2)], "c", 60_000)).allowed
 
 
+async def test_a_refusal_names_the_concurrency_limits_that_were_full(store: Any) -> None:
+    wide, narrow = key(), key()
+    assert (await store.admit([], [(wide, 5), (narrow, 1)], "a", 60_000)).allowed
+    d = await store.admit([Bucket(key(), 10, 1)], [(wide, 5), (narrow, 1)], "b", 60_000)
+    assert not d.allowed and d.full == (1,) and d.states[0].remaining == 10
+    assert (await store.admit([], [(wide, 5), (narrow, 2)], "c", 60_000)).full == ()
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_concurrency_429_names_the_rule_that_was_full(
+        backend: str, redis_server: RedisServer) -> None:
+    """Two rules limit concurrency; the tenant's (2) is full, the key's (64) is not: the
+    429 and its metric name the tenant's (they said "this request's limits", `any`)."""
+    p = plugin(redis_server.url if backend == "redis" else None,
+               rules=[{"per": "key", "concurrent": 64}, {"per": "tenant", "concurrent": 2}])
+    hold, entered = asyncio.Event(), asyncio.Semaphore(0)
+
+    async def held(c: RequestContext) -> Reply:
+        entered.release()
+        await hold.wait()
+        return Completion({"usage": {"total_tokens": 5}})
+
+    running = [asyncio.ensure_future(p(ctx(), held)) for _ in range(2)]
+    for _ in running:
+        await entered.acquire()
+    with pytest.raises(RateLimited) as e:
+        await p(ctx(), answer)
+    assert "concurrent requests for this tenant" in e.value.message
+    reg = p.services.metrics.registry
+    assert reg.get_sample_value("weir_rate_limit_rejections_total",
+                                {"per": "tenant", "limit": "concurrent"}) == 1
+    hold.set()
+    await asyncio.gather(*running)
+    await p.close()
+
+
 async def test_leases_expire(store: Any) -> None:
     c = key()
     assert (await store.admit([], [(c, 1)], "a", 50)).allowed
