@@ -24,6 +24,7 @@ from .middleware import (
     ROUTE_OPTS,
     errors_middleware,
     make_access_log,
+    request_id_header,
     request_id_middleware,
     tracing_middleware,
 )
@@ -68,6 +69,7 @@ def create_app(
         ],
         client_max_size=settings.server.max_body_bytes,
     )
+    app.on_response_prepare.append(request_id_header)
     app[STATE] = AppState(settings=settings, terminal=terminal, auth=auth, metrics=metrics,
                           plugins=plugins, chain=chain, embed_chain=embed_chain,
                           embedder=embedder)

@@ -106,9 +106,7 @@ async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
     keep = stored_chat.keep_when_completed(request.app, ctx, reply) if store else None
 
     def stream_headers() -> dict[str, str]:
-        # Sent before the request-id middleware sees the response: set it here.
-        headers = {**ctx.response_headers, **reply.headers,
-                   "x-request-id": request[REQUEST_ID]}
+        headers = {**ctx.response_headers, **reply.headers}
         info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
         return headers
 

@@ -36,6 +36,31 @@ async def test_request_id_is_honoured(make_client: MakeClient) -> None:
     assert r.headers["x-request-id"] != "bad id"
 
 
+async def test_every_answer_streamed_or_not_carries_its_request_id(
+        make_client: MakeClient) -> None:
+    """A stream's head goes out inside its handler: the Responses API's streams had no
+    `x-request-id` (chat's set it by hand)."""
+    client = await make_client()
+    responses = {"model": "fake-model", "input": "hi", "max_output_tokens": 16}
+    for path, body in (("/v1/chat/completions", CHAT),
+                       ("/v1/completions", {"model": "fake-model", "prompt": "hi",
+                                            "max_tokens": 3}),
+                       ("/v1/responses", responses)):
+        for stream in (False, True):
+            r = await client.post(path, json={**body, "stream": stream},
+                                  headers={"x-request-id": "rid-7"})
+            assert r.status == 200, (path, stream)
+            assert r.headers.get("x-request-id") == "rid-7", (path, stream)
+            await r.read()
+            r = await client.post(path, json={**body, "stream": stream})
+            assert len(r.headers.get("x-request-id", "")) >= 16, (path, stream)
+            await r.read()
+    for method, path in (("GET", "/v1/models"), ("GET", "/v1/nope"),
+                         ("POST", "/v1/chat/completions")):
+        r = await client.request(method, path, headers={"x-request-id": "rid-8"})
+        assert r.headers.get("x-request-id") == "rid-8", path
+
+
 async def test_chat_stream_matches_spec_and_agrees_with_whole(make_client: MakeClient) -> None:
     client = await make_client()
     whole = await (await client.post("/v1/chat/completions", json=CHAT)).json()
