@@ -118,12 +118,15 @@ def _options(
             code="context_length_exceeded",
         )
     temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if top_p == 0:  # a nucleus of the likeliest token alone (vLLM refuses 0): greedy
+        temperature, top_p = 0.0, 1.0
     schema, json_object = _structured(req.response_format)
     stop = req.stops
     return SamplingOptions(
         max_tokens=limit if limit is not None else room,
         temperature=temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
+        top_p=top_p,
         top_k=req.top_k,
         # Greedy choices are one answer n times (vLLM refuses n > 1 there): generated
         # once, handed out n times (`serving.engine_outputs`).

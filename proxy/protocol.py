@@ -563,7 +563,9 @@ MAX_STOP_CHARS = 1024  # vLLM scans every stop string at each step; OpenAI sets 
 MAX_LOGIT_BIAS = 1024  # entries; each one is applied at every step
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
-TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+#: OpenAI's range, 0 included (the engine's excludes 0: `top_p: 0` is greedy decoding, the
+#: nucleus holding only the likeliest token: `preparing.sampling_options` says so).
+TopP = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]

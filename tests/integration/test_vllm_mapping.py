@@ -248,3 +248,18 @@ def test_the_engines_first_token_time_is_read_from_its_stats() -> None:
     # from when its scheduler took the request: a wait in vLLM's own queue is load
     queued = SimpleNamespace(scheduled_ts=105.0, first_token_ts=105.5, first_token_latency=9.0)
     assert _ttft(SimpleNamespace(metrics=queued)) == 0.5
+
+
+def test_top_p_zero_is_greedy_decoding() -> None:
+    """OpenAI's `top_p` range holds 0 (it was a 400, following vLLM's, which refuses 0):
+    the nucleus holds the likeliest token alone, so the engine decodes greedily, and n
+    greedy choices are one answer generated once."""
+    fake = FakeEngine(max_model_len=4096)
+    prep = prepare_chat(fake, parse_model(ChatCompletionRequest, {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 0,
+        "temperature": 0.9, "n": 3}))
+    assert (prep.options.temperature, prep.options.top_p, prep.options.n) == (0.0, 1.0, 1)
+    ENGINE._sampling_params(prep.options)
+    kept = prepare_chat(fake, parse_model(ChatCompletionRequest, {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 0.5}))
+    assert (kept.options.temperature, kept.options.top_p) == (1.0, 0.5)
