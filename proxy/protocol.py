@@ -565,6 +565,7 @@ MAX_LOGIT_BIAS = 1024  # entries; each one is applied at every step
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
 #: OpenAI's range, 0 included (the engine's excludes 0: `top_p: 0` is greedy decoding, the
 #: nucleus holding only the likeliest token: `preparing.sampling_options` says so).
+ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
 TopP = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
@@ -681,6 +682,9 @@ class ChatCompletionRequest(_SamplingFields):
     metadata: Metadata | None = None
     #: Kept for the caller to list and retrieve (`proxy.stored_chat`).
     store: bool | None = None
+    #: OpenAI's processing tiers: one engine serves every request alike, so the value is
+    #: only checked (a value outside OpenAI's list was let through, unread).
+    service_tier: ServiceTier | None = None
 
     @model_validator(mode="after")
     def _contents_given(self) -> ChatCompletionRequest:

@@ -270,6 +270,8 @@ class ResponsesRequest(_NullIsDefault):
     previous_response_id: str | None = None
     metadata: Metadata | None = None
     user: str | None = None
+    service_tier: Literal[  # only checked: one engine serves every request alike
+        "auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 

@@ -28,6 +28,7 @@ async def error_of(resp: Any, status: int) -> dict[str, Any]:
     ("body", "param"),
     [
         ({**CHAT, "temperature": -1}, "temperature"),
+        ({**CHAT, "service_tier": "premium"}, "service_tier"),  # (was let through)
         ({"messages": MSG}, "model"),
         ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
         ({**CHAT, "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
@@ -47,6 +48,16 @@ async def test_bad_chat_params_are_400_naming_the_param(
     err = await error_of(await client.post("/v1/chat/completions", json=body), 400)
     assert err["type"] == "invalid_request_error"
     assert err["param"] == param
+
+
+async def test_openai_values_at_the_edges_are_accepted(make_client: MakeClient) -> None:
+    """What OpenAI's spec allows is answered: each service tier (checked, not acted on),
+    `top_p: 0` (greedy; it was a 400 following vLLM's range)."""
+    client = await make_client()
+    for extra in ({"service_tier": "priority"}, {"service_tier": "auto"},
+                  {"service_tier": None}, {"top_p": 0}, {"top_p": 0, "n": 2}):
+        r = await client.post("/v1/chat/completions", json={**CHAT, **extra})
+        assert r.status == 200, (extra, await r.text())
 
 
 @pytest.mark.parametrize(

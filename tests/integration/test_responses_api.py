@@ -320,6 +320,7 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
                     {"type": "function_call_output", "call_id": "", "output": "x"}]},
          "input[0].call_id"),
     ]
+    cases.append(({"service_tier": "premium"}, "service_tier"))  # (was let through)
     said = {}
     for extra, param in cases:
         r = await client.post("/v1/responses", json={**BASE, **extra})
@@ -368,6 +369,9 @@ async def test_chat_completions_parameters_are_refused_not_ignored(
     assert fake_engine.calls == []
     # null asks for nothing (as clients that send every field send it)
     assert (await client.post("/v1/responses", json={**BASE, "max_tokens": None})).status == 200
+    for tier in ("auto", "priority", "ultrafast", None):  # OpenAI's tiers: checked only
+        r = await client.post("/v1/responses", json={**BASE, "service_tier": tier})
+        assert r.status == 200, tier
     for text, status in (({"verbosity": "high"}, 400), ({"verbosity": "medium"}, 200)):
         r = await client.post("/v1/responses", json={**BASE, "text": text})
         assert r.status == status
