@@ -134,7 +134,21 @@ async def _record(request: web.Request) -> dict[str, Any]:
 
 
 async def retrieve(request: web.Request) -> web.Response:
-    return json_response((await _record(request))["response"])
+    """`GET /v1/responses/{id}`: the stored response. Its query's `stream=true` (events of
+    a background response) and `include` are refused: an SDK asking for a stream got the
+    JSON, read it as no events, and said nothing."""
+    record = await _record(request)  # (a key first, then the id, as every route)
+    query = request.query
+    if query.get("stream", "false").lower() not in ("false", "0", ""):
+        raise InvalidRequest(
+            "Unsupported parameter: `stream`: only a background response's events can be "
+            "streamed again, and background responses are not supported here; retrieve "
+            "it without `stream`.", param="stream", code="unsupported_parameter")
+    if any(v for k in ("include", "include[]") for v in query.getall(k, [])):
+        raise InvalidRequest(
+            "Unsupported parameter: `include`: none of the extra output it names is "
+            "available here.", param="include", code="unsupported_parameter")
+    return json_response(record["response"])
 
 
 async def list_input_items(request: web.Request) -> web.Response:
