@@ -112,14 +112,17 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
     # which was a visible share of a cache hit.
     tokens = structlog.contextvars.bind_contextvars(request_id=rid)
     try:
-        return await handler(request)
+        resp = await handler(request)
     finally:
         structlog.contextvars.reset_contextvars(**tokens)
+    if not resp.prepared:
+        resp.headers["x-request-id"] = rid
+    return resp
 
 
 async def request_id_header(request: web.Request, response: web.StreamResponse) -> None:
-    """Every answer's `x-request-id`, set as its head goes out (`on_response_prepare`): a
-    stream's head goes out inside its handler, before `request_id_middleware` sees it."""
+    """The `x-request-id` of an answer whose head goes out inside its handler (a stream),
+    before `request_id_middleware` sees it (`on_response_prepare`)."""
     rid = request.get(REQUEST_ID)
     if rid is not None:
         response.headers.setdefault("x-request-id", rid)
