@@ -121,6 +121,12 @@ def weir_server(tmp: Path, engine: dict[str, Any], plugins: list[dict[str, Any]]
                   tmp / f"{name}.log")
 
 
+def _cuda() -> bool:
+    import torch  # (vLLM's dependency: installed wherever its server runs)
+
+    return bool(torch.cuda.is_available())
+
+
 def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str,
                 name: str = "vllm") -> Server:
     """vLLM's own OpenAI server with the same model and engine settings as Weir's.
@@ -135,7 +141,9 @@ def vllm_server(tmp: Path, engine: dict[str, Any], model_path: str,
         if key in ("model", "kind", "extra_args", "warmup", "owned_by", "faults",
                    "structured_output_compact") or value is None:
             continue
-        if key == "cpu_kvcache_space_gib":  # as Weir's engine passes it (CPU builds)
+        if key == "cpu_kvcache_space_gib":  # as Weir's engine passes it: CPU builds only
+            if _cuda():  # (a GPU's cache is sized by gpu_memory_utilization, in both)
+                continue
             key, value = "kv_cache_memory_bytes", int(value * 2**30)
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):

@@ -71,15 +71,16 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         request_id=rid)
     resp.force_close()
     state = request.app.get(STATE)
-    route = _COUNTED.get(request.path)
+    route = _COUNTED.get(request.path) if request.method == "POST" else None
     if state is not None and route is not None:  # counted as the route counts its refusals
         labelled(state.metrics.requests, route, "", str(resp.status)).inc()
+        labelled(state.metrics.latency, route, "").observe(0.0)
     if state is None or state.settings.logging.access_log:
         log_request(request, resp.status, 0.0, request_id=rid)
     return resp
 
 
-#: The routes counted in `weir_requests_total`, by path, under their `route` label.
+#: The routes counted in `weir_requests_total` (their POSTs), by path, under their label.
 _COUNTED = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
             "/v1/embeddings": "embeddings", "/v1/responses": "responses"}
 

@@ -563,9 +563,10 @@ MAX_STOP_CHARS = 1024  # vLLM scans every stop string at each step; OpenAI sets 
 MAX_LOGIT_BIAS = 1024  # entries; each one is applied at every step
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
-#: OpenAI's range, 0 included (the engine's excludes 0: `top_p: 0` is greedy decoding, the
-#: nucleus holding only the likeliest token: `preparing.sampling_options` says so).
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
+#: OpenAI's range, 0 included (vLLM's excludes 0: `top_p: 0` is greedy decoding, the
+#: nucleus holding only the likeliest token: `preparing._options` and the upstream's
+#: body say so).
 TopP = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]

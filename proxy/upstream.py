@@ -115,6 +115,8 @@ class Upstream:
         if ctx.engine_started is None:  # (the breaker times the call from here)
             ctx.engine_started = time.monotonic()
         body = ctx.request.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False)
+        if body.get("top_p") == 0:  # greedy, as the local engine decodes it (vLLM refuses 0)
+            body["temperature"], body["top_p"] = 0, 1
         url = self.base + _PATHS[ctx.route]
         self.in_flight += 1
         try:

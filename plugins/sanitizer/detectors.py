@@ -8,13 +8,15 @@ detector returns (start, end) spans and never keeps the matched text. Secrets li
 
 Shapes covered, by family: cards in groups separated by spaces, dots, dashes, slashes
 or underscores (one kind per number) or unseparated, with the CVV or expiry that
-follows them, and a card split across two messages or two lines (`card_across`); phones
-with +/00 prefixes, a "(0)", parentheses, dots, spaces or dashes, a NANP number with a
-leading 1, an extension, and after a phone word ("call me at", "Tel:", "携帯") ten bare
-digits or a national number ("07700 900123"); e-mails in any script, written
-plainly, as "name at domain dot com", "name[at]domain(dot)com", "name [at] domain.com"
-or "name @ domain . com"; IBANs in either case, grouped by spaces or dashes; dotted quads
-that are not a version number ("version 1.2.3.4").
+follows them, and a card split across two messages or two lines, blank lines between
+them or not (`card_across`); US Social Security numbers (3-2-4 with dashes, or spaced
+or bare where the text names one); phones with +/00 prefixes, a "(0)", parentheses,
+dots, spaces or dashes, a NANP number with a leading 1, an extension, and after a phone
+word ("call me at", "Tel:", "携帯") ten bare digits or a national number ("07700
+900123"); e-mails in any script, written plainly, as "name at domain dot com",
+"name[at]domain(dot)com", "name [at] domain.com" or "name @ domain . com", labels
+joined by an ideographic full stop too; IBANs in either case, grouped by spaces or
+dashes; dotted quads that are not a version number ("version 1.2.3.4").
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ _regex = regex_finder
 
 # Numbers (cards, ids, phones, IPv4) are found in two steps: one scan for runs of
 # digit-ish characters, then the specific pattern only inside those short windows.
-_NUMERIC_RUN = re.compile(r"\d[\d \-\u2013()./_]{5,48}")
+_NUMERIC_RUN = re.compile(r"\d[\d \-\u2010-\u2013()./_]{5,48}")
 _MARGIN = 4  # room for a leading "+86 " or "(" and the patterns' look-arounds
 # A run stops at 49 characters and the next one starts there: each window reaches this
 # far past its run, so a number that a run's end cuts (and a card's CVV after it) is
@@ -370,10 +372,16 @@ def _find_email(text: str) -> Iterator[Span]:
 # address characters (at most 64) just before the separator. (A regex over a window
 # around each separator backtracked for seconds on 64 KiB of "%40%40..." or "a@a@...".)
 # Labels and top-level domains in any script ("jöhn@exämple.de", "用户@例子.中国"), or
-# in their ASCII form ("xn--..."); an ideographic full stop separates labels as a dot
-# does (IDNA reads "例子。中国" so; NFKC folds the full-width dot, not this one).
-_DOMAIN = re.compile(r"[\w-]{1,63}(?:[.\u3002][\w-]{1,63}){0,8}"
-                     r"[.\u3002](?P<tld>[^\W\d_]{2,24}|xn--[a-z0-9-]{1,59})\b")
+# in their ASCII form ("xn--..."). An ideographic full stop separates labels as a dot
+# does (IDNA reads "例子。中国" so; NFKC folds the full-width dot, not this one), but
+# it also ends a CJK sentence: after it, only an ASCII top-level domain or a CJK one
+# that registries delegate ends an address ("x@qq.com。谢谢" ends at ".com", "感谢@张三。
+# 我们..." is a mention).
+_DOMAIN = re.compile(
+    r"[\w-]{1,63}(?:[.\u3002][\w-]{1,63}){0,8}"
+    r"(?:\.(?P<tld>[^\W\d_]{2,24}|xn--[a-z0-9-]{1,59})\b"
+    r"|\u3002(?P<itld>[a-z]{2,24}|xn--[a-z0-9-]{1,59}|中国|中國|公司|网络|網絡|香港|台湾|台灣"
+    r"|新加坡|한국)(?![^\W_]))")
 # File names that read like addresses ("logo@2x.png", "icon%402x.webp"): their "top-level
 # domain" is a file type no registry delegates (.zip, .mov, .py, .md are real TLDs).
 _FILE_TYPES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "tif",
@@ -399,7 +407,8 @@ def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
         while i != -1:
             domain = _DOMAIN.match(text, i + len(at))
             end = domain.end() if domain is not None else -1
-            if domain is not None and domain["tld"].lower() in _FILE_TYPES:
+            top = "" if domain is None else (domain["tld"] or domain["itld"]).lower()
+            if domain is not None and domain["tld"] and top in _FILE_TYPES:
                 # "logo@2x.png" is a file; "bob@example.com.pdf" an address and a file
                 # type after it: the address ends a label earlier, if it still has a TLD.
                 host = text[i + len(at):domain.start("tld") - 1]
@@ -407,7 +416,7 @@ def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
                 end = (-1 if tld is None or tld[1].lower() in _FILE_TYPES
                        or _ASSET_SCALE.match(host) else domain.start("tld") - 1)
             if end != -1 and (domain is not None and (
-                    domain["tld"].lower() in _PRIVATE_TLDS
+                    top in _PRIVATE_TLDS
                     or _REMOTE_PATH.match(text, end) is not None)):
                 end = -1
             if end != -1:
@@ -559,15 +568,17 @@ def _find_card(text: str) -> Iterator[Span]:
             yield starts[i] + a, starts[i] + b
 
 
-# US Social Security numbers: 3-2-4 digits with one kind of separator (a dash or a
-# space), in the ranges the SSA assigns (no area 000, 666 or 9xx, no group 00, no serial
-# 0000); nine bare digits only where the text names one ("SSN: 123456789", "social
-# security number is ..."): unseparated, they are any order or account number.
-_SSN = re.compile(r"(?<![\d-])(?!000|666|9\d\d)\d{3}([- ])(?!00)\d{2}\1(?!0000)\d{4}(?![\d-])")
+# US Social Security numbers: 3-2-4 digits joined by one kind of dash, in the ranges the
+# SSA assigns (no area 000, 666 or 9xx, no group 00, no serial 0000); spaced or bare only
+# where the text names one ("SSN: 123 45 6789", "social security number 123456789"):
+# without that, they are any order, row or phone number.
+_SSN = re.compile(r"(?<![\w\-\u2010-\u2013])(?!000|666|9\d\d)\d{3}([\-\u2010-\u2013])(?!00)"
+                  r"\d{2}\1(?!0000)\d{4}(?![\w\-\u2010-\u2013])")
 _SSN_SAID = re.compile(
-    r"(?:\b(?:ssn|social\s+security(?:\s+(?:number|no\.?))?|tax\s*payer\s+id|tin|itin)"
-    r"\b\.?|\bss#)(?:\s+(?:is|was|number|no\.?|#)){0,2}\s{0,3}[:=#]?\s{0,3}"
-    r"(?P<n>(?!000|666|9\d\d)\d{3}(?!00)\d{2}(?!0000)\d{4})(?!\d)", re.IGNORECASE)
+    r"(?:\b(?:ssn|social\s+security(?:\s+(?:number|no\.?))?|tax\s*payer\s+id|tin)\b\.?"
+    r"|\bss#)(?:\s+(?:is|was|number|no\.?|#)){0,2}[\s:=#,(\-\u2010-\u2013]{0,4}"
+    r"(?P<n>(?!000|666|9\d\d)\d{3}(?P<s>[ \-\u2010-\u2013]?)(?!00)\d{2}(?P=s)(?!0000)\d{4})"
+    r"(?![\w\-\u2010-\u2013])", re.IGNORECASE)
 _SSN_WORDS = ("ssn", "ss#", "social", "tax", "tin")
 
 
@@ -580,7 +591,7 @@ def _find_ssn(text: str) -> Iterator[Span]:
         lo = max(last, a - _SAID_REACH)
         before = text[lo:a].lower()
         if any(w in before for w in _SSN_WORDS):
-            for m in _SSN_SAID.finditer(text, lo, min(len(text), a + 10)):
+            for m in _SSN_SAID.finditer(text, lo, min(len(text), a + 12)):
                 yield m.span("n")
         last = a
 

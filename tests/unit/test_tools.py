@@ -216,11 +216,12 @@ def test_a_cut_short_forced_answer_never_shows_its_wrapper() -> None:
     # cut once the name was whole, before its arguments began: a call with `arguments:
     # ""`, as a named function's cut there (it was dropped: a cut answer billed for its
     # tokens showed neither content nor a call)
-    for cut in ('"parameters": ', '"param', "", " "):
+    for cut, args in ((', "parameters": ', ""), (', "param', ""), ("", ""), (" ,", ""),
+                      (', "parameters":{"ci', '{"ci')):
         _, calls = T.ToolCallTracker.for_request(req, lambda tools: None).whole(
             '[{"name": "get_time", "parameters": {}}, {"name": "get_weather"' + cut)
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
-            ("get_time", "{}"), ("get_weather", "")]
+            ("get_time", "{}"), ("get_weather", args)], cut
     named = chat(tools=[WEATHER], tool_choice={"type": "function",
                                                "function": {"name": "get_weather"}})
     assert T.ToolCallTracker.for_request(named, lambda tools: None).whole("")[1][0][

@@ -123,6 +123,21 @@ async def test_the_request_key_id_and_trace_go_upstream(upstream: Upstream) -> N
     assert engine.stats().running == 0
 
 
+async def test_top_p_zero_goes_upstream_as_greedy_decoding(upstream: Upstream) -> None:
+    """`top_p: 0` is greedy on the local engine; a vLLM upstream refuses 0 (a 400 passed
+    through), so it goes as what it means: temperature 0, top_p 1."""
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        for top_p, sent in ((0, (0, 1)), (0.5, (0.7, 0.5))):
+            c = ctx()
+            c.request = c.request.model_copy(update={"top_p": top_p, "temperature": 0.7})
+            await engine(c)
+            body = upstream.seen[-1][1]
+            assert (body["temperature"], body["top_p"]) == sent
+    finally:
+        await engine.close()
+
+
 async def test_an_upstream_4xx_is_passed_through(upstream: Upstream) -> None:
     async def refuse(request: web.Request) -> web.StreamResponse:
         return web.json_response({"error": ERROR}, status=400)

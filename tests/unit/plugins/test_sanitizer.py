@@ -68,6 +68,11 @@ CASES = [
     ("ssn", "000-12-3456 666-12-3456 912-12-3456", False),  # areas never assigned
     ("ssn", "123-00-4567 123-45-0000", False),  # no group 00, no serial 0000
     ("ssn", "12-345-6789 2023-45-6789 123-45-67890 123-45 6789", False),
+    ("ssn", "ssn-123456789", True), ("ssn", "my SSN, 123456789", True),
+    ("ssn", "SSN (123456789)", True), ("ssn", "ssn 123\u201345\u20136789", True),
+    ("ssn", "123\u201145\u20116789", True),  # non-breaking hyphens
+    ("ssn", "see rows 101 22 3333 and 4", False),  # spaced, nothing says SSN
+    ("ssn", "part A123-45-6789 call 020 12 3456", False),
     ("secret", "key sk-proj-abcdefghijklmnopqrstuvwx1234", True),
     ("secret", "aws AKIAIOSFODNN7EXAMPLE", True),
     ("secret", "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",

@@ -447,6 +447,19 @@ def test_more_written_forms(name: str, text: str) -> None:
     assert fires(name, text)
 
 
+@pytest.mark.parametrize(("text", "found"), [
+    ("请发邮件到 john@example.com。谢谢", "john@example.com"),  # 。 ends the sentence
+    ("我的邮箱是 zhang@qq.com。我们明天见。", "zhang@qq.com"),
+    ("用户@例子。中国。谢谢", "用户@例子。中国"),
+    ("感谢@张三。我们明天见", None),  # a mention, no address
+    ("see me@host.example。Thanks", None),
+])
+def test_an_ideographic_full_stop_ends_a_sentence_not_an_address(text: str,
+                                                                 found: str | None) -> None:
+    spans = list(BUILTIN["email"].find(normalize(text)))
+    assert [normalize(text)[a:b] for a, b in spans] == ([found] if found else [])
+
+
 @pytest.mark.parametrize("text", [
     "my card is 4111 1111\n1111 1111, thanks", "my card is 4111 1111\n\n1111 1111, thanks",
     "IBAN: de89-3704-0044-0532-0130-00.", "SSN 123-45-6789",
