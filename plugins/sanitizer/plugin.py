@@ -288,6 +288,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             eng_msgs.append(_update(m, e_upd))
         key = _with(req, "messages", key_msgs)
         engine = _with(req, "messages", eng_msgs)
+        self._names(req, fired)
         if req.tools:  # tool descriptions are read by the model as text
             tools = self._tools(req.tools, fired)
             key, engine = _with(key, "tools", tools), _with(engine, "tools", tools)
@@ -300,12 +301,34 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     engine, "response_format", fmt)
         return key, engine
 
+    def _names(self, req: ChatCompletionRequest, fired: dict[str, str]) -> None:
+        """Names the model reads and must give back as they are (a tool's, an earlier
+        call's, a schema's): screened, never rewritten (a redacted name is no tool's, and
+        a call to it no call). A `redact` detector that fires in one flags the request
+        (the cache neither keeps nor serves it); a `block` one blocks it. (Call ids are
+        the servers' random ids: one in a few hundred reads as a number.)"""
+        names = [t.function.name for t in req.tools or ()]
+        for m in req.messages:
+            names += [c.function.name for c in m.tool_calls or ()]
+        fmt = req.response_format
+        if fmt is not None and fmt.json_schema is not None:
+            names.append(fmt.json_schema.name)
+        found: dict[str, str] = {}
+        for name in names:
+            if name:
+                self._process(name, found)
+        for det, action in found.items():
+            action = "flag" if action == "redact" else action
+            if _rank(action) > _rank(fired.get(det, "off")):
+                fired[det] = action
+
     def _joined_runs(self, parts: list[Any], kp: list[Any], ep: list[Any],
                      fired: dict[str, str]) -> tuple[list[Any], list[Any]]:
         """The model reads a message's adjacent text parts joined (`ChatMessage.text()`):
         what is found only across two of them ("mail alice" + "@example.com") counts as
         found, and where it is to be redacted, that run of parts goes on as one text
-        part, redacted whole. `kp`, `ep`: the parts as each was processed alone."""
+        part, redacted whole (also where a part alone held a piece of it). `kp`, `ep`:
+        the parts as each was processed alone."""
         out_k: list[Any] = []
         out_e: list[Any] = []
         i = 0
@@ -321,8 +344,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 continue
             joined = "".join(_part_text(p) for p in parts[i:j])
             k, e, redacted = self._screened(joined, fired)  # (what it finds is fired)
-            if redacted and self._redacts(
-                    "".join(_part_text(p) for p in kp[i:j])):
+            # Redacted otherwise than part by part: something ran across two parts. (A
+            # part may also hold the tail of it alone, "ith@acme.com", which the parts'
+            # own redaction took, leaving "john.sm" before it: the joined one is kept.)
+            if redacted and k != "".join(_part_text(p) for p in kp[i:j]):
                 out_k.append(TextPart(type="text", text=k))  # found across parts
                 out_e.append(TextPart(type="text", text=e))
             else:
@@ -330,15 +355,6 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 out_e += ep[i:j]
             i = j
         return out_k, out_e
-
-    def _redacts(self, text: str) -> bool:
-        """Whether a `redact` detector finds anything in `text`."""
-        norm = scanned(self._fold(text)) if self.cfg.normalize else text
-        try:
-            return any(action == "redact" and next(iter(det.find(norm)), None) is not None
-                       for det, action in self.detectors)
-        finally:
-            forget()
 
     def _schema_format(self, fmt: JsonSchemaFormat, fired: dict[str, str],
                        ) -> JsonSchemaFormat:

@@ -222,10 +222,27 @@ async def test_block_is_vague_and_stops() -> None:
 
 async def test_parts_are_processed_each() -> None:
     spy = Spy()
-    ctx = chat_ctx([{"type": "text", "text": "ｈｉ"}, {"type": "text", "text": "x@y.io"}])
+    ctx = chat_ctx([{"type": "text", "text": "ｈｉ "}, {"type": "text", "text": "x@y.io"}])
     await plugin(detectors={"email": "redact"})(ctx, spy)
     parts = ctx.request.messages[0].content  # type: ignore[union-attr]
-    assert [p.text for p in parts] == ["hi", "[EMAIL]"]  # type: ignore[union-attr]
+    assert [p.text for p in parts] == ["hi ", "[EMAIL]"]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("parts", "sent"), [
+    (["write to john.sm", "ith@acme.com now"], "write to [EMAIL] now"),
+    (["host 2001:db8:", "85a3::8a2e:370:7334 now"], "host [IP] now"),
+    (["ｈｉ", "x@y.io"], "[EMAIL]"),  # the model reads "hix@y.io"
+])
+async def test_a_value_whose_tail_one_part_holds_is_redacted_whole(parts: list[str],
+                                                                   sent: str) -> None:
+    """The second part alone held a shorter value ("ith@acme.com"), which its own
+    redaction took: the part before kept the value's head ("john.sm"), which reached the
+    engine and the cache's key. What the joined parts hold is redacted whole."""
+    ctx = chat_ctx([{"type": "text", "text": t} for t in parts])
+    await plugin(detectors={"email": "redact", "ip": "redact"})(ctx, Spy())
+    for req in (ctx.request, ctx.key_request):
+        assert isinstance(req, ChatCompletionRequest)
+        assert req.messages[0].text() == sent
 
 
 async def test_what_only_the_joined_parts_hold_is_found() -> None:

@@ -18,6 +18,7 @@ from plugins.sanitizer.plugin import SanitizerPlugin
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services
 from proxy.context import RequestContext
+from proxy.errors import InvalidRequest
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
@@ -731,3 +732,33 @@ def test_a_password_of_several_words_is_taken_to_the_clause_end(text: str, taken
 ])
 def test_talk_about_a_passphrase_is_not_one(text: str) -> None:
     assert not fires("secret", text)
+
+
+def _with_names(name: str) -> RequestContext:
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": name, "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"}],
+        "tools": [{"type": "function", "function": {"name": name, "parameters": {}}}]})
+    return RequestContext(route="chat", request=req, request_id="r",
+                          principal=Principal("t", "user", "u"))
+
+
+@pytest.mark.parametrize("name", ["AKIA3DC4D4ABCDEFGHIJ", "lookup_4111111111111111"])
+async def test_a_secret_or_pii_in_a_tool_name_flags_the_request(name: str) -> None:
+    """A tool's or a call's name reaches the model (and comes back in its calls), and was
+    never read: a key as a tool name went to the engine and into the cache. It cannot be
+    rewritten (a redacted name is no tool's): a `redact` detector flags the request, so
+    the cache neither keeps nor serves it; a `block` one blocks it."""
+    ctx, spy = _with_names(name), Spy()
+    await plugin(secret="redact", card="redact")(ctx, spy)
+    assert spy.ctx is not None and spy.ctx.sensitive
+    req = spy.ctx.request
+    assert isinstance(req, ChatCompletionRequest) and req.tools is not None
+    assert req.tools[0].function.name == name  # kept as it is
+    with pytest.raises(InvalidRequest):
+        await plugin(secret="block", card="block")(_with_names(name), Spy())
+    clean, spy = _with_names("get_weather"), Spy()
+    await plugin(secret="redact", card="redact")(clean, spy)
+    assert spy.ctx is not None and not spy.ctx.sensitive
