@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -50,6 +50,10 @@ class RequestContext:
     spent_unknown: bool = False
     #: The request as the cache should key it (normalized, redacted); None: `request`.
     key_request: ChatCompletionRequest | CompletionRequest | None = None
+    #: Set by the sanitizer where it redacted something: a text of this request as it
+    #: leaves it (a JSON text's strings read one by one). For what a route keeps of the
+    #: request in its own form (a stored Response's input items and instructions).
+    screen: Callable[[str], str] | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0
     #: The most tokens a request that names no output limit may generate (the

@@ -91,7 +91,13 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             raise InvalidRequest(self.cfg.block_message, code="content_policy_violation")
         ctx.key_request = key
         ctx.request = engine
+        if "redact" in fired.values():
+            ctx.screen = self._screen
         return await call_next(ctx)
+
+    def _screen(self, text: str) -> str:
+        """A text of the request as the chain passed it on (`RequestContext.screen`)."""
+        return self._json_text(text, {})
 
     # ------------------------------------------------------------------- limits
 

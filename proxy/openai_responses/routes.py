@@ -88,6 +88,12 @@ async def create(request: web.Request) -> web.StreamResponse:
             reply = await st.chain(ctx)
         except InvalidRequest as e:
             raise X.rename_param(e) from None
+        if ctx.screen is not None:
+            # Kept and echoed as the sanitizer passed the request on: its redactions are
+            # not undone in the store (the cache's Redis) nor in `input_items`.
+            req = X.screened_request(req, ctx.screen)
+            inputs = X.screened_items(inputs, ctx.screen)
+            conversation = X.screened_messages(conversation, ctx.screen)
         if isinstance(reply, Completion):
             note_usage(st, info, reply.body)  # token metrics, as on the chat route
             response = X.response_from_chat(req, reply.body, id=rid,

@@ -8,9 +8,11 @@ The conversation a stored response keeps is in chat form (input and output, with
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import InvalidRequest
@@ -266,6 +268,56 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             as_input.append(FunctionCallItem(type="function_call", call_id=it["call_id"],
                                              name=it["name"], arguments=it["arguments"]))
     return input_messages(as_input)
+
+
+# ------------------------------------------------------------- what a response keeps
+
+
+def screened_request(req: ResponsesRequest, screen: Callable[[str], str],
+                     ) -> ResponsesRequest:
+    """`req` with the texts its Response echoes (instructions, tool descriptions and
+    parameters) as the sanitizer left them (`RequestContext.screen`)."""
+    update: dict[str, Any] = {}
+    if req.instructions:
+        update["instructions"] = screen(req.instructions)
+    if req.tools:
+        update["tools"] = [t.model_copy(update={
+            "description": screen(t.description) if t.description else t.description,
+            "parameters": json.loads(screen(json.dumps(t.parameters)))
+            if t.parameters else t.parameters}) for t in req.tools]
+    return req.model_copy(update=update) if update else req
+
+
+def screened_items(items: list[dict[str, Any]], screen: Callable[[str], str],
+                   ) -> list[dict[str, Any]]:
+    """Input items (`input_items`'s form) with their texts screened."""
+    out = []
+    for it in items:
+        if it["type"] == "message":
+            it = {**it, "content": [{**p, "text": screen(p["text"])} if "text" in p else p
+                                    for p in it["content"]]}
+        elif it["type"] == "function_call":
+            it = {**it, "arguments": screen(it["arguments"])}
+        elif it["type"] == "function_call_output":
+            it = {**it, "output": screen(it["output"])}
+        out.append(it)
+    return out
+
+
+def screened_messages(messages: list[dict[str, Any]], screen: Callable[[str], str],
+                      ) -> list[dict[str, Any]]:
+    """A stored conversation (chat form) with its texts screened."""
+    out = []
+    for m in messages:
+        m = {**m}
+        if isinstance(m.get("content"), str):
+            m["content"] = screen(m["content"])
+        if m.get("tool_calls"):
+            m["tool_calls"] = [{**c, "function": {
+                **c["function"], "arguments": screen(c["function"]["arguments"])}}
+                for c in m["tool_calls"]]
+        out.append(m)
+    return out
 
 
 def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -650,3 +650,49 @@ async def test_stream_options_need_a_stream(make_client: MakeClient) -> None:
         **BASE, "stream": True, "stream_options": {"include_obfuscation": False}})
     events, _ = parse_sse(await r.text())
     assert r.status == 200 and events[-1]["type"] in ("response.completed", "response.incomplete")
+
+
+async def test_a_stored_response_keeps_what_the_sanitizer_redacted(
+        make_client: MakeClient, redis_server: RedisServer, fake_engine: FakeEngine) -> None:
+    """With `redact`, the engine got "[EMAIL]", but the stored Response (the cache's
+    Redis, for a week) kept the address: in `instructions`, in `input_items`, and in the
+    conversation a follow-up builds on (a stored chat completion keeps the redacted
+    messages). Stored and echoed as the sanitizer passed them on."""
+    import redis.asyncio as aioredis
+
+    settings = make_settings(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact"}}},
+        {"name": "cache", "config": {"redis": {"url": redis_server.url,
+                                               "key_prefix": "screen:"},
+                                     "l2": {"enabled": True}}}])
+    client = await make_client(settings)
+    mail = "leak.check@example.com"
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather",
+            "arguments": json.dumps({"to": mail})}
+    for stream in (False, True):
+        r = await client.post("/v1/responses", json={
+            **BASE, "stream": stream, "instructions": f"Reply to {mail}.", "tools": [
+                {**TOOL, "description": f"Weather, mailed to {mail}"}],
+            "input": [{"role": "user", "content": [{"type": "input_text",
+                                                     "text": f"write to {mail}"}]},
+                      call, {"type": "function_call_output", "call_id": "c1",
+                             "output": f"sent to {mail}"}]})
+        text = await r.text()
+        assert r.status == 200 and mail not in text, text
+        rid = (parse_sse(text)[0][-1]["response"] if stream else json.loads(text))["id"]
+        for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
+            got = await (await client.get(path)).text()
+            assert "[EMAIL]" in got and mail not in got, got
+        follow = await client.post("/v1/responses", json={
+            **BASE, "previous_response_id": rid, "input": "and then?"})
+        assert follow.status == 200
+    assert fake_engine.calls and mail not in str(fake_engine.calls)
+    r = aioredis.from_url(redis_server.url)
+    try:
+        keys = [k async for k in r.scan_iter("screen:*")]
+        assert keys
+        for k in keys:
+            if await r.type(k) == b"string":
+                assert mail.encode() not in (await r.get(k) or b""), k
+    finally:
+        await r.aclose()
