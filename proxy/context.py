@@ -50,10 +50,11 @@ class RequestContext:
     spent_unknown: bool = False
     #: The request as the cache should key it (normalized, redacted); None: `request`.
     key_request: ChatCompletionRequest | CompletionRequest | None = None
-    #: Set by the sanitizer where it redacted something: a text of this request as it
-    #: leaves it (a JSON text's strings read one by one). For what a route keeps of the
-    #: request in its own form (a stored Response's input items and instructions).
-    screen: Callable[[str], str] | None = None
+    #: Set by the sanitizer where it redacted something: texts of this request, in order,
+    #: as it passes them on (read as one conversation: a card split between two is
+    #: found). For what a route keeps of the request in its own form (a stored
+    #: Response's input items and instructions).
+    screen: Callable[[list[str]], list[str]] | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0
     #: The most tokens a request that names no output limit may generate (the

@@ -95,9 +95,19 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             ctx.screen = self._screen
         return await call_next(ctx)
 
-    def _screen(self, text: str) -> str:
-        """A text of the request as the chain passed it on (`RequestContext.screen`)."""
-        return self._json_text(text, {})
+    def _screen(self, texts: list[str]) -> list[str]:
+        """Texts of the request, in order, as the chain passed them on
+        (`RequestContext.screen`): read as one conversation (a card split between two is
+        found), each redacted where a `redact` detector fires, else as it came."""
+        fired: dict[str, str] = {}
+        folds = [self._fold(t) for t in texts]
+        extra = self._across([scanned(f) for f in folds] if self.cfg.normalize else texts,
+                             fired)
+        out = []
+        for text, folded, more in zip(texts, folds, extra, strict=True):
+            key, _ = self._process(text, fired, folded, more)
+            out.append(key if key != folded else text)
+        return out
 
     # ------------------------------------------------------------------- limits
 

@@ -20,7 +20,7 @@ from ..errors import InvalidRequest, NotFound
 from ..inflight import count_abort, generating
 from ..middleware import ROUTE_OPTS
 from ..pagination import page
-from ..protocol import parse_model
+from ..protocol import ChatCompletionRequest, parse_model
 from ..record_store import RecordStore, cache_redis, make_store
 from ..routes import (
     StreamTiming,
@@ -91,7 +91,8 @@ async def create(request: web.Request) -> web.StreamResponse:
         if ctx.screen is not None:
             # Kept and echoed as the sanitizer passed the request on: its redactions are
             # not undone in the store (the cache's Redis) nor in `input_items`.
-            req = X.screened_request(req, ctx.screen)
+            assert isinstance(ctx.request, ChatCompletionRequest)
+            req = X.screened_request(req, ctx.request)
             inputs = X.screened_items(inputs, ctx.screen)
             conversation = X.screened_messages(conversation, ctx.screen)
         if isinstance(reply, Completion):

@@ -8,7 +8,6 @@ The conversation a stored response keeps is in chat form (input and output, with
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import time
@@ -273,49 +272,67 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------- what a response keeps
 
 
-def screened_request(req: ResponsesRequest, screen: Callable[[str], str],
+Screen = Callable[[list[str]], list[str]]
+
+
+def screened_request(req: ResponsesRequest, chat: ChatCompletionRequest,
                      ) -> ResponsesRequest:
     """`req` with the texts its Response echoes (instructions, tool descriptions and
-    parameters) as the sanitizer left them (`RequestContext.screen`)."""
+    parameters) as the sanitizer passed them on in `chat`, the chat form of `req` once
+    the chain ran (its system message is the instructions, its tools `req`'s)."""
     update: dict[str, Any] = {}
-    if req.instructions:
-        update["instructions"] = screen(req.instructions)
-    if req.tools:
-        update["tools"] = [t.model_copy(update={
-            "description": screen(t.description) if t.description else t.description,
-            "parameters": json.loads(screen(json.dumps(t.parameters)))
-            if t.parameters else t.parameters}) for t in req.tools]
+    if req.instructions and chat.messages and chat.messages[0].role == "system":
+        update["instructions"] = chat.messages[0].text()
+    if req.tools and chat.tools and len(chat.tools) == len(req.tools):
+        update["tools"] = [t.model_copy(update={"description": c.function.description,
+                                                "parameters": c.function.parameters})
+                           for t, c in zip(req.tools, chat.tools, strict=True)]
     return req.model_copy(update=update) if update else req
 
 
-def screened_items(items: list[dict[str, Any]], screen: Callable[[str], str],
-                   ) -> list[dict[str, Any]]:
-    """Input items (`input_items`'s form) with their texts screened."""
-    out = []
-    for it in items:
+def screened_items(items: list[dict[str, Any]], screen: Screen) -> list[dict[str, Any]]:
+    """Input items (`input_items`'s form) with their texts screened, in order."""
+    where: list[tuple[int, str, int | None]] = []  # (item, field, content part)
+    texts: list[str] = []
+    for n, it in enumerate(items):
         if it["type"] == "message":
-            it = {**it, "content": [{**p, "text": screen(p["text"])} if "text" in p else p
-                                    for p in it["content"]]}
-        elif it["type"] == "function_call":
-            it = {**it, "arguments": screen(it["arguments"])}
-        elif it["type"] == "function_call_output":
-            it = {**it, "output": screen(it["output"])}
-        out.append(it)
+            for k, p in enumerate(it["content"]):
+                if isinstance(p.get("text"), str):
+                    where.append((n, "text", k))
+                    texts.append(p["text"])
+        elif it["type"] in _ITEM_TEXT:
+            where.append((n, _ITEM_TEXT[it["type"]], None))
+            texts.append(it[_ITEM_TEXT[it["type"]]])
+    out = [{**it} for it in items]
+    for (n, name, part), text in zip(where, screen(texts), strict=True):
+        if part is None:
+            out[n][name] = text
+        else:
+            content = out[n]["content"] = list(out[n]["content"])
+            content[part] = {**content[part], "text": text}
     return out
 
 
-def screened_messages(messages: list[dict[str, Any]], screen: Callable[[str], str],
+_ITEM_TEXT = {"function_call": "arguments", "function_call_output": "output"}
+
+
+def screened_messages(messages: list[dict[str, Any]], screen: Screen,
                       ) -> list[dict[str, Any]]:
-    """A stored conversation (chat form) with its texts screened."""
+    """A stored conversation (chat form) with its texts screened, in order."""
+    texts: list[str] = []
+    for m in messages:
+        if isinstance(m.get("content"), str):
+            texts.append(m["content"])
+        texts += [c["function"]["arguments"] for c in m.get("tool_calls") or ()]
+    done = iter(screen(texts))
     out = []
     for m in messages:
         m = {**m}
         if isinstance(m.get("content"), str):
-            m["content"] = screen(m["content"])
+            m["content"] = next(done)
         if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "function": {
-                **c["function"], "arguments": screen(c["function"]["arguments"])}}
-                for c in m["tool_calls"]]
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": next(done)}}
+                               for c in m["tool_calls"]]
         out.append(m)
     return out
 

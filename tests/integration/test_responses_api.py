@@ -661,7 +661,7 @@ async def test_a_stored_response_keeps_what_the_sanitizer_redacted(
     import redis.asyncio as aioredis
 
     settings = make_settings(plugins=[
-        {"name": "sanitizer", "config": {"detectors": {"email": "redact"}}},
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact", "card": "redact"}}},
         {"name": "cache", "config": {"redis": {"url": redis_server.url,
                                                "key_prefix": "screen:"},
                                      "l2": {"enabled": True}}}])
@@ -673,7 +673,9 @@ async def test_a_stored_response_keeps_what_the_sanitizer_redacted(
         r = await client.post("/v1/responses", json={
             **BASE, "stream": stream, "instructions": f"Reply to {mail}.", "tools": [
                 {**TOOL, "description": f"Weather, mailed to {mail}"}],
-            "input": [{"role": "user", "content": [{"type": "input_text",
+            "input": [{"role": "user", "content": "my card is 4111 1111"},
+                      {"role": "user", "content": "1111 1111, thanks"},  # split over two
+                      {"role": "user", "content": [{"type": "input_text",
                                                      "text": f"write to {mail}"}]},
                       call, {"type": "function_call_output", "call_id": "c1",
                              "output": f"sent to {mail}"}]})
@@ -683,16 +685,19 @@ async def test_a_stored_response_keeps_what_the_sanitizer_redacted(
         for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
             got = await (await client.get(path)).text()
             assert "[EMAIL]" in got and mail not in got, got
+            assert "1111" not in got, got
         follow = await client.post("/v1/responses", json={
             **BASE, "previous_response_id": rid, "input": "and then?"})
         assert follow.status == 200
     assert fake_engine.calls and mail not in str(fake_engine.calls)
+    assert "1111" not in str(fake_engine.calls)
     r = aioredis.from_url(redis_server.url)
     try:
         keys = [k async for k in r.scan_iter("screen:*")]
         assert keys
         for k in keys:
             if await r.type(k) == b"string":
-                assert mail.encode() not in (await r.get(k) or b""), k
+                value = await r.get(k) or b""
+                assert mail.encode() not in value and b"1111" not in value, k
     finally:
         await r.aclose()
