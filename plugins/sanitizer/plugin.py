@@ -76,14 +76,16 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         req = ctx.request
         key: ChatCompletionRequest | CompletionRequest
         engine: ChatCompletionRequest | CompletionRequest
+        named = False  # a name held something: it cannot be redacted, so it is flagged
         if isinstance(req, ChatCompletionRequest):
             key, engine = self._chat(req, fired)
+            named = self._names(req, fired)
         else:
             key, engine = self._completion(req, fired)
         for name, action in fired.items():
             self.detections.labels(name, action).inc()
             ctx.flags.add(name)
-            if action == "flag":
+            if action == "flag" or named:
                 ctx.sensitive = True
         if fired:
             log.info("sanitizer detections", detectors=sorted(fired), route=ctx.route)
@@ -304,7 +306,6 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             eng_msgs.append(_update(m, e_upd))
         key = _with(req, "messages", key_msgs)
         engine = _with(req, "messages", eng_msgs)
-        self._names(req, fired)
         if req.tools:  # tool descriptions are read by the model as text
             tools = self._tools(req.tools, fired)
             key, engine = _with(key, "tools", tools), _with(engine, "tools", tools)
@@ -317,7 +318,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     engine, "response_format", fmt)
         return key, engine
 
-    def _names(self, req: ChatCompletionRequest, fired: dict[str, str]) -> None:
+    def _names(self, req: ChatCompletionRequest, fired: dict[str, str]) -> bool:
         """Names the model reads and must give back as they are (a tool's, an earlier
         call's, a schema's): screened, never rewritten (a redacted name is no tool's, and
         a call to it no call). A `redact` detector that fires in one flags the request
@@ -334,17 +335,22 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             if name:
                 self._process(name, found)
         for det, action in found.items():
-            action = "flag" if action == "redact" else action
-            if _rank(action) > _rank(fired.get(det, "off")):
+            if action == "block":
                 fired[det] = action
+            elif _rank(fired.get(det, "off")) < _rank("flag"):
+                fired[det] = "flag"
+        return bool(found)
 
     def _joined_runs(self, parts: list[Any], kp: list[Any], ep: list[Any],
                      fired: dict[str, str]) -> tuple[list[Any], list[Any]]:
         """The model reads a message's adjacent text parts joined (`ChatMessage.text()`):
         what is found only across two of them ("mail alice" + "@example.com") counts as
-        found, and where it is to be redacted, that run of parts goes on as one text
-        part, redacted whole (also where a part alone held a piece of it). `kp`, `ep`:
-        the parts as each was processed alone."""
+        found, and where what is to be redacted runs across a part's end, that run of
+        parts goes on as one text part, redacted whole, with what each part held alone
+        (a part may hold the tail of it, "john.sm" + "ith@acme.com", which its own
+        redaction took). Parts nothing runs across keep their shape and their own
+        redactions (joined, "...-6789" + "1 copy" reads as no number at all). `kp`,
+        `ep`: the parts as each was processed alone."""
         out_k: list[Any] = []
         out_e: list[Any] = []
         i = 0
@@ -358,19 +364,43 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 out_e += ep[i:j]
                 i = j
                 continue
-            joined = "".join(_part_text(p) for p in parts[i:j])
-            k, e, redacted = self._screened(joined, fired)  # (what it finds is fired)
-            # Redacted otherwise than part by part: something ran across two parts. (A
-            # part may also hold the tail of it alone, "ith@acme.com", which the parts'
-            # own redaction took, leaving "john.sm" before it: the joined one is kept.)
-            if redacted and k != "".join(_part_text(p) for p in kp[i:j]):
-                out_k.append(TextPart(type="text", text=k))  # found across parts
-                out_e.append(TextPart(type="text", text=e))
+            texts = [_part_text(p) for p in parts[i:j]]
+            joined = "".join(texts)
+            self._screened(joined, fired)  # (what only the joined text holds is fired)
+            folds = [self._fold(t) for t in texts]
+            folded = "".join(folds)
+            ends, at = [], 0
+            for f in folds[:-1]:
+                at += len(f)
+                ends.append(at)
+            found = self._folded_spans(folded)
+            if any(a < end < b for (a, b), _ in found for end in ends):
+                # Redacted whole, with what each part held alone placed in the run.
+                starts = [0, *ends]
+                own = [((a + at, b + at), ph) for f, at in zip(folds, starts, strict=True)
+                       for (a, b), ph in self._folded_spans(f)]
+                red = _apply(folded, found + own)
+                out_k.append(TextPart(type="text", text=red))  # found across parts
+                out_e.append(TextPart(type="text", text=red))
             else:
                 out_k += kp[i:j]
                 out_e += ep[i:j]
             i = j
         return out_k, out_e
+
+    def _folded_spans(self, folded: str) -> list[tuple[Span, str]]:
+        """What the `redact` detectors find in a folded text, placed in it (nothing is
+        fired: the caller's own reading fires)."""
+        norm = scanned(folded) if self.cfg.normalize else folded
+        try:
+            found = [(span, det.placeholder) for det, action in self.detectors
+                     if action == "redact" for span in det.find(norm)]
+        finally:
+            forget()
+        if found and self.cfg.normalize and norm != folded:
+            at = scanned_places(folded)
+            found = [((at[a], at[b - 1] + 1 if b > a else at[a]), ph) for (a, b), ph in found]
+        return found
 
     def _schema_format(self, fmt: JsonSchemaFormat, fired: dict[str, str],
                        ) -> JsonSchemaFormat:

@@ -245,6 +245,24 @@ async def test_a_value_whose_tail_one_part_holds_is_redacted_whole(parts: list[s
         assert req.messages[0].text() == sent
 
 
+@pytest.mark.parametrize("parts", [
+    ["My SSN is 123-45-6789", "1 copy; mail me at a@b.com"],
+    ["card 4111 1111 1111 1111", "2 pcs, mail a@b.com"],
+    ["host 10.1.2.3", "00 mail a@b.com"],
+])
+async def test_parts_nothing_runs_across_keep_their_own_redactions(parts: list[str]) -> None:
+    """Joined, "...-6789" + "1 copy" reads as no number at all: the joined reading finds
+    less than the parts' own, and was taken (the SSN, card or address went to the engine
+    whole). Only what runs across a part's end joins the parts."""
+    ctx = chat_ctx([{"type": "text", "text": t} for t in parts])
+    await plugin(detectors={d: "redact" for d in ("email", "ssn", "card", "ip")})(ctx, Spy())
+    for req in (ctx.request, ctx.key_request):
+        assert isinstance(req, ChatCompletionRequest)
+        got = [p.text for p in req.messages[0].content]  # type: ignore[union-attr]
+        assert len(got) == 2 and got[0].endswith("]") and got[1].endswith("[EMAIL]"), got
+        assert not any(c.isdigit() for c in got[0]), got
+
+
 async def test_what_only_the_joined_parts_hold_is_found() -> None:
     """The model reads a message's text parts joined: an address or a card split over
     parts (a blank part between them too) is found, flagged or redacted; parts that

@@ -759,6 +759,12 @@ async def test_a_secret_or_pii_in_a_tool_name_flags_the_request(name: str) -> No
     assert req.tools[0].function.name == name  # kept as it is
     with pytest.raises(InvalidRequest):
         await plugin(secret="block", card="block")(_with_names(name), Spy())
+    # the same detector also redacting the content: the name still flags the request
+    both = _with_names(name)
+    both.request.messages[0].content = "card 5555 5555 5555 4444, key AKIA3DC4D4ABCDEFGHIK"
+    spy = Spy()
+    await plugin(secret="redact", card="redact")(both, spy)
+    assert spy.ctx is not None and spy.ctx.sensitive
     clean, spy = _with_names("get_weather"), Spy()
     await plugin(secret="redact", card="redact")(clean, spy)
     assert spy.ctx is not None and not spy.ctx.sensitive
