@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .auth import Principal
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 Route = Literal["chat", "completion", "embeddings"]
+
+
+class Screen(Protocol):
+    def __call__(self, texts: list[str], *, json: bool = False) -> list[str]: ...
 
 
 @dataclass(slots=True)
@@ -52,9 +56,10 @@ class RequestContext:
     key_request: ChatCompletionRequest | CompletionRequest | None = None
     #: Set by the sanitizer where it redacted something: texts of this request, in order,
     #: as it passes them on (read as one conversation: a card split between two is
-    #: found). For what a route keeps of the request in its own form (a stored
-    #: Response's input items and instructions).
-    screen: Callable[[list[str]], list[str]] | None = None
+    #: found; with `json=True`, each a JSON text whose strings are read, as call
+    #: arguments are). For what a route keeps of the request in its own form (a stored
+    #: Response's input items).
+    screen: Screen | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0
     #: The most tokens a request that names no output limit may generate (the

@@ -97,11 +97,14 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             ctx.screen = self._screen
         return await call_next(ctx)
 
-    def _screen(self, texts: list[str]) -> list[str]:
+    def _screen(self, texts: list[str], *, json: bool = False) -> list[str]:
         """Texts of the request, in order, as the chain passed them on
         (`RequestContext.screen`): read as one conversation (a card split between two is
-        found), each redacted where a `redact` detector fires, else as it came."""
+        found), each redacted where a `redact` detector fires, else as it came; JSON
+        texts (call arguments) each with its strings read."""
         fired: dict[str, str] = {}
+        if json:
+            return [self._json_text(t, fired) for t in texts]
         folds = [self._fold(t) for t in texts]
         extra = self._across([scanned(f) for f in folds] if self.cfg.normalize else texts,
                              fired)

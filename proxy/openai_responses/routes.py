@@ -92,9 +92,10 @@ async def create(request: web.Request) -> web.StreamResponse:
             # Kept and echoed as the sanitizer passed the request on: its redactions are
             # not undone in the store (the cache's Redis) nor in `input_items`.
             assert isinstance(ctx.request, ChatCompletionRequest)
+            before = [req.instructions or "", *X.history_texts(history)]
+            inputs = X.screened_items(inputs, before, ctx.screen)
+            conversation = X.screened_conversation(req, ctx.request)
             req = X.screened_request(req, ctx.request)
-            inputs = X.screened_items(inputs, ctx.screen)
-            conversation = X.screened_messages(conversation, ctx.screen)
         if isinstance(reply, Completion):
             note_usage(st, info, reply.body)  # token metrics, as on the chat route
             response = X.response_from_chat(req, reply.body, id=rid,

@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Callable
 from typing import Any
 
+from ..context import Screen
 from ..errors import InvalidRequest
 from ..protocol import ChatCompletionRequest, parse_model
+from ..text import fold
 from .models import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -272,9 +273,6 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------- what a response keeps
 
 
-Screen = Callable[[list[str]], list[str]]
-
-
 def screened_request(req: ResponsesRequest, chat: ChatCompletionRequest,
                      ) -> ResponsesRequest:
     """`req` with the texts its Response echoes (instructions, tool descriptions and
@@ -282,7 +280,9 @@ def screened_request(req: ResponsesRequest, chat: ChatCompletionRequest,
     the chain ran (its system message is the instructions, its tools `req`'s)."""
     update: dict[str, Any] = {}
     if req.instructions and chat.messages and chat.messages[0].role == "system":
-        update["instructions"] = chat.messages[0].text()
+        said = chat.messages[0].text()
+        if said != fold(req.instructions):  # (redacted, not only folded)
+            update["instructions"] = said
     if req.tools and chat.tools and len(chat.tools) == len(req.tools):
         update["tools"] = [t.model_copy(update={"description": c.function.description,
                                                 "parameters": c.function.parameters})
@@ -290,51 +290,51 @@ def screened_request(req: ResponsesRequest, chat: ChatCompletionRequest,
     return req.model_copy(update=update) if update else req
 
 
-def screened_items(items: list[dict[str, Any]], screen: Screen) -> list[dict[str, Any]]:
-    """Input items (`input_items`'s form) with their texts screened, in order."""
+def screened_conversation(req: ResponsesRequest, chat: ChatCompletionRequest,
+                          ) -> list[dict[str, Any]]:
+    """The conversation to keep (history and input, chat form), as the chain passed it
+    on: `chat`'s messages after its instructions (`chat_request` built them so)."""
+    first = 1 if req.instructions else 0
+    return [m.model_dump(exclude_none=True) for m in chat.messages[first:]]
+
+
+def screened_items(items: list[dict[str, Any]], before: list[str], screen: Screen,
+                   ) -> list[dict[str, Any]]:
+    """Input items (`input_items`'s form) with their texts screened as the chain read
+    them: the messages' and outputs' texts as one conversation after `before` (the
+    instructions and the history's texts: a card may be split across them), call
+    arguments each as JSON."""
     where: list[tuple[int, str, int | None]] = []  # (item, field, content part)
     texts: list[str] = []
+    calls: list[int] = []
     for n, it in enumerate(items):
         if it["type"] == "message":
             for k, p in enumerate(it["content"]):
                 if isinstance(p.get("text"), str):
                     where.append((n, "text", k))
                     texts.append(p["text"])
-        elif it["type"] in _ITEM_TEXT:
-            where.append((n, _ITEM_TEXT[it["type"]], None))
-            texts.append(it[_ITEM_TEXT[it["type"]]])
+        elif it["type"] == "function_call_output":
+            where.append((n, "output", None))
+            texts.append(it["output"])
+        elif it["type"] == "function_call":
+            calls.append(n)
     out = [{**it} for it in items]
-    for (n, name, part), text in zip(where, screen(texts), strict=True):
+    for (n, name, part), text in zip(where, screen(before + texts)[len(before):],
+                                     strict=True):
         if part is None:
             out[n][name] = text
         else:
             content = out[n]["content"] = list(out[n]["content"])
             content[part] = {**content[part], "text": text}
+    args = screen([items[n]["arguments"] for n in calls], json=True)
+    for n, text in zip(calls, args, strict=True):
+        out[n]["arguments"] = text
     return out
 
 
-_ITEM_TEXT = {"function_call": "arguments", "function_call_output": "output"}
-
-
-def screened_messages(messages: list[dict[str, Any]], screen: Screen,
-                      ) -> list[dict[str, Any]]:
-    """A stored conversation (chat form) with its texts screened, in order."""
-    texts: list[str] = []
-    for m in messages:
-        if isinstance(m.get("content"), str):
-            texts.append(m["content"])
-        texts += [c["function"]["arguments"] for c in m.get("tool_calls") or ()]
-    done = iter(screen(texts))
-    out = []
-    for m in messages:
-        m = {**m}
-        if isinstance(m.get("content"), str):
-            m["content"] = next(done)
-        if m.get("tool_calls"):
-            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": next(done)}}
-                               for c in m["tool_calls"]]
-        out.append(m)
-    return out
+def history_texts(history: list[dict[str, Any]]) -> list[str]:
+    """A stored conversation's texts in the order the chain reads them."""
+    return [m["content"] for m in history if isinstance(m.get("content"), str)]
 
 
 def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:

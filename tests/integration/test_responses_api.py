@@ -691,6 +691,19 @@ async def test_a_stored_response_keeps_what_the_sanitizer_redacted(
         assert follow.status == 200
     assert fake_engine.calls and mail not in str(fake_engine.calls)
     assert "1111" not in str(fake_engine.calls)
+    # read as the chain reads them: a card split between the instructions and the input,
+    # or between a message and a call's output with the call between; an address in a
+    # call's arguments written with a JSON escape
+    escaped = json.dumps({"to": mail}).replace("@", "\\u0040")
+    for extra in ({"instructions": "card 4111 1111", "input": "1111 1111 thanks"},
+                  {"input": [{"role": "user", "content": "card 4111 1111"},
+                             {**call, "arguments": escaped},
+                             {"type": "function_call_output", "call_id": "c1",
+                              "output": "1111 1111 charged"}]}):
+        rid = (await (await client.post("/v1/responses", json={**BASE, **extra})).json())["id"]
+        for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
+            got = await (await client.get(path)).text()
+            assert "1111" not in got and "u0040" not in got, got
     r = aioredis.from_url(redis_server.url)
     try:
         keys = [k async for k in r.scan_iter("screen:*")]

@@ -453,7 +453,9 @@ def test_more_written_forms(name: str, text: str) -> None:
     ("我的邮箱是 zhang@qq.com。我们明天见。", "zhang@qq.com"),
     ("用户@例子。中国。谢谢", "用户@例子。中国"),
     ("感谢@张三。我们明天见", None),  # a mention, no address
-    ("see me@host.example。Thanks", None),
+    ("发到 USER@EXAMPLE。COM 谢谢", "USER@EXAMPLE。COM"),
+    ("发到 x@example。com谢谢", "x@example。com"),
+    ("请发到 用户@例子。中国谢谢", "用户@例子。中国"),
 ])
 def test_an_ideographic_full_stop_ends_a_sentence_not_an_address(text: str,
                                                                  found: str | None) -> None:
