@@ -374,14 +374,16 @@ def _find_email(text: str) -> Iterator[Span]:
 # Labels and top-level domains in any script ("jöhn@exämple.de", "用户@例子.中国"), or
 # in their ASCII form ("xn--..."). An ideographic full stop separates labels as a dot
 # does (IDNA reads "例子。中国" so; NFKC folds the full-width dot, not this one), but
-# it also ends a CJK sentence: after it, only an ASCII top-level domain or a CJK one
-# that registries delegate ends an address, CJK text right after it or not ("x@qq.com。
-# 谢谢" ends at ".com", "用户@例子。中国谢谢" at "中国", "感谢@张三。我们..." is a mention).
+# it also ends a CJK sentence: after it, only a common top-level domain (either case,
+# CJK text right after it or not) or a CJK one that registries delegate (not running
+# into a word, but for a thank-you) ends an address ("x@qq.com。谢谢" ends at ".com",
+# "用户@例子。中国谢谢" at "中国"; "感谢@张三。我们...", "通知@王五。中国队赢了" and
+# "感谢@张三。OK" are mentions).
 _DOMAIN = re.compile(
     r"[\w-]{1,63}(?:[.\u3002][\w-]{1,63}){0,8}"
     r"(?:\.(?P<tld>[^\W\d_]{2,24}|xn--[a-z0-9-]{1,59})\b"
-    r"|\u3002(?P<itld>(?:[a-zA-Z]{2,24}|xn--[a-z0-9-]{1,59})(?![A-Za-z0-9])"
-    r"|中国|中國|公司|网络|網絡|香港|台湾|台灣|新加坡|한국))")
+    rf"|\u3002(?P<itld>(?:(?i:{_TLD})|xn--[a-z0-9-]{{1,59}})(?![A-Za-z0-9])"
+    r"|(?:中国|中國|公司|网络|網絡|香港|台湾|台灣|新加坡|한국)(?![^\W_](?<!谢))))")
 # File names that read like addresses ("logo@2x.png", "icon%402x.webp"): their "top-level
 # domain" is a file type no registry delegates (.zip, .mov, .py, .md are real TLDs).
 _FILE_TYPES = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "tif",

@@ -348,12 +348,13 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                      fired: dict[str, str]) -> tuple[list[Any], list[Any]]:
         """The model reads a message's adjacent text parts joined (`ChatMessage.text()`):
         what is found only across two of them ("mail alice" + "@example.com") counts as
-        found, and where what is to be redacted runs across a part's end, that run of
-        parts goes on as one text part, redacted whole, with what each part held alone
-        (a part may hold the tail of it, "john.sm" + "ith@acme.com", which its own
-        redaction took). Parts nothing runs across keep their shape and their own
-        redactions (joined, "...-6789" + "1 copy" reads as no number at all). `kp`,
-        `ep`: the parts as each was processed alone."""
+        found, and where the joined reading redacts what the parts' own readings do not
+        (a value across a part's end, or one a neighbour names), that run of parts goes
+        on as one text part, redacted whole, with what each part held alone (a part may
+        hold the tail of it, "john.sm" + "ith@acme.com", which its own redaction took).
+        Otherwise the parts keep their shape and their own redactions (joined,
+        "...-6789" + "1 copy" reads as no number at all). `kp`, `ep`: the parts as each
+        was processed alone."""
         out_k: list[Any] = []
         out_e: list[Any] = []
         i = 0
@@ -377,13 +378,15 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 at += len(f)
                 ends.append(at)
             found = self._folded_spans(folded)
-            if any(a < end < b for (a, b), _ in found for end in ends):
-                # Redacted whole, with what each part held alone placed in the run.
-                starts = [0, *ends]
-                own = [((a + at, b + at), ph) for f, at in zip(folds, starts, strict=True)
-                       for (a, b), ph in self._folded_spans(f)]
-                red = _apply(folded, found + own)
-                out_k.append(TextPart(type="text", text=red))  # found across parts
+            starts = [0, *ends]
+            own = [((a + at, b + at), ph) for f, at in zip(folds, starts, strict=True)
+                   for (a, b), ph in self._folded_spans(f)]
+            red = _apply(folded, found + own)
+            if found and red != _apply(folded, own):
+                # The joined reading redacts what the parts' own did not (a value across
+                # a part's end, or one a part's neighbour names: "My SSN is " +
+                # "123 45 6789"): redacted whole, with what each part held alone.
+                out_k.append(TextPart(type="text", text=red))
                 out_e.append(TextPart(type="text", text=red))
             else:
                 out_k += kp[i:j]

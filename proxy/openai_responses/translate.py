@@ -301,35 +301,64 @@ def screened_conversation(req: ResponsesRequest, chat: ChatCompletionRequest,
 def screened_items(items: list[dict[str, Any]], before: list[str], screen: Screen,
                    ) -> list[dict[str, Any]]:
     """Input items (`input_items`'s form) with their texts screened as the chain read
-    them: the messages' and outputs' texts as one conversation after `before` (the
-    instructions and the history's texts: a card may be split across them), call
-    arguments each as JSON."""
-    where: list[tuple[int, str, int | None]] = []  # (item, field, content part)
-    texts: list[str] = []
+    them: each chat message's text (assistant text around a call is one message, as
+    `input_messages` joins it) and each output, as one conversation after `before` (the
+    instructions and the history's texts: a card may be split across them); call
+    arguments each as JSON. Where a message's joined text is redacted otherwise than
+    its items' texts one by one, the first item holds it and the others none."""
+    groups: list[list[int]] = []  # per chat text: the items whose texts it joins
+    joins = False  # the last chat message is an assistant turn with calls
     calls: list[int] = []
     for n, it in enumerate(items):
-        if it["type"] == "message":
-            for k, p in enumerate(it["content"]):
-                if isinstance(p.get("text"), str):
-                    where.append((n, "text", k))
-                    texts.append(p["text"])
-        elif it["type"] == "function_call_output":
-            where.append((n, "output", None))
-            texts.append(it["output"])
-        elif it["type"] == "function_call":
+        kind = it["type"]
+        if kind == "message":
+            if not (it.get("role") == "assistant" and joins):
+                groups.append([])
+                joins = False
+            groups[-1].append(n)
+        elif kind == "function_call":
             calls.append(n)
+            last = items[groups[-1][0]] if groups and groups[-1] else None
+            if not joins and not (last is not None and last.get("role") == "assistant"):
+                groups.append([])  # a turn of its own, with no text yet
+            joins = True
+        elif kind == "function_call_output":
+            groups.append([n])
+            joins = False
     out = [{**it} for it in items]
-    for (n, name, part), text in zip(where, screen(before + texts)[len(before):],
-                                     strict=True):
-        if part is None:
-            out[n][name] = text
-        else:
-            content = out[n]["content"] = list(out[n]["content"])
-            content[part] = {**content[part], "text": text}
+    groups = [g for g in groups if g]  # (a turn of calls alone has no text to read)
+    texts = ["".join(_item_text(items[n]) for n in g) for g in groups]
+    said = screen(before + texts)[len(before):]
+    for g, text, joined in zip(groups, texts, said, strict=True):
+        if joined == text:
+            continue
+        alone = screen([_item_text(items[n]) for n in g]) if len(g) > 1 else [joined]
+        if "".join(alone) != joined:
+            alone = [joined] + [""] * (len(g) - 1)
+        for n, t in zip(g, alone, strict=True):
+            _set_item_text(out, n, t)
     args = screen([items[n]["arguments"] for n in calls], json=True)
     for n, text in zip(calls, args, strict=True):
         out[n]["arguments"] = text
     return out
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    if item["type"] == "function_call_output":
+        return str(item["output"])
+    return "".join(p["text"] for p in item["content"] if isinstance(p.get("text"), str))
+
+
+def _set_item_text(items: list[dict[str, Any]], n: int, text: str) -> None:
+    if items[n]["type"] == "function_call_output":
+        items[n]["output"] = text
+        return
+    parts = [p for p in items[n]["content"] if not isinstance(p.get("text"), str)]
+    kind = next((p["type"] for p in items[n]["content"] if isinstance(p.get("text"), str)),
+                "input_text")
+    items[n]["content"] = [{"type": kind, "text": text, **{
+        k: v for p in items[n]["content"] if p.get("type") == kind
+        for k, v in p.items() if k not in ("type", "text")}}, *parts]
 
 
 def history_texts(history: list[dict[str, Any]]) -> list[str]:

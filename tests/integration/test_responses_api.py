@@ -695,7 +695,12 @@ async def test_a_stored_response_keeps_what_the_sanitizer_redacted(
     # or between a message and a call's output with the call between; an address in a
     # call's arguments written with a JSON escape
     escaped = json.dumps({"to": mail}).replace("@", "\\u0040")
+    split = [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": "mail leak.ch"}, call,
+             {"role": "assistant", "content": "eck@example.com ok"},
+             {"type": "function_call_output", "call_id": "c1", "output": "done"}]
     for extra in ({"instructions": "card 4111 1111", "input": "1111 1111 thanks"},
+                  {"input": split},  # assistant text around a call: one turn
                   {"input": [{"role": "user", "content": "card 4111 1111"},
                              {**call, "arguments": escaped},
                              {"type": "function_call_output", "call_id": "c1",
@@ -704,7 +709,7 @@ async def test_a_stored_response_keeps_what_the_sanitizer_redacted(
         for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
             got = await (await client.get(path)).text()
             assert "1111 1111" not in got and "4111 1111" not in got, got
-            assert "u0040" not in got, got
+            assert "u0040" not in got and "leak.ch" not in got, got
     r = aioredis.from_url(redis_server.url)
     try:
         keys = [k async for k in r.scan_iter("screen:*")]

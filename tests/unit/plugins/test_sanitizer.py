@@ -232,6 +232,10 @@ async def test_parts_are_processed_each() -> None:
     (["write to john.sm", "ith@acme.com now"], "write to [EMAIL] now"),
     (["host 2001:db8:", "85a3::8a2e:370:7334 now"], "host [IP] now"),
     (["ｈｉ", "x@y.io"], "[EMAIL]"),  # the model reads "hix@y.io"
+    # a value inside one part that only its neighbour names
+    (["My SSN is ", "123 45 6789"], "My SSN is [SSN]"),
+    (["call me on ", "020 7946 0958"], "call me on [PHONE]"),
+    (["ser", "ver 192.168.1.20 down"], "server [IP] down"),
 ])
 async def test_a_value_whose_tail_one_part_holds_is_redacted_whole(parts: list[str],
                                                                    sent: str) -> None:
@@ -239,7 +243,8 @@ async def test_a_value_whose_tail_one_part_holds_is_redacted_whole(parts: list[s
     redaction took: the part before kept the value's head ("john.sm"), which reached the
     engine and the cache's key. What the joined parts hold is redacted whole."""
     ctx = chat_ctx([{"type": "text", "text": t} for t in parts])
-    await plugin(detectors={"email": "redact", "ip": "redact"})(ctx, Spy())
+    await plugin(detectors={"email": "redact", "ip": "redact", "ssn": "redact",
+                            "phone": "redact"})(ctx, Spy())
     for req in (ctx.request, ctx.key_request):
         assert isinstance(req, ChatCompletionRequest)
         assert req.messages[0].text() == sent

@@ -456,6 +456,9 @@ def test_more_written_forms(name: str, text: str) -> None:
     ("发到 USER@EXAMPLE。COM 谢谢", "USER@EXAMPLE。COM"),
     ("发到 x@example。com谢谢", "x@example。com"),
     ("请发到 用户@例子。中国谢谢", "用户@例子。中国"),
+    ("请联系@张三。公司明天放假", None), ("通知@王五。中国队赢了", None),  # mentions
+    ("感谢@张三。OK，明天见", None), ("感谢@张三。Thanks!", None),
+    ("老师@李老师。Hello大家好", None),
 ])
 def test_an_ideographic_full_stop_ends_a_sentence_not_an_address(text: str,
                                                                  found: str | None) -> None:
