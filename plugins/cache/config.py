@@ -83,7 +83,8 @@ class CacheConfig(PluginConfig):
     semantic: SemanticConfig = Field(default_factory=SemanticConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     deterministic_only: bool = Field(
-        True, description="Cache only temperature 0 or seeded requests.")
+        True, description="Cache only greedy (temperature 0 or top_p 0) or seeded "
+        "requests.")
     store_truncated: bool = Field(False, description="Also store answers cut by max_tokens.")
     per_user_max_entries: int = Field(
         5000, ge=1, description="Entries one user may own; the oldest go first.")

@@ -265,6 +265,8 @@ async def test_non_deterministic_requests_bypass() -> None:
     assert layer == "bypass"
     _, layer = await run(p, ctx(temperature=1.0, seed=3), eng)
     assert layer == "miss"
+    _, layer = await run(p, ctx(temperature=1.0, top_p=0), eng)  # greedy decoding
+    assert layer == "miss"
     wide = plugin(deterministic_only=False)
     await run(wide, ctx(temperature=1.0), eng)
     _, layer = await run(wide, ctx(temperature=1.0), eng)
