@@ -93,7 +93,7 @@ async def create(request: web.Request) -> web.StreamResponse:
             # not undone in the store (the cache's Redis) nor in `input_items`.
             assert isinstance(ctx.request, ChatCompletionRequest)
             before = [req.instructions or "", *X.history_texts(history)]
-            inputs = X.screened_items(inputs, before, ctx.screen)
+            inputs = X.screened_items(req, inputs, before, ctx.screen)
             conversation = X.screened_conversation(req, ctx.request)
             req = X.screened_request(req, ctx.request)
         if isinstance(reply, Completion):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..context import Screen
@@ -71,25 +72,34 @@ def input_messages(items: list[MessageItem | FunctionCallItem | FunctionCallOutp
     """Input items as chat messages: calls join the assistant turn before them, and so
     does assistant text right after a call (a streamed answer that writes text after its
     call stores [call, message]): a call's outputs then follow its own turn."""
-    out: list[dict[str, Any]] = []
-    for item in items:
+    return [m for m, _ in _turns(items)]
+
+
+def _turns(items: Sequence[MessageItem | FunctionCallItem | FunctionCallOutputItem
+                           | ReasoningItem]) -> list[tuple[dict[str, Any], list[int]]]:
+    """`input_messages`, each message with the places in `items` of the items whose
+    text it holds (reasoning items, which no prompt holds, are passed over)."""
+    out: list[tuple[dict[str, Any], list[int]]] = []
+    for n, item in enumerate(items):
         if isinstance(item, MessageItem):
             role = item.role  # (`developer` is read as the model's template reads it)
-            last = out[-1] if out else None
+            last = out[-1][0] if out else None
             if role == "assistant" and last is not None and last["role"] == "assistant" \
                     and last.get("tool_calls"):
                 last["content"] = (last["content"] or "") + item.text()
+                out[-1][1].append(n)
                 continue
-            out.append({"role": role, "content": item.text()})
+            out.append(({"role": role, "content": item.text()}, [n]))
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
-            if out and out[-1]["role"] == "assistant":
-                out[-1].setdefault("tool_calls", []).append(call)
+            if out and out[-1][0]["role"] == "assistant":
+                out[-1][0].setdefault("tool_calls", []).append(call)
             else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        else:
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+                out.append(({"role": "assistant", "content": None, "tool_calls": [call]}, []))
+        elif isinstance(item, FunctionCallOutputItem):
+            out.append(({"role": "tool", "tool_call_id": item.call_id,
+                         "content": item.text()}, [n]))
     return out
 
 
@@ -298,35 +308,17 @@ def screened_conversation(req: ResponsesRequest, chat: ChatCompletionRequest,
     return [m.model_dump(exclude_none=True) for m in chat.messages[first:]]
 
 
-def screened_items(items: list[dict[str, Any]], before: list[str], screen: Screen,
-                   ) -> list[dict[str, Any]]:
-    """Input items (`input_items`'s form) with their texts screened as the chain read
-    them: each chat message's text (assistant text around a call is one message, as
-    `input_messages` joins it) and each output, as one conversation after `before` (the
-    instructions and the history's texts: a card may be split across them); call
+def screened_items(req: ResponsesRequest, items: list[dict[str, Any]], before: list[str],
+                   screen: Screen) -> list[dict[str, Any]]:
+    """`req`'s input items (`input_items(req)`) with their texts screened as the chain
+    read them: each chat message's text (assistant text around a call is one message,
+    as `input_messages` joins it) and each output, as one conversation after `before`
+    (the instructions and the history's texts: a card may be split across them); call
     arguments each as JSON. Where a message's joined text is redacted otherwise than
     its items' texts one by one, the first item holds it and the others none."""
-    groups: list[list[int]] = []  # per chat text: the items whose texts it joins
-    joins = False  # the last chat message is an assistant turn with calls
-    calls: list[int] = []
-    for n, it in enumerate(items):
-        kind = it["type"]
-        if kind == "message":
-            if not (it.get("role") == "assistant" and joins):
-                groups.append([])
-                joins = False
-            groups[-1].append(n)
-        elif kind == "function_call":
-            calls.append(n)
-            last = items[groups[-1][0]] if groups and groups[-1] else None
-            if not joins and not (last is not None and last.get("role") == "assistant"):
-                groups.append([])  # a turn of its own, with no text yet
-            joins = True
-        elif kind == "function_call_output":
-            groups.append([n])
-            joins = False
+    groups = [places for _, places in _turns(req.given()) if places]
+    calls = [n for n, it in enumerate(items) if it["type"] == "function_call"]
     out = [{**it} for it in items]
-    groups = [g for g in groups if g]  # (a turn of calls alone has no text to read)
     texts = ["".join(_item_text(items[n]) for n in g) for g in groups]
     said = screen(before + texts)[len(before):]
     for g, text, joined in zip(groups, texts, said, strict=True):
@@ -350,15 +342,16 @@ def _item_text(item: dict[str, Any]) -> str:
 
 
 def _set_item_text(items: list[dict[str, Any]], n: int, text: str) -> None:
-    if items[n]["type"] == "function_call_output":
-        items[n]["output"] = text
+    """Item `n`'s text set to `text` (a message's first text part holds it)."""
+    item = items[n]
+    if item["type"] == "function_call_output":
+        item["output"] = text
         return
-    parts = [p for p in items[n]["content"] if not isinstance(p.get("text"), str)]
-    kind = next((p["type"] for p in items[n]["content"] if isinstance(p.get("text"), str)),
-                "input_text")
-    items[n]["content"] = [{"type": kind, "text": text, **{
-        k: v for p in items[n]["content"] if p.get("type") == kind
-        for k, v in p.items() if k not in ("type", "text")}}, *parts]
+    holds = [isinstance(p.get("text"), str) for p in item["content"]]
+    if True in holds:
+        first = holds.index(True)
+        item["content"] = [{**p, "text": text} if k == first else p
+                           for k, p in enumerate(item["content"]) if k == first or not holds[k]]
 
 
 def history_texts(history: list[dict[str, Any]]) -> list[str]:
