@@ -105,14 +105,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         fired: dict[str, str] = {}
         if json:
             return [self._json_text(t, fired) for t in texts]
-        folds = [self._fold(t) for t in texts]
-        extra = self._across([scanned(f) for f in folds] if self.cfg.normalize else texts,
-                             fired)
-        out = []
-        for text, folded, more in zip(texts, folds, extra, strict=True):
-            key, _ = self._process(text, fired, folded, more)
-            out.append(key if key != folded else text)
-        return out
+        return [key if key != self._fold(text) else text
+                for text, (key, _) in zip(texts, self._conversation(texts, fired),
+                                          strict=True)]
 
     # ------------------------------------------------------------------- limits
 
@@ -219,11 +214,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         finally:
             forget()
         if redact:
-            if self.cfg.normalize and norm != folded:  # redacted where the engine reads
-                at = scanned_places(folded)
-                redact = [((at[a], at[b - 1] + 1 if b > a else at[a]), ph)
-                          for (a, b), ph in redact]
-            red = _apply(folded, redact)
+            red = _apply(folded, self._placed(folded, norm, redact))
             return red, red  # redaction: nobody downstream sees the original
         if not found and len(norm) <= _CLEAN_CHARS:
             self._remember_clean(norm)
@@ -247,6 +238,16 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if len(self._clean) >= _CLEAN_MAX:
             self._clean.pop(next(iter(self._clean)))
         self._clean[norm] = None
+
+    def _conversation(self, texts: list[str], fired: dict[str, str],
+                      ) -> list[tuple[str, str]]:
+        """`_process` over the texts of one conversation, in order, with the cards split
+        between two of them."""
+        folds = [self._fold(t) for t in texts]
+        extra = self._across([scanned(f) for f in folds] if self.cfg.normalize else texts,
+                             fired)
+        return [self._process(t, fired, f, x)
+                for t, f, x in zip(texts, folds, extra, strict=True)]
 
     def _across(self, norms: list[str], fired: dict[str, str],
                 ) -> list[list[tuple[Span, str]]]:
@@ -274,11 +275,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             elif isinstance(m.content, list):
                 texts += [getattr(p, f) for p in m.content
                           if (f := _PART_TEXT.get(type(p))) is not None]
-        folds = [self._fold(t) for t in texts]
-        extra = self._across([scanned(f) for f in folds] if self.cfg.normalize else texts,
-                             fired)
-        done = iter([self._process(t, fired, f, x)
-                     for t, f, x in zip(texts, folds, extra, strict=True)])
+        done = iter(self._conversation(texts, fired))
         key_msgs, eng_msgs = [], []
         for m in req.messages:
             k_upd: dict[str, Any] = {}
@@ -369,15 +366,13 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 i = j
                 continue
             texts = [_part_text(p) for p in parts[i:j]]
-            joined = "".join(texts)
-            self._screened(joined, fired)  # (what only the joined text holds is fired)
             folds = [self._fold(t) for t in texts]
             folded = "".join(folds)
             ends, at = [], 0
             for f in folds[:-1]:
                 at += len(f)
                 ends.append(at)
-            found = self._folded_spans(folded)
+            found = self._folded_spans(folded, fired)  # (what the joined text holds fires)
             starts = [0, *ends]
             own = [((a + at, b + at), ph) for f, at in zip(folds, starts, strict=True)
                    for (a, b), ph in self._folded_spans(f)]
@@ -394,19 +389,34 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             i = j
         return out_k, out_e
 
-    def _folded_spans(self, folded: str) -> list[tuple[Span, str]]:
-        """What the `redact` detectors find in a folded text, placed in it (nothing is
-        fired: the caller's own reading fires)."""
+    def _folded_spans(self, folded: str, fired: dict[str, str] | None = None,
+                      ) -> list[tuple[Span, str]]:
+        """What the `redact` detectors find in a folded text, placed in it. Where `fired`
+        is given, what every detector finds is fired there."""
         norm = scanned(folded) if self.cfg.normalize else folded
+        found: list[tuple[Span, str]] = []
         try:
-            found = [(span, det.placeholder) for det, action in self.detectors
-                     if action == "redact" for span in det.find(norm)]
+            for det, action in self.detectors:
+                if action != "redact" and fired is None:
+                    continue
+                spans = list(det.find(norm))
+                if spans and fired is not None and _rank(action) > _rank(
+                        fired.get(det.name, "off")):
+                    fired[det.name] = action
+                if action == "redact":
+                    found += [(span, det.placeholder) for span in spans]
         finally:
             forget()
-        if found and self.cfg.normalize and norm != folded:
-            at = scanned_places(folded)
-            found = [((at[a], at[b - 1] + 1 if b > a else at[a]), ph) for (a, b), ph in found]
-        return found
+        return self._placed(folded, norm, found) if found else found
+
+    def _placed(self, folded: str, norm: str, spans: list[tuple[Span, str]],
+                ) -> list[tuple[Span, str]]:
+        """Spans found in `norm` (what detectors read of `folded`) placed in `folded`,
+        where the engine reads: redactions are made there."""
+        if not (self.cfg.normalize and norm != folded):
+            return spans
+        at = scanned_places(folded)
+        return [((at[a], at[b - 1] + 1 if b > a else at[a]), ph) for (a, b), ph in spans]
 
     def _schema_format(self, fmt: JsonSchemaFormat, fired: dict[str, str],
                        ) -> JsonSchemaFormat:
