@@ -530,17 +530,21 @@ def _find_phone(text: str) -> Iterator[Span]:
     for a, b in _phone(text):
         ext = _EXTENSION.match(text, b)  # "... 0958 ext. 204": redacted with it
         yield a, ext.end() if ext is not None else b
-    # A number said to be one: its phone word just before a run of digits (read only
-    # there, not over the whole text).
-    end = len(text)
+    for m in _said(text, _PHONE_WORDS, _PHONE_SAID, lambda a, b: b + _REACH):
+        if 9 <= _digits(m["n"]) <= 13 and _phone_ok(m["n"]):
+            yield m.span("n")
+
+
+def _said(text: str, words: tuple[str, ...], pattern: re.Pattern[str],
+          end_of: Callable[[int, int], int]) -> Iterator[re.Match[str]]:
+    """A number said to be one: `pattern` read from just before each run of digits that
+    one of `words` comes before, up to `end_of(run)` (read only there, not over the
+    whole text)."""
     last = 0
     for a, b in _numeric_runs(text):
         lo = max(last, a - _SAID_REACH)
-        before = text[lo:a].lower()
-        if any(w in before for w in _PHONE_WORDS):
-            for m in _PHONE_SAID.finditer(text, lo, min(end, b + _REACH)):
-                if 9 <= _digits(m["n"]) <= 13 and _phone_ok(m["n"]):
-                    yield m.span("n")
+        if any(w in text[lo:a].lower() for w in words):
+            yield from pattern.finditer(text, lo, min(len(text), end_of(a, b)))
         last = a
 
 
@@ -574,8 +578,8 @@ def _find_card(text: str) -> Iterator[Span]:
 # SSA assigns (no area 000, 666 or 9xx, no group 00, no serial 0000); spaced or bare only
 # where the text names one ("SSN: 123 45 6789", "social security number 123456789"):
 # without that, they are any order, row or phone number.
-_SSN = re.compile(r"(?<![\w\-\u2010-\u2013])(?!000|666|9\d\d)\d{3}([\-\u2010-\u2013])(?!00)"
-                  r"\d{2}\1(?!0000)\d{4}(?![\w\-\u2010-\u2013])")
+_SSN = (r"(?<![\w\-\u2010-\u2013])(?!000|666|9\d\d)\d{3}([\-\u2010-\u2013])(?!00)"
+        r"\d{2}\1(?!0000)\d{4}(?![\w\-\u2010-\u2013])")
 _SSN_SAID = re.compile(
     r"(?:\b(?:ssn|social\s+security(?:\s+(?:number|no\.?))?|tax\s*payer\s+id|tin)\b\.?"
     r"|\bss#)(?:\s+(?:is|was|number|no\.?|#)){0,2}[\s:=#,(\-\u2010-\u2013]{0,4}"
@@ -584,18 +588,13 @@ _SSN_SAID = re.compile(
 _SSN_WORDS = ("ssn", "ss#", "social", "tax", "tin")
 
 
+_ssn = _numeric(_SSN)
+
+
 def _find_ssn(text: str) -> Iterator[Span]:
-    for lo, hi in _windows(text):
-        for m in _SSN.finditer(text, lo, hi):
-            yield m.span()
-    last = 0
-    for a, _ in _numeric_runs(text):
-        lo = max(last, a - _SAID_REACH)
-        before = text[lo:a].lower()
-        if any(w in before for w in _SSN_WORDS):
-            for m in _SSN_SAID.finditer(text, lo, min(len(text), a + 12)):
-                yield m.span("n")
-        last = a
+    yield from _ssn(text)
+    for m in _said(text, _SSN_WORDS, _SSN_SAID, lambda a, b: a + 12):
+        yield m.span("n")
 
 
 _IBAN_RX = re.compile(_IBAN)
