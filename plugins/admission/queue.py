@@ -54,6 +54,11 @@ class PriorityGate:
             self.in_use += weight
             return
         if len(self._waiters) >= self.max_queue:
+            # A waiter cancelled in this instant (its client left, its timeout fired)
+            # has a done future but leaves the list only on its next step: it holds
+            # no place, and it cannot be displaced.
+            self._waiters = [w for w in self._waiters if not w.future.done()]
+        if len(self._waiters) >= self.max_queue:
             worst = self._waiters[-1] if self._waiters else None
             if worst is None or worst.priority <= priority:
                 raise Shed()

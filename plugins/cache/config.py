@@ -87,7 +87,9 @@ class CacheConfig(PluginConfig):
         "requests.")
     store_truncated: bool = Field(False, description="Also store answers cut by max_tokens.")
     per_user_max_entries: int = Field(
-        5000, ge=1, description="Entries one user may own; the oldest go first.")
+        5000, ge=1, description=(
+            "Entries one user may own, the oldest going first (with the semantic layer "
+            "on, parts: an entry has two, an exact-only answer one)."))
     sensitive_patterns: list[str] = Field(
         default_factory=list, description="Regexes: matching requests bypass the cache.")
     stale_grace_s: float = Field(

@@ -86,6 +86,7 @@ class CacheStore:
         self.cfg = cfg
         self.metrics = metrics
         self.embedder = embedder
+        self._semantic = embedder is not None and cfg.semantic.enabled
         self.replica = uuid.uuid4().hex[:12]
         self.users = UserIndex()
         self.l1 = (L1(cfg.exact.max_bytes, lambda key: self.users.discard(exact_member(key)))
@@ -443,7 +444,10 @@ class CacheStore:
         """Redis (the exact entry when `exact` and L2 is on, the semantic one) and the
         owner's cap, counting `members` (an entry's parts: its exact one, and its
         semantic one if it has or will have one)."""
-        cap = self.cfg.per_user_max_entries * len(members)
+        # The cap counts parts, the same for every put: an entry holds two where the
+        # semantic layer is on (one where it is not, or where it has no vector), so an
+        # answer kept exact only (a tool turn, a completion) does not scale it down.
+        cap = self.cfg.per_user_max_entries * (2 if self._semantic else 1)
         if self.redis is not None:
             # One round trip, once the vector is known: Redis keeps the owner's list and
             # deletes and announces what the cap evicts; this replica forgets it here.

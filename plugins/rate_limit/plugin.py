@@ -184,6 +184,16 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         else:
             await settle
 
+    def _undo(self, admit: asyncio.Future[tuple[Decision, Store]], tpm: list[Bucket],
+              reserve: int, conc_keys: list[str], lease: str) -> None:
+        """Give back what an admission whose client left granted (a store error already
+        orphaned its lease)."""
+        if admit.cancelled() or admit.exception() is not None:
+            return
+        decision, store = admit.result()
+        if decision.allowed:
+            detach(self._settle(store, tpm, reserve, 0, conc_keys, lease))
+
     async def _settle(self, store: Store, tpm: list[Bucket], reserve: int, used: int | None,
                       conc_keys: list[str], lease: str) -> None:
         self._active.pop(lease, None)
@@ -319,15 +329,20 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         rpm, tpm, conc, per_of = self._plan(ctx, reserve)
         lease = new_hex()
         conc_keys = [k for k, _ in conc]
-        try:
+        if self.remote is None:  # the memory store decides without yielding
             decision, store = await self._admit(rpm + tpm, conc, lease)
-        except asyncio.CancelledError:
-            # The client left while the store decided: the script may have taken the
-            # lease and the tokens already. Give them back (a no-op if it had not).
-            if self.remote is not None:
-                await asyncio.shield(self._settle(self.remote, tpm, reserve, 0, conc_keys,
-                                                  lease))
-            raise
+        else:
+            # Redis decides in a task of its own: a client that leaves meanwhile does
+            # not cut the call short, so what it granted is known and given back (and
+            # only that: a refusal took nothing, and a refund then would refill the
+            # bucket), after it ran (a release sent beside it could run first).
+            admit = detach(self._admit(rpm + tpm, conc, lease))
+            try:
+                decision, store = await asyncio.shield(admit)
+            except asyncio.CancelledError:
+                admit.add_done_callback(
+                    lambda t: self._undo(t, tpm, reserve, conc_keys, lease))
+                raise
         states = decision.states
         headers = self._headers(states[: len(rpm)], states[len(rpm):])
         if not decision.allowed:

@@ -370,23 +370,80 @@ async def test_client_gone_during_admit_leaves_no_lease(redis_server: RedisServe
     p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1, "tpm": 10_000}])
     assert p.remote is not None
     real_admit = p.remote.admit
-    decided = asyncio.Event()
+    decided, reply, settled = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
-    async def admit_then_hang(*args: Any) -> Any:
-        await real_admit(*args)  # the script ran on Redis: the lease is taken
+    async def admit_then_reply_late(*args: Any) -> Any:
+        d = await real_admit(*args)  # the script ran on Redis: the lease is taken
         decided.set()
-        await asyncio.Event().wait()  # ... and the reply never reaches us
+        await reply.wait()  # ... and its reply arrives after the client left
+        return d
 
-    p.remote.admit = admit_then_hang  # type: ignore[method-assign]
+    real_settle = p._settle
+
+    async def settle(*args: Any) -> None:
+        await real_settle(*args)
+        settled.set()
+
+    p.remote.admit = admit_then_reply_late  # type: ignore[method-assign]
+    p._settle = settle  # type: ignore[method-assign]
     task = asyncio.create_task(p(ctx(), answer))
     await decided.wait()
     task.cancel()  # the client hangs up
     with pytest.raises(asyncio.CancelledError):
         await task
+    reply.set()
+    await settled.wait()  # what the admission granted is given back once it is known
     p.remote.admit = real_admit  # type: ignore[method-assign]
     await p(ctx(), answer)  # the single slot is free again
     for key in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
         assert await p.remote.client.zcard(key) == 0
+    await p.close()
+
+
+async def test_client_gone_during_a_refused_admit_is_refunded_nothing(
+        redis_server: RedisServer) -> None:
+    """Redis refused the request (its bucket was full) while its client left: nothing was
+    taken, so nothing is given back. A refund there refilled the bucket: a tenant at its
+    limit could reset it by sending large requests and hanging up at once."""
+    p = plugin(redis_server.url, rules=[{"per": "key", "tpm": 1000}])
+    assert p.remote is not None
+
+    async def heavy(c: RequestContext) -> Reply:
+        return Completion({"usage": {"total_tokens": 990}})
+
+    await p(ctx(), heavy)  # 990 of 1,000 charged
+    with pytest.raises(RateLimited):
+        await p(ctx(max_tokens=500), answer)
+    real_admit, real_decide = p.remote.admit, p._admit
+    decided, reply, returned = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    refused: list[bool] = []
+
+    async def refused_late(*args: Any) -> Any:
+        d = await real_admit(*args)
+        refused.append(not d.allowed)
+        decided.set()
+        await reply.wait()
+        return d
+
+    async def decide(*args: Any) -> Any:
+        try:
+            return await real_decide(*args)
+        finally:
+            returned.set()
+
+    p.remote.admit = refused_late  # type: ignore[method-assign]
+    p._admit = decide  # type: ignore[method-assign]
+    task = asyncio.create_task(p(ctx(max_tokens=5000), answer))
+    await decided.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    reply.set()
+    await returned.wait()
+    assert refused == [True]
+    p.remote.admit = real_admit  # type: ignore[method-assign]
+    with pytest.raises(RateLimited):
+        await p(ctx(max_tokens=500), answer)  # the bucket is as full as it was
     await p.close()
 
 
@@ -423,13 +480,13 @@ async def test_a_cancellation_redis_loses_still_stops_the_request(
     p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1, "tpm": 10_000}])
     assert p.remote is not None
     script = p.remote._admit
-    decided = asyncio.Event()
+    decided, reply, settled = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def admit_losing_the_cancellation(**kw: Any) -> Any:
         result = await script(**kw)  # the script ran on Redis: the lease is taken
         decided.set()
         try:
-            await asyncio.Event().wait()  # the reply is on its way when the client leaves
+            await reply.wait()  # the reply is on its way when the client leaves
         except asyncio.CancelledError:
             pass  # ... and the command returns it all the same
         return result
@@ -440,13 +497,22 @@ async def test_a_cancellation_redis_loses_still_stops_the_request(
         generated.append(True)
         return await answer(c)
 
+    real_settle = p._settle
+
+    async def settle(*args: Any) -> None:
+        await real_settle(*args)
+        settled.set()
+
     p.remote._admit = admit_losing_the_cancellation  # type: ignore[assignment]
+    p._settle = settle  # type: ignore[method-assign]
     task = asyncio.create_task(p(ctx(), generate))
     await decided.wait()
     task.cancel()  # the client hangs up
     with pytest.raises(asyncio.CancelledError):
         await task
     assert generated == []
+    reply.set()
+    await settled.wait()
     p.remote._admit = script
     await p(ctx(), answer)  # the single slot is free again
     for k in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):

@@ -60,6 +60,23 @@ async def test_full_queue_sheds_at_once_or_displaces_the_worst() -> None:
     assert gate.in_use == 0 and gate.waiting == 0
 
 
+@pytest.mark.parametrize("priority", [0, 10])
+async def test_a_waiter_cancelled_this_instant_holds_no_place(priority: int) -> None:
+    """Its future is cancelled at once, but it leaves the list only on its next step:
+    a newcomer in between neither fails displacing it (InvalidStateError, a 500) nor is
+    shed for the place it held."""
+    gate = PriorityGate(1, 1)
+    await gate.acquire(10, None)
+    gone = asyncio.create_task(gate.acquire(10, None))
+    await eventually(lambda: gate.waiting == 1)
+    gone.cancel()  # its future is cancelled now; its except block runs on a later step
+    asyncio.get_running_loop().call_soon(gate.release)  # the permit frees after that
+    await gate.acquire(priority, None)  # the newcomer, in the same instant: queued, granted
+    assert gone.cancelled() and gate.in_use == 1 and gate.waiting == 0
+    gate.release()
+    assert gate.in_use == 0 and gate.waiting == 0
+
+
 async def test_waiters_that_give_up_leave_no_leak() -> None:
     gate = PriorityGate(2, 50)
     rng = random.Random(1)

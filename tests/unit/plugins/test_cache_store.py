@@ -129,6 +129,22 @@ async def test_user_cap_without_redis_evicts_the_oldest() -> None:
     assert s.users.members(("acme", "alice")) == ["x:k2", "x:k3"]
 
 
+async def test_an_answer_kept_exact_only_does_not_shrink_the_users_cap() -> None:
+    """The cap counts an entry's parts (exact and semantic) the same for every put: an
+    exact-only answer (a tool turn, a completion) after a full cap of two-part entries
+    pushes out the oldest part only. It was scaled by that put's own parts, so it halved
+    the user's cache."""
+    s = store(per_user_max_entries=4, semantic={"lazy": False})
+    for i in range(4):
+        s.put(entry(f"q{i}"), ("p", f"question number {i} about topic {i}"))
+        await s.drain()
+    s.put(entry("tool-turn"))
+    await s.drain()
+    held = [k for k in ("q0", "q1", "q2", "q3", "tool-turn") if await s.get(k, "acme")]
+    assert held == ["q1", "q2", "q3", "tool-turn"]
+    assert s.users.members(("acme", "alice"))[:2] == ["s:p:q0", "x:q1"]
+
+
 async def test_user_bookkeeping_without_redis_is_bounded_by_what_l1_holds() -> None:
     s = store(exact={"max_bytes": 2048}, semantic={"enabled": False})
     assert s.l1 is not None
