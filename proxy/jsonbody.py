@@ -7,7 +7,8 @@ anything it will not accept, never a 500:
 - not UTF-8, empty, not JSON, not an object;
 - an integer literal longer than `MAX_INT_DIGITS` (Python refuses to build ints past
   4,300 digits with a ValueError that `json` does not wrap; nothing Weir accepts needs
-  more than 20), and the non-standard `NaN` / `Infinity` constants;
+  more than 20), the non-standard `NaN` / `Infinity` constants, and a float literal past
+  a double's range (`1e400`, which `json` reads as infinity);
 - nesting deeper than `MAX_DEPTH` (the OpenAI schema nests a few levels; a JSON schema
   in `response_format` or `tools` perhaps twenty). Everything downstream that walks user
   data (pydantic, the cache key's hash, the sanitizer) may then recurse safely;
@@ -23,6 +24,7 @@ can make it overflow Python's recursion limit.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -58,9 +60,17 @@ def _parse_constant(name: str) -> Any:
     raise _BadConstant(name)
 
 
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):  # a literal past a double's range ("1e400")
+        raise ValueError(literal[:12])  # "a number that cannot be represented"
+    return value
+
+
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text, parse_int=_parse_int, parse_constant=_parse_constant)
+        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_parse_constant)
     except json.JSONDecodeError as e:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {e.msg} "

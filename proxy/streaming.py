@@ -127,12 +127,23 @@ class _Watchdog:
             now = time.monotonic()
             if self.writing_since is not None:
                 if now - self.writing_since >= self.write_timeout:
-                    self.cut = True
-                    if self.request.transport is not None:
-                        self.request.transport.abort()
+                    self._cut()
                     return
             elif now - self.last_write >= self.keepalive:
-                await self.write(KEEPALIVE, body=False)
+                # This task writes it, so it is timed here: a client that stopped
+                # reading blocks whichever write crosses aiohttp's buffer, a keep-alive
+                # too, and this loop would then watch nothing.
+                try:
+                    async with asyncio.timeout(self.write_timeout):
+                        await self.write(KEEPALIVE, body=False)
+                except TimeoutError:
+                    self._cut()
+                    return
+
+    def _cut(self) -> None:
+        self.cut = True
+        if self.request.transport is not None:
+            self.request.transport.abort()
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)

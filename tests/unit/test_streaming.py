@@ -15,6 +15,7 @@ from proxy.engine.base import EngineOutput, SamplingOptions
 from tests.conftest import MakeClient
 from tests.fakes import FakeEngine
 from tests.sse import check_chat_stream, parse_sse
+from tests.waiting import eventually
 
 CHAT = {"model": "fake-model", "max_tokens": 3, "stream": True,
         "messages": [{"role": "user", "content": "hello"}]}
@@ -308,3 +309,32 @@ async def test_a_shutdown_after_the_whole_answer_cuts_nothing(monkeypatch: Any) 
     assert one.handler[0].done()
     assert body.count(b"data: [DONE]") == 1 and b"shutting_down" not in body
     assert one.ended == ["completed"]
+
+
+class _Aborted:
+    aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+class _Held:
+    """A client that stopped reading: every write blocks (the transport stays paused)."""
+
+    transport = _Aborted()
+
+    async def write(self, data: bytes) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_stall_that_begins_in_a_keepalive_write_is_cut() -> None:
+    """The watchdog writes keep-alives itself: a keep-alive that never drains blocked
+    the very task that times writes, so the connection was held for good."""
+    from proxy.streaming import _Watchdog
+
+    held = _Held()
+    held.transport = _Aborted()
+    wd = _Watchdog(held, held, keepalive=0.02, write_timeout=0.2)  # type: ignore[arg-type]
+    await eventually(lambda: held.transport.aborted, timeout=5)
+    assert wd.cut
+    await wd.stop()
