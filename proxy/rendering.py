@@ -337,6 +337,7 @@ class ChunkAssembler:
     def __init__(self, route: str) -> None:
         self.route = route
         self.texts: dict[int, list[str]] = {}
+        self.calls: dict[int, T.CallAssembler] = {}
         self.reasons: dict[int, str] = {}
         self.usage: dict[str, Any] | None = None  # the upstream's, as OpenAI's usage
         self.error = False
@@ -353,6 +354,8 @@ class ChunkAssembler:
             delta = c.get("delta") or {}
             piece = delta.get("content") if self.route == "chat" else c.get("text")
             self.texts.setdefault(i, []).append(piece or "")
+            if self.route == "chat" and delta.get("tool_calls"):
+                self.calls.setdefault(i, T.CallAssembler()).feed(delta["tool_calls"])
             self.pieces += bool(piece or delta.get("tool_calls")
                                 or delta.get("reasoning_content"))
             if c.get("finish_reason"):
@@ -374,5 +377,9 @@ class ChunkAssembler:
             stream.usage = self.usage
         if self.error or not self.texts or set(self.texts) != set(self.reasons):
             return
-        stream.answer = [{"index": i, "text": "".join(t), "finish_reason": self.reasons[i]}
-                         for i, t in sorted(self.texts.items())]
+        answer = [{"index": i, "text": "".join(t), "finish_reason": self.reasons[i]}
+                  for i, t in sorted(self.texts.items())]
+        for c in answer:
+            if c["index"] in self.calls:
+                c["tool_calls"] = self.calls[c["index"]].result()
+        stream.answer = answer

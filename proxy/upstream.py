@@ -4,8 +4,16 @@ It serves at the OpenAI level, not on token ids (so it lives beside `LocalServin
 in the engine package): the request is forwarded as JSON through
 one pooled aiohttp session, with connect and total timeouts, the W3C `traceparent`
 passed on, and streams relayed chunk by chunk. An upstream 4xx is the client's error and
-is passed through (status, body); a 5xx, a timeout or a refused connection is an engine
-failure (502/504), which the breaker counts.
+is passed through (status, message, type, and `param` and `code` as strings), except
+where it is about Weir's own standing with the upstream: a 401 or 403 (Weir's key) is an
+engine failure, and a 429 (Weir's quota) is a 429 in Weir's words (the upstream's names
+the account). A 5xx, a redirect, a timeout, a refused connection, an unreadable answer
+or a stream that ends before its `[DONE]` is an engine failure (502/504), which the
+breaker counts.
+
+Streams are asked for their usage (`stream_options.include_usage`) whether or not the
+client asked: the rate limiter and the cache count with it. The usage chunk goes on to
+the client only when it asked for one.
 """
 
 from __future__ import annotations
@@ -21,13 +29,17 @@ import aiohttp
 from .chain import Completion, Reply, Stream
 from .context import RequestContext
 from .engine.base import EngineStats, ModelInfo
-from .errors import EngineError, ModelNotFound, Timeout, WeirError
+from .errors import EngineError, ModelNotFound, RateLimited, Timeout, WeirError
 from .rendering import ChunkAssembler
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
 from .tracing import inject
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
+
+#: The most an upstream's stream may send without ending an event (a whole answer in one
+#: chunk, with its logprobs, is well under it): past it the stream is an engine failure.
+MAX_EVENT_BYTES = 16 << 20
 
 
 class UpstreamError(WeirError):
@@ -37,7 +49,7 @@ class UpstreamError(WeirError):
         raw = body.get("error")
         err: dict[str, Any] = raw if isinstance(raw, dict) else {}
         super().__init__(str(err.get("message") or "Upstream rejected the request."),
-                         param=err.get("param"), code=err.get("code"))
+                         param=_text(err.get("param")), code=_text(err.get("code")))
         self.status = status
         self.type = str(err.get("type") or "invalid_request_error")
 
@@ -91,8 +103,7 @@ class Upstream:
 
     def _headers(self, ctx: RequestContext) -> dict[str, str]:
         h = {**self._auth(), "Content-Type": "application/json"}
-        if "x-request-id" in ctx.headers:
-            h["x-request-id"] = ctx.headers["x-request-id"]
+        h["x-request-id"] = ctx.request_id  # (the client's own only where it was kept)
         if "traceparent" in ctx.headers:  # no active SDK span: pass the caller's on
             h["traceparent"] = ctx.headers["traceparent"]
         inject(h)  # the current span, when tracing is on, becomes the upstream's parent
@@ -117,10 +128,15 @@ class Upstream:
         body = ctx.request.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False)
         if body.get("top_p") == 0:  # greedy, as the local engine decodes it (vLLM refuses 0)
             body["temperature"], body["top_p"] = 0, 1
+        if ctx.output_ceiling is not None and ctx.request.output_limit is None:
+            body["max_tokens"] = ctx.output_ceiling  # the operator's, as the engine's
+        if ctx.request.stream:
+            body["stream_options"] = {**(body.get("stream_options") or {}),
+                                      "include_usage": True}
         url = self.base + _PATHS[ctx.route]
         self.in_flight += 1
         try:
-            resp = await self._session.post(url, data=json.dumps(body),
+            resp = await self._session.post(url, data=json.dumps(body), allow_redirects=False,
                                             headers=self._headers(ctx))
         except TimeoutError:
             self.in_flight -= 1
@@ -142,49 +158,122 @@ class Upstream:
                 self.in_flight -= 1
                 resp.release()
         stream = Stream()
-        stream.attach(self._relay(resp, ChunkAssembler(ctx.route), stream))
+        stream.attach(self._relay(resp, ChunkAssembler(ctx.route), stream,
+                                  usage=ctx.request.include_usage))
         return await stream.prime()
 
     async def _whole(self, resp: aiohttp.ClientResponse) -> Completion:
+        status = resp.status
+        if 300 <= status < 400:
+            raise EngineError(f"The upstream redirected the request ({status}).")
         try:
             data = await resp.json(content_type=None)
-        except (aiohttp.ClientError, ValueError, TimeoutError):
+        except TimeoutError:
+            raise Timeout("The upstream did not answer in time.") from None
+        except (aiohttp.ClientError, ValueError):
             raise EngineError("The upstream sent an unreadable answer.") from None
-        if resp.status >= 500:
-            raise EngineError(f"The upstream failed ({resp.status}).")
-        if resp.status >= 400:
-            raise UpstreamError(resp.status, data if isinstance(data, dict) else {})
+        if status >= 500:
+            raise EngineError(f"The upstream failed ({status}).")
+        if status in (401, 403):  # Weir's key, not the client's: an operator's fault
+            raise EngineError(f"The upstream refused this gateway's credentials ({status}).")
+        if status == 429:  # Weir's quota there; its message names the account
+            retry = resp.headers.get("retry-after", "")
+            raise RateLimited("The upstream's rate limit was reached; retry after the time "
+                              "given in Retry-After.",
+                              headers={"retry-after": retry if retry.isdigit() else "1"})
+        if status >= 400:
+            raise UpstreamError(status, data if isinstance(data, dict) else {})
+        if not isinstance(data, dict):
+            raise EngineError("The upstream sent an unreadable answer.")
         return Completion(data)
 
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
-                     stream: Stream) -> AsyncIterator[dict[str, Any]]:
+                     stream: Stream, *, usage: bool) -> AsyncIterator[dict[str, Any]]:
+        """The upstream's chunks, until its `[DONE]`; `usage`: the client asked for the
+        usage chunk (it is always asked of the upstream)."""
         done = False
+        events = SseEvents()
         try:
-            buf = b""
-            async for piece in resp.content.iter_any():
-                buf += piece
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    for line in event.split(b"\n"):
-                        if not line.startswith(b"data: "):
-                            continue
-                        data = line[6:].strip()
-                        if data == b"[DONE]":
-                            asm.finish(stream)
-                            done = True
-                            return
-                        chunk = json.loads(data)
-                        if "error" in chunk:
-                            raise EngineError("The upstream failed mid-stream.")
+            async for piece in _with_end(resp.content.iter_any()):
+                for data in events.feed(piece) if piece else events.end():
+                    if data == b"[DONE]":
+                        asm.finish(stream)
+                        done = True
+                        return
+                    chunk = json.loads(data)
+                    if not isinstance(chunk, dict) or "error" in chunk:
+                        raise EngineError("The upstream failed mid-stream.")
+                    try:
                         asm.feed(chunk)
+                    except (KeyError, TypeError, ValueError, AttributeError):
+                        raise EngineError("The upstream sent an unreadable chunk.") from None
+                    if usage or chunk.get("choices") or not chunk.get("usage"):
                         yield chunk
-        except (TimeoutError, aiohttp.ClientError, ValueError):
+            raise EngineError("The upstream's stream ended before it finished.")
+        except TimeoutError:
+            raise Timeout("The upstream did not answer in time.") from None
+        except (aiohttp.ClientError, ValueError):
             raise EngineError("The upstream stream broke.") from None
         finally:
             if not done:
                 asm.cut(stream)
             self.in_flight -= 1
             resp.release()
+
+
+class SseEvents:
+    """Server-sent events' data out of a byte stream, as the SSE spec reads them: lines
+    end in LF, CRLF or CR; `data:` with or without its space; the data lines of one event
+    joined by LF; comments and other fields skipped. An event left unfinished past
+    `MAX_EVENT_BYTES` is a broken stream (ValueError)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._size = 0  # of `_data`
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        """The data of each event that `piece` completes."""
+        self._buf += piece
+        if b"\n" not in piece and b"\r" not in piece:  # (a long line, scanned once)
+            if len(self._buf) > MAX_EVENT_BYTES:
+                raise ValueError("an event too long")
+            return []
+        # A CR that ends the buffer may be a CRLF's first half: it waits for the next.
+        end = len(self._buf) - self._buf.endswith(b"\r")
+        *lines, rest = (self._buf[:end].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+                        .split(b"\n"))
+        self._buf = rest + self._buf[end:]
+        out = []
+        for line in lines:
+            if not line:
+                if self._data:
+                    out.append(b"\n".join(self._data).strip())
+                    self._data, self._size = [], 0
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+                self._size += len(value)
+        if self._size + len(self._buf) > MAX_EVENT_BYTES:
+            raise ValueError("an event too long")
+        return out
+
+
+    def end(self) -> list[bytes]:
+        """The body ended: a CR it held (a CRLF's first half, it seemed) ends its line."""
+        return self.feed(b"\n") if self._buf.endswith(b"\r") else []
+
+
+async def _with_end(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`pieces`, then an empty one for the end."""
+    async for piece in pieces:
+        yield piece
+    yield b""
+
+
+def _text(value: Any) -> str | None:
+    """An upstream error's `param` or `code` as OpenAI's schema has them: a string."""
+    return None if value is None else str(value)
 
 
 def _left(ctx: RequestContext, e: asyncio.CancelledError) -> None:

@@ -19,12 +19,13 @@ from multidict import CIMultiDict
 from proxy.auth import Principal
 from proxy.chain import Completion, Stream
 from proxy.context import RequestContext
-from proxy.errors import EngineError, ModelNotFound, Timeout
+from proxy.errors import EngineError, ModelNotFound, RateLimited, Timeout
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import UpstreamEngineSettings
 from proxy.streaming import SHUTDOWN
 from proxy.upstream import Upstream as UpstreamTerminal
 from proxy.upstream import UpstreamError
+from tests.openai_spec import validate
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ERROR = {"message": "too long", "type": "invalid_request_error", "param": "messages",
@@ -78,12 +79,13 @@ async def engine_for(base_url: str, **kw: Any) -> UpstreamTerminal:
 
 
 def ctx(model: str = "up-model", stream: bool = False,
-        headers: dict[str, str] | None = None) -> RequestContext:
+        headers: dict[str, str] | None = None, request_id: str = "r",
+        **fields: Any) -> RequestContext:
     req = ChatCompletionRequest.model_validate(
         {"model": model, "stream": stream, "max_tokens": 5,
-         "messages": [{"role": "user", "content": "hello"}]})
+         "messages": [{"role": "user", "content": "hello"}], **fields})
     return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
-                          request_id="r", headers=headers or {})
+                          request_id=request_id, headers=headers or {})
 
 
 async def test_models_are_discovered_when_none_are_configured(upstream: Upstream) -> None:
@@ -111,11 +113,16 @@ async def test_the_request_key_id_and_trace_go_upstream(upstream: Upstream) -> N
     engine = await engine_for(upstream.base_url, api_key="sk-central", models=["up-model"])
     try:
         reply = await engine(ctx(headers={"x-request-id": "rid-9", "traceparent": TRACEPARENT,
-                                          "authorization": "Bearer sk-client"}))
+                                          "authorization": "Bearer sk-client"},
+                                 request_id="rid-9"))
+        # A request id the gateway did not keep (key-shaped) is not the one sent on.
+        await engine(ctx(headers={"x-request-id": "sk-live-abcdefghijklmnop"},
+                         request_id="req-own"))
     finally:
         await engine.close()
     assert isinstance(reply, Completion) and reply.body == ANSWER
-    [(headers, body)] = upstream.seen
+    (headers, body), (other, _) = upstream.seen
+    assert other["x-request-id"] == "req-own"
     assert headers["Authorization"] == "Bearer sk-central"  # never the client's key
     assert headers["x-request-id"] == "rid-9" and headers["traceparent"] == TRACEPARENT
     assert body["model"] == "up-model" and body["max_tokens"] == 5
@@ -282,4 +289,181 @@ async def test_a_whole_request_cut_while_the_upstream_has_it(upstream: Upstream,
         assert engine.stats().running == 0
     finally:
         release.set()
+        await engine.close()
+
+
+CHUNKS = [{"id": "c", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+          for i in range(3)]
+
+
+@pytest.mark.parametrize("framing", ["crlf", "cr", "no-space", "split-crlf"])
+async def test_every_sse_framing_the_spec_allows_is_relayed(upstream: Upstream,
+                                                            framing: str) -> None:
+    """CRLF (sse-starlette servers), bare CR, `data:` without its space: each was read as
+    no event at all, and the stream passed for a whole, empty answer."""
+    text = b"".join(sse(*CHUNKS, "[DONE]"))
+    if framing in ("crlf", "split-crlf"):
+        text = text.replace(b"\n", b"\r\n")
+    elif framing == "cr":
+        text = text.replace(b"\n", b"\r")
+    else:
+        text = text.replace(b"data: ", b"data:")
+    # split-crlf: every piece ends between a CR and its LF
+    pieces = ([text[i:i + 2] for i in range(0, len(text), 2)] if framing == "split-crlf"
+              else [text])
+    upstream.chat = sse_handler(pieces)
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True))
+        assert isinstance(reply, Stream)
+        assert [c async for c in reply] == CHUNKS
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("pieces", [
+    sse(*CHUNKS),  # cut off: no finish, no [DONE]
+    [b'{"id": "c", "object": "chat.completion", "choices": []}'],  # JSON for a stream
+    sse(CHUNKS[0], 1),  # a chunk that is not an object
+    sse(CHUNKS[0], {"choices": [{"delta": {"content": "x"}}]}),  # a choice without index
+    [b"data: " + b"x" * (3 << 20)] * 6,  # an event that never ends
+])
+async def test_a_stream_that_does_not_finish_properly_is_an_engine_failure(
+        upstream: Upstream, pieces: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ended as a whole answer (a `[DONE]` for the client, `completed` for the
+    plugins), or as a 500."""
+    monkeypatch.setattr("proxy.upstream.MAX_EVENT_BYTES", 8 << 20)
+    upstream.chat = sse_handler(pieces)
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(EngineError):  # before the first chunk, or after it
+            reply = await engine(ctx(stream=True))
+            assert isinstance(reply, Stream)
+            async for _ in reply:
+                pass
+        assert engine.stats().running == 0
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("asked", [False, True])
+async def test_a_stream_s_usage_is_always_asked_for_and_shown_when_asked(
+        upstream: Upstream, asked: bool) -> None:
+    """The rate limiter and the cache count with the upstream's usage; the client sees the
+    usage chunk only when it asked for one. A sanitizer's output ceiling goes upstream
+    for a request that names no limit, as it does to the local engine."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    done = [{"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    upstream.chat = sse_handler(sse(*CHUNKS, *done, {"id": "c", "choices": [],
+                                                     "usage": usage}, "[DONE]"))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    c = ctx(stream=True, max_tokens=None,
+            **({"stream_options": {"include_usage": True}} if asked else {}))
+    c.output_ceiling = 64
+    try:
+        reply = await engine(c)
+        assert isinstance(reply, Stream)
+        got = [chunk async for chunk in reply]
+    finally:
+        await engine.close()
+    assert got[:4] == CHUNKS + done
+    assert [g.get("usage") for g in got[4:]] == ([usage] if asked else [])
+    assert reply.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
+    body = upstream.seen[-1][1]
+    assert body["stream_options"]["include_usage"] is True and body["max_tokens"] == 64
+
+
+async def test_a_relayed_stream_s_answer_keeps_its_tool_calls(upstream: Upstream) -> None:
+    """The answer a plugin stores (the cache) had the text and the finish reason only: a
+    replay said `tool_calls` and held none."""
+    call = [{"index": 0, "id": "call_1", "type": "function",
+             "function": {"name": "weather", "arguments": ""}}]
+    args = [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]
+    upstream.chat = sse_handler(sse(
+        {"id": "c", "choices": [{"index": 0, "delta": {"content": "Checking."}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": call}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": args}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        "[DONE]"))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True))
+        assert isinstance(reply, Stream)
+        _ = [c async for c in reply]
+    finally:
+        await engine.close()
+    assert reply.answer == [{"index": 0, "text": "Checking.", "finish_reason": "tool_calls",
+                             "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                                 "name": "weather", "arguments": '{"city": "Oslo"}'}}]}]
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_an_upstream_refusing_the_gateway_s_key_is_an_engine_failure(
+        upstream: Upstream, status: int) -> None:
+    """Its message is about Weir's key ("Incorrect API key provided: sk-...abcd"), not the
+    client's: passed through, it told the client its own key was wrong, named the
+    operator's key's tail, and the breaker never fell back."""
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {
+            "message": "Incorrect API key provided: sk-proj-****abcd.",
+            "type": "invalid_request_error", "code": "invalid_api_key"}}, status=status)
+
+    upstream.chat = refuse
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(EngineError) as e:
+            await engine(ctx())
+    finally:
+        await engine.close()
+    assert "abcd" not in e.value.message
+
+
+async def test_an_upstream_429_is_told_in_the_gateway_s_words(upstream: Upstream) -> None:
+    async def limited(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {
+            "message": "Rate limit reached for gpt-4o in organization org-SECRET on tokens.",
+            "type": "requests", "code": "rate_limit_exceeded"}}, status=429,
+            headers={"retry-after": "7"})
+
+    upstream.chat = limited
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(RateLimited) as e:
+            await engine(ctx())
+    finally:
+        await engine.close()
+    assert "org-SECRET" not in e.value.message and e.value.headers["retry-after"] == "7"
+
+
+async def test_an_upstream_error_s_code_and_param_are_strings(upstream: Upstream) -> None:
+    """vLLM's server sends `"code": 400`; OpenAI's schema has a string (or null)."""
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"error": {"message": "bad", "type": "BadRequestError",
+                                            "param": None, "code": 400}}, status=400)
+
+    upstream.chat = refuse
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(UpstreamError) as e:
+            await engine(ctx())
+    finally:
+        await engine.close()
+    body = e.value.to_body()
+    validate("ErrorResponse", body)
+    assert body["error"]["code"] == "400" and body["error"]["param"] is None
+
+
+async def test_an_upstream_redirect_is_not_followed(upstream: Upstream) -> None:
+    """A redirect would carry the request, and the gateway's key, somewhere else."""
+    async def moved(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPSeeOther(upstream.base_url + "/models")  # it would answer 200
+
+    upstream.chat = moved
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(EngineError):
+            await engine(ctx())
+        assert engine.stats().running == 0
+    finally:
         await engine.close()
