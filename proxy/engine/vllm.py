@@ -17,6 +17,7 @@ so no engine process outlives Weir.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import time
@@ -246,7 +247,10 @@ class VllmEngine:
             except Exception:  # a shape the walk does not expect: the schema's fault
                 raise EngineRejected("The JSON schema could not be read.",
                                      param=o.schema_param) from None
-            structured = StructuredOutputsParams(json=loose)
+            # As JSON text: the request goes to the engine process through msgpack,
+            # which carries no integer past 64 bits, and a schema may hold one (a
+            # `const`, an `enum`); the grammar compiler reads the text either way.
+            structured = StructuredOutputsParams(json=json.dumps(loose))
         elif o.json_object:
             structured = StructuredOutputsParams(json_object=True)
         try:
@@ -324,7 +328,15 @@ class VllmEngine:
             raise EngineOverloaded(_clean(str(e))) from None
         except VLLMClientError as e:
             raise _rejected(e, options.schema_param) from None
-        except (EngineDeadError, EngineGenerateError) as e:
+        except EngineGenerateError as e:
+            if seen == 0 and isinstance(e.__cause__, OverflowError):
+                # A value of this request that the transport to the engine process
+                # cannot carry: the request's fault, not the engine's (the breaker must
+                # not count it against every tenant).
+                raise EngineRejected("The request holds a number past what the engine "
+                                     "can take (64 bits).") from None
+            raise EngineFailed(type(e).__name__) from e
+        except EngineDeadError as e:
             raise EngineFailed(type(e).__name__) from e
         finally:
             # vLLM registers a request before it hands it to its engine process, and a

@@ -87,6 +87,29 @@ def test_every_accepted_completion_request_is_one_the_engine_accepts(
           {"model": "m", "prompt": ids, "logprobs": logprobs, **kw})
 
 
+@pytest.mark.parametrize("value", [2**64, -(2**63) - 1, 10**40])
+def test_a_schema_holding_an_integer_past_64_bits_reaches_the_engine(value: int) -> None:
+    """msgpack, the transport to the engine process, carries no such integer: vLLM failed
+    the request as an engine fault, a 502 that the breaker counted against every tenant.
+    The schema goes as JSON text, which the grammar compiler reads as it reads a dict."""
+    import json
+
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    schema = {"type": "object", "required": ["a"], "properties": {
+        "a": {"const": value}, "b": {"enum": [value, 1]}, "c": {"type": "integer",
+                                                                "default": value}}}
+    req = parse_model(ChatCompletionRequest, {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "x", "schema": schema}}})
+    params = ENGINE._sampling_params(prepare_chat(FakeEngine(), req).options)
+    ENCODER.encode(params)
+    assert params.structured_outputs is not None
+    assert json.loads(params.structured_outputs.json) == schema  # type: ignore[arg-type]
+    validate_xgrammar_grammar(params)  # vLLM's own check reads it
+
+
 def test_grammar_compiler_errors_reach_the_client_without_paths() -> None:
     """An invalid json_schema: vLLM's message carries xgrammar's C++ source path."""
     from vllm.exceptions import VLLMClientError
@@ -263,3 +286,32 @@ def test_top_p_zero_is_greedy_decoding() -> None:
     kept = prepare_chat(fake, parse_model(ChatCompletionRequest, {
         "model": "m", "messages": [{"role": "user", "content": "hi"}], "top_p": 0.5}))
     assert (kept.options.temperature, kept.options.top_p) == (1.0, 0.5)
+
+
+@pytest.mark.parametrize(("cause", "error"), [(OverflowError("too big"), "EngineRejected"),
+                                              (RuntimeError("boom"), "EngineFailed")])
+async def test_a_value_the_transport_cannot_carry_is_the_request_s_fault(
+        cause: Exception, error: str) -> None:
+    """vLLM wraps what fails while it hands a request over (msgpack's OverflowError on an
+    integer past 64 bits) as an engine failure; before any output, an overflow is the
+    request's: a 400 that the breaker does not count."""
+    from vllm.v1.engine.exceptions import EngineGenerateError
+
+    from proxy.engine.base import SamplingOptions
+
+    class Llm:
+        errored = False
+
+        async def generate(self, *a: Any, **kw: Any) -> Any:
+            raise EngineGenerateError() from cause
+            yield  # an async generator, as vLLM's
+
+        async def abort(self, request_id: str) -> None:
+            pass
+
+    engine = VllmEngine(VllmEngineSettings())
+    engine._llm = Llm()  # type: ignore[assignment]
+    with pytest.raises(Exception) as raised:
+        async for _ in engine.generate([1, 2], SamplingOptions(max_tokens=4), "r"):
+            pass
+    assert type(raised.value).__name__ == error
