@@ -58,7 +58,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     info.update(model=req.model, tenant=principal.tenant)  # (a served name: a metric label)
     if req.dimensions is not None and req.dimensions != emb.dim:
         raise InvalidRequest(f"`dimensions` must be {emb.dim} for this model.",
-                             param="dimensions")
+                             param="dimensions", code="invalid_value")
     texts = [req.input] if isinstance(req.input, str) else req.input
     view = CompletionRequest.model_construct(model=req.model, prompt=list(texts),
                                              max_tokens=1, n=1, stream=False)

@@ -59,18 +59,24 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     expect = request.headers.get("Expect", "")
     if request.version != HttpVersion11:
         return None
+    state = request.app.get(STATE)
     if expect.lower() == "100-continue":
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # (the answer's size counts from here)
-        return None
+        limit = state.settings.server.max_body_bytes if state is not None else None
+        if limit is None or request.content_length is None or request.content_length <= limit:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # (the answer's size counts from here)
+            return None
+        # A body over the limit is refused before the client sends it.
+        err: WeirError = PayloadTooLarge(
+            f"The request body is larger than the limit of {limit} bytes.")
+    else:
+        err = ExpectationFailed(
+            "Unsupported `Expect` header: only `100-continue` is supported.", param="Expect")
     # Answered before the middlewares run: the request id and the access-log line are
     # given here, as `request_id_middleware` and `access_log` give them.
     rid = _request_id(request)
-    resp = error_response(ExpectationFailed(
-        "Unsupported `Expect` header: only `100-continue` is supported.", param="Expect"),
-        request_id=rid)
+    resp = error_response(err, request_id=rid)
     resp.force_close()
-    state = request.app.get(STATE)
     route = _COUNTED.get(request.path) if request.method == "POST" else None
     if state is not None and route is not None:  # counted as the route counts its refusals
         labelled(state.metrics.requests, route, "", str(resp.status)).inc()

@@ -83,10 +83,10 @@ def _logit_bias(raw: dict[str, float] | None, vocab: int | None) -> dict[int, fl
             tid = int(k)
         except ValueError:
             raise InvalidRequest(f"Invalid token id `{k}` in `logit_bias`.",
-                                 param="logit_bias") from None
+                                 param="logit_bias", code="invalid_value") from None
         if tid < 0 or (vocab is not None and tid >= vocab):
             raise InvalidRequest(f"Token id {tid} in `logit_bias` is out of the vocabulary.",
-                                 param="logit_bias")
+                                 param="logit_bias", code="invalid_value")
         out[tid] = v
     return out
 

@@ -120,21 +120,24 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if (limit is not None and limit > lim.max_tokens
                 and req.output_limit_param in req.model_fields_set):
             param = req.output_limit_param
-            raise InvalidRequest(f"`{param}` may be at most {lim.max_tokens}.", param=param)
+            raise InvalidRequest(f"`{param}` may be at most {lim.max_tokens}.", param=param,
+                                 code="integer_above_max_value")
         ctx.output_ceiling = lim.max_tokens  # for a request that names no limit
         if req.n > lim.max_n:
-            raise InvalidRequest(f"`n` may be at most {lim.max_n}.", param="n")
+            raise InvalidRequest(f"`n` may be at most {lim.max_n}.", param="n",
+                                 code="integer_above_max_value")
         stops = req.stops
         if len(stops) > lim.max_stop:
             raise InvalidRequest(f"At most {lim.max_stop} stop sequences are allowed.",
-                                 param="stop")
+                                 param="stop", code="array_above_max_length")
         if any(len(s) > lim.max_stop_chars for s in stops):
             raise InvalidRequest(
-                f"Stop sequences may be at most {lim.max_stop_chars} characters.", param="stop")
+                f"Stop sequences may be at most {lim.max_stop_chars} characters.", param="stop",
+                code="string_above_max_length")
         if isinstance(req, ChatCompletionRequest):
             if len(req.messages) > lim.max_messages:
                 raise InvalidRequest(f"At most {lim.max_messages} messages are allowed.",
-                                     param="messages")
+                                     param="messages", code="array_above_max_length")
             # Every text the detectors read counts: content, and a message's name and
             # earlier call arguments (3 MB of arguments held the event loop for seconds).
             total = 0
@@ -143,24 +146,26 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 if n > lim.max_message_chars:
                     raise InvalidRequest(
                         f"A message may be at most {lim.max_message_chars} characters.",
-                        param=f"messages[{i}].content")
+                        param=f"messages[{i}].content", code="string_above_max_length")
                 n += len(m.name or "") + sum(len(c.function.arguments)
                                              for c in m.tool_calls or ())
                 if n > lim.max_message_chars:
                     raise InvalidRequest(
                         f"A message may be at most {lim.max_message_chars} characters, its "
-                        "name and tool calls included.", param=f"messages[{i}]")
+                        "name and tool calls included.", param=f"messages[{i}]",
+                        code="string_above_max_length")
                 total += n
             if total > lim.max_total_chars:
                 raise InvalidRequest(
                     f"Messages may hold at most {lim.max_total_chars} characters in all.",
-                    param="messages")
+                    param="messages", code="invalid_value")
             if req.tools:
                 total += len(json.dumps(req.tool_dicts()))
                 if total > lim.max_total_chars:
                     raise InvalidRequest(
                         f"Messages and tool definitions may hold at most "
-                        f"{lim.max_total_chars} characters in all.", param="tools")
+                        f"{lim.max_total_chars} characters in all.", param="tools",
+                        code="invalid_value")
             fmt = req.response_format
             if fmt is not None and fmt.json_schema is not None and (
                     total + len(json.dumps(fmt.json_schema.model_dump(by_alias=True)))
@@ -168,20 +173,20 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 raise InvalidRequest(
                     f"Messages, tool definitions and the response format's schema may hold "
                     f"at most {lim.max_total_chars} characters in all.",
-                    param="response_format")
+                    param="response_format", code="invalid_value")
         else:
             texts = [p for p in req.prompts() if isinstance(p, str)]
             if len(req.prompts()) > lim.max_messages:
                 raise InvalidRequest(f"At most {lim.max_messages} prompts are allowed.",
-                                     param="prompt")
+                                     param="prompt", code="array_above_max_length")
             if sum(len(t) for t in texts) > lim.max_total_chars:
                 raise InvalidRequest(
                     f"The prompt may hold at most {lim.max_total_chars} characters.",
-                    param="prompt")
+                    param="prompt", code="string_above_max_length")
             if req.suffix and sum(len(t) for t in texts) + len(req.suffix) > lim.max_total_chars:
                 raise InvalidRequest(
                     f"The prompt and suffix may hold at most {lim.max_total_chars} "
-                    "characters in all.", param="suffix")
+                    "characters in all.", param="suffix", code="invalid_value")
 
     # ---------------------------------------------------------------- texts
 

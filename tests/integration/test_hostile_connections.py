@@ -254,3 +254,19 @@ async def test_an_expectation_it_cannot_meet_is_an_openai_417(logs: io.StringIO,
     validate("ErrorResponse", error)
     assert error["error"]["code"] == "expectation_failed"
     writer.close()
+
+
+async def test_a_body_over_the_limit_is_refused_before_the_client_sends_it(
+        served: Listener) -> None:
+    """`Expect: 100-continue` with a `Content-Length` past `server.max_body_bytes`: a 413
+    at once, not a `100 Continue` that had the client upload it all first."""
+    limit = served.runner.app[STATE].settings.server.max_body_bytes
+    reader, writer = await connect(served)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: "
+                 + str(limit + 1).encode() + b"\r\nExpect: 100-continue\r\n\r\n")
+    status, headers, raw = await response(reader)
+    writer.close()
+    assert status == 413 and headers.get("connection") == "close"
+    assert json.loads(raw)["error"]["code"] == "request_too_large"

@@ -569,24 +569,26 @@ async def test_completion_prompts() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kw", "param"),
+    ("kw", "param", "code"),
     [
-        ({"max_tokens": 100_000}, "max_tokens"),
-        ({"n": 9, "temperature": 1}, "n"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-        ({"stop": "x" * 65}, "stop"),
+        ({"max_tokens": 100_000}, "max_tokens", "integer_above_max_value"),
+        ({"n": 9, "temperature": 1}, "n", "integer_above_max_value"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "array_above_max_length"),
+        ({"stop": "x" * 65}, "stop", "string_above_max_length"),
     ],
 )
-async def test_limits_name_the_param(kw: dict[str, Any], param: str) -> None:
+async def test_limits_name_the_param(kw: dict[str, Any], param: str, code: str) -> None:
+    """And a code, as OpenAI's own range errors carry (it was null)."""
     with pytest.raises(InvalidRequest) as e:
         await plugin()(chat_ctx("hi", **kw), Spy())
-    assert e.value.param == param
+    assert e.value.param == param and e.value.code == code
 
 
 async def test_message_limits() -> None:
     with pytest.raises(InvalidRequest) as e:
         await plugin(limits={"max_message_chars": 10})(chat_ctx("x" * 11), Spy())
     assert e.value.param == "messages[0].content"
+    assert e.value.code == "string_above_max_length"
     with pytest.raises(ValueError, match=r"server\.max_body_bytes"):
         SanitizerConfig.model_validate({"limits": {"max_body_bytes": 2048}})  # one limit
 
