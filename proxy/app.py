@@ -77,10 +77,11 @@ def create_app(
     app.cleanup_ctx.append(_embedder_lifespan(on_fatal))
     app.cleanup_ctx.append(_plugins_lifespan)
     add_routes(app)
-    for method, path, handler in terminal.routes():
-        app.router.add_route(method, path, handler, **ROUTE_OPTS)
-    for plugin in plugins:
-        for method, path, handler in plugin.routes():
+    extra = [*terminal.routes(), *(r for plugin in plugins for r in plugin.routes())]
+    for method, path, handler in extra:
+        if method == "GET":  # HEAD too, as every other GET route answers it
+            app.router.add_get(path, handler, **ROUTE_OPTS)
+        else:
             app.router.add_route(method, path, handler, **ROUTE_OPTS)
     return app
 

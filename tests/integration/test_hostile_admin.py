@@ -92,6 +92,9 @@ async def test_stats_are_per_tenant_for_tenant_admins(client: Any) -> None:
     assert (ops["l1"]["entries"], ops["redis"]["exact"], ops["scope"]) == (3, 3, "global")
     r = await client.get("/admin/cache/stats", headers=h("k-a-user"))
     assert r.status == 403
+    # HEAD, as every other GET route answers it (it was a 405)
+    assert (await client.head("/admin/cache/stats", headers=h("k-a-admin"))).status == 200
+    assert (await client.head("/admin/cache/stats", headers=h("k-a-user"))).status == 403
 
 
 async def test_fault_injection_is_operator_only(client: Any) -> None:
