@@ -67,10 +67,18 @@ def _parse_float(literal: str) -> float:
     return value
 
 
+def loads_finite(text: str) -> Any:
+    """`json.loads` that refuses (ValueError) what a body may not hold either: the
+    `NaN`/`Infinity` constants, a float past a double's range, an integer past
+    `MAX_INT_DIGITS`. For JSON inside strings (call arguments), which would otherwise
+    be read as infinities the model is then shown as `Infinity`."""
+    return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                      parse_constant=_parse_constant)
+
+
 def _loads(text: str) -> Any:
     try:
-        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
-                          parse_constant=_parse_constant)
+        return loads_finite(text)
     except json.JSONDecodeError as e:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {e.msg} "

@@ -353,9 +353,14 @@ class ChunkAssembler:
             i = c["index"]
             delta = c.get("delta") or {}
             piece = delta.get("content") if self.route == "chat" else c.get("text")
+            if not isinstance(piece or "", str) or not isinstance(i, int):
+                raise TypeError("a choice's index or text")
             self.texts.setdefault(i, []).append(piece or "")
             if self.route == "chat" and delta.get("tool_calls"):
-                self.calls.setdefault(i, T.CallAssembler()).feed(delta["tool_calls"])
+                # (a call without its index is the list's own place: some servers send
+                # each call whole, unnumbered)
+                self.calls.setdefault(i, T.CallAssembler()).feed([
+                    {"index": k, **d} for k, d in enumerate(delta["tool_calls"])])
             self.pieces += bool(piece or delta.get("tool_calls")
                                 or delta.get("reasoning_content"))
             if c.get("finish_reason"):

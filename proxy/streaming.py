@@ -104,6 +104,7 @@ class _Watchdog:
         self.cut = False
         self.sent = False  # some of the body (not a keep-alive) reached the socket
         self._on_first = on_first
+        self._keepalive: asyncio.Task[None] | None = None
         self._task = asyncio.create_task(self._run())
 
     async def write(self, data: bytes, body: bool = True) -> None:
@@ -130,15 +131,12 @@ class _Watchdog:
                     self._cut()
                     return
             elif now - self.last_write >= self.keepalive:
-                # This task writes it, so it is timed here: a client that stopped
-                # reading blocks whichever write crosses aiohttp's buffer, a keep-alive
-                # too, and this loop would then watch nothing.
-                try:
-                    async with asyncio.timeout(self.write_timeout):
-                        await self.write(KEEPALIVE, body=False)
-                except TimeoutError:
-                    self._cut()
-                    return
+                # In a task of its own, timed by this loop as any write (`writing_since`):
+                # a client that stopped reading blocks whichever write crosses aiohttp's
+                # buffer, a keep-alive too, and this loop must go on watching. (Not
+                # cancelled on a timeout: the drain it waits on is the body write's too.)
+                self._keepalive = asyncio.create_task(self.write(KEEPALIVE, body=False))
+                self._keepalive.add_done_callback(_retrieved)
 
     def _cut(self) -> None:
         self.cut = True
@@ -146,7 +144,13 @@ class _Watchdog:
             self.request.transport.abort()
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task)
+        await cancel_and_wait(self._task, self._keepalive)
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """A keep-alive write's end: a client gone is the body's writes' to find."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def write_sse(
@@ -232,7 +236,12 @@ async def write_sse(
             # races its own request's accounting (slot, tokens, cache entry).
             await watchdog.stop()
             await stream.end_shielded(outcome, error)
-            await resp.write_eof()
+            try:  # (it waits for the client to read what is buffered: timed as a write)
+                async with asyncio.timeout(write_timeout):
+                    await resp.write_eof()
+            except TimeoutError:
+                if request.transport is not None:
+                    request.transport.abort()
         except ConnectionError:  # an answer already whole stays "completed"
             if on_abort is not None and not whole:
                 on_abort("write timeout" if watchdog.cut else

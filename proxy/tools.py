@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from . import responses as R
 from .engine.base import SamplingOptions, ToolCallDelta, ToolCallParser
-from .jsonbody import skip_ws
+from .jsonbody import loads_finite, skip_ws
 from .protocol import (
     SCHEMA_DATA,
     SCHEMA_MAPS,
@@ -220,8 +220,8 @@ def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
     out = []
     for c in calls:
         try:
-            args: Any = json.loads(c.function.arguments)
-        except (ValueError, RecursionError):  # not JSON, or nested past the parser
+            args: Any = loads_finite(c.function.arguments)
+        except (ValueError, RecursionError):  # not JSON (nor finite), or nested too deep
             args = c.function.arguments
         out.append({"id": c.id, "type": "function",
                     "function": {"name": c.function.name, "arguments": args}})

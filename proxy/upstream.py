@@ -129,7 +129,10 @@ class Upstream:
         if body.get("top_p") == 0:  # greedy, as the local engine decodes it (vLLM refuses 0)
             body["temperature"], body["top_p"] = 0, 1
         if ctx.output_ceiling is not None and ctx.request.output_limit is None:
-            body["max_tokens"] = ctx.output_ceiling  # the operator's, as the engine's
+            # the operator's, as the local engine applies it (chat's current name for it:
+            # OpenAI's reasoning models refuse `max_tokens`)
+            body["max_completion_tokens" if ctx.route == "chat" else "max_tokens"] = (
+                ctx.output_ceiling)
         if ctx.request.stream:
             body["stream_options"] = {**(body.get("stream_options") or {}),
                                       "include_usage": True}
@@ -163,15 +166,11 @@ class Upstream:
         return await stream.prime()
 
     async def _whole(self, resp: aiohttp.ClientResponse) -> Completion:
+        """The answer, or the error its status says (told by the status first: an error
+        page need not be JSON)."""
         status = resp.status
         if 300 <= status < 400:
             raise EngineError(f"The upstream redirected the request ({status}).")
-        try:
-            data = await resp.json(content_type=None)
-        except TimeoutError:
-            raise Timeout("The upstream did not answer in time.") from None
-        except (aiohttp.ClientError, ValueError):
-            raise EngineError("The upstream sent an unreadable answer.") from None
         if status >= 500:
             raise EngineError(f"The upstream failed ({status}).")
         if status in (401, 403):  # Weir's key, not the client's: an operator's fault
@@ -181,6 +180,14 @@ class Upstream:
             raise RateLimited("The upstream's rate limit was reached; retry after the time "
                               "given in Retry-After.",
                               headers={"retry-after": retry if retry.isdigit() else "1"})
+        try:
+            data = await resp.json(content_type=None)
+        except TimeoutError:
+            raise Timeout("The upstream did not answer in time.") from None
+        except (aiohttp.ClientError, ValueError):
+            if status >= 400:  # the client's error, in a page that says no more
+                raise UpstreamError(status, {}) from None
+            raise EngineError("The upstream sent an unreadable answer.") from None
         if status >= 400:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
         if not isinstance(data, dict):
@@ -207,8 +214,11 @@ class Upstream:
                         asm.feed(chunk)
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise EngineError("The upstream sent an unreadable chunk.") from None
-                    if usage or chunk.get("choices") or not chunk.get("usage"):
-                        yield chunk
+                    if not usage:  # the client did not ask: its stream shows none
+                        if not chunk.get("choices") and chunk.get("usage"):
+                            continue  # the usage chunk
+                        chunk.pop("usage", None)  # (`null` on every other chunk)
+                    yield chunk
             raise EngineError("The upstream's stream ended before it finished.")
         except TimeoutError:
             raise Timeout("The upstream did not answer in time.") from None
@@ -247,9 +257,10 @@ class SseEvents:
         out = []
         for line in lines:
             if not line:
-                if self._data:
-                    out.append(b"\n".join(self._data).strip())
-                    self._data, self._size = [], 0
+                data = b"\n".join(self._data).strip()
+                if data:  # (an event of empty data is not dispatched)
+                    out.append(data)
+                self._data, self._size = [], 0
             elif line.startswith(b"data:"):
                 value = line[5:]
                 self._data.append(value[1:] if value.startswith(b" ") else value)

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from proxy.chain import BasePlugin, Next, Reply, Services
 from proxy.context import RequestContext
 from proxy.errors import InvalidRequest
+from proxy.jsonbody import loads_finite
 from proxy.protocol import (
     ChatCompletionRequest,
     ChatTool,
@@ -474,7 +475,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         template shows them to the model (`"\\u0040"` is an `@`); re-encoded only where
         something was redacted. Text that is not JSON is read as it is."""
         try:
-            value = json.loads(text)
+            value = loads_finite(text)
         except (ValueError, RecursionError):
             return self._redacted(text, fired)
         if not isinstance(value, dict | list):

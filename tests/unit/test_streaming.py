@@ -75,10 +75,11 @@ class OneStream:
     handler's task, its connection, and how the stream ended."""
 
     def __init__(self, source: Any, whole: bool = False,
-                 start: asyncio.Event | None = None) -> None:
+                 start: asyncio.Event | None = None, write_timeout: float = 60) -> None:
         from aiohttp import web
 
         self.source, self.whole, self.start = source, whole, start  # start: waited first
+        self.write_timeout = write_timeout
         self.ended: list[str] = []
         self.handler: list[asyncio.Task[Any]] = []
         self.transports: list[Any] = []
@@ -122,7 +123,8 @@ class OneStream:
         def first() -> None:
             self.firsts += 1
 
-        return await streaming.write_sse(request, stream, dict, write_timeout=60,
+        return await streaming.write_sse(request, stream, dict,
+                                         write_timeout=self.write_timeout,
                                          keepalive=60, on_first=first,
                                          on_abort=self.aborts.append)
 
@@ -338,3 +340,30 @@ async def test_a_stall_that_begins_in_a_keepalive_write_is_cut() -> None:
     await eventually(lambda: held.transport.aborted, timeout=5)
     assert wd.cut
     await wd.stop()
+
+
+async def test_a_client_that_stops_reading_at_the_end_is_cut_too(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body's end waits for the client to read what is buffered; it was not timed,
+    so a client that stopped reading just before it held the connection for good."""
+    import aiohttp
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    from proxy import streaming
+
+    async def never_drains(self: Any) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(streaming._SseResponse, "write_eof", never_drains)
+
+    async def source() -> Any:
+        yield {"n": 0}
+
+    one = OneStream(source, write_timeout=0.2)
+    async with TestServer(one.app) as server, ClientSession() as session:
+        async with asyncio.timeout(10), session.get(server.make_url("/")) as r:
+            with pytest.raises(aiohttp.ClientError):
+                await r.read()  # [DONE] came, then the connection was cut
+        await asyncio.wait(one.handler, timeout=10)
+    assert all(t.done() for t in one.handler) and one.ended == ["completed"]

@@ -72,6 +72,19 @@ def test_tool_history_is_accepted() -> None:
                       "function": {"name": "get_weather", "arguments": {}}}]
 
 
+@pytest.mark.parametrize("arguments", ['{"t": 1e400}', '{"t": NaN}', '{"t": -Infinity}'])
+def test_call_arguments_that_are_not_finite_json_are_shown_as_sent(arguments: str) -> None:
+    """`json` reads them as infinities or NaN, which the template then wrote as
+    `Infinity`/`NaN` (no JSON): the model is shown the text as it was sent."""
+    call_ = {"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": arguments}}
+    req = chat(tools=[WEATHER], messages=[
+        *MSG, {"role": "assistant", "content": None, "tool_calls": [call_]},
+        {"role": "tool", "tool_call_id": "c1", "content": "9C"}])
+    [call] = T.template_calls(req.messages[1].tool_calls or [])
+    assert call["function"]["arguments"] == arguments
+
+
 # ------------------------------------------------------------------- forced calls
 
 

@@ -327,6 +327,8 @@ async def test_every_sse_framing_the_spec_allows_is_relayed(upstream: Upstream,
     sse(CHUNKS[0], 1),  # a chunk that is not an object
     sse(CHUNKS[0], {"choices": [{"delta": {"content": "x"}}]}),  # a choice without index
     [b"data: " + b"x" * (3 << 20)] * 6,  # an event that never ends
+    sse(CHUNKS[0], {"choices": [{"index": 0, "delta": {"content": 5},  # not text
+                                 "finish_reason": "stop"}]}, "[DONE]"),
 ])
 async def test_a_stream_that_does_not_finish_properly_is_an_engine_failure(
         upstream: Upstream, pieces: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -354,8 +356,9 @@ async def test_a_stream_s_usage_is_always_asked_for_and_shown_when_asked(
     for a request that names no limit, as it does to the local engine."""
     usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
     done = [{"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
-    upstream.chat = sse_handler(sse(*CHUNKS, *done, {"id": "c", "choices": [],
-                                                     "usage": usage}, "[DONE]"))
+    # (an upstream asked for usage sends `"usage": null` on every other chunk)
+    upstream.chat = sse_handler(sse(*[{**c, "usage": None} for c in CHUNKS + done],
+                                    {"id": "c", "choices": [], "usage": usage}, "[DONE]"))
     engine = await engine_for(upstream.base_url, models=["up-model"])
     c = ctx(stream=True, max_tokens=None,
             **({"stream_options": {"include_usage": True}} if asked else {}))
@@ -366,12 +369,14 @@ async def test_a_stream_s_usage_is_always_asked_for_and_shown_when_asked(
         got = [chunk async for chunk in reply]
     finally:
         await engine.close()
-    assert got[:4] == CHUNKS + done
+    assert got[:4] == ([{**c, "usage": None} for c in CHUNKS + done] if asked
+                       else CHUNKS + done)
     assert [g.get("usage") for g in got[4:]] == ([usage] if asked else [])
     assert reply.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
     assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
     body = upstream.seen[-1][1]
-    assert body["stream_options"]["include_usage"] is True and body["max_tokens"] == 64
+    assert body["stream_options"]["include_usage"] is True
+    assert body["max_completion_tokens"] == 64 and "max_tokens" not in body
 
 
 async def test_a_relayed_stream_s_answer_keeps_its_tool_calls(upstream: Upstream) -> None:
@@ -467,3 +472,42 @@ async def test_an_upstream_redirect_is_not_followed(upstream: Upstream) -> None:
         assert engine.stats().running == 0
     finally:
         await engine.close()
+
+
+async def test_an_event_of_empty_data_and_unnumbered_calls_are_read_as_the_spec_says(
+        upstream: Upstream) -> None:
+    """`data:` alone is no event (it was parsed as JSON, and failed the stream); a tool
+    call without its index is the one at its place in the list."""
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "weather", "arguments": "{}"}}
+    upstream.chat = sse_handler([b"data:\n\n", *sse(
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        "[DONE]")])
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True))
+        assert isinstance(reply, Stream)
+        assert len([c async for c in reply]) == 2
+    finally:
+        await engine.close()
+    assert reply.answer is not None and reply.answer[0]["tool_calls"] == [call]
+
+
+@pytest.mark.parametrize(("status", "error"), [(429, RateLimited), (413, UpstreamError),
+                                               (400, UpstreamError)])
+async def test_an_upstream_error_page_that_is_not_json_keeps_its_status(
+        upstream: Upstream, status: int, error: type[Exception]) -> None:
+    """A proxy's or CDN's HTML page: it was an unreadable answer, a 502 that the breaker
+    counted against every tenant for one client's oversized body."""
+    async def page(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="<html>nope</html>", status=status, content_type="text/html")
+
+    upstream.chat = page
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(error) as e:
+            await engine(ctx())
+    finally:
+        await engine.close()
+    assert getattr(e.value, "status", None) == status
