@@ -29,7 +29,7 @@ import aiohttp
 from .chain import Completion, Reply, Stream
 from .context import RequestContext
 from .engine.base import EngineStats, ModelInfo
-from .errors import EngineError, ModelNotFound, RateLimited, Timeout, WeirError
+from .errors import EngineError, InvalidRequest, ModelNotFound, RateLimited, Timeout
 from .rendering import ChunkAssembler
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
@@ -42,8 +42,9 @@ _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
 MAX_EVENT_BYTES = 16 << 20
 
 
-class UpstreamError(WeirError):
-    """An upstream 4xx, passed through as it came."""
+class UpstreamError(InvalidRequest):
+    """An upstream 4xx, passed through as it came: the client's error, as an invalid
+    request is (a route renames its params as for its own; a fallback passes it on)."""
 
     def __init__(self, status: int, body: dict[str, Any]) -> None:
         raw = body.get("error")
@@ -126,6 +127,10 @@ class Upstream:
         if ctx.engine_started is None:  # (the breaker times the call from here)
             ctx.engine_started = time.monotonic()
         body = ctx.request.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False)
+        # Weir keeps what its clients store (per tenant): the upstream, which sees every
+        # tenant under one key, is not asked to keep it too.
+        body.pop("store", None)
+        body.pop("metadata", None)
         if body.get("top_p") == 0:  # greedy, as the local engine decodes it (vLLM refuses 0)
             body["temperature"], body["top_p"] = 0, 1
         if ctx.output_ceiling is not None and ctx.request.output_limit is None:
@@ -153,7 +158,7 @@ class Upstream:
             raise
         if resp.status != 200 or not ctx.request.stream:
             try:
-                return await self._whole(resp)
+                return await self._whole(resp, ctx.route)
             except asyncio.CancelledError as e:
                 _left(ctx, e)
                 raise
@@ -165,7 +170,7 @@ class Upstream:
                                   usage=ctx.request.include_usage))
         return await stream.prime()
 
-    async def _whole(self, resp: aiohttp.ClientResponse) -> Completion:
+    async def _whole(self, resp: aiohttp.ClientResponse, route: str) -> Completion:
         """The answer, or the error its status says (told by the status first: an error
         page need not be JSON)."""
         status = resp.status
@@ -181,7 +186,12 @@ class Upstream:
                               "given in Retry-After.",
                               headers={"retry-after": retry if retry.isdigit() else "1"})
         try:
-            data = await resp.json(content_type=None)
+            raw = bytearray()
+            async for piece in resp.content.iter_any():
+                raw += piece
+                if len(raw) > MAX_EVENT_BYTES:
+                    raise ValueError("an answer too long")
+            data = json.loads(raw)
         except TimeoutError:
             raise Timeout("The upstream did not answer in time.") from None
         except (aiohttp.ClientError, ValueError):
@@ -190,7 +200,7 @@ class Upstream:
             raise EngineError("The upstream sent an unreadable answer.") from None
         if status >= 400:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
-        if not isinstance(data, dict):
+        if not _answer_ok(data, "message" if route == "chat" else "text"):
             raise EngineError("The upstream sent an unreadable answer.")
         return Completion(data)
 
@@ -280,6 +290,36 @@ async def _with_end(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     async for piece in pieces:
         yield piece
     yield b""
+
+
+def _answer_ok(data: Any, kind: str) -> bool:
+    """Whether a whole answer has OpenAI's shape where Weir reads it (its choices, their
+    text or message, and its usage): what a cache stores and replays, and a relay passes
+    on as an answer. `kind`: `message` (chat) or `text` (completions)."""
+    if not isinstance(data, dict) or "error" in data:
+        return False
+    choices, usage = data.get("choices"), data.get("usage")
+    if not isinstance(choices, list) or not (usage is None or isinstance(usage, dict)):
+        return False
+    for c in choices:
+        if not isinstance(c, dict) or type(c.get("index")) is not int:
+            return False
+        if not isinstance(c.get("finish_reason") or "", str):
+            return False
+        if kind == "text":
+            if not isinstance(c.get("text"), str):
+                return False
+            continue
+        m = c.get("message")
+        if not isinstance(m, dict) or not isinstance(m.get("content") or "", str):
+            return False
+        calls = m.get("tool_calls") or []
+        if not isinstance(calls, list) or not all(
+                isinstance(t, dict) and isinstance(t.get("function"), dict)
+                and isinstance(t["function"].get("name"), str)
+                and isinstance(t["function"].get("arguments"), str) for t in calls):
+            return False
+    return True
 
 
 def _text(value: Any) -> str | None:

@@ -33,7 +33,14 @@ from prometheus_client import Counter, Gauge
 
 from proxy.chain import FALLBACK_HEADER, BasePlugin, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
-from proxy.errors import DeadlineExceeded, GatewayFault, Timeout, Unavailable, WeirError
+from proxy.errors import (
+    DeadlineExceeded,
+    GatewayFault,
+    InvalidRequest,
+    Timeout,
+    Unavailable,
+    WeirError,
+)
 from proxy.settings import UpstreamEngineSettings
 from proxy.telemetry import get_logger
 from proxy.upstream import Upstream
@@ -227,6 +234,10 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                 if reason == "shed" or not static_fits(ctx, f.content):
                     return None
                 return static_reply(ctx, f.content)
+        except InvalidRequest as e:
+            if e.status != 404:  # the request's own fault, which no fallback mends
+                raise  # (a model the fallback does not serve is its own: the next)
+            log.warning("fallback failed", kind=f.kind, error=type(e).__name__)
         except WeirError as e:
             log.warning("fallback failed", kind=f.kind, error=type(e).__name__)
         return None

@@ -74,7 +74,7 @@ class Entry:
             if (name in d and (not isinstance(d[name], kind) or isinstance(d[name], bool))) or (
                     name in _REQUIRED and name not in d):
                 raise BadEntry(name)
-        if not d["choices"] or not all(_choice_ok(c) for c in d["choices"]) or not all(
+        if not d["choices"] or not all(choice_ok(c) for c in d["choices"]) or not all(
                 isinstance(d["usage"].get(k), int) for k in ("prompt_tokens",
                                                               "completion_tokens")):
             raise BadEntry("choices or usage")
@@ -117,7 +117,7 @@ class BadEntry(ValueError):
     know): a miss, never an answer or a 500."""
 
 
-def _choice_ok(c: Any) -> bool:
+def choice_ok(c: Any) -> bool:
     return (isinstance(c, dict) and isinstance(c.get("index"), int)
             and isinstance(c.get("text"), str) and isinstance(c.get("finish_reason"), str)
             and isinstance(c.get("tool_calls", []), list)
@@ -132,23 +132,42 @@ def _call_ok(t: Any) -> bool:
 
 def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]],
                                                             dict[str, int]] | None:
-    """Choices and usage of a whole answer, or None if it is not a normal answer."""
+    """Choices and usage of a whole answer, or None if it is not a normal answer: one of
+    another shape (an upstream's) is not stored, since each replay would read it again."""
+    raw, usage = body.get("choices"), captured_usage(body.get("usage"))
+    if not isinstance(raw, list) or not raw or usage is None:
+        return None
     choices = []
-    for c in body.get("choices") or []:
-        text = (c.get("message") or {}).get("content") if route == "chat" else c.get("text")
-        calls = (c.get("message") or {}).get("tool_calls") if route == "chat" else None
+    for c in raw:
+        if not isinstance(c, dict):
+            return None
+        message = c.get("message") if route == "chat" else None
+        if route == "chat" and not isinstance(message, dict):
+            return None
+        text = message.get("content") if message is not None else c.get("text")
+        calls = message.get("tool_calls") if message is not None else None
         if calls and text is None:
             text = ""
-        if not isinstance(text, str) or c.get("finish_reason") is None:
-            return None
-        choices.append({"index": c["index"], "text": text, "finish_reason": c["finish_reason"]})
+        choice = {"index": c.get("index"), "text": text, "finish_reason": c.get("finish_reason")}
         if calls:
-            choices[-1]["tool_calls"] = calls
-    usage = body.get("usage") or {}
-    if not choices:
+            choice["tool_calls"] = calls
+        if not choice_ok(choice):
+            return None
+        choices.append(choice)
+    return choices, usage
+
+
+def captured_usage(usage: Any) -> dict[str, int] | None:
+    """An answer's usage as an entry keeps it (none given: zeros), or None where what it
+    gives is no usage."""
+    if usage is None:
+        return {"prompt_tokens": 0, "completion_tokens": 0}
+    if not isinstance(usage, dict):
         return None
-    return choices, {"prompt_tokens": int(usage.get("prompt_tokens", 0)),
-                     "completion_tokens": int(usage.get("completion_tokens", 0))}
+    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    if not (type(prompt) is int and type(completion) is int and prompt >= 0 <= completion):
+        return None
+    return {"prompt_tokens": prompt, "completion_tokens": completion}
 
 
 def _usage(entry: Entry) -> dict[str, Any]:

@@ -46,7 +46,14 @@ from proxy.telemetry import get_logger, labelled
 
 from . import admin
 from .config import CacheConfig
-from .entry import Entry, capture_body, replay_body, replay_stream
+from .entry import (
+    Entry,
+    capture_body,
+    captured_usage,
+    choice_ok,
+    replay_body,
+    replay_stream,
+)
 from .keys import exact_key, prompt_text, scope_id, semantic_parts
 from .metrics import CacheMetrics
 from .store import CacheStore, Lookup, SemanticKey
@@ -341,11 +348,9 @@ class CachePlugin(BasePlugin[CacheConfig]):
                        or isinstance(stream.error, DeadlineExceeded) else None)
                 return
             captured = None
-            if stream.answer is not None:
-                u = stream.usage or {}
-                captured = (stream.answer, {"prompt_tokens": int(u.get("prompt_tokens", 0)),
-                                            "completion_tokens": int(
-                                                u.get("completion_tokens", 0))})
+            usage = captured_usage(stream.usage)
+            if stream.answer and usage is not None and all(map(choice_ok, stream.answer)):
+                captured = (stream.answer, usage)
             entry = self._make_entry(ctx, key, scope, captured, started)
             settle(entry)
             if entry is not None and self._storable(entry, started):

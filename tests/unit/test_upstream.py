@@ -511,3 +511,60 @@ async def test_an_upstream_error_page_that_is_not_json_keeps_its_status(
     finally:
         await engine.close()
     assert getattr(e.value, "status", None) == status
+
+
+def _choice(**kw: Any) -> dict[str, Any]:
+    return {**ANSWER, "choices": [{**ANSWER["choices"][0], **kw}]}  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("body", [
+    {"error": {"message": "engine died"}},  # an error, with status 200
+    {**ANSWER, "choices": None},
+    {k: v for k, v in ANSWER.items() if k != "choices"},
+    {**ANSWER, "choices": "abc"},
+    _choice(message=None),
+    _choice(message={"role": "assistant", "content": 5}),
+    _choice(message={"role": "assistant", "content": None, "tool_calls": "notalist"}),
+    _choice(finish_reason=7),
+    _choice(index="zero"),
+    {**ANSWER, "usage": [1, 2]},
+])
+async def test_a_whole_answer_of_another_shape_is_an_engine_failure(
+        upstream: Upstream, body: dict[str, Any]) -> None:
+    """It was passed on as a 200, or stored by the cache, whose replays then failed
+    (a 500 for that prompt until the entry expired)."""
+    async def odd(request: web.Request) -> web.StreamResponse:
+        return web.json_response(body)
+
+    upstream.chat = odd
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(EngineError):
+            await engine(ctx())
+        assert engine.stats().running == 0
+    finally:
+        await engine.close()
+
+
+async def test_what_a_tenant_stores_is_not_stored_upstream_too(upstream: Upstream) -> None:
+    """Weir keeps stored completions per tenant; the upstream sees every tenant under one
+    key, and kept them all where any holder of that key could list them."""
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        await engine(ctx(store=True, metadata={"owner": "tenant-t1"}))
+    finally:
+        await engine.close()
+    body = upstream.seen[-1][1]
+    assert "store" not in body and "metadata" not in body
+
+
+def test_an_upstream_refusal_is_an_invalid_request_a_route_renames() -> None:
+    """The Responses route renames a chat param to its own (`max_output_tokens`); an
+    upstream's refusal named `max_completion_tokens`."""
+    from proxy.errors import InvalidRequest
+    from proxy.openai_responses.translate import rename_param
+
+    e = UpstreamError(400, {"error": {"message": "`max_completion_tokens` is too large",
+                                      "param": "max_completion_tokens"}})
+    assert isinstance(e, InvalidRequest) and e.status == 400
+    assert rename_param(e).param == "max_output_tokens"

@@ -14,7 +14,7 @@ from plugins.breaker.state import Breaker, BreakerPolicy
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services, Stream
 from proxy.context import RequestContext
-from proxy.errors import EngineError, InvalidRequest, RateLimited, Unavailable
+from proxy.errors import EngineError, InvalidRequest, ModelNotFound, RateLimited, Unavailable
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
@@ -369,3 +369,30 @@ async def test_a_whole_answer_still_generating_is_not_swept() -> None:
     gate.set()
     await asyncio.gather(*running)
     assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 4
+
+
+@pytest.mark.parametrize(("refusal", "passed_on"), [
+    (InvalidRequest("too long", param="messages", code="context_length_exceeded"), True),
+    (ModelNotFound("m"), False),  # the fallback's own limit: the next one answers
+])
+async def test_a_fallback_upstream_refusing_the_request_passes_the_refusal_on(
+        refusal: Exception, passed_on: bool) -> None:
+    """An invalid request stays invalid on the fallback: its 400 reaches the client, not
+    the breaker's `circuit_open` 503 that says not to retry (it hid what was wrong)."""
+    p = plugin(fallback=[{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"},
+                         {"kind": "static", "content": "Busy, sorry."}])
+
+    async def refuse(c: RequestContext) -> Reply:
+        raise refusal
+
+    p.upstreams[0] = failing  # type: ignore[assignment]
+    for _ in range(2):
+        await check_static(await p(ctx(), failing), False)
+    assert p.breaker.state == "open"
+    p.upstreams[0] = refuse  # type: ignore[assignment]
+    if passed_on:
+        with pytest.raises(InvalidRequest) as e:
+            await p(ctx(), ok)
+        assert e.value is refusal
+    else:
+        await check_static(await p(ctx(), ok), False)
