@@ -9,7 +9,7 @@ import asyncio
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
@@ -19,7 +19,7 @@ from multidict import CIMultiDict
 from proxy.auth import Principal
 from proxy.chain import Completion, Stream
 from proxy.context import RequestContext
-from proxy.errors import EngineError, ModelNotFound, RateLimited, Timeout
+from proxy.errors import EngineError, ModelNotFound, RateLimited, Timeout, WeirError
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import UpstreamEngineSettings
 from proxy.streaming import SHUTDOWN
@@ -28,13 +28,15 @@ from proxy.upstream import UpstreamError
 from tests.openai_spec import validate
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+E = TypeVar("E", bound=BaseException)
 ERROR = {"message": "too long", "type": "invalid_request_error", "param": "messages",
          "code": "context_length_exceeded"}
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-ANSWER = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "up-model",
-          "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                       "finish_reason": "stop", "logprobs": None}],
-          "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+ANSWER: dict[str, Any] = {
+    "id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "up-model",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                 "finish_reason": "stop", "logprobs": None}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
 
 class Upstream:
@@ -146,18 +148,10 @@ async def test_top_p_zero_goes_upstream_as_greedy_decoding(upstream: Upstream) -
 
 
 async def test_an_upstream_4xx_is_passed_through(upstream: Upstream) -> None:
-    async def refuse(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"error": ERROR}, status=400)
-
-    upstream.chat = refuse
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        with pytest.raises(UpstreamError) as e:
-            await engine(ctx())
-    finally:
-        await engine.close()
-    assert e.value.status == 400 and e.value.param == "messages"
-    assert e.value.to_body()["error"] == ERROR
+    e = await refused(upstream, answering(web.json_response({"error": ERROR}, status=400)),
+                      UpstreamError)
+    assert e.status == 400 and e.param == "messages"
+    assert e.to_body()["error"] == ERROR
 
 
 @pytest.mark.parametrize("reply", [
@@ -166,17 +160,7 @@ async def test_an_upstream_4xx_is_passed_through(upstream: Upstream) -> None:
 ])
 async def test_5xx_and_garbage_are_engine_failures(upstream: Upstream,
                                                    reply: web.Response) -> None:
-    async def broken(request: web.Request) -> web.StreamResponse:
-        return reply
-
-    upstream.chat = broken
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        with pytest.raises(EngineError):
-            await engine(ctx())
-        assert engine.stats().running == 0
-    finally:
-        await engine.close()
+    await refused(upstream, answering(reply), EngineError)
 
 
 async def test_a_silent_upstream_times_out(upstream: Upstream) -> None:
@@ -360,8 +344,8 @@ async def test_a_stream_s_usage_is_always_asked_for_and_shown_when_asked(
     upstream.chat = sse_handler(sse(*[{**c, "usage": None} for c in CHUNKS + done],
                                     {"id": "c", "choices": [], "usage": usage}, "[DONE]"))
     engine = await engine_for(upstream.base_url, models=["up-model"])
-    c = ctx(stream=True, max_tokens=None,
-            **({"stream_options": {"include_usage": True}} if asked else {}))
+    options: dict[str, Any] = {"stream_options": {"include_usage": True}} if asked else {}
+    c = ctx(stream=True, max_tokens=None, **options)
     c.output_ceiling = 64
     try:
         reply = await engine(c)
@@ -403,75 +387,65 @@ async def test_a_relayed_stream_s_answer_keeps_its_tool_calls(upstream: Upstream
                                  "name": "weather", "arguments": '{"city": "Oslo"}'}}]}]
 
 
+def answering(reply: web.StreamResponse | Exception) -> Handler:
+    """A chat handler that always answers `reply` (or raises it: a redirect)."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    return handle
+
+
+async def refused(upstream: Upstream, handler: Handler, error: type[E]) -> E:
+    """What the engine raises (`error`) for a request the upstream answers with
+    `handler`; it is left running nothing."""
+    upstream.chat = handler
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(error) as e:
+            await engine(ctx())
+        assert engine.stats().running == 0
+    finally:
+        await engine.close()
+    return e.value
+
+
 @pytest.mark.parametrize("status", [401, 403])
 async def test_an_upstream_refusing_the_gateway_s_key_is_an_engine_failure(
         upstream: Upstream, status: int) -> None:
     """Its message is about Weir's key ("Incorrect API key provided: sk-...abcd"), not the
     client's: passed through, it told the client its own key was wrong, named the
     operator's key's tail, and the breaker never fell back."""
-    async def refuse(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"error": {
-            "message": "Incorrect API key provided: sk-proj-****abcd.",
-            "type": "invalid_request_error", "code": "invalid_api_key"}}, status=status)
-
-    upstream.chat = refuse
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        with pytest.raises(EngineError) as e:
-            await engine(ctx())
-    finally:
-        await engine.close()
-    assert "abcd" not in e.value.message
+    e = await refused(upstream, answering(web.json_response({"error": {
+        "message": "Incorrect API key provided: sk-proj-****abcd.",
+        "type": "invalid_request_error", "code": "invalid_api_key"}}, status=status)),
+        EngineError)
+    assert "abcd" not in e.message
 
 
 async def test_an_upstream_429_is_told_in_the_gateway_s_words(upstream: Upstream) -> None:
-    async def limited(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"error": {
-            "message": "Rate limit reached for gpt-4o in organization org-SECRET on tokens.",
-            "type": "requests", "code": "rate_limit_exceeded"}}, status=429,
-            headers={"retry-after": "7"})
-
-    upstream.chat = limited
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        with pytest.raises(RateLimited) as e:
-            await engine(ctx())
-    finally:
-        await engine.close()
-    assert "org-SECRET" not in e.value.message and e.value.headers["retry-after"] == "7"
+    e = await refused(upstream, answering(web.json_response({"error": {
+        "message": "Rate limit reached for gpt-4o in organization org-SECRET on tokens.",
+        "type": "requests", "code": "rate_limit_exceeded"}}, status=429,
+        headers={"retry-after": "7"})), RateLimited)
+    assert "org-SECRET" not in e.message and e.headers["retry-after"] == "7"
 
 
 async def test_an_upstream_error_s_code_and_param_are_strings(upstream: Upstream) -> None:
     """vLLM's server sends `"code": 400`; OpenAI's schema has a string (or null)."""
-    async def refuse(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"error": {"message": "bad", "type": "BadRequestError",
-                                            "param": None, "code": 400}}, status=400)
-
-    upstream.chat = refuse
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        with pytest.raises(UpstreamError) as e:
-            await engine(ctx())
-    finally:
-        await engine.close()
-    body = e.value.to_body()
+    e = await refused(upstream, answering(web.json_response({"error": {
+        "message": "bad", "type": "BadRequestError", "param": None, "code": 400}},
+        status=400)), UpstreamError)
+    body = e.to_body()
     validate("ErrorResponse", body)
     assert body["error"]["code"] == "400" and body["error"]["param"] is None
 
 
 async def test_an_upstream_redirect_is_not_followed(upstream: Upstream) -> None:
     """A redirect would carry the request, and the gateway's key, somewhere else."""
-    async def moved(request: web.Request) -> web.StreamResponse:
-        raise web.HTTPSeeOther(upstream.base_url + "/models")  # it would answer 200
-
-    upstream.chat = moved
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        with pytest.raises(EngineError):
-            await engine(ctx())
-        assert engine.stats().running == 0
-    finally:
-        await engine.close()
+    await refused(upstream, answering(web.HTTPSeeOther(upstream.base_url + "/models")),
+                  EngineError)  # (/models would answer 200)
 
 
 async def test_an_event_of_empty_data_and_unnumbered_calls_are_read_as_the_spec_says(
@@ -497,24 +471,16 @@ async def test_an_event_of_empty_data_and_unnumbered_calls_are_read_as_the_spec_
 @pytest.mark.parametrize(("status", "error"), [(429, RateLimited), (413, UpstreamError),
                                                (400, UpstreamError)])
 async def test_an_upstream_error_page_that_is_not_json_keeps_its_status(
-        upstream: Upstream, status: int, error: type[Exception]) -> None:
+        upstream: Upstream, status: int, error: type[WeirError]) -> None:
     """A proxy's or CDN's HTML page: it was an unreadable answer, a 502 that the breaker
     counted against every tenant for one client's oversized body."""
-    async def page(request: web.Request) -> web.StreamResponse:
-        return web.Response(text="<html>nope</html>", status=status, content_type="text/html")
-
-    upstream.chat = page
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        with pytest.raises(error) as e:
-            await engine(ctx())
-    finally:
-        await engine.close()
-    assert getattr(e.value, "status", None) == status
+    e = await refused(upstream, answering(web.Response(
+        text="<html>nope</html>", status=status, content_type="text/html")), error)
+    assert e.status == status
 
 
 def _choice(**kw: Any) -> dict[str, Any]:
-    return {**ANSWER, "choices": [{**ANSWER["choices"][0], **kw}]}  # type: ignore[dict-item]
+    return {**ANSWER, "choices": [{**ANSWER["choices"][0], **kw}]}
 
 
 @pytest.mark.parametrize("body", [
@@ -533,17 +499,7 @@ async def test_a_whole_answer_of_another_shape_is_an_engine_failure(
         upstream: Upstream, body: dict[str, Any]) -> None:
     """It was passed on as a 200, or stored by the cache, whose replays then failed
     (a 500 for that prompt until the entry expired)."""
-    async def odd(request: web.Request) -> web.StreamResponse:
-        return web.json_response(body)
-
-    upstream.chat = odd
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        with pytest.raises(EngineError):
-            await engine(ctx())
-        assert engine.stats().running == 0
-    finally:
-        await engine.close()
+    await refused(upstream, answering(web.json_response(body)), EngineError)
 
 
 async def test_what_a_tenant_stores_is_not_stored_upstream_too(upstream: Upstream) -> None:
