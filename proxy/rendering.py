@@ -330,6 +330,13 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                             usage_=stream.usage)
 
 
+def usage_ok(usage: Any) -> bool:
+    """Whether `usage` (an upstream's) counts tokens as OpenAI's does: whole numbers."""
+    return isinstance(usage, dict) and all(
+        type(usage.get(k)) is int and usage[k] >= 0
+        for k in ("prompt_tokens", "completion_tokens"))
+
+
 class ChunkAssembler:
     """A stream's answer and usage assembled from its chunks, for producers that relay
     chunks they did not render (an upstream server's)."""
@@ -357,18 +364,16 @@ class ChunkAssembler:
                 raise TypeError("a choice's index or text")
             self.texts.setdefault(i, []).append(piece or "")
             if self.route == "chat" and delta.get("tool_calls"):
-                # (a call without its index is the list's own place: some servers send
-                # each call whole, unnumbered)
-                self.calls.setdefault(i, T.CallAssembler()).feed([
-                    {"index": k, **d} for k, d in enumerate(delta["tool_calls"])])
+                self.calls.setdefault(i, T.CallAssembler()).feed(delta["tool_calls"])
             self.pieces += bool(piece or delta.get("tool_calls")
                                 or delta.get("reasoning_content"))
             if c.get("finish_reason"):
                 self.reasons[i] = c["finish_reason"]
         if chunk.get("usage"):
             u = chunk["usage"]
-            self.usage = R.usage(int(u.get("prompt_tokens", 0)),
-                                 int(u.get("completion_tokens", 0)))
+            if not usage_ok(u):
+                raise ValueError("usage")
+            self.usage = R.usage(u["prompt_tokens"], u["completion_tokens"])
 
     def cut(self, stream: Stream) -> None:
         """The stream ended before the upstream's last chunk: leave what it reported, or

@@ -113,6 +113,9 @@ class _Watchdog:
         self.writing_since = time.monotonic()
         try:
             await self.resp.write(data)
+        except asyncio.CancelledError:
+            _unstick(self.request)
+            raise
         finally:
             self.writing_since = None
             self.last_write = time.monotonic()
@@ -145,6 +148,18 @@ class _Watchdog:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task, self._keepalive)
+
+
+def _unstick(request: web.Request) -> None:
+    """After a write cancelled while it waited for the client to read (a deadline, a
+    keep-alive stopped): aiohttp's writes wait on one future the connection keeps until
+    the client reads, and the cancellation cancelled that future. Every later write (the
+    error event, the body's end) would then raise CancelledError at once in a task
+    nobody cancelled; without it they wait anew, timed as any write."""
+    protocol = getattr(request, "protocol", None)
+    waiter = getattr(protocol, "_drain_waiter", None)
+    if waiter is not None and waiter.cancelled():
+        protocol._drain_waiter = None  # type: ignore[union-attr]
 
 
 def _retrieved(task: asyncio.Task[None]) -> None:

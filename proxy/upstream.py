@@ -29,8 +29,15 @@ import aiohttp
 from .chain import Completion, Reply, Stream
 from .context import RequestContext
 from .engine.base import EngineStats, ModelInfo
-from .errors import EngineError, InvalidRequest, ModelNotFound, RateLimited, Timeout
-from .rendering import ChunkAssembler
+from .errors import (
+    EngineError,
+    GatewayFault,
+    InvalidRequest,
+    ModelNotFound,
+    RateLimited,
+    Timeout,
+)
+from .rendering import ChunkAssembler, usage_ok
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
 from .tracing import inject
@@ -38,8 +45,11 @@ from .tracing import inject
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
 
 #: The most an upstream's stream may send without ending an event (a whole answer in one
-#: chunk, with its logprobs, is well under it): past it the stream is an engine failure.
+#: chunk, with its logprobs, is well under it), and the most a whole answer may hold (n
+#: long choices with their top logprobs come to tens of MiB): past either, the answer is
+#: not relayed (`AnswerTooLarge`).
 MAX_EVENT_BYTES = 16 << 20
+MAX_ANSWER_BYTES = 64 << 20
 
 
 class UpstreamError(InvalidRequest):
@@ -53,6 +63,18 @@ class UpstreamError(InvalidRequest):
                          param=_text(err.get("param")), code=_text(err.get("code")))
         self.status = status
         self.type = str(err.get("type") or "invalid_request_error")
+
+
+class AnswerTooLarge(GatewayFault):
+    """An upstream answer past what Weir relays. Not the engine's failure (the breaker
+    does not count it: any tenant may ask for a long answer), nor the client's."""
+
+    status = 502
+    default_code = "answer_too_large"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The upstream's answer is larger than this gateway relays "
+                         f"({limit >> 20} MiB); ask for fewer choices, tokens or logprobs.")
 
 
 class Upstream:
@@ -126,7 +148,11 @@ class Upstream:
         assert self._session is not None, "Upstream.start() was not called"
         if ctx.engine_started is None:  # (the breaker times the call from here)
             ctx.engine_started = time.monotonic()
-        body = ctx.request.model_dump(by_alias=True, exclude_none=True, exclude_defaults=False)
+        # What the client sent (as the chain left it), not the defaults Weir's models
+        # fill in: an OpenAI-compatible server may refuse a field it does not know
+        # (OpenAI's own refuses `ignore_eos`, `min_tokens`), and a null the client sent
+        # means what it means there.
+        body = ctx.request.model_dump(by_alias=True, exclude_unset=True)
         # Weir keeps what its clients store (per tenant): the upstream, which sees every
         # tenant under one key, is not asked to keep it too.
         body.pop("store", None)
@@ -136,6 +162,7 @@ class Upstream:
         if ctx.output_ceiling is not None and ctx.request.output_limit is None:
             # the operator's, as the local engine applies it (chat's current name for it:
             # OpenAI's reasoning models refuse `max_tokens`)
+            body.pop("max_tokens", None)  # (a null the client sent)
             body["max_completion_tokens" if ctx.route == "chat" else "max_tokens"] = (
                 ctx.output_ceiling)
         if ctx.request.stream:
@@ -189,8 +216,8 @@ class Upstream:
             raw = bytearray()
             async for piece in resp.content.iter_any():
                 raw += piece
-                if len(raw) > MAX_EVENT_BYTES:
-                    raise ValueError("an answer too long")
+                if len(raw) > MAX_ANSWER_BYTES:
+                    raise AnswerTooLarge(MAX_ANSWER_BYTES)
             data = json.loads(raw)
         except TimeoutError:
             raise Timeout("The upstream did not answer in time.") from None
@@ -210,6 +237,7 @@ class Upstream:
         usage chunk (it is always asked of the upstream)."""
         done = False
         events = SseEvents()
+        numbered: dict[int, int] = {}  # a choice's last tool call index
         try:
             async for piece in _with_end(resp.content.iter_any()):
                 for data in events.feed(piece) if piece else events.end():
@@ -221,6 +249,7 @@ class Upstream:
                     if not isinstance(chunk, dict) or "error" in chunk:
                         raise EngineError("The upstream failed mid-stream.")
                     try:
+                        _number_calls(chunk, numbered)
                         asm.feed(chunk)
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise EngineError("The upstream sent an unreadable chunk.") from None
@@ -245,7 +274,7 @@ class SseEvents:
     """Server-sent events' data out of a byte stream, as the SSE spec reads them: lines
     end in LF, CRLF or CR; `data:` with or without its space; the data lines of one event
     joined by LF; comments and other fields skipped. An event left unfinished past
-    `MAX_EVENT_BYTES` is a broken stream (ValueError)."""
+    `MAX_EVENT_BYTES` is not relayed (`AnswerTooLarge`)."""
 
     def __init__(self) -> None:
         self._buf = b""
@@ -257,7 +286,7 @@ class SseEvents:
         self._buf += piece
         if b"\n" not in piece and b"\r" not in piece:  # (a long line, scanned once)
             if len(self._buf) > MAX_EVENT_BYTES:
-                raise ValueError("an event too long")
+                raise AnswerTooLarge(MAX_EVENT_BYTES)
             return []
         # A CR that ends the buffer may be a CRLF's first half: it waits for the next.
         end = len(self._buf) - self._buf.endswith(b"\r")
@@ -276,7 +305,7 @@ class SseEvents:
                 self._data.append(value[1:] if value.startswith(b" ") else value)
                 self._size += len(value)
         if self._size + len(self._buf) > MAX_EVENT_BYTES:
-            raise ValueError("an event too long")
+            raise AnswerTooLarge(MAX_EVENT_BYTES)
         return out
 
 
@@ -292,6 +321,21 @@ async def _with_end(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     yield b""
 
 
+def _number_calls(chunk: dict[str, Any], last: dict[int, int]) -> None:
+    """Give each tool call delta its `index` where the upstream left it out (some servers
+    send each call whole, unnumbered, in a chunk of its own): a delta with an `id` starts
+    the next call, one without goes on with the last. `last`: each choice's last index."""
+    for c in chunk.get("choices") or ():
+        calls = (c.get("delta") or {}).get("tool_calls") or ()
+        for d in calls:
+            i = d.get("index")
+            if type(i) is not int:
+                i = last.get(c["index"], -1) + (1 if d.get("id") or c["index"] not in last
+                                                else 0)
+                d["index"] = i
+            last[c["index"]] = max(i, last.get(c["index"], -1))
+
+
 def _answer_ok(data: Any, kind: str) -> bool:
     """Whether a whole answer has OpenAI's shape where Weir reads it (its choices, their
     text or message, and its usage): what a cache stores and replays, and a relay passes
@@ -299,7 +343,7 @@ def _answer_ok(data: Any, kind: str) -> bool:
     if not isinstance(data, dict) or "error" in data:
         return False
     choices, usage = data.get("choices"), data.get("usage")
-    if not isinstance(choices, list) or not (usage is None or isinstance(usage, dict)):
+    if not isinstance(choices, list) or not choices or not (usage is None or usage_ok(usage)):
         return False
     for c in choices:
         if not isinstance(c, dict) or type(c.get("index")) is not int:
@@ -315,7 +359,8 @@ def _answer_ok(data: Any, kind: str) -> bool:
             return False
         calls = m.get("tool_calls") or []
         if not isinstance(calls, list) or not all(
-                isinstance(t, dict) and isinstance(t.get("function"), dict)
+                isinstance(t, dict) and isinstance(t.get("id"), str)
+                and isinstance(t.get("function"), dict)
                 and isinstance(t["function"].get("name"), str)
                 and isinstance(t["function"].get("arguments"), str) for t in calls):
             return False

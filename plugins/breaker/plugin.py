@@ -200,8 +200,12 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
 
     async def _fallback(self, ctx: RequestContext, reason: str,
                         error: BaseException | None) -> Reply:
+        refusal: InvalidRequest | None = None  # a fallback's word that the request is bad
         for i, f in enumerate(self.cfg.fallback):
-            reply = await self._try(i, f, ctx, reason)
+            try:
+                reply = await self._try(i, f, ctx, reason)
+            except InvalidRequest as e:
+                refusal, reply = refusal or e, None
             if reply is not None:
                 reply.headers[FALLBACK_HEADER] = f.kind
                 ctx.response_headers[FALLBACK_HEADER] = f.kind
@@ -210,6 +214,8 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             if f.kind == "error":
                 break
         if reason == "open":
+            if refusal is not None:  # the engine was not asked; the one that was says why
+                raise refusal  # (a 503 `circuit_open` hid a request no fallback takes)
             retry = self.cfg.open_s
             raise Unavailable("The model is temporarily unavailable; the circuit breaker is "
                               "open.", code="circuit_open", retry_after=retry,
@@ -235,9 +241,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                     return None
                 return static_reply(ctx, f.content)
         except InvalidRequest as e:
-            if e.status != 404:  # the request's own fault, which no fallback mends
-                raise  # (a model the fallback does not serve is its own: the next)
             log.warning("fallback failed", kind=f.kind, error=type(e).__name__)
+            if e.status in (400, 413, 422):  # the request's own fault, as far as it saw
+                raise  # (a 402, a 404 for a model it does not serve: its own limits)
         except WeirError as e:
             log.warning("fallback failed", kind=f.kind, error=type(e).__name__)
         return None

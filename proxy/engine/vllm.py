@@ -298,10 +298,8 @@ class VllmEngine:
         outputs = llm.generate(tokens_input(prompt, cache_salt=cache_salt), params, request_id)
         if options.final_only:
             outputs = _counted(llm, outputs, request_id, options)
-        received = False
         try:
             async for out in outputs:
-                received = True
                 if any(c.finish_reason == "error" for c in out.outputs):
                     raise _failed(out, options, seen)
                 seen += sum(len(c.token_ids) for c in out.outputs)
@@ -329,12 +327,6 @@ class VllmEngine:
         except GracefulHTTPError as e:
             raise EngineOverloaded(_clean(str(e))) from None
         except VLLMClientError as e:
-            raise _rejected(e, options.schema_param) from None
-        except ValueError as e:
-            if received:  # (ours, reading an output: not the request's fault)
-                raise
-            # vLLM's own word for a request it refuses as it takes it: the request's
-            # fault, a 400 (as a 500 the breaker counted it against every tenant)
             raise _rejected(e, options.schema_param) from None
         except EngineGenerateError as e:
             if seen == 0 and isinstance(e.__cause__, OverflowError):

@@ -367,3 +367,58 @@ async def test_a_client_that_stops_reading_at_the_end_is_cut_too(
                 await r.read()  # [DONE] came, then the connection was cut
         await asyncio.wait(one.handler, timeout=10)
     assert all(t.done() for t in one.handler) and one.ended == ["completed"]
+
+
+async def test_a_write_cancelled_while_the_client_is_slow_leaves_later_writes_timed() -> None:
+    """aiohttp's writes wait on one future the connection keeps until the client reads;
+    cancelling a write parked there (a keep-alive stopped at the stream's end, a
+    deadline) cancelled that future, and the body's end then raised CancelledError at
+    once in a task nobody had cancelled (its timeout skipped, the handler cut)."""
+    from aiohttp.base_protocol import BaseProtocol
+    from aiohttp.http_writer import StreamWriter
+
+    from proxy.streaming import _Watchdog
+
+    class Transport:
+        aborted = False
+
+        def write(self, data: bytes) -> None:
+            pass
+
+        def writelines(self, parts: list[bytes]) -> None:
+            pass
+
+        def is_closing(self) -> bool:
+            return False
+
+        def get_extra_info(self, *a: Any, **kw: Any) -> None:
+            return None
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    loop = asyncio.get_running_loop()
+    protocol = BaseProtocol(loop)
+    transport = Transport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    writer = StreamWriter(protocol, loop)
+    writer.chunked, writer._headers_written = True, True
+
+    class Resp:
+        async def write(self, data: bytes) -> None:
+            await writer.write(data)
+
+    class Req:
+        pass
+
+    request = Req()
+    request.transport, request.protocol = transport, protocol  # type: ignore[attr-defined]
+    protocol.pause_writing()  # a slow client; the next write crosses the drain counter
+    writer.buffer_size = 0x10000 - 5
+    wd = _Watchdog(Resp(), request, keepalive=0.01,  # type: ignore[arg-type]
+                   write_timeout=30)
+    await eventually(lambda: wd._keepalive is not None and not wd._keepalive.done())
+    await wd.stop()  # the keep-alive, parked, is cancelled
+    with pytest.raises(TimeoutError):  # the body's end waits, timed (it raised at once)
+        async with asyncio.timeout(0.2):
+            await writer.write_eof()

@@ -310,15 +310,13 @@ async def test_every_sse_framing_the_spec_allows_is_relayed(upstream: Upstream,
     [b'{"id": "c", "object": "chat.completion", "choices": []}'],  # JSON for a stream
     sse(CHUNKS[0], 1),  # a chunk that is not an object
     sse(CHUNKS[0], {"choices": [{"delta": {"content": "x"}}]}),  # a choice without index
-    [b"data: " + b"x" * (3 << 20)] * 6,  # an event that never ends
     sse(CHUNKS[0], {"choices": [{"index": 0, "delta": {"content": 5},  # not text
                                  "finish_reason": "stop"}]}, "[DONE]"),
 ])
 async def test_a_stream_that_does_not_finish_properly_is_an_engine_failure(
-        upstream: Upstream, pieces: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+        upstream: Upstream, pieces: list[bytes]) -> None:
     """Each ended as a whole answer (a `[DONE]` for the client, `completed` for the
     plugins), or as a 500."""
-    monkeypatch.setattr("proxy.upstream.MAX_EVENT_BYTES", 8 << 20)
     upstream.chat = sse_handler(pieces)
     engine = await engine_for(upstream.base_url, models=["up-model"])
     try:
@@ -450,22 +448,29 @@ async def test_an_upstream_redirect_is_not_followed(upstream: Upstream) -> None:
 
 async def test_an_event_of_empty_data_and_unnumbered_calls_are_read_as_the_spec_says(
         upstream: Upstream) -> None:
-    """`data:` alone is no event (it was parsed as JSON, and failed the stream); a tool
-    call without its index is the one at its place in the list."""
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "weather", "arguments": "{}"}}
+    """`data:` alone is no event (it was parsed as JSON, and failed the stream). Calls
+    sent whole without their index, each in a chunk of its own, are told apart by their
+    ids (a delta without one goes on with the last call), for the stream's readers too."""
+    calls = [{"id": f"call_{n}", "type": "function",
+              "function": {"name": f"f{n}", "arguments": "{"}} for n in (1, 2)]
+    more = {"function": {"arguments": "}"}}  # no id: the last call's
     upstream.chat = sse_handler([b"data:\n\n", *sse(
-        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [calls[0]]}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [more]}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [calls[1], more]}}]},
         {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
         "[DONE]")])
     engine = await engine_for(upstream.base_url, models=["up-model"])
     try:
         reply = await engine(ctx(stream=True))
         assert isinstance(reply, Stream)
-        assert len([c async for c in reply]) == 2
+        got = [c async for c in reply]
     finally:
         await engine.close()
-    assert reply.answer is not None and reply.answer[0]["tool_calls"] == [call]
+    assert [d["index"] for c in got[:3] for d in c["choices"][0]["delta"]["tool_calls"]] == [
+        0, 0, 1, 1]
+    assert reply.answer is not None and reply.answer[0]["tool_calls"] == [
+        {**c, "function": {**c["function"], "arguments": "{}"}} for c in calls]
 
 
 @pytest.mark.parametrize(("status", "error"), [(429, RateLimited), (413, UpstreamError),
@@ -494,6 +499,11 @@ def _choice(**kw: Any) -> dict[str, Any]:
     _choice(finish_reason=7),
     _choice(index="zero"),
     {**ANSWER, "usage": [1, 2]},
+    {**ANSWER, "usage": {}},  # (the Responses route read its counts: a KeyError, a 500)
+    {**ANSWER, "usage": {"prompt_tokens": -1, "completion_tokens": 1}},
+    {**ANSWER, "choices": []},
+    _choice(message={"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}),  # no id
 ])
 async def test_a_whole_answer_of_another_shape_is_an_engine_failure(
         upstream: Upstream, body: dict[str, Any]) -> None:
@@ -524,3 +534,42 @@ def test_an_upstream_refusal_is_an_invalid_request_a_route_renames() -> None:
                                       "param": "max_completion_tokens"}})
     assert isinstance(e, InvalidRequest) and e.status == 400
     assert rename_param(e).param == "max_output_tokens"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_past_what_is_relayed_is_refused_but_not_counted(
+        upstream: Upstream, stream: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its buffer was unbounded (a stream's unfinished event) or it was not checked; and a
+    long answer is no engine fault: any tenant may ask for one (n choices with their
+    logprobs), so the breaker must not count it against every tenant."""
+    from plugins.breaker.plugin import is_engine_failure
+    from proxy.upstream import AnswerTooLarge
+
+    monkeypatch.setattr("proxy.upstream.MAX_EVENT_BYTES", 1 << 20)
+    monkeypatch.setattr("proxy.upstream.MAX_ANSWER_BYTES", 1 << 20)
+    big = {**ANSWER, "choices": [{**ANSWER["choices"][0], "message": {
+        "role": "assistant", "content": "x" * (2 << 20)}}]}
+    upstream.chat = (sse_handler([b"data: " + b"x" * (1 << 19)] * 4) if stream
+                     else answering(web.json_response(big)))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(AnswerTooLarge) as e:
+            reply = await engine(ctx(stream=stream))
+            async for _ in reply:  # type: ignore[union-attr]
+                pass
+        assert engine.stats().running == 0
+    finally:
+        await engine.close()
+    assert e.value.status == 502 and not is_engine_failure(e.value)
+
+
+async def test_only_what_the_client_sent_goes_upstream(upstream: Upstream) -> None:
+    """Not the defaults Weir's models fill in (`ignore_eos`, `min_tokens`, `n`,
+    `logprobs`...): OpenAI's own server refuses a field it does not know, so every
+    request to it was a 400 (and a breaker fallback to it passed that 400 on)."""
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        await engine(ctx())
+    finally:
+        await engine.close()
+    assert set(upstream.seen[-1][1]) == {"model", "stream", "max_tokens", "messages"}

@@ -14,7 +14,7 @@ from plugins.breaker.state import Breaker, BreakerPolicy
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services, Stream
 from proxy.context import RequestContext
-from proxy.errors import EngineError, InvalidRequest, ModelNotFound, RateLimited, Unavailable
+from proxy.errors import EngineError, InvalidRequest, RateLimited, Unavailable
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
@@ -371,28 +371,44 @@ async def test_a_whole_answer_still_generating_is_not_swept() -> None:
     assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 4
 
 
-@pytest.mark.parametrize(("refusal", "passed_on"), [
-    (InvalidRequest("too long", param="messages", code="context_length_exceeded"), True),
-    (ModelNotFound("m"), False),  # the fallback's own limit: the next one answers
+@pytest.mark.parametrize(("status", "passed_on"), [
+    (400, True), (413, True),  # the request's own fault, as the fallback saw it
+    (404, False), (402, False),  # the fallback's own limits (a model, its credit)
 ])
-async def test_a_fallback_upstream_refusing_the_request_passes_the_refusal_on(
-        refusal: Exception, passed_on: bool) -> None:
-    """An invalid request stays invalid on the fallback: its 400 reaches the client, not
-    the breaker's `circuit_open` 503 that says not to retry (it hid what was wrong)."""
-    p = plugin(fallback=[{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"},
-                         {"kind": "static", "content": "Busy, sorry."}])
+@pytest.mark.parametrize("then_static", [False, True])
+async def test_a_fallback_upstream_refusing_the_request_says_why_if_none_answers(
+        status: int, passed_on: bool, then_static: bool) -> None:
+    """With the breaker open and no fallback answering, the client got a 503
+    `circuit_open` that says not to retry, which hid that the fallback found its request
+    bad (`context_length_exceeded`). A later fallback still answers; an engine failure
+    keeps its own error (the request may suit the engine once it is back)."""
+    from proxy.upstream import UpstreamError
+
+    chain: list[dict[str, Any]] = [{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"}]
+    if then_static:
+        chain.append({"kind": "static", "content": "Busy, sorry."})
+    p = plugin(fallback=chain)
+    refusal = UpstreamError(status, {"error": {"message": "too long", "param": "messages",
+                                               "code": "context_length_exceeded"}})
 
     async def refuse(c: RequestContext) -> Reply:
         raise refusal
 
-    p.upstreams[0] = failing  # type: ignore[assignment]
-    for _ in range(2):
-        await check_static(await p(ctx(), failing), False)
-    assert p.breaker.state == "open"
     p.upstreams[0] = refuse  # type: ignore[assignment]
-    if passed_on:
-        with pytest.raises(InvalidRequest) as e:
+    for _ in range(2):
+        if then_static:
+            await check_static(await p(ctx(), failing), False)
+        else:  # the engine failed: its error stands (the request may suit it later)
+            with pytest.raises(EngineError):
+                await p(ctx(), failing)
+    assert p.breaker.state == "open"
+    if then_static:
+        await check_static(await p(ctx(), ok), False)
+    elif passed_on:
+        with pytest.raises(UpstreamError) as e:
             await p(ctx(), ok)
         assert e.value is refusal
     else:
-        await check_static(await p(ctx(), ok), False)
+        with pytest.raises(Unavailable) as u:
+            await p(ctx(), ok)
+        assert u.value.code == "circuit_open"
