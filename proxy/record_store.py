@@ -420,9 +420,20 @@ def _record(raw: Any) -> Record | None:
 _WHAT = {"responses": "response", "chat": "chat completion"}
 
 
+#: When each kind of store last logged its failure: once per `_LOG_EVERY_S` (an outage
+#: of seconds under load was thousands of lines, each request logging two or three).
+_last_logged: dict[str, float] = {}
+_LOG_EVERY_S = 10.0
+
+
 def _down(e: BaseException, kind: str) -> Unavailable:
     what = _WHAT.get(kind, kind)
-    log.error("record store failed", kind=kind, error=f"{type(e).__name__}: {e}")
+    now = time.monotonic()
+    if now - _last_logged.get(kind, float("-inf")) > _LOG_EVERY_S:
+        _last_logged[kind] = now
+        # The type alone: a protocol error's text holds the bytes Redis sent back, which
+        # may be a stored record's (a prompt) once the connection is out of step.
+        log.warning("record store unavailable", kind=kind, error=type(e).__name__)
     return Unavailable(f"The {what} store is unavailable; retry shortly.",
                        code="store_unavailable")
 

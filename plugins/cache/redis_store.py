@@ -114,6 +114,7 @@ class RedisStore:
         self.replica = replica
         self._errors = errors
         self._last_log: dict[str, float] = {}
+        self._told_down = False  # a line said Redis was down, and none since that it is back
         self.client = blocking_client(cfg.url, max(cfg.timeout_s, cfg.write_timeout_s),
                                       cfg.max_connections,
                                       health_check_interval=5)
@@ -141,7 +142,9 @@ class RedisStore:
             return None
         if not self.healthy:
             self.healthy = True
-            log.info("redis is back", op=op)
+            if self._told_down:  # once per line that said it was down (a Redis that
+                self._told_down = False  # fails only writes flaps: one pair a while)
+                log.info("redis is back", op=op)
         return result
 
     def _failed(self, op: str, e: BaseException) -> None:
@@ -150,6 +153,7 @@ class RedisStore:
         now = time.monotonic()
         if now - self._last_log.get(op, 0.0) > 10:
             self._last_log[op] = now
+            self._told_down = True
             log.warning("redis unavailable; serving without it", op=op, error=type(e).__name__)
 
     # -------------------------------------------------------------------- exact

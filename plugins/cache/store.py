@@ -543,8 +543,25 @@ class CacheStore:
             if "filter" in event:  # named by a purge: only what its filter's scope allows
                 members = self._named(members, event["filter"])
             await self._drop(members, local_only=True)
-        elif op == "resync" and self.embedder is not None:
-            await self._load_semantic()
+        elif op == "resync":
+            self._forget_local()
+            if self.embedder is not None and self.redis is not None:
+                await self._load_semantic()
+
+    def _forget_local(self) -> None:
+        """The listener lost Redis a while: the purges and cap evictions the other
+        replicas sent meanwhile are gone, and what this replica holds may be among them.
+        It keeps nothing it cannot check: L1, the vector index and pending vectors are
+        emptied (L2 answers again, and the vectors are loaded back from Redis)."""
+        if self.l1 is not None:
+            self.l1.purge(_everything)
+            labelled(self.metrics.entries, "l1").set(len(self.l1))
+        self.index.purge(_everything)
+        for p in list(self._pending.values()):
+            self._settle(p, None)
+        labelled(self.metrics.entries, "semantic").set(len(self.index))
+        log.info("cache events were missed while redis was away: this replica's memory "
+                 "was emptied")
 
     async def _load_semantic(self) -> None:
         assert self.redis is not None
@@ -659,3 +676,7 @@ class CacheStore:
 def _members(keys: list[str], sem: list[tuple[str, str]]) -> list[str]:
     """The names (`users.py`'s members) of exact keys and semantic entries."""
     return [*map(exact_member, keys), *(semantic_member(p, e) for p, e in sem)]
+
+
+def _everything(entry: Entry) -> bool:
+    return True

@@ -105,6 +105,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                                     registry=reg)
         self._degraded = False
         self._last_log = 0.0
+        self._told_down = False  # a line said the store was down, and none since that it is back
         #: lease -> (the store that granted it, its concurrency keys), while it runs.
         self._active: dict[str, tuple[Store, list[str]]] = {}
         #: lease -> (keys, until): leases Redis may hold that no running request owns,
@@ -147,13 +148,16 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         now = time.monotonic()
         if now - self._last_log > 10:
             self._last_log = now
+            self._told_down = True
             log.warning("rate-limit store unavailable", error=str(e),
                         fallback=self.cfg.on_store_error)
 
     def _store_ok(self) -> None:
         if self._degraded:
             self._degraded = False
-            log.info("rate-limit store is back")
+            if self._told_down:  # once per line that said it was down (a store that
+                self._told_down = False  # fails only some calls flaps: one pair a while)
+                log.info("rate-limit store is back")
 
     async def _admit(self, buckets: list[Bucket], conc: list[tuple[str, int]],
                      lease: str) -> tuple[Decision, Store]:

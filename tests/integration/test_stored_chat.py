@@ -4,6 +4,7 @@ against the official spec."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -570,3 +571,31 @@ async def test_a_listing_goes_on_when_its_cursors_place_is_pruned_between_window
     finally:
         await r.aclose()
         await store.close()
+
+
+async def test_a_store_that_is_down_is_logged_briefly_and_without_its_errors_text(
+        logs: Any, monkeypatch: Any) -> None:
+    """Every request logged it two or three times, at error level, with the error's text
+    (a protocol error's holds the bytes Redis sent back: a record, a prompt, once the
+    connection is out of step): thousands of lines in a short outage under load."""
+    import socket
+
+    from proxy import record_store
+    from proxy.errors import Unavailable
+    from proxy.record_store import RedisStore
+
+    monkeypatch.setattr(record_store, "_last_logged", {})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", 3600, "down:", kind="chat")
+    try:
+        for _ in range(5):
+            with pytest.raises(Unavailable):
+                await store.get("t", "secret-record-id")
+    finally:
+        await store.close()
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if "record store" in x]
+    assert [(x["event"], x["level"]) for x in lines] == [
+        ("record store unavailable", "warning")]
+    assert lines[0]["error"] in ("ConnectionError", "ConnectionRefusedError")

@@ -4,6 +4,7 @@ headers and 429s, two replicas sharing Redis under a burst, and Redis going away
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -805,3 +806,31 @@ async def test_a_per_user_override_applies(make_client: MakeClient) -> None:
 
     assert [await status("k-flood") for _ in range(3)] == [200, 200, 429]
     assert [await status("k-calm") for _ in range(3)] == [200, 200, 200]
+
+
+async def test_a_store_failing_only_some_calls_is_logged_as_a_pair_a_while(
+        redis_server: RedisServer, logs: Any) -> None:
+    """A Redis out of memory fails writes and answers the rest: each answer said the
+    store was back, each failure (once a while) that it was down: hundreds of lines."""
+    from plugins.rate_limit.gcra import StoreError
+
+    p = plugin(redis_server.url, rules=[{"per": "key", "rpm": 1000}],
+               on_store_error="fail_open")
+    assert p.remote is not None
+    real = p.remote.admit
+    calls = 0
+
+    async def flapping(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls % 2:
+            raise StoreError("ResponseError")
+        return await real(*args)
+
+    p.remote.admit = flapping  # type: ignore[method-assign]
+    for _ in range(20):
+        await p(ctx(), answer)
+    await p.close()
+    said = [json.loads(x)["event"] for x in logs.getvalue().splitlines()
+            if "rate-limit store" in x]
+    assert said == ["rate-limit store unavailable", "rate-limit store is back"]

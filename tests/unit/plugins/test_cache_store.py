@@ -196,3 +196,18 @@ async def test_entries_orjson_refuses_still_store_and_round_trip() -> None:
     await s.drain()
     got = await s.get("k1", "acme")
     assert got is not None and got.answer_text() == "half a pair: \ud83d, and on"
+
+
+async def test_a_replica_that_missed_events_keeps_nothing_it_cannot_check() -> None:
+    """Its listener lost Redis a while: a purge another replica sent meanwhile is gone
+    (pub/sub keeps nothing), and this replica served the purged entry from its memory
+    until it expired. Told to resync, it empties its memory (L2 and the vectors in Redis
+    answer again)."""
+    s = store(semantic={"lazy": False})
+    s.put(entry("k1"), ("p", "How can I reset my password please?"))
+    await s.drain()
+    assert await s.get("k1", "acme") is not None
+    await s._on_event({"op": "resync"})
+    assert await s.get("k1", "acme") is None
+    assert (await s.lookup(("p", "How can I reset my password please?"), "acme"))[1] is None
+    assert s.users.members(("acme", "alice")) == []
