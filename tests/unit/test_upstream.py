@@ -295,14 +295,7 @@ async def test_every_sse_framing_the_spec_allows_is_relayed(upstream: Upstream,
     # split-crlf: every piece ends between a CR and its LF
     pieces = ([text[i:i + 2] for i in range(0, len(text), 2)] if framing == "split-crlf"
               else [text])
-    upstream.chat = sse_handler(pieces)
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        reply = await engine(ctx(stream=True))
-        assert isinstance(reply, Stream)
-        assert [c async for c in reply] == CHUNKS
-    finally:
-        await engine.close()
+    assert (await relayed(upstream, pieces))[0] == CHUNKS
 
 
 @pytest.mark.parametrize("pieces", [
@@ -339,18 +332,12 @@ async def test_a_stream_s_usage_is_always_asked_for_and_shown_when_asked(
     usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
     done = [{"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
     # (an upstream asked for usage sends `"usage": null` on every other chunk)
-    upstream.chat = sse_handler(sse(*[{**c, "usage": None} for c in CHUNKS + done],
-                                    {"id": "c", "choices": [], "usage": usage}, "[DONE]"))
-    engine = await engine_for(upstream.base_url, models=["up-model"])
+    pieces = sse(*[{**c, "usage": None} for c in CHUNKS + done],
+                 {"id": "c", "choices": [], "usage": usage}, "[DONE]")
     options: dict[str, Any] = {"stream_options": {"include_usage": True}} if asked else {}
     c = ctx(stream=True, max_tokens=None, **options)
     c.output_ceiling = 64
-    try:
-        reply = await engine(c)
-        assert isinstance(reply, Stream)
-        got = [chunk async for chunk in reply]
-    finally:
-        await engine.close()
+    got, reply = await relayed(upstream, pieces, c)
     assert got[:4] == ([{**c, "usage": None} for c in CHUNKS + done] if asked
                        else CHUNKS + done)
     assert [g.get("usage") for g in got[4:]] == ([usage] if asked else [])
@@ -361,25 +348,33 @@ async def test_a_stream_s_usage_is_always_asked_for_and_shown_when_asked(
     assert body["max_completion_tokens"] == 64 and "max_tokens" not in body
 
 
+async def relayed(upstream: Upstream, pieces: list[bytes],
+                  c: RequestContext | None = None) -> tuple[list[dict[str, Any]], Stream]:
+    """The chunks a stream the upstream sends as `pieces` is relayed as, and the stream
+    (its answer and usage, as the plugins read them)."""
+    upstream.chat = sse_handler(pieces)
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(c or ctx(stream=True))
+        assert isinstance(reply, Stream)
+        return [chunk async for chunk in reply], reply
+    finally:
+        await engine.close()
+
+
 async def test_a_relayed_stream_s_answer_keeps_its_tool_calls(upstream: Upstream) -> None:
     """The answer a plugin stores (the cache) had the text and the finish reason only: a
     replay said `tool_calls` and held none."""
     call = [{"index": 0, "id": "call_1", "type": "function",
              "function": {"name": "weather", "arguments": ""}}]
     args = [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]
-    upstream.chat = sse_handler(sse(
+    pieces = sse(
         {"id": "c", "choices": [{"index": 0, "delta": {"content": "Checking."}}]},
         {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": call}}]},
         {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": args}}]},
         {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
-        "[DONE]"))
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        reply = await engine(ctx(stream=True))
-        assert isinstance(reply, Stream)
-        _ = [c async for c in reply]
-    finally:
-        await engine.close()
+        "[DONE]")
+    _, reply = await relayed(upstream, pieces)
     assert reply.answer == [{"index": 0, "text": "Checking.", "finish_reason": "tool_calls",
                              "tool_calls": [{"id": "call_1", "type": "function", "function": {
                                  "name": "weather", "arguments": '{"city": "Oslo"}'}}]}]
@@ -454,19 +449,13 @@ async def test_an_event_of_empty_data_and_unnumbered_calls_are_read_as_the_spec_
     calls = [{"id": f"call_{n}", "type": "function",
               "function": {"name": f"f{n}", "arguments": "{"}} for n in (1, 2)]
     more = {"function": {"arguments": "}"}}  # no id: the last call's
-    upstream.chat = sse_handler([b"data:\n\n", *sse(
+    pieces = [b"data:\n\n", *sse(
         {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [calls[0]]}}]},
         {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [more]}}]},
         {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [calls[1], more]}}]},
         {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
-        "[DONE]")])
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        reply = await engine(ctx(stream=True))
-        assert isinstance(reply, Stream)
-        got = [c async for c in reply]
-    finally:
-        await engine.close()
+        "[DONE]")]
+    got, reply = await relayed(upstream, pieces)
     assert [d["index"] for c in got[:3] for d in c["choices"][0]["delta"]["tool_calls"]] == [
         0, 0, 1, 1]
     assert reply.answer is not None and reply.answer[0]["tool_calls"] == [
