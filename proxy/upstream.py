@@ -237,7 +237,7 @@ class Upstream:
         usage chunk (it is always asked of the upstream)."""
         done = False
         events = SseEvents()
-        numbered: dict[int, int] = {}  # a choice's last tool call index
+        numbered: dict[int, tuple[int, str]] = {}  # a choice's last tool call
         try:
             async for piece in _with_end(resp.content.iter_any()):
                 for data in events.feed(piece) if piece else events.end():
@@ -321,19 +321,24 @@ async def _with_end(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     yield b""
 
 
-def _number_calls(chunk: dict[str, Any], last: dict[int, int]) -> None:
+def _number_calls(chunk: dict[str, Any], last: dict[int, tuple[int, str]]) -> None:
     """Give each tool call delta its `index` where the upstream left it out (some servers
-    send each call whole, unnumbered, in a chunk of its own): a delta with an `id` starts
-    the next call, one without goes on with the last. `last`: each choice's last index."""
+    send each call whole, unnumbered, in a chunk of its own; some repeat its id on every
+    piece): a delta with an id other than the last call's starts the next call, any other
+    goes on with the last. `last`: each choice's last call (index, id)."""
     for c in chunk.get("choices") or ():
-        calls = (c.get("delta") or {}).get("tool_calls") or ()
-        for d in calls:
-            i = d.get("index")
-            if type(i) is not int:
-                i = last.get(c["index"], -1) + (1 if d.get("id") or c["index"] not in last
-                                                else 0)
-                d["index"] = i
-            last[c["index"]] = max(i, last.get(c["index"], -1))
+        choice = c["index"]
+        for d in (c.get("delta") or {}).get("tool_calls") or ():
+            before, before_id = last.get(choice, (-1, ""))
+            call_id = d.get("id") or ""
+            if type(d.get("index")) is int:
+                i = d["index"]
+            elif before < 0 or (call_id and call_id != before_id):
+                i = before + 1
+            else:
+                i = before
+            d["index"] = i
+            last[choice] = (i, call_id or (before_id if i == before else ""))
 
 
 def _answer_ok(data: Any, kind: str) -> bool:

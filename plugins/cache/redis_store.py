@@ -363,11 +363,43 @@ class RedisStore:
         return json.dumps({**event, "from": self.replica}, separators=(",", ":"))
 
     async def publish(self, event: dict[str, Any]) -> bool:
-        """Whether Redis took the event (to pass on to every replica)."""
+        """Whether Redis took the event (to pass on to every replica). A purge's events
+        are also kept a while (`EVENT_LOG_S`) for a replica whose listener was away:
+        pub/sub keeps nothing (`events_since`)."""
         data = self._event(event)
-        return await self._call("publish",
-                                lambda: self.client.publish(self.p + "events", data),
-                                write=True) is not None
+        if event.get("op") not in _LOGGED:
+            return await self._call("publish",
+                                    lambda: self.client.publish(self.p + "events", data),
+                                    write=True) is not None
+
+        async def publish_and_log() -> Any:
+            now = time.time()
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.publish(self.p + "events", data)
+                pipe.zadd(self.p + "eventlog", {data: now})
+                pipe.zremrangebyscore(self.p + "eventlog", "-inf", now - EVENT_LOG_S)
+                pipe.pexpire(self.p + "eventlog", _px(EVENT_LOG_S))
+                return await pipe.execute()
+
+        return await self._call("publish", publish_and_log, write=True) is not None
+
+    async def events_since(self, since: float) -> list[dict[str, Any]] | None:
+        """The purge events other replicas published since `since` (their clocks), oldest
+        first; None when Redis cannot say."""
+        raw = await self._call("eventlog", lambda: self.client.zrangebyscore(
+            self.p + "eventlog", since, "+inf"))
+        if raw is None:
+            return None
+        events = []
+        for data in raw:
+            try:
+                event = json.loads(data) if isinstance(data, str | bytes) else None
+            except ValueError:
+                continue
+            if (isinstance(event, dict) and event.get("op") in _LOGGED
+                    and event.get("from") != self.replica):
+                events.append(event)
+        return events
 
     async def _handle(self, data: Any, on_event: EventHandler) -> None:
         """One event: one that cannot be read, or whose handling fails, is logged and
@@ -388,15 +420,15 @@ class RedisStore:
 
     async def _listen(self, on_event: EventHandler) -> None:
         backoff = 0.2
-        lost = False
+        lost: float | None = None  # when the listener lost Redis
         while True:
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.p + "events")
                 backoff = 0.2
-                if lost:  # events sent while we were away are gone: reload instead
-                    lost = False
-                    await on_event({"op": "resync"})
+                if lost is not None:  # events sent while we were away are gone:
+                    since, lost = lost - EVENT_SKEW_S, None  # read what Redis kept
+                    await on_event({"op": "resync", "since": since})
                 while True:
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is None or msg.get("type") != "message":
@@ -406,7 +438,7 @@ class RedisStore:
                 raise
             except (RedisError, OSError, TimeoutError, ValueError) as e:
                 self._failed("subscribe", e)
-                lost = True
+                lost = time.time() if lost is None else lost
                 await asyncio.sleep(backoff)  # reconnect backoff, not synchronisation
                 backoff = min(backoff * 2, 5.0)
             finally:
@@ -414,6 +446,15 @@ class RedisStore:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                 except (RedisError, OSError):
                     pass
+
+
+#: The events kept for a replica whose listener was away (`events_since`): a purge's.
+_LOGGED = frozenset({"purge", "drop"})
+#: How long they are kept (a listener reconnects within seconds; Redis down, nobody
+#: purges: a purge without Redis is a 503), and how far before the listener lost Redis
+#: a replica reads them back (other replicas' clocks may be behind).
+EVENT_LOG_S = 600.0
+EVENT_SKEW_S = 60.0
 
 
 def _px(seconds: float) -> int:

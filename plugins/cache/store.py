@@ -544,15 +544,24 @@ class CacheStore:
                 members = self._named(members, event["filter"])
             await self._drop(members, local_only=True)
         elif op == "resync":
-            self._forget_local()
+            # The listener lost Redis a while: the purges sent meanwhile are read back
+            # from what Redis kept of them and applied as they would have been (this
+            # replica holds the prompts a purge by content matches), or, where Redis
+            # cannot say, this replica keeps nothing it cannot check.
+            missed = (await self.redis.events_since(float(event.get("since") or 0.0))
+                      if self.redis is not None else None)
+            if missed is None:
+                self._forget_local()
+            for e in missed or ():
+                await self._on_event(e)
             if self.embedder is not None and self.redis is not None:
                 await self._load_semantic()
 
     def _forget_local(self) -> None:
-        """The listener lost Redis a while: the purges and cap evictions the other
-        replicas sent meanwhile are gone, and what this replica holds may be among them.
-        It keeps nothing it cannot check: L1, the vector index and pending vectors are
-        emptied (L2 answers again, and the vectors are loaded back from Redis)."""
+        """Purges may have been missed and cannot be read back: L1, the vector index and
+        pending vectors are emptied (L2 answers again, and the vectors are loaded back
+        from Redis), and no answer generated across the gap is stored."""
+        self._purge_floor = max(self._purge_floor, time.time())
         if self.l1 is not None:
             self.l1.purge(_everything)
             labelled(self.metrics.entries, "l1").set(len(self.l1))

@@ -444,14 +444,15 @@ async def test_an_upstream_redirect_is_not_followed(upstream: Upstream) -> None:
 async def test_an_event_of_empty_data_and_unnumbered_calls_are_read_as_the_spec_says(
         upstream: Upstream) -> None:
     """`data:` alone is no event (it was parsed as JSON, and failed the stream). Calls
-    sent whole without their index, each in a chunk of its own, are told apart by their
-    ids (a delta without one goes on with the last call), for the stream's readers too."""
+    sent without their index are told apart by their ids (a delta without one, or with
+    the last call's again, goes on with it), for the stream's readers too."""
     calls = [{"id": f"call_{n}", "type": "function",
               "function": {"name": f"f{n}", "arguments": "{"}} for n in (1, 2)]
-    more = {"function": {"arguments": "}"}}  # no id: the last call's
+    more = {"id": "call_2", "function": {"arguments": "}"}}  # the last call's id again
     pieces = [b"data:\n\n", *sse(
         {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [calls[0]]}}]},
-        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [more]}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"function": {"arguments": "}"}}]}}]},  # no id: the last call's
         {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [calls[1], more]}}]},
         {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
         "[DONE]")]

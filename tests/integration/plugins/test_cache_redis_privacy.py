@@ -201,3 +201,38 @@ async def test_the_retry_a_failed_purge_asks_for_reaches_redis(make_client: Make
     for client in (a, b):
         layer, _ = await ask(client, q, headers={"Cache-Control": "no-store"})
         assert layer == "miss"
+
+
+async def test_a_purge_sent_while_a_replica_was_away_reaches_it_when_it_is_back(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """Pub/sub keeps nothing: a content purge sent while the listener of the replica that
+    holds the prompt was away (a Redis restart, a blip) never reached it, and the entry
+    was served by every replica, from its memory and from Redis (no prompt there to
+    match), until it expired. Redis keeps a purge's events a while; the replica reads
+    them back when its listener is, and applies them as it would have."""
+    import time
+
+    from proxy.tasks import cancel_and_wait
+
+    (a, b), prefix = await with_prefix(make_client, redis_server.url)
+    q = "Tell me about project osprey migration"
+    assert (await ask(b, q))[0] == "miss"  # b made it: b alone holds its prompt
+    await settle(b)
+    store = cache_of(b).store
+    assert store.redis is not None
+    away = time.time()
+    await cancel_and_wait(store.redis._listener)  # b's listener is away
+    r = await a.post("/admin/cache/purge", json={"contains": "osprey"},
+                     headers={"Authorization": "Bearer k-admin"})
+    assert r.status == 200
+    assert (await ask(a, q, headers={"Cache-Control": "only-if-cached"}))[0] == "exact"
+    await store._on_event({"op": "resync", "since": away})  # what the listener does back
+    await settle(a, b)
+    a_l1 = cache_of(a).store.l1  # the copy a read from Redis: dropped as b names it
+    await eventually(lambda: a_l1 is not None and len(a_l1) == 0, timeout=2.0)
+    left = [k for k in await redis_dump(redis_server.url, prefix)
+            if k.startswith((prefix + "x:", prefix + "s:"))]
+    assert left == []
+    for client in (a, b):
+        layer, _ = await ask(client, q, headers={"Cache-Control": "no-store"})
+        assert layer == "miss"
