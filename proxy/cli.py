@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -161,14 +162,40 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     st.draining = True
     drain = settings.server.drain_timeout_s
     log.info("draining", in_flight=st.in_flight, timeout_s=drain)
+    deadline = _shutdown_deadline(drain + ABORT_GRACE_S + OVERRUN_S)
     if not await _drained(st, drain, hurry):
-        aborted = await st.abort_all()
+        aborted = await st.abort_all(ABORT_GRACE_S)
         log.warning("second signal: aborted in-flight requests" if hurry.is_set()
                     else "drain timeout: aborted in-flight requests", count=aborted)
     engine_loading = not st.terminal.ready() and st.engine_error is None
     await listener.close()
+    deadline.cancel()
     log.info("stopped")
     return _exit(1 if fatal else 0, engine_loading=engine_loading)
+
+
+#: How long the in-flight requests a drain's end cancels get to end, and how far past
+#: the drain and that a shutdown may run before it is ended from a thread of its own.
+ABORT_GRACE_S = 5.0
+OVERRUN_S = 5.0
+
+
+def _shutdown_deadline(seconds: float) -> threading.Timer:
+    """End the process `seconds` from now unless cancelled first. From a thread: the
+    drain's own timeouts run on the event loop, which CPU-bound work in this process (the
+    engine's output processing, logprobs detokenized for many long streams) can hold
+    for tens of seconds, past the orchestrator's grace and its SIGKILL."""
+    from .telemetry import get_logger
+
+    def overran() -> None:
+        get_logger("weir.serve").error("shutdown overran its drain: exiting now",
+                                       after_s=seconds)
+        _exit_now(1, grace_s=1.0)
+
+    timer = threading.Timer(seconds, overran)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -10,7 +10,8 @@ scope per chunk is done once per stream:
 - a watchdog task, one per stream, wakes every second or so: it sends a keep-alive
   comment while the engine has been quiet for `keepalive_s`, and aborts the connection
   when one write has been stuck for `write_timeout_s` (a client that stopped reading);
-  aborting (not closing) drops what is unsent at once, and the pending write fails.
+  aborting with a reset (not closing) drops what is unsent at once, in the kernel too,
+  and the pending write fails.
 
 The first chunk is in hand before the response is prepared (the terminal primes the
 stream), so errors before any output still get a real HTTP status; a stream that was
@@ -24,7 +25,12 @@ with its outcome, shielded from a second cancellation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
+import socket
+import struct
+import termios
 import time
 from collections.abc import Callable
 from typing import Any
@@ -126,14 +132,24 @@ class _Watchdog:
 
     async def _run(self) -> None:
         tick = max(0.05, min(self.keepalive, self.write_timeout) / 4)
+        unsent = -1
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
             if self.writing_since is not None:
+                # A client still reading, slowly, is not stalled: what is unsent going
+                # down (its acknowledgements) restarts the clock. (A full kernel buffer
+                # takes a write only once a third of it has gone: megabytes, at a slow
+                # reader's pace, past `write_timeout_s`.)
+                before, unsent = unsent, _unsent(self.request.transport)
+                if 0 <= unsent < before:
+                    self.writing_since = now
                 if now - self.writing_since >= self.write_timeout:
                     self._cut()
                     return
-            elif now - self.last_write >= self.keepalive:
+            else:
+                unsent = -1
+            if self.writing_since is None and now - self.last_write >= self.keepalive:
                 # In a task of its own, timed by this loop as any write (`writing_since`):
                 # a client that stopped reading blocks whichever write crosses aiohttp's
                 # buffer, a keep-alive too, and this loop must go on watching. (Not
@@ -144,10 +160,36 @@ class _Watchdog:
     def _cut(self) -> None:
         self.cut = True
         if self.request.transport is not None:
-            self.request.transport.abort()
+            reset(self.request.transport)
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task, self._keepalive)
+
+
+def reset(transport: asyncio.Transport) -> None:
+    """Abort a connection with a reset: a plain abort only closes the socket, and the
+    kernel then goes on trying to send what it holds (megabytes, to a client that stopped
+    reading) for a minute or more, in memory an attacker can multiply."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+def _unsent(transport: asyncio.Transport | None) -> int:
+    """The bytes written to `transport` that its peer has not acknowledged: in the
+    transport's buffer and in the kernel's (Linux's `TIOCOUTQ`; where it cannot say, the
+    transport's alone)."""
+    if transport is None:
+        return 0
+    n = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            n += struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ,
+                                                b"\0\0\0\0"))[0]
+    return n
 
 
 def _unstick(request: web.Request) -> None:
@@ -256,7 +298,7 @@ async def write_sse(
                     await resp.write_eof()
             except TimeoutError:
                 if request.transport is not None:
-                    request.transport.abort()
+                    reset(request.transport)
         except ConnectionError:  # an answer already whole stays "completed"
             if on_abort is not None and not whole:
                 on_abort("write timeout" if watchdog.cut else

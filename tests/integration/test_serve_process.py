@@ -56,3 +56,22 @@ def test_the_processes_it_started_end_with_it(monkeypatch: pytest.MonkeyPatch) -
     assert not child.is_alive()
     cli._exit(3, engine_loading=True)
     assert exits == [3]
+
+
+async def test_a_shutdown_the_loop_cannot_run_is_ended_from_a_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drain's timeouts run on the event loop, which CPU-bound work in the process
+    (the engine's output processing for many long streams with logprobs) held for tens
+    of seconds: a drain of 6 s ran 54 s, past the orchestrator's grace. The deadline
+    runs in a thread of its own, through a loop held the whole time."""
+    import threading
+
+    ended = threading.Event()
+    monkeypatch.setattr(cli, "_exit_now", lambda code, grace_s=5.0: ended.set())
+    deadline = cli._shutdown_deadline(0.05)
+    assert ended.wait(timeout=30)  # the event loop held all along: nothing on it runs
+    kept = cli._shutdown_deadline(0.05)
+    kept.cancel()  # a shutdown that ends in time
+    ended.clear()
+    kept.join()
+    assert not ended.is_set() and not deadline.is_alive()

@@ -319,6 +319,12 @@ class _Aborted:
     def abort(self) -> None:
         self.aborted = True
 
+    def get_extra_info(self, name: str) -> None:
+        return None
+
+    def get_write_buffer_size(self) -> int:
+        return 1 << 20
+
 
 class _Held:
     """A client that stopped reading: every write blocks (the transport stays paused)."""
@@ -394,6 +400,9 @@ async def test_a_write_cancelled_while_the_client_is_slow_leaves_later_writes_ti
         def get_extra_info(self, *a: Any, **kw: Any) -> None:
             return None
 
+        def get_write_buffer_size(self) -> int:
+            return 0
+
         def abort(self) -> None:
             self.aborted = True
 
@@ -422,3 +431,59 @@ async def test_a_write_cancelled_while_the_client_is_slow_leaves_later_writes_ti
     with pytest.raises(TimeoutError):  # the body's end waits, timed (it raised at once)
         async with asyncio.timeout(0.2):
             await writer.write_eof()
+
+
+async def test_a_cut_connection_is_reset_not_closed() -> None:
+    """A plain abort closes the socket, and the kernel goes on sending what it holds
+    (megabytes, to a client that stopped reading) for a minute or more; a reset drops it
+    at once: the client sees the connection reset, not an orderly end."""
+    from proxy.streaming import reset
+
+    transports: list[asyncio.Transport] = []
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        transports.append(writer.transport)  # type: ignore[arg-type]
+
+    server = await asyncio.start_server(accepted, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await eventually(lambda: bool(transports))
+        reset(transports[0])
+        with pytest.raises(ConnectionResetError):
+            async with asyncio.timeout(10):
+                await reader.read(1)
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_client_still_reading_slowly_is_not_cut() -> None:
+    """The clock ran from when one write blocked: a client reading steadily but slowly
+    (a full kernel buffer takes a write only once a third of it has gone) was cut,
+    mid-answer, as if it had stopped. What is unsent going down restarts the clock;
+    once it stays put, the client is cut."""
+    from proxy.streaming import _Watchdog
+
+    class Draining(_Aborted):
+        def __init__(self) -> None:
+            self.left, self.calls, self.reading = 1 << 30, 0, True
+
+        def get_write_buffer_size(self) -> int:
+            self.calls += 1
+            if self.reading:
+                self.left -= 1000  # the client reads a little every tick
+            return self.left
+
+    held = _Held()
+    held.transport = transport = Draining()
+    wd = _Watchdog(held, held, keepalive=60, write_timeout=0.1)  # type: ignore[arg-type]
+    writing = asyncio.create_task(wd.write(b"data: {}\n\n"))
+    await eventually(lambda: transport.calls >= 20, timeout=10)  # 20 ticks: 5 timeouts
+    assert not transport.aborted and not wd.cut
+    transport.reading = False  # it stops reading
+    await eventually(lambda: transport.aborted, timeout=10)
+    assert wd.cut
+    writing.cancel()
+    await wd.stop()
