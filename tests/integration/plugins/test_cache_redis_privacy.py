@@ -38,6 +38,16 @@ async def redis_dump(url: str, prefix: str) -> list[str]:
     return out
 
 
+async def assert_gone(url: str, prefix: str, q: str, *clients: Any) -> None:
+    """No entry is left in Redis, and no replica answers `q` from the cache."""
+    left = [k for k in await redis_dump(url, prefix)
+            if k.startswith((prefix + "x:", prefix + "s:"))]
+    assert left == []
+    for client in clients:
+        layer, _ = await ask(client, q, headers={"Cache-Control": "no-store"})
+        assert layer == "miss"
+
+
 async def with_prefix(make_client: MakeClient, url: str, n: int = 2,
                       **redis: Any) -> tuple[Any, str]:
     prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
@@ -195,12 +205,7 @@ async def test_the_retry_a_failed_purge_asks_for_reaches_redis(make_client: Make
     store.redis.purge = real  # type: ignore[method-assign]
     r = await a.post("/admin/cache/purge", json={"contains": "kestrel"}, headers=admin)
     assert r.status == 200
-    left = [k for k in await redis_dump(redis_server.url, prefix)
-            if k.startswith((prefix + "x:", prefix + "s:"))]
-    assert left == []
-    for client in (a, b):
-        layer, _ = await ask(client, q, headers={"Cache-Control": "no-store"})
-        assert layer == "miss"
+    await assert_gone(redis_server.url, prefix, q, a, b)
 
 
 async def test_a_purge_sent_while_a_replica_was_away_reaches_it_when_it_is_back(
@@ -230,9 +235,4 @@ async def test_a_purge_sent_while_a_replica_was_away_reaches_it_when_it_is_back(
     await settle(a, b)
     a_l1 = cache_of(a).store.l1  # the copy a read from Redis: dropped as b names it
     await eventually(lambda: a_l1 is not None and len(a_l1) == 0, timeout=2.0)
-    left = [k for k in await redis_dump(redis_server.url, prefix)
-            if k.startswith((prefix + "x:", prefix + "s:"))]
-    assert left == []
-    for client in (a, b):
-        layer, _ = await ask(client, q, headers={"Cache-Control": "no-store"})
-        assert layer == "miss"
+    await assert_gone(redis_server.url, prefix, q, a, b)
