@@ -171,26 +171,33 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     await listener.close()
     deadline.cancel()
     log.info("stopped")
-    return _exit(1 if fatal else 0, engine_loading=engine_loading)
+    code = 1 if fatal else 0
+    # What is left (the engine's processes, the loop's own close, threads the interpreter
+    # waits for) may hang too: past TEARDOWN_S the process ends with the code it had.
+    _shutdown_deadline(TEARDOWN_S, code, "teardown")
+    return _exit(code, engine_loading=engine_loading)
 
 
 #: How long the in-flight requests a drain's end cancels get to end, and how far past
 #: the drain and that a shutdown may run before it is ended from a thread of its own.
 ABORT_GRACE_S = 5.0
 OVERRUN_S = 5.0
+TEARDOWN_S = 10.0
 
 
-def _shutdown_deadline(seconds: float) -> threading.Timer:
-    """End the process `seconds` from now unless cancelled first. From a thread: the
-    drain's own timeouts run on the event loop, which CPU-bound work in this process (the
-    engine's output processing, logprobs detokenized for many long streams) can hold
-    for tens of seconds, past the orchestrator's grace and its SIGKILL."""
+def _shutdown_deadline(seconds: float, code: int = 1, what: str = "drain",
+                       ) -> threading.Timer:
+    """End the process (`code`) `seconds` from now unless cancelled first (`what`: the
+    phase it bounds, for the log line). From a thread: the drain's own timeouts run on
+    the event loop, which CPU-bound work in this process (the engine's output
+    processing, logprobs detokenized for many long streams) can hold for tens of
+    seconds, past the orchestrator's grace and its SIGKILL."""
     from .telemetry import get_logger
 
     def overran() -> None:
-        get_logger("weir.serve").error("shutdown overran its drain: exiting now",
+        get_logger("weir.serve").error(f"shutdown overran its {what}: exiting now",
                                        after_s=seconds)
-        _exit_now(1, grace_s=1.0)
+        _exit_now(code, grace_s=1.0)
 
     timer = threading.Timer(seconds, overran)
     timer.daemon = True

@@ -132,23 +132,26 @@ class _Watchdog:
 
     async def _run(self) -> None:
         tick = max(0.05, min(self.keepalive, self.write_timeout) / 4)
-        unsent = -1
+        mark = -1  # what was unsent when the clock last started
         while True:
             await asyncio.sleep(tick)
             now = time.monotonic()
             if self.writing_since is not None:
-                # A client still reading, slowly, is not stalled: what is unsent going
-                # down (its acknowledgements) restarts the clock. (A full kernel buffer
+                # A client still reading, slowly, is not stalled: `PROGRESS_BYTES` of
+                # what is unsent acknowledged restarts the clock. (A full kernel buffer
                 # takes a write only once a third of it has gone: megabytes, at a slow
-                # reader's pace, past `write_timeout_s`.)
-                before, unsent = unsent, _unsent(self.request.transport)
-                if 0 <= unsent < before:
-                    self.writing_since = now
+                # reader's pace, past `write_timeout_s`.) Less is a trickle that would
+                # hold the stream, its slot and its buffers for good.
+                unsent = _unsent(self.request.transport)
+                if mark < 0:
+                    mark = unsent
+                elif mark - unsent >= PROGRESS_BYTES:
+                    self.writing_since, mark = now, unsent
                 if now - self.writing_since >= self.write_timeout:
                     self._cut()
                     return
             else:
-                unsent = -1
+                mark = -1
             if self.writing_since is None and now - self.last_write >= self.keepalive:
                 # In a task of its own, timed by this loop as any write (`writing_since`):
                 # a client that stopped reading blocks whichever write crosses aiohttp's
@@ -175,6 +178,11 @@ def reset(transport: asyncio.Transport) -> None:
         with contextlib.suppress(OSError, AttributeError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
+
+
+#: What a client stuck in one write must read within `write_timeout_s` to be kept: 64
+#: KiB (about 2 KB/s at the default 30 s), the most aiohttp buffers before it waits.
+PROGRESS_BYTES = 64 << 10
 
 
 def _unsent(transport: asyncio.Transport | None) -> int:

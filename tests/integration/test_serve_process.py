@@ -67,9 +67,18 @@ async def test_a_shutdown_the_loop_cannot_run_is_ended_from_a_thread(
     import threading
 
     ended = threading.Event()
-    monkeypatch.setattr(cli, "_exit_now", lambda code, grace_s=5.0: ended.set())
+    codes: list[int] = []
+
+    def exit_now(code: int, grace_s: float = 5.0) -> None:
+        codes.append(code)
+        ended.set()
+
+    monkeypatch.setattr(cli, "_exit_now", exit_now)
     deadline = cli._shutdown_deadline(0.05)
     assert ended.wait(timeout=30)  # the event loop held all along: nothing on it runs
+    ended.clear()
+    cli._shutdown_deadline(0.05, 0, "teardown")  # a teardown that hangs keeps its code
+    assert ended.wait(timeout=30) and codes == [1, 0]
     kept = cli._shutdown_deadline(0.05)
     kept.cancel()  # a shutdown that ends in time
     ended.clear()

@@ -462,18 +462,21 @@ async def test_a_cut_connection_is_reset_not_closed() -> None:
 async def test_a_client_still_reading_slowly_is_not_cut() -> None:
     """The clock ran from when one write blocked: a client reading steadily but slowly
     (a full kernel buffer takes a write only once a third of it has gone) was cut,
-    mid-answer, as if it had stopped. What is unsent going down restarts the clock;
-    once it stays put, the client is cut."""
-    from proxy.streaming import _Watchdog
+    mid-answer, as if it had stopped. What it reads restarts the clock; a trickle (under
+    `PROGRESS_BYTES` a timeout) does not, or it would hold the stream for good."""
+    from proxy.streaming import PROGRESS_BYTES, _Watchdog
 
     class Draining(_Aborted):
         def __init__(self) -> None:
-            self.left, self.calls, self.reading = 1 << 30, 0, True
+            self.left, self.calls = 1 << 30, 0
+            self.reading: bool | None = True
 
         def get_write_buffer_size(self) -> int:
             self.calls += 1
             if self.reading:
-                self.left -= 1000  # the client reads a little every tick
+                self.left -= PROGRESS_BYTES  # the client reads steadily, slowly
+            elif self.reading is None:
+                self.left -= 100  # a trickle: it would hold the stream for good
             return self.left
 
     held = _Held()
@@ -482,7 +485,7 @@ async def test_a_client_still_reading_slowly_is_not_cut() -> None:
     writing = asyncio.create_task(wd.write(b"data: {}\n\n"))
     await eventually(lambda: transport.calls >= 20, timeout=10)  # 20 ticks: 5 timeouts
     assert not transport.aborted and not wd.cut
-    transport.reading = False  # it stops reading
+    transport.reading = None  # it trickles
     await eventually(lambda: transport.aborted, timeout=10)
     assert wd.cut
     writing.cancel()
