@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 from .errors import Unavailable
 from .redis_client import blocking_client
 from .settings import ResponsesSettings
-from .telemetry import get_logger
+from .telemetry import OutageLog, get_logger
 
 log = get_logger("weir.responses")
 
@@ -420,17 +420,14 @@ def _record(raw: Any) -> Record | None:
 _WHAT = {"responses": "response", "chat": "chat completion"}
 
 
-#: When each kind of store last logged its failure: once per `_LOG_EVERY_S` (an outage
-#: of seconds under load was thousands of lines, each request logging two or three).
-_last_logged: dict[str, float] = {}
-_LOG_EVERY_S = 10.0
+#: Each kind of store's failures, logged once a while (an outage of seconds under load
+#: was thousands of lines, each request logging two or three).
+_OUTAGES = OutageLog()
 
 
 def _down(e: BaseException, kind: str) -> Unavailable:
     what = _WHAT.get(kind, kind)
-    now = time.monotonic()
-    if now - _last_logged.get(kind, float("-inf")) > _LOG_EVERY_S:
-        _last_logged[kind] = now
+    if _OUTAGES.down(kind):
         # The type alone: a protocol error's text holds the bytes Redis sent back, which
         # may be a stored record's (a prompt) once the connection is out of step.
         log.warning("record store unavailable", kind=kind, error=type(e).__name__)

@@ -305,8 +305,7 @@ async def write_sse(
                 async with asyncio.timeout(write_timeout):
                     await resp.write_eof()
             except TimeoutError:
-                if request.transport is not None:
-                    reset(request.transport)
+                watchdog._cut()
         except ConnectionError:  # an answer already whole stays "completed"
             if on_abort is not None and not whole:
                 on_abort("write timeout" if watchdog.cut else

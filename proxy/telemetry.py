@@ -151,6 +151,32 @@ def _short(filename: str) -> str:
     return filename.rsplit("/", 1)[-1]
 
 
+class OutageLog:
+    """When to log a dependency's outage: that it failed at most once per `every_s` (per
+    `key`, an operation), and that it is back only after such a line, once. A store
+    that failed every call of a burst, or only some calls (Redis out of memory: writes
+    fail, reads answer), logged hundreds of lines a minute."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._told = False  # a line said it was down, and none since that it is back
+
+    def down(self, key: str = "") -> bool:
+        """Whether to log this failure now."""
+        now = time.monotonic()
+        if now - self._last.get(key, float("-inf")) <= self.every_s:
+            return False
+        self._last[key] = now
+        self._told = True
+        return True
+
+    def back(self) -> bool:
+        """Whether to log that it is back (once per line that said it was down)."""
+        told, self._told = self._told, False
+        return told
+
+
 def get_logger(name: str) -> Any:
     return structlog.get_logger(name)
 

@@ -23,7 +23,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from proxy.chain import BasePlugin, Next, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.errors import DeadlineExceeded, Unavailable
-from proxy.telemetry import get_logger
+from proxy.telemetry import OutageLog, get_logger
 
 from .config import AdmissionConfig
 from .queue import PriorityGate, Shed
@@ -53,7 +53,7 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
                             registry=reg)
         self.timeouts = Counter("weir_admission_deadline_exceeded_total",
                                 "Requests cut at their deadline.", registry=reg)
-        self._last_log = 0.0
+        self._sheds = OutageLog(every_s=5.0)
 
     def health(self) -> dict[str, Any]:
         return {"in_engine": self.gate.in_use, "waiting": self.gate.waiting}
@@ -78,9 +78,7 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
 
     def _overloaded(self, reason: str, message: str) -> Unavailable:
         self.shed.labels(reason).inc()
-        now = time.monotonic()
-        if now - self._last_log > 5:  # one line per burst, not one per shed request
-            self._last_log = now
+        if self._sheds.down():  # one line per burst, not one per shed request
             log.warning("shedding load", reason=reason, in_engine=self.gate.in_use,
                         waiting=self.gate.waiting)
         return Unavailable(message, code="overloaded" if reason == "full" else "queue_timeout",

@@ -24,6 +24,7 @@ import orjson
 from proxy import responses as R
 from proxy import tools as T
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from proxy.rendering import usage_ok
 
 
 @dataclass(slots=True)
@@ -164,10 +165,8 @@ def captured_usage(usage: Any) -> dict[str, int] | None:
         return {"prompt_tokens": 0, "completion_tokens": 0}
     if not isinstance(usage, dict):
         return None
-    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
-    if not (type(prompt) is int and type(completion) is int and prompt >= 0 <= completion):
-        return None
-    return {"prompt_tokens": prompt, "completion_tokens": completion}
+    kept = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
+    return kept if usage_ok(kept) else None
 
 
 def _usage(entry: Entry) -> dict[str, Any]:

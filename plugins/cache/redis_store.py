@@ -44,7 +44,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from proxy.redis_client import blocking_client
 from proxy.tasks import cancel_and_wait, lost_cancellation
-from proxy.telemetry import get_logger
+from proxy.telemetry import OutageLog, get_logger
 from proxy.tracing import span
 
 from .config import RedisConfig
@@ -113,8 +113,7 @@ class RedisStore:
         self.p = cfg.key_prefix
         self.replica = replica
         self._errors = errors
-        self._last_log: dict[str, float] = {}
-        self._told_down = False  # a line said Redis was down, and none since that it is back
+        self._outage = OutageLog()
         self.client = blocking_client(cfg.url, max(cfg.timeout_s, cfg.write_timeout_s),
                                       cfg.max_connections,
                                       health_check_interval=5)
@@ -142,18 +141,14 @@ class RedisStore:
             return None
         if not self.healthy:
             self.healthy = True
-            if self._told_down:  # once per line that said it was down (a Redis that
-                self._told_down = False  # fails only writes flaps: one pair a while)
+            if self._outage.back():
                 log.info("redis is back", op=op)
         return result
 
     def _failed(self, op: str, e: BaseException) -> None:
         self.healthy = False
         self._errors.labels(op).inc()
-        now = time.monotonic()
-        if now - self._last_log.get(op, 0.0) > 10:
-            self._last_log[op] = now
-            self._told_down = True
+        if self._outage.down(op):
             log.warning("redis unavailable; serving without it", op=op, error=type(e).__name__)
 
     # -------------------------------------------------------------------- exact

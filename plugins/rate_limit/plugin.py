@@ -39,7 +39,7 @@ from proxy.errors import RateLimited, Unavailable
 from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.tasks import cancel_and_wait, detach
-from proxy.telemetry import error_fields, get_logger
+from proxy.telemetry import OutageLog, error_fields, get_logger
 from proxy.tools import tool_chars
 
 from .config import Limits, RateLimitConfig
@@ -104,8 +104,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                                     "Store calls that failed (local limiter used).",
                                     registry=reg)
         self._degraded = False
-        self._last_log = 0.0
-        self._told_down = False  # a line said the store was down, and none since that it is back
+        self._outage = OutageLog()
         #: lease -> (the store that granted it, its concurrency keys), while it runs.
         self._active: dict[str, tuple[Store, list[str]]] = {}
         #: lease -> (keys, until): leases Redis may hold that no running request owns,
@@ -145,18 +144,14 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     def _store_failed(self, e: StoreError) -> None:
         self.store_errors.inc()
         self._degraded = True
-        now = time.monotonic()
-        if now - self._last_log > 10:
-            self._last_log = now
-            self._told_down = True
+        if self._outage.down():
             log.warning("rate-limit store unavailable", error=str(e),
                         fallback=self.cfg.on_store_error)
 
     def _store_ok(self) -> None:
         if self._degraded:
             self._degraded = False
-            if self._told_down:  # once per line that said it was down (a store that
-                self._told_down = False  # fails only some calls flaps: one pair a while)
+            if self._outage.back():
                 log.info("rate-limit store is back")
 
     async def _admit(self, buckets: list[Bucket], conc: list[tuple[str, int]],

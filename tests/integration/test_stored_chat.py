@@ -583,8 +583,9 @@ async def test_a_store_that_is_down_is_logged_briefly_and_without_its_errors_tex
     from proxy import record_store
     from proxy.errors import Unavailable
     from proxy.record_store import RedisStore
+    from proxy.telemetry import OutageLog
 
-    monkeypatch.setattr(record_store, "_last_logged", {})
+    monkeypatch.setattr(record_store, "_OUTAGES", OutageLog())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
