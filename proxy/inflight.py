@@ -15,7 +15,7 @@ from aiohttp import web
 
 from .app_state import ABORTED, AppState
 from .errors import Unavailable
-from .streaming import ANSWERED, PREPARED, SHUTDOWN
+from .streaming import ANSWERED, PREPARED, SHUTDOWN, WRITE_TIMED_OUT
 from .telemetry import get_logger, labelled
 
 log = get_logger("weir.routes")
@@ -54,9 +54,12 @@ def count_abort(st: AppState, request: web.Request, reason: str) -> None:
 
 def _count_abort(st: AppState, request: web.Request) -> bool:
     """Count the request as aborted by its client, once (the stream writer sees a client
-    go, then aiohttp's handler cancellation reaches `generating`): whether it was new."""
+    go, then aiohttp's handler cancellation reaches `generating`): whether it was new.
+    The reason is `write_timeout` where the writer cut a client that stopped reading
+    (whichever of the two sees it first), else `client_gone`."""
     if request.get(ABORTED):
         return False
     request[ABORTED] = True
-    labelled(st.metrics.aborted, "client_gone").inc()
+    reason = "write_timeout" if request.get(WRITE_TIMED_OUT) else "client_gone"
+    labelled(st.metrics.aborted, reason).inc()
     return True

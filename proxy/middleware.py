@@ -35,7 +35,7 @@ from .errors import (
     WeirError,
 )
 from .ids import new_hex
-from .streaming import ANSWERED, SHUTDOWN
+from .streaming import ANSWERED, SHUTDOWN, STREAM_ERROR, WRITE_TIMED_OUT
 from .telemetry import Metrics, error_fields, get_logger, labelled
 from .tracing import extract, tracer, tracing_enabled
 
@@ -150,6 +150,7 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             status = 200 if request.get(ANSWERED) else 503 if SHUTDOWN in e.args else 499
             raise
         finally:
+            status = outcome_status(request, status)
             info: dict[str, Any] = request.get(INFO, {})
             elapsed = time.perf_counter() - start
             route = info.get("route")
@@ -162,6 +163,20 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
                             **{k: v for k, v in info.items() if v is not None})
 
     return access_log
+
+
+def outcome_status(request: web.Request, status: int) -> int:
+    """What a request is logged and counted as: the status sent, or for a stream (its head
+    said 200) the status of the in-band error that ended it (`STREAM_ERROR`: a deadline's
+    504, a failed engine's 502, a shutdown's 503); a stream cut because its client stopped
+    reading is a 499 (aiohttp cancels the handler either way)."""
+    if status == 200 and (inband := request.get(STREAM_ERROR)) is not None:
+        return inband
+    if status == 499 and request.get(WRITE_TIMED_OUT):
+        info = request.get(INFO)
+        if info is not None:
+            info["cut"] = "write_timeout"
+    return status
 
 
 def log_request(request: web.Request, status: int, elapsed_s: float, **fields: Any) -> None:
@@ -227,6 +242,7 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
         finally:
             if status == 499 and request.get(ANSWERED):
                 status = 200  # (its client left after the whole answer)
+            status = outcome_status(request, status)
             s.set_attribute("http.response.status_code", status)
             info = request.get(INFO) or {}
             for key in ("model", "tenant", "cache"):

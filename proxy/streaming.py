@@ -53,6 +53,13 @@ PREPARED: web.RequestKey[bool] = web.RequestKey("weir_stream_prepared", bool)
 #: The stream's body went out whole (its end written): a client that leaves now, having
 #: read its answer (the SDK closes at `[DONE]`), was answered, not aborted.
 ANSWERED: web.RequestKey[bool] = web.RequestKey("weir_stream_answered", bool)
+#: The status of the in-band error that ended a stream (its head said 200): what the
+#: access log and the request metrics count it as, so a stream cut by its deadline or a
+#: failed engine shows as the 504 or 502 it was.
+STREAM_ERROR: web.RequestKey[int] = web.RequestKey("weir_stream_error", int)
+#: Set when the writer cut the connection because its client stopped reading (the write
+#: timeout): the abort is counted as `write_timeout`, not as a client that left.
+WRITE_TIMED_OUT: web.RequestKey[bool] = web.RequestKey("weir_write_timed_out", bool)
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -161,7 +168,7 @@ class _Watchdog:
                 self._keepalive.add_done_callback(_retrieved)
 
     def _cut(self) -> None:
-        self.cut = True
+        self.cut = self.request[WRITE_TIMED_OUT] = True
         if self.request.transport is not None:
             reset(self.request.transport)
 
@@ -283,10 +290,10 @@ async def write_sse(
                 error = (DeadlineExceeded("The request did not finish within its deadline.")
                          if scope.expired() else exc)
                 outcome, errored = "failed", True
-                await _error_event(write, error, log_error, framed, _take(held))
+                await _error_event(request, write, error, log_error, framed, _take(held))
             except Exception as e:  # after the first byte an error goes out in-band
                 outcome, error, errored = "failed", e, True
-                await _error_event(write, e, log_error, framed, _take(held))
+                await _error_event(request, write, e, log_error, framed, _take(held))
             if terminator or held:
                 unsent = bool(held)  # a whole stream's events go out only now
                 ending = True  # handed over with its end: a shutdown adds nothing after
@@ -315,6 +322,8 @@ async def write_sse(
         if not whole:  # (whole: the answer went out, and ends as it was)
             outcome = "cancelled"
             if e.args == (SHUTDOWN,) and watchdog is not None and not ending:
+                if not errored:
+                    request[STREAM_ERROR] = Unavailable.status
                 await _cut_for_shutdown(watchdog, resp, _take(held),
                                         None if errored else framed, terminator)
         raise
@@ -360,11 +369,13 @@ def _chat_error(err: WeirError) -> bytes:
     return sse(err.to_body())
 
 
-async def _error_event(write: Callable[[bytes], Any], e: BaseException,
+async def _error_event(request: web.Request, write: Callable[[bytes], Any], e: BaseException,
                        log_error: Callable[[BaseException], None] | None,
                        framed: Callable[[WeirError], bytes], before: bytes = b"") -> None:
-    """The error as in-band events, after `before` (events not yet written)."""
+    """The error as in-band events, after `before` (events not yet written); its status
+    noted for the access log (`STREAM_ERROR`)."""
     err = e if isinstance(e, WeirError) else ServerError()
+    request[STREAM_ERROR] = err.status
     if not isinstance(e, WeirError) and log_error is not None:
         log_error(e)
     await write(before + framed(err))

@@ -5,11 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Callable
+from typing import Any
 
-from tests.conftest import MakeClient
+from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
+from tests.metrics import metric
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def metrics_once(client: Any, ready: Callable[[str], bool]) -> str:
+    """`/metrics` once `ready` holds of it, or after 500 reads: the writer and the access
+    log count a request after the engine stopped, so poll, bounded."""
+    for _ in range(500):
+        text: str = await (await client.get("/metrics")).text()
+        if ready(text):
+            break
+    return text
 
 
 async def test_abandoned_requests_abort_their_generations(make_client: MakeClient) -> None:
@@ -70,6 +83,30 @@ async def test_stalled_reader_is_cut_off(make_client: MakeClient) -> None:
         sock.close()
     r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2})
     assert r.status == 200
+    # counted as the server's cut of a stalled reader, not as a client that left
+    text = await metrics_once(client, lambda t: metric(t, "weir_requests_total",
+                                                       route="chat", status="499") >= 1)
+    assert metric(text, "weir_requests_aborted_total", reason="write_timeout") == 1
+    assert metric(text, "weir_requests_aborted_total", reason="client_gone") == 0
+    assert metric(text, "weir_requests_total", route="chat", status="499") == 1
+
+
+async def test_a_stream_cut_by_its_deadline_is_counted_as_the_504_it_sent(
+        make_client: MakeClient) -> None:
+    """Its head said 200; the in-band 504 is what it ended with, and what the request
+    metrics count (an error-rate alert sees it)."""
+    engine = FakeEngine(delay=0.02)
+    client = await make_client(make_settings(plugins=[{"name": "admission"}]), engine=engine)
+    r = await client.post("/v1/chat/completions",
+                          json={**CHAT, "max_tokens": 400, "stream": True},
+                          headers={"x-weir-timeout-ms": "300"})
+    assert r.status == 200
+    text = await r.text()
+    assert '"code":"timeout"' in text.replace(" ", "") and text.endswith("data: [DONE]\n\n")
+    metrics = await metrics_once(client, lambda t: metric(t, "weir_requests_total",
+                                                          route="chat", status="504") >= 1)
+    assert metric(metrics, "weir_requests_total", route="chat", status="504") == 1
+    assert metric(metrics, "weir_requests_total", route="chat", status="200") == 0
 
 
 async def test_clients_gone_are_counted_on_every_generation_route(
@@ -90,8 +127,6 @@ async def test_clients_gone_are_counted_on_every_generation_route(
         await resp.content.readuntil(b"\n\n")  # the first event arrived, then hang up
         resp.close()
         await engine.wait_until(lambda: not engine.active)
-        for _ in range(500):  # the writer notices after the engine stopped: poll, bounded
-            text = await (await client.get("/metrics")).text()
-            if metric(text, "weir_requests_aborted_total", reason="client_gone") >= i:
-                break
+        text = await metrics_once(client, lambda t, i=i: metric(
+            t, "weir_requests_aborted_total", reason="client_gone") >= i)
         assert metric(text, "weir_requests_aborted_total", reason="client_gone") == i, path
