@@ -170,7 +170,8 @@ def outcome_status(request: web.Request, status: int) -> int:
     said 200) the status of the in-band error that ended it (`STREAM_ERROR`: a deadline's
     504, a failed engine's 502, a shutdown's 503); a stream cut because its client stopped
     reading is a 499 (aiohttp cancels the handler either way)."""
-    if status == 200 and (inband := request.get(STREAM_ERROR)) is not None:
+    inband: int | None = request.get(STREAM_ERROR)
+    if status == 200 and inband is not None:
         return inband
     if status == 499 and request.get(WRITE_TIMED_OUT):
         info = request.get(INFO)
