@@ -116,7 +116,7 @@ class Authenticator:
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
         """The caller that a request's headers present (see `credentials`): 401 without a
         valid key unless auth is open."""
-        token = _bearer(credentials(headers))
+        token = _bearer(credentials(headers) if self._by_hash else _first(headers))
         if token is not None:
             # The lookup is by the key's hash, so its timing says nothing about the key;
             # the final check is constant-time all the same.
@@ -148,10 +148,12 @@ class Authenticator:
         return principal
 
 
-def credentials(headers: Mapping[str, str]) -> str | None:
-    """What a request presents as its key, as an `Authorization` value: that header when
-    it carries a key (Bearer or Basic), else an `api-key` header (what Azure OpenAI's SDK
-    sends) or `x-api-key` (Anthropic's), read as a bearer key."""
+_KEY_HEADERS = ("Authorization", "api-key", "x-api-key")
+
+
+def _first(headers: Mapping[str, str]) -> str | None:
+    """`credentials` without the conflict check: open mode with no keys configured reads
+    no key, and refuses none."""
     authorization = headers.get("Authorization")
     if _bearer(authorization) is not None:
         return authorization
@@ -160,6 +162,35 @@ def credentials(headers: Mapping[str, str]) -> str | None:
         if key:
             return f"Bearer {key}"
     return authorization
+
+
+def credentials(headers: Mapping[str, str]) -> str | None:
+    """What a request presents as its key, as an `Authorization` value: that header when
+    it carries a key (Bearer or Basic), else an `api-key` header (what Azure OpenAI's SDK
+    sends) or `x-api-key` (Anthropic's), read as a bearer key.
+
+    Two different keys (two `Authorization` headers, or an `api-key` naming another key
+    than `Authorization`'s) are a 401 `conflicting_api_keys`: which one a proxy on the
+    way, or Weir, would take is anyone's guess, and the answer could be another tenant's.
+    The same key sent twice is one key."""
+    if _key_count(headers) > 1:
+        raise Unauthorized("The request carries more than one API key; send one, in one "
+                           "header.", code="conflicting_api_keys")
+    return _first(headers)
+
+
+def _key_count(headers: Mapping[str, str]) -> int:
+    """How many different keys the key headers carry, each header sent once or more."""
+    keys: set[str] = set()
+    getall = getattr(headers, "getall", None)
+    for name in _KEY_HEADERS:
+        values = getall(name, ()) if getall is not None else (
+            [headers[name]] if name in headers else [])
+        for value in values:
+            key = _bearer(value) if name == "Authorization" else value.strip() or None
+            if key is not None:
+                keys.add(key)
+    return len(keys)
 
 
 def _bearer(header: str | None) -> str | None:

@@ -223,9 +223,12 @@ async def test_a_key_in_an_api_key_header_is_read(make_client: MakeClient,
     wrong = {k: "bad" if v.strip() == "good" else v for k, v in headers.items()}
     r = await client.post("/v1/chat/completions", json=CHAT, headers=wrong)
     assert (await error_of(r, 401))["code"] == "invalid_api_key"
-    # A valid Authorization wins over the others.
+    # Two different keys: neither is taken (which one a proxy on the way read is unknown).
     r = await client.post("/v1/chat/completions", json=CHAT,
                           headers={"Authorization": "Bearer good", "x-api-key": "bad"})
+    assert (await error_of(r, 401))["code"] == "conflicting_api_keys"
+    r = await client.post("/v1/chat/completions", json=CHAT,
+                          headers={"Authorization": "Bearer good", "x-api-key": "good"})
     assert r.status == 200
 
 
