@@ -159,12 +159,16 @@ class Upstream:
         body.pop("metadata", None)
         if body.get("top_p") == 0:  # greedy, as the local engine decodes it (vLLM refuses 0)
             body["temperature"], body["top_p"] = 0, 1
-        if ctx.output_ceiling is not None and ctx.request.output_limit is None:
-            # the operator's, as the local engine applies it (chat's current name for it:
-            # OpenAI's reasoning models refuse `max_tokens`)
+        if ctx.output_ceiling is not None and all(
+                body.get(k) is None for k in ("max_tokens", "max_completion_tokens")):
+            # The operator's, as the local engine applies it (chat's current name for it:
+            # OpenAI's reasoning models refuse `max_tokens`), under the request's own
+            # default where it has one (a completion's 16, which OpenAI's applies too).
+            # A limit the client named is within it already (the sanitizer's check).
             body.pop("max_tokens", None)  # (a null the client sent)
+            limit = ctx.request.output_limit
             body["max_completion_tokens" if ctx.route == "chat" else "max_tokens"] = (
-                ctx.output_ceiling)
+                ctx.output_ceiling if limit is None else min(limit, ctx.output_ceiling))
         if ctx.request.stream:
             body["stream_options"] = {**(body.get("stream_options") or {}),
                                       "include_usage": True}

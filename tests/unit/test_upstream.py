@@ -48,6 +48,7 @@ class Upstream:
         app = web.Application()
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/chat/completions", self.route)
+        app.router.add_post("/v1/completions", self.route)
         self.server = TestServer(app, host="127.0.0.1")
 
     async def models(self, request: web.Request) -> web.Response:
@@ -563,3 +564,35 @@ async def test_only_what_the_client_sent_goes_upstream(upstream: Upstream) -> No
     finally:
         await engine.close()
     assert set(upstream.seen[-1][1]) == {"model", "stream", "max_tokens", "messages"}
+
+
+@pytest.mark.parametrize(("sent", "ceiling", "expected"), [
+    ({}, 8, 8),  # the default 16 is over the ceiling: the ceiling goes
+    ({}, 64, 16),  # the default 16 is within it: what OpenAI's server applies anyway
+    ({"max_tokens": None}, 8, 8),  # no limit of its own: the ceiling
+    ({"max_tokens": 4}, 8, 4),  # the client's, within the ceiling already
+])
+async def test_a_completions_output_ceiling_holds_upstream(
+        upstream: Upstream, sent: dict[str, Any], ceiling: int, expected: int) -> None:
+    """The sanitizer's ceiling binds a completion that names no limit (its default 16 is
+    not the client's), as the local engine applies it."""
+    from proxy.protocol import CompletionRequest
+
+    async def completion(request: web.Request) -> web.Response:
+        return web.json_response({
+            "id": "cmpl-up", "object": "text_completion", "created": 1, "model": "up-model",
+            "choices": [{"index": 0, "text": "hi", "finish_reason": "length",
+                         "logprobs": None}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+    upstream.chat = completion
+    req = CompletionRequest.model_validate({"model": "up-model", "prompt": "hi", **sent})
+    c = RequestContext(route="completion", request=req, principal=Principal("t", "user", "u"),
+                       request_id="r", headers={})
+    c.output_ceiling = ceiling
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        await engine(c)
+    finally:
+        await engine.close()
+    assert upstream.seen[-1][1]["max_tokens"] == expected
