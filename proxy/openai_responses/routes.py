@@ -16,7 +16,7 @@ from aiohttp import web
 from ..app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from ..chain import Completion, Stream
 from ..context import RequestContext, header_map
-from ..errors import InvalidRequest, NotFound
+from ..errors import InvalidRequest, NotFound, Unavailable
 from ..inflight import count_abort, generating
 from ..middleware import ROUTE_OPTS
 from ..pagination import page
@@ -79,9 +79,16 @@ async def create(request: web.Request) -> web.StreamResponse:
             # cut (a call's arguments half written) is no turn to build on.
             said = [it for it in response["output"] if response["status"] not in (
                 "failed", "cancelled") or it.get("status") == "completed"]
-            await store.put(principal.tenant, rid, {
-                "response": response, "input": inputs,
-                "conversation": conversation + X.output_messages(said)})
+            try:
+                await store.put(principal.tenant, rid, {
+                    "response": response, "input": inputs,
+                    "conversation": conversation + X.output_messages(said)})
+            except Unavailable:
+                # The answer was generated: it goes out (as chat's does), saying it was
+                # not stored (`store: false`); retrieving it, or going on from it, finds
+                # nothing. The store logged why.
+                response["store"] = False
+                log.warning("response not stored", response_id=rid)
 
     with generating(st, request):
         try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from bench.redis_server import RedisServer
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
@@ -536,6 +538,35 @@ async def test_a_store_that_fails_with_the_stream_adds_no_second_failure(
     types = [e["type"] for e in events]
     assert types.count("error") == 1 and types[-2:] == ["error", "response.failed"]
     assert "store" not in events[-1]["response"]["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_store_that_fails_does_not_fail_the_answer(
+        make_client: MakeClient, monkeypatch: Any, stream: bool) -> None:
+    """The answer was generated: it goes out, as chat's does, saying it was not stored
+    (`store: false`), and nothing is found under its id."""
+    from proxy.errors import Unavailable
+    from proxy.openai_responses import routes
+
+    client = await make_client()
+
+    async def put(self: Any, *a: Any, **k: Any) -> None:
+        raise Unavailable("The response store is unreachable.", code="store_unavailable")
+
+    monkeypatch.setattr(type(client.app[routes.STORE]), "put", put)
+    r = await client.post("/v1/responses", json={**BASE, "stream": stream})
+    assert r.status == 200
+    if stream:
+        events, _ = parse_sse(await r.text())
+        assert events[-1]["type"] == "response.incomplete"  # (BASE's max_output_tokens)
+        response = events[-1]["response"]
+    else:
+        response = await r.json()
+    validate("Response", response)
+    assert response["status"] == "incomplete" and response["store"] is False
+    assert response["output"][0]["content"][0]["text"]
+    monkeypatch.undo()
+    assert (await client.get(f"/v1/responses/{response['id']}")).status == 404
 
 
 async def test_an_error_before_any_output_keeps_its_http_status(
