@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
+import hashlib
 import hmac
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .errors import PermissionDenied, Unauthorized
+from .errors import InvalidRequest, PermissionDenied, Unauthorized
 from .settings import ApiKey, AuthSettings, ConfigError, sha256_hex
 
 AdminRole = Literal["admin", "operator"]
@@ -97,6 +100,7 @@ class Authenticator:
             tenant=settings.anonymous_tenant, role=settings.anonymous_role, user="anonymous"
         )
         self._by_hash: dict[str, tuple[str, Principal]] = {}
+        self._gateways: set[str] = set()  # digests of keys marked `on_behalf_of`
         first: dict[str, int] = {}
         for i, spec in enumerate(settings.keys):
             digest = _key_hash(spec, i)
@@ -112,6 +116,8 @@ class Authenticator:
                 key_id=fingerprint,
                 operator=spec.operator,
             ))
+            if spec.on_behalf_of:
+                self._gateways.add(digest)
 
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
         """The caller that a request's headers present (see `credentials`): 401 without a
@@ -123,6 +129,8 @@ class Authenticator:
             digest = sha256_hex(token)
             hit = self._by_hash.get(digest)
             if hit is not None and hmac.compare_digest(hit[0], digest):
+                if digest in self._gateways:
+                    return _on_behalf_of(hit[1], headers.get(ON_BEHALF_OF))
                 return hit[1]
         if self.open:
             return self._anonymous
@@ -149,6 +157,41 @@ class Authenticator:
 
 
 _KEY_HEADERS = ("Authorization", "api-key", "x-api-key")
+
+#: Where a gateway in front names the caller it forwards for (`caller_digest`); read only
+#: from keys marked `on_behalf_of`.
+ON_BEHALF_OF = "x-weir-on-behalf-of"
+_CALLER = re.compile(r"[0-9a-f]{32}\.[0-9a-f]{32}\Z")
+
+
+def caller_digest(principal: Principal, secret: str | None) -> str:
+    """`principal` as a Weir in front names it upstream: `TENANT.USER`, each the first 128
+    bits of an HMAC keyed by the upstream key (`secret`), so the upstream (or anyone on
+    the way) can tell callers apart but cannot test guesses of their names. TENANT
+    covers the tenant and role (a front's role-scoped cache stays apart behind it), USER
+    those and the user."""
+    key = (secret or "").encode()
+    who = f"t={principal.tenant}\x00r={principal.role}"
+
+    def mac(text: str) -> str:
+        return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()[:32]
+
+    return mac(who) + "." + mac(f"{who}\x00u={principal.user}")
+
+
+def _on_behalf_of(gateway: Principal, header: str | None) -> Principal:
+    """The caller a gateway's key forwards for: a tenant of its own under the key's
+    tenant (the key itself without the header)."""
+    if header is None:
+        return gateway
+    value = header.strip().lower()
+    if not _CALLER.match(value):
+        raise InvalidRequest(f"`{ON_BEHALF_OF}` must be two 32-digit hex digests joined "
+                             "by a dot, as a Weir in front sends it.",
+                             code="invalid_on_behalf_of")
+    tenant, user = value.split(".")
+    return dataclasses.replace(gateway, tenant=f"{gateway.tenant}~{tenant}", user=user,
+                               operator=False)
 
 
 def _first(headers: Mapping[str, str]) -> str | None:

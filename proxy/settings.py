@@ -122,6 +122,11 @@ class UpstreamEngineSettings(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout.")
     max_connections: int = Field(100, ge=1, description="Pooled connections at most.")
     owned_by: str = Field("upstream", description="`owned_by` in /v1/models.")
+    on_behalf_of: bool = Field(
+        True, description="Name the caller of each request upstream in "
+        "`x-weir-on-behalf-of`: an opaque digest of its tenant, role and user (keyed by "
+        "`api_key`), which a Weir upstream whose key is marked `on_behalf_of` scopes "
+        "its caches by; other servers ignore it.")
 
 
 def _engine_kind(v: Any) -> str:
@@ -158,6 +163,12 @@ class ApiKey(_Strict):
         "admin of its own tenant only.")
     user: str | None = Field(None, description="User id (default: derived from the key).")
     models: list[str] | None = Field(None, description="Models this key may use (None: all).")
+    on_behalf_of: bool = Field(
+        False, description="This key is a gateway in front (another Weir, `engine.kind: "
+        "upstream`) that names the caller it forwards for in `x-weir-on-behalf-of` (an "
+        "opaque digest): each such caller is a tenant of its own under this key's tenant, "
+        "so caches, per-tenant limits and the engine's prefix cache keep the front's "
+        "tenants apart (it keeps this key's role; never operator rights).")
 
     def configured_digest(self) -> str | None:
         """The key's sha256 when the config itself holds it (`key_sha256`, `key`); None

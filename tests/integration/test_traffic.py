@@ -377,3 +377,35 @@ async def test_only_if_cached_over_http(make_client: MakeClient, fake_engine: Fa
     r = await client.post("/v1/chat/completions", json=body, headers=only)
     assert r.status == 200 and r.headers["x-weir-cache"] == "exact"
     assert len(fake_engine.calls) == 1
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+async def test_a_central_weir_keeps_the_edges_tenants_apart(make_client: MakeClient,
+                                                            trusted: bool) -> None:
+    """Two tenants of an edge Weir ask the same question through one key: a central Weir
+    that trusts the edge's key (`on_behalf_of`) caches each tenant's answer for that
+    tenant alone. The control (not trusted) shows what is shared otherwise."""
+    engine = FakeEngine()
+    app = create_app(make_settings(
+        auth={"mode": "keys", "keys": [{"key": "edge-key", "tenant": "edge",
+                                        "on_behalf_of": trusted}]},
+        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False},
+                                              "store_truncated": True}}]),
+        engine=engine)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        edge = await make_client(make_settings(
+            engine={"kind": "upstream", "base_url": f"http://127.0.0.1:{server.port}/v1",
+                    "api_key": "edge-key", "models": ["fake-model"]},
+            auth={"mode": "keys", "keys": [{"key": "a-key", "tenant": "a"},
+                                           {"key": "b-key", "tenant": "b"}]}))
+        ask = {**CHAT, "temperature": 0}
+        for key in ("a-key", "b-key", "a-key"):
+            r = await edge.post("/v1/chat/completions", json=ask,
+                                headers={"Authorization": f"Bearer {key}"})
+            assert r.status == 200
+        # trusted: a's answer is a's alone (b generated its own; a's repeat hit)
+        assert len(engine.calls) == (2 if trusted else 1)
+    finally:
+        await server.close()

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.auth import Authenticator, sha256_hex
-from proxy.errors import PermissionDenied, Unauthorized
+from proxy.errors import InvalidRequest, PermissionDenied, Unauthorized
 from proxy.settings import AuthSettings
 
 
@@ -113,3 +113,30 @@ def test_open_mode_without_keys_reads_no_conflict() -> None:
     a = Authenticator(AuthSettings.model_validate({"mode": "open"}))
     headers = CIMultiDict([("Authorization", "Bearer a"), ("api-key", "b")])
     assert a.authenticate(headers).tenant == "public"
+
+
+def test_a_gateway_key_forwards_for_callers_as_tenants_of_their_own() -> None:
+    from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
+
+    a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
+        {"key": "gw", "tenant": "edge", "on_behalf_of": True, "operator": True},
+        {"key": "plain", "tenant": "p"}]}))
+    alice = caller_digest(Principal("acme", "user", "alice"), "gw")
+    bob = caller_digest(Principal("acme", "user", "bob"), "gw")
+    admin = caller_digest(Principal("acme", "admin", "alice"), "gw")
+    other = caller_digest(Principal("globex", "user", "alice"), "gw")
+    assert len({alice, bob, admin, other}) == 4
+    assert alice.split(".")[0] == bob.split(".")[0]  # one tenant (and role), two users
+    assert caller_digest(Principal("acme", "user", "alice"), "other-key") != alice
+    assert "acme" not in alice and "alice" not in alice
+
+    p = a.authenticate({"Authorization": "Bearer gw", ON_BEHALF_OF: alice})
+    q = a.authenticate({"Authorization": "Bearer gw", ON_BEHALF_OF: bob})
+    assert p.tenant == q.tenant == "edge~" + alice.split(".")[0] and p.user != q.user
+    assert not p.operator and p.key_id == a.authenticate({"Authorization": "Bearer gw"}).key_id
+    assert a.authenticate({"Authorization": "Bearer gw"}).tenant == "edge"  # itself
+    # another key's header is the caller's text: not read
+    assert a.authenticate({"Authorization": "Bearer plain", ON_BEHALF_OF: alice}).tenant == "p"
+    with pytest.raises(InvalidRequest) as e:
+        a.authenticate({"Authorization": "Bearer gw", ON_BEHALF_OF: "acme"})
+    assert e.value.code == "invalid_on_behalf_of"

@@ -25,8 +25,15 @@ def test_readme_has_yaml_examples() -> None:
 @pytest.mark.parametrize("block", YAML_BLOCKS)
 def test_yaml_examples_validate(block: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WEIR_KEY_APP", "sk-example")
+    monkeypatch.setenv("EDGE_GATEWAY_KEY", "sk-edge")
     settings = Settings.model_validate(interpolate(yaml.safe_load(block), env={}))
-    Authenticator(settings.auth)
+    auth = Authenticator(settings.auth)
+    if any(k.on_behalf_of for k in settings.auth.keys):  # the edge's callers, apart
+        from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
+
+        caller = caller_digest(Principal("acme", "user", "u"), "sk-edge")
+        seen = auth.authenticate({"Authorization": "Bearer sk-edge", ON_BEHALF_OF: caller})
+        assert seen.tenant == "edge~" + caller.split(".")[0]
     validate_plugins(settings.plugins)
 
 

@@ -326,8 +326,9 @@ class _Aborted:
         return 1 << 20
 
 
-class _Held:
-    """A client that stopped reading: every write blocks (the transport stays paused)."""
+class _Held(dict):  # type: ignore[type-arg]
+    """A client that stopped reading: every write blocks (the transport stays paused).
+    (Both the response and the request, which holds what the writer notes on it.)"""
 
     transport = _Aborted()
 
