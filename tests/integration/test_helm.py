@@ -101,6 +101,8 @@ def test_deployment_details() -> None:
     assert {v["name"]: v for v in pod["volumes"]}["dshm"]["emptyDir"]["medium"] == "Memory"
     assert c["startupProbe"]["httpGet"]["path"] == "/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    # a loop busy with the engine's output is load, not death: not Kubernetes' 1 s
+    assert c["livenessProbe"]["timeoutSeconds"] == 10
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 1200
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
     assert pod["terminationGracePeriodSeconds"] == 10 + 60 + 15  # preStop + drain + slack
