@@ -25,3 +25,9 @@ if hasattr(os, "register_at_fork"):
 def new_hex(bits: int = 128) -> str:
     """`bits` random bits as lower-case hex (bits / 4 characters)."""
     return f"{_rng.getrandbits(bits):0{bits // 4}x}"
+
+
+def shown_id(record_id: str) -> str:
+    """A caller's id as an error message quotes it: at most 80 characters (an id is the
+    caller's text, of any length)."""
+    return record_id if len(record_id) <= 80 else record_id[:77] + "..."

@@ -694,6 +694,7 @@ class ChatCompletionRequest(_SamplingFields):
         assistant turn is answered before the next turn (OpenAI's rules)."""
         calls: set[str] = set()  # the calls a `tool` message here may answer
         unanswered: dict[str, int] = {}  # those not answered yet: their message's index
+        answered: dict[str, int] = {}  # those answered: the answer's index
         for i, m in enumerate(self.messages):
             if unanswered and m.role != "tool":
                 _unanswered(unanswered)
@@ -708,8 +709,21 @@ class ChatCompletionRequest(_SamplingFields):
                     "message answers the call with that id).",
                     param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
             if m.role == "assistant":
-                calls = {c.id for c in m.tool_calls or ()}
-                unanswered = {c.id: i for c in m.tool_calls or ()}  # (in their order)
+                ids = [c.id for c in m.tool_calls or ()]
+                calls, answered = set(ids), {}
+                if len(calls) < len(ids):
+                    twice = next(c for c in ids if ids.count(c) > 1)
+                    raise InvalidRequest(
+                        f"Invalid parameter: Duplicate value for 'id' of '{twice}' in "
+                        f"messages[{i}].tool_calls: each call needs an id of its own.",
+                        param=f"messages[{i}].tool_calls", code="invalid_value")
+                unanswered = {c: i for c in ids}  # (in their order)
+            elif m.role == "tool" and m.tool_call_id in answered:
+                raise InvalidRequest(  # OpenAI's words
+                    f"Invalid parameter: Duplicate value for 'tool_call_id' of "
+                    f"'{m.tool_call_id}', in messages[{answered[m.tool_call_id]}] and "
+                    f"messages[{i}].", param=f"messages[{i}].tool_call_id",
+                    code="invalid_value")
             elif m.role == "tool" and m.tool_call_id not in calls:
                 raise InvalidRequest(
                     f"Invalid parameter: `messages[{i}]` has role `tool` but answers no call "
@@ -721,6 +735,7 @@ class ChatCompletionRequest(_SamplingFields):
                 calls = set()
             else:
                 unanswered.pop(m.tool_call_id or "", None)
+                answered[m.tool_call_id or ""] = i
         if unanswered:
             _unanswered(unanswered)
         return self
@@ -747,6 +762,10 @@ class ChatCompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
         check_tool_choice(self.tools, self.tool_choice)
+        if self.parallel_tool_calls is not None and not self.tools:  # (OpenAI's 400)
+            raise InvalidRequest("Invalid value for `parallel_tool_calls`: "
+                                 "`parallel_tool_calls` is only allowed when `tools` are "
+                                 "specified.", param="parallel_tool_calls")
         return self
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:

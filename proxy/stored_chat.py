@@ -24,6 +24,7 @@ from .app_state import STATE
 from .body import read_json
 from .context import RequestContext
 from .errors import NotFound, WeirError
+from .ids import shown_id
 from .middleware import ROUTE_OPTS
 from .pagination import listing, no_such_cursor, page, params
 from .protocol import ChatCompletionRequest, Metadata, parse_model
@@ -200,8 +201,7 @@ async def _record(request: web.Request, tenant: str) -> Record:
 
 
 def _not_found(cid: str) -> NotFound:
-    shown = cid if len(cid) <= 80 else cid[:77] + "..."
-    return NotFound(f"Chat completion with id '{shown}' not found.", param=None)
+    return NotFound(f"Chat completion with id '{shown_id(cid)}' not found.", param=None)
 
 
 def _readable(record: Record | None) -> Record | None:

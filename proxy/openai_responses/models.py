@@ -267,7 +267,7 @@ class ResponsesRequest(_NullIsDefault):
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     store: bool = True
-    previous_response_id: str | None = None
+    previous_response_id: Annotated[str, Field(min_length=1)] | None = None
     metadata: Metadata | None = None
     user: str | None = None
     service_tier: Literal[  # only checked: one engine serves every request alike

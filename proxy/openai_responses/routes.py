@@ -17,6 +17,7 @@ from ..app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from ..chain import Completion, Stream
 from ..context import RequestContext, header_map
 from ..errors import InvalidRequest, NotFound, Unavailable
+from ..ids import shown_id
 from ..inflight import count_abort, generating
 from ..middleware import ROUTE_OPTS
 from ..pagination import page
@@ -60,8 +61,9 @@ async def create(request: web.Request) -> web.StreamResponse:
     if req.previous_response_id:
         record = await store.get(principal.tenant, req.previous_response_id)
         if record is None:  # OpenAI's answer: a 400, with a code clients look for
-            raise InvalidRequest(f"Previous response with id '{req.previous_response_id}' "
-                                 "not found.", param="previous_response_id",
+            raise InvalidRequest(f"Previous response with id "
+                                 f"'{shown_id(req.previous_response_id)}' not found.",
+                                 param="previous_response_id",
                                  code="previous_response_not_found")
         history = record["conversation"]
     chat_req, conversation = X.chat_request(req, history)
@@ -144,7 +146,7 @@ async def _record(request: web.Request) -> dict[str, Any]:
     rid = request.match_info["response_id"]
     record = await _store(request).get(principal.tenant, rid)
     if record is None:
-        raise NotFound(f"Response with id '{rid}' not found.", param=None)
+        raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
     return record
 
 
@@ -188,7 +190,7 @@ async def delete(request: web.Request) -> web.Response:
     principal = st.auth.authenticate(request.headers)
     rid = request.match_info["response_id"]
     if not await _store(request).delete(principal.tenant, rid):
-        raise NotFound(f"Response with id '{rid}' not found.", param=None)
+        raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
     return web.json_response({"id": rid, "object": "response", "deleted": True})
 
 

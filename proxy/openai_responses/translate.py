@@ -141,6 +141,7 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
     rules, said in the Responses API's words)."""
     open_calls: set[str] = set()
     unanswered: list[str] = []
+    answered: set[str] = set()
     for m in [*conversation, None]:
         if unanswered and (m is None or m["role"] != "tool"):
             raise InvalidRequest(f"No tool output found for function call {unanswered[0]}.",
@@ -148,12 +149,22 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
         if m is None:
             break
         if m["role"] == "assistant":
-            open_calls = {c["id"] for c in m.get("tool_calls") or ()}
             unanswered = [c["id"] for c in m.get("tool_calls") or ()]
+            open_calls, answered = set(unanswered), set()
+            if len(open_calls) < len(unanswered):
+                twice = next(c for c in unanswered if unanswered.count(c) > 1)
+                raise InvalidRequest(f"Duplicate 'call_id': {twice} (each `function_call` "
+                                     "needs a `call_id` of its own).", param="input",
+                                     code="invalid_value")
         elif m["role"] != "tool":
             open_calls = set()
+        elif m["tool_call_id"] in answered:
+            raise InvalidRequest(f"Duplicate `function_call_output` for call_id "
+                                 f"{m['tool_call_id']}: a call has one output.",
+                                 param="input", code="invalid_value")
         elif m["tool_call_id"] in open_calls:
             unanswered = [c for c in unanswered if c != m["tool_call_id"]]
+            answered.add(m["tool_call_id"])
         else:
             raise InvalidRequest(
                 "No function call found for a `function_call_output` item: its `call_id` "
@@ -183,7 +194,8 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
         body["stream_options"] = {"include_usage": True}
     optional = {"max_completion_tokens": req.max_output_tokens, "temperature": req.temperature,
                 "top_p": req.top_p, "user": req.user, "response_format": _response_format(req),
-                "parallel_tool_calls": req.parallel_tool_calls}
+                # (this API takes it without tools, as OpenAI's does; chat does not)
+                "parallel_tool_calls": req.parallel_tool_calls if req.tools else None}
     body.update({k: v for k, v in optional.items() if v is not None})
     if req.tools:
         body["tools"] = [{"type": "function", "function": t.model_dump(

@@ -569,6 +569,19 @@ async def test_a_store_that_fails_does_not_fail_the_answer(
     assert (await client.get(f"/v1/responses/{response['id']}")).status == 404
 
 
+async def test_an_id_of_any_length_is_quoted_short(make_client: MakeClient) -> None:
+    """An id is the caller's text: a 404 (or a chain's 400) quotes at most 80 characters
+    of it, as the stored chat routes do."""
+    client = await make_client()
+    long = "resp_" + "a" * 5000
+    for r in (await client.get(f"/v1/responses/{long}"),
+              await client.delete(f"/v1/responses/{long}"),
+              await client.post("/v1/responses", json={**BASE, "previous_response_id": long})):
+        assert r.status in (400, 404)
+        message = (await r.json())["error"]["message"]
+        assert len(message) < 200 and "aaa..." in message
+
+
 async def test_an_error_before_any_output_keeps_its_http_status(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     fake_engine.fail_after = 0

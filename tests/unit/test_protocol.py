@@ -53,6 +53,8 @@ def bad_param(model: type, data: dict[str, Any]) -> str | None:
         ({"model": "m", "messages": MSG, "logit_bias": {"5": 101}}, "logit_bias"),
         ({"model": "m", "messages": MSG, "tool_choice": {"type": "function"},
           "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice.function"),
+        # OpenAI's 400: only with tools
+        ({"model": "m", "messages": MSG, "parallel_tool_calls": False}, "parallel_tool_calls"),
     ],
 )
 def test_chat_errors_name_the_param(data: dict[str, Any], param: str) -> None:
@@ -214,6 +216,24 @@ def test_every_call_of_an_assistant_turn_must_be_answered(turns: list[dict[str, 
     assert "c1" in e.value.message and "c2" not in e.value.message
     assert e.value.message.startswith("An assistant message with 'tool_calls' must be "
                                       "followed by tool messages")
+
+
+@pytest.mark.parametrize(("turns", "param"), [
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL, CALL]},
+      {"role": "tool", "tool_call_id": "c1", "content": "1"}], "messages[1].tool_calls"),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "c2"}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "1"},
+      {"role": "tool", "tool_call_id": "c1", "content": "again"},
+      {"role": "tool", "tool_call_id": "c2", "content": "2"}], "messages[3].tool_call_id"),
+])
+def test_a_call_id_is_one_call_with_one_result(turns: list[dict[str, Any]],
+                                               param: str) -> None:
+    """Two calls under one id, or two results for one call: which result answers which
+    call is anyone's guess (OpenAI: "Duplicate value for 'tool_call_id'")."""
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": [*MSG, *turns]})
+    assert (e.value.status, e.value.param, e.value.code) == (400, param, "invalid_value")
+    assert "Duplicate value for" in e.value.message
 
 
 def test_several_tool_results_answer_several_calls() -> None:
@@ -394,6 +414,30 @@ def test_a_function_call_without_its_output_is_a_responses_400(items: list[Any])
         _responses_chat(items)
     assert (e.value.param, e.value.code) == ("input", "invalid_value")
     assert e.value.message == f"No tool output found for function call {CALL_ITEM['call_id']}."
+
+
+@pytest.mark.parametrize("items", [
+    [CALL_ITEM, CALL_ITEM, OUTPUT_ITEM],  # two calls, one id
+    [CALL_ITEM, OUTPUT_ITEM, OUTPUT_ITEM],  # two outputs for one call
+])
+def test_a_call_id_is_one_call_with_one_output_in_responses(items: list[Any]) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        _responses_chat(items)
+    assert (e.value.param, e.value.code) == ("input", "invalid_value")
+    assert "Duplicate" in e.value.message
+
+
+def test_responses_take_parallel_tool_calls_without_tools_as_openai_does() -> None:
+    req = parse_model(ResponsesRequest, {"model": "m", "input": "hi",
+                                         "parallel_tool_calls": False})
+    from proxy.openai_responses.translate import chat_request
+    chat_req, _ = chat_request(req, [])
+    assert chat_req.parallel_tool_calls is None and not chat_req.tools
+
+
+def test_an_empty_previous_response_id_is_refused() -> None:
+    assert bad_param(ResponsesRequest, {"model": "m", "input": "hi",
+                                        "previous_response_id": ""}) == "previous_response_id"
 
 
 def test_input_items_given_one_id_twice_get_distinct_ids() -> None:
