@@ -413,7 +413,10 @@ def _expanded_size(value: Any, memo: dict[int, int]) -> int:
 
 
 def _load_yaml(text: str) -> Any:
-    raw = yaml.load(text, Loader=_ConfigLoader)  # (a safe loader: SafeLoader's own)
+    try:
+        raw = yaml.load(text, Loader=_ConfigLoader)  # (a safe loader: SafeLoader's own)
+    except RecursionError:  # (nesting thousands deep: the parser's own recursion)
+        raise ConfigError([("", "nested too deeply")]) from None
     if _expanded_size(raw, {}) > _MAX_EXPANDED:
         raise ConfigError([("", f"more than {_MAX_EXPANDED:,} values once its aliases are "
                                 "expanded")])
@@ -432,10 +435,22 @@ def parse_settings(text: str, env: dict[str, str] | None = None) -> Settings:
     if not isinstance(raw, dict):
         raise ConfigError([("", "the top level must be a mapping")])
     raw = interpolate(raw, env)
+    # A file that says nothing of auth fails closed, naming the choice, rather than
+    # serving every caller as anonymous (`Settings()` in code keeps open mode).
+    unsaid = [] if "auth" in raw else [("auth", _AUTH_REQUIRED)]
     try:
-        return Settings.model_validate(raw)
+        settings = Settings.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(errors_from_validation(e)) from None
+        raise ConfigError(unsaid + errors_from_validation(e)) from None
+    except RecursionError:
+        raise ConfigError([("", "nested too deeply")]) from None
+    if unsaid:
+        raise ConfigError(unsaid)
+    return settings
+
+
+_AUTH_REQUIRED = ("required: API keys (`mode: keys` with `keys`), or `mode: open`, where "
+                  "every caller is the anonymous principal (development only)")
 
 
 def collect_errors(text: str, env: dict[str, str] | None = None,
@@ -455,6 +470,6 @@ def collect_errors(text: str, env: dict[str, str] | None = None,
         raw = interpolate(_load_yaml(text) or {}, env)
         if isinstance(raw, dict):
             return errors, Settings.model_validate({"plugins": raw.get("plugins", [])}).plugins
-    except (yaml.YAMLError, ConfigError, ValidationError):
+    except (yaml.YAMLError, ConfigError, ValidationError, RecursionError):
         pass
     return errors, None

@@ -34,7 +34,8 @@ def test_a_socket_it_cannot_listen_on_is_one_line_and_exit_1(tmp_path: Path,
     config = tmp_path / "weir.yaml"
     config.write_text(
         "engine: {kind: upstream, base_url: 'http://127.0.0.1:9/v1', models: [m]}\n"
-        f"server: {{host: '{host}', port: {port}}}\nembeddings: {{enabled: false}}\n")
+        f"server: {{host: '{host}', port: {port}}}\nembeddings: {{enabled: false}}\n"
+        "auth: {mode: open}\n")
     try:
         done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--config", str(config)],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)

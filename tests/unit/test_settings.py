@@ -24,7 +24,7 @@ def test_shipped_configs_load(name: str) -> None:
 
 
 def test_env_interpolation_with_defaults_and_types() -> None:
-    text = "server:\n  port: ${PORT:-9000}\n  host: ${HOST}\n"
+    text = "auth: {mode: open}\nserver:\n  port: ${PORT:-9000}\n  host: ${HOST}\n"
     s = parse_settings(text, env={"HOST": "0.0.0.0"})
     assert s.server.port == 9000 and s.server.host == "0.0.0.0"
     s = parse_settings(text, env={"HOST": "h", "PORT": "1234"})
@@ -91,8 +91,26 @@ def test_top_level_must_be_mapping() -> None:
 
 
 def test_engine_kind_upstream_selects_its_schema() -> None:
-    s = parse_settings("engine: {kind: upstream, base_url: 'http://x/v1'}\n", env={})
+    s = parse_settings("auth: {mode: open}\nengine: {kind: upstream, base_url: 'http://x/v1'}\n",
+                       env={})
     assert s.engine.kind == "upstream"
     with pytest.raises(ConfigError) as e:
-        parse_settings("engine: {kind: upstream}\n", env={})
+        parse_settings("auth: {mode: open}\nengine: {kind: upstream}\n", env={})
     assert e.value.errors[0][0] == "engine.base_url"
+
+
+def test_a_file_that_says_nothing_of_auth_fails_closed() -> None:
+    """`Settings()` in code is open; a config file must choose (it served everyone as
+    the anonymous principal, with only a warning in the log)."""
+    with pytest.raises(ConfigError) as e:
+        parse_settings("server: {port: 0}\n", env={})
+    assert e.value.errors == [("auth", e.value.errors[0][1])]
+    assert "mode: open" in e.value.errors[0][1]
+    assert parse_settings("auth: {mode: open}\n", env={}).auth.mode == "open"
+
+
+def test_yaml_nested_too_deeply_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: open}\nserver: " + "[" * 5000 + "]" * 5000 + "\n",
+                       env={})
+    assert e.value.errors == [("", "nested too deeply")]
