@@ -25,7 +25,16 @@ class Rule(Limits):
     overrides: dict[str, Limits] = Field(
         default_factory=dict,
         description="Limits for particular values: a tenant (`acme`), a model, a key's id; "
-                    "users and roles within their tenant (`acme/alice`, `acme/analyst`).")
+                    "users and roles within their tenant (`acme/alice`, `acme/analyst`). "
+                    "Each names only what changes: the rule's other limits still hold "
+                    "(`null` lifts one).")
+
+    def limits_for(self) -> dict[str, Limits]:
+        """Each override merged over the rule's own limits: what it sets replaces them
+        (a `null` it sets lifts one), the rest stay."""
+        own = {k: getattr(self, k) for k in Limits.model_fields}
+        return {value: Limits.model_construct(**{**own, **o.model_dump(include=o.model_fields_set)})
+                for value, o in self.overrides.items()}
 
     @model_validator(mode="after")
     def _some_limit(self) -> Rule:

@@ -94,6 +94,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                  clock: Any = None) -> None:
         super().__init__(config, services)
         self.cfg = config
+        #: per rule: its overrides merged over its own limits
+        self._overrides = [rule.limits_for() for rule in config.rules]
         self.local = MemoryStore(clock)
         self.remote = (RedisStore(config.redis.url, config.redis.timeout_s)
                        if config.store == "redis" and config.redis.url else None)
@@ -293,7 +295,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         per_of: dict[str, str] = {}
         for i, rule in enumerate(self.cfg.rules):
             value = _dimension(ctx, rule.per)
-            lim: Limits = rule.overrides.get(value, rule)
+            lim: Limits = self._overrides[i].get(value, rule)
             base = f"{self.cfg.redis.key_prefix}{i}:{rule.per}:{value}"
             if lim.rpm:
                 rpm.append(Bucket(base + ":r", lim.rpm, 1))

@@ -834,3 +834,28 @@ async def test_a_store_failing_only_some_calls_is_logged_as_a_pair_a_while(
     said = [json.loads(x)["event"] for x in logs.getvalue().splitlines()
             if "rate-limit store" in x]
     assert said == ["rate-limit store unavailable", "rate-limit store is back"]
+
+
+async def test_an_override_changes_only_what_it_names(make_client: MakeClient) -> None:
+    """Raising one tenant's rpm kept none of the rule's other limits (its tpm went): an
+    override is merged over its rule, and a `null` in it lifts a limit."""
+    keys = [{"key": "k-acme", "tenant": "acme"}, {"key": "k-globex", "tenant": "globex"},
+            {"key": "k-initech", "tenant": "initech"}]
+    cfg = {"rules": [{"per": "tenant", "rpm": 100, "tpm": 50,
+                      "overrides": {"acme": {"rpm": 200}, "initech": {"tpm": None}}}]}
+    client = await make_client(make_settings(auth={"mode": "keys", "keys": keys},
+                                             plugins=[{"name": "rate_limit", "config": cfg}]))
+    body = {**BODY, "max_tokens": 40}
+    for key, expected, limit_tokens in (("k-acme", [200, 429], "50"),
+                                        ("k-globex", [200, 429], "50"),
+                                        ("k-initech", [200, 200], None)):
+        statuses = []
+        for _ in range(2):
+            r = await client.post("/v1/chat/completions", json=body,
+                                  headers={"Authorization": f"Bearer {key}"})
+            statuses.append(r.status)
+        assert statuses == expected, key
+        assert r.headers.get("x-ratelimit-limit-tokens") == limit_tokens, key
+    r = await client.post("/v1/chat/completions", json={**BODY, "max_tokens": 1},
+                          headers={"Authorization": "Bearer k-acme"})
+    assert r.headers["x-ratelimit-limit-requests"] == "200"
