@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import hashlib
 import hmac
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -164,13 +163,13 @@ ON_BEHALF_OF = "x-weir-on-behalf-of"
 _CALLER = re.compile(r"[0-9a-f]{32}\.[0-9a-f]{32}\Z")
 
 
-def caller_digest(principal: Principal, secret: str | None) -> str:
+def caller_digest(principal: Principal, secret: str) -> str:
     """`principal` as a Weir in front names it upstream: `TENANT.USER`, each the first 128
-    bits of an HMAC keyed by the upstream key (`secret`), so the upstream (or anyone on
-    the way) can tell callers apart but cannot test guesses of their names. TENANT
-    covers the tenant and role (a front's role-scoped cache stays apart behind it), USER
-    those and the user."""
-    key = (secret or "").encode()
+    bits of an HMAC keyed by `secret` (the front's own: it never leaves the front), so
+    the upstream, or anyone on the way, can tell callers apart but cannot test guesses
+    of their names. TENANT covers the tenant and role (a front's role-scoped cache stays
+    apart behind it), USER those and the user."""
+    key = secret.encode()
     who = f"t={principal.tenant}\x00r={principal.role}"
 
     def mac(text: str) -> str:
@@ -181,7 +180,8 @@ def caller_digest(principal: Principal, secret: str | None) -> str:
 
 def _on_behalf_of(gateway: Principal, header: str | None) -> Principal:
     """The caller a gateway's key forwards for: a tenant of its own under the key's
-    tenant (the key itself without the header)."""
+    tenant and the key (`TENANT~KEY_ID~DIGEST`: two gateways' keys of one tenant do not
+    share callers), never an operator; the key itself without the header."""
     if header is None:
         return gateway
     value = header.strip().lower()
@@ -190,16 +190,21 @@ def _on_behalf_of(gateway: Principal, header: str | None) -> Principal:
                              "by a dot, as a Weir in front sends it.",
                              code="invalid_on_behalf_of")
     tenant, user = value.split(".")
-    return dataclasses.replace(gateway, tenant=f"{gateway.tenant}~{tenant}", user=user,
-                               operator=False)
+    return replace(gateway, tenant=f"{gateway.tenant}~{gateway.key_id}~{tenant}",
+                               user=user, operator=False)
 
 
 def _first(headers: Mapping[str, str]) -> str | None:
-    """`credentials` without the conflict check: open mode with no keys configured reads
-    no key, and refuses none."""
+    """`credentials` without the conflict check (open mode with no keys configured
+    refuses no request for it): the first `Authorization` that carries a key, else the
+    first key header's."""
+    getall = getattr(headers, "getall", None)
+    authorizations = getall("Authorization", ()) if getall is not None else (
+        [headers["Authorization"]] if "Authorization" in headers else [])
+    for value in authorizations:
+        if _bearer(value) is not None:
+            return str(value)
     authorization = headers.get("Authorization")
-    if _bearer(authorization) is not None:
-        return authorization
     for name in ("api-key", "x-api-key"):
         key = headers.get(name, "").strip()
         if key:

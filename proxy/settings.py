@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -32,6 +33,11 @@ from pydantic import (
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+#: A secret that may be left out; empty (`${VAR:-}` with VAR unset) is left out.
+OptionalSecret = Annotated[Annotated[str, Field(min_length=16)] | None,
+                           BeforeValidator(lambda v: None if v == "" else v)]
 
 
 class ServerSettings(_Strict):
@@ -122,11 +128,12 @@ class UpstreamEngineSettings(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout.")
     max_connections: int = Field(100, ge=1, description="Pooled connections at most.")
     owned_by: str = Field("upstream", description="`owned_by` in /v1/models.")
-    on_behalf_of: bool = Field(
-        True, description="Name the caller of each request upstream in "
-        "`x-weir-on-behalf-of`: an opaque digest of its tenant, role and user (keyed by "
-        "`api_key`), which a Weir upstream whose key is marked `on_behalf_of` scopes "
-        "its caches by; other servers ignore it.")
+    on_behalf_of_secret: OptionalSecret = Field(
+        None, description="Set (e.g. `${WEIR_CALLER_SECRET}`, the same on "
+        "every replica): name the caller of each request upstream in "
+        "`x-weir-on-behalf-of`, as digests of its tenant, role and user keyed by this "
+        "secret, which never leaves this gateway: a Weir upstream whose key is marked "
+        "`on_behalf_of` keeps this gateway's tenants apart. Unset: nothing is sent.")
 
 
 def _engine_kind(v: Any) -> str:
@@ -155,7 +162,9 @@ class ApiKey(_Strict):
     key_env: str | None = Field(None, description="Environment variable holding the key.")
     key_file: Path | None = Field(None, description="File holding the key.")
     key: str | None = Field(None, description="The key in clear (for tests only).")
-    tenant: str = Field("default", min_length=1, description="Tenant of the caller.")
+    tenant: str = Field("default", min_length=1, pattern=r"^[^~]+$",
+                        description="Tenant of the caller (`~` is reserved: it joins a "
+                        "gateway's tenant to the callers it forwards for).")
     role: str = Field("user", min_length=1, description="Role: user, admin, ... ")
     operator: bool = Field(
         False, description="Operator (global) key: admin rights over every tenant (cache "
@@ -167,7 +176,7 @@ class ApiKey(_Strict):
         False, description="This key is a gateway in front (another Weir, `engine.kind: "
         "upstream`) that names the caller it forwards for in `x-weir-on-behalf-of` (an "
         "opaque digest): each such caller is a tenant of its own under this key's tenant, "
-        "so caches, per-tenant limits and the engine's prefix cache keep the front's "
+        "so caches, stored records and the engine's prefix cache keep the front's "
         "tenants apart (it keeps this key's role; never operator rights).")
 
     def configured_digest(self) -> str | None:
@@ -193,7 +202,8 @@ class AuthSettings(_Strict):
         "keys", description="`open`: anyone is the anonymous principal (development only)."
     )
     keys: list[ApiKey] = Field(default_factory=list, description="Accepted API keys.")
-    anonymous_tenant: str = Field("public", description="Tenant of callers in open mode.")
+    anonymous_tenant: str = Field("public", pattern=r"^[^~]+$",
+                                  description="Tenant of callers in open mode.")
     anonymous_role: str = Field("user", description="Role of callers in open mode.")
 
     @model_validator(mode="after")

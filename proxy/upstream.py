@@ -128,8 +128,9 @@ class Upstream:
     def _headers(self, ctx: RequestContext) -> dict[str, str]:
         h = {**self._auth(), "Content-Type": "application/json"}
         h["x-request-id"] = ctx.request_id  # (the client's own only where it was kept)
-        if self.settings.on_behalf_of:  # (a Weir upstream keeps this gateway's tenants apart)
-            h[ON_BEHALF_OF] = caller_digest(ctx.principal, self.settings.api_key)
+        if (secret := self.settings.on_behalf_of_secret) is not None:
+            h[ON_BEHALF_OF] = caller_digest(ctx.principal, secret)  # (a Weir upstream
+            # whose key is marked `on_behalf_of` keeps this gateway's tenants apart)
         if "traceparent" in ctx.headers:  # no active SDK span: pass the caller's on
             h["traceparent"] = ctx.headers["traceparent"]
         inject(h)  # the current span, when tracing is on, becomes the upstream's parent

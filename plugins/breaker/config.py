@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.chain import PluginConfig
+from proxy.settings import OptionalSecret
 
 
 class Fallback(BaseModel):
@@ -18,6 +19,9 @@ class Fallback(BaseModel):
     base_url: str | None = Field(None, description="upstream: its base URL (…/v1).")
     api_key: str | None = Field(None, description="upstream: its key.")
     timeout_s: float = Field(60, gt=0, description="upstream: total timeout.")
+    on_behalf_of_secret: OptionalSecret = Field(
+        None, description="upstream: name each caller in "
+        "`x-weir-on-behalf-of`, keyed by this secret (as `engine.on_behalf_of_secret`).")
     content: str = Field("The service is busy right now; please try again shortly.",
                          description="static: the answer's text.")
 

@@ -100,7 +100,8 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         self._running: dict[int, RequestContext] = {}
         self.upstreams: dict[int, Upstream] = {
             i: Upstream(UpstreamEngineSettings.model_validate({
-                "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s}),
+                "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s,
+                "on_behalf_of_secret": f.on_behalf_of_secret}),
                 check_models=False)
             for i, f in enumerate(config.fallback) if f.kind == "upstream"}
 

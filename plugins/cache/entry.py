@@ -225,12 +225,17 @@ Match = Callable[[Entry], bool]
 
 def matcher(f: dict[str, Any]) -> Match:
     """The entry filter of purges and stats: every field given (tenant, role, user, key)
-    must equal the entry's; `contains` is a case-insensitive substring of the prompt or
-    the answer."""
+    must equal the entry's, except that a tenant covers the callers a gateway's key of
+    it forwards for (`tenant~...`, `proxy.auth`); `contains` is a case-insensitive
+    substring of the prompt or the answer."""
     needle = (f.get("contains") or "").casefold()
+    tenant = f.get("tenant")
+    below = f"{tenant}~"
 
     def match(e: Entry) -> bool:
-        if any(f.get(k) and getattr(e, k) != f[k] for k in ("tenant", "role", "user", "key")):
+        if tenant and e.tenant != tenant and not e.tenant.startswith(below):
+            return False
+        if any(f.get(k) and getattr(e, k) != f[k] for k in ("role", "user", "key")):
             return False
         return not needle or needle in e.prompt.casefold() or needle in e.answer_text(
         ).casefold()

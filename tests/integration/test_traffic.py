@@ -397,7 +397,8 @@ async def test_a_central_weir_keeps_the_edges_tenants_apart(make_client: MakeCli
     try:
         edge = await make_client(make_settings(
             engine={"kind": "upstream", "base_url": f"http://127.0.0.1:{server.port}/v1",
-                    "api_key": "edge-key", "models": ["fake-model"]},
+                    "api_key": "edge-key", "models": ["fake-model"],
+                    "on_behalf_of_secret": "the-edge-own-secret"},
             auth={"mode": "keys", "keys": [{"key": "a-key", "tenant": "a"},
                                            {"key": "b-key", "tenant": "b"}]}))
         ask = {**CHAT, "temperature": 0}

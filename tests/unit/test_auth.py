@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from proxy.auth import Authenticator, sha256_hex
@@ -120,23 +122,47 @@ def test_a_gateway_key_forwards_for_callers_as_tenants_of_their_own() -> None:
 
     a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
         {"key": "gw", "tenant": "edge", "on_behalf_of": True, "operator": True},
+        {"key": "gw2", "tenant": "edge", "on_behalf_of": True},
         {"key": "plain", "tenant": "p"}]}))
-    alice = caller_digest(Principal("acme", "user", "alice"), "gw")
-    bob = caller_digest(Principal("acme", "user", "bob"), "gw")
-    admin = caller_digest(Principal("acme", "admin", "alice"), "gw")
-    other = caller_digest(Principal("globex", "user", "alice"), "gw")
+    secret = "edge-own-secret-0123"
+    alice = caller_digest(Principal("acme", "user", "alice"), secret)
+    bob = caller_digest(Principal("acme", "user", "bob"), secret)
+    admin = caller_digest(Principal("acme", "admin", "alice"), secret)
+    other = caller_digest(Principal("globex", "user", "alice"), secret)
     assert len({alice, bob, admin, other}) == 4
     assert alice.split(".")[0] == bob.split(".")[0]  # one tenant (and role), two users
-    assert caller_digest(Principal("acme", "user", "alice"), "other-key") != alice
+    # keyed by the front's own secret, not by anything the upstream holds
+    assert caller_digest(Principal("acme", "user", "alice"), "gw") != alice
     assert "acme" not in alice and "alice" not in alice
 
+    gw = a.authenticate({"Authorization": "Bearer gw"})
     p = a.authenticate({"Authorization": "Bearer gw", ON_BEHALF_OF: alice})
     q = a.authenticate({"Authorization": "Bearer gw", ON_BEHALF_OF: bob})
-    assert p.tenant == q.tenant == "edge~" + alice.split(".")[0] and p.user != q.user
-    assert not p.operator and p.key_id == a.authenticate({"Authorization": "Bearer gw"}).key_id
-    assert a.authenticate({"Authorization": "Bearer gw"}).tenant == "edge"  # itself
+    assert p.tenant == q.tenant == f"edge~{gw.key_id}~" + alice.split(".")[0]
+    assert p.user != q.user and not p.operator and p.key_id == gw.key_id
+    assert gw.tenant == "edge" and gw.operator  # itself, without the header
+    # another gateway key of the same tenant does not share its callers
+    assert a.authenticate({"Authorization": "Bearer gw2", ON_BEHALF_OF: alice}).tenant != p.tenant
     # another key's header is the caller's text: not read
     assert a.authenticate({"Authorization": "Bearer plain", ON_BEHALF_OF: alice}).tenant == "p"
     with pytest.raises(InvalidRequest) as e:
         a.authenticate({"Authorization": "Bearer gw", ON_BEHALF_OF: "acme"})
     assert e.value.code == "invalid_on_behalf_of"
+
+
+@pytest.mark.parametrize("where", ["tenant", "anonymous_tenant"])
+def test_a_tenant_name_may_not_hold_the_gateway_separator(where: str) -> None:
+    from pydantic import ValidationError
+
+    data: dict[str, Any] = ({"mode": "keys", "keys": [{"key": "k", "tenant": "edge~x"}]}
+                            if where == "tenant" else {"mode": "open", where: "a~b"})
+    with pytest.raises(ValidationError):
+        AuthSettings.model_validate(data)
+
+
+def test_the_first_authorization_that_carries_a_key_is_read(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from multidict import CIMultiDict
+
+    a = auth(tmp_path, monkeypatch)
+    headers = CIMultiDict([("Authorization", "Token x"), ("Authorization", "Bearer env-key")])
+    assert a.authenticate(headers).user == "bob"

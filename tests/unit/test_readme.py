@@ -31,9 +31,9 @@ def test_yaml_examples_validate(block: str, monkeypatch: pytest.MonkeyPatch) -> 
     if any(k.on_behalf_of for k in settings.auth.keys):  # the edge's callers, apart
         from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
 
-        caller = caller_digest(Principal("acme", "user", "u"), "sk-edge")
+        caller = caller_digest(Principal("acme", "user", "u"), "an-edge-own-secret")
         seen = auth.authenticate({"Authorization": "Bearer sk-edge", ON_BEHALF_OF: caller})
-        assert seen.tenant == "edge~" + caller.split(".")[0]
+        assert seen.tenant.startswith("edge~") and seen.tenant.endswith(caller.split(".")[0])
     validate_plugins(settings.plugins)
 
 

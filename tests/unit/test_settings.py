@@ -114,3 +114,12 @@ def test_yaml_nested_too_deeply_is_a_config_error() -> None:
         parse_settings("auth: {mode: open}\nserver: " + "[" * 5000 + "]" * 5000 + "\n",
                        env={})
     assert e.value.errors == [("", "nested too deeply")]
+
+
+def test_a_caller_secret_left_empty_is_unset_and_a_short_one_refused() -> None:
+    up = "auth: {mode: open}\nengine: {kind: upstream, base_url: 'http://x/v1', "
+    s = parse_settings(up + "on_behalf_of_secret: '${S:-}'}\n", env={})
+    assert s.engine.kind == "upstream" and s.engine.on_behalf_of_secret is None
+    with pytest.raises(ConfigError) as e:
+        parse_settings(up + "on_behalf_of_secret: short}\n", env={})
+    assert e.value.errors[0][0] == "engine.on_behalf_of_secret"

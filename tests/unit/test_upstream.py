@@ -598,16 +598,16 @@ async def test_a_completions_output_ceiling_holds_upstream(
     assert upstream.seen[-1][1]["max_tokens"] == expected
 
 
-@pytest.mark.parametrize("on", [True, False])
-async def test_the_caller_is_named_upstream_unless_told_not_to(upstream: Upstream,
-                                                               on: bool) -> None:
+@pytest.mark.parametrize("secret", ["the-edge-own-secret", None])
+async def test_the_caller_is_named_upstream_only_with_a_secret(upstream: Upstream,
+                                                               secret: str | None) -> None:
     from proxy.auth import ON_BEHALF_OF, caller_digest
 
     engine = await engine_for(upstream.base_url, models=["up-model"], api_key="k",
-                              on_behalf_of=on)
+                              on_behalf_of_secret=secret)
     try:
         await engine(ctx())
     finally:
         await engine.close()
     sent = upstream.seen[-1][0].get(ON_BEHALF_OF)
-    assert sent == (caller_digest(Principal("t", "user", "u"), "k") if on else None)
+    assert sent == (caller_digest(Principal("t", "user", "u"), secret) if secret else None)

@@ -211,3 +211,12 @@ async def test_a_replica_that_missed_events_keeps_nothing_it_cannot_check() -> N
     assert await s.get("k1", "acme") is None
     assert (await s.lookup(("p", "How can I reset my password please?"), "acme"))[1] is None
     assert s.users.members(("acme", "alice")) == []
+
+
+def test_a_tenant_filter_covers_the_callers_its_gateway_key_forwards_for() -> None:
+    """A central Weir holds an edge's callers as `edge~<key id>~<digest>`: a purge or the
+    stats of `edge` reach them; another tenant whose name only begins alike does not."""
+    f = matcher({"tenant": "edge"})
+    assert f(entry("a", tenant="edge")) and f(entry("b", tenant="edge~k1~d1"))
+    assert not f(entry("c", tenant="edgewise")) and not f(entry("d", tenant="acme"))
+    assert not matcher({"tenant": "edge~k1~d1"})(entry("e", tenant="edge~k1~d2"))
