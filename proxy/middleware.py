@@ -150,8 +150,12 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             status = 200 if request.get(ANSWERED) else 503 if SHUTDOWN in e.args else 499
             raise
         finally:
+            if status == 499 and request.get(ANSWERED):
+                status = 200  # (its client left after the whole answer)
             status = outcome_status(request, status)
             info: dict[str, Any] = request.get(INFO, {})
+            if status == 499 and request.get(WRITE_TIMED_OUT):
+                info["cut"] = "write_timeout"
             elapsed = time.perf_counter() - start
             route = info.get("route")
             if route is not None:
@@ -168,16 +172,10 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
 def outcome_status(request: web.Request, status: int) -> int:
     """What a request is logged and counted as: the status sent, or for a stream (its head
     said 200) the status of the in-band error that ended it (`STREAM_ERROR`: a deadline's
-    504, a failed engine's 502, a shutdown's 503); a stream cut because its client stopped
-    reading is a 499 (aiohttp cancels the handler either way)."""
+    504, a failed engine's 502). (A shutdown's cut, and a client that left or stopped
+    reading, end the handler with a cancellation: 503 and 499, told by the caller.)"""
     inband: int | None = request.get(STREAM_ERROR)
-    if status == 200 and inband is not None:
-        return inband
-    if status == 499 and request.get(WRITE_TIMED_OUT):
-        info = request.get(INFO)
-        if info is not None:
-            info["cut"] = "write_timeout"
-    return status
+    return inband if status == 200 and inband is not None else status
 
 
 def log_request(request: web.Request, status: int, elapsed_s: float, **fields: Any) -> None:
@@ -240,6 +238,10 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
             resp = await handler(request)
             status = resp.status
             return resp
+        except asyncio.CancelledError as e:
+            # as the access log counts it: answered whole, cut by the shutdown, or gone
+            status = 200 if request.get(ANSWERED) else 503 if SHUTDOWN in e.args else 499
+            raise
         finally:
             if status == 499 and request.get(ANSWERED):
                 status = 200  # (its client left after the whole answer)

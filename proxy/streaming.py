@@ -322,8 +322,6 @@ async def write_sse(
         if not whole:  # (whole: the answer went out, and ends as it was)
             outcome = "cancelled"
             if e.args == (SHUTDOWN,) and watchdog is not None and not ending:
-                if not errored:
-                    request[STREAM_ERROR] = Unavailable.status
                 await _cut_for_shutdown(watchdog, resp, _take(held),
                                         None if errored else framed, terminator)
         raise
@@ -372,10 +370,13 @@ def _chat_error(err: WeirError) -> bytes:
 async def _error_event(request: web.Request, write: Callable[[bytes], Any], e: BaseException,
                        log_error: Callable[[BaseException], None] | None,
                        framed: Callable[[WeirError], bytes], before: bytes = b"") -> None:
-    """The error as in-band events, after `before` (events not yet written); its status
-    noted for the access log (`STREAM_ERROR`)."""
+    """The error as in-band events, after `before` (events not yet written); once they
+    went out, its status noted for the access log (`STREAM_ERROR`). (None go out where
+    the route's own events had ended the stream already.)"""
     err = e if isinstance(e, WeirError) else ServerError()
-    request[STREAM_ERROR] = err.status
     if not isinstance(e, WeirError) and log_error is not None:
         log_error(e)
-    await write(before + framed(err))
+    events = framed(err)
+    await write(before + events)
+    if events:
+        request[STREAM_ERROR] = err.status

@@ -49,6 +49,9 @@ class _Events:
         #: A failure's events not yet handed to the writer: a shutdown cutting the
         #: stream meanwhile sends these, not a failure of its own.
         self.failing: list[dict[str, Any]] = []
+        #: The status of the error the stream's own failure went out as (its head said
+        #: 200): what the access log and the request metrics count it as.
+        self.error_status: int | None = None
 
     def ev(self, type_: str, **fields: Any) -> dict[str, Any]:
         return {"type": type_, "sequence_number": None, **fields}
@@ -184,6 +187,11 @@ class Rendering:
         self._on_done = on_done
         return _render(self._e, chunks, on_done)
 
+    @property
+    def error_status(self) -> int | None:
+        """The status of the failure the stream ended with (None: it did not fail)."""
+        return self._e.error_status
+
     def failed(self, err: WeirError) -> list[dict[str, Any]]:
         e = self._e
         if e.finished:
@@ -288,6 +296,7 @@ def _failed(e: _Events, err: WeirError) -> list[dict[str, Any]]:
     body = err.to_body()["error"]
     code = "rate_limit_exceeded" if err.status == 429 else "server_error"
     e.reason = "failed"
+    e.error_status = err.status
     return [*e.close(),
             e.ev("error", code=body["code"], message=body["message"], param=body["param"]),
             e.ev("response.failed", response=e.response(

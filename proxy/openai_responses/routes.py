@@ -31,7 +31,7 @@ from ..routes import (
     open_generation,
     read_json,
 )
-from ..streaming import typed_sse, write_sse
+from ..streaming import STREAM_ERROR, typed_sse, write_sse
 from ..telemetry import error_fields, get_logger
 from . import translate as X
 from .events import OUTPUT_DELTAS, Rendering, saves_settled
@@ -135,6 +135,10 @@ async def create(request: web.Request) -> web.StreamResponse:
                                    typed_sse(ev) for ev in rendering.failed(err)))
         if reply.usage:
             note_usage(st, info, {"usage": reply.usage})
+        if rendering.error_status is not None and STREAM_ERROR not in request:
+            # The failure went out as this API's events (`error`, `response.failed`), not
+            # as the writer's own: counted as its status all the same.
+            request[STREAM_ERROR] = rendering.error_status
         return resp
 
 

@@ -8,6 +8,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.metrics import metric
@@ -91,22 +93,43 @@ async def test_stalled_reader_is_cut_off(make_client: MakeClient) -> None:
     assert metric(text, "weir_requests_total", route="chat", status="499") == 1
 
 
+@pytest.mark.parametrize("route", ["chat", "responses"])
 async def test_a_stream_cut_by_its_deadline_is_counted_as_the_504_it_sent(
-        make_client: MakeClient) -> None:
+        make_client: MakeClient, route: str) -> None:
     """Its head said 200; the in-band 504 is what it ended with, and what the request
-    metrics count (an error-rate alert sees it)."""
+    metrics count (an error-rate alert sees it), on every streaming route."""
     engine = FakeEngine(delay=0.02)
     client = await make_client(make_settings(plugins=[{"name": "admission"}]), engine=engine)
-    r = await client.post("/v1/chat/completions",
-                          json={**CHAT, "max_tokens": 400, "stream": True},
-                          headers={"x-weir-timeout-ms": "300"})
+    path, body = (("/v1/chat/completions", {**CHAT, "max_tokens": 400, "stream": True})
+                  if route == "chat" else
+                  ("/v1/responses", {"model": "fake-model", "input": "hi", "stream": True,
+                                     "max_output_tokens": 400}))
+    r = await client.post(path, json=body, headers={"x-weir-timeout-ms": "300"})
     assert r.status == 200
     text = await r.text()
-    assert '"code":"timeout"' in text.replace(" ", "") and text.endswith("data: [DONE]\n\n")
+    assert '"code":"timeout"' in text.replace(" ", "")
     metrics = await metrics_once(client, lambda t: metric(t, "weir_requests_total",
-                                                          route="chat", status="504") >= 1)
-    assert metric(metrics, "weir_requests_total", route="chat", status="504") == 1
-    assert metric(metrics, "weir_requests_total", route="chat", status="200") == 0
+                                                          route=route, status="504") >= 1)
+    assert metric(metrics, "weir_requests_total", route=route, status="504") == 1
+    assert metric(metrics, "weir_requests_total", route=route, status="200") == 0
+
+
+@pytest.mark.parametrize("route", ["chat", "responses"])
+async def test_a_stream_its_engine_failed_is_counted_as_the_502_it_sent(
+        make_client: MakeClient, route: str) -> None:
+    engine = FakeEngine()
+    engine.fail_after = 3
+    client = await make_client(engine=engine)
+    path, body = (("/v1/chat/completions", {**CHAT, "max_tokens": 40, "stream": True})
+                  if route == "chat" else
+                  ("/v1/responses", {"model": "fake-model", "input": "hi", "stream": True,
+                                     "max_output_tokens": 40}))
+    r = await client.post(path, json=body)
+    assert r.status == 200 and "error" in await r.text()
+    metrics = await metrics_once(client, lambda t: metric(t, "weir_requests_total",
+                                                          route=route, status="502") >= 1)
+    assert metric(metrics, "weir_requests_total", route=route, status="502") == 1
+    assert metric(metrics, "weir_requests_total", route=route, status="200") == 0
 
 
 async def test_clients_gone_are_counted_on_every_generation_route(
