@@ -19,7 +19,7 @@ from .chain import Completion, Reply
 from .context import RequestContext, header_map
 from .embedding import Embedder
 from .errors import InvalidRequest, ModelNotFound
-from .inflight import generating
+from .inflight import generating, refuse_if_draining
 from .protocol import CompletionRequest, EmbeddingRequest, parse_model
 from .streaming import dumps
 
@@ -48,6 +48,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     st = request.app[STATE]
     info = request[INFO]
     info["route"] = "embeddings"  # counted from here on, refused or not
+    refuse_if_draining(st)
     principal = st.auth.authenticate(request.headers)
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(EmbeddingRequest, data)

@@ -21,6 +21,14 @@ from .telemetry import get_logger, labelled
 log = get_logger("weir.routes")
 
 
+def refuse_if_draining(st: AppState) -> None:
+    """A new generation while the server drains: a 503 that sends the client elsewhere
+    (the balancer is dropping this replica)."""
+    if st.draining:
+        raise Unavailable("The server is shutting down; retry on another replica.",
+                          code="shutting_down")
+
+
 @contextmanager
 def generating(st: AppState, request: web.Request) -> Iterator[None]:
     """A generation under way: tracked for the drain, and counted if its client leaves.

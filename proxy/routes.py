@@ -23,7 +23,7 @@ from .chain import Completion, Stream
 from .context import RequestContext, Route, header_map
 from .engine.base import ModelInfo
 from .errors import ModelNotFound, Unauthorized, Unavailable, WeirError
-from .inflight import count_abort, generating
+from .inflight import count_abort, generating, refuse_if_draining
 from .middleware import ROUTE_OPTS
 from .protocol import (
     ChatCompletionRequest,
@@ -51,9 +51,7 @@ def open_generation(request: web.Request, route: str) -> tuple[AppState, Princip
     The request counts under `route` from here on, refused or not (a 401, a 400)."""
     request[INFO]["route"] = route
     st = _state(request)
-    if st.draining:
-        raise Unavailable("The server is shutting down; retry on another replica.",
-                          code="shutting_down")
+    refuse_if_draining(st)
     if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)

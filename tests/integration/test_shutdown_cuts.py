@@ -147,6 +147,9 @@ async def test_embeddings_waiting_for_a_slot_at_the_drain_end_get_503(
     for task in (running, queued):
         r = await task
         assert r.status == 503 and (await r.json())["error"]["code"] == "shutting_down"
+    # and one arriving during the drain is sent elsewhere, as a chat request is
+    r = await client.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"})
+    assert r.status == 503 and (await r.json())["error"]["code"] == "shutting_down"
 
 
 async def test_a_response_cut_while_its_own_failure_goes_out_fails_once(
