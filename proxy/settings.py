@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -33,6 +34,24 @@ from pydantic import (
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _http_url(value: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        raise ValueError("not a URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host, e.g. "
+                         "http://central:8000/v1")
+    return value
+
+
+#: An OpenAI-compatible server's base URL.
+HttpUrlText = Annotated[str, AfterValidator(_http_url)]
 
 
 #: A secret that may be left out; empty (`${VAR:-}` with VAR unset) is left out.
@@ -121,7 +140,8 @@ class VllmEngineSettings(_Strict):
 
 class UpstreamEngineSettings(_Strict):
     kind: Literal["upstream"] = "upstream"
-    base_url: str = Field(description="OpenAI-compatible base URL, e.g. http://central:8000/v1.")
+    base_url: HttpUrlText = Field(
+        description="OpenAI-compatible base URL, e.g. http://central:8000/v1.")
     api_key: str | None = Field(None, description="Bearer key sent upstream.")
     models: list[str] = Field(default_factory=list, description="Models served (empty: ask).")
     timeout_s: float = Field(600.0, gt=0, description="Total timeout of one upstream request.")

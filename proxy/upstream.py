@@ -41,9 +41,16 @@ from .errors import (
 from .rendering import ChunkAssembler, usage_ok
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
+from .tasks import cancel_and_wait
+from .telemetry import get_logger
 from .tracing import inject
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
+log = get_logger("weir.upstream")
+#: While the upstream names no models (down at start): asked again after this long,
+#: doubling up to the most.
+DISCOVERY_FIRST_S = 1.0
+DISCOVERY_MAX_S = 30.0
 
 #: The most an upstream's stream may send without ending an event (a whole answer in one
 #: chunk, with its logprobs, is well under it), and the most a whole answer may hold (n
@@ -91,23 +98,48 @@ class Upstream:
         self._ready = False
         self._created = int(time.time())
         self.in_flight = 0
+        self._discovery: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         s = self.settings
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=s.max_connections),
             timeout=aiohttp.ClientTimeout(total=s.timeout_s, connect=s.connect_timeout_s))
-        if self.check_models and not self._models:
-            try:
-                async with self._session.get(f"{self.base}/models", headers=self._auth()) as r:
-                    data = await r.json()
-                self._models = [m["id"] for m in data.get("data", [])]
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                self._models = []
+        if self.check_models and not self._models and not await self._discover():
+            # Not ready until the upstream names its models: one unknown would take any
+            # name a client sends (each a new metric label), and answer nothing.
+            self._discovery = asyncio.create_task(self._discover_until_found())
+            return
         self._ready = True
+
+    async def _discover(self) -> bool:
+        """Ask the upstream which models it serves: whether it named any."""
+        assert self._session is not None
+        try:
+            async with self._session.get(f"{self.base}/models", headers=self._auth(),
+                                         timeout=aiohttp.ClientTimeout(
+                                             total=self.settings.connect_timeout_s * 2)) as r:
+                data = await r.json() if r.status == 200 else {}
+            found = [m["id"] for m in data.get("data", [])
+                     if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError):
+            return False
+        self._models = found
+        return bool(found)
+
+    async def _discover_until_found(self) -> None:
+        delay = DISCOVERY_FIRST_S
+        while not await self._discover():
+            log.warning("upstream named no models yet: not ready", retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, DISCOVERY_MAX_S)
+        self._ready = True
+        log.info("upstream models found", models=len(self._models))
 
     async def close(self) -> None:
         self._ready = False
+        if self._discovery is not None:
+            await cancel_and_wait(self._discovery)
         if self._session is not None:
             await self._session.close()
 
@@ -143,7 +175,7 @@ class Upstream:
         return None  # (the upstream holds the tokenizer)
 
     def has_model(self, model: str) -> bool:
-        return not self.check_models or not self._models or model in self._models
+        return not self.check_models or model in self._models
 
     async def __call__(self, ctx: RequestContext) -> Reply:
         """Forward the request (after checking the model, unless told not to)."""

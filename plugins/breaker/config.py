@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from proxy.chain import PluginConfig
-from proxy.settings import OptionalSecret
+from proxy.settings import HttpUrlText, OptionalSecret
 
 
 class Fallback(BaseModel):
@@ -16,7 +16,7 @@ class Fallback(BaseModel):
     kind: Literal["stale", "upstream", "static", "error"] = Field(
         description="stale: an expired cache entry in its grace window; upstream: another "
         "OpenAI-compatible server; static: a fixed answer; error: a clean 503.")
-    base_url: str | None = Field(None, description="upstream: its base URL (…/v1).")
+    base_url: HttpUrlText | None = Field(None, description="upstream: its base URL (…/v1).")
     api_key: str | None = Field(None, description="upstream: its key.")
     timeout_s: float = Field(60, gt=0, description="upstream: total timeout.")
     on_behalf_of_secret: OptionalSecret = Field(

@@ -123,3 +123,18 @@ def test_a_caller_secret_left_empty_is_unset_and_a_short_one_refused() -> None:
     with pytest.raises(ConfigError) as e:
         parse_settings(up + "on_behalf_of_secret: short}\n", env={})
     assert e.value.errors[0][0] == "engine.on_behalf_of_secret"
+
+
+@pytest.mark.parametrize("url", ["not a url", "ftp://x/v1", "", "http://:80/v1",
+                                 "http://h:abc/v1"])
+def test_an_upstream_base_url_must_be_http_with_a_host(url: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_settings(f"auth: {{mode: open}}\nengine: {{kind: upstream, base_url: '{url}'}}\n",
+                       env={})
+    assert e.value.errors[0][0] == "engine.base_url"
+    from pydantic import ValidationError
+
+    from plugins.breaker.config import Fallback
+
+    with pytest.raises(ValidationError):
+        Fallback.model_validate({"kind": "upstream", "base_url": url})

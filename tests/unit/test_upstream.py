@@ -46,7 +46,8 @@ class Upstream:
         self.seen: list[tuple[CIMultiDict[str], dict[str, Any]]] = []
         self.chat: Handler = self.answer
         app = web.Application()
-        app.router.add_get("/v1/models", self.models)
+        self.list_models: Handler = self.models
+        app.router.add_get("/v1/models", self.route_models)
         app.router.add_post("/v1/chat/completions", self.route)
         app.router.add_post("/v1/completions", self.route)
         self.server = TestServer(app, host="127.0.0.1")
@@ -54,6 +55,9 @@ class Upstream:
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "up-model"},
                                                              {"id": "up-other"}]})
+
+    async def route_models(self, request: web.Request) -> web.StreamResponse:
+        return await self.list_models(request)
 
     async def route(self, request: web.Request) -> web.StreamResponse:
         self.seen.append((CIMultiDict(request.headers), await request.json()))
@@ -104,10 +108,33 @@ async def test_models_are_discovered_when_none_are_configured(upstream: Upstream
     assert not engine.ready()
 
 
-async def test_a_failed_discovery_leaves_no_models_but_a_ready_engine() -> None:
-    engine = await engine_for(f"http://127.0.0.1:{closed_port()}/v1", connect_timeout_s=1)
+async def test_an_upstream_that_names_no_models_is_not_ready_until_it_does(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Down at start, it took any model name a client sent (each a new metric label,
+    none answered) and said ready for good; now it is not ready, takes no name, and asks
+    again until the upstream names its models."""
+    from proxy import upstream as module
+    from tests.waiting import eventually
+
+    monkeypatch.setattr(module, "DISCOVERY_FIRST_S", 0.01)
+    down = await engine_for(f"http://127.0.0.1:{closed_port()}/v1", connect_timeout_s=1)
     try:
-        assert engine.ready() and engine.models() == []
+        assert not down.ready() and down.models() == [] and not down.has_model("any-name")
+    finally:
+        await down.close()  # (its retries end with it)
+    answers = [web.json_response({"error": "starting"}, status=503),
+               web.json_response({"object": "list", "data": []})]
+    real = upstream.models
+
+    async def models(request: web.Request) -> web.Response:
+        return answers.pop(0) if answers else await real(request)
+
+    upstream.list_models = models
+    engine = await engine_for(upstream.base_url)
+    try:
+        assert not engine.ready()
+        await eventually(engine.ready, timeout=10)
+        assert [m.id for m in engine.models()] == ["up-model", "up-other"] and not answers
     finally:
         await engine.close()
 
