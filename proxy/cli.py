@@ -146,8 +146,11 @@ async def serve(settings: Settings, host: str, port: int) -> int:
         loop.add_signal_handler(sig, on_signal)
     try:
         listener = await listen(app, settings.server, host, port)
-    except OSError as e:  # the address in use, a host that does not resolve
-        print(f"weir: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
+    except (OSError, UnicodeError) as e:  # the address in use, a host that does not
+        # resolve, or is no host name at all (`a..b`: the IDNA codec refuses it)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else (
+            "not a host name" if isinstance(e, UnicodeError) else str(e))
+        print(f"weir: cannot listen on {host}:{port}: {reason}", file=sys.stderr)
         return _exit(1, engine_loading=not st.terminal.ready())
     actual_port = listener.port
     log.info("listening", url=f"http://{host}:{actual_port}")

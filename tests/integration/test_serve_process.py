@@ -22,7 +22,7 @@ def _sleep() -> None:
     time.sleep(600)
 
 
-@pytest.mark.parametrize("where", ["taken", "bad host"])
+@pytest.mark.parametrize("where", ["taken", "bad host", "no host name"])
 def test_a_socket_it_cannot_listen_on_is_one_line_and_exit_1(tmp_path: Path,
                                                             where: str) -> None:
     """An address in use or a host that does not resolve was a 20-line traceback."""
@@ -30,7 +30,8 @@ def test_a_socket_it_cannot_listen_on_is_one_line_and_exit_1(tmp_path: Path,
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     port = taken.getsockname()[1]
-    host = "127.0.0.1" if where == "taken" else "no-such-host.invalid"
+    host = {"taken": "127.0.0.1", "bad host": "no-such-host.invalid",
+            "no host name": "a..b"}[where]
     config = tmp_path / "weir.yaml"
     config.write_text(
         "engine: {kind: upstream, base_url: 'http://127.0.0.1:9/v1', models: [m]}\n"
