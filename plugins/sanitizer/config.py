@@ -45,9 +45,12 @@ class CustomDetector(BaseModel):
     @classmethod
     def _compiles(cls, v: str) -> str:
         try:
-            re.compile(v)
+            compiled = re.compile(v)
         except re.error as e:
             raise ValueError(f"not a valid regular expression: {e}") from None
+        if compiled.fullmatch(""):  # `a*`: a match at every position of every prompt
+            raise ValueError("matches the empty string, so every request would match; "
+                             "make it need at least one character (`a+`, not `a*`)")
         return v
 
 
@@ -92,6 +95,19 @@ class SanitizerConfig(PluginConfig):
         "normalized).")
     detectors: Detectors = Field(default_factory=Detectors)
     custom: list[CustomDetector] = Field(default_factory=list, description="Extra regexes.")
+
+    @field_validator("custom")
+    @classmethod
+    def _names_of_their_own(cls, v: list[CustomDetector]) -> list[CustomDetector]:
+        """A custom detector's name is its metric label: one a built-in detector (or
+        another custom one) has would count two detectors as one."""
+        taken = set(Detectors.model_fields)
+        for d in v:
+            if d.name in taken:
+                raise ValueError(f"the name `{d.name}` is taken (by a built-in detector or "
+                                 "another custom one): name it apart")
+            taken.add(d.name)
+        return v
     block_message: str = Field(
         "The request was rejected by the content policy.",
         description="Message of a blocked request (vague on purpose).")

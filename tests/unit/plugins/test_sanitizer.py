@@ -600,6 +600,21 @@ def test_config_rejects_bad_regex_and_unknown_keys() -> None:
         SanitizerConfig.model_validate({"detectors": {"emial": "flag"}})
 
 
+@pytest.mark.parametrize(("custom", "says"), [
+    ([{"name": "x", "pattern": ""}], "empty string"),
+    ([{"name": "x", "pattern": "a*"}], "empty string"),
+    ([{"name": "x", "pattern": "(?:foo)?"}], "empty string"),
+    ([{"name": "email", "pattern": "x+"}], "taken"),
+    ([{"name": "x", "pattern": "a+"}, {"name": "x", "pattern": "b+"}], "taken"),
+])
+def test_a_custom_detector_that_would_match_everything_or_share_a_name_is_refused(
+        custom: list[dict[str, str]], says: str) -> None:
+    """`a*` matched at every position of every prompt (redact: every request mangled;
+    block: every request refused); a built-in's name counted two detectors as one."""
+    with pytest.raises(ValueError, match=says):
+        SanitizerConfig.model_validate({"custom": custom})
+
+
 async def test_a_structured_outputs_schema_is_read() -> None:
     """`response_format`'s schema reaches the model (its descriptions, enums and
     defaults): its strings are read and redacted like the messages' text, on the key and
