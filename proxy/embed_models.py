@@ -31,9 +31,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from .engine.demo_model import default_cache_dir
+from .settings import EMBEDDING_BUILTINS
 
-BUILTINS = ("builtin:minilm", "builtin:minilm-fp32", "builtin:minilm-static",
-            "builtin:minilm-torch")
+BUILTINS = EMBEDDING_BUILTINS
 _VERSION = 2  # bump when a derived model's recipe changes
 
 

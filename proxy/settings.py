@@ -181,7 +181,9 @@ class ApiKey(_Strict):
                                    description="Hex sha256 of the key.")
     key_env: str | None = Field(None, description="Environment variable holding the key.")
     key_file: Path | None = Field(None, description="File holding the key.")
-    key: str | None = Field(None, description="The key in clear (for tests only).")
+    key: Annotated[str, AfterValidator(str.strip)] | None = Field(
+        None, description="The key in clear (for tests only; outer blanks are not part of "
+        "it, as for `key_env` and `key_file`).")
     tenant: str = Field("default", min_length=1, pattern=r"^[^~]+$",
                         description="Tenant of the caller (`~` is reserved: it joins a "
                         "gateway's tenant to the callers it forwards for).")
@@ -246,9 +248,21 @@ class LoggingSettings(_Strict):
     access_log: bool = Field(True, description="One line per request.")
 
 
+#: The embedding models Weir builds itself (`proxy.embed_models`).
+EMBEDDING_BUILTINS = ("builtin:minilm", "builtin:minilm-fp32", "builtin:minilm-static",
+                      "builtin:minilm-torch")
+
+
+def _known_builtin(value: str) -> str:
+    if value.startswith("builtin:") and value not in EMBEDDING_BUILTINS:
+        raise ValueError(f"unknown built-in embedding model {value!r} (one of "
+                         f"{', '.join(EMBEDDING_BUILTINS)}, or a model folder)")
+    return value
+
+
 class EmbeddingSettings(_Strict):
     enabled: bool = Field(True, description="Load the embedding model (and /v1/embeddings).")
-    model: str = Field(
+    model: Annotated[str, AfterValidator(_known_builtin)] = Field(
         "builtin:minilm",
         description="`builtin:minilm` (MiniLM, int8, on onnxruntime), `builtin:minilm-fp32`, "
                     "`builtin:minilm-static` (model2vec), `builtin:minilm-torch`, or a local "

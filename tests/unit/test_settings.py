@@ -138,3 +138,20 @@ def test_an_upstream_base_url_must_be_http_with_a_host(url: str) -> None:
 
     with pytest.raises(ValidationError):
         Fallback.model_validate({"kind": "upstream", "base_url": url})
+
+
+def test_an_unknown_builtin_embedding_model_is_a_config_error() -> None:
+    from proxy.embed_models import BUILTINS
+
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: open}\nembeddings: {model: 'builtin:nope'}\n", env={})
+    assert e.value.errors[0][0] == "embeddings.model"
+    for name in BUILTINS:  # every one it builds is known here
+        parse_settings(f"auth: {{mode: open}}\nembeddings: {{model: '{name}'}}\n", env={})
+
+
+def test_a_key_in_clear_is_read_without_its_outer_blanks() -> None:
+    from proxy.auth import Authenticator
+
+    s = parse_settings("auth: {mode: keys, keys: [{key: ' padded '}]}\n", env={})
+    assert Authenticator(s.auth).authenticate({"Authorization": "Bearer padded"})
