@@ -45,6 +45,10 @@ class Entry:
     #: A paraphrase kept as an exact alias (`promote`): the key of the entry it answers
     #: from. In memory only (never stored): a purge naming that entry drops the alias.
     source: str = ""
+    #: Such an alias's asker (tenant, role, user), where its paraphrase came from: a purge
+    #: of that user (or tenant, role) drops the alias, which holds their prompt. In
+    #: memory only, as `source`.
+    asker: tuple[str, str, str] | None = None
 
     def to_json(self, *, with_prompt: bool = True) -> str:
         # A shallow dict: the choices and usage are plain JSON already (asdict's deep
@@ -102,7 +106,7 @@ class Entry:
         return max_age is None or self.age(now) <= max_age
 
 
-_FIELDS = tuple(f.name for f in fields(Entry) if f.name != "source")
+_FIELDS = tuple(f.name for f in fields(Entry) if f.name not in ("source", "asker"))
 _NUMBER = (int, float)
 #: Each stored field's type (bool is an int to Python: not a number here either).
 _TYPES: dict[str, Any] = {"key": str, "route": str, "model": str, "choices": list,
@@ -225,17 +229,23 @@ Match = Callable[[Entry], bool]
 
 def matcher(f: dict[str, Any]) -> Match:
     """The entry filter of purges and stats: every field given (tenant, role, user, key)
-    must equal the entry's, except that a tenant covers the callers a gateway's key of
-    it forwards for (`tenant~...`, `proxy.auth`); `contains` is a case-insensitive
-    substring of the prompt or the answer."""
+    must equal the entry's (its owner's, or an alias's asker's), except that a tenant
+    covers the callers a gateway's key of it forwards for (`tenant~...`, `proxy.auth`);
+    `contains` is a case-insensitive substring of the prompt or the answer."""
     needle = (f.get("contains") or "").casefold()
-    tenant = f.get("tenant")
+    tenant, role, user, key = (f.get(k) for k in ("tenant", "role", "user", "key"))
     below = f"{tenant}~"
 
+    def whose(t: str, r: str, u: str) -> bool:
+        return ((not tenant or t == tenant or t.startswith(below))
+                and (not role or r == role) and (not user or u == user))
+
     def match(e: Entry) -> bool:
-        if tenant and e.tenant != tenant and not e.tenant.startswith(below):
+        # the entry's owner, or for a paraphrase's alias also its asker (whose prompt it
+        # holds)
+        if not whose(e.tenant, e.role, e.user) and (e.asker is None or not whose(*e.asker)):
             return False
-        if any(f.get(k) and getattr(e, k) != f[k] for k in ("role", "user", "key")):
+        if key and e.key != key:
             return False
         return not needle or needle in e.prompt.casefold() or needle in e.answer_text(
         ).casefold()

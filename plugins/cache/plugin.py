@@ -381,7 +381,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
     def _semantic_hit(self, ctx: RequestContext, key: str, entry: Entry, write: bool,
                       ) -> Reply:
         if write:
-            self.store.promote(key, entry, self._prompt_text(ctx))
+            p = ctx.principal
+            self.store.promote(key, entry, self._prompt_text(ctx), (p.tenant, p.role, p.user))
         return self._hit(ctx, entry, "semantic")
 
     def _hit(self, ctx: RequestContext, entry: Entry, layer: str) -> Reply:

@@ -383,15 +383,17 @@ class CacheStore:
         while len(self._purges) > MAX_PURGES_KEPT:
             self._purge_floor = self._purges.popleft()[0]
 
-    def promote(self, key: str, entry: Entry, prompt: str) -> None:
+    def promote(self, key: str, entry: Entry, prompt: str,
+                asker: tuple[str, str, str] | None = None) -> None:
         """Keep a paraphrase as an exact alias in L1: its next ask skips the embedding.
         The alias keeps the original's owner, times and text (plus the paraphrase), so
         purges by user, tenant or content remove it with the original, and its key (a
-        purge another replica names the original by reaches it: `_named`)."""
+        purge another replica names the original by reaches it: `_named`); and its
+        asker's (tenant, role, user), so a purge of the asker removes it too."""
         if self.l1 is None:
             return
         alias = replace(entry, key=key, prompt=entry.prompt + "\n" + prompt,
-                        source=entry.source or entry.key)
+                        source=entry.source or entry.key, asker=asker)
         self.l1.put(alias, len(alias.to_json()))
 
     def put(self, entry: Entry, sem: SemanticKey | None = None,

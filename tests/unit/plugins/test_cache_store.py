@@ -70,6 +70,18 @@ async def test_promote_makes_an_exact_alias_that_purges_with_the_original() -> N
     assert await s.get("k2", "acme") is None
 
 
+async def test_a_purge_of_the_asker_removes_the_alias_holding_their_paraphrase() -> None:
+    """Bob's paraphrase of Alice's question, kept as an alias of her entry (owned by her),
+    holds Bob's prompt: purging Bob's data removes it; Alice's entry stays."""
+    s = store()
+    original = entry("k1", prompt="How can I reset it?")
+    s.put(original)
+    s.promote("k2", original, "bob's way of asking", ("acme", "user", "bob"))
+    assert s.purge_local(matcher({"user": "bob"})) == (1, 0)
+    assert await s.get("k2", "acme") is None and await s.get("k1", "acme") is not None
+    assert s.purge_local(matcher({"user": "bob", "tenant": "globex"})) == (0, 0)
+
+
 async def test_purge_counts_per_layer_and_marks_the_time() -> None:
     s = store()
     before = time.time() - 1
