@@ -10,7 +10,43 @@ import json
 import sys
 from typing import Any
 
+from proxy.chain import BUILTIN, plugin_class
 from proxy.settings import Settings
+
+#: `${VAR}` or `${VAR:-default}`: Weir reads it from the environment where it runs, so a
+#: number or a boolean may be given this way (`port: ${WEIR_PORT:-8000}`).
+ENV_REF = {"type": "string", "pattern": r"^\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}$"}
+_SCALARS = ("integer", "number", "boolean")
+
+
+def _env_refs(node: Any) -> Any:
+    """The schema with every number or boolean also taking an environment reference."""
+    if isinstance(node, list):
+        return [_env_refs(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _env_refs(v) for k, v in node.items()}
+    if out.get("type") in _SCALARS:
+        keep = {k: out.pop(k) for k in ("title", "description", "default") if k in out}
+        return {**keep, "anyOf": [out, ENV_REF]}
+    return out
+
+
+def _plugins(defs: dict[str, Any]) -> dict[str, Any]:
+    """The plugin list: each entry one of the built-in plugins, its config checked
+    against that plugin's own schema (its definitions added to `defs`, by plugin)."""
+    choices = []
+    for name in sorted(BUILTIN):
+        config = plugin_class(name).Config.model_json_schema(
+            mode="validation", ref_template=f"#/$defs/{name}.{{model}}")
+        defs.update({f"{name}.{k}": v for k, v in config.pop("$defs", {}).items()})
+        choices.append(_obj({"name": {"const": name}, "enabled": {"type": "boolean"},
+                             "config": config},
+                            required=["name"], additionalProperties=False))
+    # (an entry with `enabled: false` is kept but not read: Weir checks nothing of it)
+    off = {"properties": {"enabled": {"const": False}}, "required": ["enabled"]}
+    return {"type": "array", "items": {"if": off, "then": {"type": "object"},
+                                       "else": {"oneOf": choices}}}
 
 
 def _obj(props: dict[str, Any], **kw: Any) -> dict[str, Any]:
@@ -20,6 +56,10 @@ def _obj(props: dict[str, Any], **kw: Any) -> dict[str, Any]:
 def schema() -> dict[str, Any]:
     settings = Settings.model_json_schema(mode="validation")
     defs = settings.pop("$defs", {})  # refs are `#/$defs/X`: the defs move to the root
+    settings["properties"]["plugins"] = {
+        **{k: v for k, v in settings["properties"]["plugins"].items() if k != "items"},
+        **_plugins(defs)}
+    settings, defs = _env_refs(settings), _env_refs(defs)
     s = {"type": "string"}
     b = {"type": "boolean"}
     i = {"type": "integer"}

@@ -145,3 +145,24 @@ def test_values_schema_is_in_sync_with_the_settings_model() -> None:
     committed = json.loads((CHART / "values.schema.json").read_text())
     assert committed == json.loads(json.dumps(mod.schema())), (
         "regenerate: python helm/weir/schema.py > helm/weir/values.schema.json")
+
+
+def test_the_values_schema_takes_the_shipped_configs_and_refuses_bad_plugins() -> None:
+    """What `helm install` checks: the chart's values and the shipped configs (numbers
+    given as `${VAR:-default}`, which Weir reads from its environment) pass; an unknown
+    plugin, or a typo in a plugin's config, does not (it took any plugin entry)."""
+    import jsonschema
+    import yaml
+
+    validator = jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
+    assert not list(validator.iter_errors(yaml.safe_load((CHART / "values.yaml").read_text())))
+    for name in ("weir.yaml", "production.yaml"):
+        config = yaml.safe_load((CHART.parent.parent / "config" / name).read_text())
+        assert not list(validator.iter_errors({"config": config})), name
+    base = {"auth": {"mode": "open"}}
+    for bad in ([{"name": "cahce"}], [{"name": "cache", "config": {"scopee": "tenant"}}],
+                [{"name": "rate_limit", "config": {"rules": [{"per": "key", "rpm": "x"}]}}]):
+        assert list(validator.iter_errors({"config": {**base, "plugins": bad}})), bad
+    assert not list(validator.iter_errors({"config": {**base, "plugins": [
+        {"name": "cache", "enabled": False, "config": {"scopee": 1}},
+        {"name": "rate_limit", "config": {"rules": [{"per": "key", "rpm": "${RPM:-60}"}]}}]}}))
