@@ -232,11 +232,13 @@ async def live(request: web.Request) -> web.Response:
 
 
 def _admin_gate(request: web.Request, exposure: str, what: str) -> None:
-    """Nothing if `exposure` is open (or auth is open); else 401/403 unless an admin key."""
+    """Nothing if `exposure` is open (or auth is open); else 401/403 unless an admin key
+    (`admin`: a tenant's too; `operator`: an operator's)."""
     st = _state(request)
     if exposure == "open" or st.auth.open:
         return
-    st.auth.require_role(request.headers, "admin", what)
+    st.auth.require_role(request.headers, "operator" if exposure == "operator" else "admin",
+                         what)
 
 
 async def ready(request: web.Request) -> web.Response:

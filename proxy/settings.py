@@ -301,7 +301,9 @@ class ResponsesSettings(_Strict):
         True, description="Keep them in the cache plugin's Redis when it has one.")
 
 
-Exposure = Literal["open", "admin"]
+#: `admin`: any admin key, a tenant's admin too (the figures are every tenant's, in
+#: aggregate); `operator`: operator keys only.
+Exposure = Literal["open", "admin", "operator"]
 
 
 class ObservabilitySettings(_Strict):
@@ -315,8 +317,9 @@ class ObservabilitySettings(_Strict):
         "`authorization: Bearer <admin key>`). Metrics carry no tenant, key or prompt.")
     health_details: Exposure = Field(
         "admin", description="The details of `/health/ready` (engine queue, plugins, "
-        "in-flight count); without an admin key the body holds only the status.")
-    dashboard: Literal["open", "admin", "off"] = Field(
+        "in-flight count); without an admin key the body holds only the status. "
+        "`operator`: where tenants' admins should not see the whole server's figures.")
+    dashboard: Literal["open", "admin", "operator", "off"] = Field(
         "admin", description="`/dashboard`: a browser sends the admin key as HTTP Basic "
         "(any user name, the key as password); `off` removes the page.")
 

@@ -63,3 +63,16 @@ async def test_open_auth_mode_is_open(make_client: MakeClient) -> None:
     assert (await c.get("/metrics")).status == 200
     assert (await c.get("/dashboard")).status == 200
     assert "engine" in await (await c.get("/health/ready")).json()
+
+
+async def test_operator_exposure_keeps_tenant_admins_out(make_client: MakeClient) -> None:
+    """The figures are every tenant's: `operator` shows them to operator keys only."""
+    keys = [*KEYS, {"key": "k-op", "tenant": "ops", "operator": True}]
+    c = await make_client(make_settings(auth={"mode": "keys", "keys": keys}, observability={
+        "metrics": "operator", "health_details": "operator", "dashboard": "operator"}))
+    for path in ("/metrics", "/dashboard"):
+        assert (await c.get(path, headers=h("k-admin"))).status == 403, path
+        assert (await c.get(path, headers=h("k-op"))).status == 200, path
+    assert await (await c.get("/health/ready", headers=h("k-admin"))).json() == {
+        "status": "ready"}
+    assert "engine" in await (await c.get("/health/ready", headers=h("k-op"))).json()
