@@ -158,7 +158,7 @@ class UpstreamEngineSettings(_Strict):
 
 def _engine_kind(v: Any) -> str:
     kind = v.get("kind", "vllm") if isinstance(v, dict) else getattr(v, "kind", "vllm")
-    return kind if kind in ("vllm", "upstream") else "vllm"
+    return kind if isinstance(kind, str) else "vllm"  # (another: an error naming both)
 
 
 EngineSettings = Annotated[
@@ -367,8 +367,12 @@ def yaml_path(loc: tuple[int | str, ...], prefix: str = "") -> str:
 def errors_from_validation(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
     out = []
     for e in exc.errors(include_url=False):
-        msg = e["msg"].removeprefix("Value error, ")
-        out.append((yaml_path(tuple(e["loc"]), prefix), msg))
+        msg, loc = e["msg"].removeprefix("Value error, "), tuple(e["loc"])
+        if e["type"] == "union_tag_invalid":  # (pydantic's words name the function)
+            ctx = e.get("ctx") or {}
+            msg, loc = (f"unknown kind `{ctx.get('tag')}` (one of "
+                        f"{ctx.get('expected_tags')})"), (*loc, "kind")
+        out.append((yaml_path(loc, prefix), msg))
     return out
 
 

@@ -155,3 +155,9 @@ def test_a_key_in_clear_is_read_without_its_outer_blanks() -> None:
 
     s = parse_settings("auth: {mode: keys, keys: [{key: ' padded '}]}\n", env={})
     assert Authenticator(s.auth).authenticate({"Authorization": "Bearer padded"})
+
+
+def test_an_unknown_engine_kind_names_the_known_ones() -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: open}\nengine: {kind: tgi}\n", env={})
+    assert e.value.errors == [("engine.kind", "unknown kind `tgi` (one of 'vllm', 'upstream')")]
