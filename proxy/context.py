@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -76,6 +76,9 @@ class RequestContext:
     #: ... and as it comes (a stream; a whole answer's comes with its end): a call it
     #: has had past the breaker's `slow_call_s` with none is slow already.
     engine_live: bool = False
+    #: ... or, for a whole answer, how many tokens it has generated so far, where the
+    #: engine can say (the in-process one): none past `slow_call_s` is slow already too.
+    engine_progress: Callable[[], int] | None = None
 
     @property
     def model(self) -> str:

@@ -56,8 +56,15 @@ def engine_outputs(engine: Engine, prep: Prepared,
     base = f"weir-{new_hex()}"
     if len(prep.prompts) == 1:  # the common case: the engine's own generator, as is
         outputs = engine.generate(prep.prompts[0], prep.options, base, cache_salt=salt)
+        ids = [base]
     else:
         outputs = _merged(engine, prep, base, salt)
+        ids = [f"{base}-{i}" for i in range(len(prep.prompts))]
+    counted = getattr(engine, "generated_tokens", None)
+    if prep.options.final_only and counted is not None:
+        # (a whole answer tells no token until its end: the breaker asks, past its
+        # `slow_call_s`, whether the engine has made any)
+        ctx.engine_progress = lambda: sum(counted(i) for i in ids)
     n = ctx.request.n
     return outputs if prep.options.n == n else _fanned_out(outputs, n)
 

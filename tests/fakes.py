@@ -50,6 +50,11 @@ class FakeEngine:
         self.closed = False
         self.token_gate: asyncio.Event | None = None  # when set, each token waits on it
         self._waiters: list[tuple[Any, asyncio.Future[None]]] = []
+        #: request id -> tokens generated so far (`generated_tokens`), while it runs
+        self.progress: dict[str, int] = {}
+
+    def generated_tokens(self, request_id: str) -> int:
+        return self.progress.get(request_id, 0)
 
     def _changed(self) -> None:
         for pred, fut in self._waiters:
@@ -158,6 +163,7 @@ class FakeEngine:
                     await asyncio.sleep(0)
                 if self.fail_after is not None and i >= self.fail_after:
                     raise EngineFailed("injected failure")
+                self.progress[request_id] = i + 1
                 last = i == steps - 1
                 reason = "length" if i == options.max_tokens - 1 else "stop"
                 choices = []
@@ -179,6 +185,7 @@ class FakeEngine:
             finished_ok = True
         finally:
             self.active.discard(request_id)
+            self.progress.pop(request_id, None)
             if not finished_ok:
                 self.aborted.append(request_id)
             self._changed()

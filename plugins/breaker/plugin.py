@@ -187,15 +187,19 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             self.breaker.record(permit, failed=failed, slow=slow)
 
     def _sweep(self) -> None:
-        """Streamed calls the engine has had past `slow_call_s` with no first token are
-        slow now, not when their deadline or their client ends them: a hung engine opens
-        the breaker while requests queue behind it (their waits and sheds count for
-        nothing), not minutes later. A whole answer tells its first token only with its
-        end: one cut with no token generated is slow when it ends."""
+        """Calls the engine has had past `slow_call_s` with no first token are slow now,
+        not when their deadline or their client ends them: a hung engine opens the
+        breaker while requests queue behind it (their waits and sheds count for nothing),
+        not minutes later. A stream tells its first token as it comes; a whole answer
+        only with its end, so the engine is asked how many it has generated
+        (`engine_progress`), where it can say; where it cannot, one cut with no token
+        generated is slow when it ends."""
         now = time.monotonic()
-        late = [p for p, c in self._running.items() if c.engine_live and
-                c.engine_ttft_s is None and c.engine_started is not None
-                and now - c.engine_started > self.cfg.slow_call_s]
+        late = [p for p, c in self._running.items() if c.engine_ttft_s is None
+                and c.engine_started is not None
+                and now - c.engine_started > self.cfg.slow_call_s
+                and (c.engine_live or (c.engine_progress is not None
+                                       and c.engine_progress() == 0))]
         for permit in late:
             self._record(permit, failed=False, slow=True)
 

@@ -350,6 +350,11 @@ class VllmEngine:
         if self._llm is not None:
             await self._llm.abort(request_id)
 
+    def generated_tokens(self, request_id: str) -> int:
+        """The tokens a request under way has generated so far (a whole answer's, which
+        tells none until its end): the breaker tells a hung engine from a working one."""
+        return 0 if self._llm is None else _generated(self._llm, request_id)
+
     def tool_parser(self, tools: list[dict[str, Any]]) -> _ToolParserAdapter | None:
         if self._tool_parser is None:
             return None

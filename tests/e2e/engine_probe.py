@@ -103,9 +103,12 @@ async def probe() -> dict[str, Any]:
                 steps += 1
                 if steps == 10:
                     break
+        progress = engine.generated_tokens("cut-whole")  # (what the breaker asks)
         cut.cancel()
         await asyncio.gather(cut, return_exceptions=True)
-        seen["cut_whole"] = {"generated": whole.generated, "running": engine.stats().running}
+        seen["cut_whole"] = {"generated": whole.generated, "running": engine.stats().running,
+                             "progress_while_running": progress,
+                             "progress_after": engine.generated_tokens("cut-whole")}
         outs = [o async for o in engine.generate(prompt, SamplingOptions(max_tokens=4),
                                                  "fine")]
         seen["fine"] = {"finished": outs[-1].finished, "running": engine.stats().running}

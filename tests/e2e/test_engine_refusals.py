@@ -52,6 +52,13 @@ def test_a_whole_answer_cut_while_running_reports_what_it_generated(
     assert seen["cut_whole"]["running"] == 0
 
 
+def test_a_whole_answer_under_way_tells_the_tokens_it_has_made(seen: dict[str, Any]) -> None:
+    """What the breaker asks of a whole answer past `slow_call_s` (it tells no token until
+    its end): an engine at work says it has made some; a request that ended, none."""
+    assert 10 <= seen["cut_whole"]["progress_while_running"] <= 400
+    assert seen["cut_whole"]["progress_after"] == 0
+
+
 
 def test_what_a_cut_request_generated_counts_choices_that_ended_already(
         seen: dict[str, Any]) -> None:

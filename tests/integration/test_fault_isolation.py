@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from bench.redis_server import RedisServer
@@ -202,12 +203,14 @@ async def test_long_answers_and_queue_waits_never_open_the_breaker(
     assert breaker.state == "open" and statuses[-1] == 503 and 504 in statuses
 
 
+@pytest.mark.parametrize("stream", [True, False])
 async def test_a_hung_engine_opens_the_breaker_while_requests_queue_behind_it(
-        make_client: MakeClient) -> None:
-    """The streamed calls a hung engine holds are slow once it has had them past
-    `slow_call_s` with no token, not when their (long) deadlines end them: the queue's
-    waits and sheds behind them count for nothing, and the breaker opens while the calls
-    still hang."""
+        make_client: MakeClient, stream: bool) -> None:
+    """The calls a hung engine holds are slow once it has had them past `slow_call_s`
+    with no token, not when their (long) deadlines end them: the queue's waits and sheds
+    behind them count for nothing, and the breaker opens while the calls still hang.
+    Whole answers too: they tell no token until their end, so the engine is asked how
+    many it has made (with only whole answers, the breaker took their deadline)."""
     engine = FakeEngine()
     engine.token_gate = asyncio.Event()
     client = await make_client(make_settings(auth=KEYS, plugins=[
@@ -218,7 +221,7 @@ async def test_a_hung_engine_opens_the_breaker_while_requests_queue_behind_it(
                                          "max_queue_wait_s": 0.3, "deadline_s": 60}}]),
         engine=engine)
     hung = [asyncio.create_task(client.post("/v1/chat/completions",
-                                            json={**CHAT, "stream": True},
+                                            json={**CHAT, "stream": stream},
                                             headers=bearer("sk-tenant-a"))) for _ in range(2)]
     try:
         await engine.wait_until(lambda: len(engine.active) == 2)
@@ -235,6 +238,29 @@ async def test_a_hung_engine_opens_the_breaker_while_requests_queue_behind_it(
         engine.token_gate.set()
         for r in await asyncio.gather(*hung):
             await r.read()
+
+
+async def test_whole_answers_the_engine_is_making_are_not_slow(
+        make_client: MakeClient) -> None:
+    """The control: whole answers past `slow_call_s` whose tokens are coming (a long
+    answer) are an engine at work: the breaker stays closed."""
+    engine = FakeEngine(delay=0.02)
+    client = await make_client(make_settings(auth=KEYS, plugins=[
+        {"name": "breaker", "config": {"minimum_calls": 2, "slow_call_s": 0.2,
+                                       "slow_call_rate": 0.5, "open_s": 60}}]),
+        engine=engine)
+    long = [asyncio.create_task(client.post("/v1/chat/completions",
+                                            json={**CHAT, "max_tokens": 60},
+                                            headers=bearer("sk-tenant-a"))) for _ in range(2)]
+    await engine.wait_until(lambda: len(engine.active) == 2)
+    await eventually(lambda: all(engine.generated_tokens(i) >= 15 for i in engine.active))
+    for _ in range(3):  # each sweeps the calls under way, past slow_call_s by now
+        r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1},
+                              headers=bearer("sk-tenant-b"))
+        assert r.status == 200
+    for r in await asyncio.gather(*long):
+        assert r.status == 200
+    assert plugin(client, "breaker").breaker.state == "closed"
 
 
 async def test_a_whole_answer_cut_after_its_tokens_came_is_not_slow(
