@@ -26,8 +26,10 @@ from typing import Literal
 
 from .errors import InvalidRequest, PermissionDenied, Unauthorized
 from .settings import ApiKey, AuthSettings, ConfigError, sha256_hex
+from .telemetry import get_logger
 
 AdminRole = Literal["admin", "operator"]
+log = get_logger("weir.auth")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,7 @@ class Authenticator:
         )
         self._by_hash: dict[str, tuple[str, Principal]] = {}
         self._gateways: set[str] = set()  # digests of keys marked `on_behalf_of`
+        self._unnamed: set[str] = set()  # gateway keys seen without the header (warned)
         first: dict[str, int] = {}
         for i, spec in enumerate(settings.keys):
             digest = _key_hash(spec, i)
@@ -129,7 +132,7 @@ class Authenticator:
             hit = self._by_hash.get(digest)
             if hit is not None and hmac.compare_digest(hit[0], digest):
                 if digest in self._gateways:
-                    return _on_behalf_of(hit[1], headers.get(ON_BEHALF_OF))
+                    return self._on_behalf_of(hit[1], headers.get(ON_BEHALF_OF))
                 return hit[1]
         if self.open:
             return self._anonymous
@@ -139,6 +142,28 @@ class Authenticator:
                 code="missing_api_key",
             )
         raise Unauthorized()
+
+    def _on_behalf_of(self, gateway: Principal, header: str | None) -> Principal:
+        """The caller a gateway's key forwards for: a tenant of its own under the key's
+        tenant and the gateway (`TENANT~GATEWAY~DIGEST`, GATEWAY the key's `user`: set
+        it, the same on the old and the new key, to keep the callers' tenants across a
+        key's rotation; by default the key's fingerprint), never an operator; the key
+        itself without the header (warned once: its callers then share one tenant)."""
+        if header is None:
+            if gateway.key_id not in self._unnamed:
+                self._unnamed.add(gateway.key_id)
+                log.warning("a gateway key (on_behalf_of) sent a request naming no caller: "
+                            "its callers share one tenant; set the gateway's "
+                            "engine.on_behalf_of_secret", key_id=gateway.key_id)
+            return gateway
+        value = header.strip().lower()
+        if not _CALLER.match(value):
+            raise InvalidRequest(f"`{ON_BEHALF_OF}` must be two 32-digit hex digests "
+                                 "joined by a dot, as a Weir in front sends it.",
+                                 code="invalid_on_behalf_of")
+        tenant, user = value.split(".")
+        return replace(gateway, tenant=f"{gateway.tenant}~{gateway.user}~{tenant}",
+                       user=user, operator=False)
 
     def require_role(self, headers: Mapping[str, str], role: AdminRole, what: str) -> Principal:
         """The caller, if it may use an admin route: 401 without a valid key, else 403.
@@ -176,22 +201,6 @@ def caller_digest(principal: Principal, secret: str) -> str:
         return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()[:32]
 
     return mac(who) + "." + mac(f"{who}\x00u={principal.user}")
-
-
-def _on_behalf_of(gateway: Principal, header: str | None) -> Principal:
-    """The caller a gateway's key forwards for: a tenant of its own under the key's
-    tenant and the key (`TENANT~KEY_ID~DIGEST`: two gateways' keys of one tenant do not
-    share callers), never an operator; the key itself without the header."""
-    if header is None:
-        return gateway
-    value = header.strip().lower()
-    if not _CALLER.match(value):
-        raise InvalidRequest(f"`{ON_BEHALF_OF}` must be two 32-digit hex digests joined "
-                             "by a dot, as a Weir in front sends it.",
-                             code="invalid_on_behalf_of")
-    tenant, user = value.split(".")
-    return replace(gateway, tenant=f"{gateway.tenant}~{gateway.key_id}~{tenant}",
-                               user=user, operator=False)
 
 
 def _first(headers: Mapping[str, str]) -> str | None:

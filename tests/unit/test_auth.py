@@ -123,6 +123,8 @@ def test_a_gateway_key_forwards_for_callers_as_tenants_of_their_own() -> None:
     a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
         {"key": "gw", "tenant": "edge", "on_behalf_of": True, "operator": True},
         {"key": "gw2", "tenant": "edge", "on_behalf_of": True},
+        {"key": "gw-old", "tenant": "edge", "on_behalf_of": True, "user": "eu-edge"},
+        {"key": "gw-new", "tenant": "edge", "on_behalf_of": True, "user": "eu-edge"},
         {"key": "plain", "tenant": "p"}]}))
     secret = "edge-own-secret-0123"
     alice = caller_digest(Principal("acme", "user", "alice"), secret)
@@ -138,11 +140,17 @@ def test_a_gateway_key_forwards_for_callers_as_tenants_of_their_own() -> None:
     gw = a.authenticate({"Authorization": "Bearer gw"})
     p = a.authenticate({"Authorization": "Bearer gw", ON_BEHALF_OF: alice})
     q = a.authenticate({"Authorization": "Bearer gw", ON_BEHALF_OF: bob})
-    assert p.tenant == q.tenant == f"edge~{gw.key_id}~" + alice.split(".")[0]
+    assert p.tenant == q.tenant == f"edge~{gw.user}~" + alice.split(".")[0]
+    assert gw.user == f"key-{gw.key_id}"  # (no `user` set: the key's fingerprint)
     assert p.user != q.user and not p.operator and p.key_id == gw.key_id
     assert gw.tenant == "edge" and gw.operator  # itself, without the header
     # another gateway key of the same tenant does not share its callers
     assert a.authenticate({"Authorization": "Bearer gw2", ON_BEHALF_OF: alice}).tenant != p.tenant
+    # a key rotated under one gateway name keeps its callers' tenants
+    old_key, new_key = ({"Authorization": f"Bearer {k}", ON_BEHALF_OF: alice}
+                        for k in ("gw-old", "gw-new"))
+    assert a.authenticate(old_key).tenant == a.authenticate(new_key).tenant == (
+        "edge~eu-edge~" + alice.split(".")[0])
     # another key's header is the caller's text: not read
     assert a.authenticate({"Authorization": "Bearer plain", ON_BEHALF_OF: alice}).tenant == "p"
     with pytest.raises(InvalidRequest) as e:
@@ -160,9 +168,23 @@ def test_a_tenant_name_may_not_hold_the_gateway_separator(where: str) -> None:
         AuthSettings.model_validate(data)
 
 
-def test_the_first_authorization_that_carries_a_key_is_read(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_first_authorization_that_carries_a_key_is_read(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from multidict import CIMultiDict
 
     a = auth(tmp_path, monkeypatch)
     headers = CIMultiDict([("Authorization", "Token x"), ("Authorization", "Bearer env-key")])
     assert a.authenticate(headers).user == "bob"
+
+
+def test_a_gateway_key_naming_no_caller_is_warned_once(capsys: pytest.CaptureFixture[str],
+                                                       ) -> None:
+    """Its callers then share one tenant (the gateway has no secret set): said once, by
+    the key's fingerprint only."""
+    a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
+        {"key": "gw-secret-key", "tenant": "edge", "on_behalf_of": True}]}))
+    for _ in range(3):
+        assert a.authenticate({"Authorization": "Bearer gw-secret-key"}).tenant == "edge"
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert text.count("naming no caller") == 1 and "gw-secret-key" not in text
