@@ -45,10 +45,10 @@ class Entry:
     #: A paraphrase kept as an exact alias (`promote`): the key of the entry it answers
     #: from. In memory only (never stored): a purge naming that entry drops the alias.
     source: str = ""
-    #: Such an alias's asker (tenant, role, user), where its paraphrase came from: a purge
-    #: of that user (or tenant, role) drops the alias, which holds their prompt. In
+    #: Such an alias's asker (tenant, role, user, their paraphrase), where it came from: a
+    #: purge of that user (or tenant, role) drops the alias, which holds their prompt. In
     #: memory only, as `source`.
-    asker: tuple[str, str, str] | None = None
+    asker: tuple[str, str, str, str] | None = None
 
     def to_json(self, *, with_prompt: bool = True) -> str:
         # A shallow dict: the choices and usage are plain JSON already (asdict's deep
@@ -241,13 +241,17 @@ def matcher(f: dict[str, Any]) -> Match:
                 and (not role or r == role) and (not user or u == user))
 
     def match(e: Entry) -> bool:
-        # the entry's owner, or for a paraphrase's alias also its asker (whose prompt it
-        # holds)
-        if not whose(e.tenant, e.role, e.user) and (e.asker is None or not whose(*e.asker)):
-            return False
         if key and e.key != key:
             return False
-        return not needle or needle in e.prompt.casefold() or needle in e.answer_text(
-        ).casefold()
+        # Whose words a filter may test: the owner's prompt, where it names the owner;
+        # a paraphrase alias's asker's own words, where it names the asker (each tests
+        # only text of its own, and the answer, which both were given).
+        prompts = [e.prompt] if whose(e.tenant, e.role, e.user) else []
+        if e.asker is not None and whose(*e.asker[:3]):
+            prompts.append(e.asker[3])
+        if not prompts:
+            return False
+        return not needle or any(needle in p.casefold() for p in prompts) or (
+            needle in e.answer_text().casefold())
 
     return match

@@ -82,6 +82,22 @@ async def test_a_purge_of_the_asker_removes_the_alias_holding_their_paraphrase()
     assert s.purge_local(matcher({"user": "bob", "tenant": "globex"})) == (0, 0)
 
 
+async def test_a_filter_tests_only_the_words_of_whom_it_names() -> None:
+    """Scope global: globex's paraphrase is kept as an alias of acme's entry. A purge
+    pinned to one tenant tests only that tenant's own words (else its counts were an
+    oracle for the other's prompt); an operator's tests both."""
+    s = store()
+    original = entry("k1", prompt="acme secret initech question")
+    s.put(original)
+    s.promote("k2", original, "globex own words", ("globex", "user", "gus"))
+    globex = {"tenant": "globex"}
+    assert s.purge_local(matcher({**globex, "contains": "initech"})) == (0, 0)
+    assert s.purge_local(matcher({"tenant": "acme", "contains": "globex own"})) == (0, 0)
+    assert s.purge_local(matcher({**globex, "contains": "globex own"})) == (1, 0)
+    s.promote("k3", original, "globex own words", ("globex", "user", "gus"))
+    assert s.purge_local(matcher({"contains": "globex own"})) == (1, 0)  # an operator's
+
+
 async def test_purge_counts_per_layer_and_marks_the_time() -> None:
     s = store()
     before = time.time() - 1
