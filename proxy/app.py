@@ -99,7 +99,8 @@ def _engine_lifespan(
             try:
                 await st.terminal.start()
                 frozen = freeze_startup_heap() if freeze_heap else 0
-                log.info("engine ready", models=[m.id for m in st.terminal.models()],
+                log.info("engine ready" if st.terminal.ready() else "engine started",
+                         models=[m.id for m in st.terminal.models()],
                          gc_frozen_objects=frozen)
             except asyncio.CancelledError:
                 raise

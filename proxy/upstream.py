@@ -105,36 +105,44 @@ class Upstream:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=s.max_connections),
             timeout=aiohttp.ClientTimeout(total=s.timeout_s, connect=s.connect_timeout_s))
-        if self.check_models and not self._models and not await self._discover():
+        if self.check_models and not self._models and (why := await self._discover()):
             # Not ready until the upstream names its models: one unknown would take any
             # name a client sends (each a new metric label), and answer nothing.
-            self._discovery = asyncio.create_task(self._discover_until_found())
+            self._discovery = asyncio.create_task(self._discover_until_found(why))
             return
         self._ready = True
 
-    async def _discover(self) -> bool:
-        """Ask the upstream which models it serves: whether it named any."""
+    async def _discover(self) -> str | None:
+        """Ask the upstream which models it serves: None once it named some, else why not
+        (for the log: a status, an error's type; never a body, which may quote the key)."""
         assert self._session is not None
         try:
             async with self._session.get(f"{self.base}/models", headers=self._auth(),
                                          timeout=aiohttp.ClientTimeout(
                                              total=self.settings.connect_timeout_s * 2)) as r:
-                data = await r.json() if r.status == 200 else {}
+                if r.status != 200:
+                    return f"status {r.status}"
+                data = await r.json()
             found = [m["id"] for m in data.get("data", [])
                      if isinstance(m, dict) and isinstance(m.get("id"), str)]
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError):
-            return False
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError) as e:
+            return type(e).__name__
+        if not found:
+            return "no models listed"
         self._models = found
-        return bool(found)
+        return None
 
-    async def _discover_until_found(self) -> None:
+    async def _discover_until_found(self, why: str) -> None:
         delay = DISCOVERY_FIRST_S
-        while not await self._discover():
-            log.warning("upstream named no models yet: not ready", retry_in_s=delay)
+        while True:
+            log.warning("upstream named no models: not ready (or set engine.models)",
+                        reason=why, retry_in_s=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, DISCOVERY_MAX_S)
+            if (why := await self._discover()) is None:  # type: ignore[assignment]
+                break
         self._ready = True
-        log.info("upstream models found", models=len(self._models))
+        log.info("upstream models found: ready", models=len(self._models))
 
     async def close(self) -> None:
         self._ready = False

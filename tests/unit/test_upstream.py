@@ -121,7 +121,8 @@ async def test_an_upstream_that_names_no_models_is_not_ready_until_it_does(
     try:
         assert not down.ready() and down.models() == [] and not down.has_model("any-name")
     finally:
-        await down.close()  # (its retries end with it)
+        await down.close()
+    assert down._discovery is not None and down._discovery.done()  # its retries ended
     answers = [web.json_response({"error": "starting"}, status=503),
                web.json_response({"object": "list", "data": []})]
     real = upstream.models
