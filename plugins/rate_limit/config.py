@@ -32,9 +32,12 @@ class Rule(Limits):
     def limits_for(self) -> dict[str, Limits]:
         """Each override merged over the rule's own limits: what it sets replaces them
         (a `null` it sets lifts one), the rest stay."""
+        return {value: self._merged(o) for value, o in self.overrides.items()}
+
+    def _merged(self, override: Limits) -> Limits:
         own = {k: getattr(self, k) for k in Limits.model_fields}
-        return {value: Limits.model_construct(**{**own, **o.model_dump(include=o.model_fields_set)})
-                for value, o in self.overrides.items()}
+        named = override.model_dump(include=override.model_fields_set)
+        return Limits.model_construct(**{**own, **named})  # (both validated already)
 
     @model_validator(mode="after")
     def _some_limit(self) -> Rule:
@@ -55,6 +58,10 @@ class Rule(Limits):
                                  f"not `{bad[0]}`")
         if self.per == "global" and self.overrides:
             raise ValueError("a global rule has one value: give its limits, not overrides")
+        empty = [k for k, o in self.overrides.items() if not o.model_fields_set]
+        if empty:  # (it meant "no limits"; an override now changes only what it names)
+            raise ValueError(f"the override for `{empty[0]}` names no limit: set rpm, tpm "
+                             "or concurrent (`null` lifts one)")
         return self
 
 

@@ -781,6 +781,7 @@ async def test_a_cut_whose_spend_no_one_counted_is_charged_its_reservation(
     ({"per": "role", "rpm": 100, "overrides": {"analyst": {"rpm": 2}}}, "acme/analyst"),
     ({"per": "user", "rpm": 100, "overrides": {"/x": {"rpm": 2}}}, "tenant/user"),
     ({"per": "global", "rpm": 100, "overrides": {"*": {"rpm": 2}}}, "global rule"),
+    ({"per": "tenant", "rpm": 100, "overrides": {"vip": {}}}, "names no limit"),
 ])
 def test_an_override_that_can_never_match_is_a_config_error(rule: dict[str, Any],
                                                             fault: str) -> None:
