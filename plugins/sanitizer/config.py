@@ -95,6 +95,9 @@ class SanitizerConfig(PluginConfig):
         "normalized).")
     detectors: Detectors = Field(default_factory=Detectors)
     custom: list[CustomDetector] = Field(default_factory=list, description="Extra regexes.")
+    block_message: str = Field(
+        "The request was rejected by the content policy.",
+        description="Message of a blocked request (vague on purpose).")
 
     @field_validator("custom")
     @classmethod
@@ -108,6 +111,3 @@ class SanitizerConfig(PluginConfig):
                                  "another custom one): name it apart")
             taken.add(d.name)
         return v
-    block_message: str = Field(
-        "The request was rejected by the content policy.",
-        description="Message of a blocked request (vague on purpose).")

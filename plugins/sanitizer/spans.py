@@ -22,14 +22,16 @@ class Detector:
 
 def regex_finder(pattern: str, flags: int = 0, check: Callable[[str], bool] | None = None,
                  needs: tuple[str, ...] = ()) -> Finder:
-    """A regex detector; `needs`: literals one of which must occur (a cheap prefilter)."""
+    """A regex detector; `needs`: literals one of which must occur (a cheap prefilter).
+    An empty match is no finding (a custom pattern such as `\\b` or `(?=x)` matches
+    none of the text: it would block or redact every request at every boundary)."""
     rx = re.compile(pattern, flags)
 
     def find(text: str) -> Iterator[Span]:
         if needs and not any(n in text for n in needs):
             return
         for m in rx.finditer(text):
-            if check is None or check(m.group(0)):
+            if m.end() > m.start() and (check is None or check(m.group(0))):
                 yield m.span()
 
     return find

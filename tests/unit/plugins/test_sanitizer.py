@@ -389,6 +389,17 @@ async def test_custom_detector_and_metrics() -> None:
     assert "ORD-123456" not in text
 
 
+@pytest.mark.parametrize("pattern", [r"\b", r"(?=o)", r"\B"])
+async def test_a_zero_width_custom_pattern_finds_nothing(pattern: str) -> None:
+    """It matches no text (the config check catches `a*`, not lookarounds): no finding,
+    so no request blocked and no placeholder at every word boundary."""
+    p = plugin(custom=[{"name": "edge", "pattern": pattern, "action": "block"}])
+    spy, ctx = Spy(), chat_ctx("status of order one")
+    await p(ctx, spy)
+    assert ctx.request.messages[0].content == "status of order one"  # type: ignore[union-attr]
+    assert "detector=\"edge\"" not in p.services.metrics.render().decode()
+
+
 async def test_every_text_a_message_carries_is_read() -> None:
     """Refusal parts, a speaker's name, the arguments of earlier calls and tool
     descriptions reach the engine as text: they are read and redacted as content is."""
