@@ -28,6 +28,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    WithJsonSchema,
     model_validator,
 )
 
@@ -56,7 +57,9 @@ HttpUrlText = Annotated[str, AfterValidator(_http_url)]
 
 #: A secret that may be left out; empty (`${VAR:-}` with VAR unset) is left out.
 OptionalSecret = Annotated[Annotated[str, Field(min_length=16)] | None,
-                           BeforeValidator(lambda v: None if v == "" else v)]
+                           BeforeValidator(lambda v: None if v == "" else v),
+                           WithJsonSchema({"anyOf": [{"type": "string", "minLength": 16},
+                                                     {"const": ""}, {"type": "null"}]})]
 
 
 class ServerSettings(_Strict):

@@ -17,16 +17,19 @@ from proxy.settings import Settings
 #: number or a boolean may be given this way (`port: ${WEIR_PORT:-8000}`).
 ENV_REF = {"type": "string", "pattern": r"^\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}$"}
 _SCALARS = ("integer", "number", "boolean")
+_NARROWED = ("enum", "minLength", "maxLength", "pattern")  # strings a reference may not fit
 
 
 def _env_refs(node: Any) -> Any:
-    """The schema with every number or boolean also taking an environment reference."""
+    """The schema with every number, boolean and narrowed string (an enum, a length, a
+    pattern) also taking an environment reference."""
     if isinstance(node, list):
         return [_env_refs(n) for n in node]
     if not isinstance(node, dict):
         return node
     out = {k: _env_refs(v) for k, v in node.items()}
-    if out.get("type") in _SCALARS:
+    if out.get("type") in _SCALARS or (out.get("type") == "string"
+                                       and any(k in out for k in _NARROWED)):
         keep = {k: out.pop(k) for k in ("title", "description", "default") if k in out}
         return {**keep, "anyOf": [out, ENV_REF]}
     return out
@@ -59,6 +62,7 @@ def schema() -> dict[str, Any]:
     settings["properties"]["plugins"] = {
         **{k: v for k, v in settings["properties"]["plugins"].items() if k != "items"},
         **_plugins(defs)}
+    settings["required"] = ["auth"]  # (a file that says nothing of auth fails closed)
     settings, defs = _env_refs(settings), _env_refs(defs)
     s = {"type": "string"}
     b = {"type": "boolean"}

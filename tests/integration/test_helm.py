@@ -166,3 +166,13 @@ def test_the_values_schema_takes_the_shipped_configs_and_refuses_bad_plugins() -
     assert not list(validator.iter_errors({"config": {**base, "plugins": [
         {"name": "cache", "enabled": False, "config": {"scopee": 1}},
         {"name": "rate_limit", "config": {"rules": [{"per": "key", "rpm": "${RPM:-60}"}]}}]}}))
+    # references where a string is narrowed (an enum, a length), an empty secret (unset),
+    # and no `auth` at all (Weir refuses such a file)
+    assert not list(validator.iter_errors({"config": {
+        **base, "logging": {"level": "${LOG_LEVEL:-info}"},
+        "engine": {"kind": "upstream", "base_url": "http://central:8000/v1",
+                   "on_behalf_of_secret": "${SECRET}"}}}))
+    assert not list(validator.iter_errors({"config": {
+        **base, "engine": {"kind": "upstream", "base_url": "http://c/v1",
+                           "on_behalf_of_secret": ""}}}))
+    assert list(validator.iter_errors({"config": {"server": {"port": 8000}}}))
