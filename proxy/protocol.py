@@ -732,7 +732,7 @@ class ChatCompletionRequest(_SamplingFields):
                     "one of their ids).", param=f"messages[{i}].tool_call_id",
                     code="invalid_value")
             elif m.role != "tool":
-                calls = set()
+                calls, answered = set(), {}
             else:
                 unanswered.pop(m.tool_call_id or "", None)
                 answered[m.tool_call_id or ""] = i

@@ -45,6 +45,8 @@ def _http_url(value: str) -> str:
         parts.port  # noqa: B018  (raises on a port that is not a number)
     except ValueError:
         raise ValueError("not a URL") from None
+    if any(c.isspace() for c in value):
+        raise ValueError("holds a blank; a URL has none")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("must be an http:// or https:// URL with a host, e.g. "
                          "http://central:8000/v1")
@@ -96,9 +98,20 @@ class ServerSettings(_Strict):
     max_headers: int = Field(128, ge=8, le=1024, description="Header fields per request.")
 
 
+#: The models Weir builds itself (`proxy.engine.builtin_models`).
+ENGINE_BUILTINS = ("builtin:demo", "builtin:smollm2")
+
+
+def _known_engine_builtin(value: str) -> str:
+    if value.startswith("builtin:") and value not in ENGINE_BUILTINS:
+        raise ValueError(f"unknown built-in model {value!r} (one of "
+                         f"{', '.join(ENGINE_BUILTINS)}, a Hugging Face id or a folder)")
+    return value
+
+
 class VllmEngineSettings(_Strict):
     kind: Literal["vllm"] = "vllm"
-    model: str = Field(
+    model: Annotated[str, AfterValidator(_known_engine_builtin)] = Field(
         "builtin:demo",
         description="Local checkpoint folder or Hugging Face id; built here on first use: "
         "`builtin:smollm2` (SmolLM2-135M-Instruct) or `builtin:demo` (tiny, random weights).",
@@ -161,7 +174,7 @@ class UpstreamEngineSettings(_Strict):
 
 def _engine_kind(v: Any) -> str:
     kind = v.get("kind", "vllm") if isinstance(v, dict) else getattr(v, "kind", "vllm")
-    return kind if isinstance(kind, str) else "vllm"  # (another: an error naming both)
+    return str(kind)  # (another than these two: an error naming both)
 
 
 EngineSettings = Annotated[

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
+from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from ..chain import Completion, Stream
 from ..context import RequestContext, header_map
 from ..errors import InvalidRequest, NotFound, Unavailable
@@ -135,9 +135,11 @@ async def create(request: web.Request) -> web.StreamResponse:
                                    typed_sse(ev) for ev in rendering.failed(err)))
         if reply.usage:
             note_usage(st, info, {"usage": reply.usage})
-        if rendering.error_status is not None and STREAM_ERROR not in request:
+        if (rendering.error_status is not None and STREAM_ERROR not in request
+                and not request.get(ABORTED)):
             # The failure went out as this API's events (`error`, `response.failed`), not
-            # as the writer's own: counted as its status all the same.
+            # as the writer's own: counted as its status all the same (unless its client
+            # left while they were written: a 499, counted as gone).
             request[STREAM_ERROR] = rendering.error_status
         return resp
 

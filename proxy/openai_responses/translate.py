@@ -157,7 +157,7 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
                                      "needs a `call_id` of its own).", param="input",
                                      code="invalid_value")
         elif m["role"] != "tool":
-            open_calls = set()
+            open_calls, answered = set(), set()
         elif m["tool_call_id"] in answered:
             raise InvalidRequest(f"Duplicate `function_call_output` for call_id "
                                  f"{m['tool_call_id']}: a call has one output.",

@@ -201,3 +201,37 @@ async def test_refused_requests_are_counted_under_their_route(make_client: MakeC
     assert moved(route="chat", model="", status="401") == 1
     assert moved(route="chat", model="", status="400") == 1
     assert moved(route="responses", model="", status="400") == 1
+
+
+async def test_a_stream_cut_by_the_shutdown_is_a_503_in_its_span_and_metrics(
+        make_client: MakeClient, spans: InMemorySpanExporter) -> None:
+    """Its head said 200; the drain's end cut it (told in-band): the server span said 499,
+    as if its client had left, and was not marked as an error."""
+    import asyncio
+    import contextlib
+
+    import aiohttp
+
+    from proxy.app_state import STATE
+    from tests.fakes import HoldingEngine
+
+    engine = HoldingEngine(after=2)
+    client = await make_client(settings(), engine=engine)
+    r = await client.post("/v1/chat/completions", json={**body(stream=True), "max_tokens": 50},
+                          headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status == 200
+    await r.content.readuntil(b"\n\n")  # the first chunk: the stream is under way
+    st = client.app[STATE]
+    st.draining = True
+    assert await st.abort_all() == 1
+    seen = b""
+    with contextlib.suppress(aiohttp.ClientError):  # (the connection ends with the cut)
+        async with asyncio.timeout(10):
+            async for piece in r.content.iter_any():
+                seen += piece
+    assert b"shutting_down" in seen
+    server = next(s for s in spans.get_finished_spans() if s.name.startswith("HTTP POST"))
+    assert server.attributes["http.response.status_code"] == 503
+    assert server.status.status_code.name == "ERROR"
+    assert st.metrics.registry.get_sample_value("weir_requests_total", {
+        "route": "chat", "model": "fake-model", "status": "503"}) == 1

@@ -189,6 +189,10 @@ CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "
       {"role": "tool", "tool_call_id": "c1", "content": "42"}], 4),  # not right after it
     ([{"role": "assistant", "content": "no calls"},
       {"role": "tool", "tool_call_id": "c1", "content": "42"}], 2),
+    ([{"role": "assistant", "content": None, "tool_calls": [CALL]},  # answered, then a
+      {"role": "tool", "tool_call_id": "c1", "content": "42"},  # result after a user
+      {"role": "user", "content": "and?"},  # turn: misplaced, not a duplicate
+      {"role": "tool", "tool_call_id": "c1", "content": "42"}], 4),
 ])
 def test_a_tool_result_must_answer_a_call_just_before_it(turns: list[dict[str, Any]],
                                                          at: int) -> None:
@@ -196,6 +200,7 @@ def test_a_tool_result_must_answer_a_call_just_before_it(turns: list[dict[str, A
         parse_model(ChatCompletionRequest, {"model": "m", "messages": [*MSG, *turns]})
     assert (e.value.status, e.value.param, e.value.code) == (
         400, f"messages[{at}].tool_call_id", "invalid_value")
+    assert "answers no call" in e.value.message
 
 
 @pytest.mark.parametrize("turns", [

@@ -161,3 +161,23 @@ def test_an_unknown_engine_kind_names_the_known_ones() -> None:
     with pytest.raises(ConfigError) as e:
         parse_settings("auth: {mode: open}\nengine: {kind: tgi}\n", env={})
     assert e.value.errors == [("engine.kind", "unknown kind `tgi` (one of 'vllm', 'upstream')")]
+
+
+def test_an_unknown_builtin_engine_model_is_a_config_error() -> None:
+    from proxy.engine.builtin_models import BUILTINS
+    from proxy.settings import ENGINE_BUILTINS
+
+    assert set(ENGINE_BUILTINS) == set(BUILTINS)  # every one it builds is known here
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: open}\nengine: {model: 'builtin:nope'}\n", env={})
+    assert e.value.errors[0][0] == "engine.model" and "builtin:smollm2" in e.value.errors[0][1]
+
+
+@pytest.mark.parametrize(("text", "path"), [
+    ("engine: {kind: 1}", "engine.kind"),
+    ("engine: {kind: upstream, base_url: 'http://a b/v1'}", "engine.base_url"),
+])
+def test_other_config_slips_name_their_path(text: str, path: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: open}\n" + text + "\n", env={})
+    assert e.value.errors[0][0] == path
