@@ -43,6 +43,7 @@ from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
 from .tasks import cancel_and_wait
 from .telemetry import get_logger
+from .tools import new_call_id
 from .tracing import inject
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
@@ -277,6 +278,9 @@ class Upstream:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
         if not _answer_ok(data, "message" if route == "chat" else "text"):
             raise EngineError("The upstream sent an unreadable answer.")
+        if route == "chat":
+            for c in data["choices"]:
+                _own_ids(c["message"].get("tool_calls") or ())
         return Completion(data)
 
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
@@ -286,6 +290,7 @@ class Upstream:
         done = False
         events = SseEvents()
         numbered: dict[int, tuple[int, str]] = {}  # a choice's last tool call
+        ids: dict[tuple[int, int], str] = {}  # (choice, call) -> the id it goes out with
         try:
             async for piece in _with_end(resp.content.iter_any()):
                 for data in events.feed(piece) if piece else events.end():
@@ -298,6 +303,7 @@ class Upstream:
                         raise EngineError("The upstream failed mid-stream.")
                     try:
                         _number_calls(chunk, numbered)
+                        _own_delta_ids(chunk, ids)
                         asm.feed(chunk)
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise EngineError("The upstream sent an unreadable chunk.") from None
@@ -387,6 +393,33 @@ def _number_calls(chunk: dict[str, Any], last: dict[int, tuple[int, str]]) -> No
                 i = before
             d["index"] = i
             last[choice] = (i, call_id or (before_id if i == before else ""))
+
+
+def _own_ids(calls: Any) -> None:
+    """A whole answer's calls each with an id of its own: an empty or repeated one (some
+    servers' parsers make them so) is replaced, or the client sending the turn back would
+    be refused (a call id is one call: OpenAI's rule, and Weir's)."""
+    seen: set[str] = set()
+    for call in calls:
+        if isinstance(call, dict):
+            if not isinstance(call.get("id"), str) or not call["id"] or call["id"] in seen:
+                call["id"] = new_call_id()
+            seen.add(call["id"])
+
+
+def _own_delta_ids(chunk: dict[str, Any], ids: dict[tuple[int, int], str]) -> None:
+    """`_own_ids` for a stream: a call's id (it may come again on each of its pieces) is
+    replaced where empty or another call's of the choice, the same way each time."""
+    for c in chunk.get("choices") or ():
+        for d in (c.get("delta") or {}).get("tool_calls") or ():
+            if "id" not in d:
+                continue
+            place = (c["index"], d["index"])
+            given = d["id"] if isinstance(d["id"], str) else ""
+            if place not in ids:
+                taken = {v for (choice, _), v in ids.items() if choice == place[0]}
+                ids[place] = given if given and given not in taken else new_call_id()
+            d["id"] = ids[place]
 
 
 def _answer_ok(data: Any, kind: str) -> bool:

@@ -492,6 +492,44 @@ async def test_an_event_of_empty_data_and_unnumbered_calls_are_read_as_the_spec_
         {**c, "function": {**c["function"], "arguments": "{}"}} for c in calls]
 
 
+async def test_calls_sharing_an_id_go_out_with_ids_of_their_own(upstream: Upstream) -> None:
+    """Some servers' parsers give two calls one id, or none: relayed as they came, the
+    client sending that turn back was refused (a call id is one call). Whole or streamed,
+    each call gets an id of its own; one that repeats its id on each piece keeps one."""
+    same = [{"id": "dup", "type": "function", "function": {"name": f"f{n}", "arguments": "{}"}}
+            for n in (1, 2)] + [{"id": "", "type": "function",
+                                 "function": {"name": "f3", "arguments": "{}"}}]
+
+    async def whole(request: web.Request) -> web.Response:
+        return web.json_response({**ANSWER, "choices": [{
+            "index": 0, "finish_reason": "tool_calls",
+            "message": {"role": "assistant", "content": None, "tool_calls": same}}]})
+
+    upstream.chat = whole
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx())
+    finally:
+        await engine.close()
+    assert isinstance(reply, Completion)
+    got = [c["id"] for c in reply.body["choices"][0]["message"]["tool_calls"]]
+    assert got[0] == "dup" and len(set(got)) == 3 and all(got)
+
+    pieces = sse(*[{"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
+        {**call, "index": n}]}}]} for n, call in enumerate(same)],
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 1, "id": "dup", "function": {"arguments": ""}}]}}]},  # its id again
+        {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        "[DONE]")
+    chunks, stream = await relayed(upstream, pieces)
+    sent = [(d["index"], d["id"]) for c in chunks for d in
+            (c["choices"][0]["delta"].get("tool_calls") or []) if "id" in d]
+    assert sent[0] == (0, "dup") and sent[1][1] == sent[3][1] != "dup" and all(i for _, i in sent)
+    assert len({i for _, i in sent}) == 3
+    assert stream.answer is not None
+    assert len({c["id"] for c in stream.answer[0]["tool_calls"]}) == 3
+
+
 @pytest.mark.parametrize(("status", "error"), [(429, RateLimited), (413, UpstreamError),
                                                (400, UpstreamError)])
 async def test_an_upstream_error_page_that_is_not_json_keeps_its_status(
