@@ -18,7 +18,8 @@ are in flight) is handed in as a function.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from proxy.app_state import STATE
 from proxy.auth import Principal
 from proxy.body import read_json
-from proxy.errors import InvalidRequest, PermissionDenied, Unavailable
+from proxy.errors import InvalidRequest, PermissionDenied, RateLimited, Unavailable
 from proxy.protocol import parse_model
 
 from .entry import matcher
@@ -65,14 +66,41 @@ def scoped_filter(principal: Principal, f: dict[str, Any]) -> dict[str, Any]:
     return {**f, "tenant": principal.tenant}
 
 
+class OneAtATime:
+    """Each caller's tenant runs one purge or stats at a time: each reads every entry of
+    Redis (its matches are known only by reading them), so a tenant admin looping on
+    them would otherwise load the Redis every tenant shares. Another while one runs is a
+    429 with `Retry-After`."""
+
+    def __init__(self) -> None:
+        self._running: set[str] = set()
+
+    @contextlib.contextmanager
+    def held(self, principal: Principal) -> Iterator[None]:
+        who = "operator" if principal.operator else principal.tenant
+        if who in self._running:
+            refused = RateLimited("A cache purge or stats call of this tenant is already "
+                                  "running; retry when it ends.", code="admin_busy")
+            refused.headers["retry-after"] = "1"
+            raise refused
+        self._running.add(who)
+        try:
+            yield
+        finally:
+            self._running.discard(who)
+
+
 def routes(store: CacheStore, in_flight: Callable[[], int],
            ) -> list[tuple[str, str, Callable[[web.Request], Any]]]:
+    one = OneAtATime()
+
     async def purge(request: web.Request) -> web.Response:
         principal = _caller(request, "The cache admin API")
         data, _ = await read_json(request, 65536)
         req = parse_model(PurgeRequest, data)
         f = scoped_filter(principal, req.model_dump(exclude_none=True))
-        counts = await store.purge(f)
+        with one.held(principal):
+            counts = await store.purge(f)
         if "redis" in counts and counts["redis"] is None:
             # This replica's memory is purged; Redis (and, through it, the others) is
             # not: the entries could come back from it. Say so, and retry.
@@ -83,12 +111,13 @@ def routes(store: CacheStore, in_flight: Callable[[], int],
 
     async def stats(request: web.Request) -> web.Response:
         principal = _caller(request, "The cache admin API")
-        if principal.operator:
-            body = await store.stats()
-            body |= {"scope": "global", "in_flight": in_flight()}
-        else:
-            body = await store.stats(matcher({"tenant": principal.tenant}))
-            body["scope"] = f"tenant {principal.tenant}"
+        with one.held(principal):
+            if principal.operator:
+                body = await store.stats()
+                body |= {"scope": "global", "in_flight": in_flight()}
+            else:
+                body = await store.stats(matcher({"tenant": principal.tenant}))
+                body["scope"] = f"tenant {principal.tenant}"
         return web.json_response(body)
 
     return [("POST", "/admin/cache/purge", purge), ("GET", "/admin/cache/stats", stats)]

@@ -105,3 +105,40 @@ async def test_fault_injection_is_operator_only(client: Any) -> None:
         assert engine.mode == "ok"
     r = await client.post("/admin/faults", json={"mode": "error"}, headers=h("k-operator"))
     assert r.status == 200 and engine.mode == "error"
+
+
+async def test_a_tenant_runs_one_purge_or_stats_at_a_time(client: Any,
+                                                          monkeypatch: Any) -> None:
+    """Each reads every entry of the Redis all tenants share: one tenant's admin looping
+    on them concurrently is refused (429), not queued; another tenant is not held up."""
+    import asyncio
+
+    from tests.waiting import eventually
+
+    store = next(p for p in client.app[STATE].plugins if p.name == "cache").store
+    gate = asyncio.Event()
+    real = store.purge
+    under_way: list[dict[str, Any]] = []
+
+    async def slow(f: dict[str, Any]) -> Any:
+        under_way.append(f)
+        if f.get("tenant") == "a":
+            await gate.wait()
+        return await real(f)
+
+    monkeypatch.setattr(store, "purge", slow)
+    first = asyncio.create_task(client.post("/admin/cache/purge", json={"contains": "x"},
+                                            headers=h("k-a-admin")))
+    try:
+        await eventually(lambda: bool(under_way))
+        again = await client.get("/admin/cache/stats", headers=h("k-a-admin"))
+        body = await again.json()
+        assert again.status == 429 and body["error"]["code"] == "admin_busy"
+        assert again.headers["retry-after"] == "1"
+        other = await client.post("/admin/cache/purge", json={"contains": "x"},
+                                  headers=h("k-b-admin"))
+        assert other.status == 200
+    finally:
+        gate.set()
+    assert (await first).status == 200
+    assert (await client.get("/admin/cache/stats", headers=h("k-a-admin"))).status == 200
