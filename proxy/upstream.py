@@ -31,6 +31,7 @@ from .chain import Completion, Reply, Stream
 from .context import RequestContext
 from .engine.base import EngineStats, ModelInfo
 from .errors import (
+    DeadlineExceeded,
     EngineError,
     GatewayFault,
     InvalidRequest,
@@ -47,6 +48,9 @@ from .tools import new_call_id
 from .tracing import inject
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
+#: The client's headers an upstream (a Weir with a cache) must hear as this one did:
+#: `no-store`, `no-cache`, `max-age`, `only-if-cached`.
+_PASSED_ON = ("cache-control", "pragma")
 log = get_logger("weir.upstream")
 #: While the upstream names no models (down at start): asked again after this long,
 #: doubling up to the most.
@@ -72,6 +76,20 @@ class UpstreamError(InvalidRequest):
                          param=_text(err.get("param")), code=_text(err.get("code")))
         self.status = status
         self.type = str(err.get("type") or "invalid_request_error")
+
+
+class UpstreamUnavailable(EngineError):
+    """An upstream 503 (overloaded, draining, no backend behind its balancer): an engine
+    failure the breaker counts, passed on as a 503 with the upstream's `Retry-After`, so
+    clients back off as it asked."""
+
+    status = 503
+    default_code = "upstream_unavailable"
+
+    def __init__(self, retry_after: str) -> None:
+        super().__init__("The upstream is unavailable; retry after the time given in "
+                         "Retry-After.")
+        self.headers["retry-after"] = retry_after if retry_after.isdigit() else "1"
 
 
 class AnswerTooLarge(GatewayFault):
@@ -174,6 +192,9 @@ class Upstream:
             # whose key is marked `on_behalf_of` keeps this gateway's tenants apart)
         if "traceparent" in ctx.headers:  # no active SDK span: pass the caller's on
             h["traceparent"] = ctx.headers["traceparent"]
+        for name in _PASSED_ON:  # what the client asked of caches holds there too
+            if name in ctx.headers:
+                h[name] = ctx.headers[name]
         inject(h)  # the current span, when tracing is on, becomes the upstream's parent
         return h
 
@@ -252,6 +273,10 @@ class Upstream:
         status = resp.status
         if 300 <= status < 400:
             raise EngineError(f"The upstream redirected the request ({status}).")
+        if status == 503:
+            raise UpstreamUnavailable(resp.headers.get("retry-after", ""))
+        if status == 504:
+            raise await _upstream_timeout(resp)
         if status >= 500:
             raise EngineError(f"The upstream failed ({status}).")
         if status in (401, 403):  # Weir's key, not the client's: an operator's fault
@@ -393,6 +418,27 @@ def _number_calls(chunk: dict[str, Any], last: dict[int, tuple[int, str]]) -> No
                 i = before
             d["index"] = i
             last[choice] = (i, call_id or (before_id if i == before else ""))
+
+
+async def _upstream_timeout(resp: aiohttp.ClientResponse) -> Timeout:
+    """An upstream 504: its own `not_cached` (a Weir upstream asked `only-if-cached`, the
+    client's `Cache-Control` passed on) is the client's answer, which the breaker does
+    not count; any other is the upstream timing out."""
+    try:
+        err = json.loads(await resp.content.read(1 << 16)).get("error") or {}
+        code = err.get("code")
+    except (aiohttp.ClientError, ValueError, AttributeError, TimeoutError):
+        code = None
+    if code == "not_cached":
+        return NotCachedUpstream(str(err.get("message") or "No cached answer upstream."))
+    return Timeout("The upstream timed out (504).")
+
+
+class NotCachedUpstream(DeadlineExceeded):
+    """An upstream Weir had no cached answer for a request that asked for one only: the
+    client's own choice (its `Cache-Control: only-if-cached`), never the engine's fault."""
+
+    default_code = "not_cached"
 
 
 def _own_ids(calls: Any) -> None:

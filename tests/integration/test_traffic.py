@@ -410,3 +410,34 @@ async def test_a_central_weir_keeps_the_edges_tenants_apart(make_client: MakeCli
         assert len(engine.calls) == (2 if trusted else 1)
     finally:
         await server.close()
+
+
+async def test_the_clients_cache_control_holds_at_a_central_weir(make_client: MakeClient
+                                                                 ) -> None:
+    """`no-store`, `no-cache` and `only-if-cached` sent to an edge were not passed on: the
+    central cached a `no-store` answer and served `no-cache` from its cache. Its
+    `not_cached` comes back as such, which the edge's breaker does not count."""
+    engine = FakeEngine()
+    app = create_app(make_settings(plugins=[{"name": "cache", "config": {
+        "semantic": {"enabled": False}, "store_truncated": True}}]), engine=engine)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        edge = await make_client(edge_settings(
+            f"http://127.0.0.1:{server.port}/v1",
+            plugins=[{"name": "breaker", "config": {"minimum_calls": 1, "open_s": 60}}]))
+        ask = {**CHAT, "temperature": 0}
+        for cc in ("no-store", None, "no-cache", None):
+            r = await edge.post("/v1/chat/completions", json=ask,
+                                headers={"Cache-Control": cc} if cc else {})
+            assert r.status == 200
+        # no-store: not kept; the next stored it; no-cache: generated again; then a hit
+        assert len(engine.calls) == 3
+        r = await edge.post("/v1/chat/completions", json={**ask, "max_tokens": 2},
+                            headers={"Cache-Control": "only-if-cached"})
+        assert r.status == 504 and (await r.json())["error"]["code"] == "not_cached"
+        assert len(engine.calls) == 3
+        breaker = next(p for p in edge.app[STATE].plugins if p.name == "breaker")
+        assert breaker.breaker.state == "closed"
+    finally:
+        await server.close()

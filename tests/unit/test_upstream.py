@@ -677,3 +677,32 @@ async def test_the_caller_is_named_upstream_only_with_a_secret(upstream: Upstrea
         await engine.close()
     sent = upstream.seen[-1][0].get(ON_BEHALF_OF)
     assert sent == (caller_digest(Principal("t", "user", "u"), secret) if secret else None)
+
+
+@pytest.mark.parametrize(("status", "headers", "error", "retry"), [
+    (503, {"Retry-After": "7"}, "upstream_unavailable", "7"),
+    (503, {}, "upstream_unavailable", "1"),
+    (504, {}, "timeout", None),
+])
+async def test_an_upstream_503_or_504_keeps_its_meaning(
+        upstream: Upstream, status: int, headers: dict[str, str], error: str,
+        retry: str | None) -> None:
+    """They were a 502 without the upstream's `Retry-After`: a central shedding load, or
+    a balancer with no backend, told its clients nothing of when to come back. Both stay
+    engine failures the breaker counts."""
+    from plugins.breaker.plugin import is_engine_failure
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "busy"}}, status=status,
+                                 headers=headers)
+
+    upstream.chat = answer
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(WeirError) as e:
+            await engine(ctx(stream=True))
+    finally:
+        await engine.close()
+    assert (e.value.status, e.value.code) == (status, error)
+    assert e.value.headers.get("retry-after") == retry
+    assert is_engine_failure(e.value)
