@@ -102,6 +102,7 @@ class Authenticator:
         )
         self._by_hash: dict[str, tuple[str, Principal]] = {}
         self._gateways: set[str] = set()  # digests of keys marked `on_behalf_of`
+        self._gateway_ids: set[str] = set()  # their fingerprints (`Principal.key_id`)
         self._unnamed: set[str] = set()  # gateway keys seen without the header (warned)
         first: dict[str, int] = {}
         for i, spec in enumerate(settings.keys):
@@ -120,6 +121,7 @@ class Authenticator:
             ))
             if spec.on_behalf_of:
                 self._gateways.add(digest)
+                self._gateway_ids.add(fingerprint)
 
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
         """The caller that a request's headers present (see `credentials`): 401 without a
@@ -148,13 +150,8 @@ class Authenticator:
         tenant and the gateway (`TENANT~GATEWAY~DIGEST`, GATEWAY the key's `user`: set
         it, the same on the old and the new key, to keep the callers' tenants across a
         key's rotation; by default the key's fingerprint), never an operator; the key
-        itself without the header (warned once: its callers then share one tenant)."""
+        itself without the header (`note_unnamed` warns of a generation that way)."""
         if header is None:
-            if gateway.key_id not in self._unnamed:
-                self._unnamed.add(gateway.key_id)
-                log.warning("a gateway key (on_behalf_of) sent a request naming no caller: "
-                            "its callers share one tenant; set the gateway's "
-                            "engine.on_behalf_of_secret", key_id=gateway.key_id)
             return gateway
         value = header.strip().lower()
         if not _CALLER.match(value):
@@ -164,6 +161,17 @@ class Authenticator:
         tenant, user = value.split(".")
         return replace(gateway, tenant=f"{gateway.tenant}~{gateway.user}~{tenant}",
                        user=user, operator=False)
+
+    def note_unnamed(self, principal: Principal) -> None:
+        """A generation on a gateway's key (`on_behalf_of`) naming no caller: its callers
+        then share one tenant (the gateway has no secret set). Warned once per key (its
+        model discovery, naming none, is no generation)."""
+        key = principal.key_id
+        if key in self._gateway_ids and "~" not in principal.tenant and key not in self._unnamed:
+            self._unnamed.add(key)
+            log.warning("a gateway key (on_behalf_of) asked for a generation naming no "
+                        "caller: its callers share one tenant; set the gateway's "
+                        "engine.on_behalf_of_secret", key_id=key)
 
     def require_role(self, headers: Mapping[str, str], role: AdminRole, what: str) -> Principal:
         """The caller, if it may use an admin route: 401 without a valid key, else 403.

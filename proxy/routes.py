@@ -55,7 +55,9 @@ def open_generation(request: web.Request, route: str) -> tuple[AppState, Princip
     if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
-    return st, st.auth.authenticate(request.headers)
+    principal = st.auth.authenticate(request.headers)
+    st.auth.note_unnamed(principal)
+    return st, principal
 
 
 def check_model(st: AppState, principal: Principal, model: str) -> None:

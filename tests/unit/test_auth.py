@@ -179,12 +179,22 @@ def test_the_first_authorization_that_carries_a_key_is_read(
 
 def test_a_gateway_key_naming_no_caller_is_warned_once(capsys: pytest.CaptureFixture[str],
                                                        ) -> None:
-    """Its callers then share one tenant (the gateway has no secret set): said once, by
-    the key's fingerprint only."""
+    """Its callers then share one tenant (the gateway has no secret set): said once per
+    key, by its fingerprint only, of a generation (a gateway's model discovery names no
+    caller, and is no cause for it); never of a named caller or another key."""
     a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
-        {"key": "gw-secret-key", "tenant": "edge", "on_behalf_of": True}]}))
-    for _ in range(3):
-        assert a.authenticate({"Authorization": "Bearer gw-secret-key"}).tenant == "edge"
+        {"key": "gw-secret-key", "tenant": "edge", "on_behalf_of": True},
+        {"key": "plain-key", "tenant": "p"}]}))
+    gateway = a.authenticate({"Authorization": "Bearer gw-secret-key"})
+    out = capsys.readouterr()
+    assert "naming no caller" not in out.out + out.err  # authenticating alone: silent
+    from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
+
+    named = a.authenticate({"Authorization": "Bearer gw-secret-key", ON_BEHALF_OF:
+                            caller_digest(Principal("t", "user", "u"), "s" * 16)})
+    for p in (named, a.authenticate({"Authorization": "Bearer plain-key"}),
+              gateway, gateway, gateway):
+        a.note_unnamed(p)
     out = capsys.readouterr()
     text = out.out + out.err
     assert text.count("naming no caller") == 1 and "gw-secret-key" not in text
