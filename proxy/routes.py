@@ -204,6 +204,9 @@ def _served_models(st: AppState) -> list[ModelInfo]:
     models = list(st.terminal.models())
     emb = st.embedder
     if emb is not None and st.embed_chain is not None:
+        # (an upstream lists its own embedding model too, often this same one: listed
+        # once, as the one `/v1/embeddings` here serves)
+        models = [m for m in models if m.id != emb.model_id]
         models.append(ModelInfo(id=emb.model_id, owned_by="weir", root=emb.model_id,
                                 created=_STARTED))
     return models

@@ -320,6 +320,9 @@ class Upstream:
             async for piece in _with_end(resp.content.iter_any()):
                 for data in events.feed(piece) if piece else events.end():
                     if data == b"[DONE]":
+                        if not asm.whole():  # (a choice without its finish_reason)
+                            raise EngineError("The upstream's stream ended before its "
+                                              "answer finished.")
                         asm.finish(stream)
                         done = True
                         return

@@ -441,3 +441,28 @@ async def test_the_clients_cache_control_holds_at_a_central_weir(make_client: Ma
         assert breaker.breaker.state == "closed"
     finally:
         await server.close()
+
+
+async def test_an_upstreams_embedding_model_is_listed_once(make_client: MakeClient) -> None:
+    """The upstream lists its embedding model, which this edge serves too: it was listed
+    twice (owned by the upstream and by Weir); once now, as the one served here."""
+    from aiohttp import web
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": "fake-model"}, {"id": "all-MiniLM-L6-v2"}]})
+
+    up = web.Application()
+    up.router.add_get("/v1/models", models)
+    server = TestServer(up)
+    await server.start_server()
+    try:
+        edge = await make_client(make_settings(
+            engine={"kind": "upstream", "base_url": f"http://127.0.0.1:{server.port}/v1"},
+            embeddings={"enabled": True}))
+        await eventually(edge.app[STATE].terminal.ready, timeout=10)  # (models asked)
+        listed = (await (await edge.get("/v1/models")).json())["data"]
+        assert sorted((m["id"], m["owned_by"]) for m in listed) == [
+            ("all-MiniLM-L6-v2", "weir"), ("fake-model", "upstream")]
+    finally:
+        await server.close()

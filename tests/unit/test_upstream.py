@@ -245,7 +245,8 @@ def sse_handler(pieces: list[bytes]) -> Handler:
 
 
 async def test_a_stream_is_relayed_chunk_by_chunk_until_done(upstream: Upstream) -> None:
-    chunks = [{"id": "c", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+    chunks = [{"id": "c", "choices": [{"index": 0, "delta": {"content": f"t{i}"},
+                                       "finish_reason": "stop" if i == 4 else None}]}
               for i in range(5)]
     upstream.chat = sse_handler(sse(*chunks, "[DONE]", {"after": "done"}))
     engine = await engine_for(upstream.base_url, models=["up-model"])
@@ -306,7 +307,8 @@ async def test_a_whole_request_cut_while_the_upstream_has_it(upstream: Upstream,
 
 
 CHUNKS = [{"id": "c", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
-          for i in range(3)]
+          for i in range(2)] + [{"id": "c", "choices": [{"index": 0, "delta": {
+              "content": "t2"}, "finish_reason": "stop"}]}]
 
 
 @pytest.mark.parametrize("framing", ["crlf", "cr", "no-space", "split-crlf"])
@@ -328,7 +330,9 @@ async def test_every_sse_framing_the_spec_allows_is_relayed(upstream: Upstream,
 
 
 @pytest.mark.parametrize("pieces", [
-    sse(*CHUNKS),  # cut off: no finish, no [DONE]
+    sse(*CHUNKS),  # cut off: no [DONE]
+    sse(*CHUNKS[:2], "[DONE]"),  # a [DONE] with no finish_reason: the answer never ended
+    sse("[DONE]"),  # no answer at all
     [b'{"id": "c", "object": "chat.completion", "choices": []}'],  # JSON for a stream
     sse(CHUNKS[0], 1),  # a chunk that is not an object
     sse(CHUNKS[0], {"choices": [{"delta": {"content": "x"}}]}),  # a choice without index
