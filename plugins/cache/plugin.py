@@ -113,6 +113,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         self.store = CacheStore(config, self.metrics, self.embedder)
         self._sensitive = [re.compile(p) for p in config.sensitive_patterns]
         self._inflight: dict[str, asyncio.Future[Entry | object | None]] = {}
+        self._leaders: dict[str, RequestContext] = {}  # key -> its leader's request
         self._active = 0  # requests in flight: none, and the store may embed at leisure
         self.store.idle = lambda: not self._active
 
@@ -220,6 +221,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
             return await call_next(ctx)
         joined = time.time()
         while self.cfg.coalesce and (leader := self._inflight.get(key)) is not None:
+            if self._behind(ctx, key):
+                return await call_next(ctx)
             led = await self._follow(ctx, leader)
             if isinstance(led, Entry):
                 now = time.time()
@@ -244,6 +247,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         fut: Settle = asyncio.get_running_loop().create_future()
         if self.cfg.coalesce:
             self._inflight[key] = fut
+            self._leaders[key] = ctx
         if look is not None and not look.done():
             return await self._race(ctx, call_next, key, scope, sem, qgate, look, fut)
         return await self._lead(ctx, call_next, key, scope, sem, qgate, look, fut)
@@ -260,6 +264,15 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 raise DeadlineExceeded(
                     "The request did not finish within its deadline.") from None
             raise
+
+    def _behind(self, ctx: RequestContext, key: str) -> bool:
+        """Whether waiting on `key`'s leader could hold this request behind others: the
+        leader is still queued for the engine (admission), and its role, which the queue
+        orders by, is another (an admin's identical question must not wait out a user
+        queue). It then generates for itself."""
+        lead = self._leaders.get(key)
+        return (lead is not None and lead.engine_started is None
+                and lead.principal.role != ctx.principal.role)
 
     def _leading(self, key: str) -> bool:
         """Whether a generation for `key` is under way that identical requests wait on."""
@@ -319,6 +332,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 fut.set_result(entry)
             if self._inflight.get(key) is fut:
                 del self._inflight[key]
+                self._leaders.pop(key, None)
 
         started = time.time()
         try:

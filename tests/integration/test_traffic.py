@@ -466,3 +466,38 @@ async def test_an_upstreams_embedding_model_is_listed_once(make_client: MakeClie
             ("all-MiniLM-L6-v2", "weir"), ("fake-model", "upstream")]
     finally:
         await server.close()
+
+
+async def test_an_admins_question_does_not_wait_out_a_user_queue(make_client: MakeClient
+                                                                 ) -> None:
+    """The cache coalesces identical questions: an admin's, identical to a user's still
+    queued for the engine, waited on that user's turn, behind every user ahead of it
+    (the queue orders by role). It now queues as itself, and goes first."""
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()
+    keys = {"mode": "keys", "keys": [{"key": "sk-user", "tenant": "a", "role": "user"},
+                                     {"key": "sk-admin", "tenant": "a", "role": "admin"}]}
+    client = await make_client(make_settings(auth=keys, plugins=[
+        {"name": "cache", "config": {"semantic": {"enabled": False}}},
+        {"name": "admission", "config": {"max_concurrent": 1, "max_queue": 8,
+                                         "priorities": {"admin": 0, "user": 10}}}]),
+        engine=engine)
+    gate = next(p for p in client.app[STATE].plugins if p.name == "admission").gate
+    done: list[str] = []
+
+    async def ask(who: str, key: str, text: str) -> None:
+        r = await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                              json={**CHAT, "temperature": 0,
+                                    "messages": [{"role": "user", "content": text}]})
+        assert r.status == 200
+        done.append(who)
+
+    tasks = [asyncio.create_task(ask("u0", "sk-user", "first"))]
+    await engine.wait_until(lambda: len(engine.active) == 1)  # in the engine, held
+    tasks.append(asyncio.create_task(ask("user", "sk-user", "the same question")))
+    await eventually(lambda: gate.waiting == 1)  # queued: it leads its question
+    tasks.append(asyncio.create_task(ask("admin", "sk-admin", "the same question")))
+    await eventually(lambda: gate.waiting == 2)  # queued as itself, not behind the user
+    engine.token_gate.set()
+    await asyncio.gather(*tasks)
+    assert done.index("admin") < done.index("user")
