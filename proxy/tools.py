@@ -183,29 +183,56 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
     if isinstance(req.tool_choice, NamedToolChoice):
         return [ParsedToolCall(req.tool_choice.function.name, text)]
     calls: list[ParsedToolCall] = []
-    dec = json.JSONDecoder()
     i = skip_ws(text, 0)
     if not text.startswith("[", i):
         return calls
     i += 1
     while (i := skip_ws(text, i)) < len(text) and text[i] != "]":
+        start = i
         try:
-            c, i = dec.raw_decode(text, i)
+            c, i = _SHAPE.raw_decode(text, i)
         except RecursionError:  # nested past the parser: not calls to run
             return calls
-        except ValueError:  # cut short: the name, then the arguments as far as they came
-            m = _CUT_CALL.match(text, i)
+        except json.JSONDecodeError:  # cut short: the name, the arguments as far as they came
+            m = _CUT_CALL.match(text, start)
             if m is not None:  # (a name cut short is no call: nothing names it)
                 calls.append(ParsedToolCall(json.loads(m["name"]), text[m.end("args"):]
                                             if m["args"] is not None else ""))
             return calls
-        if isinstance(c, dict) and isinstance(c.get("name"), str) and "parameters" in c:
-            calls.append(ParsedToolCall(c["name"], json.dumps(  # as a model writes them
-                c["parameters"], separators=(",", ":"), ensure_ascii=False)))
+        except ValueError:  # `NaN`, `Infinity`: no JSON, and no call to run
+            return calls
+        if isinstance(c, dict) and type(c.get("name")) is str and "parameters" in c:
+            calls.append(ParsedToolCall(c["name"], _compact(c["parameters"])))
         i = skip_ws(text, i)
         if text.startswith(",", i):
             i += 1
     return calls
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class _Number(str):
+    """A number as the model wrote it (`1e400` converted would be `Infinity`, no JSON; an
+    integer of thousands of digits, which Python refuses to convert, no cut)."""
+
+
+#: Reads a forced answer keeping its numbers as written; `NaN` or `Infinity` are no JSON.
+_SHAPE = json.JSONDecoder(parse_int=_Number, parse_float=_Number,
+                          parse_constant=_no_constant)
+
+
+def _compact(value: Any) -> str:
+    """`value` as compact JSON (as a model writes arguments), its numbers as written."""
+    if isinstance(value, _Number):
+        return str.__str__(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k, ensure_ascii=False)}:{_compact(v)}"
+                              for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_compact(v) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
 
 
 # A call cut short once its name was whole: its arguments from where they begin (none

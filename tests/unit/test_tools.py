@@ -102,6 +102,24 @@ def test_required_schema_admits_only_the_tools_calls() -> None:
         T.ParsedToolCall("get_weather", '{"city":"Paris"}')]
 
 
+def test_required_calls_keep_their_numbers_as_the_model_wrote_them() -> None:
+    """`1e400` came back as `Infinity` (no JSON) with `finish_reason: tool_calls`; an
+    integer of thousands of digits, which Python refuses to convert, was read as a cut:
+    the first call's arguments swallowed the rest, and later calls were lost."""
+    req = chat(tools=[WEATHER, TIME], tool_choice="required")
+    big = "9" * 5000
+    text = ('[{"name": "get_weather", "parameters": {"city": "Paris", "n": 1e400, '
+            f'"k": {big}, "f": -0.50, "ok": true, "none": null, "list": [1, 2.0]}}}}, '
+            '{"name": "get_time", "parameters": {}}]')
+    calls = T.parse_forced(req, text)
+    assert [c.name for c in calls] == ["get_weather", "get_time"]
+    assert calls[0].arguments == ('{"city":"Paris","n":1e400,"k":' + big + ',"f":-0.50,'
+                                  '"ok":true,"none":null,"list":[1,2.0]}')
+    assert calls[1].arguments == "{}"
+    assert T.parse_forced(req, '[{"name": 5, "parameters": {}}]') == []  # a number: no name
+    assert T.parse_forced(req, '[{"name": "get_time", "parameters": {"x": NaN}}]') == []
+
+
 PERSON = {  # as pydantic writes a nested model: references to the schema's own root
     "type": "object", "required": ["name", "address"],
     "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/Address"},
