@@ -106,10 +106,12 @@ def _rebased(params: dict[str, Any], name: str, defs: dict[str, Any]) -> dict[st
     would point at the new root: a schema with references moves whole into the root's
     `$defs` under `name`, its references rebased onto it, and is referenced from its
     place."""
-    # (A schema with its own `$id` resolves its references against itself: left as is.)
-    if "$id" in params or not _refers(params):
+    # (A schema with its own `$id` resolves its references against itself in JSON
+    # Schema, but the grammar compiler ignores `$id` and resolves them from the root: it
+    # is rebased as any other, without the `$id`.)
+    if not _refers(params):
         return params
-    defs[name] = _rebase(params, f"#/$defs/{name}")
+    defs[name] = _rebase({k: v for k, v in params.items() if k != "$id"}, f"#/$defs/{name}")
     return {"$ref": f"#/$defs/{name}"}
 
 

@@ -155,9 +155,11 @@ def test_required_schema_keeps_each_tools_own_references() -> None:
         "parameters"]
 
 
-def test_rebasing_leaves_anchors_data_and_schemas_with_their_own_id() -> None:
+def test_rebasing_leaves_anchors_and_data_and_rebases_a_schema_with_its_own_id() -> None:
     """Only pointer references move (`#foo` names an anchor); `const`/`enum` values are
-    data, kept as they are; a schema with its own `$id` resolves against itself."""
+    data, kept as they are. A schema with its own `$id` resolves against itself in JSON
+    Schema, but the grammar compiler ignores `$id`: left as it was, a valid request was a
+    400 ("Cannot find field $defs"); it is rebased as any other, without its `$id`."""
     anchored = {"type": "object", "properties": {
         "a": {"$ref": "#foo"}, "b": {"$ref": "#/$defs/B"},
         "c": {"const": {"$ref": "#/x"}},
@@ -175,8 +177,14 @@ def test_rebasing_leaves_anchors_data_and_schemas_with_their_own_id() -> None:
     assert moved["a"] == {"$ref": "#foo"} and moved["b"] == {"$ref": "#/$defs/tool0/$defs/B"}
     assert moved["c"] == {"const": {"$ref": "#/x"}}
     assert moved["default"] == {"$ref": "#/$defs/tool0/$defs/B"}
-    assert "tool1" not in schema["$defs"]
-    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == with_id
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {
+        "$ref": "#/$defs/tool1"}
+    assert schema["$defs"]["tool1"]["properties"]["b"] == {"$ref": "#/$defs/tool1/$defs/B"}
+    assert "$id" not in schema["$defs"]["tool1"]
+    import xgrammar
+
+    xgrammar.Grammar.from_json_schema(json.dumps({  # what the engine compiles
+        **schema, "items": {**schema["items"], "anyOf": schema["items"]["anyOf"][1:]}}))
 
 
 def test_named_schema_is_the_functions_parameters() -> None:
