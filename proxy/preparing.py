@@ -117,6 +117,8 @@ def _options(
             param=param,
             code="context_length_exceeded",
         )
+    if limit is None and req.min_tokens > room:  # (a limit named is checked at parse)
+        raise _min_tokens_over(req.min_tokens, room, "the model's context less the prompt")
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
     if top_p == 0:  # a nucleus of the likeliest token alone (vLLM refuses 0): greedy
@@ -196,3 +198,16 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
         opts.max_tokens, opts.n = 1, 1
     return Prepared(prompts, opts, top_logprobs=req.logprobs or 0, echo_texts=echo,
                     echo_only=req.echo_only)
+
+
+def _min_tokens_over(min_tokens: int, most: int, why: str) -> InvalidRequest:
+    return InvalidRequest(f"`min_tokens` ({min_tokens}) may not exceed the tokens the answer "
+                          f"may have ({most}: {why}).", param="min_tokens",
+                          code="invalid_value")
+
+
+def check_min_tokens(options: SamplingOptions, ceiling: int) -> None:
+    """After the operator's output ceiling is applied: `min_tokens` within it (vLLM's
+    own refusal named a `max_tokens` the client never sent, and no param)."""
+    if options.min_tokens > options.max_tokens:
+        raise _min_tokens_over(options.min_tokens, ceiling, "this server's output ceiling")

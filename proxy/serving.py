@@ -32,7 +32,7 @@ from .engine.base import Engine, EngineOutput, EngineStats, ModelInfo
 from .errors import GatewayFault, InvalidRequest, ModelNotFound, WeirError
 from .generation import EngineSpan
 from .ids import new_hex
-from .preparing import Prepared, prepare_chat, prepare_completion
+from .preparing import Prepared, check_min_tokens, prepare_chat, prepare_completion
 from .protocol import ChatCompletionRequest
 from .tasks import cancel_and_wait
 from .telemetry import error_fields, get_logger
@@ -176,6 +176,7 @@ class LocalServing:
             raise GatewayFault() from None
         if ctx.output_ceiling is not None:  # a limit the caller named is within it already
             prep.options.max_tokens = min(prep.options.max_tokens, ctx.output_ceiling)
+            check_min_tokens(prep.options, ctx.output_ceiling)
         ctx.prompt_tokens = sum(len(p) for p in prep.prompts)
         prep.options.final_only = not req.stream and not prep.streams_calls
         ctx.engine_live = not prep.options.final_only

@@ -331,3 +331,21 @@ async def test_a_prompt_the_engine_cannot_start_from_names_the_prompt(
     err = await error_of(r, 400)
     assert err["param"] == "prompt"
     assert not engine.calls
+
+
+@pytest.mark.parametrize("ceiling", [None, 50])
+async def test_min_tokens_past_what_the_answer_may_have_names_min_tokens(
+        make_client: MakeClient, ceiling: int | None) -> None:
+    """No `max_tokens` named: the room the context leaves (512 here), or the sanitizer's
+    output ceiling, bounds the answer. `min_tokens` past it was vLLM's 400 naming a
+    `max_tokens` the client never sent, with no param."""
+    plugins = ([{"name": "sanitizer", "config": {"limits": {"max_tokens": ceiling}}}]
+               if ceiling else [])
+    client = await make_client(plugins=plugins)
+    r = await client.post("/v1/chat/completions",
+                          json={**CHAT, "min_tokens": 100 if ceiling else 600})
+    err = await error_of(r, 400)
+    assert (err["param"], err["code"]) == ("min_tokens", "invalid_value")
+    ok = await client.post("/v1/chat/completions", json={**CHAT, "min_tokens": 3,
+                                                          "max_tokens": 5})
+    assert ok.status == 200
