@@ -641,8 +641,16 @@ class _SamplingFields(_NullIsDefault):
 
     @property
     def sequences(self) -> int:
-        """The sequences the engine generates for this request (`n` per prompt)."""
+        """The choices this request answers with (`n` per prompt)."""
         return self.n
+
+    @property
+    def engine_sequences(self) -> int:
+        """The sequences the engine runs for it: one per prompt where it is greedy (its
+        `n` choices are one answer, handed out `n` times: `serving.engine_outputs`)."""
+        greedy = (self.temperature is not None and self.temperature < GREEDY_BELOW
+                  ) or self.top_p == 0
+        return self.sequences // self.n if greedy else self.sequences
 
     @property
     def stops(self) -> list[str]:

@@ -90,8 +90,10 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         remaining = ctx.remaining()
         wait = self.cfg.max_queue_wait_s if remaining is None else min(
             self.cfg.max_queue_wait_s, max(remaining, 0.0))
-        # Embeddings run beside the engine, in one batch per request: one permit.
-        weight = 1 if ctx.route == "embeddings" else self.gate.weight(ctx.request.sequences)
+        # Embeddings run beside the engine, in one batch per request: one permit. (A
+        # greedy request's `n` choices are one sequence in the engine.)
+        weight = 1 if ctx.route == "embeddings" else self.gate.weight(
+            ctx.request.engine_sequences)
         start = time.monotonic()
         self.depth.set(self.gate.waiting + 1)
         try:

@@ -222,6 +222,32 @@ async def test_a_multi_prompt_completion_holds_a_permit_per_sequence() -> None:
     assert p.gate.in_use == 0 and in_engine(p) == 0
 
 
+@pytest.mark.parametrize(("sampling", "permits"), [
+    ({"temperature": 0}, 3), ({"top_p": 0}, 3), ({"temperature": 1}, 6), ({}, 6)])
+async def test_a_greedy_request_holds_a_permit_per_prompt(sampling: dict[str, Any],
+                                                          permits: int) -> None:
+    """Its `n` choices are one answer in the engine, handed out `n` times: it held `n`
+    permits per prompt (`n: 64` at temperature 0 took a whole default gate)."""
+    p = plugin(max_concurrent=8, max_queue=4)
+    held, gate = asyncio.Event(), asyncio.Event()
+
+    async def slow(c: RequestContext) -> Reply:
+        held.set()
+        await gate.wait()
+        return Completion({})
+
+    req = CompletionRequest.model_validate(
+        {"model": "m", "prompt": ["a", "b", "c"], "n": 2, **sampling})
+    c = RequestContext(route="completion", request=req, principal=Principal("t", "user", "u"),
+                       request_id="r")
+    first = asyncio.create_task(p(c, slow))
+    await held.wait()
+    assert p.gate.in_use == permits
+    gate.set()
+    await first
+    assert p.gate.in_use == 0
+
+
 async def test_deadline_header_cuts_the_request() -> None:
     p = plugin()
     aborted = asyncio.Event()
