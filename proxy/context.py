@@ -78,7 +78,7 @@ class RequestContext:
     engine_live: bool = False
     #: ... or, for a whole answer, how many tokens it has generated so far, where the
     #: engine can say (the in-process one): none past `slow_call_s` is slow already too.
-    engine_progress: Callable[[], int] | None = None
+    engine_progress: Callable[[], int | None] | None = None
 
     @property
     def model(self) -> str:

@@ -64,9 +64,14 @@ def engine_outputs(engine: Engine, prep: Prepared,
     if prep.options.final_only and counted is not None:
         # (a whole answer tells no token until its end: the breaker asks, past its
         # `slow_call_s`, whether the engine has made any)
-        ctx.engine_progress = lambda: sum(counted(i) for i in ids)
+        ctx.engine_progress = lambda: _total([counted(i) for i in ids])
     n = ctx.request.n
     return outputs if prep.options.n == n else _fanned_out(outputs, n)
+
+
+def _total(counts: list[int | None]) -> int | None:
+    """The tokens a request's prompts have made, or None where any cannot be told."""
+    return None if None in counts else sum(c for c in counts if c is not None)
 
 
 async def _fanned_out(outputs: AsyncGenerator[EngineOutput, None],

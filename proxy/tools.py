@@ -204,7 +204,11 @@ def parse_forced(req: ChatCompletionRequest, text: str) -> list[ParsedToolCall]:
         except ValueError:  # `NaN`, `Infinity`: no JSON, and no call to run
             return calls
         if isinstance(c, dict) and type(c.get("name")) is str and "parameters" in c:
-            calls.append(ParsedToolCall(c["name"], _compact(c["parameters"])))
+            try:
+                arguments = _compact(c["parameters"])
+            except RecursionError:  # nested past what it writes back: not calls to run
+                return calls
+            calls.append(ParsedToolCall(c["name"], arguments))
         i = skip_ws(text, i)
         if text.startswith(",", i):
             i += 1

@@ -151,15 +151,15 @@ class Upstream:
         self._models = found
         return None
 
-    async def _discover_until_found(self, why: str) -> None:
+    async def _discover_until_found(self, first: str) -> None:
         delay = DISCOVERY_FIRST_S
-        while True:
+        why: str | None = first
+        while why:
             log.warning("upstream named no models: not ready (or set engine.models)",
                         reason=why, retry_in_s=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, DISCOVERY_MAX_S)
-            if (why := await self._discover()) is None:  # type: ignore[assignment]
-                break
+            why = await self._discover()
         self._ready = True
         log.info("upstream models found: ready", models=len(self._models))
 
@@ -255,7 +255,7 @@ class Upstream:
             raise
         if resp.status != 200 or not ctx.request.stream:
             try:
-                return await self._whole(resp, ctx.route)
+                return await self._whole(resp, ctx.route, _only_if_cached(ctx))
             except asyncio.CancelledError as e:
                 _left(ctx, e)
                 raise
@@ -267,7 +267,8 @@ class Upstream:
                                   usage=ctx.request.include_usage))
         return await stream.prime()
 
-    async def _whole(self, resp: aiohttp.ClientResponse, route: str) -> Completion:
+    async def _whole(self, resp: aiohttp.ClientResponse, route: str,
+                     only_if_cached: bool = False) -> Completion:
         """The answer, or the error its status says (told by the status first: an error
         page need not be JSON)."""
         status = resp.status
@@ -276,7 +277,7 @@ class Upstream:
         if status == 503:
             raise UpstreamUnavailable(resp.headers.get("retry-after", ""))
         if status == 504:
-            raise await _upstream_timeout(resp)
+            raise await _upstream_timeout(resp, only_if_cached)
         if status >= 500:
             raise EngineError(f"The upstream failed ({status}).")
         if status in (401, 403):  # Weir's key, not the client's: an operator's fault
@@ -423,17 +424,28 @@ def _number_calls(chunk: dict[str, Any], last: dict[int, tuple[int, str]]) -> No
             last[choice] = (i, call_id or (before_id if i == before else ""))
 
 
-async def _upstream_timeout(resp: aiohttp.ClientResponse) -> Timeout:
+def _only_if_cached(ctx: RequestContext) -> bool:
+    return "only-if-cached" in ctx.headers.get("cache-control", "").lower()
+
+
+async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool) -> Timeout:
     """An upstream 504: its own `not_cached` (a Weir upstream asked `only-if-cached`, the
-    client's `Cache-Control` passed on) is the client's answer, which the breaker does
-    not count; any other is the upstream timing out."""
+    client's `Cache-Control` passed on), or any 504 to a request that asked for a cached
+    answer only (an HTTP cache on the way says so in its own words), is the client's
+    answer, which the breaker does not count; any other is the upstream timing out."""
     try:
-        err = json.loads(await resp.content.read(1 << 16)).get("error") or {}
+        raw = bytearray()
+        while len(raw) < 1 << 16 and (piece := await resp.content.read((1 << 16) - len(raw))):
+            raw += piece  # (a read gives what has come: the body may come in pieces)
+        err = json.loads(raw).get("error") or {}
         code = err.get("code")
     except (aiohttp.ClientError, ValueError, AttributeError, TimeoutError):
         code = None
     if code == "not_cached":
         return NotCachedUpstream(str(err.get("message") or "No cached answer upstream."))
+    if only_if_cached:
+        return NotCachedUpstream("No cached answer upstream for this request (it asked for "
+                                 "one only: `Cache-Control: only-if-cached`).")
     return Timeout("The upstream timed out (504).")
 
 
@@ -458,12 +470,15 @@ def _own_ids(calls: Any) -> None:
 
 def _own_delta_ids(chunk: dict[str, Any], ids: dict[tuple[int, int], str]) -> None:
     """`_own_ids` for a stream: a call's id (it may come again on each of its pieces) is
-    replaced where empty or another call's of the choice, the same way each time."""
+    replaced where empty or another call's of the choice, the same way each time; a call
+    whose first piece has none gets one."""
     for c in chunk.get("choices") or ():
         for d in (c.get("delta") or {}).get("tool_calls") or ():
-            if "id" not in d:
-                continue
             place = (c["index"], d["index"])
+            if "id" not in d:  # (a call's later pieces need none; its first does)
+                if place not in ids:
+                    ids[place] = d["id"] = new_call_id()
+                continue
             given = d["id"] if isinstance(d["id"], str) else ""
             if place not in ids:
                 taken = {v for (choice, _), v in ids.items() if choice == place[0]}

@@ -53,8 +53,10 @@ class FakeEngine:
         #: request id -> tokens generated so far (`generated_tokens`), while it runs
         self.progress: dict[str, int] = {}
 
-    def generated_tokens(self, request_id: str) -> int:
-        return self.progress.get(request_id, 0)
+    def generated_tokens(self, request_id: str) -> int | None:
+        """As vLLM's: None for a request it no longer holds (dropped with its last
+        output, before the caller has read it)."""
+        return self.progress.get(request_id)
 
     def _changed(self) -> None:
         for pred, fut in self._waiters:
@@ -148,6 +150,7 @@ class FakeEngine:
                        ) -> AsyncGenerator[EngineOutput, None]:
         self.calls.append((prompt, options, cache_salt))
         self.active.add(request_id)
+        self.progress[request_id] = 0
         self._changed()
         finished_ok = False
         pieces = self._pieces(prompt, options)
@@ -164,6 +167,8 @@ class FakeEngine:
                 if self.fail_after is not None and i >= self.fail_after:
                     raise EngineFailed("injected failure")
                 self.progress[request_id] = i + 1
+                if i == steps - 1:  # its last output: dropped as vLLM drops it
+                    self.progress.pop(request_id, None)
                 last = i == steps - 1
                 reason = "length" if i == options.max_tokens - 1 else "stop"
                 choices = []

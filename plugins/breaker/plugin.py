@@ -69,6 +69,18 @@ def is_engine_failure(e: BaseException) -> bool:
     return True  # anything unexpected from below is the engine's fault
 
 
+def _made_none(ctx: RequestContext) -> bool:
+    """Whether the engine says a whole answer under way has made no token yet: a definite
+    0 only (None: it cannot say, or the request just ended), and never a failure here,
+    where every new request sweeps."""
+    if ctx.engine_progress is None:
+        return False
+    try:
+        return ctx.engine_progress() == 0
+    except Exception:  # (vLLM's internals, read where it keeps them)
+        return False
+
+
 def is_shed(e: BaseException) -> bool:
     return isinstance(e, Unavailable) and e.code in ("overloaded", "queue_timeout")
 
@@ -198,8 +210,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         late = [p for p, c in self._running.items() if c.engine_ttft_s is None
                 and c.engine_started is not None
                 and now - c.engine_started > self.cfg.slow_call_s
-                and (c.engine_live or (c.engine_progress is not None
-                                       and c.engine_progress() == 0))]
+                and (c.engine_live or _made_none(c))]
         for permit in late:
             self._record(permit, failed=False, slow=True)
 

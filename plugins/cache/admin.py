@@ -77,7 +77,7 @@ class OneAtATime:
 
     @contextlib.contextmanager
     def held(self, principal: Principal) -> Iterator[None]:
-        who = "operator" if principal.operator else principal.tenant
+        who = "~operator" if principal.operator else principal.tenant  # (no tenant's name)
         if who in self._running:
             refused = RateLimited("A cache purge or stats call of this tenant is already "
                                   "running; retry when it ends.", code="admin_busy")

@@ -77,6 +77,13 @@ class FaultyEngine:
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)
 
+    def generated_tokens(self, request_id: str) -> int | None:
+        """What the inner engine has made; 0 for a request held by the fault (hung, or
+        in its delay: the inner engine has not seen it)."""
+        counted = getattr(self.inner, "generated_tokens", None)
+        made = counted(request_id) if counted is not None else None
+        return 0 if made is None and self.mode in ("hang", "slow") else made
+
     def tool_parser(self, tools: list[dict[str, Any]]) -> ToolCallParser | None:
         return self.inner.tool_parser(tools)
 

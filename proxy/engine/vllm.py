@@ -350,10 +350,20 @@ class VllmEngine:
         if self._llm is not None:
             await self._llm.abort(request_id)
 
-    def generated_tokens(self, request_id: str) -> int:
+    def generated_tokens(self, request_id: str) -> int | None:
         """The tokens a request under way has generated so far (a whole answer's, which
-        tells none until its end): the breaker tells a hung engine from a working one."""
-        return 0 if self._llm is None else _generated(self._llm, request_id)
+        tells none until its end): the breaker tells a hung engine from a working one.
+        None where the engine cannot say: a request it no longer holds (it just ended:
+        vLLM drops its state with its last output), or state kept elsewhere than this
+        version keeps it."""
+        if self._llm is None:
+            return None
+        try:
+            if request_id not in self._llm.output_processor.external_req_ids:
+                return None
+        except (AttributeError, TypeError):
+            return None
+        return _generated(self._llm, request_id)
 
     def tool_parser(self, tools: list[dict[str, Any]]) -> _ToolParserAdapter | None:
         if self._tool_parser is None:

@@ -117,6 +117,8 @@ def test_required_calls_keep_their_numbers_as_the_model_wrote_them() -> None:
                                   '"ok":true,"none":null,"list":[1,2.0]}')
     assert calls[1].arguments == "{}"
     assert T.parse_forced(req, '[{"name": 5, "parameters": {}}]') == []  # a number: no name
+    deep = '[{"name": "get_time", "parameters": ' + '{"a": ' * 700 + '1' + '}' * 701 + ']'
+    assert T.parse_forced(req, deep) == []  # nested past what it writes back: no 500
     assert T.parse_forced(req, '[{"name": "get_time", "parameters": {"x": NaN}}]') == []
 
 

@@ -710,3 +710,39 @@ async def test_an_upstream_503_or_504_keeps_its_meaning(
     assert (e.value.status, e.value.code) == (status, error)
     assert e.value.headers.get("retry-after") == retry
     assert is_engine_failure(e.value)
+
+
+async def test_a_streamed_call_without_an_id_gets_one(upstream: Upstream) -> None:
+    """Its first piece carried none: it went out, and was kept, without one."""
+    call = {"index": 0, "type": "function", "function": {"name": "f", "arguments": "{"}}
+    pieces = sse({"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+                 {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
+                     {"index": 0, "function": {"arguments": "}"}}]}}]},
+                 {"id": "c", "choices": [{"index": 0, "delta": {},
+                                          "finish_reason": "tool_calls"}]}, "[DONE]")
+    chunks, stream = await relayed(upstream, pieces)
+    first = chunks[0]["choices"][0]["delta"]["tool_calls"][0]
+    assert first["id"] and "id" not in chunks[1]["choices"][0]["delta"]["tool_calls"][0]
+    assert stream.answer is not None and stream.answer[0]["tool_calls"][0]["id"] == first["id"]
+
+
+async def test_a_504_to_a_request_for_a_cached_answer_only_is_its_answer(
+        upstream: Upstream) -> None:
+    """An HTTP cache on the way says `only-if-cached` missed in its own words (a bare
+    504): the client's own choice, not an engine failure for the breaker to count."""
+    from plugins.breaker.plugin import is_engine_failure
+
+    async def bare(request: web.Request) -> web.Response:
+        return web.Response(status=504, text="Gateway Timeout")
+
+    upstream.chat = bare
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(WeirError) as asked:
+            await engine(ctx(headers={"cache-control": "only-if-cached"}))
+        with pytest.raises(WeirError) as plain:
+            await engine(ctx())
+    finally:
+        await engine.close()
+    assert asked.value.code == "not_cached" and not is_engine_failure(asked.value)
+    assert plain.value.code == "timeout" and is_engine_failure(plain.value)

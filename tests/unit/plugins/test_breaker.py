@@ -371,6 +371,39 @@ async def test_a_whole_answer_still_generating_is_not_swept() -> None:
     assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 4
 
 
+def _raises() -> int | None:
+    raise AttributeError("vLLM keeps it elsewhere now")
+
+
+@pytest.mark.parametrize(("progress", "slow"), [
+    (lambda: 0, True),  # the engine says: none made, past slow_call_s: hung
+    (lambda: 12, False),  # at work
+    (lambda: None, False),  # it cannot say (the request just ended): not taken for hung
+    (_raises, False),  # its internals moved: never a failure of the request sweeping
+])
+async def test_a_whole_answer_is_swept_only_on_the_engines_definite_zero(
+        progress: Any, slow: bool) -> None:
+    import time
+
+    p = plugin(slow_call_s=1, slow_call_rate=0.5, minimum_calls=3)
+    gate, inside = asyncio.Event(), asyncio.Event()
+
+    async def whole(c: RequestContext) -> Reply:
+        c.engine_started, c.engine_timed = time.monotonic() - 10, True  # not live
+        c.engine_progress = progress
+        inside.set()
+        await gate.wait()
+        c.engine_ttft_s = 0.1
+        return Completion({"ok": True})
+
+    running = asyncio.create_task(p(ctx(), whole))
+    await inside.wait()
+    assert isinstance(await p(ctx(), ok), Completion)  # it sweeps
+    assert (p.breaker.snapshot()["window_calls"] == 2) is slow  # counted already, as slow
+    gate.set()
+    await running
+
+
 @pytest.mark.parametrize(("status", "passed_on"), [
     (400, True), (413, True),  # the request's own fault, as the fallback saw it
     (404, False), (402, False),  # the fallback's own limits (a model, its credit)
