@@ -142,3 +142,13 @@ async def test_a_tenant_runs_one_purge_or_stats_at_a_time(client: Any,
         gate.set()
     assert (await first).status == 200
     assert (await client.get("/admin/cache/stats", headers=h("k-a-admin"))).status == 200
+
+
+def test_a_tenant_named_operator_does_not_hold_the_operators_slot() -> None:
+    from plugins.cache.admin import OneAtATime
+    from proxy.auth import Principal
+
+    one = OneAtATime()
+    with one.held(Principal("operator", "admin", "u")):
+        with one.held(Principal("ops", "user", "o", operator=True)):
+            pass  # (it was refused: both were "operator")
