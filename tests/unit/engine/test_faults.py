@@ -111,3 +111,18 @@ async def test_without_the_wrapper_there_is_no_fault_route(make_client: MakeClie
     client = await make_client(auth=AUTH)
     r = await client.post("/admin/faults", json={"mode": "error"}, headers=bearer("sk-admin"))
     assert r.status == 404
+
+
+def test_a_request_the_fault_holds_has_made_no_token() -> None:
+    """The breaker asks whole answers how many tokens they have made: one held by the
+    `hang` fault (or in the `slow` delay) has made none, as a hung engine's."""
+    from proxy.engine.faults import FaultRequest
+
+    inner = FakeEngine()
+    engine = FaultyEngine(inner)  # type: ignore[arg-type]
+    assert engine.generated_tokens("r") is None  # healthy: the inner engine's word
+    for mode in ("hang", "slow"):
+        engine.switch(FaultRequest(mode=mode))
+        assert engine.generated_tokens("r") == 0
+    inner.progress["r"] = 7
+    assert engine.generated_tokens("r") == 7  # what the inner engine made, whatever mode
