@@ -197,27 +197,36 @@ def in_engine(p: AdmissionPlugin) -> float:
     return p.services.metrics.registry.get_sample_value("weir_admission_in_engine") or 0.0
 
 
-async def test_a_multi_prompt_completion_holds_a_permit_per_sequence() -> None:
-    p = plugin(max_concurrent=8, max_queue=4)
-    held, gate = asyncio.Event(), asyncio.Event()
+class Held:
+    """A terminal that holds every request until `gate` is set (`held`: one came)."""
 
-    async def slow(c: RequestContext) -> Reply:
-        held.set()
-        await gate.wait()
+    def __init__(self) -> None:
+        self.held, self.gate = asyncio.Event(), asyncio.Event()
+
+    async def __call__(self, c: RequestContext) -> Reply:
+        self.held.set()
+        await self.gate.wait()
         return Completion({})
 
+
+def three_prompts(**sampling: Any) -> RequestContext:
+    """A completion of three prompts, `n: 2` each."""
     req = CompletionRequest.model_validate(
-        {"model": "m", "prompt": ["a", "b", "c"], "n": 2, "temperature": 1})
-    c = RequestContext(route="completion", request=req, principal=Principal("t", "user", "u"),
-                       request_id="r")
-    first = asyncio.create_task(p(c, slow))
-    await held.wait()
+        {"model": "m", "prompt": ["a", "b", "c"], "n": 2, **sampling})
+    return RequestContext(route="completion", request=req,
+                          principal=Principal("t", "user", "u"), request_id="r")
+
+
+async def test_a_multi_prompt_completion_holds_a_permit_per_sequence() -> None:
+    p, slow = plugin(max_concurrent=8, max_queue=4), Held()
+    first = asyncio.create_task(p(three_prompts(temperature=1), slow))
+    await slow.held.wait()
     assert p.gate.in_use == 6 and in_engine(p) == 6
     second = asyncio.create_task(p(ctx(), slow))  # 2 permits left: it gets one
     third = asyncio.create_task(p(ctx(), slow))
     fourth = asyncio.create_task(p(ctx(), slow))  # waits: six, one and one are taken
     await eventually(lambda: p.gate.in_use == 8 and p.gate.waiting == 1)
-    gate.set()
+    slow.gate.set()
     await asyncio.gather(first, second, third, fourth)
     assert p.gate.in_use == 0 and in_engine(p) == 0
 
@@ -228,22 +237,11 @@ async def test_a_greedy_request_holds_a_permit_per_prompt(sampling: dict[str, An
                                                           permits: int) -> None:
     """Its `n` choices are one answer in the engine, handed out `n` times: it held `n`
     permits per prompt (`n: 64` at temperature 0 took a whole default gate)."""
-    p = plugin(max_concurrent=8, max_queue=4)
-    held, gate = asyncio.Event(), asyncio.Event()
-
-    async def slow(c: RequestContext) -> Reply:
-        held.set()
-        await gate.wait()
-        return Completion({})
-
-    req = CompletionRequest.model_validate(
-        {"model": "m", "prompt": ["a", "b", "c"], "n": 2, **sampling})
-    c = RequestContext(route="completion", request=req, principal=Principal("t", "user", "u"),
-                       request_id="r")
-    first = asyncio.create_task(p(c, slow))
-    await held.wait()
+    p, slow = plugin(max_concurrent=8, max_queue=4), Held()
+    first = asyncio.create_task(p(three_prompts(**sampling), slow))
+    await slow.held.wait()
     assert p.gate.in_use == permits
-    gate.set()
+    slow.gate.set()
     await first
     assert p.gate.in_use == 0
 
