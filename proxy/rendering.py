@@ -381,9 +381,10 @@ class ChunkAssembler:
         if stream.usage is None:
             stream.usage = self.usage if self.usage is not None else R.usage(0, self.pieces)
 
-    def whole(self) -> bool:
-        """Whether every choice that came also ended (its `finish_reason`), one at least."""
-        return bool(self.texts) and set(self.texts) <= set(self.reasons)
+    def whole(self, choices: int) -> bool:
+        """Whether each of the answer's `choices` (indices 0 to `choices` - 1) came and
+        ended (its `finish_reason`)."""
+        return set(range(choices)) <= set(self.texts) and set(self.texts) <= set(self.reasons)
 
     def finish(self, stream: Stream) -> None:
         """Leave the answer (when every choice ended) and the usage on `stream`."""

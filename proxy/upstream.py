@@ -89,7 +89,9 @@ class UpstreamUnavailable(EngineError):
     def __init__(self, retry_after: str) -> None:
         super().__init__("The upstream is unavailable; retry after the time given in "
                          "Retry-After.")
-        self.headers["retry-after"] = retry_after if retry_after.isdigit() else "1"
+        seconds = retry_after if retry_after.isdigit() else "1"
+        self.headers["retry-after"] = seconds
+        self.headers["retry-after-ms"] = str(int(seconds) * 1000)  # (the SDK reads it first)
 
 
 class AnswerTooLarge(GatewayFault):
@@ -264,7 +266,8 @@ class Upstream:
                 resp.release()
         stream = Stream()
         stream.attach(self._relay(resp, ChunkAssembler(ctx.route), stream,
-                                  usage=ctx.request.include_usage))
+                                  usage=ctx.request.include_usage,
+                                  choices=ctx.request.sequences))
         return await stream.prime()
 
     async def _whole(self, resp: aiohttp.ClientResponse, route: str,
@@ -310,9 +313,11 @@ class Upstream:
         return Completion(data)
 
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
-                     stream: Stream, *, usage: bool) -> AsyncIterator[dict[str, Any]]:
+                     stream: Stream, *, usage: bool, choices: int,
+                     ) -> AsyncIterator[dict[str, Any]]:
         """The upstream's chunks, until its `[DONE]`; `usage`: the client asked for the
-        usage chunk (it is always asked of the upstream)."""
+        usage chunk (it is always asked of the upstream); `choices`: how many the answer
+        has (each must have ended by the `[DONE]`)."""
         done = False
         events = SseEvents()
         numbered: dict[int, tuple[int, str]] = {}  # a choice's last tool call
@@ -321,7 +326,7 @@ class Upstream:
             async for piece in _with_end(resp.content.iter_any()):
                 for data in events.feed(piece) if piece else events.end():
                     if data == b"[DONE]":
-                        if not asm.whole():  # (a choice without its finish_reason)
+                        if not asm.whole(choices):  # (a choice missing, or unended)
                             raise EngineError("The upstream's stream ended before its "
                                               "answer finished.")
                         asm.finish(stream)

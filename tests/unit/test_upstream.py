@@ -709,6 +709,7 @@ async def test_an_upstream_503_or_504_keeps_its_meaning(
         await engine.close()
     assert (e.value.status, e.value.code) == (status, error)
     assert e.value.headers.get("retry-after") == retry
+    assert e.value.headers.get("retry-after-ms") == (retry and str(int(retry) * 1000))
     assert is_engine_failure(e.value)
 
 
@@ -746,3 +747,21 @@ async def test_a_504_to_a_request_for_a_cached_answer_only_is_its_answer(
         await engine.close()
     assert asked.value.code == "not_cached" and not is_engine_failure(asked.value)
     assert plain.value.code == "timeout" and is_engine_failure(plain.value)
+
+
+async def test_a_stream_missing_one_of_its_choices_is_an_engine_failure(
+        upstream: Upstream) -> None:
+    """`n: 2`, and the upstream ended (`[DONE]`) with only the first choice: it passed
+    for a whole answer."""
+    upstream.chat = sse_handler(sse(*CHUNKS, "[DONE]"))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True, n=2, temperature=1))
+        assert isinstance(reply, Stream)
+        with pytest.raises(EngineError):
+            async for _ in reply:
+                pass
+        whole = await engine(ctx(stream=True))  # one asked, one came: whole
+        assert isinstance(whole, Stream) and [c async for c in whole] == CHUNKS
+    finally:
+        await engine.close()
