@@ -177,24 +177,30 @@ def test_the_first_authorization_that_carries_a_key_is_read(
     assert a.authenticate(headers).user == "bob"
 
 
-def test_a_gateway_key_naming_no_caller_is_warned_once(capsys: pytest.CaptureFixture[str],
+def test_a_gateway_key_naming_no_caller_is_warned_once(monkeypatch: pytest.MonkeyPatch,
                                                        ) -> None:
     """Its callers then share one tenant (the gateway has no secret set): said once per
     key, by its fingerprint only, of a generation (a gateway's model discovery names no
     caller, and is no cause for it); never of a named caller or another key."""
+    from proxy import auth as module
+    from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
+
+    said: list[tuple[str, dict[str, Any]]] = []
+
+    class Spy:
+        def warning(self, event: str, **fields: Any) -> None:
+            said.append((event, fields))
+
+    monkeypatch.setattr(module, "log", Spy())
     a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
         {"key": "gw-secret-key", "tenant": "edge", "on_behalf_of": True},
         {"key": "plain-key", "tenant": "p"}]}))
     gateway = a.authenticate({"Authorization": "Bearer gw-secret-key"})
-    out = capsys.readouterr()
-    assert "naming no caller" not in out.out + out.err  # authenticating alone: silent
-    from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
-
+    assert said == []  # authenticating alone: silent
     named = a.authenticate({"Authorization": "Bearer gw-secret-key", ON_BEHALF_OF:
                             caller_digest(Principal("t", "user", "u"), "s" * 16)})
     for p in (named, a.authenticate({"Authorization": "Bearer plain-key"}),
               gateway, gateway, gateway):
         a.note_unnamed(p)
-    out = capsys.readouterr()
-    text = out.out + out.err
-    assert text.count("naming no caller") == 1 and "gw-secret-key" not in text
+    assert len(said) == 1 and "naming no caller" in said[0][0]
+    assert said[0][1] == {"key_id": gateway.key_id} and "gw-secret-key" not in str(said)
