@@ -162,6 +162,13 @@ class Authenticator:
         return replace(gateway, tenant=f"{gateway.tenant}~{gateway.user}~{tenant}",
                        user=user, operator=False)
 
+    def for_generation(self, headers: Mapping[str, str]) -> Principal:
+        """`authenticate`, for a generation route: a gateway key naming no caller is
+        warned of (`note_unnamed`)."""
+        principal = self.authenticate(headers)
+        self.note_unnamed(principal)
+        return principal
+
     def note_unnamed(self, principal: Principal) -> None:
         """A generation on a gateway's key (`on_behalf_of`) naming no caller: its callers
         then share one tenant (the gateway has no secret set). Warned once per key (its
@@ -215,10 +222,7 @@ def _first(headers: Mapping[str, str]) -> str | None:
     """`credentials` without the conflict check (open mode with no keys configured
     refuses no request for it): the first `Authorization` that carries a key, else the
     first key header's."""
-    getall = getattr(headers, "getall", None)
-    authorizations = getall("Authorization", ()) if getall is not None else (
-        [headers["Authorization"]] if "Authorization" in headers else [])
-    for value in authorizations:
+    for value in _values(headers, "Authorization"):
         if _bearer(value) is not None:
             return str(value)
     authorization = headers.get("Authorization")
@@ -247,15 +251,20 @@ def credentials(headers: Mapping[str, str]) -> str | None:
 def _key_count(headers: Mapping[str, str]) -> int:
     """How many different keys the key headers carry, each header sent once or more."""
     keys: set[str] = set()
-    getall = getattr(headers, "getall", None)
     for name in _KEY_HEADERS:
-        values = getall(name, ()) if getall is not None else (
-            [headers[name]] if name in headers else [])
-        for value in values:
+        for value in _values(headers, name):
             key = _bearer(value) if name == "Authorization" else value.strip() or None
             if key is not None:
                 keys.add(key)
     return len(keys)
+
+
+def _values(headers: Mapping[str, str], name: str) -> list[str]:
+    """Every value of header `name`, sent once or more (a plain mapping holds one)."""
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        return list(getall(name, ()))
+    return [headers[name]] if name in headers else []
 
 
 def _bearer(header: str | None) -> str | None:

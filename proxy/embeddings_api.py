@@ -49,8 +49,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     info = request[INFO]
     info["route"] = "embeddings"  # counted from here on, refused or not
     refuse_if_draining(st)
-    principal = st.auth.authenticate(request.headers)
-    st.auth.note_unnamed(principal)
+    principal = st.auth.for_generation(request.headers)
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(EmbeddingRequest, data)
     emb = st.embedder

@@ -145,13 +145,9 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             status = resp.status
             return resp
         except asyncio.CancelledError as e:
-            # a stream's client gone after its whole answer (the SDK closes at `[DONE]`),
-            # cut by the server's shutdown (told in-band), or its client gone
-            status = 200 if request.get(ANSWERED) else 503 if SHUTDOWN in e.args else 499
+            status = cancelled_status(request, e)
             raise
         finally:
-            if status == 499 and request.get(ANSWERED):
-                status = 200  # (its client left after the whole answer)
             status = outcome_status(request, status)
             info: dict[str, Any] = request.get(INFO, {})
             if status == 499 and request.get(WRITE_TIMED_OUT):
@@ -167,6 +163,13 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
                             **{k: v for k, v in info.items() if v is not None})
 
     return access_log
+
+
+def cancelled_status(request: web.Request, e: asyncio.CancelledError) -> int:
+    """A handler cancelled: a stream's client gone after its whole answer (the SDK closes
+    at `[DONE]`), 200; cut by the server's shutdown (told in-band), 503; its client gone,
+    499."""
+    return 200 if request.get(ANSWERED) else 503 if SHUTDOWN in e.args else 499
 
 
 def outcome_status(request: web.Request, status: int) -> int:
@@ -239,8 +242,7 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
             status = resp.status
             return resp
         except asyncio.CancelledError as e:
-            # as the access log counts it: answered whole, cut by the shutdown, or gone
-            status = 200 if request.get(ANSWERED) else 503 if SHUTDOWN in e.args else 499
+            status = cancelled_status(request, e)  # (as the access log counts it)
             raise
         finally:
             if status == 499 and request.get(ANSWERED):

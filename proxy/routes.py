@@ -55,9 +55,7 @@ def open_generation(request: web.Request, route: str) -> tuple[AppState, Princip
     if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
-    principal = st.auth.authenticate(request.headers)
-    st.auth.note_unnamed(principal)
-    return st, principal
+    return st, st.auth.for_generation(request.headers)
 
 
 def check_model(st: AppState, principal: Principal, model: str) -> None:

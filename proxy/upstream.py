@@ -291,11 +291,9 @@ class Upstream:
                               "given in Retry-After.",
                               headers={"retry-after": retry if retry.isdigit() else "1"})
         try:
-            raw = bytearray()
-            async for piece in resp.content.iter_any():
-                raw += piece
-                if len(raw) > MAX_ANSWER_BYTES:
-                    raise AnswerTooLarge(MAX_ANSWER_BYTES)
+            raw = await _body(resp, MAX_ANSWER_BYTES)
+            if raw is None:
+                raise AnswerTooLarge(MAX_ANSWER_BYTES)
             data = json.loads(raw)
         except TimeoutError:
             raise Timeout("The upstream did not answer in time.") from None
@@ -429,6 +427,16 @@ def _number_calls(chunk: dict[str, Any], last: dict[int, tuple[int, str]]) -> No
             last[choice] = (i, call_id or (before_id if i == before else ""))
 
 
+async def _body(resp: aiohttp.ClientResponse, most: int) -> bytearray | None:
+    """The response's body, as its pieces come; None past `most` bytes (read no further)."""
+    raw = bytearray()
+    async for piece in resp.content.iter_any():
+        raw += piece
+        if len(raw) > most:
+            return None
+    return raw
+
+
 def _only_if_cached(ctx: RequestContext) -> bool:
     return "only-if-cached" in ctx.headers.get("cache-control", "").lower()
 
@@ -439,10 +447,8 @@ async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool) 
     answer only (an HTTP cache on the way says so in its own words), is the client's
     answer, which the breaker does not count; any other is the upstream timing out."""
     try:
-        raw = bytearray()
-        while len(raw) < 1 << 16 and (piece := await resp.content.read((1 << 16) - len(raw))):
-            raw += piece  # (a read gives what has come: the body may come in pieces)
-        err = json.loads(raw).get("error") or {}
+        raw = await _body(resp, 1 << 16)  # (an error's body: small, or none of ours)
+        err = json.loads(raw or b"").get("error") or {}
         code = err.get("code")
     except (aiohttp.ClientError, ValueError, AttributeError, TimeoutError):
         code = None

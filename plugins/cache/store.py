@@ -384,19 +384,17 @@ class CacheStore:
             self._purge_floor = self._purges.popleft()[0]
 
     def promote(self, key: str, entry: Entry, prompt: str,
-                asker: tuple[str, str, str] | None = None) -> None:
+                asker: tuple[str, str, str]) -> None:
         """Keep a paraphrase as an exact alias in L1: its next ask skips the embedding.
         The alias keeps the original's owner, times and text, so purges by user, tenant
         or content remove it with the original, and its key (a purge another replica
         names the original by reaches it: `_named`); and its asker (tenant, role, user)
         with the paraphrase, so a purge of the asker, or of the paraphrase's words,
-        removes it too (without an asker, the paraphrase joins the prompt)."""
+        removes it too."""
         if self.l1 is None:
             return
-        alias = (replace(entry, key=key, prompt=entry.prompt + "\n" + prompt,
-                         source=entry.source or entry.key) if asker is None else
-                 replace(entry, key=key, source=entry.source or entry.key,
-                         asker=(*asker, prompt)))
+        alias = replace(entry, key=key, source=entry.source or entry.key,
+                        asker=(*asker, prompt))
         self.l1.put(alias, len(alias.to_json()))
 
     def put(self, entry: Entry, sem: SemanticKey | None = None,

@@ -64,7 +64,7 @@ async def test_promote_makes_an_exact_alias_that_purges_with_the_original() -> N
     s = store()
     original = entry("k1", prompt="How can I reset it?")
     s.put(original)
-    s.promote("k2", original, "How do I reset it?")
+    s.promote("k2", original, "How do I reset it?", ("acme", "user", "alice"))
     assert await s.get("k2", "acme") is not None
     assert s.purge_local(matcher({"contains": "can I reset"})) == (2, 0)
     assert await s.get("k2", "acme") is None
