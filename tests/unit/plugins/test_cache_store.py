@@ -70,6 +70,16 @@ async def test_promote_makes_an_exact_alias_that_purges_with_the_original() -> N
     assert await s.get("k2", "acme") is None
 
 
+async def test_an_alias_counts_its_askers_words_toward_l1s_bytes() -> None:
+    s = store()
+    original = entry("k1")
+    s.put(original)
+    before = s.l1.bytes  # type: ignore[union-attr]
+    words = "a long paraphrase " * 100
+    s.promote("k2", original, words, ("acme", "user", "bob"))
+    assert s.l1.bytes - before >= len(original.to_json()) + len(words)  # type: ignore[union-attr]
+
+
 async def test_a_purge_of_the_asker_removes_the_alias_holding_their_paraphrase() -> None:
     """Bob's paraphrase of Alice's question, kept as an alias of her entry (owned by her),
     holds Bob's prompt: purging Bob's data removes it; Alice's entry stays."""
