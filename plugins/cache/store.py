@@ -396,7 +396,7 @@ class CacheStore:
         alias = replace(entry, key=key, source=entry.source or entry.key,
                         asker=(*asker, prompt))
         # (to_json leaves the asker out: its words count toward L1's bytes too)
-        self.l1.put(alias, len(alias.to_json()) + sum(len(part) for part in alias.asker))
+        self.l1.put(alias, len(alias.to_json()) + len(prompt) + sum(map(len, asker)))
 
     def put(self, entry: Entry, sem: SemanticKey | None = None,
             vec: Vec | None = None, question_gate: str | None = None) -> None:
