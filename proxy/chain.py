@@ -29,8 +29,9 @@ from typing import (
     runtime_checkable,
 )
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
+from .config_model import ConfigModel
 from .context import RequestContext
 
 # Replies are defined in proxy.reply; plugins import them from here with the contract.
@@ -62,10 +63,8 @@ class Plugin(Protocol):
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply: ...
 
 
-class PluginConfig(BaseModel):
+class PluginConfig(ConfigModel):
     """Base for plugin configs: unknown keys are errors, every field has a default."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass(slots=True)

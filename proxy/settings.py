@@ -21,9 +21,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -32,9 +30,11 @@ from pydantic import (
     model_validator,
 )
 
+from .config_model import ConfigModel
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+
+class _Strict(ConfigModel):
+    pass
 
 
 def _http_url(value: str) -> str:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from proxy.chain import PluginConfig
+from proxy.config_model import ConfigModel
 from proxy.settings import HttpUrlText, OptionalSecret
 
 
-class Fallback(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Fallback(ConfigModel):
     kind: Literal["stale", "upstream", "static", "error"] = Field(
         description="stale: an expired cache entry in its grace window; upstream: another "
         "OpenAI-compatible server; static: a fixed answer; error: a clean 503.")

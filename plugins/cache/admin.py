@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from proxy.app_state import STATE
 from proxy.auth import Principal
 from proxy.body import read_json
+from proxy.config_model import ConfigModel
 from proxy.errors import InvalidRequest, PermissionDenied, RateLimited, Unavailable
 from proxy.protocol import parse_model
 
@@ -35,9 +36,7 @@ from .entry import matcher
 from .store import CacheStore
 
 
-class PurgeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PurgeRequest(ConfigModel):
     tenant: str | None = Field(None, min_length=1)
     role: str | None = Field(None, min_length=1)
     user: str | None = Field(None, min_length=1)

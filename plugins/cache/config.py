@@ -5,14 +5,15 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from proxy.chain import PluginConfig
+from proxy.config_model import ConfigModel
 from proxy.redis_client import RedisUrl
 
 
-class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Part(ConfigModel):
+    pass
 
 
 class L1Config(_Part):

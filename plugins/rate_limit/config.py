@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from proxy.chain import PluginConfig
+from proxy.config_model import ConfigModel
 from proxy.redis_client import RedisUrl
 
 Per = Literal["key", "user", "tenant", "role", "model", "global"]
 
 
-class Limits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Limits(ConfigModel):
     rpm: int | None = Field(None, ge=1, description="Requests per minute.")
     tpm: int | None = Field(None, ge=1, description="Tokens per minute (prompt + completion).")
     concurrent: int | None = Field(None, ge=1, description="Requests in flight at once.")
@@ -65,9 +64,7 @@ class Rule(Limits):
         return self
 
 
-class RedisLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RedisLimits(ConfigModel):
     url: RedisUrl | None = Field(None, description="redis://host:port/db")
     timeout_s: float = Field(0.05, gt=0, description="Per-call timeout; slower = down.")
     key_prefix: str = Field("weir:rl:", min_length=1, description="Prefix of every key.")

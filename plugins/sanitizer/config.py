@@ -5,16 +5,15 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from proxy.chain import PluginConfig
+from proxy.config_model import ConfigModel
 
 Action = Literal["off", "flag", "redact", "block"]
 
 
-class Limits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Limits(ConfigModel):
     max_messages: int = Field(256, ge=1, description="Messages per chat request.")
     max_message_chars: int = Field(65_536, ge=1, description="Characters in one message.")
     max_total_chars: int = Field(262_144, ge=1, description=(
@@ -34,9 +33,7 @@ class Limits(BaseModel):
         return v
 
 
-class CustomDetector(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CustomDetector(ConfigModel):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$", description="Name in metrics.")
     pattern: str = Field(description="Python regular expression.")
     action: Action = Field("flag", description="What to do on a match.")
@@ -54,9 +51,7 @@ class CustomDetector(BaseModel):
         return v
 
 
-class Detectors(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Detectors(ConfigModel):
     email: Action = Field("flag", description=(
         "E-mail addresses in any script, also spelled or spaced out (name at domain dot "
         "com, name [at] domain.com, name @ domain . com)."))

@@ -13,8 +13,9 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from ..config_model import ConfigModel
 from .base import (
     Engine,
     EngineFailed,
@@ -28,10 +29,9 @@ from .base import (
 Mode = Literal["ok", "error", "hang", "slow"]
 
 
-class FaultRequest(BaseModel):
+class FaultRequest(ConfigModel):
     """The body of `POST /admin/faults`."""
 
-    model_config = ConfigDict(extra="forbid")
 
     mode: Mode = Field(description="What `generate` does from now on.")
     delay_s: float | None = Field(None, ge=0, le=3600,

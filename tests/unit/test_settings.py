@@ -181,3 +181,31 @@ def test_other_config_slips_name_their_path(text: str, path: str) -> None:
     with pytest.raises(ConfigError) as e:
         parse_settings("auth: {mode: open}\n" + text + "\n", env={})
     assert e.value.errors[0][0] == path
+
+
+@pytest.mark.parametrize(("text", "path"), [
+    ("server: {port: true}", "server.port"),
+    ("server: {write_timeout_s: .inf}", "server.write_timeout_s"),
+    ("server: {drain_timeout_s: .nan}", "server.drain_timeout_s"),
+])
+def test_a_number_is_never_true_false_or_infinite(text: str, path: str) -> None:
+    """pydantic's lax mode read `port: true` as port 1 and `.inf` as a timeout."""
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: open}\n" + text + "\n", env={})
+    assert e.value.errors[0][0] == path
+
+
+def test_a_plugin_config_number_is_never_true_or_infinite() -> None:
+    from plugins.cache.config import CacheConfig
+    from plugins.rate_limit.config import RateLimitConfig
+
+    for bad in ({"exact": {"ttl_s": True}}, {"exact": {"ttl_s": float("inf")}},
+                {"per_user_max_entries": False}):
+        with pytest.raises(ValueError):
+            CacheConfig.model_validate(bad)
+    with pytest.raises(ValueError):
+        RateLimitConfig.model_validate({"rules": [{"per": "key", "rpm": True}]})
+    # booleans stay booleans, and a `${VAR}` string still types as its number
+    assert CacheConfig.model_validate({"exact": {"enabled": False}}).exact.enabled is False
+    assert parse_settings("auth: {mode: open}\nserver: {port: '${P}'}\n",
+                          env={"P": "9000"}).server.port == 9000
