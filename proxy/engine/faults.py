@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Any, Literal
 
 from pydantic import Field
@@ -105,8 +106,10 @@ class FaultyEngine:
         delay = self.delay_s if self.mode == "slow" else 0.0
         if delay:
             await asyncio.sleep(delay)  # the injected fault is the delay itself
-        async for out in self.inner.generate(prompt, options, request_id, **kw):
-            if delay and out.ttft_s is not None:  # the engine's own time leaves it out
-                out.ttft_s += delay
-            delay = 0.0
-            yield out
+        # (closed with this one, so the engine's abort runs at once, not at collection)
+        async with aclosing(self.inner.generate(prompt, options, request_id, **kw)) as outs:
+            async for out in outs:
+                if delay and out.ttft_s is not None:  # the engine's own time leaves it out
+                    out.ttft_s += delay
+                delay = 0.0
+                yield out

@@ -26,6 +26,17 @@ async def texts(engine: FaultyEngine) -> str:
     return out
 
 
+async def test_closing_a_generation_aborts_the_engine_request_at_once() -> None:
+    """The wrapper closes the engine's generator with its own: the engine's abort runs
+    then, not when the garbage collector finds the suspended generator."""
+    inner = FakeEngine()
+    gen = FaultyEngine(inner).generate(PROMPT, SamplingOptions(max_tokens=50), "r1")
+    await anext(gen)
+    assert inner.active == {"r1"}
+    await gen.aclose()
+    assert inner.active == set()
+
+
 async def test_ok_passes_through_and_so_does_everything_else() -> None:
     inner = FakeEngine(max_model_len=77)
     engine = FaultyEngine(inner)
