@@ -14,7 +14,8 @@ Three modes, decided once per request (`mode`):
 
 A `ToolCallTracker` follows one choice: `feed` turns each text delta into a content
 delta and `delta.tool_calls` entries; `finish` flushes what only the end reveals; a
-choice that called a tool ends with `finish_reason: "tool_calls"`.
+choice that called a tool ends with `finish_reason: "tool_calls"`, except a named
+function's, which ends with `stop` (OpenAI's rule, which vLLM's server follows).
 """
 
 from __future__ import annotations
@@ -300,8 +301,10 @@ class ToolCallTracker:
         return None, [call_dict(c) for c in calls]  # the forced JSON is never content
 
     def reason(self, reason: str) -> str:
-        """OpenAI's finish reason: `tool_calls` when the choice called a tool and stopped."""
-        return "tool_calls" if self.called and reason == "stop" else reason
+        """OpenAI's finish reason: `tool_calls` when the choice called a tool and stopped,
+        unless the request named the function (then `stop`, as OpenAI answers)."""
+        named = isinstance(self.req.tool_choice, NamedToolChoice)
+        return "tool_calls" if self.called and reason == "stop" and not named else reason
 
     # ---------------------------------------------------------------------- streaming
 

@@ -120,6 +120,8 @@ async def test_named_function(make_client: MakeClient, fake_engine: FakeEngine) 
     assert fake_engine.calls[0][1].json_schema == {"type": "object", "properties": {}}
     assert body["choices"][0]["message"]["tool_calls"][0]["function"] == {
         "name": "get_time", "arguments": "{}"}
+    # OpenAI ends a named function's call with stop (`tool_calls` is for auto/required)
+    assert body["choices"][0]["finish_reason"] == "stop"
 
 
 async def test_auto_with_a_parser_whole_and_streamed(make_client: MakeClient) -> None:
