@@ -15,6 +15,9 @@ stay control tokens and the messages' text never does:
   that check).
 - Failing that, each special-token string in the messages gets a word joiner (U+2060)
   after its first character, which no tokenizer reads as a control token.
+- Every other string a client gives the template gets that escape too (`escaped`): a
+  message's `name`, its earlier calls (names, ids, arguments) and the tool definitions
+  (descriptions, schemas), which templates write raw or through `tojson`.
 
 Completion prompts (`encode`) are tokenized with `split_special_tokens` too: a client that
 needs control tokens in a raw prompt sends token ids.
@@ -26,6 +29,8 @@ import re
 import secrets
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 Render = Callable[[list[dict[str, Any]]], str]
 _JOINER = "\u2060"
@@ -65,6 +70,10 @@ class ChatText:
         if not self._developer:
             messages = [{**m, "role": "system"} if m.get("role") == "developer" else m
                         for m in messages]
+        # (what else a message holds: its name, calls, call id; `role` is a known word)
+        messages = [m if len(m) <= 2 else {
+            k: v if k in ("role", "content") else self.escaped(v) for k, v in m.items()}
+            for m in messages]
         risky = [i for i, m in enumerate(messages)
                  if isinstance(m.get("content"), str) and self.has_special(m["content"])]
         if not risky:
@@ -79,6 +88,37 @@ class ChatText:
     def escape(self, text: str) -> str:
         assert self._special is not None
         return self._special.sub(lambda m: m.group(0)[0] + _JOINER + m.group(0)[1:], text)
+
+    def escaped(self, value: Any) -> Any:
+        """A JSON-like value (tool definitions, a message's fields) with every string in
+        it, keys too, escaped where it holds a special-token string; the value itself
+        where none does (the common case: one serialization and one search)."""
+        special = self._special
+        if special is None:
+            return value
+        try:
+            if not special.search(orjson.dumps(value).decode()):
+                return value
+        except (TypeError, orjson.JSONEncodeError):  # nested past orjson's depth: walk
+            pass
+        root = [value]
+        todo: list[tuple[Any, Any]] = [(root, 0)]
+        while todo:  # (iterative: client data nests as deep as the parser lets it)
+            holder, at = todo.pop()
+            v = holder[at]
+            if isinstance(v, str):
+                if special.search(v):
+                    holder[at] = self.escape(v)
+            elif isinstance(v, dict):
+                copy = {self.escape(k) if isinstance(k, str) and special.search(k) else k: x
+                        for k, x in v.items()}
+                holder[at] = copy
+                todo.extend((copy, k) for k in copy)
+            elif isinstance(v, list):
+                copy_list = list(v)
+                holder[at] = copy_list
+                todo.extend((copy_list, i) for i in range(len(copy_list)))
+        return root[0]
 
     def _render_marked(self, messages: list[dict[str, Any]], risky: list[int],
                        render: Render) -> list[int] | None:

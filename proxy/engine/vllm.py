@@ -225,6 +225,8 @@ class VllmEngine:
         return str(self._tokenizer.decode(token_ids))
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+        tools = self._text().escaped(tools)  # (a description is client text too)
+
         def render(msgs: list[dict[str, Any]]) -> str:
             return str(self._tokenizer.apply_chat_template(
                 msgs, tools=tools, add_generation_prompt=True, tokenize=False))
