@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -75,7 +76,28 @@ class UpstreamError(InvalidRequest):
         super().__init__(str(err.get("message") or "Upstream rejected the request."),
                          param=_text(err.get("param")), code=_text(err.get("code")))
         self.status = status
-        self.type = str(err.get("type") or "invalid_request_error")
+        kind = err.get("type")
+        # (OpenAI's words, `invalid_request_error`; vLLM's server names its exception
+        # class, `BadRequestError`, which no OpenAI client knows)
+        self.type = kind if isinstance(kind, str) and _OPENAI_TYPE.fullmatch(kind) else (
+            "invalid_request_error")
+
+    @classmethod
+    def in_band(cls, chunk: dict[str, Any]) -> UpstreamError | None:
+        """An error event in an upstream's stream, where it is the client's (a 4xx):
+        vLLM's server checks a request's sampling values (token ids in `logit_bias`,
+        `top_logprobs` past its limit, a schema its grammar compiler refuses) only as its
+        stream starts, and says so in the stream; a Weir names a schema's dead end there.
+        None where the upstream failed."""
+        err = chunk.get("error")
+        if not isinstance(err, dict):
+            return None
+        code, kind = err.get("code"), err.get("type")
+        if isinstance(code, int) and not isinstance(code, bool):
+            status = code if 400 <= code < 500 and code not in (401, 403, 429) else None
+        else:
+            status = 400 if kind in ("invalid_request_error", "BadRequestError") else None
+        return None if status is None else cls(status, chunk)
 
 
 class UpstreamUnavailable(EngineError):
@@ -331,8 +353,11 @@ class Upstream:
                         done = True
                         return
                     chunk = json.loads(data)
-                    if not isinstance(chunk, dict) or "error" in chunk:
+                    if not isinstance(chunk, dict):
                         raise EngineError("The upstream failed mid-stream.")
+                    if "error" in chunk:
+                        raise (UpstreamError.in_band(chunk)
+                               or EngineError("The upstream failed mid-stream."))
                     try:
                         _number_calls(chunk, numbered)
                         _own_delta_ids(chunk, ids)
@@ -526,6 +551,10 @@ def _answer_ok(data: Any, kind: str) -> bool:
                 and isinstance(t["function"].get("arguments"), str) for t in calls):
             return False
     return True
+
+
+#: An error type in OpenAI's words (`invalid_request_error`, `not_found_error`, ...).
+_OPENAI_TYPE = re.compile(r"[a-z]+(?:_[a-z]+)*_error")
 
 
 def _text(value: Any) -> str | None:

@@ -276,6 +276,44 @@ async def test_an_error_event_mid_stream_is_an_engine_failure(upstream: Upstream
         await engine.close()
 
 
+async def test_a_refusal_in_the_stream_is_the_client_s_error(upstream: Upstream) -> None:
+    """vLLM's server checks sampling values (token ids in `logit_bias`, ...) only as its
+    stream starts, and says so in the stream with a 200 head: that is the client's 400,
+    which the breaker does not count, not the upstream failing (one tenant's bad
+    `logit_bias` opened the breaker for all)."""
+    refusal = {"error": {"message": "token_id(s) [999999] in logit_bias contain "
+                                    "out-of-vocab token ids.",
+                         "type": "BadRequestError", "param": "logit_bias", "code": 400}}
+    upstream.chat = sse_handler(sse(refusal, "[DONE]"))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(UpstreamError) as e:
+            await engine(ctx(stream=True))
+        assert (e.value.status, e.value.param, e.value.type) == (
+            400, "logit_bias", "invalid_request_error")
+        assert "out-of-vocab" in e.value.message and engine.stats().running == 0
+        # A Weir's own in-band refusal mid-answer (a schema's dead end) says its type.
+        first = {"id": "c", "choices": [{"index": 0, "delta": {"content": "a"}}]}
+        upstream.chat = sse_handler(sse(first, {"error": {
+            "message": "no valid continuation", "type": "invalid_request_error",
+            "param": "response_format", "code": "invalid_value"}}))
+        reply = await engine(ctx(stream=True))
+        assert isinstance(reply, Stream)
+        with pytest.raises(UpstreamError) as mid:
+            async for _ in reply:
+                pass
+        assert (mid.value.status, mid.value.code) == (400, "invalid_value")
+        # and an upstream's own failure (a 5xx in the stream) stays one
+        for failure in ({"message": "boom", "type": "InternalServerError", "code": 500},
+                        {"message": "down", "type": "server_error"}):
+            upstream.chat = sse_handler(sse({"error": failure}))
+            with pytest.raises(EngineError) as err:
+                await engine(ctx(stream=True))
+            assert not isinstance(err.value, UpstreamError)
+    finally:
+        await engine.close()
+
+
 @pytest.mark.parametrize("reason", [None, SHUTDOWN])
 async def test_a_whole_request_cut_while_the_upstream_has_it(upstream: Upstream,
                                                             reason: str | None) -> None:
