@@ -130,6 +130,8 @@ def _options(
         temperature=temperature,
         top_p=top_p,
         top_k=req.top_k,
+        min_p=req.min_p or 0.0,
+        repetition_penalty=req.repetition_penalty or 1.0,
         # Greedy choices are one answer n times (vLLM refuses n > 1 there): generated
         # once, handed out n times (`serving.engine_outputs`).
         n=1 if temperature < GREEDY_BELOW else req.n,

@@ -600,6 +600,9 @@ class _SamplingFields(_NullIsDefault):
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
     top_k: TopK | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=1e6, allow_inf_nan=False)] | None = (
+        None)
 
     @field_validator("logit_bias")
     @classmethod

@@ -22,6 +22,8 @@ class SamplingOptions:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     n: int = 1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None

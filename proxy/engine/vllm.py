@@ -261,6 +261,8 @@ class VllmEngine:
                 temperature=o.temperature,
                 top_p=o.top_p,
                 top_k=o.top_k or 0,
+                min_p=o.min_p,
+                repetition_penalty=o.repetition_penalty,
                 seed=o.seed,
                 stop=o.stop or None,
                 max_tokens=o.max_tokens,

@@ -134,12 +134,13 @@ async def test_sampling_params_reach_the_engine(make_client: MakeClient, fake_en
         "presence_penalty": 0.5, "frequency_penalty": -0.5, "logit_bias": {"42": 5},
         "response_format": {"type": "json_schema",
                             "json_schema": {"name": "r", "schema": {"type": "object"}}},
-        "user": "u1", "max_completion_tokens": 3})
+        "user": "u1", "max_completion_tokens": 3, "min_p": 0.05, "repetition_penalty": 1.1})
     assert r.status == 200
     o = fake_engine.calls[0][1]
     assert (o.temperature, o.top_p, o.seed, o.stop, o.max_tokens) == (0.3, 0.9, 7, ["x"], 3)
     assert (o.presence_penalty, o.frequency_penalty, o.logit_bias) == (0.5, -0.5, {42: 5})
     assert o.json_schema == {"type": "object"} and not o.json_object
+    assert (o.min_p, o.repetition_penalty) == (0.05, 1.1)  # vLLM's extensions too
 
 
 async def test_default_max_tokens_is_the_rest_of_the_context(

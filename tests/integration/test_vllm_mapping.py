@@ -45,6 +45,8 @@ SAMPLING = st.fixed_dictionaries({}, optional={
     "temperature": floats_around(0.0, 1e-5, 2.0),
     "top_p": floats_around(0.0, 1.0),
     "top_k": around(-1, 0, 2**31 - 1),
+    "min_p": floats_around(0.0, 1.0),
+    "repetition_penalty": floats_around(0.0, 1.0, 2.0, 1e6),
     "n": around(1, 128),
     "presence_penalty": floats_around(-2.0, 2.0),
     "frequency_penalty": floats_around(-2.0, 2.0),

@@ -38,6 +38,11 @@ def rejected(model: type, data: dict[str, Any]) -> InvalidRequest:
         ({"temperature": -0.1}, "temperature"),
         ({"top_p": NAN}, "top_p"),
         ({"top_p": 1.01}, "top_p"),
+        ({"min_p": 1.5}, "min_p"),  # vLLM's extensions, within vLLM's own bounds
+        ({"min_p": -0.1}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"repetition_penalty": -1}, "repetition_penalty"),
+        ({"repetition_penalty": NAN}, "repetition_penalty"),
         ({"top_k": -2}, "top_k"),
         ({"top_k": 2**31}, "top_k"),
         ({"top_k": 2**64}, "top_k"),

@@ -691,6 +691,7 @@ _M = [{"role": "user", "content": "hi"}]
      "tool_choice": "required"},
     {"model": "m", "prompt": "x", "suffix": "s", "logprobs": 2, "echo": True, "best_of": 2},
     {"model": "m", "prompt": [1, 2], "top_k": 5, "min_tokens": 1, "ignore_eos": True},
+    {"model": "m", "messages": _M, "min_p": 0.1, "repetition_penalty": 1.2},
 ])
 def test_key_params_are_the_whole_model_dump(body: dict[str, Any]) -> None:
     """The key's parameters, read field by field, are what a whole-model dump gave (keys
