@@ -24,8 +24,9 @@ from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
 from proxy.text import fold, normalize
 
-_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "seed", "presence_penalty",
-           "frequency_penalty", "logit_bias", "response_format", "tools", "tool_choice",
+_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", "seed",
+           "presence_penalty", "frequency_penalty", "logit_bias", "response_format", "tools",
+           "tool_choice",
            "parallel_tool_calls", "ignore_eos", "min_tokens", "echo", "suffix", "logprobs",
            "top_logprobs")
 
