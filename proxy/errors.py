@@ -164,3 +164,15 @@ class Timeout(WeirError):
 class DeadlineExceeded(Timeout):
     """The request's own deadline passed (the client's `x-weir-timeout-ms`, or the
     operator's `deadline_s`). Not an engine fault: the breaker never counts it."""
+
+
+class NotCached(DeadlineExceeded):
+    """No cached answer for a request that asked for one only (`Cache-Control:
+    only-if-cached`): the client's own choice, which a retry cannot change (the OpenAI
+    SDKs retry a 504 unless told not to)."""
+
+    default_code = "not_cached"
+
+    def __init__(self, message: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.headers.setdefault("x-should-retry", "false")

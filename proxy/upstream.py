@@ -32,11 +32,11 @@ from .chain import Completion, Reply, Stream
 from .context import RequestContext
 from .engine.base import EngineStats, ModelInfo
 from .errors import (
-    DeadlineExceeded,
     EngineError,
     GatewayFault,
     InvalidRequest,
     ModelNotFound,
+    NotCached,
     RateLimited,
     Timeout,
 )
@@ -485,11 +485,9 @@ async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool) 
     return Timeout("The upstream timed out (504).")
 
 
-class NotCachedUpstream(DeadlineExceeded):
+class NotCachedUpstream(NotCached):
     """An upstream Weir had no cached answer for a request that asked for one only: the
     client's own choice (its `Cache-Control: only-if-cached`), never the engine's fault."""
-
-    default_code = "not_cached"
 
 
 def _own_ids(calls: Any) -> None:

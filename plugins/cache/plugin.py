@@ -39,7 +39,7 @@ from proxy.chain import (
     Stream,
 )
 from proxy.context import RequestContext
-from proxy.errors import DeadlineExceeded, Timeout
+from proxy.errors import DeadlineExceeded, NotCached
 from proxy.protocol import ChatCompletionRequest
 from proxy.tasks import detach
 from proxy.telemetry import get_logger, labelled
@@ -496,6 +496,6 @@ def request_directives(headers: Mapping[str, str]) -> Directives:
     return Directives(read, write, max_age, only)
 
 
-def _not_cached() -> Timeout:
-    return Timeout("No cached answer for this request (it asked for one only: "
-                   "`Cache-Control: only-if-cached`).", code="not_cached")
+def _not_cached() -> NotCached:
+    return NotCached("No cached answer for this request (it asked for one only: "
+                     "`Cache-Control: only-if-cached`).")

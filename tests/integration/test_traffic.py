@@ -373,6 +373,7 @@ async def test_only_if_cached_over_http(make_client: MakeClient, fake_engine: Fa
     err = await r.json()
     validate("ErrorResponse", err)
     assert err["error"]["code"] == "not_cached" and not fake_engine.calls
+    assert r.headers["x-should-retry"] == "false"  # (the SDKs retried it twice)
     assert (await client.post("/v1/chat/completions", json=body)).status == 200
     r = await client.post("/v1/chat/completions", json=body, headers=only)
     assert r.status == 200 and r.headers["x-weir-cache"] == "exact"
@@ -436,7 +437,7 @@ async def test_the_clients_cache_control_holds_at_a_central_weir(make_client: Ma
         r = await edge.post("/v1/chat/completions", json={**ask, "max_tokens": 2},
                             headers={"Cache-Control": "only-if-cached"})
         assert r.status == 504 and (await r.json())["error"]["code"] == "not_cached"
-        assert len(engine.calls) == 3
+        assert r.headers["x-should-retry"] == "false" and len(engine.calls) == 3
         breaker = next(p for p in edge.app[STATE].plugins if p.name == "breaker")
         assert breaker.breaker.state == "closed"
     finally:
