@@ -250,24 +250,26 @@ class RedisStore:
     # ------------------------------------------------------------------- store
 
     async def persist(self, entry: Entry, exact: bool, exact_ttl_s: float,
-                      semantic: tuple[str, np.ndarray, str] | None, semantic_ttl_s: float,
-                      members: list[str], cap: int, user_ttl_s: float) -> list[str] | None:
+                      semantic: tuple[str, np.ndarray, str] | None, semantic_entry: Entry,
+                      semantic_ttl_s: float, members: list[str], cap: int,
+                      user_ttl_s: float) -> list[str] | None:
         """Store an answer in one round trip: the exact entry (when `exact`: L2 is on),
-        the semantic one (`(partition, vector, question)`) with its add event, and
-        `members` counted against the owner's cap. The members evicted past the cap
-        (already deleted from Redis and announced to the other replicas), or None when
-        Redis could not be reached."""
-        data = entry.to_json(with_prompt=self.cfg.store_prompts)
+        the semantic one (`(partition, vector, question)`, its entry as that layer keeps
+        it: `semantic_entry`) with its add event, and `members` counted against the
+        owner's cap. The members evicted past the cap (already deleted from Redis and
+        announced to the other replicas), or None when Redis could not be reached."""
+        data = entry.to_json(with_prompt=self.cfg.store_prompts) if exact else ""
         field = value = event = ""
         if semantic is not None:
             partition, vec, question = semantic
-            field, value = entry.key, self._pack(vec, data, question)
+            field, value = entry.key, self._pack(
+                vec, semantic_entry.to_json(with_prompt=self.cfg.store_prompts), question)
             event = self._event({"op": "add", "p": partition, "id": entry.key})
         keys = [self.p + "x:" + entry.key,
                 self.p + "s:" + (semantic[0] if semantic is not None else ""),
                 self.user_key(entry.tenant, entry.user)]
         args: list[str | int] = [
-            data if exact else "", _px(exact_ttl_s), field, value, _px(semantic_ttl_s),
+            data, _px(exact_ttl_s), field, value, _px(semantic_ttl_s),
             self.p + "events", event, cap, _px(user_ttl_s), repr(time.time()), self.p,
             self.replica, *members]
         popped = await self._call("persist", lambda: self._persist(keys=keys, args=args),

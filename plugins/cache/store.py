@@ -29,7 +29,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -409,6 +409,13 @@ class CacheStore:
             labelled(self.metrics.entries, "l1").set(len(self.l1))
         self._spawn(self._persist(entry, sem, vec, question_gate))
 
+    def _timed(self, entry: Entry, layer: Literal["l2", "semantic"]) -> Entry:
+        """`entry` as a layer keeps it: fresh for that layer's `ttl_s` from when it was
+        made (`exact.ttl_s` is L1's, which `put` is given), then stale for the grace."""
+        expires = entry.created + (self.cfg.l2 if layer == "l2" else self.cfg.semantic).ttl_s
+        return replace(entry, expires=expires,
+                       stale_until=expires + self.cfg.stale_grace_s)
+
     async def _persist(self, entry: Entry, sem: SemanticKey | None, vec: Vec | None,
                        question_gate: str | None) -> None:
         members = [exact_member(entry.key)]
@@ -424,7 +431,8 @@ class CacheStore:
             # No vector at hand: the exact entry now, the semantic one once embedded. Both
             # count against the owner's cap now, so it holds while the vector waits (a
             # semantic member evicted meanwhile drops the pending entry: `_drop`).
-            later = self._defer(partition, entry, question, question_gate)
+            later = self._defer(partition, self._timed(entry, "semantic"), question,
+                                question_gate)
             await self._write(entry, None, [*members, member])
             if (vec := await later) is not None and self._held(member):
                 await self._write(entry, (partition, vec, question), [], exact=False)
@@ -437,8 +445,8 @@ class CacheStore:
         vec = await self._vector(question, vec)
         semantic = None
         if vec is not None:
-            self._index_add(partition, entry.key, vec, entry, question,
-                            question_gate=question_gate)
+            self._index_add(partition, entry.key, vec, self._timed(entry, "semantic"),
+                            question, question_gate=question_gate)
             members.append(member)
             semantic = (partition, vec, question)
         await self._write(entry, semantic, members)
@@ -457,11 +465,12 @@ class CacheStore:
             # deletes and announces what the cap evicts; this replica forgets it here.
             # (Sending the exact entry ahead while the question is embedded again was
             # measured: under load the second round trip cost more than it saved.)
+            grace = self.cfg.stale_grace_s
+            l2_ttl, semantic_ttl = self.cfg.l2.ttl_s, self.cfg.semantic.ttl_s
             evicted = await self.redis.persist(
-                entry, exact and self.cfg.l2.enabled,
-                self.cfg.exact.ttl_s + self.cfg.stale_grace_s,
-                semantic, self.cfg.semantic.ttl_s, members, cap,
-                self.cfg.exact.ttl_s + self.cfg.semantic.ttl_s)
+                self._timed(entry, "l2"), exact and self.cfg.l2.enabled, l2_ttl + grace,
+                semantic, self._timed(entry, "semantic"), semantic_ttl + grace, members,
+                cap, max(l2_ttl, semantic_ttl) + grace)
             if evicted is not None:
                 await self._drop(evicted, local_only=True)
                 return

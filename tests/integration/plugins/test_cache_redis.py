@@ -96,6 +96,30 @@ async def test_l2_is_shared_and_fills_l1(make_client: MakeClient, redis_server: 
     assert 'weir_cache_lookups_total{layer="l1",result="hit"} 1.0' in metrics
 
 
+async def test_each_layer_keeps_an_answer_for_its_own_ttl(make_client: MakeClient,
+                                                          redis_server: RedisServer) -> None:
+    """`l2.ttl_s` and `semantic.ttl_s` say how long those layers serve an answer; every
+    layer used `exact.ttl_s` (L1's), so the shipped defaults kept a day's answers an
+    hour."""
+    a, b = await replicas(make_client, redis_server.url, exact={"ttl_s": 60},
+                          l2={"enabled": True, "ttl_s": 5000},
+                          semantic={"ttl_s": 9000}, stale_grace_s=0)
+    await ask(a, "How do I reset my password?")
+    await eventually(lambda: len(cache_of(b).store.index) == 1, timeout=1.0)
+    store = cache_of(a).store
+    assert store.redis is not None
+    (key,) = [e.key for e in store.l1.entries()]  # type: ignore[union-attr]
+    l1 = store.l1.held(key)  # type: ignore[union-attr]
+    assert l1 is not None and l1.expires == l1.created + 60
+    ttl_ms = await store.redis.client.pttl(store.redis.p + "x:" + key)
+    assert 4_000_000 < ttl_ms <= 5_000_000
+    l2 = await store.redis.get_exact(key)
+    assert l2 is not None and l2.expires == l2.created + 5000
+    (held,) = [e for part in cache_of(b).store.index.partitions.values()
+               for e, _ in part.entries.values()]
+    assert held.expires == held.created + 9000  # as the other replica keeps it too
+
+
 async def test_semantic_entry_reaches_the_other_replica(make_client: MakeClient,
                                                         redis_server: RedisServer) -> None:
     a, b = await replicas(make_client, redis_server.url)
@@ -287,7 +311,7 @@ async def test_cancelled_commands_never_cross_keys(redis_server: RedisServer) ->
                      choices=[{"index": 0, "text": f"value-{i}" * 50, "finish_reason": "stop"}],
                      expires=1e12, stale_until=1e12)
 
-    await asyncio.gather(*(store.persist(entry(i), True, 60, None, 60,
+    await asyncio.gather(*(store.persist(entry(i), True, 60, None, entry(i), 60,
                                          [f"x:k{i}"], 1000, 60) for i in range(50)))
     wrong = 0
     for _ in range(20):
@@ -328,7 +352,7 @@ async def test_a_busy_redis_still_takes_writes_that_reads_give_up_on(
         assert await other.client.client_pause(300) is True  # Redis busy for 0.3 s
         assert await store.get_exact("k") is None
         assert errors.labels("get")._value.get() == 1  # the read gave up ...
-        assert await store.persist(entry, True, 60, None, 60, ["x:k"], 1000, 60) == []
+        assert await store.persist(entry, True, 60, None, entry, 60, ["x:k"], 1000, 60) == []
         assert errors.labels("persist")._value.get() == 0  # ... the write waited
         got = await store.get_exact("k")
         assert got is not None and got.choices[0]["text"] == "kept"

@@ -60,6 +60,20 @@ async def test_semantic_lookup_finds_a_stored_question_in_its_partition_and_scop
     assert (await s.lookup(("other", "How do I reset my password please?"), "acme"))[1] is None
 
 
+async def test_the_semantic_layer_serves_for_its_own_ttl() -> None:
+    """An answer past L1's `ttl_s` (exact) but within `semantic.ttl_s` is no exact hit
+    and still a semantic one."""
+    s = store(exact={"ttl_s": 60}, semantic={"threshold": 0.8, "ttl_s": 9000})
+    old = entry("k1", ttl=60)
+    old.created -= 600
+    old.expires -= 600
+    s.put(old, ("p", "How can I reset my password please?"))
+    await s.drain()
+    assert await s.get("k1", "acme") is None
+    _, hit = await s.lookup(("p", "How do I reset my password please?"), "acme")
+    assert hit is not None and hit.key == "k1"
+
+
 async def test_promote_makes_an_exact_alias_that_purges_with_the_original() -> None:
     s = store()
     original = entry("k1", prompt="How can I reset it?")
