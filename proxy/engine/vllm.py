@@ -27,7 +27,7 @@ from typing import Any
 from ..protocol import SCHEMA_MAPS, SUBSCHEMA, SUBSCHEMAS
 from ..settings import VllmEngineSettings
 from ..telemetry import get_logger
-from . import builtin_models
+from . import builtin_models, regex_screen
 from .base import (
     ChoiceDelta,
     EngineFailed,
@@ -509,8 +509,9 @@ _ARRAY_ONLY = ("uniqueItems", "contains", "minContains", "maxContains")
 
 
 def _loosened(schema: dict[str, Any]) -> dict[str, Any]:
-    """`schema` without the keywords the compiler refuses (a copy; as given when it
-    holds none)."""
+    """`schema` without the keywords the compiler refuses, nor the regexes it would quote
+    in the log (a copy; as given when it holds none)."""
+    schema = regex_screen.screened(schema)
     if not has_xgrammar_unsupported_json_features(schema):
         return schema
     return _loosen(schema)  # type: ignore[no-any-return]

@@ -5,6 +5,7 @@ registered the request). Values are generated on both sides of every limit."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from typing import Any
 
@@ -317,3 +318,35 @@ async def test_a_value_the_transport_cannot_carry_is_the_request_s_fault(
         async for _ in engine.generate([1, 2], SamplingOptions(max_tokens=4), "r"):
             pass
     assert type(raised.value).__name__ == error
+
+
+def test_a_regex_the_compiler_would_quote_in_the_log_is_left_out(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """xgrammar writes a warning quoting the whole regex to stderr for what it ignores
+    (a lookahead, an anchor mid-pattern, an escape it does not know): a client's text
+    in the log, from vLLM's check here and the engine's compile. Such a regex is left out
+    of the constraint before either sees it; one the compiler takes stays."""
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    from proxy.engine.base import SamplingOptions
+
+    marker = "CLIENTSECRET"
+    schema = {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": f"(?={marker})b"},
+        "b": {"type": "string", "pattern": f"x^{marker}"},
+        "pattern": {"type": "string", "pattern": "[a-z]+"},  # a property so named
+        "c": {"type": "object", "patternProperties": {
+            f"\\A{marker}": {"type": "string"}, "^k[0-9]$": {"type": "integer"}}},
+    }, "enum": [{"pattern": f"(?={marker})"}]}
+    capfd.readouterr()
+    params = ENGINE._sampling_params(SamplingOptions(max_tokens=8, json_schema=schema))
+    validate_xgrammar_grammar(params)  # vLLM's own check, which printed the warnings
+    out, err = capfd.readouterr()
+    assert marker not in out + err and "Warning" not in err
+    assert params.structured_outputs is not None
+    sent = json.loads(params.structured_outputs.json)  # type: ignore[arg-type]
+    props = sent["properties"]
+    assert "pattern" not in props["a"] and "pattern" not in props["b"]
+    assert props["pattern"] == {"type": "string", "pattern": "[a-z]+"}
+    assert list(props["c"]["patternProperties"]) == ["^k[0-9]$"]
+    assert sent["enum"] == schema["enum"]  # data, not a schema: as it came

@@ -519,6 +519,32 @@ def test_what_the_engine_compiles_has_its_own_smaller_budget() -> None:
     assert err.param == "tools[1].function.parameters" and "tool_choice" in err.message
 
 
+def test_what_the_engine_compiles_has_a_budget_of_regex_and_literal_characters() -> None:
+    """Nodes alone let one 250 KB `pattern` through: compiled one grammar at a time, it
+    held every tenant's structured output for seconds."""
+    from proxy.protocol import MAX_GRAMMAR_REGEX_CHARS, MAX_GRAMMAR_TEXT_CHARS
+
+    def fmt(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"model": "m", "messages": MSG, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+    long = "a" * (MAX_GRAMMAR_REGEX_CHARS // 2 + 1)
+    two = {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": long},
+        "b": {"type": "object", "patternProperties": {long: {"type": "string"}}}}}
+    err = refused(fmt(two))
+    assert err.param == "response_format.json_schema.schema" and "regexes" in err.message
+    words = [f"w{i:05d}" * 10 for i in range(MAX_GRAMMAR_TEXT_CHARS // 60 + 1)]
+    assert "enum" in refused(fmt({"type": "string", "enum": words})).message
+    parse_model(ChatCompletionRequest, fmt({"type": "string", "pattern": "^[a-z]{3}$",
+                                            "enum": words[:100]}))
+    # not compiled (tool_choice auto): only the node budget holds
+    tools = [{"type": "function", "function": {"name": "f", "parameters": two}}]
+    parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, "tools": tools})
+    assert refused({"model": "m", "messages": MSG, "tools": tools,
+                    "tool_choice": "required"}).param == "tools[0].function.parameters"
+
+
 def test_the_responses_api_shapes_are_counted_too() -> None:
     from proxy.openai_responses.models import ResponsesRequest
 
