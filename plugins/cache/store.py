@@ -248,7 +248,14 @@ class CacheStore:
         passes the threshold, the scope and the near-miss guard), and the best match's
         similarity (None: the partition is empty)."""
         partition, question = sem
-        found = self.index.find(partition, vec, time.time(), allow_stale)
+        # An entry another replica stored (or this one, before a restart) comes from
+        # Redis with a digest of its question's features, not its text (unless
+        # `store_prompts`): the guard's word-level rules (a swapped word, an added
+        # qualifier, a new order) cannot run on it, and across replicas "open on
+        # Saturday" answered "close on Saturday". With the guard on, such an entry
+        # serves exact repeats (L2), never a paraphrase.
+        found = self.index.find(partition, vec, time.time(), allow_stale,
+                                text_only=self.cfg.semantic.guard)
         if found is None:
             return None, None
         entry, stored_q, score = found

@@ -122,16 +122,40 @@ async def test_each_layer_keeps_an_answer_for_its_own_ttl(make_client: MakeClien
 
 async def test_semantic_entry_reaches_the_other_replica(make_client: MakeClient,
                                                         redis_server: RedisServer) -> None:
-    a, b = await replicas(make_client, redis_server.url)
+    """With its question (`store_prompts`), which the near-miss guard needs."""
+    redis = {"url": redis_server.url, "key_prefix": f"weir:test:{uuid.uuid4().hex[:8]}:",
+             "store_prompts": True}
+    a, b = await replicas(make_client, redis_server.url, redis=redis)
     await ask(a, "How do I reset my password?")
     await eventually(lambda: len(cache_of(b).store.index) == 1, timeout=1.0)
     layer, _ = await ask(b, "How can I reset my password?")
     assert layer == "semantic" and engine_of(b).calls == []
     # A third replica started later loads the entry from Redis at start.
+    (c,) = await replicas(make_client, redis_server.url, n=1, redis=redis)
+    assert len(cache_of(c).store.index) == 1
+
+
+async def test_without_its_question_another_replicas_entry_serves_no_paraphrase(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """Redis holds no prompt text by default: the guard would have a digest of the
+    question's features alone, and its word-level rules could not run ("open" answered
+    "close", "annual plans" answered "monthly plans" across replicas). Such an entry
+    serves exact repeats only; the replica that stored it keeps its own question."""
+    a, b = await replicas(make_client, redis_server.url)
+    await ask(a, "Is the store open on Saturday?")
+    await eventually(lambda: len(cache_of(b).store.index) == 1, timeout=1.0)
+    for near_miss in ("Is the store closed on Saturday?", "Is the shop open on Saturday?"):
+        layer, _ = await ask(b, near_miss)
+        assert layer == "miss"
+    layer, _ = await ask(b, "Is the store open on Saturday?")
+    assert layer == "exact"  # (L2)
+    # A replica started later holds the entries for purges and caps, serving none.
     (c,) = await replicas(make_client, redis_server.url, n=1,
                           redis={"url": redis_server.url,
                                  "key_prefix": cache_of(a).cfg.redis.key_prefix})
-    assert len(cache_of(c).store.index) == 1
+    assert len(cache_of(c).store.index) == 3
+    layer, _ = await ask(c, "Is the shop open on Saturday, please?")
+    assert layer == "miss"
 
 
 async def test_tenants_never_share_entries(make_client: MakeClient, redis_server: RedisServer
@@ -205,7 +229,9 @@ async def test_redis_down_then_back(make_client: MakeClient, tmp_path: Path) -> 
     server = RedisServer(tmp_path).start()
     again: RedisServer | None = None
     try:
-        a, b = await replicas(make_client, server.url)
+        a, b = await replicas(make_client, server.url, redis={
+            "url": server.url, "key_prefix": f"weir:test:{uuid.uuid4().hex[:8]}:",
+            "timeout_s": 0.2, "store_prompts": True})  # (b serves a's paraphrases)
         await ask(a, "Which payment methods do you accept?")
         await eventually(lambda: len(cache_of(b).store.index) == 1)
         server.stop()

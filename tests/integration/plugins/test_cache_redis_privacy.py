@@ -70,12 +70,10 @@ async def test_redis_holds_no_prompt_text(make_client: MakeClient,
     assert not [v for v in dump if marker in v.lower()]
     assert not [v for v in dump if "reset the" in v or "refund policy" in v]
 
-    # The other replica gets the entry from Redis and serves paraphrases from it, and
-    # the guard (a hash of numbers, negations, names) still refuses a changed number.
+    # The other replica gets the entry from Redis, without its question: the near-miss
+    # guard could not check the words, so it serves no paraphrase from it.
     await eventually(lambda: len(cache_of(b).store.index) == 2, timeout=2.0)
-    layer, _ = await ask(b, f"How can I reset the {marker} password for 2 users?")
-    assert layer == "semantic"
-    layer, _ = await ask(b, f"How can I reset the {marker} password for 3 users?",
+    layer, _ = await ask(b, f"How can I reset the {marker} password for 2 users?",
                          headers={"Cache-Control": "no-store"})
     assert layer == "miss"
     # An exact repeat on the other replica is served from Redis (L2).
@@ -119,8 +117,6 @@ async def test_a_content_purge_reaches_copies_read_from_redis(make_client: MakeC
     await settle(a)
     assert (await ask(b, q))[0] == "exact"  # read from Redis into b's memory
     await eventually(lambda: len(cache_of(b).store.index) == 1, timeout=2.0)
-    assert (await ask(b, "Tell me about the project osprey launch",
-                      headers={"Cache-Control": "no-store"}))[0] == "semantic"
     r = await c.post("/admin/cache/purge", json={"contains": "osprey"},
                      headers={"Authorization": "Bearer k-admin"})
     assert r.status == 200 and (await r.json())["purged"]["l1"] == 0
@@ -138,7 +134,9 @@ async def test_a_content_purge_reaches_paraphrases_kept_as_aliases(
     exact alias (its next ask skips the embedding); the alias holds the paraphrase's text,
     not the original's. A purge of words only the original has, asked of c, reaches the
     alias too (a names the original; b drops what it keeps of it, aliases included)."""
-    (a, b, c), _ = await with_prefix(make_client, redis_server.url, n=3)
+    # (with its question: an entry read from Redis without it serves no paraphrase)
+    (a, b, c), _ = await with_prefix(make_client, redis_server.url, n=3,
+                                     store_prompts=True)
     q = "Tell me about project osprey launch"
     paraphrase = "Tell me about the project osprey launch"
     await ask(a, q)
