@@ -107,6 +107,12 @@ class PayloadTooLarge(WeirError):
     default_code = "request_too_large"
 
 
+class RecordTooLarge(PayloadTooLarge):
+    """A record to keep (`store: true`) larger than all its tenant may store."""
+
+    default_code = "stored_record_too_large"
+
+
 class UnsupportedMediaType(WeirError):
     status = 415
     type = "invalid_request_error"

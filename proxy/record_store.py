@@ -10,6 +10,11 @@ a window at a time from a cursor, and `get_many` the records of a page of them. 
 listed record deleted or gone keeps its place a while after it would have expired: a
 page cursor naming it still says where the next page starts (a client that deletes
 what it lists, page by page, pages on).
+
+In Redis each tenant's records of a kind take at most `responses.max_bytes_per_tenant`
+(their JSON, summaries included): a put past it drops that tenant's oldest records, as
+if deleted (never another tenant's), so one tenant cannot fill the Redis every tenant's
+cache shares; a record larger than all of it is refused (`RecordTooLarge`, a 413).
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from .errors import Unavailable
+from .errors import RecordTooLarge, Unavailable
 from .redis_client import blocking_client
-from .settings import ResponsesSettings
+from .settings import DEFAULT_MAX_BYTES_PER_TENANT, ResponsesSettings
 from .telemetry import OutageLog, get_logger
 
 log = get_logger("weir.responses")
@@ -35,6 +40,10 @@ Summary = dict[str, Any]
 
 
 class RecordStore(Protocol):
+    #: The most one tenant's records may take (bytes), so the largest record it can keep;
+    #: None: no such bound (in memory, where `max_in_memory` counts records).
+    max_bytes: int | None
+
     async def get(self, tenant: str, record_id: str) -> Record | None: ...
 
     async def get_many(self, tenant: str, ids: list[str]) -> list[Record | None]: ...
@@ -66,6 +75,8 @@ class MemoryStore:
     """Bounded and expiring. When full, the tenant holding the most records loses its
     oldest: a tenant can push out its own records, never a smaller tenant's (cheap
     requests, cache hits say, must not wipe another tenant's conversations)."""
+
+    max_bytes: int | None = None
 
     def __init__(self, ttl_s: float, max_items: int) -> None:
         self.ttl_s = ttl_s
@@ -197,19 +208,119 @@ class MemoryStore:
 _GRACE_S = 60.0
 #: At most this many expired summaries leave the listing at each put (bounded work).
 _PRUNE = 256
-# Expired places out of the listing: the summaries (hash), the order (sorted set by
-# `at`) and the expiry index (sorted set).
-_PRUNE_SCRIPT = """
-local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
-if #gone > 0 then
-  redis.call('HDEL', KEYS[1], unpack(gone))
-  redis.call('ZREM', KEYS[2], unpack(gone))
-  redis.call('ZREM', KEYS[3], unpack(gone))
+# A tenant's bound (`responses.max_bytes_per_tenant`), kept by the scripts that write:
+# the sizes of its records by id in a hash (`quota`, its field '' their total) and their
+# expiries (µs, Redis's clock: they go as their keys do; a later put's always later, so
+# the oldest is the first put) in a sorted set (`aging`). Each
+# write first takes the expired out of both (a bounded number: the rest are the oldest,
+# the first dropped); if the two disagree (one evicted by Redis's `maxmemory`, say) they
+# are rebuilt from the records held. Dropping a record past the bound deletes it as
+# DELETE does: its summary leaves the listing, its place stays (a cursor). (A dropped
+# record's key is built in the script, from ARGV: one Redis, not a cluster.)
+_QUOTA_LUA = """
+local function num(x) return string.format('%.0f', x) end
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-return #gone
+local function repair(quota, aging, listing, prefix, now)
+  local ids, sizes = {}, {}
+  for _, id in ipairs(redis.call('ZRANGE', aging, 0, -1)) do ids[id] = true end
+  local h = redis.call('HGETALL', quota)
+  for i = 1, #h, 2 do
+    if h[i] ~= '' then ids[h[i]] = true; sizes[h[i]] = tonumber(h[i + 1]) end
+  end
+  redis.call('DEL', quota, aging)
+  local used = 0
+  for id in pairs(ids) do
+    local ttl = redis.call('PTTL', prefix .. id)
+    if ttl > 0 then
+      local size = sizes[id] or (redis.call('STRLEN', prefix .. id)
+                                 + redis.call('HSTRLEN', listing, id))
+      redis.call('HSET', quota, id, num(size))
+      redis.call('ZADD', aging, num(now + ttl * 1000), id)
+      used = used + size
+    end
+  end
+  redis.call('HSET', quota, '', num(used))
+end
+local function settle(quota, aging, listing, prefix, now)
+  local n = redis.call('HLEN', quota)
+  local m = redis.call('ZCARD', aging)
+  if (n == 0 and m > 0) or (n > 0 and n ~= m + 1) then
+    repair(quota, aging, listing, prefix, now)
+    return
+  end
+  local gone = redis.call('ZRANGEBYSCORE', aging, '-inf', num(now), 'LIMIT', 0, 256)
+  if #gone > 0 then
+    local freed = 0
+    for _, size in ipairs(redis.call('HMGET', quota, unpack(gone))) do
+      freed = freed + (tonumber(size) or 0)
+    end
+    redis.call('HDEL', quota, unpack(gone))
+    redis.call('ZREM', aging, unpack(gone))
+    redis.call('HINCRBY', quota, '', num(-freed))
+  end
+end
+local function evict(quota, aging, listing, prefix, max, keep)
+  local used = tonumber(redis.call('HGET', quota, '') or '0')
+  local dropped = 0
+  while used > max do
+    local oldest = redis.call('ZRANGE', aging, 0, 63)
+    local any = false
+    for _, id in ipairs(oldest) do
+      if id ~= keep then
+        any = true
+        used = used - (tonumber(redis.call('HGET', quota, id)) or 0)
+        redis.call('DEL', prefix .. id)
+        redis.call('HDEL', listing, id)
+        redis.call('HDEL', quota, id)
+        redis.call('ZREM', aging, id)
+        dropped = dropped + 1
+        if used <= max then break end
+      end
+    end
+    if not any then break end
+  end
+  redis.call('HSET', quota, '', num(used))
+  return dropped
+end
+"""
+# A record put: KEYS record, quota, aging, listing, order, expiry; ARGV id, JSON, size,
+# bound, ttl (ms), records' key prefix, summary ('': not listed), its order, its expiry,
+# the listing's prune time. Returns how many of the tenant's records it dropped.
+_PUT_SCRIPT = _QUOTA_LUA + """
+local now = now_us()
+settle(KEYS[2], KEYS[3], KEYS[4], ARGV[6], now)
+local old = redis.call('HGET', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[5])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HINCRBY', KEYS[2], '', num(tonumber(ARGV[3]) - (tonumber(old) or 0)))
+local expires = now + tonumber(ARGV[5]) * 1000
+local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+if last[2] and tonumber(last[2]) >= expires then expires = tonumber(last[2]) + 1 end
+redis.call('ZADD', KEYS[3], num(expires), ARGV[1])
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[4], ARGV[1], ARGV[7])
+  redis.call('ZADD', KEYS[5], ARGV[8], ARGV[1])
+  redis.call('ZADD', KEYS[6], ARGV[9], ARGV[1])
+  for i = 4, 6 do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+  -- expired places out of the listing: summaries, order and expiry index
+  local gone = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', ARGV[10], 'LIMIT', 0, ARGV[11])
+  if #gone > 0 then
+    redis.call('HDEL', KEYS[4], unpack(gone))
+    redis.call('ZREM', KEYS[5], unpack(gone))
+    redis.call('ZREM', KEYS[6], unpack(gone))
+  end
+end
+local dropped = evict(KEYS[2], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[4]), ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+return dropped
 """
 # A record deleted (ARGV[2] = '1'), or found gone: its summary leaves the listing, its
-# place in the order stays (a cursor). Returns whether a record was deleted.
+# place in the order stays (a cursor), and its size the tenant's total. Returns whether
+# a record was deleted. KEYS record, listing, quota, aging.
 _RETIRE_SCRIPT = """
 local deleted = 0
 if ARGV[2] == '1' then
@@ -218,6 +329,12 @@ elseif redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 redis.call('HDEL', KEYS[2], ARGV[1])
+local size = redis.call('HGET', KEYS[3], ARGV[1])
+if size then
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HINCRBY', KEYS[3], '', string.format('%.0f', -tonumber(size)))
+end
 return deleted
 """
 # The next ARGV[3] places of the order after ARGV[1] (an id; '': from the start), newest
@@ -253,15 +370,30 @@ if #ids == 0 then return {} end
 return {ids, redis.call('HMGET', KEYS[2], unpack(ids)),
         redis.call('ZSCORE', KEYS[1], ids[#ids])}
 """
-# A record put again only if it is held, with its expiry kept.
-_REPLACE_SCRIPT = """
+# A record put again only if it is held, with its expiry kept (and its age: a replace
+# does not make a record newer). KEYS record, listing, quota, aging; ARGV JSON, id,
+# summary ('': the listed one kept), size, bound, records' key prefix.
+_REPLACE_SCRIPT = _QUOTA_LUA + """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
+local now = now_us()
+settle(KEYS[3], KEYS[4], KEYS[2], ARGV[6], now)
 redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 end
+local old = redis.call('HGET', KEYS[3], ARGV[2])
+if not old then  -- held but not counted (stored before the bound was): counted now
+  local ttl = redis.call('PTTL', KEYS[1])
+  redis.call('ZADD', KEYS[4], num(now + ttl * 1000), ARGV[2])
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+  end
+end
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+redis.call('HINCRBY', KEYS[3], '', num(tonumber(ARGV[4]) - (tonumber(old) or 0)))
+evict(KEYS[3], KEYS[4], KEYS[2], ARGV[6], tonumber(ARGV[5]), ARGV[2])
 return 1
 """
 
@@ -277,16 +409,20 @@ class RedisStore:
     set by `at` (a page reads a window of it from its cursor's rank: a listing costs its
     page, not the tenant's whole history), and its expiry in another: each put takes
     expired places out of the listing (a bounded number), so a tenant that stores and
-    never lists does not grow it. A Redis that fails is a 503; a record that is not a
-    JSON object is not found."""
+    never lists does not grow it. Each tenant's records take at most `max_bytes` (see
+    `_QUOTA_LUA`): one script a put, its only round trip. A Redis that fails is a 503; a
+    record that is not a JSON object is not found."""
 
     def __init__(self, url: str, ttl_s: float, key_prefix: str,
-                 timeout_s: float = 0.5, kind: str = "responses") -> None:
+                 timeout_s: float = 0.5, kind: str = "responses",
+                 max_bytes: int = DEFAULT_MAX_BYTES_PER_TENANT) -> None:
         self.ttl_s = ttl_s
         self.kind = kind
+        self.max_bytes: int | None = max_bytes
+        self._bound = max_bytes
         self._prefix = f"{key_prefix}{kind}:"  # under the cache's own prefix
         self._redis = blocking_client(url, timeout_s)
-        self._prune = self._redis.register_script(_PRUNE_SCRIPT)
+        self._put = self._redis.register_script(_PUT_SCRIPT)
         self._retire = self._redis.register_script(_RETIRE_SCRIPT)
         self._replace = self._redis.register_script(_REPLACE_SCRIPT)
         self._scan = self._redis.register_script(_SCAN_SCRIPT)
@@ -304,6 +440,21 @@ class RedisStore:
         scope = self._scope(tenant)
         return (f"{self._prefix}listing:{scope}", f"{self._prefix}order:{scope}",
                 f"{self._prefix}expiry:{scope}")
+
+    def _quota(self, tenant: str) -> tuple[str, str]:
+        """(the sizes of the tenant's records, and their total; their expiries)."""
+        scope = self._scope(tenant)
+        return f"{self._prefix}quota:{scope}", f"{self._prefix}aging:{scope}"
+
+    def _sized(self, record: Record, summary: Summary | None) -> tuple[bytes, bytes, int]:
+        """The record's JSON, its summary's (b"": none) and what they count toward the
+        bound; `RecordTooLarge` past all of it."""
+        data = _json(record).encode()
+        listed = b"" if summary is None else _json(summary).encode()
+        size = len(data) + len(listed)
+        if size > self._bound:
+            raise too_large(self.kind, size, self._bound)
+        return data, listed, size
 
     async def get(self, tenant: str, record_id: str) -> Record | None:
         return (await self.get_many(tenant, [record_id]))[0]
@@ -323,36 +474,32 @@ class RedisStore:
 
     async def put(self, tenant: str, record_id: str, record: Record,
                   summary: Summary | None = None) -> None:
-        ttl_ms = self._ttl_ms
+        data, listed, size = self._sized(record, summary)
+        at = (summary or {}).get("at")
+        at = int(at if isinstance(at, int | float) else time.time_ns())
+        now = time.time()
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.set(self._key(tenant, record_id), _json(record), px=ttl_ms)
-                if summary is not None:
-                    listing, order, expiry = self._listing(tenant)
-                    pipe.hset(listing, record_id, _json(summary))
-                    at = summary.get("at")
-                    at = int(at if isinstance(at, int | float) else time.time_ns())
-                    pipe.zadd(order, {record_id: at // 1000})  # µs: exact in a double
-                    pipe.zadd(expiry, {record_id: time.time() + self.ttl_s})
-                    for key in (listing, order, expiry):
-                        pipe.pexpire(key, ttl_ms)
-                await pipe.execute()
+            dropped = await self._put(
+                keys=[self._key(tenant, record_id), *self._quota(tenant),
+                      *self._listing(tenant)],
+                args=[record_id, data, size, self._bound, self._ttl_ms,
+                      self._key(tenant, ""), listed,
+                      at // 1000,  # µs: exact in a double
+                      now + self.ttl_s, now - _GRACE_S, _PRUNE])
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
-        if summary is not None:
-            try:  # (the record is stored: a prune that fails waits for the next put)
-                await self._prune(keys=list(self._listing(tenant)),
-                                  args=[time.time() - _GRACE_S, _PRUNE])
-            except (RedisError, OSError, TimeoutError) as e:
-                log.warning("record store: expired summaries not pruned",
-                            kind=self.kind, error=type(e).__name__)
+        if dropped:
+            log.debug("record store: a tenant at its bound lost its oldest records",
+                      kind=self.kind, dropped=dropped)
 
     async def replace(self, tenant: str, record_id: str, record: Record,
                       summary: Summary | None = None) -> bool:
+        data, listed, size = self._sized(record, summary)
         try:
             return bool(await self._replace(
-                keys=[self._key(tenant, record_id), self._listing(tenant)[0]],
-                args=[_json(record), record_id, "" if summary is None else _json(summary)]))
+                keys=[self._key(tenant, record_id), self._listing(tenant)[0],
+                      *self._quota(tenant)],
+                args=[data, record_id, listed, size, self._bound, self._key(tenant, "")]))
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
 
@@ -366,7 +513,8 @@ class RedisStore:
     async def _retire_one(self, tenant: str, record_id: str, *, delete: bool) -> bool:
         try:
             return bool(await self._retire(
-                keys=[self._key(tenant, record_id), self._listing(tenant)[0]],
+                keys=[self._key(tenant, record_id), self._listing(tenant)[0],
+                      *self._quota(tenant)],
                 args=[record_id, "1" if delete else "0"]))
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
@@ -420,6 +568,17 @@ def _record(raw: Any) -> Record | None:
 _WHAT = {"responses": "response", "chat": "chat completion"}
 
 
+def too_large(kind: str, size: int, bound: int) -> RecordTooLarge:
+    """A record of `size` bytes (at least) that its tenant's `bound` cannot hold."""
+    what = _WHAT.get(kind, kind)
+    hint = (" Send it with `store: false`, or start a new conversation (without "
+            "`previous_response_id`)." if kind == "responses" else "")
+    return RecordTooLarge(
+        f"The {what} is too large to store: {size} bytes, more than all of a tenant's "
+        f"stored {what}s may take ({bound} bytes, `responses.max_bytes_per_tenant`).{hint}",
+        param="store")
+
+
 #: Each kind of store's failures, logged once a while (an outage of seconds under load
 #: was thousands of lines, each request logging two or three).
 _OUTAGES = OutageLog()
@@ -448,5 +607,6 @@ def make_store(cfg: ResponsesSettings, cache_redis: Any,
     no stored response), or in memory."""
     url = getattr(cache_redis, "url", None)
     if cfg.redis and url:
-        return RedisStore(url, cfg.ttl_s, cache_redis.key_prefix, kind=kind)
+        return RedisStore(url, cfg.ttl_s, cache_redis.key_prefix, kind=kind,
+                          max_bytes=cfg.max_bytes_per_tenant)
     return MemoryStore(cfg.ttl_s, cfg.max_in_memory)

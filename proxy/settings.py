@@ -305,6 +305,11 @@ class TracingSettings(_Strict):
     sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of new traces kept.")
 
 
+#: What one tenant's stored records of a kind may take in Redis by default: hundreds of
+#: large conversations a day for a week, a small part of a Redis sized for several tenants.
+DEFAULT_MAX_BYTES_PER_TENANT = 256 * 1024 * 1024
+
+
 class ResponsesSettings(_Strict):
     """Stored responses of the Responses API (`store: true`, `previous_response_id`)."""
 
@@ -315,6 +320,15 @@ class ResponsesSettings(_Strict):
         "out another's). With the cache's Redis they go there instead.")
     redis: bool = Field(
         True, description="Keep them in the cache plugin's Redis when it has one.")
+    max_bytes_per_tenant: int = Field(
+        DEFAULT_MAX_BYTES_PER_TENANT, ge=1024 * 1024, description="With the cache's Redis: "
+        "the most one tenant's stored responses may take there (their JSON, in bytes), and "
+        "as much again its stored chat completions. A put past it drops that tenant's "
+        "oldest records (never another tenant's), so one tenant cannot fill the Redis "
+        "that every tenant's cache shares. A record larger than all of it is not stored: "
+        "a response whose input alone is, is a 413 `stored_record_too_large`; one its "
+        "output takes past goes out with `store: false`; a chat completion goes out "
+        "unstored. Size Redis's `maxmemory` for the tenants' bounds besides the cache.")
 
 
 #: `admin`: any admin key, a tenant's admin too (the figures are every tenant's, in

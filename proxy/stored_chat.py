@@ -61,8 +61,8 @@ async def save(app: web.Application, ctx: RequestContext, completion: dict[str, 
     }
     try:
         await _put(app[STORE], ctx.principal.tenant, record)
-    except WeirError:  # the store logged why; the answer has gone out
-        log.warning("chat completion not stored", completion_id=cid)
+    except WeirError as e:  # the store logged why (or too large); the answer has gone out
+        log.warning("chat completion not stored", completion_id=cid, reason=e.code)
 
 
 async def _put(store: RecordStore, tenant: str, record: Record) -> None:

@@ -8,6 +8,7 @@ Stored responses are scoped to the caller's tenant.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,13 +17,13 @@ from aiohttp import web
 from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from ..chain import Completion, Stream
 from ..context import RequestContext, header_map
-from ..errors import InvalidRequest, NotFound, Unavailable
+from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
 from ..ids import shown_id
 from ..inflight import count_abort, generating
 from ..middleware import ROUTE_OPTS
 from ..pagination import page
 from ..protocol import ChatCompletionRequest, parse_model
-from ..record_store import RecordStore, cache_redis, make_store
+from ..record_store import RecordStore, cache_redis, make_store, too_large
 from ..routes import (
     StreamTiming,
     check_model,
@@ -74,6 +75,13 @@ async def create(request: web.Request) -> web.StreamResponse:
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     rid = X.new_id("resp")
     inputs = X.input_items(req) if req.store else []
+    if req.store and store.max_bytes is not None:
+        # What the record will hold before any output: past the tenant's whole bound, it
+        # could never be stored (a 413 now, before tokens are spent on it).
+        held = len(json.dumps([inputs, conversation], separators=(",", ":"),
+                              ensure_ascii=False).encode())
+        if held > store.max_bytes:
+            raise too_large("responses", held, store.max_bytes)
 
     async def save(response: dict[str, Any]) -> None:
         if req.store:
@@ -85,12 +93,12 @@ async def create(request: web.Request) -> web.StreamResponse:
                 await store.put(principal.tenant, rid, {
                     "response": response, "input": inputs,
                     "conversation": conversation + X.output_messages(said)})
-            except Unavailable:
+            except (Unavailable, RecordTooLarge) as e:
                 # The answer was generated: it goes out (as chat's does), saying it was
                 # not stored (`store: false`); retrieving it, or going on from it, finds
-                # nothing. The store logged why.
+                # nothing. (Too large: its output took it past the tenant's bound.)
                 response["store"] = False
-                log.warning("response not stored", response_id=rid)
+                log.warning("response not stored", response_id=rid, reason=e.code)
 
     with generating(st, request):
         try:

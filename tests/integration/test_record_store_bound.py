@@ -1,0 +1,302 @@
+"""Each tenant's stored records take at most `responses.max_bytes_per_tenant` of the
+shared Redis: past it a put drops that tenant's oldest records (never another tenant's),
+the accounting follows deletes, replaces, expiries and lost keys, a dropped record
+leaves the listing as a deleted one does, and one record larger than all of it is a 413.
+Against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from bench.redis_server import RedisServer
+from proxy.errors import RecordTooLarge
+from proxy.record_store import RedisStore
+from proxy.settings import ConfigError, parse_settings
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+from tests.openai_spec import validate
+
+#: A record of about 500 bytes (its JSON: `_size` says exactly).
+PAD = "x" * 480
+
+
+def record(i: int) -> dict[str, Any]:
+    return {"n": i, "pad": PAD}
+
+
+def summary(rid: str, at: int) -> dict[str, Any]:
+    return {"id": rid, "at": at, "model": "m", "metadata": {}}
+
+
+def _size(rec: dict[str, Any], summ: dict[str, Any] | None = None) -> int:
+    dump = lambda v: json.dumps(v, separators=(",", ":"), ensure_ascii=False)  # noqa: E731
+    return len(dump(rec).encode()) + (len(dump(summ).encode()) if summ is not None else 0)
+
+
+@pytest.fixture
+async def raw(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    r = aioredis.Redis.from_url(redis_server.url)
+    yield r
+    await r.aclose()
+
+
+def make(redis_server: RedisServer, max_bytes: int, kind: str = "responses",
+         prefix: str | None = None) -> RedisStore:
+    return RedisStore(redis_server.url, 3600, prefix or f"bound-{uuid.uuid4().hex}:",
+                      kind=kind, max_bytes=max_bytes)
+
+
+async def used(r: aioredis.Redis, store: RedisStore, tenant: str) -> int:
+    """The tenant's total as the store counts it."""
+    return int(await r.hget(store._quota(tenant)[0], "") or 0)
+
+
+async def held(r: aioredis.Redis, store: RedisStore, tenant: str) -> int:
+    """What the tenant's records take, read from the records themselves."""
+    quota, _ = store._quota(tenant)
+    listing = store._listing(tenant)[0]
+    total = 0
+    for field in await r.hkeys(quota):
+        rid = field.decode()
+        if rid:
+            total += (await r.strlen(store._key(tenant, rid))
+                      + await r.hstrlen(listing, rid))
+    return total
+
+
+async def kept(store: RedisStore, tenant: str, ids: list[str]) -> list[str]:
+    return [i for i, rec in zip(ids, await store.get_many(tenant, ids), strict=True)
+            if rec is not None]
+
+
+async def test_a_tenant_past_its_bound_loses_its_oldest_and_no_one_elses(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    size = _size(record(10))
+    store = make(redis_server, max_bytes=5 * size)
+    try:
+        others = [f"b{i}" for i in range(3)]
+        for i, rid in enumerate(others):
+            await store.put("b", rid, record(10 + i))
+        mine = [f"a{i}" for i in range(20)]
+        for i, rid in enumerate(mine):
+            await store.put("a", rid, record(10 + i))
+            assert await used(raw, store, "a") <= 5 * size
+        assert await kept(store, "a", mine) == mine[-5:]  # the newest five, in order
+        assert await kept(store, "b", others) == others  # the small tenant untouched
+        assert await used(raw, store, "a") == await held(raw, store, "a") == 5 * size
+        assert await used(raw, store, "b") == 3 * size
+        # The oldest is the first put, not the first id: b2, b0, b1, then more of b's.
+        await store.put("b", "b0", record(10))  # put again: now the newest
+        for i in range(3):
+            await store.put("b", f"c{i}", record(20 + i))
+        assert await kept(store, "b", ["b0", "b1", "b2", "c0", "c1", "c2"]) == [
+            "b0", "b2", "c0", "c1", "c2"]
+    finally:
+        await store.close()
+
+
+async def test_concurrent_puts_from_several_replicas_keep_the_bound(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    size = _size(record(10))
+    prefix = f"bound-{uuid.uuid4().hex}:"
+    replicas = [make(redis_server, 8 * size, prefix=prefix) for _ in range(3)]
+    try:
+        await asyncio.gather(*(
+            replicas[i % 3].put("a", f"r{i}", record(10 + i % 10)) for i in range(90)))
+        store = replicas[0]
+        assert await used(raw, store, "a") == await held(raw, store, "a") == 8 * size
+        assert len(await kept(store, "a", [f"r{i}" for i in range(90)])) == 8
+    finally:
+        for s in replicas:
+            await s.close()
+
+
+async def test_deletes_and_replaces_keep_the_count(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    store = make(redis_server, max_bytes=10_000, kind="chat")
+    try:
+        for i in range(4):
+            await store.put("t", f"c{i}", record(10 + i), summary(f"c{i}", i * 1000))
+        assert await used(raw, store, "t") == await held(raw, store, "t") == sum(
+            _size(record(10 + i), summary(f"c{i}", i * 1000)) for i in range(4))
+        assert await store.delete("t", "c1")
+        assert not await store.delete("t", "c1")  # (not counted off twice)
+        bigger = {**record(12), "metadata": {"k": "v" * 200}}
+        assert await store.replace("t", "c2", bigger, summary("c2", 2000))
+        assert not await store.replace("t", "c1", bigger, summary("c1", 1000))  # deleted
+        assert await used(raw, store, "t") == await held(raw, store, "t") == (
+            _size(record(10), summary("c0", 0)) + _size(bigger, summary("c2", 2000))
+            + _size(record(13), summary("c3", 3000)))
+        for rid in ("c0", "c2", "c3"):
+            assert await store.delete("t", rid)
+        assert await used(raw, store, "t") == 0
+        assert await raw.zcard(store._quota("t")[1]) == 0
+    finally:
+        await store.close()
+
+
+async def test_a_replace_that_grows_a_record_drops_the_oldest_others(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    size = _size(record(10), summary("c0", 0))
+    store = make(redis_server, max_bytes=3 * size + 50, kind="chat")
+    try:
+        for i in range(3):
+            await store.put("t", f"c{i}", record(10 + i), summary(f"c{i}", i))
+        grown = {**record(12), "metadata": {"k": "v" * 100}}
+        assert await store.replace("t", "c2", grown, summary("c2", 2))
+        assert await kept(store, "t", ["c0", "c1", "c2"]) == ["c1", "c2"]
+        assert await used(raw, store, "t") == await held(raw, store, "t")
+    finally:
+        await store.close()
+
+
+async def test_expired_records_leave_the_count(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    """A record gone by its TTL is counted off at the next put (its expiry passed)."""
+    size = _size(record(10))
+    store = make(redis_server, max_bytes=3 * size)
+    try:
+        for i in range(3):
+            await store.put("t", f"r{i}", record(10 + i))
+        _, aging = store._quota("t")
+        await raw.delete(store._key("t", "r0"))  # as if expired: its key gone...
+        await raw.zadd(aging, {"r0": 1})  # ...its expiry past
+        await store.put("t", "r3", record(13))
+        # Room for r3 where r0 was: nothing live dropped.
+        assert await kept(store, "t", ["r1", "r2", "r3"]) == ["r1", "r2", "r3"]
+        assert await used(raw, store, "t") == await held(raw, store, "t") == 3 * size
+    finally:
+        await store.close()
+
+
+async def test_the_count_is_rebuilt_when_its_keys_are_lost(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    """A Redis at `maxmemory` may evict one of the two accounting keys: the next write
+    finds them disagreeing and rebuilds them from the records held."""
+    store = make(redis_server, max_bytes=100_000, kind="chat")
+    try:
+        for i in range(3):
+            await store.put("t", f"c{i}", record(10 + i), summary(f"c{i}", i))
+        quota, aging = store._quota("t")
+        for lost in (aging, quota):
+            await raw.delete(lost)
+            await raw.delete(store._key("t", "c0"))  # and a record with it
+            await store.put("t", "c0", record(10), summary("c0", 0))
+            assert await used(raw, store, "t") == await held(raw, store, "t") == 3 * _size(
+                record(10), summary("c0", 0))
+            assert await raw.zcard(aging) == 3
+    finally:
+        await store.close()
+
+
+async def test_a_dropped_record_leaves_the_listing_as_a_deleted_one(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    size = _size(record(10), summary("c0", 1000))  # (each the same size)
+    store = make(redis_server, max_bytes=4 * size, kind="chat")
+    try:
+        for i in range(4):
+            await store.put("t", f"c{i}", record(10 + i), summary(f"c{i}", (i + 1) * 1000))
+        window, cursor = await store.scan("t", None, False, 2)
+        assert [s["id"] for s in window] == ["c0", "c1"] and cursor is not None
+        for i in range(4, 6):  # c0 and c1 dropped
+            await store.put("t", f"c{i}", record(10 + i), summary(f"c{i}", (i + 1) * 1000))
+        listed, _ = await store.scan("t", None, False, 10)
+        assert [s["id"] for s in listed] == ["c2", "c3", "c4", "c5"]
+        rest, _ = await store.scan("t", cursor, False, 10)  # the page's cursor goes on
+        assert [s["id"] for s in rest] == ["c2", "c3", "c4", "c5"]
+    finally:
+        await store.close()
+
+
+async def test_a_record_larger_than_the_whole_bound_is_refused(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    size = _size(record(10))
+    store = make(redis_server, max_bytes=3 * size)
+    try:
+        for i in range(3):
+            await store.put("t", f"r{i}", record(10 + i))
+        huge = {"pad": "y" * (3 * size)}
+        with pytest.raises(RecordTooLarge) as e:
+            await store.put("t", "big", huge)
+        assert e.value.status == 413 and e.value.code == "stored_record_too_large"
+        assert e.value.param == "store" and "max_bytes_per_tenant" in e.value.message
+        with pytest.raises(RecordTooLarge):
+            await store.replace("t", "r1", huge)
+        # Nothing stored, nothing dropped.
+        assert await kept(store, "t", ["r0", "r1", "r2", "big"]) == ["r0", "r1", "r2"]
+        assert await store.get("t", "r1") == record(11)
+        assert await used(raw, store, "t") == 3 * size
+    finally:
+        await store.close()
+
+
+def _post(client: Any, body: dict[str, Any]) -> Any:
+    return client.post("/v1/responses", data=io.BytesIO(json.dumps(body).encode()),
+                       headers={"content-type": "application/json"})
+
+
+def _redis_settings(url: str, prefix: str, max_bytes: int) -> Any:
+    return make_settings(plugins=[{"name": "cache", "config": {
+        "redis": {"url": url, "key_prefix": prefix}, "l2": {"enabled": True}}}],
+        responses={"max_bytes_per_tenant": max_bytes})
+
+
+async def test_a_response_whose_input_alone_passes_the_bound_is_a_413(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """Reasoning items are stored but never reach the prompt: the context length does
+    not bound them. Refused before anything is generated; `store: false` goes through."""
+    client = await make_client(_redis_settings(redis_server.url, f"big-{uuid.uuid4().hex}:",
+                                               1024 * 1024))
+    reasoning = {"type": "reasoning", "id": "rs_1", "status": "completed",
+                 "summary": [{"type": "summary_text", "text": "z" * (1024 * 1024)}]}
+    body = {"model": "fake-model", "max_output_tokens": 16,
+            "input": [{"role": "user", "content": "hi"}, reasoning]}
+    r = await _post(client, body)
+    assert r.status == 413
+    error = await r.json()
+    validate("ErrorResponse", error)
+    assert error["error"]["code"] == "stored_record_too_large"
+    assert error["error"]["param"] == "store"
+    assert "max_bytes_per_tenant" in error["error"]["message"]
+    r = await _post(client, {**body, "store": False})
+    assert r.status == 200, await r.text()
+
+
+async def test_a_response_its_output_takes_past_the_bound_goes_out_unstored(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """The answer was generated: it goes out, with `store: false`, and is not found."""
+    client = await make_client(_redis_settings(redis_server.url, f"big-{uuid.uuid4().hex}:",
+                                               1024 * 1024),
+                               engine=FakeEngine(max_model_len=2_000_000))
+    # The input fits; the response echoes the instructions, which take it past.
+    body = {"model": "fake-model", "max_output_tokens": 16, "input": "y" * (300 * 1024),
+            "instructions": "z" * (600 * 1024)}
+    r = await _post(client, body)
+    assert r.status == 200, await r.text()
+    out = await r.json()
+    assert out["store"] is False
+    assert (await client.get(f"/v1/responses/{out['id']}")).status == 404
+
+
+@pytest.mark.parametrize("value", [0, 1000, -1, True, "lots", 1.5])
+def test_the_bound_is_checked_as_config(value: Any) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: open}\nresponses:\n"
+                       f"  max_bytes_per_tenant: {json.dumps(value)}\n", env={})
+    assert [p for p, _ in e.value.errors] == ["responses.max_bytes_per_tenant"]
+
+
+def test_the_bound_has_a_default_normal_use_does_not_reach() -> None:
+    s = parse_settings("auth: {mode: open}\n", env={})
+    assert s.responses.max_bytes_per_tenant == 256 * 1024 * 1024
+    s = parse_settings("auth: {mode: open}\nresponses:\n  max_bytes_per_tenant: 1073741824\n",
+                       env={})
+    assert s.responses.max_bytes_per_tenant == 1024 ** 3
