@@ -18,13 +18,15 @@ When the breaker is open, an inner plugin sheds the request, or the engine fails
 fallbacks are tried in order; their replies carry `x-weir-fallback: <kind>` (so the
 cache never stores them). A static text answers neither a shed request nor one it cannot
 answer as asked (`fallback.static_fits`). With none left: an open breaker answers 503
-with Retry-After and `x-should-retry: false` (retrying at once cannot help), a shed
-request keeps its 503, an engine failure its own error.
+`circuit_open` with Retry-After (and `retry-after-ms`) the time left until it half-opens
+(a short wait while half-open trials are under way), so a client retrying after it
+reaches a trial; a shed request keeps its 503, an engine failure its own error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal
@@ -232,10 +234,15 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         if reason == "open":
             if refusal is not None:  # the engine was not asked; the one that was says why
                 raise refusal  # (a 503 `circuit_open` hid a request no fallback takes)
-            retry = self.cfg.open_s
+            # The time left until a call may pass (it half-opens, or a trial slot
+            # frees): a client that waits that long and retries is the one the breaker
+            # wants, so no `x-should-retry: false` (OpenAI's SDK obeys it before
+            # Retry-After, and gave up at once).
+            wait_ms = max(1, math.ceil(self.breaker.retry_in() * 1000))
             raise Unavailable("The model is temporarily unavailable; the circuit breaker is "
-                              "open.", code="circuit_open", retry_after=retry,
-                              headers={"x-should-retry": "false"})
+                              "open.", code="circuit_open", retry_after=None,
+                              headers={"retry-after": str(max(1, math.ceil(wait_ms / 1000))),
+                                       "retry-after-ms": str(wait_ms)})
         assert error is not None
         raise error
 

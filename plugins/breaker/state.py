@@ -20,6 +20,9 @@ from typing import Literal
 
 State = Literal["closed", "open", "half_open"]
 
+#: What a caller refused while half-open trials are under way is told to wait.
+HALF_OPEN_RETRY_S = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class BreakerPolicy:
@@ -93,6 +96,18 @@ class Breaker:
             if (self._failures / n >= self.p.failure_rate
                     or self._slows / n >= self.p.slow_call_rate):
                 self._open(now)
+
+    def retry_in(self) -> float:
+        """Seconds a refused caller should wait before asking again: while open, the time
+        left until it half-opens; while half-open with its trial slots full, a short wait
+        (the trials under way decide it soon, closed or open again). 0 when closed."""
+        now = self.clock()
+        self._tick(now)
+        if self.state == "open":
+            return max(0.0, self._opened_at + self.p.open_s - now)
+        if self.state == "half_open":
+            return HALF_OPEN_RETRY_S
+        return 0.0
 
     def release(self, permit: int) -> None:
         """The call ended without an engine outcome (client abort, local rejection)."""

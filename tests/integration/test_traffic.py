@@ -115,7 +115,9 @@ async def test_without_fallback_an_open_breaker_is_a_clean_503(make_client: Make
         assert r.status == 502
         validate("ErrorResponse", await r.json())
     r = await edge.post("/v1/chat/completions", json=CHAT)
-    assert r.status == 503 and r.headers["x-should-retry"] == "false"
+    assert r.status == 503 and "x-should-retry" not in r.headers
+    assert 1 <= int(r.headers["retry-after"]) <= 30  # the time left until it half-opens
+    assert 1 <= int(r.headers["retry-after-ms"]) <= 30_000
     assert (await r.json())["error"]["code"] == "circuit_open"
 
 

@@ -6,11 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx2
+import openai
 import pytest
 
 from plugins.breaker.config import BreakerConfig
 from plugins.breaker.plugin import BreakerPlugin
-from plugins.breaker.state import Breaker, BreakerPolicy
+from plugins.breaker.state import HALF_OPEN_RETRY_S, Breaker, BreakerPolicy
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services, Stream
 from proxy.context import RequestContext
@@ -164,16 +166,73 @@ async def test_local_rejections_never_count(error: BaseException) -> None:
     assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 0
 
 
-async def test_open_breaker_answers_503_without_retry() -> None:
-    p = plugin()
-    for _ in range(2):
-        with pytest.raises(EngineError):
-            await p(ctx(), failing)
+def test_retry_in_is_the_time_left_until_a_call_may_pass() -> None:
+    clock = Clock()
+    b = Breaker(POLICY, clock)
+    assert b.retry_in() == 0.0
+    calls(b, [True] * 4)
+    assert b.retry_in() == 5.0
+    clock.t += 3.75
+    assert b.retry_in() == 1.25
+    clock.t += 1.25
+    assert b.allow() is not None and b.allow() is not None  # half-open, slots full
+    assert b.retry_in() == HALF_OPEN_RETRY_S
+
+
+async def open_breaker_error(p: BreakerPlugin) -> Unavailable:
     with pytest.raises(Unavailable) as e:
         await p(ctx(), ok)
     assert e.value.code == "circuit_open"
-    assert e.value.headers["x-should-retry"] == "false" and "retry-after" in e.value.headers
+    return e.value
+
+
+async def test_open_breaker_answers_503_with_the_time_left_until_it_half_opens() -> None:
+    """Retry-After was always `open_s`, however long the breaker had been open, and came
+    with `x-should-retry: false`, which OpenAI's SDK obeys first: it never retried."""
+    clock = Clock()
+    p = plugin(clock)
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    e = await open_breaker_error(p)
+    assert e.headers["retry-after"] == "5" and e.headers["retry-after-ms"] == "5000"
+    clock.t += 3.2  # 1.8 s left: rounded up, and exact in milliseconds
+    e = await open_breaker_error(p)
+    assert e.headers["retry-after"] == "2" and e.headers["retry-after-ms"] == "1800"
+    assert "x-should-retry" not in e.headers
+    clock.t += 1.7999  # under a millisecond left: still a wait, never 0
+    e = await open_breaker_error(p)
+    assert e.headers["retry-after"] == "1" and e.headers["retry-after-ms"] == "1"
     assert p.health()["state"] == "open"
+    # OpenAI's SDK retries it after that wait (it honours waits up to two minutes)
+    sdk = openai.OpenAI(api_key="k", base_url="http://127.0.0.1:9/v1")
+    response = httpx2.Response(503, headers=e.headers)
+    assert sdk._should_retry(response)
+    assert sdk._parse_retry_after_header(response.headers) == 0.001
+
+
+async def test_half_open_with_its_trials_under_way_answers_a_short_wait() -> None:
+    clock = Clock()
+    p = plugin(clock, half_open_calls=1)
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    clock.t += 5
+    started, trial = asyncio.Event(), asyncio.Event()
+
+    async def hanging(c: RequestContext) -> Reply:
+        started.set()
+        await trial.wait()
+        return Completion({"ok": True})
+
+    first = asyncio.create_task(p(ctx(), hanging))
+    await started.wait()  # it holds the one trial slot
+    assert p.breaker.trials_in_flight == 1
+    e = await open_breaker_error(p)
+    assert e.headers["retry-after"] == "1" and e.headers["retry-after-ms"] == "1000"
+    trial.set()
+    await first
+    assert p.health()["state"] == "closed"
 
 
 def fallbacks(p: BreakerPlugin, reason: str) -> float:
