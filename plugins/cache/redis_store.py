@@ -16,6 +16,8 @@ Every read runs under `timeout_s`, every write (off the request's path) under
 `write_timeout_s`: a slow Redis counts as a down Redis. Failures
 never reach the client: the call returns None, a metric and a (rate-limited) log line
 record it, and the next call tries again, so the cache uses Redis again once it returns.
+While a failure has it marked down (what /health/ready shows), the event listener pings
+it every `PING_EVERY_S`, so it is marked up again once it answers, traffic or none.
 A command cancelled by the timeout makes redis-py drop that connection (redis >= 4.5.4),
 so a connection is never left out of step with its replies.
 
@@ -426,8 +428,15 @@ class RedisStore:
                 if lost is not None:  # events sent while we were away are gone:
                     since, lost = lost - EVENT_SKEW_S, None  # read what Redis kept
                     await on_event({"op": "resync", "since": since})
+                checked = float("-inf")
                 while True:
-                    msg = await pubsub.get_message(timeout=1.0)
+                    if not self.healthy and time.monotonic() - checked >= PING_EVERY_S:
+                        # Marked down by a failed call: only a call that succeeds marks
+                        # it up, so with no traffic /health/ready said "down" for good
+                        # after Redis was back (a timeout leaves this connection up).
+                        checked = time.monotonic()
+                        await self._call("ping", self.client.ping)
+                    msg = await pubsub.get_message(timeout=PING_EVERY_S)
                     if msg is None or msg.get("type") != "message":
                         continue
                     await self._handle(msg["data"], on_event)
@@ -445,6 +454,8 @@ class RedisStore:
                     pass
 
 
+#: How often the listener asks Redis whether it is back, while marked down (only then).
+PING_EVERY_S = 1.0
 #: The events kept for a replica whose listener was away (`events_since`): a purge's.
 _LOGGED = frozenset({"purge", "drop"})
 #: How long they are kept (a listener reconnects within seconds; Redis down, nobody

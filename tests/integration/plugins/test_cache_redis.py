@@ -609,3 +609,32 @@ async def test_garbage_in_redis_is_a_miss_never_a_crash(make_client: MakeClient,
             assert layer == "miss"
     finally:
         await r.aclose()
+
+
+async def test_readiness_says_redis_is_back_without_traffic(redis_server: RedisServer) -> None:
+    """A read that timed out (Redis paused a moment; the listener's connection stays up,
+    so it never reconnects) marks Redis down for /health/ready. Only a call that
+    succeeded marked it up again: with no traffic it said "down" for good. The listener
+    asks Redis while it is marked down."""
+    import redis.asyncio as aioredis
+    from prometheus_client import CollectorRegistry, Counter
+
+    errors = Counter("errors", "", ["op"], registry=CollectorRegistry())
+    store = RedisStore(RedisConfig(url=redis_server.url, timeout_s=0.05,
+                                   key_prefix=f"weir:test:{uuid.uuid4().hex[:8]}:"),
+                       errors, "r1")
+    admin = aioredis.from_url(redis_server.url)
+
+    async def nothing(event: dict[str, Any]) -> None:
+        pass
+
+    await store.start(nothing)
+    try:
+        assert await store.get_exact("k") is None and store.healthy
+        await admin.execute_command("CLIENT", "PAUSE", "300", "ALL")
+        assert await store.get_exact("k") is None  # timed out
+        assert not store.healthy and errors.labels("get")._value.get() == 1
+        await eventually(lambda: store.healthy, timeout=5.0)  # no call made meanwhile
+    finally:
+        await admin.aclose()
+        await store.close()
