@@ -177,13 +177,25 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     async def _serve(self, ctx: RequestContext, call_next: Next) -> Reply:
         d = self._decide(ctx)
-        read, write, max_age = d.read, d.write, d.max_age
-        if d.only_if_cached and not read:
+        if d.only_if_cached and not d.read:
             raise _not_cached()
-        if not read and not write:
+        if not d.read and not d.write:
             labelled(self.metrics.lookups, "all", "bypass").inc()
             ctx.response_headers[HEADER] = "bypass"
             return await call_next(ctx)
+        if not d.read:
+            return await self._look_up(ctx, call_next, d)
+        try:
+            return await self._look_up(ctx, call_next, d)
+        finally:
+            # Once per request that read the cache: a hit when a layer answered it
+            # (exact, L1 or L2, or semantic), else a miss (an identical request's
+            # generation, a stale fallback, the engine, an error or a client gone).
+            labelled(self.metrics.lookups, "all", "hit" if ctx.response_headers.get(HEADER)
+                     in ("exact", "semantic") else "miss").inc()
+
+    async def _look_up(self, ctx: RequestContext, call_next: Next, d: Directives) -> Reply:
+        read, write, max_age = d.read, d.write, d.max_age
         key = exact_key(ctx, self.cfg.scope)
         scope = scope_id(ctx.principal, self.cfg.scope)
         if read and (entry := await self.store.get(key, scope, max_age=max_age)) is not None:

@@ -150,6 +150,8 @@ async def test_metrics_move(make_client: MakeClient) -> None:
     assert metric(after, "weir_tokens_total", kind="completion") == 3 + 3 + 5
     assert metric(after, "weir_cache_lookups_total", layer="l1", result="hit") == 1
     assert metric(after, "weir_cache_lookups_total", layer="all", result="bypass") == 1
+    assert metric(after, "weir_cache_lookups_total", layer="all", result="hit") == 1
+    assert metric(after, "weir_cache_lookups_total", layer="all", result="miss") == 1
     assert metric(after, "weir_engine_requests_running") == 0
     assert metric(after, "weir_rate_limit_rejections_total", per="key", limit="rpm") == 0
     limited = await client.post("/v1/chat/completions", json=body(), headers=h)

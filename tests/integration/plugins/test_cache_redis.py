@@ -94,6 +94,9 @@ async def test_l2_is_shared_and_fills_l1(make_client: MakeClient, redis_server: 
     metrics = await (await b.get("/metrics")).text()
     assert 'weir_cache_lookups_total{layer="l2",result="hit"} 1.0' in metrics
     assert 'weir_cache_lookups_total{layer="l1",result="hit"} 1.0' in metrics
+    # per request: both were hits (one from L2), and b had no miss
+    assert 'weir_cache_lookups_total{layer="all",result="hit"} 2.0' in metrics
+    assert 'weir_cache_lookups_total{layer="all",result="miss"}' not in metrics
 
 
 async def test_each_layer_keeps_an_answer_for_its_own_ttl(make_client: MakeClient,

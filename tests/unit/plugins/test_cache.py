@@ -744,3 +744,30 @@ async def test_what_the_semantic_layer_can_never_serve_is_never_embedded(
     assert p.embedder.calls == 0, kind  # type: ignore[attr-defined]
     await run(p, ctx(), Engine())
     assert p.embedder.calls > 0  # type: ignore[attr-defined]
+
+
+def per_request(p: CachePlugin) -> tuple[float, float]:
+    return (sample(p, "weir_cache_lookups_total", layer="all", result="hit"),
+            sample(p, "weir_cache_lookups_total", layer="all", result="miss"))
+
+
+async def test_layer_all_counts_each_request_once_hit_or_miss() -> None:
+    """`layer="all"` (the README's, what a hit ratio is alerted on) was emitted only for a
+    bypass: a request's hit or miss was spread over l1, l2 and semantic, where a
+    semantic hit is also an l1 miss."""
+    p, eng = plugin(semantic={"threshold": 0.8}), Engine()
+    _, layer = await run(p, ctx("How can I reset my password please?"), eng)
+    assert layer == "miss" and per_request(p) == (0, 1)
+    _, layer = await run(p, ctx("How can I reset my password please?"), eng)
+    assert layer == "exact" and per_request(p) == (1, 1)  # an L1 hit
+    _, layer = await run(p, ctx("How do I reset my password please?"), eng)
+    assert layer == "semantic" and per_request(p) == (2, 1)
+    assert sample(p, "weir_cache_lookups_total", layer="l1", result="miss") == 2
+    _, layer = await run(p, ctx("Where is your office located?"), eng)
+    assert layer == "miss" and per_request(p) == (2, 2)
+    # a request that does not read the cache is no lookup: a bypass, or nothing
+    await run(p, ctx("Where is your office located?", temperature=0.7), eng)
+    await run(p, ctx("Where is your office located?", headers={"cache-control": "no-cache"}),
+              eng)
+    assert per_request(p) == (2, 2)
+    assert sample(p, "weir_cache_lookups_total", layer="all", result="bypass") == 1
