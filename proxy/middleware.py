@@ -142,7 +142,7 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
         status = 500
         try:
             resp = await handler(request)
-            status = resp.status
+            status = returned_status(request, resp)
             return resp
         except asyncio.CancelledError as e:
             status = cancelled_status(request, e)
@@ -170,6 +170,18 @@ def cancelled_status(request: web.Request, e: asyncio.CancelledError) -> int:
     at `[DONE]`), 200; cut by the server's shutdown (told in-band), 503; its client gone,
     499."""
     return 200 if request.get(ANSWERED) else 503 if SHUTDOWN in e.args else 499
+
+
+def returned_status(request: web.Request, resp: web.StreamResponse) -> int:
+    """A handler's answer: its status, or 499 when it is yet to be sent and its client's
+    connection is closed or closing already (nothing will reach it: a client that sent
+    its request and shut its side, which aiohttp closes at EOF, or left, while a fast
+    handler ran that no cancellation reached)."""
+    if not resp.prepared:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return 499
+    return resp.status
 
 
 def outcome_status(request: web.Request, status: int) -> int:
@@ -239,7 +251,7 @@ async def tracing_middleware(request: web.Request, handler: Handler) -> web.Stre
         status = 499
         try:
             resp = await handler(request)
-            status = resp.status
+            status = returned_status(request, resp)  # (as the access log counts it)
             return resp
         except asyncio.CancelledError as e:
             status = cancelled_status(request, e)  # (as the access log counts it)

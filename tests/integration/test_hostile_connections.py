@@ -270,3 +270,33 @@ async def test_a_body_over_the_limit_is_refused_before_the_client_sends_it(
     writer.close()
     assert status == 413 and headers.get("connection") == "close"
     assert json.loads(raw)["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("served", [{"access_log": True}], indirect=True)
+async def test_a_client_that_half_closed_is_logged_and_counted_499(
+        logs: io.StringIO, served: Listener) -> None:
+    """A client that sends its whole request and shuts its side (`SHUT_WR`) gets nothing:
+    aiohttp closes the connection at EOF. A handler fast enough to finish anyway (the
+    model list, a refusal) was logged and counted as its status, 200 or 401, though no
+    byte of it was delivered."""
+    counted = requests_counted(served, route="chat", model="", status="499")
+    for rid, head in ((b"half-closed-models", b"GET /v1/models HTTP/1.1\r\n"
+                       b"Authorization: Bearer " + KEY.encode() + b"\r\n"),
+                      (b"half-closed-401", b"POST /v1/chat/completions HTTP/1.1\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: 2\r\n")):
+        reader, writer = await connect(served)
+        writer.write(head + b"Host: x\r\nX-Request-Id: " + rid + b"\r\n\r\n"
+                     + (b"{}" if head.startswith(b"POST") else b""))
+        writer.write_eof()
+        async with asyncio.timeout(WAIT):
+            assert await reader.read() == b""  # nothing was sent
+        writer.close()
+
+    def logged() -> dict[str, int]:
+        lines = [json.loads(x) for x in logs.getvalue().splitlines() if "half-closed" in x]
+        return {x["request_id"]: x["status"] for x in lines if x["event"] == "request"}
+
+    await eventually(lambda: len(logged()) == 2, timeout=WAIT)
+    assert logged() == {"half-closed-models": 499, "half-closed-401": 499}
+    assert requests_counted(served, route="chat", model="", status="499") == counted + 1
+    assert requests_counted(served, route="chat", model="", status="401") == 0
