@@ -123,6 +123,12 @@ class Authenticator:
                 self._gateways.add(digest)
                 self._gateway_ids.add(fingerprint)
 
+    def is_key(self, value: str) -> bool:
+        """Whether `value` is one of the configured keys (by its hash, as a key is looked
+        up): a caller that sends its key where a log line would hold it (`x-request-id`)
+        must not find it there, whatever its shape."""
+        return bool(self._by_hash) and sha256_hex(value) in self._by_hash
+
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
         """The caller that a request's headers present (see `credentials`): 401 without a
         valid key unless auth is open."""

@@ -92,10 +92,14 @@ _COUNTED = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
 
 
 def _request_id(request: web.Request) -> str:
-    """The caller's `x-request-id` where it is sane and does not look like a key (it is
-    written on every log line of the request), else a new one."""
+    """The caller's `x-request-id` where it is sane, does not look like a key and is not
+    one of the configured keys (it is written on every log line of the request; a key
+    made with `openssl rand -hex 32` has no vendor's shape), else a new one."""
     rid = request.headers.get("x-request-id", "")
-    return rid if _REQUEST_ID.match(rid) and not _KEY_LIKE.match(rid) else new_hex()
+    if not _REQUEST_ID.match(rid) or _KEY_LIKE.match(rid):
+        return new_hex()
+    state = request.app.get(STATE)
+    return new_hex() if state is not None and state.auth.is_key(rid) else rid
 
 
 #: A vendor key's shape (OpenAI's `sk-`, Stripe's, GitHub's, Slack's, AWS's, Google's,

@@ -122,6 +122,28 @@ async def test_no_key_or_prompt_leaks(make_client: MakeClient, spans: InMemorySp
         assert "Bearer" not in haystack and "authorization" not in haystack.lower()
 
 
+async def test_a_configured_key_sent_as_request_id_is_never_logged(
+        make_client: MakeClient, logs: io.StringIO) -> None:
+    """A request id that looks like a vendor key was replaced, but a key of no vendor's
+    shape (`openssl rand -hex 32`) sent as `x-request-id` was echoed and written on every
+    log line of the request. One of the configured keys is replaced as well."""
+    hex_key, dotted, other = "8f" * 32, "corp.gateway:7f3a91c2", "9e" * 32
+    client = await make_client(make_settings(
+        auth={"mode": "keys", "keys": [{"key": KEY}, {"key": hex_key, "tenant": "b"},
+                                       {"key": dotted, "tenant": "c"}]},
+        logging={"access_log": True}))
+    for rid in (hex_key, dotted):  # configured keys of no vendor's shape
+        r = await client.get("/v1/models", headers={"Authorization": f"Bearer {hex_key}",
+                                                    "x-request-id": rid})
+        assert r.status == 200 and r.headers["x-request-id"] != rid
+    r = await client.get("/v1/models", headers={"Authorization": f"Bearer {hex_key}",
+                                                "x-request-id": other})
+    assert r.headers["x-request-id"] == other  # a hex id that is no key is the caller's
+    text = logs.getvalue()
+    assert hex_key not in text and dotted not in text
+    assert f'"request_id": "{other}"' in text
+
+
 async def test_prompts_only_when_asked(make_client: MakeClient, logs: io.StringIO) -> None:
     client = await make_client(settings(include_prompts=True))
     await client.post("/v1/chat/completions", json=body(),

@@ -37,6 +37,13 @@ def test_each_key_source_maps_to_its_principal(tmp_path, monkeypatch) -> None:  
         c.check_model("m2")
 
 
+def test_is_key_knows_every_configured_key_by_its_hash(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    a = auth(tmp_path, monkeypatch)
+    assert all(a.is_key(k) for k in ("hashed-key", "env-key", "file-key"))
+    assert not a.is_key("other") and not a.is_key("")
+    assert not Authenticator(AuthSettings.model_validate({"mode": "open"})).is_key("x")
+
+
 @pytest.mark.parametrize("header", [None, "", "Bearer", "Basic abc", "Bearer wrong"])
 def test_bad_or_missing_keys_are_401(tmp_path, monkeypatch, header) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(Unauthorized) as e:

@@ -27,7 +27,7 @@ from tests.openai_spec import validate
 
 def request(path: str = "/v1/chat/completions", method: str = "POST",
             headers: dict[str, str] | None = None) -> web.Request:
-    req = make_mocked_request(method, path, headers=headers or {})
+    req = make_mocked_request(method, path, headers=headers or {}, app=web.Application())
     req.transport.is_closing.return_value = False  # type: ignore[union-attr]  # (a Mock)
     return req
 
