@@ -54,21 +54,28 @@ def error_response(err: WeirError, request_id: str | None = None,
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     """aiohttp's `Expect` handling, with an OpenAI-shaped 417 for what it cannot meet
-    (aiohttp's own is plain text): `100-continue` asks the client for its body; any
-    other expectation ends the connection (its body, if it sends one, is not read)."""
+    (aiohttp's own is plain text): `100-continue` asks the client for its body, once its
+    key is known good (every route a body goes to needs one: a request without a valid
+    key gets its 401 without being invited to upload) and the body's announced size is
+    within the limit; any other expectation ends the connection (its body, if it sends
+    one, is not read)."""
     expect = request.headers.get("Expect", "")
     if request.version != HttpVersion11:
         return None
     state = request.app.get(STATE)
+    err: WeirError
     if expect.lower() == "100-continue":
         limit = state.settings.server.max_body_bytes if state is not None else None
-        if limit is None or request.content_length is None or request.content_length <= limit:
+        refusal = _before_the_body(request)
+        if refusal is not None:
+            err = refusal
+        elif limit is None or request.content_length is None or request.content_length <= limit:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0  # (the answer's size counts from here)
             return None
-        # A body over the limit is refused before the client sends it.
-        err: WeirError = PayloadTooLarge(
-            f"The request body is larger than the limit of {limit} bytes.")
+        else:  # A body over the limit is refused before the client sends it.
+            err = PayloadTooLarge(
+                f"The request body is larger than the limit of {limit} bytes.")
     else:
         err = ExpectationFailed(
             "Unsupported `Expect` header: only `100-continue` is supported.", param="Expect")
@@ -84,6 +91,19 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     if state is None or state.settings.logging.access_log:
         log_request(request, resp.status, 0.0, request_id=rid)
     return resp
+
+
+def _before_the_body(request: web.Request) -> WeirError | None:
+    """Why a request that would send a body (any method but GET, HEAD and OPTIONS: every
+    such route needs a key) is refused before it does: its key is missing or wrong."""
+    state = request.app.get(STATE)
+    if state is None or request.method in ("GET", "HEAD", "OPTIONS"):
+        return None
+    try:
+        state.auth.authenticate(request.headers)
+    except WeirError as e:  # a 401, or a 400 for a malformed caller header
+        return e
+    return None
 
 
 #: The routes counted in `weir_requests_total` (their POSTs), by path, under their label.

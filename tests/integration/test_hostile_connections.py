@@ -300,3 +300,30 @@ async def test_a_client_that_half_closed_is_logged_and_counted_499(
     assert logged() == {"half-closed-models": 499, "half-closed-401": 499}
     assert requests_counted(served, route="chat", model="", status="499") == counted + 1
     assert requests_counted(served, route="chat", model="", status="401") == 0
+
+
+@pytest.mark.parametrize("served", [{"access_log": True}], indirect=True)
+@pytest.mark.parametrize("key", [None, b"sk-wrong-key"])
+async def test_100_continue_is_sent_only_to_a_request_with_a_valid_key(
+        logs: io.StringIO, served: Listener, key: bytes | None) -> None:
+    """`Expect: 100-continue` was answered before the key was checked: an unauthenticated
+    client was invited to upload its body, to be refused after. It gets its 401 (OpenAI's
+    shape) instead, before any body (`Connection: close`: the connection ends after it)."""
+    from tests.openai_spec import validate
+
+    counted = requests_counted(served, route="chat", model="", status="401")
+    reader, writer = await connect(served)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 + (b"Authorization: Bearer " + key + b"\r\n" if key else b"")
+                 + b"X-Request-Id: expect-401\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000000\r\nExpect: 100-continue\r\n\r\n")
+    status, headers, raw = await response(reader)  # no body was sent: no 100 first
+    assert status == 401 and headers.get("connection") == "close"
+    assert headers.get("x-should-retry") == "false" and "www-authenticate" in headers
+    error = json.loads(raw)
+    validate("ErrorResponse", error)
+    assert error["error"]["code"] == ("invalid_api_key" if key else "missing_api_key")
+    writer.close()
+    assert requests_counted(served, route="chat", model="", status="401") == counted + 1
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if "expect-401" in x]
+    assert [(x["status"], x["path"]) for x in lines] == [(401, "/v1/chat/completions")]
