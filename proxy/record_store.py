@@ -74,16 +74,21 @@ class RecordStore(Protocol):
 class MemoryStore:
     """Bounded and expiring. When full, the tenant holding the most records loses its
     oldest: a tenant can push out its own records, never a smaller tenant's (cheap
-    requests, cache hits say, must not wipe another tenant's conversations)."""
+    requests, cache hits say, must not wipe another tenant's conversations). Each
+    tenant's records take at most `max_bytes` (their JSON): past it, its own oldest go
+    (as in Redis), so a few large conversations cannot fill the process's memory."""
 
-    max_bytes: int | None = None
-
-    def __init__(self, ttl_s: float, max_items: int) -> None:
+    def __init__(self, ttl_s: float, max_items: int, kind: str = "responses",
+                 max_bytes: int | None = None) -> None:
         self.ttl_s = ttl_s
         self.max_items = max_items
+        self.kind = kind
+        self.max_bytes = max_bytes
         self._count = 0
-        #: tenant -> id -> (expires, record, summary), oldest first
-        self._items: dict[str, OrderedDict[str, tuple[float, Record, Summary | None]]] = {}
+        #: tenant -> id -> (expires, record, summary, size), oldest first
+        self._items: dict[str, OrderedDict[
+            str, tuple[float, Record, Summary | None, int]]] = {}
+        self._bytes: dict[str, int] = {}  # tenant -> the sizes of its records
         #: tenant -> id -> (kept until, summary) of listed records gone, oldest first
         self._gone: dict[str, OrderedDict[str, tuple[float, Summary]]] = {}
         self._gone_count = 0
@@ -94,7 +99,19 @@ class MemoryStore:
     def __len__(self) -> int:
         return self._count
 
-    def _held(self, tenant: str, record_id: str) -> tuple[float, Record, Summary | None] | None:
+    def _size(self, record: Record, summary: Summary | None) -> int:
+        """A record's size (its JSON, and its summary's), where a bound counts it; past
+        the whole bound, it is refused."""
+        if self.max_bytes is None:
+            return 0
+        size = len(_json(record).encode("utf-8", "surrogatepass")) + (
+            len(_json(summary).encode("utf-8", "surrogatepass")) if summary is not None else 0)
+        if size > self.max_bytes:
+            raise too_large(self.kind, size, self.max_bytes)
+        return size
+
+    def _held(self, tenant: str, record_id: str,
+              ) -> tuple[float, Record, Summary | None, int] | None:
         records = self._items.get(tenant)
         hit = records.get(record_id) if records is not None else None
         if hit is not None and hit[0] <= time.monotonic():
@@ -111,12 +128,14 @@ class MemoryStore:
 
     async def put(self, tenant: str, record_id: str, record: Record,
                   summary: Summary | None = None) -> None:
+        size = self._size(record, summary)
         self._pop(tenant, record_id, mark=False)
         self._unmark(tenant, record_id)
         self._items.setdefault(tenant, OrderedDict())[record_id] = (
-            time.monotonic() + self.ttl_s, record, summary)
+            time.monotonic() + self.ttl_s, record, summary, size)
         self._count += 1
         self._places.pop(tenant, None)
+        self._fit(tenant, size)
         while self._count > self.max_items:
             largest = max(self._items, key=lambda t: len(self._items[t]))
             self._pop(largest, next(iter(self._items[largest])))
@@ -126,9 +145,21 @@ class MemoryStore:
         hit = self._held(tenant, record_id)
         if hit is None:
             return False
-        self._items[tenant][record_id] = (hit[0], record, summary)
+        size = self._size(record, summary)
+        self._items[tenant][record_id] = (hit[0], record, summary, size)
         self._places.pop(tenant, None)
+        self._fit(tenant, size - hit[3])
         return True
+
+    def _fit(self, tenant: str, grown: int) -> None:
+        """Count `grown` bytes more for the tenant, then drop its oldest records (never
+        the newest, which fits alone) while it holds more than its bound."""
+        if self.max_bytes is None:
+            return
+        self._bytes[tenant] = self._bytes.get(tenant, 0) + grown
+        records = self._items[tenant]
+        while self._bytes[tenant] > self.max_bytes and len(records) > 1:
+            self._pop(tenant, next(iter(records)))
 
     async def delete(self, tenant: str, record_id: str) -> bool:
         return self._held(tenant, record_id) is not None and self._pop(tenant, record_id)
@@ -149,7 +180,7 @@ class MemoryStore:
         if tenant not in self._places:
             places = sorted(
                 [*((summary.get("at", 0), rid, summary)
-                   for rid, (_, _, summary) in (self._items.get(tenant) or {}).items()
+                   for rid, (_, _, summary, _) in (self._items.get(tenant) or {}).items()
                    if summary is not None),
                  *((summary.get("at", 0), rid, None)
                    for rid, (_, summary) in (self._gone.get(tenant) or {}).items())],
@@ -176,8 +207,11 @@ class MemoryStore:
             return False
         self._count -= 1
         self._places.pop(tenant, None)
+        if hit[3]:
+            self._bytes[tenant] -= hit[3]
         if not records:
             del self._items[tenant]
+            self._bytes.pop(tenant, None)
         if mark and hit[2] is not None:  # listed: its place stays a while (a cursor)
             self._unmark(tenant, record_id)
             self._gone.setdefault(tenant, OrderedDict())[record_id] = (
@@ -198,6 +232,7 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._items.clear()
+        self._bytes.clear()
         self._gone.clear()
         self._places.clear()
         self._count = self._gone_count = 0
@@ -609,4 +644,4 @@ def make_store(cfg: ResponsesSettings, cache_redis: Any,
     if cfg.redis and url:
         return RedisStore(url, cfg.ttl_s, cache_redis.key_prefix, kind=kind,
                           max_bytes=cfg.max_bytes_per_tenant)
-    return MemoryStore(cfg.ttl_s, cfg.max_in_memory)
+    return MemoryStore(cfg.ttl_s, cfg.max_in_memory, kind, cfg.max_bytes_per_tenant)

@@ -321,8 +321,8 @@ class ResponsesSettings(_Strict):
     redis: bool = Field(
         True, description="Keep them in the cache plugin's Redis when it has one.")
     max_bytes_per_tenant: int = Field(
-        DEFAULT_MAX_BYTES_PER_TENANT, ge=1024 * 1024, description="With the cache's Redis: "
-        "the most one tenant's stored responses may take there (their JSON, in bytes), and "
+        DEFAULT_MAX_BYTES_PER_TENANT, ge=1024 * 1024, description="The most one tenant's "
+        "stored responses may take, in Redis or in memory (their JSON, in bytes), and "
         "as much again its stored chat completions. A put past it drops that tenant's "
         "oldest records (never another tenant's), so one tenant cannot fill the Redis "
         "that every tenant's cache shares. A record larger than all of it is not stored: "

@@ -300,3 +300,35 @@ def test_the_bound_has_a_default_normal_use_does_not_reach() -> None:
     s = parse_settings("auth: {mode: open}\nresponses:\n  max_bytes_per_tenant: 1073741824\n",
                        env={})
     assert s.responses.max_bytes_per_tenant == 1024 ** 3
+
+
+async def test_in_memory_a_tenant_past_its_bound_loses_its_oldest_and_no_one_elses() -> None:
+    """Without Redis the records live in the process: the same bound keeps a few large
+    conversations from filling its memory (10,000 of ~390 KB fit under
+    `max_in_memory`)."""
+    from proxy.record_store import MemoryStore
+
+    size = _size(record(10), summary("a15", 115))  # (as the newest five each take)
+    store = MemoryStore(3600, 10_000, max_bytes=5 * size)
+    others = [f"b{i}" for i in range(3)]
+    for i, rid in enumerate(others):
+        await store.put("b", rid, record(10 + i), summary(rid, i))
+    mine = [f"a{i}" for i in range(20)]
+    for i, rid in enumerate(mine):
+        await store.put("a", rid, record(10 + i), summary(rid, 100 + i))
+    assert await kept(store, "a", mine) == mine[-5:]  # type: ignore[arg-type]
+    assert await kept(store, "b", others) == others  # type: ignore[arg-type]
+    listed, _ = await store.scan("a", None, False, 100)
+    assert [s["id"] for s in listed] == mine[-5:]  # the dropped left the listing
+    # a replace that grows a record drops older ones; a delete gives its room back
+    await store.replace("a", mine[-1], {"n": 1, "pad": PAD * 3}, summary(mine[-1], 119))
+    assert await kept(store, "a", mine) == mine[-3:]  # type: ignore[arg-type]
+    assert await store.delete("a", mine[-2])
+    for i in range(2):
+        await store.put("a", f"n{i}", record(i), summary(f"n{i}", 200 + i))
+    assert await kept(store, "a", [mine[-1], "n0", "n1"]) == [  # type: ignore[arg-type]
+        mine[-1], "n0", "n1"]
+    with pytest.raises(RecordTooLarge):
+        await store.put("a", "huge", {"pad": "x" * (6 * size)})
+    assert await kept(store, "a", [mine[-1], "n0", "n1"]) == [  # type: ignore[arg-type]
+        mine[-1], "n0", "n1"]  # nothing else of the tenant's was dropped for it

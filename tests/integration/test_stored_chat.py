@@ -431,8 +431,8 @@ async def test_an_update_keeps_the_records_expiry(store_settings: Any,
 
 async def _expire_in(store: Any, tenant: str, cid: str, seconds: float) -> None:
     if isinstance(store, MemoryStore):
-        _, record, summary = store._items[tenant][cid]
-        store._items[tenant][cid] = (time.monotonic() + seconds, record, summary)
+        _, record, summary, size = store._items[tenant][cid]
+        store._items[tenant][cid] = (time.monotonic() + seconds, record, summary, size)
     else:
         await store._redis.pexpire(store._key(tenant, cid), int(seconds * 1000))
 
