@@ -352,6 +352,59 @@ MAX_GRAMMAR_NODES = 1024  # what the engine compiles: the response format, force
 # on CPU: an 80,000-character pattern 0.5 s alone; 8,192, about 40 ms).
 MAX_GRAMMAR_REGEX_CHARS = 8192
 MAX_GRAMMAR_TEXT_CHARS = 65536
+# A counted repeat (`{m,n}`) is written out by the compiler, and its cost grows faster
+# than the count: `[a-z]{0,1000}` 0.08 s, `{0,2000}` 0.4 s, `{5000,9999}` 8 s (16
+# characters). So the atoms that counted repeats add, nested ones multiplied, are
+# bounded too.
+MAX_GRAMMAR_REPEATS = 1024
+_COUNT = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
+
+
+def regex_repeats(regex: str, limit: int) -> int:
+    """How many atoms the counted repeats of `regex` add when written out (nested ones
+    multiplied; alternatives summed, an upper bound), counting stops just past `limit`.
+    A scan, not a parse: escapes and character classes are one atom each."""
+    frames: list[list[int]] = [[0, 0]]  # per open group: [its atoms, its last item's]
+    added, i, n = 0, 0, len(regex)
+    while i < n and added <= limit:
+        c = regex[i]
+        last = 1
+        if c == "\\":
+            i += 2
+        elif c == "[":  # a class: to its closing bracket (escapes skipped; `[]` and `[^]`
+            j = i + 1   # take a `]` first as a member)
+            if j < n and regex[j] == "^":
+                j += 1
+            if j < n and regex[j] == "]":
+                j += 1
+            while j < n and regex[j] != "]":
+                j += 2 if regex[j] == "\\" else 1
+            i = j + 1
+        elif c == "(":
+            frames.append([0, 0])
+            i += 1
+            continue
+        elif c == ")" and len(frames) > 1:
+            last = frames.pop()[0]
+            i += 1
+        elif c == "{" and (m := _COUNT.match(regex, i)):
+            low, comma, high = m.groups()
+            count = int(high) if high else int(low) if not comma else int(low) + 1
+            frame = frames[-1]
+            more = frame[1] * max(count - 1, 0)
+            frame[0] += more
+            frame[1] += more
+            added += more
+            i = m.end()
+            continue
+        else:
+            if c in "*+?|":
+                i += 1
+                continue
+            i += 1
+        frames[-1][0] += last
+        frames[-1][1] = last
+    return added
 
 
 def _nodes(v: Any, limit: int) -> int:
@@ -368,9 +421,11 @@ def _nodes(v: Any, limit: int) -> int:
     return n
 
 
-def _grammar_chars(schema: Any) -> tuple[int, int]:
-    """(characters of regexes, characters of literal strings) a schema compiles into."""
-    regex = text = 0
+def _grammar_chars(schema: Any) -> tuple[int, int, int]:
+    """(characters of regexes, atoms their counted repeats add, characters of literal
+    strings and names: in `enum` and `const` values, nested ones too) a schema compiles
+    into."""
+    regex = repeats = text = 0
     stack: list[tuple[Any, bool]] = [(schema, False)]  # (node, a map of name -> schema)
     while stack:
         node, named = stack.pop()
@@ -381,17 +436,33 @@ def _grammar_chars(schema: Any) -> tuple[int, int]:
                     stack.append((value, False))
                 elif key == "pattern" and isinstance(value, str):
                     regex += len(value)
+                    repeats += regex_repeats(value, MAX_GRAMMAR_REPEATS)
                 elif key in ("enum", "const"):
-                    text += sum(len(v) for v in (value if isinstance(value, list) else [value])
-                                if isinstance(v, str))
+                    text += _text_chars(value)
                 elif key == "patternProperties" and isinstance(value, dict):
                     regex += sum(map(len, value))
+                    repeats += sum(regex_repeats(k, MAX_GRAMMAR_REPEATS) for k in value)
                     stack.extend((v, False) for v in value.values())
                 elif key not in SCHEMA_DATA:
                     stack.append((value, key in SCHEMA_MAPS))
         elif isinstance(node, list):
             stack.extend((v, False) for v in node)
-    return regex, text
+    return regex, repeats, text
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of the strings in JSON data (values and keys, however nested)."""
+    total, stack = 0, [value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            total += len(x)
+        elif isinstance(x, dict):
+            total += sum(len(k) for k in x if isinstance(k, str))
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return total
 
 
 def _get(d: Any, *path: str) -> Any:
@@ -435,7 +506,7 @@ def check_schema_budget(data: dict[str, Any]) -> None:
                 f"The request's JSON schemas are too large: at most {MAX_SCHEMA_NODES} "
                 f"objects and arrays in all (past it at `{param}`).", param=param,
                 code="invalid_value")
-    grammar = regex = text = 0
+    grammar = regex = repeats = text = 0
     for param, schema in compiled:
         grammar += _nodes(schema, MAX_GRAMMAR_NODES - grammar)
         if grammar > MAX_GRAMMAR_NODES:
@@ -444,17 +515,19 @@ def check_schema_budget(data: dict[str, Any]) -> None:
                 f"`tool_choice` forces) may hold at most {MAX_GRAMMAR_NODES} objects and "
                 f"arrays in all (past it at `{param}`); use `tool_choice: auto` or a "
                 "smaller schema.", param=param, code="invalid_value")
-        more_regex, more_text = _grammar_chars(schema)
-        regex, text = regex + more_regex, text + more_text
-        if regex > MAX_GRAMMAR_REGEX_CHARS or text > MAX_GRAMMAR_TEXT_CHARS:
-            what, limit = (("regexes (`pattern`, `patternProperties`)", MAX_GRAMMAR_REGEX_CHARS)
-                           if regex > MAX_GRAMMAR_REGEX_CHARS else
-                           ("`enum` and `const` strings and property names",
-                            MAX_GRAMMAR_TEXT_CHARS))
+        more_regex, more_repeats, more_text = _grammar_chars(schema)
+        regex, repeats, text = regex + more_regex, repeats + more_repeats, text + more_text
+        past = ("characters of regexes (`pattern`, `patternProperties`)",
+                MAX_GRAMMAR_REGEX_CHARS) if regex > MAX_GRAMMAR_REGEX_CHARS else (
+            "atoms that their regexes' counted repeats (`{m,n}`) add, nested ones "
+            "multiplied,", MAX_GRAMMAR_REPEATS) if repeats > MAX_GRAMMAR_REPEATS else (
+            "characters of `enum` and `const` strings and property names",
+            MAX_GRAMMAR_TEXT_CHARS) if text > MAX_GRAMMAR_TEXT_CHARS else None
+        if past is not None:
             raise InvalidRequest(
                 f"The schemas the output must follow (the response format, and tools a "
-                f"`tool_choice` forces) may hold at most {limit} characters of {what} in "
-                f"all (past it at `{param}`).", param=param, code="invalid_value")
+                f"`tool_choice` forces) may hold at most {past[1]} {past[0]} in all (past "
+                f"it at `{param}`).", param=param, code="invalid_value")
 
 
 class ChatTool(_Open):

@@ -88,8 +88,9 @@ def regexes(schema: Any) -> Iterator[str]:
 
 def without(node: Any, noisy: frozenset[str], named: bool = False) -> Any:
     """`node` (a schema) without the regexes in `noisy`: such a `pattern` is dropped,
-    and so is such a `patternProperties` entry (its properties fall to
-    `additionalProperties`)."""
+    and so is such a `patternProperties` entry, with the object's
+    `additionalProperties` and `unevaluatedProperties` (the properties it matched fall
+    to them: `false` there would forbid what it allowed). Looser, never stricter."""
     if isinstance(node, list):
         return [without(v, noisy) for v in node]
     if not isinstance(node, dict):
@@ -97,8 +98,12 @@ def without(node: Any, noisy: frozenset[str], named: bool = False) -> Any:
     if named:
         return {k: without(v, noisy) for k, v in node.items()}
     out: dict[str, Any] = {}
+    dropped = isinstance(kept := node.get("patternProperties"), dict) and any(
+        k in noisy for k in kept)
     for key, value in node.items():
         if key == "pattern" and isinstance(value, str) and value in noisy:
+            continue
+        if dropped and key in ("additionalProperties", "unevaluatedProperties"):
             continue
         if key == "patternProperties" and isinstance(value, dict):
             value = {k: v for k, v in value.items() if k not in noisy}

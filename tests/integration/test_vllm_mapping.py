@@ -336,7 +336,8 @@ def test_a_regex_the_compiler_would_quote_in_the_log_is_left_out(
         "b": {"type": "string", "pattern": f"x^{marker}"},
         "pattern": {"type": "string", "pattern": "[a-z]+"},  # a property so named
         "c": {"type": "object", "patternProperties": {
-            f"\\A{marker}": {"type": "string"}, "^k[0-9]$": {"type": "integer"}}},
+            f"\\A{marker}": {"type": "string"}, "^k[0-9]$": {"type": "integer"}},
+            "additionalProperties": False, "minProperties": 1},
     }, "enum": [{"pattern": f"(?={marker})"}]}
     capfd.readouterr()
     params = ENGINE._sampling_params(SamplingOptions(max_tokens=8, json_schema=schema))
@@ -349,4 +350,7 @@ def test_a_regex_the_compiler_would_quote_in_the_log_is_left_out(
     assert "pattern" not in props["a"] and "pattern" not in props["b"]
     assert props["pattern"] == {"type": "string", "pattern": "[a-z]+"}
     assert list(props["c"]["patternProperties"]) == ["^k[0-9]$"]
+    # what the dropped regex matched falls to additionalProperties: not `false` (which
+    # would forbid it, stricter than asked, and leave minProperties unmeetable)
+    assert "additionalProperties" not in props["c"] and props["c"]["minProperties"] == 1
     assert sent["enum"] == schema["enum"]  # data, not a schema: as it came

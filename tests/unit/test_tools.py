@@ -536,6 +536,14 @@ def test_what_the_engine_compiles_has_a_budget_of_regex_and_literal_characters()
     assert err.param == "response_format.json_schema.schema" and "regexes" in err.message
     words = [f"w{i:05d}" * 10 for i in range(MAX_GRAMMAR_TEXT_CHARS // 60 + 1)]
     assert "enum" in refused(fmt({"type": "string", "enum": words})).message
+    nested = {"k": ["x" * (MAX_GRAMMAR_TEXT_CHARS + 1)]}  # data, however nested
+    assert "enum" in refused(fmt({"const": nested})).message
+    assert "enum" in refused(fmt({"enum": [nested]})).message
+    # A counted repeat is written out by the compiler (`{5000,9999}`: 8 s, 16 characters)
+    for few_chars in ("[a-z]{5000,9999}", "(([a-z]{16}){16}){16}", "[a-z]{100,600}" * 2):
+        assert "repeats" in refused(fmt({"type": "string", "pattern": few_chars})).message
+    parse_model(ChatCompletionRequest, fmt({"type": "string",
+                                            "pattern": r"^[A-Za-z0-9]{1,64}-\d{4}$"}))
     parse_model(ChatCompletionRequest, fmt({"type": "string", "pattern": "^[a-z]{3}$",
                                             "enum": words[:100]}))
     # not compiled (tool_choice auto): only the node budget holds
