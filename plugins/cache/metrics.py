@@ -29,3 +29,7 @@ class CacheMetrics:
             "an embedding: no stored question in the partition shares the question's "
             "numbers, names, negations and instructions, so none could pass the guard.",
             registry=registry)
+        self.events = Counter(
+            "weir_cache_events_total", "Cache events heard from the other replicas (an "
+            "answer stored, a purge, an eviction) and applied here.", ["op"],
+            registry=registry)

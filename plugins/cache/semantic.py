@@ -98,15 +98,13 @@ class Partition:
         return True
 
     def search(self, vec: np.ndarray, now: float, allow_stale: bool = False,
-               text_only: bool = False) -> tuple[str, float] | None:
-        """Best usable entry id and its score, or None. `text_only`: an entry held with
-        a digest of its question instead of the text (read from Redis, which keeps no
-        prompt text) is not usable."""
+               ) -> tuple[str, float] | None:
+        """Best usable entry id and its score, or None."""
         if not self.rows:
             return None
         scores = self.vecs[: self._used] @ vec
         best = int(np.argmax(scores))  # the usual case: the best row is live and usable
-        found = self._usable(best, float(scores[best]), now, allow_stale, text_only)
+        found = self._usable(best, float(scores[best]), now, allow_stale)
         if found is not None or scores[best] <= 0:
             return found
         k = min(8, len(scores))  # else the next best few, in order
@@ -115,19 +113,16 @@ class Partition:
             score = float(scores[row])
             if score <= 0:
                 break
-            if (found := self._usable(int(row), score, now, allow_stale,
-                                      text_only)) is not None:
+            if (found := self._usable(int(row), score, now, allow_stale)) is not None:
                 return found
         return None
 
     def _usable(self, row: int, score: float, now: float, allow_stale: bool,
-                text_only: bool) -> tuple[str, float] | None:
+                ) -> tuple[str, float] | None:
         entry_id = self._row_ids[row]
         if entry_id is None or score <= 0:
             return None
-        entry, question = self.entries[entry_id]
-        if text_only and question.startswith(DIGEST_MARK):
-            return None
+        entry, _ = self.entries[entry_id]
         return (entry_id, score) if entry.usable(now, allow_stale) else None
 
 
@@ -156,10 +151,10 @@ class SemanticIndex:
         return p
 
     def find(self, name: str, vec: np.ndarray, now: float, allow_stale: bool = False,
-             text_only: bool = False) -> tuple[Entry, str, float] | None:
+             ) -> tuple[Entry, str, float] | None:
         """The best usable entry in partition `name`: (entry, its question, score)."""
         p = self.get(name)
-        found = p.search(vec, now, allow_stale, text_only) if p is not None else None
+        found = p.search(vec, now, allow_stale) if p is not None else None
         if p is None or found is None:
             return None
         entry, question = p.entries[found[0]]

@@ -42,7 +42,7 @@ from .entry import Entry, Match, matcher
 from .l1 import L1
 from .metrics import CacheMetrics
 from .redis_store import RedisStore
-from .semantic import SemanticIndex, gate, guard_ok
+from .semantic import DIGEST_MARK, SemanticIndex, gate, guard_ok
 from .users import UserIndex, exact_member, semantic_member, split_members
 
 log = get_logger("weir.cache")
@@ -66,6 +66,10 @@ PUBLISH_CHUNK = 2000
 MAX_PURGES_KEPT = 256
 #: Pending questions of its gate a lookup embeds with its own, at most (the newest).
 LOOKUP_BATCH = 16
+
+
+#: The events replicas send each other (`weir_cache_events_total`'s `op`).
+_EVENT_OPS = frozenset({"add", "purge", "drop", "resync"})
 
 
 @dataclass(slots=True, eq=False)
@@ -248,14 +252,7 @@ class CacheStore:
         passes the threshold, the scope and the near-miss guard), and the best match's
         similarity (None: the partition is empty)."""
         partition, question = sem
-        # An entry another replica stored (or this one, before a restart) comes from
-        # Redis with a digest of its question's features, not its text (unless
-        # `store_prompts`): the guard's word-level rules (a swapped word, an added
-        # qualifier, a new order) cannot run on it, and across replicas "open on
-        # Saturday" answered "close on Saturday". With the guard on, such an entry
-        # serves exact repeats (L2), never a paraphrase.
-        found = self.index.find(partition, vec, time.time(), allow_stale,
-                                text_only=self.cfg.semantic.guard)
+        found = self.index.find(partition, vec, time.time(), allow_stale)
         if found is None:
             return None, None
         entry, stored_q, score = found
@@ -540,13 +537,30 @@ class CacheStore:
 
     # ------------------------------------------------------------ replica events
 
+    def _servable(self, question: str) -> bool:
+        """Whether a semantic entry read from Redis may serve paraphrases here, so joins
+        the index: only with its question (`store_prompts`), unless the near-miss guard
+        is off. Without it the guard has a digest of the question's features alone, and
+        its word-level rules (a swapped word, an added qualifier, a new order) cannot
+        run: across replicas "open on Saturday" answered "close on Saturday". Held, such
+        entries would only take the index's room (evicting servable ones) and make
+        lookups embed for nothing. They still serve exact repeats (L2)."""
+        return not (self.cfg.semantic.guard and question.startswith(DIGEST_MARK))
+
     async def _on_event(self, event: dict[str, Any]) -> None:
         op = event.get("op")
+        try:
+            await self._apply(event, op)
+        finally:
+            labelled(self.metrics.events, op if op in _EVENT_OPS else "other").inc()
+
+    async def _apply(self, event: dict[str, Any], op: Any) -> None:
         if op == "add" and self.redis is not None and self.embedder is not None:
             got = await self.redis.get_semantic(event["p"], event["id"])
             if got is not None:
                 vec, entry, question = got
-                if len(vec) == self.index.dim and not self.purged_since(entry.created, entry):
+                if (len(vec) == self.index.dim and self._servable(question)
+                        and not self.purged_since(entry.created, entry)):
                     self._index_add(event["p"], event["id"], vec, entry, question)
         elif op == "purge":
             f = event.get("filter") or {}
@@ -598,7 +612,7 @@ class CacheStore:
         loaded = 0
         for partition, entry_id, vec, entry, q in await self.redis.load_semantic(
                 self.cfg.semantic.max_entries_per_scope * 1000):
-            if entry.usable(now, True) and len(vec) == self.index.dim:
+            if entry.usable(now, True) and len(vec) == self.index.dim and self._servable(q):
                 self._index_add(partition, entry_id, vec, entry, q)
                 loaded += 1
         if loaded:

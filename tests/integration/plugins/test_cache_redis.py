@@ -42,9 +42,12 @@ def body(content: str, **kw: Any) -> dict[str, Any]:
 
 
 async def replicas(make_client: MakeClient, url: str, n: int = 2, **cache: Any) -> list[Any]:
+    """Replicas sharing Redis; with `store_prompts` unless `redis` says otherwise (an
+    entry read from Redis without its question serves no paraphrase, so joins no index:
+    `test_without_its_question_another_replicas_entry_serves_no_paraphrase`)."""
     prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
     cfg = {"l2": {"enabled": True}, "redis": {"url": url, "key_prefix": prefix,
-                                              "timeout_s": 0.2},
+                                              "timeout_s": 0.2, "store_prompts": True},
            "store_truncated": True, **cache}
     clients = []
     for _ in range(n):
@@ -144,21 +147,20 @@ async def test_without_its_question_another_replicas_entry_serves_no_paraphrase(
     question's features alone, and its word-level rules could not run ("open" answered
     "close", "annual plans" answered "monthly plans" across replicas). Such an entry
     serves exact repeats only; the replica that stored it keeps its own question."""
-    a, b = await replicas(make_client, redis_server.url)
+    redis = {"url": redis_server.url, "key_prefix": f"weir:test:{uuid.uuid4().hex[:8]}:"}
+    a, b = await replicas(make_client, redis_server.url, redis=redis)
     await ask(a, "Is the store open on Saturday?")
-    await eventually(lambda: len(cache_of(b).store.index) == 1, timeout=1.0)
+    heard = cache_of(b).store.metrics.events.labels("add")
+    await eventually(lambda: heard._value.get() == 1, timeout=1.0)
+    assert len(cache_of(b).store.index) == 0  # heard, and not held
     for near_miss in ("Is the store closed on Saturday?", "Is the shop open on Saturday?"):
         layer, _ = await ask(b, near_miss)
         assert layer == "miss"
     layer, _ = await ask(b, "Is the store open on Saturday?")
     assert layer == "exact"  # (L2)
-    # A replica started later holds the entries for purges and caps, serving none.
-    (c,) = await replicas(make_client, redis_server.url, n=1,
-                          redis={"url": redis_server.url,
-                                 "key_prefix": cache_of(a).cfg.redis.key_prefix})
-    assert len(cache_of(c).store.index) == 3
-    layer, _ = await ask(c, "Is the shop open on Saturday, please?")
-    assert layer == "miss"
+    assert len(cache_of(a).store.index) == 1  # a holds its own, with its question
+    (c,) = await replicas(make_client, redis_server.url, n=1, redis=redis)
+    assert len(cache_of(c).store.index) == 0  # none loaded at start either
 
 
 async def test_tenants_never_share_entries(make_client: MakeClient, redis_server: RedisServer
@@ -232,9 +234,7 @@ async def test_redis_down_then_back(make_client: MakeClient, tmp_path: Path) -> 
     server = RedisServer(tmp_path).start()
     again: RedisServer | None = None
     try:
-        a, b = await replicas(make_client, server.url, redis={
-            "url": server.url, "key_prefix": f"weir:test:{uuid.uuid4().hex[:8]}:",
-            "timeout_s": 0.2, "store_prompts": True})  # (b serves a's paraphrases)
+        a, b = await replicas(make_client, server.url)
         await ask(a, "Which payment methods do you accept?")
         await eventually(lambda: len(cache_of(b).store.index) == 1)
         server.stop()

@@ -70,9 +70,11 @@ async def test_redis_holds_no_prompt_text(make_client: MakeClient,
     assert not [v for v in dump if marker in v.lower()]
     assert not [v for v in dump if "reset the" in v or "refund policy" in v]
 
-    # The other replica gets the entry from Redis, without its question: the near-miss
-    # guard could not check the words, so it serves no paraphrase from it.
-    await eventually(lambda: len(cache_of(b).store.index) == 2, timeout=2.0)
+    # The other replica hears of the entry, which Redis holds without its question: the
+    # near-miss guard could not check the words, so it serves no paraphrase from it.
+    heard = cache_of(b).store.metrics.events.labels("add")
+    await eventually(lambda: heard._value.get() == 2, timeout=2.0)
+    assert len(cache_of(b).store.index) == 0
     layer, _ = await ask(b, f"How can I reset the {marker} password for 2 users?",
                          headers={"Cache-Control": "no-store"})
     assert layer == "miss"
@@ -107,21 +109,22 @@ async def test_opt_in_keeps_prompts_in_redis(make_client: MakeClient,
 
 async def test_a_content_purge_reaches_copies_read_from_redis(make_client: MakeClient,
                                                               redis_server: RedisServer) -> None:
-    """Replica b serves an answer it read from Redis (no prompt in it), exactly and
-    semantically; the purge is asked of replica c, which never saw it. a, which stored it
-    and holds its prompt, matches it and names it to the others: b drops its copies, and
-    no replica serves the purged answer again."""
+    """Replica b serves an answer it read from Redis (no prompt in it); the purge is
+    asked of replica c, which never saw it. a, which stored it and holds its prompt,
+    matches it and names it to the others: b drops its copy, and no replica serves the
+    purged answer again."""
     (a, b, c), _ = await with_prefix(make_client, redis_server.url, n=3)
     q = "Tell me about project osprey launch"
     await ask(a, q)
     await settle(a)
-    assert (await ask(b, q))[0] == "exact"  # read from Redis into b's memory
-    await eventually(lambda: len(cache_of(b).store.index) == 1, timeout=2.0)
+    assert (await ask(b, q))[0] == "exact"  # read from Redis into b's memory (L1)
     r = await c.post("/admin/cache/purge", json={"contains": "osprey"},
                      headers={"Authorization": "Bearer k-admin"})
     assert r.status == 200 and (await r.json())["purged"]["l1"] == 0
-    await eventually(lambda: len(cache_of(b).store.index) == 0
+    b_l1 = cache_of(b).store.l1
+    await eventually(lambda: b_l1 is not None and len(b_l1) == 0
                      and len(cache_of(a).store.index) == 0, timeout=2.0)
+    await settle(a, b, c)
     for client in (a, b, c):  # probes must not store the answer again
         for text in (q, "Tell me about the project osprey launch"):
             layer, _ = await ask(client, text, headers={"Cache-Control": "no-store"})
