@@ -266,7 +266,7 @@ local function repair(quota, aging, listing, prefix, now)
     if h[i] ~= '' then ids[h[i]] = true; sizes[h[i]] = tonumber(h[i + 1]) end
   end
   redis.call('DEL', quota, aging)
-  local used = 0
+  local used, longest = 0, 0
   for id in pairs(ids) do
     local ttl = redis.call('PTTL', prefix .. id)
     if ttl > 0 then
@@ -275,9 +275,14 @@ local function repair(quota, aging, listing, prefix, now)
       redis.call('HSET', quota, id, num(size))
       redis.call('ZADD', aging, num(now + ttl * 1000), id)
       used = used + size
+      if ttl > longest then longest = ttl end
     end
   end
   redis.call('HSET', quota, '', num(used))
+  if longest > 0 then  -- (rebuilt keys expire with the last record they count)
+    redis.call('PEXPIRE', quota, longest)
+    redis.call('PEXPIRE', aging, longest)
+  end
 end
 local function settle(quota, aging, listing, prefix, now)
   local n = redis.call('HLEN', quota)
@@ -419,15 +424,15 @@ if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 end
 local old = redis.call('HGET', KEYS[3], ARGV[2])
+local ttl = redis.call('PTTL', KEYS[1])
 if not old then  -- held but not counted (stored before the bound was): counted now
-  local ttl = redis.call('PTTL', KEYS[1])
   redis.call('ZADD', KEYS[4], num(now + ttl * 1000), ARGV[2])
-  for i = 3, 4 do
-    if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
-  end
 end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
 redis.call('HINCRBY', KEYS[3], '', num(tonumber(ARGV[4]) - (tonumber(old) or 0)))
+for i = 3, 4 do  -- (after the writes: a key made by them has no expiry to keep)
+  if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
+end
 evict(KEYS[3], KEYS[4], KEYS[2], ARGV[6], tonumber(ARGV[5]), ARGV[2])
 return 1
 """

@@ -197,6 +197,27 @@ async def test_the_count_is_rebuilt_when_its_keys_are_lost(
         await store.close()
 
 
+async def test_the_accounting_keys_always_expire(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    """An update of a record stored before the bound (no accounting keys yet), or one
+    that rebuilds them, leaves them expiring with the records (they were made with no
+    expiry, kept for good by a tenant that never stored again)."""
+    store = make(redis_server, max_bytes=100_000, kind="chat")
+    try:
+        for i in range(2):
+            await store.put("t", f"c{i}", record(10 + i), summary(f"c{i}", i))
+        quota, aging = store._quota("t")
+        await raw.delete(quota, aging)  # as before the bound
+        assert await store.replace("t", "c0", record(20), summary("c0", 0))
+        assert await raw.pttl(quota) > 0 and await raw.pttl(aging) > 0
+        await raw.delete(aging)  # lost: the next write rebuilds both
+        assert await store.replace("t", "c1", record(21), summary("c1", 1))
+        assert await raw.zcard(aging) == 2
+        assert await raw.pttl(quota) > 0 and await raw.pttl(aging) > 0
+    finally:
+        await store.close()
+
+
 async def test_a_dropped_record_leaves_the_listing_as_a_deleted_one(
         redis_server: RedisServer, raw: aioredis.Redis) -> None:
     size = _size(record(10), summary("c0", 1000))  # (each the same size)
