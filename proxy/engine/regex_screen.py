@@ -38,22 +38,13 @@ _STDERR_LOCK = threading.Lock()
 
 @functools.lru_cache(maxsize=4096)
 def quiet(regex: str) -> bool:
-    """Whether the compiler takes `regex` without a warning (or refuses it outright)."""
-    with _STDERR_LOCK, tempfile.TemporaryFile() as sink:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)  # (a file: a warning as long as the regex never blocks)
-        try:
-            xgrammar.Grammar.from_json_schema(json.dumps({"type": "string",
-                                                          "pattern": regex}))
-        except Exception:  # refused: vLLM's check says so to the client
-            pass
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-        sink.seek(0)
-        written = sink.read()
+    """Whether the compiler takes `regex` without a warning (or refuses it outright).
+    Where stderr cannot be set aside (no room for the file, no stderr), no: the regex is
+    left out rather than risk the log."""
+    try:
+        written = _compiled_aside(regex)
+    except OSError:
+        return False
     warned = False
     others = []
     for line in written.splitlines(keepends=True):
@@ -64,6 +55,31 @@ def quiet(regex: str) -> bool:
     if others:  # another thread's, in that moment
         os.write(2, b"".join(others))
     return not warned
+
+
+def _compiled_aside(regex: str) -> bytes:
+    """What compiling `regex` wrote to stderr (fd 2), which is a file meanwhile (a file,
+    not a pipe: a warning as long as the regex never blocks the writer)."""
+    with _STDERR_LOCK, tempfile.TemporaryFile() as sink:
+        _flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            xgrammar.Grammar.from_json_schema(json.dumps({"type": "string",
+                                                          "pattern": regex}))
+        except Exception:  # refused: vLLM's check says so to the client
+            pass
+        finally:
+            _flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        sink.seek(0)
+        return sink.read()
+
+
+def _flush() -> None:
+    if sys.stderr is not None:
+        sys.stderr.flush()
 
 
 def regexes(schema: Any) -> Iterator[str]:

@@ -354,3 +354,23 @@ def test_a_regex_the_compiler_would_quote_in_the_log_is_left_out(
     # would forbid it, stricter than asked, and leave minProperties unmeetable)
     assert "additionalProperties" not in props["c"] and props["c"]["minProperties"] == 1
     assert sent["enum"] == schema["enum"]  # data, not a schema: as it came
+
+
+def test_a_regex_screened_where_stderr_cannot_be_set_aside_is_left_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No room for the file (or no stderr): the regex is left out, never a 500, and
+    never compiled where its warning would reach the log."""
+    import tempfile
+
+    from proxy.engine import regex_screen
+
+    def full(*a: Any, **kw: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", full)
+    regex_screen.quiet.cache_clear()
+    try:
+        schema = {"type": "string", "pattern": "^[a-z]+-unique-to-this-test$"}
+        assert regex_screen.screened(schema) == {"type": "string"}
+    finally:
+        regex_screen.quiet.cache_clear()
