@@ -352,12 +352,18 @@ MAX_GRAMMAR_NODES = 1024  # what the engine compiles: the response format, force
 # on CPU: an 80,000-character pattern 0.5 s alone; 8,192, about 40 ms).
 MAX_GRAMMAR_REGEX_CHARS = 8192
 MAX_GRAMMAR_TEXT_CHARS = 65536
-# A counted repeat (`{m,n}`) is written out by the compiler, and its cost grows faster
-# than the count: `[a-z]{0,1000}` 0.08 s, `{0,2000}` 0.4 s, `{5000,9999}` 8 s (16
-# characters). So the atoms that counted repeats add, nested ones multiplied, are
-# bounded too.
-MAX_GRAMMAR_REPEATS = 1024
-_COUNT = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
+# A counted repeat (`{m,n}`, blanks allowed inside) is written out by the compiler, and
+# its cost grows faster than the count and with the class: `[a-z]{0,1000}` 0.08 s,
+# `{0,2000}` 0.4 s, `{5000,9999}` 8 s (16 characters), `.{1000}` 0.4 s, `.{256}` 45 ms.
+# So the atoms that counted repeats add, nested ones multiplied, are bounded too.
+MAX_GRAMMAR_REPEATS = 256
+_COUNT = re.compile(r"\{\s*(\d+)\s*(?:(,)\s*(\d*)\s*)?\}")
+# A string `format` the compiler knows is a built-in regex: about 0.3 ms each compiled
+# (`date`, `uuid`), up to 3 ms (`ipv6`), more past a few hundred (1,000 `uri-reference`
+# properties took 4.7 s). Each weighs 1, the heavy ones 4, and they are bounded.
+MAX_GRAMMAR_FORMATS = 128
+_HEAVY_FORMATS = frozenset({"ipv6", "uri", "uri-reference", "uri-template", "duration",
+                            "email", "idn-email", "iri", "iri-reference"})
 
 
 def regex_repeats(regex: str, limit: int) -> int:
@@ -421,11 +427,11 @@ def _nodes(v: Any, limit: int) -> int:
     return n
 
 
-def _grammar_chars(schema: Any) -> tuple[int, int, int]:
+def _grammar_chars(schema: Any) -> tuple[int, int, int, int]:
     """(characters of regexes, atoms their counted repeats add, characters of literal
-    strings and names: in `enum` and `const` values, nested ones too) a schema compiles
-    into."""
-    regex = repeats = text = 0
+    strings and names: in `enum` and `const` values, nested ones too, the weight of its
+    string formats) a schema compiles into."""
+    regex = repeats = text = formats = 0
     stack: list[tuple[Any, bool]] = [(schema, False)]  # (node, a map of name -> schema)
     while stack:
         node, named = stack.pop()
@@ -439,6 +445,8 @@ def _grammar_chars(schema: Any) -> tuple[int, int, int]:
                     repeats += regex_repeats(value, MAX_GRAMMAR_REPEATS)
                 elif key in ("enum", "const"):
                     text += _text_chars(value)
+                elif key == "format" and isinstance(value, str):
+                    formats += 4 if value in _HEAVY_FORMATS else 1
                 elif key == "patternProperties" and isinstance(value, dict):
                     regex += sum(map(len, value))
                     repeats += sum(regex_repeats(k, MAX_GRAMMAR_REPEATS) for k in value)
@@ -447,7 +455,7 @@ def _grammar_chars(schema: Any) -> tuple[int, int, int]:
                     stack.append((value, key in SCHEMA_MAPS))
         elif isinstance(node, list):
             stack.extend((v, False) for v in node)
-    return regex, repeats, text
+    return regex, repeats, text, formats
 
 
 def _text_chars(value: Any) -> int:
@@ -506,7 +514,7 @@ def check_schema_budget(data: dict[str, Any]) -> None:
                 f"The request's JSON schemas are too large: at most {MAX_SCHEMA_NODES} "
                 f"objects and arrays in all (past it at `{param}`).", param=param,
                 code="invalid_value")
-    grammar = regex = repeats = text = 0
+    grammar = regex = repeats = text = formats = 0
     for param, schema in compiled:
         grammar += _nodes(schema, MAX_GRAMMAR_NODES - grammar)
         if grammar > MAX_GRAMMAR_NODES:
@@ -515,14 +523,18 @@ def check_schema_budget(data: dict[str, Any]) -> None:
                 f"`tool_choice` forces) may hold at most {MAX_GRAMMAR_NODES} objects and "
                 f"arrays in all (past it at `{param}`); use `tool_choice: auto` or a "
                 "smaller schema.", param=param, code="invalid_value")
-        more_regex, more_repeats, more_text = _grammar_chars(schema)
-        regex, repeats, text = regex + more_regex, repeats + more_repeats, text + more_text
+        more_regex, more_repeats, more_text, more_formats = _grammar_chars(schema)
+        regex, repeats = regex + more_regex, repeats + more_repeats
+        text, formats = text + more_text, formats + more_formats
         past = ("characters of regexes (`pattern`, `patternProperties`)",
                 MAX_GRAMMAR_REGEX_CHARS) if regex > MAX_GRAMMAR_REGEX_CHARS else (
             "atoms that their regexes' counted repeats (`{m,n}`) add, nested ones "
             "multiplied,", MAX_GRAMMAR_REPEATS) if repeats > MAX_GRAMMAR_REPEATS else (
             "characters of `enum` and `const` strings and property names",
-            MAX_GRAMMAR_TEXT_CHARS) if text > MAX_GRAMMAR_TEXT_CHARS else None
+            MAX_GRAMMAR_TEXT_CHARS) if text > MAX_GRAMMAR_TEXT_CHARS else (
+            "weight of string `format`s (each weighs 1, the costliest to compile 4: "
+            "`uri`, `uri-reference`, `email`, `ipv6`, ...)", MAX_GRAMMAR_FORMATS
+        ) if formats > MAX_GRAMMAR_FORMATS else None
         if past is not None:
             raise InvalidRequest(
                 f"The schemas the output must follow (the response format, and tools a "

@@ -540,8 +540,20 @@ def test_what_the_engine_compiles_has_a_budget_of_regex_and_literal_characters()
     assert "enum" in refused(fmt({"const": nested})).message
     assert "enum" in refused(fmt({"enum": [nested]})).message
     # A counted repeat is written out by the compiler (`{5000,9999}`: 8 s, 16 characters)
-    for few_chars in ("[a-z]{5000,9999}", "(([a-z]{16}){16}){16}", "[a-z]{100,600}" * 2):
+    for few_chars in ("[a-z]{5000,9999}", "(([a-z]{16}){16}){16}", "[a-z]{100,200}" * 2,
+                      "^[a-z]{5000, 9999}$", "[a-z]{ 3000}", ".{300}"):  # (blanks: read too)
         assert "repeats" in refused(fmt({"type": "string", "pattern": few_chars})).message
+
+    # A known string format is a built-in regex (1,000 `uri-reference`s: 4.7 s)
+    def formats(kind: str, n: int) -> dict[str, Any]:
+        return fmt({"type": "object", "properties": {
+            f"p{i}": {"type": "string", "format": kind} for i in range(n)}})
+
+    assert "format" in refused(formats("date", 129)).message
+    assert "format" in refused(formats("uri-reference", 33)).message
+    parse_model(ChatCompletionRequest, formats("date", 100))
+    parse_model(ChatCompletionRequest, fmt({"type": "object", "properties": {
+        "format": {"type": "string"}}}))  # a property so named is no format
     parse_model(ChatCompletionRequest, fmt({"type": "string",
                                             "pattern": r"^[A-Za-z0-9]{1,64}-\d{4}$"}))
     parse_model(ChatCompletionRequest, fmt({"type": "string", "pattern": "^[a-z]{3}$",
