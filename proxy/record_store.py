@@ -148,18 +148,22 @@ class MemoryStore:
         size = self._size(record, summary)
         self._items[tenant][record_id] = (hit[0], record, summary, size)
         self._places.pop(tenant, None)
-        self._fit(tenant, size - hit[3])
+        self._fit(tenant, size - hit[3], keep=record_id)
         return True
 
-    def _fit(self, tenant: str, grown: int) -> None:
-        """Count `grown` bytes more for the tenant, then drop its oldest records (never
-        the newest, which fits alone) while it holds more than its bound."""
+    def _fit(self, tenant: str, grown: int, keep: str | None = None) -> None:
+        """Count `grown` bytes more for the tenant, then drop its oldest records, never
+        `keep` (the one just updated, which may be the oldest) nor the newest (each fits
+        alone), while it holds more than its bound."""
         if self.max_bytes is None:
             return
         self._bytes[tenant] = self._bytes.get(tenant, 0) + grown
         records = self._items[tenant]
         while self._bytes[tenant] > self.max_bytes and len(records) > 1:
-            self._pop(tenant, next(iter(records)))
+            oldest = next((rid for rid in records if rid != keep), None)
+            if oldest is None:
+                return
+            self._pop(tenant, oldest)
 
     async def delete(self, tenant: str, record_id: str) -> bool:
         return self._held(tenant, record_id) is not None and self._pop(tenant, record_id)

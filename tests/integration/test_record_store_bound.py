@@ -349,7 +349,10 @@ async def test_in_memory_a_tenant_past_its_bound_loses_its_oldest_and_no_one_els
         await store.put("a", f"n{i}", record(i), summary(f"n{i}", 200 + i))
     assert await kept(store, "a", [mine[-1], "n0", "n1"]) == [  # type: ignore[arg-type]
         mine[-1], "n0", "n1"]
+    # an update of the oldest keeps it: older others go (it was dropped, and said 200)
+    oldest = next(iter(store._items["a"]))
+    assert await store.replace("a", oldest, {"pad": "x" * (4 * size)}, summary(oldest, 1))
+    assert await store.get("a", oldest) is not None
     with pytest.raises(RecordTooLarge):
         await store.put("a", "huge", {"pad": "x" * (6 * size)})
-    assert await kept(store, "a", [mine[-1], "n0", "n1"]) == [  # type: ignore[arg-type]
-        mine[-1], "n0", "n1"]  # nothing else of the tenant's was dropped for it
+    assert await store.get("a", oldest) is not None  # nothing was dropped for the refused
