@@ -84,11 +84,12 @@ class UpstreamError(InvalidRequest):
 
     @classmethod
     def in_band(cls, chunk: dict[str, Any]) -> UpstreamError | None:
-        """An error event in an upstream's stream, where it is the client's (a 4xx):
-        vLLM's server checks a request's sampling values (token ids in `logit_bias`,
-        `top_logprobs` past its limit, a schema its grammar compiler refuses) only as its
-        stream starts, and says so in the stream; a Weir names a schema's dead end there.
-        None where the upstream failed."""
+        """An error event that opens an upstream's stream, where it is the client's (a
+        4xx): vLLM's server checks a request's sampling values (token ids in
+        `logit_bias`, `top_logprobs` past its limit, a schema its grammar compiler
+        refuses) only as its stream starts, and says so in the stream. None where the
+        upstream failed. (Once an answer came, an error is the upstream's: vLLM's server
+        calls any exception in generation, a detokenizer's, a 400.)"""
         err = chunk.get("error")
         if not isinstance(err, dict):
             return None
@@ -338,7 +339,7 @@ class Upstream:
         """The upstream's chunks, until its `[DONE]`; `usage`: the client asked for the
         usage chunk (it is always asked of the upstream); `choices`: how many the answer
         has (each must have ended by the `[DONE]`)."""
-        done = False
+        done = relayed = False
         events = SseEvents()
         numbered: dict[int, tuple[int, str]] = {}  # a choice's last tool call
         ids: dict[tuple[int, int], str] = {}  # (choice, call) -> the id it goes out with
@@ -355,8 +356,8 @@ class Upstream:
                     chunk = json.loads(data)
                     if not isinstance(chunk, dict):
                         raise EngineError("The upstream failed mid-stream.")
-                    if "error" in chunk:
-                        raise (UpstreamError.in_band(chunk)
+                    if "error" in chunk:  # the client's only before any answer came
+                        raise ((UpstreamError.in_band(chunk) if not relayed else None)
                                or EngineError("The upstream failed mid-stream."))
                     try:
                         _number_calls(chunk, numbered)
@@ -368,6 +369,7 @@ class Upstream:
                         if not chunk.get("choices") and chunk.get("usage"):
                             continue  # the usage chunk
                         chunk.pop("usage", None)  # (`null` on every other chunk)
+                    relayed = True
                     yield chunk
             raise EngineError("The upstream's stream ended before it finished.")
         except TimeoutError:
