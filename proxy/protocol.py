@@ -703,6 +703,9 @@ StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=16)]
 #: vLLM's extension: a positive count of candidates, or 0 / -1 for all of them.
 TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
+#: vLLM's extensions, within vLLM's own bounds.
+MinP = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+RepetitionPenalty = Annotated[float, Field(gt=0.0, le=1e6, allow_inf_nan=False)]
 #: OpenAI's `seed` is an int64 (the engine's transport carries nothing wider).
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 OutputTokens = Annotated[int, Field(ge=1, le=INT32_MAX)]
@@ -729,9 +732,8 @@ class _SamplingFields(_NullIsDefault):
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] = 0
     top_k: TopK | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=1e6, allow_inf_nan=False)] | None = (
-        None)
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
 
     @field_validator("logit_bias")
     @classmethod

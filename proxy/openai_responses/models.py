@@ -20,8 +20,11 @@ from ..protocol import (
     InvalidFunctionParameters,
     JsonSchema,
     Metadata,
+    MinP,
+    RepetitionPenalty,
     Temperature,
     ToolParameters,
+    TopK,
     TopP,
     Unsupported,
     _NullIsDefault,
@@ -262,6 +265,10 @@ class ResponsesRequest(_NullIsDefault):
     max_output_tokens: Annotated[int, Field(ge=16)] | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
+    # vLLM's extensions, as its own Responses API takes them
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     text: TextConfig | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None

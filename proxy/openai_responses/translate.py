@@ -193,7 +193,9 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
     if req.stream:
         body["stream_options"] = {"include_usage": True}
     optional = {"max_completion_tokens": req.max_output_tokens, "temperature": req.temperature,
-                "top_p": req.top_p, "user": req.user, "response_format": _response_format(req),
+                "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
+                "repetition_penalty": req.repetition_penalty,
+                "user": req.user, "response_format": _response_format(req),
                 # (this API takes it without tools, as OpenAI's does; chat does not)
                 "parallel_tool_calls": req.parallel_tool_calls if req.tools else None}
     body.update({k: v for k, v in optional.items() if v is not None})

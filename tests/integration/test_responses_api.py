@@ -45,6 +45,20 @@ async def test_create_matches_spec_and_echoes_settings(make_client: MakeClient,
     assert body["usage"]["output_tokens"] == 16 and opts.temperature == 0.5
 
 
+async def test_vllms_sampling_extensions_reach_the_engine(make_client: MakeClient,
+                                                          fake_engine: FakeEngine) -> None:
+    """`top_k`, `min_p` and `repetition_penalty`, as vLLM's own Responses API takes them
+    (they were accepted and dropped); out of bounds, a 400 naming them."""
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "top_k": 5, "min_p": 0.1,
+                                                 "repetition_penalty": 1.3})
+    assert r.status == 200
+    _, opts, _ = fake_engine.calls[0]
+    assert (opts.top_k, opts.min_p, opts.repetition_penalty) == (5, 0.1, 1.3)
+    r = await client.post("/v1/responses", json={**BASE, "repetition_penalty": 0})
+    assert r.status == 400 and (await r.json())["error"]["param"] == "repetition_penalty"
+
+
 async def test_stream_events_are_ordered_numbered_and_valid(make_client: MakeClient) -> None:
     client = await make_client()
     whole = await (await client.post("/v1/responses", json={**BASE, "store": False})).json()
