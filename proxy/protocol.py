@@ -250,22 +250,29 @@ SUBSCHEMA = frozenset({"items", "additionalProperties", "not", "if", "then", "el
 SUBSCHEMAS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
 
 
-def schema_refs(schema: dict[str, Any]) -> Iterator[str]:
-    """Every `$ref` where a schema stands: not in data (`enum`, `default`, ...), and a
-    property or definition named like a keyword is a name."""
+def schema_nodes(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every object where a schema stands (iterative): not in data (`enum`, `default`,
+    ...), and the keys of a map of names (`properties`, `$defs`, ...) are names, so a
+    property named like a keyword is no keyword."""
     stack: list[tuple[Any, bool]] = [(schema, False)]  # (node, a map of name -> schema)
     while stack:
         x, named = stack.pop()
         if isinstance(x, dict) and named:
             stack.extend((v, False) for v in x.values())
         elif isinstance(x, dict):
-            ref = x.get("$ref")
-            if isinstance(ref, str):
-                yield ref
+            yield x
             stack.extend((v, k in SCHEMA_MAPS) for k, v in x.items()
                          if k not in SCHEMA_DATA)
         elif isinstance(x, list):
             stack.extend((v, False) for v in x)
+
+
+def schema_refs(schema: dict[str, Any]) -> Iterator[str]:
+    """Every `$ref` where a schema stands."""
+    for node in schema_nodes(schema):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            yield ref
 
 
 _ESCAPE = re.compile(r"~[01]|%[0-9A-Fa-f]{2}")
@@ -432,29 +439,20 @@ def _grammar_chars(schema: Any) -> tuple[int, int, int, int]:
     strings and names: in `enum` and `const` values, nested ones too, the weight of its
     string formats) a schema compiles into."""
     regex = repeats = text = formats = 0
-    stack: list[tuple[Any, bool]] = [(schema, False)]  # (node, a map of name -> schema)
-    while stack:
-        node, named = stack.pop()
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if named:
-                    text += len(key)
-                    stack.append((value, False))
-                elif key == "pattern" and isinstance(value, str):
-                    regex += len(value)
-                    repeats += regex_repeats(value, MAX_GRAMMAR_REPEATS)
-                elif key in ("enum", "const"):
-                    text += _text_chars(value)
-                elif key == "format" and isinstance(value, str):
-                    formats += 4 if value in _HEAVY_FORMATS else 1
-                elif key == "patternProperties" and isinstance(value, dict):
-                    regex += sum(map(len, value))
-                    repeats += sum(regex_repeats(k, MAX_GRAMMAR_REPEATS) for k in value)
-                    stack.extend((v, False) for v in value.values())
-                elif key not in SCHEMA_DATA:
-                    stack.append((value, key in SCHEMA_MAPS))
-        elif isinstance(node, list):
-            stack.extend((v, False) for v in node)
+    for node in schema_nodes(schema):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                regex += len(value)
+                repeats += regex_repeats(value, MAX_GRAMMAR_REPEATS)
+            elif key in ("enum", "const"):
+                text += _text_chars(value)
+            elif key == "format" and isinstance(value, str):
+                formats += 4 if value in _HEAVY_FORMATS else 1
+            elif key == "patternProperties" and isinstance(value, dict):  # names: regexes
+                regex += sum(map(len, value))
+                repeats += sum(regex_repeats(k, MAX_GRAMMAR_REPEATS) for k in value)
+            elif key in SCHEMA_MAPS and isinstance(value, dict):
+                text += sum(map(len, value))
     return regex, repeats, text, formats
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import xgrammar
 
-from ..protocol import SCHEMA_DATA, SCHEMA_MAPS
+from ..protocol import SCHEMA_DATA, SCHEMA_MAPS, schema_nodes
 
 #: The compiler's own lines: `[hh:mm:ss] /path/file.cc:123: Warning: ...`.
 _COMPILER_LINE = re.compile(rb"^\[\d\d:\d\d:\d\d\] \S+\.(?:cc|h):\d+: ")
@@ -85,21 +85,12 @@ def _flush() -> None:
 def regexes(schema: Any) -> Iterator[str]:
     """Every regex in a schema: `pattern` values and `patternProperties` names (not in
     data, `enum` and the like; and a property named `pattern` is a name)."""
-    stack: list[tuple[Any, bool]] = [(schema, False)]  # (node, a map of name -> schema)
-    while stack:
-        node, named = stack.pop()
-        if isinstance(node, dict) and named:
-            stack.extend((v, False) for v in node.values())
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                if key == "pattern" and isinstance(value, str):
-                    yield value
-                elif key == "patternProperties" and isinstance(value, dict):
-                    yield from value
-                if key not in SCHEMA_DATA:
-                    stack.append((value, key in SCHEMA_MAPS))
-        elif isinstance(node, list):
-            stack.extend((v, False) for v in node)
+    for node in schema_nodes(schema):
+        pattern, names = node.get("pattern"), node.get("patternProperties")
+        if isinstance(pattern, str):
+            yield pattern
+        if isinstance(names, dict):
+            yield from names
 
 
 def without(node: Any, noisy: frozenset[str], named: bool = False) -> Any:
