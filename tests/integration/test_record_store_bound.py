@@ -77,6 +77,16 @@ async def kept(store: RedisStore, tenant: str, ids: list[str]) -> list[str]:
             if rec is not None]
 
 
+async def full_of_three(redis_server: RedisServer) -> tuple[RedisStore, int]:
+    """A store whose bound holds three records of `size`, and tenant `t`'s three in it
+    (r0, r1, r2)."""
+    size = _size(record(10))
+    store = make(redis_server, max_bytes=3 * size)
+    for i in range(3):
+        await store.put("t", f"r{i}", record(10 + i))
+    return store, size
+
+
 async def test_a_tenant_past_its_bound_loses_its_oldest_and_no_one_elses(
         redis_server: RedisServer, raw: aioredis.Redis) -> None:
     size = _size(record(10))
@@ -161,11 +171,8 @@ async def test_a_replace_that_grows_a_record_drops_the_oldest_others(
 async def test_expired_records_leave_the_count(
         redis_server: RedisServer, raw: aioredis.Redis) -> None:
     """A record gone by its TTL is counted off at the next put (its expiry passed)."""
-    size = _size(record(10))
-    store = make(redis_server, max_bytes=3 * size)
+    store, size = await full_of_three(redis_server)
     try:
-        for i in range(3):
-            await store.put("t", f"r{i}", record(10 + i))
         _, aging = store._quota("t")
         await raw.delete(store._key("t", "r0"))  # as if expired: its key gone...
         await raw.zadd(aging, {"r0": 1})  # ...its expiry past
@@ -239,11 +246,8 @@ async def test_a_dropped_record_leaves_the_listing_as_a_deleted_one(
 
 async def test_a_record_larger_than_the_whole_bound_is_refused(
         redis_server: RedisServer, raw: aioredis.Redis) -> None:
-    size = _size(record(10))
-    store = make(redis_server, max_bytes=3 * size)
+    store, size = await full_of_three(redis_server)
     try:
-        for i in range(3):
-            await store.put("t", f"r{i}", record(10 + i))
         huge = {"pad": "y" * (3 * size)}
         with pytest.raises(RecordTooLarge) as e:
             await store.put("t", "big", huge)
