@@ -209,6 +209,14 @@ ON_BEHALF_OF = "x-weir-on-behalf-of"
 _CALLER = re.compile(r"[0-9a-f]{32}\.[0-9a-f]{32}\Z")
 
 
+def account(tenant: str) -> str:
+    """The configured tenant a tenant's resources count against: itself, or for a caller
+    a gateway's key forwards for (`TENANT~GATEWAY~DIGEST`, see `_on_behalf_of`) that
+    key's tenant. A gateway names as many callers as it likes; what they store together
+    is bounded as one tenant's (`proxy.record_store`)."""
+    return tenant.partition("~")[0]
+
+
 def caller_digest(principal: Principal, secret: str) -> str:
     """`principal` as a Weir in front names it upstream: `TENANT.USER`, each the first 128
     bits of an HMAC keyed by `secret` (the front's own: it never leaves the front), so

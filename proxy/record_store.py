@@ -14,7 +14,10 @@ what it lists, page by page, pages on).
 In Redis each tenant's records of a kind take at most `responses.max_bytes_per_tenant`
 (their JSON, summaries included): a put past it drops that tenant's oldest records, as
 if deleted (never another tenant's), so one tenant cannot fill the Redis every tenant's
-cache shares; a record larger than all of it is refused (`RecordTooLarge`, a 413).
+cache shares; a record larger than all of it is refused (`RecordTooLarge`, a 413). The
+callers a gateway's key forwards for (`on_behalf_of`: each a tenant of its own, whose
+records no one else reads) count with that key's tenant (`auth.account`): a gateway
+cannot open a bound for each name it makes up.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
+from .auth import account
 from .errors import RecordTooLarge, Unavailable
 from .redis_client import blocking_client
 from .settings import DEFAULT_MAX_BYTES_PER_TENANT, ResponsesSettings
@@ -76,7 +80,9 @@ class MemoryStore:
     oldest: a tenant can push out its own records, never a smaller tenant's (cheap
     requests, cache hits say, must not wipe another tenant's conversations). Each
     tenant's records take at most `max_bytes` (their JSON): past it, its own oldest go
-    (as in Redis), so a few large conversations cannot fill the process's memory."""
+    (as in Redis), so a few large conversations cannot fill the process's memory. Both
+    count a configured tenant's callers behind a gateway key with it (`auth.account`):
+    a gateway naming many callers is one tenant here."""
 
     def __init__(self, ttl_s: float, max_items: int, kind: str = "responses",
                  max_bytes: int | None = None) -> None:
@@ -88,7 +94,9 @@ class MemoryStore:
         #: tenant -> id -> (expires, record, summary, size), oldest first
         self._items: dict[str, OrderedDict[
             str, tuple[float, Record, Summary | None, int]]] = {}
-        self._bytes: dict[str, int] = {}  # tenant -> the sizes of its records
+        #: account -> (tenant, id) of its tenants' records, oldest first
+        self._aged: dict[str, OrderedDict[tuple[str, str], None]] = {}
+        self._bytes: dict[str, int] = {}  # account -> the sizes of its records
         #: tenant -> id -> (kept until, summary) of listed records gone, oldest first
         self._gone: dict[str, OrderedDict[str, tuple[float, Summary]]] = {}
         self._gone_count = 0
@@ -133,12 +141,13 @@ class MemoryStore:
         self._unmark(tenant, record_id)
         self._items.setdefault(tenant, OrderedDict())[record_id] = (
             time.monotonic() + self.ttl_s, record, summary, size)
+        self._aged.setdefault(account(tenant), OrderedDict())[tenant, record_id] = None
         self._count += 1
         self._places.pop(tenant, None)
         self._fit(tenant, size)
         while self._count > self.max_items:
-            largest = max(self._items, key=lambda t: len(self._items[t]))
-            self._pop(largest, next(iter(self._items[largest])))
+            largest = max(self._aged.values(), key=len)
+            self._pop(*next(iter(largest)))
 
     async def replace(self, tenant: str, record_id: str, record: Record,
                       summary: Summary | None = None) -> bool:
@@ -152,18 +161,19 @@ class MemoryStore:
         return True
 
     def _fit(self, tenant: str, grown: int, keep: str | None = None) -> None:
-        """Count `grown` bytes more for the tenant, then drop its oldest records, never
-        `keep` (the one just updated, which may be the oldest) nor the newest (each fits
-        alone), while it holds more than its bound."""
+        """Count `grown` bytes more for the tenant's account, then drop its oldest
+        records, never `keep` (the tenant's one just updated, which may be the oldest)
+        nor the newest (each fits alone), while it holds more than its bound."""
         if self.max_bytes is None:
             return
-        self._bytes[tenant] = self._bytes.get(tenant, 0) + grown
-        records = self._items[tenant]
-        while self._bytes[tenant] > self.max_bytes and len(records) > 1:
-            oldest = next((rid for rid in records if rid != keep), None)
+        owner = account(tenant)
+        self._bytes[owner] = self._bytes.get(owner, 0) + grown
+        aged = self._aged[owner]
+        while self._bytes[owner] > self.max_bytes and len(aged) > 1:
+            oldest = next((place for place in aged if place != (tenant, keep)), None)
             if oldest is None:
                 return
-            self._pop(tenant, oldest)
+            self._pop(*oldest)
 
     async def delete(self, tenant: str, record_id: str) -> bool:
         return self._held(tenant, record_id) is not None and self._pop(tenant, record_id)
@@ -211,11 +221,16 @@ class MemoryStore:
             return False
         self._count -= 1
         self._places.pop(tenant, None)
+        owner = account(tenant)
+        aged = self._aged[owner]
+        del aged[tenant, record_id]
         if hit[3]:
-            self._bytes[tenant] -= hit[3]
+            self._bytes[owner] -= hit[3]
         if not records:
             del self._items[tenant]
-            self._bytes.pop(tenant, None)
+        if not aged:
+            del self._aged[owner]
+            self._bytes.pop(owner, None)
         if mark and hit[2] is not None:  # listed: its place stays a while (a cursor)
             self._unmark(tenant, record_id)
             self._gone.setdefault(tenant, OrderedDict())[record_id] = (
@@ -236,6 +251,7 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._items.clear()
+        self._aged.clear()
         self._bytes.clear()
         self._gone.clear()
         self._places.clear()
@@ -247,37 +263,43 @@ class MemoryStore:
 _GRACE_S = 60.0
 #: At most this many expired summaries leave the listing at each put (bounded work).
 _PRUNE = 256
-# A tenant's bound (`responses.max_bytes_per_tenant`), kept by the scripts that write:
-# the sizes of its records by id in a hash (`quota`, its field '' their total) and their
-# expiries (µs, Redis's clock: they go as their keys do; a later put's always later, so
-# the oldest is the first put) in a sorted set (`aging`). Each
-# write first takes the expired out of both (a bounded number: the rest are the oldest,
-# the first dropped); if the two disagree (one evicted by Redis's `maxmemory`, say) they
-# are rebuilt from the records held. Dropping a record past the bound deletes it as
-# DELETE does: its summary leaves the listing, its place stays (a cursor). (A dropped
-# record's key is built in the script, from ARGV: one Redis, not a cluster.)
+# A tenant's bound (`responses.max_bytes_per_tenant`; a tenant's callers behind a gateway
+# key count with it, `auth.account`), kept by the scripts that write: the sizes of its
+# records in a hash (`bound`, its field '' their total) and their expiries (µs, Redis's
+# clock: they go as their keys do; a later put's always later, so the oldest is the first
+# put) in a sorted set (`aged`), each record named by its place, `SCOPE:ID` (the records'
+# key without the store's prefix; SCOPE, 32 hex digits, names its tenant's listing too).
+# Each write first takes the expired out of both (a bounded number: the rest are the
+# oldest, the first dropped); if the two disagree (one evicted by Redis's `maxmemory`,
+# say) they are rebuilt from the records held. Dropping a record past the bound deletes it
+# as DELETE does: its summary leaves the listing, its place stays (a cursor). (Its keys
+# are built in the script, from ARGV: one Redis, not a cluster.)
 _QUOTA_LUA = """
 local function num(x) return string.format('%.0f', x) end
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local function repair(quota, aging, listing, prefix, now)
-  local ids, sizes = {}, {}
-  for _, id in ipairs(redis.call('ZRANGE', aging, 0, -1)) do ids[id] = true end
+local function listing_of(base, place)
+  return base .. 'listing:' .. string.sub(place, 1, 32), string.sub(place, 34)
+end
+local function repair(quota, aging, base, now)
+  local places, sizes = {}, {}
+  for _, place in ipairs(redis.call('ZRANGE', aging, 0, -1)) do places[place] = true end
   local h = redis.call('HGETALL', quota)
   for i = 1, #h, 2 do
-    if h[i] ~= '' then ids[h[i]] = true; sizes[h[i]] = tonumber(h[i + 1]) end
+    if h[i] ~= '' then places[h[i]] = true; sizes[h[i]] = tonumber(h[i + 1]) end
   end
   redis.call('DEL', quota, aging)
   local used, longest = 0, 0
-  for id in pairs(ids) do
-    local ttl = redis.call('PTTL', prefix .. id)
+  for place in pairs(places) do
+    local ttl = redis.call('PTTL', base .. place)
     if ttl > 0 then
-      local size = sizes[id] or (redis.call('STRLEN', prefix .. id)
-                                 + redis.call('HSTRLEN', listing, id))
-      redis.call('HSET', quota, id, num(size))
-      redis.call('ZADD', aging, num(now + ttl * 1000), id)
+      local listing, id = listing_of(base, place)
+      local size = sizes[place] or (redis.call('STRLEN', base .. place)
+                                    + redis.call('HSTRLEN', listing, id))
+      redis.call('HSET', quota, place, num(size))
+      redis.call('ZADD', aging, num(now + ttl * 1000), place)
       used = used + size
       if ttl > longest then longest = ttl end
     end
@@ -288,11 +310,11 @@ local function repair(quota, aging, listing, prefix, now)
     redis.call('PEXPIRE', aging, longest)
   end
 end
-local function settle(quota, aging, listing, prefix, now)
+local function settle(quota, aging, base, now)
   local n = redis.call('HLEN', quota)
   local m = redis.call('ZCARD', aging)
   if (n == 0 and m > 0) or (n > 0 and n ~= m + 1) then
-    repair(quota, aging, listing, prefix, now)
+    repair(quota, aging, base, now)
     return
   end
   local gone = redis.call('ZRANGEBYSCORE', aging, '-inf', num(now), 'LIMIT', 0, 256)
@@ -306,20 +328,21 @@ local function settle(quota, aging, listing, prefix, now)
     redis.call('HINCRBY', quota, '', num(-freed))
   end
 end
-local function evict(quota, aging, listing, prefix, max, keep)
+local function evict(quota, aging, base, max, keep)
   local used = tonumber(redis.call('HGET', quota, '') or '0')
   local dropped = 0
   while used > max do
     local oldest = redis.call('ZRANGE', aging, 0, 63)
     local any = false
-    for _, id in ipairs(oldest) do
-      if id ~= keep then
+    for _, place in ipairs(oldest) do
+      if place ~= keep then
         any = true
-        used = used - (tonumber(redis.call('HGET', quota, id)) or 0)
-        redis.call('DEL', prefix .. id)
+        used = used - (tonumber(redis.call('HGET', quota, place)) or 0)
+        local listing, id = listing_of(base, place)
+        redis.call('DEL', base .. place)
         redis.call('HDEL', listing, id)
-        redis.call('HDEL', quota, id)
-        redis.call('ZREM', aging, id)
+        redis.call('HDEL', quota, place)
+        redis.call('ZREM', aging, place)
         dropped = dropped + 1
         if used <= max then break end
       end
@@ -330,20 +353,21 @@ local function evict(quota, aging, listing, prefix, max, keep)
   return dropped
 end
 """
-# A record put: KEYS record, quota, aging, listing, order, expiry; ARGV id, JSON, size,
-# bound, ttl (ms), records' key prefix, summary ('': not listed), its order, its expiry,
-# the listing's prune time. Returns how many of the tenant's records it dropped.
+# A record put: KEYS record, bound, aged, listing, order, expiry; ARGV id, JSON, size,
+# bound, ttl (ms), the store's key prefix, summary ('': not listed), its order, its
+# expiry, the listing's prune time, how many it prunes, the record's place. Returns how
+# many of the account's records it dropped.
 _PUT_SCRIPT = _QUOTA_LUA + """
 local now = now_us()
-settle(KEYS[2], KEYS[3], KEYS[4], ARGV[6], now)
-local old = redis.call('HGET', KEYS[2], ARGV[1])
+settle(KEYS[2], KEYS[3], ARGV[6], now)
+local old = redis.call('HGET', KEYS[2], ARGV[12])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[5])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[12], ARGV[3])
 redis.call('HINCRBY', KEYS[2], '', num(tonumber(ARGV[3]) - (tonumber(old) or 0)))
 local expires = now + tonumber(ARGV[5]) * 1000
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
 if last[2] and tonumber(last[2]) >= expires then expires = tonumber(last[2]) + 1 end
-redis.call('ZADD', KEYS[3], num(expires), ARGV[1])
+redis.call('ZADD', KEYS[3], num(expires), ARGV[12])
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[7])
   redis.call('ZADD', KEYS[5], ARGV[8], ARGV[1])
@@ -357,14 +381,14 @@ if ARGV[7] ~= '' then
     redis.call('ZREM', KEYS[6], unpack(gone))
   end
 end
-local dropped = evict(KEYS[2], KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[4]), ARGV[1])
+local dropped = evict(KEYS[2], KEYS[3], ARGV[6], tonumber(ARGV[4]), ARGV[12])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 redis.call('PEXPIRE', KEYS[3], ARGV[5])
 return dropped
 """
 # A record deleted (ARGV[2] = '1'), or found gone: its summary leaves the listing, its
-# place in the order stays (a cursor), and its size the tenant's total. Returns whether
-# a record was deleted. KEYS record, listing, quota, aging.
+# place in the order stays (a cursor), and its size the account's total. Returns whether
+# a record was deleted. KEYS record, listing, bound, aged; ARGV id, deleted?, place.
 _RETIRE_SCRIPT = """
 local deleted = 0
 if ARGV[2] == '1' then
@@ -373,10 +397,10 @@ elseif redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 redis.call('HDEL', KEYS[2], ARGV[1])
-local size = redis.call('HGET', KEYS[3], ARGV[1])
+local size = redis.call('HGET', KEYS[3], ARGV[3])
 if size then
-  redis.call('HDEL', KEYS[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[3], ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[3])
   redis.call('HINCRBY', KEYS[3], '', string.format('%.0f', -tonumber(size)))
 end
 return deleted
@@ -415,29 +439,29 @@ return {ids, redis.call('HMGET', KEYS[2], unpack(ids)),
         redis.call('ZSCORE', KEYS[1], ids[#ids])}
 """
 # A record put again only if it is held, with its expiry kept (and its age: a replace
-# does not make a record newer). KEYS record, listing, quota, aging; ARGV JSON, id,
-# summary ('': the listed one kept), size, bound, records' key prefix.
+# does not make a record newer). KEYS record, listing, bound, aged; ARGV JSON, id,
+# summary ('': the listed one kept), size, bound, the store's key prefix, place.
 _REPLACE_SCRIPT = _QUOTA_LUA + """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 local now = now_us()
-settle(KEYS[3], KEYS[4], KEYS[2], ARGV[6], now)
+settle(KEYS[3], KEYS[4], ARGV[6], now)
 redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 end
-local old = redis.call('HGET', KEYS[3], ARGV[2])
+local old = redis.call('HGET', KEYS[3], ARGV[7])
 local ttl = redis.call('PTTL', KEYS[1])
 if not old then  -- held but not counted (stored before the bound was): counted now
-  redis.call('ZADD', KEYS[4], num(now + ttl * 1000), ARGV[2])
+  redis.call('ZADD', KEYS[4], num(now + ttl * 1000), ARGV[7])
 end
-redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+redis.call('HSET', KEYS[3], ARGV[7], ARGV[4])
 redis.call('HINCRBY', KEYS[3], '', num(tonumber(ARGV[4]) - (tonumber(old) or 0)))
 for i = 3, 4 do  -- (after the writes: a key made by them has no expiry to keep)
   if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
 end
-evict(KEYS[3], KEYS[4], KEYS[2], ARGV[6], tonumber(ARGV[5]), ARGV[2])
+evict(KEYS[3], KEYS[4], ARGV[6], tonumber(ARGV[5]), ARGV[7])
 return 1
 """
 
@@ -476,7 +500,7 @@ class RedisStore:
         return hashlib.sha256(tenant.encode()).hexdigest()[:32]
 
     def _key(self, tenant: str, record_id: str) -> str:
-        return f"{self._prefix}{self._scope(tenant)}:{record_id}"
+        return self._prefix + self._place(tenant, record_id)
 
     def _listing(self, tenant: str) -> tuple[str, str, str]:
         """(the summaries' hash, their order, their expiry): a scope is hex, so no
@@ -486,9 +510,14 @@ class RedisStore:
                 f"{self._prefix}expiry:{scope}")
 
     def _quota(self, tenant: str) -> tuple[str, str]:
-        """(the sizes of the tenant's records, and their total; their expiries)."""
-        scope = self._scope(tenant)
-        return f"{self._prefix}quota:{scope}", f"{self._prefix}aging:{scope}"
+        """(the sizes of the records of the tenant's account, and their total; their
+        expiries): see `_QUOTA_LUA`."""
+        scope = self._scope(account(tenant))
+        return f"{self._prefix}bound:{scope}", f"{self._prefix}aged:{scope}"
+
+    def _place(self, tenant: str, record_id: str) -> str:
+        """A record's name in its account's bound: its key without the store's prefix."""
+        return f"{self._scope(tenant)}:{record_id}"
 
     def _sized(self, record: Record, summary: Summary | None) -> tuple[bytes, bytes, int]:
         """The record's JSON, its summary's (b"": none) and what they count toward the
@@ -526,14 +555,14 @@ class RedisStore:
             dropped = await self._put(
                 keys=[self._key(tenant, record_id), *self._quota(tenant),
                       *self._listing(tenant)],
-                args=[record_id, data, size, self._bound, self._ttl_ms,
-                      self._key(tenant, ""), listed,
+                args=[record_id, data, size, self._bound, self._ttl_ms, self._prefix, listed,
                       at // 1000,  # µs: exact in a double
-                      now + self.ttl_s, now - _GRACE_S, _PRUNE])
+                      now + self.ttl_s, now - _GRACE_S, _PRUNE,
+                      self._place(tenant, record_id)])
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
         if dropped:
-            log.debug("record store: a tenant at its bound lost its oldest records",
+            log.debug("record store: an account at its bound lost its oldest records",
                       kind=self.kind, dropped=dropped)
 
     async def replace(self, tenant: str, record_id: str, record: Record,
@@ -543,7 +572,8 @@ class RedisStore:
             return bool(await self._replace(
                 keys=[self._key(tenant, record_id), self._listing(tenant)[0],
                       *self._quota(tenant)],
-                args=[data, record_id, listed, size, self._bound, self._key(tenant, "")]))
+                args=[data, record_id, listed, size, self._bound, self._prefix,
+                      self._place(tenant, record_id)]))
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
 
@@ -559,7 +589,7 @@ class RedisStore:
             return bool(await self._retire(
                 keys=[self._key(tenant, record_id), self._listing(tenant)[0],
                       *self._quota(tenant)],
-                args=[record_id, "1" if delete else "0"]))
+                args=[record_id, "1" if delete else "0", self._place(tenant, record_id)]))
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
 

@@ -325,8 +325,9 @@ class ResponsesSettings(_Strict):
         "stored responses may take, in Redis or in memory (their JSON, in bytes), and "
         "as much again its stored chat completions. A put past it drops that tenant's "
         "oldest records (never another tenant's), so one tenant cannot fill the Redis "
-        "that every tenant's cache shares. A record larger than all of it is not stored: "
-        "a response whose input alone is, is a 413 `stored_record_too_large`; one its "
+        "that every tenant's cache shares. The callers a gateway key forwards for "
+        "(`on_behalf_of`) count as that key's tenant. A record larger than all of it is "
+        "not stored: a response whose input alone is, is a 413 `stored_record_too_large`; one its "
         "output takes past goes out with `store: false`; a chat completion goes out "
         "unstored. Size Redis's `maxmemory` for the tenants' bounds besides the cache.")
 

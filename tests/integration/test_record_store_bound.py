@@ -60,15 +60,16 @@ async def used(r: aioredis.Redis, store: RedisStore, tenant: str) -> int:
 
 
 async def held(r: aioredis.Redis, store: RedisStore, tenant: str) -> int:
-    """What the tenant's records take, read from the records themselves."""
+    """What the records of the tenant's account take, read from the records themselves
+    (each counted by its place, `SCOPE:ID`)."""
     quota, _ = store._quota(tenant)
-    listing = store._listing(tenant)[0]
     total = 0
     for field in await r.hkeys(quota):
-        rid = field.decode()
-        if rid:
-            total += (await r.strlen(store._key(tenant, rid))
-                      + await r.hstrlen(listing, rid))
+        place = field.decode()
+        if place:
+            scope, _, rid = place.partition(":")
+            total += (await r.strlen(store._prefix + place)
+                      + await r.hstrlen(f"{store._prefix}listing:{scope}", rid))
     return total
 
 
@@ -109,6 +110,37 @@ async def test_a_tenant_past_its_bound_loses_its_oldest_and_no_one_elses(
             await store.put("b", f"c{i}", record(20 + i))
         assert await kept(store, "b", ["b0", "b1", "b2", "c0", "c1", "c2"]) == [
             "b0", "b2", "c0", "c1", "c2"]
+    finally:
+        await store.close()
+
+
+async def test_callers_behind_a_gateway_key_share_its_tenants_bound(
+        redis_server: RedisServer, raw: aioredis.Redis) -> None:
+    """Each caller a gateway's key forwards for (`on_behalf_of`) is a tenant of its own
+    (`TENANT~GATEWAY~DIGEST`), but what they store counts against the key's tenant: a
+    gateway naming a new caller for each request cannot open a bound for each. The
+    oldest go first whoever stored them; no other tenant's. Each caller's records stay
+    its own (found, listed and dropped under its own listing)."""
+    size = _size(record(10), summary("c0", 1))
+    store = make(redis_server, max_bytes=4 * size, kind="chat")
+    try:
+        await store.put("other", "o0", record(10), summary("o0", 1))
+        callers = [f"acme~edge~{i:032x}" for i in range(10)]
+        for i, caller in enumerate(callers):
+            await store.put(caller, f"c{i}", record(10 + i % 10), summary(f"c{i}", i))
+            assert await used(raw, store, "acme") <= 4 * size
+        assert [bool(await store.get(c, f"c{i}")) for i, c in enumerate(callers)] == [
+            False] * 6 + [True] * 4
+        assert await used(raw, store, "acme") == await held(raw, store, "acme") == 4 * size
+        assert store._quota(callers[0]) == store._quota("acme")
+        listed, _ = await store.scan(callers[0], None, False, 10)
+        assert listed == []  # the dropped left its caller's listing
+        assert [s["id"] for s in (await store.scan(callers[9], None, False, 10))[0]] == ["c9"]
+        await store.put("acme", "ow", record(10), summary("ow", 9))  # the key's own
+        assert await store.get(callers[6], "c6") is None  # the oldest went for it
+        assert await store.get("other", "o0") == record(10)
+        assert await store.delete(callers[9], "c9")  # a delete gives the room back
+        assert await used(raw, store, "acme") == await held(raw, store, "acme") == 3 * size
     finally:
         await store.close()
 
@@ -175,7 +207,7 @@ async def test_expired_records_leave_the_count(
     try:
         _, aging = store._quota("t")
         await raw.delete(store._key("t", "r0"))  # as if expired: its key gone...
-        await raw.zadd(aging, {"r0": 1})  # ...its expiry past
+        await raw.zadd(aging, {store._place("t", "r0"): 1})  # ...its expiry past
         await store.put("t", "r3", record(13))
         # Room for r3 where r0 was: nothing live dropped.
         assert await kept(store, "t", ["r1", "r2", "r3"]) == ["r1", "r2", "r3"]
@@ -261,6 +293,29 @@ async def test_a_record_larger_than_the_whole_bound_is_refused(
         assert await used(raw, store, "t") == 3 * size
     finally:
         await store.close()
+
+
+async def test_in_memory_callers_behind_a_gateway_key_count_as_its_tenant() -> None:
+    """The memory store bounds them the same, and when full it takes from the tenant
+    holding the most with all its callers: ten callers of one record each are not ten
+    small tenants that push a larger one out."""
+    from proxy.record_store import MemoryStore
+
+    size = _size(record(10))
+    store = MemoryStore(3600, 1000, max_bytes=4 * size)
+    callers = [f"acme~edge~{i:032x}" for i in range(10)]
+    for i, caller in enumerate(callers):
+        await store.put(caller, f"c{i}", record(10 + i % 10))
+    assert [await store.get(c, f"c{i}") is not None for i, c in enumerate(callers)] == [
+        False] * 6 + [True] * 4
+    store = MemoryStore(3600, max_items=6)
+    for i in range(3):
+        await store.put("big", f"b{i}", record(i))
+    for i in range(4):  # 4 callers of one record each: together the largest
+        await store.put(callers[i], f"c{i}", record(i))
+    assert [await store.get("big", f"b{i}") is not None for i in range(3)] == [True] * 3
+    assert await store.get(callers[0], "c0") is None  # their oldest went
+    assert len(store) == 6
 
 
 def _post(client: Any, body: dict[str, Any]) -> Any:

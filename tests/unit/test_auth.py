@@ -125,7 +125,7 @@ def test_open_mode_without_keys_reads_no_conflict() -> None:
 
 
 def test_a_gateway_key_forwards_for_callers_as_tenants_of_their_own() -> None:
-    from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
+    from proxy.auth import ON_BEHALF_OF, Principal, account, caller_digest
 
     a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
         {"key": "gw", "tenant": "edge", "on_behalf_of": True, "operator": True},
@@ -151,6 +151,8 @@ def test_a_gateway_key_forwards_for_callers_as_tenants_of_their_own() -> None:
     assert gw.user == f"key-{gw.key_id}"  # (no `user` set: the key's fingerprint)
     assert p.user != q.user and not p.operator and p.key_id == gw.key_id
     assert gw.tenant == "edge" and gw.operator  # itself, without the header
+    # what they store counts against the key's tenant (`proxy.record_store`)
+    assert account(p.tenant) == account(q.tenant) == account(gw.tenant) == "edge"
     # another gateway key of the same tenant does not share its callers
     assert a.authenticate({"Authorization": "Bearer gw2", ON_BEHALF_OF: alice}).tenant != p.tenant
     # a key rotated under one gateway name keeps its callers' tenants
