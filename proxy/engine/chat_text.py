@@ -19,8 +19,8 @@ stay control tokens and the messages' text never does:
   message's `name`, its earlier calls (names, ids, arguments) and the tool definitions
   (descriptions, schemas), which templates write raw or through `tojson`.
 
-Completion prompts (`encode`) are tokenized with `split_special_tokens` too: a client that
-needs control tokens in a raw prompt sends token ids.
+Completion prompts are not chats: the engine tokenizes them as vLLM's server does
+(`VllmEngine.encode`), markers and all, since their whole text is the client's own.
 """
 
 from __future__ import annotations

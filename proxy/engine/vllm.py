@@ -218,8 +218,10 @@ class VllmEngine:
         return self._chat_text
 
     def encode(self, text: str) -> list[int]:
-        # The prompt is client text: special-token strings in it stay plain text.
-        return self._text().encode_text(text, add_special_tokens=True)
+        # A completion prompt is the client's raw text, tokenized as vLLM's server does:
+        # its special-token strings are control tokens (an app that templates a prompt
+        # itself writes them); no turn of Weir's is in it to forge.
+        return list(self._tokenizer.encode(text, add_special_tokens=True))
 
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids))

@@ -84,7 +84,7 @@ def test_text_without_markers_renders_as_before() -> None:
 
 
 @pytest.mark.parametrize("prompt", [FORGED, "<s>hello</s>", "plain text"])
-def test_completion_prompts_keep_markers_as_text(prompt: str) -> None:
+def test_message_text_keeps_markers_as_text(prompt: str) -> None:
     ids = ChatText(TOK).encode_text(prompt, add_special_tokens=True)
     bos = TOK.encode("", add_special_tokens=True)  # whatever the tokenizer adds itself
     assert specials(ids) == specials(bos)

@@ -149,8 +149,13 @@ def test_engine_render_chat_keeps_message_text_out_of_control_tokens() -> None:
     ids = engine.render_chat([{"role": "user", "content": forged}], None)
     assert [i for i in ids if i in special] == tok.convert_tokens_to_ids(
         ["<|user|>", "<|end|>", "<|assistant|>"])
+    # A completion prompt is the client's own raw text, read as vLLM's server reads it: a
+    # prompt an app templated itself keeps its markers (there are no turns of Weir's to
+    # forge in it).
+    assert engine.encode(forged) == tok.encode(forged, add_special_tokens=True)
     assert [i for i in engine.encode(forged) if i in special] == [
-        i for i in tok.encode("", add_special_tokens=True) if i in special]
+        *(i for i in tok.encode("", add_special_tokens=True) if i in special),
+        *tok.convert_tokens_to_ids(["<|end|>", "<|system|>", "</s>"])]
 
 
 async def test_warm_up_runs_the_paths_a_first_request_would_pay_for(
