@@ -38,7 +38,10 @@ _VERSION = 2  # bump when a derived model's recipe changes
 
 
 class Runtime(Protocol):
-    """One forward pass: texts -> (unit vectors [n, dim] float32, token counts)."""
+    """One forward pass: texts -> (unit vectors [n, dim] float32, token counts). A text
+    longer than `max_tokens` is embedded cut to them, and its count is its whole length
+    (so a caller can tell: `/v1/embeddings` refuses it, the cache's lookups take the
+    cut)."""
 
     dim: int
 
@@ -155,6 +158,16 @@ def _fast_tokenizer(path: Path, max_tokens: int) -> Any:
     return tok
 
 
+def _whole_counter(path: Path) -> Callable[[str], int]:
+    """A text's whole length in tokens (what a cut one's count says)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return lambda text: len(tok.encode(text).ids)
+
+
 class OnnxRuntime:
     """`one_by_one`: run each text alone. Dynamic int8 quantizes activations with one
     scale per batch, so in a batch a text's vector would depend on its companions
@@ -173,6 +186,7 @@ class OnnxRuntime:
         self._session = ort.InferenceSession(str(path / "model.onnx"), opts,
                                              providers=["CPUExecutionProvider"])
         self._tok = _fast_tokenizer(path, max_tokens)
+        self._whole = _whole_counter(path)
         self._one_by_one = one_by_one
         self.dim = int(self(["warm up"])[0].shape[1])
 
@@ -187,7 +201,9 @@ class OnnxRuntime:
         ids = np.array([e.ids for e in enc], dtype=np.int64)
         mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
         (vecs,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask})
-        return np.ascontiguousarray(vecs, dtype=np.float32), [int(n) for n in mask.sum(1)]
+        counts = [int(n) if not e.overflowing else self._whole(t)
+                  for n, e, t in zip(mask.sum(1), enc, texts, strict=True)]
+        return np.ascontiguousarray(vecs, dtype=np.float32), counts
 
 
 class StaticRuntime:
@@ -202,8 +218,7 @@ class StaticRuntime:
         vecs = np.asarray(self._model.encode(texts, max_length=self._max), dtype=np.float32)
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         vecs /= np.maximum(norms, 1e-9)
-        counts = [min(len(e.ids), self._max) for e in self._model.tokenizer.encode_batch(texts)]
-        return vecs, counts
+        return vecs, [len(e.ids) for e in self._model.tokenizer.encode_batch(texts)]
 
 
 class TorchRuntime:
@@ -229,5 +244,6 @@ class TorchRuntime:
         mask = batch["attention_mask"].unsqueeze(-1).to(out.dtype)
         pooled = (out * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         vecs = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        counts = [int(n) for n in batch["attention_mask"].sum(1)]
+        counts = [int(n) if n < self._max else len(self._tok(t)["input_ids"])
+                  for n, t in zip(batch["attention_mask"].sum(1), texts, strict=True)]
         return vecs.numpy().astype(np.float32), counts

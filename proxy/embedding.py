@@ -55,6 +55,8 @@ class Embedder(Protocol):
 
     model_id: str
     dim: int
+    #: The most tokens a text is embedded with: a longer one is cut, and its count says so.
+    max_tokens: int
 
     async def start(self) -> None: ...
 
@@ -83,6 +85,7 @@ class LocalEmbedder:
         self._make_runtime = runtime
         self.model_id = settings.served_model_name
         self.dim = 384
+        self.max_tokens = settings.max_input_tokens
         self.batches = 0
         self.thread_id: int | None = None  # the worker thread's (native) id, once loaded
         #: What a text's length counts for at most: longer ones are cut to the same cost.

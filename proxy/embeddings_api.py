@@ -31,6 +31,7 @@ def terminal(embedder: Embedder) -> Any:
         req: EmbeddingRequest = ctx.state[_ORIGINAL]
         texts = [req.input] if isinstance(req.input, str) else req.input
         vecs, counts = await embedder.embed(texts)
+        _within_context(counts, embedder.max_tokens, listed=not isinstance(req.input, str))
         items = []
         for i, v in enumerate(vecs):
             value: Any = (base64.b64encode(v.astype("<f4").tobytes()).decode()
@@ -42,6 +43,18 @@ def terminal(embedder: Embedder) -> Any:
                            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     return embed
+
+
+def _within_context(counts: list[int], limit: int, *, listed: bool) -> None:
+    """A text longer than the model reads is a 400, as on OpenAI and vLLM: its vector
+    would stand for its first `limit` tokens only (the model cuts it)."""
+    for i, n in enumerate(counts):
+        if n > limit:
+            raise InvalidRequest(
+                f"This model's maximum context length is {limit} tokens, however you "
+                f"requested {n} tokens in {f'input[{i}]' if listed else 'the input'}. "
+                "Please reduce the input (split a long text into parts).",
+                param="input", code="context_length_exceeded")
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:

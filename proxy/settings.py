@@ -287,7 +287,10 @@ class EmbeddingSettings(_Strict):
     batch_max: int = Field(32, ge=1, le=512, description="Texts per forward pass at most.")
     batch_wait_ms: float = Field(
         0.0, ge=0, description="Extra wait for company; 0: batch what queued meanwhile.")
-    max_input_tokens: int = Field(256, ge=8, description="Inputs are truncated to this.")
+    max_input_tokens: int = Field(
+        256, ge=8, description="The most tokens a text is embedded with. A longer input to "
+        "/v1/embeddings is a 400 `context_length_exceeded`; the semantic cache's lookups "
+        "read a longer question's first ones.")
     threads: int = Field(1, ge=1, description="Intra-op threads of the embedding runtime.")
     nice: int = Field(
         10, ge=0, le=19, description="Scheduling niceness of the embedding thread (Linux): "

@@ -277,6 +277,7 @@ class FakeEmbedder:
     """Bag-of-words vectors: same words, same vector; deterministic and instant."""
 
     model_id = "fake-embedder"
+    max_tokens = 256  # (a word is a token)
 
     def __init__(self, dim: int = 64) -> None:
         self.dim = dim

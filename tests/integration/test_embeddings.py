@@ -64,6 +64,25 @@ async def test_errors(client) -> None:  # type: ignore[no-untyped-def]
     assert r.status == 400 and (await r.json())["error"]["param"] == "dimensions"
 
 
+async def test_an_input_longer_than_the_model_reads_is_a_400(  # type: ignore[no-untyped-def]
+        client) -> None:
+    """The model reads 256 tokens: a longer text's vector would stand for its start
+    only. OpenAI and vLLM refuse it; so does Weir, naming the input. One that fits
+    exactly is embedded, and its count is its whole length."""
+    long = "hello world " * 200  # 400 tokens and the two markers
+    r = await client.post("/v1/embeddings", json={"model": MODEL, "input": long})
+    assert r.status == 400
+    error = await r.json()
+    validate("ErrorResponse", error)
+    assert error["error"]["code"] == "context_length_exceeded"
+    assert error["error"]["param"] == "input" and "402 tokens" in error["error"]["message"]
+    r = await client.post("/v1/embeddings", json={"model": MODEL, "input": ["hi", long]})
+    assert r.status == 400 and "input[1]" in (await r.json())["error"]["message"]
+    fits = "hello world " * 127  # 254 tokens and the two markers: 256
+    r = await client.post("/v1/embeddings", json={"model": MODEL, "input": fits})
+    assert r.status == 200 and (await r.json())["usage"]["prompt_tokens"] == 256
+
+
 @pytest.mark.parametrize("ids", [[15339, 1917], [[15339, 1917], [9906]]])
 async def test_token_id_input_is_refused_in_words(client, ids) -> None:  # type: ignore[no-untyped-def]
     """What LangChain's OpenAIEmbeddings sends by default: tiktoken ids, which name
