@@ -19,8 +19,13 @@ def _redis_url(url: str) -> str:
     error at load time (and in `check-config`), not a traceback at start."""
     try:
         parse_url(url)  # type: ignore[no-untyped-call]
-    except ValueError as e:
-        raise ValueError(f"not a Redis URL ({e}); e.g. redis://host:6379/0") from None
+    except ValueError:
+        # Not the parser's words: they quote the URL's parts, and what follows its last
+        # `:` is often the password (a port that is not a number).
+        raise ValueError(
+            "not a Redis URL: redis://, rediss:// or unix://, with a numeric port, and a "
+            "password's `/`, `#`, `?` or `@` percent-encoded; e.g. redis://host:6379/0"
+        ) from None
     return url
 
 

@@ -209,3 +209,28 @@ def test_a_plugin_config_number_is_never_true_or_infinite() -> None:
     assert CacheConfig.model_validate({"exact": {"enabled": False}}).exact.enabled is False
     assert parse_settings("auth: {mode: open}\nserver: {port: '${P}'}\n",
                           env={"P": "9000"}).server.port == 9000
+
+
+@pytest.mark.parametrize("url", ["redis://:ZQXpa/ss:wordSECRET@127.0.0.1:6379/0",
+                                 "redis://user:ZQXSECRETPW#x@redis:abc/0",
+                                 "http://ZQXSECRET@host/0"])
+@pytest.mark.parametrize("plugin", ["cache", "rate_limit"])
+def test_a_bad_redis_url_is_named_without_quoting_it(plugin: str, url: str) -> None:
+    """redis-py's parser quotes what follows the URL's last `:` (a port that is not a
+    number), often the password: the error names the field and says what is wrong, and
+    holds no part of the URL."""
+    config = {"cache": {"redis": {"url": url}},
+              "rate_limit": {"store": "redis", "redis": {"url": url},
+                             "rules": [{"per": "key", "rpm": 1}]}}[plugin]
+    import json
+
+    from proxy.chain import validate_plugins
+
+    settings = parse_settings(json.dumps({"auth": {"mode": "open"}, "plugins": [
+        {"name": plugin, "config": config}]}), env={})
+    with pytest.raises(ConfigError) as e:
+        validate_plugins(settings.plugins)
+    text = str(e.value) + repr(e.value.errors)
+    assert "ZQX" not in text and "SECRET" not in text
+    assert [p for p, _ in e.value.errors] == ["plugins[0].config.redis.url"]
+    assert "not a Redis URL" in text
