@@ -131,18 +131,21 @@ async def create(request: web.Request) -> web.StreamResponse:
                 timing.output()
 
         srv = st.settings.server
-        # The Responses stream has no `[DONE]`: `response.completed` (or `error`) ends it.
-        resp = await write_sse(request, events, lambda: {**ctx.response_headers,
-                                                         **reply.headers},
-                               write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
-                               on_first=timing.first, on_chunk=event,
-                               on_abort=lambda reason: count_abort(st, request, reason),
-                               log_error=lambda e: log.error("stream failed", **error_fields(e)),
-                               terminator=b"", frame=typed_sse,
-                               error_events=lambda err: b"".join(
-                                   typed_sse(ev) for ev in rendering.failed(err)))
-        if reply.usage:
-            note_usage(st, info, {"usage": reply.usage})
+        try:
+            # The Responses stream has no `[DONE]`: `response.completed` (or `error`)
+            # ends it.
+            resp = await write_sse(
+                request, events, lambda: {**ctx.response_headers, **reply.headers},
+                write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
+                on_first=timing.first, on_chunk=event,
+                on_abort=lambda reason: count_abort(st, request, reason),
+                log_error=lambda e: log.error("stream failed", **error_fields(e)),
+                terminator=b"", frame=typed_sse,
+                error_events=lambda err: b"".join(
+                    typed_sse(ev) for ev in rendering.failed(err)))
+        finally:  # (a stream cut, its client gone, spent what it generated: counted)
+            if reply.usage:
+                note_usage(st, info, {"usage": reply.usage})
         if (rendering.error_status is not None and STREAM_ERROR not in request
                 and not request.get(ABORTED)):
             # The failure went out as this API's events (`error`, `response.failed`), not

@@ -153,3 +153,28 @@ async def test_clients_gone_are_counted_on_every_generation_route(
         text = await metrics_once(client, lambda t, i=i: metric(
             t, "weir_requests_aborted_total", reason="client_gone") >= i)
         assert metric(text, "weir_requests_aborted_total", reason="client_gone") == i, path
+
+
+async def test_tokens_of_a_stream_whose_client_left_are_counted_on_every_route(
+        make_client: MakeClient) -> None:
+    """What a cut stream generated was spent: `weir_tokens_total` moves for it (and the
+    access log has its counts) on chat, completions and the Responses API alike."""
+    from tests.metrics import metric
+
+    engine = FakeEngine(delay=0.01)
+    client = await make_client(engine=engine)
+    bodies = [("/v1/chat/completions", {**CHAT, "max_tokens": 400, "stream": True}),
+              ("/v1/completions", {"model": "fake-model", "prompt": "hi",
+                                   "max_tokens": 400, "stream": True}),
+              ("/v1/responses", {"model": "fake-model", "input": "hi",
+                                 "max_output_tokens": 400, "stream": True})]
+    for path, body in bodies:
+        text = await (await client.get("/metrics")).text()
+        before = metric(text, "weir_tokens_total", kind="prompt")
+        resp = await client.post(path, json=body)
+        await resp.content.readuntil(b"\n\n")  # the first event arrived, then hang up
+        resp.close()
+        await engine.wait_until(lambda: not engine.active)
+        text = await metrics_once(client, lambda t, b=before: metric(
+            t, "weir_tokens_total", kind="prompt") > b)
+        assert metric(text, "weir_tokens_total", kind="prompt") > before, path
