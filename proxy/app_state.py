@@ -19,7 +19,7 @@ from .auth import Authenticator
 from .chain import BasePlugin, Next
 from .embedding import Embedder
 from .settings import Settings
-from .streaming import SHUTDOWN
+from .streaming import CUT_BY_SHUTDOWN, SHUTDOWN
 from .telemetry import Metrics
 from .terminal import Terminal
 
@@ -39,7 +39,8 @@ class AppState:
     engine_error: BaseException | None = None
     #: Set once the engine has started (or failed to).
     engine_settled: asyncio.Event = field(default_factory=asyncio.Event)
-    _inflight: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: each generation's task, and its request (marked when the drain's end cuts it)
+    _inflight: dict[asyncio.Task[Any], web.Request | None] = field(default_factory=dict)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -50,16 +51,16 @@ class AppState:
         return len(self._inflight)
 
     @contextmanager
-    def track(self) -> Iterator[None]:
+    def track(self, request: web.Request | None = None) -> Iterator[None]:
         task = asyncio.current_task()
         assert task is not None
-        self._inflight.add(task)
+        self._inflight[task] = request
         self._idle.clear()
         self.metrics.in_flight.inc()
         try:
             yield
         finally:
-            self._inflight.discard(task)
+            self._inflight.pop(task, None)
             self.metrics.in_flight.dec()
             if not self._inflight:
                 self._idle.set()
@@ -75,7 +76,9 @@ class AppState:
 
     async def abort_all(self, grace: float = 5.0) -> int:
         tasks = list(self._inflight)
-        for t in tasks:
+        for t, request in list(self._inflight.items()):
+            if request is not None:
+                request[CUT_BY_SHUTDOWN] = True
             t.cancel(SHUTDOWN)  # streams end with an in-band error and [DONE]
         if tasks:
             await asyncio.wait(tasks, timeout=grace)

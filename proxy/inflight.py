@@ -15,7 +15,7 @@ from aiohttp import web
 
 from .app_state import ABORTED, AppState
 from .errors import Unavailable
-from .streaming import ANSWERED, PREPARED, SHUTDOWN, WRITE_TIMED_OUT
+from .streaming import ANSWERED, PREPARED, WRITE_TIMED_OUT, cut_by_shutdown
 from .telemetry import get_logger, labelled
 
 log = get_logger("weir.routes")
@@ -37,11 +37,11 @@ def generating(st: AppState, request: web.Request) -> Iterator[None]:
     for the engine, or queued for a slot), it is answered 503 `shutting_down`, as a
     request arriving during the drain is; a stream already begun is cut in-band by the
     stream writer."""
-    with st.track():
+    with st.track(request):
         try:
             yield
         except asyncio.CancelledError as e:
-            if e.args != (SHUTDOWN,):  # the client went away (aiohttp cancels its handler)
+            if not cut_by_shutdown(request, e):  # the client went away (aiohttp cancels it)
                 if not request.get(ANSWERED):  # (not after reading its whole answer)
                     _count_abort(st, request)
                 raise

@@ -35,7 +35,7 @@ from .errors import (
     WeirError,
 )
 from .ids import new_hex
-from .streaming import ANSWERED, SHUTDOWN, STREAM_ERROR, WRITE_TIMED_OUT
+from .streaming import ANSWERED, STREAM_ERROR, WRITE_TIMED_OUT, cut_by_shutdown
 from .telemetry import Metrics, error_fields, get_logger, labelled
 from .tracing import extract, tracer, tracing_enabled
 
@@ -193,7 +193,7 @@ def cancelled_status(request: web.Request, e: asyncio.CancelledError) -> int:
     """A handler cancelled: a stream's client gone after its whole answer (the SDK closes
     at `[DONE]`), 200; cut by the server's shutdown (told in-band), 503; its client gone,
     499."""
-    return 200 if request.get(ANSWERED) else 503 if SHUTDOWN in e.args else 499
+    return 200 if request.get(ANSWERED) else 503 if cut_by_shutdown(request, e) else 499
 
 
 def returned_status(request: web.Request, resp: web.StreamResponse) -> int:

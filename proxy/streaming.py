@@ -46,6 +46,10 @@ from .tasks import cancel_and_wait
 DONE = b"data: [DONE]\n\n"
 #: The cancel message of requests cut at the end of a drain (AppState.abort_all).
 SHUTDOWN = "weir-shutdown"
+#: Set on a request as the drain's end cuts it (AppState.abort_all), before its task is
+#: cancelled: a cancel message is lost when another cancellation follows (its client
+#: closing at the in-band end, aiohttp cancelling the handler), a mark is not.
+CUT_BY_SHUTDOWN: web.RequestKey[bool] = web.RequestKey("weir_cut_by_shutdown", bool)
 KEEPALIVE = b": keep-alive\n\n"
 #: Set on a request once its stream's response is prepared: from then on a status can no
 #: longer be sent, and a shutdown cuts the stream in-band.
@@ -321,7 +325,7 @@ async def write_sse(
     except asyncio.CancelledError as e:
         if not whole:  # (whole: the answer went out, and ends as it was)
             outcome = "cancelled"
-            if e.args == (SHUTDOWN,) and watchdog is not None and not ending:
+            if cut_by_shutdown(request, e) and watchdog is not None and not ending:
                 await _cut_for_shutdown(watchdog, resp, _take(held),
                                         None if errored else framed, terminator)
         raise
@@ -336,6 +340,12 @@ async def write_sse(
         finally:
             if not stream.ended:
                 await stream.end_shielded(outcome, error)
+
+
+def cut_by_shutdown(request: web.Request, e: asyncio.CancelledError) -> bool:
+    """Whether a cancellation is the drain's end cutting the request (not its client
+    leaving)."""
+    return e.args == (SHUTDOWN,) or bool(request.get(CUT_BY_SHUTDOWN))
 
 
 async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse, before: bytes,

@@ -259,3 +259,63 @@ async def test_a_stream_cut_by_the_shutdown_is_a_503_in_its_span_and_metrics(
     assert server.status.status_code.name == "ERROR"
     assert st.metrics.registry.get_sample_value("weir_requests_total", {
         "route": "chat", "model": "fake-model", "status": "503"}) == 1
+
+
+async def test_a_shutdown_cut_stays_a_503_when_another_cancellation_follows(
+        make_client: MakeClient) -> None:
+    """The drain's cut reaches a stream whose engine is slow to let go, and a second
+    cancellation comes meanwhile (its client leaving: aiohttp cancels the handler),
+    carrying no shutdown message: the stream was not cut in-band, and was counted a 499
+    with its client as gone. The drain marks what it cuts."""
+    import asyncio
+    import contextlib
+    from collections.abc import AsyncGenerator
+    from typing import Any
+
+    import aiohttp
+
+    from proxy.app_state import STATE
+    from tests.fakes import HoldingEngine
+
+    class SlowToAbort(HoldingEngine):
+        def __init__(self) -> None:
+            super().__init__(after=2)
+            self.closing = asyncio.Event()
+            self.gate = asyncio.Event()
+
+        async def generate(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+            try:
+                async for out in super().generate(*args, **kwargs):
+                    yield out
+            finally:
+                self.closing.set()
+                await self.gate.wait()
+
+    engine = SlowToAbort()
+    client = await make_client(settings(), engine=engine)
+    r = await client.post("/v1/chat/completions", json={**body(stream=True), "max_tokens": 50},
+                          headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status == 200
+    await r.content.readuntil(b"\n\n")  # the first chunk: the stream is under way
+    st = client.app[STATE]
+    st.draining = True
+    handlers = list(st._inflight)
+    abort = asyncio.create_task(st.abort_all())
+    async with asyncio.timeout(10):
+        await engine.closing.wait()  # cut in-band, its end settling
+    for t in handlers:
+        t.cancel()  # the second cancellation, without a message
+    engine.gate.set()
+    assert await abort == 1
+    seen = b""
+    with contextlib.suppress(aiohttp.ClientError):  # (the connection ends with the cut)
+        async with asyncio.timeout(10):
+            async for piece in r.content.iter_any():
+                seen += piece
+    assert b"shutting_down" in seen
+    sample = st.metrics.registry.get_sample_value
+    assert sample("weir_requests_total", {
+        "route": "chat", "model": "fake-model", "status": "503"}) == 1
+    assert not sample("weir_requests_total", {
+        "route": "chat", "model": "fake-model", "status": "499"})
+    assert not sample("weir_requests_aborted_total", {"reason": "client_gone"})
