@@ -270,7 +270,6 @@ async def test_a_shutdown_cut_stays_a_503_when_another_cancellation_follows(
     import asyncio
     import contextlib
     from collections.abc import AsyncGenerator
-    from typing import Any
 
     import aiohttp
 
