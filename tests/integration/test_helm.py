@@ -123,6 +123,51 @@ def test_deployment_details() -> None:
     assert by_kind(redis, "PersistentVolumeClaim")["spec"]["storageClassName"] == "fast"
 
 
+@pytest.mark.parametrize(("server", "grace", "port"), [
+    ({"drain_timeout_s": "${DRAIN:-45}", "port": "${WEIR_PORT:-8080}"}, 10 + 45 + 15, 8080),
+    ({"drain_timeout_s": 30.5, "port": 9000}, 10 + 31 + 15, 9000),
+    ({}, 10 + 60 + 15, 8000),  # (values.yaml's drain; Weir's default port)
+])
+def test_the_numbers_the_chart_computes_with_may_be_references(
+        server: dict[str, Any], grace: int, port: int) -> None:
+    """`${VAR:-default}` is how Weir's own configs give a port (config/weir.yaml does):
+    the chart computed with it as Helm reads text, 0: a grace period shorter than the
+    drain (the pod killed mid-drain) and a port that was no number. It reads the
+    default, which Weir reads too (the chart sets no such variable)."""
+    pod = by_kind(render({"config": {"server": server}}), "Deployment")["spec"]["template"][
+        "spec"]
+    assert pod["terminationGracePeriodSeconds"] == grace
+    assert pod["containers"][0]["ports"][0]["containerPort"] == port
+
+
+def test_the_service_monitor_scrapes_a_metrics_endpoint_behind_a_key() -> None:
+    """`config.observability.metrics: admin` (the README's hardening) made every scrape a
+    401: the ServiceMonitor sent no key, and the chart had no value for one."""
+    closed = {"serviceMonitor": {"enabled": True, "keySecret": {"name": "scrape"}},
+              "config": {"observability": {"metrics": "admin"}}}
+    monitor = by_kind(render(closed), "ServiceMonitor")
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["authorization"] == {"type": "Bearer",
+                                         "credentials": {"name": "scrape", "key": "key"}}
+    # open metrics: no key sent
+    opened = by_kind(render({"serviceMonitor": {"enabled": True}}), "ServiceMonitor")
+    assert "authorization" not in opened["spec"]["endpoints"][0]
+    # closed without a key to send: the render says so, rather than a monitor that 401s
+    with pytest.raises(helm_python.HelmError) as e:
+        render({**closed, "serviceMonitor": {"enabled": True}})
+    assert "serviceMonitor.keySecret" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", ["${DRAIN}", "${DRAIN:-soon}"])
+def test_a_number_the_chart_cannot_read_fails_the_render(bad: str) -> None:
+    """(The values' schema takes a reference without a default: Weir would read its
+    variable, which the chart cannot.)"""
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"config": {"server": {"drain_timeout_s": bad}}})
+    assert "config.server.drain_timeout_s" in str(e.value)
+
+
 @pytest.mark.parametrize(("bad", "where"), [
     ({"config": {"engine": {"max_num_seqs": 0}}}, "max_num_seqs"),
     ({"config": {"server": {"bogus": 1}}}, "bogus"),

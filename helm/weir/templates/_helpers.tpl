@@ -35,9 +35,30 @@ app.kubernetes.io/component: gateway
 {{- else -}}{{ .Values.redis.url }}{{- end -}}
 {{- end -}}
 
+{{/* A number of Weir's config the chart computes with (list VALUE PATH): the value, or
+the default of a `${VAR:-default}` reference (Weir reads the default: the chart sets no
+such variable in the pod); anything else fails the render naming PATH (Helm's `int` reads
+text as 0). */}}
+{{- define "weir.number" -}}
+{{- $v := index . 0 -}}{{- $path := index . 1 -}}
+{{- if kindIs "string" $v -}}
+{{- if not (regexMatch "^\\$\\{[A-Za-z_][A-Za-z0-9_]*:-[0-9]+(\\.[0-9]+)?\\}$" $v) -}}
+{{- fail (printf "%s: the chart computes with it: a number, or ${VAR:-number} (got a text)" $path) -}}
+{{- end -}}
+{{- regexFind "[0-9]+(\\.[0-9]+)?\\}$" $v | trimSuffix "}" -}}
+{{- else -}}{{ $v }}{{- end -}}
+{{- end -}}
+
 {{/* Drain timeout from Weir's config, the grace period covers preStop + drain + slack. */}}
 {{- define "weir.gracePeriod" -}}
 {{- $drain := 30 -}}
 {{- if and .Values.config.server (hasKey .Values.config.server "drain_timeout_s") -}}{{- $drain = .Values.config.server.drain_timeout_s -}}{{- end -}}
-{{ add (int .Values.preStopSleepSeconds) (int $drain) 15 }}
+{{- $drain = include "weir.number" (list $drain "config.server.drain_timeout_s") -}}
+{{ add (int .Values.preStopSleepSeconds) (int (ceil (float64 $drain))) 15 }}
+{{- end -}}
+
+{{- define "weir.port" -}}
+{{- $port := 8000 -}}
+{{- if and .Values.config.server (hasKey .Values.config.server "port") -}}{{- $port = .Values.config.server.port -}}{{- end -}}
+{{ int (include "weir.number" (list $port "config.server.port")) }}
 {{- end -}}
