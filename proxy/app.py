@@ -24,9 +24,9 @@ from .middleware import (
     ROUTE_OPTS,
     errors_middleware,
     make_access_log,
+    make_tracing,
     request_id_header,
     request_id_middleware,
-    tracing_middleware,
 )
 from .routes import add_routes
 from .settings import Settings
@@ -64,7 +64,7 @@ def create_app(
             guard_middleware,
             request_id_middleware,
             make_access_log(metrics, settings.logging.access_log),
-            tracing_middleware,
+            make_tracing(settings.tracing.trust_incoming),
             errors_middleware,
         ],
         client_max_size=settings.server.max_body_bytes,

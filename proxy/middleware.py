@@ -250,28 +250,45 @@ def logged_path(request: web.Request) -> str:
 _UNTRACED = ("/health", "/metrics", "/dashboard")
 
 
-@web.middleware
-async def tracing_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The server span; its parent is the caller's `traceparent`, if any."""
-    if request.path.startswith(_UNTRACED):
-        return await handler(request)
-    if not tracing_enabled():
-        # No tracer provider: the server span would record nothing. What it carried, the
-        # caller's trace context for the engine's upstream calls, is attached as it is.
-        if "traceparent" not in request.headers:
+def make_tracing(trust_incoming: bool) -> Any:
+    """The server span; its parent is the caller's `traceparent`, if any and trusted
+    (`tracing.trust_incoming`: a caller's context also decides whether its trace is
+    sampled, and its `tracestate` is kept in the span)."""
+
+    @web.middleware
+    async def tracing_middleware(request: web.Request,
+                                 handler: Handler) -> web.StreamResponse:
+        if request.path.startswith(_UNTRACED):
             return await handler(request)
-        token = otel_context.attach(extract(request.headers))
-        try:
-            return await handler(request)
-        finally:
-            otel_context.detach(token)
+        incoming = trust_incoming and "traceparent" in request.headers
+        if not tracing_enabled():
+            # No tracer provider: the server span would record nothing. What it carried,
+            # the caller's trace context for the engine's upstream calls, is attached as
+            # it is.
+            if not incoming:
+                return await handler(request)
+            token = otel_context.attach(extract(request.headers))
+            try:
+                return await handler(request)
+            finally:
+                otel_context.detach(token)
+        return await _server_span(request, handler,
+                                  extract(request.headers) if incoming else None)
+
+    return tracing_middleware
+
+
+async def _server_span(request: web.Request, handler: Handler,
+                       parent: otel_context.Context | None) -> web.StreamResponse:
     resource = request.match_info.route.resource
     route = resource.canonical if resource is not None else "unmatched"
     attrs = {"http.request.method": request.method, "http.route": route,
              "weir.request_id": request.get(REQUEST_ID, "")}
+    # (no parent: a new trace, sampled by `tracing.sample_ratio`; the span is made in
+    # the empty context, not the task's, which holds nothing of the caller's)
     with tracer().start_as_current_span(f"HTTP {request.method} {route}",
-                                        context=extract(request.headers), kind=SpanKind.SERVER,
-                                        attributes=attrs) as s:
+                                        context=parent or otel_context.Context(),
+                                        kind=SpanKind.SERVER, attributes=attrs) as s:
         status = 499
         try:
             resp = await handler(request)

@@ -306,6 +306,12 @@ class TracingSettings(_Strict):
     protocol: Literal["http", "grpc"] = Field("http", description="OTLP transport.")
     service_name: str = Field("weir", description="service.name of the spans.")
     sample_ratio: float = Field(1.0, ge=0, le=1, description="Share of new traces kept.")
+    trust_incoming: bool = Field(
+        True, description="A request's W3C `traceparent` (and `tracestate`) parents its "
+        "server span, and passes on upstream: a mesh or front proxy that starts traces "
+        "joins them up. Its caller then decides whether the trace is kept (the sampled "
+        "flag overrides `sample_ratio`) and what `tracestate` the span holds: false where "
+        "callers are not trusted, each request a new trace sampled by `sample_ratio`.")
 
 
 #: What one tenant's stored records of a kind may take in Redis by default: hundreds of

@@ -227,6 +227,32 @@ async def test_refused_requests_are_counted_under_their_route(make_client: MakeC
     assert moved(route="responses", model="", status="400") == 1
 
 
+async def test_untrusted_callers_neither_parent_nor_unsample_their_traces(
+        make_client: MakeClient, spans: InMemorySpanExporter) -> None:
+    """`tracing.trust_incoming: false`: a caller's `traceparent` whose sampled flag is off
+    hid its request from the traces, and its `tracestate` landed in the span. Each
+    request is now a trace of its own, sampled by `sample_ratio` (1.0 here)."""
+    s = settings()
+    s.tracing.trust_incoming = False
+    client = await make_client(s)
+    unsampled = TRACEPARENT[:-2] + "00"
+    r = await client.post("/v1/chat/completions", json=body(), headers={
+        "Authorization": f"Bearer {KEY}", "traceparent": unsampled,
+        "tracestate": "zqx=MARKER"})
+    assert r.status == 200
+    server = next(x for x in spans.get_finished_spans() if x.name.startswith("HTTP POST"))
+    assert server.parent is None
+    assert format(server.context.trace_id, "032x") != TRACEPARENT.split("-")[1]
+    assert "MARKER" not in str(server.context.trace_state)
+    # trusted (the default): the caller's unsampled flag is honoured, no span recorded
+    spans.clear()
+    client = await make_client(settings())
+    r = await client.post("/v1/chat/completions", json=body(), headers={
+        "Authorization": f"Bearer {KEY}", "traceparent": unsampled})
+    assert r.status == 200
+    assert not [x for x in spans.get_finished_spans() if x.name.startswith("HTTP POST")]
+
+
 async def test_a_stream_cut_by_the_shutdown_is_a_503_in_its_span_and_metrics(
         make_client: MakeClient, spans: InMemorySpanExporter) -> None:
     """Its head said 200; the drain's end cut it (told in-band): the server span said 499,

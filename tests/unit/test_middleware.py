@@ -18,8 +18,8 @@ from proxy.errors import InvalidRequest, RateLimited
 from proxy.middleware import (
     errors_middleware,
     make_access_log,
+    make_tracing,
     request_id_middleware,
-    tracing_middleware,
 )
 from proxy.telemetry import Metrics
 from tests.openai_spec import validate
@@ -208,16 +208,18 @@ async def test_untraced_paths_pass_straight_through() -> None:
         return web.Response(status=204)
 
     for path in ("/health/live", "/metrics", "/dashboard"):
-        resp = await tracing_middleware(request(path, "GET"), handler)
+        resp = await make_tracing(True)(request(path, "GET"), handler)
         assert resp.status == 204
 
 
+@pytest.mark.parametrize("trusted", [True, False])
 @pytest.mark.parametrize("caller", [
     "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None])
 async def test_without_a_tracer_provider_the_callers_context_still_goes_upstream(
-        monkeypatch: pytest.MonkeyPatch, caller: str | None) -> None:
+        monkeypatch: pytest.MonkeyPatch, caller: str | None, trusted: bool) -> None:
     """No span is made when nothing would record it, but what the handler sends upstream
-    carries the caller's `traceparent` as it came (and none when it came without one)."""
+    carries the caller's `traceparent` as it came (and none when it came without one,
+    or when callers are not trusted: `tracing.trust_incoming: false`)."""
     import proxy.tracing as tracing
 
     monkeypatch.setattr(tracing, "_configured", False)
@@ -228,9 +230,9 @@ async def test_without_a_tracer_provider_the_callers_context_still_goes_upstream
         return web.Response(status=204)
 
     headers = {"traceparent": caller} if caller else {}
-    resp = await tracing_middleware(request(headers=headers), handler)
+    resp = await make_tracing(trusted)(request(headers=headers), handler)
     assert resp.status == 204
-    assert sent.get("traceparent") == caller
+    assert sent.get("traceparent") == (caller if trusted else None)
     after: dict[str, str] = {}
     tracing.inject(after)  # the caller's context ended with the request
     assert after == {}
