@@ -31,6 +31,7 @@ from proxy.context import RequestContext
 from proxy.errors import InvalidRequest
 from proxy.jsonbody import loads_finite
 from proxy.protocol import (
+    SCHEMA_MAPS,
     ChatCompletionRequest,
     ChatTool,
     CompletionRequest,
@@ -46,6 +47,39 @@ from .config import SanitizerConfig
 from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom, forget
 
 log = get_logger("weir.sanitizer")
+
+
+#: A schema's prose: shown to the model, not held to (redacted like message text).
+_SCHEMA_PROSE = frozenset({"description", "title", "$comment", "examples", "default"})
+#: A schema's data that the answer must match as it is: values (`enum`, `const`),
+#: property names (`required`, `dependentRequired`).
+_SCHEMA_HELD = frozenset({"enum", "const", "required", "dependentRequired", "type"})
+
+
+def schema_names(schema: Any) -> list[str]:
+    """The strings of a JSON schema that the answer must give back or match as they are:
+    its values (`enum`, `const`), its property and definition names, its patterns and
+    other keyword values; not its prose (`_SCHEMA_PROSE`)."""
+    out: list[str] = []
+    stack: list[tuple[Any, bool]] = [(schema, False)]  # (node, data: every string held)
+    while stack:
+        node, data = stack.pop()
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, list):
+            stack.extend((v, data) for v in node)
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                if data:
+                    stack += [(k, True), (v, True)]
+                elif k in _SCHEMA_PROSE:
+                    continue
+                elif k in SCHEMA_MAPS and isinstance(v, dict):
+                    out += list(v)
+                    stack.extend((s, False) for s in v.values())
+                else:
+                    stack.append((v, k in _SCHEMA_HELD))
+    return out
 
 
 class SanitizerPlugin(BasePlugin[SanitizerConfig]):
@@ -326,16 +360,21 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _names(self, req: ChatCompletionRequest, fired: dict[str, str]) -> bool:
         """Names the model reads and must give back as they are (a tool's, an earlier
-        call's, a schema's): screened, never rewritten (a redacted name is no tool's, and
-        a call to it no call). A `redact` detector that fires in one flags the request
-        (the cache neither keeps nor serves it); a `block` one blocks it. (Call ids are
-        the servers' random ids: one in a few hundred reads as a number.)"""
+        call's, a schema's, and what a schema holds the answer to: `schema_names`):
+        screened, never rewritten (a redacted name is no tool's, a call to it no call,
+        and a redacted `enum` value no value the caller allows). A `redact` detector
+        that fires in one flags the request (the cache neither keeps nor serves it); a
+        `block` one blocks it. (Call ids are the servers' random ids: one in a few
+        hundred reads as a number.)"""
         names = [t.function.name for t in req.tools or ()]
+        for t in req.tools or ():
+            names += schema_names(t.function.parameters)
         for m in req.messages:
             names += [c.function.name for c in m.tool_calls or ()]
         fmt = req.response_format
         if fmt is not None and fmt.json_schema is not None:
             names.append(fmt.json_schema.name)
+            names += schema_names(fmt.json_schema.schema_)
         found: dict[str, str] = {}
         for name in names:
             if name:
@@ -436,7 +475,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             if text != fmt.description:
                 update["description"] = text
         if fmt.schema_:
-            schema = self._json_value(fmt.schema_, fired)
+            schema = self._schema(fmt.schema_, fired)
             if schema is not fmt.schema_:
                 update["schema_"] = schema
         return _update(fmt, update) if update else fmt
@@ -460,7 +499,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             if fn.description:
                 update["description"] = self._redacted(fn.description, fired)
             if fn.parameters:
-                update["parameters"] = self._json_value(fn.parameters, fired)
+                update["parameters"] = self._schema(fn.parameters, fired)
             out.append(_with(tool, "function", _update(fn, update)))
         return out
 
@@ -485,6 +524,28 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         except RecursionError:
             return self._redacted(text, fired)
         return text if redacted is value else json.dumps(redacted)  # (\u-escaped: safe)
+
+    def _schema(self, node: Any, fired: dict[str, str]) -> Any:
+        """A JSON schema with its prose redacted (descriptions, titles, examples,
+        defaults: the model reads them), and what holds the answer to left as it came
+        (`schema_names`: read as names). The same object where nothing was redacted."""
+        if isinstance(node, list):
+            items = [self._schema(v, fired) for v in node]
+            return node if all(a is b for a, b in zip(items, node, strict=True)) else items
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            if k in _SCHEMA_PROSE:
+                out[k] = self._json_value(v, fired)
+            elif k in SCHEMA_MAPS and isinstance(v, dict):
+                pairs = {name: self._schema(s, fired) for name, s in v.items()}
+                out[k] = v if all(pairs[n] is s for n, s in v.items()) else pairs
+            elif isinstance(v, dict | list) and k not in _SCHEMA_HELD:
+                out[k] = self._schema(v, fired)
+            else:
+                out[k] = v
+        return node if all(out[k] is v for k, v in node.items()) else out
 
     def _json_value(self, value: Any, fired: dict[str, str]) -> Any:
         """`value` with its strings (keys too) read; the same object where nothing was
