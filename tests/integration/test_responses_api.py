@@ -778,3 +778,26 @@ async def test_a_stored_response_keeps_what_the_sanitizer_redacted(
                 assert mail.encode() not in value and b"1111 1111" not in value, k
     finally:
         await r.aclose()
+
+
+async def test_reasoning_items_are_stored_as_the_sanitizer_redacts(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """No prompt holds a reasoning item, so the chain never read one: its summary and
+    content went to the store and `input_items` in clear beside a redacted message."""
+    settings = make_settings(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact", "card": "redact"}}}])
+    client = await make_client(settings)
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [
+        {"type": "summary_text", "text": "card 4111 1111 1111 1111"},
+        {"type": "summary_text", "text": "nothing here"}],
+        "content": [{"type": "reasoning_text", "text": "mail bob@example.com"}]}
+    r = await client.post("/v1/responses", json={**BASE, "input": [
+        reasoning, {"role": "user", "content": "mail bob@example.com"}]})
+    assert r.status == 200
+    rid = (await r.json())["id"]
+    listed = await (await client.get(f"/v1/responses/{rid}/input_items")).json()
+    validate("ResponseItemList", listed)
+    got = next(it for it in listed["data"] if it["type"] == "reasoning")
+    assert [p["text"] for p in got["summary"]] == ["card [CARD]", "nothing here"]
+    assert [p["text"] for p in got["content"]] == ["mail [EMAIL]"]
+    assert "bob@example.com" not in json.dumps(listed)
