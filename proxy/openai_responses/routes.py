@@ -86,9 +86,12 @@ async def create(request: web.Request) -> web.StreamResponse:
     async def save(response: dict[str, Any]) -> None:
         if req.store:
             # A failed or cut response goes on from what it finished: an item the end
-            # cut (a call's arguments half written) is no turn to build on.
-            said = [it for it in response["output"] if response["status"] not in (
-                "failed", "cancelled") or it.get("status") == "completed"]
+            # cut (a call's arguments half written) is no turn to build on. One cut at
+            # its token limit (`incomplete`) keeps its text, which the model said, but
+            # not a call cut mid-arguments: a follow-up would owe it an output.
+            said = [it for it in response["output"] if it.get("status") == "completed"
+                    or (response["status"] not in ("failed", "cancelled")
+                        and it.get("type") != "function_call")]
             try:
                 await store.put(principal.tenant, rid, {
                     "response": response, "input": inputs,

@@ -801,3 +801,24 @@ async def test_reasoning_items_are_stored_as_the_sanitizer_redacts(
     assert [p["text"] for p in got["summary"]] == ["card [CARD]", "nothing here"]
     assert [p["text"] for p in got["content"]] == ["mail [EMAIL]"]
     assert "bob@example.com" not in json.dumps(listed)
+
+
+async def test_a_call_cut_mid_arguments_is_no_turn_a_follow_up_owes_an_output(
+        make_client: MakeClient) -> None:
+    """Cut at `max_output_tokens` inside a forced call's arguments, the response is
+    `incomplete` with that call `incomplete`: going on from it asked for the call's
+    output ("No tool output found"), which no one can give to half-written arguments."""
+    client = await make_client()
+    names = [f"p{i}" for i in range(12)]  # arguments longer than 16 tokens
+    tool = {"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {n: {"type": "string"} for n in names},
+        "required": names}}
+    cut = await (await client.post("/v1/responses", json={
+        **BASE, "input": "x", "tools": [tool], "tool_choice": "required",
+        "max_output_tokens": 16})).json()
+    assert cut["status"] == "incomplete"
+    assert [(o["type"], o["status"]) for o in cut["output"]] == [
+        ("function_call", "incomplete")]
+    r = await client.post("/v1/responses", json={
+        **BASE, "input": "go on", "previous_response_id": cut["id"]})
+    assert r.status == 200, await r.text()
