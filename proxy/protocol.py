@@ -1072,6 +1072,9 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
         return InvalidRequest(f"Invalid `{param}`: empty array. Expected an array with minimum "
                               "length 1, but got an empty array instead.",
                               param=param or None, code="empty_array")
+    bound = _out_of_range(err, param)
+    if bound is not None:
+        return bound
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
@@ -1080,6 +1083,40 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
                           code=("invalid_function_parameters"
                                 if isinstance(cause, InvalidFunctionParameters)
                                 else "invalid_value"))
+
+
+#: Pydantic's bound errors: (the bound's key in the error's context, OpenAI's wording).
+_BOUNDS = {"greater_than_equal": ("ge", ">=", "below_min_value"),
+           "greater_than": ("gt", ">", "below_min_value"),
+           "less_than_equal": ("le", "<=", "above_max_value"),
+           "less_than": ("lt", "<", "above_max_value")}
+_LENGTHS = {"too_short": ("min_length", ">=", "below_min_length"),
+            "too_long": ("max_length", "<=", "above_max_length")}
+
+
+def _out_of_range(err: Any, param: str) -> InvalidRequest | None:
+    """A number or a length out of its bounds, in OpenAI's words and codes
+    (`integer_below_min_value`, `decimal_above_max_value`, `array_above_max_length`,
+    ...); None for any other error."""
+    ctx = err.get("ctx") or {}
+    value = err.get("input")
+    if err["type"] in _BOUNDS and isinstance(value, int | float) and not isinstance(
+            value, bool):
+        key, op, code = _BOUNDS[err["type"]]
+        kind = "integer" if isinstance(value, int) else "decimal"
+    elif err["type"] in _LENGTHS and isinstance(value, str | list | dict):
+        key, op, code = _LENGTHS[err["type"]]
+        kind = "string" if isinstance(value, str) else "array"
+        value = len(value)
+    else:
+        return None
+    if key not in ctx:
+        return None
+    what = code.replace("_", " ").replace("min", "minimum").replace("max", "maximum")
+    shown = f"a length {op} {ctx[key]}" if err["type"] in _LENGTHS else f"a value {op} {ctx[key]}"
+    return InvalidRequest(
+        f"Invalid `{param}`: {kind} {what}. Expected {shown}, but got {value} instead.",
+        param=param or None, code=f"{kind}_{code}")
 
 
 #: Pydantic's type errors, as the JSON type that was expected.

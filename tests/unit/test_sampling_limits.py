@@ -75,7 +75,20 @@ def test_chat_values_outside_the_engine_limits_name_the_param(kw: dict[str, Any]
                                                               param: str) -> None:
     err = rejected(ChatCompletionRequest, {"model": "m", "messages": MSG, **kw})
     assert err.param == param
-    assert err.code == "invalid_value"
+    # a number or a length past a bound in OpenAI's codes (`integer_above_max_value`,
+    # `decimal_below_min_value`, `array_above_max_length`, ...), anything else a value
+    assert err.code in _OPENAI_RANGE_CODES | {"invalid_value"}
+    value = kw[param.split("[")[0]]
+    if isinstance(value, int | float) and value == value and abs(value) != INF and (
+            param not in ("logit_bias", "min_tokens")):
+        kind = "integer" if isinstance(value, int) else "decimal"
+        assert err.code.startswith(kind) and err.code in _OPENAI_RANGE_CODES, err.code
+
+
+_OPENAI_RANGE_CODES = {f"{kind}_{side}" for kind in ("integer", "decimal")
+                       for side in ("below_min_value", "above_max_value")} | {
+    f"{kind}_{side}" for kind in ("string", "array")
+    for side in ("below_min_length", "above_max_length")}
 
 
 @pytest.mark.parametrize(
