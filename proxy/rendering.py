@@ -39,6 +39,8 @@ class _Choice:
     tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     reason: str | None = None
+    #: What ended it (vLLM's `stop_reason`: a stop string or stop token id), once ended.
+    stop_reason: int | str | None = None
     started: bool = False
     # A stream's logprob entries of steps that sent nothing (text held back while a stop
     # string or a tool call might be forming): they go out with the next chunk.
@@ -144,7 +146,8 @@ class Choices:
                        self.cached)
 
     def answer(self) -> list[dict[str, Any]]:
-        return [{"index": i, "text": "".join(c.text), "finish_reason": c.reason or "stop"}
+        return [{"index": i, "text": "".join(c.text), "finish_reason": c.reason or "stop",
+                 "stop_reason": c.stop_reason}
                 for i, c in sorted(self.by_index.items())]
 
 
@@ -174,6 +177,8 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
                         ch.logprobs.extend(c.logprobs)
                     if reason:
                         ch.reason = reason
+                    if c.finish_reason:
+                        ch.stop_reason = c.stop_reason
     for i in track.unfinished():
         track.by_index.setdefault(i, _Choice()).reason = "stop"
     usage = track.usage()
@@ -182,9 +187,10 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
             lp = R.chat_logprobs(ch.logprobs, prep.top_logprobs) if req.logprobs else None
             if calls is None:
                 return T.whole_choice(prep.tracker, R.chat_choice(
-                    i, "".join(ch.text), R.finish(ch.reason), lp))
+                    i, "".join(ch.text), R.finish(ch.reason), lp, ch.stop_reason))
             reason = ch.reason if ch.reason == "tool_calls" else R.finish(ch.reason)
-            return T.with_calls(R.chat_choice(i, "".join(ch.text), reason, lp), calls.calls(i))
+            return T.with_calls(R.chat_choice(i, "".join(ch.text), reason, lp, ch.stop_reason),
+                                calls.calls(i))
 
         choices = [choice(i, ch) for i, ch in sorted(track.by_index.items())]
         return Completion(R.chat_completion(id=R.new_id("chatcmpl"), model=req.model,
@@ -198,7 +204,8 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
                                     track.prompt_logprobs.get(i // req.n))
               if req.logprobs is not None else None)
         out_choices.append(R.completion_choice(
-            i, prefix + text, _completion_finish(prep, ch.reason), lp))
+            i, prefix + text, _completion_finish(prep, ch.reason), lp,
+            None if prep.echo_only else ch.stop_reason))
     return Completion(R.completion_body(id=R.new_id("cmpl"), model=req.model,
                                         created=R.now(), choices=out_choices, usage_=usage))
 
@@ -248,11 +255,12 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                     ch.text.append(text or "")
                     lp = (R.chat_logprobs(ch.entries(c.logprobs), prep.top_logprobs)
                           if shows else None)
+                    stop_reason = c.stop_reason if reason is not None else None
                     choices.append(T.with_call_deltas(R.chat_chunk_choice(
-                        idx, content=text, first=not ch.started, reason=reason, logprobs=lp),
-                        deltas))
+                        idx, content=text, first=not ch.started, reason=reason, logprobs=lp,
+                        stop_reason=stop_reason), deltas))
                     ch.started = True
-                    ch.reason = reason
+                    ch.reason, ch.stop_reason = reason, stop_reason
                 for part in T.finish_apart(choices) if choices else ():
                     yield R.chat_chunk(id=cid, model=model, created=created, choices=part,
                                        include_usage=include_usage)
@@ -310,8 +318,10 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                         # each token's place in the text: advanced by the tokens reported,
                         # not the text sent (text held back for a stop string lags them)
                         offsets[idx] = offsets.get(idx, 0) + sum(len(e.token) for e in entries)
-                    choices.append(R.completion_choice(idx, text, reason, lp))
-                    ch.reason = reason
+                    stop_reason = (c.stop_reason if reason is not None and not prep.echo_only
+                                   else None)
+                    choices.append(R.completion_choice(idx, text, reason, lp, stop_reason))
+                    ch.reason, ch.stop_reason = reason, stop_reason
                 if choices:
                     yield R.completion_body(id=cid, model=model, created=created,
                                             choices=choices, usage_=None)
@@ -346,6 +356,7 @@ class ChunkAssembler:
         self.texts: dict[int, list[str]] = {}
         self.calls: dict[int, T.CallAssembler] = {}
         self.reasons: dict[int, str] = {}
+        self.stop_reasons: dict[int, Any] = {}  # what the upstream said ended each
         self.usage: dict[str, Any] | None = None  # the upstream's, as OpenAI's usage
         self.error = False
         #: Pieces of text relayed: a stream's tokens, as OpenAI-compatible servers stream
@@ -369,6 +380,8 @@ class ChunkAssembler:
                                 or delta.get("reasoning_content"))
             if c.get("finish_reason"):
                 self.reasons[i] = c["finish_reason"]
+                if "stop_reason" in c:  # (vLLM's; OpenAI's servers send none)
+                    self.stop_reasons[i] = c["stop_reason"]
         if chunk.get("usage"):
             u = chunk["usage"]
             if not usage_ok(u):
@@ -395,6 +408,8 @@ class ChunkAssembler:
         answer = [{"index": i, "text": "".join(t), "finish_reason": self.reasons[i]}
                   for i, t in sorted(self.texts.items())]
         for c in answer:
+            if c["index"] in self.stop_reasons:
+                c["stop_reason"] = self.stop_reasons[c["index"]]
             if c["index"] in self.calls:
                 c["tool_calls"] = self.calls[c["index"]].result()
         stream.answer = answer

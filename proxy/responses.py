@@ -3,8 +3,10 @@
 One place decides the shapes, so live answers, cached replays and fallbacks all look
 alike. Shapes follow the official spec (`shared/openai/openapi.yaml`): chat chunks carry
 the role only in a choice's first delta; every chunk of a stream has the same id;
-a choice's `finish_reason` is set exactly once; with `include_usage`, each chunk has
-`usage: null` and a last chunk carries the usage with `choices: []`.
+a choice's `finish_reason` is set exactly once, with vLLM's `stop_reason` beside it (the
+stop string or stop token id that ended the choice; null otherwise), as a whole choice
+carries it; with `include_usage`, each chunk has `usage: null` and a last chunk carries
+the usage with `choices: []`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from typing import Any
 
 from .engine.base import TokenLogprob
 from .ids import new_hex
+
+#: What a stop string or stop token id ended a choice with (vLLM's `stop_reason`).
+StopReason = int | str | None
 
 
 def new_id(prefix: str) -> str:
@@ -72,13 +77,15 @@ def chat_completion(
 
 
 def chat_choice(
-    index: int, text: str, reason: str, logprobs: list[dict[str, Any]] | None
+    index: int, text: str, reason: str, logprobs: list[dict[str, Any]] | None,
+    stop_reason: StopReason = None,
 ) -> dict[str, Any]:
     return {
         "index": index,
         "message": {"role": "assistant", "content": text, "refusal": None},
         "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None,
         "finish_reason": reason,
+        "stop_reason": stop_reason,
     }
 
 
@@ -109,18 +116,24 @@ def chat_chunk_choice(
     first: bool,
     reason: str | None,
     logprobs: list[dict[str, Any]] | None,
+    stop_reason: StopReason = None,
 ) -> dict[str, Any]:
+    """`stop_reason` goes out with the finish reason (the choice's last chunk), as vLLM's
+    server sends it."""
     delta: dict[str, Any] = {}
     if first:
         delta["role"] = "assistant"
     if content is not None:
         delta["content"] = content
-    return {
+    choice = {
         "index": index,
         "delta": delta,
         "logprobs": {"content": logprobs, "refusal": None} if logprobs is not None else None,
         "finish_reason": reason,
     }
+    if reason is not None:
+        choice["stop_reason"] = stop_reason
+    return choice
 
 
 def usage_chunk(
@@ -182,9 +195,15 @@ def completion_body(
 
 
 def completion_choice(
-    index: int, text: str, reason: str | None, logprobs: dict[str, Any] | None
+    index: int, text: str, reason: str | None, logprobs: dict[str, Any] | None,
+    stop_reason: StopReason = None,
 ) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+    """A whole choice, or a streamed one (whose `stop_reason` goes out with its finish
+    reason, in its last chunk)."""
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+    if reason is not None:
+        choice["stop_reason"] = stop_reason
+    return choice
 
 
 def now() -> int:

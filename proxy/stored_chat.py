@@ -150,15 +150,16 @@ _TEXTS = ("content", "refusal")
 
 class _Choice:
     """One choice's pieces: texts and logprobs by field (a field never sent stays null),
-    calls, finish reason."""
+    calls, finish reason (and vLLM's `stop_reason` beside it)."""
 
-    __slots__ = ("calls", "logprobs", "reason", "texts")
+    __slots__ = ("calls", "logprobs", "reason", "stop_reason", "texts")
 
     def __init__(self) -> None:
         self.texts: dict[str, list[str]] = {}
         self.logprobs: dict[str, list[Any]] | None = None
         self.calls = CallAssembler()
         self.reason: str | None = None
+        self.stop_reason: int | str | None = None
 
     def add(self, c: dict[str, Any]) -> None:
         delta = c.get("delta") or {}
@@ -174,6 +175,7 @@ class _Choice:
                     held.setdefault(field, []).extend(c["logprobs"][field])
         if c.get("finish_reason") is not None:
             self.reason = c["finish_reason"]
+            self.stop_reason = c.get("stop_reason")
 
     def whole(self, index: int) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", **{
@@ -183,7 +185,7 @@ class _Choice:
         logprobs = None if self.logprobs is None else {
             f: self.logprobs.get(f) for f in _TEXTS}
         return {"index": index, "message": message, "logprobs": logprobs,
-                "finish_reason": self.reason}
+                "finish_reason": self.reason, "stop_reason": self.stop_reason}
 
 
 # ------------------------------------------------------------------------------ routes

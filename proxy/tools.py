@@ -422,7 +422,8 @@ def finish_apart(choices: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     for c in choices:
         if c["finish_reason"] is not None and c["delta"].get("tool_calls"):
             apart.append(R.chat_chunk_choice(c["index"], content=None, first=False,
-                                             reason=c["finish_reason"], logprobs=None))
+                                             reason=c["finish_reason"], logprobs=None,
+                                             stop_reason=c.pop("stop_reason", None)))
             c["finish_reason"] = None
     return [choices, apart] if apart else [choices]
 

@@ -1,9 +1,11 @@
 """A fake Engine for unit and integration tests (never for the e2e suite).
 
 Deterministic: the answer is derived from the prompt's token ids, one word a token,
-so tests can predict it. `delay` paces tokens; `fail_after` raises EngineFailed after
-that many tokens; `active` and `aborted` show what the engine is doing, so tests can
-check that disconnects really abort.
+so tests can predict it. A stop string equal to a word ends its choice there, as vLLM
+ends one: the word left out of the text, `stop_reason` naming the string. `delay`
+paces tokens; `fail_after` raises EngineFailed after that many tokens; `active` and
+`aborted` show what the engine is doing, so tests can check that disconnects really
+abort.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ class FakeEngine:
         try:
             seed = sum(prompt)
             steps = options.max_tokens if pieces is None else len(pieces)
+            stopped: set[int] = set()  # choices a stop string ended
             for i in range(steps):
                 if self.token_gate is not None:
                     await self.token_gate.wait()
@@ -173,8 +176,17 @@ class FakeEngine:
                 reason = "length" if i == options.max_tokens - 1 else "stop"
                 choices = []
                 for c in range(options.n):
+                    if c in stopped:
+                        continue
                     word = (" " + WORDS[(seed + c + i) % len(WORDS)] if pieces is None
                             else pieces[i])
+                    if pieces is None and word.strip() in options.stop:
+                        stopped.add(c)
+                        choices.append(ChoiceDelta(index=c, text="", token_ids=[10 + i],
+                                                   logprobs=[] if options.logprobs is not None
+                                                   else None, finish_reason="stop",
+                                                   stop_reason=word.strip()))
+                        continue
                     lp = None
                     if options.logprobs is not None:
                         top = [TopLogprob(word, -0.5, list(word.encode()))] + [
@@ -183,10 +195,13 @@ class FakeEngine:
                     choices.append(ChoiceDelta(index=c, text=word, token_ids=[10 + i],
                                                logprobs=lp,
                                                finish_reason=reason if last else None))
+                last = last or len(stopped) == options.n
                 yield EngineOutput(
                     choices=choices, prompt_tokens=len(prompt), finished=last,
                     prompt_logprobs=self.prompt_entries(prompt, options.prompt_logprobs)
                     if i == 0 and options.prompt_logprobs is not None else None)
+                if last:
+                    break
             finished_ok = True
         finally:
             self.active.discard(request_id)

@@ -1,6 +1,7 @@
 """A cached answer, how it is captured from a live reply, and how it is replayed.
 
-An Entry holds the answer's choices (text and finish reason), its usage, and who it
+An Entry holds the answer's choices (text, finish reason and vLLM's `stop_reason`: an
+entry stored before it was kept replays it as null), its usage, and who it
 belongs to (scope, tenant, role, user: for isolation checks and purges). `prompt` (for
 purges by content) lives in process memory; what leaves the process (Redis) carries it
 only when the operator opts in, so an entry read back from Redis may have it empty. It
@@ -32,7 +33,8 @@ class Entry:
     key: str
     route: str
     model: str
-    choices: list[dict[str, Any]]  # {"index", "text", "finish_reason"[, "tool_calls"]}
+    #: {"index", "text", "finish_reason"[, "stop_reason"][, "tool_calls"]}
+    choices: list[dict[str, Any]]
     usage: dict[str, int]
     scope: str
     tenant: str
@@ -125,8 +127,14 @@ class BadEntry(ValueError):
 def choice_ok(c: Any) -> bool:
     return (isinstance(c, dict) and isinstance(c.get("index"), int)
             and isinstance(c.get("text"), str) and isinstance(c.get("finish_reason"), str)
+            and _stop_reason_ok(c.get("stop_reason"))
             and isinstance(c.get("tool_calls", []), list)
             and all(_call_ok(t) for t in c.get("tool_calls", [])))
+
+
+def _stop_reason_ok(r: Any) -> bool:
+    """A stop string, a stop token id, or none (vLLM's `stop_reason`)."""
+    return r is None or isinstance(r, str) or (isinstance(r, int) and not isinstance(r, bool))
 
 
 def _call_ok(t: Any) -> bool:
@@ -153,7 +161,8 @@ def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]]
         calls = message.get("tool_calls") if message is not None else None
         if calls and text is None:
             text = ""
-        choice = {"index": c.get("index"), "text": text, "finish_reason": c.get("finish_reason")}
+        choice = {"index": c.get("index"), "text": text, "finish_reason": c.get("finish_reason"),
+                  "stop_reason": c.get("stop_reason")}
         if calls:
             choice["tool_calls"] = calls
         if not choice_ok(choice):
@@ -187,12 +196,14 @@ def replay_body(entry: Entry, req: ChatCompletionRequest | CompletionRequest) ->
     if entry.route == "chat":
         return R.chat_completion(
             id=R.new_id("chatcmpl"), model=req.model, created=R.now(), usage_=_usage(entry),
-            choices=[T.with_calls(R.chat_choice(c["index"], c["text"], c["finish_reason"], None),
+            choices=[T.with_calls(R.chat_choice(c["index"], c["text"], c["finish_reason"], None,
+                                                c.get("stop_reason")),
                                   _fresh_ids(c.get("tool_calls") or []))
                      for c in entry.choices])
     return R.completion_body(
         id=R.new_id("cmpl"), model=req.model, created=R.now(), usage_=_usage(entry),
-        choices=[R.completion_choice(c["index"], c["text"], c["finish_reason"], None)
+        choices=[R.completion_choice(c["index"], c["text"], c["finish_reason"], None,
+                                     c.get("stop_reason"))
                  for c in entry.choices])
 
 
@@ -207,7 +218,8 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
         for c in entry.choices:
             calls = _fresh_ids(c.get("tool_calls") or [])
             choice = R.chat_chunk_choice(c["index"], content=c["text"] or (None if calls else ""),
-                                         first=True, reason=c["finish_reason"], logprobs=None)
+                                         first=True, reason=c["finish_reason"], logprobs=None,
+                                         stop_reason=c.get("stop_reason"))
             for part in T.finish_apart([T.with_call_deltas(choice, T.replay_deltas(calls))]):
                 yield R.chat_chunk(id=cid, model=model, created=created,
                                    include_usage=include_usage, choices=part)
@@ -217,7 +229,8 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
         for c in entry.choices:
             yield R.completion_body(id=cid, model=model, created=created, usage_=None,
                                     choices=[R.completion_choice(c["index"], c["text"],
-                                                                 c["finish_reason"], None)])
+                                                                 c["finish_reason"], None,
+                                                                 c.get("stop_reason"))])
         obj = "text_completion"
     if include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created, object_=obj,

@@ -74,6 +74,9 @@ class ChoiceDelta:
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort" when it ended
+    #: What ended it, as vLLM's servers report it: the stop string matched, or the stop
+    #: token id (not the model's own end of text); None for that and for a length cut.
+    stop_reason: int | str | None = None
 
 
 @dataclass(slots=True)

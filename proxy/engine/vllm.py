@@ -316,6 +316,7 @@ class VllmEngine:
                         token_ids=list(c.token_ids),
                         logprobs=_logprobs(c.logprobs, _shown(c)) if want_logprobs else None,
                         finish_reason=_FINISH.get(c.finish_reason or "", c.finish_reason),
+                        stop_reason=_stop_reason(c),
                     )
                     for c in out.outputs
                 ]
@@ -603,6 +604,13 @@ def _prompt_entries(tokenizer: Any, prompt: list[int], entries: Any) -> list[Tok
     first = TokenLogprob(token=str(tokenizer.decode(prompt[:1])), logprob=None, bytes=None,
                          top=[])
     return [first, *_logprobs(list(entries)[1:], prompt[1:])]
+
+
+def _stop_reason(c: Any) -> int | str | None:
+    """What ended a choice, as vLLM's server reports it (`stop_reason`): the stop string
+    matched or the stop token id; None for the model's end of text or a length cut."""
+    r = getattr(c, "stop_reason", None)
+    return r if isinstance(r, str | int) and not isinstance(r, bool) else None
 
 
 def _shown(c: Any) -> Any:

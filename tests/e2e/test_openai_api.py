@@ -397,3 +397,41 @@ def test_streamed_logprob_offsets_survive_text_held_for_a_stop_string(
     offsets = [o for e in events for c in e["choices"]
                for o in (c.get("logprobs") or {}).get("text_offset", [])]
     assert done and offsets == whole["logprobs"]["text_offset"]
+
+
+# ------------------------------------------------------------- vLLM server parity
+
+
+def test_stop_reason_names_the_stop_string_as_vllm_s_server_does(
+        client: openai.OpenAI, weir: WeirProcess) -> None:
+    """vLLM's `stop_reason` on chat and completions, whole and streamed (with the finish
+    reason): the stop string that ended the choice, null when it ran to its length."""
+    ask: dict[str, Any] = {"model": MODEL, "max_tokens": 30, "temperature": 0}
+    stops = {}
+    for route, body in (("/v1/chat/completions", {**ask, "messages": MSG}),
+                        ("/v1/completions", {**ask, "prompt": "Once upon a time"})):
+        chat = route == "/v1/chat/completions"
+        spec = "CreateChatCompletionResponse" if chat else "CreateCompletionResponse"
+        base = raw(weir, route, body).json()
+        validate(spec, base)
+        text = base["choices"][0]["message"]["content"] if chat else base["choices"][0]["text"]
+        assert len(text) > 10, text
+        stop = stops[route] = text[len(text) // 2: len(text) // 2 + 3]
+        if base["choices"][0]["finish_reason"] == "length":
+            assert base["choices"][0]["stop_reason"] is None
+        cut = raw(weir, route, {**body, "stop": [stop]}).json()
+        validate(spec, cut)
+        assert cut["choices"][0]["finish_reason"] == "stop"
+        assert cut["choices"][0]["stop_reason"] == stop
+        events, done = parse_sse(raw(weir, route, {**body, "stop": [stop], "stream": True}).text)
+        assert done
+        for e in events:
+            validate("CreateChatCompletionStreamResponse", e) if chat else (
+                validate_completion_chunk(e))
+        ends = [c for e in events for c in e["choices"] if c["finish_reason"]]
+        assert [(c["finish_reason"], c["stop_reason"]) for c in ends] == [("stop", stop)]
+    # through the SDK, which keeps the field it does not know
+    stop = stops["/v1/chat/completions"]
+    sdk_cut = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=30,
+                                             temperature=0, stop=[stop])
+    assert (sdk_cut.choices[0].model_extra or {}).get("stop_reason") == stop

@@ -379,3 +379,37 @@ def test_a_regex_screened_where_stderr_cannot_be_set_aside_is_left_out(
         assert regex_screen.screened(schema) == {"type": "string"}
     finally:
         regex_screen.quiet.cache_clear()
+
+
+@pytest.mark.parametrize(("stop_reason", "passed"), [
+    ("Paris", "Paris"), (128009, 128009), (None, None), (True, None)])
+async def test_the_engine_s_stop_reason_reaches_the_choice(stop_reason: Any,
+                                                           passed: Any) -> None:
+    """vLLM's `stop_reason` (the stop string matched, or the stop token id) is carried on
+    the choice that ended, as vLLM's own server reports it."""
+    from types import SimpleNamespace
+
+    from proxy.engine.base import SamplingOptions
+
+    def output(text: str, reason: str | None, stop: Any) -> Any:
+        return SimpleNamespace(
+            outputs=[SimpleNamespace(index=0, text=text, token_ids=[5], logprobs=None,
+                                     finish_reason=reason, stop_reason=stop)],
+            finished=reason is not None, prompt_token_ids=[1, 2], num_cached_tokens=0,
+            prompt_logprobs=None, metrics=None)
+
+    class Llm:
+        errored = False
+
+        async def generate(self, *a: Any, **kw: Any) -> Any:
+            yield output("Lyon, ", None, None)
+            yield output("", "stop", stop_reason)
+
+        async def abort(self, request_id: str) -> None:
+            pass
+
+    engine = VllmEngine(VllmEngineSettings())
+    engine._llm = Llm()  # type: ignore[assignment]
+    outs = [o async for o in engine.generate([1, 2], SamplingOptions(max_tokens=4), "r")]
+    assert [o.choices[0].stop_reason for o in outs] == [None, passed]
+    assert outs[-1].choices[0].finish_reason == "stop"

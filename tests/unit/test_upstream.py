@@ -804,3 +804,33 @@ async def test_a_stream_missing_one_of_its_choices_is_an_engine_failure(
         assert isinstance(whole, Stream) and [c async for c in whole] == CHUNKS
     finally:
         await engine.close()
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+async def test_a_relayed_stream_keeps_vllm_s_stop_reason_and_running_usage(
+        upstream: Upstream, continuous: bool) -> None:
+    """What a vLLM upstream sends goes on: the `stop_reason` beside a finish reason (and
+    into the answer the cache stores), and, when the client asked for it
+    (`continuous_usage_stats` beside `include_usage`), the usage in every chunk."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    chunks = [{"id": "c", "choices": [{"index": 0, "delta": {"content": "t0"},
+                                       "finish_reason": None}], "usage": {
+                                           **usage, "completion_tokens": 1, "total_tokens": 8}},
+              {"id": "c", "choices": [{"index": 0, "delta": {"content": "t1"},
+                                       "finish_reason": "stop", "stop_reason": "###"}],
+               "usage": usage}]
+    pieces = sse(*chunks, {"id": "c", "choices": [], "usage": usage}, "[DONE]")
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    c = ctx(stream=True, stream_options=options if continuous else {
+        "continuous_usage_stats": True})
+    got, reply = await relayed(upstream, pieces, c)
+    sent = upstream.seen[-1][1]["stream_options"]
+    assert sent == {"include_usage": True, "continuous_usage_stats": True}
+    if continuous:
+        assert got == [*chunks, {"id": "c", "choices": [], "usage": usage}]
+    else:  # not asked (no `include_usage`): no usage at all
+        assert got == [{k: v for k, v in chunk.items() if k != "usage"} for chunk in chunks]
+    assert reply.answer == [{"index": 0, "text": "t0t1", "finish_reason": "stop",
+                             "stop_reason": "###"}]
+    assert reply.usage == usage
+

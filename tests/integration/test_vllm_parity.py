@@ -1,0 +1,108 @@
+"""Where Weir answers as vLLM's own OpenAI server does, over the fake engine: a choice's
+`stop_reason` (whole, streamed and replayed from the cache)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import MakeClient
+from tests.fakes import WORDS, FakeEngine
+from tests.openai_spec import validate, validate_completion_chunk
+from tests.sse import check_chat_stream, parse_sse
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+CHAT = {"model": "fake-model", "messages": MESSAGES, "max_tokens": 6, "temperature": 0}
+COMPLETION = {"model": "fake-model", "prompt": "hi", "max_tokens": 6, "temperature": 0}
+CACHE = [{"name": "cache", "config": {"semantic": {"enabled": False}, "store_truncated": True}}]
+
+
+def third_word(route: str) -> str:
+    """The fake engine's third word for the request (a stop string it is sure to meet)."""
+    fake = FakeEngine()
+    prompt = fake.render_chat(MESSAGES, None) if route == "chat" else fake.encode("hi")
+    return WORDS[(sum(prompt) + 2) % len(WORDS)]
+
+
+def head(route: str) -> str:
+    """The text before that word: what a stop on it leaves."""
+    fake = FakeEngine()
+    prompt = fake.render_chat(MESSAGES, None) if route == "chat" else fake.encode("hi")
+    return FakeEngine.expected_text(prompt, 2)
+
+
+async def post(client: Any, route: str, body: dict[str, Any]) -> Any:
+    path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+    r = await client.post(path, json=body)
+    assert r.status == 200, await r.text()
+    if body.get("stream"):
+        events, done = parse_sse(await r.text())
+        assert done
+        return events, r.headers.get("x-weir-cache")
+    return await r.json(), r.headers.get("x-weir-cache")
+
+
+def whole_choice(body: dict[str, Any], route: str) -> tuple[str, str, Any]:
+    validate("CreateChatCompletionResponse" if route == "chat" else "CreateCompletionResponse",
+             body)
+    c = body["choices"][0]
+    text = c["message"]["content"] if route == "chat" else c["text"]
+    assert "stop_reason" in c  # null included, as vLLM's server sends it
+    return text, c["finish_reason"], c["stop_reason"]
+
+
+def streamed_choice(events: list[dict[str, Any]], route: str, usage: bool = False
+                    ) -> tuple[str, str, Any]:
+    if route == "chat":
+        text = check_chat_stream(events, usage=usage)
+    else:
+        for e in events:
+            validate_completion_chunk(e)
+        text = "".join(c["text"] for e in events for c in e["choices"])
+    ends = [c for e in events for c in e["choices"] if c["finish_reason"] is not None]
+    assert len(ends) == 1 and "stop_reason" in ends[0]  # with its finish reason, once
+    # (and only there, as vLLM's chat stream sends it)
+    assert all("stop_reason" not in c for e in events for c in e["choices"]
+               if c["finish_reason"] is None)
+    return text, ends[0]["finish_reason"], ends[0]["stop_reason"]
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_stop_reason_names_the_stop_string_whole_and_streamed(
+        make_client: MakeClient, route: str) -> None:
+    """vLLM's `stop_reason`: the stop string that ended a choice; null where the answer
+    ran to its length (or to the model's own end of text)."""
+    client = await make_client()
+    base = CHAT if route == "chat" else COMPLETION
+    stop = third_word(route)
+    body = {**base, "stop": ["nothing-like-it", stop]}
+    assert whole_choice((await post(client, route, body))[0], route) == (
+        head(route), "stop", stop)
+    events, _ = await post(client, route, {**body, "stream": True})
+    assert streamed_choice(events, route) == (head(route), "stop", stop)
+    # cut at max_tokens: no stop string ended it
+    assert whole_choice((await post(client, route, base))[0], route)[1:] == ("length", None)
+    events, _ = await post(client, route, {**base, "stream": True})
+    assert streamed_choice(events, route)[1:] == ("length", None)
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_a_cached_replay_keeps_the_stop_reason_of_its_miss(
+        make_client: MakeClient, fake_engine: FakeEngine, route: str) -> None:
+    """Exact hits, whole and streamed, of answers stored from a whole miss and from a
+    streamed one: the same `stop_reason` the miss gave."""
+    client = await make_client(plugins=CACHE)
+    base = CHAT if route == "chat" else COMPLETION
+    stop = third_word(route)
+    for n, miss_streams in enumerate((False, True)):
+        body = {**base, "stop": [stop], "seed": n}  # (each round a key of its own)
+        got, layer = await post(client, route, {**body, "stream": miss_streams})
+        assert layer == "miss"
+        miss = (streamed_choice(got, route) if miss_streams else whole_choice(got, route))
+        assert miss == (head(route), "stop", stop)
+        got, layer = await post(client, route, body)
+        assert layer == "exact" and whole_choice(got, route) == miss
+        got, layer = await post(client, route, {**body, "stream": True})
+        assert layer == "exact" and streamed_choice(got, route) == miss
+    assert len(fake_engine.calls) == 2

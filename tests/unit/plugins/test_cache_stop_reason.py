@@ -1,0 +1,143 @@
+"""vLLM's `stop_reason` through the cache: kept in entries
+(and in Redis's JSON, older entries without it read as null), replayed by exact and
+semantic hits and by coalesced requests alike."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from plugins.cache.entry import BadEntry, Entry, replay_body, replay_stream
+from proxy.chain import Completion, Reply, Stream
+from proxy.context import RequestContext
+from proxy.protocol import ChatCompletionRequest
+from tests.openai_spec import validate
+from tests.sse import check_chat_stream
+from tests.unit.plugins.test_cache import (
+    Engine,
+    chunks_of,
+    ctx,
+    l1_misses,
+    plugin,
+    run,
+)
+from tests.waiting import eventually
+
+
+class StopEngine(Engine):
+    """The stub engine, its answers ended by a stop string (`stop_reason`)."""
+
+    def __init__(self, stop_reason: Any = "###", **kw: Any) -> None:
+        super().__init__(**kw)
+        self.stop_reason = stop_reason
+
+    async def __call__(self, c: RequestContext) -> Reply:
+        reply = await super().__call__(c)
+        if isinstance(reply, Completion):
+            reply.body["choices"][0]["stop_reason"] = self.stop_reason
+        return reply
+
+    async def _words(self, c: RequestContext) -> Any:
+        async for chunk in super()._words(c):
+            for choice in chunk["choices"]:
+                if choice["finish_reason"] is not None:
+                    choice["stop_reason"] = self.stop_reason
+            yield chunk
+
+
+def whole_stop_reason(reply: Reply) -> Any:
+    assert isinstance(reply, Completion)
+    if "refusal" in reply.body["choices"][0]["message"]:  # (not the stub's own answer)
+        validate("CreateChatCompletionResponse", reply.body)
+    return reply.body["choices"][0]["stop_reason"]
+
+
+def streamed_stop_reason(reply: Reply, usage: bool = False) -> Any:
+    assert isinstance(reply, Stream)
+    events = chunks_of(reply)
+    check_chat_stream(events, usage=usage)
+    return next(c["stop_reason"] for e in events for c in e["choices"] if c["finish_reason"])
+
+
+@pytest.mark.parametrize("stop_reason", ["###", 128009])
+@pytest.mark.parametrize("miss_streams", [False, True])
+async def test_a_semantic_hit_replays_the_stop_reason_of_its_miss(
+        miss_streams: bool, stop_reason: Any) -> None:
+    p, eng = plugin(semantic={"threshold": 0.8}), StopEngine(stop_reason)
+    reply, layer = await run(p, ctx("How can I reset my password please?",
+                                    stream=miss_streams), eng)
+    assert layer == "miss"
+    got = streamed_stop_reason(reply) if miss_streams else whole_stop_reason(reply)
+    assert got == stop_reason
+    reply, layer = await run(p, ctx("How do I reset my password please?"), eng)
+    assert layer == "semantic" and whole_stop_reason(reply) == stop_reason
+    reply, layer = await run(p, ctx("How do I reset my password now please?", stream=True),
+                             eng)
+    assert layer == "semantic" and streamed_stop_reason(reply) == stop_reason
+    assert eng.calls == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_coalesced_requests_get_the_leader_s_stop_reason(stream: bool) -> None:
+    gate = asyncio.Event()
+    p, eng = plugin(semantic={"enabled": False}), StopEngine(gate=gate)
+    options: dict[str, Any] = {}
+    tasks = [asyncio.create_task(run(p, ctx(stream=stream, **options), eng))]
+    await eng.entered.wait()
+    tasks += [asyncio.create_task(run(p, ctx(stream=stream, **options), eng))
+              for _ in range(2)]
+    await eventually(lambda: l1_misses(p) == 3)
+    gate.set()
+    replies = await asyncio.gather(*tasks)
+    assert eng.calls == 1 and sorted(layer for _, layer in replies) == [
+        "coalesced", "coalesced", "miss"]
+    for reply, _ in replies:
+        if not stream:
+            assert whole_stop_reason(reply) == "###"
+            continue
+        assert isinstance(reply, Stream)
+        events = chunks_of(reply)
+        check_chat_stream(events)
+        ends = [c for e in events for c in e["choices"] if c["finish_reason"]]
+        assert [c["stop_reason"] for c in ends] == ["###"]
+
+
+def entry(**choice: Any) -> Entry:
+    return Entry(key="k", route="chat", model="m", usage={"prompt_tokens": 7,
+                                                          "completion_tokens": 4},
+                 choices=[{"index": 0, "text": "Use the link.", "finish_reason": "stop",
+                           **choice}], scope="global", tenant="t", role="user", user="u")
+
+
+def chat(**kw: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+@pytest.mark.parametrize("stop_reason", ["###", 7, None])
+async def test_redis_s_json_keeps_the_stop_reason(stop_reason: Any) -> None:
+    back = Entry.from_json(entry(stop_reason=stop_reason).to_json(with_prompt=False))
+    assert replay_body(back, chat())["choices"][0]["stop_reason"] == stop_reason
+    chunks = [c async for c in replay_stream(back, chat(stream=True))]
+    assert chunks[-1]["choices"][0]["stop_reason"] == stop_reason
+
+
+async def test_an_entry_stored_before_stop_reason_was_kept_replays_null() -> None:
+    old = entry()  # no "stop_reason" in its choice, as an older version stored it
+    data = json.loads(old.to_json())
+    assert "stop_reason" not in data["choices"][0]
+    back = Entry.from_json(json.dumps(data))
+    body = replay_body(back, chat())
+    validate("CreateChatCompletionResponse", body)
+    assert body["choices"][0]["stop_reason"] is None
+    chunks = [c async for c in replay_stream(back, chat(stream=True))]
+    assert chunks[-1]["choices"][0]["stop_reason"] is None
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, {"x": 1}, ["###"]])
+def test_a_stored_stop_reason_of_another_type_is_a_miss(bad: Any) -> None:
+    with pytest.raises(BadEntry):
+        Entry.from_json(entry(stop_reason=bad).to_json())
