@@ -649,6 +649,15 @@ def _may_lack_content(m: ChatMessage) -> bool:
 
 class StreamOptions(_Open):
     include_usage: bool = False
+    #: vLLM's extension: with `include_usage`, every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
+
+
+def continuous_usage(req: Any) -> bool:
+    """Whether a request's stream carries the usage so far in every chunk: vLLM's
+    `stream_options.continuous_usage_stats`, which counts only beside `include_usage`
+    (as vLLM's server reads it)."""
+    return bool(req.include_usage and req.stream_options.continuous_usage_stats)
 
 
 class JsonSchemaFormat(_Open):

@@ -23,7 +23,7 @@ from . import tools as T
 from .chain import Completion, Stream
 from .engine.base import ChoiceDelta, EngineOutput, TokenLogprob
 from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, continuous_usage
 from .streaming import SHUTDOWN
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                        prep: Prepared, track: Choices,
                        stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("chatcmpl"), R.now(), req.model
-    include_usage = req.include_usage
+    include_usage, running = req.include_usage, continuous_usage(req)
     want_logprobs = bool(req.logprobs)
     calls = T.StreamCalls(prep.tracker)
     with track:
@@ -263,7 +263,8 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                     ch.reason, ch.stop_reason = reason, stop_reason
                 for part in T.finish_apart(choices) if choices else ():
                     yield R.chat_chunk(id=cid, model=model, created=created, choices=part,
-                                       include_usage=include_usage)
+                                       include_usage=include_usage,
+                                       usage_=track.usage() if running else None)
     stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()
     if missing:  # the engine ended without a reason for some choice: close it once
@@ -275,7 +276,7 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                                                logprobs=None))
             ch.reason = "stop"
         yield R.chat_chunk(id=cid, model=model, created=created, include_usage=include_usage,
-                           choices=closing)
+                           choices=closing, usage_=track.usage() if running else None)
     stream.answer = calls.answer(track.answer())
     if include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created,
@@ -286,6 +287,7 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                              prep: Prepared, track: Choices,
                              stream: Stream) -> AsyncIterator[dict[str, Any]]:
     cid, created, model = R.new_id("cmpl"), R.now(), req.model
+    running = continuous_usage(req)
     offsets: dict[int, int] = {}  # where a choice's next token sits in its text
     with track:
         async with aclosing(outputs):
@@ -324,14 +326,16 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                     ch.reason, ch.stop_reason = reason, stop_reason
                 if choices:
                     yield R.completion_body(id=cid, model=model, created=created,
-                                            choices=choices, usage_=None)
+                                            choices=choices,
+                                            usage_=track.usage() if running else None)
     stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()
     if missing:
         closing = _completion_finish(prep, None)  # (as the whole answer says)
         for i in missing:
             track.by_index.setdefault(i, _Choice()).reason = closing
-        yield R.completion_body(id=cid, model=model, created=created, usage_=None,
+        yield R.completion_body(id=cid, model=model, created=created,
+                                usage_=track.usage() if running else None,
                                 choices=[R.completion_choice(i, "", closing, None)
                                          for i in missing])
     stream.answer = track.answer()

@@ -5,8 +5,9 @@ alike. Shapes follow the official spec (`shared/openai/openapi.yaml`): chat chun
 the role only in a choice's first delta; every chunk of a stream has the same id;
 a choice's `finish_reason` is set exactly once, with vLLM's `stop_reason` beside it (the
 stop string or stop token id that ended the choice; null otherwise), as a whole choice
-carries it; with `include_usage`, each chunk has `usage: null` and a last chunk carries
-the usage with `choices: []`.
+carries it; with `include_usage`, each chunk has `usage: null` (or, with vLLM's
+`continuous_usage_stats`, the usage so far) and a last chunk carries the usage with
+`choices: []`.
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ def chat_chunk(
     created: int,
     choices: list[dict[str, Any]],
     include_usage: bool,
+    usage_: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`usage_`: the usage so far (`continuous_usage_stats`), else null."""
     chunk: dict[str, Any] = {
         "id": id,
         "object": "chat.completion.chunk",
@@ -105,7 +108,7 @@ def chat_chunk(
         "choices": choices,
     }
     if include_usage:
-        chunk["usage"] = None
+        chunk["usage"] = usage_
     return chunk
 
 

@@ -10,7 +10,12 @@ from typing import Any
 from proxy import responses as R
 from proxy.chain import Completion, Reply, Stream
 from proxy.context import RequestContext
-from proxy.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice
+from proxy.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    continuous_usage,
+)
 
 
 def static_fits(ctx: RequestContext, text: str) -> bool:
@@ -60,6 +65,7 @@ async def _chat_chunks(ctx: RequestContext, text: str,
                        count: int) -> AsyncIterator[dict[str, Any]]:
     cid, created, usage = R.new_id("chatcmpl"), R.now(), ctx.request.include_usage
     yield R.chat_chunk(id=cid, model=ctx.model, created=created, include_usage=usage,
+                       usage_=R.usage(0, 0) if continuous_usage(ctx.request) else None,
                        choices=[R.chat_chunk_choice(i, content=text, first=True, reason="stop",
                                                     logprobs=None) for i in range(count)])
     if usage:
@@ -70,7 +76,8 @@ async def _chat_chunks(ctx: RequestContext, text: str,
 async def _completion_chunks(ctx: RequestContext, text: str,
                              count: int) -> AsyncIterator[dict[str, Any]]:
     cid, created = R.new_id("cmpl"), R.now()
-    yield R.completion_body(id=cid, model=ctx.model, created=created, usage_=None,
+    yield R.completion_body(id=cid, model=ctx.model, created=created,
+                            usage_=R.usage(0, 0) if continuous_usage(ctx.request) else None,
                             choices=[R.completion_choice(i, text, "stop", None)
                                      for i in range(count)])
     if ctx.request.include_usage:

@@ -8,7 +8,8 @@ only when the operator opts in, so an entry read back from Redis may have it emp
 is captured from a whole Completion body or from what a finished Stream carries (its
 `answer` and `usage`), and replayed through
 `proxy.responses`, so a cached answer has the same shapes as a live one: streamed when
-the request streams (usage chunk included when asked), whole otherwise.
+the request streams (usage chunk included when asked; with `continuous_usage_stats`,
+every chunk carries the answer's usage: it is all in hand), whole otherwise.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import orjson
 
 from proxy import responses as R
 from proxy import tools as T
-from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from proxy.protocol import ChatCompletionRequest, CompletionRequest, continuous_usage
 from proxy.rendering import usage_ok
 
 
@@ -210,9 +211,11 @@ def replay_body(entry: Entry, req: ChatCompletionRequest | CompletionRequest) ->
 async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionRequest,
                         ) -> AsyncIterator[dict[str, Any]]:
     """The answer as a stream: one content chunk per choice carrying its finish reason
-    (after its calls, in a chunk of its own: `finish_apart`)."""
+    (after its calls, in a chunk of its own: `finish_apart`); with
+    `continuous_usage_stats`, each carries the answer's usage (all of it is in hand)."""
     created, model = R.now(), req.model
     include_usage = req.include_usage
+    running = _usage(entry) if continuous_usage(req) else None
     if entry.route == "chat":
         cid = R.new_id("chatcmpl")
         for c in entry.choices:
@@ -222,12 +225,14 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
                                          stop_reason=c.get("stop_reason"))
             for part in T.finish_apart([T.with_call_deltas(choice, T.replay_deltas(calls))]):
                 yield R.chat_chunk(id=cid, model=model, created=created,
-                                   include_usage=include_usage, choices=part)
+                                   include_usage=include_usage, choices=part,
+                                   usage_=running and {**running})
         obj = "chat.completion.chunk"
     else:
         cid = R.new_id("cmpl")
         for c in entry.choices:
-            yield R.completion_body(id=cid, model=model, created=created, usage_=None,
+            yield R.completion_body(id=cid, model=model, created=created,
+                                    usage_=running and {**running},
                                     choices=[R.completion_choice(c["index"], c["text"],
                                                                  c["finish_reason"], None,
                                                                  c.get("stop_reason"))])

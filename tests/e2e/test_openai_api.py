@@ -435,3 +435,27 @@ def test_stop_reason_names_the_stop_string_as_vllm_s_server_does(
     sdk_cut = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=30,
                                              temperature=0, stop=[stop])
     assert (sdk_cut.choices[0].model_extra or {}).get("stop_reason") == stop
+
+
+def test_continuous_usage_stats_stream_the_usage_so_far(weir: WeirProcess) -> None:
+    """vLLM's `stream_options.continuous_usage_stats`: every chunk carries the usage so
+    far (validated against the spec's chunk schemas), the last the stream's usage."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    ask: dict[str, Any] = {"model": MODEL, "max_tokens": 8, "temperature": 0, "stream": True,
+                           "ignore_eos": True, "stream_options": options}
+    for route, body in (("/v1/chat/completions", {**ask, "messages": MSG}),
+                        ("/v1/completions", {**ask, "prompt": "Once upon a time"})):
+        events, done = parse_sse(raw(weir, route, body).text)
+        assert done
+        chat = route == "/v1/chat/completions"
+        for e in events:
+            validate("CreateChatCompletionStreamResponse", e) if chat else (
+                validate_completion_chunk(e))
+        final = events[-1]
+        assert final["choices"] == [] and final["usage"]["completion_tokens"] == 8
+        running = [e["usage"] for e in events[:-1]]
+        assert running and all(u["prompt_tokens"] == final["usage"]["prompt_tokens"]
+                               and u["total_tokens"] == u["prompt_tokens"]
+                               + u["completion_tokens"] for u in running)
+        counts = [u["completion_tokens"] for u in running]
+        assert counts == sorted(counts) and counts[-1] == 8 and counts[0] >= 1

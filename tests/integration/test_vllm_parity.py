@@ -1,5 +1,6 @@
 """Where Weir answers as vLLM's own OpenAI server does, over the fake engine: a choice's
-`stop_reason` (whole, streamed and replayed from the cache)."""
+`stop_reason` (whole, streamed and replayed from the cache) and `stream_options.
+continuous_usage_stats`."""
 
 from __future__ import annotations
 
@@ -106,3 +107,59 @@ async def test_a_cached_replay_keeps_the_stop_reason_of_its_miss(
         got, layer = await post(client, route, {**body, "stream": True})
         assert layer == "exact" and streamed_choice(got, route) == miss
     assert len(fake_engine.calls) == 2
+
+
+def running_usage(events: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
+    """(prompt, completion, total) of each chunk that carries choices."""
+    out = []
+    for e in events:
+        if e["choices"]:
+            u = e["usage"]
+            assert set(u) >= {"prompt_tokens", "completion_tokens", "total_tokens"}
+            out.append((u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]))
+    return out
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
+        make_client: MakeClient, fake_engine: FakeEngine, route: str) -> None:
+    """vLLM's `stream_options.continuous_usage_stats` (beside `include_usage`): each
+    chunk carries the tokens so far; the usage chunk still ends the stream. Without
+    `include_usage` it asks nothing, as vLLM reads it."""
+    client = await make_client()
+    base = CHAT if route == "chat" else COMPLETION
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    events, _ = await post(client, route, {**base, "stream": True, "stream_options": opts})
+    prompt = len(fake_engine.calls[-1][0])
+    for e in events:
+        validate("CreateChatCompletionStreamResponse", e) if route == "chat" else (
+            validate_completion_chunk(e))
+    assert running_usage(events) == [(prompt, k, prompt + k) for k in range(1, 7)]
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == {
+        "prompt_tokens": prompt, "completion_tokens": 6, "total_tokens": prompt + 6}
+    events, _ = await post(client, route, {**base, "stream": True, "stream_options": {
+        "continuous_usage_stats": True}})
+    assert all(e.get("usage") is None for e in events) and all(e["choices"] for e in events)
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_a_cached_replay_carries_continuous_usage_too(
+        make_client: MakeClient, fake_engine: FakeEngine, route: str) -> None:
+    """A replay's chunks are all in hand: each carries the answer's usage, the one its
+    usage chunk reports (the miss's)."""
+    client = await make_client(plugins=CACHE)
+    base = CHAT if route == "chat" else COMPLETION
+    body = {**base, "stream": True, "stream_options": {"include_usage": True,
+                                                       "continuous_usage_stats": True}}
+    live, layer = await post(client, route, body)
+    assert layer == "miss"
+    replay, layer = await post(client, route, body)
+    assert layer == "exact" and len(fake_engine.calls) == 1
+    final = live[-1]["usage"]
+    assert replay[-1] == {**replay[-1], "choices": [], "usage": final}
+    assert running_usage(replay) == [(final["prompt_tokens"], final["completion_tokens"],
+                                      final["total_tokens"])]
+    assert running_usage(live)[-1] == running_usage(replay)[-1]
+    for e in replay:
+        validate("CreateChatCompletionStreamResponse", e) if route == "chat" else (
+            validate_completion_chunk(e))

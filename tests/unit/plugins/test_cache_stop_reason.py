@@ -1,4 +1,4 @@
-"""vLLM's `stop_reason` through the cache: kept in entries
+"""vLLM's `stop_reason` and `continuous_usage_stats` through the cache: kept in entries
 (and in Redis's JSON, older entries without it read as null), replayed by exact and
 semantic hits and by coalesced requests alike."""
 
@@ -13,8 +13,8 @@ import pytest
 from plugins.cache.entry import BadEntry, Entry, replay_body, replay_stream
 from proxy.chain import Completion, Reply, Stream
 from proxy.context import RequestContext
-from proxy.protocol import ChatCompletionRequest
-from tests.openai_spec import validate
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from tests.openai_spec import validate, validate_completion_chunk
 from tests.sse import check_chat_stream
 from tests.unit.plugins.test_cache import (
     Engine,
@@ -25,6 +25,8 @@ from tests.unit.plugins.test_cache import (
     run,
 )
 from tests.waiting import eventually
+
+CONTINUOUS = {"include_usage": True, "continuous_usage_stats": True}
 
 
 class StopEngine(Engine):
@@ -84,7 +86,7 @@ async def test_a_semantic_hit_replays_the_stop_reason_of_its_miss(
 async def test_coalesced_requests_get_the_leader_s_stop_reason(stream: bool) -> None:
     gate = asyncio.Event()
     p, eng = plugin(semantic={"enabled": False}), StopEngine(gate=gate)
-    options: dict[str, Any] = {}
+    options = {"stream_options": CONTINUOUS} if stream else {}
     tasks = [asyncio.create_task(run(p, ctx(stream=stream, **options), eng))]
     await eng.entered.wait()
     tasks += [asyncio.create_task(run(p, ctx(stream=stream, **options), eng))
@@ -94,15 +96,20 @@ async def test_coalesced_requests_get_the_leader_s_stop_reason(stream: bool) -> 
     replies = await asyncio.gather(*tasks)
     assert eng.calls == 1 and sorted(layer for _, layer in replies) == [
         "coalesced", "coalesced", "miss"]
-    for reply, _ in replies:
+    for reply, layer in replies:
         if not stream:
             assert whole_stop_reason(reply) == "###"
             continue
         assert isinstance(reply, Stream)
         events = chunks_of(reply)
-        check_chat_stream(events)
+        # (the invariants, with each chunk's running usage set aside)
+        check_chat_stream([{**e, "usage": None} if e["choices"] else e for e in events],
+                          usage=True)
         ends = [c for e in events for c in e["choices"] if c["finish_reason"]]
         assert [c["stop_reason"] for c in ends] == ["###"]
+        if layer == "coalesced":  # replayed: each chunk has the answer's usage
+            assert [e["usage"] for e in events] == [events[-1]["usage"]] * len(events)
+            assert events[-1]["usage"]["total_tokens"] == 11
 
 
 def entry(**choice: Any) -> Entry:
@@ -141,3 +148,16 @@ async def test_an_entry_stored_before_stop_reason_was_kept_replays_null() -> Non
 def test_a_stored_stop_reason_of_another_type_is_a_miss(bad: Any) -> None:
     with pytest.raises(BadEntry):
         Entry.from_json(entry(stop_reason=bad).to_json())
+
+
+async def test_a_replayed_completion_stream_carries_continuous_usage() -> None:
+    e = entry(stop_reason="###")
+    e.route = "completion"
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "hi", "stream": True,
+                                            "stream_options": CONTINUOUS})
+    chunks = [c async for c in replay_stream(e, req)]
+    for c in chunks:
+        validate_completion_chunk(c)
+    usage = {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
+    assert [c["usage"] for c in chunks] == [usage, usage]
+    assert chunks[0]["choices"][0]["stop_reason"] == "###"
