@@ -941,9 +941,8 @@ class CompletionRequest(_SamplingFields):
     ]
     #: 0 only with `echo`: the prompt back, nothing generated (with `logprobs`, the
     #: prompt's: how lm-evaluation-harness scores a text).
+    #: Null is the default 16, as OpenAI and vLLM read it (not the rest of the context).
     max_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = 16
-    #: (null: no limit of its own, as vLLM reads it; the sanitizer's ceiling still holds)
-    _NULL_STAYS: ClassVar[frozenset[str]] = frozenset({"max_tokens"})
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool = False
     suffix: str | None = None

@@ -459,3 +459,17 @@ def test_continuous_usage_stats_stream_the_usage_so_far(weir: WeirProcess) -> No
                                + u["completion_tokens"] for u in running)
         counts = [u["completion_tokens"] for u in running]
         assert counts == sorted(counts) and counts[-1] == 8 and counts[0] >= 1
+
+
+def test_a_completion_s_null_max_tokens_is_16_as_on_vllm_s_server(
+        client: openai.OpenAI, weir: WeirProcess) -> None:
+    """Completions' documented default, null included (not the rest of the context)."""
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": None,
+            "ignore_eos": True, "temperature": 0}
+    got = raw(weir, "/v1/completions", body).json()
+    validate("CreateCompletionResponse", got)
+    assert got["usage"]["completion_tokens"] == 16
+    assert got["choices"][0]["finish_reason"] == "length"
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=None,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage is not None and r.usage.completion_tokens == 16

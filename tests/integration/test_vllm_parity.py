@@ -1,6 +1,6 @@
 """Where Weir answers as vLLM's own OpenAI server does, over the fake engine: a choice's
-`stop_reason` (whole, streamed and replayed from the cache) and `stream_options.
-continuous_usage_stats`."""
+`stop_reason` (whole, streamed and replayed from the cache), `stream_options.
+continuous_usage_stats`, and a completion's `"max_tokens": null` (the default 16)."""
 
 from __future__ import annotations
 
@@ -163,3 +163,20 @@ async def test_a_cached_replay_carries_continuous_usage_too(
     for e in replay:
         validate("CreateChatCompletionStreamResponse", e) if route == "chat" else (
             validate_completion_chunk(e))
+
+
+async def test_a_completion_s_null_max_tokens_is_the_default_16(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """As OpenAI and vLLM read it (not the rest of the context, 512 tokens here); so the
+    cache keys a null as the 16 it is. Chat's null is still no limit of its own."""
+    client = await make_client(plugins=CACHE)
+    body = {"model": "fake-model", "prompt": "hi", "temperature": 0, "max_tokens": None}
+    got, layer = await post(client, "completion", body)
+    assert layer == "miss" and got["usage"]["completion_tokens"] == 16
+    assert fake_engine.calls[-1][1].max_tokens == 16
+    for same in ({"max_tokens": 16}, {}):
+        got, layer = await post(client, "completion", {**{k: v for k, v in body.items()
+                                                          if k != "max_tokens"}, **same})
+        assert layer == "exact" and got["usage"]["completion_tokens"] == 16
+    got, _ = await post(client, "chat", {**CHAT, "max_tokens": None})
+    assert fake_engine.calls[-1][1].max_tokens == 512 - len(fake_engine.calls[-1][0])

@@ -309,7 +309,7 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
         1, False, False, False, 0)
     done = parse_model(CompletionRequest, {"model": "m", "prompt": "x", "echo": None,
                                            "max_tokens": None})
-    assert done.echo is False and done.max_tokens is None  # null: no limit of its own
+    assert done.echo is False and done.max_tokens == 16  # null: the default, as vLLM's
     resp = parse_model(ResponsesRequest, {"model": "m", "input": "x", "store": None,
                                           "stream": None})
     assert resp.store is True and resp.stream is False

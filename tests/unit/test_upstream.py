@@ -678,7 +678,8 @@ async def test_only_what_the_client_sent_goes_upstream(upstream: Upstream) -> No
 @pytest.mark.parametrize(("sent", "ceiling", "expected"), [
     ({}, 8, 8),  # the default 16 is over the ceiling: the ceiling goes
     ({}, 64, 16),  # the default 16 is within it: what OpenAI's server applies anyway
-    ({"max_tokens": None}, 8, 8),  # no limit of its own: the ceiling
+    ({"max_tokens": None}, 8, 8),  # null is the default 16: over the ceiling
+    ({"max_tokens": None}, 64, 16),  # null is the default 16, not the ceiling
     ({"max_tokens": 4}, 8, 4),  # the client's, within the ceiling already
 ])
 async def test_a_completions_output_ceiling_holds_upstream(
