@@ -1,9 +1,9 @@
 """Request preparation: an OpenAI request in, token ids and engine-neutral options out.
 
 `prepare_chat` / `prepare_completion` render the prompt with the engine's tokenizer and
-map OpenAI's parameters to `SamplingOptions`, refusing what the engine cannot do with a
-400 naming the param (a prompt longer than the context, a bad
-`logit_bias` token). Nothing here runs the engine: `proxy.serving` does.
+map OpenAI's parameters (and vLLM's extensions) to `SamplingOptions`, refusing what the
+engine cannot do with a 400 naming the param (a prompt longer than the context, a token
+id past the vocabulary). Nothing here runs the engine: `proxy.serving` does.
 """
 
 from __future__ import annotations
@@ -91,6 +91,17 @@ def _logit_bias(raw: dict[str, float] | None, vocab: int | None) -> dict[int, fl
     return out
 
 
+def _token_ids(ids: list[int] | None, vocab: int | None, param: str) -> list[int] | None:
+    """Token ids a request names (`stop_token_ids`, `allowed_token_ids`), inside the
+    vocabulary as vLLM requires (it indexes the logits with them)."""
+    if not ids:
+        return None
+    if vocab is not None and (past := [t for t in ids if t >= vocab]):
+        raise InvalidRequest(f"Token id {past[0]} in `{param}` is out of the vocabulary "
+                             f"(ids are below {vocab}).", param=param, code="invalid_value")
+    return list(ids)
+
+
 def _options(
     req: ChatCompletionRequest | CompletionRequest,
     prompt_len: int,
@@ -136,6 +147,8 @@ def _options(
         # once, handed out n times (`serving.engine_outputs`).
         n=1 if temperature < GREEDY_BELOW else req.n,
         stop=stop,
+        stop_token_ids=_token_ids(req.stop_token_ids, vocab, "stop_token_ids"),
+        include_stop_str_in_output=req.include_stop_str_in_output,
         seed=req.seed,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
@@ -145,6 +158,10 @@ def _options(
         ignore_eos=req.ignore_eos,
         json_schema=schema,
         json_object=json_object,
+        skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        allowed_token_ids=_token_ids(req.allowed_token_ids, vocab, "allowed_token_ids"),
+        bad_words=list(req.bad_words) if req.bad_words else None,
     )
 
 
@@ -152,7 +169,9 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     refuse_unsupported(req.model_extra, LOCAL_UNSUPPORTED)
     messages = _message_dicts(req)
     try:
-        ids = engine.render_chat(messages, req.tool_dicts())
+        ids = engine.render_chat(messages, req.tool_dicts(),
+                                 add_generation_prompt=req.add_generation_prompt,
+                                 continue_final_message=req.continue_final_message)
     except EngineRejected as e:
         raise InvalidRequest(str(e), param=e.param or "messages") from None
     top = req.top_logprobs or 0

@@ -697,6 +697,13 @@ INT32_MAX = 2**31 - 1
 GREEDY_BELOW = 1e-5
 MAX_STOP_CHARS = 1024  # vLLM scans every stop string at each step; OpenAI sets no bound
 MAX_LOGIT_BIAS = 1024  # entries; each one is applied at every step
+MAX_STOP_TOKEN_IDS = 1024  # like `logit_bias`: each is checked at every step
+#: vLLM's own bound is 128 after tokenization (`VLLM_MAX_NUM_BAD_WORDS`), which a word
+#: with a space-prefixed form counts twice; each is matched at every step.
+MAX_BAD_WORDS = 64
+#: Written once into the request's vocabulary mask (the mask, not the list, is applied
+#: at each step), so a larger bound: a third of a 50k vocabulary.
+MAX_ALLOWED_TOKEN_IDS = 16384
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
 ServiceTier = Literal["auto", "default", "flex", "scale", "priority", "fast"]
@@ -741,6 +748,20 @@ class _SamplingFields(_NullIsDefault):
     top_k: TopK | None = None
     min_p: MinP | None = None
     repetition_penalty: RepetitionPenalty | None = None
+    # vLLM's token-level extensions, with its semantics (`SamplingParams`): honoured by
+    # the in-process engine, passed on as sent to an upstream.
+    #: Token ids that end the answer (`finish_reason: "stop"`), as the end-of-turn does.
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)
+                              ] | None = None
+    #: The stop string (or stop token) that ended the answer is kept at its end.
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    #: Only these tokens may be generated (vLLM refuses an empty list).
+    allowed_token_ids: Annotated[list[TokenId], Field(
+        min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
+    #: Words never generated (as a word's start or inside text: with and without a space).
+    bad_words: Annotated[list[StopText], Field(max_length=MAX_BAD_WORDS)] | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -815,6 +836,11 @@ def _unanswered(calls: dict[str, int]) -> None:
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    # vLLM's chat-template controls, with its semantics.
+    #: The template's opening of the assistant's turn ends the prompt.
+    add_generation_prompt: bool = True
+    #: The final (assistant) message is left open and the answer continues it: a prefill.
+    continue_final_message: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -898,6 +924,28 @@ class ChatCompletionRequest(_SamplingFields):
             raise InvalidRequest(
                 "`messages` must contain the word 'json' in some form, to use "
                 "`response_format` of type `json_object`.", param="messages")
+        return self
+
+    @model_validator(mode="after")
+    def _final_message_continued(self) -> ChatCompletionRequest:
+        """vLLM's rules: the template either opens a new turn or leaves the last one open
+        (not both: `add_generation_prompt` is true unless sent false), and what is left
+        open is an assistant's text (the answer continues it)."""
+        if not self.continue_final_message:
+            return self
+        if self.add_generation_prompt:
+            raise InvalidRequest(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to "
+                "true (`add_generation_prompt` is true unless sent false): send "
+                "`add_generation_prompt: false` to continue the final message.",
+                param="add_generation_prompt", code="invalid_value")
+        last = self.messages[-1]
+        if last.role != "assistant" or last.content is None:
+            raise InvalidRequest(
+                "`continue_final_message` continues the final message, which must be an "
+                f"assistant message with content (it is a `{last.role}` message"
+                f"{'' if last.content is not None else ' without content'}).",
+                param=f"messages[{len(self.messages) - 1}]", code="invalid_value")
         return self
 
     @model_validator(mode="after")

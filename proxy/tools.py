@@ -154,14 +154,14 @@ def _forced_param(req: ChatCompletionRequest) -> str:
 
 def shape_options(req: ChatCompletionRequest, opts: SamplingOptions, engine: Any) -> bool:
     """Constrain forced calls to the tools' schema (over any `response_format`, as
-    OpenAI does), with no `stop` strings: they end text, not a call's arguments (a stop
-    word inside them cut the JSON mid-string); keep special tokens for a parser whose
-    syntax uses them. True when a tool parser will read the answer."""
+    OpenAI does), with no `stop` strings or stop tokens: they end text, not a call's
+    arguments (a stop word inside them cut the JSON mid-string); keep special tokens for
+    a parser whose syntax uses them. True when a tool parser will read the answer."""
     m = mode(req, has_parser=True)
     if m == "forced":
         opts.json_schema, opts.json_object = forced_schema(req), False
         opts.schema_param = _forced_param(req)
-        opts.stop = []
+        opts.stop, opts.stop_token_ids = [], None
     elif m == "parser" and engine.tool_parser(req.tool_dicts()) is not None:
         opts.skip_special_tokens = False
         return True

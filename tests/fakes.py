@@ -122,11 +122,18 @@ class FakeEngine:
             out.append(TokenLogprob(tok, -i / 10, list(tok.encode()), top))
         return out
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any, *,
+                    add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> list[int]:
         ids = [1]
         for m in messages:
             ids.append(3)
             ids.extend(ord(c) % 997 + 2 for c in m["role"] + ":" + str(m["content"]))
+        # (the default render ends as it always did: marks only for the vLLM controls)
+        if not add_generation_prompt:
+            ids.append(5)
+        if continue_final_message:
+            ids.append(6)
         return ids
 
     def tool_parser(self, tools: list[dict[str, Any]]) -> FakeToolParser | None:
@@ -160,6 +167,12 @@ class FakeEngine:
             seed = sum(prompt)
             steps = options.max_tokens if pieces is None else len(pieces)
             stopped: set[int] = set()  # choices a stop string ended
+            # Token i is id 10 + i: a stop token id ends the answer there, its text left
+            # out unless kept (vLLM's `stop_token_ids`, `include_stop_str_in_output`).
+            stop_at = next((i for i in range(steps) if 10 + i in (options.stop_token_ids
+                                                                  or ())), None)
+            if stop_at is not None:
+                steps = stop_at + 1
             for i in range(steps):
                 if self.token_gate is not None:
                     await self.token_gate.wait()
@@ -173,7 +186,8 @@ class FakeEngine:
                 if i == steps - 1:  # its last output: dropped as vLLM drops it
                     self.progress.pop(request_id, None)
                 last = i == steps - 1
-                reason = "length" if i == options.max_tokens - 1 else "stop"
+                reason = ("length" if i == options.max_tokens - 1 and i != stop_at
+                          else "stop")
                 choices = []
                 for c in range(options.n):
                     if c in stopped:
@@ -187,6 +201,8 @@ class FakeEngine:
                                                    else None, finish_reason="stop",
                                                    stop_reason=word.strip()))
                         continue
+                    if i == stop_at and not options.include_stop_str_in_output:
+                        word = ""
                     lp = None
                     if options.logprobs is not None:
                         top = [TopLogprob(word, -0.5, list(word.encode()))] + [
@@ -194,7 +210,8 @@ class FakeEngine:
                         lp = [TokenLogprob(word, -0.5, list(word.encode()), top)]
                     choices.append(ChoiceDelta(index=c, text=word, token_ids=[10 + i],
                                                logprobs=lp,
-                                               finish_reason=reason if last else None))
+                                               finish_reason=reason if last else None,
+                                               stop_reason=10 + i if i == stop_at else None))
                 last = last or len(stopped) == options.n
                 yield EngineOutput(
                     choices=choices, prompt_tokens=len(prompt), finished=last,

@@ -2,8 +2,9 @@
 
 The exact key hashes everything that changes the answer: route, model, the normalized
 messages (or prompt) with their tool calls and tool results, and every output-shaping
-parameter (tools, tool_choice and parallel_tool_calls included). Never `stream`,
-`stream_options`, `user` or headers. The scope id is hashed in, so the same prompt in two
+parameter (tools, tool_choice and parallel_tool_calls included, and vLLM's extensions:
+stop_token_ids, allowed_token_ids, bad_words, the chat-template controls, ...). Never
+`stream`, `stream_options`, `user` or headers. The scope id is hashed in, so the same prompt in two
 tenants has two keys. The semantic partition is the same hash without the last user
 message: a semantic hit only ever returns an answer produced under the same scope,
 model, system prompt, earlier turns and parameters.
@@ -29,6 +30,11 @@ _PARAMS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", 
            "tool_choice",
            "parallel_tool_calls", "ignore_eos", "min_tokens", "echo", "suffix", "logprobs",
            "top_logprobs")
+#: vLLM's extensions the in-process engine honours: keyed where they differ from their
+#: default (a request that leaves them at it keeps the key an earlier version gave it).
+_EXTENSIONS = ("stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+               "spaces_between_special_tokens", "allowed_token_ids", "bad_words",
+               "add_generation_prompt", "continue_final_message")
 
 
 def scope_id(principal: Principal, scope: str) -> str:
@@ -58,6 +64,10 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
         elif isinstance(v, list) and v and isinstance(v[0], BaseModel):
             v = [x.model_dump(exclude_none=True, by_alias=True) for x in v]
         dumped[name] = v
+    for name in _EXTENSIONS:
+        field = fields.get(name)
+        if field is not None and (v := getattr(req, name)) != field.default and v != []:
+            dumped[name] = v
     stop = sorted(req.stops)
     dumped["stop"] = stop
     dumped["max_tokens"] = req.output_limit

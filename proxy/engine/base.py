@@ -26,6 +26,10 @@ class SamplingOptions:
     repetition_penalty: float = 1.0
     n: int = 1
     stop: list[str] = field(default_factory=list)
+    #: Token ids that end the answer, as its end-of-turn does (vLLM's extension).
+    stop_token_ids: list[int] | None = None
+    #: The stop string (or token) that ended the answer stays in its text.
+    include_stop_str_in_output: bool = False
     seed: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -40,8 +44,14 @@ class SamplingOptions:
     json_object: bool = False
     #: The request param the JSON schema came from, for the engine's refusals of it.
     schema_param: str = "response_format"
-    #: False when a tool parser needs the model's special tokens (`<tool_call>`) in the text.
+    #: False when a tool parser needs the model's special tokens (`<tool_call>`) in the
+    #: text, or the request asks for them.
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    #: Only these tokens may be generated (None: any).
+    allowed_token_ids: list[int] | None = None
+    #: Words never generated (the engine tokenizes them, with and without a space).
+    bad_words: list[str] | None = None
     #: The caller reads only the finished answer (not streamed): an engine may hand it
     #: over in one output instead of one per step.
     final_only: bool = False
@@ -177,8 +187,12 @@ class Engine(Protocol):
     def decode(self, token_ids: list[int]) -> str:
         """The text of token ids (a completion prompt sent as ids, echoed)."""
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
-        """Apply the model's chat template and tokenize (generation prompt appended)."""
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None, *,
+                    add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> list[int]:
+        """Apply the model's chat template and tokenize: the assistant's turn opened at
+        the end (`add_generation_prompt`), or the final message left open for the answer
+        to continue (`continue_final_message`), as vLLM's server renders them."""
 
     def generate(
         self,

@@ -72,8 +72,12 @@ class FaultyEngine:
     def decode(self, token_ids: list[int]) -> str:
         return self.inner.decode(token_ids)
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
-        return self.inner.render_chat(messages, tools)
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None, *,
+                    add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> list[int]:
+        return self.inner.render_chat(messages, tools,
+                                      add_generation_prompt=add_generation_prompt,
+                                      continue_final_message=continue_final_message)
 
     async def abort(self, request_id: str) -> None:
         await self.inner.abort(request_id)

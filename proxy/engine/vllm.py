@@ -226,12 +226,15 @@ class VllmEngine:
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids))
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> list[int]:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None, *,
+                    add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> list[int]:
         tools = self._text().escaped(tools)  # (a description is client text too)
 
         def render(msgs: list[dict[str, Any]]) -> str:
             return str(self._tokenizer.apply_chat_template(
-                msgs, tools=tools, add_generation_prompt=True, tokenize=False))
+                msgs, tools=tools, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tokenize=False))
 
         try:
             # Message text never becomes a control token; the template's markers do.
@@ -267,6 +270,8 @@ class VllmEngine:
                 repetition_penalty=o.repetition_penalty,
                 seed=o.seed,
                 stop=o.stop or None,
+                stop_token_ids=o.stop_token_ids,
+                include_stop_str_in_output=o.include_stop_str_in_output,
                 max_tokens=o.max_tokens,
                 min_tokens=o.min_tokens,
                 presence_penalty=o.presence_penalty,
@@ -276,6 +281,9 @@ class VllmEngine:
                 prompt_logprobs=o.prompt_logprobs,
                 ignore_eos=o.ignore_eos,
                 skip_special_tokens=o.skip_special_tokens,
+                spaces_between_special_tokens=o.spaces_between_special_tokens,
+                allowed_token_ids=o.allowed_token_ids,
+                bad_words=o.bad_words,
                 structured_outputs=structured,
                 # As vLLM's server asks: a whole answer comes in one output, not one
                 # per step, each of which woke this request's reader and the renderer.
@@ -314,7 +322,8 @@ class VllmEngine:
                         index=c.index,
                         text=c.text,
                         token_ids=list(c.token_ids),
-                        logprobs=_logprobs(c.logprobs, _shown(c)) if want_logprobs else None,
+                        logprobs=_logprobs(c.logprobs, _shown(c, options))
+                        if want_logprobs else None,
                         finish_reason=_FINISH.get(c.finish_reason or "", c.finish_reason),
                         stop_reason=_stop_reason(c),
                     )
@@ -613,12 +622,14 @@ def _stop_reason(c: Any) -> int | str | None:
     return r if isinstance(r, str | int) and not isinstance(r, bool) else None
 
 
-def _shown(c: Any) -> Any:
+def _shown(c: Any, options: SamplingOptions) -> Any:
     """The tokens of a choice's text: an end-of-turn or stop token (`stop_reason` None or
     a token id) ends the answer and is not in its text, so it has no logprob entry (the
-    entries' tokens join to the content, as OpenAI's do)."""
+    entries' tokens join to the content, as OpenAI's do), unless the request keeps it
+    (`include_stop_str_in_output`: vLLM then detokenizes it too)."""
     ids = c.token_ids
-    if c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and len(ids):
+    if (c.finish_reason == "stop" and not isinstance(c.stop_reason, str) and len(ids)
+            and not options.include_stop_str_in_output):
         return ids[:-1]
     return ids
 

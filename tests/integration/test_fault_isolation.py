@@ -70,9 +70,9 @@ async def test_a_request_weir_fails_to_prepare_never_opens_the_breaker(
     seen: list[list[dict[str, Any]]] = []
     render = engine.render_chat
 
-    def spy(messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    def spy(messages: list[dict[str, Any]], tools: Any, **kw: Any) -> list[int]:
         seen.append(messages)
-        return render(messages, tools)
+        return render(messages, tools, **kw)
 
     engine.render_chat = spy  # type: ignore[method-assign]
     for _ in range(6):
@@ -81,7 +81,7 @@ async def test_a_request_weir_fails_to_prepare_never_opens_the_breaker(
         assert r.status == 200, await r.text()
     assert seen[-1][1]["tool_calls"][0]["function"]["arguments"] == nested  # as text
 
-    def broken(messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    def broken(messages: list[dict[str, Any]], tools: Any, **kw: Any) -> list[int]:
         raise KeyError("a bug some input reaches")
 
     engine.render_chat = broken  # type: ignore[method-assign]
@@ -90,7 +90,7 @@ async def test_a_request_weir_fails_to_prepare_never_opens_the_breaker(
         assert r.status == 500
         assert (await r.json())["error"]["type"] == "server_error"
 
-    def too_deep(messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    def too_deep(messages: list[dict[str, Any]], tools: Any, **kw: Any) -> list[int]:
         raise RecursionError("a template's tojson on arguments nested 900 deep")
 
     engine.render_chat = too_deep  # type: ignore[method-assign]

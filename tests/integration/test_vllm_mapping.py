@@ -57,6 +57,13 @@ SAMPLING = st.fixed_dictionaries({}, optional={
     "max_tokens": around(1, 2**31 - 1),
     "min_tokens": around(0, 4, 2**31 - 1),
     "stop": st.lists(st.text(max_size=3), max_size=3) | st.text(max_size=3),
+    # vLLM's own extensions
+    "stop_token_ids": st.lists(around(0, 999, 1000, 2**31 - 1), max_size=3),
+    "allowed_token_ids": st.lists(around(0, 999, 1000), max_size=3),
+    "bad_words": st.lists(st.text(max_size=3), max_size=3),
+    "include_stop_str_in_output": st.booleans(),
+    "skip_special_tokens": st.booleans(),
+    "spaces_between_special_tokens": st.booleans(),
 })
 
 
@@ -88,6 +95,24 @@ def test_every_accepted_completion_request_is_one_the_engine_accepts(
     fake = FakeEngine(max_model_len=2**32, vocab_size=2**31)
     check(lambda d: prepare_completion(fake, parse_model(CompletionRequest, d)),
           {"model": "m", "prompt": ids, "logprobs": logprobs, **kw})
+
+
+def test_vllm_extensions_reach_the_sampling_params() -> None:
+    req = parse_model(ChatCompletionRequest, {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "stop_token_ids": [7], "include_stop_str_in_output": True, "bad_words": ["no"],
+        "skip_special_tokens": False, "spaces_between_special_tokens": False,
+        "allowed_token_ids": [3, 4]})
+    params = ENGINE._sampling_params(prepare_chat(FakeEngine(), req).options)
+    ENCODER.encode(params)
+    assert params.stop_token_ids == [7] and params.include_stop_str_in_output
+    assert params.allowed_token_ids == [3, 4] and params.bad_words == ["no"]
+    assert not params.skip_special_tokens and not params.spaces_between_special_tokens
+    plain = ENGINE._sampling_params(prepare_chat(FakeEngine(), parse_model(
+        ChatCompletionRequest, {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    )).options)
+    assert (plain.stop_token_ids, plain.allowed_token_ids, plain.bad_words) == ([], None, [])
+    assert plain.skip_special_tokens and plain.spaces_between_special_tokens
 
 
 @pytest.mark.parametrize("value", [2**64, -(2**63) - 1, 10**40])
@@ -209,20 +234,23 @@ def test_schema_keywords_the_compiler_refuses_are_left_out_not_refused() -> None
     assert _loosened(plain) is plain
 
 
-@pytest.mark.parametrize(("reason", "stop_reason", "shown"), [
-    ("stop", None, [5, 6]),  # the end-of-turn token: not in the text, no logprob
-    ("stop", 99, [5, 6]),  # a stop token id: the same
-    ("stop", "Paris", [5, 6, 7]),  # a stop string: its tokens are what vLLM gives
-    ("length", None, [5, 6, 7]),
+@pytest.mark.parametrize(("reason", "stop_reason", "kept", "shown"), [
+    ("stop", None, False, [5, 6]),  # the end-of-turn token: not in the text, no logprob
+    ("stop", 99, False, [5, 6]),  # a stop token id: the same
+    ("stop", 99, True, [5, 6, 7]),  # ... unless kept (`include_stop_str_in_output`)
+    ("stop", "Paris", False, [5, 6, 7]),  # a stop string: its tokens are what vLLM gives
+    ("length", None, False, [5, 6, 7]),
 ])
 def test_the_token_that_ends_a_turn_has_no_logprob_entry(
-        reason: str, stop_reason: Any, shown: list[int]) -> None:
+        reason: str, stop_reason: Any, kept: bool, shown: list[int]) -> None:
     from types import SimpleNamespace
 
+    from proxy.engine.base import SamplingOptions
     from proxy.engine.vllm import _shown
 
     c = SimpleNamespace(token_ids=[5, 6, 7], finish_reason=reason, stop_reason=stop_reason)
-    assert list(_shown(c)) == shown
+    opts = SamplingOptions(max_tokens=3, include_stop_str_in_output=kept)
+    assert list(_shown(c, opts)) == shown
 
 
 @pytest.mark.parametrize(("schema", "tokens", "error"), [

@@ -212,6 +212,76 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     assert exact_key(ctx(principal=BOB), "user") != exact_key(ctx(), "user")
 
 
+#: vLLM's extensions the in-process engine honours, each at a value that changes the
+#: answer (a chat's template controls need a final assistant message to continue).
+_PREFILL = [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi,"}]
+EXTENSIONS: list[dict[str, Any]] = [
+    {"stop_token_ids": [5]}, {"stop_token_ids": [6]}, {"include_stop_str_in_output": True},
+    {"skip_special_tokens": False}, {"spaces_between_special_tokens": False},
+    {"allowed_token_ids": [5]}, {"allowed_token_ids": [5, 6]}, {"bad_words": ["reset"]},
+    {"add_generation_prompt": False},
+    {"add_generation_prompt": False, "continue_final_message": True, "messages": _PREFILL},
+]
+
+
+def _ext_ctx(**kw: Any) -> RequestContext:
+    body = {"model": "m", "messages": [{"role": "user", "content": "How do I reset it?"}],
+            "temperature": 0, **kw}
+    return RequestContext(route="chat", request=ChatCompletionRequest.model_validate(body),
+                          principal=ALICE, request_id="r", headers={})
+
+
+def test_each_vllm_extension_the_engine_honours_has_its_own_key() -> None:
+    """Two requests differing only in one of them are two answers (the cache and the
+    coalescing key on `exact_key`); at its default each keeps the key it had before."""
+    from plugins.cache.keys import semantic_parts
+
+    base = exact_key(_ext_ctx(), "tenant")
+    keys = [exact_key(_ext_ctx(**kw), "tenant") for kw in EXTENSIONS]
+    assert base not in keys and len(set(keys)) == len(keys)
+    prefill = exact_key(_ext_ctx(messages=_PREFILL, add_generation_prompt=False), "tenant")
+    assert prefill != keys[-1]  # continued, or a new turn after it
+    defaults = {"stop_token_ids": [], "include_stop_str_in_output": False,
+                "skip_special_tokens": True, "spaces_between_special_tokens": True,
+                "allowed_token_ids": None, "bad_words": [], "add_generation_prompt": True,
+                "continue_final_message": False}
+    assert exact_key(_ext_ctx(**defaults), "tenant") == base
+    # the semantic layer's partition too (a paraphrase is only served within it)
+    base_part = semantic_parts(_ext_ctx(), "tenant")
+    assert base_part is not None
+    for kw in EXTENSIONS[:-1]:
+        part = semantic_parts(_ext_ctx(**kw), "tenant")
+        assert part is not None and part[0] != base_part[0], kw
+
+
+def test_completion_extensions_have_their_own_key() -> None:
+    def completion(**kw: Any) -> RequestContext:
+        return RequestContext(route="completions", request=CompletionRequest.model_validate(
+            {"model": "m", "prompt": "The answer is", "temperature": 0, **kw}),
+            principal=ALICE, request_id="r", headers={})
+
+    keys = {exact_key(completion(**kw), "tenant") for kw in [{}, *EXTENSIONS[:8]]}
+    assert len(keys) == 9
+
+
+@pytest.mark.parametrize("kw", EXTENSIONS, ids=lambda kw: "+".join(kw))
+async def test_a_request_differing_in_a_vllm_extension_never_joins_another(
+        kw: dict[str, Any]) -> None:
+    """While one generation is under way, a request that differs from it only in one of
+    them generates for itself, and neither is answered with the other's answer."""
+    gate = asyncio.Event()
+    p, eng = plugin(semantic={"enabled": False}), Engine(gate=gate)
+    base_kw = {"messages": _PREFILL, "add_generation_prompt": False} if (
+        "continue_final_message" in kw) else {}
+    leader = asyncio.create_task(run(p, _ext_ctx(**base_kw), eng))
+    await eng.entered.wait()  # held at the gate, generating
+    other = asyncio.create_task(run(p, _ext_ctx(**kw), eng))
+    await eventually(lambda: eng.calls == 2)  # it reached the engine: it did not wait
+    gate.set()
+    layers = [layer for _, layer in await asyncio.gather(leader, other)]
+    assert layers == ["miss", "miss"] and sample(p, "weir_cache_coalesced_total") == 0
+
+
 def test_key_holds_what_the_text_leaves_out() -> None:
     """An image (audio, a file) beside the same text, and fields Weir does not know (an
     upstream engine may honour them: `guided_choice`, `repetition_penalty`), make another
@@ -695,6 +765,9 @@ _M = [{"role": "user", "content": "hi"}]
     {"model": "m", "prompt": "x", "suffix": "s", "logprobs": 2, "echo": True, "best_of": 2},
     {"model": "m", "prompt": [1, 2], "top_k": 5, "min_tokens": 1, "ignore_eos": True},
     {"model": "m", "messages": _M, "min_p": 0.1, "repetition_penalty": 1.2},
+    # vLLM's extensions at their defaults: the key an earlier version gave
+    {"model": "m", "messages": _M, "stop_token_ids": [], "skip_special_tokens": True,
+     "add_generation_prompt": True, "bad_words": [], "include_stop_str_in_output": False},
 ])
 def test_key_params_are_the_whole_model_dump(body: dict[str, Any]) -> None:
     """The key's parameters, read field by field, are what a whole-model dump gave (keys

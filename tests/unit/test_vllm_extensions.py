@@ -1,0 +1,152 @@
+"""vLLM's own request extensions that the in-process engine honours (its server's
+`CompletionRequest` and `ChatCompletionRequest` fields): Weir's models take unknown
+fields (`extra="allow"`), so they were accepted and silently ignored, a 200 with another
+answer than the one asked for. Parsed and bounded as vLLM checks them, and mapped to the
+engine's options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from proxy.errors import InvalidRequest
+from proxy.preparing import prepare_chat, prepare_completion
+from proxy.protocol import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORDS,
+    MAX_STOP_TOKEN_IDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_model,
+)
+from tests.fakes import FakeEngine
+
+MSG = [{"role": "user", "content": "hi"}]
+CHAT: dict[str, Any] = {"model": "m", "messages": MSG}
+COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi"}
+
+
+# ----------------------------------------------------------------------- honoured
+
+
+@pytest.mark.parametrize("make", ["chat", "completion"])
+def test_honoured_extensions_reach_the_engine_options(make: str) -> None:
+    kw = {"stop_token_ids": [7, 9], "include_stop_str_in_output": True,
+          "skip_special_tokens": False, "spaces_between_special_tokens": False,
+          "allowed_token_ids": [3, 4, 5], "bad_words": ["foo", "bar baz"]}
+    prep = (prepare_chat(FakeEngine(), parse_model(ChatCompletionRequest, {**CHAT, **kw}))
+            if make == "chat" else
+            prepare_completion(FakeEngine(), parse_model(CompletionRequest,
+                                                         {**COMPLETION, **kw})))
+    o = prep.options
+    assert o.stop_token_ids == [7, 9] and o.include_stop_str_in_output
+    assert not o.skip_special_tokens and not o.spaces_between_special_tokens
+    assert o.allowed_token_ids == [3, 4, 5] and o.bad_words == ["foo", "bar baz"]
+    # and the defaults are vLLM's
+    plain = prepare_chat(FakeEngine(), parse_model(ChatCompletionRequest, CHAT)).options
+    assert (plain.stop_token_ids, plain.allowed_token_ids, plain.bad_words) == (None,) * 3
+    assert plain.skip_special_tokens and plain.spaces_between_special_tokens
+    assert not plain.include_stop_str_in_output
+
+
+@pytest.mark.parametrize("param", ["stop_token_ids", "allowed_token_ids"])
+def test_token_ids_past_the_vocabulary_are_a_400_naming_the_param(param: str) -> None:
+    req = parse_model(ChatCompletionRequest, {**CHAT, param: [5, 1000]})
+    with pytest.raises(InvalidRequest) as e:
+        prepare_chat(FakeEngine(vocab_size=1000), req)
+    assert (e.value.param, e.value.code) == (param, "invalid_value")
+    assert "1000" in str(e.value)
+    prepare_chat(FakeEngine(vocab_size=1001), req)
+
+
+@pytest.mark.parametrize(("body", "param", "code"), [
+    ({"stop_token_ids": [-1]}, "stop_token_ids[0]", "invalid_value"),
+    ({"stop_token_ids": [True]}, "stop_token_ids[0]", "invalid_type"),
+    ({"stop_token_ids": list(range(MAX_STOP_TOKEN_IDS + 1))}, "stop_token_ids",
+     "invalid_value"),
+    ({"allowed_token_ids": []}, "allowed_token_ids", "empty_array"),  # vLLM refuses it
+    ({"allowed_token_ids": list(range(MAX_ALLOWED_TOKEN_IDS + 1))}, "allowed_token_ids",
+     "invalid_value"),
+    ({"allowed_token_ids": "5"}, "allowed_token_ids", "invalid_type"),
+    ({"bad_words": [""]}, "bad_words[0]", "invalid_value"),  # vLLM refuses it
+    ({"bad_words": ["w"] * (MAX_BAD_WORDS + 1)}, "bad_words", "invalid_value"),
+    ({"bad_words": ["x" * 1025]}, "bad_words[0]", "invalid_value"),
+    ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output", "invalid_type"),
+    ({"skip_special_tokens": 0}, "skip_special_tokens", "invalid_type"),
+    ({"add_generation_prompt": "false"}, "add_generation_prompt", "invalid_type"),
+])
+def test_extension_values_vllm_would_refuse_are_a_400_at_parse(
+        body: dict[str, Any], param: str, code: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {**CHAT, **body})
+    assert (e.value.param, e.value.code) == (param, code)
+
+
+def test_null_extensions_are_their_defaults() -> None:
+    req = parse_model(ChatCompletionRequest, {**CHAT, **dict.fromkeys(
+        ("stop_token_ids", "allowed_token_ids", "bad_words", "skip_special_tokens",
+         "include_stop_str_in_output", "add_generation_prompt", "continue_final_message"))})
+    assert req.skip_special_tokens and req.add_generation_prompt
+    assert not req.continue_final_message and req.allowed_token_ids is None
+
+
+# ---------------------------------------------------------------- template controls
+
+PREFILL = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}]
+
+
+def test_the_template_controls_reach_the_renderer() -> None:
+    fake = FakeEngine()
+    default = prepare_chat(fake, parse_model(ChatCompletionRequest, {**CHAT,
+                                                                     "messages": PREFILL}))
+    no_header = prepare_chat(fake, parse_model(ChatCompletionRequest, {
+        **CHAT, "messages": PREFILL, "add_generation_prompt": False}))
+    prefill = prepare_chat(fake, parse_model(ChatCompletionRequest, {
+        **CHAT, "messages": PREFILL, "add_generation_prompt": False,
+        "continue_final_message": True}))
+    rendered = fake.render_chat(PREFILL, None)
+    assert default.prompts == [rendered]
+    assert no_header.prompts == [fake.render_chat(PREFILL, None, add_generation_prompt=False)]
+    assert prefill.prompts == [fake.render_chat(PREFILL, None, add_generation_prompt=False,
+                                                continue_final_message=True)]
+    assert len({tuple(p.prompts[0]) for p in (default, no_header, prefill)}) == 3
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    # vLLM refuses both; `add_generation_prompt` is true unless sent false
+    ({"messages": PREFILL, "continue_final_message": True}, "add_generation_prompt"),
+    ({"messages": PREFILL, "continue_final_message": True, "add_generation_prompt": True},
+     "add_generation_prompt"),
+    # what is continued is an assistant's text
+    ({"messages": MSG, "continue_final_message": True, "add_generation_prompt": False},
+     "messages[0]"),
+    ({"messages": [*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "1"}],
+      "continue_final_message": True, "add_generation_prompt": False}, "messages[2]"),
+])
+def test_continue_final_message_needs_a_final_assistant_message_and_no_new_turn(
+        body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {**CHAT, **body})
+    assert (e.value.param, e.value.code) == (param, "invalid_value")
+
+
+def test_an_assistant_call_without_content_cannot_be_continued() -> None:
+    turns = [*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {**CHAT, "messages": turns,
+                                            "continue_final_message": True,
+                                            "add_generation_prompt": False})
+    # (its calls unanswered is what OpenAI's rule names first)
+    assert e.value.param in ("messages[1]", "messages[1].tool_calls")
+
+
+def test_a_forced_tool_call_ignores_stop_tokens_as_it_ignores_stop_strings() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    prep = prepare_chat(FakeEngine(), parse_model(ChatCompletionRequest, {
+        **CHAT, "tools": [tool], "tool_choice": "required", "stop_token_ids": [5],
+        "stop": ["x"]}))
+    assert prep.options.stop == [] and prep.options.stop_token_ids is None
