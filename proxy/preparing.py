@@ -3,7 +3,8 @@
 `prepare_chat` / `prepare_completion` render the prompt with the engine's tokenizer and
 map OpenAI's parameters (and vLLM's extensions) to `SamplingOptions`, refusing what the
 engine cannot do with a 400 naming the param (a prompt longer than the context, a token
-id past the vocabulary). Nothing here runs the engine: `proxy.serving` does.
+id past the vocabulary, a vLLM extension it does not honour). Nothing here runs the
+engine: `proxy.serving` does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from .errors import InvalidRequest
 from .protocol import (
     GREEDY_BELOW,
     LOCAL_UNSUPPORTED,
+    VLLM_CHAT_UNSUPPORTED,
+    VLLM_COMPLETION_UNSUPPORTED,
     ChatCompletionRequest,
     CompletionRequest,
     OtherPart,
@@ -167,6 +170,7 @@ def _options(
 
 def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     refuse_unsupported(req.model_extra, LOCAL_UNSUPPORTED)
+    refuse_unsupported(req.model_extra, VLLM_CHAT_UNSUPPORTED)
     messages = _message_dicts(req)
     try:
         ids = engine.render_chat(messages, req.tool_dicts(),
@@ -183,6 +187,7 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
 
 
 def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
+    refuse_unsupported(req.model_extra, VLLM_COMPLETION_UNSUPPORTED)
     if req.suffix:
         raise InvalidRequest("`suffix` is not supported by this model.", param="suffix",
                              code="unsupported_parameter")

@@ -106,6 +106,77 @@ LOCAL_UNSUPPORTED: Unsupported = {
     "reasoning_effort": (inert("none"), "this model does not reason."),
 }
 
+# vLLM's own request extensions (its server's `CompletionRequest` and
+# `ChatCompletionRequest`) that the in-process engine does not honour: accepted and
+# ignored, each answered what was not asked (an unconstrained answer for
+# `structured_outputs`, the whole prompt for `truncate_prompt_tokens`). Refused locally
+# when they ask for something; an upstream (a vLLM server) gets them as sent. The ones
+# Weir honours are fields of the models below; `tests/unit/test_vllm_extensions.py`
+# holds every field vLLM declares to one of the three (or to its list of no-ops).
+_NO_REASONING = "this model does not reason."
+_TEXT_ONLY = "this model takes text only."
+VLLM_UNSUPPORTED: Unsupported = {
+    "use_beam_search": (inert(False), "beam search is not supported here."),
+    "length_penalty": (inert(1.0, 1), "it applies to beam search, which is not supported "
+                       "here."),
+    "watermarking": (inert(False), "this server does not watermark its answers."),
+    "truncate_prompt_tokens": (inert(), "prompts are never truncated here: a prompt past "
+                               "the context is refused; shorten it."),
+    "truncation_side": (inert(), "prompts are never truncated here."),
+    "prompt_logprobs": (inert(), "send `echo` with `logprobs` to /v1/completions for the "
+                        "prompt's logprobs."),
+    "logprob_token_ids": (inert([]), "ask for `logprobs` (`top_logprobs` in chat), or "
+                          "`logit_bias` / `allowed_token_ids` to steer tokens."),
+    "return_tokens_as_token_ids": (inert(False), "logprob tokens are returned as text "
+                                   "(with their `bytes`)."),
+    "return_token_ids": (inert(False), "answers carry text, not token ids."),
+    "routed_experts_prompt_start": (inert(0), "routed-expert data is not returned here."),
+    "structured_outputs": (inert(), "send `response_format` (`json_schema` or "
+                           "`json_object`) for structured output."),
+    "priority": (inert(0), "requests are ordered by the caller's role here, not by the "
+                 "request."),
+    "cache_salt": (inert(), "this server salts the prefix cache per tenant itself."),
+    "kv_transfer_params": (inert({}), "disaggregated serving is not configured here."),
+    "ec_transfer_params": (inert({}), "disaggregated serving is not configured here."),
+    "vllm_xargs": (inert({}), "no custom engine extensions are enabled here."),
+    "repetition_detection": (inert(), "not supported here; `max_tokens`, "
+                             "`frequency_penalty` or `repetition_penalty` bound a loop."),
+    "thinking_token_budget": (inert(-1), _NO_REASONING),
+    "stream_interval": (inert(), "streams are sent as the engine steps; it is not "
+                        "adjustable per request."),
+}
+VLLM_CHAT_UNSUPPORTED: Unsupported = {
+    **VLLM_UNSUPPORTED,
+    "echo": (inert(False), "the answer is the new message alone."),
+    "add_special_tokens": (inert(False), "the chat template adds the model's special "
+                           "tokens; no others are added."),
+    "documents": (inert([]), "documents are not passed to the chat template here; put "
+                  "them in the messages."),
+    "chat_template": (inert(), "a client's chat template is code: this server renders "
+                      "with the model's own template."),
+    "chat_template_kwargs": (inert({}), "the chat template's variables are this server's."),
+    "media_io_kwargs": (inert({}), _TEXT_ONLY),
+    "mm_processor_kwargs": (inert({}), _TEXT_ONLY),
+    "return_prompt_text": (inert(False), "the rendered prompt is not returned here."),
+}
+VLLM_COMPLETION_UNSUPPORTED: Unsupported = {
+    **VLLM_UNSUPPORTED,
+    "add_special_tokens": (inert(True), "the model's special tokens are always added to "
+                           "a text prompt; send token ids for a prompt without them."),
+    "prompt_embeds": (inert(), "send the prompt as text or token ids."),
+}
+#: vLLM's fields that ask nothing of a generation endpoint, accepted as no-ops (each a
+#: reason): vLLM's own server ignores them there too, or Weir answers them its own way.
+VLLM_NO_OPS: dict[str, str] = {
+    "request_id": "Weir names its own requests (its `x-request-id` header is the id).",
+    "session_id": "a routing hint for a pool of engines; this is one engine.",
+    "return_token_offsets": "vLLM reads it on its /render endpoints only.",
+    "mm_payload": "vLLM reads it on its /render endpoints only.",
+    "return_mm_kwargs": "vLLM reads it on its /render endpoints only.",
+    "include_reasoning": "this model does not reason: there is no reasoning to include "
+                         "or leave out.",
+}
+
 
 class TextPart(_Open):
     type: Literal["text"]

@@ -50,9 +50,32 @@ async def test_stop_token_ids_end_the_answer_with_stop(make_client: MakeClient,
             assert done and streamed == text(choice) and reasons == ["stop"]
 
 
+async def test_refused_extensions_are_a_400_naming_them(make_client: MakeClient,
+                                                        fake_engine: FakeEngine) -> None:
+    client = await make_client()
+    for path, body, name, value in (
+            ("/v1/chat/completions", CHAT, "use_beam_search", True),
+            ("/v1/chat/completions", CHAT, "chat_template", "{{ messages }}"),
+            ("/v1/chat/completions", CHAT, "structured_outputs", {"regex": "a+"}),
+            ("/v1/chat/completions", CHAT, "echo", True),
+            ("/v1/completions", COMPLETION, "truncate_prompt_tokens", 4),
+            ("/v1/completions", COMPLETION, "prompt_logprobs", 1),
+            ("/v1/completions", COMPLETION, "add_special_tokens", False)):
+        r = await client.post(path, json={**body, name: value})
+        assert r.status == 400, (name, await r.text())
+        err = (await r.json())["error"]
+        assert (err["param"], err["code"], err["type"]) == (
+            name, "unsupported_parameter", "invalid_request_error")
+    assert not fake_engine.calls
+    for path, body, name, value in (("/v1/chat/completions", CHAT, "use_beam_search", False),
+                                    ("/v1/completions", COMPLETION, "priority", 0)):
+        assert (await client.post(path, json={**body, name: value})).status == 200
+
+
 async def test_an_edge_passes_every_extension_on_to_its_upstream(
         make_client: MakeClient) -> None:
-    """Honoured ones arrive as sent (the central's engine gets them)."""
+    """Honoured ones arrive as sent (the central's engine gets them); refused ones too,
+    for the upstream to decide (this central refuses them, naming them)."""
     engine = FakeEngine()
     server = TestServer(create_app(make_settings(), engine=engine))
     await server.start_server()
@@ -74,5 +97,8 @@ async def test_an_edge_passes_every_extension_on_to_its_upstream(
         assert prompt == engine.render_chat(
             [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Hi,"}],
             None, add_generation_prompt=False, continue_final_message=True)
+        r = await edge.post("/v1/completions", json={**COMPLETION, "use_beam_search": True})
+        assert r.status == 400 and (await r.json())["error"]["param"] == "use_beam_search"
+        assert len(engine.calls) == 1
     finally:
         await server.close()

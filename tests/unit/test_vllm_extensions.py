@@ -1,11 +1,12 @@
-"""vLLM's own request extensions that the in-process engine honours (its server's
-`CompletionRequest` and `ChatCompletionRequest` fields): Weir's models take unknown
-fields (`extra="allow"`), so they were accepted and silently ignored, a 200 with another
-answer than the one asked for. Parsed and bounded as vLLM checks them, and mapped to the
-engine's options."""
+"""vLLM's own request extensions (its server's `CompletionRequest` and
+`ChatCompletionRequest` fields): each one is honoured by the in-process engine, refused
+there with a 400 naming it when it asks for something, or a deliberate no-op. Weir's
+models take unknown fields (`extra="allow"`), so a field that is none of these was
+accepted and silently ignored: a 200 with another answer than the one asked for."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -13,18 +14,115 @@ import pytest
 from proxy.errors import InvalidRequest
 from proxy.preparing import prepare_chat, prepare_completion
 from proxy.protocol import (
+    CHAT_UNSUPPORTED,
+    LOCAL_UNSUPPORTED,
     MAX_ALLOWED_TOKEN_IDS,
     MAX_BAD_WORDS,
     MAX_STOP_TOKEN_IDS,
+    VLLM_CHAT_UNSUPPORTED,
+    VLLM_COMPLETION_UNSUPPORTED,
+    VLLM_NO_OPS,
     ChatCompletionRequest,
     CompletionRequest,
+    Unsupported,
     parse_model,
 )
 from tests.fakes import FakeEngine
 
+with warnings.catch_warnings():  # torch's own import-time deprecations
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest as VllmChat,
+    )
+    from vllm.entrypoints.openai.completion.protocol import (
+        CompletionRequest as VllmCompletion,
+    )
+
 MSG = [{"role": "user", "content": "hi"}]
 CHAT: dict[str, Any] = {"model": "m", "messages": MSG}
 COMPLETION: dict[str, Any] = {"model": "m", "prompt": "hi"}
+
+#: What the in-process engine refuses (or, for chat's OpenAI table, any engine).
+REFUSED_CHAT: Unsupported = {**CHAT_UNSUPPORTED, **LOCAL_UNSUPPORTED, **VLLM_CHAT_UNSUPPORTED}
+REFUSED_COMPLETION: Unsupported = VLLM_COMPLETION_UNSUPPORTED
+
+
+@pytest.mark.parametrize(("vllm_model", "weir_model", "refused"), [
+    (VllmChat, ChatCompletionRequest, REFUSED_CHAT),
+    (VllmCompletion, CompletionRequest, REFUSED_COMPLETION),
+])
+def test_every_field_vllm_declares_is_honoured_refused_or_a_deliberate_no_op(
+        vllm_model: Any, weir_model: Any, refused: Unsupported) -> None:
+    """A vLLM upgrade that adds a request field fails here until the field is honoured
+    (a field of Weir's model), refused (a table), or named a no-op (`VLLM_NO_OPS`)."""
+    honoured = set(weir_model.model_fields)
+    unaccounted = sorted(set(vllm_model.model_fields) - honoured - set(refused)
+                         - set(VLLM_NO_OPS))
+    assert not unaccounted, f"vLLM fields neither honoured, refused nor no-ops: {unaccounted}"
+    # and none is two of them at once (a table entry for an honoured field never fires)
+    assert not honoured & (set(refused) | set(VLLM_NO_OPS))
+    assert not set(refused) & set(VLLM_NO_OPS)
+
+
+def test_each_table_entry_is_a_field_vllm_declares() -> None:
+    vllm = set(VllmChat.model_fields) | set(VllmCompletion.model_fields)
+    assert set(VLLM_CHAT_UNSUPPORTED) | set(VLLM_COMPLETION_UNSUPPORTED) | set(
+        VLLM_NO_OPS) <= vllm
+
+
+def _vllm_default(model: Any, name: str) -> Any:
+    field = model.model_fields[name]
+    return None if field.default_factory is not None else field.default
+
+
+ASKING: dict[str, Any] = {  # a value that asks something, for each refused field
+    "use_beam_search": True, "length_penalty": 0.5, "watermarking": True,
+    "truncate_prompt_tokens": 8, "truncation_side": "left", "prompt_logprobs": 1,
+    "logprob_token_ids": [5], "return_tokens_as_token_ids": True, "return_token_ids": True,
+    "routed_experts_prompt_start": 2, "structured_outputs": {"regex": "a+"},
+    "priority": 5, "cache_salt": "salty", "kv_transfer_params": {"a": 1},
+    "ec_transfer_params": {"a": 1}, "vllm_xargs": {"k": 1},
+    "repetition_detection": {"max_pattern_size": 4}, "thinking_token_budget": 10,
+    "stream_interval": 4, "echo": True, "documents": [{"title": "t", "text": "x"}],
+    "chat_template": "{{ messages }}", "chat_template_kwargs": {"enable_thinking": True},
+    "media_io_kwargs": {"image": {}}, "mm_processor_kwargs": {"x": 1},
+    "return_prompt_text": True, "prompt_embeds": "AAAA", "reasoning_effort": "low",
+}
+
+
+@pytest.mark.parametrize("name", sorted(set(VLLM_CHAT_UNSUPPORTED) | set(LOCAL_UNSUPPORTED)))
+def test_a_chat_extension_not_honoured_is_refused_when_it_asks_and_passes_when_not(
+        name: str) -> None:
+    value = {"add_special_tokens": True}.get(name, ASKING.get(name))
+    req = parse_model(ChatCompletionRequest, {**CHAT, name: value})
+    with pytest.raises(InvalidRequest) as e:
+        prepare_chat(FakeEngine(), req)
+    assert (e.value.param, e.value.code) == (name, "unsupported_parameter")
+    assert f"`{name}`" in str(e.value)
+    # vLLM's default asks nothing: accepted (a client that sends every field as vLLM's
+    # SDK models do); so does null
+    for inert in ({"reasoning_effort": "none"}.get(name, _vllm_default(VllmChat, name)),
+                  None):
+        prepare_chat(FakeEngine(), parse_model(ChatCompletionRequest, {**CHAT, name: inert}))
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_COMPLETION_UNSUPPORTED))
+def test_a_completion_extension_not_honoured_is_refused_when_it_asks(name: str) -> None:
+    value = {"add_special_tokens": False}.get(name, ASKING.get(name))
+    req = parse_model(CompletionRequest, {**COMPLETION, name: value})
+    with pytest.raises(InvalidRequest) as e:
+        prepare_completion(FakeEngine(), req)
+    assert (e.value.param, e.value.code) == (name, "unsupported_parameter")
+    for inert in (_vllm_default(VllmCompletion, name), None):
+        prepare_completion(FakeEngine(), parse_model(CompletionRequest,
+                                                     {**COMPLETION, name: inert}))
+
+
+def test_the_no_ops_are_accepted() -> None:
+    extra = {"request_id": "abc", "session_id": "s", "return_token_offsets": True,
+             "mm_payload": "none", "return_mm_kwargs": False, "include_reasoning": False}
+    assert set(extra) == set(VLLM_NO_OPS)
+    prepare_chat(FakeEngine(), parse_model(ChatCompletionRequest, {**CHAT, **extra}))
 
 
 # ----------------------------------------------------------------------- honoured
