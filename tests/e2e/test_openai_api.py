@@ -9,6 +9,7 @@ structured output that parses.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from typing import Any
@@ -184,6 +185,115 @@ def test_logprobs_and_logit_bias(client: openai.OpenAI, weir: WeirProcess) -> No
     toks = [t.token for t in biased.choices[0].logprobs.content]  # type: ignore[union-attr]
     assert len(set(toks)) == 1, toks
     assert token is not None
+
+
+# ------------------------------------------------------------ vLLM's extensions
+# Sent as vLLM's server takes them (the SDK's `extra_body`); each changes the answer.
+
+
+@functools.cache
+def demo_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    from proxy.engine.demo_model import ensure_demo_model
+
+    return AutoTokenizer.from_pretrained(str(ensure_demo_model()))
+
+
+@functools.cache
+def word_token() -> tuple[int, str]:
+    """An ordinary token that is a word of its own (its text tokenizes back to it)."""
+    tok = demo_tokenizer()
+    for tid in range(300, 2000):
+        text = tok.decode([tid])
+        if text.isalpha() and len(text) >= 3 and tok.encode(
+                text, add_special_tokens=False) == [tid]:
+            return tid, str(text)
+    raise AssertionError("no word token in the demo vocabulary")
+
+
+def test_stop_token_ids_end_the_answer_and_can_be_kept(client: openai.OpenAI) -> None:
+    tid, text = word_token()
+    kw: dict[str, Any] = dict(model=MODEL, messages=MSG, max_tokens=8, temperature=0,
+                              logit_bias={str(tid): 100})  # every token is `tid`
+    forced = client.chat.completions.create(**kw)
+    assert forced.choices[0].message.content == text * 8
+    assert forced.choices[0].finish_reason == "length"
+    stopped = client.chat.completions.create(**kw, extra_body={"stop_token_ids": [tid]})
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].message.content == ""
+    assert stopped.usage is not None and stopped.usage.completion_tokens == 1
+    kept = client.chat.completions.create(**kw, extra_body={
+        "stop_token_ids": [tid], "include_stop_str_in_output": True})
+    assert kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].message.content == text
+
+
+def test_allowed_token_ids_hold_every_token_to_them(client: openai.OpenAI) -> None:
+    tid, text = word_token()
+    r = client.completions.create(model=MODEL, prompt="Tell me a story", max_tokens=6,
+                                  temperature=0, extra_body={"allowed_token_ids": [tid]})
+    assert r.choices[0].text == text * 6
+    with pytest.raises(openai.BadRequestError) as e:  # past the vocabulary: vLLM's 400
+        client.completions.create(model=MODEL, prompt="Tell me a story", max_tokens=6,
+                                  extra_body={"allowed_token_ids": [tid, 10**6]})
+    assert e.value.body["param"] == "allowed_token_ids"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:  # one it does not honour: named
+        client.completions.create(model=MODEL, prompt="Tell me a story", max_tokens=6,
+                                  extra_body={"use_beam_search": True})
+    assert e.value.code == "unsupported_parameter"
+
+
+def test_bad_words_are_never_generated(client: openai.OpenAI) -> None:
+    tid, text = word_token()
+    kw: dict[str, Any] = dict(model=MODEL, messages=MSG, max_tokens=8, temperature=0,
+                              logit_bias={str(tid): 100}, logprobs=True)
+    assert client.chat.completions.create(**kw).choices[0].message.content == text * 8
+    banned = client.chat.completions.create(**kw, extra_body={"bad_words": [text]})
+    tokens = [t.token for t in banned.choices[0].logprobs.content]  # type: ignore[union-attr]
+    assert len(tokens) == 8 and all(t.strip() != text for t in tokens), tokens
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = dict(model=MODEL, messages=MSG, max_tokens=30, temperature=0)
+    base = client.chat.completions.create(**kw).choices[0].message.content
+    assert base and len(base) > 10
+    stop = base[len(base) // 2: len(base) // 2 + 3]
+    want = base[: base.index(stop) + len(stop)]
+    kept = client.chat.completions.create(**kw, stop=[stop],
+                                          extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].message.content == want
+    text, reasons = "", []
+    for chunk in client.chat.completions.create(
+            **kw, stop=[stop], stream=True, extra_body={"include_stop_str_in_output": True}):
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            reasons += [c.finish_reason] if c.finish_reason else []
+    assert text == want and reasons == ["stop"]
+
+
+def test_continue_final_message_continues_an_assistant_prefill(
+        client: openai.OpenAI) -> None:
+    """The answer continues the final assistant message, as a completion of the prompt
+    the template renders with that message left open (vLLM's server's prefill)."""
+    prefill = [*MSG, {"role": "assistant", "content": "To reset it, open"}]
+    cont = client.chat.completions.create(
+        model=MODEL, messages=prefill, max_tokens=8, temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    tok = demo_tokenizer()
+    ids = tok.encode(tok.apply_chat_template(
+        prefill, add_generation_prompt=False, continue_final_message=True, tokenize=False),
+        add_special_tokens=False)
+    ref = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    assert cont.usage is not None and cont.usage.prompt_tokens == len(ids)
+    assert cont.choices[0].message.content == ref.choices[0].text
+    new_turn = client.chat.completions.create(model=MODEL, messages=prefill,
+                                              max_tokens=8, temperature=0)
+    assert new_turn.usage is not None and new_turn.usage.prompt_tokens > len(ids)
+    with pytest.raises(openai.BadRequestError):  # both at once: vLLM refuses it too
+        client.chat.completions.create(model=MODEL, messages=prefill, max_tokens=8,
+                                       extra_body={"continue_final_message": True})
 
 
 def test_max_completion_tokens(client: openai.OpenAI) -> None:
