@@ -159,16 +159,16 @@ def test_token_ids_past_the_vocabulary_are_a_400_naming_the_param(param: str) ->
 
 
 @pytest.mark.parametrize(("body", "param", "code"), [
-    ({"stop_token_ids": [-1]}, "stop_token_ids[0]", "invalid_value"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids[0]", "integer_below_min_value"),
     ({"stop_token_ids": [True]}, "stop_token_ids[0]", "invalid_type"),
     ({"stop_token_ids": list(range(MAX_STOP_TOKEN_IDS + 1))}, "stop_token_ids",
-     "invalid_value"),
+     "array_above_max_length"),
     ({"allowed_token_ids": []}, "allowed_token_ids", "empty_array"),  # vLLM refuses it
     ({"allowed_token_ids": list(range(MAX_ALLOWED_TOKEN_IDS + 1))}, "allowed_token_ids",
-     "invalid_value"),
+     "array_above_max_length"),
     ({"allowed_token_ids": "5"}, "allowed_token_ids", "invalid_type"),
     ({"bad_words": [""]}, "bad_words[0]", "invalid_value"),  # vLLM refuses it
-    ({"bad_words": ["w"] * (MAX_BAD_WORDS + 1)}, "bad_words", "invalid_value"),
+    ({"bad_words": ["w"] * (MAX_BAD_WORDS + 1)}, "bad_words", "array_above_max_length"),
     ({"bad_words": ["x" * 1025]}, "bad_words[0]", "invalid_value"),
     ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output", "invalid_type"),
     ({"skip_special_tokens": 0}, "skip_special_tokens", "invalid_type"),
