@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
@@ -64,6 +67,8 @@ DISCOVERY_MAX_S = 30.0
 #: not relayed (`AnswerTooLarge`).
 MAX_EVENT_BYTES = 16 << 20
 MAX_ANSWER_BYTES = 64 << 20
+#: The longest an upstream's `Retry-After` is passed on as (a later one is this long).
+MAX_RETRY_AFTER_S = 3600
 
 
 class UpstreamError(InvalidRequest):
@@ -112,9 +117,7 @@ class UpstreamUnavailable(EngineError):
     def __init__(self, retry_after: str) -> None:
         super().__init__("The upstream is unavailable; retry after the time given in "
                          "Retry-After.")
-        seconds = retry_after if retry_after.isdigit() else "1"
-        self.headers["retry-after"] = seconds
-        self.headers["retry-after-ms"] = str(int(seconds) * 1000)  # (the SDK reads it first)
+        self.headers.update(_retry_headers(retry_after))
 
 
 class AnswerTooLarge(GatewayFault):
@@ -309,10 +312,9 @@ class Upstream:
         if status in (401, 403):  # Weir's key, not the client's: an operator's fault
             raise EngineError(f"The upstream refused this gateway's credentials ({status}).")
         if status == 429:  # Weir's quota there; its message names the account
-            retry = resp.headers.get("retry-after", "")
             raise RateLimited("The upstream's rate limit was reached; retry after the time "
                               "given in Retry-After.",
-                              headers={"retry-after": retry if retry.isdigit() else "1"})
+                              headers=_retry_headers(resp.headers.get("retry-after", "")))
         try:
             raw = await _body(resp, MAX_ANSWER_BYTES)
             if raw is None:
@@ -462,6 +464,31 @@ async def _body(resp: aiohttp.ClientResponse, most: int) -> bytearray | None:
         if len(raw) > most:
             return None
     return raw
+
+
+def retry_after_s(value: str, default: int = 1) -> int:
+    """An upstream's `Retry-After` in whole seconds: ASCII digits or an HTTP date (from
+    now), within 0 and `MAX_RETRY_AFTER_S`; anything else (`²`, Arabic-Indic digits, a
+    number or a date that does not parse) is `default`."""
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        digits = value.lstrip("0") or "0"  # (a number of any length: not read whole)
+        return MAX_RETRY_AFTER_S if len(digits) > 9 else min(int(digits), MAX_RETRY_AFTER_S)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return default
+    if when.tzinfo is None:  # (`-0000`: UTC, as HTTP dates are)
+        when = when.replace(tzinfo=UTC)
+    left = (when - datetime.now(UTC)).total_seconds()
+    return max(0, min(math.ceil(left), MAX_RETRY_AFTER_S))
+
+
+def _retry_headers(value: str) -> dict[str, str]:
+    """`Retry-After` and `retry-after-ms` (the OpenAI SDK reads it first) for an
+    upstream's `Retry-After` (`retry_after_s`)."""
+    seconds = retry_after_s(value)
+    return {"retry-after": str(seconds), "retry-after-ms": str(seconds * 1000)}
 
 
 def _only_if_cached(ctx: RequestContext) -> bool:

@@ -835,3 +835,32 @@ async def test_a_relayed_stream_keeps_vllm_s_stop_reason_and_running_usage(
                              "stop_reason": "###"}]
     assert reply.usage == usage
 
+@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize(("given", "passed_on"), [
+    ("7", "7"),
+    ("²", "1"),  # ("²".isdigit(), which int() refuses: it was a 500)
+    ("١٢", "1"),  # (Arabic-Indic digits: passed on raw)
+    ("9" * 30, "3600"),  # (passed on raw: a client told to wait forever)
+    ("Wed, 21 Oct 2099 07:28:00 GMT", "3600"),  # (an HTTP date: it was "1")
+    ("Wed, 21 Oct 2015 07:28:00 GMT", "0"),
+    ("soon", "1"),
+])
+async def test_an_upstream_s_retry_after_is_read_strictly(
+        upstream: Upstream, status: int, given: str, passed_on: str) -> None:
+    """An upstream's `Retry-After` is ASCII digits or an HTTP date, within an hour;
+    anything else is the default (1 s)."""
+    upstream.chat = answering(web.json_response(
+        {"error": {"message": "busy"}}, status=status, headers={"Retry-After": given}))
+    e = await refused(upstream, upstream.chat, RateLimited if status == 429 else EngineError)
+    assert e.headers["retry-after"] == passed_on
+    assert e.headers["retry-after-ms"] == str(int(passed_on) * 1000)
+
+
+async def test_an_upstream_s_retry_after_as_a_date_counts_from_now(upstream: Upstream) -> None:
+    import time
+    from email.utils import formatdate
+
+    upstream.chat = answering(web.json_response({"error": {"message": "busy"}}, status=503,
+        headers={"Retry-After": formatdate(time.time() + 30, usegmt=True)}))
+    e = await refused(upstream, upstream.chat, EngineError)
+    assert 28 <= int(e.headers["retry-after"]) <= 31
