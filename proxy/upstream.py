@@ -67,6 +67,8 @@ DISCOVERY_MAX_S = 30.0
 #: not relayed (`AnswerTooLarge`).
 MAX_EVENT_BYTES = 16 << 20
 MAX_ANSWER_BYTES = 64 << 20
+#: The most an upstream's model list (`/models`) may hold.
+MAX_MODELS_BYTES = 16 << 20
 #: The longest an upstream's `Retry-After` is passed on as (a later one is this long).
 MAX_RETRY_AFTER_S = 3600
 
@@ -161,7 +163,16 @@ class Upstream:
 
     async def _discover(self) -> str | None:
         """Ask the upstream which models it serves: None once it named some, else why not
-        (for the log: a status, an error's type; never a body, which may quote the key)."""
+        (for the log: a status, an error's type; never a body, which may quote the key).
+        Whatever fails is a reason to ask again: an exception here stopped Weir starting,
+        or ended the task that asks again unseen (Weir `loading` for good)."""
+        try:
+            return await self._ask_models()
+        except Exception as e:
+            log.exception("upstream model discovery failed")
+            return type(e).__name__
+
+    async def _ask_models(self) -> str | None:
         assert self._session is not None
         try:
             async with self._session.get(f"{self.base}/models", headers=self._auth(),
@@ -169,7 +180,10 @@ class Upstream:
                                              total=self.settings.connect_timeout_s * 2)) as r:
                 if r.status != 200:
                     return f"status {r.status}"
-                data = await r.json()
+                raw = await _body(r, MAX_MODELS_BYTES)
+            if raw is None:
+                return "model list too large"
+            data = upstream_json(raw)
             found = [m["id"] for m in data.get("data", [])
                      if isinstance(m, dict) and isinstance(m.get("id"), str)]
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError) as e:
@@ -319,7 +333,7 @@ class Upstream:
             raw = await _body(resp, MAX_ANSWER_BYTES)
             if raw is None:
                 raise AnswerTooLarge(MAX_ANSWER_BYTES)
-            data = json.loads(raw)
+            data = upstream_json(raw)
         except TimeoutError:
             raise Timeout("The upstream did not answer in time.") from None
         except (aiohttp.ClientError, ValueError):
@@ -355,7 +369,7 @@ class Upstream:
                         asm.finish(stream)
                         done = True
                         return
-                    chunk = json.loads(data)
+                    chunk = upstream_json(data)
                     if not isinstance(chunk, dict):
                         raise EngineError("The upstream failed mid-stream.")
                     if "error" in chunk:  # the client's only before any answer came
@@ -491,6 +505,16 @@ def _retry_headers(value: str) -> dict[str, str]:
     return {"retry-after": str(seconds), "retry-after-ms": str(seconds * 1000)}
 
 
+def upstream_json(raw: bytes | bytearray) -> Any:
+    """JSON from the upstream, decoded: any failure to decode it (not JSON, not UTF-8,
+    nested past what the decoder's recursion takes) is a `ValueError`, which each caller
+    reads as an unreadable answer."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
 def _only_if_cached(ctx: RequestContext) -> bool:
     return "only-if-cached" in ctx.headers.get("cache-control", "").lower()
 
@@ -502,7 +526,7 @@ async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool) 
     answer, which the breaker does not count; any other is the upstream timing out."""
     try:
         raw = await _body(resp, 1 << 16)  # (an error's body: small, or none of ours)
-        err = json.loads(raw or b"").get("error") or {}
+        err = upstream_json(raw or b"").get("error") or {}
         code = err.get("code")
     except (aiohttp.ClientError, ValueError, AttributeError, TimeoutError):
         code = None

@@ -864,3 +864,87 @@ async def test_an_upstream_s_retry_after_as_a_date_counts_from_now(upstream: Ups
         headers={"Retry-After": formatdate(time.time() + 30, usegmt=True)}))
     e = await refused(upstream, upstream.chat, EngineError)
     assert 28 <= int(e.headers["retry-after"]) <= 31
+
+
+DEEP = b"[" * 200_000 + b"]" * 200_000  # (JSON, nested past what the decoder's recursion takes)
+
+
+@pytest.mark.parametrize(("status", "stream", "error"), [
+    (200, False, EngineError),  # a whole answer
+    (400, False, UpstreamError),  # an error's body: the status is the client's
+    (200, True, EngineError),  # a stream's event
+])
+async def test_json_nested_too_deeply_is_an_unreadable_answer(
+        upstream: Upstream, status: int, stream: bool, error: type[WeirError]) -> None:
+    """It was a RecursionError out of the decoder: a 500."""
+    async def deep(request: web.Request) -> web.StreamResponse:
+        if stream:
+            return await sse_handler([b"data: " + DEEP + b"\n\n"])(request)
+        return web.Response(body=DEEP, status=status, content_type="application/json")
+
+    upstream.chat = deep
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        with pytest.raises(error):
+            reply = await engine(ctx(stream=stream))
+            async for _ in reply:  # type: ignore[union-attr]
+                pass
+        assert engine.stats().running == 0
+    finally:
+        await engine.close()
+
+
+async def test_a_model_list_nested_too_deeply_is_asked_again(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At start it stopped Weir starting (a RecursionError out of `start`); while asking
+    again it ended the task unseen, and Weir was not ready for good."""
+    from proxy import upstream as module
+    from tests.waiting import eventually
+
+    monkeypatch.setattr(module, "DISCOVERY_FIRST_S", 0.01)
+    answers = 2  # the first (at start) and the second (the task's) are too deep
+    real = upstream.models
+
+    async def models(request: web.Request) -> web.Response:
+        nonlocal answers
+        if answers:
+            answers -= 1
+            return web.Response(body=DEEP, content_type="application/json")
+        return await real(request)
+
+    upstream.list_models = models
+    engine = await engine_for(upstream.base_url)
+    try:
+        assert not engine.ready()
+        await eventually(engine.ready, timeout=10)
+        assert [m.id for m in engine.models()] == ["up-model", "up-other"] and not answers
+    finally:
+        await engine.close()
+
+
+async def test_model_discovery_outlives_a_failure_of_its_own(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever fails while asking (a bug's exception, say) is a reason to ask again,
+    logged: not an exception out of `start`, nor the retrying task's end."""
+    from proxy import upstream as module
+    from tests.waiting import eventually
+
+    monkeypatch.setattr(module, "DISCOVERY_FIRST_S", 0.01)
+    real = UpstreamTerminal._ask_models
+    fails = 2
+
+    async def ask(self: UpstreamTerminal) -> str | None:
+        nonlocal fails
+        if fails:
+            fails -= 1
+            raise RuntimeError("a bug")
+        return await real(self)
+
+    monkeypatch.setattr(UpstreamTerminal, "_ask_models", ask)
+    engine = await engine_for(upstream.base_url)
+    try:
+        assert not engine.ready()
+        await eventually(engine.ready, timeout=10)
+        assert not fails
+    finally:
+        await engine.close()
