@@ -409,8 +409,9 @@ class ChunkAssembler:
             stream.usage = self.usage
         if self.error or not self.texts or set(self.texts) != set(self.reasons):
             return
-        answer = [{"index": i, "text": "".join(t), "finish_reason": self.reasons[i]}
-                  for i, t in sorted(self.texts.items())]
+        # (each choice's pieces let go as its text is joined: not two copies of the answer)
+        answer = [{"index": i, "text": "".join(self.texts.pop(i)),
+                   "finish_reason": self.reasons[i]} for i in sorted(self.texts)]
         for c in answer:
             if c["index"] in self.stop_reasons:
                 c["stop_reason"] = self.stop_reasons[c["index"]]

@@ -62,9 +62,10 @@ DISCOVERY_FIRST_S = 1.0
 DISCOVERY_MAX_S = 30.0
 
 #: The most an upstream's stream may send without ending an event (a whole answer in one
-#: chunk, with its logprobs, is well under it), and the most a whole answer may hold (n
-#: long choices with their top logprobs come to tens of MiB): past either, the answer is
-#: not relayed (`AnswerTooLarge`).
+#: chunk, with its logprobs, is well under it), and the most an answer may hold, whole or
+#: as a stream's events together (n long choices with their top logprobs come to tens of
+#: MiB): past either, the answer is not relayed (`AnswerTooLarge`; a stream under way
+#: ends with it in-band).
 MAX_EVENT_BYTES = 16 << 20
 MAX_ANSWER_BYTES = 64 << 20
 #: The most an upstream's model list (`/models`) may hold.
@@ -356,12 +357,16 @@ class Upstream:
         usage chunk (it is always asked of the upstream); `choices`: how many the answer
         has (each must have ended by the `[DONE]`)."""
         done = relayed = False
+        size = 0  # of the events so far: the answer's, as a whole answer's body is counted
         events = SseEvents()
         numbered: dict[int, tuple[int, str]] = {}  # a choice's last tool call
         ids: dict[tuple[int, int], str] = {}  # (choice, call) -> the id it goes out with
         try:
             async for piece in _with_end(resp.content.iter_any()):
                 for data in events.feed(piece) if piece else events.end():
+                    size += len(data)
+                    if size > MAX_ANSWER_BYTES:  # (its text is kept, for the plugins)
+                        raise AnswerTooLarge(MAX_ANSWER_BYTES)
                     if data == b"[DONE]":
                         if not asm.whole(choices):  # (a choice missing, or unended)
                             raise EngineError("The upstream's stream ended before its "

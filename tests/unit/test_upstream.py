@@ -231,13 +231,13 @@ def sse(*chunks: Any) -> list[bytes]:
         f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n".encode() for c in chunks]
 
 
-def sse_handler(pieces: list[bytes]) -> Handler:
+def sse_handler(pieces: list[bytes], step: int = 7) -> Handler:
     async def stream(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         blob = b"".join(pieces)
-        for i in range(0, len(blob), 7):  # events split at arbitrary points
-            await resp.write(blob[i:i + 7])
+        for i in range(0, len(blob), step):  # events split at arbitrary points
+            await resp.write(blob[i:i + step])
         await resp.write_eof()
         return resp
 
@@ -636,12 +636,15 @@ def test_an_upstream_refusal_is_an_invalid_request_a_route_renames() -> None:
     assert rename_param(e).param == "max_output_tokens"
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("kind", ["whole", "event", "events"])
 async def test_an_answer_past_what_is_relayed_is_refused_but_not_counted(
-        upstream: Upstream, stream: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        upstream: Upstream, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its buffer was unbounded (a stream's unfinished event) or it was not checked; and a
     long answer is no engine fault: any tenant may ask for one (n choices with their
-    logprobs), so the breaker must not count it against every tenant."""
+    logprobs), so the breaker must not count it against every tenant. A stream of many
+    events (`events`) was bounded by nothing: every piece of its text was kept, 1200
+    events of 1 MiB took the gateway to 3.4 GB; it ends past the bound, with what it
+    relayed charged."""
     from plugins.breaker.plugin import is_engine_failure
     from proxy.upstream import AnswerTooLarge
 
@@ -649,18 +652,27 @@ async def test_an_answer_past_what_is_relayed_is_refused_but_not_counted(
     monkeypatch.setattr("proxy.upstream.MAX_ANSWER_BYTES", 1 << 20)
     big = {**ANSWER, "choices": [{**ANSWER["choices"][0], "message": {
         "role": "assistant", "content": "x" * (2 << 20)}}]}
-    upstream.chat = (sse_handler([b"data: " + b"x" * (1 << 19)] * 4) if stream
-                     else answering(web.json_response(big)))
+    piece = {"id": "c", "choices": [{"index": 0, "delta": {"content": "x" * (64 << 10)}}]}
+    upstream.chat = {
+        "whole": answering(web.json_response(big)),
+        "event": sse_handler([b"data: " + b"x" * (1 << 19)] * 4, 4099),
+        "events": sse_handler(sse(*[piece] * 40, "[DONE]"), 4099),  # 2.5 MiB, 64 KiB events
+    }[kind]
     engine = await engine_for(upstream.base_url, models=["up-model"])
+    relayed = 0
     try:
         with pytest.raises(AnswerTooLarge) as e:
-            reply = await engine(ctx(stream=stream))
-            async for _ in reply:  # type: ignore[union-attr]
-                pass
+            reply = await engine(ctx(stream=kind != "whole"))
+            assert isinstance(reply, Stream)
+            async for _ in reply:
+                relayed += 1
         assert engine.stats().running == 0
     finally:
         await engine.close()
     assert e.value.status == 502 and not is_engine_failure(e.value)
+    if kind == "events":
+        assert 10 <= relayed <= 16  # 1 MiB's worth, then the end
+        assert reply.usage is not None and reply.usage["completion_tokens"] == relayed
 
 
 async def test_only_what_the_client_sent_goes_upstream(upstream: Upstream) -> None:
