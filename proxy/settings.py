@@ -160,8 +160,19 @@ class UpstreamEngineSettings(_Strict):
         description="OpenAI-compatible base URL, e.g. http://central:8000/v1.")
     api_key: str | None = Field(None, description="Bearer key sent upstream.")
     models: list[str] = Field(default_factory=list, description="Models served (empty: ask).")
-    timeout_s: float = Field(600.0, gt=0, description="Total timeout of one upstream request.")
-    connect_timeout_s: float = Field(5.0, gt=0, description="Connect timeout.")
+    timeout_s: float = Field(
+        600.0, gt=0, description="Total timeout of one upstream request. A whole answer "
+        "past it is a 504 the breaker counts (a hung upstream and a long answer look the "
+        "same); a stream past it with its bytes still coming (`read_timeout_s`) is cut "
+        "with a 504 it does not count: its length is the caller's.")
+    read_timeout_s: float = Field(
+        120.0, gt=0, description="Longest a stream waits for the upstream's next byte, "
+        "its first included (within `timeout_s`): past it the upstream has stalled, a "
+        "504 the breaker counts.")
+    connect_timeout_s: float = Field(
+        5.0, gt=0, description="Connect timeout, with the wait for a free pooled "
+        "connection: a request that waited it out for one (all `max_connections` busy) "
+        "is shed, a 503 `overloaded` the breaker does not count.")
     max_connections: int = Field(100, ge=1, description="Pooled connections at most.")
     owned_by: str = Field("upstream", description="`owned_by` in /v1/models.")
     on_behalf_of_secret: OptionalSecret = Field(

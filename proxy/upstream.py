@@ -35,6 +35,7 @@ from .chain import Completion, Reply, Stream
 from .context import RequestContext
 from .engine.base import EngineStats, ModelInfo
 from .errors import (
+    DeadlineExceeded,
     EngineError,
     GatewayFault,
     InvalidRequest,
@@ -42,6 +43,7 @@ from .errors import (
     NotCached,
     RateLimited,
     Timeout,
+    Unavailable,
 )
 from .rendering import ChunkAssembler, usage_ok
 from .settings import UpstreamEngineSettings
@@ -135,6 +137,38 @@ class AnswerTooLarge(GatewayFault):
                          f"({limit >> 20} MiB); ask for fewer choices, tokens or logprobs.")
 
 
+class UpstreamDeadline(DeadlineExceeded):
+    """A stream cut at `timeout_s` while its bytes kept coming (a stalled one times out
+    at `read_timeout_s`): its length is the caller's, not the upstream's failure, so the
+    breaker does not count it."""
+
+    def __init__(self) -> None:
+        super().__init__("The upstream's answer ran past the time this gateway gives one; "
+                         "ask for fewer tokens.")
+
+
+class _PoolWait:
+    """One request's place in the wait for a pooled connection (told by aiohttp's trace):
+    `waiting` while it waits for one."""
+
+    __slots__ = ("waiting",)
+
+    def __init__(self) -> None:
+        self.waiting = False
+
+
+async def _queued(session: aiohttp.ClientSession, ctx: Any,
+                  params: aiohttp.TraceConnectionQueuedStartParams) -> None:
+    if isinstance(ctx.trace_request_ctx, _PoolWait):
+        ctx.trace_request_ctx.waiting = True
+
+
+async def _dequeued(session: aiohttp.ClientSession, ctx: Any,
+                    params: aiohttp.TraceConnectionQueuedEndParams) -> None:
+    if isinstance(ctx.trace_request_ctx, _PoolWait):
+        ctx.trace_request_ctx.waiting = False
+
+
 class Upstream:
     """A Terminal over an upstream server. `check_models=False` (a fallback target)
     forwards whatever model the request names."""
@@ -149,12 +183,27 @@ class Upstream:
         self._created = int(time.time())
         self.in_flight = 0
         self._discovery: asyncio.Task[None] | None = None
+        # `connect` bounds the wait for a pooled connection and its connect together,
+        # `sock_connect` the connect alone: a request timed out while still waiting for
+        # a connection (the trace tells) was shed here, the upstream never asked.
+        self._timeout = aiohttp.ClientTimeout(
+            total=settings.timeout_s, connect=settings.connect_timeout_s,
+            sock_connect=settings.connect_timeout_s)
+        # A stream's: no byte for `read_timeout_s` is a stalled upstream, while its
+        # `timeout_s` running out with bytes still coming is the answer's length.
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=settings.timeout_s, connect=settings.connect_timeout_s,
+            sock_connect=settings.connect_timeout_s,
+            sock_read=min(settings.read_timeout_s, settings.timeout_s))
 
     async def start(self) -> None:
         s = self.settings
+        pool = aiohttp.TraceConfig()
+        pool.on_connection_queued_start.append(_queued)
+        pool.on_connection_queued_end.append(_dequeued)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=s.max_connections),
-            timeout=aiohttp.ClientTimeout(total=s.timeout_s, connect=s.connect_timeout_s))
+            timeout=self._timeout, trace_configs=[pool])
         if self.check_models and not self._models and (why := await self._discover()):
             # Not ready until the upstream names its models: one unknown would take any
             # name a client sends (each a new metric label), and answer nothing.
@@ -283,11 +332,17 @@ class Upstream:
                                       "include_usage": True}
         url = self.base + _PATHS[ctx.route]
         self.in_flight += 1
+        wait = _PoolWait()
         try:
-            resp = await self._session.post(url, data=json.dumps(body), allow_redirects=False,
-                                            headers=self._headers(ctx))
+            resp = await self._session.post(
+                url, data=json.dumps(body), allow_redirects=False, headers=self._headers(ctx),
+                trace_request_ctx=wait,
+                timeout=self._stream_timeout if ctx.request.stream else self._timeout)
         except TimeoutError:
             self.in_flight -= 1
+            if wait.waiting:  # every connection busy: this gateway's load, not a failure
+                raise Unavailable("Every connection to the upstream is busy; retry shortly.",
+                                  code="overloaded") from None
             raise Timeout("The upstream did not answer in time.") from None
         except aiohttp.ClientError:
             self.in_flight -= 1
@@ -393,8 +448,10 @@ class Upstream:
                     relayed = True
                     yield chunk
             raise EngineError("The upstream's stream ended before it finished.")
-        except TimeoutError:
-            raise Timeout("The upstream did not answer in time.") from None
+        except aiohttp.SocketTimeoutError:  # no byte for `read_timeout_s`: stalled
+            raise Timeout("The upstream's stream stalled.") from None
+        except TimeoutError:  # `timeout_s`, with bytes coming: the answer's length
+            raise UpstreamDeadline() from None
         except (aiohttp.ClientError, ValueError):
             raise EngineError("The upstream stream broke.") from None
         finally:

@@ -4,6 +4,8 @@ sees, and what the breaker counts, when the upstream misbehaves or is merely bus
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -14,11 +16,15 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from tests.conftest import MakeClient, make_settings
 from tests.sse import parse_sse
+from tests.waiting import eventually
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CHAT = {"model": "up-model", "messages": [{"role": "user", "content": "hello"}],
         "max_tokens": 4}
 USAGE = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+ANSWER = {"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "up-model",
+          "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                       "finish_reason": "stop"}], "usage": USAGE}
 
 
 def chunk(content: str | None = None, finish: str | None = None, index: int = 0,
@@ -110,3 +116,57 @@ async def test_a_stream_past_the_answer_bound_ends_in_band_and_is_not_counted(
         relayed = got[:-1]
         assert 10 <= len(relayed) <= 16  # 256 KiB's worth, then the end
     assert await breaker_state(client) == "closed"
+
+
+async def test_a_full_connection_pool_is_a_shed_not_an_upstream_failure(
+        make_client: MakeClient, scripted: Scripted) -> None:
+    """With every pooled connection busy, the next request waited its connect timeout in
+    aiohttp's queue, then was a 504 "did not answer in time" that the breaker counted:
+    a healthy but busy upstream opened it. It is a 503 `overloaded` with Retry-After
+    now, which the breaker does not count."""
+    release = asyncio.Event()
+
+    async def held(request: web.Request) -> web.StreamResponse:
+        await asyncio.wait_for(release.wait(), 10)
+        return web.json_response(ANSWER)
+
+    scripted.chat = held
+    client = await edge(make_client, scripted, max_connections=1, connect_timeout_s=0.3)
+    first = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+    try:
+        await eventually(lambda: scripted.calls == 1, timeout=10)
+        for _ in range(3):
+            r = await client.post("/v1/chat/completions", json=CHAT)
+            assert r.status == 503 and (await r.json())["error"]["code"] == "overloaded"
+            assert r.headers["retry-after"] == "1"
+        assert scripted.calls == 1 and await breaker_state(client) == "closed"
+    finally:
+        release.set()
+        r = await first
+    assert r.status == 200  # the one that held the connection was answered
+
+
+@pytest.mark.parametrize("stalls", [False, True])
+async def test_a_long_stream_is_cut_at_the_timeout_but_only_a_stalled_one_counts(
+        make_client: MakeClient, scripted: Scripted, stalls: bool) -> None:
+    """A stream whose chunks kept coming past `timeout_s` (a total timeout) was cut with a
+    504 the breaker counted: an answer's length, the caller's choice, opened it. Now a
+    stream is cut as a stalled upstream (counted) after `read_timeout_s` without a byte,
+    and at `timeout_s` with its bytes still coming as a 504 the breaker does not count."""
+    async def slow(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            for i in range(40):  # (4 s at most: the edge cuts it well before)
+                await resp.write(events(chunk(f"t{i}"))[0])
+                await asyncio.sleep(2 if stalls and i == 1 else 0.1)
+        return resp
+
+    scripted.chat = slow
+    client = await edge(make_client, scripted, timeout_s=0.8, read_timeout_s=0.4)
+    for _ in range(2):  # (the breaker opens after 2 failures)
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        got, done = parse_sse(await r.text())
+        assert r.status == 200 and done and got[-1]["error"]["code"] == "timeout"
+        assert len(got) - 1 == (2 if stalls else pytest.approx(8, abs=3))
+    assert await breaker_state(client) == ("open" if stalls else "closed")
