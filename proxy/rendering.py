@@ -398,10 +398,15 @@ class ChunkAssembler:
         if stream.usage is None:
             stream.usage = self.usage if self.usage is not None else R.usage(0, self.pieces)
 
-    def whole(self, choices: int) -> bool:
-        """Whether each of the answer's `choices` (indices 0 to `choices` - 1) came and
-        ended (its `finish_reason`)."""
-        return set(range(choices)) <= set(self.texts) and set(self.texts) <= set(self.reasons)
+    def ended(self) -> bool:
+        """Whether some choice came, and each that came ended (its `finish_reason`)."""
+        return bool(self.texts) and set(self.texts) <= set(self.reasons)
+
+    def came(self, choices: int) -> int:
+        """0 where each of the answer's `choices` (indices 0 to `choices` - 1) came, else
+        how many of them did."""
+        got = len(set(range(choices)) & set(self.texts))
+        return 0 if got == choices else got
 
     def finish(self, stream: Stream) -> None:
         """Leave the answer (when every choice ended) and the usage on `stream`."""

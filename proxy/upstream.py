@@ -137,6 +137,22 @@ class AnswerTooLarge(GatewayFault):
                          f"({limit >> 20} MiB); ask for fewer choices, tokens or logprobs.")
 
 
+class ChoicesMissing(GatewayFault):
+    """An upstream answer with fewer choices than asked (`n`; a completion's n per
+    prompt), each that came whole: an upstream that does not take `n` (some ignore it),
+    which no retry changes. A 502 streamed or not (a whole answer was a 200 with fewer
+    choices, cached so; a stream a counted failure), never cached, and not counted by the
+    breaker: one tenant's `n: 2` must not open the circuit for every tenant while the
+    upstream answers everything else."""
+
+    status = 502
+    default_code = "upstream_choices_missing"
+
+    def __init__(self, got: int, asked: int) -> None:
+        super().__init__(f"The upstream answered {got} of the {asked} choices asked; it may "
+                         f"not support `n`.")
+
+
 class UpstreamDeadline(DeadlineExceeded):
     """A stream cut at `timeout_s` while its bytes kept coming (a stalled one times out
     at `read_timeout_s`): its length is the caller's, not the upstream's failure, so the
@@ -353,7 +369,8 @@ class Upstream:
             raise
         if resp.status != 200 or not ctx.request.stream:
             try:
-                return await self._whole(resp, ctx.route, _only_if_cached(ctx))
+                return await self._whole(resp, ctx.route, ctx.request.sequences,
+                                         _only_if_cached(ctx))
             except asyncio.CancelledError as e:
                 _left(ctx, e)
                 raise
@@ -366,10 +383,10 @@ class Upstream:
                                   choices=ctx.request.sequences))
         return await stream.prime()
 
-    async def _whole(self, resp: aiohttp.ClientResponse, route: str,
+    async def _whole(self, resp: aiohttp.ClientResponse, route: str, choices: int,
                      only_if_cached: bool = False) -> Completion:
-        """The answer, or the error its status says (told by the status first: an error
-        page need not be JSON)."""
+        """The answer (of `choices` choices), or the error its status says (told by the
+        status first: an error page need not be JSON)."""
         status = resp.status
         if 300 <= status < 400:
             raise EngineError(f"The upstream redirected the request ({status}).")
@@ -400,6 +417,9 @@ class Upstream:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
         if not _answer_ok(data, "message" if route == "chat" else "text"):
             raise EngineError("The upstream sent an unreadable answer.")
+        got = {c["index"] for c in data["choices"]}
+        if not set(range(choices)) <= got:
+            raise ChoicesMissing(len(got & set(range(choices))), choices)
         if route == "chat":
             for c in data["choices"]:
                 _own_ids(c["message"].get("tool_calls") or ())
@@ -423,9 +443,11 @@ class Upstream:
                     if size > MAX_ANSWER_BYTES:  # (its text is kept, for the plugins)
                         raise AnswerTooLarge(MAX_ANSWER_BYTES)
                     if data == b"[DONE]":
-                        if not asm.whole(choices):  # (a choice missing, or unended)
+                        if not asm.ended():  # (none came, or one came and never ended)
                             raise EngineError("The upstream's stream ended before its "
                                               "answer finished.")
+                        if came := asm.came(choices):  # (each ended: it ignored `n`)
+                            raise ChoicesMissing(came, choices)
                         asm.finish(stream)
                         done = True
                         return

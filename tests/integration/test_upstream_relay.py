@@ -170,3 +170,31 @@ async def test_a_long_stream_is_cut_at_the_timeout_but_only_a_stalled_one_counts
         assert r.status == 200 and done and got[-1]["error"]["code"] == "timeout"
         assert len(got) - 1 == (2 if stalls else pytest.approx(8, abs=3))
     assert await breaker_state(client) == ("open" if stalls else "closed")
+
+
+async def test_fewer_choices_than_asked_is_a_502_either_way_never_cached_nor_counted(
+        make_client: MakeClient, scripted: Scripted) -> None:
+    """An upstream that ignores `n`: streamed, a 200 then a 502 the breaker counted (four
+    opened it); not streamed, a 200 with one choice, cached and replayed as one. A 502
+    both ways now, never stored, and not counted."""
+    async def one_choice(request: web.Request) -> web.StreamResponse:
+        if (await request.json()).get("stream"):
+            return await streaming(events(chunk("hi", "stop")))(request)
+        return web.json_response(ANSWER)
+
+    scripted.chat = one_choice
+    client = await make_client(make_settings(
+        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
+        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}},
+                 {"name": "breaker", "config": {"minimum_calls": 2, "failure_rate": 0.5,
+                                                "open_s": 60}}]))
+    ask = {**CHAT, "n": 2, "temperature": 0}
+    for _ in range(2):
+        r = await client.post("/v1/chat/completions", json=ask)
+        assert r.status == 502
+        assert (await r.json())["error"]["code"] == "upstream_choices_missing"
+        r = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+        got, done = parse_sse(await r.text())
+        assert done and got[-1]["error"]["code"] == "upstream_choices_missing"
+    assert scripted.calls == 4  # nothing answered from the cache
+    assert await breaker_state(client) == "closed"

@@ -801,22 +801,56 @@ async def test_a_504_to_a_request_for_a_cached_answer_only_is_its_answer(
     assert plain.value.code == "timeout" and is_engine_failure(plain.value)
 
 
-async def test_a_stream_missing_one_of_its_choices_is_an_engine_failure(
+async def test_an_answer_missing_choices_asked_for_is_refused_but_not_counted(
         upstream: Upstream) -> None:
-    """`n: 2`, and the upstream ended (`[DONE]`) with only the first choice: it passed
-    for a whole answer."""
-    upstream.chat = sse_handler(sse(*CHUNKS, "[DONE]"))
+    """`n: 2`, and the upstream (one that ignores `n`) answered one choice, whole: the
+    stream passed for a whole answer once, then was a 502 the breaker counted (four
+    opened it), while the same request not streamed was a 200 with one choice, cached
+    and replayed so. Both are a 502 now, which the breaker does not count: the upstream
+    answers everything else, and one tenant's `n` must not open the circuit for all."""
+    from plugins.breaker.plugin import is_engine_failure
+    from proxy.upstream import ChoicesMissing
+
     engine = await engine_for(upstream.base_url, models=["up-model"])
     try:
+        upstream.chat = sse_handler(sse(*CHUNKS, "[DONE]"))
         reply = await engine(ctx(stream=True, n=2, temperature=1))
         assert isinstance(reply, Stream)
-        with pytest.raises(EngineError):
+        with pytest.raises(ChoicesMissing) as streamed:
             async for _ in reply:
                 pass
-        whole = await engine(ctx(stream=True))  # one asked, one came: whole
-        assert isinstance(whole, Stream) and [c async for c in whole] == CHUNKS
+        upstream.chat = answering(web.json_response(ANSWER))
+        with pytest.raises(ChoicesMissing) as whole:
+            await engine(ctx(n=2, temperature=1))
+        assert engine.stats().running == 0
+        upstream.chat = sse_handler(sse(*CHUNKS, "[DONE]"))
+        one = await engine(ctx(stream=True))  # one asked, one came: whole
+        assert isinstance(one, Stream) and [c async for c in one] == CHUNKS
     finally:
         await engine.close()
+    for e in (streamed.value, whole.value):
+        assert (e.status, e.code) == (502, "upstream_choices_missing")
+        assert not is_engine_failure(e) and "1 of the 2" in e.message
+
+
+async def test_a_stream_whose_choice_never_ended_is_an_engine_failure(
+        upstream: Upstream) -> None:
+    """A choice that came and did not end by the `[DONE]` is a broken stream, counted,
+    whichever choices came."""
+    from plugins.breaker.plugin import is_engine_failure
+
+    second = [{"id": "c", "choices": [{"index": 1, "delta": {"content": "t"}}]}]
+    upstream.chat = sse_handler(sse(*CHUNKS, *second, "[DONE]"))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True, n=3, temperature=1))
+        assert isinstance(reply, Stream)
+        with pytest.raises(EngineError) as e:
+            async for _ in reply:
+                pass
+    finally:
+        await engine.close()
+    assert is_engine_failure(e.value)
 
 
 @pytest.mark.parametrize("continuous", [False, True])
