@@ -74,12 +74,16 @@ SSE_HEADERS = {
 
 def dumps(obj: Any) -> bytes:
     """JSON bytes, compact and UTF-8; orjson, with the standard library as the fallback
-    for what orjson refuses (integers past 64 bits, lone surrogates in echoed text)."""
+    for what orjson refuses (integers past 64 bits, lone surrogates in echoed text or an
+    upstream's). A lone surrogate, which UTF-8 cannot hold (written as its bytes, it broke
+    clients' decoding: the OpenAI SDK's stream raised `UnicodeDecodeError`), stays the
+    `\\uXXXX` escape JSON has for it: it can only be in a string, where that escape reads
+    back as the same text."""
     try:
         return orjson.dumps(obj)
     except TypeError:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode(
-            "utf-8", "surrogatepass")
+            "utf-8", "backslashreplace")
 
 
 def json_response(body: Any, headers: dict[str, str] | None = None,

@@ -198,3 +198,35 @@ async def test_fewer_choices_than_asked_is_a_502_either_way_never_cached_nor_cou
         assert done and got[-1]["error"]["code"] == "upstream_choices_missing"
     assert scripted.calls == 4  # nothing answered from the cache
     assert await breaker_state(client) == "closed"
+
+
+async def test_a_lone_surrogate_goes_out_as_utf_8_first_and_replayed(
+        make_client: MakeClient, scripted: Scripted) -> None:
+    """An upstream's JSON may escape a lone surrogate (`"a\\ud800b"`, valid JSON): it went
+    out as its raw bytes, no UTF-8 (the OpenAI SDK's stream decoding raised). It goes
+    out as the same escape now, in a whole answer, a stream and a cached replay alike."""
+    odd = "a\ud800b"
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if (await request.json()).get("stream"):
+            return await streaming(events(chunk(odd, "stop")))(request)
+        body = {**ANSWER, "choices": [{**ANSWER["choices"][0], "message": {
+            "role": "assistant", "content": odd}}]}
+        return web.json_response(body)  # (json.dumps: the escape, in ASCII)
+
+    scripted.chat = answer
+    client = await make_client(make_settings(
+        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
+        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}}]))
+    ask = {**CHAT, "temperature": 0}
+    for stream in (False, False, True, True):  # the second of each: the cache's replay
+        r = await client.post("/v1/chat/completions", json={  # (a miss each, then a hit)
+            **ask, "stream": stream, "max_tokens": 5 if stream else 4})
+        text = (await r.read()).decode("utf-8")  # (strict: raised on the raw surrogate)
+        if stream:
+            got, done = parse_sse(text)
+            assert done and "".join(c["choices"][0]["delta"].get("content") or ""
+                                    for c in got if c["choices"]) == odd
+        else:
+            assert json.loads(text)["choices"][0]["message"]["content"] == odd
+    assert scripted.calls == 2  # each second one was a replay
