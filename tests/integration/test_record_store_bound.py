@@ -415,3 +415,20 @@ async def test_in_memory_a_tenant_past_its_bound_loses_its_oldest_and_no_one_els
     with pytest.raises(RecordTooLarge):
         await store.put("a", "huge", {"pad": "x" * (6 * size)})
     assert await store.get("a", oldest) is not None  # nothing was dropped for the refused
+
+
+async def test_a_record_holding_a_lone_surrogate_is_stored_and_read_back(
+        redis_server: RedisServer) -> None:
+    """An upstream's answer may hold a lone surrogate (valid escaped JSON): no UTF-8 can
+    hold it, and the Redis store's put raised UnicodeEncodeError (a 500 for a stored chat
+    completion). It is kept as its `\\u` escape and reads back the same."""
+    from proxy.record_store import MemoryStore
+
+    rec = {"choices": [{"message": {"content": "a\ud800b"}}]}
+    for store in (make(redis_server, max_bytes=1024 * 1024, kind="chat"),
+                  MemoryStore(3600, 10, "chat", 1024 * 1024)):
+        try:
+            await store.put("t", "c1", rec, summary("c1", 1))
+            assert await store.get("t", "c1") == rec
+        finally:
+            await store.close()

@@ -306,8 +306,8 @@ def test_key_holds_what_the_text_leaves_out() -> None:
         parts = semantic_parts(ctx(**kw), "tenant")
         assert parts is not None and parts[0] != semantic_parts(ctx(), "tenant")[0]  # type: ignore[index]
     for kw in ({"store": True}, {"metadata": {"a": "b"}}, {"safety_identifier": "u1"},
-               {"service_tier": "auto"}):
-        assert exact_key(ctx(**kw), "tenant") == base, kw
+               {"service_tier": "auto"}, {"request_id": "r-1"}, {"session_id": "s-1"}):
+        assert exact_key(ctx(**kw), "tenant") == base, kw  # (vLLM's ids: a new one each)
 
 
 def test_the_asker_s_name_partitions_the_semantic_layer() -> None:
