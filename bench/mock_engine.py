@@ -20,6 +20,7 @@ class InstantEngine:
         self.tokens = tokens
         self._max_model_len = max_model_len
         self.vocab_size = 32000
+        self.sampling_defaults: dict[str, object] = {}
 
     @property
     def max_model_len(self) -> int:

@@ -112,7 +112,10 @@ def _options(
     logprobs: int | None,
     vocab: int | None,
     prompt_param: str,
+    default_limit: int | None = None,
 ) -> SamplingOptions:
+    """`default_limit`: the model's own output limit (its generation config's
+    `max_new_tokens`), for a request that names none; else the whole room left."""
     if prompt_len >= max_model_len:
         raise InvalidRequest(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
@@ -131,8 +134,10 @@ def _options(
             param=param,
             code="context_length_exceeded",
         )
-    if limit is None and req.min_tokens > room:  # (a limit named is checked at parse)
-        raise _min_tokens_over(req.min_tokens, room, "the model's context less the prompt")
+    cap = room if default_limit is None else min(default_limit, room)
+    if limit is None and req.min_tokens > cap:  # (a limit named is checked at parse)
+        raise _min_tokens_over(req.min_tokens, cap, "the model's context less the prompt"
+                               if cap == room else "the model's default output limit")
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
     if top_p == 0:  # a nucleus of the likeliest token alone (vLLM refuses 0): greedy
@@ -140,7 +145,7 @@ def _options(
     schema, json_object = _structured(req.response_format)
     stop = req.stops
     return SamplingOptions(
-        max_tokens=limit if limit is not None else room,
+        max_tokens=limit if limit is not None else cap,
         temperature=temperature,
         top_p=top_p,
         top_k=req.top_k,
@@ -180,7 +185,7 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
         raise InvalidRequest(str(e), param=e.param or "messages") from None
     top = req.top_logprobs or 0
     opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
-                    engine.vocab_size, "messages")
+                    engine.vocab_size, "messages", engine.sampling_defaults.get("max_tokens"))
     parses = T.shape_options(req, opts, engine)
     return Prepared([ids], opts, top_logprobs=top, streams_calls=parses,
                     tracker=lambda: T.ToolCallTracker.for_request(req, engine.tool_parser))
@@ -217,7 +222,8 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
             f"your prompt has {longest} tokens, and `max_tokens: 0` with `echo` still needs "
             "room for one token (the engine makes one and it is not shown).",
             param="prompt", code="context_length_exceeded")
-    opts = _options(req, longest, engine.max_model_len, req.logprobs, vocab, "prompt")
+    opts = _options(req, longest, engine.max_model_len, req.logprobs, vocab, "prompt",
+                    engine.sampling_defaults.get("max_tokens"))
     if req.echo and req.logprobs is not None:
         opts.prompt_logprobs = req.logprobs
     if req.echo_only:  # its one token is not shown: one generation serves every choice

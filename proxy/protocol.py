@@ -17,6 +17,7 @@ of every cache hit, and validating them is the tests' job (against the official 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -1267,6 +1268,37 @@ def _json_type(v: Any) -> str:
 
 
 M = TypeVar("M", bound=BaseModel)
+
+#: What a model's generation config may set for a request that leaves it unset, each
+#: within the bounds a request's own value has (vLLM's `get_diff_sampling_param`; its
+#: `max_tokens`, the config's `max_new_tokens`, is read where the output limit is).
+_MODEL_DEFAULTS: dict[str, Callable[[Any], bool]] = {
+    "temperature": lambda v: 0 <= v <= 2, "top_p": lambda v: 0 <= v <= 1,
+    "top_k": lambda v: isinstance(v, int) and -1 <= v <= INT32_MAX,
+    "min_p": lambda v: 0 <= v <= 1, "repetition_penalty": lambda v: 0 < v <= 1e6,
+    "presence_penalty": lambda v: -2 <= v <= 2, "frequency_penalty": lambda v: -2 <= v <= 2,
+    "max_tokens": lambda v: isinstance(v, int) and 1 <= v <= INT32_MAX}
+
+
+def model_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A model's sampling defaults as vLLM reads its generation config, less any value
+    out of a request's own bounds (a config can hold anything)."""
+    out = {}
+    for name, ok in _MODEL_DEFAULTS.items():
+        v = config.get(name)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and ok(v):
+            out[name] = v
+    return out
+
+
+def with_model_defaults(req: M, defaults: Mapping[str, Any]) -> M:
+    """`req` with the model's sampling defaults where it leaves a parameter unset, as
+    vLLM's server applies them: before the chain, so the cache keys and judges the
+    sampling the engine will do (a model that defaults to greedy decoding answers a
+    request without `temperature` deterministically)."""
+    fill = {k: v for k, v in defaults.items()
+            if k != "max_tokens" and k in type(req).model_fields and getattr(req, k) is None}
+    return req.model_copy(update=fill) if fill else req
 
 
 def parse_model(model: type[M], data: dict[str, Any]) -> M:

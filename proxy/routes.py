@@ -29,6 +29,7 @@ from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_model,
+    with_model_defaults,
 )
 from .streaming import json_response as json_response  # (route modules import it here)
 from .streaming import write_sse
@@ -78,7 +79,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     info["model"] = req.model  # a metric label: only names the server serves
     ctx = RequestContext(
         route=route,
-        request=req,
+        request=with_model_defaults(req, st.terminal.sampling_defaults()),
         principal=principal,
         request_id=request[REQUEST_ID],
         headers=header_map(request.headers.items()),

@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import rendering
 from .chain import Reply, Stream
@@ -143,6 +143,9 @@ class LocalServing:
 
             return fault_routes(self.engine)
         return []
+
+    def sampling_defaults(self) -> Mapping[str, Any]:
+        return self.engine.sampling_defaults
 
     def read_tokens(self, token_ids: list[int]) -> str | None:
         vocab = self.engine.vocab_size

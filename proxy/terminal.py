@@ -8,7 +8,7 @@ behind the fault injector) and `Upstream` (any OpenAI-compatible server).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .chain import Reply
@@ -41,6 +41,10 @@ class Terminal(Protocol):
 
     def routes(self) -> list[Route]:
         """HTTP routes of its own (method, path, handler), e.g. fault injection."""
+
+    def sampling_defaults(self) -> Mapping[str, Any]:
+        """The served model's own sampling defaults, for what a request leaves unset
+        (`Engine.sampling_defaults`); none for an upstream (it applies its own)."""
 
     def read_tokens(self, token_ids: list[int]) -> str | None:
         """The text of a prompt given as token ids, as the model reads it, for plugins

@@ -23,7 +23,7 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -308,6 +308,9 @@ class Upstream:
 
     def routes(self) -> list[tuple[str, str, Any]]:
         return []
+
+    def sampling_defaults(self) -> Mapping[str, Any]:
+        return {}  # (the upstream applies its model's own)
 
     def read_tokens(self, token_ids: list[int]) -> str | None:
         return None  # (the upstream holds the tokenizer)

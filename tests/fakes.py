@@ -44,6 +44,8 @@ class FakeEngine:
         self.delay = delay
         self._ready = ready
         self.vocab_size = vocab_size
+        #: the model's generation-config defaults (`Engine.sampling_defaults`)
+        self.sampling_defaults: dict[str, Any] = {}
         self.fail_after: int | None = None
         self.active: set[str] = set()
         self.aborted: list[str] = []

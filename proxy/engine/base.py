@@ -11,7 +11,7 @@ deadline) must abort the generation in the engine.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -180,6 +180,12 @@ class Engine(Protocol):
     @property
     def vocab_size(self) -> int | None:
         """Token ids are below this (None: unknown, ids are not checked)."""
+
+    @property
+    def sampling_defaults(self) -> Mapping[str, Any]:
+        """The model's own sampling defaults (its `generation_config.json`, as vLLM reads
+        it: `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, the
+        penalties, `max_tokens`), for what a request leaves unset."""
 
     def encode(self, text: str) -> list[int]:
         """Tokenize a completion prompt (with the model's BOS handling)."""

@@ -60,6 +60,10 @@ class FaultyEngine:
     def vocab_size(self) -> int | None:
         return self.inner.vocab_size
 
+    @property
+    def sampling_defaults(self) -> Any:
+        return self.inner.sampling_defaults
+
     def models(self) -> list[ModelInfo]:
         return self.inner.models()
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ..protocol import SCHEMA_MAPS, SUBSCHEMA, SUBSCHEMAS
+from ..protocol import SCHEMA_MAPS, SUBSCHEMA, SUBSCHEMAS, model_defaults
 from ..settings import VllmEngineSettings
 from ..telemetry import get_logger
 from . import builtin_models, regex_screen
@@ -107,6 +107,7 @@ class VllmEngine:
         self._stats = EngineStats()
         self._tool_parser: type[ToolParser] | None = None
         self._vocab_size: int | None = None
+        self._defaults: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -117,6 +118,10 @@ class VllmEngine:
     @property
     def vocab_size(self) -> int | None:
         return self._vocab_size
+
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        return self._defaults
 
     def ready(self) -> bool:
         return self._ready and self._llm is not None and not self._llm.errored
@@ -167,6 +172,9 @@ class VllmEngine:
         self._tool_parser = _tool_parser_class(s.tool_parser, self._tokenizer)
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._vocab_size = int(self._llm.model_config.get_vocab_size())
+        # What vLLM's server applies where a request says nothing (its
+        # `--generation-config auto`): the model's generation_config.json.
+        self._defaults = model_defaults(self._llm.model_config.get_diff_sampling_param())
         if s.warmup:
             await self._warmup()
         self._ready = True

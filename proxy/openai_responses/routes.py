@@ -22,7 +22,7 @@ from ..ids import shown_id
 from ..inflight import count_abort, generating
 from ..middleware import ROUTE_OPTS
 from ..pagination import page
-from ..protocol import ChatCompletionRequest, parse_model
+from ..protocol import ChatCompletionRequest, parse_model, with_model_defaults
 from ..record_store import RecordStore, cache_redis, make_store, too_large
 from ..routes import (
     StreamTiming,
@@ -68,6 +68,7 @@ async def create(request: web.Request) -> web.StreamResponse:
                                  code="previous_response_not_found")
         history = record["conversation"]
     chat_req, conversation = X.chat_request(req, history)
+    chat_req = with_model_defaults(chat_req, st.terminal.sampling_defaults())
     ctx = RequestContext(route="chat", request=chat_req, principal=principal,
                          request_id=request[REQUEST_ID],
                          headers=header_map(request.headers.items()),

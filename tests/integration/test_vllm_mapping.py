@@ -441,3 +441,24 @@ async def test_the_engine_s_stop_reason_reaches_the_choice(stop_reason: Any,
     outs = [o async for o in engine.generate([1, 2], SamplingOptions(max_tokens=4), "r")]
     assert [o.choices[0].stop_reason for o in outs] == [None, passed]
     assert outs[-1].choices[0].finish_reason == "stop"
+
+
+def test_the_model_s_generation_config_is_read_as_vllm_reads_it(tmp_path: Any) -> None:
+    """`VllmEngine.sampling_defaults`: what vLLM's `--generation-config auto` reads of a
+    checkpoint's generation_config.json (`max_new_tokens` as `max_tokens`)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from vllm.config import ModelConfig
+
+    from proxy.engine.demo_model import ensure_demo_model
+    from proxy.protocol import model_defaults
+
+    model = tmp_path / "model"
+    shutil.copytree(Path(ensure_demo_model()), model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(
+        {**config, "temperature": 0.0, "top_p": 0.5, "max_new_tokens": 4}))
+    read = ModelConfig(model=str(model), dtype="float32").get_diff_sampling_param()
+    assert model_defaults(read) == {"temperature": 0.0, "top_p": 0.5, "max_tokens": 4}

@@ -180,3 +180,36 @@ async def test_a_completion_s_null_max_tokens_is_the_default_16(
         assert layer == "exact" and got["usage"]["completion_tokens"] == 16
     got, _ = await post(client, "chat", {**CHAT, "max_tokens": None})
     assert fake_engine.calls[-1][1].max_tokens == 512 - len(fake_engine.calls[-1][0])
+
+
+async def test_the_model_s_generation_config_fills_what_a_request_leaves_unset(
+        make_client: MakeClient) -> None:
+    """vLLM's server applies the model's generation_config.json (`temperature`, `top_p`,
+    ..., `max_new_tokens`) where a request says nothing; Weir hard-coded 1.0 and the whole
+    context. Applied before the chain: a model that defaults to greedy decoding has its
+    answers to requests without `temperature` cached as deterministic ones."""
+    engine = FakeEngine()
+    engine.sampling_defaults = {"temperature": 0.0, "top_k": 5, "max_tokens": 4}
+    client = await make_client(engine=engine, plugins=CACHE)
+    bare = {"model": "fake-model", "messages": MESSAGES}
+    body, cache = await post(client, "chat", bare)
+    options = engine.calls[-1][1]
+    assert (options.temperature, options.top_k, options.max_tokens) == (0.0, 5, 4)
+    assert body["usage"]["completion_tokens"] == 4 and cache == "miss"
+    _, cache = await post(client, "chat", bare)
+    assert cache == "exact"  # (deterministic by the model's default)
+    # what the request says wins
+    await post(client, "chat", {**bare, "temperature": 0.7, "top_k": 2, "max_tokens": 6})
+    options = engine.calls[-1][1]
+    assert (options.temperature, options.top_k, options.max_tokens) == (0.7, 2, 6)
+
+
+def test_a_generation_config_s_values_are_taken_within_a_request_s_bounds() -> None:
+    from proxy.protocol import model_defaults
+
+    assert model_defaults({"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
+                           "repetition_penalty": 1.1, "max_tokens": 512}) == {
+        "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
+        "repetition_penalty": 1.1, "max_tokens": 512}
+    assert model_defaults({"temperature": 7, "top_p": float("nan"), "top_k": 1.5,
+                           "max_tokens": 0, "min_p": True, "bogus": 1}) == {}
