@@ -247,10 +247,18 @@ RESPONSES_UNSUPPORTED: Unsupported = {
                   "API takes `text.verbosity`); ask for a length in the input."),
     **{name: (inert(), "the Responses API has no such parameter (it is Chat "
               "Completions'); use /v1/chat/completions for it.")
-       for name in ("stop", "n", "seed", "logprobs", "logit_bias", "presence_penalty",
-                    "frequency_penalty", "modalities", "audio", "web_search_options",
+       for name in ("n", "logprobs", "modalities", "audio", "web_search_options",
                     "prediction")},
+    # vLLM's own, for its Responses API's conversation state
+    "enable_response_messages": (inert(False), "the response's messages are its "
+                                 "`output` items here."),
+    "previous_input_messages": (inert(), "chain turns with `previous_response_id`, or "
+                                "send the conversation as `input`."),
 }
+#: What vLLM's Responses API takes besides OpenAI's (`seed`, `stop`, the penalties,
+#: `logit_bias`, and vLLM's token extensions: `translate.VLLM_PASSED`) goes into the chat
+#: request the answer is generated from, under the chat route's rules: honoured, or
+#: refused by the in-process engine and sent on to an upstream as given.
 
 
 class StreamOptions(_Open):

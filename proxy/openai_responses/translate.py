@@ -16,7 +16,7 @@ from typing import Any
 
 from ..context import Screen
 from ..errors import InvalidRequest
-from ..protocol import ChatCompletionRequest, parse_model
+from ..protocol import VLLM_CHAT_UNSUPPORTED, VLLM_NO_OPS, ChatCompletionRequest, parse_model
 from ..text import fold
 from .models import (
     FunctionCallItem,
@@ -173,6 +173,17 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
                 code="invalid_value")
 
 
+#: The parameters of vLLM's Responses API that are chat's too (`seed`, `stop`, the
+#: penalties, `logit_bias`, and vLLM's own extensions): passed into the chat request,
+#: where chat's rules apply to them (honoured, or refused by the in-process engine with
+#: a 400 and sent on to an upstream as given).
+VLLM_PASSED = frozenset({
+    "seed", "stop", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos",
+    "min_tokens", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+    "spaces_between_special_tokens", "allowed_token_ids", "bad_words",
+    *VLLM_CHAT_UNSUPPORTED, *VLLM_NO_OPS})
+
+
 def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
                  ) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
     """(the chat request, the conversation so far without instructions)."""
@@ -199,6 +210,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
                 # (this API takes it without tools, as OpenAI's does; chat does not)
                 "parallel_tool_calls": req.parallel_tool_calls if req.tools else None}
     body.update({k: v for k, v in optional.items() if v is not None})
+    body.update({k: v for k, v in (req.model_extra or {}).items() if k in VLLM_PASSED})
     if req.tools:
         body["tools"] = [{"type": "function", "function": t.model_dump(
             exclude={"type"}, exclude_none=True)} for t in req.tools]

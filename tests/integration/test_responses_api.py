@@ -389,8 +389,7 @@ async def test_chat_completions_parameters_are_refused_not_ignored(
                          ({"max_completion_tokens": 16}, "max_output_tokens"),
                          ({"response_format": {"type": "json_object"}}, "text.format"),
                          ({"messages": [{"role": "user", "content": "hi"}]}, "input"),
-                         ({"stop": ["x"]}, None), ({"n": 2}, None), ({"seed": 1}, None),
-                         ({"logprobs": True}, None), ({"presence_penalty": 1.0}, None),
+                         ({"n": 2}, None), ({"logprobs": True}, None),
                          ({"reasoning_effort": "low"}, None),
                          ({"verbosity": "low"}, None),
                          ({"modalities": ["text", "audio"]}, None),
@@ -822,3 +821,30 @@ async def test_a_call_cut_mid_arguments_is_no_turn_a_follow_up_owes_an_output(
     r = await client.post("/v1/responses", json={
         **BASE, "input": "go on", "previous_response_id": cut["id"]})
     assert r.status == 200, await r.text()
+
+
+async def test_what_vllm_s_responses_api_takes_besides_openai_s_reaches_the_engine(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """vLLM's Responses API takes `seed`, `stop`, the penalties, `logit_bias` and its
+    token extensions: they were accepted and dropped (or refused as Chat Completions'
+    names). They go into the chat request the answer comes from, under chat's rules:
+    honoured, or refused by name where the in-process engine cannot honour them."""
+    client = await make_client()
+    r = await client.post("/v1/responses", json={
+        **BASE, "seed": 7, "stop": ["zz"], "presence_penalty": 0.5, "frequency_penalty": 0.25,
+        "logit_bias": {"5": 1}, "stop_token_ids": [99], "include_stop_str_in_output": True,
+        "ignore_eos": True, "skip_special_tokens": False, "request_id": "mine"})
+    assert r.status == 200, await r.text()
+    o = fake_engine.calls[-1][1]
+    assert (o.seed, o.stop, o.presence_penalty, o.frequency_penalty) == (7, ["zz"], 0.5, 0.25)
+    assert o.logit_bias == {5: 1.0} and o.stop_token_ids == [99]
+    assert o.include_stop_str_in_output and o.ignore_eos and not o.skip_special_tokens
+    for extra, param in (({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+                         ({"priority": 3}, "priority"),
+                         ({"enable_response_messages": True}, "enable_response_messages"),
+                         ({"stop_token_ids": [-1]}, "stop_token_ids[0]")):
+        r = await client.post("/v1/responses", json={**BASE, **extra})
+        assert r.status == 400, extra
+        body = await r.json()
+        validate("ErrorResponse", body)
+        assert body["error"]["param"] == param, body

@@ -248,3 +248,20 @@ def test_a_forced_tool_call_ignores_stop_tokens_as_it_ignores_stop_strings() -> 
         **CHAT, "tools": [tool], "tool_choice": "required", "stop_token_ids": [5],
         "stop": ["x"]}))
     assert prep.options.stop == [] and prep.options.stop_token_ids is None
+
+
+def test_every_field_vllm_s_responses_api_declares_is_accounted_for() -> None:
+    """vLLM's own `ResponsesRequest`: each field is Weir's (`ResponsesRequest`), passed
+    into the chat request the answer comes from (`translate.VLLM_PASSED`, where chat's
+    rules honour or refuse it), refused by the Responses API itself, or a no-op."""
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest as VllmResponses
+
+    from proxy.openai_responses.models import RESPONSES_UNSUPPORTED, ResponsesRequest
+    from proxy.openai_responses.translate import VLLM_PASSED
+
+    accounted = (set(ResponsesRequest.model_fields) | VLLM_PASSED | set(RESPONSES_UNSUPPORTED)
+                 | set(VLLM_NO_OPS) | {"prompt_cache_key"})  # (OpenAI's caching hint)
+    unaccounted = sorted(set(VllmResponses.model_fields) - accounted)
+    assert not unaccounted, f"vLLM Responses fields neither honoured, refused nor no-ops: " \
+        f"{unaccounted}"
+    assert not set(ResponsesRequest.model_fields) & VLLM_PASSED
