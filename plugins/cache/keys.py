@@ -93,9 +93,14 @@ def _extras(obj: BaseModel) -> dict[str, Any] | None:
 
 def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     out = []
-    for m in req.messages:
+    # A final message the answer continues (`continue_final_message`) is a raw prompt's
+    # end: keyed as a completion's is (`fold`), since a trailing space makes other tokens.
+    open_end = len(req.messages) - 1 if req.continue_final_message else -1
+    for n, m in enumerate(req.messages):
+        text = m.text()
         msg: dict[str, Any] = {
-            "role": m.role, "content": normalize(m.text()), "name": m.name,
+            "role": m.role, "content": fold(text) if n == open_end else normalize(text),
+            "name": m.name,
             "tool_calls": [c.model_dump() for c in m.tool_calls] if m.tool_calls else None,
             "tool_call_id": m.tool_call_id}
         # What the text leaves out (an image, audio, a file; fields Weir does not know)

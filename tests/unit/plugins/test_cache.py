@@ -254,6 +254,20 @@ def test_each_vllm_extension_the_engine_honours_has_its_own_key() -> None:
         assert part is not None and part[0] != base_part[0], kw
 
 
+def test_a_continued_final_message_is_keyed_as_a_raw_prompt() -> None:
+    """Continued (`continue_final_message`), the last message's end is the prompt's end:
+    "The answer is" and "The answer is " are two prompts (a trailing space makes other
+    tokens), as two completion prompts are; a message not continued is keyed
+    normalized, as before."""
+    def prefill(text: str, continued: bool) -> str:
+        msgs = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": text}]
+        return exact_key(_ext_ctx(messages=msgs, add_generation_prompt=False,
+                                  continue_final_message=continued), "tenant")
+
+    assert prefill("The answer is", True) != prefill("The answer is ", True)
+    assert prefill("The answer is", False) == prefill("The answer is ", False)
+
+
 def test_completion_extensions_have_their_own_key() -> None:
     def completion(**kw: Any) -> RequestContext:
         return RequestContext(route="completions", request=CompletionRequest.model_validate(
