@@ -298,12 +298,13 @@ class Upstream:
         if (secret := self.settings.on_behalf_of_secret) is not None:
             h[ON_BEHALF_OF] = caller_digest(ctx.principal, secret)  # (a Weir upstream
             # whose key is marked `on_behalf_of` keeps this gateway's tenants apart)
-        if "traceparent" in ctx.headers:  # no active SDK span: pass the caller's on
-            h["traceparent"] = ctx.headers["traceparent"]
         for name in _PASSED_ON:  # what the client asked of caches holds there too
             if name in ctx.headers:
                 h[name] = ctx.headers[name]
-        inject(h)  # the current span, when tracing is on, becomes the upstream's parent
+        # The current span, when tracing is on, becomes the upstream's parent; without a
+        # tracer, the caller's context as the server took it (none from a caller it does
+        # not trust: `tracing.trust_incoming`).
+        inject(h)
         return h
 
     def routes(self) -> list[tuple[str, str, Any]]:

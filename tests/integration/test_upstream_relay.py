@@ -230,3 +230,36 @@ async def test_a_lone_surrogate_goes_out_as_utf_8_first_and_replayed(
         else:
             assert json.loads(text)["choices"][0]["message"]["content"] == odd
     assert scripted.calls == 2  # each second one was a replay
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+async def test_a_caller_s_trace_context_goes_upstream_only_when_trusted(
+        make_client: MakeClient, scripted: Scripted, trusted: bool) -> None:
+    """`tracing.trust_incoming: false` kept a caller's `traceparent` out of the server
+    span, but the upstream still got it as sent (its sampled flag with it): the engine
+    copied the header itself."""
+    seen: list[str | None] = []
+    answer = scripted.chat
+
+    async def record(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("traceparent"))
+        return await answer(request)
+
+    scripted.chat = record
+    caller = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    client = await make_client(make_settings(
+        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
+        tracing={"trust_incoming": trusted}))
+    r = await client.post("/v1/chat/completions", headers={"traceparent": caller}, json={
+        "model": "up-model", "messages": [{"role": "user", "content": "hi"}],
+        "stream": True})
+    assert r.status == 200
+    await r.read()
+    (sent,) = seen
+    # (the caller's context itself, or, where a test configured a tracer before, a span of
+    # the caller's trace; untrusted: none, or a trace of Weir's own)
+    trace = caller.split("-")[1]
+    if trusted:
+        assert sent is not None and sent.split("-")[1] == trace
+    else:
+        assert sent is None or sent.split("-")[1] != trace

@@ -141,11 +141,19 @@ async def test_an_upstream_that_names_no_models_is_not_ready_until_it_does(
 
 
 async def test_the_request_key_id_and_trace_go_upstream(upstream: Upstream) -> None:
+    from opentelemetry import context as otel_context
+
+    from proxy.tracing import extract
+
     engine = await engine_for(upstream.base_url, api_key="sk-central", models=["up-model"])
+    # the caller's context, as the server's tracing middleware attaches it (a trusted
+    # caller's: `tracing.trust_incoming`)
+    token = otel_context.attach(extract({"traceparent": TRACEPARENT}))
     try:
         reply = await engine(ctx(headers={"x-request-id": "rid-9", "traceparent": TRACEPARENT,
                                           "authorization": "Bearer sk-client"},
                                  request_id="rid-9"))
+        otel_context.detach(token)
         # A request id the gateway did not keep (key-shaped) is not the one sent on.
         await engine(ctx(headers={"x-request-id": "sk-live-abcdefghijklmnop"},
                          request_id="req-own"))
