@@ -402,11 +402,11 @@ class ChunkAssembler:
         """Whether some choice came, and each that came ended (its `finish_reason`)."""
         return bool(self.texts) and set(self.texts) <= set(self.reasons)
 
-    def came(self, choices: int) -> int:
-        """0 where each of the answer's `choices` (indices 0 to `choices` - 1) came, else
-        how many of them did."""
+    def came(self, choices: int) -> int | None:
+        """None where each of the answer's `choices` (indices 0 to `choices` - 1) came,
+        else how many of them did (0: none of them, whatever other indices came)."""
         got = len(set(range(choices)) & set(self.texts))
-        return 0 if got == choices else got
+        return None if got == choices else got
 
     def finish(self, stream: Stream) -> None:
         """Leave the answer (when every choice ended) and the usage on `stream`."""

@@ -450,7 +450,8 @@ class Upstream:
                         if not asm.ended():  # (none came, or one came and never ended)
                             raise EngineError("The upstream's stream ended before its "
                                               "answer finished.")
-                        if came := asm.came(choices):  # (each ended: it ignored `n`)
+                        came = asm.came(choices)  # (each ended: it ignored `n`)
+                        if came is not None:
                             raise ChoicesMissing(came, choices)
                         asm.finish(stream)
                         done = True

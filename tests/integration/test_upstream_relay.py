@@ -200,6 +200,22 @@ async def test_fewer_choices_than_asked_is_a_502_either_way_never_cached_nor_cou
     assert await breaker_state(client) == "closed"
 
 
+async def test_a_stream_whose_choices_all_have_other_indices_is_no_answer(
+        make_client: MakeClient, scripted: Scripted) -> None:
+    """One choice asked, one came, index 1: none of the asked ones. It passed the
+    choices check (none of them counted as every one) and was cached."""
+    scripted.chat = streaming(events(chunk("hi", "stop", index=1)))
+    client = await make_client(make_settings(
+        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
+        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}}]))
+    ask = {**CHAT, "temperature": 0, "stream": True}
+    for _ in range(2):
+        got, done = parse_sse(await (await client.post("/v1/chat/completions",
+                                                       json=ask)).text())
+        assert done and got[-1]["error"]["code"] == "upstream_choices_missing"
+    assert scripted.calls == 2  # nothing answered from the cache
+
+
 async def test_a_lone_surrogate_goes_out_as_utf_8_first_and_replayed(
         make_client: MakeClient, scripted: Scripted) -> None:
     """An upstream's JSON may escape a lone surrogate (`"a\\ud800b"`, valid JSON): it went
