@@ -1219,7 +1219,9 @@ _BOUNDS = {"greater_than_equal": ("ge", ">=", "below_min_value"),
            "less_than_equal": ("le", "<=", "above_max_value"),
            "less_than": ("lt", "<", "above_max_value")}
 _LENGTHS = {"too_short": ("min_length", ">=", "below_min_length"),
-            "too_long": ("max_length", "<=", "above_max_length")}
+            "too_long": ("max_length", "<=", "above_max_length"),
+            "string_too_short": ("min_length", ">=", "below_min_length"),
+            "string_too_long": ("max_length", "<=", "above_max_length")}
 
 
 def _out_of_range(err: Any, param: str) -> InvalidRequest | None:
@@ -1231,7 +1233,9 @@ def _out_of_range(err: Any, param: str) -> InvalidRequest | None:
     if err["type"] in _BOUNDS and isinstance(value, int | float) and not isinstance(
             value, bool):
         key, op, code = _BOUNDS[err["type"]]
-        kind = "integer" if isinstance(value, int) else "decimal"
+        # (the field's kind, told by its bound: `temperature: 3` is a decimal past 2.0)
+        kind = "integer" if isinstance(value, int) and isinstance(ctx.get(key), int) else (
+            "decimal")
     elif err["type"] in _LENGTHS and isinstance(value, str | list | dict):
         key, op, code = _LENGTHS[err["type"]]
         kind = "string" if isinstance(value, str) else "array"
@@ -1241,7 +1245,10 @@ def _out_of_range(err: Any, param: str) -> InvalidRequest | None:
     if key not in ctx:
         return None
     what = code.replace("_", " ").replace("min", "minimum").replace("max", "maximum")
-    shown = f"a length {op} {ctx[key]}" if err["type"] in _LENGTHS else f"a value {op} {ctx[key]}"
+    bound = ctx[key]
+    if isinstance(bound, float) and bound.is_integer() and abs(bound) < 1e15:
+        bound = int(bound)  # ("<= 2", as OpenAI writes it)
+    shown = f"a length {op} {bound}" if err["type"] in _LENGTHS else f"a value {op} {bound}"
     return InvalidRequest(
         f"Invalid `{param}`: {kind} {what}. Expected {shown}, but got {value} instead.",
         param=param or None, code=f"{kind}_{code}")

@@ -81,8 +81,19 @@ def test_chat_values_outside_the_engine_limits_name_the_param(kw: dict[str, Any]
     value = kw[param.split("[")[0]]
     if isinstance(value, int | float) and value == value and abs(value) != INF and (
             param not in ("logit_bias", "min_tokens")):
-        kind = "integer" if isinstance(value, int) else "decimal"
+        # the field's kind, not the value's: an integer past a decimal field's bound
+        kind = "integer" if param in ("seed", "top_k", "max_tokens", "max_completion_tokens",
+                                      "n", "top_logprobs") else "decimal"
         assert err.code.startswith(kind) and err.code in _OPENAI_RANGE_CODES, err.code
+
+
+def test_a_bound_is_said_as_openai_says_it() -> None:
+    err = rejected(ChatCompletionRequest, {"model": "m", "messages": MSG, "temperature": 3})
+    assert (err.code, err.message) == ("decimal_above_max_value", "Invalid `temperature`: "
+                                       "decimal above maximum value. Expected a value <= 2, "
+                                       "but got 3 instead.")
+    err = rejected(ChatCompletionRequest, {"model": "m", "messages": MSG, "stop": ["x" * 1025]})
+    assert (err.param, err.code) == ("stop[0]", "string_above_max_length")
 
 
 _OPENAI_RANGE_CODES = {f"{kind}_{side}" for kind in ("integer", "decimal")

@@ -167,9 +167,9 @@ def test_token_ids_past_the_vocabulary_are_a_400_naming_the_param(param: str) ->
     ({"allowed_token_ids": list(range(MAX_ALLOWED_TOKEN_IDS + 1))}, "allowed_token_ids",
      "array_above_max_length"),
     ({"allowed_token_ids": "5"}, "allowed_token_ids", "invalid_type"),
-    ({"bad_words": [""]}, "bad_words[0]", "invalid_value"),  # vLLM refuses it
+    ({"bad_words": [""]}, "bad_words[0]", "string_below_min_length"),  # vLLM refuses it
     ({"bad_words": ["w"] * (MAX_BAD_WORDS + 1)}, "bad_words", "array_above_max_length"),
-    ({"bad_words": ["x" * 1025]}, "bad_words[0]", "invalid_value"),
+    ({"bad_words": ["x" * 1025]}, "bad_words[0]", "string_above_max_length"),
     ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output", "invalid_type"),
     ({"skip_special_tokens": 0}, "skip_special_tokens", "invalid_type"),
     ({"add_generation_prompt": "false"}, "add_generation_prompt", "invalid_type"),
