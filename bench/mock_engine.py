@@ -48,7 +48,9 @@ class InstantEngine:
     def decode(self, token_ids: list[int]) -> str:
         return "".join(chr(t - 1) for t in token_ids)
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any, *,
+                    add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> list[int]:
         return self.encode(" ".join(str(m.get("content") or "") for m in messages))
 
     async def generate(self, prompt: list[int], options: SamplingOptions, request_id: str, *,

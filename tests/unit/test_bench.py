@@ -483,3 +483,25 @@ async def test_the_sweep_alternates_the_systems_and_keeps_one_row_a_level() -> N
     for name in ("A", "B"):
         assert [r["concurrency"] for r in rows[name]] == [1, 4]
         assert all(r["output_tok_per_s"] > 0 and r["req_per_s"] > 0 for r in rows[name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_gateway_suite_s_instant_engine_serves_the_default_chain(
+        aiohttp_client: Any, stream: bool) -> None:
+    """The overhead suite's gateway-only runs (bench/mock_server.py) put every plugin in
+    front of `InstantEngine`: an engine interface change it missed made every request a
+    500 there, and the suite's load timed out."""
+    from bench.fleet import default_plugins
+    from bench.mock_engine import InstantEngine
+    from proxy.app import create_app
+    from tests.conftest import make_settings
+
+    settings = make_settings(plugins=default_plugins(), embeddings={"enabled": False})
+    client = await aiohttp_client(create_app(settings, engine=InstantEngine("mock", 4)))
+    body = {"model": "mock", "max_tokens": 8, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": "What are the opening hours?"}]}
+    for cache in ("miss", "exact"):
+        r = await client.post("/v1/chat/completions", json=body)
+        assert r.status == 200, await r.text()
+        assert r.headers["x-weir-cache"] == cache
+        await r.read()
