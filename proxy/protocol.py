@@ -1303,6 +1303,8 @@ def with_model_defaults(req: M, defaults: Mapping[str, Any]) -> M:
     vLLM's server applies them: before the chain, so the cache keys and judges the
     sampling the engine will do (a model that defaults to greedy decoding answers a
     request without `temperature` deterministically)."""
+    if not defaults:  # (most models: nothing to fill, nothing to walk)
+        return req
     fill = {k: v for k, v in defaults.items()
             if k != "max_tokens" and k in type(req).model_fields and getattr(req, k) is None}
     return req.model_copy(update=fill) if fill else req
