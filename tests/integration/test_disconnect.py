@@ -15,6 +15,12 @@ from tests.fakes import FakeEngine
 from tests.metrics import metric
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+#: A long stream on each generation route (a client hangs up in the middle of it).
+LONG_STREAMS = [("/v1/chat/completions", {**CHAT, "max_tokens": 400, "stream": True}),
+                ("/v1/completions", {"model": "fake-model", "prompt": "hi",
+                                     "max_tokens": 400, "stream": True}),
+                ("/v1/responses", {"model": "fake-model", "input": "hi",
+                                   "max_output_tokens": 400, "stream": True})]
 
 
 async def metrics_once(client: Any, ready: Callable[[str], bool]) -> str:
@@ -140,12 +146,7 @@ async def test_clients_gone_are_counted_on_every_generation_route(
 
     engine = FakeEngine(delay=0.01)
     client = await make_client(engine=engine)
-    bodies = [("/v1/chat/completions", {**CHAT, "max_tokens": 400, "stream": True}),
-              ("/v1/completions", {"model": "fake-model", "prompt": "hi",
-                                   "max_tokens": 400, "stream": True}),
-              ("/v1/responses", {"model": "fake-model", "input": "hi",
-                                 "max_output_tokens": 400, "stream": True})]
-    for i, (path, body) in enumerate(bodies, 1):
+    for i, (path, body) in enumerate(LONG_STREAMS, 1):
         resp = await client.post(path, json=body)
         await resp.content.readuntil(b"\n\n")  # the first event arrived, then hang up
         resp.close()
@@ -163,12 +164,7 @@ async def test_tokens_of_a_stream_whose_client_left_are_counted_on_every_route(
 
     engine = FakeEngine(delay=0.01)
     client = await make_client(engine=engine)
-    bodies = [("/v1/chat/completions", {**CHAT, "max_tokens": 400, "stream": True}),
-              ("/v1/completions", {"model": "fake-model", "prompt": "hi",
-                                   "max_tokens": 400, "stream": True}),
-              ("/v1/responses", {"model": "fake-model", "input": "hi",
-                                 "max_output_tokens": 400, "stream": True})]
-    for path, body in bodies:
+    for path, body in LONG_STREAMS:
         text = await (await client.get("/metrics")).text()
         before = metric(text, "weir_tokens_total", kind="prompt")
         resp = await client.post(path, json=body)

@@ -253,19 +253,10 @@ async def test_untrusted_callers_neither_parent_nor_unsample_their_traces(
     assert not [x for x in spans.get_finished_spans() if x.name.startswith("HTTP POST")]
 
 
-async def test_a_stream_cut_by_the_shutdown_is_a_503_in_its_span_and_metrics(
-        make_client: MakeClient, spans: InMemorySpanExporter) -> None:
-    """Its head said 200; the drain's end cut it (told in-band): the server span said 499,
-    as if its client had left, and was not marked as an error."""
-    import asyncio
-    import contextlib
-
-    import aiohttp
-
+async def stream_under_way(make_client: MakeClient, engine: Any) -> tuple[Any, Any]:
+    """A chat stream over `engine` past its first chunk, and the app state, draining."""
     from proxy.app_state import STATE
-    from tests.fakes import HoldingEngine
 
-    engine = HoldingEngine(after=2)
     client = await make_client(settings(), engine=engine)
     r = await client.post("/v1/chat/completions", json={**body(stream=True), "max_tokens": 50},
                           headers={"Authorization": f"Bearer {KEY}"})
@@ -273,12 +264,35 @@ async def test_a_stream_cut_by_the_shutdown_is_a_503_in_its_span_and_metrics(
     await r.content.readuntil(b"\n\n")  # the first chunk: the stream is under way
     st = client.app[STATE]
     st.draining = True
-    assert await st.abort_all() == 1
+    return r, st
+
+
+async def the_rest(r: Any) -> bytes:
+    """What the stream sends until its connection ends (the cut ends it)."""
+    import asyncio
+    import contextlib
+
+    import aiohttp
+
     seen = b""
-    with contextlib.suppress(aiohttp.ClientError):  # (the connection ends with the cut)
+    with contextlib.suppress(aiohttp.ClientError):
         async with asyncio.timeout(10):
             async for piece in r.content.iter_any():
                 seen += piece
+    return seen
+
+
+async def test_a_stream_cut_by_the_shutdown_is_a_503_in_its_span_and_metrics(
+        make_client: MakeClient, spans: InMemorySpanExporter) -> None:
+    """Its head said 200; the drain's end cut it (told in-band): the server span said 499,
+    as if its client had left, and was not marked as an error."""
+
+
+    from tests.fakes import HoldingEngine
+
+    r, st = await stream_under_way(make_client, HoldingEngine(after=2))
+    assert await st.abort_all() == 1
+    seen = await the_rest(r)
     assert b"shutting_down" in seen
     server = next(s for s in spans.get_finished_spans() if s.name.startswith("HTTP POST"))
     assert server.attributes["http.response.status_code"] == 503
@@ -294,12 +308,8 @@ async def test_a_shutdown_cut_stays_a_503_when_another_cancellation_follows(
     carrying no shutdown message: the stream was not cut in-band, and was counted a 499
     with its client as gone. The drain marks what it cuts."""
     import asyncio
-    import contextlib
     from collections.abc import AsyncGenerator
 
-    import aiohttp
-
-    from proxy.app_state import STATE
     from tests.fakes import HoldingEngine
 
     class SlowToAbort(HoldingEngine):
@@ -317,13 +327,7 @@ async def test_a_shutdown_cut_stays_a_503_when_another_cancellation_follows(
                 await self.gate.wait()
 
     engine = SlowToAbort()
-    client = await make_client(settings(), engine=engine)
-    r = await client.post("/v1/chat/completions", json={**body(stream=True), "max_tokens": 50},
-                          headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status == 200
-    await r.content.readuntil(b"\n\n")  # the first chunk: the stream is under way
-    st = client.app[STATE]
-    st.draining = True
+    r, st = await stream_under_way(make_client, engine)
     handlers = list(st._inflight)
     abort = asyncio.create_task(st.abort_all())
     async with asyncio.timeout(10):
@@ -332,11 +336,7 @@ async def test_a_shutdown_cut_stays_a_503_when_another_cancellation_follows(
         t.cancel()  # the second cancellation, without a message
     engine.gate.set()
     assert await abort == 1
-    seen = b""
-    with contextlib.suppress(aiohttp.ClientError):  # (the connection ends with the cut)
-        async with asyncio.timeout(10):
-            async for piece in r.content.iter_any():
-                seen += piece
+    seen = await the_rest(r)
     assert b"shutting_down" in seen
     sample = st.metrics.registry.get_sample_value
     assert sample("weir_requests_total", {
