@@ -179,6 +179,27 @@ VLLM_NO_OPS: dict[str, str] = {
 }
 
 
+def refuse_other_tools(data: Any) -> None:
+    """A tool, or a `tool_choice`, of a kind OpenAI defines besides `function` (its own
+    built-in tools, `custom` tools, `allowed_tools`): a 400 `unsupported_parameter`
+    naming it, not a type error that says only what was expected."""
+    if not isinstance(data, dict):
+        return
+    for i, tool in enumerate(data.get("tools") or ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind != "function":
+            raise InvalidRequest(
+                f"Unsupported tool type `{kind[:64]}` at `tools[{i}]`: only `function` tools "
+                "are supported here (OpenAI's built-in and custom tools run on OpenAI's "
+                "side).", param=f"tools[{i}].type", code="unsupported_parameter")
+    choice = data.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if isinstance(kind, str) and kind != "function":
+        raise InvalidRequest(
+            f"Unsupported `tool_choice` type `{kind[:64]}`: send `none`, `auto`, `required` "
+            "or a named function.", param="tool_choice.type", code="unsupported_parameter")
+
+
 class TextPart(_Open):
     type: Literal["text"]
     text: str
@@ -918,6 +939,7 @@ class ChatCompletionRequest(_SamplingFields):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         refuse_unsupported(data, CHAT_UNSUPPORTED)
+        refuse_other_tools(data)
         return data
     max_tokens: OutputTokens | None = None
     max_completion_tokens: OutputTokens | None = None

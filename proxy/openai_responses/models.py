@@ -31,6 +31,7 @@ from ..protocol import (
     _Open,
     check_strict,
     inert,
+    refuse_other_tools,
     refuse_unsupported,
     type_of,
 )
@@ -299,6 +300,7 @@ class ResponsesRequest(_NullIsDefault):
                 "'disabled' (OpenAI's 'auto' is not supported here).", param="truncation",
                 code="invalid_value")
         refuse_unsupported(data, RESPONSES_UNSUPPORTED)
+        refuse_other_tools(data)
         return data
 
     @model_validator(mode="after")

@@ -373,6 +373,20 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
     # an unknown value is told as one; an item kind is named, not taken for a message
     assert said[str({"truncation": "foo"})]["code"] == "invalid_value"
     assert said[str({"truncation": "auto"})]["code"] == "unsupported_parameter"
+    # a built-in tool is OpenAI's own: refused as such, by its kind (it was a type error)
+    web = said[str({"tools": [{"type": "web_search"}]})]
+    assert web["code"] == "unsupported_parameter" and "`web_search`" in web["message"]
+    r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL], "tool_choice": {
+        "type": "allowed_tools", "mode": "auto", "tools": []}})
+    err = (await r.json())["error"]
+    assert r.status == 400 and (err["param"], err["code"]) == (
+        "tool_choice.type", "unsupported_parameter")
+    r = await client.post("/v1/chat/completions", json={
+        "model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "custom", "custom": {"name": "grep"}}]})
+    err = (await r.json())["error"]
+    assert r.status == 400 and (err["param"], err["code"]) == (
+        "tools[0].type", "unsupported_parameter")
     item = said[str({"input": [{"type": "item_reference", "id": "msg_1"}]})]["message"]
     assert "`item_reference` input items are not supported" in item and "'message'" not in item
     assert "only reasoning items" in said[str({"input": [
