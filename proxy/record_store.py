@@ -34,6 +34,7 @@ from .auth import account
 from .errors import RecordTooLarge, Unavailable
 from .redis_client import blocking_client
 from .settings import DEFAULT_MAX_BYTES_PER_TENANT, ResponsesSettings
+from .streaming import dumps  # (a lone surrogate kept as its escape)
 from .telemetry import OutageLog, get_logger
 
 log = get_logger("weir.responses")
@@ -112,8 +113,8 @@ class MemoryStore:
         the whole bound, it is refused."""
         if self.max_bytes is None:
             return 0
-        size = len(_json_bytes(record)) + (
-            len(_json_bytes(summary)) if summary is not None else 0)
+        size = len(dumps(record)) + (
+            len(dumps(summary)) if summary is not None else 0)
         if size > self.max_bytes:
             raise too_large(self.kind, size, self.max_bytes)
         return size
@@ -522,8 +523,8 @@ class RedisStore:
     def _sized(self, record: Record, summary: Summary | None) -> tuple[bytes, bytes, int]:
         """The record's JSON, its summary's (b"": none) and what they count toward the
         bound; `RecordTooLarge` past all of it."""
-        data = _json_bytes(record)
-        listed = b"" if summary is None else _json_bytes(summary)
+        data = dumps(record)
+        listed = b"" if summary is None else dumps(summary)
         size = len(data) + len(listed)
         if size > self._bound:
             raise too_large(self.kind, size, self._bound)
@@ -619,19 +620,6 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
-
-
-def _json_bytes(value: Any) -> bytes:
-    """A record's JSON as Redis keeps it, UTF-8; a lone surrogate (an upstream's answer
-    may hold one) stays its `\\u` escape, as JSON allows (no UTF-8 can hold it)."""
-    try:
-        return _json(value).encode()
-    except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _record(raw: Any) -> Record | None:
