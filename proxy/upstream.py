@@ -46,6 +46,7 @@ from .errors import (
     Unavailable,
 )
 from .rendering import ChunkAssembler, usage_ok
+from .responses import new_id, now
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
 from .tasks import cancel_and_wait
@@ -54,6 +55,9 @@ from .tools import new_call_id
 from .tracing import inject
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
+#: A route's answer's `object`, whole and streamed, and its id's prefix.
+_OBJECTS = {"chat": ("chat.completion", "chat.completion.chunk", "chatcmpl"),
+            "completion": ("text_completion", "text_completion", "cmpl")}
 #: The client's headers an upstream (a Weir with a cache) must hear as this one did:
 #: `no-store`, `no-cache`, `max-age`, `only-if-cached`.
 _PASSED_ON = ("cache-control", "pragma")
@@ -373,8 +377,10 @@ class Upstream:
             raise
         if resp.status != 200 or not ctx.request.stream:
             try:
-                return await self._whole(resp, ctx.route, ctx.request.sequences,
-                                         _only_if_cached(ctx))
+                answer = await self._whole(resp, ctx.route, ctx.request.sequences,
+                                           _only_if_cached(ctx))
+                _own_head(answer.body, _head(ctx), whole=True)
+                return answer
             except asyncio.CancelledError as e:
                 _left(ctx, e)
                 raise
@@ -384,7 +390,7 @@ class Upstream:
         stream = Stream()
         stream.attach(self._relay(resp, ChunkAssembler(ctx.route), stream,
                                   usage=ctx.request.include_usage,
-                                  choices=ctx.request.sequences))
+                                  choices=ctx.request.sequences, head=_head(ctx)))
         return await stream.prime()
 
     async def _whole(self, resp: aiohttp.ClientResponse, route: str, choices: int,
@@ -430,11 +436,12 @@ class Upstream:
         return Completion(data)
 
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
-                     stream: Stream, *, usage: bool, choices: int,
+                     stream: Stream, *, usage: bool, choices: int, head: dict[str, Any],
                      ) -> AsyncIterator[dict[str, Any]]:
         """The upstream's chunks, until its `[DONE]`; `usage`: the client asked for the
         usage chunk (it is always asked of the upstream); `choices`: how many the answer
-        has (each must have ended by the `[DONE]`)."""
+        has (each must have ended by the `[DONE]`); `head`: what a chunk that lacks its
+        id, object, created or model goes out with (`_own_head`)."""
         done = relayed = False
         size = 0  # of the events so far: the answer's, as a whole answer's body is counted
         events = SseEvents()
@@ -463,6 +470,7 @@ class Upstream:
                         raise ((UpstreamError.in_band(chunk) if not relayed else None)
                                or EngineError("The upstream failed mid-stream."))
                     try:
+                        _own_head(chunk, head, whole=False)
                         _number_calls(chunk, numbered)
                         _own_delta_ids(chunk, ids)
                         asm.feed(chunk)
@@ -679,6 +687,41 @@ def _own_delta_ids(chunk: dict[str, Any], ids: dict[tuple[int, int], str]) -> No
                 taken = {v for (choice, _), v in ids.items() if choice == place[0]}
                 ids[place] = given if given and given not in taken else new_call_id()
             d["id"] = ids[place]
+
+
+def _head(ctx: RequestContext) -> dict[str, Any]:
+    """What an answer to `ctx` that lacks its own id, created or model goes out with."""
+    whole, chunk, prefix = _OBJECTS[ctx.route]
+    return {"id": new_id(prefix), "created": now(), "model": ctx.model,
+            "objects": (whole, chunk)}
+
+
+def _own_head(data: dict[str, Any], head: dict[str, Any], *, whole: bool) -> None:
+    """Give an upstream's answer (or chunk) the id, object, created and model OpenAI's
+    schema requires of it, where the upstream left one out or sent another type, and
+    the nullable fields it requires (`finish_reason`, `logprobs`, `refusal`) as null
+    where left out: an OpenAI-compatible server may omit them (the SDK's models, a
+    cache's replay and a stored completion read them). A stream's chunks take the
+    first's, as OpenAI's share one id; `object` is always the route's. (A whole
+    answer's choices were checked by `_answer_ok`; a chunk's are in the relay's check.)"""
+    data["object"] = head["objects"][0 if whole else 1]
+    first = not head.get("seen")
+    head["seen"] = True
+    for key, kind in (("id", str), ("created", int), ("model", str)):
+        value = data.get(key)
+        if type(value) is kind and value != "":
+            if first:  # the later chunks that lack it take the first's
+                head[key] = value
+        else:
+            data[key] = head[key]
+    text = head["objects"][0] == "text_completion"
+    for c in data.get("choices") or ():  # (their nullable fields OpenAI's schema requires)
+        c.setdefault("finish_reason", None)
+        if whole or text:
+            c.setdefault("logprobs", None)
+        if whole and not text:
+            c["message"].setdefault("content", None)
+            c["message"].setdefault("refusal", None)
 
 
 def _answer_ok(data: Any, kind: str) -> bool:

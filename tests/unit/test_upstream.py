@@ -34,7 +34,8 @@ ERROR = {"message": "too long", "type": "invalid_request_error", "param": "messa
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 ANSWER: dict[str, Any] = {
     "id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "up-model",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi",
+                                         "refusal": None},
                  "finish_reason": "stop", "logprobs": None}],
     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
@@ -235,6 +236,15 @@ async def test_an_unreachable_upstream_is_an_engine_failure() -> None:
 
 
 def sse(*chunks: Any) -> list[bytes]:
+    """The events of `chunks` (a string is sent as it is); each chunk dict is given the
+    head an OpenAI chunk has, and its choices their `finish_reason`, where it lacks one
+    (in place, so a test's own list shows
+    what is relayed; `_own_head` fills what an upstream leaves out)."""
+    for c in chunks:
+        if isinstance(c, dict) and "error" not in c:
+            c.update({**HEAD, **c})
+            for choice in c.get("choices") or ():
+                choice.setdefault("finish_reason", None)
     return [b": comment line\n\n"] + [
         f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n".encode() for c in chunks]
 
@@ -353,8 +363,11 @@ async def test_a_whole_request_cut_while_the_upstream_has_it(upstream: Upstream,
         await engine.close()
 
 
-CHUNKS = [{"id": "c", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
-          for i in range(2)] + [{"id": "c", "choices": [{"index": 0, "delta": {
+#: What every chunk an OpenAI upstream sends begins with.
+HEAD = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "up-model"}
+CHUNKS = [{**HEAD, "choices": [{"index": 0, "delta": {"content": f"t{i}"},
+                                "finish_reason": None}]}
+          for i in range(2)] + [{**HEAD, "choices": [{"index": 0, "delta": {
               "content": "t2"}, "finish_reason": "stop"}]}]
 
 
@@ -410,7 +423,7 @@ async def test_a_stream_s_usage_is_always_asked_for_and_shown_when_asked(
     usage chunk only when it asked for one. A sanitizer's output ceiling goes upstream
     for a request that names no limit, as it does to the local engine."""
     usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-    done = [{"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+    done = [{**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
     # (an upstream asked for usage sends `"usage": null` on every other chunk)
     pieces = sse(*[{**c, "usage": None} for c in CHUNKS + done],
                  {"id": "c", "choices": [], "usage": usage}, "[DONE]")
@@ -868,13 +881,13 @@ async def test_a_relayed_stream_keeps_vllm_s_stop_reason_and_running_usage(
     into the answer the cache stores), and, when the client asked for it
     (`continuous_usage_stats` beside `include_usage`), the usage in every chunk."""
     usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
-    chunks = [{"id": "c", "choices": [{"index": 0, "delta": {"content": "t0"},
-                                       "finish_reason": None}], "usage": {
-                                           **usage, "completion_tokens": 1, "total_tokens": 8}},
-              {"id": "c", "choices": [{"index": 0, "delta": {"content": "t1"},
-                                       "finish_reason": "stop", "stop_reason": "###"}],
+    chunks = [{**HEAD, "choices": [{"index": 0, "delta": {"content": "t0"},
+                                    "finish_reason": None}], "usage": {
+                                        **usage, "completion_tokens": 1, "total_tokens": 8}},
+              {**HEAD, "choices": [{"index": 0, "delta": {"content": "t1"},
+                                    "finish_reason": "stop", "stop_reason": "###"}],
                "usage": usage}]
-    pieces = sse(*chunks, {"id": "c", "choices": [], "usage": usage}, "[DONE]")
+    pieces = sse(*chunks, {**HEAD, "choices": [], "usage": usage}, "[DONE]")
     options = {"include_usage": True, "continuous_usage_stats": True}
     c = ctx(stream=True, stream_options=options if continuous else {
         "continuous_usage_stats": True})
@@ -882,7 +895,7 @@ async def test_a_relayed_stream_keeps_vllm_s_stop_reason_and_running_usage(
     sent = upstream.seen[-1][1]["stream_options"]
     assert sent == {"include_usage": True, "continuous_usage_stats": True}
     if continuous:
-        assert got == [*chunks, {"id": "c", "choices": [], "usage": usage}]
+        assert got == [*chunks, {**HEAD, "choices": [], "usage": usage}]
     else:  # not asked (no `include_usage`): no usage at all
         assert got == [{k: v for k, v in chunk.items() if k != "usage"} for chunk in chunks]
     assert reply.answer == [{"index": 0, "text": "t0t1", "finish_reason": "stop",
@@ -1038,3 +1051,37 @@ def test_a_long_line_in_small_pieces_is_read_in_linear_time() -> None:
         assert events.feed(piece) == []
     assert events.feed(b"\n\n") == [b"x" * (4 << 20)]
     assert time.process_time() - began < 1.0
+
+
+async def test_an_answer_without_its_head_goes_out_with_one(upstream: Upstream) -> None:
+    """An OpenAI-compatible server may leave out an answer's id, object, created or
+    model (or send another type): they were relayed as sent, and OpenAI's schema (the
+    SDK's models, a stored completion) requires each. A stream's chunks share one id."""
+    bare = {"choices": ANSWER["choices"], "usage": ANSWER["usage"], "created": "soon",
+            "object": "text_completion"}
+    upstream.chat = lambda request: _json(bare)
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        whole = await engine(ctx())
+    finally:
+        await engine.close()
+    assert isinstance(whole, Completion)
+    validate("CreateChatCompletionResponse", whole.body)
+    assert whole.body["id"].startswith("chatcmpl-") and whole.body["model"] == "up-model"
+    assert type(whole.body["created"]) is int and whole.body["object"] == "chat.completion"
+    pieces = sse(*map(json.dumps, (
+        {"choices": [{"index": 0, "delta": {"content": "a"}}]},
+        {"id": 7, "model": "", "choices": [{"index": 0, "delta": {},
+                                            "finish_reason": "stop"}]},
+        {"id": "other", "choices": [], "usage": ANSWER["usage"]})), "[DONE]")
+    chunks, _ = await relayed(upstream, pieces, ctx(stream=True,
+                                                    stream_options={"include_usage": True}))
+    for chunk in chunks:
+        validate("CreateChatCompletionStreamResponse", chunk)
+    assert len({c["id"] for c in chunks[:2]}) == 1 and chunks[2]["id"] == "other"
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert {c["model"] for c in chunks} == {"up-model"}
+
+
+async def _json(body: dict[str, Any]) -> web.Response:
+    return web.json_response(body)
