@@ -8,7 +8,6 @@ Stored responses are scoped to the caller's tenant.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,7 +31,7 @@ from ..routes import (
     open_generation,
     read_json,
 )
-from ..streaming import STREAM_ERROR, typed_sse, write_sse
+from ..streaming import STREAM_ERROR, dumps, typed_sse, write_sse
 from ..telemetry import error_fields, get_logger
 from . import translate as X
 from .events import OUTPUT_DELTAS, Rendering, saves_settled
@@ -79,8 +78,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     if req.store and store.max_bytes is not None:
         # What the record will hold before any output: past the tenant's whole bound, it
         # could never be stored (a 413 now, before tokens are spent on it).
-        held = len(json.dumps([inputs, conversation], separators=(",", ":"),
-                              ensure_ascii=False).encode())
+        held = len(dumps([inputs, conversation]))  # (as the store measures it)
         if held > store.max_bytes:
             raise too_large("responses", held, store.max_bytes)
 

@@ -432,3 +432,21 @@ async def test_a_record_holding_a_lone_surrogate_is_stored_and_read_back(
             assert await store.get("t", "c1") == rec
         finally:
             await store.close()
+
+
+async def test_a_conversation_holding_a_lone_surrogate_is_measured_not_a_500(
+        make_client: MakeClient) -> None:
+    """A stored answer may hold a lone surrogate (an upstream's escaped JSON): going on
+    from it, the bound's check measured the conversation with a strict UTF-8 encode,
+    which raised (a 500). It is measured as the store writes it."""
+    engine = FakeEngine()
+    engine.script = "a\ud800b"
+    client = await make_client(make_settings(responses={"max_bytes_per_tenant": 1024 * 1024}),
+                               engine=engine)
+    r = await _post(client, {"model": "fake-model", "max_output_tokens": 16, "input": "hi"})
+    assert r.status == 200, await r.text()
+    first = await r.json()
+    r = await _post(client, {"model": "fake-model", "max_output_tokens": 16, "input": "and?",
+                             "previous_response_id": first["id"]})
+    assert r.status == 200, await r.text()
+    assert (await client.get(f"/v1/responses/{(await r.json())['id']}")).status == 200
