@@ -46,19 +46,24 @@ def static_fits(ctx: RequestContext, text: str) -> bool:
 
 
 def static_reply(ctx: RequestContext, text: str) -> Reply:
-    """The text as every choice the request asks for (`n` per prompt), with no usage."""
+    """The text as every choice the request asks for (`n` per prompt), with no usage (a
+    stream says so on the Stream too: without it the rate limiter charged a completed
+    stream its whole reservation, where the same answer whole was charged nothing)."""
     model, created, count = ctx.model, R.now(), ctx.request.sequences
     if ctx.route == "chat":
         if not ctx.stream:
             return Completion(R.chat_completion(
                 id=R.new_id("chatcmpl"), model=model, created=created, usage_=R.usage(0, 0),
                 choices=[R.chat_choice(i, text, "stop", None) for i in range(count)]))
-        return Stream(_chat_chunks(ctx, text, count), whole=True)
-    if not ctx.stream:
+        stream = Stream(_chat_chunks(ctx, text, count), whole=True)
+    elif not ctx.stream:
         return Completion(R.completion_body(
             id=R.new_id("cmpl"), model=model, created=created, usage_=R.usage(0, 0),
             choices=[R.completion_choice(i, text, "stop", None) for i in range(count)]))
-    return Stream(_completion_chunks(ctx, text, count), whole=True)
+    else:
+        stream = Stream(_completion_chunks(ctx, text, count), whole=True)
+    stream.usage = R.usage(0, 0)
+    return stream
 
 
 async def _chat_chunks(ctx: RequestContext, text: str,

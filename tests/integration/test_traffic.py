@@ -504,3 +504,26 @@ async def test_an_admins_question_does_not_wait_out_a_user_queue(make_client: Ma
     engine.token_gate.set()
     await asyncio.gather(*tasks)
     assert done.index("admin") < done.index("user")
+
+
+async def test_a_streamed_static_fallback_is_charged_no_tokens_as_a_whole_one_is(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """The static text generated nothing: streamed or whole, its token reservation goes
+    back (a stream was charged all of it: tenants were limited by an outage's answers)."""
+    client = await make_client(plugins=[
+        {"name": "rate_limit", "config": {"rules": [{"per": "tenant", "tpm": 100_000}]}},
+        {"name": "breaker", "config": {"minimum_calls": 1, "open_s": 1000,
+                                        "fallback": [{"kind": "static"}]}}])
+    fake_engine.fail_after = 0
+    left = []
+    for route, body in [("/v1/chat/completions", {**CHAT, "max_tokens": 500}),
+                        ("/v1/chat/completions", {**CHAT, "max_tokens": 500, "stream": True}),
+                        ("/v1/completions", {"model": "fake-model", "prompt": "hello",
+                                             "max_tokens": 500, "stream": True}),
+                        ("/v1/chat/completions", {**CHAT, "max_tokens": 500})]:
+        r = await client.post(route, json=body)
+        await r.read()
+        assert r.status == 200 and r.headers["x-weir-fallback"] == "static"
+        left.append(int(r.headers["x-ratelimit-remaining-tokens"]))
+    # Each sees its own reservation taken (~500), and only that: nothing was kept.
+    assert max(left) - min(left) < 100, left
