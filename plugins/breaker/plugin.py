@@ -218,6 +218,21 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
 
     async def _fallback(self, ctx: RequestContext, reason: str,
                         error: BaseException | None) -> Reply:
+        """A fallback's answer, within the request's deadline (admission's, which runs
+        after this plugin and so never saw a fallback: an upstream's answer came seconds
+        past `x-weir-timeout-ms`, as a 200): a 504 past it, and a stream bound by it."""
+        scope = asyncio.timeout_at(ctx.loop_deadline())
+        try:
+            async with scope:
+                return await self._fall_back(ctx, reason, error)
+        except TimeoutError:
+            if scope.expired():
+                raise DeadlineExceeded(
+                    "The request did not finish within its deadline.") from None
+            raise
+
+    async def _fall_back(self, ctx: RequestContext, reason: str,
+                         error: BaseException | None) -> Reply:
         refusal: InvalidRequest | None = None  # a fallback's word that the request is bad
         for i, f in enumerate(self.cfg.fallback):
             try:
@@ -225,6 +240,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             except InvalidRequest as e:
                 refusal, reply = refusal or e, None
             if reply is not None:
+                if isinstance(reply, Stream) and ctx.deadline is not None:
+                    reply.deadline = (ctx.deadline if reply.deadline is None
+                                      else min(reply.deadline, ctx.deadline))
                 reply.headers[FALLBACK_HEADER] = f.kind
                 ctx.response_headers[FALLBACK_HEADER] = f.kind
                 self.fallbacks.labels(f.kind, reason).inc()

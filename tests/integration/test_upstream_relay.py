@@ -279,3 +279,46 @@ async def test_a_caller_s_trace_context_goes_upstream_only_when_trusted(
         assert sent is not None and sent.split("-")[1] == trace
     else:
         assert sent is None or sent.split("-")[1] != trace
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_fallback_answers_within_the_requests_deadline(
+        make_client: MakeClient, scripted: Scripted, stream: bool) -> None:
+    """The breaker's fallbacks run after admission gave up on the request, outside its
+    deadline scope: an upstream fallback's answer came seconds past `x-weir-timeout-ms`,
+    with a 200. It is a 504 at the deadline now, in-band for a stream under way."""
+    from tests.fakes import FakeEngine
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        if not stream:
+            await asyncio.sleep(3)
+            return web.json_response({**ANSWER, "model": "fake-model"})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            for i in range(30):  # (3 s, well past the deadline)
+                await resp.write(events(chunk(f"t{i}"))[0])
+                await asyncio.sleep(0.1)
+            for piece in events(chunk("", "stop")):
+                await resp.write(piece)
+        return resp
+
+    scripted.chat = slow
+    engine = FakeEngine()
+    engine.fail_after = 0  # the local engine fails: the upstream falls back
+    client = await make_client(engine=engine, plugins=[
+        {"name": "breaker", "config": {"fallback": [
+            {"kind": "upstream", "base_url": scripted.url}]}},
+        {"name": "admission", "config": {}}])
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    r = await client.post("/v1/chat/completions",
+                          json={**CHAT, "model": "fake-model", "stream": stream},
+                          headers={"x-weir-timeout-ms": "400"})
+    if stream:
+        got, done = parse_sse(await r.text())
+        assert r.headers["x-weir-fallback"] == "upstream" and done
+        assert got[-1]["error"]["code"] == "timeout" and len(got) > 1
+    else:
+        assert r.status == 504 and (await r.json())["error"]["code"] == "timeout"
+    assert loop.time() - began < 1.5
