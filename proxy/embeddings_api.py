@@ -13,7 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
+from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
+from .auth import Principal
 from .body import read_json
 from .chain import Completion, Reply
 from .context import RequestContext, header_map
@@ -63,6 +64,13 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     info["route"] = "embeddings"  # counted from here on, refused or not
     refuse_if_draining(st)
     principal = st.auth.for_generation(request.headers)
+    with generating(st, request):  # (its body too: a drain waits for what it admitted)
+        return await _embeddings(request, st, principal)
+
+
+async def _embeddings(request: web.Request, st: AppState,
+                      principal: Principal) -> web.StreamResponse:
+    info = request[INFO]
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(EmbeddingRequest, data)
     emb = st.embedder
@@ -81,8 +89,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
                          headers=header_map(request.headers.items()),
                          body_bytes=size, state={_ORIGINAL: req})
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
-    with generating(st, request):
-        reply = await st.embed_chain(ctx)
+    reply = await st.embed_chain(ctx)
     assert isinstance(reply, Completion)
     return web.Response(body=dumps(reply.body), content_type="application/json",
                         headers={**ctx.response_headers, **reply.headers})

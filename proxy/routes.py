@@ -49,7 +49,10 @@ def _state(request: web.Request) -> AppState:
 
 def open_generation(request: web.Request, route: str) -> tuple[AppState, Principal]:
     """What every generation route checks first: not draining, the model loaded, a key.
-    The request counts under `route` from here on, refused or not (a 401, a 400)."""
+    The request counts under `route` from here on, refused or not (a 401, a 400). What
+    follows, its body's read included, runs inside `generating`: a request let in before
+    a drain began is one the drain waits for (it saw none while the body was read, and
+    the request then ran into the shutdown, its connection dropped)."""
     request[INFO]["route"] = route
     st = _state(request)
     refuse_if_draining(st)
@@ -69,24 +72,24 @@ def check_model(st: AppState, principal: Principal, model: str) -> None:
 
 async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     st, principal = open_generation(request, route)
-    data, size = await read_json(request, st.settings.server.max_body_bytes)
-    req = parse_model(_MODELS[route], data)
-    info = request[INFO]
-    info.update(route=route, tenant=principal.tenant, stream=req.stream)
-    if st.settings.logging.include_prompts:  # off by default: prompts are user data
-        info["prompt"] = _prompt_text(req)
-    check_model(st, principal, req.model)
-    info["model"] = req.model  # a metric label: only names the server serves
-    ctx = RequestContext(
-        route=route,
-        request=with_model_defaults(req, st.terminal.sampling_defaults()),
-        principal=principal,
-        request_id=request[REQUEST_ID],
-        headers=header_map(request.headers.items()),
-        body_bytes=size,
-    )
-    request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
-    with generating(st, request):
+    with generating(st, request):  # (its body too: a drain waits for what it admitted)
+        data, size = await read_json(request, st.settings.server.max_body_bytes)
+        req = parse_model(_MODELS[route], data)
+        info = request[INFO]
+        info.update(route=route, tenant=principal.tenant, stream=req.stream)
+        if st.settings.logging.include_prompts:  # off by default: prompts are user data
+            info["prompt"] = _prompt_text(req)
+        check_model(st, principal, req.model)
+        info["model"] = req.model  # a metric label: only names the server serves
+        ctx = RequestContext(
+            route=route,
+            request=with_model_defaults(req, st.terminal.sampling_defaults()),
+            principal=principal,
+            request_id=request[REQUEST_ID],
+            headers=header_map(request.headers.items()),
+            body_bytes=size,
+        )
+        request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
         return await _answer(request, st, ctx, info)
 
 

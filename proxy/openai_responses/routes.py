@@ -13,7 +13,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
+from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
+from ..auth import Principal
 from ..chain import Completion, Stream
 from ..context import RequestContext, header_map
 from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
@@ -50,6 +51,12 @@ def _store(request: web.Request) -> RecordStore:
 
 async def create(request: web.Request) -> web.StreamResponse:
     st, principal = open_generation(request, "responses")
+    with generating(st, request):  # (its body too: a drain waits for what it admitted)
+        return await _create(request, st, principal)
+
+
+async def _create(request: web.Request, st: AppState,
+                  principal: Principal) -> web.StreamResponse:
     data, size = await read_json(request, st.settings.server.max_body_bytes)
     req = parse_model(ResponsesRequest, data)
     info = request[INFO]
@@ -102,59 +109,58 @@ async def create(request: web.Request) -> web.StreamResponse:
                 response["store"] = False
                 log.warning("response not stored", response_id=rid, reason=e.code)
 
-    with generating(st, request):
-        try:
-            reply = await st.chain(ctx)
-        except InvalidRequest as e:
-            raise X.rename_param(e) from None
-        if ctx.screen is not None:
-            # Kept and echoed as the sanitizer passed the request on: its redactions are
-            # not undone in the store (the cache's Redis) nor in `input_items`.
-            assert isinstance(ctx.request, ChatCompletionRequest)
-            before = [req.instructions or "", *X.history_texts(history)]
-            inputs = X.screened_items(req, inputs, before, ctx.screen)
-            conversation = X.screened_conversation(req, ctx.request)
-            req = X.screened_request(req, ctx.request)
-        if isinstance(reply, Completion):
-            note_usage(st, info, reply.body)  # token metrics, as on the chat route
-            response = X.response_from_chat(req, reply.body, id=rid,
-                                            created_at=reply.body.get("created", 0))
-            await save(response)
-            return json_response(response, {**ctx.response_headers, **reply.headers})
-        # Iterating the chat Stream ends it (its plugins' end hooks run); the events are
-        # a Stream of their own for the SSE writer, whole when the chat stream is (a
-        # cached answer replayed: its events go out in one write).
-        rendering = Rendering(req, rid)
-        events = Stream(rendering.events(reply, save), whole=reply.whole)
-        timing = StreamTiming(st, ctx, info)
+    try:
+        reply = await st.chain(ctx)
+    except InvalidRequest as e:
+        raise X.rename_param(e) from None
+    if ctx.screen is not None:
+        # Kept and echoed as the sanitizer passed the request on: its redactions are
+        # not undone in the store (the cache's Redis) nor in `input_items`.
+        assert isinstance(ctx.request, ChatCompletionRequest)
+        before = [req.instructions or "", *X.history_texts(history)]
+        inputs = X.screened_items(req, inputs, before, ctx.screen)
+        conversation = X.screened_conversation(req, ctx.request)
+        req = X.screened_request(req, ctx.request)
+    if isinstance(reply, Completion):
+        note_usage(st, info, reply.body)  # token metrics, as on the chat route
+        response = X.response_from_chat(req, reply.body, id=rid,
+                                        created_at=reply.body.get("created", 0))
+        await save(response)
+        return json_response(response, {**ctx.response_headers, **reply.headers})
+    # Iterating the chat Stream ends it (its plugins' end hooks run); the events are
+    # a Stream of their own for the SSE writer, whole when the chat stream is (a
+    # cached answer replayed: its events go out in one write).
+    rendering = Rendering(req, rid)
+    events = Stream(rendering.events(reply, save), whole=reply.whole)
+    timing = StreamTiming(st, ctx, info)
 
-        def event(ev: dict[str, Any]) -> None:
-            if ev["type"] in OUTPUT_DELTAS:
-                timing.output()
+    def event(ev: dict[str, Any]) -> None:
+        if ev["type"] in OUTPUT_DELTAS:
+            timing.output()
 
-        srv = st.settings.server
-        try:
-            # The Responses stream has no `[DONE]`: `response.completed` (or `error`)
-            # ends it.
-            resp = await write_sse(
-                request, events, lambda: {**ctx.response_headers, **reply.headers},
-                write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
-                on_first=timing.first, on_chunk=event,
-                on_abort=lambda reason: count_abort(st, request, reason),
-                log_error=lambda e: log.error("stream failed", **error_fields(e)),
-                terminator=b"", frame=typed_sse,
-                error_events=lambda err: b"".join(
-                    typed_sse(ev) for ev in rendering.failed(err)))
-        finally:  # (a stream cut, its client gone, spent what it generated: counted)
-            if reply.usage:
-                note_usage(st, info, {"usage": reply.usage})
-        if (rendering.error_status is not None and STREAM_ERROR not in request
-                and not request.get(ABORTED)):
-            # The failure went out as this API's events (`error`, `response.failed`), not
-            # as the writer's own: counted as its status all the same (unless its client
-            # left while they were written: a 499, counted as gone).
-            request[STREAM_ERROR] = rendering.error_status
-        return resp
+    srv = st.settings.server
+    try:
+        # The Responses stream has no `[DONE]`: `response.completed` (or `error`)
+        # ends it.
+        resp = await write_sse(
+            request, events, lambda: {**ctx.response_headers, **reply.headers},
+            write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
+            on_first=timing.first, on_chunk=event,
+            on_abort=lambda reason: count_abort(st, request, reason),
+            log_error=lambda e: log.error("stream failed", **error_fields(e)),
+            terminator=b"", frame=typed_sse,
+            error_events=lambda err: b"".join(
+                typed_sse(ev) for ev in rendering.failed(err)))
+    finally:  # (a stream cut, its client gone, spent what it generated: counted)
+        if reply.usage:
+            note_usage(st, info, {"usage": reply.usage})
+    if (rendering.error_status is not None and STREAM_ERROR not in request
+            and not request.get(ABORTED)):
+        # The failure went out as this API's events (`error`, `response.failed`), not
+        # as the writer's own: counted as its status all the same (unless its client
+        # left while they were written: a 499, counted as gone).
+        request[STREAM_ERROR] = rendering.error_status
+    return resp
 
 
 async def _record(request: web.Request) -> dict[str, Any]:

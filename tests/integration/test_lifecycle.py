@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 import pytest
 
@@ -211,3 +213,46 @@ async def test_a_stream_cut_by_the_shutdown_is_counted_as_the_servers_not_the_cl
     await eventually(lambda: metrics.get_sample_value(
         "weir_requests_total", {**labels, "status": "503"}) == 1)
     assert metrics.get_sample_value("weir_requests_total", {**labels, "status": "499"}) is None
+
+
+@pytest.mark.parametrize("route", ["chat", "responses", "embeddings"])
+async def test_a_drain_waits_for_a_request_still_sending_its_body(
+        make_client: MakeClient, route: str) -> None:
+    """A generation request let in before the drain began, its body still arriving: the
+    drain saw nothing in flight (it was tracked only once its body was read), ended, and
+    the request ran into the shutdown (its connection dropped). The drain waits for it
+    now, and it is answered; cut at the drain's end, it gets the 503 `shutting_down`."""
+    from proxy import embeddings_api
+    from proxy.chain import compose
+    from tests.fakes import FakeEmbedder
+
+    client = await make_client()
+    st = client.app[STATE]
+    st.embedder = FakeEmbedder()
+    st.embed_chain = compose([], embeddings_api.terminal(st.embedder))
+    path, body = ({"embeddings": ("/v1/embeddings", {"model": "fake-embedder", "input": "hi"})}
+                  | ROUTES)[route]
+    raw = json.dumps(body).encode()
+    for cut in (False, True):
+        arrived = asyncio.Event()
+
+        async def slowly(arrived: asyncio.Event) -> Any:
+            yield raw[:10]
+            await arrived.wait()
+            yield raw[10:]
+
+        post = asyncio.create_task(client.post(
+            path, data=slowly(arrived), headers={"Content-Type": "application/json"}))
+        await eventually(lambda: st.in_flight == 1)
+        st.draining = True
+        assert not await st.drain(0.1)  # still sending its body: in flight
+        if cut:
+            assert await st.abort_all() == 1
+        arrived.set()
+        r = await post
+        assert r.status == (503 if cut else 200), await r.text()
+        if cut:
+            assert (await r.json())["error"]["code"] == "shutting_down"
+        await r.read()
+        assert await st.drain(1)
+        st.draining = False
