@@ -20,7 +20,7 @@ from .chain import Completion, Reply
 from .context import RequestContext, header_map
 from .embedding import Embedder
 from .errors import InvalidRequest, ModelNotFound
-from .inflight import generating, refuse_if_draining
+from .inflight import generating, note_usage, refuse_if_draining
 from .protocol import CompletionRequest, EmbeddingRequest, parse_model
 from .streaming import dumps
 
@@ -91,5 +91,6 @@ async def _embeddings(request: web.Request, st: AppState,
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     reply = await st.embed_chain(ctx)
     assert isinstance(reply, Completion)
+    note_usage(st, info, reply.body)  # its input tokens, as every route counts its own
     return web.Response(body=dumps(reply.body), content_type="application/json",
                         headers={**ctx.response_headers, **reply.headers})

@@ -2,7 +2,8 @@
 once, and answered 503 if a drain ends before its response began.
 
 Every generation route (chat, completions, the Responses API, embeddings) runs inside
-`generating`; the stream writer reports a client it saw go with `count_abort`.
+`generating`; the stream writer reports a client it saw go with `count_abort`; each
+route notes the tokens its answer spent with `note_usage`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from aiohttp import web
 
@@ -71,3 +73,13 @@ def _count_abort(st: AppState, request: web.Request) -> bool:
     reason = "write_timeout" if request.get(WRITE_TIMED_OUT) else "client_gone"
     labelled(st.metrics.aborted, reason).inc()
     return True
+
+
+def note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:
+    """An answer's usage (its `usage` object): on its access-log line and in
+    `weir_tokens_total`."""
+    u = body.get("usage") or {}
+    info.update(prompt_tokens=u.get("prompt_tokens"), completion_tokens=u.get("completion_tokens"))
+    model = info.get("model", "")
+    labelled(st.metrics.tokens, model, "prompt").inc(u.get("prompt_tokens") or 0)
+    labelled(st.metrics.tokens, model, "completion").inc(u.get("completion_tokens") or 0)

@@ -24,6 +24,7 @@ from .context import RequestContext, Route, header_map
 from .engine.base import ModelInfo
 from .errors import ModelNotFound, Unauthorized, Unavailable, WeirError
 from .inflight import count_abort, generating, refuse_if_draining
+from .inflight import note_usage as note_usage  # (route modules import it here)
 from .middleware import ROUTE_OPTS
 from .protocol import (
     ChatCompletionRequest,
@@ -119,14 +120,6 @@ def _prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
     if isinstance(req, ChatCompletionRequest):
         return "\n".join(f"{m.role}: {m.text()}" for m in req.messages)
     return "\n".join(p for p in req.prompts() if isinstance(p, str))
-
-
-def note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:
-    u = body.get("usage") or {}
-    info.update(prompt_tokens=u.get("prompt_tokens"), completion_tokens=u.get("completion_tokens"))
-    model = info.get("model", "")
-    labelled(st.metrics.tokens, model, "prompt").inc(u.get("prompt_tokens") or 0)
-    labelled(st.metrics.tokens, model, "completion").inc(u.get("completion_tokens") or 0)
 
 
 class StreamTiming:

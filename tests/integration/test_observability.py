@@ -344,3 +344,26 @@ async def test_a_shutdown_cut_stays_a_503_when_another_cancellation_follows(
     assert not sample("weir_requests_total", {
         "route": "chat", "model": "fake-model", "status": "499"})
     assert not sample("weir_requests_aborted_total", {"reason": "client_gone"})
+
+
+async def test_an_embeddings_requests_tokens_are_counted(make_client: MakeClient,
+                                                         logs: io.StringIO) -> None:
+    """`/v1/embeddings` reads tokens as chat does (its answer's usage says how many):
+    they go into `weir_tokens_total` and the access-log line (they went into neither)."""
+    from proxy import embeddings_api
+    from proxy.app_state import STATE
+    from proxy.chain import compose
+    from tests.fakes import FakeEmbedder
+
+    client = await make_client(make_settings(logging={"access_log": True}))
+    st = client.app[STATE]
+    st.embedder = FakeEmbedder()
+    st.embed_chain = compose([], embeddings_api.terminal(st.embedder))
+    r = await client.post("/v1/embeddings", json={"model": "fake-embedder",
+                                                  "input": ["one two", "three"]})
+    assert r.status == 200 and (await r.json())["usage"]["prompt_tokens"] == 3
+    text = await (await client.get("/metrics")).text()
+    assert metric(text, "weir_tokens_total", model="fake-embedder", kind="prompt") == 3
+    line = next(json.loads(ln) for ln in logs.getvalue().splitlines()
+                if '"request"' in ln and "/v1/embeddings" in ln)
+    assert line["prompt_tokens"] == 3 and line["status"] == 200
