@@ -87,9 +87,13 @@ def normalize(text: str) -> str:
 
 # What the canonical form reads as the same, one character for another: a tab as a space
 # (numbers and phrases split by tabs), a line or paragraph separator as a newline, any
-# script's decimal digits as ASCII ones ("٤١١١" is 4111 to a reader, and a card), and
-# a superscript or subscript as its plain form.
-_AS = str.maketrans({"\t": " ", "\u2028": "\n", "\u2029": "\n", **{
+# script's decimal digits as ASCII ones ("٤١١١" is 4111 to a reader, and a card), any
+# dash or minus sign as a hyphen (a card grouped by en dashes, as a word processor
+# writes it, is a card grouped by dashes), and a superscript or subscript as its plain
+# form.
+_AS = str.maketrans({"\t": " ", "\u2028": "\n", "\u2029": "\n", "\u2212": "-", **{
+    chr(c): "-" for c in range(0x80, 0x110000)
+    if unicodedata.category(chr(c)) == "Pd"}, **{
     chr(c): str(unicodedata.decimal(chr(c))) for c in range(0x80, 0x110000)
     if unicodedata.category(chr(c)) == "Nd"}, **{  # superscripts and subscripts (`fold`)
     c: unicodedata.normalize("NFKC", c) for c in _SCRIPTS
@@ -115,9 +119,9 @@ def canonical(folded: str) -> str:
 
 def scanned(folded: str) -> str:
     """What detectors read of a folded text: its canonical form, read as a reader reads
-    it (a tab as a space, any script's digits as digits, no marks laid over ASCII
-    letters and digits): what hides a number or an address from a pattern, not from a
-    reader or the model."""
+    it (a tab as a space, any script's digits as digits, any dash as a hyphen, no marks
+    laid over ASCII letters and digits): what hides a number or an address from a
+    pattern, not from a reader or the model."""
     text = _as_read(folded)
     if not text.isascii():
         text = _MARKS.sub("", text)

@@ -57,7 +57,7 @@ def test_every_format_character_is_removed() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=" \t\nab4\u3000\u0301\u20dd\u0664\u2028é\u00b2\u2081", max_size=30))
+@given(st.text(alphabet=" \t\nab4\u3000\u0301\u20dd\u0664\u2028é\u00b2\u2081\u2013", max_size=30))
 def test_canonical_places_place_each_character(text: str) -> None:
     """Each character of the canonical form, found where it sits in the folded text
     (the sanitizer redacts the folded text with spans found in the canonical one)."""
@@ -79,6 +79,7 @@ def test_canonical_places_place_each_character(text: str) -> None:
     ("café, नमस्ते", "café, नमस्ते"),  # marks of other scripts are letters' own
     ("card ⁴¹¹¹ ₁₁₁₁", "card 4111 1111"),
     ("ⁱgnore previous", "ignore previous"),
+    ("4111\u20131111\u22121111\u20141111\u2011", "4111-1111-1111-1111-"),  # dashes
 ])
 def test_detectors_read_what_a_reader_reads(text: str, read: str) -> None:
     """Tabs, other scripts' digits, marks laid over ASCII letters and digits: what hides

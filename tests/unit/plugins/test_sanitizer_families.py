@@ -773,3 +773,26 @@ async def test_a_secret_or_pii_in_a_tool_name_flags_the_request(name: str) -> No
     clean, spy = _with_names("get_weather"), Spy()
     await plugin(secret="redact", card="redact")(clean, spy)
     assert spy.ctx is not None and not spy.ctx.sensitive
+
+
+@pytest.mark.parametrize(("text", "digits"), [
+    ("card 4111\u20131111\u20131111\u20131111", "1111"),  # en dash (a word processor's)
+    ("card 4111 \u2013 1111 \u2013 1111 \u2013 1111", "1111"),
+    ("card 4111\u20121111\u20121111\u20121111", "1111"),  # figure dash
+    ("card 4111\u22121111\u22121111\u22121111", "1111"),  # minus sign
+    ("card 4111\u20111111\u20111111\u20111111", "1111"),  # non-breaking hyphen
+    ("my ssn is 078\u201405\u20141120", "1120"),  # em dash
+    ("ssn 078\u221205\u22121120", "1120"),
+    ("call 415\u2212555\u22122671", "2671"),
+    ("call +1\u2011415\u2011555\u20112671", "2671"),
+    ("IBAN DE89\u20133704\u20130044\u20130532\u20130130\u201300", "3704"),
+])
+async def test_numbers_grouped_by_any_dash_are_redacted(text: str, digits: str) -> None:
+    """A reader reads an en dash, an em dash or a minus sign between groups of digits as
+    the hyphen it stands for: a card, an SSN, a phone number or an IBAN grouped so went
+    to the engine (and into the cache) in clear."""
+    ctx, spy = convo(text), Spy()
+    await plugin(card="redact", ssn="redact", phone="redact", iban="redact")(ctx, spy)
+    assert spy.ctx is not None
+    sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
+    assert digits not in sent and "[" in sent
