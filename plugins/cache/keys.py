@@ -29,7 +29,7 @@ _PARAMS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "n", 
            "presence_penalty", "frequency_penalty", "logit_bias", "response_format", "tools",
            "tool_choice",
            "parallel_tool_calls", "ignore_eos", "min_tokens", "echo", "suffix", "logprobs",
-           "top_logprobs")
+           "top_logprobs", "best_of")
 #: vLLM's extensions the in-process engine honours: keyed where they differ from their
 #: default (a request that leaves them at it keeps the key an earlier version gave it).
 _EXTENSIONS = ("stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",

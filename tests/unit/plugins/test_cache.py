@@ -10,7 +10,7 @@ import pytest
 
 from plugins.cache.config import CacheConfig
 from plugins.cache.entry import Entry
-from plugins.cache.keys import _PARAMS, _params, exact_key, scope_id
+from plugins.cache.keys import _EXTENSIONS, _NOT_ANSWER, _PARAMS, _params, exact_key, scope_id
 from plugins.cache.l1 import L1
 from plugins.cache.plugin import CachePlugin, Directives, request_directives
 from plugins.cache.semantic import guard_ok
@@ -210,6 +210,23 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     assert exact_key(ctx(principal=EVE), "tenant") != base
     assert exact_key(ctx(principal=BOB), "tenant") == base
     assert exact_key(ctx(principal=BOB), "user") != exact_key(ctx(), "user")
+
+
+def test_every_field_weir_declares_is_keyed_or_said_not_to_change_the_answer() -> None:
+    """A declared field is no `model_extra`, so it is keyed only where the key names it:
+    one left out made two requests one key (`best_of`, which an upstream honours: the best
+    of three sampled answers shared the entry of one sampled answer)."""
+    keyed = {*_PARAMS, *_EXTENSIONS, *_NOT_ANSWER, "model", "messages", "prompt", "stop",
+             "max_tokens", "max_completion_tokens"}  # (the last two: `output_limit`)
+    for model in (ChatCompletionRequest, CompletionRequest):
+        assert set(model.model_fields) - keyed == set(), model.__name__
+
+    def completion(**kw: Any) -> RequestContext:
+        return RequestContext(route="completion", request=CompletionRequest.model_validate(
+            {"model": "m", "prompt": "Once", "temperature": 0.8, "seed": 1, **kw}),
+            principal=ALICE, request_id="r", headers={})
+
+    assert exact_key(completion(best_of=3), "tenant") != exact_key(completion(), "tenant")
 
 
 #: vLLM's extensions the in-process engine honours, each at a value that changes the
