@@ -176,3 +176,29 @@ def prompt_text(ctx: RequestContext,
     texts = [p if isinstance(p, str) else (read_tokens(p) if read_tokens else None)
              for p in req.prompts()]
     return "\n".join(normalize(t) for t in texts if t)
+
+
+def request_text(ctx: RequestContext,
+                 read_tokens: Callable[[list[int]], str | None] | None = None) -> str:
+    """Everything of the request the model reads, for `sensitive_patterns`: its text
+    (`prompt_text`), and what a chat request carries besides (the speakers' names, the
+    names and arguments of earlier calls, the tool definitions, the response format) or
+    a completion's suffix. A pattern found only there (`{"diagnosis": ...}` in a call's
+    arguments) keeps the request out of the cache as one in a message does."""
+    text = prompt_text(ctx, read_tokens)
+    req = key_request(ctx)
+    more: list[str] = []
+    if isinstance(req, ChatCompletionRequest):
+        for m in req.messages:
+            if m.name:
+                more.append(m.name)
+            for call in m.tool_calls or ():
+                more += [call.function.name, call.function.arguments]
+        if req.tools:
+            more.append(json.dumps(req.tool_dicts(), ensure_ascii=False))
+        if req.response_format is not None:
+            more.append(json.dumps(req.response_format.model_dump(
+                exclude_none=True, by_alias=True), ensure_ascii=False))
+    elif req.suffix:
+        more.append(req.suffix)
+    return "\n".join([text, *more]) if more else text

@@ -54,7 +54,7 @@ from .entry import (
     replay_body,
     replay_stream,
 )
-from .keys import exact_key, prompt_text, scope_id, semantic_parts
+from .keys import exact_key, prompt_text, request_text, scope_id, semantic_parts
 from .metrics import CacheMetrics
 from .store import CacheStore, Lookup, SemanticKey
 
@@ -395,11 +395,12 @@ class CachePlugin(BasePlugin[CacheConfig]):
         return prompt_text(ctx, self.services.terminal.read_tokens)
 
     def _matches_sensitive(self, ctx: RequestContext) -> bool:
-        """Whether a `sensitive_patterns` entry matches the request's text (read once,
-        not once per pattern: a prompt of token ids is decoded to read it)."""
+        """Whether a `sensitive_patterns` entry matches what the model reads of the
+        request (`request_text`; read once, not once per pattern: a prompt of token ids
+        is decoded to read it)."""
         if not self._sensitive:
             return False
-        text = self._prompt_text(ctx)
+        text = request_text(ctx, self.services.terminal.read_tokens)
         return any(p.search(text) for p in self._sensitive)
 
     # -------------------------------------------------------------------- replies

@@ -519,6 +519,35 @@ async def test_sensitive_and_injection() -> None:
     assert layer == "miss"  # the injection-flagged answer was not written
 
 
+_CALLED = [{"role": "user", "content": "What should I do next?"},
+           {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {
+               "name": "lookup", "arguments": '{"diagnosis": "x"}'}}]},
+           {"role": "tool", "tool_call_id": "c1", "content": "found"}]
+_TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"q": {"type": "string"}}}}}]
+
+
+@pytest.mark.parametrize("kw", [
+    {"messages": _CALLED},  # an earlier call's arguments
+    {"messages": _CALLED[:1], "tools": [{"type": "function", "function": {
+        "name": "lookup", "description": "Looks up a diagnosis."}}]},  # a tool's text
+    {"messages": [{"role": "user", "name": "diagnosis", "content": "Hi"}]},  # a name
+    {"messages": _CALLED[:1], "tools": _TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "lookup"}}, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "diagnosis_form"}}},
+])
+async def test_a_sensitive_pattern_anywhere_the_model_reads_bypasses(kw: dict[str, Any],
+                                                                      ) -> None:
+    """`sensitive_patterns` read the messages' text only: a match in an earlier call's
+    arguments, a tool's definition, a speaker's name or the response format (all read
+    by the model) was cached and served."""
+    p, eng = plugin(sensitive_patterns=[r"(?i)diagnosis"]), Engine()
+    for _ in range(2):
+        _, layer = await run(p, _ext_ctx(**kw), eng)
+        assert layer == "bypass"
+    assert eng.calls == 2
+
+
 @pytest.mark.parametrize(("text", "reason", "cfg", "stored"), [
     ("fine", "stop", {}, True),
     ("cut off", "length", {}, False),
