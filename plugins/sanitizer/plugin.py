@@ -195,7 +195,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     f"Messages may hold at most {lim.max_total_chars} characters in all.",
                     param="messages", code="invalid_value")
             if req.tools:
-                total += len(json.dumps(req.tool_dicts()))
+                # (characters, as the messages are counted: not `\u` escapes, six
+                # for a CJK character and twelve for an emoji)
+                total += len(json.dumps(req.tool_dicts(), ensure_ascii=False))
                 if total > lim.max_total_chars:
                     raise InvalidRequest(
                         f"Messages and tool definitions may hold at most "
@@ -203,7 +205,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                         code="invalid_value")
             fmt = req.response_format
             if fmt is not None and fmt.json_schema is not None and (
-                    total + len(json.dumps(fmt.json_schema.model_dump(by_alias=True)))
+                    total + len(json.dumps(fmt.json_schema.model_dump(by_alias=True),
+                                           ensure_ascii=False))
                     > lim.max_total_chars):  # its strings are read too (_schema_format)
                 raise InvalidRequest(
                     f"Messages, tool definitions and the response format's schema may hold "

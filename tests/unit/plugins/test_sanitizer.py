@@ -720,3 +720,19 @@ async def test_a_response_formats_schema_counts_toward_the_text_limit() -> None:
     small = chat_ctx("hi", response_format={"type": "json_schema", "json_schema": {
         "name": "n", "schema": {"type": "object"}}})
     await plugin(limits={"max_total_chars": 4000})(small, Spy())
+
+
+async def test_tool_and_schema_text_counts_characters_not_escapes() -> None:
+    """The tool definitions and a response format's schema count toward
+    `max_total_chars` by their characters, as messages do: counted as ASCII-escaped JSON,
+    a CJK character was six and an emoji twelve, so 700 characters of Chinese tool
+    descriptions were refused under a limit of 4000 characters."""
+    desc = "\u67e5\u8be2\u5929\u6c14\U0001f324" * 140  # 700 characters
+    tools = [{"type": "function", "function": {"name": "f", "description": desc,
+                                               "parameters": {"type": "object"}}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "description": desc,
+                                                  "schema": {"type": "object"}}}
+    for kw in ({"tools": tools}, {"response_format": fmt}):
+        await plugin(limits={"max_total_chars": 4000})(chat_ctx("hi", **kw), Spy())
+        with pytest.raises(InvalidRequest):  # the limit still holds
+            await plugin(limits={"max_total_chars": 600})(chat_ctx("hi", **kw), Spy())
