@@ -112,7 +112,7 @@ async def _create(request: web.Request, st: AppState,
     try:
         reply = await st.chain(ctx)
     except InvalidRequest as e:
-        raise X.rename_param(e) from None
+        raise X.rename_param(e, bool(req.instructions)) from None
     if ctx.screen is not None:
         # Kept and echoed as the sanitizer passed the request on: its redactions are
         # not undone in the store (the cache's Redis) nor in `input_items`.

@@ -37,22 +37,24 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(24)}"
 
 
-def rename_param(e: InvalidRequest) -> InvalidRequest:
+def rename_param(e: InvalidRequest, instructions: bool = False) -> InvalidRequest:
     """An error about the chat form, naming the Responses params instead, in `param` and
-    in its text."""
+    in its text; `instructions`: the chat form's first message holds them."""
     if e.param:
-        e.param = _responses_param(e.param)
-    e.message = _CHAT_NAME.sub(lambda m: f"`{_responses_param(m.group(1))}`", e.message)
+        e.param = _responses_param(e.param, instructions)
+    e.message = _CHAT_NAME.sub(lambda m: f"`{_responses_param(m.group(1), instructions)}`",
+                               e.message)
     return e
 
 
-def _responses_param(param: str) -> str:
+def _responses_param(param: str, instructions: bool = False) -> str:
     """A chat param as Responses names it (an index into `messages` is not one into
-    `input`, so that is named whole)."""
+    `input`, so that is named whole; the first message is `instructions` where they
+    were given)."""
     head, _, rest = param.partition(".")
     name = head.partition("[")[0]
     if name == "messages":
-        return "input"
+        return "instructions" if instructions and head == "messages[0]" else "input"
     if name in _PARAMS:
         param = _PARAMS[name] + (f".{rest}" if rest else "")
     elif name == "tools":  # chat's {"function": {...}} is flat in a Responses tool
@@ -222,7 +224,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
     try:
         return parse_model(ChatCompletionRequest, body), conversation
     except InvalidRequest as e:
-        raise rename_param(e) from None
+        raise rename_param(e, bool(req.instructions)) from None
 
 
 # ---------------------------------------------------------------------- from chat

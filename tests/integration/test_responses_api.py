@@ -393,6 +393,20 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
         {"type": "reasoning", "summary": []}]})]["message"]
 
 
+async def test_a_message_too_long_is_named_as_instructions_or_input(
+        make_client: MakeClient) -> None:
+    """The chat form's first message holds the instructions: a limit on it names
+    `instructions` (it named `input`, which the caller had kept short)."""
+    client = await make_client(make_settings(plugins=[{"name": "sanitizer", "config": {
+        "limits": {"max_message_chars": 100}}}]))
+    for extra, param in [({"instructions": "x" * 200}, "instructions"),
+                         ({"instructions": "be brief", "input": "x" * 200}, "input"),
+                         ({"input": "x" * 200}, "input")]:
+        r = await client.post("/v1/responses", json={**BASE, **extra})
+        body = await r.json()
+        assert r.status == 400 and body["error"]["param"] == param, (extra, body)
+
+
 async def test_chat_completions_parameters_are_refused_not_ignored(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """A Chat Completions parameter sent to the Responses API was ignored: `max_tokens`
