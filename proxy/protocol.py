@@ -1218,10 +1218,6 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
     if err["type"] == "missing":
         return InvalidRequest(f"Missing required parameter: `{param}`.", param=param or None,
                               code="missing_required_parameter")
-    if err["type"] == "too_short" and err["input"] == []:  # OpenAI's words and code
-        return InvalidRequest(f"Invalid `{param}`: empty array. Expected an array with minimum "
-                              "length 1, but got an empty array instead.",
-                              param=param or None, code="empty_array")
     bound = _out_of_range(err, param)
     if bound is not None:
         return bound
@@ -1240,40 +1236,61 @@ _BOUNDS = {"greater_than_equal": ("ge", ">=", "below_min_value"),
            "greater_than": ("gt", ">", "below_min_value"),
            "less_than_equal": ("le", "<=", "above_max_value"),
            "less_than": ("lt", "<", "above_max_value")}
-_LENGTHS = {"too_short": ("min_length", ">=", "below_min_length"),
-            "too_long": ("max_length", "<=", "above_max_length"),
-            "string_too_short": ("min_length", ">=", "below_min_length"),
-            "string_too_long": ("max_length", "<=", "above_max_length")}
+_LENGTHS = {"too_short": "min_length", "too_long": "max_length",
+            "string_too_short": "min_length", "string_too_long": "max_length"}
 
 
 def _out_of_range(err: Any, param: str) -> InvalidRequest | None:
-    """A number or a length out of its bounds, in OpenAI's words and codes
-    (`integer_below_min_value`, `decimal_above_max_value`, `array_above_max_length`,
-    ...); None for any other error."""
+    """A number, a length or a count of properties out of its bounds, in OpenAI's words
+    and codes (`integer_below_min_value`, `decimal_above_max_value`,
+    `array_above_max_length`, `empty_string`, `object_above_max_properties`, ...); None
+    for any other error."""
     ctx = err.get("ctx") or {}
     value = err.get("input")
-    if err["type"] in _BOUNDS and isinstance(value, int | float) and not isinstance(
+    if err["type"] in _LENGTHS and isinstance(value, str | list | dict):
+        key = _LENGTHS[err["type"]]
+        return None if key not in ctx else _bad_length(param, value, ctx[key], key)
+    if err["type"] not in _BOUNDS or not isinstance(value, int | float) or isinstance(
             value, bool):
-        key, op, code = _BOUNDS[err["type"]]
-        # (the field's kind, told by its bound: `temperature: 3` is a decimal past 2.0)
-        kind = "integer" if isinstance(value, int) and isinstance(ctx.get(key), int) else (
-            "decimal")
-    elif err["type"] in _LENGTHS and isinstance(value, str | list | dict):
-        key, op, code = _LENGTHS[err["type"]]
-        kind = "string" if isinstance(value, str) else "array"
-        value = len(value)
-    else:
         return None
+    key, op, code = _BOUNDS[err["type"]]
     if key not in ctx:
         return None
+    # (the field's kind, told by its bound: `temperature: 3` is a decimal past 2.0)
+    kind = "integer" if isinstance(value, int) and isinstance(ctx.get(key), int) else "decimal"
     what = code.replace("_", " ").replace("min", "minimum").replace("max", "maximum")
     bound = ctx[key]
     if isinstance(bound, float) and bound.is_integer() and abs(bound) < 1e15:
         bound = int(bound)  # ("<= 2", as OpenAI writes it)
-    shown = f"a length {op} {bound}" if err["type"] in _LENGTHS else f"a value {op} {bound}"
     return InvalidRequest(
-        f"Invalid `{param}`: {kind} {what}. Expected {shown}, but got {value} instead.",
-        param=param or None, code=f"{kind}_{code}")
+        f"Invalid `{param}`: {kind} {what}. Expected a value {op} {bound}, but got {value} "
+        "instead.", param=param or None, code=f"{kind}_{code}")
+
+
+def _bad_length(param: str, value: str | list[Any] | dict[str, Any], bound: int,
+                key: str) -> InvalidRequest:
+    """A string, an array or an object (its properties counted) longer or shorter than
+    its bound, as OpenAI says it: "string too long. Expected a string with maximum length
+    512, but got a string with length 513 instead." (`string_above_max_length`), "too
+    many properties. Expected an object with at most 16 properties, ..."
+    (`object_above_max_properties`), "empty string. ..." (`empty_string`)."""
+    n, most = len(value), key == "max_length"
+    if isinstance(value, dict):
+        text = (f"too {'many' if most else 'few'} properties. Expected an object with at "
+                f"{'most' if most else 'least'} {bound} properties, but got an object with "
+                f"{n} properties instead.")
+        code = f"object_{'above_max' if most else 'below_min'}_properties"
+    else:
+        kind, a = ("string", "a") if isinstance(value, str) else ("array", "an")
+        limit = f"Expected {a} {kind} with {'maximum' if most else 'minimum'} length {bound}"
+        if n == 0:
+            text, code = f"empty {kind}. {limit}, but got an empty {kind} instead.", \
+                f"empty_{kind}"
+        else:
+            text = (f"{kind} too {'long' if most else 'short'}. {limit}, but got {a} {kind} "
+                    f"with length {n} instead.")
+            code = f"{kind}_{'above_max' if most else 'below_min'}_length"
+    return InvalidRequest(f"Invalid `{param}`: {text}", param=param or None, code=code)
 
 
 #: Pydantic's type errors, as the JSON type that was expected.

@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from proxy.errors import InvalidRequest
-from proxy.protocol import ChatCompletionRequest, CompletionRequest, parse_model
+from proxy.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    parse_model,
+)
 
 MSG = [{"role": "user", "content": "hi"}]
 NAN, INF = float("nan"), float("inf")
@@ -99,7 +104,44 @@ def test_a_bound_is_said_as_openai_says_it() -> None:
 _OPENAI_RANGE_CODES = {f"{kind}_{side}" for kind in ("integer", "decimal")
                        for side in ("below_min_value", "above_max_value")} | {
     f"{kind}_{side}" for kind in ("string", "array")
-    for side in ("below_min_length", "above_max_length")}
+    for side in ("below_min_length", "above_max_length")} | {
+    "empty_string", "empty_array", "object_below_min_properties",
+    "object_above_max_properties"}
+
+
+@pytest.mark.parametrize(
+    ("model", "kw", "param", "code", "said"),
+    [
+        (ChatCompletionRequest, {"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata",
+         "object_above_max_properties", "too many properties. Expected an object with at "
+         "most 16 properties, but got an object with 17 properties instead."),
+        (ChatCompletionRequest, {"metadata": {"k": "v" * 513}}, "metadata",
+         "string_above_max_length", "string too long. Expected a string with maximum "
+         "length 512, but got a string with length 513 instead."),
+        (ChatCompletionRequest, {"stop": ["x"] * 17}, "stop", "array_above_max_length",
+         "array too long. Expected an array with maximum length 16, but got an array with "
+         "length 17 instead."),
+        (ChatCompletionRequest, {"stop": [""]}, "stop[0]", "empty_string",
+         "empty string. Expected a string with minimum length 1, but got an empty string "
+         "instead."),
+        (ChatCompletionRequest, {"messages": []}, "messages", "empty_array",
+         "empty array. Expected an array with minimum length 1, but got an empty array "
+         "instead."),
+        (EmbeddingRequest, {"input": ["x"] * 2049}, "input", "array_above_max_length",
+         "array too long. Expected an array with maximum length 2048, but got an array "
+         "with length 2049 instead."),
+    ],
+)
+def test_a_length_is_said_as_openai_says_it(model: Any, kw: dict[str, Any], param: str,
+                                             code: str, said: str) -> None:
+    """OpenAI's words and codes for a length or a count of properties (a client reads
+    "maximum length (\\d+)" to cut its request down): an object's are properties, not an
+    array's items, and an empty string is `empty_string`, as an empty array is
+    `empty_array`."""
+    body = {"model": "m", **({"messages": MSG} if model is ChatCompletionRequest
+                              else {"input": "x"}), **kw}
+    err = rejected(model, body)
+    assert (err.param, err.code, err.message) == (param, code, f"Invalid `{param}`: {said}")
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,7 @@ def test_token_ids_past_the_vocabulary_are_a_400_naming_the_param(param: str) ->
     ({"allowed_token_ids": list(range(MAX_ALLOWED_TOKEN_IDS + 1))}, "allowed_token_ids",
      "array_above_max_length"),
     ({"allowed_token_ids": "5"}, "allowed_token_ids", "invalid_type"),
-    ({"bad_words": [""]}, "bad_words[0]", "string_below_min_length"),  # vLLM refuses it
+    ({"bad_words": [""]}, "bad_words[0]", "empty_string"),  # vLLM refuses it
     ({"bad_words": ["w"] * (MAX_BAD_WORDS + 1)}, "bad_words", "array_above_max_length"),
     ({"bad_words": ["x" * 1025]}, "bad_words[0]", "string_above_max_length"),
     ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output", "invalid_type"),
