@@ -1225,7 +1225,8 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     cause = (err.get("ctx") or {}).get("error")
-    return InvalidRequest(f"Invalid value{where}: {msg}.", param=param or None,
+    end = "" if msg.endswith((".", "!", "?")) else "."  # (a check's own message may end one)
+    return InvalidRequest(f"Invalid value{where}: {msg}{end}", param=param or None,
                           code=("invalid_function_parameters"
                                 if isinstance(cause, InvalidFunctionParameters)
                                 else "invalid_value"))

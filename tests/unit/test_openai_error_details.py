@@ -50,3 +50,19 @@ def test_assistant_refusal_parts_are_accepted_as_history() -> None:
 def test_a_45_character_stop_string_is_accepted() -> None:
     req = parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, "stop": "x" * 45})
     assert req.stop == "x" * 45
+
+
+@pytest.mark.parametrize("fmt", [
+    {"type": "json_schema", "json_schema": {"name": "p", "strict": True,
+                                            "schema": {"type": "string"}}},
+    {"type": "json_schema", "json_schema": {"name": "p", "strict": True,
+                                            "schema": {"type": "object"}}},
+    {"type": "xml"},
+])
+def test_a_message_ends_in_one_full_stop(fmt: dict[str, Any]) -> None:
+    """A check whose own words end a sentence is not given a second full stop ("got
+    'type: \\"string\\"'.." it was)."""
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG,
+                                            "response_format": fmt})
+    assert e.value.message.endswith(".") and not e.value.message.endswith("..")
