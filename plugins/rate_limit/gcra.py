@@ -96,10 +96,32 @@ class Store(Protocol):
 
 
 class MemoryStore:
+    #: Buckets and lease sets held before the first sweep of those past their expiry.
+    SWEEP_FROM = 4096
+
     def __init__(self, clock: object = None) -> None:
         self._tat: dict[str, tuple[float, float]] = {}  # key -> (tat, expires)
         self._leases: dict[str, dict[str, float]] = {}
         self._clock = clock or (lambda: time.monotonic() * 1000)
+        self._sweep_at = self.SWEEP_FROM
+
+    def _swept(self, now: float) -> None:
+        """Drop the buckets past their expiry (full again: as good as none) and the lease
+        sets that hold no running lease, once they have doubled since the last sweep (a
+        walk amortised over as many requests). Without it every key ever seen stayed: a
+        gateway's callers (`on_behalf_of`), each a tenant and a user of its own, added
+        ~800 bytes each for good (200,000 callers: 164 MB), as the local fallback does
+        over a Redis outage."""
+        if len(self._tat) + len(self._leases) < self._sweep_at:
+            return
+        self._tat = {k: v for k, v in self._tat.items() if v[1] > now}
+        for key, leases in list(self._leases.items()):
+            live = {k: exp for k, exp in leases.items() if exp > now}
+            if live:
+                self._leases[key] = live
+            else:
+                del self._leases[key]
+        self._sweep_at = max(self.SWEEP_FROM, 2 * (len(self._tat) + len(self._leases)))
 
     def _now(self) -> float:
         return self._clock()  # type: ignore[operator, no-any-return]
@@ -141,11 +163,13 @@ class MemoryStore:
                 retry = max(retry, 1000.0)
                 full.append(j)
         if not allowed:
+            self._swept(now)
             return Decision(False, retry, untaken, tuple(full))
         for b, nt in zip(buckets, new, strict=True):
             self._tat[b.key] = (nt, nt + 1000)
         for key, _ in conc:
             self._leases[key][lease] = now + lease_ms
+        self._swept(now)
         return Decision(True, retry, states)
 
     async def adjust(self, buckets: list[Bucket]) -> None:
@@ -155,10 +179,15 @@ class MemoryStore:
             t = PERIOD_MS / b.limit
             nt = max(now, self._get(b.key, now) + b.cost * t)
             self._tat[b.key] = (nt, nt + 1000)
+        self._swept(now)
 
     async def release(self, conc: list[str], lease: str) -> None:
         for key in conc:
-            self._leases.get(key, {}).pop(lease, None)
+            held = self._leases.get(key)
+            if held is not None:
+                held.pop(lease, None)
+                if not held:
+                    del self._leases[key]
 
     async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
         until = self._now() + lease_ms

@@ -185,6 +185,30 @@ async def test_lost_releases_never_hold_a_memory_limit_nor_pile_up() -> None:
     assert len(s._leases[c]) <= 3
 
 
+async def test_the_memory_store_forgets_what_has_expired() -> None:
+    """Every key ever seen stayed in the memory store (a bucket long full again, an empty
+    lease set): a gateway's callers (`on_behalf_of`), each a tenant and a user of its own,
+    grew it without end (200,000 callers: 164 MB). What has expired goes now; what has
+    not still holds."""
+    now = [0.0]
+    s = MemoryStore(lambda: now[0])
+    held = key()
+    for _ in range(2):  # a bucket emptied a moment ago, and a lease still running
+        assert (await s.admit([Bucket(held + ":r", 2, 1)], [], "x", 1000)).allowed
+    assert (await s.admit([], [(held + ":c", 1)], "x", 1e9)).allowed
+    for i in range(50_000):  # one new caller a millisecond, each gone after its request
+        now[0] += 1
+        c = f"{key()}:{i}"
+        assert (await s.admit([Bucket(c + ":r", 120, 1), Bucket(c + ":t", 10**5, 300)],
+                              [(c + ":c", 4)], f"l{i}", 30_000)).allowed
+        await s.release([c + ":c"], f"l{i}")
+    assert len(s._tat) + len(s._leases) < 20_000  # (it held 150,000)
+    # (what has not expired holds: the lease, and the bucket while it is not yet full)
+    assert not (await s.admit([], [(held + ":c", 1)], "y", 1000)).allowed
+    now[0] = 0
+    assert not (await s.admit([Bucket(held + ":r", 2, 1)], [], "z", 1000)).allowed
+
+
 @pytest.mark.parametrize("limit", [1, 3, 7, 10, 13, 22, 100, 1000])
 async def test_a_full_bucket_admits_exactly_its_limit_whatever_the_clock_reads(
         limit: int) -> None:
