@@ -133,6 +133,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             await u.close()
 
     def health(self) -> dict[str, Any]:
+        self._sweep()  # (a trial answering at length is not stuck)
         return self.breaker.snapshot()
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
@@ -161,6 +162,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             return reply
         # A primed stream's first chunk is in hand: an error before it was raised above
         # (and fell back); the first-token time is what makes a call slow.
+        self.breaker.answering(permit)
         slow = self._slow(ctx, reply.primed_at if reply.primed_at is not None
                           else time.monotonic())
 
@@ -209,6 +211,10 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         (`engine_progress`), where it can say; where it cannot, one cut with no token
         generated is slow when it ends."""
         now = time.monotonic()
+        if self.breaker.state == "half_open":  # a trial's whole answer under way, begun
+            for p, c in self._running.items():
+                if c.engine_ttft_s is not None:
+                    self.breaker.answering(p)
         late = [p for p, c in self._running.items() if c.engine_ttft_s is None
                 and c.engine_started is not None
                 and now - c.engine_started > self.cfg.slow_call_s

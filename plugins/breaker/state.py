@@ -5,14 +5,16 @@ closed    -> open       when, over the sliding window, at least `minimum_calls` 
                         threshold
 open      -> half_open  after `open_s`
 half_open -> closed     after `half_open_calls` trial calls all succeeded
-half_open -> open       on any failed trial, or when a trial does not report back within
-                        `half_open_max_wait_s` (a stuck trial cannot wedge the breaker)
+half_open -> open       on any failed trial, or when a trial gives no sign of an answer
+                        (its first token) within `half_open_max_wait_s` (a stuck trial
+                        cannot wedge the breaker; one answering at length is not stuck)
 
 Only engine outcomes are recorded; local rejections never reach `record`.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +98,14 @@ class Breaker:
             if (self._failures / n >= self.p.failure_rate
                     or self._slows / n >= self.p.slow_call_rate):
                 self._open(now)
+
+    def answering(self, permit: int) -> None:
+        """A trial's answer has begun (its first token): it is not silent, so not stuck
+        however long the answer runs; its outcome still comes with its end. (A trial
+        streaming a long answer, healthy all along, reopened the breaker once it had run
+        `half_open_max_wait_s`: where answers run that long, it never closed.)"""
+        if permit in self._trials:
+            self._trials[permit] = math.inf
 
     def retry_in(self) -> float:
         """Seconds a refused caller should wait before asking again: while open, the time

@@ -115,6 +115,32 @@ def test_a_stuck_trial_cannot_wedge_it() -> None:
     assert b.allow() is not None and b.state == "half_open"
 
 
+def test_a_trial_answering_at_length_is_not_stuck() -> None:
+    """A trial whose answer has begun is not silent: a healthy engine's long answers
+    (past `half_open_max_wait_s`) reopened the breaker, which where answers run that long
+    never closed. One with no first token by then still reopens it."""
+    clock = Clock()
+    b = Breaker(POLICY, clock)
+    calls(b, [True] * 4)
+    clock.t += 5
+    p1, p2 = b.allow(), b.allow()
+    assert p1 is not None and p2 is not None
+    b.answering(p1)
+    b.answering(p2)
+    clock.t += 10  # both still streaming, past the wait
+    assert b.allow() is None and b.state == "half_open"
+    b.record(p1, failed=False)
+    b.record(p2, failed=False)
+    assert b.state == "closed"
+    calls(b, [True] * 4)
+    clock.t += 5
+    p3, p4 = b.allow(), b.allow()
+    assert p3 is not None and p4 is not None
+    b.answering(p3)  # (the other never answers)
+    clock.t += 3
+    assert b.allow() is None and b.state == "open"
+
+
 def test_release_frees_a_trial_without_an_outcome() -> None:
     clock = Clock()
     b = Breaker(POLICY, clock)
@@ -504,3 +530,101 @@ async def test_a_fallback_upstream_refusing_the_request_says_why_if_none_answers
         with pytest.raises(Unavailable) as u:
             await p(ctx(), ok)
         assert u.value.code == "circuit_open"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_fallback_answers_within_the_requests_deadline(stream: bool) -> None:
+    """The engine's call runs inside admission's deadline scope, a fallback outside it: a
+    client's `x-weir-timeout-ms: 2000` got the upstream fallback's answer after 5 s with
+    a 200 (its `timeout_s`, 60 s by default, was the only bound), and a fallback stream ran
+    on past the deadline. Past it: a 504, and no later fallback (the static) answers."""
+    import time
+
+    from proxy.errors import DeadlineExceeded
+
+    p = plugin(fallback=[{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"},
+                         {"kind": "static", "content": "Busy, sorry."}])
+
+    async def slow(c: RequestContext) -> Reply:
+        await asyncio.sleep(30)
+        return Completion({"late": True})
+
+    async def quick_stream(c: RequestContext) -> Reply:
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            yield {"choices": []}
+        return Stream(chunks())
+
+    p.upstreams[0] = quick_stream if stream else slow  # type: ignore[assignment]
+    c = ctx(stream)
+    c.deadline = time.monotonic() + 0.2
+    started = time.monotonic()
+    if stream:
+        reply = await p(c, failing)
+        assert isinstance(reply, Stream) and reply.deadline == c.deadline
+        assert reply.headers["x-weir-fallback"] == "upstream"
+    else:
+        with pytest.raises(DeadlineExceeded):
+            await p(c, failing)
+        assert time.monotonic() - started < 5
+        assert fallbacks(p, "engine") == 0  # the static did not answer after it
+
+
+async def test_a_half_open_trial_streaming_past_the_wait_closes_the_breaker() -> None:
+    """Live: a trial streaming a healthy answer for longer than `half_open_max_wait_s`
+    was taken for stuck by the next request's check and reopened the breaker, its success
+    then discarded."""
+    clock = Clock()
+    p = plugin(clock, half_open_calls=1, half_open_max_wait_s=3)
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    assert p.breaker.state == "open"
+    clock.t += 5
+    more = asyncio.Event()
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        yield {"choices": []}
+        await more.wait()
+        yield {"choices": []}
+
+    async def engine(c: RequestContext) -> Reply:
+        return Stream(chunks())
+
+    reply = await p(ctx(True), engine)  # the trial: its first chunk in hand
+    assert isinstance(reply, Stream)
+    it = reply.__aiter__()
+    await it.__anext__()
+    clock.t += 10  # still answering, past the wait
+    assert p.health()["state"] == "half_open"
+    with pytest.raises(Unavailable):  # its slot is taken: circuit_open meanwhile
+        await p(ctx(), ok)
+    more.set()
+    async for _ in it:
+        pass
+    assert p.breaker.state == "closed"
+
+
+async def test_a_half_open_trials_whole_answer_under_way_is_not_stuck() -> None:
+    """The in-process engine tells a whole answer's first token as it comes
+    (`engine_ttft_s`): a trial generating a long whole answer is answering too."""
+    clock = Clock()
+    p = plugin(clock, half_open_calls=1, half_open_max_wait_s=3)
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    clock.t += 5
+    begun, done = asyncio.Event(), asyncio.Event()
+
+    async def engine(c: RequestContext) -> Reply:
+        c.engine_started, c.engine_ttft_s, c.engine_timed = 0.0, 0.1, True
+        begun.set()
+        await done.wait()
+        return Completion({"ok": True})
+
+    trial = asyncio.create_task(p(ctx(), engine))
+    await begun.wait()
+    clock.t += 10
+    assert p.health()["state"] == "half_open"
+    done.set()
+    await trial
+    assert p.breaker.state == "closed"
