@@ -8,6 +8,8 @@ builds an error body, so every error the gateway sends has the same keys
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 
@@ -157,8 +159,11 @@ class Unavailable(WeirError):
     def __init__(self, message: str, *, retry_after: float | None = 1.0, **kw: Any) -> None:
         super().__init__(message, **kw)
         if retry_after is not None:
-            self.headers.setdefault("retry-after", str(max(1, round(retry_after))))
-            self.headers.setdefault("retry-after-ms", str(int(retry_after * 1000)))
+            # (rounded up, as the rate limiter's and the breaker's: 2.5 s said as 2 had a
+            # client that honours it come back early, beside a `retry-after-ms` of 2500)
+            ms = math.ceil(round(retry_after * 1000, 6))  # (0.3 s is 300 ms, not 301)
+            self.headers.setdefault("retry-after", str(max(1, math.ceil(ms / 1000))))
+            self.headers.setdefault("retry-after-ms", str(ms))
 
 
 class Timeout(WeirError):

@@ -66,3 +66,15 @@ def test_a_message_ends_in_one_full_stop(fmt: dict[str, Any]) -> None:
         parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG,
                                             "response_format": fmt})
     assert e.value.message.endswith(".") and not e.value.message.endswith("..")
+
+
+@pytest.mark.parametrize(("after", "seconds", "ms"), [
+    (2.5, "3", "2500"), (0.2, "1", "200"), (3.0, "3", "3000"), (1.0001, "2", "1001"),
+    (0.3, "1", "300")])
+def test_a_503_s_retry_after_is_rounded_up(after: float, seconds: str, ms: str) -> None:
+    """Said as the rate limiter and the breaker say it: 2.5 s was `Retry-After: 2`, a
+    client honouring it back before the time `retry-after-ms` gave."""
+    from proxy.errors import Unavailable
+
+    e = Unavailable("busy", retry_after=after)
+    assert (e.headers["retry-after"], e.headers["retry-after-ms"]) == (seconds, ms)
