@@ -100,6 +100,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         reg = services.metrics.registry
         self.state_gauge = Gauge("weir_breaker_state", "0 closed, 1 half-open, 2 open.",
                                  registry=reg)
+        # Read at each scrape: an open breaker half-opens after `open_s` with no request
+        # to see it (the gauge said open until one came).
+        self.state_gauge.set_function(lambda: _STATE_VALUE[self.health()["state"]])
         self.transitions = Counter("weir_breaker_transitions_total", "State changes.",
                                    ["from_state", "to_state"], registry=reg)
         self.fallbacks = Counter("weir_fallbacks_total", "Fallback replies.",
@@ -120,7 +123,6 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             for i, f in enumerate(config.fallback) if f.kind == "upstream"}
 
     def _changed(self, old: State, new: State) -> None:
-        self.state_gauge.set(_STATE_VALUE[new])
         self.transitions.labels(old, new).inc()
         log.warning("breaker state changed", from_state=old, to_state=new)
 

@@ -628,3 +628,19 @@ async def test_a_half_open_trials_whole_answer_under_way_is_not_stuck() -> None:
     done.set()
     await trial
     assert p.breaker.state == "closed"
+
+
+async def test_the_state_gauge_half_opens_with_no_request_to_see_it() -> None:
+    """An open breaker is half-open after `open_s` whether or not a request comes: the
+    gauge (a dashboard's "open") said open until one did."""
+    clock = Clock()
+    p = plugin(clock)
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    state = lambda: p.services.metrics.registry.get_sample_value("weir_breaker_state")  # noqa: E731
+    assert state() == 2
+    clock.t += 6  # past open_s (5)
+    assert state() == 1
+    assert p.services.metrics.registry.get_sample_value(
+        "weir_breaker_transitions_total", {"from_state": "open", "to_state": "half_open"}) == 1
