@@ -252,7 +252,9 @@ class CachePlugin(BasePlugin[CacheConfig]):
             # ABANDONED: the leader's client went away; the first waiter to get here
             # takes the lead, the others wait on it.
         if look is not None and (done := self.store.just_stored(key, scope, max_age)) is not None:
-            # An identical request's generation ended while this one's lookup ran.
+            # An identical request's generation ended while this one's lookup ran: the
+            # lookup (an embedding perhaps not begun) is of no more use.
+            look.cancel()
             self.metrics.coalesced.inc()
             ctx.response_headers[HEADER] = "coalesced"
             return self._reply(ctx, done)

@@ -618,3 +618,45 @@ def test_odd_spellings_of_counts_are_read_without_failing(text: str) -> None:
     from plugins.cache.guard import gate, guard_digest
 
     assert guard_ok(text, text) and gate(text) and guard_digest(text)
+
+
+async def test_a_lookup_overtaken_by_an_identical_answer_is_dropped() -> None:
+    """An identical request generated and stored its answer while this one's semantic
+    lookup ran past its head start: this one is answered from that entry, and its lookup
+    (an embedding a busy model had yet to do) is cancelled; it ran on to its own
+    deadline, for nothing."""
+    p, _ = racing_plugin()
+    await run(p, ctx("Where is my order please?"), Engine())  # (a partition to look in)
+    release, hold, started, cancelled = (asyncio.Event() for _ in range(4))
+
+    async def head_start(look: Any) -> bool:  # the head start runs out when we say
+        await release.wait()
+        return bool(look.done())
+
+    real = p.store.lookup
+
+    async def lookup(*a: Any, **kw: Any) -> Any:  # a busy model: it waits for `hold`
+        started.set()
+        try:
+            await hold.wait()
+            return await real(*a, **kw)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    p._given_head_start = head_start  # type: ignore[method-assign]
+    p.store.lookup = lookup  # type: ignore[method-assign]
+    asked = "How do I reset my password please?"
+    c, own = ctx(asked), Engine()
+    waiting = asyncio.create_task(p(c, own))
+    try:
+        await asyncio.wait_for(started.wait(), 10)  # its lookup is under way
+        # an identical request that does not read the cache generates and stores
+        await run(p, ctx(asked, headers={"cache-control": "no-cache"}), Engine())
+        release.set()
+        await asyncio.wait_for(waiting, 10)
+        assert c.response_headers["x-weir-cache"] == "coalesced" and own.calls == 0
+        await asyncio.wait_for(cancelled.wait(), 10)
+    finally:
+        hold.set()
+        await p.close()
