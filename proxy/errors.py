@@ -9,7 +9,6 @@ builds an error body, so every error the gateway sends has the same keys
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 
