@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from .app_state import ABORTED, AppState
+from .context import RequestContext
 from .errors import Unavailable
 from .streaming import ANSWERED, PREPARED, WRITE_TIMED_OUT, cut_by_shutdown
 from .telemetry import get_logger, labelled
@@ -73,6 +74,19 @@ def _count_abort(st: AppState, request: web.Request) -> bool:
     reason = "write_timeout" if request.get(WRITE_TIMED_OUT) else "client_gone"
     labelled(st.metrics.aborted, reason).inc()
     return True
+
+
+@contextmanager
+def counting_cuts(st: AppState, info: dict[str, Any], ctx: RequestContext) -> Iterator[None]:
+    """Around a whole answer's generation: one cut before it came back (its client gone,
+    its deadline) spent what the engine read and generated (`ctx.usage_so_far`, which
+    the rate limiter charges): counted as a cut stream's tokens are (they were not)."""
+    try:
+        yield
+    except BaseException:
+        if ctx.usage_so_far:
+            note_usage(st, info, {"usage": ctx.usage_so_far})
+        raise
 
 
 def note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from .chain import Completion, Stream
 from .context import RequestContext, Route, header_map
 from .engine.base import ModelInfo
 from .errors import ModelNotFound, Unauthorized, Unavailable, WeirError
-from .inflight import count_abort, generating, refuse_if_draining
+from .inflight import count_abort, counting_cuts, generating, refuse_if_draining
 from .inflight import note_usage as note_usage  # (route modules import it here)
 from .middleware import ROUTE_OPTS
 from .protocol import (
@@ -96,7 +96,8 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
 
 async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
                   info: dict[str, Any]) -> web.StreamResponse:
-    reply = await st.chain(ctx)
+    with counting_cuts(st, info, ctx):
+        reply = await st.chain(ctx)
     store = stored_chat.wanted(ctx)
     if isinstance(reply, Completion):
         headers = {**ctx.response_headers, **reply.headers}

@@ -19,7 +19,7 @@ from ..chain import Completion, Stream
 from ..context import RequestContext, header_map
 from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
 from ..ids import shown_id
-from ..inflight import count_abort, generating
+from ..inflight import count_abort, counting_cuts, generating
 from ..middleware import ROUTE_OPTS
 from ..pagination import page
 from ..protocol import ChatCompletionRequest, parse_model, with_model_defaults
@@ -110,7 +110,8 @@ async def _create(request: web.Request, st: AppState,
                 log.warning("response not stored", response_id=rid, reason=e.code)
 
     try:
-        reply = await st.chain(ctx)
+        with counting_cuts(st, info, ctx):
+            reply = await st.chain(ctx)
     except InvalidRequest as e:
         raise X.rename_param(e, bool(req.instructions)) from None
     if ctx.screen is not None:

@@ -174,3 +174,22 @@ async def test_tokens_of_a_stream_whose_client_left_are_counted_on_every_route(
         text = await metrics_once(client, lambda t, b=before: metric(
             t, "weir_tokens_total", kind="prompt") > b)
         assert metric(text, "weir_tokens_total", kind="prompt") > before, path
+
+
+@pytest.mark.parametrize("route", ["chat", "responses"])
+async def test_a_whole_answer_cut_by_its_deadline_counts_the_tokens_it_spent(
+        make_client: MakeClient, route: str) -> None:
+    """The engine read its prompt and generated until the deadline (the rate limiter
+    charges it): `weir_tokens_total` counts them, as a cut stream's are counted (a whole
+    answer's were not)."""
+    engine = FakeEngine(delay=0.02)
+    client = await make_client(make_settings(plugins=[{"name": "admission"}]), engine=engine)
+    path, body = (("/v1/chat/completions", {**CHAT, "max_tokens": 400})
+                  if route == "chat" else
+                  ("/v1/responses", {"model": "fake-model", "input": "hi",
+                                     "max_output_tokens": 400}))
+    r = await client.post(path, json=body, headers={"x-weir-timeout-ms": "300"})
+    assert r.status == 504
+    text = await (await client.get("/metrics")).text()
+    assert metric(text, "weir_tokens_total", model="fake-model", kind="prompt") > 0
+    assert metric(text, "weir_tokens_total", model="fake-model", kind="completion") > 0
