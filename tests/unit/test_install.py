@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -42,3 +44,35 @@ def test_make_install_gpu_installs_the_gpu_extra_alone(tmp_path: Path) -> None:
     assert f"rm -f {venv}/.weir-installed-*" in gpu  # one stamp: the extra it holds
     cpu = _make_n(venv, "install")  # a fresh venv: the CPU build, as before
     assert "'.[cpu,dev]'" in cpu and "uninstall" in cpu
+
+
+def _pip_installs(dockerfile: str) -> list[str]:
+    """The arguments of the image's `pip install` runs (continuation lines joined)."""
+    text = (ROOT / dockerfile).read_text().replace("\\\n", " ")
+    args: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("RUN "):
+            continue
+        for part in line.removeprefix("RUN ").split("&&"):
+            words = shlex.split(part)
+            if words[:2] == ["pip", "install"]:
+                args += [w for w in words[2:] if not w.startswith("-")]
+    return args
+
+
+def test_gpu_image_installs_its_extra_but_vllm() -> None:
+    """Dockerfile.gpu (the README's GPU image, `config/production.yaml` by default)
+    installed Weir and MiniLM's package but not onnxruntime or onnx, which the default
+    embedding model (`builtin:minilm`) runs on: a model that cannot load is fatal, so the
+    image's server exited at start. It installs the `gpu` extra, vLLM aside (the base
+    image's)."""
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["gpu"]
+    installed = _pip_installs("Dockerfile.gpu")
+    assert "." in installed
+    missing = [r for r in extra if not r.startswith("vllm") and r not in installed]
+    assert not missing, f"Dockerfile.gpu leaves out {missing} of the gpu extra"
+
+
+def test_cpu_image_installs_the_cpu_extra() -> None:
+    assert ".[cpu]" in _pip_installs("Dockerfile")
