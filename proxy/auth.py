@@ -58,14 +58,17 @@ class Principal:
 
 
 class KeyConfigError(ValueError):
-    """A configured key that cannot be read; `config_error()` names its entry's field."""
+    """A configured key that cannot be read; `config_error()` names its entry's field,
+    and every other entry's that cannot be read either (`errors`)."""
 
-    def __init__(self, where: str, message: str) -> None:
+    def __init__(self, where: str, message: str,
+                 more: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
         self.where = where
+        self.errors = [(where, message), *more]
 
     def config_error(self) -> ConfigError:
-        return ConfigError([(self.where, str(self))])
+        return ConfigError(list(self.errors))
 
 
 def _key_hash(spec: ApiKey, i: int) -> str:
@@ -104,9 +107,17 @@ class Authenticator:
         self._gateways: set[str] = set()  # digests of keys marked `on_behalf_of`
         self._gateway_ids: set[str] = set()  # their fingerprints (`Principal.key_id`)
         self._unnamed: set[str] = set()  # gateway keys seen without the header (warned)
-        first: dict[str, int] = {}
+        digests: list[str] = []
+        unreadable: list[tuple[str, str]] = []  # each entry's, not only the first's
         for i, spec in enumerate(settings.keys):
-            digest = _key_hash(spec, i)
+            try:
+                digests.append(_key_hash(spec, i))
+            except KeyConfigError as e:
+                unreadable.append((e.where, str(e)))
+        if unreadable:
+            raise KeyConfigError(*unreadable[0], more=tuple(unreadable[1:]))
+        first: dict[str, int] = {}
+        for i, (spec, digest) in enumerate(zip(settings.keys, digests, strict=True)):
             if first.setdefault(digest, i) != i:  # (env vars and files hold keys too)
                 raise KeyConfigError("auth.keys", f"keys[{first[digest]}] and keys[{i}] hold "
                                      "the same key: it would stand for only one of them")

@@ -81,8 +81,9 @@ def _warn_unreadable_keys(path: str) -> None:
     try:
         Authenticator(parse_settings(read_config_text(path)).auth)
     except KeyConfigError as e:
-        print(f"{path}: warning: {e.where}: {e} here; `weir serve` refuses to start "
-              "without it", file=sys.stderr)
+        for where, message in e.errors:
+            print(f"{path}: warning: {where}: {message} here; `weir serve` refuses to "
+                  "start without it", file=sys.stderr)
 
 
 def make_model(kind: str, target: Path | None) -> int:

@@ -107,3 +107,27 @@ def test_check_config_warns_of_a_key_serve_cannot_read(
     f.write_text(f"auth: {{mode: keys, keys: [{{key_file: {tmp_path / 'none'}, tenant: b}}]}}\n")
     assert main(["check-config", str(f)]) == 0
     assert "warning: auth.keys[0].key_file: cannot be read" in capsys.readouterr().err
+
+
+def test_check_config_warns_of_every_key_serve_cannot_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """config/production.yaml names three keys held elsewhere (two environment variables
+    and a file); `check-config` warned of the first only, so each fix showed the next.
+    Each is named, as `serve`'s refusal names each."""
+    from proxy.auth import Authenticator, KeyConfigError
+    from proxy.settings import load_settings
+
+    monkeypatch.delenv("WEIR_TEST_NO_KEY_A", raising=False)
+    monkeypatch.delenv("WEIR_TEST_NO_KEY_B", raising=False)
+    f = tmp_path / "c.yaml"
+    f.write_text("auth: {mode: keys, keys: [{key_env: WEIR_TEST_NO_KEY_A}, {key: sk-a}, "
+                 "{key_env: WEIR_TEST_NO_KEY_B}, "
+                 f"{{key_file: {tmp_path / 'none'}}}]}}\n")
+    assert main(["check-config", str(f)]) == 0
+    warned = [ln.split(": ")[2] for ln in capsys.readouterr().err.splitlines()
+              if ": warning: " in ln]
+    assert warned == ["auth.keys[0].key_env", "auth.keys[2].key_env", "auth.keys[3].key_file"]
+    with pytest.raises(KeyConfigError) as e:
+        Authenticator(load_settings(f).auth)
+    assert [w for w, _ in e.value.config_error().errors] == warned
