@@ -68,7 +68,7 @@ class ServerSettings(_Strict):
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on (0: any free port).")
     drain_timeout_s: float = Field(
-        30.0, ge=0, description="On SIGTERM/SIGINT, how long in-flight requests may finish."
+        30.0, ge=0, description="On SIGTERM/SIGINT/SIGHUP, how long in-flight requests may finish."
     )
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1024,
@@ -271,7 +271,8 @@ class AuthSettings(_Strict):
 class LoggingSettings(_Strict):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Level.")
     format: Literal["json", "console"] = Field("json", description="Output format.")
-    include_prompts: bool = Field(False, description="Log prompt and answer text (debug only).")
+    include_prompts: bool = Field(
+        False, description="Add the prompt text to the request line (debug only).")
     access_log: bool = Field(True, description="One line per request.")
 
 
