@@ -79,7 +79,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         info = request[INFO]
         info.update(route=route, tenant=principal.tenant, stream=req.stream)
         if st.settings.logging.include_prompts:  # off by default: prompts are user data
-            info["prompt"] = _prompt_text(req)
+            info["prompt"] = prompt_text(req)
         check_model(st, principal, req.model)
         info["model"] = req.model  # a metric label: only names the server serves
         ctx = RequestContext(
@@ -117,7 +117,8 @@ async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
     return await _send_stream(request, st, ctx, reply, stream_headers, info, keep)
 
 
-def _prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
+def prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
+    """The request's prompt as the access log shows it (`logging.include_prompts`)."""
     if isinstance(req, ChatCompletionRequest):
         return "\n".join(f"{m.role}: {m.text()}" for m in req.messages)
     return "\n".join(p for p in req.prompts() if isinstance(p, str))

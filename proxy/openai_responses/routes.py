@@ -30,6 +30,7 @@ from ..routes import (
     json_response,
     note_usage,
     open_generation,
+    prompt_text,
     read_json,
 )
 from ..streaming import STREAM_ERROR, dumps, typed_sse, write_sse
@@ -74,6 +75,8 @@ async def _create(request: web.Request, st: AppState,
                                  code="previous_response_not_found")
         history = record["conversation"]
     chat_req, conversation = X.chat_request(req, history)
+    if st.settings.logging.include_prompts:  # (as chat's: the messages the model reads)
+        info["prompt"] = prompt_text(chat_req)
     chat_req = with_model_defaults(chat_req, st.terminal.sampling_defaults())
     ctx = RequestContext(route="chat", request=chat_req, principal=principal,
                          request_id=request[REQUEST_ID],

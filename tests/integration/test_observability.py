@@ -152,6 +152,22 @@ async def test_prompts_only_when_asked(make_client: MakeClient, logs: io.StringI
     assert MARKER in text and KEY not in text
 
 
+async def test_prompts_when_asked_on_the_responses_api_too(
+        make_client: MakeClient, logs: io.StringIO) -> None:
+    """`include_prompts` added the prompt to chat's and completions' request lines, not
+    to a Responses API request's (the README: "adds the prompt to the request line")."""
+    client = await make_client(settings(include_prompts=True))
+    r = await client.post("/v1/responses", headers={"Authorization": f"Bearer {KEY}"},
+                          json={"model": "fake-model", "max_output_tokens": 16,
+                                "instructions": "Be brief.",
+                                "input": f"What is {MARKER}?"})
+    assert r.status == 200, await r.text()
+    lines = [json.loads(ln) for ln in logs.getvalue().splitlines() if ln.startswith("{")]
+    (line,) = [ln for ln in lines if ln.get("event") == "request"]
+    assert line["route"] == "responses" and MARKER in line["prompt"]
+    assert "Be brief." in line["prompt"] and KEY not in logs.getvalue()
+
+
 async def test_metrics_move(make_client: MakeClient) -> None:
     client = await make_client(settings(rpm=3))
     h = {"Authorization": f"Bearer {KEY}"}
