@@ -147,9 +147,10 @@ def _check_counts(data: dict[str, Any]) -> None:
     for field, limit in (("messages", MAX_MESSAGES), ("tools", MAX_TOOLS)):
         value = data.get(field)
         if isinstance(value, list) and len(value) > limit:
-            raise InvalidRequest(
-                f"Invalid value for `{field}`: at most {limit} items are allowed "
-                f"(got {len(value)}).", param=field, code="invalid_value")
+            raise InvalidRequest(  # (as every length past its bound is said)
+                f"Invalid `{field}`: array too long. Expected an array with maximum length "
+                f"{limit}, but got an array with length {len(value)} instead.", param=field,
+                code="array_above_max_length")
 
 
 def _lone_surrogate(s: str) -> bool:

@@ -86,7 +86,8 @@ def test_a_float_past_a_double_s_range_is_refused_not_read_as_infinity(literal: 
 def test_too_many_messages_are_refused_by_count() -> None:
     msgs = [{"role": "user", "content": "hi"}] * (MAX_MESSAGES + 1)
     err = refused(json.dumps({"model": "m", "messages": msgs}))
-    assert err.param == "messages"
+    assert (err.param, err.code) == ("messages", "array_above_max_length")
+    assert f"maximum length {MAX_MESSAGES}, but got an array with length" in err.message
     ok = decode_json_object(json.dumps({"model": "m", "messages": msgs[:MAX_MESSAGES]}).encode())
     assert len(ok["messages"]) == MAX_MESSAGES
 
