@@ -4,12 +4,14 @@ to OpenAI errors, and the `engine.generate` span."""
 from __future__ import annotations
 
 import time
+from collections.abc import MutableMapping
 
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .engine.base import EngineFailed, EngineOverloaded, EngineRejected
 from .errors import EngineError, InvalidRequest, Unavailable
-from .tracing import tracer, tracing_enabled
+from .tracing import inject, tracer, tracing_enabled
 
 
 def map_engine_error(e: BaseException) -> BaseException:
@@ -44,12 +46,26 @@ class EngineSpan:
             self._span.add_event("first_token", {
                 "weir.ttft_ms": round((time.perf_counter() - self._started) * 1e3, 2)})
 
+    @property
+    def recording(self) -> bool:
+        """Whether there is a span (a tracer provider is installed) not yet ended."""
+        return self._span is not None
+
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        """This span's context into an upstream call's headers (its `traceparent`): the
+        upstream's server span is this client span's child. Without a span, the current
+        context's (the caller's, as the server took it)."""
+        inject(headers, trace.set_span_in_context(self._span) if self._span is not None
+               else None)
+
     def end(self, prompt_tokens: int, completion_tokens: int,
             error: BaseException | None) -> None:
-        if self._span is None:
+        """Once; a later call does nothing."""
+        span, self._span = self._span, None
+        if span is None:
             return
         if error is not None:
-            self._span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-        self._span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
-        self._span.set_attribute("gen_ai.usage.output_tokens", completion_tokens)
-        self._span.end()
+            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+        span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", completion_tokens)
+        span.end()

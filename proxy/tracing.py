@@ -2,8 +2,9 @@
 
 Spans: `HTTP POST /v1/chat/completions` (server; the W3C `traceparent` of the request is
 its parent) -> `plugin <name>` for each chain step -> `engine.generate` (a `first_token`
-event, token counts) and `redis <op>` for every Redis call. The trace context goes on to
-an upstream engine in `traceparent`. Spans carry no prompt text, no API key and no
+event, token counts; a client span, the local engine's or an upstream's call) and
+`redis <op>` for every Redis call. The trace context goes on to an upstream engine in
+`traceparent`, its parent the `engine.generate` span. Spans carry no prompt text, no API key and no
 header values; without an exporter configured, the spans inside a request are not
 made at all.
 """
@@ -77,9 +78,10 @@ def extract(headers: Mapping[str, str]) -> context.Context:
     return _propagator.extract(carrier=dict(headers))
 
 
-def inject(headers: MutableMapping[str, str]) -> None:
-    """Write the current span's context into outgoing headers (`traceparent`)."""
-    _propagator.inject(carrier=headers)
+def inject(headers: MutableMapping[str, str], ctx: context.Context | None = None) -> None:
+    """Write `ctx`'s span context (by default the current one) into outgoing headers
+    (`traceparent`)."""
+    _propagator.inject(carrier=headers, context=ctx)
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from .auth import ON_BEHALF_OF, caller_digest
-from .chain import Completion, Reply, Stream
+from .chain import Completion, Outcome, Reply, Stream
 from .context import RequestContext
 from .engine.base import EngineStats, ModelInfo
 from .errors import (
@@ -45,6 +45,7 @@ from .errors import (
     Timeout,
     Unavailable,
 )
+from .generation import EngineSpan
 from .rendering import ChunkAssembler, usage_ok
 from .responses import new_id, now
 from .settings import UpstreamEngineSettings
@@ -52,7 +53,6 @@ from .streaming import SHUTDOWN
 from .tasks import cancel_and_wait
 from .telemetry import get_logger
 from .tools import new_call_id
-from .tracing import inject
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
 #: A route's answer's `object`, whole and streamed, and its id's prefix.
@@ -296,7 +296,7 @@ class Upstream:
         key = self.settings.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def _headers(self, ctx: RequestContext) -> dict[str, str]:
+    def _headers(self, ctx: RequestContext, span: EngineSpan) -> dict[str, str]:
         h = {**self._auth(), "Content-Type": "application/json"}
         h["x-request-id"] = ctx.request_id  # (the client's own only where it was kept)
         if (secret := self.settings.on_behalf_of_secret) is not None:
@@ -305,10 +305,10 @@ class Upstream:
         for name in _PASSED_ON:  # what the client asked of caches holds there too
             if name in ctx.headers:
                 h[name] = ctx.headers[name]
-        # The current span, when tracing is on, becomes the upstream's parent; without a
+        # The call's span, when tracing is on, becomes the upstream's parent; without a
         # tracer, the caller's context as the server took it (none from a caller it does
         # not trust: `tracing.trust_incoming`).
-        inject(h)
+        span.inject(h)
         return h
 
     def routes(self) -> list[tuple[str, str, Any]]:
@@ -324,10 +324,33 @@ class Upstream:
         return not self.check_models or model in self._models
 
     async def __call__(self, ctx: RequestContext) -> Reply:
-        """Forward the request (after checking the model, unless told not to)."""
+        """Forward the request (after checking the model, unless told not to), inside an
+        `engine.generate` span (when tracing is on), the upstream's parent."""
         if not self.has_model(ctx.model):
             raise ModelNotFound(ctx.model)
         assert self._session is not None, "Upstream.start() was not called"
+        span = EngineSpan(ctx.model)
+        try:
+            reply = await self._forward(ctx, span)
+        except BaseException as e:
+            span.end(0, 0, e)
+            raise
+        if isinstance(reply, Completion):
+            span.end(*_tokens(reply.body.get("usage")), None)
+            return reply
+        if not span.recording:
+            return reply
+        span.first_token()  # (primed: its first chunk is in hand)
+
+        def ended(stream: Stream, outcome: Outcome) -> None:
+            span.end(*_tokens(stream.usage),
+                     stream.error if outcome != "completed" else None)
+
+        reply.on_end(ended)
+        return reply
+
+    async def _forward(self, ctx: RequestContext, span: EngineSpan) -> Reply:
+        assert self._session is not None
         if ctx.engine_started is None:  # (the breaker times the call from here)
             ctx.engine_started = time.monotonic()
         # What the client sent (as the chain left it), not the defaults Weir's models
@@ -359,7 +382,8 @@ class Upstream:
         wait = _PoolWait()
         try:
             resp = await self._session.post(
-                url, data=json.dumps(body), allow_redirects=False, headers=self._headers(ctx),
+                url, data=json.dumps(body), allow_redirects=False,
+                headers=self._headers(ctx, span),
                 trace_request_ctx=wait,
                 timeout=self._stream_timeout if ctx.request.stream else self._timeout)
         except TimeoutError:
@@ -612,6 +636,16 @@ def retry_after_s(value: str, default: int = 1) -> int:
         when = when.replace(tzinfo=UTC)
     left = (when - datetime.now(UTC)).total_seconds()
     return max(0, min(math.ceil(left), MAX_RETRY_AFTER_S))
+
+
+def _tokens(usage: Any) -> tuple[int, int]:
+    """An upstream's usage as (prompt, completion) tokens; 0 where it said none."""
+    u = usage if isinstance(usage, dict) else {}
+
+    def count(n: Any) -> int:
+        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+    return count(u.get("prompt_tokens")), count(u.get("completion_tokens"))
 
 
 def _retry_headers(value: str) -> dict[str, str]:

@@ -383,3 +383,69 @@ async def test_an_embeddings_requests_tokens_are_counted(make_client: MakeClient
     line = next(json.loads(ln) for ln in logs.getvalue().splitlines()
                 if '"request"' in ln and "/v1/embeddings" in ln)
     assert line["prompt_tokens"] == 3 and line["status"] == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_call_has_its_engine_span_the_upstream_s_parent(
+        make_client: MakeClient, spans: InMemorySpanExporter, stream: bool) -> None:
+    """`engine.kind: upstream` made no `engine.generate` span: the upstream's time, its
+    failures and its tokens were in no span, and the upstream's server span hung off the
+    innermost plugin's. The call is a client span now, the one its `traceparent` names,
+    with the tokens the upstream counted and an error status when it failed."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    seen: list[str] = []
+    fail = False
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers["traceparent"])
+        if fail:
+            return web.json_response({"error": {"message": "down"}}, status=500)
+        head = {"id": "chatcmpl-up", "created": 1, "model": "up-model"}
+        if not (await request.json()).get("stream"):
+            return web.json_response({**head, "object": "chat.completion", "usage": usage,
+                                      "choices": [{"index": 0, "finish_reason": "stop",
+                                                   "message": {"role": "assistant",
+                                                               "content": "hi"}}]})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for c in ({**head, "object": "chat.completion.chunk", "choices": [
+                      {"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]},
+                  {**head, "object": "chat.completion.chunk", "choices": [],
+                   "usage": usage}):
+            await resp.write(f"data: {json.dumps(c)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    up = TestServer(app, host="127.0.0.1")
+    await up.start_server()
+    try:
+        client = await make_client(make_settings(engine={
+            "kind": "upstream", "base_url": str(up.make_url("/v1")), "models": ["up-model"]}))
+        payload = {"model": "up-model", "stream": stream,
+                   "messages": [{"role": "user", "content": "hi"}]}
+        r = await client.post("/v1/chat/completions", json=payload)
+        assert r.status == 200
+        await r.read()
+        (engine,) = [s for s in spans.get_finished_spans() if s.name == "engine.generate"]
+        assert engine.kind == SpanKind.CLIENT
+        assert engine.attributes["gen_ai.request.model"] == "up-model"
+        assert engine.attributes["gen_ai.usage.input_tokens"] == 5
+        assert engine.attributes["gen_ai.usage.output_tokens"] == 3
+        assert engine.status.status_code != StatusCode.ERROR
+        (sent,) = seen
+        assert sent.split("-")[1:3] == [format(engine.context.trace_id, "032x"),
+                                        format(engine.context.span_id, "016x")]
+        spans.clear()
+        fail = True
+        r = await client.post("/v1/chat/completions", json=payload)
+        assert r.status == 502
+        (engine,) = [s for s in spans.get_finished_spans() if s.name == "engine.generate"]
+        assert engine.status.status_code == StatusCode.ERROR
+    finally:
+        await up.close()
