@@ -167,6 +167,7 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
         try:
             resp = await handler(request)
             status = returned_status(request, resp)
+            note_cache(request, resp)
             return resp
         except asyncio.CancelledError as e:
             status = cancelled_status(request, e)
@@ -187,6 +188,17 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
                             **{k: v for k, v in info.items() if v is not None})
 
     return access_log
+
+
+def note_cache(request: web.Request, resp: web.StreamResponse) -> None:
+    """The cache's outcome, for the access log and the span: what the answer's
+    `x-weir-cache` says (every route the cache serves, and an error after its lookup,
+    whose answer carries the header too), unless the route told it."""
+    info = request.get(INFO)
+    if info is not None and info.get("cache") is None:
+        told = resp.headers.get("x-weir-cache")
+        if told is not None:
+            info["cache"] = told
 
 
 def cancelled_status(request: web.Request, e: asyncio.CancelledError) -> int:
@@ -293,6 +305,7 @@ async def _server_span(request: web.Request, handler: Handler,
         try:
             resp = await handler(request)
             status = returned_status(request, resp)  # (as the access log counts it)
+            note_cache(request, resp)
             return resp
         except asyncio.CancelledError as e:
             status = cancelled_status(request, e)  # (as the access log counts it)

@@ -449,3 +449,30 @@ async def test_an_upstream_call_has_its_engine_span_the_upstream_s_parent(
         assert engine.status.status_code == StatusCode.ERROR
     finally:
         await up.close()
+
+
+async def test_every_request_line_and_span_tell_the_cache_outcome(
+        make_client: MakeClient, fake_engine: Any, spans: InMemorySpanExporter,
+        logs: io.StringIO) -> None:
+    """The access-log line's `cache` (and the span's `weir.cache`) came from the chat and
+    completions routes' answers only: a Responses request, and a request the cache had
+    looked up that then failed, told none, while `weir_cache_lookups_total` counted them.
+    Each says what its `x-weir-cache` header said now."""
+    client = await make_client(settings())
+    h = {"Authorization": f"Bearer {KEY}"}
+    ask = {"model": "fake-model", "input": f"What is {MARKER}?", "temperature": 0,
+           "max_output_tokens": 16}
+    for expected in ("miss", "exact"):
+        r = await client.post("/v1/responses", json=ask, headers=h)
+        assert r.status == 200 and r.headers["x-weir-cache"] == expected
+    fake_engine.fail_after = 0
+    r = await client.post("/v1/chat/completions", json={
+        **body(), "messages": [{"role": "user", "content": "another question"}]}, headers=h)
+    assert r.status == 502 and r.headers["x-weir-cache"] == "miss"
+    lines = [json.loads(ln) for ln in logs.getvalue().splitlines() if '"request"' in ln]
+    assert [(ln["route"], ln["status"], ln.get("cache")) for ln in lines
+            if ln.get("event") == "request"] == [
+        ("responses", 200, "miss"), ("responses", 200, "exact"), ("chat", 502, "miss")]
+    told = [s.attributes.get("weir.cache") for s in spans.get_finished_spans()
+            if s.name.startswith("HTTP POST")]
+    assert told == ["miss", "exact", "miss"]
