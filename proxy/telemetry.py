@@ -4,7 +4,8 @@ Processor order matters: contextvars first (request id bound by the middleware),
 level and timestamp, then `_redact` which drops secrets a careless call might pass
 (`authorization`, `api_key`, ...), then the renderer (JSON by default).
 
-Library loggers (`aiohttp`, `asyncio`) go through `LibraryLogBridge` into the same
+Library loggers (`aiohttp`, `asyncio`, and any other through the root logger) go
+through `LibraryLogBridge` into the same
 structured log, never as raw tracebacks: aiohttp's parser errors quote the offending
 request line or header (an `Authorization` key included) in the exception's message, so
 only the exception's type and errno are kept; and a burst of the same record (a
@@ -47,7 +48,17 @@ def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[
 
 _BURST_WINDOW_S = 10.0
 _LIBRARY_LOGGERS = ("aiohttp", "asyncio")
-_PLACEHOLDER = re.compile(r"\s*(from|for|at)?\s*%[srd]")
+#: A format string's conversion (`%s`, `%r`, `%d`, `%.2f`, `%(name)s`, ...), with the
+#: preposition that introduces it: the arguments are user data, the rest is not.
+_PLACEHOLDER = re.compile(
+    r"\s*(from|for|at)?\s*%(?:\([^)]*\))?[#0 +\-]*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
+    r"[diouxXeEfFgGcrsa]")
+
+
+def _dropped(m: re.Match[str]) -> str:
+    """A conversion left out: a space stays where a word follows (`in %.2fs.`: `in s.`)."""
+    rest = m.string[m.end():m.end() + 1]
+    return " " if m.group(0)[:1].isspace() and rest.isalnum() else ""
 
 
 class LibraryLogBridge(logging.Handler):
@@ -65,7 +76,7 @@ class LibraryLogBridge(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            event = _PLACEHOLDER.sub("", str(record.msg).split("\n", 1)[0])[:200]
+            event = _PLACEHOLDER.sub(_dropped, str(record.msg).split("\n", 1)[0])[:200]
             key = (record.name, event)
             now = time.monotonic()
             last, suppressed = self._last.get(key, (-1e18, 0))
@@ -94,12 +105,18 @@ class LibraryLogBridge(logging.Handler):
 
 
 def _bridge_library_loggers() -> None:
-    for name in _LIBRARY_LOGGERS:
+    """aiohttp's and asyncio's loggers, and the root logger: every other library's
+    warnings (the OTLP exporter's, a collector down; Redis's client; urllib3's) reach it
+    unless their library handles its own (vLLM's, which its own processes share), and
+    went to stderr as plain text (`logging.lastResort`), arguments and all."""
+    for name in (*_LIBRARY_LOGGERS, None):
         lib = logging.getLogger(name)
         for h in list(lib.handlers):
             if isinstance(h, LibraryLogBridge):
                 lib.removeHandler(h)
         lib.addHandler(LibraryLogBridge())
+        if name is None:
+            continue  # (the root's level is the application's to set)
         lib.propagate = False  # not also to the root's handlers (or the last resort)
         if lib.level == logging.NOTSET or lib.level < logging.WARNING:
             lib.setLevel(logging.WARNING)

@@ -77,6 +77,28 @@ def test_a_malformed_request_is_a_warning_and_our_own_failure_an_error(
                                                        ("RuntimeError", "error")]
 
 
+def test_any_library_s_warning_is_a_structured_line_without_its_arguments(
+        log: io.StringIO) -> None:
+    """Only aiohttp's and asyncio's records were bridged: the OTLP exporter's (a collector
+    down: one per batch and retry) and any other library's went to stderr as plain text,
+    into a log every other line of which is JSON, with their arguments (hosts, a reason's
+    text). Every library's warnings reach the structured log now, scrubbed and
+    rate-limited as aiohttp's are."""
+    exporter = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    for delay in (0.81, 1.67, 3.72):
+        exporter.warning("Transient error %s encountered while exporting %s batch, "
+                         "retrying in %.2fs.", "HTTPConnectionPool(host='sk-secret-host')",
+                         "span", delay)
+    logging.getLogger("some.library").error("failed for %(who)s", {"who": "sk-secret-who"})
+    logging.getLogger("some.library").info("chatter below the bridge's level")
+    got = lines(log)
+    assert [(g["logger"], g["event"], g["level"]) for g in got] == [
+        ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+         "Transient error encountered while exporting batch, retrying in s.", "warning"),
+        ("some.library", "failed", "error")]
+    assert "sk-secret" not in log.getvalue()
+
+
 def test_labelled_children_are_memoised_and_count() -> None:
     m = telemetry.Metrics()
     a = telemetry.labelled(m.requests, "chat", "m", "200")
