@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -116,10 +117,21 @@ def _request_id(request: web.Request) -> str:
     one of the configured keys (it is written on every log line of the request; a key
     made with `openssl rand -hex 32` has no vendor's shape), else a new one."""
     rid = request.headers.get("x-request-id", "")
-    if not _REQUEST_ID.match(rid) or _KEY_LIKE.match(rid):
+    if not _REQUEST_ID.match(rid) or _KEY_LIKE.match(rid) or _KEY_INSIDE.search(rid):
         return new_hex()
     state = request.app.get(STATE)
-    return new_hex() if state is not None and state.auth.is_key(rid) else rid
+    return new_hex() if state is not None and _holds_key(rid, state.auth.is_key) else rid
+
+
+def _holds_key(rid: str, is_key: Callable[[str], bool]) -> bool:
+    """Whether `rid` is a configured key, or holds one behind a prefix or before a suffix
+    set off by a separator (`x.KEY`, `req-KEY`, `KEY:7`): a hash per separator."""
+    if is_key(rid):
+        return True
+    for m in _SEPARATOR.finditer(rid):
+        if is_key(rid[m.end():]) or is_key(rid[:m.start()]):
+            return True
+    return False
 
 
 #: A vendor key's shape (OpenAI's `sk-`, Stripe's, GitHub's, Slack's, AWS's, Google's,
@@ -128,6 +140,15 @@ def _request_id(request: web.Request) -> str:
 _KEY_LIKE = re.compile(
     r"(?i:(?:sk|pk|rk|ak|key|api|apikey|api_key|token|secret|bearer|pat|ghp|gho|ghu|ghs|ghr|"
     r"github_pat|glpat|xox[abposr]|hf|npm|pypi)[-_]|AKIA|ASIA|AIza|eyJ)")
+
+
+#: A vendor key's shape after a separator (`req-sk-proj-...`, `trace:ghp_...`): only the
+#: distinctive prefixes, each with a key's length of text after it (`orders-api-1`,
+#: `task-12345` and `build-npm-2` stay the caller's).
+_KEY_INSIDE = re.compile(
+    r"[._:\-](?:(?i:sk|rk|ghp|gho|ghu|ghs|ghr|github_pat|glpat|hf|npm)[-_][\w\-]{16}|"
+    r"(?i:xox[abposr])-[\w\-]{8}|(?:AKIA|ASIA)[A-Z0-9]{16}|AIza[\w\-]{30}|eyJ[\w\-]{8})")
+_SEPARATOR = re.compile(r"[._:\-]")
 
 
 #: Every route's options: `Expect` handled as above.

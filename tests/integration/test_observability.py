@@ -144,6 +144,30 @@ async def test_a_configured_key_sent_as_request_id_is_never_logged(
     assert f'"request_id": "{other}"' in text
 
 
+async def test_a_key_inside_a_request_id_is_never_logged(
+        make_client: MakeClient, logs: io.StringIO) -> None:
+    """Only a request id that was a configured key, or that began with a vendor key's
+    shape, was replaced: a key behind a prefix (`x.` + the caller's own key, `req-` + an
+    OpenAI key) or before a suffix was echoed and written on every log line of the
+    request. Ids that merely hold such letters stay the caller's."""
+    hex_key = "8f" * 32
+    client = await make_client(make_settings(
+        auth={"mode": "keys", "keys": [{"key": KEY}, {"key": hex_key, "tenant": "b"}]},
+        logging={"access_log": True}))
+    h = {"Authorization": f"Bearer {hex_key}"}
+    leaked = [f"x.{KEY}", f"req-{hex_key}", f"{hex_key}:7", f"a-{KEY}.b",
+              "req-sk-proj-abcdef1234567890abcdef", "trace:ghp_abcdefghijklmnopqrstuvwxyz0123",
+              "id.AKIAIOSFODNN7EXAMPLE", "u_eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0"]
+    kept = ["task-12345", "orders-api-123", "desk_sk-1", "checkout.key-rotation", "build-npm-2"]
+    for rid in leaked + kept:
+        r = await client.get("/v1/models", headers={**h, "x-request-id": rid})
+        assert r.status == 200
+        assert (r.headers["x-request-id"] == rid) == (rid in kept), rid
+    text = logs.getvalue()
+    for secret in (KEY, hex_key, "sk-proj-abcdef", "ghp_abcdef", "AKIAIOSFODNN", "eyJhbGci"):
+        assert secret not in text, secret
+
+
 async def test_prompts_only_when_asked(make_client: MakeClient, logs: io.StringIO) -> None:
     client = await make_client(settings(include_prompts=True))
     await client.post("/v1/chat/completions", json=body(),
