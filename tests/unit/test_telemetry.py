@@ -118,3 +118,17 @@ def test_labelled_stops_memoising_past_its_bound(monkeypatch: pytest.MonkeyPatch
         telemetry.labelled(m.requests, "chat", "m", status).inc()
     assert len(m.requests.__dict__["_weir_children"]) == 2
     assert m.render().decode().count("weir_requests_total{") == 4
+
+
+def test_the_latency_histogram_tells_apart_requests_as_long_as_the_defaults_allow() -> None:
+    """Its top finite bucket was 120 s, where a request may run 300 s under admission's
+    default deadline and 600 s on an upstream: every request past 2 minutes fell in +Inf,
+    and a p99 over them read as 120 s."""
+    from plugins.admission.config import AdmissionConfig
+    from proxy.settings import UpstreamEngineSettings
+
+    longest = max(AdmissionConfig().deadline_s or 0,
+                  UpstreamEngineSettings(base_url="http://up/v1").timeout_s)
+    bounds = telemetry._LATENCY_BUCKETS
+    assert bounds[-1] >= longest
+    assert any(longest / 2 <= b < longest for b in bounds)  # not one bucket for 2-10 min
