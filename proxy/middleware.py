@@ -188,7 +188,7 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
         try:
             resp = await handler(request)
             status = returned_status(request, resp)
-            note_cache(request, resp)
+            note_outcome(request, resp)
             return resp
         except asyncio.CancelledError as e:
             status = cancelled_status(request, e)
@@ -211,15 +211,24 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
     return access_log
 
 
-def note_cache(request: web.Request, resp: web.StreamResponse) -> None:
-    """The cache's outcome, for the access log and the span: what the answer's
-    `x-weir-cache` says (every route the cache serves, and an error after its lookup,
-    whose answer carries the header too), unless the route told it."""
+#: What an answer's headers tell the access log and the span: the cache's outcome and the
+#: breaker's fallback (an engine failed, or the circuit is open, and a fallback answered).
+_TOLD = (("cache", "x-weir-cache"), ("fallback", "x-weir-fallback"))
+
+
+def note_outcome(request: web.Request, resp: web.StreamResponse) -> None:
+    """The cache's outcome and the fallback that answered, for the access log and the
+    span: what the answer's `x-weir-cache` and `x-weir-fallback` say (every route the
+    plugins serve, and an error after the cache's lookup, whose answer carries its header
+    too), unless the route told it."""
     info = request.get(INFO)
-    if info is not None and info.get("cache") is None:
-        told = resp.headers.get("x-weir-cache")
-        if told is not None:
-            info["cache"] = told
+    if info is None:
+        return
+    for field, header in _TOLD:
+        if info.get(field) is None:
+            told = resp.headers.get(header)
+            if told is not None:
+                info[field] = told
 
 
 def cancelled_status(request: web.Request, e: asyncio.CancelledError) -> int:
@@ -326,7 +335,7 @@ async def _server_span(request: web.Request, handler: Handler,
         try:
             resp = await handler(request)
             status = returned_status(request, resp)  # (as the access log counts it)
-            note_cache(request, resp)
+            note_outcome(request, resp)
             return resp
         except asyncio.CancelledError as e:
             status = cancelled_status(request, e)  # (as the access log counts it)
@@ -337,7 +346,7 @@ async def _server_span(request: web.Request, handler: Handler,
             status = outcome_status(request, status)
             s.set_attribute("http.response.status_code", status)
             info = request.get(INFO) or {}
-            for key in ("model", "tenant", "cache"):
+            for key in ("model", "tenant", "cache", "fallback"):
                 if info.get(key) is not None:
                     s.set_attribute(f"weir.{key}", str(info[key]))
             if status >= 500:

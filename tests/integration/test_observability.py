@@ -500,3 +500,27 @@ async def test_every_request_line_and_span_tell_the_cache_outcome(
     told = [s.attributes.get("weir.cache") for s in spans.get_finished_spans()
             if s.name.startswith("HTTP POST")]
     assert told == ["miss", "exact", "miss"]
+
+
+async def test_an_answer_a_fallback_gave_says_so_in_its_line_and_span(
+        make_client: MakeClient, fake_engine: Any, spans: InMemorySpanExporter,
+        logs: io.StringIO) -> None:
+    """An engine that failed while the breaker's fallback answered left no trace in the
+    log: the request's line was a 200 like any other (the engine's error was logged
+    nowhere) and its span said nothing either. The line and the span name the fallback."""
+    client = await make_client(make_settings(
+        logging={"access_log": True},
+        plugins=[{"name": "breaker", "config": {
+            "fallback": [{"kind": "static", "content": "We are busy."}]}}]))
+    fake_engine.fail_after = 0
+    r = await client.post("/v1/chat/completions", json={**body(), "temperature": 1})
+    assert r.status == 200 and r.headers["x-weir-fallback"] == "static"
+    fake_engine.fail_after = None
+    r = await client.post("/v1/chat/completions", json={**body(), "temperature": 1})
+    assert r.status == 200 and "x-weir-fallback" not in r.headers
+    lines = [json.loads(ln) for ln in logs.getvalue().splitlines() if '"request"' in ln]
+    assert [(ln["status"], ln.get("fallback")) for ln in lines] == [(200, "static"),
+                                                                   (200, None)]
+    told = [s.attributes.get("weir.fallback") for s in spans.get_finished_spans()
+            if s.name.startswith("HTTP POST")]
+    assert told == ["static", None]
