@@ -7,11 +7,11 @@ import time
 from collections.abc import MutableMapping
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from .engine.base import EngineFailed, EngineOverloaded, EngineRejected
 from .errors import EngineError, InvalidRequest, Unavailable
-from .tracing import inject, tracer, tracing_enabled
+from .tracing import ended_by, inject, tracer, tracing_enabled
 
 
 def map_engine_error(e: BaseException) -> BaseException:
@@ -65,7 +65,7 @@ class EngineSpan:
         if span is None:
             return
         if error is not None:
-            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+            ended_by(span, error)
         span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
         span.set_attribute("gen_ai.usage.output_tokens", completion_tokens)
         span.end()

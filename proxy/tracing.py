@@ -6,11 +6,14 @@ event, token counts; a client span, the local engine's or an upstream's call) an
 `redis <op>` for every Redis call. The trace context goes on to an upstream engine in
 `traceparent`, its parent the `engine.generate` span. Spans carry no prompt text, no API key and no
 header values; without an exporter configured, the spans inside a request are not
-made at all.
+made at all. A span's status is an error for a failure only, as the server span's is for
+a 5xx: a refusal of the client's request (a 4xx) is named in `weir.refused`, the
+client gone in `weir.cancelled`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +22,7 @@ from opentelemetry import context, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .errors import WeirError
 from .settings import TracingSettings
 
 _propagator = TraceContextTextMapPropagator()
@@ -99,5 +103,18 @@ def span(name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any) -> It
         try:
             yield s
         except BaseException as e:
-            s.set_status(Status(StatusCode.ERROR, type(e).__name__))
+            ended_by(s, e)
             raise
+
+
+def ended_by(s: Span, e: BaseException) -> None:
+    """What an exception through a span makes of it, as the server span counts its
+    status: a failure is an error; a refusal of the client's request (a 4xx: a limit, a
+    bad request, a block) is named in `weir.refused`, and a cancellation (the client
+    gone) is `weir.cancelled`, neither an error."""
+    if isinstance(e, asyncio.CancelledError | GeneratorExit):
+        s.set_attribute("weir.cancelled", True)
+    elif isinstance(e, WeirError) and e.status < 500:
+        s.set_attribute("weir.refused", type(e).__name__)
+    else:
+        s.set_status(Status(StatusCode.ERROR, type(e).__name__))

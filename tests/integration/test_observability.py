@@ -5,6 +5,7 @@ bodies, unless `logging.include_prompts` asks for prompts (the positive control)
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from proxy.settings import TracingSettings
 from proxy.tracing import configure_tracing
 from tests.conftest import MakeClient, make_settings
 from tests.metrics import metric
+from tests.waiting import eventually
 
 KEY = "sk-planted-SECRET-0123456789abcdef"
 MARKER = "MARKER-7f3a-do-not-log"
@@ -524,3 +526,37 @@ async def test_an_answer_a_fallback_gave_says_so_in_its_line_and_span(
     told = [s.attributes.get("weir.fallback") for s in spans.get_finished_spans()
             if s.name.startswith("HTTP POST")]
     assert told == ["static", None]
+
+
+async def test_a_refusal_is_no_error_in_the_plugin_spans_either(
+        make_client: MakeClient, fake_engine: Any, spans: InMemorySpanExporter) -> None:
+    """A request the client's own limits refused (a 429) was no error in its server span
+    (a 4xx), but every plugin span it crossed had an error status: trace backends' error
+    rates, and tail sampling that keeps the traces with errors, counted each 429 (and
+    each 400, each client gone) as a failure. A refusal is told by name, not as an error;
+    a failure (an engine's 502) stays one."""
+    from opentelemetry.trace import StatusCode
+
+    client = await make_client(settings(rpm=1))
+    h = {"Authorization": f"Bearer {KEY}"}
+    assert (await client.post("/v1/chat/completions", json=body(), headers=h)).status == 200
+    spans.clear()
+    assert (await client.post("/v1/chat/completions", json=body(), headers=h)).status == 429
+    got = {s.name: s for s in spans.get_finished_spans()}
+    assert got["HTTP POST /v1/chat/completions"].status.status_code != StatusCode.ERROR
+    for name in ("plugin sanitizer", "plugin rate_limit"):
+        assert got[name].status.status_code != StatusCode.ERROR, name
+    assert got["plugin rate_limit"].attributes["weir.refused"] == "RateLimited"
+    # the client gone: no error either (the server span's is a 499)
+    spans.clear()
+    fake_engine.token_gate = asyncio.Event()  # (the engine makes no token until set)
+    client = await make_client(settings())
+    call = asyncio.ensure_future(client.post("/v1/chat/completions", json=body(), headers=h))
+    await eventually(lambda: fake_engine.active)
+    call.cancel()
+    await eventually(lambda: any(s.name.startswith("HTTP") for s in spans.get_finished_spans()))
+    got = {s.name: s for s in spans.get_finished_spans()}
+    assert got["HTTP POST /v1/chat/completions"].attributes["http.response.status_code"] == 499
+    for name in ("plugin sanitizer", "plugin cache", "engine.generate"):
+        assert got[name].status.status_code != StatusCode.ERROR, name
+        assert got[name].attributes["weir.cancelled"] is True, name
