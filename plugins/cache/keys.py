@@ -184,7 +184,9 @@ def request_text(ctx: RequestContext,
     (`prompt_text`), and what a chat request carries besides (the speakers' names, the
     names and arguments of earlier calls, the tool definitions, the response format) or
     a completion's suffix. A pattern found only there (`{"diagnosis": ...}` in a call's
-    arguments) keeps the request out of the cache as one in a message does."""
+    arguments) keeps the request out of the cache as one in a message does; each part is
+    read normalized, as the messages are (a zero-width space or full-width letters there
+    hid a match)."""
     text = prompt_text(ctx, read_tokens)
     req = key_request(ctx)
     more: list[str] = []
@@ -201,4 +203,4 @@ def request_text(ctx: RequestContext,
                 exclude_none=True, by_alias=True), ensure_ascii=False))
     elif req.suffix:
         more.append(req.suffix)
-    return "\n".join([text, *more]) if more else text
+    return "\n".join([text, *map(normalize, more)]) if more else text

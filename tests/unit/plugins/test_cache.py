@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -904,3 +905,33 @@ async def test_layer_all_counts_each_request_once_hit_or_miss() -> None:
               eng)
     assert per_request(p) == (2, 2)
     assert sample(p, "weir_cache_lookups_total", layer="all", result="bypass") == 1
+
+
+@pytest.mark.parametrize("word", ["diag\u200bnosis",  # a zero-width space
+                                  "\uff44\uff49\uff41\uff47\uff4e\uff4f\uff53\uff49\uff53"])
+@pytest.mark.parametrize("where", ["message", "arguments", "tool", "suffix"])
+async def test_a_sensitive_pattern_reads_every_part_as_it_reads_the_messages(
+        word: str, where: str) -> None:
+    """The messages' text is read normalized (a zero-width space dropped, full-width
+    letters folded), so a pattern is not dodged there; what else the model reads (an
+    earlier call's arguments, a tool's definition, a completion's suffix) was read raw,
+    so the same spelling there was cached and served."""
+    if where == "suffix":
+        c = RequestContext(route="completion", request=CompletionRequest.model_validate(
+            {"model": "m", "prompt": "Once", "suffix": f"a {word}", "temperature": 0}),
+            principal=ALICE, request_id="r", headers={})
+    else:
+        kw: dict[str, Any] = {
+            "message": {"messages": [{"role": "user", "content": f"My {word}?"}]},
+            "arguments": {"messages": [_CALLED[0], {**_CALLED[1], "tool_calls": [{
+                "id": "c1", "type": "function", "function": {
+                    "name": "lookup", "arguments": json.dumps({"q": word},
+                                                              ensure_ascii=False)}}]},
+                _CALLED[2]]},
+            "tool": {"messages": _CALLED[:1], "tools": [{"type": "function", "function": {
+                "name": "lookup", "description": f"Looks up a {word}."}}]},
+        }[where]
+        c = _ext_ctx(**kw)
+    p, eng = plugin(sensitive_patterns=[r"(?i)diagnosis"]), Engine()
+    _, layer = await run(p, c, eng)
+    assert layer == "bypass"
