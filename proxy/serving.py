@@ -61,9 +61,10 @@ def engine_outputs(engine: Engine, prep: Prepared,
         outputs = _merged(engine, prep, base, salt)
         ids = [f"{base}-{i}" for i in range(len(prep.prompts))]
     counted = getattr(engine, "generated_tokens", None)
-    if prep.options.final_only and counted is not None:
+    if counted is not None:
         # (a whole answer tells no token until its end: the breaker asks, past its
-        # `slow_call_s`, whether the engine has made any)
+        # `slow_call_s`, whether the engine has made any; and whether a half-open trial
+        # under way, whole or streamed, is still making them)
         ctx.engine_progress = lambda: _total([counted(i) for i in ids])
     n = ctx.request.n
     return outputs if prep.options.n == n else _fanned_out(outputs, n)

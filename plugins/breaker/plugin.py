@@ -115,6 +115,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             half_open_max_wait_s=config.half_open_max_wait_s), clock, self._changed)
         #: permit -> its call, until the call's outcome is told (once).
         self._running: dict[int, RequestContext] = {}
+        #: half-open trials answering: permit -> the tokens the engine had made when last
+        #: seen (a trial still making them is not stuck)
+        self._made: dict[int, int] = {}
         self.upstreams: dict[int, Upstream] = {
             i: Upstream(UpstreamEngineSettings.model_validate({
                 "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s,
@@ -164,7 +167,8 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             return reply
         # A primed stream's first chunk is in hand: an error before it was raised above
         # (and fell back); the first-token time is what makes a call slow.
-        self.breaker.answering(permit)
+        if self.breaker.state == "half_open":  # (a trial: its silence is watched)
+            self._alive(permit, ctx)
         slow = self._slow(ctx, reply.primed_at if reply.primed_at is not None
                           else time.monotonic())
 
@@ -204,6 +208,21 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         if self._running.pop(permit, None) is not None:
             self.breaker.record(permit, failed=failed, slow=slow)
 
+    def _alive(self, permit: int, ctx: RequestContext) -> None:
+        """A trial whose answer has begun gives a sign of life: the engine made tokens
+        since it was last seen (or, where the engine cannot say, its first token)."""
+        made = None
+        if ctx.engine_progress is not None:
+            try:
+                made = ctx.engine_progress()
+            except Exception:  # (vLLM's internals, read where it keeps them)
+                made = None
+        if made is None:
+            self.breaker.answering(permit)
+        elif self._made.get(permit) != made:
+            self._made[permit] = made
+            self.breaker.answering(permit, progress=True)
+
     def _sweep(self) -> None:
         """Calls the engine has had past `slow_call_s` with no first token are slow now,
         not when their deadline or their client ends them: a hung engine opens the
@@ -213,10 +232,12 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         (`engine_progress`), where it can say; where it cannot, one cut with no token
         generated is slow when it ends."""
         now = time.monotonic()
-        if self.breaker.state == "half_open":  # a trial's whole answer under way, begun
+        if self.breaker.state == "half_open":  # a trial's answer under way, begun
             for p, c in self._running.items():
-                if c.engine_ttft_s is not None:
-                    self.breaker.answering(p)
+                if c.engine_ttft_s is not None or p in self._made:
+                    self._alive(p, c)
+        for p in [p for p in self._made if p not in self._running]:
+            del self._made[p]
         late = [p for p, c in self._running.items() if c.engine_ttft_s is None
                 and c.engine_started is not None
                 and now - c.engine_started > self.cfg.slow_call_s

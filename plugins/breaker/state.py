@@ -99,13 +99,16 @@ class Breaker:
                     or self._slows / n >= self.p.slow_call_rate):
                 self._open(now)
 
-    def answering(self, permit: int) -> None:
-        """A trial's answer has begun (its first token): it is not silent, so not stuck
-        however long the answer runs; its outcome still comes with its end. (A trial
-        streaming a long answer, healthy all along, reopened the breaker once it had run
-        `half_open_max_wait_s`: where answers run that long, it never closed.)"""
+    def answering(self, permit: int, progress: bool = False) -> None:
+        """A sign of life from a trial whose answer has begun: `progress`, the engine
+        made tokens since the last (its silence is counted from now); else, where its
+        progress cannot be told, its first token (not stuck however long the answer
+        runs: its end tells its outcome, and an upstream's stream its own stall
+        timeout ends). A healthy trial streaming a long answer reopened the breaker once
+        it had run `half_open_max_wait_s`; one that stops making tokens is stuck again
+        after that long."""
         if permit in self._trials:
-            self._trials[permit] = math.inf
+            self._trials[permit] = self.clock() if progress else math.inf
 
     def retry_in(self) -> float:
         """Seconds a refused caller should wait before asking again: while open, the time

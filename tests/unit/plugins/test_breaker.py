@@ -644,3 +644,38 @@ async def test_the_state_gauge_half_opens_with_no_request_to_see_it() -> None:
     assert state() == 1
     assert p.services.metrics.registry.get_sample_value(
         "weir_breaker_transitions_total", {"from_state": "open", "to_state": "half_open"}) == 1
+
+
+async def test_a_trial_that_stops_making_tokens_is_stuck_again() -> None:
+    """A trial that has begun its answer is not stuck while the engine still makes its
+    tokens (where the engine can say); one that stalls after its first is stuck once
+    silent `half_open_max_wait_s`, and the breaker reopens (it stayed half-open, every
+    request refused, until the trial's deadline or for good)."""
+    clock = Clock()
+    p = plugin(clock, half_open_calls=1, half_open_max_wait_s=3)
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    clock.t += 5
+    made, hang = [1], asyncio.Event()
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        yield {"choices": []}
+        await hang.wait()
+
+    async def engine(c: RequestContext) -> Reply:
+        c.engine_progress = lambda: made[0]
+        return Stream(chunks())
+
+    reply = await p(ctx(True), engine)  # the trial, its first chunk in hand
+    assert isinstance(reply, Stream)
+    for _ in range(3):  # making tokens, long past the wait
+        clock.t += 2
+        made[0] += 5
+        assert p.health()["state"] == "half_open"
+    clock.t += 2  # stalled: silent 2 s, then past the wait
+    assert p.health()["state"] == "half_open"
+    clock.t += 2
+    assert p.health()["state"] == "open"
+    hang.set()
+    await reply.aclose()
