@@ -250,6 +250,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         """A fallback's answer, within the request's deadline (admission's, which runs
         after this plugin and so never saw a fallback: an upstream's answer came seconds
         past `x-weir-timeout-ms`, as a 200): a 504 past it, and a stream bound by it."""
+        left = ctx.remaining()
+        if left is not None and left <= 0:  # (a static answer, never awaiting, came late)
+            raise DeadlineExceeded("The request did not finish within its deadline.")
         scope = asyncio.timeout_at(ctx.loop_deadline())
         try:
             async with scope:
