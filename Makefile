@@ -15,8 +15,9 @@ PORT    ?= 8000
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 STAMP   := $(VENV)/.weir-installed-$(EXTRA)
-# torch's CPU build lies on local disk on the workplace machines; use it when present.
-FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+# torch's CPU build lies on local disk on the workplace machines; use it when present
+# (for the CPU extra only: a GPU install takes the CUDA build).
+FIND_LINKS := $(if $(and $(filter cpu,$(EXTRA)),$(wildcard /opt/wheels)),--find-links /opt/wheels,)
 
 .PHONY: install system-deps serve test test-fast lint bench bench-quick clean
 

@@ -41,6 +41,7 @@ def test_make_install_gpu_installs_the_gpu_extra_alone(tmp_path: Path) -> None:
     gpu = _make_n(venv, "install", "EXTRA=gpu")
     assert "'.[gpu,dev]'" in gpu and "[cpu" not in gpu
     assert "uninstall" not in gpu  # (the CPU build's broken torchvision: not on GPUs)
+    assert "--find-links" not in gpu  # (the local wheels are torch's CPU build)
     assert f"rm -f {venv}/.weir-installed-*" in gpu  # one stamp: the extra it holds
     cpu = _make_n(venv, "install")  # a fresh venv: the CPU build, as before
     assert "'.[cpu,dev]'" in cpu and "uninstall" in cpu
