@@ -91,11 +91,23 @@ def normalize(text: str) -> str:
 # dash or minus sign as a hyphen (a card grouped by en dashes, as a word processor
 # writes it, is a card grouped by dashes), and a superscript or subscript as its plain
 # form.
-_AS = str.maketrans({"\t": " ", "\u2028": "\n", "\u2029": "\n", "\u2212": "-", **{
-    chr(c): "-" for c in range(0x80, 0x110000)
-    if unicodedata.category(chr(c)) == "Pd"}, **{
-    chr(c): str(unicodedata.decimal(chr(c))) for c in range(0x80, 0x110000)
-    if unicodedata.category(chr(c)) == "Nd"}, **{  # superscripts and subscripts (`fold`)
+
+
+def _read_as() -> dict[str, str]:
+    """Every non-ASCII dash (Pd) and decimal digit (Nd), as read: one scan of the code
+    points (one per category cost import time)."""
+    table: dict[str, str] = {}
+    for c in map(chr, range(0x80, 0x110000)):
+        kind = unicodedata.category(c)
+        if kind == "Pd":
+            table[c] = "-"
+        elif kind == "Nd":
+            table[c] = str(unicodedata.decimal(c))
+    return table
+
+
+_AS = str.maketrans({"\t": " ", "\u2028": "\n", "\u2029": "\n", "\u2212": "-",
+                     **_read_as(), **{  # superscripts and subscripts (`fold`)
     c: unicodedata.normalize("NFKC", c) for c in _SCRIPTS
     if len(unicodedata.normalize("NFKC", c)) == 1}})
 # Combining marks NFKC leaves on an ASCII letter or digit (no precomposed form): a
