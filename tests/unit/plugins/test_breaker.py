@@ -177,6 +177,20 @@ async def failing(c: RequestContext) -> Reply:
     raise EngineError("boom")
 
 
+async def half_opened(**cfg: Any) -> tuple[BreakerPlugin, Clock]:
+    """A breaker its engine's failures opened, `open_s` (5) later: half-open at its next
+    call."""
+    clock = Clock()
+    p = plugin(clock, **cfg)
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    assert p.breaker.state == "open"
+    clock.t += 5
+    return p, clock
+
+
+
 @pytest.mark.parametrize("error", [InvalidRequest("bad"), RateLimited("slow"),
                                    Unavailable("shed", code="overloaded"),
                                    asyncio.CancelledError()])
@@ -238,12 +252,7 @@ async def test_open_breaker_answers_503_with_the_time_left_until_it_half_opens()
 
 
 async def test_half_open_with_its_trials_under_way_answers_a_short_wait() -> None:
-    clock = Clock()
-    p = plugin(clock, half_open_calls=1)
-    for _ in range(2):
-        with pytest.raises(EngineError):
-            await p(ctx(), failing)
-    clock.t += 5
+    p, _ = await half_opened(half_open_calls=1)
     started, trial = asyncio.Event(), asyncio.Event()
 
     async def hanging(c: RequestContext) -> Reply:
@@ -571,13 +580,7 @@ async def test_a_half_open_trial_streaming_past_the_wait_closes_the_breaker() ->
     """Live: a trial streaming a healthy answer for longer than `half_open_max_wait_s`
     was taken for stuck by the next request's check and reopened the breaker, its success
     then discarded."""
-    clock = Clock()
-    p = plugin(clock, half_open_calls=1, half_open_max_wait_s=3)
-    for _ in range(2):
-        with pytest.raises(EngineError):
-            await p(ctx(), failing)
-    assert p.breaker.state == "open"
-    clock.t += 5
+    p, clock = await half_opened(half_open_calls=1, half_open_max_wait_s=3)
     more = asyncio.Event()
 
     async def chunks() -> AsyncIterator[dict[str, Any]]:
@@ -605,12 +608,7 @@ async def test_a_half_open_trial_streaming_past_the_wait_closes_the_breaker() ->
 async def test_a_half_open_trials_whole_answer_under_way_is_not_stuck() -> None:
     """The in-process engine tells a whole answer's first token as it comes
     (`engine_ttft_s`): a trial generating a long whole answer is answering too."""
-    clock = Clock()
-    p = plugin(clock, half_open_calls=1, half_open_max_wait_s=3)
-    for _ in range(2):
-        with pytest.raises(EngineError):
-            await p(ctx(), failing)
-    clock.t += 5
+    p, clock = await half_opened(half_open_calls=1, half_open_max_wait_s=3)
     begun, done = asyncio.Event(), asyncio.Event()
 
     async def engine(c: RequestContext) -> Reply:
@@ -649,12 +647,7 @@ async def test_a_trial_that_stops_making_tokens_is_stuck_again() -> None:
     tokens (where the engine can say); one that stalls after its first is stuck once
     silent `half_open_max_wait_s`, and the breaker reopens (it stayed half-open, every
     request refused, until the trial's deadline or for good)."""
-    clock = Clock()
-    p = plugin(clock, half_open_calls=1, half_open_max_wait_s=3)
-    for _ in range(2):
-        with pytest.raises(EngineError):
-            await p(ctx(), failing)
-    clock.t += 5
+    p, clock = await half_opened(half_open_calls=1, half_open_max_wait_s=3)
     made, hang = [1], asyncio.Event()
 
     async def chunks() -> AsyncIterator[dict[str, Any]]:
