@@ -372,14 +372,19 @@ _ESCAPE = re.compile(r"~[01]|%[0-9A-Fa-f]{2}")
 
 
 def _local_refs_only(schema: dict[str, Any]) -> None:
-    """Every `$ref` points inside the schema (`#...`), at something: nothing is fetched,
-    and the grammar compiler would otherwise drop the reference silently (printing it)."""
+    """Every `$ref` is a JSON pointer into the schema (`#/...`), at something: nothing is
+    fetched, and the grammar compiler would otherwise drop the reference silently
+    (printing it), as it drops an anchor's (`#name`)."""
     refs = set(schema_refs(schema))
     if any(not ref.startswith("#") for ref in refs):
         raise ValueError("a `$ref` may only point inside the schema (`#/...`)")
     for ref in sorted(refs):  # (the grammar compiler's error would name Weir's rewrite)
         if not (ref in ("#", "#/") or ref.startswith("#/")):
-            continue
+            # an anchor (`#name`): the grammar compiler drops the reference (any value
+            # there), so the answer would not follow the schema
+            raise ValueError(f"`$ref` {ref[:64]!r} names an anchor, which the grammar "
+                             "compiler cannot follow: point at the schema with a JSON "
+                             "pointer (`#/$defs/Name`)")
         if _ESCAPE.search(ref):  # the compiler reads the pointer's parts unescaped
             raise ValueError(f"`$ref` `{ref}` names a definition by an escaped name (`~0`, "
                              "`~1`, `%xx`), which the grammar compiler cannot follow: "

@@ -648,6 +648,30 @@ def test_a_strict_schema_that_follows_strict_mode_is_served() -> None:
         "name": "n", "strict": True, "schema": STRICT_OK}})
 
 
+def test_a_ref_to_an_anchor_is_a_400_naming_the_schema() -> None:
+    """The grammar compiler follows JSON pointers only: it dropped an anchor's reference
+    (`#name`) with a warning on stderr, and the strict answer held any value there."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#num"}}, "required": ["a"],
+              "$defs": {"N": {"$anchor": "num", "type": "integer"}}}
+    for make, param in (
+            (lambda: chat(tools=[{"type": "function", "function": {
+                "name": "f", "parameters": schema}}]), "tools[0].function.parameters"),
+            (lambda: chat(response_format={"type": "json_schema", "json_schema": {
+                "name": "n", "schema": schema}}), "response_format.json_schema.schema"),
+            (lambda: parse_model(ResponsesRequest, {"model": "m", "input": "x", "text": {
+                "format": {"type": "json_schema", "name": "n", "schema": schema}}}),
+             "text.format.schema")):
+        with pytest.raises(InvalidRequest) as e:
+            make()
+        assert e.value.param == param and e.value.code == "invalid_value"
+        assert "`$ref` '#num' names an anchor" in e.value.message
+    # the same schema by a pointer is served; an anchor declared but not used is no harm
+    pointed = {**schema, "properties": {"a": {"$ref": "#/$defs/N"}}}
+    chat(tools=[{"type": "function", "function": {"name": "f", "parameters": pointed}}])
+    chat(response_format={"type": "json_schema", "json_schema": {"name": "n",
+                                                                 "schema": pointed}})
+
+
 def test_a_ref_to_nothing_is_a_400_naming_it() -> None:
     """(the grammar compiler's error named Weir's rewrite of the schema, `$defs/tool0`)"""
     with pytest.raises(InvalidRequest) as e:
