@@ -166,6 +166,9 @@ def _options(
         ignore_eos=req.ignore_eos,
         json_schema=schema,
         json_object=json_object,
+        # (an engine's refusal of the schema names it, as the request's own check does)
+        schema_param="response_format.json_schema.schema" if schema is not None
+        else "response_format",
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         allowed_token_ids=_token_ids(req.allowed_token_ids, vocab, "allowed_token_ids"),

@@ -222,10 +222,22 @@ def test_a_forced_schema_names_where_it_came_from() -> None:
         "type": "function", "function": {"name": "get_time"}}), named, _Engine(False))
     assert named.schema_param == "tools[1].function.parameters"
     assert SamplingOptions(max_tokens=8).schema_param == "response_format"
+    # a response format's schema is named as the request's own check names it (the
+    # engine's refusal said `response_format`; a metaschema error said the schema)
+    from proxy.preparing import prepare_chat
+    from tests.fakes import FakeEngine
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}
+    assert prepare_chat(FakeEngine(), chat(response_format=fmt)).options.schema_param == (
+        "response_format.json_schema.schema")
+    assert prepare_chat(FakeEngine(), chat(
+        response_format={"type": "json_object"}, messages=[
+            {"role": "user", "content": "in JSON"}])).options.schema_param == "response_format"
     from proxy.errors import InvalidRequest as Bad
     from proxy.openai_responses.translate import rename_param
     assert rename_param(Bad("x", param="tools[1].function.parameters")).param == (
         "tools[1].parameters")  # a Responses tool is flat
+    assert rename_param(Bad("x", param="response_format.json_schema.schema")).param == (
+        "text.format.schema")
 
 
 @pytest.mark.parametrize("schema", [
