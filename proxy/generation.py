@@ -16,8 +16,8 @@ from .tracing import ended_by, inject, tracer, tracing_enabled
 
 def map_engine_error(e: BaseException) -> BaseException:
     """Engine exceptions as OpenAI errors; anything else unchanged."""
-    if isinstance(e, EngineRejected):
-        return InvalidRequest(str(e), param=e.param)
+    if isinstance(e, EngineRejected):  # (a value the engine cannot take: as Weir's own
+        return InvalidRequest(str(e), param=e.param, code="invalid_value")  # checks say)
     if isinstance(e, EngineOverloaded):
         return Unavailable("The engine is overloaded; retry shortly.", code="overloaded")
     if isinstance(e, EngineFailed):

@@ -78,3 +78,14 @@ def test_a_503_s_retry_after_is_rounded_up(after: float, seconds: str, ms: str) 
 
     e = Unavailable("busy", retry_after=after)
     assert (e.headers["retry-after"], e.headers["retry-after-ms"]) == (seconds, ms)
+
+
+def test_an_engine_s_refusal_has_a_code_as_weir_s_own_checks_do() -> None:
+    """A schema the grammar compiler refuses was a 400 with `code: null`; Weir's own
+    check of the same kind says `invalid_value`."""
+    from proxy.engine.base import EngineRejected
+    from proxy.generation import map_engine_error
+
+    e = map_engine_error(EngineRejected("could not compile", param="response_format"))
+    assert isinstance(e, InvalidRequest)
+    assert (e.param, e.code) == ("response_format", "invalid_value")
