@@ -40,7 +40,7 @@ class BreakerConfig(PluginConfig):
     open_s: float = Field(15, gt=0, description="How long it stays open.")
     half_open_calls: int = Field(2, ge=1, description="Trial calls that must succeed.")
     half_open_max_wait_s: float = Field(
-        30, gt=0, description="A trial with no first token this long counts as failed "
-        "(one answering at length is not silent).")
+        30, gt=0, description="A trial silent this long counts as failed: no first token, "
+        "or (where the engine tells its progress) no new token since its last.")
     fallback: list[Fallback] = Field(
         default_factory=list, description="Tried in order when open, shed or failing.")

@@ -71,6 +71,16 @@ def is_engine_failure(e: BaseException) -> bool:
     return True  # anything unexpected from below is the engine's fault
 
 
+def _made_some(ctx: RequestContext) -> bool:
+    """Whether the engine says a request under way has made a token (never a failure)."""
+    if ctx.engine_progress is None:
+        return False
+    try:
+        return bool(ctx.engine_progress())
+    except Exception:  # (vLLM's internals, read where it keeps them)
+        return False
+
+
 def _made_none(ctx: RequestContext) -> bool:
     """Whether the engine says a whole answer under way has made no token yet: a definite
     0 only (None: it cannot say, or the request just ended), and never a failure here,
@@ -234,7 +244,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         now = time.monotonic()
         if self.breaker.state == "half_open":  # a trial's answer under way, begun
             for p, c in self._running.items():
-                if c.engine_ttft_s is not None or p in self._made:
+                # (a whole answer tells no first token until its end: the engine's count
+                # of its tokens says it has begun)
+                if c.engine_ttft_s is not None or p in self._made or _made_some(c):
                     self._alive(p, c)
         for p in [p for p in self._made if p not in self._running]:
             del self._made[p]

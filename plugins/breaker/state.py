@@ -5,9 +5,10 @@ closed    -> open       when, over the sliding window, at least `minimum_calls` 
                         threshold
 open      -> half_open  after `open_s`
 half_open -> closed     after `half_open_calls` trial calls all succeeded
-half_open -> open       on any failed trial, or when a trial gives no sign of an answer
-                        (its first token) within `half_open_max_wait_s` (a stuck trial
-                        cannot wedge the breaker; one answering at length is not stuck)
+half_open -> open       on any failed trial, or when a trial gives no sign of life for
+                        `half_open_max_wait_s`: no first token, or no new token since its
+                        last where the engine tells its progress (a stuck trial cannot
+                        wedge the breaker; one answering at length is not stuck)
 
 Only engine outcomes are recorded; local rejections never reach `record`.
 """

@@ -685,3 +685,30 @@ async def test_no_fallback_answers_a_request_past_its_deadline() -> None:
     with pytest.raises(DeadlineExceeded):
         await p(c, failing)
     assert fallbacks(p, "engine") == 0
+
+
+async def test_a_whole_answer_trial_is_watched_by_the_engine_s_count() -> None:
+    """A whole answer tells no first token until its end: a trial generating one past
+    `half_open_max_wait_s` is alive while the engine's count of its tokens grows (it
+    reopened the breaker), and stuck once that count stops."""
+    p, clock = await half_opened(half_open_calls=1, half_open_max_wait_s=3)
+    made, begun, release = [0], asyncio.Event(), asyncio.Event()
+
+    async def engine(c: RequestContext) -> Reply:
+        c.engine_progress = lambda: made[0]
+        begun.set()
+        await release.wait()
+        return Completion({"ok": True})
+
+    trial = asyncio.create_task(p(ctx(), engine))
+    await begun.wait()
+    for _ in range(3):  # generating, long past the wait
+        clock.t += 2
+        made[0] += 5
+        assert p.health()["state"] == "half_open"
+    clock.t += 2  # stalled
+    assert p.health()["state"] == "half_open"
+    clock.t += 2
+    assert p.health()["state"] == "open"
+    release.set()
+    await trial
