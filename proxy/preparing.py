@@ -185,7 +185,7 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
                                  add_generation_prompt=req.add_generation_prompt,
                                  continue_final_message=req.continue_final_message)
     except EngineRejected as e:
-        raise InvalidRequest(str(e), param=e.param or "messages") from None
+        raise InvalidRequest(str(e), param=e.param or "messages", code="invalid_value") from None
     top = req.top_logprobs or 0
     opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
                     engine.vocab_size, "messages", engine.sampling_defaults.get("max_tokens"))

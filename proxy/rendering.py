@@ -88,7 +88,9 @@ class Choices:
                  tb: Any) -> None:
         if self._span is not None:
             u = self.usage()
-            self._span.end(u["prompt_tokens"], u["completion_tokens"], e)
+            # (the error as the client gets it: an engine's refusal is a 400, no failure)
+            self._span.end(u["prompt_tokens"], u["completion_tokens"],
+                           map_engine_error(e) if e is not None else None)
             self._span = None
         if e is not None:
             if self._ctx.engine_ttft_s is None and self._prep.options.generated:

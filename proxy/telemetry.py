@@ -53,7 +53,7 @@ _LIBRARY_LOGGERS = ("aiohttp", "asyncio")
 #: A format string's conversion (`%s`, `%r`, `%d`, `%.2f`, `%(name)s`, ...), with the
 #: preposition that introduces it: the arguments are user data, the rest is not.
 _PLACEHOLDER = re.compile(
-    r"\s*(from|for|at)?\s*%(?:\([^)]*\))?[#0 +\-]*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
+    r"\s*(from|for|at)?\s*%(?:\([^)]*\))?[#0+\-]*(?:\d+|\*)?(?:\.(?:\d+|\*))?"
     r"[diouxXeEfFgGcrsa]")
 
 

@@ -560,3 +560,42 @@ async def test_a_refusal_is_no_error_in_the_plugin_spans_either(
     for name in ("plugin sanitizer", "plugin cache", "engine.generate"):
         assert got[name].status.status_code != StatusCode.ERROR, name
         assert got[name].attributes["weir.cancelled"] is True, name
+
+
+async def test_an_engine_s_refusal_is_no_error_in_its_span(
+        make_client: MakeClient, fake_engine: Any, spans: InMemorySpanExporter) -> None:
+    """The engine's refusal (a schema its grammar compiler cannot take) is the client's
+    400: its `engine.generate` span named it a refusal, as every other span does a 4xx,
+    not an error (it ended with the engine's own exception, before it became the 400)."""
+    from opentelemetry.trace import StatusCode
+
+    from proxy.engine.base import EngineRejected
+
+    async def refusing(*args: Any, **kw: Any) -> Any:
+        raise EngineRejected("no grammar for this schema", param="response_format")
+        yield  # (a generator, as the engine's is)
+
+    fake_engine.generate = refusing
+    client = await make_client(settings())
+    r = await client.post("/v1/chat/completions", json=body(),
+                          headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_value"
+    (engine,) = [s for s in spans.get_finished_spans() if s.name == "engine.generate"]
+    assert engine.status.status_code != StatusCode.ERROR
+    assert engine.attributes["weir.refused"] == "InvalidRequest"
+
+
+async def test_a_chat_template_s_refusal_has_a_code(make_client: MakeClient,
+                                                    fake_engine: Any) -> None:
+    """As every refusal of the engine's: `invalid_value` (it was null)."""
+    from proxy.engine.base import EngineRejected
+
+    def refusing(*args: Any, **kw: Any) -> Any:
+        raise EngineRejected("the template refuses these roles")
+
+    fake_engine.render_chat = refusing
+    client = await make_client(settings())
+    r = await client.post("/v1/chat/completions", json=body(),
+                          headers={"Authorization": f"Bearer {KEY}"})
+    err = (await r.json())["error"]
+    assert r.status == 400 and (err["param"], err["code"]) == ("messages", "invalid_value")

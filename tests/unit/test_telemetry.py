@@ -99,6 +99,12 @@ def test_any_library_s_warning_is_a_structured_line_without_its_arguments(
     assert "sk-secret" not in log.getvalue()
 
 
+def test_a_literal_percent_keeps_the_words_after_it(log: io.StringIO) -> None:
+    """A space is no conversion flag here: "95% full" lost "% f" (read as `% f`)."""
+    logging.getLogger("some.disk").warning("Disk 95% full, 100%% done")
+    assert [g["event"] for g in lines(log)] == ["Disk 95% full, 100%% done"]
+
+
 def test_labelled_children_are_memoised_and_count() -> None:
     m = telemetry.Metrics()
     a = telemetry.labelled(m.requests, "chat", "m", "200")
