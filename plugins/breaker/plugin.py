@@ -71,26 +71,22 @@ def is_engine_failure(e: BaseException) -> bool:
     return True  # anything unexpected from below is the engine's fault
 
 
-def _made_some(ctx: RequestContext) -> bool:
-    """Whether the engine says a request under way has made a token (never a failure)."""
+def _progress(ctx: RequestContext) -> int | None:
+    """The tokens the engine says a request under way has made: None where it cannot
+    say (or the request just ended), and never a failure here, where every new request
+    sweeps."""
     if ctx.engine_progress is None:
-        return False
+        return None
     try:
-        return bool(ctx.engine_progress())
+        return ctx.engine_progress()
     except Exception:  # (vLLM's internals, read where it keeps them)
-        return False
+        return None
 
 
 def _made_none(ctx: RequestContext) -> bool:
     """Whether the engine says a whole answer under way has made no token yet: a definite
-    0 only (None: it cannot say, or the request just ended), and never a failure here,
-    where every new request sweeps."""
-    if ctx.engine_progress is None:
-        return False
-    try:
-        return ctx.engine_progress() == 0
-    except Exception:  # (vLLM's internals, read where it keeps them)
-        return False
+    0 only."""
+    return _progress(ctx) == 0
 
 
 def is_shed(e: BaseException) -> bool:
@@ -178,7 +174,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         # A primed stream's first chunk is in hand: an error before it was raised above
         # (and fell back); the first-token time is what makes a call slow.
         if self.breaker.state == "half_open":  # (a trial: its silence is watched)
-            self._alive(permit, ctx)
+            self._alive(permit, _progress(ctx))
         slow = self._slow(ctx, reply.primed_at if reply.primed_at is not None
                           else time.monotonic())
 
@@ -218,15 +214,10 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         if self._running.pop(permit, None) is not None:
             self.breaker.record(permit, failed=failed, slow=slow)
 
-    def _alive(self, permit: int, ctx: RequestContext) -> None:
+    def _alive(self, permit: int, made: int | None) -> None:
         """A trial whose answer has begun gives a sign of life: the engine made tokens
-        since it was last seen (or, where the engine cannot say, its first token)."""
-        made = None
-        if ctx.engine_progress is not None:
-            try:
-                made = ctx.engine_progress()
-            except Exception:  # (vLLM's internals, read where it keeps them)
-                made = None
+        since it was last seen (`made`: its count, `_progress`; or, where the engine
+        cannot say, its first token)."""
         if made is None:
             self.breaker.answering(permit)
         elif self._made.get(permit) != made:
@@ -246,8 +237,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             for p, c in self._running.items():
                 # (a whole answer tells no first token until its end: the engine's count
                 # of its tokens says it has begun)
-                if c.engine_ttft_s is not None or p in self._made or _made_some(c):
-                    self._alive(p, c)
+                made = _progress(c)
+                if c.engine_ttft_s is not None or p in self._made or made:
+                    self._alive(p, made)
         for p in [p for p in self._made if p not in self._running]:
             del self._made[p]
         late = [p for p, c in self._running.items() if c.engine_ttft_s is None
