@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .auth import Principal
+from .errors import DeadlineExceeded
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 Route = Literal["chat", "completion", "embeddings"]
@@ -88,10 +89,6 @@ class RequestContext:
     def stream(self) -> bool:
         return self.request.stream
 
-    def loop_deadline(self) -> float | None:
-        """The deadline on the running loop's clock, for `asyncio.timeout_at`."""
-        return loop_time(self.deadline)
-
     def remaining(self) -> float | None:
         """Seconds left before the deadline (None: no deadline)."""
         if self.deadline is None:
@@ -104,6 +101,39 @@ def loop_time(deadline: float | None) -> float | None:
     if deadline is None:
         return None
     return asyncio.get_running_loop().time() + (deadline - time.monotonic())
+
+
+class Within:
+    """`asyncio.timeout_at` on a request's deadline (a `time.monotonic()` instant, or None
+    for none), whose expiry is the request's own 504 (`DeadlineExceeded`). A TimeoutError
+    this scope did not raise (an inner timeout's) passes through as it is.
+
+        async with Within(ctx.deadline):
+            reply = await call_next(ctx)
+    """
+
+    __slots__ = ("_message", "_scope")
+
+    def __init__(self, deadline: float | None,
+                 message: str = "The request did not finish within its deadline.") -> None:
+        self._scope = asyncio.timeout_at(loop_time(deadline))
+        self._message = message
+
+    def expired(self) -> bool:
+        return self._scope.expired()
+
+    async def __aenter__(self) -> Within:
+        await self._scope.__aenter__()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                        tb: Any) -> None:
+        try:
+            await self._scope.__aexit__(et, exc, tb)
+        except TimeoutError:
+            if self._scope.expired():
+                raise DeadlineExceeded(self._message) from None
+            raise
 
 
 def header_map(headers: Iterable[tuple[str, str]]) -> dict[str, str]:

@@ -12,8 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .context import loop_time
-from .errors import DeadlineExceeded
+from .context import Within
 from .tasks import detach
 from .telemetry import error_fields, get_logger
 
@@ -186,17 +185,11 @@ class Stream:
             while self._it is not None:
                 # A scope per chunk here (a timeout cannot span a generator's yields);
                 # the SSE writer, the hot path, has one for the whole stream.
-                scope = asyncio.timeout_at(loop_time(self.deadline))
                 try:
-                    async with scope:
+                    async with Within(self.deadline):
                         chunk = await self._it.__anext__()
                 except StopAsyncIteration:
                     break
-                except TimeoutError:
-                    if scope.expired():
-                        raise DeadlineExceeded(
-                            "The request did not finish within its deadline.") from None
-                    raise
                 yield chunk
             outcome = "completed"
         except GeneratorExit:

@@ -39,8 +39,8 @@ import orjson
 from aiohttp import web
 
 from .chain import Outcome, Stream
-from .context import loop_time
-from .errors import DeadlineExceeded, ServerError, Unavailable, WeirError
+from .context import Within
+from .errors import ServerError, Unavailable, WeirError
 from .tasks import cancel_and_wait
 
 DONE = b"data: [DONE]\n\n"
@@ -286,7 +286,7 @@ async def write_sse(
 
         try:
             try:
-                async with asyncio.timeout_at(loop_time(stream.deadline)) as scope:
+                async with Within(stream.deadline):
                     if stream.first is not None:
                         await put(stream.first)
                     async for chunk in stream.rest():
@@ -294,11 +294,6 @@ async def write_sse(
                 outcome = "completed"
             except ConnectionError:
                 raise  # the client is gone: nothing more can be written
-            except TimeoutError as exc:
-                error = (DeadlineExceeded("The request did not finish within its deadline.")
-                         if scope.expired() else exc)
-                outcome, errored = "failed", True
-                await _error_event(request, write, error, log_error, framed, _take(held))
             except Exception as e:  # after the first byte an error goes out in-band
                 outcome, error, errored = "failed", e, True
                 await _error_event(request, write, e, log_error, framed, _take(held))

@@ -13,7 +13,6 @@ in-band if bytes were already sent.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from typing import Any, ClassVar, Literal
@@ -21,7 +20,7 @@ from typing import Any, ClassVar, Literal
 from prometheus_client import Counter, Gauge, Histogram
 
 from proxy.chain import BasePlugin, Next, Reply, Services, Stream
-from proxy.context import RequestContext
+from proxy.context import RequestContext, Within
 from proxy.errors import DeadlineExceeded, Unavailable
 from proxy.telemetry import OutageLog, get_logger
 
@@ -115,15 +114,12 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         # One deadline scope, around the call only: a stream's first chunk arrives inside
         # it (the terminal primes streams); the rest of a stream runs under its consumer's
         # single deadline scope (Stream.deadline).
-        scope = asyncio.timeout_at(ctx.loop_deadline())
         try:
-            async with scope:
+            async with Within(ctx.deadline):
                 reply = await call_next(ctx)
-        except TimeoutError:
+        except DeadlineExceeded:
             self._release(weight)
-            if scope.expired():
-                self.timeouts.inc()
-                raise DeadlineExceeded("The request did not finish within its deadline.") from None
+            self.timeouts.inc()
             raise
         except BaseException:
             self._release(weight)

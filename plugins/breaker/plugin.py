@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Literal
 from prometheus_client import Counter, Gauge
 
 from proxy.chain import FALLBACK_HEADER, BasePlugin, Next, Outcome, Reply, Services, Stream
-from proxy.context import RequestContext
+from proxy.context import RequestContext, Within
 from proxy.errors import (
     DeadlineExceeded,
     GatewayFault,
@@ -257,15 +257,8 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         left = ctx.remaining()
         if left is not None and left <= 0:  # (a static answer, never awaiting, came late)
             raise DeadlineExceeded("The request did not finish within its deadline.")
-        scope = asyncio.timeout_at(ctx.loop_deadline())
-        try:
-            async with scope:
-                return await self._fall_back(ctx, reason, error)
-        except TimeoutError:
-            if scope.expired():
-                raise DeadlineExceeded(
-                    "The request did not finish within its deadline.") from None
-            raise
+        async with Within(ctx.deadline):
+            return await self._fall_back(ctx, reason, error)
 
     async def _fall_back(self, ctx: RequestContext, reason: str,
                          error: BaseException | None) -> Reply:

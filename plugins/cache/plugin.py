@@ -38,7 +38,7 @@ from proxy.chain import (
     Services,
     Stream,
 )
-from proxy.context import RequestContext
+from proxy.context import RequestContext, Within
 from proxy.errors import DeadlineExceeded, NotCached
 from proxy.protocol import ChatCompletionRequest
 from proxy.tasks import detach
@@ -269,15 +269,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
     async def _follow(self, ctx: RequestContext, leader: Settle) -> Entry | object | None:
         """The identical request's outcome, waited for within this request's own deadline
         (not the leader's: a follower asking for less time gets its 504 on time)."""
-        scope = asyncio.timeout_at(ctx.loop_deadline())
-        try:
-            async with scope:
-                return await asyncio.shield(leader)
-        except TimeoutError:
-            if scope.expired():
-                raise DeadlineExceeded(
-                    "The request did not finish within its deadline.") from None
-            raise
+        async with Within(ctx.deadline):
+            return await asyncio.shield(leader)
 
     def _behind(self, ctx: RequestContext, key: str) -> bool:
         """Whether waiting on `key`'s leader could hold this request behind others: the
