@@ -260,7 +260,8 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
     """What OpenAI's strict mode (`"strict": true`) refuses in a schema, in its words, or
     None: every object must say `additionalProperties: false` and list every property in
     `required`, and only those (the grammar then holds the answer to exactly that
-    shape); the root is an object."""
+    shape); the root is an object; and no keyword the grammar cannot hold (`STRICT_REFUSED`:
+    accepted, it would be dropped, and the answer could break the schema it promised)."""
     root = schema.get("type")
     if root is None and any(k in schema for k in ("anyOf", "oneOf", "allOf")):
         # (OpenAI: the root must be an object, not an `anyOf`)
@@ -273,6 +274,9 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
         node, where = stack.pop()
         if not isinstance(node, dict):
             continue
+        refused = next((k for k in node if k in STRICT_REFUSED), None)
+        if refused is not None:
+            return f"In context={where}, '{refused}' is not permitted."
         kind = node.get("type")
         props = node.get("properties")
         if kind == "object" or (isinstance(kind, list) and "object" in kind) or isinstance(
@@ -341,6 +345,14 @@ SUBSCHEMA = frozenset({"items", "additionalProperties", "not", "if", "then", "el
                        "contains", "propertyNames", "unevaluatedProperties",
                        "unevaluatedItems", "additionalItems"})
 SUBSCHEMAS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
+#: What OpenAI's strict mode refuses ("'not' is not permitted."): its documented list of
+#: keywords not supported, draft 7's `dependencies`, and dynamic references.
+STRICT_REFUSED = frozenset({
+    "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+    "dependencies", "patternProperties", "unevaluatedProperties", "propertyNames",
+    "minProperties", "maxProperties", "unevaluatedItems", "contains", "minContains",
+    "maxContains", "uniqueItems", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
+    "$recursiveAnchor"})
 
 
 def schema_nodes(schema: Any) -> Iterator[dict[str, Any]]:

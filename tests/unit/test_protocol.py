@@ -587,8 +587,22 @@ STRICT_OK = {"type": "object", "properties": {"a": {"type": "string"}, "b": {
      "In context=(), 'additionalProperties' is required to be supplied and to be false"),
     ({**STRICT_OK, "required": ["a"]}, "Missing 'b'"),
     ({**STRICT_OK, "required": ["a", "b", "zzz"]}, "Extra required key 'zzz' supplied."),
-    ({**STRICT_OK, "dependencies": {"a": {"type": "object", "properties": {}}}},
-     "In context=('dependencies', 'a'), 'additionalProperties'"),
+    ({**STRICT_OK, "$defs": {"a": {"type": "object", "properties": {}}}},
+     "In context=('$defs', 'a'), 'additionalProperties'"),
+    ({**STRICT_OK, "dependencies": {"a": ["b"]}}, "In context=(), 'dependencies' is not "
+                                                  "permitted."),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {
+        "type": "string", "not": {"const": "x"}}}},
+     "In context=('properties', 'a'), 'not' is not permitted."),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "b": {
+        "type": "array", "items": {"type": "integer"}, "uniqueItems": True}}},
+     "In context=('properties', 'b'), 'uniqueItems' is not permitted."),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "c": {
+        "type": "array", "items": {"type": "integer"}, "contains": {"const": 1}}},
+      "required": ["a", "b", "c"]}, "In context=('properties', 'c'), 'contains' is not "
+                                    "permitted."),
+    ({**STRICT_OK, "if": {"properties": {"a": {"const": "x"}}}, "then": {"required": ["b"]}},
+     "In context=(), 'if' is not permitted."),
     ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "b": {"type": "array", "items": {
         "type": "object", "properties": {"x": {"type": "integer"}}}}}},
      "In context=('properties', 'b', 'items'), 'additionalProperties'"),
