@@ -82,9 +82,7 @@ class Entry:
             if (name in d and (not isinstance(d[name], kind) or isinstance(d[name], bool))) or (
                     name in _REQUIRED and name not in d):
                 raise BadEntry(name)
-        if not d["choices"] or not all(choice_ok(c) for c in d["choices"]) or not all(
-                isinstance(d["usage"].get(k), int) for k in ("prompt_tokens",
-                                                              "completion_tokens")):
+        if not choices_ok(d["choices"]) or not usage_ok(d["usage"]):
             raise BadEntry("choices or usage")
         if d["route"] not in ("chat", "completion") or not all(
                 math.isfinite(d[k]) for k in ("created", "expires", "stale_until") if k in d):
@@ -123,6 +121,13 @@ _REQUIRED = frozenset({"key", "route", "model", "choices", "usage", "scope", "te
 class BadEntry(ValueError):
     """A stored entry that cannot be read (garbage, or a shape this version does not
     know): a miss, never an answer or a 500."""
+
+
+def choices_ok(choices: list[Any]) -> bool:
+    """Whether `choices` are an answer's: each of a choice's shape, indexed 0 to n - 1
+    once each (in any order), as a reply carries them."""
+    return bool(choices) and all(choice_ok(c) for c in choices) and sorted(
+        c["index"] for c in choices) == list(range(len(choices)))
 
 
 def choice_ok(c: Any) -> bool:
@@ -169,7 +174,7 @@ def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]]
         if not choice_ok(choice):
             return None
         choices.append(choice)
-    return choices, usage
+    return (choices, usage) if choices_ok(choices) else None
 
 
 def captured_usage(usage: Any) -> dict[str, int] | None:

@@ -50,7 +50,7 @@ from .entry import (
     Entry,
     capture_body,
     captured_usage,
-    choice_ok,
+    choices_ok,
     replay_body,
     replay_stream,
 )
@@ -370,7 +370,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 return
             captured = None
             usage = captured_usage(stream.usage)
-            if stream.answer and usage is not None and all(map(choice_ok, stream.answer)):
+            if stream.answer and usage is not None and choices_ok(stream.answer):
                 captured = (stream.answer, usage)
             entry = self._make_entry(ctx, key, scope, captured, started)
             settle(entry)

@@ -3,14 +3,16 @@ and the per-user bookkeeping that must stay within what the store still holds.""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from plugins.cache.config import CacheConfig
-from plugins.cache.entry import Entry, matcher
+from plugins.cache.entry import BadEntry, Entry, capture_body, matcher
 from plugins.cache.metrics import CacheMetrics
 from plugins.cache.store import CacheStore
 from plugins.cache.users import UserIndex
@@ -272,3 +274,24 @@ def test_a_tenant_filter_covers_the_callers_its_gateway_key_forwards_for() -> No
     assert f(entry("a", tenant="edge")) and f(entry("b", tenant="edge~k1~d1"))
     assert not f(entry("c", tenant="edgewise")) and not f(entry("d", tenant="acme"))
     assert not matcher({"tenant": "edge~k1~d1"})(entry("e", tenant="edge~k1~d2"))
+
+
+@pytest.mark.parametrize("change", [
+    {"usage": {"prompt_tokens": -5, "completion_tokens": 3}},
+    {"usage": {"prompt_tokens": 3, "completion_tokens": True}},
+    {"choices": [{"index": 5, "text": "x", "finish_reason": "stop"}]},
+    {"choices": [{"index": 0, "text": "x", "finish_reason": "stop"},
+                 {"index": 0, "text": "y", "finish_reason": "stop"}]},
+])
+def test_an_entry_no_answer_could_have_stored_is_unreadable(change: dict[str, Any]) -> None:
+    """What Redis holds may be anything: an entry whose usage is not token counts (it
+    was read, then the hit was a 500 counting its tokens) or whose choices are not
+    indexed 0 to n - 1 (served as they were) is a miss; and such an answer is never
+    stored to be refused on every read."""
+    bad = json.dumps({**json.loads(entry("k1").to_json()), **change})
+    with pytest.raises(BadEntry):
+        Entry.from_json(bad)
+    body = {"choices": [{**c, "message": {"content": c["text"]}}
+                        for c in change.get("choices", entry("k1").choices)],
+            "usage": change.get("usage", {"prompt_tokens": 1, "completion_tokens": 1})}
+    assert capture_body(body, "chat") is None
