@@ -203,7 +203,30 @@ class MemoryStore:
                    if exp > now)
 
 
-_ADMIT = """
+# What a script reads back (the Lua of every script that reads a bucket or a lease set).
+# Only what these scripts wrote is read as state: anything else under a key (garbage, a
+# key of another type, a time no clock reads, one without the expiry every write sets:
+# another program's, or a poisoned Redis) is an empty bucket or no leases, and the write
+# that follows replaces it. Read as it was, it failed every admission of that bucket
+# (503 `rate_limiter_unavailable` with fail_closed) or refused each with a 1 ms
+# Retry-After, for good: such a key never expires.
+_READ = """
+local function tat_of(key, now)
+  local raw = redis.pcall('GET', key)
+  local tat = type(raw) == 'string' and tonumber(raw) or nil
+  if tat == nil or tat ~= tat or tat < now or tat > now + redis.call('PTTL', key) then
+    return now
+  end
+  return tat
+end
+local function leases_of(key)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'zset' and kind ~= 'none' then redis.call('DEL', key) end
+  return key
+end
+"""
+
+_ADMIT = _READ + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local eps = math.max($EPS_MS, now * $EPS_ULPS)
@@ -215,8 +238,7 @@ for i = 1, nb do
   local limit = tonumber(ARGV[5 + (i - 1) * 2 + 1])
   local cost = math.min(tonumber(ARGV[5 + (i - 1) * 2 + 2]), limit)
   local T = period / limit
-  local tat = tonumber(redis.call('GET', KEYS[i]) or now)
-  if tat < now then tat = now end
+  local tat = tat_of(KEYS[i], now)
   local nt = tat + cost * T
   local diff = nt - now
   -- as the bucket stands: what a refused request reports (it takes nothing)
@@ -234,7 +256,7 @@ for i = 1, nb do
   new[i] = nt
 end
 for j = 1, nc do
-  local key = KEYS[nb + j]
+  local key = leases_of(KEYS[nb + j])
   local limit = tonumber(ARGV[5 + nb * 2 + j])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   if redis.call('ZCARD', key) >= limit then
@@ -261,15 +283,14 @@ for _, v in ipairs(out) do res[#res + 1] = v end
 return res
 """.replace("$EPS_MS", repr(EPS_MS)).replace("$EPS_ULPS", repr(EPS_ULPS))
 
-_ADJUST = """
+_ADJUST = _READ + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local period = tonumber(ARGV[1])
 for i = 1, #KEYS do
   local limit = tonumber(ARGV[1 + (i - 1) * 2 + 1])
   local cost = tonumber(ARGV[1 + (i - 1) * 2 + 2])
-  local tat = tonumber(redis.call('GET', KEYS[i]) or now)
-  if tat < now then tat = now end
+  local tat = tat_of(KEYS[i], now)
   local nt = math.max(now, tat + cost * period / limit)
   redis.call('SET', KEYS[i], string.format('%.3f', nt), 'PX', math.ceil(nt - now) + 1000)
 end
@@ -277,12 +298,12 @@ return 1
 """
 
 
-_RENEW = """
+_RENEW = _READ + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local lease_ms = tonumber(ARGV[1])
 for i = 1, #KEYS do
-  if redis.call('ZSCORE', KEYS[i], ARGV[i + 1]) then
+  if redis.call('ZSCORE', leases_of(KEYS[i]), ARGV[i + 1]) then
     redis.call('ZADD', KEYS[i], now + lease_ms, ARGV[i + 1])
     redis.call('PEXPIRE', KEYS[i], math.ceil(lease_ms))
   end

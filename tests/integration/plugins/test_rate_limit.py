@@ -247,6 +247,41 @@ async def test_redis_a_request_costing_the_whole_bucket_is_admitted(
         await s.close()
 
 
+@pytest.mark.parametrize("poison", ["garbage", "nan", "inf", "1e300", "hash", "far"])
+async def test_what_redis_holds_that_no_admission_wrote_is_an_empty_bucket(
+        redis_server: RedisServer, poison: str) -> None:
+    """Anything may sit under the limiter's keys (garbage, another type, a time no clock
+    reads, one without the expiry every write sets): the bucket reads as empty, and is
+    written over. It had failed every admission of the bucket (a 503 with fail_closed)
+    or refused each with a 1 ms Retry-After, and such a key never expires."""
+    import redis.asyncio as aioredis
+
+    r = aioredis.from_url(redis_server.url)
+    s = RedisStore(redis_server.url, timeout_s=1.0)
+    bucket, leases = key(), key()
+    try:
+        if poison == "hash":
+            await r.hset(bucket, "a", "b")
+        elif poison == "far":  # a time an hour ahead, with no expiry
+            now = await r.time()
+            await r.set(bucket, repr((now[0] + 3600) * 1000.0))
+        else:
+            await r.set(bucket, poison)
+        await r.set(leases, "garbage")
+        d = await s.admit([Bucket(bucket, 10, 1)], [(leases, 1)], "a", 60_000)
+        assert d.allowed and d.states[0].remaining == 9
+        assert not (await s.admit([], [(leases, 1)], "b", 60_000)).allowed
+        await s.adjust([Bucket(bucket, 10, 1)])
+        await s.renew({"a": [leases]}, 60_000)
+        await s.release([leases], "a")
+        d = await s.admit([Bucket(bucket, 10, 1)], [(leases, 1)], "b", 60_000)
+        assert d.allowed and d.states[0].remaining == 7
+        assert 0 < await r.pttl(bucket) <= 60_000 + 2000
+    finally:
+        await s.close()
+        await r.aclose()
+
+
 async def _many(fn: Any, n: int) -> list[bool]:
     return [await fn() for _ in range(n)]
 
