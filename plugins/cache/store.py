@@ -158,8 +158,10 @@ class CacheStore:
     async def get(self, key: str, scope: str, allow_stale: bool = False,
                   max_age: float | None = None) -> Entry | None:
         """The exact entry under `key` if `scope` owns it: L1, then Redis (a fresh L2 hit
-        fills L1). `max_age`: the oldest answer, in seconds, the client takes (an older
-        one is a miss)."""
+        fills L1, unless a purge reaching it ran while it was read: the purge's event
+        may have come before Redis's answer, and L1 would keep what the purge removed).
+        `max_age`: the oldest answer, in seconds, the client takes (an older one is a
+        miss)."""
         now = time.time()
         lookups = self.metrics.lookups
         if self.l1 is not None:
@@ -173,7 +175,8 @@ class CacheStore:
             if entry is not None and entry.scope == scope and entry.usable(
                     now, allow_stale) and entry.young(now, max_age):
                 labelled(lookups, "l2", "hit").inc()
-                if self.l1 is not None and entry.fresh(now):
+                if self.l1 is not None and entry.fresh(now) and not self.purged_since(
+                        now, entry):
                     self.l1.put(entry, len(entry.to_json()))
                 return entry
             labelled(lookups, "l2", "miss").inc()
@@ -612,7 +615,8 @@ class CacheStore:
         loaded = 0
         for partition, entry_id, vec, entry, q in await self.redis.load_semantic(
                 self.cfg.semantic.max_entries_per_scope * 1000):
-            if entry.usable(now, True) and len(vec) == self.index.dim and self._servable(q):
+            if (entry.usable(now, True) and len(vec) == self.index.dim and self._servable(q)
+                    and not self.purged_since(now, entry)):  # (as `get` reads L2)
                 self._index_add(partition, entry_id, vec, entry, q)
                 loaded += 1
         if loaded:

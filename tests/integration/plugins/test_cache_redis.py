@@ -217,6 +217,48 @@ async def test_admin_purge_reaches_every_replica(make_client: MakeClient,
     assert stats["redis"]["exact"] >= 1
 
 
+async def test_an_entry_read_from_redis_as_a_purge_removes_it_is_not_kept_in_memory(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """A replica's read of an L2 entry answered just before another replica's purge
+    deleted it, and the purge's event handled here before the read's answer was: the
+    answer goes out (it was read before the purge), but it is not put in this replica's
+    L1, where it was served until its TTL ran out as if never purged."""
+    a, b = await replicas(make_client, redis_server.url)
+    q = "What is the refund window for orders?"
+    assert (await ask(a, q))[0] == "miss"
+    rs = cache_of(b).store.redis
+    assert rs is not None
+    read = rs.get_exact
+    purges = len(cache_of(b).store._purges)
+
+    async def overtaken(key: str) -> Entry | None:
+        got = await read(key)
+        await cache_of(a).store.purge({"tenant": "acme"})  # Redis's copy goes, event out
+        await eventually(lambda: len(cache_of(b).store._purges) > purges, timeout=2.0)
+        return got
+
+    rs.get_exact = overtaken  # type: ignore[method-assign]
+    assert (await ask(b, q))[0] == "exact"
+    rs.get_exact = read  # type: ignore[method-assign]
+    assert len(cache_of(b).store.l1 or []) == 0
+    assert (await ask(b, q, headers={"Cache-Control": "no-store"}))[0] == "miss"
+    # and the semantic entries a replica loads (at start, after a gap), alike
+    assert (await ask(a, q))[0] == "miss"
+    await eventually(lambda: len(cache_of(b).store.index) == 1)
+    cache_of(b).store.index.purge(lambda e: True)
+    load, purges = rs.load_semantic, len(cache_of(b).store._purges)
+
+    async def loaded_then_purged(limit: int) -> Any:
+        got = await load(limit)
+        await cache_of(a).store.purge({"tenant": "acme"})
+        await eventually(lambda: len(cache_of(b).store._purges) > purges, timeout=2.0)
+        return got
+
+    rs.load_semantic = loaded_then_purged  # type: ignore[method-assign]
+    await cache_of(b).store._load_semantic()
+    assert len(cache_of(b).store.index) == 0
+
+
 async def test_purge_by_tenant_and_user(make_client: MakeClient, redis_server: RedisServer
                                         ) -> None:
     (a,) = await replicas(make_client, redis_server.url, n=1, scope="user")
