@@ -8,7 +8,9 @@ waits forever: a replica's Redis listener kept a shutdown (and a CI run) waiting
 way, one close in about a hundred. So a task is cancelled again until it has ended
 (`cancel_and_wait`), and a call that may lose one raises it again (`lost_cancellation`):
 a request whose client left during a Redis command would otherwise run on, and
-generate, for nobody.
+generate, for nobody. A call that must end within a time runs as a task of its own
+that is cancelled and left, not waited for, when the time is up (`within`): a timeout's
+own cancellation can be lost the same way.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from .telemetry import get_logger
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 #: How long the first cancellation gets before it is repeated; each repeat waits twice
 #: as long as the one before, up to `RECANCEL_MAX_S`, so a task that cleans up on its
@@ -64,7 +67,7 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
 _DETACHED: set[asyncio.Future[Any]] = set()
 
 
-def detach(work: Awaitable[Any]) -> asyncio.Future[Any]:
+def detach(work: Awaitable[T]) -> asyncio.Future[T]:
     """Run `work` (a coroutine or future) to its end as a task of its own, referenced
     until it ends: what a cancelled caller leaves to finish (an end hook, a discard)."""
     task = asyncio.ensure_future(work)
@@ -83,3 +86,27 @@ def lost_cancellation() -> Iterator[None]:
     yield
     if task is not None and task.cancelling() > before:
         raise asyncio.CancelledError
+
+
+async def within(work: Awaitable[T], timeout_s: float) -> T:
+    """`work`'s result if it ends within `timeout_s`, else TimeoutError then. It runs as a
+    task of its own, cancelled and left to end on its own (`detach`) when the time is up
+    or the caller is cancelled. An `asyncio.timeout` around a Redis command waited for
+    the command to take its cancellation: one that lost it (redis-py opening a
+    connection to a frozen Redis, under load) ran on to its socket timeout, 4 s where
+    50 ms was asked."""
+    task = detach(work)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=timeout_s)
+    except asyncio.CancelledError:
+        _abandon(task)
+        raise
+    if not done:
+        _abandon(task)
+        raise TimeoutError
+    return task.result()
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())

@@ -23,7 +23,6 @@ same algorithm in Lua, atomic across every bucket of a request, with time from R
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
 
 from proxy.redis_client import blocking_client
-from proxy.tasks import lost_cancellation
+from proxy.tasks import lost_cancellation, within
 from proxy.tracing import span
 
 PERIOD_MS = 60_000.0
@@ -327,8 +326,7 @@ class RedisStore:
         try:
             with lost_cancellation(), span("redis ratelimit", kind=SpanKind.CLIENT,
                                            **{"db.system": "redis"}):
-                async with asyncio.timeout(self.timeout_s):
-                    return await coro  # type: ignore[misc]
+                return await within(coro, self.timeout_s)  # type: ignore[arg-type]
         except (RedisError, OSError, TimeoutError) as e:
             raise StoreError(type(e).__name__) from None
 

@@ -108,3 +108,73 @@ async def test_a_timeout_inside_the_call_is_not_a_lost_cancellation() -> None:
         async with asyncio.timeout(0):  # fires, and the call loses its cancellation
             assert await losing_call(asyncio.Event()) == "result"
     assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+class Stubborn:
+    """A Redis command that loses its cancellations (redis-py opening a connection to a
+    frozen Redis did), ending only when `release` is set."""
+
+    def __init__(self) -> None:
+        self.release, self.started = asyncio.Event(), asyncio.Event()
+        self.lost = 0
+
+    async def __call__(self, *args: object, **kw: object) -> None:
+        self.started.set()
+        while True:
+            try:
+                await self.release.wait()
+                return None
+            except asyncio.CancelledError:
+                self.lost += 1
+
+
+async def test_redis_calls_end_on_time_when_the_command_loses_its_cancellation() -> None:
+    """The cache's reads and the rate limiter's calls end within their timeout: an
+    `asyncio.timeout` around the command waited for it to take the cancellation, and
+    one that lost it ran on to its socket timeout (4 s for the cache's 50 ms read,
+    whenever Redis froze under load)."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    from plugins.cache.config import RedisConfig
+    from plugins.cache.redis_store import RedisStore as CacheRedis
+    from plugins.rate_limit.gcra import Bucket, StoreError
+    from plugins.rate_limit.gcra import RedisStore as LimitRedis
+    from tests.waiting import eventually
+
+    errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
+    cache = CacheRedis(RedisConfig(url="redis://127.0.0.1:1/0", timeout_s=0.01),
+                       errors, "r1")
+    limits = LimitRedis("redis://127.0.0.1:1/0", timeout_s=0.01)
+    get, admit = Stubborn(), Stubborn()
+    cache.client.get = get  # type: ignore[method-assign]
+    limits._admit = admit  # type: ignore[assignment]
+    read = asyncio.ensure_future(cache.get_exact("k"))
+    admitted = asyncio.ensure_future(limits.admit([Bucket("b", 10, 1)], [], "l", 1000))
+    try:
+        await eventually(lambda: read.done() and admitted.done(), timeout=2.0)
+        assert read.result() is None and not cache.healthy
+        assert isinstance(admitted.exception(), StoreError)
+        # (the commands were cancelled, and lost it)
+        await eventually(lambda: bool(get.lost and admit.lost))
+    finally:
+        get.release.set()
+        admit.release.set()
+        await asyncio.gather(read, admitted, return_exceptions=True)
+        await cache.client.aclose()
+        await limits.close()
+
+
+async def test_within_passes_on_a_result_and_a_callers_cancellation() -> None:
+    from proxy.tasks import within
+
+    async def answer() -> int:
+        return 7
+
+    assert await within(answer(), 1.0) == 7
+    hang = Stubborn()
+    caller = asyncio.ensure_future(within(hang(), 60.0))
+    await hang.started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    hang.release.set()
