@@ -193,8 +193,11 @@ class RedisStore:
             vec = np.frombuffer(base64.b64decode(d["v"], validate=True),
                                 dtype="<f4").astype(np.float32)
             if not isinstance(question, str) or not isinstance(d["e"], str | bytes) or (
-                    not len(vec) or not np.isfinite(vec).all()):
-                raise TypeError  # (a NaN would win every search in its partition)
+                    not len(vec) or not np.isfinite(vec).all()
+                    or float(np.dot(vec, vec)) > 1.0 + 1e-3):
+                # (a NaN, or a vector longer than an embedding's unit length, would win
+                # every search in its partition)
+                raise TypeError
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             raise BadEntry("semantic entry") from None
         return vec, Entry.from_json(d["e"]), question

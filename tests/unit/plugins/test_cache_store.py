@@ -295,3 +295,23 @@ def test_an_entry_no_answer_could_have_stored_is_unreadable(change: dict[str, An
                         for c in change.get("choices", entry("k1").choices)],
             "usage": change.get("usage", {"prompt_tokens": 1, "completion_tokens": 1})}
     assert capture_body(body, "chat") is None
+
+
+def test_a_stored_vector_longer_than_any_embedding_is_unreadable() -> None:
+    """Embeddings are unit vectors: one longer (a poisoned or foreign semantic entry in
+    Redis) scored above every real match in its partition, so the guard refused it
+    and the partition's real entries answered no paraphrase while it stayed."""
+    import base64
+
+    import numpy as np
+
+    from plugins.cache.redis_store import RedisStore
+
+    def packed(vec: np.ndarray) -> str:
+        return json.dumps({"v": base64.b64encode(vec.astype("<f4").tobytes()).decode(),
+                           "g": "#", "q": "a question", "e": entry("k1").to_json()})
+
+    unit = np.full(4, 0.5, dtype=np.float32)
+    assert RedisStore._unpack(packed(unit))[2] == "a question"
+    with pytest.raises(BadEntry):
+        RedisStore._unpack(packed(unit * 100))
