@@ -221,3 +221,26 @@ def test_the_values_schema_takes_the_shipped_configs_and_refuses_bad_plugins() -
         **base, "engine": {"kind": "upstream", "base_url": "http://c/v1",
                            "on_behalf_of_secret": ""}}}))
     assert list(validator.iter_errors({"config": {"server": {"port": 8000}}}))
+
+
+def test_the_network_policy_keeps_the_bundled_redis_to_the_gateway() -> None:
+    """With `networkPolicy.enabled` only the gateway's pods were fenced: the bundled
+    Redis (no password; it holds the cache's answers and the stored conversations) took
+    connections from any pod in the cluster. Its own policy admits the gateway only."""
+    docs = render({"redis": {"bundled": True}, "networkPolicy": {"enabled": True}})
+    redis_labels = by_kind(docs, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    gateway_labels = by_kind(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    (fence,) = [p for p in policies if p["spec"]["podSelector"]["matchLabels"].items()
+                <= redis_labels.items()]
+    assert fence["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = fence["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= gateway_labels.items()
+    assert rule["ports"] == [{"port": "redis", "protocol": "TCP"}]
+    for doc in policies:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+    # no bundled Redis, or no policy: none for it
+    for values in ({"networkPolicy": {"enabled": True}}, {"redis": {"bundled": True}}):
+        assert len([d for d in render(values) if d["kind"] == "NetworkPolicy"]) == len(
+            [v for k, v in values.items() if k == "networkPolicy"])
