@@ -84,6 +84,10 @@ class _Pending:
     embedding: bool = False  # a pass has it
 
 
+def _uncounted(layer: str, result: str) -> None:
+    """A lookup `weir_cache_lookups_total` does not count (see `CacheStore.get`)."""
+
+
 class CacheStore:
     def __init__(self, cfg: CacheConfig, metrics: CacheMetrics,
                  embedder: Embedder | None) -> None:
@@ -161,26 +165,31 @@ class CacheStore:
         fills L1, unless a purge reaching it ran while it was read: the purge's event
         may have come before Redis's answer, and L1 would keep what the purge removed).
         `max_age`: the oldest answer, in seconds, the client takes (an older one is a
-        miss)."""
+        miss). `allow_stale` (the breaker's stale fallback, a second read for a request
+        whose lookup was counted) goes uncounted in `weir_cache_lookups_total`:
+        `weir_fallbacks_total` counts what it served."""
         now = time.time()
-        lookups = self.metrics.lookups
+        count = _uncounted if allow_stale else self._count
         if self.l1 is not None:
             entry = self._l1_get(key, scope, now, allow_stale)
             if entry is not None and entry.young(now, max_age):
-                labelled(lookups, "l1", "hit").inc()
+                count("l1", "hit")
                 return entry
-            labelled(lookups, "l1", "miss").inc()
+            count("l1", "miss")
         if self.redis is not None and self.cfg.l2.enabled:
             entry = await self.redis.get_exact(key)
             if entry is not None and entry.scope == scope and entry.usable(
                     now, allow_stale) and entry.young(now, max_age):
-                labelled(lookups, "l2", "hit").inc()
+                count("l2", "hit")
                 if self.l1 is not None and entry.fresh(now) and not self.purged_since(
                         now, entry):
                     self.l1.put(entry, len(entry.to_json()))
                 return entry
-            labelled(lookups, "l2", "miss").inc()
+            count("l2", "miss")
         return None
+
+    def _count(self, layer: str, result: str) -> None:
+        labelled(self.metrics.lookups, layer, result).inc()
 
     def just_stored(self, key: str, scope: str, max_age: float | None = None,
                     ) -> Entry | None:

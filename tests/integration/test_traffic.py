@@ -527,3 +527,35 @@ async def test_a_streamed_static_fallback_is_charged_no_tokens_as_a_whole_one_is
         left.append(int(r.headers["x-ratelimit-remaining-tokens"]))
     # Each sees its own reservation taken (~500), and only that: nothing was kept.
     assert max(left) - min(left) < 100, left
+
+
+async def test_a_stale_fallback_counts_its_request_s_cache_lookup_once(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """The breaker's stale fallback read L1 again, counted as a second lookup of the same
+    request: each request its engine failed was two L1 misses, and one a stale answer
+    served was an L1 miss and an L1 hit (per-layer hit ratios moved in an outage). The
+    request's own lookup is counted; what the fallback served is `weir_fallbacks_total`."""
+    client = await make_client(plugins=[
+        {"name": "cache", "config": {"stale_grace_s": 3600, "store_truncated": True,
+                                     "semantic": {"enabled": False}}},
+        {"name": "breaker", "config": {"fallback": [{"kind": "stale"}, {"kind": "error"}]}}])
+    body = {**CHAT, "temperature": 0}
+    assert (await client.post("/v1/chat/completions", json=body)).status == 200
+    cache = next(p for p in client.app[STATE].plugins if p.name == "cache")
+    for entry in cache.store.l1.entries():  # type: ignore[attr-defined]
+        entry.expires = 0.0  # the entry is past its TTL, inside its grace window
+    fake_engine.fail_after = 0
+    sample = client.app[STATE].metrics.registry.get_sample_value
+
+    def l1(result: str) -> float:
+        return sample("weir_cache_lookups_total", {"layer": "l1", "result": result}) or 0.0
+
+    before = l1("hit"), l1("miss")
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.headers["x-weir-fallback"] == "stale"
+    assert (l1("hit"), l1("miss")) == (before[0], before[1] + 1)
+    r = await client.post("/v1/chat/completions", json={**body, "max_tokens": 3})
+    assert r.status == 502  # nothing stale for this one
+    assert (l1("hit"), l1("miss")) == (before[0], before[1] + 2)
+    assert sample("weir_fallbacks_total", {"kind": "stale", "reason": "engine"}) == 1
+    assert sample("weir_cache_lookups_total", {"layer": "all", "result": "miss"}) == 3
