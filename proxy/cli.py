@@ -30,13 +30,35 @@ from .settings import ConfigError, Settings, load_settings
 
 def _load(path: str) -> Settings:
     try:
-        return load_settings(path)
+        settings = load_settings(path)
+        _refuse_unstartable(settings)
+        return settings
     except FileNotFoundError:
         print(f"{path}: no such file", file=sys.stderr)
         raise SystemExit(2) from None
     except ConfigError as e:
         _print_errors(path, e)
         raise SystemExit(1) from None
+
+
+def _refuse_unstartable(settings: Settings) -> None:
+    """What building the app would refuse (a plugin's config, the chain's order, a key
+    that cannot be read where it runs), found before anything loads and named by the
+    file, as `check-config` names it: a ConfigError with every such error."""
+    from .auth import Authenticator, KeyConfigError
+    from .chain import validate_plugins
+
+    errors: list[tuple[str, str]] = []
+    try:
+        Authenticator(settings.auth)
+    except KeyConfigError as e:
+        errors.extend(e.errors)
+    try:
+        validate_plugins(settings.plugins)
+    except ConfigError as e:
+        errors.extend(e.errors)
+    if errors:
+        raise ConfigError(errors)
 
 
 def _print_errors(path: str, e: ConfigError) -> None:

@@ -131,3 +131,23 @@ def test_check_config_warns_of_every_key_serve_cannot_read(
     with pytest.raises(KeyConfigError) as e:
         Authenticator(load_settings(f).auth)
     assert [w for w, _ in e.value.config_error().errors] == warned
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("auth: {mode: open}\nembeddings: {enabled: false}\n"
+     "plugins: [{name: cache, config: {ttl: 1}}]\n",
+     "plugins[0].config.ttl"),
+    ("auth: {mode: keys, keys: [{key_env: WEIR_TEST_UNSET_KEY_VAR}]}\n", "auth.keys[0].key_env"),
+])
+def test_serve_names_the_file_of_a_refusal_found_as_it_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, where: str) -> None:
+    """A plugin's config or a key `serve` cannot read is found as the app is built: each
+    line said `config: ...` where every other refusal (and `check-config`) names the
+    file, as `FILE: path: message`."""
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--config", str(f)])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{f}: {where}: ") and "Traceback" not in err
