@@ -56,6 +56,11 @@ def _obj(props: dict[str, Any], **kw: Any) -> dict[str, Any]:
     return {"type": "object", "properties": props, **kw}
 
 
+def _own(props: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    """One of the chart's own blocks: these keys only."""
+    return _obj(props, additionalProperties=False, **kw)
+
+
 def schema() -> dict[str, Any]:
     settings = Settings.model_json_schema(mode="validation")
     defs = settings.pop("$defs", {})  # refs are `#/$defs/X`: the defs move to the root
@@ -66,39 +71,47 @@ def schema() -> dict[str, Any]:
     settings, defs = _env_refs(settings), _env_refs(defs)
     s = {"type": "string"}
     b = {"type": "boolean"}
-    i = {"type": "integer"}
     o = {"type": "object"}
+    count = {"type": "integer", "minimum": 1}
+    probe = _own({"periodSeconds": count, "failureThreshold": count, "timeoutSeconds": count})
     return {
         "$schema": "https://json-schema.org/draft-07/schema#",
         "title": "Weir chart values",
         "type": "object",
         "$defs": defs,
+        # The chart's own values, as strict as Weir's config: a misspelt key (an
+        # `autoscalling` block, a probe's `readyness`) is refused, not ignored.
+        "additionalProperties": False,
         "properties": {
-            "image": _obj({"repository": s, "tag": s, "variant": {"enum": ["gpu", "cpu"]},
+            "global": o,  # (what a parent chart hands each subchart)
+            "image": _own({"repository": s, "tag": s, "variant": {"enum": ["gpu", "cpu"]},
                            "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]}},
                           required=["repository"]),
             "imagePullSecrets": {"type": "array"},
             "replicaCount": {"type": "integer", "minimum": 0},
-            "gpu": _obj({"count": {"type": "integer", "minimum": 0}}),
+            "gpu": _own({"count": {"type": "integer", "minimum": 0}}),
             "resources": o, "nodeSelector": o, "tolerations": {"type": "array"}, "affinity": o,
             "shmSize": s,
-            "modelCache": _obj({"type": {"enum": ["emptyDir", "pvc"]}, "size": s,
+            "modelCache": _own({"type": {"enum": ["emptyDir", "pvc"]}, "size": s,
                                 "storageClass": s, "existingClaim": s, "mountPath": s}),
-            "huggingface": _obj({"tokenSecret": s, "tokenKey": s}),
-            "apiKeys": _obj({"existingSecret": s,
+            "huggingface": _own({"tokenSecret": s, "tokenKey": s}),
+            "apiKeys": _own({"existingSecret": s,
                              "values": {"type": "object", "additionalProperties": s}}),
-            "redis": _obj({"bundled": b, "url": s, "image": s, "resources": o}),
-            "service": _obj({"type": s, "port": i, "annotations": o}),
-            "probes": o, "preStopSleepSeconds": {"type": "integer", "minimum": 0},
+            "redis": _own({"bundled": b, "url": s, "image": s, "resources": o}),
+            "service": _own({"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
+                             "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+                             "annotations": o}),
+            "probes": _own({"startup": probe, "readiness": probe, "liveness": probe}),
+            "preStopSleepSeconds": {"type": "integer", "minimum": 0},
             "podSecurityContext": o, "securityContext": o, "podAnnotations": o, "podLabels": o,
-            "serviceAccount": _obj({"create": b, "name": s}),
-            "autoscaling": _obj({"enabled": b, "minReplicas": i, "maxReplicas": i,
-                                 "targetCPUUtilizationPercentage": i}),
-            "podDisruptionBudget": _obj({"enabled": b, "minAvailable": {}}),
-            "serviceMonitor": _obj({"enabled": b, "interval": s, "labels": o,
-                                    "keySecret": _obj({"name": s, "key": s})}),
-            "networkPolicy": _obj({"enabled": b, "ingressFrom": {"type": "array"}}),
-            "grafanaDashboard": _obj({"enabled": b, "labels": o}),
+            "serviceAccount": _own({"create": b, "name": s}),
+            "autoscaling": _own({"enabled": b, "minReplicas": count, "maxReplicas": count,
+                                 "targetCPUUtilizationPercentage": count}),
+            "podDisruptionBudget": _own({"enabled": b, "minAvailable": {}}),
+            "serviceMonitor": _own({"enabled": b, "interval": s, "labels": o,
+                                    "keySecret": _own({"name": s, "key": s})}),
+            "networkPolicy": _own({"enabled": b, "ingressFrom": {"type": "array"}}),
+            "grafanaDashboard": _own({"enabled": b, "labels": o}),
             "config": settings,
         },
     }

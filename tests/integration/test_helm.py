@@ -173,6 +173,16 @@ def test_a_number_the_chart_cannot_read_fails_the_render(bad: str) -> None:
     ({"config": {"server": {"bogus": 1}}}, "bogus"),
     ({"config": {"auth": {"mode": "sometimes"}}}, "mode"),
     ({"modelCache": {"type": "nfs"}}, "type"),
+    # the chart's own values: a typo was taken and ignored (the HPA never made), and
+    # numbers Kubernetes refuses at apply time passed the install's check
+    ({"autoscalling": {"enabled": True}}, "autoscalling"),
+    ({"autoscaling": {"enable": True}}, "enable"),
+    ({"serviceMonitor": {"keySecret": {"nam": "scrape"}}}, "nam"),
+    ({"service": {"port": 0}}, "port"),
+    ({"service": {"type": "Ingress"}}, "type"),
+    ({"autoscaling": {"enabled": True, "minReplicas": 0}}, "minReplicas"),
+    ({"probes": {"startup": {"periodSeconds": 0}}}, "periodSeconds"),
+    ({"probes": {"readyness": {"periodSeconds": 5}}}, "readyness"),
 ])
 def test_bad_values_are_refused(bad: dict[str, Any], where: str) -> None:
     with pytest.raises(helm_python.HelmError) as e:
@@ -244,3 +254,8 @@ def test_the_network_policy_keeps_the_bundled_redis_to_the_gateway() -> None:
     for values in ({"networkPolicy": {"enabled": True}}, {"redis": {"bundled": True}}):
         assert len([d for d in render(values) if d["kind"] == "NetworkPolicy"]) == len(
             [v for k, v in values.items() if k == "networkPolicy"])
+
+
+def test_values_an_umbrella_chart_passes_are_taken() -> None:
+    """(`global` is what a parent chart hands every subchart.)"""
+    assert by_kind(render({"global": {"imageRegistry": "r.example"}}), "Deployment")
