@@ -77,7 +77,8 @@ class RateLimitConfig(PluginConfig):
         "fail_open", description="fail_open: a local limiter stands in; fail_closed: 503.")
     rules: list[Rule] = Field(
         default_factory=lambda: [Rule(per="key", rpm=600, tpm=1_000_000, concurrent=64)],
-        description="Every rule applies to every request.")
+        min_length=1, description="Every rule applies to every request (at least one: "
+        "without rules, leave the plugin out).")
     default_max_tokens: int = Field(
         256, ge=1, description="Completion tokens reserved when a request sets no maximum.")
     lease_s: float = Field(

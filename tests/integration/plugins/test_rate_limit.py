@@ -919,3 +919,15 @@ async def test_an_override_changes_only_what_it_names(make_client: MakeClient) -
     r = await client.post("/v1/chat/completions", json={**BODY, "max_tokens": 1},
                           headers={"Authorization": "Bearer k-acme"})
     assert r.headers["x-ratelimit-limit-requests"] == "200"
+
+
+def test_a_limiter_with_no_rules_is_refused() -> None:
+    """`rules: []` was taken: the plugin ran on every request and limited nothing (no
+    429, no `x-ratelimit-*` headers), which reads as limits in place."""
+    from proxy.chain import validate_plugins
+    from proxy.settings import ConfigError, PluginSpec
+
+    with pytest.raises(ConfigError) as e:
+        validate_plugins([PluginSpec(name="rate_limit", config={"rules": []})])
+    assert [where for where, _ in e.value.errors] == ["plugins[0].config.rules"]
+    assert RateLimitConfig.model_validate({}).rules  # (the default has one)
