@@ -259,3 +259,11 @@ def test_the_network_policy_keeps_the_bundled_redis_to_the_gateway() -> None:
 def test_values_an_umbrella_chart_passes_are_taken() -> None:
     """(`global` is what a parent chart hands every subchart.)"""
     assert by_kind(render({"global": {"imageRegistry": "r.example"}}), "Deployment")
+
+
+def test_a_bundled_redis_and_an_external_one_are_refused_together() -> None:
+    """Both set, the bundled one won silently (REDIS_URL named it), and the Redis the
+    operator named (shared with other replicas, say) was never used."""
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"redis": {"bundled": True, "url": "redis://redis.infra:6379/0"}})
+    assert "redis.url" in str(e.value) and "redis.bundled" in str(e.value)

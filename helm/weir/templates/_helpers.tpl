@@ -31,6 +31,9 @@ app.kubernetes.io/component: gateway
 {{- end -}}
 
 {{- define "weir.redisUrl" -}}
+{{- if and .Values.redis.bundled .Values.redis.url -}}
+{{- fail "redis: set redis.bundled (a Redis in this release) or redis.url (yours), not both" -}}
+{{- end -}}
 {{- if .Values.redis.bundled -}}redis://{{ include "weir.fullname" . }}-redis:6379/0
 {{- else -}}{{ .Values.redis.url }}{{- end -}}
 {{- end -}}
