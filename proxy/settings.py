@@ -3,7 +3,8 @@
 Longer than most modules on purpose: it is the one schema of every setting (Helm's
 values schema is generated from it), and splitting it would scatter that schema.
 
-`${VAR}` and `${VAR:-default}` in string values are replaced from the environment after
+`${VAR}` and `${VAR:-default}` (the default where VAR is unset or empty, as in a shell)
+in string values are replaced from the environment after
 the YAML is parsed (so a substituted value can never change the document's structure);
 a value that is exactly one reference is then typed by the field (`port: ${PORT:-8000}`
 is an int). Plugin configs are validated by each plugin's own schema when the chain is
@@ -444,8 +445,11 @@ def interpolate(value: Any, env: dict[str, str] | None = None, path: str = "") -
 
     def sub(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
-        if name in env:
-            return env[name]
+        value = env.get(name)
+        # As in a shell: the default stands for a variable unset or set empty (an empty
+        # WEIR_HOST made `${WEIR_HOST:-127.0.0.1}` listen on every interface).
+        if value is not None and (value or default is None):
+            return value
         if default is not None:
             return default
         raise ConfigError([(path, f"environment variable {name} is not set and has no default")])

@@ -31,6 +31,21 @@ def test_env_interpolation_with_defaults_and_types() -> None:
     assert s.server.port == 1234
 
 
+def test_a_default_stands_for_a_variable_set_empty_too() -> None:
+    """`${VAR:-default}` took an empty VAR as it was, where a shell (and Compose) take
+    the default: `host: ${WEIR_HOST:-127.0.0.1}` (config/weir.yaml, open auth) with
+    `WEIR_HOST=` listened on every interface, and `port: ${WEIR_PORT:-8000}` was no
+    number. `${VAR}` alone keeps an empty value."""
+    text = ("auth: {mode: open}\nserver:\n  host: ${WEIR_HOST:-127.0.0.1}\n"
+            "  port: ${WEIR_PORT:-8000}\nengine: {kind: upstream, base_url: "
+            "'http://c/v1', api_key: '${KEY}'}\n")
+    s = parse_settings(text, env={"WEIR_HOST": "", "WEIR_PORT": "", "KEY": ""})
+    assert (s.server.host, s.server.port) == ("127.0.0.1", 8000)
+    assert s.engine.api_key == ""  # type: ignore[union-attr]
+    assert load_settings(ROOT / "config" / "weir.yaml",
+                         env={"WEIR_HOST": "", "WEIR_PORT": ""}).server.host == "127.0.0.1"
+
+
 def test_missing_env_without_default_names_the_path() -> None:
     with pytest.raises(ConfigError) as e:
         parse_settings("server:\n  host: ${NOPE}\n", env={})
