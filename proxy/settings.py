@@ -65,8 +65,16 @@ OptionalSecret = Annotated[Annotated[str, Field(min_length=16)] | None,
                                                      {"const": ""}, {"type": "null"}]})]
 
 
+def _listen_host(value: str) -> str:
+    if not value.strip():
+        raise ValueError("empty: name the address to listen on (0.0.0.0 or :: for every "
+                         "interface)")
+    return value
+
+
 class ServerSettings(_Strict):
-    host: str = Field("127.0.0.1", description="Address to listen on.")
+    host: Annotated[str, AfterValidator(_listen_host)] = Field(
+        "127.0.0.1", description="Address to listen on (0.0.0.0 or :: for every interface).")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on (0: any free port).")
     drain_timeout_s: float = Field(
         30.0, ge=0, description="On SIGTERM/SIGINT/SIGHUP, how long in-flight requests may finish."

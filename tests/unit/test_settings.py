@@ -46,6 +46,16 @@ def test_a_default_stands_for_a_variable_set_empty_too() -> None:
                          env={"WEIR_HOST": "", "WEIR_PORT": ""}).server.host == "127.0.0.1"
 
 
+def test_an_empty_host_is_refused() -> None:
+    """An empty host listened on every interface, IPv4 and IPv6 (asyncio's reading of
+    it): `host: ${WEIR_HOST}` with WEIR_HOST set empty exposed the server. Every
+    interface is said as 0.0.0.0 (or ::)."""
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: open}\nserver: {host: '${H}'}\n", env={"H": ""})
+    (where, message), = e.value.errors
+    assert where == "server.host" and "0.0.0.0" in message
+
+
 def test_missing_env_without_default_names_the_path() -> None:
     with pytest.raises(ConfigError) as e:
         parse_settings("server:\n  host: ${NOPE}\n", env={})
