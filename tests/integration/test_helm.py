@@ -267,3 +267,21 @@ def test_a_bundled_redis_and_an_external_one_are_refused_together() -> None:
     with pytest.raises(helm_python.HelmError) as e:
         render({"redis": {"bundled": True, "url": "redis://redis.infra:6379/0"}})
     assert "redis.url" in str(e.value) and "redis.bundled" in str(e.value)
+
+
+def _notes(extra: dict[str, Any]) -> str:
+    out = helm_python.Chart.load(CHART).render(merged(extra), name="weir", namespace="ai")
+    return next(text for name, text in out.items() if name.endswith("NOTES.txt"))
+
+
+def test_an_api_key_no_secret_holds_is_named_before_the_pod_crash_loops() -> None:
+    """`config.auth.keys[].key_env` names a variable only the keys' Secret gives: with
+    none (the default values) or one that lacks it, the pod refused to start, again
+    and again, and the install said nothing."""
+    with pytest.raises(helm_python.HelmError) as e:  # values given, the name missing
+        render({"apiKeys": {"values": {"WEIR_KEY_OTHER": "sk-x"}}})
+    assert "WEIR_KEY_APP" in str(e.value) and "apiKeys.values" in str(e.value)
+    assert "WEIR_KEY_APP" in _notes({})  # no Secret at all: the install says so
+    for given in ({"existingSecret": "weir-keys"}, {"values": {"WEIR_KEY_APP": "sk-x"}}):
+        assert "WEIR_KEY_APP" not in _notes({"apiKeys": given})
+    assert "WEIR_KEY_APP" not in _notes({"config": {"auth": {"mode": "open"}}})

@@ -65,3 +65,17 @@ text as 0). */}}
 {{- if and .Values.config.server (hasKey .Values.config.server "port") -}}{{- $port = .Values.config.server.port -}}{{- end -}}
 {{ int (include "weir.number" (list $port "config.server.port")) }}
 {{- end -}}
+
+{{/* The `key_env` names of config.auth.keys that no Secret of the chart gives the pod
+(apiKeys.existingSecret's content is unknown here: it is trusted), space-separated:
+Weir refuses to start without them. */}}
+{{- define "weir.unsuppliedKeys" -}}
+{{- $auth := .Values.config.auth | default dict -}}
+{{- if and (ne (toString ($auth.mode | default "keys")) "open") (not .Values.apiKeys.existingSecret) -}}
+{{- range $k := ($auth.keys | default list) -}}
+{{- if and $k.key_env (not (hasKey ($.Values.apiKeys.values | default dict) $k.key_env)) -}}
+{{ $k.key_env }}{{ " " }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
