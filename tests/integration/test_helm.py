@@ -285,3 +285,12 @@ def test_an_api_key_no_secret_holds_is_named_before_the_pod_crash_loops() -> Non
     for given in ({"existingSecret": "weir-keys"}, {"values": {"WEIR_KEY_APP": "sk-x"}}):
         assert "WEIR_KEY_APP" not in _notes({"apiKeys": given})
     assert "WEIR_KEY_APP" not in _notes({"config": {"auth": {"mode": "open"}}})
+
+
+def test_a_scrape_behind_operator_keys_asks_for_an_operator_key() -> None:
+    """With `metrics: operator` the render asked for "an admin key": a tenant's admin
+    key, which /metrics then refuses (403)."""
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"serviceMonitor": {"enabled": True},
+                "config": {"observability": {"metrics": "operator"}}})
+    assert "an operator key" in str(e.value)
