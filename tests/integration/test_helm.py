@@ -294,3 +294,24 @@ def test_a_scrape_behind_operator_keys_asks_for_an_operator_key() -> None:
         render({"serviceMonitor": {"enabled": True},
                 "config": {"observability": {"metrics": "operator"}}})
     assert "an operator key" in str(e.value)
+
+
+def test_name_overrides_and_service_account_annotations_are_honoured() -> None:
+    """Values every `helm create` chart takes: `nameOverride`, `fullnameOverride`, and the
+    service account's annotations (a cloud workload identity). The values schema is
+    strict, so a chart lacking them refused them outright."""
+    docs = render({"fullnameOverride": "gw", "serviceAccount": {
+        "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/weir"}}})
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("Deployment", "gw") in names and ("Service", "gw") in names
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")
+    assert sa["metadata"]["annotations"] == {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/weir"}
+    docs = render({"nameOverride": "edge"})
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["metadata"]["name"] == "weir-edge"
+    assert deployment["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "edge"
+    import jsonschema
+    validator = jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
+    validator.validate(merged({"nameOverride": "edge", "fullnameOverride": "gw",
+                               "serviceAccount": {"annotations": {"a": "b"}}}))
