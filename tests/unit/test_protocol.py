@@ -332,6 +332,10 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
     (ResponsesRequest, {"max_tool_calls": 1}),
     (ResponsesRequest, {"truncation": "auto"}),
     (ResponsesRequest, {"reasoning": {"effort": "high"}}),
+    # (were ignored: no compaction ran, no moderation ran, and the answer said nothing)
+    (ResponsesRequest, {"context_management": [{"type": "compaction",
+                                                "compact_threshold": 1000}]}),
+    (ResponsesRequest, {"moderation": {"model": "omni-moderation-latest"}}),
 ])
 def test_a_parameter_that_cannot_be_honoured_is_refused_by_name(model: type,
                                                                 extra: dict[str, Any]) -> None:
@@ -352,7 +356,8 @@ def test_a_parameter_that_cannot_be_honoured_is_refused_by_name(model: type,
     (ResponsesRequest, {"background": False, "conversation": None, "prompt": None,
                         "include": [], "top_logprobs": 0, "max_tool_calls": None,
                         "truncation": "disabled", "reasoning": {"effort": "none"},
-                        "reasoning_effort": "none", "verbosity": "medium"}),
+                        "reasoning_effort": "none", "verbosity": "medium",
+                        "context_management": None, "moderation": None}),
 ])
 def test_the_same_parameters_asking_nothing_are_accepted(model: type,
                                                          extra: dict[str, Any]) -> None:
