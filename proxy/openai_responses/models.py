@@ -266,6 +266,26 @@ RESPONSES_UNSUPPORTED: Unsupported = {
 #: refused by the in-process engine and sent on to an upstream as given.
 
 
+def _refuse_tool_features(data: dict[str, Any]) -> None:
+    """A function tool that asks for what only OpenAI's tool search (`defer_loading`) or
+    programmatic calls (`allowed_callers` without `direct`) give: a 400 naming it. Taken
+    as a plain tool, the model would be offered, and call, what the client kept from it."""
+    for i, tool in enumerate(data.get("tools") or ()):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            continue
+        if tool.get("defer_loading") not in (None, False):
+            raise InvalidRequest(
+                f"Unsupported parameter: `tools[{i}].defer_loading`: there is no tool search "
+                "here; every tool is offered to the model with the request.",
+                param=f"tools[{i}].defer_loading", code="unsupported_parameter")
+        callers = tool.get("allowed_callers")
+        if callers is not None and not (isinstance(callers, list) and "direct" in callers):
+            raise InvalidRequest(
+                f"Unsupported parameter: `tools[{i}].allowed_callers`: tools are called by the "
+                "model itself here (`direct`), never programmatically.",
+                param=f"tools[{i}].allowed_callers", code="unsupported_parameter")
+
+
 class StreamOptions(_Open):
     #: (Weir adds no obfuscation field to its events: nothing to turn off.)
     include_obfuscation: bool | None = None
@@ -305,6 +325,8 @@ class ResponsesRequest(_NullIsDefault):
                 code="invalid_value")
         refuse_unsupported(data, RESPONSES_UNSUPPORTED)
         refuse_other_tools(data)
+        if isinstance(data, dict):
+            _refuse_tool_features(data)
         return data
 
     @model_validator(mode="after")

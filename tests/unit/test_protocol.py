@@ -350,6 +350,24 @@ def test_a_parameter_that_cannot_be_honoured_is_refused_by_name(model: type,
     assert f"`{name}`" in e.value.message
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("defer_loading", True), ("allowed_callers", ["programmatic"]), ("allowed_callers", []),
+])
+def test_a_function_tool_asking_for_tool_search_or_programmatic_calls_is_refused(
+        field: str, value: Any) -> None:
+    """A deferred tool (loaded only by OpenAI's tool search) or one the model may not call
+    itself (`allowed_callers` without `direct`) was taken as a plain tool: the model was
+    offered, and could call, what the client had kept from it."""
+    tools = [{"type": "function", "name": "f"}, {"type": "function", "name": "g", field: value}]
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ResponsesRequest, {"model": "m", "input": "hi", "tools": tools})
+    assert (e.value.status, e.value.param, e.value.code) == (
+        400, f"tools[1].{field}", "unsupported_parameter")
+    tools[1][field] = {"defer_loading": False, "allowed_callers": ["direct", "programmatic"]
+                       }[field]  # (what every tool here is: offered, called by the model)
+    parse_model(ResponsesRequest, {"model": "m", "input": "hi", "tools": tools})
+
+
 @pytest.mark.parametrize(("model", "extra"), [
     (ChatCompletionRequest, {"functions": [], "function_call": None, "modalities": ["text"],
                              "audio": None, "web_search_options": None, "verbosity": "medium"}),
