@@ -127,12 +127,13 @@ def _without_resent_calls(given: list[dict[str, Any]], stored: set[str],
     ([call A, call B, output A, output B]) or each before its output ([call A, output A,
     call B, output B]): the calls are the stored turn's, the outputs answer it."""
     kept: list[dict[str, Any]] = []
+    only_outputs = True  # all kept so far answer the stored calls (read as each is kept)
     for m in given:
         resent = bool(_calls_of(m)) and _calls_of(m) <= stored
-        if resent and all(k["role"] == "tool" and k.get("tool_call_id") in stored
-                          for k in kept):
+        if resent and only_outputs:
             continue
         kept.append(m)
+        only_outputs = only_outputs and m["role"] == "tool" and m.get("tool_call_id") in stored
     return kept
 
 
@@ -142,22 +143,23 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
     and every `function_call` has its output before the next message (the chat form's
     rules, said in the Responses API's words)."""
     open_calls: set[str] = set()
-    unanswered: list[str] = []
+    unanswered: dict[str, None] = {}  # (in the turn's order: the first is named)
     answered: set[str] = set()
     for m in [*conversation, None]:
         if unanswered and (m is None or m["role"] != "tool"):
-            raise InvalidRequest(f"No tool output found for function call {unanswered[0]}.",
-                                 param="input", code="invalid_value")
+            raise InvalidRequest(f"No tool output found for function call "
+                                 f"{next(iter(unanswered))}.", param="input",
+                                 code="invalid_value")
         if m is None:
             break
         if m["role"] == "assistant":
-            unanswered = [c["id"] for c in m.get("tool_calls") or ()]
+            ids = [c["id"] for c in m.get("tool_calls") or ()]
+            unanswered = dict.fromkeys(ids)
             open_calls, answered = set(unanswered), set()
-            if len(open_calls) < len(unanswered):
-                twice = next(c for c in unanswered if unanswered.count(c) > 1)
-                raise InvalidRequest(f"Duplicate 'call_id': {twice} (each `function_call` "
-                                     "needs a `call_id` of its own).", param="input",
-                                     code="invalid_value")
+            if len(open_calls) < len(ids):
+                raise InvalidRequest(f"Duplicate 'call_id': {_first_repeated(ids)} (each "
+                                     "`function_call` needs a `call_id` of its own).",
+                                     param="input", code="invalid_value")
         elif m["role"] != "tool":
             open_calls, answered = set(), set()
         elif m["tool_call_id"] in answered:
@@ -165,7 +167,7 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
                                  f"{m['tool_call_id']}: a call has one output.",
                                  param="input", code="invalid_value")
         elif m["tool_call_id"] in open_calls:
-            unanswered = [c for c in unanswered if c != m["tool_call_id"]]
+            unanswered.pop(m["tool_call_id"], None)
             answered.add(m["tool_call_id"])
         else:
             raise InvalidRequest(
@@ -173,6 +175,16 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
                 "must be that of a `function_call` before it (in the input or the earlier "
                 "responses), with no message between them.", param="input",
                 code="invalid_value")
+
+
+def _first_repeated(ids: list[str]) -> str:
+    """The first id that `ids` holds again."""
+    seen: set[str] = set()
+    for i in ids:
+        if i in seen:
+            return i
+        seen.add(i)
+    raise ValueError("no id is repeated")
 
 
 #: The parameters of vLLM's Responses API that are chat's too (`seed`, `stop`, the

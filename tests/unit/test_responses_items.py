@@ -106,3 +106,46 @@ def test_a_new_call_after_the_stored_turns_outputs_is_a_new_turn() -> None:
         {"type": "function_call_output", "call_id": "c", "output": "C"}]})
     _, conversation = X.chat_request(req, history)
     assert [m["role"] for m in conversation[2:]] == ["tool", "assistant", "tool"]
+
+
+class _Counted(str):
+    """A call id that counts the comparisons made with it."""
+
+    made = 0
+
+    def __eq__(self, other: object) -> bool:
+        _Counted.made += 1
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        _Counted.made += 1
+        return str.__ne__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def _comparisons(n: int, resent: bool) -> int:
+    """The call-id comparisons `chat_request` makes going on from a stored turn of `n`
+    calls with their `n` outputs (`resent`: each output after its call sent again)."""
+    ids = [_Counted(f"call_{i}") for i in range(n)]
+    history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": None,
+                                                   "tool_calls": [{**CALL, "id": c}
+                                                                  for c in ids]}]
+    items: list[dict[str, Any]] = []
+    for i in range(n):
+        if resent:
+            items.append({"type": "function_call", "call_id": f"call_{i}", "name": "f",
+                          "arguments": "{}"})
+        items.append({"type": "function_call_output", "call_id": f"call_{i}", "output": "x"})
+    req = ResponsesRequest.model_validate({"model": "m", "input": items})
+    _Counted.made = 0
+    X.chat_request(req, history)
+    return _Counted.made
+
+
+@pytest.mark.parametrize("resent", [False, True])
+def test_checking_a_turns_outputs_grows_with_them_not_with_their_square(resent: bool) -> None:
+    """Each output was checked against every call still open, and each call sent again
+    against every output kept: a 4 MB input of calls and outputs held the event loop for
+    tens of seconds. The work is linear: twice the calls, about twice the comparisons."""
+    assert _comparisons(400, resent) <= 2.5 * max(_comparisons(200, resent), 1)
