@@ -82,13 +82,14 @@ def _turns(items: Sequence[MessageItem | FunctionCallItem | FunctionCallOutputIt
     """`input_messages`, each message with the places in `items` of the items whose
     text it holds (reasoning items, which no prompt holds, are passed over)."""
     out: list[tuple[dict[str, Any], list[int]]] = []
+    joined: dict[int, list[str]] = {}  # a turn's texts around its calls, joined at the end
     for n, item in enumerate(items):
         if isinstance(item, MessageItem):
             role = item.role  # (`developer` is read as the model's template reads it)
             last = out[-1][0] if out else None
             if role == "assistant" and last is not None and last["role"] == "assistant" \
                     and last.get("tool_calls"):
-                last["content"] = (last["content"] or "") + item.text()
+                joined.setdefault(len(out) - 1, [last["content"] or ""]).append(item.text())
                 out[-1][1].append(n)
                 continue
             out.append(({"role": role, "content": item.text()}, [n]))
@@ -102,6 +103,8 @@ def _turns(items: Sequence[MessageItem | FunctionCallItem | FunctionCallOutputIt
         elif isinstance(item, FunctionCallOutputItem):
             out.append(({"role": "tool", "tool_call_id": item.call_id,
                          "content": item.text()}, [n]))
+    for k, texts in joined.items():
+        out[k][0]["content"] = "".join(texts)
     return out
 
 

@@ -149,3 +149,30 @@ def test_checking_a_turns_outputs_grows_with_them_not_with_their_square(resent: 
     against every output kept: a 4 MB input of calls and outputs held the event loop for
     tens of seconds. The work is linear: twice the calls, about twice the comparisons."""
     assert _comparisons(400, resent) <= 2.5 * max(_comparisons(200, resent), 1)
+
+
+class _Copied(str):
+    """An item's text that counts the characters copied to put text before it."""
+
+    copied = 0
+
+    def __radd__(self, other: str) -> str:
+        _Copied.copied += len(other)
+        return other + str(self)
+
+
+def test_assistant_text_after_a_call_is_joined_once_not_copied_item_by_item() -> None:
+    """Assistant text after a call joins the call's turn; each item's text was added to
+    what the turn held, copying it again: a 4 MB input of such items held the event loop
+    for seconds. The texts are joined once."""
+    from proxy.openai_responses.models import FunctionCallItem, MessageItem
+
+    n = 200
+    items: list[Any] = [
+        FunctionCallItem(type="function_call", call_id="c", name="f", arguments="{}"),
+        *(MessageItem.model_construct(type="message", role="assistant",
+                                      content=_Copied("text ")) for _ in range(n))]
+    _Copied.copied = 0
+    [turn] = X.input_messages(items)
+    assert turn["content"] == "text " * n and len(turn["tool_calls"]) == 1
+    assert _Copied.copied <= len(turn["content"])
