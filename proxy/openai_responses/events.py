@@ -4,7 +4,9 @@ Order, as OpenAI sends it: `response.created`, `response.in_progress`; per outpu
 `response.output_item.added`, then for a message `response.content_part.added`,
 `response.output_text.delta`... `response.output_text.done`,
 `response.content_part.done`, or for a function call
-`response.function_call_arguments.delta`... `.done`; `response.output_item.done`; and
+`response.function_call_arguments.delta`... `.done`; `response.output_item.done` (text
+sent while a call is under way is held until the call ends: a parser may send the call's
+last arguments after it); and
 last `response.completed` (or `response.incomplete` when cut at the token limit). Every
 event carries a `sequence_number`, counting from 0.
 
@@ -41,6 +43,8 @@ class _Events:
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being streamed
         self.open_text: list[str] = []  # the open message's text so far
+        #: Text sent while a call was open, held until that call ends (`release`).
+        self.held: list[str] = []
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> item
         self.usage: dict[str, Any] | None = None
         self.reason: str | None = None
@@ -79,6 +83,22 @@ class _Events:
         return out
 
     def text(self, delta: str) -> list[dict[str, Any]]:
+        if self.open is not None and self.open["type"] == "function_call":
+            # A parser may send text while a call is under way, and the call's last
+            # arguments after it: the call is not done until the next call or the end.
+            self.held.append(delta)
+            return []
+        return self._text(delta)
+
+    def release(self) -> list[dict[str, Any]]:
+        """The text held while the open call went on, as the message after it (the call
+        closes first: its arguments are whole)."""
+        if not self.held:
+            return []
+        text, self.held = "".join(self.held), []
+        return [*self.close(), *self._text(text)]
+
+    def _text(self, delta: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if self.open is None or self.open["type"] != "message":
             out += self._add(X.message_item("", "in_progress"))
@@ -101,6 +121,7 @@ class _Events:
             item = X.call_item(d.get("id") or X.new_id("call"), fn.get("name") or "", "",
                                "in_progress")
             self.calls[d["index"]] = item
+            out += self.release()
             out += self._add(item)
         elif fn.get("name"):
             item["name"] += fn["name"]
@@ -161,6 +182,7 @@ class _Events:
             for d in delta.get("tool_calls") or []:
                 out += self.call(d)
             if c.get("finish_reason"):
+                out += self.release()  # (before the reason: the call ended, uncut)
                 self.reason = c["finish_reason"]
         return out
 

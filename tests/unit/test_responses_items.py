@@ -176,3 +176,50 @@ def test_assistant_text_after_a_call_is_joined_once_not_copied_item_by_item() ->
     [turn] = X.input_messages(items)
     assert turn["content"] == "text " * n and len(turn["tool_calls"]) == 1
     assert _Copied.copied <= len(turn["content"])
+
+
+async def _events_of(*chunks: dict[str, Any]) -> list[dict[str, Any]]:
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        for c in chunks:
+            yield c
+
+    async def on_done(response: dict[str, Any]) -> None:
+        pass
+
+    req = ResponsesRequest.model_validate({"model": "m", "input": "hi"})
+    return [e async for e in Rendering(req, "resp_1").events(source(), on_done)]
+
+
+def _args(arguments: str, **head: Any) -> dict[str, Any]:
+    return chunk({"tool_calls": [{"index": 0, **head, "function": {
+        **({"name": "f"} if head else {}), "arguments": arguments}}]})
+
+
+@pytest.mark.parametrize("reason", ["tool_calls", "length"])
+async def test_text_while_a_call_is_open_does_not_close_it_before_its_arguments_end(
+        reason: str) -> None:
+    """A tool parser may send text while a call is under way and that call's last
+    arguments after it (vLLM's parsers hold a call's tail back until the answer ends).
+    The text closed the call: its `arguments.done` and `output_item.done` said half its
+    arguments, and its last `arguments.delta` came after them. The text is held until
+    the call ends, and goes out as the message after it."""
+    events = await _events_of(chunk({"role": "assistant", "content": ""}),
+                              _args('{"x": ', id="call_1", type="function"),
+                              chunk({"content": "done"}),
+                              chunk({"content": "."}),
+                              _args("1}"), chunk({}, reason))
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    final = events[-1]["response"]
+    call, message = final["output"]
+    assert call["arguments"] == '{"x": 1}' and message["content"][0]["text"] == "done."
+    closed: set[int] = set()
+    for e in events:  # nothing of an item after its `output_item.done`
+        assert e.get("output_index") not in closed, e
+        if e["type"] == "response.output_item.done":
+            closed.add(e["output_index"])
+            assert e["item"] == final["output"][e["output_index"]]
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert done["arguments"] == '{"x": 1}'
+    assert [it["status"] for it in final["output"]] == (
+        ["completed", "incomplete"] if reason == "length" else ["completed", "completed"])
