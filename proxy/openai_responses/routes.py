@@ -233,10 +233,22 @@ async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
         await app[STORE].close()
 
 
+async def not_served(request: web.Request) -> web.Response:
+    """OpenAI's endpoints under `/v1/responses/` that Weir does not serve: unknown URLs, as
+    every other (matched by `{response_id}`, they were a 405 for a response id)."""
+    raise web.HTTPNotFound()
+
+
+#: OpenAI's POST endpoints beside the responses' ids (counting tokens, compacting).
+_NOT_SERVED = ("/v1/responses/input_tokens", "/v1/responses/compact")
+
+
 def setup(app: web.Application) -> None:
     """Routes and the store's lifespan (called from `proxy.routes.add_routes`)."""
     app.cleanup_ctx.append(_store_lifespan)
     app.router.add_post("/v1/responses", create, **ROUTE_OPTS)
+    for path in _NOT_SERVED:  # (before `{response_id}`, which would take them)
+        app.router.add_post(path, not_served, **ROUTE_OPTS)
     app.router.add_get("/v1/responses/{response_id}", retrieve, **ROUTE_OPTS)
     app.router.add_delete("/v1/responses/{response_id}", delete, **ROUTE_OPTS)
     app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items, **ROUTE_OPTS)

@@ -192,6 +192,21 @@ async def test_cancel_is_for_background_responses_only(make_client: MakeClient) 
                               headers=auth("a"))).status == 404
 
 
+@pytest.mark.parametrize("path", ["input_tokens", "compact"])
+async def test_the_responses_endpoints_not_served_are_unknown_urls(make_client: MakeClient,
+                                                                   path: str) -> None:
+    """OpenAI's `POST /v1/responses/input_tokens` and `/compact` (the SDK's
+    `responses.input_tokens.count`, `responses.compact`) were read as a response id: a
+    405 saying POST is not allowed there, only GET and DELETE. They are not served: a 404
+    `unknown_url`, as every endpoint Weir does not serve."""
+    client = await make_client()
+    r = await client.post(f"/v1/responses/{path}", json={**BASE})
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert (r.status, body["error"]["code"]) == (404, "unknown_url")
+    assert f"POST /v1/responses/{path}" in body["error"]["message"]
+
+
 async def test_store_false_keeps_nothing(make_client: MakeClient) -> None:
     client = await make_client()
     body = await (await client.post("/v1/responses", json={**BASE, "store": False})).json()
