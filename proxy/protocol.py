@@ -92,6 +92,11 @@ def refuse_unsupported(data: Any, table: Unsupported) -> None:
                                  code="unsupported_parameter")
 
 
+#: Moderated completions (OpenAI runs a moderation model on the input and the output,
+#: and answers with its results): on Chat Completions and the Responses API alike.
+MODERATION = (inert(), "moderated completions are not supported here: no moderation "
+              "model runs on the input or the output.")
+
 CHAT_UNSUPPORTED: Unsupported = {
     "functions": (inert([]), "the legacy form of `tools`; send `tools` and `tool_choice`."),
     "function_call": (inert(), "the legacy form of `tool_choice`; send `tools` and "
@@ -99,6 +104,7 @@ CHAT_UNSUPPORTED: Unsupported = {
     "audio": (inert(), "this model answers text only."),
     "modalities": (inert(["text"]), "this model answers text only."),
     "web_search_options": (inert(), "this server does not search the web."),
+    "moderation": MODERATION,
     "verbosity": (inert("medium"), "this model has no verbosity setting; ask for a length "
                   "in the prompt."),
 }

@@ -17,6 +17,7 @@ from pydantic import Discriminator, Field, Tag, model_validator
 from ..errors import InvalidRequest
 from ..protocol import (
     _FUNCTION_NAME,
+    MODERATION,
     InvalidFunctionParameters,
     JsonSchema,
     Metadata,
@@ -237,8 +238,7 @@ RESPONSES_UNSUPPORTED: Unsupported = {
     "reasoning": (_asks_no_reasoning, "this model does not reason."),
     "context_management": (inert([]), "compaction is not supported; the input must fit "
                            "the model's context."),
-    "moderation": (inert(), "moderated responses are not supported here: no moderation "
-                   "model runs on the input or the output."),
+    "moderation": MODERATION,
     # Chat Completions' names, which the Responses API does not take: ignored, a
     # `max_tokens` would leave the answer uncapped and a `response_format` unenforced.
     **{name: (inert(), f"in the Responses API, this parameter has moved to `{to}`.")

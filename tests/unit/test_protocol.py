@@ -324,6 +324,7 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
     (ChatCompletionRequest, {"audio": {"voice": "alloy", "format": "wav"}}),
     (ChatCompletionRequest, {"web_search_options": {}}),
     (ChatCompletionRequest, {"verbosity": "low"}),
+    (ChatCompletionRequest, {"moderation": {"model": "omni-moderation-latest"}}),
     (ResponsesRequest, {"background": True}),
     (ResponsesRequest, {"conversation": "conv_123"}),
     (ResponsesRequest, {"prompt": {"id": "pmpt_1"}}),
@@ -370,7 +371,8 @@ def test_a_function_tool_asking_for_tool_search_or_programmatic_calls_is_refused
 
 @pytest.mark.parametrize(("model", "extra"), [
     (ChatCompletionRequest, {"functions": [], "function_call": None, "modalities": ["text"],
-                             "audio": None, "web_search_options": None, "verbosity": "medium"}),
+                             "audio": None, "web_search_options": None, "verbosity": "medium",
+                             "moderation": None}),
     (ResponsesRequest, {"background": False, "conversation": None, "prompt": None,
                         "include": [], "top_logprobs": 0, "max_tool_calls": None,
                         "truncation": "disabled", "reasoning": {"effort": "none"},
