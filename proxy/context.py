@@ -61,6 +61,10 @@ class RequestContext:
     #: arguments are). For what a route keeps of the request in its own form (a stored
     #: Response's input items).
     screen: Screen | None = None
+    #: Set by the sanitizer wherever a detector of its redacts, whether or not one fired:
+    #: the same screen, for texts a route keeps that no request of the chain carries (a
+    #: Response's reasoning items: stored and listed, in no prompt).
+    screen_aside: Screen | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0
     #: The most tokens a request that names no output limit may generate (the

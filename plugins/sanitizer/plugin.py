@@ -100,6 +100,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             self.detectors.append((INJECTION, actions["injection"]))
         self.detectors += [(custom(c.name, c.pattern), c.action) for c in config.custom
                            if c.action != "off"]
+        self._redacts = any(action == "redact" for _, action in self.detectors)
         self.detections = Counter(
             "weir_sanitizer_detections_total", "Sanitizer detections.",
             ["detector", "action"], registry=services.metrics.registry)
@@ -130,6 +131,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         ctx.request = engine
         if "redact" in fired.values():
             ctx.screen = self._screen
+        if self._redacts:
+            ctx.screen_aside = self._screen
         return await call_next(ctx)
 
     def _screen(self, texts: list[str], *, json: bool = False) -> list[str]:

@@ -375,14 +375,21 @@ def screened_items(req: ResponsesRequest, items: list[dict[str, Any]], before: l
     args = screen([items[n]["arguments"] for n in calls], json=True)
     for n, text in zip(calls, args, strict=True):
         out[n]["arguments"] = text
-    for n, it in enumerate(items):  # no prompt holds them, but they are stored and listed
+    return screened_reasoning(out, screen)
+
+
+def screened_reasoning(items: list[dict[str, Any]], screen: Screen) -> list[dict[str, Any]]:
+    """`items` with their reasoning items' texts screened (no prompt holds them, so the
+    chain never read them; they are stored and listed all the same)."""
+    out = [*items]
+    for n, it in enumerate(items):
         if it["type"] == "reasoning":
             parts = [(field, k) for field in ("summary", "content")
                      for k, p in enumerate(it.get(field) or ()) if isinstance(p.get("text"), str)]
             said = screen([it[field][k]["text"] for field, k in parts])
             for (field, k), text in zip(parts, said, strict=True):
                 if text != it[field][k]["text"]:
-                    out[n][field] = [*out[n][field]]
+                    out[n] = {**out[n], field: [*out[n][field]]}
                     out[n][field][k] = {**out[n][field][k], "text": text}
     return out
 

@@ -845,6 +845,30 @@ async def test_reasoning_items_are_stored_as_the_sanitizer_redacts(
     assert "bob@example.com" not in json.dumps(listed)
 
 
+async def test_reasoning_items_are_redacted_when_nothing_in_the_prompt_is(
+        make_client: MakeClient) -> None:
+    """Reasoning items were screened only beside a prompt the sanitizer had redacted:
+    with a clean message, a card in a reasoning item was stored and listed in clear."""
+    settings = make_settings(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact", "card": "redact"}}}])
+    client = await make_client(settings)
+    reasoning = {"type": "reasoning", "summary": [
+        {"type": "summary_text", "text": "card 4111 1111 1111 1111"}],
+        "content": [{"type": "reasoning_text", "text": "mail bob@example.com"}]}
+    for stream in (False, True):
+        r = await client.post("/v1/responses", json={**BASE, "stream": stream, "input": [
+            reasoning, {"role": "user", "content": "hello"}]})
+        assert r.status == 200
+        rid = (await r.json())["id"] if not stream else parse_sse(
+            await r.text())[0][0]["response"]["id"]
+        listed = await (await client.get(f"/v1/responses/{rid}/input_items")).json()
+        got = next(it for it in listed["data"] if it["type"] == "reasoning")
+        assert [p["text"] for p in got["summary"]] == ["card [CARD]"]
+        assert [p["text"] for p in got["content"]] == ["mail [EMAIL]"]
+        user = next(it for it in listed["data"] if it["type"] == "message")
+        assert user["content"][0]["text"] == "hello"
+
+
 async def test_a_call_cut_mid_arguments_is_no_turn_a_follow_up_owes_an_output(
         make_client: MakeClient) -> None:
     """Cut at `max_output_tokens` inside a forced call's arguments, the response is
