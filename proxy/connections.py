@@ -15,7 +15,13 @@ aiohttp's per-connection protocols:
 - once the first byte of a request head arrives while no request is being handled,
   the head must be complete within `header_timeout_s`, or the connection is aborted.
   "Being handled" is marked by `guard_middleware` (the outermost middleware), which
-  runs as soon as aiohttp has parsed a head.
+  runs as soon as aiohttp has parsed a head;
+- an answer that waits on its client for `write_timeout_s` once its handler has
+  returned (aiohttp writes a whole answer, and a stream's end, after the middlewares)
+  is aborted: writes wait while the transport's buffer is over its high-water mark
+  (`pause_writing`) until the client has read it down (`resume_writing`), so a client
+  that stopped reading would hold the answer's bytes, and the connection, for good. A
+  stream's writes inside its handler have their own clock (`proxy.streaming`).
 
 The body's own timeout is applied where the body is read (`proxy.body`), and the idle
 keep-alive timeout is aiohttp's `keepalive_timeout`. aiohttp's own error answers (a
@@ -96,6 +102,8 @@ class _Guarded(asyncio.Protocol):
         self.refused = False
         self.busy = 0  # requests of this connection inside their handler
         self._head_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self.paused = False  # the transport's buffer is full: writes wait on the client
 
     def connection_made(self, base: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
@@ -133,23 +141,43 @@ class _Guarded(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if not self.refused:
+            self.paused = True
+            self._arm_write()
             self.inner.pause_writing()
 
     def resume_writing(self) -> None:
         if not self.refused:
+            self.paused = False
+            self._disarm_write()
             self.inner.resume_writing()
 
     def request_started(self) -> None:
         self.busy += 1
-        self._disarm()
+        self._disarm_head()
 
     def request_ended(self) -> None:
         self.busy -= 1
+        self._arm_write()  # (the answer's last writes may wait already)
 
     def _disarm(self) -> None:
+        self._disarm_head()
+        self._disarm_write()
+
+    def _disarm_head(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def _arm_write(self) -> None:
+        """Start the write clock where writes wait on the client outside a handler."""
+        if self.paused and not self.busy and self._write_timer is None:
+            loop = asyncio.get_running_loop()
+            self._write_timer = loop.call_later(self.guard.write_timeout_s, self._write_late)
+
+    def _disarm_write(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
 
     @property
     def idle(self) -> bool:
@@ -163,18 +191,30 @@ class _Guarded(asyncio.Protocol):
         self.guard.note("head_timeout")
         self.transport.abort()  # a slow sender gets no lingering close
 
+    def _write_late(self) -> None:
+        self._write_timer = None
+        if not self.paused or self.busy or self.transport is None or (
+                self.transport.is_closing() and self.transport.get_write_buffer_size() == 0):
+            return
+        self.guard.write_timeouts += 1
+        self.guard.note("write_timeout")
+        self.transport.abort()  # (a close would wait for the client to read it all)
+
 
 class ConnectionGuard:
     """The protocol factory's wrapper and the live connections it tracks."""
 
     def __init__(self, max_connections: int | None, header_timeout_s: float,
-                 on_close: Callable[[str], None] | None = None) -> None:
+                 on_close: Callable[[str], None] | None = None,
+                 write_timeout_s: float = 30.0) -> None:
         self.max_connections = max_connections or default_max_connections()
         self.header_timeout_s = header_timeout_s
+        self.write_timeout_s = write_timeout_s
         self.open: dict[asyncio.Transport, _Guarded] = {}
         self.refused = 0
         self.evicted = 0
         self.head_timeouts = 0
+        self.write_timeouts = 0
         self._on_close = on_close
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
@@ -197,7 +237,8 @@ class ConnectionGuard:
         return False
 
     def note(self, reason: str) -> None:
-        """A connection Weir closed on its own: refused, evicted or head_timeout."""
+        """A connection Weir closed on its own: refused, evicted, head_timeout or
+        write_timeout."""
         if self._on_close is not None:
             self._on_close(reason)
 
@@ -252,9 +293,11 @@ async def listen(app: web.Application, settings: ServerSettings, host: str, port
             log.warning("connection closed by the server", reason=reason,
                         open=len(guard.open), max_connections=guard.max_connections,
                         refused_total=guard.refused, evicted_total=guard.evicted,
-                        head_timeouts_total=guard.head_timeouts)
+                        head_timeouts_total=guard.head_timeouts,
+                        write_timeouts_total=guard.write_timeouts)
 
-    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, closed)
+    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, closed,
+                            write_timeout_s=settings.write_timeout_s)
     metrics.connections.set_function(lambda: len(guard.open))
     app[GUARD] = guard
     handler_kw: dict[str, Any] = dict(

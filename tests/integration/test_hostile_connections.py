@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,11 +24,12 @@ KEY = "sk-LEAKCHECK-5c1d0e7f9a2b4c6d"
 WAIT = 10  # bound on any wait for the server; the limits under test are well below it
 
 
-async def start(access_log: bool = False, **server: Any) -> Listener:
+async def start(access_log: bool = False, engine: FakeEngine | None = None,
+                **server: Any) -> Listener:
     settings = make_settings(server={"host": "127.0.0.1", "port": 0, **server},
                              auth={"mode": "keys", "keys": [{"key": KEY}]},
                              logging={"access_log": access_log})
-    app = create_app(settings, engine=FakeEngine())
+    app = create_app(settings, engine=engine or FakeEngine())
     return await listen(app, settings.server, "127.0.0.1", 0)
 
 
@@ -327,3 +329,35 @@ async def test_100_continue_is_sent_only_to_a_request_with_a_valid_key(
     assert requests_counted(served, route="chat", model="", status="401") == counted + 1
     lines = [json.loads(x) for x in logs.getvalue().splitlines() if "expect-401" in x]
     assert [(x["status"], x["path"]) for x in lines] == [(401, "/v1/chat/completions")]
+
+
+async def test_a_whole_answer_its_client_does_not_read_is_cut() -> None:
+    """A whole (not streamed) answer goes out after its handler has returned: a client
+    that never reads it held its bytes in the server's memory, and its connection, for
+    good (nothing timed the write; idle connections are closed only between requests).
+    The write timeout cuts it, as it cuts a stalled stream; the server serves others."""
+    engine = FakeEngine(max_model_len=100_000)
+    listener = await start(engine=engine, write_timeout_s=0.3)
+    body = json.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 20_000, "logprobs": True, "top_logprobs": 20}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that stalls
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_connect(sock, ("127.0.0.1", listener.port))
+        await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                                b"Content-Type: application/json\r\nContent-Length: "
+                                + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await eventually(lambda: len(engine.calls) == 1, timeout=WAIT)  # answered ...
+        await eventually(lambda: not listener.guard.open, timeout=WAIT)  # ... never read
+        assert listener.guard.write_timeouts == 1
+        assert 'weir_connections_closed_total{reason="write_timeout"} 1.0' in metrics(listener)
+        reader, writer = await connect(listener)
+        writer.write(LIVE)
+        assert (await response(reader))[0] == 200
+        writer.close()
+    finally:
+        sock.close()
+        await listener.close()
