@@ -16,6 +16,10 @@ aiohttp's per-connection protocols:
   the head must be complete within `header_timeout_s`, or the connection is aborted.
   "Being handled" is marked by `guard_middleware` (the outermost middleware), which
   runs as soon as aiohttp has parsed a head;
+- a head may be `max_head_bytes` long at most (aiohttp bounds each line and the number
+  of fields, not their total): past it the connection gets a `431` and is closed. A
+  request's body is no head: its bytes, after the head's blank line or arriving for a
+  body its handler left unread, are not counted;
 - an answer that waits on its client for `write_timeout_s` once its handler has
   returned (aiohttp writes a whole answer, and a stream's end, after the middlewares)
   is aborted: writes wait while the transport's buffer is over its high-water mark
@@ -37,7 +41,7 @@ import resource
 from collections.abc import Callable
 from typing import Any, cast
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
 from .app_state import STATE
@@ -58,16 +62,23 @@ def default_max_connections() -> int:
     return max(64, soft - max(_RESERVED_FDS, soft // 4))
 
 
-def _refusal() -> bytes:
-    body = json.dumps({"error": {
-        "message": "The server has too many open connections; retry shortly.",
-        "type": "server_error", "param": None, "code": "too_many_connections"}}).encode()
-    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+def _refusal(status: str, message: str, type_: str, code: str, extra: str = "") -> bytes:
+    """A whole answer written on the transport, before (or instead of) aiohttp's."""
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None,
+                                 "code": code}}).encode()
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
     return head.encode() + body
 
 
-_REFUSAL = _refusal()
+_REFUSAL = _refusal("503 Service Unavailable",
+                    "The server has too many open connections; retry shortly.",
+                    "server_error", "too_many_connections", "Retry-After: 1\r\n")
+_HEAD_TOO_LARGE = _refusal("431 Request Header Fields Too Large",
+                           "The request head (its request line and header fields) is too "
+                           "large.", "invalid_request_error",
+                           "request_header_fields_too_large")
+_HEAD_END = b"\r\n\r\n"
 
 
 class _OpenAIErrors(web.RequestHandler):
@@ -102,6 +113,11 @@ class _Guarded(asyncio.Protocol):
         self.refused = False
         self.busy = 0  # requests of this connection inside their handler
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes: int | None = None  # of the head arriving; None: not counting
+        self._head_tail = b""  # its last bytes (its blank line may come split)
+        self._head_done = False  # its blank line came: what follows is its body
+        self._head_begun = False  # its request line has begun (past any blank lines)
+        self._unread: StreamReader | None = None  # a body its handler left, still coming
         self._write_timer: asyncio.TimerHandle | None = None
         self.paused = False  # the transport's buffer is full: writes wait on the client
 
@@ -126,18 +142,48 @@ class _Guarded(asyncio.Protocol):
         if not self.busy and self._head_timer is None and data:
             loop = asyncio.get_running_loop()
             self._head_timer = loop.call_later(self.guard.header_timeout_s, self._head_late)
+        if not self.busy and not self._head_done and self._head_bytes is None and (
+                self._unread is None or self._unread.is_eof()):
+            self._unread, self._head_bytes, self._head_tail = None, 0, b""
+            self._head_begun = False
+        if self._head_bytes is not None and self._head_too_large(data):
+            return
         self.inner.data_received(data)
+
+    def _head_too_large(self, data: bytes) -> bool:
+        """Count a head's bytes up to its blank line; past the bound, refuse it. Blank
+        lines before its request line (which the parser skips) count, but end nothing."""
+        assert self._head_bytes is not None and self.transport is not None
+        skipped = 0
+        if not self._head_begun:
+            line = data.lstrip(b"\r\n")
+            skipped, data = len(data) - len(line), line
+            self._head_begun = bool(line)
+        seen = self._head_tail + data
+        end = seen.find(_HEAD_END) if data else -1
+        size = self._head_bytes + skipped + (
+            len(data) if end < 0 else end + 4 - len(self._head_tail))
+        if size > self.guard.max_head_bytes:
+            self.refused = True  # nothing more reaches aiohttp's parser
+            self._disarm_head()
+            self.guard.note("head_too_large")
+            self.transport.write(_HEAD_TOO_LARGE)
+            self.transport.close()
+            return True
+        if end < 0:
+            self._head_bytes, self._head_tail = size, seen[-3:]
+        else:
+            self._head_bytes, self._head_done = None, True
+        return False
 
     def eof_received(self) -> bool | None:
         return None if self.refused else self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        if self.refused:
-            return
         assert self.transport is not None
-        self.guard.open.pop(self.transport, None)
-        self.inner.connection_lost(exc)
+        if self.guard.open.pop(self.transport, None) is not None:  # (not one refused)
+            self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
         if not self.refused:
@@ -154,9 +200,13 @@ class _Guarded(asyncio.Protocol):
     def request_started(self) -> None:
         self.busy += 1
         self._disarm_head()
+        self._head_bytes, self._head_done = None, False
 
-    def request_ended(self) -> None:
+    def request_ended(self, body: StreamReader | None = None) -> None:
+        """`body`: the request's, where its handler left it still arriving (aiohttp reads
+        it after the answer): its bytes are no head."""
         self.busy -= 1
+        self._unread = body if body is not None and not body.is_eof() else None
         self._arm_write()  # (the answer's last writes may wait already)
 
     def _disarm(self) -> None:
@@ -206,10 +256,11 @@ class ConnectionGuard:
 
     def __init__(self, max_connections: int | None, header_timeout_s: float,
                  on_close: Callable[[str], None] | None = None,
-                 write_timeout_s: float = 30.0) -> None:
+                 write_timeout_s: float = 30.0, max_head_bytes: int = 65536) -> None:
         self.max_connections = max_connections or default_max_connections()
         self.header_timeout_s = header_timeout_s
         self.write_timeout_s = write_timeout_s
+        self.max_head_bytes = max_head_bytes
         self.open: dict[asyncio.Transport, _Guarded] = {}
         self.refused = 0
         self.evicted = 0
@@ -237,8 +288,8 @@ class ConnectionGuard:
         return False
 
     def note(self, reason: str) -> None:
-        """A connection Weir closed on its own: refused, evicted, head_timeout or
-        write_timeout."""
+        """A connection Weir closed on its own: refused, evicted, head_timeout,
+        head_too_large or write_timeout."""
         if self._on_close is not None:
             self._on_close(reason)
 
@@ -260,7 +311,7 @@ async def guard_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     finally:
-        conn.request_ended()
+        conn.request_ended(request.content)
 
 
 class Listener:
@@ -297,7 +348,8 @@ async def listen(app: web.Application, settings: ServerSettings, host: str, port
                         write_timeouts_total=guard.write_timeouts)
 
     guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, closed,
-                            write_timeout_s=settings.write_timeout_s)
+                            write_timeout_s=settings.write_timeout_s,
+                            max_head_bytes=settings.max_head_bytes)
     metrics.connections.set_function(lambda: len(guard.open))
     app[GUARD] = guard
     handler_kw: dict[str, Any] = dict(

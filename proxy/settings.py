@@ -105,6 +105,9 @@ class ServerSettings(_Strict):
     max_header_line_bytes: int = Field(
         8190, ge=1024, le=65536, description="Longest request line or header line (400 above).")
     max_headers: int = Field(128, ge=8, le=1024, description="Header fields per request.")
+    max_head_bytes: int = Field(
+        65536, ge=4096, le=1048576, description="Largest request head (request line and "
+        "header fields together; 431 above): the line and field bounds alone allow 1 MiB.")
 
 
 #: The models Weir builds itself (`proxy.engine.builtin_models`).

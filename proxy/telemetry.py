@@ -250,8 +250,8 @@ class Metrics:
                                  registry=r)
         self.connections_closed = Counter(
             "weir_connections_closed_total", "Client connections Weir closed on its own "
-            "(refused at the cap, idle evicted at the cap, request head too slow, an answer "
-            "its client stopped reading).",
+            "(refused at the cap, idle evicted at the cap, request head too slow or too "
+            "large, an answer its client stopped reading).",
             ["reason"], registry=r)
 
     def render(self) -> bytes:

@@ -361,3 +361,43 @@ async def test_a_whole_answer_its_client_does_not_read_is_cut() -> None:
     finally:
         sock.close()
         await listener.close()
+
+
+@pytest.mark.parametrize("served", [{"max_head_bytes": 16384}], indirect=True)
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("blank", [b"", b"\r\n\r\n", b"\r\n"])
+async def test_a_request_head_past_its_total_size_is_a_431(served: Listener, whole: bool,
+                                                           blank: bytes) -> None:
+    """Lines (8190 bytes) and fields (128) each had a bound, their product (a 1 MiB
+    head) none: every connection could make the server hold a head that size (~1.7 MB
+    of memory each) while it arrived. A head past `max_head_bytes`, sent whole or in
+    part, is a 431 (OpenAI's shape) and the connection ends; its body is no head."""
+    reader, writer = await connect(served)
+    fields = b"".join(b"X-F%d: " % i + b"a" * 4000 + b"\r\n" for i in range(8))
+    # (blank lines before a request line are skipped by the parser: no head's end)
+    writer.write(blank + b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + fields
+                 + (b"\r\n" if whole else b""))
+    status, headers, body = await response(reader)
+    assert status == 431 and headers.get("connection") == "close"
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "request_header_fields_too_large"
+    assert await closed_by_server(reader)
+    assert 'weir_connections_closed_total{reason="head_too_large"} 1.0' in metrics(served)
+    writer.close()
+    reader, writer = await connect(served)  # a head under it, with a body past it
+    payload = json.dumps({"model": "fake-model", "input": "a" * 40_000}).encode()
+    writer.write(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                 + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    assert (await response(reader))[0] != 431
+    writer.write(LIVE)  # and the connection goes on
+    assert (await response(reader))[0] == 200
+    # A body its handler left unread (a 401 answered before it came) is no head either.
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: "
+                 + str(len(payload)).encode() + b"\r\n\r\n")
+    assert (await response(reader))[0] == 401
+    writer.write(payload + LIVE)
+    assert (await response(reader))[0] == 200
+    writer.close()
