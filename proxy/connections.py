@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import StreamReader, web
+from aiohttp.http_exceptions import BadHttpMessage, PayloadEncodingError
 from aiohttp.typedefs import Handler
 
 from .app_state import STATE
@@ -81,10 +82,21 @@ _HEAD_TOO_LARGE = _refusal("431 Request Header Fields Too Large",
 _HEAD_END = b"\r\n\r\n"
 
 
+def _body_fault(exc: BaseException | None) -> bool:
+    """Whether aiohttp's parser refused the body rather than the head: a payload error of
+    its Python parser, or (its C parser, llhttp, raises a plain `BadHttpMessage` there)
+    one whose reason (before the quote of the bytes at fault, which may be a header line
+    naming `chunked`) says a chunk is at fault."""
+    return isinstance(exc, PayloadEncodingError) or (
+        isinstance(exc, BadHttpMessage) and "chunk" in str(exc.message).split(":")[0].lower())
+
+
 class _OpenAIErrors(web.RequestHandler):
     """aiohttp's protocol, whose own error answers (a malformed request head, before any
     middleware runs) are OpenAI-shaped and never echo the request: aiohttp's quote the
-    offending line, an `Authorization` key included."""
+    offending line, an `Authorization` key included. A body its parser refuses as it
+    arrives with its head (a malformed chunk, a deflate stream cut short) is said to be
+    the body's fault (`invalid_body`), as the route says it of one that comes later."""
 
     __slots__ = ()
 
@@ -93,9 +105,12 @@ class _OpenAIErrors(web.RequestHandler):
         self.log_exception("Error handling request", exc_info=exc)  # scrubbed: telemetry
         if request.writer.output_size > 0:
             raise ConnectionError("the response had started; no error answer is possible")
-        err = (WeirError("The HTTP request could not be parsed (its request line or a "
-                         "header is malformed or too long).", code="invalid_http_request")
-               if status < 500 else ServerError())
+        err = (ServerError() if status >= 500 else
+               WeirError("The request body is malformed (its chunked framing or its "
+                         "Content-Encoding could not be decoded).", code="invalid_body")
+               if _body_fault(exc) else
+               WeirError("The HTTP request could not be parsed (its request line or a "
+                         "header is malformed or too long).", code="invalid_http_request"))
         err.status, err.type = status, ("invalid_request_error" if status < 500
                                         else "server_error")
         resp = web.json_response(err.to_body(), status=status)

@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import socket
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -400,4 +401,42 @@ async def test_a_request_head_past_its_total_size_is_a_431(served: Listener, who
     assert (await response(reader))[0] == 401
     writer.write(payload + LIVE)
     assert (await response(reader))[0] == 200
+    writer.close()
+
+
+_CHAT = json.dumps({"model": "fake-model",
+                    "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+@pytest.mark.parametrize("framing, body", [
+    (b"Content-Encoding: deflate\r\nContent-Length: %d", zlib.compress(_CHAT)[:-4]),
+    (b"Content-Encoding: deflate\r\nContent-Length: %d", zlib.compress(_CHAT)[:-12]),
+    (b"Transfer-Encoding: chunked", b"zz\r\n" + _CHAT + b"\r\n0\r\n\r\n"),
+])
+async def test_a_body_aiohttps_parser_refuses_is_an_invalid_body(
+        served: Listener, framing: bytes, body: bytes) -> None:
+    """A body that arrives with its head and that aiohttp's parser itself refuses (a
+    deflate stream cut short, a malformed chunk) was answered as a malformed request
+    head (`invalid_http_request`, "its request line or a header is malformed"), where
+    the same body arriving after its head is the documented `invalid_body`."""
+    reader, writer = await connect(served)
+    if b"%d" in framing:
+        framing = framing % len(body)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Type: application/json\r\n" + framing
+                 + b"\r\n\r\n" + body)
+    status, _, raw = await response(reader)
+    assert status == 400
+    error = json.loads(raw)["error"]
+    assert error["code"] == "invalid_body" and "body" in error["message"]
+    assert await closed_by_server(reader)
+    writer.close()
+
+
+async def test_a_head_naming_chunked_badly_is_still_the_heads_fault(served: Listener) -> None:
+    reader, writer = await connect(served)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Transfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n")
+    status, _, raw = await response(reader)
+    assert status == 400 and json.loads(raw)["error"]["code"] == "invalid_http_request"
     writer.close()
