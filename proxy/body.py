@@ -3,7 +3,10 @@ then JSON.
 
 A body may come compressed (`Content-Encoding`: gzip, deflate, br or zstd; aiohttp
 decodes it as it reads, and the size limit counts the decoded bytes); any other coding,
-or several, is a 415, and a body its coding cannot decode a 400.
+or several, is a 415, and a body its coding cannot decode a 400. Its transfer coding
+may be `chunked` alone: aiohttp frames a body by its last coding and ignores the others
+(`gzip, chunked` would be read undecoded), so any other is a 501, as nginx and Envoy
+answer.
 
 `server.max_body_bytes` is the only body-size limit (aiohttp's `client_max_size` is set
 from it, and routes pass it here); `server.body_timeout_s` bounds how long a client may
@@ -18,7 +21,13 @@ from typing import Any
 from aiohttp import web
 
 from .app_state import STATE
-from .errors import InvalidRequest, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+from .errors import (
+    InvalidRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    UnsupportedMediaType,
+    UnsupportedTransferCoding,
+)
 from .jsonbody import decode_json_object
 
 #: The codings aiohttp decodes (one at a time), and `identity`.
@@ -40,6 +49,11 @@ async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], i
         raise UnsupportedMediaType(
             "Unsupported Content-Encoding; send the body as is, or in one of gzip, "
             "deflate, br or zstd.")
+    transfer = ",".join(request.headers.getall("Transfer-Encoding", ())).strip().lower()
+    if transfer not in ("", "chunked"):
+        raise UnsupportedTransferCoding(
+            "Unsupported Transfer-Encoding; send the body with a Content-Length, or "
+            "`Transfer-Encoding: chunked` alone.")
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
     timeout = request.app[STATE].settings.server.body_timeout_s

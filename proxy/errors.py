@@ -120,6 +120,19 @@ class UnsupportedMediaType(WeirError):
     default_code = "unsupported_content_encoding"
 
 
+class UnsupportedTransferCoding(WeirError):
+    """A transfer coding besides `chunked` (RFC 9112: 501): the request's fault, so not
+    to be retried."""
+
+    status = 501
+    type = "invalid_request_error"
+    default_code = "unsupported_transfer_encoding"
+
+    def __init__(self, message: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.headers.setdefault("x-should-retry", "false")
+
+
 class RateLimited(WeirError):
     status = 429
     type = "rate_limit_error"

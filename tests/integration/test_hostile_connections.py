@@ -440,3 +440,27 @@ async def test_a_head_naming_chunked_badly_is_still_the_heads_fault(served: List
     status, _, raw = await response(reader)
     assert status == 400 and json.loads(raw)["error"]["code"] == "invalid_http_request"
     writer.close()
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"foo, chunked", b"chunked, chunked"])
+async def test_a_transfer_coding_other_than_chunked_is_refused(
+        served: Listener, coding: bytes) -> None:
+    """aiohttp frames a body by its last transfer coding, `chunked`, and ignored the
+    others: a body sent as `Transfer-Encoding: gzip, chunked` was read as if it were not
+    compressed (the front proxy that decoded it and Weir saw different bodies). As
+    nginx and Envoy answer, a coding the server does not implement is a 501 (not to be
+    retried: it is the request's fault), and no body is read."""
+    reader, writer = await connect(served)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                 b"Transfer-Encoding: " + coding + b"\r\n\r\n"
+                 + b"%x\r\n" % len(_CHAT) + _CHAT + b"\r\n0\r\n\r\n")
+    status, headers, raw = await response(reader)
+    if coding == b"chunked, chunked":  # aiohttp's parser refuses it itself
+        assert status == 400
+    else:
+        assert status == 501 and headers.get("x-should-retry") == "false"
+        error = json.loads(raw)["error"]
+        assert error["code"] == "unsupported_transfer_encoding"
+        assert error["type"] == "invalid_request_error"
+    writer.close()
