@@ -19,7 +19,10 @@ aiohttp's per-connection protocols:
 - a head may be `max_head_bytes` long at most (aiohttp bounds each line and the number
   of fields, not their total): past it the connection gets a `431` and is closed. A
   request's body is no head: its bytes, after the head's blank line or arriving for a
-  body its handler left unread, are not counted;
+  body its handler left unread, are not counted. What a client sends while its request
+  runs, past that request's body, is the next requests (pipelined), which aiohttp
+  parses at once: past `max_head_bytes` of them the connection is not read until the
+  request has ended (a client that leaves meanwhile is seen at the next write);
 - an answer that waits on its client for `write_timeout_s` once its handler has
   returned (aiohttp writes a whole answer, and a stream's end, after the middlewares)
   is aborted: writes wait while the transport's buffer is over its high-water mark
@@ -133,6 +136,9 @@ class _Guarded(asyncio.Protocol):
         self._head_done = False  # its blank line came: what follows is its body
         self._head_begun = False  # its request line has begun (past any blank lines)
         self._unread: StreamReader | None = None  # a body its handler left, still coming
+        self._running: StreamReader | None = None  # the body of the request running
+        self._ahead = 0  # bytes sent after it while it runs (pipelined requests)
+        self._held = False  # reading paused for them
         self._write_timer: asyncio.TimerHandle | None = None
         self.paused = False  # the transport's buffer is full: writes wait on the client
 
@@ -163,7 +169,18 @@ class _Guarded(asyncio.Protocol):
             self._head_begun = False
         if self._head_bytes is not None and self._head_too_large(data):
             return
+        if self.busy and self._running is not None and self._running.is_eof():
+            self._read_ahead(len(data))
         self.inner.data_received(data)
+
+    def _read_ahead(self, size: int) -> None:
+        """Bytes of requests pipelined behind the running one: past the bound, hold off
+        reading until it ends."""
+        self._ahead += size
+        if self._ahead > self.guard.max_head_bytes and not self._held:
+            assert self.transport is not None
+            self._held = True
+            self.transport.pause_reading()
 
     def _head_too_large(self, data: bytes) -> bool:
         """Count a head's bytes up to its blank line; past the bound, refuse it. Blank
@@ -212,16 +229,23 @@ class _Guarded(asyncio.Protocol):
             self._disarm_write()
             self.inner.resume_writing()
 
-    def request_started(self) -> None:
+    def request_started(self, body: StreamReader | None = None) -> None:
+        """`body`: the request's (once it has all come, what follows is read ahead)."""
         self.busy += 1
         self._disarm_head()
         self._head_bytes, self._head_done = None, False
+        self._running, self._ahead = body, 0
 
     def request_ended(self, body: StreamReader | None = None) -> None:
         """`body`: the request's, where its handler left it still arriving (aiohttp reads
         it after the answer): its bytes are no head."""
         self.busy -= 1
         self._unread = body if body is not None and not body.is_eof() else None
+        self._running = None
+        if self._held and not self.busy:
+            self._held = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
         self._arm_write()  # (the answer's last writes may wait already)
 
     def _disarm(self) -> None:
@@ -322,7 +346,7 @@ async def guard_middleware(request: web.Request, handler: Handler) -> web.Stream
     conn = guard.connection_of(request.transport) if guard is not None else None
     if conn is None:
         return await handler(request)
-    conn.request_started()
+    conn.request_started(request.content)
     try:
         return await handler(request)
     finally:

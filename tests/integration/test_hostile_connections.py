@@ -464,3 +464,36 @@ async def test_a_transfer_coding_other_than_chunked_is_refused(
         assert error["code"] == "unsupported_transfer_encoding"
         assert error["type"] == "invalid_request_error"
     writer.close()
+
+
+async def test_requests_pipelined_behind_a_running_one_are_not_read_past_the_bound(
+        ) -> None:
+    """While a request runs (a stream), what its client sends after its body is the next
+    requests, which aiohttp parsed at once, heads of up to 1 MiB each, 32 queued: ten
+    such connections held 430 MB. Past `max_head_bytes` read ahead, the connection is
+    not read until its request has ended; then the pipelined requests are answered."""
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()  # the stream runs until the gate opens
+    served = await start(engine=engine, max_head_bytes=16384)
+    reader, writer = await connect(served)
+    chat = json.dumps({"model": "fake-model", "stream": True, "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                 + str(len(chat)).encode() + b"\r\n\r\n" + chat)
+    await engine.wait_until(lambda: len(engine.active) == 1, timeout=WAIT)
+    head = LIVE[:-2] + b"".join(b"X-F%d: " % i + b"a" * 1000 + b"\r\n" for i in range(8))
+    for _ in range(20):  # 160 KB of requests, each head under the bound (and fewer
+        # than aiohttp's own queue of 32 parsed requests, past which it stops reading)
+        writer.write(head + b"\r\n")
+    await writer.drain()
+    transport, = served.guard.open
+    await eventually(lambda: not transport.is_reading(), timeout=WAIT)
+    engine.token_gate.set()
+    async with asyncio.timeout(WAIT):  # the stream ends ...
+        stream = await reader.readuntil(b"\r\n0\r\n\r\n")  # (the chunked end)
+    assert b"data: [DONE]" in stream
+    for _ in range(20):  # ... and every pipelined request is answered
+        assert (await response(reader))[0] == 200
+    writer.close()
+    await served.close()
