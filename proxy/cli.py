@@ -131,7 +131,7 @@ def make_model(kind: str, target: Path | None) -> int:
 async def serve(settings: Settings, host: str, port: int) -> int:
     from .app import create_app
     from .app_state import STATE
-    from .connections import listen
+    from .listener import listen
     from .telemetry import get_logger
 
     log = get_logger("weir.serve")

@@ -32,28 +32,21 @@ aiohttp's per-connection protocols:
 
 The body's own timeout is applied where the body is read (`proxy.body`), and the idle
 keep-alive timeout is aiohttp's `keepalive_timeout`. aiohttp's own error answers (a
-malformed head) are replaced by OpenAI-shaped ones that do not quote the request.
-`listen` puts it together.
+malformed head) are replaced by OpenAI-shaped ones that do not quote the request
+(`proxy.wire_errors`). `proxy.listener.listen` puts it together.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import resource
 from collections.abc import Callable
 from typing import Any, cast
 
 from aiohttp import StreamReader, web
-from aiohttp.http_exceptions import BadHttpMessage, PayloadEncodingError
 from aiohttp.typedefs import Handler
 
-from .app_state import STATE
-from .errors import ServerError, WeirError
-from .settings import ServerSettings
-from .telemetry import get_logger
-
-log = get_logger("weir.connections")
+from .wire_errors import HEAD_TOO_LARGE, REFUSAL, OpenAIErrors
 
 _RESERVED_FDS = 256  # for the engine, Redis, log files, the embedding model ...
 
@@ -66,59 +59,7 @@ def default_max_connections() -> int:
     return max(64, soft - max(_RESERVED_FDS, soft // 4))
 
 
-def _refusal(status: str, message: str, type_: str, code: str, extra: str = "") -> bytes:
-    """A whole answer written on the transport, before (or instead of) aiohttp's."""
-    body = json.dumps({"error": {"message": message, "type": type_, "param": None,
-                                 "code": code}}).encode()
-    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
-    return head.encode() + body
-
-
-_REFUSAL = _refusal("503 Service Unavailable",
-                    "The server has too many open connections; retry shortly.",
-                    "server_error", "too_many_connections", "Retry-After: 1\r\n")
-_HEAD_TOO_LARGE = _refusal("431 Request Header Fields Too Large",
-                           "The request head (its request line and header fields) is too "
-                           "large.", "invalid_request_error",
-                           "request_header_fields_too_large")
 _HEAD_END = b"\r\n\r\n"
-
-
-def _body_fault(exc: BaseException | None) -> bool:
-    """Whether aiohttp's parser refused the body rather than the head: a payload error of
-    its Python parser, or (its C parser, llhttp, raises a plain `BadHttpMessage` there)
-    one whose reason (before the quote of the bytes at fault, which may be a header line
-    naming `chunked`) says a chunk is at fault."""
-    return isinstance(exc, PayloadEncodingError) or (
-        isinstance(exc, BadHttpMessage) and "chunk" in str(exc.message).split(":")[0].lower())
-
-
-class _OpenAIErrors(web.RequestHandler):
-    """aiohttp's protocol, whose own error answers (a malformed request head, before any
-    middleware runs) are OpenAI-shaped and never echo the request: aiohttp's quote the
-    offending line, an `Authorization` key included. A body its parser refuses as it
-    arrives with its head (a malformed chunk, a deflate stream cut short) is said to be
-    the body's fault (`invalid_body`), as the route says it of one that comes later."""
-
-    __slots__ = ()
-
-    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
-        self.log_exception("Error handling request", exc_info=exc)  # scrubbed: telemetry
-        if request.writer.output_size > 0:
-            raise ConnectionError("the response had started; no error answer is possible")
-        err = (ServerError() if status >= 500 else
-               WeirError("The request body is malformed (its chunked framing or its "
-                         "Content-Encoding could not be decoded).", code="invalid_body")
-               if _body_fault(exc) else
-               WeirError("The HTTP request could not be parsed (its request line or a "
-                         "header is malformed or too long).", code="invalid_http_request"))
-        err.status, err.type = status, ("invalid_request_error" if status < 500
-                                        else "server_error")
-        resp = web.json_response(err.to_body(), status=status)
-        resp.force_close()
-        return resp
 
 
 class _Guarded(asyncio.Protocol):
@@ -151,7 +92,7 @@ class _Guarded(asyncio.Protocol):
             self.refused = True
             g.refused += 1
             g.note("refused")
-            transport.write(_REFUSAL)
+            transport.write(REFUSAL)
             transport.close()
             return
         g.open[transport] = self
@@ -199,7 +140,7 @@ class _Guarded(asyncio.Protocol):
             self.refused = True  # nothing more reaches aiohttp's parser
             self._disarm_head()
             self.guard.note("head_too_large")
-            self.transport.write(_HEAD_TOO_LARGE)
+            self.transport.write(HEAD_TOO_LARGE)
             self.transport.close()
             return True
         if end < 0:
@@ -313,7 +254,7 @@ class ConnectionGuard:
     def handlers(self, server: web.Server, **kw: Any) -> Callable[[], asyncio.Protocol]:
         """aiohttp's per-connection protocol (with OpenAI-shaped errors), guarded."""
         loop = asyncio.get_running_loop()
-        return self.factory(lambda: _OpenAIErrors(server, loop=loop, **kw))
+        return self.factory(lambda: OpenAIErrors(server, loop=loop, **kw))
 
     def evict_idle(self) -> bool:
         """Close the oldest idle connection (the dict keeps them oldest first)."""
@@ -351,59 +292,3 @@ async def guard_middleware(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     finally:
         conn.request_ended(request.content)
-
-
-class Listener:
-    """The app served on a socket through a `ConnectionGuard` (what `weir serve` runs)."""
-
-    def __init__(self, runner: web.AppRunner, server: asyncio.Server,
-                 guard: ConnectionGuard) -> None:
-        self.runner, self.server, self.guard = runner, server, guard
-
-    @property
-    def port(self) -> int:
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def close(self) -> None:
-        """Stop accepting, then aiohttp's own shutdown (open connections, cleanup_ctx)."""
-        self.server.close()
-        await self.runner.cleanup()
-
-
-async def listen(app: web.Application, settings: ServerSettings, host: str, port: int,
-                 ) -> Listener:
-    metrics = app[STATE].metrics
-    last_note: dict[str, float] = {}
-
-    def closed(reason: str) -> None:  # counted always; logged once per 10 s per reason
-        metrics.connections_closed.labels(reason).inc()
-        now = asyncio.get_running_loop().time()
-        if now - last_note.get(reason, -1e9) >= 10:
-            last_note[reason] = now
-            log.warning("connection closed by the server", reason=reason,
-                        open=len(guard.open), max_connections=guard.max_connections,
-                        refused_total=guard.refused, evicted_total=guard.evicted,
-                        head_timeouts_total=guard.head_timeouts,
-                        write_timeouts_total=guard.write_timeouts)
-
-    guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, closed,
-                            write_timeout_s=settings.write_timeout_s,
-                            max_head_bytes=settings.max_head_bytes)
-    metrics.connections.set_function(lambda: len(guard.open))
-    app[GUARD] = guard
-    handler_kw: dict[str, Any] = dict(
-        access_log=None, keepalive_timeout=settings.idle_timeout_s,
-        max_line_size=settings.max_header_line_bytes,
-        max_field_size=settings.max_header_line_bytes, max_headers=settings.max_headers)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0,
-                           **handler_kw)
-    await runner.setup()
-    assert runner.server is not None
-    loop = asyncio.get_running_loop()
-    try:
-        server = await loop.create_server(guard.handlers(runner.server, **handler_kw), host,
-                                          port, reuse_address=True, backlog=1024)
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return Listener(runner, server, guard)

@@ -16,7 +16,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.app_state import STATE
-from proxy.connections import Listener, listen
+from proxy.listener import Listener, listen
 from tests.conftest import make_settings
 from tests.fakes import FakeEngine
 from tests.waiting import eventually

@@ -1,0 +1,67 @@
+"""Answers given below the middlewares, on the connection itself, all OpenAI-shaped:
+the guard's whole answers written on the transport (a connection refused at the cap, a
+request head past its bound), and aiohttp's own answers to what its parser refuses,
+which would otherwise quote the request (an `Authorization` key included)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, PayloadEncodingError
+
+from .errors import ServerError, WeirError
+
+
+def _answer(status: str, message: str, type_: str, code: str, extra: str = "") -> bytes:
+    """A whole answer written on the transport, before (or instead of) aiohttp's."""
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None,
+                                 "code": code}}).encode()
+    head = (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
+    return head.encode() + body
+
+
+REFUSAL = _answer("503 Service Unavailable",
+                  "The server has too many open connections; retry shortly.",
+                  "server_error", "too_many_connections", "Retry-After: 1\r\n")
+HEAD_TOO_LARGE = _answer("431 Request Header Fields Too Large",
+                         "The request head (its request line and header fields) is too "
+                         "large.", "invalid_request_error", "request_header_fields_too_large")
+
+
+def _body_fault(exc: BaseException | None) -> bool:
+    """Whether aiohttp's parser refused the body rather than the head: a payload error of
+    its Python parser, or (its C parser, llhttp, raises a plain `BadHttpMessage` there)
+    one whose reason (before the quote of the bytes at fault, which may be a header line
+    naming `chunked`) says a chunk is at fault."""
+    return isinstance(exc, PayloadEncodingError) or (
+        isinstance(exc, BadHttpMessage) and "chunk" in str(exc.message).split(":")[0].lower())
+
+
+class OpenAIErrors(web.RequestHandler):
+    """aiohttp's protocol, whose own error answers (a malformed request head, before any
+    middleware runs) are OpenAI-shaped and never echo the request: aiohttp's quote the
+    offending line, an `Authorization` key included. A body its parser refuses as it
+    arrives with its head (a malformed chunk, a deflate stream cut short) is said to be
+    the body's fault (`invalid_body`), as the route says it of one that comes later."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        self.log_exception("Error handling request", exc_info=exc)  # scrubbed: telemetry
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response had started; no error answer is possible")
+        err = (ServerError() if status >= 500 else
+               WeirError("The request body is malformed (its chunked framing or its "
+                         "Content-Encoding could not be decoded).", code="invalid_body")
+               if _body_fault(exc) else
+               WeirError("The HTTP request could not be parsed (its request line or a "
+                         "header is malformed or too long).", code="invalid_http_request"))
+        err.status, err.type = status, ("invalid_request_error" if status < 500
+                                        else "server_error")
+        resp = web.json_response(err.to_body(), status=status)
+        resp.force_close()
+        return resp
