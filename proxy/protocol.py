@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from urllib.parse import unquote
 
@@ -737,6 +737,13 @@ Part = Annotated[
 ]
 
 
+def join_parts(texts: Iterable[str]) -> str:
+    """A message's text parts as one text, one part a line, as vLLM's chat renderer
+    joins them (its `"\\n".join`): "Hello" and "world" are two lines to the model,
+    not the word "Helloworld"."""
+    return "\n".join(texts)
+
+
 class ChatMessage(_Open):
     role: Role
     content: str | Annotated[list[Part], Field(min_length=1)] | None = None
@@ -745,13 +752,14 @@ class ChatMessage(_Open):
     tool_call_id: str | None = None
 
     def text(self) -> str:
-        """The message's text, parts concatenated (the form the cache and sanitizer see)."""
+        """The message's text as the model reads it (`join_parts`): what the engine's
+        prompt, the cache and the sanitizer see."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text if isinstance(p, TextPart) else p.refusal
-                       for p in self.content if isinstance(p, TextPart | RefusalPart))
+        return join_parts(p.text if isinstance(p, TextPart) else p.refusal
+                          for p in self.content if isinstance(p, TextPart | RefusalPart))
 
 
 def _may_lack_content(m: ChatMessage) -> bool:

@@ -2,12 +2,13 @@
 or careless input and decides what is sensitive.
 
 Order of work: limits (413/400 naming the param) -> normalization of every text ->
-detectors over each normalized text (a message's adjacent text parts read joined too, as
-the model reads them), and over consecutive texts of a conversation for a card split
-between them -> actions. `block` stops with a deliberately vague
-400; `redact` replaces matches with typed placeholders before anyone else sees them;
-`flag` marks the request sensitive (the cache neither reads nor writes it). Any
-injection detection, whatever its action, keeps the answer out of the cache.
+detectors over each normalized text (a message's adjacent text parts read joined too, with
+nothing between them: a value split over parts is found, however they are joined), and
+over consecutive texts of a conversation for a card split between them -> actions.
+`block` stops with a deliberately vague 400; `redact` replaces matches with typed
+placeholders before anyone else sees them; `flag` marks the request sensitive (the cache
+neither reads nor writes it). Any injection detection, whatever its action, keeps the
+answer out of the cache.
 
 Detectors read each text's canonical form as a reader reads it (`proxy.text.scanned`:
 a tab as a space, any script's digits as digits, no marks over ASCII); the texts go on
@@ -394,8 +395,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _joined_runs(self, parts: list[Any], kp: list[Any], ep: list[Any],
                      fired: dict[str, str]) -> tuple[list[Any], list[Any]]:
-        """The model reads a message's adjacent text parts joined (`ChatMessage.text()`):
-        what is found only across two of them ("mail alice" + "@example.com") counts as
+        """The model reads a message's adjacent text parts together (`ChatMessage.text()`,
+        one a line); here they are read joined with nothing between them, so a value a
+        client split over parts is found whatever the join: what is found only across two
+        of them ("mail alice" + "@example.com") counts as
         found, and where the joined reading redacts what the parts' own readings do not
         (a value across a part's end, or one a neighbour names), that run of parts goes
         on as one text part, redacted whole, with what each part held alone (a part may

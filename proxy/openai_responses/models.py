@@ -32,6 +32,7 @@ from ..protocol import (
     _Open,
     check_strict,
     inert,
+    join_parts,
     refuse_other_tools,
     refuse_unsupported,
     type_of,
@@ -82,8 +83,8 @@ class MessageItem(_Open):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text if isinstance(p, InputText)
-                       else p.refusal if isinstance(p, InputRefusal) else "" for p in self.content)
+        return join_parts(p.text if isinstance(p, InputText) else p.refusal
+                          for p in self.content if isinstance(p, InputText | InputRefusal))
 
 
 class FunctionCallItem(_Open):

@@ -6,6 +6,7 @@ import pytest
 
 from proxy.errors import InvalidRequest
 from proxy.openai_responses.models import ResponsesRequest
+from proxy.preparing import prepare_chat
 from proxy.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -13,6 +14,7 @@ from proxy.protocol import (
     decode_json_object,
     parse_model,
 )
+from tests.fakes import FakeEngine
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -66,11 +68,24 @@ def test_unknown_fields_are_accepted() -> None:
     assert req.model_extra == {"some_future_field": {"x": 1}}
 
 
-def test_content_parts_are_joined() -> None:
+def test_content_parts_are_joined_line_by_line_as_vllm_joins_them() -> None:
+    """vLLM's chat renderer reads a message's text parts one per line ("\\n".join): two
+    parts "Hello" and "world" are not the word "Helloworld" to the model. The engine's
+    prompt, the cache's key and the Responses API's input all read them so."""
+    parts = [{"type": "text", "text": "Hello"}, {"type": "refusal", "refusal": "no"},
+             {"type": "text", "text": "world"}]
     req = parse_model(ChatCompletionRequest, {"model": "m", "messages": [
-        {"role": "user",
-         "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
-    assert req.messages[0].text() == "ab"
+        {"role": "user", "content": parts}]})
+    assert req.messages[0].text() == "Hello\nno\nworld"
+    one = parse_model(ChatCompletionRequest, {"model": "m", "messages": [
+        {"role": "user", "content": "Hello\nno\nworld"}]})
+    fake = FakeEngine()
+    assert prepare_chat(fake, req).prompts == prepare_chat(fake, one).prompts
+    responses = parse_model(ResponsesRequest, {"model": "m", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hello"},
+                                     {"type": "input_text", "text": "world"}]}]})
+    assert not isinstance(responses.input, str)
+    assert responses.input[0].text() == "Hello\nworld"  # type: ignore[union-attr]
 
 
 def test_max_completion_tokens_wins() -> None:

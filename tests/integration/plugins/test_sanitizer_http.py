@@ -108,7 +108,7 @@ async def test_normalized_text_keeps_its_layout_for_the_engine(make_client: Make
                                                                fake_engine: FakeEngine) -> None:
     """Normalizing folds what renders alike (a zero-width space, full-width letters) for
     the engine too, but keeps the layout: code its indentation, a text part its
-    trailing space ("Hello " + "world" had reached the model as "Helloworld"), a
+    trailing space ("Hello " + "world" had reached the model as "Hello" + "world"), a
     completion prompt its blank lines. The cache still keys on the canonical form."""
     code = "def f():\n    return 1\n\n"
     client = await make_client(plugins=sanitizer(normalize=True, engine_sees="normalized"))
@@ -121,7 +121,7 @@ async def test_normalized_text_keeps_its_layout_for_the_engine(make_client: Make
             {"role": "user", "content": code}]})
     assert r.status == 200, await r.text()
     assert fake_engine.calls[-1][0] == fake_engine.render_chat([
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world"},
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello \nworld"},
         {"role": "assistant", "content": "ok"}, {"role": "user", "content": code}], None)
     r = await client.post("/v1/completions", json={"model": "fake-model", "max_tokens": 2,
                                                    "prompt": code, "echo": True})
