@@ -958,6 +958,24 @@ def _unanswered(calls: dict[str, int]) -> None:
         code="invalid_value")
 
 
+#: The content parts OpenAI's spec gives a role besides the assistant (`'text'` alone
+#: where it is not named here): a `refusal` is an assistant's alone.
+_ROLE_PARTS = {"user": "'text', 'image_url', 'input_audio', and 'file'"}
+
+
+def _parts_of_its_role(m: ChatMessage, i: int) -> None:
+    """A `refusal` part outside an assistant message is a 400 naming it, as OpenAI
+    answers (read as text, it was that role's own words to the model)."""
+    if m.role == "assistant" or not isinstance(m.content, list):
+        return
+    for j, part in enumerate(m.content):
+        if isinstance(part, RefusalPart):
+            raise InvalidRequest(
+                f"Invalid value: 'refusal'. Supported values are: "
+                f"{_ROLE_PARTS.get(m.role, repr('text'))}.",
+                param=f"messages[{i}].content[{j}].type", code="invalid_value")
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     # vLLM's chat-template controls, with its semantics.
@@ -998,6 +1016,7 @@ class ChatCompletionRequest(_SamplingFields):
         for i, m in enumerate(self.messages):
             if unanswered and m.role != "tool":
                 _unanswered(unanswered)
+            _parts_of_its_role(m, i)
             if m.content is None and not _may_lack_content(m):
                 raise InvalidRequest(
                     f"Missing required parameter: `messages[{i}].content` (only an assistant "

@@ -75,10 +75,11 @@ def test_content_parts_are_joined_line_by_line_as_vllm_joins_them() -> None:
     parts = [{"type": "text", "text": "Hello"}, {"type": "refusal", "refusal": "no"},
              {"type": "text", "text": "world"}]
     req = parse_model(ChatCompletionRequest, {"model": "m", "messages": [
-        {"role": "user", "content": parts}]})
+        {"role": "assistant", "content": parts}, {"role": "user", "content": "go on"}]})
     assert req.messages[0].text() == "Hello\nno\nworld"
     one = parse_model(ChatCompletionRequest, {"model": "m", "messages": [
-        {"role": "user", "content": "Hello\nno\nworld"}]})
+        {"role": "assistant", "content": "Hello\nno\nworld"},
+        {"role": "user", "content": "go on"}]})
     fake = FakeEngine()
     assert prepare_chat(fake, req).prompts == prepare_chat(fake, one).prompts
     responses = parse_model(ResponsesRequest, {"model": "m", "input": [
@@ -86,6 +87,27 @@ def test_content_parts_are_joined_line_by_line_as_vllm_joins_them() -> None:
                                      {"type": "input_text", "text": "world"}]}]})
     assert not isinstance(responses.input, str)
     assert responses.input[0].text() == "Hello\nworld"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("role", "allowed"), [
+    ("user", "'text', 'image_url', 'input_audio', and 'file'"),
+    ("system", "'text'"), ("developer", "'text'"), ("tool", "'text'")])
+def test_a_refusal_part_is_an_assistant_s_alone(role: str, allowed: str) -> None:
+    """OpenAI's spec gives `refusal` parts to assistant messages only (an earlier
+    refusal sent back): in another role's content it is a 400 naming the part, as
+    OpenAI answers, not read to the model as that role's own words."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    if role == "tool":
+        messages.append({"role": "assistant", "tool_calls": [{
+            "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]})
+    messages.append({"role": role, "content": [
+        {"type": "text", "text": "a"}, {"type": "refusal", "refusal": "I can't."}],
+        **({"tool_call_id": "c1"} if role == "tool" else {})})
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": messages})
+    i = len(messages) - 1
+    assert (e.value.param, e.value.code) == (f"messages[{i}].content[1].type", "invalid_value")
+    assert e.value.message == f"Invalid value: 'refusal'. Supported values are: {allowed}."
 
 
 def test_max_completion_tokens_wins() -> None:
