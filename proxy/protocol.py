@@ -773,6 +773,8 @@ def _may_lack_content(m: ChatMessage) -> bool:
 
 class StreamOptions(_Open):
     include_usage: bool = False
+    #: OpenAI's padding of deltas against size side channels: none is added here.
+    include_obfuscation: bool = True
     #: vLLM's extension: with `include_usage`, every chunk carries the usage so far.
     continuous_usage_stats: bool = False
 
@@ -808,6 +810,24 @@ class ResponseFormat(_Open):
                 param="response_format.json_schema",
             )
         return self
+
+
+class Prediction(_Open):
+    """OpenAI's Predicted Outputs: text the answer is expected to repeat, a way to answer
+    faster, never a change to the answer (unused here)."""
+
+    type: Literal["content"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
+
+
+class CallerFields(_Open):
+    """OpenAI's fields on who asks and its prompt cache (Chat Completions' and the
+    Responses API's): they change no answer and no engine here reads them (an upstream
+    gets them), but they are checked as OpenAI checks them."""
+
+    safety_identifier: Annotated[str, Field(max_length=64)] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
 
 
 # Bounds: OpenAI's documented ones where it has them, otherwise the engine's real limits
@@ -976,7 +996,7 @@ def _parts_of_its_role(m: ChatMessage, i: int) -> None:
                 param=f"messages[{i}].content[{j}].type", code="invalid_value")
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, CallerFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     # vLLM's chat-template controls, with its semantics.
     #: The template's opening of the assistant's turn ends the prompt.
@@ -1004,6 +1024,8 @@ class ChatCompletionRequest(_SamplingFields):
     #: OpenAI's processing tiers: one engine serves every request alike, so the value is
     #: only checked (a value outside OpenAI's list was let through, unread).
     service_tier: ServiceTier | None = None
+    #: Checked only: a prediction speeds an answer up, it never changes it.
+    prediction: Prediction | None = None
 
     @model_validator(mode="after")
     def _contents_given(self) -> ChatCompletionRequest:
@@ -1229,7 +1251,8 @@ def _loc_to_param(loc: tuple[int | str, ...]) -> str:
 #: fields, the error names the first of them in this order, as OpenAI's does.
 OPENAI_ORDER: dict[str, tuple[str, ...]] = {
     "ChatCompletionRequest": (
-        "metadata", "top_logprobs", "temperature", "top_p", "user", "messages", "model",
+        "metadata", "top_logprobs", "temperature", "top_p", "user", "safety_identifier",
+        "prompt_cache_key", "prompt_cache_retention", "messages", "model",
         "max_completion_tokens", "frequency_penalty", "presence_penalty", "response_format",
         "store", "stream", "stop", "logit_bias", "logprobs", "max_tokens", "n", "seed",
         "stream_options", "tools", "tool_choice", "parallel_tool_calls"),
@@ -1238,7 +1261,8 @@ OPENAI_ORDER: dict[str, tuple[str, ...]] = {
         "max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options",
         "suffix", "temperature", "top_p", "user"),
     "ResponsesRequest": (
-        "metadata", "temperature", "top_p", "user", "previous_response_id", "model", "text",
+        "metadata", "temperature", "top_p", "user", "safety_identifier", "prompt_cache_key",
+        "prompt_cache_retention", "previous_response_id", "model", "text",
         "tools", "tool_choice", "input", "parallel_tool_calls", "store", "instructions",
         "stream", "max_output_tokens"),
 }

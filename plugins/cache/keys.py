@@ -78,7 +78,10 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
 #: or kept): not in the key. Any other field Weir does not know is (an upstream engine
 #: may honour it).
 _NOT_ANSWER = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key",
-                         "safety_identifier", "stream", "stream_options",
+                         "safety_identifier", "prompt_cache_retention", "stream",
+                         "stream_options",
+                         # a predicted output speeds an answer up, never changes it
+                         "prediction",
                          # vLLM's: a client's own name for the request, its session
                          "request_id", "session_id"})
 

@@ -18,6 +18,7 @@ from ..errors import InvalidRequest
 from ..protocol import (
     _FUNCTION_NAME,
     MODERATION,
+    CallerFields,
     InvalidFunctionParameters,
     JsonSchema,
     Metadata,
@@ -292,7 +293,7 @@ class StreamOptions(_Open):
     include_obfuscation: bool | None = None
 
 
-class ResponsesRequest(_NullIsDefault):
+class ResponsesRequest(_NullIsDefault, CallerFields):
     model: str = Field(min_length=1)
     input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None

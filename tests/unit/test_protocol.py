@@ -110,6 +110,37 @@ def test_a_refusal_part_is_an_assistant_s_alone(role: str, allowed: str) -> None
     assert e.value.message == f"Invalid value: 'refusal'. Supported values are: {allowed}."
 
 
+@pytest.mark.parametrize(("extra", "param", "code"), [
+    ({"safety_identifier": "u" * 65}, "safety_identifier", "string_above_max_length"),
+    ({"safety_identifier": 5}, "safety_identifier", "invalid_type"),
+    ({"prompt_cache_key": ["k"]}, "prompt_cache_key", "invalid_type"),
+    ({"prompt_cache_retention": "forever"}, "prompt_cache_retention", "invalid_value"),
+    ({"prediction": "the file"}, "prediction", "invalid_type"),
+    ({"prediction": {"type": "content"}}, "prediction.content", "missing_required_parameter"),
+    ({"prediction": {"type": "content", "content": []}}, "prediction.content", "empty_array"),
+    ({"stream": True, "stream_options": {"include_obfuscation": "no"}},
+     "stream_options.include_obfuscation", "invalid_type"),
+])
+def test_openai_s_fields_that_change_no_answer_are_still_checked(
+        extra: dict[str, Any], param: str, code: str) -> None:
+    """Fields the engine has no use for (who asks, prompt caching, a predicted output,
+    stream obfuscation) are still OpenAI's, typed and bounded as OpenAI checks them: a
+    wrong one is the 400 OpenAI gives, not accepted unread. (The Responses API takes the
+    first three too.)"""
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, **extra})
+    assert (e.value.param, e.value.code) == (param, code)
+    if "prediction" not in extra and "stream_options" not in extra:
+        with pytest.raises(InvalidRequest) as e:
+            parse_model(ResponsesRequest, {"model": "m", "input": "hi", **extra})
+        assert (e.value.param, e.value.code) == (param, code)
+    good = {"safety_identifier": "u" * 64, "prompt_cache_key": "k",
+            "prompt_cache_retention": "24h", "prediction": {"type": "content", "content": [
+                {"type": "text", "text": "x"}]}}
+    parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, **good, "stream": True,
+                                        "stream_options": {"include_obfuscation": False}})
+
+
 def test_max_completion_tokens_wins() -> None:
     assert chat(max_tokens=5, max_completion_tokens=7).output_limit == 7
 
