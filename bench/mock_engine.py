@@ -21,6 +21,7 @@ class InstantEngine:
         self._max_model_len = max_model_len
         self.vocab_size = 32000
         self.sampling_defaults: dict[str, object] = {}
+        self.part_separator = "\n"
 
     @property
     def max_model_len(self) -> int:

@@ -45,7 +45,7 @@ class Prepared:
     streams_calls: bool = False
 
 
-def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+def _message_dicts(req: ChatCompletionRequest, separator: str) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(req.messages):
         if isinstance(m.content, list):
@@ -57,7 +57,7 @@ def _message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
                         param=f"messages[{i}].content[{j}].type",
                         code="unsupported_content",
                     )
-        d: dict[str, Any] = {"role": m.role, "content": m.text()}
+        d: dict[str, Any] = {"role": m.role, "content": m.text(separator)}
         if m.name:
             d["name"] = m.name
         if m.tool_calls:
@@ -179,7 +179,7 @@ def _options(
 def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     refuse_unsupported(req.model_extra, LOCAL_UNSUPPORTED)
     refuse_unsupported(req.model_extra, VLLM_CHAT_UNSUPPORTED)
-    messages = _message_dicts(req)
+    messages = _message_dicts(req, engine.part_separator)
     try:
         ids = engine.render_chat(messages, req.tool_dicts(),
                                  add_generation_prompt=req.add_generation_prompt,

@@ -737,11 +737,12 @@ Part = Annotated[
 ]
 
 
-def join_parts(texts: Iterable[str]) -> str:
-    """A message's text parts as one text, one part a line, as vLLM's chat renderer
-    joins them (its `"\\n".join`): "Hello" and "world" are two lines to the model,
-    not the word "Helloworld"."""
-    return "\n".join(texts)
+def join_parts(texts: Iterable[str], separator: str = "\n") -> str:
+    """A message's text parts as one text: one part a line by default, as vLLM's chat
+    renderer joins them for most templates (its `"\\n".join`): "Hello" and "world" are
+    two lines to the model, not the word "Helloworld". (The engine names the separator
+    its template reads: `Engine.part_separator`.)"""
+    return separator.join(texts)
 
 
 class ChatMessage(_Open):
@@ -751,15 +752,16 @@ class ChatMessage(_Open):
     tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None
     tool_call_id: str | None = None
 
-    def text(self) -> str:
-        """The message's text as the model reads it (`join_parts`): what the engine's
-        prompt, the cache and the sanitizer see."""
+    def text(self, separator: str = "\n") -> str:
+        """The message's text, its parts joined by `separator` (`join_parts`): what the
+        cache and the sanitizer see, and with the engine's separator its prompt."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return join_parts(p.text if isinstance(p, TextPart) else p.refusal
-                          for p in self.content if isinstance(p, TextPart | RefusalPart))
+        return join_parts((p.text if isinstance(p, TextPart) else p.refusal
+                           for p in self.content if isinstance(p, TextPart | RefusalPart)),
+                          separator)
 
 
 def _may_lack_content(m: ChatMessage) -> bool:

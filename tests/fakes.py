@@ -46,6 +46,8 @@ class FakeEngine:
         self.vocab_size = vocab_size
         #: the model's generation-config defaults (`Engine.sampling_defaults`)
         self.sampling_defaults: dict[str, Any] = {}
+        #: `Engine.part_separator`: the text parts of a message read one a line
+        self.part_separator = "\n"
         self.fail_after: int | None = None
         self.active: set[str] = set()
         self.aborted: list[str] = []

@@ -187,6 +187,12 @@ class Engine(Protocol):
         it: `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, the
         penalties, `max_tokens`), for what a request leaves unset."""
 
+    @property
+    def part_separator(self) -> str:
+        """What the model's chat template reads between a message's text parts, as vLLM's
+        server renders them: "\\n" (joined one a line), or "" where the template walks
+        the parts itself and writes them one after another."""
+
     def encode(self, text: str) -> list[int]:
         """Tokenize a completion prompt (with the model's BOS handling)."""
 

@@ -64,6 +64,10 @@ class FaultyEngine:
     def sampling_defaults(self) -> Any:
         return self.inner.sampling_defaults
 
+    @property
+    def part_separator(self) -> str:
+        return self.inner.part_separator
+
     def models(self) -> list[ModelInfo]:
         return self.inner.models()
 

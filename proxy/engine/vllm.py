@@ -57,6 +57,7 @@ from vllm.exceptions import GracefulHTTPError, VLLMClientError
 from vllm.inputs.engine import tokens_input
 from vllm.outputs import RequestOutput
 from vllm.platforms import current_platform
+from vllm.renderers.hf import _detect_content_format
 from vllm.sampling_params import (
     RequestOutputKind,
     SamplingParams,
@@ -108,6 +109,7 @@ class VllmEngine:
         self._tool_parser: type[ToolParser] | None = None
         self._vocab_size: int | None = None
         self._defaults: dict[str, Any] = {}
+        self._part_separator = "\n"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -122,6 +124,10 @@ class VllmEngine:
     @property
     def sampling_defaults(self) -> dict[str, Any]:
         return self._defaults
+
+    @property
+    def part_separator(self) -> str:
+        return self._part_separator
 
     def ready(self) -> bool:
         return self._ready and self._llm is not None and not self._llm.errored
@@ -172,6 +178,8 @@ class VllmEngine:
         self._tool_parser = _tool_parser_class(s.tool_parser, self._tokenizer)
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._vocab_size = int(self._llm.model_config.get_vocab_size())
+        self._part_separator = content_part_separator(
+            getattr(self._tokenizer, "chat_template", None))
         # What vLLM's server applies where a request says nothing (its
         # `--generation-config auto`): the model's generation_config.json.
         self._defaults = model_defaults(self._llm.model_config.get_diff_sampling_param())
@@ -599,6 +607,15 @@ def _rejected(e: Exception, schema_param: str) -> EngineRejected:
     if param is None and ("schema" in message.lower() or "grammar" in message.lower()):
         param = schema_param
     return EngineRejected(message, param=param)
+
+
+def content_part_separator(template: Any) -> str:
+    """How vLLM's server joins a message's text parts for this chat template: a template
+    that walks `content` itself (its "openai" content format) is handed the parts and
+    writes them one after another; any other gets them one a line (its `"\\n".join`)."""
+    if not isinstance(template, str):
+        return "\n"
+    return "" if _detect_content_format(template, default="string") == "openai" else "\n"
 
 
 def _ttft(out: Any) -> float | None:

@@ -23,7 +23,7 @@ with warnings.catch_warnings():  # torch's own import-time deprecations
     warnings.simplefilter("ignore", DeprecationWarning)
     from vllm.v1.serial_utils import MsgpackEncoder
 
-    from proxy.engine.vllm import VllmEngine
+    from proxy.engine.vllm import VllmEngine, content_part_separator
 
 ENGINE = VllmEngine(VllmEngineSettings())  # not started: only its parameter mapping is used
 ENCODER = MsgpackEncoder()
@@ -462,3 +462,16 @@ def test_the_model_s_generation_config_is_read_as_vllm_reads_it(tmp_path: Any) -
         {**config, "temperature": 0.0, "top_p": 0.5, "max_new_tokens": 4}))
     read = ModelConfig(model=str(model), dtype="float32").get_diff_sampling_param()
     assert model_defaults(read) == {"temperature": 0.0, "top_p": 0.5, "max_tokens": 4}
+
+
+def test_text_parts_are_joined_as_vllm_s_renderer_joins_them() -> None:
+    """vLLM reads a chat template's use of `content`: one that only writes it as a string
+    gets a message's text parts joined one a line; one that walks the parts itself (the
+    demo model's) is handed them, and writes them one after another."""
+    from proxy.engine.demo_model import CHAT_TEMPLATE
+    string_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+                       "{% endfor %}")
+    assert content_part_separator(string_template) == "\n"
+    assert content_part_separator(CHAT_TEMPLATE) == ""
+    assert content_part_separator(None) == "\n"
+    assert ENGINE.part_separator == "\n"  # (not started: vLLM's default reading)

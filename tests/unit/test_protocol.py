@@ -82,6 +82,12 @@ def test_content_parts_are_joined_line_by_line_as_vllm_joins_them() -> None:
         {"role": "user", "content": "go on"}]})
     fake = FakeEngine()
     assert prepare_chat(fake, req).prompts == prepare_chat(fake, one).prompts
+    # A template that reads a message's parts itself writes them one after another:
+    # vLLM hands it the parts, and the engine says so (`Engine.part_separator`).
+    fake.part_separator = ""
+    glued = parse_model(ChatCompletionRequest, {"model": "m", "messages": [
+        {"role": "assistant", "content": "Hellonoworld"}, {"role": "user", "content": "go on"}]})
+    assert prepare_chat(fake, req).prompts == prepare_chat(fake, glued).prompts
     responses = parse_model(ResponsesRequest, {"model": "m", "input": [
         {"role": "user", "content": [{"type": "input_text", "text": "Hello"},
                                      {"type": "input_text", "text": "world"}]}]})
