@@ -36,6 +36,19 @@ Render = Callable[[list[dict[str, Any]]], str]
 _JOINER = "\u2060"
 
 
+def _system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The system messages merged into one at the start, as vLLM's server merges them
+    once it has made developer messages system ones (templates such as Qwen's refuse a
+    system turn anywhere else): their texts with a blank line between, empty ones left
+    out; the messages as they were where one system message already leads."""
+    system = [i for i, m in enumerate(messages) if m.get("role") == "system"]
+    if not system or system == [0]:
+        return messages
+    merged = "\n\n".join(t for i in system if (t := messages[i].get("content") or ""))
+    return [{"role": "system", "content": merged},
+            *(m for m in messages if m.get("role") != "system")]
+
+
 class ChatText:
     """Wraps a Hugging Face tokenizer (the engine's); one per tokenizer."""
 
@@ -67,9 +80,9 @@ class ChatText:
 
     def render(self, messages: list[dict[str, Any]], render: Render) -> list[int]:
         """Token ids of the rendered chat; `render` applies the chat template."""
-        if not self._developer:
-            messages = [{**m, "role": "system"} if m.get("role") == "developer" else m
-                        for m in messages]
+        if not self._developer and any(m.get("role") == "developer" for m in messages):
+            messages = _system_first([{**m, "role": "system"} if m.get("role") == "developer"
+                                      else m for m in messages])
         # (what else a message holds: its name, calls, call id; `role` is a known word)
         messages = [m if len(m) <= 2 else {
             k: v if k in ("role", "content") else self.escaped(v) for k, v in m.items()}

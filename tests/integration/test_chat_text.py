@@ -120,6 +120,39 @@ def test_developer_is_system_where_the_model_has_no_such_turn() -> None:
     assert roles(TOK) == ["developer", "user"]  # the demo model has a developer token
 
 
+def test_a_developer_turn_made_system_is_merged_with_the_system_ones_as_vllm_merges() -> None:
+    """Where a developer message becomes a system one (the template has no developer
+    turn), vLLM's server merges every system message into one at the start ("\\n\\n"
+    between them; templates such as Qwen's refuse a system turn anywhere else): Weir
+    rendered two system turns, or one after the user's, a prompt vLLM never renders."""
+
+    class Tok:
+        all_special_tokens = ["<|im_start|>", "<|im_end|>"]
+        chat_template = "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"
+
+        def encode(self, text: str, **kw: Any) -> list[int]:
+            return []
+
+    def seen(asked: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[list[dict[str, Any]]] = []
+        ChatText(Tok()).render(asked, lambda msgs: out.append(msgs) or "")
+        return out[0]
+
+    assert seen([{"role": "system", "content": "Be kind."},
+                 {"role": "user", "content": "hi"},
+                 {"role": "developer", "content": "Answer in French."},
+                 {"role": "user", "content": "ok"}]) == [
+        {"role": "system", "content": "Be kind.\n\nAnswer in French."},
+        {"role": "user", "content": "hi"}, {"role": "user", "content": "ok"}]
+    # one developer message at the start: a system message there, nothing to merge
+    alone = [{"role": "developer", "content": "Answer in French."},
+             {"role": "user", "content": "hi"}]
+    assert seen(alone) == [{"role": "system", "content": "Answer in French."}, alone[1]]
+    # no developer message: the messages as sent, as vLLM renders them
+    kept = [{"role": "user", "content": "hi"}, {"role": "system", "content": "late"}]
+    assert seen(kept) == kept
+
+
 # A template that writes what Qwen's and Hermes' do: tool definitions and earlier calls'
 # arguments through `tojson`, a message's `name` raw.
 TOOLISH = (
