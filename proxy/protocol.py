@@ -108,6 +108,14 @@ CHAT_UNSUPPORTED: Unsupported = {
     "verbosity": (inert("medium"), "this model has no verbosity setting; ask for a length "
                   "in the prompt."),
 }
+#: Chat Completions' names sent to /v1/completions, which takes other ones: ignored, the
+#: answer would run to the default 16 tokens, or come without logprobs.
+COMPLETION_UNSUPPORTED: Unsupported = {
+    "max_completion_tokens": (inert(), "/v1/completions takes `max_tokens` (Chat "
+                              "Completions' `max_completion_tokens` is its newer name)."),
+    "top_logprobs": (inert(), "/v1/completions takes `logprobs`, the number of likeliest "
+                     "tokens to return (0 to 5)."),
+}
 #: What the in-process engine cannot honour (an upstream engine may: it is passed on).
 LOCAL_UNSUPPORTED: Unsupported = {
     "reasoning_effort": (inert("none"), "this model does not reason."),
@@ -1155,6 +1163,13 @@ class CompletionRequest(_SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1)] | TokenIds | Annotated[
         list[TokenIds], Field(min_length=1)
     ]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        refuse_unsupported(data, COMPLETION_UNSUPPORTED)
+        return data
+
     #: 0 only with `echo`: the prompt back, nothing generated (with `logprobs`, the
     #: prompt's: how lm-evaluation-harness scores a text).
     #: Null is the default 16, as OpenAI and vLLM read it (not the rest of the context).

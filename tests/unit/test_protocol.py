@@ -399,6 +399,10 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
     (ChatCompletionRequest, {"web_search_options": {}}),
     (ChatCompletionRequest, {"verbosity": "low"}),
     (ChatCompletionRequest, {"moderation": {"model": "omni-moderation-latest"}}),
+    # Chat's names on /v1/completions: ignored, the answer ran to the default 16 tokens
+    # and carried no logprobs
+    (CompletionRequest, {"max_completion_tokens": 5}),
+    (CompletionRequest, {"top_logprobs": 2}),
     (ResponsesRequest, {"background": True}),
     (ResponsesRequest, {"conversation": "conv_123"}),
     (ResponsesRequest, {"prompt": {"id": "pmpt_1"}}),
@@ -417,6 +421,7 @@ def test_a_parameter_that_cannot_be_honoured_is_refused_by_name(model: type,
     """Ignored, the answer would claim what was not done (a background response
     answered at once, `truncation: "disabled"` echoed for `auto`)."""
     base: dict[str, Any] = ({"model": "m", "messages": MSG} if model is ChatCompletionRequest
+                            else {"model": "m", "prompt": "hi"} if model is CompletionRequest
                             else {"model": "m", "input": "hi"})
     with pytest.raises(InvalidRequest) as e:
         parse_model(model, {**base, **extra})
@@ -452,10 +457,12 @@ def test_a_function_tool_asking_for_tool_search_or_programmatic_calls_is_refused
                         "truncation": "disabled", "reasoning": {"effort": "none"},
                         "reasoning_effort": "none", "verbosity": "medium",
                         "context_management": None, "moderation": None}),
+    (CompletionRequest, {"max_completion_tokens": None, "top_logprobs": None}),
 ])
 def test_the_same_parameters_asking_nothing_are_accepted(model: type,
                                                          extra: dict[str, Any]) -> None:
     base: dict[str, Any] = ({"model": "m", "messages": MSG} if model is ChatCompletionRequest
+                            else {"model": "m", "prompt": "hi"} if model is CompletionRequest
                             else {"model": "m", "input": "hi"})
     parse_model(model, {**base, **extra})
 
@@ -564,6 +571,7 @@ def test_a_functions_parameters_are_an_object(model: type, tool: dict[str, Any],
                                               param: str) -> None:
     """OpenAI refuses parameters of another type (the arguments would not be an object)."""
     base: dict[str, Any] = ({"model": "m", "messages": MSG} if model is ChatCompletionRequest
+                            else {"model": "m", "prompt": "hi"} if model is CompletionRequest
                             else {"model": "m", "input": "hi"})
     with pytest.raises(InvalidRequest) as e:
         parse_model(model, {**base, "tools": [tool]})
