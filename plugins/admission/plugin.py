@@ -114,15 +114,14 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         # One deadline scope, around the call only: a stream's first chunk arrives inside
         # it (the terminal primes streams); the rest of a stream runs under its consumer's
         # single deadline scope (Stream.deadline).
+        scope = Within(ctx.deadline)
         try:
-            async with Within(ctx.deadline):
+            async with scope:
                 reply = await call_next(ctx)
-        except DeadlineExceeded:
-            self._release(weight)
-            self.timeouts.inc()
-            raise
         except BaseException:
             self._release(weight)
+            if scope.expired():  # (not a DeadlineExceeded of the terminal's: an upstream's
+                self.timeouts.inc()  # only-if-cached miss, or its own time limit)
             raise
         if not isinstance(reply, Stream):
             self._release(weight)

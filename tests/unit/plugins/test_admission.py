@@ -19,6 +19,7 @@ from proxy.errors import EngineError, Timeout, Unavailable
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
+from proxy.upstream import NotCachedUpstream, UpstreamDeadline
 from tests.fakes import FakeEngine
 from tests.waiting import eventually
 
@@ -351,3 +352,33 @@ async def test_a_wait_cut_by_the_request_s_own_deadline_is_a_504(
         await p(ctx({"x-weir-timeout-ms": header_ms}), lambda c: Completion({}))  # type: ignore[arg-type, return-value]
     if expected is Unavailable:
         assert e.value.code == "queue_timeout"  # type: ignore[attr-defined]
+
+
+def deadline_count(p: AdmissionPlugin) -> float:
+    return p.services.metrics.registry.get_sample_value(
+        "weir_admission_deadline_exceeded_total") or 0.0
+
+
+@pytest.mark.parametrize("raised", [
+    NotCachedUpstream("No cached answer upstream."), UpstreamDeadline()])
+async def test_a_deadline_error_from_the_terminal_is_no_deadline_of_admission(
+        raised: Exception) -> None:
+    """`weir_admission_deadline_exceeded_total` counts the requests its own deadline
+    scope cut: an upstream Weir's only-if-cached miss (the client's choice) or the
+    upstream's own time limit is a DeadlineExceeded too, but no request cut at its
+    deadline. The permit is released either way."""
+    p = plugin()
+
+    async def terminal(c: RequestContext) -> Reply:
+        raise raised
+
+    with pytest.raises(type(raised)):
+        await p(ctx({"x-weir-timeout-ms": "60000"}), terminal)
+    assert deadline_count(p) == 0 and p.gate.in_use == 0
+    async def hang(c: RequestContext) -> Reply:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    with pytest.raises(Timeout):  # (its own scope's expiry still counts)
+        await p(ctx({"x-weir-timeout-ms": "1"}), hang)
+    assert deadline_count(p) == 1 and p.gate.in_use == 0
