@@ -287,7 +287,7 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
         if not e.output and e.texts:  # an empty answer is an empty message, as a whole one
             for event in e.text(""):
                 yield e.number(event)
-        for event in e.close():
+        for event in [*e.release(), *e.close()]:  # (text held behind a call: no reason came)
             yield e.number(event)
         status = "incomplete" if e.reason == "length" else "completed"
         final = e.response(status)

@@ -223,3 +223,18 @@ async def test_text_while_a_call_is_open_does_not_close_it_before_its_arguments_
     assert done["arguments"] == '{"x": 1}'
     assert [it["status"] for it in final["output"]] == (
         ["completed", "incomplete"] if reason == "length" else ["completed", "completed"])
+
+
+async def test_text_held_behind_a_call_is_kept_when_the_stream_ends_without_a_reason() -> None:
+    """A stream that ends with no finish reason (an upstream server that sends none)
+    after text held behind an open call: the text is the message after the call, not
+    dropped from the events and the stored response."""
+    events = await _events_of(chunk({"role": "assistant", "content": ""}),
+                              _args('{"x": 1}', id="call_1", type="function"),
+                              chunk({"content": "after"}))
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    call, message = events[-1]["response"]["output"]
+    assert call["arguments"] == '{"x": 1}' and message["content"][0]["text"] == "after"
+    assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == [
+        "after"]
