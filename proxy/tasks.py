@@ -89,12 +89,12 @@ def lost_cancellation() -> Iterator[None]:
 
 
 async def within(work: Awaitable[T], timeout_s: float) -> T:
-    """`work`'s result if it ends within `timeout_s`, else TimeoutError then. It runs as a
-    task of its own, cancelled and left to end on its own (`detach`) when the time is up
-    or the caller is cancelled. An `asyncio.timeout` around a Redis command waited for
-    the command to take its cancellation: one that lost it (redis-py opening a
-    connection to a frozen Redis, under load) ran on to its socket timeout, 4 s where
-    50 ms was asked."""
+    """`work`'s result if it ends within `timeout_s`, else TimeoutError (`Abandoned`)
+    then. It runs as a task of its own, cancelled and left to end on its own (`detach`)
+    when the time is up or the caller is cancelled. An `asyncio.timeout` around a Redis
+    command waited for the command to take its cancellation: one that lost it (redis-py
+    opening a connection to a frozen Redis, under load) ran on to its socket timeout,
+    4 s where 50 ms was asked."""
     task = detach(work)
     try:
         done, _ = await asyncio.wait((task,), timeout=timeout_s)
@@ -103,8 +103,18 @@ async def within(work: Awaitable[T], timeout_s: float) -> T:
         raise
     if not done:
         _abandon(task)
-        raise TimeoutError
+        raise Abandoned(task)
     return task.result()
+
+
+class Abandoned(TimeoutError):
+    """`within`'s timeout. `task`, the work, was cancelled and left to end on its own: one
+    that lost its cancellation may still complete (a Redis write then lands late), which
+    a caller that must undo what it did can wait for."""
+
+    def __init__(self, task: asyncio.Future[Any]) -> None:
+        super().__init__()
+        self.task = task
 
 
 def _abandon(task: asyncio.Future[Any]) -> None:

@@ -23,16 +23,17 @@ same algorithm in Lua, atomic across every bucket of a request, with time from R
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
 
 from proxy.redis_client import blocking_client
-from proxy.tasks import lost_cancellation, within
+from proxy.tasks import Abandoned, lost_cancellation, within
 from proxy.tracing import span
 
 PERIOD_MS = 60_000.0
@@ -77,7 +78,12 @@ class Decision:
 
 
 class StoreError(Exception):
-    pass
+    """A store call failed. `late`: a Redis call that timed out but may still run there
+    (it lost its cancellation), done once it has."""
+
+    def __init__(self, what: str, late: asyncio.Future[Any] | None = None) -> None:
+        super().__init__(what)
+        self.late = late
 
 
 class Store(Protocol):
@@ -327,6 +333,8 @@ class RedisStore:
             with lost_cancellation(), span("redis ratelimit", kind=SpanKind.CLIENT,
                                            **{"db.system": "redis"}):
                 return await within(coro, self.timeout_s)  # type: ignore[arg-type]
+        except Abandoned as e:
+            raise StoreError("TimeoutError", late=e.task) from None
         except (RedisError, OSError, TimeoutError) as e:
             raise StoreError(type(e).__name__) from None
 

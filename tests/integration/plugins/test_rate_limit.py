@@ -931,3 +931,40 @@ def test_a_limiter_with_no_rules_is_refused() -> None:
         validate_plugins([PluginSpec(name="rate_limit", config={"rules": []})])
     assert [where for where, _ in e.value.errors] == ["plugins[0].config.rules"]
     assert RateLimitConfig.model_validate({}).rules  # (the default has one)
+
+
+async def test_an_admit_that_lands_after_its_timeout_gives_its_lease_back(
+        redis_server: RedisServer) -> None:
+    """An admission that timed out (the local limiter decided) but whose command lost
+    its cancellation and ran on Redis later: the lease it took there is released once it
+    lands. The timeout's orphan release had run before it, so the lease held a
+    concurrency slot no request owned for `lease_s`, refusing the next requests."""
+    p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1, "tpm": 10_000}])
+    assert p.remote is not None
+    script = p.remote._admit
+    go = asyncio.Event()
+    calls: list[asyncio.Future[Any]] = []  # the admission's own task
+
+    async def admit_losing_the_cancellation(**kw: Any) -> Any:
+        calls.append(asyncio.current_task())  # type: ignore[arg-type]
+        while not go.is_set():  # (redis-py opening a connection to a frozen Redis)
+            try:
+                await go.wait()
+            except asyncio.CancelledError:
+                pass
+        return await script(**kw)  # it runs on Redis after all: the lease is taken
+
+    p.remote._admit = admit_losing_the_cancellation  # type: ignore[assignment]
+    try:
+        await p(ctx(), answer)  # timed out: the local limiter decided
+        await eventually(p.idle)  # the timeout's orphan release ran (a no-op then)
+        go.set()
+        await asyncio.wait(calls)  # (what it ends with runs before this wait's end)
+        p.remote._admit = script
+        await eventually(p.idle)
+        await p(ctx(), answer)  # the single slot is free
+        for k in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
+            assert await p.remote.client.zcard(k) == 0
+    finally:
+        go.set()
+        await p.close()
