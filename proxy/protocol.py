@@ -360,12 +360,14 @@ SUBSCHEMA = frozenset({"items", "additionalProperties", "not", "if", "then", "el
                        "unevaluatedItems", "additionalItems"})
 SUBSCHEMAS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
 #: What OpenAI's strict mode refuses ("'not' is not permitted."): its documented list of
-#: keywords not supported, draft 7's `dependencies`, and dynamic references.
+#: keywords not supported, draft 7's `dependencies`, and dynamic references. Not
+#: `uniqueItems`: a Pydantic `set` field says it, which the OpenAI SDK's strict helpers
+#: send, and the set takes a repeated item as it is.
 STRICT_REFUSED = frozenset({
     "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
     "dependencies", "patternProperties", "unevaluatedProperties", "propertyNames",
     "minProperties", "maxProperties", "unevaluatedItems", "contains", "minContains",
-    "maxContains", "uniqueItems", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
+    "maxContains", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
     "$recursiveAnchor"})
 
 
