@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import re
@@ -226,6 +227,19 @@ def account(tenant: str) -> str:
     key's tenant. A gateway names as many callers as it likes; what they store together
     is bounded as one tenant's (`proxy.record_store`)."""
     return tenant.partition("~")[0]
+
+
+_SEPARATORS = {ord(c): f"%{ord(c):02X}" for c in "%/;=:"}
+
+
+@functools.lru_cache(maxsize=4096)
+def key_part(name: str) -> str:
+    """A tenant, role or user name as one part of a joined key (a cache scope
+    `t=TENANT;u=USER`, a rate-limit bucket `TENANT/USER`): the separators in it escaped
+    (`%2F` for `/`, and `;`, `=`, `:`, `%` alike), so tenant `a/b` with user `c` and
+    tenant `a` with user `b/c` are two keys, not one shared bucket or cache. A name
+    without them (`acme`, `alice@example.com`) reads as it is."""
+    return name.translate(_SEPARATORS)
 
 
 def caller_digest(principal: Principal, secret: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from proxy.auth import Principal
+from proxy.auth import Principal, key_part
 from proxy.context import RequestContext
 from proxy.protocol import ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
 from proxy.text import fold, normalize
@@ -40,11 +40,12 @@ _EXTENSIONS = ("stop_token_ids", "include_stop_str_in_output", "skip_special_tok
 def scope_id(principal: Principal, scope: str) -> str:
     if scope == "global":
         return "global"
+    tenant = key_part(principal.tenant)
     if scope == "tenant":
-        return f"t={principal.tenant}"
+        return f"t={tenant}"
     if scope == "role":
-        return f"t={principal.tenant};r={principal.role}"
-    return f"t={principal.tenant};u={principal.user}"
+        return f"t={tenant};r={key_part(principal.role)}"
+    return f"t={tenant};u={key_part(principal.user)}"
 
 
 def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:

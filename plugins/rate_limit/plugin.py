@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 from prometheus_client import Counter
 
+from proxy.auth import key_part
 from proxy.chain import BasePlugin, Completion, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
@@ -48,17 +49,21 @@ from .gcra import Bucket, BucketState, Decision, MemoryStore, RedisStore, Store,
 log = get_logger("weir.rate_limit")
 
 
-def _dimension(ctx: RequestContext, per: str) -> str:
+def _dimension(ctx: RequestContext, per: str) -> tuple[str, str]:
+    """(the value as a rule's overrides name it, `acme/alice`; the bucket's name, its
+    names escaped: tenant `a/b` with user `c` and tenant `a` with user `b/c` are two
+    buckets, not one)."""
     p = ctx.principal
     if per == "key":
-        return p.key_id
+        return p.key_id, p.key_id
     if per == "user":
-        return f"{p.tenant}/{p.user}"
+        return f"{p.tenant}/{p.user}", f"{key_part(p.tenant)}/{key_part(p.user)}"
     if per == "tenant":
-        return p.tenant
+        return p.tenant, key_part(p.tenant)
     if per == "role":
-        return f"{p.tenant}/{p.role}"
-    return ctx.model if per == "model" else "*"
+        return f"{p.tenant}/{p.role}", f"{key_part(p.tenant)}/{key_part(p.role)}"
+    value = ctx.model if per == "model" else "*"
+    return value, value
 
 
 def estimate_tokens(ctx: RequestContext) -> int:
@@ -305,9 +310,9 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         rpm, tpm, conc = [], [], []
         per_of: dict[str, str] = {}
         for i, rule in enumerate(self.cfg.rules):
-            value = _dimension(ctx, rule.per)
+            value, bucket = _dimension(ctx, rule.per)
             lim: Limits = self._overrides[i].get(value, rule)
-            base = f"{self.cfg.redis.key_prefix}{i}:{rule.per}:{value}"
+            base = f"{self.cfg.redis.key_prefix}{i}:{rule.per}:{bucket}"
             if lim.rpm:
                 rpm.append(Bucket(base + ":r", lim.rpm, 1))
                 per_of[base + ":r"] = f"{rule.per}:rpm"

@@ -507,6 +507,24 @@ async def test_client_gone_during_a_refused_admit_is_refunded_nothing(
     await p.close()
 
 
+async def test_names_holding_a_separator_keep_their_own_buckets() -> None:
+    """Tenant `a/b` with user `c` and tenant `a` with user `b/c` joined to one bucket name
+    (`a/b/c`): two callers drew on one limit. Overrides still name users as `tenant/user`,
+    an e-mail address included."""
+    p = plugin(None, rules=[{"per": "user", "rpm": 1, "overrides": {
+        "acme/alice@example.com": {"rpm": 2}}}])
+    await p(ctx(Principal("a/b", "user", "c", key_id="k1")), answer)
+    await p(ctx(Principal("a", "user", "b/c", key_id="k2")), answer)  # a bucket of its own
+    with pytest.raises(RateLimited):
+        await p(ctx(Principal("a", "user", "b/c", key_id="k2")), answer)
+    alice = Principal("acme", "user", "alice@example.com", key_id="k3")
+    await p(ctx(alice), answer)
+    await p(ctx(alice), answer)  # her override's 2
+    with pytest.raises(RateLimited):
+        await p(ctx(alice), answer)
+    await p.close()
+
+
 async def test_every_prompt_of_a_completion_reserves_its_own_output() -> None:
     """256 prompts x n 8 is 2,048 generations: the reservation is theirs, not one's."""
     from proxy.protocol import CompletionRequest

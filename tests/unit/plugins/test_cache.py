@@ -935,3 +935,17 @@ async def test_a_sensitive_pattern_reads_every_part_as_it_reads_the_messages(
     p, eng = plugin(sensitive_patterns=[r"(?i)diagnosis"]), Engine()
     _, layer = await run(p, c, eng)
     assert layer == "bypass"
+
+
+def test_names_holding_a_separator_keep_their_own_cache_scope() -> None:
+    """Tenant `a;u=b` (scope `tenant`) and tenant `a` with user `b` (scope `user`) were one
+    scope string, `t=a;u=b`; and tenant `a;u=b` user `c` against tenant `a` user
+    `b;u=c`. Every name is escaped, so each caller's scope is its own."""
+    from proxy.auth import Principal
+
+    assert scope_id(Principal("a;u=b", "user", "x"), "tenant") != scope_id(
+        Principal("a", "user", "b"), "user")
+    assert scope_id(Principal("a;u=b", "user", "c"), "user") != scope_id(
+        Principal("a", "user", "b;u=c"), "user")
+    assert scope_id(Principal("acme", "user", "alice@example.com"), "user") == (
+        "t=acme;u=alice@example.com")
