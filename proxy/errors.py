@@ -186,7 +186,9 @@ class Timeout(WeirError):
 
 class DeadlineExceeded(Timeout):
     """The request's own deadline passed (the client's `x-weir-timeout-ms`, or the
-    operator's `deadline_s`). Not an engine fault: the breaker never counts it."""
+    operator's `deadline_s`). Not an engine fault: the breaker never counts it. Raised
+    as this class itself only for that deadline; a subclass is another limit answered
+    the same way (an upstream's `timeout_s`, an only-if-cached miss)."""
 
 
 class NotCached(DeadlineExceeded):

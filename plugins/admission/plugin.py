@@ -138,6 +138,6 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
 
     def _stream_ended(self, stream: Stream, weight: int) -> None:
         self._release(weight)
-        if isinstance(stream.error, DeadlineExceeded):
-            self.timeouts.inc()
+        if type(stream.error) is DeadlineExceeded:  # (the request's own: not a subclass's,
+            self.timeouts.inc()  # an upstream's time limit or only-if-cached miss)
 
