@@ -107,6 +107,11 @@ def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             "name": m.name,
             "tool_calls": [c.model_dump() for c in m.tool_calls] if m.tool_calls else None,
             "tool_call_id": m.tool_call_id}
+        # Text parts are joined as the engine joins them, glued or one a line, which
+        # the text above cannot tell: parts and the text they join to are two keys.
+        if isinstance(m.content, list) and (n_texts := sum(
+                isinstance(p, TextPart | RefusalPart) for p in m.content)) > 1:
+            msg["text_parts"] = n_texts
         # What the text leaves out (an image, audio, a file; fields Weir does not know)
         # is keyed too: two requests with one text and two images are two questions.
         if isinstance(m.content, list) and any(

@@ -949,3 +949,20 @@ def test_names_holding_a_separator_keep_their_own_cache_scope() -> None:
         Principal("a", "user", "b;u=c"), "user")
     assert scope_id(Principal("acme", "user", "alice@example.com"), "user") == (
         "t=acme;u=alice@example.com")
+
+
+def test_text_parts_and_the_text_they_join_to_are_two_keys() -> None:
+    """A message's text parts reach the model as the engine joins them: glued, where the
+    chat template walks the parts itself ("a" + "b" reads "ab"), one a line elsewhere.
+    The key joined them one a line whatever the model, so parts `["a", "b"]` and the
+    string "a\\nb" shared an entry on a model that read them as two prompts."""
+    def parts(*texts: str) -> list[dict[str, str]]:
+        return [{"type": "text", "text": t} for t in texts]
+
+    def key(content: Any) -> str:
+        return exact_key(ctx(content), "tenant")
+
+    assert key(parts("Hello", "world")) != key("Hello\nworld")
+    assert key(parts("Hello", "world")) != key(parts("Hello\nworld"))
+    assert key(parts("Hello", "world")) == key(parts("Hello", "world"))
+    assert key(parts("Hello world")) == key("Hello world")  # one part reads as its text
