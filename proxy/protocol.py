@@ -995,17 +995,23 @@ def _unanswered(calls: dict[str, int]) -> None:
 _ROLE_PARTS = {"user": "'text', 'image_url', 'input_audio', and 'file'"}
 
 
-def _parts_of_its_role(m: ChatMessage, i: int) -> None:
+def refuse_misplaced_refusals(role: str, content: Any, where: str, allowed: str) -> None:
     """A `refusal` part outside an assistant message is a 400 naming it, as OpenAI
-    answers (read as text, it was that role's own words to the model)."""
-    if m.role == "assistant" or not isinstance(m.content, list):
+    answers (read as text, it was that role's own words to the model). `where`: the
+    message's param; `allowed`: the part types its role takes, as the error lists them.
+    (Chat Completions' messages and the Responses API's input messages alike.)"""
+    if role == "assistant" or not isinstance(content, list):
         return
-    for j, part in enumerate(m.content):
-        if isinstance(part, RefusalPart):
+    for j, part in enumerate(content):
+        if getattr(part, "type", None) == "refusal":
             raise InvalidRequest(
-                f"Invalid value: 'refusal'. Supported values are: "
-                f"{_ROLE_PARTS.get(m.role, repr('text'))}.",
-                param=f"messages[{i}].content[{j}].type", code="invalid_value")
+                f"Invalid value: 'refusal'. Supported values are: {allowed}.",
+                param=f"{where}.content[{j}].type", code="invalid_value")
+
+
+def _parts_of_its_role(m: ChatMessage, i: int) -> None:
+    refuse_misplaced_refusals(m.role, m.content, f"messages[{i}]",
+                              _ROLE_PARTS.get(m.role, repr("text")))
 
 
 class ChatCompletionRequest(_SamplingFields, CallerFields):

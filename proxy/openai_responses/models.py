@@ -34,6 +34,7 @@ from ..protocol import (
     check_strict,
     inert,
     join_parts,
+    refuse_misplaced_refusals,
     refuse_other_tools,
     refuse_unsupported,
     type_of,
@@ -293,6 +294,11 @@ class StreamOptions(_Open):
     include_obfuscation: bool | None = None
 
 
+#: The content parts OpenAI's spec gives an input message of a role besides the
+#: assistant's (its `InputContent`): a `refusal` is an assistant's alone.
+_INPUT_PARTS = "'input_text', 'input_image', and 'input_file'"
+
+
 class ResponsesRequest(_NullIsDefault, CallerFields):
     model: str = Field(min_length=1)
     input: str | Annotated[list[InputItem], Field(min_length=1)]
@@ -336,6 +342,15 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("`stream_options` is only allowed when `stream` is true.",
                                  param="stream_options")
+        return self
+
+    @model_validator(mode="after")
+    def _refusals_are_the_assistant_s(self) -> ResponsesRequest:
+        if not isinstance(self.input, str):
+            for i, item in enumerate(self.input):
+                if isinstance(item, MessageItem):
+                    refuse_misplaced_refusals(item.role, item.content, f"input[{i}]",
+                                              _INPUT_PARTS)
         return self
 
     @model_validator(mode="after")

@@ -116,6 +116,23 @@ def test_a_refusal_part_is_an_assistant_s_alone(role: str, allowed: str) -> None
     assert e.value.message == f"Invalid value: 'refusal'. Supported values are: {allowed}."
 
 
+@pytest.mark.parametrize("role", ["user", "system", "developer"])
+def test_a_responses_refusal_part_is_an_assistant_s_alone(role: str) -> None:
+    """As on Chat Completions: a `refusal` part in an input message of another role than
+    the assistant's is a 400 naming the part; it was read to the model as that role's
+    own words."""
+    refusal = {"type": "refusal", "refusal": "I can't."}
+    items: list[dict[str, Any]] = [
+        {"role": "assistant", "content": [refusal]},  # (an earlier refusal sent back)
+        {"role": role, "content": [{"type": "input_text", "text": "a"}, refusal]}]
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ResponsesRequest, {"model": "m", "input": items})
+    assert (e.value.param, e.value.code) == ("input[1].content[1].type", "invalid_value")
+    assert e.value.message.startswith("Invalid value: 'refusal'.")
+    parse_model(ResponsesRequest, {"model": "m", "input": [
+        *items[:1], {"role": "user", "content": "go on"}]})
+
+
 @pytest.mark.parametrize(("extra", "param", "code"), [
     ({"safety_identifier": "u" * 65}, "safety_identifier", "string_above_max_length"),
     ({"safety_identifier": 5}, "safety_identifier", "invalid_type"),
