@@ -110,18 +110,21 @@ class _Guarded(asyncio.Protocol):
             self._head_begun = False
         if self._head_bytes is not None and self._head_too_large(data):
             return
-        if self.busy and self._running is not None and self._running.is_eof():
-            self._read_ahead(len(data))
+        ahead = self.busy and self._running is not None and self._running.is_eof()
         self.inner.data_received(data)
+        if ahead:
+            self._read_ahead(len(data))
 
     def _read_ahead(self, size: int) -> None:
         """Bytes of requests pipelined behind the running one: past the bound, hold off
-        reading until it ends."""
+        reading until it ends. Paused after aiohttp has parsed them, and again each time:
+        aiohttp resumes reading itself as a pipelined request's body ends."""
         self._ahead += size
-        if self._ahead > self.guard.max_head_bytes and not self._held:
+        if self._ahead > self.guard.max_head_bytes:
             assert self.transport is not None
             self._held = True
-            self.transport.pause_reading()
+            if not self.transport.is_closing():
+                self.transport.pause_reading()
 
     def _head_too_large(self, data: bytes) -> bool:
         """Count a head's bytes up to its blank line; past the bound, refuse it. Blank

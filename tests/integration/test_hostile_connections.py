@@ -466,12 +466,14 @@ async def test_a_transfer_coding_other_than_chunked_is_refused(
     writer.close()
 
 
+@pytest.mark.parametrize("body", [b"", b"{}"])
 async def test_requests_pipelined_behind_a_running_one_are_not_read_past_the_bound(
-        ) -> None:
+        body: bytes) -> None:
     """While a request runs (a stream), what its client sends after its body is the next
     requests, which aiohttp parsed at once, heads of up to 1 MiB each, 32 queued: ten
     such connections held 430 MB. Past `max_head_bytes` read ahead, the connection is
-    not read until its request has ended; then the pipelined requests are answered."""
+    not read until its request has ended; then the pipelined requests are answered.
+    Pipelined requests with a body too: aiohttp resumed reading as each body ended."""
     engine = FakeEngine()
     engine.token_gate = asyncio.Event()  # the stream runs until the gate opens
     served = await start(engine=engine, max_head_bytes=16384)
@@ -483,9 +485,11 @@ async def test_requests_pipelined_behind_a_running_one_are_not_read_past_the_bou
                  + str(len(chat)).encode() + b"\r\n\r\n" + chat)
     await engine.wait_until(lambda: len(engine.active) == 1, timeout=WAIT)
     head = LIVE[:-2] + b"".join(b"X-F%d: " % i + b"a" * 1000 + b"\r\n" for i in range(8))
+    if body:
+        head += b"Content-Length: %d\r\n" % len(body)
     for _ in range(20):  # 160 KB of requests, each head under the bound (and fewer
         # than aiohttp's own queue of 32 parsed requests, past which it stops reading)
-        writer.write(head + b"\r\n")
+        writer.write(head + b"\r\n" + body)
     await writer.drain()
     transport, = served.guard.open
     await eventually(lambda: not transport.is_reading(), timeout=WAIT)
@@ -497,3 +501,4 @@ async def test_requests_pipelined_behind_a_running_one_are_not_read_past_the_bou
         assert (await response(reader))[0] == 200
     writer.close()
     await served.close()
+
