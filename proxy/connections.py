@@ -19,8 +19,9 @@ aiohttp's per-connection protocols:
 - a head may be `max_head_bytes` long at most (aiohttp bounds each line and the number
   of fields, not their total): past it the connection gets a `431` and is closed. A
   request's body is no head: its bytes, after the head's blank line or arriving for a
-  body its handler left unread, are not counted. What a client sends while its request
-  runs, past that request's body, is the next requests (pipelined), which aiohttp
+  body its handler left unread or for one pipelined behind it, are not counted. What a
+  client sends while its request runs, past that request's body, is the next requests
+  (pipelined), which aiohttp
   parses at once: past `max_head_bytes` of them the connection is not read until the
   request has ended (a client that leaves meanwhile is seen at the next write);
 - an answer that waits on its client for `write_timeout_s` once its handler has
@@ -182,8 +183,12 @@ class _Guarded(asyncio.Protocol):
 
     def request_ended(self, body: StreamReader | None = None) -> None:
         """`body`: the request's, where its handler left it still arriving (aiohttp reads
-        it after the answer): its bytes are no head."""
+        it after the answer): its bytes are no head. Nor are those of the body of a
+        request pipelined behind it, whose head aiohttp has parsed already."""
         self.busy -= 1
+        queued = getattr(self.inner, "_messages", None)  # (aiohttp's parsed requests)
+        if queued:  # the last request pipelined behind it: its body may still come
+            body = queued[-1][1]
         self._unread = body if body is not None and not body.is_eof() else None
         self._running = None
         if self._held and not self.busy:

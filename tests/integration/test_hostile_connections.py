@@ -502,3 +502,38 @@ async def test_requests_pipelined_behind_a_running_one_are_not_read_past_the_bou
     writer.close()
     await served.close()
 
+
+
+async def test_a_body_pipelined_behind_a_running_request_is_no_head() -> None:
+    """A request pipelined behind a running one, its body still arriving when that one
+    ends (reading was held past `max_head_bytes`, or the body is simply long): its body
+    was counted as the next request's head and the request answered 431, the connection
+    closed. Its body is no head, as one its handler left unread is not."""
+    engine = FakeEngine(max_model_len=1_000_000)
+    engine.token_gate = asyncio.Event()  # the stream runs until the gate opens
+    served = await start(engine=engine, max_head_bytes=16384)
+    reader, writer = await connect(served)
+
+    def post(body: bytes) -> bytes:
+        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                + KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    chat = json.dumps({"model": "fake-model", "stream": True, "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    long = json.dumps({"model": "fake-model", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "word " * 120_000}]}).encode()
+    writer.write(post(chat))
+    await engine.wait_until(lambda: len(engine.active) == 1, timeout=WAIT)
+    writer.write(post(long) + LIVE)  # a 600 KB body behind it, then another request
+    transport, = served.guard.open
+    await eventually(lambda: not transport.is_reading(), timeout=WAIT)  # held
+    engine.token_gate.set()
+    async with asyncio.timeout(WAIT):  # the stream ends ...
+        await reader.readuntil(b"\r\n0\r\n\r\n")
+    status, _, raw = await response(reader)  # ... and the pipelined ones are answered
+    assert status == 200, raw
+    assert (await response(reader))[0] == 200
+    assert served.guard.open  # the connection goes on
+    writer.close()
+    await served.close()
