@@ -19,7 +19,8 @@ Scheduling, so a large batch cannot starve a cache lookup:
   deadline, so one tenant's large embeddings request would turn every tenant's
   semantic lookups into misses while it ran;
 - a caller that gives up (a lookup's deadline, a client gone) cancels its call: its
-  texts not yet embedded are skipped.
+  texts not yet embedded are skipped; so are those of a call that refuses texts past
+  the model's window (`refuse_over`) once a pass has found one.
 Vectors are unit-length (cosine = dot product).
 """
 
@@ -50,6 +51,23 @@ BULK_PASS_CHARS = 2048  # ~500 tokens: tens of milliseconds of MiniLM on one cor
 Vectors = tuple[np.ndarray, list[int]]
 
 
+class InputTooLong(Exception):
+    """Text `index` of a call holds `tokens` tokens, past the call's `refuse_over`."""
+
+    def __init__(self, index: int, tokens: int) -> None:
+        super().__init__(f"text {index} holds {tokens} tokens")
+        self.index = index
+        self.tokens = tokens
+
+
+def refuse_long(counts: list[int], limit: int | None, first: int = 0) -> None:
+    """Raise InputTooLong for the first count past `limit` (texts from index `first`)."""
+    if limit is not None:
+        for i, n in enumerate(counts):
+            if n > limit:
+                raise InputTooLong(first + i, n)
+
+
 class Embedder(Protocol):
     """texts -> (unit vectors [n, dim] float32, token counts), batched with other callers."""
 
@@ -64,13 +82,17 @@ class Embedder(Protocol):
 
     async def ready(self) -> None: ...
 
-    async def embed(self, texts: list[str]) -> Vectors: ...
+    async def embed(self, texts: list[str], refuse_over: int | None = None) -> Vectors:
+        """`refuse_over`: a text of more tokens fails the call with InputTooLong (else it
+        is embedded cut to `max_tokens`)."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
 class _Call:
     texts: list[str]
     future: asyncio.Future[Vectors]
+    refuse_over: int | None = None
     cursor: int = 0  # texts handed to a pass so far
     done: int = 0  # texts embedded so far
     vecs: list[np.ndarray] = field(default_factory=list)
@@ -134,11 +156,11 @@ class LocalEmbedder:
         assert self._loaded is not None, "LocalEmbedder.start() was not called"
         await asyncio.shield(self._loaded)
 
-    async def embed(self, texts: list[str]) -> Vectors:
+    async def embed(self, texts: list[str], refuse_over: int | None = None) -> Vectors:
         assert self._wake is not None, "LocalEmbedder.start() was not called"
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32), []
-        call = _Call(list(texts), asyncio.get_running_loop().create_future())
+        call = _Call(list(texts), asyncio.get_running_loop().create_future(), refuse_over)
         urgent = (len(texts) <= URGENT_TEXTS
                   and sum(min(len(t), self._char_cap) for t in texts) <= BULK_PASS_CHARS)
         (self._urgent if urgent else self._bulk).append(call)
@@ -225,11 +247,18 @@ class LocalEmbedder:
         pos = 0
         for call, a, b in slices:
             n = b - a
+            part = counts[pos:pos + n]
             if not call.future.done():
-                call.vecs.append(vecs[pos:pos + n])
-                call.counts += counts[pos:pos + n]
-                call.done += n
-                if call.done == len(call.texts):
-                    out = call.vecs[0] if len(call.vecs) == 1 else np.concatenate(call.vecs)
-                    call.future.set_result((out, call.counts))
+                try:
+                    refuse_long(part, call.refuse_over, a)
+                except InputTooLong as e:  # the call ends: its later texts are skipped
+                    call.future.set_exception(e)
+                else:
+                    call.vecs.append(vecs[pos:pos + n])
+                    call.counts += part
+                    call.done += n
+                    if call.done == len(call.texts):
+                        out = (call.vecs[0] if len(call.vecs) == 1
+                               else np.concatenate(call.vecs))
+                        call.future.set_result((out, call.counts))
             pos += n

@@ -18,7 +18,7 @@ from .auth import Principal
 from .body import read_json
 from .chain import Completion, Reply
 from .context import RequestContext, header_map
-from .embedding import Embedder
+from .embedding import Embedder, InputTooLong
 from .errors import InvalidRequest, ModelNotFound
 from .inflight import generating, note_usage, refuse_if_draining
 from .protocol import CompletionRequest, EmbeddingRequest, parse_model
@@ -31,8 +31,11 @@ def terminal(embedder: Embedder) -> Any:
     async def embed(ctx: RequestContext) -> Reply:
         req: EmbeddingRequest = ctx.state[_ORIGINAL]
         texts = [req.input] if isinstance(req.input, str) else req.input
-        vecs, counts = await embedder.embed(texts)
-        _within_context(counts, embedder.max_tokens, listed=not isinstance(req.input, str))
+        try:
+            vecs, counts = await embedder.embed(texts, refuse_over=embedder.max_tokens)
+        except InputTooLong as e:
+            raise _too_long(e, embedder.max_tokens,
+                            listed=not isinstance(req.input, str)) from None
         items = []
         for i, v in enumerate(vecs):
             value: Any = (base64.b64encode(v.astype("<f4").tobytes()).decode()
@@ -46,16 +49,15 @@ def terminal(embedder: Embedder) -> Any:
     return embed
 
 
-def _within_context(counts: list[int], limit: int, *, listed: bool) -> None:
+def _too_long(e: InputTooLong, limit: int, *, listed: bool) -> InvalidRequest:
     """A text longer than the model reads is a 400, as on OpenAI and vLLM: its vector
     would stand for its first `limit` tokens only (the model cuts it)."""
-    for i, n in enumerate(counts):
-        if n > limit:
-            raise InvalidRequest(
-                f"This model's maximum context length is {limit} tokens, however you "
-                f"requested {n} tokens in {f'input[{i}]' if listed else 'the input'}. "
-                "Please reduce the input (split a long text into parts).",
-                param="input", code="context_length_exceeded")
+    where = f"input[{e.index}]" if listed else "the input"
+    return InvalidRequest(
+        f"This model's maximum context length is {limit} tokens, however you "
+        f"requested {e.tokens} tokens in {where}. "
+        "Please reduce the input (split a long text into parts).",
+        param="input", code="context_length_exceeded")
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:

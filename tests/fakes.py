@@ -328,10 +328,13 @@ class FakeEmbedder:
     async def ready(self) -> None:
         pass
 
-    async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
+    async def embed(self, texts: list[str],
+                    refuse_over: int | None = None) -> tuple[Any, list[int]]:
         import hashlib
 
         import numpy as np
+
+        from proxy.embedding import refuse_long
 
         self.calls += 1
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -342,4 +345,6 @@ class FakeEmbedder:
             n = np.linalg.norm(out[i])
             if n:
                 out[i] /= n
-        return out, [len(t.split()) for t in texts]
+        counts = [len(t.split()) for t in texts]
+        refuse_long(counts, refuse_over)
+        return out, counts

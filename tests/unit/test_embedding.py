@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from proxy.embed_models import build_once
-from proxy.embedding import BULK_PASS_CHARS, Embedder, LocalEmbedder
+from proxy.embedding import BULK_PASS_CHARS, Embedder, InputTooLong, LocalEmbedder
 from proxy.errors import Unavailable
 from proxy.settings import EmbeddingSettings
 from tests.fakes import FakeEmbedder
@@ -128,6 +128,27 @@ async def test_a_cancelled_call_is_not_embedded_further() -> None:
     after = await emb.embed(["q 1"])
     assert after[0][0, 1] == 1.0
     assert rt.passes == [[f"doc {i}" for i in range(4)], ["q 1"]]
+    await emb.close()
+
+
+async def test_a_call_that_refuses_long_texts_stops_at_the_first_one() -> None:
+    """/v1/embeddings refuses a request holding a text past the model's window: the
+    refusal comes from the pass that finds it, the call's later texts not embedded (a
+    2,048-text request with a long second text ran every pass, a minute of a core,
+    before its 400)."""
+    rt = Runtime()
+    emb = await started(rt, batch_max=4)
+    docs = [f"doc {i}" for i in range(40)]
+    docs[5] = "a much longer doc 5"  # 5 words: past a limit of 2
+    docs[9] = "another long doc 9"
+    with pytest.raises(InputTooLong) as caught:
+        await emb.embed(docs, refuse_over=2)
+    assert (caught.value.index, caught.value.tokens) == (5, 5)
+    assert rt.passes == [docs[:4], docs[4:8]]
+    vecs, counts = await emb.embed(docs[:5], refuse_over=2)  # all within: embedded
+    assert vecs.shape == (5, 16) and counts == [2] * 5
+    _, counts = await emb.embed(docs[5:6])  # a lookup takes a long text's start
+    assert counts == [5]
     await emb.close()
 
 
