@@ -6,6 +6,10 @@ permit it waits in a bounded priority queue (by role); a full queue means an imm
 503 `overloaded` with Retry-After, not a timeout later. A waiter that outlives
 `max_queue_wait_s` gets 503 `queue_timeout`.
 
+Embeddings run on the embedding model, beside the engine: they take permits of a gate of
+their own (as many, with as long a queue), so a burst of them never holds the engine's
+permits while it stands idle, nor the other way round.
+
 Deadlines: `deadline_s` by default, shortened by the `x-weir-timeout-ms` header. A
 request past its deadline is cut (its generation aborted) and answered 504 `timeout`,
 in-band if bytes were already sent.
@@ -40,6 +44,7 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         super().__init__(config, services)
         self.cfg = config
         self.gate = PriorityGate(config.max_concurrent, config.max_queue)
+        self.embed_gate = PriorityGate(config.max_concurrent, config.max_queue)
         reg = services.metrics.registry
         self.depth = Gauge("weir_admission_queue_depth", "Requests waiting.", registry=reg)
         self.in_engine = Gauge("weir_admission_in_engine",
@@ -55,7 +60,12 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         self._sheds = OutageLog(every_s=5.0)
 
     def health(self) -> dict[str, Any]:
-        return {"in_engine": self.gate.in_use, "waiting": self.gate.waiting}
+        return {"in_engine": self.gate.in_use, "waiting": self.gate.waiting,
+                "embeddings": {"in_use": self.embed_gate.in_use,
+                               "waiting": self.embed_gate.waiting}}
+
+    def _waiting(self) -> int:
+        return self.gate.waiting + self.embed_gate.waiting
 
     def enter(self, ctx: RequestContext) -> None:
         self._deadline(ctx)  # known from the chain's start: a plugin ahead may wait
@@ -89,14 +99,15 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         remaining = ctx.remaining()
         wait = self.cfg.max_queue_wait_s if remaining is None else min(
             self.cfg.max_queue_wait_s, max(remaining, 0.0))
-        # Embeddings run beside the engine, in one batch per request: one permit. (A
-        # greedy request's `n` choices are one sequence in the engine.)
-        weight = 1 if ctx.route == "embeddings" else self.gate.weight(
-            ctx.request.engine_sequences)
+        # Embeddings run beside the engine, in one batch per request: one permit of their
+        # own gate. (A greedy request's `n` choices are one sequence in the engine.)
+        embeds = ctx.route == "embeddings"
+        gate = self.embed_gate if embeds else self.gate
+        weight = 1 if embeds else gate.weight(ctx.request.engine_sequences)
         start = time.monotonic()
-        self.depth.set(self.gate.waiting + 1)
+        self.depth.set(self._waiting() + 1)
         try:
-            await self.gate.acquire(priority, wait, weight)
+            await gate.acquire(priority, wait, weight)
         except Shed:
             raise self._overloaded("full", "The server is overloaded; retry shortly.") from None
         except TimeoutError:
@@ -108,7 +119,7 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
                 raise DeadlineExceeded("The request did not start before its deadline.") from None
             raise self._overloaded("wait", "No engine slot became free in time.") from None
         finally:
-            self.depth.set(self.gate.waiting)
+            self.depth.set(self._waiting())
         self.wait.observe(time.monotonic() - start)
         self.in_engine.set(self.gate.in_use)
         # One deadline scope, around the call only: a stream's first chunk arrives inside
@@ -119,12 +130,12 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
             async with scope:
                 reply = await call_next(ctx)
         except BaseException:
-            self._release(weight)
+            self._release(gate, weight)
             if scope.expired():  # (not a DeadlineExceeded of the terminal's: an upstream's
                 self.timeouts.inc()  # only-if-cached miss, or its own time limit)
             raise
         if not isinstance(reply, Stream):
-            self._release(weight)
+            self._release(gate, weight)
             return reply
         if ctx.deadline is not None:
             reply.deadline = (ctx.deadline if reply.deadline is None
@@ -132,12 +143,12 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         reply.on_end(lambda stream, outcome: self._stream_ended(stream, weight))
         return reply
 
-    def _release(self, weight: int) -> None:
-        self.gate.release(weight)
+    def _release(self, gate: PriorityGate, weight: int) -> None:
+        gate.release(weight)
         self.in_engine.set(self.gate.in_use)
 
     def _stream_ended(self, stream: Stream, weight: int) -> None:
-        self._release(weight)
+        self._release(self.gate, weight)  # (embeddings never stream)
         if type(stream.error) is DeadlineExceeded:  # (the request's own: not a subclass's,
             self.timeouts.inc()  # an upstream's time limit or only-if-cached miss)
 

@@ -142,4 +142,4 @@ async def test_embeddings_are_rate_limited_like_any_route(make_client: MakeClien
     limiter = next(p for p in c.app[STATE].plugins if p.name == "rate_limit")
     assert limiter.local.in_flight() == 0  # type: ignore[attr-defined]
     admission = next(p for p in c.app[STATE].plugins if p.name == "admission")
-    assert admission.gate.in_use == 0  # type: ignore[attr-defined]
+    assert admission.gate.in_use == admission.embed_gate.in_use == 0  # type: ignore[attr-defined]

@@ -139,6 +139,9 @@ async def test_embeddings_waiting_for_a_slot_at_the_drain_end_get_503(
     running = asyncio.create_task(client.post("/v1/chat/completions", json={
         "model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}))
     await engine.wait_until(lambda: bool(engine.active))
+    admission = next(p for p in st.plugins if p.name == "admission")
+    await admission.embed_gate.acquire(0, None)  # type: ignore[attr-defined]
+    # (embeddings wait for a slot of their own, the only one taken)
     queued = asyncio.create_task(client.post("/v1/embeddings", json={
         "model": "all-MiniLM-L6-v2", "input": "hi"}))
     await eventually(lambda: st.in_flight == 2)
@@ -147,6 +150,7 @@ async def test_embeddings_waiting_for_a_slot_at_the_drain_end_get_503(
     for task in (running, queued):
         r = await task
         assert r.status == 503 and (await r.json())["error"]["code"] == "shutting_down"
+    admission.embed_gate.release()  # type: ignore[attr-defined]
     # and one arriving during the drain is sent elsewhere, as a chat request is
     r = await client.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": "hi"})
     assert r.status == 503 and (await r.json())["error"]["code"] == "shutting_down"

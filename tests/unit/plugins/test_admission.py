@@ -247,6 +247,31 @@ async def test_a_greedy_request_holds_a_permit_per_prompt(sampling: dict[str, An
     assert p.gate.in_use == 0
 
 
+async def test_embeddings_take_no_engine_permit() -> None:
+    """Embeddings run on the embedding model, beside the engine: queued behind one
+    another there, they held every engine permit while the engine stood idle, and a
+    chat request waited for them (19 s behind 20 large embeddings calls) or was shed."""
+    p, held = plugin(max_concurrent=1, max_queue=1), Held()
+    view = CompletionRequest.model_construct(model="e", prompt=["x"], max_tokens=1, n=1)
+    embeddings = [RequestContext(route="embeddings", request=view,
+                                 principal=Principal("t", "user", "u"), request_id=f"e{i}")
+                  for i in range(2)]
+    first = asyncio.create_task(p(embeddings[0], held))
+    await held.held.wait()
+    second = asyncio.create_task(p(embeddings[1], held))  # waits: embeddings' own permit
+    await eventually(lambda: p.services.metrics.registry.get_sample_value(
+        "weir_admission_queue_depth") == 1)
+    assert await p(ctx(), lambda c: _completed()) is not None  # at once: the engine's free
+    assert p.gate.in_use == 0 and in_engine(p) == 0
+    held.gate.set()
+    await asyncio.gather(first, second)
+    assert p.health()["embeddings"] == {"in_use": 0, "waiting": 0}
+
+
+async def _completed() -> Reply:
+    return Completion({})
+
+
 async def test_deadline_header_cuts_the_request() -> None:
     p = plugin()
     aborted = asyncio.Event()
