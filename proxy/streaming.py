@@ -157,12 +157,15 @@ class _Watchdog:
                 # takes a write only once a third of it has gone: megabytes, at a slow
                 # reader's pace, past `write_timeout_s`.) Less is a trickle that would
                 # hold the stream, its slot and its buffers for good.
+                # Judged from a second look on: progress is measured from the first, so
+                # a first look the loop ran late (a busy loop, past `write_timeout_s`)
+                # cannot cut a reader that kept reading.
                 unsent = _unsent(self.request.transport)
                 if mark < 0:
                     mark = unsent
                 elif mark - unsent >= PROGRESS_BYTES:
                     self.writing_since, mark = now, unsent
-                if now - self.writing_since >= self.write_timeout:
+                elif now - self.writing_since >= self.write_timeout:
                     self._cut()
                     return
             else:

@@ -491,3 +491,30 @@ async def test_a_client_still_reading_slowly_is_not_cut() -> None:
     assert wd.cut
     writing.cancel()
     await wd.stop()
+
+
+async def test_a_first_look_the_loop_ran_late_cuts_no_reader_still_reading() -> None:
+    """The watchdog's first look at a blocked write only marks what is unsent: progress
+    is measured from it. A loop running late (its first tick past `write_timeout`, seen
+    on a busy machine) cut a client that was reading steadily, on that first look."""
+    from proxy.streaming import PROGRESS_BYTES, _Watchdog
+
+    class Draining(_Aborted):
+        def __init__(self) -> None:
+            self.left, self.calls = 1 << 30, 0
+
+        def get_write_buffer_size(self) -> int:
+            self.calls += 1
+            self.left -= PROGRESS_BYTES  # the client reads steadily
+            return self.left
+
+    held = _Held()
+    held.transport = transport = Draining()
+    wd = _Watchdog(held, held, keepalive=60, write_timeout=0.1)  # type: ignore[arg-type]
+    writing = asyncio.create_task(wd.write(b"data: {}\n\n"))
+    await eventually(lambda: wd.writing_since is not None)
+    wd.writing_since -= 10.0  # as if the loop had been held ten timeouts past its tick
+    await eventually(lambda: transport.calls >= 3, timeout=10)
+    assert not transport.aborted and not wd.cut
+    writing.cancel()
+    await wd.stop()
