@@ -264,6 +264,11 @@ for j = 1, nc do
   local key = leases_of(KEYS[nb + j])
   local limit = tonumber(ARGV[5 + nb * 2 + j])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  -- released as an orphan before this ran (its caller gave up on it): take nothing
+  local barred = tonumber(redis.call('ZSCORE', leases_of(key .. ':gone'), lease))
+  if barred ~= nil and barred > now then
+    allowed = 0
+  end
   if redis.call('ZCARD', key) >= limit then
     allowed = 0
     retry = math.max(retry, 1000)
@@ -317,6 +322,24 @@ return 1
 """
 
 
+# An orphan's release (`RedisStore.release_orphan`): the lease is removed and barred for
+# `lease_ms` in `<key>:gone`, so an admission still on its way (sent, then cut by its
+# timeout; a busy Redis may run it after this release) takes nothing when it lands.
+_RELEASE_ORPHAN = _READ + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local lease, lease_ms = ARGV[1], tonumber(ARGV[2])
+for i = 1, #KEYS do
+  redis.call('ZREM', leases_of(KEYS[i]), lease)
+  local gone = leases_of(KEYS[i] .. ':gone')
+  redis.call('ZREMRANGEBYSCORE', gone, '-inf', now)
+  redis.call('ZADD', gone, now + lease_ms, lease)
+  redis.call('PEXPIRE', gone, math.ceil(lease_ms))
+end
+return 1
+"""
+
+
 class RedisStore:
     def __init__(self, url: str, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -324,6 +347,7 @@ class RedisStore:
         self._admit = self.client.register_script(_ADMIT)
         self._adjust = self.client.register_script(_ADJUST)
         self._renew = self.client.register_script(_RENEW)
+        self._release_orphan = self.client.register_script(_RELEASE_ORPHAN)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -372,6 +396,12 @@ class RedisStore:
                 await pipe.execute()
 
         await self._run(run())
+
+    async def release_orphan(self, conc: list[str], lease: str, lease_ms: float) -> None:
+        """`release` of a lease whose admission may not have run yet: it is barred for
+        `lease_ms`, so that admission takes nothing when it lands."""
+        if conc:
+            await self._run(self._release_orphan(keys=conc, args=[lease, lease_ms]))
 
     async def ping(self) -> None:
         await self._run(self.client.ping())

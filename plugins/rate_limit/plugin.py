@@ -146,7 +146,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     # A concurrency lease lives in the store that granted it, and is released there,
     # exactly once, on every path. A Redis call that timed out may still run once Redis
     # wakes up: the lease it would have taken is an orphan, released in Redis in the
-    # background until that succeeds (ZREM of a lease never taken is a no-op). Leases
+    # background until that succeeds (ZREM of a lease never taken is a no-op), and barred
+    # there, so an admission that Redis runs after that release takes nothing. Leases
     # are short (`lease_s`) and renewed while their request runs, so one that every
     # release missed (a crash) frees itself soon.
 
@@ -298,7 +299,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             if lease in self._active:
                 continue  # still running: released when it ends
             try:
-                await self.remote.release(keys, lease)
+                await self.remote.release_orphan(keys, lease, self.cfg.lease_s * 1000)
             except StoreError:
                 return  # still down: the next round tries again
             self._orphans.pop(lease, None)

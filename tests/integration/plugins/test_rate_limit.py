@@ -986,3 +986,44 @@ async def test_an_admit_that_lands_after_its_timeout_gives_its_lease_back(
     finally:
         go.set()
         await p.close()
+
+
+async def test_an_admit_that_runs_on_redis_after_its_orphan_release_takes_nothing(
+        redis_server: RedisServer) -> None:
+    """An admission that timed out and took its cancellation (its task ends cancelled),
+    but whose command had been sent: Redis runs it all the same, and can run it after the
+    orphan release sent on another connection (a busy Redis serves its sockets in the
+    order it polls them). The release bars the lease, so the admission, landing late,
+    takes no concurrency slot that no request owns (held for `lease_s`, refusing the next
+    requests)."""
+    p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1, "tpm": 10_000}])
+    assert p.remote is not None
+    script = p.remote._admit
+    go = asyncio.Event()
+    on_redis: list[asyncio.Task[Any]] = []  # the command Redis runs after the cut
+
+    async def sent_then_cut(**kw: Any) -> Any:
+        async def runs_later() -> Any:
+            await go.wait()
+            return await script(**kw)
+
+        try:
+            await asyncio.Event().wait()  # (waiting for the reply: cut by the timeout)
+        except asyncio.CancelledError:
+            on_redis.append(asyncio.create_task(runs_later()))
+            raise
+
+    p.remote._admit = sent_then_cut  # type: ignore[assignment]
+    try:
+        await p(ctx(), answer)  # timed out: the local limiter decided
+        await eventually(p.idle)  # the timeout's orphan release ran
+        assert on_redis
+        p.remote._admit = script
+        go.set()
+        await asyncio.wait(on_redis)
+        for k in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
+            assert await p.remote.client.zcard(k) == 0
+        await p(ctx(), answer)  # the single slot is free
+    finally:
+        go.set()
+        await p.close()
