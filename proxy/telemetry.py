@@ -253,6 +253,9 @@ class Metrics:
             "(refused at the cap, idle evicted at the cap, request head too slow or too "
             "large, an answer its client stopped reading).",
             ["reason"], registry=r)
+        for reason in ("refused", "evicted", "head_timeout", "head_too_large",
+                       "write_timeout"):  # (each at 0 before its first: rate() reads 0)
+            self.connections_closed.labels(reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

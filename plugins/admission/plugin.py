@@ -55,6 +55,8 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
                                                      5, 10, 30))
         self.shed = Counter("weir_admission_shed_total", "Requests shed.", ["reason"],
                             registry=reg)
+        for reason in ("full", "wait"):  # (a series at 0 before the first: rate() reads 0)
+            self.shed.labels(reason)
         self.timeouts = Counter("weir_admission_deadline_exceeded_total",
                                 "Requests cut at their deadline.", registry=reg)
         self._sheds = OutageLog(every_s=5.0)

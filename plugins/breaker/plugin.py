@@ -113,6 +113,13 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                                    ["from_state", "to_state"], registry=reg)
         self.fallbacks = Counter("weir_fallbacks_total", "Fallback replies.",
                                  ["kind", "reason"], registry=reg)
+        # Each series at 0 before its first event (rate() and alerts read 0, not nothing)
+        for old, new in (("closed", "open"), ("open", "half_open"), ("half_open", "closed"),
+                         ("half_open", "open")):
+            self.transitions.labels(old, new)
+        for f in config.fallback:
+            for reason in ("open", "engine", "shed"):
+                self.fallbacks.labels(f.kind, reason)
         self.breaker = Breaker(BreakerPolicy(
             window_s=config.window_s, minimum_calls=config.minimum_calls,
             failure_rate=config.failure_rate, slow_call_s=config.slow_call_s,
