@@ -227,9 +227,12 @@ class Metrics:
                                 ["route", "model", "status"], registry=r)
         self.latency = Histogram("weir_request_duration_seconds", "End-to-end latency.",
                                  ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("weir_time_to_first_token_seconds", "Time to first token.",
+        self.ttft = Histogram("weir_time_to_first_token_seconds", "Time to first token as "
+                              "clients saw it: cache replays and fallbacks included.",
                               ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.tokens = Counter("weir_tokens_total", "Tokens processed.",
+        self.tokens = Counter("weir_tokens_total", "Tokens in and out of the answers "
+                              "clients got: cache hits and shared generations included "
+                              "(the engine's own work is vLLM's metrics').",
                               ["model", "kind"], registry=r)
         self.in_flight = Gauge("weir_requests_in_flight", "Requests being served.", registry=r)
         self.engine_running = Gauge("weir_engine_requests_running",
