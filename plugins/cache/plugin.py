@@ -106,7 +106,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
     def __init__(self, config: CacheConfig, services: Services) -> None:
         super().__init__(config, services)
         self.cfg = config
-        self.metrics = CacheMetrics(services.metrics.registry)
+        self.metrics = CacheMetrics(services.metrics.registry, config.semantic.threshold)
         self.embedder = services.embedder if config.semantic.enabled else None
         if config.semantic.enabled and self.embedder is None:
             log.warning("semantic cache needs `embeddings.enabled: true`; exact only")

@@ -31,3 +31,18 @@ def test_known_label_values_are_exported_at_zero_before_any_event() -> None:
         assert read("weir_fallbacks_total", {"kind": "static", "reason": reason}) == 0
     for reason in ("refused", "evicted", "head_timeout", "head_too_large", "write_timeout"):
         assert read("weir_connections_closed_total", {"reason": reason}) == 0
+
+
+def test_the_similarity_histogram_has_the_hit_threshold_as_a_bucket() -> None:
+    """Its buckets 0.7 and 0.8 straddled the default threshold, 0.71: the share of
+    lookups scored under it (misses) could not be read off the histogram."""
+    from plugins.cache.config import CacheConfig
+    from plugins.cache.plugin import CachePlugin
+
+    for threshold in (0.71, 0.83):
+        metrics = Metrics()
+        services = Services(terminal=FakeEngine(), settings=Settings(), metrics=metrics)
+        CachePlugin(CacheConfig.model_validate({"semantic": {"threshold": threshold}}),
+                    services)
+        assert metrics.registry.get_sample_value(
+            "weir_cache_semantic_similarity_bucket", {"le": str(threshold)}) == 0
