@@ -105,7 +105,7 @@ def test_deployment_details() -> None:
     assert c["livenessProbe"]["timeoutSeconds"] == 10
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] >= 1200
     assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
-    assert pod["terminationGracePeriodSeconds"] == 10 + 60 + 15  # preStop + drain + slack
+    assert pod["terminationGracePeriodSeconds"] == 10 + 60 + 25  # preStop + drain + slack
     assert "replicas" not in dep["spec"]  # the HPA owns it
     env = {e["name"]: e for e in c["env"]}
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf"
@@ -124,9 +124,9 @@ def test_deployment_details() -> None:
 
 
 @pytest.mark.parametrize(("server", "grace", "port"), [
-    ({"drain_timeout_s": "${DRAIN:-45}", "port": "${WEIR_PORT:-8080}"}, 10 + 45 + 15, 8080),
-    ({"drain_timeout_s": 30.5, "port": 9000}, 10 + 31 + 15, 9000),
-    ({}, 10 + 60 + 15, 8000),  # (values.yaml's drain; Weir's default port)
+    ({"drain_timeout_s": "${DRAIN:-45}", "port": "${WEIR_PORT:-8080}"}, 10 + 45 + 25, 8080),
+    ({"drain_timeout_s": 30.5, "port": 9000}, 10 + 31 + 25, 9000),
+    ({}, 10 + 60 + 25, 8000),  # (values.yaml's drain; Weir's default port)
 ])
 def test_the_numbers_the_chart_computes_with_may_be_references(
         server: dict[str, Any], grace: int, port: int) -> None:
@@ -315,3 +315,14 @@ def test_name_overrides_and_service_account_annotations_are_honoured() -> None:
     validator = jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
     validator.validate(merged({"nameOverride": "edge", "fullnameOverride": "gw",
                                "serviceAccount": {"annotations": {"a": "b"}}}))
+
+
+def test_the_grace_period_outlasts_weir_s_own_worst_shutdown() -> None:
+    """The slack past preStop and the drain covers what Weir may take after its drain
+    (the cut requests' grace, the overrun, the teardown; proxy/cli.py): at 15 s it was
+    5 s short, and a SIGKILL could land mid-teardown."""
+    from proxy.cli import ABORT_GRACE_S, OVERRUN_S, TEARDOWN_S
+
+    pod = by_kind(render({}), "Deployment")["spec"]["template"]["spec"]
+    slack = pod["terminationGracePeriodSeconds"] - 10 - 60  # preStop, drain
+    assert slack > ABORT_GRACE_S + OVERRUN_S + TEARDOWN_S

@@ -55,12 +55,14 @@ text as 0). */}}
 {{- else -}}{{ $v }}{{- end -}}
 {{- end -}}
 
-{{/* Drain timeout from Weir's config, the grace period covers preStop + drain + slack. */}}
+{{/* Drain timeout from Weir's config, the grace period covers preStop + drain + what
+Weir may still take after the drain (the cut requests' 5 s, 5 s of overrun, 10 s of
+teardown: proxy/cli.py) + 5 s. */}}
 {{- define "weir.gracePeriod" -}}
 {{- $drain := 30 -}}
 {{- if and .Values.config.server (hasKey .Values.config.server "drain_timeout_s") -}}{{- $drain = .Values.config.server.drain_timeout_s -}}{{- end -}}
 {{- $drain = include "weir.number" (list $drain "config.server.drain_timeout_s") -}}
-{{ add (int .Values.preStopSleepSeconds) (int (ceil (float64 $drain))) 15 }}
+{{ add (int .Values.preStopSleepSeconds) (int (ceil (float64 $drain))) 25 }}
 {{- end -}}
 
 {{- define "weir.port" -}}
