@@ -326,3 +326,14 @@ def test_the_grace_period_outlasts_weir_s_own_worst_shutdown() -> None:
     pod = by_kind(render({}), "Deployment")["spec"]["template"]["spec"]
     slack = pod["terminationGracePeriodSeconds"] - 10 - 60  # preStop, drain
     assert slack > ABORT_GRACE_S + OVERRUN_S + TEARDOWN_S
+
+
+def test_the_bundled_redis_is_governed_by_a_headless_service() -> None:
+    """A StatefulSet's `serviceName` names a headless Service (its pods' stable DNS
+    names); it named the ordinary ClusterIP Service the gateway connects to."""
+    docs = render({"redis": {"bundled": True}})
+    sts = by_kind(docs, "StatefulSet")
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    governing = services[sts["spec"]["serviceName"]]
+    assert governing["spec"]["clusterIP"] == "None"
+    assert "clusterIP" not in services["weir-redis"]["spec"]  # what REDIS_URL names
