@@ -440,7 +440,8 @@ def errors_from_validation(exc: ValidationError, prefix: str = "") -> list[tuple
     return out
 
 
-_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+#: `${VAR}`, `${VAR:-default}`; `$${VAR}` is the text `${VAR}` (as Compose writes it)
+_REF = re.compile(r"(\$?)\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
 def interpolate(value: Any, env: dict[str, str] | None = None, path: str = "") -> Any:
@@ -455,7 +456,9 @@ def interpolate(value: Any, env: dict[str, str] | None = None, path: str = "") -
         return value
 
     def sub(m: re.Match[str]) -> str:
-        name, default = m.group(1), m.group(2)
+        if m.group(1):  # `$${VAR}`: the text itself
+            return m.group(0)[1:]
+        name, default = m.group(2), m.group(3)
         value = env.get(name)
         # As in a shell: the default stands for a variable unset or set empty (an empty
         # WEIR_HOST made `${WEIR_HOST:-127.0.0.1}` listen on every interface).

@@ -259,3 +259,11 @@ def test_a_bad_redis_url_is_named_without_quoting_it(plugin: str, url: str) -> N
     assert "ZQX" not in text and "SECRET" not in text
     assert [p for p, _ in e.value.errors] == ["plugins[0].config.redis.url"]
     assert "not a Redis URL" in text
+
+
+def test_a_doubled_dollar_writes_the_reference_itself() -> None:
+    """A static fallback's text or a sanitizer pattern holding `${NAME}` could not be
+    written: it was substituted, or refused when NAME was unset. `$${NAME}` is the text."""
+    out = interpolate({"a": "say $${NAME} and $${X:-d}", "b": "${X}", "c": "$$${X}"},
+                      env={"X": "x"})
+    assert out == {"a": "say ${NAME} and ${X:-d}", "b": "x", "c": "$${X}"}
