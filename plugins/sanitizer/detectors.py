@@ -7,7 +7,8 @@ detector returns (start, end) spans and never keeps the matched text. Secrets li
 `credentials`, injection phrases in `injection`.
 
 Shapes covered, by family: cards in groups separated by spaces, dots, dashes, slashes
-or underscores (one kind per number) or unseparated, with the CVV or expiry that
+or underscores (one kind per number), spaces and dashes mixed, or unseparated, each
+starting with an issuer's digits, with the CVV or expiry that
 follows them, and a card split across two messages or two lines, blank lines between
 them or not (`card_across`); US Social Security numbers (3-2-4 with dashes, or spaced
 or bare where the text names one); phones with +/00 prefixes, a "(0)", parentheses,
@@ -117,8 +118,11 @@ def luhn_ok(candidate: str) -> bool:
     return total % 10 == 0
 
 
-# A card's first digits: 2-6 (the card networks), 81 and 82 (RuPay, UnionPay).
-_ANY_ISSUER = re.compile(r"[2-6]|8[12]")
+# A card's first digits, as the networks assign them: 2221-2720 (Mastercard's 2-series:
+# no card starts 19xx or 20xx, so runs of years are none), 30 and 34-39 (Diners, Amex,
+# JCB; no card starts 31-33), 4-6 (Visa, Mastercard, Maestro, Discover, UnionPay), 81
+# and 82 (RuPay, UnionPay).
+_ANY_ISSUER = re.compile(r"222[1-9]|22[3-9]\d|2[3-6]\d\d|27[01]\d|2720|3[04-9]|[4-6]|8[12]")
 _TAIL = re.compile(r"(?<!\d)\d(?:[ .-]{0,3}\d)*$")
 _HEAD = re.compile(r"\s*(\d(?:[ .-]{0,3}\d)*)")
 
@@ -318,13 +322,18 @@ _PHONE_WORDS = ("phone", "tel", "call", "mobile", "cell", "text", "sms", "whatsa
                 "number", "電話", "电话", "携帯", "手机", "전화")
 _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d)"
 # Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5;
+# or spaces and dashes mixed, as typed by hand ("4111 1111-1111 1111", "3714 496353-98431":
+# tried first, as the one-kind form stops at the first change of separator, too short);
 # then perhaps what often follows a card number: its CVV or expiry ("4111 ... 1111 123",
 # "4111...1111/12/27"), redacted with it.
 # (Not a comma between groups: "2023,2024,2025,2026" is a list of years, and one such
 # list in ten passes Luhn.)
 _CARD_SEP = r"(?:[ ./_-]| - )"
+_CARD_MIX = r"(?: ?- ?| )"
 _CARD_TAIL = r"(?:[ ./_,-]| - |, )(?:\d{3,4}|\d{2}/\d{2,4})"
 _CARD = (rf"(?<![\d.,-])(?:\d{{13,19}}"
+         rf"|\d{{4}}{_CARD_MIX}\d{{4}}(?:{_CARD_MIX}\d{{4}}){{1,2}}(?:{_CARD_MIX}\d{{1,4}}(?![\d/]))?"
+         rf"|\d{{4}}{_CARD_MIX}\d{{6}}{_CARD_MIX}\d{{4,5}}"
          rf"|\d{{4}}(?P<s>{_CARD_SEP})\d{{4}}(?:(?P=s)\d{{4}}){{1,2}}(?:(?P=s)\d{{1,4}}(?![\d/]))?"
          rf"|\d{{4}}(?P<t>{_CARD_SEP})\d{{6}}(?P=t)\d{{4,5}})(?:{_CARD_TAIL})?"
          r"(?![\d]|[.,-]\d)")
@@ -333,7 +342,7 @@ _TAIL_AT_END = re.compile(_CARD_TAIL + "$")
 
 def _card_ok(candidate: str) -> bool:
     """Luhn on the number, with or without what follows it (a CVV or expiry), and an
-    issuer's first digits (2-6: the card networks; 81, 82: RuPay, UnionPay): lists of
+    issuer's first digits (`_ANY_ISSUER`): lists of
     numbers ("1000 2000 3000 4000", "8080 8443 9090 3000") pass Luhn one time in ten."""
     if not _ANY_ISSUER.match(candidate):
         return False

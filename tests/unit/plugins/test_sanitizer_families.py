@@ -98,6 +98,48 @@ def test_a_card_after_a_list_of_numbers_is_found(number: str, sep: str, item: st
     assert fires("card", "ids: " + item * k + " " + grouped(number, sep) + " end")
 
 
+def mixed(number: str, seps: list[str]) -> str:
+    """`number` grouped as `grouped` does, each gap with its own separator."""
+    groups = grouped(number, "\0").split("\0")
+    return groups[0] + "".join(s + g for s, g in zip(seps, groups[1:], strict=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(card_numbers(), st.lists(st.sampled_from([" ", "-", " - "]), min_size=4, max_size=4),
+       around, after)
+def test_cards_with_spaces_and_dashes_mixed(number: str, seps: list[str], pre: str,
+                                            post: str) -> None:
+    """Typed by hand: "4111 1111-1111 1111", "3714 496353-98431"."""
+    assert fires("card", pre + mixed(number, seps) + post)
+
+
+@settings(max_examples=200, deadline=None)
+@given(card_numbers(), st.lists(st.sampled_from([" ", "-"]), min_size=4, max_size=4))
+def test_mixed_cards_failing_luhn_do_not_fire(number: str, seps: list[str]) -> None:
+    broken = number[:-1] + str((int(number[-1]) + 1) % 10)
+    assume(not (len(broken) == 19 and luhn_ok(broken[:16])))  # (a card and its CVV)
+    assert not fires("card", mixed(broken, seps))
+
+
+@st.composite
+def years_passing_luhn(draw: Any) -> str:
+    """Four years (19xx or 20xx) that pass Luhn taken as one number."""
+    years = draw(st.lists(st.integers(1900, 2099), min_size=4, max_size=4))
+    number = with_luhn("".join(map(str, years))[:15])  # the last year's last digit
+    years = [int(number[i:i + 4]) for i in range(0, 16, 4)]
+    return "".join(str(y) + s for y, s in zip(years, draw(st.lists(
+        st.sampled_from([" ", "-", " - ", "/", "."]), min_size=4, max_size=4)),
+        strict=True)).rstrip(" -/.")
+
+
+@settings(max_examples=200, deadline=None)
+@given(years_passing_luhn())
+def test_runs_of_years_are_no_card(text: str) -> None:
+    """No card starts 19xx or 20xx (Mastercard's 2-series is 2221-2720): "seasons
+    2019-2020 2021-2022" is no card, though one such run in ten passes Luhn."""
+    assert not fires("card", "seasons " + text)
+
+
 @pytest.mark.parametrize("text", [
     "Compare sales in 2023, 2024, 2025, 2026 please",
     "years 1991, 2002, 2015, 2017, 2023",
