@@ -72,9 +72,11 @@ class Detectors(ConfigModel):
         "bare digits where the text names one ('SSN: 123456789')."))
     secret: Action = Field("flag", description=(
         "API keys (OpenAI, GitHub, GitLab, Hugging Face, Stripe, Google, Slack, AWS, npm, "
-        "PyPI, SendGrid, Shopify, DigitalOcean, Azure storage, Groq, Replicate, xAI, "
-        "Atlassian, Telegram, Slack webhooks), bearer and basic credentials, passwords "
-        "in URLs and curl -u, JWTs, private keys (PGP too), and 'my password is ...' / "
+        "PyPI, SendGrid, Shopify, DigitalOcean, Azure storage and Service Bus keys, SAS "
+        "and S3 presigned signatures, Google OAuth, Docker Hub, Groq, Replicate, xAI, "
+        "Atlassian, Telegram, Slack webhooks; not Stripe's publishable pk_ keys, which are "
+        "public), bearer and basic credentials, passwords "
+        "in URLs and curl -u, JWTs, private keys (PGP, PuTTY), and 'my password is ...' / "
         "'api key: ...' / 'DB_PASSWORD=...' phrases in 15 languages (code that reads a "
         "secret from elsewhere, '$PASSWORD', 'os.getenv(...)', does not fire)."))
     injection: Action = Field("flag", description=(

@@ -28,7 +28,12 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
      r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})(?![A-Za-z0-9])"),
     (("sk_", "rk_"), r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,247}\b"),  # Stripe
     (("aiza",), r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),  # Google API keys
-    (("xox",), r"\bxox[abposr]-[A-Za-z0-9-]{10,250}"),  # Slack tokens
+    (("xox", "xapp-"), r"\b(?:xox[abposr]|xapp)-[A-Za-z0-9-]{10,250}"),  # Slack tokens
+    (("gocspx-",), r"\bGOCSPX-[A-Za-z0-9_-]{24,40}"),  # Google OAuth client secrets
+    (("ya29.",), r"\bya29\.[A-Za-z0-9_-]{20,2048}"),  # Google OAuth access tokens
+    (("dckr_pat_", "dckr_oat_"), r"\bdckr_(?:pat|oat)_[A-Za-z0-9_-]{20,64}"),  # Docker Hub
+    (("putty-user-key-file-",),  # a PuTTY key file, to its MAC (or cut off: still a key)
+     r"PuTTY-User-Key-File-\d+:(?:[\s\S]{0,8192}?Private-MAC: ?[0-9a-fA-F]+|[\s\S]{0,8192})"),
     (("hf_",), r"\bhf_[A-Za-z0-9]{30,64}\b"),  # Hugging Face
     (("glpat-", "gldt-", "glptt-", "glrt-", "gloas-"),
      r"\bgl(?:pat|dt|ptt|rt|oas)-[A-Za-z0-9_-]{20,}"),  # GitLab
@@ -37,7 +42,12 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("sg.",), r"\bSG\.[A-Za-z0-9_-]{16,32}\.[A-Za-z0-9_-]{16,64}"),  # SendGrid
     (("shpat_", "shpss_", "shpca_", "shppa_"), r"\bshp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}\b"),
     (("dop_v1_", "doo_v1_", "dor_v1_"), r"\bdo[opr]_v1_[a-f0-9]{64}\b"),  # DigitalOcean
-    (("accountkey=",), r"(?i:\bAccountKey=)[A-Za-z0-9+/]{40,}={0,2}"),  # Azure storage
+    # Azure: a storage or Service Bus / Event Hubs connection string's key, a SAS
+    # token's signature ("...&sig=...%3D", URL-encoded or not); an S3 presigned URL's.
+    (("accountkey=", "sharedaccesskey="),
+     r"(?i:\b(?:AccountKey|SharedAccessKey)=)[A-Za-z0-9+/]{40,}={0,2}"),
+    (("sig=",), r"(?<![\w-])sig=(?:[A-Za-z0-9+/]|%2[BbFf]){40,}(?:=|%3[Dd]){0,2}"),
+    (("x-amz-signature=",), r"(?i:\bX-Amz-Signature=)[0-9a-f]{64}\b"),
     # A credential after its scheme, whatever its format: "Bearer <token>" (with a digit
     # in it: "the bearer of bad news" is no token) and "Authorization: Basic/Token ...".
     (("bearer",), r"(?i:\bbearer)\s+(?=[A-Za-z._~+/-]*\d)[A-Za-z0-9._~+/-]{16,}=*"),
@@ -102,7 +112,8 @@ _SLUG = re.compile(r"sk-[a-z]+(?:-[a-z]+)+\Z")
 # is onjuist" are talk, not values.
 _KW_PASSWORD = r"pass(?:word|wd|code|phrase)|pwd|pw|pword|pin\s+(?:code|number)"
 _KW_MACHINE = (r"api[\s_-]?key|access[\s_-]?token|auth[\s_-]?token|refresh[\s_-]?token|"
-               r"secret[\s_-]?key|client[\s_-]?secret|token(?![a-z])|pass(?![a-z])")
+               r"secret[\s_-]?key|client[\s_-]?secret|subscription[\s_-]?key|token(?![a-z])|"
+               r"pass(?![a-z])")
 _KW_OTHER = (r"passwort|kennwort|contrase[nñ]a|mot\s+de\s+passe|senha|wachtwoord|lösenord|"
              r"adgangskode|salasana|has[lł]o|şifre|sifre|пароль|パスワード|비밀번호")
 _LINK_EN = r"[\"'`]?[ \t]*(?:=>|[=:])[ \t]*|'s\s+|\s+(?:is|was|would\s+be|will\s+be)\s*:?[ \t]+"
@@ -124,8 +135,8 @@ _PHRASE = re.compile(
 _PHRASE_STARTS = ("pass", "pw", "pin", "kennwort", "contrase", "mot", "senha", "wachtwoord",
                   "lösenord", "adgangskode", "salasana", "has", "şifre", "sifre", "пароль",
                   "パスワード", "비밀번호", "api", "access", "auth", "refresh", "secret",
-                  "client", "token", "changed", "updated", "reset", "set", "密码", "口令",
-                  "密钥")
+                  "client", "subscription", "token", "changed", "updated", "reset", "set",
+                  "密码", "口令", "密钥")
 # An environment variable that names a credential ("OPENAI_KEY=...", "GITHUB_TOKEN: ..."),
 # found where the text holds one of these endings.
 _ENV = re.compile(r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9_]*_(?:KEY|SECRET|TOKEN|PASS|PWD)"

@@ -266,6 +266,22 @@ SECRETS = st.one_of(
     st.builds(lambda b: "sntrys_" + b, body_of(80, ALNUM + "_=")),
     st.builds(lambda b: "pplx-" + b, body_of(48, ALNUM)),
     st.builds(lambda b: "pul-" + b, body_of(40, "0123456789abcdef")),
+    # Azure (Service Bus / Event Hubs keys, SAS signatures, API Management), S3 presigned
+    st.builds(lambda b: "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=Root"
+              f"ManageSharedAccessKey;SharedAccessKey={b}=", body_of(43, ALNUM + "+/")),
+    st.builds(lambda b, e: f"https://acct.blob.core.windows.net/c/f?sv=2022-11-02&sig={b}{e}",
+              body_of(43, ALNUM), st.sampled_from(["%3D", "=", ""])),
+    st.builds(lambda b: f"?X-Amz-Expires=900&X-Amz-Signature={b}", body_of(64, HEX)),
+    st.builds(lambda s, b: f"Ocp-Apim-Subscription-Key{s}{b}1",
+              st.sampled_from([": ", "=", " = "]), body_of(31, HEX)),
+    st.builds(lambda b: "xapp-1-A0" + b, body_of(40, ALNUM + "-")),  # Slack app-level
+    st.builds(lambda b: "GOCSPX-" + b, body_of(28, ALNUM + "_-")),  # Google OAuth
+    st.builds(lambda b: "ya29." + b, body_of(100, ALNUM + "_-")),
+    st.builds(lambda p, b: p + b, st.sampled_from(["dckr_pat_", "dckr_oat_"]),
+              body_of(27, ALNUM + "_-")),
+    st.builds(lambda b, end: "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\n"
+              f"Private-Lines: 1\n{b}{end}", body_of(60, ALNUM + "+/"),
+              st.sampled_from(["\nPrivate-MAC: 0a1b2c3d", ""])),
 )
 
 
@@ -273,6 +289,9 @@ SECRETS = st.one_of(
     "The bot said MNO is a company.", "see key-value stores", "the secret_sauce recipe",
     "Skip the SK12 row", "use the discord bot to greet users", "plans for the us-east region",
     "hvs. is short for what?", "the figd_ prefix", "a dapi is a call",
+    "sig=abc", "the GOCSPX- prefix", "ya29. tokens expire", "a dckr_pat_ token",
+    "the Ocp-Apim-Subscription-Key header", "subscription key: see the portal",
+    "xapp- tokens", "the SharedAccessKey= part",
 ])
 def test_vendor_prefixes_alone_are_not_secrets(text: str) -> None:
     assert not fires("secret", text)
