@@ -305,21 +305,25 @@ _PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .\-\u2013]?\(0\))?(?:[ .\-\u2013
           r"|(?<![\w.+-])(?:1[ .\-\u2013]?)?[2-9]\d{2}(?P<ps>[ .\-\u2013])[2-9]\d{2}(?P=ps)\d{4}"
           r"(?=\s?(?:x|ext\.?)\s?\d|(?![\w-]|\.\d))")  # (its extension: _EXTENSION)
 # A number written without its country code ("07700 900123", "030 12345678",
-# "090-1234-5678", "(02) 9876 5432", "(11) 91234-5678"), or ten digits unseparated
-# ("4155550132"), only where the text says it is a number to call: bare, they are as
-# often order numbers, dates or counters.
+# "0151/23456789", "090-1234-5678", "(02) 9876 5432", "(11) 91234-5678", India's "98765
+# 43210"), or ten digits unseparated ("4155550132"), only where the text says it is a
+# number to call or a contact ("Mob:", "Kontakt:", "contact"): bare, they are as often
+# order numbers, dates or counters.
 _PHONE_SAID = re.compile(
     r"\b(?:phone|tel|telephone|call|calling|mobile|cell|cellphone|text\s+me|sms|whatsapp|"
     r"fax|reach\s+me|ring\s+me|dial|telefon|teléfono|telefono|téléphone|tél|handy|móvil|"
-    r"celular|portable|(?:my|our|his|her|their|contact)\s+number|電話|电话|携帯|手机|전화)"
+    r"celular|portable|contact[oe]?|kontakt|mob|tlf|telp|fone|"
+    r"(?:my|our|his|her|their|contact)\s+number|電話|电话|携帯|手机|전화)"
     r"\b\.?(?:\s+(?:me|us|him|her|them|at|on|is|number|no\.?|#|nummer|número|numéro)){0,3}"
     r"\s{0,3}[:=]?\s{0,3}(?P<n>(?:\+?1[ .\-\u2013]?)?[2-9]\d{2}[2-9]\d{6}"
-    r"|\(?0\d{1,4}\)?(?:[ .\-\u2013]?\d{2,5}){1,4}|\(\d{2}\)\s?\d{4,5}[ .\-\u2013]?\d{4})"
+    r"|\(?0\d{1,4}\)?(?:[ ./\-\u2013]?\d{2,5}){1,4}|\(\d{2}\)\s?\d{4,5}[ .\-\u2013]?\d{4}"
+    r"|[6-9]\d{4}[ \-]\d{5})"
     r"(?![\w-]|\.\d)",
     re.IGNORECASE)
-_PHONE_WORDS = ("phone", "tel", "call", "mobile", "cell", "text", "sms", "whatsapp", "fax",
+_PHONE_WORDS = ("phone", "tel", "call", "mob", "cell", "text", "sms", "whatsapp", "fax",
                 "reach", "ring", "dial", "tél", "handy", "móvil", "celular", "portable",
-                "number", "電話", "电话", "携帯", "手机", "전화")
+                "number", "contact", "kontakt", "tlf", "telp", "fone",
+                "電話", "电话", "携帯", "手机", "전화")
 _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d)"
 # Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5;
 # or spaces and dashes mixed, as typed by hand ("4111 1111-1111 1111", "3714 496353-98431":

@@ -183,6 +183,39 @@ def test_phone_numbers_with_any_separator(number: str, pre: str, post: str) -> N
     assert fires("phone", pre + number + post) or fires("cn_mobile", pre + number + post)
 
 
+@st.composite
+def national_numbers(draw: Any) -> str:
+    """Numbers as written at home, without a country code (UK, FR, DE, IN, BR, JP)."""
+    d = lambda n: "".join(draw(st.lists(st.sampled_from(string.digits),  # noqa: E731
+                                        min_size=n, max_size=n)))
+    sep = draw(st.sampled_from([" ", "."]))
+    return draw(st.sampled_from([
+        f"07{d(3)} {d(6)}", f"020 {d(4)} {d(4)}",  # UK
+        "0" + draw(st.sampled_from("1234567")) + "".join(sep + d(2) for _ in range(4)),
+        f"015{d(1)} {d(8)}", f"030 {d(8)}", f"0151/{d(8)}", f"030/{d(7)}",  # DE
+        f"{draw(st.sampled_from('6789'))}{d(4)} {d(5)}",  # India
+        f"({d(2)}) 9{d(4)}-{d(4)}", f"0{draw(st.sampled_from('789'))}0-{d(4)}-{d(4)}",
+        f"03-{d(4)}-{d(4)}",
+    ]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(national_numbers(), st.sampled_from(
+    ["contact: ", "Contact ", "mob: ", "Mob. ", "Kontakt: ", "contacto: ", "tlf ", "Telp: ",
+     "fone: ", "call me on ", "Tel: ", "Handy: ", "my number is "]), after)
+def test_national_numbers_after_a_contact_word(number: str, said: str, post: str) -> None:
+    assume(len(set(number) - set(" .-/()")) > 1)
+    assert fires("phone", said + number + post)
+
+
+@pytest.mark.parametrize("text", [
+    "contact count 0123456789", "Contact ID: 0151 23456789", "contact: 2024-01-15 14:30",
+    "mobile app build 07700 900123", "kontakt form 030 12345678", "contacts 98765 43210",
+])
+def test_numbers_near_a_contact_word_but_not_said_to_be_one(text: str) -> None:
+    assert not fires("phone", text)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.sampled_from([" ", ".", "-", ""]), st.sampled_from(["", "+86 ", "0086 "]),
        st.sampled_from("3456789"), st.integers(0, 9), st.integers(0, 9999),
