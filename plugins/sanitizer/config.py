@@ -70,6 +70,9 @@ class Detectors(ConfigModel):
     ssn: Action = Field("flag", description=(
         "US Social Security numbers: 3-2-4 digits in the ranges the SSA assigns; nine "
         "bare digits where the text names one ('SSN: 123456789')."))
+    uk_nino: Action = Field("flag", description=(
+        "UK National Insurance numbers: letters HMRC allocates, six digits, a suffix A-D; "
+        "in pairs ('AB 12 34 56 C'), or bare where the text names one ('NINO AB123456C')."))
     secret: Action = Field("flag", description=(
         "API keys (OpenAI, GitHub, GitLab, Hugging Face, Stripe, Google, Slack, AWS, npm, "
         "PyPI, SendGrid, Shopify, DigitalOcean, Azure storage and Service Bus keys, SAS "

@@ -11,7 +11,8 @@ or underscores (one kind per number), spaces and dashes mixed, or unseparated, e
 starting with an issuer's digits, with the CVV or expiry that
 follows them, and a card split across two messages or two lines, blank lines between
 them or not (`card_across`); US Social Security numbers (3-2-4 with dashes, or spaced
-or bare where the text names one); phones with +/00 prefixes, a "(0)", parentheses,
+or bare where the text names one); UK National Insurance numbers (in pairs, or bare
+where the text names one); phones with +/00 prefixes, a "(0)", parentheses,
 dots, spaces or dashes, a NANP number with a leading 1, an extension, and after a phone
 word ("call me at", "Tel:", "携帯") ten bare digits or a national number ("07700
 900123"); e-mails in any script, written plainly, as "name at domain dot com",
@@ -610,6 +611,27 @@ def _find_ssn(text: str) -> Iterator[Span]:
         yield m.span("n")
 
 
+# UK National Insurance numbers: two letters HMRC allocates (neither D, F, I, Q, U nor V,
+# no O second; not BG, GB, KN, NK, NT, TN or ZZ), six digits, a suffix A-D. Spaced in
+# pairs ("AB 12 34 56 C") they are found anywhere; bare ("AB123456C", a part number's
+# shape too) only where the text names one ("NI number", "NINO", "national insurance").
+_NINO_PREFIX = r"(?!BG|GB|KN|NK|NT|TN|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]"
+_NINO = rf"(?<![\w-]){_NINO_PREFIX} \d{{2}} \d{{2}} \d{{2}} ?[A-D](?![\w-])"
+_NINO_SAID = re.compile(
+    r"(?i:\b(?:nino|ni(?:\s+(?:number|no\.?)|\s*#)|national\s+insurance(?:\s+(?:number|no\.?))?)"
+    r"(?:\s+(?:is|was|number|no\.?|#)){0,2}[\s:=#,(\-]{0,4})"
+    rf"(?P<n>{_NINO_PREFIX}(?P<s>[ -]?)\d{{2}}(?P=s)\d{{2}}(?P=s)\d{{2}}(?P=s)[A-D])(?![\w-])",
+    re.IGNORECASE)
+_NINO_WORDS = ("nino", "ni ", "ni#", "national insurance")
+_nino = _numeric(_NINO)
+
+
+def _find_nino(text: str) -> Iterator[Span]:
+    yield from _nino(text)
+    for m in _said(text, _NINO_WORDS, _NINO_SAID, lambda a, b: b + 4):
+        yield m.span("n")
+
+
 _IBAN_RX = re.compile(_IBAN)
 _LAST_GROUP = re.compile(r"[ -][A-Za-z0-9]+\Z")
 
@@ -648,6 +670,7 @@ BUILTIN: dict[str, Detector] = {
         Detector("phone", "[PHONE]", _find_phone),
         Detector("ip", "[IP]", _find_ip),
         Detector("ssn", "[SSN]", _find_ssn),
+        Detector("uk_nino", "[NINO]", _find_nino),
     ]
 }
 

@@ -890,3 +890,47 @@ async def test_numbers_grouped_by_any_dash_are_redacted(text: str, digits: str) 
     assert spy.ctx is not None
     sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
     assert digits not in sent and "[" in sent
+
+
+NINO_FIRST = "ABCEGHJKLMNOPRSTWXYZ"  # HMRC's prefix letters (no D F I Q U V; no O second)
+NINO_SECOND = "ABCEGHJKLMNPRSTWXYZ"
+
+
+@st.composite
+def ninos(draw: Any) -> tuple[str, str]:
+    """A UK National Insurance number HMRC could allocate: (paired form, bare form)."""
+    prefix = draw(st.sampled_from(NINO_FIRST)) + draw(st.sampled_from(NINO_SECOND))
+    assume(prefix not in ("BG", "GB", "KN", "NK", "NT", "TN", "ZZ"))
+    digits = draw(body_of(6, string.digits))
+    suffix = draw(st.sampled_from("ABCD"))
+    pairs = " ".join([prefix, digits[:2], digits[2:4], digits[4:]])
+    return f"{pairs}{draw(st.sampled_from([' ', '']))}{suffix}", prefix + digits + suffix
+
+
+@settings(max_examples=200, deadline=None)
+@given(ninos(), around, after, st.sampled_from(
+    ["NI number: ", "NINO ", "national insurance number is ", "my NI no. ", "NI#"]))
+def test_uk_national_insurance_numbers(nino: tuple[str, str], pre: str, post: str,
+                                       said: str) -> None:
+    paired, bare = nino
+    assert fires("uk_nino", pre + paired + post)
+    assert fires("uk_nino", said + bare + post) and fires("uk_nino", said + bare.lower())
+    assert not fires("uk_nino", "part " + bare + post)  # bare, nothing says NI number
+
+
+@pytest.mark.parametrize("text", [
+    "QQ 12 34 56 C",  # HMRC's example prefix: never allocated
+    "GB 12 34 56 A", "AB 12 34 56 E", "DA 12 34 56 A", "NINO: AB 12 34 56",
+    "SKU AB123456C", "ref. AB-12-34-56-C",
+])
+def test_what_only_looks_like_an_ni_number(text: str) -> None:
+    assert not fires("uk_nino", text)
+
+
+async def test_an_ni_number_is_redacted() -> None:
+    ctx = convo("my NINO is JG 10 37 58 A, and NI number: ce103758b")
+    spy = Spy()
+    await plugin(uk_nino="redact")(ctx, spy)
+    assert spy.ctx is not None
+    sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
+    assert sent == "my NINO is [NINO], and NI number: [NINO]"
