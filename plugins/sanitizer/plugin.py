@@ -22,6 +22,7 @@ is never logged or counted; metrics carry only detector and action.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any, ClassVar, Literal, TypeVar
 
 from prometheus_client import Counter
@@ -287,24 +288,25 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         self._clean[norm] = None
 
     def _conversation(self, texts: list[str], fired: dict[str, str],
-                      ) -> list[tuple[str, str]]:
+                      speakers: list[str] | None = None) -> list[tuple[str, str]]:
         """`_process` over the texts of one conversation, in order, with the cards split
-        between two of them."""
+        between two of them (`speakers`: who wrote each text, where known)."""
         folds = [self._fold(t) for t in texts]
         extra = self._across([scanned(f) for f in folds] if self.cfg.normalize else texts,
-                             fired)
+                             fired, speakers)
         return [self._process(t, fired, f, x)
                 for t, f, x in zip(texts, folds, extra, strict=True)]
 
     def _across(self, norms: list[str], fired: dict[str, str],
-                ) -> list[list[tuple[Span, str]]]:
-        """Cards split over consecutive texts of one conversation: per text, the spans
-        to redact (when the card action is `redact`)."""
+                speakers: list[str] | None = None) -> list[list[tuple[Span, str]]]:
+        """Cards split over consecutive texts of one conversation, or over one speaker's
+        two turns with another's between ("my card is 4111 1111" / "go on" / "1111
+        1111"): per text, the spans to redact (when the card action is `redact`)."""
         extra: list[list[tuple[Span, str]]] = [[] for _ in norms]
         action = self.card_action
         if action == "off" or len(norms) < 2:
             return extra
-        for i, span in card_across(norms):
+        for i, span in _split_cards(norms, speakers):
             if _rank(action) > _rank(fired.get("card", "off")):
                 fired["card"] = action
             if action == "redact":
@@ -316,13 +318,15 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         # Every text of the conversation in order (string contents, text and refusal
         # parts): a card may be split between two of them.
         texts: list[str] = []
+        speakers: list[str] = []
         for m in req.messages:
             if isinstance(m.content, str):
                 texts.append(m.content)
             elif isinstance(m.content, list):
                 texts += [getattr(p, f) for p in m.content
                           if (f := _PART_TEXT.get(type(p))) is not None]
-        done = iter(self._conversation(texts, fired))
+            speakers += [m.role] * (len(texts) - len(speakers))
+        done = iter(self._conversation(texts, fired, speakers))
         key_msgs, eng_msgs = [], []
         for m in req.messages:
             k_upd: dict[str, Any] = {}
@@ -643,6 +647,22 @@ _CLEAN_MAX = 4096  # texts
 _CLEAN_CHARS = 1024  # the longest text remembered as clean
 
 _RANKS = {"off": 0, "flag": 1, "redact": 2, "block": 3}
+
+
+def _split_cards(norms: list[str], speakers: list[str] | None,
+                 ) -> Iterator[tuple[int, Span]]:
+    """`card_across` over consecutive texts, then over each pair of one speaker's texts
+    that another's stand between."""
+    yield from card_across(norms)
+    if speakers is None:
+        return
+    last: dict[str, int] = {}
+    for i, who in enumerate(speakers):
+        j = last.get(who)
+        last[who] = i
+        if j is not None and i - j > 1:
+            for k, span in card_across([norms[j], norms[i]]):
+                yield (j if k == 0 else i), span
 
 
 def _rank(action: str) -> int:

@@ -934,3 +934,27 @@ async def test_an_ni_number_is_redacted() -> None:
     assert spy.ctx is not None
     sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
     assert sent == "my NINO is [NINO], and NI number: [NINO]"
+
+
+@settings(max_examples=100, deadline=None)
+@given(card_numbers(), st.sampled_from([" ", "-", ""]), st.integers(4, 8),
+       st.sampled_from(["go on", "ok, and the rest?", "I'm listening."]))
+async def test_a_card_split_over_two_turns_with_a_reply_between(
+        number: str, sep: str, cut: int, reply: str) -> None:
+    """"my card is 4111 1111" / (assistant) "go on" / "1111 1111": one speaker's two
+    turns hold the card, the other's between them."""
+    head = sep.join(number[i:i + 4] for i in range(0, cut, 4)) if cut % 4 == 0 \
+        else number[:cut]
+    tail = number[cut:]
+    ctx = convo("my card is " + head, reply, tail + " thanks")
+    spy = Spy()
+    await plugin(card="redact")(ctx, spy)
+    assert spy.ctx is not None
+    texts = [m.text() for m in spy.ctx.request.messages]  # type: ignore[union-attr]
+    assert texts == ["my card is [CARD]", reply, "[CARD] thanks"]
+
+
+async def test_numbers_in_turns_around_a_reply_that_are_not_a_card_pass() -> None:
+    ctx = convo("order 4111 1111", "go on", "1111 1112 please")  # fails Luhn
+    await plugin(card="flag")(ctx, Spy())
+    assert not ctx.sensitive
