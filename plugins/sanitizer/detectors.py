@@ -333,7 +333,7 @@ _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d
 # "4111...1111/12/27"), redacted with it.
 # (Not a comma between groups: "2023,2024,2025,2026" is a list of years, and one such
 # list in ten passes Luhn.)
-_CARD_SEP = r"(?:[ ./_-]| - )"
+_CARD_SEP = r"[./_]"  # (spaces and dashes: `_CARD_MIX`, which takes them one kind or mixed)
 _CARD_MIX = r"(?: ?- ?| )"
 _CARD_TAIL = r"(?:[ ./_,-]| - |, )(?:\d{3,4}|\d{2}/\d{2,4})"
 _CARD = (rf"(?<![\d.,-])(?:\d{{13,19}}"
@@ -624,12 +624,16 @@ _NINO_SAID = re.compile(
     re.IGNORECASE)
 _NINO_WORDS = ("nino", "ni ", "ni#", "national insurance")
 _nino = _numeric(_NINO)
+_NINO_PAIRS = re.compile(r"\d\d \d\d \d\d")  # (most runs of digits hold none)
 
 
 def _find_nino(text: str) -> Iterator[Span]:
-    yield from _nino(text)
-    for m in _said(text, _NINO_WORDS, _NINO_SAID, lambda a, b: b + 4):
-        yield m.span("n")
+    if any(_NINO_PAIRS.search(text, a, b) for a, b in _numeric_runs(text)):
+        yield from _nino(text)
+    low = text.lower()
+    if any(w in low for w in _NINO_WORDS):
+        for m in _said(text, _NINO_WORDS, _NINO_SAID, lambda a, b: b + 4):
+            yield m.span("n")
 
 
 _IBAN_RX = re.compile(_IBAN)
