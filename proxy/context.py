@@ -20,7 +20,8 @@ Route = Literal["chat", "completion", "embeddings"]
 
 
 class Screen(Protocol):
-    def __call__(self, texts: list[str], *, json: bool = False) -> list[str]: ...
+    def __call__(self, texts: list[str], *, json: bool = False,
+                 speakers: list[str] | None = None) -> list[str]: ...
 
 
 @dataclass(slots=True)

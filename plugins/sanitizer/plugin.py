@@ -137,17 +137,19 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             ctx.screen_aside = self._screen
         return await call_next(ctx)
 
-    def _screen(self, texts: list[str], *, json: bool = False) -> list[str]:
+    def _screen(self, texts: list[str], *, json: bool = False,
+                speakers: list[str] | None = None) -> list[str]:
         """Texts of the request, in order, as the chain passed them on
         (`RequestContext.screen`): read as one conversation (a card split between two is
-        found), each redacted where a `redact` detector fires, else as it came; JSON
-        texts (call arguments) each with its strings read."""
+        found, or between one speaker's two where `speakers` says who wrote each), each
+        redacted where a `redact` detector fires, else as it came; JSON texts (call
+        arguments) each with its strings read."""
         fired: dict[str, str] = {}
         if json:
             return [self._json_text(t, fired) for t in texts]
+        said = self._conversation(texts, fired, speakers)
         return [key if key != self._fold(text) else text
-                for text, (key, _) in zip(texts, self._conversation(texts, fired),
-                                          strict=True)]
+                for text, (key, _) in zip(texts, said, strict=True)]
 
     # ------------------------------------------------------------------- limits
 

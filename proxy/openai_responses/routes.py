@@ -122,7 +122,8 @@ async def _create(request: web.Request, st: AppState,
         # not undone in the store (the cache's Redis) nor in `input_items`.
         assert isinstance(ctx.request, ChatCompletionRequest)
         before = [req.instructions or "", *X.history_texts(history)]
-        inputs = X.screened_items(req, inputs, before, ctx.screen)
+        speakers = ["system", *X.history_speakers(history)]
+        inputs = X.screened_items(req, inputs, before, ctx.screen, speakers)
         conversation = X.screened_conversation(req, ctx.request)
         req = X.screened_request(req, ctx.request)
     elif ctx.screen_aside is not None:  # (the prompt had nothing to redact)

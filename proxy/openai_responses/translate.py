@@ -352,18 +352,24 @@ def screened_conversation(req: ResponsesRequest, chat: ChatCompletionRequest,
 
 
 def screened_items(req: ResponsesRequest, items: list[dict[str, Any]], before: list[str],
-                   screen: Screen) -> list[dict[str, Any]]:
+                   screen: Screen, before_speakers: list[str] | None = None,
+                   ) -> list[dict[str, Any]]:
     """`req`'s input items (`input_items(req)`) with their texts screened as the chain
     read them: each chat message's text (assistant text around a call is one message,
     as `input_messages` joins it) and each output, as one conversation after `before`
     (the instructions and the history's texts: a card may be split across them); call
     arguments each as JSON. Where a message's joined text is redacted otherwise than
-    its items' texts one by one, the first item holds it and the others none."""
-    groups = [places for _, places in _turns(req.given()) if places]
+    its items' texts one by one, the first item holds it and the others none.
+    `before_speakers`: who wrote each of `before` (with each message's role, a card split
+    over one speaker's two turns with another's between is found, as the chain finds it)."""
+    turns = [(msg["role"], places) for msg, places in _turns(req.given()) if places]
+    groups = [places for _, places in turns]
     calls = [n for n, it in enumerate(items) if it["type"] == "function_call"]
     out = [{**it} for it in items]
     texts = ["".join(_item_text(items[n]) for n in g) for g in groups]
-    said = screen(before + texts)[len(before):]
+    speakers = (None if before_speakers is None
+                else before_speakers + [role for role, _ in turns])
+    said = screen(before + texts, speakers=speakers)[len(before):]
     for g, text, joined in zip(groups, texts, said, strict=True):
         if joined == text:
             continue
@@ -416,6 +422,11 @@ def _set_item_text(items: list[dict[str, Any]], n: int, text: str) -> None:
 def history_texts(history: list[dict[str, Any]]) -> list[str]:
     """A stored conversation's texts in the order the chain reads them."""
     return [m["content"] for m in history if isinstance(m.get("content"), str)]
+
+
+def history_speakers(history: list[dict[str, Any]]) -> list[str]:
+    """Who wrote each of `history_texts(history)`."""
+    return [m["role"] for m in history if isinstance(m.get("content"), str)]
 
 
 def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any] | None:

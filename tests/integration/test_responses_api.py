@@ -752,6 +752,32 @@ async def test_stream_options_need_a_stream(make_client: MakeClient) -> None:
     assert r.status == 200 and events[-1]["type"] in ("response.completed", "response.incomplete")
 
 
+async def test_a_card_split_around_a_reply_is_redacted_in_the_stored_items(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """"my card is 4111 1111" / (assistant) "go on" / "1111 1111": the chain joins one
+    speaker's turns across the other's and redacts the card; the stored input items
+    were screened without the speakers and kept it in clear."""
+    settings = make_settings(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"card": "redact"}}}])
+    client = await make_client(settings)
+    for history in ([], [{"role": "user", "content": "card 4111 1111"},
+                         {"role": "assistant", "content": "go on"}]):
+        first = [] if history else [{"role": "user", "content": "my card is 4111 1111"},
+                                    {"role": "assistant", "content": "go on"}]
+        if history:  # the first half in a stored conversation, the rest in the input
+            r = await client.post("/v1/responses", json={**BASE, "input": history[:1]})
+            prev = {"previous_response_id": (await r.json())["id"]}
+        else:
+            prev = {}
+        r = await client.post("/v1/responses", json={
+            **BASE, **prev, "input": [*first, {"role": "user", "content": "1111 1111 ok"}]})
+        assert r.status == 200, await r.text()
+        rid = (await r.json())["id"]
+        got = await (await client.get(f"/v1/responses/{rid}/input_items")).text()
+        assert "[CARD]" in got and "1111 1111" not in got, got
+    assert "1111 1111" not in str(fake_engine.calls[0])
+
+
 async def test_a_stored_response_keeps_what_the_sanitizer_redacted(
         make_client: MakeClient, redis_server: RedisServer, fake_engine: FakeEngine) -> None:
     """With `redact`, the engine got "[EMAIL]", but the stored Response (the cache's
