@@ -35,6 +35,9 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - a small word that asks another thing is swapped for another of its kind: a question
   word ("How do bees ..." / "Why ..."), a modal ("Should I ..." / "Can I ..."), "and" /
   "or", "my" / "your"; or the persons swap roles ("Do I owe you money?" / "Do you owe me money?");
+- a third party owns something on one side, or the owners differ ("delete my account"
+  / "delete a user's account", "Can my boss read my chats?" / "Can I read my boss's
+  chats?"): guard_roles.py;
 - they ask about different times: a day ("yesterday" / "today" / "tomorrow"), "next" /
   "last" / "first", or the tense a question opens with, past against future ("Was the
   bank closed on Friday?" / "Will the bank be closed ..."; a present is either: "Why
@@ -55,6 +58,8 @@ import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass
+
+from .guard_roles import owners, owners_differ
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
 _NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212](?=\d))?\d+(?:[.,]\d+)*")
@@ -317,6 +322,7 @@ class Signature:
     tense: str = ""  # "past" or "future" where the question opens with one (`_TENSE`)
     symbols: tuple[str, ...] = ()  # emoji, signs and operators in order (`_symbols`)
     counts: tuple[str, ...] = ()  # counts in words, in order (`_counts`)
+    owners: tuple[str, ...] = ()  # possessors in order (guard_roles.owners)
 
 
 def signature(text: str) -> Signature:
@@ -344,6 +350,7 @@ def signature(text: str) -> Signature:
         tense=_tense(lowered),
         symbols=_symbols(text),
         counts=_counts(text),
+        owners=owners(lowered),
     )
 
 
@@ -568,11 +575,18 @@ def _span_added(a: tuple[str, ...], b: tuple[str, ...], op: Op) -> bool:
 def _reordered(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """The same words that say something, in another order: "convert miles to
     kilometers" / "convert kilometers to miles", "Does the basic plan include the
-    premium support?" with the two swapped. (The price: "cats and dogs" / "dogs and
-    cats", "reset password" / "password reset" miss.)"""
-    ca = [t for t in a if t not in _FILLER]
-    cb = [t for t in b if t not in _FILLER]
+    premium support?" with the two swapped, and nouns that swap their number with their
+    place ("Can teachers see student grades?" / "Can students see teacher grades?").
+    (The price: "cats and dogs" / "dogs and cats", "reset password" / "password reset"
+    miss.)"""
+    ca = [_singular(t) for t in a if t not in _FILLER]
+    cb = [_singular(t) for t in b if t not in _FILLER]
     return ca != cb and len(ca) == len(cb) and sorted(ca) == sorted(cb)
+
+
+def _singular(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith(
+        "ss") else word
 
 
 #: Marks a stored guard digest (an entry read from Redis without its question text).
@@ -645,6 +659,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and a.symbols == b.symbols
             and not (a.counts and b.counts and a.counts != b.counts)
             and not _roles_swapped(a.tokens, b.tokens)
+            and not owners_differ(a.owners, b.owners)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)

@@ -1,0 +1,57 @@
+"""The guard's checks on whose thing a question asks about, and which extreme.
+
+- Owners: the possessors a question names, in order: "my" / "your" and a third party
+  ("a user's account", "my boss's chats", "their screen", "whose profile"). Where either
+  question names a third party, the two must name the same owners in the same order:
+  "How do I delete my account?" / "How do I delete a user's account?", "Can my boss read
+  my chats?" / "Can I read my boss's chats?", "from my account to my son's" / "from my
+  son's account to mine". Only "my" against "your" (`guard._roles_swapped`, one slot) is
+  left to the other checks: a paraphrase often adds a "my" or a "your" ("Can I keep my
+  number if I switch to you?" / "Can I transfer my number to your network?").
+- Degrees: the superlatives and comparatives a question asks for ("cheapest" /
+  "best value", "the fastest" / "the quickest" read alike): where both ask for one,
+  they must ask for the same (a one-sided "most" / "least" conflict is the direction
+  families' own).
+"""
+
+from __future__ import annotations
+
+import re
+
+_FIRST = frozenset(("my", "mine", "our", "ours"))
+_SECOND = frozenset(("your", "yours"))
+_THIRD = frozenset(("his", "her", "their", "theirs", "whose"))
+# "'s" after these is "is" or "has" ("what's", "it's", "there's"), not an owner.
+_NOT_OWNER = frozenset(
+    "what where who how that there here it he she let when why which this one "
+    "everything nothing something today tomorrow yesterday".split())
+# A noun's "'s" before these is "is" or "has" ("my order's been shipped", "the app's not
+# working"): not an owner.
+_NOT_OWNED = frozenset(
+    "been not got gone going a an the still already just never no very too so in on at "
+    "here there now over done being it".split())
+_OWNER = re.compile(r"\b(?:(my|mine|our|ours|your|yours|his|her|their|theirs|whose)\b|"
+                    r"([a-z]+)(?:'s|s')(?![a-z])(?=\W*([a-z]*)))")
+
+
+def owners(lowered: str) -> tuple[str, ...]:
+    """The possessors in order: "1" (my, our), "2" (your), "3" (his, her, their), "whose",
+    or a noun ("admin's" and "admins'" are "admin")."""
+    text = lowered.replace("\u2019", "'")
+    if "'" not in text and not any(w in text for w in ("my", "our", "your", "his", "her",
+                                                       "their", "whose")):
+        return ()
+    out = []
+    for m in _OWNER.finditer(text):
+        word, noun, after = m.group(1), m.group(2), m.group(3)
+        if word is not None:
+            out.append("1" if word in _FIRST else "2" if word in _SECOND
+                       else "whose" if word == "whose" else "3")
+        elif noun not in _NOT_OWNER and after not in _NOT_OWNED:
+            out.append(noun)
+    return tuple(out)
+
+
+def owners_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """A third party owns something on either side, and the owners differ."""
+    return a != b and any(o not in ("1", "2") for o in a + b)

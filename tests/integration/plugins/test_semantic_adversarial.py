@@ -1,0 +1,28 @@
+"""The semantic layer on near misses made to break the guard (tests/data/
+semantic_adversarial.yaml): customer-support questions with a number, an entity, a
+negation, a direction, a unit, an added instruction, an owner or a role, or an extreme
+changed, each family written many ways. With the real embedding model, the default
+threshold and the guard, none may hit; the paraphrases there mostly do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from bench.embedders import DATA, rates, score_set
+from plugins.cache.config import SemanticConfig
+from proxy.embed_models import load_runtime
+from proxy.settings import EmbeddingSettings
+
+
+def test_no_near_miss_hits() -> None:
+    s = EmbeddingSettings()
+    runtime = load_runtime(s.model, s.max_input_tokens, s.threads)
+    data: dict[str, Any] = yaml.safe_load((DATA / "semantic_adversarial.yaml").read_text())
+    r = rates(score_set(data, runtime), SemanticConfig().threshold)
+    print(f"\nadversarial: paraphrase hits {r['paraphrase_hit_rate']:.0%} of "
+          f"{r['paraphrases']}, near-miss hits {r['near_miss_hits_by_kind']}")
+    assert r["near_miss_hits"] == 0, r["near_miss_hits_by_kind"]
+    assert r["different_question_hits"] == 0
+    assert r["paraphrase_hit_rate"] >= 0.8

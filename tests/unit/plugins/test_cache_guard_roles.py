@@ -1,0 +1,46 @@
+"""The guard refuses a question about someone else's thing (guard_roles.py), and keeps
+the paraphrases that name the same owners."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.cache.guard import guard_ok
+from plugins.cache.guard_roles import owners
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I delete my account?", "How do I delete a user's account?"),
+    ("How do I change my own role?", "How do I change another member's role?"),
+    ("Can I view my team's activity?", "Can my team view my activity?"),
+    ("Can my employer see my messages?", "Can I see my employer's messages?"),
+    ("Can my boss read my chats?", "Can I read my boss\u2019s chats?"),
+    ("Can an admin delete my account?", "Can I delete an admin's account?"),
+    ("How do I reset an employee's password?", "How do I reset my password?"),
+    ("Can users change their own email?", "Can admins change users' emails?"),
+    ("How do I see who viewed my profile?", "How do I see whose profile I viewed?"),
+    ("Can I share my screen with the host?", "Can the host share their screen with me?"),
+    ("How do I transfer credits from my account to my son's?",
+     "How do I transfer credits from my son's account to mine?"),
+    ("Can teachers see student grades?", "Can students see teacher grades?"),
+    ("Can sellers see buyer reviews?", "Can buyers see seller reviews?"),
+])
+def test_other_owners_or_swapped_roles_miss(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I reset my password?", "I forgot my password, how do I reset it?"),
+    ("Can I keep my phone number if I switch to you?",
+     "Can I transfer my number to your network?"),
+    ("Can my manager see my invoices?", "Is it possible for my manager to see my invoices?"),
+    ("How do I reset my child's password?", "How can I reset my child's password?"),
+])
+def test_the_same_owners_pass(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+
+
+def test_owners_read_contractions_as_none() -> None:
+    assert owners("what's it's there's where's") == ()
+    assert owners("the users' emails and the admin's role") == ("user", "admin")
