@@ -38,6 +38,8 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - a third party owns something on one side, or the owners differ ("delete my account"
   / "delete a user's account", "Can my boss read my chats?" / "Can I read my boss's
   chats?"): guard_roles.py;
+- they ask for different extremes or comparisons ("the cheapest plan" / "the plan with
+  the best value", "cheaper than" / "faster than"): guard_degrees.py;
 - they ask about different times: a day ("yesterday" / "today" / "tomorrow"), "next" /
   "last" / "first", or the tense a question opens with, past against future ("Was the
   bank closed on Friday?" / "Will the bank be closed ..."; a present is either: "Why
@@ -59,6 +61,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from .guard_degrees import degrees, degrees_differ
 from .guard_roles import owners, owners_differ
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
@@ -323,6 +326,7 @@ class Signature:
     symbols: tuple[str, ...] = ()  # emoji, signs and operators in order (`_symbols`)
     counts: tuple[str, ...] = ()  # counts in words, in order (`_counts`)
     owners: tuple[str, ...] = ()  # possessors in order (guard_roles.owners)
+    degrees: frozenset[str] = frozenset()  # extremes asked for (guard_degrees.degrees)
 
 
 def signature(text: str) -> Signature:
@@ -351,6 +355,7 @@ def signature(text: str) -> Signature:
         symbols=_symbols(text),
         counts=_counts(text),
         owners=owners(lowered),
+        degrees=degrees(lowered),
     )
 
 
@@ -660,6 +665,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not (a.counts and b.counts and a.counts != b.counts)
             and not _roles_swapped(a.tokens, b.tokens)
             and not owners_differ(a.owners, b.owners)
+            and not degrees_differ(a.degrees, b.degrees)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)
