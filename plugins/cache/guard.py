@@ -563,7 +563,26 @@ def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str])
     if i2 - i1 == j2 - j1 == 1 and _SWAPS.get(a[i1], a[i1]) != _SWAPS.get(b[j1], b[j1]) and (
             a[i1] in _SWAPS and b[j1] in _SWAPS):
         return True  # "How do bees ..." / "Why do bees ...", "Should I ..." / "Can I ..."
+    if i2 - i1 == j2 - j1 == 1 and _subject_swapped(a, b, i1, j1):
+        return True  # "Can I see my orders?" / "Can you see my orders?"
     return not (set(a[i1:i2]) <= empty and set(b[j1:j2]) <= empty)
+
+
+#: Auxiliaries that open a yes/no question: the pronoun after one is who acts.
+_AUXILIARIES = frozenset(
+    "can could may might must shall should will would do does did am are".split())
+_SUBJECTS = frozenset(("i", "we", "you"))
+
+
+def _subject_swapped(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> bool:
+    """The subject of a yes/no question is another person: "Can I see my orders?" (may
+    I) / "Can you see my orders?" (does the support see them), "Do I need a passport?"
+    / "Do you need ...". After a question word "you" is often anyone's ("How do I reset
+    my password?" / "How do you reset ..."): not refused there."""
+    x, y = a[i], b[j]
+    return (x in _SUBJECTS and y in _SUBJECTS and _PERSON[x] != _PERSON[y] and i >= 1
+            and a[i - 1] in _AUXILIARIES and all(t in _FILLER for t in a[:i - 1])
+            and not set(a[:i - 1]) & _ASKING)
 
 
 def _span_added(a: tuple[str, ...], b: tuple[str, ...], op: Op) -> bool:

@@ -44,3 +44,25 @@ def test_the_same_owners_pass(stored: str, asked: str) -> None:
 def test_owners_read_contractions_as_none() -> None:
     assert owners("what's it's there's where's") == ()
     assert owners("the users' emails and the admin's role") == ("user", "admin")
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can I see my orders?", "Can you see my orders?"),
+    ("Can I cancel my order?", "Can you cancel my order?"),
+    ("Do I need a passport?", "Do you need a passport?"),
+    ("Should I update the app?", "Should you update the app?"),
+    ("Will I get a refund?", "Will you get a refund?"),
+    ("Can we change the plan?", "Can you change the plan?"),
+    ("Hi, can I reset my password?", "Hi, can you reset my password?"),
+])
+def test_another_subject_of_a_yes_no_question_misses(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I reset my password?", "How do you reset my password?"),  # anyone's "you"
+    ("Can I see the invoice?", "Can we see the invoice?"),
+])
+def test_the_same_subject_or_a_generic_you_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
