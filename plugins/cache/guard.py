@@ -540,10 +540,45 @@ def _edited(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         a=a, b=b, autojunk=False).get_opcodes() if op[0] != "equal"]
     if len(ops) == 1 and _slot(a, b, ops[0], _SCAFFOLD):
         return True
+    if len(ops) > 1 and _content_slot(a, b):
+        return True
     said = [op for op in ops if not set(a[op[1]:op[2]] + b[op[3]:op[4]]) <= _FILLER]
     if len(said) == 1 and said[0][0] != "replace":
         return _span_added(a, b, said[0])
     return False
+
+
+_DETERMINERS = frozenset("a an the my your our his her their this that".split())
+
+
+def _content_slot(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """One modifier changed among the words that say something, the frame reworded
+    round it ("How do I update my billing address?" / "How can I update my shipping
+    address?", "Can I change my delivery address?" / "Is it possible to change my
+    billing address?", "Can I get a student discount?" / "Is it possible to get a senior
+    discount?"): the one-slot check on the question without its filler (a noun in
+    either number), where the slot opens a noun phrase (after a determiner: "my", "the",
+    "a") and sits right before the word it qualifies, on both sides. (A verb swapped
+    with the frame is how paraphrases read: "Do I need a referral to see a
+    specialist?" / "Is a referral required for a specialist?", "How do I contact
+    support?" / "How can I reach support?", "Did my payment go through?" / "Has my
+    payment gone through?".)"""
+    if (len(a), a) > (len(b), b):
+        a, b = b, a
+    ia = [i for i, t in enumerate(a) if t not in _FILLER]
+    ib = [i for i, t in enumerate(b) if t not in _FILLER]
+    ca = tuple(_singular(a[i]) for i in ia)
+    cb = tuple(_singular(b[i]) for i in ib)
+    ops = [op for op in difflib.SequenceMatcher(a=ca, b=cb, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    if len(ops) != 1:
+        return False
+    kind, i1, i2, j1, j2 = ops[0]
+    if kind != "replace" or i2 - i1 > 2 or j2 - j1 > 2 or i2 == len(ca) or j2 == len(cb):
+        return False
+    return (ia[i1] > 0 and ib[j1] > 0 and a[ia[i1] - 1] in _DETERMINERS
+            and b[ib[j1] - 1] in _DETERMINERS  # it opens a noun phrase
+            and ia[i2] == ia[i2 - 1] + 1 and ib[j2] == ib[j2 - 1] + 1)  # before its head
 
 
 def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

@@ -1,0 +1,39 @@
+"""A near miss reworded round its changed slot ("How do I ..." / "How can I ...", "Can I
+..." / "Is it possible to ...") misses as the plain one-slot near miss does; a verb
+swapped with the frame still reads as a paraphrase."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.cache.guard import guard_ok
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can I change my delivery address?", "Is it possible to change my billing address?"),
+    ("How do I update my billing address?", "How can I update my shipping address?"),
+    ("How do I update my credit card?", "How can I update my debit card?"),
+    ("Can I get a student discount?", "Is it possible to get a senior discount?"),
+    ("How do I download the mobile app?", "How can I download the desktop app?"),
+    ("How do I book an economy seat?", "How can I book a business seat?"),
+    ("How do I set a spending limit?", "How can I set a withdrawal limit?"),
+    ("Where do I find my tracking number?", "Where can I find my order number?"),
+    ("is the berlin office open on monday", "is the munich office open mondays"),
+    ("How do I add a travel insurance?", "How can I add a health insurance?"),
+])
+def test_a_reworded_slot_change_misses(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I update my billing address?", "How can I update my billing address?"),
+    ("Can I change my delivery address?", "Is it possible to change the delivery address?"),
+    ("Where do I find my account number?", "Where can I see my account number?"),
+    ("How do I contact customer support?", "How can I reach customer support?"),
+    ("Do I need a referral to see a specialist?", "Is a referral required for a specialist?"),
+    ("How do I cancel my subscription?", "How can I stop my subscription?"),
+    ("Did my payment go through?", "Has my payment gone through?"),
+])
+def test_a_reworded_frame_or_verb_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
