@@ -112,6 +112,7 @@ _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
 _FROM_TO = re.compile(r"\bfrom\s+(\w+)\s+(?:to|into)\s+(\w+)", re.IGNORECASE)
 _PERIODS = ("night", "morning", "evening", "week", "weekend", "month", "year", "season",
             "quarter", "summer", "winter", "spring", "autumn", "fall", "time")
+_PHRASE_VERBS = frozenset(("turn", "switch", "sign", "log", "opt", "check"))
 _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             "switch off": "disable", "sign up": "register", "log out": "logout",
             "sign out": "logout", "log in": "login", "log into": "login", "sign in": "login",
@@ -120,6 +121,25 @@ _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             # a time of day or a period, this one, the last or the next: one word each
             **{f"{when} {unit}": f"{when}-{unit}" for when in ("last", "next", "this")
                for unit in _PERIODS}}
+
+
+def _inflections(verb: str) -> set[str]:
+    """A word's inflected forms, regular ones only, a few spellings too many (no English
+    word is "lockked"): "cancel" -> "cancels", "canceled", "cancelled", "canceling", ...;
+    "deny" -> "denied"; "approve" -> "approved"."""
+    stem = verb[:-1] if verb.endswith("e") else verb
+    out = {verb + "s", verb + "es", stem + "ed", stem + "ing", verb + verb[-1] + "ed",
+           verb + verb[-1] + "ing"}
+    if verb.endswith("y"):
+        out |= {verb[:-1] + "ied", verb[:-1] + "ies"}
+    return out - {verb}
+
+
+# A phrase's verb in its other forms ("logged out", "turning on", "signs in").
+_PHRASES.update({f"{form} {rest}": to for phrase, to in list(_PHRASES.items())
+                 if phrase.split()[0] in _PHRASE_VERBS
+                 for form in _inflections(phrase.split()[0])
+                 for rest in [phrase.split(" ", 1)[1]]})
 # One pass for every phrase (longest first); no replacement makes another phrase.
 _PHRASE = re.compile(r"\b(?:" + "|".join(
     re.escape(p) for p in sorted(_PHRASES, key=len, reverse=True)) + r")\b")
@@ -165,6 +185,11 @@ _DIRECTION = {w: (fam, sign) for fam, plus, minus in _FAMILIES
               for sign, words in (("+", plus), ("-", minus)) for w in words}
 # Signs of their own: "today" is neither side of the day's family, "next" neither the
 # first nor the last.
+# Their inflected forms ("declined", "upgraded", "cancelled", "increasing", "denied"),
+# where no listed word has that spelling; and a few irregular ones.
+_DIRECTION.update({form: d for w, d in list(_DIRECTION.items())
+                   for form in sorted(_inflections(w)) if form not in _DIRECTION})
+_DIRECTION.update({"bought": ("trade", "+"), "sold": ("trade", "-"), "sent": ("flow", "-")})
 _DIRECTION.update({"today": ("day", "0"), "tonight": ("day", "0"), "next": ("order", "next"),
                    **{f"{when}-{unit}": ("day", sign) for when, sign in (
                        ("last", "-"), ("this", "0"), ("next", "+")) for unit in _PERIODS}})
