@@ -105,7 +105,8 @@ _SCRIPT_DIGITS = str.maketrans({
     **{chr(0x2080 + d): f"_{d}" for d in range(10)}})
 _HAS_SCRIPT_DIGITS = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u2079\u2080-\u2089]")
 _NEGATION = re.compile(
-    r"\b(?:not|no|never|none|nothing|cannot|without|neither|nor|non)\b|n't\b|\bnon-|"
+    r"\b(?:not|no|never|none|nothing|cannot|without|neither|nor|non|unable|impossible)\b|"
+    r"\bfail(?:s|ed|ing)?\s+to\b|n't\b|\bnon-|"
     r"不|没|无|别|非", re.IGNORECASE)
 _NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][a-zA-Z]+\b")
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
