@@ -40,6 +40,8 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
   chats?"): guard_roles.py;
 - they ask for different extremes or comparisons ("the cheapest plan" / "the plan with
   the best value", "cheaper than" / "faster than"): guard_degrees.py;
+- they name other units ("the monthly plan" / "the yearly plan", "5 GB" / "5 MB", "in
+  euros" / "in dollars"): guard_units.py;
 - they ask about different times: a day ("yesterday" / "today" / "tomorrow"), "next" /
   "last" / "first", or the tense a question opens with, past against future ("Was the
   bank closed on Friday?" / "Will the bank be closed ..."; a present is either: "Why
@@ -63,6 +65,7 @@ from dataclasses import dataclass
 
 from .guard_degrees import degrees, degrees_differ
 from .guard_roles import owners, owners_differ
+from .guard_units import units, units_differ
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
 _NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212](?=\d))?\d+(?:[.,]\d+)*")
@@ -353,6 +356,7 @@ class Signature:
     counts: tuple[str, ...] = ()  # counts in words, in order (`_counts`)
     owners: tuple[str, ...] = ()  # possessors in order (guard_roles.owners)
     degrees: frozenset[str] = frozenset()  # extremes asked for (guard_degrees.degrees)
+    units: tuple[str, ...] = ()  # periods, sizes, measures, currencies (guard_units.units)
 
 
 def signature(text: str) -> Signature:
@@ -382,6 +386,7 @@ def signature(text: str) -> Signature:
         counts=_counts(text),
         owners=owners(lowered),
         degrees=degrees(lowered),
+        units=units(lowered),
     )
 
 
@@ -746,6 +751,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not _roles_swapped(a.tokens, b.tokens)
             and not owners_differ(a.owners, b.owners)
             and not degrees_differ(a.degrees, b.degrees)
+            and not units_differ(a.units, b.units)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)
