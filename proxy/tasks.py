@@ -9,7 +9,7 @@ way, one close in about a hundred. So a task is cancelled again until it has end
 (`cancel_and_wait`), and a call that may lose one raises it again (`lost_cancellation`):
 a request whose client left during a Redis command would otherwise run on, and
 generate, for nobody. A call that must end within a time runs as a task of its own
-that is cancelled and left, not waited for, when the time is up (`within`): a timeout's
+that is cancelled and left, not waited for, when the time is up (`abandon_after`): a timeout's
 own cancellation can be lost the same way.
 """
 
@@ -88,10 +88,10 @@ def lost_cancellation() -> Iterator[None]:
         raise asyncio.CancelledError
 
 
-async def within(work: Awaitable[T], timeout_s: float) -> T:
-    """`work`'s result if it ends within `timeout_s`, else TimeoutError (`Abandoned`)
-    then. It runs as a task of its own, cancelled and left to end on its own (`detach`)
-    when the time is up or the caller is cancelled. An `asyncio.timeout` around a Redis
+async def abandon_after(work: Awaitable[T], timeout_s: float) -> T:
+    """`work`'s result if it ends within `timeout_s`, else TimeoutError then. It runs
+    as a task of its own, cancelled and left to end on its own (`detach`) when the time
+    is up or the caller is cancelled. An `asyncio.timeout` around a Redis
     command waited for the command to take its cancellation: one that lost it (redis-py
     opening a connection to a frozen Redis, under load) ran on to its socket timeout,
     4 s where 50 ms was asked."""
@@ -103,18 +103,8 @@ async def within(work: Awaitable[T], timeout_s: float) -> T:
         raise
     if not done:
         _abandon(task)
-        raise Abandoned(task)
+        raise TimeoutError
     return task.result()
-
-
-class Abandoned(TimeoutError):
-    """`within`'s timeout. `task`, the work, was cancelled and left to end on its own: one
-    that lost its cancellation may still complete (a Redis write then lands late), which
-    a caller that must undo what it did can wait for."""
-
-    def __init__(self, task: asyncio.Future[Any]) -> None:
-        super().__init__()
-        self.task = task
 
 
 def _abandon(task: asyncio.Future[Any]) -> None:

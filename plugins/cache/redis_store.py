@@ -45,7 +45,7 @@ from prometheus_client import Counter
 from redis.exceptions import RedisError, ResponseError
 
 from proxy.redis_client import blocking_client
-from proxy.tasks import cancel_and_wait, lost_cancellation, within
+from proxy.tasks import abandon_after, cancel_and_wait, lost_cancellation
 from proxy.telemetry import OutageLog, get_logger
 from proxy.tracing import span
 
@@ -135,7 +135,7 @@ class RedisStore:
         try:
             with lost_cancellation(), span(f"redis {op}", kind=SpanKind.CLIENT,
                                            **{"db.system": "redis"}):
-                result = await within(fn(), self.cfg.write_timeout_s if write
+                result = await abandon_after(fn(), self.cfg.write_timeout_s if write
                                       else self.cfg.timeout_s)
         except (RedisError, OSError, TimeoutError) as e:
             self._failed(op, e)

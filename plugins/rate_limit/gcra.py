@@ -23,17 +23,16 @@ same algorithm in Lua, atomic across every bucket of a request, with time from R
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError
 
 from proxy.redis_client import blocking_client
-from proxy.tasks import Abandoned, lost_cancellation, within
+from proxy.tasks import abandon_after, lost_cancellation
 from proxy.tracing import span
 
 PERIOD_MS = 60_000.0
@@ -78,12 +77,8 @@ class Decision:
 
 
 class StoreError(Exception):
-    """A store call failed. `late`: a Redis call that timed out but may still run there
-    (it lost its cancellation), done once it has."""
-
-    def __init__(self, what: str, late: asyncio.Future[Any] | None = None) -> None:
-        super().__init__(what)
-        self.late = late
+    """A store call failed (or timed out: a Redis call cut by its timeout may still run
+    there later, which the orphan release's bar covers)."""
 
 
 class Store(Protocol):
@@ -356,9 +351,7 @@ class RedisStore:
         try:
             with lost_cancellation(), span("redis ratelimit", kind=SpanKind.CLIENT,
                                            **{"db.system": "redis"}):
-                return await within(coro, self.timeout_s)  # type: ignore[arg-type]
-        except Abandoned as e:
-            raise StoreError("TimeoutError", late=e.task) from None
+                return await abandon_after(coro, self.timeout_s)  # type: ignore[arg-type]
         except (RedisError, OSError, TimeoutError) as e:
             raise StoreError(type(e).__name__) from None
 

@@ -120,13 +120,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._orphans: dict[str, tuple[list[str], float]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
-        self._closed = False
 
     async def start(self) -> None:
         self._renewer = asyncio.create_task(self._renew_loop())
 
     async def close(self) -> None:
-        self._closed = True  # (an admission landing late starts no reaper now)
         await cancel_and_wait(self._renewer, self._reaper)
         if self.remote is not None:
             await self._retry_orphans()
@@ -171,11 +169,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             try:
                 decision = await self.remote.admit(buckets, conc, lease, lease_ms)
             except StoreError as e:
-                if conc:
-                    keys = [k for k, _ in conc]
-                    self._orphan(lease, keys)
-                    if e.late is not None:  # it may still take the lease: released after
-                        e.late.add_done_callback(lambda t: self._landed(t, lease, keys))
+                if conc:  # it may still take the lease: its release bars it
+                    self._orphan(lease, [k for k, _ in conc])
                 self._store_failed(e)
                 if self.cfg.on_store_error == "fail_closed":
                     raise Unavailable("Rate limiting is unavailable; retry shortly.",
@@ -229,12 +224,6 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             else:
                 if store is self.remote:
                     self._orphans.pop(lease, None)
-
-    def _landed(self, admit: asyncio.Future[Any], lease: str, keys: list[str]) -> None:
-        """A timed-out admission that ran on Redis after all (its release may have run
-        before it): the lease it took is an orphan again."""
-        if not self._closed and not admit.cancelled() and admit.exception() is None:
-            self._orphan(lease, keys)
 
     def _orphan(self, lease: str, keys: list[str]) -> None:
         """Remember a lease Redis may hold, and start releasing it at once (retried with

@@ -164,15 +164,15 @@ async def test_redis_calls_end_on_time_when_the_command_loses_its_cancellation()
         await limits.close()
 
 
-async def test_within_passes_on_a_result_and_a_callers_cancellation() -> None:
-    from proxy.tasks import within
+async def test_abandon_after_passes_on_a_result_and_a_callers_cancellation() -> None:
+    from proxy.tasks import abandon_after
 
     async def answer() -> int:
         return 7
 
-    assert await within(answer(), 1.0) == 7
+    assert await abandon_after(answer(), 1.0) == 7
     hang = Stubborn()
-    caller = asyncio.ensure_future(within(hang(), 60.0))
+    caller = asyncio.ensure_future(abandon_after(hang(), 60.0))
     await hang.started.wait()
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):

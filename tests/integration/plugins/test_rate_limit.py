@@ -954,9 +954,9 @@ def test_a_limiter_with_no_rules_is_refused() -> None:
 async def test_an_admit_that_lands_after_its_timeout_gives_its_lease_back(
         redis_server: RedisServer) -> None:
     """An admission that timed out (the local limiter decided) but whose command lost
-    its cancellation and ran on Redis later: the lease it took there is released once it
-    lands. The timeout's orphan release had run before it, so the lease held a
-    concurrency slot no request owned for `lease_s`, refusing the next requests."""
+    its cancellation and ran on Redis later, after the timeout's orphan release: that
+    release barred its lease, so it takes nothing there (it had held a concurrency slot
+    no request owned for `lease_s`, refusing the next requests)."""
     p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1, "tpm": 10_000}])
     assert p.remote is not None
     script = p.remote._admit
