@@ -57,7 +57,7 @@ from vllm.exceptions import GracefulHTTPError, VLLMClientError
 from vllm.inputs.engine import tokens_input
 from vllm.outputs import RequestOutput
 from vllm.platforms import current_platform
-from vllm.renderers.hf import _detect_content_format
+from vllm.renderers.hf import resolve_chat_template_content_format
 from vllm.sampling_params import (
     RequestOutputKind,
     SamplingParams,
@@ -178,8 +178,8 @@ class VllmEngine:
         self._tool_parser = _tool_parser_class(s.tool_parser, self._tokenizer)
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._vocab_size = int(self._llm.model_config.get_vocab_size())
-        self._part_separator = content_part_separator(
-            getattr(self._tokenizer, "chat_template", None))
+        self._part_separator = content_part_separator(self._tokenizer,
+                                                      self._llm.model_config)
         # What vLLM's server applies where a request says nothing (its
         # `--generation-config auto`): the model's generation_config.json.
         self._defaults = model_defaults(self._llm.model_config.get_diff_sampling_param())
@@ -609,13 +609,14 @@ def _rejected(e: Exception, schema_param: str) -> EngineRejected:
     return EngineRejected(message, param=param)
 
 
-def content_part_separator(template: Any) -> str:
-    """How vLLM's server joins a message's text parts for this chat template: a template
-    that walks `content` itself (its "openai" content format) is handed the parts and
+def content_part_separator(tokenizer: Any, model_config: Any) -> str:
+    """How vLLM's server joins a message's text parts for this model's chat template
+    (read as its server reads it, `--chat-template-content-format auto`): a template
+    that walks `content` itself (the "openai" content format) is handed the parts and
     writes them one after another; any other gets them one a line (its `"\\n".join`)."""
-    if not isinstance(template, str):
-        return "\n"
-    return "" if _detect_content_format(template, default="string") == "openai" else "\n"
+    fmt = resolve_chat_template_content_format(None, None, "auto", tokenizer,
+                                               model_config=model_config)
+    return "" if fmt == "openai" else "\n"
 
 
 def _ttft(out: Any) -> float | None:

@@ -6,7 +6,9 @@ registered the request). Values are generated on both sides of every limit."""
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -447,8 +449,6 @@ def test_the_model_s_generation_config_is_read_as_vllm_reads_it(tmp_path: Any) -
     """`VllmEngine.sampling_defaults`: what vLLM's `--generation-config auto` reads of a
     checkpoint's generation_config.json (`max_new_tokens` as `max_tokens`)."""
     import json
-    import shutil
-    from pathlib import Path
 
     from vllm.config import ModelConfig
 
@@ -464,14 +464,21 @@ def test_the_model_s_generation_config_is_read_as_vllm_reads_it(tmp_path: Any) -
     assert model_defaults(read) == {"temperature": 0.0, "top_p": 0.5, "max_tokens": 4}
 
 
-def test_text_parts_are_joined_as_vllm_s_renderer_joins_them() -> None:
-    """vLLM reads a chat template's use of `content`: one that only writes it as a string
-    gets a message's text parts joined one a line; one that walks the parts itself (the
-    demo model's) is handed them, and writes them one after another."""
-    from proxy.engine.demo_model import CHAT_TEMPLATE
+def test_text_parts_are_joined_as_vllm_s_renderer_joins_them(tmp_path: Path) -> None:
+    """vLLM's server reads a model's chat template's use of `content` (its public
+    `resolve_chat_template_content_format`): one that only writes it as a string gets a
+    message's text parts joined one a line; one that walks the parts itself (the demo
+    model's) is handed them, and writes them one after another."""
+    from vllm.config import ModelConfig
+    from vllm.tokenizers import get_tokenizer
+
+    from proxy.engine.demo_model import CHAT_TEMPLATE, ensure_demo_model
     string_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
                        "{% endfor %}")
-    assert content_part_separator(string_template) == "\n"
-    assert content_part_separator(CHAT_TEMPLATE) == ""
-    assert content_part_separator(None) == "\n"
+    for template, separator in ((string_template, "\n"), (CHAT_TEMPLATE, "")):
+        model = tmp_path / str(len(separator))
+        shutil.copytree(Path(ensure_demo_model()), model)
+        (model / "chat_template.jinja").write_text(template)
+        config = ModelConfig(model=str(model), dtype="float32")
+        assert content_part_separator(get_tokenizer(str(model)), config) == separator
     assert ENGINE.part_separator == "\n"  # (not started: vLLM's default reading)
