@@ -202,12 +202,14 @@ class Rendering:
         self._e = _Events(req, response_id)
         self._on_done: OnDone | None = None
 
-    def events(self, chunks: AsyncIterable[dict[str, Any]],
-               on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
-        """`on_done(response)` once it ended: completed, incomplete or failed (OpenAI
-        keeps a failed response too, with what went out before the failure)."""
+    def events(self, chunks: AsyncIterable[dict[str, Any]], on_done: OnDone,
+               on_start: OnDone | None = None) -> AsyncIterator[dict[str, Any]]:
+        """`on_start(response)` before `response.created` goes out (the response
+        `in_progress`: its id is the client's from then on); `on_done(response)` once it
+        ended: completed, incomplete or failed (OpenAI keeps a failed response too, with
+        what went out before the failure)."""
         self._on_done = on_done
-        return _render(self._e, chunks, on_done)
+        return _render(self._e, chunks, on_done, on_start)
 
     @property
     def error_status(self) -> int | None:
@@ -255,13 +257,15 @@ async def _kept(on_done: OnDone, response: dict[str, Any]) -> None:
         log.warning("failed response not stored", error=type(exc).__name__)
 
 
-async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]],
-                  on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
+async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: OnDone,
+                  on_start: OnDone | None = None) -> AsyncIterator[dict[str, Any]]:
     it = aiter(chunks)
     announced = False  # the response's id went out
     try:
         first = await anext(it, None)  # errors before any output keep their HTTP status
         announced = True
+        if on_start is not None:  # (awaited: its end's record is put after it)
+            await on_start(e.response("in_progress"))
         yield e.number(e.ev("response.created", response=e.response("in_progress")))
         yield e.number(e.ev("response.in_progress", response=e.response("in_progress")))
         try:

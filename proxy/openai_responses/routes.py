@@ -73,6 +73,12 @@ async def _create(request: web.Request, st: AppState,
                                  f"'{shown_id(req.previous_response_id)}' not found.",
                                  param="previous_response_id",
                                  code="previous_response_not_found")
+        if record["response"].get("status") == "in_progress":
+            # Its output is not there yet: a turn on it would go on without its answer.
+            raise InvalidRequest(f"Previous response with id "
+                                 f"'{shown_id(req.previous_response_id)}' is still in "
+                                 "progress; go on from it once it has completed.",
+                                 param="previous_response_id", code="invalid_value")
         history = record["conversation"]
     chat_req, conversation = X.chat_request(req, history)
     if st.settings.logging.include_prompts:  # (as chat's: the messages the model reads)
@@ -101,16 +107,34 @@ async def _create(request: web.Request, st: AppState,
             said = [it for it in response["output"] if it.get("status") == "completed"
                     or (response["status"] not in ("failed", "cancelled")
                         and it.get("type") != "function_call")]
+            record = {"response": response, "input": inputs,
+                      "conversation": conversation + X.output_messages(said)}
             try:
-                await store.put(principal.tenant, rid, {
-                    "response": response, "input": inputs,
-                    "conversation": conversation + X.output_messages(said)})
+                if held:  # (one deleted while it streamed is not brought back)
+                    await store.replace(principal.tenant, rid, record)
+                else:
+                    await store.put(principal.tenant, rid, record)
             except (Unavailable, RecordTooLarge) as e:
                 # The answer was generated: it goes out (as chat's does), saying it was
                 # not stored (`store: false`); retrieving it, or going on from it, finds
                 # nothing. (Too large: its output took it past the tenant's bound.)
                 response["store"] = False
                 log.warning("response not stored", response_id=rid, reason=e.code)
+
+    held = False  # an `in_progress` record was put (`hold`), which `save` replaces
+
+    async def hold(response: dict[str, Any]) -> None:
+        """A stream's response stored `in_progress` as its id goes out, as OpenAI keeps
+        it while it generates: retrieved then, it is found (its output not yet there)."""
+        nonlocal held
+        if not req.store:
+            return
+        try:
+            await store.put(principal.tenant, rid, {
+                "response": response, "input": inputs, "conversation": conversation})
+            held = True
+        except (Unavailable, RecordTooLarge) as e:  # (its end is stored, or not, as ever)
+            log.warning("response in progress not stored", response_id=rid, reason=e.code)
 
     try:
         with counting_cuts(st, info, ctx):
@@ -138,7 +162,7 @@ async def _create(request: web.Request, st: AppState,
     # a Stream of their own for the SSE writer, whole when the chat stream is (a
     # cached answer replayed: its events go out in one write).
     rendering = Rendering(req, rid)
-    events = Stream(rendering.events(reply, save), whole=reply.whole)
+    events = Stream(rendering.events(reply, save, hold), whole=reply.whole)
     timing = StreamTiming(st, ctx, info)
 
     def event(ev: dict[str, Any]) -> None:
@@ -210,11 +234,11 @@ async def list_input_items(request: web.Request) -> web.Response:
 
 async def cancel(request: web.Request) -> web.Response:
     """Only background responses can be cancelled, and Weir makes none (a request with
-    `background: true` is refused): a stored response is already complete."""
+    `background: true` is refused): a stream in progress is cut by closing it."""
     await _record(request)
     raise InvalidRequest("Only responses created with `background: true` can be cancelled; "
-                         "this one is not in progress.", param=None,
-                         code="invalid_request")
+                         "this one was not (a stream is cut by closing its connection).",
+                         param=None, code="invalid_request")
 
 
 async def delete(request: web.Request) -> web.Response:

@@ -941,3 +941,50 @@ async def test_what_vllm_s_responses_api_takes_besides_openai_s_reaches_the_engi
         body = await r.json()
         validate("ErrorResponse", body)
         assert body["error"]["param"] == param, body
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+async def test_a_response_streaming_is_retrievable_in_progress(
+        make_client: MakeClient, fake_engine: FakeEngine, where: str,
+        request: pytest.FixtureRequest) -> None:
+    """Its id went out with `response.created`, but a GET (or a cancel) while it streamed
+    was a 404: OpenAI keeps a stored response `in_progress` while it generates. A cancel
+    is still a 400 (not a background response); a follow-up on it is refused until it
+    ends; once it ended, the GET gives the final response."""
+    settings = None
+    if where == "redis":
+        url = request.getfixturevalue("redis_server").url
+        settings = make_settings(plugins=[{"name": "cache", "config": {
+            "redis": {"url": url, "key_prefix": "prog:"}, "l2": {"enabled": True}}}])
+    client = await make_client(settings)
+    fake_engine.delay = 0.02
+    r = await client.post("/v1/responses", json={**BASE, "stream": True,
+                                                 "max_output_tokens": 64})
+    head = await r.content.readuntil(b"response.output_text.delta")
+    rid = json.loads(head.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+    got = await client.get(f"/v1/responses/{rid}")
+    assert got.status == 200
+    body = await got.json()
+    validate("Response", body)
+    assert body["status"] == "in_progress" and body["id"] == rid
+    items = await client.get(f"/v1/responses/{rid}/input_items")
+    assert items.status == 200 and (await items.json())["data"][0]["content"][0]["text"] == "hi"
+    cancel = await client.post(f"/v1/responses/{rid}/cancel")
+    assert cancel.status == 400
+    err = (await cancel.json())["error"]
+    assert "background" in err["message"] and "not in progress" not in err["message"]
+    follow = await client.post("/v1/responses", json={**BASE, "previous_response_id": rid})
+    assert follow.status == 400
+    assert (await follow.json())["error"]["param"] == "previous_response_id"
+    events, _ = parse_sse(head.decode().rsplit("\n", 1)[0] + (await r.text()))
+    final = events[-1]["response"]
+    assert final["status"] == "incomplete"
+    assert await (await client.get(f"/v1/responses/{rid}")).json() == final
+    # deleted while it streamed, it is not brought back by its end
+    r = await client.post("/v1/responses", json={**BASE, "stream": True,
+                                                 "max_output_tokens": 64})
+    head = await r.content.readuntil(b"response.output_text.delta")
+    rid = json.loads(head.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+    assert (await client.delete(f"/v1/responses/{rid}")).status == 200
+    await r.text()
+    assert (await client.get(f"/v1/responses/{rid}")).status == 404
