@@ -465,6 +465,10 @@ def response_object(req: ResponsesRequest, *, id: str, created_at: int, status: 
         "tools": [{"type": "function", "name": t.name, "description": t.description,
                    "parameters": t.parameters, "strict": t.strict} for t in req.tools or []],
         "truncation": "disabled", "metadata": req.metadata or {},
+        # Echoed as given (they change nothing here; an upstream gets them); the tier is
+        # the one that served it, as OpenAI says it: one engine serves all alike.
+        "prompt_cache_key": req.prompt_cache_key, "safety_identifier": req.safety_identifier,
+        "prompt_cache_retention": req.prompt_cache_retention, "service_tier": "default",
     }
     if usage_ is not None:  # not nullable in the spec: absent until known
         body["usage"] = usage_

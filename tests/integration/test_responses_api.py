@@ -988,3 +988,23 @@ async def test_a_response_streaming_is_retrievable_in_progress(
     assert (await client.delete(f"/v1/responses/{rid}")).status == 200
     await r.text()
     assert (await client.get(f"/v1/responses/{rid}")).status == 404
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_caller_fields_are_echoed_as_the_response_schema_has_them(
+        make_client: MakeClient, stream: bool) -> None:
+    """`prompt_cache_key`, `safety_identifier` and `prompt_cache_retention` were taken and
+    left out of the Response; `service_tier` too (the tier that served it: one engine
+    serves every request alike, `default`)."""
+    client = await make_client()
+    given = {"prompt_cache_key": "pk-1", "safety_identifier": "sid-1",
+             "prompt_cache_retention": "24h", "service_tier": "flex"}
+    for extra, want in ((given, {**given, "service_tier": "default"}),
+                        ({}, {"prompt_cache_key": None, "safety_identifier": None,
+                              "prompt_cache_retention": None, "service_tier": "default"})):
+        r = await client.post("/v1/responses", json={**BASE, **extra, "stream": stream})
+        body = parse_sse(await r.text())[0][-1]["response"] if stream else await r.json()
+        validate("Response", body)
+        assert {k: body.get(k, "absent") for k in want} == want
+        stored = await (await client.get(f"/v1/responses/{body['id']}")).json()
+        assert {k: stored.get(k, "absent") for k in want} == want
