@@ -24,6 +24,17 @@ class Screen(Protocol):
                  speakers: list[str] | None = None) -> list[str]: ...
 
 
+def screened_values(values: dict[str, str], screen: Screen | None) -> dict[str, str]:
+    """`values` (a request's `metadata`) with each value screened by the sanitizer's
+    `screen` (None: as given): kept and listed beside the request's redacted texts, they
+    are in no prompt, so the chain never read them. (Keys are kept: they are what
+    listings filter by.)"""
+    if screen is None or not values:
+        return values
+    keys = list(values)
+    return dict(zip(keys, screen([values[k] for k in keys]), strict=True))
+
+
 @dataclass(slots=True)
 class RequestContext:
     route: Route

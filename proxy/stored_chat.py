@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .app_state import STATE
 from .body import read_json
-from .context import RequestContext
+from .context import RequestContext, screened_values
 from .errors import NotFound, WeirError
 from .ids import shown_id
 from .middleware import ROUTE_OPTS
@@ -55,7 +55,8 @@ async def save(app: web.Application, ctx: RequestContext, completion: dict[str, 
         # When the request came (a listing's order, to the nanosecond; a stream is saved
         # when it ends, after requests that came later and ended sooner).
         "at": time.time_ns() - int((time.monotonic() - ctx.started) * 1e9),
-        "completion": {**completion, "metadata": dict(req.metadata or {})},
+        "completion": {**completion, "metadata": screened_values(dict(req.metadata or {}),
+                                                                 ctx.screen_aside)},
         "messages": [_message(f"{cid}-{i}", m.model_dump(exclude_none=True))
                      for i, m in enumerate(req.messages)],
     }

@@ -152,6 +152,8 @@ async def _create(request: web.Request, st: AppState,
         req = X.screened_request(req, ctx.request)
     elif ctx.screen_aside is not None:  # (the prompt had nothing to redact)
         inputs = X.screened_reasoning(inputs, ctx.screen_aside)
+    if ctx.screen_aside is not None:  # (in no prompt: the chain never read them)
+        req = X.screened_caller_text(req, ctx.screen_aside)
     if isinstance(reply, Completion):
         note_usage(st, info, reply.body)  # token metrics, as on the chat route
         response = X.response_from_chat(req, reply.body, id=rid,

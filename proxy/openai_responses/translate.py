@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..context import Screen
+from ..context import Screen, screened_values
 from ..errors import InvalidRequest
 from ..protocol import VLLM_CHAT_UNSUPPORTED, VLLM_NO_OPS, ChatCompletionRequest, parse_model
 from ..text import fold
@@ -340,6 +340,21 @@ def screened_request(req: ResponsesRequest, chat: ChatCompletionRequest,
         update["tools"] = [t.model_copy(update={"description": c.function.description,
                                                 "parameters": c.function.parameters})
                            for t, c in zip(req.tools, chat.tools, strict=True)]
+    return req.model_copy(update=update) if update else req
+
+
+def screened_caller_text(req: ResponsesRequest, screen: Screen) -> ResponsesRequest:
+    """`req` with the caller's texts that its Response echoes and the store keeps but no
+    prompt holds (`metadata`'s values, `user`, `safety_identifier`, `prompt_cache_key`)
+    screened: an address in `metadata` was kept as sent beside the same one redacted in
+    the input."""
+    update: dict[str, Any] = {}
+    if req.metadata and (said := screened_values(req.metadata, screen)) != req.metadata:
+        update["metadata"] = said
+    for field in ("user", "safety_identifier", "prompt_cache_key"):
+        value = getattr(req, field)
+        if value and (text := screen([value])[0]) != value:
+            update[field] = text
     return req.model_copy(update=update) if update else req
 
 

@@ -1008,3 +1008,26 @@ async def test_caller_fields_are_echoed_as_the_response_schema_has_them(
         assert {k: body.get(k, "absent") for k in want} == want
         stored = await (await client.get(f"/v1/responses/{body['id']}")).json()
         assert {k: stored.get(k, "absent") for k in want} == want
+
+
+async def test_caller_text_the_response_keeps_is_screened(make_client: MakeClient) -> None:
+    """`metadata` (and `user`, `safety_identifier`, `prompt_cache_key`), stored and echoed
+    with the Response, were kept as sent while the sanitizer redacted the same address in
+    the input: screened as the input is, whether or not the input held anything."""
+    settings = make_settings(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact", "card": "redact"}}}])
+    client = await make_client(settings)
+    mail = "leak.check@example.com"
+    given = {"metadata": {"contact": mail, "card": "4111 1111 1111 1111", "plain": "ok"},
+             "user": mail, "safety_identifier": mail, "prompt_cache_key": mail}
+    for stream in (False, True):
+        for text in ("hello", f"write to {mail}"):
+            r = await client.post("/v1/responses", json={
+                **BASE, **given, "input": text, "stream": stream})
+            raw = await r.text()
+            assert r.status == 200 and mail not in raw and "4111" not in raw, raw
+            body = parse_sse(raw)[0][-1]["response"] if stream else json.loads(raw)
+            assert body["metadata"] == {"contact": "[EMAIL]", "card": "[CARD]", "plain": "ok"}
+            assert body["user"] == body["safety_identifier"] == "[EMAIL]"
+            got = await (await client.get(f"/v1/responses/{body['id']}")).text()
+            assert mail not in got and "4111" not in got, got

@@ -600,3 +600,22 @@ async def test_a_store_that_is_down_is_logged_briefly_and_without_its_errors_tex
     assert [(x["event"], x["level"]) for x in lines] == [
         ("record store unavailable", "warning")]
     assert lines[0]["error"] in ("ConnectionError", "ConnectionRefusedError")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_stored_metadata_is_screened_as_the_messages_are(
+        make_client: MakeClient, stream: bool) -> None:
+    """The stored messages were kept as the sanitizer redacted them, and the `metadata`
+    beside them as sent: an address in it was in the store (and the listing) in clear."""
+    settings = make_settings(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact", "card": "redact"}}}])
+    client = await make_client(settings)
+    mail = "leak.check@example.com"
+    r = await client.post("/v1/chat/completions", json={
+        **CHAT, "stream": stream, "metadata": {"contact": mail, "team": "a"}})
+    raw = await r.text()
+    cid = parse_sse(raw)[0][0]["id"] if stream else json.loads(raw)["id"]
+    got = await (await client.get(f"/v1/chat/completions/{cid}")).json()
+    assert got["metadata"] == {"contact": "[EMAIL]", "team": "a"}
+    listed = await (await client.get("/v1/chat/completions")).text()
+    assert mail not in listed and "[EMAIL]" in listed
