@@ -196,7 +196,8 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
 
         choices = [choice(i, ch) for i, ch in sorted(track.by_index.items())]
         return Completion(R.chat_completion(id=R.new_id("chatcmpl"), model=req.model,
-                                            created=R.now(), choices=choices, usage_=usage))
+                                            created=R.now(), choices=choices, usage_=usage),
+                          order=calls.order(0) if calls is not None else None)
     out_choices = []
     for i, ch in sorted(track.by_index.items()):
         prefix = prep.echo_texts[i // req.n] if req.echo else ""

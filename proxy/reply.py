@@ -21,10 +21,15 @@ _log = get_logger("weir.reply")
 
 @dataclass(slots=True)
 class Completion:
-    """A whole answer: the OpenAI response object, JSON-ready."""
+    """A whole answer: the OpenAI response object, JSON-ready. `order`: where a tool
+    parser read it, its first choice's content and calls in the order the model wrote
+    them (text pieces, and each call's index in `tool_calls`), which the chat message's
+    one `content` beside its `tool_calls` does not keep (the Responses API's items do);
+    None where not known (no parser, a cached or relayed answer)."""
 
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
+    order: list[str | int] | None = None
 
 
 Outcome = Literal["completed", "failed", "cancelled"]

@@ -469,6 +469,9 @@ class StreamCalls:
         self._make = make_tracker
         self._trackers: dict[int, ToolCallTracker] = {}
         self._sent: dict[int, CallAssembler] = {}
+        #: Per choice, its content and calls in the order they came: text pieces (str)
+        #: and calls (their index, where each began).
+        self._order: dict[int, list[str | int]] = {}
 
     def step(self, index: int, text: str, token_ids: list[int], reason: str | None,
              ) -> tuple[str | None, list[dict[str, Any]], str | None]:
@@ -478,8 +481,16 @@ class StreamCalls:
         if tracker is None:
             tracker = self._trackers[index] = self._make()
         content, deltas, reason = tracker.step(text, token_ids, reason)
+        order = self._order.setdefault(index, [])
+        if content:
+            if order and isinstance(order[-1], str):
+                order[-1] += content
+            else:
+                order.append(content)
         if deltas:
-            self._sent.setdefault(index, CallAssembler()).feed(deltas)
+            sent = self._sent.setdefault(index, CallAssembler())
+            order += sorted({d["index"] for d in deltas if d["index"] not in sent.calls})
+            sent.feed(deltas)
         if reason == "tool_calls" and tracker.mode == "parser" and not all(
                 _whole_json(c["function"]["arguments"]) for c in self.calls(index)):
             reason = "stop"  # a stop string cut a call's arguments: no call to run
@@ -495,6 +506,10 @@ class StreamCalls:
         """The calls a choice sent, whole."""
         sent = self._sent.get(index)
         return sent.result() if sent is not None else []
+
+    def order(self, index: int) -> list[str | int]:
+        """A choice's content and calls in the order they came (`_order`)."""
+        return list(self._order.get(index, ()))
 
     def answer(self, choices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for c in choices:

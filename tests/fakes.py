@@ -300,7 +300,8 @@ class FakeToolParser:
                     ToolCallDelta(i, arguments=args[:half]),
                     ToolCallDelta(i, arguments=args[half:])]
         self._sent = len(calls)
-        plain = self._text.split("<", 1)[0]
+        # the text outside whole calls, up to one begun (text after a call is content too)
+        plain = self._CALL.sub("", self._text).split("<", 1)[0]
         content = plain[self._content_sent:] or None
         self._content_sent = len(plain)
         return content, out

@@ -157,7 +157,8 @@ async def _create(request: web.Request, st: AppState,
     if isinstance(reply, Completion):
         note_usage(st, info, reply.body)  # token metrics, as on the chat route
         response = X.response_from_chat(req, reply.body, id=rid,
-                                        created_at=reply.body.get("created", 0))
+                                        created_at=reply.body.get("created", 0),
+                                        order=reply.order)
         await save(response)
         return json_response(response, {**ctx.response_headers, **reply.headers})
     # Iterating the chat Stream ends it (its plugins' end hooks run); the events are

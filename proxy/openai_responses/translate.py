@@ -292,22 +292,38 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def output_items(message: dict[str, Any], finish_reason: str | None) -> list[dict[str, Any]]:
+def output_items(message: dict[str, Any], finish_reason: str | None,
+                 order: list[str | int] | None = None) -> list[dict[str, Any]]:
     """A chat answer's message as Response output items. Content null with no calls is
     a forced call cut before it began: no item, as its stream has none. An answer cut
     at the token limit leaves only its last item `incomplete`: the ones before it ended
-    (the stream marks them `completed` as each closes)."""
+    (the stream marks them `completed` as each closes). `order` (`Completion.order`):
+    its text and calls in the order the model wrote them, as its stream sends them
+    (text after a call is a message after it); without it, the text comes first."""
     items = []
     text = message.get("content")
     calls = message.get("tool_calls") or []
-    if text or (not calls and text is not None):
-        items.append(message_item(text, "completed"))
-    for c in calls:
+    if order is None or not _agrees(order, text, calls):
+        order = ([text] if text or (not calls and text is not None) else []) + list(
+            range(len(calls)))
+    for part in order:
+        if isinstance(part, str):
+            items.append(message_item(part, "completed"))
+            continue
+        c = calls[part]
         items.append(call_item(c["id"], c["function"]["name"], c["function"]["arguments"],
                                "completed"))
     if items and finish_reason == "length":
         items[-1]["status"] = "incomplete"
     return items
+
+
+def _agrees(order: list[str | int], text: str | None, calls: list[dict[str, Any]]) -> bool:
+    """Whether `order` holds `text` and each of `calls` once (the answer as it went out:
+    no plugin rewrote it since), both present (else there is no order to keep)."""
+    said = [p for p in order if isinstance(p, str)]
+    return bool(said and calls) and "".join(said) == text and all(said) and sorted(
+        p for p in order if isinstance(p, int)) == list(range(len(calls)))
 
 
 def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -493,10 +509,11 @@ def response_object(req: ResponsesRequest, *, id: str, created_at: int, status: 
 
 
 def response_from_chat(req: ResponsesRequest, body: dict[str, Any], *, id: str,
-                       created_at: int) -> dict[str, Any]:
-    """A whole chat answer (first choice) as a Response."""
+                       created_at: int, order: list[str | int] | None = None,
+                       ) -> dict[str, Any]:
+    """A whole chat answer (first choice) as a Response (`order`: `output_items`')."""
     choice = body["choices"][0]
-    output = output_items(choice["message"], choice.get("finish_reason"))
+    output = output_items(choice["message"], choice.get("finish_reason"), order)
     status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
     return response_object(req, id=id, created_at=created_at, status=status, output=output,
                            usage_=usage(body.get("usage")))

@@ -1031,3 +1031,29 @@ async def test_caller_text_the_response_keeps_is_screened(make_client: MakeClien
             assert body["user"] == body["safety_identifier"] == "[EMAIL]"
             got = await (await client.get(f"/v1/responses/{body['id']}")).text()
             assert mail not in got and "4111" not in got, got
+
+
+@pytest.mark.parametrize("cut", [False, True])
+async def test_text_after_a_call_is_in_the_same_order_whole_and_streamed(
+        make_client: MakeClient, cut: bool) -> None:
+    """Text the model wrote after its call: the stream sends [call, message] (and, cut in
+    that text, the message `incomplete`), the whole answer said [message, call] with the
+    whole call `incomplete`, which the stored turn then dropped. Both in the order the
+    model wrote them."""
+    engine = FakeEngine(tool_parser=True)
+    engine.script = ('Checking. <call>{"name": "get_weather", "arguments": {"city": "Rome"}}'
+                     '</call> and then some words after the call')
+    client = await make_client(engine=engine)
+    limit = (engine.script.index("</call>") + 16) // 4 if cut else 200  # (4 chars a token)
+    shapes = []
+    for stream in (False, True):
+        r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL], "stream": stream,
+                                                     "max_output_tokens": limit})
+        body = parse_sse(await r.text())[0][-1]["response"] if stream else await r.json()
+        validate("Response", body)
+        shapes.append([(it["type"], it["status"], it.get("arguments") or it["content"][0]["text"])
+                       for it in body["output"]])
+    assert shapes[0] == shapes[1]
+    assert [s[:2] for s in shapes[0]] == [
+        ("message", "completed"), ("function_call", "completed"),
+        ("message", "incomplete" if cut else "completed")]

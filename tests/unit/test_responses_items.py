@@ -238,3 +238,16 @@ async def test_text_held_behind_a_call_is_kept_when_the_stream_ends_without_a_re
     assert call["arguments"] == '{"x": 1}' and message["content"][0]["text"] == "after"
     assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == [
         "after"]
+
+
+@pytest.mark.parametrize("message", [
+    {"content": "", "tool_calls": []}, {"content": "Just text."},
+    {"content": None, "tool_calls": [CALL]}])
+def test_a_known_order_changes_nothing_without_both_text_and_calls(
+        message: dict[str, Any]) -> None:
+    """The order a tool parser saw (`Completion.order`) only places text around calls: an
+    empty answer is still its one empty message."""
+    order: list[str | int] = [message["content"]] if message.get("content") else []
+    order += list(range(len(message.get("tool_calls") or [])))
+    assert shape(X.output_items(message, "stop", order)) == shape(
+        X.output_items(message, "stop"))
