@@ -345,13 +345,22 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def screened_request(req: ResponsesRequest, chat: ChatCompletionRequest,
                      ) -> ResponsesRequest:
     """`req` with the texts its Response echoes (instructions, tool descriptions and
-    parameters) as the sanitizer passed them on in `chat`, the chat form of `req` once
-    the chain ran (its system message is the instructions, its tools `req`'s)."""
+    parameters, `text.format`'s description and schema) as the sanitizer passed them on
+    in `chat`, the chat form of `req` once the chain ran (its system message is the
+    instructions, its tools `req`'s, its `response_format` `req`'s `text.format`)."""
     update: dict[str, Any] = {}
     if req.instructions and chat.messages and chat.messages[0].role == "system":
         said = chat.messages[0].text()
         if said != fold(req.instructions):  # (redacted, not only folded)
             update["instructions"] = said
+    fmt, said_fmt = (req.text.format if req.text else None), chat.response_format
+    if (fmt is not None and req.text is not None and said_fmt is not None
+            and said_fmt.json_schema is not None):  # (its prose, as the tools' below)
+        screened = {"description": said_fmt.json_schema.description,
+                    "schema_": said_fmt.json_schema.schema_}
+        if screened != {"description": fmt.description, "schema_": fmt.schema_}:
+            update["text"] = req.text.model_copy(update={"format": fmt.model_copy(
+                update=screened)})
     if req.tools and chat.tools and len(chat.tools) == len(req.tools):
         update["tools"] = [t.model_copy(update={"description": c.function.description,
                                                 "parameters": c.function.parameters})

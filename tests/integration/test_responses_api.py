@@ -1057,3 +1057,26 @@ async def test_text_after_a_call_is_in_the_same_order_whole_and_streamed(
     assert [s[:2] for s in shapes[0]] == [
         ("message", "completed"), ("function_call", "completed"),
         ("message", "incomplete" if cut else "completed")]
+
+
+async def test_a_text_format_s_prose_is_kept_as_the_sanitizer_redacted_it(
+        make_client: MakeClient) -> None:
+    """The sanitizer redacted `text.format`'s description and its schema's prose in what
+    the engine got, but the stored and echoed Response kept them as sent (its tools'
+    were kept redacted)."""
+    settings = make_settings(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact", "card": "redact"}}}])
+    client = await make_client(settings)
+    mail = "leak.check@example.com"
+    fmt = {"type": "json_schema", "name": "p", "description": f"for {mail}", "schema": {
+        "type": "object", "description": f"to {mail}",
+        "properties": {"a": {"type": "integer", "description": mail}}}}
+    for stream in (False, True):
+        r = await client.post("/v1/responses", json={
+            **BASE, "input": f"json for {mail}", "text": {"format": fmt}, "stream": stream})
+        raw = await r.text()
+        assert r.status == 200 and mail not in raw, raw
+        body = parse_sse(raw)[0][-1]["response"] if stream else json.loads(raw)
+        assert body["text"]["format"]["description"] == "for [EMAIL]"
+        assert body["text"]["format"]["schema"]["properties"]["a"]["description"] == "[EMAIL]"
+        assert mail not in await (await client.get(f"/v1/responses/{body['id']}")).text()
