@@ -26,7 +26,8 @@ import hashlib
 import json
 import time
 from collections import OrderedDict
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -35,11 +36,13 @@ from .errors import RecordTooLarge, Unavailable
 from .redis_client import blocking_client
 from .settings import DEFAULT_MAX_BYTES_PER_TENANT, ResponsesSettings
 from .streaming import dumps  # (a lone surrogate kept as its escape)
+from .tasks import lost_cancellation, within
 from .telemetry import OutageLog, get_logger
 
 log = get_logger("weir.responses")
 
 Record = dict[str, Any]
+T = TypeVar("T")
 #: What a listing reads of a record (its `id` and what it is filtered and sorted by).
 Summary = dict[str, Any]
 
@@ -479,13 +482,15 @@ class RedisStore:
     page, not the tenant's whole history), and its expiry in another: each put takes
     expired places out of the listing (a bounded number), so a tenant that stores and
     never lists does not grow it. Each tenant's records take at most `max_bytes` (see
-    `_QUOTA_LUA`): one script a put, its only round trip. A Redis that fails is a 503; a
-    record that is not a JSON object is not found."""
+    `_QUOTA_LUA`): one script a put, its only round trip. A Redis that fails, or does not
+    answer within `timeout_s` (each call), is a 503; a record that is not a JSON object
+    is not found."""
 
     def __init__(self, url: str, ttl_s: float, key_prefix: str,
-                 timeout_s: float = 0.5, kind: str = "responses",
+                 timeout_s: float = 1.0, kind: str = "responses",
                  max_bytes: int = DEFAULT_MAX_BYTES_PER_TENANT) -> None:
         self.ttl_s = ttl_s
+        self.timeout_s = timeout_s
         self.kind = kind
         self.max_bytes: int | None = max_bytes
         self._bound = max_bytes
@@ -530,16 +535,24 @@ class RedisStore:
             raise too_large(self.kind, size, self._bound)
         return data, listed, size
 
+    async def _io(self, work: Awaitable[T]) -> T:
+        """One call to Redis, bounded: a frozen Redis (paused, swapping) held a request
+        for the pool's socket timeout, seconds, where a cache lookup gives up in
+        milliseconds. A write abandoned may still land (a record stored, or deleted):
+        as one whose answer was lost on the way back."""
+        try:
+            with lost_cancellation():
+                return await within(work, self.timeout_s)
+        except (RedisError, OSError, TimeoutError) as e:
+            raise _down(e, self.kind) from None
+
     async def get(self, tenant: str, record_id: str) -> Record | None:
         return (await self.get_many(tenant, [record_id]))[0]
 
     async def get_many(self, tenant: str, ids: list[str]) -> list[Record | None]:
         if not ids:
             return []
-        try:
-            raws = await self._redis.mget([self._key(tenant, i) for i in ids])
-        except (RedisError, OSError, TimeoutError) as e:
-            raise _down(e, self.kind) from None
+        raws = await self._io(self._redis.mget([self._key(tenant, i) for i in ids]))
         return [_record(raw) for raw in raws]
 
     @property
@@ -552,16 +565,13 @@ class RedisStore:
         at = (summary or {}).get("at")
         at = int(at if isinstance(at, int | float) else time.time_ns())
         now = time.time()
-        try:
-            dropped = await self._put(
-                keys=[self._key(tenant, record_id), *self._quota(tenant),
-                      *self._listing(tenant)],
-                args=[record_id, data, size, self._bound, self._ttl_ms, self._prefix, listed,
-                      at // 1000,  # µs: exact in a double
-                      now + self.ttl_s, now - _GRACE_S, _PRUNE,
-                      self._place(tenant, record_id)])
-        except (RedisError, OSError, TimeoutError) as e:
-            raise _down(e, self.kind) from None
+        dropped = await self._io(self._put(
+            keys=[self._key(tenant, record_id), *self._quota(tenant),
+                  *self._listing(tenant)],
+            args=[record_id, data, size, self._bound, self._ttl_ms, self._prefix, listed,
+                  at // 1000,  # µs: exact in a double
+                  now + self.ttl_s, now - _GRACE_S, _PRUNE,
+                  self._place(tenant, record_id)]))
         if dropped:
             log.debug("record store: an account at its bound lost its oldest records",
                       kind=self.kind, dropped=dropped)
@@ -569,14 +579,11 @@ class RedisStore:
     async def replace(self, tenant: str, record_id: str, record: Record,
                       summary: Summary | None = None) -> bool:
         data, listed, size = self._sized(record, summary)
-        try:
-            return bool(await self._replace(
-                keys=[self._key(tenant, record_id), self._listing(tenant)[0],
-                      *self._quota(tenant)],
-                args=[data, record_id, listed, size, self._bound, self._prefix,
-                      self._place(tenant, record_id)]))
-        except (RedisError, OSError, TimeoutError) as e:
-            raise _down(e, self.kind) from None
+        return bool(await self._io(self._replace(
+            keys=[self._key(tenant, record_id), self._listing(tenant)[0],
+                  *self._quota(tenant)],
+            args=[data, record_id, listed, size, self._bound, self._prefix,
+                  self._place(tenant, record_id)])))
 
     async def delete(self, tenant: str, record_id: str) -> bool:
         return await self._retire_one(tenant, record_id, delete=True)
@@ -586,13 +593,10 @@ class RedisStore:
         await self._retire_one(tenant, record_id, delete=False)
 
     async def _retire_one(self, tenant: str, record_id: str, *, delete: bool) -> bool:
-        try:
-            return bool(await self._retire(
-                keys=[self._key(tenant, record_id), self._listing(tenant)[0],
-                      *self._quota(tenant)],
-                args=[record_id, "1" if delete else "0", self._place(tenant, record_id)]))
-        except (RedisError, OSError, TimeoutError) as e:
-            raise _down(e, self.kind) from None
+        return bool(await self._io(self._retire(
+            keys=[self._key(tenant, record_id), self._listing(tenant)[0],
+                  *self._quota(tenant)],
+            args=[record_id, "1" if delete else "0", self._place(tenant, record_id)])))
 
     async def scan(self, tenant: str, after: str | None, desc: bool, count: int,
                    ) -> tuple[list[Summary], str | None]:
@@ -602,11 +606,8 @@ class RedisStore:
             place, score = after or "", ""
         if after is not None and not place:
             raise KeyError(after)
-        try:
-            found = await self._scan(keys=[order, listing],
-                                     args=[place, "1" if desc else "0", count, score])
-        except (RedisError, OSError, TimeoutError) as e:
-            raise _down(e, self.kind) from None
+        found = await self._io(self._scan(keys=[order, listing],
+                                          args=[place, "1" if desc else "0", count, score]))
         if found is None:
             raise KeyError(after)
         if not found:
@@ -678,6 +679,9 @@ def make_store(cfg: ResponsesSettings, cache_redis: Any,
     no stored response), or in memory."""
     url = getattr(cache_redis, "url", None)
     if cfg.redis and url:
-        return RedisStore(url, cfg.ttl_s, cache_redis.key_prefix, kind=kind,
+        # (the cache's write timeout: a record read is not a lookup that may miss, it is
+        # the answer, so it gets what a busy Redis needs, not the lookup's milliseconds)
+        timeout_s = max(cache_redis.timeout_s, cache_redis.write_timeout_s)
+        return RedisStore(url, cfg.ttl_s, cache_redis.key_prefix, timeout_s, kind=kind,
                           max_bytes=cfg.max_bytes_per_tenant)
     return MemoryStore(cfg.ttl_s, cfg.max_in_memory, kind, cfg.max_bytes_per_tenant)

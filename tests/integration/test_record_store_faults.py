@@ -1,0 +1,80 @@
+"""Stored responses and chat completions against a Redis that misbehaves: one that
+accepts connections and never answers (frozen: `CLIENT PAUSE`, a swapping host) is a
+prompt 503 `store_unavailable` on every call, never a request held for the pool's socket
+timeout."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from plugins.cache.config import RedisConfig
+from proxy import record_store
+from proxy.errors import Unavailable
+from proxy.record_store import RedisStore, make_store
+from proxy.settings import ResponsesSettings
+
+
+@pytest.fixture
+async def frozen() -> AsyncIterator[str]:
+    """A Redis URL whose server takes every command and answers none."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"redis://127.0.0.1:{port}/0"
+    for w in held:
+        w.close()
+    server.close()
+    await server.wait_closed()
+
+
+def _no_socket_timeout(url: str, timeout_s: float, **_: Any) -> aioredis.Redis:
+    """A client that would wait for a frozen Redis for ever: only the store's own bound
+    can answer."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=8, timeout=None, socket_timeout=3600, socket_connect_timeout=3600)
+    return aioredis.Redis.from_pool(pool)
+
+
+@pytest.mark.parametrize("kind", ["responses", "chat"])
+async def test_every_call_to_a_frozen_redis_is_a_prompt_503(
+        frozen: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(record_store, "blocking_client", _no_socket_timeout)
+    store = RedisStore(frozen, 3600, "weir:test:", timeout_s=0.05, kind=kind)
+    rec = {"response": {"id": "r1"}}
+    summary = {"id": "r1", "at": 1, "model": "m", "metadata": {}}
+    calls = [store.get("acme", "r1"), store.get_many("acme", ["r1", "r2"]),
+             store.put("acme", "r1", rec, summary), store.replace("acme", "r1", rec, summary),
+             store.delete("acme", "r1"), store.forget("acme", "r1"),
+             store.scan("acme", None, True, 20)]
+    try:
+        for call in calls:
+            task = asyncio.ensure_future(call)
+            # (generous: the store's bound is 50 ms; without one this waits for ever)
+            done, _ = await asyncio.wait((task,), timeout=30)
+            assert task in done, "a call to a frozen Redis was still waiting"
+            with pytest.raises(Unavailable) as e:
+                task.result()
+            assert e.value.code == "store_unavailable" and e.value.status == 503
+    finally:
+        for call in calls:
+            call.close()  # (the ones a failure left unstarted)
+        await store.close()
+
+
+def test_the_store_in_the_caches_redis_takes_its_configured_timeout() -> None:
+    """Not the constructor's default: the cache's write timeout (a record read is the
+    answer, not a lookup that may miss)."""
+    cfg = RedisConfig(url="redis://127.0.0.1:1/0", timeout_s=0.05, write_timeout_s=0.3)
+    store = make_store(ResponsesSettings(), cfg)
+    assert isinstance(store, RedisStore) and store.timeout_s == 0.3
