@@ -130,7 +130,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     def health(self) -> dict[str, Any] | None:
         redis = self.store.redis
-        return {"redis": None if redis is None else ("up" if redis.healthy else "down")}
+        return {"redis": None if redis is None else (
+            "down" if not redis.healthy else "full" if redis.full else "up")}
 
     def in_flight(self) -> int:
         """Generations other identical requests may be waiting on."""

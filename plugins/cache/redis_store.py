@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import numpy as np
 from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
 from proxy.redis_client import blocking_client
 from proxy.tasks import abandon_after, cancel_and_wait, lost_cancellation
@@ -122,6 +122,10 @@ class RedisStore:
         self._listener: asyncio.Task[None] | None = None
         self._persist = self.client.register_script(_PERSIST)
         self.healthy = True
+        #: Redis refused the last write at its `maxmemory` (noeviction): reads answer,
+        #: stores are skipped until a write lands. Not down: replicas cannot fix it.
+        self.full = False
+        self._full_log = OutageLog()
 
     async def start(self, on_event: EventHandler) -> None:
         self._listener = asyncio.create_task(self._listen(on_event))
@@ -137,6 +141,9 @@ class RedisStore:
                                            **{"db.system": "redis"}):
                 result = await abandon_after(fn(), self.cfg.write_timeout_s if write
                                       else self.cfg.timeout_s)
+        except OutOfMemoryError:
+            self._refused(op)
+            return None
         except (RedisError, OSError, TimeoutError) as e:
             self._failed(op, e)
             return None
@@ -144,7 +151,23 @@ class RedisStore:
             self.healthy = True
             if self._outage.back():
                 log.info("redis is back", op=op)
+        if write and self.full:
+            self.full = False
+            if self._full_log.back():
+                log.info("redis takes writes again", op=op)
         return result
+
+    def _refused(self, op: str) -> None:
+        """A write Redis refused at its `maxmemory` (policy noeviction). It answers, so
+        it is not down (a read that fails says so): the cache serves from it and skips
+        its stores, counted as `op="full"`, and says so in /health/ready ("full"). It
+        used to count as down: every read marked it up again, and each replica's
+        health and log flapped between the two for a condition none of them can fix."""
+        self.full = True
+        self._errors.labels("full").inc()
+        if self._full_log.down():
+            log.warning("redis is full (maxmemory): serving from it, storing nothing",
+                        op=op)
 
     def _failed(self, op: str, e: BaseException) -> None:
         self.healthy = False
