@@ -77,8 +77,13 @@ EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 # too (their keys cannot be named in KEYS before the pop: a standalone Redis, as the
 # rest of the cache assumes) and announced in one drop event.
 _PERSIST = """
+local function own(key, kind)  -- a stray key of another type there is replaced
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= kind and t ~= 'none' then redis.call('DEL', key) end
+end
 if ARGV[1] ~= '' then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
 if ARGV[3] ~= '' then
+  own(KEYS[2], 'hash')
   redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
   redis.call('PUBLISH', ARGV[6], ARGV[7])
@@ -86,6 +91,7 @@ end
 local evicted = {}
 if #ARGV < 13 then return evicted end
 local now, prefix = tonumber(ARGV[10]), ARGV[11]
+own(KEYS[3], 'zset')
 for i = 13, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 13) * 1e-4, ARGV[i]) end
 redis.call('PEXPIRE', KEYS[3], ARGV[9])
 local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])
@@ -145,6 +151,11 @@ class RedisStore:
             self._refused(op)
             return None
         except (RedisError, OSError, TimeoutError) as e:
+            if isinstance(e, ResponseError) and str(e).startswith("WRONGTYPE"):
+                # A stray key of another type under the cache's name (a hand edit):
+                # what it holds cannot be read, a miss; Redis answered, it is not down.
+                self._unreadable(op, BadEntry("key of another type"))
+                return None
             self._failed(op, e)
             return None
         if not self.healthy:

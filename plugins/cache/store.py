@@ -178,7 +178,9 @@ class CacheStore:
             count("l1", "miss")
         if self.redis is not None and self.cfg.l2.enabled:
             entry = await self.redis.get_exact(key)
-            if entry is not None and entry.scope == scope and entry.usable(
+            # (its own key's: an entry copied under another key, by hand or a tool
+            # that moved keys, answered that key's question with its own answer)
+            if entry is not None and entry.key == key and entry.scope == scope and entry.usable(
                     now, allow_stale) and entry.young(now, max_age):
                 count("l2", "hit")
                 if self.l1 is not None and entry.fresh(now) and not self.purged_since(

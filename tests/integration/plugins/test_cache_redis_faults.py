@@ -5,6 +5,7 @@ Redis access): a read of one is a miss, never a 500 nor another tenant's answer.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -99,3 +100,133 @@ async def test_a_full_redis_is_served_from_not_down(make_client: MakeClient,
     finally:
         await raw.config_set("maxmemory", 0)
         await raw.aclose()
+
+
+async def _stored(client: Any, raw: aioredis.Redis, prefix: str, content: str,
+                  key: str = "k-alice") -> tuple[str, dict[str, Any]]:
+    """Ask `content` (a miss, stored): its Redis key and its entry as stored."""
+    l1 = cache_of(client).store.l1
+    assert l1 is not None
+    before = {e.key for e in l1.entries()}
+    layer, _ = await ask(client, content, key)
+    assert layer == "miss"
+    (new,) = {e.key for e in l1.entries()} - before
+    stored = await raw.get(prefix + "x:" + new)
+    assert stored is not None
+    return prefix + "x:" + new, json.loads(stored)
+
+
+def _tampered(entry: dict[str, Any], other: dict[str, Any], moved: dict[str, Any],
+              ) -> list[tuple[str, Any]]:
+    """What Weir never writes under an exact key: (what, how to write it)."""
+    return [
+        ("not JSON", "garbage{"),
+        ("a list", "[1, 2, 3]"),
+        ("a number", "42"),
+        ("a string for a number", json.dumps({**entry, "created": str(entry["created"])})),
+        ("a string for the expiry", json.dumps({**entry, "expires": "never"})),
+        ("a bool for a number", json.dumps({**entry, "created": True})),
+        ("NaN times", json.dumps({**entry, "expires": float("nan")})),
+        ("choices of another shape", json.dumps({**entry, "choices": [{"text": 1}]})),
+        ("a dict for choices", json.dumps({**entry, "choices": {"0": "x"}})),
+        ("no tenant", json.dumps({k: v for k, v in entry.items() if k != "tenant"})),
+        ("deep nesting", "[" * 100_000 + "]" * 100_000),
+        ("another tenant's entry", json.dumps(other)),
+        ("another tenant's entry as this one's", json.dumps({**other, "key": entry["key"]})),
+        ("this tenant's answer to another question", json.dumps(moved)),
+        ("a huge string", json.dumps("x" * 4_000_000)),
+        ("a huge list", json.dumps([entry] * 20_000)),
+        ("a list key", ("rpush", ["a", "b"])),
+        ("a hash key", ("hset", {"f": "v"})),
+        ("a set key", ("sadd", ["m"])),
+    ]
+
+
+async def test_tampered_exact_entries_are_misses(make_client: MakeClient,
+                                                 redis_server: RedisServer) -> None:
+    """Every shape Weir never writes under an exact key, read by a replica with nothing
+    in memory: a miss (generated again, and stored over it), never a 500 nor the answer
+    another key (another tenant's, or another question's) holds."""
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    a = await replica(make_client, redis_server.url, prefix)
+    raw = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        key, entry = await _stored(a, raw, prefix, "What are your opening hours?")
+        _, other = await _stored(a, raw, prefix, "Where is the office?", key="k-eve")
+        _, moved = await _stored(a, raw, prefix, "Do you ship abroad?")
+        assert other["tenant"] == "globex" and other["key"] != entry["key"]
+        for what, value in _tampered(entry, other, moved):
+            await raw.delete(key)
+            if isinstance(value, tuple):
+                op, args = value
+                await (raw.hset(key, mapping=args) if op == "hset"
+                       else getattr(raw, op)(key, *args))
+            else:
+                await raw.set(key, value)
+            b = await replica(make_client, redis_server.url, prefix)  # (nothing in memory)
+            layer, got = await ask(b, "What are your opening hours?")
+            assert layer == "miss", what
+            assert got["choices"][0]["message"]["content"] not in (
+                json.dumps(other["choices"]), json.dumps(moved["choices"])), what
+            status, body = await health(b)
+            assert status == 200 and body["plugins"]["cache"]["redis"] == "up", what
+            # (a key of another type is a stray key, not Redis failing)
+            metrics = await (await b.get("/metrics", headers=h("k-admin"))).text()
+            assert "weir_cache_store_errors_total{" not in metrics, what
+            # and the answer generated again was stored over it
+            assert json.loads(await raw.get(key))["key"] == entry["key"], what
+            await b.close()
+    finally:
+        await raw.aclose()
+
+
+async def test_a_stray_key_of_another_type_does_not_stop_stores(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """The owner's cap set (and a semantic partition's hash) are replaced where a key of
+    another type sits under their name: every store of that owner failed (WRONGTYPE in
+    the persist script), for as long as the stray key stayed."""
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    a = await replica(make_client, redis_server.url, prefix)
+    store = cache_of(a).store.redis
+    assert store is not None
+    raw = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        await raw.set(store.user_key("acme", "alice"), "not a sorted set")
+        await _stored(a, raw, prefix, "What are your opening hours?")
+        assert await raw.type(store.user_key("acme", "alice")) == "zset"
+        assert "weir_cache_store_errors_total{" not in await (
+            await a.get("/metrics", headers=h("k-admin"))).text()
+    finally:
+        await raw.aclose()
+
+
+@pytest.mark.parametrize("value", [
+    "garbage", "[]", '{"v": 1, "g": "x", "e": "{}"}', '{"v": "!!", "g": "x", "e": "{}"}',
+    '{"v": "AACAfw==", "g": "x", "e": "{}"}',  # (a NaN vector)
+    '{"v": "AAAAQA==", "g": "x", "e": "{}"}',  # (longer than a unit vector)
+    '{"v": "AACAPw==", "g": 5, "e": "{}"}', '{"v": "AACAPw==", "g": "x", "e": "[]"}'])
+async def test_tampered_semantic_entries_are_skipped(redis_server: RedisServer,
+                                                     value: str) -> None:
+    """A semantic hash's value Weir never wrote, and a partition of another type: read
+    (one entry, or all of them at start) as nothing, and Redis is not marked down."""
+    from prometheus_client import CollectorRegistry
+
+    from plugins.cache.config import RedisConfig
+    from plugins.cache.metrics import CacheMetrics
+    from plugins.cache.redis_store import RedisStore
+
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    metrics = CacheMetrics(CollectorRegistry())
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=prefix, timeout_s=0.5),
+                       metrics.store_errors, "r1")
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await raw.hset(prefix + "s:p1", "e1", value)
+        await raw.set(prefix + "s:p2", "a string, not a hash")
+        assert await store.get_semantic("p1", "e1") is None
+        assert await store.get_semantic("p2", "e1") is None
+        assert await store.load_semantic(100) == []
+        assert store.healthy
+    finally:
+        await raw.aclose()
+        await store.close()
