@@ -414,7 +414,18 @@ class RedisStore:
                 pipe.zadd(self.p + "eventlog", {data: now})
                 pipe.zremrangebyscore(self.p + "eventlog", "-inf", now - EVENT_LOG_S)
                 pipe.pexpire(self.p + "eventlog", _px(EVENT_LOG_S))
-                return await pipe.execute()
+                done = await pipe.execute(raise_on_error=False)
+            # The event went out (PUBLISH is allowed at `maxmemory`): a log that Redis
+            # refused for lack of room loses only the replay for a listener that was
+            # away. It failed the purge (a 503 for a purge that had deleted and told
+            # everything), on every retry, where a purge is how room is made.
+            if isinstance(done[0], Exception):
+                raise done[0]
+            if isinstance(done[1], OutOfMemoryError):
+                self._refused("eventlog")
+            elif isinstance(done[1], Exception):
+                raise done[1]
+            return done
 
         return await self._call("publish", publish_and_log, write=True) is not None
 

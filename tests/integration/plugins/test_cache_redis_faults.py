@@ -230,3 +230,38 @@ async def test_tampered_semantic_entries_are_skipped(redis_server: RedisServer,
     finally:
         await raw.aclose()
         await store.close()
+
+
+async def test_a_purge_of_a_full_redis_is_done_not_a_503(make_client: MakeClient,
+                                                          own_redis: RedisServer) -> None:
+    """Deletes and PUBLISH are allowed at `maxmemory`: a purge (how an operator makes
+    room) deletes the entries and tells the replicas. Only its event log, for a listener
+    that was away, is refused: that failed the whole purge, a 503 "could not be purged"
+    on every retry."""
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    a = await replica(make_client, own_redis.url, prefix)
+    b = await replica(make_client, own_redis.url, prefix)
+    raw = aioredis.Redis.from_url(own_redis.url)
+    try:
+        await ask(a, "What are your opening hours?")
+        assert (await ask(b, "What are your opening hours?"))[0] == "exact"
+        await raw.config_set("maxmemory-policy", "noeviction")
+        await raw.config_set("maxmemory", 1)
+        r = await a.post("/admin/cache/purge", headers=h("k-admin"), json={"tenant": "acme"})
+        assert r.status == 200, await r.text()
+        assert await raw.keys(prefix + "x:*") == []
+        await raw.config_set("maxmemory", 0)
+        await eventually_miss(b, "What are your opening hours?")
+    finally:
+        await raw.config_set("maxmemory", 0)
+        await raw.aclose()
+
+
+async def eventually_miss(client: Any, content: str) -> None:
+    """The other replica heard the purge (its L1 entry dropped): a miss."""
+    from tests.waiting import eventually
+
+    l1 = cache_of(client).store.l1
+    assert l1 is not None
+    await eventually(lambda: not list(l1.entries()), timeout=5.0)
+    assert (await ask(client, content))[0] == "miss"
