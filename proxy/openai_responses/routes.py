@@ -67,7 +67,7 @@ async def _create(request: web.Request, st: AppState,
     store = _store(request)
     history: list[dict[str, Any]] = []
     if req.previous_response_id:
-        record = await store.get(principal.tenant, req.previous_response_id)
+        record = _readable(await store.get(principal.tenant, req.previous_response_id))
         if record is None:  # OpenAI's answer: a 400, with a code clients look for
             raise InvalidRequest(f"Previous response with id "
                                  f"'{shown_id(req.previous_response_id)}' not found.",
@@ -203,10 +203,27 @@ async def _record(request: web.Request) -> dict[str, Any]:
     st = request.app[STATE]
     principal = st.auth.authenticate(request.headers)
     rid = request.match_info["response_id"]
-    record = await _store(request).get(principal.tenant, rid)
+    record = _readable(await _store(request).get(principal.tenant, rid))
     if record is None:
         raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
     return record
+
+
+def _readable(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`record` if it is a stored response's, else None (not found): what else sits under
+    its key (another version's shape, a hand edit) was served as the response (`5`, `{}`)
+    or, continued with `previous_response_id`, a 500."""
+    if record is None:
+        return None
+    response, conversation = record.get("response"), record.get("conversation")
+    ok = (isinstance(response, dict) and isinstance(response.get("id"), str)
+          and response.get("object") == "response"
+          and isinstance(conversation, list)
+          and all(isinstance(m, dict) for m in conversation)
+          and isinstance(record.get("input", []), list))
+    if not ok:
+        log.warning("stored response of another shape; not found")
+    return record if ok else None
 
 
 async def retrieve(request: web.Request) -> web.Response:

@@ -78,3 +78,32 @@ def test_the_store_in_the_caches_redis_takes_its_configured_timeout() -> None:
     cfg = RedisConfig(url="redis://127.0.0.1:1/0", timeout_s=0.05, write_timeout_s=0.3)
     store = make_store(ResponsesSettings(), cfg)
     assert isinstance(store, RedisStore) and store.timeout_s == 0.3
+
+
+@pytest.mark.parametrize("tampered", [
+    {"response": 5}, {"response": {}, "conversation": []},
+    {"response": {"id": "x", "object": "response"}, "conversation": 7},
+    {"response": {"id": "x", "object": "response"}, "conversation": [5, "a"]},
+    {"response": {"id": "x", "object": "response"}, "conversation": [], "input": "x"},
+    {"response": {"id": 1, "object": "response"}, "conversation": []}])
+async def test_a_stored_response_of_another_shape_is_not_found(
+        make_client: Any, tampered: dict[str, Any]) -> None:
+    """What sits under a response's key that is not a stored response (another version's
+    shape, a hand edit in Redis): not found, on every route that reads it, never served
+    as the response nor a 500."""
+    from proxy.openai_responses.routes import STORE
+    from tests.conftest import make_settings
+
+    client = await make_client(make_settings())
+    r = await client.post("/v1/responses", json={"model": "fake-model", "input": "hi",
+                                                 "max_output_tokens": 16})
+    assert r.status == 200, await r.text()
+    rid = (await r.json())["id"]
+    assert await client.app[STORE].replace("public", rid, tampered)  # (the open tenant)
+    for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
+        got = await client.get(path)
+        assert got.status == 404, (path, await got.text())
+    cont = await client.post("/v1/responses", json={
+        "model": "fake-model", "input": "and?", "previous_response_id": rid})
+    assert cont.status == 400, await cont.text()
+    assert (await cont.json())["error"]["code"] == "previous_response_not_found"
