@@ -36,7 +36,7 @@ from .errors import RecordTooLarge, Unavailable
 from .redis_client import blocking_client
 from .settings import DEFAULT_MAX_BYTES_PER_TENANT, ResponsesSettings
 from .streaming import dumps  # (a lone surrogate kept as its escape)
-from .tasks import lost_cancellation, within
+from .tasks import abandon_after, lost_cancellation
 from .telemetry import OutageLog, get_logger
 
 log = get_logger("weir.responses")
@@ -542,7 +542,7 @@ class RedisStore:
         as one whose answer was lost on the way back."""
         try:
             with lost_cancellation():
-                return await within(work, self.timeout_s)
+                return await abandon_after(work, self.timeout_s)
         except (RedisError, OSError, TimeoutError) as e:
             raise _down(e, self.kind) from None
 
