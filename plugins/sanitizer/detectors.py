@@ -8,7 +8,9 @@ detector returns (start, end) spans and never keeps the matched text. Secrets li
 
 Shapes covered, by family: cards in groups separated by spaces, dots, dashes, slashes
 or underscores (one kind per number), spaces and dashes mixed, or unseparated, each
-starting with an issuer's digits, with the CVV or expiry that
+starting with an issuer's digits and of a length that issuer's cards have (so an IMEI's
+15 digits are none), not named as another Luhn-checked number just before it ("IMEISV:",
+"SIN:"), with the CVV or expiry that
 follows them, and a card split across two messages or two lines, blank lines between
 them or not (`card_across`); US Social Security numbers (3-2-4 with dashes, or spaced
 or bare where the text names one); UK National Insurance numbers (in pairs, or bare
@@ -124,6 +126,30 @@ def luhn_ok(candidate: str) -> bool:
 # JCB; no card starts 31-33), 4-6 (Visa, Mastercard, Maestro, Discover, UnionPay), 81
 # and 82 (RuPay, UnionPay).
 _ANY_ISSUER = re.compile(r"222[1-9]|22[3-9]\d|2[3-6]\d\d|27[01]\d|2720|3[04-9]|[4-6]|8[12]")
+# The lengths each issuer's cards have, the commonest first digits aside (16 to 19:
+# every issuer but Amex): 15 digits are Amex (34, 37) or Maestro, 14 Diners (30, 36, 38,
+# 39) or Maestro, 13 Visa or Maestro. An IMEI (15 digits, its last a Luhn check, its
+# first two a reporting body's: 35, 49, 86, ...) is no card: "IMEI 490154203237518".
+_MAESTRO = r"50(?:18|20|38)|5893|6304|6759|676[1-3]"
+_SHORT_CARD = {
+    15: re.compile(rf"3[47]|{_MAESTRO}"),
+    14: re.compile(rf"3[0689]|{_MAESTRO}"),
+    13: re.compile(rf"4|{_MAESTRO}"),
+}
+# 16 to 19 digits: JCB's 35 is 3528-3589 only (an IMEISV starts 35 too).
+_LONG_CARD = re.compile(r"(?!35(?:[0-1]|2[0-7]|9))")
+
+
+def issuer_length_ok(number: str) -> bool:
+    """`number` (digits only) starts as a card of its length does."""
+    if not _ANY_ISSUER.match(number):
+        return False
+    if len(number) >= 16:
+        return _LONG_CARD.match(number) is not None
+    short = _SHORT_CARD.get(len(number))
+    return short is not None and short.match(number) is not None
+
+
 _TAIL = re.compile(r"(?<!\d)\d(?:[ .-]{0,3}\d)*$")
 _HEAD = re.compile(r"\s*(\d(?:[ .-]{0,3}\d)*)")
 
@@ -144,7 +170,7 @@ def card_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
         right = re.sub(r"\D", "", head.group(1))
         number = left + right
         if (len(left) >= 4 and len(right) >= 4 and 14 <= len(number) <= 19
-                and _ANY_ISSUER.match(number) and luhn_ok(number)):
+                and issuer_length_ok(number) and luhn_ok(number)):
             yield i, tail.span()
             yield i + 1, head.span(1)
 
@@ -349,12 +375,13 @@ def _card_ok(candidate: str) -> bool:
     """Luhn on the number, with or without what follows it (a CVV or expiry), and an
     issuer's first digits (`_ANY_ISSUER`): lists of
     numbers ("1000 2000 3000 4000", "8080 8443 9090 3000") pass Luhn one time in ten."""
-    if not _ANY_ISSUER.match(candidate):
-        return False
-    if luhn_ok(candidate):
+    if luhn_ok(candidate) and issuer_length_ok(re.sub(r"\D", "", candidate)):
         return True
     tail = _TAIL_AT_END.search(candidate)
-    return tail is not None and luhn_ok(candidate[: tail.start()])
+    if tail is None:
+        return False
+    number = candidate[: tail.start()]
+    return luhn_ok(number) and issuer_length_ok(re.sub(r"\D", "", number))
 
 
 # What names a card's security code or expiry a few words after it ("... 1111 exp 12/27
@@ -567,8 +594,31 @@ _card = _numeric(_CARD, check=_card_ok)
 _DIGITS_ACROSS_LINE = re.compile(r"\d[ \t.\-_/]*\r?\n\s*\d")
 
 
+# A label that names a number as something else that passes Luhn, just before it: a
+# handset's IMEI or IMEISV (16 digits, may start as a JCB card does), a SIM's ICCID, a
+# Canadian SIN, a South African identity number (13 digits, may start as Visa's).
+_NOT_CARD_LABEL = re.compile(
+    r"\b(?:imei(?:sv)?|meid|iccid|esn|sin|social\s+insurance|nas|"
+    r"(?:sa|national)\s+id|id(?:entity)?\s+(?:number|no\.?))"
+    r"(?:\s*\(?[12]\)?)?(?:\s+(?:number|no\.?|#|is|was)){0,2}\s{0,2}[:#=]?\s{0,2}$",
+    re.IGNORECASE)
+
+
+_CARD_WORD = re.compile(r"card|visa|master|amex|\b(?:cc|pan)\b", re.IGNORECASE)
+
+
+def _labelled_other(text: str, a: int) -> bool:
+    """Whether a label just before `a` names the number as something else (and no card
+    word is there: "card id number: 4111 ..." stays a card)."""
+    lo = max(0, a - 40)
+    return (_NOT_CARD_LABEL.search(text, lo, a) is not None
+            and _CARD_WORD.search(text, lo, a) is None)
+
+
 def _find_card(text: str) -> Iterator[Span]:
     for a, b in _card(text):
+        if _labelled_other(text, a):
+            continue
         for _ in range(2):  # its expiry and its code, in either order
             extra = _CARD_EXTRA.match(text, b)
             if extra is None:

@@ -45,7 +45,9 @@ def with_luhn(body: str) -> str:
 
 @st.composite
 def card_numbers(draw: Any) -> str:
-    prefix = draw(st.sampled_from(["4", "51", "55", "2221", "34", "37", "6011", "35"]))
+    # (JCB's 35 is 3528-3589: an IMEISV starts 35 too)
+    prefix = draw(st.sampled_from(["4", "51", "55", "2221", "34", "37", "6011", "3528",
+                                   "3589"]))
     length = 15 if prefix in ("34", "37") else draw(st.sampled_from([16, 16, 19]))
     body = prefix + "".join(draw(st.lists(st.sampled_from(string.digits),
                                           min_size=length - len(prefix) - 1,
@@ -147,6 +149,46 @@ def test_runs_of_years_are_no_card(text: str) -> None:
 ])
 def test_lists_of_years_are_no_card(text: str) -> None:
     assert not fires("card", text)
+
+
+@st.composite
+def imeis(draw: Any) -> str:
+    """A 15-digit IMEI (its last digit a Luhn check), starting with a reporting body's
+    digits that cards start with too (35: JCB, 49: Visa, 86: none, 30: Diners)."""
+    body = draw(st.sampled_from(["35", "49", "30", "45", "54", "01", "86"])) + "".join(
+        draw(st.lists(st.sampled_from(string.digits), min_size=12, max_size=12)))
+    return with_luhn(body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(imeis(), st.sampled_from(["", "-", " "]), st.sampled_from(["", "device ", "IMEI: "]))
+def test_an_imei_is_no_card(imei: str, sep: str, pre: str) -> None:
+    """15 digits passing Luhn are Amex's (34, 37) or a Maestro's, never Visa's or JCB's:
+    an IMEI ("IMEI: 490154203237518") read as a card was redacted, flagged or blocked."""
+    text = sep.join([imei[:2], imei[2:8], imei[8:14], imei[14]]) if sep else imei
+    assert not fires("card", pre + text)
+
+
+@pytest.mark.parametrize("text", [
+    "IMEISV: 3569380356438096",  # 16 digits: starts as a JCB card does
+    "IMEI 2: 3569380356438096",
+    "ICCID 4111111111111111",
+    "SIN: 4111 1111 1111 1111",
+    "national id 4111111111111111",
+])
+def test_a_number_labelled_as_no_card_is_none(text: str) -> None:
+    assert not fires("card", text)
+
+
+@pytest.mark.parametrize("text", [
+    "card: 3569380356438096",
+    "card ID number: 4111 1111 1111 1111",
+    "my ID is 4111111111111111",
+    "amex 378282246310005", "diners 30569309025904", "visa 4222222222222",
+    "maestro 6759649826438453", "IMEI 490154203237518, card 4111 1111 1111 1111",
+])
+def test_cards_next_to_other_labels_are_still_found(text: str) -> None:
+    assert fires("card", text)
 
 
 @st.composite
