@@ -1,5 +1,5 @@
 """The guard's check on the units a question names: billing periods, data sizes,
-measures and currencies.
+measures (weights, volumes, temperatures: none of them a currency) and currencies.
 
 "How much is the monthly plan?" / "What does the yearly plan cost?", "Can I upload a 5
 GB file?" / "Is it possible to upload a 5 MB file?", "a refund in euros" / "my refund
@@ -32,7 +32,17 @@ _CANON = {
     **dict.fromkeys(("gbps",), "gbps"),
     **dict.fromkeys(("mhz",), "mhz"), **dict.fromkeys(("ghz",), "ghz"),
     **dict.fromkeys(("kg", "kgs", "kilo", "kilos", "kilogram", "kilograms"), "kg"),
-    **dict.fromkeys(("lb", "lbs"), "pound"),
+    # weights and volumes: "lb" is no pound sterling ("5 lb of flour" / "£5 of flour")
+    **dict.fromkeys(("lb", "lbs"), "lb"),
+    **dict.fromkeys(("oz", "ounce", "ounces"), "oz"),
+    **dict.fromkeys(("gram", "grams", "gramme", "grammes"), "gram"),
+    **dict.fromkeys(("ton", "tons", "tonne", "tonnes"), "ton"),
+    **dict.fromkeys(("ml", "milliliter", "milliliters", "millilitre", "millilitres"), "ml"),
+    **dict.fromkeys(("liter", "liters", "litre", "litres"), "liter"),
+    **dict.fromkeys(("gallon", "gallons"), "gallon"),
+    **dict.fromkeys(("pint", "pints"), "pint"),
+    **dict.fromkeys(("celsius", "centigrade"), "celsius"),
+    **dict.fromkeys(("fahrenheit",), "fahrenheit"),
     **dict.fromkeys(("mm", "millimeter", "millimeters", "millimetre", "millimetres"), "mm"),
     **dict.fromkeys(("cm", "centimeter", "centimeters", "centimetre", "centimetres"), "cm"),
     **dict.fromkeys(("meter", "meters", "metre", "metres"), "meter"),
@@ -43,7 +53,8 @@ _CANON = {
     **dict.fromkeys(("percent", "percentage", "%"), "percent"),
     **dict.fromkeys(("dollar", "dollars", "usd", "$", "bucks"), "dollar"),
     **dict.fromkeys(("euro", "euros", "eur", "\u20ac"), "euro"),
-    **dict.fromkeys(("pound", "pounds", "gbp", "\u00a3", "quid", "sterling"), "pound"),
+    # ("pound" alone: sterling, or a weight where `_WEIGHED` says so)
+    **dict.fromkeys(("pound", "pounds", "gbp", "\u00a3", "quid", "sterling"), "gbp"),
     **dict.fromkeys(("yen", "jpy", "\u00a5"), "yen"),
     **dict.fromkeys(("rupee", "rupees", "inr", "\u20b9"), "rupee"),
     **dict.fromkeys(("cent", "cents"), "cent"),
@@ -58,7 +69,15 @@ _HINT = re.compile(
     r"[$\u20ac\u00a3\u00a5\u20b9%]|\d|\b(?:hour|hr|day|daily|week|fortnight|month|quarter|"
     r"year|annu|min|sec|kb|mb|gb|tb|gig|kbps|mbps|gbps|hz|kg|kilo|lb|mm|cm|met|km|inch|foot|"
     r"feet|ft|mile|percent|dollar|usd|buck|euro|eur|pound|gbp|quid|sterling|yen|jpy|rupee|"
-    r"inr|cent|cad|aud|chf|cny|yuan|peso|franc|krona|kronor|reais|bitcoin|btc)")
+    r"inr|cent|cad|aud|chf|cny|yuan|peso|franc|krona|kronor|reais|bitcoin|btc|oz|ounce|"
+    r"gram|ton|ml|lit|gallon|pint|celsius|centigrade|fahrenheit)")
+# "pounds" is a weight when what follows or the question says so ("5 pounds of flour",
+# "does it weigh 3 pounds"), sterling otherwise ("is it 10 pounds?").
+_POUNDS_OF = re.compile(r"\bpounds?\s+(?:of|in\s+weight|heavy)\b")
+_WEIGHED = re.compile(r"\b(?:weigh|weighs|weighed|weighing|weight|heavy|heavier|lighter|"
+                      r"lightest|heaviest|mass)\b")
+# "20 per cent" is "20 percent" (not a cent).
+_PER_CENT = re.compile(r"\bper\s+cent\b")
 
 
 def units(lowered: str) -> tuple[str, ...]:
@@ -66,7 +85,17 @@ def units(lowered: str) -> tuple[str, ...]:
     "months" are "month")."""
     if not _HINT.search(lowered):
         return ()
-    return tuple(_CANON[m.group(0)] for m in _UNIT.finditer(lowered))
+    if "cent" in lowered:
+        lowered = _PER_CENT.sub("percent", lowered)
+    weighed = "pound" in lowered and _WEIGHED.search(lowered) is not None
+    out = []
+    for m in _UNIT.finditer(lowered):
+        unit = _CANON[m.group(0)]
+        if unit == "gbp" and m.group(0).startswith("pound") and (
+                weighed or _POUNDS_OF.match(lowered, m.start())):
+            unit = "lb"
+        out.append(unit)
+    return tuple(out)
 
 
 def units_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

@@ -23,6 +23,12 @@ from plugins.cache.guard_units import units
     ("Does the box weigh 30 kg?", "Is the box 30 lbs?"),
     ("How many days does delivery take?", "How many weeks will delivery take?"),
     ("Is the price in GBP?", "Can I see the price in yen?"),
+    # a weight is no currency: "lb" read as the pound sterling
+    ("Is there a 50 lb limit on checked bags?", "Do checked bags have a £50 limit?"),
+    ("How much is 5 lb of flour?", "What does £5 of flour come to?"),
+    ("Can I buy 10 pounds of rice?", "Is it possible to buy £10 of rice?"),
+    ("Is a 2 litre bottle allowed on board?", "Can I take a 2 gallon bottle on board?"),
+    ("Can I carry 100 ml of liquid?", "Am I allowed to carry 100 oz of liquid?"),
 ])
 def test_other_units_miss(stored: str, asked: str) -> None:
     assert not guard_ok(asked, stored)
@@ -34,6 +40,8 @@ def test_other_units_miss(stored: str, asked: str) -> None:
     ("Can I get billed quarterly?", "Is quarterly billing possible?"),
     ("Can I pay 10 dollars a month?", "Is it possible to pay $10 monthly?"),
     ("Why won't my card work?", "Why won't my card work?"),
+    ("Can I buy 10 lbs of rice?", "Is it possible to buy 10 pounds of rice?"),
+    ("Does the parcel weigh 3 pounds?", "Is the weight of the parcel 3 lbs?"),
 ])
 def test_the_same_units_in_other_words_pass(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
@@ -43,3 +51,11 @@ def test_units_leave_ordinals_and_contractions() -> None:
     assert units("can i add a second user? why won't it work for real?") == ()
     assert units("5 gigabytes per month, 20% off, $5") == ("gb", "month", "percent",
                                                            "dollar")
+
+
+def test_weights_and_currencies_are_distinct() -> None:
+    assert units("5 lb of flour") == ("lb",) != units("£5 of flour") == ("gbp",)
+    assert units("5 pounds of flour") == ("lb",)
+    assert units("does it weigh 3 pounds?") == ("lb",)
+    assert units("is the ticket 10 pounds?") == ("gbp",)
+    assert units("a 20 per cent discount") == units("a 20% discount") == ("percent",)
