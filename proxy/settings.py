@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,6 +29,7 @@ from pydantic import (
     Tag,
     ValidationError,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 
@@ -162,8 +164,27 @@ class VllmEngineSettings(_Strict):
     faults: bool = Field(
         False, description="Chaos testing: POST /admin/faults switches injected faults.")
     extra_args: dict[str, Any] = Field(
-        default_factory=dict, description="Passed to vLLM's AsyncEngineArgs as they are."
+        default_factory=dict, description="Passed to vLLM's AsyncEngineArgs as they are; "
+        "each name and value type is checked against them when the config is read."
     )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _engine_takes_extra_args(cls, extra: dict[str, Any]) -> dict[str, Any]:
+        """Each name an argument of vLLM's engine, of its type: found when the config is
+        read (`check-config`, `serve`), not when the engine starts minutes later."""
+        if not extra:
+            return extra
+        try:
+            with warnings.catch_warnings():  # torch's own import-time deprecations
+                warnings.simplefilter("ignore", DeprecationWarning)
+                from .engine.vllm import extra_args_errors
+        except ImportError:  # no vLLM here: the engine cannot start, and says so
+            return extra
+        errors = extra_args_errors(extra)
+        if errors:
+            raise ValueError("; ".join(f"`{key}`: {msg}" for key, msg in errors))
+        return extra
 
 
 class UpstreamEngineSettings(_Strict):

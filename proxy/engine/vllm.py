@@ -73,6 +73,56 @@ from vllm.v1.structured_output.backend_xgrammar import (
 )
 
 log = get_logger("weir.engine")
+
+# What `VllmEngine.start` passes AsyncEngineArgs itself (from `engine.<name>`): the same
+# name in `extra_args` is an argument given twice.
+_SET_BY_WEIR = ("model", "served_model_name", "tokenizer", "dtype", "quantization",
+                "kv_cache_dtype", "max_num_seqs", "max_model_len", "gpu_memory_utilization",
+                "enable_prefix_caching", "tensor_parallel_size", "seed", "disable_log_stats")
+
+
+def extra_args_errors(extra: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, message) for each `engine.extra_args` entry AsyncEngineArgs would refuse
+    when the engine starts, minutes after the config was read: a name it has no
+    argument for, one Weir sets itself, or a value not of the argument's type (a
+    type pydantic cannot check, e.g. a torch dtype, is taken as it is)."""
+    import dataclasses
+    import sys
+
+    from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+    from ..config_model import takes_bool
+
+    fields = {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
+    scope = vars(sys.modules[AsyncEngineArgs.__module__])
+    errors: list[tuple[str, str]] = []
+    for key, value in extra.items():
+        field = fields.get(key)
+        if field is None:
+            errors.append((key, "not an argument of vLLM's engine (AsyncEngineArgs)"))
+            continue
+        if key in _SET_BY_WEIR:
+            errors.append((key, "set by Weir itself" if key == "disable_log_stats"
+                           else f"set by Weir from `engine.{key}`: set that instead"))
+            continue
+        try:
+            kind = eval(field.type, scope) if isinstance(field.type, str) else field.type
+            adapter: TypeAdapter[Any] = TypeAdapter(
+                kind, config=ConfigDict(arbitrary_types_allowed=True))
+        except Exception:  # (a type pydantic cannot read: not checked)
+            continue
+        if isinstance(value, bool) and not takes_bool(kind):
+            errors.append((key, f"`{str(value).lower()}` is not a valid value here "
+                                f"(expected {field.type})"))
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError as e:
+            first = e.errors()[0]["msg"] if e.errors() else str(e)
+            errors.append((key, f"{first} (expected {field.type})"))
+    return errors
+
+
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 

@@ -31,6 +31,9 @@ def test_check_config_accepts_shipped_configs(name: str, capsys: pytest.CaptureF
          "role: admin}]}\n", ["auth"]),
         # a dtype vLLM has no such name for: refused here, not at the engine's start
         ("engine: {dtype: float64}\n", ["engine.dtype"]),
+        # an engine argument vLLM has no such name for, or of another type
+        ("engine: {extra_args: {max_num_batched_tokenz: 1, block_size: x}}\n",
+         ["engine.extra_args"]),
     ],
 )
 def test_check_config_reports_each_error_path(tmp_path: Path, text: str, paths: list[str],

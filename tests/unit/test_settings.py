@@ -267,3 +267,26 @@ def test_a_doubled_dollar_writes_the_reference_itself() -> None:
     out = interpolate({"a": "say $${NAME} and $${X:-d}", "b": "${X}", "c": "$$${X}"},
                       env={"X": "x"})
     assert out == {"a": "say ${NAME} and ${X:-d}", "b": "x", "c": "$${X}"}
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ("{max_num_batched_tokenz: 4096}", "`max_num_batched_tokenz`: not an argument"),
+    ("{block_size: sixteen}", "`block_size`: "),
+    ("{enforce_eager: true, max_num_batched_tokens: lots}", "`max_num_batched_tokens`: "),
+    ("{block_size: true}", "`block_size`: `true` is not a valid value"),
+    ("{max_num_seqs: 4}", "`max_num_seqs`: set by Weir from `engine.max_num_seqs`"),
+])
+def test_engine_extra_args_are_checked_when_the_config_is_read(extra: str, named: str) -> None:
+    """An unknown name or a wrong type in `engine.extra_args` failed only when the engine
+    started (after the config was read and the model converted): refused here, naming
+    the key."""
+    with pytest.raises(ConfigError) as e:
+        parse_settings(f"engine: {{extra_args: {extra}}}\nauth: {{mode: open}}\n", env={})
+    assert [(p, named in m) for p, m in e.value.errors] == [("engine.extra_args", True)]
+
+
+def test_engine_extra_args_of_the_right_names_and_types_pass() -> None:
+    s = parse_settings("engine: {extra_args: {enforce_eager: true, block_size: 16, "
+                       "max_num_batched_tokens: 4096, compilation_config: {level: 0}}}\n"
+                       "auth: {mode: open}\n", env={})
+    assert s.engine.extra_args["block_size"] == 16  # type: ignore[union-attr]
