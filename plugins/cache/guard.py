@@ -63,6 +63,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_roles import owners, owners_differ
 from .guard_units import units, units_differ
@@ -378,7 +379,7 @@ def signature(text: str) -> Signature:
         route=(route.group(1), route.group(2)) if route else None,
         instructions=_instructions(instructions, seen),
         focus=frozenset(k for k, p in focus.items() if p.search(seen)),
-        tokens=tuple(_TOKEN.findall(lowered)),
+        tokens=_tokens(lowered),
         layout=tuple(_INDENT.findall(text)) if "\n" in text else (),
         language=_language(text),
         tense=_tense(lowered),
@@ -388,6 +389,39 @@ def signature(text: str) -> Signature:
         degrees=degrees(lowered),
         units=units(lowered),
     )
+
+
+# A small word and "is" or "are" read as their contraction ("Where is the nearest
+# store?" / "Where's ...": "where s"), the contraction's own tokens as before (a
+# noun's possessive is no contraction: "the app's language").
+_FULL = re.compile(r"\b(what|where|who|how|when|why|it|that|there|here|he|she|you|we|they)"
+                   r"\s+(is|are)\b")
+_CONTRACTED = {"is": "s", "are": "re"}
+# Words that ask the same thing in the frame of a question, read as one: "Do you offer
+# gift wrapping?" / "Do you have (provide) ...", "When does it open?" / "What time does
+# it open?", and the extremes guard_degrees reads alike ("the cheapest plan" / "the
+# most affordable plan").
+_SAME_ASK = re.compile(r"\b(?:(?:at\s+)?what\s+time|(?:do|does)\s+you\s+(?:have|provide)|"
+                       + "|".join(sorted(map(re.escape, DEGREE_SYNONYMS), key=len,
+                                         reverse=True)) + r")\b")
+
+
+def _same_ask(m: re.Match[str]) -> str:
+    said = m.group(0)
+    if said.endswith("time"):
+        return "when"
+    if said.startswith("do"):
+        return "do you offer"
+    return DEGREE_SYNONYMS[re.sub(r"\s+", " ", said)]
+
+
+def _tokens(lowered: str) -> tuple[str, ...]:
+    """The question's words, a small word and "is"/"are" as their contraction
+    (`_FULL`), and words that ask the same thing in the same frame as one (`_SAME_ASK`)."""
+    if " is" in lowered or " are" in lowered:
+        lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
+    lowered = _SAME_ASK.sub(_same_ask, lowered)
+    return tuple(_TOKEN.findall(lowered))
 
 
 def _symbols(text: str) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ _NOT_DEGREE = frozenset(
     "detest midwest earnest behest bequest unrest crest zest jest lest pretest retest "
     "inquest southwest northwest everest budapest bucharest".split()) | frozenset(
     ("other than", "rather than"))
-_SAME = {
+SAME = {
     **dict.fromkeys(("cheapest", "least expensive", "lowest-priced", "most affordable",
                      "least costly"), "cheapest"),
     **dict.fromkeys(("priciest", "most expensive", "costliest", "most costly",
@@ -50,7 +50,7 @@ def degrees(lowered: str) -> frozenset[str]:
     for m in _DEGREE.finditer(lowered):
         d = re.sub(r"\s+", " ", m.group(0))
         if d not in _NOT_DEGREE:
-            out.add(_SAME.get(d, d))
+            out.add(SAME.get(d, d))
     return frozenset(out)
 
 
