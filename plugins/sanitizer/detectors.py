@@ -13,7 +13,8 @@ starting with an issuer's digits and of a length that issuer's cards have (so an
 "SIN:"), with the CVV or expiry that
 follows them, and a card split across two messages or two lines, blank lines between
 them or not (`card_across`); US Social Security numbers (3-2-4 with dashes, or spaced
-or bare where the text names one); UK National Insurance numbers (in pairs, or bare
+or bare where the text names one: "SSN: ...", a JSON or YAML key '"ssn": "..."', a
+Markdown table's cell "| SSN | ... |"); UK National Insurance numbers (in pairs, or bare
 where the text names one); phones with +/00 prefixes, a "(0)", parentheses,
 dots, spaces or dashes, a NANP number with a leading 1, an extension, and after a phone
 word ("call me at", "Tel:", "携帯") ten bare digits or a national number ("07700
@@ -342,7 +343,7 @@ _PHONE_SAID = re.compile(
     r"celular|portable|contact[oe]?|kontakt|mob|tlf|telp|fone|"
     r"(?:my|our|his|her|their|contact)\s+number|電話|电话|携帯|手机|전화)"
     r"\b\.?(?:\s+(?:me|us|him|her|them|at|on|is|number|no\.?|#|nummer|número|numéro)){0,3}"
-    r"\s{0,3}[:=]?\s{0,3}(?P<n>(?:\+?1[ .\-\u2013]?)?[2-9]\d{2}[2-9]\d{6}"
+    r"[\s\"'`|]{0,3}[:=]?[\s\"'`|]{0,3}(?P<n>(?:\+?1[ .\-\u2013]?)?[2-9]\d{2}[2-9]\d{6}"
     r"|\(?0\d{1,4}\)?(?:[ ./\-\u2013]?\d{2,5}){1,4}|\(\d{2}\)\s?\d{4,5}[ .\-\u2013]?\d{4}"
     r"|[6-9]\d{4}[ \-]\d{5})"
     r"(?![\w-]|\.\d)",
@@ -646,7 +647,7 @@ _SSN = (r"(?<![\w\-\u2010-\u2013])(?!000|666|9\d\d)\d{3}([\-\u2010-\u2013])(?!00
         r"\d{2}\1(?!0000)\d{4}(?![\w\-\u2010-\u2013])")
 _SSN_SAID = re.compile(
     r"(?:\b(?:ssn|social\s+security(?:\s+(?:number|no\.?))?|tax\s*payer\s+id|tin)\b\.?"
-    r"|\bss#)(?:\s+(?:is|was|number|no\.?|#)){0,2}[\s:=#,(\-\u2010-\u2013]{0,4}"
+    r"|\bss#)(?:\s+(?:is|was|number|no\.?|#)){0,2}[\s:=#,(\-\u2010-\u2013\"'`|]{0,6}"
     r"(?P<n>(?!000|666|9\d\d)\d{3}(?P<s>[ \-\u2010-\u2013]?)(?!00)\d{2}(?P=s)(?!0000)\d{4})"
     r"(?![\w\-\u2010-\u2013])", re.IGNORECASE)
 _SSN_WORDS = ("ssn", "ss#", "social", "tax", "tin")
@@ -669,7 +670,7 @@ _NINO_PREFIX = r"(?!BG|GB|KN|NK|NT|TN|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]"
 _NINO = rf"(?<![\w-]){_NINO_PREFIX} \d{{2}} \d{{2}} \d{{2}} ?[A-D](?![\w-])"
 _NINO_SAID = re.compile(
     r"(?i:\b(?:nino|ni(?:\s+(?:number|no\.?)|\s*#)|national\s+insurance(?:\s+(?:number|no\.?))?)"
-    r"(?:\s+(?:is|was|number|no\.?|#)){0,2}[\s:=#,(\-]{0,4})"
+    r"(?:\s+(?:is|was|number|no\.?|#)){0,2}[\s:=#,(\-\"'`|]{0,6})"
     rf"(?P<n>{_NINO_PREFIX}(?P<s>[ -]?)\d{{2}}(?P=s)\d{{2}}(?P=s)\d{{2}}(?P=s)[A-D])(?![\w-])",
     re.IGNORECASE)
 _NINO_WORDS = ("nino", "ni ", "ni#", "national insurance")

@@ -73,6 +73,13 @@ CASES = [
     ("ssn", "123\u201145\u20116789", True),  # non-breaking hyphens
     ("ssn", "see rows 101 22 3333 and 4", False),  # spaced, nothing says SSN
     ("ssn", "part A123-45-6789 call 020 12 3456", False),
+    # a label as a JSON, YAML or code key, or in a Markdown table's cell: the quotes and
+    # bars between it and its number hid what it names (tool arguments are JSON)
+    ("ssn", '{"ssn": "219099999"}', True), ("ssn", "ssn = '219099999'", True),
+    ("ssn", "| SSN | 219099999 |", True), ("ssn", '{"ssn_hash": "219099999"}', False),
+    ("uk_nino", '{"nino": "AB123456C"}', True), ("uk_nino", "nino='AB 12 34 56 C'", True),
+    ("phone", '{"phone": "2125550147"}', True), ("phone", '{"tel": "07700 900123"}', True),
+    ("phone", "| phone | 2125550147 |", True),
     ("secret", "key sk-proj-abcdefghijklmnopqrstuvwx1234", True),
     ("secret", "aws AKIAIOSFODNN7EXAMPLE", True),
     ("secret", "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
