@@ -597,9 +597,10 @@ _DIGITS_ACROSS_LINE = re.compile(r"\d[ \t.\-_/]*\r?\n\s*\d")
 
 # A label that names a number as something else that passes Luhn, just before it: a
 # handset's IMEI or IMEISV (16 digits, may start as a JCB card does), a SIM's ICCID, a
-# Canadian SIN, a South African identity number (13 digits, may start as Visa's).
+# Canadian SIN, a South African identity number (13 digits, may start as Visa's), a
+# device's serial number.
 _NOT_CARD_LABEL = re.compile(
-    r"\b(?:imei(?:sv)?|meid|iccid|esn|sin|social\s+insurance|nas|"
+    r"\b(?:imei(?:sv)?|meid|iccid|esn|sin|social\s+insurance|nas|serial|s/n|"
     r"(?:sa|national)\s+id|id(?:entity)?\s+(?:number|no\.?))"
     r"(?:\s*\(?[12]\)?)?(?:\s+(?:number|no\.?|#|is|was)){0,2}\s{0,2}[:#=]?\s{0,2}$",
     re.IGNORECASE)

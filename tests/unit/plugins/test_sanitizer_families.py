@@ -175,6 +175,8 @@ def test_an_imei_is_no_card(imei: str, sep: str, pre: str) -> None:
     "ICCID 4111111111111111",
     "SIN: 4111 1111 1111 1111",
     "national id 4111111111111111",
+    "Serial no. 4901542032375 of the device",  # 13 digits, as Visa's once were
+    "S/N: 4111111111111111",
 ])
 def test_a_number_labelled_as_no_card_is_none(text: str) -> None:
     assert not fires("card", text)
