@@ -571,12 +571,27 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             items = [self._json_value(v, fired) for v in value]
             return value if all(a is b for a, b in zip(items, value, strict=True)) else items
         if isinstance(value, dict):
-            pairs = [(self._json_value(k, fired), self._json_value(v, fired))
-                     for k, v in value.items()]
+            pairs = [(self._json_value(k, fired),
+                      self._keyed(k, v, fired) if isinstance(v, str) else
+                      self._json_value(v, fired)) for k, v in value.items()]
             same = all(k2 is k and v2 is v for (k2, v2), (k, v) in zip(
                 pairs, value.items(), strict=True))
             return value if same else dict(pairs)
         return value
+
+    def _keyed(self, key: str, value: str, fired: dict[str, str]) -> str:
+        """A JSON string read after its key, as the key names it ('"ssn": "219099999"',
+        '"nino": "AB123456C"': the digits alone are any number); the value alone where
+        the key adds nothing (no digit in it: every detector a label helps reads one)."""
+        alone = self._redacted(value, fired)
+        if alone is not value or len(key) > 64 or not any(c.isdigit() for c in value):
+            return alone
+        prefix = f"{key}: "
+        said = self._redacted(prefix + value, fired)
+        head = self._fold(prefix)
+        if said == prefix + value or not said.startswith(head):
+            return value
+        return said[len(head):]
 
     def _completion(self, req: CompletionRequest, fired: dict[str, str],
                     ) -> tuple[CompletionRequest, CompletionRequest]:

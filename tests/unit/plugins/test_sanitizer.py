@@ -461,6 +461,22 @@ async def test_call_arguments_are_read_as_the_model_sees_them(arguments: str) ->
         json.loads(_args(ctx))  # still JSON
 
 
+@pytest.mark.parametrize(("arguments", "number"), [
+    ('{"customer": {"ssn": "219099999", "name": "Al"}}', "219099999"),
+    ('{"nino": "AB123456C"}', "AB123456C"),
+    ('[{"phone": "2125550147"}]', "2125550147"),
+])
+async def test_a_call_arguments_key_names_its_value(arguments: str, number: str) -> None:
+    """Call arguments are read string by string: a bare SSN, NI number or phone under a
+    key that names it ("ssn") went to the engine, as the key was read apart from it."""
+    ctx = _with_call(arguments)
+    await plugin(detectors={"ssn": "redact", "uk_nino": "redact", "phone": "redact"})(
+        ctx, Spy())
+    assert ctx.flags and number not in _args(ctx)
+    json.loads(_args(ctx))  # still JSON, its keys kept
+    assert all(k in _args(ctx) for k in ("ssn", "nino", "phone") if k in arguments)
+
+
 async def test_call_arguments_without_findings_are_left_as_they_came() -> None:
     arguments = '{"q": "say \uff02hi\uff02",   "n": 1}'  # full-width quotes, spaces
     ctx = _with_call(arguments)
