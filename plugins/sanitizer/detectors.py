@@ -341,8 +341,11 @@ _PHONE_SAID = re.compile(
     r"\b(?:phone|tel|telephone|call|calling|mobile|cell|cellphone|text\s+me|sms|whatsapp|"
     r"fax|reach\s+me|ring\s+me|dial|telefon|teléfono|telefono|téléphone|tél|handy|móvil|"
     r"celular|portable|contact[oe]?|kontakt|mob|tlf|telp|fone|"
+    # "call" in other languages ("appelez-moi au 06 ...", "llámame al ...")
+    r"appel(?:ez|er|le)|llam(?:ar|a|ame)|llámame|chiama(?:mi|re)?|anrufen|ruf|ligue|"
     r"(?:my|our|his|her|their|contact)\s+number|電話|电话|携帯|手机|전화)"
-    r"\b\.?(?:\s+(?:me|us|him|her|them|at|on|is|number|no\.?|#|nummer|número|numéro)){0,3}"
+    r"\b\.?(?:[\s-]+(?:me|us|him|her|them|at|on|is|number|no\.?|#|nummer|número|numéro|"
+    r"moi|le|au|al|mich|an|unter|mi)){0,3}"
     r"[\s\"'`|]{0,3}[:=]?[\s\"'`|]{0,3}(?P<n>(?:\+?1[ .\-\u2013]?)?[2-9]\d{2}[2-9]\d{6}"
     r"|\(?0\d{1,4}\)?(?:[ ./\-\u2013]?\d{2,5}){1,4}|\(\d{2}\)\s?\d{4,5}[ .\-\u2013]?\d{4}"
     r"|[6-9]\d{4}[ \-]\d{5})"
@@ -350,7 +353,8 @@ _PHONE_SAID = re.compile(
     re.IGNORECASE)
 _PHONE_WORDS = ("phone", "tel", "call", "mob", "cell", "text", "sms", "whatsapp", "fax",
                 "reach", "ring", "dial", "tél", "handy", "móvil", "celular", "portable",
-                "number", "contact", "kontakt", "tlf", "telp", "fone",
+                "number", "contact", "kontakt", "tlf", "telp", "fone", "appel", "llam", "llám",
+                "chiama", "anruf", "ruf", "ligue",
                 "電話", "电话", "携帯", "手机", "전화")
 _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d)"
 # Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5;

@@ -38,6 +38,12 @@ CASES = [
     ("phone", "call +1 (415) 555-2671", True),
     ("phone", "US office (415) 555-2671", True),
     ("phone", "ticket 415-555-2671", True),
+    # "call me" in other languages before a national number
+    ("phone", "appelez le 01 23 45 67 89 svp", True),
+    ("phone", "Appelez-moi au 06 12 34 56 78", True),
+    ("phone", "llámame al 0912 345 678", True), ("phone", "chiamami al 06 1234 5678", True),
+    ("phone", "Ruf mich an unter 030 12345678", True),
+    ("phone", "Le rapport 01 23 45 67 89 est prêt", False),
     ("phone", "version 3.14.15 and 2024-01-05", False),
     ("cn_mobile", "我的手机是13812345678", True),
     ("cn_mobile", "+86 138 1234 5678", True),
