@@ -92,6 +92,73 @@ def refuse_unsupported(data: Any, table: Unsupported) -> None:
                                  code="unsupported_parameter")
 
 
+#: OpenAI's enum-valued parameters that no model field here declares (those refused as
+#: unsupported, and those an upstream gets as sent): the values its spec lists, by path
+#: (`[]`: each item of an array). A value outside them is a 400 `invalid_value` naming
+#: it, as OpenAI answers, checked before anything is refused as unsupported: a misspelt
+#: value is the caller's mistake whichever engine serves the request. (Declared fields
+#: are `Literal`s, which the parser checks the same way.)
+CHAT_ENUMS: dict[str, tuple[str, ...]] = {
+    "reasoning_effort": ("none", "minimal", "low", "medium", "high", "xhigh", "max"),
+    "verbosity": ("low", "medium", "high"),
+    "modalities[]": ("text", "audio"),
+    "audio.format": ("wav", "aac", "mp3", "flac", "opus", "pcm16"),
+    "web_search_options.search_context_size": ("low", "medium", "high"),
+    "web_search_options.user_location.type": ("approximate",),
+    "function_call": ("none", "auto"),  # (or an object: `ENUM_OR_OBJECT`)
+}
+#: Paths of `CHAT_ENUMS` that take an object too (a named function).
+ENUM_OR_OBJECT = frozenset({"function_call"})
+
+
+def check_enums(data: Any, table: Mapping[str, tuple[str, ...]]) -> None:
+    """Each value at a path of `table` is a string among its values (null: absent), else
+    a 400 naming it (`invalid_type` for another JSON type, `invalid_value` for another
+    string), in OpenAI's words."""
+    if not isinstance(data, dict):
+        return
+    for path, values in table.items():
+        for param, v in _at_path(data, path):
+            if v is None or (isinstance(v, dict) and path in ENUM_OR_OBJECT):
+                continue
+            if not isinstance(v, str):
+                raise InvalidRequest(f"Invalid type for `{param}`: expected one of "
+                                     f"{_listed(values)}, but got {_json_type(v)} instead.",
+                                     param=param, code="invalid_type")
+            if v not in values:
+                raise InvalidRequest(f"Invalid value: {v[:64]!r}. Supported values are: "
+                                     f"{_listed(values)}.", param=param, code="invalid_value")
+
+
+def _at_path(data: dict[str, Any], path: str) -> Iterator[tuple[str, Any]]:
+    """(param, value) at a dotted `path` of `data` (`a.b`, `a[]`: each item of the array
+    at `a`); nothing where a step is missing or of another type (a whole value of the
+    wrong type is its own field's error)."""
+    found: list[tuple[str, Any]] = [("", data)]
+    for step in path.split("."):
+        each = step.endswith("[]")
+        name = step.removesuffix("[]")
+        nxt: list[tuple[str, Any]] = []
+        for where, node in found:
+            if not isinstance(node, dict) or name not in node:
+                continue
+            param, v = f"{where}.{name}" if where else name, node[name]
+            if each and isinstance(v, list):
+                nxt.extend((f"{param}[{i}]", x) for i, x in enumerate(v))
+            elif not each:
+                nxt.append((param, v))
+        found = nxt
+    return iter(found)
+
+
+def _listed(values: tuple[str, ...]) -> str:
+    """'a', 'b', and 'c' (OpenAI's list of supported values)."""
+    quoted = [repr(v) for v in values]
+    if len(quoted) < 3:
+        return " and ".join(quoted)
+    return ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
+
+
 #: Moderated completions (OpenAI runs a moderation model on the input and the output,
 #: and answers with its results): on Chat Completions and the Responses API alike.
 MODERATION = (inert(), "moderated completions are not supported here: no moderation "
@@ -1025,6 +1092,7 @@ class ChatCompletionRequest(_SamplingFields, CallerFields):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
+        check_enums(data, CHAT_ENUMS)
         refuse_unsupported(data, CHAT_UNSUPPORTED)
         refuse_other_tools(data)
         return data

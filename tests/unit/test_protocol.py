@@ -8,6 +8,7 @@ from proxy.errors import InvalidRequest
 from proxy.openai_responses.models import ResponsesRequest
 from proxy.preparing import prepare_chat
 from proxy.protocol import (
+    CHAT_ENUMS,
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
@@ -482,6 +483,79 @@ def test_the_same_parameters_asking_nothing_are_accepted(model: type,
                             else {"model": "m", "prompt": "hi"} if model is CompletionRequest
                             else {"model": "m", "input": "hi"})
     parse_model(model, {**base, **extra})
+
+
+def _with_value_at(path: str, value: Any) -> tuple[dict[str, Any], str]:
+    """A request body with `value` at a `CHAT_ENUMS` path (`[]`: the array's first item),
+    and that value's param."""
+    body: dict[str, Any] = {}
+    node, param = body, ""
+    steps = path.split(".")
+    for i, step in enumerate(steps):
+        name, each = step.removesuffix("[]"), step.endswith("[]")
+        param = f"{param}.{name}" if param else name
+        last = i == len(steps) - 1
+        inner: Any = value if last else {}
+        node[name] = [inner] if each else inner
+        param += "[0]" if each else ""
+        node = inner
+    return body, param
+
+
+@pytest.mark.parametrize("path", sorted(CHAT_ENUMS))
+@pytest.mark.parametrize(("value", "code"), [("bogus", "invalid_value"), (5, "invalid_type")])
+def test_an_enum_parameter_outside_its_values_is_an_invalid_value_naming_it(
+        path: str, value: Any, code: str) -> None:
+    """`reasoning_effort: "bogus"` was refused as an unsupported parameter (and passed on
+    to an upstream as sent): a value outside OpenAI's list is the caller's mistake, a 400
+    `invalid_value` (`invalid_type` for another JSON type) naming it, as OpenAI answers."""
+    extra, param = _with_value_at(path, value)
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, **extra})
+    assert (e.value.status, e.value.param, e.value.code) == (400, param, code)
+    assert "Supported values are" in e.value.message or code == "invalid_type"
+
+
+def test_enum_values_are_the_specs() -> None:
+    """Every enum of a chat parameter the request model does not declare (an unsupported
+    one, or one an upstream gets as sent) is in `CHAT_ENUMS`, with the spec's values."""
+    from tests.openai_spec import SHARED_SPEC
+    if not SHARED_SPEC.exists():
+        pytest.skip("shared/openai/openapi.yaml not beside the checkout")
+    import yaml
+    with SHARED_SPEC.open(encoding="utf-8") as f:
+        spec = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    schemas = spec["components"]["schemas"]
+
+    def enums(node: Any, path: str, depth: int = 0) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        if depth > 8 or not isinstance(node, dict):
+            return out
+        if "$ref" in node:
+            return enums(schemas[node["$ref"].rsplit("/", 1)[1]], path, depth + 1)
+        if isinstance(node.get("enum"), list) and all(isinstance(v, str) for v in node["enum"]):
+            out[path] = tuple(node["enum"])
+        alternatives = (*node.get("anyOf", ()), *node.get("oneOf", ()))
+        if any(a.get("type") == "string" and "enum" not in a for a in alternatives):
+            return out  # (any string: a voice's name or a custom one's)
+        for sub in (*alternatives, *node.get("allOf", ())):
+            out.update(enums(sub, path, depth + 1))
+        if isinstance(node.get("items"), dict):
+            out.update(enums(node["items"], f"{path}[]", depth + 1))
+        for name, sub in (node.get("properties") or {}).items():
+            out.update(enums(sub, f"{path}.{name}", depth + 1))
+        return out
+
+    params: dict[str, Any] = {}
+    for part in schemas["CreateChatCompletionRequest"]["allOf"]:
+        if "$ref" in part:
+            part = schemas[part["$ref"].rsplit("/", 1)[1]]
+        params.update(part.get("properties") or {})
+    found: dict[str, tuple[str, ...]] = {}
+    for name, schema in params.items():
+        if name not in ChatCompletionRequest.model_fields and name != "model":
+            found.update(enums(schema, name))
+    assert found == CHAT_ENUMS
 
 
 @pytest.mark.parametrize(("model", "data", "param"), [
