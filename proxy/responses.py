@@ -5,7 +5,7 @@ alike. Shapes follow the official spec (`shared/openai/openapi.yaml`): chat chun
 the role only in a choice's first delta; every chunk of a stream has the same id;
 a choice's `finish_reason` is set exactly once, with vLLM's `stop_reason` beside it (the
 stop string or stop token id that ended the choice; null otherwise), as a whole choice
-carries it; with `include_usage`, each chunk has `usage: null` (or, with vLLM's
+carries it (a completion's chunks carry it null before that, as vLLM's server sends them); with `include_usage`, each chunk has `usage: null` (or, with vLLM's
 `continuous_usage_stats`, the usage so far) and a last chunk carries the usage with
 `choices: []`.
 """
@@ -201,12 +201,11 @@ def completion_choice(
     index: int, text: str, reason: str | None, logprobs: dict[str, Any] | None,
     stop_reason: StopReason = None,
 ) -> dict[str, Any]:
-    """A whole choice, or a streamed one (whose `stop_reason` goes out with its finish
-    reason, in its last chunk)."""
-    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
-    if reason is not None:
-        choice["stop_reason"] = stop_reason
-    return choice
+    """A whole choice, or a streamed one: `stop_reason` in every chunk, null until the
+    last (vLLM's server sends a completion's so; its chat chunks carry it in the last
+    alone: `chat_chunk_choice`)."""
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason,
+            "stop_reason": stop_reason}
 
 
 def now() -> int:

@@ -63,9 +63,11 @@ def streamed_choice(events: list[dict[str, Any]], route: str, usage: bool = Fals
         text = "".join(c["text"] for e in events for c in e["choices"])
     ends = [c for e in events for c in e["choices"] if c["finish_reason"] is not None]
     assert len(ends) == 1 and "stop_reason" in ends[0]  # with its finish reason, once
-    # (and only there, as vLLM's chat stream sends it)
-    assert all("stop_reason" not in c for e in events for c in e["choices"]
-               if c["finish_reason"] is None)
+    before = [c for e in events for c in e["choices"] if c["finish_reason"] is None]
+    if route == "chat":  # only there, as vLLM's chat stream sends it
+        assert all("stop_reason" not in c for c in before)
+    else:  # null in every chunk before it, as vLLM's completion stream sends it
+        assert all(c["stop_reason"] is None for c in before)
     return text, ends[0]["finish_reason"], ends[0]["stop_reason"]
 
 
