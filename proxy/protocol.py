@@ -1257,6 +1257,18 @@ class CompletionRequest(_SamplingFields):
     response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
+    def _best_of_is_at_least_n(self) -> CompletionRequest:
+        """`best_of` candidates, of which `n` are returned: fewer is a contradiction on
+        any server (OpenAI's rule; vLLM's, while it took `best_of`), not a parameter this
+        one lacks."""
+        if self.best_of is not None and self.best_of < self.n:
+            raise InvalidRequest(
+                f"Invalid value for `best_of`: `best_of` ({self.best_of}) must be greater "
+                f"than or equal to `n` ({self.n}): it is the number of candidates, of which "
+                "`n` are returned.", param="best_of", code="invalid_value")
+        return self
+
+    @model_validator(mode="after")
     def _zero_only_echoes(self) -> CompletionRequest:
         if self.max_tokens == 0 and not self.echo:
             raise InvalidRequest(

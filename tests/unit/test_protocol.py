@@ -6,7 +6,7 @@ import pytest
 
 from proxy.errors import InvalidRequest
 from proxy.openai_responses.models import ResponsesRequest
-from proxy.preparing import prepare_chat
+from proxy.preparing import prepare_chat, prepare_completion
 from proxy.protocol import (
     CHAT_ENUMS,
     ChatCompletionRequest,
@@ -183,6 +183,19 @@ def test_completion_prompt_forms(prompt: Any, expected: Any) -> None:
 def test_bad_completion_prompts(prompt: Any) -> None:
     param = bad_param(CompletionRequest, {"model": "m", "prompt": prompt})
     assert param is not None and param.startswith("prompt")
+
+
+@pytest.mark.parametrize(("n", "best_of", "code"), [
+    (3, 2, "invalid_value"), (2, 1, "invalid_value"), (2, 3, "unsupported_parameter")])
+def test_best_of_fewer_than_n_is_an_invalid_value(n: int, best_of: int, code: str) -> None:
+    """Fewer candidates than choices returned is a contradiction on any server (an
+    upstream's too), not a parameter this one lacks: `invalid_value`, where it was
+    `unsupported_parameter`. More candidates than `n` is what the engine cannot do."""
+    body = {"model": "m", "prompt": "hi", "n": n, "best_of": best_of}
+    with pytest.raises(InvalidRequest) as e:
+        prepare_completion(FakeEngine(), parse_model(CompletionRequest, body))
+    assert (e.value.status, e.value.param, e.value.code) == (400, "best_of", code)
+    prepare_completion(FakeEngine(), parse_model(CompletionRequest, {**body, "best_of": n}))
 
 
 def test_completion_logprobs_bound() -> None:
