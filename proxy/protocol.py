@@ -1125,6 +1125,12 @@ class ChatCompletionRequest(_SamplingFields, CallerFields):
             if unanswered and m.role != "tool":
                 _unanswered(unanswered)
             _parts_of_its_role(m, i)
+            if m.role == "assistant" and (m.model_extra or {}).get("audio") is not None:
+                raise InvalidRequest(  # (else "missing content", or the audio dropped)
+                    f"Unsupported parameter: `messages[{i}].audio`: an earlier audio answer "
+                    "cannot be referred to here (this model answers text only); send its "
+                    "transcript as the message's `content`.", param=f"messages[{i}].audio",
+                    code="unsupported_parameter")
             if m.content is None and not _may_lack_content(m):
                 raise InvalidRequest(
                     f"Missing required parameter: `messages[{i}].content` (only an assistant "

@@ -356,6 +356,23 @@ def test_several_tool_results_answer_several_calls() -> None:
     assert [m.role for m in req.messages][-3:] == ["tool", "tool", "assistant"]
 
 
+@pytest.mark.parametrize("content", [None, "the transcript"])
+def test_an_assistant_turn_referring_to_an_audio_answer_is_refused_by_name(
+        content: str | None) -> None:
+    """OpenAI's assistant message may stand for an earlier audio answer (`audio: {id}`,
+    no content): it was told its content was missing (or, with content, the audio was
+    dropped silently); the error names the audio and says what to send."""
+    turns = [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": content, "audio": {"id": "audio_1"}},
+             {"role": "user", "content": "and?"}]
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": turns})
+    assert (e.value.param, e.value.code) == ("messages[1].audio", "unsupported_parameter")
+    assert "transcript" in e.value.message
+    turns[1] = {"role": "assistant", "content": "the transcript", "audio": None}
+    parse_model(ChatCompletionRequest, {"model": "m", "messages": turns})
+
+
 def test_an_assistant_call_needs_no_content() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     req = chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},
