@@ -899,14 +899,24 @@ class Prediction(_Open):
     content: str | Annotated[list[TextPart], Field(min_length=1)]
 
 
+class PromptCacheOptions(_Open):
+    """OpenAI's prompt-cache options (`PromptCacheOptionsParam`): how long, and whether
+    implicitly, OpenAI keeps a prompt's prefix; the answer is the same either way."""
+
+    ttl: Literal["30m"] | None = None
+    mode: Literal["implicit", "explicit"] | None = None
+
+
 class CallerFields(_Open):
     """OpenAI's fields on who asks and its prompt cache (Chat Completions' and the
     Responses API's): they change no answer and no engine here reads them (an upstream
-    gets them), but they are checked as OpenAI checks them."""
+    gets them), but they are checked as OpenAI checks them. As fields of the request,
+    not unknown ones, they are no part of a cache key (`plugins/cache/keys.py`)."""
 
     safety_identifier: Annotated[str, Field(max_length=64)] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
 
 
 # Bounds: OpenAI's documented ones where it has them, otherwise the engine's real limits

@@ -79,7 +79,8 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
 #: or kept): not in the key. Any other field Weir does not know is (an upstream engine
 #: may honour it).
 _NOT_ANSWER = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key",
-                         "safety_identifier", "prompt_cache_retention", "stream",
+                         "safety_identifier", "prompt_cache_retention",
+                         "prompt_cache_options", "stream",
                          "stream_options",
                          # a predicted output speeds an answer up, never changes it
                          "prediction",

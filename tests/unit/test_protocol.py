@@ -9,6 +9,8 @@ from proxy.openai_responses.models import ResponsesRequest
 from proxy.preparing import prepare_chat, prepare_completion
 from proxy.protocol import (
     CHAT_ENUMS,
+    CHAT_UNSUPPORTED,
+    LOCAL_UNSUPPORTED,
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
@@ -139,6 +141,10 @@ def test_a_responses_refusal_part_is_an_assistant_s_alone(role: str) -> None:
     ({"safety_identifier": 5}, "safety_identifier", "invalid_type"),
     ({"prompt_cache_key": ["k"]}, "prompt_cache_key", "invalid_type"),
     ({"prompt_cache_retention": "forever"}, "prompt_cache_retention", "invalid_value"),
+    ({"prompt_cache_options": {"ttl": "1h"}}, "prompt_cache_options.ttl", "invalid_value"),
+    ({"prompt_cache_options": {"mode": "never"}}, "prompt_cache_options.mode",
+     "invalid_value"),
+    ({"prompt_cache_options": "30m"}, "prompt_cache_options", "invalid_type"),
     ({"prediction": "the file"}, "prediction", "invalid_type"),
     ({"prediction": {"type": "content"}}, "prediction.content", "missing_required_parameter"),
     ({"prediction": {"type": "content", "content": []}}, "prediction.content", "empty_array"),
@@ -160,7 +166,8 @@ def test_openai_s_fields_that_change_no_answer_are_still_checked(
         assert (e.value.param, e.value.code) == (param, code)
     good = {"safety_identifier": "u" * 64, "prompt_cache_key": "k",
             "prompt_cache_retention": "24h", "prediction": {"type": "content", "content": [
-                {"type": "text", "text": "x"}]}}
+                {"type": "text", "text": "x"}]},
+            "prompt_cache_options": {"ttl": "30m", "mode": "explicit"}}
     parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, **good, "stream": True,
                                         "stream_options": {"include_obfuscation": False}})
 
@@ -581,6 +588,10 @@ def test_enum_values_are_the_specs() -> None:
         if "$ref" in part:
             part = schemas[part["$ref"].rsplit("/", 1)[1]]
         params.update(part.get("properties") or {})
+    # (and every parameter is known: declared, or refused by name; none is an unknown
+    # field, which the cache would key as something that changes the answer)
+    known = {*ChatCompletionRequest.model_fields, *CHAT_UNSUPPORTED, *LOCAL_UNSUPPORTED}
+    assert set(params) - known == set()
     found: dict[str, tuple[str, ...]] = {}
     for name, schema in params.items():
         if name not in ChatCompletionRequest.model_fields and name != "model":

@@ -213,6 +213,20 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     assert exact_key(ctx(principal=BOB), "user") != exact_key(ctx(), "user")
 
 
+def test_prompt_cache_options_change_no_key() -> None:
+    """OpenAI's `prompt_cache_options` (how long OpenAI keeps a prompt's prefix) was an
+    unknown field, keyed as if it changed the answer: a client sending it missed every
+    entry stored without it (and each `mode` had entries of its own)."""
+    def ctx(**kw: Any) -> RequestContext:
+        return RequestContext(route="chat", request=ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0,
+             **kw}), principal=ALICE, request_id="r", headers={})
+
+    base = exact_key(ctx(), "tenant")
+    for opts in ({"ttl": "30m"}, {"mode": "explicit"}, {"ttl": "30m", "mode": "implicit"}):
+        assert exact_key(ctx(prompt_cache_options=opts), "tenant") == base
+
+
 def test_every_field_weir_declares_is_keyed_or_said_not_to_change_the_answer() -> None:
     """A declared field is no `model_extra`, so it is keyed only where the key names it:
     one left out made two requests one key (`best_of`, which an upstream honours: the best
