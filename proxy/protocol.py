@@ -763,6 +763,21 @@ class ToolCall(_Open):
     function: CalledFunction
 
 
+def check_unique_names(names: Iterable[str], param: Callable[[int], str]) -> None:
+    """Each function tool has a name of its own: a call names its function, so with two
+    of one name the caller cannot tell which was called, nor which schema a named
+    `tool_choice` (or `required`) holds the arguments to. A 400 naming the second, in
+    the words OpenAI uses for a repeated value; `param(i)`: the i-th tool's name."""
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise InvalidRequest(
+                f"Invalid parameter: Duplicate value for 'name' of '{name}' in `tools`: "
+                "each function tool needs a name of its own.", param=param(i),
+                code="invalid_value")
+        seen.add(name)
+
+
 def check_tool_choice(tools: list[ChatTool] | None, choice: ToolChoice | None) -> None:
     """A `tool_choice` needs `tools`, and a named one must name a tool among them."""
     if choice is None:
@@ -1226,6 +1241,8 @@ class ChatCompletionRequest(_SamplingFields, CallerFields):
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        check_unique_names((t.function.name for t in self.tools or ()),
+                           lambda i: f"tools[{i}].function.name")
         check_tool_choice(self.tools, self.tool_choice)
         if self.parallel_tool_calls is not None and not self.tools:  # (OpenAI's 400)
             raise InvalidRequest("Invalid value for `parallel_tool_calls`: "

@@ -32,6 +32,7 @@ from ..protocol import (
     _NullIsDefault,
     _Open,
     check_strict,
+    check_unique_names,
     inert,
     join_parts,
     refuse_misplaced_refusals,
@@ -364,6 +365,7 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
 
     @model_validator(mode="after")
     def _tool_choice_names_a_tool(self) -> ResponsesRequest:
+        check_unique_names((t.name for t in self.tools or ()), lambda i: f"tools[{i}].name")
         choice = self.tool_choice
         if choice == "required" and not self.tools:
             raise InvalidRequest("Invalid value for `tool_choice`: `required` needs `tools`.",

@@ -380,6 +380,27 @@ def test_an_assistant_turn_referring_to_an_audio_answer_is_refused_by_name(
     parse_model(ChatCompletionRequest, {"model": "m", "messages": turns})
 
 
+@pytest.mark.parametrize("choice", [None, "auto", "required",
+                                    {"type": "function", "function": {"name": "f"}}])
+def test_two_function_tools_of_one_name_are_refused(choice: Any) -> None:
+    """A call names its function: with two tools named `f`, the caller could not tell
+    which was called, and a forced call held its arguments to the first one's schema
+    alone. A 400 naming the second (Chat Completions and the Responses API alike)."""
+    def tool(prop: str) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {prop: {"type": "string"}}}}}
+    tools = [tool("a"), {**tool("b"), "function": {"name": "g"}}, tool("c")]
+    body = {"model": "m", "messages": MSG, "tools": tools, "tool_choice": choice}
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, body)
+    assert (e.value.param, e.value.code) == ("tools[2].function.name", "invalid_value")
+    parse_model(ChatCompletionRequest, {**body, "tools": tools[:2]})
+    flat = [{"type": "function", **t["function"]} for t in tools]
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ResponsesRequest, {"model": "m", "input": "hi", "tools": flat})
+    assert (e.value.param, e.value.code) == ("tools[2].name", "invalid_value")
+
+
 def test_an_assistant_call_needs_no_content() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     req = chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},
