@@ -5,7 +5,8 @@ alike. Shapes follow the official spec (`shared/openai/openapi.yaml`): chat chun
 the role only in a choice's first delta; every chunk of a stream has the same id;
 a choice's `finish_reason` is set exactly once, with vLLM's `stop_reason` beside it (the
 stop string or stop token id that ended the choice; null otherwise), as a whole choice
-carries it (a completion's chunks carry it null before that, as vLLM's server sends them); with `include_usage`, each chunk has `usage: null` (or, with vLLM's
+carries it (a completion's chunks carry it null before that, as vLLM's server sends
+them); with `include_usage`, each chunk has `usage: null` (or, with vLLM's
 `continuous_usage_stats`, the usage so far) and a last chunk carries the usage with
 `choices: []`.
 """
