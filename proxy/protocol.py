@@ -118,6 +118,12 @@ def check_enums(data: Any, table: Mapping[str, tuple[str, ...]]) -> None:
     if not isinstance(data, dict):
         return
     for path, values in table.items():
+        if path.endswith("[]"):  # (an array of them: another JSON type is its own error)
+            for param, v in _at_path(data, path[:-2]):
+                if v is not None and not isinstance(v, list):
+                    raise InvalidRequest(f"Invalid type for `{param}`: expected an array, "
+                                         f"but got {_json_type(v)} instead.", param=param,
+                                         code="invalid_type")
         for param, v in _at_path(data, path):
             if v is None or (isinstance(v, dict) and path in ENUM_OR_OBJECT):
                 continue

@@ -572,6 +572,11 @@ def test_an_enum_parameter_outside_its_values_is_an_invalid_value_naming_it(
         parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG, **extra})
     assert (e.value.status, e.value.param, e.value.code) == (400, param, code)
     assert "Supported values are" in e.value.message or code == "invalid_type"
+    if path.endswith("[]"):  # (the array itself of another type)
+        with pytest.raises(InvalidRequest) as e:
+            parse_model(ChatCompletionRequest, {"model": "m", "messages": MSG,
+                                                path[:-2]: value})
+        assert (e.value.param, e.value.code) == (path[:-2], "invalid_type")
 
 
 def test_enum_values_are_the_specs() -> None:
