@@ -181,9 +181,15 @@ CHAT_UNSUPPORTED: Unsupported = {
     "verbosity": (inert("medium"), "this model has no verbosity setting; ask for a length "
                   "in the prompt."),
 }
-#: Chat Completions' names sent to /v1/completions, which takes other ones: ignored, the
-#: answer would run to the default 16 tokens, or come without logprobs.
+#: Chat Completions' names sent to /v1/completions, which takes other ones (or has no
+#: such thing): ignored, the answer would run to the default 16 tokens, come without
+#: logprobs, or be text where tools were offered (and a call forced).
+_NO_TOOLS = ("/v1/completions answers text and calls no tools; send tools to "
+             "/v1/chat/completions.")
 COMPLETION_UNSUPPORTED: Unsupported = {
+    "tools": (inert([]), _NO_TOOLS),
+    "tool_choice": (inert("none"), _NO_TOOLS),
+    "parallel_tool_calls": (inert(), _NO_TOOLS),
     "max_completion_tokens": (inert(), "/v1/completions takes `max_tokens` (Chat "
                               "Completions' `max_completion_tokens` is its newer name)."),
     "top_logprobs": (inert(), "/v1/completions takes `logprobs`, the number of likeliest "

@@ -479,6 +479,10 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
     # and carried no logprobs
     (CompletionRequest, {"max_completion_tokens": 5}),
     (CompletionRequest, {"top_logprobs": 2}),
+    # (were ignored: the answer was text, a forced call never made)
+    (CompletionRequest, {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+    (CompletionRequest, {"tool_choice": "required"}),
+    (CompletionRequest, {"parallel_tool_calls": False}),
     (ResponsesRequest, {"background": True}),
     (ResponsesRequest, {"conversation": "conv_123"}),
     (ResponsesRequest, {"prompt": {"id": "pmpt_1"}}),
@@ -533,7 +537,8 @@ def test_a_function_tool_asking_for_tool_search_or_programmatic_calls_is_refused
                         "truncation": "disabled", "reasoning": {"effort": "none"},
                         "reasoning_effort": "none", "verbosity": "medium",
                         "context_management": None, "moderation": None}),
-    (CompletionRequest, {"max_completion_tokens": None, "top_logprobs": None}),
+    (CompletionRequest, {"max_completion_tokens": None, "top_logprobs": None, "tools": [],
+                         "tool_choice": "none", "parallel_tool_calls": None}),
 ])
 def test_the_same_parameters_asking_nothing_are_accepted(model: type,
                                                          extra: dict[str, Any]) -> None:
