@@ -855,12 +855,16 @@ class ChatMessage(_Open):
     name: str | None = None
     tool_calls: Annotated[list[ToolCall], Field(min_length=1)] | None = None
     tool_call_id: str | None = None
+    #: An assistant's earlier refusal as OpenAI answered it (`content: null` beside it):
+    #: its words, read as the turn's text as a `refusal` part is.
+    refusal: str | None = None
 
     def text(self, separator: str = "\n") -> str:
         """The message's text, its parts joined by `separator` (`join_parts`): what the
-        cache and the sanitizer see, and with the engine's separator its prompt."""
+        cache and the sanitizer see, and with the engine's separator its prompt (an
+        assistant's refusal without content: the refusal)."""
         if self.content is None:
-            return ""
+            return self.refusal or "" if self.role == "assistant" else ""
         if isinstance(self.content, str):
             return self.content
         return join_parts((p.text if isinstance(p, TextPart) else p.refusal
@@ -869,12 +873,13 @@ class ChatMessage(_Open):
 
 
 def _may_lack_content(m: ChatMessage) -> bool:
-    """An assistant turn that made calls (`tool_calls`, or the legacy `function_call`),
-    and a legacy `function` result, may go without content, as OpenAI allows."""
+    """An assistant turn that made calls (`tool_calls`, or the legacy `function_call`) or
+    refused (`refusal`, as OpenAI's answer carries it), and a legacy `function` result,
+    may go without content, as OpenAI allows."""
     if m.role == "function":
         return True
     return m.role == "assistant" and bool(
-        m.tool_calls or (m.model_extra or {}).get("function_call"))
+        m.tool_calls or m.refusal or (m.model_extra or {}).get("function_call"))
 
 
 class StreamOptions(_Open):

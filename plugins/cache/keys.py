@@ -108,6 +108,8 @@ def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             "name": m.name,
             "tool_calls": [c.model_dump() for c in m.tool_calls] if m.tool_calls else None,
             "tool_call_id": m.tool_call_id}
+        if m.refusal is not None:  # (read as the text only where there is no content)
+            msg["refusal"] = m.refusal
         # Text parts are joined as the engine joins them, glued or one a line, which
         # the text above cannot tell: parts and the text they join to are two keys.
         if isinstance(m.content, list) and (n_texts := sum(

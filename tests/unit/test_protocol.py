@@ -278,6 +278,28 @@ def test_a_message_without_content_is_refused(role: str) -> None:
             "messages[0].content", "missing_required_parameter")
 
 
+def test_an_assistant_refusal_sent_back_as_openai_answered_it_is_its_turn() -> None:
+    """OpenAI answers a refusal as `content: null` beside `refusal`; a client sending
+    that message back (the SDK's `message.model_dump()`) was told its content was
+    missing. The refusal is the turn's text, as a `refusal` part is; a user's is not."""
+    turns = [{"role": "user", "content": "do it"},
+             {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+             {"role": "user", "content": "why?"}]
+    req = parse_model(ChatCompletionRequest, {"model": "m", "messages": turns})
+    assert req.messages[1].text() == "I can't help with that."
+    engine = FakeEngine()
+    said = prepare_chat(engine, req).prompts[0]
+    assert said == engine.render_chat([{"role": m["role"], "content": m["content"] or
+                                        m.get("refusal")} for m in turns], None)
+    turns[1] = {"role": "assistant", "content": "Sure.", "refusal": None}
+    assert parse_model(ChatCompletionRequest, {"model": "m", "messages": turns}
+                       ).messages[1].text() == "Sure."
+    with pytest.raises(InvalidRequest) as e:  # (only an assistant refuses)
+        parse_model(ChatCompletionRequest, {"model": "m", "messages": [
+            {"role": "user", "content": None, "refusal": "no"}]})
+    assert e.value.param == "messages[0].content"
+
+
 @pytest.mark.parametrize("message", [{"role": "tool", "content": "ok"},
                                      {"role": "tool", "content": "ok", "tool_call_id": None},
                                      {"role": "tool", "content": "ok", "tool_call_id": ""}])

@@ -213,6 +213,23 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     assert exact_key(ctx(principal=BOB), "user") != exact_key(ctx(), "user")
 
 
+def test_an_assistant_refusal_in_the_history_is_keyed() -> None:
+    """Two conversations whose earlier assistant turn refused in other words are two
+    prompts (the refusal is that turn's text), and a refusal is not an empty turn."""
+    def ctx(refusal: str | None, content: str | None = None) -> RequestContext:
+        turns = [{"role": "user", "content": "do it"},
+                 {"role": "assistant", "content": content, "refusal": refusal},
+                 {"role": "user", "content": "why?"}]
+        return RequestContext(route="chat", request=ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": turns, "temperature": 0}), principal=ALICE,
+            request_id="r", headers={})
+
+    keys = {exact_key(ctx("No."), "tenant"), exact_key(ctx("I can't."), "tenant"),
+            exact_key(ctx(None, ""), "tenant"), exact_key(ctx("No.", "Sure."), "tenant"),
+            exact_key(ctx(None, "Sure."), "tenant")}
+    assert len(keys) == 5
+
+
 def test_prompt_cache_options_change_no_key() -> None:
     """OpenAI's `prompt_cache_options` (how long OpenAI keeps a prompt's prefix) was an
     unknown field, keyed as if it changed the answer: a client sending it missed every
