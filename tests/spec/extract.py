@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 ROOTS = [
+    "CreateChatCompletionRequest",
     "CreateChatCompletionResponse",
     "CreateChatCompletionStreamResponse",
     "CreateCompletionResponse",
