@@ -23,6 +23,7 @@ from .loop import freeze_startup_heap, one_blas_thread
 from .middleware import (
     ROUTE_OPTS,
     errors_middleware,
+    http_version_middleware,
     make_access_log,
     make_tracing,
     request_id_header,
@@ -64,6 +65,7 @@ def create_app(
             guard_middleware,
             request_id_middleware,
             make_access_log(metrics, settings.logging.access_log),
+            http_version_middleware,
             make_tracing(settings.tracing.trust_incoming),
             errors_middleware,
         ],

@@ -133,6 +133,19 @@ class UnsupportedTransferCoding(WeirError):
         self.headers.setdefault("x-should-retry", "false")
 
 
+class VersionNotSupported(WeirError):
+    """A request line naming an HTTP version other than 1.0 and 1.1 (RFC 9110: 505, as
+    nginx answers `HTTP/2.0` sent over HTTP/1): the request's fault, not to be retried."""
+
+    status = 505
+    type = "invalid_request_error"
+    default_code = "http_version_not_supported"
+
+    def __init__(self, message: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.headers.setdefault("x-should-retry", "false")
+
+
 class RateLimited(WeirError):
     status = 429
     type = "rate_limit_error"

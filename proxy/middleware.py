@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from aiohttp import HttpVersion11, web
+from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.typedefs import Handler
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -33,6 +33,7 @@ from .errors import (
     PayloadTooLarge,
     RequestTimeout,
     ServerError,
+    VersionNotSupported,
     WeirError,
 )
 from .ids import new_hex
@@ -351,6 +352,26 @@ async def _server_span(request: web.Request, handler: Handler,
                     s.set_attribute(f"weir.{key}", str(info[key]))
             if status >= 500:
                 s.set_status(Status(StatusCode.ERROR))
+
+
+@web.middleware
+async def http_version_middleware(request: web.Request,
+                                  handler: Handler) -> web.StreamResponse:
+    """A request line naming a version other than HTTP/1.0 and 1.1 (`HTTP/2.0`, `HTTP/0.9`:
+    aiohttp's parser takes any `1.x`-free major) was served, its answer's status line
+    echoing that version (`HTTP/2.0 200 OK`), which no client of either version reads. It
+    gets a 505 that ends the connection, its status line HTTP/1.1 (as nginx answers)."""
+    if request.version in (HttpVersion10, HttpVersion11):
+        return await handler(request)
+    # (aiohttp writes the status line in the request's version, a cached property:
+    # answer in HTTP/1.1)
+    request._version = HttpVersion11
+    request._cache.pop("version", None)
+    resp = error_response(VersionNotSupported(
+        "Unsupported HTTP version in the request line; send HTTP/1.1."),
+        request.get(REQUEST_ID))
+    resp.force_close()
+    return resp
 
 
 @web.middleware

@@ -537,3 +537,29 @@ async def test_a_body_pipelined_behind_a_running_request_is_no_head() -> None:
     assert served.guard.open  # the connection goes on
     writer.close()
     await served.close()
+
+
+@pytest.mark.parametrize("line", [b"GET /v1/models HTTP/2.0\r\nHost: x\r\n",
+                                  b"GET /health/live HTTP/2.0\r\nHost: x\r\n",
+                                  b"GET /v1/models\r\n"])  # (HTTP/0.9's request line)
+async def test_a_request_line_in_another_http_version_is_a_505_in_http_1_1(
+        served: Listener, line: bytes) -> None:
+    """`HTTP/2.0` (or 0.9's bare request line) sent over HTTP/1 was served, its answer's
+    status line echoing the version (`HTTP/2.0 200 OK`). It gets an OpenAI-shaped 505
+    in HTTP/1.1 (as nginx answers) that ends the connection."""
+    reader, writer = await connect(served)
+    writer.write(line + b"Authorization: Bearer " + KEY.encode() + b"\r\n\r\n")
+    async with asyncio.timeout(WAIT):
+        status_line = await reader.readline()
+    assert status_line.startswith(b"HTTP/1.1 505 "), status_line
+    headers = {}
+    while (h := await reader.readline()) not in (b"\r\n", b""):
+        k, _, v = h.decode().partition(":")
+        headers[k.strip().lower()] = v.strip()
+    body = await reader.readexactly(int(headers["content-length"]))
+    error = json.loads(body)["error"]
+    assert error["code"] == "http_version_not_supported"
+    assert error["type"] == "invalid_request_error"
+    assert headers.get("connection") == "close"
+    assert await closed_by_server(reader)
+    writer.close()
