@@ -53,8 +53,9 @@ async def listen(app: web.Application, settings: ServerSettings, host: str, port
                             max_head_bytes=settings.max_head_bytes)
     metrics.connections.set_function(lambda: len(guard.open))
     app[GUARD] = guard
+    # (auto_decompress: a body's Content-Encoding is decoded by `proxy.body`, strictly)
     handler_kw: dict[str, Any] = dict(
-        access_log=None, keepalive_timeout=settings.idle_timeout_s,
+        access_log=None, auto_decompress=False, keepalive_timeout=settings.idle_timeout_s,
         max_line_size=settings.max_header_line_bytes,
         max_field_size=settings.max_header_line_bytes, max_headers=settings.max_headers)
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0,

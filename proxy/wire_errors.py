@@ -44,8 +44,9 @@ class OpenAIErrors(web.RequestHandler):
     """aiohttp's protocol, whose own error answers (a malformed request head, before any
     middleware runs) are OpenAI-shaped and never echo the request: aiohttp's quote the
     offending line, an `Authorization` key included. A body its parser refuses as it
-    arrives with its head (a malformed chunk, a deflate stream cut short) is said to be
-    the body's fault (`invalid_body`), as the route says it of one that comes later."""
+    arrives with its head (a malformed chunk; a deflate stream cut short, where aiohttp
+    decodes the body) is said to be the body's fault (`invalid_body`), as the route
+    says it of one that comes later."""
 
     __slots__ = ()
 

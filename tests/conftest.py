@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import settings as hypothesis_settings
 
 from proxy.app import create_app
@@ -58,7 +58,11 @@ def make_client(aiohttp_client: Any, fake_engine: FakeEngine) -> MakeClient:
             app = create_app(settings)  # the real upstream engine, over real HTTP
         else:
             app = create_app(settings, engine=engine or fake_engine)
-        return await aiohttp_client(app, server_kwargs={"handler_cancellation": True})
+        # Served as `weir serve` serves it: a body's coding is decoded by `proxy.body`.
+        # (aiohttp_client's `server_kwargs` never reach the server: they are dropped.)
+        server = TestServer(app)
+        await server.start_server(auto_decompress=False)
+        return await aiohttp_client(server)
 
     return make
 

@@ -5,6 +5,7 @@ and aiohttp's parser errors never write a key to the log."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import io
 import json
 import socket
@@ -12,7 +13,9 @@ import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import brotli
 import pytest
+from backports.zstd import compress as zstd_compress
 
 from proxy.app import create_app
 from proxy.app_state import STATE
@@ -409,14 +412,12 @@ _CHAT = json.dumps({"model": "fake-model",
 
 
 @pytest.mark.parametrize("framing, body", [
-    (b"Content-Encoding: deflate\r\nContent-Length: %d", zlib.compress(_CHAT)[:-4]),
-    (b"Content-Encoding: deflate\r\nContent-Length: %d", zlib.compress(_CHAT)[:-12]),
     (b"Transfer-Encoding: chunked", b"zz\r\n" + _CHAT + b"\r\n0\r\n\r\n"),
 ])
 async def test_a_body_aiohttps_parser_refuses_is_an_invalid_body(
         served: Listener, framing: bytes, body: bytes) -> None:
     """A body that arrives with its head and that aiohttp's parser itself refuses (a
-    deflate stream cut short, a malformed chunk) was answered as a malformed request
+    malformed chunk) was answered as a malformed request
     head (`invalid_http_request`, "its request line or a header is malformed"), where
     the same body arriving after its head is the documented `invalid_body`."""
     reader, writer = await connect(served)
@@ -562,4 +563,43 @@ async def test_a_request_line_in_another_http_version_is_a_505_in_http_1_1(
     assert error["type"] == "invalid_request_error"
     assert headers.get("connection") == "close"
     assert await closed_by_server(reader)
+    writer.close()
+
+
+def _gzip_bad_crc(data: bytes) -> bytes:
+    body = gzip.compress(data)
+    return body[:-8] + bytes(4) + body[-4:]
+
+
+@pytest.mark.parametrize("coding, body", [
+    (b"gzip", gzip.compress(_CHAT)[:-8]),  # its trailer cut off: the JSON is all there
+    (b"gzip", gzip.compress(_CHAT)[:-3]),
+    (b"gzip", _gzip_bad_crc(_CHAT)),
+    (b"gzip", gzip.compress(_CHAT) + b"tail"),
+    (b"deflate", zlib.compress(_CHAT)[:-4]),
+    (b"deflate", zlib.compress(_CHAT)[:-12]),
+    (b"br", brotli.compress(_CHAT)[:-1]),
+    (b"zstd", zstd_compress(_CHAT)[:-4]),
+])
+async def test_a_body_its_coding_does_not_end_is_an_invalid_body(
+        served: Listener, coding: bytes, body: bytes) -> None:
+    """aiohttp checked that a deflate stream ended, no other coding's: a gzip body whose
+    trailer (its CRC and length) was cut off, or wrong, was served as the JSON it held,
+    a br or zstd one cut short read as its part that came. Each is a 400 `invalid_body`;
+    its bytes were all read, so the connection goes on serving."""
+    reader, writer = await connect(served)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                 b"Content-Encoding: " + coding + b"\r\nContent-Length: "
+                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+    status, _, raw = await response(reader)
+    assert status == 400, raw
+    error = json.loads(raw)["error"]
+    assert error["code"] == "invalid_body" and coding.decode() in error["message"]
+    whole = gzip.compress(_CHAT)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                 b"Content-Encoding: gzip\r\nContent-Length: "
+                 + str(len(whole)).encode() + b"\r\n\r\n" + whole)
+    assert (await response(reader))[0] == 200
     writer.close()
