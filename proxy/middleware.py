@@ -40,6 +40,7 @@ from .ids import new_hex
 from .streaming import ANSWERED, STREAM_ERROR, WRITE_TIMED_OUT, cut_by_shutdown
 from .telemetry import Metrics, error_fields, get_logger, labelled
 from .tracing import extract, tracer, tracing_enabled
+from .wire_errors import answer_in_http_1_1
 
 log = get_logger("weir.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -363,10 +364,7 @@ async def http_version_middleware(request: web.Request,
     gets a 505 that ends the connection, its status line HTTP/1.1 (as nginx answers)."""
     if request.version in (HttpVersion10, HttpVersion11):
         return await handler(request)
-    # (aiohttp writes the status line in the request's version, a cached property:
-    # answer in HTTP/1.1)
-    request._version = HttpVersion11
-    request._cache.pop("version", None)
+    answer_in_http_1_1(request)
     resp = error_response(VersionNotSupported(
         "Unsupported HTTP version in the request line; send HTTP/1.1."),
         request.get(REQUEST_ID))

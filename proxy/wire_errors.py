@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import BadHttpMessage, PayloadEncodingError
 
 from .errors import ServerError, WeirError
@@ -29,6 +29,14 @@ REFUSAL = _answer("503 Service Unavailable",
 HEAD_TOO_LARGE = _answer("431 Request Header Fields Too Large",
                          "The request head (its request line and header fields) is too "
                          "large.", "invalid_request_error", "request_header_fields_too_large")
+
+
+def answer_in_http_1_1(request: web.BaseRequest) -> None:
+    """Have the answer's status line say HTTP/1.1: aiohttp writes it in the request's
+    version (a cached property), which is 1.0 for a request its parser refused (whatever
+    its line said) and whatever the line said for one in another version."""
+    request._version = HttpVersion11
+    request._cache.pop("version", None)
 
 
 def _body_fault(exc: BaseException | None) -> bool:
@@ -65,4 +73,5 @@ class OpenAIErrors(web.RequestHandler):
                                         else "server_error")
         resp = web.json_response(err.to_body(), status=status)
         resp.force_close()
+        answer_in_http_1_1(request)
         return resp

@@ -603,3 +603,29 @@ async def test_a_body_its_coding_does_not_end_is_an_invalid_body(
                  + str(len(whole)).encode() + b"\r\n\r\n" + whole)
     assert (await response(reader))[0] == 200
     writer.close()
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /v1/models HTTP/1.2\r\nHost: x\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\n\r\n",  # no Host
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+    b"GET /v1/models HTTP/1.0\r\nX-\xc3\xa9: a\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Content-Length: 3\r\n\r\n{}",
+])
+async def test_a_head_its_parser_refuses_is_answered_in_http_1_1(served: Listener,
+                                                                 head: bytes) -> None:
+    """aiohttp answers a head its parser refuses as if it were an HTTP/1.0 request
+    (`HTTP/1.0 400 Bad Request`), whatever it said; a server answers in the highest
+    version it speaks (RFC 9110, 6.2), as nginx does: `HTTP/1.1 400`."""
+    reader, writer = await connect(served)
+    writer.write(head)
+    async with asyncio.timeout(WAIT):
+        status_line = await reader.readline()
+        rest = await reader.read()  # the answer, to the connection's end
+    assert status_line.startswith(b"HTTP/1.1 400 "), status_line
+    assert rest.endswith(b'"code": "invalid_http_request"}}')
+    writer.close()
