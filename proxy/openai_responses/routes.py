@@ -120,6 +120,11 @@ async def _create(request: web.Request, st: AppState,
                 # nothing. (Too large: its output took it past the tenant's bound.)
                 response["store"] = False
                 log.warning("response not stored", response_id=rid, reason=e.code)
+                if held:  # its `in_progress` record would be found so until it expired
+                    try:
+                        await store.delete(principal.tenant, rid)
+                    except Unavailable:  # (Redis down: it expires, as ever)
+                        log.warning("response in progress not dropped", response_id=rid)
 
     held = False  # an `in_progress` record was put (`hold`), which `save` replaces
 

@@ -1080,3 +1080,29 @@ async def test_a_text_format_s_prose_is_kept_as_the_sanitizer_redacted_it(
         assert body["text"]["format"]["description"] == "for [EMAIL]"
         assert body["text"]["format"]["schema"]["properties"]["a"]["description"] == "[EMAIL]"
         assert mail not in await (await client.get(f"/v1/responses/{body['id']}")).text()
+
+
+@pytest.mark.parametrize("error", ["unavailable", "too_large"])
+async def test_a_stream_whose_end_is_not_stored_leaves_no_record_in_progress(
+        make_client: MakeClient, monkeypatch: Any, error: str) -> None:
+    """Its `in_progress` record was put as it started; its end's write failed (a Redis
+    blip, or the output took the record past the tenant's bound): the response said
+    `store: false`, but a GET still found it `in_progress` (and a follow-up on it was
+    refused as still in progress) until it expired."""
+    from proxy.errors import RecordTooLarge, Unavailable
+    from proxy.openai_responses import routes
+
+    client = await make_client()
+
+    async def replace(self: Any, *a: Any, **k: Any) -> bool:
+        if error == "too_large":
+            raise RecordTooLarge("Too large.", param="store", code="stored_record_too_large")
+        raise Unavailable("The response store is unreachable.", code="store_unavailable")
+
+    monkeypatch.setattr(type(client.app[routes.STORE]), "replace", replace)
+    events, _ = parse_sse(await (await client.post("/v1/responses", json={
+        **BASE, "stream": True})).text())
+    response = events[-1]["response"]
+    assert response["store"] is False
+    monkeypatch.undo()
+    assert (await client.get(f"/v1/responses/{response['id']}")).status == 404
