@@ -318,7 +318,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def _chat(self, req: ChatCompletionRequest, fired: dict[str, str],
               ) -> tuple[ChatCompletionRequest, ChatCompletionRequest]:
         # Every text of the conversation in order (string contents, text and refusal
-        # parts): a card may be split between two of them.
+        # parts, a message's refusal): a card may be split between two of them.
         texts: list[str] = []
         speakers: list[str] = []
         for m in req.messages:
@@ -327,6 +327,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             elif isinstance(m.content, list):
                 texts += [getattr(p, f) for p in m.content
                           if (f := _PART_TEXT.get(type(p))) is not None]
+            if m.refusal is not None:  # (an assistant's, beside `content: null`: its text)
+                texts.append(m.refusal)
             speakers += [m.role] * (len(texts) - len(speakers))
         done = iter(self._conversation(texts, fired, speakers))
         key_msgs, eng_msgs = [], []
@@ -349,6 +351,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     ep.append(_with(part, field, e))
                 k_upd["content"], e_upd["content"] = self._joined_runs(m.content, kp, ep,
                                                                        fired)
+            if m.refusal is not None:
+                k_upd["refusal"], e_upd["refusal"] = next(done)
             # The rest of what a message carries reaches the engine too: the speaker's
             # name and the arguments of calls the assistant made earlier.
             if m.name:

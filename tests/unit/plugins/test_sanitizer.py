@@ -438,6 +438,23 @@ async def test_every_text_a_message_carries_is_read() -> None:
     assert req.messages[0].name == "jane@example.com"  # the caller's request is left as it came
 
 
+async def test_an_assistant_refusal_without_content_is_read() -> None:
+    """`content: null` beside `refusal` (OpenAI's answer, replayed): the refusal is the
+    turn's text in the prompt and the cache key, so it is redacted as content is (it
+    reached the engine as sent)."""
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "refusal": "not for jo@x.io"},
+        {"role": "user", "content": "why?"}]})
+    ctx = RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                         request_id="r")
+    await plugin(detectors={"email": "redact"})(ctx, Spy())
+    for sent in (ctx.request, ctx.key_request):
+        assert isinstance(sent, ChatCompletionRequest)
+        assert "@" not in sent.model_dump_json()
+        assert sent.messages[1].text() == "not for [EMAIL]"
+
+
 def _with_call(arguments: str, **kw: Any) -> RequestContext:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
     req = ChatCompletionRequest.model_validate({"model": "m", "messages": [
