@@ -423,6 +423,14 @@ class RedisStore:
                 raise done[0]
             if isinstance(done[1], OutOfMemoryError):
                 self._refused("eventlog")
+            elif isinstance(done[1], ResponseError) and str(done[1]).startswith("WRONGTYPE"):
+                # A stray key of another type where the log goes (a hand edit): replaced,
+                # as the persist script replaces one; it failed every purge (a 503).
+                async with self.client.pipeline(transaction=True) as pipe:
+                    pipe.delete(self.p + "eventlog")
+                    pipe.zadd(self.p + "eventlog", {data: now})
+                    pipe.pexpire(self.p + "eventlog", _px(EVENT_LOG_S))
+                    await pipe.execute()
             elif isinstance(done[1], Exception):
                 raise done[1]
             return done

@@ -265,3 +265,23 @@ async def eventually_miss(client: Any, content: str) -> None:
     assert l1 is not None
     await eventually(lambda: not list(l1.entries()), timeout=5.0)
     assert (await ask(client, content))[0] == "miss"
+
+
+async def test_a_stray_key_under_the_event_log_does_not_block_purges(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """A key of another type where the purge's event log goes (a hand edit, another
+    version): the log's ZADD was refused (WRONGTYPE) and failed the purge, which had
+    deleted and announced everything, a 503 on every retry. It is replaced, as the
+    persist script replaces a stray key."""
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    a = await replica(make_client, redis_server.url, prefix)
+    raw = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await ask(a, "What are your opening hours?")
+        await raw.set(prefix + "eventlog", "stray")
+        r = await a.post("/admin/cache/purge", headers=h("k-admin"), json={"tenant": "acme"})
+        assert r.status == 200, await r.text()
+        assert await raw.keys(prefix + "x:*") == []
+        assert await raw.type(prefix + "eventlog") == b"zset"
+    finally:
+        await raw.aclose()
