@@ -162,11 +162,16 @@ class RedisStore:
             self.healthy = True
             if self._outage.back():
                 log.info("redis is back", op=op)
-        if write and self.full:
+        if op == "persist":  # (a delete or a PUBLISH runs at `maxmemory` too: no sign)
+            self._room(op)
+        return result
+
+    def _room(self, op: str) -> None:
+        """A write that takes memory landed: Redis is not full (any longer)."""
+        if self.full:
             self.full = False
             if self._full_log.back():
                 log.info("redis takes writes again", op=op)
-        return result
 
     def _refused(self, op: str) -> None:
         """A write Redis refused at its `maxmemory` (policy noeviction). It answers, so
@@ -423,6 +428,8 @@ class RedisStore:
                 raise done[0]
             if isinstance(done[1], OutOfMemoryError):
                 self._refused("eventlog")
+            elif not isinstance(done[1], Exception):
+                self._room("eventlog")
             elif isinstance(done[1], ResponseError) and str(done[1]).startswith("WRONGTYPE"):
                 # A stray key of another type where the log goes (a hand edit): replaced,
                 # as the persist script replaces one; it failed every purge (a 503).

@@ -285,3 +285,23 @@ async def test_a_stray_key_under_the_event_log_does_not_block_purges(
         assert await raw.type(prefix + "eventlog") == b"zset"
     finally:
         await raw.aclose()
+
+
+async def test_a_purge_of_a_full_redis_leaves_it_full(make_client: MakeClient,
+                                                      own_redis: RedisServer) -> None:
+    """The purge's event log refused for lack of room marked Redis full, and the same
+    call, answered, marked it as taking writes again: health said "up" (and the log
+    said both) while every store was still refused."""
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    a = await replica(make_client, own_redis.url, prefix)
+    raw = aioredis.Redis.from_url(own_redis.url)
+    try:
+        await ask(a, "What are your opening hours?")
+        await raw.config_set("maxmemory-policy", "noeviction")
+        await raw.config_set("maxmemory", 1)
+        r = await a.post("/admin/cache/purge", headers=h("k-admin"), json={"tenant": "acme"})
+        assert r.status == 200, await r.text()
+        assert (await health(a))[1]["plugins"]["cache"]["redis"] == "full"
+    finally:
+        await raw.config_set("maxmemory", 0)
+        await raw.aclose()
