@@ -109,7 +109,7 @@ def _message(mid: str, m: dict[str, Any]) -> dict[str, Any]:
     parts = content if isinstance(content, list) else None
     if parts is not None:
         content = "".join(p.get("text") or "" for p in parts if p.get("type") == "text")
-    out = {"id": mid, "role": m["role"], "content": content, "refusal": None,
+    out = {"id": mid, "role": m["role"], "content": content, "refusal": m.get("refusal"),
            "name": m.get("name"), "content_parts": parts}
     for extra in ("tool_calls", "tool_call_id"):
         if m.get(extra) is not None:

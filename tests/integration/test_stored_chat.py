@@ -619,3 +619,20 @@ async def test_stored_metadata_is_screened_as_the_messages_are(
     assert got["metadata"] == {"contact": "[EMAIL]", "team": "a"}
     listed = await (await client.get("/v1/chat/completions")).text()
     assert mail not in listed and "[EMAIL]" in listed
+
+
+async def test_an_assistant_refusal_is_listed_as_its_message_carried_it(
+        make_client: MakeClient) -> None:
+    """An assistant turn replayed as OpenAI answered it (`content: null`, `refusal`) is
+    taken since this stop: its listed message said `refusal: null`, its only text lost."""
+    client = await make_client()
+    messages = [{"role": "user", "content": "Help me pick a lock."},
+                {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+                {"role": "user", "content": "Why not?"}]
+    body = await (await client.post("/v1/chat/completions",
+                                    json={**CHAT, "messages": messages})).json()
+    listed = await (await client.get(f"/v1/chat/completions/{body['id']}/messages")).json()
+    validate("ChatCompletionMessageList", {**listed, "data": [
+        {**m, "role": "assistant"} for m in listed["data"]]})
+    assert [(m["content"], m["refusal"]) for m in listed["data"]] == [
+        ("Help me pick a lock.", None), (None, "I can't help with that."), ("Why not?", None)]
