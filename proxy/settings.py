@@ -179,8 +179,8 @@ class VllmEngineSettings(_Strict):
             with warnings.catch_warnings():  # torch's own import-time deprecations
                 warnings.simplefilter("ignore", DeprecationWarning)
                 from .engine.vllm import extra_args_errors
-        except ImportError:  # no vLLM here: the engine cannot start, and says so
-            return extra
+        except Exception:  # no vLLM here, or one that fails to import (a missing CUDA
+            return extra   # library: an OSError): the engine cannot start, and says so
         errors = extra_args_errors(extra)
         if errors:
             raise ValueError("; ".join(f"`{key}`: {msg}" for key, msg in errors))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -290,3 +291,22 @@ def test_engine_extra_args_of_the_right_names_and_types_pass() -> None:
                        "max_num_batched_tokens: 4096, compilation_config: {level: 0}}}\n"
                        "auth: {mode: open}\n", env={})
     assert s.engine.extra_args["block_size"] == 16  # type: ignore[union-attr]
+
+
+def test_engine_extra_args_pass_unchecked_where_vllm_fails_to_import(monkeypatch: Any) -> None:
+    """A vLLM that fails to import with something other than ImportError (a missing CUDA
+    library: an OSError) leaves the check to the engine's start, which says so; reading
+    the config is no traceback."""
+    import builtins
+
+    real = builtins.__import__
+
+    def broken(name: str, *a: Any, **k: Any) -> Any:
+        if name.endswith("engine.vllm"):  # (`from .engine.vllm import ...`)
+            raise OSError("libcudart.so.12: cannot open shared object file")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    s = parse_settings("engine: {extra_args: {max_num_batched_tokenz: 1}}\n"
+                       "auth: {mode: open}\n", env={})
+    assert s.engine.extra_args == {"max_num_batched_tokenz": 1}  # type: ignore[union-attr]
