@@ -601,29 +601,33 @@ _DIGITS_ACROSS_LINE = re.compile(r"\d[ \t.\-_/]*\r?\n\s*\d")
 
 # A label that names a number as something else that passes Luhn, just before it: a
 # handset's IMEI or IMEISV (16 digits, may start as a JCB card does), a SIM's ICCID, a
-# Canadian SIN, a South African identity number (13 digits, may start as Visa's), a
-# device's serial number.
-_NOT_CARD_LABEL = re.compile(
-    r"\b(?:imei(?:sv)?|meid|iccid|esn|sin|social\s+insurance|nas|serial|s/n|"
-    r"(?:sa|national)\s+id|id(?:entity)?\s+(?:number|no\.?))"
-    r"(?:\s*\(?[12]\)?)?(?:\s+(?:number|no\.?|#|is|was)){0,2}\s{0,2}[:#=]?\s{0,2}$",
-    re.IGNORECASE)
+# device's serial number (any length: ICCIDs have 19 or 20 digits)...
+_DEVICE_LABEL = (r"imei(?:sv)?|meid|iccid|esn|serial|s/n")
+# ... or a person's number: a Canadian SIN (9 digits), a South African identity number
+# (13, may start as Visa's). Those are shorter than the cards of 16 digits and more, so
+# such a label before 16 digits or more names no such number ("Customer ID number:
+# 4111 1111 1111 1111" is a card, written where an id was asked for).
+_ID_LABEL = r"sin|social\s+insurance|nas|(?:sa|national)\s+id|id(?:entity)?\s+(?:number|no\.?)"
+_LABEL_TAIL = r"(?:\s*\(?[12]\)?)?(?:\s+(?:number|no\.?|#|is|was)){0,2}\s{0,2}[:#=]?\s{0,2}$"
+_NOT_CARD_LABEL = re.compile(rf"\b(?:{_DEVICE_LABEL}|{_ID_LABEL}){_LABEL_TAIL}", re.IGNORECASE)
+_NOT_LONG_CARD_LABEL = re.compile(rf"\b(?:{_DEVICE_LABEL}){_LABEL_TAIL}", re.IGNORECASE)
 
 
 _CARD_WORD = re.compile(r"card|visa|master|amex|\b(?:cc|pan)\b", re.IGNORECASE)
 
 
-def _labelled_other(text: str, a: int) -> bool:
-    """Whether a label just before `a` names the number as something else (and no card
-    word is there: "card id number: 4111 ..." stays a card)."""
+def _labelled_other(text: str, a: int, digits: int) -> bool:
+    """Whether a label just before `a` names the number of `digits` digits as something
+    else (and no card word is there: "card id number: 4111 ..." stays a card)."""
     lo = max(0, a - 40)
-    return (_NOT_CARD_LABEL.search(text, lo, a) is not None
+    label = _NOT_LONG_CARD_LABEL if digits >= 16 else _NOT_CARD_LABEL
+    return (label.search(text, lo, a) is not None
             and _CARD_WORD.search(text, lo, a) is None)
 
 
 def _find_card(text: str) -> Iterator[Span]:
     for a, b in _card(text):
-        if _labelled_other(text, a):
+        if _labelled_other(text, a, sum(c.isdigit() for c in text[a:b])):
             continue
         for _ in range(2):  # its expiry and its code, in either order
             extra = _CARD_EXTRA.match(text, b)

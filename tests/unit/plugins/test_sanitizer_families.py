@@ -173,8 +173,8 @@ def test_an_imei_is_no_card(imei: str, sep: str, pre: str) -> None:
     "IMEISV: 3569380356438096",  # 16 digits: starts as a JCB card does
     "IMEI 2: 3569380356438096",
     "ICCID 4111111111111111",
-    "SIN: 4111 1111 1111 1111",
-    "national id 4111111111111111",
+    "SIN: 4222222222222",
+    "national id 4222222222222",  # 13 digits: a South African identity number's length
     "Serial no. 4901542032375 of the device",  # 13 digits, as Visa's once were
     "S/N: 4111111111111111",
 ])
@@ -186,6 +186,9 @@ def test_a_number_labelled_as_no_card_is_none(text: str) -> None:
     "card: 3569380356438096",
     "card ID number: 4111 1111 1111 1111",
     "my ID is 4111111111111111",
+    # 16 digits are longer than the numbers an id label names (SIN 9, SA id 13)
+    "Customer ID number: 4111 1111 1111 1111", "SIN: 4111 1111 1111 1111",
+    "national id 4111111111111111",
     "amex 378282246310005", "diners 30569309025904", "visa 4222222222222",
     "maestro 6759649826438453", "IMEI 490154203237518, card 4111 1111 1111 1111",
 ])
