@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from opentelemetry.trace import SpanKind
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 
 from proxy.redis_client import blocking_client
 from proxy.tasks import abandon_after, lost_cancellation
@@ -79,6 +79,12 @@ class Decision:
 class StoreError(Exception):
     """A store call failed (or timed out: a Redis call cut by its timeout may still run
     there later, which the orphan release's bar covers)."""
+
+
+class StoreFull(StoreError):
+    """Redis refused a write at its `maxmemory` (policy noeviction): it answers, but
+    records nothing (a refused script wrote nothing: its first write is the one refused,
+    and once one lands the rest do)."""
 
 
 class Store(Protocol):
@@ -352,6 +358,8 @@ class RedisStore:
             with lost_cancellation(), span("redis ratelimit", kind=SpanKind.CLIENT,
                                            **{"db.system": "redis"}):
                 return await abandon_after(coro, self.timeout_s)  # type: ignore[arg-type]
+        except OutOfMemoryError as e:
+            raise StoreFull(type(e).__name__) from None
         except (RedisError, OSError, TimeoutError) as e:
             raise StoreError(type(e).__name__) from None
 
@@ -398,6 +406,10 @@ class RedisStore:
 
     async def ping(self) -> None:
         await self._run(self.client.ping())
+
+    async def write_probe(self, key: str) -> None:
+        """A write Redis refuses while it is full (StoreFull), as every script here."""
+        await self._run(self.client.set(key, "1", px=1000))
 
     async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
         keys: list[str] = []

@@ -19,9 +19,17 @@ Over a limit: 429 `rate_limit_exceeded` with an integer `Retry-After` and
 
 Store failures: `fail_open` falls back to a local in-memory limiter (per replica) with
 a metric and a log line, and uses Redis again as soon as a call succeeds; `fail_closed`
-answers 503. A concurrency lease is released in the store that granted it, exactly once
-on every path (answer, error, cancellation, a store call that timed out); leases are
-short and renewed while their request runs.
+answers 503. A Redis full at its `maxmemory` (noeviction) answers but records nothing:
+that is no outage that a success elsewhere ends, but the same want of a shared store
+until a write lands (the background round tries one), so the limiter decides alike
+(locally, or 503 with `fail_closed`), charges locally what Redis refused to record, says
+`full` in health and logs it once. It used to admit through Redis where the script's
+writes happened to pass while every token charge failed: TPM went unenforced fleet-wide,
+and health and the log flapped between down and back.
+
+A concurrency lease is released in the store that granted it, exactly once on every path
+(answer, error, cancellation, a store call that timed out); leases are short and renewed
+while their request runs.
 """
 
 from __future__ import annotations
@@ -44,7 +52,16 @@ from proxy.telemetry import OutageLog, error_fields, get_logger
 from proxy.tools import tool_chars
 
 from .config import Limits, RateLimitConfig
-from .gcra import Bucket, BucketState, Decision, MemoryStore, RedisStore, Store, StoreError
+from .gcra import (
+    Bucket,
+    BucketState,
+    Decision,
+    MemoryStore,
+    RedisStore,
+    Store,
+    StoreError,
+    StoreFull,
+)
 
 log = get_logger("weir.rate_limit")
 
@@ -108,10 +125,14 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self.rejected = Counter("weir_rate_limit_rejections_total", "429s.", ["per", "limit"],
                                 registry=reg)
         self.store_errors = Counter("weir_rate_limit_store_errors_total",
-                                    "Store calls that failed (local limiter used).",
-                                    registry=reg)
+                                    "Store calls that failed (reason: unavailable, or full: "
+                                    "a write Redis refused at its maxmemory).",
+                                    ["reason"], registry=reg)
         self._degraded = False
         self._outage = OutageLog()
+        #: Redis refused a write at its `maxmemory`: decided without it until a write lands
+        self._full = False
+        self._full_log = OutageLog()
         #: lease -> (the store that granted it, its concurrency keys), while it runs.
         self._active: dict[str, tuple[Store, list[str]]] = {}
         #: lease -> (keys, until): leases Redis may hold that no running request owns,
@@ -133,11 +154,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     def health(self) -> dict[str, Any] | None:
         if self.remote is None:
             return None
-        if not self._degraded:
-            return {"store": "redis"}
         # (`fail_closed` falls back to nothing: its requests are refused meanwhile)
-        return {"store": "unavailable" if self.cfg.on_store_error == "fail_closed"
-                else "local-fallback"}
+        if self._degraded:
+            return {"store": "unavailable" if self.cfg.on_store_error == "fail_closed"
+                    else "local-fallback"}
+        return {"store": "full" if self._full else "redis"}
 
     # -------------------------------------------------------------- store calls
     #
@@ -150,10 +171,20 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     # release missed (a crash) frees itself soon.
 
     def _store_failed(self, e: StoreError) -> None:
-        self.store_errors.inc()
+        if isinstance(e, StoreFull):
+            self._store_full()
+            return
+        self.store_errors.labels("unavailable").inc()
         self._degraded = True
         if self._outage.down():
             log.warning("rate-limit store unavailable", error=str(e),
+                        fallback=self.cfg.on_store_error)
+
+    def _store_full(self) -> None:
+        self._full = True
+        self.store_errors.labels("full").inc()
+        if self._full_log.down():
+            log.warning("rate-limit store is full (maxmemory): deciding without it",
                         fallback=self.cfg.on_store_error)
 
     def _store_ok(self) -> None:
@@ -166,18 +197,21 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                      lease: str) -> tuple[Decision, Store]:
         lease_ms = self.cfg.lease_s * 1000
         if self.remote is not None:
-            try:
-                decision = await self.remote.admit(buckets, conc, lease, lease_ms)
-            except StoreError as e:
-                if conc:  # it may still take the lease: its release bars it
-                    self._orphan(lease, [k for k, _ in conc])
-                self._store_failed(e)
-                if self.cfg.on_store_error == "fail_closed":
-                    raise Unavailable("Rate limiting is unavailable; retry shortly.",
-                                      code="rate_limiter_unavailable") from None
-            else:
-                self._store_ok()
-                return decision, self.remote
+            if not self._full:  # (full: it would record nothing of what it admits)
+                try:
+                    decision = await self.remote.admit(buckets, conc, lease, lease_ms)
+                except StoreError as e:
+                    # it may still take the lease: its release bars it (a full Redis
+                    # refused the script's first write: it took nothing)
+                    if conc and not isinstance(e, StoreFull):
+                        self._orphan(lease, [k for k, _ in conc])
+                    self._store_failed(e)
+                else:
+                    self._store_ok()
+                    return decision, self.remote
+            if self.cfg.on_store_error == "fail_closed":
+                raise Unavailable("Rate limiting is unavailable; retry shortly.",
+                                  code="rate_limiter_unavailable")
         return await self.local.admit(buckets, conc, lease, lease_ms), self.local
 
     async def _settle_shielded(self, store: Store, tpm: list[Bucket], reserve: int,
@@ -215,6 +249,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 await store.adjust(owed)
             except StoreError as e:  # tokens only: the reservation stands
                 self._store_failed(e)
+                if isinstance(e, StoreFull):  # the local limiter decides meanwhile
+                    await self.local.adjust(owed)
         if conc_keys:
             try:
                 await store.release(conc_keys, lease)
@@ -258,7 +294,16 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
 
     async def _probe(self) -> None:
         """On the local fallback, see whether Redis is back (health says so then, not
-        only after the next request's admission succeeds)."""
+        only after the next request's admission succeeds); while it is full, whether it
+        takes a write again."""
+        if self._full and self.remote is not None:
+            try:
+                await self.remote.write_probe(f"{self.cfg.redis.key_prefix}probe")
+            except StoreError:
+                return
+            self._full = False
+            if self._full_log.back():
+                log.info("rate-limit store takes writes again")
         if self._degraded and self.remote is not None:
             try:
                 await self.remote.ping()

@@ -1027,3 +1027,49 @@ async def test_an_admit_that_runs_on_redis_after_its_orphan_release_takes_nothin
     finally:
         go.set()
         await p.close()
+
+
+@pytest.mark.parametrize("mode", ["fail_open", "fail_closed"])
+async def test_a_full_redis_is_decided_without_and_said_once(tmp_path: Path, logs: Any,
+                                                            mode: str) -> None:
+    """Redis at its `maxmemory` (noeviction) refuses writes and answers the rest. It used
+    to admit through Redis (where the script's writes happened to pass) while each token
+    charge failed: TPM unenforced fleet-wide, `fail_closed` admitting with 200, and
+    health and the log flapping between down and back. Now it is `full`: decided
+    locally (or 503 with `fail_closed`), charged there, logged once, until a write lands."""
+    server = RedisServer(tmp_path).start()
+    p = plugin(server.url, on_store_error=mode,
+               rules=[{"per": "key", "rpm": 1000, "tpm": 100, "concurrent": 4}])
+    assert p.remote is not None
+
+    async def spends_60(c: RequestContext) -> Reply:
+        return Completion({"usage": {"total_tokens": 60}})
+
+    async def status() -> int:
+        try:
+            await p(ctx(), spends_60)
+        except RateLimited:
+            return 429
+        except Unavailable:
+            return 503
+        return 200
+
+    try:
+        await p(ctx(), answer)  # its bucket exists: Redis still admits into it
+        await p.remote.client.config_set("maxmemory", 1)
+        got = [await status() for _ in range(3)]
+        # its charge is refused: 60 of 100 each (reserved 21), the third is over
+        assert got == ([200, 200, 429] if mode == "fail_open" else [200, 503, 503])
+        assert p.health() == {"store": "full"}
+        assert p.store_errors.labels("full")._value.get() >= 1
+        assert p.store_errors.labels("unavailable")._value.get() == 0
+        await p.remote.client.config_set("maxmemory", 0)
+        await p._probe()
+        assert p.health() == {"store": "redis"}
+    finally:
+        server.stop()
+        await p.close()
+    said = [json.loads(x)["event"] for x in logs.getvalue().splitlines()
+            if "rate-limit store" in x]
+    assert said == ["rate-limit store is full (maxmemory): deciding without it",
+                    "rate-limit store takes writes again"]
