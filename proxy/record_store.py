@@ -262,6 +262,18 @@ class MemoryStore:
         self._count = self._gone_count = 0
 
 
+# Every script first replaces a stray key of another type (a hand edit, another program)
+# at the keys it writes of the caller's tenant: it failed each of that tenant's stores,
+# listings, updates and deletes with WRONGTYPE (a 503) until someone removed it. Keys of
+# another tenant (of the account, in its bound) are only read, never replaced: what is not
+# of the expected type there is as if absent.
+_OWN_LUA = """
+local function own(key, kind)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= kind and t ~= 'none' then redis.call('DEL', key) end
+end
+local function counted(n) if type(n) == 'number' then return n end return 0 end
+"""
 #: How long past its expiry a listing keeps a summary (replicas' clocks differ; its
 #: record, gone or not, decides what a page shows).
 _GRACE_S = 60.0
@@ -278,7 +290,7 @@ _PRUNE = 256
 # say) they are rebuilt from the records held. Dropping a record past the bound deletes it
 # as DELETE does: its summary leaves the listing, its place stays (a cursor). (Its keys
 # are built in the script, from ARGV: one Redis, not a cluster.)
-_QUOTA_LUA = """
+_QUOTA_LUA = _OWN_LUA + """
 local function num(x) return string.format('%.0f', x) end
 local function now_us()
   local t = redis.call('TIME')
@@ -300,8 +312,8 @@ local function repair(quota, aging, base, now)
     local ttl = redis.call('PTTL', base .. place)
     if ttl > 0 then
       local listing, id = listing_of(base, place)
-      local size = sizes[place] or (redis.call('STRLEN', base .. place)
-                                    + redis.call('HSTRLEN', listing, id))
+      local size = sizes[place] or (counted(redis.pcall('STRLEN', base .. place))
+                                    + counted(redis.pcall('HSTRLEN', listing, id)))
       redis.call('HSET', quota, place, num(size))
       redis.call('ZADD', aging, num(now + ttl * 1000), place)
       used = used + size
@@ -317,7 +329,9 @@ end
 local function settle(quota, aging, base, now)
   local n = redis.call('HLEN', quota)
   local m = redis.call('ZCARD', aging)
-  if (n == 0 and m > 0) or (n > 0 and n ~= m + 1) then
+  local total = redis.call('HGET', quota, '')  -- (a total no HINCRBY takes: rebuilt)
+  if (n == 0 and m > 0) or (n > 0 and n ~= m + 1)
+     or (n > 0 and not (total and string.match(total, '^%-?%d+$'))) then
     repair(quota, aging, base, now)
     return
   end
@@ -344,7 +358,7 @@ local function evict(quota, aging, base, max, keep)
         used = used - (tonumber(redis.call('HGET', quota, place)) or 0)
         local listing, id = listing_of(base, place)
         redis.call('DEL', base .. place)
-        redis.call('HDEL', listing, id)
+        redis.pcall('HDEL', listing, id)
         redis.call('HDEL', quota, place)
         redis.call('ZREM', aging, place)
         dropped = dropped + 1
@@ -362,6 +376,8 @@ end
 # expiry, the listing's prune time, how many it prunes, the record's place. Returns how
 # many of the account's records it dropped.
 _PUT_SCRIPT = _QUOTA_LUA + """
+own(KEYS[2], 'hash'); own(KEYS[3], 'zset')
+if ARGV[7] ~= '' then own(KEYS[4], 'hash'); own(KEYS[5], 'zset'); own(KEYS[6], 'zset') end
 local now = now_us()
 settle(KEYS[2], KEYS[3], ARGV[6], now)
 local old = redis.call('HGET', KEYS[2], ARGV[12])
@@ -393,11 +409,14 @@ return dropped
 # A record deleted (ARGV[2] = '1'), or found gone: its summary leaves the listing, its
 # place in the order stays (a cursor), and its size the account's total. Returns whether
 # a record was deleted. KEYS record, listing, bound, aged; ARGV id, deleted?, place.
-_RETIRE_SCRIPT = """
+_RETIRE_SCRIPT = _OWN_LUA + """
+own(KEYS[2], 'hash'); own(KEYS[3], 'hash'); own(KEYS[4], 'zset')
 local deleted = 0
+local held = redis.call('TYPE', KEYS[1])['ok'] == 'string'  -- (a stray is no record)
 if ARGV[2] == '1' then
-  deleted = redis.call('DEL', KEYS[1])
-elseif redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('DEL', KEYS[1])
+  if held then deleted = 1 end
+elseif held then
   return 0
 end
 redis.call('HDEL', KEYS[2], ARGV[1])
@@ -413,7 +432,8 @@ return deleted
 # first if ARGV[2] = '1': {ids, their summaries (nil: not listed), the last one's score};
 # nil if ARGV[1] has no place. ARGV[4]: the score ARGV[1] had ('': none known), to go on
 # from if its place was pruned meanwhile.
-_SCAN_SCRIPT = """
+_SCAN_SCRIPT = _OWN_LUA + """
+own(KEYS[1], 'zset'); own(KEYS[2], 'hash')
 local start = 0
 local desc = ARGV[2] == '1'
 if ARGV[1] ~= '' then
@@ -446,9 +466,10 @@ return {ids, redis.call('HMGET', KEYS[2], unpack(ids)),
 # does not make a record newer). KEYS record, listing, bound, aged; ARGV JSON, id,
 # summary ('': the listed one kept), size, bound, the store's key prefix, place.
 _REPLACE_SCRIPT = _QUOTA_LUA + """
-if redis.call('EXISTS', KEYS[1]) == 0 then
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'string' then  -- (none held: a stray is no record)
   return 0
 end
+own(KEYS[2], 'hash'); own(KEYS[3], 'hash'); own(KEYS[4], 'zset')
 local now = now_us()
 settle(KEYS[3], KEYS[4], ARGV[6], now)
 redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')

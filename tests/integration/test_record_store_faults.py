@@ -6,6 +6,7 @@ timeout."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -107,3 +108,71 @@ async def test_a_stored_response_of_another_shape_is_not_found(
         "model": "fake-model", "input": "and?", "previous_response_id": rid})
     assert cont.status == 400, await cont.text()
     assert (await cont.json())["error"]["code"] == "previous_response_not_found"
+
+
+_STRAYS = {"string": lambda r, k: r.set(k, "x"), "list": lambda r, k: r.rpush(k, "x"),
+           "hash": lambda r, k: r.hset(k, "x", "y"), "set": lambda r, k: r.sadd(k, "x"),
+           "zset": lambda r, k: r.zadd(k, {"x": 1})}
+_KINDS = {"listing": "hash", "order": "zset", "expiry": "zset", "bound": "hash",
+          "aged": "zset", "record": "string"}
+
+
+@pytest.mark.parametrize("where", list(_KINDS))
+async def test_a_stray_key_of_another_type_is_replaced_not_a_503(
+        redis_server: Any, where: str) -> None:
+    """A key of another type under a tenant's listing, order, expiry, bound or aged key
+    (or its record's: a hand edit, another program) made every store, listing, update or
+    delete of that tenant a 503 (WRONGTYPE) until someone removed it. The store's
+    scripts replace it, as the cache's do; no other tenant's keys are touched."""
+    r = aioredis.Redis.from_url(redis_server.url)
+    store = RedisStore(redis_server.url, 3600, f"stray-{uuid.uuid4().hex}:", kind="chat")
+    rec = {"completion": {"id": "c1"}}
+    try:
+        await store.put("other", "o1", rec, {"id": "o1", "at": 1, "metadata": {}})
+        theirs = {k: await r.dump(k) for k in await r.keys(store._prefix + "*")}
+        keys = {"listing": store._listing("acme")[0], "order": store._listing("acme")[1],
+                "expiry": store._listing("acme")[2], "bound": store._quota("acme")[0],
+                "aged": store._quota("acme")[1], "record": store._key("acme", "c1")}
+        for kind, stray in _STRAYS.items():
+            if kind == _KINDS[where]:
+                continue
+            await r.delete(*keys.values())
+            await stray(r, keys[where])
+            await store.scan("acme", None, True, 20)
+            await store.get_many("acme", ["c1"])
+            await store.put("acme", "c1", rec, {"id": "c1", "at": 2, "metadata": {}})
+            assert await store.get("acme", "c1") == rec
+            assert [s["id"] for s in (await store.scan("acme", None, True, 20))[0]] == ["c1"]
+            await r.delete(keys[where])
+            await stray(r, keys[where])
+            # (a stray at the record's key is no record: not replaced, nor deleted)
+            assert await store.replace("acme", "c1", rec, {
+                "id": "c1", "at": 2, "metadata": {"a": "b"}}) == (where != "record")
+            await r.delete(keys[where])
+            await stray(r, keys[where])
+            await store.forget("acme", "c1")
+            assert await store.delete("acme", "c1") == (where != "record")
+            await store.put("acme", "c2", rec, {"id": "c2", "at": 3, "metadata": {}})
+            assert [s["id"] for s in (await store.scan("acme", None, True, 20))[0]] == ["c2"]
+            await store.delete("acme", "c2")
+        assert {k: await r.dump(k) for k in theirs} == theirs  # another tenant's: as they were
+    finally:
+        await store.close()
+        await r.aclose()
+
+
+@pytest.mark.parametrize("total", ["abc", "1.5", ""])
+async def test_a_bound_whose_total_is_no_integer_is_rebuilt_not_a_503(
+        redis_server: Any, total: str) -> None:
+    r = aioredis.Redis.from_url(redis_server.url)
+    store = RedisStore(redis_server.url, 3600, f"stray-{uuid.uuid4().hex}:", kind="chat")
+    rec = {"completion": {"id": "c1"}}
+    try:
+        await store.put("acme", "c1", rec, {"id": "c1", "at": 1, "metadata": {}})
+        await r.hset(store._quota("acme")[0], "", total)
+        await store.put("acme", "c2", rec, {"id": "c2", "at": 2, "metadata": {}})
+        assert await store.replace("acme", "c1", rec)
+        assert int(await r.hget(store._quota("acme")[0], "")) > 0
+    finally:
+        await store.close()
+        await r.aclose()
