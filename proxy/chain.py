@@ -32,7 +32,7 @@ from typing import (
 from pydantic import ValidationError
 
 from .config_model import ConfigModel
-from .context import RequestContext
+from .context import RequestContext, Screen
 
 # Replies are defined in proxy.reply; plugins import them from here with the contract.
 from .reply import Completion, EndHook, Outcome, Reply, Stream
@@ -119,6 +119,12 @@ class BasePlugin(Generic[ConfigT]):
 
     def health(self) -> dict[str, Any] | None:
         """Details for /health/ready (e.g. breaker state); None: nothing to show."""
+        return None
+
+    def screen_aside(self) -> Screen | None:
+        """A screen for texts a route keeps that no chain request carries (a stored chat
+        completion's metadata set by an update): the sanitizer's redact detectors, as
+        `RequestContext.screen_aside` in a request; None: nothing to screen."""
         return None
 
     def routes(self) -> list[tuple[str, str, Callable[[web.Request], Awaitable[Any]]]]:

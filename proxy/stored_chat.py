@@ -292,7 +292,10 @@ async def update(request: web.Request) -> web.Response:
     data, _ = await read_json(request, request.app[STATE].settings.server.max_body_bytes)
     change = parse_model(_Update, data)
     record = await _record(request, tenant)
-    record["completion"]["metadata"] = dict(change.metadata or {})
+    # (screened as the create path's: the sanitizer's redact detectors, where it has any)
+    screen = next((s for p in request.app[STATE].plugins
+                   if (s := p.screen_aside()) is not None), None)
+    record["completion"]["metadata"] = screened_values(dict(change.metadata or {}), screen)
     cid = record["completion"]["id"]
     if not await request.app[STORE].replace(tenant, cid, record, _summary_of(record)):
         raise _not_found(cid)

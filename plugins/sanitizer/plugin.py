@@ -29,7 +29,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel
 
 from proxy.chain import BasePlugin, Next, Reply, Services
-from proxy.context import RequestContext
+from proxy.context import RequestContext, Screen
 from proxy.errors import InvalidRequest
 from proxy.jsonbody import loads_finite
 from proxy.protocol import (
@@ -136,6 +136,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if self._redacts:
             ctx.screen_aside = self._screen
         return await call_next(ctx)
+
+    def screen_aside(self) -> Screen | None:
+        return self._screen if self._redacts else None
 
     def _screen(self, texts: list[str], *, json: bool = False,
                 speakers: list[str] | None = None) -> list[str]:

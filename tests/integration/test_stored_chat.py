@@ -636,3 +636,24 @@ async def test_an_assistant_refusal_is_listed_as_its_message_carried_it(
         {**m, "role": "assistant"} for m in listed["data"]]})
     assert [(m["content"], m["refusal"]) for m in listed["data"]] == [
         ("Help me pick a lock.", None), (None, "I can't help with that."), ("Why not?", None)]
+
+
+async def test_updated_metadata_is_screened_as_created_metadata_is(
+        make_client: MakeClient) -> None:
+    """`POST /v1/chat/completions/{id}` stored its new metadata as sent, where the
+    create path screens it: an address set by an update was in the store (and the
+    listing) in clear."""
+    settings = make_settings(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact"}}}])
+    client = await make_client(settings)
+    mail = "leak.check@example.com"
+    cid = (await (await client.post("/v1/chat/completions", json={
+        **CHAT, "metadata": {"team": "a"}})).json())["id"]
+    url = f"/v1/chat/completions/{cid}"
+    r = await client.post(url, json={"metadata": {"contact": mail, "team": "b"}})
+    assert r.status == 200 and (await r.json())["metadata"] == {
+        "contact": "[EMAIL]", "team": "b"}
+    assert (await (await client.get(url)).json())["metadata"] == {
+        "contact": "[EMAIL]", "team": "b"}
+    listed = await (await client.get("/v1/chat/completions")).text()
+    assert mail not in listed and "[EMAIL]" in listed
