@@ -57,7 +57,11 @@ class RecordStore(Protocol):
     async def get_many(self, tenant: str, ids: list[str]) -> list[Record | None]: ...
 
     async def put(self, tenant: str, record_id: str, record: Record,
-                  summary: Summary | None = None) -> None: ...
+                  summary: Summary | None = None, fresh: bool = False) -> None:
+        """`fresh`: only where no record is held under the id (one that may land after
+        the record that replaces it: a stream's `in_progress` record, its write timed out
+        but still on its way, must not overwrite the final one)."""
+        ...
 
     async def replace(self, tenant: str, record_id: str, record: Record,
                       summary: Summary | None = None) -> bool:
@@ -139,8 +143,10 @@ class MemoryStore:
         return [await self.get(tenant, i) for i in ids]
 
     async def put(self, tenant: str, record_id: str, record: Record,
-                  summary: Summary | None = None) -> None:
+                  summary: Summary | None = None, fresh: bool = False) -> None:
         size = self._size(record, summary)
+        if fresh and self._held(tenant, record_id) is not None:
+            return
         self._pop(tenant, record_id, mark=False)
         self._unmark(tenant, record_id)
         self._items.setdefault(tenant, OrderedDict())[record_id] = (
@@ -373,9 +379,10 @@ end
 """
 # A record put: KEYS record, bound, aged, listing, order, expiry; ARGV id, JSON, size,
 # bound, ttl (ms), the store's key prefix, summary ('': not listed), its order, its
-# expiry, the listing's prune time, how many it prunes, the record's place. Returns how
-# many of the account's records it dropped.
+# expiry, the listing's prune time, how many it prunes, the record's place, fresh ('1':
+# only if no record is held there). Returns how many of the account's records it dropped.
 _PUT_SCRIPT = _QUOTA_LUA + """
+if ARGV[13] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 own(KEYS[2], 'hash'); own(KEYS[3], 'zset')
 if ARGV[7] ~= '' then own(KEYS[4], 'hash'); own(KEYS[5], 'zset'); own(KEYS[6], 'zset') end
 local now = now_us()
@@ -581,7 +588,7 @@ class RedisStore:
         return max(1, int(self.ttl_s * 1000))
 
     async def put(self, tenant: str, record_id: str, record: Record,
-                  summary: Summary | None = None) -> None:
+                  summary: Summary | None = None, fresh: bool = False) -> None:
         data, listed, size = self._sized(record, summary)
         at = (summary or {}).get("at")
         at = int(at if isinstance(at, int | float) else time.time_ns())
@@ -592,7 +599,7 @@ class RedisStore:
             args=[record_id, data, size, self._bound, self._ttl_ms, self._prefix, listed,
                   at // 1000,  # µs: exact in a double
                   now + self.ttl_s, now - _GRACE_S, _PRUNE,
-                  self._place(tenant, record_id)]))
+                  self._place(tenant, record_id), "1" if fresh else ""]))
         if dropped:
             log.debug("record store: an account at its bound lost its oldest records",
                       kind=self.kind, dropped=dropped)

@@ -264,8 +264,8 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
     try:
         first = await anext(it, None)  # errors before any output keep their HTTP status
         announced = True
-        if on_start is not None:  # (awaited: its end's record is put after it)
-            await on_start(e.response("in_progress"))
+        if on_start is not None:  # (it starts a write it need not wait for: its end's
+            await on_start(e.response("in_progress"))  # record is put after it)
         yield e.number(e.ev("response.created", response=e.response("in_progress")))
         yield e.number(e.ev("response.in_progress", response=e.response("in_progress")))
         try:

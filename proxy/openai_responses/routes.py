@@ -8,6 +8,7 @@ Stored responses are scoped to the caller's tenant.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,6 +35,7 @@ from ..routes import (
     read_json,
 )
 from ..streaming import STREAM_ERROR, dumps, typed_sse, write_sse
+from ..tasks import detach
 from ..telemetry import error_fields, get_logger
 from . import translate as X
 from .events import OUTPUT_DELTAS, Rendering, saves_settled
@@ -48,6 +50,21 @@ _SAVES_AT_CLOSE_S = 2.0
 
 def _store(request: web.Request) -> RecordStore:
     return request.app[STORE]
+
+
+#: (tenant, id) -> the write of a streaming response's `in_progress` record, while it
+#: runs: the stream does not wait for it (a frozen Redis held `response.created` for the
+#: store's timeout), what reads or deletes that response here does.
+_HOLDING: dict[tuple[str, str], asyncio.Future[None]] = {}
+
+
+async def _held(tenant: str, rid: str) -> None:
+    """Once the `in_progress` write of `rid` started here has settled (bounded by the
+    store's timeout): a GET right after `response.created` finds it, and a DELETE is not
+    undone by it."""
+    holding = _HOLDING.get((tenant, rid))
+    if holding is not None:
+        await asyncio.wait((holding,))
 
 
 async def create(request: web.Request) -> web.StreamResponse:
@@ -67,6 +84,7 @@ async def _create(request: web.Request, st: AppState,
     store = _store(request)
     history: list[dict[str, Any]] = []
     if req.previous_response_id:
+        await _held(principal.tenant, req.previous_response_id)
         record = _readable(await store.get(principal.tenant, req.previous_response_id))
         if record is None:  # OpenAI's answer: a 400, with a code clients look for
             raise InvalidRequest(f"Previous response with id "
@@ -100,6 +118,8 @@ async def _create(request: web.Request, st: AppState,
 
     async def save(response: dict[str, Any]) -> None:
         if req.store:
+            if holding is not None:  # the final record is put after the `in_progress` one
+                await asyncio.wait((holding,))
             # A failed or cut response goes on from what it finished: an item the end
             # cut (a call's arguments half written) is no turn to build on. One cut at
             # its token limit (`incomplete`) keeps its text, which the model said, but
@@ -127,19 +147,32 @@ async def _create(request: web.Request, st: AppState,
                         log.warning("response in progress not dropped", response_id=rid)
 
     held = False  # an `in_progress` record was put (`hold`), which `save` replaces
+    holding: asyncio.Future[None] | None = None  # its write, while it runs
 
     async def hold(response: dict[str, Any]) -> None:
         """A stream's response stored `in_progress` as its id goes out, as OpenAI keeps
-        it while it generates: retrieved then, it is found (its output not yet there)."""
-        nonlocal held
+        it while it generates: retrieved then, it is found (its output not yet there).
+        Written beside the stream, which does not wait for it; `fresh`: a write that
+        timed out may still land in Redis after the final record, which it must not
+        overwrite."""
+        nonlocal holding
         if not req.store:
             return
-        try:
-            await store.put(principal.tenant, rid, {
-                "response": response, "input": inputs, "conversation": conversation})
-            held = True
-        except (Unavailable, RecordTooLarge) as e:  # (its end is stored, or not, as ever)
-            log.warning("response in progress not stored", response_id=rid, reason=e.code)
+
+        async def put() -> None:
+            nonlocal held
+            try:
+                await store.put(principal.tenant, rid, {
+                    "response": response, "input": inputs, "conversation": conversation},
+                    fresh=True)
+                held = True
+            except (Unavailable, RecordTooLarge) as e:  # (its end is stored, or not)
+                log.warning("response in progress not stored", response_id=rid,
+                            reason=e.code)
+
+        key = (principal.tenant, rid)
+        holding = _HOLDING[key] = detach(put())
+        holding.add_done_callback(lambda _: _HOLDING.pop(key, None))
 
     try:
         with counting_cuts(st, info, ctx):
@@ -208,6 +241,7 @@ async def _record(request: web.Request) -> dict[str, Any]:
     st = request.app[STATE]
     principal = st.auth.authenticate(request.headers)
     rid = request.match_info["response_id"]
+    await _held(principal.tenant, rid)
     record = _readable(await _store(request).get(principal.tenant, rid))
     if record is None:
         raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
@@ -270,6 +304,7 @@ async def delete(request: web.Request) -> web.Response:
     st = request.app[STATE]
     principal = st.auth.authenticate(request.headers)
     rid = request.match_info["response_id"]
+    await _held(principal.tenant, rid)
     if not await _store(request).delete(principal.tenant, rid):
         raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
     return web.json_response({"id": rid, "object": "response", "deleted": True})

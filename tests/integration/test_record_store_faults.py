@@ -176,3 +176,18 @@ async def test_a_bound_whose_total_is_no_integer_is_rebuilt_not_a_503(
     finally:
         await store.close()
         await r.aclose()
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+async def test_a_fresh_put_never_overwrites_a_held_record(redis_server: Any, where: str) -> None:
+    """(A stream's `in_progress` record, its write landing after the final record's.)"""
+    store = (RedisStore(redis_server.url, 3600, f"fresh-{uuid.uuid4().hex}:")
+             if where == "redis" else record_store.MemoryStore(3600, 100))
+    try:
+        await store.put("acme", "r1", {"v": "final"})
+        await store.put("acme", "r1", {"v": "in_progress"}, fresh=True)
+        assert await store.get("acme", "r1") == {"v": "final"}
+        await store.put("acme", "r2", {"v": "in_progress"}, fresh=True)
+        assert await store.get("acme", "r2") == {"v": "in_progress"}
+    finally:
+        await store.close()

@@ -1106,3 +1106,70 @@ async def test_a_stream_whose_end_is_not_stored_leaves_no_record_in_progress(
     assert response["store"] is False
     monkeypatch.undo()
     assert (await client.get(f"/v1/responses/{response['id']}")).status == 404
+
+
+async def test_a_stream_does_not_wait_for_its_in_progress_record(
+        make_client: MakeClient) -> None:
+    """The `in_progress` record was written before `response.created` went out: a frozen
+    Redis held the stream's first event for the store's timeout. It is written beside
+    the stream now; a GET here waits for that write (it finds the response), and the
+    final record is put after it."""
+    import asyncio
+
+    from proxy.openai_responses.routes import STORE
+
+    client = await make_client()
+    store = client.app[STORE]
+    real, gate = store.put, asyncio.Event()
+
+    async def slow_hold(*args: Any, **kw: Any) -> None:
+        if args[2]["response"]["status"] == "in_progress":
+            await gate.wait()  # (a frozen store)
+        await real(*args, **kw)
+
+    store.put = slow_hold  # type: ignore[method-assign]
+    try:
+        async def head() -> tuple[Any, bytes]:
+            r = await client.post("/v1/responses", json={**BASE, "stream": True})
+            return r, await r.content.readuntil(b"response.in_progress")
+
+        # (a guard, not a timing: without the fix this waits for the gate for ever)
+        r, first = await asyncio.wait_for(head(), timeout=30)
+        rid = json.loads(first.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+        got = asyncio.ensure_future(client.get(f"/v1/responses/{rid}"))
+        gate.set()
+        found = await got
+        assert found.status == 200 and (await found.json())["id"] == rid
+        events, _ = parse_sse(first.decode() + (await r.text()))
+        assert await (await client.get(f"/v1/responses/{rid}")).json() == events[-1]["response"]
+    finally:
+        gate.set()
+
+
+async def test_an_in_progress_record_that_lands_late_does_not_overwrite_the_final(
+        make_client: MakeClient) -> None:
+    """An `in_progress` write that timed out may still run in Redis after the final
+    record's: it is put only where no record is held, so the final one stands."""
+    from proxy.errors import Unavailable
+    from proxy.openai_responses.routes import STORE
+
+    client = await make_client()
+    store = client.app[STORE]
+    real = store.put
+    late: list[tuple[Any, Any]] = []
+
+    async def timing_out(*args: Any, **kw: Any) -> None:
+        if args[2]["response"]["status"] == "in_progress":
+            late.append((args, kw))  # on its way still: it lands later
+            raise Unavailable("The response store is unavailable; retry shortly.",
+                              code="store_unavailable")
+        await real(*args, **kw)
+
+    store.put = timing_out  # type: ignore[method-assign]
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    events, _ = parse_sse(await r.text())
+    final = events[-1]["response"]
+    assert final["store"] is True and late
+    for args, kw in late:
+        await real(*args, **kw)
+    assert await (await client.get(f"/v1/responses/{final['id']}")).json() == final
