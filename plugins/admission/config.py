@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+
+from pydantic import Field, field_validator
 
 from proxy.chain import PluginConfig
 
@@ -20,5 +22,19 @@ class AdmissionConfig(PluginConfig):
     deadline_s: float | None = Field(
         300, gt=0, description="Default per-request deadline (None: none).")
     deadline_header: str = Field(
-        "x-weir-timeout-ms", description="Header that may shorten the deadline (ms).")
+        "x-weir-timeout-ms", description="Header that may shorten the deadline (ms); its "
+        "name in any case, as HTTP reads it.")
     retry_after_s: float = Field(1, gt=0, description="Retry-After on a shed request.")
+
+    @field_validator("deadline_header")
+    @classmethod
+    def _a_header_name(cls, value: str) -> str:
+        """Request headers are read by lower-cased name (`RequestContext.headers`): a name
+        written `X-Request-Timeout-Ms` matched no request and was ignored without a word."""
+        name = value.strip().lower()
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"`{value}` is no HTTP header name")
+        return name
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")  # RFC 9110 5.1 (a token)

@@ -429,3 +429,19 @@ async def test_a_stream_cut_by_its_upstream_s_own_limit_is_no_deadline_of_admiss
         async for _ in reply:
             pass
     assert deadline_count(p) == 0 and p.gate.in_use == 0
+
+
+@pytest.mark.parametrize("name", ["X-Request-Timeout-Ms", "x-request-timeout-ms",
+                                  " X-REQUEST-TIMEOUT-MS "])
+def test_a_deadline_header_named_in_any_case_is_read(name: str) -> None:
+    """Request headers are held by lower-cased name: a configured name with capitals
+    (as HTTP headers are often written) still shortens the deadline."""
+    c = ctx({"x-request-timeout-ms": "20"})
+    plugin(deadline_s=300, deadline_header=name).enter(c)
+    assert c.deadline is not None and c.deadline - c.started == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("name", ["", "x weir", "x-weir:", "x-wéir"])
+def test_a_deadline_header_that_is_no_header_name_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="no HTTP header name"):
+        AdmissionConfig.model_validate({"deadline_header": name})
