@@ -14,7 +14,8 @@ from proxy.settings import HttpUrlText, OptionalSecret
 class Fallback(ConfigModel):
     kind: Literal["stale", "upstream", "static", "error"] = Field(
         description="stale: an expired cache entry in its grace window; upstream: another "
-        "OpenAI-compatible server; static: a fixed answer; error: a clean 503.")
+        "OpenAI-compatible server; static: a fixed answer; error: no fallback after it, a "
+        "clean error (503 `circuit_open` while open; a shed or failed request keeps its own).")
     base_url: HttpUrlText | None = Field(None, description="upstream: its base URL (…/v1).")
     api_key: str | None = Field(None, description="upstream: its key.")
     timeout_s: float = Field(60, gt=0, description="upstream: total timeout.")

@@ -283,7 +283,8 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                 ctx.response_headers[FALLBACK_HEADER] = f.kind
                 self.fallbacks.labels(f.kind, reason).inc()
                 return reply
-            if f.kind == "error":
+            if f.kind == "error":  # the list ends here: the clean error below answers
+                self.fallbacks.labels(f.kind, reason).inc()
                 break
         if reason == "open":
             if refusal is not None:  # the engine was not asked; the one that was says why

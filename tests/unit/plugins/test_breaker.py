@@ -712,3 +712,23 @@ async def test_a_whole_answer_trial_is_watched_by_the_engine_s_count() -> None:
     assert p.health()["state"] == "open"
     release.set()
     await trial
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_error_fallback_that_answers_is_counted(stream: bool) -> None:
+    """`kind: error` ends the list with a clean error (the engine's own, or 503
+    `circuit_open`) before any fallback after it: its `weir_fallbacks_total` series,
+    made at 0 at start, never moved, so a dashboard counted no degraded answer."""
+    p = plugin(fallback=[{"kind": "error"}, {"kind": "static", "content": "never"}])
+
+    def count(kind: str, reason: str) -> float:
+        return p.services.metrics.registry.get_sample_value(
+            "weir_fallbacks_total", {"kind": kind, "reason": reason}) or 0.0
+
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(stream), failing)
+    assert p.breaker.state == "open" and count("error", "engine") == 2
+    e = await open_breaker_error(p)
+    assert e.code == "circuit_open"
+    assert count("error", "open") == 1 and count("static", "open") == 0
