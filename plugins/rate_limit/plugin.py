@@ -124,6 +124,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         reg = services.metrics.registry
         self.rejected = Counter("weir_rate_limit_rejections_total", "429s.", ["per", "limit"],
                                 registry=reg)
+        # Each rule's series at 0 before its first 429, as admission's and the breaker's:
+        # rate() and alerts on them read 0, not nothing, until a client is refused.
+        for rule, merged in zip(config.rules, self._overrides, strict=True):
+            for limits in (rule, *merged.values()):
+                for limit in _LIMITS:
+                    if getattr(limits, limit):
+                        self.rejected.labels(rule.per, limit)
         self.store_errors = Counter("weir_rate_limit_store_errors_total",
                                     "Store calls that failed (reason: unavailable, or full: "
                                     "a write Redis refused at its maxmemory).",

@@ -1073,3 +1073,19 @@ async def test_a_full_redis_is_decided_without_and_said_once(tmp_path: Path, log
             if "rate-limit store" in x]
     assert said == ["rate-limit store is full (maxmemory): deciding without it",
                     "rate-limit store takes writes again"]
+
+
+def test_each_rules_rejection_series_is_there_at_zero_before_its_first_429() -> None:
+    """Admission's and the breaker's counters start at 0; the rate limiter's appeared
+    only with a first 429, so an alert on `rate(weir_rate_limit_rejections_total[5m])`
+    read nothing (not 0) until a client had been refused."""
+    p = plugin(None, rules=[{"per": "key", "rpm": 10, "tpm": 1000},
+                            {"per": "tenant", "rpm": 100,
+                             "overrides": {"acme": {"concurrent": 5}}}])
+    reg = p.services.metrics.registry
+    for per, limit in (("key", "rpm"), ("key", "tpm"), ("tenant", "rpm"),
+                       ("tenant", "concurrent")):
+        assert reg.get_sample_value("weir_rate_limit_rejections_total",
+                                    {"per": per, "limit": limit}) == 0, (per, limit)
+    assert reg.get_sample_value("weir_rate_limit_rejections_total",
+                                {"per": "key", "limit": "concurrent"}) is None
