@@ -469,9 +469,10 @@ class StreamCalls:
         self._make = make_tracker
         self._trackers: dict[int, ToolCallTracker] = {}
         self._sent: dict[int, CallAssembler] = {}
-        #: Per choice, its content and calls in the order they came: text pieces (str)
-        #: and calls (their index, where each began).
-        self._order: dict[int, list[str | int]] = {}
+        #: Per choice, its content and calls in the order they came: runs of text (its
+        #: pieces, joined when asked: a string grown piece by piece is copied whole at
+        #: each, quadratic in a long answer) and calls (their index, where each began).
+        self._order: dict[int, list[list[str] | int]] = {}
 
     def step(self, index: int, text: str, token_ids: list[int], reason: str | None,
              ) -> tuple[str | None, list[dict[str, Any]], str | None]:
@@ -483,10 +484,10 @@ class StreamCalls:
         content, deltas, reason = tracker.step(text, token_ids, reason)
         order = self._order.setdefault(index, [])
         if content:
-            if order and isinstance(order[-1], str):
-                order[-1] += content
+            if order and isinstance(order[-1], list):
+                order[-1].append(content)
             else:
-                order.append(content)
+                order.append([content])
         if deltas:
             sent = self._sent.setdefault(index, CallAssembler())
             order += sorted({d["index"] for d in deltas if d["index"] not in sent.calls})
@@ -509,7 +510,7 @@ class StreamCalls:
 
     def order(self, index: int) -> list[str | int]:
         """A choice's content and calls in the order they came (`_order`)."""
-        return list(self._order.get(index, ()))
+        return ["".join(x) if isinstance(x, list) else x for x in self._order.get(index, ())]
 
     def answer(self, choices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for c in choices:
