@@ -604,13 +604,14 @@ _DIGITS_ACROSS_LINE = re.compile(r"\d[ \t.\-_/]*\r?\n\s*\d")
 # device's serial number (any length: ICCIDs have 19 or 20 digits)...
 _DEVICE_LABEL = (r"imei(?:sv)?|meid|iccid|esn|serial|s/n")
 # ... or a person's number: a Canadian SIN (9 digits), a South African identity number
-# (13, may start as Visa's). Those are shorter than the cards of 16 digits and more, so
-# such a label before 16 digits or more names no such number ("Customer ID number:
-# 4111 1111 1111 1111" is a card, written where an id was asked for).
+# (13, may start as Visa's). Those have 13 digits at most, so such a label before more
+# (a Diners card's 14, an Amex's 15, 16 and more) names no such number ("Customer ID
+# number: 4111 1111 1111 1111" is a card, written where an id was asked for).
 _ID_LABEL = r"sin|social\s+insurance|nas|(?:sa|national)\s+id|id(?:entity)?\s+(?:number|no\.?)"
 _LABEL_TAIL = r"(?:\s*\(?[12]\)?)?(?:\s+(?:number|no\.?|#|is|was)){0,2}\s{0,2}[:#=]?\s{0,2}$"
 _NOT_CARD_LABEL = re.compile(rf"\b(?:{_DEVICE_LABEL}|{_ID_LABEL}){_LABEL_TAIL}", re.IGNORECASE)
 _NOT_LONG_CARD_LABEL = re.compile(rf"\b(?:{_DEVICE_LABEL}){_LABEL_TAIL}", re.IGNORECASE)
+_ID_DIGITS = 13  # the longest number a person's id label names
 
 
 _CARD_WORD = re.compile(r"card|visa|master|amex|\b(?:cc|pan)\b", re.IGNORECASE)
@@ -620,7 +621,7 @@ def _labelled_other(text: str, a: int, digits: int) -> bool:
     """Whether a label just before `a` names the number of `digits` digits as something
     else (and no card word is there: "card id number: 4111 ..." stays a card)."""
     lo = max(0, a - 40)
-    label = _NOT_LONG_CARD_LABEL if digits >= 16 else _NOT_CARD_LABEL
+    label = _NOT_LONG_CARD_LABEL if digits > _ID_DIGITS else _NOT_CARD_LABEL
     return (label.search(text, lo, a) is not None
             and _CARD_WORD.search(text, lo, a) is None)
 

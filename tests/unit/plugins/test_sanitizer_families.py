@@ -189,6 +189,8 @@ def test_a_number_labelled_as_no_card_is_none(text: str) -> None:
     # 16 digits are longer than the numbers an id label names (SIN 9, SA id 13)
     "Customer ID number: 4111 1111 1111 1111", "SIN: 4111 1111 1111 1111",
     "national id 4111111111111111",
+    # nor 14 or 15 (a Diners or an Amex card): a person's id has 13 digits at most
+    "Customer ID number: 3782 822463 10005", "national id 30569309025904",
     "amex 378282246310005", "diners 30569309025904", "visa 4222222222222",
     "maestro 6759649826438453", "IMEI 490154203237518, card 4111 1111 1111 1111",
 ])
