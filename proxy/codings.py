@@ -6,14 +6,16 @@ as the part that came, which may itself be valid JSON, so a truncated upload cou
 served as a shorter request. `weir serve` has aiohttp leave the body as it came
 (`auto_decompress=False`) and decodes it here: every stream must end, gzip members and
 zstd frames may follow one another (their contents are joined, as RFC 1952 and RFC 8878
-say), and nothing else may follow. Output is bounded as it is produced, so a small body
-that expands past the limit (a decompression bomb) costs no more than the limit.
+say; up to `MAX_MEMBERS` of them, each handed about its own bytes), and nothing else
+may follow. Output is bounded as it is produced, so a small body that expands past the
+limit (a decompression bomb) costs no more than the limit.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import Protocol
 
 import brotli
 
@@ -34,6 +36,18 @@ class TooLarge(ValueError):
     """Decoded, the body is past the limit."""
 
 
+class _Decoder(Protocol):
+    """zlib's decompressobj, or a ZstdDecompressor."""
+
+    @property
+    def eof(self) -> bool: ...
+
+    @property
+    def unused_data(self) -> bytes: ...
+
+    def decompress(self, data: bytes | memoryview, max_length: int = ...) -> bytes: ...
+
+
 _GZIP, _ZLIB, _RAW_DEFLATE = 16 + zlib.MAX_WBITS, zlib.MAX_WBITS, -zlib.MAX_WBITS
 
 
@@ -44,24 +58,48 @@ def _check(out: bytearray, limit: int) -> int:
     return limit + 1 - len(out)
 
 
-def _zlib(data: bytes, wbits: int, limit: int, members: bool) -> bytes:
-    out = bytearray()
-    while True:
-        d = zlib.decompressobj(wbits)
-        try:
-            out += d.decompress(data, _check(out, limit))
-            while d.unconsumed_tail and not d.eof:
-                out += d.decompress(d.unconsumed_tail, _check(out, limit))
-        except zlib.error:
-            raise Undecodable from None
-        _check(out, limit)
-        if not d.eof:
-            raise Undecodable  # cut short
-        data = d.unused_data
-        if not data:
+#: The first piece of the body a member's decoder is handed; each next is twice as long.
+#: A decoder keeps what follows its member's end (`unused_data`, a copy): handed the
+#: whole rest of the body, a body of many small members (gzip members, zstd frames of a
+#: few bytes each) cost the square of its size (a 4 MiB one held the event loop for
+#: about 100 s); so each member costs about what it weighs.
+_FIRST_PIECE = 64
+#: How many gzip members or zstd frames a body may hold: each costs a decoder (a zstd
+#: one, about 17 µs to make: 4 MiB of empty frames was seconds of the event loop). A
+#: compressor writes one, or a few of up to a block's size (bgzip: 64 KiB).
+MAX_MEMBERS = 1024
+
+
+def _members(data: bytes, new: Callable[[], _Decoder], limit: int, members: bool) -> bytes:
+    """`data` decoded as a stream's members, one after another (`members`), or as one."""
+    view, pos, out = memoryview(data), 0, bytearray()
+    for _ in range(MAX_MEMBERS):
+        d, piece = new(), _FIRST_PIECE
+        while True:  # this member, handed to its decoder piece by piece
+            chunk = view[pos:pos + piece]
+            out += d.decompress(chunk, _check(out, limit))
+            # (A decoder stops short of what it was handed only at `max_length`, one
+            # byte past the limit: under it, it took all, or its member ended.)
+            _check(out, limit)
+            if d.eof:
+                pos += len(chunk) - len(d.unused_data)
+                break
+            pos += len(chunk)
+            if pos >= len(view):
+                raise Undecodable  # cut short
+            piece *= 2
+        if pos >= len(view):
             return bytes(out)
         if not members:
             raise Undecodable  # bytes after the stream's end
+    raise Undecodable  # more members than any compressor writes
+
+
+def _zlib(data: bytes, wbits: int, limit: int, members: bool) -> bytes:
+    try:
+        return _members(data, lambda: zlib.decompressobj(wbits), limit, members)
+    except zlib.error:
+        raise Undecodable from None
 
 
 def _gzip(data: bytes, limit: int) -> bytes:
@@ -90,21 +128,10 @@ def _br(data: bytes, limit: int) -> bytes:
 
 
 def _zstd(data: bytes, limit: int) -> bytes:
-    out = bytearray()
-    while True:
-        d = ZstdDecompressor()
-        try:
-            out += d.decompress(data, _check(out, limit))
-            while not d.eof and not d.needs_input:
-                out += d.decompress(b"", _check(out, limit))
-        except ZstdError:
-            raise Undecodable from None
-        _check(out, limit)
-        if not d.eof:
-            raise Undecodable
-        data = d.unused_data
-        if not data:
-            return bytes(out)
+    try:
+        return _members(data, ZstdDecompressor, limit, members=True)
+    except ZstdError:
+        raise Undecodable from None
 
 
 _DECODERS: dict[str, Callable[[bytes, int], bytes]] = {
