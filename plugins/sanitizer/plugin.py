@@ -194,10 +194,12 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                         param=f"messages[{i}].content", code="string_above_max_length")
                 n += len(m.name or "") + sum(len(c.function.arguments)
                                              for c in m.tool_calls or ())
+                if m.content is not None:  # (read too, though not the prompt's: `text`
+                    n += len(m.refusal or "")  # has it only for a turn with no content)
                 if n > lim.max_message_chars:
                     raise InvalidRequest(
                         f"A message may be at most {lim.max_message_chars} characters, its "
-                        "name and tool calls included.", param=f"messages[{i}]",
+                        "name, tool calls and refusal included.", param=f"messages[{i}]",
                         code="string_above_max_length")
                 total += n
             if total > lim.max_total_chars:

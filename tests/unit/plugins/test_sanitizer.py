@@ -526,6 +526,10 @@ async def test_tool_schemas_are_read() -> None:
         {"role": "tool", "tool_call_id": "c", "content": "ok"}]},
      "messages[1]"),
     ({"messages": [{"role": "user", "content": "hi", "name": "n" * 200}]}, "messages[0]"),
+    # (a refusal beside content is read by the detectors too, though the prompt has not it)
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "no", "refusal": "r" * 200}]},
+     "messages[1]"),
     ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function",
       "function": {"name": "f", "description": "d" * 500}}]}, "tools"),
 ])
