@@ -1116,6 +1116,7 @@ async def test_a_stream_does_not_wait_for_its_in_progress_record(
     final record is put after it."""
     import asyncio
 
+    from proxy.app_state import STATE
     from proxy.openai_responses.routes import STORE
 
     client = await make_client()
@@ -1136,9 +1137,18 @@ async def test_a_stream_does_not_wait_for_its_in_progress_record(
         # (a guard, not a timing: without the fix this waits for the gate for ever)
         r, first = await asyncio.wait_for(head(), timeout=30)
         rid = json.loads(first.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
-        got = asyncio.ensure_future(client.get(f"/v1/responses/{rid}"))
-        gate.set()
-        found = await got
+        # The store thaws once the GET is in its handler (it authenticates first): the
+        # GET finds the record only by waiting for the write under way.
+        auth = client.app[STATE].auth
+        authenticate = auth.authenticate
+
+        def thawing(headers: Any) -> Any:
+            gate.set()
+            return authenticate(headers)
+
+        auth.authenticate = thawing  # type: ignore[method-assign]
+        found = await client.get(f"/v1/responses/{rid}")
+        auth.authenticate = authenticate  # type: ignore[method-assign]
         assert found.status == 200 and (await found.json())["id"] == rid
         events, _ = parse_sse(first.decode() + (await r.text()))
         assert await (await client.get(f"/v1/responses/{rid}")).json() == events[-1]["response"]
