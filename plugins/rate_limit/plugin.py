@@ -135,6 +135,9 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                                     "Store calls that failed (reason: unavailable, or full: "
                                     "a write Redis refused at its maxmemory).",
                                     ["reason"], registry=reg)
+        if self.remote is not None:  # (at 0 from the start, as the rejections are)
+            for reason in ("unavailable", "full"):
+                self.store_errors.labels(reason)
         self._degraded = False
         self._outage = OutageLog()
         #: Redis refused a write at its `maxmemory`: decided without it until a write lands

@@ -1089,3 +1089,17 @@ def test_each_rules_rejection_series_is_there_at_zero_before_its_first_429() -> 
                                     {"per": per, "limit": limit}) == 0, (per, limit)
     assert reg.get_sample_value("weir_rate_limit_rejections_total",
                                 {"per": "key", "limit": "concurrent"}) is None
+
+
+async def test_the_store_error_series_are_there_at_zero_with_redis() -> None:
+    """`weir_rate_limit_store_errors_total` had one series at 0 from the start; labelled
+    by reason since this stop, each reason's series starts at 0 too (an alert on its
+    `rate()` reads 0, not nothing), where a Redis store is configured."""
+    p = plugin("redis://127.0.0.1:1/0", rules=[{"per": "key", "rpm": 10}])
+    reg = p.services.metrics.registry
+    try:
+        for reason in ("unavailable", "full"):
+            assert reg.get_sample_value("weir_rate_limit_store_errors_total",
+                                        {"reason": reason}) == 0, reason
+    finally:
+        await p.close()
