@@ -320,6 +320,11 @@ _SWAPS = {"how": "how", "why": "why", "where": "where", "when": "what", "who": "
           # whose ("Can you delete my data?" / "... your data?"; "our" is either's)
           "my": "my", "mine": "my", "your": "your", "yours": "your"}
 _ASKING = frozenset("how what when where why which who can could do does is are".split())
+#: A noun added after one it only restates ("the capital city of France", "my email
+#: address", "your phone number"): no span that says something more.
+_RESTATED = frozenset({("capital", "city"), ("email", "address"), ("e-mail", "address"),
+                       ("phone", "number"), ("mobile", "number"), ("telephone", "number"),
+                       ("zip", "code"), ("postal", "code")})
 #: Instruction kinds compared by what they say, not only by their presence.
 _PHRASED = frozenset({"language", "format", "length", "persona", "audience", "tone",
                       "plain"})
@@ -607,7 +612,8 @@ def _edited(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         return True
     if len(ops) > 1 and _content_slot(a, b):
         return True
-    said = [op for op in ops if not set(a[op[1]:op[2]] + b[op[3]:op[4]]) <= _FILLER]
+    said = [op for op in ops if not set(a[op[1]:op[2]] + b[op[3]:op[4]]) <= _FILLER
+            and not _restated(b, op)]
     if len(said) == 1 and said[0][0] != "replace":
         return _span_added(a, b, said[0])
     return False
@@ -683,6 +689,12 @@ def _subject_swapped(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> 
     return (x in _SUBJECTS and y in _SUBJECTS and _PERSON[x] != _PERSON[y] and i >= 1
             and a[i - 1] in _AUXILIARIES and all(t in _FILLER for t in a[:i - 1])
             and not set(a[:i - 1]) & _ASKING)
+
+
+def _restated(b: tuple[str, ...], op: Op) -> bool:
+    """`op` adds to the longer `b` one noun that restates the word before it."""
+    kind, _, _, j1, j2 = op
+    return kind == "insert" and j2 - j1 == 1 and j1 > 0 and (b[j1 - 1], b[j1]) in _RESTATED
 
 
 def _span_added(a: tuple[str, ...], b: tuple[str, ...], op: Op) -> bool:

@@ -37,3 +37,27 @@ def test_the_same_question_in_other_small_words_passes(stored: str, asked: str) 
 def test_near_misses_in_those_words_still_miss(stored: str, asked: str) -> None:
     assert not guard_ok(asked, stored)
     assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("What is the capital of France?", "What's the capital city of France?"),
+    ("How do I verify my email?", "How do I verify my email address?"),
+    ("Can I change my phone?", "Can I change my phone number?"),
+])
+def test_a_noun_that_only_restates_the_one_before_is_no_added_span(stored: str,
+                                                                   asked: str) -> None:
+    """With "What's" read as "What is", "the capital city of France" was one span added
+    to "the capital of France" ("a recipe" / "a vegan recipe"), and refused (the e2e
+    suite's paraphrase on the real model missed); "city" after "capital", "address"
+    after "email", "number" after "phone" say nothing more."""
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("What is the capital of France?", "What is the capital region of France?"),
+    ("How do I verify my email?", "How do I verify my work email?"),
+])
+def test_other_added_nouns_still_miss(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
