@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -190,10 +190,11 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
         try:
             resp = await handler(request)
             status = returned_status(request, resp)
-            note_outcome(request, resp)
+            note_outcome(request, resp.headers)
             return resp
         except asyncio.CancelledError as e:
             status = cancelled_status(request, e)
+            note_outcome(request, request.get(RESPONSE_HEADERS) or {})
             raise
         finally:
             status = outcome_status(request, status)
@@ -218,17 +219,18 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
 _TOLD = (("cache", "x-weir-cache"), ("fallback", "x-weir-fallback"))
 
 
-def note_outcome(request: web.Request, resp: web.StreamResponse) -> None:
+def note_outcome(request: web.Request, headers: Mapping[str, str]) -> None:
     """The cache's outcome and the fallback that answered, for the access log and the
     span: what the answer's `x-weir-cache` and `x-weir-fallback` say (every route the
     plugins serve, and an error after the cache's lookup, whose answer carries its header
-    too), unless the route told it."""
+    too), unless the route told it. A handler cancelled before its answer (its client
+    gone: a 499) has them in the headers the plugins gave its answer so far."""
     info = request.get(INFO)
     if info is None:
         return
     for field, header in _TOLD:
         if info.get(field) is None:
-            told = resp.headers.get(header)
+            told = headers.get(header)
             if told is not None:
                 info[field] = told
 
@@ -337,10 +339,11 @@ async def _server_span(request: web.Request, handler: Handler,
         try:
             resp = await handler(request)
             status = returned_status(request, resp)  # (as the access log counts it)
-            note_outcome(request, resp)
+            note_outcome(request, resp.headers)
             return resp
         except asyncio.CancelledError as e:
             status = cancelled_status(request, e)  # (as the access log counts it)
+            note_outcome(request, request.get(RESPONSE_HEADERS) or {})
             raise
         finally:
             if status == 499 and request.get(ANSWERED):

@@ -193,3 +193,30 @@ async def test_a_whole_answer_cut_by_its_deadline_counts_the_tokens_it_spent(
     text = await (await client.get("/metrics")).text()
     assert metric(text, "weir_tokens_total", model="fake-model", kind="prompt") > 0
     assert metric(text, "weir_tokens_total", model="fake-model", kind="completion") > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_client_gone_before_its_answer_is_logged_with_the_cache_s_outcome(
+        make_client: MakeClient, logs: Any, stream: bool) -> None:
+    """A client that left while its miss waited on the engine: its 499's access-log line
+    (and span) said nothing of the cache, which had decided (a miss) before the engine
+    was called: the outcome was read from the answer's headers alone, and no answer was
+    made."""
+    from tests.waiting import eventually
+
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()  # the engine never produces a token
+    client = await make_client(make_settings(logging={"access_log": True}, plugins=[
+        {"name": "cache", "config": {"semantic": {"enabled": False}}}]), engine=engine)
+    body = {**CHAT, "temperature": 0, "stream": stream}
+    task = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+    await engine.wait_until(lambda: len(engine.active) == 1)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    def lines() -> list[dict[str, Any]]:
+        return [x for line in logs.getvalue().splitlines() if line.startswith("{")
+                and (x := json.loads(line)).get("event") == "request" and x["status"] == 499]
+
+    await eventually(lambda: bool(lines()), timeout=10)
+    assert lines()[0]["cache"] == "miss"
