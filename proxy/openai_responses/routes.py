@@ -84,8 +84,7 @@ async def _create(request: web.Request, st: AppState,
     store = _store(request)
     history: list[dict[str, Any]] = []
     if req.previous_response_id:
-        await _held(principal.tenant, req.previous_response_id)
-        record = _readable(await store.get(principal.tenant, req.previous_response_id))
+        record = await _stored(store, principal.tenant, req.previous_response_id)
         if record is None:  # OpenAI's answer: a 400, with a code clients look for
             raise InvalidRequest(f"Previous response with id "
                                  f"'{shown_id(req.previous_response_id)}' not found.",
@@ -241,11 +240,17 @@ async def _record(request: web.Request) -> dict[str, Any]:
     st = request.app[STATE]
     principal = st.auth.authenticate(request.headers)
     rid = request.match_info["response_id"]
-    await _held(principal.tenant, rid)
-    record = _readable(await _store(request).get(principal.tenant, rid))
+    record = await _stored(_store(request), principal.tenant, rid)
     if record is None:
         raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
     return record
+
+
+async def _stored(store: RecordStore, tenant: str, rid: str) -> dict[str, Any] | None:
+    """The stored response `rid` of `tenant` (once its `in_progress` write started here
+    has settled), or None where nothing of a stored response's shape is there."""
+    await _held(tenant, rid)
+    return _readable(await store.get(tenant, rid))
 
 
 def _readable(record: dict[str, Any] | None) -> dict[str, Any] | None:
