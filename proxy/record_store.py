@@ -33,7 +33,7 @@ from redis.exceptions import RedisError
 
 from .auth import account
 from .errors import RecordTooLarge, Unavailable
-from .redis_client import blocking_client
+from .redis_client import OWN_LUA, blocking_client
 from .settings import DEFAULT_MAX_BYTES_PER_TENANT, ResponsesSettings
 from .streaming import dumps  # (a lone surrogate kept as its escape)
 from .tasks import abandon_after, lost_cancellation
@@ -273,11 +273,7 @@ class MemoryStore:
 # listings, updates and deletes with WRONGTYPE (a 503) until someone removed it. Keys of
 # another tenant (of the account, in its bound) are only read, never replaced: what is not
 # of the expected type there is as if absent.
-_OWN_LUA = """
-local function own(key, kind)
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= kind and t ~= 'none' then redis.call('DEL', key) end
-end
+_OWN_LUA = OWN_LUA + """
 local function counted(n) if type(n) == 'number' then return n end return 0 end
 """
 #: How long past its expiry a listing keeps a summary (replicas' clocks differ; its

@@ -1,4 +1,5 @@
-"""One way to open Redis for Weir's plugins, and the type of a Redis URL in a config.
+"""One way to open Redis for Weir's plugins, the type of a Redis URL in a config, and
+the Lua that Weir's scripts share.
 
 A blocking pool: a burst beyond `max_connections` waits for a free connection (within
 the command timeout) instead of failing at once, as redis-py's default pool does. The
@@ -40,3 +41,14 @@ def blocking_client(url: str, timeout_s: float, max_connections: int = 64,
         url, max_connections=max_connections, timeout=wait, socket_timeout=wait,
         socket_connect_timeout=wait, health_check_interval=health_check_interval)
     return aioredis.Redis.from_pool(pool)
+
+
+#: Lua for a script's start: `own(key, kind)` replaces a stray key of another type (a
+#: hand edit, another program) where the script writes a `kind` ('hash', 'zset', ...):
+#: it failed every write there with WRONGTYPE (a 503) until someone removed it.
+OWN_LUA = """
+local function own(key, kind)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= kind and t ~= 'none' then redis.call('DEL', key) end
+end
+"""

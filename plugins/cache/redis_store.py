@@ -44,7 +44,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
-from proxy.redis_client import blocking_client
+from proxy.redis_client import OWN_LUA, blocking_client
 from proxy.tasks import abandon_after, cancel_and_wait, lost_cancellation
 from proxy.telemetry import OutageLog, get_logger
 from proxy.tracing import span
@@ -76,11 +76,7 @@ EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 # prefix, this replica; the members. The members popped past the cap are deleted here
 # too (their keys cannot be named in KEYS before the pop: a standalone Redis, as the
 # rest of the cache assumes) and announced in one drop event.
-_PERSIST = """
-local function own(key, kind)  -- a stray key of another type there is replaced
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= kind and t ~= 'none' then redis.call('DEL', key) end
-end
+_PERSIST = OWN_LUA + """
 if ARGV[1] ~= '' then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
 if ARGV[3] ~= '' then
   own(KEYS[2], 'hash')
