@@ -398,8 +398,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             headers={"Allow": allowed})  # RFC 9110: a 405 says what is allowed
         return error_response(err, rid)
     except web.HTTPNotFound:
-        return error_response(NotFound(
-            f"Unknown request URL: {request.method} {request.path}.", code="unknown_url"), rid)
+        return _unrouted(request, rid)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -409,6 +408,29 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except Exception as e:
         log.error("unhandled error", path=logged_path(request), **error_fields(e))
         return error_response(ServerError(), rid)
+
+
+def _unrouted(request: web.Request, rid: str | None) -> web.Response:
+    """A request no route takes: a 404, but for the two request targets that name no
+    resource of this server (RFC 9112 3.2.3, 3.2.4), each a 405 (as nginx answers
+    CONNECT). `CONNECT` asks for a tunnel, which Weir (no proxy) gives none: an empty
+    `Allow` (RFC 9110 10.2.1: no method), and the connection ends (its client would
+    next send the tunnel's bytes). `OPTIONS *` asks about the server, which answers
+    OPTIONS on no resource (no CORS): its `Allow` names the methods it serves."""
+    if request.method == "CONNECT":
+        resp = error_response(MethodNotAllowed(
+            "Method CONNECT is not allowed: this server is no proxy.",
+            headers={"Allow": ""}), rid)
+        resp.force_close()
+        return resp
+    if request.method == "OPTIONS" and request.raw_path == "*":
+        allowed = ", ".join(sorted({r.method for r in request.app.router.routes()}
+                                   - {"*", "OPTIONS"}))
+        return error_response(MethodNotAllowed(
+            f"Method OPTIONS is not allowed; the server serves {allowed}.",
+            headers={"Allow": allowed}), rid)
+    return error_response(NotFound(
+        f"Unknown request URL: {request.method} {request.path}.", code="unknown_url"), rid)
 
 
 def _generic_http(e: web.HTTPException) -> WeirError:

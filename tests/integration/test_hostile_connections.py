@@ -629,3 +629,38 @@ async def test_a_head_its_parser_refuses_is_answered_in_http_1_1(served: Listene
     assert status_line.startswith(b"HTTP/1.1 400 "), status_line
     assert rest.endswith(b'"code": "invalid_http_request"}}')
     writer.close()
+
+
+async def test_connect_is_a_405_that_ends_the_connection(served: Listener) -> None:
+    """`CONNECT host:443` (a client taking Weir for a forward proxy) was a 404 "Unknown
+    request URL: CONNECT ." that kept the connection, whose next bytes (the tunnel's, a
+    TLS hello) would be read as a request. Weir is no proxy: a 405 (as nginx answers)
+    whose empty `Allow` says the tunnel's target allows no method (RFC 9110 10.2.1),
+    ending the connection."""
+    for target in (b"host:443", b"/v1/models"):
+        reader, writer = await connect(served)
+        writer.write(b"CONNECT " + target + b" HTTP/1.1\r\nHost: host:443\r\n\r\n")
+        status, headers, raw = await response(reader)
+        assert status == 405, raw
+        assert headers.get("allow") == ""
+        assert headers.get("connection") == "close"
+        error = json.loads(raw)["error"]
+        assert error["code"] == "method_not_allowed"
+        assert error["type"] == "invalid_request_error"
+        assert await closed_by_server(reader)
+        writer.close()
+
+
+async def test_options_asterisk_is_a_405_naming_the_servers_methods(served: Listener) -> None:
+    """`OPTIONS *` (about the server as a whole, RFC 9110 9.3.7) was a 404 "Unknown
+    request URL: OPTIONS *". Weir answers OPTIONS on no resource (no CORS): a 405 whose
+    `Allow` names the methods the server serves, as `OPTIONS /v1/models` names its
+    route's; the connection goes on."""
+    reader, writer = await connect(served)
+    writer.write(b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n" + LIVE)
+    status, headers, raw = await response(reader)
+    assert status == 405, raw
+    assert headers["allow"] == "DELETE, GET, HEAD, POST"
+    assert json.loads(raw)["error"]["code"] == "method_not_allowed"
+    assert (await response(reader))[0] == 200  # the pipelined request is served
+    writer.close()
