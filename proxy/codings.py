@@ -7,8 +7,9 @@ served as a shorter request. `weir serve` has aiohttp leave the body as it came
 (`auto_decompress=False`) and decodes it here: every stream must end, gzip members and
 zstd frames may follow one another (their contents are joined, as RFC 1952 and RFC 8878
 say; up to `MAX_MEMBERS` of them, each handed about its own bytes), and nothing else
-may follow. Output is bounded as it is produced, so a small body that expands past the
-limit (a decompression bomb) costs no more than the limit.
+may follow, but zero bytes after a gzip body's last member (padding, which `gzip -d`
+and Python's gzip module take). Output is bounded as it is produced, so a small body
+that expands past the limit (a decompression bomb) costs no more than the limit.
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ _FIRST_PIECE = 64
 MAX_MEMBERS = 1024
 
 
-def _members(data: bytes, new: Callable[[], _Decoder], limit: int, members: bool) -> bytes:
-    """`data` decoded as a stream's members, one after another (`members`), or as one."""
+def _members(data: bytes, new: Callable[[], _Decoder], limit: int, members: bool,
+             padded: bool = False) -> bytes:
+    """`data` decoded as a stream's members, one after another (`members`), or as one;
+    `padded`: zero bytes may follow the last member (no member starts with one)."""
     view, pos, out = memoryview(data), 0, bytearray()
     for _ in range(MAX_MEMBERS):
         d, piece = new(), _FIRST_PIECE
@@ -88,22 +91,28 @@ def _members(data: bytes, new: Callable[[], _Decoder], limit: int, members: bool
             if pos >= len(view):
                 raise Undecodable  # cut short
             piece *= 2
-        if pos >= len(view):
+        if pos >= len(view) or (padded and data[pos] == 0 and _zeros(data, pos)):
             return bytes(out)
         if not members:
             raise Undecodable  # bytes after the stream's end
     raise Undecodable  # more members than any compressor writes
 
 
-def _zlib(data: bytes, wbits: int, limit: int, members: bool) -> bytes:
+def _zeros(data: bytes, pos: int) -> bool:
+    """Whether `data` holds only zero bytes from `pos` on: counted once, where a member
+    would start (no member starts with a zero byte: the next one would be refused)."""
+    return data.count(0, pos) == len(data) - pos
+
+
+def _zlib(data: bytes, wbits: int, limit: int, members: bool, padded: bool = False) -> bytes:
     try:
-        return _members(data, lambda: zlib.decompressobj(wbits), limit, members)
+        return _members(data, lambda: zlib.decompressobj(wbits), limit, members, padded)
     except zlib.error:
         raise Undecodable from None
 
 
 def _gzip(data: bytes, limit: int) -> bytes:
-    return _zlib(data, _GZIP, limit, members=True)
+    return _zlib(data, _GZIP, limit, members=True, padded=True)
 
 
 def _deflate(data: bytes, limit: int) -> bytes:

@@ -50,6 +50,24 @@ def test_bytes_after_the_stream_are_refused(coding: str) -> None:
         decode(ENCODERS[coding](RAW) + b"garbage", coding, 1000)
 
 
+@pytest.mark.parametrize("pad", [1, 7, 512, 10240])
+def test_zero_padding_after_the_last_gzip_member_is_decoded(pad: int) -> None:
+    """A gzip body padded with zero bytes (a tape block's, a fixed-size buffer's),
+    which `gzip -d` decodes (warning "trailing zero bytes ignored") and Python's gzip
+    module reads, was refused as bytes after the stream. Zeros after the last member
+    are taken; zeros before a member, or with anything after them, are not."""
+    body = gzip.compress(RAW)
+    assert decode(body + bytes(pad), "gzip", 1000) == RAW
+    assert decode(body + body + bytes(pad), "gzip", 1000) == RAW + RAW
+    for bad in (body + bytes(pad) + body, body + bytes(pad) + b"x", bytes(pad) + body,
+                bytes(pad)):
+        with pytest.raises(Undecodable):
+            decode(bad, "gzip", 1000)
+    for coding in ("deflate", "zstd", "br"):  # (their tools refuse it too)
+        with pytest.raises(Undecodable):
+            decode(ENCODERS[coding](RAW) + bytes(pad), coding, 1000)
+
+
 def test_a_bad_checksum_is_refused() -> None:
     body = gzip.compress(RAW)
     with pytest.raises(Undecodable):
