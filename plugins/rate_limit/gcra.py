@@ -93,7 +93,8 @@ class Store(Protocol):
     async def admit(self, buckets: list[Bucket], conc: list[tuple[str, int]], lease: str,
                     lease_ms: float) -> Decision: ...
 
-    async def adjust(self, buckets: list[Bucket]) -> None: ...
+    async def adjust(self, buckets: list[Bucket]) -> list[BucketState]:
+        """Charge (cost > 0) or refund (< 0) each bucket; each one's state after that."""
 
     async def release(self, conc: list[str], lease: str) -> None: ...
 
@@ -178,14 +179,19 @@ class MemoryStore:
         self._swept(now)
         return Decision(True, retry, states)
 
-    async def adjust(self, buckets: list[Bucket]) -> None:
+    async def adjust(self, buckets: list[Bucket]) -> list[BucketState]:
         """Cost > 0 charges, < 0 refunds (settling a token reservation)."""
         now = self._now()
+        eps = _eps(now)
+        states = []
         for b in buckets:
             t = PERIOD_MS / b.limit
             nt = max(now, self._get(b.key, now) + b.cost * t)
             self._tat[b.key] = (nt, nt + 1000)
+            states.append(BucketState(b.limit, _units(PERIOD_MS - (nt - now), eps, t,
+                                                      b.limit), nt - now))
         self._swept(now)
+        return states
 
     async def release(self, conc: list[str], lease: str) -> None:
         for key in conc:
@@ -297,16 +303,23 @@ return res
 _ADJUST = _READ + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local eps = math.max($EPS_MS, now * $EPS_ULPS)
 local period = tonumber(ARGV[1])
+local out = {}
 for i = 1, #KEYS do
   local limit = tonumber(ARGV[1 + (i - 1) * 2 + 1])
   local cost = tonumber(ARGV[1 + (i - 1) * 2 + 2])
+  local T = period / limit
   local tat = tat_of(KEYS[i], now)
-  local nt = math.max(now, tat + cost * period / limit)
+  local nt = math.max(now, tat + cost * T)
   redis.call('SET', KEYS[i], string.format('%.3f', nt), 'PX', math.ceil(nt - now) + 1000)
+  -- the bucket as it stands now (a refused request's headers show its refund)
+  out[#out + 1] = limit
+  out[#out + 1] = math.min(limit, math.max(0, math.floor((period - (nt - now) + eps) / T)))
+  out[#out + 1] = math.ceil(nt - now)
 end
-return 1
-"""
+return out
+""".replace("$EPS_MS", repr(EPS_MS)).replace("$EPS_ULPS", repr(EPS_ULPS))
 
 
 _RENEW = _READ + """
@@ -378,13 +391,16 @@ class RedisStore:
         return Decision(vals[0] == 1, vals[1], states,
                         tuple(int(v) for v in vals[3:first]))
 
-    async def adjust(self, buckets: list[Bucket]) -> None:
+    async def adjust(self, buckets: list[Bucket]) -> list[BucketState]:
         if not buckets:
-            return
+            return []
         args: list[str | int | float] = [PERIOD_MS]
         for b in buckets:
             args += [b.limit, b.cost]
-        await self._run(self._adjust(keys=[b.key for b in buckets], args=args))
+        res = await self._run(self._adjust(keys=[b.key for b in buckets], args=args))
+        vals = [float(v) for v in res]  # type: ignore[attr-defined]
+        return [BucketState(int(vals[i]), int(vals[i + 1]), vals[i + 2])
+                for i in range(0, len(vals), 3)]
 
     async def release(self, conc: list[str], lease: str) -> None:
         if not conc:

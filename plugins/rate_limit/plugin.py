@@ -225,15 +225,15 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         return await self.local.admit(buckets, conc, lease, lease_ms), self.local
 
     async def _settle_shielded(self, store: Store, tpm: list[Bucket], reserve: int,
-                               used: int | None, conc_keys: list[str], lease: str) -> None:
+                               used: int | None, conc_keys: list[str], lease: str
+                               ) -> dict[str, BucketState]:
         """`_settle`, safe from cancellation. Only Redis can suspend it: the memory
         store never yields to the loop, so nothing can cut it short and it needs no
         task of its own (one task per request was a visible share of a cache hit)."""
         settle = self._settle(store, tpm, reserve, used, conc_keys, lease)
         if store is self.remote:
-            await asyncio.shield(detach(settle))
-        else:
-            await settle
+            return await asyncio.shield(detach(settle))
+        return await settle
 
     def _undo(self, admit: asyncio.Future[tuple[Decision, Store]], tpm: list[Bucket],
               reserve: int, conc_keys: list[str], lease: str) -> None:
@@ -246,8 +246,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             detach(self._settle(store, tpm, reserve, 0, conc_keys, lease))
 
     async def _settle(self, store: Store, tpm: list[Bucket], reserve: int, used: int | None,
-                      conc_keys: list[str], lease: str) -> None:
+                      conc_keys: list[str], lease: str) -> dict[str, BucketState]:
+        """Settle the token reservation and release the lease; the token buckets it
+        changed, as they stand after that (key -> state)."""
         self._active.pop(lease, None)
+        after: dict[str, BucketState] = {}
         # Each bucket took the reservation up to its limit (a request may reserve more
         # than a minute's budget, and still be let in): it is settled from what it took.
         # A measured usage is charged whole; the reservation standing for an unknown one
@@ -256,11 +259,14 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 if used is not None and (d := _owed(b.limit, reserve, used))]
         if owed:
             try:
-                await store.adjust(owed)
+                states = await store.adjust(owed)
             except StoreError as e:  # tokens only: the reservation stands
                 self._store_failed(e)
                 if isinstance(e, StoreFull):  # the local limiter decides meanwhile
-                    await self.local.adjust(owed)
+                    states = await self.local.adjust(owed)
+                else:
+                    states = []
+            after = {b.key: s for b, s in zip(owed, states, strict=False)}
         if conc_keys:
             try:
                 await store.release(conc_keys, lease)
@@ -270,6 +276,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             else:
                 if store is self.remote:
                     self._orphans.pop(lease, None)
+        return after
 
     def _orphan(self, lease: str, keys: list[str]) -> None:
         """Remember a lease Redis may hold, and start releasing it at once (retried with
@@ -431,7 +438,12 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             # leave the lease behind.
             spent = (reserve if ctx.spent_unknown
                      else (ctx.usage_so_far or {}).get("total_tokens", 0))
-            await self._settle_shielded(store, tpm, reserve, spent, conc_keys, lease)
+            after = await self._settle_shielded(store, tpm, reserve, spent, conc_keys,
+                                                lease)
+            # Its error answer shows the token buckets after that refund (a request the
+            # engine refused spent nothing), not its reservation taken at admission.
+            ctx.response_headers.update(self._headers([], [
+                after.get(b.key, s) for b, s in zip(tpm, states[len(rpm):], strict=True)]))
             raise
         if isinstance(reply, Completion):
             used = (reply.body.get("usage") or {}).get("total_tokens")

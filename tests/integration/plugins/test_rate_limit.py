@@ -1103,3 +1103,27 @@ async def test_the_store_error_series_are_there_at_zero_with_redis() -> None:
                                         {"reason": reason}) == 0, reason
     finally:
         await p.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_refused_requests_token_headers_show_its_refund(
+        make_client: MakeClient, redis_server: RedisServer, backend: str,
+        stream: bool) -> None:
+    """A request the engine refused (its context is too long) is refunded its tokens: its
+    `x-ratelimit-*-tokens` headers say so. They showed the state at admission (its large
+    reservation taken: 0 remaining, a minute to reset), which it never spent."""
+    cfg: dict[str, Any] = {"rules": [{"per": "tenant", "rpm": 100, "tpm": 1000}]}
+    if backend == "redis":
+        cfg.update(store="redis", redis={"url": redis_server.url, "key_prefix": key() + ":"})
+    client = await make_client(engine=FakeEngine(), plugins=[
+        {"name": "rate_limit", "config": cfg}])
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 10_000, "stream": stream}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status == 400
+    validate("ErrorResponse", await r.json())
+    assert r.headers["x-ratelimit-limit-tokens"] == "1000"
+    assert r.headers["x-ratelimit-remaining-tokens"] == "1000"
+    assert r.headers["x-ratelimit-reset-tokens"].endswith("ms")  # (not a minute)
+    assert r.headers["x-ratelimit-remaining-requests"] == "99"  # the request still counts
