@@ -84,7 +84,8 @@ class StoreError(Exception):
 class StoreFull(StoreError):
     """Redis refused a write at its `maxmemory` (policy noeviction): it answers, but
     records nothing (a refused script wrote nothing: its first write is the one refused,
-    and once one lands the rest do)."""
+    and once one lands the rest do, even a write that frees nothing, as a ZREM: Redis
+    7.0 stops a script only before it wrote)."""
 
 
 class Store(Protocol):
@@ -200,6 +201,13 @@ class MemoryStore:
                 held.pop(lease, None)
                 if not held:
                     del self._leases[key]
+
+    def hold(self, conc: list[str], lease: str, lease_ms: float) -> None:
+        """Count a lease another store granted (its request still runs) until it is
+        released here or lapses (`renew` keeps it)."""
+        until = self._now() + lease_ms
+        for key in conc:
+            self._leases.setdefault(key, {})[lease] = until
 
     async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
         until = self._now() + lease_ms
@@ -326,11 +334,11 @@ _RENEW = _READ + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local lease_ms = tonumber(ARGV[1])
+-- written whether held or not: a lease Redis could not renew (full, down) lapsed there
+-- while its request still runs (the caller releases again one that ended meanwhile)
 for i = 1, #KEYS do
-  if redis.call('ZSCORE', leases_of(KEYS[i]), ARGV[i + 1]) then
-    redis.call('ZADD', KEYS[i], now + lease_ms, ARGV[i + 1])
-    redis.call('PEXPIRE', KEYS[i], math.ceil(lease_ms))
-  end
+  redis.call('ZADD', leases_of(KEYS[i]), now + lease_ms, ARGV[i + 1])
+  redis.call('PEXPIRE', KEYS[i], math.ceil(lease_ms))
 end
 return 1
 """

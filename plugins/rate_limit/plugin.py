@@ -29,7 +29,12 @@ and health and the log flapped between down and back.
 
 A concurrency lease is released in the store that granted it, exactly once on every path
 (answer, error, cancellation, a store call that timed out); leases are short and renewed
-while their request runs.
+while their request runs. When the local limiter takes over (Redis full or down), it
+also counts the leases Redis granted to requests still running (or a full concurrency
+limit let as many again in), and a renewal writes a lease back to Redis whether it still
+holds it or not: one Redis could not renew while it was full lapsed there after `lease_s`
+though its request still ran. (Redis refuses a script only at its first write, before it
+wrote anything: none is refused partway, leaving a lease behind.)
 """
 
 from __future__ import annotations
@@ -185,17 +190,29 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             self._store_full()
             return
         self.store_errors.labels("unavailable").inc()
+        if not self._degraded:
+            self._hold_locally()
         self._degraded = True
         if self._outage.down():
             log.warning("rate-limit store unavailable", error=str(e),
                         fallback=self.cfg.on_store_error)
 
     def _store_full(self) -> None:
+        if not self._full:
+            self._hold_locally()
         self._full = True
         self.store_errors.labels("full").inc()
         if self._full_log.down():
             log.warning("rate-limit store is full (maxmemory): deciding without it",
                         fallback=self.cfg.on_store_error)
+
+    def _hold_locally(self) -> None:
+        """The local limiter is to decide: it counts the leases Redis granted to requests
+        still running (each released there too when it ends), or a full concurrency limit
+        let as many again in while Redis cannot."""
+        for lease, (store, keys) in self._active.items():
+            if store is self.remote:
+                self.local.hold(keys, lease, self.cfg.lease_s * 1000)
 
     def _store_ok(self) -> None:
         if self._degraded:
@@ -268,6 +285,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                     states = []
             after = {b.key: s for b, s in zip(owed, states, strict=False)}
         if conc_keys:
+            if store is self.remote:  # (held there too while Redis could not decide)
+                await self.local.release(conc_keys, lease)
             try:
                 await store.release(conc_keys, lease)
             except StoreError as e:
@@ -321,6 +340,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             self._full = False
             if self._full_log.back():
                 log.info("rate-limit store takes writes again")
+            await self._renew()  # its running leases back at once (they may have lapsed)
         if self._degraded and self.remote is not None:
             try:
                 await self.remote.ping()
@@ -329,15 +349,28 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             self._store_ok()
 
     async def _renew(self) -> None:
+        """Push every running lease's expiry on. Redis writes each back whether it holds
+        it or not: one it could not renew (full, down) lapsed there while its request
+        still runs. A request that ended meanwhile may have been released before that
+        write: it is released again."""
         lease_ms = self.cfg.lease_s * 1000
         by_store: dict[int, tuple[Store, dict[str, list[str]]]] = {}
         for lease, (store, keys) in list(self._active.items()):
             by_store.setdefault(id(store), (store, {}))[1][lease] = keys
         for store, leases in by_store.values():
+            if store is self.remote:
+                await self.local.renew(leases, lease_ms)  # (those held locally)
             try:
                 await store.renew(leases, lease_ms)
             except StoreError as e:
                 self._store_failed(e)
+                continue
+            for lease, keys in leases.items():
+                if lease not in self._active and store is self.remote:
+                    try:
+                        await store.release(keys, lease)
+                    except StoreError:
+                        self._orphan(lease, keys)
 
     async def _retry_orphans(self) -> None:
         if self.remote is None or not self._orphans:

@@ -1127,3 +1127,52 @@ async def test_a_refused_requests_token_headers_show_its_refund(
     assert r.headers["x-ratelimit-remaining-tokens"] == "1000"
     assert r.headers["x-ratelimit-reset-tokens"].endswith("ms")  # (not a minute)
     assert r.headers["x-ratelimit-remaining-requests"] == "99"  # the request still counts
+
+
+async def test_leases_redis_granted_hold_their_slots_while_it_is_full(tmp_path: Path
+                                                                      ) -> None:
+    """Requests Redis admitted before it filled keep running. While it is full the local
+    limiter decides, and it counted none of them (a full concurrency limit let as many
+    again in); Redis could not renew their leases, which lapsed there after `lease_s`,
+    and stayed lapsed once it took writes again (their slots free while they still ran).
+    The local limiter now counts them, and they are written back to Redis when it takes
+    writes."""
+    server = RedisServer(tmp_path).start()
+    p = plugin(server.url, rules=[{"per": "key", "concurrent": 2}])
+    assert p.remote is not None
+    gate = asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        await gate.wait()
+        return Completion({"usage": {"total_tokens": 5}})
+
+    async def leases() -> int:
+        assert p.remote is not None
+        keys = await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c")
+        return sum([await p.remote.client.zcard(k) for k in keys])
+
+    running = [asyncio.create_task(p(ctx(), held)) for _ in range(2)]
+    try:
+        await eventually(lambda: len(p._active) == 2)
+        await p.remote.client.config_set("maxmemory", 1)
+        await p._renew()  # refused: Redis is full
+        assert p.health() == {"store": "full"}
+        with pytest.raises(RateLimited):  # the two running still hold both slots
+            await p(ctx(), answer)
+        # Their leases lapse in Redis meanwhile (as after `lease_s`)
+        for k in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
+            await p.remote.client.delete(k)
+        await p.remote.client.config_set("maxmemory", 0)
+        await p._probe()
+        assert p.health() == {"store": "redis"}
+        assert await leases() == 2  # written back: they still run
+        with pytest.raises(RateLimited):
+            await p(ctx(), answer)
+        gate.set()
+        await asyncio.gather(*running)
+        assert await leases() == 0 and p.local.in_flight() == 0
+        await p(ctx(), answer)
+    finally:
+        gate.set()
+        server.stop()
+        await p.close()
