@@ -37,7 +37,14 @@ from .errors import (
     WeirError,
 )
 from .ids import new_hex
-from .streaming import ANSWERED, STREAM_ERROR, WRITE_TIMED_OUT, cut_by_shutdown
+from .streaming import (
+    ANSWERED,
+    ERROR_CODE,
+    STREAM_ERROR,
+    WRITE_TIMED_OUT,
+    cut_by_shutdown,
+    note_error,
+)
 from .telemetry import Metrics, error_fields, get_logger, labelled
 from .tracing import extract, tracer, tracing_enabled
 from .wire_errors import answer_in_http_1_1
@@ -201,6 +208,8 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             info: dict[str, Any] = request.get(INFO, {})
             if status == 499 and request.get(WRITE_TIMED_OUT):
                 info["cut"] = "write_timeout"
+            elif status >= 400 and (code := request.get(ERROR_CODE)) is not None:
+                info["error"] = code
             elapsed = time.perf_counter() - start
             route = info.get("route")
             if route is not None:
@@ -354,8 +363,11 @@ async def _server_span(request: web.Request, handler: Handler,
             for key in ("model", "tenant", "cache", "fallback"):
                 if info.get(key) is not None:
                     s.set_attribute(f"weir.{key}", str(info[key]))
+            code = request.get(ERROR_CODE) if status >= 400 else None
+            if code is not None:  # (why: a shed's `overloaded`, a deadline's `timeout`)
+                s.set_attribute("error.type", code)
             if status >= 500:
-                s.set_status(Status(StatusCode.ERROR))
+                s.set_status(Status(StatusCode.ERROR, code))
 
 
 @web.middleware
@@ -381,6 +393,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except WeirError as e:
+        note_error(request, e)
         resp = error_response(e, rid, request.get(RESPONSE_HEADERS))
         if request.content.exception() is not None or isinstance(e, RequestTimeout):
             # The body broke while being read (its coding refused it), or did not all
@@ -407,7 +420,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         raise
     except Exception as e:
         log.error("unhandled error", path=logged_path(request), **error_fields(e))
-        return error_response(ServerError(), rid)
+        note_error(request, err := ServerError())
+        return error_response(err, rid)
 
 
 def _unrouted(request: web.Request, rid: str | None) -> web.Response:

@@ -61,6 +61,16 @@ ANSWERED: web.RequestKey[bool] = web.RequestKey("weir_stream_answered", bool)
 #: access log and the request metrics count it as, so a stream cut by its deadline or a
 #: failed engine shows as the 504 or 502 it was.
 STREAM_ERROR: web.RequestKey[int] = web.RequestKey("weir_stream_error", int)
+#: The code of the error a request was answered with (its error answer's, or the in-band
+#: one that ended its stream): the access log's `error` and the server span's `error.type`
+#: and status, so a shed (`overloaded`, `queue_timeout`) is told from a deadline's 504.
+ERROR_CODE: web.RequestKey[str] = web.RequestKey("weir_error_code", str)
+
+
+def note_error(request: web.Request, err: WeirError) -> None:
+    """The error `request` is answered with, for its log line and span (its code, or its
+    class where it has none; an upstream's code is its text: cut short)."""
+    request[ERROR_CODE] = (err.code or type(err).__name__)[:64]
 #: Set when the writer cut the connection because its client stopped reading (the write
 #: timeout): the abort is counted as `write_timeout`, not as a client that left.
 WRITE_TIMED_OUT: web.RequestKey[bool] = web.RequestKey("weir_write_timed_out", bool)
@@ -392,3 +402,4 @@ async def _error_event(request: web.Request, write: Callable[[bytes], Any], e: B
     await write(before + events)
     if events:
         request[STREAM_ERROR] = err.status
+        note_error(request, err)

@@ -117,4 +117,6 @@ def ended_by(s: Span, e: BaseException) -> None:
     elif isinstance(e, WeirError) and e.status < 500:
         s.set_attribute("weir.refused", type(e).__name__)
     else:
+        if isinstance(e, WeirError) and e.code:  # (why: a shed's `overloaded`)
+            s.set_attribute("error.type", e.code[:64])
         s.set_status(Status(StatusCode.ERROR, type(e).__name__))

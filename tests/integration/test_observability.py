@@ -599,3 +599,43 @@ async def test_a_chat_template_s_refusal_has_a_code(make_client: MakeClient,
                           headers={"Authorization": f"Bearer {KEY}"})
     err = (await r.json())["error"]
     assert r.status == 400 and (err["param"], err["code"]) == ("messages", "invalid_value")
+
+
+@pytest.mark.parametrize("shed", ["full", "wait", "deadline"])
+async def test_a_shed_request_s_span_and_line_say_why(
+        make_client: MakeClient, fake_engine: Any, spans: InMemorySpanExporter,
+        logs: io.StringIO, shed: str) -> None:
+    """A request admission shed (its queue full, no slot in time) or whose deadline
+    passed while it queued was an error in its spans with no reason (the server span's
+    status had no description), and its access-log line had none either: which of the
+    three it was could not be told. Each says its error's code."""
+    from opentelemetry.trace import StatusCode
+
+    fake_engine.token_gate = asyncio.Event()
+    queue = {"full": {"max_queue": 0}, "wait": {"max_queue_wait_s": 0.05},
+             "deadline": {}}[shed]
+    client = await make_client(make_settings(
+        logging={"access_log": True},
+        plugins=[{"name": "admission", "config": {"max_concurrent": 1, **queue}}]))
+    b = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+         "max_tokens": 2}
+    running = asyncio.ensure_future(client.post("/v1/chat/completions", json=b))
+    await eventually(lambda: fake_engine.active)
+    spans.clear()
+    r = await client.post("/v1/chat/completions", json=b,
+                          headers={"x-weir-timeout-ms": "50"} if shed == "deadline" else {})
+    fake_engine.token_gate.set()
+    assert (await running).status == 200
+    code = {"full": "overloaded", "wait": "queue_timeout", "deadline": "timeout"}[shed]
+    assert (r.status, (await r.json())["error"]["code"]) == (
+        504 if shed == "deadline" else 503, code)
+    (server,) = [s for s in spans.get_finished_spans() if s.name.startswith("HTTP")
+                 and s.attributes["http.response.status_code"] == r.status]
+    assert server.status.status_code == StatusCode.ERROR
+    assert server.status.description == code
+    assert server.attributes["error.type"] == code
+    (admission,) = [s for s in spans.get_finished_spans() if s.name == "plugin admission"
+                    and s.context.trace_id == server.context.trace_id]
+    assert admission.attributes["error.type"] == code
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
+    assert [x.get("error") for x in lines if x.get("status") == r.status] == [code]
