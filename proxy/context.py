@@ -96,6 +96,15 @@ class RequestContext:
     #: ... or, for a whole answer, how many tokens it has generated so far, where the
     #: engine can say (the in-process one): none past `slow_call_s` is slow already too.
     engine_progress: Callable[[], int | None] | None = None
+    #: Set by admission (its `enter`): counts a request its own deadline cut where
+    #: admission never had it (a coalesced follower waiting on its leader's answer, a
+    #: breaker's fallback), as it counts those it cuts itself.
+    deadline_cut: Callable[[], None] | None = None
+
+    def cut_at_deadline(self) -> None:
+        """This request's own deadline cut it outside admission (see `deadline_cut`)."""
+        if self.deadline_cut is not None:
+            self.deadline_cut()
 
     @property
     def model(self) -> str:

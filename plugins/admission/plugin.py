@@ -71,6 +71,7 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
 
     def enter(self, ctx: RequestContext) -> None:
         self._deadline(ctx)  # known from the chain's start: a plugin ahead may wait
+        ctx.deadline_cut = self.timeouts.inc  # (one that waits, cut there, counts too)
 
     def _deadline(self, ctx: RequestContext) -> None:
         """`deadline_s`, shortened by the header; applied again it changes nothing."""

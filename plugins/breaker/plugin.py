@@ -89,6 +89,13 @@ def _made_none(ctx: RequestContext) -> bool:
     return _progress(ctx) == 0
 
 
+def _cut_at_deadline(ctx: RequestContext, stream: Stream) -> None:
+    """A fallback's stream that the request's own deadline ended is counted as admission
+    counts its own (not a subclass's: an upstream's time limit)."""
+    if type(stream.error) is DeadlineExceeded:
+        ctx.cut_at_deadline()
+
+
 def is_shed(e: BaseException) -> bool:
     return isinstance(e, Unavailable) and e.code in ("overloaded", "queue_timeout")
 
@@ -263,9 +270,19 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         past `x-weir-timeout-ms`, as a 200): a 504 past it, and a stream bound by it."""
         left = ctx.remaining()
         if left is not None and left <= 0:  # (a static answer, never awaiting, came late)
+            ctx.cut_at_deadline()  # (admission's count: it never had this one cut)
             raise DeadlineExceeded("The request did not finish within its deadline.")
-        async with Within(ctx.deadline):
-            return await self._fall_back(ctx, reason, error)
+        scope = Within(ctx.deadline)
+        try:
+            async with scope:
+                reply = await self._fall_back(ctx, reason, error)
+        except DeadlineExceeded:
+            if scope.expired():  # (not an upstream's own time limit)
+                ctx.cut_at_deadline()
+            raise
+        if isinstance(reply, Stream) and ctx.deadline is not None:
+            reply.on_end(lambda stream, outcome: _cut_at_deadline(ctx, stream))
+        return reply
 
     async def _fall_back(self, ctx: RequestContext, reason: str,
                          error: BaseException | None) -> Reply:

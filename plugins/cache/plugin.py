@@ -270,8 +270,12 @@ class CachePlugin(BasePlugin[CacheConfig]):
     async def _follow(self, ctx: RequestContext, leader: Settle) -> Entry | object | None:
         """The identical request's outcome, waited for within this request's own deadline
         (not the leader's: a follower asking for less time gets its 504 on time)."""
-        async with Within(ctx.deadline):
-            return await asyncio.shield(leader)
+        try:
+            async with Within(ctx.deadline):
+                return await asyncio.shield(leader)
+        except DeadlineExceeded:
+            ctx.cut_at_deadline()  # (counted as one queued for the engine is)
+            raise
 
     def _behind(self, ctx: RequestContext, key: str) -> bool:
         """Whether waiting on `key`'s leader could hold this request behind others: the

@@ -19,6 +19,7 @@ from proxy.chain import BasePlugin, Next, Reply, register, unregister
 from proxy.context import RequestContext
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine, HoldingEngine
+from tests.metrics import metric
 from tests.openai_spec import validate
 from tests.sse import check_chat_stream, parse_sse, streams_cut_until_refused
 from tests.waiting import eventually
@@ -292,6 +293,31 @@ async def test_a_request_waiting_on_an_identical_one_keeps_its_own_deadline(
     led = await leader
     assert led.status == 200
     await led.read()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_follower_cut_at_its_deadline_is_counted_as_a_queued_one_is(
+        make_client: MakeClient, stream: bool) -> None:
+    """A request waiting on an identical one's answer that its deadline cuts is a 504 as a
+    request queued for the engine is, but `weir_admission_deadline_exceeded_total` counted
+    only the queued one (the follower never reaches admission). Both count."""
+    engine = FakeEngine()
+    engine.token_gate = asyncio.Event()
+    client = await make_client(engine=engine, plugins=[
+        {"name": "cache", "config": {"semantic": {"enabled": False}}},
+        {"name": "admission", "config": {"max_concurrent": 1}}])
+    body = {**CHAT, "temperature": 0, "max_tokens": 3, "stream": stream}
+    leader = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+    await engine.wait_until(lambda: bool(engine.active))
+    short = {"x-weir-timeout-ms": "50"}
+    follower = await client.post("/v1/chat/completions", json=body, headers=short)
+    queued = await client.post("/v1/chat/completions", json={**body, "max_tokens": 2},
+                               headers=short)
+    assert (follower.status, queued.status) == (504, 504)
+    engine.token_gate.set()
+    assert (await leader).status == 200
+    text = await (await client.get("/metrics")).text()
+    assert metric(text, "weir_admission_deadline_exceeded_total") == 2
 
 
 async def test_relayed_streams_cut_short_are_charged_what_was_relayed(

@@ -732,3 +732,52 @@ async def test_an_error_fallback_that_answers_is_counted(stream: bool) -> None:
     e = await open_breaker_error(p)
     assert e.code == "circuit_open"
     assert count("error", "open") == 1 and count("static", "open") == 0
+
+
+@pytest.mark.parametrize("how", ["scope", "late", "stream"])
+async def test_a_fallback_cut_at_the_deadline_is_counted_as_admission_counts_its_own(
+        how: str) -> None:
+    """Admission counts the requests their deadline cut
+    (`weir_admission_deadline_exceeded_total`, through `ctx.deadline_cut`); a fallback runs
+    outside it, and its 504s (its scope expired, the deadline gone before it began, its
+    stream ended by the deadline) were not counted. They are, once each; an upstream's
+    own time limit is not."""
+    import time
+
+    from proxy.errors import DeadlineExceeded
+    from proxy.upstream import UpstreamDeadline
+
+    p = plugin(fallback=[{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"}])
+    cut: list[int] = []
+
+    async def slow(c: RequestContext) -> Reply:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    def ends_with(e: Exception) -> Any:
+        async def upstream(c: RequestContext) -> Reply:
+            async def chunks() -> AsyncIterator[dict[str, Any]]:
+                yield {"choices": []}
+                raise e
+            return Stream(chunks())
+        return upstream
+
+    for i, limit in enumerate((DeadlineExceeded("cut"), UpstreamDeadline())):
+        p.upstreams[0] = ends_with(limit) if how == "stream" else slow  # type: ignore[assignment]
+        c = ctx(how == "stream")
+        c.deadline_cut = lambda: cut.append(1)
+        c.deadline = time.monotonic() + (-0.01 if how == "late" else 0.05)
+        if how == "stream":
+            reply = await p(c, failing)
+            assert isinstance(reply, Stream)
+            with pytest.raises(type(limit)):
+                async for _ in reply:
+                    pass
+        else:
+            with pytest.raises(DeadlineExceeded):
+                await p(c, failing)
+        if i == 0:
+            assert len(cut) == 1, how
+        if how != "stream":
+            break
+    assert len(cut) == 1
