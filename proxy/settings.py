@@ -364,6 +364,29 @@ class TracingSettings(_Strict):
 DEFAULT_MAX_BYTES_PER_TENANT = 256 * 1024 * 1024
 
 
+class BackgroundSettings(_Strict):
+    """Background responses (`background: true`): runs detached from their request."""
+
+    max_runs: int = Field(
+        64, ge=1, description="Background responses running at once in this process; "
+        "one more is a 503 `background_capacity` (retry, or on another replica).")
+    max_event_bytes: int = Field(
+        1024 * 1024, ge=64 * 1024, description="The most a run's events kept in "
+        "memory (for its stream and `GET ...?stream=true&starting_after=`) may take, in "
+        "bytes of JSON; past it the oldest go (resuming before them is a 400).")
+    keep_finished: int = Field(
+        32, ge=0, description="Ended runs whose events are still kept for a resumed "
+        "stream on this replica (the oldest go first). Events held at most: "
+        "`(max_runs + keep_finished) * max_event_bytes`.")
+    poll_s: float = Field(
+        1.0, gt=0, le=60, description="How often a run looks for a cancel sent to "
+        "another replica (with a Redis store) and renews its lease.")
+    lease_s: float = Field(
+        60.0, ge=5, description="How long a run's `queued`/`in_progress` record stays "
+        "so without its replica renewing it: past it (the replica died) it reads as "
+        "`failed`.")
+
+
 class ResponsesSettings(_Strict):
     """Stored responses of the Responses API (`store: true`, `previous_response_id`)."""
 
@@ -384,6 +407,7 @@ class ResponsesSettings(_Strict):
         "not stored: a response whose input alone is, is a 413 `stored_record_too_large`; one its "
         "output takes past goes out with `store: false`; a chat completion goes out "
         "unstored. Size Redis's `maxmemory` for the tenants' bounds besides the cache.")
+    background: BackgroundSettings = Field(default_factory=BackgroundSettings)
 
 
 #: `admin`: any admin key, a tenant's admin too (the figures are every tenant's, in

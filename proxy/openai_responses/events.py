@@ -40,6 +40,11 @@ class _Events:
     def __init__(self, req: ResponsesRequest, response_id: str) -> None:
         self.req, self.id, self.created = req, response_id, int(time.time())
         self.seq = 0
+        self.announced = False  # the response's id went out (`response.created`)
+        #: A background run's: `response.created` went out `queued`, before any output.
+        self.queued = False
+        #: The store of a response cut short, from a task of its own (`_keep_detached`).
+        self.saving: asyncio.Future[None] | None = None
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being streamed
         self.open_text: list[str] = []  # the open message's text so far
@@ -202,6 +207,45 @@ class Rendering:
         self._e = _Events(req, response_id)
         self._on_done: OnDone | None = None
 
+    def queued(self) -> list[dict[str, Any]]:
+        """A background run's first events, sent before it has any output:
+        `response.created` and `response.queued`, the response `queued` (its events from
+        the chain then begin with `response.in_progress`)."""
+        e = self._e
+        e.queued = e.announced = True
+        return [e.number(e.ev("response.created", response=e.response("queued"))),
+                e.number(e.ev("response.queued", response=e.response("queued")))]
+
+    def use(self, req: ResponsesRequest) -> None:
+        """Echo `req` from now on (a background run's, as the chain screened it)."""
+        self._e.req = req
+
+    def response(self, status: str) -> dict[str, Any]:
+        """The response as it stands, with `status`."""
+        return self._e.response(status)
+
+    @property
+    def finished(self) -> bool:
+        """Its terminal event went out (completed, incomplete or failed)."""
+        return self._e.finished
+
+    @property
+    def saving(self) -> asyncio.Future[None] | None:
+        """The store of the response cut short (its stream closed before its end), under
+        way in a task of its own; None: none was cut."""
+        return self._e.saving
+
+    async def fail(self, err: WeirError, on_done: OnDone) -> list[dict[str, Any]]:
+        """A background run's failure before any output (the chain refused it: a 429, a
+        400 of the sanitizer): its events, once the failed response is stored."""
+        events = [self._e.number(ev) for ev in _failed(self._e, err)]
+        await _kept(on_done, events[-1]["response"])
+        return events
+
+    def cut(self) -> dict[str, Any]:
+        """The response cut short as it stands (`cancelled`), its open item `incomplete`."""
+        return _cut(self._e)
+
     def events(self, chunks: AsyncIterable[dict[str, Any]], on_done: OnDone,
                on_start: OnDone | None = None) -> AsyncIterator[dict[str, Any]]:
         """`on_start(response)` before `response.created` goes out (the response
@@ -240,12 +284,13 @@ async def saves_settled(timeout: float) -> None:
         await asyncio.wait(set(_SAVES), timeout=timeout)
 
 
-def _keep_detached(on_done: OnDone, response: dict[str, Any]) -> None:
+def _keep_detached(on_done: OnDone, response: dict[str, Any]) -> asyncio.Future[None]:
     """`on_done(response)` in a task of its own (from where nothing can wait for it: a
     writer's failure, a stream being closed); the store waits for it before it closes."""
     save = detach(_kept(on_done, response))
     _SAVES.add(save)
     save.add_done_callback(_SAVES.discard)
+    return save
 
 
 async def _kept(on_done: OnDone, response: dict[str, Any]) -> None:
@@ -260,13 +305,14 @@ async def _kept(on_done: OnDone, response: dict[str, Any]) -> None:
 async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: OnDone,
                   on_start: OnDone | None = None) -> AsyncIterator[dict[str, Any]]:
     it = aiter(chunks)
-    announced = False  # the response's id went out
+    started = False  # its first output came (errors before it are the caller's)
     try:
         first = await anext(it, None)  # errors before any output keep their HTTP status
-        announced = True
+        e.announced = started = True
         if on_start is not None:  # (it starts a write it need not wait for: its end's
             await on_start(e.response("in_progress"))  # record is put after it)
-        yield e.number(e.ev("response.created", response=e.response("in_progress")))
+        if not e.queued:  # (a background run's went out `queued`)
+            yield e.number(e.ev("response.created", response=e.response("in_progress")))
         yield e.number(e.ev("response.in_progress", response=e.response("in_progress")))
         try:
             chunk = first
@@ -298,10 +344,11 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
         await on_done(final)
         yield e.number(e.ev(f"response.{status}", response=final))
     finally:
-        if announced and not e.finished:
+        if started and not e.finished:
             # Cut short (the client left): its id went out with `response.created`, so
             # it is kept as it stood, and a client can retrieve it or go on from it.
-            _keep_detached(on_done, e.failing[-1]["response"] if e.failing else _cut(e))
+            e.saving = _keep_detached(
+                on_done, e.failing[-1]["response"] if e.failing else _cut(e))
         close = getattr(it, "aclose", None)
         if close is not None:
             await close()

@@ -227,8 +227,6 @@ def _asks_no_reasoning(v: Any) -> bool:
 
 
 RESPONSES_UNSUPPORTED: Unsupported = {
-    "background": (inert(False), "background responses are not supported; leave it out, "
-                   "or stream the response."),
     "conversation": (inert(), "conversations are not kept here; chain turns with "
                      "`previous_response_id`."),
     "prompt": (inert(), "stored prompt templates are not supported; send `instructions` "
@@ -316,6 +314,7 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
     parallel_tool_calls: bool | None = None
     store: bool = True
+    background: bool = False
     previous_response_id: Annotated[str, Field(min_length=1)] | None = None
     metadata: Metadata | None = None
     user: str | None = None
@@ -337,6 +336,13 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
         if isinstance(data, dict):
             _refuse_tool_features(data)
         return data
+
+    @model_validator(mode="after")
+    def _background_is_stored(self) -> ResponsesRequest:
+        if self.background and not self.store:  # (it is retrieved from the store)
+            raise InvalidRequest("Background responses require `store` to be true.",
+                                 param="background", code="invalid_value")
+        return self
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> ResponsesRequest:

@@ -9,22 +9,22 @@ Stored responses are scoped to the caller's tenant.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from ..auth import Principal
-from ..chain import Completion, Stream
+from ..chain import Completion, Reply, Stream
 from ..context import RequestContext, header_map
-from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
+from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable, WeirError
 from ..ids import shown_id
 from ..inflight import count_abort, counting_cuts, generating
 from ..middleware import ROUTE_OPTS
 from ..pagination import page
 from ..protocol import ChatCompletionRequest, parse_model, with_model_defaults
-from ..record_store import RecordStore, cache_redis, make_store, too_large
+from ..record_store import RecordStore, RedisStore, cache_redis, make_store, too_large
 from ..routes import (
     StreamTiming,
     check_model,
@@ -38,12 +38,14 @@ from ..streaming import STREAM_ERROR, dumps, typed_sse, write_sse
 from ..tasks import detach
 from ..telemetry import error_fields, get_logger
 from . import translate as X
-from .events import OUTPUT_DELTAS, Rendering, saves_settled
+from .background import RUNNING, Run, Runner, as_read, leased, respond
+from .events import OUTPUT_DELTAS, OnDone, Rendering, saves_settled
 from .models import ResponsesRequest
 
 log = get_logger("weir.responses")
 
 STORE: web.AppKey[RecordStore] = web.AppKey("weir_responses_store", RecordStore)
+RUNNER: web.AppKey[Runner] = web.AppKey("weir_responses_runner", Runner)
 #: How long a closing store waits for the failed responses still being stored.
 _SAVES_AT_CLOSE_S = 2.0
 
@@ -90,14 +92,16 @@ async def _create(request: web.Request, st: AppState,
                                  f"'{shown_id(req.previous_response_id)}' not found.",
                                  param="previous_response_id",
                                  code="previous_response_not_found")
-        if record["response"].get("status") == "in_progress":
+        if record["response"].get("status") in RUNNING:
             # Its output is not there yet: a turn on it would go on without its answer.
             raise InvalidRequest(f"Previous response with id "
                                  f"'{shown_id(req.previous_response_id)}' is still in "
                                  "progress; go on from it once it has completed.",
                                  param="previous_response_id", code="invalid_value")
         history = record["conversation"]
-    chat_req, conversation = X.chat_request(req, history)
+    # (a background run is generated as a stream: its events are kept for its streams)
+    chat_req, conversation = X.chat_request(
+        req.model_copy(update={"stream": True}) if req.background else req, history)
     if st.settings.logging.include_prompts:  # (as chat's: the messages the model reads)
         info["prompt"] = prompt_text(chat_req)
     chat_req = with_model_defaults(chat_req, st.terminal.sampling_defaults())
@@ -145,7 +149,8 @@ async def _create(request: web.Request, st: AppState,
                     except Unavailable:  # (Redis down: it expires, as ever)
                         log.warning("response in progress not dropped", response_id=rid)
 
-    held = False  # an `in_progress` record was put (`hold`), which `save` replaces
+    held = req.background  # an `in_progress` (or `queued`) record was put, which `save`
+    # replaces
     holding: asyncio.Future[None] | None = None  # its write, while it runs
 
     async def hold(response: dict[str, Any]) -> None:
@@ -173,24 +178,22 @@ async def _create(request: web.Request, st: AppState,
         holding = _HOLDING[key] = detach(put())
         holding.add_done_callback(lambda _: _HOLDING.pop(key, None))
 
-    try:
-        with counting_cuts(st, info, ctx):
-            reply = await st.chain(ctx)
-    except InvalidRequest as e:
-        raise X.rename_param(e, bool(req.instructions)) from None
-    if ctx.screen is not None:
-        # Kept and echoed as the sanitizer passed the request on: its redactions are
-        # not undone in the store (the cache's Redis) nor in `input_items`.
-        assert isinstance(ctx.request, ChatCompletionRequest)
-        before = [req.instructions or "", *X.history_texts(history)]
-        speakers = ["system", *X.history_speakers(history)]
-        inputs = X.screened_items(req, inputs, before, ctx.screen, speakers)
-        conversation = X.screened_conversation(req, ctx.request)
-        req = X.screened_request(req, ctx.request)
-    elif ctx.screen_aside is not None:  # (the prompt had nothing to redact)
-        inputs = X.screened_reasoning(inputs, ctx.screen_aside)
-    if ctx.screen_aside is not None:  # (in no prompt: the chain never read them)
-        req = X.screened_caller_text(req, ctx.screen_aside)
+    async def chained() -> Reply:
+        """The chain's answer; what it screened (the input, the caller's texts) is what
+        is kept and echoed from then on."""
+        nonlocal req, inputs, conversation
+        try:
+            with counting_cuts(st, info, ctx):
+                reply = await st.chain(ctx)
+        except InvalidRequest as e:
+            raise X.rename_param(e, bool(req.instructions)) from None
+        req, inputs, conversation = _screened(ctx, req, history, inputs, conversation)
+        return reply
+
+    if req.background:
+        return await _start_background(request, st, principal, req, rid, chained, save,
+                                       lambda: (req, inputs, conversation))
+    reply = await chained()
     if isinstance(reply, Completion):
         note_usage(st, info, reply.body)  # token metrics, as on the chat route
         response = X.response_from_chat(req, reply.body, id=rid,
@@ -234,6 +237,101 @@ async def _create(request: web.Request, st: AppState,
     return resp
 
 
+def _screened(ctx: RequestContext, req: ResponsesRequest, history: list[dict[str, Any]],
+              inputs: list[dict[str, Any]], conversation: list[dict[str, Any]],
+              ) -> tuple[ResponsesRequest, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The request, its input items and conversation as the chain's sanitizer passed
+    them on: kept and echoed so, its redactions not undone in the store (the cache's
+    Redis) nor in `input_items`."""
+    if ctx.screen is not None:
+        assert isinstance(ctx.request, ChatCompletionRequest)
+        before = [req.instructions or "", *X.history_texts(history)]
+        speakers = ["system", *X.history_speakers(history)]
+        inputs = X.screened_items(req, inputs, before, ctx.screen, speakers)
+        conversation = X.screened_conversation(req, ctx.request)
+        req = X.screened_request(req, ctx.request)
+    elif ctx.screen_aside is not None:  # (the prompt had nothing to redact)
+        inputs = X.screened_reasoning(inputs, ctx.screen_aside)
+    if ctx.screen_aside is not None:  # (in no prompt: the chain never read them)
+        req = X.screened_caller_text(req, ctx.screen_aside)
+    return req, inputs, conversation
+
+
+async def _start_background(request: web.Request, st: AppState, principal: Principal,
+                            req: ResponsesRequest, rid: str,
+                            chained: Callable[[], Awaitable[Reply]], save: OnDone,
+                            state: Callable[[], tuple[ResponsesRequest, list[Any], list[Any]]],
+                            ) -> web.StreamResponse:
+    """`background: true`: stored `queued` and answered at once (the response, or its
+    events as they come), generated by a run of its own (`background.Runner`), which a
+    client leaving does not stop."""
+    runner, store, tenant = request.app[RUNNER], _store(request), principal.tenant
+    lease_s = st.settings.responses.background.lease_s
+    run = runner.open(tenant, rid)
+    screen = next((s for p in st.plugins if (s := p.screen_aside()) is not None), None)
+    # Echoed and stored before the chain screened it: its texts screened as it will
+    # (its input is stored once the chain has screened it).
+    rendering = Rendering(req if screen is None else X.screened_echo(req, screen), rid)
+    queued = rendering.queued()
+    for event in queued:
+        run.add(event)
+    run.record = leased({"response": queued[0]["response"], "input": [],
+                         "conversation": []}, lease_s)
+    try:
+        await store.put(tenant, rid, run.record)
+    except BaseException:
+        runner.drop(run)
+        raise
+
+    async def started(response: dict[str, Any]) -> None:
+        _, inputs, conversation = state()
+        run.record = leased({"response": response, "input": inputs,
+                             "conversation": conversation}, lease_s)
+        try:
+            await store.replace(tenant, rid, run.record)
+        except (Unavailable, RecordTooLarge) as e:
+            log.warning("response in progress not stored", response_id=rid, reason=e.code)
+
+    replied: list[Reply] = []
+
+    async def screened() -> Reply:
+        reply = await chained()
+        replied.append(reply)
+        rendering.use(state()[0])
+        return reply
+
+    async def saved(response: dict[str, Any]) -> None:
+        await save(response)
+        for reply in replied:  # (its end: the tokens it spent, counted as chat's are)
+            usage = reply.usage if isinstance(reply, Stream) else reply.body.get("usage")
+            if usage:
+                note_usage(st, {"model": req.model}, {"usage": usage})
+
+    runner.start(run, lambda run: respond(run, runner, rendering, screened, saved, started))
+    if not req.stream:
+        return json_response(queued[0]["response"])
+    return await _follow(request, run, -1)
+
+
+async def _follow(request: web.Request, run: Run, after: int) -> web.StreamResponse:
+    """A background run's events numbered past `after`, as they come; its client leaving
+    ends this stream, not the run."""
+    srv = request.app[STATE].settings.server
+    run.check(after)
+
+    def cut(err: WeirError) -> bytes:
+        """Its `error` event (fallen behind the events kept, a shutdown): the run goes
+        on; it can be retrieved, or resumed from what is still held."""
+        body = err.to_body()["error"]
+        return typed_sse({"type": "error", "sequence_number": run.held_from,
+                          "code": body["code"], "message": body["message"],
+                          "param": body["param"]})
+
+    return await write_sse(request, Stream(run.follow(after)), dict,
+                           write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
+                           terminator=b"", frame=typed_sse, error_events=cut)
+
+
 async def _record(request: web.Request) -> dict[str, Any]:
     """The caller's stored record of the response the path names; another tenant's is
     not found, as a missing one is."""
@@ -250,7 +348,8 @@ async def _stored(store: RecordStore, tenant: str, rid: str) -> dict[str, Any] |
     """The stored response `rid` of `tenant` (once its `in_progress` write started here
     has settled), or None where nothing of a stored response's shape is there."""
     await _held(tenant, rid)
-    return _readable(await store.get(tenant, rid))
+    record = _readable(await store.get(tenant, rid))
+    return None if record is None else as_read(record)
 
 
 def _readable(record: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -270,22 +369,42 @@ def _readable(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return record if ok else None
 
 
-async def retrieve(request: web.Request) -> web.Response:
-    """`GET /v1/responses/{id}`: the stored response. Its query's `stream=true` (events of
-    a background response) and `include` are refused: an SDK asking for a stream got the
-    JSON, read it as no events, and said nothing."""
+async def retrieve(request: web.Request) -> web.StreamResponse:
+    """`GET /v1/responses/{id}`: the stored response; with `stream=true`, a background
+    response's events past `starting_after` (on the replica that runs it). `include` is
+    refused: none of what it names is available."""
     record = await _record(request)  # (a key first, then the id, as every route)
     query = request.query
-    if query.get("stream", "false").lower() not in ("false", "0", ""):
-        raise InvalidRequest(
-            "Unsupported parameter: `stream`: only a background response's events can be "
-            "streamed again, and background responses are not supported here; retrieve "
-            "it without `stream`.", param="stream", code="unsupported_parameter")
     if any(v for k in ("include", "include[]") for v in query.getall(k, [])):
         raise InvalidRequest(
             "Unsupported parameter: `include`: none of the extra output it names is "
             "available here.", param="include", code="unsupported_parameter")
-    return json_response(record["response"])
+    if query.get("stream", "false").lower() in ("false", "0", ""):
+        return json_response(record["response"])
+    response = record["response"]
+    if not response.get("background"):
+        raise InvalidRequest(
+            "Only a response created with `background: true` can be streamed again; "
+            "retrieve this one without `stream`.", param="stream", code="invalid_value")
+    try:
+        after = int(query.get("starting_after", "-1"))
+    except ValueError:
+        after = -2
+    if after < -1:
+        raise InvalidRequest("Invalid value for `starting_after`: a sequence number "
+                             "(an integer, 0 or more) is expected.",
+                             param="starting_after", code="invalid_value")
+    run = request.app[RUNNER].find(_tenant(request), response["id"])
+    if run is None:
+        raise InvalidRequest(
+            "The events of this background response are not held here: they are kept "
+            "in memory only by the server that ran it, and only for a while. Retrieve it "
+            "without `stream`.", param="stream", code="events_not_available")
+    return await _follow(request, run, after)
+
+
+def _tenant(request: web.Request) -> str:
+    return request.app[STATE].auth.authenticate(request.headers).tenant
 
 
 async def list_input_items(request: web.Request) -> web.Response:
@@ -297,12 +416,35 @@ async def list_input_items(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
-    """Only background responses can be cancelled, and Weir makes none (a request with
-    `background: true` is refused): a stream in progress is cut by closing it."""
-    await _record(request)
-    raise InvalidRequest("Only responses created with `background: true` can be cancelled; "
-                         "this one was not (a stream is cut by closing its connection).",
-                         param=None, code="invalid_request")
+    """`POST /v1/responses/{id}/cancel`: a background response still running ends
+    `cancelled` (its engine request aborted); one cancelled already is answered as it
+    is; any other is a 400, as OpenAI and vLLM answer. Sent to a replica that does not
+    run it, a flag in the shared store asks the one that does (which reads it within
+    `responses.background.poll_s`): the answer then says `cancelled` at once."""
+    record = await _record(request)
+    response = record["response"]
+    if not response.get("background"):
+        raise InvalidRequest("Cannot cancel a synchronous response: only responses "
+                             "created with `background: true` can be cancelled (a stream "
+                             "is cut by closing its connection).", param=None,
+                             code="invalid_request")
+    status = response.get("status")
+    if status == "cancelled":
+        return json_response(response)
+    if status not in RUNNING:
+        raise InvalidRequest(f"Cannot cancel a {status} response.", param=None,
+                             code="invalid_request")
+    tenant, rid = _tenant(request), response["id"]
+    store, runner = _store(request), request.app[RUNNER]
+    if await runner.cancel(tenant, rid):  # (it ran here: its record is stored)
+        now = await _stored(store, tenant, rid)
+        if now is not None and now["response"].get("status") not in RUNNING:
+            return json_response(now["response"])
+    elif not await runner.flag_cancel(tenant, rid):
+        # Runs nowhere (records in memory are this process's alone): marked so here.
+        record["response"] = response = {**response, "status": "cancelled"}
+        await store.replace(tenant, rid, record)
+    return json_response({**response, "status": "cancelled"})
 
 
 async def delete(request: web.Request) -> web.Response:
@@ -312,17 +454,29 @@ async def delete(request: web.Request) -> web.Response:
     await _held(principal.tenant, rid)
     if not await _store(request).delete(principal.tenant, rid):
         raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
+    # A background run of it here generates for nobody now (its end is not stored).
+    await request.app[RUNNER].cancel(principal.tenant, rid)
     return web.json_response({"id": rid, "object": "response", "deleted": True})
 
 
 async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
     st = app[STATE]
-    app[STORE] = make_store(st.settings.responses, cache_redis(st.plugins))
+    cfg = st.settings.responses
+    store = app[STORE] = make_store(cfg, cache_redis(st.plugins))
+    # Cancels sent to a replica that does not run the response, where records are shared
+    # (a flag matters while its run runs: it is kept a day, not the records' TTL)
+    flags = (make_store(cfg.model_copy(update={"ttl_s": min(cfg.ttl_s, 86400.0)}),
+                        cache_redis(st.plugins), kind="response_cancels")
+             if isinstance(store, RedisStore) else None)
+    app[RUNNER] = Runner(st, cfg.background, store, flags)
     try:
         yield
     finally:
+        await app[RUNNER].close(_SAVES_AT_CLOSE_S)  # background runs still going: failed
         await saves_settled(_SAVES_AT_CLOSE_S)  # failed responses a drain's cut stores
-        await app[STORE].close()
+        await store.close()
+        if flags is not None:
+            await flags.close()
 
 
 async def not_served(request: web.Request) -> web.Response:

@@ -368,6 +368,24 @@ def screened_request(req: ResponsesRequest, chat: ChatCompletionRequest,
     return req.model_copy(update=update) if update else req
 
 
+def screened_echo(req: ResponsesRequest, screen: Screen) -> ResponsesRequest:
+    """`req` with every text its Response echoes screened by `screen` (a background
+    response's, echoed and stored `queued` before the chain screened it): the caller's
+    texts, the instructions, the tools' descriptions and `text.format`'s."""
+    req = screened_caller_text(req, screen)
+    update: dict[str, Any] = {}
+    if req.instructions:
+        update["instructions"] = screen([req.instructions])[0]
+    if req.tools:
+        update["tools"] = [t.model_copy(update={"description": screen([t.description])[0]})
+                           if t.description else t for t in req.tools]
+    fmt = req.text.format if req.text else None
+    if req.text is not None and fmt is not None and fmt.description:
+        update["text"] = req.text.model_copy(update={"format": fmt.model_copy(
+            update={"description": screen([fmt.description])[0]})})
+    return req.model_copy(update=update) if update else req
+
+
 def screened_caller_text(req: ResponsesRequest, screen: Screen) -> ResponsesRequest:
     """`req` with the caller's texts that its Response echoes and the store keeps but no
     prompt holds (`metadata`'s values, `user`, `safety_identifier`, `prompt_cache_key`)
@@ -499,7 +517,8 @@ def response_object(req: ResponsesRequest, *, id: str, created_at: int, status: 
         "model": req.model, "output": output,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
-        "store": req.store, "temperature": 1.0 if req.temperature is None else req.temperature,
+        "store": req.store, "background": req.background,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "text": {"format": fmt}, "tool_choice": choice,
         "tools": [{"type": "function", "name": t.name, "description": t.description,

@@ -52,9 +52,42 @@ def test_create_whole_and_retrieve(server: WeirProcess) -> None:
     with pytest.raises(openai.BadRequestError) as e:  # only background ones cancel
         c.responses.cancel(resp.id)
     assert "background" in str(e.value)
-    with pytest.raises(openai.BadRequestError) as e:
-        c.responses.create(model=MODEL, input="Hello", background=True)
+    with pytest.raises(openai.BadRequestError) as e:  # (it is read from the store)
+        c.responses.create(model=MODEL, input="Hello", background=True, store=False)
     assert e.value.body["param"] == "background"  # type: ignore[index]
+
+
+def test_background_streamed_resumed_and_cancelled(server: WeirProcess) -> None:
+    """`background: true` through the SDK: streamed live, its events resumed past a
+    sequence number, retrieved at its end; another one cancelled while it runs."""
+    c = sdk(server)
+    stream = c.responses.create(model=MODEL, input="Count to five.", max_output_tokens=16,
+                                temperature=0, background=True, stream=True)
+    events = [e.model_dump(exclude_unset=True) for e in stream]
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.queued"]
+    assert events[0]["response"]["status"] == "queued"
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    rid = events[0]["response"]["id"]
+    again = c.responses.retrieve(rid, stream=True, starting_after=2)
+    resumed = [e.model_dump(exclude_unset=True) for e in again]
+    assert resumed == events[3:]
+    got = c.responses.retrieve(rid)
+    assert got.background is True and got.status == events[-1]["response"]["status"]
+    assert got.output_text == "".join(
+        e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    long = c.responses.create(model=MODEL, input="Write a long story.",
+                              max_output_tokens=900, background=True)
+    assert long.status in ("queued", "in_progress")
+    try:
+        cancelled = c.responses.cancel(long.id)
+    except openai.BadRequestError:  # (it ended first: a cancel is then refused)
+        assert c.responses.retrieve(long.id).status in ("completed", "incomplete")
+    else:
+        assert cancelled.status == "cancelled"
+        assert c.responses.retrieve(long.id).status == "cancelled"
+        assert c.responses.cancel(long.id).status == "cancelled"
 
 
 def test_create_streamed(server: WeirProcess) -> None:

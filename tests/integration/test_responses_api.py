@@ -107,18 +107,20 @@ async def test_retrieve_and_delete_are_scoped_to_the_tenant(make_client: MakeCli
 async def test_retrieve_refuses_a_stream_or_include_it_cannot_give(
         make_client: MakeClient) -> None:
     """`GET /v1/responses/{id}?stream=true` answered the JSON, which the SDK read as a
-    stream of no events, silently; `include` was ignored (create refuses it)."""
+    stream of no events, silently; `include` was ignored (create refuses it). (A stream
+    is a background response's alone: for this one, an invalid value.)"""
     client = await make_client()
     rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
-    for query, param in (("stream=true", "stream"), ("stream=True", "stream"),
-                         ("include[]=message.output_text.logprobs", "include"),
-                         ("include=reasoning.encrypted_content", "include")):
+    for query, param, code in (
+            ("stream=true", "stream", "invalid_value"),
+            ("stream=True", "stream", "invalid_value"),
+            ("include[]=message.output_text.logprobs", "include", "unsupported_parameter"),
+            ("include=reasoning.encrypted_content", "include", "unsupported_parameter")):
         r = await client.get(f"/v1/responses/{rid}?{query}")
         assert r.status == 400, query
         body = await r.json()
         validate("ErrorResponse", body)
-        assert (body["error"]["param"], body["error"]["code"]) == (
-            param, "unsupported_parameter")
+        assert (body["error"]["param"], body["error"]["code"]) == (param, code)
     for query in ("", "?stream=false", "?include[]="):
         r = await client.get(f"/v1/responses/{rid}{query}")
         assert r.status == 200 and (await r.json())["id"] == rid

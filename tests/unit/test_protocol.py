@@ -505,7 +505,6 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
     (CompletionRequest, {"tools": [{"type": "function", "function": {"name": "f"}}]}),
     (CompletionRequest, {"tool_choice": "required"}),
     (CompletionRequest, {"parallel_tool_calls": False}),
-    (ResponsesRequest, {"background": True}),
     (ResponsesRequest, {"conversation": "conv_123"}),
     (ResponsesRequest, {"prompt": {"id": "pmpt_1"}}),
     (ResponsesRequest, {"include": ["message.output_text.logprobs"]}),

@@ -1,0 +1,320 @@
+"""Background responses (`background: true`): runs detached from their request.
+
+A run is a task of its own, tracked for the drain as a request is (a shutdown waits for
+it, then cuts it: its record then says `failed`, not `in_progress` until it expires),
+and at most `responses.background.max_runs` run at once in a process (one more is a
+503). Its record is stored `queued` as its id goes out, `in_progress` with its first
+output, and its end after; what the chain decided (a 429, the sanitizer's refusal) is
+its `failed` record. A client leaving does not touch it: only a cancel does.
+
+Its events are kept in memory, at most `max_event_bytes` a run (the oldest go first),
+for its creator's stream and for `GET /v1/responses/{id}?stream=true&starting_after=N`
+on this replica, and the last `keep_finished` ended runs' too. Another replica holds no
+events of it (a 400 there).
+
+A `queued`/`in_progress` record carries a lease its run renews every `poll_s`: one
+whose lease lapsed (its replica died) reads as `failed`. A cancel sent to another
+replica (records in Redis) leaves a flag beside the record that the run's replica reads
+every `poll_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from ..app_state import AppState
+from ..chain import Completion, Reply, Stream
+from ..errors import InvalidRequest, RecordTooLarge, Unavailable, WeirError
+from ..record_store import Record, RecordStore
+from ..settings import BackgroundSettings
+from ..streaming import dumps
+from ..tasks import cancel_and_wait, detach
+from ..telemetry import error_fields, get_logger
+from .events import OnDone, Rendering
+
+log = get_logger("weir.responses")
+
+#: Active statuses: the record's run has not ended.
+RUNNING = ("queued", "in_progress")
+#: What a record whose run's replica stopped renewing its lease says it ended with.
+LAPSED = {"code": "server_error",
+          "message": "The server running this background response stopped before it "
+                     "ended; create it again."}
+SHUT_DOWN = {"code": "server_error",
+             "message": "The server shut down before this background response ended; "
+                        "create it again."}
+Key = tuple[str, str]
+
+
+def leased(record: Record, lease_s: float) -> Record:
+    """`record` with a lease of `lease_s` from now (its run renews it)."""
+    return {**record, "run": {"lease_until": time.time() + lease_s}}
+
+
+def as_read(record: Record) -> Record:
+    """The record as a read should show it: a `queued`/`in_progress` one whose lease
+    lapsed (its replica died before the run ended) is `failed`."""
+    response = record["response"]
+    run = record.get("run")
+    if (response.get("status") in RUNNING and isinstance(run, dict)
+            and isinstance(run.get("lease_until"), int | float)
+            and run["lease_until"] < time.time()):
+        response = {**response, "status": "failed", "error": dict(LAPSED)}
+        return {**record, "response": response}
+    return record
+
+
+class Run:
+    """One background response: its events so far (bounded), followed by its streams."""
+
+    def __init__(self, tenant: str, rid: str, max_bytes: int) -> None:
+        self.key: Key = (tenant, rid)
+        self.tenant, self.rid = tenant, rid
+        #: Its events held, with their sizes: those from `_head` on (the ones before
+        #: it were dropped, and go once they are half of the list).
+        self._events: list[tuple[dict[str, Any], int]] = []
+        self._head = 0
+        self._bytes, self._max_bytes = 0, max_bytes
+        self._next = 0  # the sequence number the next event will have
+        self._wake = asyncio.Event()
+        self.ended = False
+        self.started = False
+        self.cancelled = False  # by a client (else a cancellation is the shutdown's)
+        self.shutdown = False  # the server closes: not to start
+        self.task: asyncio.Future[None] | None = None
+        #: The record last put while it runs (`queued`, `in_progress`): what a lease
+        #: renewal puts again; None once its end is being stored.
+        self.record: Record | None = None
+        self.renewing: asyncio.Future[Any] | None = None
+
+    def add(self, event: dict[str, Any]) -> None:
+        size = len(dumps(event))
+        self._events.append((event, size))
+        self._bytes += size
+        self._next = event["sequence_number"] + 1
+        while self._bytes > self._max_bytes and len(self._events) - self._head > 1:
+            self._bytes -= self._events[self._head][1]
+            self._head += 1
+        if self._head > len(self._events) // 2:
+            del self._events[:self._head]
+            self._head = 0
+        self._signal()
+
+    def end(self) -> None:
+        self.ended = True
+        self._signal()
+
+    def _signal(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    @property
+    def held_from(self) -> int:
+        """The sequence number of the oldest event still held (numbers run on, one by
+        one, from it to the newest)."""
+        return self._next - (len(self._events) - self._head)
+
+    def check(self, after: int) -> None:
+        """A 400 where events numbered past `after` are no longer held."""
+        if (first := self.held_from) > after + 1:
+            raise InvalidRequest(
+                f"The events of this response before sequence number {first} are no "
+                f"longer held; resume from `starting_after={first - 1}` or later.",
+                param="starting_after", code="invalid_value")
+
+    async def follow(self, after: int) -> AsyncIterator[dict[str, Any]]:
+        """Its events numbered past `after` (-1: all), as they come, until it ends."""
+        want = after + 1
+        while True:
+            wake = self._wake
+            self.check(want - 1)
+            while want < self._next:  # (a yield may let events in, or drop some)
+                self.check(want - 1)
+                event = self._events[self._head + want - self.held_from][0]
+                want += 1
+                yield event
+            if self.ended:
+                return
+            await wake.wait()
+
+
+Work = Callable[[Run], Awaitable[None]]
+
+
+class Runner:
+    """This process's background runs: started, bounded, cancelled, kept a while."""
+
+    def __init__(self, st: AppState, cfg: BackgroundSettings, store: RecordStore,
+                 flags: RecordStore | None) -> None:
+        self.st, self.cfg, self.store, self.flags = st, cfg, store, flags
+        self.runs: dict[Key, Run] = {}
+        self._ended: OrderedDict[Key, Run] = OrderedDict()
+        self._watch: asyncio.Task[None] | None = None
+
+    def open(self, tenant: str, rid: str) -> Run:
+        """A place for a new run (given back with `drop` if it never starts), or a 503
+        when `max_runs` run already."""
+        if len(self.runs) >= self.cfg.max_runs:
+            raise Unavailable(
+                f"This server runs {self.cfg.max_runs} background responses already; "
+                "retry shortly.", code="background_capacity", retry_after=1)
+        run = self.runs[(tenant, rid)] = Run(tenant, rid, self.cfg.max_event_bytes)
+        return run
+
+    def drop(self, run: Run) -> None:
+        self.runs.pop(run.key, None)
+
+    def start(self, run: Run, work: Work) -> None:
+        run.task = detach(self._main(run, work))
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.ensure_future(self._watching())
+
+    async def _main(self, run: Run, work: Work) -> None:
+        run.started = True
+        try:
+            with self.st.track(None):  # the drain waits for it; its end cuts it
+                await work(run)
+        except asyncio.CancelledError:
+            pass  # (its work stored how it ended)
+        except Exception as e:  # a bug: its work stores failures itself
+            log.error("background response failed", response_id=run.rid, **error_fields(e))
+        finally:
+            run.end()
+            self.runs.pop(run.key, None)
+            self._ended[run.key] = run
+            while len(self._ended) > self.cfg.keep_finished:
+                self._ended.popitem(last=False)
+            if self.flags is not None and run.cancelled:  # (its flag, if a cancel's)
+                try:
+                    await self.flags.delete(run.tenant, run.rid)
+                except Exception:  # (it expires)
+                    log.warning("cancel flag not dropped", response_id=run.rid)
+
+    def find(self, tenant: str, rid: str) -> Run | None:
+        """The run of `rid` on this replica, running or ended a short while ago."""
+        return self.runs.get((tenant, rid)) or self._ended.get((tenant, rid))
+
+    async def cancel(self, tenant: str, rid: str) -> bool:
+        """Cancel the run of `rid` if it runs here (False: it does not); returns once it
+        has ended, its record stored."""
+        run = self.runs.get((tenant, rid))
+        if run is None or run.task is None:
+            return False
+        await self._cancel(run)
+        return True
+
+    @staticmethod
+    async def _cancel(run: Run) -> None:
+        run.cancelled = True
+        assert run.task is not None
+        if run.started:
+            await cancel_and_wait(run.task)
+        else:  # (a task cancelled before its first step runs none of it: it sees
+            await asyncio.wait((run.task,))  # `cancelled` as it starts)
+
+    async def flag_cancel(self, tenant: str, rid: str) -> bool:
+        """Ask the replica running `rid` to cancel it (a flag beside its record, read
+        every `poll_s`); False where records are not shared (no other replica)."""
+        if self.flags is None:
+            return False
+        await self.flags.put(tenant, rid, {"cancel": True})
+        return True
+
+    async def renewed(self, run: Run) -> None:
+        """Wait for a lease renewal under way (the end's record goes after it)."""
+        if run.renewing is not None:
+            await asyncio.wait((run.renewing,))
+
+    async def _watching(self) -> None:
+        """Every `poll_s`: the flags of cancels sent to other replicas, and the leases."""
+        renew_every = self.cfg.lease_s / 3
+        while self.runs:
+            await asyncio.sleep(self.cfg.poll_s)
+            now = time.time()
+            for run in list(self.runs.values()):
+                if run.cancelled or run.ended:
+                    continue
+                try:
+                    if self.flags is not None and await self.flags.get(run.tenant, run.rid):
+                        log.info("background response cancelled", response_id=run.rid)
+                        detach(self._cancel(run))
+                        continue
+                    lease = (run.record or {}).get("run") or {}
+                    if (run.record is not None and not run.ended
+                            and lease.get("lease_until", 0) - now < self.cfg.lease_s - renew_every):
+                        run.record = leased(run.record, self.cfg.lease_s)
+                        run.renewing = detach(self.store.replace(run.tenant, run.rid,
+                                                                 copy.copy(run.record)))
+                        await asyncio.wait((run.renewing,))
+                        run.renewing.exception()
+                except (Unavailable, RecordTooLarge) as e:
+                    log.warning("background response not watched", response_id=run.rid,
+                                reason=e.code)
+                except Exception as e:  # a bug: logged, the other runs still watched
+                    log.error("background response not watched", response_id=run.rid,
+                              **error_fields(e))
+
+    async def close(self, grace: float) -> None:
+        """Cancel what still runs (a shutdown: their records say `failed`) and wait, at
+        most `grace` seconds, for their records to be stored."""
+        tasks = []
+        for run in self.runs.values():
+            run.shutdown = True
+            if run.task is not None:
+                tasks.append(run.task)
+                if run.started:
+                    run.task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        await cancel_and_wait(self._watch)
+
+
+async def respond(run: Run, runner: Runner, rendering: Rendering,
+                  chained: Callable[[], Awaitable[Reply]], save: OnDone,
+                  on_start: OnDone) -> None:
+    """A background run's work: the chain's answer (`chained`: the chain called, the
+    request as the sanitizer passed it set in `rendering`) rendered as events into
+    `run`, the response stored as it starts (`on_start`) and as it ends (`save`). Cut
+    by a cancel, it is stored `cancelled`; by the shutdown, `failed`."""
+
+    async def end(response: dict[str, Any]) -> None:
+        if response["status"] == "cancelled" and not run.cancelled:
+            response["status"], response["error"] = "failed", dict(SHUT_DOWN)
+        run.record = None  # (no lease renewal after this)
+        await runner.renewed(run)
+        await save(response)
+
+    try:
+        if run.cancelled or run.shutdown:  # (before it started)
+            raise asyncio.CancelledError
+        try:
+            reply = await chained()
+        except WeirError as err:  # the chain refused it: its failed record
+            for event in await rendering.fail(err, end):
+                run.add(event)
+            return
+        stream = _as_stream(reply) if isinstance(reply, Completion) else reply
+        async for event in rendering.events(stream, end, on_start):
+            run.add(event)
+    except asyncio.CancelledError:
+        if not rendering.finished:
+            saving = rendering.saving or detach(end(rendering.cut()))
+            await asyncio.shield(saving)
+        raise
+
+
+def _as_stream(reply: Completion) -> Stream:
+    """A whole chat answer (the chain answered a stream whole) as its one chunk."""
+    body = reply.body
+    choices = [{"index": c.get("index", 0), "finish_reason": c.get("finish_reason"),
+                "delta": c.get("message") or {}} for c in body.get("choices") or []]
+
+    async def chunks() -> AsyncIterator[dict[str, Any]]:
+        yield {**body, "object": "chat.completion.chunk", "choices": choices}
+
+    return Stream(chunks(), reply.headers, whole=True)
