@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from typing import Any
 
 import pytest
 
 from bench.redis_server import RedisServer
+from proxy.openai_responses import background
 from proxy.openai_responses.background import Run
 from proxy.openai_responses.routes import RUNNER, STORE
 from tests.conftest import MakeClient, make_settings
@@ -264,6 +266,32 @@ async def test_events_kept_are_bounded(make_client: MakeClient) -> None:
     assert events[0]["sequence_number"] == first
     assert events[-1]["type"] == "response.incomplete"
     assert sum(len(json.dumps(e, separators=(",", ":"))) for e in events) <= 65536
+
+
+async def test_a_run_renews_its_lease(make_client: MakeClient, fake_engine: FakeEngine,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that goes on past a third of its lease renews it: its record does not read
+    as `failed` while it runs, however long."""
+    client = await make_client(responses={"background": {"poll_s": 0.01, "lease_s": 30}})
+    fake_engine.token_gate = asyncio.Event()
+    store = client.app[STORE]
+    renewed = asyncio.Event()
+    replace = type(store).replace
+
+    async def watched(self: Any, tenant: str, rid: str, record: Any, *a: Any) -> bool:
+        if record.get("run") and record["response"]["status"] == "queued":
+            renewed.set()
+        return await replace(self, tenant, rid, record, *a)
+
+    monkeypatch.setattr(type(store), "replace", watched)
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    later = time.time() + 25  # (past its lease's third, within the lease)
+    monkeypatch.setattr(background.time, "time", lambda: later)
+    await asyncio.wait_for(renewed.wait(), 10)
+    later += 20  # past the first lease: the renewed one holds
+    assert (await (await client.get(f"/v1/responses/{rid}")).json())["status"] == "queued"
+    fake_engine.token_gate.set()
+    await ended(client, rid, "public")
 
 
 async def two_replicas(make_client: MakeClient, url: str,
