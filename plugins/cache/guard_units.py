@@ -76,13 +76,16 @@ _HINT = re.compile(
 _POUNDS_OF = re.compile(r"\bpounds?\s+(?:of|in\s+weight|heavy)\b")
 _WEIGHED = re.compile(r"\b(?:weigh|weighs|weighed|weighing|weight|heavy|heavier|lighter|"
                       r"lightest|heaviest|mass)\b")
+# A time of day's half after its number ("9am", "9 a.m.", "3 PM"): "at 9am" / "at 9 pm"
+# share the number and ask about other hours.
+_MERIDIEM = re.compile(r"(?<=\d)\s?([ap])\.?m\b\.?")
 # "20 per cent" is "20 percent" (not a cent).
 _PER_CENT = re.compile(r"\bper\s+cent\b")
 
 
 def units(lowered: str) -> tuple[str, ...]:
     """The units named, in order, synonyms as one ("monthly", "per month", "a month",
-    "months" are "month")."""
+    "months" are "month"), a time of day's half ("am", "pm") among them."""
     if not _HINT.search(lowered):
         return ()
     if "cent" in lowered:
@@ -94,8 +97,10 @@ def units(lowered: str) -> tuple[str, ...]:
         if unit == "gbp" and m.group(0).startswith("pound") and (
                 weighed or _POUNDS_OF.match(lowered, m.start())):
             unit = "lb"
-        out.append(unit)
-    return tuple(out)
+        out.append((m.start(), unit))
+    if "m" in lowered:
+        out += [(m.start(), m.group(1) + "m") for m in _MERIDIEM.finditer(lowered)]
+    return tuple(unit for _, unit in sorted(out))
 
 
 def units_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

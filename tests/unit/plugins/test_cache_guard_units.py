@@ -59,3 +59,19 @@ def test_weights_and_currencies_are_distinct() -> None:
     assert units("does it weigh 3 pounds?") == ("lb",)
     assert units("is the ticket 10 pounds?") == ("gbp",)
     assert units("a 20 per cent discount") == units("a 20% discount") == ("percent",)
+
+
+@pytest.mark.parametrize(("stored", "asked", "same"), [
+    ("Can I get an appointment at 9am?", "Is there an appointment at 9 pm?", False),
+    ("Is the pharmacy open at 8 a.m.?", "Is the pharmacy open at 8 p.m.?", False),
+    ("Can I book an appointment at 3pm?", "Can I book an appointment at 3 p.m.?", True),
+    ("Can I book an appointment at 3pm?", "Is it possible to book an appointment at 3 pm?", True),
+])
+def test_a_time_of_days_half_is_a_unit(stored: str, asked: str, same: bool) -> None:
+    assert guard_ok(asked, stored) is same
+    assert guard_ok(stored, asked) is same
+
+
+def test_meridiem_only_after_a_number() -> None:
+    assert units("i am at the store at 5 am") == ("am",)
+    assert units("is it 10 a month? 5 amps?") == ("month",)
