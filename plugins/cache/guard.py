@@ -116,7 +116,8 @@ _NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][a-zA-Z]+\b")
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
 _FROM_TO = re.compile(r"\bfrom\s+(\w+)\s+(?:to|into)\s+(\w+)", re.IGNORECASE)
 _PERIODS = ("night", "morning", "evening", "week", "weekend", "month", "year", "season",
-            "quarter", "summer", "winter", "spring", "autumn", "fall", "time")
+            "quarter", "summer", "winter", "spring", "autumn", "fall", "time", "monday",
+            "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _PHRASE_VERBS = frozenset(("turn", "switch", "sign", "log", "opt", "check"))
 _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             "switch off": "disable", "sign up": "register", "log out": "logout",
