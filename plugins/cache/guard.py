@@ -42,6 +42,8 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
   the best value", "cheaper than" / "faster than"): guard_degrees.py;
 - they name other units ("the monthly plan" / "the yearly plan", "5 GB" / "5 MB", "in
   euros" / "in dollars"): guard_units.py;
+- they ask about all of a thing and some of it ("all my saved cards" / "one saved
+  card"): guard_quantifiers.py;
 - they ask about different times: a day ("yesterday" / "today" / "tomorrow"), "next" /
   "last" / "first", or the tense a question opens with, past against future ("Was the
   bank closed on Friday?" / "Will the bank be closed ..."; a present is either: "Why
@@ -65,6 +67,7 @@ from dataclasses import dataclass
 
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
+from .guard_quantifiers import quantifiers, quantifiers_differ
 from .guard_roles import owners, owners_differ
 from .guard_units import units, units_differ
 
@@ -364,6 +367,7 @@ class Signature:
     owners: tuple[str, ...] = ()  # possessors in order (guard_roles.owners)
     degrees: frozenset[str] = frozenset()  # extremes asked for (guard_degrees.degrees)
     units: tuple[str, ...] = ()  # periods, sizes, measures, currencies (guard_units.units)
+    quantifiers: frozenset[str] = frozenset()  # "all", "some" (guard_quantifiers)
 
 
 def signature(text: str) -> Signature:
@@ -394,6 +398,7 @@ def signature(text: str) -> Signature:
         owners=owners(lowered),
         degrees=degrees(lowered),
         units=units(lowered),
+        quantifiers=quantifiers(lowered),
     )
 
 
@@ -799,6 +804,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not owners_differ(a.owners, b.owners)
             and not degrees_differ(a.degrees, b.degrees)
             and not units_differ(a.units, b.units)
+            and not quantifiers_differ(a.quantifiers, b.quantifiers)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)
