@@ -38,6 +38,8 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - a third party owns something on one side, or the owners differ ("delete my account"
   / "delete a user's account", "Can my boss read my chats?" / "Can I read my boss's
   chats?"): guard_roles.py;
+- they ask to do another thing with the same thing ("return" / "exchange a damaged
+  item", "reset" / "change my password"): guard_actions.py;
 - they ask for different extremes or comparisons ("the cheapest plan" / "the plan with
   the best value", "cheaper than" / "faster than"): guard_degrees.py;
 - they name other units ("the monthly plan" / "the yearly plan", "5 GB" / "5 MB", "in
@@ -65,6 +67,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from .guard_actions import actions_differ
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_quantifiers import quantifiers, quantifiers_differ
@@ -726,6 +729,11 @@ def _reordered(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return ca != cb and len(ca) == len(cb) and sorted(ca) == sorted(cb)
 
 
+def _content(tokens: tuple[str, ...]) -> list[str]:
+    """The words that say something, a noun in either number."""
+    return [_singular(t) for t in tokens if t not in _FILLER]
+
+
 def _singular(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith(
         "ss") else word
@@ -810,4 +818,5 @@ def guard_ok(question: str, stored: str) -> bool:
             and not _reversed(a.words, b.words)
             and not _focus_differs(a.focus, b.focus)
             and not _edited(a.tokens, b.tokens)
+            and not actions_differ(_content(a.tokens), _content(b.tokens))
             and not _reordered(a.tokens, b.tokens))

@@ -1,0 +1,37 @@
+"""The guard refuses a question that asks to do another thing with the same thing
+(guard_actions.py), however the frame is reworded round the verb."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.cache.guard import guard_ok
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I return a damaged item?", "How can I exchange a damaged item?"),
+    ("How do I reset my password?", "Change my password"),
+    ("How do I open a savings account?", "What's the way to close a savings account?"),
+    ("Where do I send my resignation letter?", "How do I write a resignation letter?"),
+    ("How do I download my payslip?", "Where can I see my payslip?"),
+    ("How do I book a flight?", "How can I cancel a flight?"),
+    ("Can I pause my subscription?", "What's the way to renew my subscription?"),
+    ("How do I print my W-2?", "Where can I download my W-2?"),
+])
+def test_another_action_on_the_same_thing_misses(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I book a blood test?", "How can I schedule a blood test?"),
+    ("How do I cancel my subscription?", "I want to stop my subscription"),
+    ("How do I delete my account?", "I want to close my account permanently"),
+    ("How do I file a claim?", "How can I submit a claim?"),
+    ("Where can I see my payslip?", "Where do I find my payslip?"),
+    ("How do I contact customer support?", "How can I reach customer support?"),
+    ("Can I switch to the annual plan?", "Can I change to the yearly plan?"),
+    ("How do I get my payslip?", "Where can I see my payslip?"),  # one side only
+])
+def test_synonyms_or_one_sided_actions_pass(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
