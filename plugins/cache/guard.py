@@ -67,7 +67,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from .guard_actions import actions_differ
+from .guard_actions import ACTION, actions_differ
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_quantifiers import quantifiers, quantifiers_differ
@@ -611,6 +611,7 @@ def _edited(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     - one span added that says something ("Tell me a joke" / "Please tell me a joke
       about cats", "a recipe" / "a vegan recipe"), edits of words that say nothing
       (`_FILLER`: "please", "can you", greetings, thanks) aside.
+    - a modifier that narrows the thing, the frame reworded round it (`_narrowed`).
     Both at once are not refused: a synonym and an added word is how most paraphrases
     read ("verify my email" / "confirm my email address")."""
     if (len(a), a) > (len(b), b):
@@ -619,7 +620,7 @@ def _edited(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         a=a, b=b, autojunk=False).get_opcodes() if op[0] != "equal"]
     if len(ops) == 1 and _slot(a, b, ops[0], _SCAFFOLD):
         return True
-    if len(ops) > 1 and _content_slot(a, b):
+    if (len(ops) > 1 and _content_slot(a, b)) or (ops and _narrowed(a, b)):
         return True
     said = [op for op in ops if not set(a[op[1]:op[2]] + b[op[3]:op[4]]) <= _FILLER
             and not _restated(b, op)]
@@ -659,6 +660,51 @@ def _content_slot(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return (ia[i1] > 0 and ib[j1] > 0 and a[ia[i1] - 1] in _DETERMINERS
             and b[ib[j1] - 1] in _DETERMINERS  # it opens a noun phrase
             and ia[i2] == ia[i2 - 1] + 1 and ib[j2] == ib[j2 - 1] + 1)  # before its head
+
+
+def _narrowed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """One side narrows the thing asked about with a modifier, the frame and the verb
+    that fetches it reworded round it ("Can I get a paper invoice?" / "Where can I find
+    my invoice?", "Can I get a printed receipt?" / "Where can I find my receipt?"): the
+    words that say something, their actions left out (guard_actions; not a participle,
+    which qualifies: "printed statements"), are the other side's with 1-2 words added
+    right after a determiner and right before the word they qualify. Not where both
+    name an action of one class: a synonym and an added word is how paraphrases read
+    ("How do I file a claim?" / "How can I submit an insurance claim?"); nor "new",
+    "current": they narrow nothing ("change my PIN" / "set a new PIN")."""
+    if {ACTION[t] for t in a if t in ACTION} & {ACTION[t] for t in b if t in ACTION}:
+        return False
+    if (len(a), a) > (len(b), b):
+        a, b = b, a
+    ia = [i for i, t in enumerate(a) if _says(t)]
+    ib = [i for i, t in enumerate(b) if _says(t)]
+    ca = [_singular(a[i]) for i in ia]
+    cb = [_singular(b[i]) for i in ib]
+    ops = [op for op in difflib.SequenceMatcher(a=ca, b=cb, autojunk=False).get_opcodes()
+           if op[0] != "equal"]
+    if len(ops) != 1 or not ca:
+        return False
+    kind, i1, i2, j1, j2 = ops[0]
+    if kind == "delete":
+        a, b, ia, ib, ca, cb, j1, j2 = b, a, ib, ia, cb, ca, i1, i2
+    elif kind != "insert":
+        return False
+    if j2 - j1 > 2 or j2 == len(cb):
+        return False
+    first, head = ib[j1], ib[j2]
+    return (first > 0 and b[first - 1] in _DETERMINERS
+            and ib[j2 - 1] + 1 == head  # right before the word it qualifies
+            and all(ib[k] + 1 == ib[k + 1] for k in range(j1, j2 - 1)))
+
+
+def _says(token: str) -> bool:
+    """A word that says something about the thing asked for: no filler, no action verb
+    (a participle qualifies: "printed")."""
+    return token not in _FILLER and token not in _UNNARROWING and not (
+        token in ACTION and not token.endswith("ed"))
+
+
+_UNNARROWING = frozenset(("new", "current", "existing"))
 
 
 def _one_slot_changed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

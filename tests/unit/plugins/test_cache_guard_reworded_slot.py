@@ -37,3 +37,23 @@ def test_a_reworded_slot_change_misses(stored: str, asked: str) -> None:
 ])
 def test_a_reworded_frame_or_verb_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can I get a paper invoice?", "Where can I find my invoice?"),
+    ("Can I get a printed receipt?", "Where can I find my receipt?"),
+    ("Is there a family discount?", "Where can I see my discount?"),
+])
+def test_a_modifier_that_narrows_the_thing_misses(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I file a claim?", "How can I submit an insurance claim?"),
+    ("How do I change my PIN?", "How can I set a new PIN?"),
+    ("Where can I find my invoice?", "How do I get a copy of my invoice?"),
+    ("Can I get a paper statement?", "Do you send printed statements?"),
+])
+def test_a_synonym_and_a_word_added_pass(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
