@@ -430,8 +430,12 @@ def _same_ask(m: re.Match[str]) -> str:
 
 
 def _tokens(lowered: str) -> tuple[str, ...]:
-    """The question's words, a small word and "is"/"are" as their contraction
-    (`_FULL`), and words that ask the same thing in the same frame as one (`_SAME_ASK`)."""
+    """The question's words, numbers spelled in words as their digits (`_spelled`), a
+    small word and "is"/"are" as their contraction (`_FULL`), and words that ask the
+    same thing in the same frame as one (`_SAME_ASK`)."""
+    if _HAS_SPELLED.search(lowered):  # "two bags" reads as "2 bags"
+        for start, end, n in reversed(_spelled(lowered)):
+            lowered = f"{lowered[:start]}{n}{lowered[end:]}"
     if " is" in lowered or " are" in lowered:
         lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
     lowered = _SAME_ASK.sub(_same_ask, lowered)
@@ -526,13 +530,65 @@ def _number(n: str) -> str:
     return ("-" if n.startswith("-") else "") + digits
 
 
+#: Numbers spelled in words, read as their digits where they count or measure a thing:
+#: "two bags" and "2 bags", "twenty dollars" and "$20", "three pm" and "3 pm", "a
+#: hundred minutes" and "100 minutes": before a plural or a unit within two words, or
+#: last. Not "one" ("in one place", "a one time payment"), nor a word that names a kind
+#: ("two factor authentication"), nor "N times" (`_counts` reads those, and "twice",
+#: "double", "both": compared only where both questions hold some).
+_UNITS_SPELLED = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen".split())}
+_TENS_SPELLED = {w: 10 * i for i, w in enumerate(
+    "twenty thirty forty fifty sixty seventy eighty ninety".split(), 2)}
+_SCALES_SPELLED = {"hundred": 100, "thousand": 1000, "million": 1000000}
+_SPELLED_WORD = "|".join([*_UNITS_SPELLED, *_TENS_SPELLED, *_SCALES_SPELLED])
+_SPELLED = re.compile(rf"(?<![\w-])(?:{_SPELLED_WORD})(?:[\s-]+(?:and[\s-]+)?"
+                      rf"(?:{_SPELLED_WORD}))*(?![\w-])", re.IGNORECASE)
+_HAS_SPELLED = re.compile(r"(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|"
+                          r"teen|ty|hundred|thousand|million|zero)\b", re.IGNORECASE)
+# What a spelled number counts or measures: a plural or a unit in the next two words
+# (one of them a `_TOKEN`-like word), or nothing (the question's end).
+_COUNTED = re.compile(r"\s*(?:[^\w\s]*\s*$|(?:[\w'-]+\s+)?(?:[a-z'-]{2,}[^s\W]s|"
+                      r"[ap]\.?m\b|percent|per\s+cent)\b)", re.IGNORECASE)
+
+
+def _spelled(text: str) -> list[tuple[int, int, str]]:
+    """The numbers spelled in words that count or measure a thing, with where each
+    starts and ends (`_SPELLED`)."""
+    out = []
+    for m in _SPELLED.finditer(text):
+        words = re.findall(r"[a-z]+", m.group(0).lower())
+        rest = text[m.end():]
+        if words == ["one"] or not _COUNTED.match(rest) or re.match(
+                r"\s+times?\b", rest, re.IGNORECASE):
+            continue
+        total = current = 0
+        for w in words:
+            if w in _SCALES_SPELLED:
+                if _SCALES_SPELLED[w] == 100:
+                    current = max(current, 1) * 100
+                else:
+                    total += max(current, 1) * _SCALES_SPELLED[w]
+                    current = 0
+            elif w != "and":
+                current += _UNITS_SPELLED.get(w, 0) + _TENS_SPELLED.get(w, 0)
+        out.append((m.start(), m.end(), str(total + current)))
+    return out
+
+
 def _numbers(text: str) -> tuple[str, ...]:
-    """The numbers in order (with a sign written on one), and after them the operators
-    between two of them, if any ("7 + 5" and "7 plus 5" have the same numbers and
-    operator; "7 - 5" does not)."""
+    """The numbers in order (with a sign written on one; spelled ones as their digits:
+    `_SPELLED`), and after them the operators between two of them, if any ("7 + 5" and
+    "7 plus 5" have the same numbers and operator; "7 - 5" does not)."""
     if not text.isascii() and _HAS_SCRIPT_DIGITS.search(text):
         text = text.translate(_SCRIPT_DIGITS)
-    numbers = tuple(_number(n) for n in _NUMBER.findall(text))
+    if _HAS_SPELLED.search(text):
+        numbers = tuple(n for _, n in sorted(
+            [(m.start(), _number(m.group(0))) for m in _NUMBER.finditer(text)]
+            + [(start, n) for start, _, n in _spelled(text)]))
+    else:
+        numbers = tuple(_number(n) for n in _NUMBER.findall(text))
     if len(numbers) < 2:
         return numbers
     ops = [(m.group(1) or m.group(2)).lower() for m in _OPERATOR.finditer(text)]
