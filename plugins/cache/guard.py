@@ -117,6 +117,8 @@ _HAS_SCRIPT_DIGITS = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u2079\u2080-\u
 _NEGATION = re.compile(
     r"\b(?:not|no|never|none|nothing|cannot|without|neither|nor|non|unable|impossible)\b|"
     r"\bfail(?:s|ed|ing)?\s+to\b|n't\b|\bnon-|"
+    r"\b(?:do|does|did|is|are|was|were|has|have|had|ca|wo|should|would|could|must|need|"
+    r"ai)nt\b|"  # `_NO_APOSTROPHE`
     r"不|没|无|别|非", re.IGNORECASE)
 _NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][a-zA-Z]+\b")
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
@@ -411,6 +413,10 @@ def signature(text: str) -> Signature:
 _FULL = re.compile(r"\b(what|where|who|how|when|why|it|that|there|here|he|she|you|we|they)"
                    r"\s+(is|are)\b")
 _CONTRACTED = {"is": "s", "are": "re"}
+#: A negated contraction typed without its apostrophe ("wont", "doesnt", "cant"): the
+#: contraction ("won't"), a negation (`_NEGATION`) as its spelling with one is.
+_NO_APOSTROPHE = re.compile(r"\b(do|does|did|is|are|was|were|has|have|had|ca|wo|should|"
+                            r"would|could|must|need|ai)nt\b")
 # Words that ask the same thing in the frame of a question, read as one: "Do you offer
 # gift wrapping?" / "Do you have (provide) ...", "When does it open?" / "What time does
 # it open?", and the extremes guard_degrees reads alike ("the cheapest plan" / "the
@@ -431,11 +437,14 @@ def _same_ask(m: re.Match[str]) -> str:
 
 def _tokens(lowered: str) -> tuple[str, ...]:
     """The question's words, numbers spelled in words as their digits (`_spelled`), a
-    small word and "is"/"are" as their contraction (`_FULL`), and words that ask the
-    same thing in the same frame as one (`_SAME_ASK`)."""
+    negated contraction with its apostrophe (`_NO_APOSTROPHE`), a small word and
+    "is"/"are" as their contraction (`_FULL`), and words that ask the same thing in the
+    same frame as one (`_SAME_ASK`)."""
     if _HAS_SPELLED.search(lowered):  # "two bags" reads as "2 bags"
         for start, end, n in reversed(_spelled(lowered)):
             lowered = f"{lowered[:start]}{n}{lowered[end:]}"
+    if "nt" in lowered:
+        lowered = _NO_APOSTROPHE.sub(r"\1n't", lowered)
     if " is" in lowered or " are" in lowered:
         lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
     lowered = _SAME_ASK.sub(_same_ask, lowered)
