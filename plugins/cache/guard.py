@@ -120,6 +120,20 @@ _NEGATION = re.compile(
     r"\b(?:do|does|did|is|are|was|were|has|have|had|ca|wo|should|would|could|must|need|"
     r"ai)nt\b|"  # `_NO_APOSTROPHE`
     r"不|没|无|别|非", re.IGNORECASE)
+#: A month's or a weekday's short name as its full one ("Dec 25" / "December 25th";
+#: not "Mar", "Sat", "Sun", "Wed": other words too), in the names and in the words.
+_ABBREVIATED = {
+    "jan": "january", "feb": "february", "apr": "april", "jun": "june", "jul": "july",
+    "aug": "august", "sep": "september", "sept": "september", "oct": "october",
+    "nov": "november", "dec": "december", "mon": "monday", "tue": "tuesday",
+    "tues": "tuesday", "thu": "thursday", "thur": "thursday", "thurs": "thursday",
+    "fri": "friday"}
+_SHORT_NAME = re.compile(r"\b(" + "|".join(_ABBREVIATED) + r")\b\.?")
+# A day's ordinal after its number ("the 25th" / "the 25"; the number is the same).
+_ORDINAL = re.compile(r"(?<=\d)(?:st|nd|rd|th)\b")
+_NAME = re.compile(r"\b(?:" + "|".join(sorted(
+    (k for k in _ABBREVIATED if len(k) <= 5 and k not in ("june", "july")),
+    key=len, reverse=True)) + r")\b\.?")
 _NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][a-zA-Z]+\b")
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
 _FROM_TO = re.compile(r"\bfrom\s+(\w+)\s+(?:to|into)\s+(\w+)", re.IGNORECASE)
@@ -387,8 +401,8 @@ def signature(text: str) -> Signature:
     return Signature(
         numbers=_numbers(text),
         negations=len(_NEGATION.findall(text)),
-        names=tuple(m.group(0).lower().rstrip("s")
-                    for m in _NAME.finditer(text.strip())),
+        names=tuple(_ABBREVIATED.get(name, name).rstrip("s") for name in (
+            m.group(0).lower() for m in _NAME.finditer(text.strip()))),
         directions=tuple(_DIRECTION[w] for w in words if w in _DIRECTION),
         words=frozenset(words),
         route=(route.group(1), route.group(2)) if route else None,
@@ -437,12 +451,15 @@ def _same_ask(m: re.Match[str]) -> str:
 
 def _tokens(lowered: str) -> tuple[str, ...]:
     """The question's words, numbers spelled in words as their digits (`_spelled`), a
-    negated contraction with its apostrophe (`_NO_APOSTROPHE`), a small word and
+    negated contraction with its apostrophe (`_NO_APOSTROPHE`), a month's or a
+    weekday's short name as its full one and a day without its ordinal ("Dec 25th" as
+    "december 25": `_ABBREVIATED`), a small word and
     "is"/"are" as their contraction (`_FULL`), and words that ask the same thing in the
     same frame as one (`_SAME_ASK`)."""
     if _HAS_SPELLED.search(lowered):  # "two bags" reads as "2 bags"
         for start, end, n in reversed(_spelled(lowered)):
             lowered = f"{lowered[:start]}{n}{lowered[end:]}"
+    lowered = _ORDINAL.sub("", _SHORT_NAME.sub(lambda m: _ABBREVIATED[m.group(1)], lowered))
     if "nt" in lowered:
         lowered = _NO_APOSTROPHE.sub(r"\1n't", lowered)
     if " is" in lowered or " are" in lowered:

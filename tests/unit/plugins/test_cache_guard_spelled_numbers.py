@@ -1,5 +1,6 @@
 """A number spelled in words reads as its digits where it counts or measures a thing:
-"two bags" / "2 bags" is one question, "two bags" / "3 bags" two, and the gate agrees."""
+"two bags" / "2 bags" is one question, "two bags" / "3 bags" two, and the gate agrees;
+and a date reads alike in its short and long forms ("Dec 25" / "December 25th")."""
 
 from __future__ import annotations
 
@@ -38,3 +39,14 @@ def test_words_that_name_a_kind_or_a_time_are_no_number() -> None:
     assert _numbers("I was charged twice, or two times") == ()  # `_counts` reads these
     assert _numbers("two hundred and fifty points") == ("250",)
     assert _numbers("a table for two") == ("2",)
+
+
+@pytest.mark.parametrize(("stored", "asked", "same"), [
+    ("Is the office open on December 25th?", "Is the office open on Dec 25?", True),
+    ("Is my appointment on Thursday?", "Is my appointment on Thurs.?", True),
+    ("Is the office open on Dec 24?", "Is the office open on December 25th?", False),
+    ("Is the office open on Dec 25?", "Is the office open on Nov 25?", False),
+])
+def test_short_names_of_months_and_days(stored: str, asked: str, same: bool) -> None:
+    assert guard_ok(asked, stored) is same
+    assert guard_ok(stored, asked) is same
