@@ -129,6 +129,10 @@ _ABBREVIATED = {
     "tues": "tuesday", "thu": "thursday", "thur": "thursday", "thurs": "thursday",
     "fri": "friday"}
 _SHORT_NAME = re.compile(r"\b(" + "|".join(_ABBREVIATED) + r")\b\.?")
+# A currency sign before an amount, as its word after it ("$10" / "10 dollars").
+_SIGNED_AMOUNT = re.compile(r"([$\u20ac\u00a3\u00a5\u20b9])\s?(\d+(?:[.,]\d+)*)")
+_CURRENCY_WORD = {"$": "dollars", "\u20ac": "euros", "\u00a3": "pounds", "\u00a5": "yen",
+                  "\u20b9": "rupees"}
 # A day's ordinal after its number ("the 25th" / "the 25"; the number is the same).
 _ORDINAL = re.compile(r"(?<=\d)(?:st|nd|rd|th)\b")
 _NAME = re.compile(r"\b(?:" + "|".join(sorted(
@@ -453,12 +457,16 @@ def _tokens(lowered: str) -> tuple[str, ...]:
     """The question's words, numbers spelled in words as their digits (`_spelled`), a
     negated contraction with its apostrophe (`_NO_APOSTROPHE`), a month's or a
     weekday's short name as its full one and a day without its ordinal ("Dec 25th" as
-    "december 25": `_ABBREVIATED`), a small word and
+    "december 25": `_ABBREVIATED`), an amount after a currency sign with the currency's
+    word ("$10" as "10 dollars"), a small word and
     "is"/"are" as their contraction (`_FULL`), and words that ask the same thing in the
     same frame as one (`_SAME_ASK`)."""
     if _HAS_SPELLED.search(lowered):  # "two bags" reads as "2 bags"
         for start, end, n in reversed(_spelled(lowered)):
             lowered = f"{lowered[:start]}{n}{lowered[end:]}"
+    if any(sign in lowered for sign in _CURRENCY_WORD):
+        lowered = _SIGNED_AMOUNT.sub(lambda m: f"{m.group(2)} {_CURRENCY_WORD[m.group(1)]}",
+                                     lowered)
     lowered = _ORDINAL.sub("", _SHORT_NAME.sub(lambda m: _ABBREVIATED[m.group(1)], lowered))
     if "nt" in lowered:
         lowered = _NO_APOSTROPHE.sub(r"\1n't", lowered)

@@ -13,7 +13,7 @@ from plugins.cache.guard import _numbers, gate, guard_ok
     ("Can I bring two carry-on bags?", "Can I bring 2 carry-on bags?"),
     ("Can I book a room for three nights?", "Can I book a room for 3 nights?"),
     ("Can I book an appointment at three pm?", "Can I book an appointment at 3 pm?"),
-    ("Can I get a refund of twenty dollars?", "Can I get a $20 refund?"),
+    ("Is the fee twenty dollars?", "Is the fee $20?"),
     ("Does the plan include a hundred minutes?", "Does the plan include 100 minutes?"),
     ("Is the fee twenty-five dollars?", "Is the fee 25 dollars?"),
 ])

@@ -75,3 +75,12 @@ def test_a_time_of_days_half_is_a_unit(stored: str, asked: str, same: bool) -> N
 def test_meridiem_only_after_a_number() -> None:
     assert units("i am at the store at 5 am") == ("am",)
     assert units("is it 10 a month? 5 amps?") == ("month",)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can I pay $10 a month?", "Can I pay 10 dollars a month?"),
+    ("Is delivery free for orders over fifty dollars?", "Is delivery free for orders over $50?"),
+    ("Can I withdraw €200 a day?", "Can I withdraw 200 euros a day?"),
+])
+def test_an_amount_after_its_sign_or_before_its_word_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored) and guard_ok(stored, asked)
