@@ -816,7 +816,47 @@ def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str])
         return True  # "How do bees ..." / "Why do bees ...", "Should I ..." / "Can I ..."
     if i2 - i1 == j2 - j1 == 1 and _subject_swapped(a, b, i1, j1):
         return True  # "Can I see my orders?" / "Can you see my orders?"
+    if i2 - i1 == j2 - j1 == 1 and _misspelt(a[i1], b[j1]):
+        return False  # "How do I tranfer money?", "my online banking pwd"
     return not (set(a[i1:i2]) <= empty and set(b[j1:j2]) <= empty)
+
+
+_VOWELS = frozenset("aeiouy")
+
+
+def _known(word: str) -> bool:
+    """A word one of the guard's lists holds (a direction, an action, a filler word)."""
+    return word in _DIRECTION or word in ACTION or word in _FILLER or word in _SWAPS
+
+
+def _misspelt(x: str, y: str) -> bool:
+    """One word is the other typed with a slip or shortened: a letter inside it left out
+    or two inside it swapped, in a word of seven letters or more, the slip no word the
+    guard knows ("tranfer", "acount", "recieve"; not a last letter: "refund" /
+    "refunds"; nor a word with a reversing prefix: "unlock" / "unblock"; "lunch" /
+    "launch" are too short to tell), or
+    its first letter and consonants kept, its last among them ("pwd" for "password",
+    "acct", "mgr", "pmt"; not a prefix: "car" / "card", nor a word with a vowel after
+    its first letter: "bat" / "basket")."""
+    short, long = sorted((x, y), key=len)
+    if not short.isalpha() or not long.isalpha() or short[0] != long[0] or long.startswith(
+            _REVERSING):
+        return False
+    if len(long) >= 7 and short[-1] == long[-1] and not (
+            _known(short) and _known(long)):
+        if len(short) == len(long) - 1 and any(
+                long[:i] + long[i + 1:] == short for i in range(1, len(long) - 1)):
+            return True
+        if len(short) == len(long) and any(
+                short[i] == long[i + 1] and short[i + 1] == long[i]
+                and short[:i] + short[i + 2:] == long[:i] + long[i + 2:]
+                for i in range(1, len(long) - 2)):
+            return True
+    if 3 <= len(short) <= 4 and len(long) >= 6 and short[-1] == long[-1] and not (
+            long.startswith(short)) and not set(short[1:]) & _VOWELS:
+        rest = iter(long)
+        return all(c in rest for c in short)
+    return False
 
 
 #: Auxiliaries that open a yes/no question: the pronoun after one is who acts.
