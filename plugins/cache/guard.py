@@ -579,8 +579,10 @@ _SCALES_SPELLED = {"hundred": 100, "thousand": 1000, "million": 1000000}
 _SPELLED_WORD = "|".join([*_UNITS_SPELLED, *_TENS_SPELLED, *_SCALES_SPELLED])
 _SPELLED = re.compile(rf"(?<![\w-])(?:{_SPELLED_WORD})(?:[\s-]+(?:and[\s-]+)?"
                       rf"(?:{_SPELLED_WORD}))*(?![\w-])", re.IGNORECASE)
-_HAS_SPELLED = re.compile(r"(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|"
-                          r"teen|ty|hundred|thousand|million|zero)\b", re.IGNORECASE)
+# (a cheap first look for one: most questions spell none)
+_HAS_SPELLED = re.compile(r"\b(?:t(?:wo|hree|en|we(?:lve|nt)|hirt|hous)|f(?:our|ive|ift|ort)|"
+                          r"s(?:ix|even)|e(?:ight|leven)|nine|hundred|million|zero)",
+                          re.IGNORECASE)
 # What a spelled number counts or measures: a plural or a unit in the next two words
 # (one of them a `_TOKEN`-like word), or nothing (the question's end).
 _COUNTED = re.compile(r"\s*(?:[^\w\s]*\s*$|(?:[\w'-]+\s+)?(?:[a-z'-]{2,}[^s\W]s|"
