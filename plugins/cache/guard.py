@@ -766,6 +766,7 @@ def _narrowed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     "current": they narrow nothing ("change my PIN" / "set a new PIN")."""
     if {ACTION[t] for t in a if t in ACTION} & {ACTION[t] for t in b if t in ACTION}:
         return False
+    a, b = _without_copy(a), _without_copy(b)
     if (len(a), a) > (len(b), b):
         a, b = b, a
     ia = [i for i, t in enumerate(a) if _says(t)]
@@ -787,6 +788,20 @@ def _narrowed(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return (first > 0 and b[first - 1] in _DETERMINERS
             and ib[j2 - 1] + 1 == head  # right before the word it qualifies
             and all(ib[k] + 1 == ib[k + 1] for k in range(j1, j2 - 1)))
+
+
+def _without_copy(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """The tokens without "copy of my" before a thing ("a paper copy of my contract" reads
+    as "a paper contract", "a copy of my invoice" as "a invoice"): a copy asks for the
+    thing."""
+    out = list(tokens)
+    for i in range(len(out) - 3, -1, -1):
+        if out[i] in _COPY and out[i + 1] == "of" and out[i + 2] in _DETERMINERS:
+            del out[i:i + 3]
+    return tuple(out)
+
+
+_COPY = frozenset(("copy", "copies"))
 
 
 def _says(token: str) -> bool:

@@ -57,3 +57,9 @@ def test_a_modifier_that_narrows_the_thing_misses(stored: str, asked: str) -> No
 ])
 def test_a_synonym_and_a_word_added_pass(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
+
+
+def test_a_paper_copy_narrows_too() -> None:
+    assert not guard_ok("Where can I find my contract?", "Can I get a paper copy of my contract?")
+    assert not guard_ok("Can I get a paper copy of my contract?", "Where can I find my contract?")
+    assert guard_ok("How do I get a copy of my invoice?", "Where can I find my invoice?")
