@@ -92,14 +92,14 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     # Answered before the middlewares run: the request id and the access-log line are
     # given here, as `request_id_middleware` and `access_log` give them.
     rid = _request_id(request)
-    resp = error_response(err, request_id=rid)
+    resp = _refusal(request, err, rid)
     resp.force_close()
     route = _COUNTED.get(request.path) if request.method == "POST" else None
     if state is not None and route is not None:  # counted as the route counts its refusals
         labelled(state.metrics.requests, route, "", str(resp.status)).inc()
         labelled(state.metrics.latency, route, "").observe(0.0)
     if state is None or state.settings.logging.access_log:
-        log_request(request, resp.status, 0.0, request_id=rid)
+        log_request(request, resp.status, 0.0, request_id=rid, error=request[ERROR_CODE])
     return resp
 
 
@@ -380,7 +380,7 @@ async def http_version_middleware(request: web.Request,
     if request.version in (HttpVersion10, HttpVersion11):
         return await handler(request)
     answer_in_http_1_1(request)
-    resp = error_response(VersionNotSupported(
+    resp = _refusal(request, VersionNotSupported(
         "Unsupported HTTP version in the request line; send HTTP/1.1."),
         request.get(REQUEST_ID))
     resp.force_close()
@@ -403,25 +403,24 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             resp.force_close()
         return resp
     except web.HTTPRequestEntityTooLarge:
-        return error_response(PayloadTooLarge("The request body is too large."), rid)
+        return _refusal(request, PayloadTooLarge("The request body is too large."), rid)
     except web.HTTPMethodNotAllowed as e:
         allowed = ", ".join(sorted(e.allowed_methods))
         err: WeirError = MethodNotAllowed(
             f"Method {request.method} is not allowed on {request.path}; allowed: {allowed}.",
             headers={"Allow": allowed})  # RFC 9110: a 405 says what is allowed
-        return error_response(err, rid)
+        return _refusal(request, err, rid)
     except web.HTTPNotFound:
         return _unrouted(request, rid)
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(_generic_http(e), rid)
+        return _refusal(request, _generic_http(e), rid)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as e:
         log.error("unhandled error", path=logged_path(request), **error_fields(e))
-        note_error(request, err := ServerError())
-        return error_response(err, rid)
+        return _refusal(request, ServerError(), rid)
 
 
 def _unrouted(request: web.Request, rid: str | None) -> web.Response:
@@ -432,7 +431,7 @@ def _unrouted(request: web.Request, rid: str | None) -> web.Response:
     next send the tunnel's bytes). `OPTIONS *` asks about the server, which answers
     OPTIONS on no resource (no CORS): its `Allow` names the methods it serves."""
     if request.method == "CONNECT":
-        resp = error_response(MethodNotAllowed(
+        resp = _refusal(request, MethodNotAllowed(
             "Method CONNECT is not allowed: this server is no proxy.",
             headers={"Allow": ""}), rid)
         resp.force_close()
@@ -440,11 +439,18 @@ def _unrouted(request: web.Request, rid: str | None) -> web.Response:
     if request.method == "OPTIONS" and request.raw_path == "*":
         allowed = ", ".join(sorted({r.method for r in request.app.router.routes()}
                                    - {"*", "OPTIONS"}))
-        return error_response(MethodNotAllowed(
+        return _refusal(request, MethodNotAllowed(
             f"Method OPTIONS is not allowed; the server serves {allowed}.",
             headers={"Allow": allowed}), rid)
-    return error_response(NotFound(
+    return _refusal(request, NotFound(
         f"Unknown request URL: {request.method} {request.path}.", code="unknown_url"), rid)
+
+
+def _refusal(request: web.Request, err: WeirError, rid: str | None) -> web.Response:
+    """`err`'s answer, its code noted for the access log and the span (`note_error`), as
+    a handler's error's is: the router's refusals (404, 405, 413) and the 505 too."""
+    note_error(request, err)
+    return error_response(err, rid)
 
 
 def _generic_http(e: web.HTTPException) -> WeirError:

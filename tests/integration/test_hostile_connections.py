@@ -255,7 +255,8 @@ async def test_an_expectation_it_cannot_meet_is_an_openai_417(logs: io.StringIO,
     assert requests_counted(served, route="chat", model="", status="417") == counted + 1
     assert headers.get("x-request-id") == "req-417-a"
     lines = [json.loads(line) for line in logs.getvalue().splitlines() if "req-417-a" in line]
-    assert [(x["status"], x["path"]) for x in lines] == [(417, "/v1/chat/completions")]
+    assert [(x["status"], x["path"], x.get("error")) for x in lines] == [
+        (417, "/v1/chat/completions", "expectation_failed")]
     error = json.loads(raw)
     validate("ErrorResponse", error)
     assert error["error"]["code"] == "expectation_failed"
@@ -664,3 +665,19 @@ async def test_options_asterisk_is_a_405_naming_the_servers_methods(served: List
     assert json.loads(raw)["error"]["code"] == "method_not_allowed"
     assert (await response(reader))[0] == 200  # the pipelined request is served
     writer.close()
+
+
+@pytest.mark.parametrize("served", [{"access_log": True}], indirect=True)
+async def test_a_505_and_a_connect_have_their_code_in_the_access_log(
+        logs: io.StringIO, served: Listener) -> None:
+    """Answered by the middlewares, not a handler, a 505 and a CONNECT's 405 had an
+    access-log line without the `error` every other error answer's line has."""
+    for line in (b"GET /v1/models HTTP/2.0", b"CONNECT host:443 HTTP/1.1"):
+        reader, writer = await connect(served)
+        writer.write(line + b"\r\nHost: x\r\n\r\n")
+        status, _, raw = await response(reader)
+        assert status in (405, 505), raw
+        writer.close()
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
+    assert [(x["status"], x.get("error")) for x in lines] == [
+        (505, "http_version_not_supported"), (405, "method_not_allowed")]

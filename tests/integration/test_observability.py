@@ -639,3 +639,19 @@ async def test_a_shed_request_s_span_and_line_say_why(
     assert admission.attributes["error.type"] == code
     lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
     assert [x.get("error") for x in lines if x.get("status") == r.status] == [code]
+
+
+async def test_every_error_answer_s_access_log_line_has_its_code(
+        make_client: MakeClient, logs: io.StringIO) -> None:
+    """The access log's `error` (README: an error answer's code) was given only for the
+    errors a handler raised: a 404 `unknown_url`, a 405 `method_not_allowed` and a 413
+    answered from the router's refusals had a line without it."""
+    client = await make_client(make_settings(logging={"access_log": True},
+                                             server={"max_body_bytes": 1024}))
+    answers = [await client.get("/v1/nowhere"), await client.delete("/v1/models"),
+               await client.post("/v1/chat/completions", data=b"x" * 4096,
+                                 headers={"Content-Type": "application/json"})]
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
+    assert [r.status for r in answers] == [404, 405, 413]
+    assert [x.get("error") for x in lines] == [
+        (await r.json())["error"]["code"] for r in answers]
