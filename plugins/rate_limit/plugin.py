@@ -463,6 +463,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         ctx.response_headers.update(headers)
         if conc_keys:
             self._active[lease] = (store, conc_keys)
+            if store is self.remote and (self._full or self._degraded):
+                # Redis admitted it as another call found Redis full or down (the two
+                # crossed): `_hold_locally` ran before this lease was known.
+                self.local.hold(conc_keys, lease, self.cfg.lease_s * 1000)
         try:
             reply = await call_next(ctx)
         except BaseException:

@@ -1176,3 +1176,41 @@ async def test_leases_redis_granted_hold_their_slots_while_it_is_full(tmp_path: 
         gate.set()
         server.stop()
         await p.close()
+
+
+async def test_a_request_redis_admitted_as_it_filled_holds_its_slot_locally(
+        redis_server: RedisServer) -> None:
+    """Redis admitted a request whose admission was under way when another call found it
+    full (the two crossed): the local limiter, deciding from then on, counted the leases
+    of the requests then running, not that one's (its lease came after), and a full
+    concurrency limit let one more in. It holds its slot locally too."""
+    from plugins.rate_limit.gcra import StoreFull
+
+    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 1}])
+    assert p.remote is not None
+    admit = p.remote.admit
+
+    async def crossed(*args: Any) -> Any:
+        decision = await admit(*args)
+        p._store_failed(StoreFull("OutOfMemoryError"))  # another call's, meanwhile
+        return decision
+
+    p.remote.admit = crossed  # type: ignore[method-assign]
+    gate = asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        await gate.wait()
+        return Completion({"usage": {"total_tokens": 5}})
+
+    running = asyncio.create_task(p(ctx(), held))
+    try:
+        await eventually(lambda: len(p._active) == 1)
+        assert p.health() == {"store": "full"}
+        with pytest.raises(RateLimited):  # decided locally: the one running holds the slot
+            await p(ctx(), answer)
+        gate.set()
+        await running
+        assert p.local.in_flight() == 0
+    finally:
+        gate.set()
+        await p.close()
