@@ -338,7 +338,7 @@ async def write_sse(
         if not whole:  # (whole: the answer went out, and ends as it was)
             outcome = "cancelled"
             if cut_by_shutdown(request, e) and watchdog is not None and not ending:
-                await _cut_for_shutdown(watchdog, resp, _take(held),
+                await _cut_for_shutdown(request, watchdog, resp, _take(held),
                                         None if errored else framed, terminator)
         raise
     except BaseException as e:
@@ -360,15 +360,19 @@ def cut_by_shutdown(request: web.Request, e: asyncio.CancelledError) -> bool:
     return e.args == (SHUTDOWN,) or bool(request.get(CUT_BY_SHUTDOWN))
 
 
-async def _cut_for_shutdown(watchdog: _Watchdog, resp: web.StreamResponse, before: bytes,
+async def _cut_for_shutdown(request: web.Request, watchdog: _Watchdog,
+                            resp: web.StreamResponse, before: bytes,
                             framed: Callable[[WeirError], bytes] | None,
                             terminator: bytes) -> None:
     """Still running when the drain ran out: end the stream properly, so a client can tell
     a cut answer from a whole one: the events held back (`before`: a whole stream's), an
     in-band 503 in the route's framing (none if an error event already went out:
-    `framed` None), and the body's end (`[DONE]` for chat). Best effort, briefly."""
+    `framed` None), and the body's end (`[DONE]` for chat). Best effort, briefly. The
+    503's code is the request's error (`note_error`), as an in-band error's is."""
     err = Unavailable("The server shut down before this answer was complete; retry.",
                       code="shutting_down")
+    if framed is not None:
+        note_error(request, err)
     try:
         async with asyncio.timeout(1.0):
             await watchdog.write(before + (framed(err) if framed is not None else b"")

@@ -325,9 +325,10 @@ async def the_rest(r: Any) -> bytes:
 
 
 async def test_a_stream_cut_by_the_shutdown_is_a_503_in_its_span_and_metrics(
-        make_client: MakeClient, spans: InMemorySpanExporter) -> None:
+        make_client: MakeClient, spans: InMemorySpanExporter, logs: io.StringIO) -> None:
     """Its head said 200; the drain's end cut it (told in-band): the server span said 499,
-    as if its client had left, and was not marked as an error."""
+    as if its client had left, and was not marked as an error. Its code, the in-band
+    error's, is the span's `error.type` and the access log's `error`, as any error's."""
 
 
     from tests.fakes import HoldingEngine
@@ -341,6 +342,10 @@ async def test_a_stream_cut_by_the_shutdown_is_a_503_in_its_span_and_metrics(
     assert server.status.status_code.name == "ERROR"
     assert st.metrics.registry.get_sample_value("weir_requests_total", {
         "route": "chat", "model": "fake-model", "status": "503"}) == 1
+    assert server.attributes.get("error.type") == "shutting_down"
+    assert server.status.description == "shutting_down"
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
+    assert [(x["status"], x.get("error")) for x in lines] == [(503, "shutting_down")]
 
 
 async def test_a_shutdown_cut_stays_a_503_when_another_cancellation_follows(
