@@ -979,7 +979,9 @@ TopP = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
-Stop = StopText | Annotated[list[StopText], Field(max_length=16)]
+#: OpenAI's `StopConfiguration`: "Up to 4 sequences" (`maxItems: 4`; more is its 400).
+MAX_STOPS = 4
+Stop = StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)]
 #: vLLM's extension: a positive count of candidates, or 0 / -1 for all of them.
 TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
 #: vLLM's extensions, within vLLM's own bounds.

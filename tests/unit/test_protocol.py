@@ -46,7 +46,7 @@ def bad_param(model: type, data: dict[str, Any]) -> str | None:
         ({"model": "m", "messages": MSG, "n": 0}, "n"),
         ({"model": "m", "messages": MSG, "max_tokens": 0}, "max_tokens"),
         ({"model": "m", "messages": MSG, "presence_penalty": 3}, "presence_penalty"),
-        ({"model": "m", "messages": MSG, "stop": ["x"] * 17}, "stop"),
+        ({"model": "m", "messages": MSG, "stop": ["x"] * 5}, "stop"),
         ({"model": "m", "messages": MSG, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"model": "m", "messages": MSG, "top_logprobs": 2}, "top_logprobs"),
         ({"model": "m", "messages": MSG, "stream_options": {"include_usage": True}},

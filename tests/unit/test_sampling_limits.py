@@ -71,7 +71,7 @@ def rejected(model: type, data: dict[str, Any]) -> InvalidRequest:
         ({"stop": ""}, "stop"),
         ({"stop": ["ok", ""]}, "stop[1]"),
         ({"stop": "x" * 1025}, "stop"),
-        ({"stop": ["x"] * 17}, "stop"),
+        ({"stop": ["x"] * 5}, "stop"),  # OpenAI's spec: up to 4 (it was 16)
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"top_logprobs": -1, "logprobs": True}, "top_logprobs"),
     ],
@@ -118,9 +118,9 @@ _OPENAI_RANGE_CODES = {f"{kind}_{side}" for kind in ("integer", "decimal")
         (ChatCompletionRequest, {"metadata": {"k": "v" * 513}}, "metadata",
          "string_above_max_length", "string too long. Expected a string with maximum "
          "length 512, but got a string with length 513 instead."),
-        (ChatCompletionRequest, {"stop": ["x"] * 17}, "stop", "array_above_max_length",
-         "array too long. Expected an array with maximum length 16, but got an array with "
-         "length 17 instead."),
+        (ChatCompletionRequest, {"stop": ["x"] * 5}, "stop", "array_above_max_length",
+         "array too long. Expected an array with maximum length 4, but got an array with "
+         "length 5 instead."),
         (ChatCompletionRequest, {"stop": [""]}, "stop[0]", "empty_string",
          "empty string. Expected a string with minimum length 1, but got an empty string "
          "instead."),
@@ -148,6 +148,7 @@ def test_a_length_is_said_as_openai_says_it(model: Any, kw: dict[str, Any], para
     ("kw", "param"),
     [
         ({"seed": 2**64}, "seed"),
+        ({"stop": ["x"] * 5}, "stop"),  # OpenAI's `StopConfiguration` holds for both
         ({"logprobs": 6}, "logprobs"),
         ({"best_of": 21}, "best_of"),
         ({"max_tokens": 2**40}, "max_tokens"),
@@ -173,7 +174,7 @@ def test_completion_values_outside_the_engine_limits(kw: dict[str, Any], param: 
         {"min_tokens": 5},  # no output limit given: the engine's room decides later
         {"n": 128, "temperature": 0.5}, {"n": 2},  # temperature unset: 1.0
         {"n": 2, "temperature": 0}, {"n": 2, "temperature": 1e-6},  # greedy: one answer
-        {"stop": "x" * 1024}, {"stop": ["a"] * 16}, {"stop": []},
+        {"stop": "x" * 1024}, {"stop": ["a"] * 4}, {"stop": []},
         {"top_logprobs": 20, "logprobs": True},
     ],
 )

@@ -673,7 +673,6 @@ async def test_completion_prompts() -> None:
     [
         ({"max_tokens": 100_000}, "max_tokens", "integer_above_max_value"),
         ({"n": 9, "temperature": 1}, "n", "integer_above_max_value"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "array_above_max_length"),
         ({"stop": "x" * 65}, "stop", "string_above_max_length"),
     ],
 )
@@ -682,6 +681,13 @@ async def test_limits_name_the_param(kw: dict[str, Any], param: str, code: str) 
     with pytest.raises(InvalidRequest) as e:
         await plugin()(chat_ctx("hi", **kw), Spy())
     assert e.value.param == param and e.value.code == code
+
+
+async def test_the_stop_limit_names_the_param() -> None:
+    """A deployment's own bound below OpenAI's 4 (the parser refuses more than 4)."""
+    with pytest.raises(InvalidRequest) as e:
+        await plugin(limits={"max_stop": 2})(chat_ctx("hi", stop=["a", "b", "c"]), Spy())
+    assert (e.value.param, e.value.code) == ("stop", "array_above_max_length")
 
 
 async def test_message_limits() -> None:
