@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -130,6 +130,20 @@ class Choices:
     def unfinished(self) -> list[int]:
         return [i for i in range(self.total)
                 if (c := self.by_index.get(i)) is None or c.reason is None]
+
+    def choice_usage(self, idx: int) -> dict[str, Any]:
+        """One choice's usage so far, as vLLM's `continuous_usage_stats` puts it in the
+        chunk that carries that choice (one choice a chunk): its prompt's tokens and the
+        tokens that choice generated, not the answer's totals."""
+        ch = self.by_index.get(idx)
+        return R.usage(self._prompt_tokens.get(idx // self.n, 0), ch.tokens if ch else 0)
+
+    def running(self, choices: list[dict[str, Any]]
+                ) -> Iterator[tuple[list[dict[str, Any]], dict[str, Any]]]:
+        """A chunk's choices split one a chunk, each with its choice's usage so far
+        (`continuous_usage_stats`, as vLLM's server sends them)."""
+        for c in choices:
+            yield [c], self.choice_usage(c["index"])
 
     def usage(self) -> dict[str, Any]:
         return R.usage(sum(self._prompt_tokens.values()),
@@ -265,9 +279,9 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                     ch.started = True
                     ch.reason, ch.stop_reason = reason, stop_reason
                 for part in T.finish_apart(choices) if choices else ():
-                    yield R.chat_chunk(id=cid, model=model, created=created, choices=part,
-                                       include_usage=include_usage,
-                                       usage_=track.usage() if running else None)
+                    for each, usage in _split(track, part, running):
+                        yield R.chat_chunk(id=cid, model=model, created=created, choices=each,
+                                           include_usage=include_usage, usage_=usage)
     stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()
     if missing:  # the engine ended without a reason for some choice: close it once
@@ -278,8 +292,9 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                                                first=not ch.started, reason="stop",
                                                logprobs=None))
             ch.reason = "stop"
-        yield R.chat_chunk(id=cid, model=model, created=created, include_usage=include_usage,
-                           choices=closing, usage_=track.usage() if running else None)
+        for each, usage in _split(track, closing, running):
+            yield R.chat_chunk(id=cid, model=model, created=created,
+                               include_usage=include_usage, choices=each, usage_=usage)
     stream.answer = calls.answer(track.answer())
     if include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created,
@@ -327,24 +342,33 @@ async def _completion_chunks(outputs: AsyncGenerator[EngineOutput, None], req: C
                                    else None)
                     choices.append(R.completion_choice(idx, text, reason, lp, stop_reason))
                     ch.reason, ch.stop_reason = reason, stop_reason
-                if choices:
+                for each, usage in _split(track, choices, running) if choices else ():
                     yield R.completion_body(id=cid, model=model, created=created,
-                                            choices=choices,
-                                            usage_=track.usage() if running else None)
+                                            choices=each, usage_=usage)
     stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()
     if missing:
         closing = _completion_finish(prep, None)  # (as the whole answer says)
         for i in missing:
             track.by_index.setdefault(i, _Choice()).reason = closing
-        yield R.completion_body(id=cid, model=model, created=created,
-                                usage_=track.usage() if running else None,
-                                choices=[R.completion_choice(i, "", closing, None)
-                                         for i in missing])
+        for each, usage in _split(track, [R.completion_choice(i, "", closing, None)
+                                          for i in missing], running):
+            yield R.completion_body(id=cid, model=model, created=created, usage_=usage,
+                                    choices=each)
     stream.answer = track.answer()
     if req.include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created, object_="text_completion",
                             usage_=stream.usage)
+
+
+def _split(track: Choices, choices: list[dict[str, Any]], running: bool
+           ) -> Iterator[tuple[list[dict[str, Any]], dict[str, Any] | None]]:
+    """A chunk's choices as the chunks to send, with their usage: all in one without
+    `continuous_usage_stats`, else one a chunk, each with its choice's usage so far."""
+    if running:
+        yield from track.running(choices)
+    else:
+        yield choices, None
 
 
 def usage_ok(usage: Any) -> bool:

@@ -144,6 +144,36 @@ async def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(
     assert all(e.get("usage") is None for e in events) and all(e["choices"] for e in events)
 
 
+@pytest.mark.parametrize("temperature", [0, 1])  # (greedy: one sequence, handed out n times)
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_continuous_usage_with_several_choices_is_each_choice_s_own(
+        make_client: MakeClient, fake_engine: FakeEngine, route: str,
+        temperature: float) -> None:
+    """With `n` > 1 (and a completion's several prompts), vLLM's server sends one choice
+    a chunk, its usage that choice's: its prompt's tokens and the tokens it generated so
+    far (they were the answer's totals so far, the choices of a step in one chunk); the
+    usage chunk still gives the totals."""
+    client = await make_client()
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    body = {**(CHAT if route == "chat" else {**COMPLETION, "prompt": ["hi", "hello there"]}),
+            "max_tokens": 3, "n": 2, "temperature": temperature, "stream": True,
+            "stream_options": opts}
+    events, _ = await post(client, route, body)
+    prompts = [len(p) for p, *_ in fake_engine.calls[-1:]] if route == "chat" else [
+        len(fake_engine.encode(p)) for p in ("hi", "hello there")]
+    seen: dict[int, int] = {}
+    for e in events[:-1]:
+        (c,) = e["choices"]
+        seen[c["index"]] = seen.get(c["index"], 0) + 1
+        prompt = prompts[c["index"] // 2]
+        assert e["usage"] == {"prompt_tokens": prompt, "completion_tokens": seen[c["index"]],
+                              "total_tokens": prompt + seen[c["index"]]}
+    assert seen == dict.fromkeys(range(2 * len(prompts)), 3)
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == {
+        "prompt_tokens": sum(prompts), "completion_tokens": 6 * len(prompts),
+        "total_tokens": sum(prompts) + 6 * len(prompts)}
+
+
 @pytest.mark.parametrize("route", ["chat", "completion"])
 async def test_a_cached_replay_carries_continuous_usage_too(
         make_client: MakeClient, fake_engine: FakeEngine, route: str) -> None:
