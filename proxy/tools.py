@@ -278,6 +278,9 @@ class ToolCallTracker:
     _buffer: list[str] = field(default_factory=list)
     _ids: dict[int, str] = field(default_factory=dict)
     _streamed: list[str] = field(default_factory=list)  # content sent (parser mode)
+    #: Parser mode: each call the parser found, by its index, as the client numbers it
+    #: (None: dropped, `_kept`).
+    _numbered: dict[int, int | None] = field(default_factory=dict)
     called: bool = False
 
     @classmethod
@@ -328,12 +331,26 @@ class ToolCallTracker:
         content, deltas = self.parser.feed(text, token_ids)
         if content:
             self._streamed.append(content)
-        return content, [self._delta(d) for d in deltas if d.index < self._most_calls]
+        return content, self._kept(deltas)
 
-    @property
-    def _most_calls(self) -> int:
-        """`parallel_tool_calls: false`: one call at most (the first the model made)."""
-        return 1 if self.req.parallel_tool_calls is False else 1 << 30
+    def _kept(self, deltas: list[ToolCallDelta]) -> list[dict[str, Any]]:
+        """The parser's deltas of the calls a client may run, numbered from 0 in the
+        order they came. A call to a function not among `tools` is dropped whole (the
+        model made the name up: OpenAI answers only calls of the tools offered, and a
+        client, the SDK's `parse` among them, cannot run it); `parallel_tool_calls:
+        false` keeps the first call kept."""
+        out = []
+        for d in deltas:
+            if d.index not in self._numbered:  # a call's first delta names it
+                kept = sum(i is not None for i in self._numbered.values())
+                offered = d.name is not None and any(
+                    t.function.name == d.name for t in self.req.tools or ())
+                self._numbered[d.index] = kept if offered and (
+                    kept == 0 or self.req.parallel_tool_calls is not False) else None
+            index = self._numbered[d.index]
+            if index is not None:
+                out.append(self._delta(ToolCallDelta(index, d.id, d.name, d.arguments)))
+        return out
 
     def finish(self, reason: str | None = None) -> tuple[str | None, list[dict[str, Any]]]:
         """What only the end of the answer reveals: forced calls, a parser's last args."""
@@ -345,9 +362,8 @@ class ToolCallTracker:
             return None, [{"index": i, **call_dict(c)} for i, c in enumerate(calls)]
         if self.mode == "parser":
             assert self.parser is not None
-            deltas = [self._delta(d) for d in self.parser.finish(cut=reason == "length")
-                      if d.index < self._most_calls]
-            if self.called:
+            deltas = self._kept(self.parser.finish(cut=reason == "length"))
+            if self._numbered:  # (a call dropped is not text either)
                 return None, deltas
             # No call after all (an answer that began like one, "[4, 5," cut at
             # max_tokens): the text the parser held back is content, as a whole answer's.

@@ -142,6 +142,36 @@ async def test_auto_with_a_parser_whole_and_streamed(make_client: MakeClient) ->
     assert [c["function"] for c in calls] == [msg["tool_calls"][0]["function"]]
 
 
+async def test_a_call_to_a_function_not_offered_is_dropped(make_client: MakeClient) -> None:
+    """`auto`: a call the model makes to a function not among `tools` never reaches the
+    client (it cannot run it; OpenAI answers only calls of the tools offered), whole or
+    streamed; the calls kept are numbered from 0, and `parallel_tool_calls: false` keeps
+    the first of them. Its text is not content either."""
+    engine = FakeEngine(tool_parser=True)
+    client = await make_client(engine=engine)
+    made_up = '<call>{"name": "launch_rockets", "arguments": {"n": 3}}</call>'
+    weather = '<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
+    time = '<call>{"name": "get_time", "arguments": {}}</call>'
+    for script, extra, content, names in (
+            ("Sure. " + made_up, {}, "Sure. ", []),
+            ("Sure. " + made_up + weather, {}, "Sure. ", ["get_weather"]),
+            (made_up + weather + time, {"parallel_tool_calls": False}, "", ["get_weather"]),
+            (weather + made_up + time, {}, "", ["get_weather", "get_time"])):
+        engine.script = script
+        ask = {**BASE, **extra}
+        body = await (await client.post("/v1/chat/completions", json=ask)).json()
+        validate("CreateChatCompletionResponse", body)
+        choice = body["choices"][0]
+        calls = choice["message"].get("tool_calls") or []
+        assert [c["function"]["name"] for c in calls] == names, script
+        assert (choice["message"]["content"] or "") == content, script
+        assert choice["finish_reason"] == ("tool_calls" if names else "stop"), script
+        r = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+        got, streamed, reasons = assemble(parse_sse(await r.text())[0])
+        assert (got, [c["function"] for c in streamed], reasons) == (
+            content, [c["function"] for c in calls], [choice["finish_reason"]]), script
+
+
 async def test_with_a_parser_a_whole_answer_is_its_stream_assembled(
         make_client: MakeClient) -> None:
     """Wherever the parser's whole and streaming readings differ (an answer cut inside a
