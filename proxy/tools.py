@@ -529,10 +529,28 @@ class StreamCalls:
         return ["".join(x) if isinstance(x, list) else x for x in self._order.get(index, ())]
 
     def answer(self, choices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The choices with their calls, and where a choice has both text and calls, their
+        `order` (as `Completion.order`: what a cache keeps to replay them in it)."""
         for c in choices:
             if c["index"] in self._sent:
                 c["tool_calls"] = self._sent[c["index"]].result()
+                order = self.order(c["index"])
+                if order_agrees(order, c["text"], c["tool_calls"]):
+                    c["order"] = order
         return choices
+
+
+def order_agrees(order: Any, text: str | None, calls: list[dict[str, Any]]) -> bool:
+    """Whether `order` (`Completion.order`) holds `text` and each of `calls` once (the
+    answer as it went out: no plugin rewrote it since), both present (else there is no
+    order to keep)."""
+    if not isinstance(order, list) or not all(
+            isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool))
+            for p in order):
+        return False
+    said = [p for p in order if isinstance(p, str)]
+    return bool(said and calls) and "".join(said) == text and all(said) and sorted(
+        p for p in order if isinstance(p, int)) == list(range(len(calls)))
 
 
 def whole_choice(make_tracker: Any, choice: dict[str, Any]) -> dict[str, Any]:

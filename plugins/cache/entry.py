@@ -34,7 +34,9 @@ class Entry:
     key: str
     route: str
     model: str
-    #: {"index", "text", "finish_reason"[, "stop_reason"][, "tool_calls"]}
+    #: {"index", "text", "finish_reason"[, "stop_reason"][, "tool_calls"[, "order"]]};
+    #: `order`: a choice's text and calls in the order the model wrote them, where it has
+    #: both and it is known (`Completion.order`): the Responses API's items keep it.
     choices: list[dict[str, Any]]
     usage: dict[str, int]
     scope: str
@@ -135,7 +137,8 @@ def choice_ok(c: Any) -> bool:
             and isinstance(c.get("text"), str) and isinstance(c.get("finish_reason"), str)
             and _stop_reason_ok(c.get("stop_reason"))
             and isinstance(c.get("tool_calls", []), list)
-            and all(_call_ok(t) for t in c.get("tool_calls", [])))
+            and all(_call_ok(t) for t in c.get("tool_calls", []))
+            and ("order" not in c or T.order_agrees(c["order"], c["text"], c["tool_calls"])))
 
 
 def _stop_reason_ok(r: Any) -> bool:
@@ -149,10 +152,12 @@ def _call_ok(t: Any) -> bool:
             and isinstance(fn.get("arguments"), str))
 
 
-def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]],
-                                                            dict[str, int]] | None:
+def capture_body(body: dict[str, Any], route: str, order: list[str | int] | None = None,
+                 ) -> tuple[list[dict[str, Any]], dict[str, int]] | None:
     """Choices and usage of a whole answer, or None if it is not a normal answer: one of
-    another shape (an upstream's) is not stored, since each replay would read it again."""
+    another shape (an upstream's) is not stored, since each replay would read it again.
+    `order` (`Completion.order`): the first choice's text and calls in the order the
+    model wrote them, kept with it where it agrees with them."""
     raw, usage = body.get("choices"), captured_usage(body.get("usage"))
     if not isinstance(raw, list) or not raw or usage is None:
         return None
@@ -171,6 +176,8 @@ def capture_body(body: dict[str, Any], route: str) -> tuple[list[dict[str, Any]]
                   "stop_reason": c.get("stop_reason")}
         if calls:
             choice["tool_calls"] = calls
+            if c.get("index") == 0 and T.order_agrees(order, text, calls):
+                choice["order"] = order
         if not choice_ok(choice):
             return None
         choices.append(choice)
@@ -213,6 +220,13 @@ def replay_body(entry: Entry, req: ChatCompletionRequest | CompletionRequest) ->
                  for c in entry.choices])
 
 
+def replay_order(entry: Entry) -> list[str | int] | None:
+    """The first choice's text and calls in the order the model wrote them, where kept
+    (`Completion.order`: a whole hit's Responses items follow it)."""
+    first = next((c for c in entry.choices if c["index"] == 0), None)
+    return first.get("order") if first is not None else None
+
+
 async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionRequest,
                         ) -> AsyncIterator[dict[str, Any]]:
     """The answer as a stream: one content chunk per choice carrying its finish reason
@@ -224,14 +238,11 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
     if entry.route == "chat":
         cid = R.new_id("chatcmpl")
         for c in entry.choices:
-            calls = _fresh_ids(c.get("tool_calls") or [])
-            choice = R.chat_chunk_choice(c["index"], content=c["text"] or (None if calls else ""),
-                                         first=True, reason=c["finish_reason"], logprobs=None,
-                                         stop_reason=c.get("stop_reason"))
-            for part in T.finish_apart([T.with_call_deltas(choice, T.replay_deltas(calls))]):
-                yield R.chat_chunk(id=cid, model=model, created=created,
-                                   include_usage=include_usage, choices=part,
-                                   usage_=running and {**running})
+            for choice in _replayed_pieces(c):
+                for part in T.finish_apart([choice]):
+                    yield R.chat_chunk(id=cid, model=model, created=created,
+                                       include_usage=include_usage, choices=part,
+                                       usage_=running and {**running})
         obj = "chat.completion.chunk"
     else:
         cid = R.new_id("cmpl")
@@ -245,6 +256,29 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
     if include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created, object_=obj,
                             usage_=_usage(entry))
+
+
+def _replayed_pieces(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat choice's chunk choices: one, its text and calls, or where its `order` is
+    kept, one per piece in that order (a Responses stream makes its items in the order
+    its deltas come), its finish reason on the last."""
+    calls = _fresh_ids(c.get("tool_calls") or [])
+    order: list[str | int] = c.get("order") or []
+    if not order:
+        choice = R.chat_chunk_choice(c["index"], content=c["text"] or (None if calls else ""),
+                                     first=True, reason=c["finish_reason"], logprobs=None,
+                                     stop_reason=c.get("stop_reason"))
+        return [T.with_call_deltas(choice, T.replay_deltas(calls))]
+    out = []
+    for k, part in enumerate(order):
+        choice = R.chat_chunk_choice(
+            c["index"], content=part if isinstance(part, str) else None, first=k == 0,
+            reason=c["finish_reason"] if k == len(order) - 1 else None, logprobs=None,
+            stop_reason=c.get("stop_reason"))
+        if isinstance(part, int):
+            T.with_call_deltas(choice, [{"index": part, **calls[part]}])
+        out.append(choice)
+    return out
 
 
 Match = Callable[[Entry], bool]

@@ -52,6 +52,7 @@ from .entry import (
     captured_usage,
     choices_ok,
     replay_body,
+    replay_order,
     replay_stream,
 )
 from .keys import exact_key, prompt_text, request_text, scope_id, semantic_parts
@@ -359,7 +360,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
             settle(None)
             return reply
         if isinstance(reply, Completion):
-            entry = self._make_entry(ctx, key, scope, capture_body(reply.body, ctx.route),
+            entry = self._make_entry(ctx, key, scope, capture_body(reply.body, ctx.route,
+                                                                  reply.order),
                                      started)
             settle(entry)
             if entry is not None and self._storable(entry, started):
@@ -425,7 +427,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
             u = entry.usage
             stream.usage = {**u, "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
             return stream
-        return Completion(replay_body(entry, ctx.request))
+        return Completion(replay_body(entry, ctx.request), order=replay_order(entry))
 
     async def stale(self, ctx: RequestContext) -> Reply | None:
         """An expired entry still inside its grace window, for the breaker's fallback."""

@@ -18,6 +18,7 @@ from ..context import Screen, screened_values
 from ..errors import InvalidRequest
 from ..protocol import VLLM_CHAT_UNSUPPORTED, VLLM_NO_OPS, ChatCompletionRequest, parse_model
 from ..text import fold
+from ..tools import order_agrees
 from .models import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -303,7 +304,7 @@ def output_items(message: dict[str, Any], finish_reason: str | None,
     items = []
     text = message.get("content")
     calls = message.get("tool_calls") or []
-    if order is None or not _agrees(order, text, calls):
+    if order is None or not order_agrees(order, text, calls):
         order = ([text] if text or (not calls and text is not None) else []) + list(
             range(len(calls)))
     for part in order:
@@ -316,14 +317,6 @@ def output_items(message: dict[str, Any], finish_reason: str | None,
     if items and finish_reason == "length":
         items[-1]["status"] = "incomplete"
     return items
-
-
-def _agrees(order: list[str | int], text: str | None, calls: list[dict[str, Any]]) -> bool:
-    """Whether `order` holds `text` and each of `calls` once (the answer as it went out:
-    no plugin rewrote it since), both present (else there is no order to keep)."""
-    said = [p for p in order if isinstance(p, str)]
-    return bool(said and calls) and "".join(said) == text and all(said) and sorted(
-        p for p in order if isinstance(p, int)) == list(range(len(calls)))
 
 
 def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

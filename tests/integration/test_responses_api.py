@@ -1185,3 +1185,31 @@ async def test_an_in_progress_record_that_lands_late_does_not_overwrite_the_fina
     for args, kw in late:
         await real(*args, **kw)
     assert await (await client.get(f"/v1/responses/{final['id']}")).json() == final
+
+
+@pytest.mark.parametrize("miss_streams", [False, True])
+async def test_a_cached_answer_keeps_its_text_and_calls_in_their_order(
+        make_client: MakeClient, miss_streams: bool) -> None:
+    """An answer with text on both sides of a call, from the cache (whole and streamed,
+    stored from a whole miss and from a streamed one): the items in the order the model
+    wrote them, as the miss gave them (a hit listed the text first, its order not kept)."""
+    engine = FakeEngine(tool_parser=True)
+    engine.script = ('Checking. <call>{"name": "get_weather", "arguments": {"city": "Rome"}}'
+                     '</call> and then some words after the call')
+    settings = make_settings(plugins=[{"name": "cache", "config": {
+        "semantic": {"enabled": False}}}])
+    client = await make_client(settings, engine=engine)
+    ask = {**BASE, "tools": [TOOL], "temperature": 0, "max_output_tokens": 200}
+
+    async def items(stream: bool) -> tuple[list[Any], str | None]:
+        r = await client.post("/v1/responses", json={**ask, "stream": stream})
+        body = parse_sse(await r.text())[0][-1]["response"] if stream else await r.json()
+        validate("Response", body)
+        return [(it["type"], it.get("arguments") or it["content"][0]["text"])
+                for it in body["output"]], r.headers.get("x-weir-cache")
+
+    miss, layer = await items(miss_streams)
+    assert layer == "miss" and [t for t, _ in miss] == ["message", "function_call", "message"]
+    for stream in (False, True):
+        assert await items(stream) == (miss, "exact"), stream
+    assert len(engine.calls) == 1
