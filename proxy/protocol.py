@@ -127,13 +127,22 @@ def check_enums(data: Any, table: Mapping[str, tuple[str, ...]]) -> None:
         for param, v in _at_path(data, path):
             if v is None or (isinstance(v, dict) and path in ENUM_OR_OBJECT):
                 continue
-            if not isinstance(v, str):
-                raise InvalidRequest(f"Invalid type for `{param}`: expected one of "
-                                     f"{_listed(values)}, but got {_json_type(v)} instead.",
-                                     param=param, code="invalid_type")
-            if v not in values:
-                raise InvalidRequest(f"Invalid value: {v[:64]!r}. Supported values are: "
-                                     f"{_listed(values)}.", param=param, code="invalid_value")
+            if not isinstance(v, str) or v not in values:
+                raise not_among(v, values, param)
+
+
+def not_among(value: Any, values: Iterable[str], param: str) -> InvalidRequest:
+    """The one error for a value outside an enum's `values`, in OpenAI's words: "Invalid
+    value: 'x'. Supported values are: 'a', 'b', and 'c'." (`invalid_value`), or for
+    another JSON type than a string, "Invalid type for `param`: expected one of ..."
+    (`invalid_type`). Every such list (the enum table, the parser's `Literal`s, a
+    misplaced content part, the Responses API's) is worded by it."""
+    listed = _listed(tuple(values))
+    if not isinstance(value, str):
+        return InvalidRequest(f"Invalid type for `{param}`: expected one of {listed}, but got "
+                              f"{_json_type(value)} instead.", param=param, code="invalid_type")
+    return InvalidRequest(f"Invalid value: {value[:64]!r}. Supported values are: {listed}.",
+                          param=param, code="invalid_value")
 
 
 def _at_path(data: dict[str, Any], path: str) -> Iterator[tuple[str, Any]]:
@@ -1101,12 +1110,13 @@ def _unanswered(calls: dict[str, int]) -> None:
         code="invalid_value")
 
 
-#: The content parts OpenAI's spec gives a role besides the assistant (`'text'` alone
+#: The content parts OpenAI's spec gives a role besides the assistant (`text` alone
 #: where it is not named here): a `refusal` is an assistant's alone.
-_ROLE_PARTS = {"user": "'text', 'image_url', 'input_audio', and 'file'"}
+_ROLE_PARTS = {"user": ("text", "image_url", "input_audio", "file")}
 
 
-def refuse_misplaced_refusals(role: str, content: Any, where: str, allowed: str) -> None:
+def refuse_misplaced_refusals(role: str, content: Any, where: str,
+                              allowed: tuple[str, ...]) -> None:
     """A `refusal` part outside an assistant message is a 400 naming it, as OpenAI
     answers (read as text, it was that role's own words to the model). `where`: the
     message's param; `allowed`: the part types its role takes, as the error lists them.
@@ -1115,14 +1125,12 @@ def refuse_misplaced_refusals(role: str, content: Any, where: str, allowed: str)
         return
     for j, part in enumerate(content):
         if getattr(part, "type", None) == "refusal":
-            raise InvalidRequest(
-                f"Invalid value: 'refusal'. Supported values are: {allowed}.",
-                param=f"{where}.content[{j}].type", code="invalid_value")
+            raise not_among("refusal", allowed, f"{where}.content[{j}].type")
 
 
 def _parts_of_its_role(m: ChatMessage, i: int) -> None:
     refuse_misplaced_refusals(m.role, m.content, f"messages[{i}]",
-                              _ROLE_PARTS.get(m.role, repr("text")))
+                              _ROLE_PARTS.get(m.role, ("text",)))
 
 
 class ChatCompletionRequest(_SamplingFields, CallerFields):
@@ -1446,6 +1454,11 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
         return InvalidRequest(
             f"Invalid type{where}: expected {expected}, but got {_json_type(err['input'])} "
             "instead.", param=param or None, code="invalid_type")
+    if err["type"] == "literal_error":  # a `Literal`'s values, as the enum table's
+        expected = str((err.get("ctx") or {}).get("expected", ""))
+        values = _LITERAL.findall(expected)
+        if values and not re.sub(r", |\bor\b| ", "", _LITERAL.sub("", expected)):
+            return not_among(err["input"], values, param)
     if err["type"] == "missing":
         return InvalidRequest(f"Missing required parameter: `{param}`.", param=param or None,
                               code="missing_required_parameter")
@@ -1463,6 +1476,8 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
                                 else "invalid_value"))
 
 
+#: The values in a `literal_error`'s `expected` ("'a', 'b' or 'c'": pydantic's reprs).
+_LITERAL = re.compile(r"'([^'\\]*)'")
 #: Pydantic's bound errors: (the bound's key in the error's context, OpenAI's wording).
 _BOUNDS = {"greater_than_equal": ("ge", ">=", "below_min_value"),
            "greater_than": ("gt", ">", "below_min_value"),

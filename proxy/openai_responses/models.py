@@ -31,6 +31,7 @@ from ..protocol import (
     Unsupported,
     _NullIsDefault,
     _Open,
+    check_enums,
     check_strict,
     check_unique_names,
     inert,
@@ -295,7 +296,11 @@ class StreamOptions(_Open):
 
 #: The content parts OpenAI's spec gives an input message of a role besides the
 #: assistant's (its `InputContent`): a `refusal` is an assistant's alone.
-_INPUT_PARTS = "'input_text', 'input_image', and 'input_file'"
+_INPUT_PARTS = ("input_text", "input_image", "input_file")
+
+
+#: The Responses API's enum-valued parameters no field here declares (`CHAT_ENUMS`).
+RESPONSES_ENUMS: dict[str, tuple[str, ...]] = {"truncation": ("auto", "disabled")}
 
 
 class ResponsesRequest(_NullIsDefault, CallerFields):
@@ -326,11 +331,7 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("truncation") not in (None, "auto", "disabled"):
-            raise InvalidRequest(
-                f"Invalid value: {str(data['truncation'])[:64]!r}. Supported values are: "
-                "'disabled' (OpenAI's 'auto' is not supported here).", param="truncation",
-                code="invalid_value")
+        check_enums(data, RESPONSES_ENUMS)  # (before `auto` is refused as unsupported)
         refuse_unsupported(data, RESPONSES_UNSUPPORTED)
         refuse_other_tools(data)
         if isinstance(data, dict):

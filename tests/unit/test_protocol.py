@@ -1032,3 +1032,39 @@ def test_a_ref_to_nothing_is_a_400_naming_it() -> None:
     chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}},
         "$defs": {"A": {"type": "string"}}}}}])
+
+
+@pytest.mark.parametrize(("model", "extra", "param", "code", "said"), [
+    (ChatCompletionRequest, {"response_format": {"type": "xml"}}, "response_format.type",
+     "invalid_value", "Invalid value: 'xml'. Supported values are: 'text', 'json_object', "
+     "and 'json_schema'."),
+    (ChatCompletionRequest, {"prompt_cache_retention": "1h"}, "prompt_cache_retention",
+     "invalid_value", "Invalid value: '1h'. Supported values are: 'in_memory' and '24h'."),
+    (ChatCompletionRequest, {"messages": [{"role": 5, "content": "x"}]}, "messages[0].role",
+     "invalid_type", "Invalid type for `messages[0].role`: expected one of 'system', "
+     "'developer', 'user', 'assistant', 'tool', and 'function', but got an integer instead."),
+    (ChatCompletionRequest, {"verbosity": "loud"}, "verbosity", "invalid_value",
+     "Invalid value: 'loud'. Supported values are: 'low', 'medium', and 'high'."),
+    (ChatCompletionRequest, {"messages": [{"role": "system", "content": [
+        {"type": "refusal", "refusal": "no"}]}]}, "messages[0].content[0].type",
+     "invalid_value", "Invalid value: 'refusal'. Supported values are: 'text'."),
+    (ResponsesRequest, {"truncation": "sometimes"}, "truncation", "invalid_value",
+     "Invalid value: 'sometimes'. Supported values are: 'auto' and 'disabled'."),
+    (ResponsesRequest, {"truncation": 5}, "truncation", "invalid_type",
+     "Invalid type for `truncation`: expected one of 'auto' and 'disabled', but got an "
+     "integer instead."),
+    (ResponsesRequest, {"input": [{"role": "user", "content": [
+        {"type": "refusal", "refusal": "no"}]}]}, "input[0].content[0].type", "invalid_value",
+     "Invalid value: 'refusal'. Supported values are: 'input_text', 'input_image', and "
+     "'input_file'."),
+])
+def test_every_list_of_supported_values_is_worded_alike(
+        model: Any, extra: dict[str, Any], param: str, code: str, said: str) -> None:
+    """One helper words them all, as OpenAI does: the enum table's, a `Literal` field's
+    (it said "Input should be 'a', 'b' or 'c'"), a misplaced part's and the Responses
+    API's `truncation` (it listed 'disabled' alone, and a number was an invalid value)."""
+    body = ({"model": "m", "messages": MSG} if model is ChatCompletionRequest
+            else {"model": "m", "input": "hi"})
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(model, {**body, **extra})
+    assert (e.value.param, e.value.code, e.value.message) == (param, code, said)
