@@ -197,11 +197,13 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
 def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
     refuse_unsupported(req.model_extra, VLLM_COMPLETION_UNSUPPORTED)
     if req.suffix:
-        raise InvalidRequest("`suffix` is not supported by this model.", param="suffix",
+        raise InvalidRequest("Unsupported parameter: `suffix`: this model does not fill in "
+                             "the middle (the text after the completion).", param="suffix",
                              code="unsupported_parameter")
     if req.best_of is not None and req.best_of != req.n:
-        raise InvalidRequest("`best_of` other than `n` is not supported.", param="best_of",
-                             code="unsupported_parameter")
+        raise InvalidRequest("Unsupported parameter: `best_of`: other than `n` (candidates "
+                             "ranked, and only the best returned) is not supported.",
+                             param="best_of", code="unsupported_parameter")
     prompts: list[list[int]] = []
     echo: list[str] = []
     vocab = engine.vocab_size

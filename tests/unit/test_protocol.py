@@ -205,6 +205,19 @@ def test_best_of_fewer_than_n_is_an_invalid_value(n: int, best_of: int, code: st
     prepare_completion(FakeEngine(), parse_model(CompletionRequest, {**body, "best_of": n}))
 
 
+@pytest.mark.parametrize("extra", [{"suffix": "x"}, {"best_of": 2}])
+def test_completion_s_unsupported_parameters_are_said_as_the_others(
+        extra: dict[str, Any]) -> None:
+    """"Unsupported parameter: `x`: why", as every other unsupported parameter is said
+    (they said "`suffix` is not supported by this model.")."""
+    body = {"model": "m", "prompt": "hi", **extra}
+    with pytest.raises(InvalidRequest) as e:
+        prepare_completion(FakeEngine(), parse_model(CompletionRequest, body))
+    (name,) = extra
+    assert (e.value.param, e.value.code) == (name, "unsupported_parameter")
+    assert e.value.message.startswith(f"Unsupported parameter: `{name}`: ")
+
+
 def test_completion_logprobs_bound() -> None:
     assert bad_param(CompletionRequest, {"model": "m", "prompt": "x", "logprobs": 6}) == "logprobs"
 
