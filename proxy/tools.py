@@ -281,7 +281,14 @@ class ToolCallTracker:
     #: Parser mode: each call the parser found, by its index, as the client numbers it
     #: (None: dropped, `_kept`).
     _numbered: dict[int, int | None] = field(default_factory=dict)
+    #: The names of the functions offered (`tools`): the calls a client may run (None:
+    #: read from the request's tools).
+    offered: frozenset[str] | None = None
     called: bool = False
+
+    def __post_init__(self) -> None:
+        if self.offered is None:
+            self.offered = frozenset(t.function.name for t in self.req.tools or ())
 
     @classmethod
     def for_request(cls, req: ChatCompletionRequest,
@@ -289,7 +296,8 @@ class ToolCallTracker:
         """`make_parser(tools)` is the engine's `tool_parser` (None when it has none)."""
         tools = req.tool_dicts()
         parser = make_parser(tools) if tools and req.tool_choice in (None, "auto") else None
-        return cls(mode(req, parser is not None), req, parser)
+        return cls(mode(req, parser is not None), req, parser,
+                   offered=frozenset(t["function"]["name"] for t in tools or ()))
 
     # ------------------------------------------------------------------ whole answers
 
@@ -343,9 +351,7 @@ class ToolCallTracker:
         for d in deltas:
             if d.index not in self._numbered:  # a call's first delta names it
                 kept = sum(i is not None for i in self._numbered.values())
-                offered = d.name is not None and any(
-                    t.function.name == d.name for t in self.req.tools or ())
-                self._numbered[d.index] = kept if offered and (
+                self._numbered[d.index] = kept if d.name in (self.offered or ()) and (
                     kept == 0 or self.req.parallel_tool_calls is not False) else None
             index = self._numbered[d.index]
             if index is not None:
