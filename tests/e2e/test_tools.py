@@ -234,6 +234,42 @@ def test_an_agent_with_two_function_tools(server: WeirProcess) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # vllm's and torch's imports
+def test_a_vllm_parser_s_call_to_a_function_not_offered_is_dropped() -> None:
+    """vLLM's hermes parser hands on a call to any name the model writes; the tracker
+    keeps only calls of the tools offered (the first call here is made up), numbered
+    from 0 (no server: the demo tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from proxy.engine.demo_model import ensure_demo_model
+    from proxy.engine.vllm import _tool_parser_class, _ToolParserAdapter
+    from proxy.tools import CallAssembler, ToolCallTracker
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_demo_model()))
+    tools = list(TOOLS)
+    cls = _tool_parser_class("hermes", tok)
+    assert cls is not None
+    req: Any = type("Req", (), {"tools": tools, "tool_choice": "auto",
+                                "parallel_tool_calls": None,
+                                "tool_dicts": lambda self: tools})()
+    for text, names in (
+            ('<tool_call>{"name": "launch", "arguments": {"n": 1}}</tool_call>', []),
+            ('<tool_call>{"name": "launch", "arguments": {"n": 1}}</tool_call>\n<tool_call>'
+             '{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+             ["get_weather"])):
+        tracker = ToolCallTracker.for_request(
+            req, lambda t: _ToolParserAdapter(cls, tok, t))
+        assembler, streamed = CallAssembler(), ""
+        for i in range(0, len(text), 3):
+            piece, deltas, _ = tracker.step(text[i:i + 3], [0], None)
+            streamed += piece or ""
+            assembler.feed(deltas)
+        piece, deltas, reason = tracker.step("", [], "stop")
+        assembler.feed(deltas)
+        assert [c["function"]["name"] for c in assembler.result()] == names
+        assert reason == ("tool_calls" if names else "stop")
+        assert "launch" not in streamed + (piece or "")
+
+
 def test_vllms_tool_parsers_read_their_syntax_whole_and_streamed() -> None:
     """The engine's adapter over vLLM's own parsers (no server: the demo tokenizer)."""
     from transformers import AutoTokenizer
