@@ -1442,7 +1442,10 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
     rank = {name: i for i, name in enumerate(order)}
     first = min(errors, key=lambda e: rank.get(str(e["loc"][0]) if e["loc"] else "", len(rank)))
     field_errors = [e for e in errors if e["loc"][:1] == first["loc"][:1]]
-    specific = [e for e in field_errors if not e["type"].endswith("_type")]
+    # (a `Literal` member given no string is a wrong type too: `tool_choice` as an object
+    # is told what is wrong inside it, not that it is not 'none', 'auto' or 'required')
+    specific = [e for e in field_errors if not e["type"].endswith("_type") and not (
+        e["type"] == "literal_error" and not isinstance(e["input"], str))]
     # The union member that got furthest into the value names the real fault
     # (`content[0].text` is a number, not "`content` is not a string";
     # `tool_choice.function` is missing, not "`tool_choice` is not 'auto'").

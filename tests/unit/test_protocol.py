@@ -1081,3 +1081,16 @@ def test_every_list_of_supported_values_is_worded_alike(
     with pytest.raises(InvalidRequest) as e:
         parse_model(model, {**body, **extra})
     assert (e.value.param, e.value.code, e.value.message) == (param, code, said)
+
+
+def test_an_object_where_a_string_or_an_object_goes_is_told_what_is_wrong_inside() -> None:
+    """`tool_choice` is one of its strings or a named function: an object whose
+    `function` is null is told so (`tool_choice.function`), not that the object is not
+    'none', 'auto' or 'required'."""
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ChatCompletionRequest, {
+            "model": "m", "messages": MSG, "tools": [{"type": "function", "function": {
+                "name": "f"}}], "tool_choice": {"type": "function", "function": None}})
+    assert (e.value.param, e.value.code) == ("tool_choice.function", "invalid_type")
+    assert e.value.message == ("Invalid type for `tool_choice.function`: expected an object, "
+                               "but got null instead.")
