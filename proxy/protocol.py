@@ -1331,10 +1331,10 @@ class CompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _zero_only_echoes(self) -> CompletionRequest:
         if self.max_tokens == 0 and not self.echo:
-            raise InvalidRequest(
-                "Invalid value for `max_tokens`: Input should be greater than or equal to 1 "
-                "(0 only with `echo`, which returns the prompt alone).", param="max_tokens",
-                code="invalid_value")
+            raise InvalidRequest(  # (as every bound is said: `_out_of_range`)
+                "Invalid `max_tokens`: integer below minimum value. Expected a value >= 1 "
+                "(0 only with `echo`, which returns the prompt alone), but got 0 instead.",
+                param="max_tokens", code="integer_below_min_value")
         return self
 
     @property

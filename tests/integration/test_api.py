@@ -333,6 +333,10 @@ async def test_max_tokens_zero_is_only_for_echo(make_client: MakeClient,
     body = await r.json()
     validate("ErrorResponse", body)
     assert body["error"]["param"] == "max_tokens" and "echo" in body["error"]["message"]
+    # said as every bound is (chat's `max_tokens: 0` too), not in pydantic's words
+    assert body["error"]["code"] == "integer_below_min_value"
+    assert body["error"]["message"].startswith(
+        "Invalid `max_tokens`: integer below minimum value. Expected a value >= 1")
     assert not fake_engine.calls
     echoed = await _completion(client, prompt="hello there", echo=True, max_tokens=0)
     assert echoed["choices"][0]["text"] == "hello there"
