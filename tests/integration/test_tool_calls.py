@@ -248,3 +248,28 @@ async def test_cached_calls_replay_whole_and_streamed(make_client: MakeClient) -
     other = await client.post("/v1/chat/completions", json={**req, "tools": [WEATHER]})
     assert other.headers["x-weir-cache"] == "miss"
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "x"}
+
+
+async def test_a_cached_answer_with_text_around_a_call_streams_back_as_it_came(
+        make_client: MakeClient) -> None:
+    """A parser's answer with text before and after its call, replayed from the cache as
+    a chat stream in the order the model wrote it (each piece a chunk): valid chunks, the
+    role once, the same content and calls as the miss, and the SDK's stream helper sees
+    the call done."""
+    engine = FakeEngine(tool_parser=True)
+    engine.script = SCRIPT + " Done."
+    client = await make_client(make_settings(plugins=[{"name": "cache", "config": {
+        "semantic": {"enabled": False}}}]), engine=engine)
+    ask = {**BASE, "temperature": 0, "stream": True}
+    r = await client.post("/v1/chat/completions", json=ask)
+    live = assemble(parse_sse(await r.text())[0])
+    r = await client.post("/v1/chat/completions", json=ask)
+    assert r.headers["x-weir-cache"] == "exact"
+    events = parse_sse(await r.text())[0]
+    replayed = assemble(events)
+    assert (replayed[0], without_ids(replayed[1]), replayed[2]) == (
+        live[0], without_ids(live[1]), live[2])
+    assert [e["choices"][0]["delta"].get("role") for e in events].count("assistant") == 1
+    assert [bool(e["choices"][0]["delta"].get("tool_calls")) for e in events] == [
+        False, True, False]  # text, the call, text (with the finish reason)
+    assert sdk_done_calls(events) == [("get_weather", '{"city": "Paris"}')]
