@@ -29,7 +29,7 @@ from typing import Any
 
 from ..app_state import AppState
 from ..chain import Completion, Reply, Stream
-from ..errors import InvalidRequest, RecordTooLarge, Unavailable, WeirError
+from ..errors import InvalidRequest, RecordTooLarge, ServerError, Unavailable, WeirError
 from ..record_store import Record, RecordStore
 from ..settings import BackgroundSettings
 from ..streaming import dumps
@@ -294,13 +294,21 @@ async def respond(run: Run, runner: Runner, rendering: Rendering,
             raise asyncio.CancelledError
         try:
             reply = await chained()
-        except WeirError as err:  # the chain refused it: its failed record
+            stream = _as_stream(reply) if isinstance(reply, Completion) else reply
+            async for event in rendering.events(stream, end, on_start):
+                run.add(event)
+        except Exception as exc:
+            if rendering.finished or rendering.saving is not None:
+                raise  # (its end is stored, or being stored)
+            # Before any output: what the chain refused (a 429, the sanitizer's 400) is
+            # its failed record; a bug is logged, and a generic failure (not `queued`
+            # until its lease lapsed, then said to be a server gone).
+            err = exc if isinstance(exc, WeirError) else ServerError()
+            if err is not exc:
+                log.error("background response failed", response_id=run.rid,
+                          **error_fields(exc))
             for event in await rendering.fail(err, end):
                 run.add(event)
-            return
-        stream = _as_stream(reply) if isinstance(reply, Completion) else reply
-        async for event in rendering.events(stream, end, on_start):
-            run.add(event)
     except asyncio.CancelledError:
         if not rendering.finished:
             saving = rendering.saving or detach(end(rendering.cut()))

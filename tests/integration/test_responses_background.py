@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bench.redis_server import RedisServer
+from proxy.app_state import STATE
 from proxy.openai_responses import background
 from proxy.openai_responses.background import Run
 from proxy.openai_responses.routes import RUNNER, STORE
@@ -368,3 +369,27 @@ async def test_a_deleted_run_is_not_brought_back(make_client: MakeClient,
     fake_engine.token_gate.set()
     await ended(client, rid, "public")
     assert (await client.get(f"/v1/responses/{rid}")).status == 404
+
+
+async def test_a_bug_in_the_chain_fails_the_run(make_client: MakeClient,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that raised what no plugin meant (a bug) is stored `failed` with a generic
+    `server_error` at once, and its stream ends with `response.failed`: not `queued`
+    until its lease lapsed, then said to be a server gone."""
+    client = await make_client()
+    st = client.app[STATE]
+
+    async def broken(ctx: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(st, "chain", broken)
+    r = await client.post("/v1/responses", json=BASE)
+    rid = (await r.json())["id"]
+    await ended(client, rid, "public")
+    body = await get(client, rid, {})
+    assert body["status"] == "failed"
+    assert body["error"]["code"] == "server_error"
+    assert "a bug" not in body["error"]["message"]
+    events, _ = parse_sse(await (await client.get(
+        f"/v1/responses/{rid}?stream=true")).text())
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
