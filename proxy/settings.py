@@ -380,11 +380,22 @@ class BackgroundSettings(_Strict):
         "`(max_runs + keep_finished) * max_event_bytes`.")
     poll_s: float = Field(
         1.0, gt=0, le=60, description="How often a run looks for a cancel sent to "
-        "another replica (with a Redis store) and renews its lease.")
+        "another replica (with a Redis store) and renews its lease (at most a third of "
+        "`lease_s`).")
     lease_s: float = Field(
         60.0, ge=5, description="How long a run's `queued`/`in_progress` record stays "
         "so without its replica renewing it: past it (the replica died) it reads as "
         "`failed`.")
+
+    @model_validator(mode="after")
+    def _renewed_in_time(self) -> BackgroundSettings:
+        # (a run renews its lease at its first poll past a third of it: a poll longer
+        # than that let the lease lapse, and a run still going read as `failed`)
+        if self.poll_s > self.lease_s / 3:
+            raise ValueError(f"`poll_s` ({self.poll_s:g}) must be at most a third of "
+                             f"`lease_s` ({self.lease_s:g}): a run renews its lease at "
+                             "its polls, and it would lapse between them")
+        return self
 
 
 class ResponsesSettings(_Strict):

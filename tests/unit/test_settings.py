@@ -310,3 +310,17 @@ def test_engine_extra_args_pass_unchecked_where_vllm_fails_to_import(monkeypatch
     s = parse_settings("engine: {extra_args: {max_num_batched_tokenz: 1}}\n"
                        "auth: {mode: open}\n", env={})
     assert s.engine.extra_args == {"max_num_batched_tokenz": 1}  # type: ignore[union-attr]
+
+
+def test_a_background_poll_must_renew_the_lease_in_time() -> None:
+    """A run renews its lease at its first poll past a third of it: a `poll_s` near
+    `lease_s` let the lease lapse between polls, and a run still going read as `failed`
+    (its server said gone) until its next renewal."""
+    with pytest.raises(ConfigError) as e:
+        parse_settings("auth: {mode: open}\n"
+                       "responses: {background: {poll_s: 30, lease_s: 20}}\n", env={})
+    (where, message), = e.value.errors
+    assert where == "responses.background" and "lease_s" in message
+    ok = parse_settings("auth: {mode: open}\n"
+                        "responses: {background: {poll_s: 5, lease_s: 15}}\n", env={})
+    assert ok.responses.background.poll_s == 5
