@@ -378,11 +378,22 @@ async def delete(request: web.Request) -> web.Response:
     st = request.app[STATE]
     principal = st.auth.authenticate(request.headers)
     rid = request.match_info["response_id"]
+    store, runner = _store(request), request.app[RUNNER]
+    # A background run of it generates for nobody once it is deleted (its end is not
+    # stored): cancelled here, or flagged for the replica that runs it, as a cancel is.
+    elsewhere = False
+    if runner.flags is not None and runner.find(principal.tenant, rid) is None:
+        record = await _stored(store, principal.tenant, rid)
+        elsewhere = (record is not None and bool(record["response"].get("background"))
+                     and record["response"].get("status") in RUNNING)
     await _held(principal.tenant, rid)
-    if not await _store(request).delete(principal.tenant, rid):
+    if not await store.delete(principal.tenant, rid):
         raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
-    # A background run of it here generates for nobody now (its end is not stored).
-    await request.app[RUNNER].cancel(principal.tenant, rid)
+    if not await runner.cancel(principal.tenant, rid) and elsewhere:
+        try:
+            await runner.flag_cancel(principal.tenant, rid)
+        except Unavailable:  # (it is deleted: its run's end is not stored, as ever)
+            log.warning("deleted response's run not flagged", response_id=rid)
     return web.json_response({"id": rid, "object": "response", "deleted": True})
 
 

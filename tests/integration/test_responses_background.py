@@ -328,6 +328,22 @@ async def test_a_cancel_sent_to_the_other_replica(
         assert (await get(c, rid))["status"] == "cancelled"
 
 
+async def test_a_delete_sent_to_the_other_replica_stops_the_run(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """Deleted on a replica that does not run it, its run stops too (a flag, as a
+    cancel's), rather than generating for nobody to its end, a run's place held."""
+    a, b, fa = await two_replicas(make_client, redis_server.url)
+    rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await fa.wait_until(lambda: fa.active)
+    assert (await b.delete(f"/v1/responses/{rid}", headers=B)).status == 404
+    assert (await b.delete(f"/v1/responses/{rid}", headers=A)).status == 200
+    await ended(a, rid)  # (the flag read within `poll_s`; the engine's gate never opens)
+    assert len(fa.aborted) == 1
+    for c in (a, b):
+        assert (await c.get(f"/v1/responses/{rid}", headers=A)).status == 404
+    assert await a.app[RUNNER].flags.get("a", rid) is None  # (dropped as the run ended)
+
+
 async def test_a_shutdown_marks_its_runs_failed(
         make_client: MakeClient, redis_server: RedisServer) -> None:
     """A run cut by its server's shutdown is `failed`, not `in_progress` until it
