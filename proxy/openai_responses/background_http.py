@@ -85,15 +85,22 @@ async def follow(request: web.Request, run: Run, after: int) -> web.StreamRespon
     ends this stream, not the run."""
     srv = request.app[STATE].settings.server
     run.check(after)
+    last = after  # the number of the last event this stream carried
+
+    def carried(event: dict[str, Any]) -> None:
+        nonlocal last
+        last = event["sequence_number"]
 
     def cut(err: WeirError) -> bytes:
-        """Its `error` event (fallen behind the events kept, a shutdown): the run goes
-        on; it can be retrieved, or resumed from what is still held."""
+        """Its `error` event (fallen behind the events kept, a shutdown), numbered after
+        what this stream carried: the run goes on; it can be retrieved, or resumed
+        from what is still held."""
         body = err.to_body()["error"]
-        return typed_sse({"type": "error", "sequence_number": run.held_from,
+        return typed_sse({"type": "error", "sequence_number": last + 1,
                           "code": body["code"], "message": body["message"],
                           "param": body["param"]})
 
     return await write_sse(request, Stream(run.follow(after)), dict,
                            write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
-                           terminator=b"", frame=typed_sse, error_events=cut)
+                           on_chunk=carried, terminator=b"", frame=typed_sse,
+                           error_events=cut)

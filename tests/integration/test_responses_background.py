@@ -344,6 +344,22 @@ async def test_a_delete_sent_to_the_other_replica_stops_the_run(
     assert await a.app[RUNNER].flags.get("a", rid) is None  # (dropped as the run ended)
 
 
+async def test_a_drain_cutting_its_stream_numbers_the_error_after_its_events(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """The `error` event a drain's end cuts a run's stream with is numbered after the
+    events that stream carried (it said 0, before `response.queued`'s 1)."""
+    client = await make_client()
+    fake_engine.token_gate = asyncio.Event()
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    head = await r.content.readuntil(b"response.queued")
+    await fake_engine.wait_until(lambda: fake_engine.active)
+    assert await client.app[STATE].abort_all() == 2  # (its stream, and its run)
+    events, _ = parse_sse((head + await r.content.read()).decode())
+    assert [e["type"] for e in events][-1] == "error"
+    numbers = [e["sequence_number"] for e in events]
+    assert numbers == list(range(len(events)))
+
+
 async def test_a_shutdown_marks_its_runs_failed(
         make_client: MakeClient, redis_server: RedisServer) -> None:
     """A run cut by its server's shutdown is `failed`, not `in_progress` until it
