@@ -363,11 +363,14 @@ async def cancel(request: web.Request) -> web.Response:
                              code="invalid_request")
     tenant, rid = _tenant(request), response["id"]
     store, runner = _store(request), request.app[RUNNER]
-    if await runner.cancel(tenant, rid):  # (it ran here: its record is stored)
+    here = await runner.cancel(tenant, rid)
+    # (it ran here: its record is stored; or it ended here since the record was read,
+    # which a flag would not cancel)
+    if here or runner.find(tenant, rid) is not None:
         now = await _stored(store, tenant, rid)
         if now is not None and now["response"].get("status") not in RUNNING:
             return json_response(now["response"])
-    elif not await runner.flag_cancel(tenant, rid):
+    if not here and not await runner.flag_cancel(tenant, rid):
         # Runs nowhere (records in memory are this process's alone): marked so here.
         record["response"] = response = {**response, "status": "cancelled"}
         await store.replace(tenant, rid, record)

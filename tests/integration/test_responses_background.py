@@ -360,6 +360,33 @@ async def test_a_drain_cutting_its_stream_numbers_the_error_after_its_events(
     assert numbers == list(range(len(events)))
 
 
+async def test_a_cancel_that_read_the_run_running_as_it_ended_here(
+        make_client: MakeClient, redis_server: RedisServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel that read the record still running as its run ended on this replica
+    answers the record as it ended: it said `cancelled` (the record `incomplete`), and
+    left a flag for a run that was no more."""
+    a, _, fa = await two_replicas(make_client, redis_server.url)
+    rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await fa.wait_until(lambda: fa.active)
+    store = a.app[STORE]
+    get_ = type(store).get
+
+    async def stale(self: Any, tenant: str, record_id: str) -> Any:
+        record = await get_(self, tenant, record_id)
+        if self is store and record_id == rid and fa.token_gate is not None:
+            fa.token_gate.set()  # (the run ends after this read)
+            fa.token_gate = None
+            await ended(a, rid)
+        return record
+
+    monkeypatch.setattr(type(store), "get", stale)
+    r = await a.post(f"/v1/responses/{rid}/cancel", headers=A)
+    assert r.status == 200
+    assert (await r.json())["status"] == (await get(a, rid))["status"] == "incomplete"
+    assert await a.app[RUNNER].flags.get("a", rid) is None
+
+
 async def test_a_shutdown_marks_its_runs_failed(
         make_client: MakeClient, redis_server: RedisServer) -> None:
     """A run cut by its server's shutdown is `failed`, not `in_progress` until it
