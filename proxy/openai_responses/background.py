@@ -251,7 +251,8 @@ class Runner:
                         run.renewing = detach(self.store.replace(run.tenant, run.rid,
                                                                  copy.copy(run.record)))
                         await asyncio.wait((run.renewing,))
-                        run.renewing.exception()
+                        if (failed := run.renewing.exception()) is not None:
+                            raise failed  # (logged below, as the watch's others)
                 except (Unavailable, RecordTooLarge) as e:
                     log.warning("background response not watched", response_id=run.rid,
                                 reason=e.code)

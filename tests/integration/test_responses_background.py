@@ -6,6 +6,7 @@ tenant; cancelled from another replica on a shared Redis; truthful after a shutd
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 import uuid
@@ -15,6 +16,7 @@ import pytest
 
 from bench.redis_server import RedisServer
 from proxy.app_state import STATE
+from proxy.errors import Unavailable
 from proxy.openai_responses import background
 from proxy.openai_responses.background import Run
 from proxy.openai_responses.routes import RUNNER, STORE
@@ -22,6 +24,7 @@ from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
 from tests.sse import check_event_names, parse_sse
+from tests.waiting import eventually
 
 BASE = {"model": "fake-model", "input": "hi", "max_output_tokens": 16, "background": True}
 KEYS = [{"key": "sk-a", "tenant": "a"}, {"key": "sk-b", "tenant": "b"}]
@@ -291,6 +294,34 @@ async def test_a_run_renews_its_lease(make_client: MakeClient, fake_engine: Fake
     await asyncio.wait_for(renewed.wait(), 10)
     later += 20  # past the first lease: the renewed one holds
     assert (await (await client.get(f"/v1/responses/{rid}")).json())["status"] == "queued"
+    fake_engine.token_gate.set()
+    await ended(client, rid, "public")
+
+
+async def test_a_lease_renewal_that_failed_is_logged(
+        make_client: MakeClient, fake_engine: FakeEngine, logs: io.StringIO,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renewal the store refused (Redis down) is logged, as the watch's other
+    failures are: its failure was retrieved and dropped unseen, and the record's lease
+    lapsed (read as `failed`) with nothing said."""
+    client = await make_client(responses={"background": {"poll_s": 0.01, "lease_s": 30}})
+    fake_engine.token_gate = asyncio.Event()
+    store = client.app[STORE]
+    replace = type(store).replace
+
+    async def down(self: Any, tenant: str, rid: str, record: Any, *a: Any) -> bool:
+        if record.get("run"):
+            raise Unavailable("The store is down.", code="store_unavailable")
+        return await replace(self, tenant, rid, record, *a)
+
+    monkeypatch.setattr(type(store), "replace", down)
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    later = time.time() + 25  # (past its lease's third)
+    monkeypatch.setattr(background.time, "time", lambda: later)
+    await eventually(lambda: "background response not watched" in logs.getvalue())
+    line = next(json.loads(x) for x in logs.getvalue().splitlines()
+                if "background response not watched" in x)
+    assert line["response_id"] == rid and line["reason"] == "store_unavailable"
     fake_engine.token_gate.set()
     await ended(client, rid, "public")
 
