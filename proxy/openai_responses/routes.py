@@ -359,7 +359,8 @@ async def cancel(request: web.Request) -> web.Response:
     if status == "cancelled":
         return json_response(response)
     if status not in RUNNING:
-        raise InvalidRequest(f"Cannot cancel a {status} response.", param=None,
+        article = "an" if str(status)[:1] in tuple("aeiou") else "a"
+        raise InvalidRequest(f"Cannot cancel {article} {status} response.", param=None,
                              code="invalid_request")
     tenant, rid = _tenant(request), response["id"]
     store, runner = _store(request), request.app[RUNNER]

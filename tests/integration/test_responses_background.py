@@ -175,6 +175,17 @@ async def test_cancel_aborts_the_run_and_is_idempotent(
     assert (await get(client, done))["status"] == "incomplete"
 
 
+async def test_a_cancel_of_one_that_ended_names_its_status(make_client: MakeClient) -> None:
+    client = await make_client()
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await ended(client, rid, "public")  # (`incomplete`: its token limit)
+    r = await client.post(f"/v1/responses/{rid}/cancel")
+    assert r.status == 400
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["message"] == "Cannot cancel an incomplete response."
+
+
 async def test_cancel_before_it_started(make_client: MakeClient) -> None:
     """A run cancelled before its task took its first step (a task cancelled then runs
     none of its code, so its record would stay `queued`): it starts, sees the cancel,
