@@ -286,6 +286,8 @@ async def respond(run: Run, runner: Runner, rendering: Rendering,
     async def end(response: dict[str, Any]) -> None:
         if response["status"] == "cancelled" and not run.cancelled:
             response["status"], response["error"] = "failed", dict(SHUT_DOWN)
+            for event in rendering.failed_as(response):  # (its streams end as it does)
+                run.add(event)
         run.record = None  # (no lease renewal after this)
         await runner.renewed(run)
         await save(response)

@@ -246,6 +246,16 @@ class Rendering:
         """The response cut short as it stands (`cancelled`), its open item `incomplete`."""
         return _cut(self._e)
 
+    def failed_as(self, response: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events that end a stream with `response`, failed as it is stored (a
+        background run cut by the shutdown): `error`, then `response.failed`."""
+        e, error = self._e, response["error"]
+        if e.finished:
+            return []
+        return [e.number(e.ev("error", code=error["code"], message=error["message"],
+                              param=None)),
+                e.number(e.ev("response.failed", response=copy.deepcopy(response)))]
+
     def events(self, chunks: AsyncIterable[dict[str, Any]], on_done: OnDone,
                on_start: OnDone | None = None) -> AsyncIterator[dict[str, Any]]:
         """`on_start(response)` before `response.created` goes out (the response

@@ -429,6 +429,29 @@ async def test_a_cancel_that_read_the_run_running_as_it_ended_here(
     assert await a.app[RUNNER].flags.get("a", rid) is None
 
 
+async def test_a_drain_cutting_a_run_ends_its_streams_as_its_record(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A run cut by a drain's end ends the streams following it with `error` and
+    `response.failed`, as its record says: they ended after its last delta, with no
+    terminal event, and a client could not tell it from a stream cut short."""
+    client = await make_client()
+    fake_engine.token_gate = asyncio.Event()
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await fake_engine.wait_until(lambda: fake_engine.active)
+    follower = await client.get(f"/v1/responses/{rid}?stream=true")
+    head = await follower.content.readuntil(b"response.queued")
+    assert await client.app[STATE].abort_all() == 1  # (its run: GET is not drained)
+    text = (head + await follower.content.read()).decode()
+    assert check_event_names(text) > 0
+    events, _ = parse_sse(text)
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["response"] == await get(client, rid, {})
+    assert "shut down" in events[-1]["response"]["error"]["message"]
+
+
 async def test_a_shutdown_marks_its_runs_failed(
         make_client: MakeClient, redis_server: RedisServer) -> None:
     """A run cut by its server's shutdown is `failed`, not `in_progress` until it
