@@ -34,16 +34,16 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
     client leaving does not stop."""
     lease_s = st.settings.responses.background.lease_s
     run = runner.open(tenant, rid)
-    screen = next((s for p in st.plugins if (s := p.screen_aside()) is not None), None)
-    # Echoed and stored before the chain screened it: its texts screened as it will
-    # (its input is stored once the chain has screened it).
-    rendering = Rendering(req if screen is None else X.screened_echo(req, screen), rid)
-    queued = rendering.queued()
-    for event in queued:
-        run.add(event)
-    run.record = leased({"response": queued[0]["response"], "input": [],
-                         "conversation": []}, lease_s)
-    try:
+    try:  # (whatever fails before the run starts gives its place back)
+        screen = next((s for p in st.plugins if (s := p.screen_aside()) is not None), None)
+        # Echoed and stored before the chain screened it: its texts screened as it will
+        # (its input is stored once the chain has screened it).
+        rendering = Rendering(req if screen is None else X.screened_echo(req, screen), rid)
+        queued = rendering.queued()
+        for event in queued:
+            run.add(event)
+        run.record = leased({"response": queued[0]["response"], "input": [],
+                             "conversation": []}, lease_s)
         await store.put(tenant, rid, run.record)
     except BaseException:
         runner.drop(run)

@@ -17,7 +17,7 @@ import pytest
 from bench.redis_server import RedisServer
 from proxy.app_state import STATE
 from proxy.errors import Unavailable
-from proxy.openai_responses import background
+from proxy.openai_responses import background, background_http
 from proxy.openai_responses.background import Run
 from proxy.openai_responses.routes import RUNNER, STORE
 from tests.conftest import MakeClient, make_settings
@@ -517,3 +517,22 @@ async def test_a_bug_in_the_chain_fails_the_run(make_client: MakeClient,
     events, _ = parse_sse(await (await client.get(
         f"/v1/responses/{rid}?stream=true")).text())
     assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+
+
+async def test_a_create_that_failed_before_its_run_started_gives_its_place_back(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What raises between taking a `max_runs` place and storing the `queued` record
+    (a bug rendering it) is a 500 that gives the place back: it held it for good."""
+    client = await make_client(responses={"background": {"max_runs": 1}})
+
+    def broken(self: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    with monkeypatch.context() as m:
+        m.setattr(background_http.Rendering, "queued", broken)
+        r = await client.post("/v1/responses", json=BASE)
+        assert r.status == 500
+        validate("ErrorResponse", await r.json())
+    assert not client.app[RUNNER].runs
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await ended(client, rid, "public")
