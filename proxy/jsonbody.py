@@ -13,7 +13,8 @@ anything it will not accept, never a 500:
   in `response_format` or `tools` perhaps twenty). Everything downstream that walks user
   data (pydantic, the cache key's hash, the sanitizer) may then recurse safely;
 - a lone UTF-16 surrogate escape (`"\\ud800"`): valid JSON, but not a character;
-- more than `MAX_MESSAGES` messages or `MAX_TOOLS` tools: refused before the models
+- more than `MAX_MESSAGES` messages, `MAX_TOOLS` tools or `MAX_PROMPTS` prompts (a
+  completions batch: a list of texts or of token lists): refused before the models
   validate them, so a 100k-message body costs one `json.loads`, not seconds of
   validation on the event loop.
 
@@ -36,6 +37,9 @@ MAX_DEPTH = 64
 MAX_INT_DIGITS = 64
 MAX_MESSAGES = 2048  # OpenAI's own limit on `messages`
 MAX_TOOLS = 128  # OpenAI's own limit on `tools`
+# A completions batch (OpenAI's spec bounds none; its embeddings' `input` is bounded so,
+# as `messages` is): each prompt is a generation queued on the engine.
+MAX_PROMPTS = 2048
 
 # A \uD800-\uDFFF escape: only when the regex sees one are strings checked for a lone one.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -144,8 +148,12 @@ def _too_deep(param: str | None) -> InvalidRequest:
 
 
 def _check_counts(data: dict[str, Any]) -> None:
-    for field, limit in (("messages", MAX_MESSAGES), ("tools", MAX_TOOLS)):
+    for field, limit in (("messages", MAX_MESSAGES), ("tools", MAX_TOOLS),
+                         ("prompt", MAX_PROMPTS)):
         value = data.get(field)
+        if field == "prompt" and isinstance(value, list) and value and isinstance(
+                value[0], int):
+            continue  # (one prompt's token ids: the context length bounds it)
         if isinstance(value, list) and len(value) > limit:
             raise InvalidRequest(  # (as every length past its bound is said)
                 f"Invalid `{field}`: array too long. Expected an array with maximum length "

@@ -7,7 +7,14 @@ import json
 import pytest
 
 from proxy.errors import InvalidRequest
-from proxy.jsonbody import MAX_DEPTH, MAX_INT_DIGITS, MAX_MESSAGES, check_tree, decode_json_object
+from proxy.jsonbody import (
+    MAX_DEPTH,
+    MAX_INT_DIGITS,
+    MAX_MESSAGES,
+    MAX_PROMPTS,
+    check_tree,
+    decode_json_object,
+)
 
 
 def nested(depth: int, leaf: str = "0") -> str:
@@ -90,6 +97,18 @@ def test_too_many_messages_are_refused_by_count() -> None:
     assert f"maximum length {MAX_MESSAGES}, but got an array with length" in err.message
     ok = decode_json_object(json.dumps({"model": "m", "messages": msgs[:MAX_MESSAGES]}).encode())
     assert len(ok["messages"]) == MAX_MESSAGES
+
+
+@pytest.mark.parametrize("one", ["hi", [1, 2]], ids=["texts", "token lists"])
+def test_a_completions_batch_past_its_bound_is_refused_by_count(one: object) -> None:
+    """A batch of 100,000 prompts was taken: each a generation queued on the engine."""
+    err = refused(json.dumps({"model": "m", "prompt": [one] * (MAX_PROMPTS + 1)}))
+    assert (err.param, err.code) == ("prompt", "array_above_max_length")
+    ok = decode_json_object(json.dumps({"model": "m", "prompt": [one] * MAX_PROMPTS}).encode())
+    assert len(ok["prompt"]) == MAX_PROMPTS
+    # (one prompt's token ids, however many: the context length is their bound)
+    ids = decode_json_object(json.dumps({"model": "m", "prompt": [1] * 5000}).encode())
+    assert len(ids["prompt"]) == 5000
 
 
 def test_check_tree_is_iterative() -> None:
