@@ -72,7 +72,7 @@ from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_quantifiers import quantifiers, quantifiers_differ
 from .guard_roles import owners, owners_differ
-from .guard_units import units, units_differ
+from .guard_units import relative_differs, units, units_differ
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
 _NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212](?=\d))?\d+(?:[.,]\d+)*")
@@ -1005,6 +1005,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not owners_differ(a.owners, b.owners)
             and not degrees_differ(a.degrees, b.degrees)
             and not units_differ(a.units, b.units)
+            and not (a.numbers and relative_differs(a.units, b.units))
             and not quantifiers_differ(a.quantifiers, b.quantifiers)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)

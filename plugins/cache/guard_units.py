@@ -106,3 +106,11 @@ def units(lowered: str) -> tuple[str, ...]:
 def units_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """Both name units, and not the same ones in the same order."""
     return bool(a and b and a != b)
+
+
+def relative_differs(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """One question asks about a percentage and the other does not ("Can I get 50% off?"
+    / "Can I get 50 off?", "a 10% discount" / "a 10 dollar discount" where only one side
+    names its unit): a share of a thing is not an amount of it. The caller compares only
+    questions whose numbers are the same."""
+    return ("percent" in a) != ("percent" in b)

@@ -84,3 +84,25 @@ def test_meridiem_only_after_a_number() -> None:
 ])
 def test_an_amount_after_its_sign_or_before_its_word_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored) and guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Is the deposit 20%?", "Is the deposit 20?"),
+    ("Do I get 10 percent off my first order?", "Do I get 10 off my first order?"),
+    ("Can you take 15% off the invoice?", "Could you take 15 off the invoice?"),
+    ("Did the price go up by 5 percent?", "Did the price go up by 5?"),
+])
+def test_a_percentage_is_no_amount(stored: str, asked: str) -> None:
+    """A percentage on one side only, the number the same: a share is not an amount,
+    though only one side names a unit."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Is the deposit 20 percent?", "Is the deposit twenty percent?"),
+    ("What is 15% of 200?", "What's 15% of 200?"),
+    ("Can I book an appointment at three pm?", "Can I book an appointment at 3 pm?"),
+])
+def test_a_percentage_both_sides_hits(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
