@@ -826,6 +826,8 @@ def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str])
     word of a kind that says something becomes another of its kind: `_SWAPS`), at least
     two words kept."""
     kind, i1, i2, j1, j2 = op
+    if kind == "replace" and _bare_pair(a, b, i1, j1):
+        return True  # "refund policy?" / "refund status?"
     if kind != "replace" or i2 - i1 > 2 or j2 - j1 > 2 or len(a) - (i2 - i1) < 2:
         return False
     if i2 - i1 == j2 - j1 == 1 and _SWAPS.get(a[i1], a[i1]) != _SWAPS.get(b[j1], b[j1]) and (
@@ -836,6 +838,16 @@ def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str])
     if i2 - i1 == j2 - j1 == 1 and _misspelt(a[i1], b[j1]):
         return False  # "How do I tranfer money?", "my online banking pwd"
     return not (set(a[i1:i2]) <= empty and set(b[j1:j2]) <= empty)
+
+
+def _bare_pair(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> bool:
+    """Two bare words each, one of them kept and the other swapped ("refund policy?" /
+    "refund status?", "shipping cost?" / "shipping time?"): a short query is all slot,
+    so the one word it swaps is what it asks (the slot check's two kept words would
+    never see it). Not a filler word, a typo or a plural ("pwd reset" / "password
+    reset", "refund policy" / "refund policies")."""
+    return (len(a) == len(b) == 2 and not set(a + b) & _FILLER
+            and _singular(a[i]) != _singular(b[j]) and not _misspelt(a[i], b[j]))
 
 
 _VOWELS = frozenset("aeiouy")
