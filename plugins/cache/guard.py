@@ -210,6 +210,7 @@ _FAMILIES = (
                                                      "borrowing")),
     ("git", ("push", "pushes", "pushed", "pushing"), ("pull", "pulls", "pulled", "pulling")),
     ("access", ("grant", "grants", "granted"), ("revoke", "revokes", "revoked")),
+    ("life", ("born", "birth"), ("die", "died", "death", "dead")),
     ("outcome", ("win", "won", "pass", "passed", "succeed", "success"),
      ("lose", "lost", "fail", "failed", "failure")),
 )
