@@ -9,7 +9,10 @@ the two questions' words that say something are the same once their actions are 
 out, and each names actions, the actions must share a class (synonyms: "cancel" /
 "terminate", "book" / "schedule", "find" / "see" / "check"). An action on one side only
 ("How do I get my payslip?" / "Where can I see my payslip?") or one not listed is left
-to the other checks; opposites of one family are guard._FAMILIES'.
+to the other checks; opposites of one family are guard._FAMILIES'. An action both
+questions name is context, not what they ask ("My laptop is slow after the update, how
+do I fix it?" / "..., how do I roll it back?"): only the action classes one side names
+and the other does not are compared.
 """
 
 from __future__ import annotations
@@ -65,10 +68,11 @@ _FRAME = frozenset("s re way ways process steps step procedure".split())
 
 def actions_differ(a: list[str], b: list[str]) -> bool:
     """`a`, `b`: the words that say something, in order. The same words once the actions
-    and the frame are left out, each side naming actions, and no class shared."""
+    and the frame are left out, and each side naming an action class the other does
+    not."""
     ka = {ACTION[w] for w in a if w in ACTION}
     kb = {ACTION[w] for w in b if w in ACTION}
-    if not ka or not kb or ka & kb:
+    if not ka - kb or not kb - ka:  # an action both name is context ("after the update")
         return False
     rest_a = [w for w in a if w not in ACTION and w not in _FRAME]
     rest_b = [w for w in b if w not in ACTION and w not in _FRAME]
