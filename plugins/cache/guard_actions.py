@@ -44,6 +44,8 @@ _CLASSES = (
     ("verify", "confirm"),
     ("earn", "collect", "gain"),
     ("dispute",),
+    ("fix", "repair", "troubleshoot", "solve", "resolve", "debug"),
+    ("undo", "revert", "rollback", "roll"),
 )
 _IRREGULAR = {"sent": "send", "paid": "pay", "saw": "see", "seen": "see", "found": "find",
               "wrote": "write", "written": "write", "spoke": "speak", "spoken": "speak",
@@ -64,6 +66,8 @@ ACTION.update({w: ACTION[v] for w, v in _IRREGULAR.items()})
 # Nouns that only frame what is asked ("What's the way to close ...", "the steps to ..."):
 # no part of the thing acted on.
 _FRAME = frozenset("s re way ways process steps step procedure".split())
+# A verb's particle after it ("roll back"; "up", "out" are filler already).
+_PARTICLES = frozenset(("back", "down", "off", "over"))
 
 
 def actions_differ(a: list[str], b: list[str]) -> bool:
@@ -74,6 +78,13 @@ def actions_differ(a: list[str], b: list[str]) -> bool:
     kb = {ACTION[w] for w in b if w in ACTION}
     if not ka - kb or not kb - ka:  # an action both name is context ("after the update")
         return False
-    rest_a = [w for w in a if w not in ACTION and w not in _FRAME]
-    rest_b = [w for w in b if w not in ACTION and w not in _FRAME]
+    rest_a = _without_actions(a)
+    rest_b = _without_actions(b)
     return bool(rest_a) and rest_a == rest_b
+
+
+def _without_actions(words: list[str]) -> list[str]:
+    """The words without their actions, an action's particle ("roll back", "pay back":
+    part of the verb) and the frame."""
+    return [w for i, w in enumerate(words) if w not in ACTION and w not in _FRAME
+            and not (w in _PARTICLES and i > 0 and words[i - 1] in ACTION)]

@@ -60,3 +60,24 @@ def test_an_action_both_name_does_not_hide_a_swapped_one(stored: str, asked: str
 ])
 def test_an_action_both_name_with_synonyms_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("The app crashes since the last release, how do I fix it?",
+     "The app crashes since the last release, how can I roll it back?"),
+    ("How do I repair a corrupted database?", "What's the way to revert a corrupted database?"),
+    ("How do I troubleshoot the failed deployment?", "How can I undo the failed deployment?"),
+])
+def test_repairing_is_not_undoing(stored: str, asked: str) -> None:
+    """Fixing a thing and undoing it are other actions ("roll back": its particle is the
+    verb's)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I fix a corrupted database?", "How can I repair a corrupted database?"),
+    ("How do I revert the deployment?", "How can I roll back the deployment?"),
+])
+def test_repair_and_undo_synonyms_pass(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
