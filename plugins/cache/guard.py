@@ -71,7 +71,7 @@ from .guard_actions import ACTION, actions_differ
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_quantifiers import quantifiers, quantifiers_differ
-from .guard_roles import owners, owners_differ
+from .guard_roles import owners, owners_differ, parties, parties_differ
 from .guard_units import relative_differs, units, units_differ
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
@@ -1016,6 +1016,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not (a.counts and b.counts and a.counts != b.counts)
             and not _roles_swapped(a.tokens, b.tokens)
             and not owners_differ(a.owners, b.owners)
+            and not parties_differ(parties(a.tokens), parties(b.tokens))
             and not degrees_differ(a.degrees, b.degrees)
             and not units_differ(a.units, b.units)
             and not (a.numbers and relative_differs(a.units, b.units))

@@ -55,3 +55,27 @@ def owners(lowered: str) -> tuple[str, ...]:
 def owners_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """A third party owns something on either side, and the owners differ."""
     return a != b and any(o not in ("1", "2") for o in a + b)
+
+
+#: Parties on the two sides of one relation: a question about one asks another thing
+#: than the same question about the other ("Is a tenant allowed to sublet?" / "Is a
+#: landlord allowed to enter?", "Can the employee approve ...?" / "Can the manager ...?").
+_PAIRS = (("tenant", "landlord"), ("employee", "employer"), ("employee", "manager"),
+          ("buyer", "seller"), ("customer", "merchant"), ("patient", "doctor"),
+          ("student", "teacher"), ("guest", "host"), ("passenger", "driver"),
+          ("sender", "recipient"), ("borrower", "lender"), ("parent", "child"))
+_PARTY = {form: party for pair in _PAIRS for party in pair
+          for form in (party, party + "s")}
+_PARTY["children"] = "child"
+
+
+def parties(tokens: tuple[str, ...]) -> frozenset[str]:
+    """The parties of a relation (`_PAIRS`) a question names, plurals as one."""
+    return frozenset(_PARTY[t] for t in tokens if t in _PARTY)
+
+
+def parties_differ(a: frozenset[str], b: frozenset[str]) -> bool:
+    """One question names a party the other does not, and the other names its
+    counterpart instead (not both: "Can a landlord evict a tenant?" names either)."""
+    return any((x in a and y in b and y not in a and x not in b)
+               or (y in a and x in b and x not in a and y not in b) for x, y in _PAIRS)

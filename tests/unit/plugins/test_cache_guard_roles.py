@@ -66,3 +66,27 @@ def test_another_subject_of_a_yes_no_question_misses(stored: str, asked: str) ->
 ])
 def test_the_same_subject_or_a_generic_you_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Is a tenant allowed to sublet the flat?", "Is a landlord allowed to enter the flat?"),
+    ("Can the buyer cancel the sale?", "Is the seller able to cancel the sale?"),
+    ("What must an employer pay after a dismissal?",
+     "What must employees pay after a dismissal?"),
+    ("Can students see the exam results early?",
+     "Are teachers able to see the exam results early?"),
+])
+def test_the_other_party_of_a_relation_misses(stored: str, asked: str) -> None:
+    """One side of a relation for its counterpart, the frame reworded round it (and the
+    verb too: "sublet" / "enter")."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can a landlord evict a tenant in winter?",
+     "Is a landlord allowed to evict tenants in winter?"),
+    ("Can a seller cancel a sale?", "Could the seller cancel the sale?"),
+])
+def test_the_same_parties_hit(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
