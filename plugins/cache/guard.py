@@ -338,7 +338,10 @@ _FILLER = _SCAFFOLD | frozenset(
     "again ever possible any some so even already yet out up get have has hi hello hey "
     "thanks thank thx pls plz help tell know need want quick question right kindly "
     "like would love got gets getting use using details detail info information placed "
-    "made simply wondering wonder curious show".split())
+    "made simply wondering wonder curious show "
+    # a conjunction, like "and" (`_SCAFFOLD`): joining two clauses it asks nothing, so
+    # "X and my phone is lost" / "X but I have my phone" is the one dropped state
+    "but".split())
 #: Small words that ask different things (each its kind's class): a question word for
 #: another ("How do bees make honey?" / "Why ..."), a modal for another ("Should I stop
 #: taking it?" / "Can I ..."), "and" for "or".

@@ -27,3 +27,4 @@ def test_birth_and_death_miss(stored: str, asked: str) -> None:
 ])
 def test_the_same_event_hits(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
+
