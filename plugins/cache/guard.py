@@ -9,7 +9,8 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - their negation counts differ (not, never, n't, "non-" ...);
 - their capitalized names differ (in order): places, brands, languages, plans;
 - they carry opposite directions of the same family (enable/disable, upgrade/downgrade,
-  refund/charge, import/export, boiling/freezing, largest/smallest, first/last ...), or
+  refund/charge, import/export, boiling/freezing, largest/smallest, first/last,
+  born/died, damaged/fine, missing/found ...), or
   one word is the other with a reversing prefix
   (lock/unlock, follow/unfollow, activate/deactivate), or "from X to Y" swaps;
 - their answer-shaping instructions differ, in kind or in what they say: a language ("in
@@ -211,6 +212,11 @@ _FAMILIES = (
     ("git", ("push", "pushes", "pushed", "pushing"), ("pull", "pulls", "pulled", "pulling")),
     ("access", ("grant", "grants", "granted"), ("revoke", "revokes", "revoked")),
     ("life", ("born", "birth"), ("die", "died", "death", "dead")),
+    # a thing's state, often in a context clause ("the box was damaged, can I return
+    # it?"); not "working": "stopped working" is broken
+    ("condition", ("fine", "intact", "undamaged"),
+     ("damaged", "broken", "faulty", "defective", "cracked")),
+    ("presence", ("found", "kept", "recovered"), ("missing", "stolen", "misplaced")),
     ("outcome", ("win", "won", "pass", "passed", "succeed", "success"),
      ("lose", "lost", "fail", "failed", "failure")),
 )

@@ -25,3 +25,21 @@ def test_a_state_dropped_from_the_context_misses(stored: str, asked: str) -> Non
 def test_a_context_said_with_but_hits() -> None:
     assert guard_ok("I forgot my password but have my phone, how can I log in?",
                     "I forgot my password but I have my phone, how do I log in?")
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("The parcel came and the box was damaged, can I return it?",
+     "The parcel came but the box was fine, can I return it?"),
+    ("My laptop arrived and the screen is cracked, is it covered?",
+     "My laptop arrived but the screen is intact, is that covered?"),
+    ("I lost my wallet and it is still missing, should I cancel my cards?",
+     "I lost my wallet but it was found, should I cancel my cards?"),
+    ("My bike was stolen last week, does my insurance pay?",
+     "My bike got recovered last week, will my insurance pay?"),
+])
+def test_a_state_replaced_by_its_opposite_misses(stored: str, asked: str) -> None:
+    """A thing's state for its opposite (damaged / fine, missing / found), in a context
+    clause the question's frame does not see: the direction families hold them."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
