@@ -138,7 +138,8 @@ def choice_ok(c: Any) -> bool:
             and _stop_reason_ok(c.get("stop_reason"))
             and isinstance(c.get("tool_calls", []), list)
             and all(_call_ok(t) for t in c.get("tool_calls", []))
-            and ("order" not in c or T.order_agrees(c["order"], c["text"], c["tool_calls"])))
+            and ("order" not in c or T.order_agrees(c["order"], c["text"],
+                                                    c.get("tool_calls", []))))
 
 
 def _stop_reason_ok(r: Any) -> bool:

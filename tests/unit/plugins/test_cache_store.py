@@ -297,6 +297,17 @@ def test_an_entry_no_answer_could_have_stored_is_unreadable(change: dict[str, An
     assert capture_body(body, "chat") is None
 
 
+@pytest.mark.parametrize("order", [["Use the reset link."], [0], "x", None])
+def test_a_choice_with_an_order_and_no_calls_is_unreadable(order: Any) -> None:
+    """An `order` (`Completion.order`) is kept only beside the calls it numbers: a choice
+    in Redis with one and no `tool_calls` (garbage, another version's) is a miss; its
+    read raised a KeyError, a 500 for the request that looked it up."""
+    bad = json.loads(entry("k1").to_json())
+    bad["choices"][0]["order"] = order
+    with pytest.raises(BadEntry):
+        Entry.from_json(json.dumps(bad))
+
+
 def test_a_stored_vector_longer_than_any_embedding_is_unreadable() -> None:
     """Embeddings are unit vectors: one longer (a poisoned or foreign semantic entry in
     Redis) scored above every real match in its partition, so the guard refused it
