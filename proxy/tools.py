@@ -370,7 +370,10 @@ class ToolCallTracker:
             assert self.parser is not None
             deltas = self._kept(self.parser.finish(cut=reason == "length"))
             if self._numbered:  # (a call dropped is not text either)
-                return None, deltas
+                # Every call dropped and no text: an empty text answer, its content ""
+                # as the whole answer's (its stream had carried no content at all).
+                empty = not self.called and not self._streamed
+                return ("" if empty else None), deltas
             # No call after all (an answer that began like one, "[4, 5," cut at
             # max_tokens): the text the parser held back is content, as a whole answer's.
             text, sent = "".join(self._buffer), "".join(self._streamed)
@@ -385,7 +388,7 @@ class ToolCallTracker:
         if reason is None:
             return content, deltas, None
         rest, more = self.finish(reason)
-        if rest:
+        if rest is not None:
             content = (content or "") + rest
         return content, deltas + more, self.reason(reason)
 

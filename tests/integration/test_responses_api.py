@@ -1213,3 +1213,22 @@ async def test_a_cached_answer_keeps_its_text_and_calls_in_their_order(
     for stream in (False, True):
         assert await items(stream) == (miss, "exact"), stream
     assert len(engine.calls) == 1
+
+
+async def test_an_answer_of_dropped_calls_alone_is_one_empty_message_both_ways(
+        make_client: MakeClient) -> None:
+    """A call to a function not offered is dropped: an answer that was only such a call
+    is an empty text answer, one empty message whole and streamed (the stream had no
+    item at all, the whole answer one empty message)."""
+    engine = FakeEngine(tool_parser=True)
+    engine.script = '<call>{"name": "launch_rockets", "arguments": {"n": 3}}</call>'
+    client = await make_client(engine=engine)
+    outputs = []
+    for stream in (False, True):
+        r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL],
+                                                      "stream": stream})
+        body = parse_sse(await r.text())[0][-1]["response"] if stream else await r.json()
+        validate("Response", body)
+        outputs.append([(it["type"], [c["text"] for c in it["content"]])
+                        for it in body["output"]])
+    assert outputs == [[("message", [""])]] * 2

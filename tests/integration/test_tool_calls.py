@@ -172,6 +172,23 @@ async def test_a_call_to_a_function_not_offered_is_dropped(make_client: MakeClie
             content, [c["function"] for c in calls], [choice["finish_reason"]]), script
 
 
+async def test_an_answer_of_dropped_calls_alone_is_empty_text_whole_and_streamed(
+        make_client: MakeClient) -> None:
+    """An answer whose only output is a call to a function not offered (dropped) is an
+    empty text answer: content "" whole, and a string in its stream too (it had no
+    content at all: the SDK assembled null where the whole answer said "")."""
+    engine = FakeEngine(tool_parser=True)
+    client = await make_client(engine=engine)
+    engine.script = '<call>{"name": "launch_rockets", "arguments": {"n": 3}}</call>'
+    body = await (await client.post("/v1/chat/completions", json=BASE)).json()
+    assert body["choices"][0]["message"]["content"] == ""
+    r = await client.post("/v1/chat/completions", json={**BASE, "stream": True})
+    events = parse_sse(await r.text())[0]
+    assert assemble(events) == ("", [], ["stop"])
+    assert any(isinstance(c["delta"].get("content"), str)
+               for e in events for c in e["choices"])
+
+
 async def test_with_a_parser_a_whole_answer_is_its_stream_assembled(
         make_client: MakeClient) -> None:
     """Wherever the parser's whole and streaming readings differ (an answer cut inside a
