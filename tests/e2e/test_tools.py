@@ -266,6 +266,7 @@ def test_a_vllm_parser_s_call_to_a_function_not_offered_is_dropped() -> None:
         piece, deltas, reason = tracker.step("", [], "stop")
         assembler.feed(deltas)
         assert [c["function"]["name"] for c in assembler.result()] == names
+        assert sorted(assembler.calls) == list(range(len(names)))  # (numbered from 0)
         assert reason == ("tool_calls" if names else "stop")
         assert "launch" not in streamed + (piece or "")
 
