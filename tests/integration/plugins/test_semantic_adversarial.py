@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
 from bench.embedders import DATA, rates, score_set
@@ -15,49 +16,28 @@ from plugins.cache.config import SemanticConfig
 from proxy.embed_models import load_runtime
 from proxy.settings import EmbeddingSettings
 
+# (set, the paraphrase hit rate it must keep). adversarial: the near misses made to
+# break the guard (module docstring). fresh (stop 45: HR, payroll, troubleshooting,
+# medical admin, travel, banking, returns, subscriptions; typos, short forms, polite
+# wrappers, numbers in words, dates, currencies, quantifiers, actions): measured before
+# the guard was changed for it, 40/70 paraphrases, 10 near misses and 1 distinct stored
+# question hit. probe (stop 45, written without reading the guard: programming, maths
+# word problems, recipes, legal terms, multi-clause questions, versions and names,
+# percentages, ranges, with/without, plurals, time zones, target languages,
+# German/Spanish/French, very short and very long questions, ids, emails and URLs):
+# measured before the guard was changed for it, 25/42 paraphrases, 6 of 124 near misses
+# hit. None may hit now.
+SETS = [("semantic_adversarial", 0.8), ("semantic_fresh", 0.7), ("semantic_probe", 0.55)]
 
-def test_no_near_miss_hits() -> None:
+
+@pytest.mark.parametrize(("name", "paraphrases"), SETS, ids=[n for n, _ in SETS])
+def test_no_false_hit(name: str, paraphrases: float) -> None:
     s = EmbeddingSettings()
     runtime = load_runtime(s.model, s.max_input_tokens, s.threads)
-    data: dict[str, Any] = yaml.safe_load((DATA / "semantic_adversarial.yaml").read_text())
+    data: dict[str, Any] = yaml.safe_load((DATA / f"{name}.yaml").read_text())
     r = rates(score_set(data, runtime), SemanticConfig().threshold)
-    print(f"\nadversarial: paraphrase hits {r['paraphrase_hit_rate']:.0%} of "
+    print(f"\n{name}: paraphrase hits {r['paraphrase_hit_rate']:.0%} of "
           f"{r['paraphrases']}, near-miss hits {r['near_miss_hits_by_kind']}")
     assert r["near_miss_hits"] == 0, r["near_miss_hits_by_kind"]
     assert r["different_question_hits"] == 0
-    assert r["paraphrase_hit_rate"] >= 0.8
-
-
-def test_the_fresh_set_has_no_false_hit() -> None:
-    """tests/data/semantic_fresh.yaml (stop 45: HR, payroll, troubleshooting, medical
-    admin, travel, banking, returns, subscriptions; typos, short forms, polite wrappers,
-    numbers in words, dates, currencies, quantifiers, actions): measured before the guard
-    was changed for it (40/70 paraphrases, 10 near misses and 1 distinct stored question
-    hit); none may hit now."""
-    s = EmbeddingSettings()
-    runtime = load_runtime(s.model, s.max_input_tokens, s.threads)
-    data: dict[str, Any] = yaml.safe_load((DATA / "semantic_fresh.yaml").read_text())
-    r = rates(score_set(data, runtime), SemanticConfig().threshold)
-    print(f"\nfresh: paraphrase hits {r['paraphrase_hit_rate']:.0%} of "
-          f"{r['paraphrases']}, near-miss hits {r['near_miss_hits_by_kind']}")
-    assert r["near_miss_hits"] == 0, r["near_miss_hits_by_kind"]
-    assert r["different_question_hits"] == 0
-    assert r["paraphrase_hit_rate"] >= 0.7
-
-
-def test_the_probe_set_has_no_false_hit() -> None:
-    """tests/data/semantic_probe.yaml (stop 45, written without reading the guard:
-    programming, maths word problems, recipes, legal terms, multi-clause questions,
-    versions and names, percentages, ranges, with/without, plurals, time zones, target
-    languages, German/Spanish/French, very short and very long questions, ids, emails
-    and URLs): measured before the guard was changed for it (25/42 paraphrases, 6 of 124
-    near misses hit); none may hit now."""
-    s = EmbeddingSettings()
-    runtime = load_runtime(s.model, s.max_input_tokens, s.threads)
-    data: dict[str, Any] = yaml.safe_load((DATA / "semantic_probe.yaml").read_text())
-    r = rates(score_set(data, runtime), SemanticConfig().threshold)
-    print(f"\nprobe: paraphrase hits {r['paraphrase_hit_rate']:.0%} of "
-          f"{r['paraphrases']}, near-miss hits {r['near_miss_hits_by_kind']}")
-    assert r["near_miss_hits"] == 0, r["near_miss_hits_by_kind"]
-    assert r["different_question_hits"] == 0
-    assert r["paraphrase_hit_rate"] >= 0.55
+    assert r["paraphrase_hit_rate"] >= paraphrases
