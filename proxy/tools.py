@@ -281,14 +281,10 @@ class ToolCallTracker:
     #: Parser mode: each call the parser found, by its index, as the client numbers it
     #: (None: dropped, `_kept`).
     _numbered: dict[int, int | None] = field(default_factory=dict)
-    #: The names of the functions offered (`tools`): the calls a client may run (None:
-    #: read from the request's tools).
-    offered: frozenset[str] | None = None
+    #: The names of the functions offered (`tools`, read by `for_request`): the calls a
+    #: client may run.
+    offered: frozenset[str] = frozenset()
     called: bool = False
-
-    def __post_init__(self) -> None:
-        if self.offered is None:
-            self.offered = frozenset(t.function.name for t in self.req.tools or ())
 
     @classmethod
     def for_request(cls, req: ChatCompletionRequest,
@@ -351,7 +347,7 @@ class ToolCallTracker:
         for d in deltas:
             if d.index not in self._numbered:  # a call's first delta names it
                 kept = sum(i is not None for i in self._numbered.values())
-                self._numbered[d.index] = kept if d.name in (self.offered or ()) and (
+                self._numbered[d.index] = kept if d.name in self.offered and (
                     kept == 0 or self.req.parallel_tool_calls is not False) else None
             index = self._numbered[d.index]
             if index is not None:

@@ -686,7 +686,7 @@ def test_a_call_cut_by_a_stop_string_is_not_a_call_to_run(args: str, reason: str
     cut call is sent as it came, but the finish reason is `stop`, not `tool_calls` (a
     client would run arguments that are no JSON); whole answers are the same stream."""
     req = chat(tools=[WEATHER])
-    calls = T.StreamCalls(lambda: T.ToolCallTracker("parser", req, _CutParser(args)))
+    calls = T.StreamCalls(lambda: T.ToolCallTracker.for_request(req, lambda _: _CutParser(args)))
     calls.step(0, "<call>", [1], None)
     assert calls.step(0, "", [], "stop")[2] == reason
     assert calls.calls(0)[0]["function"]["arguments"] == args
