@@ -259,16 +259,16 @@ def _screened(ctx: RequestContext, req: ResponsesRequest, history: list[dict[str
     return req, inputs, conversation
 
 
-async def _record(request: web.Request) -> dict[str, Any]:
-    """The caller's stored record of the response the path names; another tenant's is
-    not found, as a missing one is."""
+async def _record(request: web.Request) -> tuple[str, dict[str, Any]]:
+    """The caller's tenant and its stored record of the response the path names; another
+    tenant's is not found, as a missing one is."""
     st = request.app[STATE]
-    principal = st.auth.authenticate(request.headers)
+    tenant = st.auth.authenticate(request.headers).tenant
     rid = request.match_info["response_id"]
-    record = await _stored(_store(request), principal.tenant, rid)
+    record = await _stored(_store(request), tenant, rid)
     if record is None:
         raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
-    return record
+    return tenant, record
 
 
 async def _stored(store: RecordStore, tenant: str, rid: str) -> dict[str, Any] | None:
@@ -300,7 +300,7 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     """`GET /v1/responses/{id}`: the stored response; with `stream=true`, a background
     response's events past `starting_after` (on the replica that runs it). `include` is
     refused: none of what it names is available."""
-    record = await _record(request)  # (a key first, then the id, as every route)
+    tenant, record = await _record(request)  # (a key first, then the id, as every route)
     query = request.query
     if any(v for k in ("include", "include[]") for v in query.getall(k, [])):
         raise InvalidRequest(
@@ -321,7 +321,7 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("Invalid value for `starting_after`: a sequence number "
                              "(an integer, 0 or more) is expected.",
                              param="starting_after", code="invalid_value")
-    run = request.app[RUNNER].find(_tenant(request), response["id"])
+    run = request.app[RUNNER].find(tenant, response["id"])
     if run is None:
         raise InvalidRequest(
             "The events of this background response are not held here: they are kept "
@@ -330,14 +330,10 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     return await background_http.follow(request, run, after)
 
 
-def _tenant(request: web.Request) -> str:
-    return request.app[STATE].auth.authenticate(request.headers).tenant
-
-
 async def list_input_items(request: web.Request) -> web.Response:
     """`GET /v1/responses/{id}/input_items?limit=&order=&after=`: the request's input,
     newest first unless `order=asc`."""
-    items = list((await _record(request)).get("input") or [])
+    items = list((await _record(request))[1].get("input") or [])
     return json_response(page(items, request.query, order="desc",
                               what="input item of this response"))
 
@@ -348,7 +344,7 @@ async def cancel(request: web.Request) -> web.Response:
     is; any other is a 400, as OpenAI and vLLM answer. Sent to a replica that does not
     run it, a flag in the shared store asks the one that does (which reads it within
     `responses.background.poll_s`): the answer then says `cancelled` at once."""
-    record = await _record(request)
+    tenant, record = await _record(request)
     response = record["response"]
     if not response.get("background"):
         raise InvalidRequest("Cannot cancel a synchronous response: only responses "
@@ -362,7 +358,7 @@ async def cancel(request: web.Request) -> web.Response:
         article = "an" if str(status)[:1] in tuple("aeiou") else "a"
         raise InvalidRequest(f"Cannot cancel {article} {status} response.", param=None,
                              code="invalid_request")
-    tenant, rid = _tenant(request), response["id"]
+    rid = response["id"]
     store, runner = _store(request), request.app[RUNNER]
     here = await runner.cancel(tenant, rid)
     # (it ran here: its record is stored; or it ended here since the record was read,
