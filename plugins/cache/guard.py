@@ -115,11 +115,13 @@ _SCRIPT_DIGITS = str.maketrans({
         "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")},
     **{chr(0x2080 + d): f"_{d}" for d in range(10)}})
 _HAS_SCRIPT_DIGITS = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u2079\u2080-\u2089]")
+#: The words a negated contraction typed without its apostrophe starts with ("wont",
+#: "doesnt", "cant"; `_NO_APOSTROPHE`).
+_NT_STEMS = r"do|does|did|is|are|was|were|has|have|had|ca|wo|should|would|could|must|need|ai"
 _NEGATION = re.compile(
     r"\b(?:not|no|never|none|nothing|cannot|without|neither|nor|non|unable|impossible)\b|"
     r"\bfail(?:s|ed|ing)?\s+to\b|n't\b|\bnon-|"
-    r"\b(?:do|does|did|is|are|was|were|has|have|had|ca|wo|should|would|could|must|need|"
-    r"ai)nt\b|"  # `_NO_APOSTROPHE`
+    rf"\b(?:{_NT_STEMS})nt\b|"
     r"不|没|无|别|非", re.IGNORECASE)
 #: A month's or a weekday's short name as its full one ("Dec 25" / "December 25th";
 #: not "Mar", "Sat", "Sun", "Wed": other words too), in the names and in the words.
@@ -443,8 +445,7 @@ _FULL = re.compile(r"\b(what|where|who|how|when|why|it|that|there|here|he|she|yo
 _CONTRACTED = {"is": "s", "are": "re"}
 #: A negated contraction typed without its apostrophe ("wont", "doesnt", "cant"): the
 #: contraction ("won't"), a negation (`_NEGATION`) as its spelling with one is.
-_NO_APOSTROPHE = re.compile(r"\b(do|does|did|is|are|was|were|has|have|had|ca|wo|should|"
-                            r"would|could|must|need|ai)nt\b")
+_NO_APOSTROPHE = re.compile(rf"\b({_NT_STEMS})nt\b")
 # Words that ask the same thing in the frame of a question, read as one: "Do you offer
 # gift wrapping?" / "Do you have (provide) ...", "When does it open?" / "What time does
 # it open?", and the extremes guard_degrees reads alike ("the cheapest plan" / "the
