@@ -233,6 +233,13 @@ def test_an_agent_with_two_function_tools(server: WeirProcess) -> None:
     assert result.final_output == ("Sunny" if calls[0].startswith("weather") else "12:00")
 
 
+def _auto_request(tools: list[dict[str, Any]]) -> Any:
+    """What the tracker reads of a chat request with `tools` in `auto` (the tools as the
+    parser adapter takes them: dicts)."""
+    return type("Req", (), {"tools": tools, "tool_choice": "auto",
+                            "parallel_tool_calls": None, "tool_dicts": lambda self: tools})()
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # vllm's and torch's imports
 def test_a_vllm_parser_s_call_to_a_function_not_offered_is_dropped() -> None:
     """vLLM's hermes parser hands on a call to any name the model writes; the tracker
@@ -248,9 +255,7 @@ def test_a_vllm_parser_s_call_to_a_function_not_offered_is_dropped() -> None:
     tools = list(TOOLS)
     cls = _tool_parser_class("hermes", tok)
     assert cls is not None
-    req: Any = type("Req", (), {"tools": tools, "tool_choice": "auto",
-                                "parallel_tool_calls": None,
-                                "tool_dicts": lambda self: tools})()
+    req = _auto_request(tools)
     for text, names in (
             ('<tool_call>{"name": "launch", "arguments": {"n": 1}}</tool_call>', []),
             ('<tool_call>{"name": "launch", "arguments": {"n": 1}}</tool_call>\n<tool_call>'
@@ -287,9 +292,7 @@ def test_vllms_tool_parsers_read_their_syntax_whole_and_streamed() -> None:
     for name, (text, content) in outputs.items():
         cls = _tool_parser_class(name, tok)
         assert cls is not None
-        req: Any = type("Req", (), {"tools": tools, "tool_choice": "auto",
-                                    "parallel_tool_calls": None,
-                                    "tool_dicts": lambda self: tools})()
+        req = _auto_request(tools)
         tracker = ToolCallTracker.for_request(
             req, lambda t, cls=cls: _ToolParserAdapter(cls, tok, t))
         assembler, streamed = CallAssembler(), ""
