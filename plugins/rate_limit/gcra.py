@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -99,8 +100,13 @@ class Store(Protocol):
 
     async def release(self, conc: list[str], lease: str) -> None: ...
 
-    async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
-        """Push the expiry of running leases (lease -> its keys) `lease_ms` ahead."""
+    async def renew(self, leases: dict[str, list[str]], lease_ms: float,
+                    restore: Collection[str] = ()) -> set[str]:
+        """Push the expiry of running leases (lease -> its keys) `lease_ms` ahead, where
+        the store still holds them: a lease released meanwhile (its request ended as the
+        renewal was on its way) stays released. Those in `restore` (their copy may have
+        lapsed while their request ran) are written back unless a barred release ended
+        them. The leases it held no longer, on some key (and did not write back)."""
 
 
 class MemoryStore:
@@ -209,13 +215,20 @@ class MemoryStore:
         for key in conc:
             self._leases.setdefault(key, {})[lease] = until
 
-    async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
+    async def renew(self, leases: dict[str, list[str]], lease_ms: float,
+                    restore: Collection[str] = ()) -> set[str]:
+        """(Nothing here lapses while its request runs but by a renewal missed for
+        `lease_s`, which `restore` does not undo: it takes the store's word.)"""
         until = self._now() + lease_ms
+        gone = set()
         for lease, keys in leases.items():
             for key in keys:
                 held = self._leases.get(key)
                 if held is not None and lease in held:
                     held[lease] = until
+                else:
+                    gone.add(lease)
+        return gone
 
     def in_flight(self) -> int:
         now = self._now()
@@ -330,24 +343,41 @@ return out
 """.replace("$EPS_MS", repr(EPS_MS)).replace("$EPS_ULPS", repr(EPS_ULPS))
 
 
+# Renewal: a lease still held is renewed; one held no longer is left so (released as the
+# renewal was on its way, on another connection: written back, it held its slot for no
+# request until it lapsed), but for one to restore (ARGV: lease, then 1), which may have
+# lapsed while its request ran (Redis down, or full): written back unless a barred
+# release (`<key>:gone`) ended it. The places (from 0) of the leases not held, not
+# written back.
 _RENEW = _READ + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local lease_ms = tonumber(ARGV[1])
--- written whether held or not: a lease Redis could not renew (full, down) lapsed there
--- while its request still runs (the caller releases again one that ended meanwhile)
+local gone = {}
 for i = 1, #KEYS do
-  redis.call('ZADD', leases_of(KEYS[i]), now + lease_ms, ARGV[i + 1])
-  redis.call('PEXPIRE', KEYS[i], math.ceil(lease_ms))
+  local key = leases_of(KEYS[i])
+  local lease, restore = ARGV[2 * i], ARGV[2 * i + 1] == '1'
+  local keep = redis.call('ZSCORE', key, lease) ~= false
+  if not keep and restore then
+    local barred = tonumber(redis.call('ZSCORE', leases_of(key .. ':gone'), lease))
+    keep = barred == nil or barred <= now
+  end
+  if keep then
+    redis.call('ZADD', key, now + lease_ms, lease)
+    redis.call('PEXPIRE', key, math.ceil(lease_ms))
+  else
+    gone[#gone + 1] = i - 1
+  end
 end
-return 1
+return gone
 """
 
 
-# An orphan's release (`RedisStore.release_orphan`): the lease is removed and barred for
-# `lease_ms` in `<key>:gone`, so an admission still on its way (sent, then cut by its
-# timeout; a busy Redis may run it after this release) takes nothing when it lands.
-_RELEASE_ORPHAN = _READ + """
+# A barred release (`RedisStore.release_barred`): the lease is removed and barred for
+# `lease_ms` in `<key>:gone`, so an admission still on its way (an orphan's: sent, then
+# cut by its timeout; a busy Redis may run it after this release) takes nothing when it
+# lands, nor does a renewal that restores it.
+_RELEASE_BARRED = _READ + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local lease, lease_ms = ARGV[1], tonumber(ARGV[2])
@@ -369,7 +399,7 @@ class RedisStore:
         self._admit = self.client.register_script(_ADMIT)
         self._adjust = self.client.register_script(_ADJUST)
         self._renew = self.client.register_script(_RENEW)
-        self._release_orphan = self.client.register_script(_RELEASE_ORPHAN)
+        self._release_barred = self.client.register_script(_RELEASE_BARRED)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -422,11 +452,12 @@ class RedisStore:
 
         await self._run(run())
 
-    async def release_orphan(self, conc: list[str], lease: str, lease_ms: float) -> None:
-        """`release` of a lease whose admission may not have run yet: it is barred for
-        `lease_ms`, so that admission takes nothing when it lands."""
+    async def release_barred(self, conc: list[str], lease: str, lease_ms: float) -> None:
+        """`release` of a lease whose admission may not have run yet (an orphan), or that
+        a renewal may restore: it is barred for `lease_ms`, so that admission takes
+        nothing when it lands, nor that renewal."""
         if conc:
-            await self._run(self._release_orphan(keys=conc, args=[lease, lease_ms]))
+            await self._run(self._release_barred(keys=conc, args=[lease, lease_ms]))
 
     async def ping(self) -> None:
         await self._run(self.client.ping())
@@ -435,12 +466,17 @@ class RedisStore:
         """A write Redis refuses while it is full (StoreFull), as every script here."""
         await self._run(self.client.set(key, "1", px=1000))
 
-    async def renew(self, leases: dict[str, list[str]], lease_ms: float) -> None:
+    async def renew(self, leases: dict[str, list[str]], lease_ms: float,
+                    restore: Collection[str] = ()) -> set[str]:
         keys: list[str] = []
+        owners: list[str] = []
         args: list[str | float] = [lease_ms]
         for lease, conc in leases.items():
             for key in conc:
                 keys.append(key)
-                args.append(lease)
-        if keys:
-            await self._run(self._renew(keys=keys, args=args))
+                owners.append(lease)
+                args += [lease, 1 if lease in restore else 0]
+        if not keys:
+            return set()
+        gone = await self._run(self._renew(keys=keys, args=args))
+        return {owners[int(i)] for i in gone}  # type: ignore[attr-defined]

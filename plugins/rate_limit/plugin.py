@@ -31,10 +31,12 @@ A concurrency lease is released in the store that granted it, exactly once on ev
 (answer, error, cancellation, a store call that timed out); leases are short and renewed
 while their request runs. When the local limiter takes over (Redis full or down), it
 also counts the leases Redis granted to requests still running (or a full concurrency
-limit let as many again in), and a renewal writes a lease back to Redis whether it still
-holds it or not: one Redis could not renew while it was full lapsed there after `lease_s`
-though its request still ran. (Redis refuses a script only at its first write, before it
-wrote anything: none is refused partway, leaving a lease behind.)
+limit let as many again in). A renewal renews only the leases Redis still holds (one
+released as the renewal was on its way stays released), but for those that may have
+lapsed there while their request ran (Redis full or down meanwhile, or a renewal found
+one gone): those it writes back, unless their release, which bars them, came first. A
+lease whose request ended never comes back. (Redis refuses a script only at its first
+write, before it wrote anything: none is refused partway, leaving a lease behind.)
 """
 
 from __future__ import annotations
@@ -154,6 +156,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         #: until they expire there on their own (no one renews them): past that, there is
         #: nothing to release (a long outage adds one per request, and they had piled up).
         self._orphans: dict[str, tuple[list[str], float]] = {}
+        #: leases Redis granted whose copy there may have lapsed while their request runs
+        #: (Redis full or down meanwhile): renewals write them back, and their release
+        #: bars them, so that a renewal landing after it does not.
+        self._restore: set[str] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
 
@@ -213,6 +219,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         for lease, (store, keys) in self._active.items():
             if store is self.remote:
                 self.local.hold(keys, lease, self.cfg.lease_s * 1000)
+                self._restore.add(lease)
 
     def _store_ok(self) -> None:
         if self._degraded:
@@ -267,6 +274,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         """Settle the token reservation and release the lease; the token buckets it
         changed, as they stand after that (key -> state)."""
         self._active.pop(lease, None)
+        barred = lease in self._restore  # (a renewal may write it back: bar it)
+        self._restore.discard(lease)
         after: dict[str, BucketState] = {}
         # Each bucket took the reservation up to its limit (a request may reserve more
         # than a minute's budget, and still be let in): it is settled from what it took.
@@ -288,7 +297,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             if store is self.remote:  # (held there too while Redis could not decide)
                 await self.local.release(conc_keys, lease)
             try:
-                await store.release(conc_keys, lease)
+                if barred and isinstance(store, RedisStore):
+                    await store.release_barred(conc_keys, lease, self.cfg.lease_s * 1000)
+                else:
+                    await store.release(conc_keys, lease)
             except StoreError as e:
                 self._orphan(lease, conc_keys)
                 self._store_failed(e)
@@ -349,28 +361,30 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             self._store_ok()
 
     async def _renew(self) -> None:
-        """Push every running lease's expiry on. Redis writes each back whether it holds
-        it or not: one it could not renew (full, down) lapsed there while its request
-        still runs. A request that ended meanwhile may have been released before that
-        write: it is released again."""
+        """Push every running lease's expiry on, where its store still holds it (one
+        released meanwhile stays so). Redis writes back those it may have lost while
+        their request runs (`_restore`), unless their release came first; one a renewal
+        finds gone while its request still runs lapsed there (a round missed): it joins
+        them, written back at once."""
         lease_ms = self.cfg.lease_s * 1000
         by_store: dict[int, tuple[Store, dict[str, list[str]]]] = {}
         for lease, (store, keys) in list(self._active.items()):
             by_store.setdefault(id(store), (store, {}))[1][lease] = keys
         for store, leases in by_store.values():
-            if store is self.remote:
-                await self.local.renew(leases, lease_ms)  # (those held locally)
-            try:
+            if store is not self.remote:
                 await store.renew(leases, lease_ms)
+                continue
+            await self.local.renew(leases, lease_ms)  # (those held locally)
+            try:
+                gone = await store.renew(leases, lease_ms, self._restore)
+                # (a request that ended meanwhile was released: it stays so)
+                lapsed = {lease for lease in gone if lease in self._active}
+                if lapsed:
+                    self._restore |= lapsed
+                    await store.renew({lease: leases[lease] for lease in lapsed}, lease_ms,
+                                      lapsed)
             except StoreError as e:
                 self._store_failed(e)
-                continue
-            for lease, keys in leases.items():
-                if lease not in self._active and store is self.remote:
-                    try:
-                        await store.release(keys, lease)
-                    except StoreError:
-                        self._orphan(lease, keys)
 
     async def _retry_orphans(self) -> None:
         if self.remote is None or not self._orphans:
@@ -383,7 +397,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             if lease in self._active:
                 continue  # still running: released when it ends
             try:
-                await self.remote.release_orphan(keys, lease, self.cfg.lease_s * 1000)
+                await self.remote.release_barred(keys, lease, self.cfg.lease_s * 1000)
             except StoreError:
                 return  # still down: the next round tries again
             self._orphans.pop(lease, None)
@@ -467,6 +481,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 # Redis admitted it as another call found Redis full or down (the two
                 # crossed): `_hold_locally` ran before this lease was known.
                 self.local.hold(conc_keys, lease, self.cfg.lease_s * 1000)
+                self._restore.add(lease)
         try:
             reply = await call_next(ctx)
         except BaseException:

@@ -1214,3 +1214,103 @@ async def test_a_request_redis_admitted_as_it_filled_holds_its_slot_locally(
     finally:
         gate.set()
         await p.close()
+
+
+async def test_a_renewal_never_brings_back_a_released_lease(store: Any) -> None:
+    """A renewal of a lease released before it ran (the two race: the release ends its
+    request while the renewal, sent on another connection, is on its way) renews nothing.
+    Redis wrote every lease back, so a released one held its slot until `lease_s`
+    passed (a concurrency limit of 1 refused every request meanwhile)."""
+    c = key()
+    assert (await store.admit([], [(c, 1)], "a", 60_000)).allowed
+    await store.release([c], "a")
+    assert await store.renew({"a": [c]}, 60_000) == {"a"}  # (it held it no longer)
+    assert (await store.admit([], [(c, 1)], "b", 60_000)).allowed
+
+
+async def test_a_lapsed_lease_is_written_back_unless_it_was_released(
+        redis_server: RedisServer) -> None:
+    """A lease Redis lost while its request ran (it lapsed over an outage, or Redis was
+    full and could not renew it) is written back where the renewal asks (`restore`), but
+    not one whose request ended meanwhile: a barred release (`release_barred`) says so."""
+    s = RedisStore(redis_server.url, timeout_s=1.0)
+    c = key()
+    try:
+        await s.renew({"runs": [c], "ended": [c]}, 60_000, restore={"runs", "ended"})
+        await s.release_barred([c], "ended", 60_000)
+        assert await s.renew({"runs": [c], "ended": [c]}, 60_000,
+                             restore={"runs", "ended"}) == {"ended"}
+        assert await s.client.zrange(c, 0, -1) == [b"runs"]
+    finally:
+        await s.close()
+
+
+def _renewal_landing_late(p: RateLimitPlugin, go: asyncio.Event,
+                          on_redis: list[asyncio.Task[Any]]) -> Any:
+    """`p`'s renewal script, sent and then cut by its timeout: Redis runs it once `go` is
+    set (a busy Redis may run it after a release sent later, on another connection)."""
+    assert p.remote is not None
+    script = p.remote._renew
+
+    async def sent_then_cut(**kw: Any) -> Any:
+        async def runs_later() -> Any:
+            await go.wait()
+            return await script(**kw)
+
+        try:
+            await asyncio.Event().wait()  # (waiting for the reply: cut by the timeout)
+        except asyncio.CancelledError:
+            on_redis.append(asyncio.create_task(runs_later()))
+            raise
+
+    p.remote._renew = sent_then_cut  # type: ignore[assignment]
+    return script
+
+
+@pytest.mark.parametrize("outage", [False, True])
+async def test_a_renewal_landing_after_a_release_leaves_no_slot_behind(
+        redis_server: RedisServer, outage: bool) -> None:
+    """A renewal sent while a request ran lands on Redis after that request's release (it
+    was cut by its timeout, and Redis ran it late). It wrote the lease back: the slot was
+    held, by no request, until `lease_s` passed. With `outage`, the lease had lapsed in
+    Redis while the request ran (Redis down, or full): a renewal writes such a lease
+    back, but not once its request has ended."""
+    from plugins.rate_limit.gcra import StoreError
+
+    p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1}])
+    assert p.remote is not None
+    gate = asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        await gate.wait()
+        return Completion({"usage": {"total_tokens": 5}})
+
+    async def leases() -> int:
+        assert p.remote is not None
+        keys = await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c")
+        return sum([await p.remote.client.zcard(k) for k in keys])
+
+    go = asyncio.Event()
+    on_redis: list[asyncio.Task[Any]] = []
+    running = asyncio.create_task(p(ctx(), held))
+    try:
+        await eventually(lambda: len(p._active) == 1)
+        if outage:
+            p._store_failed(StoreError("ConnectionError"))  # held locally from here on
+            for k in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
+                await p.remote.client.delete(k)  # lapsed there meanwhile
+        script = _renewal_landing_late(p, go, on_redis)
+        await p._renew()  # cut by its timeout
+        await eventually(lambda: bool(on_redis))
+        p.remote._renew = script
+        gate.set()
+        await running  # released (Redis answers it)
+        go.set()
+        await asyncio.wait(on_redis)  # the renewal lands now
+        assert await leases() == 0
+        p._store_ok()
+        await p(ctx(), answer)  # the single slot is free
+    finally:
+        gate.set()
+        go.set()
+        await p.close()
