@@ -88,23 +88,35 @@ def lost_cancellation() -> Iterator[None]:
         raise asyncio.CancelledError
 
 
+#: The slices a call's time is waited in (`abandon_after`). Time is the clock's, but the
+#: call is run by the event loop: a loop too busy to run it (a long synchronous step, a
+#: GC pause, a queue of ready callbacks) held back a reply its store sent in time, and a
+#: 50 ms Redis call timed out under ordinary load on two cores (the rate limiter fell
+#: back to its local limiter, the cache missed). Waited in slices, the time a slice's
+#: timer fired late (the loop's lag) is not counted: on an idle loop the call times out
+#: after `timeout_s`, on a busy one once it has had `timeout_s` of the loop's time and
+#: as many turns of the loop as there are slices (a Redis call takes about three).
+TIME_SLICES = 4
+
+
 async def abandon_after(work: Awaitable[T], timeout_s: float) -> T:
-    """`work`'s result if it ends within `timeout_s`, else TimeoutError then. It runs
-    as a task of its own, cancelled and left to end on its own (`detach`) when the time
-    is up or the caller is cancelled. An `asyncio.timeout` around a Redis
-    command waited for the command to take its cancellation: one that lost it (redis-py
-    opening a connection to a frozen Redis, under load) ran on to its socket timeout,
-    4 s where 50 ms was asked."""
+    """`work`'s result if it ends within `timeout_s` of the loop's time (its lag not
+    counted: `TIME_SLICES`), else TimeoutError then. It runs as a task of its own,
+    cancelled and left to end on its own (`detach`) when the time is up or the caller
+    is cancelled. An `asyncio.timeout` around a Redis command waited for the command to
+    take its cancellation: one that lost it (redis-py opening a connection to a frozen
+    Redis, under load) ran on to its socket timeout, 4 s where 50 ms was asked."""
     task = detach(work)
     try:
-        done, _ = await asyncio.wait((task,), timeout=timeout_s)
+        for _ in range(TIME_SLICES):
+            await asyncio.wait((task,), timeout=timeout_s / TIME_SLICES)
+            if task.done():
+                return task.result()
     except asyncio.CancelledError:
         _abandon(task)
         raise
-    if not done:
-        _abandon(task)
-        raise TimeoutError
-    return task.result()
+    _abandon(task)
+    raise TimeoutError
 
 
 def _abandon(task: asyncio.Future[Any]) -> None:

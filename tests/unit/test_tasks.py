@@ -178,3 +178,25 @@ async def test_abandon_after_passes_on_a_result_and_a_callers_cancellation() -> 
     with pytest.raises(asyncio.CancelledError):
         await caller
     hang.release.set()
+
+
+async def test_a_call_the_loop_ran_late_is_not_timed_out() -> None:
+    """A store call is timed by the clock, but run by the event loop: a loop too busy to
+    run it (a long synchronous step, a GC pause, a queue of ready callbacks) held back a
+    reply Redis sent in time, and the call was timed out all the same: the rate limiter
+    fell back to its local limiter, and the cache missed, under ordinary load on two cores
+    with the default 50 ms. The time the loop lagged is not counted: a call has its time
+    and a few turns of the loop. Here the clock's time is up before the loop ran the
+    call at all (a timeout of 0)."""
+    from proxy.tasks import abandon_after
+
+    async def answered_in_two_turns() -> int:
+        await asyncio.sleep(0)  # (sent)
+        await asyncio.sleep(0)  # (its reply read)
+        return 7
+
+    assert await abandon_after(answered_in_two_turns(), 0.0) == 7
+    hang = Stubborn()
+    with pytest.raises(TimeoutError):  # one that does not answer still times out
+        await abandon_after(hang(), 0.0)
+    hang.release.set()
