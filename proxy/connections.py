@@ -144,6 +144,8 @@ class _Guarded(asyncio.Protocol):
             self.refused = True  # nothing more reaches aiohttp's parser
             self._disarm_head()
             self.guard.note("head_too_large")
+            if self.guard.on_refused is not None:
+                self.guard.on_refused(431, "request_header_fields_too_large")
             self.transport.write(HEAD_TOO_LARGE)
             self.transport.close()
             return True
@@ -244,7 +246,10 @@ class ConnectionGuard:
 
     def __init__(self, max_connections: int | None, header_timeout_s: float,
                  on_close: Callable[[str], None] | None = None,
-                 write_timeout_s: float = 30.0, max_head_bytes: int = 65536) -> None:
+                 write_timeout_s: float = 30.0, max_head_bytes: int = 65536,
+                 on_refused: Callable[[int, str | None], None] | None = None) -> None:
+        """`on_refused(status, code)`: told of each request refused before it was
+        parsed (by aiohttp's parser, or past `max_head_bytes`): the access log's line."""
         self.max_connections = max_connections or default_max_connections()
         self.header_timeout_s = header_timeout_s
         self.write_timeout_s = write_timeout_s
@@ -255,6 +260,7 @@ class ConnectionGuard:
         self.head_timeouts = 0
         self.write_timeouts = 0
         self._on_close = on_close
+        self.on_refused = on_refused
 
     def factory(self, inner: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: _Guarded(self, inner())
@@ -262,7 +268,9 @@ class ConnectionGuard:
     def handlers(self, server: web.Server, **kw: Any) -> Callable[[], asyncio.Protocol]:
         """aiohttp's per-connection protocol (with OpenAI-shaped errors), guarded."""
         loop = asyncio.get_running_loop()
-        return self.factory(lambda: OpenAIErrors(server, loop=loop, **kw))
+
+        return self.factory(lambda: OpenAIErrors(server, loop=loop,
+                                                 on_refused=self.on_refused, **kw))
 
     def evict_idle(self) -> bool:
         """Close the oldest idle connection (the dict keeps them oldest first)."""

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from .app_state import STATE
 from .connections import GUARD, ConnectionGuard
+from .middleware import log_refused
 from .settings import ServerSettings
 from .telemetry import get_logger
 
@@ -50,7 +51,9 @@ async def listen(app: web.Application, settings: ServerSettings, host: str, port
 
     guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, closed,
                             write_timeout_s=settings.write_timeout_s,
-                            max_head_bytes=settings.max_head_bytes)
+                            max_head_bytes=settings.max_head_bytes,
+                            on_refused=log_refused if app[STATE].settings.logging.access_log
+                            else None)
     metrics.connections.set_function(lambda: len(guard.open))
     app[GUARD] = guard
     # (auto_decompress: a body's Content-Encoding is decoded by `proxy.body`, strictly)

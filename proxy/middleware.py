@@ -278,6 +278,15 @@ def log_request(request: web.Request, status: int, elapsed_s: float, **fields: A
              latency_ms=round(elapsed_s * 1000, 2), **fields)
 
 
+def log_refused(status: int, code: str | None) -> None:
+    """The access-log line of a request refused before the middlewares could read it
+    (aiohttp's parser, a head past `max_head_bytes`): its status and error code, a
+    request id of its own, and nothing of the request: its bytes are unparsed (a key
+    may be in any of them), so no method, path or header."""
+    log.info("request", method=None, path="(unparsed)", status=status, latency_ms=0.0,
+             request_id=new_hex(), error=code)
+
+
 # An id the server made (a stored response's: "resp_" and 48 hex digits): a log line may
 # name it. Nothing looser: "sk-" or "key-" and hex is a caller's secret.
 _OWN_ID = re.compile(r"resp_[0-9a-f]{48}\Z")

@@ -6,10 +6,11 @@ which would otherwise quote the request (an `Authorization` key included)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import HttpVersion11, web
-from aiohttp.http_exceptions import BadHttpMessage, PayloadEncodingError
+from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, PayloadEncodingError
 
 from .errors import ServerError, WeirError
 
@@ -60,9 +61,16 @@ class OpenAIErrors(web.RequestHandler):
     offending line, an `Authorization` key included. A body its parser refuses as it
     arrives with its head (a malformed chunk; a deflate stream cut short, where aiohttp
     decodes the body) is said to be the body's fault (`invalid_body`), as the route
-    says it of one that comes later."""
+    says it of one that comes later. `on_refused(status, code)`: told of each request
+    its parser refused (the access log's line)."""
 
-    __slots__ = ()
+    __slots__ = ("on_refused",)
+
+    def __init__(self, *args: Any,
+                 on_refused: Callable[[int, str | None], None] | None = None,
+                 **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.on_refused = on_refused
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -80,4 +88,6 @@ class OpenAIErrors(web.RequestHandler):
         resp = web.json_response(err.to_body(), status=status)
         resp.force_close()
         answer_in_http_1_1(request)
+        if isinstance(exc, HttpProcessingError) and self.on_refused is not None:
+            self.on_refused(status, err.code)  # (a handler's error was logged by its own)
         return resp

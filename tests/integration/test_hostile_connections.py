@@ -681,3 +681,35 @@ async def test_a_505_and_a_connect_have_their_code_in_the_access_log(
     lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
     assert [(x["status"], x.get("error")) for x in lines] == [
         (505, "http_version_not_supported"), (405, "method_not_allowed")]
+
+
+@pytest.mark.parametrize("served", [{"access_log": True, "max_head_bytes": 16384}],
+                         indirect=True)
+@pytest.mark.parametrize("head, status, code", [
+    (b"GET /v1/models?\x01" + KEY.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n", 400,
+     "invalid_http_request"),  # a bad request line
+    (b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"\x01\r\n\r\n",
+     400, "invalid_http_request"),  # a bad header
+    (b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"x" * 9000
+     + b"\r\n\r\n", 400, "invalid_http_request"),  # a header line too long
+    (b"GET /v1/models HTTP/1.1\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n"
+     + b"".join(b"X-F%d: " % i + b"a" * 4000 + b"\r\n" for i in range(8)) + b"\r\n",
+     431, "request_header_fields_too_large"),  # a head too large
+    (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"zz\r\n" + KEY.encode() + b"\r\n0\r\n\r\n", 400, "invalid_body"),  # a bad chunk
+], ids=["line", "header", "long-header", "head-too-large", "chunk"])
+async def test_a_request_the_parser_refuses_has_its_access_log_line(
+        logs: io.StringIO, served: Listener, head: bytes, status: int, code: str) -> None:
+    """A request refused below the middlewares (aiohttp's parser, a head past
+    `max_head_bytes`) was answered but left no access-log line: a flood of malformed
+    requests, or a client whose every request was refused, showed in no log. It has its
+    line: its status and error code, and nothing of the request (unparsed bytes, a key
+    may be in them: no method, no path, no header)."""
+    reader, writer = await connect(served)
+    writer.write(head)
+    assert (await response(reader))[0] == status
+    writer.close()
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
+    assert [(x["status"], x.get("error"), x["path"]) for x in lines] == [
+        (status, code, "(unparsed)")]
+    assert lines[0]["request_id"] and KEY[3:15] not in logs.getvalue()
