@@ -431,8 +431,9 @@ def setup(app: web.Application) -> None:
     """Routes and the store's lifespan (called from `proxy.routes.add_routes`)."""
     app.cleanup_ctx.append(_store_lifespan)
     app.router.add_post("/v1/responses", create, **ROUTE_OPTS)
-    for path in _NOT_SERVED:  # (before `{response_id}`, which would take them)
-        app.router.add_post(path, not_served, **ROUTE_OPTS)
+    for path in _NOT_SERVED:  # (before `{response_id}`, which would take them: to every
+        # method, or those but POST had a 405 whose `Allow` named POST, GET and DELETE)
+        app.router.add_route("*", path, not_served, **ROUTE_OPTS)
     app.router.add_get("/v1/responses/{response_id}", retrieve, **ROUTE_OPTS)
     app.router.add_delete("/v1/responses/{response_id}", delete, **ROUTE_OPTS)
     app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items, **ROUTE_OPTS)

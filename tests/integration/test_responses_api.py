@@ -209,6 +209,18 @@ async def test_the_responses_endpoints_not_served_are_unknown_urls(make_client: 
     assert f"POST /v1/responses/{path}" in body["error"]["message"]
 
 
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "TRACE", "GET", "DELETE"])
+@pytest.mark.parametrize("path", ["input_tokens", "compact"])
+async def test_the_responses_endpoints_not_served_are_unknown_urls_to_every_method(
+        make_client: MakeClient, path: str, method: str) -> None:
+    """Unknown to POST, they were known to the other methods: a 405 whose `Allow` named
+    POST (a 404 there), GET and DELETE. Every method gets the 404 of an unknown URL."""
+    client = await make_client()
+    r = await client.request(method, f"/v1/responses/{path}")
+    assert r.status == 404 and "Allow" not in r.headers
+    assert (await r.json())["error"]["code"] == "unknown_url"
+
+
 async def test_store_false_keeps_nothing(make_client: MakeClient) -> None:
     client = await make_client()
     body = await (await client.post("/v1/responses", json={**BASE, "store": False})).json()
