@@ -1314,3 +1314,32 @@ async def test_a_renewal_landing_after_a_release_leaves_no_slot_behind(
         gate.set()
         go.set()
         await p.close()
+
+
+async def test_a_lease_redis_lost_while_its_request_runs_is_written_back(
+        redis_server: RedisServer) -> None:
+    """A renewal renews only the leases Redis still holds; one it finds gone while its
+    request still runs (Redis lost it with no error seen: a restart, a round missed past
+    `lease_s`) is written back at once, not left to free a slot its request holds."""
+    p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1}])
+    assert p.remote is not None
+    gate = asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        await gate.wait()
+        return Completion({"usage": {"total_tokens": 5}})
+
+    running = asyncio.create_task(p(ctx(), held))
+    try:
+        await eventually(lambda: len(p._active) == 1)
+        for k in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
+            await p.remote.client.delete(k)
+        await p._renew()
+        with pytest.raises(RateLimited):  # its request still holds the single slot
+            await p(ctx(), answer)
+        gate.set()
+        await running
+        await p(ctx(), answer)  # released: free again
+    finally:
+        gate.set()
+        await p.close()
