@@ -21,7 +21,7 @@ Store failures: `fail_open` falls back to a local in-memory limiter (per replica
 a metric and a log line, and uses Redis again as soon as a call succeeds; `fail_closed`
 answers 503. A Redis full at its `maxmemory` (noeviction) answers but records nothing:
 that is no outage that a success elsewhere ends, but the same want of a shared store
-until a write lands (the background round tries one), so the limiter decides alike
+until a write lands (tried every second meanwhile), so the limiter decides alike
 (locally, or 503 with `fail_closed`), charges locally what Redis refused to record, says
 `full` in health and logs it once. It used to admit through Redis where the script's
 writes happened to pass while every token charge failed: TPM went unenforced fleet-wide,
@@ -118,6 +118,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     name: ClassVar[str] = "rate_limit"
     serves: ClassVar[frozenset[str]] = frozenset({"chat", "completion", "embeddings"})
     Config = RateLimitConfig
+    #: How often Redis is tried while it is full or down (`_watch`): a full one is not
+    #: tried by requests (it would record nothing), and `fail_closed` answers them 503
+    #: with a Retry-After of 1 s meanwhile. (At most `lease_s / 3`, the renewal's round.)
+    PROBE_S: ClassVar[float] = 1.0
 
     def __init__(self, config: RateLimitConfig, services: Services,
                  clock: Any = None) -> None:
@@ -162,12 +166,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._restore: set[str] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._prober: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._renewer = asyncio.create_task(self._renew_loop())
 
     async def close(self) -> None:
-        await cancel_and_wait(self._renewer, self._reaper)
+        await cancel_and_wait(self._renewer, self._reaper, self._prober)
         if self.remote is not None:
             await self._retry_orphans()
             await self.remote.close()
@@ -199,6 +204,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         if not self._degraded:
             self._hold_locally()
         self._degraded = True
+        self._watch()
         if self._outage.down():
             log.warning("rate-limit store unavailable", error=str(e),
                         fallback=self.cfg.on_store_error)
@@ -207,6 +213,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         if not self._full:
             self._hold_locally()
         self._full = True
+        self._watch()
         self.store_errors.labels("full").inc()
         if self._full_log.down():
             log.warning("rate-limit store is full (maxmemory): deciding without it",
@@ -336,9 +343,25 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             try:
                 await self._renew()
                 await self._retry_orphans()
-                await self._probe()
             except Exception as e:  # keep renewing: a missed round only shortens leases
                 log.error("rate-limit lease renewal failed", **error_fields(e))
+
+    def _watch(self) -> None:
+        """Redis is full or down: try it every `PROBE_S` until it is back (one task,
+        ended then). Tried only in the renewal's round (`lease_s / 3`, 10 s by default),
+        a Redis full meanwhile stayed unused that long once it took writes again: with
+        `fail_closed` every request was a 503 whose Retry-After said 1 s."""
+        if self.remote is not None and (self._prober is None or self._prober.done()):
+            self._prober = asyncio.create_task(self._probe_until_back())
+
+    async def _probe_until_back(self) -> None:
+        every = min(self.PROBE_S, self.cfg.lease_s / 3)
+        while self._full or self._degraded:
+            await asyncio.sleep(every)
+            try:
+                await self._probe()
+            except Exception as e:  # keep trying: it is back at the next success
+                log.error("rate-limit store probe failed", **error_fields(e))
 
     async def _probe(self) -> None:
         """On the local fallback, see whether Redis is back (health says so then, not

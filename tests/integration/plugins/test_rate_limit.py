@@ -1343,3 +1343,28 @@ async def test_a_lease_redis_lost_while_its_request_runs_is_written_back(
     finally:
         gate.set()
         await p.close()
+
+
+async def test_fail_closed_admits_again_soon_after_a_full_redis_takes_writes(
+        tmp_path: Path) -> None:
+    """Redis full: `fail_closed` answers 503 (Retry-After: 1 s) and stops trying Redis,
+    which would record nothing. Only the background round (every `lease_s / 3`, 20 s
+    here) saw it take writes again: its clients were refused all that while, however
+    often they retried. While it is full (or down) it is tried every second."""
+    server = RedisServer(tmp_path).start()
+    p = plugin(server.url, on_store_error="fail_closed", lease_s=60,
+               rules=[{"per": "key", "rpm": 1000}])
+    assert p.remote is not None
+    await p.start()
+    try:
+        await p(ctx(), answer)
+        await p.remote.client.config_set("maxmemory", 1)
+        with pytest.raises(Unavailable):
+            await p(ctx(), answer)
+        assert p.health() == {"store": "full"}
+        await p.remote.client.config_set("maxmemory", 0)
+        await eventually(lambda: p.health() == {"store": "redis"}, timeout=5)
+        await p(ctx(), answer)  # admitted through Redis again
+    finally:
+        server.stop()
+        await p.close()
