@@ -297,11 +297,11 @@ def logged_path(request: web.Request) -> str:
     (`/v1/jane@example.com`), so it is not written; a route's parameters are the
     caller's text too (`/v1/responses/jane@example.com`, `/v1/models/sk-live-...`):
     the route's template is written, with an id the server made put back in."""
-    resource = request.match_info.route.resource
+    resource = route_resource(request)
     if resource is None:
         return "(no route)"
     params = dict(request.match_info)
-    if not params:
+    if not params and resource is request.match_info.route.resource:
         return request.path
     info = resource.get_info()
     template = info.get("formatter") or resource.canonical
@@ -309,6 +309,29 @@ def logged_path(request: web.Request) -> str:
         if _OWN_ID.match(value):
             template = re.sub(r"\{" + re.escape(name) + r"(?::[^}]*)?\}", value, template)
     return template
+
+
+def route_resource(request: web.Request) -> web.AbstractResource | None:
+    """The route a request's path names: the one matched, or for a method that path does
+    not serve (a 405) the route's whose path it is (the first registered, as a 405 names
+    the methods of every such route). None for a path no route serves. (A 405 was
+    logged as `(no route)` and traced as `unmatched`, as though its path were unknown.)"""
+    match = request.match_info
+    if match.route.resource is not None:
+        return match.route.resource
+    if not isinstance(getattr(match, "http_exception", None), web.HTTPMethodNotAllowed):
+        return None
+    path = request.rel_url.path_safe  # (what the router matched)
+    for resource in request.app.router.resources():
+        info = resource.get_info()
+        if isinstance(resource, web.PlainResource):
+            if info.get("path") == path:
+                return resource
+        elif isinstance(resource, web.DynamicResource):
+            pattern = info.get("pattern")
+            if pattern is not None and pattern.fullmatch(path):
+                return resource
+    return None
 
 
 _UNTRACED = ("/health", "/metrics", "/dashboard")
@@ -344,7 +367,7 @@ def make_tracing(trust_incoming: bool) -> Any:
 
 async def _server_span(request: web.Request, handler: Handler,
                        parent: otel_context.Context | None) -> web.StreamResponse:
-    resource = request.match_info.route.resource
+    resource = route_resource(request)
     route = resource.canonical if resource is not None else "unmatched"
     attrs = {"http.request.method": request.method, "http.route": route,
              "weir.request_id": request.get(REQUEST_ID, "")}

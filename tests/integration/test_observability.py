@@ -124,6 +124,32 @@ async def test_no_key_or_prompt_leaks(make_client: MakeClient, spans: InMemorySp
         assert "Bearer" not in haystack and "authorization" not in haystack.lower()
 
 
+async def test_a_405_is_logged_and_traced_under_its_routes_template(
+        make_client: MakeClient, spans: InMemorySpanExporter, logs: io.StringIO) -> None:
+    """A method a known path does not serve (a 405) was logged as `path: "(no route)"`
+    and traced as `unmatched`, as though its path were unknown: its route's template
+    is written (what the other methods of that path log), never its parameters (the
+    caller's text: an id, a key)."""
+    client = await make_client(settings())
+    h = {"Authorization": f"Bearer {KEY}"}
+    for method, path in [("PUT", "/v1/chat/completions"),
+                         ("PATCH", f"/v1/responses/{MARKER}"),
+                         ("POST", f"/v1/models/{KEY}")]:
+        r = await client.request(method, path, headers=h)
+        assert r.status == 405, (method, path)
+        await r.read()
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
+    assert [(x["method"], x["path"], x["status"]) for x in lines] == [
+        ("PUT", "/v1/chat/completions", 405), ("PATCH", "/v1/responses/{response_id}", 405),
+        ("POST", "/v1/models/{model}", 405)]
+    routes = [s.attributes["http.route"] for s in spans.get_finished_spans()
+              if s.name.startswith("HTTP ")]  # type: ignore[index]
+    assert routes == ["/v1/chat/completions", "/v1/responses/{response_id}",
+                      "/v1/models/{model}"]
+    text = logs.getvalue() + json.dumps([s.to_json() for s in spans.get_finished_spans()])
+    assert MARKER not in text and KEY not in text
+
+
 async def test_a_configured_key_sent_as_request_id_is_never_logged(
         make_client: MakeClient, logs: io.StringIO) -> None:
     """A request id that looks like a vendor key was replaced, but a key of no vendor's
