@@ -167,12 +167,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._renewer: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._prober: asyncio.Task[None] | None = None
+        self._restorer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._renewer = asyncio.create_task(self._renew_loop())
 
     async def close(self) -> None:
-        await cancel_and_wait(self._renewer, self._reaper, self._prober)
+        await cancel_and_wait(self._renewer, self._reaper, self._prober, self._restorer)
         if self.remote is not None:
             await self._retry_orphans()
             await self.remote.close()
@@ -233,6 +234,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             self._degraded = False
             if self._outage.back():
                 log.info("rate-limit store is back")
+            # The leases of requests that ran through the outage may have lapsed there:
+            # written back at once, as after a full Redis (the next renewal round was up
+            # to `lease_s / 3` away, Redis deciding without them meanwhile).
+            if self._restore and (self._restorer is None or self._restorer.done()):
+                self._restorer = asyncio.create_task(self._renew_logged())
 
     async def _admit(self, buckets: list[Bucket], conc: list[tuple[str, int]],
                      lease: str) -> tuple[Decision, Store]:
@@ -345,6 +351,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 await self._retry_orphans()
             except Exception as e:  # keep renewing: a missed round only shortens leases
                 log.error("rate-limit lease renewal failed", **error_fields(e))
+
+    async def _renew_logged(self) -> None:
+        """`_renew` out of the round (`_store_ok`): a failure is logged, as the round's."""
+        try:
+            await self._renew()
+        except Exception as e:  # (the next round tries again)
+            log.error("rate-limit lease renewal failed", **error_fields(e))
 
     def _watch(self) -> None:
         """Redis is full or down: try it every `PROBE_S` until it is back (one task,

@@ -1368,3 +1368,50 @@ async def test_fail_closed_admits_again_soon_after_a_full_redis_takes_writes(
     finally:
         server.stop()
         await p.close()
+
+
+async def test_leases_that_lapsed_over_an_outage_are_written_back_once_redis_is_back(
+        redis_server: RedisServer) -> None:
+    """A request ran through a Redis outage longer than `lease_s`: its lease lapsed there.
+    Once an admission found Redis back, Redis decided again without it until the next
+    renewal round (`lease_s / 3`, 20 s here) wrote it back: a concurrency limit let one
+    more in meanwhile. It is written back as Redis is found back (as after a full
+    Redis takes writes again)."""
+    from plugins.rate_limit.gcra import StoreError
+
+    p = plugin(redis_server.url, lease_s=60, rules=[{"per": "tenant", "concurrent": 2}])
+    assert p.remote is not None
+    gate = asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        await gate.wait()
+        return Completion({"usage": {"total_tokens": 5}})
+
+    async def leases() -> int:
+        assert p.remote is not None
+        keys = await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c")
+        return sum([await p.remote.client.zcard(k) for k in keys])
+
+    running = [asyncio.create_task(p(ctx(), held))]
+    try:
+        await eventually(lambda: len(p._active) == 1)
+        p._store_failed(StoreError("ConnectionError"))  # an outage...
+        for k in await p.remote.client.keys(p.cfg.redis.key_prefix + "*:c"):
+            await p.remote.client.delete(k)  # ...past `lease_s`: lapsed there
+        running.append(asyncio.create_task(p(ctx(), held)))  # Redis is back: admitted
+        await eventually(lambda: len(p._active) == 2)
+        assert p.health() == {"store": "redis"}
+        await eventually_async(lambda: leases(), 2)
+        with pytest.raises(RateLimited):  # the two running hold both slots
+            await p(ctx(), answer)
+    finally:
+        gate.set()
+        await asyncio.gather(*running)
+        await p.close()
+
+
+async def eventually_async(read: Any, want: Any, timeout: float = 5) -> None:
+    """`eventually` of a value read from Redis."""
+    async with asyncio.timeout(timeout):
+        while await read() != want:  # noqa: ASYNC110 - polling Redis
+            await asyncio.sleep(0.005)
