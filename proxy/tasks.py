@@ -92,16 +92,17 @@ def lost_cancellation() -> Iterator[None]:
 #: call is run by the event loop: a loop too busy to run it (a long synchronous step, a
 #: GC pause, a queue of ready callbacks) held back a reply its store sent in time, and a
 #: 50 ms Redis call timed out under ordinary load on two cores (the rate limiter fell
-#: back to its local limiter, the cache missed). Waited in slices, the time a slice's
-#: timer fired late (the loop's lag) is not counted: on an idle loop the call times out
-#: after `timeout_s`, on a busy one once it has had `timeout_s` of the loop's time and
-#: as many turns of the loop as there are slices (a Redis call takes about three).
+#: back to its local limiter, the cache missed). Waited in slices, each timed from when
+#: the loop ran it, the time a slice's timer fired late (the loop's lag) is added to the
+#: call's, not taken from it: on an idle loop the call times out after `timeout_s`, on a
+#: busy one once it has had at least `timeout_s` and as many turns of the loop as there
+#: are slices (a Redis call takes about three). Bounded: `timeout_s` plus the slices' lag.
 TIME_SLICES = 4
 
 
 async def abandon_after(work: Awaitable[T], timeout_s: float) -> T:
-    """`work`'s result if it ends within `timeout_s` of the loop's time (its lag not
-    counted: `TIME_SLICES`), else TimeoutError then. It runs as a task of its own,
+    """`work`'s result if it ends within `timeout_s` and `TIME_SLICES` turns of the loop
+    (`TIME_SLICES`), else TimeoutError then. It runs as a task of its own,
     cancelled and left to end on its own (`detach`) when the time is up or the caller
     is cancelled. An `asyncio.timeout` around a Redis command waited for the command to
     take its cancellation: one that lost it (redis-py opening a connection to a frozen

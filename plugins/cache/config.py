@@ -63,8 +63,8 @@ class SemanticConfig(_Part):
 class RedisConfig(_Part):
     url: RedisUrl | None = Field(None, description="redis://host:port/db (None: no Redis).")
     timeout_s: float = Field(0.05, gt=0, description="Per-command timeout of reads (on "
-                             "the request's path; the event loop's own lag not "
-                             "counted); slower = down.")
+                             "the request's path; at least this long and four turns "
+                             "of the event loop); slower = down.")
     write_timeout_s: float = Field(
         1.0, gt=0, description="Per-command timeout of writes (storing an answer, "
         "evictions, deletes, events), which run after the answer has gone out: a busy "

@@ -67,7 +67,8 @@ class Rule(Limits):
 class RedisLimits(ConfigModel):
     url: RedisUrl | None = Field(None, description="redis://host:port/db")
     timeout_s: float = Field(0.05, gt=0, description="Per-call timeout of Redis's answer "
-                             "(the event loop's own lag not counted); slower = down.")
+                             "(at least this long and four turns of the event loop); "
+                             "slower = down.")
     key_prefix: str = Field("weir:rl:", min_length=1, description="Prefix of every key.")
 
 
