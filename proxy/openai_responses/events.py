@@ -377,10 +377,20 @@ def _failed(e: _Events, err: WeirError) -> list[dict[str, Any]]:
     the text's and arguments' `.done` events say they are whole, and SDKs parse them),
     then the error and the failed response, which keeps the output that went out."""
     body = err.to_body()["error"]
-    code = "rate_limit_exceeded" if err.status == 429 else "server_error"
     e.reason = "failed"
     e.error_status = err.status
     return [*e.close(),
             e.ev("error", code=body["code"], message=body["message"], param=body["param"]),
             e.ev("response.failed", response=e.response(
-                "failed", error={"code": code, "message": body["message"]}))]
+                "failed", error={"code": error_code(err), "message": body["message"]}))]
+
+
+def error_code(err: WeirError) -> str:
+    """The code of a failed Response's `error` (OpenAI's `ResponseErrorCode`, a closed
+    list) for `err`: a refusal of the request itself (a 400: its prompt past the
+    model's context, the sanitizer's refusal; a 413) is `invalid_prompt`, as the HTTP
+    error the request would have been answered without `background`; a 429
+    `rate_limit_exceeded`; anything else `server_error`."""
+    if err.status == 429:
+        return "rate_limit_exceeded"
+    return "invalid_prompt" if err.status in (400, 413) else "server_error"

@@ -536,3 +536,22 @@ async def test_a_create_that_failed_before_its_run_started_gives_its_place_back(
     assert not client.app[RUNNER].runs
     rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
     await ended(client, rid, "public")
+
+
+async def test_an_engine_refusal_is_stored_as_the_requests_error(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A prompt past the model's context (the 400 the request would be answered without
+    `background`) is stored `failed` as OpenAI's `invalid_prompt`, with that 400's
+    message: it was a `server_error`, as if the server had failed."""
+    client = await make_client()
+    sync = await client.post("/v1/responses", json={
+        **BASE, "background": False, "input": "x" * fake_engine.max_model_len})
+    assert sync.status == 400
+    said = (await sync.json())["error"]["message"]
+    r = await client.post("/v1/responses", json={**BASE, "input": "x" * fake_engine.max_model_len})
+    assert r.status == 200
+    rid = (await r.json())["id"]
+    await ended(client, rid, "public")
+    body = await get(client, rid, {})
+    assert body["status"] == "failed"
+    assert body["error"] == {"code": "invalid_prompt", "message": said}
