@@ -17,7 +17,7 @@ from aiohttp import web
 from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from ..auth import Principal
 from ..chain import Completion, Reply, Stream
-from ..context import RequestContext, header_map
+from ..context import RequestContext, Screen, header_map
 from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
 from ..ids import shown_id
 from ..inflight import count_abort, counting_cuts, generating
@@ -113,6 +113,13 @@ async def _create(request: web.Request, st: AppState,
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     rid = X.new_id("resp")
     inputs = X.input_items(req) if req.store else []
+    given = inputs  # (what the chain's screen reads; `inputs` is what is kept)
+    # A background response's record is stored before the chain screened its input:
+    # with it, screened as the chain will (`input_items` lists it at once).
+    screen = (next((s for p in st.plugins if (s := p.screen_aside()) is not None), None)
+              if req.background else None)
+    if screen is not None:
+        inputs = _screened_inputs(req, history, inputs, screen)
     if req.store and store.max_bytes is not None:
         # What the record will hold before any output: past the tenant's whole bound, it
         # could never be stored (a 413 now, before tokens are spent on it).
@@ -188,13 +195,13 @@ async def _create(request: web.Request, st: AppState,
                 reply = await st.chain(ctx)
         except InvalidRequest as e:
             raise X.rename_param(e, bool(req.instructions)) from None
-        req, inputs, conversation = _screened(ctx, req, history, inputs, conversation)
+        req, inputs, conversation = _screened(ctx, req, history, given, conversation)
         return reply
 
     if req.background:
         return await background_http.start(
-            request, st, request.app[RUNNER], store, principal.tenant, req, rid, chained,
-            save, lambda: (req, inputs, conversation))
+            request, st, request.app[RUNNER], store, principal.tenant, req, rid, screen,
+            chained, save, lambda: (req, inputs, conversation))
     reply = await chained()
     if isinstance(reply, Completion):
         note_usage(st, info, reply.body)  # token metrics, as on the chat route
@@ -247,9 +254,7 @@ def _screened(ctx: RequestContext, req: ResponsesRequest, history: list[dict[str
     Redis) nor in `input_items`."""
     if ctx.screen is not None:
         assert isinstance(ctx.request, ChatCompletionRequest)
-        before = [req.instructions or "", *X.history_texts(history)]
-        speakers = ["system", *X.history_speakers(history)]
-        inputs = X.screened_items(req, inputs, before, ctx.screen, speakers)
+        inputs = _screened_inputs(req, history, inputs, ctx.screen)
         conversation = X.screened_conversation(req, ctx.request)
         req = X.screened_request(req, ctx.request)
     elif ctx.screen_aside is not None:  # (the prompt had nothing to redact)
@@ -257,6 +262,15 @@ def _screened(ctx: RequestContext, req: ResponsesRequest, history: list[dict[str
     if ctx.screen_aside is not None:  # (in no prompt: the chain never read them)
         req = X.screened_caller_text(req, ctx.screen_aside)
     return req, inputs, conversation
+
+
+def _screened_inputs(req: ResponsesRequest, history: list[dict[str, Any]],
+                     inputs: list[dict[str, Any]], screen: Screen) -> list[dict[str, Any]]:
+    """`req`'s input items screened by `screen` as the chain reads them: after its
+    instructions and the history's texts, as one conversation."""
+    before = [req.instructions or "", *X.history_texts(history)]
+    speakers = ["system", *X.history_speakers(history)]
+    return X.screened_items(req, inputs, before, screen, speakers)
 
 
 async def _record(request: web.Request) -> tuple[str, dict[str, Any]]:

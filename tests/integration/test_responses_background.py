@@ -68,6 +68,9 @@ async def test_answered_queued_at_once_then_polled_to_its_end(
     assert body["output"] == []
     rid = body["id"]
     assert (await get(client, rid))["status"] in ("queued", "in_progress")
+    # its input is listed as soon as it exists (it was listed once the chain ran)
+    items = await client.get(f"/v1/responses/{rid}/input_items", headers=A)
+    assert [i["content"][0]["text"] for i in (await items.json())["data"]] == ["hi"]
     # a follow-up on it waits for its end, as on one streaming
     follow = await client.post("/v1/responses", headers=A, json={
         "model": "fake-model", "input": "and?", "previous_response_id": rid})
@@ -226,8 +229,8 @@ async def test_the_chains_plugins_apply_to_a_background_run(
 async def test_the_sanitizer_screens_what_it_echoes_and_keeps(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """Its `queued` answer and record come before the chain screened it: they echo the
-    instructions, the caller's texts and the tools' descriptions screened as the chain
-    will; its input is kept once screened; the engine reads it redacted."""
+    instructions, the caller's texts and the tools' descriptions, and keep its input,
+    screened as the chain will; the engine reads it redacted."""
     client = await make_client(plugins=[{"name": "sanitizer", "config": {
         "detectors": {"email": "redact"}}}])
     mail = "leak.check@example.com"
@@ -241,7 +244,8 @@ async def test_the_sanitizer_screens_what_it_echoes_and_keeps(
     assert r.status == 200 and mail not in text and "[EMAIL]" in text, text
     rid = json.loads(text)["id"]
     for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
-        assert mail not in await (await client.get(path)).text()
+        got = await (await client.get(path)).text()
+        assert "[EMAIL]" in got and mail not in got, got
     fake_engine.token_gate.set()
     await ended(client, rid, "public")
     for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
@@ -555,3 +559,21 @@ async def test_an_engine_refusal_is_stored_as_the_requests_error(
     body = await get(client, rid, {})
     assert body["status"] == "failed"
     assert body["error"] == {"code": "invalid_prompt", "message": said}
+
+
+async def test_a_run_the_chain_refused_keeps_its_input_screened(
+        make_client: MakeClient) -> None:
+    """Its input is kept screened from the start: a run the chain refused (a 429) kept
+    it as sent, the sanitizer's redactions undone in the store."""
+    client = await make_client(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact"}}},
+        {"name": "rate_limit", "config": {"rules": [{"per": "tenant", "rpm": 1}]}}])
+    mail = "leak.check@example.com"
+    first = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await ended(client, first, "public")
+    rid = (await (await client.post("/v1/responses", json={
+        **BASE, "input": f"write to {mail}"})).json())["id"]
+    await ended(client, rid, "public")
+    assert (await get(client, rid, {}))["status"] == "failed"
+    got = await (await client.get(f"/v1/responses/{rid}/input_items")).text()
+    assert "[EMAIL]" in got and mail not in got, got
