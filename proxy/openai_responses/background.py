@@ -33,7 +33,7 @@ from ..errors import InvalidRequest, RecordTooLarge, ServerError, Unavailable, W
 from ..record_store import Record, RecordStore
 from ..settings import BackgroundSettings
 from ..streaming import dumps
-from ..tasks import cancel_and_wait, detach
+from ..tasks import RECANCEL_MAX_S, RECANCEL_S, cancel_and_wait, detach
 from ..telemetry import error_fields, get_logger
 from .events import OnDone, Rendering
 
@@ -262,16 +262,28 @@ class Runner:
 
     async def close(self, grace: float) -> None:
         """Cancel what still runs (a shutdown: their records say `failed`) and wait, at
-        most `grace` seconds, for their records to be stored."""
-        tasks = []
-        for run in self.runs.values():
-            run.shutdown = True
-            if run.task is not None:
-                tasks.append(run.task)
-                if run.started:
-                    run.task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace)
+        most `grace` seconds, for their records to be stored. A run is cancelled again
+        until it has ended (a cancellation can be lost, as `proxy.tasks` says, or taken
+        by a step that shields itself): cancelled once, one that ran on was left, its
+        record `in_progress` until its lease lapsed. (A run ends once its end is
+        stored: `respond` holds its final save through a cancellation.)"""
+        runs = list(self.runs.values())
+        for run in runs:
+            run.shutdown = True  # (one not started yet starts, sees it, and ends)
+        loop = asyncio.get_running_loop()
+        until, wait = loop.time() + grace, RECANCEL_S
+        pending = {run.task: run for run in runs if run.task is not None}
+        while pending and (left := until - loop.time()) > 0:
+            for task, run in pending.items():
+                if run.started:  # (a task cancelled before its first step runs none
+                    task.cancel()  # of it: it would store nothing)
+            done, _ = await asyncio.wait(pending, timeout=min(wait, left))
+            for task in done:
+                del pending[task]
+            wait = min(wait * 2, RECANCEL_MAX_S)
+        for run in pending.values():
+            log.warning("background response not stored as ended at shutdown",
+                        response_id=run.rid)
         await cancel_and_wait(self._watch)
 
 
@@ -314,8 +326,15 @@ async def respond(run: Run, runner: Runner, rendering: Rendering,
                 run.add(event)
     except asyncio.CancelledError:
         if not rendering.finished:
+            # Held through a cancellation (a shutdown's second): the run ends once its
+            # end is stored, which its store's own timeout bounds (a run that ended
+            # before left the shutdown closing the store under its last write).
             saving = rendering.saving or detach(end(rendering.cut()))
-            await asyncio.shield(saving)
+            while not saving.done():
+                try:
+                    await asyncio.shield(saving)
+                except asyncio.CancelledError:
+                    continue
         raise
 
 

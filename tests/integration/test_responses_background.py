@@ -577,3 +577,30 @@ async def test_a_run_the_chain_refused_keeps_its_input_screened(
     assert (await get(client, rid, {}))["status"] == "failed"
     got = await (await client.get(f"/v1/responses/{rid}/input_items")).text()
     assert "[EMAIL]" in got and mail not in got, got
+
+
+async def test_a_shutdown_cuts_a_run_that_ran_on_after_its_cancellation(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that ran on after the shutdown's cancellation (one lost in a Redis call, or
+    taken by a step that shields itself) is cancelled again until it ends, its record
+    `failed`: cancelled once, it was left running, its record `queued` until its lease
+    lapsed."""
+    client = await make_client()
+    st = client.app[STATE]
+    entered, lost = asyncio.Event(), asyncio.Event()
+
+    async def stubborn(ctx: Any) -> Any:
+        entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            lost.set()  # (the cancellation lost: it runs on)
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(st, "chain", stubborn)
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await entered.wait()
+    await client.app[RUNNER].close(30)
+    assert lost.is_set()
+    body = await get(client, rid, {})
+    assert body["status"] == "failed" and "shut down" in body["error"]["message"]
