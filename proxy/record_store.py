@@ -64,8 +64,12 @@ class RecordStore(Protocol):
         ...
 
     async def replace(self, tenant: str, record_id: str, record: Record,
-                      summary: Summary | None = None) -> bool:
-        """Put `record` only where one is held (False: none is), keeping its expiry."""
+                      summary: Summary | None = None, fence: str | None = None) -> bool:
+        """Put `record` only where one is held (False: none is), keeping its expiry.
+        `fence`: only where the record held is one its writer fenced so (its `run`'s
+        `fence`, see `fenced`): a write of a background run whose record was settled
+        without it (cancelled from another replica, read `failed` past its lease) or
+        replaced is not stored."""
         ...
 
     async def delete(self, tenant: str, record_id: str) -> bool: ...
@@ -160,9 +164,9 @@ class MemoryStore:
             self._pop(*next(iter(largest)))
 
     async def replace(self, tenant: str, record_id: str, record: Record,
-                      summary: Summary | None = None) -> bool:
+                      summary: Summary | None = None, fence: str | None = None) -> bool:
         hit = self._held(tenant, record_id)
-        if hit is None:
+        if hit is None or (fence is not None and fence_of(hit[1]) != fence):
             return False
         size = self._size(record, summary)
         self._items[tenant][record_id] = (hit[0], record, summary, size)
@@ -467,9 +471,14 @@ return {ids, redis.call('HMGET', KEYS[2], unpack(ids)),
 """
 # A record put again only if it is held, with its expiry kept (and its age: a replace
 # does not make a record newer). KEYS record, listing, bound, aged; ARGV JSON, id,
-# summary ('': the listed one kept), size, bound, the store's key prefix, place.
+# summary ('': the listed one kept), size, bound, the store's key prefix, place, fence
+# ('': none; else the `"fence":"..."` the record held must hold: a random secret that
+# no caller's text can hold, so found as it is, without decoding the record).
 _REPLACE_SCRIPT = _QUOTA_LUA + """
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'string' then  -- (none held: a stray is no record)
+  return 0
+end
+if ARGV[8] ~= '' and not string.find(redis.call('GET', KEYS[1]), ARGV[8], 1, true) then
   return 0
 end
 own(KEYS[2], 'hash'); own(KEYS[3], 'hash'); own(KEYS[4], 'zset')
@@ -601,13 +610,14 @@ class RedisStore:
                       kind=self.kind, dropped=dropped)
 
     async def replace(self, tenant: str, record_id: str, record: Record,
-                      summary: Summary | None = None) -> bool:
+                      summary: Summary | None = None, fence: str | None = None) -> bool:
         data, listed, size = self._sized(record, summary)
         return bool(await self._io(self._replace(
             keys=[self._key(tenant, record_id), self._listing(tenant)[0],
                   *self._quota(tenant)],
             args=[data, record_id, listed, size, self._bound, self._prefix,
-                  self._place(tenant, record_id)])))
+                  self._place(tenant, record_id),
+                  b"" if fence is None else dumps({"fence": fence})[1:-1]])))
 
     async def delete(self, tenant: str, record_id: str) -> bool:
         return await self._retire_one(tenant, record_id, delete=True)
@@ -645,6 +655,18 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def fenced(record: Record, fence: str, **run: Any) -> Record:
+    """`record` with its writer's `fence` (a random secret: `ids.new_hex`) in its `run`
+    beside `run`'s fields: a `replace` with that fence stores only over it."""
+    return {**record, "run": {**run, "fence": fence}}
+
+
+def fence_of(record: Record) -> str | None:
+    run = record.get("run")
+    fence = run.get("fence") if isinstance(run, dict) else None
+    return fence if isinstance(fence, str) else None
 
 
 def _record(raw: Any) -> Record | None:

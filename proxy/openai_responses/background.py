@@ -13,9 +13,13 @@ on this replica, and the last `keep_finished` ended runs' too. Another replica h
 events of it (a 400 there).
 
 A `queued`/`in_progress` record carries a lease its run renews every `poll_s`: one
-whose lease lapsed (its replica died) reads as `failed`. A cancel sent to another
-replica (records in Redis) leaves a flag beside the record that the run's replica reads
-every `poll_s`.
+whose lease lapsed (its replica died, or paused) is read, and stored, as `failed`. A
+cancel sent to another replica (records in Redis) leaves a flag beside the record that
+the run's replica reads every `poll_s`.
+
+Each of a run's writes is fenced (`record_store.fenced`): stored only over its own
+record. A record settled without its run (read `failed`) or deleted is not overwritten by
+the run's later writes (a lease renewal, its end), and the run stops at its next.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from typing import Any
 from ..app_state import AppState
 from ..chain import Completion, Reply, Stream
 from ..errors import InvalidRequest, RecordTooLarge, ServerError, Unavailable, WeirError
-from ..record_store import Record, RecordStore
+from ..ids import new_hex
+from ..record_store import Record, RecordStore, fence_of, fenced
 from ..settings import BackgroundSettings
 from ..streaming import dumps
 from ..tasks import RECANCEL_MAX_S, RECANCEL_S, cancel_and_wait, detach
@@ -51,22 +56,42 @@ SHUT_DOWN = {"code": "server_error",
 Key = tuple[str, str]
 
 
-def leased(record: Record, lease_s: float) -> Record:
-    """`record` with a lease of `lease_s` from now (its run renews it)."""
-    return {**record, "run": {"lease_until": time.time() + lease_s}}
+def leased(record: Record, lease_s: float, fence: str) -> Record:
+    """`record` with a lease of `lease_s` from now (its run renews it), fenced by its
+    run's `fence`."""
+    return fenced(record, fence, lease_until=time.time() + lease_s)
 
 
-def as_read(record: Record) -> Record:
-    """The record as a read should show it: a `queued`/`in_progress` one whose lease
-    lapsed (its replica died before the run ended) is `failed`."""
+def lapsed(record: Record) -> dict[str, Any] | None:
+    """The response a `queued`/`in_progress` record whose lease lapsed (its replica died
+    or paused before the run ended) ended as: `failed`; None for any other."""
     response = record["response"]
     run = record.get("run")
     if (response.get("status") in RUNNING and isinstance(run, dict)
             and isinstance(run.get("lease_until"), int | float)
             and run["lease_until"] < time.time()):
-        response = {**response, "status": "failed", "error": dict(LAPSED)}
-        return {**record, "response": response}
-    return record
+        return {**response, "status": "failed", "error": dict(LAPSED)}
+    return None
+
+
+def as_read(record: Record) -> Record:
+    """The record as a read should show it: one whose lease lapsed, `failed`."""
+    response = lapsed(record)
+    return record if response is None else {**record, "response": response}
+
+
+async def settle(store: RecordStore, tenant: str, rid: str, record: Record,
+                 response: dict[str, Any]) -> Record | None:
+    """`record`, whose run has not stored its end, ended as `response` (cancelled from
+    a replica that does not run it, or failed past its lease), stored fenced by its
+    run's fence: its run's later writes are not stored over it. Where the record held is
+    no longer that run's (it stored its end meanwhile, or it was deleted), that record
+    (None: none)."""
+    ended = {**{k: v for k, v in record.items() if k != "run"}, "response": response}
+    fence = fence_of(record)
+    if fence is not None and await store.replace(tenant, rid, ended, fence=fence):
+        return ended
+    return await store.get(tenant, rid)
 
 
 class Run:
@@ -75,6 +100,8 @@ class Run:
     def __init__(self, tenant: str, rid: str, max_bytes: int) -> None:
         self.key: Key = (tenant, rid)
         self.tenant, self.rid = tenant, rid
+        #: What its writes are fenced by (`record_store.fenced`).
+        self.fence = new_hex()
         #: Its events held, with their sizes: those from `_head` on (the ones before
         #: it were dropped, and go once they are half of the list).
         self._events: list[tuple[dict[str, Any], int]] = []
@@ -217,6 +244,16 @@ class Runner:
         else:  # (a task cancelled before its first step runs none of it: it sees
             await asyncio.wait((run.task,))  # `cancelled` as it starts)
 
+    def settled_elsewhere(self, run: Run) -> None:
+        """`run`'s record is no longer its own (settled without it, or deleted: a fenced
+        write found so): it stops, its end not stored (a cancel's end)."""
+        if not run.cancelled:
+            log.info("background response settled elsewhere; its run stops",
+                     response_id=run.rid)
+            run.cancelled = True
+            if run.task is not None and run.task is not asyncio.current_task():
+                detach(self._cancel(run))
+
     async def flag_cancel(self, tenant: str, rid: str) -> bool:
         """Ask the replica running `rid` to cancel it (a flag beside its record, read
         every `poll_s`); False where records are not shared (no other replica)."""
@@ -247,12 +284,14 @@ class Runner:
                     lease = (run.record or {}).get("run") or {}
                     if (run.record is not None and not run.ended
                             and lease.get("lease_until", 0) - now < self.cfg.lease_s - renew_every):
-                        run.record = leased(run.record, self.cfg.lease_s)
-                        run.renewing = detach(self.store.replace(run.tenant, run.rid,
-                                                                 copy.copy(run.record)))
+                        run.record = leased(run.record, self.cfg.lease_s, run.fence)
+                        run.renewing = detach(self.store.replace(
+                            run.tenant, run.rid, copy.copy(run.record), fence=run.fence))
                         await asyncio.wait((run.renewing,))
                         if (failed := run.renewing.exception()) is not None:
                             raise failed  # (logged below, as the watch's others)
+                        if not run.renewing.result():
+                            self.settled_elsewhere(run)
                 except (Unavailable, RecordTooLarge) as e:
                     log.warning("background response not watched", response_id=run.rid,
                                 reason=e.code)

@@ -3,6 +3,7 @@ run's events streamed (`follow`); the runs themselves are `background`'s."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from ..streaming import typed_sse, write_sse
 from ..telemetry import get_logger
 from . import translate as X
 from .background import Run, Runner, leased, respond
-from .events import OnDone, Rendering
+from .events import Rendering
 from .models import ResponsesRequest
 
 log = get_logger("weir.responses")
@@ -27,7 +28,7 @@ log = get_logger("weir.responses")
 
 async def start(request: web.Request, st: AppState, runner: Runner, store: RecordStore,
                 tenant: str, req: ResponsesRequest, rid: str, screen: Screen | None,
-                chained: Callable[[], Awaitable[Reply]], save: OnDone,
+                chained: Callable[[], Awaitable[Reply]], save: Callable[..., Awaitable[None]],
                 state: Callable[[], tuple[ResponsesRequest, list[Any], list[Any]]],
                 ) -> web.StreamResponse:
     """`background: true`: stored `queued` and answered at once (the response, or its
@@ -43,7 +44,7 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
         for event in queued:
             run.add(event)
         run.record = leased({"response": queued[0]["response"], "input": state()[1],
-                             "conversation": []}, lease_s)
+                             "conversation": []}, lease_s, run.fence)
         await store.put(tenant, rid, run.record)
     except BaseException:
         runner.drop(run)
@@ -53,11 +54,15 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
         _, inputs, conversation = state()
         await runner.renewed(run)  # (a renewal of its `queued` record lands first)
         run.record = leased({"response": response, "input": inputs,
-                             "conversation": conversation}, lease_s)
+                             "conversation": conversation}, lease_s, run.fence)
         try:
-            await store.replace(tenant, rid, run.record)
+            mine = await store.replace(tenant, rid, run.record, fence=run.fence)
         except (Unavailable, RecordTooLarge) as e:
             log.warning("response in progress not stored", response_id=rid, reason=e.code)
+            return
+        if not mine:  # (settled without it, or deleted, while it was queued)
+            runner.settled_elsewhere(run)
+            raise asyncio.CancelledError
 
     replied: list[Reply] = []
 
@@ -68,7 +73,7 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
         return reply
 
     async def saved(response: dict[str, Any]) -> None:
-        await save(response)
+        await save(response, fence=run.fence)
         for reply in replied:  # (its end: the tokens it spent, counted as chat's are)
             usage = reply.usage if isinstance(reply, Stream) else reply.body.get("usage")
             if usage:

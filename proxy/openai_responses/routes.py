@@ -39,7 +39,7 @@ from ..tasks import detach
 from ..telemetry import error_fields, get_logger
 from . import background_http
 from . import translate as X
-from .background import RUNNING, Runner, as_read
+from .background import RUNNING, Runner, as_read, lapsed, settle
 from .events import OUTPUT_DELTAS, Rendering, saves_settled
 from .models import ResponsesRequest
 
@@ -127,7 +127,9 @@ async def _create(request: web.Request, st: AppState,
         if held > store.max_bytes:
             raise too_large("responses", held, store.max_bytes)
 
-    async def save(response: dict[str, Any]) -> None:
+    async def save(response: dict[str, Any], fence: str | None = None) -> None:
+        """`fence`: a background run's (only over its own record: one settled without
+        it, or deleted, is not overwritten by its end)."""
         if req.store:
             if holding is not None:  # the final record is put after the `in_progress` one
                 await asyncio.wait((holding,))
@@ -142,7 +144,9 @@ async def _create(request: web.Request, st: AppState,
                       "conversation": conversation + X.output_messages(said)}
             try:
                 if held:  # (one deleted while it streamed is not brought back)
-                    await store.replace(principal.tenant, rid, record)
+                    if not await store.replace(principal.tenant, rid, record, fence=fence):
+                        log.info("response's end not stored: its record is gone, or was "
+                                 "settled without its run", response_id=rid)
                 else:
                     await store.put(principal.tenant, rid, record)
             except (Unavailable, RecordTooLarge) as e:
@@ -290,6 +294,14 @@ async def _stored(store: RecordStore, tenant: str, rid: str) -> dict[str, Any] |
     has settled), or None where nothing of a stored response's shape is there."""
     await _held(tenant, rid)
     record = _readable(await store.get(tenant, rid))
+    if record is not None and (failed := lapsed(record)) is not None:
+        # Its lease lapsed: stored `failed` as read (its run, if its replica was only
+        # paused, then stores nothing over it, and stops), not read so and then found
+        # `completed` by the next read.
+        try:
+            record = _readable(await settle(store, tenant, rid, record, failed))
+        except Unavailable:
+            log.warning("lapsed response not settled", response_id=rid)
     return None if record is None else as_read(record)
 
 

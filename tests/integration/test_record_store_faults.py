@@ -191,3 +191,26 @@ async def test_a_fresh_put_never_overwrites_a_held_record(redis_server: Any, whe
         assert await store.get("acme", "r2") == {"v": "in_progress"}
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+async def test_a_fenced_replace_stores_only_over_its_writers_record(
+        redis_server: Any, where: str) -> None:
+    """(A background run's writes, once its record was settled without it.)"""
+    store = (RedisStore(redis_server.url, 3600, f"fence-{uuid.uuid4().hex}:")
+             if where == "redis" else record_store.MemoryStore(3600, 100))
+    mine, other = "f" * 32, "e" * 32
+    try:
+        await store.put("acme", "r1", record_store.fenced({"v": "queued"}, mine, at=1))
+        assert not await store.replace("acme", "r1", {"v": "x"}, fence=other)
+        assert await store.replace("acme", "r1", record_store.fenced({"v": 2}, mine), fence=mine)
+        assert record_store.fence_of(await store.get("acme", "r1") or {}) == mine
+        assert await store.replace("acme", "r1", {"v": "settled"}, fence=mine)
+        assert not await store.replace("acme", "r1", {"v": "late"}, fence=mine)
+        # a text that holds the fence (JSON escapes its quotes) is no fence
+        await store.put("acme", "r2", {"said": '"fence":"' + mine + '"'})
+        assert not await store.replace("acme", "r2", {"v": "late"}, fence=mine)
+        assert await store.get("acme", "r1") == {"v": "settled"}
+        assert not await store.replace("acme", "gone", {"v": 1}, fence=mine)
+    finally:
+        await store.close()

@@ -297,10 +297,11 @@ async def test_a_run_renews_its_lease(make_client: MakeClient, fake_engine: Fake
     renewed = asyncio.Event()
     replace = type(store).replace
 
-    async def watched(self: Any, tenant: str, rid: str, record: Any, *a: Any) -> bool:
+    async def watched(self: Any, tenant: str, rid: str, record: Any, *a: Any,
+                      **kw: Any) -> bool:
         if record.get("run") and record["response"]["status"] == "queued":
             renewed.set()
-        return await replace(self, tenant, rid, record, *a)
+        return await replace(self, tenant, rid, record, *a, **kw)
 
     monkeypatch.setattr(type(store), "replace", watched)
     rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
@@ -324,10 +325,11 @@ async def test_a_lease_renewal_that_failed_is_logged(
     store = client.app[STORE]
     replace = type(store).replace
 
-    async def down(self: Any, tenant: str, rid: str, record: Any, *a: Any) -> bool:
+    async def down(self: Any, tenant: str, rid: str, record: Any, *a: Any,
+                   **kw: Any) -> bool:
         if record.get("run"):
             raise Unavailable("The store is down.", code="store_unavailable")
-        return await replace(self, tenant, rid, record, *a)
+        return await replace(self, tenant, rid, record, *a, **kw)
 
     monkeypatch.setattr(type(store), "replace", down)
     rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
@@ -341,17 +343,19 @@ async def test_a_lease_renewal_that_failed_is_logged(
     await ended(client, rid, "public")
 
 
-async def two_replicas(make_client: MakeClient, url: str,
+async def two_replicas(make_client: MakeClient, url: str, poll_a: float = 0.05,
                        ) -> tuple[Any, Any, FakeEngine]:
-    """Two replicas on one Redis; the first's engine holds its tokens until set."""
+    """Two replicas on one Redis; the first's engine holds its tokens until set.
+    `poll_a`: how often the first looks for cancels' flags and renews its leases (20:
+    never within a test, as a replica paused)."""
     prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
     cache = {"redis": {"url": url, "key_prefix": prefix}, "l2": {"enabled": True},
              "semantic": {"enabled": False}}
     engine = FakeEngine()
     engine.token_gate = asyncio.Event()
     a, b = [await make_client(keyed(plugins=[{"name": "cache", "config": cache}],
-                                    responses={"background": {"poll_s": 0.05}}),
-                              engine=e) for e in (engine, FakeEngine())]
+                                    responses={"background": {"poll_s": poll}}),
+                              engine=e) for e, poll in ((engine, poll_a), (FakeEngine(), 0.05))]
     return a, b, engine
 
 
@@ -372,6 +376,27 @@ async def test_a_cancel_sent_to_the_other_replica(
     assert len(fa.aborted) == 1
     for c in (a, b):
         assert (await get(c, rid))["status"] == "cancelled"
+
+
+async def test_a_record_read_past_its_lease_stays_failed(
+        make_client: MakeClient, redis_server: RedisServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read `failed` past its lease (its replica paused), a record is stored so: that
+    replica, going on, stores nothing over it and stops its run; it was read `failed`,
+    then `completed`."""
+    a, b, fa = await two_replicas(make_client, redis_server.url, poll_a=20)
+    rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await fa.wait_until(lambda: fa.active)
+    real = time.time
+    with monkeypatch.context() as m:
+        m.setattr(background.time, "time", lambda: real() + 3600)
+        failed = await get(b, rid)
+    assert failed["status"] == "failed" and "stopped" in failed["error"]["message"]
+    assert fa.token_gate is not None
+    fa.token_gate.set()  # (the paused replica goes on)
+    await ended(a, rid)
+    assert len(fa.aborted) == 1
+    assert await get(a, rid) == await get(b, rid) == failed
 
 
 async def test_a_delete_sent_to_the_other_replica_stops_the_run(
