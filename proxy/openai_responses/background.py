@@ -15,10 +15,11 @@ events of it (a 400 there).
 A `queued`/`in_progress` record carries a lease its run renews every `poll_s`: one
 whose lease lapsed (its replica died, or paused) is read, and stored, as `failed`. A
 cancel sent to another replica (records in Redis) leaves a flag beside the record that
-the run's replica reads every `poll_s`.
+the run's replica reads every `poll_s`; if the record has not ended within two polls
+(that replica paused), the cancel stores it `cancelled` itself.
 
 Each of a run's writes is fenced (`record_store.fenced`): stored only over its own
-record. A record settled without its run (read `failed`) or deleted is not overwritten by
+record. A record settled without its run (those two) or deleted is not overwritten by
 the run's later writes (a lease renewal, its end), and the run stops at its next.
 """
 

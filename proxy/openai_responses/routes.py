@@ -369,7 +369,8 @@ async def cancel(request: web.Request) -> web.Response:
     `cancelled` (its engine request aborted); one cancelled already is answered as it
     is; any other is a 400, as OpenAI and vLLM answer. Sent to a replica that does not
     run it, a flag in the shared store asks the one that does (which reads it within
-    `responses.background.poll_s`): the answer then says `cancelled` at once."""
+    `responses.background.poll_s`): the answer is its record once it has stored it
+    `cancelled` (`_cancelled_elsewhere`). Record and answer agree."""
     tenant, record = await _record(request)
     response = record["response"]
     if not response.get("background"):
@@ -393,11 +394,37 @@ async def cancel(request: web.Request) -> web.Response:
         now = await _stored(store, tenant, rid)
         if now is not None and now["response"].get("status") not in RUNNING:
             return json_response(now["response"])
-    if not here and not await runner.flag_cancel(tenant, rid):
-        # Runs nowhere (records in memory are this process's alone): marked so here.
-        record["response"] = response = {**response, "status": "cancelled"}
-        await store.replace(tenant, rid, record)
-    return json_response({**response, "status": "cancelled"})
+    if here:  # (its end was not stored: the store failed)
+        return json_response({**response, "status": "cancelled"})
+    if await runner.flag_cancel(tenant, rid):
+        ended = await _cancelled_elsewhere(store, runner, tenant, rid, record)
+    else:  # runs nowhere (records in memory are this process's alone): marked so here
+        ended = _readable(await settle(store, tenant, rid, record,
+                                       {**response, "status": "cancelled"}))
+    if ended is None:  # (deleted meanwhile)
+        raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
+    return json_response(as_read(ended)["response"])
+
+
+async def _cancelled_elsewhere(store: RecordStore, runner: Runner, tenant: str, rid: str,
+                               record: dict[str, Any]) -> dict[str, Any] | None:
+    """The record of a response cancelled on a replica that does not run it (its flag
+    left): once the replica that runs it stored its end (`cancelled`, with the output it
+    had; or its end, had it ended first), read every quarter `poll_s`; if it has not
+    within two `poll_s` (that replica paused, or gone), stored `cancelled` here, fenced
+    (`settle`: that run stores nothing over it, and stops). The answer was `cancelled`
+    at once, its record `in_progress` until that replica read the flag. None: deleted."""
+    poll_s = runner.cfg.poll_s
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 2 * poll_s
+    while loop.time() < until:
+        await asyncio.sleep(poll_s / 4)
+        now = await _stored(store, tenant, rid)
+        if now is None or now["response"].get("status") not in RUNNING:
+            return now
+        record = now
+    return _readable(await settle(store, tenant, rid, record,
+                                  {**record["response"], "status": "cancelled"}))
 
 
 async def delete(request: web.Request) -> web.Response:

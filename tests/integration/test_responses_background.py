@@ -371,11 +371,36 @@ async def test_a_cancel_sent_to_the_other_replica(
     assert (await there.json())["error"]["code"] == "events_not_available"
     assert (await b.post(f"/v1/responses/{rid}/cancel", headers=B)).status == 404
     r = await b.post(f"/v1/responses/{rid}/cancel", headers=A)
-    assert r.status == 200 and (await r.json())["status"] == "cancelled"
-    await ended(a, rid)  # (the flag read within `poll_s`)
-    assert len(fa.aborted) == 1
+    assert r.status == 200
+    answer = await r.json()
+    validate("Response", answer)
+    # answered once the replica that runs it stored it so (it said `cancelled` at once,
+    # its record `in_progress` until that replica read the flag)
+    assert answer["status"] == "cancelled"
     for c in (a, b):
-        assert (await get(c, rid))["status"] == "cancelled"
+        assert await get(c, rid) == answer
+    await ended(a, rid)
+    assert len(fa.aborted) == 1
+
+
+async def test_a_cancel_sent_to_the_other_replica_while_that_one_is_paused(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """The replica running it does not read the flag (paused): the cancel stores it
+    `cancelled` itself, and that replica, going on, stores nothing over it (neither its
+    output nor its end) and stops its run."""
+    a, b, fa = await two_replicas(make_client, redis_server.url, poll_a=20)
+    rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await fa.wait_until(lambda: fa.active)
+    r = await b.post(f"/v1/responses/{rid}/cancel", headers=A)
+    assert r.status == 200
+    answer = await r.json()
+    assert answer["status"] == "cancelled"
+    assert await get(a, rid) == await get(b, rid) == answer
+    assert fa.token_gate is not None
+    fa.token_gate.set()  # (the paused replica goes on)
+    await ended(a, rid)
+    assert len(fa.aborted) == 1  # (stopped at its first write)
+    assert await get(b, rid) == answer
 
 
 async def test_a_record_read_past_its_lease_stays_failed(
