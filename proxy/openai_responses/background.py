@@ -148,7 +148,13 @@ class Run:
         return self._next - (len(self._events) - self._head)
 
     def check(self, after: int) -> None:
-        """A 400 where events numbered past `after` are no longer held."""
+        """A 400 where events numbered past `after` are no longer held, or where `after`
+        numbers no event it sent (past its last: a stream of nothing, 200, that ended
+        at once or waited to the run's end)."""
+        if after >= self._next:
+            raise InvalidRequest(
+                f"This response has no event numbered {after}: its last so far is "
+                f"{self._next - 1}.", param="starting_after", code="invalid_value")
         if (first := self.held_from) > after + 1:
             raise InvalidRequest(
                 f"The events of this response before sequence number {first} are no "

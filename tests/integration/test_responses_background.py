@@ -133,6 +133,16 @@ async def test_a_client_leaving_its_stream_does_not_stop_it(
     assert parse_sse(await rest.text())[0] == events[5:]
     bad = await client.get(f"/v1/responses/{rid}?stream=true&starting_after=x", headers=A)
     assert bad.status == 400 and (await bad.json())["error"]["param"] == "starting_after"
+    # past its last event: a 400 (it was a stream of nothing); from its last, nothing
+    last = events[-1]["sequence_number"]
+    past = await client.get(f"/v1/responses/{rid}?stream=true&starting_after={last + 1}",
+                            headers=A)
+    assert past.status == 400
+    body = await past.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["param"] == "starting_after"
+    at = await client.get(f"/v1/responses/{rid}?stream=true&starting_after={last}", headers=A)
+    assert at.status == 200 and parse_sse(await at.text())[0] == []
     assert (await client.get(f"/v1/responses/{rid}?stream=true", headers=B)).status == 404
 
 
