@@ -114,12 +114,16 @@ async def _create(request: web.Request, st: AppState,
     rid = X.new_id("resp")
     inputs = X.input_items(req) if req.store else []
     given = inputs  # (what the chain's screen reads; `inputs` is what is kept)
-    # A background response's record is stored before the chain screened its input:
-    # with it, screened as the chain will (`input_items` lists it at once).
+    # A background response's record is stored before the chain screened its request,
+    # and kept if the chain refuses it: what it keeps of it (its input, the
+    # conversation a follow-up goes on from), screened as the chain will from the start
+    # (`input_items` lists it at once).
     screen = (next((s for p in st.plugins if (s := p.screen_aside()) is not None), None)
               if req.background else None)
     if screen is not None:
         inputs = _screened_inputs(req, history, inputs, screen)
+        conversation = X.screened_messages(conversation, [req.instructions or ""], screen,
+                                           ["system"])
     if req.store and store.max_bytes is not None:
         # What the record will hold before any output: past the tenant's whole bound, it
         # could never be stored (a 413 now, before tokens are spent on it).

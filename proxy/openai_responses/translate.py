@@ -402,6 +402,25 @@ def screened_conversation(req: ResponsesRequest, chat: ChatCompletionRequest,
     return [m.model_dump(exclude_none=True) for m in chat.messages[first:]]
 
 
+def screened_messages(messages: list[dict[str, Any]], before: list[str], screen: Screen,
+                      before_speakers: list[str]) -> list[dict[str, Any]]:
+    """`messages` (a conversation in chat form, as `chat_request` builds it) with their
+    texts screened as the chain reads them: each message's text, as one conversation
+    after `before` (the instructions), and each call's arguments as JSON."""
+    held = [n for n, m in enumerate(messages) if isinstance(m.get("content"), str)]
+    said = screen(before + [messages[n]["content"] for n in held],
+                  speakers=before_speakers + [messages[n]["role"] for n in held])[len(before):]
+    out = [{**m} for m in messages]
+    for n, text in zip(held, said, strict=True):
+        out[n]["content"] = text
+    for m in out:
+        if calls := m.get("tool_calls"):
+            args = screen([c["function"]["arguments"] for c in calls], json=True)
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": a}}
+                               for c, a in zip(calls, args, strict=True)]
+    return out
+
+
 def screened_items(req: ResponsesRequest, items: list[dict[str, Any]], before: list[str],
                    screen: Screen, before_speakers: list[str] | None = None,
                    ) -> list[dict[str, Any]]:

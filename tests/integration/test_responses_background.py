@@ -664,3 +664,29 @@ async def test_a_shutdown_cuts_a_run_that_ran_on_after_its_cancellation(
     assert lost.is_set()
     body = await get(client, rid, {})
     assert body["status"] == "failed" and "shut down" in body["error"]["message"]
+
+
+async def test_a_run_the_chain_refused_keeps_its_conversation_screened(
+        make_client: MakeClient) -> None:
+    """Its record is stored before the chain screened it, so all of it is screened as the
+    chain will: a run the chain refused (a 429) kept its conversation (the chat form a
+    follow-up goes on from: the input's texts, a call's arguments) as sent."""
+    client = await make_client(plugins=[
+        {"name": "sanitizer", "config": {"detectors": {"email": "redact"}}},
+        {"name": "rate_limit", "config": {"rules": [{"per": "tenant", "rpm": 1}]}}])
+    mail = "leak.check@example.com"
+    first = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await ended(client, first, "public")
+    rid = (await (await client.post("/v1/responses", json={
+        **BASE, "instructions": "be brief", "input": [
+            {"role": "user", "content": f"write to {mail}"},
+            {"type": "function_call", "call_id": "c1", "name": "send",
+             "arguments": json.dumps({"to": mail})},
+            {"type": "function_call_output", "call_id": "c1", "output": f"sent to {mail}"},
+        ]})).json())["id"]
+    await ended(client, rid, "public")
+    assert (await get(client, rid, {}))["status"] == "failed"
+    record = await client.app[STORE].get("public", rid)
+    assert record is not None and record["conversation"], record
+    kept = json.dumps(record)
+    assert "[EMAIL]" in kept and mail not in kept, kept
