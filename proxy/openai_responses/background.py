@@ -87,10 +87,11 @@ async def settle(store: RecordStore, tenant: str, rid: str, record: Record,
     a replica that does not run it, or failed past its lease), stored fenced by its
     run's fence: its run's later writes are not stored over it. Where the record held is
     no longer that run's (it stored its end meanwhile, or it was deleted), that record
-    (None: none)."""
+    (None: none). A record stored before runs fenced their writes (a replica of an
+    earlier version, which writes unfenced) has no fence: stored over as such writes
+    were (it stayed `queued`/`in_progress`, a cancel answered so)."""
     ended = {**{k: v for k, v in record.items() if k != "run"}, "response": response}
-    fence = fence_of(record)
-    if fence is not None and await store.replace(tenant, rid, ended, fence=fence):
+    if await store.replace(tenant, rid, ended, fence=fence_of(record)):  # (None: unfenced)
         return ended
     return await store.get(tenant, rid)
 

@@ -690,3 +690,26 @@ async def test_a_run_the_chain_refused_keeps_its_conversation_screened(
     assert record is not None and record["conversation"], record
     kept = json.dumps(record)
     assert "[EMAIL]" in kept and mail not in kept, kept
+
+
+async def test_a_cancel_of_a_record_stored_before_fences(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """A record a replica of an earlier version stores (its lease, no fence), that
+    replica paused: the cancel sent to another stores it `cancelled`, as it did then (it
+    answered 200 with the record still `in_progress`: nothing to fence it by)."""
+    a, b, fa = await two_replicas(make_client, redis_server.url, poll_a=20)
+    rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await fa.wait_until(lambda: fa.active)
+    store = a.app[STORE]
+    record = await store.get("a", rid)
+    assert record is not None and record["run"].get("fence")
+    assert await store.replace("a", rid, {**record, "run": {
+        "lease_until": record["run"]["lease_until"]}})  # (as that version stored it)
+    r = await b.post(f"/v1/responses/{rid}/cancel", headers=A)
+    assert r.status == 200
+    answer = await r.json()
+    assert answer["status"] == "cancelled"
+    assert await get(b, rid) == answer
+    assert fa.token_gate is not None
+    fa.token_gate.set()
+    await ended(a, rid)
