@@ -472,13 +472,15 @@ return {ids, redis.call('HMGET', KEYS[2], unpack(ids)),
 # A record put again only if it is held, with its expiry kept (and its age: a replace
 # does not make a record newer). KEYS record, listing, bound, aged; ARGV JSON, id,
 # summary ('': the listed one kept), size, bound, the store's key prefix, place, fence
-# ('': none; else the `"fence":"..."` the record held must hold: a random secret that
-# no caller's text can hold, so found as it is, without decoding the record).
+# ('': none; else what the record held must end with, `"fence":"..."}}`: its `run`, the
+# last field, with the fence its last, as `fenced` writes it; found without decoding the
+# record. Anywhere else it may be a caller's text: a `metadata` key is a JSON key, not
+# escaped, and a fence is no secret, `proxy.ids`.)
 _REPLACE_SCRIPT = _QUOTA_LUA + """
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'string' then  -- (none held: a stray is no record)
   return 0
 end
-if ARGV[8] ~= '' and not string.find(redis.call('GET', KEYS[1]), ARGV[8], 1, true) then
+if ARGV[8] ~= '' and string.sub(redis.call('GET', KEYS[1]), -#ARGV[8]) ~= ARGV[8] then
   return 0
 end
 own(KEYS[2], 'hash'); own(KEYS[3], 'hash'); own(KEYS[4], 'zset')
@@ -617,7 +619,7 @@ class RedisStore:
                   *self._quota(tenant)],
             args=[data, record_id, listed, size, self._bound, self._prefix,
                   self._place(tenant, record_id),
-                  b"" if fence is None else dumps({"fence": fence})[1:-1]])))
+                  b"" if fence is None else dumps({"fence": fence})[1:-1] + b"}}"])))
 
     async def delete(self, tenant: str, record_id: str) -> bool:
         return await self._retire_one(tenant, record_id, delete=True)
@@ -658,9 +660,12 @@ class RedisStore:
 
 
 def fenced(record: Record, fence: str, **run: Any) -> Record:
-    """`record` with its writer's `fence` (a random secret: `ids.new_hex`) in its `run`
-    beside `run`'s fields: a `replace` with that fence stores only over it."""
-    return {**record, "run": {**run, "fence": fence}}
+    """`record` with its writer's `fence` (`ids.new_hex`: unique, not secret) in its
+    `run` beside `run`'s fields: a `replace` with that fence stores only over it. Its
+    `run` is its last field and the fence the last of `run` (what Redis's `replace`
+    looks for: its JSON ends so)."""
+    return {**{k: v for k, v in record.items() if k != "run"},
+            "run": {**run, "fence": fence}}
 
 
 def fence_of(record: Record) -> str | None:

@@ -214,3 +214,29 @@ async def test_a_fenced_replace_stores_only_over_its_writers_record(
         assert not await store.replace("acme", "gone", {"v": 1}, fence=mine)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+async def test_a_fence_held_in_a_callers_key_is_no_fence(redis_server: Any, where: str) -> None:
+    """A caller's `metadata` keys (echoed in the record unescaped, as JSON keys) can hold
+    `"fence":"..."` as a run's fence is stored: a record that held it there, its run's
+    own `run` gone (settled without it), was overwritten by the run's late write. (The
+    fence is no secret: ids come from a seeded generator, `proxy.ids`.)"""
+    store = (RedisStore(redis_server.url, 3600, f"fence-{uuid.uuid4().hex}:")
+             if where == "redis" else record_store.MemoryStore(3600, 100))
+    mine = "f" * 32
+    try:
+        settled = {"response": {"metadata": {"fence": mine}}, "conversation": []}
+        await store.put("acme", "r1", settled)
+        assert not await store.replace("acme", "r1", {"v": "late"}, fence=mine)
+        await store.put("acme", "r2", {"response": {"tools": [{"parameters": {
+            "properties": {"run": {"fence": mine}}}}]}})
+        assert not await store.replace("acme", "r2", {"v": "late"}, fence=mine)
+        assert await store.get("acme", "r1") == settled
+        # its own record, renewed and renewed again, is still its own
+        await store.put("acme", "r3", record_store.fenced({"v": 1}, mine, lease_until=1.5))
+        again = record_store.fenced(record_store.fenced({"v": 2}, mine), mine, lease_until=2)
+        assert await store.replace("acme", "r3", again, fence=mine)
+        assert await store.replace("acme", "r3", {"v": "end"}, fence=mine)
+    finally:
+        await store.close()
