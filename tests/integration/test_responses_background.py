@@ -713,3 +713,31 @@ async def test_a_cancel_of_a_record_stored_before_fences(
     assert fa.token_gate is not None
     fa.token_gate.set()
     await ended(a, rid)
+
+
+async def test_a_shutdown_waits_for_the_failed_record_through_its_cancels(
+        make_client: MakeClient, fake_engine: FakeEngine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cancelled again while it stores its `failed` end (the shutdown repeats its
+    cancels), a run ends only once that end is stored: it ended at the second, the
+    shutdown going on to close the store under its write."""
+    client = await make_client()
+    fake_engine.token_gate = asyncio.Event()
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await fake_engine.wait_until(lambda: fake_engine.active)
+    task = run_of(client, rid, "public").task
+    assert task is not None
+    store = client.app[STORE]
+    replace = type(store).replace
+
+    async def slow(self: Any, tenant: str, rid: str, record: Any, *a: Any,
+                   **kw: Any) -> bool:
+        if record["response"]["status"] == "failed":  # (its end: held to a second cancel)
+            await eventually(lambda: task.cancelling() >= 2, 10)
+        return await replace(self, tenant, rid, record, *a, **kw)
+
+    monkeypatch.setattr(type(store), "replace", slow)
+    await client.app[RUNNER].close(30)
+    assert task.done()
+    body = await get(client, rid, {})
+    assert body["status"] == "failed" and "shut down" in body["error"]["message"]
