@@ -127,6 +127,13 @@ class BasePlugin(Generic[ConfigT]):
         `RequestContext.screen_aside` in a request; None: nothing to screen."""
         return None
 
+    def screens(self, ctx: RequestContext) -> bool:
+        """Whether `screen_aside` may read `ctx`'s request before the chain runs (a
+        background response's record is stored screened first): False where this plugin
+        will refuse it unread (the sanitizer's limits: its detectors never read a body
+        of megabytes)."""
+        return True
+
     def routes(self) -> list[tuple[str, str, Callable[[web.Request], Awaitable[Any]]]]:
         """Extra HTTP routes (method, path, handler), e.g. an admin API."""
         return []

@@ -140,6 +140,13 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def screen_aside(self) -> Screen | None:
         return self._screen if self._redacts else None
 
+    def screens(self, ctx: RequestContext) -> bool:
+        try:
+            self._check_limits(ctx)  # (what `__call__` refuses before reading a text)
+        except InvalidRequest:
+            return False
+        return True
+
     def _screen(self, texts: list[str], *, json: bool = False,
                 speakers: list[str] | None = None) -> list[str]:
         """Texts of the request, in order, as the chain passed them on

@@ -118,9 +118,12 @@ async def _create(request: web.Request, st: AppState,
     # and kept if the chain refuses it: what it keeps of it (its input, the
     # conversation a follow-up goes on from), screened as the chain will from the start
     # (`input_items` lists it at once).
+    # One the chain will refuse unread (past the sanitizer's limits) keeps none of them.
     screen = (next((s for p in st.plugins if (s := p.screen_aside()) is not None), None)
               if req.background else None)
-    if screen is not None:
+    if screen is not None and not all(p.screens(ctx) for p in st.plugins):
+        inputs, conversation = [], []
+    elif screen is not None:
         inputs = _screened_inputs(req, history, inputs, screen)
         conversation = X.screened_messages(conversation, [req.instructions or ""], screen,
                                            ["system"])

@@ -741,3 +741,33 @@ async def test_a_shutdown_waits_for_the_failed_record_through_its_cancels(
     assert task.done()
     body = await get(client, rid, {})
     assert body["status"] == "failed" and "shut down" in body["error"]["message"]
+
+
+async def test_what_the_sanitizer_refuses_unread_is_not_screened_before_the_chain(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request past the sanitizer's limits is refused by it before it reads a text (a
+    body of megabytes held the event loop for seconds): its background record, screened
+    before the chain runs, was screened all the same, its whole input and conversation
+    read by the detectors. It is refused as ever, and keeps none of them."""
+    from plugins.sanitizer.plugin import SanitizerPlugin
+
+    client = await make_client(plugins=[{"name": "sanitizer", "config": {
+        "detectors": {"email": "redact"}, "limits": {"max_total_chars": 1000}}}])
+    read: list[int] = []
+    screen = SanitizerPlugin._screen
+
+    def counted(self: Any, texts: list[str], **kw: Any) -> list[str]:
+        read.append(sum(map(len, texts)))
+        return screen(self, texts, **kw)
+
+    monkeypatch.setattr(SanitizerPlugin, "_screen", counted)
+    mail = "leak.check@example.com"
+    r = await client.post("/v1/responses", json={**BASE, "input": f"to {mail} " + "x" * 5000})
+    assert r.status == 200
+    rid = (await r.json())["id"]
+    await ended(client, rid, "public")
+    body = await get(client, rid, {})
+    assert body["status"] == "failed" and body["error"]["code"] == "invalid_prompt"
+    assert all(n <= 1000 for n in read), read
+    record = await client.app[STORE].get("public", rid)
+    assert mail not in json.dumps(record)
