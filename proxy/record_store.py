@@ -72,7 +72,11 @@ class RecordStore(Protocol):
         replaced is not stored."""
         ...
 
-    async def delete(self, tenant: str, record_id: str) -> bool: ...
+    async def delete(self, tenant: str, record_id: str, fence: str | None = None) -> bool:
+        """`fence`: only where the record held is one its writer fenced so (as
+        `replace`): a run that could not store its end drops its own record, not one
+        settled without it (cancelled from another replica)."""
+        ...
 
     async def forget(self, tenant: str, record_id: str) -> None: ...
 
@@ -189,8 +193,11 @@ class MemoryStore:
                 return
             self._pop(*oldest)
 
-    async def delete(self, tenant: str, record_id: str) -> bool:
-        return self._held(tenant, record_id) is not None and self._pop(tenant, record_id)
+    async def delete(self, tenant: str, record_id: str, fence: str | None = None) -> bool:
+        hit = self._held(tenant, record_id)
+        if hit is None or (fence is not None and fence_of(hit[1]) != fence):
+            return False
+        return self._pop(tenant, record_id)
 
     async def forget(self, tenant: str, record_id: str) -> None:
         """(A record gone from memory has left the listing already, keeping its place.)"""
@@ -415,12 +422,17 @@ return dropped
 """
 # A record deleted (ARGV[2] = '1'), or found gone: its summary leaves the listing, its
 # place in the order stays (a cursor), and its size the account's total. Returns whether
-# a record was deleted. KEYS record, listing, bound, aged; ARGV id, deleted?, place.
+# a record was deleted. KEYS record, listing, bound, aged; ARGV id, deleted?, place,
+# fence (as `_REPLACE_SCRIPT`'s: a record held that does not end with it is kept).
 _RETIRE_SCRIPT = _OWN_LUA + """
 own(KEYS[2], 'hash'); own(KEYS[3], 'hash'); own(KEYS[4], 'zset')
 local deleted = 0
 local held = redis.call('TYPE', KEYS[1])['ok'] == 'string'  -- (a stray is no record)
 if ARGV[2] == '1' then
+  if held and ARGV[4] ~= '' and string.sub(redis.call('GET', KEYS[1]), -#ARGV[4]) ~= ARGV[4]
+  then
+    return 0  -- (not its writer's record: settled without it)
+  end
   redis.call('DEL', KEYS[1])
   if held then deleted = 1 end
 elseif held then
@@ -619,20 +631,22 @@ class RedisStore:
                   *self._quota(tenant)],
             args=[data, record_id, listed, size, self._bound, self._prefix,
                   self._place(tenant, record_id),
-                  b"" if fence is None else dumps({"fence": fence})[1:-1] + b"}}"])))
+                  _fence_suffix(fence)])))
 
-    async def delete(self, tenant: str, record_id: str) -> bool:
-        return await self._retire_one(tenant, record_id, delete=True)
+    async def delete(self, tenant: str, record_id: str, fence: str | None = None) -> bool:
+        return await self._retire_one(tenant, record_id, delete=True, fence=fence)
 
     async def forget(self, tenant: str, record_id: str) -> None:
         """`record_id`'s summary marked gone, if its record is gone."""
         await self._retire_one(tenant, record_id, delete=False)
 
-    async def _retire_one(self, tenant: str, record_id: str, *, delete: bool) -> bool:
+    async def _retire_one(self, tenant: str, record_id: str, *, delete: bool,
+                          fence: str | None = None) -> bool:
         return bool(await self._io(self._retire(
             keys=[self._key(tenant, record_id), self._listing(tenant)[0],
                   *self._quota(tenant)],
-            args=[record_id, "1" if delete else "0", self._place(tenant, record_id)])))
+            args=[record_id, "1" if delete else "0", self._place(tenant, record_id),
+                  _fence_suffix(fence)])))
 
     async def scan(self, tenant: str, after: str | None, desc: bool, count: int,
                    ) -> tuple[list[Summary], str | None]:
@@ -657,6 +671,12 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _fence_suffix(fence: str | None) -> bytes:
+    """What a record its writer fenced with `fence` ends with, as JSON (`fenced`); b""
+    for no fence."""
+    return b"" if fence is None else dumps({"fence": fence})[1:-1] + b"}}"
 
 
 def fenced(record: Record, fence: str, **run: Any) -> Record:

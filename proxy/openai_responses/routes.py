@@ -164,7 +164,7 @@ async def _create(request: web.Request, st: AppState,
                 log.warning("response not stored", response_id=rid, reason=e.code)
                 if held:  # its `in_progress` record would be found so until it expired
                     try:
-                        await store.delete(principal.tenant, rid)
+                        await store.delete(principal.tenant, rid, fence=fence)
                     except Unavailable:  # (Redis down: it expires, as ever)
                         log.warning("response in progress not dropped", response_id=rid)
 

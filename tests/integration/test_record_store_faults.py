@@ -212,6 +212,13 @@ async def test_a_fenced_replace_stores_only_over_its_writers_record(
         assert not await store.replace("acme", "r2", {"v": "late"}, fence=mine)
         assert await store.get("acme", "r1") == {"v": "settled"}
         assert not await store.replace("acme", "gone", {"v": 1}, fence=mine)
+        # a run that could not store its end drops its own record, not a settled one
+        assert not await store.delete("acme", "r1", fence=mine)
+        assert await store.get("acme", "r1") == {"v": "settled"}
+        await store.put("acme", "r3", record_store.fenced({"v": "queued"}, mine, at=1))
+        assert not await store.delete("acme", "r3", fence=other)
+        assert await store.delete("acme", "r3", fence=mine)
+        assert await store.get("acme", "r3") is None
     finally:
         await store.close()
 
