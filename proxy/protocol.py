@@ -281,13 +281,21 @@ VLLM_NO_OPS: dict[str, str] = {
 }
 
 
+def raw_items(data: dict[str, Any], name: str) -> list[Any]:
+    """The items of the array at `data[name]` in a body not parsed yet; none where it is
+    absent or no array (`"tools": true` is the parser's `invalid_type` to tell, not a
+    TypeError in a check that runs before it)."""
+    value = data.get(name)
+    return value if isinstance(value, list) else []
+
+
 def refuse_other_tools(data: Any) -> None:
     """A tool, or a `tool_choice`, of a kind OpenAI defines besides `function` (its own
     built-in tools, `custom` tools, `allowed_tools`): a 400 `unsupported_parameter`
     naming it, not a type error that says only what was expected."""
     if not isinstance(data, dict):
         return
-    for i, tool in enumerate(data.get("tools") or ()):
+    for i, tool in enumerate(raw_items(data, "tools")):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if isinstance(kind, str) and kind != "function":
             raise InvalidRequest(

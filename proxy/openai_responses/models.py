@@ -36,6 +36,7 @@ from ..protocol import (
     check_unique_names,
     inert,
     join_parts,
+    raw_items,
     refuse_misplaced_refusals,
     refuse_other_tools,
     refuse_unsupported,
@@ -273,7 +274,7 @@ def _refuse_tool_features(data: dict[str, Any]) -> None:
     """A function tool that asks for what only OpenAI's tool search (`defer_loading`) or
     programmatic calls (`allowed_callers` without `direct`) give: a 400 naming it. Taken
     as a plain tool, the model would be offered, and call, what the client kept from it."""
-    for i, tool in enumerate(data.get("tools") or ()):
+    for i, tool in enumerate(raw_items(data, "tools")):
         if not isinstance(tool, dict) or tool.get("type") != "function":
             continue
         if tool.get("defer_loading") not in (None, False):

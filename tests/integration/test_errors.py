@@ -350,3 +350,18 @@ async def test_min_tokens_past_what_the_answer_may_have_names_min_tokens(
     ok = await client.post("/v1/chat/completions", json={**CHAT, "min_tokens": 3,
                                                           "max_tokens": 5})
     assert ok.status == 200
+
+
+@pytest.mark.parametrize("tools", [True, 1, 1.5, 10**20])
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", CHAT),
+    ("/v1/responses", {"model": "fake-model", "input": "hi"})])
+async def test_tools_that_are_no_array_are_400_naming_tools(make_client: MakeClient, path: str,
+                                                           body: dict[str, Any],
+                                                           tools: Any) -> None:
+    """`tools` given a number or `true` was walked as an array by the check that refuses
+    other tool kinds, before its type was checked: a TypeError and a 500."""
+    client = await make_client()
+    err = await error_of(await client.post(path, json={**body, "tools": tools}), 400)
+    assert err["param"] == "tools" and err["code"] == "invalid_type"
+    assert (await client.post(path, json=body)).status == 200
