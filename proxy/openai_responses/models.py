@@ -17,6 +17,7 @@ from pydantic import Discriminator, Field, Tag, model_validator
 from ..errors import InvalidRequest
 from ..protocol import (
     _FUNCTION_NAME,
+    CHAT_ENUMS,
     MODERATION,
     CallerFields,
     InvalidFunctionParameters,
@@ -300,8 +301,21 @@ class StreamOptions(_Open):
 _INPUT_PARTS = ("input_text", "input_image", "input_file")
 
 
-#: The Responses API's enum-valued parameters no field here declares (`CHAT_ENUMS`).
-RESPONSES_ENUMS: dict[str, tuple[str, ...]] = {"truncation": ("auto", "disabled")}
+#: OpenAI's `Reasoning.summary` (and its deprecated `generate_summary`).
+_SUMMARIES = ("auto", "concise", "detailed")
+#: The Responses API's enum-valued parameters no field here declares (`CHAT_ENUMS`):
+#: checked before `reasoning`, `include` or `truncation: auto` is refused as unsupported.
+RESPONSES_ENUMS: dict[str, tuple[str, ...]] = {
+    "truncation": ("auto", "disabled"),
+    "reasoning.effort": CHAT_ENUMS["reasoning_effort"],
+    "reasoning.summary": _SUMMARIES,
+    "reasoning.generate_summary": _SUMMARIES,
+    "reasoning.context": ("auto", "current_turn", "all_turns"),
+    "include[]": ("file_search_call.results", "web_search_call.results",
+                  "web_search_call.action.sources", "message.input_image.image_url",
+                  "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+                  "reasoning.encrypted_content", "message.output_text.logprobs"),
+}
 
 
 class ResponsesRequest(_NullIsDefault, CallerFields):

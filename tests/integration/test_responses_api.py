@@ -1244,3 +1244,28 @@ async def test_an_answer_of_dropped_calls_alone_is_one_empty_message_both_ways(
         outputs.append([(it["type"], [c["text"] for c in it["content"]])
                         for it in body["output"]])
     assert outputs == [[("message", [""])]] * 2
+
+
+@pytest.mark.parametrize(("extra", "param", "code"), [
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "invalid_value"),
+    ({"reasoning": {"effort": 5}}, "reasoning.effort", "invalid_type"),
+    ({"reasoning": {"summary": "short"}}, "reasoning.summary", "invalid_value"),
+    ({"reasoning": {"generate_summary": "short"}}, "reasoning.generate_summary",
+     "invalid_value"),
+    ({"include": ["message.output_text.logprob"]}, "include[0]", "invalid_value"),
+    ({"include": "reasoning.encrypted_content"}, "include", "invalid_type"),
+    # OpenAI's values: refused as what this server does not do, as before
+    ({"reasoning": {"effort": "high"}}, "reasoning", "unsupported_parameter"),
+    ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
+])
+async def test_a_value_outside_openais_list_is_invalid_before_unsupported(
+        make_client: MakeClient, extra: dict[str, Any], param: str, code: str) -> None:
+    """`reasoning` and `include` were refused as unsupported whatever they held: a
+    misspelt effort or include value is the caller's mistake, told as one (as chat's
+    `reasoning_effort: "extreme"` is), before what this server cannot honour."""
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, **extra})
+    assert r.status == 400
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert (body["error"]["param"], body["error"]["code"]) == (param, code)
