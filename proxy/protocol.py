@@ -899,7 +899,9 @@ def _may_lack_content(m: ChatMessage) -> bool:
         m.tool_calls or m.refusal or (m.model_extra or {}).get("function_call"))
 
 
-class StreamOptions(_Open):
+class StreamOptions(_NullIsDefault):
+    """(A null option is its default, as a null parameter of the request is.)"""
+
     include_usage: bool = False
     #: OpenAI's padding of deltas against size side channels: none is added here.
     include_obfuscation: bool = True

@@ -501,6 +501,24 @@ def test_null_reads_as_absent_where_a_parameter_has_a_default() -> None:
     assert bad_param(ChatCompletionRequest, {"model": "m", "messages": MSG, "n": "2"}) == "n"
 
 
+def test_null_reads_as_absent_inside_stream_options() -> None:
+    """`stream_options` holds parameters with defaults too: `"include_usage": null` was a
+    400 `invalid_type` (vLLM's server reads it as its default, as the top level's nulls
+    are read here)."""
+    req = chat(stream=True, stream_options={"include_usage": None,
+                                            "continuous_usage_stats": None,
+                                            "include_obfuscation": None})
+    assert req.stream_options is not None
+    assert not req.include_usage and not req.stream_options.continuous_usage_stats
+    assert req.stream_options.include_obfuscation is True
+    done = parse_model(CompletionRequest, {"model": "m", "prompt": "x", "stream": True,
+                                           "stream_options": {"include_usage": None}})
+    assert not done.include_usage
+    assert bad_param(ChatCompletionRequest, {"model": "m", "messages": MSG, "stream": True,
+                                             "stream_options": {"include_usage": "yes"}}
+                     ) == "stream_options.include_usage"
+
+
 @pytest.mark.parametrize(("model", "extra"), [
     (ChatCompletionRequest, {"functions": [{"name": "f", "parameters": {}}]}),
     (ChatCompletionRequest, {"function_call": {"name": "f"}}),
