@@ -186,7 +186,9 @@ _FAMILIES = (
     ("switch", ("enable", "activate", "allow", "show", "start"),
      ("disable", "deactivate", "block", "forbid", "hide", "stop")),
     ("plan", ("upgrade",), ("downgrade",)),
-    ("term", ("renew", "resume", "continue"), ("cancel", "terminate", "pause", "end")),
+    # (keeping a thing is the opposite of ending it: "cancelled" / "kept my number")
+    ("term", ("renew", "resume", "continue", "keep", "retain"),
+     ("cancel", "terminate", "pause", "end", "stop")),
     ("trade", ("buy", "purchase", "order"), ("sell", "return")),
     ("lock", ("lock", "freeze", "suspend"), ("unlock", "unfreeze", "reactivate")),
     ("session", ("login", "register", "subscribe", "join", "checkin"),
@@ -218,21 +220,28 @@ _FAMILIES = (
     # it?"); not "working": "stopped working" is broken
     ("condition", ("fine", "intact", "undamaged"),
      ("damaged", "broken", "faulty", "defective", "cracked")),
-    ("presence", ("found", "kept", "recovered"), ("missing", "stolen", "misplaced")),
+    ("presence", ("found", "recovered"), ("missing", "stolen", "misplaced")),
     ("outcome", ("win", "won", "pass", "passed", "succeed", "success"),
      ("lose", "lost", "fail", "failed", "failure")),
 )
-_DIRECTION = {w: (fam, sign) for fam, plus, minus in _FAMILIES
-              for sign, words in (("+", plus), ("-", minus)) for w in words}
+#: Each word's directions: (family, sign) in every family that holds it (a word may
+#: oppose words of two families: "stop" switches off and ends a term).
+_DIRECTION: dict[str, tuple[tuple[str, str], ...]] = {}
+for _fam, _plus, _minus in _FAMILIES:
+    for _sign, _words in (("+", _plus), ("-", _minus)):
+        for _w in _words:
+            _DIRECTION[_w] = (*_DIRECTION.get(_w, ()), (_fam, _sign))
 # Signs of their own: "today" is neither side of the day's family, "next" neither the
 # first nor the last.
 # Their inflected forms ("declined", "upgraded", "cancelled", "increasing", "denied"),
 # where no listed word has that spelling; and a few irregular ones.
 _DIRECTION.update({form: d for w, d in list(_DIRECTION.items())
                    for form in sorted(_inflections(w)) if form not in _DIRECTION})
-_DIRECTION.update({"bought": ("trade", "+"), "sold": ("trade", "-"), "sent": ("flow", "-")})
-_DIRECTION.update({"today": ("day", "0"), "tonight": ("day", "0"), "next": ("order", "next"),
-                   **{f"{when}-{unit}": ("day", sign) for when, sign in (
+_DIRECTION.update({"bought": (("trade", "+"),), "sold": (("trade", "-"),),
+                   "sent": (("flow", "-"),), "kept": (("term", "+"), ("presence", "+"))})
+_DIRECTION.update({"today": (("day", "0"),), "tonight": (("day", "0"),),
+                   "next": (("order", "next"),),
+                   **{f"{when}-{unit}": (("day", sign),) for when, sign in (
                        ("last", "-"), ("this", "0"), ("next", "+")) for unit in _PERIODS}})
 #: The tense a question opens with: its first word, or the one after a question word
 #: (and one more: "How much did ..."), when it is a past or a future auxiliary.
@@ -419,7 +428,7 @@ def signature(text: str) -> Signature:
         negations=len(_NEGATION.findall(text)),
         names=tuple(_ABBREVIATED.get(name, name).rstrip("s") for name in (
             m.group(0).lower() for m in _NAME.finditer(text.strip()))),
-        directions=tuple(_DIRECTION[w] for w in words if w in _DIRECTION),
+        directions=tuple(d for w in words if w in _DIRECTION for d in _DIRECTION[w]),
         words=frozenset(words),
         route=(route.group(1), route.group(2)) if route else None,
         instructions=_instructions(instructions, seen),
@@ -687,6 +696,23 @@ def _conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) ->
         if [s for f, s in a if f == fam] != [s for f, s in b if f == fam]:
             return True
     return False
+
+
+def _families_swapped(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """The same words that say something but their direction words, and those of
+    families the other side does not name: one outcome for another that no family pairs
+    ("My number is cancelled, what can I do?" / "But I kept my number, what can I do?":
+    "cancelled" ends a term, "kept" is a thing's presence; "How do I pause my plan?" /
+    "How do I freeze my plan?"). A word opposes its opposite within one family
+    (`_conflict`); across families the signs say nothing, so any swap refuses. (The
+    price: a synonym from another family, "stop" / "cancel my subscription", misses.)"""
+    ca, cb = _content(a), _content(b)
+    fa = {fam for w in ca if w in _DIRECTION for fam, _ in _DIRECTION[w]}
+    fb = {fam for w in cb if w in _DIRECTION for fam, _ in _DIRECTION[w]}
+    if not fa - fb or not fb - fa:
+        return False
+    rest_a = [w for w in ca if w not in _DIRECTION]
+    return bool(rest_a) and rest_a == [w for w in cb if w not in _DIRECTION]
 
 
 def _reversed(a: frozenset[str], b: frozenset[str]) -> bool:
@@ -1033,6 +1059,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not quantifiers_differ(a.quantifiers, b.quantifiers)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
+            and not _families_swapped(a.tokens, b.tokens)
             and not _reversed(a.words, b.words)
             and not _focus_differs(a.focus, b.focus)
             and not _edited(a.tokens, b.tokens)

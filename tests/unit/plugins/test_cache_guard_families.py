@@ -1,0 +1,31 @@
+"""Direction words of different families swapped, the rest the same ("My number is
+cancelled" / "I kept my number"), and a word that opposes words of two families ("stop"
+ends a term as "cancel" does; "keep" is the opposite of both)."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.cache.guard import guard_ok
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("My number is cancelled, what can I do?", "But I kept my number, what can I do?"),
+    ("My number is cancelled, can I get it back?", "I kept my old number, can I get it back?"),
+    ("My card was suspended, what now?", "My card was renewed, what now?"),
+    ("How do I pause my plan?", "How do I freeze my plan?"),
+    ("Why was my order returned?", "Why was my order approved?"),
+])
+def test_an_outcome_of_another_family_misses(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I cancel my subscription?", "I want to stop my subscription"),
+    ("Can I keep my phone number if I switch carriers?",
+     "If I change carriers, can I keep my number?"),
+])
+def test_the_same_outcome_in_another_word_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
