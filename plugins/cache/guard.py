@@ -155,7 +155,13 @@ _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             "check out": "checkout",
             # a time of day or a period, this one, the last or the next: one word each
             **{f"{when} {unit}": f"{when}-{unit}" for when in ("last", "next", "this")
-               for unit in _PERIODS}}
+               for unit in _PERIODS},
+            # what is given or sent to the asker, the asker receives ("Can you give me a
+            # refund?" / "Can I receive a refund?"); "gift" after its subject gives
+            **{f"{verb} {whom}": "receive" for verb in (
+                "give", "gives", "gave", "given", "giving", "send", "sends", "sent",
+                "sending") for whom in ("me", "us")},
+            **{f"{who} gift": f"{who} give" for who in ("i", "we", "you", "to")}}
 
 
 def _inflections(verb: str) -> set[str]:
@@ -196,7 +202,8 @@ _FAMILIES = (
     ("time", ("before", "earlier", "early"), ("after", "later", "late")),
     ("bound", ("maximum", "max", "most"), ("minimum", "min", "least")),
     ("flow", ("import", "upload", "receive", "deposit", "incoming"),
-     ("export", "download", "send", "withdraw", "outgoing")),
+     # (giving is sending: "Can I gift my subscription?" / "Can I receive one?")
+     ("export", "download", "send", "withdraw", "outgoing", "give")),
     ("money", ("refund", "credit", "reimburse", "refunded"),
      ("charge", "debit", "bill", "charged", "billed")),
     ("visibility", ("public", "visible"), ("private", "hidden")),
@@ -238,7 +245,8 @@ for _fam, _plus, _minus in _FAMILIES:
 _DIRECTION.update({form: d for w, d in list(_DIRECTION.items())
                    for form in sorted(_inflections(w)) if form not in _DIRECTION})
 _DIRECTION.update({"bought": (("trade", "+"),), "sold": (("trade", "-"),),
-                   "sent": (("flow", "-"),), "kept": (("term", "+"), ("presence", "+"))})
+                   "sent": (("flow", "-"),), "gave": (("flow", "-"),),
+                   "given": (("flow", "-"),), "kept": (("term", "+"), ("presence", "+"))})
 _DIRECTION.update({"today": (("day", "0"),), "tonight": (("day", "0"),),
                    "next": (("order", "next"),),
                    **{f"{when}-{unit}": (("day", sign),) for when, sign in (
