@@ -10,7 +10,9 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - their capitalized names differ (in order): places, brands, languages, plans;
 - they carry opposite directions of the same family (enable/disable, upgrade/downgrade,
   refund/charge, import/export, boiling/freezing, largest/smallest, first/last,
-  born/died, damaged/fine, missing/found ...), or
+  born/died, damaged/fine, missing/found, archive/restore ...; a word may hold several
+  families), or direction words of families the other side does not name, the rest the
+  same ("cancelled" / "kept my number"), or
   one word is the other with a reversing prefix
   (lock/unlock, follow/unfollow, activate/deactivate), or "from X to Y" swaps;
 - their answer-shaping instructions differ, in kind or in what they say: a language ("in
@@ -189,6 +191,10 @@ _FAMILIES = (
      ("decrease", "reduce", "lower", "less", "down", "shorten")),
     ("member", ("add", "create", "invite", "insert", "include"),
      ("remove", "delete", "kick", "exclude")),
+    # putting a thing away and bringing it back ("How do I archive a project?" / "How do
+    # I restore an archived project?")
+    ("removal", ("restore", "recover", "retrieve", "undelete", "unarchive", "reinstate"),
+     ("archive", "delete", "remove", "trash", "discard")),
     ("switch", ("enable", "activate", "allow", "show", "start"),
      ("disable", "deactivate", "block", "forbid", "hide", "stop")),
     ("plan", ("upgrade",), ("downgrade",)),

@@ -29,3 +29,17 @@ def test_an_outcome_of_another_family_misses(stored: str, asked: str) -> None:
 def test_the_same_outcome_in_another_word_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
     assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I archive a project?", "How do I restore an archived project?"),
+    ("How do I delete a channel?", "How do I restore a deleted channel?"),
+    ("Can I trash old emails?", "Can I recover trashed emails?"),
+])
+def test_bringing_a_thing_back_is_not_putting_it_away(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+def test_bringing_a_thing_back_in_other_words_passes() -> None:
+    assert guard_ok("Can I restore a file I deleted?", "How do I recover a deleted file?")
