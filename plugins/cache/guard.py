@@ -49,6 +49,9 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
   euros" / "in dollars"): guard_units.py;
 - they ask about all of a thing and some of it ("all my saved cards" / "one saved
   card"): guard_quantifiers.py;
+- they ask a permission, an obligation or an advice, each of the others ("Can I opt
+  out?" / "Do I have to opt out?", "Am I allowed to ..." / "Am I required to ..."):
+  guard_modals.py;
 - they ask about different times: a day ("yesterday" / "today" / "tomorrow"), "next" /
   "last" / "first", or the tense a question opens with, past against future ("Was the
   bank closed on Friday?" / "Will the bank be closed ..."; a present is either: "Why
@@ -73,6 +76,7 @@ from dataclasses import dataclass
 from .guard_actions import ACTION, actions_differ
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
+from .guard_modals import modals, modals_differ
 from .guard_quantifiers import quantifiers, quantifiers_differ
 from .guard_roles import owners, owners_differ, parties, parties_differ
 from .guard_units import relative_differs, units, units_differ
@@ -426,6 +430,7 @@ class Signature:
     degrees: frozenset[str] = frozenset()  # extremes asked for (guard_degrees.degrees)
     units: tuple[str, ...] = ()  # periods, sizes, measures, currencies (guard_units.units)
     quantifiers: frozenset[str] = frozenset()  # "all", "some" (guard_quantifiers)
+    modals: tuple[str, ...] = ()  # "can", "must", "should" opening a clause (guard_modals)
 
 
 def signature(text: str) -> Signature:
@@ -457,6 +462,7 @@ def signature(text: str) -> Signature:
         degrees=degrees(lowered),
         units=units(lowered),
         quantifiers=quantifiers(lowered),
+        modals=modals(lowered),
     )
 
 
@@ -1071,6 +1077,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not units_differ(a.units, b.units)
             and not (a.numbers and relative_differs(a.units, b.units))
             and not quantifiers_differ(a.quantifiers, b.quantifiers)
+            and not modals_differ(a.modals, b.modals)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
             and not _families_swapped(a.tokens, b.tokens)

@@ -1,0 +1,44 @@
+"""A permission, an obligation and an advice are three questions ("Can I opt out?" / "Do
+I have to opt out?"), the modal often a phrase of several words (guard_modals)."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.cache.guard import guard_ok
+from plugins.cache.guard_modals import modals
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can I opt out of the survey?", "Do I have to opt out of the survey?"),
+    ("Is it possible to pay in cash at the counter?",
+     "Is it mandatory to pay in cash at the counter?"),
+    ("I lost my card, can I order a new one?", "I lost my card, should I order a new one?"),
+    ("What can I bring on board?", "What do I need to bring on board?"),
+    ("May we bring our own food to the venue?", "Are we required to bring our own food?"),
+])
+def test_another_modal_kind_misses(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Do I have to show ID at pickup?", "Must I show ID at pickup?"),
+    ("Can I return an item after 30 days?", "Is it possible to return an item after 30 days?"),
+    ("How can I pay my bill?", "How do I pay my bill?"),
+])
+def test_the_same_modal_kind_in_other_words_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("question", "kinds"), [
+    ("can you send me the invoice?", ()),  # a favour
+    ("how can i pay?", ()),  # a way
+    ("do you have gift wrapping?", ()),  # no obligation
+    ("do i need a visa?", ("must",)),
+    ("is it allowed to wear a helmet?", ("can",)),
+    ("would it be wise to update now?", ("should",)),
+])
+def test_what_counts_as_a_modal(question: str, kinds: tuple[str, ...]) -> None:
+    assert modals(question) == kinds
