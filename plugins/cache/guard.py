@@ -431,6 +431,7 @@ class Signature:
     units: tuple[str, ...] = ()  # periods, sizes, measures, currencies (guard_units.units)
     quantifiers: frozenset[str] = frozenset()  # "all", "some" (guard_quantifiers)
     modals: tuple[str, ...] = ()  # "can", "must", "should" opening a clause (guard_modals)
+    native: frozenset[str] = frozenset()  # words that say something, not English (`_native`)
 
 
 def signature(text: str) -> Signature:
@@ -442,6 +443,7 @@ def signature(text: str) -> Signature:
         instructions, focus, seen = _INSTRUCTIONS, _FOCUS, text
     words = _WORD.findall(low)
     route = _FROM_TO.search(low)
+    language = _language(text)
     return Signature(
         numbers=_numbers(text),
         negations=len(_NEGATION.findall(text)),
@@ -454,7 +456,8 @@ def signature(text: str) -> Signature:
         focus=frozenset(k for k, p in focus.items() if p.search(seen)),
         tokens=_tokens(lowered),
         layout=tuple(_INDENT.findall(text)) if "\n" in text else (),
-        language=_language(text),
+        language=language,
+        native=_native(text, language),
         tense=_tense(lowered),
         symbols=_symbols(text),
         counts=_counts(text),
@@ -570,6 +573,49 @@ def _language(text: str) -> str:
     if best == "en" or counts[best] < 2 or counts[best] <= counts["en"]:
         return ""
     return best
+
+
+def _native(text: str, language: str) -> frozenset[str]:
+    """The words that say something in a question written in another language than
+    English (not its language's small words, `_STOPWORDS`), without their accents: the
+    guard's lists (directions, actions, filler) read English only."""
+    if language not in _PLAIN_STOPWORDS:
+        return frozenset()
+    small = _PLAIN_STOPWORDS[language]
+    return frozenset(w for w in _LATIN_WORD.findall(_plain(text.lower()))
+                     if len(w) > 1 and w not in small)
+
+
+def _plain(text: str) -> str:
+    """The text without its accents ("número" as "numero")."""
+    return "".join(c for c in unicodedata.normalize("NFD", text)
+                   if not unicodedata.combining(c))
+
+
+_PLAIN_STOPWORDS = {lang: frozenset(map(_plain, words)) for lang, words in _STOPWORDS.items()
+                    if lang != "en"}
+
+
+def _native_differs(a: frozenset[str], b: frozenset[str]) -> bool:
+    """In another language than English, a word that says something on one side that no
+    word on the other shares a stem with ("Mi número fue cancelado, ¿qué hago?" /
+    "Conservé mi número, ¿qué hago?", "Kann ich vor dem Check-in bezahlen?" / "... nach
+    ..."): the guard's word lists do not see a direction, an action or a swapped thing
+    there, so every such word must be the other side's too, in another form ("cancelo" /
+    "cancelar", "kündige" / "kündigen", "setze ... zurück" / "zurücksetzen")."""
+    return any(not any(_one_stem(x, y) for y in other)
+               for one, other in ((a, b), (b, a)) for x in one - other)
+
+
+def _one_stem(x: str, y: str) -> bool:
+    """One word in another form: a common start all but the shorter's last letter long
+    (four letters at least), or one inside the other (five letters at least)."""
+    short, long = sorted((x, y), key=len)
+    if len(short) >= 5 and short in long:
+        return True
+    common = next((i for i, (p, q) in enumerate(zip(short, long, strict=False)) if p != q),
+                  len(short))
+    return common >= max(4, len(short) - 1)
 
 
 #: Counts in words, read as numbers where they count something: "one" only before a
@@ -1067,6 +1113,7 @@ def guard_ok(question: str, stored: str) -> bool:
     return (a.numbers == b.numbers and a.negations == b.negations and a.names == b.names
             and a.instructions == b.instructions and a.layout == b.layout
             and a.language == b.language
+            and not _native_differs(a.native, b.native)
             and {a.tense, b.tense} != {"past", "future"}
             and a.symbols == b.symbols
             and not (a.counts and b.counts and a.counts != b.counts)
