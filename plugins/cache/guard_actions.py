@@ -42,6 +42,8 @@ _CLASSES = (
     ("apply", "enroll", "enrol", "register", "sign", "join"),
     ("contact", "reach", "call", "talk", "speak"),
     ("verify", "confirm"),
+    ("approve", "authorize", "authorise", "accept"),
+    ("reject", "decline", "deny", "refuse"),
     ("earn", "collect", "gain"),
     ("dispute",),
     ("fix", "repair", "troubleshoot", "solve", "resolve", "debug"),

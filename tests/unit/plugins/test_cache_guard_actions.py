@@ -81,3 +81,15 @@ def test_repairing_is_not_undoing(stored: str, asked: str) -> None:
 ])
 def test_repair_and_undo_synonyms_pass(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Who approves my vacation request?", "How do I submit a vacation request?"),
+    ("Who approves my expense report?", "How do I file an expense report?"),
+    ("Can a manager reject my timesheet?", "Can a manager edit my timesheet?"),
+])
+def test_approving_or_rejecting_is_an_action(stored: str, asked: str) -> None:
+    """Approving and rejecting a thing are actions on it, as submitting it is: another
+    action on the same request is another question."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
