@@ -26,8 +26,15 @@ from proxy.settings import EmbeddingSettings
 # percentages, ranges, with/without, plurals, time zones, target languages,
 # German/Spanish/French, very short and very long questions, ids, emails and URLs):
 # measured before the guard was changed for it, 25/42 paraphrases, 6 of 124 near misses
-# hit. None may hit now.
-SETS = [("semantic_adversarial", 0.8), ("semantic_fresh", 0.7), ("semantic_probe", 0.55)]
+# hit. None may hit now. blind (stop 46, written without reading the guard: outcomes
+# that are not simple antonyms, actions and their undoing, exchanges seen from the other
+# side, before / after, who does what to whom, numbers in words, currencies, versions,
+# dates, plurals, with / without, can / must, places, product tiers, French / Spanish /
+# German, code identifiers): measured before the guard was changed for it, 25/40
+# paraphrases, 5 of 135 near misses hit ("My number is cancelled" / "I kept my number",
+# archive / restore, gift / receive, "Can I" / "Do I have to", the first in Spanish).
+SETS = [("semantic_adversarial", 0.8), ("semantic_fresh", 0.7), ("semantic_probe", 0.55),
+        ("semantic_blind", 0.6)]
 
 
 @pytest.mark.parametrize(("name", "paraphrases"), SETS, ids=[n for n, _ in SETS])
