@@ -190,6 +190,14 @@ _PHRASES.update({f"{form} {rest}": to for phrase, to in list(_PHRASES.items())
 # One pass for every phrase (longest first); no replacement makes another phrase.
 _PHRASE = re.compile(r"\b(?:" + "|".join(
     re.escape(p) for p in sorted(_PHRASES, key=len, reverse=True)) + r")\b")
+#: The phrasal verbs among them ("turn on", "logged out"), read as their one word in the
+#: words the one-slot check compares too (`_tokens`): "How do I turn on two-factor
+#: authentication?" / "How do I enable ...?" is one question. (Not "give me": who asks is
+#: part of those words, "Can you give me ...?" / "Can I receive ...?".)
+_VERB_PHRASE = re.compile(r"\b(?:" + "|".join(
+    re.escape(p) for p in sorted(_PHRASES, key=len, reverse=True)
+    if p.split()[0] in _PHRASE_VERBS
+    or any(p.split()[0] in _inflections(v) for v in _PHRASE_VERBS)) + r")\b")
 _FAMILIES = (
     ("amount", ("increase", "raise", "higher", "more", "up", "extend"),
      ("decrease", "reduce", "lower", "less", "down", "shorten")),
@@ -503,7 +511,7 @@ def _tokens(lowered: str) -> tuple[str, ...]:
     "december 25": `_ABBREVIATED`), an amount after a currency sign with the currency's
     word ("$10" as "10 dollars"), a small word and
     "is"/"are" as their contraction (`_FULL`), and words that ask the same thing in the
-    same frame as one (`_SAME_ASK`)."""
+    same frame as one (`_SAME_ASK`), a phrasal verb as its one word (`_VERB_PHRASE`)."""
     if _HAS_SPELLED.search(lowered):  # "two bags" reads as "2 bags"
         for start, end, n in reversed(_spelled(lowered)):
             lowered = f"{lowered[:start]}{n}{lowered[end:]}"
@@ -516,6 +524,7 @@ def _tokens(lowered: str) -> tuple[str, ...]:
     if " is" in lowered or " are" in lowered:
         lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
     lowered = _SAME_ASK.sub(_same_ask, lowered)
+    lowered = _VERB_PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
     return tuple(_TOKEN.findall(lowered))
 
 

@@ -1,0 +1,36 @@
+"""A phrasal verb ("turn on", "logged out") is its one word in every check, the one-slot
+check's words included: "How do I turn on two-factor authentication?" / "How do I
+enable two-factor authentication?" asks one thing."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.cache.guard import guard_ok
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I enable two-factor authentication?",
+     "How do I turn on two-factor authentication?"),
+    ("How do I disable email notifications?", "How do I turn off email notifications?"),
+    ("How do I disable dark mode?", "How can I switch off dark mode?"),
+    ("Why was I logged out?", "Why was I signed out?"),
+    ("How do I register for the newsletter?", "How do I sign up for the newsletter?"),
+])
+def test_a_phrasal_verb_is_its_word(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I enable two-factor authentication?",
+     "How do I turn off two-factor authentication?"),
+    ("How do I turn on email notifications?", "How do I turn on push notifications?"),
+    ("How do I turn on dark mode?", "How do I disable dark mode?"),
+    ("How do I log in to the app?", "How do I log out of the app?"),
+    ("How do I sign up for the newsletter?", "How do I sign out of the newsletter?"),
+    ("Can you give me a refund?", "Can you give a refund?"),
+])
+def test_its_opposite_or_another_thing_is_not(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
