@@ -138,6 +138,10 @@ _ABBREVIATED = {
     "tues": "tuesday", "thu": "thursday", "thur": "thursday", "thurs": "thursday",
     "fri": "friday"}
 _SHORT_NAME = re.compile(r"\b(" + "|".join(_ABBREVIATED) + r")\b\.?")
+#: A day before its month ("24 December", "the 24th of December"), read in the month's
+#: order ("December 24"): one date, not two numbers swapped.
+_DAY_MONTH = re.compile(r"\b(\d{1,2})\s+(?:of\s+)?(january|february|march|april|may|june|"
+                        r"july|august|september|october|november|december)\b")
 # A currency sign before an amount, as its word after it ("$10" / "10 dollars").
 _SIGNED_AMOUNT = re.compile(r"([$\u20ac\u00a3\u00a5\u20b9])\s?(\d+(?:[.,]\d+)*)")
 _CURRENCY_WORD = {"$": "dollars", "\u20ac": "euros", "\u00a3": "pounds", "\u00a5": "yen",
@@ -507,9 +511,10 @@ def _same_ask(m: re.Match[str]) -> str:
 def _tokens(lowered: str) -> tuple[str, ...]:
     """The question's words, numbers spelled in words as their digits (`_spelled`), a
     negated contraction with its apostrophe (`_NO_APOSTROPHE`), a month's or a
-    weekday's short name as its full one and a day without its ordinal ("Dec 25th" as
-    "december 25": `_ABBREVIATED`), an amount after a currency sign with the currency's
-    word ("$10" as "10 dollars"), a small word and
+    weekday's short name as its full one and a day without its ordinal, after its month
+    ("Dec 25th", "25 December" as "december 25": `_ABBREVIATED`, `_DAY_MONTH`), an
+    amount after a currency sign with the currency's word ("$10" as "10 dollars"), a
+    small word and
     "is"/"are" as their contraction (`_FULL`), and words that ask the same thing in the
     same frame as one (`_SAME_ASK`), a phrasal verb as its one word (`_VERB_PHRASE`)."""
     if _HAS_SPELLED.search(lowered):  # "two bags" reads as "2 bags"
@@ -519,6 +524,7 @@ def _tokens(lowered: str) -> tuple[str, ...]:
         lowered = _SIGNED_AMOUNT.sub(lambda m: f"{m.group(2)} {_CURRENCY_WORD[m.group(1)]}",
                                      lowered)
     lowered = _ORDINAL.sub("", _SHORT_NAME.sub(lambda m: _ABBREVIATED[m.group(1)], lowered))
+    lowered = _DAY_MONTH.sub(r"\2 \1", lowered)
     if "nt" in lowered:
         lowered = _NO_APOSTROPHE.sub(r"\1n't", lowered)
     if " is" in lowered or " are" in lowered:
