@@ -79,7 +79,7 @@ from .guard_degrees import degrees, degrees_differ
 from .guard_modals import modals, modals_differ
 from .guard_quantifiers import quantifiers, quantifiers_differ
 from .guard_roles import owners, owners_differ, parties, parties_differ
-from .guard_units import relative_differs, units, units_differ
+from .guard_units import CURRENCY_CODE, CURRENCY_CODES, relative_differs, units, units_differ
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
 _NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212](?=\d))?\d+(?:[.,]\d+)*")
@@ -143,6 +143,7 @@ _SHORT_NAME = re.compile(r"\b(" + "|".join(_ABBREVIATED) + r")\b\.?")
 _DAY_MONTH = re.compile(r"\b(\d{1,2})\s+(?:of\s+)?(january|february|march|april|may|june|"
                         r"july|august|september|october|november|december)\b")
 # A currency sign before an amount, as its word after it ("$10" / "10 dollars").
+_CURRENCY_HINT = re.compile(r"usd|eur|gbp|jpy|inr|u\.?s\.? dollar")
 _SIGNED_AMOUNT = re.compile(r"([$\u20ac\u00a3\u00a5\u20b9])\s?(\d+(?:[.,]\d+)*)")
 _CURRENCY_WORD = {"$": "dollars", "\u20ac": "euros", "\u00a3": "pounds", "\u00a5": "yen",
                   "\u20b9": "rupees"}
@@ -459,8 +460,7 @@ def signature(text: str) -> Signature:
     return Signature(
         numbers=_numbers(text),
         negations=len(_NEGATION.findall(text)),
-        names=tuple(_ABBREVIATED.get(name, name).rstrip("s") for name in (
-            m.group(0).lower() for m in _NAME.finditer(text.strip()))),
+        names=_names(text),
         directions=tuple(d for w in words if w in _DIRECTION for d in _DIRECTION[w]),
         words=frozenset(words),
         route=(route.group(1), route.group(2)) if route else None,
@@ -479,6 +479,20 @@ def signature(text: str) -> Signature:
         quantifiers=quantifiers(lowered),
         modals=modals(lowered),
     )
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """The capitalized names in order, a month's or a weekday's short name as its full
+    one; a currency's code ("USD", "EUR", "US dollars") is none: guard_units compares
+    currencies ("in USD" / "in US dollars" / "in dollars")."""
+    text = text.strip()
+    if "US" in text or "U.S" in text:
+        text = _US_CURRENCY.sub("usd", text)
+    return tuple(_ABBREVIATED.get(name, name).rstrip("s") for name in (
+        m.group(0).lower() for m in _NAME.finditer(text)) if name not in CURRENCY_CODES)
+
+
+_US_CURRENCY = re.compile(r"\bU\.?S\.?\s+(?=[Dd]ollars?\b)")
 
 
 # A small word and "is" or "are" read as their contraction ("Where is the nearest
@@ -523,6 +537,8 @@ def _tokens(lowered: str) -> tuple[str, ...]:
     if any(sign in lowered for sign in _CURRENCY_WORD):
         lowered = _SIGNED_AMOUNT.sub(lambda m: f"{m.group(2)} {_CURRENCY_WORD[m.group(1)]}",
                                      lowered)
+    if _CURRENCY_HINT.search(lowered):  # "in USD", "in US dollars" as "in dollars"
+        lowered = CURRENCY_CODE.sub(lambda m: CURRENCY_CODES.get(m.group(0), ""), lowered)
     lowered = _ORDINAL.sub("", _SHORT_NAME.sub(lambda m: _ABBREVIATED[m.group(1)], lowered))
     lowered = _DAY_MONTH.sub(r"\2 \1", lowered)
     if "nt" in lowered:

@@ -62,6 +62,13 @@ _CANON = {
     **{c: c for c in ("cad", "aud", "chf", "cny", "yuan", "peso", "pesos", "franc",
                       "francs", "krona", "kronor", "reais", "bitcoin", "btc")},
 }
+#: A currency's code ("USD", "EUR"), its word where it has one: a unit, no name; and
+#: "US dollars", which are dollars (guard._tokens reads them so, guard.signature skips
+#: them among the names).
+CURRENCY_CODES = {"usd": "dollars", "eur": "euros", "gbp": "pounds", "jpy": "yen",
+                  "inr": "rupees", "cad": "cad", "aud": "aud", "chf": "chf", "cny": "cny",
+                  "btc": "btc"}
+CURRENCY_CODE = re.compile(r"\b(?:usd|eur|gbp|jpy|inr)\b|\bu\.?s\.?\s+(?=dollars?\b)")
 _UNIT = re.compile(r"[$\u20ac\u00a3\u00a5\u20b9%]|\b(?:" + "|".join(
     sorted((re.escape(w) for w in _CANON if w.isalpha()), key=len, reverse=True)) + r")\b")
 # Where no unit can be (most questions): no search.
