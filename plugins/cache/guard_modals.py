@@ -30,10 +30,13 @@ _KINDS = (
                r"(?:do|would)\s+you\s+(?:recommend|advise|suggest)\b"),
 )
 # A modal that opens the question or a clause of it, after a question word other than
-# "how" and "where" (a way, a place) or a word that only leads in.
+# "how" and "where" (a way, a place) or a word that only leads in. Each run from a
+# clause's start is bounded and never backtracks (possessive: no lead-in word opens a
+# modal), so a text of punctuation or lead-ins costs its length, not its square.
 _MODAL = re.compile(
-    r"(?:^|[,.;:!?]\s*)\W*(?:(?:so|and|but|also|then|hi|hello|hey|please|ok|okay|what|when|"
-    r"which|who|whom|why)\W+)*(?:" + "|".join(f"(?P<{k}>{p})" for k, p in _KINDS) + ")")
+    r"(?:^|[,.;:!?])\W{0,8}+(?:(?:so|and|but|also|then|hi|hello|hey|please|ok|okay|what|"
+    r"when|which|who|whom|why)\W{1,8}+){0,4}+(?:"
+    + "|".join(f"(?P<{k}>{p})" for k, p in _KINDS) + ")")
 
 
 def modals(lowered: str) -> tuple[str, ...]:

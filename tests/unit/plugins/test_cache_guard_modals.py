@@ -42,3 +42,17 @@ def test_the_same_modal_kind_in_other_words_passes(stored: str, asked: str) -> N
 ])
 def test_what_counts_as_a_modal(question: str, kinds: tuple[str, ...]) -> None:
     assert modals(question) == kinds
+
+
+@pytest.mark.timeout(30)  # a guard against a hang, far above the milliseconds they take
+@pytest.mark.parametrize("text", [
+    ", " * 8000, ",," * 8000, "so, " * 4000, "? " * 8000 + "can i", ". hi hey so " * 1500,
+])
+def test_long_runs_stay_linear(text: str) -> None:
+    """Every clause start reads a bounded run: 4,000 chars of ", " took 3 s, 16,000 some
+    minutes (the run of punctuation read again from each comma, and backtracked)."""
+    modals(text)
+
+
+def test_a_modal_after_a_run_of_punctuation_and_lead_ins_still_counts() -> None:
+    assert modals("hi!!! so, what... can i pay? and must i?") == ("can", "must")
