@@ -128,6 +128,12 @@ _NEGATION = re.compile(
     r"\b(?:not|no|never|none|nothing|cannot|without|neither|nor|non|unable|impossible)\b|"
     r"\bfail(?:s|ed|ing)?\s+to\b|n't\b|\bnon-|"
     rf"\b(?:{_NT_STEMS})nt\b|"
+    # the negations of the languages `_language` detects, their small words there
+    # (`_STOPWORDS`: "pas", "nicht", "não"), which `_native` does not compare: French "ne"
+    # or "n'" (its "pas" often the only one dropped), "jamais", "aucun"; "nicht", "kein",
+    # "nie"; "não", "nunca", "nenhum"; "niet", "geen", "nooit"; "nada", "ningún"
+    r"\b(?:ne|jamais|aucune?|nicht|kein(?:e[mnrs]?)?|nie|niemals|não|nunca|nenhuma?|niet|"
+    r"geen|nooit|nada|ning[uú]n[oa]?|nessun[oa]?)\b|\bn'(?=\w)|"
     r"不|没|无|别|非", re.IGNORECASE)
 #: A month's or a weekday's short name as its full one ("Dec 25" / "December 25th";
 #: not "Mar", "Sat", "Sun", "Wed": other words too), in the names and in the words.
