@@ -77,6 +77,7 @@ from .guard_actions import ACTION, actions_differ
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_modals import modals, modals_differ
+from .guard_native import english_frame, plain, small_words
 from .guard_quantifiers import quantifiers, quantifiers_differ
 from .guard_roles import owners, owners_differ, parties, parties_differ
 from .guard_units import CURRENCY_CODE, CURRENCY_CODES, relative_differs, units, units_differ
@@ -158,7 +159,7 @@ _ORDINAL = re.compile(r"(?<=\d)(?:st|nd|rd|th)\b")
 _NAME = re.compile(r"\b(?:" + "|".join(sorted(
     (k for k in _ABBREVIATED if len(k) <= 5 and k not in ("june", "july")),
     key=len, reverse=True)) + r")\b\.?")
-_NAME = re.compile(r"(?<![.!?:]\s)(?<!^)\b[A-Z][a-zA-Z]+\b")
+_NAME = re.compile(r"(?<![.!?:]\s)(?<![¿¡])(?<!^)\b[A-Z][a-zA-Z]+\b")
 _WORD = re.compile(r"[a-z]+(?:-[a-z]+)?")
 _FROM_TO = re.compile(r"\bfrom\s+(\w+)\s+(?:to|into)\s+(\w+)", re.IGNORECASE)
 _PERIODS = ("night", "morning", "evening", "week", "weekend", "month", "year", "season",
@@ -472,7 +473,7 @@ def signature(text: str) -> Signature:
         route=(route.group(1), route.group(2)) if route else None,
         instructions=_instructions(instructions, seen),
         focus=frozenset(k for k, p in focus.items() if p.search(seen)),
-        tokens=_tokens(lowered),
+        tokens=_tokens(english_frame(lowered, language)),
         layout=tuple(_INDENT.findall(text)) if "\n" in text else (),
         language=language,
         native=_native(text, language),
@@ -491,7 +492,7 @@ def _names(text: str) -> tuple[str, ...]:
     """The capitalized names in order, a month's or a weekday's short name as its full
     one; a currency's code ("USD", "EUR", "US dollars") is none: guard_units compares
     currencies ("in USD" / "in US dollars" / "in dollars")."""
-    text = text.strip()
+    text = text.strip().lstrip("¿¡")  # (Spanish opens a question with "¿")
     if "US" in text or "U.S" in text:
         text = _US_CURRENCY.sub("usd", text)
     return tuple(_ABBREVIATED.get(name, name).rstrip("s") for name in (
@@ -618,18 +619,12 @@ def _native(text: str, language: str) -> frozenset[str]:
     guard's lists (directions, actions, filler) read English only."""
     if language not in _PLAIN_STOPWORDS:
         return frozenset()
-    small = _PLAIN_STOPWORDS[language]
-    return frozenset(w for w in _LATIN_WORD.findall(_plain(text.lower()))
+    small = _PLAIN_STOPWORDS[language] | small_words(language)
+    return frozenset(w for w in _LATIN_WORD.findall(plain(text.lower()))
                      if len(w) > 1 and w not in small)
 
 
-def _plain(text: str) -> str:
-    """The text without its accents ("número" as "numero")."""
-    return "".join(c for c in unicodedata.normalize("NFD", text)
-                   if not unicodedata.combining(c))
-
-
-_PLAIN_STOPWORDS = {lang: frozenset(map(_plain, words)) for lang, words in _STOPWORDS.items()
+_PLAIN_STOPWORDS = {lang: frozenset(map(plain, words)) for lang, words in _STOPWORDS.items()
                     if lang != "en"}
 
 
@@ -644,11 +639,40 @@ def _native_differs(a: frozenset[str], b: frozenset[str]) -> bool:
                for one, other in ((a, b), (b, a)) for x in one - other)
 
 
+def _stems_as_one(a: tuple[str, ...], b: tuple[str, ...], only_a: frozenset[str],
+                  only_b: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`b`'s words in another form of a word only `a` has, as `a`'s ("¿Cómo exporto mis
+    contactos?" / "¿Cómo puedo exportar mis contactos?"): the word checks then see the
+    frame (guard_native) and not a word swapped."""
+    if not only_a or not only_b or len(only_a) * len(only_b) > _MAX_STEM_PAIRS:
+        return a, b
+    same = {y: x for y in only_b for x in sorted(only_a, reverse=True) if _one_stem(x, y)}
+    if not same:
+        return a, b
+    out: list[str] = []
+    for t in b:  # a verb split in two is one word ("setze ... zurück": "zurücksetzen")
+        if t not in same or same[t] not in out:
+            out.append(same.get(t, t))
+    return a, tuple(out)
+
+
+#: The most pairs of words, one only each side has, `_stems_as_one` compares (a long
+#: question reworded throughout is no other form of the other anyway).
+_MAX_STEM_PAIRS = 64
+
+
+#: Prefixes that undo or redo a word ("desactivar", "désactiver", "deaktivieren",
+#: "disattivare", "reactivar", "entsperren", "unblock"): no other form of it.
+_UNDOING = ("des", "de", "dis", "re", "ent", "un", "in", "im", "non", "anti")
+
+
 def _one_stem(x: str, y: str) -> bool:
     """One word in another form: a common start all but the shorter's last letter long
-    (four letters at least), or one inside the other (five letters at least)."""
+    (four letters at least), or one inside the other (five letters at least) after no
+    prefix that undoes it (`_UNDOING`: "activo" / "desactivo" are two words)."""
     short, long = sorted((x, y), key=len)
-    if len(short) >= 5 and short in long:
+    if len(short) >= 5 and short in long and not long.startswith(_UNDOING, 0, long.find(
+            short) + 1):
         return True
     common = next((i for i, (p, q) in enumerate(zip(short, long, strict=False)) if p != q),
                   len(short))
@@ -1156,6 +1180,12 @@ def guard_ok(question: str, stored: str) -> bool:
             return stored == DIGEST_MARK + _strict_hash(signature(question))
         return guard_digest(question) == stored
     a, b = signature(question), signature(stored)
+    ta, tb = a.tokens, b.tokens
+    # One word in two forms as one ("exporto" / "exportar"), but for the order of the
+    # words: a verb moved in its other form is the language's ("Wo finde ich ...?" /
+    # "Wo kann ich ... finden?").
+    if a.native and b.native:
+        ta, tb = _stems_as_one(ta, tb, a.native - b.native, b.native - a.native)
     return (a.numbers == b.numbers and a.negations == b.negations and a.names == b.names
             and a.instructions == b.instructions and a.layout == b.layout
             and a.language == b.language
@@ -1163,9 +1193,9 @@ def guard_ok(question: str, stored: str) -> bool:
             and {a.tense, b.tense} != {"past", "future"}
             and a.symbols == b.symbols
             and not (a.counts and b.counts and a.counts != b.counts)
-            and not _roles_swapped(a.tokens, b.tokens)
+            and not _roles_swapped(ta, tb)
             and not owners_differ(a.owners, b.owners)
-            and not parties_differ(parties(a.tokens), parties(b.tokens))
+            and not parties_differ(parties(ta), parties(tb))
             and not degrees_differ(a.degrees, b.degrees)
             and not units_differ(a.units, b.units)
             and not (a.numbers and relative_differs(a.units, b.units))
@@ -1173,9 +1203,9 @@ def guard_ok(question: str, stored: str) -> bool:
             and not modals_differ(a.modals, b.modals)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
-            and not _families_swapped(a.tokens, b.tokens)
+            and not _families_swapped(ta, tb)
             and not _reversed(a.words, b.words)
             and not _focus_differs(a.focus, b.focus)
-            and not _edited(a.tokens, b.tokens)
-            and not actions_differ(_content(a.tokens), _content(b.tokens))
+            and not _edited(ta, tb)
+            and not actions_differ(_content(ta), _content(tb))
             and not _reordered(a.tokens, b.tokens))
