@@ -635,8 +635,11 @@ def _native_differs(a: frozenset[str], b: frozenset[str]) -> bool:
     ..."): the guard's word lists do not see a direction, an action or a swapped thing
     there, so every such word must be the other side's too, in another form ("cancelo" /
     "cancelar", "kündige" / "kündigen", "setze ... zurück" / "zurücksetzen")."""
+    only_a, only_b = a - b, b - a
+    if len(only_a) * len(only_b) > _MAX_STEM_PAIRS:
+        return True  # reworded throughout: no word can vouch for the others (bounded)
     return any(not any(_one_stem(x, y) for y in other)
-               for one, other in ((a, b), (b, a)) for x in one - other)
+               for one, other in ((only_a, b), (only_b, a)) for x in one)
 
 
 def _stems_as_one(a: tuple[str, ...], b: tuple[str, ...], only_a: frozenset[str],

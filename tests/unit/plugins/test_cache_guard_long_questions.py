@@ -23,3 +23,18 @@ def test_a_long_question_passes_only_as_itself() -> None:
     words = tuple(f"w{i}" for i in range(60))
     assert not _edited(words, words)
     assert _edited(words, (*words[:30], "please", *words[30:]))
+
+
+def _words(n: int, end: str) -> list[str]:
+    letters = "bcdfghjklmnpqrstvwxz"
+    return [letters[i % 20] + letters[i // 20 % 20] + letters[i // 400 % 20] + "ab" + end
+            for i in range(n)]
+
+
+@pytest.mark.timeout(30)  # a guard against a hang, far above the milliseconds it takes
+def test_words_of_another_language_in_other_forms_are_compared_in_bounded_time() -> None:
+    """Each word only one side has was compared with every word of the other: 450
+    Spanish words each in another form took 1.2 s, 5,000 of them a minute."""
+    stored = "¿Cómo puedo " + " ".join(w + " de la" for w in _words(5000, "ar")) + "?"
+    asked = "¿Cómo puedo " + " ".join(w + " de la" for w in _words(5000, "o")[::-1]) + "?"
+    assert not guard_ok(asked, stored)
