@@ -165,12 +165,15 @@ _FROM_TO = re.compile(r"\bfrom\s+(\w+)\s+(?:to|into)\s+(\w+)", re.IGNORECASE)
 _PERIODS = ("night", "morning", "evening", "week", "weekend", "month", "year", "season",
             "quarter", "summer", "winter", "spring", "autumn", "fall", "time", "monday",
             "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_PHRASE_VERBS = frozenset(("turn", "switch", "sign", "log", "opt", "check"))
+_PHRASE_VERBS = frozenset(("turn", "switch", "sign", "log", "opt", "check", "bring"))
 _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             "switch off": "disable", "sign up": "register", "log out": "logout",
             "sign out": "logout", "log in": "login", "log into": "login", "sign in": "login",
             "opt in": "enable", "opt out": "disable", "check in": "checkin",
             "check out": "checkout",
+            # bringing a thing back restores it ("How do I archive a chat?" / "How do I
+            # bring back an archived chat?")
+            "bring back": "restore", "brought back": "restore",
             # a time of day or a period, this one, the last or the next: one word each
             **{f"{when} {unit}": f"{when}-{unit}" for when in ("last", "next", "this")
                for unit in _PERIODS},

@@ -34,3 +34,17 @@ def test_a_phrasal_verb_is_its_word(stored: str, asked: str) -> None:
 def test_its_opposite_or_another_thing_is_not(stored: str, asked: str) -> None:
     assert not guard_ok(asked, stored)
     assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I archive a chat?", "How do I bring back an archived chat?"),
+    ("How do I delete a photo?", "Can I bring back a deleted photo?"),
+    ("Why was my old plan removed?", "Why was my old plan brought back?"),
+])
+def test_bringing_back_is_restoring(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+def test_bringing_back_passes_as_restoring() -> None:
+    assert guard_ok("How can I bring back a deleted file?", "How do I restore a deleted file?")
