@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
+from multidict import MultiMapping
 
 from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from ..auth import Principal
@@ -23,7 +24,7 @@ from ..ids import shown_id
 from ..inflight import count_abort, counting_cuts, generating
 from ..middleware import ROUTE_OPTS
 from ..pagination import page
-from ..protocol import ChatCompletionRequest, parse_model, with_model_defaults
+from ..protocol import ChatCompletionRequest, not_among, parse_model, with_model_defaults
 from ..record_store import RecordStore, RedisStore, cache_redis, make_store, too_large
 from ..routes import (
     StreamTiming,
@@ -41,7 +42,7 @@ from . import background_http
 from . import translate as X
 from .background import RUNNING, Runner, as_read, lapsed, settle
 from .events import OUTPUT_DELTAS, Rendering, saves_settled
-from .models import ResponsesRequest
+from .models import RESPONSES_ENUMS, ResponsesRequest
 
 log = get_logger("weir.responses")
 
@@ -335,10 +336,7 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     refused: none of what it names is available."""
     tenant, record = await _record(request)  # (a key first, then the id, as every route)
     query = request.query
-    if any(v for k in ("include", "include[]") for v in query.getall(k, [])):
-        raise InvalidRequest(
-            "Unsupported parameter: `include`: none of the extra output it names is "
-            "available here.", param="include", code="unsupported_parameter")
+    _refuse_include(query)
     if query.get("stream", "false").lower() in ("false", "0", ""):
         return json_response(record["response"])
     response = record["response"]
@@ -363,10 +361,26 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     return await background_http.follow(request, run, after)
 
 
+def _refuse_include(query: MultiMapping[str]) -> None:
+    """The `include` of a GET (`include=` or `include[]=`, repeated): a value outside
+    OpenAI's list (`IncludeEnum`) is an invalid value naming it; one of them is refused,
+    none of what it names being available here (as create refuses it). Empty: none."""
+    given = [v for k in ("include", "include[]") for v in query.getall(k, []) if v]
+    for v in given:
+        if v not in RESPONSES_ENUMS["include[]"]:
+            raise not_among(v, RESPONSES_ENUMS["include[]"], "include")
+    if given:
+        raise InvalidRequest(
+            "Unsupported parameter: `include`: none of the extra output it names is "
+            "available here.", param="include", code="unsupported_parameter")
+
+
 async def list_input_items(request: web.Request) -> web.Response:
     """`GET /v1/responses/{id}/input_items?limit=&order=&after=`: the request's input,
-    newest first unless `order=asc`."""
-    items = list((await _record(request))[1].get("input") or [])
+    newest first unless `order=asc`; `include` as the retrieve route takes it."""
+    record = (await _record(request))[1]  # (a key first, then the id, as every route)
+    _refuse_include(request.query)
+    items = list(record.get("input") or [])
     return json_response(page(items, request.query, order="desc",
                               what="input item of this response"))
 

@@ -127,6 +127,30 @@ async def test_retrieve_refuses_a_stream_or_include_it_cannot_give(
     assert (await client.get("/v1/responses/resp_nope?stream=true")).status == 404
 
 
+@pytest.mark.parametrize("path", ["", "/input_items"])
+async def test_include_on_a_get_is_checked_alike_on_both_routes(make_client: MakeClient,
+                                                                path: str) -> None:
+    """`input_items` ignored `include`, even a made-up value, while the retrieve route
+    refused every one as unsupported: on both, a value outside OpenAI's list is an
+    invalid value naming `include`, and one of its values is refused as unsupported (none
+    of what it names is available here); an empty one asks nothing."""
+    client = await make_client()
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    for query, code in (("include=bogus", "invalid_value"),
+                        ("include[]=message.output_text.logprob", "invalid_value"),
+                        ("include=reasoning.encrypted_content&include=bogus", "invalid_value"),
+                        ("include[]=message.input_image.image_url", "unsupported_parameter"),
+                        ("include=reasoning.encrypted_content", "unsupported_parameter")):
+        r = await client.get(f"/v1/responses/{rid}{path}?{query}")
+        assert r.status == 400, query
+        body = await r.json()
+        validate("ErrorResponse", body)
+        assert (body["error"]["param"], body["error"]["code"]) == ("include", code), query
+    r = await client.get(f"/v1/responses/{rid}{path}?include[]=")
+    assert r.status == 200
+    assert (await client.get(f"/v1/responses/resp_nope{path}?include=bogus")).status == 404
+
+
 async def test_one_tenant_filling_the_store_never_evicts_another(make_client: MakeClient,
                                                                  ) -> None:
     settings = keyed("a", "b")
