@@ -33,6 +33,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -129,6 +130,24 @@ def check_enums(data: Any, table: Mapping[str, tuple[str, ...]]) -> None:
                 continue
             if not isinstance(v, str) or v not in values:
                 raise not_among(v, values, param)
+
+
+def check_values(data: Any, table: Mapping[str, TypeAdapter[Any]]) -> None:
+    """Each value at a path of `table` (as `check_enums` reads it; null: absent) is one its
+    type takes (a number in its range: `top_logprobs` 0 to 20), else the 400 the parser
+    gives a field of that type, naming it (`integer_above_max_value`, `invalid_type`):
+    for the parameters no model field declares (those refused as unsupported), checked
+    before anything is refused, as `check_enums` checks enums."""
+    if not isinstance(data, dict):
+        return
+    for path, adapter in table.items():
+        for param, v in _at_path(data, path):
+            if v is None:
+                continue
+            try:
+                adapter.validate_python(v, strict=True)
+            except ValidationError as e:
+                raise _described(e.errors(include_url=False)[0], param) from None
 
 
 def not_among(value: Any, values: Iterable[str], param: str) -> InvalidRequest:
@@ -1001,6 +1020,8 @@ StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 #: OpenAI's `StopConfiguration`: "Up to 4 sequences" (`maxItems: 4`; more is its 400).
 MAX_STOPS = 4
 Stop = StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)]
+#: OpenAI's `top_logprobs` (Chat Completions' and the Responses API's): 0 to 20.
+TopLogprobs = Annotated[int, Field(ge=0, le=20)]
 #: vLLM's extension: a positive count of candidates, or 0 / -1 for all of them.
 TopK = Annotated[int, Field(ge=-1, le=INT32_MAX)]
 #: vLLM's extensions, within vLLM's own bounds.
@@ -1161,7 +1182,7 @@ class ChatCompletionRequest(_SamplingFields, CallerFields):
     max_tokens: OutputTokens | None = None
     max_completion_tokens: OutputTokens | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: TopLogprobs | None = None
     response_format: ResponseFormat | None = None
     tools: Annotated[list[ChatTool], Field(min_length=1)] | None = None  # (OpenAI: 400)
     tool_choice: ToolChoice | None = None
@@ -1460,7 +1481,11 @@ def validation_error(exc: ValidationError, order: tuple[str, ...] = ()) -> Inval
     # (`content[0].text` is a number, not "`content` is not a string";
     # `tool_choice.function` is missing, not "`tool_choice` is not 'auto'").
     err = max(specific or field_errors, key=lambda e: len(e["loc"]))
-    param = _loc_to_param(tuple(err["loc"]))
+    return _described(err, _loc_to_param(tuple(err["loc"])))
+
+
+def _described(err: Any, param: str) -> InvalidRequest:
+    """Pydantic's error `err` about `param`, in OpenAI's words and codes."""
     where = f" for `{param}`" if param else ""
     expected = _EXPECTED.get(err["type"])
     if expected is not None:  # a wrong JSON type, said as OpenAI says it

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, model_validator
+from pydantic import Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from ..errors import InvalidRequest
 from ..protocol import (
@@ -28,6 +28,7 @@ from ..protocol import (
     Temperature,
     ToolParameters,
     TopK,
+    TopLogprobs,
     TopP,
     Unsupported,
     _NullIsDefault,
@@ -35,6 +36,7 @@ from ..protocol import (
     check_enums,
     check_strict,
     check_unique_names,
+    check_values,
     inert,
     join_parts,
     raw_items,
@@ -318,6 +320,17 @@ RESPONSES_ENUMS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The Responses API's numeric parameters no field here declares (those refused as
+#: unsupported), each with its type and range in OpenAI's spec: a value outside it is the
+#: 400 a declared field's is (`top_logprobs: 50`, `integer_above_max_value`), checked
+#: before it is refused as unsupported.
+RESPONSES_VALUES: dict[str, TypeAdapter[Any]] = {
+    "top_logprobs": TypeAdapter(TopLogprobs),
+    "max_tool_calls": TypeAdapter(int),
+    "context_management[].compact_threshold": TypeAdapter(Annotated[int, Field(ge=1000)]),
+}
+
+
 class ResponsesRequest(_NullIsDefault, CallerFields):
     model: str = Field(min_length=1)
     input: str | Annotated[list[InputItem], Field(min_length=1)]
@@ -347,6 +360,7 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         check_enums(data, RESPONSES_ENUMS)  # (before `auto` is refused as unsupported)
+        check_values(data, RESPONSES_VALUES)  # (before it is refused as unsupported)
         refuse_unsupported(data, RESPONSES_UNSUPPORTED)
         refuse_other_tools(data)
         if isinstance(data, dict):

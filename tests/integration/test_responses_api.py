@@ -1271,6 +1271,38 @@ async def test_an_answer_of_dropped_calls_alone_is_one_empty_message_both_ways(
 
 
 @pytest.mark.parametrize(("extra", "param", "code"), [
+    ({"top_logprobs": 50}, "top_logprobs", "integer_above_max_value"),
+    ({"top_logprobs": -1}, "top_logprobs", "integer_below_min_value"),
+    ({"top_logprobs": 2.5}, "top_logprobs", "invalid_type"),
+    ({"max_tool_calls": "3"}, "max_tool_calls", "invalid_type"),
+    ({"context_management": [{"type": "compaction", "compact_threshold": 10}]},
+     "context_management[0].compact_threshold", "integer_below_min_value"),
+    # within OpenAI's range: refused as what this server does not do, as before
+    ({"top_logprobs": 5}, "top_logprobs", "unsupported_parameter"),
+    ({"context_management": [{"type": "compaction", "compact_threshold": 1000}]},
+     "context_management", "unsupported_parameter"),
+])
+async def test_a_number_outside_openais_range_is_invalid_before_unsupported(
+        make_client: MakeClient, extra: dict[str, Any], param: str, code: str) -> None:
+    """`top_logprobs: 50` was refused as unsupported: OpenAI's spec takes 0 to 20, and a
+    value past it is the caller's mistake, told as chat's `top_logprobs` tells it, before
+    what this server cannot honour; so for every number the request model leaves
+    undeclared."""
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, **extra})
+    assert r.status == 400
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert (body["error"]["param"], body["error"]["code"]) == (param, code)
+    if extra.get("top_logprobs") == 50:  # (in chat's words)
+        chat = await client.post("/v1/chat/completions", json={
+            "model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+            "logprobs": True, "top_logprobs": 50})
+        assert (await chat.json())["error"] == body["error"]
+    assert (await client.post("/v1/responses", json={**BASE, "top_logprobs": 0})).status == 200
+
+
+@pytest.mark.parametrize(("extra", "param", "code"), [
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "invalid_value"),
     ({"reasoning": {"effort": 5}}, "reasoning.effort", "invalid_type"),
     ({"reasoning": {"summary": "short"}}, "reasoning.summary", "invalid_value"),
