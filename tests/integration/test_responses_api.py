@@ -933,22 +933,36 @@ async def test_reasoning_items_are_redacted_when_nothing_in_the_prompt_is(
         assert user["content"][0]["text"] == "hello"
 
 
+@pytest.mark.parametrize("path", ["whole", "stream", "replayed", "background"])
+@pytest.mark.parametrize("name", ["f", "f" * 48])  # (cut mid-arguments; before them)
 async def test_a_call_cut_mid_arguments_is_no_turn_a_follow_up_owes_an_output(
-        make_client: MakeClient) -> None:
-    """Cut at `max_output_tokens` inside a forced call's arguments, the response is
-    `incomplete` with that call `incomplete`: going on from it asked for the call's
-    output ("No tool output found"), which no one can give to half-written arguments."""
-    client = await make_client()
+        make_client: MakeClient, path: str, name: str) -> None:
+    """Cut at `max_output_tokens` inside a forced call's arguments (or before they began:
+    `arguments: ""`), the response is `incomplete` with that call `incomplete`: going on
+    from it asked for the call's output ("No tool output found"), which no one can give
+    to half-written arguments. So whether it was streamed, replayed by the cache or run
+    in the background."""
+    settings = make_settings(plugins=[{"name": "cache", "config": {
+        "semantic": {"enabled": False}, "store_truncated": True}}])
+    client = await make_client(settings if path == "replayed" else None)
     names = [f"p{i}" for i in range(12)]  # arguments longer than 16 tokens
-    tool = {"type": "function", "name": "f", "parameters": {
+    tool = {"type": "function", "name": name, "parameters": {
         "type": "object", "properties": {n: {"type": "string"} for n in names},
         "required": names}}
-    cut = await (await client.post("/v1/responses", json={
-        **BASE, "input": "x", "tools": [tool], "tool_choice": "required",
-        "max_output_tokens": 16})).json()
+    ask = {**BASE, "input": "x", "tools": [tool], "tool_choice": "required",
+           "max_output_tokens": 16, "temperature": 0, "stream": path != "whole",
+           "background": path == "background"}
+    for _ in range(2 if path == "replayed" else 1):  # (the second is the cache's)
+        r = await client.post("/v1/responses", json=ask)
+        if path == "whole":
+            cut = await r.json()
+        else:
+            cut = parse_sse(await r.text())[0][-1]["response"]
+    assert path != "replayed" or r.headers["x-weir-cache"] == "exact"
     assert cut["status"] == "incomplete"
     assert [(o["type"], o["status"]) for o in cut["output"]] == [
         ("function_call", "incomplete")]
+    assert (cut["output"][0]["arguments"] == "") == (name != "f")
     r = await client.post("/v1/responses", json={
         **BASE, "input": "go on", "previous_response_id": cut["id"]})
     assert r.status == 200, await r.text()
