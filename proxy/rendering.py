@@ -131,12 +131,18 @@ class Choices:
         return [i for i in range(self.total)
                 if (c := self.by_index.get(i)) is None or c.reason is None]
 
+    def counts(self, idx: int) -> dict[str, int]:
+        """One choice's own tokens so far: its prompt's, and those it generated."""
+        ch = self.by_index.get(idx)
+        return {"prompt_tokens": self._prompt_tokens.get(idx // self.n, 0),
+                "completion_tokens": ch.tokens if ch else 0}
+
     def choice_usage(self, idx: int) -> dict[str, Any]:
         """One choice's usage so far, as vLLM's `continuous_usage_stats` puts it in the
         chunk that carries that choice (one choice a chunk): its prompt's tokens and the
         tokens that choice generated, not the answer's totals."""
-        ch = self.by_index.get(idx)
-        return R.usage(self._prompt_tokens.get(idx // self.n, 0), ch.tokens if ch else 0)
+        c = self.counts(idx)
+        return R.usage(c["prompt_tokens"], c["completion_tokens"])
 
     def running(self, choices: list[dict[str, Any]]
                 ) -> Iterator[tuple[list[dict[str, Any]], dict[str, Any]]]:
@@ -162,9 +168,15 @@ class Choices:
                        self.cached)
 
     def answer(self) -> list[dict[str, Any]]:
+        """Each choice's text, finish and stop reasons, and own usage (`counts`: what a
+        replay of it gives its chunks with `continuous_usage_stats`)."""
         return [{"index": i, "text": "".join(c.text), "finish_reason": c.reason or "stop",
-                 "stop_reason": c.stop_reason}
+                 "stop_reason": c.stop_reason, "usage": self.counts(i)}
                 for i, c in sorted(self.by_index.items())]
+
+    def usages(self) -> dict[int, dict[str, int]]:
+        """Each choice's own usage by its index (`Completion.usages`)."""
+        return {i: self.counts(i) for i in self.by_index}
 
 
 # ------------------------------------------------------------------------ whole answers
@@ -211,7 +223,8 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
         choices = [choice(i, ch) for i, ch in sorted(track.by_index.items())]
         return Completion(R.chat_completion(id=R.new_id("chatcmpl"), model=req.model,
                                             created=R.now(), choices=choices, usage_=usage),
-                          order=calls.order(0) if calls is not None else None)
+                          order=calls.order(0) if calls is not None else None,
+                          usages=track.usages())
     out_choices = []
     for i, ch in sorted(track.by_index.items()):
         prefix = prep.echo_texts[i // req.n] if req.echo else ""
@@ -224,7 +237,8 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
             i, prefix + text, _completion_finish(prep, ch.reason), lp,
             None if prep.echo_only else ch.stop_reason))
     return Completion(R.completion_body(id=R.new_id("cmpl"), model=req.model,
-                                        created=R.now(), choices=out_choices, usage_=usage))
+                                        created=R.now(), choices=out_choices, usage_=usage),
+                      usages=track.usages())
 
 
 def _completion_finish(prep: Prepared, reason: str | None) -> str:

@@ -25,11 +25,15 @@ class Completion:
     parser read it, its first choice's content and calls in the order the model wrote
     them (text pieces, and each call's index in `tool_calls`), which the chat message's
     one `content` beside its `tool_calls` does not keep (the Responses API's items do);
-    None where not known (no parser, a cached or relayed answer)."""
+    None where not known (no parser, a cached or relayed answer). `usages`: each
+    choice's own usage by its index (`{"prompt_tokens": its prompt's, "completion_tokens":
+    its own}`), what a stream of it with `continuous_usage_stats` gives that choice's
+    last chunk; None where the producer did not count them (a relayed answer)."""
 
     body: dict[str, Any]
     headers: dict[str, str] = field(default_factory=dict)
     order: list[str | int] | None = None
+    usages: dict[int, dict[str, int]] | None = None
 
 
 Outcome = Literal["completed", "failed", "cancelled"]

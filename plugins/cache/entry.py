@@ -9,7 +9,8 @@ is captured from a whole Completion body or from what a finished Stream carries 
 `answer` and `usage`), and replayed through
 `proxy.responses`, so a cached answer has the same shapes as a live one: streamed when
 the request streams (usage chunk included when asked; with `continuous_usage_stats`,
-every chunk carries the answer's usage: it is all in hand), whole otherwise.
+one choice a chunk, each with that choice's own usage, as the miss's last chunk of it
+carried it: each choice keeps it), whole otherwise.
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ class Entry:
     key: str
     route: str
     model: str
-    #: {"index", "text", "finish_reason"[, "stop_reason"][, "tool_calls"[, "order"]]};
-    #: `order`: a choice's text and calls in the order the model wrote them, where it has
-    #: both and it is known (`Completion.order`): the Responses API's items keep it.
+    #: {"index", "text", "finish_reason"[, "stop_reason"][, "usage"][, "tool_calls"[,
+    #: "order"]]}; `order`: a choice's text and calls in the order the model wrote them,
+    #: where it has both and it is known (`Completion.order`): the Responses API's items
+    #: keep it. `usage`: the choice's own (its prompt's tokens, those it generated), where
+    #: the answer counted them (`Completion.usages`; not an upstream's, nor an entry
+    #: stored before they were kept).
     choices: list[dict[str, Any]]
     usage: dict[str, int]
     scope: str
@@ -136,6 +140,7 @@ def choice_ok(c: Any) -> bool:
     return (isinstance(c, dict) and isinstance(c.get("index"), int)
             and isinstance(c.get("text"), str) and isinstance(c.get("finish_reason"), str)
             and _stop_reason_ok(c.get("stop_reason"))
+            and ("usage" not in c or usage_ok(c["usage"]))
             and isinstance(c.get("tool_calls", []), list)
             and all(_call_ok(t) for t in c.get("tool_calls", []))
             and ("order" not in c or T.order_agrees(c["order"], c["text"],
@@ -154,11 +159,13 @@ def _call_ok(t: Any) -> bool:
 
 
 def capture_body(body: dict[str, Any], route: str, order: list[str | int] | None = None,
+                 usages: dict[int, dict[str, int]] | None = None,
                  ) -> tuple[list[dict[str, Any]], dict[str, int]] | None:
     """Choices and usage of a whole answer, or None if it is not a normal answer: one of
     another shape (an upstream's) is not stored, since each replay would read it again.
     `order` (`Completion.order`): the first choice's text and calls in the order the
-    model wrote them, kept with it where it agrees with them."""
+    model wrote them, kept with it where it agrees with them; `usages`
+    (`Completion.usages`): each choice's own usage, kept with it."""
     raw, usage = body.get("choices"), captured_usage(body.get("usage"))
     if not isinstance(raw, list) or not raw or usage is None:
         return None
@@ -175,6 +182,10 @@ def capture_body(body: dict[str, Any], route: str, order: list[str | int] | None
             text = ""
         choice = {"index": c.get("index"), "text": text, "finish_reason": c.get("finish_reason"),
                   "stop_reason": c.get("stop_reason")}
+        own = usages.get(c["index"]) if usages is not None and isinstance(
+            c.get("index"), int) else None
+        if own is not None:
+            choice["usage"] = dict(own)
         if calls:
             choice["tool_calls"] = calls
             if c.get("index") == 0 and T.order_agrees(order, text, calls):
@@ -232,24 +243,27 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
                         ) -> AsyncIterator[dict[str, Any]]:
     """The answer as a stream: one content chunk per choice carrying its finish reason
     (after its calls, in a chunk of its own: `finish_apart`); with
-    `continuous_usage_stats`, each carries the answer's usage (all of it is in hand)."""
+    `continuous_usage_stats`, each carries its choice's own usage (`choice_usages`), as
+    the miss's last chunk of that choice did (one choice a chunk there too)."""
     created, model = R.now(), req.model
     include_usage = req.include_usage
-    running = _usage(entry) if continuous_usage(req) else None
+    running = choice_usages(entry, req.n) if continuous_usage(req) else None
     if entry.route == "chat":
         cid = R.new_id("chatcmpl")
         for c in entry.choices:
+            own = running[c["index"]] if running is not None else None
             for choice in _replayed_pieces(c):
                 for part in T.finish_apart([choice]):
                     yield R.chat_chunk(id=cid, model=model, created=created,
                                        include_usage=include_usage, choices=part,
-                                       usage_=running and {**running})
+                                       usage_=own and {**own})  # (one dict a chunk)
         obj = "chat.completion.chunk"
     else:
         cid = R.new_id("cmpl")
         for c in entry.choices:
             yield R.completion_body(id=cid, model=model, created=created,
-                                    usage_=running and {**running},
+                                    usage_=(running[c["index"]] if running is not None
+                                            else None),
                                     choices=[R.completion_choice(c["index"], c["text"],
                                                                  c["finish_reason"], None,
                                                                  c.get("stop_reason"))])
@@ -257,6 +271,30 @@ async def replay_stream(entry: Entry, req: ChatCompletionRequest | CompletionReq
     if include_usage:
         yield R.usage_chunk(id=cid, model=model, created=created, object_=obj,
                             usage_=_usage(entry))
+
+
+def choice_usages(entry: Entry, n: int) -> dict[int, dict[str, Any]]:
+    """Each choice's own usage by its index, as a miss's last chunk of it carries it with
+    `continuous_usage_stats`: its prompt's tokens and the tokens it generated (the
+    choices of the prompt `index // n`). An entry that did not keep them for each choice
+    (relayed from an upstream, which counts only the totals, or stored before they were
+    kept) has its totals shared out evenly: each prompt's choices its prompt tokens, each
+    choice its part of the completion tokens (the first ones one more where they do not
+    divide), so they still add up to the usage chunk's."""
+    if all("usage" in c for c in entry.choices):
+        return {c["index"]: R.usage(c["usage"]["prompt_tokens"],
+                                    c["usage"]["completion_tokens"]) for c in entry.choices}
+    count = len(entry.choices)
+    prompts = max(1, count // max(1, n))
+    prompt = _shares(entry.usage["prompt_tokens"], prompts)
+    completion = _shares(entry.usage["completion_tokens"], count)
+    return {i: R.usage(prompt[min(i // max(1, n), prompts - 1)], completion[i])
+            for i in range(count)}
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """`total` in `parts` whole parts as even as can be, the larger ones first."""
+    return [total // parts + (k < total % parts) for k in range(parts)]
 
 
 def _replayed_pieces(c: dict[str, Any]) -> list[dict[str, Any]]:

@@ -360,9 +360,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
             settle(None)
             return reply
         if isinstance(reply, Completion):
-            entry = self._make_entry(ctx, key, scope, capture_body(reply.body, ctx.route,
-                                                                  reply.order),
-                                     started)
+            entry = self._make_entry(ctx, key, scope, capture_body(
+                reply.body, ctx.route, reply.order, reply.usages), started)
             settle(entry)
             if entry is not None and self._storable(entry, started):
                 self.store.put(entry, sem, look, qgate)

@@ -197,6 +197,56 @@ async def test_a_cached_replay_carries_continuous_usage_too(
             validate_completion_chunk(e))
 
 
+def usage_by_choice(events: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Each choice's running usage, chunk by chunk (one choice a chunk)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for e in events:
+        if e["choices"]:
+            (c,) = e["choices"]  # one choice a chunk, as a miss sends them
+            out.setdefault(c["index"], []).append(e["usage"])
+    return out
+
+
+@pytest.mark.parametrize("miss_streams", [False, True])
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_a_replay_of_several_choices_gives_each_chunk_its_choice_s_usage(
+        make_client: MakeClient, fake_engine: FakeEngine, route: str,
+        miss_streams: bool) -> None:
+    """With `n` > 1 (a completion's several prompts too) and `continuous_usage_stats`, a
+    miss sends one choice a chunk with that choice's usage: its prompt's tokens and the
+    tokens it generated. A replay sends each choice whole, one a chunk, with the usage
+    that choice's last chunk had in the miss (it carried the answer's totals), whether
+    the entry came from a streamed miss or a whole one."""
+    client = await make_client(plugins=CACHE)
+    stop = third_word(route)  # (choice 0 meets it third, choice 1 second: unequal lengths)
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    base = CHAT if route == "chat" else {**COMPLETION, "prompt": ["hi", "hello there"]}
+    # (sampled with a seed, to be cached: greedy choices would be one sequence n times)
+    body = {**base, "n": 2, "stop": [stop], "temperature": 1, "seed": 0, "stream": True,
+            "stream_options": opts}
+    live, layer = await post(client, route, body if miss_streams else {
+        **body, "stream": False, "stream_options": None})
+    assert layer == "miss"
+    if miss_streams:
+        expected = {i: u[-1] for i, u in usage_by_choice(live).items()}
+        final = live[-1]["usage"]
+    else:  # the same request streamed (no cache) shows what each choice counts
+        final = live["usage"]
+        events, layer = await post(client, route, {**body, "seed": 1})
+        assert layer == "miss" and events[-1]["usage"] == final
+        expected = {i: u[-1] for i, u in usage_by_choice(events).items()}
+    assert len({u["completion_tokens"] for u in expected.values()}) > 1  # (unequal)
+    replay, layer = await post(client, route, body)
+    assert layer == "exact"
+    assert replay[-1] == {**replay[-1], "choices": [], "usage": final}
+    got = usage_by_choice(replay)
+    assert {i: u[-1] for i, u in got.items()} == expected
+    assert all(u == [u[-1]] * len(u) for u in got.values())  # (all of it in hand)
+    for e in replay:
+        validate("CreateChatCompletionStreamResponse", e) if route == "chat" else (
+            validate_completion_chunk(e))
+
+
 async def test_a_completion_s_null_max_tokens_is_the_default_16(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """As OpenAI and vLLM read it (not the rest of the context, 512 tokens here); so the

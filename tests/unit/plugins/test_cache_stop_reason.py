@@ -161,3 +161,63 @@ async def test_a_replayed_completion_stream_carries_continuous_usage() -> None:
     usage = {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
     assert [c["usage"] for c in chunks] == [usage, usage]
     assert chunks[0]["choices"][0]["stop_reason"] == "###"
+
+
+class TwoChoices:
+    """A stub call_next answering two choices of unequal lengths, whole, with each
+    choice's own usage counted (`Completion.usages`, as the engine's renderer leaves it)."""
+
+    calls = 0
+
+    async def __call__(self, c: RequestContext) -> Reply:
+        self.calls += 1
+        body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+                "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                             "logprobs": None, "finish_reason": "stop"}
+                            for i, text in enumerate(["Use the reset link.", "Reset it."])],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 9, "total_tokens": 16}}
+        return Completion(body, usages={0: {"prompt_tokens": 7, "completion_tokens": 6},
+                                        1: {"prompt_tokens": 7, "completion_tokens": 3}})
+
+
+async def test_exact_and_semantic_hits_give_each_replayed_choice_its_own_usage() -> None:
+    """With `n` > 1 and `continuous_usage_stats`, a miss sends each choice's own usage in
+    its chunks (one choice a chunk); a hit, exact or semantic, replays each choice with
+    the usage its last chunk had then, not the answer's totals, and the totals last."""
+    p, eng = plugin(semantic={"threshold": 0.8}), TwoChoices()
+    reply, layer = await run(p, ctx("How can I reset my password please?", n=2), eng)
+    assert layer == "miss"
+    for asked in ("How can I reset my password please?",
+                  "How do I reset my password now please?"):
+        reply, layer = await run(p, ctx(asked, n=2, stream=True, stream_options=CONTINUOUS),
+                                 eng)
+        assert isinstance(reply, Stream) and layer in ("exact", "semantic")
+        events = chunks_of(reply)
+        own = {e["choices"][0]["index"]: e["usage"] for e in events if e["choices"]}
+        assert all(len(e["choices"]) == 1 for e in events[:-1])
+        assert own == {0: {"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13},
+                       1: {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}
+        assert events[-1] == {**events[-1], "choices": [], "usage": {
+            "prompt_tokens": 7, "completion_tokens": 9, "total_tokens": 16}}
+    assert layer == "semantic" and eng.calls == 1
+
+
+async def test_redis_s_json_keeps_each_choice_s_usage_and_older_entries_share_it_out(
+        ) -> None:
+    """Each choice's usage survives Redis's JSON. An entry without them (an upstream's
+    answer, or one stored before they were kept) shares its totals out evenly, so its
+    chunks still add up to its usage chunk; a count of another type is a miss."""
+    e = entry(usage={"prompt_tokens": 7, "completion_tokens": 3})
+    e.choices.append({"index": 1, "text": "Reset it.", "finish_reason": "stop",
+                      "usage": {"prompt_tokens": 7, "completion_tokens": 1}})
+    req = chat(n=2, stream=True, stream_options=CONTINUOUS)
+    back = Entry.from_json(e.to_json(with_prompt=False))
+    chunks = [c async for c in replay_stream(back, req)]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [3, 1, 4]
+    for c in back.choices:
+        del c["usage"]
+    chunks = [c async for c in replay_stream(back, req)]
+    assert [(c["usage"]["prompt_tokens"], c["usage"]["completion_tokens"])
+            for c in chunks] == [(7, 2), (7, 2), (7, 4)]
+    with pytest.raises(BadEntry):
+        Entry.from_json(entry(usage={"prompt_tokens": 7, "completion_tokens": "3"}).to_json())
