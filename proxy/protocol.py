@@ -1019,6 +1019,9 @@ Bias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 #: OpenAI's `StopConfiguration`: "Up to 4 sequences" (`maxItems: 4`; more is its 400).
 MAX_STOPS = 4
+#: Choices a request may ask for (`n`): vLLM's server takes any; one request's choices
+#: share its engine slot, so a bound.
+MAX_N = 128
 Stop = StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)]
 #: OpenAI's `top_logprobs` (Chat Completions' and the Responses API's): 0 to 20.
 TopLogprobs = Annotated[int, Field(ge=0, le=20)]
@@ -1040,7 +1043,7 @@ class _SamplingFields(_NullIsDefault):
     model: str = Field(min_length=1)
     temperature: Temperature | None = None
     top_p: TopP | None = None
-    n: Annotated[int, Field(ge=1, le=128)] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = 1
     stop: Stop | None = None
     seed: Seed | None = None
     presence_penalty: Penalty | None = None

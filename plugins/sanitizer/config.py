@@ -5,12 +5,17 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from proxy.chain import PluginConfig
 from proxy.config_model import ConfigModel
+from proxy.protocol import MAX_N, MAX_STOP_CHARS, MAX_STOPS
 
 Action = Literal["off", "flag", "redact", "block"]
+#: The sanitizer's limits that the request parser bounds too: (its bound, what it counts).
+_PARSER_BOUNDS = {"max_n": (MAX_N, "choices (`n`)"),
+                  "max_stop": (MAX_STOPS, "stop sequences"),
+                  "max_stop_chars": (MAX_STOP_CHARS, "characters in a stop sequence")}
 
 
 class Limits(ConfigModel):
@@ -20,9 +25,28 @@ class Limits(ConfigModel):
         "Characters in all messages, with the tool definitions and a response format's "
         "schema (the detectors read them all)."))
     max_tokens: int = Field(8192, ge=1, description="Ceiling for max_tokens.")
-    max_n: int = Field(8, ge=1, description="Ceiling for n.")
-    max_stop: int = Field(4, ge=0, description="Stop sequences at most (OpenAI allows 4).")
-    max_stop_chars: int = Field(64, ge=1, description="Characters per stop sequence.")
+    max_n: int = Field(8, ge=1, json_schema_extra={"maximum": MAX_N}, description=(
+        f"Ceiling for n ({MAX_N} at most: the request parser refuses more)."))
+    max_stop: int = Field(4, ge=0, json_schema_extra={"maximum": MAX_STOPS}, description=(
+        f"Stop sequences at most ({MAX_STOPS} at most: OpenAI's bound, which the request "
+        "parser enforces)."))
+    max_stop_chars: int = Field(64, ge=1, json_schema_extra={"maximum": MAX_STOP_CHARS},
+                                description=(
+        f"Characters per stop sequence ({MAX_STOP_CHARS} at most: the request parser "
+        "refuses longer ones)."))
+
+    @field_validator("max_n", "max_stop", "max_stop_chars")
+    @classmethod
+    def _within_the_parser_s(cls, v: int, info: ValidationInfo) -> int:
+        """A limit above the request parser's own bound would never be reached (the parser
+        refuses first, with its own message): refused here, rather than left a silent
+        no-op or quietly lowered, so the config says what the server enforces."""
+        bound, what = _PARSER_BOUNDS[info.field_name or ""]
+        if v > bound:
+            raise ValueError(f"may be at most {bound}: the request parser refuses more "
+                             f"than {bound} {what} before the sanitizer reads them, so a "
+                             "higher limit would never apply")
+        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -19,12 +19,12 @@ from plugins.sanitizer.detectors import (
 )
 from plugins.sanitizer.plugin import SanitizerPlugin
 from proxy.auth import Principal
-from proxy.chain import Completion, Reply, Services
+from proxy.chain import Completion, Reply, Services, validate_plugins
 from proxy.context import RequestContext
 from proxy.errors import InvalidRequest
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.serving import LocalServing
-from proxy.settings import Settings
+from proxy.settings import ConfigError, PluginSpec, Settings
 from proxy.telemetry import Metrics
 from proxy.text import normalize
 from tests.fakes import FakeEngine
@@ -688,6 +688,24 @@ async def test_the_stop_limit_names_the_param() -> None:
     with pytest.raises(InvalidRequest) as e:
         await plugin(limits={"max_stop": 2})(chat_ctx("hi", stop=["a", "b", "c"]), Spy())
     assert (e.value.param, e.value.code) == ("stop", "array_above_max_length")
+
+
+@pytest.mark.parametrize(("limit", "bound", "said"), [
+    ("max_stop", 4, "stop sequences"), ("max_stop_chars", 1024, "characters"),
+    ("max_n", 128, "`n`")])
+def test_a_limit_above_what_the_parser_takes_is_refused_at_load(
+        limit: str, bound: int, said: str) -> None:
+    """The request parser refuses more than OpenAI's 4 stop sequences (and longer ones
+    than 1024 characters, an `n` above 128) before the sanitizer reads them: a limit set
+    higher did nothing, silently. It is refused where the config is read (`check-config`,
+    `serve`), naming its YAML path and the bound; the bound itself is taken."""
+    assert SanitizerConfig.model_validate({"limits": {limit: bound}})
+    with pytest.raises(ConfigError) as e:
+        validate_plugins([PluginSpec(name="sanitizer",
+                                     config={"limits": {limit: bound + 1}})])
+    ((where, message),) = e.value.errors
+    assert where == f"plugins[0].config.limits.{limit}"
+    assert f"at most {bound}" in message and said in message
 
 
 async def test_message_limits() -> None:
