@@ -17,6 +17,7 @@ from typing import NamedTuple
 from ..settings import ConfigError
 from .demo_model import DEMO_MODEL_NAME, ensure_demo_model
 from .smollm2 import SMOLLM2_MODEL_NAME, ModelSourceMissing, check_available, ensure_smollm2
+from .smollm2_template import CHAT_TEMPLATE as SMOLLM2_CHAT_TEMPLATE
 
 
 class Builtin(NamedTuple):
@@ -24,6 +25,9 @@ class Builtin(NamedTuple):
     ensure: Callable[[], Path]  # the checkpoint folder, built on first use
     check: Callable[[], object]  # raises when the model cannot be built here
     dtype: str  # what `engine.dtype: auto` serves it in
+    #: The chat template it is served with, where not its tokenizer's own (SmolLM2's
+    #: renders no tools: `smollm2_template`); None: its own.
+    chat_template: str | None = None
 
 
 # SmolLM2 is served in float32, though its checkpoint is bf16: on CPUs with AMX, vLLM's
@@ -34,7 +38,7 @@ class Builtin(NamedTuple):
 BUILTINS: dict[str, Builtin] = {
     "builtin:demo": Builtin(DEMO_MODEL_NAME, ensure_demo_model, lambda: None, "auto"),
     "builtin:smollm2": Builtin(SMOLLM2_MODEL_NAME, ensure_smollm2, check_available,
-                               "float32"),
+                               "float32", SMOLLM2_CHAT_TEMPLATE),
 }
 
 
@@ -48,6 +52,12 @@ def dtype(model: str, configured: str) -> str:
     """The dtype to serve `model` in: the configured one, unless it is `auto`."""
     builtin = BUILTINS.get(model)
     return builtin.dtype if builtin is not None and configured == "auto" else configured
+
+
+def chat_template(model: str) -> str | None:
+    """The chat template to serve `model` with in place of its tokenizer's, or None."""
+    builtin = BUILTINS.get(model)
+    return builtin.chat_template if builtin is not None else None
 
 
 def check_source(model: str) -> None:

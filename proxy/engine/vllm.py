@@ -157,6 +157,7 @@ class VllmEngine:
         self._max_model_len = settings.max_model_len or 0
         self._stats = EngineStats()
         self._tool_parser: type[ToolParser] | None = None
+        self._chat_template: str | None = None  # in place of the tokenizer's, where set
         self._vocab_size: int | None = None
         self._defaults: dict[str, Any] = {}
         self._part_separator = "\n"
@@ -225,11 +226,16 @@ class VllmEngine:
         # at 220 req/s of FAQ traffic. Weir sets none of them after this point.
         vllm_envs.enable_envs_cache()
         self._tokenizer = self._llm.get_tokenizer()
+        # A built-in model's own template may lack what Weir serves it with (tools):
+        # passed to each render (vLLM's tokenizer lends out copies of itself to render).
+        self._chat_template = (builtin_models.chat_template(s.model)
+                               if s.tokenizer is None else None)
         self._tool_parser = _tool_parser_class(s.tool_parser, self._tokenizer)
         self._max_model_len = int(self._llm.model_config.max_model_len)
         self._vocab_size = int(self._llm.model_config.get_vocab_size())
         self._part_separator = content_part_separator(self._tokenizer,
-                                                      self._llm.model_config)
+                                                      self._llm.model_config,
+                                                      self._chat_template)
         # What vLLM's server applies where a request says nothing (its
         # `--generation-config auto`): the model's generation_config.json.
         self._defaults = model_defaults(self._llm.model_config.get_diff_sampling_param())
@@ -299,7 +305,8 @@ class VllmEngine:
 
         def render(msgs: list[dict[str, Any]]) -> str:
             return str(self._tokenizer.apply_chat_template(
-                msgs, tools=tools, add_generation_prompt=add_generation_prompt,
+                msgs, tools=tools, chat_template=self._chat_template,
+                add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tokenize=False))
 
         try:
@@ -659,12 +666,13 @@ def _rejected(e: Exception, schema_param: str) -> EngineRejected:
     return EngineRejected(message, param=param)
 
 
-def content_part_separator(tokenizer: Any, model_config: Any) -> str:
+def content_part_separator(tokenizer: Any, model_config: Any,
+                           chat_template: str | None = None) -> str:
     """How vLLM's server joins a message's text parts for this model's chat template
     (read as its server reads it, `--chat-template-content-format auto`): a template
     that walks `content` itself (the "openai" content format) is handed the parts and
     writes them one after another; any other gets them one a line (its `"\\n".join`)."""
-    fmt = resolve_chat_template_content_format(None, None, "auto", tokenizer,
+    fmt = resolve_chat_template_content_format(chat_template, None, "auto", tokenizer,
                                                model_config=model_config)
     return "" if fmt == "openai" else "\n"
 

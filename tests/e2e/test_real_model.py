@@ -130,6 +130,37 @@ def test_json_schema_answer_validates(client: openai.OpenAI) -> None:
     assert answer["city"].lower() == "paris"
 
 
+WEATHER: Any = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"type": "string", "maxLength": 40}}}}}
+
+
+def test_the_tools_reach_the_model_and_a_forced_call_is_valid(client: openai.OpenAI) -> None:
+    """SmolLM2's own chat template renders no tools: a request's `tools` never reached
+    the model. Served with Weir's (`smollm2_template`), the prompt lists each tool's
+    schema and the `<tool_call>` form (it grows by them), and a forced call (decoding
+    constrained to the tool's parameters) names the city the question asks about. Under
+    `auto` (no parser configured) the 135M model answers text, as it did."""
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    bare = client.chat.completions.create(model=MODEL, messages=question, temperature=0,
+                                          max_tokens=1)
+    forced = client.chat.completions.create(
+        model=MODEL, messages=question, temperature=0, max_tokens=60, tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert bare.usage and forced.usage
+    assert forced.usage.prompt_tokens - bare.usage.prompt_tokens > 100  # the tools block
+    (call,) = forced.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER["function"]["parameters"])
+    assert "paris" in args["city"].lower()
+    auto = client.chat.completions.create(model=MODEL, messages=question, temperature=0,
+                                          max_tokens=40, tools=[WEATHER])
+    assert auto.usage and auto.usage.prompt_tokens == forced.usage.prompt_tokens
+    assert auto.choices[0].message.tool_calls is None and auto.choices[0].message.content
+
+
 def test_repeat_is_served_from_cache_100x_faster(real: WeirProcess,
                                                  client: openai.OpenAI) -> None:
     question = "How can I contact customer support?"

@@ -4,6 +4,7 @@ refusal when its package is missing, and how the benchmark fleet resolves the mo
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -180,3 +181,71 @@ def test_bench_other_models_drop_the_demo_cpu_settings() -> None:
 ])
 def test_the_dtype_a_model_is_served_in(model: str, configured: str, served: str) -> None:
     assert builtin_models.dtype(model, configured) == served
+
+
+#: SmolLM2-135M-Instruct's own chat template, as the GGUF ships it (ChatML).
+SMOLLM2_OWN = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+    "Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}")
+TOOL: Any = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+def render(template: str, messages: list[dict[str, Any]], tools: Any = None,
+           generation: bool = True) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, _ = render_jinja_template([messages], tools=tools, chat_template=template,
+                                        add_generation_prompt=generation)
+    return str(rendered[0])
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "bye"}]])
+@pytest.mark.parametrize("generation", [True, False])
+def test_smollm2_is_served_with_a_template_that_renders_tools(
+        messages: list[dict[str, Any]], generation: bool) -> None:
+    """SmolLM2's own template renders role and content only: a request's `tools` (and
+    an earlier turn's calls) never reached the model. Weir serves it with one that
+    renders a conversation without tools as SmolLM2's own does (the same prompt), and
+    with tools lists each one's JSON schema and the `<tool_call>` form vLLM's `hermes`
+    parser reads, in the system turn (the client's own, or SmolLM2's default)."""
+    template = builtin_models.chat_template("builtin:smollm2")
+    assert template is not None and builtin_models.chat_template("builtin:demo") is None
+    assert render(template, messages, None, generation) == render(
+        SMOLLM2_OWN, messages, None, generation)
+    assert "get_weather" not in render(SMOLLM2_OWN, messages, [TOOL])  # (the debt)
+    prompt = render(template, messages, [TOOL], generation)
+    system, rest = prompt.split("<|im_end|>\n", 1)
+    assert system.startswith("<|im_start|>system\n" + (
+        "Be brief." if messages[0]["role"] == "system" else "You are a helpful AI"))
+    assert json.dumps(TOOL) in system and "<tools>" in system
+    assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n' \
+           "</tool_call>" in system
+    assert rest == render(SMOLLM2_OWN, messages, None, generation).split(
+        "<|im_end|>\n", 1)[1]  # (the conversation after it as before)
+
+
+def test_smollm2_s_template_writes_earlier_calls_and_their_results() -> None:
+    """An assistant turn's calls in the `<tool_call>` form, the tool results after it in
+    one user turn of `<tool_response>` blocks (SmolLM2's own dropped the calls)."""
+    template = builtin_models.chat_template("builtin:smollm2")
+    assert template is not None
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    prompt = render(template, [
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [call, call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21C"}], [TOOL])
+    written = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert prompt.endswith(
+        f"<|im_start|>assistant\n{written}\n{written}<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n18C\n</tool_response>\n"
+        "<tool_response>\n21C\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
