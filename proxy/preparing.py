@@ -176,16 +176,32 @@ def _options(
     )
 
 
+def _chat_ids(engine: Engine, req: ChatCompletionRequest) -> list[int]:
+    """The chat's prompt as the engine renders it."""
+    messages = _message_dicts(req, engine.part_separator)
+    try:
+        return engine.render_chat(messages, req.tool_dicts(),
+                                  add_generation_prompt=req.add_generation_prompt,
+                                  continue_final_message=req.continue_final_message)
+    except EngineRejected as e:
+        raise InvalidRequest(str(e), param=e.param or "messages", code="invalid_value") from None
+
+
+def prompt_tokens(engine: Engine, req: ChatCompletionRequest | CompletionRequest) -> int:
+    """The tokens of the request's prompt as `prepare_chat` / `prepare_completion` make
+    them (its `usage.prompt_tokens` on a miss), without the rest of the preparation: for
+    a cached answer to another prompt (a paraphrase's) to report the asker's. Raises as
+    rendering does (InvalidRequest for what the template or the parts refuse)."""
+    if isinstance(req, ChatCompletionRequest):
+        return len(_chat_ids(engine, req))
+    return sum(len(engine.encode(p)) if isinstance(p, str) else len(p)
+               for p in req.prompts())
+
+
 def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     refuse_unsupported(req.model_extra, LOCAL_UNSUPPORTED)
     refuse_unsupported(req.model_extra, VLLM_CHAT_UNSUPPORTED)
-    messages = _message_dicts(req, engine.part_separator)
-    try:
-        ids = engine.render_chat(messages, req.tool_dicts(),
-                                 add_generation_prompt=req.add_generation_prompt,
-                                 continue_final_message=req.continue_final_message)
-    except EngineRejected as e:
-        raise InvalidRequest(str(e), param=e.param or "messages", code="invalid_value") from None
+    ids = _chat_ids(engine, req)
     top = req.top_logprobs or 0
     opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
                     engine.vocab_size, "messages", engine.sampling_defaults.get("max_tokens"))

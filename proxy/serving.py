@@ -32,8 +32,14 @@ from .engine.base import Engine, EngineOutput, EngineStats, ModelInfo
 from .errors import GatewayFault, InvalidRequest, ModelNotFound, WeirError
 from .generation import EngineSpan
 from .ids import new_hex
-from .preparing import Prepared, check_min_tokens, prepare_chat, prepare_completion
-from .protocol import ChatCompletionRequest
+from .preparing import (
+    Prepared,
+    check_min_tokens,
+    prepare_chat,
+    prepare_completion,
+    prompt_tokens,
+)
+from .protocol import ChatCompletionRequest, CompletionRequest
 from .tasks import cancel_and_wait
 from .telemetry import error_fields, get_logger
 
@@ -156,6 +162,16 @@ class LocalServing:
         try:
             return self.engine.decode(token_ids)
         except Exception:  # (the request's own checks answer for ids the tokenizer refuses)
+            return None
+
+    def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
+        # The render a miss makes before the engine (on the loop, as there): ~0.4 ms for
+        # a one-question chat with SmolLM2's template, paid by semantic hits only.
+        if not self.engine.ready():
+            return None
+        try:
+            return prompt_tokens(self.engine, request)
+        except Exception:  # (a miss would answer for what the template refuses)
             return None
 
     def has_model(self, model: str) -> bool:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .chain import Reply
 from .context import RequestContext
 from .engine.base import Engine, EngineStats, ModelInfo
+from .protocol import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -50,6 +51,12 @@ class Terminal(Protocol):
         """The text of a prompt given as token ids, as the model reads it, for plugins
         that read prompts (the sanitizer); None where it cannot be told (an upstream
         holds its tokenizer; the engine is not ready; an id outside the vocabulary)."""
+
+    def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
+        """The tokens of the request's prompt as the model reads it (its
+        `usage.prompt_tokens` on a miss), for a cached answer to another prompt (a
+        paraphrase's) to report the asker's; None where it cannot be told here (an
+        upstream holds its tokenizer; the engine is not ready; the template refuses)."""
 
 
 def make_terminal(settings: Settings, engine: Engine | None = None) -> Terminal:

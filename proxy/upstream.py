@@ -46,6 +46,7 @@ from .errors import (
     Unavailable,
 )
 from .generation import EngineSpan
+from .protocol import ChatCompletionRequest, CompletionRequest
 from .rendering import ChunkAssembler, usage_ok
 from .responses import new_id, now
 from .settings import UpstreamEngineSettings
@@ -319,6 +320,9 @@ class Upstream:
 
     def read_tokens(self, token_ids: list[int]) -> str | None:
         return None  # (the upstream holds the tokenizer)
+
+    def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
+        return None  # (the upstream holds the tokenizer and the template)
 
     def has_model(self, model: str) -> bool:
         return not self.check_models or model in self._models

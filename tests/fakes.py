@@ -28,6 +28,8 @@ from proxy.engine.base import (
     ToolCallDelta,
     TopLogprob,
 )
+from proxy.preparing import prompt_tokens
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
 
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
 
@@ -115,6 +117,10 @@ class FakeEngine:
         """(As `LocalServing.read_tokens`: tests that hand plugins the engine as their
         terminal.)"""
         return self.decode(token_ids)
+
+    def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
+        """(As `LocalServing.count_prompt`, for the same tests.)"""
+        return prompt_tokens(self, request)
 
     def prompt_entries(self, prompt: list[int], k: int) -> list[TokenLogprob]:
         """The prompt's logprobs: the first token has none; token i's is -i/10."""

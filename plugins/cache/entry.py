@@ -19,7 +19,7 @@ import json
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import orjson
@@ -205,6 +205,17 @@ def captured_usage(usage: Any) -> dict[str, int] | None:
         return None
     kept = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
     return kept if usage_ok(kept) else None
+
+
+def asked_with(entry: Entry, prompt_tokens: int) -> Entry:
+    """`entry` as the answer to a prompt of `prompt_tokens` tokens (a paraphrase's: a
+    semantic hit), in its usage and each choice's. For a chat's entry (one prompt: the
+    semantic layer's), the only kind it is given."""
+    if entry.usage["prompt_tokens"] == prompt_tokens:
+        return entry
+    return replace(entry, usage={**entry.usage, "prompt_tokens": prompt_tokens}, choices=[
+        {**c, "usage": {**c["usage"], "prompt_tokens": prompt_tokens}} if "usage" in c else c
+        for c in entry.choices])
 
 
 def _usage(entry: Entry) -> dict[str, Any]:

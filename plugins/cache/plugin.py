@@ -48,6 +48,7 @@ from . import admin
 from .config import CacheConfig
 from .entry import (
     Entry,
+    asked_with,
     capture_body,
     captured_usage,
     choices_ok,
@@ -220,7 +221,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 if not write or d.only_if_cached or await self._given_head_start(look):
                     _, entry = await look  # nothing to race: wait (within its deadline)
                     if entry is not None:
-                        return self._semantic_hit(ctx, key, entry, write)
+                        return self._semantic_hit(ctx, key, self._as_asked(ctx, entry),
+                                                  write)
                 elif self._leading(key):  # one started meanwhile: wait for it instead
                     look.cancel()
                     look = None
@@ -326,6 +328,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
             labelled(self.metrics.overlapped, "generated").inc()
             return await _take(gen)
         labelled(self.metrics.overlapped, "cancelled").inc()
+        entry = self._as_asked(ctx, entry)
         if not fut.done():
             fut.set_result(entry)  # requests waiting on this generation take the hit too
         await _discard(gen)
@@ -406,8 +409,18 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     # -------------------------------------------------------------------- replies
 
+    def _as_asked(self, ctx: RequestContext, entry: Entry) -> Entry:
+        """A semantic hit's entry with the asker's prompt tokens in its usage (the stored
+        question's were reported, and charged by the rate limiter), counted as a miss
+        counts them where the terminal can (a local engine's render: what the miss of it
+        pays before the engine); as stored where it cannot (an upstream's tokenizer),
+        as LiteLLM reports a cached answer's."""
+        own = self.services.terminal.count_prompt(ctx.request)
+        return entry if own is None else asked_with(entry, own)
+
     def _semantic_hit(self, ctx: RequestContext, key: str, entry: Entry, write: bool,
                       ) -> Reply:
+        """Serve `entry` (`_as_asked` already) to a paraphrase; kept as its exact alias."""
         if write:
             p = ctx.principal
             self.store.promote(key, entry, self._prompt_text(ctx), (p.tenant, p.role, p.user))

@@ -13,7 +13,9 @@ import pytest
 from plugins.cache.entry import BadEntry, Entry, replay_body, replay_stream
 from proxy.chain import Completion, Reply, Stream
 from proxy.context import RequestContext
+from proxy.preparing import prompt_tokens
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
+from tests.fakes import FakeEngine
 from tests.openai_spec import validate, validate_completion_chunk
 from tests.sse import check_chat_stream
 from tests.unit.plugins.test_cache import (
@@ -183,22 +185,24 @@ class TwoChoices:
 async def test_exact_and_semantic_hits_give_each_replayed_choice_its_own_usage() -> None:
     """With `n` > 1 and `continuous_usage_stats`, a miss sends each choice's own usage in
     its chunks (one choice a chunk); a hit, exact or semantic, replays each choice with
-    the usage its last chunk had then, not the answer's totals, and the totals last."""
+    the usage its last chunk had then, not the answer's totals, and the totals last (the
+    paraphrase's own prompt tokens: `test_cache_prompt_tokens`)."""
     p, eng = plugin(semantic={"threshold": 0.8}), TwoChoices()
     reply, layer = await run(p, ctx("How can I reset my password please?", n=2), eng)
     assert layer == "miss"
     for asked in ("How can I reset my password please?",
                   "How do I reset my password now please?"):
-        reply, layer = await run(p, ctx(asked, n=2, stream=True, stream_options=CONTINUOUS),
-                                 eng)
+        c = ctx(asked, n=2, stream=True, stream_options=CONTINUOUS)
+        reply, layer = await run(p, c, eng)
         assert isinstance(reply, Stream) and layer in ("exact", "semantic")
+        pt = 7 if layer == "exact" else prompt_tokens(FakeEngine(), c.request)
         events = chunks_of(reply)
         own = {e["choices"][0]["index"]: e["usage"] for e in events if e["choices"]}
         assert all(len(e["choices"]) == 1 for e in events[:-1])
-        assert own == {0: {"prompt_tokens": 7, "completion_tokens": 6, "total_tokens": 13},
-                       1: {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}
+        assert own == {0: {"prompt_tokens": pt, "completion_tokens": 6, "total_tokens": pt + 6},
+                       1: {"prompt_tokens": pt, "completion_tokens": 3, "total_tokens": pt + 3}}
         assert events[-1] == {**events[-1], "choices": [], "usage": {
-            "prompt_tokens": 7, "completion_tokens": 9, "total_tokens": 16}}
+            "prompt_tokens": pt, "completion_tokens": 9, "total_tokens": pt + 9}}
     assert layer == "semantic" and eng.calls == 1
 
 
