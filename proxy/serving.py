@@ -164,6 +164,10 @@ class LocalServing:
         except Exception:  # (the request's own checks answer for ids the tokenizer refuses)
             return None
 
+    @property
+    def render_digest(self) -> str | None:
+        return self.engine.render_digest
+
     def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
         # The render a miss makes before the engine (on the loop, as there): ~0.4 ms for
         # a one-question chat with SmolLM2's template, paid by semantic hits only.

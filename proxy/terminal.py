@@ -52,6 +52,11 @@ class Terminal(Protocol):
         that read prompts (the sanitizer); None where it cannot be told (an upstream
         holds its tokenizer; the engine is not ready; an id outside the vocabulary)."""
 
+    @property
+    def render_digest(self) -> str | None:
+        """How a chat's prompt is rendered here (`Engine.render_digest`), for cache keys;
+        None where it cannot be told (an upstream renders its own)."""
+
     def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
         """The tokens of the request's prompt as the model reads it (its
         `usage.prompt_tokens` on a miss), for a cached answer to another prompt (a

@@ -321,6 +321,10 @@ class Upstream:
     def read_tokens(self, token_ids: list[int]) -> str | None:
         return None  # (the upstream holds the tokenizer)
 
+    @property
+    def render_digest(self) -> str | None:
+        return None  # (the upstream renders with its own template)
+
     def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
         return None  # (the upstream holds the tokenizer and the template)
 

@@ -5,7 +5,10 @@ messages (or prompt) with their tool calls and tool results, and every output-sh
 parameter (tools, tool_choice and parallel_tool_calls included, and vLLM's extensions:
 stop_token_ids, allowed_token_ids, bad_words, the chat-template controls, ...). Never
 `stream`, `stream_options`, `user` or headers. The scope id is hashed in, so the same prompt in two
-tenants has two keys. The semantic partition is the same hash without the last user
+tenants has two keys. A chat's keys hold how the engine renders it too
+(`Terminal.render_digest`: its chat template, digested), so that an answer cached under
+another template (an upgrade's; Redis keeps them a day) is not replayed for a prompt
+that now reads otherwise. The semantic partition is the same hash without the last user
 message: a semantic hit only ever returns an answer produced under the same scope,
 model, system prompt, earlier turns and parameters.
 """
@@ -140,7 +143,9 @@ def key_request(ctx: RequestContext) -> ChatCompletionRequest | CompletionReques
     return ctx.key_request if ctx.key_request is not None else ctx.request
 
 
-def exact_key(ctx: RequestContext, scope: str) -> str:
+def exact_key(ctx: RequestContext, scope: str, renders: str | None = None) -> str:
+    """`renders`: how the engine renders a chat (`Terminal.render_digest`; None where it
+    cannot be told, and the key is what it was): a chat's prompt is its template's."""
     req = key_request(ctx)
     body: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "route": ctx.route,
                             "model": req.model, "params": _params(req)}
@@ -148,6 +153,8 @@ def exact_key(ctx: RequestContext, scope: str) -> str:
         body["extra"] = extra
     if isinstance(req, ChatCompletionRequest):
         body["messages"] = _messages(req)
+        if renders is not None:
+            body["renders"] = renders
     else:
         # A raw prompt is continued as it ends: a trailing space (or a blank line) makes
         # other tokens, so only look-alikes are folded, not its blanks.
@@ -155,10 +162,12 @@ def exact_key(ctx: RequestContext, scope: str) -> str:
     return _hash(body)
 
 
-def semantic_parts(ctx: RequestContext, scope: str) -> tuple[str, str] | None:
+def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None,
+                   ) -> tuple[str, str] | None:
     """(partition, question text) for a chat request ending in a user message; None for
     what the semantic layer never serves (a completion, a tool turn, a request offering
-    tools: a paraphrase must not replay another request's tool calls)."""
+    tools: a paraphrase must not replay another request's tool calls). `renders`: as
+    `exact_key`'s."""
     req = key_request(ctx)
     if (not isinstance(req, ChatCompletionRequest) or req.messages[-1].role != "user"
             or req.tools):
@@ -169,6 +178,8 @@ def semantic_parts(ctx: RequestContext, scope: str) -> tuple[str, str] | None:
     question = msgs[-1]["content"]
     part: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "model": req.model,
                             "context": msgs[:-1], "params": _params(req)}
+    if renders is not None:
+        part["renders"] = renders
     if msgs[-1]["name"] is not None:  # who asks is part of the prompt the model reads
         part["asker"] = msgs[-1]["name"]
     if (extra := _extras(req)) is not None:

@@ -199,11 +199,13 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     async def _look_up(self, ctx: RequestContext, call_next: Next, d: Directives) -> Reply:
         read, write, max_age = d.read, d.write, d.max_age
-        key = exact_key(ctx, self.cfg.scope)
+        renders = self.services.terminal.render_digest
+        key = exact_key(ctx, self.cfg.scope, renders)
         scope = scope_id(ctx.principal, self.cfg.scope)
         if read and (entry := await self.store.get(key, scope, max_age=max_age)) is not None:
             return self._hit(ctx, entry, "exact")
-        sem = semantic_parts(ctx, self.cfg.scope) if self.embedder is not None else None
+        sem = (semantic_parts(ctx, self.cfg.scope, renders) if self.embedder is not None
+               else None)
         if sem is not None and not (self.cfg.semantic.min_chars <= len(sem[1])
                                     <= self.cfg.semantic.max_chars):
             sem = None  # never embedded: no lookup, no entry
@@ -447,7 +449,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         read, max_age = d.read, d.max_age
         if self.cfg.stale_grace_s <= 0 or not read:
             return None  # never stored (sensitive, sampled ...) or no-cache: no lookup
-        key = exact_key(ctx, self.cfg.scope)
+        key = exact_key(ctx, self.cfg.scope, self.services.terminal.render_digest)
         scope = scope_id(ctx.principal, self.cfg.scope)
         entry = await self.store.get(key, scope, allow_stale=True, max_age=max_age)
         if entry is None:

@@ -193,6 +193,11 @@ class Engine(Protocol):
         server renders them: "\\n" (joined one a line), or "" where the template walks
         the parts itself and writes them one after another."""
 
+    @property
+    def render_digest(self) -> str | None:
+        """How this engine renders a chat (`chat_text.render_digest`: its chat template
+        as served, ...), for cache keys; None before it has started."""
+
     def encode(self, text: str) -> list[int]:
         """Tokenize a completion prompt (with the model's BOS handling)."""
 

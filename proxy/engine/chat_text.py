@@ -25,6 +25,7 @@ Completion prompts are not chats: the engine tokenizes them as vLLM's server doe
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from collections.abc import Callable
@@ -34,6 +35,19 @@ import orjson
 
 Render = Callable[[list[dict[str, Any]]], str]
 _JOINER = "\u2060"
+#: How Weir hands a chat to the template (`proxy.preparing._message_dicts`, `ChatText`):
+#: bump it where that changes what a template is given, so that cache keys change too.
+RENDERING_VERSION = 1
+
+
+def render_digest(template: Any, separator: str) -> str:
+    """A digest of how chats become prompts: the chat template served (text, or a
+    tokenizer's named templates; None: none), the text parts' separator, and
+    `RENDERING_VERSION`. Cache keys hold it: an answer cached under another template
+    (Redis keeps entries a day) answered another prompt."""
+    data = orjson.dumps([RENDERING_VERSION, separator, template],
+                        option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def _system_first(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -68,6 +68,10 @@ class FaultyEngine:
     def part_separator(self) -> str:
         return self.inner.part_separator
 
+    @property
+    def render_digest(self) -> str | None:
+        return self.inner.render_digest
+
     def models(self) -> list[ModelInfo]:
         return self.inner.models()
 

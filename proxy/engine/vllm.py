@@ -41,7 +41,7 @@ from .base import (
     ToolCallDelta,
     TopLogprob,
 )
-from .chat_text import ChatText
+from .chat_text import ChatText, render_digest
 
 # Keep vLLM's own logging to warnings unless the operator asks for more: its INFO lines
 # are not structured and can name request ids at a high rate.
@@ -161,6 +161,7 @@ class VllmEngine:
         self._vocab_size: int | None = None
         self._defaults: dict[str, Any] = {}
         self._part_separator = "\n"
+        self._render_digest: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -179,6 +180,10 @@ class VllmEngine:
     @property
     def part_separator(self) -> str:
         return self._part_separator
+
+    @property
+    def render_digest(self) -> str | None:
+        return self._render_digest
 
     def ready(self) -> bool:
         return self._ready and self._llm is not None and not self._llm.errored
@@ -236,6 +241,9 @@ class VllmEngine:
         self._part_separator = content_part_separator(self._tokenizer,
                                                       self._llm.model_config,
                                                       self._chat_template)
+        self._render_digest = render_digest(
+            self._chat_template or getattr(self._tokenizer, "chat_template", None),
+            self._part_separator)
         # What vLLM's server applies where a request says nothing (its
         # `--generation-config auto`): the model's generation_config.json.
         self._defaults = model_defaults(self._llm.model_config.get_diff_sampling_param())
