@@ -26,11 +26,11 @@ def make_settings(**overrides: Any) -> Settings:
     data: dict[str, Any] = {"auth": {"mode": "open"}, "logging": {"access_log": False},
                             "embeddings": {"enabled": False}}
     data.update(overrides)
-    data["plugins"] = [_lookup_first(p) for p in data.get("plugins") or []]
+    data["plugins"] = [lookup_first(p) for p in data.get("plugins") or []]
     return Settings.model_validate(data)
 
 
-def _lookup_first(plugin: dict[str, Any]) -> dict[str, Any]:
+def lookup_first(plugin: dict[str, Any], **semantic: float) -> dict[str, Any]:
     """The fake engine answers at once, where a real one takes tens of milliseconds to
     its first token: a miss would win its race against a lookup slowed by a busy machine
     and a paraphrase would be served as a miss, at random. So, unless a test says
@@ -38,7 +38,7 @@ def _lookup_first(plugin: dict[str, Any]) -> dict[str, Any]:
     if plugin.get("name") != "cache":
         return plugin
     cfg = dict(plugin.get("config") or {})
-    cfg["semantic"] = {"head_start_ms": 10_000, **(cfg.get("semantic") or {})}
+    cfg["semantic"] = {"head_start_ms": 10_000, **semantic, **(cfg.get("semantic") or {})}
     return {**plugin, "config": cfg}
 
 

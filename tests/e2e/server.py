@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.conftest import lookup_first
+
 ROOT = Path(__file__).resolve().parents[2]
 LISTEN = re.compile(r"weir: listening on (http://[\w.:\[\]-]+)\n")  # the whole line
 
@@ -36,6 +38,10 @@ def e2e_config(**overrides: Any) -> dict[str, Any]:
     }
     for k, v in overrides.items():
         cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
+    # A paraphrase's lookup (an embedding on a CPU the engine shares) is waited for, and
+    # not given up after 100 ms: on a loaded machine the miss won the race, or the
+    # lookup timed out, and a test that asked for a semantic hit got a miss at random.
+    cfg["plugins"] = [lookup_first(p, lookup_timeout_ms=10_000) for p in cfg["plugins"]]
     return cfg
 
 
