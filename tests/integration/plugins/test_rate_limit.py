@@ -997,27 +997,14 @@ async def test_an_admit_that_runs_on_redis_after_its_orphan_release_takes_nothin
     takes no concurrency slot that no request owns (held for `lease_s`, refusing the next
     requests)."""
     p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1, "tpm": 10_000}])
-    assert p.remote is not None
-    script = p.remote._admit
     go = asyncio.Event()
     on_redis: list[asyncio.Task[Any]] = []  # the command Redis runs after the cut
-
-    async def sent_then_cut(**kw: Any) -> Any:
-        async def runs_later() -> Any:
-            await go.wait()
-            return await script(**kw)
-
-        try:
-            await asyncio.Event().wait()  # (waiting for the reply: cut by the timeout)
-        except asyncio.CancelledError:
-            on_redis.append(asyncio.create_task(runs_later()))
-            raise
-
-    p.remote._admit = sent_then_cut  # type: ignore[assignment]
+    script = _landing_late(p, "_admit", go, on_redis)
     try:
         await p(ctx(), answer)  # timed out: the local limiter decided
         await eventually(p.idle)  # the timeout's orphan release ran
         assert on_redis
+        assert p.remote is not None
         p.remote._admit = script
         go.set()
         await asyncio.wait(on_redis)
@@ -1249,8 +1236,16 @@ def _renewal_landing_late(p: RateLimitPlugin, go: asyncio.Event,
                           on_redis: list[asyncio.Task[Any]]) -> Any:
     """`p`'s renewal script, sent and then cut by its timeout: Redis runs it once `go` is
     set (a busy Redis may run it after a release sent later, on another connection)."""
+    return _landing_late(p, "_renew", go, on_redis)
+
+
+def _landing_late(p: RateLimitPlugin, name: str, go: asyncio.Event,
+                  on_redis: list[asyncio.Task[Any]]) -> Any:
+    """`p`'s Redis script `name`, replaced by one whose call waits for its reply until
+    cut by its timeout; Redis runs the command (a task in `on_redis`) once `go` is set.
+    Returns the script itself."""
     assert p.remote is not None
-    script = p.remote._renew
+    script = getattr(p.remote, name)
 
     async def sent_then_cut(**kw: Any) -> Any:
         async def runs_later() -> Any:
@@ -1263,7 +1258,7 @@ def _renewal_landing_late(p: RateLimitPlugin, go: asyncio.Event,
             on_redis.append(asyncio.create_task(runs_later()))
             raise
 
-    p.remote._renew = sent_then_cut  # type: ignore[assignment]
+    setattr(p.remote, name, sent_then_cut)
     return script
 
 
