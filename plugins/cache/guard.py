@@ -79,7 +79,7 @@ from .guard_degrees import degrees, degrees_differ
 from .guard_modals import modals, modals_differ
 from .guard_native import english_frame, plain, small_words
 from .guard_quantifiers import quantifiers, quantifiers_differ
-from .guard_roles import owners, owners_differ, parties, parties_differ
+from .guard_roles import doer, owners, owners_differ, parties, parties_differ
 from .guard_units import CURRENCY_CODE, CURRENCY_CODES, relative_differs, units, units_differ
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
@@ -450,6 +450,7 @@ class Signature:
     symbols: tuple[str, ...] = ()  # emoji, signs and operators in order (`_symbols`)
     counts: tuple[str, ...] = ()  # counts in words, in order (`_counts`)
     owners: tuple[str, ...] = ()  # possessors in order (guard_roles.owners)
+    doer: str = ""  # who the question asks does the thing (guard_roles.doer)
     degrees: frozenset[str] = frozenset()  # extremes asked for (guard_degrees.degrees)
     units: tuple[str, ...] = ()  # periods, sizes, measures, currencies (guard_units.units)
     quantifiers: frozenset[str] = frozenset()  # "all", "some" (guard_quantifiers)
@@ -484,6 +485,7 @@ def signature(text: str) -> Signature:
         symbols=_symbols(text),
         counts=_counts(text),
         owners=owners(lowered),
+        doer=doer(lowered),
         degrees=degrees(lowered),
         units=units(lowered),
         quantifiers=quantifiers(lowered),
@@ -1201,6 +1203,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not (a.counts and b.counts and a.counts != b.counts)
             and not _roles_swapped(ta, tb)
             and not owners_differ(a.owners, b.owners)
+            and {a.doer, b.doer} != {"self", "other"}
             and not parties_differ(parties(ta), parties(tb))
             and not degrees_differ(a.degrees, b.degrees)
             and not units_differ(a.units, b.units)

@@ -8,6 +8,12 @@
   son's account to mine". Only "my" against "your" (`guard._roles_swapped`, one slot) is
   left to the other checks: a paraphrase often adds a "my" or a "your" ("Can I keep my
   number if I switch to you?" / "Can I transfer my number to your network?").
+- Doers: who a question asks does the thing, where it opens with an auxiliary and its
+  subject ("How do I delete my account?" / "How does an admin delete a user account?",
+  "Can I cancel the order?" / "Can the seller cancel the order?"): the asker (i, we,
+  one) on one side and a third party (a noun after an article or a possessive,
+  someone, they, he, she) on the other ask two things. "you" is neither: it is often
+  the business asked ("Do you ship to Canada?" / "Does the store ship to Canada?").
 - Degrees: the superlatives and comparatives a question asks for ("cheapest" /
   "best value", "the fastest" / "the quickest" read alike): where both ask for one,
   they must ask for the same (a one-sided "most" / "least" conflict is the direction
@@ -50,6 +56,25 @@ def owners(lowered: str) -> tuple[str, ...]:
         elif noun not in _NOT_OWNER and after not in _NOT_OWNED:
             out.append(noun)
     return tuple(out)
+
+
+# The auxiliary a question opens with (after a question word, and one more word: "How
+# often do I ...") and its subject; anchored, each part bounded: a text costs its length.
+_DOER = re.compile(
+    r"^\W{0,8}+(?:(?:how|what|when|where|why|which|who|whom)\W{1,8}+(?:[a-z]+\W{1,8}+)?)?"
+    r"(?:do|does|did|can|could|should|would|will|may|might|must|shall)\s++"
+    r"(i|we|one|someone|somebody|anyone|anybody|they|he|she|"
+    r"(?:a|an|the|my|our|your|their|his|her)\s++[a-z]+)\b")
+_ASKER = frozenset(("i", "we", "one"))
+
+
+def doer(lowered: str) -> str:
+    """"self" where the asker does the thing, "other" where a third party does, "" where
+    no auxiliary and subject open the question or its subject is "you"."""
+    m = _DOER.match(lowered)
+    if m is None:
+        return ""
+    return "self" if m.group(1) in _ASKER else "other"
 
 
 def owners_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

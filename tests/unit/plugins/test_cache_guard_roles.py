@@ -90,3 +90,25 @@ def test_the_other_party_of_a_relation_misses(stored: str, asked: str) -> None:
 ])
 def test_the_same_parties_hit(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I delete my account?", "How does an admin delete a user account?"),
+    ("Can I cancel the order?", "Can the seller cancel the order?"),
+    ("How do we reset the password?", "How does someone reset the password?"),
+    ("Should I sign the contract first?", "Should my lawyer sign the contract first?"),
+])
+def test_the_asker_and_a_third_party_doing_it_miss(stored: str, asked: str) -> None:
+    """The asker doing the thing, and a third party doing it, ask two things, whoever
+    owns the thing (semantic_adversarial: 0.685, held off by the score alone)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I delete my account?", "How can one delete an account?"),
+    ("Can the seller cancel the order?", "Could the seller cancel an order?"),
+])
+def test_the_same_doer_hits(stored: str, asked: str) -> None:
+    """"one" is the asker."""
+    assert guard_ok(asked, stored)
