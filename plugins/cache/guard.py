@@ -235,8 +235,10 @@ _FAMILIES = (
     ("time", ("before", "earlier", "early"), ("after", "later", "late")),
     ("bound", ("maximum", "max", "most"), ("minimum", "min", "least")),
     ("flow", ("import", "upload", "receive", "deposit", "incoming"),
-     # (giving is sending: "Can I gift my subscription?" / "Can I receive one?")
-     ("export", "download", "send", "withdraw", "outgoing", "give")),
+     # (giving is sending: "Can I gift my subscription?" / "Can I receive one?"; paying,
+     # referring and forwarding give too: "pay a freelancer" / "get paid")
+     ("export", "download", "send", "withdraw", "outgoing", "give", "pay", "refer",
+      "forward")),
     ("money", ("refund", "credit", "reimburse", "refunded"),
      ("charge", "debit", "bill", "charged", "billed")),
     ("visibility", ("public", "visible"), ("private", "hidden")),
@@ -279,11 +281,20 @@ _DIRECTION.update({form: d for w, d in list(_DIRECTION.items())
                    for form in sorted(_inflections(w)) if form not in _DIRECTION})
 _DIRECTION.update({"bought": (("trade", "+"),), "sold": (("trade", "-"),),
                    "sent": (("flow", "-"),), "gave": (("flow", "-"),),
-                   "given": (("flow", "-"),), "kept": (("term", "+"), ("presence", "+"))})
+                   "given": (("flow", "-"),), "paid": (("flow", "-"),),
+                   "kept": (("term", "+"), ("presence", "+"))})
 _DIRECTION.update({"today": (("day", "0"),), "tonight": (("day", "0"),),
                    "next": (("order", "next"),),
                    **{f"{when}-{unit}": (("day", sign),) for when, sign in (
                        ("last", "-"), ("this", "0"), ("next", "+")) for unit in _PERIODS}})
+#: "get" where the asker receives: a thing got from someone ("get points from a friend"),
+#: or a giving done to the asker ("get paid", "get referred"): "receive", the inward side
+#: of the flow ("give my points to a friend" / "get points from a friend" misses). At
+#: most four words before the "from"; no part of it backtracks into another.
+_GET = r"\b(?:get|gets|got|gotten|getting)"
+_RECEIVING = re.compile(
+    _GET + r"\s++(?:paid|sent|given|gifted|referred|forwarded)\b|"
+    + _GET + r"(?=(?:\s++[a-z'-]++){1,4}?\s++from\b)")
 #: The tense a question opens with: its first word, or the one after a question word
 #: (and one more: "How much did ..."), when it is a past or a future auxiliary.
 _TENSE = re.compile(
@@ -460,7 +471,7 @@ class Signature:
 
 def signature(text: str) -> Signature:
     lowered = text.lower()
-    low = _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
+    low = _RECEIVING.sub("receive", _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered))
     if text.isascii():
         instructions, focus, seen = _INSTRUCTIONS_ASCII, _FOCUS_ASCII, lowered
     else:
@@ -542,7 +553,8 @@ def _tokens(lowered: str) -> tuple[str, ...]:
     amount after a currency sign with the currency's word ("$10" as "10 dollars"), a
     small word and
     "is"/"are" as their contraction (`_FULL`), and words that ask the same thing in the
-    same frame as one (`_SAME_ASK`), a phrasal verb as its one word (`_VERB_PHRASE`)."""
+    same frame as one (`_SAME_ASK`), a phrasal verb as its one word (`_VERB_PHRASE`), a
+    "get" that receives as "receive" (`_RECEIVING`)."""
     if _HAS_SPELLED.search(lowered):  # "two bags" reads as "2 bags"
         for start, end, n in reversed(_spelled(lowered)):
             lowered = f"{lowered[:start]}{n}{lowered[end:]}"
@@ -559,6 +571,8 @@ def _tokens(lowered: str) -> tuple[str, ...]:
         lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
     lowered = _SAME_ASK.sub(_same_ask, lowered)
     lowered = _VERB_PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
+    if "get" in lowered or "got" in lowered:
+        lowered = _RECEIVING.sub("receive", lowered)
     return tuple(_TOKEN.findall(lowered))
 
 
@@ -826,11 +840,17 @@ def _canonical_phrase(phrase: str) -> str:
 
 
 def _conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:
-    """Opposite signs within a family both sides mention."""
+    """Opposite signs within a family both sides mention, in order; a sign said again
+    in a row is one ("Can I pay using Apple Pay?" / "Do you accept Apple Pay?")."""
     for fam in {f for f, _ in a} & {f for f, _ in b}:
-        if [s for f, s in a if f == fam] != [s for f, s in b if f == fam]:
+        if _signs(a, fam) != _signs(b, fam):
             return True
     return False
+
+
+def _signs(directions: tuple[tuple[str, str], ...], fam: str) -> list[str]:
+    signs = [s for f, s in directions if f == fam]
+    return [s for i, s in enumerate(signs) if i == 0 or signs[i - 1] != s]
 
 
 def _families_swapped(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

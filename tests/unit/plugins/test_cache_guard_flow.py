@@ -27,3 +27,26 @@ def test_giving_is_not_receiving(stored: str, asked: str) -> None:
 def test_what_the_asker_is_given_is_received(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
     assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I give my points to a friend?", "How do I get points from a friend?"),
+    ("How do I pay a freelancer?", "How do I get paid as a freelancer?"),
+    ("How do I refer a friend?", "How do I get referred?"),
+    ("How do I forward an email?", "How do I receive a forwarded email?"),
+    ("Can I send a gift card to my sister?", "Can I get a gift card from my sister?"),
+])
+def test_getting_is_receiving(stored: str, asked: str) -> None:
+    """"get X from", a giving done to the asker ("get paid", "get referred") and
+    receiving what another forwarded are the inward side of what the other gives."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Do you accept Apple Pay?", "Can I pay using Apple Pay?"),
+    ("Can I get points from a friend?", "Can I receive points from a friend?"),
+])
+def test_one_direction_said_again_hits(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
