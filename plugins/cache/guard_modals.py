@@ -7,9 +7,10 @@ often a phrase of several words (the one-slot check sees one word swapped for on
 "Can I" / "Should I"), and an embedding scores them alike. Where both questions open a
 clause with a modal, it must be of the same kind: "can" (can, could, may, allowed,
 permitted, possible, able), "must" (must, have to, need to, required, mandatory,
-necessary) or "should" (should, ought to, advisable, recommended). "Can you ...?" asks a
-favour, and a modal after "how" or "where" asks for a way or a place ("How can I pay?" /
-"How do I pay?"): neither counts.
+necessary; "Would I need ...?", and "I need to ...?" said as a statement) or "should"
+(should, ought to, advisable, recommended). "Can you ...?" asks a favour, and a modal
+after "how" or "where" asks for a way or a place ("How can I pay?" / "How do I pay?"):
+neither counts.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import re
 _WHO = r"(?:i|we|one|you|he|she|they|my\s+\w+|the\s+\w+)"
 _CAN_WHO = r"(?:i|we|one|he|she|they|my\s+\w+|the\s+\w+)"  # "can you" asks a favour
 _KINDS = (
-    ("must", rf"must\s+{_WHO}|(?:do|does|did)\s+{_WHO}\s+(?:really\s+)?(?:have\s+to|"
-             rf"has\s+to|need|needs)\b|(?:have|has)\s+{_WHO}\s+(?:got\s+)?to|(?:am|are|is)\s+(?:i|we|you|"
+    ("must", rf"must\s+{_WHO}|(?:do|does|did|would|will)\s+{_WHO}\s+(?:really\s+)?"
+             rf"(?:have\s+to|has\s+to|need|needs)\b|(?:i|we)\s+(?:really\s+)?(?:must\b|"
+             rf"(?:need|have)\s+to\b)|(?:have|has)\s+{_WHO}\s+(?:got\s+)?to|(?:am|are|is)\s+(?:i|we|you|"
              rf"one|it|there)\s+(?:\w+\s+)?(?:required|obliged|obligated|supposed|"
              rf"mandatory|compulsory|obligatory|necessary|a\s+requirement)\b"),
     ("can", rf"(?:can|could|may|might)\s+{_CAN_WHO}\b|(?:am|are|is)\s+(?:i|we|one|it)\s+"

@@ -56,3 +56,24 @@ def test_long_runs_stay_linear(text: str) -> None:
 
 def test_a_modal_after_a_run_of_punctuation_and_lead_ins_still_counts() -> None:
     assert modals("hi!!! so, what... can i pay? and must i?") == ("can", "must")
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Could I get a refund?", "Would I need a refund?"),
+    ("Can I register online?", "I need to register online?"),
+    ("May we bring our own food?", "We have to bring our own food?"),
+    ("Can I pay in cash?", "Will I have to pay in cash?"),
+])
+def test_an_obligation_said_otherwise_is_one(stored: str, asked: str) -> None:
+    """"Would I need ...", "Will I have to ...", and a must said as a statement with a
+    question mark ask an obligation, not a permission."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Do I need to register online?", "Would I need to register online?"),
+    ("Do I have to bring my passport?", "I have to bring my passport?"),
+])
+def test_an_obligation_said_otherwise_hits_an_obligation(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
