@@ -241,7 +241,10 @@ _FAMILIES = (
       "forward")),
     ("money", ("refund", "credit", "reimburse", "refunded"),
      ("charge", "debit", "bill", "charged", "billed")),
-    ("visibility", ("public", "visible"), ("private", "hidden")),
+    # (hiding a thing is making it private: "hide my profile" / "make my profile
+    # visible")
+    ("visibility", ("public", "visible", "unhide", "reveal"),
+     ("private", "hidden", "hide", "invisible")),
     ("follow", ("follow", "mute"), ("unfollow", "unmute")),
     ("accept", ("accept", "approve", "confirm"), ("reject", "decline", "deny")),
     ("heat", ("hot", "hottest", "warm", "warmest", "boiling", "melting", "heat", "heating"),

@@ -43,3 +43,19 @@ def test_bringing_a_thing_back_is_not_putting_it_away(stored: str, asked: str) -
 
 def test_bringing_a_thing_back_in_other_words_passes() -> None:
     assert guard_ok("Can I restore a file I deleted?", "How do I recover a deleted file?")
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I hide my profile?", "How do I make my profile visible?"),
+    ("Can I hide my phone number?", "Can I make my phone number public?"),
+    ("How do I make my playlist invisible?", "How do I make my playlist public?"),
+])
+def test_hiding_is_the_private_side(stored: str, asked: str) -> None:
+    """Hiding a thing switches it off and makes it private: against "visible" or
+    "public" it is the other side."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+def test_hiding_hits_making_private() -> None:
+    assert guard_ok("How do I make my profile hidden?", "How do I hide my profile?")
