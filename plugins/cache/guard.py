@@ -165,15 +165,16 @@ _FROM_TO = re.compile(r"\bfrom\s+(\w+)\s+(?:to|into)\s+(\w+)", re.IGNORECASE)
 _PERIODS = ("night", "morning", "evening", "week", "weekend", "month", "year", "season",
             "quarter", "summer", "winter", "spring", "autumn", "fall", "time", "monday",
             "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_PHRASE_VERBS = frozenset(("turn", "switch", "sign", "log", "opt", "check", "bring"))
+_PHRASE_VERBS = frozenset(("turn", "switch", "sign", "log", "opt", "check", "bring", "get"))
 _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             "switch off": "disable", "sign up": "register", "log out": "logout",
             "sign out": "logout", "log in": "login", "log into": "login", "sign in": "login",
             "opt in": "enable", "opt out": "disable", "check in": "checkin",
             "check out": "checkout",
-            # bringing a thing back restores it ("How do I archive a chat?" / "How do I
-            # bring back an archived chat?")
-            "bring back": "restore", "brought back": "restore",
+            # bringing or getting a thing back restores it ("How do I archive a chat?" /
+            # "How do I bring back an archived chat?", "erase" / "get back an erased")
+            "bring back": "restore", "brought back": "restore", "get back": "restore",
+            "got back": "restore", "gotten back": "restore",
             # a time of day or a period, this one, the last or the next: one word each
             **{f"{when} {unit}": f"{when}-{unit}" for when in ("last", "next", "this")
                for unit in _PERIODS},
@@ -221,12 +222,15 @@ _FAMILIES = (
     # putting a thing away and bringing it back ("How do I archive a project?" / "How do
     # I restore an archived project?")
     ("removal", ("restore", "recover", "retrieve", "undelete", "unarchive", "reinstate"),
-     ("archive", "delete", "remove", "trash", "discard")),
+     ("archive", "delete", "remove", "trash", "discard", "erase", "wipe")),
     ("switch", ("enable", "activate", "allow", "show", "start"),
      ("disable", "deactivate", "block", "forbid", "hide", "stop")),
     ("plan", ("upgrade",), ("downgrade",)),
     # (keeping a thing is the opposite of ending it: "cancelled" / "kept my number")
-    ("term", ("renew", "resume", "continue", "keep", "retain"),
+    # (and bringing back what was ended: "cancel an order" / "reinstate a cancelled
+    # order")
+    ("term", ("renew", "resume", "continue", "keep", "retain", "restore", "reinstate",
+              "reactivate"),
      ("cancel", "terminate", "pause", "end", "stop")),
     ("trade", ("buy", "purchase", "order"), ("sell", "return")),
     ("lock", ("lock", "freeze", "suspend"), ("unlock", "unfreeze", "reactivate")),

@@ -48,3 +48,22 @@ def test_bringing_back_is_restoring(stored: str, asked: str) -> None:
 
 def test_bringing_back_passes_as_restoring() -> None:
     assert guard_ok("How can I bring back a deleted file?", "How do I restore a deleted file?")
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I erase a photo?", "How do I get back an erased photo?"),
+    ("How do I wipe my phone?", "How do I restore my wiped phone?"),
+    ("How do I cancel an order?", "How do I reinstate a cancelled order?"),
+    ("How do I terminate my contract?", "How do I restore a terminated contract?"),
+])
+def test_getting_back_what_was_ended_is_restoring(stored: str, asked: str) -> None:
+    """Getting a thing back restores it, and restoring an ended thing is the other side
+    of ending it: "erase" and "wipe" remove, "restore" and "reinstate" bring back what a
+    cancel ended."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+def test_getting_back_hits_restoring() -> None:
+    assert guard_ok("How do I get back an erased photo?",
+                    "How do I restore an erased photo?")
