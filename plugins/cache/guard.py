@@ -335,6 +335,11 @@ _STOPWORDS = {lang: frozenset(words.split()) for lang, words in {
     "nl": "het een en hoe wat waarom waar ik je met voor niet mijn kan van zijn",
 }.items()}
 _LATIN_WORD = re.compile(r"[^\W\d_]+")
+#: A question of at most this many words may be told by one small word (`_language`),
+#: unless that word is an English word too.
+_SHORT = 6
+_ENGLISH_TOO = frozenset(
+    "comment con son hay die was den per come dove fare non hoe met van en".split())
 _SCRIPTS = tuple((lang, re.compile(chars)) for lang, chars in (
     ("ja", "[\u3040-\u30ff]"), ("zh", "[\u4e00-\u9fff]"), ("ko", "[\uac00-\ud7af]"),
     ("ru", "[\u0400-\u04ff]"), ("ar", "[\u0600-\u06ff]"), ("he", "[\u0590-\u05ff]"),
@@ -623,7 +628,8 @@ def _tense(lowered: str) -> str:
 def _language(text: str) -> str:
     """The language the question is written in, where it is not English: a script's
     ("zh", "ru", ...: most of its letters), or the language whose own small words it uses
-    most, at least two of them and more than English's ("fr", "es", ...). "" for
+    most, at least two of them and more than English's ("fr", "es", ...), or one in a
+    short question with none of English's, or a Spanish "¿" or "¡". "" for
     English and for what it cannot tell: a question in French is not answered by the
     English answer of the same question (the model answers in the question's language)."""
     if not text.isascii():
@@ -634,9 +640,16 @@ def _language(text: str) -> str:
     words = _LATIN_WORD.findall(text.lower())
     counts = {lang: sum(w in stop for w in words) for lang, stop in _STOPWORDS.items()}
     best = max(counts, key=lambda lang: counts[lang])
-    if best == "en" or counts[best] < 2 or counts[best] <= counts["en"]:
-        return ""
-    return best
+    if best != "en" and counts[best] >= 2 and counts[best] > counts["en"]:
+        return best
+    if "\u00bf" in text or "\u00a1" in text:  # "¿", "¡": Spanish, however short
+        return "es"
+    # A short question with one small word of another language and none of English's
+    # ("Pourquoi payer ?", "Wie kündigen?"), where that word is no English word too.
+    if (best != "en" and counts[best] == 1 and not counts["en"] and len(words) <= _SHORT
+            and not any(w in _STOPWORDS[best] and w in _ENGLISH_TOO for w in words)):
+        return best
+    return ""
 
 
 def _native(text: str, language: str) -> frozenset[str]:

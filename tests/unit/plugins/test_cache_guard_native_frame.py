@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugins.cache.guard import _one_stem, guard_ok
+from plugins.cache.guard import _language, _one_stem, guard_ok
 
 
 @pytest.mark.parametrize(("stored", "asked"), [
@@ -87,3 +87,27 @@ def test_a_question_word_a_negation_an_owner_or_a_thing_swapped_misses(
 ])
 def test_a_prefix_that_undoes_a_word_is_no_other_form(x: str, y: str, same: bool) -> None:
     assert _one_stem(x, y) is same
+
+
+@pytest.mark.parametrize(("question", "language"), [
+    ("Pourquoi payer?", "fr"), ("Annuler ma commande?", "fr"), ("Je veux annuler", "fr"),
+    ("Mot de passe oublié?", "fr"), ("¿Reembolso?", "es"), ("¿Cuánto cuesta?", "es"),
+    ("Mi contraseña?", "es"), ("Wie kündigen?", "de"),
+    # one listed word that is an English word too, in English
+    ("Was charged twice?", ""), ("Van rental prices?", ""), ("Refund possible?", ""),
+])
+def test_a_short_question_is_read_in_its_language(question: str, language: str) -> None:
+    """One small word of another language and none of English's tell a short question's
+    language, as a Spanish "¿" does: it was English below two such words."""
+    assert _language(question) == language
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Annuler ma commande?", "Cancel my order?"),
+    ("¿Reembolso?", "Refund?"),
+    ("Wie kündigen?", "How to cancel?"),
+])
+def test_a_short_question_in_another_language_misses_english(stored: str, asked: str) -> None:
+    """The model answers in the question's language (guard._language)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
