@@ -11,9 +11,8 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - they carry opposite directions of the same family (enable/disable, upgrade/downgrade,
   refund/charge, import/export, boiling/freezing, largest/smallest, first/last,
   born/died, damaged/fine, missing/found, archive/restore ...; a word may hold several
-  families), or direction words of families the other side does not name, the rest the
-  same ("cancelled" / "kept my number"), or
-  one word is the other with a reversing prefix
+  families: "kept" keeps a term, against "cancelled"), or one word is the other with a
+  reversing prefix
   (lock/unlock, follow/unfollow, activate/deactivate), or "from X to Y" swaps;
 - their answer-shaping instructions differ, in kind or in what they say: a language ("in
   French" / "in German"), a format (JSON / YAML, a table, a poem), a length (one word,
@@ -873,23 +872,6 @@ def _signs(directions: tuple[tuple[str, str], ...], fam: str) -> list[str]:
     return [s for i, s in enumerate(signs) if i == 0 or signs[i - 1] != s]
 
 
-def _families_swapped(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """The same words that say something but their direction words, and those of
-    families the other side does not name: one outcome for another that no family pairs
-    ("My number is cancelled, what can I do?" / "But I kept my number, what can I do?":
-    "cancelled" ends a term, "kept" is a thing's presence; "How do I pause my plan?" /
-    "How do I freeze my plan?"). A word opposes its opposite within one family
-    (`_conflict`); across families the signs say nothing, so any swap refuses. (The
-    price: a synonym from another family, "stop" / "cancel my subscription", misses.)"""
-    ca, cb = _content(a), _content(b)
-    fa = {fam for w in ca if w in _DIRECTION for fam, _ in _DIRECTION[w]}
-    fb = {fam for w in cb if w in _DIRECTION for fam, _ in _DIRECTION[w]}
-    if not fa - fb or not fb - fa:
-        return False
-    rest_a = [w for w in ca if w not in _DIRECTION]
-    return bool(rest_a) and rest_a == [w for w in cb if w not in _DIRECTION]
-
-
 def _reversed(a: frozenset[str], b: frozenset[str]) -> bool:
     """A word on one side is the other side's word with a reversing prefix."""
     for x, y in ((a - b, b), (b - a, a)):
@@ -1252,7 +1234,6 @@ def guard_ok(question: str, stored: str) -> bool:
             and not modals_differ(a.modals, b.modals)
             and not (a.route and b.route and a.route != b.route)
             and not _conflict(a.directions, b.directions)
-            and not _families_swapped(ta, tb)
             and not _reversed(a.words, b.words)
             and not _focus_differs(a.focus, b.focus)
             and not _edited(ta, tb)
