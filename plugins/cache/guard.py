@@ -164,7 +164,8 @@ _FROM_TO = re.compile(r"\bfrom\s+(\w+)\s+(?:to|into)\s+(\w+)", re.IGNORECASE)
 _PERIODS = ("night", "morning", "evening", "week", "weekend", "month", "year", "season",
             "quarter", "summer", "winter", "spring", "autumn", "fall", "time", "monday",
             "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_PHRASE_VERBS = frozenset(("turn", "switch", "sign", "log", "opt", "check", "bring", "get"))
+_PHRASE_VERBS = frozenset(("turn", "switch", "sign", "log", "opt", "check", "bring", "get",
+                           "hand", "take"))
 _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             "switch off": "disable", "sign up": "register", "log out": "logout",
             "sign out": "logout", "log in": "login", "log into": "login", "sign in": "login",
@@ -174,6 +175,10 @@ _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             # "How do I bring back an archived chat?", "erase" / "get back an erased")
             "bring back": "restore", "brought back": "restore", "get back": "restore",
             "got back": "restore", "gotten back": "restore",
+            # handing a thing over gives it, taking it over receives it ("hand over" /
+            # "take over a lease")
+            "hand over": "give", "take over": "receive", "took over": "receive",
+            "taken over": "receive",
             # a time of day or a period, this one, the last or the next: one word each
             **{f"{when} {unit}": f"{when}-{unit}" for when in ("last", "next", "this")
                for unit in _PERIODS},
@@ -301,6 +306,11 @@ _GET = r"\b(?:get|gets|got|gotten|getting)"
 _RECEIVING = re.compile(
     _GET + r"\s++(?:paid|sent|given|gifted|referred|forwarded)\b|"
     + _GET + r"(?=(?:\s++[a-z'-]++){1,4}?\s++from\b)")
+#: "in" / "out" closing a clause after a verb that moves a thing, up to three words on:
+#: the thing comes in or goes out ("transfer my domain out" / "transfer a domain in").
+_MOVED = re.compile(r"\b(?:transfer|move|moving|port)[a-z]*+"
+                    r"(?:\s++[a-z'-]++){0,3}?\s++(in|out)(?=\s*+(?:[?.!,;]|$))")
+_MOVED_WAY = {"in": "incoming", "out": "outgoing"}
 #: The tense a question opens with: its first word, or the one after a question word
 #: (and one more: "How much did ..."), when it is a past or a future auxiliary.
 _TENSE = re.compile(
@@ -483,6 +493,9 @@ class Signature:
 def signature(text: str) -> Signature:
     lowered = text.lower()
     low = _RECEIVING.sub("receive", _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered))
+    if " in" in low or " out" in low:
+        low = _MOVED.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)]
+                         + _MOVED_WAY[m.group(1)], low)
     if text.isascii():
         instructions, focus, seen = _INSTRUCTIONS_ASCII, _FOCUS_ASCII, lowered
     else:

@@ -50,3 +50,25 @@ def test_getting_is_receiving(stored: str, asked: str) -> None:
 def test_one_direction_said_again_hits(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
     assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I transfer my domain out?", "How do I transfer a domain in?"),
+    ("Can I port my number out?", "Can I port a number in?"),
+    ("How do I hand over my lease?", "How do I take over a lease?"),
+    ("Who handed over the account?", "Who took over the account?"),
+])
+def test_in_and_out_over_a_move_are_the_flow(stored: str, asked: str) -> None:
+    """"in" / "out" closing a clause after a verb that moves a thing, and handing a
+    thing over / taking it over, are the two sides of the flow, the rest reworded
+    round them (the one-slot check saw only "in" / "out" alone)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I take over a lease?", "How can I take over the lease?"),
+    ("How do I transfer my domain out?", "How can I transfer my domain out?"),
+])
+def test_the_same_side_of_a_move_hits(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
