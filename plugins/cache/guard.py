@@ -308,9 +308,23 @@ _RECEIVING = re.compile(
     + _GET + r"(?=(?:\s++[a-z'-]++){1,4}?\s++from\b)")
 #: "in" / "out" closing a clause after a verb that moves a thing, up to three words on:
 #: the thing comes in or goes out ("transfer my domain out" / "transfer a domain in").
-_MOVED = re.compile(r"\b(?:transfer|move|moving|port)[a-z]*+"
-                    r"(?:\s++[a-z'-]++){0,3}?\s++(in|out)(?=\s*+(?:[?.!,;]|$))")
+#: Or said right after that verb, before what moves: "out" ("transfer out credits",
+#: "port out my number"), "in" before a possessive or before a thing and its "from"
+#: ("port in my number", "transfer in credits from ..."; not "move in the morning").
+_MOVED = re.compile(r"\b(?:transfer|move|moving|port)[a-z]*+(?:"
+                    r"(?:\s++[a-z'-]++){0,3}?\s++(in|out)(?=\s*+(?:[?.!,;]|$))|"
+                    r"\s++(out\b|in(?=\s++(?:(?:my|your|our|their|his|her)\b|"
+                    r"[a-z'-]++\s++from\b))))")
 _MOVED_WAY = {"in": "incoming", "out": "outgoing"}
+
+
+def _moved(m: re.Match[str]) -> str:
+    """`_MOVED`'s match with its "in" / "out" as the side of the flow it says."""
+    way = m.lastindex or 1
+    return (m.group(0)[:m.start(way) - m.start(0)] + _MOVED_WAY[m.group(way)]
+            + m.group(0)[m.end(way) - m.start(0):])
+
+
 #: The tense a question opens with: its first word, or the one after a question word
 #: (and one more: "How much did ..."), when it is a past or a future auxiliary.
 _TENSE = re.compile(
@@ -494,8 +508,7 @@ def signature(text: str) -> Signature:
     lowered = text.lower()
     low = _RECEIVING.sub("receive", _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered))
     if " in" in low or " out" in low:
-        low = _MOVED.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)]
-                         + _MOVED_WAY[m.group(1)], low)
+        low = _MOVED.sub(_moved, low)
     if text.isascii():
         instructions, focus, seen = _INSTRUCTIONS_ASCII, _FOCUS_ASCII, lowered
     else:

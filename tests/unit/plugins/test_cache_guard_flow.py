@@ -72,3 +72,30 @@ def test_in_and_out_over_a_move_are_the_flow(stored: str, asked: str) -> None:
 ])
 def test_the_same_side_of_a_move_hits(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can I transfer in credits from another university?",
+     "Can I transfer out credits to another university?"),
+    ("How do I port out my number?", "How do I port in my number?"),
+    ("Can I transfer out my points?", "Can I transfer my points in?"),
+    ("When can I move out?", "When can I move in my things?"),
+])
+def test_in_and_out_right_after_a_move_are_the_flow(stored: str, asked: str) -> None:
+    """"out" said right after a verb that moves a thing, before the thing, and "in" so
+    before a possessive or a thing and its "from", are the flow's sides as at the end of
+    the clause ("transfer in credits" / "transfer out credits" hit)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I port out my number?", "How can I port my number out?"),
+    ("Can I transfer in credits from another college?",
+     "Can I transfer credits in from another college?"),
+    ("Can I move in the morning?", "Could I move in the morning?"),
+    ("Can I transfer in bulk?", "Could I transfer in bulk?"),
+])
+def test_in_and_out_right_after_a_move_said_either_way_hits(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
