@@ -306,6 +306,11 @@ _GET = r"\b(?:get|gets|got|gotten|getting)"
 _RECEIVING = re.compile(
     _GET + r"\s++(?:paid|sent|given|gifted|referred|forwarded)\b|"
     + _GET + r"(?=(?:\s++[a-z'-]++){1,4}?\s++from\b)")
+#: "get" or "bring" with what it gets back between it and its "back" ("get my photos
+#: back"): restoring it, as "get back" is (`_PHRASES`); not "get someone to call back".
+#: At most three words between; no part of it backtracks into another.
+_GOT_BACK = re.compile(r"\b(?:get|gets|got|gotten|getting|bring|brings|brought|bringing)"
+                       r"((?:\s++(?!to\b)[a-z'-]++){1,3}?)\s++back\b")
 #: "in" / "out" closing a clause after a verb that moves a thing, up to three words on:
 #: the thing comes in or goes out ("transfer my domain out" / "transfer a domain in").
 #: Or said right after that verb, before what moves: "out" ("transfer out credits",
@@ -506,7 +511,10 @@ class Signature:
 
 def signature(text: str) -> Signature:
     lowered = text.lower()
-    low = _RECEIVING.sub("receive", _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered))
+    low = _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
+    if "back" in low:
+        low = _GOT_BACK.sub(r"restore\1", low)
+    low = _RECEIVING.sub("receive", low)
     if " in" in low or " out" in low:
         low = _MOVED.sub(_moved, low)
     if text.isascii():
@@ -591,7 +599,8 @@ def _tokens(lowered: str) -> tuple[str, ...]:
     small word and
     "is"/"are" as their contraction (`_FULL`), and words that ask the same thing in the
     same frame as one (`_SAME_ASK`), a phrasal verb as its one word (`_VERB_PHRASE`), a
-    "get" that receives as "receive" (`_RECEIVING`)."""
+    "get" that receives as "receive" (`_RECEIVING`), a "get ... back" as "restore"
+    (`_GOT_BACK`)."""
     if _HAS_SPELLED.search(lowered):  # "two bags" reads as "2 bags"
         for start, end, n in reversed(_spelled(lowered)):
             lowered = f"{lowered[:start]}{n}{lowered[end:]}"
@@ -608,6 +617,8 @@ def _tokens(lowered: str) -> tuple[str, ...]:
         lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
     lowered = _SAME_ASK.sub(_same_ask, lowered)
     lowered = _VERB_PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
+    if "back" in lowered:
+        lowered = _GOT_BACK.sub(r"restore\1", lowered)
     if "get" in lowered or "got" in lowered:
         lowered = _RECEIVING.sub("receive", lowered)
     return tuple(_TOKEN.findall(lowered))

@@ -67,3 +67,28 @@ def test_getting_back_what_was_ended_is_restoring(stored: str, asked: str) -> No
 def test_getting_back_hits_restoring() -> None:
     assert guard_ok("How do I get back an erased photo?",
                     "How do I restore an erased photo?")
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("I wiped my phone, how do I get my photos back?",
+     "I wiped my phone, how do I delete my photos?"),
+    ("How do I get my deleted messages back?", "How do I delete my messages?"),
+    ("How do I bring my archived chats back?", "How do I archive my chats?"),
+    ("I cancelled my plan, can I get it back?", "I cancelled my plan, can I end it?"),
+])
+def test_getting_a_thing_back_is_restoring_it(stored: str, asked: str) -> None:
+    """"get" or "bring" with the thing between it and "back" restores it, as "get back"
+    does ("get my photos back" / "delete my photos" hit)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I get my photos back?", "How do I get back my photos?"),
+    ("How do I get my photos back?", "How can I restore my photos?"),
+    ("How do I get my money back?", "How can I get my money back?"),
+    ("How do I get someone to call me back?", "How can I get someone to call me back?"),
+])
+def test_getting_a_thing_back_said_either_way_hits(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
