@@ -59,12 +59,16 @@ def owners(lowered: str) -> tuple[str, ...]:
 
 
 # The auxiliary a question opens with (after a question word, and one more word: "How
-# often do I ...") and its subject; anchored, each part bounded: a text costs its length.
+# often do I ...") and its subject, or a "be" and its subject before what it may do
+# ("Am I allowed to ...?" / "Is the landlord allowed to ...?"; not "Is a referral
+# required ...?", a thing asked for); anchored, each part bounded: a text costs its length.
+_SUBJECT = (r"(i|we|one|someone|somebody|anyone|anybody|they|he|she|"
+            r"(?:a|an|the|my|our|your|their|his|her)\s++[a-z]+)\b")
 _DOER = re.compile(
     r"^\W{0,8}+(?:(?:how|what|when|where|why|which|who|whom)\W{1,8}+(?:[a-z]+\W{1,8}+)?)?"
-    r"(?:do|does|did|can|could|should|would|will|may|might|must|shall)\s++"
-    r"(i|we|one|someone|somebody|anyone|anybody|they|he|she|"
-    r"(?:a|an|the|my|our|your|their|his|her)\s++[a-z]+)\b")
+    r"(?:(?:do|does|did|can|could|should|would|will|may|might|must|shall)\s++" + _SUBJECT
+    + r"|(?:am|is|are|was|were)\s++" + _SUBJECT
+    + r"\s++(?:allowed|able|permitted|entitled|eligible)\s++to\b)")
 _ASKER = frozenset(("i", "we", "one"))
 
 
@@ -74,7 +78,7 @@ def doer(lowered: str) -> str:
     m = _DOER.match(lowered)
     if m is None:
         return ""
-    return "self" if m.group(1) in _ASKER else "other"
+    return "self" if (m.group(1) or m.group(2)) in _ASKER else "other"
 
 
 def owners_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

@@ -112,3 +112,30 @@ def test_the_asker_and_a_third_party_doing_it_miss(stored: str, asked: str) -> N
 def test_the_same_doer_hits(stored: str, asked: str) -> None:
     """"one" is the asker."""
     assert guard_ok(asked, stored)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Am I allowed to cancel the lease early?",
+     "Is the landlord allowed to cancel the lease early?"),
+    ("Am I able to see the shared files?", "Is my manager able to see the shared files?"),
+    ("When are we allowed to file the report?",
+     "When is the company allowed to file the report?"),
+    ("Can I end the lease early?", "Is the landlord allowed to end the lease early?"),
+])
+def test_the_asker_and_a_third_party_allowed_to_do_it_miss(stored: str, asked: str) -> None:
+    """"Am I allowed to ...?" / "Is the landlord allowed to ...?": a "be" and its subject
+    before what it may do name the doer as an auxiliary does (it hit, 0.91)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Am I allowed to cancel the lease early?", "Can I cancel the lease early?"),
+    ("Is the landlord allowed to cancel the lease?",
+     "Is a landlord allowed to cancel the lease?"),
+    ("When are we allowed to file the report?", "When are we allowed to file our report?"),
+    ("Do I need a referral to see a specialist?", "Is a referral required for a specialist?"),
+])
+def test_the_same_doer_allowed_to_do_it_hits(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
