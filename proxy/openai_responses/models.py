@@ -105,7 +105,7 @@ class FunctionCallItem(_Open):
 
 class FunctionCallOutputItem(_Open):
     type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1)
+    call_id: str = Field(min_length=1, max_length=64)  # (OpenAI's bound; a call's has none)
     output: str | list[InputText]
 
     def text(self) -> str:

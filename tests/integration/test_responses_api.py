@@ -409,6 +409,11 @@ async def test_bad_input_names_the_responses_param(make_client: MakeClient) -> N
         ({"input": [{"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"},
                     {"type": "function_call_output", "call_id": "", "output": "x"}]},
          "input[0].call_id"),
+        # (OpenAI's bound on an output's call_id; the call's own has none)
+        ({"input": [{"type": "function_call", "call_id": "c" * 65, "name": "f",
+                     "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c" * 65, "output": "x"}]},
+         "input[1].call_id"),
     ]
     cases.append(({"service_tier": "premium"}, "service_tier"))  # (was let through)
     said = {}
