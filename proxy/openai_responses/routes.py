@@ -415,6 +415,8 @@ async def cancel(request: web.Request) -> web.Response:
         now = await _stored(store, tenant, rid)
         if now is not None and now["response"].get("status") not in RUNNING:
             return json_response(now["response"])
+        if here and now is None:  # deleted meanwhile: nothing stored, as a GET finds
+            raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
     if here:  # (its end was not stored: the store failed)
         return json_response({**response, "status": "cancelled"})
     if await runner.flag_cancel(tenant, rid):

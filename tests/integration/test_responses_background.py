@@ -188,6 +188,31 @@ async def test_cancel_aborts_the_run_and_is_idempotent(
     assert (await get(client, done))["status"] == "incomplete"
 
 
+async def test_a_cancel_of_one_deleted_as_it_ran_here_is_a_404(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A DELETE landing between the cancel's read and the run's end: the run stores
+    nothing (its record is gone), and the cancel answers as a GET would, a 404, not a
+    `cancelled` response no one can read."""
+    client = await make_client(keyed())
+    fake_engine.token_gate = asyncio.Event()
+    rid = (await (await client.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await fake_engine.wait_until(lambda: fake_engine.active)
+    runner, store = client.app[RUNNER], client.app[STORE]
+    cancel = runner.cancel
+
+    async def deleted_first(tenant: str, record_id: str) -> bool:
+        await store.delete(tenant, record_id)
+        return await cancel(tenant, record_id)
+
+    runner.cancel = deleted_first
+    r = await client.post(f"/v1/responses/{rid}/cancel", headers=A)
+    assert r.status == 404, await r.text()
+    validate("ErrorResponse", await r.json())
+    assert len(fake_engine.aborted) == 1 and not fake_engine.active
+    gone = await client.get(f"/v1/responses/{rid}", headers=A)
+    assert gone.status == 404
+
+
 async def test_a_cancel_of_one_that_ended_names_its_status(make_client: MakeClient) -> None:
     client = await make_client()
     rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
