@@ -674,7 +674,10 @@ def _language(text: str) -> str:
             if len(chars.findall(text)) > latin:
                 return lang
     words = _LATIN_WORD.findall(text.lower())
-    counts = {lang: sum(w in stop for w in words) for lang, stop in _STOPWORDS.items()}
+    counts = dict.fromkeys(_STOPWORDS, 0)  # (in `_STOPWORDS`' order: `max` takes the first)
+    for w in words:
+        for lang in _STOPWORD_LANGUAGES.get(w, ()):
+            counts[lang] += 1
     best = max(counts, key=lambda lang: counts[lang])
     if best != "en" and counts[best] >= 2 and counts[best] > counts["en"]:
         return best
@@ -699,6 +702,11 @@ def _native(text: str, language: str) -> frozenset[str]:
                      if len(w) > 1 and w not in small)
 
 
+#: Each small word's languages (`_STOPWORDS` read the other way): a question's words
+#: counted per language in one pass, not one pass a language.
+_STOPWORD_LANGUAGES: dict[str, tuple[str, ...]] = {
+    w: tuple(lang for lang, stop in _STOPWORDS.items() if w in stop)
+    for w in frozenset().union(*_STOPWORDS.values())}
 _PLAIN_STOPWORDS = {lang: frozenset(map(plain, words)) for lang, words in _STOPWORDS.items()
                     if lang != "en"}
 
