@@ -58,6 +58,10 @@ class Entry:
     #: purge of that user (or tenant, role) drops the alias, which holds their prompt. In
     #: memory only, as `source`.
     asker: tuple[str, str, str, str] | None = None
+    #: The prompt its usage counts, verbatim (`keys.asked_digest`): the key reads the
+    #: prompt normalized (spaces collapsed, look-alikes folded), so a repeat may be
+    #: another prompt, of other tokens. "" (an entry stored before it was kept): unknown.
+    asked: str = ""
 
     def to_json(self, *, with_prompt: bool = True) -> str:
         # A shallow dict: the choices and usage are plain JSON already (asdict's deep
@@ -119,7 +123,7 @@ _NUMBER = (int, float)
 _TYPES: dict[str, Any] = {"key": str, "route": str, "model": str, "choices": list,
                           "usage": dict, "scope": str, "tenant": str, "role": str,
                           "user": str, "prompt": str, "created": _NUMBER,
-                          "expires": _NUMBER, "stale_until": _NUMBER}
+                          "expires": _NUMBER, "stale_until": _NUMBER, "asked": str}
 _REQUIRED = frozenset({"key", "route", "model", "choices", "usage", "scope", "tenant",
                        "role", "user"})
 

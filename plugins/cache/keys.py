@@ -162,6 +162,18 @@ def exact_key(ctx: RequestContext, scope: str, renders: str | None = None) -> st
     return _hash(body)
 
 
+def asked_digest(ctx: RequestContext) -> str:
+    """The request's prompt as the engine reads it, verbatim (what `exact_key` reads
+    normalized): an entry's usage counts the prompt of this digest; a repeat of another
+    one (other spaces, look-alike letters) is another count of tokens."""
+    req = ctx.request
+    if isinstance(req, ChatCompletionRequest):
+        texts: list[Any] = [(m.role, m.name, m.text()) for m in req.messages]
+    else:
+        texts = list(req.prompts())
+    return _hash(texts)
+
+
 def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None,
                    ) -> tuple[str, str] | None:
     """(partition, question text) for a chat request ending in a user message; None for

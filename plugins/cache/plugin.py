@@ -24,6 +24,7 @@ import asyncio
 import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, ClassVar, NamedTuple
 
 from aiohttp import web
@@ -56,7 +57,14 @@ from .entry import (
     replay_order,
     replay_stream,
 )
-from .keys import exact_key, prompt_text, request_text, scope_id, semantic_parts
+from .keys import (
+    asked_digest,
+    exact_key,
+    prompt_text,
+    request_text,
+    scope_id,
+    semantic_parts,
+)
 from .metrics import CacheMetrics
 from .store import CacheStore, Lookup, SemanticKey
 
@@ -412,13 +420,19 @@ class CachePlugin(BasePlugin[CacheConfig]):
     # -------------------------------------------------------------------- replies
 
     def _as_asked(self, ctx: RequestContext, entry: Entry) -> Entry:
-        """A semantic hit's entry with the asker's prompt tokens in its usage (the stored
-        question's were reported, and charged by the rate limiter), counted as a miss
-        counts them where the terminal can (a local engine's render: what the miss of it
-        pays before the engine); as stored where it cannot (an upstream's tokenizer),
-        as LiteLLM reports a cached answer's."""
+        """`entry` with the asker's prompt tokens in its usage where its prompt is another
+        (a paraphrase: a semantic hit; a repeat with other spaces or look-alike letters,
+        which the key reads as one: the stored prompt's were reported, and charged by
+        the rate limiter), counted as a miss counts them where the terminal can (a local
+        engine's render: what the miss of it pays before the engine); as stored where it
+        cannot (an upstream's tokenizer), as LiteLLM reports a cached answer's. A
+        completion of several prompts keeps its per-prompt counts as stored."""
+        asked = asked_digest(ctx)
+        if entry.asked == asked or (not isinstance(ctx.request, ChatCompletionRequest)
+                                    and len(ctx.request.prompts()) != 1):
+            return entry
         own = self.services.terminal.count_prompt(ctx.request)
-        return entry if own is None else asked_with(entry, own)
+        return entry if own is None else replace(asked_with(entry, own), asked=asked)
 
     def _semantic_hit(self, ctx: RequestContext, key: str, entry: Entry, write: bool,
                       ) -> Reply:
@@ -431,11 +445,11 @@ class CachePlugin(BasePlugin[CacheConfig]):
     def _hit(self, ctx: RequestContext, entry: Entry, layer: str) -> Reply:
         ctx.response_headers[HEADER] = layer
         ctx.response_headers["Age"] = str(entry.age(time.time()))
-        ctx.prompt_tokens = entry.usage["prompt_tokens"]
         return self._reply(ctx, entry)
 
-    @staticmethod
-    def _reply(ctx: RequestContext, entry: Entry) -> Reply:
+    def _reply(self, ctx: RequestContext, entry: Entry) -> Reply:
+        entry = self._as_asked(ctx, entry)
+        ctx.prompt_tokens = entry.usage["prompt_tokens"]
         if ctx.request.stream:
             stream = Stream(replay_stream(entry, ctx.request), whole=True)
             u = entry.usage
@@ -480,7 +494,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         return Entry(key=key, route=ctx.route, model=ctx.model, choices=choices, usage=usage,
                      scope=scope, tenant=p.tenant, role=p.role, user=p.user,
                      prompt=self._prompt_text(ctx), created=now, expires=now + ttl,
-                     stale_until=now + ttl + self.cfg.stale_grace_s)
+                     stale_until=now + ttl + self.cfg.stale_grace_s, asked=asked_digest(ctx))
 
 
 class Directives(NamedTuple):

@@ -1,8 +1,11 @@
 """A hit's `usage.prompt_tokens` is the asker's prompt, as a miss of it counts it: a
-semantic hit answers a paraphrase, whose prompt is not the stored question's."""
+semantic hit answers a paraphrase, whose prompt is not the stored question's; an exact
+hit (or a wait on an identical generation) may answer another prompt too, one the key
+reads as the same (other spaces, look-alike letters)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -10,8 +13,10 @@ import pytest
 from proxy.chain import Completion, Reply, Stream
 from proxy.context import RequestContext
 from proxy.preparing import prompt_tokens
+from proxy.protocol import CompletionRequest
 from tests.fakes import FakeEngine
-from tests.unit.plugins.test_cache import chunks_of, ctx, plugin, run
+from tests.unit.plugins.test_cache import chunks_of, ctx, l1_misses, plugin, run
+from tests.waiting import eventually
 
 CONTINUOUS = {"include_usage": True, "continuous_usage_stats": True}
 ASKED = "How can I reset my password please?"
@@ -27,9 +32,12 @@ class Counting:
     """A stub call_next answering two choices whole, counting the prompt as a miss does."""
 
     calls = 0
+    gate: asyncio.Event | None = None
 
     async def __call__(self, c: RequestContext) -> Reply:
         self.calls += 1
+        if self.gate is not None:
+            await self.gate.wait()
         n = counted(c)
         body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
                 "choices": [{"index": i, "message": {"role": "assistant", "content": text},
@@ -68,3 +76,89 @@ async def test_a_semantic_hit_reports_the_askers_prompt_tokens(stream: bool) -> 
             usage = reply.body["usage"]
         assert usage == {"prompt_tokens": own, "completion_tokens": 9,
                          "total_tokens": own + 9}
+
+
+def usage_of(reply: Reply) -> dict[str, Any]:
+    if isinstance(reply, Stream):
+        return chunks_of(reply)[-1]["usage"]  # type: ignore[no-any-return]
+    assert isinstance(reply, Completion)
+    return reply.body["usage"]  # type: ignore[no-any-return]
+
+
+# Read by the exact key as ASKED (spaces collapsed, a zero-width space dropped), yet
+# other prompts to the engine: other counts of tokens.
+SAME_KEY = ["How  can I   reset my password please?",
+            "How can I reset my pass\u200bword please?"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("repeat", SAME_KEY)
+async def test_an_exact_hit_of_another_prompt_reports_its_own_tokens(
+        stream: bool, repeat: str) -> None:
+    """The repeat's hit reported the stored prompt's count: its own, as its miss would."""
+    p, eng = plugin(semantic={"enabled": False}), Counting()
+    await run(p, ctx(ASKED, n=2), eng)
+    asker = ctx(repeat, n=2, stream=stream,
+                stream_options={"include_usage": True} if stream else None)
+    own = counted(asker)
+    assert own != counted(ctx(ASKED))
+    reply, layer = await run(p, asker, eng)
+    assert layer == "exact" and eng.calls == 1
+    assert asker.prompt_tokens == own
+    assert usage_of(reply) == {"prompt_tokens": own, "completion_tokens": 9,
+                               "total_tokens": own + 9}
+
+
+async def test_a_verbatim_repeat_is_not_counted_again() -> None:
+    """The stored prompt's own repeat reports the stored count, without a render."""
+    p, eng = plugin(semantic={"enabled": False}), Counting()
+    await run(p, ctx(ASKED), eng)
+    renders: list[object] = []
+    terminal = p.services.terminal
+    count = terminal.count_prompt
+    terminal.count_prompt = lambda r: renders.append(r) or count(r)  # type: ignore[method-assign]
+    reply, layer = await run(p, ctx(ASKED), eng)
+    assert layer == "exact" and renders == []
+    assert usage_of(reply)["prompt_tokens"] == counted(ctx(ASKED))
+
+
+async def test_a_request_waiting_on_an_identical_generation_reports_its_own_tokens() -> None:
+    """A follower whose prompt the key reads as the leader's took the leader's count."""
+    p, eng = plugin(semantic={"enabled": False}), Counting()
+    eng.gate = asyncio.Event()
+    leader = asyncio.create_task(run(p, ctx(ASKED), eng))
+    follower_ctx = ctx(SAME_KEY[0])
+    follower = asyncio.create_task(run(p, follower_ctx, eng))
+    await eventually(lambda: l1_misses(p) == 2)  # both looked up: the follower waits
+    assert eng.calls == 1
+    eng.gate.set()
+    (lead_reply, lead_layer), (reply, layer) = await asyncio.gather(leader, follower)
+    assert (lead_layer, layer) == ("miss", "coalesced") and eng.calls == 1
+    assert usage_of(lead_reply)["prompt_tokens"] == counted(ctx(ASKED))
+    assert usage_of(reply)["prompt_tokens"] == counted(follower_ctx)
+    assert follower_ctx.prompt_tokens == counted(follower_ctx)
+
+
+async def test_a_completions_exact_hit_reports_its_own_prompts_tokens() -> None:
+    """A raw prompt is keyed with its invisible characters dropped: another prompt."""
+    def completion(prompt: str) -> RequestContext:
+        return RequestContext(route="completion", request=CompletionRequest.model_validate(
+            {"model": "m", "prompt": prompt, "temperature": 0}), principal=ctx().principal,
+            request_id="r", headers={})
+
+    async def answer(c: RequestContext) -> Reply:
+        n = counted(c)
+        return Completion({"id": "cmpl-1", "object": "text_completion", "created": 1,
+                           "model": "m", "choices": [{"index": 0, "text": " Sure.",
+                                                      "logprobs": None,
+                                                      "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": n, "completion_tokens": 2,
+                                     "total_tokens": n + 2}})
+
+    p = plugin(semantic={"enabled": False})
+    await run(p, completion("Reset my password"), answer)
+    asker = completion("Reset my pass\u200bword")
+    reply, layer = await run(p, asker, answer)
+    assert layer == "exact"
+    assert usage_of(reply)["prompt_tokens"] == counted(asker) != counted(
+        completion("Reset my password"))
