@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
+import orjson
 
 from proxy.embedding import Embedder
 from proxy.tasks import cancel_and_wait
@@ -66,6 +67,10 @@ PUBLISH_CHUNK = 2000
 MAX_PURGES_KEPT = 256
 #: Pending questions of its gate a lookup embeds with its own, at most (the newest).
 LOOKUP_BATCH = 16
+#: Purge filters whose names Redis did not take, kept for the next purge to retry (one
+#: Redis scan each when it does), at most: past it the oldest is dropped (its purge was
+#: answered 503: retried by its caller, it scans again).
+OWED_MAX = 16
 
 
 #: The events replicas send each other (`weir_cache_events_total`'s `op`).
@@ -112,9 +117,12 @@ class CacheStore:
         #: the floor before which every answer counts as purged.
         self._purges: deque[tuple[float, Match]] = deque()
         self._purge_floor = 0.0
-        #: Names a purge matched that Redis (or the event to the others) did not take:
-        #: the next purge tries them again (this replica no longer holds their prompts).
-        self._owed: tuple[list[str], list[tuple[str, str]]] = ([], [])
+        #: Names a purge matched that Redis (or the event to the others) did not take,
+        #: by that purge's filter: the next purge tries them again (this replica no
+        #: longer holds their prompts), each under its own filter, as its own purge: the
+        #: other replicas drop only what that filter's owner fields own, and another
+        #: tenant's purge counts none of them.
+        self._owed: dict[str, tuple[dict[str, Any], list[str], list[tuple[str, str]]]] = {}
         self.lazy = embedder is not None and cfg.semantic.lazy and cfg.semantic.guard
         #: Whether the gateway is idle (no request in flight): set by the plugin.
         self.idle: Callable[[], bool] = lambda: True
@@ -644,18 +652,41 @@ class CacheStore:
         keys, sem = self._purge_memory(match, f=f)
         counts: dict[str, Any] = {"l1": len(keys), "semantic_index": len(sem)}
         if self.redis is not None:
-            # Redis, and the other replicas' copies read from it, may hold no prompts:
-            # what this replica matched by content is named, so the purge reaches those
-            # copies too (a filter by owner alone matches them everywhere as it is).
-            owed_keys, owed_sem = self._owed
-            keys, sem = [*owed_keys, *keys], [*owed_sem, *sem]
-            got = await self.redis.purge(match, keys, sem)
-            named = _members(keys, sem) if "contains" in f or owed_keys or owed_sem else []
-            told = await self._publish({"op": "purge", "filter": f}, named)
-            self._owed = ([], []) if got is not None and told else (keys, sem)
-            counts["redis"] = (None if got is None or not told
-                               else {"exact": got[0], "semantic": got[1]})
+            # Names owed by earlier purges Redis did not take: each retried under its own
+            # filter (never this one's: its owner fields would not own them on the other
+            # replicas, and its counts would hold them); this filter's own go with it.
+            this = _filter_id(f)
+            mine = self._owed.pop(this, None)
+            for other in list(self._owed):
+                if (owed := self._owed.pop(other, None)) is not None:  # (unless a purge
+                    # running meanwhile took it)
+                    await self._purge_redis(owed[0], matcher(owed[0]), owed[1], owed[2], True)
+            if mine is not None:
+                keys, sem = [*mine[1], *keys], [*mine[2], *sem]
+            got = await self._purge_redis(f, match, keys, sem,
+                                          "contains" in f or mine is not None)
+            counts["redis"] = None if got is None else {"exact": got[0], "semantic": got[1]}
         return counts
+
+    async def _purge_redis(self, f: dict[str, Any], match: Match, keys: list[str],
+                           sem: list[tuple[str, str]], name: bool) -> tuple[int, int] | None:
+        """Purge filter `f` from Redis and, through an event, from the other replicas'
+        memory, with the names this replica matched (`name`: told to the others too).
+        Redis, and the other replicas' copies read from it, may hold no prompts: what
+        this replica matched by content is named, so the purge reaches those copies too
+        (a filter by owner alone matches them everywhere as it is). Redis's counts; None
+        when Redis or the event failed, and the names are then owed under `f` (at most
+        `OWED_MAX` filters: past it the oldest is dropped, its purge answered 503)."""
+        assert self.redis is not None
+        got = await self.redis.purge(match, keys, sem)
+        told = await self._publish({"op": "purge", "filter": f},
+                                   _members(keys, sem) if name else [])
+        if got is not None and told:
+            return got
+        self._owed[_filter_id(f)] = (f, keys, sem)
+        while len(self._owed) > OWED_MAX:
+            del self._owed[next(iter(self._owed))]
+        return None
 
     async def _publish(self, event: dict[str, Any], members: list[str]) -> bool:
         """`event` with `members`, in messages of a bounded size; whether Redis took them
@@ -729,6 +760,11 @@ class CacheStore:
         if self.redis is not None:
             body["redis"] = await self.redis.count(match)
         return body
+
+
+def _filter_id(f: dict[str, Any]) -> str:
+    """A purge filter as one string (its fields in order): a key of `CacheStore._owed`."""
+    return orjson.dumps(f, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _members(keys: list[str], sem: list[tuple[str, str]]) -> list[str]:

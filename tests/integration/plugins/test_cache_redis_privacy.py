@@ -10,7 +10,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from bench.redis_server import RedisServer
-from tests.conftest import MakeClient
+from proxy.app_state import STATE
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
 from tests.integration.plugins.test_cache_redis import ask, cache_of, replicas, settle
 from tests.waiting import eventually
 
@@ -236,4 +238,55 @@ async def test_a_purge_sent_while_a_replica_was_away_reaches_it_when_it_is_back(
     await settle(a, b)
     a_l1 = cache_of(a).store.l1  # the copy a read from Redis: dropped as b names it
     await eventually(lambda: a_l1 is not None and len(a_l1) == 0, timeout=2.0)
+    await assert_gone(redis_server.url, prefix, q, a, b)
+
+
+async def test_another_tenants_purge_neither_counts_nor_strands_a_failed_purges_names(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """Redis was away for tenant acme's content purge (503: neither the delete nor the
+    event to the other replicas went), so the names it matched were kept for the next
+    purge to retry; the next was tenant globex's own. It took acme's
+    names under globex's filter: globex's answer counted acme's entries as its own
+    purged ones, and the other replica, told to drop them under globex's filter (which
+    owns none of them), kept its copy read from Redis. acme's retry then found nothing
+    left to name, and that replica served the purged answer until it expired."""
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    keys = [{"key": "k-alice", "tenant": "acme", "user": "alice"},
+            {"key": "k-acme-admin", "tenant": "acme", "role": "admin"},
+            {"key": "k-globex-admin", "tenant": "globex", "role": "admin"}]
+    cfg = {"l2": {"enabled": True}, "store_truncated": True,
+           "redis": {"url": redis_server.url, "key_prefix": prefix, "timeout_s": 0.2}}
+    a, b = [await make_client(make_settings(
+        auth={"mode": "keys", "keys": keys}, embeddings={"enabled": True},
+        plugins=[{"name": "cache", "config": cfg}]), engine=FakeEngine()) for _ in range(2)]
+    for c in (a, b):
+        await c.app[STATE].embedder.ready()
+    q = "Tell me about project kestrel launch"
+    assert (await ask(a, q))[0] == "miss"  # a made it: a alone holds its prompt
+    assert (await ask(b, q))[0] == "exact"  # b's copy, read from Redis, has none
+    store = cache_of(a).store
+    assert store.redis is not None
+    real, real_publish = store.redis.purge, store.redis.publish
+
+    async def down(*args: Any, **kwargs: Any) -> None:
+        return None  # Redis was away for this one
+
+    async def not_sent(*args: Any, **kwargs: Any) -> bool:
+        return False
+
+    store.redis.purge = down  # type: ignore[method-assign]
+    store.redis.publish = not_sent  # type: ignore[method-assign]
+    acme = {"Authorization": "Bearer k-acme-admin"}
+    r = await a.post("/admin/cache/purge", json={"contains": "kestrel"}, headers=acme)
+    assert r.status == 503
+    store.redis.purge, store.redis.publish = real, real_publish  # type: ignore[method-assign]
+    r = await a.post("/admin/cache/purge", json={"contains": "osprey"},
+                     headers={"Authorization": "Bearer k-globex-admin"})
+    assert r.status == 200
+    assert (await r.json())["purged"]["redis"] == {"exact": 0, "semantic": 0}
+    r = await a.post("/admin/cache/purge", json={"contains": "kestrel"}, headers=acme)
+    assert r.status == 200
+    await settle(a, b)
+    b_l1 = cache_of(b).store.l1
+    await eventually(lambda: b_l1 is not None and len(b_l1) == 0, timeout=2.0)
     await assert_gone(redis_server.url, prefix, q, a, b)
