@@ -46,6 +46,9 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
   the best value", "cheaper than" / "faster than"): guard_degrees.py;
 - they name other units ("the monthly plan" / "the yearly plan", "5 GB" / "5 MB", "in
   euros" / "in dollars"): guard_units.py;
+- a place or a party is where a move goes on one side and where it comes from on the
+  other ("deposit money into my account" / "get money from my account", "collect
+  payment from a customer" / "make a payment to a customer"): guard_ends.py;
 - they ask about all of a thing and some of it ("all my saved cards" / "one saved
   card"): guard_quantifiers.py;
 - they ask a permission, an obligation or an advice, each of the others ("Can I opt
@@ -75,6 +78,7 @@ from dataclasses import dataclass
 from .guard_actions import ACTION, actions_differ
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
+from .guard_ends import ends, ends_differ
 from .guard_modals import modals, modals_differ
 from .guard_native import english_frame, plain, small_words
 from .guard_quantifiers import quantifiers, quantifiers_differ
@@ -507,6 +511,7 @@ class Signature:
     quantifiers: frozenset[str] = frozenset()  # "all", "some" (guard_quantifiers)
     modals: tuple[str, ...] = ()  # "can", "must", "should" opening a clause (guard_modals)
     native: frozenset[str] = frozenset()  # words that say something, not English (`_native`)
+    ends: tuple[tuple[str, str], ...] = ()  # where a move goes or comes from (guard_ends)
 
 
 def signature(text: str) -> Signature:
@@ -546,6 +551,7 @@ def signature(text: str) -> Signature:
         units=units(lowered),
         quantifiers=quantifiers(lowered),
         modals=modals(lowered),
+        ends=ends(low),
     )
 
 
@@ -1278,6 +1284,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not quantifiers_differ(a.quantifiers, b.quantifiers)
             and not modals_differ(a.modals, b.modals)
             and not (a.route and b.route and a.route != b.route)
+            and not ends_differ(a.ends, b.ends)
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)
             and not _focus_differs(a.focus, b.focus)
