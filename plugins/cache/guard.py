@@ -39,6 +39,8 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
 - a small word that asks another thing is swapped for another of its kind: a question
   word ("How do bees ..." / "Why ..."), a modal ("Should I ..." / "Can I ..."), "and" /
   "or", "my" / "your"; or the persons swap roles ("Do I owe you money?" / "Do you owe me money?");
+- the asker does the thing in a clause on one side and a third party on the other ("What
+  happens if I freeze my account?" / "... if my bank freezes my account?"): guard_roles;
 - a third party owns something on one side, or the owners differ ("delete my account"
   / "delete a user's account", "Can my boss read my chats?" / "Can I read my boss's
   chats?"): guard_roles.py;
@@ -84,7 +86,15 @@ from .guard_ends import ends, ends_differ
 from .guard_modals import modals, modals_differ
 from .guard_native import english_frame, plain, small_words
 from .guard_quantifiers import quantifiers, quantifiers_differ
-from .guard_roles import doer, owners, owners_differ, parties, parties_differ
+from .guard_roles import (
+    agents,
+    agents_differ,
+    doer,
+    owners,
+    owners_differ,
+    parties,
+    parties_differ,
+)
 from .guard_units import CURRENCY_CODE, CURRENCY_CODES, relative_differs, units, units_differ
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
@@ -514,6 +524,7 @@ class Signature:
     modals: tuple[str, ...] = ()  # "can", "must", "should" opening a clause (guard_modals)
     native: frozenset[str] = frozenset()  # words that say something, not English (`_native`)
     ends: tuple[tuple[str, str], ...] = ()  # where a move goes or comes from (guard_ends)
+    agents: tuple[str, ...] = ()  # who does the thing in each "if" / "when" clause
 
 
 def signature(text: str) -> Signature:
@@ -554,6 +565,7 @@ def signature(text: str) -> Signature:
         quantifiers=quantifiers(lowered),
         modals=modals(lowered),
         ends=ends(low),
+        agents=agents(lowered),
     )
 
 
@@ -1209,6 +1221,7 @@ def _reordered(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return ca != cb and len(ca) == len(cb) and sorted(ca) == sorted(cb)
 
 
+
 def _content(tokens: tuple[str, ...]) -> list[str]:
     """The words that say something, a noun in either number."""
     return [_singular(t) for t in tokens if t not in _FILLER]
@@ -1298,6 +1311,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not _roles_swapped(ta, tb)
             and not owners_differ(a.owners, b.owners)
             and {a.doer, b.doer} != {"self", "other"}
+            and not agents_differ(a.agents, b.agents)
             and not parties_differ(parties(ta), parties(tb))
             and not degrees_differ(a.degrees, b.degrees)
             and not units_differ(a.units, b.units)

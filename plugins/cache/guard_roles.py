@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import re
 
+from .guard_actions import ACTION
+
 _FIRST = frozenset(("my", "mine", "our", "ours"))
 _SECOND = frozenset(("your", "yours"))
 _THIRD = frozenset(("his", "her", "their", "theirs", "whose"))
@@ -78,7 +80,70 @@ def doer(lowered: str) -> str:
     m = _DOER.match(lowered)
     if m is None:
         return ""
-    return "self" if (m.group(1) or m.group(2)) in _ASKER else "other"
+    return _kind(m.group(1) or m.group(2))
+
+
+def _kind(subject: str) -> str:
+    return "self" if subject in _ASKER else "other"
+
+
+# A "be" or a "get" and what the subject undergoes ("be cancelled", "is frozen", "got
+# locked"), and who does it ("by the seller"); each part bounded.
+# After a "get", only a participle ("get cancelled", "got paid"; not "get a refund").
+_PASSIVE = re.compile(r"\s++(?:not\s++)?(?:(?:be|been|being|is|are|was|were|am)\s++"
+                      r"(?:[a-z]+ly\s++)?[a-z'-]++|(?:get|gets|got|gotten|getting)\s++"
+                      r"(?:[a-z]+ly\s++)?(?:[a-z]+(?:ed|en)|paid|sent|lost|stuck|reset|set|"
+                      r"shut|cut|hit|sold|bought|kept|left|held|told|made)\b)(?:\s++by\s++"
+                      + _SUBJECT + r")?")
+#: A clause that says who does a thing, the question's condition or its time ("What
+#: happens if my bank freezes my account?", "... after I close my account?"): its
+#: opening word, its subject, then an auxiliary (and "not") and the word after it.
+_CLAUSE = re.compile(r"\b(?:if|when|whenever|once|unless|after|before|until|because|"
+                     r"while)\s++" + _SUBJECT + r"(?=\s++(?:(do|does|did|can|could|will|"
+                     r"would|should|may|might|must|has|have|had)(?:n't)?\s++(?:not\s++)?)?"
+                     r"([a-z'-]++))")
+_TO_BE = frozenset("be been being is are was were am get gets got gotten getting".split())
+#: Subjects that do what follows them whatever the word is ("if I end", "once they
+#: close"); after a noun, only a word that reads as a verb does ("if the landlord ends",
+#: "before the trial ended"; not "before the renewal date").
+_PRONOUNS = frozenset("i we one someone somebody anyone anybody they he she".split())
+
+
+def agents(lowered: str) -> tuple[str, ...]:
+    """Who does the thing in each clause of a condition or a time, in order: "self",
+    "other", or "passive" where the subject undergoes it and no "by" names the doer ("if
+    my account is frozen"; "if my flight is cancelled by the airline": "other")."""
+    if not any(w in lowered for w in _CLAUSE_WORDS):
+        return ()
+    out = []
+    for m in _CLAUSE.finditer(lowered):
+        subject, aux, verb = m.group(1), m.group(2), m.group(3)
+        passive = _PASSIVE.match(lowered, m.start(3) - 1) if verb in _TO_BE else None
+        if passive is not None:
+            out.append(_kind(passive.group(1)) if passive.group(1) else "passive")
+        elif aux or subject in _PRONOUNS or _verb_like(verb):
+            out.append(_kind(subject))
+    return tuple(out)
+
+
+_CLAUSE_WORDS = ("if ", "when", "once ", "unless ", "after ", "before ", "until ",
+                 "because ", "while ")
+
+
+def _verb_like(word: str) -> bool:
+    """A word after a noun that reads as its verb: a third person's "-s", a past's "-ed",
+    or an action (guard_actions)."""
+    return (len(word) > 3 and word.endswith(("s", "ed")) and not word.endswith("ss")) or (
+        word in ACTION)
+
+
+def agents_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Both name who does the thing in their clauses, and not the same doers: the asker
+    on one side, a third party on the other ("if I freeze my account" / "if my bank
+    freezes my account"). A clause whose subject undergoes the thing names none."""
+    a = tuple(x for x in a if x != "passive")
+    b = tuple(x for x in b if x != "passive")
+    return bool(a and b and a != b)
 
 
 def owners_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
