@@ -1218,8 +1218,64 @@ def _reordered(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     miss.)"""
     ca = [_singular(t) for t in a if t not in _FILLER]
     cb = [_singular(t) for t in b if t not in _FILLER]
-    return ca != cb and len(ca) == len(cb) and sorted(ca) == sorted(cb)
+    return ca != cb and len(ca) == len(cb) and sorted(ca) == sorted(cb) and not (
+        _moved_verb(a, ca, cb) or _moved_verb(b, cb, ca))
 
+
+_TO_BE = frozenset("be been being is are was were get gets got gotten".split())
+
+
+def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...]) -> bool:
+    """The asker does the thing on one side and a third party on the other
+    (guard_roles.doer), unless one side says it in the passive, its doer unsaid, and is
+    the other in other words (`_voice_only`: "Can my order be cancelled?" / "Can I
+    cancel my order?")."""
+    kinds = {a.removeprefix("passive-"), b.removeprefix("passive-")}
+    if kinds != {"self", "other"}:
+        return False
+    return not ((a.startswith("passive-") or b.startswith("passive-")) and _voice_only(ta, tb))
+
+
+def _voice_only(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """One side is the other in the passive, its doer unsaid: the same words that say
+    something, the participle as a form of the other's verb ("Can my order be
+    cancelled?" / "Can I cancel my order?", "if my account is frozen" / "if I freeze my
+    account"); not another thing ("Can my subscription be paused?" / "Can I pause my
+    membership?": the one-slot check does not see a slot moved by the voice)."""
+    ca, cb = _content(a), _content(b)
+    if len(ca) != len(cb):
+        return False
+    rest = list(cb)
+    for x in ca:
+        y = next((y for y in rest if y == x or _verb_forms(x, y)), None)
+        if y is None:
+            return False
+        rest.remove(y)
+    return True
+
+
+def _verb_forms(x: str, y: str) -> bool:
+    """Two forms of one verb: a regular inflection ("cancel" / "cancelled", "pause" /
+    "paused", "skip" / "skipped") or an irregular participle ("frozen", "paid")."""
+    x, y = _PARTICIPLES.get(x, x), _PARTICIPLES.get(y, y)
+    return x == y or y in _inflections(x) or x in _inflections(y)
+
+
+_PARTICIPLES = {"frozen": "freeze", "paid": "pay", "sent": "send", "sold": "sell",
+                "bought": "buy", "kept": "keep", "held": "hold", "made": "make",
+                "told": "tell", "lost": "lose", "given": "give", "taken": "take",
+                "written": "write", "stolen": "steal", "chosen": "choose", "shown": "show",
+                "seen": "see", "found": "find", "left": "leave"}
+
+
+def _moved_verb(a: tuple[str, ...], ca: list[str], cb: list[str]) -> bool:
+    """`a` says in the passive what the other side says in the active: the only word
+    moved is the verb, after a "be" or a "get" in `a` ("Can my password be reset?" /
+    "Can I reset my password?")."""
+    moved = [_singular(a[i]) for i in range(1, len(a))
+             if a[i - 1] in _TO_BE and a[i] not in _FILLER]
+    return len(moved) == 1 and moved[0] in cb and [t for t in ca if t != moved[0]] == [
+        t for t in cb if t != moved[0]]
 
 
 def _content(tokens: tuple[str, ...]) -> list[str]:
@@ -1310,7 +1366,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not (a.counts and b.counts and a.counts != b.counts)
             and not _roles_swapped(ta, tb)
             and not owners_differ(a.owners, b.owners)
-            and {a.doer, b.doer} != {"self", "other"}
+            and not _doers_differ(a.doer, b.doer, ta, tb)
             and not agents_differ(a.agents, b.agents)
             and not parties_differ(parties(ta), parties(tb))
             and not degrees_differ(a.degrees, b.degrees)

@@ -76,11 +76,20 @@ _ASKER = frozenset(("i", "we", "one"))
 
 def doer(lowered: str) -> str:
     """"self" where the asker does the thing, "other" where a third party does, "" where
-    no auxiliary and subject open the question or its subject is "you"."""
+    no auxiliary and subject open the question or its subject is "you"; where the
+    subject undergoes the thing ("Can my order be cancelled?"), the doer the "by" after
+    it names, or "passive-" and the subject's where no "by" names one ("Can my order be
+    cancelled?": "passive-other"; guard._voice_only compares the words)."""
     m = _DOER.match(lowered)
     if m is None:
         return ""
-    return _kind(m.group(1) or m.group(2))
+    subject = m.group(1) or m.group(2)
+    if m.group(1):
+        passive = _PASSIVE.match(lowered, m.end())
+        if passive is not None:
+            return _kind(passive.group(1)) if passive.group(1) else "passive-" + _kind(
+                subject)
+    return _kind(subject)
 
 
 def _kind(subject: str) -> str:
