@@ -84,7 +84,7 @@ from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_ends import ends, ends_differ
 from .guard_modals import modals, modals_differ
-from .guard_native import english_frame, plain, small_words
+from .guard_native import english_frame, joined, plain, small_words
 from .guard_quantifiers import quantifiers, quantifiers_differ
 from .guard_roles import (
     agents,
@@ -528,6 +528,9 @@ class Signature:
 
 
 def signature(text: str) -> Signature:
+    language = _language(text)
+    if language in _SPLIT_VERBS:  # "Wie lade ich die App herunter?": one verb
+        text = joined(text, language)
     lowered = text.lower()
     low = _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
     if "back" in low:
@@ -541,7 +544,6 @@ def signature(text: str) -> Signature:
         instructions, focus, seen = _INSTRUCTIONS, _FOCUS, text
     words = _WORD.findall(low)
     route = _FROM_TO.search(low)
-    language = _language(text)
     return Signature(
         numbers=_numbers(text),
         negations=len(_NEGATION.findall(text)),
@@ -567,6 +569,10 @@ def signature(text: str) -> Signature:
         ends=ends(low),
         agents=agents(lowered),
     )
+
+
+#: Languages whose verbs split round their object, a particle last (guard_native.joined).
+_SPLIT_VERBS = frozenset(("de", "nl"))
 
 
 def _names(text: str) -> tuple[str, ...]:

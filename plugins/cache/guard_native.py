@@ -129,3 +129,44 @@ def plain(text: str) -> str:
 
 
 _PLAIN_SMALL = {lang: frozenset(map(plain, words)) for lang, words in _SMALL.items()}
+
+
+#: The particles a German or a Dutch verb leaves at the end when it is split ("Wie lade
+#: ich die App herunter?": "herunterladen"; "Hoe meld ik me af?": "afmelden").
+_PARTICLES = {
+    "de": frozenset("ab an auf aus bei ein fest her herunter hin hinunter hoch los mit nach "
+                    "vor weg zu zurück zusammen um durch vorbei weiter heraus hinaus herein "
+                    "hinein rein raus runter rauf".split()),
+    "nl": frozenset("af aan op uit in mee terug door weg neer over toe bij na om vast los "
+                    "binnen buiten".split()),
+}
+#: The question words before a split verb ("Wie lade ...", "Hoe meld ...").
+_ASKS = {"de": frozenset("wie wo wann warum wieso weshalb was wer woher wohin".split()),
+         "nl": frozenset("hoe waar wanneer waarom wat wie".split())}
+#: Verbs that take an infinitive, not a particle, at the end ("Wie kann ich ... ab?" is
+#: no German).
+_AUXILIARY = frozenset("kann kannst können muss musst müssen soll sollte darf dürfen will "
+                       "wollen möchte möchten ist sind bin hat habe haben wird werden kan "
+                       "kun kunnen moet moeten wil zal mag heb heeft ben".split())
+_PARTICLE_END = re.compile(r"\s+([^\W\d_]+)(\W*)$")
+
+
+def joined(text: str, language: str) -> str:
+    """A German or Dutch question with its verb split round its object as one word, its
+    particle before the verb ("Wie lade ich die App herunter?" as "Wie herunterlade ich
+    die App?"): the word the other side's infinitive ("herunterladen") is a form of, so
+    guard._native_differs reads them as one verb. The verb is the question's first word,
+    or its second after a question word; one line of text only."""
+    particles = _PARTICLES.get(language)
+    if particles is None or "\n" in text:
+        return text
+    end = _PARTICLE_END.search(text, max(0, len(text) - 40))
+    if end is None or end.group(1).lower() not in particles:
+        return text
+    words = text[:end.start()].split(" ")
+    verb = 1 if len(words) > 1 and words[0].lower().lstrip("¿¡") in _ASKS[language] else 0
+    if len(words) < verb + 2 or not words[verb].isalpha() or (
+            words[verb].lower() in _AUXILIARY):
+        return text
+    words[verb] = end.group(1) + words[verb].lower()
+    return " ".join(words) + end.group(2)
