@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -151,6 +152,17 @@ _NEGATION = re.compile(
     r"\b(?:ne|jamais|aucune?|nicht|kein(?:e[mnrs]?)?|nie|niemals|não|nunca|nenhuma?|niet|"
     r"geen|nooit|nada|ning[uú]n[oa]?|nessun[oa]?)\b|\bn'(?=\w)|"
     r"不|没|无|别|非", re.IGNORECASE)
+#: `_NEGATION` without IGNORECASE, for ASCII text lowered first (the two agree there;
+#: about twice as fast).
+_NEGATION_ASCII = re.compile(_NEGATION.pattern)
+
+
+def _negations(text: str) -> int:
+    if text.isascii():
+        return len(_NEGATION_ASCII.findall(text.lower()))
+    return len(_NEGATION.findall(text))
+
+
 #: A month's or a weekday's short name as its full one ("Dec 25" / "December 25th";
 #: not "Mar", "Sat", "Sun", "Wed": other words too), in the names and in the words.
 _ABBREVIATED = {
@@ -226,6 +238,10 @@ _PHRASES.update({f"{form} {rest}": to for phrase, to in list(_PHRASES.items())
 # One pass for every phrase (longest first); no replacement makes another phrase.
 _PHRASE = re.compile(r"\b(?:" + "|".join(
     re.escape(p) for p in sorted(_PHRASES, key=len, reverse=True)) + r")\b")
+#: Each phrase's two words: a phrase's match is two words in a row of the question's
+#: runs of letters.
+_PHRASE_PAIRS = frozenset(tuple(p.split(" ")) for p in _PHRASES)
+assert all(len(pair) == 2 and all(map(str.isalpha, pair)) for pair in _PHRASE_PAIRS)
 #: The phrasal verbs among them ("turn on", "logged out"), read as their one word in the
 #: words the one-slot check compares too (`_tokens`): "How do I turn on two-factor
 #: authentication?" / "How do I enable ...?" is one question. (Not "give me": who asks is
@@ -449,6 +465,11 @@ _FOCUS = {
 # and the long s match "i" and "s").
 _INSTRUCTIONS_ASCII = {k: re.compile(p.pattern) for k, p in _INSTRUCTIONS.items()}
 _FOCUS_ASCII = {k: re.compile(p.pattern) for k, p in _FOCUS.items()}
+#: Every kind's pattern in one (each set's, with its flags): where it finds nothing, no
+#: kind's does (`_instructions`).
+_ANY_INSTRUCTION = re.compile(
+    "|".join(f"(?:{p.pattern})" for p in _INSTRUCTIONS.values()), re.IGNORECASE)
+_ANY_INSTRUCTION_ASCII = re.compile(_ANY_INSTRUCTION.pattern)
 _ONE_SIDED_FOCUS = frozenset({"time", "cost"})  # "where"/"why" often just rephrase "how"
 _TOKEN = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _INDENT = re.compile(r"\n([ \t]+)(?=\S)")
@@ -532,7 +553,11 @@ def signature(text: str) -> Signature:
     if language in _SPLIT_VERBS:  # "Wie lade ich die App herunter?": one verb
         text = joined(text, language)
     lowered = text.lower()
-    low = _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
+    letters = _LETTERS.findall(lowered)
+    if any(pair in _PHRASE_PAIRS for pair in itertools.pairwise(letters)):
+        low = _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
+    else:  # (most questions: no two words in a row are a phrase's)
+        low = lowered
     if "back" in low:
         low = _GOT_BACK.sub(r"restore\1", low)
     low = _RECEIVING.sub("receive", low)
@@ -546,7 +571,7 @@ def signature(text: str) -> Signature:
     route = _FROM_TO.search(low)
     return Signature(
         numbers=_numbers(text),
-        negations=len(_NEGATION.findall(text)),
+        negations=_negations(text),
         names=_names(text),
         directions=tuple(d for w in words if w in _DIRECTION for d in _DIRECTION[w]),
         words=frozenset(words),
@@ -616,6 +641,12 @@ def _same_ask(m: re.Match[str]) -> str:
     return DEGREE_SYNONYMS[re.sub(r"\s+", " ", said)]
 
 
+_DIGIT = re.compile(r"\d")
+_LETTERS = re.compile(r"[a-z]+")
+#: The first words of `_VERB_PHRASE`'s phrases: a question holding none has none of them.
+_VERB_FIRST = frozenset(m.split()[0] for m in _PHRASES if _VERB_PHRASE.fullmatch(m))
+
+
 def _tokens(lowered: str) -> tuple[str, ...]:
     """The question's words, numbers spelled in words as their digits (`_spelled`), a
     negated contraction with its apostrophe (`_NO_APOSTROPHE`), a month's or a
@@ -635,14 +666,16 @@ def _tokens(lowered: str) -> tuple[str, ...]:
                                      lowered)
     if _CURRENCY_HINT.search(lowered):  # "in USD", "in US dollars" as "in dollars"
         lowered = CURRENCY_CODE.sub(lambda m: CURRENCY_CODES.get(m.group(0), ""), lowered)
-    lowered = _ORDINAL.sub("", _SHORT_NAME.sub(lambda m: _ABBREVIATED[m.group(1)], lowered))
-    lowered = _DAY_MONTH.sub(r"\2 \1", lowered)
+    lowered = _SHORT_NAME.sub(lambda m: _ABBREVIATED[m.group(1)], lowered)
+    if _DIGIT.search(lowered):  # (an ordinal and a day both follow a digit)
+        lowered = _DAY_MONTH.sub(r"\2 \1", _ORDINAL.sub("", lowered))
     if "nt" in lowered:
         lowered = _NO_APOSTROPHE.sub(r"\1n't", lowered)
     if " is" in lowered or " are" in lowered:
         lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
     lowered = _SAME_ASK.sub(_same_ask, lowered)
-    lowered = _VERB_PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
+    if not _VERB_FIRST.isdisjoint(_LETTERS.findall(lowered)):
+        lowered = _VERB_PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
     if "back" in lowered:
         lowered = _GOT_BACK.sub(r"restore\1", lowered)
     if "get" in lowered or "got" in lowered:
@@ -655,6 +688,8 @@ def _symbols(text: str) -> tuple[str, ...]:
     model reads as one unknown token: "What does the 👍 emoji mean?" / "... 👎 ...",
     "∀" / "∃", "→" / "←"; currency signs aside, read with their numbers), and operators
     and brackets outside numbers' arithmetic (`_CODE_SYMBOLS`; `_numbers` reads those)."""
+    if text.isascii() and _SYMBOL_CHARS.isdisjoint(text):
+        return ()  # (most questions: each operator and bracket holds one of these)
     if not text.isascii():
         text = _SIGN_OFF.sub(r"\1", text.translate(_SAME_SIGN))
     if "*" in text:
@@ -669,6 +704,8 @@ def _symbols(text: str) -> tuple[str, ...]:
 
 
 _SIGNS = frozenset({"So", "Sm", "Sk"})
+#: The characters every match of `_CODE_SYMBOLS` holds one of.
+_SYMBOL_CHARS = frozenset("=!<>*&|-:+/%^[]{}")
 _PERSON = {**dict.fromkeys(("i", "me", "my", "mine", "we", "us", "our", "ours"), "1"),
            **dict.fromkeys(("you", "your", "yours"), "2")}
 _SWAPPED = {"1": "2", "2": "1"}
@@ -805,11 +842,17 @@ _COUNT_WORD = re.compile(
         + [w for w in _COUNTS if w != "one"]) + r")(?![\w-])", re.IGNORECASE)
 
 
+_COUNT_WORD_ASCII = re.compile(_COUNT_WORD.pattern)
+
+
 def _counts(text: str) -> tuple[str, ...]:
     """Counts in words, in order ("one extra user" / "two extra users", "a single
     monitor" / "dual monitors"): compared only where both questions hold some (an idiom,
     "in one place", "a one year plan", has its paraphrase without one)."""
-    return tuple(_COUNTS.get(m.group(1).lower(), m.group(1)) for m in _COUNT_WORD.finditer(text))
+    pattern = _COUNT_WORD
+    if text.isascii():  # (lowered, without IGNORECASE: the same matches, faster)
+        text, pattern = text.lower(), _COUNT_WORD_ASCII
+    return tuple(_COUNTS.get(m.group(1).lower(), m.group(1)) for m in pattern.finditer(text))
 
 
 def _number(n: str) -> str:
@@ -893,6 +936,9 @@ def _numbers(text: str) -> tuple[str, ...]:
 def _instructions(patterns: dict[str, re.Pattern[str]], seen: str) -> frozenset[str]:
     """Each instruction's kind, and for the kinds in `_PHRASED` what it says, in a
     canonical form ("length:1 sentence", "audience:5 year old", "language:french")."""
+    if not (_ANY_INSTRUCTION_ASCII if patterns is _INSTRUCTIONS_ASCII
+            else _ANY_INSTRUCTION).search(seen):
+        return frozenset()  # (most questions: one pass, not one a kind)
     out = set()
     for kind, p in patterns.items():
         if kind not in _PHRASED:

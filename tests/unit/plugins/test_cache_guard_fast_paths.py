@@ -1,0 +1,72 @@
+"""The guard's signature skips passes that cannot match (a cheap look first) and reads
+ASCII text lowered without IGNORECASE: each shortcut gives what the full pass gives, on
+every labelled question and its upper-case and symbol variants."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from plugins.cache import guard
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+@cache
+def _questions() -> list[str]:
+    out: set[str] = set()
+    for path in sorted(DATA.glob("semantic_*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        near = data["near_miss"]
+        rows = [p for group in (near.values() if isinstance(near, dict) else [near])
+                for p in group]
+        out |= {q for pair in [*data["paraphrase"], *rows] for q in pair}
+    base = sorted(out)
+    return base + [q.upper() for q in base] + [q + " x = a[0] + b" for q in base[:200]] + [
+        "Turn On the lights (turn on)", "DON'T cancel", "Dec 25th", "TWO bags", "ſ K İ not"]
+
+
+def test_negations_read_ascii_lowered_as_ignorecase_reads_the_text() -> None:
+    for q in _questions():
+        assert guard._negations(q) == len(guard._NEGATION.findall(q)), q
+
+
+def test_counts_read_ascii_lowered_as_ignorecase_reads_the_text() -> None:
+    for q in _questions():
+        assert guard._counts(q) == tuple(
+            guard._COUNTS.get(m.group(1).lower(), m.group(1))
+            for m in guard._COUNT_WORD.finditer(q)), q
+
+
+def test_a_question_without_an_operator_character_has_no_code_symbol() -> None:
+    for q in _questions():
+        if q.isascii() and guard._SYMBOL_CHARS.isdisjoint(q):
+            assert not guard._CODE_SYMBOLS.findall(q), q
+
+
+@pytest.mark.parametrize("ascii_only", [True, False])
+def test_no_instruction_found_at_once_is_none_found_by_kind(ascii_only: bool) -> None:
+    kinds = guard._INSTRUCTIONS_ASCII if ascii_only else guard._INSTRUCTIONS
+    for q in _questions():
+        seen = q.lower() if ascii_only else q
+        if not (guard._ANY_INSTRUCTION_ASCII if ascii_only
+                else guard._ANY_INSTRUCTION).search(seen):
+            assert not any(p.search(seen) for p in kinds.values()), q
+
+
+def test_no_two_words_of_a_phrase_in_a_row_is_no_phrase() -> None:
+    for q in _questions():
+        low = q.lower()
+        words = guard._LETTERS.findall(low)
+        pairs = set(itertools.pairwise(words))
+        if not pairs & guard._PHRASE_PAIRS:
+            assert not guard._PHRASE.search(low), q
+        if guard._VERB_FIRST.isdisjoint(words):
+            assert not guard._VERB_PHRASE.search(low), q
+        if not re.search(r"\d", low):
+            assert not guard._ORDINAL.search(low) and not guard._DAY_MONTH.search(low), q
