@@ -257,9 +257,28 @@ def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
             args: Any = loads_finite(c.function.arguments)
         except (ValueError, RecursionError):  # not JSON (nor finite), or nested too deep
             args = c.function.arguments
+        else:
+            if _ESCAPED_SURROGATE.search(c.function.arguments) and not _encodes(args):
+                # JSON escaping a lone surrogate ("\ud800"), which a body may not hold
+                # and no tokenizer reads: shown as sent, as other text that is no JSON
+                args = c.function.arguments
         out.append({"id": c.id, "type": "function",
                     "function": {"name": c.function.name, "arguments": args}})
     return out
+
+
+#: A JSON escape of a UTF-16 surrogate (`\ud800`): where arguments hold none, their
+#: decoded strings are whole Unicode, and `_encodes` need not walk them.
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _encodes(value: Any) -> bool:
+    """Whether decoded JSON holds no lone surrogate (every string encodes as UTF-8)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):  # (nested past the encoder: as sent too)
+        return False
+    return True
 
 
 def call_dict(call: ParsedToolCall) -> dict[str, Any]:

@@ -85,6 +85,37 @@ def test_call_arguments_that_are_not_finite_json_are_shown_as_sent(arguments: st
     assert call["function"]["arguments"] == arguments
 
 
+@pytest.mark.parametrize("arguments", ['{"t": "\\ud800"}', '["\\uDFFF x"]',
+                                       '{"\\udbff": 1}'])
+def test_call_arguments_escaping_a_lone_surrogate_are_shown_as_sent(arguments: str) -> None:
+    """JSON may escape a lone surrogate (`"\\ud800"`) where a body may not hold one: read
+    as an object, the template wrote it raw and the tokenizer failed on it (a 400
+    "the chat template rejected the messages: TextEncodeInput must be ..."). The model is
+    shown the text as it was sent, and every string handed on encodes as UTF-8."""
+    call_ = {"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": arguments}}
+    req = chat(tools=[WEATHER], messages=[
+        *MSG, {"role": "assistant", "content": None, "tool_calls": [call_]},
+        {"role": "tool", "tool_call_id": "c1", "content": "9C"}])
+    [call] = T.template_calls(req.messages[1].tool_calls or [])
+    assert call["function"]["arguments"] == arguments
+    json.dumps(call, ensure_ascii=False).encode("utf-8")
+
+
+def test_call_arguments_with_paired_or_escaped_backslash_u_are_read_as_json() -> None:
+    """A surrogate pair (an emoji) and an escaped backslash before `ud800` are no lone
+    surrogates: the arguments are read as an object, as any others."""
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "get_weather",
+                                                               "arguments": a}}
+             for i, a in enumerate(['{"t": "\\ud83d\\ude00"}', '{"t": "\\\\ud800"}'])]
+    req = chat(tools=[WEATHER], messages=[
+        *MSG, {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c0", "content": "9C"},
+        {"role": "tool", "tool_call_id": "c1", "content": "9C"}])
+    got = [c["function"]["arguments"] for c in T.template_calls(req.messages[1].tool_calls or [])]
+    assert got == [{"t": "\U0001f600"}, {"t": "\\ud800"}]
+
+
 # ------------------------------------------------------------------- forced calls
 
 
