@@ -130,13 +130,29 @@ def _messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
-def _hash(obj: Any) -> str:
+def _dumps(obj: Any, sort: bool = True) -> bytes:
     try:
-        data = orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+        return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS if sort else None)
     except TypeError:  # what orjson refuses: an integer past 64 bits, a lone surrogate
-        data = json.dumps(obj, sort_keys=True, separators=(",", ":"),
+        return json.dumps(obj, sort_keys=sort, separators=(",", ":"),
                           ensure_ascii=False).encode("utf-8", "surrogatepass")
-    return hashlib.sha256(data).hexdigest()
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(_dumps(obj)).hexdigest()
+
+
+#: Parameters holding JSON schemas, whose objects' key order is part of the answer.
+_SCHEMAS = ("tools", "response_format")
+
+
+def _schemas_in_order(params: dict[str, Any]) -> str | None:
+    """The tools' and the response format's JSON with its keys in the order the client
+    wrote them (`_hash` sorts every object's keys): a schema's properties are generated
+    in its order (a forced call's arguments, a structured answer, as OpenAI documents),
+    and the model reads the schema as written, so another order is another request."""
+    held = {k: params[k] for k in _SCHEMAS if k in params}
+    return _dumps(held, sort=False).decode("utf-8", "surrogatepass") if held else None
 
 
 def key_request(ctx: RequestContext) -> ChatCompletionRequest | CompletionRequest:
@@ -147,8 +163,11 @@ def exact_key(ctx: RequestContext, scope: str, renders: str | None = None) -> st
     """`renders`: how the engine renders a chat (`Terminal.render_digest`; None where it
     cannot be told, and the key is what it was): a chat's prompt is its template's."""
     req = key_request(ctx)
+    params = _params(req)
     body: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "route": ctx.route,
-                            "model": req.model, "params": _params(req)}
+                            "model": req.model, "params": params}
+    if (in_order := _schemas_in_order(params)) is not None:
+        body["schemas_in_order"] = in_order
     if (extra := _extras(req)) is not None:
         body["extra"] = extra
     if isinstance(req, ChatCompletionRequest):
@@ -188,8 +207,11 @@ def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None,
     if "parts" in msgs[-1] or "extra" in msgs[-1]:
         return None  # the question is more than its text: only an exact repeat is one
     question = msgs[-1]["content"]
+    params = _params(req)
     part: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "model": req.model,
-                            "context": msgs[:-1], "params": _params(req)}
+                            "context": msgs[:-1], "params": params}
+    if (in_order := _schemas_in_order(params)) is not None:
+        part["schemas_in_order"] = in_order
     if renders is not None:
         part["renders"] = renders
     if msgs[-1]["name"] is not None:  # who asks is part of the prompt the model reads

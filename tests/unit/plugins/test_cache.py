@@ -213,6 +213,35 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     assert exact_key(ctx(principal=BOB), "user") != exact_key(ctx(), "user")
 
 
+def test_a_schema_s_key_order_is_keyed() -> None:
+    """A tool's or a response format's schema whose properties come in another order is
+    another request: a forced call's or a structured answer's JSON follows its schema's
+    order (as OpenAI documents), and the model reads the schema as written. The key
+    sorted every object's keys, so an answer made for `{city, unit}` was replayed, its
+    keys in that order, to a request whose schema says `{unit, city}`."""
+    city, unit = {"type": "string"}, {"type": "string", "enum": ["c", "f"]}
+    ab = {"type": "object", "properties": {"city": city, "unit": unit}}
+    ba = {"type": "object", "properties": {"unit": unit, "city": city}}
+    ab_outer = {"properties": {"city": city, "unit": unit}, "type": "object"}
+
+    def tools(params: dict[str, Any]) -> RequestContext:
+        return ctx(tools=[{"type": "function", "function": {"name": "w", "parameters": params}}],
+                   tool_choice={"type": "function", "function": {"name": "w"}})
+
+    def fmt(schema: dict[str, Any]) -> RequestContext:
+        return ctx("Weather in Nice? JSON please.", response_format={
+            "type": "json_schema", "json_schema": {"name": "w", "schema": schema}})
+
+    for make in (tools, fmt):
+        keys = [exact_key(make(s), "tenant") for s in (ab, ba, ab_outer)]
+        assert len(set(keys)) == 3, make
+        assert exact_key(make(ab), "tenant") == keys[0]  # (the same order: the same key)
+    from plugins.cache.keys import semantic_parts
+    parts = [semantic_parts(fmt(s), "tenant") for s in (ab, ba)]
+    assert parts[0] is not None and parts[1] is not None
+    assert parts[0][0] != parts[1][0]
+
+
 def test_an_assistant_refusal_in_the_history_is_keyed() -> None:
     """Two conversations whose earlier assistant turn refused in other words are two
     prompts (the refusal is that turn's text), and a refusal is not an empty turn."""
