@@ -258,7 +258,11 @@ def template_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
         except (ValueError, RecursionError):  # not JSON (nor finite), or nested too deep
             args = c.function.arguments
         else:
-            if _ESCAPED_SURROGATE.search(c.function.arguments) and not _encodes(args):
+            if isinstance(args, str):
+                # one JSON string: templates write a string as it is, so read it would
+                # be shown unquoted (`"arguments": Berlin`); as sent, it is the JSON
+                args = c.function.arguments
+            elif _ESCAPED_SURROGATE.search(c.function.arguments) and not _encodes(args):
                 # JSON escaping a lone surrogate ("\ud800"), which a body may not hold
                 # and no tokenizer reads: shown as sent, as other text that is no JSON
                 args = c.function.arguments

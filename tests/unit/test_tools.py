@@ -102,6 +102,30 @@ def test_call_arguments_escaping_a_lone_surrogate_are_shown_as_sent(arguments: s
     json.dumps(call, ensure_ascii=False).encode("utf-8")
 
 
+@pytest.mark.parametrize("arguments", ['"Berlin"', '"{\\"city\\": 1}"', '" "'])
+def test_call_arguments_that_are_a_json_string_are_shown_as_sent(arguments: str) -> None:
+    """Arguments that are one JSON string (a model's `"arguments": "Berlin"`, which a
+    tool parser hands on as `'"Berlin"'`) were read into the bare text `Berlin`, and the
+    template, which writes a string as it is, showed the model the call as
+    `"arguments": Berlin}`, no JSON and not the call made: they go as sent."""
+    from jinja2 import Environment
+
+    from proxy.engine.smollm2_template import CHAT_TEMPLATE
+    call_ = {"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": arguments}}
+    req = chat(tools=[WEATHER], messages=[
+        *MSG, {"role": "assistant", "content": None, "tool_calls": [call_]},
+        {"role": "tool", "tool_call_id": "c1", "content": "9C"}])
+    [call] = T.template_calls(req.messages[1].tool_calls or [])
+    assert call["function"]["arguments"] == arguments
+    env = Environment()
+    env.filters["tojson"] = lambda v: json.dumps(v)
+    prompt = env.from_string(CHAT_TEMPLATE).render(
+        messages=[{"role": "assistant", "content": "", "tool_calls": [call]}], tools=None,
+        add_generation_prompt=False)
+    assert f'"arguments": {arguments}}}' in prompt
+
+
 def test_call_arguments_with_paired_or_escaped_backslash_u_are_read_as_json() -> None:
     """A surrogate pair (an emoji) and an escaped backslash before `ud800` are no lone
     surrogates: the arguments are read as an object, as any others."""
