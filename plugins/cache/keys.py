@@ -146,12 +146,16 @@ def _hash(obj: Any) -> str:
 _SCHEMAS = ("tools", "response_format")
 
 
-def _schemas_in_order(params: dict[str, Any]) -> str | None:
+def _schemas_in_order(params: dict[str, Any], extra: dict[str, Any] | None) -> str | None:
     """The tools' and the response format's JSON with its keys in the order the client
     wrote them (`_hash` sorts every object's keys): a schema's properties are generated
     in its order (a forced call's arguments, a structured answer, as OpenAI documents),
-    and the model reads the schema as written, so another order is another request."""
+    and the model reads the schema as written, so another order is another request. So
+    are the fields Weir does not know (`extra`: an upstream's `guided_json`,
+    `structured_outputs`), which may hold a schema too."""
     held = {k: params[k] for k in _SCHEMAS if k in params}
+    if extra is not None:
+        held["extra"] = extra
     return _dumps(held, sort=False).decode("utf-8", "surrogatepass") if held else None
 
 
@@ -166,10 +170,10 @@ def exact_key(ctx: RequestContext, scope: str, renders: str | None = None) -> st
     params = _params(req)
     body: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "route": ctx.route,
                             "model": req.model, "params": params}
-    if (in_order := _schemas_in_order(params)) is not None:
-        body["schemas_in_order"] = in_order
     if (extra := _extras(req)) is not None:
         body["extra"] = extra
+    if (in_order := _schemas_in_order(params, extra)) is not None:
+        body["schemas_in_order"] = in_order
     if isinstance(req, ChatCompletionRequest):
         body["messages"] = _messages(req)
         if renders is not None:
@@ -210,14 +214,14 @@ def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None,
     params = _params(req)
     part: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "model": req.model,
                             "context": msgs[:-1], "params": params}
-    if (in_order := _schemas_in_order(params)) is not None:
-        part["schemas_in_order"] = in_order
     if renders is not None:
         part["renders"] = renders
     if msgs[-1]["name"] is not None:  # who asks is part of the prompt the model reads
         part["asker"] = msgs[-1]["name"]
     if (extra := _extras(req)) is not None:
         part["extra"] = extra
+    if (in_order := _schemas_in_order(params, extra)) is not None:
+        part["schemas_in_order"] = in_order
     partition = _hash(part)
     return partition, question
 

@@ -242,6 +242,21 @@ def test_a_schema_s_key_order_is_keyed() -> None:
     assert parts[0][0] != parts[1][0]
 
 
+def test_a_schema_s_key_order_is_keyed_in_fields_weir_does_not_know() -> None:
+    """The same for a schema in a field Weir passes on without reading it (an upstream's
+    `guided_json`, vLLM's structured outputs): its key order is the answer's too."""
+    city, unit = {"type": "string"}, {"type": "string"}
+    ab = {"type": "object", "properties": {"city": city, "unit": unit}}
+    ba = {"type": "object", "properties": {"unit": unit, "city": city}}
+    from plugins.cache.keys import semantic_parts
+    made = [ctx("Weather in Nice? JSON please.", guided_json=s) for s in (ab, ba)]
+    assert exact_key(made[0], "tenant") != exact_key(made[1], "tenant")
+    parts = [semantic_parts(c, "tenant") for c in made]
+    assert parts[0] is not None and parts[1] is not None
+    assert parts[0][0] != parts[1][0]
+    assert exact_key(ctx(guided_json=ab), "tenant") == exact_key(ctx(guided_json=ab), "tenant")
+
+
 def test_an_assistant_refusal_in_the_history_is_keyed() -> None:
     """Two conversations whose earlier assistant turn refused in other words are two
     prompts (the refusal is that turn's text), and a refusal is not an empty turn."""
