@@ -47,7 +47,8 @@ from typing import Any, cast
 from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
-from .wire_errors import HEAD_TOO_LARGE, REFUSAL, OpenAIErrors
+from .ids import new_hex
+from .wire_errors import REFUSAL, OpenAIErrors, head_too_large
 
 _RESERVED_FDS = 256  # for the engine, Redis, log files, the embedding model ...
 
@@ -144,9 +145,10 @@ class _Guarded(asyncio.Protocol):
             self.refused = True  # nothing more reaches aiohttp's parser
             self._disarm_head()
             self.guard.note("head_too_large")
+            rid = new_hex()
             if self.guard.on_refused is not None:
-                self.guard.on_refused(431, "request_header_fields_too_large")
-            self.transport.write(HEAD_TOO_LARGE)
+                self.guard.on_refused(431, "request_header_fields_too_large", rid)
+            self.transport.write(head_too_large(rid))
             self.transport.close()
             return True
         if end < 0:
@@ -247,9 +249,10 @@ class ConnectionGuard:
     def __init__(self, max_connections: int | None, header_timeout_s: float,
                  on_close: Callable[[str], None] | None = None,
                  write_timeout_s: float = 30.0, max_head_bytes: int = 65536,
-                 on_refused: Callable[[int, str | None], None] | None = None) -> None:
-        """`on_refused(status, code)`: told of each request refused before it was
-        parsed (by aiohttp's parser, or past `max_head_bytes`): the access log's line."""
+                 on_refused: Callable[[int, str | None, str], None] | None = None) -> None:
+        """`on_refused(status, code, request_id)`: told of each request refused before
+        it was parsed (by aiohttp's parser, or past `max_head_bytes`): the access log's
+        line, with the id its answer carries."""
         self.max_connections = max_connections or default_max_connections()
         self.header_timeout_s = header_timeout_s
         self.write_timeout_s = write_timeout_s

@@ -278,13 +278,13 @@ def log_request(request: web.Request, status: int, elapsed_s: float, **fields: A
              latency_ms=round(elapsed_s * 1000, 2), **fields)
 
 
-def log_refused(status: int, code: str | None) -> None:
+def log_refused(status: int, code: str | None, request_id: str) -> None:
     """The access-log line of a request refused before the middlewares could read it
-    (aiohttp's parser, a head past `max_head_bytes`): its status and error code, a
-    request id of its own, and nothing of the request: its bytes are unparsed (a key
-    may be in any of them), so no method, path or header."""
+    (aiohttp's parser, a head past `max_head_bytes`): its status and error code, the
+    request id its answer carries, and nothing of the request: its bytes are unparsed (a
+    key may be in any of them), so no method, path or header."""
     log.info("request", method=None, path="(unparsed)", status=status, latency_ms=0.0,
-             request_id=new_hex(), error=code)
+             request_id=request_id, error=code)
 
 
 # An id the server made (a stored response's: "resp_" and 48 hex digits): a log line may

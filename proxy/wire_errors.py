@@ -12,7 +12,9 @@ from typing import Any
 from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, PayloadEncodingError
 
+from .app_state import REQUEST_ID
 from .errors import ServerError, WeirError
+from .ids import new_hex
 
 
 def _answer(status: str, message: str, type_: str, code: str, extra: str = "") -> bytes:
@@ -27,9 +29,15 @@ def _answer(status: str, message: str, type_: str, code: str, extra: str = "") -
 REFUSAL = _answer("503 Service Unavailable",
                   "The server has too many open connections; retry shortly.",
                   "server_error", "too_many_connections", "Retry-After: 1\r\n")
-HEAD_TOO_LARGE = _answer("431 Request Header Fields Too Large",
-                         "The request head (its request line and header fields) is too "
-                         "large.", "invalid_request_error", "request_header_fields_too_large")
+
+
+def head_too_large(request_id: str) -> bytes:
+    """The 431 of a request head past its bound, carrying the id its access-log line
+    names (`x-request-id`, as every other answer does)."""
+    return _answer("431 Request Header Fields Too Large",
+                   "The request head (its request line and header fields) is too large.",
+                   "invalid_request_error", "request_header_fields_too_large",
+                   f"x-request-id: {request_id}\r\n")
 
 
 def answer_in_http_1_1(request: web.BaseRequest) -> None:
@@ -61,13 +69,14 @@ class OpenAIErrors(web.RequestHandler):
     offending line, an `Authorization` key included. A body its parser refuses as it
     arrives with its head (a malformed chunk; a deflate stream cut short, where aiohttp
     decodes the body) is said to be the body's fault (`invalid_body`), as the route
-    says it of one that comes later. `on_refused(status, code)`: told of each request
-    its parser refused (the access log's line)."""
+    says it of one that comes later. `on_refused(status, code, request_id)`: told of
+    each request its parser refused (the access log's line), with the id its answer
+    carries (`x-request-id`, made here: no middleware gave it one)."""
 
     __slots__ = ("on_refused",)
 
     def __init__(self, *args: Any,
-                 on_refused: Callable[[int, str | None], None] | None = None,
+                 on_refused: Callable[[int, str | None, str], None] | None = None,
                  **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.on_refused = on_refused
@@ -85,9 +94,22 @@ class OpenAIErrors(web.RequestHandler):
                          "header is malformed or too long).", code="invalid_http_request"))
         err.status, err.type = status, ("invalid_request_error" if status < 500
                                         else "server_error")
-        resp = web.json_response(err.to_body(), status=status)
+        # (a handler's error past the middlewares has the id they gave it)
+        rid = _given_id(request) or new_hex()
+        resp = web.json_response(err.to_body(), status=status,
+                                 headers={"x-request-id": rid})
         resp.force_close()
         answer_in_http_1_1(request)
         if isinstance(exc, HttpProcessingError) and self.on_refused is not None:
-            self.on_refused(status, err.code)  # (a handler's error was logged by its own)
+            self.on_refused(status, err.code, rid)  # (a handler's error was logged by its own)
         return resp
+
+
+def _given_id(request: Any) -> str | None:
+    """The request id the middlewares gave `request`, if they ran (None for a request
+    its parser refused)."""
+    try:
+        rid = request.get(REQUEST_ID)
+    except (AttributeError, TypeError):
+        return None
+    return rid if isinstance(rid, str) else None

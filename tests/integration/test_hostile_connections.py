@@ -8,6 +8,7 @@ import asyncio
 import gzip
 import io
 import json
+import re
 import socket
 import zlib
 from collections.abc import AsyncIterator
@@ -704,12 +705,32 @@ async def test_a_request_the_parser_refuses_has_its_access_log_line(
     `max_head_bytes`) was answered but left no access-log line: a flood of malformed
     requests, or a client whose every request was refused, showed in no log. It has its
     line: its status and error code, and nothing of the request (unparsed bytes, a key
-    may be in them: no method, no path, no header)."""
+    may be in them: no method, no path, no header). Its answer carries the line's
+    request id, as every other answer does (it had none: the id in the log reached no
+    client)."""
     reader, writer = await connect(served)
     writer.write(head)
-    assert (await response(reader))[0] == status
+    got, headers, raw = await response(reader)
+    assert got == status
+    assert json.loads(raw)["error"]["code"] == code
     writer.close()
     lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
     assert [(x["status"], x.get("error"), x["path"]) for x in lines] == [
         (status, code, "(unparsed)")]
     assert lines[0]["request_id"] and KEY[3:15] not in logs.getvalue()
+    assert headers.get("x-request-id") == lines[0]["request_id"]
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /v1/models?\x01 HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/models HTTP/1.1\r\n" + b"X-F: " + b"a" * 70000 + b"\r\n\r\n",
+], ids=["line", "head-too-large"])
+async def test_a_request_the_parser_refuses_has_a_request_id_without_the_access_log(
+        served: Listener, head: bytes) -> None:
+    """Its answer has an `x-request-id` of its own when no access log is written too."""
+    reader, writer = await connect(served)
+    writer.write(head)
+    status, headers, _ = await response(reader)
+    assert status in (400, 431)
+    assert re.fullmatch(r"[0-9a-f]{32}", headers.get("x-request-id", "")), headers
+    writer.close()
