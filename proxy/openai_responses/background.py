@@ -116,6 +116,8 @@ class Run:
         self.cancelled = False  # by a client (else a cancellation is the shutdown's)
         self.shutdown = False  # the server closes: not to start
         self.task: asyncio.Future[None] | None = None
+        #: Done once it is started (`task` set) or given back (`Runner.drop`).
+        self.placed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         #: The record last put while it runs (`queued`, `in_progress`): what a lease
         #: renewal puts again; None once its end is being stored.
         self.record: Record | None = None
@@ -190,6 +192,7 @@ class Runner:
         self.runs: dict[Key, Run] = {}
         self._ended: OrderedDict[Key, Run] = OrderedDict()
         self._watch: asyncio.Task[None] | None = None
+        self._closing = False
 
     def open(self, tenant: str, rid: str) -> Run:
         """A place for a new run (given back with `drop` if it never starts), or a 503
@@ -199,14 +202,19 @@ class Runner:
                 f"This server runs {self.cfg.max_runs} background responses already; "
                 "retry shortly.", code="background_capacity", retry_after=1)
         run = self.runs[(tenant, rid)] = Run(tenant, rid, self.cfg.max_event_bytes)
+        run.shutdown = self._closing
         return run
 
     def drop(self, run: Run) -> None:
         self.runs.pop(run.key, None)
+        if not run.placed.done():
+            run.placed.set_result(None)
 
     def start(self, run: Run, work: Work) -> None:
         run.task = detach(self._main(run, work))
-        if self._watch is None or self._watch.done():
+        if not run.placed.done():
+            run.placed.set_result(None)
+        if not self._closing and (self._watch is None or self._watch.done()):
             self._watch = asyncio.ensure_future(self._watching())
 
     async def _main(self, run: Run, work: Work) -> None:
@@ -313,12 +321,19 @@ class Runner:
         until it has ended (a cancellation can be lost, as `proxy.tasks` says, or taken
         by a step that shields itself): cancelled once, one that ran on was left, its
         record `in_progress` until its lease lapsed. (A run ends once its end is
-        stored: `respond` holds its final save through a cancellation.)"""
+        stored: `respond` holds its final save through a cancellation.) A run opened
+        but not started (its create still storing its `queued` record) is waited for
+        to start (or be given back), then cut as the others: it was left, started after
+        the close, and its record stayed `queued` until its lease lapsed."""
+        self._closing = True  # (a run opened from now on is not to start either)
         runs = list(self.runs.values())
         for run in runs:
             run.shutdown = True  # (one not started yet starts, sees it, and ends)
         loop = asyncio.get_running_loop()
         until, wait = loop.time() + grace, RECANCEL_S
+        opening = [run.placed for run in runs if not run.placed.done()]
+        if opening:
+            await asyncio.wait(opening, timeout=grace)
         pending = {run.task: run for run in runs if run.task is not None}
         while pending and (left := until - loop.time()) > 0:
             for task, run in pending.items():
@@ -328,7 +343,8 @@ class Runner:
             for task in done:
                 del pending[task]
             wait = min(wait * 2, RECANCEL_MAX_S)
-        for run in pending.values():
+        for run in [*pending.values(), *(r for r in runs if r.task is None
+                                          and r.key in self.runs)]:
             log.warning("background response not stored as ended at shutdown",
                         response_id=run.rid)
         await cancel_and_wait(self._watch)

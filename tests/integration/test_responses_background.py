@@ -796,3 +796,36 @@ async def test_what_the_sanitizer_refuses_unread_is_not_screened_before_the_chai
     assert all(n <= 1000 for n in read), read
     record = await client.app[STORE].get("public", rid)
     assert mail not in json.dumps(record)
+
+
+async def test_a_shutdown_settles_a_run_opened_but_not_started(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create still storing its `queued` record as the shutdown closes the runner
+    (its run opened, not started): the close waits for it to start, then cuts it, its
+    record `failed`. It ended at once without it, the run started after it, and its
+    record stayed `queued` until its lease lapsed (the store closed under its end)."""
+    client = await make_client()
+    store, runner = client.app[STORE], client.app[RUNNER]
+    put = type(store).put
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def held(self: Any, tenant: str, rid: str, record: Any, *a: Any, **kw: Any) -> None:
+        if record.get("run"):  # (the `queued` record)
+            entered.set()
+            await release.wait()
+        await put(self, tenant, rid, record, *a, **kw)
+
+    monkeypatch.setattr(type(store), "put", held)
+    create = asyncio.ensure_future(client.post("/v1/responses", json=BASE))
+    await entered.wait()
+    closing = asyncio.ensure_future(runner.close(30))
+    release.set()
+    await closing
+    assert not runner.runs
+    r = await create
+    assert r.status == 200
+    rid = (await r.json())["id"]
+    record = await store.get("public", rid)
+    assert record is not None
+    assert record["response"]["status"] == "failed", record["response"]["status"]
+    assert "shut down" in record["response"]["error"]["message"]
