@@ -88,6 +88,13 @@ class RecordStore(Protocol):
         that has no place (never listed, or gone long enough): `KeyError`."""
         ...
 
+    async def now(self) -> float:
+        """The store's clock (seconds since the epoch), which a background run's lease
+        is set and judged by: one clock for every replica sharing the store (Redis's
+        `TIME`), not each replica's own (a reader's clock ahead of the writer's by most
+        of a lease read a healthy run as lapsed)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -201,6 +208,10 @@ class MemoryStore:
 
     async def forget(self, tenant: str, record_id: str) -> None:
         """(A record gone from memory has left the listing already, keeping its place.)"""
+
+    async def now(self) -> float:
+        """(This process's records: its own clock.)"""
+        return time.time()
 
     async def scan(self, tenant: str, after: str | None, desc: bool, count: int,
                    ) -> tuple[list[Summary], str | None]:
@@ -639,6 +650,11 @@ class RedisStore:
     async def forget(self, tenant: str, record_id: str) -> None:
         """`record_id`'s summary marked gone, if its record is gone."""
         await self._retire_one(tenant, record_id, delete=False)
+
+    async def now(self) -> float:
+        """Redis's clock (`TIME`): the one every replica sharing it reads."""
+        seconds, micros = await self._io(self._redis.time())
+        return float(seconds) + float(micros) / 1e6
 
     async def _retire_one(self, tenant: str, record_id: str, *, delete: bool,
                           fence: str | None = None) -> bool:

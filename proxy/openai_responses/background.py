@@ -14,6 +14,9 @@ events of it (a 400 there).
 
 A `queued`/`in_progress` record carries a lease its run renews every `poll_s`: one
 whose lease lapsed (its replica died, or paused) is read, and stored, as `failed`. A
+lease is set and judged by the store's clock (`RecordStore.now`: Redis's, shared by
+every replica), never a replica's own: replicas' clocks apart by most of a lease read
+a healthy run as lapsed. A
 cancel sent to another replica (records in Redis) leaves a flag beside the record that
 the run's replica reads every `poll_s`; if the record has not ended within two polls
 (that replica paused), the cancel stores it `cancelled` itself.
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -57,27 +59,33 @@ SHUT_DOWN = {"code": "server_error",
 Key = tuple[str, str]
 
 
-def leased(record: Record, lease_s: float, fence: str) -> Record:
-    """`record` with a lease of `lease_s` from now (its run renews it), fenced by its
-    run's `fence`."""
-    return fenced(record, fence, lease_until=time.time() + lease_s)
+def leased(record: Record, lease_s: float, fence: str, now: float) -> Record:
+    """`record` with a lease of `lease_s` from `now` (the store's clock, `RecordStore.now`;
+    its run renews it), fenced by its run's `fence`."""
+    return fenced(record, fence, lease_until=now + lease_s)
 
 
-def lapsed(record: Record) -> dict[str, Any] | None:
-    """The response a `queued`/`in_progress` record whose lease lapsed (its replica died
-    or paused before the run ended) ended as: `failed`; None for any other."""
-    response = record["response"]
+def leasing(record: Record) -> bool:
+    """Whether `record` is `queued`/`in_progress` under a lease (whose reading needs the
+    store's clock)."""
     run = record.get("run")
-    if (response.get("status") in RUNNING and isinstance(run, dict)
-            and isinstance(run.get("lease_until"), int | float)
-            and run["lease_until"] < time.time()):
-        return {**response, "status": "failed", "error": dict(LAPSED)}
+    return (record["response"].get("status") in RUNNING and isinstance(run, dict)
+            and isinstance(run.get("lease_until"), int | float))
+
+
+def lapsed(record: Record, now: float) -> dict[str, Any] | None:
+    """The response a `queued`/`in_progress` record whose lease lapsed by `now` (the
+    store's clock: its replica died or paused before the run ended) ended as: `failed`;
+    None for any other."""
+    if leasing(record) and record["run"]["lease_until"] < now:
+        return {**record["response"], "status": "failed", "error": dict(LAPSED)}
     return None
 
 
-def as_read(record: Record) -> Record:
-    """The record as a read should show it: one whose lease lapsed, `failed`."""
-    response = lapsed(record)
+def as_read(record: Record, now: float) -> Record:
+    """The record as a read at `now` (the store's clock) should show it: one whose lease
+    lapsed, `failed`."""
+    response = lapsed(record, now)
     return record if response is None else {**record, "response": response}
 
 
@@ -288,7 +296,7 @@ class Runner:
         renew_every = self.cfg.lease_s / 3
         while self.runs:
             await asyncio.sleep(self.cfg.poll_s)
-            now = time.time()
+            now: float | None = None  # (the store's clock, read once a poll if needed)
             for run in list(self.runs.values()):
                 if run.cancelled or run.ended:
                     continue
@@ -297,10 +305,13 @@ class Runner:
                         log.info("background response cancelled", response_id=run.rid)
                         detach(self._cancel(run))
                         continue
-                    lease = (run.record or {}).get("run") or {}
-                    if (run.record is not None and not run.ended
-                            and lease.get("lease_until", 0) - now < self.cfg.lease_s - renew_every):
-                        run.record = leased(run.record, self.cfg.lease_s, run.fence)
+                    if run.record is None or run.ended:
+                        continue
+                    if now is None:
+                        now = await self.store.now()
+                    lease = run.record.get("run") or {}
+                    if lease.get("lease_until", 0) - now < self.cfg.lease_s - renew_every:
+                        run.record = leased(run.record, self.cfg.lease_s, run.fence, now)
                         run.renewing = detach(self.store.replace(
                             run.tenant, run.rid, copy.copy(run.record), fence=run.fence))
                         await asyncio.wait((run.renewing,))

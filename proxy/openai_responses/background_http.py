@@ -44,7 +44,7 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
         for event in queued:
             run.add(event)
         run.record = leased({"response": queued[0]["response"], "input": state()[1],
-                             "conversation": []}, lease_s, run.fence)
+                             "conversation": []}, lease_s, run.fence, await store.now())
         await store.put(tenant, rid, run.record)
     except BaseException:
         runner.drop(run)
@@ -53,9 +53,10 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
     async def started(response: dict[str, Any]) -> None:
         _, inputs, conversation = state()
         await runner.renewed(run)  # (a renewal of its `queued` record lands first)
-        run.record = leased({"response": response, "input": inputs,
-                             "conversation": conversation}, lease_s, run.fence)
         try:
+            run.record = leased({"response": response, "input": inputs,
+                                 "conversation": conversation}, lease_s, run.fence,
+                                await store.now())
             mine = await store.replace(tenant, rid, run.record, fence=run.fence)
         except (Unavailable, RecordTooLarge) as e:
             log.warning("response in progress not stored", response_id=rid, reason=e.code)

@@ -40,7 +40,7 @@ from ..tasks import detach
 from ..telemetry import error_fields, get_logger
 from . import background_http
 from . import translate as X
-from .background import RUNNING, Runner, as_read, lapsed, settle
+from .background import RUNNING, Runner, as_read, lapsed, leasing, settle
 from .events import OUTPUT_DELTAS, Rendering, saves_settled
 from .models import RESPONSES_ENUMS, ResponsesRequest
 
@@ -302,7 +302,10 @@ async def _stored(store: RecordStore, tenant: str, rid: str) -> dict[str, Any] |
     has settled), or None where nothing of a stored response's shape is there."""
     await _held(tenant, rid)
     record = _readable(await store.get(tenant, rid))
-    if record is not None and (failed := lapsed(record)) is not None:
+    if record is None or not leasing(record):
+        return record
+    now = await store.now()  # (a lease is judged by the store's clock, not this one's)
+    if (failed := lapsed(record, now)) is not None:
         # Its lease lapsed: stored `failed` as read (its run, if its replica was only
         # paused, then stores nothing over it, and stops), not read so and then found
         # `completed` by the next read.
@@ -310,7 +313,7 @@ async def _stored(store: RecordStore, tenant: str, rid: str) -> dict[str, Any] |
             record = _readable(await settle(store, tenant, rid, record, failed))
         except Unavailable:
             log.warning("lapsed response not settled", response_id=rid)
-    return None if record is None else as_read(record)
+    return None if record is None else as_read(record, now)
 
 
 def _readable(record: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -426,7 +429,9 @@ async def cancel(request: web.Request) -> web.Response:
                                        {**response, "status": "cancelled"}))
     if ended is None:  # (deleted meanwhile)
         raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
-    return json_response(as_read(ended)["response"])
+    if leasing(ended):  # (settled by its run meanwhile, as read past its lease)
+        ended = as_read(ended, await store.now())
+    return json_response(ended["response"])
 
 
 async def _cancelled_elsewhere(store: RecordStore, runner: Runner, tenant: str, rid: str,

@@ -17,7 +17,7 @@ import pytest
 from bench.redis_server import RedisServer
 from proxy.app_state import STATE
 from proxy.errors import Unavailable
-from proxy.openai_responses import background, background_http
+from proxy.openai_responses import background_http
 from proxy.openai_responses.background import Run
 from proxy.openai_responses.routes import RUNNER, STORE
 from tests.conftest import MakeClient, make_settings
@@ -341,7 +341,7 @@ async def test_a_run_renews_its_lease(make_client: MakeClient, fake_engine: Fake
     monkeypatch.setattr(type(store), "replace", watched)
     rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
     later = time.time() + 25  # (past its lease's third, within the lease)
-    monkeypatch.setattr(background.time, "time", lambda: later)
+    monkeypatch.setattr(time, "time", lambda: later)  # (the memory store's clock)
     await asyncio.wait_for(renewed.wait(), 10)
     later += 20  # past the first lease: the renewed one holds
     assert (await (await client.get(f"/v1/responses/{rid}")).json())["status"] == "queued"
@@ -369,7 +369,7 @@ async def test_a_lease_renewal_that_failed_is_logged(
     monkeypatch.setattr(type(store), "replace", down)
     rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
     later = time.time() + 25  # (past its lease's third)
-    monkeypatch.setattr(background.time, "time", lambda: later)
+    monkeypatch.setattr(time, "time", lambda: later)  # (the memory store's clock)
     await eventually(lambda: "background response not watched" in logs.getvalue())
     line = next(json.loads(x) for x in logs.getvalue().splitlines()
                 if "background response not watched" in x)
@@ -448,8 +448,12 @@ async def test_a_record_read_past_its_lease_stays_failed(
     rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
     await fa.wait_until(lambda: fa.active)
     real = time.time
+
+    async def later() -> float:  # (Redis's clock, an hour on)
+        return real() + 3600
+
     with monkeypatch.context() as m:
-        m.setattr(background.time, "time", lambda: real() + 3600)
+        m.setattr(b.app[STORE], "now", later)
         failed = await get(b, rid)
     assert failed["status"] == "failed" and "stopped" in failed["error"]["message"]
     assert fa.token_gate is not None
@@ -829,3 +833,27 @@ async def test_a_shutdown_settles_a_run_opened_but_not_started(
     assert record is not None
     assert record["response"]["status"] == "failed", record["response"]["status"]
     assert "shut down" in record["response"]["error"]["message"]
+
+
+async def test_replicas_clocks_apart_do_not_fail_a_healthy_run(
+        make_client: MakeClient, redis_server: RedisServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease is judged by Redis's clock, not by its writer's nor its reader's: a run
+    whose replica's clock is behind, read from a replica whose clock is ahead (each by
+    more than the lease), is still running. (A reader ahead by more than two thirds of
+    `lease_s` read a healthy run on another replica as `failed`, and stored it so.)"""
+    a, b, fa = await two_replicas(make_client, redis_server.url, poll_a=20)
+    lease_s = a.app[STATE].settings.responses.background.lease_s
+    real = time.time
+    with monkeypatch.context() as m:
+        m.setattr(time, "time", lambda: real() - 2 * lease_s)  # (a's clock, behind)
+        rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+        await fa.wait_until(lambda: fa.active)
+    with monkeypatch.context() as m:
+        m.setattr(time, "time", lambda: real() + 2 * lease_s)  # (b's clock, ahead)
+        assert (await get(b, rid))["status"] in ("queued", "in_progress")
+    assert (await get(b, rid))["status"] in ("queued", "in_progress")
+    assert fa.token_gate is not None
+    fa.token_gate.set()
+    await ended(a, rid)
+    assert (await get(b, rid))["status"] == "incomplete"
