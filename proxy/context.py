@@ -100,11 +100,22 @@ class RequestContext:
     #: admission never had it (a coalesced follower waiting on its leader's answer, a
     #: breaker's fallback), as it counts those it cuts itself.
     deadline_cut: Callable[[], None] | None = None
+    #: Set by a route that answers before the engine does (a background response's
+    #: `queued` answer): told once (`waiting`) when the request starts to wait (for an
+    #: engine slot, the engine, an identical request's answer), what the plugins decide
+    #: before that (and their `response_headers`) being decided.
+    on_waiting: Callable[[], None] | None = None
 
     def cut_at_deadline(self) -> None:
         """This request's own deadline cut it outside admission (see `deadline_cut`)."""
         if self.deadline_cut is not None:
             self.deadline_cut()
+
+    def waiting(self) -> None:
+        """The request starts to wait (see `on_waiting`)."""
+        told, self.on_waiting = self.on_waiting, None
+        if told is not None:
+            told()
 
     @property
     def model(self) -> str:

@@ -210,6 +210,7 @@ class LocalServing:
         prep.options.final_only = not req.stream and not prep.streams_calls
         ctx.engine_live = not prep.options.final_only
         ctx.engine_started, ctx.engine_timed = time.monotonic(), True
+        ctx.waiting()
         outputs = engine_outputs(self.engine, prep, ctx)
         span = EngineSpan(req.model)
         if not req.stream:

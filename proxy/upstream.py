@@ -361,6 +361,7 @@ class Upstream:
         assert self._session is not None
         if ctx.engine_started is None:  # (the breaker times the call from here)
             ctx.engine_started = time.monotonic()
+        ctx.waiting()
         # What the client sent (as the chain left it), not the defaults Weir's models
         # fill in: an OpenAI-compatible server may refuse a field it does not know
         # (OpenAI's own refuses `ignore_eos`, `min_tokens`), and a null the client sent

@@ -109,6 +109,7 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         weight = 1 if embeds else gate.weight(ctx.request.engine_sequences)
         start = time.monotonic()
         self.depth.set(self._waiting() + 1)
+        ctx.waiting()  # (queued for a slot: what the plugins ahead decided is known)
         try:
             await gate.acquire(priority, wait, weight)
         except Shed:

@@ -283,6 +283,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
     async def _follow(self, ctx: RequestContext, leader: Settle) -> Entry | object | None:
         """The identical request's outcome, waited for within this request's own deadline
         (not the leader's: a follower asking for less time gets its 504 on time)."""
+        ctx.waiting()
         try:
             async with Within(ctx.deadline):
                 return await asyncio.shield(leader)

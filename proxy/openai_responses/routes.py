@@ -213,7 +213,7 @@ async def _create(request: web.Request, st: AppState,
     if req.background:
         return await background_http.start(
             request, st, request.app[RUNNER], store, principal.tenant, req, rid, screen,
-            chained, save, lambda: (req, inputs, conversation))
+            ctx, chained, save, lambda: (req, inputs, conversation))
     reply = await chained()
     if isinstance(reply, Completion):
         note_usage(st, info, reply.body)  # token metrics, as on the chat route

@@ -251,7 +251,10 @@ async def test_the_chains_plugins_apply_to_a_background_run(
     first = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
     await ended(client, first, "public")
     r = await client.post("/v1/responses", json=BASE)
-    assert r.status == 200  # answered at once: the chain runs after
+    assert r.status == 200  # answered `queued`: the run's record says how the chain ended
+    # (its answer has the limiter's headers, but no advice to retry: it is no 429)
+    assert r.headers["x-ratelimit-remaining-requests"] == "0"
+    assert "retry-after" not in r.headers
     rid = (await r.json())["id"]
     await ended(client, rid, "public")
     body = await (await client.get(f"/v1/responses/{rid}")).json()
@@ -857,3 +860,63 @@ async def test_replicas_clocks_apart_do_not_fail_a_healthy_run(
     fa.token_gate.set()
     await ended(a, rid)
     assert (await get(b, rid))["status"] == "incomplete"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_queued_answer_carries_the_chains_headers(
+        make_client: MakeClient, fake_engine: FakeEngine, stream: bool) -> None:
+    """Its answer goes out once the chain has decided what it decides before the request
+    waits for the engine: it carries the headers the same request's synchronous answer
+    does (the rate limiter's `x-ratelimit-*`, the cache's `x-weir-cache`). It carried
+    none of them: it went out before the chain ran."""
+    client = await make_client(plugins=[
+        {"name": "rate_limit", "config": {"rules": [{"per": "tenant", "rpm": 100}]}},
+        {"name": "cache", "config": {}}])
+
+    def told(headers: Any) -> dict[str, str]:
+        return {k.lower(): v for k, v in headers.items()
+                if k.lower().startswith(("x-ratelimit-", "x-weir-", "x-request-id"))}
+
+    sync = told((await client.post("/v1/responses", json={
+        **BASE, "background": False, "input": "first"})).headers)
+    assert "x-ratelimit-remaining-requests" in sync and "x-weir-cache" in sync, sync
+    fake_engine.token_gate = asyncio.Event()
+    r = await client.post("/v1/responses", json={**BASE, "stream": stream})
+    assert r.status == 200
+    queued = told(r.headers)
+    assert queued.keys() == sync.keys(), (queued, sync)
+    assert queued["x-weir-cache"] == sync["x-weir-cache"]
+    assert int(queued["x-ratelimit-remaining-requests"]) == int(
+        sync["x-ratelimit-remaining-requests"]) - 1
+    if stream:
+        head = await r.content.readuntil(b"response.queued")
+        rid = json.loads(head.split(b"data: ", 1)[1].split(b"\n", 1)[0])["response"]["id"]
+    else:
+        body = await r.json()
+        assert body["status"] == "queued"
+        rid = body["id"]
+    fake_engine.token_gate.set()
+    await ended(client, rid, "public")
+    r.close()
+
+
+async def test_the_queued_answer_does_not_wait_for_an_engine_slot(
+        make_client: MakeClient, fake_engine: FakeEngine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queued for an engine slot (admission's), the request has been decided: its answer
+    goes out then, with the limiter's headers, not once a slot frees (nor at the bound
+    on that wait, set past this test's own here)."""
+    monkeypatch.setattr(background_http, "DECIDING_S", 3600.0)
+    client = await make_client(plugins=[
+        {"name": "rate_limit", "config": {"rules": [{"per": "tenant", "rpm": 100}]}},
+        {"name": "admission", "config": {"max_concurrent": 1}}])
+    fake_engine.token_gate = asyncio.Event()
+    first = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await fake_engine.wait_until(lambda: fake_engine.active)  # (the one slot taken)
+    r = await asyncio.wait_for(client.post("/v1/responses", json=BASE), 30)
+    assert r.status == 200 and (await r.json())["status"] == "queued"
+    assert r.headers["x-ratelimit-remaining-requests"] == "98"
+    assert len(fake_engine.active) == 1
+    fake_engine.token_gate.set()
+    await ended(client, first, "public")
+    await ended(client, (await r.json())["id"], "public")
