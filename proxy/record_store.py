@@ -22,11 +22,12 @@ cannot open a bound for each name it makes up.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol, TypeVar
 
 from redis.exceptions import RedisError
@@ -37,7 +38,7 @@ from .redis_client import OWN_LUA, blocking_client
 from .settings import DEFAULT_MAX_BYTES_PER_TENANT, ResponsesSettings
 from .streaming import dumps  # (a lone surrogate kept as its escape)
 from .tasks import abandon_after, lost_cancellation
-from .telemetry import OutageLog, get_logger
+from .telemetry import OutageLog, error_fields, get_logger
 
 log = get_logger("weir.responses")
 
@@ -528,6 +529,8 @@ return 1
 """
 
 
+#: How long a listener (`RedisStore.told`) waits for a message at a time.
+_LISTEN_S = 1.0
 #: Joins a place's id and score in the cursor `RedisStore.scan` gives to go on from.
 _SCORED = "\x00"
 
@@ -655,6 +658,47 @@ class RedisStore:
         """Redis's clock (`TIME`): the one every replica sharing it reads."""
         seconds, micros = await self._io(self._redis.time())
         return float(seconds) + float(micros) / 1e6
+
+    def place(self, tenant: str, record_id: str) -> str:
+        """What names a record in what `tell` sends (its tenant hashed, not named)."""
+        return self._place(tenant, record_id)
+
+    async def tell(self, what: str, tenant: str, record_id: str) -> None:
+        """Tell every replica listening (`told`) `what` of a record (pub/sub: a replica
+        not listening then never hears it; what must reach it is stored beside)."""
+        await self._io(self._redis.publish(f"{self._prefix}news",
+                                           f"{what} {self._place(tenant, record_id)}"))
+
+    async def told(self) -> AsyncIterator[tuple[str, str]]:
+        """What replicas `tell`, as (what, place), for as long as it is iterated; a lost
+        connection is opened again (what was told meanwhile is not heard)."""
+        backoff = 0.2
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(f"{self._prefix}news")
+                backoff = 0.2
+                while True:
+                    msg = await pubsub.get_message(timeout=_LISTEN_S)
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    data = msg["data"]
+                    what, _, place = (data.decode(errors="replace") if isinstance(data, bytes)
+                                      else str(data)).partition(" ")
+                    yield what, place
+            except (RedisError, OSError, TimeoutError, ValueError) as e:
+                _down(e, self.kind)
+                await asyncio.sleep(backoff)  # reconnect backoff, not synchronisation
+                backoff = min(backoff * 2, 5.0)
+            except Exception as e:  # a bug: logged, and listened again (it ended for good)
+                log.error("record store listener failed", **error_fields(e))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                try:
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                except (RedisError, OSError):
+                    pass
 
     async def _retire_one(self, tenant: str, record_id: str, *, delete: bool,
                           fence: str | None = None) -> bool:

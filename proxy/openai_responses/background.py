@@ -16,10 +16,12 @@ A `queued`/`in_progress` record carries a lease its run renews every `poll_s`: o
 whose lease lapsed (its replica died, or paused) is read, and stored, as `failed`. A
 lease is set and judged by the store's clock (`RecordStore.now`: Redis's, shared by
 every replica), never a replica's own: replicas' clocks apart by most of a lease read
-a healthy run as lapsed. A
-cancel sent to another replica (records in Redis) leaves a flag beside the record that
-the run's replica reads every `poll_s`; if the record has not ended within two polls
-(that replica paused), the cancel stores it `cancelled` itself.
+a healthy run as lapsed. A cancel sent to another replica (records in Redis) leaves a
+flag beside the record that the run's replica reads every `poll_s`, and tells it at
+once (Redis pub/sub, which keeps nothing: the flag is for a replica that did not hear
+it), which tells the cancel's replica once it has stored the run's end; if the record
+has not ended within two polls (that replica paused), the cancel stores it `cancelled`
+itself.
 
 Each of a run's writes is fenced (`record_store.fenced`): stored only over its own
 record. A record settled without its run (those two) or deleted is not overwritten by
@@ -31,14 +33,15 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..app_state import AppState
 from ..chain import Completion, Reply, Stream
 from ..errors import InvalidRequest, RecordTooLarge, ServerError, Unavailable, WeirError
 from ..ids import new_hex
-from ..record_store import Record, RecordStore, fence_of, fenced
+from ..record_store import Record, RecordStore, RedisStore, fence_of, fenced
 from ..settings import BackgroundSettings
 from ..streaming import dumps
 from ..tasks import RECANCEL_MAX_S, RECANCEL_S, cancel_and_wait, detach
@@ -201,6 +204,50 @@ class Runner:
         self._ended: OrderedDict[Key, Run] = OrderedDict()
         self._watch: asyncio.Task[None] | None = None
         self._closing = False
+        #: What other replicas tell (`RedisStore.told`), heard while records are shared.
+        self._listener: asyncio.Task[None] | None = None
+        #: place -> the cancels here waiting for the end of a run elsewhere (`ending`).
+        self._ending: dict[str, set[asyncio.Future[None]]] = {}
+
+    def listen(self) -> None:
+        """Hear cancels sent to other replicas, and the ends of the runs cancelled from
+        here, as they are told (where records are shared: a Redis store)."""
+        if isinstance(self.flags, RedisStore) and self._listener is None:
+            self._listener = asyncio.ensure_future(self._listening(self.flags))
+
+    async def _listening(self, news: RedisStore) -> None:
+        async for what, place in news.told():
+            try:
+                if what == "cancel":
+                    for run in list(self.runs.values()):
+                        if (not run.cancelled and not run.ended and run.task is not None
+                                and news.place(run.tenant, run.rid) == place):
+                            log.info("background response cancelled", response_id=run.rid)
+                            detach(self._cancel(run))
+                elif what == "ended":
+                    for waiter in self._ending.get(place, ()):
+                        if not waiter.done():
+                            waiter.set_result(None)
+            except Exception as e:  # a bug: logged, the listener goes on
+                log.error("background news not handled", **error_fields(e))
+
+    @contextmanager
+    def ending(self, tenant: str, rid: str) -> Iterator[asyncio.Future[None]]:
+        """Done once the replica running `rid` tells it has stored its run's end (a
+        cancel's, `_main`); never where records are not shared, or it is not heard."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not isinstance(self.flags, RedisStore):
+            yield waiter
+            return
+        place = self.flags.place(tenant, rid)
+        self._ending.setdefault(place, set()).add(waiter)
+        try:
+            yield waiter
+        finally:
+            waiters = self._ending[place]
+            waiters.discard(waiter)
+            if not waiters:
+                del self._ending[place]
 
     def open(self, tenant: str, rid: str) -> Run:
         """A place for a new run (given back with `drop` if it never starts), or a 503
@@ -245,6 +292,11 @@ class Runner:
                     await self.flags.delete(run.tenant, run.rid)
                 except Exception:  # (it expires)
                     log.warning("cancel flag not dropped", response_id=run.rid)
+                if isinstance(self.flags, RedisStore):  # (a cancel elsewhere waits for it)
+                    try:
+                        await self.flags.tell("ended", run.tenant, run.rid)
+                    except Unavailable:  # (that cancel reads the record within its time)
+                        log.warning("cancelled response's end not told", response_id=run.rid)
 
     def find(self, tenant: str, rid: str) -> Run | None:
         """The run of `rid` on this replica, running or ended a short while ago."""
@@ -280,10 +332,16 @@ class Runner:
 
     async def flag_cancel(self, tenant: str, rid: str) -> bool:
         """Ask the replica running `rid` to cancel it (a flag beside its record, read
-        every `poll_s`); False where records are not shared (no other replica)."""
+        every `poll_s`, and told at once); False where records are not shared (no other
+        replica)."""
         if self.flags is None:
             return False
         await self.flags.put(tenant, rid, {"cancel": True})
+        if isinstance(self.flags, RedisStore):
+            try:
+                await self.flags.tell("cancel", tenant, rid)
+            except Unavailable:  # (the flag is read at its next poll)
+                log.warning("cancel not told", response_id=rid)
         return True
 
     async def renewed(self, run: Run) -> None:
@@ -358,7 +416,7 @@ class Runner:
                                           and r.key in self.runs)]:
             log.warning("background response not stored as ended at shutdown",
                         response_id=run.rid)
-        await cancel_and_wait(self._watch)
+        await cancel_and_wait(self._watch, self._listener)
 
 
 async def respond(run: Run, runner: Runner, rendering: Rendering,

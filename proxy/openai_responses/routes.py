@@ -422,9 +422,11 @@ async def cancel(request: web.Request) -> web.Response:
             raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
     if here:  # (its end was not stored: the store failed)
         return json_response({**response, "status": "cancelled"})
-    if await runner.flag_cancel(tenant, rid):
-        ended = await _cancelled_elsewhere(store, runner, tenant, rid, record)
-    else:  # runs nowhere (records in memory are this process's alone): marked so here
+    with runner.ending(tenant, rid) as told:  # (before the flag: its end may come at once)
+        flagged = await runner.flag_cancel(tenant, rid)
+        if flagged:
+            ended = await _cancelled_elsewhere(store, runner, tenant, rid, record, told)
+    if not flagged:  # runs nowhere (records in memory are this process's alone): marked so
         ended = _readable(await settle(store, tenant, rid, record,
                                        {**response, "status": "cancelled"}))
     if ended is None:  # (deleted meanwhile)
@@ -435,18 +437,22 @@ async def cancel(request: web.Request) -> web.Response:
 
 
 async def _cancelled_elsewhere(store: RecordStore, runner: Runner, tenant: str, rid: str,
-                               record: dict[str, Any]) -> dict[str, Any] | None:
+                               record: dict[str, Any], told: asyncio.Future[None],
+                               ) -> dict[str, Any] | None:
     """The record of a response cancelled on a replica that does not run it (its flag
-    left): once the replica that runs it stored its end (`cancelled`, with the output it
-    had; or its end, had it ended first), read every quarter `poll_s`; if it has not
-    within two `poll_s` (that replica paused, or gone), stored `cancelled` here, fenced
-    (`settle`: that run stores nothing over it, and stops). The answer was `cancelled`
-    at once, its record `in_progress` until that replica read the flag. None: deleted."""
+    left, and told): once the replica that runs it stored its end (`cancelled`, with the
+    output it had; or its end, had it ended first), read as that replica tells it has
+    (`told`), else every quarter `poll_s`; if it has not within two `poll_s` (that
+    replica paused, or gone), stored `cancelled` here, fenced (`settle`: that run stores
+    nothing over it, and stops). The answer was `cancelled` at once, its record
+    `in_progress` until that replica read the flag. None: deleted."""
     poll_s = runner.cfg.poll_s
     loop = asyncio.get_running_loop()
     until = loop.time() + 2 * poll_s
-    while loop.time() < until:
-        await asyncio.sleep(poll_s / 4)
+    while (left := until - loop.time()) > 0:
+        await asyncio.wait((told,), timeout=min(poll_s / 4, left))
+        if told.done():  # (heard once: the reads after it wait their quarter again)
+            told = loop.create_future()
         now = await _stored(store, tenant, rid)
         if now is None or now["response"].get("status") not in RUNNING:
             return now
@@ -488,6 +494,7 @@ async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
                         cache_redis(st.plugins), kind="response_cancels")
              if isinstance(store, RedisStore) else None)
     app[RUNNER] = Runner(st, cfg.background, store, flags)
+    app[RUNNER].listen()
     try:
         yield
     finally:

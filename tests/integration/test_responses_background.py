@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from bench.redis_server import RedisServer
 from proxy.app_state import STATE
@@ -20,6 +21,7 @@ from proxy.errors import Unavailable
 from proxy.openai_responses import background_http
 from proxy.openai_responses.background import Run
 from proxy.openai_responses.routes import RUNNER, STORE
+from proxy.tasks import cancel_and_wait
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
@@ -385,7 +387,7 @@ async def two_replicas(make_client: MakeClient, url: str, poll_a: float = 0.05,
                        ) -> tuple[Any, Any, FakeEngine]:
     """Two replicas on one Redis; the first's engine holds its tokens until set.
     `poll_a`: how often the first looks for cancels' flags and renews its leases (20:
-    never within a test, as a replica paused)."""
+    never within a test, as a replica paused, which hears no cancel told either)."""
     prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
     cache = {"redis": {"url": url, "key_prefix": prefix}, "l2": {"enabled": True},
              "semantic": {"enabled": False}}
@@ -394,6 +396,8 @@ async def two_replicas(make_client: MakeClient, url: str, poll_a: float = 0.05,
     a, b = [await make_client(keyed(plugins=[{"name": "cache", "config": cache}],
                                     responses={"background": {"poll_s": poll}}),
                               engine=e) for e, poll in ((engine, poll_a), (FakeEngine(), 0.05))]
+    if poll_a >= 20:  # (paused: it hears nothing told)
+        await cancel_and_wait(a.app[RUNNER]._listener)
     return a, b, engine
 
 
@@ -920,3 +924,41 @@ async def test_the_queued_answer_does_not_wait_for_an_engine_slot(
     fake_engine.token_gate.set()
     await ended(client, first, "public")
     await ended(client, (await r.json())["id"], "public")
+
+
+async def test_a_cancel_sent_to_the_other_replica_is_told_at_once(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """The replica running it is told of the cancel at once (pub/sub beside the flag),
+    and the replica that took the cancel of its end: the answer is that replica's
+    record, its run ended, not read at its next poll (within `poll_s`) nor settled by
+    the cancel's replica past two of its polls (here 40 s, before the running one's
+    first poll: the cancel's replica settled it, that run going on)."""
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    cache = {"redis": {"url": redis_server.url, "key_prefix": prefix},
+             "l2": {"enabled": True}, "semantic": {"enabled": False}}
+    fa = FakeEngine()
+    fa.token_gate = asyncio.Event()
+    a, b = [await make_client(keyed(plugins=[{"name": "cache", "config": cache}],
+                                    responses={"background": {"poll_s": poll, "lease_s": 600}}),
+                              engine=e)
+            for e, poll in ((fa, 60), (FakeEngine(), 20))]
+    redis = Redis.from_url(redis_server.url)
+    channel = f"{prefix}response_cancels:news"
+    try:  # (both listening: what is told before is not heard, the flag is read instead)
+        for _ in range(1000):  # (a cross-process effect: polled, bounded)
+            if dict(await redis.pubsub_numsub(channel)).get(channel.encode()) == 2:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the replicas did not subscribe")
+    finally:
+        await redis.aclose()
+    rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await fa.wait_until(lambda: fa.active)
+    r = await b.post(f"/v1/responses/{rid}/cancel", headers=A)
+    assert r.status == 200
+    answer = await r.json()
+    assert answer["status"] == "cancelled"
+    assert run_of(a, rid).ended and len(fa.aborted) == 1  # (ended by its own replica)
+    for c in (a, b):
+        assert await get(c, rid) == answer
