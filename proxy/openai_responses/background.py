@@ -344,6 +344,17 @@ class Runner:
                 log.warning("cancel not told", response_id=rid)
         return True
 
+    async def unflag(self, tenant: str, rid: str) -> None:
+        """Drop the flag of a cancel answered (the run ended, or was settled without
+        it): one left after its run's replica dropped it (the run ended as it was
+        flagged, two cancels at once) stayed a day for a run that was no more."""
+        if self.flags is None:
+            return
+        try:
+            await self.flags.delete(tenant, rid)
+        except Unavailable:  # (it expires)
+            log.warning("cancel flag not dropped", response_id=rid)
+
     async def renewed(self, run: Run) -> None:
         """Wait for a lease renewal under way (the end's record goes after it)."""
         if run.renewing is not None:

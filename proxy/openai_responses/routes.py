@@ -454,7 +454,13 @@ async def _cancelled_elsewhere(store: RecordStore, runner: Runner, tenant: str, 
         if told.done():  # (heard once: the reads after it wait their quarter again)
             told = loop.create_future()
         now = await _stored(store, tenant, rid)
-        if now is None or now["response"].get("status") not in RUNNING:
+        if now is None:
+            return now
+        if now["response"].get("status") not in RUNNING:
+            # (its run ended, the flag left after its replica dropped it perhaps: of no
+            # more use. A record settled without its run, that run stops at its next
+            # write all the same; the one this cancel settles keeps its flag.)
+            await runner.unflag(tenant, rid)
             return now
         record = now
     return _readable(await settle(store, tenant, rid, record,

@@ -962,3 +962,31 @@ async def test_a_cancel_sent_to_the_other_replica_is_told_at_once(
     assert run_of(a, rid).ended and len(fa.aborted) == 1  # (ended by its own replica)
     for c in (a, b):
         assert await get(c, rid) == answer
+
+
+async def test_a_cancel_from_the_other_replica_of_a_run_that_just_ended_leaves_no_flag(
+        make_client: MakeClient, redis_server: RedisServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cancel sent to the other replica as the run ended (read running, flagged after
+    its end: its replica dropped the flags of its cancelled runs before): the answer is
+    its record as it ended, and its flag is dropped, not left a day for a run that is
+    no more (two cancels at once, one to each replica, left one so)."""
+    a, b, fa = await two_replicas(make_client, redis_server.url)
+    rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await fa.wait_until(lambda: fa.active)
+    store = b.app[STORE]
+    get_ = type(store).get
+
+    async def stale(self: Any, tenant: str, record_id: str) -> Any:
+        record = await get_(self, tenant, record_id)
+        if self is store and record_id == rid and fa.token_gate is not None:
+            fa.token_gate.set()  # (the run ends after this read)
+            fa.token_gate = None
+            await ended(a, rid)
+        return record
+
+    monkeypatch.setattr(type(store), "get", stale)
+    r = await b.post(f"/v1/responses/{rid}/cancel", headers=A)
+    assert r.status == 200
+    assert (await r.json())["status"] == "incomplete"
+    assert await b.app[RUNNER].flags.get("a", rid) is None
