@@ -9,6 +9,7 @@ Stored responses are scoped to the caller's tenant.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -347,10 +348,9 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest(
             "Only a response created with `background: true` can be streamed again; "
             "retrieve this one without `stream`.", param="stream", code="invalid_value")
-    try:
-        after = int(query.get("starting_after", "-1"))
-    except ValueError:
-        after = -2
+    given = query.get("starting_after", "-1")
+    # (ASCII digits only: `int` also reads a sign, spaces, `_` and other scripts' digits)
+    after = int(given) if re.fullmatch(r"-?[0-9]{1,18}", given) else -2
     if after < -1:
         raise InvalidRequest("Invalid value for `starting_after`: a sequence number "
                              "(an integer, 0 or more) is expected.",

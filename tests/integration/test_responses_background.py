@@ -990,3 +990,19 @@ async def test_a_cancel_from_the_other_replica_of_a_run_that_just_ended_leaves_n
     assert r.status == 200
     assert (await r.json())["status"] == "incomplete"
     assert await b.app[RUNNER].flags.get("a", rid) is None
+
+
+@pytest.mark.parametrize("after", ["+4", " 4", "4 ", "\u0664", "0_4", "4.0", "0x4"])
+async def test_starting_after_is_a_plain_integer(make_client: MakeClient, after: str) -> None:
+    """`starting_after` is a sequence number written in ASCII digits: what Python's
+    `int` also reads (a sign, spaces around it, other scripts' digits, `_` between
+    digits) was taken as the number it names."""
+    client = await make_client()
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await ended(client, rid, "public")
+    r = await client.get(f"/v1/responses/{rid}",
+                         params={"stream": "true", "starting_after": after})
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["param"] == "starting_after"
