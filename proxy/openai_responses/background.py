@@ -380,11 +380,18 @@ class Runner:
                         now = await self.store.now()
                     lease = run.record.get("run") or {}
                     if lease.get("lease_until", 0) - now < self.cfg.lease_s - renew_every:
-                        run.record = leased(run.record, self.cfg.lease_s, run.fence, now)
+                        held = run.record
+                        run.record = leased(held, self.cfg.lease_s, run.fence, now)
+                        renewal = run.record
                         run.renewing = detach(self.store.replace(
                             run.tenant, run.rid, copy.copy(run.record), fence=run.fence))
                         await asyncio.wait((run.renewing,))
                         if (failed := run.renewing.exception()) is not None:
+                            # Not renewed: tried again at the next poll (its lease
+                            # renewed in memory alone, the next try came a third of the
+                            # lease later, and two failed let the stored one lapse).
+                            if run.record is renewal:  # (unless its run put another)
+                                run.record = held
                             raise failed  # (logged below, as the watch's others)
                         if not run.renewing.result():
                             self.settled_elsewhere(run)

@@ -1006,3 +1006,37 @@ async def test_starting_after_is_a_plain_integer(make_client: MakeClient, after:
     body = await r.json()
     validate("ErrorResponse", body)
     assert body["error"]["param"] == "starting_after"
+
+
+async def test_a_lease_renewal_that_failed_is_tried_again_at_the_next_poll(
+        make_client: MakeClient, fake_engine: FakeEngine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renewal the store refused (a blip) left the run's lease renewed in memory all
+    the same: the next try came a third of the lease later, and two refused in a row
+    let the stored lease lapse (the run read `failed` while it ran). It is tried again
+    at the next poll."""
+    client = await make_client(responses={"background": {"poll_s": 0.01, "lease_s": 30}})
+    fake_engine.token_gate = asyncio.Event()
+    store = client.app[STORE]
+    replace = type(store).replace
+    refused, renewed = 0, []
+
+    async def blip(self: Any, tenant: str, rid: str, record: Any, *a: Any,
+                   **kw: Any) -> bool:
+        nonlocal refused
+        if record.get("run") and refused < 2:
+            refused += 1
+            raise Unavailable("The store is down.", code="store_unavailable")
+        stored: bool = await replace(self, tenant, rid, record, *a, **kw)
+        if record.get("run"):
+            renewed.append(stored)
+        return stored
+
+    monkeypatch.setattr(type(store), "replace", blip)
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    later = time.time() + 25  # (past its lease's third)
+    monkeypatch.setattr(time, "time", lambda: later)  # (the memory store's clock)
+    await eventually(lambda: renewed == [True], 10)
+    assert refused == 2
+    fake_engine.token_gate.set()
+    await ended(client, rid, "public")
