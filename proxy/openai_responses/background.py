@@ -366,7 +366,9 @@ class Runner:
         while self.runs:
             await asyncio.sleep(self.cfg.poll_s)
             now: float | None = None  # (the store's clock, read once a poll if needed)
-            for run in list(self.runs.values()):
+            watched = [run for run in list(self.runs.values())
+                       if not run.cancelled and not run.ended]
+            for i, run in enumerate(watched):
                 if run.cancelled or run.ended:
                     continue
                 try:
@@ -395,7 +397,13 @@ class Runner:
                             raise failed  # (logged below, as the watch's others)
                         if not run.renewing.result():
                             self.settled_elsewhere(run)
-                except (Unavailable, RecordTooLarge) as e:
+                except Unavailable as e:
+                    # The store is down: every other run's call would fail alike (one
+                    # line a poll, not one a run through an outage); till the next poll.
+                    log.warning("background response not watched", response_id=run.rid,
+                                reason=e.code, skipped=len(watched) - i - 1)
+                    break
+                except RecordTooLarge as e:
                     log.warning("background response not watched", response_id=run.rid,
                                 reason=e.code)
                 except Exception as e:  # a bug: logged, the other runs still watched

@@ -1040,3 +1040,38 @@ async def test_a_lease_renewal_that_failed_is_tried_again_at_the_next_poll(
     assert refused == 2
     fake_engine.token_gate.set()
     await ended(client, rid, "public")
+
+
+async def test_a_store_down_is_logged_once_a_poll_not_once_a_run(
+        make_client: MakeClient, fake_engine: FakeEngine, logs: io.StringIO,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that is down fails every run's renewal alike: the watch logs it once a
+    poll (naming the runs it skipped), not once a run (64 runs, a line each a second
+    through an outage)."""
+    client = await make_client(responses={"background": {"poll_s": 0.01, "lease_s": 30}})
+    fake_engine.token_gate = asyncio.Event()
+    store = client.app[STORE]
+    replace = type(store).replace
+
+    async def down(self: Any, tenant: str, rid: str, record: Any, *a: Any,
+                   **kw: Any) -> bool:
+        if record.get("run"):
+            raise Unavailable("The store is down.", code="store_unavailable")
+        return await replace(self, tenant, rid, record, *a, **kw)
+
+    monkeypatch.setattr(type(store), "replace", down)
+    rids = [(await (await client.post("/v1/responses", json=BASE)).json())["id"]
+            for _ in range(3)]
+    later = time.time() + 25  # (past its lease's third)
+    monkeypatch.setattr(time, "time", lambda: later)  # (the memory store's clock)
+
+    def lines() -> list[dict[str, Any]]:
+        return [json.loads(x) for x in logs.getvalue().splitlines()
+                if "background response not watched" in x]
+
+    await eventually(lambda: len(lines()) >= 3)
+    assert {line["response_id"] for line in lines()} == {rids[0]}
+    assert all(line["skipped"] == 2 for line in lines())
+    fake_engine.token_gate.set()
+    for rid in rids:
+        await ended(client, rid, "public")
