@@ -1285,7 +1285,26 @@ def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...]) -> b
     kinds = {a.removeprefix("passive-"), b.removeprefix("passive-")}
     if kinds != {"self", "other"}:
         return False
-    return not ((a.startswith("passive-") or b.startswith("passive-")) and _voice_only(ta, tb))
+    passives = [t for kind, t in ((a, ta), (b, tb)) if kind.startswith("passive-")]
+    return not (passives and all(_own_acts(t) for t in passives) and _voice_only(ta, tb))
+
+
+#: Action classes (guard_actions) of what others do to one's things: a passive of them,
+#: its doer unsaid, asks whether someone can ("Can my phone be tracked?", "Can my
+#: messages be read?", "Can my data be shared?"), not the asker's own act.
+_OTHERS_DO = frozenset(("find", "read", "share"))
+
+
+def _own_acts(tokens: tuple[str, ...]) -> bool:
+    """The passive's verbs (each word after a "be" or a "get") are all actions the asker
+    takes on their own thing ("cancelled", "paused", "reset", "frozen"): an action of
+    guard_actions, and not one of `_OTHERS_DO`. A verb not listed ("hacked", "recorded",
+    "monitored", "sold") may be anyone's: the voices then ask two things."""
+    verbs = [t for i, t in enumerate(tokens[1:], 1) if tokens[i - 1] in _TO_BE
+             and t not in _FILLER]
+    return bool(verbs) and all(
+        (cls := ACTION.get(v, ACTION.get(_PARTICIPLES.get(v, v)))) is not None
+        and cls not in _OTHERS_DO for v in verbs)
 
 
 def _voice_only(a: tuple[str, ...], b: tuple[str, ...]) -> bool:

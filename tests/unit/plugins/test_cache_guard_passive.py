@@ -36,6 +36,26 @@ def test_another_doer_or_another_thing_misses(stored: str, asked: str) -> None:
     assert not guard_ok(stored, asked)
 
 
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can my phone be tracked?", "Can I track my phone?"),
+    ("Can my messages be read?", "Can I read my messages?"),
+    ("Can my account be hacked?", "Can I hack my account?"),
+    ("Can my calls be recorded?", "Can I record my calls?"),
+    ("Can my emails be monitored?", "Can I monitor my emails?"),
+    ("Can my files be accessed?", "Can I access my files?"),
+    ("Can my data be shared?", "Can I share my data?"),
+    ("Can my data be sold?", "Can I sell my data?"),
+])
+def test_a_passive_of_what_others_do_to_ones_things_misses(stored: str, asked: str) -> None:
+    """A passive whose doer is unsaid asks whether someone can do it to the asker's thing
+    where the thing is watched, read, taken or attacked ("Can my phone be tracked?": a
+    privacy question; "Can I track my phone?": finding it): not the asker's own act.
+    Only an action the asker takes on their own thing (cancel, pause, reset, change ...)
+    reads the same in both voices."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
 @pytest.mark.parametrize(("question", "kind"), [
     ("can my order be cancelled?", "passive-other"),
     ("can my order be cancelled by the seller?", "other"),
