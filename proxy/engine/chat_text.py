@@ -37,7 +37,9 @@ Render = Callable[[list[dict[str, Any]]], str]
 _JOINER = "\u2060"
 #: How Weir hands a chat to the template (`proxy.preparing._message_dicts`, `ChatText`):
 #: bump it where that changes what a template is given, so that cache keys change too.
-RENDERING_VERSION = 1
+#: 2: an earlier call's arguments that are one JSON string, or escape a lone surrogate,
+#: are given as sent (`proxy.tools.template_calls`, stop 47).
+RENDERING_VERSION = 2
 
 
 def render_digest(template: Any, separator: str) -> str:

@@ -56,3 +56,20 @@ def test_the_digest_is_the_rendering_s_and_only_a_chat_s_key_holds_it() -> None:
     assert semantic_parts(chat, "tenant", own) != semantic_parts(chat, "tenant", served)
     assert semantic_parts(chat, "tenant", None) == semantic_parts(chat, "tenant")
     assert exact_key(completion(), "tenant", own) == exact_key(completion(), "tenant")
+
+
+def test_the_rendering_version_moves_with_how_earlier_calls_are_shown() -> None:
+    """Cache keys hold `RENDERING_VERSION`, which says how Weir hands a chat to the
+    template. Stop 47 changed what an earlier call's arguments are shown as (one JSON
+    string as sent, `"Berlin"`, no longer its bare text; a lone surrogate's escape as
+    sent): an answer cached for a conversation holding such a call (Redis keeps it a day)
+    answered the prompt as it read before, and was replayed for the one it reads now.
+    (Where `template_calls` shows calls otherwise again, bump the version with this.)"""
+    from proxy.engine.chat_text import RENDERING_VERSION
+    from proxy.protocol import ToolCall
+    from proxy.tools import template_calls
+
+    calls = [ToolCall.model_validate({"id": f"c{i}", "function": {"name": "f", "arguments": a}})
+             for i, a in enumerate(['"Berlin"', '{"city": "Paris"}', '{"a": "\\ud800"}'])]
+    shown = [c["function"]["arguments"] for c in template_calls(calls)]
+    assert (RENDERING_VERSION, shown) == (2, ['"Berlin"', {"city": "Paris"}, '{"a": "\\ud800"}'])
