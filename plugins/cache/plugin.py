@@ -433,7 +433,16 @@ class CachePlugin(BasePlugin[CacheConfig]):
                                     and len(ctx.request.prompts()) != 1):
             return entry
         own = self.services.terminal.count_prompt(ctx.request)
-        return entry if own is None else replace(asked_with(entry, own), asked=asked)
+        if own is None:
+            return entry
+        if not entry.asked and own == entry.usage["prompt_tokens"]:
+            # An entry stored before the digest was kept (read from Redis after an
+            # upgrade) counts this prompt's tokens: kept with it (in place, where L1 and
+            # the index hold it), so its verbatim repeats are not rendered again. (L1's
+            # size of it is short of the digest's 64 characters.)
+            entry.asked = asked
+            return entry
+        return replace(asked_with(entry, own), asked=asked)
 
     def _semantic_hit(self, ctx: RequestContext, key: str, entry: Entry, write: bool,
                       ) -> Reply:

@@ -162,3 +162,28 @@ async def test_a_completions_exact_hit_reports_its_own_prompts_tokens() -> None:
     assert layer == "exact"
     assert usage_of(reply)["prompt_tokens"] == counted(asker) != counted(
         completion("Reset my password"))
+
+
+async def test_an_entry_stored_before_digests_were_kept_is_rendered_once() -> None:
+    """An entry from before `asked` was kept (Redis holds them a day after an upgrade; L1
+    takes them from there) cannot tell a verbatim repeat: each exact hit of it rendered
+    the prompt again, the cost a hit must not pay. The first count that agrees with its
+    usage is kept with it: the repeats after it are not rendered."""
+    p, eng = plugin(semantic={"enabled": False}), Counting()
+    await run(p, ctx(ASKED), eng)
+    assert p.store.l1 is not None
+    [(entry, _)] = p.store.l1._items.values()
+    entry.asked = ""  # as read back from an entry the version before stored
+    renders: list[object] = []
+    terminal = p.services.terminal
+    count = terminal.count_prompt
+    terminal.count_prompt = lambda r: renders.append(r) or count(r)  # type: ignore[method-assign]
+    for _ in range(3):
+        reply, layer = await run(p, ctx(ASKED), eng)
+        assert layer == "exact"
+        assert usage_of(reply)["prompt_tokens"] == counted(ctx(ASKED))
+    assert len(renders) == 1
+    # Another prompt the key reads as it is still counted as its own.
+    asker = ctx(SAME_KEY[0])
+    reply, _ = await run(p, asker, eng)
+    assert usage_of(reply)["prompt_tokens"] == counted(asker) != counted(ctx(ASKED))
