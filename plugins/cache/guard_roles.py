@@ -130,9 +130,25 @@ def agents(lowered: str) -> tuple[str, ...]:
         passive = _PASSIVE.match(lowered, m.start(3) - 1) if verb in _TO_BE else None
         if passive is not None:
             out.append(_kind(passive.group(1)) if passive.group(1) else "passive")
+        elif subject not in _PRONOUNS and _event(verb, lowered, m.end(3)):
+            continue  # a thing's own event ("if my package doesn't arrive"): no doer
         elif aux or subject in _PRONOUNS or _verb_like(verb):
             out.append(_kind(subject))
     return tuple(out)
+
+
+#: What a thing does of itself ("if my package doesn't arrive", "when my card expires",
+#: "if my payment fails"): no party doing what the asker does on the other side ("if I
+#: don't receive my package"); "fail" only where no "to" says what it failed to do
+#: ("if the seller fails to ship": the seller does not).
+_EVENTS = frozenset(form for verb in ("arrive", "work", "expire", "crash", "load", "lapse",
+                                      "bounce", "happen", "appear", "fail", "break")
+                    for form in (verb, verb + "s", verb.removesuffix("e") + "ed"))
+_TO_NEXT = re.compile(r"\s++to\b")
+
+
+def _event(verb: str, lowered: str, end: int) -> bool:
+    return verb in _EVENTS and not _TO_NEXT.match(lowered, end)
 
 
 _CLAUSE_WORDS = ("if ", "when", "once ", "unless ", "after ", "before ", "until ",
