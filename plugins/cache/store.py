@@ -123,6 +123,10 @@ class CacheStore:
         #: other replicas drop only what that filter's owner fields own, and another
         #: tenant's purge counts none of them.
         self._owed: dict[str, tuple[dict[str, Any], list[str], list[tuple[str, str]]]] = {}
+        #: Held by a purge's Redis part: one purge at a time retries what is owed (a
+        #: purge finding its own names taken by another's retry answered 200 before
+        #: that retry ended, and had it failed, owed them to no caller waiting).
+        self._purging = asyncio.Lock()
         self.lazy = embedder is not None and cfg.semantic.lazy and cfg.semantic.guard
         #: Whether the gateway is idle (no request in flight): set by the plugin.
         self.idle: Callable[[], bool] = lambda: True
@@ -652,19 +656,20 @@ class CacheStore:
         keys, sem = self._purge_memory(match, f=f)
         counts: dict[str, Any] = {"l1": len(keys), "semantic_index": len(sem)}
         if self.redis is not None:
-            # Names owed by earlier purges Redis did not take: each retried under its own
-            # filter (never this one's: its owner fields would not own them on the other
-            # replicas, and its counts would hold them); this filter's own go with it.
-            this = _filter_id(f)
-            mine = self._owed.pop(this, None)
-            for other in list(self._owed):
-                if (owed := self._owed.pop(other, None)) is not None:  # (unless a purge
-                    # running meanwhile took it)
+            async with self._purging:
+                # Names owed by earlier purges Redis did not take: each retried under
+                # its own filter (never this one's: its owner fields would not own them
+                # on the other replicas, and its counts would hold them); this filter's
+                # own go with it.
+                this = _filter_id(f)
+                for other in [o for o in self._owed if o != this]:
+                    owed = self._owed.pop(other)
                     await self._purge_redis(owed[0], matcher(owed[0]), owed[1], owed[2], True)
-            if mine is not None:
-                keys, sem = [*mine[1], *keys], [*mine[2], *sem]
-            got = await self._purge_redis(f, match, keys, sem,
-                                          "contains" in f or mine is not None)
+                mine = self._owed.pop(this, None)
+                if mine is not None:
+                    keys, sem = [*mine[1], *keys], [*mine[2], *sem]
+                got = await self._purge_redis(f, match, keys, sem,
+                                              "contains" in f or mine is not None)
             counts["redis"] = None if got is None else {"exact": got[0], "semantic": got[1]}
         return counts
 

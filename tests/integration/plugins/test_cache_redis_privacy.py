@@ -4,6 +4,7 @@ across replicas (its guard compares a hash). Opting in keeps the prompt in Redis
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -286,6 +287,77 @@ async def test_another_tenants_purge_neither_counts_nor_strands_a_failed_purges_
     assert (await r.json())["purged"]["redis"] == {"exact": 0, "semantic": 0}
     r = await a.post("/admin/cache/purge", json={"contains": "kestrel"}, headers=acme)
     assert r.status == 200
+    await settle(a, b)
+    b_l1 = cache_of(b).store.l1
+    await eventually(lambda: b_l1 is not None and len(b_l1) == 0, timeout=2.0)
+    await assert_gone(redis_server.url, prefix, q, a, b)
+
+
+async def test_a_purge_waits_for_another_purges_retry_of_its_names(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """tenant acme's content purge failed (its names owed); globex's purge took them to
+    retry under acme's filter, and while that retry ran acme purged again: finding no
+    names of its own owed, it answered 200 at once. globex's retry of acme's names then
+    failed too: they were owed again, to no caller waiting, and the other replica kept
+    serving the purged answer. A purge now waits for the one retrying, and takes what
+    it left owed."""
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    keys = [{"key": "k-alice", "tenant": "acme", "user": "alice"},
+            {"key": "k-acme-admin", "tenant": "acme", "role": "admin"},
+            {"key": "k-globex-admin", "tenant": "globex", "role": "admin"}]
+    cfg = {"l2": {"enabled": True}, "store_truncated": True,
+           "redis": {"url": redis_server.url, "key_prefix": prefix, "timeout_s": 0.2}}
+    a, b = [await make_client(make_settings(
+        auth={"mode": "keys", "keys": keys}, embeddings={"enabled": True},
+        plugins=[{"name": "cache", "config": cfg}]), engine=FakeEngine()) for _ in range(2)]
+    for c in (a, b):
+        await c.app[STATE].embedder.ready()
+    q = "Tell me about project kestrel launch"
+    assert (await ask(a, q))[0] == "miss"
+    assert (await ask(b, q))[0] == "exact"  # b's copy, read from Redis, has no prompt
+    store = cache_of(a).store
+    assert store.redis is not None
+    real, real_publish = store.redis.purge, store.redis.publish
+
+    async def down(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def not_sent(*args: Any, **kwargs: Any) -> bool:
+        return False
+
+    store.redis.purge = down  # type: ignore[method-assign]
+    store.redis.publish = not_sent  # type: ignore[method-assign]
+    acme = {"Authorization": "Bearer k-acme-admin"}
+    r = await a.post("/admin/cache/purge", json={"contains": "kestrel"}, headers=acme)
+    assert r.status == 503
+    store.redis.publish = real_publish  # type: ignore[method-assign]
+    entered, gate = asyncio.Event(), asyncio.Event()
+    calls = 0
+
+    async def held_then_down_once(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # globex's retry of acme's names: held, then Redis is away again
+            entered.set()
+            await gate.wait()
+            return None
+        return await real(*args, **kwargs)
+
+    store.redis.purge = held_then_down_once  # type: ignore[method-assign]
+    globex = asyncio.ensure_future(a.post(
+        "/admin/cache/purge", json={"contains": "osprey"},
+        headers={"Authorization": "Bearer k-globex-admin"}))
+    await asyncio.wait_for(entered.wait(), 5)
+    again = asyncio.ensure_future(a.post("/admin/cache/purge", json={"contains": "kestrel"},
+                                         headers=acme))
+    # acme's purge waits while globex's retry of its names is held (it answered 200 at
+    # once): the wait is bounded only for the code before, which did not wait.
+    done, _ = await asyncio.wait((again,), timeout=0.5)
+    assert not done
+    gate.set()
+    r_globex, r = await globex, await again
+    assert r_globex.status == 200 and r.status == 200
+    assert (await r.json())["purged"]["redis"] is not None
     await settle(a, b)
     b_l1 = cache_of(b).store.l1
     await eventually(lambda: b_l1 is not None and len(b_l1) == 0, timeout=2.0)
