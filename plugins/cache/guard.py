@@ -459,6 +459,10 @@ _FOCUS = {
     "cost": re.compile(r"\b(?:how much|costs?|prices?|fees?|free|pay for)\b", re.IGNORECASE),
     "place": re.compile(r"\b(?:where|which country|what country)\b", re.IGNORECASE),
     "reason": re.compile(r"\b(?:why|what caused|reason)\b", re.IGNORECASE),
+    # a person: against a place, a time or a reason, another fact ("Who can sign the
+    # form?" / "Where can I sign the form?"; "who" against "how" is often how a
+    # paraphrase reads: "Who do I contact ...?" / "How do I contact ...?")
+    "person": re.compile(r"\b(?:who|whom|whose)\b", re.IGNORECASE),
 }
 # The same patterns without IGNORECASE, for ASCII text lowered first (faster; on
 # ASCII the two agree, while IGNORECASE also lets the dotless i, the dotted capital I

@@ -34,9 +34,16 @@ from proxy.settings import EmbeddingSettings
 # paraphrases, 5 of 135 near misses hit ("My number is cancelled" / "I kept my number",
 # archive / restore, gift / receive, "Can I" / "Do I have to", the first in Spanish);
 # then 33/40 once phrasal verbs, currency codes, a day before its month and the small
-# words of another language read as the guard's English (probe: 27/42).
+# words of another language read as the guard's English (probe: 27/42). blind2 (stop 47,
+# written without reading the guard: banking and fintech, telecom, insurance claims,
+# enrolment, government forms, devops, shopping, health appointments, quantities,
+# dates, must / may, if / unless, all / any, comparisons, actors, a question word
+# swapped): measured before the guard was changed for it, 27/40 paraphrases, 5 of 79
+# near misses hit ("Who can sign the form?" / "Where can I ...", add money to / enter a
+# gift card, add / check data, file / check the status of a claim, register / check if
+# registered).
 SETS = [("semantic_adversarial", 0.8), ("semantic_fresh", 0.7), ("semantic_probe", 0.6),
-        ("semantic_blind", 0.8)]
+        ("semantic_blind", 0.8), ("semantic_blind2", 0.65)]
 
 
 @pytest.mark.parametrize(("name", "paraphrases"), SETS, ids=[n for n, _ in SETS])
