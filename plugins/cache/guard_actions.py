@@ -20,7 +20,13 @@ from __future__ import annotations
 _CLASSES = (
     ("cancel", "terminate", "end", "stop", "void"),
     ("close", "delete", "remove", "erase", "deactivate"),
-    ("open", "create", "set", "setup"),
+    ("open", "create", "set", "setup", "add"),
+    # putting money on a card or an account ("top up", "add money": `merged`)
+    ("topup", "top-up", "load", "reload", "recharge", "fund"),
+    # a code, a card's value or points taken into an account or an order ("Where do I
+    # enter a gift card?"; "use" is filler, compared by `guard._narrowed` only: "How do
+    # I redeem my points?" / "How can I use my reward points?")
+    ("redeem", "enter", "input", "use"),
     ("pause", "suspend", "freeze", "hold"),
     ("renew", "extend", "resume", "reactivate"),
     ("change", "update", "edit", "modify", "amend", "alter", "switch", "reschedule"),
@@ -72,6 +78,28 @@ _FRAME = frozenset("s re way ways process steps step procedure".split())
 _PARTICLES = frozenset(("back", "down", "off", "over"))
 
 
+#: A verb and its money as one action ("add money to my gift card", "put funds on my
+#: card", "top up my card": "topup"): the money is the action's, not the thing acted on.
+_FUNDING_VERBS = frozenset(("add", "adds", "added", "adding", "put", "puts", "putting",
+                            "load", "loads", "loaded", "loading"))
+_MONEY = frozenset(("money", "funds", "fund", "cash", "credit"))
+
+
+def merged(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """`tokens` with a verb that puts money on a thing read as one action ("top up",
+    "add money", "load cash": "topup"; `_FUNDING_VERBS`, `_MONEY`)."""
+    if "up" not in tokens and _MONEY.isdisjoint(tokens):
+        return tokens
+    out: list[str] = []
+    for t in tokens:
+        if out and ((out[-1] == "top" and t == "up")
+                    or (out[-1] in _FUNDING_VERBS and t in _MONEY)):
+            out[-1] = "topup"
+        else:
+            out.append(t)
+    return tuple(out)
+
+
 def actions_differ(a: list[str], b: list[str]) -> bool:
     """`a`, `b`: the words that say something, in order. The same words once the actions
     and the frame are left out, and each side naming an action class the other does
@@ -82,6 +110,9 @@ def actions_differ(a: list[str], b: list[str]) -> bool:
         return False
     rest_a = _without_actions(a)
     rest_b = _without_actions(b)
+    if "topup" in ka | kb:  # the money is the action's ("add credit" / "check my credit")
+        rest_a = [w for w in rest_a if w not in _MONEY]
+        rest_b = [w for w in rest_b if w not in _MONEY]
     return bool(rest_a) and rest_a == rest_b
 
 
