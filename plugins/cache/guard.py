@@ -1359,8 +1359,10 @@ def _content(tokens: tuple[str, ...]) -> list[str]:
 
 
 def _singular(word: str) -> str:
+    """A plural noun without its "s"; not a word whose "s" is its own ("status",
+    "bonus", "analysis", "address")."""
     return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith(
-        "ss") else word
+        ("ss", "us", "is")) else word
 
 
 #: Marks a stored guard digest (an entry read from Redis without its question text).

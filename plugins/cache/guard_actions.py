@@ -73,7 +73,9 @@ ACTION = {form: cls[0] for cls in _CLASSES for verb in cls for form in _forms(ve
 ACTION.update({w: ACTION[v] for w, v in _IRREGULAR.items()})
 # Nouns that only frame what is asked ("What's the way to close ...", "the steps to ..."):
 # no part of the thing acted on.
-_FRAME = frozenset("s re way ways process steps step procedure".split())
+# (nor "the status of" a thing: checking it is checking the thing, "check the status of
+# my claim" / "file a claim")
+_FRAME = frozenset("s re way ways process steps step procedure status".split())
 # A verb's particle after it ("roll back"; "up", "out" are filler already).
 _PARTICLES = frozenset(("back", "down", "off", "over"))
 
@@ -113,7 +115,9 @@ def actions_differ(a: list[str], b: list[str]) -> bool:
     if "topup" in ka | kb:  # the money is the action's ("add credit" / "check my credit")
         rest_a = [w for w in rest_a if w not in _MONEY]
         rest_b = [w for w in rest_b if w not in _MONEY]
-    return bool(rest_a) and rest_a == rest_b
+    # (in any order: the thing reworded round its nouns is the same thing, "a claim for
+    # water damage" / "my water damage claim")
+    return bool(rest_a) and sorted(rest_a) == sorted(rest_b)
 
 
 def _without_actions(words: list[str]) -> list[str]:
