@@ -102,6 +102,32 @@ def merged(tokens: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+#: Words that ask whether a thing is so when an "if" / "whether" follows them ("check
+#: if I am registered", "know whether my claim was approved"), and the small words of the
+#: clause checked ("am", "was", "been"): `checked`.
+_CHECKING = frozenset(w for v in ("check", "see", "know", "tell", "find", "verify",
+                                  "confirm") for w in (v, v + "s", v + "ing"))
+_WHETHER = frozenset(("if", "whether"))
+_STATE = frozenset("am m is s are re was were been be being has have ve had already "
+                   "got gotten".split())
+
+
+def checked(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """`tokens` with a check of whether a thing was done read as "check" and the thing
+    checked: the clause's actions and its small words left out ("How do I check if I am
+    registered to vote?" as "how do i check to vote"), so they are the state asked
+    about, not an action the other side shares ("How do I register to vote?"). (The
+    price: "Is my subscription cancelled?" / "How do I check if my subscription is
+    cancelled?" misses, a state against a check of it.)"""
+    if _WHETHER.isdisjoint(tokens):
+        return tokens
+    for i in range(1, len(tokens)):
+        if tokens[i] in _WHETHER and tokens[i - 1] in _CHECKING:
+            rest = [t for t in tokens[i + 1:] if t not in _STATE and t not in ACTION]
+            return (*tokens[:i - 1], "check", *rest)
+    return tokens
+
+
 def actions_differ(a: list[str], b: list[str]) -> bool:
     """`a`, `b`: the words that say something, in order. The same words once the actions
     and the frame are left out, and each side naming an action class the other does
