@@ -32,6 +32,10 @@ _CLASSES = (
     ("change", "update", "edit", "modify", "amend", "alter", "switch", "reschedule"),
     ("reset", "recover", "restore", "retrieve"),
     ("restart", "reboot"),
+    # switching a thing on ("turn on" reads as "enable": guard._PHRASES); its opposite is
+    # guard._FAMILIES' ("How do I activate my new card?" / "How do I know if my new card
+    # is activated?")
+    ("enable", "activate"),
     ("book", "schedule", "reserve", "arrange"),
     ("return",),
     ("exchange", "swap", "replace"),
@@ -109,7 +113,7 @@ _CHECKING = frozenset(w for v in ("check", "see", "know", "tell", "find", "verif
                                   "confirm") for w in (v, v + "s", v + "ing"))
 _WHETHER = frozenset(("if", "whether"))
 _STATE = frozenset("am m is s are re was were been be being has have ve had already "
-                   "got gotten".split())
+                   "got gotten on off".split())
 
 
 def checked(tokens: tuple[str, ...]) -> tuple[str, ...]:
