@@ -678,6 +678,8 @@ def _tokens(lowered: str) -> tuple[str, ...]:
     if " is" in lowered or " are" in lowered:
         lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
     lowered = _SAME_ASK.sub(_same_ask, lowered)
+    if _CHANNEL_HINT.search(lowered):
+        lowered = _CHANNEL.sub(lambda m: _CHANNELS[_channel_key(m.group(0))], lowered)
     if not _VERB_FIRST.isdisjoint(_LETTERS.findall(lowered)):
         lowered = _VERB_PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
     if "back" in lowered:
@@ -685,6 +687,48 @@ def _tokens(lowered: str) -> tuple[str, ...]:
     if "get" in lowered or "got" in lowered:
         lowered = _RECEIVING.sub("receive", lowered)
     return tuple(_TOKEN.findall(lowered))
+
+
+#: Where or how a thing is done, each way it is said as one token ("by phone", "over
+#: the phone": "by-phone"; "at the counter", "in store", "in person": "in-person"): two
+#: questions that name other channels ask other things ("Can I pay by card at the
+#: counter?" / "Can I pay by card online?", `channels_differ`).
+_CHANNEL_WAYS = {
+    "online": ("online", "on the website", "on your website", "on the web", "via the website",
+               "through the website", "on the site", "on your site"),
+    "in-app": ("in the app", "in your app", "through the app", "via the app", "on the app",
+               "in-app"),
+    "by-phone": ("by phone", "over the phone", "on the phone", "by telephone",
+                 "by calling"),
+    "in-person": ("in person", "in-person", "in store", "in-store", "in a store",
+                  "at a store", "at the store", "in a shop", "at a shop", "at the shop",
+                  "at the counter", "at a counter", "at the desk", "at a branch",
+                  "at the branch", "in a branch", "in branch", "at the post office",
+                  "face to face"),
+    "by-post": ("by post", "by mail", "in the mail", "through the post", "by letter"),
+    "by-email": ("by email", "by e-mail", "via email", "over email", "through email"),
+}
+_CHANNELS = {" ".join(way.split()): name for name, ways in _CHANNEL_WAYS.items()
+             for way in ways}
+_CHANNEL = re.compile(r"\b(?:" + "|".join(
+    re.escape(w).replace(r"\ ", r"\s+") for w in sorted(_CHANNELS, key=len, reverse=True))
+    + r")\b")
+#: The words every channel's way holds one of (a cheap first look: most questions name
+#: none).
+_CHANNEL_HINT = re.compile(r"\b(?:online|web|site|app|phone|telephone|calling|person|store|"
+                           r"shop|counter|desk|branch|post|mail|letter|face|email|e-mail)\b")
+_CHANNEL_NAMES = frozenset(_CHANNEL_WAYS)
+
+
+def _channel_key(said: str) -> str:
+    return " ".join(said.split())
+
+
+def channels_differ(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Both questions name a channel (`_CHANNEL_WAYS`, in their tokens), and not the
+    same ones."""
+    ca, cb = _CHANNEL_NAMES.intersection(a), _CHANNEL_NAMES.intersection(b)
+    return bool(ca and cb and ca != cb)
 
 
 def _symbols(text: str) -> tuple[str, ...]:
@@ -1448,6 +1492,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not parties_differ(parties(ta), parties(tb))
             and not degrees_differ(a.degrees, b.degrees)
             and not units_differ(a.units, b.units)
+            and not channels_differ(a.tokens, b.tokens)
             and not (a.numbers and relative_differs(a.units, b.units))
             and not quantifiers_differ(a.quantifiers, b.quantifiers)
             and not modals_differ(a.modals, b.modals)
