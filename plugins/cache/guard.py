@@ -80,7 +80,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from .guard_actions import ACTION, actions_differ, checked, merged
+from .guard_actions import ACTION, actions_differ, checked, merged, nouns
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_ends import ends, ends_differ
@@ -1503,6 +1503,6 @@ def guard_ok(question: str, stored: str) -> bool:
             and not _focus_differs(a.focus, b.focus)
             and not _whether_and_why(ta, tb)
             and not _edited(ta, tb)
-            and not actions_differ(_content(checked(merged(ta))),
-                                   _content(checked(merged(tb))))
+            and not actions_differ(_content(nouns(checked(merged(ta)))),
+                                   _content(nouns(checked(merged(tb)))))
             and not _reordered(a.tokens, b.tokens))

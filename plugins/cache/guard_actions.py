@@ -32,6 +32,11 @@ _CLASSES = (
     ("change", "update", "edit", "modify", "amend", "alter", "switch", "reschedule"),
     ("reset", "recover", "restore", "retrieve"),
     ("restart", "reboot"),
+    # asking for a thing owed, and buying one ("How do I claim on my travel insurance?" /
+    # "How do I buy travel insurance?"); as nouns ("my refund request", "a purchase") they
+    # are things (`nouns`)
+    ("request", "claim"),
+    ("buy", "purchase"),
     # switching a thing on ("turn on" reads as "enable": guard._PHRASES); its opposite is
     # guard._FAMILIES' ("How do I activate my new card?" / "How do I know if my new card
     # is activated?")
@@ -78,8 +83,9 @@ ACTION.update({w: ACTION[v] for w, v in _IRREGULAR.items()})
 # Nouns that only frame what is asked ("What's the way to close ...", "the steps to ..."):
 # no part of the thing acted on.
 # (nor "the status of" a thing: checking it is checking the thing, "check the status of
-# my claim" / "file a claim")
-_FRAME = frozenset("s re way ways process steps step procedure status".split())
+# my claim" / "file a claim"; nor "a copy of" it: "request a copy of my certificate" /
+# "check my certificate request")
+_FRAME = frozenset("s re way ways process steps step procedure status copy copies".split())
 # A verb's particle after it ("roll back"; "up", "out" are filler already).
 _PARTICLES = frozenset(("back", "down", "off", "over"))
 
@@ -132,6 +138,42 @@ def checked(tokens: tuple[str, ...]) -> tuple[str, ...]:
     return tokens
 
 
+_DETERMINERS = frozenset("a an the my your our his her their its this that".split())
+#: A noun's mark: an action's word used as a noun (`nouns`).
+NOUN = "n-"
+
+
+def nouns(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """`tokens` with an action's word that is a noun marked (`NOUN`): after a determiner,
+    or after one and up to two words that are no actions ("my refund request", "the
+    disputed charge", "my SIM card order", "my booking"); "How do I order ..." and "to
+    claim" are verbs."""
+    if _DETERMINERS.isdisjoint(tokens):
+        return tokens
+    out = list(tokens)
+    for i, t in enumerate(tokens):
+        if t not in ACTION:
+            continue
+        for j in range(i - 1, max(-1, i - 4), -1):
+            if tokens[j] in _DETERMINERS:
+                out[i] = NOUN + t
+                break
+            if tokens[j] in ACTION or not tokens[j].isalpha() or tokens[j] in _NOT_NOUN:
+                break
+    return tuple(out)
+
+
+#: Words a noun phrase does not run back over ("to", the asker: "I want to claim",
+#: "can I order").
+_NOT_NOUN = frozenset("to i we you he she they it do does did can could will would should "
+                      "must may how what when where why who which".split())
+
+
+def _named(word: str) -> str:
+    """A noun-marked action's word, as its action class ("n-request": "request")."""
+    return ACTION.get(word[len(NOUN):], "") if word.startswith(NOUN) else ""
+
+
 def actions_differ(a: list[str], b: list[str]) -> bool:
     """`a`, `b`: the words that say something, in order. The same words once the actions
     and the frame are left out, and each side naming an action class the other does
@@ -142,6 +184,10 @@ def actions_differ(a: list[str], b: list[str]) -> bool:
         return False
     rest_a = _without_actions(a)
     rest_b = _without_actions(b)
+    # a thing named by the other side's action ("my refund request" / "request a
+    # refund") is that action's
+    rest_a = [w for w in rest_a if _named(w) not in kb]
+    rest_b = [w for w in rest_b if _named(w) not in ka]
     if "topup" in ka | kb:  # the money is the action's ("add credit" / "check my credit")
         rest_a = [w for w in rest_a if w not in _MONEY]
         rest_b = [w for w in rest_b if w not in _MONEY]
