@@ -107,11 +107,16 @@ _PASSIVE = re.compile(r"\s++(?:not\s++)?(?:(?:be|been|being|is|are|was|were|am)\
 #: A clause that says who does a thing, the question's condition or its time ("What
 #: happens if my bank freezes my account?", "... after I close my account?"): its
 #: opening word, its subject, then an auxiliary (and "not") and the word after it.
+#: "you" too: the other party where the asker is named (`agents`).
+_CLAUSE_SUBJECT = _SUBJECT.replace("(i|", "(i|you|", 1)
 _CLAUSE = re.compile(r"\b(?:if|when|whenever|once|unless|after|before|until|because|"
-                     r"while)\s++" + _SUBJECT + r"(?=\s++(?:(do|does|did|can|could|will|"
+                     r"while)\s++" + _CLAUSE_SUBJECT + r"(?=\s++(?:(do|does|did|can|could|will|"
                      r"would|should|may|might|must|has|have|had)(?:n't)?\s++(?:not\s++)?)?"
                      r"([a-z'-]++))")
 _TO_BE = frozenset("be been being is are was were am get gets got gotten getting".split())
+#: The asker named as such: then "you" in a clause is the other party ("Will I be
+#: charged if you cancel?" / "... if I cancel?"); without it, "you" is anyone.
+_ASKS = re.compile(r"\b(?:i|me|my|we|us|our)\b")
 #: Subjects that do what follows them whatever the word is ("if I end", "once they
 #: close"); after a noun, only a word that reads as a verb does ("if the landlord ends",
 #: "before the trial ended"; not "before the renewal date").
@@ -127,12 +132,14 @@ def agents(lowered: str) -> tuple[str, ...]:
     out = []
     for m in _CLAUSE.finditer(lowered):
         subject, aux, verb = m.group(1), m.group(2), m.group(3)
+        if subject == "you" and not _ASKS.search(lowered):
+            continue  # anyone ("What happens if you miss a payment?")
         passive = _PASSIVE.match(lowered, m.start(3) - 1) if verb in _TO_BE else None
         if passive is not None:
             out.append(_kind(passive.group(1)) if passive.group(1) else "passive")
-        elif subject not in _PRONOUNS and _event(verb, lowered, m.end(3)):
+        elif subject not in _PRONOUNS and subject != "you" and _event(verb, lowered, m.end(3)):
             continue  # a thing's own event ("if my package doesn't arrive"): no doer
-        elif aux or subject in _PRONOUNS or _verb_like(verb):
+        elif aux or subject in _PRONOUNS or subject == "you" or _verb_like(verb):
             out.append(_kind(subject))
     return tuple(out)
 
