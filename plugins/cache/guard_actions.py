@@ -19,7 +19,7 @@ from __future__ import annotations
 
 _CLASSES = (
     ("cancel", "terminate", "end", "stop", "void"),
-    ("close", "delete", "remove", "erase", "deactivate"),
+    ("close", "delete", "remove", "erase", "deactivate", "disable"),
     ("open", "create", "set", "setup", "add"),
     # putting money on a card or an account ("top up", "add money": `merged`)
     ("topup", "top-up", "load", "reload", "recharge", "fund"),
@@ -39,7 +39,7 @@ _CLASSES = (
     ("buy", "purchase"),
     # switching a thing on ("turn on" reads as "enable": guard._PHRASES); its opposite is
     # guard._FAMILIES' ("How do I activate my new card?" / "How do I know if my new card
-    # is activated?")
+    # is activated?"); switching it off ("disable", "turn off") is closing it, above
     ("enable", "activate"),
     ("book", "schedule", "reserve", "arrange"),
     ("return",),

@@ -16,6 +16,9 @@ from plugins.cache.guard import guard_ok
     ("How do I enable dark mode?", "How do I check if dark mode is on?"),
     ("How do I enable two-factor authentication?",
      "How do I check if two-factor authentication is enabled?"),
+    ("How do I turn off auto-renew?", "How do I check if auto-renew is off?"),
+    ("How do I disable notifications?", "How do I check if notifications are disabled?"),
+    ("How do I turn off location sharing?", "How do I know if location sharing is off?"),
 ])
 def test_switching_on_is_not_checking_it_is_on(stored: str, asked: str) -> None:
     assert not guard_ok(asked, stored)
@@ -24,6 +27,7 @@ def test_switching_on_is_not_checking_it_is_on(stored: str, asked: str) -> None:
 
 @pytest.mark.parametrize(("stored", "asked"), [
     ("How do I enable notifications?", "How can I turn on notifications?"),
+    ("How do I disable email notifications?", "How do I turn off email notifications?"),
     ("How do I check if roaming is on?", "How can I see whether roaming is on?"),
 ])
 def test_the_same_switch_passes(stored: str, asked: str) -> None:
