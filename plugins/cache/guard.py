@@ -1051,6 +1051,23 @@ def _focus_differs(a: frozenset[str], b: frozenset[str]) -> bool:
     return bool((a ^ b) & _ONE_SIDED_FOCUS) or bool(a and b and a != b)
 
 
+#: A question that asks how the asker does a thing ("How do I verify my identity?",
+#: "how can we ..."): the steps (`_reason_and_steps`).
+_HOW_TO = re.compile(r"\bhow\s++(?:do|can|could|should|would|shall)\s++(?:i|we)\b")
+
+
+def _reason_and_steps(a: Signature, b: Signature, qa: str, qb: str) -> bool:
+    """One side asks why (a reason), the other how the asker does the thing (the steps):
+    "Why do I need to verify my identity?" / "How do I verify my identity?" (0.84 with
+    MiniLM); the frame round the question word ("need to", "have to") hides the swap
+    from the one-slot check. (A "why" against a "what can I do" or a statement is how
+    paraphrases read: "Why is my internet so slow?" / "What can I do about slow internet
+    speeds?")"""
+    return any("reason" in x.focus and "reason" not in y.focus and _HOW_TO.search(qy)
+               is not None and _HOW_TO.search(qx) is None
+               for x, y, qx, qy in ((a, b, qa, qb), (b, a, qb, qa)))
+
+
 #: The words a yes/no question opens with ("Can my order be cancelled?", "Is my data
 #: encrypted?", "Did the payment go through?").
 _YES_NO = frozenset("can could may might must shall should will would do does did am is "
@@ -1501,6 +1518,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not _conflict(a.directions, b.directions)
             and not _reversed(a.words, b.words)
             and not _focus_differs(a.focus, b.focus)
+            and not _reason_and_steps(a, b, question.lower(), stored.lower())
             and not _whether_and_why(ta, tb)
             and not _edited(ta, tb)
             and not actions_differ(_content(nouns(checked(merged(ta)))),

@@ -1,0 +1,38 @@
+"""The guard refuses a question that asks why against one that asks how the asker does
+the same thing (guard._reason_and_steps): "Why do I need to verify my identity?" / "How
+do I verify my identity?" (0.84 with MiniLM) ask for a reason and for steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.cache.guard import guard_ok
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Why do I need to verify my identity?", "How do I verify my identity?"),
+    ("Why do I have to reset my password?", "How do I reset my password?"),
+    ("Why should I update the app?", "How do I update the app?"),
+    ("Why do I need a visa for Japan?", "How do I get a visa for Japan?"),
+    ("Why do I have to pay a deposit?", "How do I pay a deposit?"),
+    ("Why do I need to log in again?", "How can I log in again?"),
+])
+def test_a_reason_is_not_the_steps(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Why can't I log in to my account?", "I can't log in to my account, what should I do?"),
+    ("Why is my internet so slow?", "What can I do about slow internet speeds?"),
+    ("How do I verify my identity?", "How can I verify my identity?"),
+])
+def test_a_reason_against_no_steps_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
+
+
+@pytest.mark.timeout(30)  # a guard against a hang, far above the milliseconds they take
+@pytest.mark.parametrize("text", ["how " * 1000, "how" + " " * 4000 + "do", "how do " * 600])
+def test_long_questions_stay_linear(text: str) -> None:
+    assert not guard_ok("why " + text, "how do i " + text)
