@@ -14,7 +14,11 @@ import re
 
 _DEGREE = re.compile(
     r"\b(?:(?:most|least)\s+[a-z]+(?:-[a-z]+)?|(?:more|less)\s+[a-z]+\s+than|[a-z]+er\s+than|"
-    r"[a-z]{2,}est|best|worst)\b")
+    r"[a-z]{2,}est|best|worst|"
+    # an equal degree ("Is the basic plan as fast as the premium plan?" / "... faster
+    # than ..."), not an idiom ("as soon as", "as well as", "as long as")
+    r"as\s++(?!(?:soon|well|long|far|much|many|follows|such|usual|is|a|an|the)\b)"
+    r"[a-z]++\s++as)\b")
 # Words ending in "est" that are no superlative.
 _NOT_DEGREE = frozenset(
     "interest request test guest rest suggest honest forest contest protest invest digest "
@@ -37,6 +41,8 @@ SAME = {
     **dict.fromkeys(("pricier than", "more expensive than", "costlier than",
                      "more costly than"), "pricier than"),
     **dict.fromkeys(("faster than", "quicker than"), "faster than"),
+    **dict.fromkeys(("as fast as", "as quick as"), "as fast as"),
+    **dict.fromkeys(("as cheap as", "as affordable as"), "as cheap as"),
     **dict.fromkeys(("bigger than", "larger than"), "larger than"),
 }
 
@@ -44,7 +50,7 @@ SAME = {
 def degrees(lowered: str) -> frozenset[str]:
     """The superlatives and comparisons asked for, synonyms as one."""
     if "est" not in lowered and "than" not in lowered and "most" not in lowered and (
-            "least" not in lowered):
+            "least" not in lowered) and "as " not in lowered:
         return frozenset()
     out = set()
     for m in _DEGREE.finditer(lowered):
