@@ -327,6 +327,9 @@ _DIRECTION.update({"bought": (("trade", "+"),), "sold": (("trade", "-"),),
                    "given": (("flow", "-"),), "paid": (("flow", "-"),),
                    "kept": (("term", "+"), ("presence", "+"))})
 _DIRECTION.update({"today": (("day", "0"),), "tonight": (("day", "0"),),
+                   # within a time, neither before nor after it ("Is the deadline
+                   # during the holiday?" / "... before or after the holiday?")
+                   "during": (("time", "0"),), "while": (("time", "0"),),
                    "next": (("order", "next"),),
                    **{f"{when}-{unit}": (("day", sign),) for when, sign in (
                        ("last", "-"), ("this", "0"), ("next", "+")) for unit in _PERIODS}})
