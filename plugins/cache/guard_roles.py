@@ -107,8 +107,13 @@ _PASSIVE = re.compile(r"\s++(?:not\s++)?(?:(?:be|been|being|is|are|was|were|am)\
 #: A clause that says who does a thing, the question's condition or its time ("What
 #: happens if my bank freezes my account?", "... after I close my account?"): its
 #: opening word, its subject, then an auxiliary (and "not") and the word after it.
-#: "you" too: the other party where the asker is named (`agents`).
-_CLAUSE_SUBJECT = _SUBJECT.replace("(i|", "(i|you|", 1)
+#: "you" too: the other party where the asker is named (`agents`); and a noun of two
+#: words where a verb's "-s" or "-ed" follows ("if my direct debit fails"; not "if my
+#: account is ...", "if my bank freezes ...").
+_CLAUSE_SUBJECT = _SUBJECT.replace("(i|", "(i|you|", 1).replace(
+    r"\s++[a-z]+)", r"\s++[a-z]+(?:\s++(?!(?:is|are|was|were|be|been|has|have|had|do|does|"
+    r"did|can|could|will|would|should|may|might|must|gets?|got)\b)[a-z]++"
+    r"(?=\s++[a-z]+(?:s|ed)\b))?)", 1)
 _CLAUSE = re.compile(r"\b(?:if|when|whenever|once|unless|after|before|until|because|"
                      r"while)\s++" + _CLAUSE_SUBJECT + r"(?=\s++(?:(do|does|did|can|could|will|"
                      r"would|should|may|might|must|has|have|had)(?:n't)?\s++(?:not\s++)?)?"
