@@ -8,9 +8,10 @@ often a phrase of several words (the one-slot check sees one word swapped for on
 clause with a modal, it must be of the same kind: "can" (can, could, may, allowed,
 permitted, possible, able), "must" (must, have to, need to, required, mandatory,
 necessary; "Would I need ...?", and "I need to ...?" said as a statement) or "should"
-(should, ought to, advisable, recommended). "Can you ...?" asks a favour, and a modal
-after "how" or "where" asks for a way or a place ("How can I pay?" / "How do I pay?"):
-neither counts.
+(should, ought to, advisable, recommended, worth: "Is it mandatory to have travel
+insurance?" / "Is it worth having travel insurance?"). "Can you ...?" asks a favour,
+and a modal after "how" or "where" asks for a way or a place ("How can I pay?" / "How do
+I pay?"): neither counts.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ _KINDS = (
     ("can", rf"(?:can|could|may|might)\s+{_CAN_WHO}\b|(?:am|are|is)\s+(?:i|we|one|it)\s+"
             r"(?:\w+\s+)?(?:allowed|permitted|able|possible|ok|okay|fine|legal)\b"),
     ("should", rf"(?:should|shall|ought)\s+{_WHO}\b|(?:is|would)\s+it\s+(?:be\s+)?"
-               r"(?:\w+\s+)?(?:advisable|recommended|better|wise|a\s+good\s+idea)\b|"
+               r"(?:\w+\s+)?(?:advisable|recommended|better|wise|a\s+good\s+idea|worth|"
+               r"worthwhile)\b|"
                r"(?:do|would)\s+you\s+(?:recommend|advise|suggest)\b"),
 )
 # A modal that opens the question or a clause of it, after a question word other than
