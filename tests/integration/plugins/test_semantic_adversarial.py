@@ -41,7 +41,8 @@ from proxy.settings import EmbeddingSettings
 # swapped): measured before the guard was changed for it, 27/40 paraphrases, 5 of 79
 # near misses hit ("Who can sign the form?" / "Where can I ...", add money to / enter a
 # gift card, add / check data, file / check the status of a claim, register / check if
-# registered).
+# registered); after the fixes they found, 27/40 and 0 of 124 near misses (45 variants
+# added, 43 of them false hits before the fixes: 48 of 124 then).
 SETS = [("semantic_adversarial", 0.8), ("semantic_fresh", 0.7), ("semantic_probe", 0.6),
         ("semantic_blind", 0.8), ("semantic_blind2", 0.65)]
 
