@@ -142,19 +142,22 @@ def agents(lowered: str) -> tuple[str, ...]:
         passive = _PASSIVE.match(lowered, m.start(3) - 1) if verb in _TO_BE else None
         if passive is not None:
             out.append(_kind(passive.group(1)) if passive.group(1) else "passive")
-        elif subject not in _PRONOUNS and subject != "you" and _event(verb, lowered, m.end(3)):
-            continue  # a thing's own event ("if my package doesn't arrive"): no doer
+        elif subject not in _PRONOUNS and subject != "you" and (
+                _event(verb, lowered, m.end(3)) or subject.rsplit(" ", 1)[-1] in _EVENTS):
+            # A thing's own event ("if my package doesn't arrive"): no doer; so where a
+            # noun of two words was read through it ("if my order arrives damaged").
+            continue
         elif aux or subject in _PRONOUNS or subject == "you" or _verb_like(verb):
             out.append(_kind(subject))
     return tuple(out)
 
 
-#: What a thing does of itself ("if my package doesn't arrive", "when my card expires",
-#: "if my payment fails"): no party doing what the asker does on the other side ("if I
-#: don't receive my package"); "fail" only where no "to" says what it failed to do
-#: ("if the seller fails to ship": the seller does not).
-_EVENTS = frozenset(form for verb in ("arrive", "work", "expire", "crash", "load", "lapse",
-                                      "bounce", "happen", "appear", "fail", "break")
+#: What reaches or serves the asker of itself ("if my package doesn't arrive", "if my
+#: password doesn't work"): the asker's own receiving or using on the other side ("if I
+#: don't receive my package"), no third party doing it. A thing ending or failing of
+#: itself ("if my card expires", "if my direct debit fails") is its doer, another than
+#: the asker ending it ("if I cancel my card"): not one of these.
+_EVENTS = frozenset(form for verb in ("arrive", "work", "load", "happen", "appear")
                     for form in (verb, verb + "s", verb.removesuffix("e") + "ed"))
 _TO_NEXT = re.compile(r"\s++to\b")
 

@@ -51,7 +51,7 @@ def test_the_same_doer_or_an_unsaid_one_hits(stored: str, asked: str) -> None:
      "What should I do if I can't log in with my password?"),
 ])
 def test_a_things_own_event_names_no_doer(stored: str, asked: str) -> None:
-    """A thing that arrives, works, fails or expires is no third party doing what the
+    """A thing that arrives or works is no third party doing what the
     asker does on the other side: they hit before clauses were compared, and missed
     since ("my package" read as another doer than "I")."""
     assert guard_ok(asked, stored)
@@ -60,9 +60,11 @@ def test_a_things_own_event_names_no_doer(stored: str, asked: str) -> None:
 
 @pytest.mark.parametrize(("question", "kinds"), [
     ("what if my package doesn't arrive?", ()),
-    ("what if my card expired?", ()),
+    ("what if my password doesn't work?", ()),
+    ("can i get a refund if my order arrives damaged?", ()),
+    ("what if my card expired?", ("other",)),  # (it ended: not the asker ending it)
     ("what if the seller fails to ship?", ("other",)),  # (a party failing to act)
-    ("what if my payment fails?", ()),
+    ("what if my payment fails?", ("other",)),
     ("what happens if my bank freezes my account?", ("other",)),
     ("can i keep my number if i switch carriers?", ("self",)),
     ("i was charged before the trial ended, why?", ("other",)),
