@@ -1349,7 +1349,12 @@ def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...]) -> b
     """The asker does the thing on one side and a third party on the other
     (guard_roles.doer), unless one side says it in the passive, its doer unsaid, and is
     the other in other words (`_voice_only`: "Can my order be cancelled?" / "Can I
-    cancel my order?")."""
+    cancel my order?"). A question whether a thing is in the state an act left it in
+    ("Is my data shared?", "Is my order cancelled?") is not the asker's doing of the act
+    ("Do I share my data?", "Can I cancel my order?"): those differ; a third party's
+    doing of it ("Does the app share my data?") does not."""
+    if {a, b} == {"state", "self"}:
+        return True
     kinds = {a.removeprefix("passive-"), b.removeprefix("passive-")}
     if kinds != {"self", "other"}:
         return False

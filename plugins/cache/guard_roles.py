@@ -72,6 +72,17 @@ _DOER = re.compile(
     + r"|(?:am|is|are|was|were)\s++" + _SUBJECT
     + r"\s++(?:allowed|able|permitted|entitled|eligible)\s++to\b)")
 _ASKER = frozenset(("i", "we", "one"))
+#: A question whether a thing of one's is in a state another's act left it in ("Is my
+#: data shared?", "Was my card charged?", "Is my order being shipped?"): its subject a
+#: thing, then a participle. Not one saying what is asked of or allowed the asker ("Is
+#: a referral required?": "Do I need a referral?").
+_STATE = re.compile(
+    r"^\W{0,8}+(?:(?:how|what|when|where|why|which)\W{1,8}+)?(?:am|is|are|was|were)\s++"
+    r"(?:a|an|the|my|our|your|their|his|her)\s++[a-z]++\s++(?:(?:being|already|still|"
+    r"now|not)\s++)?(?!(?:required|needed|allowed|permitted|expected|supposed|included|"
+    r"accepted|covered|recommended|advised|entitled|qualified|obliged|mandated)\b)"
+    r"(?:[a-z]+ed|[a-z]{3,}en|paid|sent|lost|stuck|reset|set|shut|cut|hit|sold|"
+    r"bought|kept|left|held|told|made|read|seen|known|shown|done)\b")
 
 
 def doer(lowered: str) -> str:
@@ -79,10 +90,11 @@ def doer(lowered: str) -> str:
     no auxiliary and subject open the question or its subject is "you"; where the
     subject undergoes the thing ("Can my order be cancelled?"), the doer the "by" after
     it names, or "passive-" and the subject's where no "by" names one ("Can my order be
-    cancelled?": "passive-other"; guard._voice_only compares the words)."""
+    cancelled?": "passive-other"; guard._voice_only compares the words); "state" where
+    it asks whether a thing is in the state an act left it in ("Is my data shared?")."""
     m = _DOER.match(lowered)
     if m is None:
-        return ""
+        return "state" if _STATE.match(lowered) else ""
     subject = m.group(1) or m.group(2)
     if m.group(1):
         passive = _PASSIVE.match(lowered, m.end())
