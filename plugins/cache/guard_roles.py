@@ -72,6 +72,8 @@ _DOER = re.compile(
     + r"|(?:am|is|are|was|were)\s++" + _SUBJECT
     + r"\s++(?:allowed|able|permitted|entitled|eligible)\s++to\b)")
 _ASKER = frozenset(("i", "we", "one"))
+#: Participles that end in no "-ed" or "-en" ("got paid", "is my card sold?").
+_IRREGULAR = "paid|sent|lost|stuck|reset|set|shut|cut|hit|sold|bought|kept|left|held|told|made"
 #: A question whether a thing of one's is in a state another's act left it in ("Is my
 #: data shared?", "Was my card charged?", "Is my order being shipped?"): its subject a
 #: thing, then a participle. Not one saying what is asked of or allowed the asker ("Is
@@ -81,8 +83,7 @@ _STATE = re.compile(
     r"(?:a|an|the|my|our|your|their|his|her)\s++[a-z]++\s++(?:(?:being|already|still|"
     r"now|not)\s++)?(?!(?:required|needed|allowed|permitted|expected|supposed|included|"
     r"accepted|covered|recommended|advised|entitled|qualified|obliged|mandated)\b)"
-    r"(?:[a-z]+ed|[a-z]{3,}en|paid|sent|lost|stuck|reset|set|shut|cut|hit|sold|"
-    r"bought|kept|left|held|told|made|read|seen|known|shown|done)\b")
+    r"(?:[a-z]+ed|[a-z]{3,}en|" + _IRREGULAR + r"|read|seen|known|shown|done)\b")
 
 
 def doer(lowered: str) -> str:
@@ -113,8 +114,7 @@ def _kind(subject: str) -> str:
 # After a "get", only a participle ("get cancelled", "got paid"; not "get a refund").
 _PASSIVE = re.compile(r"\s++(?:not\s++)?(?:(?:be|been|being|is|are|was|were|am)\s++"
                       r"(?:[a-z]+ly\s++)?[a-z'-]++|(?:get|gets|got|gotten|getting)\s++"
-                      r"(?:[a-z]+ly\s++)?(?:[a-z]+(?:ed|en)|paid|sent|lost|stuck|reset|set|"
-                      r"shut|cut|hit|sold|bought|kept|left|held|told|made)\b)(?:\s++by\s++"
+                      r"(?:[a-z]+ly\s++)?(?:[a-z]+(?:ed|en)|" + _IRREGULAR + r")\b)(?:\s++by\s++"
                       + _SUBJECT + r")?")
 #: A clause that says who does a thing, the question's condition or its time ("What
 #: happens if my bank freezes my account?", "... after I close my account?"): its
