@@ -686,13 +686,12 @@ class RedisStore:
                     what, _, place = (data.decode(errors="replace") if isinstance(data, bytes)
                                       else str(data)).partition(" ")
                     yield what, place
-            except (RedisError, OSError, TimeoutError, ValueError) as e:
-                _down(e, self.kind)
+            except Exception as e:
+                if isinstance(e, RedisError | OSError | TimeoutError | ValueError):
+                    _down(e, self.kind)
+                else:  # a bug: logged, and listened again (it ended for good)
+                    log.error("record store listener failed", **error_fields(e))
                 await asyncio.sleep(backoff)  # reconnect backoff, not synchronisation
-                backoff = min(backoff * 2, 5.0)
-            except Exception as e:  # a bug: logged, and listened again (it ended for good)
-                log.error("record store listener failed", **error_fields(e))
-                await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
                 try:

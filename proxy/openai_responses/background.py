@@ -288,10 +288,7 @@ class Runner:
             while len(self._ended) > self.cfg.keep_finished:
                 self._ended.popitem(last=False)
             if self.flags is not None and run.cancelled:  # (its flag, if a cancel's)
-                try:
-                    await self.flags.delete(run.tenant, run.rid)
-                except Exception:  # (it expires)
-                    log.warning("cancel flag not dropped", response_id=run.rid)
+                await self.unflag(run.tenant, run.rid)
                 if isinstance(self.flags, RedisStore):  # (a cancel elsewhere waits for it)
                     try:
                         await self.flags.tell("ended", run.tenant, run.rid)
@@ -352,7 +349,7 @@ class Runner:
             return
         try:
             await self.flags.delete(tenant, rid)
-        except Unavailable:  # (it expires)
+        except Exception:  # (it expires)
             log.warning("cancel flag not dropped", response_id=rid)
 
     async def renewed(self, run: Run) -> None:
