@@ -22,19 +22,18 @@ cannot open a bound for each name it makes up.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
 from .auth import account
 from .errors import RecordTooLarge, Unavailable
-from .redis_client import OWN_LUA, blocking_client
+from .redis_client import LOST, OWN_LUA, blocking_client, listen
 from .settings import DEFAULT_MAX_BYTES_PER_TENANT, ResponsesSettings
 from .streaming import dumps  # (a lone surrogate kept as its escape)
 from .tasks import abandon_after, lost_cancellation
@@ -669,35 +668,22 @@ class RedisStore:
         await self._io(self._redis.publish(f"{self._prefix}news",
                                            f"{what} {self._place(tenant, record_id)}"))
 
-    async def told(self) -> AsyncIterator[tuple[str, str]]:
-        """What replicas `tell`, as (what, place), for as long as it is iterated; a lost
+    async def hear(self, on_told: Callable[[str, str], Awaitable[None]]) -> NoReturn:
+        """`on_told(what, place)` for what replicas `tell`, until cancelled; a lost
         connection is opened again (what was told meanwhile is not heard)."""
-        backoff = 0.2
-        while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(f"{self._prefix}news")
-                backoff = 0.2
-                while True:
-                    msg = await pubsub.get_message(timeout=_LISTEN_S)
-                    if msg is None or msg.get("type") != "message":
-                        continue
-                    data = msg["data"]
-                    what, _, place = (data.decode(errors="replace") if isinstance(data, bytes)
-                                      else str(data)).partition(" ")
-                    yield what, place
-            except Exception as e:
-                if isinstance(e, RedisError | OSError | TimeoutError | ValueError):
-                    _down(e, self.kind)
-                else:  # a bug: logged, and listened again (it ended for good)
-                    log.error("record store listener failed", **error_fields(e))
-                await asyncio.sleep(backoff)  # reconnect backoff, not synchronisation
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                try:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-                except (RedisError, OSError):
-                    pass
+        async def heard(data: Any) -> None:
+            what, _, place = (data.decode(errors="replace") if isinstance(data, bytes)
+                              else str(data)).partition(" ")
+            await on_told(what, place)
+
+        def failed(e: Exception) -> None:
+            if isinstance(e, LOST):
+                _down(e, self.kind)
+            else:  # a bug: logged, and heard again (it had ended the listener for good)
+                log.error("record store listener failed", **error_fields(e))
+
+        await listen(self._redis, f"{self._prefix}news", wait_s=_LISTEN_S,
+                     on_message=heard, on_error=failed)
 
     async def _retire_one(self, tenant: str, record_id: str, *, delete: bool,
                           fence: str | None = None) -> bool:

@@ -44,9 +44,9 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
-from proxy.redis_client import OWN_LUA, blocking_client
+from proxy.redis_client import LOST, OWN_LUA, blocking_client, listen
 from proxy.tasks import abandon_after, cancel_and_wait, lost_cancellation
-from proxy.telemetry import OutageLog, get_logger
+from proxy.telemetry import OutageLog, error_fields, get_logger
 from proxy.tracing import span
 
 from .config import RedisConfig
@@ -476,40 +476,36 @@ class RedisStore:
             log.warning("cache event skipped", error=type(e).__name__)
 
     async def _listen(self, on_event: EventHandler) -> None:
-        backoff = 0.2
         lost: float | None = None  # when the listener lost Redis
-        while True:
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.p + "events")
-                backoff = 0.2
-                if lost is not None:  # events sent while we were away are gone:
-                    since, lost = lost - EVENT_SKEW_S, None  # read what Redis kept
-                    await on_event({"op": "resync", "since": since})
-                checked = float("-inf")
-                while True:
-                    if not self.healthy and time.monotonic() - checked >= PING_EVERY_S:
-                        # Marked down by a failed call: only a call that succeeds marks
-                        # it up, so with no traffic /health/ready said "down" for good
-                        # after Redis was back (a timeout leaves this connection up).
-                        checked = time.monotonic()
-                        await self._call("ping", self.client.ping)
-                    msg = await pubsub.get_message(timeout=PING_EVERY_S)
-                    if msg is None or msg.get("type") != "message":
-                        continue
-                    await self._handle(msg["data"], on_event)
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError, TimeoutError, ValueError) as e:
+        checked = float("-inf")
+
+        async def subscribed() -> None:
+            nonlocal lost, checked
+            checked = float("-inf")
+            if lost is not None:  # events sent while we were away are gone:
+                since, lost = lost - EVENT_SKEW_S, None  # read what Redis kept
+                await on_event({"op": "resync", "since": since})
+
+        async def between() -> None:
+            nonlocal checked
+            if not self.healthy and time.monotonic() - checked >= PING_EVERY_S:
+                # Marked down by a failed call: only a call that succeeds marks it up,
+                # so with no traffic /health/ready said "down" for good after Redis
+                # was back (a timeout leaves this connection up).
+                checked = time.monotonic()
+                await self._call("ping", self.client.ping)
+
+        def failed(e: Exception) -> None:
+            nonlocal lost
+            if isinstance(e, LOST):
                 self._failed("subscribe", e)
-                lost = time.time() if lost is None else lost
-                await asyncio.sleep(backoff)  # reconnect backoff, not synchronisation
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                try:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-                except (RedisError, OSError):
-                    pass
+            else:  # a bug: logged, and heard again (it had ended the listener for good)
+                log.error("cache event listener failed", **error_fields(e))
+            lost = time.time() if lost is None else lost
+
+        await listen(self.client, self.p + "events", wait_s=PING_EVERY_S,
+                     on_message=lambda data: self._handle(data, on_event),
+                     on_error=failed, on_subscribed=subscribed, between=between)
 
 
 #: How often the listener asks Redis whether it is back, while marked down (only then).

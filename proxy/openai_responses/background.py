@@ -216,7 +216,7 @@ class Runner:
             self._listener = asyncio.ensure_future(self._listening(self.flags))
 
     async def _listening(self, news: RedisStore) -> None:
-        async for what, place in news.told():
+        async def heard(what: str, place: str) -> None:
             try:
                 if what == "cancel":
                     for run in list(self.runs.values()):
@@ -230,6 +230,8 @@ class Runner:
                             waiter.set_result(None)
             except Exception as e:  # a bug: logged, the listener goes on
                 log.error("background news not handled", **error_fields(e))
+
+        await news.hear(heard)
 
     @contextmanager
     def ending(self, tenant: str, rid: str) -> Iterator[asyncio.Future[None]]:
