@@ -18,7 +18,13 @@ class _Part(ConfigModel):
 
 class L1Config(_Part):
     enabled: bool = Field(True, description="In-process LRU of exact answers.")
-    max_bytes: int = Field(64 * 2**20, ge=1024, description="Memory bound of the LRU.")
+    max_bytes: int = Field(
+        64 * 2**20, ge=1024, description="Memory bound of the LRU; when full, the tenant "
+        "holding the most loses its least recently used entry (one tenant's flood evicts "
+        "its own entries, not those of tenants holding less).")
+    max_bytes_per_tenant: int | None = Field(
+        None, ge=1024, description="The most one tenant's entries may take, even while "
+        "the LRU has room (null: up to max_bytes, shared fairly as above).")
     ttl_s: float = Field(3600, gt=0, description="Seconds an entry is fresh.")
 
 
@@ -39,7 +45,12 @@ class SemanticConfig(_Part):
     max_entries_per_scope: int = Field(10000, ge=1, description="Index size per partition.")
     max_partitions: int = Field(
         1024, ge=1, description="Partitions (scope, model, earlier turns, parameters) kept "
-                                "in memory; the least recently used one goes whole.")
+        "in memory; when full, the least recently used one of the tenant holding the most "
+        "goes whole (one tenant's many seeds or parameter sets drop its own partitions, "
+        "not those of tenants holding fewer).")
+    max_partitions_per_tenant: int | None = Field(
+        None, ge=1, description="The most partitions one tenant may hold, even while "
+        "there is room (null: up to max_partitions, shared fairly as above).")
     lookup_timeout_ms: float = Field(
         100, gt=0, description="A lookup's embedding wait; slower lookups are a miss.")
     head_start_ms: float = Field(

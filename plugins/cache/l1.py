@@ -1,9 +1,16 @@
-"""L1: the in-process exact cache, an LRU bounded in bytes, with TTL (and stale grace).
+"""L1: the in-process exact cache, bounded in bytes, with TTL (and stale grace).
 
 Single-threaded by design (the event loop), so no locks. Sizes are the serialized
 entry's length: a fair proxy for memory and what L2 stores too. `on_remove` hears of
 every key that leaves (eviction, expiry, replacement, delete, purge), so bookkeeping
 kept beside L1 (the per-user cap) never outlives the entries.
+
+Tenants share the bound fairly: each entry has an owner (`owner(entry)`, the tenant
+whose request stored it), and when L1 is full the owner holding the most bytes loses its
+least recently used entry, so one tenant asking many distinct questions evicts its own
+entries, never those of a tenant holding less than it. With one owner this is a plain
+LRU. `max_bytes_per_owner` (optional) caps what one owner may hold even while L1 has
+room.
 """
 
 from __future__ import annotations
@@ -14,13 +21,25 @@ from collections.abc import Callable, Iterator
 from .entry import Entry
 
 
+def _nobody(entry: Entry) -> str:
+    return ""
+
+
 class L1:
     def __init__(self, max_bytes: int,
-                 on_remove: Callable[[str], None] | None = None) -> None:
+                 on_remove: Callable[[str], None] | None = None,
+                 owner: Callable[[Entry], str] = _nobody,
+                 max_bytes_per_owner: int | None = None) -> None:
         self.max_bytes = max_bytes
+        self.max_bytes_per_owner = max_bytes_per_owner
         self._on_remove = on_remove
+        self._owner = owner
         self.bytes = 0
-        self._items: OrderedDict[str, tuple[Entry, int]] = OrderedDict()
+        #: key -> (entry, size, owner)
+        self._items: dict[str, tuple[Entry, int, str]] = {}
+        #: owner -> its keys, least recently used first
+        self._owned: dict[str, OrderedDict[str, None]] = {}
+        self._owner_bytes: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -33,6 +52,9 @@ class L1:
         item = self._items.get(key)
         return None if item is None else item[0]
 
+    def owned_bytes(self, owner: str) -> int:
+        return self._owner_bytes.get(owner, 0)
+
     def get(self, key: str, now: float, allow_stale: bool = False) -> Entry | None:
         item = self._items.get(key)
         if item is None:
@@ -42,32 +64,45 @@ class L1:
             if not entry.usable(now, True):
                 self.delete(key)
             return None
-        self._items.move_to_end(key)
+        self._owned[item[2]].move_to_end(key)
         return entry
 
     def put(self, entry: Entry, size: int) -> None:
-        if size > self.max_bytes:
+        cap = min(self.max_bytes, self.max_bytes_per_owner or self.max_bytes)
+        if size > cap:
             return
         self.delete(entry.key)
-        self._items[entry.key] = (entry, size)
+        owner = self._owner(entry)
+        self._items[entry.key] = (entry, size, owner)
+        self._owned.setdefault(owner, OrderedDict())[entry.key] = None
+        self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
         self.bytes += size
+        while self._owner_bytes[owner] > cap:
+            self._evict(owner)
         while self.bytes > self.max_bytes:
-            gone, (_, old) = self._items.popitem(last=False)
-            self.bytes -= old
-            if self._on_remove is not None:
-                self._on_remove(gone)
+            # (the largest owner: one of a handful of tenants, so a scan is cheap)
+            self._evict(max(self._owner_bytes, key=self._owner_bytes.__getitem__))
+
+    def _evict(self, owner: str) -> None:
+        self.delete(next(iter(self._owned[owner])))
 
     def delete(self, key: str) -> bool:
         item = self._items.pop(key, None)
         if item is None:
             return False
-        self.bytes -= item[1]
+        _, size, owner = item
+        self.bytes -= size
+        keys = self._owned[owner]
+        del keys[key]
+        self._owner_bytes[owner] -= size
+        if not keys:
+            del self._owned[owner], self._owner_bytes[owner]
         if self._on_remove is not None:
             self._on_remove(key)
         return True
 
     def entries(self) -> Iterator[Entry]:
-        return (e for e, _ in list(self._items.values()))
+        return (e for e, _, _ in list(self._items.values()))
 
     def purge(self, match: Callable[[Entry], bool]) -> list[str]:
         """Delete the matching entries; their keys."""

@@ -128,26 +128,39 @@ class Partition:
 
 class SemanticIndex:
     """Partitions by name, at most `max_partitions` of them: every distinct seed or
-    parameter set makes a partition, so the least recently used one is dropped whole
-    (its entries stay in Redis until their TTL, and the exact tiers are untouched)."""
+    parameter set makes a partition, so when that many are held one is dropped whole
+    (its entries stay in Redis until their TTL, and the exact tiers are untouched): the
+    least recently used one of the owner (the tenant that made it) holding the most, so
+    one tenant sending many distinct seeds or parameter sets drops its own partitions,
+    never those of a tenant holding fewer (with one owner: the least recently used).
+    `max_partitions_per_owner` (optional) caps one owner's even while there is room."""
 
     def __init__(self, dim: int, capacity: int, max_partitions: int = 1024,
-                 on_remove: Callable[[str, str], None] | None = None) -> None:
+                 on_remove: Callable[[str, str], None] | None = None,
+                 max_partitions_per_owner: int | None = None) -> None:
         self.dim = dim
         self._on_remove = on_remove
         self.capacity = capacity
         self.max_partitions = max_partitions
+        self.max_partitions_per_owner = max_partitions_per_owner
         self.partitions: OrderedDict[str, Partition] = OrderedDict()  # least recent first
+        self._owner_of: dict[str, str] = {}  # partition -> its owner
+        self._owned: dict[str, OrderedDict[str, None]] = {}  # owner -> its, least recent first
         self.evicted_partitions = 0
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.partitions.values())
+
+    def owned(self, owner: str) -> int:
+        """How many partitions `owner` holds."""
+        return len(self._owned.get(owner, ()))
 
     def get(self, name: str) -> Partition | None:
         """The partition, if any, marked as recently used."""
         p = self.partitions.get(name)
         if p is not None:
             self.partitions.move_to_end(name)
+            self._owned[self._owner_of[name]].move_to_end(name)
         return p
 
     def find(self, name: str, vec: np.ndarray, now: float, allow_stale: bool = False,
@@ -160,22 +173,43 @@ class SemanticIndex:
         entry, question = p.entries[found[0]]
         return entry, question, found[1]
 
-    def partition(self, name: str, new_last: bool = True) -> Partition:
-        """The partition, made (evicting the least recently used one) if new; a new one
-        is the most recently used, or with `new_last=False` the least."""
+    def partition(self, name: str, new_last: bool = True, owner: str = "") -> Partition:
+        """The partition, made if new (dropping one of the owner's own when it holds its
+        cap, else, when the index is full, one of the owner holding the most); a new one
+        is the most recently used, or with `new_last=False` the least. `owner`: who makes
+        it (an existing partition keeps the owner that made it)."""
         p = self.get(name)
         if p is None:
+            cap = self.max_partitions_per_owner
+            while cap is not None and self.owned(owner) >= cap:
+                self._drop(next(iter(self._owned[owner])))
             while len(self.partitions) >= self.max_partitions:
-                gone, old = self.partitions.popitem(last=False)
-                self.evicted_partitions += 1
-                if self._on_remove is not None:
-                    for entry_id in old.rows:
-                        self._on_remove(gone, entry_id)
+                # the new one counted as the owner's already (a tie: the owner's own)
+                largest = max(self._owned, key=lambda o: (
+                    len(self._owned[o]) + (o == owner), o == owner))
+                self._drop(next(iter(self._owned[largest])))
             p = self.partitions[name] = Partition(self.dim, self.capacity,
                                                   self._hook(name))
+            self._owner_of[name] = owner
+            mine = self._owned.setdefault(owner, OrderedDict())
+            mine[name] = None
             if not new_last:
                 self.partitions.move_to_end(name, last=False)
+                mine.move_to_end(name, last=False)
         return p
+
+    def _drop(self, name: str) -> None:
+        """Drop partition `name` whole (the bound's eviction)."""
+        old = self.partitions.pop(name)
+        owner = self._owner_of.pop(name)
+        mine = self._owned[owner]
+        del mine[name]
+        if not mine:
+            del self._owned[owner]
+        self.evicted_partitions += 1
+        if self._on_remove is not None:
+            for entry_id in old.rows:
+                self._on_remove(name, entry_id)
 
     def _hook(self, name: str) -> Callable[[str], None] | None:
         hook = self._on_remove

@@ -34,6 +34,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
+from proxy.auth import account
 from proxy.embedding import Embedder
 from proxy.tasks import cancel_and_wait
 from proxy.telemetry import get_logger, labelled
@@ -102,12 +103,14 @@ class CacheStore:
         self._semantic = embedder is not None and cfg.semantic.enabled
         self.replica = uuid.uuid4().hex[:12]
         self.users = UserIndex()
-        self.l1 = (L1(cfg.exact.max_bytes, lambda key: self.users.discard(exact_member(key)))
+        self.l1 = (L1(cfg.exact.max_bytes, lambda key: self.users.discard(exact_member(key)),
+                      _owner, cfg.exact.max_bytes_per_tenant)
                    if cfg.exact.enabled else None)
         self.index = SemanticIndex(
             embedder.dim if embedder is not None else 384,
             cfg.semantic.max_entries_per_scope, cfg.semantic.max_partitions,
-            lambda part, eid: self.users.discard(semantic_member(part, eid)))
+            lambda part, eid: self.users.discard(semantic_member(part, eid)),
+            cfg.semantic.max_partitions_per_tenant)
         self.redis = (RedisStore(cfg.redis, metrics.store_errors, self.replica)
                       if cfg.redis.url else None)
         self._background: set[asyncio.Task[Any]] = set()
@@ -525,8 +528,8 @@ class CacheStore:
     def _index_add(self, partition: str, entry_id: str, vec: np.ndarray, entry: Entry,
                    question: str, new_last: bool = True,
                    question_gate: str | None = None) -> None:
-        evicted = self.index.partition(partition, new_last).add(entry_id, vec, entry, question,
-                                                                question_gate)
+        evicted = self.index.partition(partition, new_last, _owner(entry)).add(
+            entry_id, vec, entry, question, question_gate)
         if evicted and self.redis is not None:
             self._spawn(self.redis.delete_semantic([(partition, e) for e in evicted]))
         labelled(self.metrics.entries, "semantic").set(len(self.index))
@@ -765,6 +768,14 @@ class CacheStore:
         if self.redis is not None:
             body["redis"] = await self.redis.count(match)
         return body
+
+
+def _owner(entry: Entry) -> str:
+    """Whose share of L1 and of the semantic partitions an entry takes: the account
+    (`proxy.auth.account`) of the tenant that asked (a paraphrase's alias: its asker's;
+    every caller a gateway key forwards for counts as that key's tenant, or a gateway
+    naming many callers would outnumber every tenant)."""
+    return account(entry.asker[0] if entry.asker is not None else entry.tenant)
 
 
 def _filter_id(f: dict[str, Any]) -> str:

@@ -172,7 +172,7 @@ async def test_an_entry_stored_before_digests_were_kept_is_rendered_once() -> No
     p, eng = plugin(semantic={"enabled": False}), Counting()
     await run(p, ctx(ASKED), eng)
     assert p.store.l1 is not None
-    [(entry, _)] = p.store.l1._items.values()
+    [entry] = p.store.l1.entries()
     entry.asked = ""  # as read back from an entry the version before stored
     renders: list[object] = []
     terminal = p.services.terminal

@@ -1,0 +1,154 @@
+"""The cache's memory bounds are shared fairly between tenants: one tenant sending many
+distinct questions, seeds or parameter sets evicts its own entries and partitions, never
+those of a tenant holding less."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from plugins.cache.config import CacheConfig
+from plugins.cache.entry import Entry
+from plugins.cache.l1 import L1
+from plugins.cache.semantic import SemanticIndex
+from plugins.cache.store import _owner
+from proxy.auth import Principal
+from tests.unit.plugins.test_cache import Engine, ctx, plugin, run
+
+ACME = Principal("acme", "user", "alice")
+GLOBEX = Principal("globex", "user", "eve")
+
+
+def entry(key: str, tenant: str) -> Entry:
+    return Entry(key=key, route="chat", model="m", scope=f"t={tenant}", tenant=tenant,
+                 role="user", user="u", prompt="p",
+                 usage={"prompt_tokens": 1, "completion_tokens": 1},
+                 choices=[{"index": 0, "text": "a", "finish_reason": "stop"}],
+                 created=0.0, expires=1e12, stale_until=1e12)
+
+
+def by_tenant(e: Entry) -> str:
+    return e.tenant
+
+
+def test_a_tenant_flooding_l1_evicts_its_own_entries_not_another_tenants() -> None:
+    l1 = L1(max_bytes=1000, owner=by_tenant)
+    l1.put(entry("b1", "b"), 100)
+    l1.put(entry("b2", "b"), 100)
+    for i in range(200):  # many distinct questions, never asked again
+        l1.put(entry(f"a{i}", "a"), 100)
+    assert l1.get("b1", 1.0) is not None and l1.get("b2", 1.0) is not None
+    assert l1.bytes <= 1000 and l1.owned_bytes("a") == 800
+    assert l1.get("a199", 1.0) is not None and l1.get("a0", 1.0) is None
+
+
+def test_a_full_l1_takes_from_the_tenant_holding_the_most() -> None:
+    l1 = L1(max_bytes=1000, owner=by_tenant)
+    for i in range(7):
+        l1.put(entry(f"b{i}", "b"), 100)  # b holds 700 while a is quiet
+    for i in range(5):
+        l1.put(entry(f"a{i}", "a"), 100)  # a comes: b, holding the most, gives way
+    assert (l1.owned_bytes("a"), l1.owned_bytes("b")) == (500, 500)
+    assert l1.get("b0", 1.0) is None and l1.get("b6", 1.0) is not None
+    l1.put(entry("a5", "a"), 100)  # now even: a's own oldest goes
+    assert l1.get("a0", 1.0) is None and l1.owned_bytes("b") == 500
+
+
+def test_l1_per_tenant_cap() -> None:
+    l1 = L1(max_bytes=10_000, owner=by_tenant, max_bytes_per_owner=300)
+    for i in range(5):
+        l1.put(entry(f"a{i}", "a"), 100)
+    assert l1.owned_bytes("a") == 300 and len(l1) == 3
+    l1.put(entry("big", "a"), 400)  # larger than the tenant's cap: not kept
+    assert "big" not in l1 and l1.owned_bytes("a") == 300
+
+
+def test_l1_with_one_owner_is_a_plain_lru() -> None:
+    gone: list[str] = []
+    l1 = L1(max_bytes=300, on_remove=gone.append)
+    for k in "abc":
+        l1.put(entry(k, "t"), 100)
+    assert l1.get("a", 1.0) is not None
+    l1.put(entry("d", "t"), 100)
+    assert gone == ["b"] and l1.bytes == 300
+    assert l1.purge(lambda e: True) and l1.bytes == 0 and len(l1) == 0
+
+
+def unit(i: int, dim: int = 8) -> np.ndarray:
+    v = np.zeros(dim, dtype=np.float32)
+    v[i % dim] = 1.0
+    return v
+
+
+def test_a_tenant_flooding_partitions_drops_its_own_not_another_tenants() -> None:
+    index = SemanticIndex(dim=8, capacity=10, max_partitions=4)
+    index.partition("b-faq", owner="b").add("b1", unit(1), entry("b1", "b"), "q")
+    for seed in range(100):  # a new seed per request
+        index.partition(f"a-seed-{seed}", owner="a").add(
+            f"a{seed}", unit(seed), entry(f"a{seed}", "a"), "q")
+    assert index.get("b-faq") is not None and index.owned("b") == 1
+    assert index.owned("a") == 3 and len(index.partitions) == 4
+    assert index.evicted_partitions == 97
+
+
+def test_a_full_index_drops_from_the_tenant_holding_the_most() -> None:
+    index = SemanticIndex(dim=8, capacity=10, max_partitions=4)
+    for i in range(4):
+        index.partition(f"b{i}", owner="b")
+    index.get("b0")  # b0 is b's most recently used now
+    index.partition("a0", owner="a")
+    assert "b1" not in index.partitions and index.owned("b") == 3
+    index.partition("a1", owner="a")
+    index.partition("a2", owner="a")  # now even (2 and 2): a's own least recent goes
+    assert index.owned("a") == 2 and index.owned("b") == 2 and "a0" not in index.partitions
+    assert "b0" in index.partitions
+
+
+def test_partitions_per_tenant_cap() -> None:
+    index = SemanticIndex(dim=8, capacity=10, max_partitions=100,
+                          max_partitions_per_owner=2)
+    for i in range(5):
+        index.partition(f"a{i}", owner="a")
+    index.partition("b0", owner="b")
+    assert list(index.partitions) == ["a3", "a4", "b0"]
+
+
+def test_the_caps_are_configurable_and_described() -> None:
+    cfg = CacheConfig.model_validate({"exact": {"max_bytes_per_tenant": 2048},
+                                      "semantic": {"max_partitions_per_tenant": 8}})
+    assert cfg.exact.max_bytes_per_tenant == 2048
+    assert cfg.semantic.max_partitions_per_tenant == 8
+    assert CacheConfig().exact.max_bytes_per_tenant is None
+    assert CacheConfig().semantic.max_partitions_per_tenant is None
+    for bad in ({"exact": {"max_bytes_per_tenant": 0}},
+                {"semantic": {"max_partitions_per_tenant": 0}}):
+        with pytest.raises(ValueError):
+            CacheConfig.model_validate(bad)
+
+
+def test_a_gateways_callers_count_as_its_tenant_and_an_alias_as_its_asker() -> None:
+    """A gateway key forwards for as many callers as it names, each a tenant of its own:
+    counted apart, they would each hold little and the tenant they evict from would be
+    the one holding the most, a real one."""
+    assert _owner(entry("k", "acme~gw~" + "a" * 32)) == "acme"
+    alias = replace(entry("k", "acme"), asker=("globex", "user", "eve", "q"))
+    assert _owner(alias) == "globex"
+
+
+async def test_through_the_plugin_a_flood_of_seeds_keeps_the_other_tenants_answers() -> None:
+    p = plugin(exact={"max_bytes": 8192}, semantic={"max_partitions": 4, "lazy": False})
+    eng = Engine()
+    await run(p, ctx("What are your opening hours?", principal=GLOBEX), eng)
+    for seed in range(40):  # acme: a new seed (a new partition, a new key) each time
+        await run(p, ctx(f"Question number {seed} about our invoices?", principal=ACME,
+                         seed=seed), eng)
+    calls = eng.calls
+    _, layer = await run(p, ctx("What are your opening hours?", principal=GLOBEX), eng)
+    assert layer == "exact" and eng.calls == calls
+    _, layer = await run(p, ctx("What are your opening hours, please?", principal=GLOBEX),
+                         eng)
+    assert layer == "semantic" and eng.calls == calls
+    assert p.store.index.owned("globex") == 1 and p.store.index.owned("acme") == 3
+    await p.close()
