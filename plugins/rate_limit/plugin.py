@@ -15,7 +15,9 @@ prompt and what was generated until the cut); an answer that failed gets its tok
 
 Over a limit: 429 `rate_limit_exceeded` with an integer `Retry-After` and
 `retry-after-ms`. Every answer carries OpenAI's `x-ratelimit-limit-requests`,
-`-remaining-requests`, `-reset-requests` and the `-tokens` variants (the tightest rule).
+`-remaining-requests`, `-reset-requests` and the `-tokens` variants (the tightest of the
+caller's own rules: a `global` or `model` rule counts every tenant's requests, so its
+counts show in no header, and a 429 it gives carries only the retry headers).
 
 Store failures: `fail_open` falls back to a local in-memory limiter (per replica) with
 a metric and a log line, and uses Redis again as soon as a call succeeds; `fail_closed`
@@ -88,6 +90,13 @@ def _dimension(ctx: RequestContext, per: str) -> tuple[str, str]:
         return f"{p.tenant}/{p.role}", f"{key_part(p.tenant)}/{key_part(p.role)}"
     value = ctx.model if per == "model" else "*"
     return value, value
+
+
+#: Rules whose buckets every tenant's requests share (the server's, a model's): their
+#: counts are everyone's traffic, so no `x-ratelimit-*` header shows them (a tenant
+#: would watch the others' usage there); a 429 one gives says only that, and when to
+#: retry (LiteLLM reports a key's own limits alike; Kong can hide the headers).
+SHARED = frozenset({"global", "model"})
 
 
 def estimate_tokens(ctx: RequestContext) -> int:
@@ -460,9 +469,17 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         return rpm, tpm, conc, per_of
 
     @staticmethod
-    def _headers(rpm: list[BucketState], tpm: list[BucketState]) -> dict[str, str]:
+    def _headers(buckets: list[Bucket], states: list[BucketState],
+                 per_of: dict[str, str]) -> dict[str, str]:
+        """OpenAI's `x-ratelimit-*` headers: the tightest of the caller's own buckets (a
+        shared rule's, `SHARED`, counts other tenants' traffic: it shows in none)."""
         h: dict[str, str] = {}
-        for kind, states in (("requests", rpm), ("tokens", tpm)):
+        own: dict[str, list[BucketState]] = {"rpm": [], "tpm": []}
+        for b, state in zip(buckets, states, strict=True):
+            per, limit = per_of[b.key].split(":")
+            if per not in SHARED:
+                own[limit].append(state)
+        for kind, states in (("requests", own["rpm"]), ("tokens", own["tpm"])):
             if states:
                 tight = min(states, key=lambda s: s.remaining)
                 h[f"x-ratelimit-limit-{kind}"] = str(tight.limit)
@@ -496,7 +513,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                     lambda t: self._undo(t, tpm, reserve, conc_keys, lease))
                 raise
         states = decision.states
-        headers = self._headers(states[: len(rpm)], states[len(rpm):])
+        headers = self._headers(rpm + tpm, states, per_of)
         if not decision.allowed:
             culprit = _culprit(states, rpm + tpm, per_of)
             if culprit is None:  # no bucket lacked room: a concurrency limit refused it
@@ -530,8 +547,9 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                                                 lease)
             # Its error answer shows the token buckets after that refund (a request the
             # engine refused spent nothing), not its reservation taken at admission.
-            ctx.response_headers.update(self._headers([], [
-                after.get(b.key, s) for b, s in zip(tpm, states[len(rpm):], strict=True)]))
+            ctx.response_headers.update(self._headers(tpm, [
+                after.get(b.key, s) for b, s in zip(tpm, states[len(rpm):], strict=True)],
+                per_of))
             raise
         if isinstance(reply, Completion):
             used = (reply.body.get("usage") or {}).get("total_tokens")

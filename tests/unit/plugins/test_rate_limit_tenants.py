@@ -1,0 +1,81 @@
+"""Rate limits between tenants: what a tenant's answers tell of the others' traffic,
+and which overrides a tenant's or user's name can reach."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from plugins.rate_limit.config import RateLimitConfig
+from plugins.rate_limit.plugin import RateLimitPlugin
+from proxy.auth import Principal
+from proxy.chain import Completion, Reply, Services
+from proxy.context import RequestContext
+from proxy.errors import RateLimited
+from proxy.protocol import ChatCompletionRequest
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
+from tests.fakes import FakeEngine
+
+A = Principal("a", "user", "alice", key_id="ka")
+B = Principal("b", "user", "bob", key_id="kb")
+
+
+def plugin(rules: list[dict[str, Any]]) -> RateLimitPlugin:
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
+    return RateLimitPlugin(RateLimitConfig.model_validate({"rules": rules}), services)
+
+
+def ctx(principal: Principal, model: str = "m") -> RequestContext:
+    req = ChatCompletionRequest.model_validate(
+        {"model": model, "messages": [{"role": "user", "content": "x" * 40}],
+         "max_tokens": 10})
+    return RequestContext(route="chat", request=req, request_id="r", principal=principal)
+
+
+async def answer(c: RequestContext) -> Reply:
+    return Completion({"usage": {"total_tokens": 5}})
+
+
+async def call(p: RateLimitPlugin, principal: Principal) -> dict[str, str]:
+    c = ctx(principal)
+    await p(c, answer)
+    return {k: v for k, v in c.response_headers.items() if k.startswith("x-ratelimit")}
+
+
+@pytest.mark.parametrize("shared", ["global", "model"])
+async def test_a_shared_rule_shows_no_tenant_the_others_usage(shared: str) -> None:
+    """A `global` (or `model`) bucket counts every tenant's requests: had its remaining
+    count been the tightest in the headers, tenant b would read how much a sends."""
+    p = plugin([{"per": shared, "rpm": 100, "tpm": 100_000},
+                {"per": "key", "rpm": 1000, "tpm": 1_000_000}])
+    before = await call(p, B)
+    for _ in range(20):
+        await call(p, A)
+    after = await call(p, B)
+    assert after["x-ratelimit-limit-requests"] == "1000"  # b's own key rule
+    assert after["x-ratelimit-remaining-requests"] == "998"  # its two requests only
+    assert after["x-ratelimit-limit-tokens"] == "1000000"
+    assert before["x-ratelimit-remaining-tokens"] == after["x-ratelimit-remaining-tokens"]
+    await p.close()
+
+
+async def test_only_a_global_rule_sends_no_counts_and_its_429_only_when_to_retry() -> None:
+    p = plugin([{"per": "global", "rpm": 3}])
+    for _ in range(3):
+        assert await call(p, A) == {}
+    with pytest.raises(RateLimited) as e:
+        await call(p, B)
+    assert e.value.status == 429 and "this server" in str(e.value)
+    h = e.value.headers
+    assert int(h["retry-after"]) >= 1 and int(h["retry-after-ms"]) >= 1
+    assert not [k for k in h if k.startswith("x-ratelimit")]
+    await p.close()
+
+
+async def test_a_tenant_rule_still_shows_in_the_headers() -> None:
+    p = plugin([{"per": "tenant", "rpm": 10}, {"per": "global", "rpm": 5}])
+    assert (await call(p, A))["x-ratelimit-remaining-requests"] == "9"
+    assert (await call(p, B))["x-ratelimit-remaining-requests"] == "9"
+    await p.close()
