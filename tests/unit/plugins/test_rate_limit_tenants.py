@@ -79,3 +79,31 @@ async def test_a_tenant_rule_still_shows_in_the_headers() -> None:
     assert (await call(p, A))["x-ratelimit-remaining-requests"] == "9"
     assert (await call(p, B))["x-ratelimit-remaining-requests"] == "9"
     await p.close()
+
+
+@pytest.mark.parametrize("per", ["user", "role"])
+async def test_a_name_holding_a_slash_reaches_no_other_override(per: str) -> None:
+    """Overrides are keyed `tenant/user` (or `tenant/role`) unescaped, but a key holds
+    exactly one `/` (config validation): a name holding one never reads as another
+    tenant's or user's key. Tenant `a` with user `b/c`, tenant `a/b` with user `c`, and
+    a request's own `user` field (which names no principal) all miss `a/b`'s override;
+    only user (or role) `b` of tenant `a` gets it."""
+    p = plugin([{"per": per, "rpm": 100, "overrides": {"a/b": {"rpm": 1}}}])
+
+    def who(tenant: str, name: str) -> Principal:
+        if per == "user":
+            return Principal(tenant, "user", name, key_id="k")
+        return Principal(tenant, name, "u", key_id="k")
+
+    async def limit(principal: Principal, **body: Any) -> str:
+        req = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+        c = RequestContext(route="chat", request=req, request_id="r", principal=principal)
+        await p(c, answer)
+        return c.response_headers["x-ratelimit-limit-requests"]
+
+    assert await limit(who("a", "b/c")) == "100"
+    assert await limit(who("a/b", "c")) == "100"
+    assert await limit(who("a", "x"), user="b") == "100"
+    assert await limit(who("a", "b")) == "1"
+    await p.close()
