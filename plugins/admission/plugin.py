@@ -2,8 +2,9 @@
 
 A request takes a permit before it reaches the engine and gives it back when its answer
 ends (a stream: when the last chunk is sent or the client goes away). Without a free
-permit it waits in a bounded priority queue (by role); a full queue means an immediate
-503 `overloaded` with Retry-After, not a timeout later. A waiter that outlives
+permit it waits in a bounded priority queue (by role; within a priority, tenants take
+turns: see `queue.py`); a full queue means an immediate 503 `overloaded` with
+Retry-After, not a timeout later. A waiter that outlives
 `max_queue_wait_s` gets 503 `queue_timeout`.
 
 Embeddings run on the embedding model, beside the engine: they take permits of a gate of
@@ -23,6 +24,7 @@ from typing import Any, ClassVar, Literal
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from proxy.auth import account
 from proxy.chain import BasePlugin, Next, Reply, Services, Stream
 from proxy.context import RequestContext, Within
 from proxy.errors import DeadlineExceeded, Unavailable
@@ -111,7 +113,7 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         self.depth.set(self._waiting() + 1)
         ctx.waiting()  # (queued for a slot: what the plugins ahead decided is known)
         try:
-            await gate.acquire(priority, wait, weight)
+            await gate.acquire(priority, wait, weight, account(ctx.principal.tenant))
         except Shed:
             raise self._overloaded("full", "The server is overloaded; retry shortly.") from None
         except TimeoutError:

@@ -1,13 +1,21 @@
 """A bounded priority gate: `max_concurrent` permits and a bounded, ordered wait list.
 
 A request takes as many permits as the sequences it puts in the engine (`n` choices of
-each prompt), at most all of them. Waiters are kept sorted by (priority, arrival); freed
-permits go to the first one once there are enough for it (the first waits for its
+each prompt), at most all of them. Waiters are kept sorted by (priority, turn, arrival);
+freed permits go to the first one once there are enough for it (the first waits for its
 permits rather than being passed by smaller ones, so a large request is not starved).
-When the list is full, a newcomer of better priority takes the place of the worst
-waiter (which is shed at once); otherwise the newcomer is shed at once. A waiter that
-gives up (timeout, cancellation) leaves the list, and a permit handed to it in the same
-instant is passed on, so permits are never lost.
+When the list is full, a newcomer ahead of the last waiter takes its place (which is
+shed at once); otherwise the newcomer is shed at once. A waiter that gives up (timeout,
+cancellation) leaves the list, and a permit handed to it in the same instant is passed
+on, so permits are never lost.
+
+Turns share a priority fairly between owners (tenants): each owner's waiters take turns
+one after another (a waiter's turn is its owner's previous one's plus that one's
+permits, never before the turn being served; turns given up, by waiters that left
+or were shed, are given back), so a tenant that queues a hundred
+requests waits behind its own, and another tenant's one request goes next, not after
+them; and when the list is full, it is the flooding tenant's last waiter that is shed,
+not the newcomer. With one owner the order is arrival's, as before.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ class Shed(Exception):
 @dataclass(order=True)
 class _Waiter:
     priority: int
+    turn: int
     seq: int
     future: asyncio.Future[None] = field(compare=False)
     weight: int = field(default=1, compare=False)
+    owner: str = field(default="", compare=False)
 
 
 class PriorityGate:
@@ -37,6 +47,9 @@ class PriorityGate:
         self.in_use = 0
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
+        #: the turn being served (the latest granted waiter's), and each owner's next
+        self._turn = 0
+        self._next: dict[str, int] = {}
 
     @property
     def waiting(self) -> int:
@@ -47,12 +60,16 @@ class PriorityGate:
         any request can run, alone if need be)."""
         return max(1, min(sequences, self.max_concurrent))
 
-    async def acquire(self, priority: int, timeout: float | None, weight: int = 1) -> None:
+    async def acquire(self, priority: int, timeout: float | None, weight: int = 1,
+                      owner: str = "") -> None:
         """Take `weight` permits (see `weight()`), waiting at most `timeout`; Shed or
-        TimeoutError otherwise."""
+        TimeoutError otherwise. `owner`: whose turns it takes (its tenant)."""
         if self.in_use + weight <= self.max_concurrent and not self._waiters:
             self.in_use += weight
             return
+        if not self._waiters:  # nobody waits: no owner is behind another
+            self._next.clear()
+        turn = max(self._turn, self._next.get(owner, 0))
         if len(self._waiters) >= self.max_queue:
             # A waiter cancelled in this instant (its client left, its timeout fired)
             # has a done future but leaves the list only on its next step: it holds
@@ -60,23 +77,31 @@ class PriorityGate:
             self._waiters = [w for w in self._waiters if not w.future.done()]
         if len(self._waiters) >= self.max_queue:
             worst = self._waiters[-1] if self._waiters else None
-            if worst is None or worst.priority <= priority:
+            if worst is None or (worst.priority, worst.turn) <= (priority, turn):
                 raise Shed()
             self._waiters.pop()
             worst.future.set_exception(Shed())
-        w = _Waiter(priority, next(self._seq), asyncio.get_running_loop().create_future(),
-                    weight)
+        w = _Waiter(priority, turn, next(self._seq),
+                    asyncio.get_running_loop().create_future(), weight, owner)
+        self._next[owner] = turn + weight
+        if len(self._next) > 2 * len(self._waiters) + 64:  # owners served up: forgotten
+            self._next = {o: t for o, t in self._next.items() if t > self._turn}
         bisect.insort(self._waiters, w)
         self._grant()  # it may have gone ahead of a heavy first waiter, and fit
         try:
             async with asyncio.timeout(timeout):
                 await w.future
         except BaseException:
+            granted = (w.future.done() and not w.future.cancelled()
+                       and w.future.exception() is None)
             if w in self._waiters:
                 self._waiters.remove(w)
                 self._grant()  # a heavy first waiter may have held lighter ones back
-            elif w.future.done() and not w.future.cancelled() and w.future.exception() is None:
+            elif granted:
                 self.release(weight)  # granted as we gave up: pass them on
+            if not granted:  # its turn untaken: its owner's next is after those waiting
+                self._next[owner] = max((x.turn + x.weight for x in self._waiters
+                                         if x.owner == owner), default=0)
             raise
 
     def release(self, weight: int = 1) -> None:
@@ -94,4 +119,5 @@ class PriorityGate:
                 return
             self._waiters.pop(0)
             self.in_use += w.weight
+            self._turn = max(self._turn, w.turn)
             w.future.set_result(None)

@@ -370,7 +370,8 @@ async def test_a_wait_cut_by_the_request_s_own_deadline_is_a_504(
     shed load, came back for one of twelve requests cut by their own 3 s deadline)."""
     p = plugin(max_queue_wait_s=max_wait_s)
 
-    async def times_out(priority: int, wait: float | None, weight: int = 1) -> None:
+    async def times_out(priority: int, wait: float | None, weight: int = 1,
+                        owner: str = "") -> None:
         raise TimeoutError  # the wait ended, a tick before the deadline
 
     monkeypatch.setattr(p.gate, "acquire", times_out)

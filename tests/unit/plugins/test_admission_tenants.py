@@ -1,0 +1,149 @@
+"""Admission between tenants: within a priority, tenants take turns, so one tenant
+queueing many requests neither goes ahead of another's one request nor gets it shed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from plugins.admission.config import AdmissionConfig
+from plugins.admission.plugin import AdmissionPlugin
+from plugins.admission.queue import PriorityGate, Shed
+from proxy.auth import Principal
+from proxy.chain import Completion, Reply, Services
+from proxy.context import RequestContext
+from proxy.errors import Unavailable
+from proxy.protocol import ChatCompletionRequest
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
+from tests.fakes import FakeEngine
+from tests.waiting import eventually
+
+
+async def test_a_tenant_queueing_many_waits_behind_its_own_not_before_anothers() -> None:
+    gate = PriorityGate(1, 100)
+    await gate.acquire(10, None, owner="a")
+    order: list[str] = []
+
+    async def wait(name: str, owner: str) -> None:
+        await gate.acquire(10, None, owner=owner)
+        order.append(name)
+        gate.release()
+
+    tasks = []
+    for name, owner in [*((f"a{i}", "a") for i in range(5)), ("b0", "b"), ("b1", "b"),
+                        ("c0", "c")]:
+        tasks.append(asyncio.create_task(wait(name, owner)))
+        await eventually(lambda: gate.waiting == len(tasks))  # queued in this order
+    gate.release()
+    await asyncio.gather(*tasks)
+    assert order == ["a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4"]
+    assert gate.in_use == 0
+
+
+async def test_priority_still_comes_first() -> None:
+    gate = PriorityGate(1, 100)
+    await gate.acquire(10, None, owner="a")
+    order: list[str] = []
+
+    async def wait(name: str, prio: int, owner: str) -> None:
+        await gate.acquire(prio, None, owner=owner)
+        order.append(name)
+        gate.release()
+
+    tasks = []
+    for args in (("a-user", 10, "a"), ("b-user", 10, "b"), ("a-admin", 0, "a")):
+        tasks.append(asyncio.create_task(wait(*args)))
+        await eventually(lambda: gate.waiting == len(tasks))
+    gate.release()
+    await asyncio.gather(*tasks)
+    assert order == ["a-admin", "a-user", "b-user"]
+
+
+async def test_a_full_queue_sheds_the_flooding_tenants_last_not_the_newcomer() -> None:
+    gate = PriorityGate(1, 3)
+    await gate.acquire(10, None, owner="a")
+    flood = []
+    for _ in range(3):
+        flood.append(asyncio.create_task(gate.acquire(10, None, owner="a")))
+        await eventually(lambda: gate.waiting == len(flood))
+    with pytest.raises(Shed):
+        await gate.acquire(10, None, owner="a")  # a's own: shed at once, as before
+    b = asyncio.create_task(gate.acquire(10, None, owner="b"))
+    with pytest.raises(Shed):
+        await flood[2]  # a's last waiter gives b its place
+    assert gate.waiting == 3 and not b.done()
+    gate.release()
+    await flood[0]
+    gate.release()
+    await b  # b's turn came before a's second waiter's
+    assert not flood[1].done()
+    gate.release()
+    await flood[1]
+    gate.release()
+    assert gate.in_use == 0 and gate.waiting == 0
+
+
+def ctx(tenant: str) -> RequestContext:
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    return RequestContext(route="chat", request=req, principal=Principal(tenant, "user", "u"),
+                          request_id="r", headers={})
+
+
+async def test_through_the_plugin_a_flooding_tenant_cannot_shed_another() -> None:
+    """A gateway's callers (`acme~gw~...`) are one tenant's turns: naming many callers
+    wins no more turns."""
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
+    p = AdmissionPlugin(AdmissionConfig.model_validate(
+        {"max_concurrent": 1, "max_queue": 4}), services)
+    hold = asyncio.Event()
+
+    async def engine(c: RequestContext) -> Reply:
+        await hold.wait()
+        return Completion({})
+
+    callers = [f"acme~gw~{i:032x}" for i in range(5)]
+    flood = [asyncio.create_task(p(ctx(t), engine)) for t in callers]
+    await eventually(lambda: p.gate.in_use == 1 and p.gate.waiting == 4)
+    other = asyncio.create_task(p(ctx("globex"), engine))
+    await eventually(lambda: sum(t.done() for t in flood) == 1)
+    shed = [t for t in flood if t.done()]
+    with pytest.raises(Unavailable):
+        await shed[0]
+    assert not other.done() and p.gate.waiting == 4
+    hold.set()
+    await asyncio.gather(other, *(t for t in flood if t not in shed))
+    assert p.gate.in_use == 0
+
+
+
+
+async def test_turns_a_tenant_gave_up_are_not_held_against_it() -> None:
+    """Waiters shed or timed out took no turn: their tenant's next request is not put
+    behind turns nobody used (another tenant queueing steadily would go first for as
+    many requests again)."""
+    gate = PriorityGate(1, 100)
+    await gate.acquire(10, None, owner="a")
+    burst = [asyncio.create_task(gate.acquire(10, None, owner="a")) for _ in range(20)]
+    await eventually(lambda: gate.waiting == 20)
+    order: list[str] = []
+
+    async def wait(name: str, owner: str) -> None:
+        await gate.acquire(10, None, owner=owner)
+        order.append(name)
+        gate.release()
+
+    tasks = []
+    for name, owner in (("b0", "b"), ("b1", "b"), ("b2", "b"), ("a0", "a")):
+        tasks.append(asyncio.create_task(wait(name, owner)))
+        queued = len(tasks) + (20 if name == "b0" else 0)
+        await eventually(lambda: gate.waiting == queued)  # noqa: B023 (awaited here)
+        if name == "b0":  # a's clients leave while b waits: the queue never empties
+            for t in burst:
+                t.cancel()
+            await asyncio.gather(*burst, return_exceptions=True)
+    gate.release()
+    await asyncio.gather(*tasks)
+    assert order == ["b0", "a0", "b1", "b2"]
