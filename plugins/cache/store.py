@@ -54,8 +54,9 @@ SemanticKey = tuple[str, str]
 Lookup = asyncio.Future[tuple[np.ndarray | None, Entry | None]]
 #: A question's vector, or the lookup that computes it.
 Vec = np.ndarray | Lookup
-#: Answers waiting for their question's vector, at most (the oldest is dropped: it stays
-#: an exact entry only).
+#: Answers waiting for their question's vector, at most (past it, the oldest of the
+#: tenant with the most waiting is dropped: it stays an exact entry only; one tenant's
+#: burst of answers under load does not push out another's).
 MAX_PENDING = 10_000
 #: Pending questions embedded per forward pass while idle (a pass is a few ms per text:
 #: a request arriving meanwhile waits at most one pass).
@@ -134,6 +135,8 @@ class CacheStore:
         #: Whether the gateway is idle (no request in flight): set by the plugin.
         self.idle: Callable[[], bool] = lambda: True
         self._pending: OrderedDict[tuple[str, str], _Pending] = OrderedDict()  # oldest first
+        #: the same keys by owner (`_owner`), oldest first: whose the bound drops
+        self._pending_of: dict[str, OrderedDict[tuple[str, str], None]] = {}
         self._gated: dict[tuple[str, str], dict[str, _Pending]] = {}  # (partition, gate)
         self._flushing = 0
         self._wake = asyncio.Event()
@@ -307,12 +310,17 @@ class CacheStore:
             return fut
         if (old := self._pending.get(key)) is not None:
             self._settle(old, None)  # the same question answered again: the newer waits
+        owner = _owner(entry)
         while len(self._pending) >= MAX_PENDING:
-            self._settle(next(iter(self._pending.values())), None)
+            # the new one counted as its owner's already (a tie: the owner's own)
+            largest = max(self._pending_of, key=lambda o: (
+                len(self._pending_of[o]) + (o == owner), o == owner))
+            self._settle(self._pending[next(iter(self._pending_of[largest]))], None)
         p = _Pending(partition, gate(question) if question_gate is None else question_gate,
                      entry, question,
                      asyncio.get_running_loop().create_future())
         self._pending[key] = p
+        self._pending_of.setdefault(owner, OrderedDict())[key] = None
         self._gated.setdefault((partition, p.gate), {})[entry.key] = p
         labelled(self.metrics.entries, "pending").set(len(self._pending))
         self._start_embedder()
@@ -324,6 +332,11 @@ class CacheStore:
         it was made) or None; it is pending no more."""
         if self._pending.get((p.partition, p.entry.key)) is p:
             del self._pending[(p.partition, p.entry.key)]
+            owner = _owner(p.entry)
+            mine = self._pending_of[owner]
+            del mine[(p.partition, p.entry.key)]
+            if not mine:
+                del self._pending_of[owner]
             group = self._gated[(p.partition, p.gate)]
             del group[p.entry.key]
             if not group:

@@ -152,3 +152,29 @@ async def test_through_the_plugin_a_flood_of_seeds_keeps_the_other_tenants_answe
     assert layer == "semantic" and eng.calls == calls
     assert p.store.index.owned("globex") == 1 and p.store.index.owned("acme") == 3
     await p.close()
+
+
+async def test_a_tenants_burst_under_load_keeps_anothers_answers_waiting_for_vectors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under load (lazy vectors) answers wait for their question's vector, at most
+    MAX_PENDING of them: a tenant's burst of one-off answers drops its own oldest, not
+    another tenant's, which joins the index once the gateway is idle and answers its
+    paraphrase."""
+    from plugins.cache import store as store_mod
+    from tests.unit.plugins.test_lazy import Busy, lazy_plugin, pending_is
+
+    monkeypatch.setattr(store_mod, "MAX_PENDING", 4)
+    p, _ = lazy_plugin()
+    busy = await Busy(p).start()  # (its own answer waits too: acme's, as ctx's default)
+    await p(ctx("What are the opening hours of the Lisbon office?", principal=GLOBEX),
+            Engine("Nine to five."))
+    for i in range(10):
+        await p(ctx(f"Where is parcel {88100 + i} now?", principal=ACME), Engine("Lisbon."))
+    assert await pending_is(p, 4)
+    await busy.release()
+    await p.store.drain()
+    eng = Engine()
+    _, layer = await run(p, ctx("What are the opening hours of the Lisbon office please?",
+                                principal=GLOBEX), eng)
+    assert layer == "semantic" and eng.calls == 0
+    await p.close()
