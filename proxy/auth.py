@@ -257,6 +257,17 @@ def caller_digest(principal: Principal, secret: str) -> str:
     return mac(who) + "." + mac(f"{who}\x00u={principal.user}")
 
 
+def tenant_salt(tenant: str, secret: str | None = None) -> str:
+    """The engine's prefix-cache salt for `tenant` (vLLM's `cache_salt`): one tenant's
+    cached prefix never speeds up, and so never reveals itself to, another tenant's
+    request. Keyed by `secret` where given (sent to an upstream: it cannot test guesses
+    of tenant names), a plain digest otherwise (the in-process engine's)."""
+    text = f"weir-tenant:{tenant}".encode()
+    if secret is None:
+        return hashlib.sha256(text).hexdigest()[:32]
+    return hmac.new(secret.encode(), text, hashlib.sha256).hexdigest()[:32]
+
+
 def _first(headers: Mapping[str, str]) -> str | None:
     """`credentials` without the conflict check (open mode with no keys configured
     refuses no request for it): the first `Authorization` that carries a key, else the

@@ -18,7 +18,6 @@ which aborts the request in the engine.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
@@ -26,6 +25,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import rendering
+from .auth import tenant_salt
 from .chain import Reply, Stream
 from .context import RequestContext
 from .engine.base import Engine, EngineOutput, EngineStats, ModelInfo
@@ -52,7 +52,7 @@ log = get_logger("weir.serving")
 def cache_salt(ctx: RequestContext) -> str:
     """Per-tenant salt for vLLM's prefix cache: one tenant's cached prefix never speeds
     up (and so never reveals itself to) another tenant's request."""
-    return hashlib.sha256(f"weir-tenant:{ctx.principal.tenant}".encode()).hexdigest()[:32]
+    return tenant_salt(ctx.principal.tenant)
 
 
 def engine_outputs(engine: Engine, prep: Prepared,

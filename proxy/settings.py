@@ -214,6 +214,14 @@ class UpstreamEngineSettings(_Strict):
         "`x-weir-on-behalf-of`, as digests of its tenant, role and user keyed by this "
         "secret, which never leaves this gateway: a Weir upstream whose key is marked "
         "`on_behalf_of` keeps this gateway's tenants apart. Unset: nothing is sent.")
+    cache_salt: bool = Field(
+        False, description="Send vLLM's `cache_salt` with each request: a digest of the "
+        "caller's tenant (keyed by `on_behalf_of_secret` where it is set, so the upstream "
+        "cannot test guesses of tenant names), so that a vLLM upstream's prefix cache is "
+        "shared within a tenant only, as the in-process engine's is: a prompt prefix "
+        "another tenant sent does not answer faster, which would tell that it was sent. "
+        "Off: an OpenAI-compatible server that does not know the field may refuse it "
+        "(a Weir upstream does: it salts per caller itself, with `on_behalf_of`).")
 
 
 def _engine_kind(v: Any) -> str:

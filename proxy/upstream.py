@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from .auth import ON_BEHALF_OF, caller_digest
+from .auth import ON_BEHALF_OF, caller_digest, tenant_salt
 from .chain import Completion, Outcome, Reply, Stream
 from .context import RequestContext
 from .engine.base import EngineStats, ModelInfo
@@ -386,6 +386,9 @@ class Upstream:
         if ctx.request.stream:
             body["stream_options"] = {**(body.get("stream_options") or {}),
                                       "include_usage": True}
+        if self.settings.cache_salt:
+            body["cache_salt"] = tenant_salt(ctx.principal.tenant,
+                                             self.settings.on_behalf_of_secret)
         url = self.base + _PATHS[ctx.route]
         self.in_flight += 1
         wait = _PoolWait()

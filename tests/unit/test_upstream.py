@@ -1092,3 +1092,36 @@ async def test_an_answer_without_its_head_goes_out_with_one(upstream: Upstream) 
 
 async def _json(body: dict[str, Any]) -> web.Response:
     return web.json_response(body)
+
+
+@pytest.mark.parametrize("secret", ["the-edge-own-secret", None])
+async def test_a_tenants_prefix_cache_salt_goes_upstream_only_when_asked(
+        upstream: Upstream, secret: str | None) -> None:
+    """A vLLM upstream salts its prefix cache by `cache_salt`: without one, every tenant
+    of this gateway shares it there (a prefix another tenant sent answers faster). Sent
+    only when asked (a Weir upstream refuses the field), one per tenant, keyed by the
+    gateway's secret where it has one."""
+    import hashlib
+    import hmac
+
+    from proxy.serving import cache_salt
+
+    salts = []
+    for asked in (False, True):
+        engine = await engine_for(upstream.base_url, models=["up-model"], cache_salt=asked,
+                                  on_behalf_of_secret=secret)
+        try:
+            for tenant, user in (("a", "u1"), ("a", "u2"), ("b", "u1")):
+                c = ctx()
+                c.principal = Principal(tenant, "user", user)
+                await engine(c)
+                salts.append(upstream.seen[-1][1].get("cache_salt"))
+        finally:
+            await engine.close()
+    assert salts[:3] == [None, None, None]
+    a, a2, b = salts[3:]
+    assert a == a2 != b and isinstance(a, str) and len(a) == 32
+    local = ctx()
+    local.principal = Principal("a", "user", "u1")  # without a secret: the local engine's
+    assert a == (hmac.new(secret.encode(), b"weir-tenant:a", hashlib.sha256).hexdigest()[:32]
+                 if secret else cache_salt(local))
