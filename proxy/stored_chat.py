@@ -26,7 +26,7 @@ from .context import RequestContext, screened_values
 from .errors import NotFound, WeirError
 from .ids import shown_id
 from .middleware import ROUTE_OPTS
-from .pagination import listing, no_such_cursor, page, params
+from .pagination import listing, no_such_cursor, one, page, params
 from .protocol import ChatCompletionRequest, Metadata, parse_model
 from .record_store import Record, RecordStore, cache_redis, make_store
 from .reply import Outcome, Stream
@@ -232,7 +232,7 @@ async def list_completions(request: web.Request) -> web.Response:
                    if k.startswith("metadata[") and k.endswith("]")}
     store = request.app[STORE]
     held: list[Record] = []  # the page's records, and one more if there is one
-    cursor: str | None = q.get("after")
+    cursor: str | None = one(q, "after")
     if cursor == "" or (cursor and "\x00" in cursor):  # (no id holds one: a store's own)
         raise no_such_cursor("stored chat completion")
     first = True

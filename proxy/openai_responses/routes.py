@@ -24,7 +24,7 @@ from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
 from ..ids import shown_id
 from ..inflight import count_abort, counting_cuts, generating
 from ..middleware import ROUTE_OPTS
-from ..pagination import page
+from ..pagination import flag, one, page
 from ..protocol import ChatCompletionRequest, not_among, parse_model, with_model_defaults
 from ..record_store import RecordStore, RedisStore, cache_redis, make_store, too_large
 from ..routes import (
@@ -341,20 +341,24 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     tenant, record = await _record(request)  # (a key first, then the id, as every route)
     query = request.query
     _refuse_include(query)
-    if query.get("stream", "false").lower() in ("false", "0", ""):
-        return json_response(record["response"])
-    response = record["response"]
-    if not response.get("background"):
-        raise InvalidRequest(
-            "Only a response created with `background: true` can be streamed again; "
-            "retrieve this one without `stream`.", param="stream", code="invalid_value")
-    given = query.get("starting_after", "-1")
+    # Each as the spec types it, read strictly (`stream=yes` streamed, `stream=` did not),
+    # whether or not it is used: `include_obfuscation` has nothing to turn off here.
+    stream = flag(query, "stream")
+    flag(query, "include_obfuscation")
+    given = one(query, "starting_after") or "-1"
     # (ASCII digits only: `int` also reads a sign, spaces, `_` and other scripts' digits)
     after = int(given) if re.fullmatch(r"-?[0-9]{1,18}", given) else -2
     if after < -1:
         raise InvalidRequest("Invalid value for `starting_after`: a sequence number "
                              "(an integer, 0 or more) is expected.",
                              param="starting_after", code="invalid_value")
+    if not stream:
+        return json_response(record["response"])
+    response = record["response"]
+    if not response.get("background"):
+        raise InvalidRequest(
+            "Only a response created with `background: true` can be streamed again; "
+            "retrieve this one without `stream`.", param="stream", code="invalid_value")
     run = request.app[RUNNER].find(tenant, response["id"])
     if run is None:
         raise InvalidRequest(

@@ -197,7 +197,11 @@ async def test_input_items_are_listed_paged_and_scoped(make_client: MakeClient) 
         "order": "asc", "after": asc["last_id"]})).json()
     assert [d["id"] for d in rest["data"]] == [d["id"] for d in data[::-1][2:]]
     for bad, param in (({"limit": "0"}, "limit"), ({"limit": "x"}, "limit"),
-                       ({"order": "up"}, "order"), ({"after": "nope"}, "after")):
+                       ({"order": "up"}, "order"), ({"after": "nope"}, "after"),
+                       # (given twice: which one was meant is not known)
+                       ([("limit", "2"), ("limit", "500")], "limit"),
+                       ([("order", "asc"), ("order", "desc")], "order"),
+                       ([("after", asc["last_id"]), ("after", "x")], "after")):
         r = await client.get(url, headers=auth("a"), params=bad)
         assert r.status == 400 and (await r.json())["error"]["param"] == param
     other = await client.get(url, headers=auth("b"))

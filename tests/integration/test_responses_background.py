@@ -1075,3 +1075,42 @@ async def test_a_store_down_is_logged_once_a_poll_not_once_a_run(
     fake_engine.token_gate.set()
     for rid in rids:
         await ended(client, rid, "public")
+
+
+@pytest.mark.parametrize(("query", "param"), [
+    ({"stream": "yes"}, "stream"), ({"stream": ""}, "stream"), ({"stream": "2"}, "stream"),
+    ({"stream": "on"}, "stream"), ({"stream": ["true", "false"]}, "stream"),
+    ({"stream": "false", "starting_after": "x"}, "starting_after"),
+    ({"starting_after": ["1", "2"]}, "starting_after"),
+    ({"include_obfuscation": "maybe"}, "include_obfuscation")])
+async def test_the_query_of_a_retrieve_is_read_strictly(
+        make_client: MakeClient, query: dict[str, Any], param: str) -> None:
+    """`stream` (and `include_obfuscation`) is a boolean: `true`/`false` or `1`/`0`, in
+    any case; anything else (`yes`, empty, given twice) is a 400 naming it, as is a
+    `starting_after` that is no integer with or without `stream` (`stream=yes` streamed,
+    `stream=` answered the JSON)."""
+    client = await make_client()
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await ended(client, rid, "public")
+    r = await client.get(f"/v1/responses/{rid}", params=[
+        (k, v) for k, vs in query.items() for v in ([vs] if isinstance(vs, str) else vs)])
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["param"] == param
+
+
+async def test_the_booleans_of_a_retrieve_are_read_in_any_case(
+        make_client: MakeClient) -> None:
+    client = await make_client()
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await ended(client, rid, "public")
+    for given in ("TRUE", "True", "1"):
+        r = await client.get(f"/v1/responses/{rid}", params={
+            "stream": given, "include_obfuscation": "False"})
+        assert r.status == 200 and r.content_type == "text/event-stream", given
+        await r.read()
+    for given in ("FALSE", "false", "0"):
+        r = await client.get(f"/v1/responses/{rid}", params={"stream": given})
+        assert r.status == 200 and r.content_type == "application/json", given
+        validate("Response", await r.json())
