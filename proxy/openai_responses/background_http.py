@@ -17,6 +17,7 @@ from ..inflight import note_usage
 from ..record_store import RecordStore
 from ..routes import json_response
 from ..streaming import typed_sse, write_sse
+from ..tasks import detach
 from ..telemetry import get_logger
 from . import translate as X
 from .background import Run, Runner, leased, respond
@@ -106,12 +107,31 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
 
     runner.start(run, lambda run: respond(run, runner, rendering, screened, saved, started))
     assert run.task is not None
-    await asyncio.wait((decided, run.task), timeout=DECIDING_S,
-                       return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await asyncio.wait((decided, run.task), timeout=DECIDING_S,
+                           return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        # Cut before its answer (its client left, or the shutdown cut it), the one place
+        # its id is told: for its client the create did not happen (OpenAI's returned an
+        # id or did not), so it does not, rather than run on for nobody to find.
+        detach(_undone(runner, store, run))
+        raise
     headers = _told(ctx, replied, refused)
     if not req.stream:
         return json_response(queued[0]["response"], headers)
     return await follow(request, run, -1, headers)
+
+
+async def _undone(runner: Runner, store: RecordStore, run: Run) -> None:
+    """A create cut before its id went out, undone: its record dropped (fenced: only its
+    own), then its run cancelled (whose end then stores nothing over no record). The
+    store down, the record is left: the run's end stores it `cancelled`."""
+    try:
+        await store.delete(run.tenant, run.rid, fence=run.fence)
+    except Unavailable as e:
+        log.warning("record of a create cut before its answer not dropped",
+                    response_id=run.rid, reason=e.code)
+    await runner.cancel(run.tenant, run.rid)
 
 
 def _told(ctx: RequestContext, replied: list[Reply], refused: list[WeirError],

@@ -1114,3 +1114,43 @@ async def test_the_booleans_of_a_retrieve_are_read_in_any_case(
         r = await client.get(f"/v1/responses/{rid}", params={"stream": given})
         assert r.status == 200 and r.content_type == "application/json", given
         validate("Response", await r.json())
+
+
+def shared_store(redis_server: RedisServer) -> dict[str, Any]:
+    """A client's overrides that keep its records in Redis (the cache's, a prefix of
+    its own)."""
+    cache = {"redis": {"url": redis_server.url,
+                       "key_prefix": f"weir:test:{uuid.uuid4().hex[:8]}:"},
+             "l2": {"enabled": True}, "semantic": {"enabled": False}}
+    return {"plugins": [{"name": "cache", "config": cache}]}
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_a_create_whose_client_left_before_its_answer_did_not_happen(
+        make_client: MakeClient, fake_engine: FakeEngine, redis_server: RedisServer,
+        monkeypatch: pytest.MonkeyPatch, shared: bool) -> None:
+    """A client that left while its create waited for the chain's decision (before the
+    `queued` answer, the only place its id is told) got no id: the create did not
+    happen, as OpenAI's either returned an id or did not. Its run is cut (no engine
+    work for nobody) and its record dropped (it ran on, stored, found by no one)."""
+    monkeypatch.setattr(background_http, "DECIDING_S", 3600.0)
+    client = await make_client(**shared_store(redis_server) if shared else {})
+    st, runner, store = client.app[STATE], client.app[RUNNER], client.app[STORE]
+    gate, chain = asyncio.Event(), client.app[STATE].chain
+
+    async def deciding(ctx: Any) -> Any:
+        await gate.wait()
+        return await chain(ctx)
+
+    monkeypatch.setattr(st, "chain", deciding)
+    task = asyncio.create_task(client.post("/v1/responses", json=BASE))
+    await eventually(lambda: bool(runner.runs), timeout=10)
+    run = next(iter(runner.runs.values()))
+    assert await store.get("public", run.rid) is not None  # (stored `queued`)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert run.task is not None
+    await asyncio.wait_for(asyncio.shield(run.task), 10)
+    assert run.cancelled and not fake_engine.calls
+    assert await store.get("public", run.rid) is None
+    assert (await client.get(f"/v1/responses/{run.rid}")).status == 404
