@@ -48,6 +48,7 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
     (the rate limiter's, the cache's; it went out before the chain ran, with none)."""
     lease_s = st.settings.responses.background.lease_s
     run = runner.open(tenant, rid)
+    putting = False
     try:  # (whatever fails before the run starts gives its place back)
         # Echoed and stored before the chain screened it: its texts screened as it will.
         rendering = Rendering(req if screen is None else X.screened_echo(req, screen), rid)
@@ -56,9 +57,15 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
             run.add(event)
         run.record = leased({"response": queued[0]["response"], "input": state()[1],
                              "conversation": []}, lease_s, run.fence, await store.now())
+        putting = True
         await store.put(tenant, rid, run.record)
-    except BaseException:
+    except BaseException as e:
         runner.drop(run)
+        if putting and isinstance(e, asyncio.CancelledError | Unavailable):
+            # Cut (or timed out) while its `queued` record was written, which may have
+            # landed: no run will end it (it read `queued`, then `failed` once its
+            # lease lapsed), and its id never went out; dropped, as a create cut later.
+            detach(_dropped(store, run))
         raise
 
     async def started(response: dict[str, Any]) -> None:
@@ -126,12 +133,18 @@ async def _undone(runner: Runner, store: RecordStore, run: Run) -> None:
     """A create cut before its id went out, undone: its record dropped (fenced: only its
     own), then its run cancelled (whose end then stores nothing over no record). The
     store down, the record is left: the run's end stores it `cancelled`."""
+    await _dropped(store, run)
+    await runner.cancel(run.tenant, run.rid)
+
+
+async def _dropped(store: RecordStore, run: Run) -> None:
+    """The record of `run`'s create, cut before its answer, dropped (fenced: only its
+    own); the store down, it is left (its lease lapses: it reads `failed`)."""
     try:
         await store.delete(run.tenant, run.rid, fence=run.fence)
     except Unavailable as e:
         log.warning("record of a create cut before its answer not dropped",
                     response_id=run.rid, reason=e.code)
-    await runner.cancel(run.tenant, run.rid)
 
 
 def _told(ctx: RequestContext, replied: list[Reply], refused: list[WeirError],

@@ -1154,3 +1154,39 @@ async def test_a_create_whose_client_left_before_its_answer_did_not_happen(
     assert run.cancelled and not fake_engine.calls
     assert await store.get("public", run.rid) is None
     assert (await client.get(f"/v1/responses/{run.rid}")).status == 404
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_a_create_cut_while_its_queued_record_is_written_leaves_no_record(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch,
+        redis_server: RedisServer, shared: bool) -> None:
+    """Cut while its `queued` record was being written (stored, its store's reply not
+    yet read), the create gave its run's place back and left the record: `queued`, no
+    run behind it, read `failed` once its lease lapsed. Its record is dropped too (in
+    memory, and in Redis, fenced by its run)."""
+    client = await make_client(**shared_store(redis_server) if shared else {})
+    store = client.app[STORE]
+    gate, put, delete = asyncio.Event(), type(store).put, type(store).delete
+    stored: list[str] = []
+    dropped: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+    async def held(self: Any, tenant: str, rid: str, record: Any, **kw: Any) -> None:
+        await put(self, tenant, rid, record, **kw)  # (it landed; its reply is held)
+        stored.append(rid)
+        await gate.wait()
+
+    async def deleted(self: Any, tenant: str, rid: str, **kw: Any) -> bool:
+        done: bool = await delete(self, tenant, rid, **kw)
+        dropped.set_result(done)
+        return done
+
+    monkeypatch.setattr(type(store), "put", held)
+    monkeypatch.setattr(type(store), "delete", deleted)
+    task = asyncio.create_task(client.post("/v1/responses", json=BASE))
+    await eventually(lambda: bool(stored), timeout=10)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert await asyncio.wait_for(dropped, 10)
+    assert not client.app[RUNNER].runs
+    assert await store.get("public", stored[0]) is None
+    assert (await client.get(f"/v1/responses/{stored[0]}")).status == 404
