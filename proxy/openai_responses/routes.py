@@ -498,9 +498,13 @@ async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
     st = app[STATE]
     cfg = st.settings.responses
     store = app[STORE] = make_store(cfg, cache_redis(st.plugins))
-    # Cancels sent to a replica that does not run the response, where records are shared
-    # (a flag matters while its run runs: it is kept a day, not the records' TTL)
-    flags = (make_store(cfg.model_copy(update={"ttl_s": min(cfg.ttl_s, 86400.0)}),
+    # Cancels sent to a replica that does not run the response, where records are shared.
+    # A flag serves a run only while its lease holds: past it, the run's record is
+    # settled (read `failed`, or `cancelled` by the cancel after two polls) or deleted,
+    # and the run's next write, fenced, stops it. Kept twice the lease, not a day: one
+    # left by a delete or a cancel racing one, for a run whose replica died, lingered.
+    flags = (make_store(cfg.model_copy(update={"ttl_s": min(
+                 cfg.ttl_s, 2 * cfg.background.lease_s)}),
                         cache_redis(st.plugins), kind="response_cancels")
              if isinstance(store, RedisStore) else None)
     app[RUNNER] = Runner(st, cfg.background, store, flags)

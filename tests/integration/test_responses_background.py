@@ -1190,3 +1190,21 @@ async def test_a_create_cut_while_its_queued_record_is_written_leaves_no_record(
     assert not client.app[RUNNER].runs
     assert await store.get("public", stored[0]) is None
     assert (await client.get(f"/v1/responses/{stored[0]}")).status == 404
+
+
+async def test_a_flag_left_for_a_run_that_never_reads_it_lasts_its_lease(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """A delete (or a cancel racing one) flags the run on the other replica; that
+    replica gone for good, nothing drops the flag: it was kept a day. It serves a run
+    only while that run's lease holds (past it, the run's record is settled or gone,
+    and its next write, fenced, stops it): kept twice its lease at most."""
+    a, b, _ = await two_replicas(make_client, redis_server.url, poll_a=20)
+    rid = (await (await a.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await eventually(lambda: a.app[RUNNER].find("a", rid) is not None)
+    assert (await b.delete(f"/v1/responses/{rid}", headers=A)).status == 200
+    flags = b.app[RUNNER].flags
+    assert await flags.get("a", rid) is not None
+    lease_s = b.app[STATE].settings.responses.background.lease_s
+    left_ms = await flags._redis.pttl(flags._key("a", rid))
+    assert 0 < left_ms <= 2 * lease_s * 1000
+    await cancel_and_wait(run_of(a, rid).task)
