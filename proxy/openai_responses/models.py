@@ -205,10 +205,10 @@ class TextFormat(_Open):
             return self
         check_strict(f"text.format '{self.name}'", self.schema_, self.strict)
         if self.schema_ is None:
-            raise InvalidRequest("`text.format.schema` is required when type is `json_schema`.",
-                                 param="text.format.schema")
+            raise InvalidRequest("Missing required parameter: `text.format.schema`.",
+                                 param="text.format.schema", code="missing_required_parameter")
         if self.name is None:
-            raise InvalidRequest("Missing required parameter: 'text.format.name'.",
+            raise InvalidRequest("Missing required parameter: `text.format.name`.",
                                  param="text.format.name", code="missing_required_parameter")
         return self
 

@@ -1348,3 +1348,20 @@ async def test_a_value_outside_openais_list_is_invalid_before_unsupported(
     body = await r.json()
     validate("ErrorResponse", body)
     assert (body["error"]["param"], body["error"]["code"]) == (param, code)
+
+
+@pytest.mark.parametrize(("fmt", "param"), [
+    ({"type": "json_schema", "name": "x"}, "text.format.schema"),
+    ({"type": "json_schema", "schema": {"type": "object"}}, "text.format.name")])
+async def test_a_json_schema_format_missing_a_part_says_so(
+        make_client: MakeClient, fmt: dict[str, Any], param: str) -> None:
+    """A `json_schema` format without its schema was a 400 with no code (its name's
+    missing had OpenAI's `missing_required_parameter`): both have it now, worded alike."""
+    client = await make_client()
+    r = await client.post("/v1/responses", json={**BASE, "text": {"format": fmt}})
+    assert r.status == 400
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["code"] == "missing_required_parameter"
+    assert body["error"]["param"] == param
+    assert body["error"]["message"] == f"Missing required parameter: `{param}`."
