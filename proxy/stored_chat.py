@@ -228,8 +228,10 @@ async def list_completions(request: web.Request) -> web.Response:
     tenant = _tenant(request)
     q = request.query
     limit, order = params(q, "asc")
-    wanted_meta = {k[len("metadata["):-1]: v for k, v in q.items()
+    # (each filter once: one given twice is a 400 naming it, not its first value read)
+    wanted_meta = {k[len("metadata["):-1]: one(q, k) for k in q
                    if k.startswith("metadata[") and k.endswith("]")}
+    model = one(q, "model")
     store = request.app[STORE]
     held: list[Record] = []  # the page's records, and one more if there is one
     cursor: str | None = one(q, "after")
@@ -246,7 +248,7 @@ async def list_completions(request: web.Request) -> web.Response:
             break  # (its place expired meanwhile: the listing ends there)
         first, size = False, min(size * 4, _WINDOW)
         found = [c for c in map(_summary, window) if c is not None
-                 and ("model" not in q or c.get("model") == q["model"])
+                 and (model is None or c.get("model") == model)
                  and all(c["metadata"].get(k) == v for k, v in wanted_meta.items())]
         while found and len(held) <= limit:
             batch, found = found[:limit + 1 - len(held)], found[limit + 1 - len(held):]

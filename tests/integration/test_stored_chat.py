@@ -126,8 +126,11 @@ async def test_list_filters_pages_and_orders(make_client: MakeClient) -> None:
     for bad in ({"limit": "0"}, {"limit": "x"}, {"limit": " 5"}, {"limit": "+5"},
                 {"limit": "\uff15"}, {"limit": str(10**30)}, {"limit": "1" * 5000},
                 {"order": "up"},
-                {"after": "nope"}):
-        r = await client.get("/v1/chat/completions", params=bad)
+                {"after": "nope"},
+                # (a filter given twice: the first was read, the second dropped)
+                {"model": ["fake-model", "another"]}, {"metadata[n]": ["2", "3"]}):
+        r = await client.get("/v1/chat/completions", params=[
+            (k, v) for k, vs in bad.items() for v in ([vs] if isinstance(vs, str) else vs)])
         assert r.status == 400
         err = await r.json()
         validate("ErrorResponse", err)
