@@ -187,7 +187,8 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
     """Collect every output, then build the body."""
     track = Choices(req.n, prep, span, ctx)
     # A tool parser reads the answer as the stream would (step by step), so a whole
-    # answer is what its stream would have sent, assembled.
+    # answer is what its stream would have sent, assembled (or its text, where a call's
+    # arguments are no JSON: `StreamCalls.text_instead`).
     calls = T.StreamCalls(prep.tracker) if prep.streams_calls else None
     with track:
         async with aclosing(outputs):
@@ -216,6 +217,9 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
             if calls is None:
                 return T.whole_choice(prep.tracker, R.chat_choice(
                     i, "".join(ch.text), R.finish(ch.reason), lp, ch.stop_reason))
+            text = calls.text_instead(i)
+            if text is not None:  # (a call no client can run: its reason is no tool_calls)
+                return R.chat_choice(i, text, R.finish(ch.reason), lp, ch.stop_reason)
             reason = ch.reason if ch.reason == "tool_calls" else R.finish(ch.reason)
             return T.with_calls(R.chat_choice(i, "".join(ch.text), reason, lp, ch.stop_reason),
                                 calls.calls(i))
@@ -223,7 +227,8 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
         choices = [choice(i, ch) for i, ch in sorted(track.by_index.items())]
         return Completion(R.chat_completion(id=R.new_id("chatcmpl"), model=req.model,
                                             created=R.now(), choices=choices, usage_=usage),
-                          order=calls.order(0) if calls is not None else None,
+                          order=calls.order(0) if calls is not None
+                          and calls.text_instead(0) is None else None,
                           usages=track.usages())
     out_choices = []
     for i, ch in sorted(track.by_index.items()):

@@ -10,6 +10,8 @@ Three modes, decided once per request (`mode`):
   arguments stream as they come; a `required` array is read whole at the end.
 - `parser` (`auto` with `engine.tool_parser` set): the model answers freely and the
   engine's parser (vLLM's registry: hermes, pythonic, ...) finds calls in its syntax.
+  A whole answer with a call whose arguments are no JSON is the model's text, as
+  vLLM's server answers it; a stream has sent that call and ends with `stop`.
 - `text` (`none`, no tools, or `auto` without a parser): the answer is text.
 
 A `ToolCallTracker` follows one choice: `feed` turns each text delta into a content
@@ -498,9 +500,11 @@ class CallAssembler:
 
 
 def _whole_json(text: str) -> bool:
+    """Whether `text` is JSON (`NaN` and `Infinity` are not; numbers are left as written,
+    so an integer of thousands of digits is JSON too)."""
     try:
-        json.loads(text)
-    except ValueError:
+        _SHAPE.decode(text)
+    except (ValueError, RecursionError):  # (nested past the parser: none a client reads)
         return False
     return True
 
@@ -541,6 +545,19 @@ class StreamCalls:
             reason = "stop"  # a stop string cut a call's arguments: no call to run
         return content, deltas, reason
 
+    def text_instead(self, index: int) -> str | None:
+        """The model's whole text where a whole answer is that text and not its calls,
+        else None: a parser's call whose arguments are no JSON, which no client can run.
+        vLLM's server answers so (its whole-answer parser fails on such a call and hands
+        back the model's text, every call with it); a stream has sent the calls as they
+        came and cannot take them back (vLLM's sends them too): it only ends with `stop`
+        (`step`)."""
+        tracker = self._trackers.get(index)
+        if tracker is None or tracker.mode != "parser" or all(
+                _whole_json(c["function"]["arguments"]) for c in self.calls(index)):
+            return None
+        return "".join(tracker._buffer)
+
     def has_text(self, index: int) -> bool:
         """Whether a choice's tokens are its content (not a forced call's JSON): only then
         do its chunks carry logprobs."""
@@ -558,9 +575,13 @@ class StreamCalls:
 
     def answer(self, choices: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The choices with their calls, and where a choice has both text and calls, their
-        `order` (as `Completion.order`: what a cache keeps to replay them in it)."""
+        `order` (as `Completion.order`: what a cache keeps to replay them in it); a
+        choice whose whole answer is text (`text_instead`) as that text."""
         for c in choices:
-            if c["index"] in self._sent:
+            text = self.text_instead(c["index"])
+            if text is not None:  # (kept as a whole answer gives it: the text)
+                c["text"] = text
+            elif c["index"] in self._sent:
                 c["tool_calls"] = self._sent[c["index"]].result()
                 order = self.order(c["index"])
                 if order_agrees(order, c["text"], c["tool_calls"]):

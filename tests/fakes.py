@@ -300,12 +300,11 @@ class FakeToolParser:
 
     def feed(self, delta: str, token_ids: list[int]) -> tuple[str | None, list[ToolCallDelta]]:
         self._text += delta
-        calls = [json.loads(m) for m in self._CALL.findall(self._text)]
+        calls = [self._read(m) for m in self._CALL.findall(self._text)]
         out = []
-        for i, c in enumerate(calls[self._sent:], start=self._sent):
-            args = json.dumps(c["arguments"])
+        for i, (name, args) in enumerate(calls[self._sent:], start=self._sent):
             half = len(args) // 2  # two argument pieces, as a real parser streams them
-            out += [ToolCallDelta(i, f"fake-{i}", c["name"]),
+            out += [ToolCallDelta(i, f"fake-{i}", name),
                     ToolCallDelta(i, arguments=args[:half]),
                     ToolCallDelta(i, arguments=args[half:])]
         self._sent = len(calls)
@@ -317,6 +316,19 @@ class FakeToolParser:
 
     def finish(self, cut: bool = False) -> list[ToolCallDelta]:
         return []
+
+    @staticmethod
+    def _read(body: str) -> tuple[str, str]:
+        """A call's name and arguments; a body that is no JSON is read as vLLM's hermes
+        parser streams one: the name, and the arguments' text as the model wrote it."""
+        try:
+            c = json.loads(body)
+        except ValueError:
+            name = re.search(r'"name"\s*:\s*"([^"]*)"', body)
+            args = re.search(r'"arguments"\s*:\s*', body)
+            return (name[1] if name else "",
+                    body[args.end():].rstrip().removesuffix("}") if args else "")
+        return c["name"], json.dumps(c["arguments"])
 
 
 class FakeEmbedder:

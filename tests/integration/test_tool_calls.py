@@ -193,7 +193,8 @@ async def test_with_a_parser_a_whole_answer_is_its_stream_assembled(
         make_client: MakeClient) -> None:
     """Wherever the parser's whole and streaming readings differ (an answer cut inside a
     call, a second call cut after a first whole one), the whole answer is what the
-    stream sends: the stream cannot take back a call it sent."""
+    stream sends: the stream cannot take back a call it sent (unless a call's arguments
+    are no JSON: then the whole answer is text, below)."""
     engine = FakeEngine(tool_parser=True)
     client = await make_client(engine=engine)
     whole_call = '<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
@@ -211,6 +212,57 @@ async def test_with_a_parser_a_whole_answer_is_its_stream_assembled(
             assert [c["function"] for c in choice["message"].get("tool_calls") or []] == [
                 c["function"] for c in calls], (script, max_tokens)
             assert [choice["finish_reason"]] == reasons, (script, max_tokens)
+
+
+async def test_a_whole_answer_with_a_call_whose_arguments_are_no_json_is_text(
+        make_client: MakeClient) -> None:
+    """`auto`: where a call the parser read has arguments that are no JSON, a whole
+    answer is the model's text as content, no calls, ended as the engine ended it
+    (`stop`, `length`), as vLLM's server answers (its whole-answer parser fails and
+    hands back the text); a valid call beside it goes too. A stream sends the call as
+    it came (it cannot take it back; vLLM's sends it too) and ends with `stop` (vLLM's
+    says `tool_calls`: Weir's stream already ended such a call so)."""
+    engine = FakeEngine(tool_parser=True)
+    client = await make_client(engine=engine)
+    broken = '<call>{"name": "get_weather", "arguments": {"city": "Par}</call>'
+    weather = '<call>{"name": "get_weather", "arguments": {"city": "Paris"}}</call>'
+    for script, max_tokens, reason in (("Sure. " + broken, 64, "stop"),
+                                       (weather + broken, 64, "stop"),
+                                       ("Sure. " + broken + " and more text", 20, "length")):
+        engine.script = script
+        ask = {**BASE, "max_tokens": max_tokens, "logprobs": True}
+        body = await (await client.post("/v1/chat/completions", json=ask)).json()
+        validate("CreateChatCompletionResponse", body)
+        choice = body["choices"][0]
+        text = "".join(script[i:i + 4] for i in range(0, len(script), 4)[:max_tokens])
+        assert choice["message"]["content"] == text and "tool_calls" not in choice[
+            "message"], script
+        assert choice["finish_reason"] == reason, script
+        assert "".join(t["token"] for t in choice["logprobs"]["content"]) == text
+        r = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+        _, calls, reasons = assemble(parse_sse(await r.text())[0])
+        assert calls[-1]["function"] == {"name": "get_weather", "arguments": '{"city": "Par'}
+        assert reasons == [reason], script
+
+
+async def test_a_cached_stream_with_a_call_that_is_no_json_replays_as_text(
+        make_client: MakeClient) -> None:
+    """What the cache keeps of such a stream is the whole answer's text: a whole answer
+    replayed from it is the model's text, never the call a live one would not give."""
+    engine = FakeEngine(tool_parser=True)
+    engine.script = 'Sure. <call>{"name": "get_weather", "arguments": {"city": "Par}</call>'
+    client = await make_client(make_settings(plugins=[{"name": "cache", "config": {
+        "semantic": {"enabled": False}}}]), engine=engine)
+    ask = {**BASE, "temperature": 0}
+    r = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+    assert r.headers["x-weir-cache"] == "miss" and parse_sse(await r.text())[1]
+    r = await client.post("/v1/chat/completions", json=ask)
+    assert r.headers["x-weir-cache"] == "exact"
+    body = await r.json()
+    validate("CreateChatCompletionResponse", body)
+    msg = body["choices"][0]["message"]
+    assert msg["content"] == engine.script and "tool_calls" not in msg
+    assert body["choices"][0]["finish_reason"] == "stop"
 
 
 async def test_auto_without_a_parser_and_none_answer_text(make_client: MakeClient) -> None:

@@ -739,12 +739,13 @@ class _CutParser:
 def test_a_call_cut_by_a_stop_string_is_not_a_call_to_run(args: str, reason: str) -> None:
     """With a parser, a stop string can end the answer inside a call's arguments: the
     cut call is sent as it came, but the finish reason is `stop`, not `tool_calls` (a
-    client would run arguments that are no JSON); whole answers are the same stream."""
+    client would run arguments that are no JSON); a whole answer is the model's text."""
     req = chat(tools=[WEATHER])
     calls = T.StreamCalls(lambda: T.ToolCallTracker.for_request(req, lambda _: _CutParser(args)))
     calls.step(0, "<call>", [1], None)
     assert calls.step(0, "", [], "stop")[2] == reason
     assert calls.calls(0)[0]["function"]["arguments"] == args
+    assert calls.text_instead(0) == (None if reason == "tool_calls" else "<call>")
 
 
 @pytest.mark.parametrize("body", [
