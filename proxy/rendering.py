@@ -188,7 +188,7 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
     track = Choices(req.n, prep, span, ctx)
     # A tool parser reads the answer as the stream would (step by step), so a whole
     # answer is what its stream would have sent, assembled (or its text, where a call's
-    # arguments are no JSON: `StreamCalls.text_instead`).
+    # arguments are no JSON object: `StreamCalls.text_instead`).
     calls = T.StreamCalls(prep.tracker) if prep.streams_calls else None
     with track:
         async with aclosing(outputs):

@@ -10,8 +10,8 @@ Three modes, decided once per request (`mode`):
   arguments stream as they come; a `required` array is read whole at the end.
 - `parser` (`auto` with `engine.tool_parser` set): the model answers freely and the
   engine's parser (vLLM's registry: hermes, pythonic, ...) finds calls in its syntax.
-  A whole answer with a call whose arguments are no JSON is the model's text, as
-  vLLM's server answers it; a stream has sent that call and ends with `stop`.
+  A whole answer with a call whose arguments are no JSON object is the model's text,
+  as vLLM's server answers it; a stream has sent that call and ends with `stop`.
 - `text` (`none`, no tools, or `auto` without a parser): the answer is text.
 
 A `ToolCallTracker` follows one choice: `feed` turns each text delta into a content
@@ -499,14 +499,18 @@ class CallAssembler:
         return [c for _, c in sorted(self.calls.items())]
 
 
-def _whole_json(text: str) -> bool:
-    """Whether `text` is JSON (`NaN` and `Infinity` are not; numbers are left as written,
-    so an integer of thousands of digits is JSON too)."""
+def _json_object(text: str) -> bool:
+    """Whether `text` is a JSON object, as OpenAI's call arguments always are (`NaN` and
+    `Infinity` are no JSON; numbers are left as written, so an integer of thousands of
+    digits is JSON too). Arguments that are JSON of another kind (a string, an array,
+    null) are no call to run: a function's parameters are an object, vLLM's `required`
+    path reads them as one, and several of its parsers (gigachat3, dots) refuse any
+    other (hermes, llama3_json hand them on)."""
     try:
-        _SHAPE.decode(text)
+        value = _SHAPE.decode(text)
     except (ValueError, RecursionError):  # (nested past the parser: none a client reads)
         return False
-    return True
+    return isinstance(value, dict)
 
 
 class StreamCalls:
@@ -541,20 +545,20 @@ class StreamCalls:
             order += sorted({d["index"] for d in deltas if d["index"] not in sent.calls})
             sent.feed(deltas)
         if reason == "tool_calls" and tracker.mode == "parser" and not all(
-                _whole_json(c["function"]["arguments"]) for c in self.calls(index)):
-            reason = "stop"  # a stop string cut a call's arguments: no call to run
+                _json_object(c["function"]["arguments"]) for c in self.calls(index)):
+            reason = "stop"  # arguments cut (a stop string) or no object: no call to run
         return content, deltas, reason
 
     def text_instead(self, index: int) -> str | None:
         """The model's whole text where a whole answer is that text and not its calls,
-        else None: a parser's call whose arguments are no JSON, which no client can run.
-        vLLM's server answers so (its whole-answer parser fails on such a call and hands
-        back the model's text, every call with it); a stream has sent the calls as they
-        came and cannot take them back (vLLM's sends them too): it only ends with `stop`
-        (`step`)."""
+        else None: a parser's call whose arguments are no JSON object (`_json_object`),
+        which no client can run. vLLM's server answers so (its whole-answer parser fails
+        on such a call and hands back the model's text, every call with it); a stream
+        has sent the calls as they came and cannot take them back (vLLM's sends them
+        too): it only ends with `stop` (`step`; vLLM's ends with `tool_calls`)."""
         tracker = self._trackers.get(index)
         if tracker is None or tracker.mode != "parser" or all(
-                _whole_json(c["function"]["arguments"]) for c in self.calls(index)):
+                _json_object(c["function"]["arguments"]) for c in self.calls(index)):
             return None
         return "".join(tracker._buffer)
 

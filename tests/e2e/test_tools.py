@@ -276,6 +276,36 @@ def test_a_vllm_parser_s_call_to_a_function_not_offered_is_dropped() -> None:
         assert "launch" not in streamed + (piece or "")
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # vllm's and torch's imports
+def test_a_vllm_parser_s_call_with_arguments_no_json_object_is_text_whole() -> None:
+    """vLLM's hermes parser streams arguments as the model wrote them: a JSON string, or
+    text that is no JSON, is sent as it came, the answer ending with `stop`; the whole
+    answer is the model's text (no server: the demo tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from proxy.engine.demo_model import ensure_demo_model
+    from proxy.engine.vllm import _tool_parser_class, _ToolParserAdapter
+    from proxy.tools import StreamCalls, ToolCallTracker
+
+    tok = AutoTokenizer.from_pretrained(str(ensure_demo_model()))
+    cls = _tool_parser_class("hermes", tok)
+    assert cls is not None
+    req = _auto_request(list(TOOLS))
+    for args, text_instead in (('{"city": "Paris"}', False), ('"Paris"', True),
+                               ('{"city": Paris}', True)):
+        text = f'Sure. <tool_call>{{"name": "get_weather", "arguments": {args}}}</tool_call>'
+        calls = StreamCalls(lambda: ToolCallTracker.for_request(
+            req, lambda t: _ToolParserAdapter(cls, tok, t)))
+        for i in range(0, len(text), 3):
+            calls.step(0, text[i:i + 3], [0], None)
+        reason = calls.step(0, "", [], "stop")[2]
+        (call,) = calls.calls(0)
+        # (this vLLM streams the cut call's closing brace too: `{"city": Paris}}`)
+        assert call["function"]["arguments"].startswith(args)
+        assert reason == ("stop" if text_instead else "tool_calls")
+        assert calls.text_instead(0) == (text if text_instead else None)
+
+
 def test_vllms_tool_parsers_read_their_syntax_whole_and_streamed() -> None:
     """The engine's adapter over vLLM's own parsers (no server: the demo tokenizer)."""
     from transformers import AutoTokenizer

@@ -245,6 +245,26 @@ async def test_a_whole_answer_with_a_call_whose_arguments_are_no_json_is_text(
         assert reasons == [reason], script
 
 
+async def test_a_call_whose_arguments_are_json_but_no_object_is_no_call(
+        make_client: MakeClient) -> None:
+    """Arguments that are JSON but no object (a string, an array, null) are no call
+    either: OpenAI's are always an object, as a function's parameters are, and vLLM's
+    `required` path and several of its parsers (gigachat3, dots) refuse them (hermes
+    hands them on). A whole answer is the model's text; a stream ends with `stop`."""
+    engine = FakeEngine(tool_parser=True)
+    client = await make_client(engine=engine)
+    for args in ('"Paris"', '["Paris"]', "null", '"{\\"city\\": \\"Paris\\"}"'):
+        engine.script = 'Sure. <call>{"name": "get_weather", "arguments": ' + args + "}</call>"
+        body = await (await client.post("/v1/chat/completions", json=BASE)).json()
+        validate("CreateChatCompletionResponse", body)
+        choice = body["choices"][0]
+        assert choice["message"]["content"] == engine.script, args
+        assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "stop"
+        r = await client.post("/v1/chat/completions", json={**BASE, "stream": True})
+        _, calls, reasons = assemble(parse_sse(await r.text())[0])
+        assert [c["function"]["arguments"] for c in calls] == [args] and reasons == ["stop"]
+
+
 async def test_a_cached_stream_with_a_call_that_is_no_json_replays_as_text(
         make_client: MakeClient) -> None:
     """What the cache keeps of such a stream is the whole answer's text: a whole answer
