@@ -176,11 +176,12 @@ def _options(
     )
 
 
-def _chat_ids(engine: Engine, req: ChatCompletionRequest) -> list[int]:
-    """The chat's prompt as the engine renders it."""
+def _chat_ids(engine: Engine, req: ChatCompletionRequest, tools: bool = True) -> list[int]:
+    """The chat's prompt as the engine renders it (`tools` False: without the tools'
+    definitions)."""
     messages = _message_dicts(req, engine.part_separator)
     try:
-        return engine.render_chat(messages, req.tool_dicts(),
+        return engine.render_chat(messages, req.tool_dicts() if tools else None,
                                   add_generation_prompt=req.add_generation_prompt,
                                   continue_final_message=req.continue_final_message)
     except EngineRejected as e:
@@ -202,12 +203,34 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     refuse_unsupported(req.model_extra, LOCAL_UNSUPPORTED)
     refuse_unsupported(req.model_extra, VLLM_CHAT_UNSUPPORTED)
     ids = _chat_ids(engine, req)
+    if req.tools and len(ids) >= engine.max_model_len:
+        raise _tools_over(engine, req, len(ids))
     top = req.top_logprobs or 0
     opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
                     engine.vocab_size, "messages", engine.sampling_defaults.get("max_tokens"))
     parses = T.shape_options(req, opts, engine)
     return Prepared([ids], opts, top_logprobs=top, streams_calls=parses,
                     tracker=lambda: T.ToolCallTracker.for_request(req, engine.tool_parser))
+
+
+def _tools_over(engine: Engine, req: ChatCompletionRequest, prompt: int) -> InvalidRequest:
+    """A chat prompt with tools past the context: the tokens the tools' definitions take
+    (the prompt rendered without them, told apart), as OpenAI's message counts those in
+    the messages and those in the functions; `param` is `tools` where they alone are
+    past the context or are the larger part, else `messages`. (Rendered again only on
+    this refusal.)"""
+    most = engine.max_model_len
+    try:
+        rest = len(_chat_ids(engine, req, tools=False))
+    except InvalidRequest:  # (a template that will not render the chat without them)
+        rest = prompt
+    in_tools = max(prompt - rest, 0)
+    return InvalidRequest(
+        f"This model's maximum context length is {most} tokens. However, your prompt has "
+        f"{prompt} tokens ({prompt - in_tools} in `messages`, {in_tools} in `tools`). "
+        "Please reduce the length of `messages` or `tools`.",
+        param="tools" if in_tools >= most or in_tools > prompt - in_tools else "messages",
+        code="context_length_exceeded")
 
 
 def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:

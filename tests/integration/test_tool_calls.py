@@ -297,6 +297,61 @@ async def test_auto_without_a_parser_and_none_answer_text(make_client: MakeClien
         assert body["choices"][0]["finish_reason"] == "stop"
 
 
+class _ToolsInPrompt(FakeEngine):
+    """Renders the tools' definitions into the prompt, a token a character (the fake
+    engine's own render leaves them out), as a chat template writes them."""
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any, **kw: Any) -> list[int]:
+        return super().render_chat(messages, tools, **kw) + (
+            [7] * len(json.dumps(tools)) if tools else [])
+
+
+async def test_a_prompt_too_long_for_its_tools_names_them(make_client: MakeClient) -> None:
+    """`context_length_exceeded` names `tools` where the tool definitions alone are past
+    the context, or are the larger part of the prompt; `messages` otherwise (and where
+    there are no tools). The message says how many tokens each took, as OpenAI's does."""
+    engine = _ToolsInPrompt(max_model_len=512)
+    client = await make_client(engine=engine)
+
+    def tool(size: int) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": "f", "description": "x" * size}}
+
+    def ask(size: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": "y" * size}]
+
+    for tools, messages, param in (
+            ([tool(600)], ask(10), "tools"),  # the tools alone are past the context
+            ([tool(600)], ask(800), "tools"),  # (so even beside longer messages)
+            ([tool(240)], ask(240), "tools"),  # neither alone, the tools the larger part
+            ([tool(200)], ask(400), "messages"),
+            (None, ask(600), "messages")):
+        r = await client.post("/v1/chat/completions",
+                              json={**BASE, "messages": messages, "tools": tools})
+        body = await r.json()
+        validate("ErrorResponse", body)
+        error = body["error"]
+        assert r.status == 400 and error["code"] == "context_length_exceeded", error
+        assert error["param"] == param, error
+        assert error["type"] == "invalid_request_error"
+        assert error["message"].startswith("This model's maximum context length is 512 "
+                                           "tokens. However, your prompt has ")
+        if tools:
+            n_tools = len(json.dumps([{"type": "function", "function": t["function"]}
+                                      for t in tools]))
+            assert error["message"].endswith(f" in `messages`, {n_tools} in `tools`). "
+                                             "Please reduce the length of `messages` or "
+                                             "`tools`.")
+    # the Responses API names its own params, as in its other errors
+    r = await client.post("/v1/responses", json={
+        "model": "fake-model", "input": "hi", "store": False,
+        "tools": [{"type": "function", "name": "f", "description": "x" * 600}]})
+    error = (await r.json())["error"]
+    assert (r.status, error["param"], error["code"]) == (400, "tools",
+                                                         "context_length_exceeded")
+    assert "`input`" in error["message"] and "messages" not in error["message"]
+    assert not engine.calls
+
+
 async def test_tool_results_round_trip(make_client: MakeClient, fake_engine: FakeEngine) -> None:
     client = await make_client()
     first = await (await client.post("/v1/chat/completions",
