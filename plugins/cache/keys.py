@@ -72,10 +72,19 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
         field = fields.get(name)
         if field is not None and (v := getattr(req, name)) != field.default and v != []:
             dumped[name] = v
-    stop = sorted(req.stops)
-    dumped["stop"] = stop
+    dumped["stop"] = _stop_key(req.stops)
     dumped["max_tokens"] = req.output_limit
     return dumped
+
+
+def _stop_key(stops: list[str]) -> list[str]:
+    """The stop strings as the answer depends on them: in any order (sorted, one key),
+    unless one ends another (`so` and `o`). Those end the answer at the same character
+    and the engine keeps the one listed first (vLLM's tie-break): `["o", "so"]` answers
+    "I'm s" where `["so", "o"]` answers "I'm ", so their order is part of the key."""
+    if any(a != b and a.endswith(b) for a in stops for b in stops):
+        return list(stops)
+    return sorted(stops)
 
 
 #: Fields a request may carry that do not change its answer (who asks, how it is billed

@@ -197,6 +197,18 @@ def test_what_the_engine_reads_differently_has_its_own_key() -> None:
         completion("The answer is"), "tenant")  # look-alikes still fold
 
 
+def test_key_keeps_the_order_of_stops_that_end_alike() -> None:
+    """Stop strings are keyed in any order, except where one ends another: those end
+    the answer at one character, and the engine keeps the one listed first (`["o",
+    "so"]` answers "I'm s", `["so", "o"]` "I'm "), so a replay would give the other."""
+    assert exact_key(ctx(stop=["a", "b"]), "tenant") == exact_key(ctx(stop=["b", "a"]),
+                                                                 "tenant")
+    assert exact_key(ctx(stop=["o", "so"]), "tenant") != exact_key(ctx(stop=["so", "o"]),
+                                                                  "tenant")
+    assert exact_key(ctx(stop=["o", "so", "x"]), "tenant") == exact_key(
+        ctx(stop=["o", "so", "x"]), "tenant")
+
+
 def test_key_ignores_transport_but_not_output_params() -> None:
     base = exact_key(ctx(), "tenant")
     assert exact_key(ctx(stream=True, stream_options={"include_usage": True}, user="x"),
