@@ -63,6 +63,10 @@ _CLASSES = (
     ("dispute",),
     ("fix", "repair", "troubleshoot", "solve", "resolve", "debug"),
     ("undo", "revert", "rollback", "roll"),
+    # a branch's history joined to another's two ways ("How do I rebase my branch onto
+    # main?" / "How do I merge my branch into main?": other histories, other answers)
+    ("rebase",),
+    ("merge",),
 )
 _IRREGULAR = {"sent": "send", "paid": "pay", "saw": "see", "seen": "see", "found": "find",
               "wrote": "write", "written": "write", "spoke": "speak", "spoken": "speak",
@@ -88,6 +92,9 @@ ACTION.update({w: ACTION[v] for w, v in _IRREGULAR.items()})
 _FRAME = frozenset("s re way ways process steps step procedure status copy copies".split())
 # A verb's particle after it ("roll back"; "up", "out" are filler already).
 _PARTICLES = frozenset(("back", "down", "off", "over"))
+#: Where an action puts its thing ("rebase onto main", "merge into main"): the verb's,
+#: as its particle is; left out where the actions are compared.
+_PLACING = frozenset(("into", "onto"))
 
 
 #: A verb and its money as one action ("add money to my gift card", "put funds on my
@@ -198,6 +205,6 @@ def actions_differ(a: list[str], b: list[str]) -> bool:
 
 def _without_actions(words: list[str]) -> list[str]:
     """The words without their actions, an action's particle ("roll back", "pay back":
-    part of the verb) and the frame."""
+    part of the verb) or its "into" / "onto" (`_PLACING`) and the frame."""
     return [w for i, w in enumerate(words) if w not in ACTION and w not in _FRAME
-            and not (w in _PARTICLES and i > 0 and words[i - 1] in ACTION)]
+            and w not in _PLACING and not (w in _PARTICLES and i > 0 and words[i - 1] in ACTION)]

@@ -93,3 +93,19 @@ def test_approving_or_rejecting_is_an_action(stored: str, asked: str) -> None:
     action on the same request is another question."""
     assert not guard_ok(asked, stored)
     assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I rebase my branch onto main?", "How do I merge my branch into main?"),
+    ("Should I rebase my feature branch?", "Should I merge my feature branch?"),
+    ("How do I undo a rebase?", "How do I undo a merge?"),
+])
+def test_rebasing_is_not_merging(stored: str, asked: str) -> None:
+    """A branch rebased onto another and one merged into it are other histories; the
+    "onto" / "into" is the verb's, not the thing's."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+def test_a_rebase_reworded_passes() -> None:
+    assert guard_ok("How can I rebase my branch onto main?", "How do I rebase my branch onto main?")
