@@ -461,7 +461,9 @@ _FOCUS = {
                        r"hours|delivery times?)\b", re.IGNORECASE),
     "cost": re.compile(r"\b(?:how much|costs?|prices?|fees?|free|pay for)\b", re.IGNORECASE),
     "place": re.compile(r"\b(?:where|which country|what country)\b", re.IGNORECASE),
-    "reason": re.compile(r"\b(?:why|what caused|reason)\b", re.IGNORECASE),
+    # ("how come" asks why: "How come I was charged a late fee?" / "How do I avoid
+    # being charged a late fee?" are a reason and the steps)
+    "reason": re.compile(r"\b(?:why|what caused|reason|how come)\b", re.IGNORECASE),
     # a person: against a place, a time or a reason, another fact ("Who can sign the
     # form?" / "Where can I sign the form?"; "who" against "how" is often how a
     # paraphrase reads: "Who do I contact ...?" / "How do I contact ...?")

@@ -16,6 +16,9 @@ from plugins.cache.guard import guard_ok
     ("Why do I need a visa for Japan?", "How do I get a visa for Japan?"),
     ("Why do I have to pay a deposit?", "How do I pay a deposit?"),
     ("Why do I need to log in again?", "How can I log in again?"),
+    # "how come" asks why
+    ("How come I was charged a late fee?", "How do I avoid being charged a late fee?"),
+    ("How come I need to verify my identity?", "How do I verify my identity?"),
 ])
 def test_a_reason_is_not_the_steps(stored: str, asked: str) -> None:
     assert not guard_ok(asked, stored)
@@ -26,6 +29,7 @@ def test_a_reason_is_not_the_steps(stored: str, asked: str) -> None:
     ("Why can't I log in to my account?", "I can't log in to my account, what should I do?"),
     ("Why is my internet so slow?", "What can I do about slow internet speeds?"),
     ("How do I verify my identity?", "How can I verify my identity?"),
+    ("How come my order is late?", "Why is my order late?"),
 ])
 def test_a_reason_against_no_steps_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
