@@ -1242,7 +1242,8 @@ def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str])
     if i2 - i1 == j2 - j1 == 1 and _SWAPS.get(a[i1], a[i1]) != _SWAPS.get(b[j1], b[j1]) and (
             a[i1] in _SWAPS and b[j1] in _SWAPS):
         return True  # "How do bees ..." / "Why do bees ...", "Should I ..." / "Can I ..."
-    if i2 - i1 == j2 - j1 == 1 and _subject_swapped(a, b, i1, j1):
+    if i2 - i1 == j2 - j1 == 1 and (_subject_swapped(a, b, i1, j1)
+                                     or _clause_subject_swapped(a, b, i1, j1)):
         return True  # "Can I see my orders?" / "Can you see my orders?"
     if i2 - i1 == j2 - j1 == 1 and _misspelt(a[i1], b[j1]):
         return False  # "How do I tranfer money?", "my online banking pwd"
@@ -1312,6 +1313,26 @@ def _subject_swapped(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> 
     return (x in _SUBJECTS and y in _SUBJECTS and _PERSON[x] != _PERSON[y] and i >= 1
             and a[i - 1] in _AUXILIARIES and all(t in _FILLER for t in a[:i - 1])
             and not set(a[:i - 1]) & _ASKING)
+
+
+#: The asker named in a question: then "you" is the other party, not anyone.
+_FIRST_PERSON = frozenset(("i", "me", "my", "mine", "we", "us", "our", "ours"))
+#: Words after which a pronoun opens no clause of its own (an auxiliary's subject,
+#: `_subject_swapped`'s; or the "you" of a question word's frame: "How do you ...").
+_NOT_CLAUSE = _AUXILIARIES | _ASKING | frozenset(("is", "are", "was", "were", "if"))
+
+
+def _clause_subject_swapped(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> bool:
+    """The subject of a clause after a noun is another person, where the side with "you"
+    names the asker too, so "you" is the other party ("Is there a reason you need my
+    ID?" / "Is there a reason I need my ID?", "the way you store my data" / "the way I
+    store my data"). Not after an auxiliary or a question word ("How do you reset my
+    password?": anyone's "you"), nor after "if" (guard_roles.agents compares those)."""
+    x, y = a[i], b[j]
+    if not (x in _SUBJECTS and y in _SUBJECTS and _PERSON[x] != _PERSON[y]) or i < 1:
+        return False
+    you = a if x == "you" else b if y == "you" else ()
+    return a[i - 1] not in _NOT_CLAUSE and bool(_FIRST_PERSON.intersection(you))
 
 
 def _restated(b: tuple[str, ...], op: Op) -> bool:

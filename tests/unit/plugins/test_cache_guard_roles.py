@@ -61,8 +61,22 @@ def test_another_subject_of_a_yes_no_question_misses(stored: str, asked: str) ->
 
 
 @pytest.mark.parametrize(("stored", "asked"), [
+    ("Is there a reason you need my ID?", "Is there a reason I need my ID?"),
+    ("Is it true that you keep my card details?", "Is it true that I keep my card details?"),
+    ("What is the way you store my data?", "What is the way I store my data?"),
+])
+def test_another_subject_of_a_clause_misses_where_the_asker_is_named(
+        stored: str, asked: str) -> None:
+    """A clause's subject after a noun ("a reason you need ..."): "you" is the other
+    party where the asker is named ("my"), so "I" there is another subject."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
     ("How do I reset my password?", "How do you reset my password?"),  # anyone's "you"
     ("Can I see the invoice?", "Can we see the invoice?"),
+    ("Is there a way I can reset the router?", "Is there a way you can reset the router?"),
 ])
 def test_the_same_subject_or_a_generic_you_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
