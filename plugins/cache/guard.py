@@ -95,6 +95,7 @@ from .guard_roles import (
     owners_differ,
     parties,
     parties_differ,
+    state,
 )
 from .guard_units import CURRENCY_CODE, CURRENCY_CODES, relative_differs, units, units_differ
 
@@ -555,6 +556,7 @@ class Signature:
     native: frozenset[str] = frozenset()  # words that say something, not English (`_native`)
     ends: tuple[tuple[str, str], ...] = ()  # where a move goes or comes from (guard_ends)
     agents: tuple[str, ...] = ()  # who does the thing in each "if" / "when" clause
+    state: str = ""  # the participle a thing is asked or checked to be in (guard_roles.state)
 
 
 def signature(text: str) -> Signature:
@@ -602,6 +604,7 @@ def signature(text: str) -> Signature:
         modals=modals(lowered),
         ends=ends(low),
         agents=agents(lowered),
+        state=state(lowered),
     )
 
 
@@ -1391,6 +1394,12 @@ def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...]) -> b
 _OTHERS_DO = frozenset(("find", "read", "share"))
 
 
+def _same_state(a: str, b: str) -> bool:
+    """Two participles of one state ("cancelled" / "canceled", "cancelled" /
+    "terminated": one action class, guard_actions); "paused" / "cancelled" are two."""
+    return a == b or _verb_forms(a, b) or ACTION.get(a, a) == ACTION.get(b, b)
+
+
 def _own_acts(tokens: tuple[str, ...]) -> bool:
     """The passive's verbs (each word after a "be" or a "get") are all actions the asker
     takes on their own thing ("cancelled", "paused", "reset", "frozen"): an action of
@@ -1536,6 +1545,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not _roles_swapped(ta, tb)
             and not owners_differ(a.owners, b.owners)
             and not _doers_differ(a.doer, b.doer, ta, tb)
+            and not (a.state and b.state and not _same_state(a.state, b.state))
             and not agents_differ(a.agents, b.agents)
             and not parties_differ(parties(ta), parties(tb))
             and not degrees_differ(a.degrees, b.degrees)

@@ -133,9 +133,9 @@ def checked(tokens: tuple[str, ...]) -> tuple[str, ...]:
     """`tokens` with a check of whether a thing was done read as "check" and the thing
     checked: the clause's actions and its small words left out ("How do I check if I am
     registered to vote?" as "how do i check to vote"), so they are the state asked
-    about, not an action the other side shares ("How do I register to vote?"). (The
-    price: "Is my subscription cancelled?" / "How do I check if my subscription is
-    cancelled?" misses, a state against a check of it.)"""
+    about, not an action the other side shares ("How do I register to vote?"). (A check
+    of a thing's state is that state asked ("Is my subscription cancelled?" / "How do I
+    check if my subscription is cancelled?"): guard_roles.doer and guard_roles.state.)"""
     if _WHETHER.isdisjoint(tokens):
         return tokens
     for i in range(1, len(tokens)):

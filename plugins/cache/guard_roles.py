@@ -78,12 +78,23 @@ _IRREGULAR = "paid|sent|lost|stuck|reset|set|shut|cut|hit|sold|bought|kept|left|
 #: data shared?", "Was my card charged?", "Is my order being shipped?"): its subject a
 #: thing, then a participle. Not one saying what is asked of or allowed the asker ("Is
 #: a referral required?": "Do I need a referral?").
+_NOT_STATE = (r"(?!(?:required|needed|allowed|permitted|expected|supposed|included|"
+              r"accepted|covered|recommended|advised|entitled|qualified|obliged|mandated)\b)")
+_PARTICIPLE = r"(?P<state>[a-z]+ed|[a-z]{3,}en|" + _IRREGULAR + r"|read|seen|known|shown|done)\b"
 _STATE = re.compile(
     r"^\W{0,8}+(?:(?:how|what|when|where|why|which)\W{1,8}+)?(?:am|is|are|was|were)\s++"
     r"(?:a|an|the|my|our|your|their|his|her)\s++[a-z]++\s++(?:(?:being|already|still|"
-    r"now|not)\s++)?(?!(?:required|needed|allowed|permitted|expected|supposed|included|"
-    r"accepted|covered|recommended|advised|entitled|qualified|obliged|mandated)\b)"
-    r"(?:[a-z]+ed|[a-z]{3,}en|" + _IRREGULAR + r"|read|seen|known|shown|done)\b")
+    r"now|not)\s++)?" + _NOT_STATE + _PARTICIPLE)
+#: A check whether a thing of one's is in such a state ("How do I check if my
+#: subscription is cancelled?", "Can you tell me whether my parcel was delivered?"): the
+#: state asked, as `_STATE`'s (the asker checks, but does not do the act: "How do I
+#: cancel my subscription?" asks another thing). Its subject a thing of one or two words.
+_CHECKED_STATE = re.compile(
+    r"\b(?:check|checking|see|know|tell(?:\s++me)?|find\s++out|verify|confirm)\s++"
+    r"(?:if|whether)\s++(?:a|an|the|my|our|your|their|his|her)\s++[a-z]++"
+    r"(?:\s++(?!(?:is|are|was|were|has|have)\b)[a-z]++)?\s++"
+    r"(?:is|are|was|were|has\s++been|have\s++been)\s++(?:(?:being|already|still|now)\s++)?"
+    + _NOT_STATE + _PARTICIPLE)
 
 
 def doer(lowered: str) -> str:
@@ -92,10 +103,13 @@ def doer(lowered: str) -> str:
     subject undergoes the thing ("Can my order be cancelled?"), the doer the "by" after
     it names, or "passive-" and the subject's where no "by" names one ("Can my order be
     cancelled?": "passive-other"; guard._voice_only compares the words); "state" where
-    it asks whether a thing is in the state an act left it in ("Is my data shared?")."""
+    it asks whether a thing is in the state an act left it in ("Is my data shared?"), or
+    where the asker (or "you") checks that ("How do I check if my data is shared?")."""
     m = _DOER.match(lowered)
+    if (m is None or _kind(m.group(1) or m.group(2)) == "self") and state(lowered):
+        return "state"  # (asking a thing's state, or checking it: one question)
     if m is None:
-        return "state" if _STATE.match(lowered) else ""
+        return ""
     subject = m.group(1) or m.group(2)
     if m.group(1):
         passive = _PASSIVE.match(lowered, m.end())
@@ -103,6 +117,15 @@ def doer(lowered: str) -> str:
             return _kind(passive.group(1)) if passive.group(1) else "passive-" + _kind(
                 subject)
     return _kind(subject)
+
+
+def state(lowered: str) -> str:
+    """The participle a question asks a thing of one's is in ("cancelled": "Is my
+    subscription cancelled?", "How do I check if my subscription is cancelled?"), or ""."""
+    m = _STATE.match(lowered)
+    if m is None and ("if" in lowered or "whether" in lowered):
+        m = _CHECKED_STATE.search(lowered)
+    return "" if m is None else m.group("state")
 
 
 def _kind(subject: str) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from plugins.cache.guard import guard_ok
 from plugins.cache.guard_actions import checked
+from plugins.cache.guard_roles import state
 
 
 @pytest.mark.parametrize(("stored", "asked"), [
@@ -33,6 +34,39 @@ def test_doing_a_thing_is_not_checking_it_was_done(stored: str, asked: str) -> N
 def test_two_checks_pass(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
     assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Is my subscription cancelled?", "How do I check if my subscription is cancelled?"),
+    ("Is my card activated?", "How can I tell if my card is activated?"),
+    ("Was my parcel delivered?", "How can I find out whether my parcel was delivered?"),
+    ("Is my refund approved?", "Can you check if my refund is approved?"),
+    ("Is my subscription cancelled?", "How do I check if my subscription is canceled?"),
+])
+def test_checking_a_state_is_asking_it(stored: str, asked: str) -> None:
+    """A check whether a thing of one's is in a state asks that state
+    (guard_roles.state): the asker checks, and does not do the act."""
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How can I see if my account is locked?", "How can I lock my account?"),
+    ("Is my subscription paused?", "How do I check if my subscription is cancelled?"),
+    ("How do I check if my parcel was delivered?", "How do I get my parcel delivered?"),
+    ("How do I check if my subscription is cancelled?", "Why was my subscription cancelled?"),
+    ("Is my subscription cancelled?", "How do I cancel my subscription?"),
+])
+def test_a_checked_state_is_not_the_act_nor_another_state(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+def test_the_state_read() -> None:
+    assert state("is my subscription cancelled?") == "cancelled"
+    assert state("how do i check if my gym membership has been paused?") == "paused"
+    assert state("how do i cancel my subscription?") == ""
+    assert state("how do i check if i am registered to vote?") == ""
 
 
 def test_the_clause_checked_keeps_its_thing() -> None:
