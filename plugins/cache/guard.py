@@ -35,7 +35,8 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
   unknown token ("👍" / "👎", "∀" / "∃"), and operators and brackets in code and
   formulas ("x = a + b" / "x = a - b", "age > 30" / "age < 30", "{}" / "[]");
 - one asks whether a thing is so and the other why it is ("Can my order be cancelled?"
-  / "Why was my order cancelled?");
+  / "Why was my order cancelled?"; "Is there a reason my card was declined?", "What's
+  the reason ...", "How come ..." ask why);
 - a small word that asks another thing is swapped for another of its kind: a question
   word ("How do bees ..." / "Why ..."), a modal ("Should I ..." / "Can I ..."), "and" /
   "or", "my" / "your"; or the persons swap roles ("Do I owe you money?" / "Do you owe me money?");
@@ -632,6 +633,16 @@ _US_CURRENCY = re.compile(r"\bU\.?S\.?\s+(?=[Dd]ollars?\b)")
 _FULL = re.compile(r"\b(what|where|who|how|when|why|it|that|there|here|he|she|you|we|they)"
                    r"\s+(is|are)\b")
 _CONTRACTED = {"is": "s", "are": "re"}
+#: A frame that asks why round a clause ("Is there a reason my card was declined?",
+#: "What's the reason my card was declined?", "How come my card was declined?"), read as
+#: "why that": its question word, and the clause's subject as a clause's
+#: (`_clause_subject_swapped`). Only before a subject: "Is there a reason to upgrade?"
+#: asks an advice.
+_REASON_FRAME = re.compile(
+    r"^\W{0,8}+(?:is\s++there\s++(?:a|any)\s++(?:good\s++|particular\s++|specific\s++)?"
+    r"reason|what(?:\s++is|\s*+['\u2019]s)\s++the\s++reason|how\s++come)\s++"
+    r"(?:why\s++|that\s++)?(?=(?:my|the|your|our|their|his|her|a|an|i|you|we|it|this|that|"
+    r"they|he|she)\b)")
 #: A negated contraction typed without its apostrophe ("wont", "doesnt", "cant"): the
 #: contraction ("won't"), a negation (`_NEGATION`) as its spelling with one is.
 _NO_APOSTROPHE = re.compile(rf"\b({_NT_STEMS})nt\b")
@@ -683,6 +694,8 @@ def _tokens(lowered: str) -> tuple[str, ...]:
         lowered = _DAY_MONTH.sub(r"\2 \1", _ORDINAL.sub("", lowered))
     if "nt" in lowered:
         lowered = _NO_APOSTROPHE.sub(r"\1n't", lowered)
+    if "reason" in lowered or "how come" in lowered:
+        lowered = _REASON_FRAME.sub("why that ", lowered)
     if " is" in lowered or " are" in lowered:
         lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
     lowered = _SAME_ASK.sub(_same_ask, lowered)
