@@ -66,7 +66,9 @@ compares cheap lexical signatures of the two questions and refuses the hit when:
   closed on Friday?" / "Is the bank closed on Friday?" are one question);
 - they are one template with one slot changed ("Does the laptop come with a charger?" /
   "Does the phone ..."): a swapped entity, even in lower case. The price: a one-word
-  synonym swap ("opening hours" / "business hours") misses too.
+  synonym swap ("opening hours" / "business hours") misses too, but for a few verbs
+  that say one act (guard_actions.SAME_ACT: "activate" / "turn on", "book" /
+  "reserve", and "make" / "book" an appointment).
 
 One-sided direction words are allowed ("turn on 2FA" vs "set up 2FA"): only a conflict
 within a family refuses. Tuned on tests/data/semantic_tune.yaml only.
@@ -81,7 +83,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from .guard_actions import ACTION, actions_differ, checked, merged, nouns
+from .guard_actions import ACTION, SAME_ACT, actions_differ, checked, merged, nouns
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_ends import ends, ends_differ
@@ -199,6 +201,7 @@ _PHRASE_VERBS = frozenset(("turn", "switch", "sign", "log", "opt", "check", "bri
 _PHRASES = {"turn on": "enable", "switch on": "enable", "turn off": "disable",
             "switch off": "disable", "sign up": "register", "log out": "logout",
             "sign out": "logout", "log in": "login", "log into": "login", "sign in": "login",
+            "sign into": "login", "log on": "login", "log onto": "login", "log off": "logout",
             "opt in": "enable", "opt out": "disable", "check in": "checkin",
             "check out": "checkout",
             # bringing or getting a thing back restores it ("How do I archive a chat?" /
@@ -1263,7 +1266,25 @@ def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str])
         return True  # "Can I see my orders?" / "Can you see my orders?"
     if i2 - i1 == j2 - j1 == 1 and _misspelt(a[i1], b[j1]):
         return False  # "How do I tranfer money?", "my online banking pwd"
+    if i2 - i1 == j2 - j1 == 1 and (SAME_ACT.get(a[i1], a[i1]) == SAME_ACT.get(b[j1], b[j1])
+                                     or _booked(a, b, i1, j1)):
+        return False  # "How do I activate roaming?" / "How do I turn on roaming?"
     return not (set(a[i1:i2]) <= empty and set(b[j1:j2]) <= empty)
+
+
+#: Making an appointment or a reservation is booking one (`_booked`).
+_BOOKED = {"make": "book", "makes": "books", "made": "booked", "making": "booking"}
+_BOOKINGS = frozenset(("appointment", "appointments", "reservation", "reservations"))
+
+
+def _booked(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> bool:
+    """"make" swapped for "book" before an appointment or a reservation, its article
+    between ("How do I make an appointment with a GP?" / "How do I book an appointment
+    with a GP?"): one act. Read in the slot check only, so "make an appointment" /
+    "make a payment" is still one slot changed."""
+    x, y = sorted((a[i], b[j]))  # ("book...", "mak...")
+    return (_BOOKED.get(y) == x and not set(a[i + 1:i + 3]).isdisjoint(_BOOKINGS)
+            and not set(b[j + 1:j + 3]).isdisjoint(_BOOKINGS))
 
 
 def _bare_pair(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> bool:

@@ -73,6 +73,14 @@ _IRREGULAR = {"sent": "send", "paid": "pay", "saw": "see", "seen": "see", "found
               "held": "hold", "froze": "freeze", "frozen": "freeze", "moved": "move"}
 
 
+def _suffixed(verb: str) -> list[tuple[str, str]]:
+    """`verb`'s regular forms, each with the ending it reads as ("activated": "ed"), so
+    two verbs' forms compare form by form ("enabled" / "activated", not "enable" /
+    "activated")."""
+    stem = verb[:-1] if verb.endswith("e") else verb
+    return [(verb, ""), (verb + "s", "s"), (stem + "ed", "ed"), (stem + "ing", "ing")]
+
+
 def _forms(verb: str) -> set[str]:
     stem = verb[:-1] if verb.endswith("e") else verb
     out = {verb, verb + "s", verb + "es", stem + "ed", stem + "ing", verb + verb[-1] + "ed",
@@ -84,6 +92,23 @@ def _forms(verb: str) -> set[str]:
 
 ACTION = {form: cls[0] for cls in _CLASSES for verb in cls for form in _forms(verb)}
 ACTION.update({w: ACTION[v] for w, v in _IRREGULAR.items()})
+
+#: Verbs that say one act, whatever the thing: a one-word swap of them is a synonym,
+#: not a slot changed (guard._slot: "How do I activate roaming?" / "How do I turn on
+#: roaming?", "turn on" read as "enable"). Kept small on purpose: the classes above
+#: are broader ("close" / "delete" an account, "find" / "track" an order are two
+#: questions to the one-slot check).
+_SYNONYMS = (
+    ("enable", "activate"),
+    ("disable", "deactivate"),
+    ("book", "reserve"),
+    ("buy", "purchase"),
+    # ("log in", "sign in", "log on" are "login": guard._PHRASES)
+    ("login", "logon", "signin"),
+    ("logout", "logoff", "signout"),
+)
+SAME_ACT = {form: cls[0] + suffix for cls in _SYNONYMS for verb in cls
+            for form, suffix in _suffixed(verb)}
 # Nouns that only frame what is asked ("What's the way to close ...", "the steps to ..."):
 # no part of the thing acted on.
 # (nor "the status of" a thing: checking it is checking the thing, "check the status of

@@ -1,0 +1,45 @@
+"""The guard's verb synonyms (guard_actions.SAME_ACT): a one-word swap of two verbs that
+say one act is no slot changed ("How do I activate roaming?" / "How do I turn on
+roaming?", "turn on" read as "enable"); "make" before an appointment or a reservation
+books it; "sign into", "log on" are logging in. Verbs of one broader action class
+("close" / "delete" an account) and opposites stay two questions."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.cache.guard import guard_ok
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I activate roaming?", "How do I turn on roaming?"),
+    ("How do I activate my SIM?", "How do I switch on my SIM?"),
+    ("How do I deactivate notifications?", "How do I turn off notifications?"),
+    ("How do I book an appointment with a GP?", "How do I make an appointment with a GP?"),
+    ("Can I make an appointment for my son?", "Can I book an appointment for my son?"),
+    ("Can I reserve a table for tonight?", "Can I book a table for tonight?"),
+    ("Can I purchase a gift card online?", "Can I buy a gift card online?"),
+    ("How do I log into my account?", "How do I sign into my account?"),
+    ("How do I log on to the portal?", "How do I sign in to the portal?"),
+    ("Why can't I log in?", "Why can't I logon?"),
+])
+def test_a_verb_synonym_swapped_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I deactivate notifications?", "How do I turn on notifications?"),
+    ("How do I activate roaming?", "How do I deactivate roaming?"),
+    ("How do I make an appointment?", "How do I make a payment?"),
+    ("How do I book an appointment?", "How do I cancel an appointment?"),
+    ("Can I make a payment online?", "Can I book a payment online?"),
+    ("How do I sign into the portal?", "How do I sign up to the portal?"),
+    ("How do I log on to the portal?", "How do I log off the portal?"),
+    ("Can I buy a gift card online?", "Can I sell a gift card online?"),
+    ("How do I close my account?", "How do I delete my account?"),
+    ("How do I turn on location sharing?", "How do I turn on location tracking?"),
+])
+def test_other_verbs_or_things_miss(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
