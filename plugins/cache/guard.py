@@ -1412,9 +1412,14 @@ def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...]) -> b
     cancel my order?"). A question whether a thing is in the state an act left it in
     ("Is my data shared?", "Is my order cancelled?") is not the asker's doing of the act
     ("Do I share my data?", "Can I cancel my order?"): those differ; a third party's
-    doing of it ("Does the app share my data?") does not."""
+    doing of it ("Does the app share my data?") does not. Nor is it whether the thing may
+    be put in that state ("Can my order be cancelled?": a passive after a modal,
+    `_POSSIBLE`), a possibility, not the thing's state."""
     if {a, b} == {"state", "self"}:
         return True
+    if "state" in (a, b) and any(kind.startswith("passive-") and t[:1] and t[0] in _POSSIBLE
+                                 for kind, t in ((a, ta), (b, tb))):
+        return True  # "Is my order cancelled?" / "Can my order be cancelled?"
     kinds = {a.removeprefix("passive-"), b.removeprefix("passive-")}
     if kinds != {"self", "other"}:
         return False
@@ -1422,6 +1427,9 @@ def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...]) -> b
     return not (passives and all(_own_acts(t) for t in passives) and _voice_only(ta, tb))
 
 
+#: Modals that open a passive asking whether a thing may be put in a state, not whether
+#: it is in it (`_doers_differ`).
+_POSSIBLE = frozenset(("can", "could", "may", "might", "must", "should"))
 #: Action classes (guard_actions) of what others do to one's things: a passive of them,
 #: its doer unsaid, asks whether someone can ("Can my phone be tracked?", "Can my
 #: messages be read?", "Can my data be shared?"), not the asker's own act.

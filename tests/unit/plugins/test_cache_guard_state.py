@@ -52,6 +52,24 @@ def test_doer(question: str, kind: str) -> None:
     assert doer(question) == kind
 
 
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Is my order cancelled?", "Can my order be cancelled?"),
+    ("Is my data shared with third parties?", "Can my data be shared with third parties?"),
+    ("Was my card charged?", "Can my card be charged?"),
+    ("Is my account suspended?", "Could my account be suspended?"),
+    ("How do I check if my order is cancelled?", "Can my order be cancelled?"),
+])
+def test_a_state_is_not_whether_it_may_be(stored: str, asked: str) -> None:
+    """Whether a thing is in a state, and whether it can be put in it (0.80-0.90 with
+    MiniLM)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+def test_a_state_and_a_passive_without_a_modal_pass() -> None:
+    assert guard_ok("Did my order get cancelled?", "Is my order cancelled?")
+
+
 @pytest.mark.timeout(30)  # a guard against a hang, far above the microseconds it takes
 @pytest.mark.parametrize("text", ["is my " + "a" * 4000, "is my a " + "b" * 4000 + "x",
                                   "is " + "my " * 2000, "is my a being " + "e" * 4000])
