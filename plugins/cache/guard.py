@@ -303,6 +303,11 @@ _FAMILIES = (
     ("day", ("tomorrow", "upcoming"), ("yesterday", "ago")),
     ("loan", ("lend", "lends", "lent", "lending"), ("borrow", "borrows", "borrowed",
                                                      "borrowing")),
+    # giving a thing and getting it ("How much notice do I need to give?" / "How much
+    # notice will I get?"); "give me" and a "get" from someone are "receive" already
+    # (`_PHRASES`, `_RECEIVING`), a "get ... back" "restore" (`_GOT_BACK`)
+    ("giving", ("give", "gives", "gave", "given", "giving"),
+     ("get", "gets", "got", "gotten", "getting")),
     ("git", ("push", "pushes", "pushed", "pushing"), ("pull", "pulls", "pulled", "pulling")),
     ("access", ("grant", "grants", "granted"), ("revoke", "revokes", "revoked")),
     ("life", ("born", "birth"), ("die", "died", "death", "dead")),

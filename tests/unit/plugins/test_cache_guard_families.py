@@ -59,3 +59,25 @@ def test_hiding_is_the_private_side(stored: str, asked: str) -> None:
 
 def test_hiding_hits_making_private() -> None:
     assert guard_ok("How do I make my profile hidden?", "How do I hide my profile?")
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How much notice do I need to give?", "How much notice will I get?"),
+    ("How much notice do I have to give before I quit?",
+     "How much notice do I get before I'm laid off?"),
+    ("How do I give feedback on the app?", "How do I get feedback on the app?"),
+    ("Can I give notice by email?", "Can I get notice by email?"),
+])
+def test_giving_is_not_getting(stored: str, asked: str) -> None:
+    """The asker gives a thing on one side and gets it on the other (0.72-0.97)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can you give me a refund?", "Can I get a refund?"),
+    ("Can you give us a discount?", "Can we get a discount?"),
+])
+def test_given_to_the_asker_is_got(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
