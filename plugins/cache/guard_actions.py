@@ -17,6 +17,8 @@ and the other does not are compared.
 
 from __future__ import annotations
 
+from collections import Counter
+
 _CLASSES = (
     ("cancel", "terminate", "end", "stop", "void"),
     ("close", "delete", "remove", "erase", "deactivate", "disable"),
@@ -51,7 +53,7 @@ _CLASSES = (
     ("write", "draft", "compose"),
     ("read",),
     ("pay", "settle"),
-    ("transfer", "move"),
+    ("transfer", "move", "port"),
     ("share",),
     ("install",),
     ("apply", "enroll", "enrol", "register", "sign", "join"),
@@ -225,7 +227,34 @@ def actions_differ(a: list[str], b: list[str]) -> bool:
         rest_b = [w for w in rest_b if w not in _MONEY]
     # (in any order: the thing reworded round its nouns is the same thing, "a claim for
     # water damage" / "my water damage claim")
-    return bool(rest_a) and sorted(rest_a) == sorted(rest_b)
+    if not rest_a or not rest_b:
+        return False
+    if sorted(rest_a) == sorted(rest_b):
+        return True
+    return _acts_on_more(a, b, rest_a, rest_b, kb - ka) or _acts_on_more(
+        b, a, rest_b, rest_a, ka - kb)
+
+
+#: Words that qualify no thing ("set a new PIN" / "change my PIN"; guard._UNNARROWING).
+_UNQUALIFYING = frozenset(("new", "current", "existing"))
+
+
+def _acts_on_more(a: list[str], b: list[str], rest_a: list[str], rest_b: list[str],
+                  only_b: set[str]) -> bool:
+    """`b` says all `a` says and more, and what it adds is the thing its own action acts
+    on, right after the verb ("How do I activate my new SIM?" / "How do I port my
+    number to a new SIM?": the number is ported, the SIM only where it goes). Not an
+    added word elsewhere ("reschedule my appointment" / "move my appointment to another
+    day": the same thing moved)."""
+    extra = Counter(w for w in rest_b if w not in _UNQUALIFYING)
+    extra.subtract(w for w in rest_a if w not in _UNQUALIFYING)
+    if any(n < 0 for n in extra.values()) or not +extra:
+        return False
+    for i, w in enumerate(b[:-1]):
+        if w in ACTION and ACTION[w] in only_b:
+            after = b[i + 1]
+            return after not in ACTION and extra[after] > 0 and after not in rest_a
+    return False
 
 
 def _without_actions(words: list[str]) -> list[str]:

@@ -109,3 +109,23 @@ def test_rebasing_is_not_merging(stored: str, asked: str) -> None:
 
 def test_a_rebase_reworded_passes() -> None:
     assert guard_ok("How can I rebase my branch onto main?", "How do I rebase my branch onto main?")
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I activate my new SIM?", "How do I port my number to a new SIM?"),
+    ("How do I download my statement?", "How do I print my tax statement?"),
+])
+def test_another_action_on_another_thing_misses(stored: str, asked: str) -> None:
+    """The longer side adds the thing its own action acts on, right after the verb: the
+    number is ported, the SIM only where it goes."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How do I change my PIN?", "How can I set a new PIN?"),
+    ("Can I reschedule my appointment?", "Can I move my appointment to another day?"),
+])
+def test_an_added_word_that_is_not_the_thing_acted_on_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
