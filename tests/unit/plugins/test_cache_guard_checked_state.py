@@ -73,3 +73,12 @@ def test_the_clause_checked_keeps_its_thing() -> None:
     assert checked(("how", "do", "i", "know", "if", "i", "m", "registered", "to", "vote")) == (
         "how", "do", "i", "check", "i", "to", "vote")
     assert checked(("what", "if", "i", "cancel")) == ("what", "if", "i", "cancel")
+
+
+@pytest.mark.timeout(30)  # a guard against a hang, far above the milliseconds it takes
+@pytest.mark.parametrize("text", ["check if my " + "a " * 4000, "check if " * 2000,
+                                  "see whether my a " + "b" * 4000 + " is x",
+                                  "is there a reason " * 1000, "how come " * 2000])
+def test_long_checks_stay_linear(text: str) -> None:
+    state(text)
+    guard_ok(text, "is my subscription cancelled?")
