@@ -10,8 +10,9 @@ cancellation) leaves the list, and a permit handed to it in the same instant is 
 on, so permits are never lost.
 
 Turns share a priority fairly between owners (tenants): each owner's waiters take turns
-one after another (a waiter's turn is its owner's previous one's plus that one's
-permits, never before the turn being served; turns given up, by waiters that left
+one after another (a waiter's turn is its owner's previous one's at its priority plus
+that one's permits, never before the turn being served there: turns are counted per
+priority; turns given up, by waiters that left
 or were shed, are given back), so a tenant that queues a hundred
 requests waits behind its own, and another tenant's one request goes next, not after
 them; and when the list is full, it is the flooding tenant's last waiter that is shed,
@@ -47,9 +48,13 @@ class PriorityGate:
         self.in_use = 0
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
-        #: the turn being served (the latest granted waiter's), and each owner's next
-        self._turn = 0
-        self._next: dict[str, int] = {}
+        #: per priority, the turn being served (the latest granted waiter's there); per
+        #: (priority, owner), that owner's next there. (One count for all priorities let
+        #: a grant at a better priority, its owner's turn after its own backlog at a
+        #: worse one, move the turn served there past that backlog: another tenant's
+        #: newcomer there waited behind all of it.)
+        self._turn: dict[int, int] = {}
+        self._next: dict[tuple[int, str], int] = {}
 
     @property
     def waiting(self) -> int:
@@ -69,7 +74,8 @@ class PriorityGate:
             return
         if not self._waiters:  # nobody waits: no owner is behind another
             self._next.clear()
-        turn = max(self._turn, self._next.get(owner, 0))
+        mine = (priority, owner)
+        turn = max(self._turn.get(priority, 0), self._next.get(mine, 0))
         if len(self._waiters) >= self.max_queue:
             # A waiter cancelled in this instant (its client left, its timeout fired)
             # has a done future but leaves the list only on its next step: it holds
@@ -83,9 +89,10 @@ class PriorityGate:
             worst.future.set_exception(Shed())
         w = _Waiter(priority, turn, next(self._seq),
                     asyncio.get_running_loop().create_future(), weight, owner)
-        self._next[owner] = turn + weight
+        self._next[mine] = turn + weight
         if len(self._next) > 2 * len(self._waiters) + 64:  # owners served up: forgotten
-            self._next = {o: t for o, t in self._next.items() if t > self._turn}
+            self._next = {o: t for o, t in self._next.items()
+                          if t > self._turn.get(o[0], 0)}
         bisect.insort(self._waiters, w)
         self._grant()  # it may have gone ahead of a heavy first waiter, and fit
         try:
@@ -100,8 +107,9 @@ class PriorityGate:
             elif granted:
                 self.release(weight)  # granted as we gave up: pass them on
             if not granted:  # its turn untaken: its owner's next is after those waiting
-                self._next[owner] = max((x.turn + x.weight for x in self._waiters
-                                         if x.owner == owner), default=0)
+                self._next[mine] = max((x.turn + x.weight for x in self._waiters
+                                        if x.owner == owner and x.priority == priority),
+                                       default=0)
             raise
 
     def release(self, weight: int = 1) -> None:
@@ -119,5 +127,5 @@ class PriorityGate:
                 return
             self._waiters.pop(0)
             self.in_use += w.weight
-            self._turn = max(self._turn, w.turn)
+            self._turn[w.priority] = max(self._turn.get(w.priority, 0), w.turn)
             w.future.set_result(None)

@@ -147,3 +147,33 @@ async def test_turns_a_tenant_gave_up_are_not_held_against_it() -> None:
     gate.release()
     await asyncio.gather(*tasks)
     assert order == ["b0", "a0", "b1", "b2"]
+
+
+async def test_a_grant_at_another_priority_does_not_put_a_newcomer_behind_a_flood() -> None:
+    """Turns are counted per priority: a tenant's request granted at a better priority
+    (its turn after its own backlog at a worse one) does not move the turn being served
+    at the worse one, so another tenant's one request there still goes next, not after
+    the flooding tenant's whole backlog."""
+    gate = PriorityGate(1, 100)
+    await gate.acquire(10, None, owner="a")
+    order: list[str] = []
+
+    async def wait(name: str, prio: int, owner: str) -> None:
+        await gate.acquire(prio, None, owner=owner)
+        order.append(name)  # (holds its permit until the test releases it)
+
+    tasks = [asyncio.create_task(wait(f"a{i}", 10, "a")) for i in range(5)]
+    await eventually(lambda: gate.waiting == 5)
+    tasks.append(asyncio.create_task(wait("a-admin", 0, "a")))
+    await eventually(lambda: gate.waiting == 6)
+    gate.release()
+    await eventually(lambda: order == ["a-admin"])  # first by priority
+    tasks.append(asyncio.create_task(wait("b0", 10, "b")))
+    await eventually(lambda: gate.waiting == 6)
+    for n in range(2, 8):
+        gate.release()
+        await eventually(lambda: len(order) == n)  # noqa: B023 (awaited here)
+    await asyncio.gather(*tasks)
+    assert order == ["a-admin", "a0", "b0", "a1", "a2", "a3", "a4"]
+    gate.release()
+    assert gate.in_use == 0 and gate.waiting == 0
