@@ -36,12 +36,15 @@ def flag(query: MultiMapping[str], name: str) -> bool:
 
 def params(query: MultiMapping[str], order: str) -> tuple[int, str]:
     """(`limit`, `order`) of a list request; `order` the default order."""
-    given = one(query, "limit") or "20"  # digits only: not " 5", "+5" or a full-width 5
+    # (`is None`, not `or`: an empty `limit=` or `order=` is a 400, not the default)
+    given = one(query, "limit")
+    given = "20" if given is None else given  # digits only: not " 5", "+5", a full-width 5
     limit = int(given) if given.isascii() and given.isdigit() and len(given) <= 3 else 0
     if not 1 <= limit <= 100:
         raise InvalidRequest("`limit` must be an integer from 1 to 100.", param="limit",
                              code="invalid_value")
-    order = one(query, "order") or order
+    given = one(query, "order")
+    order = order if given is None else given
     if order not in ("asc", "desc"):
         raise InvalidRequest("`order` must be `asc` or `desc`.", param="order",
                              code="invalid_value")

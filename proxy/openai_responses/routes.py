@@ -345,7 +345,8 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     # whether or not it is used: `include_obfuscation` has nothing to turn off here.
     stream = flag(query, "stream")
     flag(query, "include_obfuscation")
-    given = one(query, "starting_after") or "-1"
+    given = one(query, "starting_after")  # (empty: no integer, a 400 as `x` is)
+    given = "-1" if given is None else given
     # (ASCII digits only: `int` also reads a sign, spaces, `_` and other scripts' digits)
     after = int(given) if re.fullmatch(r"-?[0-9]{1,18}", given) else -2
     if after < -1:

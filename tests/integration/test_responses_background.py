@@ -1082,6 +1082,8 @@ async def test_a_store_down_is_logged_once_a_poll_not_once_a_run(
     ({"stream": "on"}, "stream"), ({"stream": ["true", "false"]}, "stream"),
     ({"stream": "false", "starting_after": "x"}, "starting_after"),
     ({"starting_after": ["1", "2"]}, "starting_after"),
+    ({"stream": "true", "starting_after": ""}, "starting_after"),
+    ({"starting_after": ""}, "starting_after"),
     ({"include_obfuscation": "maybe"}, "include_obfuscation")])
 async def test_the_query_of_a_retrieve_is_read_strictly(
         make_client: MakeClient, query: dict[str, Any], param: str) -> None:

@@ -126,6 +126,8 @@ async def test_list_filters_pages_and_orders(make_client: MakeClient) -> None:
     for bad in ({"limit": "0"}, {"limit": "x"}, {"limit": " 5"}, {"limit": "+5"},
                 {"limit": "\uff15"}, {"limit": str(10**30)}, {"limit": "1" * 5000},
                 {"order": "up"},
+                # (empty: no integer, no order; not read as not given)
+                {"limit": ""}, {"order": ""},
                 {"after": "nope"},
                 # (a filter given twice: the first was read, the second dropped)
                 {"model": ["fake-model", "another"]}, {"metadata[n]": ["2", "3"]}):
