@@ -55,6 +55,8 @@ class PriorityGate:
         #: newcomer there waited behind all of it.)
         self._turn: dict[int, int] = {}
         self._next: dict[tuple[int, str], int] = {}
+        #: `_next`'s size past which it is next cleared of owners served up
+        self._forget_at = 64
 
     @property
     def waiting(self) -> int:
@@ -90,9 +92,14 @@ class PriorityGate:
         w = _Waiter(priority, turn, next(self._seq),
                     asyncio.get_running_loop().create_future(), weight, owner)
         self._next[mine] = turn + weight
-        if len(self._next) > 2 * len(self._waiters) + 64:  # owners served up: forgotten
+        if len(self._next) > max(self._forget_at, 2 * len(self._waiters) + 64):
+            # Owners served up, forgotten; next once it has doubled: owners served one
+            # after another, each a turn ahead of the one served, stay (their next turn
+            # still counts), so where there were more than twice as many as waiters a
+            # pass ran on every request, O(owners) where the gate is busiest.
             self._next = {o: t for o, t in self._next.items()
                           if t > self._turn.get(o[0], 0)}
+            self._forget_at = 2 * len(self._next)
         bisect.insort(self._waiters, w)
         self._grant()  # it may have gone ahead of a heavy first waiter, and fit
         try:

@@ -177,3 +177,29 @@ async def test_a_grant_at_another_priority_does_not_put_a_newcomer_behind_a_floo
     assert order == ["a-admin", "a0", "b0", "a1", "a2", "a3", "a4"]
     gate.release()
     assert gate.in_use == 0 and gate.waiting == 0
+
+
+async def test_many_tenants_queueing_do_not_make_each_request_walk_them_all() -> None:
+    """The owners' next turns are forgotten once served in passes whose cost is amortized:
+    with more tenants than twice the queue (a standing queue of many tenants, each
+    served in turn), every request walked all of them (a pass per request, O(tenants)
+    where the gate is busiest)."""
+    gate = PriorityGate(8, 100_000)
+    passes, served, n = 0, 0, 4000
+    seen = gate._next  # (a pass makes a new one)
+
+    async def client(c: int) -> None:
+        nonlocal passes, served, seen
+        i = c
+        while served < n:
+            await gate.acquire(1, None, 1, f"t{i % 2000}")
+            passes += gate._next is not seen
+            seen = gate._next
+            served += 1
+            i += 256
+            await asyncio.sleep(0)
+            gate.release(1)
+
+    await asyncio.gather(*(client(c) for c in range(256)))
+    assert gate.in_use == 0
+    assert passes < n // 20, passes
