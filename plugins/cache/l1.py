@@ -15,6 +15,7 @@ room.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
@@ -40,6 +41,10 @@ class L1:
         #: owner -> its keys, least recently used first
         self._owned: dict[str, OrderedDict[str, None]] = {}
         self._owner_bytes: dict[str, int] = {}
+        #: (-bytes, owner) at each change of an owner's bytes, the largest first: an
+        #: entry no longer its owner's count is skipped when met (`_largest`). (A scan of
+        #: every owner's count made each put into a full L1 O(tenants).)
+        self._heap: list[tuple[int, str]] = []
 
     def __len__(self) -> int:
         return len(self._items)
@@ -75,13 +80,28 @@ class L1:
         owner = self._owner(entry)
         self._items[entry.key] = (entry, size, owner)
         self._owned.setdefault(owner, OrderedDict())[entry.key] = None
-        self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
+        held = self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
+        self._counted(owner, held)
         self.bytes += size
         while self._owner_bytes[owner] > cap:
             self._evict(owner)
         while self.bytes > self.max_bytes:
-            # (the largest owner: one of a handful of tenants, so a scan is cheap)
-            self._evict(max(self._owner_bytes, key=self._owner_bytes.__getitem__))
+            self._evict(self._largest())
+
+    def _counted(self, owner: str, held: int) -> None:
+        """`owner` now holds `held` bytes (kept for `_largest`)."""
+        heapq.heappush(self._heap, (-held, owner))
+        if len(self._heap) > 2 * len(self._owner_bytes) + 64:  # (amortized: O(1) a change)
+            self._heap = [(-b, o) for o, b in self._owner_bytes.items()]
+            heapq.heapify(self._heap)
+
+    def _largest(self) -> str:
+        """The owner holding the most bytes (of equals, the least name)."""
+        while True:
+            held, owner = self._heap[0]
+            if self._owner_bytes.get(owner) == -held:
+                return owner
+            heapq.heappop(self._heap)  # (a count since changed, or an owner gone)
 
     def _evict(self, owner: str) -> None:
         self.delete(next(iter(self._owned[owner])))
@@ -97,6 +117,8 @@ class L1:
         self._owner_bytes[owner] -= size
         if not keys:
             del self._owned[owner], self._owner_bytes[owner]
+        else:
+            self._counted(owner, self._owner_bytes[owner])
         if self._on_remove is not None:
             self._on_remove(key)
         return True
