@@ -14,6 +14,7 @@ embedding).
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 
@@ -146,6 +147,10 @@ class SemanticIndex:
         self.partitions: OrderedDict[str, Partition] = OrderedDict()  # least recent first
         self._owner_of: dict[str, str] = {}  # partition -> its owner
         self._owned: dict[str, OrderedDict[str, None]] = {}  # owner -> its, least recent first
+        #: (-partitions, owner) at each change of an owner's count, the most first: an
+        #: entry no longer its owner's count is skipped when met (`_largest`). (A scan of
+        #: every owner's count made each new partition in a full index O(tenants).)
+        self._heap: list[tuple[int, str]] = []
         self.evicted_partitions = 0
 
     def __len__(self) -> int:
@@ -185,14 +190,16 @@ class SemanticIndex:
                 self._drop(next(iter(self._owned[owner])))
             while len(self.partitions) >= self.max_partitions:
                 # the new one counted as the owner's already (a tie: the owner's own)
-                largest = max(self._owned, key=lambda o: (
-                    len(self._owned[o]) + (o == owner), o == owner))
+                largest, held = self._largest(), self.owned(owner)
+                if held and held + 1 >= len(self._owned[largest]):
+                    largest = owner
                 self._drop(next(iter(self._owned[largest])))
             p = self.partitions[name] = Partition(self.dim, self.capacity,
                                                   self._hook(name))
             self._owner_of[name] = owner
             mine = self._owned.setdefault(owner, OrderedDict())
             mine[name] = None
+            self._counted(owner, len(mine))
             if not new_last:
                 self.partitions.move_to_end(name, last=False)
                 mine.move_to_end(name, last=False)
@@ -206,10 +213,28 @@ class SemanticIndex:
         del mine[name]
         if not mine:
             del self._owned[owner]
+        else:
+            self._counted(owner, len(mine))
         self.evicted_partitions += 1
         if self._on_remove is not None:
             for entry_id in old.rows:
                 self._on_remove(name, entry_id)
+
+    def _counted(self, owner: str, held: int) -> None:
+        """`owner` now holds `held` partitions (kept for `_largest`)."""
+        heapq.heappush(self._heap, (-held, owner))
+        if len(self._heap) > 2 * len(self._owned) + 64:  # (amortized: O(1) a change)
+            self._heap = [(-len(m), o) for o, m in self._owned.items()]
+            heapq.heapify(self._heap)
+
+    def _largest(self) -> str:
+        """The owner holding the most partitions (of equals, the least name)."""
+        while True:
+            held, owner = self._heap[0]
+            mine = self._owned.get(owner)
+            if mine is not None and len(mine) == -held:
+                return owner
+            heapq.heappop(self._heap)  # (a count since changed, or an owner gone)
 
     def _hook(self, name: str) -> Callable[[str], None] | None:
         hook = self._on_remove
