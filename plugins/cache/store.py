@@ -23,6 +23,7 @@ exact entry goes to L1 and Redis at once either way.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import time
 import uuid
@@ -137,6 +138,9 @@ class CacheStore:
         self._pending: OrderedDict[tuple[str, str], _Pending] = OrderedDict()  # oldest first
         #: the same keys by owner (`_owner`), oldest first: whose the bound drops
         self._pending_of: dict[str, OrderedDict[tuple[str, str], None]] = {}
+        #: (-waiting, owner) at each change of an owner's count, the most first (an entry
+        #: no longer its owner's count is skipped when met: `_most_pending`)
+        self._pending_heap: list[tuple[int, str]] = []
         self._gated: dict[tuple[str, str], dict[str, _Pending]] = {}  # (partition, gate)
         self._flushing = 0
         self._wake = asyncio.Event()
@@ -313,19 +317,39 @@ class CacheStore:
         owner = _owner(entry)
         while len(self._pending) >= MAX_PENDING:
             # the new one counted as its owner's already (a tie: the owner's own)
-            largest = max(self._pending_of, key=lambda o: (
-                len(self._pending_of[o]) + (o == owner), o == owner))
+            largest, held = self._most_pending(), len(self._pending_of.get(owner, ()))
+            if held and held + 1 >= len(self._pending_of[largest]):
+                largest = owner
             self._settle(self._pending[next(iter(self._pending_of[largest]))], None)
         p = _Pending(partition, gate(question) if question_gate is None else question_gate,
                      entry, question,
                      asyncio.get_running_loop().create_future())
         self._pending[key] = p
-        self._pending_of.setdefault(owner, OrderedDict())[key] = None
+        mine = self._pending_of.setdefault(owner, OrderedDict())
+        mine[key] = None
+        self._pending_counted(owner, len(mine))
         self._gated.setdefault((partition, p.gate), {})[entry.key] = p
         labelled(self.metrics.entries, "pending").set(len(self._pending))
         self._start_embedder()
         self._wake.set()
         return p.vec
+
+    def _pending_counted(self, owner: str, held: int) -> None:
+        """`owner` now has `held` answers waiting (kept for `_most_pending`; a scan of
+        every owner's count made each answer at the bound O(tenants))."""
+        heapq.heappush(self._pending_heap, (-held, owner))
+        if len(self._pending_heap) > 2 * len(self._pending_of) + 64:  # (amortized)
+            self._pending_heap = [(-len(m), o) for o, m in self._pending_of.items()]
+            heapq.heapify(self._pending_heap)
+
+    def _most_pending(self) -> str:
+        """The owner with the most answers waiting (of equals, the least name)."""
+        while True:
+            held, owner = self._pending_heap[0]
+            mine = self._pending_of.get(owner)
+            if mine is not None and len(mine) == -held:
+                return owner
+            heapq.heappop(self._pending_heap)  # (a count since changed, or gone)
 
     def _settle(self, p: _Pending, vec: np.ndarray | None) -> None:
         """Give a pending entry its vector (it joins the index, unless a purge ran since
@@ -337,6 +361,8 @@ class CacheStore:
             del mine[(p.partition, p.entry.key)]
             if not mine:
                 del self._pending_of[owner]
+            else:
+                self._pending_counted(owner, len(mine))
             group = self._gated[(p.partition, p.gate)]
             del group[p.entry.key]
             if not group:

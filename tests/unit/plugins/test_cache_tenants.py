@@ -257,3 +257,28 @@ def test_a_new_partition_in_a_full_index_does_not_walk_every_tenant() -> None:
     assert _Partitions.reads < 20 * tenants, _Partitions.reads
     assert len(index.partitions) == tenants
     assert all(f"p{i}" in index.partitions for i in range(2, tenants))
+
+
+async def test_an_answer_kept_waiting_in_a_full_pending_list_does_not_walk_every_tenant(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Answers waiting for their vectors (lazy vectors, under load) at their bound: each
+    new one read every tenant's count of them to drop from the one with the most; a heap
+    finds it, and it is still the one whose oldest goes."""
+    from plugins.cache import store as store_mod
+    from tests.unit.plugins.test_lazy import lazy_plugin
+
+    tenants = 2000
+    monkeypatch.setattr(store_mod, "MAX_PENDING", tenants)
+    p, _ = lazy_plugin()
+    s = p.store
+    s.idle = lambda: False  # (under load: nothing is embedded meanwhile)
+    s._pending_of = _Partitions()  # type: ignore[assignment]
+    for i in range(tenants):
+        s._defer("part", entry(f"k{i}", f"t{i}"), "q", None)
+    _Partitions.reads = 0
+    for i in range(tenants):  # two tenants' bursts: each drops their own oldest
+        s._defer("part", entry(f"flood{i}", "t0" if i % 2 else "t1"), "q", None)
+    assert _Partitions.reads < 20 * tenants, _Partitions.reads
+    assert len(s._pending) == tenants
+    assert all(("part", f"k{i}") in s._pending for i in range(2, tenants))
+    await p.close()
