@@ -17,7 +17,8 @@ Over a limit: 429 `rate_limit_exceeded` with an integer `Retry-After` and
 `retry-after-ms`. Every answer carries OpenAI's `x-ratelimit-limit-requests`,
 `-remaining-requests`, `-reset-requests` and the `-tokens` variants (the tightest of the
 caller's own rules: a `global` or `model` rule counts every tenant's requests, so its
-counts show in no header, and a 429 it gives carries only the retry headers).
+counts show in no header: a 429 it gives carries the retry headers and the caller's
+own rules' counts, never its own).
 
 Store failures: `fail_open` falls back to a local in-memory limiter (per replica) with
 a metric and a log line, and uses Redis again as soon as a call succeeds; `fail_closed`
