@@ -832,14 +832,15 @@ def check_tool_choice(tools: list[ChatTool] | None, choice: ToolChoice | None) -
         return
     if not tools:
         raise InvalidRequest("Invalid value for `tool_choice`: `tool_choice` is only allowed "
-                             "when `tools` are specified.", param="tool_choice")
+                             "when `tools` are specified.", param="tool_choice",
+                             code="invalid_value")
     if isinstance(choice, NamedToolChoice):
         names = {t.function.name for t in tools}
         if choice.function.name not in names:
             raise InvalidRequest(
                 f"Invalid value for `tool_choice`: no function named "
                 f"`{choice.function.name}` is among `tools`.",
-                param="tool_choice.function.name")
+                param="tool_choice.function.name", code="invalid_value")
 
 
 class RefusalPart(_Open):
@@ -956,8 +957,7 @@ class ResponseFormat(_Open):
         if self.type == "json_schema" and self.json_schema is None:
             raise InvalidRequest(
                 "`response_format.json_schema` is required when type is `json_schema`.",
-                param="response_format.json_schema",
-            )
+                param="response_format.json_schema", code="missing_required_parameter")
         return self
 
 
@@ -1097,8 +1097,8 @@ class _SamplingFields(_NullIsDefault):
     def _stream_options_need_stream(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest(
-                "`stream_options` is only allowed when `stream` is true.", param="stream_options"
-            )
+                "`stream_options` is only allowed when `stream` is true.", param="stream_options",
+                code="invalid_value")
         return self
 
     @property
@@ -1267,7 +1267,8 @@ class ChatCompletionRequest(_SamplingFields, CallerFields):
                 and not any("json" in m.text().lower() for m in self.messages):
             raise InvalidRequest(
                 "`messages` must contain the word 'json' in some form, to use "
-                "`response_format` of type `json_object`.", param="messages")
+                "`response_format` of type `json_object`.", param="messages",
+                code="invalid_value")
         return self
 
     @model_validator(mode="after")
@@ -1296,8 +1297,8 @@ class ChatCompletionRequest(_SamplingFields, CallerFields):
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise InvalidRequest(
-                "`top_logprobs` requires `logprobs` to be true.", param="top_logprobs"
-            )
+                "`top_logprobs` requires `logprobs` to be true.", param="top_logprobs",
+                code="invalid_value")
         return self
 
     @model_validator(mode="after")
@@ -1308,7 +1309,8 @@ class ChatCompletionRequest(_SamplingFields, CallerFields):
         if self.parallel_tool_calls is not None and not self.tools:  # (OpenAI's 400)
             raise InvalidRequest("Invalid value for `parallel_tool_calls`: "
                                  "`parallel_tool_calls` is only allowed when `tools` are "
-                                 "specified.", param="parallel_tool_calls")
+                                 "specified.", param="parallel_tool_calls",
+                                 code="invalid_value")
         return self
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
@@ -1418,7 +1420,8 @@ class EmbeddingRequest(_NullIsDefault):
             raise InvalidRequest(
                 "Token-id input is not supported by this embedding model: send the text "
                 "(a string or an array of strings). LangChain's OpenAIEmbeddings sends "
-                "token ids unless `check_embedding_ctx_length=False`.", param="input")
+                "token ids unless `check_embedding_ctx_length=False`.", param="input",
+                code="unsupported_value")
         return data
 
 

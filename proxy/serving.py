@@ -199,7 +199,8 @@ class LocalServing:
             raise
         except RecursionError:  # a structure nested past what the template can render
             raise InvalidRequest("The request nests too deeply to be rendered.", param=(
-                "messages" if isinstance(req, ChatCompletionRequest) else "prompt")) from None
+                "messages" if isinstance(req, ChatCompletionRequest) else "prompt"),
+                code="invalid_value") from None
         except Exception as e:  # where, not what: the message may quote the request
             log.error("preparing a request failed", **error_fields(e))
             raise GatewayFault() from None

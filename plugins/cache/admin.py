@@ -46,7 +46,8 @@ class PurgeRequest(ConfigModel):
     @model_validator(mode="after")
     def _something(self) -> PurgeRequest:
         if not any(self.model_dump().values()):
-            raise InvalidRequest("Give at least one of tenant, role, user, key, contains.")
+            raise InvalidRequest("Give at least one of tenant, role, user, key, contains.",
+                                 code="missing_required_parameter")
         return self
 
 

@@ -378,7 +378,7 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
     def _stream_options_need_stream(self) -> ResponsesRequest:
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("`stream_options` is only allowed when `stream` is true.",
-                                 param="stream_options")
+                                 param="stream_options", code="invalid_value")
         return self
 
     @model_validator(mode="after")
@@ -405,11 +405,12 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
         choice = self.tool_choice
         if choice == "required" and not self.tools:
             raise InvalidRequest("Invalid value for `tool_choice`: `required` needs `tools`.",
-                                 param="tool_choice")
+                                 param="tool_choice", code="invalid_value")
         if isinstance(choice, ToolChoiceFunction) and choice.name not in {
                 t.name for t in self.tools or []}:
             raise InvalidRequest(f"Invalid value for `tool_choice`: no function named "
-                                 f"`{choice.name}` is among `tools`.", param="tool_choice.name")
+                                 f"`{choice.name}` is among `tools`.", param="tool_choice.name",
+                                 code="invalid_value")
         return self
 
     def given(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem

@@ -215,7 +215,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
             [req.instructions or ""] + [m.get("content") or "" for m in conversation]).lower():
         raise InvalidRequest("Response input messages must contain the word 'json' in some "
                              "form to use `text.format` of type `json_object`.",
-                             param="input")
+                             param="input", code="invalid_value")
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     body: dict[str, Any] = {"model": req.model, "messages": system + conversation,
                             "stream": req.stream}
