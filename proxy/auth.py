@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from .errors import InvalidRequest, PermissionDenied, Unauthorized
+from .errors import InvalidRequest, PermissionDenied, Unauthorized, shown
 from .settings import ApiKey, AuthSettings, ConfigError, sha256_hex
 from .telemetry import get_logger
 
@@ -52,7 +52,7 @@ class Principal:
     def check_model(self, model: str) -> None:
         if not self.may_use(model):
             raise PermissionDenied(
-                f"This API key may not use the model `{model}`.",
+                f"This API key may not use the model `{shown(model)}`.",
                 param="model",
                 code="model_not_allowed",
             )

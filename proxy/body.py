@@ -30,6 +30,7 @@ from .errors import (
     RequestTimeout,
     UnsupportedMediaType,
     UnsupportedTransferCoding,
+    shown,
 )
 from .jsonbody import decode_json_object
 
@@ -43,7 +44,7 @@ async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], i
     ctype = request.content_type if "Content-Type" in request.headers else ""
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise InvalidRequest(
-            f"Unsupported content type `{ctype or 'none'}`; send `application/json`.",
+            f"Unsupported content type `{shown(ctype or 'none')}`; send `application/json`.",
             code="invalid_content_type",
         )
     # (Several headers are several codings: aiohttp would decode by the last one alone.)
@@ -91,5 +92,5 @@ async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], i
 def _undecodable(coding: str) -> InvalidRequest:
     return InvalidRequest(
         "The request body is malformed." if coding in ("", "identity") else
-        f"The request body could not be decoded as its Content-Encoding ({coding}) says.",
+        f"The request body could not be decoded as its Content-Encoding ({shown(coding)}) says.",
         code="invalid_body")

@@ -11,6 +11,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+#: The most of a caller's value (a model name, an id, a `$ref`, a header) an error
+#: message quotes: a 50 KB model name is not sent back as a 50 KB message.
+SHOWN_CHARS = 64
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`value` (the caller's) as an error message quotes it: at most `limit` characters,
+    a cut one ending in "..."."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
 
 class WeirError(Exception):
     status: int = 500
@@ -75,7 +86,7 @@ class ModelNotFound(NotFound):
 
     def __init__(self, model: str, *, param: str | None = "model") -> None:
         super().__init__(
-            f"The model `{model}` does not exist or you do not have access to it.",
+            f"The model `{shown(model)}` does not exist or you do not have access to it.",
             param=param,
         )
 

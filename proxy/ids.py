@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import random
 
+from .errors import shown
+
 _rng = random.Random(os.urandom(32))
 
 
@@ -30,4 +32,4 @@ def new_hex(bits: int = 128) -> str:
 def shown_id(record_id: str) -> str:
     """A caller's id as an error message quotes it: at most 80 characters (an id is the
     caller's text, of any length)."""
-    return record_id if len(record_id) <= 80 else record_id[:77] + "..."
+    return shown(record_id, 80)

@@ -35,6 +35,7 @@ from .errors import (
     ServerError,
     VersionNotSupported,
     WeirError,
+    shown,
 )
 from .ids import new_hex
 from .streaming import (
@@ -439,7 +440,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPMethodNotAllowed as e:
         allowed = ", ".join(sorted(e.allowed_methods))
         err: WeirError = MethodNotAllowed(
-            f"Method {request.method} is not allowed on {request.path}; allowed: {allowed}.",
+            f"Method {shown(request.method)} is not allowed on {shown(request.path, 128)}; "
+            f"allowed: {allowed}.",
             headers={"Allow": allowed})  # RFC 9110: a 405 says what is allowed
         return _refusal(request, err, rid)
     except web.HTTPNotFound:
@@ -475,7 +477,8 @@ def _unrouted(request: web.Request, rid: str | None) -> web.Response:
             f"Method OPTIONS is not allowed; the server serves {allowed}.",
             headers={"Allow": allowed}), rid)
     return _refusal(request, NotFound(
-        f"Unknown request URL: {request.method} {request.path}.", code="unknown_url"), rid)
+        f"Unknown request URL: {shown(request.method)} {shown(request.path, 128)}.",
+        code="unknown_url"), rid)
 
 
 def _refusal(request: web.Request, err: WeirError, rid: str | None) -> web.Response:

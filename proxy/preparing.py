@@ -14,7 +14,7 @@ from typing import Any
 
 from . import tools as T
 from .engine.base import Engine, EngineRejected, SamplingOptions
-from .errors import InvalidRequest
+from .errors import InvalidRequest, shown
 from .protocol import (
     GREEDY_BELOW,
     LOCAL_UNSUPPORTED,
@@ -52,7 +52,7 @@ def _message_dicts(req: ChatCompletionRequest, separator: str) -> list[dict[str,
             for j, part in enumerate(m.content):
                 if isinstance(part, OtherPart):
                     raise InvalidRequest(
-                        f"Content parts of type `{part.type}` are not supported by this "
+                        f"Content parts of type `{shown(part.type)}` are not supported by this "
                         "model; only `text` parts are.",
                         param=f"messages[{i}].content[{j}].type",
                         code="unsupported_content",
@@ -85,7 +85,7 @@ def _logit_bias(raw: dict[str, float] | None, vocab: int | None) -> dict[int, fl
         try:
             tid = int(k)
         except ValueError:
-            raise InvalidRequest(f"Invalid token id `{k}` in `logit_bias`.",
+            raise InvalidRequest(f"Invalid token id `{shown(k)}` in `logit_bias`.",
                                  param="logit_bias", code="invalid_value") from None
         if tid < 0 or (vocab is not None and tid >= vocab):
             raise InvalidRequest(f"Token id {tid} in `logit_bias` is out of the vocabulary.",

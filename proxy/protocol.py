@@ -39,7 +39,7 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import InvalidRequest
+from .errors import InvalidRequest, shown
 from .jsonbody import decode_json_object as decode_json_object  # bodies are decoded there
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
@@ -160,7 +160,7 @@ def not_among(value: Any, values: Iterable[str], param: str) -> InvalidRequest:
     if not isinstance(value, str):
         return InvalidRequest(f"Invalid type for `{param}`: expected one of {listed}, but got "
                               f"{_json_type(value)} instead.", param=param, code="invalid_type")
-    return InvalidRequest(f"Invalid value: {value[:64]!r}. Supported values are: {listed}.",
+    return InvalidRequest(f"Invalid value: {shown(value)!r}. Supported values are: {listed}.",
                           param=param, code="invalid_value")
 
 
@@ -318,14 +318,14 @@ def refuse_other_tools(data: Any) -> None:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if isinstance(kind, str) and kind != "function":
             raise InvalidRequest(
-                f"Unsupported tool type `{kind[:64]}` at `tools[{i}]`: only `function` tools "
+                f"Unsupported tool type `{shown(kind)}` at `tools[{i}]`: only `function` tools "
                 "are supported here (OpenAI's built-in and custom tools run on OpenAI's "
                 "side).", param=f"tools[{i}].type", code="unsupported_parameter")
     choice = data.get("tool_choice")
     kind = choice.get("type") if isinstance(choice, dict) else None
     if isinstance(kind, str) and kind != "function":
         raise InvalidRequest(
-            f"Unsupported `tool_choice` type `{kind[:64]}`: send `none`, `auto`, `required` "
+            f"Unsupported `tool_choice` type `{shown(kind)}`: send `none`, `auto`, `required` "
             "or a named function.", param="tool_choice.type", code="unsupported_parameter")
 
 
@@ -357,7 +357,7 @@ def check_json_schema(v: dict[str, Any]) -> dict[str, Any]:
         try:
             Draft7Validator.check_schema(v)
         except SchemaError as e:
-            raise ValueError(f"not a valid JSON schema ({e.message})") from None
+            raise ValueError(f"not a valid JSON schema ({shown(e.message, 256)})") from None
         except RecursionError:  # pydantic would not turn it into a 400
             raise ValueError("the JSON schema nests too deeply") from None
         _local_refs_only(v)
@@ -377,7 +377,7 @@ def _object_schema(v: dict[str, Any]) -> dict[str, Any]:
     kind = v.get("type", "object")
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise InvalidFunctionParameters(f"the function's parameters must be a JSON schema "
-                                        f"of type `object`, not `{kind}`")
+                                        f"of type `object`, not `{shown(kind)}`")
     return v
 
 
@@ -396,7 +396,7 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
         # (OpenAI: the root must be an object, not an `anyOf`)
         return "schema must be a JSON Schema of 'type: \"object\"', got 'type: \"None\"'."
     if root is not None and root != "object":
-        got = orjson.dumps(root).decode()
+        got = shown(orjson.dumps(root).decode())
         return f"schema must be a JSON Schema of 'type: \"object\"', got 'type: {got}'."
     stack: list[tuple[Any, tuple[str, ...]]] = [(schema, ())]
     while stack:
@@ -405,12 +405,12 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
             continue
         refused = next((k for k in node if k in STRICT_REFUSED), None)
         if refused is not None:
-            return f"In context={where}, '{refused}' is not permitted."
+            return f"In context={shown(where, 256)}, '{refused}' is not permitted."
         kind = node.get("type")
         props = node.get("properties")
         if kind == "object" or (isinstance(kind, list) and "object" in kind) or isinstance(
                 props, dict):
-            context = f"In context={where}"
+            context = f"In context={shown(where, 256)}"
             if node.get("additionalProperties") is not False:
                 return (f"{context}, 'additionalProperties' is required to be supplied and "
                         "to be false")
@@ -418,14 +418,14 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
             if missing:
                 return (f"{context}, 'required' is required to be supplied and to be an "
                         "array including every key in properties. Missing "
-                        f"'{missing[0]}'")
+                        f"'{shown(missing[0])}'")
             required = node.get("required")
             extra = [k for k in required if isinstance(k, str) and k not in (props or {})
                      ] if isinstance(required, list) else []
             if extra:
                 return (f"{context}, 'required' is required to be supplied and to be an "
                         "array including every key in properties. Extra required key "
-                        f"'{extra[0]}' supplied.")
+                        f"'{shown(extra[0])}' supplied.")
         for key, sub in node.items():  # (subschemas only: `x-meta` and the like are data)
             if key in SCHEMA_MAPS and isinstance(sub, dict):
                 stack.extend((v, (*where, key, name)) for name, v in sub.items())
@@ -457,7 +457,7 @@ class FunctionDef(_Open):
 
     @model_validator(mode="after")
     def _strict_schema(self) -> FunctionDef:
-        check_strict(f"function '{self.name}'", self.parameters, self.strict,
+        check_strict(f"function '{shown(self.name)}'", self.parameters, self.strict,
                      InvalidFunctionParameters)
         return self
 
@@ -525,19 +525,19 @@ def _local_refs_only(schema: dict[str, Any]) -> None:
         if not (ref in ("#", "#/") or ref.startswith("#/")):
             # an anchor (`#name`): the grammar compiler drops the reference (any value
             # there), so the answer would not follow the schema
-            raise ValueError(f"`$ref` {ref[:64]!r} names an anchor, which the grammar "
+            raise ValueError(f"`$ref` {shown(ref)!r} names an anchor, which the grammar "
                              "compiler cannot follow: point at the schema with a JSON "
                              "pointer (`#/$defs/Name`)")
         if _ESCAPE.search(ref):  # the compiler reads the pointer's parts unescaped
-            raise ValueError(f"`$ref` `{ref}` names a definition by an escaped name (`~0`, "
+            raise ValueError(f"`$ref` `{shown(ref)}` names a definition by an escaped name (`~0`, "
                              "`~1`, `%xx`), which the grammar compiler cannot follow: "
                              "name it with letters, digits, `_` and `-`")
         if _pointed(schema, ref, arrays=False) is None:
             if _pointed(schema, ref) is not None:
-                raise ValueError(f"`$ref` `{ref}` points into an array, which the grammar "
+                raise ValueError(f"`$ref` `{shown(ref)}` points into an array, which the grammar "
                                  "compiler cannot follow: move that schema into `$defs` "
                                  "and point at it there")
-            raise ValueError(f"`$ref` `{ref}` points at nothing in the schema")
+            raise ValueError(f"`$ref` `{shown(ref)}` points at nothing in the schema")
     _no_ref_loops(schema)
 
 
@@ -580,7 +580,7 @@ def _no_ref_loops(schema: dict[str, Any]) -> None:
         ref: str | None = start
         while ref is not None and ref not in done:
             if ref in on_path:
-                raise ValueError(f"the `$ref` {ref[:64]!r} refers back to itself through "
+                raise ValueError(f"the `$ref` {shown(ref)!r} refers back to itself through "
                                  "references only: no value can match it")
             path.append(ref)
             on_path.add(ref)
@@ -820,7 +820,7 @@ def check_unique_names(names: Iterable[str], param: Callable[[int], str]) -> Non
     for i, name in enumerate(names):
         if name in seen:
             raise InvalidRequest(
-                f"Invalid parameter: Duplicate value for 'name' of '{name}' in `tools`: "
+                f"Invalid parameter: Duplicate value for 'name' of '{shown(name)}' in `tools`: "
                 "each function tool needs a name of its own.", param=param(i),
                 code="invalid_value")
         seen.add(name)
@@ -839,7 +839,7 @@ def check_tool_choice(tools: list[ChatTool] | None, choice: ToolChoice | None) -
         if choice.function.name not in names:
             raise InvalidRequest(
                 f"Invalid value for `tool_choice`: no function named "
-                f"`{choice.function.name}` is among `tools`.",
+                f"`{shown(choice.function.name)}` is among `tools`.",
                 param="tool_choice.function.name", code="invalid_value")
 
 
@@ -944,7 +944,7 @@ class JsonSchemaFormat(_Open):
 
     @model_validator(mode="after")
     def _strict_schema(self) -> JsonSchemaFormat:
-        check_strict(f"response_format '{self.name}'", self.schema_, self.strict)
+        check_strict(f"response_format '{shown(self.name)}'", self.schema_, self.strict)
         return self
 
 
@@ -1079,7 +1079,7 @@ class _SamplingFields(_NullIsDefault):
         for k in v or {}:
             if not (k.isascii() and k.isdigit() and len(k) <= 10 and int(k) <= INT32_MAX):
                 raise InvalidRequest(
-                    f"Invalid token id `{k[:32]}` in `logit_bias`: keys must be token ids "
+                    f"Invalid token id `{shown(k)}` in `logit_bias`: keys must be token ids "
                     f"(integers from 0 to {INT32_MAX}).", param="logit_bias",
                     code="invalid_value")
         return v
@@ -1140,7 +1140,7 @@ def _unanswered(calls: dict[str, int]) -> None:
     raise InvalidRequest(  # OpenAI's words, which clients match
         "An assistant message with 'tool_calls' must be followed by tool messages "
         "responding to each 'tool_call_id'. The following tool_call_ids did not have "
-        f"response messages: {', '.join(calls)}", param=f"messages[{i}].tool_calls",
+        f"response messages: {', '.join(map(shown, calls))}", param=f"messages[{i}].tool_calls",
         code="invalid_value")
 
 
@@ -1233,14 +1233,14 @@ class ChatCompletionRequest(_SamplingFields, CallerFields):
                 if len(calls) < len(ids):
                     twice = next(c for c in ids if ids.count(c) > 1)
                     raise InvalidRequest(
-                        f"Invalid parameter: Duplicate value for 'id' of '{twice}' in "
+                        f"Invalid parameter: Duplicate value for 'id' of '{shown(twice)}' in "
                         f"messages[{i}].tool_calls: each call needs an id of its own.",
                         param=f"messages[{i}].tool_calls", code="invalid_value")
                 unanswered = {c: i for c in ids}  # (in their order)
             elif m.role == "tool" and m.tool_call_id in answered:
                 raise InvalidRequest(  # OpenAI's words
                     f"Invalid parameter: Duplicate value for 'tool_call_id' of "
-                    f"'{m.tool_call_id}', in messages[{answered[m.tool_call_id]}] and "
+                    f"'{shown(m.tool_call_id)}', in messages[{answered[m.tool_call_id]}] and "
                     f"messages[{i}].", param=f"messages[{i}].tool_call_id",
                     code="invalid_value")
             elif m.role == "tool" and m.tool_call_id not in calls:

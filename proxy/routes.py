@@ -226,7 +226,7 @@ async def get_model(request: web.Request) -> web.Response:
     for m in _served_models(st):
         if m.id == model_id and principal.may_use(m.id):
             return web.json_response(_model_entry(m))
-    raise ModelNotFound(model_id, param=None)
+    raise ModelNotFound(model_id)
 
 
 async def live(request: web.Request) -> web.Response:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, TypeAdapter, model_validator
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, shown
 from ..protocol import (
     _FUNCTION_NAME,
     CHAT_ENUMS,
@@ -64,7 +64,7 @@ class UnsupportedPart(_Open):
 
     @model_validator(mode="after")
     def _refuse(self) -> UnsupportedPart:
-        raise ValueError(f"`{self.type[:64]}` parts are not supported; send `input_text`, "
+        raise ValueError(f"`{shown(self.type)}` parts are not supported; send `input_text`, "
                          "`output_text` or `refusal` parts")
 
 
@@ -147,7 +147,7 @@ class UnsupportedItem(_Open):
     def _refuse(self) -> UnsupportedItem:
         hint = (" (chain turns with `previous_response_id`, or send the items themselves)"
                 if self.type == "item_reference" else "")
-        raise ValueError(f"`{self.type[:64]}` input items are not supported{hint}; send "
+        raise ValueError(f"`{shown(self.type)}` input items are not supported{hint}; send "
                          "`message`, `function_call` or `function_call_output` items")
 
 
@@ -182,7 +182,7 @@ class FunctionTool(_Open):
 
     @model_validator(mode="after")
     def _strict_schema(self) -> FunctionTool:
-        check_strict(f"function '{self.name}'", self.parameters, self.strict,
+        check_strict(f"function '{shown(self.name)}'", self.parameters, self.strict,
                      InvalidFunctionParameters)
         return self
 
@@ -203,7 +203,7 @@ class TextFormat(_Open):
     def _schema_given(self) -> TextFormat:
         if self.type != "json_schema":
             return self
-        check_strict(f"text.format '{self.name}'", self.schema_, self.strict)
+        check_strict(f"text.format '{shown(self.name)}'", self.schema_, self.strict)
         if self.schema_ is None:
             raise InvalidRequest("Missing required parameter: `text.format.schema`.",
                                  param="text.format.schema", code="missing_required_parameter")
@@ -409,7 +409,8 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
         if isinstance(choice, ToolChoiceFunction) and choice.name not in {
                 t.name for t in self.tools or []}:
             raise InvalidRequest(f"Invalid value for `tool_choice`: no function named "
-                                 f"`{choice.name}` is among `tools`.", param="tool_choice.name",
+                                 f"`{shown(choice.name)}` is among `tools`.",
+                                 param="tool_choice.name",
                                  code="invalid_value")
         return self
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..context import Screen, screened_values
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, shown
 from ..protocol import VLLM_CHAT_UNSUPPORTED, VLLM_NO_OPS, ChatCompletionRequest, parse_model
 from ..text import fold
 from ..tools import order_agrees
@@ -152,7 +152,7 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
     for m in [*conversation, None]:
         if unanswered and (m is None or m["role"] != "tool"):
             raise InvalidRequest(f"No tool output found for function call "
-                                 f"{next(iter(unanswered))}.", param="input",
+                                 f"{shown(next(iter(unanswered)))}.", param="input",
                                  code="invalid_value")
         if m is None:
             break
@@ -161,14 +161,14 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
             unanswered = dict.fromkeys(ids)
             open_calls, answered = set(unanswered), set()
             if len(open_calls) < len(ids):
-                raise InvalidRequest(f"Duplicate 'call_id': {_first_repeated(ids)} (each "
+                raise InvalidRequest(f"Duplicate 'call_id': {shown(_first_repeated(ids))} (each "
                                      "`function_call` needs a `call_id` of its own).",
                                      param="input", code="invalid_value")
         elif m["role"] != "tool":
             open_calls, answered = set(), set()
         elif m["tool_call_id"] in answered:
             raise InvalidRequest(f"Duplicate `function_call_output` for call_id "
-                                 f"{m['tool_call_id']}: a call has one output.",
+                                 f"{shown(m['tool_call_id'])}: a call has one output.",
                                  param="input", code="invalid_value")
         elif m["tool_call_id"] in open_calls:
             unanswered.pop(m["tool_call_id"], None)

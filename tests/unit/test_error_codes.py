@@ -88,3 +88,59 @@ def _uncoded() -> list[str]:
 
 def test_no_400_is_raised_without_a_code() -> None:
     assert _uncoded() == []
+
+
+LONG = "x" * 50_000
+#: (method, route, body or None): each names `LONG` where an error quotes the caller.
+ECHOING: list[tuple[str, str, dict[str, Any] | None]] = [
+    ("POST", "/v1/chat/completions", {**CHAT, "model": LONG}),
+    ("POST", "/v1/completions", {"model": LONG, "prompt": "hi"}),
+    ("POST", "/v1/responses", {"model": LONG, "input": "hi"}),
+    ("POST", "/v1/embeddings", {"model": LONG, "input": "hi"}),
+    ("GET", f"/v1/models/{LONG[:4000]}", None),
+    ("GET", f"/v1/{LONG[:4000]}", None),
+    ("POST", "/v1/chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": {
+        "type": "function", "function": {"name": LONG}}}),
+    ("POST", "/v1/responses", {"model": "fake-model", "input": "hi", "tools": [RTOOL],
+                               "tool_choice": {"type": "function", "name": LONG}}),
+    ("POST", "/v1/chat/completions", {**CHAT, "logit_bias": {LONG: 1}}),
+    ("POST", "/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": [LONG, "null"]}}}]}),
+    ("POST", "/v1/chat/completions", {**CHAT, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": LONG, "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "user", "content": "and?"}]}),
+    ("POST", "/v1/chat/completions", {**CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "schema": {
+            "type": "object", "properties": {"a": {"$ref": "#/$defs/" + LONG}}}}}}),
+    ("POST", "/v1/chat/completions", {**CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "strict": True, "schema": {
+            "type": "object", "additionalProperties": False,
+            "properties": {LONG: {"type": "string"}}}}}}),
+    ("POST", "/v1/chat/completions", {**CHAT, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "strict": True,
+                                               "schema": {"type": LONG}}}}),
+]
+
+
+@pytest.mark.parametrize(("method", "route", "body"), ECHOING)
+async def test_an_error_quotes_a_long_value_cut(make_client: MakeClient, method: str,
+                                                route: str, body: dict[str, Any] | None,
+                                                ) -> None:
+    client = await make_client()
+    r = await client.request(method, route, json=body)
+    assert 400 <= r.status < 500, await r.text()
+    err = (await r.json())["error"]
+    validate("ErrorResponse", {"error": err})
+    assert len(err["message"]) < 600 and "xxx..." in err["message"], err["message"][:300]
+
+
+async def test_an_unknown_model_is_the_same_404_on_every_route(make_client: MakeClient,
+                                                               ) -> None:
+    """`GET /v1/models/{id}` names the `model` as chat does (OpenAI's shape)."""
+    client = await make_client()
+    chat = await client.post("/v1/chat/completions", json={**CHAT, "model": "nope"})
+    one = await client.get("/v1/models/nope")
+    assert chat.status == one.status == 404
+    assert (await chat.json()) == (await one.json())
