@@ -16,7 +16,6 @@ from . import tools as T
 from .engine.base import Engine, EngineRejected, SamplingOptions
 from .errors import InvalidRequest, shown
 from .protocol import (
-    GREEDY_BELOW,
     LOCAL_UNSUPPORTED,
     VLLM_CHAT_UNSUPPORTED,
     VLLM_COMPLETION_UNSUPPORTED,
@@ -140,8 +139,8 @@ def _options(
                                if cap == room else "the model's default output limit")
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
-    if top_p == 0:  # a nucleus of the likeliest token alone (vLLM refuses 0): greedy
-        temperature, top_p = 0.0, 1.0
+    if req.greedy:  # (vLLM refuses `top_p: 0`, and samples a temperature below 0.01 at
+        temperature, top_p = 0.0, 1.0  # 0.01: neither would be greedy there)
     schema, json_object = _structured(req.response_format)
     stop = req.stops
     return SamplingOptions(
@@ -153,7 +152,7 @@ def _options(
         repetition_penalty=req.repetition_penalty or 1.0,
         # Greedy choices are one answer n times (vLLM refuses n > 1 there): generated
         # once, handed out n times (`serving.engine_outputs`).
-        n=1 if temperature < GREEDY_BELOW else req.n,
+        n=1 if req.greedy else req.n,
         stop=stop,
         stop_token_ids=_token_ids(req.stop_token_ids, vocab, "stop_token_ids"),
         include_stop_str_in_output=req.include_stop_str_in_output,

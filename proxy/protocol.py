@@ -996,7 +996,9 @@ class CallerFields(_Open):
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: Counts and token ids: the engine keeps them in 32-bit tensors.
 INT32_MAX = 2**31 - 1
-#: The engine's `_SAMPLING_EPS`: a temperature below it is greedy sampling.
+#: The engine's `_SAMPLING_EPS`: a temperature below it is greedy sampling. (vLLM first
+#: lifts a temperature above 0 but below its `_MAX_TEMP`, 0.01, to 0.01 and samples
+#: there: such a request, `greedy` here, goes to the engine as temperature 0.)
 GREEDY_BELOW = 1e-5
 MAX_STOP_CHARS = 1024  # vLLM scans every stop string at each step; OpenAI sets no bound
 MAX_LOGIT_BIAS = 1024  # entries; each one is applied at every step
@@ -1117,12 +1119,19 @@ class _SamplingFields(_NullIsDefault):
         return self.n
 
     @property
+    def greedy(self) -> bool:
+        """Decoded greedily: a temperature below `GREEDY_BELOW`, or `top_p: 0` (a nucleus
+        of the likeliest token alone). The engine is sent temperature 0 for it
+        (`preparing.sampling`, the upstream's body), so it is one answer whatever its
+        `top_p`, `top_k`, `min_p` or `seed` (vLLM's greedy decoding reads none of them)."""
+        return (self.temperature is not None and self.temperature < GREEDY_BELOW
+                ) or self.top_p == 0
+
+    @property
     def engine_sequences(self) -> int:
         """The sequences the engine runs for it: one per prompt where it is greedy (its
         `n` choices are one answer, handed out `n` times: `serving.engine_outputs`)."""
-        greedy = (self.temperature is not None and self.temperature < GREEDY_BELOW
-                  ) or self.top_p == 0
-        return self.sequences // self.n if greedy else self.sequences
+        return self.sequences // self.n if self.greedy else self.sequences
 
     @property
     def stops(self) -> list[str]:

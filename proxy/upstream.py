@@ -371,7 +371,10 @@ class Upstream:
         # tenant under one key, is not asked to keep it too.
         body.pop("store", None)
         body.pop("metadata", None)
-        if body.get("top_p") == 0:  # greedy, as the local engine decodes it (vLLM refuses 0)
+        # Greedy, as the local engine decodes it: vLLM refuses `top_p: 0`, and samples a
+        # temperature of 1e-6 at 0.01 (with `n` > 1, which vLLM refuses at temperature 0,
+        # such a temperature is the upstream's to read).
+        if body.get("top_p") == 0 or (ctx.request.greedy and ctx.request.n == 1):
             body["temperature"], body["top_p"] = 0, 1
         if ctx.output_ceiling is not None and all(
                 body.get(k) is None for k in ("max_tokens", "max_completion_tokens")):

@@ -96,7 +96,7 @@ class CacheConfig(PluginConfig):
     semantic: SemanticConfig = Field(default_factory=SemanticConfig)
     redis: RedisConfig = Field(default_factory=RedisConfig)
     deterministic_only: bool = Field(
-        True, description="Cache only greedy (temperature 0 or top_p 0) or seeded "
+        True, description="Cache only greedy (temperature below 1e-5, or top_p 0) or seeded "
         "requests.")
     store_truncated: bool = Field(False, description="Also store answers cut by max_tokens.")
     per_user_max_entries: int = Field(

@@ -77,6 +77,22 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
     return dumped
 
 
+#: What greedy decoding reads none of: vLLM resets them and draws no random number.
+_NOT_GREEDY = ("top_p", "top_k", "min_p", "seed")
+
+
+def _keyed_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """`_params`, a greedy request's as temperature 0's (`greedy`: a temperature below
+    vLLM's epsilon, or `top_p: 0`, goes to the engine as temperature 0, whose one answer
+    no `top_p`, `top_k`, `min_p` or `seed` changes)."""
+    params = _params(req)
+    if req.greedy:
+        params["temperature"] = 0.0
+        for name in _NOT_GREEDY:
+            params.pop(name, None)
+    return params
+
+
 def _stop_key(stops: list[str]) -> list[str]:
     """The stop strings as the answer depends on them: in any order (sorted, one key),
     unless one ends another (`so` and `o`). Those end the answer at the same character
@@ -176,7 +192,7 @@ def exact_key(ctx: RequestContext, scope: str, renders: str | None = None) -> st
     """`renders`: how the engine renders a chat (`Terminal.render_digest`; None where it
     cannot be told, and the key is what it was): a chat's prompt is its template's."""
     req = key_request(ctx)
-    params = _params(req)
+    params = _keyed_params(req)
     body: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "route": ctx.route,
                             "model": req.model, "params": params}
     if (extra := _extras(req)) is not None:
@@ -220,7 +236,7 @@ def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None,
     if "parts" in msgs[-1] or "extra" in msgs[-1]:
         return None  # the question is more than its text: only an exact repeat is one
     question = msgs[-1]["content"]
-    params = _params(req)
+    params = _keyed_params(req)
     part: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "model": req.model,
                             "context": msgs[:-1], "params": params}
     if renders is not None:

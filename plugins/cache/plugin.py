@@ -155,9 +155,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
         d = request_directives(ctx.headers)
         req = ctx.request
         never = (ctx.sensitive
-                 or (self.cfg.deterministic_only  # (top_p 0 decodes greedily too)
-                     and not (req.temperature == 0 or req.top_p == 0
-                              or req.seed is not None))
+                 or (self.cfg.deterministic_only
+                     and not (req.greedy or req.seed is not None))
                  # cached answers carry no logprobs
                  or (isinstance(req, ChatCompletionRequest) and bool(req.logprobs))
                  or (not isinstance(req, ChatCompletionRequest) and req.logprobs is not None)

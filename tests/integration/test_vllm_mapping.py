@@ -326,6 +326,20 @@ def test_top_p_zero_is_greedy_decoding() -> None:
     assert (kept.options.temperature, kept.options.top_p) == (1.0, 0.5)
 
 
+@pytest.mark.parametrize("temperature", [1e-9, 1e-6, 9.99e-6])
+def test_a_temperature_below_epsilon_is_greedy_decoding(temperature: float) -> None:
+    """vLLM lifts a temperature in (0, 0.01) to 0.01 and samples there: one below its
+    epsilon, which Weir reads as greedy (one answer for `n` choices, cached as
+    temperature 0's), goes as temperature 0, which vLLM decodes greedily."""
+    from vllm.sampling_params import SamplingType
+
+    prep = prepare_chat(FakeEngine(max_model_len=4096), parse_model(ChatCompletionRequest, {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "temperature": temperature, "top_p": 0.5, "seed": 3, "n": 3}))
+    assert (prep.options.temperature, prep.options.top_p, prep.options.n) == (0.0, 1.0, 1)
+    assert ENGINE._sampling_params(prep.options).sampling_type == SamplingType.GREEDY
+
+
 @pytest.mark.parametrize(("cause", "error"), [(OverflowError("too big"), "EngineRejected"),
                                               (RuntimeError("boom"), "EngineFailed")])
 async def test_a_value_the_transport_cannot_carry_is_the_request_s_fault(

@@ -6,6 +6,7 @@ and refused connections are engine failures), and the SSE relay."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,8 +24,8 @@ from proxy.errors import EngineError, ModelNotFound, RateLimited, Timeout, WeirE
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import UpstreamEngineSettings
 from proxy.streaming import SHUTDOWN
+from proxy.upstream import ChoicesMissing, UpstreamError
 from proxy.upstream import Upstream as UpstreamTerminal
-from proxy.upstream import UpstreamError
 from tests.openai_spec import validate
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -186,6 +187,25 @@ async def test_top_p_zero_goes_upstream_as_greedy_decoding(upstream: Upstream) -
             c = ctx()
             c.request = c.request.model_copy(update={"top_p": top_p, "temperature": 0.7})
             await engine(c)
+            body = upstream.seen[-1][1]
+            assert (body["temperature"], body["top_p"]) == sent
+    finally:
+        await engine.close()
+
+
+async def test_a_temperature_below_epsilon_goes_upstream_as_greedy(upstream: Upstream,
+                                                                   ) -> None:
+    """A temperature below 1e-5 is greedy here (the cache keeps its answer as
+    temperature 0's); a vLLM upstream would sample it at 0.01, so it goes as temperature
+    0 (but with `n` > 1, which vLLM refuses at 0, as sent)."""
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        for n, sent in ((1, (0, 1)), (2, (1e-6, 0.5))):
+            c = ctx()
+            c.request = c.request.model_copy(update={"top_p": 0.5, "temperature": 1e-6,
+                                                     "n": n})
+            with contextlib.suppress(ChoicesMissing):  # (this upstream answers one)
+                await engine(c)
             body = upstream.seen[-1][1]
             assert (body["temperature"], body["top_p"]) == sent
     finally:

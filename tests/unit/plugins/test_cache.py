@@ -213,9 +213,12 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     base = exact_key(ctx(), "tenant")
     assert exact_key(ctx(stream=True, stream_options={"include_usage": True}, user="x"),
                      "tenant") == base
-    for kw in ({"max_tokens": 5}, {"seed": 1}, {"stop": ["x"]}, {"top_p": 0.5},
-               {"response_format": {"type": "text"}}, {"presence_penalty": 1}):
+    for kw in ({"max_tokens": 5}, {"stop": ["x"]}, {"response_format": {"type": "text"}},
+               {"presence_penalty": 1}):
         assert exact_key(ctx(**kw), "tenant") != base, kw
+    sampled = exact_key(ctx(temperature=0.7), "tenant")  # (greedy decoding reads neither)
+    for kw in ({"seed": 1}, {"top_p": 0.5}):
+        assert exact_key(ctx(temperature=0.7, **kw), "tenant") != sampled, kw
     in_json = ctx("How do I reset my password? Reply in JSON.")
     assert exact_key(ctx("How do I reset my password? Reply in JSON.",
                          response_format={"type": "json_object"}), "tenant") != exact_key(
@@ -460,6 +463,22 @@ async def test_non_deterministic_requests_bypass() -> None:
     await run(wide, ctx(temperature=1.0), eng)
     _, layer = await run(wide, ctx(temperature=1.0), eng)
     assert layer == "exact"
+
+
+async def test_a_temperature_below_the_engine_s_epsilon_is_greedy() -> None:
+    """Below 1e-5 the engine is sent temperature 0 (vLLM would sample it at 0.01): one
+    answer, cached, and the same one temperature 0 gives, whatever the `top_p`, `top_k`,
+    `min_p` or `seed` (greedy decoding reads none of them)."""
+    p, eng = plugin(), Engine()
+    _, layer = await run(p, ctx(temperature=1e-6), eng)
+    assert layer == "miss"
+    for kw in ({"temperature": 0}, {"temperature": 9.9e-6, "top_p": 0.5, "seed": 7},
+               {"temperature": 0, "top_k": 3, "min_p": 0.2}, {"temperature": 1.0, "top_p": 0}):
+        _, layer = await run(p, ctx(**kw), eng)
+        assert layer == "exact", kw
+    assert eng.calls == 1
+    _, layer = await run(p, ctx(temperature=1e-5), eng)  # sampled: not cached
+    assert layer == "bypass"
 
 
 async def test_stale_fallback_looks_up_only_what_could_have_been_stored() -> None:
