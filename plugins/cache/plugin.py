@@ -12,10 +12,14 @@ the similarity threshold and the near-miss guard) -> on a miss, one generation p
 normally and store it (L1 at once; Redis, the vector index and the user's cap in the
 background, so a miss pays nothing for them).
 
-Responses carry `x-weir-cache: exact | semantic | miss | bypass | stale | coalesced` (the
-last: answered by an identical request's generation) and `Age` on a hit. Similarity
-scores go to metrics and debug logs only: exposing them would let a client probe what
-other entries say.
+Responses carry `x-weir-cache: exact | semantic | miss | refresh | bypass | stale |
+coalesced` and `Age` on a hit. `miss`: looked up, not found, generated (and stored
+where it may be); `refresh`: not looked up (`no-cache`, `max-age=0`), generated and
+stored in place of what was; `bypass`: neither looked up nor stored (sensitive, sampled,
+`no-cache, no-store`); `coalesced`: answered by an identical request's generation. A 504
+`not_cached` (`only-if-cached`) says `miss` where nothing was found, `bypass` where the
+request may not be answered from the cache. Similarity scores go to metrics and debug
+logs only: exposing them would let a client probe what other entries say.
 """
 
 from __future__ import annotations
@@ -188,6 +192,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
     async def _serve(self, ctx: RequestContext, call_next: Next) -> Reply:
         d = self._decide(ctx)
         if d.only_if_cached and not d.read:
+            ctx.response_headers[HEADER] = "bypass"  # (its 504 carries it)
             raise _not_cached()
         if not d.read and not d.write:
             labelled(self.metrics.lookups, "all", "bypass").inc()
@@ -235,11 +240,12 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 elif self._leading(key):  # one started meanwhile: wait for it instead
                     look.cancel()
                     look = None
-        else:
-            ctx.response_headers[HEADER] = "bypass"
-        if d.only_if_cached:
+        else:  # (`write`: else a bypass, above) generated, and stored in place of what was
+            ctx.response_headers[HEADER] = "refresh"
+        if d.only_if_cached:  # (read: else refused above) looked up, and nothing found
             if look is not None:
                 look.cancel()
+            ctx.response_headers[HEADER] = "miss"
             raise _not_cached()
         ctx.response_headers.setdefault(HEADER, "miss")
         if not write:

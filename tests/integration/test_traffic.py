@@ -385,7 +385,7 @@ async def test_cache_directives_sent_on_several_lines_are_all_heard(
     assert r.headers["x-weir-cache"] == "miss"  # nothing was stored
     r = await client.post("/v1/chat/completions", json=body, headers=CIMultiDict([
         ("Cache-Control", "max-age=60"), ("Cache-Control", "no-cache")]))
-    assert r.headers["x-weir-cache"] == "bypass"
+    assert r.headers["x-weir-cache"] == "refresh"  # not read; stored
 
 
 async def test_only_if_cached_over_http(make_client: MakeClient, fake_engine: FakeEngine,
@@ -402,6 +402,10 @@ async def test_only_if_cached_over_http(make_client: MakeClient, fake_engine: Fa
     validate("ErrorResponse", err)
     assert err["error"]["code"] == "not_cached" and not fake_engine.calls
     assert r.headers["x-should-retry"] == "false"  # (the SDKs retried it twice)
+    assert r.headers["x-weir-cache"] == "miss"  # (it had none)
+    r = await client.post("/v1/chat/completions", json={**body, "temperature": 1},
+                          headers=only)
+    assert r.status == 504 and r.headers["x-weir-cache"] == "bypass"
     assert (await client.post("/v1/chat/completions", json=body)).status == 200
     r = await client.post("/v1/chat/completions", json=body, headers=only)
     assert r.status == 200 and r.headers["x-weir-cache"] == "exact"

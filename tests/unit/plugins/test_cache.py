@@ -507,22 +507,35 @@ async def test_cache_control_headers() -> None:
     _, layer = await run(p, ctx(), eng)
     assert layer == "miss"  # nothing was stored
     _, layer = await run(p, ctx(headers={"cache-control": "no-cache"}), eng)
-    assert layer == "bypass" and eng.calls == 3  # read skipped though an entry exists
+    assert layer == "refresh" and eng.calls == 3  # read skipped though an entry exists
     _, layer = await run(p, ctx(), eng)
     assert layer == "exact"
+    _, layer = await run(p, ctx(headers={"cache-control": "no-cache, no-store"}), eng)
+    assert layer == "bypass" and eng.calls == 4
 
 
-@pytest.mark.parametrize("headers", [
-    {"cache-control": "max-age=0"}, {"cache-control": "no-store, max-age=0"},
-    {"pragma": "no-cache"}, {"cache-control": 'max-age="0"'}, {"cache-control": "max-age=-1"},
+@pytest.mark.parametrize(("headers", "said"), [
+    ({"cache-control": "max-age=0"}, "refresh"), ({"cache-control": "no-store, max-age=0"},
+                                                  "bypass"),
+    ({"pragma": "no-cache"}, "refresh"), ({"cache-control": 'max-age="0"'}, "refresh"),
+    ({"cache-control": "max-age=-1"}, "refresh"),
 ])
-async def test_directives_that_skip_the_read(headers: dict[str, str]) -> None:
+async def test_directives_that_skip_the_read(headers: dict[str, str], said: str) -> None:
     """`max-age=0` (any answer is too old) and, without Cache-Control, HTTP/1.0's
-    `Pragma: no-cache` skip the read as `no-cache` does."""
+    `Pragma: no-cache` skip the read as `no-cache` does: the answer, stored in place of
+    the old one, is a `refresh` (it was labelled `bypass`, which stores nothing)."""
     p, eng = plugin(), Engine()
     await run(p, ctx(), eng)
+    key, scope = exact_key(ctx(), p.cfg.scope), scope_id(ALICE, p.cfg.scope)
+    old = await p.store.get(key, scope)
+    assert old is not None
+    old.created -= 1000
+    stamp = old.created
     _, layer = await run(p, ctx(headers=headers), eng)
-    assert layer == "bypass" and eng.calls == 2
+    assert layer == said and eng.calls == 2
+    entry = await p.store.get(key, scope)
+    assert entry is not None
+    assert (entry.created > stamp + 500) if said == "refresh" else (entry.created == stamp)
 
 
 @pytest.mark.parametrize("headers", [
@@ -555,11 +568,13 @@ async def test_only_if_cached_answers_from_the_cache_or_504() -> None:
     `not_cached`, never a generation, also when the request could never be cached."""
     p, eng = plugin(semantic={"threshold": 0.8}), Engine()
     only = {"cache-control": "only-if-cached"}
-    for c in (ctx(headers=only), ctx(headers=only, temperature=1.0),
-              ctx(headers={"cache-control": "only-if-cached, no-cache"})):
+    for c, said in ((ctx(headers=only), "miss"), (ctx(headers=only, temperature=1.0), "bypass"),
+                    (ctx(headers={"cache-control": "only-if-cached, no-cache"}), "bypass")):
         with pytest.raises(Timeout) as e:
             await run(p, c, eng)
         assert e.value.status == 504 and e.value.code == "not_cached"
+        # (an error's answer carries the chain's headers: it had none)
+        assert c.response_headers.get("x-weir-cache") == said
     assert eng.calls == 0
     await run(p, ctx("How can I reset my password please?"), eng)
     _, layer = await run(p, ctx("How can I reset my password please?", headers=only), eng)
