@@ -57,7 +57,7 @@ def _too_long(e: InputTooLong, limit: int, *, listed: bool) -> InvalidRequest:
         f"This model's maximum context length is {limit} tokens, however you "
         f"requested {e.tokens} tokens in {where}. "
         "Please reduce the input (split a long text into parts).",
-        param="input", code="context_length_exceeded")
+        param=f"input[{e.index}]" if listed else "input", code="context_length_exceeded")
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:

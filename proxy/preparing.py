@@ -245,27 +245,37 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
     prompts: list[list[int]] = []
     echo: list[str] = []
     vocab = engine.vocab_size
-    for p in req.prompts():
+    # An error names the prompt at fault as the parser names an array's member (OpenAI's
+    # `messages[2].content`): `prompt[1]` of several, `prompt` where there is one.
+    one = isinstance(req.prompt, str) or isinstance(req.prompt[0], int)
+
+    def param(i: int) -> str:
+        return "prompt" if one else f"prompt[{i}]"
+
+    for i, p in enumerate(req.prompts()):
         if isinstance(p, str):
             prompts.append(engine.encode(p))
             echo.append(p)
         else:
-            if vocab is not None and any(t >= vocab for t in p):
+            if vocab is not None and (past := next(
+                    (j for j, t in enumerate(p) if t >= vocab), None)) is not None:
                 raise InvalidRequest(f"The prompt holds token ids past the model's vocabulary "
-                                     f"of {vocab}.", param="prompt", code="invalid_value")
+                                     f"of {vocab}.", param=f"{param(i)}[{past}]",
+                                     code="invalid_value")
             prompts.append(list(p))
             echo.append(engine.decode(prompts[-1]) if req.echo else "")
         if not prompts[-1]:  # the engine has nothing to start from
             raise InvalidRequest("The prompt is empty: it must hold at least one token.",
-                                 param="prompt", code="invalid_value")
+                                 param=param(i), code="invalid_value")
     longest = max(len(p) for p in prompts)
+    at = param(next(i for i, p in enumerate(prompts) if len(p) == longest))
     if req.echo_only and longest >= engine.max_model_len:
         raise InvalidRequest(
             f"This model's maximum context length is {engine.max_model_len} tokens. However, "
             f"your prompt has {longest} tokens, and `max_tokens: 0` with `echo` still needs "
             "room for one token (the engine makes one and it is not shown).",
-            param="prompt", code="context_length_exceeded")
-    opts = _options(req, longest, engine.max_model_len, req.logprobs, vocab, "prompt",
+            param=at, code="context_length_exceeded")
+    opts = _options(req, longest, engine.max_model_len, req.logprobs, vocab, at,
                     engine.sampling_defaults.get("max_tokens"))
     if req.echo and req.logprobs is not None:
         opts.prompt_logprobs = req.logprobs

@@ -78,6 +78,7 @@ async def test_an_input_longer_than_the_model_reads_is_a_400(  # type: ignore[no
     assert error["error"]["param"] == "input" and "402 tokens" in error["error"]["message"]
     r = await client.post("/v1/embeddings", json={"model": MODEL, "input": ["hi", long]})
     assert r.status == 400 and "input[1]" in (await r.json())["error"]["message"]
+    assert (await r.json())["error"]["param"] == "input[1]"
     fits = "hello world " * 127  # 254 tokens and the two markers: 256
     r = await client.post("/v1/embeddings", json={"model": MODEL, "input": fits})
     assert r.status == 200 and (await r.json())["usage"]["prompt_tokens"] == 256

@@ -144,3 +144,29 @@ async def test_an_unknown_model_is_the_same_404_on_every_route(make_client: Make
     one = await client.get("/v1/models/nope")
     assert chat.status == one.status == 404
     assert (await chat.json()) == (await one.json())
+
+
+@pytest.mark.parametrize(("prompt", "param"), [
+    ("x" * 600, "prompt"), ([1] * 600, "prompt"), (["hi", "x" * 600, "y"], "prompt[1]"),
+    ([[1], [2] * 600], "prompt[1]"), ([[1], [2, 5000]], "prompt[1][1]"),
+    ([1, 5000], "prompt[1]")])
+@pytest.mark.parametrize("echo_only", [False, True])
+async def test_a_completion_error_names_the_prompt_at_fault(
+        make_client: MakeClient, prompt: Any, param: str, echo_only: bool) -> None:
+    """Of several prompts, the one too long for the context (or empty, or holding a
+    token id past the vocabulary) is named as OpenAI names an array's member: it was
+    `prompt` whichever it was."""
+    client = await make_client()
+    body = {"model": "fake-model", "prompt": prompt,
+            **({"max_tokens": 0, "echo": True} if echo_only else {"max_tokens": 2})}
+    r = await client.post("/v1/completions", json=body)
+    assert r.status == 400, await r.text()
+    assert (await r.json())["error"]["param"] == param
+
+
+def test_an_embedding_input_too_long_names_its_member() -> None:
+    from proxy.embedding import InputTooLong
+    from proxy.embeddings_api import _too_long
+
+    assert _too_long(InputTooLong(2, 900), 256, listed=True).param == "input[2]"
+    assert _too_long(InputTooLong(0, 900), 256, listed=False).param == "input"
