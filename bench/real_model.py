@@ -31,7 +31,7 @@ MAX_TOKENS = 256
 
 def answer_lengths(r: RunResult) -> dict[str, Any]:
     """Completion tokens of the answers the engine generated (cache hits replay one)."""
-    toks = [s.tokens for s in r.ok() if s.cache in (None, "miss", "refresh", "bypass")]
+    toks = [s.tokens for s in r.ok() if s.cache in (None, "miss", "bypass")]
     return {"answers": len(toks),
             "mean": round(statistics.fmean(toks), 1) if toks else None,
             "p50": pct([float(t) for t in toks], 50), "p90": pct([float(t) for t in toks], 90),

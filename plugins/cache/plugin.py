@@ -12,11 +12,11 @@ the similarity threshold and the near-miss guard) -> on a miss, one generation p
 normally and store it (L1 at once; Redis, the vector index and the user's cap in the
 background, so a miss pays nothing for them).
 
-Responses carry `x-weir-cache: exact | semantic | miss | refresh | bypass | stale |
-coalesced` and `Age` on a hit. `miss`: looked up, not found, generated (and stored
-where it may be); `refresh`: not looked up (`no-cache`, `max-age=0`), generated and
-stored in place of what was; `bypass`: neither looked up nor stored (sensitive, sampled,
-`no-cache, no-store`); `coalesced`: answered by an identical request's generation. A 504
+Responses carry `x-weir-cache: exact | semantic | miss | bypass | stale | coalesced`
+and `Age` on a hit. `miss`: looked up, not found, generated (and stored where it may
+be); `bypass`: not looked up (sensitive, sampled, `no-cache`, `max-age=0`; an answer a
+client asked fresh with `no-cache` is still stored in place of what was, unless
+`no-store`); `coalesced`: answered by an identical request's generation. A 504
 `not_cached` (`only-if-cached`) says `miss` where nothing was found, `bypass` where the
 request may not be answered from the cache. Similarity scores go to metrics and debug
 logs only: exposing them would let a client probe what other entries say.
@@ -240,8 +240,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 elif self._leading(key):  # one started meanwhile: wait for it instead
                     look.cancel()
                     look = None
-        else:  # (`write`: else a bypass, above) generated, and stored in place of what was
-            ctx.response_headers[HEADER] = "refresh"
+        else:  # not read (`no-cache`), but stored in place of what was: still a bypass
+            ctx.response_headers[HEADER] = "bypass"
         if d.only_if_cached:  # (read: else refused above) looked up, and nothing found
             if look is not None:
                 look.cancel()
