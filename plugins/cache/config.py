@@ -51,6 +51,12 @@ class SemanticConfig(_Part):
     max_partitions_per_tenant: int | None = Field(
         None, ge=1, description="The most partitions one tenant may hold, even while "
         "there is room (null: up to max_partitions, shared fairly as above).")
+    max_bytes: int = Field(
+        256 * 2**20, ge=2**20, description="Memory bound of the whole semantic index (its "
+        "vectors, and the answers, questions and bookkeeping its entries keep beside "
+        "them); when full, the tenant holding the most loses the oldest entry of its "
+        "least recently used partition. Without it, max_partitions x "
+        "max_entries_per_scope entries could take tens of GB.")
     lookup_timeout_ms: float = Field(
         100, gt=0, description="A lookup's embedding wait; slower lookups are a miss.")
     head_start_ms: float = Field(

@@ -1,4 +1,5 @@
-"""The semantic index: one vector matrix per partition, partitions bounded (LRU).
+"""The semantic index: one vector matrix per partition, partitions bounded (LRU), the
+whole index bounded in bytes.
 
 A partition is (scope, model, earlier turns, parameters): the lookup picks the
 partition first and searches only inside it, so the tenant filter is part of the lookup
@@ -10,6 +11,15 @@ Embeddings score "cancel order 123" and "cancel order 456" as near-identical: th
 near-miss guard (guard.py) refuses such hits. A partition counts its entries' guard
 gates, so a question no entry's gate matches is a miss without a search (or an
 embedding).
+
+Memory: a partition's matrix starts at `MIN_ROWS` rows, doubles as it fills (up to its
+capacity) and halves once three quarters of it are unused; beside it each entry keeps its
+answer, its question and some bookkeeping (`entry_bytes`). The index counts both
+(`SemanticIndex.bytes`) and holds at most `max_bytes`: past it, the tenant holding the
+most bytes loses the oldest entry of its least recently used partition (an emptied
+partition goes whole). Without that bound, 1,024 partitions (a client varying `seed` or
+`temperature` makes a new one per request) of up to `capacity` entries each could hold
+gigabytes.
 """
 
 from __future__ import annotations
@@ -23,16 +33,36 @@ import numpy as np
 from .entry import Entry
 from .guard import ANY_GATE, DIGEST_MARK, gate, guard_digest, guard_ok
 
-__all__ = ["DIGEST_MARK", "Partition", "SemanticIndex", "gate", "guard_digest", "guard_ok"]
+__all__ = ["DIGEST_MARK", "Partition", "SemanticIndex", "entry_bytes", "gate", "guard_digest",
+           "guard_ok"]
+
+#: A partition's matrix rows at first (and at least, once shrunk): 8 rows of 384 float32
+#: are 12 KiB; a partition holding one entry took 96 KiB when it started at 64.
+MIN_ROWS = 8
+#: An entry's bookkeeping beside its answer and question, in bytes (its Entry object, its
+#: places in the partition's dicts, its gate's count): measured about 400 with 3.12.
+ENTRY_OVERHEAD = 512
+
+
+def entry_bytes(entry: Entry, question: str) -> int:
+    """What an entry costs the index beside its vector's row: its serialized answer (as
+    L1 counts it), its question and its bookkeeping."""
+    return len(entry.to_json()) + len(question) + ENTRY_OVERHEAD
 
 
 class Partition:
     def __init__(self, dim: int, capacity: int,
-                 on_remove: Callable[[str], None] | None = None) -> None:
+                 on_remove: Callable[[str], None] | None = None,
+                 on_size: Callable[[int], None] | None = None) -> None:
         self.dim = dim
         self._on_remove = on_remove
+        self._on_size = on_size  # hears each change of `bytes`
         self.capacity = capacity
-        self.vecs = np.zeros((min(capacity, 64), dim), dtype=np.float32)
+        self.vecs = np.zeros((min(capacity, MIN_ROWS), dim), dtype=np.float32)
+        self._sizes: dict[str, int] = {}  # id -> entry_bytes
+        self._meta = 0  # their sum
+        #: the matrix and what the entries keep beside it
+        self.bytes = self.vecs.nbytes
         self.rows: OrderedDict[str, int] = OrderedDict()  # entry id -> row, oldest first
         self.entries: dict[str, tuple[Entry, str]] = {}  # id -> (entry, question)
         self._gates: dict[str, str] = {}  # id -> its question's guard gate
@@ -65,7 +95,16 @@ class Partition:
         self.entries[entry_id] = (entry, question)
         self._gates[entry_id] = g = gate(question) if question_gate is None else question_gate
         self.gates[g] += 1
+        self._sizes[entry_id] = size = entry_bytes(entry, question)
+        self._meta += size
+        self._sized()
         return evicted
+
+    def _sized(self) -> None:
+        now = self.vecs.nbytes + self._meta
+        delta, self.bytes = now - self.bytes, now
+        if delta and self._on_size is not None:
+            self._on_size(delta)
 
     def may_pass(self, question_gate: str) -> bool:
         """Whether some entry's question could pass the guard with a question of this
@@ -94,9 +133,26 @@ class Partition:
         self.gates[g] -= 1
         if not self.gates[g]:
             del self.gates[g]
+        self._meta -= self._sizes.pop(entry_id)
+        if len(self.vecs) > MIN_ROWS and len(self.rows) <= len(self.vecs) // 4:
+            self._shrink()
+        self._sized()
         if self._on_remove is not None:
             self._on_remove(entry_id)
         return True
+
+    def _shrink(self) -> None:
+        """Compact the live rows into a matrix half the size: a partition that held many
+        entries and lost most keeps no matrix sized for them."""
+        ids = list(self.rows)
+        smaller = np.zeros((max(MIN_ROWS, 2 * len(ids)), self.dim), dtype=np.float32)
+        for new, entry_id in enumerate(ids):
+            smaller[new] = self.vecs[self.rows[entry_id]]
+            self.rows[entry_id] = new
+        self.vecs = smaller
+        self._row_ids = list[str | None](ids)
+        self._used = len(ids)
+        self._free = []
 
     def search(self, vec: np.ndarray, now: float, allow_stale: bool = False,
                ) -> tuple[str, float] | None:
@@ -134,12 +190,25 @@ class SemanticIndex:
     least recently used one of the owner (the tenant that made it) holding the most, so
     one tenant sending many distinct seeds or parameter sets drops its own partitions,
     never those of a tenant holding fewer (with one owner: the least recently used).
-    `max_partitions_per_owner` (optional) caps one owner's even while there is room."""
+    `max_partitions_per_owner` (optional) caps one owner's even while there is room.
+    `max_bytes` bounds the whole index (`bytes`: matrices and what entries keep beside
+    them): past it the owner holding the most bytes loses the oldest entry of its least
+    recently used partition, the partition going whole once empty (its entries, as a
+    dropped partition's, stay in Redis until their TTL)."""
 
     def __init__(self, dim: int, capacity: int, max_partitions: int = 1024,
                  on_remove: Callable[[str, str], None] | None = None,
-                 max_partitions_per_owner: int | None = None) -> None:
+                 max_partitions_per_owner: int | None = None,
+                 max_bytes: int = 256 * 2**20) -> None:
         self.dim = dim
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._owner_bytes: dict[str, int] = {}
+        #: (-bytes, owner) at each change of an owner's bytes, the most first (an entry no
+        #: longer its owner's count is skipped when met: `_largest_bytes`)
+        self._bytes_heap: list[tuple[int, str]] = []
+        self._fitting = False
+        self.evicted_for_bytes = 0  # entries removed to stay within max_bytes
         self._on_remove = on_remove
         self.capacity = capacity
         self.max_partitions = max_partitions
@@ -195,8 +264,9 @@ class SemanticIndex:
                     largest = owner
                 self._drop(next(iter(self._owned[largest])))
             p = self.partitions[name] = Partition(self.dim, self.capacity,
-                                                  self._hook(name))
+                                                  self._hook(name), self._sizer(owner))
             self._owner_of[name] = owner
+            self._grew(owner, p.bytes, fit=False)  # (its first entry's add fits)
             mine = self._owned.setdefault(owner, OrderedDict())
             mine[name] = None
             self._counted(owner, len(mine))
@@ -205,8 +275,53 @@ class SemanticIndex:
                 mine.move_to_end(name, last=False)
         return p
 
-    def _drop(self, name: str) -> None:
-        """Drop partition `name` whole (the bound's eviction)."""
+    def _sizer(self, owner: str) -> Callable[[int], None]:
+        return lambda delta: self._grew(owner, delta)
+
+    def _grew(self, owner: str, delta: int, fit: bool = True) -> None:
+        """A partition of `owner` grew (or shrank) by `delta` bytes: past `max_bytes`,
+        the owner holding the most gives way."""
+        self._sized(owner, delta)
+        if fit and delta > 0 and not self._fitting:
+            self._fitting = True
+            try:
+                self._fit()
+            finally:
+                self._fitting = False
+
+    def _sized(self, owner: str, delta: int) -> None:
+        self.bytes += delta
+        held = self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + delta
+        if not held:
+            del self._owner_bytes[owner]
+            return
+        heapq.heappush(self._bytes_heap, (-held, owner))
+        if len(self._bytes_heap) > 2 * len(self._owner_bytes) + 64:  # (amortized)
+            self._bytes_heap = [(-b, o) for o, b in self._owner_bytes.items()]
+            heapq.heapify(self._bytes_heap)
+
+    def _largest_bytes(self) -> str:
+        """The owner holding the most bytes (of equals, the least name)."""
+        while True:
+            held, owner = self._bytes_heap[0]
+            if self._owner_bytes.get(owner) == -held:
+                return owner
+            heapq.heappop(self._bytes_heap)  # (a size since changed, or an owner gone)
+
+    def _fit(self) -> None:
+        while self.bytes > self.max_bytes and self.partitions:
+            largest = self._largest_bytes()
+            name = next(iter(self._owned[largest]))
+            p = self.partitions[name]
+            if len(p) > 1:
+                p.remove(next(iter(p.rows)))
+                self.evicted_for_bytes += 1
+            else:
+                self.evicted_for_bytes += len(p)
+                self._drop(name, counted=False)
+
+    def _drop(self, name: str, counted: bool = True) -> None:
+        """Drop partition `name` whole (the bounds' eviction)."""
         old = self.partitions.pop(name)
         owner = self._owner_of.pop(name)
         mine = self._owned[owner]
@@ -215,7 +330,9 @@ class SemanticIndex:
             del self._owned[owner]
         else:
             self._counted(owner, len(mine))
-        self.evicted_partitions += 1
+        self._sized(owner, -old.bytes)
+        old._on_size = None  # it is no longer counted
+        self.evicted_partitions += counted
         if self._on_remove is not None:
             for entry_id in old.rows:
                 self._on_remove(name, entry_id)

@@ -112,7 +112,7 @@ class CacheStore:
             embedder.dim if embedder is not None else 384,
             cfg.semantic.max_entries_per_scope, cfg.semantic.max_partitions,
             lambda part, eid: self.users.discard(semantic_member(part, eid)),
-            cfg.semantic.max_partitions_per_tenant)
+            cfg.semantic.max_partitions_per_tenant, cfg.semantic.max_bytes)
         self.redis = (RedisStore(cfg.redis, metrics.store_errors, self.replica)
                       if cfg.redis.url else None)
         self._background: set[asyncio.Task[Any]] = set()

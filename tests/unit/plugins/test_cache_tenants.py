@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from plugins.cache.config import CacheConfig
+from plugins.cache.config import CacheConfig, SemanticConfig
 from plugins.cache.entry import Entry
 from plugins.cache.l1 import L1
 from plugins.cache.semantic import SemanticIndex
@@ -282,3 +282,65 @@ async def test_an_answer_kept_waiting_in_a_full_pending_list_does_not_walk_every
     assert len(s._pending) == tenants
     assert all(("part", f"k{i}") in s._pending for i in range(2, tenants))
     await p.close()
+
+
+def _real_entry(key: str, tenant: str) -> Entry:
+    return replace(entry(key, tenant), prompt="What is the status of my order? " * 4,
+                   choices=[{"index": 0, "text": "Your order ships today. " * 40,
+                             "finish_reason": "stop"}])
+
+
+def test_a_flood_of_parameter_sets_keeps_the_semantic_index_within_its_bytes() -> None:
+    """Every seed or temperature a client sends makes a partition: without a bound on the
+    whole index, max_partitions x capacity entries of 384 floats (and their answers)
+    grew to gigabytes. The index's count is the memory it really takes, it stays under
+    max_bytes, and the flooding tenant gives way, not the one holding less."""
+    import tracemalloc
+
+    bound = 2 * 2**20
+    rng = np.random.default_rng(7)
+    vecs = rng.standard_normal((64, 384)).astype(np.float32)
+    index = SemanticIndex(dim=384, capacity=10_000, max_partitions=1024, max_bytes=bound)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20):
+            index.partition("b-faq", owner="b").add(f"b{i}", vecs[i % 64], _real_entry(
+                f"b{i}", "b"), f"question {i}")
+        for seed in range(600):  # a new parameter set per request, a few answers each
+            for j in range(3):
+                index.partition(f"a-seed-{seed}", owner="a").add(
+                    f"a{seed}-{j}", vecs[(seed + j) % 64], _real_entry(f"a{seed}-{j}", "a"),
+                    f"question {seed} {j}")
+            assert index.bytes <= bound
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held <= bound * 1.25  # the count is what the index really holds
+    assert index.bytes > bound // 2 and index.evicted_for_bytes > 0
+    assert len(index.partitions["b-faq"]) == 20  # the other tenant kept all its answers
+    assert index.bytes == sum(p.bytes for p in index.partitions.values())
+
+
+def test_one_large_partition_sheds_its_oldest_entries_and_its_matrix_shrinks() -> None:
+    index = SemanticIndex(dim=384, capacity=10_000, max_bytes=2**20)
+    vec = np.ones(384, dtype=np.float32) / np.sqrt(384)
+    for i in range(2000):
+        index.partition("p", owner="a").add(f"k{i}", vec, _real_entry(f"k{i}", "a"), "q")
+    p = index.partitions["p"]
+    assert index.bytes <= 2**20 and "k1999" in p.entries and "k0" not in p.entries
+    assert p.vecs.nbytes < 2**20
+    for entry_id in list(p.rows)[:-3]:  # a purge empties most of it: the matrix shrinks
+        p.remove(entry_id)
+    assert len(p.vecs) <= 8 and index.bytes == p.bytes
+    found = p.search(vec, now=1.0)
+    assert found is not None and found[0] in {"k1997", "k1998", "k1999"}
+
+
+def test_the_semantic_byte_bound_is_configurable_and_described() -> None:
+    field = SemanticConfig.model_fields["max_bytes"]
+    assert field.description and CacheConfig().semantic.max_bytes <= 2**30
+    assert CacheConfig.model_validate({"semantic": {"max_bytes": 2**21}}).semantic.max_bytes \
+        == 2**21
+    with pytest.raises(ValueError):
+        CacheConfig.model_validate({"semantic": {"max_bytes": 1}})
