@@ -262,9 +262,16 @@ class RedisStore:
 
         await self._call("hdel", run, write=True)
 
-    async def load_semantic(self, limit: int) -> list[tuple[str, str, np.ndarray, Entry, str]]:
-        """Every stored semantic entry (up to `limit`), for a replica that starts."""
+    async def load_semantic(self, limit: int, max_bytes: int | None = None,
+                            keep: Callable[[Entry, str], bool] | None = None,
+                            ) -> list[tuple[str, str, np.ndarray, Entry, str]]:
+        """Every stored semantic entry (up to `limit`, and up to about `max_bytes` of them
+        as stored: the index could hold no more, and all of Redis's read at once could
+        take gigabytes), for a replica that starts or resyncs. `keep`: whether an entry
+        with its question (or digest) is wanted; those it refuses are not held (nor
+        counted: Redis keeps expired entries while their partition is written to)."""
         out: list[tuple[str, str, np.ndarray, Entry, str]] = []
+        held = 0
         try:
             async with asyncio.timeout(max(5.0, self.cfg.timeout_s * 100)):
                 async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
@@ -274,8 +281,11 @@ class RedisStore:
                         if (got := self._unpacked(raw)) is None:
                             continue
                         vec, entry, q = got
+                        if keep is not None and not keep(entry, q):
+                            continue
                         out.append((partition, _s(entry_id), vec, entry, q))
-                        if len(out) >= limit:
+                        held += len(raw)
+                        if len(out) >= limit or (max_bytes is not None and held >= max_bytes):
                             return out
         except (RedisError, OSError, TimeoutError) as e:
             self._failed("load", e)

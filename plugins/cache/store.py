@@ -678,10 +678,15 @@ class CacheStore:
         assert self.redis is not None
         now = time.time()
         loaded = 0
+
+        def keep(entry: Entry, q: str) -> bool:
+            return entry.usable(now, True) and self._servable(q)
+
         for partition, entry_id, vec, entry, q in await self.redis.load_semantic(
-                self.cfg.semantic.max_entries_per_scope * 1000):
-            if (entry.usable(now, True) and len(vec) == self.index.dim and self._servable(q)
-                    and not self.purged_since(now, entry)):  # (as `get` reads L2)
+                self.cfg.semantic.max_entries_per_scope * 1000, self.cfg.semantic.max_bytes,
+                keep):
+            if len(vec) == self.index.dim and not self.purged_since(now, entry):
+                # (as `get` reads L2; `keep` took only the usable and servable)
                 self._index_add(partition, entry_id, vec, entry, q)
                 loaded += 1
         if loaded:

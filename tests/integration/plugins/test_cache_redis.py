@@ -248,8 +248,8 @@ async def test_an_entry_read_from_redis_as_a_purge_removes_it_is_not_kept_in_mem
     cache_of(b).store.index.purge(lambda e: True)
     load, purges = rs.load_semantic, len(cache_of(b).store._purges)
 
-    async def loaded_then_purged(limit: int) -> Any:
-        got = await load(limit)
+    async def loaded_then_purged(*args: Any) -> Any:
+        got = await load(*args)
         await cache_of(a).store.purge({"tenant": "acme"})
         await eventually(lambda: len(cache_of(b).store._purges) > purges, timeout=2.0)
         return got
@@ -685,4 +685,37 @@ async def test_readiness_says_redis_is_back_without_traffic(redis_server: RedisS
         await eventually(lambda: store.healthy, timeout=5.0)  # no call made meanwhile
     finally:
         await admin.aclose()
+        await store.close()
+
+
+async def test_a_replica_loads_no_more_semantic_entries_than_its_index_can_hold(
+        redis_server: RedisServer) -> None:
+    """A replica starting (or resyncing after a gap) read every semantic entry Redis held,
+    up to 10,000,000 of them, into one list before its index kept any: a Redis filled
+    by clients' distinct parameter sets cost each replica gigabytes at once. It reads
+    about `semantic.max_bytes` of them, and none its index would refuse."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                   timeout_s=1.0, store_prompts=True), errors, "r")
+
+    def entry(i: int) -> Entry:
+        return Entry(key=f"k{i}", route="chat", model="m", scope="s", tenant="t", role="r",
+                     user="u", prompt="p", usage={"prompt_tokens": 1, "completion_tokens": 1},
+                     choices=[{"index": 0, "text": "an answer " * 100, "finish_reason": "stop"}],
+                     expires=1e12, stale_until=1e12)
+
+    vec = np.ones(384, dtype=np.float32) / np.sqrt(384)
+    for i in range(300):  # a partition per parameter set
+        assert await store.persist(entry(i), False, 60, (f"seed-{i}", vec, f"question {i}"),
+                                   entry(i), 60, [f"s:seed-{i}:k{i}"], 10_000, 60) is not None
+    try:
+        assert len(await store.load_semantic(10_000_000)) == 300
+        some = await store.load_semantic(10_000_000, 100_000)
+        assert 20 <= len(some) <= 60  # ~3.3 KB each as stored
+        even = await store.load_semantic(10_000_000, None,
+                                        lambda e, q: q.endswith(("0", "2", "4", "6", "8")))
+        assert len(even) == 150
+    finally:
         await store.close()
