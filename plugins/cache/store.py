@@ -143,6 +143,12 @@ class CacheStore:
         self._pending_heap: list[tuple[int, str]] = []
         self._gated: dict[tuple[str, str], dict[str, _Pending]] = {}  # (partition, gate)
         self._flushing = 0
+        #: Answers stored with no vector at hand (`lazy` off) whose question is being
+        #: embedded, by owner: past MAX_PENDING, a tenant holding an even share or more
+        #: keeps its next ones exact only (under load each waited, answer and question
+        #: held, for an embedding queued behind all the others, without bound).
+        self._unembedded: dict[str, int] = {}
+        self._unembedded_total = 0
         self._wake = asyncio.Event()
         self._embedder_task: asyncio.Task[None] | None = None
 
@@ -514,7 +520,26 @@ class CacheStore:
                 # is freed, as this replica's count was.
                 await self.redis.release(entry.tenant, entry.user, [member])
             return
-        vec = await self._vector(question, vec)
+        if vec is None:
+            owner = _owner(entry)
+            waiting, mine = self._unembedded_total, self._unembedded.get(owner, 0)
+            if waiting >= MAX_PENDING and (mine * len(self._unembedded) >= waiting
+                                           or waiting >= 2 * MAX_PENDING):
+                # Embeddings are behind: an answer of a tenant holding at least an even
+                # share of those waiting stays an exact entry (one of a tenant holding
+                # less still waits, up to twice the bound).
+                await self._write(entry, None, members)
+                return
+            self._unembedded[owner] = mine + 1
+            self._unembedded_total += 1
+            try:
+                vec = await self._vector(question, vec)
+            finally:
+                self._unembedded_total -= 1
+                if self._unembedded[owner] == 1:
+                    del self._unembedded[owner]
+                else:
+                    self._unembedded[owner] -= 1
         semantic = None
         if vec is not None:
             self._index_add(partition, entry.key, vec, self._timed(entry, "semantic"),

@@ -326,3 +326,43 @@ def test_a_stored_vector_longer_than_any_embedding_is_unreadable() -> None:
     assert RedisStore._unpack(packed(unit))[2] == "a question"
     with pytest.raises(BadEntry):
         RedisStore._unpack(packed(unit * 100))
+
+
+class _SlowEmbedder(FakeEmbedder):
+    """Embeds once released: the embedding model behind under load."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import asyncio
+
+        self.waiting = 0
+        self.go = asyncio.Event()
+
+    async def embed(self, texts: list[str],
+                    refuse_over: int | None = None) -> tuple[Any, list[int]]:
+        self.waiting += 1
+        await self.go.wait()
+        return await super().embed(texts, refuse_over)
+
+
+async def test_answers_waiting_for_their_vectors_are_bounded_with_lazy_vectors_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `lazy` off an answer whose lookup gave no vector (a busy model: it timed out)
+    embeds its question in the background, holding the answer and question meanwhile:
+    under load they piled up without bound behind the model. Past MAX_PENDING the
+    tenant holding the most keeps its next answers exact only; another still waits."""
+    from tests.waiting import eventually
+
+    monkeypatch.setattr("plugins.cache.store.MAX_PENDING", 4)
+    emb = _SlowEmbedder()
+    s = CacheStore(CacheConfig.model_validate({"semantic": {"lazy": False}}),
+                   CacheMetrics(CollectorRegistry()), emb)  # type: ignore[arg-type]
+    for i in range(20):
+        s.put(entry(f"k{i}", prompt=f"question {i}"), (f"p{i}", f"What about order {i}?"))
+    await eventually(lambda: emb.waiting == 4 and len(s._background) == 4)
+    s.put(entry("g1", tenant="globex", scope="globex"), ("g", "Where is my parcel now?"))
+    await eventually(lambda: emb.waiting == 5)
+    emb.go.set()
+    await s.drain()
+    assert len(s.index) == 5 and s.index.partitions.get("g") is not None
+    assert [await s.get(f"k{i}", "acme") is not None for i in range(20)] == [True] * 20
