@@ -56,7 +56,8 @@ class SemanticConfig(_Part):
         "vectors, and the answers, questions and bookkeeping its entries keep beside "
         "them); when full, the tenant holding the most loses the oldest entry of its "
         "least recently used partition. Without it, max_partitions x "
-        "max_entries_per_scope entries could take tens of GB.")
+        "max_entries_per_scope entries could take tens of GB. Answers waiting for "
+        "their vectors (lazy) take at most as much again.")
     lookup_timeout_ms: float = Field(
         100, gt=0, description="A lookup's embedding wait; slower lookups are a miss.")
     head_start_ms: float = Field(

@@ -45,7 +45,7 @@ from .entry import Entry, Match, matcher
 from .l1 import L1
 from .metrics import CacheMetrics
 from .redis_store import RedisStore
-from .semantic import DIGEST_MARK, SemanticIndex, gate, guard_ok
+from .semantic import DIGEST_MARK, SemanticIndex, entry_bytes, gate, guard_ok
 from .users import UserIndex, exact_member, semantic_member, split_members
 
 log = get_logger("weir.cache")
@@ -89,6 +89,7 @@ class _Pending:
     entry: Entry
     question: str
     vec: asyncio.Future[np.ndarray | None]
+    size: int = 0  # `entry_bytes`: what it holds
     embedding: bool = False  # a pass has it
 
 
@@ -141,6 +142,12 @@ class CacheStore:
         #: (-waiting, owner) at each change of an owner's count, the most first (an entry
         #: no longer its owner's count is skipped when met: `_most_pending`)
         self._pending_heap: list[tuple[int, str]] = []
+        #: what they hold (`entry_bytes`), by owner, and in all: at most
+        #: `semantic.max_bytes` (10,000 long answers were hundreds of MB beside the
+        #: index's own bound); (-bytes, owner) at each change, as `_pending_heap`
+        self._pending_bytes: dict[str, int] = {}
+        self._pending_total = 0
+        self._bytes_heap: list[tuple[int, str]] = []
         self._gated: dict[tuple[str, str], dict[str, _Pending]] = {}  # (partition, gate)
         self._flushing = 0
         #: Answers stored with no vector at hand (`lazy` off) whose question is being
@@ -314,7 +321,9 @@ class CacheStore:
                ) -> asyncio.Future[np.ndarray | None]:
         """Keep `entry` pending; its vector (None: dropped, purged or failed) comes later."""
         key = (partition, entry.key)
-        if self.purged_since(entry.created, entry):  # a purge reached it since its put
+        size = entry_bytes(entry, question)
+        if self.purged_since(entry.created, entry) or size > self.cfg.semantic.max_bytes:
+            # a purge reached it since its put, or it could never join the index
             fut: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
             fut.set_result(None)
             return fut
@@ -327,13 +336,25 @@ class CacheStore:
             if held and held + 1 >= len(self._pending_of[largest]):
                 largest = owner
             self._settle(self._pending[next(iter(self._pending_of[largest]))], None)
+        while self._pending_total + size > self.cfg.semantic.max_bytes:
+            # in bytes alike (the new one counted as its owner's: if that makes its owner
+            # the one holding the most and it holds nothing else, it is the one to go)
+            biggest, held = self._most_pending_bytes(), self._pending_bytes.get(owner, 0)
+            if held + size >= self._pending_bytes[biggest]:
+                biggest = owner
+            if biggest not in self._pending_of:
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_result(None)
+                return fut
+            self._settle(self._pending[next(iter(self._pending_of[biggest]))], None)
         p = _Pending(partition, gate(question) if question_gate is None else question_gate,
                      entry, question,
-                     asyncio.get_running_loop().create_future())
+                     asyncio.get_running_loop().create_future(), size)
         self._pending[key] = p
         mine = self._pending_of.setdefault(owner, OrderedDict())
         mine[key] = None
         self._pending_counted(owner, len(mine))
+        self._pending_sized(owner, size)
         self._gated.setdefault((partition, p.gate), {})[entry.key] = p
         labelled(self.metrics.entries, "pending").set(len(self._pending))
         self._start_embedder()
@@ -347,6 +368,28 @@ class CacheStore:
         if len(self._pending_heap) > 2 * len(self._pending_of) + 64:  # (amortized)
             self._pending_heap = [(-len(m), o) for o, m in self._pending_of.items()]
             heapq.heapify(self._pending_heap)
+
+    def _pending_sized(self, owner: str, delta: int) -> None:
+        """`owner`'s answers waiting hold `delta` bytes more (kept for
+        `_most_pending_bytes`)."""
+        held = self._pending_bytes[owner] = self._pending_bytes.get(owner, 0) + delta
+        self._pending_total += delta
+        if not held:
+            del self._pending_bytes[owner]
+            return
+        heapq.heappush(self._bytes_heap, (-held, owner))
+        if len(self._bytes_heap) > 2 * len(self._pending_bytes) + 64:  # (amortized)
+            self._bytes_heap = [(-b, o) for o, b in self._pending_bytes.items()]
+            heapq.heapify(self._bytes_heap)
+
+    def _most_pending_bytes(self) -> str:
+        """The owner whose answers waiting hold the most bytes (of equals, the least
+        name)."""
+        while True:
+            held, owner = self._bytes_heap[0]
+            if self._pending_bytes.get(owner) == -held:
+                return owner
+            heapq.heappop(self._bytes_heap)  # (a size since changed, or gone)
 
     def _most_pending(self) -> str:
         """The owner with the most answers waiting (of equals, the least name)."""
@@ -369,6 +412,7 @@ class CacheStore:
                 del self._pending_of[owner]
             else:
                 self._pending_counted(owner, len(mine))
+            self._pending_sized(owner, -p.size)
             group = self._gated[(p.partition, p.gate)]
             del group[p.entry.key]
             if not group:

@@ -17,6 +17,7 @@ from plugins.cache.metrics import CacheMetrics
 from plugins.cache.store import CacheStore
 from plugins.cache.users import UserIndex
 from tests.fakes import FakeEmbedder
+from tests.waiting import eventually
 
 
 def store(**cfg: Any) -> CacheStore:
@@ -351,8 +352,6 @@ async def test_answers_waiting_for_their_vectors_are_bounded_with_lazy_vectors_o
     embeds its question in the background, holding the answer and question meanwhile:
     under load they piled up without bound behind the model. Past MAX_PENDING the
     tenant holding the most keeps its next answers exact only; another still waits."""
-    from tests.waiting import eventually
-
     monkeypatch.setattr("plugins.cache.store.MAX_PENDING", 4)
     emb = _SlowEmbedder()
     s = CacheStore(CacheConfig.model_validate({"semantic": {"lazy": False}}),
@@ -366,3 +365,24 @@ async def test_answers_waiting_for_their_vectors_are_bounded_with_lazy_vectors_o
     await s.drain()
     assert len(s.index) == 5 and s.index.partitions.get("g") is not None
     assert [await s.get(f"k{i}", "acme") is not None for i in range(20)] == [True] * 20
+
+
+async def test_answers_waiting_for_their_vectors_hold_at_most_the_semantic_byte_bound() -> None:
+    """Lazy vectors: under load answers wait unembedded, at most MAX_PENDING (10,000) of
+    them, whatever their size: long answers were hundreds of MB beside the index's own
+    bound. They hold at most `semantic.max_bytes`, the tenant holding the most giving
+    way."""
+    s = store(semantic={"max_bytes": 2**20})
+    s.idle = lambda: False  # under load: nothing is embedded while idle
+    s.put(entry("g1", tenant="globex", scope="globex", prompt="q"),
+          ("g", "Where is parcel 881 now?"))
+    long = "This answer is long. " * 5000  # ~100 KB
+    for i in range(30):
+        s.put(entry(f"k{i}", text=long, prompt=f"q{i}"), (f"p{i}", f"What is order {i}?"))
+    await eventually(lambda: len(s._background) == len(s._pending) > 0)
+    held = sum(len(p.entry.to_json()) + len(p.question) for p in s._pending.values())
+    assert held <= 2**20
+    assert sum(s._pending_bytes.values()) == sum(p.size for p in s._pending.values())
+    assert ("g", "g1") in s._pending and 5 <= len(s._pending) <= 11
+    assert ("p29", "k29") in s._pending  # the flooding tenant's newest wait, its oldest went
+    await s.close()
