@@ -22,6 +22,7 @@ from . import responses as R
 from . import tools as T
 from .chain import Completion, Stream
 from .engine.base import ChoiceDelta, EngineOutput, TokenLogprob
+from .errors import InvalidRequest
 from .generation import ENGINE_ERRORS, EngineSpan, map_engine_error
 from .protocol import ChatCompletionRequest, CompletionRequest, continuous_usage
 from .streaming import SHUTDOWN
@@ -31,6 +32,25 @@ if TYPE_CHECKING:
     from .preparing import Prepared
 
 Request = ChatCompletionRequest | CompletionRequest
+
+#: Logprob entries (each token's, and each of its alternatives) a whole answer holds at
+#: most, its choices' and echoed prompts' together: ~250 bytes each in memory while the
+#: body is built (~60 in its JSON). Unbounded, `n: 128` with `top_logprobs: 20` built
+#: gigabytes for one request (10 KB a token) before anything went out. A stream holds
+#: none of it: it is the way to such answers.
+MAX_WHOLE_LOGPROBS = 1 << 19
+
+
+class AnswerTooLarge(InvalidRequest):
+    """A whole answer's logprobs past `MAX_WHOLE_LOGPROBS`: its generation is stopped."""
+
+    default_code = "answer_too_large"
+
+    def __init__(self, param: str) -> None:
+        super().__init__(
+            f"The answer's logprobs are larger than this server builds in one response "
+            f"({MAX_WHOLE_LOGPROBS} tokens and alternatives in all): ask for fewer choices, "
+            f"tokens or logprobs, or stream the answer (`stream: true`).", param=param)
 
 
 @dataclass(slots=True)
@@ -100,8 +120,9 @@ class Choices:
             spent = self._spent()
             if self._stream is not None and self._stream.usage is None:
                 self._stream.usage = spent
-            if isinstance(e, asyncio.CancelledError) and e.args != (SHUTDOWN,):
-                self._ctx.usage_so_far = spent  # (a drain's cut is a 503: nothing spent)
+            if ((isinstance(e, asyncio.CancelledError) and e.args != (SHUTDOWN,))
+                    or isinstance(e, AnswerTooLarge)):  # (a drain's cut is a 503: nothing)
+                self._ctx.usage_so_far = spent
         if isinstance(e, ENGINE_ERRORS):
             raise map_engine_error(e) from e
 
@@ -190,10 +211,17 @@ async def whole(outputs: AsyncGenerator[EngineOutput, None], req: Request, prep:
     # answer is what its stream would have sent, assembled (or its text, where a call's
     # arguments are no JSON object: `StreamCalls.text_instead`).
     calls = T.StreamCalls(prep.tracker) if prep.streams_calls else None
+    per_token = 1 + prep.top_logprobs
+    logprobs = 0  # entries held
     with track:
         async with aclosing(outputs):
             async for out in outputs:
                 track.output(out)
+                logprobs += per_token * (len(out.prompt_logprobs or ()) + sum(
+                    len(c.logprobs) for c in out.choices if c.logprobs))
+                if logprobs > MAX_WHOLE_LOGPROBS:  # (closing `outputs` stops the engine)
+                    raise AnswerTooLarge("top_logprobs" if isinstance(
+                        req, ChatCompletionRequest) and req.top_logprobs else "logprobs")
                 for c in out.choices:
                     idx, ch = track.choice(out, c)
                     text: str | None = c.text

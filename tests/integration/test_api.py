@@ -386,3 +386,28 @@ async def test_health_and_metrics(make_client: MakeClient, fake_engine: FakeEngi
     await client.post("/v1/chat/completions", json=CHAT)
     text = await (await client.get("/metrics")).text()
     assert 'weir_requests_total{model="fake-model",route="chat",status="200"} 1.0' in text
+
+
+async def test_a_whole_answers_logprobs_are_bounded(
+        make_client: MakeClient, fake_engine: FakeEngine, monkeypatch: Any) -> None:
+    """`n: 128` with `top_logprobs: 20` built ~10 KB a token in memory (gigabytes for one
+    request) before anything went out. Past the bound the generation stops and the
+    client is told to ask for less or stream; a stream holds none of it and goes on."""
+    monkeypatch.setattr("proxy.rendering.MAX_WHOLE_LOGPROBS", 100)
+    client = await make_client()
+    big = {**CHAT, "n": 4, "max_tokens": 20, "logprobs": True, "top_logprobs": 3}
+    r = await client.post("/v1/chat/completions", json=big)
+    body = await r.json()
+    assert r.status == 400, body
+    assert body["error"]["code"] == "answer_too_large"
+    assert body["error"]["param"] == "top_logprobs" and "stream" in body["error"]["message"]
+    r = await client.post("/v1/completions", json={
+        "model": "fake-model", "prompt": ["a", "b"], "n": 4, "max_tokens": 20, "logprobs": 2})
+    assert r.status == 400 and (await r.json())["error"]["param"] == "logprobs"
+    r = await client.post("/v1/chat/completions", json={**big, "stream": True})
+    events, done = parse_sse(await r.text())
+    assert r.status == 200 and done
+    assert {c["index"] for e in events for c in e["choices"]} == {0, 1, 2, 3}
+    r = await client.post("/v1/chat/completions",
+                          json={**CHAT, "logprobs": True, "top_logprobs": 3})
+    assert r.status == 200  # 5 tokens x 4 entries: within it
