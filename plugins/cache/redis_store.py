@@ -82,6 +82,23 @@ if ARGV[3] ~= '' then
   own(KEYS[2], 'hash')
   redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  -- Two of the partition's entries at random: one past its time goes (every write keeps
+  -- the hash alive, so an entry whose owner's list expired stayed in it for good).
+  local some = redis.pcall('HRANDFIELD', KEYS[2], 2, 'WITHVALUES')
+  if type(some) == 'table' and not some.err then
+    for j = 1, #some - 1, 2 do
+      if some[j] ~= ARGV[3] then
+        local ok, d = pcall(cjson.decode, some[j + 1])
+        local e = ok and type(d) == 'table' and type(d.e) == 'string' and d.e
+        if e then ok, e = pcall(cjson.decode, e) end
+        if ok and type(e) == 'table' and type(e.expires) == 'number'
+            and type(e.stale_until) == 'number'
+            and math.max(e.expires, e.stale_until) < tonumber(ARGV[10]) then
+          redis.call('HDEL', KEYS[2], some[j])
+        end
+      end
+    end
+  end
   redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
 local evicted = {}

@@ -719,3 +719,37 @@ async def test_a_replica_loads_no_more_semantic_entries_than_its_index_can_hold(
         assert len(even) == 150
     finally:
         await store.close()
+
+
+async def test_an_expired_semantic_entry_leaves_its_partition_in_redis(
+        redis_server: RedisServer) -> None:
+    """Every write to a partition's hash renews the hash's TTL, and an entry left the
+    hash only through its owner's cap or a replica's eviction: once its owner's list
+    expired, a partition written to every day kept it for good. A write now looks at two
+    of the partition's entries at random and deletes one past its time."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                   timeout_s=1.0), errors, "r")
+
+    def entry(key: str, expires: float) -> Entry:
+        return Entry(key=key, route="chat", model="m", scope="s", tenant="t", role="r",
+                     user="u", prompt="p", usage={"prompt_tokens": 1, "completion_tokens": 1},
+                     choices=[{"index": 0, "text": "an answer", "finish_reason": "stop"}],
+                     created=expires - 60, expires=expires, stale_until=expires)
+
+    vec = np.ones(384, dtype=np.float32) / np.sqrt(384)
+    key = store.p + "s:p"
+
+    async def put(e: Entry) -> set[str]:
+        await store.persist(e, False, 60, ("p", vec, "q"), e, 60, [], 10, 60)
+        return {k.decode() for k in await store.client.hkeys(key)}
+
+    try:
+        assert await put(entry("old", 1_000_000.0)) == {"old"}
+        # (a hash of two: both are looked at) the one past its time goes, not the new one
+        assert await put(entry("new", 4e9)) == {"new"}
+        assert await put(entry("next", 4e9)) == {"new", "next"}  # a live one stays
+    finally:
+        await store.close()
