@@ -105,14 +105,17 @@ class MemoryStore:
     tenant's records take at most `max_bytes` (their JSON): past it, its own oldest go
     (as in Redis), so a few large conversations cannot fill the process's memory. Both
     count a configured tenant's callers behind a gateway key with it (`auth.account`):
-    a gateway naming many callers is one tenant here."""
+    a gateway naming many callers is one tenant here. All tenants' records together take
+    at most `max_total_bytes` (their JSON): past it the tenant holding the most loses its
+    oldest (with ten tenants each at its own bound, the process held ten times it)."""
 
     def __init__(self, ttl_s: float, max_items: int, kind: str = "responses",
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, max_total_bytes: int | None = None) -> None:
         self.ttl_s = ttl_s
         self.max_items = max_items
         self.kind = kind
         self.max_bytes = max_bytes
+        self.max_total_bytes = max_total_bytes if max_bytes is not None else None
         self._count = 0
         #: tenant -> id -> (expires, record, summary, size), oldest first
         self._items: dict[str, OrderedDict[
@@ -170,6 +173,7 @@ class MemoryStore:
         self._count += 1
         self._places.pop(tenant, None)
         self._fit(tenant, size)
+        self._fit_total((tenant, record_id))
         while self._count > self.max_items:
             largest = max(self._aged.values(), key=len)
             self._pop(*next(iter(largest)))
@@ -183,7 +187,20 @@ class MemoryStore:
         self._items[tenant][record_id] = (hit[0], record, summary, size)
         self._places.pop(tenant, None)
         self._fit(tenant, size - hit[3], keep=record_id)
+        self._fit_total((tenant, record_id))
         return True
+
+    def _fit_total(self, keep: tuple[str, str]) -> None:
+        """While all records take more than `max_total_bytes`, the account holding the
+        most loses its oldest, never `keep` (the record just stored)."""
+        if self.max_total_bytes is None:
+            return
+        while sum(self._bytes.values()) > self.max_total_bytes:
+            largest = max(self._bytes, key=self._bytes.__getitem__)
+            oldest = next((place for place in self._aged[largest] if place != keep), None)
+            if oldest is None:
+                return
+            self._pop(*oldest)
 
     def _fit(self, tenant: str, grown: int, keep: str | None = None) -> None:
         """Count `grown` bytes more for the tenant's account, then drop its oldest
@@ -800,4 +817,5 @@ def make_store(cfg: ResponsesSettings, cache_redis: Any,
         timeout_s = max(cache_redis.timeout_s, cache_redis.write_timeout_s)
         return RedisStore(url, cfg.ttl_s, cache_redis.key_prefix, timeout_s, kind=kind,
                           max_bytes=cfg.max_bytes_per_tenant)
-    return MemoryStore(cfg.ttl_s, cfg.max_in_memory, kind, cfg.max_bytes_per_tenant)
+    return MemoryStore(cfg.ttl_s, cfg.max_in_memory, kind, cfg.max_bytes_per_tenant,
+                       cfg.max_bytes_in_memory)

@@ -414,6 +414,12 @@ class ResponsesSettings(_Strict):
         10000, ge=1, description="Stored responses kept at most when held in memory; "
         "when full, the tenant holding the most loses its oldest (one tenant cannot push "
         "out another's). With the cache's Redis they go there instead.")
+    max_bytes_in_memory: int = Field(
+        DEFAULT_MAX_BYTES_PER_TENANT, ge=1024 * 1024, description="When held in memory: "
+        "the most all tenants' stored responses may take together (their JSON, in bytes), "
+        "and as much again their stored chat completions; past it the tenant holding the "
+        "most loses its oldest. (`max_bytes_per_tenant` bounds each tenant: alone, ten "
+        "tenants could hold ten times it in this process.)")
     redis: bool = Field(
         True, description="Keep them in the cache plugin's Redis when it has one.")
     max_bytes_per_tenant: int = Field(

@@ -450,3 +450,27 @@ async def test_a_conversation_holding_a_lone_surrogate_is_measured_not_a_500(
                              "previous_response_id": first["id"]})
     assert r.status == 200, await r.text()
     assert (await client.get(f"/v1/responses/{(await r.json())['id']}")).status == 200
+
+
+async def test_in_memory_all_tenants_together_hold_at_most_the_process_bound() -> None:
+    """Each tenant's records were bounded in memory, but not all of them together: ten
+    tenants each at its bound held ten times it in the process. Past
+    `responses.max_bytes_in_memory` the tenant holding the most loses its oldest."""
+    from proxy.record_store import MemoryStore
+
+    size = _size(record(10))
+    store = MemoryStore(3600, 10_000, max_bytes=4 * size, max_total_bytes=10 * size)
+    await store.put("small", "s0", record(10))
+    for t in range(6):  # six tenants, each within its own bound
+        for i in range(4):
+            await store.put(f"t{t}", f"r{i}", record(10 + i))
+    held = [(t, i) for t in range(6) for i in range(4)
+            if await store.get(f"t{t}", f"r{i}") is not None]
+    assert len(held) == 9 and sum(store._bytes.values()) <= 10 * size
+    assert await store.get("small", "s0") is not None  # the one holding least kept it
+    assert (5, 3) in held  # the newest stays
+    cfg = parse_settings("auth: {mode: open}\nresponses:\n  max_bytes_in_memory: 2097152\n",
+                         env={}).responses
+    assert cfg.max_bytes_in_memory == 2**21
+    with pytest.raises(ConfigError):
+        parse_settings("auth: {mode: open}\nresponses:\n  max_bytes_in_memory: 1\n", env={})
