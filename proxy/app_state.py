@@ -24,6 +24,27 @@ from .telemetry import Metrics
 from .terminal import Terminal
 
 
+class BodyBudget:
+    """The bytes of the request bodies being read, by owner (a tenant's account)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held: dict[str, int] = {}
+
+    def take(self, owner: str, size: int) -> bool:
+        total, mine = sum(self.held.values()), self.held.get(owner, 0)
+        if total and total + size > self.limit and (
+                mine * len(self.held) >= total or total + size > 2 * self.limit):
+            return False
+        self.held[owner] = mine + size
+        return True
+
+    def give(self, owner: str, size: int) -> None:
+        left = self.held[owner] = self.held[owner] - size
+        if not left:
+            del self.held[owner]
+
+
 @dataclass
 class AppState:
     settings: Settings
@@ -43,8 +64,12 @@ class AppState:
     _inflight: dict[asyncio.Task[Any], web.Request | None] = field(default_factory=dict)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
+    #: the request bodies being read (`proxy.body`)
+    bodies: BodyBudget = field(init=False)
+
     def __post_init__(self) -> None:
         self._idle.set()
+        self.bodies = BodyBudget(self.settings.server.max_body_bytes_in_flight)
 
     @property
     def in_flight(self) -> int:

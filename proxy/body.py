@@ -13,6 +13,13 @@ answer.
 `server.max_body_bytes` is the only body-size limit (aiohttp's `client_max_size` is set
 from it, and routes pass it here); `server.body_timeout_s` bounds how long a client may
 take to send the body, so a stalled upload cannot hold a handler forever.
+
+The bodies being read at once take at most about `server.max_body_bytes_in_flight`
+(`app_state.BodyBudget`: each its `Content-Length`, or the limit without one): every
+connection a client could open (thousands) sending a full body slowly held it all, 6 MB
+each in memory, before any limit or queue downstream saw the request. Past it, a tenant
+holding an even share or more of it is refused a 503 `overloaded`; another's body is
+still read, up to twice the budget.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from .errors import (
     InvalidRequest,
     PayloadTooLarge,
     RequestTimeout,
+    Unavailable,
     UnsupportedMediaType,
     UnsupportedTransferCoding,
     shown,
@@ -38,8 +46,11 @@ from .jsonbody import decode_json_object
 _CODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 
 
-async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], int]:
-    """The body as a JSON object and its size in bytes, or a 400 / 408 / 413."""
+async def read_json(request: web.Request, limit: int, owner: str = "",
+                    ) -> tuple[dict[str, Any], int]:
+    """The body as a JSON object and its size in bytes, or a 400 / 408 / 413, or a 503
+    where too many bodies are being read at once (`BodyBudget`; `owner`: the caller's
+    account)."""
     # (aiohttp reads a missing Content-Type as application/octet-stream: say none)
     ctype = request.content_type if "Content-Type" in request.headers else ""
     if ctype != "application/json" and not ctype.endswith("+json"):
@@ -60,7 +71,22 @@ async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], i
             "`Transfer-Encoding: chunked` alone.")
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
-    timeout = request.app[STATE].settings.server.body_timeout_s
+    st = request.app[STATE]
+    # (a coded body is counted at the limit: decoded, it may take that much)
+    size = (request.content_length if request.content_length is not None
+            and coding in ("", "identity") else limit)
+    if not st.bodies.take(owner, size):
+        raise Unavailable("Too many request bodies are being received at once; retry "
+                          "shortly.", code="overloaded")
+    try:
+        body = await _read(request, limit, st.settings.server.body_timeout_s)
+    finally:
+        st.bodies.give(owner, size)
+    return decode_json_object(body), len(body)
+
+
+async def _read(request: web.Request, limit: int, timeout: float) -> bytes:
+    coding = ",".join(request.headers.getall("Content-Encoding", ())).strip().lower()
     try:
         if request.content.is_eof():  # a small body comes with the headers: all there
             body = await request.read()
@@ -86,7 +112,7 @@ async def read_json(request: web.Request, limit: int) -> tuple[dict[str, Any], i
             raise _undecodable(coding) from None
     if len(body) > limit:  # a chunked body under the server-wide limit, over this one
         raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
-    return decode_json_object(body), len(body)
+    return body
 
 
 def _undecodable(coding: str) -> InvalidRequest:

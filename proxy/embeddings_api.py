@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
-from .auth import Principal
+from .auth import Principal, account
 from .body import read_json
 from .chain import Completion, Reply
 from .context import RequestContext, header_map
@@ -73,7 +73,8 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 async def _embeddings(request: web.Request, st: AppState,
                       principal: Principal) -> web.StreamResponse:
     info = request[INFO]
-    data, size = await read_json(request, st.settings.server.max_body_bytes)
+    data, size = await read_json(request, st.settings.server.max_body_bytes,
+                                 account(principal.tenant))
     req = parse_model(EmbeddingRequest, data)
     emb = st.embedder
     if emb is None or st.embed_chain is None or req.model != emb.model_id:

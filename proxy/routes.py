@@ -17,7 +17,7 @@ from aiohttp import web
 
 from . import embeddings_api, stored_chat
 from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
-from .auth import Principal
+from .auth import Principal, account
 from .body import read_json as read_json  # route modules elsewhere import it from here
 from .chain import Completion, Stream
 from .context import RequestContext, Route, header_map
@@ -74,7 +74,8 @@ def check_model(st: AppState, principal: Principal, model: str) -> None:
 async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     st, principal = open_generation(request, route)
     with generating(st, request):  # (its body too: a drain waits for what it admitted)
-        data, size = await read_json(request, st.settings.server.max_body_bytes)
+        data, size = await read_json(request, st.settings.server.max_body_bytes,
+                                     account(principal.tenant))
         req = parse_model(_MODELS[route], data)
         info = request[INFO]
         info.update(route=route, tenant=principal.tenant, stream=req.stream)

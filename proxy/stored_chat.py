@@ -21,6 +21,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from .app_state import STATE
+from .auth import account
 from .body import read_json
 from .context import RequestContext, screened_values
 from .errors import NotFound, WeirError
@@ -291,7 +292,8 @@ async def update(request: web.Request) -> web.Response:
     has come, and written back only if it is still held (a delete meanwhile stands), with
     its expiry kept."""
     tenant = _tenant(request)
-    data, _ = await read_json(request, request.app[STATE].settings.server.max_body_bytes)
+    data, _ = await read_json(request, request.app[STATE].settings.server.max_body_bytes,
+                              account(tenant))
     change = parse_model(_Update, data)
     record = await _record(request, tenant)
     # (screened as the create path's: the sanitizer's redact detectors, where it has any)

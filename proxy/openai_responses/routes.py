@@ -17,7 +17,7 @@ from aiohttp import web
 from multidict import MultiMapping
 
 from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
-from ..auth import Principal
+from ..auth import Principal, account
 from ..chain import Completion, Reply, Stream
 from ..context import RequestContext, Screen, header_map
 from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
@@ -80,7 +80,8 @@ async def create(request: web.Request) -> web.StreamResponse:
 
 async def _create(request: web.Request, st: AppState,
                   principal: Principal) -> web.StreamResponse:
-    data, size = await read_json(request, st.settings.server.max_body_bytes)
+    data, size = await read_json(request, st.settings.server.max_body_bytes,
+                                 account(principal.tenant))
     req = parse_model(ResponsesRequest, data)
     info = request[INFO]
     info.update(route="responses", tenant=principal.tenant, stream=req.stream)

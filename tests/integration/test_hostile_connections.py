@@ -734,3 +734,43 @@ async def test_a_request_the_parser_refuses_has_a_request_id_without_the_access_
     assert status in (400, 431)
     assert re.fullmatch(r"[0-9a-f]{32}", headers.get("x-request-id", "")), headers
     writer.close()
+
+
+async def test_bodies_being_received_at_once_are_bounded_fairly(make_client: Any) -> None:
+    """Every connection a client could open, each sending a full body slowly, held its
+    body in memory (6 MB each for 4 MB bodies) before any limit or queue saw the
+    request. Past `max_body_bytes_in_flight` the tenant holding an even share or more
+    is refused a 503 `overloaded`; another tenant's body is still read."""
+    keys = [{"key": "k-a", "tenant": "acme", "user": "a"},
+            {"key": "k-b", "tenant": "globex", "user": "b"}]
+    client = await make_client(make_settings(
+        auth={"mode": "keys", "keys": keys},
+        server={"max_body_bytes": 65536, "max_body_bytes_in_flight": 131072}))
+    st = client.app[STATE]
+    go = asyncio.Event()
+    body = json.dumps({"model": "fake-model", "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+    async def slow() -> AsyncIterator[bytes]:  # chunked: counted at max_body_bytes
+        yield body[:10]
+        await go.wait()
+        yield body[10:]
+
+    def post(key: str, data: Any) -> Any:
+        return client.post("/v1/chat/completions", data=data, headers={
+            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+
+    uploads = [asyncio.ensure_future(post("k-a", slow())) for _ in range(2)]
+    await eventually(lambda: st.bodies.held.get("acme") == 131072)
+    r = await post("k-a", slow())
+    got = await r.json()
+    assert r.status == 503 and got["error"]["code"] == "overloaded", got
+    assert r.headers["retry-after"] == "1"
+    other = asyncio.ensure_future(post("k-b", body))  # globex holds none: it is read
+    r = await other
+    assert r.status == 200, await r.text()
+    go.set()
+    assert [(await u).status for u in uploads] == [200, 200]
+    assert st.bodies.held == {}
+    r = await post("k-a", body)
+    assert r.status == 200

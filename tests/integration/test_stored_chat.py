@@ -406,9 +406,9 @@ async def test_an_update_racing_a_delete_does_not_bring_the_completion_back(
     tenant = store_settings.auth.anonymous_tenant
     reading = stored_chat.read_json
 
-    async def slow_body(request: Any, limit: int) -> Any:  # the delete, while it comes
+    async def slow_body(request: Any, *args: Any) -> Any:  # the delete, while it comes
         assert await client.app[STORE].delete(tenant, cid)
-        return await reading(request, limit)
+        return await reading(request, *args)
 
     monkeypatch.setattr(stored_chat, "read_json", slow_body)
     answer = await client.post(f"/v1/chat/completions/{cid}", json={"metadata": {"a": "2"}})
