@@ -48,7 +48,7 @@ from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
 from .ids import new_hex
-from .wire_errors import REFUSAL, OpenAIErrors, head_too_large
+from .wire_errors import HEADS_FULL, REFUSAL, OpenAIErrors, head_too_large
 
 _RESERVED_FDS = 256  # for the engine, Redis, log files, the embedding model ...
 
@@ -78,6 +78,7 @@ class _Guarded(asyncio.Protocol):
         self._head_tail = b""  # its last bytes (its blank line may come split)
         self._head_done = False  # its blank line came: what follows is its body
         self._head_begun = False  # its request line has begun (past any blank lines)
+        self._counted = 0  # of the guard's `head_held`: its head's bytes, while it comes
         self._unread: StreamReader | None = None  # a body its handler left, still coming
         self._running: StreamReader | None = None  # the body of the request running
         self._ahead = 0  # bytes sent after it while it runs (pipelined requests)
@@ -143,6 +144,7 @@ class _Guarded(asyncio.Protocol):
             len(data) if end < 0 else end + 4 - len(self._head_tail))
         if size > self.guard.max_head_bytes:
             self.refused = True  # nothing more reaches aiohttp's parser
+            self._hold(0)
             self._disarm_head()
             self.guard.note("head_too_large")
             rid = new_hex()
@@ -151,16 +153,38 @@ class _Guarded(asyncio.Protocol):
             self.transport.write(head_too_large(rid))
             self.transport.close()
             return True
+        g = self.guard
+        if end < 0 and g.head_held - self._counted + size > g.max_head_bytes_in_flight:
+            # Heads arriving in pieces, all connections' together, past their bound:
+            # this one, growing, is refused (a whole head in one piece never counts).
+            self.refused = True
+            self._hold(0)
+            self._disarm_head()
+            g.note("heads_in_flight")
+            if g.on_refused is not None:
+                g.on_refused(503, "overloaded", new_hex())
+            self.transport.write(HEADS_FULL)
+            self.transport.close()
+            return True
         if end < 0:
             self._head_bytes, self._head_tail = size, seen[-3:]
+            self._hold(size)
         else:
             self._head_bytes, self._head_done = None, True
+            self._hold(0)
         return False
+
+    def _hold(self, size: int) -> None:
+        """Count `size` bytes of this connection's head arriving (0: none) in the
+        guard's `head_held`."""
+        self.guard.head_held += size - self._counted
+        self._counted = size
 
     def eof_received(self) -> bool | None:
         return None if self.refused else self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._hold(0)
         self._disarm()
         assert self.transport is not None
         if self.guard.open.pop(self.transport, None) is not None:  # (not one refused)
@@ -249,10 +273,15 @@ class ConnectionGuard:
     def __init__(self, max_connections: int | None, header_timeout_s: float,
                  on_close: Callable[[str], None] | None = None,
                  write_timeout_s: float = 30.0, max_head_bytes: int = 65536,
-                 on_refused: Callable[[int, str | None, str], None] | None = None) -> None:
+                 on_refused: Callable[[int, str | None, str], None] | None = None,
+                 max_head_bytes_in_flight: int = 64 << 20) -> None:
         """`on_refused(status, code, request_id)`: told of each request refused before
         it was parsed (by aiohttp's parser, or past `max_head_bytes`): the access log's
-        line, with the id its answer carries."""
+        line, with the id its answer carries. `max_head_bytes_in_flight`: the bytes of
+        the heads arriving in pieces, all connections' together, at most (each stalled
+        head held about twice its size in memory, on each of thousands of connections)."""
+        self.max_head_bytes_in_flight = max_head_bytes_in_flight
+        self.head_held = 0
         self.max_connections = max_connections or default_max_connections()
         self.header_timeout_s = header_timeout_s
         self.write_timeout_s = write_timeout_s
@@ -288,7 +317,7 @@ class ConnectionGuard:
 
     def note(self, reason: str) -> None:
         """A connection Weir closed on its own: refused, evicted, head_timeout,
-        head_too_large or write_timeout."""
+        head_too_large, heads_in_flight or write_timeout."""
         if self._on_close is not None:
             self._on_close(reason)
 

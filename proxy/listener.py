@@ -52,6 +52,7 @@ async def listen(app: web.Application, settings: ServerSettings, host: str, port
     guard = ConnectionGuard(settings.max_connections, settings.header_timeout_s, closed,
                             write_timeout_s=settings.write_timeout_s,
                             max_head_bytes=settings.max_head_bytes,
+                            max_head_bytes_in_flight=settings.max_head_bytes_in_flight,
                             on_refused=log_refused if app[STATE].settings.logging.access_log
                             else None)
     metrics.connections.set_function(lambda: len(guard.open))

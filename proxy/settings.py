@@ -117,6 +117,12 @@ class ServerSettings(_Strict):
     max_head_bytes: int = Field(
         65536, ge=4096, le=1048576, description="Largest request head (request line and "
         "header fields together; 431 above): the line and field bounds alone allow 1 MiB.")
+    max_head_bytes_in_flight: int = Field(
+        64 * 1024 * 1024, ge=65536, description="Request heads arriving in pieces, all "
+        "connections' together, take at most this many bytes (a head that comes whole "
+        "never counts); past it the connection whose head grows gets a 503 `overloaded` "
+        "and is closed. Without it, every connection sending a large head slowly held "
+        "about 100 KB until `header_timeout_s`.")
 
 
 #: The models Weir builds itself (`proxy.engine.builtin_models`).

@@ -254,10 +254,10 @@ class Metrics:
         self.connections_closed = Counter(
             "weir_connections_closed_total", "Client connections Weir closed on its own "
             "(refused at the cap, idle evicted at the cap, request head too slow or too "
-            "large, an answer its client stopped reading).",
-            ["reason"], registry=r)
+            "large, too many heads arriving at once, an answer its client stopped "
+            "reading).", ["reason"], registry=r)
         for reason in ("refused", "evicted", "head_timeout", "head_too_large",
-                       "write_timeout"):  # (each at 0 before its first: rate() reads 0)
+                       "heads_in_flight", "write_timeout"):  # (each at 0 before its first)
             self.connections_closed.labels(reason)
 
     def render(self) -> bytes:

@@ -31,6 +31,11 @@ REFUSAL = _answer("503 Service Unavailable",
                   "server_error", "too_many_connections", "Retry-After: 1\r\n")
 
 
+HEADS_FULL = _answer("503 Service Unavailable",
+                    "The server is receiving too many request heads at once; retry "
+                    "shortly.", "server_error", "overloaded", "Retry-After: 1\r\n")
+
+
 def head_too_large(request_id: str) -> bytes:
     """The 431 of a request head past its bound, carrying the id its access-log line
     names (`x-request-id`, as every other answer does)."""

@@ -774,3 +774,35 @@ async def test_bodies_being_received_at_once_are_bounded_fairly(make_client: Any
     assert st.bodies.held == {}
     r = await post("k-a", body)
     assert r.status == 200
+
+
+@pytest.mark.parametrize("served", [{"max_head_bytes_in_flight": 100_000}], indirect=True)
+async def test_heads_arriving_at_once_are_bounded_in_all(served: Listener) -> None:
+    """Each head had a bound (64 KiB), all of them together none: every connection the
+    cap allows (thousands) sending a large head slowly held ~100 KB each until the head
+    timeout. Past `max_head_bytes_in_flight` the connection whose head grows gets a 503
+    `overloaded` and is closed; a head that comes whole is still served."""
+    part = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        b"X-F%d: " % i + b"a" * 7000 + b"\r\n" for i in range(6))  # ~42 KB, unfinished
+    held = []
+    for _ in range(2):
+        reader, writer = await connect(served)
+        writer.write(part)
+        await writer.drain()
+        held.append((reader, writer))
+    await eventually(lambda: served.guard.head_held == 2 * len(part), timeout=WAIT)
+    reader, writer = await connect(served)
+    writer.write(part)
+    status, headers, body = await response(reader)
+    assert status == 503 and headers.get("retry-after") == "1"
+    assert json.loads(body)["error"]["code"] == "overloaded"
+    assert await closed_by_server(reader)
+    assert 'weir_connections_closed_total{reason="heads_in_flight"} 1.0' in metrics(served)
+    writer.close()
+    reader, writer = await connect(served)
+    writer.write(LIVE)  # a whole head: counted nowhere
+    assert (await response(reader))[0] == 200
+    writer.close()
+    for _, w in held:  # the held ones leave: their bytes are counted no more
+        w.close()
+    await eventually(lambda: served.guard.head_held == 0, timeout=WAIT)

@@ -29,7 +29,8 @@ def test_known_label_values_are_exported_at_zero_before_any_event() -> None:
                     {"from_state": old, "to_state": new}) == 0
     for reason in ("open", "engine", "shed"):
         assert read("weir_fallbacks_total", {"kind": "static", "reason": reason}) == 0
-    for reason in ("refused", "evicted", "head_timeout", "head_too_large", "write_timeout"):
+    for reason in ("refused", "evicted", "head_timeout", "head_too_large", "heads_in_flight",
+                   "write_timeout"):
         assert read("weir_connections_closed_total", {"reason": reason}) == 0
 
 
