@@ -138,13 +138,13 @@ def test_a_gateways_callers_count_as_its_tenant_and_an_alias_as_its_asker() -> N
     assert _owner(alias) == "globex"
 
 
-async def test_through_the_plugin_a_flood_of_seeds_keeps_the_other_tenants_answers() -> None:
+async def test_through_the_plugin_a_flood_of_parameter_sets_keeps_the_other_tenants_answers() -> None:
     p = plugin(exact={"max_bytes": 8192}, semantic={"max_partitions": 4, "lazy": False})
     eng = Engine()
     await run(p, ctx("What are your opening hours?", principal=GLOBEX), eng)
-    for seed in range(40):  # acme: a new seed (a new partition, a new key) each time
-        await run(p, ctx(f"Question number {seed} about our invoices?", principal=ACME,
-                         seed=seed), eng)
+    for i in range(40):  # acme: a new parameter set (a new partition, a new key) each time
+        await run(p, ctx(f"Question number {i} about our invoices?", principal=ACME,
+                         max_tokens=16 + i), eng)
     calls = eng.calls
     _, layer = await run(p, ctx("What are your opening hours?", principal=GLOBEX), eng)
     assert layer == "exact" and eng.calls == calls
