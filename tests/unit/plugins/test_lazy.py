@@ -310,13 +310,14 @@ def test_a_digest_stored_before_gates_still_passes_the_guard() -> None:
 
 async def test_pending_questions_embedded_at_once_push_out_at_most_one_partition() -> None:
     p, _ = lazy_plugin(semantic={"threshold": 0.8, "max_partitions": 3})
-    for seed in (1, 2):  # two partitions in use (a seed makes its own partition)
-        await p(ctx("How do I reset my password?", seed=seed), Engine())
+    for n in (1, 2):  # two partitions in use (a parameter set makes its own partition)
+        await p(ctx("How do I reset my password?", max_tokens=16 + n), Engine())
     await p.store.drain()
     in_use = list(p.store.index.partitions)
+    assert len(in_use) == 2
     busy = await Busy(p).start()
-    for seed in range(10, 15):  # one-off questions in partitions of their own
-        await p(ctx("Where is parcel 88123 now?", seed=seed), Engine())
+    for n in range(10, 15):  # one-off questions in partitions of their own
+        await p(ctx("Where is parcel 88123 now?", max_tokens=16 + n), Engine())
     await p.store.drain()  # embedded back to back
     assert set(in_use) <= set(p.store.index.partitions)
     await busy.release()
