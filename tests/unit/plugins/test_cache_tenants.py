@@ -138,7 +138,7 @@ def test_a_gateways_callers_count_as_its_tenant_and_an_alias_as_its_asker() -> N
     assert _owner(alias) == "globex"
 
 
-async def test_through_the_plugin_a_flood_of_parameter_sets_keeps_the_other_tenants_answers() -> None:
+async def test_a_flood_of_parameter_sets_keeps_the_other_tenants_answers() -> None:
     p = plugin(exact={"max_bytes": 8192}, semantic={"max_partitions": 4, "lazy": False})
     eng = Engine()
     await run(p, ctx("What are your opening hours?", principal=GLOBEX), eng)
