@@ -37,6 +37,9 @@ class InstantEngine:
     def ready(self) -> bool:
         return True
 
+    def failed(self) -> bool:
+        return False
+
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=self.model, owned_by="bench", root="mock", created=0,
                           max_model_len=self._max_model_len)]

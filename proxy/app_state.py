@@ -113,7 +113,7 @@ class AppState:
     def readiness(self) -> dict[str, Any]:
         if self.draining:
             status = "draining"
-        elif self.engine_error is not None:
+        elif self.failed():
             status = "failed"
         elif not self.terminal.ready():
             status = "loading"
@@ -127,6 +127,11 @@ class AppState:
         if plugins:
             body["plugins"] = plugins
         return body
+
+    def failed(self) -> bool:
+        """The engine failed to start, or died once started: this process serves no more
+        generations until it restarts."""
+        return self.engine_error is not None or self.terminal.failed()
 
     def refresh_gauges(self) -> None:
         stats = self.terminal.stats()

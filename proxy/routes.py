@@ -57,6 +57,9 @@ def open_generation(request: web.Request, route: str) -> tuple[AppState, Princip
     request[INFO]["route"] = route
     st = _state(request)
     refuse_if_draining(st)
+    if st.failed():
+        raise Unavailable("The engine has stopped; this server must restart. Retry on "
+                          "another replica.", code="engine_failed")
     if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
@@ -231,6 +234,12 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def live(request: web.Request) -> web.Response:
+    """200 while the process can serve, loading and draining included; 503 once its
+    engine has failed for good (vLLM's engine process died): a restart is the cure, and
+    a liveness probe is what restarts it. (It answered 200 for good, and readiness said
+    `loading`, a pod out of service that nothing restarted.)"""
+    if _state(request).failed():
+        return web.json_response({"status": "failed"}, status=503)
     return web.json_response({"status": "ok"})
 
 

@@ -136,6 +136,9 @@ class LocalServing:
     def ready(self) -> bool:
         return self.engine.ready()
 
+    def failed(self) -> bool:
+        return self.engine.failed()
+
     def models(self) -> list[ModelInfo]:
         return self.engine.models()
 

@@ -33,6 +33,10 @@ class Terminal(Protocol):
 
     def ready(self) -> bool: ...
 
+    def failed(self) -> bool:
+        """Whether what serves stopped for good once started (`Engine.failed`): the
+        process must restart (`/health/live` says so)."""
+
     def models(self) -> list[ModelInfo]: ...
 
     def has_model(self, model: str) -> bool:

@@ -286,6 +286,10 @@ class Upstream:
     def ready(self) -> bool:
         return self._ready
 
+    def failed(self) -> bool:
+        """Never: an upstream that went away may come back (it is then not ready)."""
+        return False
+
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=m, owned_by=self.settings.owned_by, root=m,  # not its address
                           created=self._created) for m in self._models]

@@ -45,6 +45,7 @@ class FakeEngine:
         self._max_model_len = max_model_len
         self.delay = delay
         self._ready = ready
+        self.dead = False
         self.vocab_size = vocab_size
         #: the model's generation-config defaults (`Engine.sampling_defaults`)
         self.sampling_defaults: dict[str, Any] = {}
@@ -102,6 +103,13 @@ class FakeEngine:
 
     def set_ready(self, value: bool) -> None:
         self._ready = value
+
+    def failed(self) -> bool:
+        return self.dead
+
+    def die(self) -> None:
+        """As vLLM's engine process dying: not ready, and failed for good."""
+        self._ready, self.dead = False, True
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=self.model, owned_by="test", root="/fake", created=1700000000,

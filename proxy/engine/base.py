@@ -170,6 +170,10 @@ class Engine(Protocol):
 
     def ready(self) -> bool: ...
 
+    def failed(self) -> bool:
+        """Whether it stopped for good once started (vLLM's engine process died): only a
+        restart serves again."""
+
     def models(self) -> list[ModelInfo]: ...
 
     def stats(self) -> EngineStats: ...

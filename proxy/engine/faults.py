@@ -113,6 +113,9 @@ class FaultyEngine:
     def ready(self) -> bool:
         return self.inner.ready()
 
+    def failed(self) -> bool:
+        return self.inner.failed()
+
     async def generate(self, prompt: list[int], options: SamplingOptions, request_id: str,
                        **kw: Any) -> AsyncGenerator[EngineOutput, None]:
         if self.mode == "error":

@@ -188,6 +188,9 @@ class VllmEngine:
     def ready(self) -> bool:
         return self._ready and self._llm is not None and not self._llm.errored
 
+    def failed(self) -> bool:
+        return self._ready and self._llm is not None and self._llm.errored
+
     async def start(self) -> None:
         s = self.settings
         extra = dict(s.extra_args)

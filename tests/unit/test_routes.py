@@ -173,6 +173,25 @@ async def test_health_metrics_and_dashboard(make_client: MakeClient,
     assert r.headers["Cache-Control"] == "no-cache" and "<html" in (await r.text()).lower()
 
 
+async def test_an_engine_dead_once_started_fails_liveness(make_client: MakeClient,
+                                                         fake_engine: FakeEngine) -> None:
+    """vLLM's engine process died: the process serves nothing until it restarts, so the
+    liveness probe (what restarts a pod) says so, as readiness and a request do; it said
+    `ok` for good, with readiness and requests saying `loading` (retry shortly)."""
+    client = await keyed(make_client)
+    assert (await client.get("/health/live")).status == 200
+    fake_engine.die()
+    r = await client.get("/health/live")
+    assert r.status == 503 and await r.json() == {"status": "failed"}
+    r = await client.get("/health/ready")
+    assert r.status == 503 and await r.json() == {"status": "failed"}
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=ANY)
+    assert (await error_of(r, 503))["code"] == "engine_failed"
+    fake_engine.dead = False  # (loading, never started: alive, not ready)
+    assert (await client.get("/health/live")).status == 200
+    assert (await client.get("/health/ready")).status == 503
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_the_request_id_is_echoed(make_client: MakeClient, stream: bool) -> None:
     client = await make_client()
