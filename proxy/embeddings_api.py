@@ -66,6 +66,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     info["route"] = "embeddings"  # counted from here on, refused or not
     refuse_if_draining(st)
     principal = st.auth.for_generation(request.headers)
+    info["tenant"] = principal.tenant  # (its line names it, whatever its body)
     with generating(st, request):  # (its body too: a drain waits for what it admitted)
         return await _embeddings(request, st, principal)
 

@@ -63,7 +63,9 @@ def open_generation(request: web.Request, route: str) -> tuple[AppState, Princip
     if not st.terminal.ready():
         raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
                           retry_after=5)
-    return st, st.auth.for_generation(request.headers)
+    principal = st.auth.for_generation(request.headers)
+    request[INFO]["tenant"] = principal.tenant  # (its line names it, whatever its body)
+    return st, principal
 
 
 def check_model(st: AppState, principal: Principal, model: str) -> None:

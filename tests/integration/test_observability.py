@@ -686,3 +686,27 @@ async def test_every_error_answer_s_access_log_line_has_its_code(
     assert [r.status for r in answers] == [404, 405, 413]
     assert [x.get("error") for x in lines] == [
         (await r.json())["error"]["code"] for r in answers]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions",
+                                  "/v1/responses", "/v1/embeddings"])
+async def test_a_request_refused_after_its_key_is_known_is_logged_with_its_tenant(
+        make_client: MakeClient, spans: InMemorySpanExporter, logs: io.StringIO,
+        path: str) -> None:
+    """Its key was read: the access log's line (and the span) name its tenant, whatever
+    is wrong with its body. A body that did not parse (a 400), an unknown field, or too
+    large (a 413), and an embedding model not served (a 404) had a line without it: the
+    tenant was noted only once the body had parsed (an embedding's, once its model was
+    found)."""
+    client = await make_client(settings())
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    answers = [await client.post(path, data=b"{not json", headers=headers),
+               await client.post(path, json={"model": "none", "x": 1}, headers=headers),
+               await client.post(path, json={"model": "none", "input": "hi"},
+                                 headers=headers)]
+    assert all(r.status >= 400 for r in answers)
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
+    assert [x["status"] for x in lines] == [r.status for r in answers]
+    assert [x.get("tenant") for x in lines] == ["acme"] * 3
+    server = [s for s in spans.get_finished_spans() if s.name.startswith("HTTP")]
+    assert [(s.attributes or {}).get("weir.tenant") for s in server] == ["acme"] * 3
