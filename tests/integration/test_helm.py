@@ -337,3 +337,21 @@ def test_the_bundled_redis_is_governed_by_a_headless_service() -> None:
     governing = services[sts["spec"]["serviceName"]]
     assert governing["spec"]["clusterIP"] == "None"
     assert "clusterIP" not in services["weir-redis"]["spec"]  # what REDIS_URL names
+
+
+def test_a_change_of_the_api_keys_the_chart_holds_rolls_the_pods() -> None:
+    """Keys reach the pod as environment variables, read once at its start: a
+    `helm upgrade` that changed `apiKeys.values` (a key rotated) changed the Secret only,
+    the running pods kept the old key and refused the new one until something restarted
+    them. The Secret's checksum is a pod annotation, as the ConfigMap's is."""
+    def annotations(keys: dict[str, str]) -> dict[str, str]:
+        dep = by_kind(render({"apiKeys": {"values": keys}}), "Deployment")
+        return dep["spec"]["template"]["metadata"]["annotations"]  # type: ignore[no-any-return]
+
+    old, new = annotations({"WEIR_KEY_APP": "sk-old"}), annotations({"WEIR_KEY_APP": "sk-new"})
+    assert old["checksum/config"] == new["checksum/config"]
+    assert old["checksum/keys"] != new["checksum/keys"]
+    assert old == annotations({"WEIR_KEY_APP": "sk-old"})
+    # a Secret of the user's own: its content is unknown here, nothing to sum
+    dep = by_kind(render({"apiKeys": {"existingSecret": "weir-keys"}}), "Deployment")
+    assert "checksum/keys" not in dep["spec"]["template"]["metadata"]["annotations"]
