@@ -355,3 +355,20 @@ def test_a_change_of_the_api_keys_the_chart_holds_rolls_the_pods() -> None:
     # a Secret of the user's own: its content is unknown here, nothing to sum
     dep = by_kind(render({"apiKeys": {"existingSecret": "weir-keys"}}), "Deployment")
     assert "checksum/keys" not in dep["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_the_bundled_redis_evicts_before_its_memory_limit() -> None:
+    """`--maxmemory-policy allkeys-lru` acts only under a `maxmemory`, which the bundled
+    Redis was not given (none: no limit): it grew to its container's memory limit and
+    was killed there, every cache entry and rate-limit count with it. It now evicts at
+    `redis.maxmemory`, below the limit (the values' default: 768mb of 1Gi)."""
+    def maxmemory(values: dict[str, Any]) -> str:
+        args = by_kind(render({"redis": {"bundled": True, **values}}),
+                       "StatefulSet")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--maxmemory-policy") + 1] == "allkeys-lru"
+        return args[args.index("--maxmemory") + 1]  # type: ignore[no-any-return]
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["redis"]
+    assert values["resources"]["limits"]["memory"] == "1Gi"
+    assert maxmemory({}) == "768mb"
+    assert maxmemory({"maxmemory": "3gb"}) == "3gb"
