@@ -133,6 +133,7 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     from .app_state import STATE
     from .listener import listen
     from .telemetry import get_logger
+    from .tracing import shutdown_tracing
 
     log = get_logger("weir.serve")
     loop = asyncio.get_running_loop()
@@ -196,6 +197,8 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     engine_loading = not st.terminal.ready() and st.engine_error is None
     await listener.close()
     deadline.cancel()
+    if not shutdown_tracing():
+        log.warning("spans not exported at shutdown: the trace collector did not answer")
     log.info("stopped")
     code = 1 if fatal else 0
     # What is left (the engine's processes, the loop's own close, threads the interpreter

@@ -14,6 +14,7 @@ client gone in `weir.cancelled`.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +28,7 @@ from .settings import TracingSettings
 
 _propagator = TraceContextTextMapPropagator()
 _configured = False
+_provider: Any = None  # (the SDK's TracerProvider, once configured)
 
 
 def tracing_enabled() -> bool:
@@ -41,7 +43,7 @@ def tracer() -> trace.Tracer:
 def configure_tracing(settings: TracingSettings, exporter: Any = None) -> None:
     """Install the SDK's tracer provider (once per process). `exporter` overrides the
     settings (tests pass an in-memory exporter)."""
-    global _configured
+    global _configured, _provider
     if _configured or (settings.exporter == "none" and exporter is None):
         return
     from opentelemetry.sdk.resources import Resource
@@ -53,9 +55,11 @@ def configure_tracing(settings: TracingSettings, exporter: Any = None) -> None:
     )
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
+    # (not shut down at the interpreter's exit: `shutdown_tracing` bounds that wait)
     provider = TracerProvider(
         resource=Resource.create({"service.name": settings.service_name}),
-        sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)))
+        sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),
+        shutdown_on_exit=False)
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif settings.exporter == "console":
@@ -63,7 +67,27 @@ def configure_tracing(settings: TracingSettings, exporter: Any = None) -> None:
     else:
         provider.add_span_processor(BatchSpanProcessor(_otlp(settings)))
     trace.set_tracer_provider(provider)
+    _provider = provider
     _configured = True
+
+
+def shutdown_tracing(timeout_s: float = 3.0) -> bool:
+    """Export the spans still queued, waiting at most `timeout_s`: whether it finished.
+    The SDK's own exit hook waited for its exporter without a bound of ours: a collector
+    that accepts connections and never answers held every shutdown for the exporter's
+    whole timeout (10 s, Weir's teardown budget), to end in "shutdown overran"."""
+    return _shut_down(_provider, timeout_s)
+
+
+def _shut_down(provider: Any, timeout_s: float) -> bool:
+    if provider is None:
+        return True
+    # (its processors' threads are daemons: one still waiting does not hold the exit)
+    worker = threading.Thread(target=provider.shutdown, name="weir-tracing-shutdown",
+                              daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return not worker.is_alive()
 
 
 def _otlp(settings: TracingSettings) -> Any:

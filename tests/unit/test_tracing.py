@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from proxy import tracing
+from proxy.settings import TracingSettings
 
 
 def test_unconfigured_spans_are_not_made_and_keep_the_request_context(
@@ -24,3 +28,56 @@ def test_unconfigured_spans_are_not_made_and_keep_the_request_context(
             assert headers["traceparent"].split("-")[1] == f"{0x1234:032x}"
         with pytest.raises(ValueError), tracing.span("plugin breaker"):
             raise ValueError("propagates unchanged")
+
+
+class _Stuck:
+    """An OTLP exporter whose collector accepts and never answers: `export` waits."""
+
+    def __init__(self) -> None:
+        self.exporting = threading.Event()
+        self.release = threading.Event()
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.exporting.set()
+        self.release.wait(30)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def test_the_shutdown_waits_for_a_stuck_collector_no_longer_than_its_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's exit hook (`shutdown_on_exit`) waited for the exporter without a bound of
+    Weir's: a collector that never answered held each shutdown for the exporter's timeout
+    (10 s), Weir's whole teardown budget. The provider is made without it, and
+    `shutdown_tracing` gives up on a stuck export after its bound."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    made: list[Any] = []
+    monkeypatch.setattr(tracing, "_configured", False)
+    monkeypatch.setattr(tracing, "_provider", None)
+    monkeypatch.setattr(tracing.trace, "set_tracer_provider", made.append)
+    monkeypatch.setattr(tracing, "_otlp", lambda settings: _Stuck())
+    tracing.configure_tracing(TracingSettings(exporter="otlp"))
+    provider = made[0]
+    assert provider._atexit_handler is None  # (no unbounded wait at the interpreter's exit)
+
+    stuck = _Stuck()
+    mine = TracerProvider()
+    mine.add_span_processor(BatchSpanProcessor(stuck))
+    mine.get_tracer("t").start_span("s").end()
+    monkeypatch.setattr(tracing, "_provider", mine)
+    try:
+        assert tracing.shutdown_tracing(0.2) is False  # (its export, still under way)
+        assert stuck.exporting.wait(30)
+    finally:
+        stuck.release.set()
+    for processor in (mine, provider):
+        assert tracing._shut_down(processor, 30) is True  # (not stuck: it finishes)
