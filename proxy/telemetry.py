@@ -249,6 +249,8 @@ class Metrics:
                              registry=r)
         self.aborted = Counter("weir_requests_aborted_total",
                                "Requests aborted before they ended.", ["reason"], registry=r)
+        for reason in ("client_gone", "write_timeout", "shutdown"):
+            self.aborted.labels(reason)  # (at 0 before the first, as below)
         self.connections = Gauge("weir_connections_open", "Client connections open.",
                                  registry=r)
         self.connections_closed = Counter(

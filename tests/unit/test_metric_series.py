@@ -32,6 +32,9 @@ def test_known_label_values_are_exported_at_zero_before_any_event() -> None:
     for reason in ("refused", "evicted", "head_timeout", "head_too_large", "heads_in_flight",
                    "write_timeout"):
         assert read("weir_connections_closed_total", {"reason": reason}) == 0
+    # (they appeared at their first abort: the first shutdown's cut was never counted)
+    for reason in ("client_gone", "write_timeout", "shutdown"):
+        assert read("weir_requests_aborted_total", {"reason": reason}) == 0
 
 
 def test_the_similarity_histogram_has_the_hit_threshold_as_a_bucket() -> None:
