@@ -52,7 +52,8 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         self.in_engine = Gauge("weir_admission_in_engine",
                                "Permits held: sequences in the engine (n per prompt).",
                                registry=reg)
-        self.wait = Histogram("weir_admission_queue_wait_seconds", "Time waited for a permit.",
+        self.wait = Histogram("weir_admission_queue_wait_seconds",
+                              "Time queued for a permit, whatever ended the wait.",
                               registry=reg, buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                                                      5, 10, 30))
         self.shed = Counter("weir_admission_shed_total", "Requests shed.", ["reason"],
@@ -112,9 +113,14 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         start = time.monotonic()
         self.depth.set(self._waiting() + 1)
         ctx.waiting()  # (queued for a slot: what the plugins ahead decided is known)
+        # Every wait is observed, whatever ended it (a permit, the wait's bound, the
+        # request's deadline, its client leaving, a better request taking its place):
+        # only those granted were, so the waits that ran out never showed.
+        waited = True
         try:
             await gate.acquire(priority, wait, weight, account(ctx.principal.tenant))
-        except Shed:
+        except Shed as e:
+            waited = e.queued  # (shed at once: it never waited)
             raise self._overloaded("full", "The server is overloaded; retry shortly.") from None
         except TimeoutError:
             # The request's own deadline bounded the wait: its deadline passed (asked by
@@ -126,7 +132,8 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
             raise self._overloaded("wait", "No engine slot became free in time.") from None
         finally:
             self.depth.set(self._waiting())
-        self.wait.observe(time.monotonic() - start)
+            if waited:
+                self.wait.observe(time.monotonic() - start)
         self.in_engine.set(self.gate.in_use)
         # One deadline scope, around the call only: a stream's first chunk arrives inside
         # it (the terminal primes streams); the rest of a stream runs under its consumer's

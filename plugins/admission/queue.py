@@ -28,7 +28,11 @@ from dataclasses import dataclass, field
 
 
 class Shed(Exception):
-    """No permit: the queue is full (or this waiter was displaced)."""
+    """No permit: the queue is full, or this waiter was displaced from it (`queued`)."""
+
+    def __init__(self, queued: bool = False) -> None:
+        super().__init__()
+        self.queued = queued
 
 
 @dataclass(order=True)
@@ -88,7 +92,7 @@ class PriorityGate:
             if worst is None or (worst.priority, worst.turn) <= (priority, turn):
                 raise Shed()
             self._waiters.pop()
-            worst.future.set_exception(Shed())
+            worst.future.set_exception(Shed(queued=True))
         w = _Waiter(priority, turn, next(self._seq),
                     asyncio.get_running_loop().create_future(), weight, owner)
         self._next[mine] = turn + weight

@@ -446,3 +446,50 @@ def test_a_deadline_header_named_in_any_case_is_read(name: str) -> None:
 def test_a_deadline_header_that_is_no_header_name_is_refused(name: str) -> None:
     with pytest.raises(ValueError, match="no HTTP header name"):
         AdmissionConfig.model_validate({"deadline_header": name})
+
+
+def waits_observed(p: AdmissionPlugin) -> float:
+    return p.services.metrics.registry.get_sample_value(
+        "weir_admission_queue_wait_seconds_count") or 0.0
+
+
+async def test_every_wait_is_observed_whatever_ended_it() -> None:
+    """`weir_admission_queue_wait_seconds` observed only the waits a permit ended: one
+    its bound ran out (503 `queue_timeout`), its client left, or a better request
+    displaced was not there, so under overload its percentiles showed only the waits
+    that were short enough. A request shed at once never waited: not observed."""
+    p = plugin(max_concurrent=1, max_queue=1, max_queue_wait_s=0.05,
+               priorities={"admin": 0})
+    release, entered = asyncio.Event(), asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        entered.set()
+        await release.wait()
+        return Completion({})
+
+    first = asyncio.create_task(p(ctx(), held))
+    await entered.wait()
+    assert waits_observed(p) == 1  # (a permit at once: a wait of 0)
+    with pytest.raises(Unavailable) as e:  # its bound ran out
+        await p(ctx(), held)
+    assert e.value.code == "queue_timeout" and waits_observed(p) == 2
+    gone = asyncio.create_task(p(ctx(), held))  # its client leaves while it waits
+    await eventually(lambda: p.gate.waiting == 1)
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert waits_observed(p) == 3
+    p.cfg.max_queue_wait_s = 30
+    low = asyncio.create_task(p(ctx(), held))
+    await eventually(lambda: p.gate.waiting == 1)
+    with pytest.raises(Unavailable):  # the queue is full: shed at once, never waited
+        await p(ctx(), held)
+    assert waits_observed(p) == 3
+    high = asyncio.create_task(p(ctx(role="admin"), held))  # displaces the waiter
+    with pytest.raises(Unavailable):
+        await low
+    assert waits_observed(p) == 4
+    release.set()
+    await first
+    await high
+    assert waits_observed(p) == 5 and p.gate.in_use == 0
