@@ -88,7 +88,8 @@ class RequestContext:
     #: a queue's wait and an answer's length (which the caller sets) are no engine's.
     engine_started: float | None = None
     engine_ttft_s: float | None = None
-    #: The engine tells its first token even for a whole answer (the in-process one).
+    #: The engine tells its first token even for a whole answer (the in-process one), or
+    #: for a stream (an upstream's: its first chunk).
     engine_timed: bool = False
     #: ... and as it comes (a stream; a whole answer's comes with its end): a call it
     #: has had past the breaker's `slow_call_s` with none is slow already.

@@ -170,24 +170,34 @@ class UpstreamDeadline(DeadlineExceeded):
 
 class _PoolWait:
     """One request's place in the wait for a pooled connection (told by aiohttp's trace):
-    `waiting` while it waits for one."""
+    `waiting` while it waits for one. `timed`: the stream whose first token the breaker
+    times (`RequestContext.engine_live`): a wait for a connection is this gateway's load,
+    not the upstream's slowness, so its time starts again when it has one."""
 
-    __slots__ = ("waiting",)
+    __slots__ = ("timed", "waiting")
 
-    def __init__(self) -> None:
+    def __init__(self, timed: RequestContext | None = None) -> None:
         self.waiting = False
+        self.timed = timed
+        if timed is not None:
+            timed.engine_live = timed.engine_timed = True
 
 
 async def _queued(session: aiohttp.ClientSession, ctx: Any,
                   params: aiohttp.TraceConnectionQueuedStartParams) -> None:
-    if isinstance(ctx.trace_request_ctx, _PoolWait):
-        ctx.trace_request_ctx.waiting = True
+    if isinstance(wait := ctx.trace_request_ctx, _PoolWait):
+        wait.waiting = True
+        if wait.timed is not None:
+            wait.timed.engine_live = wait.timed.engine_timed = False
 
 
 async def _dequeued(session: aiohttp.ClientSession, ctx: Any,
                     params: aiohttp.TraceConnectionQueuedEndParams) -> None:
-    if isinstance(ctx.trace_request_ctx, _PoolWait):
-        ctx.trace_request_ctx.waiting = False
+    if isinstance(wait := ctx.trace_request_ctx, _PoolWait):
+        wait.waiting = False
+        if wait.timed is not None:
+            wait.timed.engine_started = time.monotonic()
+            wait.timed.engine_live = wait.timed.engine_timed = True
 
 
 class Upstream:
@@ -363,7 +373,12 @@ class Upstream:
 
     async def _forward(self, ctx: RequestContext, span: EngineSpan) -> Reply:
         assert self._session is not None
-        if ctx.engine_started is None:  # (the breaker times the call from here)
+        # The breaker times the call from here: a stream's first chunk is its first token,
+        # so one none came to for `slow_call_s` is slow as the in-process engine's is (a
+        # hung upstream opens the breaker, though each request's own deadline cuts it
+        # before `read_timeout_s`). A whole answer's wait holds its length: not timed.
+        timed = ctx.engine_started is None and ctx.request.stream
+        if ctx.engine_started is None:
             ctx.engine_started = time.monotonic()
         ctx.waiting()
         # What the client sent (as the chain left it), not the defaults Weir's models
@@ -398,7 +413,7 @@ class Upstream:
                                              self.settings.on_behalf_of_secret)
         url = self.base + _PATHS[ctx.route]
         self.in_flight += 1
-        wait = _PoolWait()
+        wait = _PoolWait(ctx if timed else None)
         try:
             resp = await self._session.post(
                 url, data=json.dumps(body), allow_redirects=False,
@@ -434,7 +449,10 @@ class Upstream:
         stream.attach(self._relay(resp, ChunkAssembler(ctx.route), stream,
                                   usage=ctx.request.include_usage,
                                   choices=ctx.request.sequences, head=_head(ctx)))
-        return await stream.prime()
+        primed = await stream.prime()
+        if timed and stream.primed_at is not None and ctx.engine_started is not None:
+            ctx.engine_ttft_s = stream.primed_at - ctx.engine_started
+        return primed
 
     async def _whole(self, resp: aiohttp.ClientResponse, route: str, choices: int,
                      only_if_cached: bool = False) -> Completion:

@@ -176,6 +176,47 @@ async def test_a_long_stream_is_cut_at_the_timeout_but_only_a_stalled_one_counts
     assert await breaker_state(client) == ("open" if stalls else "closed")
 
 
+@pytest.mark.parametrize("first_chunk", [False, True])
+async def test_a_hung_upstream_stream_cut_at_its_deadline_counts_as_slow(
+        make_client: MakeClient, scripted: Scripted, first_chunk: bool) -> None:
+    """A stream the upstream sent nothing for (no headers, no first chunk) past
+    `slow_call_s` was counted only when `read_timeout_s` (120 s) ended it: requests cut
+    sooner by their own deadlines were released uncounted, so a hung upstream never
+    opened the breaker (the in-process engine's hang did). Its first chunk is its first
+    token now; a stream whose first chunk came at once and then was cut is not slow."""
+    held = asyncio.Event()
+
+    async def hung(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        if first_chunk:
+            await resp.prepare(request)
+            await resp.write(events(chunk("t0"))[0])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(held.wait(), 10)
+        return resp
+
+    scripted.chat = hung
+    # (margins wide enough that a loaded machine's slow first chunk is not slow)
+    client = await make_client(make_settings(
+        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
+        plugins=[{"name": "breaker", "config": {"minimum_calls": 2, "failure_rate": 0.5,
+                                                "open_s": 60, "slow_call_s": 0.8}},
+                 {"name": "admission", "config": {}}]))
+    try:
+        for _ in range(2):
+            r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                                  headers={"x-weir-timeout-ms": "2000"})
+            body = await r.text()
+            if first_chunk:
+                got, done = parse_sse(body)
+                assert r.status == 200 and done and got[-1]["error"]["code"] == "timeout"
+            else:
+                assert r.status == 504 and json.loads(body)["error"]["code"] == "timeout"
+        assert await breaker_state(client) == ("closed" if first_chunk else "open")
+    finally:
+        held.set()
+
+
 async def test_fewer_choices_than_asked_is_a_502_either_way_never_cached_nor_counted(
         make_client: MakeClient, scripted: Scripted) -> None:
     """An upstream that ignores `n`: streamed, a 200 then a 502 the breaker counted (four
