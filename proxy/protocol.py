@@ -1128,6 +1128,14 @@ class _SamplingFields(_NullIsDefault):
                 ) or self.top_p == 0
 
     @property
+    def greedy_anywhere(self) -> bool:
+        """`greedy` on every engine, an upstream's too: there a temperature above 0 but
+        below `GREEDY_BELOW` with `n` > 1 goes as sent (vLLM refuses `n` > 1 at
+        temperature 0), and vLLM samples it at 0.01, each choice its own, reading `seed`,
+        `top_p`, `top_k` and `min_p`. What the cache keys and keeps as greedy."""
+        return self.greedy and (self.n == 1 or self.temperature == 0 or self.top_p == 0)
+
+    @property
     def engine_sequences(self) -> int:
         """The sequences the engine runs for it: one per prompt where it is greedy (its
         `n` choices are one answer, handed out `n` times: `serving.engine_outputs`)."""

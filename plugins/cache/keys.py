@@ -86,7 +86,7 @@ def _keyed_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, A
     vLLM's epsilon, or `top_p: 0`, goes to the engine as temperature 0, whose one answer
     no `top_p`, `top_k`, `min_p` or `seed` changes)."""
     params = _params(req)
-    if req.greedy:
+    if req.greedy_anywhere:  # (with `n` > 1, 1e-6 is sampled by a vLLM upstream)
         params["temperature"] = 0.0
         for name in _NOT_GREEDY:
             params.pop(name, None)

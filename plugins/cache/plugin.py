@@ -160,7 +160,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         req = ctx.request
         never = (ctx.sensitive
                  or (self.cfg.deterministic_only
-                     and not (req.greedy or req.seed is not None))
+                     and not (req.greedy_anywhere or req.seed is not None))
                  # cached answers carry no logprobs
                  or (isinstance(req, ChatCompletionRequest) and bool(req.logprobs))
                  or (not isinstance(req, ChatCompletionRequest) and req.logprobs is not None)

@@ -481,6 +481,24 @@ async def test_a_temperature_below_the_engine_s_epsilon_is_greedy() -> None:
     assert layer == "bypass"
 
 
+async def test_a_temperature_below_epsilon_with_n_is_keyed_as_sent() -> None:
+    """With `n` > 1 a temperature below 1e-5 goes to an upstream as it is (vLLM refuses
+    temperature 0 there, and samples it at 0.01, reading `seed`, `top_p`, `top_k`):
+    such a request is no greedy one to the cache, keyed by what it sent."""
+    p, eng = plugin(), Engine()
+    _, layer = await run(p, ctx(temperature=1e-6, n=2, seed=1), eng)
+    assert layer == "miss"
+    for kw in ({"seed": 2}, {"temperature": 0}, {"seed": 1, "top_k": 3}):
+        _, layer = await run(p, ctx(**{"temperature": 1e-6, "n": 2, **kw}), eng)
+        assert layer == "miss", kw
+    _, layer = await run(p, ctx(temperature=1e-6, n=2), eng)  # sampled, unseeded
+    assert layer == "bypass"
+    for kw in ({"temperature": 0, "seed": 5},  # greedy on any engine: temperature 0's
+               {"top_p": 0, "temperature": 1e-6, "top_k": 3}):
+        _, layer = await run(p, ctx(n=2, **kw), eng)
+        assert layer == "exact", kw
+
+
 async def test_stale_fallback_looks_up_only_what_could_have_been_stored() -> None:
     p, eng = plugin(stale_grace_s=60), Engine()
     await run(p, ctx(), eng)
