@@ -1410,7 +1410,8 @@ def _reordered(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 _TO_BE = frozenset("be been being is are was were get gets got gotten".split())
 
 
-def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...]) -> bool:
+def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...],
+                  asked: str = "") -> bool:
     """The asker does the thing on one side and a third party on the other
     (guard_roles.doer), unless one side says it in the passive, its doer unsaid, and is
     the other in other words (`_voice_only`: "Can my order be cancelled?" / "Can I
@@ -1419,9 +1420,13 @@ def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...]) -> b
     ("Do I share my data?", "Can I cancel my order?"): those differ; a third party's
     doing of it ("Does the app share my data?") does not. Nor is it whether the thing may
     be put in that state ("Can my order be cancelled?": a passive after a modal,
-    `_POSSIBLE`), a possibility, not the thing's state."""
+    `_POSSIBLE`), a possibility, not the thing's state. Nor is it the act asked of
+    "you" or ordered (`_asks_act`: "Can you lock my account?", "Block my card"; "Do you
+    share my data?" asks what a third party does, as above)."""
     if {a, b} == {"state", "self"}:
         return True
+    if {a, b} == {"state", ""} and asked and _asks_act(tb if a == "state" else ta, asked):
+        return True  # "Is my card blocked?" / "Block my card"
     if "state" in (a, b) and any(kind.startswith("passive-") and t[:1] and t[0] in _POSSIBLE
                                  for kind, t in ((a, ta), (b, tb))):
         return True  # "Is my order cancelled?" / "Can my order be cancelled?"
@@ -1430,6 +1435,20 @@ def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...]) -> b
         return False
     passives = [t for kind, t in ((a, ta), (b, tb)) if kind.startswith("passive-")]
     return not (passives and all(_own_acts(t) for t in passives) and _voice_only(ta, tb))
+
+
+#: A request of "you" (`_asks_act`): "Can you lock my account?".
+_REQUESTS = frozenset(("can", "could", "would", "will"))
+
+
+def _asks_act(tokens: tuple[str, ...], asked: str) -> bool:
+    """`tokens` ask "you" to do, or order, the act whose participle `asked` is (its verb
+    in another form): "Can you lock my account?", "Please block my card" against "Is my
+    account locked?" (the act is no action class, so no other check tells them)."""
+    t = tokens[1:] if tokens[:1] == ("please",) else tokens
+    if len(t) > 2 and t[0] in _REQUESTS and t[1] == "you":
+        t = t[2:]
+    return bool(t) and t[0] != asked and _verb_forms(asked, t[0])
 
 
 #: Modals that open a passive asking whether a thing may be put in a state, not whether
@@ -1591,7 +1610,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not (a.counts and b.counts and a.counts != b.counts)
             and not _roles_swapped(ta, tb)
             and not owners_differ(a.owners, b.owners)
-            and not _doers_differ(a.doer, b.doer, ta, tb)
+            and not _doers_differ(a.doer, b.doer, ta, tb, a.state or b.state)
             and not (a.state and b.state and not _same_state(a.state, b.state))
             and not agents_differ(a.agents, b.agents)
             and not parties_differ(parties(ta), parties(tb))

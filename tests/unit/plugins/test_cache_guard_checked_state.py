@@ -82,3 +82,25 @@ def test_the_clause_checked_keeps_its_thing() -> None:
 def test_long_checks_stay_linear(text: str) -> None:
     state(text)
     guard_ok(text, "is my subscription cancelled?")
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Can you lock my account?", "Is my account locked?"),
+    ("Can you lock my account?", "Can you check if my account is locked?"),
+    ("Block my card", "Is my card blocked?"),
+    ("Please block my card", "Please check if my card is blocked"),
+])
+def test_the_act_asked_of_you_is_not_the_state(stored: str, asked: str) -> None:
+    """A state asked or checked against the act asked of "you" or ordered, no doer
+    named ("lock" and "block" are no action class: only the doers tell them apart)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Is my account locked?", "Can you check if my account is locked?"),
+    ("Did you lock my account?", "Can you check if my account is locked?"),
+])
+def test_a_state_asked_of_you_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
