@@ -83,7 +83,15 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from .guard_actions import ACTION, SAME_ACT, actions_differ, checked, merged, nouns
+from .guard_actions import (
+    ACTION,
+    NOUN,
+    SAME_ACT,
+    actions_differ,
+    checked,
+    merged,
+    nouns,
+)
 from .guard_degrees import SAME as DEGREE_SYNONYMS
 from .guard_degrees import degrees, degrees_differ
 from .guard_ends import ends, ends_differ
@@ -1271,10 +1279,16 @@ def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str])
         return True  # "Can I see my orders?" / "Can you see my orders?"
     if i2 - i1 == j2 - j1 == 1 and _misspelt(a[i1], b[j1]):
         return False  # "How do I tranfer money?", "my online banking pwd"
-    if i2 - i1 == j2 - j1 == 1 and (SAME_ACT.get(a[i1], a[i1]) == SAME_ACT.get(b[j1], b[j1])
-                                     or _booked(a, b, i1, j1)):
+    if i2 - i1 == j2 - j1 == 1 and (_same_act(a, b, i1, j1) or _booked(a, b, i1, j1)):
         return False  # "How do I activate roaming?" / "How do I turn on roaming?"
     return not (set(a[i1:i2]) <= empty and set(b[j1:j2]) <= empty)
+
+
+def _same_act(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> bool:
+    """Two verbs of one act (`SAME_ACT`), both said as verbs: as nouns, after a
+    determiner (`nouns`), they name two things ("a buy order" / "a purchase order")."""
+    return (SAME_ACT.get(a[i], a[i]) == SAME_ACT.get(b[j], b[j])
+            and not nouns(a)[i].startswith(NOUN) and not nouns(b)[j].startswith(NOUN))
 
 
 #: Making an appointment or a reservation is booking one (`_booked`).
