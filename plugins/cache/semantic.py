@@ -264,7 +264,7 @@ class SemanticIndex:
                     largest = owner
                 self._drop(next(iter(self._owned[largest])))
             p = self.partitions[name] = Partition(self.dim, self.capacity,
-                                                  self._hook(name), self._sizer(owner))
+                                                  self._hook(name), self._sizer(owner, name))
             self._owner_of[name] = owner
             self._grew(owner, p.bytes, fit=False)  # (its first entry's add fits)
             mine = self._owned.setdefault(owner, OrderedDict())
@@ -275,17 +275,17 @@ class SemanticIndex:
                 mine.move_to_end(name, last=False)
         return p
 
-    def _sizer(self, owner: str) -> Callable[[int], None]:
-        return lambda delta: self._grew(owner, delta)
+    def _sizer(self, owner: str, name: str) -> Callable[[int], None]:
+        return lambda delta: self._grew(owner, delta, growing=name)
 
-    def _grew(self, owner: str, delta: int, fit: bool = True) -> None:
-        """A partition of `owner` grew (or shrank) by `delta` bytes: past `max_bytes`,
-        the owner holding the most gives way."""
+    def _grew(self, owner: str, delta: int, fit: bool = True, growing: str = "") -> None:
+        """A partition of `owner` (`growing`) grew (or shrank) by `delta` bytes: past
+        `max_bytes`, the owner holding the most gives way."""
         self._sized(owner, delta)
         if fit and delta > 0 and not self._fitting:
             self._fitting = True
             try:
-                self._fit()
+                self._fit(growing)
             finally:
                 self._fitting = False
 
@@ -308,10 +308,17 @@ class SemanticIndex:
                 return owner
             heapq.heappop(self._bytes_heap)  # (a size since changed, or an owner gone)
 
-    def _fit(self) -> None:
+    def _fit(self, growing: str = "") -> None:
+        """Within `max_bytes`: the owner holding the most loses the oldest entry of its
+        least recently used partition other than `growing` (the one just added to: one
+        an answer embedded late makes comes in least recently used, and would have lost
+        that answer at once), that one's oldest where it holds no other."""
         while self.bytes > self.max_bytes and self.partitions:
             largest = self._largest_bytes()
-            name = next(iter(self._owned[largest]))
+            mine = iter(self._owned[largest])
+            name = next(mine)
+            if name == growing:
+                name = next(mine, name)
             p = self.partitions[name]
             if len(p) > 1:
                 p.remove(next(iter(p.rows)))

@@ -344,3 +344,23 @@ def test_the_semantic_byte_bound_is_configurable_and_described() -> None:
         == 2**21
     with pytest.raises(ValueError):
         CacheConfig.model_validate({"semantic": {"max_bytes": 1}})
+
+
+def test_an_answer_embedded_lazily_into_a_full_index_is_kept() -> None:
+    """An answer embedded late (lazy) makes its partition the least recently used
+    (`new_last=False`): in an index full in bytes, its tenant holding the most, that
+    partition was the one to give way, the answer just added dropped at once, so no new
+    conversation entered the index again. Another partition's oldest goes instead."""
+    bound = 2**20
+    vec = np.ones(384, dtype=np.float32) / np.sqrt(384)
+    index = SemanticIndex(dim=384, capacity=10_000, max_bytes=bound)
+    for i in range(600):
+        index.partition(f"p{i % 20}", owner="a").add(f"k{i}", vec, _real_entry(f"k{i}", "a"),
+                                                    "q")
+    assert index.evicted_for_bytes > 0
+    for n in range(3):
+        index.partition(f"late{n}", new_last=False, owner="a").add(
+            f"late{n}", vec, _real_entry(f"late{n}", "a"), "q")
+        assert "late" + str(n) in index.partitions[f"late{n}"].entries
+    assert index.bytes <= bound
+    assert index.bytes == sum(p.bytes for p in index.partitions.values())
