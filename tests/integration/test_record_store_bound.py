@@ -474,3 +474,53 @@ async def test_in_memory_all_tenants_together_hold_at_most_the_process_bound() -
     assert cfg.max_bytes_in_memory == 2**21
     with pytest.raises(ConfigError):
         parse_settings("auth: {mode: open}\nresponses:\n  max_bytes_in_memory: 1\n", env={})
+
+
+class _Reads(dict[str, int]):
+    """The accounts' byte counts, counting those read (an iteration: all of them)."""
+
+    reads = 0
+
+    def __getitem__(self, key: str) -> int:
+        _Reads.reads += 1
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _Reads.reads += 1
+        return super().get(key, default)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        _Reads.reads += len(self)
+        return super().__iter__()
+
+    def values(self):  # type: ignore[no-untyped-def]
+        _Reads.reads += len(self)
+        return super().values()
+
+    def items(self):  # type: ignore[no-untyped-def]
+        _Reads.reads += len(self)
+        return super().items()
+
+
+async def test_in_memory_a_put_does_not_read_every_tenants_bytes() -> None:
+    """The bound on all tenants' records together summed every account's bytes at each
+    put, and found the one holding the most by reading them all again (O(tenants) a
+    put, as L1's puts were): a running total and a heap; still the one holding the
+    most gives way."""
+    from proxy.record_store import MemoryStore
+
+    tenants, size = 2000, _size(record(10))
+    store = MemoryStore(3600, 100_000, max_bytes=8 * size,
+                        max_total_bytes=(tenants + 2) * size)
+    store._bytes = _Reads()
+    for t in range(tenants):
+        await store.put(f"t{t}", "r", record(10))
+    for i in range(4):  # t0 holds the most
+        await store.put("t0", f"more{i}", record(10))
+    _Reads.reads = 0
+    for i in range(tenants):  # t1 floods: past the bound, the one holding the most gives way
+        await store.put("t1", f"flood{i}", record(10))
+    assert _Reads.reads < 20 * tenants, _Reads.reads
+    assert store._total == sum(dict.values(store._bytes)) <= (tenants + 2) * size
+    kept = [await store.get(f"t{t}", "r") for t in range(2, tenants)]
+    assert None not in kept  # only the ones holding the most gave way
