@@ -1089,8 +1089,12 @@ def _focus_differs(a: frozenset[str], b: frozenset[str]) -> bool:
 
 
 #: A question that asks how the asker does a thing ("How do I verify my identity?",
-#: "how can we ..."): the steps (`_reason_and_steps`).
-_HOW_TO = re.compile(r"\bhow\s++(?:do|can|could|should|would|shall)\s++(?:i|we)\b")
+#: "how can we ..."), or how a thing of one's may be put in a state, its doer unsaid
+#: ("How can my order be cancelled?"): the steps (`_reason_and_steps`). ("How could my
+#: card be blocked?" may ask why: only "can" and "may" there.)
+_HOW_TO = re.compile(r"\bhow\s++(?:(?:do|can|could|should|would|shall)\s++(?:i|we)\b|"
+                     r"(?:can|may)\s++(?:my|our)\s++(?:[a-z'-]++\s++){1,3}?(?:be|get)\s++"
+                     r"[a-z]+(?:ed|en)\b)")
 
 
 def _reason_and_steps(a: Signature, b: Signature, qa: str, qb: str) -> bool:

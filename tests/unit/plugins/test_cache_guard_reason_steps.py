@@ -40,3 +40,31 @@ def test_a_reason_against_no_steps_passes(stored: str, asked: str) -> None:
 @pytest.mark.parametrize("text", ["how " * 1000, "how" + " " * 4000 + "do", "how do " * 600])
 def test_long_questions_stay_linear(text: str) -> None:
     assert not guard_ok("why " + text, "how do i " + text)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How can my order be cancelled?", "How come my order was cancelled?"),
+    ("How can my card be blocked?", "How come my card was blocked?"),
+    ("How can my subscription be paused?", "How come my subscription is paused?"),
+    ("How can my order get cancelled?", "How come my order got cancelled?"),
+    ("How can my order be cancelled?", "Why was my order cancelled?"),
+])
+def test_a_reason_is_not_the_steps_of_a_passive(stored: str, asked: str) -> None:
+    """How a thing of one's may be put in a state, its doer unsaid, asks the steps as
+    "How can I ..." does (0.82-0.91 with MiniLM against the reason)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("How can my order be cancelled?", "How do I cancel my order?"),
+    ("How can my order be cancelled?", "Can my order be cancelled?"),
+])
+def test_the_steps_of_a_passive_pass_the_steps(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored)
+    assert guard_ok(stored, asked)
+
+
+@pytest.mark.timeout(30)
+def test_the_passive_steps_stay_linear() -> None:
+    assert not guard_ok("how can my " + "a " * 3000 + "be", "why " + "a " * 3000)
