@@ -1460,13 +1460,18 @@ _REQUESTS = frozenset(("can", "could", "would", "will"))
 
 
 def _asks_act(tokens: tuple[str, ...], asked: str) -> bool:
-    """`tokens` ask "you" to do, or order, the act whose participle `asked` is (its verb
-    in another form): "Can you lock my account?", "Please block my card" against "Is my
-    account locked?" (the act is no action class, so no other check tells them)."""
+    """`tokens` ask "you" to do, order or want the act whose participle `asked` is (its
+    verb in another form): "Can you lock my account?", "Please block my card", "I want
+    to block my card" against "Is my account locked?" (the act is no action class, so
+    no other check tells them)."""
     t = tokens[1:] if tokens[:1] == ("please",) else tokens
     if len(t) > 2 and t[0] in _REQUESTS and t[1] == "you":
         t = t[2:]
-    return bool(t) and t[0] != asked and _verb_forms(asked, t[0])
+    if t and t[0] != asked and _verb_forms(asked, t[0]):
+        return True
+    # ("I want to block my card", "I need to lock my account": the act wanted)
+    return any(t[k] == "to" and t[k + 1] != asked and _verb_forms(asked, t[k + 1])
+               for k in range(len(t) - 1))
 
 
 #: Modals that open a passive asking whether a thing may be put in a state, not whether

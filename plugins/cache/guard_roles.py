@@ -82,9 +82,10 @@ _NOT_STATE = (r"(?!(?:required|needed|allowed|permitted|expected|supposed|includ
               r"accepted|covered|recommended|advised|entitled|qualified|obliged|mandated)\b)")
 _PARTICIPLE = r"(?P<state>[a-z]+ed|[a-z]{3,}en|" + _IRREGULAR + r"|read|seen|known|shown|done)\b"
 _STATE = re.compile(
-    r"^\W{0,8}+(?:(?:how|what|when|where|why|which)\W{1,8}+)?(?:am|is|are|was|were)\s++"
-    r"(?:a|an|the|my|our|your|their|his|her)\s++[a-z]++\s++(?:(?:being|already|still|"
-    r"now|not)\s++)?" + _NOT_STATE + _PARTICIPLE)
+    r"^\W{0,8}+(?:(?:how|what|when|where|why|which)\W{1,8}+)?(?:(?:am|is|are|was|were)\s++"
+    r"(?:a|an|the|my|our|your|their|his|her)\s++[a-z]++\s++|(?:has|have)\s++(?:a|an|the|"
+    r"my|our|your|their|his|her)\s++[a-z]++\s++(?:not\s++)?been\s++)(?:(?:being|already|"
+    r"still|now|not)\s++)?" + _NOT_STATE + _PARTICIPLE)
 #: A check whether a thing of one's is in such a state ("How do I check if my
 #: subscription is cancelled?", "Can you tell me whether my parcel was delivered?"): the
 #: state asked, as `_STATE`'s (the asker checks, but does not do the act: "How do I

@@ -89,6 +89,9 @@ def test_long_checks_stay_linear(text: str) -> None:
     ("Can you lock my account?", "Can you check if my account is locked?"),
     ("Block my card", "Is my card blocked?"),
     ("Please block my card", "Please check if my card is blocked"),
+    ("Can you block my card?", "Has my card been blocked?"),
+    ("I want to block my card", "I want to know if my card is blocked"),
+    ("I need to lock my account", "I need to check whether my account is locked"),
 ])
 def test_the_act_asked_of_you_is_not_the_state(stored: str, asked: str) -> None:
     """A state asked or checked against the act asked of "you" or ordered, no doer
