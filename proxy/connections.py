@@ -48,7 +48,7 @@ from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
 from .ids import new_hex
-from .wire_errors import HEADS_FULL, REFUSAL, OpenAIErrors, head_too_large
+from .wire_errors import REFUSAL, OpenAIErrors, head_too_large, heads_full
 
 _RESERVED_FDS = 256  # for the engine, Redis, log files, the embedding model ...
 
@@ -161,9 +161,10 @@ class _Guarded(asyncio.Protocol):
             self._hold(0)
             self._disarm_head()
             g.note("heads_in_flight")
+            rid = new_hex()
             if g.on_refused is not None:
-                g.on_refused(503, "overloaded", new_hex())
-            self.transport.write(HEADS_FULL)
+                g.on_refused(503, "overloaded", rid)
+            self.transport.write(heads_full(rid))
             self.transport.close()
             return True
         if end < 0:

@@ -31,9 +31,13 @@ REFUSAL = _answer("503 Service Unavailable",
                   "server_error", "too_many_connections", "Retry-After: 1\r\n")
 
 
-HEADS_FULL = _answer("503 Service Unavailable",
-                    "The server is receiving too many request heads at once; retry "
-                    "shortly.", "server_error", "overloaded", "Retry-After: 1\r\n")
+def heads_full(request_id: str) -> bytes:
+    """The 503 of a head growing past the bound on all heads arriving, carrying the id
+    its access-log line names (`x-request-id`, as `head_too_large`)."""
+    return _answer("503 Service Unavailable",
+                   "The server is receiving too many request heads at once; retry shortly.",
+                   "server_error", "overloaded",
+                   f"Retry-After: 1\r\nx-request-id: {request_id}\r\n")
 
 
 def head_too_large(request_id: str) -> bytes:

@@ -796,6 +796,8 @@ async def test_heads_arriving_at_once_are_bounded_in_all(served: Listener) -> No
     status, headers, body = await response(reader)
     assert status == 503 and headers.get("retry-after") == "1"
     assert json.loads(body)["error"]["code"] == "overloaded"
+    # (the id its access-log line names, as every other answer carries)
+    assert re.fullmatch(r"[0-9a-f]{32}", headers.get("x-request-id", "")), headers
     assert await closed_by_server(reader)
     assert 'weir_connections_closed_total{reason="heads_in_flight"} 1.0' in metrics(served)
     writer.close()
