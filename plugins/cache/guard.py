@@ -99,6 +99,7 @@ from .guard_modals import modals, modals_differ
 from .guard_native import english_frame, joined, plain, small_words
 from .guard_quantifiers import quantifiers, quantifiers_differ
 from .guard_roles import (
+    IRREGULAR_PARTICIPLES,
     agents,
     agents_differ,
     doer,
@@ -1445,6 +1446,9 @@ def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...],
         return True
     if {a, b} == {"state", ""} and asked and _asks_act(tb if a == "state" else ta, asked):
         return True  # "Is my card blocked?" / "Block my card"
+    if a == b == "" and any((p := _bare_state(x)) and _asks_act(y, p)
+                            for x, y in ((ta, tb), (tb, ta))):
+        return True  # "Is autopay enabled?" / "Enable autopay"
     if "state" in (a, b) and any(kind.startswith("passive-") and t[:1] and t[0] in _POSSIBLE
                                  for kind, t in ((a, ta), (b, tb))):
         return True  # "Is my order cancelled?" / "Can my order be cancelled?"
@@ -1453,6 +1457,22 @@ def _doers_differ(a: str, b: str, ta: tuple[str, ...], tb: tuple[str, ...],
         return False
     passives = [t for kind, t in ((a, ta), (b, tb)) if kind.startswith("passive-")]
     return not (passives and all(_own_acts(t) for t in passives) and _voice_only(ta, tb))
+
+
+#: A yes/no question whether a thing of no owner is in a state (`_bare_state`).
+_BARE_STATE = re.compile(r"(?:[a-z]+ed|[a-z]{3,}en|" + IRREGULAR_PARTICIPLES + r")")
+_NOT_BARE_STATE = frozenset(("required", "needed", "allowed", "permitted", "included",
+                             "accepted", "covered", "supported", "expected", "supposed"))
+
+
+def _bare_state(tokens: tuple[str, ...]) -> str:
+    """The participle a short question asks a thing of no owner to be in ("Is autopay
+    enabled?": "enabled"; guard_roles.state reads only "my" thing's), or "". Not what is
+    asked of or allowed the asker ("Is a deposit required?")."""
+    if not 3 <= len(tokens) <= 5 or tokens[0] not in ("is", "are", "was", "were"):
+        return ""
+    last = tokens[-1]
+    return last if _BARE_STATE.fullmatch(last) and last not in _NOT_BARE_STATE else ""
 
 
 #: A request of "you" (`_asks_act`): "Can you lock my account?".

@@ -74,6 +74,7 @@ _DOER = re.compile(
 _ASKER = frozenset(("i", "we", "one"))
 #: Participles that end in no "-ed" or "-en" ("got paid", "is my card sold?").
 _IRREGULAR = "paid|sent|lost|stuck|reset|set|shut|cut|hit|sold|bought|kept|left|held|told|made"
+IRREGULAR_PARTICIPLES = _IRREGULAR  # (guard._bare_state)
 #: A question whether a thing of one's is in a state another's act left it in ("Is my
 #: data shared?", "Was my card charged?", "Is my order being shipped?"): its subject a
 #: thing, then a participle. Not one saying what is asked of or allowed the asker ("Is

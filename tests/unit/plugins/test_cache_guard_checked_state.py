@@ -107,3 +107,20 @@ def test_the_act_asked_of_you_is_not_the_state(stored: str, asked: str) -> None:
 def test_a_state_asked_of_you_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
     assert guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Enable autopay", "Is autopay enabled?"),
+    ("Can you enable two-factor authentication?", "Is two-factor authentication enabled?"),
+    ("Can you activate roaming?", "Is roaming activated?"),
+    ("Disable notifications", "Are notifications disabled?"),
+])
+def test_the_act_is_not_the_state_of_a_thing_of_no_owner(stored: str, asked: str) -> None:
+    """"Is autopay enabled?" names no owner ("my"), so guard_roles.state reads no state
+    in it (0.81-0.94 with MiniLM against the act)."""
+    assert not guard_ok(asked, stored)
+    assert not guard_ok(stored, asked)
+
+
+def test_a_state_of_no_owner_passes_what_you_do() -> None:
+    assert guard_ok("Is Apple Pay supported?", "Do you support Apple Pay?")
