@@ -32,6 +32,8 @@ class BodyBudget:
         self.held: dict[str, int] = {}
 
     def take(self, owner: str, size: int) -> bool:
+        if not size:  # (nothing more to hold)
+            return True
         total, mine = sum(self.held.values()), self.held.get(owner, 0)
         if total and total + size > self.limit and (
                 mine * len(self.held) >= total or total + size > 2 * self.limit):
@@ -40,6 +42,8 @@ class BodyBudget:
         return True
 
     def give(self, owner: str, size: int) -> None:
+        if not size:
+            return
         left = self.held[owner] = self.held[owner] - size
         if not left:
             del self.held[owner]

@@ -72,8 +72,10 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
     st = request.app[STATE]
-    # (a coded body is counted at the limit: decoded, it may take that much)
-    size = (request.content_length if request.content_length is not None
+    # (a coded body is counted at the limit: decoded, it may take that much; one that came
+    # whole with its head is held already, and refusing it would free nothing)
+    size = (0 if request.content.is_eof() and coding in ("", "identity")
+            else request.content_length if request.content_length is not None
             and coding in ("", "identity") else limit)
     if not st.bodies.take(owner, size):
         raise Unavailable("Too many request bodies are being received at once; retry "
