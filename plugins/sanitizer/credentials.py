@@ -27,6 +27,7 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
      r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})(?![A-Za-z0-9])"),
     (("sk_", "rk_"), r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,247}\b"),  # Stripe
+    (("whsec_",), r"\bwhsec_[A-Za-z0-9+/]{24,128}={0,2}"),  # Stripe webhook signing secrets
     (("aiza",), r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),  # Google API keys
     (("xox", "xapp-"), r"\b(?:xox[abposr]|xapp)-[A-Za-z0-9-]{10,250}"),  # Slack tokens
     (("gocspx-",), r"\bGOCSPX-[A-Za-z0-9_-]{24,40}"),  # Google OAuth client secrets
