@@ -102,7 +102,8 @@ class Detectors(ConfigModel):
         "PyPI, SendGrid, Shopify, DigitalOcean, Azure storage and Service Bus keys, SAS "
         "and S3 presigned signatures, Google OAuth, Docker Hub, Groq, Replicate, xAI, "
         "Atlassian, Telegram, Slack webhooks; not Stripe's publishable pk_ keys, which are "
-        "public), bearer and basic credentials, passwords "
+        "public), also wrapped over lines or split over two messages, bearer and basic "
+        "credentials, passwords "
         "in URLs and curl -u, JWTs, private keys (PGP, PuTTY), and 'my password is ...' / "
         "'api key: ...' / 'DB_PASSWORD=...' phrases in 15 languages (code that reads a "
         "secret from elsewhere, '$PASSWORD', 'os.getenv(...)', does not fire)."))

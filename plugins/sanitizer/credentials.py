@@ -208,10 +208,13 @@ def find_secrets(text: str) -> Iterator[Span]:
     # search per word cost more than the rest of the detector).
     need = False
     starts: list[int] = []
+    needs_at: list[int] = []  # where a format's literal may start (a key wrapped there)
     for hit in _ANY_WORD.finditer(low):
         word = hit.group()
-        need = need or word in _MAYBE_NEED
         i = hit.start()
+        if word in _MAYBE_NEED:
+            need = True
+            needs_at.append(i)
         if word in _MAYBE_START and not (i and "a" <= low[i - 1] <= "z"):
             starts.append(i)
         elif word == "--pass":  # the scan took "--pass": "password" starts inside it
@@ -222,6 +225,8 @@ def find_secrets(text: str) -> Iterator[Span]:
                 for m in rx.finditer(text):
                     if _format_ok(m):
                         yield m.span()
+        if "\n" in text and len(low) == len(text):
+            yield from _wrapped(text, needs_at)
     if len(low) != len(text):  # lower-casing moved offsets (rare letters): scan it all
         matches: Iterator[re.Match[str]] = _PHRASE.finditer(text)
     else:  # the phrase tried only where one of its first words starts a word
@@ -351,3 +356,108 @@ def _matches_at(text: str, starts: list[int]) -> Iterator[re.Match[str]]:
         if m is not None:
             end = m.end()
             yield m
+
+
+# A key split over a break: wrapped over lines (by an editor, a terminal, a chat client:
+# "sk-proj-Ab3d...\n9kLm..."), over two messages, or over a message's two parts (which
+# the Responses API joins with a line). The word with a format's literal that ends a line
+# or a text is read joined with the first word of the next, and of the ones after while
+# each is a whole line (a key wrapped over several): a key found across the break is
+# redacted in every piece (a long key whose first line alone matched left the rest of
+# it beside the placeholder). What goes on after the break must look made up (a digit,
+# or mixed case), as a key's characters do: "see sk-learn" then "Documentation" is no
+# key.
+_WRAP_LINES = 8  # lines after the first that one key may run over
+_WORD_CHARS = 512  # the longest piece of a key one line holds
+_FIRST_WORD = re.compile(r"[ \t\r\n]{0,64}(\S{1,512})")
+_LINE_END = re.compile(r"[ \t\r]*\n")
+_BLANK_REST = re.compile(r"\s*\Z")
+_SPACE = re.compile(r"\s")
+
+
+def secrets_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
+    """Keys split over the end of one text and the start of the next (two messages):
+    (text index, span) for each piece."""
+    for i in range(len(texts) - 1):
+        a = texts[i]
+        end = len(a.rstrip())
+        start = _word_start(a, end)
+        if start == end or not any(n in a[start:end].lower() for n in _NEEDS):
+            continue
+        pieces = [(i, start, end)]
+        for j in range(i + 1, min(len(texts), i + 1 + _WRAP_LINES)):
+            m = _FIRST_WORD.match(texts[j])
+            if m is None:
+                break
+            pieces.append((j, m.start(1), m.end(1)))
+            if _BLANK_REST.match(texts[j], m.end(1)) is None:  # the key ends in this text
+                break
+        for found in _joined(pieces, texts):
+            yield from found
+
+
+def _wrapped(text: str, needs_at: list[int]) -> Iterator[Span]:
+    """Keys wrapped over lines of `text`, from the words holding a format's literal
+    (`needs_at`) that end a line."""
+    done = 0
+    for at in needs_at:
+        if at < done:
+            continue
+        space = _SPACE.search(text, at, at + _WORD_CHARS)
+        if space is None:
+            continue
+        brk = _LINE_END.match(text, space.start())
+        if brk is None:
+            continue
+        pieces = [(0, _word_start(text, space.start()), space.start())]
+        pos = brk.end()
+        for _ in range(_WRAP_LINES):
+            m = _FIRST_WORD.match(text, pos)
+            if m is None or "\n" in text[pos:m.start(1)]:  # (a blank line ends it)
+                break
+            pieces.append((0, m.start(1), m.end(1)))
+            brk = _LINE_END.match(text, m.end(1))
+            if brk is None:  # the key ends on this line
+                break
+            pos = brk.end()
+        done = pieces[-1][2]
+        for found in _joined(pieces, [text]):
+            yield found[0][1][0], found[-1][1][1]
+
+
+def _word_start(text: str, end: int) -> int:
+    """Where the word that ends at `end` starts (at most `_WORD_CHARS` back)."""
+    start, lo = end, max(0, end - _WORD_CHARS)
+    while start > lo and not text[start - 1].isspace():
+        start -= 1
+    return start
+
+
+def _joined(pieces: list[tuple[int, int, int]], texts: list[str],
+            ) -> Iterator[list[tuple[int, Span]]]:
+    """Keys in the pieces (text index, start, end) read joined that start in the first
+    and reach into the second: each as (text index, span) for every piece it covers."""
+    if len(pieces) < 2:
+        return
+    words = [texts[i][a:b] for i, a, b in pieces]
+    joined = "".join(words)
+    first = len(words[0])
+    for a, b in find_secrets(joined):
+        if not a < first < b or not _random_looking(joined[first:min(b, first + len(words[1]))]):
+            continue
+        out: list[tuple[int, Span]] = []
+        at = 0
+        for (i, s, _), word in zip(pieces, words, strict=True):
+            lo, hi = max(a, at), min(b, at + len(word))
+            if lo < hi:
+                out.append((i, (s + lo - at, s + hi - at)))
+            at += len(word)
+        yield out
+
+
+def _random_looking(piece: str) -> bool:
+    """A key's characters rather than a word: a digit, or mixed case ("Documentation"
+    and "README" are words)."""
+    return (any(c.isdigit() for c in piece)
+            or (piece != piece.lower() and piece != piece.upper()
+                and piece != piece.capitalize()))

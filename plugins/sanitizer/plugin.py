@@ -22,7 +22,7 @@ is never logged or counted; metrics carry only detector and action.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal, TypeVar
 
 from prometheus_client import Counter
@@ -46,6 +46,7 @@ from proxy.telemetry import get_logger
 from proxy.text import fold, scanned, scanned_places
 
 from .config import SanitizerConfig
+from .credentials import secrets_across
 from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom, forget
 
 log = get_logger("weir.sanitizer")
@@ -94,7 +95,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         super().__init__(config, services)
         self.cfg = config
         actions = config.detectors.model_dump()
-        self.card_action: str = actions["card"]
+        #: the actions of the detectors that also read across two texts (`_across`)
+        self.across_actions: dict[str, str] = {n: actions[n] for n in ("card", "secret")}
         self.detectors: list[tuple[Detector, str]] = [
             (d, actions[name]) for name, d in BUILTIN.items() if actions[name] != "off"
         ]
@@ -313,18 +315,23 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _across(self, norms: list[str], fired: dict[str, str],
                 speakers: list[str] | None = None) -> list[list[tuple[Span, str]]]:
-        """Cards split over consecutive texts of one conversation, or over one speaker's
-        two turns with another's between ("my card is 4111 1111" / "go on" / "1111
-        1111"): per text, the spans to redact (when the card action is `redact`)."""
+        """Cards and keys split over consecutive texts of one conversation, or over one
+        speaker's two turns with another's between ("my card is 4111 1111" / "go on" /
+        "1111 1111"): per text, the spans to redact (where that detector's action is
+        `redact`)."""
         extra: list[list[tuple[Span, str]]] = [[] for _ in norms]
-        action = self.card_action
-        if action == "off" or len(norms) < 2:
+        if len(norms) < 2:
             return extra
-        for i, span in _split_cards(norms, speakers):
-            if _rank(action) > _rank(fired.get("card", "off")):
-                fired["card"] = action
-            if action == "redact":
-                extra[i].append((span, "[CARD]"))
+        for name, across, placeholder in (("card", card_across, "[CARD]"),
+                                          ("secret", secrets_across, "[SECRET]")):
+            action = self.across_actions[name]
+            if action == "off":
+                continue
+            for i, span in _split(norms, speakers, across):
+                if _rank(action) > _rank(fired.get(name, "off")):
+                    fired[name] = action
+                if action == "redact":
+                    extra[i].append((span, placeholder))
         return extra
 
     def _chat(self, req: ChatCompletionRequest, fired: dict[str, str],
@@ -682,11 +689,12 @@ _CLEAN_CHARS = 1024  # the longest text remembered as clean
 _RANKS = {"off": 0, "flag": 1, "redact": 2, "block": 3}
 
 
-def _split_cards(norms: list[str], speakers: list[str] | None,
-                 ) -> Iterator[tuple[int, Span]]:
-    """`card_across` over consecutive texts, then over each pair of one speaker's texts
-    that another's stand between."""
-    yield from card_across(norms)
+def _split(norms: list[str], speakers: list[str] | None,
+           across: Callable[[list[str]], Iterator[tuple[int, Span]]],
+           ) -> Iterator[tuple[int, Span]]:
+    """`across` (`card_across`, `secrets_across`) over consecutive texts, then over each
+    pair of one speaker's texts that another's stand between."""
+    yield from across(norms)
     if speakers is None:
         return
     last: dict[str, int] = {}
@@ -694,7 +702,7 @@ def _split_cards(norms: list[str], speakers: list[str] | None,
         j = last.get(who)
         last[who] = i
         if j is not None and i - j > 1:
-            for k, span in card_across([norms[j], norms[i]]):
+            for k, span in across([norms[j], norms[i]]):
                 yield (j if k == 0 else i), span
 
 

@@ -1,11 +1,22 @@
-"""Sanitizer: what the stop-48 probe of secrets found (vendor formats it missed)."""
+"""Sanitizer: what the stop-48 probe of secrets found (a vendor format it missed, keys
+split over lines and messages)."""
 
 from __future__ import annotations
 
 import pytest
 
+from plugins.sanitizer.config import SanitizerConfig
 from plugins.sanitizer.detectors import BUILTIN
+from plugins.sanitizer.plugin import SanitizerPlugin
+from proxy.auth import Principal
+from proxy.chain import Completion, Reply, Services
+from proxy.context import RequestContext
+from proxy.errors import InvalidRequest
+from proxy.protocol import ChatCompletionRequest
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
 from proxy.text import normalize
+from tests.fakes import FakeEngine
 
 
 def fires(name: str, text: str) -> bool:
@@ -24,3 +35,95 @@ def test_a_stripe_webhook_secret_is_a_secret(text: str) -> None:
                                   "set whsec_test in the dashboard"])
 def test_its_prefix_alone_is_not(text: str) -> None:
     assert not fires("secret", text)
+
+
+# ------------------------------------------------- a key split over a break
+
+KEY = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"
+LONG = "sk-proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7Rt" * 4  # 152 characters
+
+
+def redacted(text: str) -> str:
+    """`text` with what the secret detector finds replaced, as a `redact` action does."""
+    norm = normalize(text)
+    out, at = [], 0
+    for a, b in sorted(BUILTIN["secret"].find(norm)):
+        if a >= at:
+            out += [norm[at:a], "[SECRET]"]
+            at = b
+        else:
+            at = max(at, b)
+    return "".join([*out, norm[at:]])
+
+
+@pytest.mark.parametrize("text", [
+    f"{KEY[:18]}\n{KEY[18:]}",  # the Responses API joins a message's parts with a line
+    f"my key: {KEY[:20]}\r\n    {KEY[20:]} thanks",
+    "\n".join(LONG[i:i + 40] for i in range(0, len(LONG), 40)),  # wrapped at 40
+    "token ghp_aB3dE6gH9jK2mN5pQ8\nsT1vW4yZ7bC0eF3hJ6 here",
+])
+def test_a_key_wrapped_over_lines_is_redacted_whole(text: str) -> None:
+    out = redacted(text)
+    assert "[SECRET]" in out
+    for piece in ("9kLm2nOp5q", "Q7Rt", "sT1vW4yZ7b", "Ab3dEf6hIj"):
+        assert piece not in out, out
+
+
+@pytest.mark.parametrize(("text", "kept"), [
+    (f"{KEY}\nThanks for the help", "Thanks for the help"),
+    ("see sk-learn\nDocumentation", "Documentation"),
+    ("pip install sk-learn-pipeline\nREADMEFILEFORTHEPROJECT", "README"),
+    (f"{KEY}\n\n9kLm2nOp5qRs8tUv1wXy4zQ7 is a build id", "9kLm2nOp5q"),  # a blank line
+])
+def test_the_line_after_a_key_that_is_not_part_of_it_stays(text: str, kept: str) -> None:
+    assert kept in redacted(text)
+
+
+def plugin(**detectors: str) -> SanitizerPlugin:
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
+    return SanitizerPlugin(SanitizerConfig.model_validate({"detectors": detectors}), services)
+
+
+def chat(*messages: tuple[str, str]) -> RequestContext:
+    req = ChatCompletionRequest.model_validate({"model": "m", "messages": [
+        {"role": role, "content": text} for role, text in messages]})
+    return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                          request_id="r")
+
+
+class Spy:
+    ctx: RequestContext | None = None
+
+    async def __call__(self, ctx: RequestContext) -> Reply:
+        self.ctx = ctx
+        return Completion({"choices": []})
+
+
+@pytest.mark.parametrize("messages", [
+    [("user", KEY[:18]), ("user", KEY[18:])],
+    [("user", f"my key is {KEY[:18]}"), ("assistant", "go on"), ("user", KEY[18:])],
+    [("user", f"key {KEY[:18]}"), ("user", KEY[18:30]), ("user", f"{KEY[30:]} ok?")],
+])
+async def test_a_key_split_over_messages_is_redacted_in_each(
+        messages: list[tuple[str, str]]) -> None:
+    ctx = chat(*messages)
+    spy = Spy()
+    await plugin(secret="redact")(ctx, spy)
+    assert spy.ctx is not None and "secret" in spy.ctx.flags
+    for req in (spy.ctx.request, spy.ctx.key_request):
+        said = " ".join(m.text() for m in req.messages)  # type: ignore[union-attr]
+        assert "Ab3dEf6hIj" not in said and "9kLm2nOp5q" not in said, said
+
+
+async def test_a_key_split_over_messages_is_blocked_where_keys_are() -> None:
+    ctx = chat(("user", KEY[:18]), ("assistant", "ok"), ("user", KEY[18:]))
+    with pytest.raises(InvalidRequest):
+        await plugin(secret="block")(ctx, Spy())
+
+
+async def test_words_after_a_key_prefix_in_the_next_message_pass() -> None:
+    ctx = chat(("user", "what is sk-learn"), ("assistant", "A library."),
+               ("user", "Documentation please"))
+    spy = Spy()
+    await plugin(secret="redact")(ctx, spy)
+    assert spy.ctx is not None and "secret" not in spy.ctx.flags
