@@ -456,9 +456,15 @@ def screened_items(req: ResponsesRequest, items: list[dict[str, Any]], before: l
 
 def screened_reasoning(items: list[dict[str, Any]], screen: Screen) -> list[dict[str, Any]]:
     """`items` with their reasoning items' texts screened (no prompt holds them, so the
-    chain never read them; they are stored and listed all the same)."""
+    chain never read them; they are stored and listed all the same), `encrypted_content`
+    too: opaque to Weir, it is whatever the client sent (a key in it was stored as sent
+    beside the same key redacted in the summary; OpenAI's own blobs read as nothing)."""
     out = [*items]
     for n, it in enumerate(items):
+        if it["type"] == "reasoning" and isinstance(it.get("encrypted_content"), str):
+            blob = screen([it["encrypted_content"]])[0]
+            if blob != it["encrypted_content"]:
+                out[n] = {**it, "encrypted_content": blob}
         if it["type"] == "reasoning":
             parts = [(field, k) for field in ("summary", "content")
                      for k, p in enumerate(it.get(field) or ()) if isinstance(p.get("text"), str)]

@@ -3,6 +3,8 @@ split over lines and messages)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from plugins.sanitizer.config import SanitizerConfig
@@ -12,6 +14,8 @@ from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services
 from proxy.context import RequestContext
 from proxy.errors import InvalidRequest
+from proxy.openai_responses import translate as X
+from proxy.openai_responses.models import ResponsesRequest
 from proxy.protocol import ChatCompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
@@ -127,3 +131,31 @@ async def test_words_after_a_key_prefix_in_the_next_message_pass() -> None:
     spy = Spy()
     await plugin(secret="redact")(ctx, spy)
     assert spy.ctx is not None and "secret" not in spy.ctx.flags
+
+
+# ------------------------------------------------- texts kept aside (no prompt holds them)
+
+def test_a_key_in_a_reasoning_items_encrypted_content_is_stored_redacted() -> None:
+    """A replayed reasoning item is listed and stored with the input, screened as its
+    summary is: `encrypted_content` too, whatever the client put in it."""
+    req = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"role": "user", "content": "hi"},
+        {"type": "reasoning", "id": "rs_1", "summary": [
+            {"type": "summary_text", "text": f"used {KEY}"}], "encrypted_content": KEY},
+        {"role": "user", "content": "go on"}]})
+    screen = plugin(secret="redact").screen_aside()
+    assert screen is not None
+    items = X.screened_reasoning(X.input_items(req), screen)
+    assert KEY not in json.dumps(items)
+    assert items[1]["encrypted_content"] == "[SECRET]"
+    assert items[1]["summary"][0]["text"] == "used [SECRET]"
+
+
+def test_an_opaque_blob_in_encrypted_content_is_kept_as_sent() -> None:
+    blob = "gAAAAABo" + "Zm9vYmFyYmF6cXV4" * 64 + "-_Q=="
+    req = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"type": "reasoning", "summary": [], "encrypted_content": blob},
+        {"role": "user", "content": "go on"}]})
+    screen = plugin(secret="redact", email="redact", card="redact").screen_aside()
+    assert screen is not None
+    assert X.screened_reasoning(X.input_items(req), screen)[0]["encrypted_content"] == blob
