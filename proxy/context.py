@@ -77,6 +77,10 @@ class RequestContext:
     #: the same screen, for texts a route keeps that no request of the chain carries (a
     #: Response's reasoning items: stored and listed, in no prompt).
     screen_aside: Screen | None = None
+    #: Characters of the texts a route screens aside (`screen_aside`): the sanitizer
+    #: counts them in its limit on what it reads (`limits.max_total_chars`), as it does
+    #: the prompt's.
+    aside_chars: int = 0
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0
     #: The most tokens a request that names no output limit may generate (the

@@ -22,8 +22,9 @@ class Limits(ConfigModel):
     max_messages: int = Field(256, ge=1, description="Messages per chat request.")
     max_message_chars: int = Field(65_536, ge=1, description="Characters in one message.")
     max_total_chars: int = Field(262_144, ge=1, description=(
-        "Characters in all messages, with the tool definitions and a response format's "
-        "schema (the detectors read them all)."))
+        "Characters in all messages, with the tool definitions, a response format's "
+        "schema and the texts a Response keeps beside its input (reasoning items, "
+        "metadata, user): the detectors read them all."))
     max_tokens: int = Field(8192, ge=1, description="Ceiling for max_tokens.")
     max_n: int = Field(8, ge=1, json_schema_extra={"maximum": MAX_N}, description=(
         f"Ceiling for n ({MAX_N} at most: the request parser refuses more)."))

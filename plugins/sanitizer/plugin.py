@@ -225,14 +225,21 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                         f"{lim.max_total_chars} characters in all.", param="tools",
                         code="invalid_value")
             fmt = req.response_format
-            if fmt is not None and fmt.json_schema is not None and (
-                    total + len(json.dumps(fmt.json_schema.model_dump(by_alias=True),
-                                           ensure_ascii=False))
-                    > lim.max_total_chars):  # its strings are read too (_schema_format)
+            if fmt is not None and fmt.json_schema is not None:
+                total += len(json.dumps(fmt.json_schema.model_dump(by_alias=True),
+                                        ensure_ascii=False))
+                if total > lim.max_total_chars:  # its strings are read too (_schema_format)
+                    raise InvalidRequest(
+                        f"Messages, tool definitions and the response format's schema may "
+                        f"hold at most {lim.max_total_chars} characters in all.",
+                        param="response_format", code="invalid_value")
+            if total + ctx.aside_chars > lim.max_total_chars:
+                # (what a route screens aside is read as the prompt is: 4 MB of a
+                # Response's reasoning items held the event loop for seconds)
                 raise InvalidRequest(
-                    f"Messages, tool definitions and the response format's schema may hold "
-                    f"at most {lim.max_total_chars} characters in all.",
-                    param="response_format", code="invalid_value")
+                    f"The input, with the texts kept beside it (reasoning items, metadata, "
+                    f"user), may hold at most {lim.max_total_chars} characters in all.",
+                    param="messages", code="invalid_value")
         else:
             texts = [p for p in req.prompts() if isinstance(p, str)]
             if len(req.prompts()) > lim.max_messages:

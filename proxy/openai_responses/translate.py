@@ -394,6 +394,19 @@ def screened_caller_text(req: ResponsesRequest, screen: Screen) -> ResponsesRequ
     return req.model_copy(update=update) if update else req
 
 
+def aside_chars(req: ResponsesRequest) -> int:
+    """Characters of the texts that `screened_reasoning` and `screened_caller_text` read
+    in `req` (in no prompt, so the chain's limits did not count them)."""
+    n = sum(len(getattr(req, f) or "") for f in ("user", "safety_identifier",
+                                                  "prompt_cache_key"))
+    n += sum(len(v) for v in (req.metadata or {}).values())
+    for item in req.given():
+        if isinstance(item, ReasoningItem):
+            n += len(item.encrypted_content or "")
+            n += sum(len(p.text) for p in [*item.summary, *(item.content or ())])
+    return n
+
+
 def screened_conversation(req: ResponsesRequest, chat: ChatCompletionRequest,
                           ) -> list[dict[str, Any]]:
     """The conversation to keep (history and input, chat form), as the chain passed it

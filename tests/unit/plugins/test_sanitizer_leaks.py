@@ -159,3 +159,26 @@ def test_an_opaque_blob_in_encrypted_content_is_kept_as_sent() -> None:
     screen = plugin(secret="redact", email="redact", card="redact").screen_aside()
     assert screen is not None
     assert X.screened_reasoning(X.input_items(req), screen)[0]["encrypted_content"] == blob
+
+
+async def test_texts_screened_aside_count_in_the_limit_on_what_it_reads() -> None:
+    """A Response's reasoning items (and the caller's texts it echoes) are screened
+    aside, in no prompt: counted in `max_total_chars` as the prompt is, or 4 MB of them
+    held the event loop for seconds."""
+    san = SanitizerPlugin(SanitizerConfig.model_validate(
+        {"detectors": {"secret": "redact"}, "limits": {"max_total_chars": 1000}}),
+        Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics()))
+    req = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"role": "user", "content": "hi"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "x" * 600}],
+         "encrypted_content": "y" * 600},
+        {"role": "user", "content": "go on"}]})
+    assert X.aside_chars(req) == 1200
+    ctx = chat(("user", "hi"), ("user", "go on"))
+    ctx.aside_chars = X.aside_chars(req)
+    assert not san.screens(ctx)
+    with pytest.raises(InvalidRequest) as e:
+        await san(ctx, Spy())
+    assert (e.value.status, e.value.param) == (400, "messages")  # (`input`, as Responses)
+    assert X.aside_chars(req.model_copy(update={"user": "u" * 10, "metadata": {
+        "k": "v" * 5}})) == 1215
