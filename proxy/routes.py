@@ -9,7 +9,8 @@ the model (403), then run the chain and send its Reply.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,6 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         req = parse_model(_MODELS[route], data)
         info = request[INFO]
         info.update(route=route, tenant=principal.tenant, stream=req.stream)
-        if st.settings.logging.include_prompts:  # off by default: prompts are user data
-            info["prompt"] = prompt_text(req)
         check_model(st, principal, req.model)
         info["model"] = req.model  # a metric label: only names the server serves
         ctx = RequestContext(
@@ -102,7 +101,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
 
 async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
                   info: dict[str, Any]) -> web.StreamResponse:
-    with counting_cuts(st, info, ctx):
+    with counting_cuts(st, info, ctx), logging_prompt(st, info, ctx):
         reply = await st.chain(ctx)
     store = stored_chat.wanted(ctx)
     if isinstance(reply, Completion):
@@ -121,6 +120,23 @@ async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
         return headers
 
     return await _send_stream(request, st, ctx, reply, stream_headers, info, keep)
+
+
+@contextmanager
+def logging_prompt(st: AppState, info: dict[str, Any], ctx: RequestContext) -> Iterator[None]:
+    """Around the chain, with `logging.include_prompts` (off by default: prompts are
+    user data): the prompt on the access-log line as the chain's sanitizer passed it on,
+    its redactions made, and none where the sanitizer refused the request (a `block`, a
+    limit): what it keeps from the engine and every store stays out of the log too (the
+    prompt as sent was logged, a key it redacted or blocked in it). Without a sanitizer,
+    as sent."""
+    try:
+        yield
+    finally:
+        if st.settings.logging.include_prompts and (
+                ctx.key_request is not None  # (set by the sanitizer as it passes it on)
+                or not any(p.name == "sanitizer" for p in st.plugins)):
+            info["prompt"] = prompt_text(ctx.request)
 
 
 def prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:

@@ -326,7 +326,8 @@ class LoggingSettings(_Strict):
     level: Literal["debug", "info", "warning", "error"] = Field("info", description="Level.")
     format: Literal["json", "console"] = Field("json", description="Output format.")
     include_prompts: bool = Field(
-        False, description="Add the prompt text to the request line (debug only).")
+        False, description="Add the prompt text to the request line (debug only), as the "
+        "sanitizer passed it on (redacted; none for a request it refused).")
     access_log: bool = Field(True, description="One line per request.")
 
 

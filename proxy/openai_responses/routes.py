@@ -31,9 +31,9 @@ from ..routes import (
     StreamTiming,
     check_model,
     json_response,
+    logging_prompt,
     note_usage,
     open_generation,
-    prompt_text,
     read_json,
 )
 from ..streaming import STREAM_ERROR, dumps, typed_sse, write_sse
@@ -106,8 +106,6 @@ async def _create(request: web.Request, st: AppState,
     # (a background run is generated as a stream: its events are kept for its streams)
     chat_req, conversation = X.chat_request(
         req.model_copy(update={"stream": True}) if req.background else req, history)
-    if st.settings.logging.include_prompts:  # (as chat's: the messages the model reads)
-        info["prompt"] = prompt_text(chat_req)
     chat_req = with_model_defaults(chat_req, st.terminal.sampling_defaults())
     ctx = RequestContext(route="chat", request=chat_req, principal=principal,
                          request_id=request[REQUEST_ID],
@@ -205,7 +203,7 @@ async def _create(request: web.Request, st: AppState,
         is kept and echoed from then on."""
         nonlocal req, inputs, conversation
         try:
-            with counting_cuts(st, info, ctx):
+            with counting_cuts(st, info, ctx), logging_prompt(st, info, ctx):
                 reply = await st.chain(ctx)
         except InvalidRequest as e:
             raise X.rename_param(e, bool(req.instructions)) from None

@@ -220,6 +220,43 @@ async def test_prompts_when_asked_on_the_responses_api_too(
     assert "Be brief." in line["prompt"] and KEY not in logs.getvalue()
 
 
+USER_KEY = "ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"  # a key in a prompt
+
+
+def request_lines(logs: io.StringIO) -> list[dict[str, Any]]:
+    return [ln for ln in (json.loads(t) for t in logs.getvalue().splitlines()
+                          if t.startswith("{")) if ln.get("event") == "request"]
+
+
+@pytest.mark.parametrize("route", ["chat", "completions", "responses"])
+async def test_a_prompt_is_logged_as_the_sanitizer_passed_it_on(
+        make_client: MakeClient, logs: io.StringIO, route: str) -> None:
+    """`include_prompts` logged the prompt as sent: a key the sanitizer redacted (or
+    blocked) in it went to the log, which it keeps from the engine and every store."""
+    s = settings(include_prompts=True)
+    s.plugins[0].config = {"detectors": {"secret": "redact"},
+                           "custom": [{"name": "order_id", "pattern": "ORD-\\d{6}",
+                                       "action": "block"}]}
+    client = await make_client(s)
+    h = {"Authorization": f"Bearer {KEY}"}
+    path, field = {"chat": ("/v1/chat/completions", "messages"),
+                   "completions": ("/v1/completions", "prompt"),
+                   "responses": ("/v1/responses", "input")}[route]
+
+    def ask(text: str) -> dict[str, Any]:
+        said: Any = ([{"role": "user", "content": text}] if route == "chat" else text)
+        limit = "max_output_tokens" if route == "responses" else "max_tokens"
+        return {"model": "fake-model", field: said, limit: 16}
+
+    assert (await client.post(path, json=ask(f"{MARKER} {USER_KEY}"), headers=h)).status == 200
+    r = await client.post(path, json=ask(f"{MARKER} ORD-123456 {USER_KEY}"), headers=h)
+    assert r.status == 400
+    redacted, blocked = request_lines(logs)
+    assert MARKER in redacted["prompt"] and "[SECRET]" in redacted["prompt"]
+    assert blocked["error"] == "content_policy_violation" and "prompt" not in blocked
+    assert USER_KEY not in logs.getvalue() and "ORD-123456" not in logs.getvalue()
+
+
 async def test_metrics_move(make_client: MakeClient) -> None:
     client = await make_client(settings(rpm=3))
     h = {"Authorization": f"Bearer {KEY}"}
