@@ -536,7 +536,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _tools(self, tools: list[ChatTool], fired: dict[str, str]) -> list[ChatTool]:
         """Tool definitions: the description and every string of the parameters' schema
-        (descriptions, enums, defaults) are shown to the model."""
+        (descriptions, enums, defaults) are shown to the model, and so is what a tool
+        or its function carries beyond the fields the protocol names (the chat template
+        gets the definitions as they came: `tool_dicts`)."""
         out = []
         for tool in tools:
             fn = tool.function
@@ -545,8 +547,23 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 update["description"] = self._redacted(fn.description, fired)
             if fn.parameters:
                 update["parameters"] = self._schema(fn.parameters, fired)
-            out.append(_with(tool, "function", _update(fn, update)))
+            fn = self._extras(_update(fn, update), fired)
+            out.append(self._extras(_with(tool, "function", fn), fired))
         return out
+
+    def _extras(self, model: _M, fired: dict[str, str]) -> _M:
+        """`model` with the strings of its extra fields (the ones the protocol does not
+        name, kept as they came) read as a schema's prose is, keys too; the same model
+        where nothing was redacted."""
+        extra = model.model_extra
+        if not extra:
+            return model
+        said = self._json_value(extra, fired)
+        if said is extra:
+            return model
+        known = {f: getattr(model, f) for f in type(model).model_fields}
+        fields = (model.model_fields_set - set(extra)) | set(said)
+        return type(model).model_construct(_fields_set=fields, **known, **said)
 
     def _redacted(self, text: str, fired: dict[str, str]) -> str:
         """`text` as it came, or its redacted form where a `redact` detector fired (no

@@ -4,6 +4,7 @@ split over lines and messages)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,45 @@ async def test_texts_screened_aside_count_in_the_limit_on_what_it_reads() -> Non
     assert (e.value.status, e.value.param) == (400, "messages")  # (`input`, as Responses)
     assert X.aside_chars(req.model_copy(update={"user": "u" * 10, "metadata": {
         "k": "v" * 5}})) == 1215
+
+
+# ------------------------------------------------- what a tool carries beyond its fields
+
+def with_tools(tools: list[dict[str, Any]]) -> RequestContext:
+    req = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools})
+    return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                          request_id="r")
+
+
+EXTRA_TOOLS = [{"type": "function", "note": f"tool key {KEY}", "function": {
+    "name": "f", "parameters": {"type": "object"}, "x-notes": {KEY: [f"use {KEY}"]}}}]
+
+
+async def test_a_key_in_a_tools_extra_fields_is_redacted() -> None:
+    """The chat template gets the tool definitions whole (`tool_dicts`), the fields the
+    protocol does not name included: the sanitizer read only the description and the
+    parameters, so a key beside them reached the engine and the cache key."""
+    ctx = with_tools(EXTRA_TOOLS)
+    spy = Spy()
+    await plugin(secret="redact")(ctx, spy)
+    assert spy.ctx is not None and "secret" in spy.ctx.flags
+    for req in (spy.ctx.request, spy.ctx.key_request):
+        assert isinstance(req, ChatCompletionRequest)
+        said = json.dumps(req.tool_dicts())
+        assert "Ab3dEf6hIj" not in said and said.count("[SECRET]") == 3, said
+        assert req.tools is not None and req.tools[0].function.name == "f"
+
+
+async def test_a_key_in_a_tools_extra_fields_is_blocked_where_keys_are() -> None:
+    with pytest.raises(InvalidRequest):
+        await plugin(secret="block")(with_tools(EXTRA_TOOLS), Spy())
+
+
+async def test_tools_without_a_finding_are_passed_on_as_they_came() -> None:
+    ctx = with_tools([{"type": "function", "x": 1, "function": {"name": "f", "y": "plain"}}])
+    before = ctx.request
+    spy = Spy()
+    await plugin(secret="redact")(ctx, spy)
+    assert spy.ctx is not None
+    assert spy.ctx.request.tools[0] is before.tools[0]  # type: ignore[union-attr,index]
