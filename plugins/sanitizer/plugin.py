@@ -21,6 +21,7 @@ is never logged or counted; metrics carry only detector and action.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal, TypeVar
@@ -104,11 +105,19 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             self.detectors.append((INJECTION, actions["injection"]))
         self.detectors += [(custom(c.name, c.pattern), c.action) for c in config.custom
                            if c.action != "off"]
-        self._redacts = any(action == "redact" for _, action in self.detectors)
         self.detections = Counter(
             "weir_sanitizer_detections_total", "Sanitizer detections.",
             ["detector", "action"], registry=services.metrics.registry)
         self._clean: dict[str, None] = {}  # see _remember_clean
+        # What a route keeps of a request (`_screen`: stored input items, metadata,
+        # reasoning items) hides what a `block` detector finds as a `redact` one's: a
+        # background response the chain refused is stored `failed`, its input with it,
+        # and the text it was refused for must not stay there (nor a blocked value in
+        # texts the chain never reads). The same detectors, with those actions.
+        self._redacts = any(action in ("redact", "block") for _, action in self.detectors)
+        self._hider = copy.copy(self)
+        self._hider.detectors = [(d, _hidden(a)) for d, a in self.detectors]
+        self._hider.across_actions = {n: _hidden(a) for n, a in self.across_actions.items()}
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         self._check_limits(ctx)
@@ -154,8 +163,12 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         """Texts of the request, in order, as the chain passed them on
         (`RequestContext.screen`): read as one conversation (a card split between two is
         found, or between one speaker's two where `speakers` says who wrote each), each
-        redacted where a `redact` detector fires, else as it came; JSON texts (call
-        arguments) each with its strings read."""
+        redacted where a `redact` or a `block` detector fires, else as it came; JSON
+        texts (call arguments) each with its strings read."""
+        return self._hider._screened_texts(texts, json=json, speakers=speakers)
+
+    def _screened_texts(self, texts: list[str], *, json: bool,
+                        speakers: list[str] | None) -> list[str]:
         fired: dict[str, str] = {}
         if json:
             return [self._json_text(t, fired) for t in texts]
@@ -728,6 +741,12 @@ def _split(norms: list[str], speakers: list[str] | None,
         if j is not None and i - j > 1:
             for k, span in across([norms[j], norms[i]]):
                 yield (j if k == 0 else i), span
+
+
+def _hidden(action: str) -> str:
+    """An action as the texts a route keeps read it (`_screen`): a block hides as a
+    redaction does."""
+    return "redact" if action == "block" else action
 
 
 def _rank(action: str) -> int:

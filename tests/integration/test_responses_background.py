@@ -294,6 +294,29 @@ async def test_the_sanitizer_screens_what_it_echoes_and_keeps(
     assert fake_engine.calls and mail not in str(fake_engine.calls)
 
 
+async def test_a_run_the_sanitizer_blocked_keeps_none_of_what_it_blocked(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """Refused by a `block` detector, a run is `failed` and its record kept with its
+    input, as any refused run's is: what the detector found stayed in it as sent (for
+    `responses.ttl_s`), and in the `queued` answer; it is hidden there as a redaction."""
+    client = await make_client(plugins=[{"name": "sanitizer", "config": {
+        "custom": [{"name": "order_id", "pattern": "ORD-\\d{6}", "action": "block"}]}}])
+    order = "ORD-123456"
+    r = await client.post("/v1/responses", json={
+        **BASE, "instructions": f"About {order}.", "metadata": {"re": order},
+        "input": f"cancel {order}"})
+    text = await r.text()
+    assert r.status == 200 and order not in text, text
+    rid = json.loads(text)["id"]
+    await ended(client, rid, "public")
+    body = await (await client.get(f"/v1/responses/{rid}")).json()
+    assert body["status"] == "failed" and body["error"]["code"] == "invalid_prompt"
+    for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
+        got = await (await client.get(path)).text()
+        assert order not in got and "[ORDER_ID]" in got, got
+    assert not fake_engine.calls
+
+
 async def test_runs_are_bounded_per_process(make_client: MakeClient,
                                             fake_engine: FakeEngine) -> None:
     client = await make_client(responses={"background": {"max_runs": 1}})
