@@ -16,7 +16,13 @@ from typing import Any
 
 from ..context import Screen, screened_values
 from ..errors import InvalidRequest, shown
-from ..protocol import VLLM_CHAT_UNSUPPORTED, VLLM_NO_OPS, ChatCompletionRequest, parse_model
+from ..protocol import (
+    SCHEMA_MAPS,
+    VLLM_CHAT_UNSUPPORTED,
+    VLLM_NO_OPS,
+    ChatCompletionRequest,
+    parse_model,
+)
 from ..text import fold
 from ..tools import order_agrees
 from .models import (
@@ -370,13 +376,50 @@ def screened_echo(req: ResponsesRequest, screen: Screen) -> ResponsesRequest:
     if req.instructions:
         update["instructions"] = screen([req.instructions])[0]
     if req.tools:
-        update["tools"] = [t.model_copy(update={"description": screen([t.description])[0]})
-                           if t.description else t for t in req.tools]
+        update["tools"] = [t.model_copy(update={
+            "description": screen([t.description])[0] if t.description else t.description,
+            "parameters": screened_schema(t.parameters, screen)}) for t in req.tools]
     fmt = req.text.format if req.text else None
-    if req.text is not None and fmt is not None and fmt.description:
-        update["text"] = req.text.model_copy(update={"format": fmt.model_copy(
-            update={"description": screen([fmt.description])[0]})})
+    if req.text is not None and fmt is not None and (fmt.description or fmt.schema_):
+        update["text"] = req.text.model_copy(update={"format": fmt.model_copy(update={
+            "description": screen([fmt.description])[0] if fmt.description
+            else fmt.description, "schema_": screened_schema(fmt.schema_, screen)})})
     return req.model_copy(update=update) if update else req
+
+
+#: A schema's prose (shown to the model, not held to): the chain's sanitizer redacts it.
+_SCHEMA_PROSE = frozenset({"description", "title", "$comment", "examples", "default"})
+
+
+def screened_schema(schema: Any, screen: Screen) -> Any:
+    """A JSON schema (a tool's parameters, `text.format`'s) with the strings of its prose
+    screened, as the chain's sanitizer redacts them (a background response echoes and
+    stores it before the chain ran); what holds the answer (names, `enum`) as it came."""
+    found: list[tuple[Any, Any]] = []  # (container, key) of each prose string
+
+    def walk(node: Any, prose: bool) -> Any:
+        if isinstance(node, dict):
+            out: dict[str, Any] = {}
+            for k, v in node.items():
+                said = prose or k in _SCHEMA_PROSE
+                if k in SCHEMA_MAPS and isinstance(v, dict) and not said:
+                    out[k] = {name: walk(sub, False) for name, sub in v.items()}
+                    continue
+                out[k] = walk(v, said)
+                if said and isinstance(v, str):
+                    found.append((out, k))
+            return out
+        if isinstance(node, list):
+            items = [walk(v, prose) for v in node]
+            found.extend((items, i) for i, v in enumerate(items)
+                         if prose and isinstance(v, str))
+            return items
+        return node
+
+    copy = walk(schema, False)
+    for (node, k), text in zip(found, screen([node[k] for node, k in found]), strict=True):
+        node[k] = text
+    return copy if found else schema
 
 
 def screened_caller_text(req: ResponsesRequest, screen: Screen) -> ResponsesRequest:

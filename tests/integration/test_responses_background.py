@@ -317,6 +317,43 @@ async def test_a_run_the_sanitizer_blocked_keeps_none_of_what_it_blocked(
     assert not fake_engine.calls
 
 
+async def test_the_schemas_prose_is_screened_in_what_it_echoes_and_keeps(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A tool's parameters and `text.format`'s schema are echoed (and kept) from the
+    `queued` answer on: their prose (descriptions, defaults, examples) screened as the
+    chain screens it, what holds the answer (names, `enum`) as it came; refused by a
+    `block` detector there, the `failed` record kept the blocked text."""
+    client = await make_client(plugins=[{"name": "sanitizer", "config": {
+        "detectors": {"email": "redact"},
+        "custom": [{"name": "order_id", "pattern": "ORD-\\d{6}", "action": "block"}]}}])
+    mail, order = "leak.check@example.com", "ORD-123456"
+    fake_engine.token_gate = asyncio.Event()
+    schema = {"type": "object", "properties": {"to": {
+        "type": "string", "description": f"mail {mail}", "default": mail,
+        "examples": [mail, {"x": mail}], "enum": ["a", "b"]}}}
+    tool = {"type": "function", "name": "f", "parameters": schema}
+    fmt = {"type": "json_schema", "name": "out", "schema": schema}
+    r = await client.post("/v1/responses", json={**BASE, "tools": [tool],
+                                                 "text": {"format": fmt}})
+    text = await r.text()
+    assert r.status == 200 and mail not in text and text.count("[EMAIL]") == 8, text
+    said = json.loads(text)
+    assert said["tools"][0]["parameters"]["properties"]["to"]["enum"] == ["a", "b"]
+    assert said["text"]["format"]["schema"]["properties"]["to"]["default"] == "[EMAIL]"
+    rid = said["id"]
+    got = await (await client.get(f"/v1/responses/{rid}")).text()
+    assert mail not in got, got
+    fake_engine.token_gate.set()
+    await ended(client, rid, "public")
+    tool["parameters"] = {"type": "object", "properties": {"n": {
+        "type": "string", "description": f"the order, {order}"}}}
+    r = await client.post("/v1/responses", json={**BASE, "tools": [tool]})
+    rid = (await r.json())["id"]
+    await ended(client, rid, "public")
+    got = await (await client.get(f"/v1/responses/{rid}")).text()
+    assert '"failed"' in got and order not in got and "[ORDER_ID]" in got, got
+
+
 async def test_runs_are_bounded_per_process(make_client: MakeClient,
                                             fake_engine: FakeEngine) -> None:
     client = await make_client(responses={"background": {"max_runs": 1}})
