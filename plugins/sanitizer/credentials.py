@@ -125,7 +125,7 @@ _QUOTED = "|".join(f"{a}[^{b}\\n]{{3,4096}}{b}" for a, b in (
     ("\u00ab", "\u00bb")))
 _PHRASE = re.compile(
     rf"(?i:(?<![A-Za-z])(?:(?P<kp>{_KW_PASSWORD})|(?P<km>{_KW_MACHINE})|(?P<ko>{_KW_OTHER}))"
-    r"(?:\s+(?:for|to|of|on)(?:\s+[\w.@-]{1,40}){1,3}?)?"  # "password for my bank"
+    r"(?:[ \t]+(?:for|to|of|on)(?:[ \t]+[\w.@-]{1,40}){1,3}?)?"  # "password for my bank"
     rf"(?:(?P<le>{_LINK_EN})|(?P<lo>{_LINK_OTHER})))"
     rf"(?:(?P<qv>{_QUOTED})|(?P<v>[^\s\"'`\u201c\u2018\u00ab]\S{{2,511}}))"
     r"|(?:密码|口令|密钥)\s*(?:是|为|[:=])\s*(?P<zh>[!-~]{3,64})"
@@ -162,7 +162,7 @@ good bad being used working accepted rejected there here what which how where wh
 must should can cannot will would needs need has have contains containing requires
 at least more less than only just like sent then never always see below above minimum
 maximum given too random randomly default expire expires include usually currently
-automatically securely typically generally yes on off n/a
+automatically securely typically generally yes on off n/a value
 str string int integer bool boolean float bytes true false none null nil undefined
 any list dict object number
 falsch richtig ungültig abgelaufen erforderlich nicht kein zu sehr leer mindestens
@@ -178,26 +178,38 @@ incorreto incorreta errado errada obrigatório obrigatória muito
 # JSON schema's object. (A digit inside brackets makes it a password: "{hunter2}".)
 _NOT_A_SECRET = re.compile(
     r"\$(?:[{(]|[A-Z_]+(?:_[A-Z0-9]+)*\Z)"
-    r"|%\(|\{\{?\s*[A-Za-z_.$ -]+\s*\}\}?\Z|<[^<>\d]{1,40}>?\Z|\[[A-Za-z_ ]+\]\Z"
+    r"|%\(|\{\{?\s*[A-Za-z_.$ -]+\s*\}\}?\Z|<[^<>\d]{1,40}>?\Z|\[+[A-Za-z_ ]+\]+\Z"
     r"|\([A-Za-z_ /]*\)?\Z|[*•]+\Z"
     r"|(?:os|process|config|settings|env|self|this|request|req|secrets|vars|params|args|"
     r"options|opts|cfg|app|ctx|context|environ|props)\.[\w.]*(?:[(\[].*)?\Z"
     r"|[A-Za-z_][A-Za-z_.]*\([^()]*\)\Z|[A-Za-z_][A-Za-z_.]*\[[^\[\]]*\]\Z"
     r"|(?i:your[_-][a-z_-]*\Z|x{4,}\Z|changeme\Z|!vault)|[^\d]*(?:\.\.\.|\u2026)\Z"
     r"|[{\[][\"'{\[]")
+_LOWER_SLUG = re.compile(r"[a-z]+(?:[-._][a-z]+)+|[A-Z]+(?:_[A-Z]+)+")  # (or a NAME_OF_A_VAR)
 # An ordinary word in its -ed form ("is updated", "is sent" is listed).
 _PROSE = re.compile(r"[a-zà-ÿ]{3,}ed")
 
 
+def _bare(value: str) -> str:
+    """A value without the punctuation that ends a clause or closes a quote after it,
+    nor the quotes or Markdown emphasis around it ("*not*", 'defined.")')."""
+    return value.rstrip(".,;:!?)\"'`*_").lstrip("\"'`*_")
+
+
 def _value_ok(value: str) -> bool:
-    v = value.rstrip(".,;:!?)")
+    v = _bare(value)
     return (len(v) >= 3 and v.lower() not in _NOT_A_VALUE
             and _NOT_A_SECRET.match(value) is None and _PROSE.fullmatch(v) is None)
 
 
 def _looks_made_up(value: str) -> bool:
-    """A password rather than a word: a digit, a symbol or mixed case in it."""
-    v = value.rstrip(".,;:!?)")
+    """A password rather than a word: a digit, a symbol or mixed case in it (not a
+    word in Markdown's emphasis, "**Experimental**", nor lower-case words joined by
+    hyphens, dots or underscores, a slug or a name: "pydantic-mypy", "unk_piece",
+    "GITHUB_TOKEN")."""
+    v = _bare(value)
+    if _LOWER_SLUG.fullmatch(v) is not None:
+        return False
     return (any(c.isdigit() for c in v) or not v.replace(" ", "").isalnum()
             or (v != v.lower() and v != v.upper() and v != v.capitalize()))
 
@@ -270,6 +282,8 @@ def _phrase_ok(m: re.Match[str]) -> bool:
     if m["to"] is not None:
         return _value_ok(m["to"]) and _looks_made_up(m["to"])
     value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
+    if m["v"] is not None and _code_value(m, m["v"]):
+        return False
     if not _value_ok(value):
         # "passphrase: correct horse battery staple": ordinary words, three or more
         first = (m["v"] or "").lower()
@@ -281,6 +295,43 @@ def _phrase_ok(m: re.Match[str]) -> bool:
         return True  # "password is swordfish": plain words are passwords too
     cjk_link = m["lo"] is not None and m["lo"].strip() in ("는", "은", "は")
     return _looks_made_up(value) and (not cjk_link or value.isascii())
+
+
+# Code that passes a credential along, after "=" or ":" unquoted: a call or its start
+# ("password = decoded.split(':', 1)", "token = uuid.uuid4().hex"), an attribute
+# ("password = request.url.password,"), an item, a type, a snake_case or CONSTANT_CASE name naming a
+# credential, without a digit ("password = ssl_password", "api_key=admin_api_key,"),
+# or the keyword's own name ("api_key=api_key,", "password=password)", "token: Token").
+_CODE_VALUE = re.compile(
+    r"[a-z_][a-z0-9_.]*[(\[]|[A-Za-z_][A-Za-z_]*\(|[A-Za-z_]\w*\.[\w.]*\("  # a call, an item
+    r"|(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?P<end>[,;)\]]*)\Z"
+    r"|[A-Za-z_]\w*\)"  # the end of a call: "token=token)[0]"
+    r"|\{[A-Za-z_]+:"  # a dict: "token = {token_id: ..."
+    r"|[A-Z][a-z]+(?:[A-Z][a-z]+)+[,)\]]+:?\Z"  # a type: "token: TokenInterface):"
+    r"|(?:[a-z]+_[a-z_]*|[A-Z]+_[A-Z_]*)[,;)\]:]*\Z")
+_CREDENTIAL_WORD = re.compile(r"pass|pwd|key|token|secret|auth|cred", re.IGNORECASE)
+
+
+def _code_value(m: re.Match[str], value: str) -> bool:
+    """Whether an unquoted value after a code link ("=", ":") is code that names or
+    computes a credential, not one (`_CODE_VALUE`)."""
+    link = (m["le"] or "").strip().lstrip("\"'`").strip()
+    if link not in ("=", ":", "=>"):
+        return False
+    bare = value.rstrip(",;:)]}")
+    said = m["kp"] or m["km"] or m["ko"] or ""
+    if re.sub(r"[\s_-]", "", bare.lower()) == re.sub(r"[\s_-]", "", said.lower()):
+        return True  # the keyword's own name: "api_key=api_key"
+    code = _CODE_VALUE.match(value)
+    if code is None:
+        return False
+    if code["attr"] is not None and not code["end"] and code["attr"].count(".") < 2:
+        # ("a.b" alone may be a password, "password: john.smith": an attribute needs
+        # code around it, or a deeper path, or a credential's name at its end)
+        return _CREDENTIAL_WORD.search(code["attr"].rpartition(".")[2]) is not None
+    if "_" in code.group() and "(" not in code.group() and "." not in code.group():
+        return _CREDENTIAL_WORD.search(bare) is not None  # (a snake_case name)
+    return True
 
 
 # A password's words run on after "password is" ("the wifi password is blue elephant

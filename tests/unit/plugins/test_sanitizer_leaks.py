@@ -225,3 +225,49 @@ async def test_tools_without_a_finding_are_passed_on_as_they_came() -> None:
     await plugin(secret="redact")(ctx, spy)
     assert spy.ctx is not None
     assert spy.ctx.request.tools[0] is before.tools[0]  # type: ignore[union-attr,index]
+
+
+# ------------------------------------------------- code that passes a credential along
+
+@pytest.mark.parametrize("text", [
+    "        username, password = decoded.split(\":\", 1)",
+    "    login, account, password = auth_from_netrc(url.host)",
+    "        token = b64encode(userpass).decode()",
+    "        return BasicAuth(username=auth[0], password=auth[1])",
+    "    username, password = request.url.username, request.url.password",
+    "        password = quote(kwargs.pop(\"password\", \"\") or \"\")",
+    "            api_key=api_key,\n            admin_api_key=admin_api_key,",
+    "    redis://[[username]:[password]]@localhost:6379/0",
+    "unix://[username@]/path/to/socket.sock?db=0[&password=password]",
+    '        "password": password,\n        "ssl_password": ssl_password,',
+    "    .. note:: if the token is *not* stored in thread local storage",
+    "    def set_re_auth_token(self, token: TokenInterface):",
+    "        self.certificate_password = ssl_password",
+    "        token = uuid.uuid4().hex.encode()",
+    "    password=self.key_password,",
+    "CONFIGFILE_KEY = 'pydantic-mypy'",
+    "        token = value_str",
+    "    `token=True` is required when you want to use a private model",
+    "        raise ValueError(\"No token is defined.\")",
+    "        token = {token_id: token for token, token_id in vocab.items()}",
+    '    token = tokenizer_json["model"]["vocab"][unk_id][0]',
+    "    ENV_GITHUB_TOKEN = \"GITHUB_TOKEN\"",
+    "    token = AddedToken(token, rstrip=False)",
+    "    experimental: pass to the validator.\n    allow_partial: **Experimental** flag",
+])
+def test_code_that_passes_a_credential_along_is_none(text: str) -> None:
+    """Python read as "password = <value>": the value is code naming or computing the
+    credential (a call, an attribute, an item, a variable named for it), not one; with
+    `secret: redact` such code reached the model mangled ("api_key=[SECRET]")."""
+    assert not fires("secret", text)
+
+
+@pytest.mark.parametrize("text", [
+    "password = hunter2", "password: swordfish", "password=Tr0ub4dor&3",
+    "password: john.smith", "password: P4ss(w0rd)", "db_password = s3cret_2024",
+    "api_key: a8f5f167f44f4964e6c998dee827110c", "token = 'ghp-abc123XYZ'",
+    "client_secret=Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1", "password = 'correct_horse'",
+    "the wifi password is blue elephant 42", "AWS_SECRET_KEY=wJalrXUtnFEMI/K7MDENG",
+])
+def test_credentials_written_as_code_still_are(text: str) -> None:
+    assert fires("secret", text)
