@@ -30,7 +30,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel
 
 from proxy.chain import BasePlugin, Next, Reply, Services
-from proxy.context import RequestContext, Screen
+from proxy.context import RequestContext, Screen, screened_values
 from proxy.errors import InvalidRequest
 from proxy.jsonbody import loads_finite
 from proxy.protocol import (
@@ -141,12 +141,31 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if "block" in fired.values():
             raise InvalidRequest(self.cfg.block_message, code="content_policy_violation")
         ctx.key_request = key
-        ctx.request = engine
+        ctx.request = self._caller_texts(engine)
         if "redact" in fired.values():
             ctx.screen = self._screen
         if self._redacts:
             ctx.screen_aside = self._screen
         return await call_next(ctx)
+
+    def _caller_texts(self, req: ChatCompletionRequest | CompletionRequest,
+                      ) -> ChatCompletionRequest | CompletionRequest:
+        """`req` with the caller's texts that no prompt holds but that go on with it (to
+        an upstream engine, which may store them: `metadata`'s values, `user`,
+        `safety_identifier`, `prompt_cache_key`) screened as what a route keeps is
+        (`_screen`); never read for flags (an app that sends its user's address as
+        `user` would keep every request of it out of the cache)."""
+        if not self._redacts:
+            return req
+        update: dict[str, Any] = {}
+        for field in _CALLER_FIELDS:
+            value = getattr(req, field, None)
+            if isinstance(value, str) and value and (said := self._screen([value])[0]) != value:
+                update[field] = said
+        metadata = getattr(req, "metadata", None)
+        if metadata and (values := screened_values(dict(metadata), self._screen)) != metadata:
+            update["metadata"] = values
+        return req.model_copy(update=update) if update else req
 
     def screen_aside(self) -> Screen | None:
         return self._screen if self._redacts else None
@@ -246,22 +265,26 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                         f"Messages, tool definitions and the response format's schema may "
                         f"hold at most {lim.max_total_chars} characters in all.",
                         param="response_format", code="invalid_value")
-            if total + ctx.aside_chars > lim.max_total_chars:
+            if total + _caller_chars(req) + ctx.aside_chars > lim.max_total_chars:
                 # (what a route screens aside is read as the prompt is: 4 MB of a
                 # Response's reasoning items held the event loop for seconds)
                 raise InvalidRequest(
-                    f"The input, with the texts kept beside it (reasoning items, metadata, "
-                    f"user), may hold at most {lim.max_total_chars} characters in all.",
+                    (f"The input, with the texts kept beside it (reasoning items, metadata, "
+                     f"user), may hold at most {lim.max_total_chars} characters in all."
+                     if ctx.aside_chars else
+                     f"Messages, with the texts sent beside them (metadata, user, "
+                     f"safety_identifier, prompt_cache_key), may hold at most "
+                     f"{lim.max_total_chars} characters in all."),
                     param="messages", code="invalid_value")
         else:
             texts = [p for p in req.prompts() if isinstance(p, str)]
             if len(req.prompts()) > lim.max_messages:
                 raise InvalidRequest(f"At most {lim.max_messages} prompts are allowed.",
                                      param="prompt", code="array_above_max_length")
-            if sum(len(t) for t in texts) > lim.max_total_chars:
+            if sum(len(t) for t in texts) + _caller_chars(req) > lim.max_total_chars:
                 raise InvalidRequest(
-                    f"The prompt may hold at most {lim.max_total_chars} characters.",
-                    param="prompt", code="string_above_max_length")
+                    f"The prompt may hold at most {lim.max_total_chars} characters (with "
+                    "`user`).", param="prompt", code="string_above_max_length")
             if req.suffix and sum(len(t) for t in texts) + len(req.suffix) > lim.max_total_chars:
                 raise InvalidRequest(
                     f"The prompt and suffix may hold at most {lim.max_total_chars} "
@@ -718,6 +741,16 @@ def _update(model: _M, values: dict[str, Any]) -> _M:
 
 def _with(model: _M, field: str, value: Any) -> _M:
     return _update(model, {field: value})
+
+
+#: The caller's texts besides `metadata` that go on with a request in no prompt.
+_CALLER_FIELDS = ("user", "safety_identifier", "prompt_cache_key")
+
+
+def _caller_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """Characters of the caller's texts `_caller_texts` reads."""
+    n = sum(len(v) for f in _CALLER_FIELDS if isinstance(v := getattr(req, f, None), str))
+    return n + sum(len(v) for v in (getattr(req, "metadata", None) or {}).values())
 
 
 _CLEAN_MAX = 4096  # texts

@@ -439,9 +439,9 @@ def screened_caller_text(req: ResponsesRequest, screen: Screen) -> ResponsesRequ
 
 def aside_chars(req: ResponsesRequest) -> int:
     """Characters of the texts that `screened_reasoning` and `screened_caller_text` read
-    in `req` (in no prompt, so the chain's limits did not count them)."""
-    n = sum(len(getattr(req, f) or "") for f in ("user", "safety_identifier",
-                                                  "prompt_cache_key"))
+    in `req` (in no prompt, so the chain's limits did not count them; `user` goes on in
+    the chat request, where they count it)."""
+    n = sum(len(getattr(req, f) or "") for f in ("safety_identifier", "prompt_cache_key"))
     n += sum(len(v) for v in (req.metadata or {}).values())
     for item in req.given():
         if isinstance(item, ReasoningItem):

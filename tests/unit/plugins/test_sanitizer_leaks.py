@@ -17,7 +17,7 @@ from proxy.context import RequestContext
 from proxy.errors import InvalidRequest
 from proxy.openai_responses import translate as X
 from proxy.openai_responses.models import ResponsesRequest
-from proxy.protocol import ChatCompletionRequest
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from proxy.text import normalize
@@ -181,8 +181,8 @@ async def test_texts_screened_aside_count_in_the_limit_on_what_it_reads() -> Non
     with pytest.raises(InvalidRequest) as e:
         await san(ctx, Spy())
     assert (e.value.status, e.value.param) == (400, "messages")  # (`input`, as Responses)
-    assert X.aside_chars(req.model_copy(update={"user": "u" * 10, "metadata": {
-        "k": "v" * 5}})) == 1215
+    assert X.aside_chars(req.model_copy(update={"safety_identifier": "u" * 10, "metadata": {
+        "k": "v" * 5}})) == 1215  # (not `user`: the chat request carries it, counted there)
 
 
 # ------------------------------------------------- what a tool carries beyond its fields
@@ -271,3 +271,45 @@ def test_code_that_passes_a_credential_along_is_none(text: str) -> None:
 ])
 def test_credentials_written_as_code_still_are(text: str) -> None:
     assert fires("secret", text)
+
+
+# ------------------------------------------------- the caller's texts that go on unread
+
+async def test_the_callers_texts_going_on_with_a_request_are_screened_not_read() -> None:
+    """`metadata`, `user`, `safety_identifier`, `prompt_cache_key` go on with the request
+    (an upstream engine gets them, and may store them) though no prompt holds them: they
+    went unredacted, a blocked value too, while Weir's own store kept them screened.
+    They are screened as what a route keeps is, and fire nothing (an app's `user` is
+    often its user's address)."""
+    req = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "metadata": {"to": "jane@example.com", "ref": "ORD-123456"}, "user": KEY,
+        "safety_identifier": "jane@example.com", "prompt_cache_key": f"k-{KEY}"})
+    ctx = RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                         request_id="r")
+    san = SanitizerPlugin(SanitizerConfig.model_validate({
+        "detectors": {"email": "redact", "secret": "redact"},
+        "custom": [{"name": "order_id", "pattern": "ORD-\\d{6}", "action": "block"}]}),
+        Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics()))
+    spy = Spy()
+    await san(ctx, spy)
+    assert spy.ctx is not None and not spy.ctx.flags and not spy.ctx.sensitive
+    said = spy.ctx.request
+    assert isinstance(said, ChatCompletionRequest)
+    assert said.metadata == {"to": "[EMAIL]", "ref": "[ORDER_ID]"}
+    assert (said.user, said.safety_identifier, said.prompt_cache_key) == (
+        "[SECRET]", "[EMAIL]", "k-[SECRET]")
+
+
+async def test_the_callers_texts_count_in_the_limit_on_what_it_reads() -> None:
+    san = SanitizerPlugin(SanitizerConfig.model_validate(
+        {"detectors": {"secret": "redact"}, "limits": {"max_total_chars": 1000}}),
+        Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics()))
+    for body in ({"messages": [{"role": "user", "content": "hi"}]}, {"prompt": "hi"}):
+        req = (ChatCompletionRequest if "messages" in body else CompletionRequest
+               ).model_validate({"model": "m", "user": "u" * 1000, **body})
+        ctx = RequestContext(route="chat", request=req,
+                             principal=Principal("t", "user", "u"), request_id="r")
+        with pytest.raises(InvalidRequest) as e:
+            await san(ctx, Spy())
+        assert e.value.status == 400
