@@ -140,9 +140,11 @@ _PHRASE_STARTS = ("pass", "pw", "pin", "kennwort", "contrase", "mot", "senha", "
                   "密码", "口令", "密钥")
 # An environment variable that names a credential ("OPENAI_KEY=...", "GITHUB_TOKEN: ..."),
 # found where the text holds one of these endings.
-_ENV = re.compile(r"(?<![A-Za-z0-9_])[A-Z][A-Z0-9_]*_(?:KEY|SECRET|TOKEN|PASS|PWD)"
+# (or one run into its PASSWORD: "PGPASSWORD=...", libpq's, as "DB_PASSWORD=..." is read)
+_ENV = re.compile(r"(?<![A-Za-z0-9_])(?:[A-Z][A-Z0-9_]*_(?:KEY|SECRET|TOKEN|PASS|PWD)"
+                  r"|[A-Z][A-Z0-9]*[A-Z0-9]PASSWORD)"
                   rf"[ \t]*[=:][ \t]*(?:(?P<qv>{_QUOTED})|(?P<v>[^\s\"'`]\S{{2,511}}))")
-_ENV_ENDINGS = ("_key", "_secret", "_token", "_pass", "_pwd")
+_ENV_ENDINGS = ("_key", "_secret", "_token", "_pass", "_pwd", "password")
 
 # The literals of both, as one trie: at a place where several begin, the shortest is
 # what the scan reports, so each reported word stands for every literal it begins.

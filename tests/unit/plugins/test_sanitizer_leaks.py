@@ -313,3 +313,16 @@ async def test_the_callers_texts_count_in_the_limit_on_what_it_reads() -> None:
         with pytest.raises(InvalidRequest) as e:
             await san(ctx, Spy())
         assert e.value.status == 400
+
+
+@pytest.mark.parametrize("text", ["PGPASSWORD=s3cr3tPass psql -h db -U app",
+                                  "export MYSQLPASSWORD='Xy9$kLm2'"])
+def test_a_password_variable_run_into_its_name_is_read_as_one(text: str) -> None:
+    """libpq's `PGPASSWORD`, as `DB_PASSWORD=` was: the name runs into its PASSWORD."""
+    assert fires("secret", text)
+
+
+@pytest.mark.parametrize("text", ["PGPASSWORD=$DB_PASS psql", "NOPASSWORD: ALL",
+                                  "set PGPASSWORD=changeme", "PASSWORD=password"])
+def test_a_password_variable_holding_no_password_is_none(text: str) -> None:
+    assert not fires("secret", text)
