@@ -10,6 +10,7 @@ word ("the password is incorrect" does not fire).
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterator
 
@@ -253,6 +254,35 @@ def find_secrets(text: str) -> Iterator[Span]:
             value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
             if _value_ok(value) and _looks_made_up(value):
                 yield m.span()
+    if len(text) >= _B64_LEAST:
+        yield from _encoded(text)
+
+
+# A key base64-encoded: a Docker config's "auth" ("user:ghp_..."), a Kubernetes secret's
+# data, a key pasted encoded. A run of base64 (at most `_B64_MOST` characters: an image's
+# is longer) that decodes to printable text holding a vendor format is one (what it
+# decodes to must be the format itself, not a phrase: random text says "pass: x").
+_B64_LEAST, _B64_MOST = 24, 2048
+_B64_RUN = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/]{24,2048}={0,2}(?![A-Za-z0-9+/=_-])")
+
+
+def _encoded(text: str) -> Iterator[Span]:
+    for m in _B64_RUN.finditer(text):
+        run = m.group().rstrip("=")
+        if len(run) % 4 == 1:
+            continue
+        try:
+            decoded = base64.b64decode(run + "=" * (-len(run) % 4)).decode("ascii")
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if not decoded.isprintable():
+            continue
+        low = decoded.lower()
+        for needs, rx in _FORMAT_RX:
+            if any(n in low for n in needs) and any(
+                    _format_ok(f) for f in rx.finditer(decoded)):
+                yield m.span()
+                break
 
 
 def _format_ok(m: re.Match[str]) -> bool:

@@ -3,6 +3,7 @@ split over lines and messages)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -325,4 +326,35 @@ def test_a_password_variable_run_into_its_name_is_read_as_one(text: str) -> None
 @pytest.mark.parametrize("text", ["PGPASSWORD=$DB_PASS psql", "NOPASSWORD: ALL",
                                   "set PGPASSWORD=changeme", "PASSWORD=password"])
 def test_a_password_variable_holding_no_password_is_none(text: str) -> None:
+    assert not fires("secret", text)
+
+
+
+# ------------------------------------------------- a key base64-encoded
+
+def b64(raw: str) -> str:
+    return base64.b64encode(raw.encode()).decode()
+
+
+@pytest.mark.parametrize("text", [
+    b64(KEY),  # pasted encoded
+    '{"auths": {"ghcr.io": {"auth": "' + b64("bob:ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6")
+    + '"}}}',  # a Docker config
+    "data:\n  aws: " + b64("AKIAIOSFODNN7EXAMPLE"),  # a Kubernetes secret's data
+    "token " + b64("xoxb-1234567890-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx") + " ok",
+])
+def test_a_key_base64_encoded_is_a_secret(text: str) -> None:
+    out = redacted(text)
+    assert "[SECRET]" in out and b64(KEY)[:20] not in out
+
+
+@pytest.mark.parametrize("text", [
+    b64("hello world, this is ordinary text written here"),
+    b64("user:hunter2 and the password is swordfish"),  # (a phrase: not when encoded)
+    "commit 3f786850e387550fdab836ed7e6dc881de23001b",
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPh"
+    "fDwAChwGA60e6kgAAAABJRU5ErkJggg==",
+    "abcdefghijklmnopqrstuvwxyzABCDEFGH",
+])
+def test_ordinary_base64_is_none(text: str) -> None:
     assert not fires("secret", text)
