@@ -23,7 +23,6 @@ cannot open a bound for each name it makes up.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import time
 from collections import OrderedDict
@@ -37,6 +36,7 @@ from .errors import RecordTooLarge, Unavailable
 from .redis_client import LOST, OWN_LUA, blocking_client, listen
 from .settings import DEFAULT_MAX_BYTES_PER_TENANT, ResponsesSettings
 from .streaming import dumps  # (a lone surrogate kept as its escape)
+from .tally import Tally
 from .tasks import abandon_after, lost_cancellation
 from .telemetry import OutageLog, error_fields, get_logger
 
@@ -123,12 +123,7 @@ class MemoryStore:
             str, tuple[float, Record, Summary | None, int]]] = {}
         #: account -> (tenant, id) of its tenants' records, oldest first
         self._aged: dict[str, OrderedDict[tuple[str, str], None]] = {}
-        self._bytes: dict[str, int] = {}  # account -> the sizes of its records
-        self._total = 0  # their sum
-        #: (-bytes, account) at each growth of an account's, the most first (an entry no
-        #: longer its account's count is skipped when met: `_largest`). A sum and a max
-        #: over every account made each put O(tenants).
-        self._heap: list[tuple[int, str]] = []
+        self._bytes = Tally()  # account -> the sizes of its records (and their sum)
         #: tenant -> id -> (kept until, summary) of listed records gone, oldest first
         self._gone: dict[str, OrderedDict[str, tuple[float, Summary]]] = {}
         self._gone_count = 0
@@ -201,26 +196,12 @@ class MemoryStore:
         most loses its oldest, never `keep` (the record just stored)."""
         if self.max_total_bytes is None:
             return
-        while self._total > self.max_total_bytes:
-            largest = self._largest()
+        while self._bytes.total > self.max_total_bytes:
+            largest = self._bytes.largest()
             oldest = next((place for place in self._aged[largest] if place != keep), None)
             if oldest is None:
                 return
             self._pop(*oldest)
-
-    def _largest(self) -> str:
-        """The account holding the most bytes. An account's count that shrank since its
-        entry was pushed is met as larger than it is: its entry then goes back at its
-        count (each a record popped, so O(log accounts) a put)."""
-        while True:
-            held, owner = self._heap[0]
-            now = self._bytes.get(owner)
-            if now == -held:
-                return owner
-            if now is None:
-                heapq.heappop(self._heap)
-            else:
-                heapq.heapreplace(self._heap, (-now, owner))
 
     def _fit(self, tenant: str, grown: int, keep: str | None = None) -> None:
         """Count `grown` bytes more for the tenant's account, then drop its oldest
@@ -229,15 +210,9 @@ class MemoryStore:
         if self.max_bytes is None:
             return
         owner = account(tenant)
-        held = self._bytes[owner] = self._bytes.get(owner, 0) + grown
-        self._total += grown
-        if self.max_total_bytes is not None and grown > 0:
-            heapq.heappush(self._heap, (-held, owner))
-            if len(self._heap) > 2 * len(self._bytes) + 64:  # (amortized: O(1) a change)
-                self._heap = [(-b, o) for o, b in self._bytes.items()]
-                heapq.heapify(self._heap)
+        self._bytes.add(owner, grown)
         aged = self._aged[owner]
-        while self._bytes[owner] > self.max_bytes and len(aged) > 1:
+        while self._bytes.get(owner) > self.max_bytes and len(aged) > 1:
             oldest = next((place for place in aged if place != (tenant, keep)), None)
             if oldest is None:
                 return
@@ -299,14 +274,12 @@ class MemoryStore:
         owner = account(tenant)
         aged = self._aged[owner]
         del aged[tenant, record_id]
-        if hit[3]:
-            self._bytes[owner] -= hit[3]
-            self._total -= hit[3]
+        self._bytes.add(owner, -hit[3])
         if not records:
             del self._items[tenant]
         if not aged:
             del self._aged[owner]
-            self._bytes.pop(owner, None)
+            self._bytes.set(owner, 0)
         if mark and hit[2] is not None:  # listed: its place stays a while (a cursor)
             self._unmark(tenant, record_id)
             self._gone.setdefault(tenant, OrderedDict())[record_id] = (
@@ -329,8 +302,6 @@ class MemoryStore:
         self._items.clear()
         self._aged.clear()
         self._bytes.clear()
-        self._heap.clear()
-        self._total = 0
         self._gone.clear()
         self._places.clear()
         self._count = self._gone_count = 0

@@ -15,9 +15,10 @@ room.
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+
+from proxy.tally import Tally
 
 from .entry import Entry
 
@@ -35,16 +36,12 @@ class L1:
         self.max_bytes_per_owner = max_bytes_per_owner
         self._on_remove = on_remove
         self._owner = owner
-        self.bytes = 0
+        #: owner -> the bytes of its entries (and their total, `bytes`)
+        self._bytes = Tally()
         #: key -> (entry, size, owner)
         self._items: dict[str, tuple[Entry, int, str]] = {}
         #: owner -> its keys, least recently used first
         self._owned: dict[str, OrderedDict[str, None]] = {}
-        self._owner_bytes: dict[str, int] = {}
-        #: (-bytes, owner) at each change of an owner's bytes, the largest first: an
-        #: entry no longer its owner's count is skipped when met (`_largest`). (A scan of
-        #: every owner's count made each put into a full L1 O(tenants).)
-        self._heap: list[tuple[int, str]] = []
 
     def __len__(self) -> int:
         return len(self._items)
@@ -57,8 +54,12 @@ class L1:
         item = self._items.get(key)
         return None if item is None else item[0]
 
+    @property
+    def bytes(self) -> int:
+        return self._bytes.total
+
     def owned_bytes(self, owner: str) -> int:
-        return self._owner_bytes.get(owner, 0)
+        return self._bytes.get(owner)
 
     def get(self, key: str, now: float, allow_stale: bool = False) -> Entry | None:
         item = self._items.get(key)
@@ -80,28 +81,11 @@ class L1:
         owner = self._owner(entry)
         self._items[entry.key] = (entry, size, owner)
         self._owned.setdefault(owner, OrderedDict())[entry.key] = None
-        held = self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
-        self._counted(owner, held)
-        self.bytes += size
-        while self._owner_bytes[owner] > cap:
+        self._bytes.add(owner, size)
+        while self._bytes.get(owner) > cap:
             self._evict(owner)
-        while self.bytes > self.max_bytes:
-            self._evict(self._largest())
-
-    def _counted(self, owner: str, held: int) -> None:
-        """`owner` now holds `held` bytes (kept for `_largest`)."""
-        heapq.heappush(self._heap, (-held, owner))
-        if len(self._heap) > 2 * len(self._owner_bytes) + 64:  # (amortized: O(1) a change)
-            self._heap = [(-b, o) for o, b in self._owner_bytes.items()]
-            heapq.heapify(self._heap)
-
-    def _largest(self) -> str:
-        """The owner holding the most bytes (of equals, the least name)."""
-        while True:
-            held, owner = self._heap[0]
-            if self._owner_bytes.get(owner) == -held:
-                return owner
-            heapq.heappop(self._heap)  # (a count since changed, or an owner gone)
+        while self._bytes.total > self.max_bytes:
+            self._evict(self._bytes.largest())
 
     def _evict(self, owner: str) -> None:
         self.delete(next(iter(self._owned[owner])))
@@ -111,14 +95,11 @@ class L1:
         if item is None:
             return False
         _, size, owner = item
-        self.bytes -= size
         keys = self._owned[owner]
         del keys[key]
-        self._owner_bytes[owner] -= size
         if not keys:
-            del self._owned[owner], self._owner_bytes[owner]
-        else:
-            self._counted(owner, self._owner_bytes[owner])
+            del self._owned[owner]
+        self._bytes.add(owner, -size)
         if self._on_remove is not None:
             self._on_remove(key)
         return True

@@ -24,11 +24,12 @@ gigabytes.
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 
 import numpy as np
+
+from proxy.tally import Tally
 
 from .entry import Entry
 from .guard import ANY_GATE, DIGEST_MARK, gate, guard_digest, guard_ok
@@ -202,11 +203,8 @@ class SemanticIndex:
                  max_bytes: int = 256 * 2**20) -> None:
         self.dim = dim
         self.max_bytes = max_bytes
-        self.bytes = 0
-        self._owner_bytes: dict[str, int] = {}
-        #: (-bytes, owner) at each change of an owner's bytes, the most first (an entry no
-        #: longer its owner's count is skipped when met: `_largest_bytes`)
-        self._bytes_heap: list[tuple[int, str]] = []
+        #: owner -> the bytes of its partitions (and their total, `bytes`)
+        self._bytes = Tally()
         self._fitting = False
         self.evicted_for_bytes = 0  # entries removed to stay within max_bytes
         self._on_remove = on_remove
@@ -216,14 +214,15 @@ class SemanticIndex:
         self.partitions: OrderedDict[str, Partition] = OrderedDict()  # least recent first
         self._owner_of: dict[str, str] = {}  # partition -> its owner
         self._owned: dict[str, OrderedDict[str, None]] = {}  # owner -> its, least recent first
-        #: (-partitions, owner) at each change of an owner's count, the most first: an
-        #: entry no longer its owner's count is skipped when met (`_largest`). (A scan of
-        #: every owner's count made each new partition in a full index O(tenants).)
-        self._heap: list[tuple[int, str]] = []
+        self._counts = Tally()  # owner -> how many partitions it holds
         self.evicted_partitions = 0
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.partitions.values())
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes.total
 
     def owned(self, owner: str) -> int:
         """How many partitions `owner` holds."""
@@ -259,7 +258,7 @@ class SemanticIndex:
                 self._drop(next(iter(self._owned[owner])))
             while len(self.partitions) >= self.max_partitions:
                 # the new one counted as the owner's already (a tie: the owner's own)
-                largest, held = self._largest(), self.owned(owner)
+                largest, held = self._counts.largest(), self.owned(owner)
                 if held and held + 1 >= len(self._owned[largest]):
                     largest = owner
                 self._drop(next(iter(self._owned[largest])))
@@ -269,7 +268,7 @@ class SemanticIndex:
             self._grew(owner, p.bytes, fit=False)  # (its first entry's add fits)
             mine = self._owned.setdefault(owner, OrderedDict())
             mine[name] = None
-            self._counted(owner, len(mine))
+            self._counts.set(owner, len(mine))
             if not new_last:
                 self.partitions.move_to_end(name, last=False)
                 mine.move_to_end(name, last=False)
@@ -281,7 +280,7 @@ class SemanticIndex:
     def _grew(self, owner: str, delta: int, fit: bool = True, growing: str = "") -> None:
         """A partition of `owner` (`growing`) grew (or shrank) by `delta` bytes: past
         `max_bytes`, the owner holding the most gives way."""
-        self._sized(owner, delta)
+        self._bytes.add(owner, delta)
         if fit and delta > 0 and not self._fitting:
             self._fitting = True
             try:
@@ -289,32 +288,13 @@ class SemanticIndex:
             finally:
                 self._fitting = False
 
-    def _sized(self, owner: str, delta: int) -> None:
-        self.bytes += delta
-        held = self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + delta
-        if not held:
-            del self._owner_bytes[owner]
-            return
-        heapq.heappush(self._bytes_heap, (-held, owner))
-        if len(self._bytes_heap) > 2 * len(self._owner_bytes) + 64:  # (amortized)
-            self._bytes_heap = [(-b, o) for o, b in self._owner_bytes.items()]
-            heapq.heapify(self._bytes_heap)
-
-    def _largest_bytes(self) -> str:
-        """The owner holding the most bytes (of equals, the least name)."""
-        while True:
-            held, owner = self._bytes_heap[0]
-            if self._owner_bytes.get(owner) == -held:
-                return owner
-            heapq.heappop(self._bytes_heap)  # (a size since changed, or an owner gone)
-
     def _fit(self, growing: str = "") -> None:
         """Within `max_bytes`: the owner holding the most loses the oldest entry of its
         least recently used partition other than `growing` (the one just added to: one
         an answer embedded late makes comes in least recently used, and would have lost
         that answer at once), that one's oldest where it holds no other."""
-        while self.bytes > self.max_bytes and self.partitions:
-            largest = self._largest_bytes()
+        while self._bytes.total > self.max_bytes and self.partitions:
+            largest = self._bytes.largest()
             mine = iter(self._owned[largest])
             name = next(mine)
             if name == growing:
@@ -335,30 +315,13 @@ class SemanticIndex:
         del mine[name]
         if not mine:
             del self._owned[owner]
-        else:
-            self._counted(owner, len(mine))
-        self._sized(owner, -old.bytes)
+        self._counts.set(owner, len(mine))
+        self._bytes.add(owner, -old.bytes)
         old._on_size = None  # it is no longer counted
         self.evicted_partitions += counted
         if self._on_remove is not None:
             for entry_id in old.rows:
                 self._on_remove(name, entry_id)
-
-    def _counted(self, owner: str, held: int) -> None:
-        """`owner` now holds `held` partitions (kept for `_largest`)."""
-        heapq.heappush(self._heap, (-held, owner))
-        if len(self._heap) > 2 * len(self._owned) + 64:  # (amortized: O(1) a change)
-            self._heap = [(-len(m), o) for o, m in self._owned.items()]
-            heapq.heapify(self._heap)
-
-    def _largest(self) -> str:
-        """The owner holding the most partitions (of equals, the least name)."""
-        while True:
-            held, owner = self._heap[0]
-            mine = self._owned.get(owner)
-            if mine is not None and len(mine) == -held:
-                return owner
-            heapq.heappop(self._heap)  # (a count since changed, or an owner gone)
 
     def _hook(self, name: str) -> Callable[[str], None] | None:
         hook = self._on_remove

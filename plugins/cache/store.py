@@ -23,7 +23,6 @@ exact entry goes to L1 and Redis at once either way.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import time
 import uuid
@@ -37,6 +36,7 @@ import orjson
 
 from proxy.auth import account
 from proxy.embedding import Embedder
+from proxy.tally import Tally
 from proxy.tasks import cancel_and_wait
 from proxy.telemetry import get_logger, labelled
 
@@ -139,15 +139,11 @@ class CacheStore:
         self._pending: OrderedDict[tuple[str, str], _Pending] = OrderedDict()  # oldest first
         #: the same keys by owner (`_owner`), oldest first: whose the bound drops
         self._pending_of: dict[str, OrderedDict[tuple[str, str], None]] = {}
-        #: (-waiting, owner) at each change of an owner's count, the most first (an entry
-        #: no longer its owner's count is skipped when met: `_most_pending`)
-        self._pending_heap: list[tuple[int, str]] = []
+        self._pending_counts = Tally()  # owner -> how many of its answers wait
         #: what they hold (`entry_bytes`), by owner, and in all: at most
         #: `semantic.max_bytes` (10,000 long answers were hundreds of MB beside the
-        #: index's own bound); (-bytes, owner) at each change, as `_pending_heap`
-        self._pending_bytes: dict[str, int] = {}
-        self._pending_total = 0
-        self._bytes_heap: list[tuple[int, str]] = []
+        #: index's own bound)
+        self._pending_bytes = Tally()
         self._gated: dict[tuple[str, str], dict[str, _Pending]] = {}  # (partition, gate)
         self._flushing = 0
         #: Answers stored with no vector at hand (`lazy` off) whose question is being
@@ -332,15 +328,15 @@ class CacheStore:
         owner = _owner(entry)
         while len(self._pending) >= MAX_PENDING:
             # the new one counted as its owner's already (a tie: the owner's own)
-            largest, held = self._most_pending(), len(self._pending_of.get(owner, ()))
+            largest, held = self._pending_counts.largest(), self._pending_counts.get(owner)
             if held and held + 1 >= len(self._pending_of[largest]):
                 largest = owner
             self._settle(self._pending[next(iter(self._pending_of[largest]))], None)
-        while self._pending_total + size > self.cfg.semantic.max_bytes:
+        while self._pending_bytes.total + size > self.cfg.semantic.max_bytes:
             # in bytes alike (the new one counted as its owner's: if that makes its owner
             # the one holding the most and it holds nothing else, it is the one to go)
-            biggest, held = self._most_pending_bytes(), self._pending_bytes.get(owner, 0)
-            if held + size >= self._pending_bytes[biggest]:
+            biggest, held = self._pending_bytes.largest(), self._pending_bytes.get(owner)
+            if held + size >= self._pending_bytes.get(biggest):
                 biggest = owner
             if biggest not in self._pending_of:
                 fut = asyncio.get_running_loop().create_future()
@@ -353,52 +349,13 @@ class CacheStore:
         self._pending[key] = p
         mine = self._pending_of.setdefault(owner, OrderedDict())
         mine[key] = None
-        self._pending_counted(owner, len(mine))
-        self._pending_sized(owner, size)
+        self._pending_counts.set(owner, len(mine))
+        self._pending_bytes.add(owner, size)
         self._gated.setdefault((partition, p.gate), {})[entry.key] = p
         labelled(self.metrics.entries, "pending").set(len(self._pending))
         self._start_embedder()
         self._wake.set()
         return p.vec
-
-    def _pending_counted(self, owner: str, held: int) -> None:
-        """`owner` now has `held` answers waiting (kept for `_most_pending`; a scan of
-        every owner's count made each answer at the bound O(tenants))."""
-        heapq.heappush(self._pending_heap, (-held, owner))
-        if len(self._pending_heap) > 2 * len(self._pending_of) + 64:  # (amortized)
-            self._pending_heap = [(-len(m), o) for o, m in self._pending_of.items()]
-            heapq.heapify(self._pending_heap)
-
-    def _pending_sized(self, owner: str, delta: int) -> None:
-        """`owner`'s answers waiting hold `delta` bytes more (kept for
-        `_most_pending_bytes`)."""
-        held = self._pending_bytes[owner] = self._pending_bytes.get(owner, 0) + delta
-        self._pending_total += delta
-        if not held:
-            del self._pending_bytes[owner]
-            return
-        heapq.heappush(self._bytes_heap, (-held, owner))
-        if len(self._bytes_heap) > 2 * len(self._pending_bytes) + 64:  # (amortized)
-            self._bytes_heap = [(-b, o) for o, b in self._pending_bytes.items()]
-            heapq.heapify(self._bytes_heap)
-
-    def _most_pending_bytes(self) -> str:
-        """The owner whose answers waiting hold the most bytes (of equals, the least
-        name)."""
-        while True:
-            held, owner = self._bytes_heap[0]
-            if self._pending_bytes.get(owner) == -held:
-                return owner
-            heapq.heappop(self._bytes_heap)  # (a size since changed, or gone)
-
-    def _most_pending(self) -> str:
-        """The owner with the most answers waiting (of equals, the least name)."""
-        while True:
-            held, owner = self._pending_heap[0]
-            mine = self._pending_of.get(owner)
-            if mine is not None and len(mine) == -held:
-                return owner
-            heapq.heappop(self._pending_heap)  # (a count since changed, or gone)
 
     def _settle(self, p: _Pending, vec: np.ndarray | None) -> None:
         """Give a pending entry its vector (it joins the index, unless a purge ran since
@@ -410,9 +367,8 @@ class CacheStore:
             del mine[(p.partition, p.entry.key)]
             if not mine:
                 del self._pending_of[owner]
-            else:
-                self._pending_counted(owner, len(mine))
-            self._pending_sized(owner, -p.size)
+            self._pending_counts.set(owner, len(mine))
+            self._pending_bytes.add(owner, -p.size)
             group = self._gated[(p.partition, p.gate)]
             del group[p.entry.key]
             if not group:

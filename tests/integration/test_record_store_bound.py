@@ -466,7 +466,7 @@ async def test_in_memory_all_tenants_together_hold_at_most_the_process_bound() -
             await store.put(f"t{t}", f"r{i}", record(10 + i))
     held = [(t, i) for t in range(6) for i in range(4)
             if await store.get(f"t{t}", f"r{i}") is not None]
-    assert len(held) == 9 and sum(store._bytes.values()) <= 10 * size
+    assert len(held) == 9 and store._bytes.total <= 10 * size
     assert await store.get("small", "s0") is not None  # the one holding least kept it
     assert (5, 3) in held  # the newest stays
     cfg = parse_settings("auth: {mode: open}\nresponses:\n  max_bytes_in_memory: 2097152\n",
@@ -512,7 +512,7 @@ async def test_in_memory_a_put_does_not_read_every_tenants_bytes() -> None:
     tenants, size = 2000, _size(record(10))
     store = MemoryStore(3600, 100_000, max_bytes=8 * size,
                         max_total_bytes=(tenants + 2) * size)
-    store._bytes = _Reads()
+    store._bytes._held = _Reads()
     for t in range(tenants):
         await store.put(f"t{t}", "r", record(10))
     for i in range(4):  # t0 holds the most
@@ -521,6 +521,6 @@ async def test_in_memory_a_put_does_not_read_every_tenants_bytes() -> None:
     for i in range(tenants):  # t1 floods: past the bound, the one holding the most gives way
         await store.put("t1", f"flood{i}", record(10))
     assert _Reads.reads < 20 * tenants, _Reads.reads
-    assert store._total == sum(dict.values(store._bytes)) <= (tenants + 2) * size
+    assert store._bytes.total == sum(dict.values(store._bytes._held)) <= (tenants + 2) * size
     kept = [await store.get(f"t{t}", "r") for t in range(2, tenants)]
     assert None not in kept  # only the ones holding the most gave way

@@ -209,7 +209,7 @@ def test_a_put_into_a_full_l1_does_not_walk_every_tenant() -> None:
     before the fair share), and still the one holding the most."""
     tenants = 2000
     l1 = L1(max_bytes=100 * tenants, owner=by_tenant)
-    l1._owner_bytes = _Reads()
+    l1._bytes._held = _Reads()
     for i in range(tenants):
         l1.put(entry(f"k{i}", f"t{i}"), 100)
     _Reads.reads = 0
