@@ -24,7 +24,8 @@ class Limits(ConfigModel):
     max_total_chars: int = Field(262_144, ge=1, description=(
         "Characters in all messages, with the tool definitions, a response format's "
         "schema and the texts a Response keeps beside its input (reasoning items, "
-        "metadata, user): the detectors read them all."))
+        "metadata, user) where a detector redacts or blocks: the detectors read them "
+        "all."))
     max_tokens: int = Field(8192, ge=1, description="Ceiling for max_tokens.")
     max_n: int = Field(8, ge=1, json_schema_extra={"maximum": MAX_N}, description=(
         f"Ceiling for n ({MAX_N} at most: the request parser refuses more)."))

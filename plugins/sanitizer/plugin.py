@@ -265,9 +265,11 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                         f"Messages, tool definitions and the response format's schema may "
                         f"hold at most {lim.max_total_chars} characters in all.",
                         param="response_format", code="invalid_value")
-            if total + _caller_chars(req) + ctx.aside_chars > lim.max_total_chars:
+            if self._redacts and (
+                    total + _caller_chars(req) + ctx.aside_chars > lim.max_total_chars):
                 # (what a route screens aside is read as the prompt is: 4 MB of a
-                # Response's reasoning items held the event loop for seconds)
+                # Response's reasoning items held the event loop for seconds; where no
+                # detector redacts or blocks, nothing screens them aside, nor reads them)
                 raise InvalidRequest(
                     (f"The input, with the texts kept beside it (reasoning items, metadata, "
                      f"user), may hold at most {lim.max_total_chars} characters in all."
@@ -281,7 +283,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             if len(req.prompts()) > lim.max_messages:
                 raise InvalidRequest(f"At most {lim.max_messages} prompts are allowed.",
                                      param="prompt", code="array_above_max_length")
-            if sum(len(t) for t in texts) + _caller_chars(req) > lim.max_total_chars:
+            if sum(len(t) for t in texts) + (
+                    _caller_chars(req) if self._redacts else 0) > lim.max_total_chars:
                 raise InvalidRequest(
                     f"The prompt may hold at most {lim.max_total_chars} characters (with "
                     "`user`).", param="prompt", code="string_above_max_length")

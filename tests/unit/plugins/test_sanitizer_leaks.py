@@ -186,6 +186,23 @@ async def test_texts_screened_aside_count_in_the_limit_on_what_it_reads() -> Non
         "k": "v" * 5}})) == 1215  # (not `user`: the chat request carries it, counted there)
 
 
+
+async def test_texts_aside_do_not_count_where_no_detector_reads_them() -> None:
+    """With no detector redacting or blocking (flag only, as config/weir.yaml), nothing
+    screens a Response's reasoning items or the caller's texts aside: they are not read,
+    so they take nothing from `max_total_chars` (a long conversation was refused)."""
+    san = SanitizerPlugin(SanitizerConfig.model_validate(
+        {"detectors": {"secret": "flag"}, "limits": {"max_total_chars": 1000}}),
+        Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics()))
+    assert san.screen_aside() is None
+    ctx = chat(("user", "hi"), ("user", "go on"))
+    ctx.aside_chars = 1200
+    ctx.request = ctx.request.model_copy(update={"user": "u" * 1200})
+    assert san.screens(ctx)
+    spy = Spy()
+    await san(ctx, spy)
+    assert spy.ctx is not None
+
 # ------------------------------------------------- what a tool carries beyond its fields
 
 def with_tools(tools: list[dict[str, Any]]) -> RequestContext:
