@@ -263,6 +263,7 @@ def find_secrets(text: str) -> Iterator[Span]:
 # is longer) that decodes to printable text holding a vendor format is one (what it
 # decodes to must be the format itself, not a phrase: random text says "pass: x").
 _B64_LEAST, _B64_MOST = 24, 2048
+_LINE_BREAKS = re.compile(r"[\r\n\t]")  # what a file encoded holds beside printable text
 _B64_RUN = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/]{24,2048}={0,2}(?![A-Za-z0-9+/=_-])")
 
 
@@ -275,7 +276,7 @@ def _encoded(text: str) -> Iterator[Span]:
             decoded = base64.b64decode(run + "=" * (-len(run) % 4)).decode("ascii")
         except (ValueError, UnicodeDecodeError):
             continue
-        if not decoded.isprintable():
+        if not _LINE_BREAKS.sub("", decoded).isprintable():  # (`echo $KEY | base64`)
             continue
         low = decoded.lower()
         for needs, rx in _FORMAT_RX:

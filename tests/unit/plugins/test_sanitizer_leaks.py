@@ -359,6 +359,8 @@ def b64(raw: str) -> str:
     + '"}}}',  # a Docker config
     "data:\n  aws: " + b64("AKIAIOSFODNN7EXAMPLE"),  # a Kubernetes secret's data
     "token " + b64("xoxb-1234567890-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx") + " ok",
+    "data:\n  token: " + b64(KEY + "\n"),  # `echo $KEY | base64`: its line's end with it
+    "data:\n  .env: " + b64(f"DEBUG=1\nOPENAI_API_KEY={KEY}\n"),  # a file of lines
 ])
 def test_a_key_base64_encoded_is_a_secret(text: str) -> None:
     out = redacted(text)
