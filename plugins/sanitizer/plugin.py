@@ -22,6 +22,7 @@ is never logged or counted; metrics carry only detector and action.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal, TypeVar
@@ -160,8 +161,11 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         update: dict[str, Any] = {}
         for field in _CALLER_FIELDS:
             value = getattr(req, field, None)
-            if isinstance(value, str) and value and (said := self._screen([value])[0]) != value:
-                update[field] = said
+            if isinstance(value, str) and value and self._screen([value])[0] != value:
+                # an identifier: its hash, as OpenAI asks apps to send one (a placeholder
+                # made every caller whose id is an address one user upstream)
+                update[field] = hashlib.sha256(value.encode(errors="surrogatepass")
+                                               ).hexdigest()
         metadata = getattr(req, "metadata", None)
         if metadata and (values := screened_values(dict(metadata), self._screen)) != metadata:
             update["metadata"] = values

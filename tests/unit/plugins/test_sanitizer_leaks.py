@@ -4,6 +4,7 @@ split over lines and messages)."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import Any
 
@@ -298,7 +299,8 @@ async def test_the_callers_texts_going_on_with_a_request_are_screened_not_read()
     (an upstream engine gets them, and may store them) though no prompt holds them: they
     went unredacted, a blocked value too, while Weir's own store kept them screened.
     They are screened as what a route keeps is, and fire nothing (an app's `user` is
-    often its user's address)."""
+    often its user's address); an identifier that holds what a detector redacts goes on
+    as its hash, so two callers stay two (a placeholder made them one user upstream)."""
     req = ChatCompletionRequest.model_validate({
         "model": "m", "messages": [{"role": "user", "content": "hi"}],
         "metadata": {"to": "jane@example.com", "ref": "ORD-123456"}, "user": KEY,
@@ -315,8 +317,27 @@ async def test_the_callers_texts_going_on_with_a_request_are_screened_not_read()
     said = spy.ctx.request
     assert isinstance(said, ChatCompletionRequest)
     assert said.metadata == {"to": "[EMAIL]", "ref": "[ORDER_ID]"}
-    assert (said.user, said.safety_identifier, said.prompt_cache_key) == (
-        "[SECRET]", "[EMAIL]", "k-[SECRET]")
+    ids = (said.user, said.safety_identifier, said.prompt_cache_key)
+    assert ids == tuple(hashlib.sha256(v.encode()).hexdigest()
+                        for v in (KEY, "jane@example.com", f"k-{KEY}"))
+    assert not any("jane" in v or KEY in v for v in ids)
+    other = await _screened_ids(san, "john@example.com")
+    assert other != said.safety_identifier and len(other) == 64  # (OpenAI's bound on it)
+    assert await _screened_ids(san, "user-123") == "user-123"  # nothing fires: as sent
+
+
+async def _screened_ids(san: SanitizerPlugin, safety_identifier: str) -> str:
+    req = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "safety_identifier": safety_identifier})
+    ctx = RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                         request_id="r")
+    spy = Spy()
+    await san(ctx, spy)
+    assert spy.ctx is not None and isinstance(spy.ctx.request, ChatCompletionRequest)
+    got = spy.ctx.request.safety_identifier
+    assert got is not None
+    return got
 
 
 async def test_the_callers_texts_count_in_the_limit_on_what_it_reads() -> None:
