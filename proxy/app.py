@@ -57,9 +57,11 @@ def create_app(
     embedder = (LocalEmbedder(settings.embeddings, metrics.registry)
                 if settings.embeddings.enabled else None)
     plugins = build_plugins(settings.plugins, Services(terminal, settings, metrics, embedder))
-    chain = compose(plugins, terminal)
+    deadline_s = settings.server.request_timeout_s
+    chain = compose(plugins, terminal, deadline_s=deadline_s)
     embed_chain = (compose([p for p in plugins if "embeddings" in p.serves],
-                           embeddings_api.terminal(embedder)) if embedder is not None else None)
+                           embeddings_api.terminal(embedder), deadline_s=deadline_s)
+                   if embedder is not None else None)
     app = web.Application(
         middlewares=[
             guard_middleware,

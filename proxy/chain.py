@@ -32,7 +32,7 @@ from typing import (
 from pydantic import ValidationError
 
 from .config_model import ConfigModel
-from .context import RequestContext, Screen
+from .context import RequestContext, Screen, Within
 
 # Replies are defined in proxy.reply; plugins import them from here with the contract.
 from .reply import Completion, EndHook, Outcome, Reply, Stream
@@ -239,14 +239,20 @@ def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugi
     return plugins
 
 
-def compose(plugins: Sequence[Plugin], terminal: Next) -> Next:
+def compose(plugins: Sequence[Plugin], terminal: Next, *,
+            deadline_s: float | None = None) -> Next:
     """One callable running `plugins` outermost first, then `terminal`; the plugins'
-    `enter` hooks (those that have one) run first, before any of them."""
-    handler = terminal
+    `enter` hooks (those that have one) run first, before any of them. `deadline_s`
+    (the server's `request_timeout_s`): every request's deadline, set before the hooks
+    (admission's own may only shorten it) and enforced around `terminal`, so a request
+    has one, and is cut at it, with no plugin that sets or enforces one."""
+    handler = terminal if deadline_s is None else _within_deadline(terminal)
     for plugin in reversed(plugins):
         handler = _link(plugin, handler)
     entering = [f for p in plugins if (f := getattr(p, "enter", None)) is not None
                 and getattr(f, "__func__", None) is not BasePlugin.enter]
+    if deadline_s is not None:
+        entering.insert(0, _server_deadline(deadline_s))
     if not entering:
         return handler
     chain = handler
@@ -257,6 +263,29 @@ def compose(plugins: Sequence[Plugin], terminal: Next) -> Next:
         return await chain(ctx)
 
     return run
+
+
+def _server_deadline(limit: float) -> Callable[[RequestContext], None]:
+    def enter(ctx: RequestContext) -> None:
+        deadline = ctx.started + limit
+        ctx.deadline = deadline if ctx.deadline is None else min(ctx.deadline, deadline)
+
+    return enter
+
+
+def _within_deadline(terminal: Next) -> Next:
+    """`terminal` cut at the request's deadline (504 `timeout`), a stream's rest too:
+    where admission is in the chain it has done the same already (the same instant)."""
+
+    async def step(ctx: RequestContext) -> Reply:
+        async with Within(ctx.deadline):
+            reply = await terminal(ctx)
+        if isinstance(reply, Stream) and ctx.deadline is not None:
+            reply.deadline = (ctx.deadline if reply.deadline is None
+                              else min(reply.deadline, ctx.deadline))
+        return reply
+
+    return step
 
 
 def _link(plugin: Plugin, call_next: Next) -> Next:

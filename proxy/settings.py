@@ -95,6 +95,11 @@ class ServerSettings(_Strict):
     write_timeout_s: float = Field(
         30.0, gt=0, description="A client that reads nothing for this long is cut off."
     )
+    request_timeout_s: float | None = Field(
+        600.0, gt=0, description="Every generation request's deadline (504 `timeout` "
+        "past it), whatever the plugins: the admission plugin's own deadline (`deadline_s`, "
+        "the `x-weir-timeout-ms` header) applies too, the shorter holding. None: none "
+        "(then, without admission, a hung engine held a request until its client left).")
     keepalive_s: float = Field(
         15.0, gt=0, description="Interval of SSE keep-alive comments while a stream is idle."
     )

@@ -5,6 +5,7 @@ small routes (models, health, metrics, dashboard)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -199,3 +200,17 @@ async def test_the_request_id_is_echoed(make_client: MakeClient, stream: bool) -
                           headers={"x-request-id": "route-test-1"})
     await r.read()
     assert r.status == 200 and r.headers.get("x-request-id") == "route-test-1"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_has_the_server_s_deadline_without_the_admission_plugin(
+        make_client: MakeClient, fake_engine: FakeEngine, stream: bool) -> None:
+    """No plugin sets a deadline (no admission): `server.request_timeout_s` is the
+    request's, and a hung engine's request is a 504 `timeout` at it, not held until
+    its client leaves."""
+    fake_engine.token_gate = asyncio.Event()  # never set: the engine hangs
+    client = await make_client(server={"request_timeout_s": 0.05})
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+    err = await error_of(resp, 504)
+    assert err["code"] == "timeout" and err["type"] == "timeout_error"
+    assert not fake_engine.active  # its generation was aborted
