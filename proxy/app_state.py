@@ -121,6 +121,8 @@ class AppState:
             status = "failed"
         elif not self.terminal.ready():
             status = "loading"
+        elif not all(p.ready() for p in self.plugins):
+            status = "unavailable"  # (a plugin refuses every request: see `ready`)
         else:
             status = "ready"
         body: dict[str, Any] = {"status": status, "in_flight": self.in_flight}

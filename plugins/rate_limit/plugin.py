@@ -197,6 +197,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                     else "local-fallback"}
         return {"store": "full" if self._full else "redis"}
 
+    def ready(self) -> bool:
+        """With `fail_closed`, not while its store is down or full: every request is a
+        503 then. (Its round pings the store meanwhile, and from the start: a store out
+        of reach is seen with no request failing on it, and its return too.)"""
+        return not (self.remote is not None and self.cfg.on_store_error == "fail_closed"
+                    and (self._degraded or self._full))
+
     # -------------------------------------------------------------- store calls
     #
     # A concurrency lease lives in the store that granted it, and is released there,
@@ -355,12 +362,28 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     async def _renew_loop(self) -> None:
         period = self.cfg.lease_s / 3
         while True:
+            if self.cfg.on_store_error == "fail_closed":  # (readiness reads it: `ready`)
+                await self._check_reachable()
             await asyncio.sleep(period)
             try:
                 await self._renew()
                 await self._retry_orphans()
             except Exception as e:  # keep renewing: a missed round only shortens leases
                 log.error("rate-limit lease renewal failed", **error_fields(e))
+
+    async def _check_reachable(self) -> None:
+        """Ping the store while it is thought up (`_probe` does while it is down), so
+        that one gone out of reach is seen with no request refused on it."""
+        if self.remote is None or self._degraded or self._full:
+            return
+        try:
+            await self.remote.ping()
+        except StoreError as e:
+            self._store_failed(e)
+        except Exception as e:  # (the next round tries again)
+            log.error("rate-limit store ping failed", **error_fields(e))
+        else:
+            self._store_ok()
 
     async def _renew_logged(self) -> None:
         """`_renew` out of the round (`_store_ok`): a failure is logged, as the round's."""
