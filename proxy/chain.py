@@ -32,7 +32,7 @@ from typing import (
 from pydantic import ValidationError
 
 from .config_model import ConfigModel
-from .context import RequestContext, Screen, Within
+from .context import TIMEOUT_HEADER, RequestContext, Screen, Within, asked_limit
 
 # Replies are defined in proxy.reply; plugins import them from here with the contract.
 from .reply import Completion, EndHook, Outcome, Reply, Stream
@@ -257,8 +257,9 @@ def compose(plugins: Sequence[Plugin], terminal: Next, *,
         handler = _link(plugin, handler)
     entering = [f for p in plugins if (f := getattr(p, "enter", None)) is not None
                 and getattr(f, "__func__", None) is not BasePlugin.enter]
-    if deadline_s is not None:
-        entering.insert(0, _server_deadline(deadline_s))
+    if deadline_s is not None:  # (admission reads the timeout header: its own name)
+        entering.insert(0, _server_deadline(
+            deadline_s, header=all(p.name != "admission" for p in plugins)))
     if not entering:
         return handler
     chain = handler
@@ -271,9 +272,13 @@ def compose(plugins: Sequence[Plugin], terminal: Next, *,
     return run
 
 
-def _server_deadline(limit: float) -> Callable[[RequestContext], None]:
+def _server_deadline(limit: float, *, header: bool) -> Callable[[RequestContext], None]:
+    """Sets the request's deadline: `limit`, shortened by `x-weir-timeout-ms` where
+    `header` (no admission plugin, which otherwise reads it)."""
+
     def enter(ctx: RequestContext) -> None:
-        deadline = ctx.started + limit
+        asked = asked_limit(ctx.headers.get(TIMEOUT_HEADER), limit) if header else limit
+        deadline = ctx.started + (limit if asked is None else asked)
         ctx.deadline = deadline if ctx.deadline is None else min(ctx.deadline, deadline)
 
     return enter

@@ -7,6 +7,7 @@ a plugin instance serves every request at once.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -135,6 +136,24 @@ class RequestContext:
         if self.deadline is None:
             return None
         return self.deadline - time.monotonic()
+
+
+#: The header a caller shortens its request's deadline by (milliseconds), unless the
+#: admission plugin names another (its `deadline_header`).
+TIMEOUT_HEADER = "x-weir-timeout-ms"
+
+
+def asked_limit(raw: str | None, limit: float | None) -> float | None:
+    """`limit` (seconds; None: none), shortened by a timeout header's value `raw` (ms):
+    sent twice, the shorter holds; a value that is no positive number is ignored."""
+    for value in (raw or "").split(","):
+        try:
+            asked = float(value) / 1000
+        except ValueError:
+            continue
+        if asked > 0 and math.isfinite(asked):
+            limit = asked if limit is None else min(limit, asked)
+    return limit
 
 
 def loop_time(deadline: float | None) -> float | None:

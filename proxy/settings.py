@@ -98,8 +98,9 @@ class ServerSettings(_Strict):
     request_timeout_s: float | None = Field(
         600.0, gt=0, description="Every generation request's deadline (504 `timeout` "
         "past it), whatever the plugins: the admission plugin's own deadline (`deadline_s`, "
-        "the `x-weir-timeout-ms` header) applies too, the shorter holding. None: none "
-        "(then, without admission, a hung engine held a request until its client left).")
+        "the `x-weir-timeout-ms` header) applies too, the shorter holding; without "
+        "admission, that header still shortens it. None: none (then, without admission, "
+        "a hung engine held a request until its client left).")
     keepalive_s: float = Field(
         15.0, gt=0, description="Interval of SSE keep-alive comments while a stream is idle."
     )

@@ -18,7 +18,6 @@ in-band if bytes were already sent.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, ClassVar, Literal
 
@@ -26,7 +25,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from proxy.auth import account
 from proxy.chain import BasePlugin, Next, Reply, Services, Stream
-from proxy.context import RequestContext, Within
+from proxy.context import RequestContext, Within, asked_limit
 from proxy.errors import DeadlineExceeded, Unavailable
 from proxy.telemetry import OutageLog, get_logger
 
@@ -78,15 +77,7 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
 
     def _deadline(self, ctx: RequestContext) -> None:
         """`deadline_s`, shortened by the header; applied again it changes nothing."""
-        limit = self.cfg.deadline_s
-        raw = ctx.headers.get(self.cfg.deadline_header)
-        for value in (raw or "").split(","):  # (sent twice: the shorter holds)
-            try:
-                asked = float(value) / 1000
-            except ValueError:
-                continue
-            if asked > 0 and math.isfinite(asked):
-                limit = asked if limit is None else min(limit, asked)
+        limit = asked_limit(ctx.headers.get(self.cfg.deadline_header), self.cfg.deadline_s)
         if limit is not None:
             deadline = ctx.started + limit
             ctx.deadline = deadline if ctx.deadline is None else min(ctx.deadline, deadline)

@@ -214,3 +214,16 @@ async def test_a_request_has_the_server_s_deadline_without_the_admission_plugin(
     err = await error_of(resp, 504)
     assert err["code"] == "timeout" and err["type"] == "timeout_error"
     assert not fake_engine.active  # its generation was aborted
+
+
+async def test_without_admission_the_timeout_header_shortens_the_server_s_deadline(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """`x-weir-timeout-ms` is honoured without the admission plugin too (which reads it
+    where it is in the chain): a hung engine's request is a 504 at the caller's 50 ms,
+    not at the server's 600 s."""
+    fake_engine.token_gate = asyncio.Event()  # never set: the engine hangs
+    client = await make_client()  # (server.request_timeout_s: its default)
+    resp = await client.post("/v1/chat/completions", json=CHAT,
+                             headers={"x-weir-timeout-ms": "nonsense,50"})
+    err = await error_of(resp, 504)
+    assert err["code"] == "timeout"
