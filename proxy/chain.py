@@ -252,14 +252,14 @@ def compose(plugins: Sequence[Plugin], terminal: Next, *,
     (the server's `request_timeout_s`): every request's deadline, set before the hooks
     (admission's own may only shorten it) and enforced around `terminal`, so a request
     has one, and is cut at it, with no plugin that sets or enforces one."""
-    handler = terminal if deadline_s is None else _within_deadline(terminal)
+    admission = any(p.name == "admission" for p in plugins)  # (it enforces deadlines)
+    handler = terminal if deadline_s is None or admission else _within_deadline(terminal)
     for plugin in reversed(plugins):
         handler = _link(plugin, handler)
     entering = [f for p in plugins if (f := getattr(p, "enter", None)) is not None
                 and getattr(f, "__func__", None) is not BasePlugin.enter]
     if deadline_s is not None:  # (admission reads the timeout header: its own name)
-        entering.insert(0, _server_deadline(
-            deadline_s, header=all(p.name != "admission" for p in plugins)))
+        entering.insert(0, _server_deadline(deadline_s, header=not admission))
     if not entering:
         return handler
     chain = handler
@@ -285,8 +285,8 @@ def _server_deadline(limit: float, *, header: bool) -> Callable[[RequestContext]
 
 
 def _within_deadline(terminal: Next) -> Next:
-    """`terminal` cut at the request's deadline (504 `timeout`), a stream's rest too:
-    where admission is in the chain it has done the same already (the same instant)."""
+    """`terminal` cut at the request's deadline (504 `timeout`), a stream's rest too
+    (where admission is in the chain it does so itself: this step is left out)."""
 
     async def step(ctx: RequestContext) -> Reply:
         async with Within(ctx.deadline):
