@@ -205,13 +205,14 @@ def _value_ok(value: str) -> bool:
             and _NOT_A_SECRET.match(value) is None and _PROSE.fullmatch(v) is None)
 
 
-def _looks_made_up(value: str) -> bool:
+def _looks_made_up(value: str, env: bool = False) -> bool:
     """A password rather than a word: a digit, a symbol or mixed case in it (not a
     word in Markdown's emphasis, "**Experimental**", nor lower-case words joined by
     hyphens, dots or underscores, a slug or a name: "pydantic-mypy", "unk_piece",
-    "GITHUB_TOKEN")."""
+    "GITHUB_TOKEN"; but in an environment assignment, `env`, one is the value itself:
+    "SECRET_KEY=super-secret-key")."""
     v = _bare(value)
-    if _LOWER_SLUG.fullmatch(v) is not None:
+    if _LOWER_SLUG.fullmatch(v) is not None and not (env and v != v.upper()):
         return False
     return (any(c.isdigit() for c in v) or not v.replace(" ", "").isalnum()
             or (v != v.lower() and v != v.upper() and v != v.capitalize()))
@@ -315,7 +316,8 @@ def _phrase_ok(m: re.Match[str]) -> bool:
     if m["to"] is not None:
         return _value_ok(m["to"]) and _looks_made_up(m["to"])
     value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
-    if m["v"] is not None and _code_value(m, m["v"]):
+    env = _env_assignment(m)
+    if m["v"] is not None and _code_value(m, m["v"], env):
         return False
     if not _value_ok(value):
         # "passphrase: correct horse battery staple": ordinary words, three or more
@@ -327,7 +329,21 @@ def _phrase_ok(m: re.Match[str]) -> bool:
     if m["kp"] is not None and m["le"] is not None:
         return True  # "password is swordfish": plain words are passwords too
     cjk_link = m["lo"] is not None and m["lo"].strip() in ("는", "은", "は")
-    return _looks_made_up(value) and (not cjk_link or value.isascii())
+    return _looks_made_up(value, env) and (not cjk_link or value.isascii())
+
+
+_ENV_NAME = re.compile(r"(?:^|(?<=[\s;]))[A-Z0-9_]*\Z")
+
+
+def _env_assignment(m: re.Match[str]) -> bool:
+    """Whether the phrase is a shell or .env assignment, NAME=value ("DB_PASSWORD=...",
+    "export OPENAI_API_KEY=..."): an upper-case name run into "=", whose value is
+    literal text there, never a variable (that is "$NAME") nor an attribute."""
+    said = m["kp"] or m["km"] or m["ko"] or ""
+    if m["le"] != "=" or not said or any(c.islower() for c in said):
+        return False
+    line = m.string[:m.start()].rpartition("\n")[2]
+    return _ENV_NAME.search(line) is not None
 
 
 # Code that passes a credential along, after "=" or ":" unquoted: a call or its start
@@ -345,9 +361,11 @@ _CODE_VALUE = re.compile(
 _CREDENTIAL_WORD = re.compile(r"pass|pwd|key|token|secret|auth|cred", re.IGNORECASE)
 
 
-def _code_value(m: re.Match[str], value: str) -> bool:
+def _code_value(m: re.Match[str], value: str, env: bool = False) -> bool:
     """Whether an unquoted value after a code link ("=", ":") is code that names or
-    computes a credential, not one (`_CODE_VALUE`)."""
+    computes a credential, not one (`_CODE_VALUE`). In an environment assignment
+    (`env`) only a call is: a name or a dotted one there is the value itself
+    ("DB_PASSWORD=my_secret_pass", "PASSWORD=admin.pass")."""
     link = (m["le"] or "").strip().lstrip("\"'`").strip()
     if link not in ("=", ":", "=>"):
         return False
@@ -355,6 +373,8 @@ def _code_value(m: re.Match[str], value: str) -> bool:
     said = m["kp"] or m["km"] or m["ko"] or ""
     if re.sub(r"[\s_-]", "", bare.lower()) == re.sub(r"[\s_-]", "", said.lower()):
         return True  # the keyword's own name: "api_key=api_key"
+    if env and "(" not in value:
+        return False
     code = _CODE_VALUE.match(value)
     if code is None:
         return False

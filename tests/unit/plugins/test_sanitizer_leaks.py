@@ -292,6 +292,26 @@ def test_credentials_written_as_code_still_are(text: str) -> None:
     assert fires("secret", text)
 
 
+@pytest.mark.parametrize("text", [
+    "DB_PASSWORD=my_secret_pass", "export DB_PASSWORD=my_secret_pass",
+    "PASSWORD=admin.pass", "SECRET_KEY=super-secret-key",
+    "FOO=1 API_KEY=prod_secret_key ./run.sh", "# .env\nDATABASE_PASSWORD=blue_river.stone",
+])
+def test_a_shell_or_env_assignment_is_its_value(text: str) -> None:
+    """NAME=value in a shell line or a .env file: the value is literal there (a variable
+    is "$NAME"), so a snake_case, dotted or hyphenated one is the credential itself; the
+    code rules read it as a variable named for it or an attribute and let it through."""
+    assert fires("secret", text)
+
+
+@pytest.mark.parametrize("text", [
+    "PASSWORD=get_password()", "TOKEN=GITHUB_TOKEN", "API_KEY=your_api_key_here",
+    "db_password=my_secret_pass", "connect(password=db_password)",
+])
+def test_an_env_assignment_of_a_call_or_a_name_still_is_none(text: str) -> None:
+    assert not fires("secret", text)
+
+
 # ------------------------------------------------- the caller's texts that go on unread
 
 async def test_the_callers_texts_going_on_with_a_request_are_screened_not_read() -> None:
