@@ -253,7 +253,12 @@ def find_secrets(text: str) -> Iterator[Span]:
     if any(e in low for e in _ENV_ENDINGS):
         for m in _ENV.finditer(text):
             value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
-            if _value_ok(value) and _looks_made_up(value):
+            # (a name run into its PASSWORD takes plain words, as "DB_PASSWORD=" does)
+            password = m.group().partition("=")[0].partition(":")[0].rstrip().endswith(
+                "PASSWORD")
+            env = re.match(r"[A-Z0-9_]+=[^\s=]", m.group()) is not None  # (NAME=value)
+            if _value_ok(value) and (_looks_made_up(value, env=env) or (
+                    password and env and "(" not in value)):
                 yield m.span()
     if len(text) >= _B64_LEAST:
         yield from _encoded(text)

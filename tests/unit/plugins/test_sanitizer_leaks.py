@@ -305,6 +305,15 @@ def test_a_shell_or_env_assignment_is_its_value(text: str) -> None:
 
 
 @pytest.mark.parametrize("text", [
+    "PGPASSWORD=swordfish psql -h db", "PGPASSWORD=my_secret_pass psql",
+])
+def test_a_name_run_into_its_password_takes_plain_words_as_db_password_does(
+        text: str) -> None:
+    """"PGPASSWORD=swordfish" went through where "DB_PASSWORD=swordfish" is a secret."""
+    assert fires("secret", text)
+
+
+@pytest.mark.parametrize("text", [
     "PASSWORD=get_password()", "TOKEN=GITHUB_TOKEN", "API_KEY=your_api_key_here",
     "db_password=my_secret_pass", "connect(password=db_password)",
 ])
