@@ -142,31 +142,14 @@ class _Guarded(asyncio.Protocol):
         end = seen.find(_HEAD_END) if data else -1
         size = self._head_bytes + skipped + (
             len(data) if end < 0 else end + 4 - len(self._head_tail))
-        if size > self.guard.max_head_bytes:
-            self.refused = True  # nothing more reaches aiohttp's parser
-            self._hold(0)
-            self._disarm_head()
-            self.guard.note("head_too_large")
-            rid = new_hex()
-            if self.guard.on_refused is not None:
-                self.guard.on_refused(431, "request_header_fields_too_large", rid)
-            self.transport.write(head_too_large(rid))
-            self.transport.close()
-            return True
         g = self.guard
+        if size > g.max_head_bytes:
+            return self._refuse_head("head_too_large", 431, "request_header_fields_too_large",
+                                     head_too_large)
         if end < 0 and g.head_held - self._counted + size > g.max_head_bytes_in_flight:
             # Heads arriving in pieces, all connections' together, past their bound:
             # this one, growing, is refused (a whole head in one piece never counts).
-            self.refused = True
-            self._hold(0)
-            self._disarm_head()
-            g.note("heads_in_flight")
-            rid = new_hex()
-            if g.on_refused is not None:
-                g.on_refused(503, "overloaded", rid)
-            self.transport.write(heads_full(rid))
-            self.transport.close()
-            return True
+            return self._refuse_head("heads_in_flight", 503, "overloaded", heads_full)
         if end < 0:
             self._head_bytes, self._head_tail = size, seen[-3:]
             self._hold(size)
@@ -174,6 +157,22 @@ class _Guarded(asyncio.Protocol):
             self._head_bytes, self._head_done = None, True
             self._hold(0)
         return False
+
+    def _refuse_head(self, reason: str, status: int, code: str,
+                     answer: Callable[[str], bytes]) -> bool:
+        """Refuse the head arriving: nothing more reaches aiohttp's parser; the access
+        log's line and the answer carry one request id; the connection closes."""
+        assert self.transport is not None
+        self.refused = True
+        self._hold(0)
+        self._disarm_head()
+        self.guard.note(reason)
+        rid = new_hex()
+        if self.guard.on_refused is not None:
+            self.guard.on_refused(status, code, rid)
+        self.transport.write(answer(rid))
+        self.transport.close()
+        return True
 
     def _hold(self, size: int) -> None:
         """Count `size` bytes of this connection's head arriving (0: none) in the
