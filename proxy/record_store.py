@@ -117,7 +117,7 @@ class MemoryStore:
         self.kind = kind
         self.max_bytes = max_bytes
         self.max_total_bytes = max_total_bytes if max_bytes is not None else None
-        self._count = 0
+        self._records = Tally()  # account -> how many records it holds (and in all)
         #: tenant -> id -> (expires, record, summary, size), oldest first
         self._items: dict[str, OrderedDict[
             str, tuple[float, Record, Summary | None, int]]] = {}
@@ -132,7 +132,7 @@ class MemoryStore:
         self._places: dict[str, tuple[list[tuple[Any, str, Summary | None]], dict[str, int]]] = {}
 
     def __len__(self) -> int:
-        return self._count
+        return self._records.total
 
     def _size(self, record: Record, summary: Summary | None) -> int:
         """A record's size (its JSON, and its summary's), where a bound counts it; past
@@ -171,13 +171,12 @@ class MemoryStore:
         self._items.setdefault(tenant, OrderedDict())[record_id] = (
             time.monotonic() + self.ttl_s, record, summary, size)
         self._aged.setdefault(account(tenant), OrderedDict())[tenant, record_id] = None
-        self._count += 1
+        self._records.add(account(tenant), 1)
         self._places.pop(tenant, None)
         self._fit(tenant, size)
         self._fit_total((tenant, record_id))
-        while self._count > self.max_items:
-            largest = max(self._aged.values(), key=len)
-            self._pop(*next(iter(largest)))
+        while self._records.total > self.max_items:  # (the account holding the most)
+            self._pop(*next(iter(self._aged[self._records.largest()])))
 
     async def replace(self, tenant: str, record_id: str, record: Record,
                       summary: Summary | None = None, fence: str | None = None) -> bool:
@@ -269,9 +268,9 @@ class MemoryStore:
         hit = records.pop(record_id, None) if records is not None else None
         if records is None or hit is None:
             return False
-        self._count -= 1
         self._places.pop(tenant, None)
         owner = account(tenant)
+        self._records.add(owner, -1)
         aged = self._aged[owner]
         del aged[tenant, record_id]
         self._bytes.add(owner, -hit[3])
@@ -304,7 +303,8 @@ class MemoryStore:
         self._bytes.clear()
         self._gone.clear()
         self._places.clear()
-        self._count = self._gone_count = 0
+        self._records.clear()
+        self._gone_count = 0
 
 
 # Every script first replaces a stray key of another type (a hand edit, another program)

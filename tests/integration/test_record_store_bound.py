@@ -524,3 +524,25 @@ async def test_in_memory_a_put_does_not_read_every_tenants_bytes() -> None:
     assert store._bytes.total == sum(dict.values(store._bytes._held)) <= (tenants + 2) * size
     kept = [await store.get(f"t{t}", "r") for t in range(2, tenants)]
     assert None not in kept  # only the ones holding the most gave way
+
+
+async def test_in_memory_a_put_past_max_items_does_not_walk_every_tenant() -> None:
+    """Past `max_items` the account holding the most records loses its oldest: it was
+    found by a max over every account's records at each put (O(tenants)); a tally keeps
+    the counts, and still the one holding the most gives way."""
+    from proxy.record_store import MemoryStore
+
+    tenants = 2000
+    store = MemoryStore(3600, tenants + 2)
+    for t in range(tenants):
+        await store.put(f"t{t}", "r", record(1))
+    for i in range(2):  # t0 holds the most
+        await store.put("t0", f"more{i}", record(1))
+    store._aged = _Reads(store._aged)  # type: ignore[assignment]
+    _Reads.reads = 0
+    for i in range(tenants):  # t1 floods: past the bound, the one holding the most gives way
+        await store.put("t1", f"flood{i}", record(1))
+    assert _Reads.reads < 20 * tenants, _Reads.reads
+    assert len(store) <= tenants + 2
+    kept = [await store.get(f"t{t}", "r") for t in range(2, tenants)]
+    assert None not in kept  # only the ones holding the most gave way
