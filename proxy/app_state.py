@@ -20,6 +20,7 @@ from .chain import BasePlugin, Next
 from .embedding import Embedder
 from .settings import Settings
 from .streaming import CUT_BY_SHUTDOWN, SHUTDOWN
+from .tally import Tally
 from .telemetry import Metrics
 from .terminal import Terminal
 
@@ -29,24 +30,24 @@ class BodyBudget:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.held: dict[str, int] = {}
+        self._held = Tally()
+
+    @property
+    def held(self) -> dict[str, int]:
+        return dict(self._held.items())
 
     def take(self, owner: str, size: int) -> bool:
         if not size:  # (nothing more to hold)
             return True
-        total, mine = sum(self.held.values()), self.held.get(owner, 0)
+        total, mine = self._held.total, self._held.get(owner)
         if total and total + size > self.limit and (
-                mine * len(self.held) >= total or total + size > 2 * self.limit):
+                mine * len(self._held) >= total or total + size > 2 * self.limit):
             return False
-        self.held[owner] = mine + size
+        self._held.add(owner, size)
         return True
 
     def give(self, owner: str, size: int) -> None:
-        if not size:
-            return
-        left = self.held[owner] = self.held[owner] - size
-        if not left:
-            del self.held[owner]
+        self._held.add(owner, -size)
 
 
 @dataclass
