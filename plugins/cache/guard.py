@@ -1368,12 +1368,24 @@ _SUBJECTS = frozenset(("i", "we", "you"))
 def _subject_swapped(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> bool:
     """The subject of a yes/no question is another person: "Can I see my orders?" (may
     I) / "Can you see my orders?" (does the support see them), "Do I need a passport?"
-    / "Do you need ...". After a question word "you" is often anyone's ("How do I reset
-    my password?" / "How do you reset ..."): not refused there."""
+    / "Do you need ...". After a bare "how" "you" is often anyone's ("How do I reset
+    my password?" / "How do you reset ..."): not refused there, nor after another
+    question word unless the side with "you" names the asker too."""
     x, y = a[i], b[j]
-    return (x in _SUBJECTS and y in _SUBJECTS and _PERSON[x] != _PERSON[y] and i >= 1
-            and a[i - 1] in _AUXILIARIES and all(t in _FILLER for t in a[:i - 1])
-            and not set(a[:i - 1]) & _ASKING)
+    if not (x in _SUBJECTS and y in _SUBJECTS and _PERSON[x] != _PERSON[y] and i >= 1
+            and a[i - 1] in _AUXILIARIES):
+        return False
+    if all(t in _FILLER for t in a[:i - 1]) and not set(a[:i - 1]) & _ASKING:
+        return True
+    if not (all(t in _FILLER for t in a[:i - 1]) or (  # "How long do you ...?"
+            i >= 3 and a[i - 3] in _ASKING and all(t in _FILLER for t in a[:i - 3]))):
+        return False
+    # After a question word, "you" is the other party where its side names the asker
+    # too and the question word is not a bare "how" ("Why do you need my ID?" / "Why do I
+    # need my ID?", "How long do you keep my documents?"; "How do you reset my
+    # password?" is anyone's how-to).
+    you = a if x == "you" else b
+    return a[i - 2:i - 1] != ("how",) and bool(_FIRST_PERSON.intersection(you))
 
 
 #: The asker named in a question: then "you" is the other party, not anyone.
