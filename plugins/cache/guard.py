@@ -1098,6 +1098,28 @@ _HOW_TO = re.compile(r"\bhow\s++(?:(?:do|can|could|should|would|shall)\s++(?:i|w
                      r"[a-z]+(?:ed|en)\b)")
 
 
+#: Words that name when a thing is so (`_state_or_future`): a day, a part of one, a
+#: season, a holiday.
+_WHEN = frozenset((*_PERIODS, "today", "tonight", "tomorrow", "yesterday", "now", "holiday",
+                   "holidays", "christmas", "easter", "weekends", "january", "february",
+                   "march", "april", "may", "june", "july", "august", "september",
+                   "october", "november", "december"))
+
+
+def _state_or_future(a: Signature, b: Signature) -> bool:
+    """One asks whether a thing is in a state now, the other whether it will be put in
+    it ("Is my account frozen?" / "Will my account be frozen?", "Has my refund been
+    processed?" / "Will my refund be processed?"): a state and an act still to come. Not
+    where both name when ("Is the bank closed on Friday?" / "Will the bank be closed on
+    Friday?": one question, the present standing for the day named)."""
+    if {a.tense, b.tense} != {"", "future"}:
+        return False
+    now = a if a.tense == "" else b
+    if not now.state:
+        return False
+    return not all(x.numbers or not _WHEN.isdisjoint(x.tokens) for x in (a, b))
+
+
 def _reason_and_steps(a: Signature, b: Signature, qa: str, qb: str) -> bool:
     """One side asks why (a reason), the other how the asker does the thing (the steps):
     "Why do I need to verify my identity?" / "How do I verify my identity?" (0.84 with
@@ -1661,6 +1683,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and a.language == b.language
             and not _native_differs(a.native, b.native)
             and {a.tense, b.tense} != {"past", "future"}
+            and not _state_or_future(a, b)
             and a.symbols == b.symbols
             and not (a.counts and b.counts and a.counts != b.counts)
             and not _roles_swapped(ta, tb)
