@@ -1509,6 +1509,37 @@ def _bare_state(tokens: tuple[str, ...]) -> str:
     return last if _BARE_STATE.fullmatch(last) and last not in _NOT_BARE_STATE else ""
 
 
+#: Subjects that make "is X <participle>" no question about a thing's state.
+_NOT_THING = frozenset("i you we they he she it there here what which who".split())
+#: Who does an act in its own frame ("how do I enable", "how to enable").
+_OWN_ACT = frozenset(("i", "we", "to"))
+
+
+def _state_and_own_act(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """One asks whether a thing is in a state, its subject one or two words and no
+    owner's ("Is SSO enabled for my organisation?", "Are backups encrypted?"), the other
+    how the asker does the act that leaves it so ("How do I enable SSO for my
+    organisation?", "How to encrypt backups"): a state and a how-to. (A thing of one's,
+    "Is my card blocked?", is guard_roles.state's, `_doers_differ`; a short question
+    against the act ordered, `_bare_state`'s.)"""
+    return any((p := _state_of_thing(x)) and _does_act(y, p) for x, y in ((a, b), (b, a)))
+
+
+def _state_of_thing(tokens: tuple[str, ...]) -> str:
+    if len(tokens) < 3 or tokens[0] not in ("is", "are", "was", "were") or (
+            tokens[1] in _NOT_THING or tokens[1] in _DETERMINERS):
+        return ""
+    for k in (2, 3):
+        if k < len(tokens) and _BARE_STATE.fullmatch(tokens[k]):
+            return tokens[k] if tokens[k] not in _NOT_BARE_STATE else ""
+    return ""
+
+
+def _does_act(tokens: tuple[str, ...], asked: str) -> bool:
+    return any(tokens[k] in _OWN_ACT and tokens[k + 1] != asked
+               and _verb_forms(asked, tokens[k + 1]) for k in range(len(tokens) - 1))
+
+
 #: A request of "you" (`_asks_act`): "Can you lock my account?".
 _REQUESTS = frozenset(("can", "could", "would", "will"))
 
@@ -1690,6 +1721,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not owners_differ(a.owners, b.owners)
             and not _doers_differ(a.doer, b.doer, ta, tb, a.state or b.state)
             and not (a.state and b.state and not _same_state(a.state, b.state))
+            and not _state_and_own_act(ta, tb)
             and not agents_differ(a.agents, b.agents)
             and not parties_differ(parties(ta), parties(tb))
             and not degrees_differ(a.degrees, b.degrees)
