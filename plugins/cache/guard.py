@@ -920,9 +920,13 @@ _COUNTS = {"one": "1", "single": "1", "two": "2", "dual": "2", "both": "2", "twi
            "double": "2", "pair of": "2", "three": "3", "triple": "3", "four": "4",
            "five": "5", "six": "6", "seven": "7", "eight": "8", "nine": "9", "ten": "10",
            "eleven": "11", "twelve": "12", "dozen": "12"}
+#: A count and a half ("one and a half times", "time and a half"), and a half alone.
+_HALVES = {"time": "1", **{w: str(i) for i, w in enumerate(
+    "one two three four five six seven eight nine ten eleven twelve".split(), 1)}}
 _COUNT_WORD = re.compile(
     r"(?<![\w-])(" + "|".join(
-        ["(?<!which )(?<!no )(?<!any )(?<!every )(?<!this )(?<!that )(?<!the )"
+        ["(?:" + "|".join(_HALVES) + r")\s+and\s+a\s+half", "half",
+         "(?<!which )(?<!no )(?<!any )(?<!every )(?<!this )(?<!that )(?<!the )"
          "(?<!each )(?<!some )(?<!than )one(?=\\s+(?!of\\b|another\\b|is\\b|are\\b|was\\b|or\\b|"
          "and\\b|more\\b)[a-z])"]
         + [w for w in _COUNTS if w != "one"]) + r")(?![\w-])", re.IGNORECASE)
@@ -938,7 +942,16 @@ def _counts(text: str) -> tuple[str, ...]:
     pattern = _COUNT_WORD
     if text.isascii():  # (lowered, without IGNORECASE: the same matches, faster)
         text, pattern = text.lower(), _COUNT_WORD_ASCII
-    return tuple(_COUNTS.get(m.group(1).lower(), m.group(1)) for m in pattern.finditer(text))
+    return tuple(_count(m.group(1).lower()) for m in pattern.finditer(text))
+
+
+def _count(said: str) -> str:
+    """A count in words as a number ("twice": "2", "one and a half": "1.5", "half": "0.5")."""
+    if said == "half":
+        return "0.5"
+    if said.endswith("half"):
+        return _HALVES[said.split()[0]] + ".5"
+    return _COUNTS.get(said, said)
 
 
 def _number(n: str) -> str:
