@@ -97,7 +97,7 @@ from .guard_degrees import degrees, degrees_differ
 from .guard_ends import ends, ends_differ
 from .guard_modals import modals, modals_differ
 from .guard_native import english_frame, joined, plain, small_words
-from .guard_quantifiers import quantifiers, quantifiers_differ
+from .guard_quantifiers import all_against_one, quantifiers, quantifiers_differ
 from .guard_roles import (
     IRREGULAR_PARTICIPLES,
     agents,
@@ -1742,6 +1742,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not channels_differ(a.tokens, b.tokens)
             and not (a.numbers and relative_differs(a.units, b.units))
             and not quantifiers_differ(a.quantifiers, b.quantifiers)
+            and not all_against_one(a.tokens, b.tokens)
             and not modals_differ(a.modals, b.modals)
             and not (a.route and b.route and a.route != b.route)
             and not ends_differ(a.ends, b.ends)
