@@ -1553,6 +1553,27 @@ def _does_act(tokens: tuple[str, ...], asked: str) -> bool:
                and _verb_forms(asked, tokens[k + 1]) for k in range(len(tokens) - 1))
 
 
+#: Words before a participle that qualifies a thing ("my stashed changes").
+_QUALIFIED = frozenset(("a", "an", "the", "my", "your", "our", "their", "this", "that"))
+
+
+def _act_and_its_result(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """One side asks about an act ("How do I stash my changes?") and the other about
+    another act on what that act left, its participle qualifying the thing ("How do I
+    apply my stashed changes?", "How do I change a booked flight?"): the verb on one
+    side only, its participle on the other only."""
+    return any(_result_of(x, y) for x, y in ((a, b), (b, a)))
+
+
+def _result_of(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
+    for k in range(1, len(y) - 1):
+        p = y[k]
+        if y[k - 1] in _QUALIFIED and p not in x and _BARE_STATE.fullmatch(p) and any(
+                v != p and v not in y and _verb_forms(p, v) for v in x):
+            return True
+    return False
+
+
 #: A request of "you" (`_asks_act`): "Can you lock my account?".
 _REQUESTS = frozenset(("can", "could", "would", "will"))
 
@@ -1735,6 +1756,7 @@ def guard_ok(question: str, stored: str) -> bool:
             and not _doers_differ(a.doer, b.doer, ta, tb, a.state or b.state)
             and not (a.state and b.state and not _same_state(a.state, b.state))
             and not _state_and_own_act(ta, tb)
+            and not _act_and_its_result(ta, tb)
             and not agents_differ(a.agents, b.agents)
             and not parties_differ(parties(ta), parties(tb))
             and not degrees_differ(a.degrees, b.degrees)
