@@ -1470,7 +1470,35 @@ def _reordered(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     ca = [_singular(t) for t in a if t not in _FILLER]
     cb = [_singular(t) for t in b if t not in _FILLER]
     return ca != cb and len(ca) == len(cb) and sorted(ca) == sorted(cb) and not (
-        _moved_verb(a, ca, cb) or _moved_verb(b, cb, ca))
+        _moved_verb(a, ca, cb) or _moved_verb(b, cb, ca)
+        or _compound(a, b, ca, cb) or _compound(b, a, cb, ca))
+
+
+#: The prepositions that say a noun compound's relation ("the date of my flight": "my
+#: flight date"), and what may stand between them and the noun (`_compound`). Not "to",
+#: "from", "into": a route ("miles to kilometers").
+_OF = frozenset(("of", "for", "in", "at", "on"))
+_OF_BETWEEN = _OF | _DETERMINERS
+
+
+def _compound(a: tuple[str, ...], b: tuple[str, ...], ca: list[str], cb: list[str]) -> bool:
+    """`a` says a noun compound ("my flight date", "a Python list", "my dentist
+    appointment") that `b` says with a preposition ("the date of my flight", "a list in
+    Python", "my appointment at the dentist"): the words that say something are the same
+    but for two in a row swapped, right next to each other in `a`, with only a
+    preposition of `_OF` and determiners between them in `b`."""
+    swapped = [i for i in range(len(ca)) if ca[i] != cb[i]]
+    if len(swapped) != 2 or swapped[1] != swapped[0] + 1:
+        return False
+    i = swapped[0]
+    if not (ca[i] == cb[i + 1] and ca[i + 1] == cb[i]):
+        return False
+    ia = [k for k, t in enumerate(a) if t not in _FILLER]
+    ib = [k for k, t in enumerate(b) if t not in _FILLER]
+    if ia[i + 1] != ia[i] + 1:
+        return False
+    between = b[ib[i] + 1:ib[i + 1]]
+    return bool(between) and not _OF.isdisjoint(between) and set(between) <= _OF_BETWEEN
 
 
 _TO_BE = frozenset("be been being is are was were get gets got gotten".split())
