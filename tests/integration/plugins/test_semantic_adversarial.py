@@ -42,9 +42,17 @@ from proxy.settings import EmbeddingSettings
 # near misses hit ("Who can sign the form?" / "Where can I ...", add money to / enter a
 # gift card, add / check data, file / check the status of a claim, register / check if
 # registered); after the fixes they found, 27/40 and 0 of 124 near misses (45 variants
-# added, 43 of them false hits before the fixes: 48 of 124 then).
+# added, 43 of them false hits before the fixes: 48 of 124 then). blind3 (stop 49,
+# written before any guard change: travel, HR and payroll, health appointments, SaaS
+# admin, returns, utilities, git / docker / python; who acts, a state against an act or
+# a future, tense, modals, quantities, directions, scope, time, conditions, antonym
+# verbs, purpose): measured before the guard was changed for it, 35/62 paraphrases, 10
+# of 86 near misses hit ("Why do you need my ID?" / "Why do I need my ID?", "Is my
+# account frozen?" / "Will my account be frozen?", "Is SSO enabled ...?" / "How do I
+# enable SSO ...?", one and a half times / twice, all flights / this flight, part of /
+# my whole order, stash / apply stashed changes); after the fixes they found, 0 of 86.
 SETS = [("semantic_adversarial", 0.8), ("semantic_fresh", 0.7), ("semantic_probe", 0.6),
-        ("semantic_blind", 0.8), ("semantic_blind2", 0.65)]
+        ("semantic_blind", 0.8), ("semantic_blind2", 0.65), ("semantic_blind3", 0.55)]
 
 
 @pytest.mark.parametrize(("name", "paraphrases"), SETS, ids=[n for n, _ in SETS])
