@@ -1133,6 +1133,25 @@ def _state_or_future(a: Signature, b: Signature) -> bool:
     return not all(x.numbers or not _WHEN.isdisjoint(x.tokens) for x in (a, b))
 
 
+def _owned_by_of(x: Signature, other: tuple[str, ...]) -> tuple[str, ...]:
+    """`x`'s owners but a noun's whose "N's Y" the other side says as "Y of N" ("a Docker
+    container's logs" / "the logs of a Docker container", "the app's language" / "the
+    language of the app"): one thing said two ways, not a third party's."""
+    t = x.tokens
+    kept = []
+    for owner in x.owners:
+        said = False
+        for k in range(len(t) - 2):
+            if t[k] == owner and t[k + 1] == "s":
+                owned = t[k + 2]
+                said = any(other[m] == owned and other[m + 1] == "of"
+                           and owner in other[m + 2:m + 5] for m in range(len(other) - 2))
+                break
+        if not said:
+            kept.append(owner)
+    return tuple(kept)
+
+
 def _reason_and_steps(a: Signature, b: Signature, qa: str, qb: str) -> bool:
     """One side asks why (a reason), the other how the asker does the thing (the steps):
     "Why do I need to verify my identity?" / "How do I verify my identity?" (0.84 with
@@ -1780,7 +1799,8 @@ def guard_ok(question: str, stored: str) -> bool:
             and a.symbols == b.symbols
             and not (a.counts and b.counts and a.counts != b.counts)
             and not _roles_swapped(ta, tb)
-            and not owners_differ(a.owners, b.owners)
+            and not (owners_differ(a.owners, b.owners) and owners_differ(
+                _owned_by_of(a, b.tokens), _owned_by_of(b, a.tokens)))
             and not _doers_differ(a.doer, b.doer, ta, tb, a.state or b.state)
             and not (a.state and b.state and not _same_state(a.state, b.state))
             and not _state_and_own_act(ta, tb)
