@@ -1201,6 +1201,7 @@ def _edited(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         return False
     if max(len(a), len(b)) > _MAX_DIFFED:
         return True  # too long to diff in bounded time: refused, as an edit would be
+    a, b = _perfect_as_state(a), _perfect_as_state(b)
     if (len(a), a) > (len(b), b):
         a, b = b, a
     ops: list[Op] = [op for op in difflib.SequenceMatcher(
@@ -1340,7 +1341,38 @@ def _slot(a: tuple[str, ...], b: tuple[str, ...], op: Op, empty: frozenset[str])
         return False  # "How do I tranfer money?", "my online banking pwd"
     if i2 - i1 == j2 - j1 == 1 and (_same_act(a, b, i1, j1) or _booked(a, b, i1, j1)):
         return False  # "How do I activate roaming?" / "How do I turn on roaming?"
+    if i1 > 0 and j1 > 0 and a[i1 - 1] not in _PERSONS and b[j1 - 1] not in _PERSONS and (
+            _passive_of(a[i1:i2], b[j1:j2]) or _passive_of(b[j1:j2], a[i1:i2])):
+        return False  # "Will my order ship today?" / "Will my order be shipped today?"
     return not (set(a[i1:i2]) <= empty and set(b[j1:j2]) <= empty)
+
+
+#: Subjects whose active and passive swap the roles ("Will I pay?" / "Will I be paid?"):
+#: a thing's do not ("Will my order ship?" / "... be shipped?").
+_PERSONS = frozenset("i we you they he she someone".split())
+#: The "be" or "get" of a passive (`_passive_of`).
+_PASSIVE_AUX = frozenset("be been being get gets got".split())
+
+
+def _passive_of(verb: tuple[str, ...], passive: tuple[str, ...]) -> bool:
+    """`passive` is `verb` said in the passive, its doer unsaid: "ship" / "be shipped"
+    ("Will my order ship today?" / "Will my order be shipped today?")."""
+    return (len(verb) == 1 and len(passive) == 2 and passive[0] in _PASSIVE_AUX
+            and passive[1] != verb[0] and _verb_forms(verb[0], passive[1]))
+
+
+#: A question in the perfect passive opens "has" / "have" (`_perfect_as_state`).
+_PERFECT = {"has": "is", "have": "are"}
+
+
+def _perfect_as_state(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """A yes/no question in the perfect passive as the state it asks ("Has my account been
+    frozen?": "Is my account frozen?"): one question (the edit check's view only)."""
+    if tokens[:1] and tokens[0] in _PERFECT and "been" in tokens:
+        k = tokens.index("been")
+        if k + 1 < len(tokens) and _BARE_STATE.fullmatch(tokens[k + 1]):
+            return (_PERFECT[tokens[0]], *tokens[1:k], *tokens[k + 1:])
+    return tokens
 
 
 def _same_act(a: tuple[str, ...], b: tuple[str, ...], i: int, j: int) -> bool:

@@ -1,0 +1,31 @@
+"""A thing's act and the same act in the passive, its doer unsaid, are one question
+("Will my order ship today?" / "Will my order be shipped today?"), as a state asked in
+the present and in the perfect are ("Is my account frozen?" / "Has my account been
+frozen?"). A person's act and the person undergoing it are two ("Will I pay the fee?"
+/ "Will I be paid the fee?")."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.cache.guard import guard_ok
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Will my order ship today?", "Will my order be shipped today?"),
+    ("When does my subscription renew?", "When does my subscription get renewed?"),
+    ("Is my account frozen?", "Has my account been frozen?"),
+    ("Are my files deleted?", "Have my files been deleted?"),
+])
+def test_one_act_said_two_ways_passes(stored: str, asked: str) -> None:
+    assert guard_ok(asked, stored) and guard_ok(stored, asked)
+
+
+@pytest.mark.parametrize(("stored", "asked"), [
+    ("Will I pay the fee?", "Will I be paid the fee?"),
+    ("Can I transfer to another team?", "Can I be transferred to another team?"),
+    ("When do you charge?", "When do you get charged?"),
+    ("Is my account frozen?", "Will my account be frozen?"),
+])
+def test_the_roles_or_the_time_changed_are_refused(stored: str, asked: str) -> None:
+    assert not guard_ok(asked, stored) and not guard_ok(stored, asked)
