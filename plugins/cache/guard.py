@@ -1356,9 +1356,11 @@ _PASSIVE_AUX = frozenset("be been being get gets got".split())
 
 def _passive_of(verb: tuple[str, ...], passive: tuple[str, ...]) -> bool:
     """`passive` is `verb` said in the passive, its doer unsaid: "ship" / "be shipped"
-    ("Will my order ship today?" / "Will my order be shipped today?")."""
+    ("Will my order ship today?" / "Will my order be shipped today?"), or a verb of one
+    act with it (guard_actions.SAME_ACT: "ship" / "be dispatched")."""
     return (len(verb) == 1 and len(passive) == 2 and passive[0] in _PASSIVE_AUX
-            and passive[1] != verb[0] and _verb_forms(verb[0], passive[1]))
+            and passive[1] != verb[0] and (_verb_forms(verb[0], passive[1]) or (
+                verb[0] in SAME_ACT and SAME_ACT.get(passive[1]) == SAME_ACT[verb[0]] + "ed")))
 
 
 #: A question in the perfect passive opens "has" / "have" (`_perfect_as_state`).

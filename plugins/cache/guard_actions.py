@@ -105,6 +105,8 @@ _SYNONYMS = (
     ("disable", "deactivate"),
     ("book", "reserve"),
     ("buy", "purchase"),
+    ("restart", "reboot"),
+    ("ship", "dispatch"),
     # ("log in", "sign in", "log on" are "login": guard._PHRASES)
     ("login", "logon", "signin"),
     ("logout", "logoff", "signout"),

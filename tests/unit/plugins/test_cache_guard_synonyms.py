@@ -1,7 +1,8 @@
 """The guard's verb synonyms (guard_actions.SAME_ACT): a one-word swap of two verbs that
 say one act is no slot changed ("How do I activate roaming?" / "How do I turn on
 roaming?", "turn on" read as "enable"); "make" before an appointment or a reservation
-books it; "sign into", "log on" are logging in. Verbs of one broader action class
+books it; "sign into", "log on" are logging in; "reboot" is restarting, "dispatch"
+shipping (and "ship" / "be dispatched" one act in the passive). Verbs of one broader action class
 ("close" / "delete" an account) and opposites stay two questions."""
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from plugins.cache.guard import guard_ok
     ("How do I log into my account?", "How do I sign into my account?"),
     ("How do I log on to the portal?", "How do I sign in to the portal?"),
     ("Why can't I log in?", "Why can't I logon?"),
+    ("How do I restart the router?", "How do I reboot the router?"),
+    ("How do I restart my laptop?", "How do I reboot my laptop?"),
+    ("When will my order ship?", "When will my order be dispatched?"),
+    ("Do you ship to Canada?", "Do you dispatch to Canada?"),
 ])
 def test_a_verb_synonym_swapped_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
@@ -39,6 +44,9 @@ def test_a_verb_synonym_swapped_passes(stored: str, asked: str) -> None:
     ("Can I buy a gift card online?", "Can I sell a gift card online?"),
     ("How do I close my account?", "How do I delete my account?"),
     ("How do I turn on location sharing?", "How do I turn on location tracking?"),
+    ("How do I restart the router?", "How do I stop the router?"),
+    ("When will my order ship?", "When will my order be returned?"),
+    ("Can I ship an item to you?", "Can I return an item to you?"),
 ])
 def test_other_verbs_or_things_miss(stored: str, asked: str) -> None:
     assert not guard_ok(asked, stored)
