@@ -582,6 +582,9 @@ def signature(text: str) -> Signature:
     if language in _SPLIT_VERBS:  # "Wie lade ich die App herunter?": one verb
         text = joined(text, language)
     lowered = text.lower()
+    if "when" in lowered and "happen" in lowered:  # "What happens when I ...": if
+        text = _HAPPENS_WHEN.sub(r"\1 if", text)
+        lowered = text.lower()
     letters = _LETTERS.findall(lowered)
     if any(pair in _PHRASE_PAIRS for pair in itertools.pairwise(letters)):
         low = _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
@@ -626,6 +629,9 @@ def signature(text: str) -> Signature:
     )
 
 
+#: "What happens when ...?" asks what follows a condition, as "What happens if ...?"
+#: does: its "when" is no time asked (`signature`).
+_HAPPENS_WHEN = re.compile(r"\b(happens?|happened)\s+when\b", re.IGNORECASE)
 #: Languages whose verbs split round their object, a particle last (guard_native.joined).
 _SPLIT_VERBS = frozenset(("de", "nl"))
 
