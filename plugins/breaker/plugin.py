@@ -10,7 +10,8 @@ answers or a full queue opened the circuit for all). Local rejections (4xx, 429,
 breaker; so do a client gone and a request's own deadline (one tenant's 1 ms deadlines
 must not open the circuit for all), except that a call cut while the engine had had it
 past `slow_call_s` without a first token counts as slow: a hung engine still opens the
-breaker, through the slow-call rate. A stream's outcome is
+breaker, through the slow-call rate. An upstream's whole answer tells no first token:
+it is slow past `whole_call_s`, in flight as at its end. A stream's outcome is
 recorded when it ends (an end hook, not a wrapper); an error before its first chunk
 still falls back.
 
@@ -181,9 +182,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             raise
         if not isinstance(reply, Stream):
             # (an upstream's whole answer tells no first token: its length is the
-            # caller's, and a hung upstream times out as a failure)
+            # caller's, slow only past `whole_call_s`)
+            now = time.monotonic()
             self._record(permit, failed=False,
-                         slow=ctx.engine_timed and self._slow(ctx, time.monotonic()))
+                         slow=(self._slow(ctx, now) if ctx.engine_timed
+                               else self._whole_slow(ctx, now)))
             return reply
         # A primed stream's first chunk is in hand: an error before it was raised above
         # (and fell back); the first-token time is what makes a call slow.
@@ -213,12 +216,21 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         begun = ctx.engine_started
         return begun is not None and first_at - begun > self.cfg.slow_call_s
 
+    def _whole_slow(self, ctx: RequestContext, now: float) -> bool:
+        """Whether a whole answer from an engine that tells no first token (an upstream's)
+        has run past `whole_call_s`: a hung upstream and a long answer look the same, so
+        its bound is the answer's, not the first token's."""
+        limit, begun = self.cfg.whole_call_s, ctx.engine_started
+        return (limit is not None and not ctx.engine_timed and not ctx.stream
+                and begun is not None and now - begun > limit)
+
     def _no_outcome(self, permit: int, ctx: RequestContext) -> None:
         """The call ended without an engine outcome (client gone, its own deadline, a
         local refusal): the permit goes back, unless the engine was slow all the same (it
         had the request past `slow_call_s` with no first token: hung; an upstream that
         hangs times out, a failure)."""
-        if ctx.engine_timed and self._slow(ctx, time.monotonic()):
+        now = time.monotonic()
+        if (self._slow(ctx, now) if ctx.engine_timed else self._whole_slow(ctx, now)):
             self._record(permit, failed=False, slow=True)
         elif self._running.pop(permit, None) is not None:
             self.breaker.release(permit)
@@ -245,7 +257,8 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         not minutes later. A stream tells its first token as it comes; a whole answer
         only with its end, so the engine is asked how many it has generated
         (`engine_progress`), where it can say; where it cannot, one cut with no token
-        generated is slow when it ends."""
+        generated is slow when it ends; an upstream's, which tells nothing until its end,
+        once it has run `whole_call_s`."""
         now = time.monotonic()
         if self.breaker.state == "half_open":  # a trial's answer under way, begun
             for p, c in self._running.items():
@@ -258,8 +271,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             del self._made[p]
         late = [p for p, c in self._running.items() if c.engine_ttft_s is None
                 and c.engine_started is not None
-                and now - c.engine_started > self.cfg.slow_call_s
-                and (c.engine_live or _made_none(c))]
+                and ((now - c.engine_started > self.cfg.slow_call_s
+                      and (c.engine_live or _made_none(c)))
+                     or self._whole_slow(c, now))]
         for permit in late:
             self._record(permit, failed=False, slow=True)
 

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from proxy.app_state import STATE
 from tests.conftest import MakeClient, make_settings
 from tests.sse import parse_sse
 from tests.waiting import eventually
@@ -215,6 +216,43 @@ async def test_a_hung_upstream_stream_cut_at_its_deadline_counts_as_slow(
         assert await breaker_state(client) == ("closed" if first_chunk else "open")
     finally:
         held.set()
+
+
+async def test_a_hung_upstream_whole_answer_opens_the_breaker_while_it_hangs(
+        make_client: MakeClient, scripted: Scripted) -> None:
+    """A whole answer tells nothing until its end: calls to an upstream that took them
+    and never answered opened the breaker only when `timeout_s` or their deadline (600 s
+    by default) ended them, every other request hanging meanwhile. Past `whole_call_s`
+    they count as slow in flight: the breaker opens and the next request gets the
+    fallback while they still hang."""
+    held = asyncio.Event()
+
+    async def hung(request: web.Request) -> web.StreamResponse:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(held.wait(), 10)
+        return web.json_response(ANSWER)
+
+    scripted.chat = hung
+    client = await make_client(make_settings(
+        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
+        plugins=[{"name": "breaker", "config": {
+            "minimum_calls": 2, "failure_rate": 0.5, "open_s": 60, "whole_call_s": 0.3,
+            "fallback": [{"kind": "static", "content": "Busy."}]}}]))
+    calls = [asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+             for _ in range(2)]
+    try:
+        await eventually(lambda: scripted.calls == 2, timeout=5)
+        breaker = next(p for p in client.app[STATE].plugins if p.name == "breaker")
+        # (the threshold is a time to pass: each look sweeps the calls under way)
+        await eventually(lambda: breaker.health()["state"] == "open", timeout=5)
+        r = await client.post("/v1/chat/completions", json=CHAT)
+        assert r.status == 200 and r.headers["x-weir-fallback"] == "static"
+        assert scripted.calls == 2 and not any(c.done() for c in calls)
+    finally:
+        held.set()
+    for r in await asyncio.gather(*calls):
+        assert r.status == 200
+        await r.read()
 
 
 async def test_fewer_choices_than_asked_is_a_502_either_way_never_cached_nor_counted(

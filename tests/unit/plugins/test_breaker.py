@@ -465,6 +465,43 @@ async def test_a_whole_answer_still_generating_is_not_swept() -> None:
     assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 4
 
 
+async def test_a_hung_upstream_whole_answer_is_slow_once_past_whole_call_s() -> None:
+    """An upstream's whole answer tells nothing until its end: a hung upstream opened the
+    breaker only when each call's `timeout_s` or deadline ended it (600 s by default),
+    every call meanwhile hanging too. Past `whole_call_s` it is slow while still in
+    flight, and the arrivals that sweep open the breaker; one shorter is not."""
+    import time
+
+    p = plugin(slow_call_s=1, slow_call_rate=0.5, minimum_calls=2, whole_call_s=5)
+    gate, inside = asyncio.Event(), asyncio.Event()
+
+    async def hung_whole(c: RequestContext) -> Reply:  # an upstream's: not timed
+        c.engine_started = time.monotonic() - 6
+        inside.set()
+        await gate.wait()
+        return Completion({"ok": True})
+
+    async def long_whole(c: RequestContext) -> Reply:  # past slow_call_s, not whole_call_s
+        c.engine_started = time.monotonic() - 4
+        return Completion({"ok": True})
+
+    await p(ctx(), long_whole)
+    assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 1
+    running = asyncio.create_task(p(ctx(), hung_whole))
+    await inside.wait()
+    assert p.health()["state"] == "open"  # swept while it still hangs
+    with pytest.raises(Unavailable) as e:
+        await p(ctx(), ok)
+    assert e.value.code == "circuit_open"
+    gate.set()
+    await running
+    # ... and one that ends past it is slow at its end
+    q = plugin(slow_call_s=1, slow_call_rate=0.5, minimum_calls=2, whole_call_s=5)
+    for _ in range(2):
+        await q(ctx(), hung_whole)
+    assert q.breaker.state == "open"
+
+
 def _raises() -> int | None:
     raise AttributeError("vLLM keeps it elsewhere now")
 
