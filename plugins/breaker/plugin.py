@@ -145,10 +145,29 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                 "on_behalf_of_secret": f.on_behalf_of_secret}),
                 check_models=False)
             for i, f in enumerate(config.fallback) if f.kind == "upstream"}
+        #: Each upstream fallback's own breaker (the engine's thresholds, no slow calls, one
+        #: trial at a time): one that is down is skipped at once while open, the next
+        #: fallback (or the clean error) answering, rather than every request paying its
+        #: connect or its `timeout_s` first.
+        self.guards: dict[int, Breaker] = {
+            i: Breaker(BreakerPolicy(
+                window_s=config.window_s, minimum_calls=config.minimum_calls,
+                failure_rate=config.failure_rate, slow_call_s=math.inf, slow_call_rate=1,
+                open_s=config.open_s, half_open_calls=1,
+                half_open_max_wait_s=max(config.fallback[i].timeout_s,
+                                         config.half_open_max_wait_s)),
+                clock, self._guard_changed(i))
+            for i in self.upstreams}
 
     def _changed(self, old: State, new: State) -> None:
         self.transitions.labels(old, new).inc()
         log.warning("breaker state changed", from_state=old, to_state=new)
+
+    def _guard_changed(self, i: int) -> Callable[[State, State], None]:
+        def changed(old: State, new: State) -> None:
+            log.warning("fallback breaker state changed", fallback=i, from_state=old,
+                        to_state=new)
+        return changed
 
     async def start(self) -> None:
         for u in self.upstreams.values():
@@ -332,6 +351,38 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         assert error is not None
         raise error
 
+    async def _upstream(self, i: int, ctx: RequestContext) -> Reply | None:
+        """An upstream fallback's answer through its own breaker: None while that is open
+        (or its one half-open trial is under way). Its failures are counted as the
+        engine's are; a stream's when it ends."""
+        guard = self.guards[i]
+        permit = guard.allow()
+        if permit is None:
+            return None
+        try:
+            reply = await self.upstreams[i](ctx)
+        except BaseException as e:
+            if is_engine_failure(e):
+                guard.record(permit, failed=True)
+            else:
+                guard.release(permit)
+            raise
+        if not isinstance(reply, Stream):
+            guard.record(permit, failed=False)
+            return reply
+
+        def ended(stream: Stream, outcome: Outcome) -> None:
+            if outcome == "completed":
+                guard.record(permit, failed=False)
+            elif outcome == "failed" and stream.error is not None and is_engine_failure(
+                    stream.error):
+                guard.record(permit, failed=True)
+            else:
+                guard.release(permit)
+
+        reply.on_end(ended)
+        return reply
+
     async def _try(self, i: int, f: Fallback, ctx: RequestContext,
                    reason: str) -> Reply | None:
         try:
@@ -341,7 +392,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                     cache, "stale", None)
                 return await stale(ctx) if stale is not None else None
             if f.kind == "upstream":
-                return await self.upstreams[i](ctx)
+                return await self._upstream(i, ctx)
             if f.kind == "static":
                 # A shed request keeps its 503 and Retry-After (clients retry it; a 200
                 # "busy" they would take as the answer), as does a request a fixed text

@@ -818,3 +818,51 @@ async def test_a_fallback_cut_at_the_deadline_is_counted_as_admission_counts_its
         if how != "stream":
             break
     assert len(cut) == 1
+
+
+@pytest.mark.parametrize("then_static", [False, True])
+async def test_a_dead_upstream_fallback_is_skipped_by_its_own_breaker(then_static: bool) -> None:
+    """An upstream fallback had no breaker of its own: while it was down every request
+    paid its connect or its `timeout_s` before the next fallback or the 503 answered.
+    Past the engine's thresholds it is skipped at once; after `open_s` one trial goes to
+    it, and its answer closes its breaker again."""
+    from proxy.errors import Timeout
+
+    chain: list[dict[str, Any]] = [{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"}]
+    if then_static:
+        chain.append({"kind": "static", "content": "Busy, sorry."})
+    clock = Clock()
+    p = plugin(clock, fallback=chain)
+    asked = 0
+    down = True
+
+    async def upstream(c: RequestContext) -> Reply:
+        nonlocal asked
+        asked += 1
+        if down:
+            raise Timeout("The upstream did not answer in time.")
+        return Completion({"fallback": True})
+
+    p.upstreams[0] = upstream  # type: ignore[assignment]
+    for _ in range(2):  # the engine fails, then the fallback too
+        if then_static:
+            await check_static(await p(ctx(), failing), False)
+        else:
+            with pytest.raises(EngineError):
+                await p(ctx(), failing)
+    assert p.breaker.state == "open" and asked == 2
+    for _ in range(3):  # the dead fallback is not asked again
+        if then_static:
+            await check_static(await p(ctx(), ok), False)
+        else:
+            with pytest.raises(Unavailable) as e:
+                await p(ctx(), ok)
+            assert e.value.code == "circuit_open"
+    assert asked == 2
+    down = False
+    clock.t += 5  # both half-open: the engine's trial fails, the fallback's answers
+    for n in (3, 4):  # ... which closes the fallback's breaker (the engine's is open)
+        reply = await p(ctx(), failing if n == 3 else ok)
+        assert isinstance(reply, Completion) and reply.body == {"fallback": True}
+        assert reply.headers["x-weir-fallback"] == "upstream" and asked == n
+    assert p.breaker.state == "open" and p.guards[0].state == "closed"
