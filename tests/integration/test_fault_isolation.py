@@ -288,3 +288,78 @@ async def test_a_whole_answer_cut_after_its_tokens_came_is_not_slow(
                               headers={**bearer("sk-tenant-a"), "x-weir-timeout-ms": "300"})
         assert r.status == 504
     assert plugin(client, "breaker").breaker.state == "closed"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def _half_open(make_client: MakeClient, engine: FakeEngine) -> tuple[Any, Any, _Clock]:
+    """A client over `engine` whose breaker (on a hand-driven clock) its failures opened,
+    `open_s` later: half-open, one trial at a time, the engine answering again but
+    holding each token until `engine.token_gate` is set."""
+    engine.fail_after = 0
+    client = await make_client(make_settings(auth=KEYS, plugins=[
+        {"name": "breaker", "config": {"minimum_calls": 2, "failure_rate": 0.5, "open_s": 5,
+                                       "half_open_calls": 1, "slow_call_s": 30,
+                                       "half_open_max_wait_s": 3}}]), engine=engine)
+    breaker = plugin(client, "breaker")
+    clock = _Clock()
+    breaker.breaker.clock = clock
+    for _ in range(2):
+        r = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-tenant-a"))
+        assert r.status >= 500
+    assert breaker.breaker.state == "open"
+    clock.t += 5
+    engine.fail_after, engine.token_gate = None, asyncio.Event()
+    return client, breaker, clock
+
+
+async def _circuit_open(client: Any) -> bool:
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-tenant-b"))
+    return r.status == 503 and (await r.json())["error"]["code"] == "circuit_open"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_half_open_trial_whose_client_leaves_frees_its_slot(
+        make_client: MakeClient, stream: bool) -> None:
+    """A trial cut by its client gives no outcome: its slot frees (the breaker stays
+    half-open, the next call is the trial), it is not held with no trial in flight."""
+    engine = FakeEngine()
+    client, breaker, _ = await _half_open(make_client, engine)
+    trial = asyncio.create_task(client.post(
+        "/v1/chat/completions", json={**CHAT, "stream": stream}, headers=bearer("sk-tenant-a")))
+    await engine.wait_until(lambda: len(engine.active) == 1)
+    assert breaker.breaker.trials_in_flight == 1 and await _circuit_open(client)
+    trial.cancel()
+    await asyncio.gather(trial, return_exceptions=True)
+    await engine.wait_until(lambda: not engine.active)
+    await eventually(lambda: breaker.breaker.trials_in_flight == 0, timeout=5)
+    assert breaker.health()["state"] == "half_open"
+    engine.token_gate.set()  # type: ignore[union-attr]
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-tenant-b"))
+    assert r.status == 200 and breaker.breaker.state == "closed"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_hung_half_open_trial_reopens_rather_than_wedging_it(
+        make_client: MakeClient, stream: bool) -> None:
+    """A trial that hangs (no token) is failed after `half_open_max_wait_s`: the breaker
+    opens again, then half-opens and lets a new trial through, the hung one still held."""
+    engine = FakeEngine()
+    client, breaker, clock = await _half_open(make_client, engine)
+    hung = asyncio.create_task(client.post(
+        "/v1/chat/completions", json={**CHAT, "stream": stream}, headers=bearer("sk-tenant-a")))
+    await engine.wait_until(lambda: len(engine.active) == 1)
+    assert await _circuit_open(client)
+    clock.t += 3
+    assert breaker.health()["state"] == "open" and await _circuit_open(client)
+    clock.t += 5
+    engine.token_gate.set()  # type: ignore[union-attr]
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=bearer("sk-tenant-b"))
+    assert r.status == 200 and breaker.breaker.state == "closed"
+    await (await hung).read()
