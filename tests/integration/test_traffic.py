@@ -589,3 +589,47 @@ async def test_a_stale_fallback_counts_its_request_s_cache_lookup_once(
     assert (l1("hit"), l1("miss")) == (before[0], before[1] + 2)
     assert sample("weir_fallbacks_total", {"kind": "stale", "reason": "engine"}) == 1
     assert sample("weir_cache_lookups_total", {"layer": "all", "result": "miss"}) == 3
+
+
+@pytest.mark.parametrize("kind", ["static", "upstream"])
+async def test_no_fallback_answer_is_cached_nor_served_once_the_engine_is_back(
+        make_client: MakeClient, fake_engine: FakeEngine, kind: str) -> None:
+    """A fallback's answer (a fixed text, another server's) is no answer of this engine:
+    on every route and shape (chat, completions and the Responses API, whole and
+    streamed) it is stored in no cache layer, and once the engine is back the same
+    request is generated (a miss), not served the degraded answer."""
+    central_engine = FakeEngine()
+    central_engine.script = "From the central."
+    server = await central(central_engine)
+    fallback: dict[str, Any] = ({"kind": "static", "content": "Busy, sorry."} if kind == "static"
+                                else {"kind": "upstream",
+                                      "base_url": f"http://127.0.0.1:{server.port}/v1"})
+    try:
+        client = await make_client(embeddings={"enabled": True}, plugins=[
+            {"name": "cache", "config": {"semantic": {"enabled": True}}},
+            {"name": "breaker", "config": {"minimum_calls": 1000, "fallback": [fallback]}}])
+        await client.app[STATE].embedder.ready()  # type: ignore[union-attr]
+        asks = [(route, {**body, "temperature": 0, "stream": stream})
+                for stream in (False, True)
+                for route, body in [
+                    ("/v1/chat/completions", CHAT),
+                    ("/v1/completions", {"model": "fake-model", "prompt": "hello",
+                                         "max_tokens": 4}),
+                    ("/v1/responses", {"model": "fake-model", "input": "hello",
+                                       "max_output_tokens": 16})]]
+        fake_engine.fail_after = 0
+        for route, body in asks:
+            r = await client.post(route, json=body)
+            text = await r.text()
+            assert r.status == 200 and r.headers.get("x-weir-fallback") == kind, (route, text)
+        fake_engine.fail_after = None
+        for route, body in asks:
+            r = await client.post(route, json=body)
+            text = await r.text()
+            assert r.status == 200 and "x-weir-fallback" not in r.headers, (route, text)
+            assert r.headers["x-weir-cache"] == "miss", (route, r.headers["x-weir-cache"])
+            assert "Busy" not in text and "central" not in text
+        assert len(fake_engine.calls) == 2 * len(asks)
+    finally:
+        unregister("t_header_spy")
+        await server.close()
