@@ -457,6 +457,9 @@ async def respond(run: Run, runner: Runner, rendering: Rendering,
             response["status"], response["error"] = "failed", dict(SHUT_DOWN)
             for event in rendering.failed_as(response):  # (its streams end as it does)
                 run.add(event)
+        elif response["status"] == "cancelled":
+            for event in rendering.cancelled_as(response):
+                run.add(event)
         run.record = None  # (no lease renewal after this)
         await runner.renewed(run)
         await save(response)

@@ -61,6 +61,9 @@ class _Events:
         #: The status of the error the stream's own failure went out as (its head said
         #: 200): what the access log and the request metrics count it as.
         self.error_status: int | None = None
+        #: The `.done` events of the item a cut left open (`_cut`): a cancelled
+        #: background run's streams end with them (`Rendering.cancelled_as`).
+        self.cut_events: list[dict[str, Any]] = []
 
     def ev(self, type_: str, **fields: Any) -> dict[str, Any]:
         return {"type": type_, "sequence_number": None, **fields}
@@ -256,6 +259,19 @@ class Rendering:
                               param=None)),
                 e.number(e.ev("response.failed", response=copy.deepcopy(response)))]
 
+    def cancelled_as(self, response: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events that end a stream with `response`, cancelled as it is stored (a
+        background run cancelled): the item it cut `incomplete`, then
+        `response.incomplete` with the response `cancelled`. OpenAI's stream events have
+        no `response.cancelled` (that is a webhook's); without these the stream just
+        stopped, its item never done, as a broken connection does."""
+        e = self._e
+        if e.finished:
+            return []
+        events, e.cut_events = e.cut_events, []
+        return [e.number(ev) for ev in events] + [
+            e.number(e.ev("response.incomplete", response=copy.deepcopy(response)))]
+
     def events(self, chunks: AsyncIterable[dict[str, Any]], on_done: OnDone,
                on_start: OnDone | None = None) -> AsyncIterator[dict[str, Any]]:
         """`on_start(response)` before `response.created` goes out (the response
@@ -368,7 +384,7 @@ def _cut(e: _Events) -> dict[str, Any]:
     """A response whose stream was cut short, as it stood: the item under way ends
     `incomplete` with what it holds, the response `cancelled`."""
     e.reason = "cut"
-    e.close()  # (its events go nowhere)
+    e.cut_events = e.close()  # (only a cancelled background run's streams carry them)
     return e.response("cancelled")
 
 

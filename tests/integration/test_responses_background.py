@@ -23,7 +23,7 @@ from proxy.openai_responses.background import Run
 from proxy.openai_responses.routes import RUNNER, STORE
 from proxy.tasks import cancel_and_wait
 from tests.conftest import MakeClient, make_settings
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, HoldingEngine
 from tests.openai_spec import validate
 from tests.sse import check_event_names, parse_sse
 from tests.waiting import eventually
@@ -1270,3 +1270,58 @@ async def test_a_flag_left_for_a_run_that_never_reads_it_lasts_its_lease(
     left_ms = await flags._redis.pttl(flags._key("a", rid))
     assert 0 < left_ms <= 2 * lease_s * 1000
     await cancel_and_wait(run_of(a, rid).task)
+
+
+@pytest.mark.parametrize("after", [0, 2])  # cut before its first token, or after two
+async def test_a_run_cut_at_its_deadline_ends_failed_with_an_error(
+        make_client: MakeClient, after: int) -> None:
+    """A background run goes through the chain as any request: without admission, the
+    server's `request_timeout_s` is its deadline. Cut there, its record (and its
+    stream's last event) says `failed` with an error object, not `in_progress`."""
+    engine = HoldingEngine(after=after) if after else FakeEngine()
+    if not after:
+        engine.token_gate = asyncio.Event()  # no token, ever
+    client = await make_client(keyed(server={"request_timeout_s": 0.3}), engine=engine)
+    r = await client.post("/v1/responses", json={**BASE, "stream": True}, headers=A)
+    events, _ = parse_sse(await r.text())
+    rid = events[0]["response"]["id"]
+    await ended(client, rid)
+    body = await get(client, rid)
+    assert body["status"] == "failed" and body["error"]["code"] == "server_error", body
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    assert events[-2]["code"] == "timeout"
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    engine.token_gate = None
+    if isinstance(engine, HoldingEngine):
+        engine.hold.set()
+
+
+async def test_a_cancelled_run_s_streams_end_with_its_final_status(
+        make_client: MakeClient) -> None:
+    """A run cancelled while a client follows it (`GET ?stream=true`): its stream ended
+    with no closing event, the open item never done, as if the connection broke. It ends
+    with the item `incomplete` and `response.incomplete` carrying the response
+    `cancelled` (the stream events have no `response.cancelled`: that is a webhook's)."""
+    engine = HoldingEngine(after=2)
+    client = await make_client(keyed(), engine=engine)
+    rid = (await (await client.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await engine.wait_until(lambda: engine.held == 1)
+    follower = await client.get(f"/v1/responses/{rid}?stream=true", headers=A)
+    assert follower.status == 200
+    r = await client.post(f"/v1/responses/{rid}/cancel", headers=A)
+    assert r.status == 200 and (await r.json())["status"] == "cancelled"
+    events, _ = parse_sse(await follower.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    last = events[-1]
+    assert last["type"] == "response.incomplete", [e["type"] for e in events]
+    assert last["response"]["status"] == "cancelled"
+    assert last["response"] == await get(client, rid)
+    done = [e for e in events if e["type"] == "response.output_item.done"]
+    assert done and done[-1]["item"]["status"] == "incomplete"
+    # resumed after its end, the same close
+    again = await client.get(f"/v1/responses/{rid}?stream=true", headers=A)
+    assert parse_sse(await again.text())[0][-1] == last
+    engine.hold.set()
