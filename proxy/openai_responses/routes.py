@@ -18,7 +18,7 @@ from multidict import MultiMapping
 
 from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from ..auth import Principal, account
-from ..chain import Completion, Reply, Stream
+from ..chain import FALLBACK_HEADER, Completion, Reply, Stream
 from ..context import RequestContext, Screen, header_map
 from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
 from ..ids import shown_id
@@ -150,6 +150,11 @@ async def _create(request: web.Request, st: AppState,
                         and it.get("type") != "function_call")]
             record = {"response": response, "input": inputs,
                       "conversation": conversation + X.output_messages(said)}
+            if (fallback := ctx.response_headers.get(FALLBACK_HEADER)) is not None:
+                # A breaker's fallback answered (a fixed text, another server, a stale
+                # answer): kept as the client saw it (a follow-up goes on from what it
+                # was told), and a GET says so as the create did.
+                record["fallback"] = fallback
             try:
                 if held:  # (one deleted while it streamed is not brought back)
                     if not await store.replace(principal.tenant, rid, record, fence=fence):
@@ -353,7 +358,9 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
                              "(an integer, 0 or more) is expected.",
                              param="starting_after", code="invalid_value")
     if not stream:
-        return json_response(record["response"])
+        fallback = record.get("fallback")
+        return json_response(record["response"], {FALLBACK_HEADER: fallback}
+                             if fallback in ("stale", "upstream", "static") else None)
     response = record["response"]
     if not response.get("background"):
         raise InvalidRequest(

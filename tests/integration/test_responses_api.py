@@ -1365,3 +1365,41 @@ async def test_a_json_schema_format_missing_a_part_says_so(
     assert body["error"]["code"] == "missing_required_parameter"
     assert body["error"]["param"] == param
     assert body["error"]["message"] == f"Missing required parameter: `{param}`."
+
+
+@pytest.mark.parametrize("mode", ["whole", "stream", "background"])
+async def test_a_stored_response_a_fallback_made_says_so_when_retrieved(
+        make_client: MakeClient, fake_engine: FakeEngine, mode: str) -> None:
+    """A response the breaker's fallback answered (here its fixed text) was stored as any
+    other: retrieved later, nothing told it was no answer of the model. Its record keeps
+    the fallback's kind, and a GET carries `x-weir-fallback` as the create did; a
+    follow-up goes on from it as the client was told it (documented)."""
+    import asyncio
+
+    client = await make_client(plugins=[{"name": "breaker", "config": {
+        "minimum_calls": 1000, "fallback": [{"kind": "static", "content": "Busy, sorry."}]}}])
+    fake_engine.fail_after = 0
+    body = {**BASE, "temperature": 0, "stream": mode == "stream",
+            "background": mode == "background"}
+    r = await client.post("/v1/responses", json=body)
+    assert r.status == 200 and r.headers["x-weir-fallback"] == "static"
+    text = await r.text()
+    rid = (parse_sse(text)[0][0]["response"] if mode == "stream" else json.loads(text))["id"]
+    if mode == "background":  # (its end is stored by its run's task)
+        from proxy.openai_responses.routes import RUNNER
+
+        run = client.app[RUNNER].find("public", rid)
+        assert run is not None and run.task is not None
+        await asyncio.wait_for(asyncio.shield(run.task), 10)
+    got = await client.get(f"/v1/responses/{rid}")
+    assert (await got.json())["status"] == "completed"
+    assert got.headers.get("x-weir-fallback") == "static"
+    validate("Response", await got.json())
+    assert (await got.json())["output"][0]["content"][0]["text"] == "Busy, sorry."
+    fake_engine.fail_after = None
+    follow = await client.post("/v1/responses", json={
+        **BASE, "input": "again", "previous_response_id": rid})
+    assert follow.status == 200 and "x-weir-fallback" not in follow.headers
+    fid = (await follow.json())["id"]
+    plain = await client.get(f"/v1/responses/{fid}")
+    assert plain.status == 200 and "x-weir-fallback" not in plain.headers
