@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .app_state import STATE
 from .auth import account
 from .body import read_json
+from .chain import FALLBACK_HEADER
 from .context import RequestContext, screened_values
 from .errors import NotFound, WeirError
 from .ids import shown_id
@@ -61,6 +62,8 @@ async def save(app: web.Application, ctx: RequestContext, completion: dict[str, 
         "messages": [_message(f"{cid}-{i}", m.model_dump(exclude_none=True))
                      for i, m in enumerate(req.messages)],
     }
+    if (fallback := ctx.response_headers.get(FALLBACK_HEADER)) is not None:
+        record["fallback"] = fallback  # (a breaker's fallback answered: a GET says so)
     try:
         await _put(app[STORE], ctx.principal.tenant, record)
     except WeirError as e:  # the store logged why (or too large); the answer has gone out
@@ -272,7 +275,10 @@ def _summary(s: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def retrieve(request: web.Request) -> web.Response:
-    return json_response((await _record(request, _tenant(request)))["completion"])
+    record = await _record(request, _tenant(request))
+    fallback = record.get("fallback")
+    return json_response(record["completion"], {FALLBACK_HEADER: fallback}
+                         if fallback in ("stale", "upstream", "static") else None)
 
 
 async def list_messages(request: web.Request) -> web.Response:

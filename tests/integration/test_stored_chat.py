@@ -662,3 +662,24 @@ async def test_updated_metadata_is_screened_as_created_metadata_is(
         "contact": "[EMAIL]", "team": "b"}
     listed = await (await client.get("/v1/chat/completions")).text()
     assert mail not in listed and "[EMAIL]" in listed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_stored_completion_a_fallback_made_says_so_when_retrieved(
+        make_client: MakeClient, fake_engine: FakeEngine, stream: bool) -> None:
+    """A chat completion (`store: true`) the breaker's fallback answered read later as
+    the model's answer: a GET now carries `x-weir-fallback` as the create did."""
+    client = await make_client(plugins=[{"name": "breaker", "config": {
+        "minimum_calls": 1000, "fallback": [{"kind": "static", "content": "Busy, sorry."}]}}])
+    fake_engine.fail_after = 0
+    r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+    assert r.headers["x-weir-fallback"] == "static"
+    text = await r.text()
+    cid = parse_sse(text)[0][0]["id"] if stream else json.loads(text)["id"]
+    got = await client.get(f"/v1/chat/completions/{cid}")
+    assert got.status == 200 and got.headers.get("x-weir-fallback") == "static"
+    assert (await got.json())["choices"][0]["message"]["content"] == "Busy, sorry."
+    fake_engine.fail_after = None
+    plain = await (await client.post("/v1/chat/completions", json=CHAT)).json()
+    got = await client.get(f"/v1/chat/completions/{plain['id']}")
+    assert got.status == 200 and "x-weir-fallback" not in got.headers
