@@ -179,7 +179,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
 
     def health(self) -> dict[str, Any]:
         self._sweep()  # (a trial answering at length is not stuck)
-        return self.breaker.snapshot()
+        snapshot = self.breaker.snapshot()
+        if self.guards:  # each upstream fallback's own breaker, by its place in the list
+            snapshot["fallback_states"] = {str(i): g.snapshot()["state"]
+                                           for i, g in self.guards.items()}
+        return snapshot
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         self._sweep()
