@@ -48,6 +48,8 @@ class BreakerConfig(PluginConfig):
     half_open_calls: int = Field(2, ge=1, description="Trial calls that must succeed.")
     half_open_max_wait_s: float = Field(
         30, gt=0, description="A trial silent this long counts as failed: no first token, "
-        "or (where the engine tells its progress) no new token since its last.")
+        "or (where the engine tells its progress) no new token since its last. An "
+        "upstream's whole answer, which tells nothing until its end, is judged by "
+        "`whole_call_s` instead (where that is set).")
     fallback: list[Fallback] = Field(
         default_factory=list, description="Tried in order when open, shed or failing.")

@@ -239,13 +239,19 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         begun = ctx.engine_started
         return begun is not None and first_at - begun > self.cfg.slow_call_s
 
+    def _judged_whole(self, ctx: RequestContext) -> bool:
+        """Whether `ctx` is a whole answer under way from an engine that tells no first
+        token (an upstream's), which `whole_call_s` judges."""
+        return (self.cfg.whole_call_s is not None and not ctx.engine_timed
+                and not ctx.stream and ctx.engine_started is not None)
+
     def _whole_slow(self, ctx: RequestContext, now: float) -> bool:
         """Whether a whole answer from an engine that tells no first token (an upstream's)
         has run past `whole_call_s`: a hung upstream and a long answer look the same, so
         its bound is the answer's, not the first token's."""
         limit, begun = self.cfg.whole_call_s, ctx.engine_started
-        return (limit is not None and not ctx.engine_timed and not ctx.stream
-                and begun is not None and now - begun > limit)
+        return (self._judged_whole(ctx) and limit is not None and begun is not None
+                and now - begun > limit)
 
     def _no_outcome(self, permit: int, ctx: RequestContext) -> None:
         """The call ended without an engine outcome (client gone, its own deadline, a
@@ -290,6 +296,10 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                 made = _progress(c)
                 if c.engine_ttft_s is not None or p in self._made or made:
                     self._alive(p, made)
+                elif self._judged_whole(c):
+                    # (an upstream's whole answer tells nothing until its end: not stuck
+                    # by its silence, but slow, a failed trial, past `whole_call_s`)
+                    self.breaker.answering(p)
         for p in [p for p in self._made if p not in self._running]:
             del self._made[p]
         late = [p for p, c in self._running.items() if c.engine_ttft_s is None

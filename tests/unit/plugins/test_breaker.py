@@ -663,6 +663,36 @@ async def test_a_half_open_trials_whole_answer_under_way_is_not_stuck() -> None:
     assert p.breaker.state == "closed"
 
 
+@pytest.mark.parametrize("whole_call_s", [100.0, None])
+async def test_an_upstream_whole_answer_trial_is_judged_by_whole_call_s(
+        whole_call_s: float | None) -> None:
+    """An upstream's whole answer tells nothing until its end: as a half-open trial it
+    was stuck after `half_open_max_wait_s` (30 s) however it fared, so where long whole
+    answers are the traffic the breaker reopened at every trial. It is judged by
+    `whole_call_s` as any such call is (slow, a failed trial, once past it); with that
+    off, by its silence as before (a hung one must not hold the slot until its
+    `timeout_s`)."""
+    import time
+
+    p, clock = await half_opened(half_open_calls=1, half_open_max_wait_s=3,
+                                 whole_call_s=whole_call_s)
+    begun, done = asyncio.Event(), asyncio.Event()
+
+    async def upstream_whole(c: RequestContext) -> Reply:  # not timed: tells nothing
+        c.engine_started = time.monotonic()
+        begun.set()
+        await done.wait()
+        return Completion({"ok": True})
+
+    trial = asyncio.create_task(p(ctx(), upstream_whole))
+    await begun.wait()
+    clock.t += 10
+    assert p.health()["state"] == ("half_open" if whole_call_s else "open")
+    done.set()
+    await trial
+    assert p.breaker.state == ("closed" if whole_call_s else "open")
+
+
 async def test_the_state_gauge_half_opens_with_no_request_to_see_it() -> None:
     """An open breaker is half-open after `open_s` whether or not a request comes: the
     gauge (a dashboard's "open") said open until one did."""
