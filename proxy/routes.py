@@ -3,7 +3,8 @@
 Order inside a generation route: refuse while draining (503), authenticate (401 before
 we read a body we might not want), check the content type and read the body within the
 size limit (413), decode and validate it (400 naming the param), check the key may use
-the model (403), then run the chain and send its Reply.
+the model (403), the engine is loaded and alive (503 `not_ready`, `engine_failed`) and
+serves the model (404), then run the chain and send its Reply.
 """
 
 from __future__ import annotations
@@ -50,29 +51,32 @@ def _state(request: web.Request) -> AppState:
 
 
 def open_generation(request: web.Request, route: str) -> tuple[AppState, Principal]:
-    """What every generation route checks first: not draining, the model loaded, a key.
-    The request counts under `route` from here on, refused or not (a 401, a 400). What
-    follows, its body's read included, runs inside `generating`: a request let in before
-    a drain began is one the drain waits for (it saw none while the body was read, and
-    the request then ran into the shutdown, its connection dropped)."""
+    """What every generation route checks first: not draining, a key. The request
+    counts under `route` from here on, refused or not (a 401, a 400). What follows, its
+    body's read included, runs inside `generating`: a request let in before a drain
+    began is one the drain waits for (it saw none while the body was read, and the
+    request then ran into the shutdown, its connection dropped)."""
     request[INFO]["route"] = route
     st = _state(request)
     refuse_if_draining(st)
-    if st.failed():
-        raise Unavailable("The engine has stopped; this server must restart. Retry on "
-                          "another replica.", code="engine_failed")
-    if not st.terminal.ready():
-        raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
-                          retry_after=5)
     principal = st.auth.for_generation(request.headers)
     request[INFO]["tenant"] = principal.tenant  # (its line names it, whatever its body)
     return st, principal
 
 
 def check_model(st: AppState, principal: Principal, model: str) -> None:
-    """The key may use the model, and it is served: before the chain spends limits or
-    lookups on the request."""
+    """Once the body parsed: the key may use the model, the engine serves (loaded, not
+    failed), and it serves that model; before the chain spends limits or lookups on the
+    request. The engine's state is read after the body's checks, as vLLM's server and
+    OpenAI answer a malformed body 400 whatever their state: a 503 "retry shortly" had
+    the client retry a request that can never be served."""
     principal.check_model(model)
+    if st.failed():
+        raise Unavailable("The engine has stopped; this server must restart. Retry on "
+                          "another replica.", code="engine_failed")
+    if not st.terminal.ready():
+        raise Unavailable("The model is still loading; retry shortly.", code="not_ready",
+                          retry_after=5)
     if not st.terminal.has_model(model):
         raise ModelNotFound(model)
 

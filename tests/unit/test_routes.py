@@ -47,12 +47,41 @@ async def test_draining_is_refused_before_anything_else(make_client: MakeClient)
     assert (await error_of(r, 503))["code"] == "shutting_down"
 
 
-async def test_loading_is_refused_before_auth(make_client: MakeClient,
-                                              fake_engine: FakeEngine) -> None:
+RESPONSE = {"model": "fake-model", "input": "hello"}
+
+
+@pytest.mark.parametrize(("path", "good"), [
+    ("/v1/chat/completions", CHAT),
+    ("/v1/completions", {"model": "fake-model", "prompt": "hello", "max_tokens": 3}),
+    ("/v1/responses", RESPONSE)])
+async def test_loading_answers_a_malformed_body_400_and_a_good_one_503(
+        make_client: MakeClient, fake_engine: FakeEngine, path: str,
+        good: dict[str, Any]) -> None:
+    """While the model loads, a body that can never be served is a 400 as at any other
+    time (vLLM's server and OpenAI check the request first): a 503 "retry shortly" would
+    have the client retry it for nothing. A good one is the 503 `not_ready`; a request
+    without a key is still a 401, and a key's refused model a 403."""
     client = await keyed(make_client)
     fake_engine.set_ready(False)
-    r = await client.post("/v1/chat/completions", data=b"not json")
+    jsonish = {**ANY, "Content-Type": "application/json"}
+    r = await client.post(path, data=b"not json", headers=jsonish)
+    assert (await error_of(r, 400))["code"] == "invalid_json"
+    r = await client.post(path, json={**good, "model": 5}, headers=ANY)
+    assert (await error_of(r, 400))["param"] == "model"
+    r = await client.post(path, json={k: v for k, v in good.items() if k != "model"},
+                          headers=ANY)
+    assert (await error_of(r, 400))["code"] == "missing_required_parameter"
+    r = await client.post(path, json=good)
+    await error_of(r, 401)
+    r = await client.post(path, json=good, headers={"Authorization": "Bearer sk-other"})
+    await error_of(r, 403)
+    r = await client.post(path, json=good, headers=ANY)
     assert (await error_of(r, 503))["code"] == "not_ready" and r.headers["Retry-After"] == "5"
+    fake_engine.die()
+    r = await client.post(path, data=b"not json", headers=jsonish)
+    await error_of(r, 400)
+    r = await client.post(path, json=good, headers=ANY)
+    assert (await error_of(r, 503))["code"] == "engine_failed"
 
 
 async def test_auth_comes_before_the_body_is_read(make_client: MakeClient) -> None:
