@@ -464,7 +464,8 @@ class ChunkAssembler:
             u = chunk["usage"]
             if not usage_ok(u):
                 raise ValueError("usage")
-            self.usage = R.usage(u["prompt_tokens"], u["completion_tokens"])
+            self.usage = {**R.usage(u["prompt_tokens"], u["completion_tokens"]),
+                          **R.usage_details(u)}
 
     def cut(self, stream: Stream) -> None:
         """The stream ended before the upstream's last chunk: leave what it reported, or

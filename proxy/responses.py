@@ -38,6 +38,26 @@ def usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
     return u
 
 
+#: The breakdowns a usage may carry (OpenAI's `CompletionUsage`): each a map of counts.
+USAGE_DETAILS = ("prompt_tokens_details", "completion_tokens_details")
+
+
+def usage_details(usage: Any) -> dict[str, dict[str, int]]:
+    """The breakdowns of `usage` (its `prompt_tokens_details`, `completion_tokens_details`:
+    ours, or an upstream's), their whole non-negative counts only (what else is there is
+    no count to replay); none where it has none."""
+    if not isinstance(usage, dict):
+        return {}
+    kept = {}
+    for name in USAGE_DETAILS:
+        d = usage.get(name)
+        counts = {k: v for k, v in d.items() if type(v) is int and v >= 0} \
+            if isinstance(d, dict) else {}
+        if counts:
+            kept[name] = counts
+    return kept
+
+
 def finish(reason: str | None) -> str:
     """Engine finish reasons to OpenAI's enum ('abort' only reaches here on shutdown)."""
     return "length" if reason == "length" else "stop"

@@ -55,6 +55,9 @@ class FakeEngine:
         #: test sets it, and changes it as a template change would.
         self.render_digest: str | None = None
         self.fail_after: int | None = None
+        #: Of each prompt, the tokens its answer reports read from the prefix cache (at
+        #: most the prompt's: vLLM's `num_cached_tokens`)
+        self.cached_tokens = 0
         self.active: set[str] = set()
         self.aborted: list[str] = []
         self.calls: list[tuple[list[int], SamplingOptions, str | None]] = []
@@ -236,6 +239,7 @@ class FakeEngine:
                 last = last or len(stopped) == options.n
                 yield EngineOutput(
                     choices=choices, prompt_tokens=len(prompt), finished=last,
+                    cached_tokens=min(self.cached_tokens, len(prompt)),
                     prompt_logprobs=self.prompt_entries(prompt, options.prompt_logprobs)
                     if i == 0 and options.prompt_logprobs is not None else None)
                 if last:

@@ -42,7 +42,10 @@ class Entry:
     #: the answer counted them (`Completion.usages`; not an upstream's, nor an entry
     #: stored before they were kept).
     choices: list[dict[str, Any]]
-    usage: dict[str, int]
+    #: {"prompt_tokens", "completion_tokens"[, "prompt_tokens_details"][,
+    #: "completion_tokens_details"]}: the miss's (an entry stored before the breakdowns
+    #: were kept replays none).
+    usage: dict[str, Any]
     scope: str
     tenant: str
     role: str
@@ -164,7 +167,7 @@ def _call_ok(t: Any) -> bool:
 
 def capture_body(body: dict[str, Any], route: str, order: list[str | int] | None = None,
                  usages: dict[int, dict[str, int]] | None = None,
-                 ) -> tuple[list[dict[str, Any]], dict[str, int]] | None:
+                 ) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
     """Choices and usage of a whole answer, or None if it is not a normal answer: one of
     another shape (an upstream's) is not stored, since each replay would read it again.
     `order` (`Completion.order`): the first choice's text and calls in the order the
@@ -200,15 +203,17 @@ def capture_body(body: dict[str, Any], route: str, order: list[str | int] | None
     return (choices, usage) if choices_ok(choices) else None
 
 
-def captured_usage(usage: Any) -> dict[str, int] | None:
+def captured_usage(usage: Any) -> dict[str, Any] | None:
     """An answer's usage as an entry keeps it (none given: zeros), or None where what it
     gives is no usage."""
     if usage is None:
         return {"prompt_tokens": 0, "completion_tokens": 0}
     if not isinstance(usage, dict):
         return None
-    kept = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
-    return kept if usage_ok(kept) else None
+    kept: dict[str, Any] = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
+    # Its breakdowns too (the engine's prefix-cache hits, an upstream's reasoning tokens):
+    # a hit reports the usage of the miss that made it.
+    return {**kept, **R.usage_details(usage)} if usage_ok(kept) else None
 
 
 def asked_with(entry: Entry, prompt_tokens: int) -> Entry:
@@ -217,13 +222,20 @@ def asked_with(entry: Entry, prompt_tokens: int) -> Entry:
     semantic layer's), the only kind it is given."""
     if entry.usage["prompt_tokens"] == prompt_tokens:
         return entry
-    return replace(entry, usage={**entry.usage, "prompt_tokens": prompt_tokens}, choices=[
+    usage = {**entry.usage, "prompt_tokens": prompt_tokens}
+    details = R.usage_details(usage).get("prompt_tokens_details")
+    if details:  # (counts of the miss's prompt: none past this one's)
+        usage["prompt_tokens_details"] = {k: min(v, prompt_tokens) for k, v in details.items()}
+    return replace(entry, usage=usage, choices=[
         {**c, "usage": {**c["usage"], "prompt_tokens": prompt_tokens}} if "usage" in c else c
         for c in entry.choices])
 
 
 def _usage(entry: Entry) -> dict[str, Any]:
-    return R.usage(entry.usage["prompt_tokens"], entry.usage["completion_tokens"])
+    """The usage of the miss that made it, its breakdowns included (copies: a body's)."""
+    u = R.usage(entry.usage["prompt_tokens"], entry.usage["completion_tokens"])
+    u.update((k, dict(v)) for k, v in R.usage_details(entry.usage).items())
+    return u
 
 
 def _fresh_ids(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -295,3 +295,27 @@ def test_a_generation_config_s_values_are_taken_within_a_request_s_bounds() -> N
         "repetition_penalty": 1.1, "max_tokens": 512}
     assert model_defaults({"temperature": 7, "top_p": float("nan"), "top_k": 1.5,
                            "max_tokens": 0, "min_p": True, "bogus": 1}) == {}
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_cache_hit_reports_the_cached_tokens_of_its_miss(
+        make_client: MakeClient, fake_engine: FakeEngine, route: str, stream: bool) -> None:
+    """The usage of a hit is the usage of the miss that made it, its
+    `prompt_tokens_details.cached_tokens` (the engine's prefix cache) included: a hit
+    dropped them, so a client reading them saw its usage change between two answers of
+    the same text (whole and streamed with `include_usage`)."""
+    fake_engine.cached_tokens = 2
+    client = await make_client(plugins=CACHE)
+    body = {**(CHAT if route == "chat" else COMPLETION), "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    usages = []
+    for want in ("miss", "exact"):
+        out, cache = await post(client, route, body)
+        assert cache == want
+        usage = out[-1]["usage"] if stream else out["usage"]
+        validate("CompletionUsage", usage)
+        usages.append(usage)
+    assert usages[0]["prompt_tokens_details"] == {"cached_tokens": 2}
+    assert usages[1] == usages[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -225,3 +226,28 @@ async def test_redis_s_json_keeps_each_choice_s_usage_and_older_entries_share_it
             for c in chunks] == [(7, 2), (7, 2), (7, 4)]
     with pytest.raises(BadEntry):
         Entry.from_json(entry(usage={"prompt_tokens": 7, "completion_tokens": "3"}).to_json())
+
+
+async def test_an_upstream_s_usage_details_are_kept_and_replayed_from_redis() -> None:
+    """An upstream's `completion_tokens_details` (reasoning tokens) and
+    `prompt_tokens_details` are kept with the entry, through Redis's JSON, and replayed
+    whole and streamed; what is no count in them (a string, a negative) is dropped; a
+    paraphrase's `cached_tokens` are at most its own prompt's."""
+    from plugins.cache.entry import asked_with, captured_usage
+
+    usage = captured_usage({"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11,
+                            "prompt_tokens_details": {"cached_tokens": 6, "x": "y"},
+                            "completion_tokens_details": {"reasoning_tokens": 3,
+                                                          "audio_tokens": -1}})
+    assert usage is not None
+    back = Entry.from_json(replace(entry(), usage=usage).to_json(with_prompt=False))
+    want = {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11,
+            "prompt_tokens_details": {"cached_tokens": 6},
+            "completion_tokens_details": {"reasoning_tokens": 3}}
+    assert replay_body(back, chat())["usage"] == want
+    validate("CompletionUsage", want)
+    chunks = [c async for c in replay_stream(back, chat(
+        stream=True, stream_options={"include_usage": True}))]
+    assert chunks[-1]["usage"] == want
+    assert replay_body(asked_with(back, 5), chat())["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 5}
