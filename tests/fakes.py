@@ -41,6 +41,10 @@ class FakeEngine:
         self.model = model
         #: When set, answers are this text (in 4-character pieces) instead of words.
         self.script: str | None = None
+        #: When set, answers are these tokens, each (its text, its own bytes), as vLLM
+        #: gives a token that is part of a UTF-8 character: text "" (the token that
+        #: completes the character has all of its text), its bytes the part it holds.
+        self.byte_tokens: list[tuple[str, bytes]] | None = None
         self.has_tool_parser = tool_parser
         self._max_model_len = max_model_len
         self.delay = delay
@@ -167,6 +171,8 @@ class FakeEngine:
         """Scripted or schema-constrained answers (the twin of structured output)."""
         if options.json_schema is not None:
             text = json.dumps(schema_instance(options.json_schema))
+        elif self.byte_tokens is not None:
+            return [t for t, _ in self.byte_tokens][:options.max_tokens]
         elif self.script is not None:
             text = self.script
         else:
@@ -229,9 +235,11 @@ class FakeEngine:
                         word = ""
                     lp = None
                     if options.logprobs is not None:
-                        top = [TopLogprob(word, -0.5, list(word.encode()))] + [
+                        own = (list(self.byte_tokens[i][1]) if self.byte_tokens is not None
+                               else list(word.encode()))
+                        top = [TopLogprob(word, -0.5, own)] + [
                             TopLogprob(f" t{k}", -1.0 - k, None) for k in range(options.logprobs)]
-                        lp = [TokenLogprob(word, -0.5, list(word.encode()), top)]
+                        lp = [TokenLogprob(word, -0.5, own, top)]
                     choices.append(ChoiceDelta(index=c, text=word, token_ids=[10 + i],
                                                logprobs=lp,
                                                finish_reason=reason if last else None,

@@ -148,6 +148,7 @@ class VllmEngine:
         self.settings = settings
         self._llm: AsyncLLM | None = None
         self._tokenizer: Any = None
+        self._bytes: TokenBytes | None = None  # (read from `_tokenizer`: `_token_bytes`)
         self._chat_text: ChatText | None = None
         self._ready = False
         self._model_path: str = settings.model
@@ -295,6 +296,11 @@ class VllmEngine:
 
     # ----------------------------------------------------------------- tokenizing
 
+    def _token_bytes(self) -> TokenBytes:
+        if self._bytes is None or self._bytes.tokenizer is not self._tokenizer:
+            self._bytes = TokenBytes(self._tokenizer)
+        return self._bytes
+
     def _text(self) -> ChatText:
         if self._chat_text is None or self._chat_text.tokenizer is not self._tokenizer:
             self._chat_text = ChatText(self._tokenizer)
@@ -406,7 +412,8 @@ class VllmEngine:
                         index=c.index,
                         text=c.text,
                         token_ids=list(c.token_ids),
-                        logprobs=_logprobs(c.logprobs, _shown(c, options))
+                        logprobs=_logprobs(c.logprobs, _shown(c, options),
+                                           self._token_bytes())
                         if want_logprobs else None,
                         finish_reason=_FINISH.get(c.finish_reason or "", c.finish_reason),
                         stop_reason=_stop_reason(c),
@@ -419,7 +426,7 @@ class VllmEngine:
                     prompt_tokens=len(out.prompt_token_ids or prompt),
                     finished=out.finished,
                     cached_tokens=out.num_cached_tokens or 0,
-                    prompt_logprobs=_prompt_entries(self._tokenizer, prompt,
+                    prompt_logprobs=_prompt_entries(self._token_bytes(), prompt,
                                                     out.prompt_logprobs)
                     if out.prompt_logprobs else None,
                     ttft_s=_ttft(out),
@@ -702,12 +709,13 @@ def _ttft(out: Any) -> float | None:
     return float(latency) if latency and latency > 0 else None
 
 
-def _prompt_entries(tokenizer: Any, prompt: list[int], entries: Any) -> list[TokenLogprob]:
+def _prompt_entries(own: TokenBytes, prompt: list[int], entries: Any) -> list[TokenLogprob]:
     """vLLM's prompt logprobs (None for the first token, then one map per token) as one
     entry per prompt token; the first has no logprob, as vLLM's server and OpenAI show."""
-    first = TokenLogprob(token=str(tokenizer.decode(prompt[:1])), logprob=None, bytes=None,
-                         top=[])
-    return [first, *_logprobs(list(entries)[1:], prompt[1:])]
+    text = str(own.tokenizer.decode(prompt[:1]))
+    first = TokenLogprob(token=text, logprob=None, bytes=own(prompt[0], text) if prompt
+                         else None, top=[])
+    return [first, *_logprobs(list(entries)[1:], prompt[1:], own)]
 
 
 def _stop_reason(c: Any) -> int | str | None:
@@ -729,18 +737,22 @@ def _shown(c: Any, options: SamplingOptions) -> Any:
     return ids
 
 
-def _logprobs(entries: Any, token_ids: Any) -> list[TokenLogprob]:
+def _logprobs(entries: Any, token_ids: Any, own: TokenBytes | None = None,
+              ) -> list[TokenLogprob]:
+    """`own`: each token's own bytes (None: its text's, as before a tokenizer is known)."""
     out: list[TokenLogprob] = []
+    bytes_of = own or _text_bytes
     for tid, entry in zip(token_ids, entries or [], strict=False):
         chosen = entry.get(tid)
-        tops = sorted(entry.values(), key=lambda lp: lp.rank or 0)
+        tops = sorted(entry.items(), key=lambda item: item[1].rank or 0)
         out.append(
             TokenLogprob(
                 token=_tok(chosen),
                 logprob=max(float(chosen.logprob), -9999.0) if chosen else -9999.0,
-                bytes=_bytes(chosen),
-                top=[TopLogprob(_tok(lp), max(float(lp.logprob), -9999.0), _bytes(lp))
-                     for lp in tops],
+                bytes=bytes_of(tid, _tok(chosen)),
+                top=[TopLogprob(_tok(lp), max(float(lp.logprob), -9999.0),
+                                bytes_of(t, _tok(lp)))
+                     for t, lp in tops],
             )
         )
     return out
@@ -750,7 +762,76 @@ def _tok(lp: Any) -> str:
     return (lp.decoded_token if lp is not None else None) or ""
 
 
-def _bytes(lp: Any) -> list[int] | None:
-    text = _tok(lp)
+def _text_bytes(token_id: int, text: str) -> list[int] | None:
     return list(text.encode("utf-8")) if text else None
+
+
+def _byte_chars() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character standing for each byte in a byte-level
+    BPE vocabulary (printable ones for themselves, the rest moved past U+0100)."""
+    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    moved = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + i): b for i, b in enumerate(moved)}}
+
+
+_BYTE_CHARS = _byte_chars()
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class TokenBytes:
+    """A token's own bytes (a logprob's `bytes`, as OpenAI gives them): for a token that
+    is part of a UTF-8 character, that part, where vLLM's text of it is "" (the token
+    completing the character is given all of its text). Read from the vocabulary: a
+    byte-level BPE's piece is its bytes spelled in GPT-2's alphabet, a byte-fallback
+    token `<0xE6>` one byte; any other token (an added token, a SentencePiece word, a
+    tokenizer of another kind) is its text's bytes, as before."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._kind = _decoder_kinds(tokenizer)
+        self._added = set(getattr(tokenizer, "added_tokens_decoder", None) or ())
+        self._known: dict[int, list[int] | None] = {}
+
+    def __call__(self, token_id: int, text: str) -> list[int] | None:
+        if token_id in self._known:
+            return self._known[token_id] or _text_bytes(token_id, text)
+        own = self._own(token_id)
+        if len(self._known) < 1 << 18:  # (a vocabulary's worth)
+            self._known[token_id] = own
+        return own or _text_bytes(token_id, text)
+
+    def _own(self, token_id: int) -> list[int] | None:
+        if not self._kind or token_id in self._added:
+            return None
+        try:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        except Exception:  # (an id past the vocabulary: its text, as before)
+            return None
+        if not isinstance(piece, str) or not piece:
+            return None
+        if "ByteFallback" in self._kind and (m := _BYTE_TOKEN.fullmatch(piece)):
+            return [int(m.group(1), 16)]
+        if "ByteLevel" in self._kind and all(c in _BYTE_CHARS for c in piece):
+            return [_BYTE_CHARS[c] for c in piece]
+        return None
+
+
+def _decoder_kinds(tokenizer: Any) -> set[str]:
+    """The kinds of the tokenizer's decoder that spell bytes (`ByteLevel`, `ByteFallback`):
+    none known, none read (its tokens' text is their bytes)."""
+    if getattr(tokenizer, "byte_decoder", None):  # (a slow GPT-2-like tokenizer)
+        return {"ByteLevel"}
+    try:
+        decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder")
+    except Exception:  # (no Rust tokenizer behind it: a Mistral, a tiktoken one)
+        return set()
+    kinds: set[str] = set()
+    stack = [decoder]
+    while stack:
+        d = stack.pop()
+        if isinstance(d, dict):
+            if d.get("type") in ("ByteLevel", "ByteFallback"):
+                kinds.add(d["type"])
+            stack.extend(d.get("decoders") or [])
+    return kinds
 

@@ -583,3 +583,25 @@ def test_a_completion_s_null_max_tokens_is_16_as_on_vllm_s_server(
     r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=None,
                                   temperature=0, extra_body={"ignore_eos": True})
     assert r.usage is not None and r.usage.completion_tokens == 16
+
+
+def test_a_token_of_part_of_a_character_has_its_own_bytes(client: openai.OpenAI) -> None:
+    """Held to the byte tokens of "日" (each a byte of it in the demo's byte-level
+    vocabulary), every token's `bytes`, chosen and alternatives, are its own byte: vLLM
+    names such a token "" (or "\ufffd"), and its bytes were null (or U+FFFD's)."""
+    tok = demo_tokenizer()
+    ids = tok.encode("日", add_special_tokens=False)
+    assert len(ids) == 3
+    for stream in (False, True):
+        r: Any = client.chat.completions.create(
+            model=MODEL, messages=MSG, max_tokens=6, temperature=0, logprobs=True,
+            top_logprobs=2, stream=stream, extra_body={"allowed_token_ids": ids})
+        content = ([t for c in r for ch in c.choices
+                    for t in ((ch.logprobs and ch.logprobs.content) or [])]
+                   if stream else r.choices[0].logprobs.content)
+        assert len(content) == 6
+        own = [[b] for b in "日".encode()]
+        assert all(t.bytes in own for t in content), [t.bytes for t in content]
+        # (alternatives are any tokens: each has bytes of its own, none U+FFFD's)
+        assert all(a.bytes and a.bytes != list("\ufffd".encode())
+                   for t in content for a in t.top_logprobs)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from tests.conftest import MakeClient
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate, validate_completion_chunk
@@ -411,3 +413,35 @@ async def test_a_whole_answers_logprobs_are_bounded(
     r = await client.post("/v1/chat/completions",
                           json={**CHAT, "logprobs": True, "top_logprobs": 3})
     assert r.status == 200  # 5 tokens x 4 entries: within it
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_chat_logprobs_of_part_of_a_character_keep_their_bytes(
+        make_client: MakeClient, fake_engine: FakeEngine, stream: bool) -> None:
+    """A token that is part of a UTF-8 character (text "", as vLLM names it) keeps its
+    entry and its own `bytes`, chosen and in `top_logprobs`, whole and streamed (a stream
+    sends no content for it): the tokens join to the content, their bytes to its UTF-8."""
+    fake_engine.byte_tokens = [("Hi ", b"Hi "), ("", b"\xe6\x97"), ("日", b"\xa5"),
+                               ("!", b"!")]
+    r = await client_post(await make_client(), {
+        **CHAT, "logprobs": True, "top_logprobs": 1, "max_tokens": 4, "stream": stream})
+    if stream:
+        events, done = parse_sse(r)
+        assert done
+        content = "".join(c["delta"].get("content") or "" for e in events
+                          for c in e["choices"])
+        entries = [t for e in events for c in e["choices"]
+                   for t in ((c.get("logprobs") or {}).get("content") or [])]
+    else:
+        choice = json.loads(r)["choices"][0]
+        content, entries = choice["message"]["content"], choice["logprobs"]["content"]
+    assert content == "Hi 日!"
+    assert [t["token"] for t in entries] == ["Hi ", "", "日", "!"]
+    assert [t["bytes"] for t in entries] == [list(b"Hi "), [0xE6, 0x97], [0xA5], [0x21]]
+    assert [t["top_logprobs"][0]["bytes"] for t in entries] == [t["bytes"] for t in entries]
+
+
+async def client_post(client: Any, body: dict[str, Any]) -> str:
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status == 200, await r.text()
+    return await r.text()

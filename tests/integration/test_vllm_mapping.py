@@ -496,3 +496,57 @@ def test_text_parts_are_joined_as_vllm_s_renderer_joins_them(tmp_path: Path) -> 
         config = ModelConfig(model=str(model), dtype="float32")
         assert content_part_separator(get_tokenizer(str(model)), config) == separator
     assert ENGINE.part_separator == "\n"  # (not started: vLLM's default reading)
+
+
+async def test_a_token_of_part_of_a_character_has_its_own_bytes() -> None:
+    """vLLM names a token that ends inside a UTF-8 character "" (the token that completes
+    the character gets all of its text); its `bytes` were null and the completing token's
+    the whole character's, and an alternative's of that kind null, where OpenAI gives each
+    token's own bytes (what a client reads a partial token by). They are each token's
+    own, chosen and alternatives alike; the token strings still join to the content
+    (vLLM's), and the bytes to its UTF-8."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from proxy.engine.base import SamplingOptions
+    from proxy.engine.demo_model import ensure_demo_model
+
+    tok = AutoTokenizer.from_pretrained(ensure_demo_model())
+    ids = tok.encode("é日", add_special_tokens=False)  # a byte a token in its vocabulary
+    assert len(ids) == 5
+    shown = ["", "é", "", "", "日"]  # vLLM's decoded tokens
+    alt = tok.encode("ж", add_special_tokens=False)[0]  # (also part of a character)
+
+    def lp(text: str, rank: int) -> Any:
+        return SimpleNamespace(logprob=-0.1 * rank, rank=rank, decoded_token=text)
+
+    def output(i: int) -> Any:
+        entry = {ids[i]: lp(shown[i], 1), alt: lp("", 2)}
+        return SimpleNamespace(
+            outputs=[SimpleNamespace(index=0, text=shown[i], token_ids=[ids[i]],
+                                     logprobs=[entry], finish_reason="length" if i == 4
+                                     else None, stop_reason=None)],
+            finished=i == 4, prompt_token_ids=[1, 2], num_cached_tokens=0,
+            prompt_logprobs=None, metrics=None)
+
+    class Llm:
+        errored = False
+
+        async def generate(self, *a: Any, **kw: Any) -> Any:
+            for i in range(5):
+                yield output(i)
+
+        async def abort(self, request_id: str) -> None:
+            pass
+
+    engine = VllmEngine(VllmEngineSettings())
+    engine._llm = Llm()  # type: ignore[assignment]
+    engine._tokenizer = tok
+    outs = [o async for o in engine.generate([1, 2], SamplingOptions(max_tokens=5, logprobs=1),
+                                             "r")]
+    entries = [e for o in outs for e in o.choices[0].logprobs or []]
+    assert "".join(e.token for e in entries) == "é日"
+    assert bytes(b for e in entries for b in e.bytes or []) == "é日".encode()
+    assert [e.bytes for e in entries] == [[0xC3], [0xA9], [0xE6], [0x97], [0xA5]]
+    assert all(e.top[1].bytes == [0xD0] and e.top[1].token == "" for e in entries)
