@@ -68,6 +68,10 @@ class RequestContext:
     spent_unknown: bool = False
     #: The request as the cache should key it (normalized, redacted); None: `request`.
     key_request: ChatCompletionRequest | CompletionRequest | None = None
+    #: The request as the caller sent it, where a plugin passes another on as `request`
+    #: (the sanitizer: normalized, redacted); None: `request` is it. A completion's
+    #: `echo` gives back its prompts (`proxy.preparing.echoed_prompts`).
+    sent: ChatCompletionRequest | CompletionRequest | None = None
     #: Set by the sanitizer where it redacted something: texts of this request, in order,
     #: as it passes them on (read as one conversation: a card split between two is
     #: found; with `json=True`, each a JSON text whose strings are read, as call

@@ -25,6 +25,7 @@ from .protocol import (
     ResponseFormat,
     refuse_unsupported,
 )
+from .text import fold
 
 
 @dataclass(slots=True)
@@ -232,7 +233,27 @@ def _tools_over(engine: Engine, req: ChatCompletionRequest, prompt: int) -> Inva
         code="context_length_exceeded")
 
 
-def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
+def echoed_prompts(req: CompletionRequest, sent: Any = None) -> list[str | list[int]]:
+    """What `echo` gives back of each prompt: as the caller sent it (OpenAI's), not as
+    the sanitizer passed it on normalized (look-alikes folded, invisible characters
+    dropped: `proxy.text.fold`), unless a redaction changed it: then as the engine read
+    it, the redaction made (the secret is never echoed, nor kept in a cached answer).
+    `sent`: the request as sent (`RequestContext.sent`; None: `req` is it). Token ids
+    are the engine's (their text is echoed)."""
+    given = req.prompts()
+    if not isinstance(sent, CompletionRequest):
+        return given
+    asked = sent.prompts()
+    if len(asked) != len(given):
+        return given
+    return [a if isinstance(a, str) and isinstance(g, str) and g in (a, fold(a)) else g
+            for a, g in zip(asked, given, strict=True)]
+
+
+def prepare_completion(engine: Engine, req: CompletionRequest,
+                       sent: CompletionRequest | None = None) -> Prepared:
+    """`sent`: the request as the caller sent it, where the chain passed on another
+    (`RequestContext.sent`): what `echo` gives back (`echoed_prompts`)."""
     refuse_unsupported(req.model_extra, VLLM_COMPLETION_UNSUPPORTED)
     if req.suffix:
         raise InvalidRequest("Unsupported parameter: `suffix`: this model does not fill in "
@@ -252,10 +273,12 @@ def prepare_completion(engine: Engine, req: CompletionRequest) -> Prepared:
     def param(i: int) -> str:
         return "prompt" if one else f"prompt[{i}]"
 
+    echoed = echoed_prompts(req, sent) if req.echo else []
     for i, p in enumerate(req.prompts()):
         if isinstance(p, str):
             prompts.append(engine.encode(p))
-            echo.append(p)
+            back = echoed[i] if req.echo else p
+            echo.append(back if isinstance(back, str) else p)
         else:
             if vocab is not None and (past := next(
                     (j for j, t in enumerate(p) if t >= vocab), None)) is not None:

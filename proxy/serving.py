@@ -197,7 +197,8 @@ class LocalServing:
             if isinstance(req, ChatCompletionRequest):
                 prep = prepare_chat(self.engine, req)
             else:
-                prep = prepare_completion(self.engine, req)
+                prep = prepare_completion(self.engine, req, ctx.sent
+                                          if isinstance(ctx.sent, CompletionRequest) else None)
         except WeirError:
             raise
         except RecursionError:  # a structure nested past what the template can render

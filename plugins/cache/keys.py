@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from proxy.auth import Principal, key_part
 from proxy.context import RequestContext
+from proxy.preparing import echoed_prompts
 from proxy.protocol import ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
 from proxy.text import fold, normalize
 
@@ -207,6 +208,9 @@ def exact_key(ctx: RequestContext, scope: str, renders: str | None = None) -> st
         # A raw prompt is continued as it ends: a trailing space (or a blank line) makes
         # other tokens, so only look-alikes are folded, not its blanks.
         body["prompt"] = [fold(p) if isinstance(p, str) else p for p in req.prompts()]
+        if req.echo:  # (the answer holds its prompts as echoed: as sent, or redacted)
+            body["echoed"] = echoed_prompts(engine_req, ctx.sent) if isinstance(
+                engine_req := ctx.request, CompletionRequest) else None
     return _hash(body)
 
 

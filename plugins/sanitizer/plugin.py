@@ -142,6 +142,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if "block" in fired.values():
             raise InvalidRequest(self.cfg.block_message, code="content_policy_violation")
         ctx.key_request = key
+        if ctx.sent is None:
+            ctx.sent = req
         ctx.request = self._caller_texts(engine)
         if "redact" in fired.values():
             ctx.screen = self._screen

@@ -148,3 +148,38 @@ async def test_a_prompt_of_token_ids_is_read_by_the_cache_too(
         r = await client.post("/v1/completions", json=clean)
         layers.append(r.headers["x-weir-cache"])
     assert layers == ["miss", "exact"]
+
+
+async def test_echo_gives_back_the_prompt_as_sent_and_a_redaction_as_made(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A completion's `echo` is the prompt as the caller sent it (OpenAI's), not as the
+    sanitizer normalized it for the engine (look-alikes folded, invisible characters
+    dropped); a prompt the sanitizer redacted is echoed redacted, as the engine read it
+    (the secret is neither echoed nor kept in the cache's entry). The cache keys an
+    echo by what it echoes: a prompt that differs from a cached one only in what
+    normalizing folds is not answered with the other one's echo."""
+    client = await make_client(plugins=[
+        *sanitizer(normalize=True, engine_sees="normalized", detectors={"secret": "redact"}),
+        {"name": "cache", "config": {"store_truncated": True}}])
+    sent = "Ｓay\u200b hello"
+    body = {"model": "fake-model", "max_tokens": 2, "temperature": 0, "echo": True}
+    r = await client.post("/v1/completions", json={**body, "prompt": sent})
+    assert r.status == 200, await r.text()
+    assert fake_engine.calls[-1][0] == fake_engine.encode("Say hello")
+    out = await r.json()
+    assert out["choices"][0]["text"].startswith(sent)
+    validate("CreateCompletionResponse", out)
+    # a stream echoes the same
+    r = await client.post("/v1/completions", json={**body, "prompt": sent, "stream": True})
+    assert sent in await r.text()
+    # the folded prompt itself: keyed as the same prompt, but its echo is its own
+    r = await client.post("/v1/completions", json={**body, "prompt": "Say hello"})
+    text = (await r.json())["choices"][0]["text"]
+    assert text.startswith("Say hello") and not text.startswith(sent)
+    r = await client.post("/v1/completions", json={**body, "prompt": sent})
+    assert (await r.json())["choices"][0]["text"].startswith(sent)
+    assert r.headers["x-weir-cache"] == "exact"
+    secret = "my key sk-abc123defghijklmnopqrstuvwxyz"
+    r = await client.post("/v1/completions", json={**body, "prompt": secret})
+    text = (await r.json())["choices"][0]["text"]
+    assert text.startswith("my key [SECRET]") and "sk-abc" not in text
