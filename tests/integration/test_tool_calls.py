@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
@@ -417,3 +419,37 @@ async def test_a_cached_answer_with_text_around_a_call_streams_back_as_it_came(
     assert [bool(e["choices"][0]["delta"].get("tool_calls")) for e in events] == [
         False, True, False]  # text, the call, text (with the finish reason)
     assert sdk_done_calls(events) == [("get_weather", '{"city": "Paris"}')]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_forced_call_ignores_stop_and_ends_length_when_cut(
+        make_client: MakeClient, fake_engine: FakeEngine, choice: Any, stream: bool) -> None:
+    """A forced call's JSON is not cut by `stop` (it ends text, not arguments: vLLM's
+    server applies it and hands back a call of cut JSON); one cut at `max_tokens` ends
+    with `length`, as vLLM's server and OpenAI end it, never `tool_calls` or `stop`."""
+    client = await make_client()
+    body = {**BASE, "tool_choice": choice, "stop": ['"', "{"], "stream": stream}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status == 200, await r.text()
+    assert fake_engine.calls[-1][1].stop == []
+    if stream:
+        events, done = parse_sse(await r.text())
+        assert done
+        _, calls, reasons = assemble(events)
+    else:
+        out = await r.json()
+        calls = out["choices"][0]["message"]["tool_calls"]
+        reasons = [out["choices"][0]["finish_reason"]]
+    assert calls and all(json.loads(c["function"]["arguments"]) is not None for c in calls)
+    assert reasons == ["tool_calls" if choice == "required" else "stop"]
+    r = await client.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+    assert r.status == 200, await r.text()
+    if stream:
+        events, done = parse_sse(await r.text())
+        assert done
+        reasons = assemble(events)[2]
+    else:
+        reasons = [(await r.json())["choices"][0]["finish_reason"]]
+    assert reasons == ["length"]
