@@ -237,7 +237,23 @@ LOCAL_UNSUPPORTED: Unsupported = {
 # holds every field vLLM declares to one of the three (or to its list of no-ops).
 _NO_REASONING = "this model does not reason."
 _TEXT_ONLY = "this model takes text only."
+#: vLLM's former guided-decoding fields: its server no longer declares them and ignores
+#: them (a warning in its log), answering unconstrained what a client asked to be held to
+#: a schema, a regex, a choice or a grammar, so a client written for an older vLLM got
+#: free text, silently. Refused where they ask something (OpenAI refuses an argument it
+#: does not know); an upstream gets them as sent (an older vLLM honours them).
+_FORMER = "vLLM's former guided-decoding field, which its server now ignores"
+VLLM_FORMER: Unsupported = {
+    "guided_json": (inert(), f"{_FORMER}; send `response_format` of type `json_schema`."),
+    "guided_regex": (inert(), f"{_FORMER}; output held to a regex is not supported here "
+                     "(`response_format` holds it to a JSON schema)."),
+    "guided_choice": (inert(), f"{_FORMER}; send `response_format` of type `json_schema` "
+                      "with an `enum` of the choices."),
+    "guided_grammar": (inert(), f"{_FORMER}; output held to a grammar is not supported "
+                       "here (`response_format` holds it to a JSON schema)."),
+}
 VLLM_UNSUPPORTED: Unsupported = {
+    **VLLM_FORMER,
     "use_beam_search": (inert(False), "beam search is not supported here."),
     "length_penalty": (inert(1.0, 1), "it applies to beam search, which is not supported "
                        "here."),

@@ -21,6 +21,7 @@ from proxy.protocol import (
     MAX_STOP_TOKEN_IDS,
     VLLM_CHAT_UNSUPPORTED,
     VLLM_COMPLETION_UNSUPPORTED,
+    VLLM_FORMER,
     VLLM_NO_OPS,
     ChatCompletionRequest,
     CompletionRequest,
@@ -65,12 +66,16 @@ def test_every_field_vllm_declares_is_honoured_refused_or_a_deliberate_no_op(
 
 
 def test_each_table_entry_is_a_field_vllm_declares() -> None:
+    """(but its former fields, which it no longer declares: `VLLM_FORMER`)"""
     vllm = set(VllmChat.model_fields) | set(VllmCompletion.model_fields)
     assert set(VLLM_CHAT_UNSUPPORTED) | set(VLLM_COMPLETION_UNSUPPORTED) | set(
-        VLLM_NO_OPS) <= vllm
+        VLLM_NO_OPS) <= vllm | set(VLLM_FORMER)
+    assert not set(VLLM_FORMER) & vllm  # (one vLLM declares again is accounted for anew)
 
 
 def _vllm_default(model: Any, name: str) -> Any:
+    if name in VLLM_FORMER:  # (not declared: sent by a client of an older vLLM)
+        return None
     field = model.model_fields[name]
     return None if field.default_factory is not None else field.default
 
@@ -87,6 +92,8 @@ ASKING: dict[str, Any] = {  # a value that asks something, for each refused fiel
     "chat_template": "{{ messages }}", "chat_template_kwargs": {"enable_thinking": True},
     "media_io_kwargs": {"image": {}}, "mm_processor_kwargs": {"x": 1},
     "return_prompt_text": True, "prompt_embeds": "AAAA", "reasoning_effort": "low",
+    "guided_json": {"type": "object"}, "guided_regex": "a+", "guided_choice": ["yes", "no"],
+    "guided_grammar": "root ::= \"a\"",
 }
 
 
@@ -265,3 +272,20 @@ def test_every_field_vllm_s_responses_api_declares_is_accounted_for() -> None:
     assert not unaccounted, f"vLLM Responses fields neither honoured, refused nor no-ops: " \
         f"{unaccounted}"
     assert not set(ResponsesRequest.model_fields) & VLLM_PASSED
+
+
+@pytest.mark.parametrize("name", ["guided_json", "guided_regex", "guided_choice",
+                                  "guided_grammar"])
+def test_vllm_s_former_guided_fields_are_refused_not_ignored(name: str) -> None:
+    """vLLM's server ignores its former guided-decoding fields now; here they were
+    ignored too, and a client of an older vLLM got unconstrained text without a word.
+    They are a 400 naming them where they ask something (null asks nothing)."""
+    value = {"guided_json": {"type": "object"}, "guided_regex": "a+",
+             "guided_choice": ["yes", "no"], "guided_grammar": 'root ::= "a"'}[name]
+    for model, prepare, body in ((ChatCompletionRequest, prepare_chat, CHAT),
+                                 (CompletionRequest, prepare_completion, COMPLETION)):
+        with pytest.raises(InvalidRequest) as e:
+            prepare(FakeEngine(), parse_model(model, {**body, name: value}))  # type: ignore[operator]
+        assert (e.value.param, e.value.code) == (name, "unsupported_parameter")
+        assert "response_format" in str(e.value)
+        prepare(FakeEngine(), parse_model(model, {**body, name: None}))  # type: ignore[operator]
