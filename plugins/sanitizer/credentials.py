@@ -14,6 +14,7 @@ import base64
 import re
 from collections.abc import Iterator
 
+from .injection import LOOKALIKES
 from .spans import Span, trie
 
 # (literals, one of which must occur in the lower-cased text; pattern)
@@ -115,7 +116,7 @@ _SLUG = re.compile(r"sk-[a-z]+(?:-[a-z]+)+\Z")
 _KW_PASSWORD = r"pass(?:word|wd|code|phrase)|pwd|pw|pword|pin\s+(?:code|number)"
 _KW_MACHINE = (r"api[\s_-]?key|access[\s_-]?token|auth[\s_-]?token|refresh[\s_-]?token|"
                r"secret[\s_-]?key|client[\s_-]?secret|subscription[\s_-]?key|token(?![a-z])|"
-               r"pass(?![a-z])")
+               r"secret(?![a-z])|pass(?![a-z])")
 _KW_OTHER = (r"passwort|kennwort|contrase[nñ]a|mot\s+de\s+passe|senha|wachtwoord|lösenord|"
              r"adgangskode|salasana|has[lł]o|şifre|sifre|пароль|パスワード|비밀번호")
 _LINK_EN = r"[\"'`]?[ \t]*(?:=>|[=:])[ \t]*|'s\s+|\s+(?:is|was|would\s+be|will\s+be)\s*:?[ \t]+"
@@ -142,10 +143,17 @@ _PHRASE_STARTS = ("pass", "pw", "pin", "kennwort", "contrase", "mot", "senha", "
 # An environment variable that names a credential ("OPENAI_KEY=...", "GITHUB_TOKEN: ..."),
 # found where the text holds one of these endings.
 # (or one run into its PASSWORD: "PGPASSWORD=...", libpq's, as "DB_PASSWORD=..." is read)
-_ENV = re.compile(r"(?<![A-Za-z0-9_])(?:[A-Z][A-Z0-9_]*_(?:KEY|SECRET|TOKEN|PASS|PWD)"
+_ENV = re.compile(r"(?<![A-Za-z0-9_])(?:[A-Z][A-Z0-9_]*_(?:KEY|SECRET|TOKEN|PASS|PWD|PASSWD|AUTH"
+                  r"|CREDENTIALS?|CREDS)"
                   r"|[A-Z][A-Z0-9]*[A-Z0-9]PASSWORD)"
                   rf"[ \t]*[=:][ \t]*(?:(?P<qv>{_QUOTED})|(?P<v>[^\s\"'`]\S{{2,511}}))")
-_ENV_ENDINGS = ("_key", "_secret", "_token", "_pass", "_pwd", "password")
+_ENV_ENDINGS = ("_key", "_secret", "_token", "_pass", "_pwd", "password", "_auth", "_cred")
+# Names whose value is a password, plain words and all ("MYSQL_PWD=swordfish", as
+# "DB_PASSWORD=" is read): a name ending in one of these, or redis-cli's own.
+_PASSWORD_NAMES = ("PASSWORD", "PASSWD", "PWD", "_PASS", "REDISCLI_AUTH")
+# A value that is a file's path, not the credential ("GOOGLE_APPLICATION_CREDENTIALS=
+# /path/key.json", "TLS_KEY=./certs/server.key").
+_PATH = re.compile(r"(?:~|\.{1,2})?/[\w./-]*\Z|[\w./-]+\.(?:json|pem|key|crt|p12|txt|ya?ml)\Z")
 
 # The literals of both, as one trie: at a place where several begin, the shortest is
 # what the scan reports, so each reported word stands for every literal it begins.
@@ -219,6 +227,48 @@ def _looks_made_up(value: str, env: bool = False) -> bool:
 
 
 def find_secrets(text: str) -> Iterator[Span]:
+    """Secrets in `text`, as written and as disguised: with look-alike letters of other
+    scripts read as the Latin ones they mimic ("sk-proj-..." with a Cyrillic "s"; one
+    letter for one, so a span is the text's), and URL-decoded ("sk%2Dproj...",
+    "Bearer%20...", to two levels), each span placed back over the text's own."""
+    yield from _find(text)
+    if not text.isascii() and (look := text.translate(LOOKALIKES)) != text:
+        yield from _find(look)
+    if "%" in text and (decoded := _percent_decoded(text)) is not None:
+        plain, at = decoded
+        for a, b in _find(plain):
+            yield at[a], at[b]
+
+
+_PERCENT = re.compile(r"%([2-7][0-9A-Fa-f])")  # (printable ASCII only)
+_PERCENT_ROUNDS = 2
+
+
+def _percent_decoded(text: str) -> tuple[str, list[int]] | None:
+    """`text` with its printable %XX escapes decoded (twice over: "%252D" is "-"), and
+    where each of its characters starts in `text` (the text's end last); None where it
+    holds none."""
+    at: list[int] | None = None
+    for _ in range(_PERCENT_ROUNDS):
+        if _PERCENT.search(text) is None:
+            break
+        out: list[str] = []
+        places: list[int] = []
+        pos = 0
+        for m in _PERCENT.finditer(text):
+            out.append(text[pos:m.start()])
+            places += range(pos, m.start())
+            out.append(chr(int(m[1], 16)))
+            places.append(m.start())
+            pos = m.end()
+        out.append(text[pos:])
+        places += range(pos, len(text) + 1)
+        at = places if at is None else [at[i] for i in places]
+        text = "".join(out)
+    return None if at is None else (text, at)
+
+
+def _find(text: str) -> Iterator[Span]:
     low = text.lower()
     # One scan for every literal a family needs and every word a phrase starts with (a
     # search per word cost more than the rest of the detector).
@@ -255,13 +305,62 @@ def find_secrets(text: str) -> Iterator[Span]:
             value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
             # (a name run into its PASSWORD takes plain words, as "DB_PASSWORD=" does)
             password = m.group().partition("=")[0].partition(":")[0].rstrip().endswith(
-                "PASSWORD")
+                _PASSWORD_NAMES)
+            if _PATH.match(_bare(value)):
+                continue
             env = re.match(r"[A-Z0-9_]+=[^\s=]", m.group()) is not None  # (NAME=value)
             if _value_ok(value) and (_looks_made_up(value, env=env) or (
                     password and env and "(" not in value)):
                 yield m.span()
     if len(text) >= _B64_LEAST:
         yield from _encoded(text)
+    if "-" in text and any(w in low for w in _UUID_WORDS):
+        yield from _named_uuids(text)
+    if "=" in text and any(w in low for w in _QUERY_WORDS):
+        for m in _QUERY.finditer(text):
+            if _query_value(m["qs"]):
+                yield m.span()
+
+
+# A credential in a URL's query string, named as one ("?key=...&", "&client_secret=",
+# "?access_token="): made up, not a slug ("?key=blue-shirt"), nor a page's or a
+# request's own token ("?page_token=", "?next_token="). (Not a format's literal: a
+# format's is where a key wrapped over lines is looked for.)
+_QUERY_WORDS = ("key=", "secret=", "token=", "auth=", "password=", "passwd=", "pwd=",
+                "credential")
+_QUERY = re.compile(
+    r"(?<=[?&;])(?i:(?!(?:page|next|continuation|sync|cursor|state)[_-]?token=)"
+    r"(?:[a-z0-9]+[_-])*(?:api[_-]?key|apikey|key|secret|token|auth|pass(?:word|wd)?|pwd"
+    r"|credentials?))=(?P<qs>[^&#\s\"'<>]{8,512})")
+
+
+def _query_value(value: str) -> bool:
+    v = _bare(value)
+    return (_value_ok(v) and _LOWER_SLUG.fullmatch(v) is None
+            and any(c.isalpha() for c in v) and _random_looking(v))
+
+
+# A UUID-shaped key (Heroku's, many SaaS APIs'), named as a key just before it ("api key:
+# <uuid>", "HEROKU_API_KEY=<uuid>", "token <uuid>"): a UUID alone is an id (an order's,
+# a request's), and so is one after "primary key", "idempotency key", "page token".
+_UUID = re.compile(r"(?<![0-9A-Za-z-])[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                   r"[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?![0-9A-Za-z-])")
+_UUID_WORDS = ("key", "token", "secret", "pass", "pwd", "credential", "auth")
+_UUID_NAMED = re.compile(
+    r"(?i:(?<![a-z])(?P<w>(?:api|access|secret|auth|app|heroku|client|subscription|licen[cs]e"
+    r"|private|service|account)[\s_-]?key|apikey|token|secret|pass(?:word|wd)?|pwd"
+    r"|credentials?|auth))[\"']?[ \t]*(?:[:=]|\b(?:is|was)\b)?[ \t]*[\"'`]?\Z")
+_NOT_A_KEY_TOKEN = re.compile(r"(?i:(?:page|next|continuation|pagination|sync|cursor"
+                              r"|cancellation|idempotency)[\s_-]?)\Z")
+
+
+def _named_uuids(text: str) -> Iterator[Span]:
+    for m in _UUID.finditer(text):
+        before = text[max(0, m.start() - 48):m.start()]
+        named = _UUID_NAMED.search(before)
+        if named is None or _NOT_A_KEY_TOKEN.search(before, 0, named.start("w")):
+            continue
+        yield m.start() - len(before) + named.start("w"), m.end()
 
 
 # A key base64-encoded: a Docker config's "auth" ("user:ghp_..."), a Kubernetes secret's

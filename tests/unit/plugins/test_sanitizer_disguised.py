@@ -1,0 +1,144 @@
+"""Sanitizer: credentials in disguise (stop 49's adversarial pass): look-alike letters in
+a key's prefix, URL-encoding, credential assignments the phrase and environment rules
+missed, UUID-shaped keys; and the ordinary text beside each that must not fire."""
+
+from __future__ import annotations
+
+import pytest
+
+from plugins.sanitizer.detectors import BUILTIN
+from proxy.text import fold, scanned, scanned_places
+
+KEY = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"
+GHP = "ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"
+UUID = "123e4567-e89b-12d3-a456-426614174000"
+
+
+def found(text: str) -> list[str]:
+    """What the secret detector finds in `text`, as the sanitizer reads it (folded,
+    then scanned), each span placed back in the folded text."""
+    folded = fold(text)
+    norm = scanned(folded)
+    at = scanned_places(folded)
+    return [folded[at[a]:at[b - 1] + 1] for a, b in BUILTIN["secret"].find(norm)]
+
+
+def fires(text: str) -> bool:
+    return bool(found(text))
+
+
+# ------------------------------------------------- look-alike letters in a prefix
+
+@pytest.mark.parametrize(("text", "secret"), [
+    ("\u0455k-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7", "\u0455k-proj"),  # Cyrillic dze
+    ("s\u043a-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7", "Ab3dEf6hIj"),  # Cyrillic ka
+    ("key: gh\u0440_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6 ok", "aB3dE6gH9j"),  # Cyrillic er
+    ("\u0410KIAIOSFODNN7EXAMPLF", "IOSFODNN7"),  # Cyrillic A
+    ("AK\u0406AIOSFODNN7EXAMPLF", "IOSFODNN7"),  # Cyrillic I
+    ("\u03a7ox\u03b2-" "1234567890-abcdefghij", None),  # (not a Slack prefix: b is Greek beta)
+    ("\uff53\uff4b-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7", "Ab3dEf6hIj"),  # fullwidth
+    ("gh\u0440_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6\u200b", "aB3dE6gH9j"),
+])
+def test_a_key_with_look_alike_letters_in_its_prefix_is_one(text: str,
+                                                             secret: str | None) -> None:
+    said = found(text)
+    if secret is None:
+        return
+    assert said and any(secret in s for s in said), said
+    # the whole key is covered, its look-alike letters with it
+    assert any(len(s) >= 20 and s[0] != "-" for s in said), said
+
+
+@pytest.mark.parametrize("text", [
+    "Это секретный ключ, никому не говорите.",  # Russian prose
+    "Ключ API хранится в настройках проекта.",
+    "Σκ-ομάδα και το ΤΟΚΕΝ της εβδομάδας",  # Greek that folds to Latin letters
+    "ѕk-learn is a library",  # a look-alike slug is still a slug
+    "ΑΚΙΑ is a word here, not a key",
+])
+def test_text_in_other_scripts_is_no_key(text: str) -> None:
+    assert not fires(text)
+
+
+# ------------------------------------------------- URL-encoding
+
+@pytest.mark.parametrize(("text", "secret"), [
+    ("sk%2Dproj%2DAb3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7", "Ab3dEf6hIj"),
+    ("ghp%5FaB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6", "aB3dE6gH9j"),
+    ("Authorization%3A%20Bearer%20abc123def456ghi789jkl", "abc123def456"),
+    ("curl 'https://x.io/hook?auth=Bearer%20abc123def456ghi789jkl'", "abc123def456"),
+    ("https://api.example.com/v1/data?key=Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1&page=2", "Zx8Vb7Nm6L"),
+    ("https://api.example.com/v1?format=json&secret=Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1", "Zx8Vb7Nm6L"),
+    ("GET /v1/items?access_key=Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1 HTTP/1.1", "Zx8Vb7Nm6L"),
+    ("?api_key=sk%2Dproj%2DAb3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7&x=1", "Ab3dEf6hIj"),
+    ("password%3Dhunter2x%26user%3Dbob", "hunter2x"),
+    ("sk%252Dproj%252DAb3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7", "Ab3dEf6hIj"),  # twice
+])
+def test_a_url_encoded_credential_is_one(text: str, secret: str) -> None:
+    said = found(text)
+    assert any(secret in s for s in said), said
+
+
+@pytest.mark.parametrize("text", [
+    "https://example.com/search?q=hello%20world&page=2",
+    "https://shop.example.com/items?key=blue-shirt&size=m",  # a product key: a slug
+    "https://example.com/api?key=value&token=next",
+    "100%25 of the keys were rotated; see /docs?topic=api%20keys",
+    "https://example.com/?sort=name&order=asc&key=42",
+])
+def test_ordinary_query_strings_and_encodings_are_none(text: str) -> None:
+    assert not fires(text)
+
+
+# ------------------------------------------------- credential assignments
+
+B64 = "dGhpc2lzYXZlcnlsb25nc2VjcmV0dmFsdWU="
+
+
+@pytest.mark.parametrize("text", [
+    f"secret: {B64}", f"  secret: {B64}", f'{{"secret": "{B64}"}}',
+    f"jwt_secret: {B64}", "webhook secret = 'Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1'",
+    f"password: {B64}", f"SECRET={B64}",
+    "REDISCLI_AUTH=hunter2x", "export REDISCLI_AUTH=swordfish",
+    "REDISCLI_AUTH=s3cr3t redis-cli -h cache", "MYSQL_PWD=swordfish mysql -u app",
+    "PGPASSWORD=swordfish psql", "SMTP_PASSWD=swordfish", "NPM_AUTH=Zx8Vb7Nm6Lk5Jh4Gf3Ds2",
+    "BASIC_AUTH=admin:hunter2", "GOOGLE_CREDENTIALS=Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1",
+    "APP_SECRET=hunter2", "SENTRY_AUTH_TOKEN=abc123def", "OPENAI_API_KEY: Zx8Vb7Nm6Lk5",
+])
+def test_a_credential_assignment_is_a_secret(text: str) -> None:
+    assert fires(text)
+
+
+@pytest.mark.parametrize("text", [
+    "The secret: practice every day.", "secret: true", "secret: None",
+    "the secret is out", "secret: Optional[str] = None", "secret = os.environ['S']",
+    "keep it a secret: nobody knows", "secret: ${{ secrets.TOKEN }}",
+    "ENABLE_AUTH=true", "USE_AUTH=1", "REDISCLI_AUTH=$REDIS_PASSWORD",
+    "MYSQL_PWD=\"$DB_PASS\"", "GOOGLE_APPLICATION_CREDENTIALS=/path/to/key.json",
+    "secret = secret", "def secret(self) -> str:", "OAUTH=disabled",
+])
+def test_talk_and_code_about_secrets_is_none(text: str) -> None:
+    assert not fires(text), found(text)
+
+
+# ------------------------------------------------- UUID-shaped keys
+
+@pytest.mark.parametrize("text", [
+    f"api key {UUID}", f"Heroku API key {UUID}", f"heroku key: {UUID}",
+    f"secret: {UUID}", f"HEROKU_API_KEY={UUID}", f"my access key is {UUID}",
+    f"license key: {UUID}", f"token {UUID}", f'"apiKey": "{UUID.upper()}"',
+    f"https://api.example.com/v1?key={UUID}",
+])
+def test_a_uuid_named_as_a_key_is_a_secret(text: str) -> None:
+    said = found(text)
+    assert any(UUID[:8].lower() in s.lower() and UUID[-12:].lower() in s.lower()
+               for s in said), said
+
+
+@pytest.mark.parametrize("text", [
+    f"my order id is {UUID}", f"request {UUID} failed", f"trace id: {UUID}",
+    f"primary key: {UUID}", f"idempotency key {UUID}", f"user {UUID} has no key",
+    f"uuid: {UUID}", f"see ticket {UUID} for the key rotation",
+])
+def test_a_uuid_in_ordinary_text_is_none(text: str) -> None:
+    assert not fires(text), found(text)
