@@ -26,14 +26,16 @@ class Screen(Protocol):
 
 
 def screened_values(values: dict[str, str], screen: Screen | None) -> dict[str, str]:
-    """`values` (a request's `metadata`) with each value screened by the sanitizer's
-    `screen` (None: as given): kept and listed beside the request's redacted texts, they
-    are in no prompt, so the chain never read them. (Keys are kept: they are what
-    listings filter by.)"""
+    """`values` (a request's `metadata`) with each key and value screened by the
+    sanitizer's `screen` (None: as given): kept and listed beside the request's redacted
+    texts, they are in no prompt, so the chain never read them. (A key is the caller's
+    text as a value is: a key in it went on as sent. Keys are what listings filter by:
+    one that held nothing to redact stays as it came.)"""
     if screen is None or not values:
         return values
     keys = list(values)
-    return dict(zip(keys, screen([values[k] for k in keys]), strict=True))
+    said = screen([*keys, *(values[k] for k in keys)])
+    return dict(zip(said[:len(keys)], said[len(keys):], strict=True))
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ from proxy.protocol import (
     ChatTool,
     CompletionRequest,
     JsonSchemaFormat,
+    NamedToolChoice,
     RefusalPart,
     TextPart,
     ToolCall,
@@ -132,6 +133,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             named = self._names(req, fired)
         else:
             key, engine = self._completion(req, fired)
+        for name in self._caller_blocks(req):  # (blocked as a prompt is; nothing else read)
+            fired[name] = "block"
         for name, action in fired.items():
             self.detections.labels(name, action).inc()
             ctx.flags.add(name)
@@ -155,9 +158,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                       ) -> ChatCompletionRequest | CompletionRequest:
         """`req` with the caller's texts that no prompt holds but that go on with it (to
         an upstream engine, which may store them: `metadata`'s values, `user`,
-        `safety_identifier`, `prompt_cache_key`) screened as what a route keeps is
-        (`_screen`); never read for flags (an app that sends its user's address as
-        `user` would keep every request of it out of the cache)."""
+        `safety_identifier`, `prompt_cache_key`; `metadata`'s keys too) screened as what
+        a route keeps is (`_screen`; a `block` detector's finding there refused the
+        request already: `_caller_blocks`); never read for flags (an app that sends its
+        user's address as `user` would keep every request of it out of the cache)."""
         if not self._redacts:
             return req
         update: dict[str, Any] = {}
@@ -172,6 +176,27 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if metadata and (values := screened_values(dict(metadata), self._screen)) != metadata:
             update["metadata"] = values
         return req.model_copy(update=update) if update else req
+
+    def _caller_blocks(self, req: ChatCompletionRequest | CompletionRequest) -> list[str]:
+        """The `block` detectors that fire in the caller's texts going on beside the
+        prompt (`_caller_texts`: `metadata`'s keys and values, `user`, ...): the request
+        is refused as one whose prompt holds the same (a blocked value was only hidden
+        there, and went on to the store and the upstream as its hash or a placeholder)."""
+        blocking = [(d, a) for d, a in self.detectors if a == "block"]
+        if not blocking:
+            return []
+        texts = [v for f in _CALLER_FIELDS if isinstance(v := getattr(req, f, None), str)]
+        for k, v in (getattr(req, "metadata", None) or {}).items():
+            texts += [k, v]
+        out: list[str] = []
+        try:
+            for text in texts:
+                norm = scanned(self._fold(text)) if self.cfg.normalize else text
+                out += [d.name for d, _ in blocking if d.name not in out and any(
+                    True for _ in d.find(norm))]
+        finally:
+            forget()
+        return out
 
     def screen_aside(self) -> Screen | None:
         return self._screen if self._redacts else None
@@ -388,6 +413,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _chat(self, req: ChatCompletionRequest, fired: dict[str, str],
               ) -> tuple[ChatCompletionRequest, ChatCompletionRequest]:
+        req = self._forwarded(req, fired)
         # Every text of the conversation in order (string contents, text and refusal
         # parts, a message's refusal): a card may be split between two of them.
         texts: list[str] = []
@@ -445,6 +471,43 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 key, engine = _with(key, "response_format", fmt), _with(
                     engine, "response_format", fmt)
         return key, engine
+
+    def _forwarded(self, req: ChatCompletionRequest, fired: dict[str, str],
+                   ) -> ChatCompletionRequest:
+        """`req` with what goes on with it (to an upstream engine, which gets the request
+        as it came: `exclude_unset`, extras and all; and to the cache's key) beyond the
+        texts `_chat` reads, screened as a tool's extra fields are (`_extras`): every
+        field the protocol does not name, on the request, a message (vLLM's
+        `reasoning_content`, anything), a content part, an earlier call and its function,
+        a named `tool_choice`, the response format; the stop sequences; a prediction's
+        content. The same request where nothing was redacted."""
+        msgs = []
+        for m in req.messages:
+            upd: dict[str, Any] = {}
+            if isinstance(m.content, list):
+                upd["content"] = [self._extras(p, fired) for p in m.content]
+            if m.tool_calls:
+                upd["tool_calls"] = [self._extras(_with(c, "function", self._extras(
+                    c.function, fired)), fired) for c in m.tool_calls]
+            msgs.append(self._extras(_update(m, upd), fired))
+        update: dict[str, Any] = {"messages": msgs}
+        if isinstance(req.stop, str):
+            update["stop"] = self._redacted(req.stop, fired)
+        elif req.stop:
+            update["stop"] = [self._redacted(t, fired) for t in req.stop]
+        if (p := req.prediction) is not None:
+            content = (self._redacted(p.content, fired) if isinstance(p.content, str) else
+                       [self._extras(_with(t, "text", self._redacted(t.text, fired)), fired)
+                        for t in p.content])
+            update["prediction"] = self._extras(_with(p, "content", content), fired)
+        if isinstance(c := req.tool_choice, NamedToolChoice):
+            update["tool_choice"] = self._extras(
+                _with(c, "function", self._extras(c.function, fired)), fired)
+        if req.response_format is not None:
+            update["response_format"] = self._extras(req.response_format, fired)
+        if req.stream_options is not None:
+            update["stream_options"] = self._extras(req.stream_options, fired)
+        return self._extras(_update(req, update), fired)
 
     def _names(self, req: ChatCompletionRequest, fired: dict[str, str]) -> bool:
         """Names the model reads and must give back as they are (a tool's, an earlier

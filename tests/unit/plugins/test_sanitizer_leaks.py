@@ -327,8 +327,9 @@ async def test_the_callers_texts_going_on_with_a_request_are_screened_not_read()
     """`metadata`, `user`, `safety_identifier`, `prompt_cache_key` go on with the request
     (an upstream engine gets them, and may store them) though no prompt holds them: they
     went unredacted, a blocked value too, while Weir's own store kept them screened.
-    They are screened as what a route keeps is, and fire nothing (an app's `user` is
-    often its user's address); an identifier that holds what a detector redacts goes on
+    They are screened as what a route keeps is, and flag nothing (an app's `user` is
+    often its user's address; a `block` detector there blocks: test_sanitizer_upstream);
+    an identifier that holds what a detector redacts goes on
     as its hash, so two callers stay two (a placeholder made them one user upstream)."""
     req = ChatCompletionRequest.model_validate({
         "model": "m", "messages": [{"role": "user", "content": "hi"}],
@@ -338,7 +339,7 @@ async def test_the_callers_texts_going_on_with_a_request_are_screened_not_read()
                          request_id="r")
     san = SanitizerPlugin(SanitizerConfig.model_validate({
         "detectors": {"email": "redact", "secret": "redact"},
-        "custom": [{"name": "order_id", "pattern": "ORD-\\d{6}", "action": "block"}]}),
+        "custom": [{"name": "order_id", "pattern": "ORD-\\d{6}", "action": "redact"}]}),
         Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics()))
     spy = Spy()
     await san(ctx, spy)

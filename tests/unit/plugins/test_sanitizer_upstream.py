@@ -1,0 +1,188 @@
+"""Sanitizer: every caller-supplied string that goes on to an upstream engine (which gets
+the request as it came, extras and all) or is kept beside it, screened as the prompt is;
+a `block` detector firing in one refuses the request; nothing of it logged."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from plugins.sanitizer.config import SanitizerConfig
+from plugins.sanitizer.plugin import SanitizerPlugin
+from proxy.auth import Principal
+from proxy.chain import Completion, Reply, Services
+from proxy.context import RequestContext, screened_values
+from proxy.errors import InvalidRequest
+from proxy.protocol import ChatCompletionRequest
+from proxy.settings import Settings
+from proxy.telemetry import Metrics
+from tests.fakes import FakeEngine
+from tests.unit.test_upstream import Upstream, engine_for
+
+KEY = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"
+LOOK = "\u0455k-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"  # a Cyrillic look-alike "s"
+ENCODED = "sk%2Dproj%2DAb3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"
+GHP = "ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"
+PIECES = ("Ab3dEf6hIj", "aB3dE6gH9j")  # of KEY and its disguises, of GHP
+
+
+def sanitizer(**detectors: str) -> SanitizerPlugin:
+    return SanitizerPlugin(SanitizerConfig.model_validate({"detectors": detectors}),
+                           Services(terminal=FakeEngine(), settings=Settings(),
+                                    metrics=Metrics()))
+
+
+def context(body: dict[str, Any]) -> RequestContext:
+    req = ChatCompletionRequest.model_validate({"model": "up-model", **body})
+    return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                          request_id="r")
+
+
+def everywhere() -> dict[str, Any]:
+    """A request with a key in every string a caller may send along a chat request."""
+    return {
+        "max_tokens": 5, "stop": [KEY, "\n\n"], "user": KEY,
+        "safety_identifier": f"s-{GHP}", "prompt_cache_key": ENCODED,
+        "metadata": {KEY: "v", "k": LOOK},
+        "prediction": {"type": "content", "content": [{"type": "text", "text": KEY,
+                                                       "note": GHP}], "x": KEY},
+        "documents": [{"title": KEY, "text": f"token {GHP}"}],  # (vLLM's RAG documents)
+        "chat_template_kwargs": {"note": ENCODED},
+        "tools": [{"type": "function", "function": {"name": "f", "description": KEY,
+                                                     "x-note": LOOK}}],
+        "tool_choice": {"type": "function", "function": {"name": "f", "n": KEY}, "note": KEY},
+        "response_format": {"type": "text", "note": GHP},
+        "messages": [
+            {"role": "system", "content": LOOK, "note": KEY},
+            {"role": "user", "name": f"bob {KEY}", "x": {"y": [ENCODED], KEY: 1},
+             "content": [{"type": "text", "text": f"see {ENCODED}",
+                          "cache_control": {"n": GHP}},
+                         {"type": "text", "text": KEY[:20]}, {"type": "text", "text": KEY[20:]}]},
+            {"role": "assistant", "content": None, "reasoning_content": f"use {KEY}",
+             "tool_calls": [{"id": "c1", "type": "function", "note": LOOK, "function": {
+                 "name": "f", "arguments": json.dumps({"a": KEY, "b": [ENCODED]}),
+                 "x": GHP}}]},
+            {"role": "tool", "tool_call_id": "c1", "note": KEY,
+             "content": [{"type": "text", "text": f"got {GHP}"}]},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": KEY}]},
+            {"role": "user", "content": "go on"},
+        ]}
+
+
+def leaks(value: Any) -> list[str]:
+    """Where a piece of a key is in `value`'s strings, its keys too."""
+    said = json.dumps(value, ensure_ascii=False)
+    return [p for p in PIECES if p in said]
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    up = Upstream()
+    await up.server.start_server()
+    yield up
+    await up.server.close()
+
+
+async def test_no_string_the_caller_sent_reaches_the_upstream_unscreened(
+        upstream: Upstream, logs: io.StringIO) -> None:
+    """Message extras (vLLM's `reasoning_content`, any field), a part's extras, an
+    earlier call's and its function's extras, a named `tool_choice`'s, the stop
+    sequences, a prediction, the request's own extras (`documents`,
+    `chat_template_kwargs`) went upstream as sent: the upstream gets the request as it
+    came (`exclude_unset`), and the sanitizer read only the texts of the prompt."""
+    engine = await engine_for(upstream.base_url)
+    try:
+        ctx = context(everywhere())
+        assert leaks(ctx.request.model_dump(by_alias=True, exclude_unset=True))
+        await sanitizer(secret="redact")(ctx, engine)
+    finally:
+        await engine.close()
+    [(_, body)] = upstream.seen
+    assert body["messages"][2]["reasoning_content"] == "use [SECRET]"
+    assert body["stop"] == ["[SECRET]", "\n\n"]
+    assert leaks(body) == [], json.dumps(body, ensure_ascii=False)
+    assert ctx.key_request is not None  # (the cache's key: its extras too)
+    said = ctx.key_request.model_dump(by_alias=True, exclude_unset=True)
+    for field in ("user", "safety_identifier", "prompt_cache_key", "metadata"):
+        said.pop(field)  # (no part of a cache key: `plugins/cache/keys.py`)
+    assert leaks(said) == []
+    assert "sanitizer detections" in logs.getvalue()
+    assert leaks(logs.getvalue()) == []
+
+
+async def test_what_holds_nothing_goes_on_as_it_came(upstream: Upstream) -> None:
+    body = {"max_tokens": 5, "stop": ["END"], "documents": [{"title": "notes"}],
+            "messages": [{"role": "user", "content": "hi", "note": "plain"},
+                         {"role": "assistant", "content": None, "tool_calls": [
+                             {"id": "c1", "type": "function", "function": {
+                                 "name": "f", "arguments": "{}"}}]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}
+    ctx = context(body)
+    before = ctx.request
+    seen: list[RequestContext] = []
+
+    async def spy(c: RequestContext) -> Reply:
+        seen.append(c)
+        return Completion({"choices": []})
+
+    await sanitizer(secret="redact", email="redact")(ctx, spy)
+    assert seen[0].request == before and not seen[0].flags
+
+
+# ------------------------------------------------- metadata's keys; blocks beside the prompt
+
+async def test_metadata_keys_are_screened_as_its_values_are() -> None:
+    ctx = context({"messages": [{"role": "user", "content": "hi"}],
+                   "metadata": {KEY: "v", "note": "plain", "plain": "text"}})
+    seen: list[RequestContext] = []
+
+    async def spy(c: RequestContext) -> Reply:
+        seen.append(c)
+        return Completion({"choices": []})
+
+    await sanitizer(secret="redact")(ctx, spy)
+    said = seen[0].request
+    assert isinstance(said, ChatCompletionRequest)
+    assert said.metadata == {"[SECRET]": "v", "note": "plain", "plain": "text"}
+    screen = sanitizer(secret="redact").screen_aside()
+    assert screened_values({f"k {GHP}": "x", "a": "b"}, screen) == {"k [SECRET]": "x",
+                                                                    "a": "b"}
+
+
+@pytest.mark.parametrize("field", [
+    {"metadata": {KEY: "v"}}, {"metadata": {"k": f"key {KEY}"}}, {"user": KEY},
+    {"safety_identifier": f"s-{GHP}"}, {"prompt_cache_key": LOOK},
+])
+async def test_a_block_detector_firing_beside_the_prompt_blocks(
+        field: dict[str, Any]) -> None:
+    """A `block` detector that fired in `metadata` (keys or values), `user`,
+    `safety_identifier` or `prompt_cache_key` only hid the value there (a placeholder, a
+    hash) and let the request through: refused as one whose prompt holds it."""
+    san = sanitizer(secret="block")
+    ctx = context({"messages": [{"role": "user", "content": "hi"}], **field})
+    with pytest.raises(InvalidRequest) as e:
+        await san(ctx, Completion)  # type: ignore[arg-type]
+    in_prompt = context({"messages": [{"role": "user", "content": KEY}]})
+    with pytest.raises(InvalidRequest) as same:
+        await san(in_prompt, Completion)  # type: ignore[arg-type]
+    assert (e.value.status, e.value.code, str(e.value)) == (
+        same.value.status, same.value.code, str(same.value))
+    assert e.value.code == "content_policy_violation"
+
+
+async def test_ordinary_caller_texts_pass_a_block_detector() -> None:
+    ctx = context({"messages": [{"role": "user", "content": "hi"}], "user": "user-123",
+                   "metadata": {"order": "123e4567-e89b-12d3-a456-426614174000",
+                                "api_key_name": "prod"}, "prompt_cache_key": "faq-v2"})
+    seen: list[RequestContext] = []
+
+    async def spy(c: RequestContext) -> Reply:
+        seen.append(c)
+        return Completion({"choices": []})
+
+    await sanitizer(secret="block", email="block")(ctx, spy)
+    assert seen and not seen[0].flags
