@@ -491,10 +491,6 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     c.function, fired)), fired) for c in m.tool_calls]
             msgs.append(self._extras(_update(m, upd), fired))
         update: dict[str, Any] = {"messages": msgs}
-        if isinstance(req.stop, str):
-            update["stop"] = self._redacted(req.stop, fired)
-        elif req.stop:
-            update["stop"] = [self._redacted(t, fired) for t in req.stop]
         if (p := req.prediction) is not None:
             content = (self._redacted(p.content, fired) if isinstance(p.content, str) else
                        [self._extras(_with(t, "text", self._redacted(t.text, fired)), fired)
@@ -505,6 +501,16 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 _with(c, "function", self._extras(c.function, fired)), fired)
         if req.response_format is not None:
             update["response_format"] = self._extras(req.response_format, fired)
+        return self._sampling(_update(req, update), fired)
+
+    def _sampling(self, req: _R, fired: dict[str, str]) -> _R:
+        """What a chat request and a completion alike carry upstream beside the prompt:
+        the stop sequences, the stream options' extras and the request's own."""
+        update: dict[str, Any] = {}
+        if isinstance(req.stop, str):
+            update["stop"] = self._redacted(req.stop, fired)
+        elif req.stop:
+            update["stop"] = [self._redacted(t, fired) for t in req.stop]
         if req.stream_options is not None:
             update["stream_options"] = self._extras(req.stream_options, fired)
         return self._extras(_update(req, update), fired)
@@ -750,6 +756,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _completion(self, req: CompletionRequest, fired: dict[str, str],
                     ) -> tuple[CompletionRequest, CompletionRequest]:
+        req = self._sampling(req, fired)
         p = req.prompt
         if isinstance(p, str):
             k, e = self._process(p, fired)
@@ -801,6 +808,7 @@ def _part_text(part: Any) -> str:
     return str(getattr(part, _PART_TEXT[type(part)]))
 
 _M = TypeVar("_M", bound=BaseModel)
+_R = TypeVar("_R", ChatCompletionRequest, CompletionRequest)
 
 
 def _update(model: _M, values: dict[str, Any]) -> _M:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from plugins.sanitizer.config import SanitizerConfig
 from plugins.sanitizer.plugin import SanitizerPlugin
@@ -17,7 +18,7 @@ from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services
 from proxy.context import RequestContext, screened_values
 from proxy.errors import InvalidRequest
-from proxy.protocol import ChatCompletionRequest
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from tests.fakes import FakeEngine
@@ -186,3 +187,25 @@ async def test_ordinary_caller_texts_pass_a_block_detector() -> None:
 
     await sanitizer(secret="block", email="block")(ctx, spy)
     assert seen and not seen[0].flags
+
+
+async def test_a_completion_s_stop_and_extras_are_screened_too(upstream: Upstream) -> None:
+    req = CompletionRequest.model_validate({
+        "model": "up-model", "prompt": "hi", "max_tokens": 5, "stop": LOOK, "user": KEY,
+        "stream_options": None, "extra_note": {ENCODED: [f"token {GHP}"]}})
+    ctx = RequestContext(route="completion", request=req,
+                         principal=Principal("t", "user", "u"), request_id="r")
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response({
+            "id": "cmpl-1", "object": "text_completion", "created": 1, "model": "up-model",
+            "choices": [{"index": 0, "text": "ok", "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+    upstream.chat = answer
+    engine = await engine_for(upstream.base_url)
+    try:
+        await sanitizer(secret="redact")(ctx, engine)
+    finally:
+        await engine.close()
+    [(_, body)] = upstream.seen
+    assert body["stop"] == "[SECRET]" and leaks(body) == [], body
