@@ -133,7 +133,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             named = self._names(req, fired)
         else:
             key, engine = self._completion(req, fired)
-        for name in self._caller_blocks(req):  # (blocked as a prompt is; nothing else read)
+        for name in self._caller_blocks(req, ctx.aside_texts):  # (as a prompt is; no flag)
             fired[name] = "block"
         for name, action in fired.items():
             self.detections.labels(name, action).inc()
@@ -177,15 +177,18 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             update["metadata"] = values
         return req.model_copy(update=update) if update else req
 
-    def _caller_blocks(self, req: ChatCompletionRequest | CompletionRequest) -> list[str]:
+    def _caller_blocks(self, req: ChatCompletionRequest | CompletionRequest,
+                       aside: tuple[str, ...] = ()) -> list[str]:
         """The `block` detectors that fire in the caller's texts going on beside the
-        prompt (`_caller_texts`: `metadata`'s keys and values, `user`, ...): the request
-        is refused as one whose prompt holds the same (a blocked value was only hidden
-        there, and went on to the store and the upstream as its hash or a placeholder)."""
+        prompt (`_caller_texts`: `metadata`'s keys and values, `user`, ...) or kept beside
+        it by the route (`aside`: a Response's): the request is refused as one whose
+        prompt holds the same (a blocked value was only hidden there, and went on to the
+        store and the upstream as its hash or a placeholder)."""
         blocking = [(d, a) for d, a in self.detectors if a == "block"]
         if not blocking:
             return []
         texts = [v for f in _CALLER_FIELDS if isinstance(v := getattr(req, f, None), str)]
+        texts += aside
         for k, v in (getattr(req, "metadata", None) or {}).items():
             texts += [k, v]
         out: list[str] = []
@@ -830,7 +833,7 @@ _CALLER_FIELDS = ("user", "safety_identifier", "prompt_cache_key")
 def _caller_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
     """Characters of the caller's texts `_caller_texts` reads."""
     n = sum(len(v) for f in _CALLER_FIELDS if isinstance(v := getattr(req, f, None), str))
-    return n + sum(len(v) for v in (getattr(req, "metadata", None) or {}).values())
+    return n + sum(len(k) + len(v) for k, v in (getattr(req, "metadata", None) or {}).items())
 
 
 _CLEAN_MAX = 4096  # texts

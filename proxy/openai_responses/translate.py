@@ -437,12 +437,21 @@ def screened_caller_text(req: ResponsesRequest, screen: Screen) -> ResponsesRequ
     return req.model_copy(update=update) if update else req
 
 
+def aside_texts(req: ResponsesRequest) -> tuple[str, ...]:
+    """The caller's texts `screened_caller_text` reads that the chat request does not
+    carry (`metadata`'s keys and values, `safety_identifier`, `prompt_cache_key`; `user`
+    goes on in it): `RequestContext.aside_texts`."""
+    out = [v for f in ("safety_identifier", "prompt_cache_key") if (v := getattr(req, f))]
+    for k, v in (req.metadata or {}).items():
+        out += [k, v]
+    return tuple(out)
+
+
 def aside_chars(req: ResponsesRequest) -> int:
     """Characters of the texts that `screened_reasoning` and `screened_caller_text` read
     in `req` (in no prompt, so the chain's limits did not count them; `user` goes on in
     the chat request, where they count it)."""
-    n = sum(len(getattr(req, f) or "") for f in ("safety_identifier", "prompt_cache_key"))
-    n += sum(len(v) for v in (req.metadata or {}).values())
+    n = sum(len(t) for t in aside_texts(req))
     for item in req.given():
         if isinstance(item, ReasoningItem):
             n += len(item.encrypted_content or "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from tests.conftest import MakeClient
@@ -183,3 +184,38 @@ async def test_echo_gives_back_the_prompt_as_sent_and_a_redaction_as_made(
     r = await client.post("/v1/completions", json={**body, "prompt": secret})
     text = (await r.json())["choices"][0]["text"]
     assert text.startswith("my key [SECRET]") and "sk-abc" not in text
+
+
+KEY = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"
+
+
+async def test_a_block_in_the_texts_a_response_keeps_beside_its_input_blocks(
+        make_client: MakeClient, fake_engine: FakeEngine, logs: io.StringIO) -> None:
+    """A Response's `metadata` (keys and values), `safety_identifier` and
+    `prompt_cache_key` are kept and echoed but go in no chat request: a `block`
+    detector firing there only hid the value in the store. Refused as a prompt holding
+    it is (the same 400), the engine never called, nothing of it logged; ordinary
+    values pass, and so does a chat completion's metadata without one."""
+    client = await make_client(plugins=sanitizer(detectors={"secret": "block"}))
+    prompt = await client.post("/v1/responses", json={"model": "fake-model", "input": KEY})
+    assert prompt.status == 400
+    refused = (await prompt.json())["error"]
+    for extra in ({"metadata": {KEY: "v"}}, {"metadata": {"k": f"key {KEY}"}},
+                  {"safety_identifier": KEY}, {"prompt_cache_key": f"k {KEY}"}):
+        r = await client.post("/v1/responses", json={
+            "model": "fake-model", "input": "hi", "max_output_tokens": 16, **extra})
+        assert r.status == 400, extra
+        body = await r.json()
+        validate("ErrorResponse", body)
+        assert body["error"] == refused
+    assert fake_engine.calls == []
+    r = await client.post("/v1/responses", json={
+        "model": "fake-model", "input": "hi", "max_output_tokens": 16,
+        "metadata": {"order": "123e4567-e89b-12d3-a456-426614174000"},
+        "safety_identifier": "user-123"})
+    assert r.status == 200, await r.text()
+    r = await client.post("/v1/chat/completions", json={
+        "model": "fake-model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+        "metadata": {KEY: "v"}})
+    assert r.status == 400 and (await r.json())["error"]["code"] == "content_policy_violation"
+    assert "Ab3dEf6hIj" not in logs.getvalue()

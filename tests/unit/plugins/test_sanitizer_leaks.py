@@ -184,7 +184,7 @@ async def test_texts_screened_aside_count_in_the_limit_on_what_it_reads() -> Non
         await san(ctx, Spy())
     assert (e.value.status, e.value.param) == (400, "messages")  # (`input`, as Responses)
     assert X.aside_chars(req.model_copy(update={"safety_identifier": "u" * 10, "metadata": {
-        "k": "v" * 5}})) == 1215  # (not `user`: the chat request carries it, counted there)
+        "k": "v" * 5}})) == 1216  # (not `user`: the chat request carries it, counted there)
 
 
 
