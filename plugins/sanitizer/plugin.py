@@ -483,15 +483,20 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         field the protocol does not name, on the request, a message (vLLM's
         `reasoning_content`, anything), a content part, an earlier call and its function,
         a named `tool_choice`, the response format; the stop sequences; a prediction's
-        content. The same request where nothing was redacted."""
+        content; and the call ids (`_call_ids`). The same request where nothing was
+        redacted."""
+        ids = self._call_ids(req)
         msgs = []
         for m in req.messages:
             upd: dict[str, Any] = {}
             if isinstance(m.content, list):
                 upd["content"] = [self._extras(p, fired) for p in m.content]
             if m.tool_calls:
-                upd["tool_calls"] = [self._extras(_with(c, "function", self._extras(
-                    c.function, fired)), fired) for c in m.tool_calls]
+                upd["tool_calls"] = [self._extras(_update(c, {
+                    "function": self._extras(c.function, fired),
+                    "id": ids.get(c.id, c.id)}), fired) for c in m.tool_calls]
+            if m.tool_call_id in ids:
+                upd["tool_call_id"] = ids[m.tool_call_id]
             msgs.append(self._extras(_update(m, upd), fired))
         update: dict[str, Any] = {"messages": msgs}
         if (p := req.prediction) is not None:
@@ -505,6 +510,19 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if req.response_format is not None:
             update["response_format"] = self._extras(req.response_format, fired)
         return self._sampling(_update(req, update), fired)
+
+    def _call_ids(self, req: ChatCompletionRequest) -> dict[str, str]:
+        """The caller's call ids (an earlier call's `id`, a `tool` message's
+        `tool_call_id`) in which a `redact` or `block` detector finds something, each to
+        its hash (`call_` and 24 hex digits): they go upstream as sent otherwise, and a
+        placeholder would make two calls one, or a call and its answer none. Read for no
+        flag nor block: a server's random id reads as a number one time in a few hundred."""
+        if not self._redacts:
+            return {}
+        ids = {c.id for m in req.messages for c in m.tool_calls or ()}
+        ids |= {m.tool_call_id for m in req.messages if m.tool_call_id}
+        return {i: "call_" + hashlib.sha256(i.encode(errors="surrogatepass")).hexdigest()[:24]
+                for i in ids if self._screen([i])[0] != i}
 
     def _sampling(self, req: _R, fired: dict[str, str]) -> _R:
         """What a chat request and a completion alike carry upstream beside the prompt:

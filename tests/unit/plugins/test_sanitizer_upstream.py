@@ -64,10 +64,10 @@ def everywhere() -> dict[str, Any]:
                           "cache_control": {"n": GHP}},
                          {"type": "text", "text": KEY[:20]}, {"type": "text", "text": KEY[20:]}]},
             {"role": "assistant", "content": None, "reasoning_content": f"use {KEY}",
-             "tool_calls": [{"id": "c1", "type": "function", "note": LOOK, "function": {
+             "tool_calls": [{"id": f"c-{KEY}", "type": "function", "note": LOOK, "function": {
                  "name": "f", "arguments": json.dumps({"a": KEY, "b": [ENCODED]}),
                  "x": GHP}}]},
-            {"role": "tool", "tool_call_id": "c1", "note": KEY,
+            {"role": "tool", "tool_call_id": f"c-{KEY}", "note": KEY,
              "content": [{"type": "text", "text": f"got {GHP}"}]},
             {"role": "assistant", "content": [{"type": "refusal", "refusal": KEY}]},
             {"role": "user", "content": "go on"},
@@ -105,6 +105,8 @@ async def test_no_string_the_caller_sent_reaches_the_upstream_unscreened(
     [(_, body)] = upstream.seen
     assert body["messages"][2]["reasoning_content"] == "use [SECRET]"
     assert body["stop"] == ["[SECRET]", "\n\n"]
+    call = body["messages"][2]["tool_calls"][0]["id"]  # (its hash, the answer's too)
+    assert call.startswith("call_") and body["messages"][3]["tool_call_id"] == call
     assert leaks(body) == [], json.dumps(body, ensure_ascii=False)
     assert ctx.key_request is not None  # (the cache's key: its extras too)
     said = ctx.key_request.model_dump(by_alias=True, exclude_unset=True)
