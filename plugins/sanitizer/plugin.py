@@ -281,6 +281,13 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 raise InvalidRequest(
                     f"Messages may hold at most {lim.max_total_chars} characters in all.",
                     param="messages", code="invalid_value")
+            total += _forwarded_chars(req)  # (read too: `_forwarded`)
+            if total > lim.max_total_chars:
+                raise InvalidRequest(
+                    f"Messages, with the fields sent beside them (fields the API does not "
+                    f"name, stop sequences, a prediction), may hold at most "
+                    f"{lim.max_total_chars} characters in all.", param="messages",
+                    code="invalid_value")
             if req.tools:
                 # (characters, as the messages are counted: not `\u` escapes, six
                 # for a CJK character and twelve for an emoji)
@@ -322,6 +329,11 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 raise InvalidRequest(
                     f"The prompt may hold at most {lim.max_total_chars} characters (with "
                     "`user`).", param="prompt", code="string_above_max_length")
+            if sum(len(t) for t in texts) + _forwarded_chars(req) > lim.max_total_chars:
+                raise InvalidRequest(  # (read too: `_sampling`)
+                    f"The prompt, with the fields sent beside it (fields the API does not "
+                    f"name, stop sequences), may hold at most {lim.max_total_chars} "
+                    "characters in all.", param="prompt", code="invalid_value")
             if req.suffix and sum(len(t) for t in texts) + len(req.suffix) > lim.max_total_chars:
                 raise InvalidRequest(
                     f"The prompt and suffix may hold at most {lim.max_total_chars} "
@@ -852,6 +864,31 @@ def _caller_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
     """Characters of the caller's texts `_caller_texts` reads."""
     n = sum(len(v) for f in _CALLER_FIELDS if isinstance(v := getattr(req, f, None), str))
     return n + sum(len(k) + len(v) for k, v in (getattr(req, "metadata", None) or {}).items())
+
+
+def _extra_chars(model: BaseModel | None) -> int:
+    """Characters of a model's extra fields, as JSON (keys too: `_extras` reads them)."""
+    extra = model.model_extra if model is not None else None
+    return len(json.dumps(extra, ensure_ascii=False)) if extra else 0
+
+
+def _forwarded_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """Characters of what `_forwarded` and `_sampling` read beside the prompt's texts:
+    extra fields everywhere, stop sequences, a prediction."""
+    n = _extra_chars(req) + sum(len(t) for t in req.stops) + _extra_chars(req.stream_options)
+    if not isinstance(req, ChatCompletionRequest):
+        return n
+    for m in req.messages:
+        n += _extra_chars(m)
+        if isinstance(m.content, list):
+            n += sum(_extra_chars(p) for p in m.content)
+        n += sum(_extra_chars(c) + _extra_chars(c.function) for c in m.tool_calls or ())
+    if (p := req.prediction) is not None:
+        n += _extra_chars(p) + (len(p.content) if isinstance(p.content, str) else sum(
+            len(t.text) + _extra_chars(t) for t in p.content))
+    if isinstance(c := req.tool_choice, NamedToolChoice):
+        n += _extra_chars(c) + _extra_chars(c.function)
+    return n + _extra_chars(req.response_format)
 
 
 _CLEAN_MAX = 4096  # texts

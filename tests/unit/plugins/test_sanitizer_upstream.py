@@ -211,3 +211,35 @@ async def test_a_completion_s_stop_and_extras_are_screened_too(upstream: Upstrea
         await engine.close()
     [(_, body)] = upstream.seen
     assert body["stop"] == "[SECRET]" and leaks(body) == [], body
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": "hi", "note": "x" * 1000}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi",
+                                                "n": ["y" * 500] * 2}]}]},
+    {"messages": [{"role": "user", "content": "hi"}], "documents": [{"t": "z" * 1000}]},
+    {"messages": [{"role": "user", "content": "hi"}],
+     "prediction": {"type": "content", "content": "p" * 1000}},
+])
+async def test_what_goes_on_beside_the_prompt_counts_in_the_limit_on_what_it_reads(
+        body: dict[str, Any]) -> None:
+    """The fields `_forwarded` reads are read as the prompt is: 3 MB of them in one
+    message's extra field held the event loop for a second, past `max_total_chars`."""
+    san = SanitizerPlugin(SanitizerConfig.model_validate(
+        {"detectors": {"secret": "flag"}, "limits": {"max_total_chars": 1000}}),
+        Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics()))
+    with pytest.raises(InvalidRequest) as e:
+        await san(context(body), Completion)  # type: ignore[arg-type]
+    assert (e.value.status, e.value.param, e.value.code) == (400, "messages", "invalid_value")
+    small = context({"messages": [{"role": "user", "content": "hi", "note": "x" * 900}]})
+    assert san.screens(small)
+
+
+async def test_a_completion_s_extra_fields_count_in_its_limit() -> None:
+    san = SanitizerPlugin(SanitizerConfig.model_validate(
+        {"detectors": {"secret": "flag"}, "limits": {"max_total_chars": 1000}}),
+        Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics()))
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "hi", "x": "y" * 1000})
+    ctx = RequestContext(route="completion", request=req,
+                         principal=Principal("t", "user", "u"), request_id="r")
+    assert not san.screens(ctx)
