@@ -240,7 +240,7 @@ def find_secrets(text: str) -> Iterator[Span]:
             yield at[a], at[b]
 
 
-_PERCENT = re.compile(r"%([2-7][0-9A-Fa-f])")  # (printable ASCII only)
+_PERCENT = re.compile(r"%([2-6][0-9A-Fa-f]|7[0-9A-Ea-e])")  # (printable ASCII only)
 _PERCENT_ROUNDS = 2
 
 
