@@ -14,7 +14,7 @@ import base64
 import re
 from collections.abc import Iterator
 
-from .injection import LOOKALIKES
+from .injection import SHAPES
 from .spans import Span, trie
 
 # (literals, one of which must occur in the lower-cased text; pattern)
@@ -232,12 +232,59 @@ def find_secrets(text: str) -> Iterator[Span]:
     letter for one, so a span is the text's), and URL-decoded ("sk%2Dproj...",
     "Bearer%20...", to two levels), each span placed back over the text's own."""
     yield from _find(text)
-    if not text.isascii() and (look := text.translate(LOOKALIKES)) != text:
+    if not text.isascii() and (look := _unmasked(text)) is not None:
         yield from _find(look)
     if "%" in text and (decoded := _percent_decoded(text)) is not None:
         plain, at = decoded
         for a, b in _find(plain):
             yield at[a], at[b]
+
+
+# A word that mixes look-alike letters of another script with ASCII letters, digits or a
+# key's punctuation (a Cyrillic "s" in "sk-proj-..."): a key in disguise. Text in that
+# script alone (Russian, Greek prose) mixes none, and is read once.
+_LOOK = str.maketrans(SHAPES)
+_SHAPE = f"[{''.join(SHAPES)}]"
+_SHAPE_CHAR = re.compile(_SHAPE)
+# (where a look-alike touches one: a word that mixes them has such a place)
+_MIXED = re.compile(f"[A-Za-z0-9_-]{_SHAPE}|{_SHAPE}[A-Za-z0-9_-]")
+
+
+def _unmasked(text: str) -> str | None:
+    """`text` with the words that mix look-alike letters with ASCII read as the Latin
+    letters they mimic (one letter for one: a span is the text's), where that makes a
+    word anything here starts from (`_new_words`); None otherwise."""
+    if _SHAPE_CHAR.search(text) is None:
+        return None
+    pieces: list[str] = []
+    pos = 0
+    for m in _MIXED.finditer(text):
+        if m.start() < pos:
+            continue
+        start = _word_start(text, m.start())
+        space = _SPACE.search(text, m.end())
+        end = len(text) if space is None else space.start()
+        pieces += [text[pos:start], text[start:end].translate(_LOOK)]
+        pos = end
+    if not pieces:
+        return None
+    look = "".join([*pieces, text[pos:]])
+    return look if _new_words(text, look) else None
+
+
+def _new_words(text: str, look: str) -> bool:
+    """Whether `look` (`text` with look-alikes folded) holds a word that anything here
+    starts from (a format's literal, a phrase's first word, a variable's ending, the
+    words before a UUID or in a query) where `text` does not: most text in other
+    scripts or with accents holds none, and is not read twice."""
+    low, look_low = text.lower(), look.lower()
+    if len(low) != len(text) or len(look_low) != len(look):
+        return True  # (offsets moved: compare nothing, read it)
+    had = {(m.start(), m.group()) for m in _ANY_WORD.finditer(low)}
+    if any((m.start(), m.group()) not in had for m in _ANY_WORD.finditer(look_low)):
+        return True
+    return any(w in look_low and w not in low
+               for w in (*_ENV_ENDINGS, *_UUID_WORDS, *_QUERY_WORDS))
 
 
 _PERCENT = re.compile(r"%([2-6][0-9A-Fa-f]|7[0-9A-Ea-e])")  # (printable ASCII only)

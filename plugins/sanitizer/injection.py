@@ -157,8 +157,9 @@ def _base_letters() -> dict[int, str]:
 
 
 _LOOKALIKES = {**_base_letters(), **str.maketrans(_SHAPES)}
-#: (the secret detector reads a key's prefix through them too)
-LOOKALIKES = _LOOKALIKES
+#: Letters of other scripts that look like Latin ones, as those (the secret detector
+#: reads a key written with them as the key: `credentials.find_secrets`).
+SHAPES: dict[str, str] = _SHAPES
 # Combining marks on their own ("i" + U+0307 renders as "i"): dropped before reading.
 _MARKS = re.compile("[\u0300-\u036f\u0483-\u0489\u1ab0-\u1aff\u1dc0-\u1dff"
                     "\u20d0-\u20ff\ufe20-\ufe2f]+")

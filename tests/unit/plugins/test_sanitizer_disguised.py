@@ -142,3 +142,19 @@ def test_a_uuid_named_as_a_key_is_a_secret(text: str) -> None:
 ])
 def test_a_uuid_in_ordinary_text_is_none(text: str) -> None:
     assert not fires(text), found(text)
+
+
+@pytest.mark.parametrize(("text", "read_twice"), [
+    ("Пароль был изменён вчера; команда ответила на запрос.", False),  # one script
+    ("Le mot de passe a été changé hier.", False),  # accents: no look-alikes
+    ("Ключ API хранится в настройках проекта (v2).", False),  # mixed, but no key's word
+    ("ключ: \u0455k-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7", True),
+    ("AK\u0406AIOSFODNN7EXAMPLF", True),
+])
+def test_only_words_mixing_look_alikes_with_ascii_are_read_again(
+        text: str, read_twice: bool) -> None:
+    """The look-alike reading is a second pass of the detector: prose in another script
+    (or with accents) is read once; a word mixing the scripts as a disguised key does,
+    where folding it makes a word a key or a phrase starts from, is read again."""
+    from plugins.sanitizer.credentials import _unmasked
+    assert (_unmasked(scanned(fold(text))) is not None) is read_twice
