@@ -538,12 +538,15 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _sampling(self, req: _R, fired: dict[str, str]) -> _R:
         """What a chat request and a completion alike carry upstream beside the prompt:
-        the stop sequences, the stream options' extras and the request's own."""
+        the stop sequences, vLLM's `bad_words`, the stream options' extras and the
+        request's own."""
         update: dict[str, Any] = {}
         if isinstance(req.stop, str):
             update["stop"] = self._redacted(req.stop, fired)
         elif req.stop:
             update["stop"] = [self._redacted(t, fired) for t in req.stop]
+        if req.bad_words:
+            update["bad_words"] = [self._redacted(t, fired) for t in req.bad_words]
         if req.stream_options is not None:
             update["stream_options"] = self._extras(req.stream_options, fired)
         return self._extras(_update(req, update), fired)
@@ -875,7 +878,8 @@ def _extra_chars(model: BaseModel | None) -> int:
 def _forwarded_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
     """Characters of what `_forwarded` and `_sampling` read beside the prompt's texts:
     extra fields everywhere, stop sequences, a prediction."""
-    n = _extra_chars(req) + sum(len(t) for t in req.stops) + _extra_chars(req.stream_options)
+    n = _extra_chars(req) + sum(len(t) for t in [*req.stops, *(req.bad_words or ())])
+    n += _extra_chars(req.stream_options)
     if not isinstance(req, ChatCompletionRequest):
         return n
     for m in req.messages:

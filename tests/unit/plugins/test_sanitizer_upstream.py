@@ -46,7 +46,7 @@ def context(body: dict[str, Any]) -> RequestContext:
 def everywhere() -> dict[str, Any]:
     """A request with a key in every string a caller may send along a chat request."""
     return {
-        "max_tokens": 5, "stop": [KEY, "\n\n"], "user": KEY,
+        "max_tokens": 5, "stop": [KEY, "\n\n"], "user": KEY, "bad_words": [LOOK, "darn"],
         "safety_identifier": f"s-{GHP}", "prompt_cache_key": ENCODED,
         "metadata": {KEY: "v", "k": LOOK},
         "prediction": {"type": "content", "content": [{"type": "text", "text": KEY,
@@ -105,6 +105,7 @@ async def test_no_string_the_caller_sent_reaches_the_upstream_unscreened(
     [(_, body)] = upstream.seen
     assert body["messages"][2]["reasoning_content"] == "use [SECRET]"
     assert body["stop"] == ["[SECRET]", "\n\n"]
+    assert body["bad_words"] == ["[SECRET]", "darn"]
     call = body["messages"][2]["tool_calls"][0]["id"]  # (its hash, the answer's too)
     assert call.startswith("call_") and body["messages"][3]["tool_call_id"] == call
     assert leaks(body) == [], json.dumps(body, ensure_ascii=False)
@@ -194,6 +195,7 @@ async def test_ordinary_caller_texts_pass_a_block_detector() -> None:
 async def test_a_completion_s_stop_and_extras_are_screened_too(upstream: Upstream) -> None:
     req = CompletionRequest.model_validate({
         "model": "up-model", "prompt": "hi", "max_tokens": 5, "stop": LOOK, "user": KEY,
+        "bad_words": [f"x {GHP}"],
         "stream_options": None, "extra_note": {ENCODED: [f"token {GHP}"]}})
     ctx = RequestContext(route="completion", request=req,
                          principal=Principal("t", "user", "u"), request_id="r")
@@ -220,6 +222,7 @@ async def test_a_completion_s_stop_and_extras_are_screened_too(upstream: Upstrea
     {"messages": [{"role": "user", "content": "hi"}], "documents": [{"t": "z" * 1000}]},
     {"messages": [{"role": "user", "content": "hi"}],
      "prediction": {"type": "content", "content": "p" * 1000}},
+    {"messages": [{"role": "user", "content": "hi"}], "bad_words": ["b" * 1000]},
 ])
 async def test_what_goes_on_beside_the_prompt_counts_in_the_limit_on_what_it_reads(
         body: dict[str, Any]) -> None:
