@@ -290,8 +290,7 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
             out.append(call_item(item.call_id, item.name, item.arguments, "completed",
                                  item_id))
         elif isinstance(item, ReasoningItem):
-            out.append({**item.model_dump(exclude_none=True, exclude={"id"}),
-                        "id": item_id or new_id("rs")})
+            out.append({**_named_fields(item), "id": item_id or new_id("rs")})
         else:
             out.append({"type": "function_call_output", "id": item_id or new_id("fco"),
                         "call_id": item.call_id, "output": item.text(),
@@ -517,6 +516,21 @@ def screened_items(req: ResponsesRequest, items: list[dict[str, Any]], before: l
     for n, text in zip(calls, args, strict=True):
         out[n]["arguments"] = text
     return screened_reasoning(out, screen)
+
+
+def _named_fields(item: ReasoningItem) -> dict[str, Any]:
+    """A reasoning item as it is kept and listed: the fields the API names, on it and
+    on its parts (what else a client put there is no part of it, and no screen reads
+    it: a key there was stored as sent), none that is null."""
+    out: dict[str, Any] = {"type": item.type,
+                           "summary": [{"type": p.type, "text": p.text} for p in item.summary]}
+    if item.content is not None:
+        out["content"] = [{"type": p.type, "text": p.text} for p in item.content]
+    if item.encrypted_content is not None:
+        out["encrypted_content"] = item.encrypted_content
+    if item.status is not None:
+        out["status"] = item.status
+    return out
 
 
 def screened_reasoning(items: list[dict[str, Any]], screen: Screen) -> list[dict[str, Any]]:

@@ -428,3 +428,22 @@ def test_a_key_base64_encoded_is_a_secret(text: str) -> None:
 ])
 def test_ordinary_base64_is_none(text: str) -> None:
     assert not fires("secret", text)
+
+
+def test_a_reasoning_item_is_kept_with_the_fields_the_api_names_only() -> None:
+    """A replayed reasoning item was stored and listed as `model_dump` gave it, the
+    fields the API does not name with it (on the item and on its parts): no screen read
+    them, so a key there stayed in the store as sent. Kept as every other item kind is:
+    its own fields."""
+    req = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"type": "reasoning", "id": "rs_1", "note": KEY, "summary": [
+            {"type": "summary_text", "text": "thought", "x": {KEY: [KEY]}}],
+         "content": [{"type": "reasoning_text", "text": "more", "y": KEY}],
+         "encrypted_content": "blob", "status": "completed"},
+        {"role": "user", "content": "go on"}]})
+    items = X.input_items(req)
+    assert "Ab3dEf6hIj" not in json.dumps(items)
+    assert items[0] == {"type": "reasoning", "id": "rs_1", "status": "completed",
+                        "summary": [{"type": "summary_text", "text": "thought"}],
+                        "content": [{"type": "reasoning_text", "text": "more"}],
+                        "encrypted_content": "blob"}
