@@ -1208,7 +1208,9 @@ async def test_a_create_whose_client_left_before_its_answer_did_not_happen(
     task = asyncio.create_task(client.post("/v1/responses", json=BASE))
     await eventually(lambda: bool(runner.runs), timeout=10)
     run = next(iter(runner.runs.values()))
-    assert await store.get("public", run.rid) is not None  # (stored `queued`)
+    async with asyncio.timeout(10):  # (its run opens before its `queued` record lands)
+        while await store.get("public", run.rid) is None:
+            await asyncio.sleep(0.005)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert run.task is not None
