@@ -1205,12 +1205,17 @@ async def test_a_create_whose_client_left_before_its_answer_did_not_happen(
         return await chain(ctx)
 
     monkeypatch.setattr(st, "chain", deciding)
+    put, landed = type(store).put, asyncio.Event()
+
+    async def stored(self: Any, *args: Any, **kw: Any) -> None:
+        await put(self, *args, **kw)
+        landed.set()
+
+    monkeypatch.setattr(type(store), "put", stored)
     task = asyncio.create_task(client.post("/v1/responses", json=BASE))
-    await eventually(lambda: bool(runner.runs), timeout=10)
+    await asyncio.wait_for(landed.wait(), 10)  # (its run opens before its record lands)
     run = next(iter(runner.runs.values()))
-    async with asyncio.timeout(10):  # (its run opens before its `queued` record lands)
-        while await store.get("public", run.rid) is None:
-            await asyncio.sleep(0.005)
+    assert await store.get("public", run.rid) is not None  # (stored `queued`)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert run.task is not None
