@@ -61,8 +61,9 @@ class _Events:
         #: The status of the error the stream's own failure went out as (its head said
         #: 200): what the access log and the request metrics count it as.
         self.error_status: int | None = None
-        #: The `.done` events of the item a cut left open (`_cut`): a cancelled
-        #: background run's streams end with them (`Rendering.cancelled_as`).
+        #: The `.done` events of the item a cut left open (`_cut`): a background run's
+        #: streams end with them, cancelled or cut by a shutdown (`Rendering.cancelled_as`,
+        #: `Rendering.failed_as`).
         self.cut_events: list[dict[str, Any]] = []
 
     def ev(self, type_: str, **fields: Any) -> dict[str, Any]:
@@ -251,11 +252,15 @@ class Rendering:
 
     def failed_as(self, response: dict[str, Any]) -> list[dict[str, Any]]:
         """The events that end a stream with `response`, failed as it is stored (a
-        background run cut by the shutdown): `error`, then `response.failed`."""
+        background run cut by the shutdown): the item it cut `incomplete` (its
+        `output_item.done`, as a stream's own failure closes it), `error`, then
+        `response.failed`."""
         e, error = self._e, response["error"]
         if e.finished:
             return []
-        return [e.number(e.ev("error", code=error["code"], message=error["message"],
+        events, e.cut_events = e.cut_events, []
+        return [*(e.number(ev) for ev in events),
+                e.number(e.ev("error", code=error["code"], message=error["message"],
                               param=None)),
                 e.number(e.ev("response.failed", response=copy.deepcopy(response)))]
 
@@ -384,7 +389,7 @@ def _cut(e: _Events) -> dict[str, Any]:
     """A response whose stream was cut short, as it stood: the item under way ends
     `incomplete` with what it holds, the response `cancelled`."""
     e.reason = "cut"
-    e.cut_events = e.close()  # (only a cancelled background run's streams carry them)
+    e.cut_events = e.close()  # (only a background run's streams carry them)
     return e.response("cancelled")
 
 

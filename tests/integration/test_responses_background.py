@@ -1332,3 +1332,28 @@ async def test_a_cancelled_run_s_streams_end_with_its_final_status(
     again = await client.get(f"/v1/responses/{rid}?stream=true", headers=A)
     assert parse_sse(await again.text())[0][-1] == last
     engine.hold.set()
+
+
+async def test_a_drain_cutting_a_run_mid_item_ends_its_item_first(
+        make_client: MakeClient) -> None:
+    """A run cut by a drain while a message was under way: its streams ended with `error`
+    and `response.failed`, the item never done (no `output_item.done`), though the
+    record keeps it `incomplete`. The item's close goes out first, as a cancel's does."""
+    engine = HoldingEngine(after=2)
+    client = await make_client(engine=engine)
+    rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
+    await engine.wait_until(lambda: engine.held == 1)
+    follower = await client.get(f"/v1/responses/{rid}?stream=true")
+    head = await follower.content.readuntil(b"response.output_text.delta")
+    assert await client.app[STATE].abort_all() == 1
+    text = (head + await follower.content.read()).decode()
+    events, _ = parse_sse(text)
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    types = [e["type"] for e in events]
+    assert types[-3:] == ["response.output_item.done", "error", "response.failed"], types
+    assert events[-3]["item"]["status"] == "incomplete"
+    assert events[-3]["item"] == events[-1]["response"]["output"][-1]
+    assert events[-1]["response"] == await get(client, rid, {})
+    engine.hold.set()
