@@ -50,7 +50,7 @@ from proxy.upstream import Upstream
 
 from .config import BreakerConfig, Fallback
 from .fallback import static_fits, static_reply
-from .state import Breaker, BreakerPolicy, State
+from .state import Breaker, BreakerPolicy, State, Verdict
 
 log = get_logger("weir.breaker")
 _STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
@@ -139,6 +139,8 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         #: half-open trials answering: permit -> the tokens the engine had made when last
         #: seen (a trial still making them is not stuck)
         self._made: dict[int, int] = {}
+        #: Calls told slow while in flight (their outcome in the window), till they end.
+        self._told: dict[int, Verdict] = {}
         self.upstreams: dict[int, Upstream] = {
             i: Upstream(UpstreamEngineSettings.model_validate({
                 "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s,
@@ -263,11 +265,18 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             self._record(permit, failed=False, slow=True)
         elif self._running.pop(permit, None) is not None:
             self.breaker.release(permit)
+        else:
+            self._told.pop(permit, None)
 
-    def _record(self, permit: int, *, failed: bool, slow: bool = False) -> None:
-        """A call's outcome, once: the sweep may have told it already (slow)."""
+    def _record(self, permit: int, *, failed: bool, slow: bool = False) -> Verdict | None:
+        """A call's outcome, once: the sweep may have told it already (slow), and a
+        failure at its end then counts too (`Breaker.failed_after`)."""
         if self._running.pop(permit, None) is not None:
-            self.breaker.record(permit, failed=failed, slow=slow)
+            return self.breaker.record(permit, failed=failed, slow=slow)
+        told = self._told.pop(permit, None)
+        if told is not None and failed:
+            self.breaker.failed_after(told)
+        return None
 
     def _alive(self, permit: int, made: int | None) -> None:
         """A trial whose answer has begun gives a sign of life: the engine made tokens
@@ -308,7 +317,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                       and (c.engine_live or _made_none(c)))
                      or self._whole_slow(c, now))]
         for permit in late:
-            self._record(permit, failed=False, slow=True)
+            told = self._record(permit, failed=False, slow=True)
+            if told is not None:
+                self._told[permit] = told
 
     async def _fallback(self, ctx: RequestContext, reason: str,
                         error: BaseException | None) -> Reply:

@@ -39,6 +39,15 @@ class BreakerPolicy:
     half_open_max_wait_s: float = 30.0
 
 
+@dataclass(slots=True)
+class Verdict:
+    """One call's outcome in the window; `held` while the window holds it."""
+    at: float
+    failed: bool
+    slow: bool
+    held: bool = True
+
+
 class Breaker:
     def __init__(self, policy: BreakerPolicy, clock: Callable[[], float],
                  on_change: Callable[[State, State], None] | None = None) -> None:
@@ -46,7 +55,7 @@ class Breaker:
         self.clock = clock
         self.on_change = on_change
         self.state: State = "closed"
-        self._outcomes: deque[tuple[float, bool, bool]] = deque()  # (time, failed, slow)
+        self._outcomes: deque[Verdict] = deque()
         # Running counts over the window: each record is O(1), not a scan of the window.
         self._failures = 0
         self._slows = 0
@@ -76,7 +85,9 @@ class Breaker:
             self._trials[self._next_id] = trial_started
         return self._next_id
 
-    def record(self, permit: int, *, failed: bool, slow: bool = False) -> None:
+    def record(self, permit: int, *, failed: bool, slow: bool = False) -> Verdict | None:
+        """The call's outcome; returns it where it joined the window (so a call told slow
+        while in flight can be told `failed` later, `failed_after`)."""
         now = self.clock()
         if permit in self._trials:
             del self._trials[permit]
@@ -87,13 +98,31 @@ class Breaker:
                 if self._trial_ok >= self.p.half_open_calls:
                     self._set("closed")
                     self._clear()
-            return
+            return None
         if self.state != "closed":
-            return  # a call admitted before the breaker opened
-        self._outcomes.append((now, failed, slow))
+            return None  # a call admitted before the breaker opened
+        outcome = Verdict(now, failed, slow)
+        self._outcomes.append(outcome)
         self._failures += failed
         self._slows += slow
         self._trim(now)
+        self._judge(now)
+        return outcome
+
+    def failed_after(self, outcome: Verdict) -> None:
+        """A call told slow while in flight (`record`'s outcome) ended in a failure: it
+        counts as one in the window too, so an engine that hangs on part of its calls
+        opens the breaker by its failure rate, as it did when its hung calls counted only
+        at their end (a timeout); not when the window no longer holds it."""
+        now = self.clock()
+        self._trim(now)
+        if self.state != "closed" or outcome.failed or not outcome.held:
+            return
+        outcome.failed = True
+        self._failures += 1
+        self._judge(now)
+
+    def _judge(self, now: float) -> None:
         n = len(self._outcomes)
         if n >= self.p.minimum_calls:
             if (self._failures / n >= self.p.failure_rate
@@ -140,12 +169,15 @@ class Breaker:
                 self._open(now)
 
     def _trim(self, now: float) -> None:
-        while self._outcomes and now - self._outcomes[0][0] > self.p.window_s:
-            _, failed, slow = self._outcomes.popleft()
-            self._failures -= failed
-            self._slows -= slow
+        while self._outcomes and now - self._outcomes[0].at > self.p.window_s:
+            gone = self._outcomes.popleft()
+            gone.held = False
+            self._failures -= gone.failed
+            self._slows -= gone.slow
 
     def _clear(self) -> None:
+        for gone in self._outcomes:
+            gone.held = False
         self._outcomes.clear()
         self._failures = self._slows = 0
 

@@ -502,6 +502,45 @@ async def test_a_hung_upstream_whole_answer_is_slow_once_past_whole_call_s() -> 
     assert q.breaker.state == "open"
 
 
+async def test_a_call_told_slow_in_flight_then_failing_counts_as_a_failure() -> None:
+    """A hung call is told slow while in flight (past `whole_call_s` here); when it then
+    fails (the upstream's timeout) it counts as a failure too: an upstream hanging on half
+    its calls opens the breaker by its failure rate, as when hung calls counted only at
+    their end, and not slow ones alone (their share under `slow_call_rate`)."""
+    import time
+
+    p = plugin(slow_call_s=1, slow_call_rate=1.0, minimum_calls=2, whole_call_s=5)
+    gate, inside = asyncio.Event(), asyncio.Event()
+
+    async def hung_then_timed_out(c: RequestContext) -> Reply:
+        c.engine_started = time.monotonic() - 6
+        inside.set()
+        await gate.wait()
+        raise EngineError("upstream timed out")
+
+    await p(ctx(), ok)
+    running = asyncio.create_task(p(ctx(), hung_then_timed_out))
+    await inside.wait()
+    assert p.health()["state"] == "closed"  # swept: slow, 1 of 2 (under 1.0)
+    assert p.breaker.snapshot()["window_calls"] == 2
+    gate.set()
+    with pytest.raises(EngineError):
+        await running
+    assert p.breaker.state == "open"  # its failure: 1 of 2 (at 0.5)
+    # a verdict the window no longer holds is not told again
+    clock = Clock()
+    b = Breaker(POLICY, clock)
+    permit = b.allow()
+    assert permit is not None
+    verdict = b.record(permit, failed=False, slow=True)
+    assert verdict is not None
+    clock.t += 11
+    calls(b, [False, False, False])
+    b.failed_after(verdict)
+    calls(b, [True])
+    assert b.state == "closed"  # 1 failure of 4
+
+
 def _raises() -> int | None:
     raise AttributeError("vLLM keeps it elsewhere now")
 
