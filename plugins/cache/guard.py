@@ -1360,13 +1360,26 @@ _PERSONS = frozenset("i we you they he she someone".split())
 _PASSIVE_AUX = frozenset("be been being get gets got".split())
 
 
+#: Verbs whose subject undergoes the act in the active too, as a thing does ("my order
+#: ships", "my subscription renews", "my payment posts"): their active and passive are
+#: one question (`_passive_of`). Not a verb a person does ("Will the seller pay?" /
+#: "Will the seller be paid?", "Will the client call?" / "... be called?"): its subject
+#: may be a person named by a noun, and the roles swap.
+_UNDERGONE = ("ship", "dispatch", "deliver", "renew", "update", "upgrade", "sync",
+              "install", "download", "upload", "load", "reload", "refresh", "restart",
+              "reboot", "reset", "close", "open", "lock", "unlock", "process", "post",
+              "clear", "settle", "complete", "save", "activate", "print")
+
+
 def _passive_of(verb: tuple[str, ...], passive: tuple[str, ...]) -> bool:
     """`passive` is `verb` said in the passive, its doer unsaid: "ship" / "be shipped"
     ("Will my order ship today?" / "Will my order be shipped today?"), or a verb of one
-    act with it (guard_actions.SAME_ACT: "ship" / "be dispatched")."""
+    act with it (guard_actions.SAME_ACT: "ship" / "be dispatched"); `verb` one a thing
+    undergoes (`_UNDERGONE`)."""
     return (len(verb) == 1 and len(passive) == 2 and passive[0] in _PASSIVE_AUX
             and passive[1] != verb[0] and (_verb_forms(verb[0], passive[1]) or (
-                verb[0] in SAME_ACT and SAME_ACT.get(passive[1]) == SAME_ACT[verb[0]] + "ed")))
+                verb[0] in SAME_ACT and SAME_ACT.get(passive[1]) == SAME_ACT[verb[0]] + "ed"))
+            and any(_verb_forms(verb[0], v) for v in _UNDERGONE))
 
 
 #: A question in the perfect passive opens "has" / "have" (`_perfect_as_state`).

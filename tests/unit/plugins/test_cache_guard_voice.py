@@ -16,6 +16,8 @@ from plugins.cache.guard import guard_ok
     ("When does my subscription renew?", "When does my subscription get renewed?"),
     ("Is my account frozen?", "Has my account been frozen?"),
     ("Are my files deleted?", "Have my files been deleted?"),
+    ("Will my payment post today?", "Will my payment be posted today?"),
+    ("When will my app update?", "When will my app be updated?"),
 ])
 def test_one_act_said_two_ways_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored) and guard_ok(stored, asked)
@@ -26,6 +28,12 @@ def test_one_act_said_two_ways_passes(stored: str, asked: str) -> None:
     ("Can I transfer to another team?", "Can I be transferred to another team?"),
     ("When do you charge?", "When do you get charged?"),
     ("Is my account frozen?", "Will my account be frozen?"),
+    # stop 49 review: a person named by a noun, not a pronoun, acts or undergoes the act
+    ("When will the seller pay?", "When will the seller be paid?"),
+    ("Will my employer be notified?", "Will my employer notify?"),
+    ("Will the client call?", "Will the client be called?"),
+    ("Does the customer get charged?", "Does the customer charge?"),
+    ("Can the driver be stopped?", "Can the driver stop?"),
 ])
 def test_the_roles_or_the_time_changed_are_refused(stored: str, asked: str) -> None:
     assert not guard_ok(asked, stored) and not guard_ok(stored, asked)
