@@ -1386,12 +1386,28 @@ def _passive_of(verb: tuple[str, ...], passive: tuple[str, ...]) -> bool:
 _PERFECT = {"has": "is", "have": "are"}
 
 
+#: Participles that leave a thing in a lasting state (`_perfect_as_state`): "Has my
+#: account been frozen?" asks what "Is my account frozen?" does. Not a practice's ("Is my
+#: data sold?" asks whether it is done at all, "Has my data been sold?" whether it was;
+#: "shared", "tracked", "recorded", "reported", "charged").
+_RESULTS = frozenset((
+    "frozen", "locked", "unlocked", "blocked", "unblocked", "closed", "opened",
+    "cancelled", "canceled", "suspended", "verified", "approved", "activated",
+    "deactivated", "enabled", "disabled", "received", "processed", "delivered", "shipped",
+    "dispatched", "confirmed", "paid", "refunded", "completed", "submitted", "accepted",
+    "rejected", "declined", "deleted", "removed", "updated", "upgraded", "renewed",
+    "restored", "issued", "sent", "posted", "cleared", "settled", "resolved", "fixed",
+    "booked", "reserved", "signed", "installed", "published", "filed", "registered",
+    "banned", "terminated", "expired", "reset"))
+
+
 def _perfect_as_state(tokens: tuple[str, ...]) -> tuple[str, ...]:
     """A yes/no question in the perfect passive as the state it asks ("Has my account been
-    frozen?": "Is my account frozen?"): one question (the edit check's view only)."""
+    frozen?": "Is my account frozen?"): one question (the edit check's view only), for a
+    participle of a lasting state (`_RESULTS`)."""
     if tokens[:1] and tokens[0] in _PERFECT and "been" in tokens:
         k = tokens.index("been")
-        if k + 1 < len(tokens) and _BARE_STATE.fullmatch(tokens[k + 1]):
+        if k + 1 < len(tokens) and tokens[k + 1] in _RESULTS:
             return (_PERFECT[tokens[0]], *tokens[1:k], *tokens[k + 1:])
     return tokens
 

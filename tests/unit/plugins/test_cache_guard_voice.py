@@ -34,6 +34,12 @@ def test_one_act_said_two_ways_passes(stored: str, asked: str) -> None:
     ("Will the client call?", "Will the client be called?"),
     ("Does the customer get charged?", "Does the customer charge?"),
     ("Can the driver be stopped?", "Can the driver stop?"),
+    # stop 49 review: the present of a practice against the perfect of an event
+    ("Is my data sold?", "Has my data been sold?"),
+    ("Are my payments reported to credit bureaus?",
+     "Have my payments been reported to credit bureaus?"),
+    ("Is my phone tracked?", "Has my phone been tracked?"),
+    ("Is my call recorded?", "Has my call been recorded?"),
 ])
 def test_the_roles_or_the_time_changed_are_refused(stored: str, asked: str) -> None:
     assert not guard_ok(asked, stored) and not guard_ok(stored, asked)
