@@ -1567,6 +1567,13 @@ def _reordered(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 #: "from", "into": a route ("miles to kilometers").
 _OF = frozenset(("of", "for", "in", "at", "on"))
 _OF_BETWEEN = _OF | _DETERMINERS
+#: Nouns whose "N of X" counts or holds X, where "X N" names an N ("the number of
+#: orders" / "the order number", "a glass of wine" / "a wine glass"): not a compound's
+#: prepositional form (`_compound`).
+_MEASURES = frozenset(("number", "numbers", "glass", "glasses", "cup", "cups", "bottle",
+                       "bottles", "box", "boxes", "bag", "bags", "jar", "jars", "pack",
+                       "packs", "packet", "packets", "pair", "pairs", "lot", "lots",
+                       "bunch", "piece", "pieces", "couple"))
 
 
 def _compound(a: tuple[str, ...], b: tuple[str, ...], ca: list[str], cb: list[str]) -> bool:
@@ -1586,6 +1593,8 @@ def _compound(a: tuple[str, ...], b: tuple[str, ...], ca: list[str], cb: list[st
     if ia[i + 1] != ia[i] + 1:
         return False
     between = b[ib[i] + 1:ib[i + 1]]
+    if "of" in between and b[ib[i]] in _MEASURES:
+        return False  # "the number of orders" / "the order number"
     return bool(between) and not _OF.isdisjoint(between) and set(between) <= _OF_BETWEEN
 
 

@@ -32,6 +32,12 @@ def test_a_compound_and_its_preposition_pass(stored: str, asked: str) -> None:
      "How do I move money from checking to savings?"),
     ("Can my manager see my payslip?", "Can I see my manager's payslip?"),
     ("Can the admin read the user's messages?", "Can the user read the admin's messages?"),
+    # stop 49 review: "the number of X" is a count, "the X number" an identifier; "a
+    # glass of wine" is wine, "a wine glass" a glass
+    ("How do I find the order number?", "How do I find the number of orders?"),
+    ("Can I see my ticket number?", "Can I see the number of my tickets?"),
+    ("How much is a wine glass?", "How much is a glass of wine?"),
+    ("Can I bring a water bottle?", "Can I bring a bottle of water?"),
 ])
 def test_words_swapped_otherwise_are_refused(stored: str, asked: str) -> None:
     assert not guard_ok(asked, stored) and not guard_ok(stored, asked)
