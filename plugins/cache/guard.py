@@ -630,8 +630,8 @@ def signature(text: str) -> Signature:
 
 
 #: "What happens when ...?" asks what follows a condition, as "What happens if ...?"
-#: does: its "when" is no time asked (`signature`).
-_HAPPENS_WHEN = re.compile(r"\b(happens?|happened)\s+when\b", re.IGNORECASE)
+#: does: its "when" is no time asked (`signature`). Not a past "happened when": a time.
+_HAPPENS_WHEN = re.compile(r"\b(happens?)\s+when\b", re.IGNORECASE)
 #: Languages whose verbs split round their object, a particle last (guard_native.joined).
 _SPLIT_VERBS = frozenset(("de", "nl"))
 
