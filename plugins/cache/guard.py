@@ -1686,15 +1686,20 @@ def _act_and_its_result(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """One side asks about an act ("How do I stash my changes?") and the other about
     another act on what that act left, its participle qualifying the thing ("How do I
     apply my stashed changes?", "How do I change a booked flight?"): the verb on one
-    side only, its participle on the other only."""
+    side only, its participle on the other only. Past `_MAX_DIFFED` words the edit
+    check refuses the pair: nothing is tried here (each participle against each word)."""
+    if max(len(a), len(b)) > _MAX_DIFFED:
+        return False
     return any(_result_of(x, y) for x, y in ((a, b), (b, a)))
 
 
 def _result_of(x: tuple[str, ...], y: tuple[str, ...]) -> bool:
+    xs, ys = set(x), set(y)
+    verbs = xs - ys
     for k in range(1, len(y) - 1):
         p = y[k]
-        if y[k - 1] in _QUALIFIED and p not in x and _BARE_STATE.fullmatch(p) and any(
-                v != p and v not in y and _verb_forms(p, v) for v in x):
+        if y[k - 1] in _QUALIFIED and p not in xs and _BARE_STATE.fullmatch(p) and any(
+                v != p and _verb_forms(p, v) for v in verbs):
             return True
     return False
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import string
 from functools import cache
 from pathlib import Path
 
@@ -70,3 +71,25 @@ def test_no_two_words_of_a_phrase_in_a_row_is_no_phrase() -> None:
             assert not guard._VERB_PHRASE.search(low), q
         if not re.search(r"\d", low):
             assert not guard._ORDINAL.search(low) and not guard._DAY_MONTH.search(low), q
+
+
+def test_act_and_its_result_is_bounded_on_long_questions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop 49 review: `_result_of` tried every word of one side against every
+    participle of the other, each try scanning the other side again (cubic): two
+    2,000-character questions of distinct participles took most of a second. Past the
+    edit check's bound the pair is refused there, and the act check tries nothing."""
+    names = ["".join(p) for p in itertools.product(string.ascii_lowercase, repeat=3)]
+    asked = " ".join(f"my {n}ed" for n in names[:200])
+    stored = " ".join(f"{n}s" for n in names[200:600])
+    calls = 0
+    real = guard._verb_forms
+
+    def counted(x: str, y: str) -> bool:
+        nonlocal calls
+        calls += 1
+        return real(x, y)
+
+    monkeypatch.setattr(guard, "_verb_forms", counted)
+    assert not guard.guard_ok(asked, stored)
+    assert calls < 5_000
