@@ -1130,13 +1130,20 @@ def _state_or_future(a: Signature, b: Signature) -> bool:
     it ("Is my account frozen?" / "Will my account be frozen?", "Has my refund been
     processed?" / "Will my refund be processed?"): a state and an act still to come. Not
     where both name when ("Is the bank closed on Friday?" / "Will the bank be closed on
-    Friday?": one question, the present standing for the day named)."""
+    Friday?": one question, the present standing for the day named), nor where both
+    set a condition ("Is my account locked if I enter the wrong PIN?" / "Will my account
+    be locked if ...?": the present is what happens each time)."""
     if {a.tense, b.tense} != {"", "future"}:
         return False
     now = a if a.tense == "" else b
     if not now.state:
         return False
-    return not all(x.numbers or not _WHEN.isdisjoint(x.tokens) for x in (a, b))
+    return not all(x.numbers or not _WHEN.isdisjoint(x.tokens) for x in (a, b)) and not all(
+        not _CONDITION.isdisjoint(x.tokens) for x in (a, b))
+
+
+#: Words that set a condition (`_state_or_future`).
+_CONDITION = frozenset(("if", "when", "whenever", "once", "unless", "after"))
 
 
 def _owned_by_of(x: Signature, other: tuple[str, ...]) -> tuple[str, ...]:

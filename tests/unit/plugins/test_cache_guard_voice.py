@@ -18,6 +18,14 @@ from plugins.cache.guard import guard_ok
     ("Are my files deleted?", "Have my files been deleted?"),
     ("Will my payment post today?", "Will my payment be posted today?"),
     ("When will my app update?", "When will my app be updated?"),
+    # stop 49 review: under a condition the present is what happens each time, as the
+    # future is
+    ("Is my account locked if I enter the wrong PIN three times?",
+     "Will my account be locked if I enter the wrong PIN three times?"),
+    ("Is my data deleted when I close my account?",
+     "Will my data be deleted when I close my account?"),
+    ("Is my card charged when I place an order?",
+     "Will my card be charged when I place an order?"),
 ])
 def test_one_act_said_two_ways_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored) and guard_ok(stored, asked)
