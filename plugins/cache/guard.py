@@ -1131,8 +1131,9 @@ def _state_or_future(a: Signature, b: Signature) -> bool:
     processed?" / "Will my refund be processed?"): a state and an act still to come. Not
     where both name when ("Is the bank closed on Friday?" / "Will the bank be closed on
     Friday?": one question, the present standing for the day named), nor where both
-    set a condition ("Is my account locked if I enter the wrong PIN?" / "Will my account
-    be locked if ...?": the present is what happens each time)."""
+    set a condition or a habit ("Is my account locked if I enter the wrong PIN?" / "Will
+    my account be locked if ...?", "Is my subscription renewed automatically?" / "Will
+    ... be renewed automatically?": the present is what happens each time)."""
     if {a.tense, b.tense} != {"", "future"}:
         return False
     now = a if a.tense == "" else b
@@ -1142,8 +1143,10 @@ def _state_or_future(a: Signature, b: Signature) -> bool:
         not _CONDITION.isdisjoint(x.tokens) for x in (a, b))
 
 
-#: Words that set a condition (`_state_or_future`).
-_CONDITION = frozenset(("if", "when", "whenever", "once", "unless", "after"))
+#: Words that set a condition or say what happens each time (`_state_or_future`).
+_CONDITION = frozenset(("if", "when", "whenever", "once", "unless", "after",
+                        "automatically", "always", "usually", "normally", "immediately",
+                        "instantly", "same", "every", "each"))
 
 
 def _owned_by_of(x: Signature, other: tuple[str, ...]) -> tuple[str, ...]:

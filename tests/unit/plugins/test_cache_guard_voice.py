@@ -26,6 +26,9 @@ from plugins.cache.guard import guard_ok
      "Will my data be deleted when I close my account?"),
     ("Is my card charged when I place an order?",
      "Will my card be charged when I place an order?"),
+    ("Is my subscription renewed automatically?",
+     "Will my subscription be renewed automatically?"),
+    ("Is my order shipped the same day?", "Will my order be shipped the same day?"),
 ])
 def test_one_act_said_two_ways_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored) and guard_ok(stored, asked)
