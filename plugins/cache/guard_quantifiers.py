@@ -23,7 +23,9 @@ _KIND = {**dict.fromkeys(("all", "every", "each", "entire", "whole", "everything
 # "the one", "one another", nor an idiom's "in one place", "at one time".
 _QUANTIFIER = re.compile(
     r"\b(?:all|every|each|entire|whole|everything|everyone|everybody|some|any|several|few|"
-    r"certain|couple|anything|someone|something|part(?=\s+of\b)|partial(?:ly)?|half|"
+    # ("part of every plan" is inclusion, no part of a thing)
+    r"certain|couple|anything|someone|something|"
+    r"part(?=\s+of\b(?!\s+(?:every|all|each|any)\b))|partial(?:ly)?|half|"
     r"(?<!which )(?<!no )(?<!the )(?<!this )(?<!that )(?<!any )(?<!every )(?<!each )"
     r"(?<!than )(?<!some )(?<!in )(?<!at )one(?!\s+(?:another|more)\b)(?=\s+[a-z]))\b")
 

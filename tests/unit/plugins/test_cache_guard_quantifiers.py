@@ -26,6 +26,9 @@ def test_all_against_some_misses(stored: str, asked: str) -> None:
     ("Are there any fees?", "Are there fees?"),
     ("Does every plan include support?", "Do all plans include support?"),
     ("Can I see all my invoices in one place?", "Can I see all my invoices together?"),
+    # stop 49 review: "part of every plan" is included in each, no part of one
+    ("Is support part of every plan?", "Does every plan include support?"),
+    ("Are backups part of all plans?", "Do all plans include backups?"),
 ])
 def test_the_same_quantity_or_one_sided_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
