@@ -1744,8 +1744,10 @@ _OTHERS_DO = frozenset(("find", "read", "share"))
 
 def _same_state(a: str, b: str) -> bool:
     """Two participles of one state ("cancelled" / "canceled", "cancelled" /
-    "terminated": one action class, guard_actions); "paused" / "cancelled" are two."""
-    return a == b or _verb_forms(a, b) or ACTION.get(a, a) == ACTION.get(b, b)
+    "terminated": one action class, guard_actions; "shipped" / "dispatched": one act,
+    SAME_ACT); "paused" / "cancelled" are two."""
+    return (a == b or _verb_forms(a, b) or ACTION.get(a, a) == ACTION.get(b, b)
+            or (a in SAME_ACT and SAME_ACT.get(b) == SAME_ACT[a]))
 
 
 def _own_acts(tokens: tuple[str, ...]) -> bool:

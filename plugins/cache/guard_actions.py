@@ -17,6 +17,7 @@ and the other does not are compared.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 _CLASSES = (
@@ -78,9 +79,13 @@ _IRREGULAR = {"sent": "send", "paid": "pay", "saw": "see", "seen": "see", "found
 def _suffixed(verb: str) -> list[tuple[str, str]]:
     """`verb`'s regular forms, each with the ending it reads as ("activated": "ed"), so
     two verbs' forms compare form by form ("enabled" / "activated", not "enable" /
-    "activated")."""
+    "activated"). A short verb ending consonant, vowel, consonant doubles its last
+    letter ("shipped"); one ending in "ch", "sh", "s", "x" takes "es" ("dispatches")."""
     stem = verb[:-1] if verb.endswith("e") else verb
-    return [(verb, ""), (verb + "s", "s"), (stem + "ed", "ed"), (stem + "ing", "ing")]
+    if re.fullmatch(r"[^aeiou]*[aeiou][bdgmnpt]", verb):
+        stem = verb + verb[-1]
+    s = "es" if verb.endswith(("ch", "sh", "s", "x")) else "s"
+    return [(verb, ""), (verb + s, "s"), (stem + "ed", "ed"), (stem + "ing", "ing")]
 
 
 def _forms(verb: str) -> set[str]:

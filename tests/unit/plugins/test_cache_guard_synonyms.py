@@ -27,6 +27,10 @@ from plugins.cache.guard import guard_ok
     ("How do I restart my laptop?", "How do I reboot my laptop?"),
     ("When will my order ship?", "When will my order be dispatched?"),
     ("Do you ship to Canada?", "Do you dispatch to Canada?"),
+    # stop 49 review: "ship"'s forms double its "p"; "dispatch" takes "es"
+    ("When was my order shipped?", "When was my order dispatched?"),
+    ("Is my order shipping today?", "Is my order dispatching today?"),
+    ("Which warehouse ships my order?", "Which warehouse dispatches my order?"),
 ])
 def test_a_verb_synonym_swapped_passes(stored: str, asked: str) -> None:
     assert guard_ok(asked, stored)
