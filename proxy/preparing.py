@@ -239,9 +239,12 @@ def echoed_prompts(req: CompletionRequest, sent: Any = None) -> list[str | list[
     dropped: `proxy.text.fold`), unless a redaction changed it: then as the engine read
     it, the redaction made (the secret is never echoed, nor kept in a cached answer).
     `sent`: the request as sent (`RequestContext.sent`; None: `req` is it). Token ids
-    are the engine's (their text is echoed)."""
+    are the engine's (their text is echoed). With `logprobs`, each prompt as the engine
+    read it: its tokens are scored, and they join to the text their `text_offset`s
+    index (echoed as sent, a folded character or a dropped one left them pointing into
+    other characters)."""
     given = req.prompts()
-    if not isinstance(sent, CompletionRequest):
+    if not isinstance(sent, CompletionRequest) or req.logprobs is not None:
         return given
     asked = sent.prompts()
     if len(asked) != len(given):

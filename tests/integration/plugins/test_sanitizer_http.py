@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 from tests.conftest import MakeClient
@@ -219,3 +220,35 @@ async def test_a_block_in_the_texts_a_response_keeps_beside_its_input_blocks(
         "metadata": {KEY: "v"}})
     assert r.status == 400 and (await r.json())["error"]["code"] == "content_policy_violation"
     assert "Ab3dEf6hIj" not in logs.getvalue()
+
+
+async def test_an_echo_with_logprobs_is_the_prompt_its_tokens_spell(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """With `logprobs`, an echo's prompt tokens are scored, and they are the tokens of
+    the prompt the engine read (normalized: look-alikes folded, invisible characters
+    dropped, CRLF as LF): echoed as sent, the text held characters no token spells, the
+    tokens no longer joined to it and `text_offset` pointed into other characters (an
+    ellipsis, folded to three dots, pushed the last prompt tokens past the generated
+    ones' start). The echo is then the prompt as the engine read it, whole and streamed.
+    """
+    client = await make_client(plugins=sanitizer(normalize=True, engine_sees="normalized"))
+    sent = "Ｓay\u200b hello…\r\nthere…"
+    body = {"model": "fake-model", "max_tokens": 2, "temperature": 0, "echo": True,
+            "logprobs": 1, "prompt": sent}
+    for stream in (False, True):
+        r = await client.post("/v1/completions", json={**body, "stream": stream})
+        assert r.status == 200, await r.text()
+        if stream:
+            chunks = [json.loads(line[6:]) for line in (await r.text()).splitlines()
+                      if line.startswith("data: {")]
+            text = "".join(c["choices"][0]["text"] for c in chunks)
+            tokens = [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]]
+            offsets = [o for c in chunks for o in c["choices"][0]["logprobs"]["text_offset"]]
+        else:
+            lp = (out := await r.json())["choices"][0]["logprobs"]
+            text, tokens, offsets = out["choices"][0]["text"], lp["tokens"], lp["text_offset"]
+        assert "".join(tokens) == text and text.startswith("Say hello...\nthere...")
+        assert all(text[o:o + len(t)] == t for t, o in zip(tokens, offsets, strict=True))
+    # without logprobs nothing spells the prompt: echoed as sent
+    r = await client.post("/v1/completions", json={**body, "logprobs": None})
+    assert (await r.json())["choices"][0]["text"].startswith(sent)
