@@ -818,11 +818,14 @@ class TokenBytes:
 
 def _decoder_kinds(tokenizer: Any) -> set[str]:
     """The kinds of the tokenizer's decoder that spell bytes (`ByteLevel`, `ByteFallback`):
-    none known, none read (its tokens' text is their bytes)."""
+    none known, none read (its tokens' text is their bytes). The decoder's own JSON is
+    read, not the whole tokenizer's (its vocabulary and merges: tens of MB to serialize
+    and parse on the event loop, at the first request asking for logprobs)."""
     if getattr(tokenizer, "byte_decoder", None):  # (a slow GPT-2-like tokenizer)
         return {"ByteLevel"}
     try:
-        decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder")
+        decoder = tokenizer.backend_tokenizer.decoder
+        decoder = json.loads(decoder.__getstate__()) if decoder is not None else None
     except Exception:  # (no Rust tokenizer behind it: a Mistral, a tiktoken one)
         return set()
     kinds: set[str] = set()

@@ -550,3 +550,55 @@ async def test_a_token_of_part_of_a_character_has_its_own_bytes() -> None:
     assert bytes(b for e in entries for b in e.bytes or []) == "é日".encode()
     assert [e.bytes for e in entries] == [[0xC3], [0xA9], [0xE6], [0x97], [0xA5]]
     assert all(e.top[1].bytes == [0xD0] and e.top[1].token == "" for e in entries)
+
+
+def test_a_token_s_own_bytes_read_the_decoder_not_the_whole_tokenizer() -> None:
+    """Which vocabulary spells bytes (byte-level, byte-fallback) is read from the
+    tokenizer's decoder alone: it was read by serializing the whole tokenizer (its
+    vocabulary and merges, tens of MB for a large one) and parsing that back, on the
+    event loop, at the first request asking for logprobs, every stream stalled
+    meanwhile. A decoder nested in a sequence is found; none known reads none."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from proxy.engine.demo_model import ensure_demo_model
+    from proxy.engine.vllm import TokenBytes
+
+    tok = AutoTokenizer.from_pretrained(ensure_demo_model())
+
+    class Backend:
+        """The demo's Rust tokenizer, whole serialization refused."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def to_str(self, *a: Any, **kw: Any) -> str:
+            raise AssertionError("the whole tokenizer was serialized")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    class Watched:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.backend_tokenizer = Backend(inner.backend_tokenizer)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    ids = tok.encode("é", add_special_tokens=False)
+    own = TokenBytes(Watched(tok))
+    assert [own(i, "") for i in ids] == [[0xC3], [0xA9]]
+    # a byte-fallback decoder inside a sequence (a SentencePiece-style vocabulary)
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+    inner = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>",
+                                 byte_fallback=True))
+    inner.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                       decoders.Fuse()])
+    sp = PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="<unk>")
+    own = TokenBytes(Watched(sp))
+    assert own(1 + 0xE6, "") == [0xE6]
+    inner.decoder = None  # (no decoder: none read, a token's text is its bytes)
+    assert TokenBytes(Watched(PreTrainedTokenizerFast(tokenizer_object=inner,
+                                                      unk_token="<unk>")))(1 + 0xE6, "x") == [0x78]
