@@ -691,7 +691,15 @@ def _word_start(text: str, end: int) -> int:
 def _joined(pieces: list[tuple[int, int, int]], texts: list[str],
             ) -> Iterator[list[tuple[int, Span]]]:
     """Keys in the pieces (text index, start, end) read joined that start in the first
-    and reach into the second: each as (text index, span) for every piece it covers."""
+    and reach into the second: each as (text index, span) for every piece it covers.
+    A piece after the break that ends in ":" is a label or a mapping's key ("secret:"
+    then "  secretName: tls-cert" in a Kubernetes manifest), no piece of a key: the
+    pieces end before it."""
+    for k in range(1, len(pieces)):
+        i, _, b = pieces[k]
+        if texts[i][b - 1] == ":":
+            pieces = pieces[:k]
+            break
     if len(pieces) < 2:
         return
     words = [texts[i][a:b] for i, a, b in pieces]

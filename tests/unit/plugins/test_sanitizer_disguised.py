@@ -158,3 +158,28 @@ def test_only_words_mixing_look_alikes_with_ascii_are_read_again(
     where folding it makes a word a key or a phrase starts from, is read again."""
     from plugins.sanitizer.credentials import _unmasked
     assert (_unmasked(scanned(fold(text))) is not None) is read_twice
+
+
+# ------------------------------------------------- a mapping's key on the next line
+
+@pytest.mark.parametrize("text", [
+    "volumes:\n  - name: certs\n    secret:\n      secretName: tls-cert-prod\n",
+    "spec:\n  secret:\n    secretName: app-secrets\n    defaultMode: 0400",
+    "secret:\n  existingSecret: my-release-redis",
+    "- secret:\n    SecretName: x",
+    "secret:\n  stringData:\n    a: b",
+    "providers:\n  secret:\n    kmsKeyId: abc",
+])
+def test_a_yaml_mapping_under_secret_is_no_secret(text: str) -> None:
+    """A line ending in "secret:" and the next line's mapping key ("secretName:") were
+    read joined as a key wrapped over lines ("secret:secretName:", a bare 'secret' with
+    a made-up value since this stop): a Kubernetes manifest's volume was redacted."""
+    assert not fires(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "secret:\n  S3cr3tV4lue-xyz",  # a YAML scalar on the next line is still the value
+    "token: sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t\nUv1wXy4zQ7",
+])
+def test_a_value_on_the_next_line_is_still_read(text: str) -> None:
+    assert fires(text)
