@@ -241,50 +241,51 @@ def find_secrets(text: str) -> Iterator[Span]:
 
 
 # A word that mixes look-alike letters of another script with ASCII letters, digits or a
-# key's punctuation (a Cyrillic "s" in "sk-proj-..."): a key in disguise. Text in that
-# script alone (Russian, Greek prose) mixes none, and is read once.
+# key's punctuation (a Cyrillic "s" in "sk-proj-...", a Cyrillic "a" in its body): a key
+# in disguise. Text in that script alone (Russian, Greek prose) mixes none, and is read
+# once. (One pattern finds each such word whole, tried at word starts only: a run of
+# text is scanned once.)
 _LOOK = str.maketrans(SHAPES)
 _SHAPE = f"[{''.join(SHAPES)}]"
 _SHAPE_CHAR = re.compile(_SHAPE)
-# (where a look-alike touches one: a word that mixes them has such a place)
-_MIXED = re.compile(f"[A-Za-z0-9_-]{_SHAPE}|{_SHAPE}[A-Za-z0-9_-]")
+_MIXED = re.compile(f"[A-Za-z0-9_-]{_SHAPE}|{_SHAPE}[A-Za-z0-9_-]")  # (where one mixes)
+_MIXED_WORD = re.compile(
+    rf"(?<!\S)(?=\S*?(?:[A-Za-z0-9_-]{_SHAPE}|{_SHAPE}[A-Za-z0-9_-]))\S+")
 
 
 def _unmasked(text: str) -> str | None:
     """`text` with the words that mix look-alike letters with ASCII read as the Latin
-    letters they mimic (one letter for one: a span is the text's), where that makes a
-    word anything here starts from (`_new_words`); None otherwise."""
-    if _SHAPE_CHAR.search(text) is None:
-        return None
-    pieces: list[str] = []
-    pos = 0
-    for m in _MIXED.finditer(text):
-        if m.start() < pos:
-            continue
-        start = _word_start(text, m.start())
-        space = _SPACE.search(text, m.end())
-        end = len(text) if space is None else space.start()
-        pieces += [text[pos:start], text[start:end].translate(_LOOK)]
-        pos = end
-    if not pieces:
-        return None
-    look = "".join([*pieces, text[pos:]])
-    return look if _new_words(text, look) else None
+    letters they mimic (one letter for one: a span is the text's), where one of those
+    words, so read, holds anything here starts from (`_worth_reading`); None otherwise."""
+    if _SHAPE_CHAR.search(text) is None or (first := _MIXED.search(text)) is None:
+        return None  # (most text in another script: no word mixes; one quick scan)
+    start = _word_start(text, first.start())
+    words: list[str] = []
+
+    def folded(m: re.Match[str]) -> str:
+        word = m.group().translate(_LOOK)
+        words.append(word)
+        return word
+
+    look = text[:start] + _MIXED_WORD.sub(folded, text[start:])
+    return look if words and _worth_reading(" ".join(words).lower()) else None
 
 
-def _new_words(text: str, look: str) -> bool:
-    """Whether `look` (`text` with look-alikes folded) holds a word that anything here
-    starts from (a format's literal, a phrase's first word, a variable's ending, the
-    words before a UUID or in a query) where `text` does not: most text in other
-    scripts or with accents holds none, and is not read twice."""
-    low, look_low = text.lower(), look.lower()
-    if len(low) != len(text) or len(look_low) != len(look):
-        return True  # (offsets moved: compare nothing, read it)
-    had = {(m.start(), m.group()) for m in _ANY_WORD.finditer(low)}
-    if any((m.start(), m.group()) not in had for m in _ANY_WORD.finditer(look_low)):
-        return True
-    return any(w in look_low and w not in low
-               for w in (*_ENV_ENDINGS, *_UUID_WORDS, *_QUERY_WORDS))
+def _worth_reading(words: str) -> bool:
+    """Whether the words a look-alike reading changed (`words`, folded, lower-cased, one
+    space between) hold what anything here starts from: a format's literal anywhere in a
+    word (a key's prefix, plain or disguised, with a look-alike in its body too), a
+    phrase's first word where a word starts (not "api" in Turkish "kap\u0131"), a variable's
+    ending, the words before a UUID or in a query, a UUID. Most text in other scripts
+    (and Turkish or Danish prose, whose own letters dotless i and o-slash are look-alikes) holds
+    none, and is not read twice."""
+    for m in _ANY_WORD.finditer(words):
+        word, i = m.group(), m.start()
+        if (word in _MAYBE_NEED or word == "--pass"
+                or (word in _MAYBE_START and not (i and "a" <= words[i - 1] <= "z"))):
+            return True
+    return (any(w in words for w in (*_ENV_ENDINGS, *_UUID_WORDS, *_QUERY_WORDS))
+            or ("-" in words and _UUID.search(words) is not None))
 
 
 _PERCENT = re.compile(r"%([2-6][0-9A-Fa-f]|7[0-9A-Ea-e])")  # (printable ASCII only)
