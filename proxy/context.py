@@ -30,12 +30,21 @@ def screened_values(values: dict[str, str], screen: Screen | None) -> dict[str, 
     sanitizer's `screen` (None: as given): kept and listed beside the request's redacted
     texts, they are in no prompt, so the chain never read them. (A key is the caller's
     text as a value is: a key in it went on as sent. Keys are what listings filter by:
-    one that held nothing to redact stays as it came.)"""
+    one that held nothing to redact stays as it came; ones redacted alike stay apart.)"""
     if screen is None or not values:
         return values
     keys = list(values)
     said = screen([*keys, *(values[k] for k in keys)])
-    return dict(zip(said[:len(keys)], said[len(keys):], strict=True))
+    out: dict[str, str] = {}
+    for key, screened, value in zip(keys, said[:len(keys)], said[len(keys):], strict=True):
+        # Two keys redacted alike ("alice@x.com" and "bob@y.com" both "[EMAIL]"), or one
+        # redacted as another key reads, stay two entries: "[EMAIL]", "[EMAIL]#2".
+        n, name = 1, screened
+        while name in out or (name != key and name in values):
+            n += 1
+            name = f"{screened}#{n}"
+        out[name] = value
+    return out
 
 
 @dataclass(slots=True)

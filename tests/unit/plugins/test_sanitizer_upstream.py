@@ -246,3 +246,17 @@ async def test_a_completion_s_extra_fields_count_in_its_limit() -> None:
     ctx = RequestContext(route="completion", request=req,
                          principal=Principal("t", "user", "u"), request_id="r")
     assert not san.screens(ctx)
+
+
+def test_metadata_keys_redacted_alike_stay_apart() -> None:
+    """Keys screened to one placeholder ("[EMAIL]" for two addresses) made one entry of
+    the dict: every value but the last was dropped, upstream and in the stores."""
+    screen = sanitizer(secret="redact", email="redact").screen_aside()
+    said = screened_values({"alice@example.com": "admin", "bob@example.com": "viewer",
+                            "plain": "x"}, screen)
+    assert sorted(said.values()) == ["admin", "viewer", "x"]
+    assert said["plain"] == "x" and "[EMAIL]" in said
+    assert not any("@" in k for k in said)
+    said = screened_values({KEY: "a", GHP: "b", "[SECRET]": "c"}, screen)
+    assert sorted(said.values()) == ["a", "b", "c"] and said["[SECRET]"] == "c"
+    assert not any(KEY in k or GHP in k for k in said)
