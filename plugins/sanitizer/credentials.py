@@ -372,19 +372,28 @@ def _find(text: str) -> Iterator[Span]:
 
 # A credential in a URL's query string, named as one ("?key=...&", "&client_secret=",
 # "?access_token="): made up, not a slug ("?key=blue-shirt"), nor a page's or a
-# request's own token ("?page_token=", "?next_token="). (Not a format's literal: a
-# format's is where a key wrapped over lines is looked for.)
+# request's own token ("?page_token=", "?next_token="), nor a key that names a record
+# or an entry, not a credential ("?idempotency_key=", "?sort_key=", "?partition_key=").
+# (Not a format's literal: a format's is where a key wrapped over lines is looked for.)
 _QUERY_WORDS = ("key=", "secret=", "token=", "auth=", "password=", "passwd=", "pwd=",
                 "credential")
 _QUERY = re.compile(
     r"(?<=[?&;])(?i:(?!(?:page|next|continuation|sync|cursor|state)[_-]?token=)"
+    r"(?!(?:idempotency|sort|primary|partition|foreign|cache|public|range|routing|shard"
+    r"|dedup|dedupe|lookup|group|order|unique|composite|translation|i18n|hash)[_-]?key=)"
     r"(?:[a-z0-9]+[_-])*(?:api[_-]?key|apikey|key|secret|token|auth|pass(?:word|wd)?|pwd"
     r"|credentials?))=(?P<qs>[^&#\s\"'<>]{8,512})")
+
+
+# Words joined by "_" or "-", each capitalized or lower-case: a page's or a thing's name
+# ("?key=Main_Page", "?token=Hello-World"), not a key.
+_TITLE_SLUG = re.compile(r"[A-Za-z][a-z]+(?:[_-][A-Za-z][a-z]+)+")
 
 
 def _query_value(value: str) -> bool:
     v = _bare(value)
     return (_value_ok(v) and _LOWER_SLUG.fullmatch(v) is None
+            and _TITLE_SLUG.fullmatch(v) is None
             and any(c.isalpha() for c in v) and _random_looking(v))
 
 

@@ -215,3 +215,18 @@ def test_prose_whose_own_letters_are_look_alikes_is_read_once(text: str) -> None
     from plugins.sanitizer.credentials import _unmasked
     assert _unmasked(scanned(fold(text))) is None
     assert not fires(text)
+
+
+# ------------------------------------------------- a query's key that names no credential
+
+@pytest.mark.parametrize("text", [
+    "https://en.wikipedia.org/w/index.php?key=Main_Page&action=view",  # a page's name
+    "https://wiki.example.org/view?page_key=Release_Notes&rev=2",
+    "POST /v1/payments?idempotency_key=ord-2024-0001",
+    "GET /tables/orders?partition_key=tenant42&sort_key=createdAt2024",
+    "https://example.com/api?primary_key=OrderId42&cache_key=v2IndexAbc",
+])
+def test_a_query_s_key_naming_a_record_or_a_page_is_no_secret(text: str) -> None:
+    """The query rule (this stop) took any '...key=' with a digit or mixed case in its
+    value: a wiki page's title, an idempotency key, a table's sort or partition key."""
+    assert not fires(text), found(text)
