@@ -877,11 +877,14 @@ def _extra_chars(model: BaseModel | None) -> int:
 
 def _forwarded_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
     """Characters of what `_forwarded` and `_sampling` read beside the prompt's texts:
-    extra fields everywhere, stop sequences, a prediction."""
+    extra fields everywhere, stop sequences, a prediction, the call ids (`_call_ids`:
+    each read once, however many messages name it)."""
     n = _extra_chars(req) + sum(len(t) for t in [*req.stops, *(req.bad_words or ())])
     n += _extra_chars(req.stream_options)
     if not isinstance(req, ChatCompletionRequest):
         return n
+    ids = {c.id for m in req.messages for c in m.tool_calls or ()}
+    n += sum(map(len, ids | {m.tool_call_id for m in req.messages if m.tool_call_id}))
     for m in req.messages:
         n += _extra_chars(m)
         if isinstance(m.content, list):

@@ -260,3 +260,24 @@ def test_metadata_keys_redacted_alike_stay_apart() -> None:
     said = screened_values({KEY: "a", GHP: "b", "[SECRET]": "c"}, screen)
     assert sorted(said.values()) == ["a", "b", "c"] and said["[SECRET]"] == "c"
     assert not any(KEY in k or GHP in k for k in said)
+
+
+async def test_call_ids_count_in_the_limit_on_what_it_reads() -> None:
+    """Call ids are read (`_call_ids`, each once) but were not counted: a 1.5 MB id in a
+    call and its answer held the event loop for seconds, past `max_total_chars`."""
+    san = SanitizerPlugin(SanitizerConfig.model_validate(
+        {"detectors": {"secret": "redact"}, "limits": {"max_total_chars": 1000}}),
+        Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics()))
+
+    def body(call_id: str) -> dict[str, Any]:
+        return {"tools": [{"type": "function", "function": {"name": "f"}}], "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [{"id": call_id, "type": "function",
+                                                  "function": {"name": "f",
+                                                               "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": "ok"}]}
+
+    with pytest.raises(InvalidRequest) as e:
+        await san(context(body("c" * 1000)), Completion)  # type: ignore[arg-type]
+    assert (e.value.status, e.value.param, e.value.code) == (400, "messages", "invalid_value")
+    assert san.screens(context(body("c" * 900)))  # (each id counted once)
