@@ -98,9 +98,9 @@ class RequestContext:
     #: the prompt's.
     aside_chars: int = 0
     #: The caller's texts a route keeps (and echoes) beside a request that no request of
-    #: the chain carries (a Response's `metadata`, keys and values, `safety_identifier`,
-    #: `prompt_cache_key`): read for `block` detectors only, as the ones the request
-    #: carries are (a blocked value there is refused, not only hidden).
+    #: the chain carries (a Response's `metadata`, keys and values): read for `block`
+    #: detectors only, as the request's own metadata is (a blocked value there is
+    #: refused, not only hidden).
     aside_texts: tuple[str, ...] = ()
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0

@@ -180,15 +180,17 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def _caller_blocks(self, req: ChatCompletionRequest | CompletionRequest,
                        aside: tuple[str, ...] = ()) -> list[str]:
         """The `block` detectors that fire in the caller's texts going on beside the
-        prompt (`_caller_texts`: `metadata`'s keys and values, `user`, ...) or kept beside
-        it by the route (`aside`: a Response's): the request is refused as one whose
-        prompt holds the same (a blocked value was only hidden there, and went on to the
-        store and the upstream as its hash or a placeholder)."""
+        prompt (`metadata`'s keys and values) or kept beside it by the route (`aside`: a
+        Response's metadata): the request is refused as one whose prompt holds the same
+        (a blocked value was only hidden there, and went on to the store and the upstream
+        as a placeholder). Not in an identifier (`user`, `safety_identifier`,
+        `prompt_cache_key`): it goes on as its hash (`_caller_texts`), whatever fired in
+        it; an app that sends its user's address as `user` is not refused every request
+        where `email` blocks."""
         blocking = [(d, a) for d, a in self.detectors if a == "block"]
         if not blocking:
             return []
-        texts = [v for f in _CALLER_FIELDS if isinstance(v := getattr(req, f, None), str)]
-        texts += aside
+        texts = list(aside)
         for k, v in (getattr(req, "metadata", None) or {}).items():
             texts += [k, v]
         out: list[str] = []

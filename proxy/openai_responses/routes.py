@@ -111,7 +111,7 @@ async def _create(request: web.Request, st: AppState,
                          request_id=request[REQUEST_ID],
                          headers=header_map(request.headers.items()),
                          body_bytes=size, aside_chars=X.aside_chars(req),
-                         aside_texts=X.aside_texts(req))
+                         aside_texts=X.metadata_texts(req))
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     rid = X.new_id("resp")
     inputs = X.input_items(req) if req.store else []

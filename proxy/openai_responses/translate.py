@@ -439,11 +439,15 @@ def screened_caller_text(req: ResponsesRequest, screen: Screen) -> ResponsesRequ
 def aside_texts(req: ResponsesRequest) -> tuple[str, ...]:
     """The caller's texts `screened_caller_text` reads that the chat request does not
     carry (`metadata`'s keys and values, `safety_identifier`, `prompt_cache_key`; `user`
-    goes on in it): `RequestContext.aside_texts`."""
+    goes on in it)."""
     out = [v for f in ("safety_identifier", "prompt_cache_key") if (v := getattr(req, f))]
-    for k, v in (req.metadata or {}).items():
-        out += [k, v]
-    return tuple(out)
+    return (*out, *metadata_texts(req))
+
+
+def metadata_texts(req: ResponsesRequest) -> tuple[str, ...]:
+    """`metadata`'s keys and values, which a `block` detector reads as it reads a
+    prompt (`RequestContext.aside_texts`; an identifier goes on as its hash instead)."""
+    return tuple(t for k, v in (req.metadata or {}).items() for t in (k, v))
 
 
 def aside_chars(req: ResponsesRequest) -> int:

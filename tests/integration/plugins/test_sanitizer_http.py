@@ -192,17 +192,17 @@ KEY = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"
 
 async def test_a_block_in_the_texts_a_response_keeps_beside_its_input_blocks(
         make_client: MakeClient, fake_engine: FakeEngine, logs: io.StringIO) -> None:
-    """A Response's `metadata` (keys and values), `safety_identifier` and
-    `prompt_cache_key` are kept and echoed but go in no chat request: a `block`
-    detector firing there only hid the value in the store. Refused as a prompt holding
-    it is (the same 400), the engine never called, nothing of it logged; ordinary
-    values pass, and so does a chat completion's metadata without one."""
+    """A Response's `metadata` (keys and values) is kept and echoed but goes in no chat
+    request: a `block` detector firing there only hid the value in the store. Refused as
+    a prompt holding it is (the same 400), the engine never called, nothing of it
+    logged; ordinary values pass, and so does a chat completion's metadata without one.
+    An identifier (`safety_identifier`, `prompt_cache_key`) is not refused: it is kept
+    hidden."""
     client = await make_client(plugins=sanitizer(detectors={"secret": "block"}))
     prompt = await client.post("/v1/responses", json={"model": "fake-model", "input": KEY})
     assert prompt.status == 400
     refused = (await prompt.json())["error"]
-    for extra in ({"metadata": {KEY: "v"}}, {"metadata": {"k": f"key {KEY}"}},
-                  {"safety_identifier": KEY}, {"prompt_cache_key": f"k {KEY}"}):
+    for extra in ({"metadata": {KEY: "v"}}, {"metadata": {"k": f"key {KEY}"}}):
         r = await client.post("/v1/responses", json={
             "model": "fake-model", "input": "hi", "max_output_tokens": 16, **extra})
         assert r.status == 400, extra
@@ -210,6 +210,11 @@ async def test_a_block_in_the_texts_a_response_keeps_beside_its_input_blocks(
         validate("ErrorResponse", body)
         assert body["error"] == refused
     assert fake_engine.calls == []
+    for extra in ({"safety_identifier": KEY}, {"prompt_cache_key": f"k {KEY}"}):
+        r = await client.post("/v1/responses", json={
+            "model": "fake-model", "input": "hi", "max_output_tokens": 16, **extra})
+        assert r.status == 200, extra
+        assert "Ab3dEf6hIj" not in await r.text()
     r = await client.post("/v1/responses", json={
         "model": "fake-model", "input": "hi", "max_output_tokens": 16,
         "metadata": {"order": "123e4567-e89b-12d3-a456-426614174000"},

@@ -328,7 +328,8 @@ async def test_the_callers_texts_going_on_with_a_request_are_screened_not_read()
     (an upstream engine gets them, and may store them) though no prompt holds them: they
     went unredacted, a blocked value too, while Weir's own store kept them screened.
     They are screened as what a route keeps is, and flag nothing (an app's `user` is
-    often its user's address; a `block` detector there blocks: test_sanitizer_upstream);
+    often its user's address; a `block` detector blocks in `metadata`, not in an
+    identifier: test_sanitizer_upstream);
     an identifier that holds what a detector redacts goes on
     as its hash, so two callers stay two (a placeholder made them one user upstream)."""
     req = ChatCompletionRequest.model_validate({

@@ -4,6 +4,7 @@ a `block` detector firing in one refuses the request; nothing of it logged."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import AsyncIterator
@@ -158,14 +159,13 @@ async def test_metadata_keys_are_screened_as_its_values_are() -> None:
 
 
 @pytest.mark.parametrize("field", [
-    {"metadata": {KEY: "v"}}, {"metadata": {"k": f"key {KEY}"}}, {"user": KEY},
-    {"safety_identifier": f"s-{GHP}"}, {"prompt_cache_key": LOOK},
+    {"metadata": {KEY: "v"}}, {"metadata": {"k": f"key {KEY}"}},
 ])
 async def test_a_block_detector_firing_beside_the_prompt_blocks(
         field: dict[str, Any]) -> None:
-    """A `block` detector that fired in `metadata` (keys or values), `user`,
-    `safety_identifier` or `prompt_cache_key` only hid the value there (a placeholder, a
-    hash) and let the request through: refused as one whose prompt holds it."""
+    """A `block` detector that fired in `metadata` (keys or values) only hid the value
+    there (a placeholder) and let the request through: refused as one whose prompt
+    holds it."""
     san = sanitizer(secret="block")
     ctx = context({"messages": [{"role": "user", "content": "hi"}], **field})
     with pytest.raises(InvalidRequest) as e:
@@ -176,6 +176,28 @@ async def test_a_block_detector_firing_beside_the_prompt_blocks(
     assert (e.value.status, e.value.code, str(e.value)) == (
         same.value.status, same.value.code, str(same.value))
     assert e.value.code == "content_policy_violation"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("user", KEY), ("safety_identifier", f"s-{GHP}"), ("prompt_cache_key", LOOK),
+    ("user", "jane.doe@example.com"),
+])
+async def test_an_identifier_a_block_detector_fires_on_goes_on_as_its_hash(
+        field: str, value: str) -> None:
+    """An identifier (`user`, `safety_identifier`, `prompt_cache_key`) is no text the
+    model reads: one a `block` detector fires on goes on as its SHA-256 (as OpenAI asks
+    apps to send it), the request not refused; an app sending its user's address as
+    `user` was refused every request where `email` blocks."""
+    ctx = context({"messages": [{"role": "user", "content": "hi"}], field: value})
+    seen: list[RequestContext] = []
+
+    async def spy(c: RequestContext) -> Reply:
+        seen.append(c)
+        return Completion({"choices": []})
+
+    await sanitizer(secret="block", email="block")(ctx, spy)
+    said = getattr(seen[0].request, field)
+    assert said == hashlib.sha256(value.encode()).hexdigest()
 
 
 async def test_ordinary_caller_texts_pass_a_block_detector() -> None:
