@@ -638,6 +638,9 @@ _FIRST_WORD = re.compile(r"[ \t\r\n]{0,64}(\S{1,512})")
 _LINE_END = re.compile(r"[ \t\r]*\n")
 _BLANK_REST = re.compile(r"\s*\Z")
 _SPACE = re.compile(r"\s")
+# A variable's assignment ("NAME=value"; a key's characters hold "=" only as its
+# base64 padding, at its end).
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*=[^=]")
 
 
 def secrets_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
@@ -703,11 +706,12 @@ def _joined(pieces: list[tuple[int, int, int]], texts: list[str],
     """Keys in the pieces (text index, start, end) read joined that start in the first
     and reach into the second: each as (text index, span) for every piece it covers.
     A piece after the break that ends in ":" is a label or a mapping's key ("secret:"
-    then "  secretName: tls-cert" in a Kubernetes manifest), no piece of a key: the
-    pieces end before it."""
+    then "  secretName: tls-cert" in a Kubernetes manifest), and one that is an
+    assignment ("SKIP_AUTH=yes" then "NAME=app" in a .env file) is the next variable,
+    no piece of a key: the pieces end before it."""
     for k in range(1, len(pieces)):
-        i, _, b = pieces[k]
-        if texts[i][b - 1] == ":":
+        i, a, b = pieces[k]
+        if texts[i][b - 1] == ":" or _ASSIGNMENT.match(texts[i], a, b) is not None:
             pieces = pieces[:k]
             break
     if len(pieces) < 2:

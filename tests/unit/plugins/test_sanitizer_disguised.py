@@ -230,3 +230,20 @@ def test_a_query_s_key_naming_a_record_or_a_page_is_no_secret(text: str) -> None
     """The query rule (this stop) took any '...key=' with a digit or mixed case in its
     value: a wiki page's title, an idempotency key, a table's sort or partition key."""
     assert not fires(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "SKIP_AUTH=yes\nNAME=app",
+    "GITHUB_AUTH=oauth\nPORT=8080\nDEBUG=true",
+    "BASIC_AUTH=false\nOAUTH_ENABLED=true\nGITHUB_AUTH=oauth\nNEXT_AUTH_URL=http://localhost:3000",
+])
+def test_the_next_line_of_an_env_file_is_no_piece_of_a_key(text: str) -> None:
+    """A line ending in an assignment whose name holds 'auth' ("SKIP_AUTH=yes") was
+    read joined with the next line's "NAME=app" as a key wrapped over lines
+    ("SKIP_AUTH=yesNAME=app", a made-up value): a .env file with no secret in it was
+    redacted whole."""
+    assert not fires(text), found(text)
+
+
+def test_a_key_wrapped_after_an_assignment_is_still_read() -> None:
+    assert fires("OPENAI_API_KEY=sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t\nUv1wXy4zQ7")
