@@ -72,6 +72,16 @@ def is_engine_failure(e: BaseException) -> bool:
     return True  # anything unexpected from below is the engine's fault
 
 
+def _failed(stream: Stream, outcome: Outcome) -> bool | None:
+    """A stream's end as an engine's outcome: False completed, True the engine's failure,
+    None neither (a client gone, a deadline, a refusal: no outcome)."""
+    if outcome == "completed":
+        return False
+    if outcome == "failed" and stream.error is not None and is_engine_failure(stream.error):
+        return True
+    return None
+
+
 def _progress(ctx: RequestContext) -> int | None:
     """The tokens the engine says a request under way has made: None where it cannot
     say (or the request just ended), and never a failure here, where every new request
@@ -208,10 +218,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         if not isinstance(reply, Stream):
             # (an upstream's whole answer tells no first token: its length is the
             # caller's, slow only past `whole_call_s`)
-            now = time.monotonic()
-            self._record(permit, failed=False,
-                         slow=(self._slow(ctx, now) if ctx.engine_timed
-                               else self._whole_slow(ctx, now)))
+            self._record(permit, failed=False, slow=self._slow_by_now(ctx))
             return reply
         # A primed stream's first chunk is in hand: an error before it was raised above
         # (and fell back); the first-token time is what makes a call slow.
@@ -221,13 +228,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                           else time.monotonic())
 
         def ended(stream: Stream, outcome: Outcome) -> None:
-            if outcome == "completed":
-                self._record(permit, failed=False, slow=slow)
-            elif outcome == "failed" and stream.error is not None and is_engine_failure(
-                    stream.error):
-                self._record(permit, failed=True)
-            else:
+            failed = _failed(stream, outcome)
+            if failed is None:
                 self._no_outcome(permit, ctx)
+            else:
+                self._record(permit, failed=failed, slow=slow and not failed)
 
         reply.on_end(ended)
         return reply
@@ -240,6 +245,12 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             return ctx.engine_ttft_s > self.cfg.slow_call_s
         begun = ctx.engine_started
         return begun is not None and first_at - begun > self.cfg.slow_call_s
+
+    def _slow_by_now(self, ctx: RequestContext) -> bool:
+        """Whether a call ending now was slow: past `slow_call_s` to its first token where
+        the engine tells one, else (an upstream's whole answer) past `whole_call_s`."""
+        now = time.monotonic()
+        return self._slow(ctx, now) if ctx.engine_timed else self._whole_slow(ctx, now)
 
     def _judged_whole(self, ctx: RequestContext) -> bool:
         """Whether `ctx` is a whole answer under way from an engine that tells no first
@@ -260,8 +271,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         local refusal): the permit goes back, unless the engine was slow all the same (it
         had the request past `slow_call_s` with no first token: hung; an upstream that
         hangs times out, a failure)."""
-        now = time.monotonic()
-        if (self._slow(ctx, now) if ctx.engine_timed else self._whole_slow(ctx, now)):
+        if self._slow_by_now(ctx):
             self._record(permit, failed=False, slow=True)
         elif self._running.pop(permit, None) is not None:
             self.breaker.release(permit)
@@ -397,13 +407,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             return reply
 
         def ended(stream: Stream, outcome: Outcome) -> None:
-            if outcome == "completed":
-                guard.record(permit, failed=False)
-            elif outcome == "failed" and stream.error is not None and is_engine_failure(
-                    stream.error):
-                guard.record(permit, failed=True)
-            else:
+            failed = _failed(stream, outcome)
+            if failed is None:
                 guard.release(permit)
+            else:
+                guard.record(permit, failed=failed)
 
         reply.on_end(ended)
         return reply
