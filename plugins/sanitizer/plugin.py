@@ -533,10 +533,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         flag nor block: a server's random id reads as a number one time in a few hundred."""
         if not self._redacts:
             return {}
-        ids = {c.id for m in req.messages for c in m.tool_calls or ()}
-        ids |= {m.tool_call_id for m in req.messages if m.tool_call_id}
         return {i: "call_" + hashlib.sha256(i.encode(errors="surrogatepass")).hexdigest()[:24]
-                for i in ids if self._screen([i])[0] != i}
+                for i in _all_call_ids(req) if self._screen([i])[0] != i}
 
     def _sampling(self, req: _R, fired: dict[str, str]) -> _R:
         """What a chat request and a completion alike carry upstream beside the prompt:
@@ -871,6 +869,13 @@ def _caller_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
     return n + sum(len(k) + len(v) for k, v in (getattr(req, "metadata", None) or {}).items())
 
 
+def _all_call_ids(req: ChatCompletionRequest) -> set[str]:
+    """The caller's call ids, each once: earlier calls' `id`s and `tool` messages'
+    `tool_call_id`s."""
+    ids = {c.id for m in req.messages for c in m.tool_calls or ()}
+    return ids | {m.tool_call_id for m in req.messages if m.tool_call_id}
+
+
 def _extra_chars(model: BaseModel | None) -> int:
     """Characters of a model's extra fields, as JSON (keys too: `_extras` reads them)."""
     extra = model.model_extra if model is not None else None
@@ -879,14 +884,13 @@ def _extra_chars(model: BaseModel | None) -> int:
 
 def _forwarded_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
     """Characters of what `_forwarded` and `_sampling` read beside the prompt's texts:
-    extra fields everywhere, stop sequences, a prediction, the call ids (`_call_ids`:
+    extra fields everywhere, stop sequences, a prediction, the call ids (`_all_call_ids`:
     each read once, however many messages name it)."""
     n = _extra_chars(req) + sum(len(t) for t in [*req.stops, *(req.bad_words or ())])
     n += _extra_chars(req.stream_options)
     if not isinstance(req, ChatCompletionRequest):
         return n
-    ids = {c.id for m in req.messages for c in m.tool_calls or ()}
-    n += sum(map(len, ids | {m.tool_call_id for m in req.messages if m.tool_call_id}))
+    n += sum(map(len, _all_call_ids(req)))
     for m in req.messages:
         n += _extra_chars(m)
         if isinstance(m.content, list):
