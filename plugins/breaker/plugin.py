@@ -405,6 +405,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         if not isinstance(reply, Stream):
             guard.record(permit, failed=False)
             return reply
+        if reply.primed_at is not None:
+            # A half-open trial whose first chunk came is answering, not stuck however
+            # long it streams (a stall is the upstream's `read_timeout_s`: a failure at
+            # its end); it was judged stuck near its `timeout_s`.
+            guard.answering(permit)
 
         def ended(stream: Stream, outcome: Outcome) -> None:
             failed = _failed(stream, outcome)

@@ -935,3 +935,53 @@ async def test_a_dead_upstream_fallback_is_skipped_by_its_own_breaker(then_stati
         assert isinstance(reply, Completion) and reply.body == {"fallback": True}
         assert reply.headers["x-weir-fallback"] == "upstream" and asked == n
     assert p.breaker.state == "open" and p.health()["fallback_states"] == {"0": "closed"}
+
+
+async def _dead_fallback(stream_reply: bool) -> tuple[BreakerPlugin, Clock, dict[str, Any]]:
+    """A breaker and its upstream fallback's own breaker, both opened (the engine and the
+    fallback failing twice), `open_s` later: both half-open at the next call. The
+    fallback answers once `state["down"]` is False: a primed stream it holds open until
+    `state["done"]` is set, or a whole answer."""
+    from proxy.errors import Timeout
+
+    clock = Clock()
+    p = plugin(clock, fallback=[{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"}])
+    state: dict[str, Any] = {"down": True, "done": asyncio.Event()}
+
+    async def upstream(c: RequestContext) -> Reply:
+        if state["down"]:
+            raise Timeout("The upstream did not answer in time.")
+        if not stream_reply:
+            return Completion({"fallback": True})
+
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            yield {"choices": [{"index": 0, "delta": {"content": "a"}}]}
+            await state["done"].wait()
+            yield {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+
+        return await Stream(chunks()).prime()
+
+    p.upstreams[0] = upstream  # type: ignore[assignment]
+    for _ in range(2):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    assert p.health()["fallback_states"] == {"0": "open"}
+    state["down"] = False
+    clock.t += 5
+    return p, clock, state
+
+
+async def test_a_fallback_streamed_trial_answering_at_length_is_not_stuck() -> None:
+    """An upstream fallback's half-open trial that streams was never told answering: a
+    healthy one still streaming past its wait (the fallback's `timeout_s`) was judged
+    stuck and reopened the fallback's breaker. Its first chunk is a sign of life, as the
+    engine's trial's is (a stall is the upstream's `read_timeout_s`, a failure)."""
+    p, clock, state = await _dead_fallback(stream_reply=True)
+    reply = await p(ctx(stream=True), failing)  # the engine's trial fails; the fallback's
+    assert isinstance(reply, Stream)            # streams
+    clock.t += 120  # past its wait, still answering
+    assert p.health()["fallback_states"] == {"0": "half_open"}
+    state["done"].set()
+    async for _ in reply:
+        pass
+    assert p.health()["fallback_states"] == {"0": "closed"}
