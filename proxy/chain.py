@@ -41,7 +41,7 @@ from .tracing import span, tracing_enabled
 
 __all__ = ["FALLBACK_HEADER", "BasePlugin", "Completion", "EndHook", "Next", "Outcome",
            "Plugin", "PluginConfig", "Reply", "Services", "Stream", "build_plugins",
-           "compose", "register", "unregister", "validate_plugins"]
+           "compose", "register", "told_fallback", "unregister", "validate_plugins"]
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -53,6 +53,16 @@ if TYPE_CHECKING:
 
 #: Set on replies a fallback produced (breaker); the cache never stores those.
 FALLBACK_HEADER = "x-weir-fallback"
+#: The fallbacks whose kind a stored answer's record keeps (`fallback`).
+_FALLBACK_KINDS = ("stale", "upstream", "static")
+
+
+def told_fallback(record: dict[str, Any]) -> dict[str, str] | None:
+    """The header every answer that carries a stored record's answer goes out with (a
+    retrieve, whole or streamed again, a cancel's, a metadata update's): the fallback
+    that made it, as its create said; None: the model's own."""
+    fallback = record.get("fallback")
+    return {FALLBACK_HEADER: fallback} if fallback in _FALLBACK_KINDS else None
 Next = Callable[[RequestContext], Awaitable[Reply]]
 
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .app_state import STATE
 from .auth import account
 from .body import read_json
-from .chain import FALLBACK_HEADER
+from .chain import FALLBACK_HEADER, told_fallback
 from .context import RequestContext, screened_values
 from .errors import NotFound, WeirError
 from .ids import shown_id
@@ -276,9 +276,7 @@ def _summary(s: dict[str, Any]) -> dict[str, Any] | None:
 
 async def retrieve(request: web.Request) -> web.Response:
     record = await _record(request, _tenant(request))
-    fallback = record.get("fallback")
-    return json_response(record["completion"], {FALLBACK_HEADER: fallback}
-                         if fallback in ("stale", "upstream", "static") else None)
+    return json_response(record["completion"], told_fallback(record))
 
 
 async def list_messages(request: web.Request) -> web.Response:
@@ -309,7 +307,7 @@ async def update(request: web.Request) -> web.Response:
     cid = record["completion"]["id"]
     if not await request.app[STORE].replace(tenant, cid, record, _summary_of(record)):
         raise _not_found(cid)
-    return json_response(record["completion"])
+    return json_response(record["completion"], told_fallback(record))
 
 
 async def delete(request: web.Request) -> web.Response:

@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from ..app_state import STATE, AppState
-from ..chain import Reply, Stream
+from ..chain import FALLBACK_HEADER, Reply, Stream
 from ..context import RequestContext, Screen
 from ..errors import RecordTooLarge, Unavailable, WeirError
 from ..inflight import note_usage
@@ -72,9 +72,11 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
         _, inputs, conversation = state()
         await runner.renewed(run)  # (a renewal of its `queued` record lands first)
         try:
-            run.record = leased({"response": response, "input": inputs,
-                                 "conversation": conversation}, lease_s, run.fence,
-                                await store.now())
+            record = {"response": response, "input": inputs, "conversation": conversation}
+            if (fallback := ctx.response_headers.get(FALLBACK_HEADER)) is not None:
+                record["fallback"] = fallback  # (decided before its first output: a read
+                # while it runs, a stream followed again, a cancel say so as its end's)
+            run.record = leased(record, lease_s, run.fence, await store.now())
             mine = await store.replace(tenant, rid, run.record, fence=run.fence)
         except (Unavailable, RecordTooLarge) as e:
             log.warning("response in progress not stored", response_id=rid, reason=e.code)

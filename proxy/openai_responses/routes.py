@@ -18,7 +18,7 @@ from multidict import MultiMapping
 
 from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from ..auth import Principal, account
-from ..chain import FALLBACK_HEADER, Completion, Reply, Stream
+from ..chain import FALLBACK_HEADER, Completion, Reply, Stream, told_fallback
 from ..context import RequestContext, Screen, header_map
 from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
 from ..ids import shown_id
@@ -359,9 +359,7 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
                              "(an integer, 0 or more) is expected.",
                              param="starting_after", code="invalid_value")
     if not stream:
-        fallback = record.get("fallback")
-        return json_response(record["response"], {FALLBACK_HEADER: fallback}
-                             if fallback in ("stale", "upstream", "static") else None)
+        return json_response(record["response"], told_fallback(record))
     response = record["response"]
     if not response.get("background"):
         raise InvalidRequest(
@@ -373,7 +371,7 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
             "The events of this background response are not held here: they are kept "
             "in memory only by the server that ran it, and only for a while. Retrieve it "
             "without `stream`.", param="stream", code="events_not_available")
-    return await background_http.follow(request, run, after)
+    return await background_http.follow(request, run, after, told_fallback(record))
 
 
 def _refuse_include(query: MultiMapping[str]) -> None:
@@ -416,7 +414,7 @@ async def cancel(request: web.Request) -> web.Response:
                              code="invalid_request")
     status = response.get("status")
     if status == "cancelled":
-        return json_response(response)
+        return json_response(response, told_fallback(record))
     if status not in RUNNING:
         article = "an" if str(status)[:1] in tuple("aeiou") else "a"
         raise InvalidRequest(f"Cannot cancel {article} {status} response.", param=None,
@@ -429,11 +427,11 @@ async def cancel(request: web.Request) -> web.Response:
     if here or runner.find(tenant, rid) is not None:
         now = await _stored(store, tenant, rid)
         if now is not None and now["response"].get("status") not in RUNNING:
-            return json_response(now["response"])
+            return json_response(now["response"], told_fallback(now))
         if here and now is None:  # deleted meanwhile: nothing stored, as a GET finds
             raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
     if here:  # (its end was not stored: the store failed)
-        return json_response({**response, "status": "cancelled"})
+        return json_response({**response, "status": "cancelled"}, told_fallback(record))
     with runner.ending(tenant, rid) as told:  # (before the flag: its end may come at once)
         flagged = await runner.flag_cancel(tenant, rid)
         if flagged:
@@ -445,7 +443,7 @@ async def cancel(request: web.Request) -> web.Response:
         raise NotFound(f"Response with id '{shown_id(rid)}' not found.", param=None)
     if leasing(ended):  # (settled by its run meanwhile, as read past its lease)
         ended = as_read(ended, await store.now())
-    return json_response(ended["response"])
+    return json_response(ended["response"], told_fallback(ended))
 
 
 async def _cancelled_elsewhere(store: RecordStore, runner: Runner, tenant: str, rid: str,

@@ -1396,6 +1396,22 @@ async def test_a_stored_response_a_fallback_made_says_so_when_retrieved(
     assert got.headers.get("x-weir-fallback") == "static"
     validate("Response", await got.json())
     assert (await got.json())["output"][0]["content"][0]["text"] == "Busy, sorry."
+    if mode == "background":
+        # ... its events streamed again, and a cancel's answer, say so too (they
+        # carried no header)
+        again = await client.get(f"/v1/responses/{rid}?stream=true")
+        assert again.status == 200 and again.headers.get("x-weir-fallback") == "static"
+        await again.read()
+        from proxy.openai_responses.routes import STORE
+
+        store = client.app[STORE]
+        record = await store.get("public", rid)
+        assert record is not None and record["fallback"] == "static"
+        record["response"]["status"] = "cancelled"  # (as one cancelled mid-answer)
+        await store.put("public", rid, record)
+        cancelled = await client.post(f"/v1/responses/{rid}/cancel")
+        assert cancelled.status == 200 and (await cancelled.json())["status"] == "cancelled"
+        assert cancelled.headers.get("x-weir-fallback") == "static"
     fake_engine.fail_after = None
     follow = await client.post("/v1/responses", json={
         **BASE, "input": "again", "previous_response_id": rid})

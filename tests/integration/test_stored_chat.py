@@ -679,6 +679,8 @@ async def test_a_stored_completion_a_fallback_made_says_so_when_retrieved(
     got = await client.get(f"/v1/chat/completions/{cid}")
     assert got.status == 200 and got.headers.get("x-weir-fallback") == "static"
     assert (await got.json())["choices"][0]["message"]["content"] == "Busy, sorry."
+    updated = await client.post(f"/v1/chat/completions/{cid}", json={"metadata": {"a": "b"}})
+    assert updated.status == 200 and updated.headers.get("x-weir-fallback") == "static"
     fake_engine.fail_after = None
     plain = await (await client.post("/v1/chat/completions", json=CHAT)).json()
     got = await client.get(f"/v1/chat/completions/{plain['id']}")
