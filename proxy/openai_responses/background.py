@@ -495,6 +495,10 @@ async def respond(run: Run, runner: Runner, rendering: Rendering,
                     await asyncio.shield(saving)
                 except asyncio.CancelledError:
                     continue
+            # A failure of its own decided before the cut (its record stored, its
+            # `error` and `response.failed` not yet out): its streams end with them.
+            for event in rendering.owed():
+                run.add(event)
         raise
 
 

@@ -241,14 +241,27 @@ class Rendering:
 
     async def fail(self, err: WeirError, on_done: OnDone) -> list[dict[str, Any]]:
         """A background run's failure before any output (the chain refused it: a 429, a
-        400 of the sanitizer): its events, once the failed response is stored."""
-        events = [self._e.number(ev) for ev in _failed(self._e, err)]
-        await _kept(on_done, events[-1]["response"])
-        return events
+        400 of the sanitizer): its events, once the failed response is stored (cut
+        meanwhile, they are `owed`)."""
+        self._e.failing = _failed(self._e, err)
+        await _kept(on_done, self._e.failing[-1]["response"])
+        return self.owed()
 
     def cut(self) -> dict[str, Any]:
-        """The response cut short as it stands (`cancelled`), its open item `incomplete`."""
-        return _cut(self._e)
+        """The response as a cut ends it: its own failure where that was decided (its
+        events not all gone out: `owed`), else cut short as it stands (`cancelled`), its
+        open item `incomplete`."""
+        return _ending(self._e)
+
+    def owed(self) -> list[dict[str, Any]]:
+        """The events of an end decided but not gone out: the stream's own failure, cut
+        while its record was stored (its `error` and `response.failed` were lost to a
+        background run's streams, which ended with no terminal event). Once."""
+        e = self._e
+        if e.finished or not e.failing:
+            return []
+        events, e.failing = [e.number(ev) for ev in e.failing], []
+        return events
 
     def failed_as(self, response: dict[str, Any]) -> list[dict[str, Any]]:
         """The events that end a stream with `response`, failed as it is stored (a
@@ -378,11 +391,16 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
         if started and not e.finished:
             # Cut short (the client left): its id went out with `response.created`, so
             # it is kept as it stood, and a client can retrieve it or go on from it.
-            e.saving = _keep_detached(
-                on_done, e.failing[-1]["response"] if e.failing else _cut(e))
+            e.saving = _keep_detached(on_done, _ending(e))
         close = getattr(it, "aclose", None)
         if close is not None:
             await close()
+
+
+def _ending(e: _Events) -> dict[str, Any]:
+    """The response a stream cut short ends as: its own failure where one was decided
+    (`failing`: its events not all gone out), else `_cut`."""
+    return e.failing[-1]["response"] if e.failing else _cut(e)
 
 
 def _cut(e: _Events) -> dict[str, Any]:

@@ -1357,3 +1357,44 @@ async def test_a_drain_cutting_a_run_mid_item_ends_its_item_first(
     assert events[-3]["item"] == events[-1]["response"]["output"][-1]
     assert events[-1]["response"] == await get(client, rid, {})
     engine.hold.set()
+
+
+@pytest.mark.parametrize("fail_after", [2, 0])
+async def test_a_run_cancelled_while_its_own_failure_is_stored_ends_its_streams_failed(
+        make_client: MakeClient, fake_engine: FakeEngine, fail_after: int) -> None:
+    """A run whose stream failed mid-answer (the engine's fault), or before any output,
+    stores its `failed` record before its `response.failed` goes out; cancelled
+    meanwhile, that event was never added to the run: its followers' streams ended with
+    no terminal event. The end already decided (failed) is the one stored and told,
+    once."""
+    client = await make_client(keyed())
+    fake_engine.fail_after = fail_after
+    store = client.app[STORE]
+    storing, gate = asyncio.Event(), asyncio.Event()
+    replace = store.replace
+
+    async def slow_replace(tenant: str, rid: str, record: Any, *args: Any,
+                           **kwargs: Any) -> Any:
+        if record["response"]["status"] == "failed":
+            storing.set()
+            await gate.wait()
+        return await replace(tenant, rid, record, *args, **kwargs)
+
+    store.replace = slow_replace  # type: ignore[method-assign]
+    rid = (await (await client.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await asyncio.wait_for(storing.wait(), 10)
+    follower = asyncio.ensure_future(client.get(f"/v1/responses/{rid}?stream=true",
+                                                headers=A))
+    cancel = asyncio.ensure_future(client.post(f"/v1/responses/{rid}/cancel", headers=A))
+    await eventually(lambda: run_of(client, rid).cancelled)
+    gate.set()
+    r = await cancel
+    assert r.status in (200, 400)
+    events, _ = parse_sse(await (await follower).text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    types = [e["type"] for e in events]
+    assert types[-2:] == ["error", "response.failed"], types
+    assert types.count("response.failed") == 1
+    assert events[-1]["response"] == await get(client, rid)
