@@ -11,6 +11,19 @@ from proxy.config_model import ConfigModel
 from proxy.settings import HttpUrlText, OptionalSecret
 
 
+class FallbackBreaker(ConfigModel):
+    """An upstream fallback's own breaker: its thresholds are its own, not the engine's
+    (it is asked only while the engine is open, shedding or failing: far fewer calls,
+    and a dead one should be skipped after a few, not after the engine's
+    `minimum_calls`). One trial at a time; a trial is judged stuck only past the
+    fallback's `timeout_s` (or the breaker's `half_open_max_wait_s`, if longer)."""
+
+    window_s: float = Field(30, gt=0, description="Sliding window of its outcomes.")
+    minimum_calls: int = Field(3, ge=1, description="Outcomes needed before it may open.")
+    failure_rate: float = Field(0.5, gt=0, le=1, description="Failure share that opens it.")
+    open_s: float = Field(15, gt=0, description="How long it stays open (skipped).")
+
+
 class Fallback(ConfigModel):
     kind: Literal["stale", "upstream", "static", "error"] = Field(
         description="stale: an expired cache entry in its grace window; upstream: another "
@@ -24,11 +37,16 @@ class Fallback(ConfigModel):
         "`x-weir-on-behalf-of`, keyed by this secret (as `engine.on_behalf_of_secret`).")
     content: str = Field("The service is busy right now; please try again shortly.",
                          description="static: the answer's text.")
+    breaker: FallbackBreaker = Field(
+        default_factory=FallbackBreaker, description="upstream: its own breaker, which "
+        "skips it while it is down (its thresholds, not the engine's).")
 
     @model_validator(mode="after")
     def _upstream_needs_url(self) -> Fallback:
         if self.kind == "upstream" and not self.base_url:
             raise ValueError("an upstream fallback needs base_url")
+        if self.kind != "upstream" and "breaker" in self.model_fields_set:
+            raise ValueError("only an upstream fallback has a breaker of its own")
         return self
 
 

@@ -157,19 +157,20 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                 "on_behalf_of_secret": f.on_behalf_of_secret}),
                 check_models=False)
             for i, f in enumerate(config.fallback) if f.kind == "upstream"}
-        #: Each upstream fallback's own breaker (the engine's thresholds, no slow calls, one
-        #: trial at a time): one that is down is skipped at once while open, the next
-        #: fallback (or the clean error) answering, rather than every request paying its
-        #: connect or its `timeout_s` first.
+        #: Each upstream fallback's own breaker (its own thresholds, `Fallback.breaker`;
+        #: no slow calls, one trial at a time): one that is down is skipped at once while
+        #: open, the next fallback (or the clean error) answering, rather than every
+        #: request paying its connect or its `timeout_s` first.
         self.guards: dict[int, Breaker] = {
-            i: Breaker(BreakerPolicy(
-                window_s=config.window_s, minimum_calls=config.minimum_calls,
-                failure_rate=config.failure_rate, slow_call_s=math.inf, slow_call_rate=1,
-                open_s=config.open_s, half_open_calls=1,
-                half_open_max_wait_s=max(config.fallback[i].timeout_s,
-                                         config.half_open_max_wait_s)),
-                clock, self._guard_changed(i))
-            for i in self.upstreams}
+            i: self._guard(i, config.fallback[i], clock) for i in self.upstreams}
+
+    def _guard(self, i: int, f: Fallback, clock: Any) -> Breaker:
+        g = f.breaker
+        return Breaker(BreakerPolicy(
+            window_s=g.window_s, minimum_calls=g.minimum_calls, failure_rate=g.failure_rate,
+            slow_call_s=math.inf, slow_call_rate=1, open_s=g.open_s, half_open_calls=1,
+            half_open_max_wait_s=max(f.timeout_s, self.cfg.half_open_max_wait_s)),
+            clock, self._guard_changed(i))
 
     def _changed(self, old: State, new: State) -> None:
         self.transitions.labels(old, new).inc()

@@ -587,7 +587,8 @@ async def test_a_fallback_upstream_refusing_the_request_says_why_if_none_answers
     keeps its own error (the request may suit the engine once it is back)."""
     from proxy.upstream import UpstreamError
 
-    chain: list[dict[str, Any]] = [{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"}]
+    chain: list[dict[str, Any]] = [{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1",
+                                    "breaker": {"minimum_calls": 2, "open_s": 5}}]
     if then_static:
         chain.append({"kind": "static", "content": "Busy, sorry."})
     p = plugin(fallback=chain)
@@ -897,7 +898,8 @@ async def test_a_dead_upstream_fallback_is_skipped_by_its_own_breaker(then_stati
     it, and its answer closes its breaker again."""
     from proxy.errors import Timeout
 
-    chain: list[dict[str, Any]] = [{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"}]
+    chain: list[dict[str, Any]] = [{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1",
+                                    "breaker": {"minimum_calls": 2, "open_s": 5}}]
     if then_static:
         chain.append({"kind": "static", "content": "Busy, sorry."})
     clock = Clock()
@@ -945,7 +947,8 @@ async def _dead_fallback(stream_reply: bool) -> tuple[BreakerPlugin, Clock, dict
     from proxy.errors import Timeout
 
     clock = Clock()
-    p = plugin(clock, fallback=[{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"}])
+    p = plugin(clock, fallback=[{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1",
+                                 "breaker": {"minimum_calls": 2, "open_s": 5}}])
     state: dict[str, Any] = {"down": True, "done": asyncio.Event()}
 
     async def upstream(c: RequestContext) -> Reply:
@@ -985,3 +988,39 @@ async def test_a_fallback_streamed_trial_answering_at_length_is_not_stuck() -> N
     async for _ in reply:
         pass
     assert p.health()["fallback_states"] == {"0": "closed"}
+
+
+async def test_an_upstream_fallback_s_breaker_has_its_own_settings() -> None:
+    """An upstream fallback's breaker took the engine's thresholds: with the engine's
+    `minimum_calls` (10 by default) a dead fallback was asked ten times in a window
+    before it was skipped, though it is asked only while the engine is in trouble. It
+    has its own (`fallback[].breaker`: 3 calls by default), and only an upstream has one."""
+    from pydantic import ValidationError
+
+    from proxy.errors import Timeout
+
+    clock = Clock()
+    p = plugin(clock, minimum_calls=10, open_s=60, fallback=[
+        {"kind": "upstream", "base_url": "http://127.0.0.1:9/v1"},
+        {"kind": "upstream", "base_url": "http://127.0.0.1:8/v1",
+         "breaker": {"minimum_calls": 1, "open_s": 2}}])
+    asked = [0, 0]
+
+    def dead(i: int) -> Any:
+        async def upstream(c: RequestContext) -> Reply:
+            asked[i] += 1
+            raise Timeout("The upstream did not answer in time.")
+        return upstream
+
+    p.upstreams[0], p.upstreams[1] = dead(0), dead(1)  # type: ignore[assignment]
+    for _ in range(5):
+        with pytest.raises(EngineError):
+            await p(ctx(), failing)
+    assert p.breaker.state == "closed"  # the engine's 10 calls are not reached
+    assert asked == [3, 1]  # each fallback skipped past its own minimum_calls
+    assert p.health()["fallback_states"] == {"0": "open", "1": "open"}
+    clock.t += 2  # the second's own open_s
+    assert p.health()["fallback_states"] == {"0": "open", "1": "half_open"}
+    with pytest.raises(ValidationError):
+        BreakerConfig.model_validate({"fallback": [
+            {"kind": "static", "breaker": {"minimum_calls": 1}}]})
