@@ -58,10 +58,13 @@ class BreakerConfig(PluginConfig):
     slow_call_rate: float = Field(0.8, gt=0, le=1, description="Slow share that opens it.")
     whole_call_s: float | None = Field(
         120, gt=0, description="A whole (non-streamed) answer from an engine that tells no "
-        "first token (an upstream's) is slow once it has run this long: counted as it passes, "
-        "while still in flight (a hung upstream opens the breaker then, not when its "
-        "`timeout_s` or the request's deadline ends the call). Its length is the caller's "
-        "too, so it is well above `slow_call_s`; null: such an answer is never slow.")
+        "first token (an upstream's) is slow once it has run this long while the engine "
+        "answered nothing for as long (no whole answer, no stream's first chunk or end): "
+        "counted as it passes, while still in flight (a hung upstream, which answers "
+        "nothing, opens the breaker then, not when its `timeout_s` or the request's "
+        "deadline ends the call), and not while the engine answers others (an answer's "
+        "length is the caller's). Well above `slow_call_s`; null: such an answer is never "
+        "slow.")
     open_s: float = Field(15, gt=0, description="How long it stays open.")
     half_open_calls: int = Field(2, ge=1, description="Trial calls that must succeed.")
     half_open_max_wait_s: float = Field(

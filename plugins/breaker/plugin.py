@@ -11,7 +11,9 @@ breaker; so do a client gone and a request's own deadline (one tenant's 1 ms dea
 must not open the circuit for all), except that a call cut while the engine had had it
 past `slow_call_s` without a first token counts as slow: a hung engine still opens the
 breaker, through the slow-call rate. An upstream's whole answer tells no first token:
-it is slow past `whole_call_s`, in flight as at its end. A stream's outcome is
+it is slow past `whole_call_s` while the engine answered nothing else for as long
+(a hung upstream answers nothing; one generating a long answer answers others), in
+flight as at its end. A stream's outcome is
 recorded when it ends (an end hook, not a wrapper); an error before its first chunk
 still falls back.
 
@@ -151,6 +153,12 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         self._made: dict[int, int] = {}
         #: Calls told slow while in flight (their outcome in the window), till they end.
         self._told: dict[int, Verdict] = {}
+        #: When the engine last showed it generates (monotonic): a whole answer, a
+        #: stream's first chunk, a stream completed. An upstream's whole answer tells
+        #: nothing until its end, so a hung upstream and a long answer look the same
+        #: from the call alone; what tells them apart is the engine: a hung one answers
+        #: nothing, one generating at length goes on answering others.
+        self.heard_at = -math.inf
         self.upstreams: dict[int, Upstream] = {
             i: Upstream(UpstreamEngineSettings.model_validate({
                 "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s,
@@ -218,9 +226,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             raise
         if not isinstance(reply, Stream):
             # (an upstream's whole answer tells no first token: its length is the
-            # caller's, slow only past `whole_call_s`)
+            # caller's, slow only past `whole_call_s` with the engine silent as long)
             self._record(permit, failed=False, slow=self._slow_by_now(ctx))
+            self._heard()
             return reply
+        self._heard()  # (its first chunk is in hand)
         # A primed stream's first chunk is in hand: an error before it was raised above
         # (and fell back); the first-token time is what makes a call slow.
         if self.breaker.state == "half_open":  # (a trial: its silence is watched)
@@ -234,9 +244,15 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                 self._no_outcome(permit, ctx)
             else:
                 self._record(permit, failed=failed, slow=slow and not failed)
+                if not failed:
+                    self._heard()
 
         reply.on_end(ended)
         return reply
+
+    def _heard(self) -> None:
+        """The engine showed it generates (see `heard_at`)."""
+        self.heard_at = time.monotonic()
 
     def _slow(self, ctx: RequestContext, first_at: float) -> bool:
         """Whether the engine took past `slow_call_s` to its first token: its own measure
@@ -261,11 +277,13 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
 
     def _whole_slow(self, ctx: RequestContext, now: float) -> bool:
         """Whether a whole answer from an engine that tells no first token (an upstream's)
-        has run past `whole_call_s`: a hung upstream and a long answer look the same, so
-        its bound is the answer's, not the first token's."""
+        has run past `whole_call_s` with the engine silent as long (no answer, no
+        stream's first chunk: `heard_at`). Its length alone is the caller's: a healthy
+        upstream's long answers, each past `whole_call_s`, opened the breaker though
+        the upstream answered all along; a hung one answers nothing, and still does."""
         limit, begun = self.cfg.whole_call_s, ctx.engine_started
         return (self._judged_whole(ctx) and limit is not None and begun is not None
-                and now - begun > limit)
+                and now - begun > limit and now - self.heard_at > limit)
 
     def _no_outcome(self, permit: int, ctx: RequestContext) -> None:
         """The call ended without an engine outcome (client gone, its own deadline, a

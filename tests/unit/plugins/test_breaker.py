@@ -465,6 +465,44 @@ async def test_a_whole_answer_still_generating_is_not_swept() -> None:
     assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 4
 
 
+def hung_since(p: BreakerPlugin, c: RequestContext) -> None:
+    """The engine has answered nothing since `c` began (its start set back in time: what
+    was heard since was heard before it)."""
+    assert c.engine_started is not None
+    p.heard_at = min(p.heard_at, c.engine_started)
+
+
+async def test_a_healthy_upstreams_long_whole_answers_are_not_slow() -> None:
+    """`whole_call_s` counted every whole answer of an upstream that ran past it as slow,
+    in flight and at its end: a workload of long, healthy generations (each answered, the
+    upstream answering others all along) opened the breaker. Its length is the caller's
+    while the upstream answers others; only one silent as long is hung."""
+    import time
+
+    p = plugin(slow_call_s=1, slow_call_rate=0.5, minimum_calls=2, whole_call_s=5)
+    gate, inside = asyncio.Event(), asyncio.Event()
+
+    async def long_whole(c: RequestContext) -> Reply:  # an upstream's: not timed
+        c.engine_started = time.monotonic() - 6  # past whole_call_s
+        return Completion({"ok": True})
+
+    async def long_in_flight(c: RequestContext) -> Reply:
+        c.engine_started = time.monotonic() - 6
+        inside.set()
+        await gate.wait()
+        return Completion({"ok": True})
+
+    await p(ctx(), ok)  # the upstream answers
+    running = asyncio.create_task(p(ctx(), long_in_flight))
+    await inside.wait()
+    for _ in range(4):  # ... the others, while the long one runs
+        await p(ctx(), long_whole)
+    assert p.health()["state"] == "closed"
+    gate.set()
+    await running
+    assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 6
+
+
 async def test_a_hung_upstream_whole_answer_is_slow_once_past_whole_call_s() -> None:
     """An upstream's whole answer tells nothing until its end: a hung upstream opened the
     breaker only when each call's `timeout_s` or deadline ended it (600 s by default),
@@ -477,6 +515,8 @@ async def test_a_hung_upstream_whole_answer_is_slow_once_past_whole_call_s() -> 
 
     async def hung_whole(c: RequestContext) -> Reply:  # an upstream's: not timed
         c.engine_started = time.monotonic() - 6
+        hung_since(p, c)
+        hung_since(q, c)
         inside.set()
         await gate.wait()
         return Completion({"ok": True})
@@ -485,6 +525,7 @@ async def test_a_hung_upstream_whole_answer_is_slow_once_past_whole_call_s() -> 
         c.engine_started = time.monotonic() - 4
         return Completion({"ok": True})
 
+    q = plugin(slow_call_s=1, slow_call_rate=0.5, minimum_calls=2, whole_call_s=5)
     await p(ctx(), long_whole)
     assert p.breaker.state == "closed" and p.breaker.snapshot()["window_calls"] == 1
     running = asyncio.create_task(p(ctx(), hung_whole))
@@ -496,7 +537,6 @@ async def test_a_hung_upstream_whole_answer_is_slow_once_past_whole_call_s() -> 
     gate.set()
     await running
     # ... and one that ends past it is slow at its end
-    q = plugin(slow_call_s=1, slow_call_rate=0.5, minimum_calls=2, whole_call_s=5)
     for _ in range(2):
         await q(ctx(), hung_whole)
     assert q.breaker.state == "open"
@@ -514,6 +554,7 @@ async def test_a_call_told_slow_in_flight_then_failing_counts_as_a_failure() -> 
 
     async def hung_then_timed_out(c: RequestContext) -> Reply:
         c.engine_started = time.monotonic() - 6
+        hung_since(p, c)
         inside.set()
         await gate.wait()
         raise EngineError("upstream timed out")
