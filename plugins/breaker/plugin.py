@@ -15,7 +15,10 @@ it is slow past `whole_call_s` while the engine answered nothing else for as lon
 (a hung upstream answers nothing; one generating a long answer answers others), in
 flight as at its end. A stream's outcome is
 recorded when it ends (an end hook, not a wrapper); an error before its first chunk
-still falls back.
+still falls back. There is no timer: every observer sweeps first (a request before it
+takes a permit, `/health/ready`, a metrics scrape through the state gauge, collected
+before the transitions counter), so each sees the state a timer would have set; with no
+observer, nothing acts on it. An open breaker does not make the instance unready.
 
 When the breaker is open, an inner plugin sheds the request, or the engine fails, the
 fallbacks are tried in order; their replies carry `x-weir-fallback: <kind>` (so the

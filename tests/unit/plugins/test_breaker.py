@@ -1065,3 +1065,35 @@ async def test_an_upstream_fallback_s_breaker_has_its_own_settings() -> None:
     with pytest.raises(ValidationError):
         BreakerConfig.model_validate({"fallback": [
             {"kind": "static", "breaker": {"minimum_calls": 1}}]})
+
+
+async def test_a_hung_call_with_no_other_traffic_is_told_by_a_scrape_alone() -> None:
+    """The breaker has no timer: every observer sweeps first (a request before it takes a
+    permit, `/health/ready`, a metrics scrape), so each sees the state a timer would
+    have set. A hung call with no other traffic: the first scrape shows the breaker open
+    and the transition counted (the state gauge, which sweeps, is collected before the
+    counter). Readiness does not flip on an open breaker (its fallbacks or a 503
+    `circuit_open` answer; the instance can still serve)."""
+    import time
+
+    from prometheus_client import generate_latest
+
+    p = plugin(slow_call_s=1, slow_call_rate=0.5, minimum_calls=1, whole_call_s=5)
+    gate, inside = asyncio.Event(), asyncio.Event()
+
+    async def hung(c: RequestContext) -> Reply:  # an upstream's whole answer
+        c.engine_started = time.monotonic() - 6
+        hung_since(p, c)
+        inside.set()
+        await gate.wait()
+        return Completion({"ok": True})
+
+    running = asyncio.create_task(p(ctx(), hung))
+    await inside.wait()
+    scraped = generate_latest(p.services.metrics.registry).decode().splitlines()
+    assert "weir_breaker_state 2.0" in scraped
+    assert ('weir_breaker_transitions_total{from_state="closed",to_state="open"} 1.0'
+            in scraped)
+    assert p.ready()
+    gate.set()
+    await running
