@@ -495,8 +495,8 @@ async def respond(run: Run, runner: Runner, rendering: Rendering,
                     await asyncio.shield(saving)
                 except asyncio.CancelledError:
                     continue
-            # A failure of its own decided before the cut (its record stored, its
-            # `error` and `response.failed` not yet out): its streams end with them.
+            # An end of its own decided before the cut (a failure, a whole answer: its
+            # record stored, its terminal event not yet out): its streams end with it.
             for event in rendering.owed():
                 run.add(event)
         raise

@@ -55,9 +55,11 @@ class _Events:
         self.reason: str | None = None
         self.texts = False  # the answer is text (its content is a string, maybe empty)
         self.finished = False  # a terminal event went out
-        #: A failure's events not yet handed to the writer: a shutdown cutting the
-        #: stream meanwhile sends these, not a failure of its own.
-        self.failing: list[dict[str, Any]] = []
+        #: The events of an end decided but not yet handed to the writer (a failure's;
+        #: a whole answer's terminal event, while its record is stored): a cut
+        #: meanwhile (a shutdown, a cancel, the client gone) ends the stream and its
+        #: record with these, not with a cut of its own.
+        self.ending: list[dict[str, Any]] = []
         #: The status of the error the stream's own failure went out as (its head said
         #: 200): what the access log and the request metrics count it as.
         self.error_status: int | None = None
@@ -243,24 +245,25 @@ class Rendering:
         """A background run's failure before any output (the chain refused it: a 429, a
         400 of the sanitizer): its events, once the failed response is stored (cut
         meanwhile, they are `owed`)."""
-        self._e.failing = _failed(self._e, err)
-        await _kept(on_done, self._e.failing[-1]["response"])
+        self._e.ending = _failed(self._e, err)
+        await _kept(on_done, self._e.ending[-1]["response"])
         return self.owed()
 
     def cut(self) -> dict[str, Any]:
-        """The response as a cut ends it: its own failure where that was decided (its
-        events not all gone out: `owed`), else cut short as it stands (`cancelled`), its
-        open item `incomplete`."""
+        """The response as a cut ends it: its own end where that was decided (a failure,
+        a whole answer; its events not all gone out: `owed`), else cut short as it
+        stands (`cancelled`), its open item `incomplete`."""
         return _ending(self._e)
 
     def owed(self) -> list[dict[str, Any]]:
-        """The events of an end decided but not gone out: the stream's own failure, cut
-        while its record was stored (its `error` and `response.failed` were lost to a
-        background run's streams, which ended with no terminal event). Once."""
+        """The events of an end decided but not gone out: the stream's own failure, or
+        its whole answer's terminal event, cut while its record was stored (they were
+        lost to a background run's streams, which ended with no terminal event, or with
+        a cut's). Once."""
         e = self._e
-        if e.finished or not e.failing:
+        if e.finished or not e.ending:
             return []
-        events, e.failing = [e.number(ev) for ev in e.failing], []
+        events, e.ending = [e.number(ev) for ev in e.ending], []
         return events
 
     def failed_as(self, response: dict[str, Any]) -> list[dict[str, Any]]:
@@ -308,8 +311,8 @@ class Rendering:
         e = self._e
         if e.finished:
             return []
-        if e.failing:  # the stream's own failure under way: its events not yet sent
-            events, e.failing = [e.number(ev) for ev in e.failing], []
+        if e.ending:  # the stream's own end under way: its events not yet sent
+            events, e.ending = [e.number(ev) for ev in e.ending], []
         else:
             events = [e.number(ev) for ev in _failed(e, err)]
         if self._on_done is not None:  # (the writer's own failure: it cannot wait)
@@ -372,11 +375,11 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
         else:
             failure = []
         if failure:  # kept before its terminal event goes out, as a completed one is
-            e.failing = failure
-            while e.failing:
-                if len(e.failing) == 1:
-                    await _kept(on_done, e.failing[0]["response"])
-                yield e.number(e.failing.pop(0))
+            e.ending = failure
+            while e.ending:
+                if len(e.ending) == 1:
+                    await _kept(on_done, e.ending[0]["response"])
+                yield e.number(e.ending.pop(0))
             return
         if not e.output and e.texts:  # an empty answer is an empty message, as a whole one
             for event in e.text(""):
@@ -385,8 +388,11 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
             yield e.number(event)
         status = "incomplete" if e.reason == "length" else "completed"
         final = e.response(status)
+        # Decided: cut while its record is stored, it ends so (`_ending`), not as a
+        # cut (a drain stored a whole answer `failed`, a cancel `cancelled`).
+        e.ending = [e.ev(f"response.{status}", response=final)]
         await on_done(final)
-        yield e.number(e.ev(f"response.{status}", response=final))
+        yield e.number(e.ending.pop())
     finally:
         if started and not e.finished:
             # Cut short (the client left): its id went out with `response.created`, so
@@ -398,9 +404,9 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
 
 
 def _ending(e: _Events) -> dict[str, Any]:
-    """The response a stream cut short ends as: its own failure where one was decided
-    (`failing`: its events not all gone out), else `_cut`."""
-    return e.failing[-1]["response"] if e.failing else _cut(e)
+    """The response a stream cut short ends as: its own end where one was decided
+    (`ending`: a failure, a whole answer; its events not all gone out), else `_cut`."""
+    return e.ending[-1]["response"] if e.ending else _cut(e)
 
 
 def _cut(e: _Events) -> dict[str, Any]:

@@ -1398,3 +1398,54 @@ async def test_a_run_cancelled_while_its_own_failure_is_stored_ends_its_streams_
     assert types[-2:] == ["error", "response.failed"], types
     assert types.count("response.failed") == 1
     assert events[-1]["response"] == await get(client, rid)
+
+
+@pytest.mark.parametrize("cut", ["cancel", "drain"])
+async def test_a_run_cut_while_its_completed_answer_is_stored_ends_completed(
+        make_client: MakeClient, fake_engine: FakeEngine, cut: str) -> None:
+    """A run whose answer ended (here at its token limit: `incomplete`; `completed`
+    alike) stores its record before its terminal event goes out; cancelled (or cut by
+    a drain) meanwhile, its end was taken for a cut: the whole answer stored over as
+    `cancelled` (a drain's: `failed`, "shut down"), and its followers' streams ended
+    so. The end already decided is the one stored and told, once, as a failure's is."""
+    client = await make_client(keyed())
+    store = client.app[STORE]
+    storing, gate = asyncio.Event(), asyncio.Event()
+    replace = store.replace
+
+    async def slow_replace(tenant: str, rid: str, record: Any, *args: Any,
+                           **kwargs: Any) -> Any:
+        if record["response"]["status"] == "incomplete" and not gate.is_set():
+            storing.set()
+            await gate.wait()
+        return await replace(tenant, rid, record, *args, **kwargs)
+
+    store.replace = slow_replace  # type: ignore[method-assign]
+    rid = (await (await client.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await asyncio.wait_for(storing.wait(), 10)
+    run = run_of(client, rid)
+    assert run.task is not None
+    if cut == "drain":
+        aborting = asyncio.ensure_future(client.app[STATE].abort_all())
+        await eventually(lambda: run.task is not None and run.task.cancelling() > 0)
+        gate.set()
+        await aborting
+        assert (await get(client, rid))["status"] == "incomplete"
+        return
+    follower = asyncio.ensure_future(client.get(f"/v1/responses/{rid}?stream=true",
+                                                headers=A))
+    cancelled = asyncio.ensure_future(client.post(f"/v1/responses/{rid}/cancel", headers=A))
+    await eventually(lambda: run.cancelled)
+    gate.set()
+    r = await cancelled
+    assert r.status == 200 and (await r.json())["status"] == "incomplete"
+    events, _ = parse_sse(await (await follower).text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    types = [e["type"] for e in events]
+    assert types[-1] == "response.incomplete", types
+    assert types.count("response.incomplete") == 1
+    assert not {"response.failed", "error"} & set(types), types
+    assert events[-1]["response"]["status"] == "incomplete"
+    assert events[-1]["response"] == await get(client, rid)
