@@ -16,7 +16,7 @@ the YAML path of the offending entry.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -41,7 +41,8 @@ from .tracing import span, tracing_enabled
 
 __all__ = ["FALLBACK_HEADER", "BasePlugin", "Completion", "EndHook", "Next", "Outcome",
            "Plugin", "PluginConfig", "Reply", "Services", "Stream", "build_plugins",
-           "compose", "register", "told_fallback", "unregister", "validate_plugins"]
+           "compose", "kept_fallback", "register", "told_fallback", "unregister",
+           "validate_plugins"]
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -55,6 +56,15 @@ if TYPE_CHECKING:
 FALLBACK_HEADER = "x-weir-fallback"
 #: The fallbacks whose kind a stored answer's record keeps (`fallback`).
 _FALLBACK_KINDS = ("stale", "upstream", "static")
+
+
+def kept_fallback(record: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    """`record` (a stored answer's, each record of it: `in_progress` as it runs, then
+    its end) keeping the fallback that made the answer, as its `headers` (the chain's,
+    `RequestContext.response_headers`) say: what `told_fallback` tells."""
+    if (fallback := headers.get(FALLBACK_HEADER)) is not None:
+        record["fallback"] = fallback
+    return record
 
 
 def told_fallback(record: dict[str, Any]) -> dict[str, str] | None:

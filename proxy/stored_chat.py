@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .app_state import STATE
 from .auth import account
 from .body import read_json
-from .chain import FALLBACK_HEADER, told_fallback
+from .chain import kept_fallback, told_fallback
 from .context import RequestContext, screened_values
 from .errors import NotFound, WeirError
 from .ids import shown_id
@@ -53,7 +53,7 @@ async def save(app: web.Application, ctx: RequestContext, completion: dict[str, 
     if not isinstance(cid, str) or not cid:  # (an upstream's answer without one)
         log.warning("chat completion not stored: it has no id")
         return
-    record: Record = {
+    record: Record = kept_fallback({
         # When the request came (a listing's order, to the nanosecond; a stream is saved
         # when it ends, after requests that came later and ended sooner).
         "at": time.time_ns() - int((time.monotonic() - ctx.started) * 1e9),
@@ -61,9 +61,7 @@ async def save(app: web.Application, ctx: RequestContext, completion: dict[str, 
                                                                  ctx.screen_aside)},
         "messages": [_message(f"{cid}-{i}", m.model_dump(exclude_none=True))
                      for i, m in enumerate(req.messages)],
-    }
-    if (fallback := ctx.response_headers.get(FALLBACK_HEADER)) is not None:
-        record["fallback"] = fallback  # (a breaker's fallback answered: a GET says so)
+    }, ctx.response_headers)  # (a breaker's fallback answered: a GET says so)
     try:
         await _put(app[STORE], ctx.principal.tenant, record)
     except WeirError as e:  # the store logged why (or too large); the answer has gone out

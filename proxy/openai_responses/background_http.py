@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from ..app_state import STATE, AppState
-from ..chain import FALLBACK_HEADER, Reply, Stream
+from ..chain import Reply, Stream, kept_fallback
 from ..context import RequestContext, Screen
 from ..errors import RecordTooLarge, Unavailable, WeirError
 from ..inflight import note_usage
@@ -72,10 +72,10 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
         _, inputs, conversation = state()
         await runner.renewed(run)  # (a renewal of its `queued` record lands first)
         try:
-            record = {"response": response, "input": inputs, "conversation": conversation}
-            if (fallback := ctx.response_headers.get(FALLBACK_HEADER)) is not None:
-                record["fallback"] = fallback  # (decided before its first output: a read
-                # while it runs, a stream followed again, a cancel say so as its end's)
+            # (its fallback decided before its first output: a read while it runs, a
+            # stream followed again, a cancel say so as its end's)
+            record = kept_fallback({"response": response, "input": inputs,
+                                    "conversation": conversation}, ctx.response_headers)
             run.record = leased(record, lease_s, run.fence, await store.now())
             mine = await store.replace(tenant, rid, run.record, fence=run.fence)
         except (Unavailable, RecordTooLarge) as e:

@@ -18,7 +18,7 @@ from multidict import MultiMapping
 
 from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from ..auth import Principal, account
-from ..chain import FALLBACK_HEADER, Completion, Reply, Stream, told_fallback
+from ..chain import Completion, Reply, Stream, kept_fallback, told_fallback
 from ..context import RequestContext, Screen, header_map
 from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
 from ..ids import shown_id
@@ -149,13 +149,12 @@ async def _create(request: web.Request, st: AppState,
             said = [it for it in response["output"] if it.get("status") == "completed"
                     or (response["status"] not in ("failed", "cancelled")
                         and it.get("type") != "function_call")]
-            record = {"response": response, "input": inputs,
-                      "conversation": conversation + X.output_messages(said)}
-            if (fallback := ctx.response_headers.get(FALLBACK_HEADER)) is not None:
-                # A breaker's fallback answered (a fixed text, another server, a stale
-                # answer): kept as the client saw it (a follow-up goes on from what it
-                # was told), and a GET says so as the create did.
-                record["fallback"] = fallback
+            # A breaker's fallback answered (a fixed text, another server, a stale
+            # answer): kept as the client saw it (a follow-up goes on from what it was
+            # told), and a GET says so as the create did.
+            record = kept_fallback({"response": response, "input": inputs,
+                                    "conversation": conversation + X.output_messages(said)},
+                                   ctx.response_headers)
             try:
                 if held:  # (one deleted while it streamed is not brought back)
                     if not await store.replace(principal.tenant, rid, record, fence=fence):
@@ -192,9 +191,11 @@ async def _create(request: web.Request, st: AppState,
         async def put() -> None:
             nonlocal held
             try:
-                await store.put(principal.tenant, rid, {
+                # (its fallback decided before its first output: a GET while it streams
+                # says so, as its end's record will)
+                await store.put(principal.tenant, rid, kept_fallback({
                     "response": response, "input": inputs, "conversation": conversation},
-                    fresh=True)
+                    ctx.response_headers), fresh=True)
                 held = True
             except (Unavailable, RecordTooLarge) as e:  # (its end is stored, or not)
                 log.warning("response in progress not stored", response_id=rid,

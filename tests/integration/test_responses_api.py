@@ -1419,3 +1419,42 @@ async def test_a_stored_response_a_fallback_made_says_so_when_retrieved(
     fid = (await follow.json())["id"]
     plain = await client.get(f"/v1/responses/{fid}")
     assert plain.status == 200 and "x-weir-fallback" not in plain.headers
+
+
+async def test_a_streamed_response_a_fallback_makes_says_so_while_it_is_in_progress(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A stored response streamed is kept `in_progress` from its first output (a GET
+    finds it while it streams); answered by a breaker's fallback, that record did not
+    keep the fallback's kind (a background run's does): a GET meanwhile carried no
+    `x-weir-fallback`, though what it will hold is the fallback's answer."""
+    import asyncio
+
+    from proxy.openai_responses.routes import STORE
+
+    client = await make_client(plugins=[{"name": "breaker", "config": {
+        "minimum_calls": 1000, "fallback": [{"kind": "static", "content": "Busy, sorry."}]}}])
+    fake_engine.fail_after = 0
+    store = client.app[STORE]
+    storing, gate = asyncio.Event(), asyncio.Event()
+    replace, ids = store.replace, []
+
+    async def held_end(tenant: str, rid: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        ids.append(rid)
+        storing.set()
+        await gate.wait()  # (the end's record, held while the GET reads)
+        return await replace(tenant, rid, record, *args, **kwargs)
+
+    store.replace = held_end  # type: ignore[method-assign]
+    posting = asyncio.ensure_future(client.post("/v1/responses", json={
+        **BASE, "temperature": 0, "stream": True}))
+    await asyncio.wait_for(storing.wait(), 10)
+    got = await client.get(f"/v1/responses/{ids[0]}")
+    assert got.status == 200 and (await got.json())["status"] == "in_progress"
+    assert got.headers.get("x-weir-fallback") == "static"
+    gate.set()
+    r = await posting
+    assert r.status == 200 and r.headers["x-weir-fallback"] == "static"
+    await r.read()
+    got = await client.get(f"/v1/responses/{ids[0]}")
+    assert (await got.json())["status"] == "completed"
+    assert got.headers.get("x-weir-fallback") == "static"
