@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic.config import JsonDict
 
 from proxy.chain import PluginConfig
 from proxy.config_model import ConfigModel
@@ -24,7 +25,20 @@ class FallbackBreaker(ConfigModel):
     open_s: float = Field(15, gt=0, description="How long it stays open (skipped).")
 
 
+def _kind_is(kinds: list[JsonValue]) -> JsonDict:
+    return {"properties": {"kind": {"enum": kinds}}, "required": ["kind"]}
+
+
 class Fallback(ConfigModel):
+    # What `_upstream_needs_url` checks, in the JSON schema too (the Helm chart's values
+    # schema: `helm install` took a static fallback with a `breaker`, or an upstream with
+    # no `base_url`, and the pod then refused its config). (A `kind` given as `${VAR}`
+    # is Weir's to check.)
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        {"if": _kind_is(["upstream"]), "then": {"required": ["base_url"]}},
+        {"if": _kind_is(["stale", "static", "error"]),
+         "then": {"not": {"required": ["breaker"]}}}]})
+
     kind: Literal["stale", "upstream", "static", "error"] = Field(
         description="stale: an expired cache entry in its grace window; upstream: another "
         "OpenAI-compatible server; static: a fixed answer; error: no fallback after it, a "

@@ -372,3 +372,25 @@ def test_the_bundled_redis_evicts_before_its_memory_limit() -> None:
     assert values["resources"]["limits"]["memory"] == "1Gi"
     assert maxmemory({}) == "768mb"
     assert maxmemory({"maxmemory": "3gb"}) == "3gb"
+
+
+def test_the_values_schema_refuses_a_fallback_weir_refuses() -> None:
+    """A breaker fallback's own rules (an upstream needs `base_url`; only an upstream
+    has a `breaker` of its own) were Weir's alone: `helm install` took a static fallback
+    with a `breaker`, and the pod refused its config, again and again."""
+    import jsonschema
+
+    validator = jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
+
+    def breaker(*fallback: dict[str, Any]) -> dict[str, Any]:
+        return {"config": {"auth": {"mode": "open"}, "plugins": [
+            {"name": "breaker", "config": {"fallback": list(fallback)}}]}}
+
+    url = "http://central:8000/v1"
+    for bad in ({"kind": "static", "breaker": {"minimum_calls": 3}}, {"kind": "stale",
+                "breaker": {}}, {"kind": "upstream"}):
+        assert list(validator.iter_errors(breaker(bad))), bad
+    assert not list(validator.iter_errors(breaker(
+        {"kind": "stale"}, {"kind": "upstream", "base_url": url, "breaker": {"open_s": 5}},
+        {"kind": "upstream", "base_url": url}, {"kind": "static", "content": "Busy."},
+        {"kind": "error"})))
