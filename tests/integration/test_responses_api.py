@@ -1458,3 +1458,45 @@ async def test_a_streamed_response_a_fallback_makes_says_so_while_it_is_in_progr
     got = await client.get(f"/v1/responses/{ids[0]}")
     assert (await got.json())["status"] == "completed"
     assert got.headers.get("x-weir-fallback") == "static"
+
+
+async def test_a_stream_a_drain_cuts_while_its_end_is_stored_ends_as_stored(
+        make_client: MakeClient) -> None:
+    """A stored response streamed: its end is stored before its terminal event goes out.
+    A drain cutting it meanwhile took it for a cut: the whole answer stored over as
+    `failed` ("shut down"), the client told `error` and `response.failed`. The end
+    decided first is the one stored and told."""
+    import asyncio
+
+    from proxy.app_state import STATE
+    from proxy.openai_responses.events import saves_settled
+    from proxy.openai_responses.routes import STORE
+
+    client = await make_client()
+    store = client.app[STORE]
+    storing, gate = asyncio.Event(), asyncio.Event()
+    replace, ids = store.replace, []
+
+    async def held_end(tenant: str, rid: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        ids.append(rid)
+        if not gate.is_set():
+            storing.set()
+            await gate.wait()
+        return await replace(tenant, rid, record, *args, **kwargs)
+
+    store.replace = held_end  # type: ignore[method-assign]
+    r = await client.post("/v1/responses", json={**BASE, "stream": True})
+    await asyncio.wait_for(storing.wait(), 10)
+    aborting = asyncio.ensure_future(client.app[STATE].abort_all())
+    text = (await r.read()).decode()  # (the drain ends its stream)
+    gate.set()
+    await aborting
+    await saves_settled(10)
+    events, _ = parse_sse(text)
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    types = [e["type"] for e in events]
+    assert types[-1] == "response.incomplete" and "error" not in types, types
+    assert events[-1]["response"]["status"] == "incomplete"  # (its max_output_tokens)
+    record = await store.get("public", ids[0])
+    assert record is not None and record["response"] == events[-1]["response"]
