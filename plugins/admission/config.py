@@ -17,7 +17,8 @@ class AdmissionConfig(PluginConfig):
     max_queue_wait_s: float = Field(30, gt=0, description="Longest wait for an engine slot.")
     priorities: dict[str, int] = Field(
         default_factory=lambda: {"admin": 0, "user": 10},
-        description="Role -> priority; lower goes first.")
+        description="Role -> priority; lower goes first among its tenant's requests "
+        "(tenants take turns first; at one turn, lower goes first).")
     default_priority: int = Field(10, description="Priority of roles not listed.")
     deadline_s: float | None = Field(
         300, gt=0, description="Default per-request deadline (None: none).")

@@ -2,9 +2,9 @@
 
 A request takes a permit before it reaches the engine and gives it back when its answer
 ends (a stream: when the last chunk is sent or the client goes away). Without a free
-permit it waits in a bounded priority queue (by role; within a priority, tenants take
-turns: see `queue.py`); a full queue means an immediate 503 `overloaded` with
-Retry-After, not a timeout later. A waiter that outlives
+permit it waits in a bounded queue where tenants take turns and each tenant's own
+requests go by their role's priority (see `queue.py`); a full queue means an immediate
+503 `overloaded` with Retry-After, not a timeout later. A waiter that outlives
 `max_queue_wait_s` gets 503 `queue_timeout`.
 
 Embeddings run on the embedding model, beside the engine: they take permits of a gate of

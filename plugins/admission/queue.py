@@ -1,22 +1,23 @@
-"""A bounded priority gate: `max_concurrent` permits and a bounded, ordered wait list.
+"""A bounded, tenant-fair priority gate: `max_concurrent` permits and a bounded wait list.
 
 A request takes as many permits as the sequences it puts in the engine (`n` choices of
-each prompt), at most all of them. Waiters are kept sorted by (priority, turn, arrival);
-freed permits go to the first one once there are enough for it (the first waits for its
-permits rather than being passed by smaller ones, so a large request is not starved).
-When the list is full, a newcomer ahead of the last waiter takes its place (which is
-shed at once); otherwise the newcomer is shed at once. A waiter that gives up (timeout,
-cancellation) leaves the list, and a permit handed to it in the same instant is passed
-on, so permits are never lost.
+each prompt), at most all of them. Freed permits go to the first waiter once there are
+enough for it (the first waits for its permits rather than being passed by smaller ones,
+so a large request is not starved). When the list is full, a newcomer ahead of the last
+waiter takes its place (which is shed at once); otherwise the newcomer is shed at once.
+A waiter that gives up (timeout, cancellation) leaves the list, and a permit handed to
+it in the same instant is passed on, so permits are never lost.
 
-Turns share a priority fairly between owners (tenants): each owner's waiters take turns
-one after another (a waiter's turn is its owner's previous one's at its priority plus
-that one's permits, never before the turn being served there: turns are counted per
-priority; turns given up, by waiters that left
-or were shed, are given back), so a tenant that queues a hundred
-requests waits behind its own, and another tenant's one request goes next, not after
-them; and when the list is full, it is the flooding tenant's last waiter that is shed,
-not the newcomer. With one owner the order is arrival's, as before.
+Order: owners (tenants) take turns first, priority orders each owner's own waiters.
+Each owner's waiters, sorted by (priority, arrival), take its turns one after another
+(each a turn of as many permits as it holds), the first from the owner's next turn,
+never before the turn being served; the list is sorted by (turn, priority, arrival), so
+at one turn a better priority goes first. A tenant whose keys have a better role's
+priority goes ahead of its own requests, not of every other tenant's: a tenant queueing
+a hundred admin requests waits behind its own, and another tenant's one request goes
+next. Turns given up (waiters that left or were shed) are given back. When the list is
+full it is the flooding tenant's last waiter that is shed, not the newcomer. With one
+owner the order is (priority, arrival), as before.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ class Shed(Exception):
 
 @dataclass(order=True)
 class _Waiter:
-    priority: int
     turn: int
+    priority: int
     seq: int
     future: asyncio.Future[None] = field(compare=False)
     weight: int = field(default=1, compare=False)
     owner: str = field(default="", compare=False)
+
+    def own_order(self) -> tuple[int, int]:
+        return self.priority, self.seq
 
 
 class PriorityGate:
@@ -52,13 +56,12 @@ class PriorityGate:
         self.in_use = 0
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
-        #: per priority, the turn being served (the latest granted waiter's there); per
-        #: (priority, owner), that owner's next there. (One count for all priorities let
-        #: a grant at a better priority, its owner's turn after its own backlog at a
-        #: worse one, move the turn served there past that backlog: another tenant's
-        #: newcomer there waited behind all of it.)
-        self._turn: dict[int, int] = {}
-        self._next: dict[tuple[int, str], int] = {}
+        #: the turn being served (the latest granted waiter's)
+        self._turn = 0
+        #: per owner, its next turn (after its latest granted waiter's)
+        self._next: dict[str, int] = {}
+        #: per owner, its waiters in its own order (priority, arrival)
+        self._owned: dict[str, list[_Waiter]] = {}
         #: `_next`'s size past which it is next cleared of owners served up
         self._forget_at = 64
 
@@ -80,31 +83,24 @@ class PriorityGate:
             return
         if not self._waiters:  # nobody waits: no owner is behind another
             self._next.clear()
-        mine = (priority, owner)
-        turn = max(self._turn.get(priority, 0), self._next.get(mine, 0))
         if len(self._waiters) >= self.max_queue:
             # A waiter cancelled in this instant (its client left, its timeout fired)
             # has a done future but leaves the list only on its next step: it holds
             # no place, and it cannot be displaced.
-            self._waiters = [w for w in self._waiters if not w.future.done()]
-        if len(self._waiters) >= self.max_queue:
-            worst = self._waiters[-1] if self._waiters else None
-            if worst is None or (worst.priority, worst.turn) <= (priority, turn):
-                raise Shed()
-            self._waiters.pop()
-            worst.future.set_exception(Shed(queued=True))
-        w = _Waiter(priority, turn, next(self._seq),
+            for gone in [w for w in self._waiters if w.future.done()]:
+                self._drop(gone)
+        if owner not in self._owned:  # its first waiter: from the turn being served
+            self._next[owner] = max(self._turn, self._next.get(owner, 0))
+        w = _Waiter(0, priority, next(self._seq),
                     asyncio.get_running_loop().create_future(), weight, owner)
-        self._next[mine] = turn + weight
-        if len(self._next) > max(self._forget_at, 2 * len(self._waiters) + 64):
-            # Owners served up, forgotten; next once it has doubled: owners served one
-            # after another, each a turn ahead of the one served, stay (their next turn
-            # still counts), so where there were more than twice as many as waiters a
-            # pass ran on every request, O(owners) where the gate is busiest.
-            self._next = {o: t for o, t in self._next.items()
-                          if t > self._turn.get(o[0], 0)}
-            self._forget_at = 2 * len(self._next)
-        bisect.insort(self._waiters, w)
+        self._add(w)
+        if len(self._waiters) > self.max_queue:
+            worst = self._waiters[-1]  # (the last of its owner's: its turn is its latest)
+            self._drop(worst)
+            if worst is w:
+                raise Shed()
+            worst.future.set_exception(Shed(queued=True))
+        self._forget()
         self._grant()  # it may have gone ahead of a heavy first waiter, and fit
         try:
             async with asyncio.timeout(timeout):
@@ -112,31 +108,69 @@ class PriorityGate:
         except BaseException:
             granted = (w.future.done() and not w.future.cancelled()
                        and w.future.exception() is None)
-            if w in self._waiters:
-                self._waiters.remove(w)
+            if w in self._waiters:  # its turn untaken: given back to its owner's others
+                self._drop(w)
                 self._grant()  # a heavy first waiter may have held lighter ones back
             elif granted:
                 self.release(weight)  # granted as we gave up: pass them on
-            if not granted:  # its turn untaken: its owner's next is after those waiting
-                self._next[mine] = max((x.turn + x.weight for x in self._waiters
-                                        if x.owner == owner and x.priority == priority),
-                                       default=0)
             raise
 
     def release(self, weight: int = 1) -> None:
         self.in_use -= weight
         self._grant()
 
+    def _add(self, w: _Waiter) -> None:
+        own = self._owned.setdefault(w.owner, [])
+        if not own or own[-1].own_order() < w.own_order():  # behind its owner's others
+            w.turn = (own[-1].turn + own[-1].weight) if own else self._next[w.owner]
+            own.append(w)
+            bisect.insort(self._waiters, w)
+            return
+        bisect.insort(own, w, key=_Waiter.own_order)  # ahead of some: theirs move back
+        self._waiters.append(w)
+        self._number(w.owner)
+
+    def _drop(self, w: _Waiter, granted: bool = False) -> None:
+        """`w` off the list; a turn it gave up is given back to its owner's others (a
+        granted one, its owner's first, took its turn: theirs stay)."""
+        self._waiters.remove(w)
+        own = self._owned[w.owner]
+        last = own[-1] is w
+        own.remove(w)
+        if not own:
+            del self._owned[w.owner]
+        elif not last and not granted:
+            self._number(w.owner)
+
+    def _number(self, owner: str) -> None:
+        """An owner's turns, in its own order from its next one; the list re-sorted."""
+        turn = self._next[owner]
+        for x in self._owned[owner]:
+            x.turn = turn
+            turn += x.weight
+        self._waiters.sort()
+
+    def _forget(self) -> None:
+        if len(self._next) > max(self._forget_at, 2 * len(self._waiters) + 64):
+            # Owners served up, forgotten; next once it has doubled: owners served one
+            # after another, each a turn ahead of the one served, stay (their next turn
+            # still counts), so where there were more than twice as many as waiters a
+            # pass ran on every request, O(owners) where the gate is busiest.
+            self._next = {o: t for o, t in self._next.items()
+                          if t > self._turn or o in self._owned}
+            self._forget_at = 2 * len(self._next)
+
     def _grant(self) -> None:
         """Permits to the first waiters, in order, while there are enough for the first."""
         while self._waiters:
             w = self._waiters[0]
             if w.future.done():  # shed or given up in this instant
-                self._waiters.pop(0)
+                self._drop(w)
                 continue
             if self.in_use + w.weight > self.max_concurrent:
                 return
-            self._waiters.pop(0)
+            self._drop(w, granted=True)
             self.in_use += w.weight
-            self._turn[w.priority] = max(self._turn.get(w.priority, 0), w.turn)
+            self._turn = max(self._turn, w.turn)
+            self._next[w.owner] = w.turn + w.weight
             w.future.set_result(None)

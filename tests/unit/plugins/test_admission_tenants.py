@@ -4,6 +4,7 @@ queueing many requests neither goes ahead of another's one request nor gets it s
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
@@ -42,7 +43,10 @@ async def test_a_tenant_queueing_many_waits_behind_its_own_not_before_anothers()
     assert gate.in_use == 0
 
 
-async def test_priority_still_comes_first() -> None:
+async def test_priority_orders_a_tenants_own_requests_and_breaks_ties_between_tenants(
+) -> None:
+    """A tenant's admin request goes ahead of its own user requests, taking its tenant's
+    turn; at one turn the better priority goes first."""
     gate = PriorityGate(1, 100)
     await gate.acquire(10, None, owner="a")
     order: list[str] = []
@@ -58,7 +62,31 @@ async def test_priority_still_comes_first() -> None:
         await eventually(lambda: gate.waiting == len(tasks))
     gate.release()
     await asyncio.gather(*tasks)
-    assert order == ["a-admin", "a-user", "b-user"]
+    assert order == ["a-admin", "b-user", "a-user"]
+
+
+async def test_a_tenant_with_a_better_role_does_not_starve_other_tenants() -> None:
+    """Priority orders a tenant's own requests, not every tenant's: a tenant whose keys
+    all have the admin role, queueing many requests, took every permit ahead of every
+    other tenant's user requests for as long as it kept queueing."""
+    gate = PriorityGate(1, 100)
+    await gate.acquire(0, None, owner="a")
+    order: list[str] = []
+
+    async def wait(name: str, prio: int, owner: str) -> None:
+        await gate.acquire(prio, None, owner=owner)
+        order.append(name)
+        gate.release()
+
+    tasks = []
+    for name, prio, owner in [("b0", 10, "b"), ("b1", 10, "b"), ("c0", 10, "c"),
+                              *((f"a{i}", 0, "a") for i in range(5))]:
+        tasks.append(asyncio.create_task(wait(name, prio, owner)))
+        await eventually(lambda: gate.waiting == len(tasks))
+    gate.release()
+    await asyncio.gather(*tasks)
+    assert order == ["a0", "b0", "c0", "a1", "b1", "a2", "a3", "a4"]
+    assert gate.in_use == 0 and gate.waiting == 0
 
 
 async def test_a_full_queue_sheds_the_flooding_tenants_last_not_the_newcomer() -> None:
@@ -149,11 +177,11 @@ async def test_turns_a_tenant_gave_up_are_not_held_against_it() -> None:
     assert order == ["b0", "a0", "b1", "b2"]
 
 
-async def test_a_grant_at_another_priority_does_not_put_a_newcomer_behind_a_flood() -> None:
-    """Turns are counted per priority: a tenant's request granted at a better priority
-    (its turn after its own backlog at a worse one) does not move the turn being served
-    at the worse one, so another tenant's one request there still goes next, not after
-    the flooding tenant's whole backlog."""
+async def test_a_grant_at_a_better_priority_does_not_put_a_newcomer_behind_a_flood() -> None:
+    """A tenant's request granted at a better priority takes its tenant's next turn (its
+    backlog's move back), not a turn after that backlog: the turn being served stays
+    there, and another tenant's one request goes next, not after the flooding tenant's
+    whole backlog."""
     gate = PriorityGate(1, 100)
     await gate.acquire(10, None, owner="a")
     order: list[str] = []
@@ -174,7 +202,7 @@ async def test_a_grant_at_another_priority_does_not_put_a_newcomer_behind_a_floo
         gate.release()
         await eventually(lambda: len(order) == n)  # noqa: B023 (awaited here)
     await asyncio.gather(*tasks)
-    assert order == ["a-admin", "a0", "b0", "a1", "a2", "a3", "a4"]
+    assert order == ["a-admin", "b0", "a0", "a1", "a2", "a3", "a4"]
     gate.release()
     assert gate.in_use == 0 and gate.waiting == 0
 
@@ -203,3 +231,25 @@ async def test_many_tenants_queueing_do_not_make_each_request_walk_them_all() ->
     await asyncio.gather(*(client(c) for c in range(256)))
     assert gate.in_use == 0
     assert passes < n // 20, passes
+
+
+async def test_many_tenants_priorities_and_weights_giving_up_leave_no_leak() -> None:
+    gate = PriorityGate(4, 30)
+    rng = random.Random(3)
+
+    async def user() -> None:
+        weight = gate.weight(rng.choice([1, 1, 2, 3, 8]))
+        try:
+            await gate.acquire(rng.choice([0, 10]), rng.choice([0.001, 0.01, None]), weight,
+                               rng.choice("abcde"))
+        except (TimeoutError, Shed):
+            return
+        assert gate.in_use <= 4
+        await asyncio.sleep(0)
+        gate.release(weight)
+
+    tasks = [asyncio.create_task(user()) for _ in range(600)]
+    for t in rng.sample(tasks, 120):
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert gate.in_use == 0 and gate.waiting == 0 and not gate._owned
