@@ -89,6 +89,14 @@ class RedisConfig(_Part):
         "Redis still takes them instead of the entry being lost.")
     key_prefix: str = Field("weir:cache:", min_length=1, description="Prefix of every key.")
     max_connections: int = Field(64, ge=1, description="Connection pool size.")
+    max_bytes_per_tenant: int | None = Field(
+        256 * 2**20, ge=1024, description="The most one tenant's entries (exact and "
+        "semantic, as stored: UTF-8 bytes) may take in Redis; past it the tenant's oldest "
+        "go, from Redis and every replica's memory, so one tenant's flood does not fill "
+        "Redis up to its maxmemory and evict the other tenants' entries (the callers a "
+        "gateway key forwards for count as that key's tenant). Size Redis's maxmemory for "
+        "the tenants' bounds. An entry larger than the bound is not stored in Redis. "
+        "null: no bound.")
     store_prompts: bool = Field(
         False, description="Also keep the prompt text in Redis entries (needed for a purge "
         "by content to reach them). Off: Redis holds keys, vectors, a hash for the semantic "

@@ -5,12 +5,17 @@ Layout (prefix P, default `weir:cache:`):
   P s:<partition>    hash: entry id -> {"v": base64 float32 vector, "g": guard digest,
                      "e": entry}
   P u:<user hash>    sorted set of the user's entries (score: time stored), for the cap
+  P t:<tenant hash>  with `max_bytes_per_tenant`: sorted set of the tenant's (account's)
+                     entries (score: time stored), and P tb:<tenant hash> their sizes
   P events           pub/sub channel: semantic adds, purges and cap evictions, so every
                      replica's L1 and vector index follow within a second
 
 A stored answer is one round trip: `persist` runs one Lua script that writes the exact
-entry, the semantic entry (and announces it), and counts both against the owner's cap
-(deleting and announcing what the cap evicts).
+entry, the semantic entry (and announces it), and counts both against the user's cap and
+the bytes written against the tenant's bound (deleting and announcing what either
+evicts, the tenant's oldest first: one tenant's flood never fills Redis for the others).
+A tenant's count may hold entries already gone (expired, purged, evicted by the semantic
+index): they are the oldest, and go first; what it holds never exceeds the bound.
 
 Every read runs under `timeout_s`, every write (off the request's path) under
 `write_timeout_s`: a slow Redis counts as a down Redis. Failures
@@ -44,6 +49,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
+from proxy.auth import account
 from proxy.redis_client import LOST, OWN_LUA, blocking_client, listen
 from proxy.tasks import abandon_after, cancel_and_wait, lost_cancellation
 from proxy.telemetry import OutageLog, error_fields, get_logger
@@ -52,6 +58,7 @@ from proxy.tracing import span
 from .config import RedisConfig
 from .entry import BadEntry, Entry
 from .semantic import guard_digest
+from .users import exact_member, semantic_member
 
 log = get_logger("weir.cache.redis")
 
@@ -70,18 +77,53 @@ async def _or_none(call: Awaitable[Any]) -> Any:
 T = TypeVar("T")
 EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 
-# KEYS: exact entry, semantic hash, the owner's sorted set.
+# KEYS: exact entry, semantic hash, the owner's sorted set, the tenant's sorted set and
+# the tenant's sizes (a hash: member -> bytes, and '#' -> their total).
 # ARGV: exact JSON ("": none), its PX; semantic field ("": none), its value, the hash's
-# PX, the events channel, the add event; the cap, the set's PX, the time; the key
-# prefix, this replica; the members. The members popped past the cap are deleted here
-# too (their keys cannot be named in KEYS before the pop: a standalone Redis, as the
-# rest of the cache assumes) and announced in one drop event.
+# PX, the events channel, the add event; the cap, the sets' PX, the time; the key
+# prefix, this replica; the tenant's bound in bytes (0: none), the exact and semantic
+# members; the members. The members popped past the caps are deleted here too (their
+# keys cannot be named in KEYS before the pop: a standalone Redis, as the rest of the
+# cache assumes) and announced in one drop event.
 _PERSIST = OWN_LUA + """
-if ARGV[1] ~= '' then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
-if ARGV[3] ~= '' then
+local now, prefix, tcap = tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[13])
+local evicted = {}
+local function drop(m)
+  evicted[#evicted + 1] = m
+  local kind, rest = string.sub(m, 1, 2), string.sub(m, 3)
+  if kind == 'x:' then
+    redis.call('DEL', prefix .. 'x:' .. rest)
+  elseif kind == 's:' then
+    local part, id = string.match(rest, '^(.*):([^:]*)$')
+    if part then redis.call('HDEL', prefix .. 's:' .. part, id) end
+  end
+end
+local function untally(m)
+  local size = tonumber(redis.call('HGET', KEYS[5], m))
+  if size then
+    redis.call('HDEL', KEYS[5], m)
+    redis.call('HINCRBY', KEYS[5], '#', -size)
+  end
+  redis.call('ZREM', KEYS[4], m)
+end
+local function tally(m, size)
+  own(KEYS[4], 'zset')
+  own(KEYS[5], 'hash')
+  local old = tonumber(redis.call('HGET', KEYS[5], m)) or 0
+  redis.call('HSET', KEYS[5], m, size)
+  redis.call('HINCRBY', KEYS[5], '#', size - old)
+  redis.call('ZADD', KEYS[4], now, m)
+end
+-- (an entry larger than the tenant's whole bound is not stored, as L1 keeps none)
+if ARGV[1] ~= '' and (tcap == 0 or #ARGV[1] <= tcap) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if tcap > 0 then tally(ARGV[14], #ARGV[1]) end
+end
+if ARGV[3] ~= '' and (tcap == 0 or #ARGV[4] <= tcap) then
   own(KEYS[2], 'hash')
   redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  if tcap > 0 then tally(ARGV[15], #ARGV[4]) end
   -- Two of the partition's entries at random: one past its time goes (every write keeps
   -- the hash alive, so an entry whose owner's list expired stayed in it for good).
   local some = redis.pcall('HRANDFIELD', KEYS[2], 2, 'WITHVALUES')
@@ -93,7 +135,7 @@ if ARGV[3] ~= '' then
         if e then ok, e = pcall(cjson.decode, e) end
         if ok and type(e) == 'table' and type(e.expires) == 'number'
             and type(e.stale_until) == 'number'
-            and math.max(e.expires, e.stale_until) < tonumber(ARGV[10]) then
+            and math.max(e.expires, e.stale_until) < now then
           redis.call('HDEL', KEYS[2], some[j])
         end
       end
@@ -101,28 +143,42 @@ if ARGV[3] ~= '' then
   end
   redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
-local evicted = {}
-if #ARGV < 13 then return evicted end
-local now, prefix = tonumber(ARGV[10]), ARGV[11]
-own(KEYS[3], 'zset')
-for i = 13, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 13) * 1e-4, ARGV[i]) end
-redis.call('PEXPIRE', KEYS[3], ARGV[9])
-local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])
-if over <= 0 then return evicted end
-local popped = redis.call('ZPOPMIN', KEYS[3], over)
-for j = 1, #popped, 2 do
-  local m = popped[j]
-  evicted[#evicted + 1] = m
-  local kind, rest = string.sub(m, 1, 2), string.sub(m, 3)
-  if kind == 'x:' then
-    redis.call('DEL', prefix .. 'x:' .. rest)
-  elseif kind == 's:' then
-    local part, id = string.match(rest, '^(.*):([^:]*)$')
-    if part then redis.call('HDEL', prefix .. 's:' .. part, id) end
+if #ARGV >= 16 then
+  own(KEYS[3], 'zset')
+  for i = 16, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 16) * 1e-4, ARGV[i]) end
+  redis.call('PEXPIRE', KEYS[3], ARGV[9])
+  local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])
+  if over > 0 then
+    local popped = redis.call('ZPOPMIN', KEYS[3], over)
+    for j = 1, #popped, 2 do
+      drop(popped[j])
+      if tcap > 0 then untally(popped[j]) end
+    end
   end
 end
-redis.call('PUBLISH', ARGV[6], cjson.encode({op = 'drop', members = evicted,
-                                             ['from'] = ARGV[12]}))
+if tcap > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+  -- The tenant's oldest entries go while its entries take more than its bound (one
+  -- tenant filling Redis evicted every other tenant's entries at its maxmemory).
+  local total = tonumber(redis.call('HGET', KEYS[5], '#')) or 0
+  while total > tcap do
+    local popped = redis.call('ZPOPMIN', KEYS[4])
+    if #popped == 0 then break end
+    total = total - (tonumber(redis.call('HGET', KEYS[5], popped[1])) or 0)
+    redis.call('HDEL', KEYS[5], popped[1])
+    drop(popped[1])
+  end
+  if redis.call('EXISTS', KEYS[4]) == 1 then
+    redis.call('HSET', KEYS[5], '#', total)
+    redis.call('PEXPIRE', KEYS[4], ARGV[9])
+    redis.call('PEXPIRE', KEYS[5], ARGV[9])
+  else
+    redis.call('DEL', KEYS[5])
+  end
+end
+if #evicted > 0 then
+  redis.call('PUBLISH', ARGV[6], cjson.encode({op = 'drop', members = evicted,
+                                               ['from'] = ARGV[12]}))
+end
 return evicted
 """
 
@@ -313,17 +369,24 @@ class RedisStore:
     def user_key(self, tenant: str, user: str) -> str:
         return self.p + "u:" + hashlib.sha256(f"{tenant}\x00{user}".encode()).hexdigest()[:32]
 
+    def tenant_keys(self, owner: str) -> tuple[str, str]:
+        """The tenant's (account's) entries, oldest first, and their sizes in bytes."""
+        h = hashlib.sha256(owner.encode()).hexdigest()[:32]
+        return self.p + "t:" + h, self.p + "tb:" + h
+
     # ------------------------------------------------------------------- store
 
     async def persist(self, entry: Entry, exact: bool, exact_ttl_s: float,
                       semantic: tuple[str, np.ndarray, str] | None, semantic_entry: Entry,
                       semantic_ttl_s: float, members: list[str], cap: int,
-                      user_ttl_s: float) -> list[str] | None:
+                      user_ttl_s: float, owner: str | None = None) -> list[str] | None:
         """Store an answer in one round trip: the exact entry (when `exact`: L2 is on),
         the semantic one (`(partition, vector, question)`, its entry as that layer keeps
         it: `semantic_entry`) with its add event, and `members` counted against the
-        owner's cap. The members evicted past the cap (already deleted from Redis and
-        announced to the other replicas), or None when Redis could not be reached."""
+        user's cap; with `max_bytes_per_tenant`, the bytes written counted against the
+        bound of `owner` (the tenant's account; by default the entry's tenant's). The
+        members evicted past either (already deleted from Redis and announced to the
+        other replicas), or None when Redis could not be reached."""
         data = entry.to_json(with_prompt=self.cfg.store_prompts) if exact else ""
         field = value = event = ""
         if semantic is not None:
@@ -331,13 +394,15 @@ class RedisStore:
             field, value = entry.key, self._pack(
                 vec, semantic_entry.to_json(with_prompt=self.cfg.store_prompts), question)
             event = self._event({"op": "add", "p": partition, "id": entry.key})
-        keys = [self.p + "x:" + entry.key,
-                self.p + "s:" + (semantic[0] if semantic is not None else ""),
-                self.user_key(entry.tenant, entry.user)]
+        partition = semantic[0] if semantic is not None else ""
+        keys = [self.p + "x:" + entry.key, self.p + "s:" + partition,
+                self.user_key(entry.tenant, entry.user),
+                *self.tenant_keys(account(entry.tenant) if owner is None else owner)]
         args: list[str | int] = [
             data, _px(exact_ttl_s), field, value, _px(semantic_ttl_s),
             self.p + "events", event, cap, _px(user_ttl_s), repr(time.time()), self.p,
-            self.replica, *members]
+            self.replica, self.cfg.max_bytes_per_tenant or 0, exact_member(entry.key),
+            semantic_member(partition, entry.key), *members]
         popped = await self._call("persist", lambda: self._persist(keys=keys, args=args),
                                  write=True)
         return None if popped is None else [_s(m) for m in popped]

@@ -567,7 +567,7 @@ class CacheStore:
             evicted = await self.redis.persist(
                 self._timed(entry, "l2"), exact and self.cfg.l2.enabled, l2_ttl + grace,
                 semantic, self._timed(entry, "semantic"), semantic_ttl + grace, members,
-                cap, max(l2_ttl, semantic_ttl) + grace)
+                cap, max(l2_ttl, semantic_ttl) + grace, _owner(entry))
             if evicted is not None:
                 await self._drop(evicted, local_only=True)
                 return

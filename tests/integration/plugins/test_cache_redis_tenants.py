@@ -1,0 +1,133 @@
+"""A tenant's share of the cache in Redis: `redis.max_bytes_per_tenant` bounds what one
+tenant's entries take, its oldest going first (from Redis and every replica's memory),
+so one tenant's flood cannot fill Redis and evict the other tenants' entries."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from bench.redis_server import RedisServer
+from plugins.cache.config import RedisConfig
+from plugins.cache.entry import Entry
+from plugins.cache.redis_store import RedisStore
+from tests.conftest import MakeClient
+from tests.integration.plugins.test_cache_redis import ask, cache_of, replicas, settle
+from tests.waiting import eventually
+
+
+def store(url: str, bound: int | None) -> RedisStore:
+    errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
+    return RedisStore(RedisConfig(url=url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                  max_bytes_per_tenant=bound), errors, "r")
+
+
+def entry(key: str, tenant: str, text: str) -> Entry:
+    return Entry(key=key, route="chat", model="m", scope="s", tenant=tenant, role="r",
+                 user="u", usage={"prompt_tokens": 1, "completion_tokens": 1},
+                 choices=[{"index": 0, "text": text, "finish_reason": "stop"}],
+                 expires=1e12, stale_until=1e12)
+
+
+async def held_bytes(s: RedisStore, tenant: str) -> int:
+    """What the tenant's entries take in Redis, as stored (UTF-8 bytes)."""
+    total = 0
+    async for name in s.client.scan_iter(match=s.p + "x:*"):
+        raw = await s.client.get(name)
+        if raw and Entry.from_json(raw).tenant == tenant:
+            total += len(raw)
+    async for name in s.client.scan_iter(match=s.p + "s:*"):
+        for raw in (await s.client.hgetall(name)).values():
+            if s._unpack(raw)[1].tenant == tenant:
+                total += len(raw)
+    return total
+
+
+async def exact_keys(s: RedisStore) -> set[str]:
+    return {n.decode()[len(s.p) + 2:] async for n in s.client.scan_iter(match=s.p + "x:*")}
+
+
+@pytest.mark.parametrize("text", ["answer " * 100, "回答😀" * 100])  # 1 and 3.5 bytes/char
+async def test_one_tenants_entries_stay_within_its_bound_in_redis(
+        redis_server: RedisServer, text: str) -> None:
+    s = store(redis_server.url, 8000)
+    vec = np.ones(4, dtype=np.float32) / 2
+    try:
+        for i in range(2):
+            assert await s.persist(entry(f"g{i}", "globex", text), True, 60, None,
+                                   entry(f"g{i}", "globex", text), 60, [f"x:g{i}"], 1000,
+                                   60) == []
+        evicted: list[str] = []
+        for i in range(30):  # acme floods (its gateway's callers count as acme)
+            e = entry(f"a{i}", "acme" if i % 2 else "acme~gw~" + "0" * 32, text)
+            got = await s.persist(e, True, 60, (f"part{i % 3}", vec, "q"), e, 60,
+                                  [f"x:a{i}", f"s:part{i % 3}:a{i}"], 1000, 60)
+            assert got is not None
+            evicted += got
+        acme = await held_bytes(s, "acme") + await held_bytes(s, "acme~gw~" + "0" * 32)
+        assert 0 < acme <= 8000
+        keys = await exact_keys(s)
+        assert {"g0", "g1"} <= keys  # globex's untouched
+        assert "a29" in keys and "a0" not in keys  # acme's newest kept, its oldest gone
+        assert "x:a0" in evicted and "s:part0:a0" in evicted  # told to the replicas
+        assert not any(m.endswith(("g0", "g1")) for m in evicted)
+    finally:
+        await s.close()
+
+
+async def test_an_entry_larger_than_the_bound_is_not_stored(
+        redis_server: RedisServer) -> None:
+    s = store(redis_server.url, 2048)
+    try:
+        kept = entry("k", "acme", "short")
+        await s.persist(kept, True, 60, None, kept, 60, ["x:k"], 1000, 60)
+        big = entry("big", "acme", "😀" * 1000)  # 1000 characters, 4000 bytes
+        assert await s.persist(big, True, 60, None, big, 60, ["x:big"], 1000, 60) == []
+        assert await exact_keys(s) == {"k"}
+    finally:
+        await s.close()
+
+
+async def test_without_a_bound_nothing_is_tallied(redis_server: RedisServer) -> None:
+    s = store(redis_server.url, None)
+    try:
+        for i in range(5):
+            e = entry(f"a{i}", "acme", "x" * 2000)
+            assert await s.persist(e, True, 60, None, e, 60, [f"x:a{i}"], 1000, 60) == []
+        assert len(await exact_keys(s)) == 5
+        assert not [k async for k in s.client.scan_iter(match=s.p + "t*")]
+    finally:
+        await s.close()
+
+
+async def test_a_tenants_evicted_entries_leave_every_replica(make_client: MakeClient,
+                                                             redis_server: RedisServer
+                                                             ) -> None:
+    prefix = f"weir:test:{uuid.uuid4().hex[:8]}:"
+    redis: dict[str, Any] = {"url": redis_server.url, "key_prefix": prefix,
+                             "timeout_s": 0.2, "store_prompts": True,
+                             "max_bytes_per_tenant": 4096}
+    a, b = await replicas(make_client, redis_server.url, redis=redis,
+                          semantic={"enabled": False})
+    assert (await ask(a, "What is the capital of Norway?", key="k-eve"))[0] == "miss"
+    for i in range(40):
+        assert (await ask(a, f"Tell me fact number {i} about owls", key="k-alice"))[0] \
+            == "miss"
+    await settle(a, b)
+
+    def acme_keys(c: Any) -> set[str]:
+        return {e.key for e in cache_of(c).store.l1.entries() if e.tenant == "acme"}
+
+    # b read acme's entries from Redis or heard of them: the first ones went everywhere
+    await eventually(lambda: len(acme_keys(a)) < 40)
+    s = cache_of(a).store.redis
+    assert s is not None
+    assert await held_bytes(s, "acme") <= 4096
+    probe = {"Cache-Control": "no-store"}
+    assert (await ask(b, "Tell me fact number 0 about owls", headers=probe))[0] == "miss"
+    assert (await ask(b, "Tell me fact number 39 about owls"))[0] == "exact"
+    assert (await ask(b, "What is the capital of Norway?", key="k-eve"))[0] == "exact"
