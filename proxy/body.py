@@ -15,11 +15,15 @@ from it, and routes pass it here); `server.body_timeout_s` bounds how long a cli
 take to send the body, so a stalled upload cannot hold a handler forever.
 
 The bodies being read at once take at most about `server.max_body_bytes_in_flight`
-(`app_state.BodyBudget`: each its `Content-Length`, or the limit without one): every
-connection a client could open (thousands) sending a full body slowly held it all, 6 MB
-each in memory, before any limit or queue downstream saw the request. Past it, a tenant
-holding an even share or more of it is refused a 503 `overloaded`; another's body is
-still read, up to twice the budget.
+(`app_state.BodyBudget`): every connection a client could open (thousands) sending a
+full body slowly held it all, 6 MB each in memory, before any limit or queue downstream
+saw the request. A body counts the bytes read of it so far, as they arrive (not its
+`Content-Length`, which a client may announce and never send, nor the limit for a
+chunked one: either held the budget for bytes nobody sent, and a few stalled uploads
+refused every other tenant's body). Past the budget, a tenant holding an even share or
+more of it is refused a 503 `overloaded`; another's body is still read, up to twice the
+budget. A body that came whole with its head is held already: refusing it would free
+nothing, so it is not counted.
 """
 
 from __future__ import annotations
@@ -70,34 +74,44 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
             "Unsupported Transfer-Encoding; send the body with a Content-Length, or "
             "`Transfer-Encoding: chunked` alone.")
     if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
-    st = request.app[STATE]
-    # (a coded body is counted at the limit: decoded, it may take that much; one that came
-    # whole with its head is held already, and refusing it would free nothing)
-    size = (0 if request.content.is_eof() and coding in ("", "identity")
-            else request.content_length if request.content_length is not None
-            and coding in ("", "identity") else limit)
-    if not st.bodies.take(owner, size):
-        raise Unavailable("Too many request bodies are being received at once; retry "
-                          "shortly.", code="overloaded")
-    try:
-        body = await _read(request, limit, st.settings.server.body_timeout_s)
-    finally:
-        st.bodies.give(owner, size)
+        raise _too_large(limit)
+    body = await _read(request, limit, request.app[STATE].settings.server.body_timeout_s,
+                       owner)
     return decode_json_object(body), len(body)
 
 
-async def _read(request: web.Request, limit: int, timeout: float) -> bytes:
+async def _received(request: web.Request, limit: int, owner: str) -> bytes:
+    """The body as it came, its bytes counted in the budget as they arrive (given back
+    once it is all here); 413 past `limit`, 503 past the budget."""
+    bodies = request.app[STATE].bodies
+    if request.content.is_eof():  # a small body comes with the headers: held already
+        body = await request.content.read()
+        if len(body) > limit:
+            raise _too_large(limit)
+        return body
+    held = bytearray()
+    try:
+        while piece := await request.content.readany():
+            if len(held) + len(piece) > limit:
+                raise _too_large(limit)
+            if not bodies.take(owner, len(piece)):
+                raise Unavailable("Too many request bodies are being received at once; "
+                                  "retry shortly.", code="overloaded")
+            held += piece
+    finally:
+        bodies.give(owner, len(held))
+    return bytes(held)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+
+
+async def _read(request: web.Request, limit: int, timeout: float, owner: str) -> bytes:
     coding = ",".join(request.headers.getall("Content-Encoding", ())).strip().lower()
     try:
-        if request.content.is_eof():  # a small body comes with the headers: all there
-            body = await request.read()
-        else:
-            async with asyncio.timeout(timeout):
-                body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge(
-            f"The request body is larger than the limit of {limit} bytes.") from None
+        async with asyncio.timeout(timeout):
+            body = await _received(request, limit, owner)
     except TimeoutError:
         raise RequestTimeout(
             f"The request body did not arrive within {timeout:g} s.") from None
@@ -108,12 +122,9 @@ async def _read(request: web.Request, limit: int, timeout: float) -> bytes:
         try:
             body = decode(body, coding, limit)
         except TooLarge:
-            raise PayloadTooLarge(
-                f"The request body is larger than the limit of {limit} bytes.") from None
+            raise _too_large(limit) from None
         except Undecodable:
             raise _undecodable(coding) from None
-    if len(body) > limit:  # a chunked body under the server-wide limit, over this one
-        raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
     return body
 
 

@@ -87,11 +87,11 @@ class ServerSettings(_Strict):
     )
     max_body_bytes_in_flight: int = Field(
         256 * 1024 * 1024, ge=1024, description="The request bodies being received at "
-        "once take at most about this much (each counted at its Content-Length, or at "
-        "max_body_bytes without one or when compressed); past it a tenant holding an even "
-        "share or more gets a 503 `overloaded`, another's body is still read (up to "
-        "twice this). Without it, every connection sending a full body slowly held it "
-        "all in memory.")
+        "once take at most about this much (each counted by the bytes of it read so far, "
+        "as they arrive, not by what its Content-Length announces); past it a tenant "
+        "holding an even share or more gets a 503 `overloaded`, another's body is still "
+        "read (up to twice this). Without it, every connection sending a full body slowly "
+        "held it all in memory.")
     write_timeout_s: float = Field(
         30.0, gt=0, description="A client that reads nothing for this long is cut off."
     )

@@ -736,46 +736,88 @@ async def test_a_request_the_parser_refuses_has_a_request_id_without_the_access_
     writer.close()
 
 
+def _chat_body(pad: int = 0) -> bytes:
+    """A chat request, `pad` bytes of JSON whitespace longer."""
+    return b"{" + b" " * pad + json.dumps({
+        "model": "fake-model", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]}).encode()[1:]
+
+
+async def _budget_client(make_client: Any) -> Any:
+    keys = [{"key": "k-a", "tenant": "acme", "user": "a"},
+            {"key": "k-b", "tenant": "globex", "user": "b"}]
+    return await make_client(make_settings(
+        auth={"mode": "keys", "keys": keys},
+        server={"max_body_bytes": 65536, "max_body_bytes_in_flight": 131072}))
+
+
+def _post(client: Any, key: str, data: Any, **headers: str) -> Any:
+    return client.post("/v1/chat/completions", data=data, headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json", **headers})
+
+
 async def test_bodies_being_received_at_once_are_bounded_fairly(make_client: Any) -> None:
     """Every connection a client could open, each sending a full body slowly, held its
     body in memory (6 MB each for 4 MB bodies) before any limit or queue saw the
-    request. Past `max_body_bytes_in_flight` the tenant holding an even share or more
-    is refused a 503 `overloaded`; another tenant's body is still read."""
-    keys = [{"key": "k-a", "tenant": "acme", "user": "a"},
-            {"key": "k-b", "tenant": "globex", "user": "b"}]
-    client = await make_client(make_settings(
-        auth={"mode": "keys", "keys": keys},
-        server={"max_body_bytes": 65536, "max_body_bytes_in_flight": 131072}))
+    request. Past `max_body_bytes_in_flight` (the bytes read so far) the tenant holding
+    an even share or more is refused a 503 `overloaded`; another tenant's body is still
+    read."""
+    client = await _budget_client(make_client)
     st = client.app[STATE]
     go = asyncio.Event()
-    body = json.dumps({"model": "fake-model", "max_tokens": 2,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    body = _chat_body(60_000)
 
-    async def slow() -> AsyncIterator[bytes]:  # chunked: counted at max_body_bytes
-        yield body[:10]
+    async def slow() -> AsyncIterator[bytes]:  # chunked: all but its end, then a wait
+        yield body[:-10]
         await go.wait()
-        yield body[10:]
+        yield body[-10:]
 
-    def post(key: str, data: Any) -> Any:
-        return client.post("/v1/chat/completions", data=data, headers={
-            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-
-    uploads = [asyncio.ensure_future(post("k-a", slow())) for _ in range(2)]
-    await eventually(lambda: st.bodies.held.get("acme") == 131072)
-    r = await post("k-a", slow())
+    uploads = [asyncio.ensure_future(_post(client, "k-a", slow())) for _ in range(2)]
+    await eventually(lambda: st.bodies.held.get("acme") == 2 * (len(body) - 10))
+    r = await _post(client, "k-a", slow())
     got = await r.json()
     assert r.status == 503 and got["error"]["code"] == "overloaded", got
     assert r.headers["retry-after"] == "1"
-    r = await post("k-a", body)  # whole with its head: held already, so it is read
+    small = _chat_body()
+    r = await _post(client, "k-a", small)  # whole with its head: held already, so it is read
     assert r.status == 200, await r.text()
-    other = asyncio.ensure_future(post("k-b", body))  # globex holds none: it is read
+    other = asyncio.ensure_future(_post(client, "k-b", body))  # globex holds none: read
     r = await other
     assert r.status == 200, await r.text()
     go.set()
     assert [(await u).status for u in uploads] == [200, 200]
     assert st.bodies.held == {}
-    r = await post("k-a", body)
+    r = await _post(client, "k-a", small)
     assert r.status == 200
+
+
+@pytest.mark.parametrize("announced", [False, True])
+async def test_a_body_counts_the_bytes_read_not_what_it_announces(make_client: Any,
+                                                                 announced: bool) -> None:
+    """A chunked body was counted at `max_body_bytes` and one with a Content-Length at
+    it, for as long as the upload took: a few uploads that sent ten bytes (announcing
+    the limit, or chunked) and stalled held the whole budget, and every other body,
+    any tenant's, was refused a 503. They hold what they sent."""
+    client = await _budget_client(make_client)
+    st = client.app[STATE]
+    go = asyncio.Event()
+    body = _chat_body(60_000)
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield body[:10]
+        await go.wait()
+        yield body[10:]
+
+    length = {"Content-Length": str(len(body))} if announced else {}
+    uploads = [asyncio.ensure_future(_post(client, key, stalled(), **length))
+               for key in ("k-a", "k-a", "k-b", "k-b")]
+    await eventually(lambda: st.bodies.held == {"acme": 20, "globex": 20})
+    for key in ("k-a", "k-b"):
+        r = await _post(client, key, body)  # read: nothing near the budget is held
+        assert r.status == 200, await r.text()
+    go.set()
+    assert [(await u).status for u in uploads] == [200] * 4
+    assert st.bodies.held == {}
 
 
 @pytest.mark.parametrize("served", [{"max_head_bytes_in_flight": 100_000}], indirect=True)
