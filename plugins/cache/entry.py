@@ -67,15 +67,24 @@ class Entry:
     asked: str = ""
 
     def to_json(self, *, with_prompt: bool = True) -> str:
+        return self._dumps(with_prompt).decode()
+
+    def size(self) -> int:
+        """Its JSON's size in bytes (UTF-8, as Redis stores it): what the byte bounds
+        count. Its length in characters let an answer of 4-byte characters (emoji, rare
+        CJK) take four times a bound."""
+        return len(self._dumps(True))
+
+    def _dumps(self, with_prompt: bool) -> bytes:
         # A shallow dict: the choices and usage are plain JSON already (asdict's deep
         # copy was most of a store's cost).
         data = {name: getattr(self, name) for name in _FIELDS}
         if not with_prompt:
             del data["prompt"]
         try:
-            return orjson.dumps(data).decode()
+            return orjson.dumps(data)
         except TypeError:  # what orjson refuses (a lone surrogate from an upstream's
-            return json.dumps(data, separators=(",", ":"))  # JSON, a huge int): escaped
+            return json.dumps(data, separators=(",", ":")).encode()  # JSON, a huge int)
 
     @classmethod
     def from_json(cls, data: str | bytes) -> Entry:
@@ -378,3 +387,8 @@ def matcher(f: dict[str, Any]) -> Match:
             needle in e.answer_text().casefold())
 
     return match
+
+
+def text_bytes(text: str) -> int:
+    """`text`'s size in bytes, UTF-8 (a lone surrogate counted as its three)."""
+    return len(text.encode("utf-8", "surrogatepass"))

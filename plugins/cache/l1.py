@@ -1,9 +1,9 @@
 """L1: the in-process exact cache, bounded in bytes, with TTL (and stale grace).
 
 Single-threaded by design (the event loop), so no locks. Sizes are the serialized
-entry's length: a fair proxy for memory and what L2 stores too. `on_remove` hears of
-every key that leaves (eviction, expiry, replacement, delete, purge), so bookkeeping
-kept beside L1 (the per-user cap) never outlives the entries.
+entry's bytes (UTF-8, `Entry.size`): a fair proxy for memory and what L2 stores too.
+`on_remove` hears of every key that leaves (eviction, expiry, replacement, delete,
+purge), so bookkeeping kept beside L1 (the per-user cap) never outlives the entries.
 
 Tenants share the bound fairly: each entry has an owner (`owner(entry)`, the tenant
 whose request stored it), and when L1 is full the owner holding the most bytes loses its

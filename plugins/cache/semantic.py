@@ -31,7 +31,7 @@ import numpy as np
 
 from proxy.tally import Tally
 
-from .entry import Entry
+from .entry import Entry, text_bytes
 from .guard import ANY_GATE, DIGEST_MARK, gate, guard_digest, guard_ok
 
 __all__ = ["DIGEST_MARK", "Partition", "SemanticIndex", "entry_bytes", "gate", "guard_digest",
@@ -48,7 +48,7 @@ ENTRY_OVERHEAD = 512
 def entry_bytes(entry: Entry, question: str) -> int:
     """What an entry costs the index beside its vector's row: its serialized answer (as
     L1 counts it), its question and its bookkeeping."""
-    return len(entry.to_json()) + len(question) + ENTRY_OVERHEAD
+    return entry.size() + text_bytes(question) + ENTRY_OVERHEAD
 
 
 class Partition:

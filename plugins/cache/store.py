@@ -41,7 +41,7 @@ from proxy.tasks import cancel_and_wait
 from proxy.telemetry import get_logger, labelled
 
 from .config import CacheConfig
-from .entry import Entry, Match, matcher
+from .entry import Entry, Match, matcher, text_bytes
 from .l1 import L1
 from .metrics import CacheMetrics
 from .redis_store import RedisStore
@@ -216,7 +216,7 @@ class CacheStore:
                 count("l2", "hit")
                 if self.l1 is not None and entry.fresh(now) and not self.purged_since(
                         now, entry):
-                    self.l1.put(entry, len(entry.to_json()))
+                    self.l1.put(entry, entry.size())
                 return entry
             count("l2", "miss")
         return None
@@ -474,7 +474,7 @@ class CacheStore:
         alias = replace(entry, key=key, source=entry.source or entry.key,
                         asker=(*asker, prompt))
         # (to_json leaves the asker out: its words count toward L1's bytes too)
-        self.l1.put(alias, len(alias.to_json()) + len(prompt) + sum(map(len, asker)))
+        self.l1.put(alias, alias.size() + sum(map(text_bytes, (prompt, *asker))))
 
     def put(self, entry: Entry, sem: SemanticKey | None = None,
             vec: Vec | None = None, question_gate: str | None = None) -> None:
@@ -483,7 +483,7 @@ class CacheStore:
         the background. `question_gate`: the question's (`question_gate`), if the caller
         has it."""
         if self.l1 is not None:
-            self.l1.put(entry, len(entry.to_json()))
+            self.l1.put(entry, entry.size())
             labelled(self.metrics.entries, "l1").set(len(self.l1))
         self._spawn(self._persist(entry, sem, vec, question_gate))
 

@@ -9,13 +9,16 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
 from plugins.cache.config import CacheConfig, SemanticConfig
 from plugins.cache.entry import Entry
 from plugins.cache.l1 import L1
-from plugins.cache.semantic import SemanticIndex
-from plugins.cache.store import _owner
+from plugins.cache.metrics import CacheMetrics
+from plugins.cache.semantic import ENTRY_OVERHEAD, SemanticIndex, entry_bytes
+from plugins.cache.store import CacheStore, _owner
 from proxy.auth import Principal
+from tests.fakes import FakeEmbedder
 from tests.unit.plugins.test_cache import Engine, ctx, plugin, run
 
 ACME = Principal("acme", "user", "alice")
@@ -364,3 +367,23 @@ def test_an_answer_embedded_lazily_into_a_full_index_is_kept() -> None:
         assert "late" + str(n) in index.partitions[f"late{n}"].entries
     assert index.bytes <= bound
     assert index.bytes == sum(p.bytes for p in index.partitions.values())
+
+
+@pytest.mark.parametrize("text", ["😀" * 1000, "回答" * 700])  # 4 and 3 bytes a character
+async def test_the_byte_bounds_count_bytes_not_characters(text: str) -> None:
+    """L1's and the semantic index's bounds counted an entry's JSON in characters: an
+    answer of 4-byte characters took four times `max_bytes_per_tenant` (and L1's, the
+    index's `max_bytes`)."""
+    s = CacheStore(CacheConfig.model_validate({"exact": {"max_bytes_per_tenant": 8192}}),
+                   CacheMetrics(CollectorRegistry()), FakeEmbedder())  # type: ignore[arg-type]
+    assert s.l1 is not None
+    for i in range(20):
+        e = replace(entry(f"k{i}", "acme"), choices=[
+            {"index": 0, "text": text, "finish_reason": "stop"}])
+        s.put(e, (f"p{i}", f"Question {i} {text[:50]}"))
+    await s.drain()
+    held = [e.to_json().encode() for e in s.l1.entries()]
+    assert 0 < sum(map(len, held)) <= 8192 and s.l1.owned_bytes("acme") <= 8192
+    q = f"Question {text[:50]}"
+    assert entry_bytes(e, q) == len(e.to_json().encode()) + len(q.encode()) + ENTRY_OVERHEAD
+    await s.close()
