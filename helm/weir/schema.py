@@ -95,7 +95,7 @@ def schema() -> dict[str, Any]:
             "modelCache": _own({"type": {"enum": ["emptyDir", "pvc"]}, "size": s,
                                 "storageClass": s, "existingClaim": s, "mountPath": s}),
             "huggingface": _own({"tokenSecret": s, "tokenKey": s}),
-            "apiKeys": _own({"existingSecret": s,
+            "apiKeys": _own({"existingSecret": s, "reloader": b,
                              "values": {"type": "object", "additionalProperties": s}}),
             "redis": _own({"bundled": b, "url": s, "image": s, "maxmemory": s,
                             "resources": o}),

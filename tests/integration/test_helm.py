@@ -34,7 +34,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
                       "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
                                        "effect": "NoSchedule"}]},
     "external-redis-existing-secret": {"redis": {"url": "redis://redis.infra:6379/0"},
-                                       "apiKeys": {"existingSecret": "weir-keys"},
+                                       "apiKeys": {"existingSecret": "weir-keys",
+                                                   "reloader": True},
                                        "modelCache": {"type": "pvc", "existingClaim": "models"}},
 }
 
@@ -352,9 +353,90 @@ def test_a_change_of_the_api_keys_the_chart_holds_rolls_the_pods() -> None:
     assert old["checksum/config"] == new["checksum/config"]
     assert old["checksum/keys"] != new["checksum/keys"]
     assert old == annotations({"WEIR_KEY_APP": "sk-old"})
-    # a Secret of the user's own: its content is unknown here, nothing to sum
+    # a Secret of the user's own: offline (`helm template`) its content is unknown here
     dep = by_kind(render({"apiKeys": {"existingSecret": "weir-keys"}}), "Deployment")
     assert "checksum/keys" not in dep["spec"]["template"]["metadata"]["annotations"]
+
+
+class _FakeApiServer:
+    """Just enough of a Kubernetes API server for `lookup` (its discovery of v1, and
+    one Secret of namespace `ai`), as `helm upgrade` renders against the cluster."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.secrets: dict[str, dict[str, str]] = {}
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                name = path.removeprefix("/api/v1/namespaces/ai/secrets/")
+                body: dict[str, Any] | None = None
+                if path == "/api/v1":
+                    body = {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                        {"name": "secrets", "singularName": "", "namespaced": True,
+                         "kind": "Secret", "verbs": ["get", "list"]}]}
+                elif name in api.secrets:
+                    body = {"apiVersion": "v1", "kind": "Secret", "data": api.secrets[name],
+                            "metadata": {"name": name, "namespace": "ai"}}
+                raw = json.dumps(body or {"kind": "Status", "code": 404}).encode()
+                self.send_response(200 if body else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def render(self, extra: dict[str, Any]) -> list[dict[str, Any]]:
+        with helm_python.Config(kube_apiserver=self.url, kube_token="t", namespace="ai") as cfg:
+            out = cfg.render(helm_python.Chart.load(CHART), merged(extra), name="weir",
+                             namespace="ai", is_upgrade=True)
+        return [d for name, text in out.items() if name.endswith(".yaml")
+                for d in yaml.safe_load_all(text) if d]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_rotated_existing_secret_rolls_the_pods_at_the_next_upgrade() -> None:
+    """The keys of the user's own Secret are read at a pod's start too, and only the
+    chart's own Secret had a checksum: a key rotated in `apiKeys.existingSecret` and a
+    `helm upgrade` left the pods on the old key. The upgrade reads the Secret from the
+    cluster and sums its data; Stakater Reloader's annotation rolls them for a rotation
+    outside helm, when asked for."""
+    api = _FakeApiServer()
+
+    def annotations(extra: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+        dep = by_kind(api.render(extra), "Deployment")
+        return (dep["metadata"].get("annotations") or {},
+                dep["spec"]["template"]["metadata"]["annotations"])
+
+    mine = {"apiKeys": {"existingSecret": "weir-keys"}}
+    try:
+        api.secrets["weir-keys"] = {"WEIR_KEY_APP": "c2stb2xk"}  # sk-old
+        _, old = annotations(mine)
+        assert old["checksum/keys"] == annotations(mine)[1]["checksum/keys"]  # steady
+        api.secrets["weir-keys"] = {"WEIR_KEY_APP": "c2stbmV3"}  # sk-new
+        deployment, new = annotations(mine)
+        assert old["checksum/keys"] != new["checksum/keys"]
+        assert old["checksum/config"] == new["checksum/config"]
+        assert "secret.reloader.stakater.com/reload" not in deployment
+        deployment, _ = annotations({"apiKeys": {"existingSecret": "weir-keys",
+                                                 "reloader": True}})
+        assert deployment["secret.reloader.stakater.com/reload"] == "weir-keys"
+        del api.secrets["weir-keys"]  # not there (yet): nothing to sum, no failure
+        assert "checksum/keys" not in annotations(mine)[1]
+    finally:
+        api.close()
 
 
 def test_the_bundled_redis_evicts_before_its_memory_limit() -> None:
