@@ -122,9 +122,10 @@ class AppState:
             status = "failed"
         elif not self.terminal.ready():
             status = "loading"
-        elif not all(p.ready() for p in self.plugins):
-            status = "unavailable"  # (a plugin refuses every request: see `ready`)
         else:
+            # (A shared dependency's outage, a `fail_closed` limiter's Redis, is not this
+            # replica's: every replica shares it, so it stays ready, its requests that
+            # need it get their own 503, and the details say so.)
             status = "ready"
         body: dict[str, Any] = {"status": status, "in_flight": self.in_flight}
         stats = self.terminal.stats()

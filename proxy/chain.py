@@ -141,12 +141,6 @@ class BasePlugin(Generic[ConfigT]):
         """Details for /health/ready (e.g. breaker state); None: nothing to show."""
         return None
 
-    def ready(self) -> bool:
-        """Whether this plugin can let any request through: False (a `fail_closed`
-        rate limiter whose store is out of reach, answering every request 503) turns
-        /health/ready 503 `unavailable`, so the balancer sends no traffic here."""
-        return True
-
     def screen_aside(self) -> Screen | None:
         """A screen for texts a route keeps that no chain request carries (a stored chat
         completion's metadata set by an update): the sanitizer's redact detectors, as

@@ -22,11 +22,15 @@ own rules' counts, never its own).
 
 Store failures: `fail_open` falls back to a local in-memory limiter (per replica) with
 a metric and a log line, and uses Redis again as soon as a call succeeds; `fail_closed`
-answers 503. A Redis full at its `maxmemory` (noeviction) answers but records nothing:
-that is no outage that a success elsewhere ends, but the same want of a shared store
-until a write lands (tried every second meanwhile), so the limiter decides alike
-(locally, or 503 with `fail_closed`), charges locally what Redis refused to record, says
-`full` in health and logs it once. It used to admit through Redis where the script's
+answers 503 `rate_limiter_unavailable` (Retry-After 1 s), and the replica stays ready:
+the Redis is every replica's, so taking this one out of the balancer helps no request,
+and with every replica out the routes that need no limiter (models, stored responses)
+went too and clients got the balancer's bare 503 instead of this one. A Redis full at
+its `maxmemory` (noeviction) answers but records nothing: that is no outage that a
+success elsewhere ends, but the same want of a shared store until a write lands (tried
+every second meanwhile), so the limiter decides alike (locally, or 503 with
+`fail_closed`), charges locally what Redis refused to record, says `full` in health and
+logs it once. It used to admit through Redis where the script's
 writes happened to pass while every token charge failed: TPM went unenforced fleet-wide,
 and health and the log flapped between down and back.
 
@@ -197,13 +201,6 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                     else "local-fallback"}
         return {"store": "full" if self._full else "redis"}
 
-    def ready(self) -> bool:
-        """With `fail_closed`, not while its store is down or full: every request is a
-        503 then. (Its round pings the store meanwhile, and from the start: a store out
-        of reach is seen with no request failing on it, and its return too.)"""
-        return not (self.remote is not None and self.cfg.on_store_error == "fail_closed"
-                    and (self._degraded or self._full))
-
     # -------------------------------------------------------------- store calls
     #
     # A concurrency lease lives in the store that granted it, and is released there,
@@ -362,7 +359,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     async def _renew_loop(self) -> None:
         period = self.cfg.lease_s / 3
         while True:
-            if self.cfg.on_store_error == "fail_closed":  # (readiness reads it: `ready`)
+            if self.cfg.on_store_error == "fail_closed":  # (health shows it: `health`)
                 await self._check_reachable()
             await asyncio.sleep(period)
             try:

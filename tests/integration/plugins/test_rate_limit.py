@@ -1412,27 +1412,35 @@ async def eventually_async(read: Any, want: Any, timeout: float = 5) -> None:
             await asyncio.sleep(0.005)
 
 
-async def test_readiness_is_503_while_a_fail_closed_limiter_cannot_reach_redis(
+async def test_a_replica_stays_ready_while_a_fail_closed_limiter_cannot_reach_redis(
         make_client: MakeClient, tmp_path: Path) -> None:
-    """A `fail_closed` limiter answers every request 503 while Redis is out of reach:
-    /health/ready says so (503 `unavailable`), with no request needed to find it out,
-    and turns ready again once Redis is back. (It said ready throughout.)"""
-    server = RedisServer(tmp_path, port=16394).start()
+    """Redis is every replica's: /health/ready went 503 on all of them at once while a
+    `fail_closed` limiter could not reach it, so the balancer had no replica left, and
+    requests that need no limiter (the model list) failed with its bare 503 too. The
+    replica stays ready (its details say the store is unavailable); a request the
+    limiter must count gets a clear 503 `rate_limiter_unavailable` with Retry-After, and
+    is served again once Redis is back."""
+    server = RedisServer(tmp_path).start()
     url = server.url
     server.stop()
     cfg = {"store": "redis", "on_store_error": "fail_closed", "lease_s": 1,
            "redis": {"url": url, "timeout_s": 1}, "rules": [{"per": "key", "rpm": 100}]}
     client = await make_client(make_settings(plugins=[{"name": "rate_limit", "config": cfg}]))
     st = client.app[STATE]
-    await eventually(lambda: st.readiness()["status"] == "unavailable", timeout=5)
+    await eventually(lambda: st.readiness()["plugins"]["rate_limit"]["store"] == "unavailable",
+                     timeout=5)
     resp = await client.get("/health/ready")
-    assert resp.status == 503 and (await resp.json())["status"] == "unavailable"
+    assert resp.status == 200 and (await resp.json())["status"] == "ready"
+    assert (await client.get("/v1/models")).status == 200
     body = {"model": "fake-model", "max_tokens": 1,
             "messages": [{"role": "user", "content": "hi"}]}
-    assert (await client.post("/v1/chat/completions", json=body)).status == 503
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert resp.status == 503 and resp.headers["retry-after"] == "1"
+    assert (await resp.json())["error"]["code"] == "rate_limiter_unavailable"
     again = RedisServer(tmp_path, port=server.port).start()
     try:
-        await eventually(lambda: st.readiness()["status"] == "ready", timeout=5)
+        await eventually(lambda: st.readiness()["plugins"]["rate_limit"]["store"] == "redis",
+                         timeout=5)
         assert (await client.get("/health/ready")).status == 200
         assert (await client.post("/v1/chat/completions", json=body)).status == 200
     finally:
