@@ -397,7 +397,9 @@ class BackgroundSettings(_Strict):
 
     max_runs: int = Field(
         64, ge=1, description="Background responses running at once in this process; "
-        "one more is a 503 `background_capacity` (retry, or on another replica).")
+        "one more is a 503 `background_capacity` (retry, or on another replica) for a "
+        "tenant running an even share of them or more; another tenant's still starts, "
+        "up to twice this.")
     max_event_bytes: int = Field(
         1024 * 1024, ge=64 * 1024, description="The most a run's events kept in "
         "memory (for its stream and `GET ...?stream=true&starting_after=`) may take, in "
@@ -405,7 +407,7 @@ class BackgroundSettings(_Strict):
     keep_finished: int = Field(
         32, ge=0, description="Ended runs whose events are still kept for a resumed "
         "stream on this replica (the oldest go first). Events held at most: "
-        "`(max_runs + keep_finished) * max_event_bytes`.")
+        "`(2 * max_runs + keep_finished) * max_event_bytes`.")
     poll_s: float = Field(
         1.0, gt=0, le=60, description="How often a run looks for a cancel sent to "
         "another replica (with a Redis store) and renews its lease (at most a third of "

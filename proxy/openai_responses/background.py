@@ -3,7 +3,8 @@
 A run is a task of its own, tracked for the drain as a request is (a shutdown waits for
 it, then cuts it: its record then says `failed`, not `in_progress` until it expires),
 and at most `responses.background.max_runs` run at once in a process (one more is a
-503). Its record is stored `queued` as its id goes out, `in_progress` with its first
+503 for a tenant running an even share of them or more; another tenant's still starts,
+up to twice as many). Its record is stored `queued` as its id goes out, `in_progress` with its first
 output, and its end after; what the chain decided (a 429, the sanitizer's refusal) is
 its `failed` record. A client leaving does not touch it: only a cancel does.
 
@@ -32,12 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ..app_state import AppState
+from ..auth import account
 from ..chain import Completion, Reply, Stream
 from ..errors import InvalidRequest, RecordTooLarge, ServerError, Unavailable, WeirError
 from ..ids import new_hex
@@ -253,14 +255,22 @@ class Runner:
 
     def open(self, tenant: str, rid: str) -> Run:
         """A place for a new run (given back with `drop` if it never starts), or a 503
-        when `max_runs` run already."""
-        if len(self.runs) >= self.cfg.max_runs:
-            raise Unavailable(
-                f"This server runs {self.cfg.max_runs} background responses already; "
-                "retry shortly.", code="background_capacity", retry_after=1)
+        when `max_runs` run already and its tenant (account) runs an even share of them
+        or more; another tenant's still starts, up to twice `max_runs` (one tenant
+        starting `max_runs` runs refused every other tenant's for as long as they ran)."""
+        total = len(self.runs)
+        if total >= self.cfg.max_runs:
+            held = Counter(account(t) for t, _ in self.runs)
+            if held[account(tenant)] * len(held) >= total or total >= 2 * self.cfg.max_runs:
+                raise self._full()
         run = self.runs[(tenant, rid)] = Run(tenant, rid, self.cfg.max_event_bytes)
         run.shutdown = self._closing
         return run
+
+    def _full(self) -> Unavailable:
+        return Unavailable(
+            f"This server runs {self.cfg.max_runs} background responses already; "
+            "retry shortly.", code="background_capacity", retry_after=1)
 
     def drop(self, run: Run) -> None:
         self.runs.pop(run.key, None)

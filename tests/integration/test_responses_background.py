@@ -369,6 +369,30 @@ async def test_runs_are_bounded_per_process(make_client: MakeClient,
     assert (await client.post("/v1/responses", json=BASE)).status == 200
 
 
+async def test_one_tenants_runs_do_not_lock_the_others_out(make_client: MakeClient,
+                                                          fake_engine: FakeEngine) -> None:
+    """`max_runs` was one count for every tenant: one tenant starting that many runs
+    had every other tenant's background request refused for as long as they ran."""
+    client = await make_client(keyed(responses={"background": {"max_runs": 2}}))
+    fake_engine.token_gate = asyncio.Event()
+    mine = [(await (await client.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+            for _ in range(2)]
+    r = await client.post("/v1/responses", json=BASE, headers=A)
+    assert r.status == 503 and (await r.json())["error"]["code"] == "background_capacity"
+    theirs = []
+    for _ in range(2):  # b runs less than an even share: its runs start, ...
+        r = await client.post("/v1/responses", json=BASE, headers=B)
+        assert r.status == 200, await r.text()
+        theirs.append((await r.json())["id"])
+    r = await client.post("/v1/responses", json=BASE, headers=B)  # ... up to twice max_runs
+    assert r.status == 503
+    fake_engine.token_gate.set()
+    for rid in mine:
+        await ended(client, rid)
+    for rid in theirs:
+        await ended(client, rid, "b")
+
+
 async def test_events_kept_are_bounded(make_client: MakeClient) -> None:
     """Past `max_event_bytes`, the oldest events go: resuming before them is a 400."""
     client = await make_client(responses={"background": {"max_event_bytes": 65536}})
