@@ -26,7 +26,7 @@ from aiohttp import web
 from pydantic import Field, model_validator
 
 from proxy.app_state import STATE
-from proxy.auth import Principal
+from proxy.auth import Principal, account
 from proxy.body import read_json
 from proxy.config_model import ConfigModel
 from proxy.errors import InvalidRequest, PermissionDenied, RateLimited, Unavailable
@@ -96,7 +96,7 @@ def routes(store: CacheStore, in_flight: Callable[[], int],
 
     async def purge(request: web.Request) -> web.Response:
         principal = _caller(request, "The cache admin API")
-        data, _ = await read_json(request, 65536)
+        data, _ = await read_json(request, 65536, account(principal.tenant))
         req = parse_model(PurgeRequest, data)
         f = scoped_filter(principal, req.model_dump(exclude_none=True))
         with one.held(principal):

@@ -4,7 +4,9 @@ tenant's prompts), stats are per tenant, fault injection is operator-only. Real 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from proxy.app_state import STATE
 from proxy.engine.faults import FaultyEngine
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
+from tests.waiting import eventually
 
 KEYS = [{"key": "k-a-user", "tenant": "a"}, {"key": "k-b-user", "tenant": "b"},
         {"key": "k-a-admin", "tenant": "a", "role": "admin"},
@@ -152,3 +155,38 @@ def test_a_tenant_named_operator_does_not_hold_the_operators_slot() -> None:
     with one.held(Principal("operator", "admin", "u")):
         with one.held(Principal("ops", "user", "o", operator=True)):
             pass  # (it was refused: both were "operator")
+
+
+async def test_a_tenant_admins_uploads_do_not_hold_the_body_budget_for_the_others(
+        make_client: MakeClient) -> None:
+    """A purge's body counted in the body budget as nobody's: one tenant admin's stalled
+    purge uploads held it for every tenant's admin, whose purges were refused a 503 as
+    if theirs held an even share. They count as their tenant's."""
+    client = await make_client(make_settings(
+        auth={"mode": "keys", "keys": KEYS},
+        server={"max_body_bytes": 65536, "max_body_bytes_in_flight": 131072},
+        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}}]))
+    st = client.app[STATE]
+    go = {"a": asyncio.Event(), "b": asyncio.Event()}
+
+    def stalled(pad: int, who: str) -> AsyncIterator[bytes]:
+        body = b"{" + b" " * pad + b'"contains": "x"}'
+
+        async def upload() -> AsyncIterator[bytes]:
+            yield body[:-10]
+            await go[who].wait()
+            yield body[-10:]
+        return upload()
+
+    def post(who: str, pad: int) -> Any:
+        return client.post("/admin/cache/purge", data=stalled(pad, who), headers={
+            **h(f"k-{who}-admin"), "Content-Type": "application/json"})
+
+    mine = [asyncio.ensure_future(post("a", 60_000)) for _ in range(2)]
+    await eventually(lambda: sum(st.bodies.held.values()) >= 120_000)
+    theirs = asyncio.ensure_future(post("b", 20_000))  # b's admin holds none: it is read
+    await eventually(lambda: sum(st.bodies.held.values()) >= 140_000 or theirs.done())
+    go["b"].set()
+    assert (await theirs).status == 200, await (await theirs).text()
+    go["a"].set()
+    assert [(await m).status for m in mine] == [200, 200]
