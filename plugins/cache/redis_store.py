@@ -182,6 +182,25 @@ end
 return evicted
 """
 
+# A purged entry out of Redis and out of its tenant's count (left in it, its bytes held
+# the bound until they aged out, evicting the tenant's older live entries meanwhile).
+# KEYS: the exact entry or the semantic hash, the tenant's sorted set and sizes. ARGV:
+# the hash's field ("": an exact entry), the member. How many were deleted (0 or 1).
+_FORGET = """
+local n
+if ARGV[1] == '' then n = redis.call('DEL', KEYS[1])
+else n = redis.call('HDEL', KEYS[1], ARGV[1]) end
+if redis.call('TYPE', KEYS[3])['ok'] == 'hash' then
+  local size = tonumber(redis.call('HGET', KEYS[3], ARGV[2]))
+  if size then
+    redis.call('HDEL', KEYS[3], ARGV[2])
+    redis.call('HINCRBY', KEYS[3], '#', -size)
+  end
+end
+if redis.call('TYPE', KEYS[2])['ok'] == 'zset' then redis.call('ZREM', KEYS[2], ARGV[2]) end
+return n
+"""
+
 
 class RedisStore:
     def __init__(self, cfg: RedisConfig, errors: Counter, replica: str) -> None:
@@ -196,6 +215,7 @@ class RedisStore:
                                       health_check_interval=5)
         self._listener: asyncio.Task[None] | None = None
         self._persist = self.client.register_script(_PERSIST)
+        self._forget_script = self.client.register_script(_FORGET)
         self.healthy = True
         #: Redis refused the last write at its `maxmemory` (noeviction): reads answer,
         #: stores are skipped until a write lands. Not down: replicas cannot fix it.
@@ -442,7 +462,7 @@ class RedisStore:
                     if entry is None:
                         await self.client.delete(name)
                     elif key in named or match(entry):
-                        exact += await self.client.delete(name)
+                        exact += await self._forget(key, "", entry)
                 async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
                     hname = name.decode() if isinstance(name, bytes) else name
                     for entry_id, raw in (await _or_none(self.client.hgetall(name)) or {}
@@ -452,11 +472,22 @@ class RedisStore:
                         if got is None:
                             await self.client.hdel(name, entry_id)
                         elif (hname, eid) in named_sem or match(got[1]):
-                            semantic += await self.client.hdel(name, entry_id)
+                            semantic += await self._forget(hname, eid, got[1])
         except (RedisError, OSError, TimeoutError) as e:
             self._failed("purge", e)
             return None
         return exact, semantic
+
+    async def _forget(self, name: str, field: str, entry: Entry) -> int:
+        """Delete a purged entry (exact: key `name`; semantic: `field` of hash `name`),
+        and with `max_bytes_per_tenant` take it off its tenant's count too."""
+        if not self.cfg.max_bytes_per_tenant:
+            return int(await (self.client.hdel(name, field) if field
+                              else self.client.delete(name)))
+        rest = name[len(self.p) + 2:]  # past the prefix and `x:` / `s:`
+        member = semantic_member(rest, field) if field else exact_member(rest)
+        return int(await self._forget_script(
+            keys=[name, *self.tenant_keys(account(entry.tenant))], args=[field, member]))
 
     async def count(self, match: Callable[[Entry], bool] | None = None,
                     ) -> dict[str, int] | None:

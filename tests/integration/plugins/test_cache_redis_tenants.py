@@ -131,3 +131,24 @@ async def test_a_tenants_evicted_entries_leave_every_replica(make_client: MakeCl
     assert (await ask(b, "Tell me fact number 0 about owls", headers=probe))[0] == "miss"
     assert (await ask(b, "Tell me fact number 39 about owls"))[0] == "exact"
     assert (await ask(b, "What is the capital of Norway?", key="k-eve"))[0] == "exact"
+
+
+async def test_a_purged_entry_no_longer_counts_against_its_tenants_bound(
+        redis_server: RedisServer) -> None:
+    """A purge deleted a tenant's entries from Redis and left their bytes in its count:
+    after purging its newest answers, its next ones evicted its older live entries to
+    make room for entries that were gone, until the purged ones aged out of the count."""
+    size = len(entry("a00", "acme", "answer " * 100).to_json(with_prompt=False))
+    s = store(redis_server.url, size * 19 // 2)  # room for nine
+    try:
+        for i in range(8):
+            e = entry(f"a{i:02}", "acme", "answer " * 100)
+            assert await s.persist(e, True, 60, None, e, 60, [f"x:a{i:02}"], 1000, 60) == []
+        purged = {f"a{i:02}" for i in range(4, 8)}  # its newest four
+        assert await s.purge(lambda e: e.key in purged) == (4, 0)
+        for i in range(8, 12):  # eight live again: within the bound
+            e = entry(f"a{i:02}", "acme", "answer " * 100)
+            assert await s.persist(e, True, 60, None, e, 60, [f"x:a{i:02}"], 1000, 60) == []
+        assert await exact_keys(s) == {f"a{i:02}" for i in (0, 1, 2, 3, 8, 9, 10, 11)}
+    finally:
+        await s.close()
