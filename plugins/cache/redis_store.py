@@ -14,8 +14,10 @@ A stored answer is one round trip: `persist` runs one Lua script that writes the
 entry, the semantic entry (and announces it), and counts both against the user's cap and
 the bytes written against the tenant's bound (deleting and announcing what either
 evicts, the tenant's oldest first: one tenant's flood never fills Redis for the others).
-A tenant's count may hold entries already gone (expired, purged, evicted by the semantic
-index): they are the oldest, and go first; what it holds never exceeds the bound.
+A tenant's count may hold entries already gone (expired, evicted by the semantic index; a
+purge takes what it deletes off): they are the oldest, and go first; what it holds never
+exceeds the bound. A popped entry another tenant has stored again since, under a key they
+share (scope `global`), is that tenant's now: it stays.
 
 Every read runs under `timeout_s`, every write (off the request's path) under
 `write_timeout_s`: a slow Redis counts as a down Redis. Failures
@@ -82,9 +84,9 @@ EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 # ARGV: exact JSON ("": none), its PX; semantic field ("": none), its value, the hash's
 # PX, the events channel, the add event; the cap, the sets' PX, the time; the key
 # prefix, this replica; the tenant's bound in bytes (0: none), the exact and semantic
-# members; the members. The members popped past the caps are deleted here too (their
-# keys cannot be named in KEYS before the pop: a standalone Redis, as the rest of the
-# cache assumes) and announced in one drop event.
+# members, the tenant (account); the members. The members popped past the caps are
+# deleted here too (their keys cannot be named in KEYS before the pop: a standalone
+# Redis, as the rest of the cache assumes) and announced in one drop event.
 _PERSIST = OWN_LUA + """
 local now, prefix, tcap = tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[13])
 local evicted = {}
@@ -97,6 +99,26 @@ local function drop(m)
     local part, id = string.match(rest, '^(.*):([^:]*)$')
     if part then redis.call('HDEL', prefix .. 's:' .. part, id) end
   end
+end
+-- Whether the entry under member `m` is now another tenant's (a key every tenant shares,
+-- scope `global`, stored again by another once this tenant's copy was gone): popped from
+-- this tenant's count or its user's list, it is not theirs to delete.
+local function theirs(m)
+  local kind, rest, raw = string.sub(m, 1, 2), string.sub(m, 3), nil
+  if kind == 'x:' then
+    raw = redis.pcall('GET', prefix .. 'x:' .. rest)
+  elseif kind == 's:' then
+    local part, id = string.match(rest, '^(.*):([^:]*)$')
+    local v = part and redis.pcall('HGET', prefix .. 's:' .. part, id)
+    if type(v) == 'string' then
+      local ok, d = pcall(cjson.decode, v)
+      if ok and type(d) == 'table' then raw = d.e end
+    end
+  end
+  if type(raw) ~= 'string' then return false end
+  local ok, e = pcall(cjson.decode, raw)
+  return ok and type(e) == 'table' and type(e.tenant) == 'string'
+    and string.match(e.tenant, '^[^~]*') ~= ARGV[16]
 end
 local function untally(m)
   local size = tonumber(redis.call('HGET', KEYS[5], m))
@@ -143,15 +165,15 @@ if ARGV[3] ~= '' and (tcap == 0 or #ARGV[4] <= tcap) then
   end
   redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
-if #ARGV >= 16 then
+if #ARGV >= 17 then
   own(KEYS[3], 'zset')
-  for i = 16, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 16) * 1e-4, ARGV[i]) end
+  for i = 17, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 17) * 1e-4, ARGV[i]) end
   redis.call('PEXPIRE', KEYS[3], ARGV[9])
   local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])
   if over > 0 then
     local popped = redis.call('ZPOPMIN', KEYS[3], over)
     for j = 1, #popped, 2 do
-      drop(popped[j])
+      if not theirs(popped[j]) then drop(popped[j]) end
       if tcap > 0 then untally(popped[j]) end
     end
   end
@@ -165,7 +187,7 @@ if tcap > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
     if #popped == 0 then break end
     total = total - (tonumber(redis.call('HGET', KEYS[5], popped[1])) or 0)
     redis.call('HDEL', KEYS[5], popped[1])
-    drop(popped[1])
+    if not theirs(popped[1]) then drop(popped[1]) end
   end
   if redis.call('EXISTS', KEYS[4]) == 1 then
     redis.call('HSET', KEYS[5], '#', total)
@@ -415,14 +437,14 @@ class RedisStore:
                 vec, semantic_entry.to_json(with_prompt=self.cfg.store_prompts), question)
             event = self._event({"op": "add", "p": partition, "id": entry.key})
         partition = semantic[0] if semantic is not None else ""
+        owner = account(entry.tenant) if owner is None else owner
         keys = [self.p + "x:" + entry.key, self.p + "s:" + partition,
-                self.user_key(entry.tenant, entry.user),
-                *self.tenant_keys(account(entry.tenant) if owner is None else owner)]
+                self.user_key(entry.tenant, entry.user), *self.tenant_keys(owner)]
         args: list[str | int] = [
             data, _px(exact_ttl_s), field, value, _px(semantic_ttl_s),
             self.p + "events", event, cap, _px(user_ttl_s), repr(time.time()), self.p,
             self.replica, self.cfg.max_bytes_per_tenant or 0, exact_member(entry.key),
-            semantic_member(partition, entry.key), *members]
+            semantic_member(partition, entry.key), owner, *members]
         popped = await self._call("persist", lambda: self._persist(keys=keys, args=args),
                                  write=True)
         return None if popped is None else [_s(m) for m in popped]

@@ -152,3 +152,35 @@ async def test_a_purged_entry_no_longer_counts_against_its_tenants_bound(
         assert await exact_keys(s) == {f"a{i:02}" for i in (0, 1, 2, 3, 8, 9, 10, 11)}
     finally:
         await s.close()
+
+
+@pytest.mark.parametrize(("bound", "cap"), [(8000, 1000), (None, 4)])  # bound, user cap
+async def test_a_tenants_bound_never_evicts_a_key_another_tenant_stored_since(
+        redis_server: RedisServer, bound: int | None, cap: int) -> None:
+    """With `scope: global` a key is every tenant's: one acme stored, expired and globex
+    stored again stayed in acme's count (and its user's list), and acme's flood, popping
+    its oldest, deleted globex's live entry (and told every replica to drop it). Only an
+    entry that is still the tenant's own goes; another's stays, counted as its own
+    tenant's."""
+    s = store(redis_server.url, bound)
+    vec = np.ones(4, dtype=np.float32) / 2
+    try:
+        first = entry("shared", "acme", "answer " * 100)
+        await s.persist(first, True, 60, ("p", vec, "q"), first, 60,
+                        ["x:shared", "s:p:shared"], cap, 60)
+        await s.client.delete(s.p + "x:shared")  # expired (its semantic part too)
+        await s.client.delete(s.p + "s:p")
+        again = entry("shared", "globex", "answer " * 100)
+        assert await s.persist(again, True, 60, ("p", vec, "q"), again, 60,
+                               ["x:shared", "s:p:shared"], cap, 60) == []
+        evicted: list[str] = []
+        for i in range(30):  # acme floods: its oldest, the shared key's count, pops
+            e = entry(f"a{i}", "acme", "answer " * 100)
+            evicted += await s.persist(e, True, 60, None, e, 60, [f"x:a{i}"], cap, 60) or []
+        assert "x:a0" in evicted
+        assert "x:shared" not in evicted and "s:p:shared" not in evicted
+        assert "shared" in await exact_keys(s)
+        assert await held_bytes(s, "globex") > 0
+        assert await held_bytes(s, "acme") <= (bound or 4 * len(e.to_json()))
+    finally:
+        await s.close()
