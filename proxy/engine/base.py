@@ -66,6 +66,8 @@ class TopLogprob:
     token: str
     logprob: float
     bytes: list[int] | None
+    #: The token's id in the vocabulary, where the engine gives it.
+    id: int | None = None
 
 
 @dataclass(slots=True)

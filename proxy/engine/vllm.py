@@ -711,11 +711,55 @@ def _ttft(out: Any) -> float | None:
 
 def _prompt_entries(own: TokenBytes, prompt: list[int], entries: Any) -> list[TokenLogprob]:
     """vLLM's prompt logprobs (None for the first token, then one map per token) as one
-    entry per prompt token; the first has no logprob, as vLLM's server and OpenAI show."""
+    entry per prompt token; the first has no logprob, as vLLM's server and OpenAI show.
+    Their tokens spell the prompt as vLLM spells a character split over tokens
+    elsewhere: "" for each part but the last, which has the whole character."""
     text = str(own.tokenizer.decode(prompt[:1]))
     first = TokenLogprob(token=text, logprob=None, bytes=own(prompt[0], text) if prompt
                          else None, top=[])
-    return [first, *_logprobs(list(entries)[1:], prompt[1:], own)]
+    out = [first, *_logprobs(list(entries)[1:], prompt[1:], own)]
+    if text.endswith("\ufffd"):
+        _spell_head(own.tokenizer, prompt, out)
+    return out
+
+
+#: UTF-8's longest character, in bytes: the most tokens one character is split over.
+_MOST_PARTS = 4
+
+
+def _spell_head(tokenizer: Any, prompt: list[int], out: list[TokenLogprob]) -> None:
+    """The first entries, where the prompt's first token ends inside a character: vLLM
+    reads a token's text against the prompt tokens before it, which leave out the first
+    (it has no logprob), so the first was "\ufffd" (decoded alone) and the tokens that
+    complete its character "" (or their own bytes garbled). Each part is "" and the
+    token that completes the character has all of it, as vLLM spells a character split
+    later on; an alternative there reads the same parts before it. Left as they were
+    where no token in UTF-8's longest character completes it (token ids that spell
+    no text), or where the first token was whole (a "\ufffd" of the prompt's own)."""
+    head = prompt[:_MOST_PARTS]
+    for end in range(1, len(head)):
+        whole = str(tokenizer.decode(head[:end + 1]))
+        if whole.endswith("\ufffd"):
+            continue
+        if whole.startswith(out[0].token):
+            return
+        out[0].token = ""
+        for i in range(1, end + 1):
+            e = out[i]
+            e.token = whole if i == end else ""
+            for t in e.top:
+                if t.token == "" or t.token.endswith("\ufffd"):
+                    t.token = _after(tokenizer, head[:i], t)
+        return
+
+
+def _after(tokenizer: Any, parts: list[int], alt: TopLogprob) -> str:
+    """An alternative's text after `parts` (the pieces of one unfinished character):
+    the character it completes, or "" where it does not complete one."""
+    if alt.id is None:
+        return alt.token
+    text = str(tokenizer.decode([*parts, alt.id]))
+    return "" if text.endswith("\ufffd") else text
 
 
 def _stop_reason(c: Any) -> int | str | None:
@@ -751,7 +795,7 @@ def _logprobs(entries: Any, token_ids: Any, own: TokenBytes | None = None,
                 logprob=max(float(chosen.logprob), -9999.0) if chosen else -9999.0,
                 bytes=bytes_of(tid, _tok(chosen)),
                 top=[TopLogprob(_tok(lp), max(float(lp.logprob), -9999.0),
-                                bytes_of(t, _tok(lp)))
+                                bytes_of(t, _tok(lp)), t)
                      for t, lp in tops],
             )
         )

@@ -602,3 +602,80 @@ def test_a_token_s_own_bytes_read_the_decoder_not_the_whole_tokenizer() -> None:
     inner.decoder = None  # (no decoder: none read, a token's text is its bytes)
     assert TokenBytes(Watched(PreTrainedTokenizerFast(tokenizer_object=inner,
                                                       unk_token="<unk>")))(1 + 0xE6, "x") == [0x78]
+
+
+def _vllm_prompt_logprobs(tok: Any, ids: list[int], alts: dict[int, int]) -> Any:
+    """What vLLM's own output processor makes of a prompt's logprobs (its decoded
+    tokens), for a prompt of `ids` with one alternative a position (`alts`: position ->
+    token id; else the same one)."""
+    import torch
+    from vllm.logprobs import create_prompt_logprobs
+    from vllm.v1.engine.logprobs import LogprobsProcessor
+    from vllm.v1.outputs import LogprobsTensors
+
+    other = alts.get(-1, ids[0])
+    rows = [[t, alts.get(i, other)] for i, t in enumerate(ids) if i]
+    proc = LogprobsProcessor(tokenizer=tok, logprobs=None, num_logprobs=None,
+                             prompt_logprobs=create_prompt_logprobs(False),
+                             cumulative_logprob=None, num_prompt_logprobs=1)
+    proc._update_prompt_logprobs(LogprobsTensors(
+        torch.tensor(rows), torch.full((len(rows), 2), -1.0),
+        torch.ones(len(rows), dtype=torch.long)))
+    return proc.pop_prompt_logprobs()
+
+
+@pytest.mark.parametrize("prompt", ["日本 語x", "é", "ab 日本 語x", "x😀 ok", "😀", "\ufffdab",
+                                    "\ufffd日"])
+async def test_an_echoed_prompt_s_tokens_spell_it_where_its_first_character_is_split(
+        prompt: str) -> None:
+    """`echo` with `logprobs`: a prompt whose first character is split over tokens (a
+    byte-level vocabulary's CJK character or emoji) showed "\ufffd" for its first token
+    (decoded alone) and "" for the others of that character: vLLM reads each prompt
+    token against those before it save the first (which has no logprob), so the
+    character was never completed and the tokens did not spell the prompt. They now do,
+    a character's parts "" and its last token the whole of it, as vLLM spells one split
+    later in the prompt (and each token keeps its own bytes); an alternative completing
+    another character there reads the same parts."""
+    from types import SimpleNamespace
+
+    from vllm.tokenizers import get_tokenizer
+
+    from proxy.engine.base import SamplingOptions
+    from proxy.engine.demo_model import ensure_demo_model
+    from proxy.engine.vllm import _BYTE_CHARS
+
+    tok = get_tokenizer(ensure_demo_model())
+    ids = tok.encode(prompt, add_special_tokens=True)
+    byte_id = {b: tok.convert_tokens_to_ids(c) for c, b in _BYTE_CHARS.items()}
+    # after 日's first two bytes, the last byte of 旧 (an alternative completing another)
+    alts = {2: byte_id[0xA7], -1: byte_id[0xD0]} if prompt.startswith("日") else {
+        -1: byte_id[0xD0]}
+    plp = _vllm_prompt_logprobs(tok, ids, alts)
+
+    class Llm:
+        errored = False
+
+        async def generate(self, *a: Any, **kw: Any) -> Any:
+            yield SimpleNamespace(
+                outputs=[SimpleNamespace(index=0, text="", token_ids=[5], logprobs=None,
+                                         finish_reason="length", stop_reason=None)],
+                finished=True, prompt_token_ids=ids, num_cached_tokens=0,
+                prompt_logprobs=plp, metrics=None)
+
+        async def abort(self, request_id: str) -> None:
+            pass
+
+    engine = VllmEngine(VllmEngineSettings())
+    engine._llm = Llm()  # type: ignore[assignment]
+    engine._tokenizer = tok
+    [out] = [o async for o in engine.generate(
+        ids, SamplingOptions(max_tokens=1, prompt_logprobs=1), "r")]
+    entries = out.prompt_logprobs or []
+    assert "".join(e.token for e in entries) == prompt
+    assert bytes(b for e in entries for b in e.bytes or []) == prompt.encode()
+    assert "\ufffd" not in "".join(t.token for e in entries for t in e.top)
+    if prompt.startswith("\ufffd"):  # (a replacement character of the prompt's own)
+        assert entries[0].token == "\ufffd"
+    if prompt.startswith("日"):
+        assert [e.token for e in entries[:3]] == ["", "", "日"]
+        assert entries[2].top[-1].token == "旧"
