@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .engine.base import TokenLogprob
+from .engine.base import TokenLogprob, TopLogprob
 from .ids import new_hex
 
 #: What a stop string or stop token id ended a choice with (vLLM's `stop_reason`).
@@ -188,14 +188,44 @@ def completion_logprobs(entries: list[TokenLogprob], top: int, offset: int,
         for e in part:
             tokens.append(e.token)
             token_logprobs.append(e.logprob)
-            # the top ones and always the chosen one: up to `logprobs` + 1, as OpenAI says
-            # (`logprobs: 0` is the chosen one alone, as vLLM's server sends it)
-            tops.append(None if e.logprob is None else {
-                **{t.token: t.logprob for t in e.top[:top]}, e.token: e.logprob})
+            tops.append(None if e.logprob is None else _top_map(e, top))
             offsets.append(pos)
             pos += len(e.token)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "text_offset": offsets,
             "top_logprobs": tops}
+
+
+def _top_map(e: TokenLogprob, top: int) -> dict[str, float | None]:
+    """A completion token's `top_logprobs`: the top ones and always the chosen one, up
+    to `logprobs` + 1, as OpenAI says (`logprobs: 0` is the chosen one alone, as vLLM's
+    server sends it), by rank. Keyed by token text, the chosen one's as in `tokens`; an
+    alternative whose text is no key of its own (part of a character, "", as the
+    chosen one or another may be; or a text an earlier one has) is spelled by its
+    bytes as OpenAI spells a token that is no UTF-8 text (`bytes:\\xe2\\x80`), else by
+    its id (vLLM's `token_id:N`): a dict of texts kept only one of them."""
+    out: dict[str, float | None] = {}
+    chosen = False
+    for t in e.top[:top]:
+        if not chosen and t.token == e.token and t.bytes == e.bytes:
+            out[e.token] = e.logprob
+            chosen = True
+            continue
+        out[_alternative_key(t, out, e.token)] = t.logprob
+    if not chosen:
+        out[e.token] = e.logprob
+    return out
+
+
+def _alternative_key(t: TopLogprob, taken: dict[str, float | None], chosen: str) -> str:
+    if t.token and t.token != chosen and t.token not in taken:
+        return t.token
+    if not t.token and t.bytes:
+        spelled = "bytes:" + "".join(f"\\x{b:02x}" for b in t.bytes)
+        if spelled != chosen and spelled not in taken:
+            return spelled
+    if t.id is not None:
+        return f"token_id:{t.id}"
+    return t.token  # (nothing else to tell it by: as before)
 
 
 def completion_body(

@@ -96,3 +96,29 @@ def test_completion_logprobs_offsets_and_tops() -> None:
     # entries; vLLM's server sends the chosen one), never an empty list beside the tokens
     assert R.completion_logprobs(LOGPROBS, top=0, offset=0)["top_logprobs"] == [
         {" he": -0.1}, {"llo": -0.2}]
+
+
+def test_completion_alternatives_that_are_parts_of_characters_are_each_kept() -> None:
+    """A completion's `top_logprobs` is a map by token text, and vLLM names every token
+    that is part of a character "": several such alternatives (and the chosen one, where
+    it is one) were one key, all but the last lost, and the chosen one's logprob
+    overwritten. Each is kept: the chosen one under its text (as in `tokens`), an
+    alternative of no text of its own spelled by its bytes as OpenAI spells them
+    (`bytes:\\xe2\\x80`), one whose text an earlier one has by its id."""
+    chosen = TokenLogprob("", -0.1, [0xE2, 0x80], [
+        TopLogprob("", -0.1, [0xE2, 0x80], 10), TopLogprob("", -1.5, [0xE2], 11),
+        TopLogprob("", -2.5, [0xE3, 0x81], 12), TopLogprob(" a", -3.0, list(b" a"), 13),
+        TopLogprob(" a", -4.0, list(b" a"), 14)])
+    completes = TokenLogprob("\u201c", -0.2, [0x9C], [
+        TopLogprob("", -1.0, [0xE2], 11), TopLogprob("\u201c", -0.2, [0x9C], 20),
+        TopLogprob("", -2.0, [0xE3], 21)])
+    lp = R.completion_logprobs([chosen, completes], top=5, offset=0)
+    assert lp["tokens"] == ["", "\u201c"]
+    assert lp["top_logprobs"] == [
+        {"": -0.1, "bytes:\\xe2": -1.5, "bytes:\\xe3\\x81": -2.5, " a": -3.0,
+         "token_id:14": -4.0},
+        {"bytes:\\xe2": -1.0, "\u201c": -0.2, "bytes:\\xe3": -2.0}]
+    assert [len(t) for t in lp["top_logprobs"]] == [5, 3]
+    # the top 1 and the chosen one, as before
+    assert R.completion_logprobs([completes], top=1, offset=0)["top_logprobs"] == [
+        {"bytes:\\xe2": -1.0, "\u201c": -0.2}]
