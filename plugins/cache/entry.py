@@ -226,15 +226,14 @@ def captured_usage(usage: Any) -> dict[str, Any] | None:
 
 
 def asked_with(entry: Entry, prompt_tokens: int) -> Entry:
-    """`entry` as the answer to a prompt of `prompt_tokens` tokens (a paraphrase's: a
-    semantic hit), in its usage and each choice's. For a chat's entry (one prompt: the
-    semantic layer's), the only kind it is given."""
-    if entry.usage["prompt_tokens"] == prompt_tokens:
-        return entry
-    usage = {**entry.usage, "prompt_tokens": prompt_tokens}
-    details = R.usage_details(usage).get("prompt_tokens_details")
-    if details:  # (counts of the miss's prompt: none past this one's)
-        usage["prompt_tokens_details"] = {k: min(v, prompt_tokens) for k, v in details.items()}
+    """`entry` as the answer to another prompt of `prompt_tokens` tokens (a paraphrase's:
+    a semantic hit), in its usage and each choice's. The miss's breakdown of its prompt
+    (`prompt_tokens_details`: the engine's prefix-cache hits on it) is no count of this
+    one, which no engine read: left out; the answer's own (`completion_tokens_details`)
+    still holds. For a chat's entry (one prompt: the semantic layer's), the only kind it
+    is given."""
+    usage = {k: v for k, v in entry.usage.items() if k != "prompt_tokens_details"}
+    usage["prompt_tokens"] = prompt_tokens
     return replace(entry, usage=usage, choices=[
         {**c, "usage": {**c["usage"], "prompt_tokens": prompt_tokens}} if "usage" in c else c
         for c in entry.choices])

@@ -187,3 +187,38 @@ async def test_an_entry_stored_before_digests_were_kept_is_rendered_once() -> No
     asker = ctx(SAME_KEY[0])
     reply, _ = await run(p, asker, eng)
     assert usage_of(reply)["prompt_tokens"] == counted(asker) != counted(ctx(ASKED))
+
+
+class Detailed(Counting):
+    """Counting's answer with the engine's breakdowns: prefix-cache hits on the prompt
+    (`cached_tokens`), reasoning tokens in the answer."""
+
+    async def __call__(self, c: RequestContext) -> Reply:
+        reply = await super().__call__(c)
+        assert isinstance(reply, Completion)
+        reply.body["usage"].update(prompt_tokens_details={"cached_tokens": counted(c) - 1},
+                                   completion_tokens_details={"reasoning_tokens": 4})
+        return reply
+
+
+@pytest.mark.parametrize("paraphrase", [PARAPHRASE, "How do I reset my password please?"])
+async def test_a_semantic_hit_reports_no_prefix_cache_hits_of_its_miss(paraphrase: str) -> None:
+    """A paraphrase's hit replayed its miss's `prompt_tokens_details.cached_tokens`: the
+    engine's prefix-cache hits on the stored question's prompt (capped at the asker's
+    count, or whole where the two had as many tokens), though no engine read the
+    asker's. Its usage is its own prompt's, no breakdown of it; the answer's own
+    (`completion_tokens_details`) is still the answer's. A verbatim repeat (an exact hit
+    of the same prompt) still reports its miss's whole usage."""
+    p, eng = plugin(semantic={"threshold": 0.8}), Detailed()
+    miss, layer = await run(p, ctx(ASKED), eng)
+    assert layer == "miss" and isinstance(miss, Completion)
+    asker = ctx(paraphrase)
+    reply, layer = await run(p, asker, eng)
+    assert layer == "semantic" and eng.calls == 1 and isinstance(reply, Completion)
+    own = counted(asker)
+    assert reply.body["usage"] == {"prompt_tokens": own, "completion_tokens": 9,
+                                   "total_tokens": own + 9,
+                                   "completion_tokens_details": {"reasoning_tokens": 4}}
+    again, layer = await run(p, ctx(ASKED), eng)
+    assert layer == "exact" and isinstance(again, Completion)
+    assert again.body["usage"] == miss.body["usage"]
