@@ -253,6 +253,36 @@ def echoed_prompts(req: CompletionRequest, sent: Any = None) -> list[str | list[
             for a, g in zip(asked, given, strict=True)]
 
 
+class EchoAsSent:
+    """A completion's choices, as an upstream sends them, with each echoed prompt given
+    back as `echo` gives it (`echoed_prompts`): the upstream echoes the prompt it was
+    sent, the chain's (normalized by the sanitizer). Called on a whole answer's choices,
+    or on each chunk's (a choice's first text is its echo)."""
+
+    def __init__(self, req: Any, sent: Any) -> None:
+        self._n = 1
+        self._swaps: dict[int, tuple[str, str]] = {}
+        if isinstance(req, CompletionRequest) and req.echo:
+            self._n = req.n
+            self._swaps = {i: (given, back) for i, (given, back) in enumerate(
+                zip(req.prompts(), echoed_prompts(req, sent), strict=False))
+                if isinstance(given, str) and isinstance(back, str) and given != back}
+        self._seen: set[int] = set()  # choices whose echo went by
+
+    def __call__(self, choices: Any) -> None:
+        if not self._swaps or not isinstance(choices, list):
+            return
+        for c in choices:
+            i, text = (c.get("index"), c.get("text")) if isinstance(c, dict) else (None, None)
+            if not isinstance(i, int) or not isinstance(text, str) or not text \
+                    or i in self._seen:
+                continue
+            self._seen.add(i)
+            swap = self._swaps.get(i // self._n)
+            if swap is not None and text.startswith(swap[0]):
+                c["text"] = swap[1] + text[len(swap[0]):]
+
+
 def prepare_completion(engine: Engine, req: CompletionRequest,
                        sent: CompletionRequest | None = None) -> Prepared:
     """`sent`: the request as the caller sent it, where the chain passed on another

@@ -46,6 +46,7 @@ from .errors import (
     Unavailable,
 )
 from .generation import EngineSpan
+from .preparing import EchoAsSent
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .rendering import ChunkAssembler, usage_ok
 from .responses import new_id, now
@@ -438,6 +439,7 @@ class Upstream:
                 answer = await self._whole(resp, ctx.route, ctx.request.sequences,
                                            _only_if_cached(ctx))
                 _own_head(answer.body, _head(ctx), whole=True)
+                EchoAsSent(ctx.request, ctx.sent)(answer.body["choices"])
                 return answer
             except asyncio.CancelledError as e:
                 _left(ctx, e)
@@ -448,7 +450,8 @@ class Upstream:
         stream = Stream()
         stream.attach(self._relay(resp, ChunkAssembler(ctx.route), stream,
                                   usage=ctx.request.include_usage,
-                                  choices=ctx.request.sequences, head=_head(ctx)))
+                                  choices=ctx.request.sequences, head=_head(ctx),
+                                  echo=EchoAsSent(ctx.request, ctx.sent)))
         primed = await stream.prime()
         if timed and stream.primed_at is not None and ctx.engine_started is not None:
             ctx.engine_ttft_s = stream.primed_at - ctx.engine_started
@@ -498,11 +501,12 @@ class Upstream:
 
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
                      stream: Stream, *, usage: bool, choices: int, head: dict[str, Any],
-                     ) -> AsyncIterator[dict[str, Any]]:
+                     echo: EchoAsSent) -> AsyncIterator[dict[str, Any]]:
         """The upstream's chunks, until its `[DONE]`; `usage`: the client asked for the
         usage chunk (it is always asked of the upstream); `choices`: how many the answer
         has (each must have ended by the `[DONE]`); `head`: what a chunk that lacks its
-        id, object, created or model goes out with (`_own_head`)."""
+        id, object, created or model goes out with (`_own_head`); `echo`: a
+        completion's echoed prompts, as sent."""
         done = relayed = False
         size = 0  # of the events so far: the answer's, as a whole answer's body is counted
         events = SseEvents()
@@ -534,6 +538,7 @@ class Upstream:
                         _own_head(chunk, head, whole=False)
                         _number_calls(chunk, numbered)
                         _own_delta_ids(chunk, ids)
+                        echo(chunk.get("choices"))
                         asm.feed(chunk)
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise EngineError("The upstream sent an unreadable chunk.") from None

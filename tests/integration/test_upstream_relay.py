@@ -402,3 +402,68 @@ async def test_a_fallback_answers_within_the_requests_deadline(
         assert got[-1]["error"]["code"] == "timeout" and len(got) > 1
     else:
         assert r.status == 504 and (await r.json())["error"]["code"] == "timeout"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_s_echo_is_the_prompt_as_the_caller_sent_it(
+        make_client: MakeClient, stream: bool) -> None:
+    """A completion's `echo` over an upstream gave back the prompt the upstream was sent:
+    the sanitizer's normalized one (look-alikes folded, invisible characters dropped),
+    where the local engine echoes it as the caller sent it (OpenAI's). The upstream's
+    echo is now given back as sent, whole and streamed, each prompt of several its own;
+    with `logprobs` it stays the engine's (its tokens spell it)."""
+    seen: list[Any] = []
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append(body["prompt"])
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        n = body.get("n", 1)
+        choices = [{"index": i, "text": prompts[i // n] + " ok", "logprobs": None,
+                    "finish_reason": "stop"} for i in range(len(prompts) * n)]
+        head = {"id": "cmpl-up", "object": "text_completion", "created": 1,
+                "model": "up-model"}
+        if not body.get("stream"):
+            return web.json_response({**head, "choices": choices, "usage": USAGE})
+        pieces = []
+        for c in choices:  # the echo in a choice's first chunk, as vLLM's server sends it
+            pieces.append({**head, "choices": [{**c, "text": "", "finish_reason": None}]})
+            pieces.append({**head, "choices": [{**c, "finish_reason": None}]})
+            pieces.append({**head, "choices": [{**c, "text": prompts[0], "finish_reason":
+                                                "stop"}]})
+        return await streaming([f"data: {json.dumps(p)}\n\n".encode() for p in (
+            *pieces, {**head, "choices": [], "usage": USAGE})] + [b"data: [DONE]\n\n"])(request)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        client = await make_client(make_settings(
+            engine={"kind": "upstream", "base_url": str(server.make_url("/v1")),
+                    "models": ["up-model"]},
+            plugins=[{"name": "sanitizer", "config": {"normalize": True,
+                                                      "engine_sees": "normalized"}}]))
+        sent = ["Ｓay\u200b hello", "plain one"]
+        body = {"model": "up-model", "prompt": sent, "echo": True, "n": 2, "stream": stream}
+        r = await client.post("/v1/completions", json=body)
+        assert r.status == 200, await r.text()
+        assert seen[-1] == ["Say hello", "plain one"]  # (what the upstream read)
+        texts: dict[int, str] = {}
+        if stream:
+            got, done = parse_sse(await r.text())
+            assert done
+            for c in got:
+                for ch in c["choices"]:
+                    texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+        else:
+            texts = {c["index"]: c["text"] for c in (await r.json())["choices"]}
+        echoes = [sent[i // 2] + " ok" for i in range(4)]
+        if stream:
+            echoes = [e + "Say hello" for e in echoes]
+        assert [texts[i] for i in range(4)] == echoes
+        r = await client.post("/v1/completions", json={**body, "logprobs": 1,
+                                                       "stream": False})
+        assert (await r.json())["choices"][0]["text"] == "Say hello ok"
+    finally:
+        await server.close()
