@@ -358,7 +358,7 @@ class VllmEngine:
                 top_k=o.top_k or 0,
                 min_p=o.min_p,
                 repetition_penalty=o.repetition_penalty,
-                seed=o.seed,
+                seed=_engine_seed(o.seed),
                 stop=o.stop or None,
                 stop_token_ids=o.stop_token_ids,
                 include_stop_str_in_output=o.include_stop_str_in_output,
@@ -760,6 +760,26 @@ def _after(tokenizer: Any, parts: list[int], alt: TopLogprob) -> str:
         return alt.token
     text = str(tokenizer.decode([*parts, alt.id]))
     return "" if text.endswith("\ufffd") else text
+
+
+_SEED_BITS = 32
+_MASK64 = (1 << 64) - 1
+
+
+def _engine_seed(seed: int | None) -> int | None:
+    """A request's `seed` (OpenAI's int64) as the engine's sampler reads it. On CPU,
+    vLLM seeds a torch CPU generator, whose Mersenne Twister keeps a seed's low 32 bits
+    alone: a seed and that seed plus any multiple of 2**32 (-1 and 2**32 - 1 among
+    them) sampled the same answer. One outside 0 .. 2**32 - 1 is mixed into that range
+    (splitmix64's finalizer), so that two seeds share a sampling only by chance, as two
+    seeds drawn at random may, and no longer by their low bits; one inside it is
+    passed as vLLM's server passes it. Other platforms' generators read all 64 bits."""
+    if seed is None or 0 <= seed < 1 << _SEED_BITS or not current_platform.is_cpu():
+        return seed
+    z = seed & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> (64 - _SEED_BITS)
 
 
 def _stop_reason(c: Any) -> int | str | None:

@@ -679,3 +679,32 @@ async def test_an_echoed_prompt_s_tokens_spell_it_where_its_first_character_is_s
     if prompt.startswith("日"):
         assert [e.token for e in entries[:3]] == ["", "", "日"]
         assert entries[2].top[-1].token == "旧"
+
+
+def test_seeds_that_differ_past_32_bits_sample_apart_on_cpu() -> None:
+    """vLLM seeds a torch generator with the request's `seed`; on CPU that generator (a
+    Mersenne Twister) keeps the seed's low 32 bits alone, so 5 and 5 + 2**32, or -1 and
+    2**32 - 1, sampled the same answer. A seed past those bits is mixed into them on CPU:
+    such seeds now draw apart; one within them reaches vLLM as given, as vLLM's server
+    passes it."""
+    import torch
+    from vllm.platforms import current_platform
+
+    from proxy.engine.base import SamplingOptions
+
+    def draws(seed: int) -> list[float]:
+        params = ENGINE._sampling_params(SamplingOptions(max_tokens=1, seed=seed))
+        assert params.seed is not None
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(params.seed)
+        return torch.rand(4, generator=gen).tolist()
+
+    for low in (0, 5, 2**32 - 1):
+        assert ENGINE._sampling_params(SamplingOptions(max_tokens=1, seed=low)).seed == low
+    if not current_platform.is_cpu():
+        return
+    pairs = [(5, 5 + 2**32), (2**32 - 1, -1), (7, 7 - 2**32), (3, 2**63 - 2**32 + 3),
+             (0, -(2**63)), (2**33, 2**34)]
+    for a, b in pairs:
+        assert draws(a) != draws(b), (a, b)
+    assert draws(2**40 + 1) == draws(2**40 + 1)  # (the same seed, the same answer)
