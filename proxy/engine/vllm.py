@@ -27,7 +27,7 @@ from typing import Any
 from ..protocol import SCHEMA_MAPS, SUBSCHEMA, SUBSCHEMAS, model_defaults
 from ..settings import VllmEngineSettings
 from ..telemetry import get_logger
-from . import builtin_models, regex_screen
+from . import builtin_models, call_json, regex_screen
 from .base import (
     ChoiceDelta,
     EngineFailed,
@@ -64,6 +64,7 @@ from vllm.sampling_params import (
     StructuredOutputsParams,
 )
 from vllm.tool_parsers import ToolParser, ToolParserManager
+from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -494,12 +495,32 @@ def _tool_parser_class(name: str | None, tokenizer: Any) -> type[ToolParser] | N
         known = ", ".join(sorted(ToolParserManager.list_registered()))
         raise ValueError(f"engine.tool_parser: unknown parser `{name}` (known: {known})"
                          ) from None
+    if cls is Hermes2ProToolParser and all(
+            callable(getattr(cls, m, None)) for m in ("_extract_tool_name", "_extract_tool_args")):
+        cls = _HermesCalls
     try:
         cls(tokenizer, [])
     except Exception as e:  # parsers raise what they like when a token is missing
         raise ValueError(f"engine.tool_parser: `{name}` does not fit this model: {e}"
                          ) from None
     return cls
+
+
+class _HermesCalls(Hermes2ProToolParser):
+    """vLLM's hermes parser, a streamed call's name and arguments read as members of its
+    JSON object (`call_json`): it read the name as the first `"name": "..."` anywhere in
+    the text and the arguments as all the text after `"arguments":` to the object's end,
+    so arguments written before the name (`{"arguments": {...}, "name": "f"}`), or a
+    member after them, went out as arguments (`{...}, "name": "f"`), and a `name` key
+    inside arguments written first named the call."""
+
+    @staticmethod
+    def _extract_tool_name(tc_json: str) -> str | None:
+        return call_json.member_string(tc_json, "name")
+
+    @staticmethod
+    def _extract_tool_args(tc_json: str, is_complete: bool) -> str | None:
+        return call_json.member_text(tc_json, "arguments")
 
 
 class _ToolParserAdapter:

@@ -708,3 +708,50 @@ def test_seeds_that_differ_past_32_bits_sample_apart_on_cpu() -> None:
     for a, b in pairs:
         assert draws(a) != draws(b), (a, b)
     assert draws(2**40 + 1) == draws(2**40 + 1)  # (the same seed, the same answer)
+
+
+@pytest.mark.parametrize(("text", "name", "arguments"), [
+    ('{"arguments": {"city": "Paris"}, "name": "get_weather"}', "get_weather",
+     {"city": "Paris"}),
+    ('{"arguments": {"name": "Bob", "city": "x}"}, "name": "get_weather"}', "get_weather",
+     {"name": "Bob", "city": "x}"}),
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "c1"}', "get_weather",
+     {"city": "Paris"}),
+    (' { "name" : "get_time" , "arguments" : { "tz" : "UTC" } } ', "get_time", {"tz": "UTC"}),
+])
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_hermes_calls_are_read_by_their_json_members_however_streamed(
+        text: str, name: str, arguments: dict[str, Any], step: int) -> None:
+    """vLLM's streaming hermes parser read a call's arguments as all the text after
+    `"arguments":` to the object's end, and its name as the first `"name": "..."` in it:
+    arguments written before the name went out as `{"city": "Paris"}, "name":
+    "get_weather"` (no JSON: the whole answer came back as text), a member after them
+    ("id") as part of them, and a `name` key inside arguments written first named the
+    call ("Bob"). They are read as the members of the call's JSON object, streamed a
+    character, three, or the whole at once (the demo tokenizer: no server)."""
+    from transformers import AutoTokenizer
+
+    from proxy.engine.demo_model import ensure_demo_model
+    from proxy.engine.vllm import _tool_parser_class, _ToolParserAdapter
+    from proxy.tools import CallAssembler
+
+    tok = AutoTokenizer.from_pretrained(ensure_demo_model())
+    cls = _tool_parser_class("hermes", tok)
+    assert cls is not None
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("get_weather", "get_time")]
+    parser = _ToolParserAdapter(cls, tok, tools)
+    answer = f"<tool_call>{text}</tool_call>"
+    assembler = CallAssembler()
+    for i in range(0, len(answer), step):
+        content, deltas = parser.feed(answer[i:i + step], [0])
+        assert not content
+        assembler.feed([{"index": d.index, "id": d.id, "type": "function",
+                         "function": {k: v for k, v in (("name", d.name),
+                                                        ("arguments", d.arguments)) if v}}
+                        for d in deltas])
+    assembler.feed([{"index": d.index, "function": {"arguments": d.arguments}}
+                    for d in parser.finish()])
+    (call,) = assembler.result()
+    assert call["function"]["name"] == name
+    assert json.loads(call["function"]["arguments"]) == arguments
