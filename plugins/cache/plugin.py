@@ -438,8 +438,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
                                     and len(ctx.request.prompts()) != 1):
             return entry
         own = self.services.terminal.count_prompt(ctx.request)
-        if own is None:
-            return entry
+        if own is None:  # (the stored count stands in; the miss's breakdown of it does not)
+            return replace(asked_with(entry, entry.usage["prompt_tokens"]), asked=asked)
         if not entry.asked and own == entry.usage["prompt_tokens"]:
             # An entry stored before the digest was kept (read from Redis after an
             # upgrade) counts this prompt's tokens: kept with it (in place, where L1 and

@@ -222,3 +222,27 @@ async def test_a_semantic_hit_reports_no_prefix_cache_hits_of_its_miss(paraphras
     again, layer = await run(p, ctx(ASKED), eng)
     assert layer == "exact" and isinstance(again, Completion)
     assert again.body["usage"] == miss.body["usage"]
+
+
+@pytest.mark.parametrize("semantic", [True, False])
+async def test_a_hit_of_another_prompt_over_an_upstream_reports_no_prefix_cache_hits(
+        semantic: bool) -> None:
+    """Where the terminal cannot count the asker's prompt (an upstream holds the
+    tokenizer), a paraphrase's hit (or an exact hit of a prompt the key reads as the same)
+    reports the stored count, and replayed the miss's `cached_tokens` with it: the
+    upstream's prefix-cache hits on another prompt. It reports the count alone; a
+    verbatim repeat still reports the miss's whole usage."""
+    p, eng = plugin(semantic={"threshold": 0.8, "enabled": semantic}), Detailed()
+    p.services.terminal.count_prompt = lambda r: None  # type: ignore[method-assign]
+    miss, layer = await run(p, ctx(ASKED), eng)
+    assert layer == "miss" and isinstance(miss, Completion)
+    stored = miss.body["usage"]["prompt_tokens"]
+    other = PARAPHRASE if semantic else ASKED.replace(" ", "  ")
+    reply, layer = await run(p, ctx(other), eng)
+    assert layer == ("semantic" if semantic else "exact") and isinstance(reply, Completion)
+    assert reply.body["usage"] == {"prompt_tokens": stored, "completion_tokens": 9,
+                                   "total_tokens": stored + 9,
+                                   "completion_tokens_details": {"reasoning_tokens": 4}}
+    again, layer = await run(p, ctx(ASKED), eng)
+    assert layer == "exact" and isinstance(again, Completion)
+    assert again.body["usage"] == miss.body["usage"]
