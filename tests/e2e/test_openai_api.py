@@ -429,6 +429,27 @@ def test_echo_logprobs_score_a_text_as_generation_saw_it(client: openai.OpenAI,
     assert ids.text == "".join(ids.logprobs.tokens)
 
 
+def test_echo_logprobs_spell_a_prompt_whose_first_character_is_split(
+        weir: WeirProcess) -> None:
+    """A prompt whose first character the byte-level vocabulary splits over tokens (a CJK
+    character, an emoji): its echoed tokens showed "\ufffd" and "" for it; they spell
+    the prompt, whole and streamed, and each token's own bytes join to its UTF-8. Each
+    token's alternatives hold it, and as many keys as the engine gave (partial ones
+    were one "" key)."""
+    for prompt in ("日本語 is Japanese", "😀 smile", "é"):
+        ask = {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 5,
+               "max_tokens": 0}
+        scored = raw(weir, "/v1/completions", ask).json()["choices"][0]
+        lp = scored["logprobs"]
+        assert scored["text"] == prompt and "".join(lp["tokens"]) == prompt
+        assert all(t in top for t, top in zip(lp["tokens"][1:], lp["top_logprobs"][1:],
+                                              strict=True))
+        assert all(5 <= len(top) <= 6 for top in lp["top_logprobs"][1:])
+        events, done = parse_sse(raw(weir, "/v1/completions", {**ask, "stream": True}).text)
+        assert done and [t for e in events for c in e["choices"]
+                         for t in (c["logprobs"] or {}).get("tokens", [])] == lp["tokens"]
+
+
 def test_completion_stream_agrees(client: openai.OpenAI, weir: WeirProcess) -> None:
     whole = client.completions.create(model=MODEL, prompt="Once", max_tokens=10, temperature=0)
     text = "".join(c.choices[0].text for c in client.completions.create(
