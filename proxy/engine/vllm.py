@@ -512,15 +512,19 @@ class _HermesCalls(Hermes2ProToolParser):
     the text and the arguments as all the text after `"arguments":` to the object's end,
     so arguments written before the name (`{"arguments": {...}, "name": "f"}`), or a
     member after them, went out as arguments (`{...}, "name": "f"`), and a `name` key
-    inside arguments written first named the call."""
+    inside arguments written first named the call. It reads every call's text again at
+    each token: each read goes on from the one before it (`call_json.Reader`)."""
 
-    @staticmethod
-    def _extract_tool_name(tc_json: str) -> str | None:
-        return call_json.member_string(tc_json, "name")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._calls = call_json.Reader()
 
-    @staticmethod
-    def _extract_tool_args(tc_json: str, is_complete: bool) -> str | None:
-        return call_json.member_text(tc_json, "arguments")
+    def _extract_tool_name(self, tc_json: str) -> str | None:  # type: ignore[override]
+        return call_json.member_string(tc_json, "name", self._calls)
+
+    def _extract_tool_args(self, tc_json: str,  # type: ignore[override]
+                           is_complete: bool) -> str | None:
+        return call_json.member_text(tc_json, "arguments", self._calls)
 
 
 class _ToolParserAdapter:

@@ -755,3 +755,62 @@ def test_hermes_calls_are_read_by_their_json_members_however_streamed(
     (call,) = assembler.result()
     assert call["function"]["name"] == name
     assert json.loads(call["function"]["arguments"]) == arguments
+
+
+def test_a_streamed_hermes_call_is_read_on_from_where_the_last_token_left_it() -> None:
+    """The hermes parser reads every call's text again at each token, and `call_json`
+    read it again from its start, a character a step in Python: a call whose argument
+    is a file's text (22 kB) held the event loop for about 3 s over its stream, where
+    vLLM's own parser (which only found `"arguments":`) took milliseconds. Each read now
+    goes on from where the read of the text before it stopped: the Python steps spent
+    on a token do not grow with the call's text (counted, not timed), and the call,
+    beside a whole call before it, comes out as the text wrote it."""
+    import sys
+    from types import FrameType
+
+    from transformers import AutoTokenizer
+
+    from proxy.engine import call_json
+    from proxy.engine.demo_model import ensure_demo_model
+    from proxy.engine.vllm import _tool_parser_class, _ToolParserAdapter
+    from proxy.tools import CallAssembler
+
+    tok = AutoTokenizer.from_pretrained(ensure_demo_model())
+    cls = _tool_parser_class("hermes", tok)
+    assert cls is not None
+    tools = [{"type": "function", "function": {"name": "write_file",
+                                               "parameters": {"type": "object"}}}]
+    parser = _ToolParserAdapter(cls, tok, tools)
+    content = 'x = "y" + z\n' * 200
+    calls = [{"name": "write_file", "arguments": {"path": "a.py", "content": "hi"}},
+             {"name": "write_file", "arguments": {"path": "b.py", "content": content}}]
+    answer = "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in calls)
+    steps = 0
+
+    def count(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal steps
+        steps += event == "line"
+        return count
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        return count if frame.f_code.co_filename == call_json.__file__ else None
+
+    assembler = CallAssembler()
+    most = 0
+    for i in range(0, len(answer), 8):
+        steps = 0
+        sys.settrace(trace)
+        try:
+            _, deltas = parser.feed(answer[i:i + 8], [0])
+        finally:
+            sys.settrace(None)
+        most = max(most, steps)
+        assembler.feed([{"index": d.index, "id": d.id, "type": "function",
+                         "function": {k: v for k, v in (("name", d.name),
+                                                        ("arguments", d.arguments)) if v}}
+                        for d in deltas])
+    assembler.feed([{"index": d.index, "function": {"arguments": d.arguments}}
+                    for d in parser.finish()])
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in assembler.result()] == [(c["name"], c["arguments"]) for c in calls]
+    assert most < 300, most  # (a read from the start: thousands, as the text grows)
