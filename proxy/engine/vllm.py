@@ -773,7 +773,7 @@ def _spell_head(tokenizer: Any, prompt: list[int], out: list[TokenLogprob]) -> N
             e = out[i]
             e.token = whole if i == end else ""
             for t in e.top:
-                if t.token == "" or t.token.endswith("\ufffd"):
+                if t.token == "" or "\ufffd" in t.token:  # ("", or its bytes garbled)
                     t.token = _after(tokenizer, head[:i], t)
         return
 

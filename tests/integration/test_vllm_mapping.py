@@ -814,3 +814,57 @@ def test_a_streamed_hermes_call_is_read_on_from_where_the_last_token_left_it() -
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
             for c in assembler.result()] == [(c["name"], c["arguments"]) for c in calls]
     assert most < 300, most  # (a read from the start: thousands, as the text grows)
+
+
+async def test_an_echoed_prompt_s_split_first_character_reads_garbled_alternatives_too(
+        ) -> None:
+    """`echo` with `logprobs`, a prompt whose first character is split over tokens, and
+    a token that completes it with more after it (a byte-level BPE's merge of a UTF-8
+    character's last byte with a letter: "\\xa5x"): vLLM spells that token alone,
+    "\ufffdx", which ends in no "\ufffd", so among the alternatives only "" and a text
+    ending in one were read again after the character's parts. The chosen token's
+    alternative ("\ufffdx") was not known as the chosen one ("日x"): it went out twice in
+    `top_logprobs`, and another ("\\xa7x", 旧x) as "\ufffdx" too."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from proxy import responses as R
+    from proxy.engine.base import SamplingOptions
+    from proxy.engine.vllm import _BYTE_CHARS
+
+    char = {b: c for c, b in _BYTE_CHARS.items()}
+    vocab = {char[b]: b for b in range(256)}
+    merges = [(char[0xA5], "x"), (char[0xA7], "x")]
+    vocab.update({a + b: 256 + k for k, (a, b) in enumerate(merges)})
+    inner = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    inner.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=inner)
+    prompt = "日xy"
+    ids = tok.encode(prompt, add_special_tokens=False)
+    assert ids == [0xE6, 0x97, 256, ord("y")]
+    plp = _vllm_prompt_logprobs(tok, ids, {2: 257})
+
+    class Llm:
+        errored = False
+
+        async def generate(self, *a: Any, **kw: Any) -> Any:
+            yield SimpleNamespace(
+                outputs=[SimpleNamespace(index=0, text="", token_ids=[5], logprobs=None,
+                                         finish_reason="length", stop_reason=None)],
+                finished=True, prompt_token_ids=ids, num_cached_tokens=0,
+                prompt_logprobs=plp, metrics=None)
+
+        async def abort(self, request_id: str) -> None:
+            pass
+
+    engine = VllmEngine(VllmEngineSettings())
+    engine._llm = Llm()  # type: ignore[assignment]
+    engine._tokenizer = tok
+    [out] = [o async for o in engine.generate(
+        ids, SamplingOptions(max_tokens=1, prompt_logprobs=1), "r")]
+    lp = R.completion_logprobs([], 2, len(prompt), out.prompt_logprobs)
+    assert lp["tokens"] == ["", "", "日x", "y"]
+    assert lp["top_logprobs"][2] == {"日x": -1.0, "旧x": -1.0}
