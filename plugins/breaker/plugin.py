@@ -466,5 +466,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                 raise  # (a 402, a 404 for a model it does not serve: its own limits)
         except WeirError as e:
             log.warning("fallback failed", kind=f.kind, error=type(e).__name__)
+        except Exception as e:  # (a bug below it: a 500 hid every fallback after it)
+            log.error("fallback failed", kind=f.kind, error=type(e).__name__)
         return None
 

@@ -1096,3 +1096,22 @@ async def test_a_hung_call_with_no_other_traffic_is_told_by_a_scrape_alone() -> 
             in scraped)
     gate.set()
     await running
+
+
+async def test_a_fallback_raising_what_weir_does_not_name_goes_on_to_the_next() -> None:
+    """A fallback raising an exception Weir has no name for (a bug below it, a library's
+    own error from a malformed answer) escaped the fallback list as a 500: the next
+    fallback was never tried. It is that fallback's failure (its breaker counts it) and
+    the list goes on."""
+    p = plugin(fallback=[{"kind": "upstream", "base_url": "http://127.0.0.1:9/v1",
+                          "breaker": {"minimum_calls": 1}},
+                         {"kind": "static", "content": "Busy; try later."}])
+
+    async def broken(c: RequestContext) -> Reply:
+        raise ValueError("a malformed answer")
+
+    p.upstreams[0] = broken  # type: ignore[assignment]
+    reply = await p(ctx(), failing)
+    assert isinstance(reply, Completion)
+    assert reply.headers["x-weir-fallback"] == "static"
+    assert p.health()["fallback_states"] == {"0": "open"}
