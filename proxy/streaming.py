@@ -273,6 +273,8 @@ async def write_sse(
     whole = False
     ending = False  # the body's last write (its end, with a whole stream's events) began
     errored = False  # an in-band error's write began: a shutdown cut adds only the end
+    settled = False  # the stream ended (its hooks ran) with its answer whole: a shutdown
+    # cut before its end went out adds the end alone, no error
     try:
         if stream.primed_at is None:
             await stream.prime()  # raises before any byte: the route answers with a status
@@ -310,20 +312,19 @@ async def write_sse(
             except Exception as e:  # after the first byte an error goes out in-band
                 outcome, error, errored = "failed", e, True
                 await _error_event(request, write, e, log_error, framed, _take(held))
-            if terminator or held:
-                unsent = bool(held)  # a whole stream's events go out only now
-                ending = True  # handed over with its end: a shutdown adds nothing after
-                try:
-                    await write(_take(held) + terminator)
-                except ConnectionError:
-                    if unsent:  # the client never had any of the answer
-                        outcome = "cancelled"
-                    raise
-            whole = request[ANSWERED] = True  # a cancellation now cuts nothing
-            # Settle before the body ends: a client that saw the end of its answer never
-            # races its own request's accounting (slot, tokens, cache entry).
-            await watchdog.stop()
+            if held and _gone(request):  # a whole stream's events go out only now: its
+                outcome = "cancelled"  # client, gone, never had any of the answer
+                raise ConnectionResetError("the client is gone")
+            # Settle before the client can see the answer's end: the OpenAI SDK stops at
+            # `[DONE]` and closes, so a client that saw it must never race its own
+            # request's accounting (slot, tokens, cache entry, stored completion).
+            settled = True
             await stream.end_shielded(outcome, error)
+            if terminator or held:
+                ending = True  # handed over with its end: a shutdown adds nothing after
+                await write(_take(held) + terminator)
+            whole = request[ANSWERED] = True  # a cancellation now cuts nothing
+            await watchdog.stop()
             try:  # (it waits for the client to read what is buffered: timed as a write)
                 async with asyncio.timeout(write_timeout):
                     await resp.write_eof()
@@ -339,7 +340,7 @@ async def write_sse(
             outcome = "cancelled"
             if cut_by_shutdown(request, e) and watchdog is not None and not ending:
                 await _cut_for_shutdown(request, watchdog, resp, _take(held),
-                                        None if errored else framed, terminator)
+                                        None if errored or settled else framed, terminator)
         raise
     except BaseException as e:
         if outcome != "completed":
@@ -380,6 +381,11 @@ async def _cut_for_shutdown(request: web.Request, watchdog: _Watchdog,
             await resp.write_eof()
     except (TimeoutError, ConnectionError, asyncio.CancelledError):
         pass
+
+
+def _gone(request: web.Request) -> bool:
+    """The client closed its connection (nothing written to it can arrive)."""
+    return request.transport is None or request.transport.is_closing()
 
 
 def _take(held: list[bytes]) -> bytes:

@@ -4,6 +4,7 @@ against the official spec."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -70,6 +71,23 @@ async def test_a_streamed_completion_is_stored_whole(make_client: MakeClient) ->
     assert stored["id"] == chunks[0]["id"] and stored["object"] == "chat.completion"
     assert stored["choices"] == whole["choices"]  # text, finish reason and logprobs
     assert stored["usage"] == whole["usage"]
+
+
+async def test_a_streamed_completion_is_found_once_its_client_read_done(
+        make_client: MakeClient) -> None:
+    """The OpenAI SDK stops reading at `data: [DONE]`: the completion is stored by then,
+    so retrieving it next finds it (it was a 404 most times: stored after `[DONE]`)."""
+    client = await make_client()
+    for _ in range(5):
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        first = None
+        async with asyncio.timeout(10):
+            while (line := await r.content.readline()) != b"data: [DONE]\n":
+                if first is None and line.startswith(b"data: "):
+                    first = json.loads(line[6:])
+        got = await client.get(f"/v1/chat/completions/{first['id']}")
+        assert got.status == 200
+        r.close()
 
 
 async def test_streamed_tool_calls_are_stored_assembled(make_client: MakeClient,
@@ -481,10 +499,11 @@ async def test_listed_by_when_the_request_came_not_when_it_ended() -> None:
     assert [s["id"] for s in window] == ["chatcmpl-long", "chatcmpl-short"]
 
 
-async def test_a_client_leaving_at_done_while_the_store_settles_was_answered(
+async def test_a_client_leaving_at_done_was_answered_and_stored(
         make_client: MakeClient, monkeypatch: Any) -> None:
-    """The SDK closes at `[DONE]`; the stream's end hooks (storing it) still run: the
-    request is a 200, not a client's 499, and no abort is counted."""
+    """The SDK closes at `[DONE]`, which goes out once the stream's end hooks (storing
+    it) ran: the request is a 200, not a client's 499, no abort is counted, and the
+    completion is stored."""
     import asyncio
 
     from proxy import stored_chat
@@ -502,13 +521,13 @@ async def test_a_client_leaving_at_done_while_the_store_settles_was_answered(
 
     monkeypatch.setattr(stored_chat, "save", slow_save)
     r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    await saving.wait()  # (every event went out; `[DONE]` waits for the store)
+    release.set()
     while b"[DONE]" not in await r.content.readline():
         pass
-    await saving.wait()
     r.close()  # gone, having read the whole answer
     registry = client.app[STATE].metrics.registry
     labels = {"route": "chat", "model": "fake-model"}
-    release.set()
     await eventually(lambda: registry.get_sample_value(
         "weir_requests_total", {**labels, "status": "200"}) == 1)
     assert registry.get_sample_value("weir_requests_total", {**labels, "status": "499"}) is None

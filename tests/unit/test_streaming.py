@@ -156,6 +156,89 @@ async def test_a_whole_stream_goes_out_in_one_write(whole: bool) -> None:
         assert len(with_data) == 4  # three events and [DONE], one write each
 
 
+@pytest.mark.parametrize("whole", [True, False])
+async def test_the_plugins_settle_before_the_client_reads_done(whole: bool) -> None:
+    """The OpenAI SDK ends a stream at `data: [DONE]` and closes it: what the stream's end
+    hooks settle (a stored completion, the rate limiter's slot, the cache's entry) must be
+    settled before `[DONE]` is written, or the client's next request races them (a stored
+    completion retrieved right after its stream was a 404 most times)."""
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    async def source() -> Any:
+        for n in range(2):
+            yield {"n": n}
+
+    one = OneStream(source, whole=whole)
+    done_when_settled: list[bool] = []
+
+    async def serve(request: Any) -> Any:
+        from proxy import streaming
+        from proxy.reply import Stream
+
+        stream = Stream(source(), whole=whole)
+        written: list[bytes] = []
+        write = request.transport.write
+
+        def record(data: bytes) -> None:
+            written.append(bytes(data))
+            write(data)
+
+        request.transport.write = record
+        stream.on_end(lambda s, outcome: done_when_settled.append(
+            b"[DONE]" in b"".join(written)))
+        stream.on_end(lambda s, outcome: one.ended.append(outcome))
+        return await streaming.write_sse(request, stream, dict, write_timeout=60,
+                                         keepalive=60)
+
+    one.serve = serve  # type: ignore[method-assign]
+    async with TestServer(one.app) as server, ClientSession() as session:
+        async with session.get(server.make_url("/")) as r:
+            events, done = parse_sse(await r.text())
+    assert [e["n"] for e in events] == [0, 1] and done
+    assert one.ended == ["completed"] and done_when_settled == [False]
+
+
+async def test_a_shutdown_while_the_plugins_settle_ends_the_answer_without_an_error(
+        ) -> None:
+    """Every event went out and the end hooks run (`[DONE]` waits for them): a drain's
+    cut then sends `[DONE]` alone, no 503 event after a whole answer."""
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    from proxy import streaming
+    from proxy.reply import Stream
+
+    async def source() -> Any:
+        yield {"n": 0}
+
+    settling, release = asyncio.Event(), asyncio.Event()
+
+    async def hook(s: Any, outcome: str) -> None:
+        settling.set()
+        await release.wait()
+
+    one = OneStream(source)
+
+    async def serve(request: Any) -> Any:
+        one.handler.append(asyncio.current_task())  # type: ignore[arg-type]
+        stream = Stream(source())
+        stream.on_end(hook)
+        return await streaming.write_sse(request, stream, dict, write_timeout=60,
+                                         keepalive=60)
+
+    one.serve = serve  # type: ignore[method-assign]
+    async with TestServer(one.app) as server, ClientSession() as session:
+        async with session.get(server.make_url("/")) as r:
+            async with asyncio.timeout(10):
+                await settling.wait()
+                one.handler[0].cancel(streaming.SHUTDOWN)
+                body = await r.read()
+            release.set()
+    events, done = parse_sse(body.decode())
+    assert events == [{"n": 0}] and done and body.count(b"data: [DONE]") == 1
+
+
 async def test_a_whole_stream_that_fails_sends_what_it_had_then_the_error() -> None:
     """A failure while a whole stream's events are held back: they go out before the
     error event, in order, and the stream ends `failed`."""
@@ -176,7 +259,8 @@ async def test_a_whole_stream_that_fails_sends_what_it_had_then_the_error() -> N
 
 async def test_a_shutdown_while_a_whole_stream_drains_adds_nothing_after_its_end() -> None:
     """A whole stream's events and `[DONE]` are one write; a shutdown while that write
-    waits on a slow reader sends no error event (and no second `[DONE]`) after it."""
+    waits on a slow reader sends no error event (and no second `[DONE]`) after it. The
+    stream settled `completed` before that write (its end hooks run before `[DONE]`)."""
     from aiohttp.test_utils import TestServer
 
     from proxy import streaming
@@ -199,7 +283,7 @@ async def test_a_shutdown_while_a_whole_stream_drains_adds_nothing_after_its_end
                 data += chunk
         writer.close()
     assert data.count(b"data: [DONE]") == 1 and b"shutting" not in data
-    assert one.ended == ["cancelled"]
+    assert one.ended == ["completed"]
 
 
 @pytest.mark.parametrize("whole", [True, False])
