@@ -233,3 +233,39 @@ async def test_the_worker_thread_yields_the_cpu_to_serving() -> None:
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     assert os.getpriority(os.PRIO_PROCESS, emb.thread_id) == min(19, mine + 7)
     await emb.close()
+
+
+def test_a_long_text_s_whole_count_leaves_the_gil_to_serving() -> None:
+    """A text past the model's window is counted whole (its 400 says how many tokens it
+    holds). `Tokenizer.encode` held the GIL throughout once the runtime's batch encoding
+    had run: a 2 MB embeddings input stalled the event loop (every request) for seconds
+    while the worker thread counted it. The count now leaves the GIL to other threads:
+    the gaps this thread sees while it runs are a small part of it."""
+    import time
+
+    from tokenizers import Tokenizer
+
+    from proxy.embed_models import _whole_counter, minilm_dir
+
+    path = minilm_dir()
+    Tokenizer.from_file(str(path / "tokenizer.json")).encode_batch(["warm"])  # as a pass
+    count = _whole_counter(path)
+    text = "x " * 400_000
+    done = threading.Event()
+    result: list[int] = []
+
+    def work() -> None:
+        result.append(count(text))
+        done.set()
+
+    worker = threading.Thread(target=work)
+    started = last = time.perf_counter()
+    worst = 0.0
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.002)
+        now = time.perf_counter()
+        worst, last = max(worst, now - last), now
+    worker.join(10)
+    assert result == [400_002]  # (with its [CLS] and [SEP])
+    assert worst < (last - started) / 2
