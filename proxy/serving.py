@@ -18,6 +18,7 @@ which aborts the request in the engine.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
@@ -42,6 +43,7 @@ from .preparing import (
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .tasks import cancel_and_wait
 from .telemetry import error_fields, get_logger
+from .tools import tool_chars
 
 if TYPE_CHECKING:
     from .terminal import Route
@@ -120,18 +122,48 @@ async def _merged(engine: Engine, prep: Prepared, base: str,
         await cancel_and_wait(*tasks)
 
 
+#: A prompt of this many characters or more (its messages' texts and tools, or its
+#: prompts) is prepared (rendered and tokenized) in a thread of its own, not on the
+#: event loop: the sanitizer's 262,144 characters took ~0.3 s to tokenize, and held every
+#: other request's stream that long, each time a client sent one (a cheap 400 past the
+#: context). Shorter ones, nearly all, stay on the loop: the hop costs more than they do.
+OFF_LOOP_CHARS = 16_384
+
+
+def _prompt_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
+    if isinstance(req, ChatCompletionRequest):
+        return sum(len(m.text()) for m in req.messages) + tool_chars(req)
+    return sum(len(p) for p in req.prompts())
+
+
 class LocalServing:
     """The Terminal over an in-process Engine."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._models: frozenset[str] | None = None
+        # One thread: long prompts are prepared one at a time (the tokenizer is one).
+        self._preparing = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="weir-prepare")
 
     async def start(self) -> None:
         await self.engine.start()
 
     async def close(self) -> None:
         await self.engine.close()
+        self._preparing.shutdown(wait=False, cancel_futures=True)
+
+    async def _prepare(self, ctx: RequestContext) -> Prepared:
+        req = ctx.request
+        if isinstance(req, ChatCompletionRequest):
+            prepare: Any = lambda: prepare_chat(self.engine, req)  # noqa: E731
+        else:
+            sent = ctx.sent if isinstance(ctx.sent, CompletionRequest) else None
+            prepare = lambda: prepare_completion(self.engine, req, sent)  # noqa: E731
+        if _prompt_chars(req) < OFF_LOOP_CHARS:
+            return prepare()  # type: ignore[no-any-return]
+        return await asyncio.get_running_loop().run_in_executor(  # type: ignore[no-any-return]
+            self._preparing, prepare)
 
     def ready(self) -> bool:
         return self.engine.ready()
@@ -194,11 +226,7 @@ class LocalServing:
             raise ModelNotFound(ctx.model)
         req = ctx.request
         try:
-            if isinstance(req, ChatCompletionRequest):
-                prep = prepare_chat(self.engine, req)
-            else:
-                prep = prepare_completion(self.engine, req, ctx.sent
-                                          if isinstance(ctx.sent, CompletionRequest) else None)
+            prep = await self._prepare(ctx)
         except WeirError:
             raise
         except RecursionError:  # a structure nested past what the template can render

@@ -106,3 +106,49 @@ async def test_100k_messages_are_refused_before_validation(
     assert r.status == 400
     assert (await r.json())["error"]["param"] == "messages"
     assert validated == []  # refused by count, not after a full validation
+
+
+class ThreadRecording(FakeEngine):
+    """Records the thread each prompt is rendered or tokenized in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def encode(self, text: str) -> list[int]:
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return super().encode(text)
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: Any, **kw: Any) -> list[int]:
+        import threading
+
+        self.threads.append(threading.current_thread().name)
+        return super().render_chat(messages, tools, **kw)
+
+
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_a_long_prompt_is_tokenized_off_the_event_loop(
+        make_client: MakeClient, route: str) -> None:
+    """Tokenizing the sanitizer's 262,144 characters took ~0.3 s: on the event loop, it
+    held every other request's stream that long, each time any client sent one (a cheap
+    400 past the context). A long prompt is rendered and tokenized in a thread of its
+    own; a short one stays on the loop."""
+    import threading
+
+    engine = ThreadRecording()
+    client = await make_client(engine=engine)
+    loop_thread = threading.current_thread().name
+    path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+    for text, off in (("hi", False), ("x " * 20_000, True)):
+        body: dict[str, Any] = {"model": "fake-model", "max_tokens": 2}
+        if route == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        engine.threads.clear()
+        r = await client.post(path, json=body)
+        assert r.status == (400 if off else 200), await r.text()  # (past the context)
+        assert engine.threads and all((t != loop_thread) == off for t in engine.threads), (
+            text[:5], engine.threads)
