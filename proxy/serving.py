@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import rendering
 from .auth import tenant_salt
@@ -47,6 +47,8 @@ from .tools import tool_chars
 
 if TYPE_CHECKING:
     from .terminal import Route
+
+T = TypeVar("T")
 
 log = get_logger("weir.serving")
 
@@ -160,10 +162,15 @@ class LocalServing:
         else:
             sent = ctx.sent if isinstance(ctx.sent, CompletionRequest) else None
             prepare = lambda: prepare_completion(self.engine, req, sent)  # noqa: E731
+        return await self._off_loop_if_long(req, prepare)  # type: ignore[no-any-return]
+
+    async def _off_loop_if_long(self, req: ChatCompletionRequest | CompletionRequest,
+                                work: Callable[[], T]) -> T:
+        """`work()` (rendering or tokenizing `req`'s prompt): on the loop for a short
+        prompt, in the preparing thread for a long one (`OFF_LOOP_CHARS`)."""
         if _prompt_chars(req) < OFF_LOOP_CHARS:
-            return prepare()  # type: ignore[no-any-return]
-        return await asyncio.get_running_loop().run_in_executor(  # type: ignore[no-any-return]
-            self._preparing, prepare)
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(self._preparing, work)
 
     def ready(self) -> bool:
         return self.engine.ready()
@@ -203,13 +210,16 @@ class LocalServing:
     def render_digest(self) -> str | None:
         return self.engine.render_digest
 
-    def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
-        # The render a miss makes before the engine (on the loop, as there): ~0.4 ms for
-        # a one-question chat with SmolLM2's template, paid by semantic hits only.
+    async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
+                           ) -> int | None:
+        # The render a miss makes before the engine (where a miss makes it: on the loop,
+        # ~0.4 ms for a one-question chat with SmolLM2's template; a long prompt's in the
+        # preparing thread), paid by hits of another prompt only.
         if not self.engine.ready():
             return None
         try:
-            return prompt_tokens(self.engine, request)
+            return await self._off_loop_if_long(
+                request, lambda: prompt_tokens(self.engine, request))
         except Exception:  # (a miss would answer for what the template refuses)
             return None
 

@@ -61,7 +61,8 @@ class Terminal(Protocol):
         """How a chat's prompt is rendered here (`Engine.render_digest`), for cache keys;
         None where it cannot be told (an upstream renders its own)."""
 
-    def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
+                           ) -> int | None:
         """The tokens of the request's prompt as the model reads it (its
         `usage.prompt_tokens` on a miss), for a cached answer to another prompt (a
         paraphrase's) to report the asker's; None where it cannot be told here (an

@@ -340,7 +340,8 @@ class Upstream:
     def render_digest(self) -> str | None:
         return None  # (the upstream renders with its own template)
 
-    def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
+                           ) -> int | None:
         return None  # (the upstream holds the tokenizer and the template)
 
     def has_model(self, model: str) -> bool:

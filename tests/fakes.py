@@ -136,7 +136,8 @@ class FakeEngine:
         terminal.)"""
         return self.decode(token_ids)
 
-    def count_prompt(self, request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
+                           ) -> int | None:
         """(As `LocalServing.count_prompt`, for the same tests.)"""
         return prompt_tokens(self, request)
 

@@ -215,7 +215,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         key = exact_key(ctx, self.cfg.scope, renders)
         scope = scope_id(ctx.principal, self.cfg.scope)
         if read and (entry := await self.store.get(key, scope, max_age=max_age)) is not None:
-            return self._hit(ctx, entry, "exact")
+            return await self._hit(ctx, entry, "exact")
         sem = (semantic_parts(ctx, self.cfg.scope, renders) if self.embedder is not None
                else None)
         if sem is not None and not (self.cfg.semantic.min_chars <= len(sem[1])
@@ -235,7 +235,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
                 if not write or d.only_if_cached or await self._given_head_start(look):
                     _, entry = await look  # nothing to race: wait (within its deadline)
                     if entry is not None:
-                        return self._semantic_hit(ctx, key, self._as_asked(ctx, entry),
+                        return await self._semantic_hit(ctx, key, await self._as_asked(
+                            ctx, entry),
                                                   write)
                 elif self._leading(key):  # one started meanwhile: wait for it instead
                     look.cancel()
@@ -264,7 +265,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
                     self.metrics.coalesced.inc()
                     ctx.response_headers[HEADER] = "coalesced"
                     ctx.response_headers["Age"] = str(led.age(now))
-                    return self._reply(ctx, led)
+                    return await self._reply(ctx, led)
                 led = None
             if led is None:
                 return await call_next(ctx)  # the leader failed: generate for ourselves
@@ -276,7 +277,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
             look.cancel()
             self.metrics.coalesced.inc()
             ctx.response_headers[HEADER] = "coalesced"
-            return self._reply(ctx, done)
+            return await self._reply(ctx, done)
         fut: Settle = asyncio.get_running_loop().create_future()
         if self.cfg.coalesce:
             self._inflight[key] = fut
@@ -344,13 +345,15 @@ class CachePlugin(BasePlugin[CacheConfig]):
             labelled(self.metrics.overlapped, "generated").inc()
             return await _take(gen)
         labelled(self.metrics.overlapped, "cancelled").inc()
-        entry = self._as_asked(ctx, entry)
-        if not fut.done():
-            fut.set_result(entry)  # requests waiting on this generation take the hit too
-        await _discard(gen)
+        try:
+            entry = await self._as_asked(ctx, entry)
+        finally:  # (cut meanwhile: the waiters count their own, and the generation ends)
+            if not fut.done():
+                fut.set_result(entry)  # requests waiting on this generation take the hit
+            await _discard(gen)
         ctx.response_headers.clear()
         ctx.response_headers.update(headers)
-        return self._semantic_hit(ctx, key, entry, True)
+        return await self._semantic_hit(ctx, key, entry, True)
 
     async def _lead(self, ctx: RequestContext, call_next: Next, key: str, scope: str,
                     sem: SemanticKey | None, qgate: str | None, look: Lookup | None,
@@ -425,7 +428,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     # -------------------------------------------------------------------- replies
 
-    def _as_asked(self, ctx: RequestContext, entry: Entry) -> Entry:
+    async def _as_asked(self, ctx: RequestContext, entry: Entry) -> Entry:
         """`entry` with the asker's prompt tokens in its usage where its prompt is another
         (a paraphrase: a semantic hit; a repeat with other spaces or look-alike letters,
         which the key reads as one: the stored prompt's were reported, and charged by
@@ -437,7 +440,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         if entry.asked == asked or (not isinstance(ctx.request, ChatCompletionRequest)
                                     and len(ctx.request.prompts()) != 1):
             return entry
-        own = self.services.terminal.count_prompt(ctx.request)
+        own = await self.services.terminal.count_prompt(ctx.request)
         if own is None:  # (the stored count stands in; the miss's breakdown of it does not)
             return replace(asked_with(entry, entry.usage["prompt_tokens"]), asked=asked)
         if not entry.asked and own == entry.usage["prompt_tokens"]:
@@ -449,21 +452,21 @@ class CachePlugin(BasePlugin[CacheConfig]):
             return entry
         return replace(asked_with(entry, own), asked=asked)
 
-    def _semantic_hit(self, ctx: RequestContext, key: str, entry: Entry, write: bool,
-                      ) -> Reply:
+    async def _semantic_hit(self, ctx: RequestContext, key: str, entry: Entry, write: bool,
+                            ) -> Reply:
         """Serve `entry` (`_as_asked` already) to a paraphrase; kept as its exact alias."""
         if write:
             p = ctx.principal
             self.store.promote(key, entry, self._prompt_text(ctx), (p.tenant, p.role, p.user))
-        return self._hit(ctx, entry, "semantic")
+        return await self._hit(ctx, entry, "semantic")
 
-    def _hit(self, ctx: RequestContext, entry: Entry, layer: str) -> Reply:
+    async def _hit(self, ctx: RequestContext, entry: Entry, layer: str) -> Reply:
         ctx.response_headers[HEADER] = layer
         ctx.response_headers["Age"] = str(entry.age(time.time()))
-        return self._reply(ctx, entry)
+        return await self._reply(ctx, entry)
 
-    def _reply(self, ctx: RequestContext, entry: Entry) -> Reply:
-        entry = self._as_asked(ctx, entry)
+    async def _reply(self, ctx: RequestContext, entry: Entry) -> Reply:
+        entry = await self._as_asked(ctx, entry)
         ctx.prompt_tokens = entry.usage["prompt_tokens"]
         if ctx.request.stream:
             stream = Stream(replay_stream(entry, ctx.request), whole=True)
@@ -483,7 +486,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         entry = await self.store.get(key, scope, allow_stale=True, max_age=max_age)
         if entry is None:
             return None
-        reply = self._hit(ctx, entry, "stale")
+        reply = await self._hit(ctx, entry, "stale")
         reply.headers[HEADER] = "stale"
         return reply
 

@@ -111,8 +111,8 @@ async def test_100k_messages_are_refused_before_validation(
 class ThreadRecording(FakeEngine):
     """Records the thread each prompt is rendered or tokenized in."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
         self.threads: list[str] = []
 
     def encode(self, text: str) -> list[int]:
@@ -152,3 +152,29 @@ async def test_a_long_prompt_is_tokenized_off_the_event_loop(
         assert r.status == (400 if off else 200), await r.text()  # (past the context)
         assert engine.threads and all((t != loop_thread) == off for t in engine.threads), (
             text[:5], engine.threads)
+
+
+async def test_a_long_prompt_s_cache_hit_counts_its_tokens_off_the_event_loop(
+        make_client: MakeClient) -> None:
+    """A cache hit for another prompt the key reads as the same (other spaces) reports
+    the asker's prompt tokens, rendered as a miss renders them: a long prompt's render
+    held the event loop there (each repeat with a space moved), though a miss of it is
+    prepared in a thread of its own."""
+    import threading
+
+    engine = ThreadRecording(max_model_len=100_000)
+    client = await make_client(make_settings(plugins=[
+        {"name": "cache", "config": {"semantic": {"enabled": False},
+                                     "store_truncated": True}}]), engine=engine)  # (kept cut)
+    text = "word " * 5_000
+    for prompt, layer in ((text, "miss"), ("word  " + text[5:], "exact")):
+        engine.threads.clear()
+        r = await client.post("/v1/chat/completions", json={
+            "model": "fake-model", "max_tokens": 64, "temperature": 0,
+            "messages": [{"role": "user", "content": prompt}]})
+        seen = list(engine.threads)
+        assert r.status == 200, await r.text()
+        assert r.headers["X-Weir-Cache"] == layer
+        assert (await r.json())["usage"]["prompt_tokens"] == len(
+            engine.render_chat([{"role": "user", "content": prompt}], None))
+        assert seen and threading.current_thread().name not in seen, (layer, seen)

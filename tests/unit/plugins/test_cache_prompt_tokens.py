@@ -116,7 +116,12 @@ async def test_a_verbatim_repeat_is_not_counted_again() -> None:
     renders: list[object] = []
     terminal = p.services.terminal
     count = terminal.count_prompt
-    terminal.count_prompt = lambda r: renders.append(r) or count(r)  # type: ignore[method-assign]
+
+    async def counting(r: object) -> int | None:
+        renders.append(r)
+        return await count(r)  # type: ignore[arg-type]
+
+    terminal.count_prompt = counting  # type: ignore[method-assign]
     reply, layer = await run(p, ctx(ASKED), eng)
     assert layer == "exact" and renders == []
     assert usage_of(reply)["prompt_tokens"] == counted(ctx(ASKED))
@@ -177,7 +182,12 @@ async def test_an_entry_stored_before_digests_were_kept_is_rendered_once() -> No
     renders: list[object] = []
     terminal = p.services.terminal
     count = terminal.count_prompt
-    terminal.count_prompt = lambda r: renders.append(r) or count(r)  # type: ignore[method-assign]
+
+    async def counting(r: object) -> int | None:
+        renders.append(r)
+        return await count(r)  # type: ignore[arg-type]
+
+    terminal.count_prompt = counting  # type: ignore[method-assign]
     for _ in range(3):
         reply, layer = await run(p, ctx(ASKED), eng)
         assert layer == "exact"
@@ -233,7 +243,11 @@ async def test_a_hit_of_another_prompt_over_an_upstream_reports_no_prefix_cache_
     upstream's prefix-cache hits on another prompt. It reports the count alone; a
     verbatim repeat still reports the miss's whole usage."""
     p, eng = plugin(semantic={"threshold": 0.8, "enabled": semantic}), Detailed()
-    p.services.terminal.count_prompt = lambda r: None  # type: ignore[method-assign]
+
+    async def uncounted(r: Any) -> None:
+        return None
+
+    p.services.terminal.count_prompt = uncounted  # type: ignore[method-assign]
     miss, layer = await run(p, ctx(ASKED), eng)
     assert layer == "miss" and isinstance(miss, Completion)
     stored = miss.body["usage"]["prompt_tokens"]
