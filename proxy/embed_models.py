@@ -41,7 +41,9 @@ class Runtime(Protocol):
     """One forward pass: texts -> (unit vectors [n, dim] float32, token counts). A text
     longer than `max_tokens` is embedded cut to them, and its count is its whole length
     (so a caller can tell: `/v1/embeddings` refuses it, the cache's lookups take the
-    cut)."""
+    cut). A runtime may also have `count(texts)`: their whole lengths alone, no pass,
+    safe to call from another thread while a pass runs (`LocalEmbedder` counts a long
+    text so before it queues)."""
 
     dim: int
 
@@ -189,7 +191,7 @@ class OnnxRuntime:
         self._session = ort.InferenceSession(str(path / "model.onnx"), opts,
                                              providers=["CPUExecutionProvider"])
         self._tok = _fast_tokenizer(path, max_tokens)
-        self._whole = _whole_counter(path)
+        self._whole = _whole_counter(path)  # (shared by both threads: nothing sets it)
         self._one_by_one = one_by_one
         self.dim = int(self(["warm up"])[0].shape[1])
 
@@ -208,6 +210,9 @@ class OnnxRuntime:
                   for n, e, t in zip(mask.sum(1), enc, texts, strict=True)]
         return np.ascontiguousarray(vecs, dtype=np.float32), counts
 
+    def count(self, texts: list[str]) -> list[int]:
+        return [self._whole(t) for t in texts]
+
 
 class StaticRuntime:
     def __init__(self, path: Path, max_tokens: int) -> None:
@@ -216,12 +221,19 @@ class StaticRuntime:
         self._model = StaticModel.from_pretrained(str(path))
         self._max = max_tokens
         self.dim = int(self._model.dim)
+        from tokenizers import Tokenizer
+
+        # (a copy: counted from another thread while a pass runs)
+        self._counter = Tokenizer.from_str(self._model.tokenizer.to_str())
 
     def __call__(self, texts: list[str]) -> tuple[np.ndarray, list[int]]:
         vecs = np.asarray(self._model.encode(texts, max_length=self._max), dtype=np.float32)
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         vecs /= np.maximum(norms, 1e-9)
         return vecs, [len(e.ids) for e in self._model.tokenizer.encode_batch(texts)]
+
+    def count(self, texts: list[str]) -> list[int]:
+        return [len(e.ids) for e in self._counter.encode_batch(texts)]
 
 
 class TorchRuntime:
@@ -233,6 +245,8 @@ class TorchRuntime:
 
         torch.set_num_threads(threads)
         self._tok = AutoTokenizer.from_pretrained(path)
+        # (a copy: counted from another thread while a pass sets truncation on `_tok`)
+        self._counter = AutoTokenizer.from_pretrained(path)
         self._model = AutoModel.from_pretrained(path).eval()
         self._max = max_tokens
         self.dim = int(self._model.config.hidden_size)
@@ -250,3 +264,6 @@ class TorchRuntime:
         counts = [int(n) if n < self._max else len(self._tok(t)["input_ids"])
                   for n, t in zip(batch["attention_mask"].sum(1), texts, strict=True)]
         return vecs.numpy().astype(np.float32), counts
+
+    def count(self, texts: list[str]) -> list[int]:
+        return [len(self._counter(t)["input_ids"]) for t in texts]

@@ -99,6 +99,16 @@ class _Call:
     counts: list[int] = field(default_factory=list)
 
 
+def _lower_priority(nice: int) -> None:
+    """The calling thread's scheduling niceness raised by `nice` (Linux)."""
+    if nice and hasattr(os, "setpriority"):
+        tid = threading.get_native_id()
+        try:  # on Linux, a thread id as the "process" sets that thread's niceness
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+        except OSError as e:
+            log.warning("could not lower the embedding thread's priority", error=str(e))
+
+
 class LocalEmbedder:
     def __init__(self, settings: EmbeddingSettings, registry: CollectorRegistry | None = None,
                  runtime: Callable[[], Runtime] | None = None) -> None:
@@ -114,6 +124,11 @@ class LocalEmbedder:
         self._char_cap = 8 * settings.max_input_tokens
         self._runtime: Runtime | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="weir-embed")
+        #: Where a long text that may be past a caller's `refuse_over` is counted, before
+        #: it queues for the model (`_refuse_long_first`).
+        self._counting = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="weir-embed-count", initializer=_lower_priority,
+            initargs=(settings.nice,))
         self._urgent: collections.deque[_Call] = collections.deque()
         self._bulk: collections.deque[_Call] = collections.deque()
         self._wake: asyncio.Event | None = None
@@ -131,12 +146,7 @@ class LocalEmbedder:
     def _load(self) -> None:
         s = self.settings
         self.thread_id = threading.get_native_id()
-        if s.nice and hasattr(os, "setpriority"):
-            try:  # on Linux, a thread id as the "process" sets that thread's niceness
-                os.setpriority(os.PRIO_PROCESS, self.thread_id,
-                               os.getpriority(os.PRIO_PROCESS, self.thread_id) + s.nice)
-            except OSError as e:
-                log.warning("could not lower the embedding thread's priority", error=str(e))
+        _lower_priority(s.nice)
         self._runtime = (self._make_runtime() if self._make_runtime is not None else
                          load_runtime(s.model, s.max_input_tokens, s.threads))
         self.dim = self._runtime.dim
@@ -151,6 +161,7 @@ class LocalEmbedder:
         for call in (*self._urgent, *self._bulk):
             call.future.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._counting.shutdown(wait=False, cancel_futures=True)
 
     async def ready(self) -> None:
         assert self._loaded is not None, "LocalEmbedder.start() was not called"
@@ -160,6 +171,8 @@ class LocalEmbedder:
         assert self._wake is not None, "LocalEmbedder.start() was not called"
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32), []
+        if refuse_over is not None:
+            await self._refuse_long_first(texts, refuse_over)
         call = _Call(list(texts), asyncio.get_running_loop().create_future(), refuse_over)
         urgent = (len(texts) <= URGENT_TEXTS
                   and sum(min(len(t), self._char_cap) for t in texts) <= BULK_PASS_CHARS)
@@ -171,6 +184,39 @@ class LocalEmbedder:
         finally:
             self.latency.labels("urgent" if urgent else "bulk").observe(
                 time.perf_counter() - started)
+
+    async def _refuse_long_first(self, texts: list[str], limit: int) -> None:
+        """Texts long enough to hold more than `limit` tokens (past `_char_cap`
+        characters) counted whole in a thread of their own, and one past `limit` refused,
+        before any queues for the model: the worker's pass tokenized a 2 MB text cut,
+        then counted it whole, ~5 s during which every tenant's semantic lookups waited
+        (and missed). (No count by characters alone can refuse it: a 2 MB word is one
+        `[UNK]`, 2 MB of spaces none.) A runtime that cannot count alone finds it in
+        its pass."""
+        count: Callable[[list[str]], list[int]] | None = getattr(self._runtime, "count", None)
+        long = [i for i, t in enumerate(texts) if len(t) > self._char_cap]
+        if count is None or not long:
+            return
+        gone = threading.Event()
+
+        def first_past() -> InputTooLong | None:
+            """In order, and no further than the first past `limit` (or the caller's
+            leaving): a large batch's count is seconds too."""
+            for i in long:
+                if gone.is_set():
+                    return None
+                if (n := count([texts[i]])[0]) > limit:
+                    return InputTooLong(i, n)
+            return None
+
+        try:
+            past = await asyncio.get_running_loop().run_in_executor(self._counting,
+                                                                    first_past)
+        except asyncio.CancelledError:
+            gone.set()
+            raise
+        if past is not None:
+            raise past
 
     def _take(self) -> list[tuple[_Call, int, int]]:
         """(call, start, end) slices for one pass: urgent calls first, then bulk."""

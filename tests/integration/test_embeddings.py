@@ -84,6 +84,22 @@ async def test_an_input_longer_than_the_model_reads_is_a_400(  # type: ignore[no
     assert r.status == 200 and (await r.json())["usage"]["prompt_tokens"] == 256
 
 
+async def test_a_long_input_past_the_window_takes_no_pass_of_the_model(  # type: ignore[no-untyped-def]
+        client) -> None:
+    """A long text past the window is counted before it queues for the one worker, and
+    refused there: no pass of the model (a 2 MB one held it ~5 s, every tenant's
+    semantic lookups behind it), the same 400 as a pass's count gave."""
+    emb = client.app[STATE].embedder
+    before = emb.batches
+    r = await client.post("/v1/embeddings", json={
+        "model": MODEL, "input": ["hi", "hello world " * 20_000]})
+    assert r.status == 400
+    error = (await r.json())["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "input[1]"
+    assert "40002 tokens" in error["message"]
+    assert emb.batches == before
+
+
 @pytest.mark.parametrize("ids", [[15339, 1917], [[15339, 1917], [9906]]])
 async def test_token_id_input_is_refused_in_words(client, ids) -> None:  # type: ignore[no-untyped-def]
     """What LangChain's OpenAIEmbeddings sends by default: tiktoken ids, which name

@@ -269,3 +269,39 @@ def test_a_long_text_s_whole_count_leaves_the_gil_to_serving() -> None:
     worker.join(10)
     assert result == [400_002]  # (with its [CLS] and [SEP])
     assert worst < (last - started) / 2
+
+
+class CountingRuntime(Runtime):
+    """Also counts texts alone (`count`, as the built-in runtimes do), recording them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted: list[list[str]] = []
+
+    def count(self, texts: list[str]) -> list[int]:
+        self.counted.append(list(texts))
+        return [len(t.split()) for t in texts]
+
+
+async def test_a_long_text_past_the_window_is_refused_without_a_pass() -> None:
+    """A 2 MB text past the window took a pass of the one worker (~5 s: tokenized cut,
+    then counted whole) before its 400, while every tenant's semantic lookups waited for
+    it. A text long enough to be past the window is counted first, in a thread of its
+    own: refused there, it never queues, and a pass under way does not hold its 400."""
+    rt = CountingRuntime()
+    emb = await started(rt)
+    rt.gate.clear()
+    busy = asyncio.create_task(emb.embed(["q 0"]))
+    await wait_entered(rt)  # a pass runs (and waits on the gate)
+    long = "w " * 5_000
+    async with asyncio.timeout(10):
+        with pytest.raises(InputTooLong) as caught:
+            await emb.embed(["q 1", long, "v " * 6_000], refuse_over=256)
+    assert (caught.value.index, caught.value.tokens) == (1, 5_000)
+    assert rt.counted == [[long]] and rt.passes == [["q 0"]]  # (none after the first)
+    rt.gate.set()
+    await busy
+    _, counts = await emb.embed(["q 1", "w " * 2_000 + "3"], refuse_over=4_000)
+    assert counts == [2, 2_001]  # (within: embedded, the pass's counts)
+    assert ["w " * 2_000 + "3"] in rt.passes
+    await emb.close()
