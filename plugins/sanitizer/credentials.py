@@ -229,12 +229,13 @@ def _looks_made_up(value: str, env: bool = False) -> bool:
 def find_secrets(text: str) -> Iterator[Span]:
     """Secrets in `text`, as written and as disguised: with look-alike letters of other
     scripts read as the Latin ones they mimic ("sk-proj-..." with a Cyrillic "s"; one
-    letter for one, so a span is the text's), and URL-decoded ("sk%2Dproj...",
-    "Bearer%20...", to two levels), each span placed back over the text's own."""
+    letter for one, so a span is the text's), and with its escapes decoded (`_ESCAPE`:
+    "sk%2Dproj...", "Bearer%20...", "sk\\u002dproj..."), each span placed back over the
+    text's own."""
     yield from _find(text)
     if not text.isascii() and (look := _unmasked(text)) is not None:
         yield from _find(look)
-    if "%" in text and (decoded := _percent_decoded(text)) is not None:
+    if ("%" in text or "\\u" in text) and (decoded := _unescaped(text)) is not None:
         plain, at = decoded
         for a, b in _find(plain):
             yield at[a], at[b]
@@ -288,27 +289,40 @@ def _worth_reading(words: str) -> bool:
             or ("-" in words and _UUID.search(words) is not None))
 
 
-_PERCENT = re.compile(r"%([2-6][0-9A-Fa-f]|7[0-9A-Ea-e])")  # (printable ASCII only)
-_PERCENT_ROUNDS = 2
+# An escape a reader or a program reads as the character it names: URL-encoding
+# ("sk%2Dproj"), and a JSON or JavaScript escape written out in plain text
+# ("sk\\u002dproj", as a log line or a pasted string literal holds it). Printable
+# characters only: an escaped control character is no disguise of a key's.
+_ESCAPE = re.compile(r"%(?P<p>[2-6][0-9A-Fa-f]|7[0-9A-Ea-e])|\\u(?P<u>[0-9A-Fa-f]{4})")
+_ESCAPE_ROUNDS = 2
 
 
-def _percent_decoded(text: str) -> tuple[str, list[int]] | None:
-    """`text` with its printable %XX escapes decoded (twice over: "%252D" is "-"), and
+def _escaped_char(m: re.Match[str]) -> str | None:
+    """The character the escape `m` names, or None where it names none read here."""
+    c = chr(int(m["p"] or m["u"], 16))
+    return c if c.isprintable() else None  # (a lone surrogate is none)
+
+
+def _unescaped(text: str) -> tuple[str, list[int]] | None:
+    """`text` with its escapes decoded (`_ESCAPE`; twice over: "%252D" is "-"), and
     where each of its characters starts in `text` (the text's end last); None where it
     holds none."""
     at: list[int] | None = None
-    for _ in range(_PERCENT_ROUNDS):
-        if _PERCENT.search(text) is None:
-            break
+    for _ in range(_ESCAPE_ROUNDS):
         out: list[str] = []
         places: list[int] = []
         pos = 0
-        for m in _PERCENT.finditer(text):
+        for m in _ESCAPE.finditer(text):
+            c = _escaped_char(m)
+            if c is None:
+                continue
             out.append(text[pos:m.start()])
             places += range(pos, m.start())
-            out.append(chr(int(m[1], 16)))
+            out.append(c)
             places.append(m.start())
             pos = m.end()
+        if not places:
+            break
         out.append(text[pos:])
         places += range(pos, len(text) + 1)
         at = places if at is None else [at[i] for i in places]

@@ -247,3 +247,28 @@ def test_the_next_line_of_an_env_file_is_no_piece_of_a_key(text: str) -> None:
 
 def test_a_key_wrapped_after_an_assignment_is_still_read() -> None:
     assert fires("OPENAI_API_KEY=sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t\nUv1wXy4zQ7")
+
+
+# ------------------------------------------------- escapes written out in plain text
+
+@pytest.mark.parametrize("text", [
+    "sk\\u002dproj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7",
+    'the key is "sk\\u002Dproj\\u002DAb3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"',
+    "ghp\\u005faB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+    "AKIA\\u0049OSFODNN7EXAMPLF",
+])
+def test_a_json_escape_written_out_in_plain_text_is_read(text: str) -> None:
+    """A JSON escape written as characters in a message ("sk\\u002dproj-...", as a log
+    line or a pasted string literal holds it) was read as written: the key's prefix was
+    no prefix, and the key went on whole."""
+    key = text.rpartition(" ")[2].strip('"')
+    assert key in found(text)  # the whole key, its escapes with it
+
+
+@pytest.mark.parametrize("text", [
+    'print("caf\\u00e9 \\u2014 cr\\u00e8me br\\u00fbl\\u00e9e")',
+    "C:\\users\\public\\u0041dmin",
+    'the JSON escape \\u002d is a hyphen and \\u005f an underscore',
+])
+def test_json_escapes_in_ordinary_text_are_no_secret(text: str) -> None:
+    assert not fires(text), found(text)
