@@ -124,6 +124,13 @@ def _as_read(folded: str) -> str:
     return folded.translate(_AS)
 
 
+def read_as(text: str) -> str:
+    """`text` folded and read one character for another as detectors read it (`_AS`),
+    its layout kept (no run of spaces squeezed, no end stripped): a character a
+    detector decoded from an escape ("\\uff53", "%D0%BA"), read as the text's own are."""
+    return _as_read(fold(text))
+
+
 def canonical(folded: str) -> str:
     """A folded text's canonical form (`normalize` of the text it was folded from)."""
     return _squeeze(folded).strip()

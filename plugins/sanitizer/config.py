@@ -110,7 +110,8 @@ class Detectors(ConfigModel):
         "in URLs and curl -u, JWTs, private keys (PGP, PuTTY), and 'my password is ...' / "
         "'api key: ...' / 'DB_PASSWORD=...' phrases in 15 languages (code that reads a "
         "secret from elsewhere, '$PASSWORD', 'os.getenv(...)', does not fire); also written "
-        "with look-alike letters of other scripts, URL-encoded, in a URL's query string, "
+        "with look-alike letters of other scripts, URL-encoded or JSON-escaped (\\u002d), "
+        "those disguises stacked, in a URL's query string, "
         "and UUID-shaped keys after a key's name ('api key: <uuid>')."))
     injection: Action = Field("flag", description=(
         "Prompt-injection phrases (en, zh, fr, de, es; look-alike letters folded)."))

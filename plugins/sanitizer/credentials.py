@@ -14,6 +14,8 @@ import base64
 import re
 from collections.abc import Iterator
 
+from proxy.text import fold, read_as
+
 from .injection import SHAPES
 from .spans import Span, trie
 
@@ -233,12 +235,26 @@ def find_secrets(text: str) -> Iterator[Span]:
     "sk%2Dproj...", "Bearer%20...", "sk\\u002dproj..."), each span placed back over the
     text's own."""
     yield from _find(text)
-    if not text.isascii() and (look := _unmasked(text)) is not None:
-        yield from _find(look)
+    reading = _disguised(text)
+    if reading is not None:
+        view, at = reading
+        for a, b in _find(view):
+            yield (a, b) if at is None else (at[a], at[b])
+
+
+def _disguised(text: str) -> tuple[str, list[int] | None] | None:
+    """`text` as a reader of its disguises reads it, each undone in turn so that they
+    compose (a look-alike letter in a URL-encoded key, "s\u043a%2Dproj-...", a
+    JSON-escaped look-alike, "s\\u043a-proj-..."): its escapes decoded (`_unescaped`),
+    then, in what that reads, the words that mix look-alike letters with ASCII read as
+    the letters they mimic (`_unmasked`); with where each of its characters starts in
+    `text` (None: one for one). None where it reads as written."""
+    view, at = text, None
     if ("%" in text or "\\u" in text) and (decoded := _unescaped(text)) is not None:
-        plain, at = decoded
-        for a, b in _find(plain):
-            yield at[a], at[b]
+        view, at = decoded
+    if not view.isascii() and (look := _unmasked(view)) is not None:
+        view = look
+    return None if view is text else (view, at)
 
 
 # A word that mixes look-alike letters of another script with ASCII letters, digits or a
@@ -290,17 +306,28 @@ def _worth_reading(words: str) -> bool:
 
 
 # An escape a reader or a program reads as the character it names: URL-encoding
-# ("sk%2Dproj"), and a JSON or JavaScript escape written out in plain text
-# ("sk\\u002dproj", as a log line or a pasted string literal holds it). Printable
-# characters only: an escaped control character is no disguise of a key's.
-_ESCAPE = re.compile(r"%(?P<p>[2-6][0-9A-Fa-f]|7[0-9A-Ea-e])|\\u(?P<u>[0-9A-Fa-f]{4})")
+# ("sk%2Dproj", a UTF-8 letter's bytes "%D0%BA"), and a JSON or JavaScript escape written
+# out in plain text ("sk\\u002dproj", as a log line or a pasted string literal holds
+# it). Printable characters only: an escaped control character is no disguise of a key's.
+_ESCAPE = re.compile(r"%(?P<p>[2-6][0-9A-Fa-f]|7[0-9A-Ea-e])|\\u(?P<u>[0-9A-Fa-f]{4})"
+                     r"|(?P<b>%[C-Fc-f][0-9A-Fa-f](?:%[89ABab][0-9A-Fa-f]){1,3})")
 _ESCAPE_ROUNDS = 2
 
 
 def _escaped_char(m: re.Match[str]) -> str | None:
-    """The character the escape `m` names, or None where it names none read here."""
-    c = chr(int(m["p"] or m["u"], 16))
-    return c if c.isprintable() else None  # (a lone surrogate is none)
+    """What the escape `m` names, read as the text's own characters are (`read_as`: a
+    full-width or look-alike letter as it is read, an invisible one as nothing), or None
+    where it names no character read here."""
+    if m["b"] is not None:
+        try:
+            c = bytes.fromhex(m["b"].replace("%", "")).decode()
+        except UnicodeDecodeError:
+            return None
+    else:
+        c = chr(int(m["p"] or m["u"], 16))
+    if not c.isprintable() and fold(c):  # (a lone surrogate, a control character)
+        return None
+    return c if c.isascii() else read_as(c)
 
 
 def _unescaped(text: str) -> tuple[str, list[int]] | None:
@@ -319,9 +346,9 @@ def _unescaped(text: str) -> tuple[str, list[int]] | None:
             out.append(text[pos:m.start()])
             places += range(pos, m.start())
             out.append(c)
-            places.append(m.start())
+            places += [m.start()] * len(c)
             pos = m.end()
-        if not places:
+        if not out:
             break
         out.append(text[pos:])
         places += range(pos, len(text) + 1)

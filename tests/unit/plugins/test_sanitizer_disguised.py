@@ -272,3 +272,39 @@ def test_a_json_escape_written_out_in_plain_text_is_read(text: str) -> None:
 ])
 def test_json_escapes_in_ordinary_text_are_no_secret(text: str) -> None:
     assert not fires(text), found(text)
+
+
+# ------------------------------------------------- disguises stacked
+
+BODY = "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"
+
+
+@pytest.mark.parametrize("text", [
+    f"s\u043a%2Dproj-{BODY}",  # a look-alike letter and URL-encoding
+    f"\u0455k%2Dproj%2D{BODY}",
+    f"s\u043a\\u002dproj-{BODY}",  # a look-alike letter and a JSON escape
+    f"s\\u043a-proj-{BODY}",  # a look-alike letter JSON-escaped
+    f"s%D0%BA-proj-{BODY}",  # a look-alike letter URL-encoded (its UTF-8 bytes)
+    f"s%D0%BA%2Dproj-{BODY}",
+    f"\\uff53k-proj-{BODY}",  # a full-width letter escaped
+    f"sk\\u200b-proj-{BODY}",  # an invisible character escaped
+    "gh\u0440%5FaB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+    "AK\\u0406AIOSFODNN7EXAMPLF",
+])
+def test_two_disguises_stacked_are_read_through(text: str) -> None:
+    """Each disguise was undone in a reading of its own (look-alike letters in one,
+    URL-encoding in another), so two stacked ("s" + Cyrillic "k" + "%2Dproj-...") hid
+    the key from both; the escapes are decoded first, then the look-alikes read, in one
+    reading, and the whole key is covered."""
+    assert text in found(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "https://ru.wikipedia.org/wiki/%D0%9A%D0%BB%D1%8E%D1%87_(%D0%BA%D1%80%D0%B8%D0%BF%D1%82)",
+    "Ссылка: https://example.ru/search?q=%D0%BA%D0%BB%D1%8E%D1%87%20API&page=2",
+    'msg = "\\u041f\\u0430\\u0440\\u043e\\u043b\\u044c '
+    '\\u0438\\u0437\\u043c\\u0435\\u043d\\u0451\\u043d"',
+    "caf%C3%A9 cr%C3%A8me, 100%25 sk%C3%B6n",
+])
+def test_encoded_text_in_other_scripts_is_no_key(text: str) -> None:
+    assert not fires(text), found(text)
