@@ -311,7 +311,12 @@ def _worth_reading(words: str) -> bool:
 # it). Printable characters only: an escaped control character is no disguise of a key's.
 _ESCAPE = re.compile(r"%(?P<p>[2-6][0-9A-Fa-f]|7[0-9A-Ea-e])|\\u(?P<u>[0-9A-Fa-f]{4})"
                      r"|(?P<b>%[C-Fc-f][0-9A-Fa-f](?:%[89ABab][0-9A-Fa-f]){1,3})")
-_ESCAPE_ROUNDS = 2
+# Escapes are decoded round after round while a round decodes any ("%25252D" is "%252D",
+# then "%2D", then "-"): a URL encoded once more at each hop of a redirect or a proxy,
+# a JSON string of a URL. At most this many rounds: each reads the whole text, and no
+# tool chain nests deeper (a text nested past it costs eight linear passes, not one per
+# level of a megabyte's worth of "%25").
+_ESCAPE_ROUNDS = 8
 
 
 def _escaped_char(m: re.Match[str]) -> str | None:
@@ -331,7 +336,7 @@ def _escaped_char(m: re.Match[str]) -> str | None:
 
 
 def _unescaped(text: str) -> tuple[str, list[int]] | None:
-    """`text` with its escapes decoded (`_ESCAPE`; twice over: "%252D" is "-"), and
+    """`text` with its escapes decoded (`_ESCAPE`, round after round: "%25252D" is "-"), and
     where each of its characters starts in `text` (the text's end last); None where it
     holds none."""
     at: list[int] | None = None

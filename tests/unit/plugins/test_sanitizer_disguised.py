@@ -308,3 +308,33 @@ def test_two_disguises_stacked_are_read_through(text: str) -> None:
 ])
 def test_encoded_text_in_other_scripts_is_no_key(text: str) -> None:
     assert not fires(text), found(text)
+
+
+# ------------------------------------------------- escapes nested n times
+
+def _nested(times: int) -> str:
+    """"-" URL-encoded `times` times over ("%2D", "%252D", "%25252D", ...)."""
+    return "%" + "25" * (times - 1) + "2D"
+
+
+@pytest.mark.parametrize("text", [
+    f"sk{_nested(3)}proj{_nested(3)}{BODY}",  # three times
+    f"sk{_nested(5)}proj-{BODY}",
+    f"sk{_nested(8)}proj-{BODY}",
+    f"sk%255Cu002dproj-{BODY}",  # a JSON escape, URL-encoded twice over
+    f"s\\u0025D0%25BA-proj-{BODY}",  # a look-alike's bytes, URL-encoded, then escaped
+])
+def test_escapes_nested_n_times_are_decoded(text: str) -> None:
+    """Escapes were decoded two rounds deep: "sk%25252Dproj-..." (URL-encoded three
+    times, a redirect's hops) went on whole."""
+    assert text in found(text), found(text)
+
+
+def test_escape_rounds_are_bounded() -> None:
+    """Each round reads the whole text: they stop at `_ESCAPE_ROUNDS`, not at the depth
+    a text nests to (a megabyte of "%25" is not a million passes)."""
+    from plugins.sanitizer.credentials import _ESCAPE_ROUNDS, _unescaped
+    deep = _ESCAPE_ROUNDS + 12
+    decoded = _unescaped(f"sk{_nested(deep)}proj")
+    assert decoded is not None
+    assert decoded[0] == f"sk{_nested(deep - _ESCAPE_ROUNDS)}proj"
