@@ -412,7 +412,7 @@ def _find(text: str) -> Iterator[Span]:
         yield from _named_uuids(text)
     if "=" in text and any(w in low for w in _QUERY_WORDS):
         for m in _QUERY.finditer(text):
-            if _query_value(m["qs"]):
+            if _query_value(m["qs"], m["name"]):
                 yield m.span()
 
 
@@ -427,8 +427,8 @@ _QUERY = re.compile(
     r"(?<=[?&;])(?i:(?!(?:page|next|continuation|sync|cursor|state)[_-]?token=)"
     r"(?!(?:idempotency|sort|primary|partition|foreign|cache|public|range|routing|shard"
     r"|dedup|dedupe|lookup|group|order|unique|composite|translation|i18n|hash)[_-]?key=)"
-    r"(?:[a-z0-9]+[_-])*(?:api[_-]?key|apikey|key|secret|token|auth|pass(?:word|wd)?|pwd"
-    r"|credentials?))=(?P<qs>[^&#\s\"'<>]{8,512})")
+    r"(?P<name>(?:[a-z0-9]+[_-])*(?:api[_-]?key|apikey|key|secret|token|auth|pass(?:word|wd)?"
+    r"|pwd|credentials?)))=(?P<qs>[^&#\s\"'<>]{8,512})")
 
 
 # Words joined by "_" or "-", each capitalized or lower-case: a page's or a thing's name
@@ -436,8 +436,22 @@ _QUERY = re.compile(
 _TITLE_SLUG = re.compile(r"[A-Za-z][a-z]+(?:[_-][A-Za-z][a-z]+)+")
 
 
-def _query_value(value: str) -> bool:
+# A key named only "key" ("?key=", "?item_key="; not "api_key", "access_key") names as
+# often a record, a section or a page as a credential: its value is a credential's only
+# where it is not a name and a number ("section2", "chapter-3", "Page_12", "tenant42",
+# "2024-01-01"): words, each with at most a few digits after it, or numbers.
+_BARE_KEY = re.compile(r"(?i:(?:[a-z0-9]+[_-])?key)")
+_CREDENTIAL_KEY = re.compile(r"(?i:(?:api|access|secret|private|client|app|auth|account"
+                             r"|license|licence|master|subscription|signing|encryption)[_-]?key)")
+_NAMING = r"(?:(?:[a-z]{1,16}|[A-Z][a-z]{1,15}|[A-Z]{1,8})\d{0,6}|\d{1,6})"
+_NAME_AND_NUMBER = re.compile(rf"{_NAMING}(?:[-_.]{_NAMING})*")
+
+
+def _query_value(value: str, name: str) -> bool:
     v = _bare(value)
+    if (_BARE_KEY.fullmatch(name) is not None and _CREDENTIAL_KEY.fullmatch(name) is None
+            and _NAME_AND_NUMBER.fullmatch(v) is not None):
+        return False
     return (_value_ok(v) and _LOWER_SLUG.fullmatch(v) is None
             and _TITLE_SLUG.fullmatch(v) is None
             and any(c.isalpha() for c in v) and _random_looking(v))

@@ -338,3 +338,37 @@ def test_escape_rounds_are_bounded() -> None:
     decoded = _unescaped(f"sk{_nested(deep)}proj")
     assert decoded is not None
     assert decoded[0] == f"sk{_nested(deep - _ESCAPE_ROUNDS)}proj"
+
+
+# ------------------------------------------------- a query's bare "key" naming a section
+
+@pytest.mark.parametrize("text", [
+    "https://docs.example.com/guide?key=section2",
+    "https://docs.example.com/guide?key=section2&lang=en",
+    "https://example.com/book?key=chapter-3",
+    "https://example.com/items?item_key=tenant42&page=2",
+    "https://example.com/wiki?key=Page_12",
+    "https://example.com/report?key=2024-01-01",
+    "https://example.com/s?key=SECTION2.intro",
+])
+def test_a_bare_key_naming_a_section_is_no_secret(text: str) -> None:
+    """'?key=section2' was redacted as a credential (a digit in it made it look made
+    up): a query's key named only "key" holds a section's or a record's name and number
+    as often as a credential."""
+    assert not fires(text), found(text)
+
+
+@pytest.mark.parametrize(("text", "secret"), [
+    ("https://maps.example.com/api/js?key=AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW",
+     "AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW"),
+    ("https://api.trello.com/1/members/me?key=9f86d081884c7d659a2feaa0c55ad015",
+     "9f86d081884c7d659a2feaa0c55ad015"),
+    ("https://api.example.com/v1?key=Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1&page=2", "Zx8Vb7Nm6Lk5"),
+    ("https://api.example.com/v1?key=abcdef0123456789abcdef", "abcdef0123456789abcdef"),
+    ("https://api.example.com/v1?api_key=section2", "section2"),  # named an API key
+    ("https://api.example.com/v1?access_key=tenant42", "tenant42"),
+    ("https://example.com/login?password=hunter22", "hunter22"),
+    ("https://example.com/x?token=chapter3x9", "chapter3x9"),
+])
+def test_a_query_s_key_or_credential_is_still_one(text: str, secret: str) -> None:
+    assert any(secret in s for s in found(text)), found(text)
