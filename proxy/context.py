@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -37,14 +37,20 @@ def screened_values(values: dict[str, str], screen: Screen | None) -> dict[str, 
     said = screen([*keys, *(values[k] for k in keys)])
     out: dict[str, str] = {}
     for key, screened, value in zip(keys, said[:len(keys)], said[len(keys):], strict=True):
-        # Two keys redacted alike ("alice@x.com" and "bob@y.com" both "[EMAIL]"), or one
-        # redacted as another key reads, stay two entries: "[EMAIL]", "[EMAIL]#2".
-        n, name = 1, screened
-        while name in out or (name != key and name in values):
-            n += 1
-            name = f"{screened}#{n}"
-        out[name] = value
+        out[key_apart(screened, key, out, values)] = value
     return out
+
+
+def key_apart(screened: str, key: str, taken: Container[str], keys: Container[str]) -> str:
+    """A mapping's key `key`, screened as `screened`, as a key of the screened mapping
+    whose keys so far are `taken` (`keys`: the mapping's own): two keys redacted alike
+    ("alice@x.com" and "bob@y.com" both "[EMAIL]"), or one redacted as another key
+    reads, stay two entries, "[EMAIL]" and "[EMAIL]#2" (one entry dropped a value)."""
+    n, name = 1, screened
+    while name in taken or (name != key and name in keys):
+        n += 1
+        name = f"{screened}#{n}"
+    return name
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel
 
 from proxy.chain import BasePlugin, Next, Reply, Services
-from proxy.context import RequestContext, Screen, screened_values
+from proxy.context import RequestContext, Screen, key_apart, screened_values
 from proxy.errors import InvalidRequest
 from proxy.jsonbody import loads_finite
 from proxy.protocol import (
@@ -768,12 +768,15 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             items = [self._json_value(v, fired) for v in value]
             return value if all(a is b for a, b in zip(items, value, strict=True)) else items
         if isinstance(value, dict):
-            pairs = [(self._json_value(k, fired),
-                      self._keyed(k, v, fired) if isinstance(v, str) else
-                      self._json_value(v, fired)) for k, v in value.items()]
-            same = all(k2 is k and v2 is v for (k2, v2), (k, v) in zip(
-                pairs, value.items(), strict=True))
-            return value if same else dict(pairs)
+            out: dict[Any, Any] = {}
+            same = True
+            for k, v in value.items():
+                said = self._json_value(k, fired)
+                v2 = (self._keyed(k, v, fired) if isinstance(v, str) else
+                      self._json_value(v, fired))
+                same = same and said is k and v2 is v
+                out[key_apart(said, k, out, value)] = v2  # (redacted alike: kept apart)
+            return value if same else out
         return value
 
     def _keyed(self, key: str, value: str, fired: dict[str, str]) -> str:

@@ -448,3 +448,49 @@ def test_a_reasoning_item_is_kept_with_the_fields_the_api_names_only() -> None:
                         "summary": [{"type": "summary_text", "text": "thought"}],
                         "content": [{"type": "reasoning_text", "text": "more"}],
                         "encrypted_content": "blob"}
+
+
+# ------------------------------------------------- extra fields' keys redacted alike
+
+TWO = {"alice@example.com": "first", "bob@example.org": "second"}
+
+
+async def test_extra_fields_keys_redacted_alike_stay_apart() -> None:
+    """Two keys of a field the protocol does not name (on the request, a message, a
+    content part, a call's arguments) that redact alike ("[EMAIL]" both) made one entry,
+    every value but the last dropped, as `metadata`'s keys did before stop 49."""
+    req = ChatCompletionRequest.model_validate({
+        "model": "m", "x-req": dict(TWO), "messages": [
+            {"role": "user", "x-msg": dict(TWO), "content": [
+                {"type": "text", "text": "hi", "x-part": dict(TWO)}]},
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "f", "arguments": json.dumps(TWO)}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]})
+    ctx = RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                         request_id="r")
+    spy = Spy()
+    await plugin(email="redact")(ctx, spy)
+    assert spy.ctx is not None
+    want = {"[EMAIL]": "first", "[EMAIL]#2": "second"}
+    for sent in (spy.ctx.request, spy.ctx.key_request):
+        assert isinstance(sent, ChatCompletionRequest)
+        body = sent.model_dump(exclude_unset=True)
+        assert body["x-req"] == want
+        assert body["messages"][0]["x-msg"] == want
+        assert body["messages"][0]["content"][0]["x-part"] == want
+        args = body["messages"][1]["tool_calls"][0]["function"]["arguments"]
+        assert json.loads(args) == want
+
+
+async def test_an_extra_key_redacted_as_another_key_reads_stays_apart() -> None:
+    req = ChatCompletionRequest.model_validate({
+        "model": "m", "x-req": {"[EMAIL]": "literal", "alice@example.com": "hers"},
+        "messages": [{"role": "user", "content": "hi"}]})
+    ctx = RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                         request_id="r")
+    spy = Spy()
+    await plugin(email="redact")(ctx, spy)
+    assert spy.ctx is not None
+    body = spy.ctx.request.model_dump(exclude_unset=True)
+    assert body["x-req"] == {"[EMAIL]": "literal", "[EMAIL]#2": "hers"}
