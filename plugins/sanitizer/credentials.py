@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from proxy.text import fold, read_as
 
@@ -234,15 +235,18 @@ def find_secrets(text: str) -> Iterator[Span]:
     letter for one, so a span is the text's), and with its escapes decoded (`_ESCAPE`:
     "sk%2Dproj...", "Bearer%20...", "sk\\u002dproj..."), each span placed back over the
     text's own."""
-    yield from _find(text)
-    reading = _disguised(text)
+    low = text.lower()
+    hits = _scan(low)
+    yield from _find(text, low, hits)
+    reading = _disguised(text, hits if len(low) == len(text) else None)
     if reading is not None:
         view, at = reading
         for a, b in _find(view):
             yield (a, b) if at is None else (at[a], at[b])
 
 
-def _disguised(text: str) -> tuple[str, list[int] | None] | None:
+def _disguised(text: str, hits: _Hits | None = None,
+               ) -> tuple[str, list[int] | None] | None:
     """`text` as a reader of its disguises reads it, each undone in turn so that they
     compose (a look-alike letter in a URL-encoded key, "s\u043a%2Dproj-...", a
     JSON-escaped look-alike, "s\\u043a-proj-..."): its escapes decoded (`_unescaped`),
@@ -252,7 +256,8 @@ def _disguised(text: str) -> tuple[str, list[int] | None] | None:
     view, at = text, None
     if ("%" in text or "\\u" in text) and (decoded := _unescaped(text)) is not None:
         view, at = decoded
-    if not view.isascii() and (look := _unmasked(view)) is not None:
+        hits = None  # (the scan was of the text as written)
+    if not view.isascii() and (look := _unmasked(view, hits)) is not None:
         view = look
     return None if view is text else (view, at)
 
@@ -265,44 +270,131 @@ def _disguised(text: str) -> tuple[str, list[int] | None] | None:
 _LOOK = str.maketrans(SHAPES)
 _SHAPE = f"[{''.join(SHAPES)}]"
 _SHAPE_CHAR = re.compile(_SHAPE)
-_MIXED = re.compile(f"[A-Za-z0-9_-]{_SHAPE}|{_SHAPE}[A-Za-z0-9_-]")  # (where one mixes)
+_MIXED = re.compile(f"[A-Za-z0-9_-](?:(?={_SHAPE})|(?<={_SHAPE}.))")  # (where one mixes)
 _MIXED_WORD = re.compile(
     rf"(?<!\S)(?=\S*?(?:[A-Za-z0-9_-]{_SHAPE}|{_SHAPE}[A-Za-z0-9_-]))\S+")
 
 
-def _unmasked(text: str) -> str | None:
+def _unmasked(text: str, hits: _Hits | None = None) -> str | None:
     """`text` with the words that mix look-alike letters with ASCII read as the Latin
     letters they mimic (one letter for one: a span is the text's), where one of those
-    words, so read, holds anything here starts from (`_worth_reading`); None otherwise."""
+    words, so read, holds what a secret is found from (`_worth_reading`; `hits`: the
+    scan of `text` as written, where the caller has it); None otherwise."""
     if _SHAPE_CHAR.search(text) is None or (first := _MIXED.search(text)) is None:
         return None  # (most text in another script: no word mixes; one quick scan)
     start = _word_start(text, first.start())
-    words: list[str] = []
-
-    def folded(m: re.Match[str]) -> str:
-        word = m.group().translate(_LOOK)
-        words.append(word)
-        return word
-
-    look = text[:start] + _MIXED_WORD.sub(folded, text[start:])
-    return look if words and _worth_reading(" ".join(words).lower()) else None
+    if not _worth_reading(text, start, hits):
+        return None
+    return text[:start] + _MIXED_WORD.sub(_folded_word, text[start:])
 
 
-def _worth_reading(words: str) -> bool:
-    """Whether the words a look-alike reading changed (`words`, folded, lower-cased, one
-    space between) hold what anything here starts from: a format's literal anywhere in a
-    word (a key's prefix, plain or disguised, with a look-alike in its body too), a
-    phrase's first word where a word starts (not "api" in Turkish "kap\u0131"), a variable's
-    ending, the words before a UUID or in a query, a UUID. Most text in other scripts
-    (and Turkish or Danish prose, whose own letters dotless i and o-slash are look-alikes) holds
-    none, and is not read twice."""
-    for m in _ANY_WORD.finditer(words):
-        word, i = m.group(), m.start()
-        if (word in _MAYBE_NEED or word == "--pass"
-                or (word in _MAYBE_START and not (i and "a" <= words[i - 1] <= "z"))):
+def _folded_word(m: re.Match[str]) -> str:
+    return m.group().translate(_LOOK)
+
+
+_HEX_LETTERS = frozenset("abcdef")
+_NEAR = 64  # how far before what a secret is found from the secret may start
+_AFTER = 640  # how far after it a secret is looked for when deciding to read the text
+
+
+def _worth_reading(text: str, start: int, hits: _Hits | None) -> bool:
+    """Whether a word that mixes look-alike letters with ASCII (from `start` on), read
+    as the letters it mimics, holds a secret, or the start of one that words after it
+    end: where a word so read holds what anything here starts from (a format's literal,
+    plain or disguised, with a look-alike in its body too; a phrase's first word where a
+    word starts; a variable's ending, the words before a UUID or in a query; a UUID),
+    the text around it, so read, is read for a secret. Most text in other scripts (and
+    Turkish or Danish prose, whose own letters dotless i and o-slash are look-alikes)
+    holds none, and is not read twice. Each place is found by a search of the text with
+    every look-alike read (`str.replace`, once per look-alike present), for the words
+    holding a letter a look-alike present reads as; what it holds as written is in
+    `hits`, the text's own scan: no word of the text is folded one by one."""
+    present = set(_SHAPE_CHAR.findall(text, start))
+    read = text
+    for c in present:
+        read = read.replace(c, SHAPES[c])
+    low = read.lower()
+    if hits is None:
+        written = text.lower()
+        hits = _scan(written) if len(written) == len(text) else None
+    if len(low) != len(text) or hits is None:
+        return True  # (lower-casing moved offsets, rare letters: the text is read again)
+    # (each place with the word found there: as written, the scan's; then the words
+    # holding a letter a look-alike present reads as, and the ones any word may hold)
+    places = list(hits.found)
+    letters = {SHAPES[c].lower() for c in present}
+    looked_for = {w for c in letters for w in _LOOKED_FOR_BY_LETTER[c]}
+    words = looked_for.union(_WORDS_ANYWHERE)
+    roots = {_ROOT_OF[w] for w in words}
+    there = {r for r in roots if r in low}  # (a word whose root is not there is not)
+    for word in words:
+        if _ROOT_OF[word] not in there:
+            continue
+        if word not in _ANYWHERE:  # where a word starts (not "api" in "kap\u0131")
+            places += [(m.start(), word) for m in _AT_WORD_START[word].finditer(low, start)]
+            continue
+        i = low.find(word, start)
+        while i != -1:
+            places.append((i, word))
+            i = low.find(word, i + 1)
+    if not letters.isdisjoint(_HEX_LETTERS) and "-" in text:
+        places += [(m.start(), "") for m in _UUID.finditer(read, start)]
+    for i, word in sorted(set(places)):
+        if i < start:
+            continue
+        if word in _MAYBE_START and not (i and "a" <= low[i - 1] <= "z"):
+            m = _PHRASE.match(read, i)  # (tried here first: most places are a phrase's)
+            if m is not None and read[i:m.end()] != text[i:m.end()] and _mixes(text, i):
+                return True
+        if word in _READ_AROUND and _hides_a_secret(text, read, low, i, word) and _mixes(
+                text, i):
             return True
-    return (any(w in words for w in (*_ENV_ENDINGS, *_UUID_WORDS, *_QUERY_WORDS))
-            or ("-" in words and _UUID.search(words) is not None))
+    return False
+
+
+def _mixes(text: str, i: int) -> bool:
+    """Whether the word at `i` mixes look-alike letters with ASCII (`_MIXED`)."""
+    return _MIXED.search(text, *_word_around(text, i)) is not None
+
+
+def _hides_a_secret(text: str, read: str, low: str, i: int, word: str) -> bool:
+    """Whether what may start from `word` at `i` of `read` (the text with its look-alikes
+    read as the letters they mimic; `low`, lower-cased), other than a phrase, is a
+    secret there that the look-alikes hide in `text`: the formats whose literal it is,
+    the variable it ends, the query's credential or the UUID it names, read in the text
+    around it (`_NEAR`, `_AFTER`) only."""
+    def hidden(m: re.Match[str]) -> bool:
+        return read[m.start():m.end()] != text[m.start():m.end()]
+
+    lo, hi = max(0, i - _NEAR), min(len(text), i + _AFTER)
+    for k in _FORMATS_FROM.get(word, ()):
+        needs, rx = _FORMAT_RX[k]
+        if any(low.startswith(n, i) for n in needs):
+            # (a format whose match holds no blank is read in the literal's word only:
+            # "bot" in every Turkish "robotlar\u0131" cost a reading of the text around it)
+            a, b = (lo, hi) if k in _SPACED else _word_around(text, i, _B64_MOST)
+            for m in rx.finditer(read, a, b):
+                if m.start() > i:
+                    break  # (the format's match holds its literal)
+                if m.end() > i and _format_ok(m) and hidden(m):
+                    return True
+    if word in _ENV_ENDINGS and any(hidden(m) for m in _ENV.finditer(read, lo, hi)):
+        return True
+    if word in _QUERY_WORDS and any(hidden(m) for m in _QUERY.finditer(read, lo, hi)):
+        return True
+    if word in _UUID_WORDS or word == "":  # ("": a UUID's place)
+        return any(read[lo + a:lo + b] != text[lo + a:lo + b]
+                   for a, b in _named_uuids(read[lo:hi]))
+    return False
+
+
+def _word_around(text: str, i: int, reach: int = 512) -> Span:
+    """Where the word at `i` starts and ends, `reach` at most either side (a space or a
+    line's end around it: the text the detectors read has no other blank)."""
+    lo, hi = max(0, i - reach), min(len(text), i + reach)
+    start = max(text.rfind(" ", lo, i), text.rfind("\n", lo, i)) + 1
+    ends = [e for e in (text.find(" ", i, hi), text.find("\n", i, hi)) if e != -1]
+    return max(start, lo), min(ends, default=hi)
 
 
 # An escape a reader or a program reads as the character it names: URL-encoding
@@ -362,25 +454,48 @@ def _unescaped(text: str) -> tuple[str, list[int]] | None:
     return None if at is None else (text, at)
 
 
-def _find(text: str) -> Iterator[Span]:
-    low = text.lower()
-    # One scan for every literal a family needs and every word a phrase starts with (a
-    # search per word cost more than the rest of the detector).
-    need = False
+class _Hits(NamedTuple):
+    """Where a text's scan (`_scan`) found what the detector starts from."""
+    words: set[str]  # the formats' literals found (each as the scan reports it)
+    starts: list[int]  # where a phrase may start
+    needs_at: list[int]  # where a format's literal may start (a key wrapped there)
+    found: list[tuple[int, str]]  # each place of those two, with the word found there
+
+
+def _scan(low: str) -> _Hits:
+    """One scan of a lower-cased text for every literal a family needs and every word a
+    phrase starts with (a search per word cost more than the rest of the detector)."""
+    words: set[str] = set()
     starts: list[int] = []
-    needs_at: list[int] = []  # where a format's literal may start (a key wrapped there)
+    needs_at: list[int] = []
+    found: list[tuple[int, str]] = []
     for hit in _ANY_WORD.finditer(low):
         word = hit.group()
         i = hit.start()
         if word in _MAYBE_NEED:
-            need = True
+            words.add(word)
             needs_at.append(i)
+            found.append((i, word))
         if word in _MAYBE_START and not (i and "a" <= low[i - 1] <= "z"):
             starts.append(i)
+            found.append((i, word))
         elif word == "--pass":  # the scan took "--pass": "password" starts inside it
             starts.append(i + 2)
-    if need:
-        for needs, rx in _FORMAT_RX:
+            found.append((i + 2, "pass"))
+    return _Hits(words, starts, needs_at, found)
+
+
+def _find(text: str, low: str | None = None, hits: _Hits | None = None) -> Iterator[Span]:
+    """Secrets in `text` as written (`low`, `hits`: its lower-cased form and its scan,
+    where the caller has them)."""
+    if low is None:
+        low = text.lower()
+    words, starts, needs_at, _ = _scan(low) if hits is None else hits
+    if words:
+        # (only the formats a literal found may start: a search of the text for each
+        # literal of every format cost as much as the rest of the detector)
+        for k in sorted({k for w in words for k in _FORMATS_FROM[w]}):
+            needs, rx = _FORMAT_RX[k]
             if any(n in low for n in needs):
                 for m in rx.finditer(text):
                     if _format_ok(m):
@@ -798,3 +913,31 @@ def _random_looking(piece: str) -> bool:
     return (any(c.isdigit() for c in piece)
             or (piece != piece.lower() and piece != piece.upper()
                 and piece != piece.capitalize()))
+
+
+# The formats each word the scan reports may start (a word stands for every literal it
+# begins).
+_FORMATS_FROM: dict[str, list[int]] = {
+    w: [k for k, (needs, _) in enumerate(_FORMATS) if any(n.startswith(w) for n in needs)]
+    for w in _WORDS}
+# What the look-alike reading looks for in the words that mix (`_worth_reading`): the
+# scan's words, a variable's ending, the words before a UUID or in a query; by the letters
+# each holds, so that only those a look-alike present reads as are looked for (Turkish and
+# Danish prose holds only the dotless i and the o-slash).
+_LOOKED_FOR = sorted(_WORDS | {*_ENV_ENDINGS, *_UUID_WORDS, *_QUERY_WORDS})
+_LOOKED_FOR_BY_LETTER: dict[str, list[str]] = {
+    c: [w for w in _LOOKED_FOR if c in w] for c in {v.lower() for v in SHAPES.values()}}
+_WORDS_ANYWHERE = frozenset({*_ENV_ENDINGS, *_UUID_WORDS, *_QUERY_WORDS})
+_ANYWHERE = _WORDS_ANYWHERE | _MAYBE_NEED  # (the others count where a word starts)
+# Each word's shortest other word inside it ("key" in "_key", "pass" in "password"): the
+# text not holding it holds neither.
+_ROOT_OF = {w: min((r for r in {*_LOOKED_FOR, *_WORDS_ANYWHERE} if r in w), key=len)
+            for w in {*_LOOKED_FOR, *_WORDS_ANYWHERE}}
+_AT_WORD_START = {w: re.compile(rf"{re.escape(w)}(?<![a-z]{re.escape(w)})")
+                  for w in _LOOKED_FOR if w not in _ANYWHERE}
+# The formats whose match may hold a blank (a key block, "Bearer <token>", a command's
+# "-u user:pass"): read around their literal, not in its word alone.
+_SPACED = frozenset(k for k, (needs, _) in enumerate(_FORMATS) if needs[0] in {
+    "private key", "putty-user-key-file-", "bearer", "authorization", "-u", "--password",
+    "<password>", "mysql", "aws"})
+_READ_AROUND = _WORDS_ANYWHERE | {w for w, formats in _FORMATS_FROM.items() if formats} | {""}

@@ -372,3 +372,37 @@ def test_a_bare_key_naming_a_section_is_no_secret(text: str) -> None:
 ])
 def test_a_query_s_key_or_credential_is_still_one(text: str, secret: str) -> None:
     assert any(secret in s for s in found(text)), found(text)
+
+
+# ------------------------------------------------- the look-alike reading's cost
+
+@pytest.mark.parametrize("text", [
+    "Pınar hastalığı yüzünden işe gelemedi; hasar raporu hazır.",  # "pin", "has"
+    "Robotları hassas ayarlı; pinlenmiş mesajları okuyun.",  # "bot" in "robotlar\u0131"
+    "Şifrenizi sıfırlamak için tıklayın.",
+    "Bøtten står på hylden, og pinden ligger ved siden af.",  # Danish "bøtten": "bot"
+])
+def test_prose_whose_words_read_as_a_key_s_word_is_read_once(text: str) -> None:
+    """Turkish words read with their dotless i as an "i" start as a phrase does ("Pınar"
+    as "pin", "hastalığı" as "has", the first word of Polish "hasło") or hold a format's
+    literal ("robotları": "bot", Telegram's): every such word made the whole text be
+    read a second time, word by word (Turkish prose cost three times Russian). A second
+    reading is made only where a secret is there to read."""
+    from plugins.sanitizer.credentials import _unmasked
+    assert _unmasked(scanned(fold(text))) is None
+    assert not fires(text)
+
+
+@pytest.mark.parametrize("text", [
+    "Pınar'ın anahtarı: sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1\u0430Xy4zQ7 (hastalığı)",
+    "Robotları için token: ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7b\u04210eF3hJ6",
+    "Bot: 123456789:AAHk1\u0430Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4 çalışıyor",
+    "hastalığı yüzünden p\u0430ssword: Hunter2024! değişti",
+    "ayarlar: HEROKU_API_K\u0415Y=Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1",
+    f"heroku key: {UUID[:20]}\u0430{UUID[21:]} (Pınar)",
+    "https://api.example.com/v1?k\u0435y=Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1 adresinde",
+])
+def test_a_disguised_key_in_such_prose_is_still_read(text: str) -> None:
+    from plugins.sanitizer.credentials import _unmasked
+    assert _unmasked(scanned(fold(text))) is not None
+    assert fires(text), found(text)
