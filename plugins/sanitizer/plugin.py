@@ -117,6 +117,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         # and the text it was refused for must not stay there (nor a blocked value in
         # texts the chain never reads). The same detectors, with those actions.
         self._redacts = any(action in ("redact", "block") for _, action in self.detectors)
+        #: the names of the `block` detectors (what fires in texts beside the prompt)
+        self._blocks = frozenset({d.name for d, a in self.detectors if a == "block"}
+                                 | {n for n, a in self.across_actions.items() if a == "block"})
         self._hider = copy.copy(self)
         self._hider.detectors = [(d, _hidden(a)) for d, a in self.detectors]
         self._hider.across_actions = {n: _hidden(a) for n, a in self.across_actions.items()}
@@ -133,7 +136,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             named = self._names(req, fired)
         else:
             key, engine = self._completion(req, fired)
-        for name in self._caller_blocks(req, ctx.aside_texts):  # (as a prompt is; no flag)
+        blocked, engine = self._caller_texts(engine, ctx.aside_texts)
+        for name in blocked:  # (as a prompt is; no flag)
             fired[name] = "block"
         for name, action in fired.items():
             self.detections.labels(name, action).inc()
@@ -147,7 +151,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         ctx.key_request = key
         if ctx.sent is None:
             ctx.sent = req
-        ctx.request = self._caller_texts(engine)
+        ctx.request = engine
         if "redact" in fired.values():
             ctx.screen = self._screen
         if self._redacts:
@@ -155,15 +159,23 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         return await call_next(ctx)
 
     def _caller_texts(self, req: ChatCompletionRequest | CompletionRequest,
-                      ) -> ChatCompletionRequest | CompletionRequest:
-        """`req` with the caller's texts that no prompt holds but that go on with it (to
-        an upstream engine, which may store them: `metadata`'s values, `user`,
-        `safety_identifier`, `prompt_cache_key`; `metadata`'s keys too) screened as what
-        a route keeps is (`_screen`; a `block` detector's finding there refused the
-        request already: `_caller_blocks`); never read for flags (an app that sends its
-        user's address as `user` would keep every request of it out of the cache)."""
+                      aside: tuple[str, ...] = (),
+                      ) -> tuple[list[str], ChatCompletionRequest | CompletionRequest]:
+        """The caller's texts that no prompt holds but that go on with it (to an upstream
+        engine, which may store them: `metadata`'s keys and values, `user`,
+        `safety_identifier`, `prompt_cache_key`), read once: `req` with them screened as
+        what a route keeps is (`_screen`), and the `block` detectors that fire in
+        `metadata` or in what the route keeps beside the prompt (`aside`: a Response's
+        metadata), for which the request is refused as one whose prompt holds the same
+        (a blocked value was only hidden there, and went on to the store and the
+        upstream as a placeholder). Never read for flags (an app that sends its user's
+        address as `user` would keep every request of it out of the cache). An
+        identifier is neither refused nor kept out of the cache: it goes on as its hash
+        where anything fires in it (an app that sends its user's address as `user` is
+        not refused every request where `email` blocks)."""
         if not self._redacts:
-            return req
+            return [], req
+        fired: dict[str, str] = {}
         update: dict[str, Any] = {}
         for field in _CALLER_FIELDS:
             value = getattr(req, field, None)
@@ -173,35 +185,22 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 update[field] = hashlib.sha256(value.encode(errors="surrogatepass")
                                                ).hexdigest()
         metadata = getattr(req, "metadata", None)
-        if metadata and (values := screened_values(dict(metadata), self._screen)) != metadata:
+        if metadata and (values := screened_values(
+                dict(metadata), self._reading(fired))) != metadata:
             update["metadata"] = values
-        return req.model_copy(update=update) if update else req
+        if aside and self._blocks:
+            self._reading(fired)(list(aside))  # (the route keeps its own screened copy)
+        blocked = [name for name in fired if name in self._blocks]
+        return blocked, req.model_copy(update=update) if update else req
 
-    def _caller_blocks(self, req: ChatCompletionRequest | CompletionRequest,
-                       aside: tuple[str, ...] = ()) -> list[str]:
-        """The `block` detectors that fire in the caller's texts going on beside the
-        prompt (`metadata`'s keys and values) or kept beside it by the route (`aside`: a
-        Response's metadata): the request is refused as one whose prompt holds the same
-        (a blocked value was only hidden there, and went on to the store and the upstream
-        as a placeholder). Not in an identifier (`user`, `safety_identifier`,
-        `prompt_cache_key`): it goes on as its hash (`_caller_texts`), whatever fired in
-        it; an app that sends its user's address as `user` is not refused every request
-        where `email` blocks."""
-        blocking = [(d, a) for d, a in self.detectors if a == "block"]
-        if not blocking:
-            return []
-        texts = list(aside)
-        for k, v in (getattr(req, "metadata", None) or {}).items():
-            texts += [k, v]
-        out: list[str] = []
-        try:
-            for text in texts:
-                norm = scanned(self._fold(text)) if self.cfg.normalize else text
-                out += [d.name for d, _ in blocking if d.name not in out and any(
-                    True for _ in d.find(norm))]
-        finally:
-            forget()
-        return out
+    def _reading(self, fired: dict[str, str]) -> Screen:
+        """`_screen`, with what fires in the texts it reads fired in `fired` (each
+        detector by its name, as the texts a route keeps read it: `_hidden`)."""
+        def screen(texts: list[str], *, json: bool = False,
+                   speakers: list[str] | None = None) -> list[str]:
+            return self._hider._screened_texts(texts, json=json, speakers=speakers,
+                                               fired=fired)
+        return screen
 
     def screen_aside(self) -> Screen | None:
         return self._screen if self._redacts else None
@@ -223,8 +222,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         return self._hider._screened_texts(texts, json=json, speakers=speakers)
 
     def _screened_texts(self, texts: list[str], *, json: bool,
-                        speakers: list[str] | None) -> list[str]:
-        fired: dict[str, str] = {}
+                        speakers: list[str] | None,
+                        fired: dict[str, str] | None = None) -> list[str]:
+        fired = {} if fired is None else fired
         if json:
             return [self._json_text(t, fired) for t in texts]
         said = self._conversation(texts, fired, speakers)
@@ -279,48 +279,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                         "name, tool calls and refusal included.", param=f"messages[{i}]",
                         code="string_above_max_length")
                 total += n
-            if total > lim.max_total_chars:
-                raise InvalidRequest(
-                    f"Messages may hold at most {lim.max_total_chars} characters in all.",
-                    param="messages", code="invalid_value")
-            total += _forwarded_chars(req)  # (read too: `_forwarded`)
-            if total > lim.max_total_chars:
-                raise InvalidRequest(
-                    f"Messages, with the fields sent beside them (fields the API does not "
-                    f"name, stop sequences, a prediction), may hold at most "
-                    f"{lim.max_total_chars} characters in all.", param="messages",
-                    code="invalid_value")
-            if req.tools:
-                # (characters, as the messages are counted: not `\u` escapes, six
-                # for a CJK character and twelve for an emoji)
-                total += len(json.dumps(req.tool_dicts(), ensure_ascii=False))
-                if total > lim.max_total_chars:
-                    raise InvalidRequest(
-                        f"Messages and tool definitions may hold at most "
-                        f"{lim.max_total_chars} characters in all.", param="tools",
-                        code="invalid_value")
-            fmt = req.response_format
-            if fmt is not None and fmt.json_schema is not None:
-                total += len(json.dumps(fmt.json_schema.model_dump(by_alias=True),
-                                        ensure_ascii=False))
-                if total > lim.max_total_chars:  # its strings are read too (_schema_format)
-                    raise InvalidRequest(
-                        f"Messages, tool definitions and the response format's schema may "
-                        f"hold at most {lim.max_total_chars} characters in all.",
-                        param="response_format", code="invalid_value")
-            if self._redacts and (
-                    total + _caller_chars(req) + ctx.aside_chars > lim.max_total_chars):
-                # (what a route screens aside is read as the prompt is: 4 MB of a
-                # Response's reasoning items held the event loop for seconds; where no
-                # detector redacts or blocks, nothing screens them aside, nor reads them)
-                raise InvalidRequest(
-                    (f"The input, with the texts kept beside it (reasoning items, metadata, "
-                     f"user), may hold at most {lim.max_total_chars} characters in all."
-                     if ctx.aside_chars else
-                     f"Messages, with the texts sent beside them (metadata, user, "
-                     f"safety_identifier, prompt_cache_key), may hold at most "
-                     f"{lim.max_total_chars} characters in all."),
-                    param="messages", code="invalid_value")
+            self._within_total(ctx, req, total)
         else:
             texts = [p for p in req.prompts() if isinstance(p, str)]
             if len(req.prompts()) > lim.max_messages:
@@ -340,6 +299,47 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 raise InvalidRequest(
                     f"The prompt and suffix may hold at most {lim.max_total_chars} "
                     "characters in all.", param="suffix", code="invalid_value")
+
+    def _within_total(self, ctx: RequestContext, req: ChatCompletionRequest,
+                      messages: int) -> None:
+        """`limits.max_total_chars` over a chat request's texts that the detectors read,
+        counted in the order they are read (the messages' `messages` characters first);
+        past it, one 400 that names what it counted and the param where it went past."""
+        bound = self.cfg.limits.max_total_chars
+        fmt = req.response_format
+        schema = fmt.json_schema if fmt is not None else None
+        parts: list[tuple[str, str, Callable[[], int]]] = [
+            ("messages", "messages", lambda: messages),
+            ("the fields sent beside them (fields the API does not name, stop sequences, "
+             "a prediction, call ids)", "messages", lambda: _forwarded_chars(req)),
+            # (characters, as the messages are counted: not `\u` escapes, six for a CJK
+            # character and twelve for an emoji)
+            ("tool definitions", "tools", lambda: len(json.dumps(
+                req.tool_dicts(), ensure_ascii=False)) if req.tools else 0),
+            ("the response format's schema", "response_format", lambda: len(json.dumps(
+                schema.model_dump(by_alias=True), ensure_ascii=False)) if schema else 0)]
+        if self._redacts:
+            # (what a route screens aside is read as the prompt is: 4 MB of a Response's
+            # reasoning items held the event loop for seconds; where no detector redacts
+            # or blocks, nothing screens them aside, nor reads them)
+            parts.append((
+                "the texts kept beside the input (reasoning items, metadata, user)"
+                if ctx.aside_chars else "the texts sent beside them (metadata, user, "
+                "safety_identifier, prompt_cache_key)", "messages",
+                lambda: _caller_chars(req) + ctx.aside_chars))
+        total = 0
+        counted: list[str] = []
+        for what, param, count in parts:
+            n = count()
+            total += n
+            if n or not counted:
+                counted.append(what)
+            if total > bound:
+                said = ", ".join(counted[:-1]) + (" and " if len(counted) > 1 else "")
+                said += counted[-1]
+                raise InvalidRequest(
+                    f"{said[0].upper()}{said[1:]} may hold at most {bound} characters in "
+                    "all.", param=param, code="invalid_value")
 
     # ---------------------------------------------------------------- texts
 
