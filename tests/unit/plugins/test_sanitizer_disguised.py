@@ -383,11 +383,11 @@ def test_a_query_s_key_or_credential_is_still_one(text: str, secret: str) -> Non
     "Bøtten står på hylden, og pinden ligger ved siden af.",  # Danish "bøtten": "bot"
 ])
 def test_prose_whose_words_read_as_a_key_s_word_is_read_once(text: str) -> None:
-    """Turkish words read with their dotless i as an "i" start as a phrase does ("Pınar"
-    as "pin", "hastalığı" as "has", the first word of Polish "hasło") or hold a format's
-    literal ("robotları": "bot", Telegram's): every such word made the whole text be
-    read a second time, word by word (Turkish prose cost three times Russian). A second
-    reading is made only where a secret is there to read."""
+    """Turkish words read with their dotless i as an "i" start as a phrase does ("P\u0131nar"
+    as "pin", "hastal\u0131\u011f\u0131" as "has", the first word of Polish "has\u0142o") or
+    hold a format's literal ("robotlar\u0131": "bot", Telegram's): every such word made
+    the whole text be read a second time, word by word (Turkish prose cost three times
+    Russian). A second reading is made only where a secret is there to read."""
     from plugins.sanitizer.credentials import _unmasked
     assert _unmasked(scanned(fold(text))) is None
     assert not fires(text)
