@@ -837,6 +837,36 @@ def secrets_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
                 break
         for found in _joined(pieces, texts):
             yield from found
+    yield from _blocks_across(texts)
+
+
+# A private key block left open at a text's end (its BEGIN line there, no END line after
+# it: the text's own reading redacts it to that end) goes on in the texts after it: each
+# that is the block's body (base64 lines, a PEM header such as "Proc-Type:") is a piece of
+# the key whole, and the one holding its END line is, up to that line.
+_BEGIN_BLOCK = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+_END_BLOCK = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
+_BLOCK_BODY = re.compile(r"(?:[ \t]*(?:[A-Za-z0-9+/=]{16,}|[A-Za-z-]+: [^\n]*|=[A-Za-z0-9+/]{4})?"
+                         r"[ \t]*(?:\n|\Z))+")
+
+
+def _blocks_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
+    """The pieces of a private key block split over texts (`_BEGIN_BLOCK`)."""
+    for i in range(len(texts) - 1):
+        if "PRIVATE KEY" not in texts[i]:
+            continue
+        begins = list(_BEGIN_BLOCK.finditer(texts[i]))
+        if not begins or _END_BLOCK.search(texts[i], begins[-1].end()) is not None:
+            continue
+        for j in range(i + 1, min(len(texts), i + 1 + _WRAP_LINES)):
+            end = _END_BLOCK.search(texts[j])
+            body = _BLOCK_BODY.match(texts[j])
+            if end is not None and body is not None and body.end() >= end.start():
+                yield j, (0, end.end())
+                break
+            if body is None or body.end() < len(texts[j]) or not texts[j].strip():
+                break  # (what follows the open block is no key)
+            yield j, (0, len(texts[j]))
 
 
 def _wrapped(text: str, needs_at: list[int]) -> Iterator[Span]:

@@ -494,3 +494,52 @@ async def test_an_extra_key_redacted_as_another_key_reads_stays_apart() -> None:
     assert spy.ctx is not None
     body = spy.ctx.request.model_dump(exclude_unset=True)
     assert body["x-req"] == {"[EMAIL]": "literal", "[EMAIL]#2": "hers"}
+
+
+# ------------------------------------------------- a key block split over messages
+
+PEM = ["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj",
+       "MzEfYyjiWA4R4/M2bS1GB4t7NXp98C3SC6dVMvDuictGeurT8jNbvJZHtCSuYEvu",
+       "NMoSfm76oqFvAp8Gy0iz5sxjZmSnXyCdPEovGhLa0VzMaQ8s+CLOyS56YyCFGeJZ"]
+
+
+@pytest.mark.parametrize("messages", [
+    [("user", "-----BEGIN RSA PRIVATE KEY-----\n" + PEM[0]),
+     ("user", f"{PEM[1]}\n{PEM[2]}\n-----END RSA PRIVATE KEY-----")],
+    [("user", "here it is:\n-----BEGIN PRIVATE KEY-----"),
+     ("user", "\n".join(PEM) + "\n-----END PRIVATE KEY-----\nthanks")],
+    [("user", "-----BEGIN PRIVATE KEY-----\n" + PEM[0]), ("user", PEM[1]),
+     ("user", PEM[2] + "\n-----END PRIVATE KEY-----")],
+    [("user", "-----BEGIN OPENSSH PRIVATE KEY-----\n" + PEM[0]), ("assistant", "go on"),
+     ("user", f"{PEM[1]}\n{PEM[2]}\n-----END OPENSSH PRIVATE KEY-----")],
+])
+async def test_a_key_block_split_over_messages_is_redacted_in_each(
+        messages: list[tuple[str, str]]) -> None:
+    """A private key block whose BEGIN line is in one message and its body or END line
+    in the next was redacted in the first alone (a block cut off is still a key), and
+    the rest of the key went on as sent."""
+    spy = Spy()
+    await plugin(secret="redact")(chat(*messages), spy)
+    assert spy.ctx is not None
+    for req in (spy.ctx.request, spy.ctx.key_request):
+        said = json.dumps([m.text() for m in req.messages])  # type: ignore[union-attr]
+        assert not any(line[:16] in said for line in PEM), said
+    last = spy.ctx.request.messages[-1].text()  # type: ignore[union-attr]
+    assert "thanks" in last or "[SECRET]" in last
+
+
+async def test_text_after_a_key_block_s_end_or_a_closed_block_stays() -> None:
+    spy = Spy()
+    await plugin(secret="redact")(chat(
+        ("user", "-----BEGIN PRIVATE KEY-----\n" + "\n".join(PEM) + "\n-----END PRIVATE KEY-----"),
+        ("user", "MIIEvQIBADANBgkq is how such keys start; what does it mean?")), spy)
+    assert spy.ctx is not None
+    assert spy.ctx.request.messages[1].text().startswith(  # type: ignore[union-attr]
+        "MIIEvQIBADANBgkq is how")
+    spy = Spy()
+    await plugin(secret="redact")(chat(
+        ("user", "-----BEGIN PRIVATE KEY-----"),
+        ("user", "Sorry, I should not paste that. Help me rotate it")), spy)
+    assert spy.ctx is not None
+    assert spy.ctx.request.messages[1].text() == (  # type: ignore[union-attr]
+        "Sorry, I should not paste that. Help me rotate it")
