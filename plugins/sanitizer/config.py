@@ -107,7 +107,7 @@ class Detectors(ConfigModel):
         "public), also wrapped over lines, split over two messages or base64-encoded, "
         "bearer and basic "
         "credentials, passwords "
-        "in URLs and curl -u, JWTs, private keys (PGP, PuTTY), and 'my password is ...' / "
+        "in URLs and curl -u, JWTs and JWEs, private keys (PGP, PuTTY), and 'my password is ...' / "
         "'api key: ...' / 'DB_PASSWORD=...' phrases in 15 languages (code that reads a "
         "secret from elsewhere, '$PASSWORD', 'os.getenv(...)', does not fire); also written "
         "with look-alike letters of other scripts, URL-encoded or JSON-escaped (\\u002d), "

@@ -25,7 +25,9 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("sk-",), r"\bsk-(?:proj-|live-|test-|ant-)?[A-Za-z0-9_-]{20,}"),  # OpenAI-style
     (("akia", "asia", "agpa", "aida", "aroa"),
      r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[0-9A-Z]{16}\b"),  # AWS access key ids
-    (("eyj",), r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),  # JWT
+    # A JWT; a JWE (five parts, an encrypted key empty under "dir": a session cookie's)
+    (("eyj",), r"\beyJ[A-Za-z0-9_-]{8,}\.(?:eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+               r"|[A-Za-z0-9_-]*\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})"),
     (("private key",),
      r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END "
      r"(?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|[\s\S]{0,8192})"),  # cut off: still a key
@@ -34,7 +36,7 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("sk_", "rk_"), r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,247}\b"),  # Stripe
     (("whsec_",), r"\bwhsec_[A-Za-z0-9+/]{24,128}={0,2}"),  # Stripe webhook signing secrets
     (("aiza",), r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),  # Google API keys
-    (("xox", "xapp-"), r"\b(?:xox[abposr]|xapp)-[A-Za-z0-9-]{10,250}"),  # Slack tokens
+    (("xox", "xapp-"), r"\b(?:xox[abposre]|xapp)-[A-Za-z0-9-]{10,250}"),  # Slack (xoxe: refresh)
     (("gocspx-",), r"\bGOCSPX-[A-Za-z0-9_-]{24,40}"),  # Google OAuth client secrets
     (("ya29.",), r"\bya29\.[A-Za-z0-9_-]{20,2048}"),  # Google OAuth access tokens
     (("dckr_pat_", "dckr_oat_"), r"\bdckr_(?:pat|oat)_[A-Za-z0-9_-]{20,64}"),  # Docker Hub

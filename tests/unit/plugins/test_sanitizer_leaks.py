@@ -543,3 +543,33 @@ async def test_text_after_a_key_block_s_end_or_a_closed_block_stays() -> None:
     assert spy.ctx is not None
     assert spy.ctx.request.messages[1].text() == (  # type: ignore[union-attr]
         "Sorry, I should not paste that. Help me rotate it")
+
+
+# ------------------------------------------------- encrypted tokens, Slack refresh tokens
+
+JWE = ("eyJhbGciOiJSU0EtT0FFUCIsImVuYyI6IkEyNTZHQ00ifQ.OKOawDo13gRp2ojaHV7LFpZcgV7T6DVZKTyK"
+       ".48V1_ALb6US04U3b.5eym8TW_c8SuK0ltJ3rpYIzOeDQz7TALvtu6UG9oMo4vpzs9tX_EFShS8iB7j6ji"
+       ".XFBoMYUZodetZdvTiFvSkQ")
+JWE_DIR = ("eyJhbGciOiJkaXIiLCJlbmMiOiJBMjU2R0NNIn0..R7Fz2Kq0Vb8xYt3N.a9Bc8De7Fg6Hi5Jk4Lm3No2"
+           "Pq1Rs0Tu9Vw8Xy7Za6Bc5De4Fg3Hi2Jk1Lm0No9.Qx8Wv7Ut6Sr5Qp4On3Ml2K")
+
+
+@pytest.mark.parametrize("text", [
+    JWE, f"Cookie: __Secure-next-auth.session-token={JWE_DIR}", f"here: {JWE_DIR}",
+    "xoxe-1-My0xLTEyMzQ1Njc4OTAxMi0xMjM0NTY3ODkwMTIzLTEyMzQ1Njc4OTAx",  # Slack refresh
+])
+def test_an_encrypted_token_or_a_slack_refresh_token_is_a_secret(text: str) -> None:
+    """A JWE (five parts: an encrypted session token, NextAuth's cookie) was no JWT to
+    the pattern, which wants a second part that is JSON too; Slack's refresh tokens
+    (xoxe-) were no Slack token."""
+    said = [normalize(text)[a:b] for a, b in BUILTIN["secret"].find(normalize(text))]
+    assert any(text.rpartition("=")[2].rpartition(" ")[2] in s for s in said), said
+
+
+@pytest.mark.parametrize("text", [
+    "eyJ is how a JWT starts: eyJhbGciOi... then a dot",
+    "version eyJhbGciOiJIUzI1NiJ9.v1.2.3.4 is no token",
+    "the xoxe- prefix is Slack's refresh token",
+])
+def test_talk_about_tokens_is_none(text: str) -> None:
+    assert not fires("secret", text)
