@@ -110,7 +110,7 @@ class Detectors(ConfigModel):
         "in URLs and curl -u, JWTs and JWEs, private keys (PGP, PuTTY), and 'my password is ...' / "
         "'api key: ...' / 'DB_PASSWORD=...' phrases in 15 languages (code that reads a "
         "secret from elsewhere, '$PASSWORD', 'os.getenv(...)', does not fire); also written "
-        "with look-alike letters of other scripts, URL-encoded or JSON-escaped (\\u002d), "
+        "with look-alike letters of other scripts, URL-, JSON- or HTML-escaped (\\u002d, &#45;), "
         "those disguises stacked, in a URL's query string, "
         "and UUID-shaped keys after a key's name ('api key: <uuid>')."))
     injection: Action = Field("flag", description=(

@@ -256,7 +256,8 @@ def _disguised(text: str, hits: _Hits | None = None,
     the letters they mimic (`_unmasked`); with where each of its characters starts in
     `text` (None: one for one). None where it reads as written."""
     view, at = text, None
-    if ("%" in text or "\\u" in text) and (decoded := _unescaped(text)) is not None:
+    if ("%" in text or "\\" in text or "&#" in text) and (
+            decoded := _unescaped(text)) is not None:
         view, at = decoded
         hits = None  # (the scan was of the text as written)
     if not view.isascii() and (look := _unmasked(view, hits)) is not None:
@@ -400,11 +401,16 @@ def _word_around(text: str, i: int, reach: int = 512) -> Span:
 
 
 # An escape a reader or a program reads as the character it names: URL-encoding
-# ("sk%2Dproj", a UTF-8 letter's bytes "%D0%BA"), and a JSON or JavaScript escape written
-# out in plain text ("sk\\u002dproj", as a log line or a pasted string literal holds
-# it). Printable characters only: an escaped control character is no disguise of a key's.
+# ("sk%2Dproj", a UTF-8 letter's bytes "%D0%BA"), a JSON, JavaScript or Python escape
+# written out in plain text ("sk\\u002dproj", "\\x2d", "\\U0000002d", as a log line or a
+# pasted string literal holds it; an escaped backslash before one, "\\\\u002d", as JSON
+# of JSON holds it), an HTML character reference ("sk&#45;proj", "&#x2d;"). Printable
+# characters only: an escaped control character is no disguise of a key's.
 _ESCAPE = re.compile(r"%(?P<p>[2-6][0-9A-Fa-f]|7[0-9A-Ea-e])|\\u(?P<u>[0-9A-Fa-f]{4})"
-                     r"|(?P<b>%[C-Fc-f][0-9A-Fa-f](?:%[89ABab][0-9A-Fa-f]){1,3})")
+                     r"|(?P<b>%[C-Fc-f][0-9A-Fa-f](?:%[89ABab][0-9A-Fa-f]){1,3})"
+                     r"|\\x(?P<x>[0-9A-Fa-f]{2})|\\U(?P<U>[0-9A-Fa-f]{8})"
+                     r"|&#(?:(?P<d>[0-9]{1,7})|[xX](?P<h>[0-9A-Fa-f]{1,6}));"
+                     r"|(?P<bs>\\\\)(?=[uUx])")
 # Escapes are decoded round after round while a round decodes any ("%25252D" is "%252D",
 # then "%2D", then "-"): a URL encoded once more at each hop of a redirect or a proxy,
 # a JSON string of a URL. At most this many rounds: each reads the whole text, and no
@@ -417,13 +423,18 @@ def _escaped_char(m: re.Match[str]) -> str | None:
     """What the escape `m` names, read as the text's own characters are (`read_as`: a
     full-width or look-alike letter as it is read, an invisible one as nothing), or None
     where it names no character read here."""
+    if m["bs"] is not None:
+        return "\\"
     if m["b"] is not None:
         try:
             c = bytes.fromhex(m["b"].replace("%", "")).decode()
         except UnicodeDecodeError:
             return None
     else:
-        c = chr(int(m["p"] or m["u"], 16))
+        code = int(m["d"]) if m["d"] else int(m["p"] or m["u"] or m["x"] or m["U"] or m["h"], 16)
+        if code > 0x10FFFF:
+            return None
+        c = chr(code)
     if not c.isprintable() and fold(c):  # (a lone surrogate, a control character)
         return None
     return c if c.isascii() else read_as(c)

@@ -406,3 +406,29 @@ def test_a_disguised_key_in_such_prose_is_still_read(text: str) -> None:
     from plugins.sanitizer.credentials import _unmasked
     assert _unmasked(scanned(fold(text))) is not None
     assert fires(text), found(text)
+
+
+# ------------------------------------------------- other escapes a program writes
+
+@pytest.mark.parametrize("text", [
+    f"sk&#45;proj-{BODY}",  # an HTML character reference
+    f"sk&#x2D;proj&#x2d;{BODY}",
+    f"sk\\x2dproj-{BODY}",  # a Python or JavaScript byte escape
+    f"sk\\U0000002dproj-{BODY}",  # a Python escape of eight digits
+    f"sk\\\\u002dproj-{BODY}",  # JSON of JSON: the backslash escaped too
+    f"s&#1082;-proj-{BODY}",  # a look-alike letter as an HTML reference
+])
+def test_other_escapes_of_a_key_are_decoded(text: str) -> None:
+    """Only URL-encoding and JSON's \\uXXXX were decoded: an HTML character reference
+    ("sk&#45;proj-..."), a byte escape ("\\x2d"), Python's "\\U0000002d" and a JSON
+    escape whose backslash is escaped again (JSON of JSON) hid the key."""
+    assert text in found(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "C:\\xampp\\htdocs\\index.php and C:\\Users\\bob\\x64\\Debug",
+    "the byte \\x41 is 'A' and &#169; is the copyright sign; &#x2014; a dash",
+    "printf(\"\\\\u%04x\", c); // prints a JSON escape",
+])
+def test_escapes_in_ordinary_code_and_markup_are_no_secret(text: str) -> None:
+    assert not fires(text), found(text)
