@@ -623,17 +623,22 @@ def _encoded(text: str) -> Iterator[Span]:
         if len(run) % 4 == 1:
             continue
         try:
-            decoded = base64.b64decode(run + "=" * (-len(run) % 4)).decode("ascii")
+            decoded = base64.b64decode(run + "=" * (-len(run) % 4)).decode()
         except (ValueError, UnicodeDecodeError):
             continue
         if not _LINE_BREAKS.sub("", decoded).isprintable():  # (`echo $KEY | base64`)
             continue
-        low = decoded.lower()
-        for needs, rx in _FORMAT_RX:
-            if any(n in low for n in needs) and any(
-                    _format_ok(f) for f in rx.finditer(decoded)):
-                yield m.span()
-                break
+        # (what it decodes to, as written and with its own disguises undone: a key with a
+        # look-alike letter or URL-encoded, then base64-encoded)
+        reading = _disguised(decoded)
+        if _holds_a_format(decoded) or (reading is not None and _holds_a_format(reading[0])):
+            yield m.span()
+
+
+def _holds_a_format(text: str) -> bool:
+    low = text.lower()
+    return any(any(n in low for n in needs) and any(_format_ok(f) for f in rx.finditer(text))
+               for needs, rx in _FORMAT_RX)
 
 
 def _format_ok(m: re.Match[str]) -> bool:

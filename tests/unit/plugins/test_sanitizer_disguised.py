@@ -432,3 +432,32 @@ def test_other_escapes_of_a_key_are_decoded(text: str) -> None:
 ])
 def test_escapes_in_ordinary_code_and_markup_are_no_secret(text: str) -> None:
     assert not fires(text), found(text)
+
+
+# ------------------------------------------------- a disguised key, base64-encoded
+
+def _b64(text: str) -> str:
+    import base64
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize("text", [
+    _b64(f"s\u043a-proj-{BODY}"),  # a look-alike letter, then base64
+    _b64(f"sk%2Dproj-{BODY}"),  # URL-encoded, then base64
+    f"auth: {_b64('user:gh' + chr(0x440) + '_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6')}",
+])
+def test_a_disguised_key_base64_encoded_is_one(text: str) -> None:
+    """What a base64 run decodes to was read as ASCII and as written: a key with a
+    look-alike letter (UTF-8, so no ASCII) or URL-encoded, then base64-encoded, was no
+    key."""
+    run = text.rpartition(" ")[2]
+    assert run in found(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    _b64("Привет! Пароль я не скажу, это секрет, извини."),
+    _b64("Grüße aus München; das Kennwort ändert sich täglich."),
+    _b64("100% of the keys were rotated; see /docs?topic=api%20keys"),
+])
+def test_base64_of_ordinary_text_in_any_script_is_no_key(text: str) -> None:
+    assert not fires(text), found(text)
