@@ -1500,3 +1500,33 @@ async def test_a_stream_a_drain_cuts_while_its_end_is_stored_ends_as_stored(
     assert events[-1]["response"]["status"] == "incomplete"  # (its max_output_tokens)
     record = await store.get("public", ids[0])
     assert record is not None and record["response"] == events[-1]["response"]
+
+
+async def test_a_call_id_holding_a_secret_is_kept_as_sent_for_its_tenant_alone(
+        make_client: MakeClient, logs: Any) -> None:
+    """A `call_id` (or an item's id) holding a secret goes upstream as its hash (the
+    sanitizer's `_call_ids`), and is stored and listed as sent: the client refers to its
+    calls by their ids, and the record is its tenant's alone. It reaches nothing else: no
+    log line, no metric, no other tenant (stop 50's review of that choice)."""
+    secret = "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"
+    cid = f"call_{secret}"
+    client = await make_client(make_settings(
+        auth={"mode": "keys", "keys": [{"key": f"sk-{t}", "tenant": t} for t in "ab"]},
+        logging={"access_log": True},
+        plugins=[{"name": "sanitizer", "config": {"detectors": {"secret": "redact"}}}]))
+    r = await client.post("/v1/responses", headers=auth("a"), json={
+        **BASE, "tools": [TOOL], "input": [
+            {"role": "user", "content": "weather?"},
+            {"type": "function_call", "id": f"fc_{secret}", "call_id": cid,
+             "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": cid, "output": "sunny"}]})
+    assert r.status == 200
+    rid = (await r.json())["id"]
+    listed = await client.get(f"/v1/responses/{rid}/input_items?order=asc", headers=auth("a"))
+    items = (await listed.json())["data"]
+    assert [i.get("call_id") for i in items[1:]] == [cid, cid]  # as the client sent them
+    for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
+        other = await client.get(path, headers=auth("b"))
+        assert other.status == 404 and secret not in await other.text()
+    metrics = await (await client.get("/metrics")).text()
+    assert secret not in metrics and secret not in logs.getvalue()
