@@ -251,13 +251,13 @@ def _disguised(text: str, hits: _Hits | None = None,
                ) -> tuple[str, list[int] | None] | None:
     """`text` as a reader of its disguises reads it, each undone in turn so that they
     compose (a look-alike letter in a URL-encoded key, "s\u043a%2Dproj-...", a
-    JSON-escaped look-alike, "s\\u043a-proj-..."): its escapes decoded (`_unescaped`),
+    JSON-escaped look-alike, "s\\u043a-proj-..."): its escapes decoded (`unescaped`),
     then, in what that reads, the words that mix look-alike letters with ASCII read as
     the letters they mimic (`_unmasked`); with where each of its characters starts in
     `text` (None: one for one). None where it reads as written."""
     view, at = text, None
     if ("%" in text or "\\" in text or "&#" in text) and (
-            decoded := _unescaped(text)) is not None:
+            decoded := unescaped(text)) is not None:
         view, at = decoded
         hits = None  # (the scan was of the text as written)
     if not view.isascii() and (look := _unmasked(view, hits)) is not None:
@@ -440,7 +440,7 @@ def _escaped_char(m: re.Match[str]) -> str | None:
     return c if c.isascii() else read_as(c)
 
 
-def _unescaped(text: str) -> tuple[str, list[int]] | None:
+def unescaped(text: str) -> tuple[str, list[int]] | None:
     """`text` with its escapes decoded (`_ESCAPE`, round after round: "%25252D" is "-"), and
     where each of its characters starts in `text` (the text's end last); None where it
     holds none."""

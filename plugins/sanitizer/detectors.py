@@ -31,9 +31,9 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
-from .credentials import find_secrets
-from .injection import INJECTION
-from .spans import Detector, Span, regex_finder
+from .credentials import find_secrets, unescaped
+from .injection import INJECTION as _INJECTION
+from .spans import Detector, Finder, Span, regex_finder
 
 __all__ = ["BUILTIN", "INJECTION", "Detector", "Span", "card_across", "cn_id_ok", "custom",
            "iban_ok", "luhn_ok"]
@@ -76,10 +76,46 @@ def _scanned(text: str) -> tuple[str, list[Span], list[Span]]:
 
 
 def forget() -> None:
-    """Drop the last text's digit runs: the detectors' memo must not keep a prompt
-    alive (or readable in a heap dump) once its scan is over."""
-    global _runs_of
+    """Drop the last text's digit runs and its reading with escapes decoded: the
+    detectors' memos must not keep a prompt alive (or readable in a heap dump) once its
+    scan is over."""
+    global _runs_of, _read_of
     _runs_of = ("", [], [])
+    _read_of = ("", None)
+
+
+# A text's reading with its escapes decoded (`credentials.unescaped`: URL-encoding, JSON,
+# Python and HTML escapes, nested): what a reader or the model reads of
+# "jane&#64;example.com" or "4111\\u00201111...". Every detector reads it too (the secret
+# detector reads it itself, with look-alikes), computed once for the detectors that run
+# one after another on the same string.
+_read_of: tuple[str, tuple[str, list[int]] | None] = ("", None)
+
+
+def _escapes_read(text: str) -> tuple[str, list[int]] | None:
+    global _read_of
+    if _read_of[0] is not text:
+        _read_of = (text, unescaped(text))
+    return _read_of[1]
+
+
+def with_escapes(find: Finder) -> Finder:
+    """`find`, and over its text with the escapes decoded where it holds any, each span
+    placed back over the escapes it was read from."""
+    def both(text: str) -> Iterator[Span]:
+        seen: set[Span] = set()
+        for span in find(text):
+            seen.add(span)
+            yield span
+        if ("%" in text or "\\" in text or "&#" in text) and (
+                reading := _escapes_read(text)) is not None:
+            view, at = reading
+            for a, b in find(view):
+                if (at[a], at[b]) not in seen:  # (one found as written too: "%40")
+                    seen.add((at[a], at[b]))
+                    yield at[a], at[b]
+
+    return both
 
 
 def _merged(runs: list[Span], end: int, before: int, after: int) -> list[Span]:
@@ -726,18 +762,20 @@ def _ibans_in(text: str, lo: int, hi: int) -> Iterator[Span]:
 BUILTIN: dict[str, Detector] = {
     d.name: d
     for d in [
-        Detector("secret", "[SECRET]", find_secrets),
-        Detector("email", "[EMAIL]", _find_email),
-        Detector("iban", "[IBAN]", _find_iban),
-        Detector("cn_id", "[CN_ID]", _numeric(_CN_ID, check=cn_id_ok)),
-        Detector("card", "[CARD]", _find_card),
-        Detector("cn_mobile", "[PHONE]", _numeric(_CN_MOBILE)),
-        Detector("phone", "[PHONE]", _find_phone),
-        Detector("ip", "[IP]", _find_ip),
-        Detector("ssn", "[SSN]", _find_ssn),
-        Detector("uk_nino", "[NINO]", _find_nino),
+        Detector("secret", "[SECRET]", find_secrets),  # (escapes read by it: `_disguised`)
+        *(Detector(name, placeholder, with_escapes(find)) for name, placeholder, find in [
+            ("email", "[EMAIL]", _find_email),
+            ("iban", "[IBAN]", _find_iban),
+            ("cn_id", "[CN_ID]", _numeric(_CN_ID, check=cn_id_ok)),
+            ("card", "[CARD]", _find_card),
+            ("cn_mobile", "[PHONE]", _numeric(_CN_MOBILE)),
+            ("phone", "[PHONE]", _find_phone),
+            ("ip", "[IP]", _find_ip),
+            ("ssn", "[SSN]", _find_ssn),
+            ("uk_nino", "[NINO]", _find_nino)]),
     ]
 }
+INJECTION = Detector(_INJECTION.name, _INJECTION.placeholder, with_escapes(_INJECTION.find))
 
 
 def custom(name: str, pattern: str) -> Detector:
