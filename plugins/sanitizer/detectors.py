@@ -442,9 +442,7 @@ _IPV6 = r"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?![\w:])"  # che
 
 
 def _find_email(text: str) -> Iterator[Span]:
-    yield from _email_plain(text)
-    if "%40" in text:  # URL-encoded: "jane%40example.com"
-        yield from _email_encoded(text)
+    yield from _email_plain(text)  # (URL-encoded, "jane%40example.com": `with_escapes`)
     if "dot" in text or "DOT" in text or "Dot" in text or _loose_at(text):
         yield from _spelled_emails(text)
 
@@ -521,9 +519,6 @@ def _emails_at(at: str, local: str) -> Callable[[str], Iterator[Span]]:
 
 
 _email_plain = _emails_at("@", r"\w.%+-")  # local parts in any script ("jöhn@...")
-# URL-encoded ("jane%40example.com"): no "%" in the local part, so an encoded URL
-# before it ("https%3A%2F%2F...") is not taken for one.
-_email_encoded = _emails_at("%40", r"\w.+-")
 _ip_v4 = _numeric(_IPV4)
 _ip_v6 = _regex(_IPV6, check=_ip_ok, needs=(":",))
 
