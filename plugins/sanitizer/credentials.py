@@ -343,16 +343,30 @@ def _worth_reading(text: str, start: int, hits: _Hits | None) -> bool:
     if not letters.isdisjoint(_HEX_LETTERS) and "-" in text:
         places += [(m.start(), "") for m in _UUID.finditer(read, start)]
     for i, word in sorted(set(places)):
-        if i < start:
-            continue
+        if i < start - _HEAD:
+            continue  # (a phrase starts at most this far before the word that hides it)
         if word in _MAYBE_START and not (i and "a" <= low[i - 1] <= "z"):
             m = _PHRASE.match(read, i)  # (tried here first: most places are a phrase's)
-            if m is not None and read[i:m.end()] != text[i:m.end()] and _mixes(text, i):
+            if m is not None and read[i:m.end()] != text[i:m.end()] and (
+                    (i >= start and _mixes(text, i)) or _hidden_head(text, read, m)):
                 return True
-        if word in _READ_AROUND and _hides_a_secret(text, read, low, i, word) and _mixes(
-                text, i):
+        if i >= start and word in _READ_AROUND and _hides_a_secret(
+                text, read, low, i, word) and _mixes(text, i):
             return True
     return False
+
+
+# How far a phrase's words (its keyword, "for my bank", its link) reach before its value.
+_HEAD = 256
+
+
+def _hidden_head(text: str, read: str, m: re.Match[str]) -> bool:
+    """Whether the phrase `m` (of `read`) holds a look-alike in a word before its value
+    that mixes with ASCII, in a word other than its first ("api k\u0435y: ...",
+    "password \u0456s ..."): a phrase the text as written does not start."""
+    head = next(m.start(g) for g in ("qv", "v", "zh", "pin", "to") if m[g] is not None)
+    return (read[m.start():head] != text[m.start():head]
+            and _MIXED.search(text, m.start(), head) is not None)
 
 
 def _mixes(text: str, i: int) -> bool:

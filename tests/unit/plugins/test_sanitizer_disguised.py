@@ -408,6 +408,19 @@ def test_a_disguised_key_in_such_prose_is_still_read(text: str) -> None:
     assert fires(text), found(text)
 
 
+@pytest.mark.parametrize(("text", "secret"), [
+    ("api k\u0435y: Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1", "Zx8Vb7Nm6Lk5"),  # (found before stop 50)
+    ("my password \u0456s Hunter2024xyz", "Hunter2024"),  # the link word disguised
+    ("Pınar'ın api k\u0435y: Zx8Vb7Nm6Lk5Jh4Gf3Ds2Aq1 (hastalığı)", "Zx8Vb7Nm6Lk5"),
+    ("the password for my bank \u0456s Hunter2024xyz", "Hunter2024"),
+])
+def test_a_phrase_disguised_past_its_first_word_is_read(text: str, secret: str) -> None:
+    """The look-alike reading read a phrase again only where its first word mixed
+    scripts: "api" or "password" as written, then "k\u0435y" or "\u0456s" with a look-alike,
+    made no second reading, and the value went on."""
+    assert any(secret in f for f in found(text)), found(text)
+
+
 # ------------------------------------------------- other escapes a program writes
 
 @pytest.mark.parametrize("text", [
