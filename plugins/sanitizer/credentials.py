@@ -875,11 +875,13 @@ def secrets_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
 # A private key block left open at a text's end (its BEGIN line there, no END line after
 # it: the text's own reading redacts it to that end) goes on in the texts after it: each
 # that is the block's body (base64 lines, a PEM header such as "Proc-Type:") is a piece of
-# the key whole, and the one holding its END line is, up to that line.
+# the key whole, and the one holding its END line is, up to that line. Its lines may be
+# indented (YAML, a string literal in code) and broken by a JSON escape, "\\n" (a
+# service account's JSON, whose "private_key" holds the block on one line).
 _BEGIN_BLOCK = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 _END_BLOCK = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
-_BLOCK_BODY = re.compile(r"(?:[ \t]*(?:[A-Za-z0-9+/=]{16,}|[A-Za-z-]+: [^\n]*|=[A-Za-z0-9+/]{4})?"
-                         r"[ \t]*(?:\n|\Z))+")
+_BLOCK_BODY = re.compile(r"(?:[ \t]*(?:[A-Za-z0-9+/=]{16,}|[A-Za-z-]+: [^\n\\]*|=[A-Za-z0-9+/]{4})?"
+                         r"[ \t]*(?:\n|\\n|\Z))+")
 
 
 def _blocks_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
@@ -893,7 +895,8 @@ def _blocks_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
         for j in range(i + 1, min(len(texts), i + 1 + _WRAP_LINES)):
             end = _END_BLOCK.search(texts[j])
             body = _BLOCK_BODY.match(texts[j])
-            if end is not None and body is not None and body.end() >= end.start():
+            if end is not None and body is not None and not texts[j][
+                    body.end():end.start()].strip(" \t"):  # (its END line, indented too)
                 yield j, (0, end.end())
                 break
             if body is None or body.end() < len(texts[j]) or not texts[j].strip():

@@ -528,6 +528,20 @@ async def test_a_key_block_split_over_messages_is_redacted_in_each(
     assert "thanks" in last or "[SECRET]" in last
 
 
+@pytest.mark.parametrize("messages", [
+    [("user", "  tls.key: |\n    -----BEGIN PRIVATE KEY-----\n    " + PEM[0]),  # YAML
+     ("user", f"    {PEM[1]}\n    {PEM[2]}\n    -----END PRIVATE KEY-----")],
+    [("user", '{"private_key": "-----BEGIN PRIVATE KEY-----\\n' + PEM[0] + "\\n"),
+     ("user", f"{PEM[1]}\\n{PEM[2]}\\n-----END PRIVATE KEY-----\\n\"}}")],  # JSON
+])
+async def test_an_indented_or_json_escaped_key_block_split_over_messages_is_redacted(
+        messages: list[tuple[str, str]]) -> None:
+    """Its END line indented (YAML, a string literal) was no END line, and its lines
+    broken by JSON's written-out "\\n" (a service account's file) no body: the rest of
+    the key went on as sent."""
+    await test_a_key_block_split_over_messages_is_redacted_in_each(messages)
+
+
 async def test_text_after_a_key_block_s_end_or_a_closed_block_stays() -> None:
     spy = Spy()
     await plugin(secret="redact")(chat(
