@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from proxy.text import fold, read_as
@@ -240,7 +240,7 @@ def find_secrets(text: str) -> Iterator[Span]:
     low = text.lower()
     hits = _scan(low)
     yield from _find(text, low, hits)
-    reading = _disguised(text, hits if len(low) == len(text) else None)
+    reading = _disguised(text, hits if len(low) == len(text) else None, escapes_read)
     if reading is not None:
         view, at = reading
         for a, b in _find(view):
@@ -248,16 +248,18 @@ def find_secrets(text: str) -> Iterator[Span]:
 
 
 def _disguised(text: str, hits: _Hits | None = None,
+               decode: Callable[[str], tuple[str, list[int]] | None] | None = None,
                ) -> tuple[str, list[int] | None] | None:
     """`text` as a reader of its disguises reads it, each undone in turn so that they
     compose (a look-alike letter in a URL-encoded key, "s\u043a%2Dproj-...", a
     JSON-escaped look-alike, "s\\u043a-proj-..."): its escapes decoded (`unescaped`),
     then, in what that reads, the words that mix look-alike letters with ASCII read as
     the letters they mimic (`_unmasked`); with where each of its characters starts in
-    `text` (None: one for one). None where it reads as written."""
+    `text` (None: one for one). None where it reads as written. (`decode`: `unescaped`,
+    or `escapes_read` for the text every detector reads.)"""
     view, at = text, None
     if ("%" in text or "\\" in text or "&#" in text) and (
-            decoded := unescaped(text)) is not None:
+            decoded := (decode or unescaped)(text)) is not None:
         view, at = decoded
         hits = None  # (the scan was of the text as written)
     if not view.isascii() and (look := _unmasked(view, hits)) is not None:
@@ -452,6 +454,27 @@ def _escaped_char(m: re.Match[str]) -> str | None:
     if not c.isprintable() and fold(c):  # (a lone surrogate, a control character)
         return None
     return c if c.isascii() else read_as(c)
+
+
+# A text's reading with its escapes decoded (`unescaped`), kept for the detectors that
+# run one after another on the same string: the secret detector's own reading and every
+# other's (`detectors.with_escapes`) are one decoding, not one each (up to
+# `_ESCAPE_ROUNDS` passes over the whole text apiece).
+_read_of: tuple[str, tuple[str, list[int]] | None] = ("", None)
+
+
+def escapes_read(text: str) -> tuple[str, list[int]] | None:
+    """`unescaped(text)`, decoded once for the last text read."""
+    global _read_of
+    if _read_of[0] is not text:
+        _read_of = (text, unescaped(text))
+    return _read_of[1]
+
+
+def forget_escapes() -> None:
+    """Drop the last text's reading (`escapes_read`): no prompt kept alive past its scan."""
+    global _read_of
+    _read_of = ("", None)
 
 
 def unescaped(text: str) -> tuple[str, list[int]] | None:

@@ -31,7 +31,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
-from .credentials import find_secrets, unescaped
+from .credentials import escapes_read, find_secrets, forget_escapes
 from .injection import INJECTION as _INJECTION
 from .spans import Detector, Finder, Span, regex_finder
 
@@ -79,24 +79,9 @@ def forget() -> None:
     """Drop the last text's digit runs and its reading with escapes decoded: the
     detectors' memos must not keep a prompt alive (or readable in a heap dump) once its
     scan is over."""
-    global _runs_of, _read_of
+    global _runs_of
     _runs_of = ("", [], [])
-    _read_of = ("", None)
-
-
-# A text's reading with its escapes decoded (`credentials.unescaped`: URL-encoding, JSON,
-# Python and HTML escapes, nested): what a reader or the model reads of
-# "jane&#64;example.com" or "4111\\u00201111...". Every detector reads it too (the secret
-# detector reads it itself, with look-alikes), computed once for the detectors that run
-# one after another on the same string.
-_read_of: tuple[str, tuple[str, list[int]] | None] = ("", None)
-
-
-def _escapes_read(text: str) -> tuple[str, list[int]] | None:
-    global _read_of
-    if _read_of[0] is not text:
-        _read_of = (text, unescaped(text))
-    return _read_of[1]
+    forget_escapes()
 
 
 def with_escapes(find: Finder) -> Finder:
@@ -108,7 +93,7 @@ def with_escapes(find: Finder) -> Finder:
             seen.add(span)
             yield span
         if ("%" in text or "\\" in text or "&#" in text) and (
-                reading := _escapes_read(text)) is not None:
+                reading := escapes_read(text)) is not None:
             view, at = reading
             for a, b in find(view):
                 if (at[a], at[b]) not in seen:  # (one found as written too: "%40")

@@ -511,3 +511,27 @@ def test_every_detector_reads_through_escapes(name: str, text: str, said: str) -
 ])
 def test_escapes_in_ordinary_text_make_no_finding(name: str, text: str) -> None:
     assert not found_by(name, text)
+
+
+def test_a_text_s_escapes_are_decoded_once_for_every_detector(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The secret detector decoded a text's escapes for itself and the other detectors
+    again for themselves: two decodings of up to eight passes each over the whole text
+    (a megabyte of nested "%25" cost twice what it must). One decoding serves them all,
+    and `forget` drops it."""
+    from plugins.sanitizer import credentials
+    from plugins.sanitizer.detectors import INJECTION, forget
+    calls: list[str] = []
+    decode = credentials.unescaped
+
+    def counted(text: str) -> tuple[str, list[int]] | None:
+        calls.append(text)
+        return decode(text)
+
+    monkeypatch.setattr(credentials, "unescaped", counted)
+    text = scanned(fold("see https://x.io/?q=a%2520b and jane&#64;example.com " * 50))
+    for detector in [*BUILTIN.values(), INJECTION]:
+        list(detector.find(text))
+    assert calls.count(text) == 1
+    forget()
+    assert credentials._read_of == ("", None)  # (no prompt kept past its scan)
