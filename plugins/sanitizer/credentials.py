@@ -11,6 +11,7 @@ word ("the password is incorrect" does not fire).
 from __future__ import annotations
 
 import base64
+import html
 import re
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
@@ -258,7 +259,7 @@ def _disguised(text: str, hits: _Hits | None = None,
     `text` (None: one for one). None where it reads as written. (`decode`: `unescaped`,
     or `escapes_read` for the text every detector reads.)"""
     view, at = text, None
-    if ("%" in text or "\\" in text or "&#" in text) and (
+    if ("%" in text or "\\" in text or "&" in text) and (
             decoded := (decode or unescaped)(text)) is not None:
         view, at = decoded
         hits = None  # (the scan was of the text as written)
@@ -421,11 +422,20 @@ def _word_around(text: str, i: int, reach: int = 512) -> Span:
 # written out in plain text ("sk\\u002dproj", "\\x2d", "\\U0000002d", as a log line or a
 # pasted string literal holds it; an escaped backslash before one, "\\\\u002d", as JSON
 # of JSON holds it), an HTML character reference ("sk&#45;proj", "&#x2d;"). Printable
-# characters only: an escaped control character is no disguise of a key's.
+# characters only: an escaped control character is no disguise of a key's. Also
+# JavaScript's (and Rust's, Swift's) "\\u{2d}", JavaScript's escape() and IIS's "%u002D",
+# a character reference a browser reads without its ";" ("&#45"), and the named ones a
+# key's or an address's characters have, "&amp;" first (HTML escaped twice:
+# "&amp;#45;" is "&#45;", then "-").
+_ENTITIES = ("amp", "AMP", "lt", "gt", "quot", "apos", "hyphen", "dash", "lowbar", "UnderBar",
+             "period", "colon", "sol", "bsol", "plus", "equals", "commat", "num", "percnt",
+             "excl", "quest", "nbsp")
 _ESCAPE = re.compile(r"%(?P<p>[2-6][0-9A-Fa-f]|7[0-9A-Ea-e])|\\u(?P<u>[0-9A-Fa-f]{4})"
                      r"|(?P<b>%[C-Fc-f][0-9A-Fa-f](?:%[89ABab][0-9A-Fa-f]){1,3})"
                      r"|\\x(?P<x>[0-9A-Fa-f]{2})|\\U(?P<U>[0-9A-Fa-f]{8})"
-                     r"|&#(?:(?P<d>[0-9]{1,7})|[xX](?P<h>[0-9A-Fa-f]{1,6}));"
+                     r"|\\u\{(?P<ub>[0-9A-Fa-f]{1,6})\}|%u(?P<pu>[0-9A-Fa-f]{4})"
+                     r"|&#(?:(?P<d>[0-9]{1,7})|[xX](?P<h>[0-9A-Fa-f]{1,6}));?"
+                     rf"|(?P<n>&(?:{'|'.join(_ENTITIES)});)"
                      r"|(?P<bs>\\\\)(?=[uUx])")
 # Escapes are decoded round after round while a round decodes any ("%25252D" is "%252D",
 # then "%2D", then "-"): a URL encoded once more at each hop of a redirect or a proxy,
@@ -441,13 +451,16 @@ def _escaped_char(m: re.Match[str]) -> str | None:
     where it names no character read here."""
     if m["bs"] is not None:
         return "\\"
+    if m["n"] is not None:
+        return read_as(html.unescape(m["n"]))
     if m["b"] is not None:
         try:
             c = bytes.fromhex(m["b"].replace("%", "")).decode()
         except UnicodeDecodeError:
             return None
     else:
-        code = int(m["d"]) if m["d"] else int(m["p"] or m["u"] or m["x"] or m["U"] or m["h"], 16)
+        code = int(m["d"]) if m["d"] else int(
+            m["p"] or m["u"] or m["x"] or m["U"] or m["h"] or m["ub"] or m["pu"], 16)
         if code > 0x10FFFF:
             return None
         c = chr(code)

@@ -92,7 +92,7 @@ def with_escapes(find: Finder) -> Finder:
         for span in find(text):
             seen.add(span)
             yield span
-        if ("%" in text or "\\" in text or "&#" in text) and (
+        if ("%" in text or "\\" in text or "&" in text) and (
                 reading := escapes_read(text)) is not None:
             view, at = reading
             for a, b in find(view):

@@ -439,6 +439,32 @@ def test_other_escapes_of_a_key_are_decoded(text: str) -> None:
 
 
 @pytest.mark.parametrize("text", [
+    f"sk\\u{{2d}}proj-{BODY}",  # JavaScript's (Rust's, Swift's) escape of any length
+    f"sk%u002Dproj-{BODY}",  # JavaScript's escape(), IIS
+    f"s%u043A-proj-{BODY}",  # escape() of a look-alike letter
+    f"sk&#45proj-{BODY}",  # a reference a browser reads without its ";"
+    f"sk&hyphen;proj&lowbar;{BODY}",  # named references
+    f"sk&amp;#45;proj-{BODY}",  # HTML escaped twice
+])
+def test_escapes_of_other_programs_and_named_references_are_decoded(text: str) -> None:
+    """JavaScript's "\\u{2d}" and escape()'s "%u002D", a numeric reference without
+    its ";" and the named ones ("&hyphen;", "&amp;#45;" of HTML escaped twice) were
+    read as written, and the key went on whole."""
+    assert text in found(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "Tom &amp; Jerry &lt;b&gt;bold&lt;/b&gt; &quot;hi&quot; &nbsp; &copy; 2024 &#169 &#8212",
+    "<a href=\"/search?q=a&amp;page=2&amp;key=Chapter_12\">next</a> &hyphen;&dash;",
+    "const re = /\\u{1F600}/u; printf(\"%u%%\", n); escape('\u00e9') == '%E9'",
+])
+def test_ordinary_markup_and_code_with_such_escapes_make_no_finding(text: str) -> None:
+    from plugins.sanitizer.detectors import INJECTION
+    for det in [*BUILTIN.values(), INJECTION]:
+        assert not list(det.find(scanned(fold(text)))), det.name
+
+
+@pytest.mark.parametrize("text", [
     "C:\\xampp\\htdocs\\index.php and C:\\Users\\bob\\x64\\Debug",
     "the byte \\x41 is 'A' and &#169; is the copyright sign; &#x2014; a dash",
     "printf(\"\\\\u%04x\", c); // prints a JSON escape",
