@@ -353,8 +353,8 @@ def _worth_reading(text: str, start: int, hits: _Hits | None) -> bool:
             if m is not None and read[i:m.end()] != text[i:m.end()] and (
                     (i >= start and _mixes(text, i)) or _hidden_head(text, read, m)):
                 return True
-        if i >= start and word in _READ_AROUND and _hides_a_secret(
-                text, read, low, i, word) and _mixes(text, i):
+        if i >= start - _AFTER and word in _READ_AROUND and _hides_a_secret(
+                text, read, low, i, word):
             return True
     return False
 
@@ -383,8 +383,9 @@ def _hides_a_secret(text: str, read: str, low: str, i: int, word: str) -> bool:
     secret there that the look-alikes hide in `text`: the formats whose literal it is,
     the variable it ends, the query's credential or the UUID it names, read in the text
     around it (`_NEAR`, `_AFTER`) only."""
-    def hidden(m: re.Match[str]) -> bool:
-        return read[m.start():m.end()] != text[m.start():m.end()]
+    def hidden(m: re.Match[str]) -> bool:  # (by a word there that mixes: `_MIXED`)
+        return (read[m.start():m.end()] != text[m.start():m.end()]
+                and _MIXED.search(text, m.start(), m.end()) is not None)
 
     lo, hi = max(0, i - _NEAR), min(len(text), i + _AFTER)
     for k in _FORMATS_FROM.get(word, ()):
@@ -404,6 +405,7 @@ def _hides_a_secret(text: str, read: str, low: str, i: int, word: str) -> bool:
         return True
     if word in _UUID_WORDS or word == "":  # ("": a UUID's place)
         return any(read[lo + a:lo + b] != text[lo + a:lo + b]
+                   and _MIXED.search(text, lo + a, lo + b) is not None
                    for a, b in _named_uuids(read[lo:hi]))
     return False
 

@@ -421,6 +421,19 @@ def test_a_phrase_disguised_past_its_first_word_is_read(text: str, secret: str) 
     assert any(secret in f for f in found(text)), found(text)
 
 
+@pytest.mark.parametrize(("text", "secret"), [
+    ("Authorization: Bearer \u0396x8Vb7Nm6Lk5Jh4Gf3Ds2Aq1Zx8Vb7", "Lk5Jh4Gf3Ds2"),  # Greek Z
+    ("Bug\u00fcn kap\u0131da bekledik. Authorization: Bearer Zx8V\u044c7Nm6Lk5Jh4Gf3Ds2Aq1Zx8Vb7",
+     "Lk5Jh4Gf3Ds2"),
+    (f"heroku api key: {UUID[:9]}\u0435{UUID[10:]} (P\u0131nar)", UUID[10:]),
+])
+def test_a_format_whose_look_alike_is_past_its_literal_is_read(text: str, secret: str) -> None:
+    """A format read around its literal ("Bearer <token>", a UUID named as a key) was read
+    again only where the literal's own word mixed scripts: a token with a look-alike
+    letter after a plain "Bearer" went on whole."""
+    assert any(secret in f for f in found(text)), found(text)
+
+
 # ------------------------------------------------- other escapes a program writes
 
 @pytest.mark.parametrize("text", [
