@@ -431,7 +431,10 @@ def _word_around(text: str, i: int, reach: int = 512) -> Span:
 # "&amp;#45;" is "&#45;", then "-").
 _ENTITIES = ("amp", "AMP", "lt", "gt", "quot", "apos", "hyphen", "dash", "lowbar", "UnderBar",
              "period", "colon", "sol", "bsol", "plus", "equals", "commat", "num", "percnt",
-             "excl", "quest", "nbsp")
+             "excl", "quest", "nbsp",
+             # (invisible: a key split by one, as a zero-width character as written is)
+             "shy", "ZeroWidthSpace", "zwnj", "zwj", "NoBreak", "it", "ic", "af",
+             "InvisibleTimes", "InvisibleComma", "ApplyFunction")
 _ESCAPE = re.compile(r"%(?P<p>[2-6][0-9A-Fa-f]|7[0-9A-Ea-e])|\\u(?P<u>[0-9A-Fa-f]{4})"
                      r"|(?P<b>%[C-Fc-f][0-9A-Fa-f](?:%[89ABab][0-9A-Fa-f]){1,3})"
                      r"|\\x(?P<x>[0-9A-Fa-f]{2})|\\U(?P<U>[0-9A-Fa-f]{8})"

@@ -467,6 +467,17 @@ def test_escapes_of_other_programs_and_named_references_are_decoded(text: str) -
 
 
 @pytest.mark.parametrize("text", [
+    f"sk-pr&shy;oj-{BODY}",  # a soft hyphen: invisible but where a line breaks
+    f"sk-proj-Ab3d&ZeroWidthSpace;{BODY}", f"sk-pr&zwj;oj-{BODY}", f"sk&NoBreak;-proj-{BODY}",
+])
+def test_a_key_split_by_an_invisible_named_reference_is_one(text: str) -> None:
+    """A zero-width character written as it is, or as "&#8203;", is read as nothing; as
+    a named reference ("&shy;", "&ZeroWidthSpace;") it was read as written and split the
+    key into pieces too short to be one."""
+    assert text in found(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
     "Tom &amp; Jerry &lt;b&gt;bold&lt;/b&gt; &quot;hi&quot; &nbsp; &copy; 2024 &#169 &#8212",
     "<a href=\"/search?q=a&amp;page=2&amp;key=Chapter_12\">next</a> &hyphen;&dash;",
     "const re = /\\u{1F600}/u; printf(\"%u%%\", n); escape('\u00e9') == '%E9'",
