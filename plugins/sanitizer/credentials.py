@@ -397,6 +397,9 @@ def _hides_a_secret(text: str, read: str, low: str, i: int, word: str) -> bool:
             for m in rx.finditer(read, a, b):
                 if m.start() > i:
                     break  # (the format's match holds its literal)
+                if m.end() == b < len(text):  # (cut at the window: read to its word's end,
+                    # a token's look-alike past the window too)
+                    m = rx.match(read, m.start(), _word_around(text, b, _B64_MOST)[1]) or m
                 if m.end() > i and _format_ok(m) and hidden(m):
                     return True
     if word in _ENV_ENDINGS and any(hidden(m) for m in _ENV.finditer(read, lo, hi)):

@@ -434,6 +434,18 @@ def test_a_format_whose_look_alike_is_past_its_literal_is_read(text: str, secret
     assert any(secret in f for f in found(text)), found(text)
 
 
+@pytest.mark.parametrize("at", [100, 680, 1500])
+def test_a_long_token_whose_look_alike_is_past_the_reading_s_window_is_read(at: int) -> None:
+    """The look-alike reading reads a format in the 640 characters after its literal
+    (`_AFTER`): a bearer token longer than that (a JWT often is) whose look-alike letter
+    came past them was cut there, read as hiding nothing, and its part after the letter
+    went on."""
+    token = "a1B2c3D4e5" * 200 + "Zq9Xw8Vu7T"
+    text = (f"Kap\u0131da bekledik. Authorization: Bearer {token[:at]}\u0430{token[at + 1:]}"
+            " tamam")
+    assert any("Zq9Xw8Vu7T" in f for f in found(text)), found(text)
+
+
 # ------------------------------------------------- other escapes a program writes
 
 @pytest.mark.parametrize("text", [
