@@ -300,7 +300,7 @@ def _folded_word(m: re.Match[str]) -> str:
 
 _HEX_LETTERS = frozenset("abcdef")
 _NEAR = 64  # how far before what a secret is found from the secret may start
-_AFTER = 640  # how far after it a secret is looked for when deciding to read the text
+_AFTER = 640  # how far before the first word that mixes a secret's literal may be
 
 
 def _worth_reading(text: str, start: int, hits: _Hits | None) -> bool:
@@ -345,6 +345,7 @@ def _worth_reading(text: str, start: int, hits: _Hits | None) -> bool:
             i = low.find(word, i + 1)
     if not letters.isdisjoint(_HEX_LETTERS) and "-" in text:
         places += [(m.start(), "") for m in _UUID.finditer(read, start)]
+    read_for: set[object] = set()
     for i, word in sorted(set(places)):
         if i < start - _HEAD:
             continue  # (a phrase starts at most this far before the word that hides it)
@@ -354,7 +355,7 @@ def _worth_reading(text: str, start: int, hits: _Hits | None) -> bool:
                     (i >= start and _mixes(text, i)) or _hidden_head(text, read, m)):
                 return True
         if i >= start - _AFTER and word in _READ_AROUND and _hides_a_secret(
-                text, read, low, i, word):
+                text, read, low, i, word, max(0, start - _AFTER - _NEAR), read_for):
             return True
     return False
 
@@ -377,39 +378,40 @@ def _mixes(text: str, i: int) -> bool:
     return _MIXED.search(text, *_word_around(text, i)) is not None
 
 
-def _hides_a_secret(text: str, read: str, low: str, i: int, word: str) -> bool:
+def _hides_a_secret(text: str, read: str, low: str, i: int, word: str, lo: int,
+                    read_for: set[object]) -> bool:
     """Whether what may start from `word` at `i` of `read` (the text with its look-alikes
     read as the letters they mimic; `low`, lower-cased), other than a phrase, is a
-    secret there that the look-alikes hide in `text`: the formats whose literal it is,
-    the variable it ends, the query's credential or the UUID it names, read in the text
-    around it (`_NEAR`, `_AFTER`) only."""
+    secret that the look-alikes hide in `text`: the formats whose literal it is, the
+    variable it ends, the query's credential or the UUID it names. Each is read once
+    per text, from `lo` on (`read_for`: those read already, and hiding none): a reading
+    around each place cost a window's worth of every literal's format per place (64 KB
+    of "aws secret " with one dotless i: seconds)."""
     def hidden(m: re.Match[str]) -> bool:  # (by a word there that mixes: `_MIXED`)
         return (read[m.start():m.end()] != text[m.start():m.end()]
                 and _MIXED.search(text, m.start(), m.end()) is not None)
 
-    lo, hi = max(0, i - _NEAR), min(len(text), i + _AFTER)
+    def first(kind: object) -> bool:
+        if kind in read_for:
+            return False
+        read_for.add(kind)
+        return True
+
     for k in _FORMATS_FROM.get(word, ()):
         needs, rx = _FORMAT_RX[k]
-        if any(low.startswith(n, i) for n in needs):
-            # (a format whose match holds no blank is read in the literal's word only:
-            # "bot" in every Turkish "robotlar\u0131" cost a reading of the text around it)
-            a, b = (lo, hi) if k in _SPACED else _word_around(text, i, _B64_MOST)
-            for m in rx.finditer(read, a, b):
-                if m.start() > i:
-                    break  # (the format's match holds its literal)
-                if m.end() == b < len(text):  # (cut at the window: read to its word's end,
-                    # a token's look-alike past the window too)
-                    m = rx.match(read, m.start(), _word_around(text, b, _B64_MOST)[1]) or m
-                if m.end() > i and _format_ok(m) and hidden(m):
-                    return True
-    if word in _ENV_ENDINGS and any(hidden(m) for m in _ENV.finditer(read, lo, hi)):
+        if any(low.startswith(n, i) for n in needs) and first(k) and any(
+                _format_ok(m) and hidden(m) for m in rx.finditer(read, lo)):
+            return True
+    if word in _ENV_ENDINGS and first("env") and any(
+            hidden(m) for m in _ENV.finditer(read, lo)):
         return True
-    if word in _QUERY_WORDS and any(hidden(m) for m in _QUERY.finditer(read, lo, hi)):
+    if word in _QUERY_WORDS and first("query") and any(
+            hidden(m) for m in _QUERY.finditer(read, lo)):
         return True
-    if word in _UUID_WORDS or word == "":  # ("": a UUID's place)
+    if (word in _UUID_WORDS or word == "") and first("uuid"):  # ("": a UUID's place)
         return any(read[lo + a:lo + b] != text[lo + a:lo + b]
                    and _MIXED.search(text, lo + a, lo + b) is not None
-                   for a, b in _named_uuids(read[lo:hi]))
+                   for a, b in _named_uuids(read[lo:]))
     return False
 
 
@@ -1044,9 +1046,4 @@ _ROOT_OF = {w: min((r for r in {*_LOOKED_FOR, *_WORDS_ANYWHERE} if r in w), key=
             for w in {*_LOOKED_FOR, *_WORDS_ANYWHERE}}
 _AT_WORD_START = {w: re.compile(rf"{re.escape(w)}(?<![a-z]{re.escape(w)})")
                   for w in _LOOKED_FOR if w not in _ANYWHERE}
-# The formats whose match may hold a blank (a key block, "Bearer <token>", a command's
-# "-u user:pass"): read around their literal, not in its word alone.
-_SPACED = frozenset(k for k, (needs, _) in enumerate(_FORMATS) if needs[0] in {
-    "private key", "putty-user-key-file-", "bearer", "authorization", "-u", "--password",
-    "<password>", "mysql", "aws"})
 _READ_AROUND = _WORDS_ANYWHERE | {w for w, formats in _FORMATS_FROM.items() if formats} | {""}

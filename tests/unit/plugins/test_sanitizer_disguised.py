@@ -597,3 +597,38 @@ def test_a_text_s_escapes_are_decoded_once_for_every_detector(
     assert calls.count(text) == 1
     forget()
     assert credentials._read_of == ("", None)  # (no prompt kept past its scan)
+
+
+class _Counted:
+    """A compiled pattern that counts the characters its searches are given to read."""
+
+    def __init__(self, rx: object, read: list[int]) -> None:
+        self.rx, self.read = rx, read
+
+    def finditer(self, text: str, pos: int = 0, endpos: int | None = None) -> object:
+        end = len(text) if endpos is None else min(endpos, len(text))
+        self.read.append(max(0, end - pos))
+        return self.rx.finditer(text, pos, end)  # type: ignore[attr-defined]
+
+    def match(self, text: str, pos: int = 0, endpos: int | None = None) -> object:
+        return self.rx.match(text, pos, len(text) if endpos is None else endpos)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("unit", ["aws secret ", "bot", "sk-", "eyJ.", "authorization:",
+                                  "DB_PASSWORD ", "?api_key "])
+def test_the_look_alike_reading_reads_each_format_once_however_many_literals(
+        unit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deciding whether to read a text's look-alikes, each place a format's literal is at
+    read that format over a window around it (704 characters; a word's 4,096): prose
+    with one dotless i and a literal every few characters ("aws secret aws secret ...",
+    "botbotbot...") read the same characters hundreds of times over (64 KB: seconds, 0.02
+    s before this stop). Each format, variable or query is read once per text."""
+    from plugins.sanitizer import credentials
+    read: list[int] = []
+    monkeypatch.setattr(credentials, "_FORMAT_RX", [
+        (needs, _Counted(rx, read)) for needs, rx in credentials._FORMAT_RX])
+    monkeypatch.setattr(credentials, "_ENV", _Counted(credentials._ENV, read))
+    monkeypatch.setattr(credentials, "_QUERY", _Counted(credentials._QUERY, read))
+    text = "kap\u0131 " + unit * (20_000 // len(unit))
+    assert credentials._unmasked(text) is None
+    assert sum(read) <= 8 * len(text), (sum(read), len(text))
