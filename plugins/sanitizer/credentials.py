@@ -633,12 +633,16 @@ _CREDENTIAL_KEY = re.compile(r"(?i:(?:api|access|secret|private|client|app|auth|
                              r"|license|licence|master|subscription|signing|encryption)[_-]?key)")
 _NAMING = r"(?:(?:[a-z]{1,16}|[A-Z][a-z]{1,15}|[A-Z]{1,8})\d{0,6}|\d{1,6})"
 _NAME_AND_NUMBER = re.compile(rf"{_NAMING}(?:[-_.]{_NAMING})*")
+# (but not capitals in groups, two or more, with no lower-case word: a licence or an
+# activation key's shape, "ABCD-1234-EFGH-5678", "ABCD1234-EFGH5678")
+_CAPS = re.compile(r"[A-Z]+")
 
 
 def _query_value(value: str, name: str) -> bool:
     v = _bare(value)
     if (_BARE_KEY.fullmatch(name) is not None and _CREDENTIAL_KEY.fullmatch(name) is None
-            and _NAME_AND_NUMBER.fullmatch(v) is not None):
+            and _NAME_AND_NUMBER.fullmatch(v) is not None
+            and not (v == v.upper() and len(_CAPS.findall(v)) > 1)):
         return False
     return (_value_ok(v) and _LOWER_SLUG.fullmatch(v) is None
             and _TITLE_SLUG.fullmatch(v) is None

@@ -374,6 +374,18 @@ def test_a_query_s_key_or_credential_is_still_one(text: str, secret: str) -> Non
     assert any(secret in s for s in found(text)), found(text)
 
 
+@pytest.mark.parametrize(("text", "secret"), [
+    ("https://example.com/activate?key=ABCD-1234-EFGH-5678", "ABCD-1234-EFGH-5678"),
+    ("https://example.com/activate?key=ABCD1234-EFGH5678-IJKL9012", "EFGH5678"),
+    ("https://example.com/license?product_key=WXYZ-9876-QRST-5432", "WXYZ-9876"),
+])
+def test_a_licence_key_under_a_bare_key_is_still_one(text: str, secret: str) -> None:
+    """The rule that a bare key's name-and-number value ("section2") is none took a
+    licence or activation key ("ABCD-1234-EFGH-5678": capital groups and numbers, no
+    lower-case word) for a record's name, and it went on."""
+    assert any(secret in s for s in found(text)), found(text)
+
+
 # ------------------------------------------------- the look-alike reading's cost
 
 @pytest.mark.parametrize("text", [
