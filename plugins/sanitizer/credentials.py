@@ -930,8 +930,10 @@ def secrets_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
 # service account's JSON, whose "private_key" holds the block on one line).
 _BEGIN_BLOCK = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
 _END_BLOCK = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----")
-_BLOCK_BODY = re.compile(r"(?:[ \t]*(?:[A-Za-z0-9+/=]{16,}|[A-Za-z-]+: [^\n\\]*|=[A-Za-z0-9+/]{4})?"
-                         r"[ \t]*(?:\n|\\n|\Z))+")
+# (Each run of blanks read by one part of it alone: two parts that could split a run
+# between them made a long run of blanks cost its length squared.)
+_BLOCK_BODY = re.compile(r"(?:[ \t]*(?:(?:[A-Za-z0-9+/=]{16,}|=[A-Za-z0-9+/]{4})[ \t]*"
+                         r"|[A-Za-z-]+: [^\n\\]*)?(?:\n|\\n|\Z))+")
 
 
 def _blocks_across(texts: list[str]) -> Iterator[tuple[int, Span]]:

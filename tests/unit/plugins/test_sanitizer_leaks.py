@@ -587,3 +587,23 @@ def test_an_encrypted_token_or_a_slack_refresh_token_is_a_secret(text: str) -> N
 ])
 def test_talk_about_tokens_is_none(text: str) -> None:
     assert not fires("secret", text)
+
+
+@pytest.mark.timeout(30)  # a guard against a hang, far above the milliseconds they take
+@pytest.mark.parametrize("after", [
+    " " * 200_000 + "x",  # a run of blanks two parts of a body line could split
+    "Proc-Type: " + " \t" * 100_000 + "\\x",
+])
+async def test_blanks_after_an_open_key_block_cost_their_length_once(after: str) -> None:
+    """A message after an open key block was read for the block's body by a pattern
+    whose two runs of blanks around a line's content could split a run of blanks
+    between them: 200,000 blanks (not squeezed where `normalize` is off) took minutes
+    (64 KB, the default bound of one message: half a minute a message)."""
+    san = SanitizerPlugin(SanitizerConfig.model_validate(
+        {"normalize": False, "detectors": {"secret": "redact"},
+         "limits": {"max_message_chars": 262_144}}),
+        Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics()))
+    spy = Spy()
+    await san(chat(("user", "-----BEGIN PRIVATE KEY-----"), ("user", after)), spy)
+    assert spy.ctx is not None
+    assert spy.ctx.request.messages[1].text() == after  # type: ignore[union-attr]
