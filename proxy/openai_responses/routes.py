@@ -89,6 +89,7 @@ async def _create(request: web.Request, st: AppState,
     info["model"] = req.model  # a metric label: only names the server serves
     store = _store(request)
     history: list[dict[str, Any]] = []
+    cut: frozenset[str] = frozenset()
     if req.previous_response_id:
         record = await _stored(store, principal.tenant, req.previous_response_id)
         if record is None:  # OpenAI's answer: a 400, with a code clients look for
@@ -103,9 +104,10 @@ async def _create(request: web.Request, st: AppState,
                                  "progress; go on from it once it has completed.",
                                  param="previous_response_id", code="invalid_value")
         history = record["conversation"]
+        cut = X.cut_calls(record["response"])
     # (a background run is generated as a stream: its events are kept for its streams)
     chat_req, conversation = X.chat_request(
-        req.model_copy(update={"stream": True}) if req.background else req, history)
+        req.model_copy(update={"stream": True}) if req.background else req, history, cut)
     chat_req = with_model_defaults(chat_req, st.terminal.sampling_defaults())
     ctx = RequestContext(route="chat", request=chat_req, principal=principal,
                          request_id=request[REQUEST_ID],

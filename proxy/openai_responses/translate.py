@@ -147,11 +147,13 @@ def _without_resent_calls(given: list[dict[str, Any]], stored: set[str],
     return kept
 
 
-def _calls_answered(conversation: list[dict[str, Any]]) -> None:
+def _calls_answered(conversation: list[dict[str, Any]], cut: frozenset[str] = frozenset(),
+                    ) -> None:
     """Every `function_call_output` answers a `function_call` of the assistant turn
     before it (in this input or the earlier responses'), with only other outputs between,
     and every `function_call` has its output before the next message (the chat form's
-    rules, said in the Responses API's words)."""
+    rules, said in the Responses API's words). `cut`: the calls of the previous response
+    that its end cut (no turn: an output for one is told so)."""
     open_calls: set[str] = set()
     unanswered: dict[str, None] = {}  # (in the turn's order: the first is named)
     answered: set[str] = set()
@@ -179,12 +181,25 @@ def _calls_answered(conversation: list[dict[str, Any]]) -> None:
         elif m["tool_call_id"] in open_calls:
             unanswered.pop(m["tool_call_id"], None)
             answered.add(m["tool_call_id"])
+        elif m["tool_call_id"] in cut:
+            raise InvalidRequest(
+                f"Function call {shown(m['tool_call_id'])} was cut before its arguments "
+                "ended (its response's `max_output_tokens`, or its end; its `status` is "
+                "`incomplete`): it is no turn to answer, so it takes no "
+                "`function_call_output`.", param="input", code="invalid_value")
         else:
             raise InvalidRequest(
                 "No function call found for a `function_call_output` item: its `call_id` "
                 "must be that of a `function_call` before it (in the input or the earlier "
                 "responses), with no message between them.", param="input",
                 code="invalid_value")
+
+
+def cut_calls(response: dict[str, Any]) -> frozenset[str]:
+    """The `call_id`s of a stored response's function calls its end cut (kept out of its
+    conversation: arguments half written are no turn)."""
+    return frozenset(o["call_id"] for o in response.get("output") or ()
+                     if o.get("type") == "function_call" and o.get("status") != "completed")
 
 
 def _first_repeated(ids: list[str]) -> str:
@@ -209,13 +224,15 @@ VLLM_PASSED = frozenset({
 
 
 def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
+                 cut: frozenset[str] = frozenset(),
                  ) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
-    """(the chat request, the conversation so far without instructions)."""
+    """(the chat request, the conversation so far without instructions). `cut`: the
+    calls of the previous response that were cut (not in `history`)."""
     given = input_messages(req.items())
     if history and (stored := _calls_of(history[-1])):
         given = _without_resent_calls(given, stored)
     conversation = history + given
-    _calls_answered(conversation)
+    _calls_answered(conversation, cut)
     fmt = req.text.format if req.text else None
     if fmt is not None and fmt.type == "json_object" and "json" not in " ".join(
             [req.instructions or ""] + [m.get("content") or "" for m in conversation]).lower():

@@ -977,6 +977,33 @@ async def test_a_call_cut_mid_arguments_is_no_turn_a_follow_up_owes_an_output(
     assert r.status == 200, await r.text()
 
 
+async def test_an_output_for_a_call_the_token_limit_cut_is_told_so(
+        make_client: MakeClient) -> None:
+    """An agent loop answers every `function_call` of a response, the one cut at
+    `max_output_tokens` too (its `status` is `incomplete`). That call is no turn to build
+    on, so its output is refused, but the 400 named no call and said none was found in
+    the earlier responses, where the client sees it: it names the call and says why."""
+    client = await make_client()
+    names = [f"p{i}" for i in range(12)]  # arguments longer than 16 tokens
+    tool = {"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {n: {"type": "string"} for n in names},
+        "required": names}}
+    r = await client.post("/v1/responses", json={
+        **BASE, "input": "x", "tools": [tool], "tool_choice": "required",
+        "max_output_tokens": 16, "temperature": 0})
+    cut = await r.json()
+    assert [(o["type"], o["status"]) for o in cut["output"]] == [
+        ("function_call", "incomplete")]
+    call_id = cut["output"][0]["call_id"]
+    r = await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": cut["id"], "tools": [tool],
+        "input": [{"type": "function_call_output", "call_id": call_id, "output": "{}"}]})
+    assert r.status == 400, await r.text()
+    error = (await r.json())["error"]
+    assert error["param"] == "input" and error["code"] == "invalid_value"
+    assert call_id in error["message"] and "max_output_tokens" in error["message"]
+
+
 async def test_what_vllm_s_responses_api_takes_besides_openai_s_reaches_the_engine(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """vLLM's Responses API takes `seed`, `stop`, the penalties, `logit_bias` and its
