@@ -798,8 +798,11 @@ def _engine_seed(seed: int | None) -> int | None:
     them) sampled the same answer. One outside 0 .. 2**32 - 1 is mixed into that range
     (splitmix64's finalizer), so that two seeds share a sampling only by chance, as two
     seeds drawn at random may, and no longer by their low bits; one inside it is
-    passed as vLLM's server passes it. Other platforms' generators read all 64 bits."""
-    if seed is None or 0 <= seed < 1 << _SEED_BITS or not current_platform.is_cpu():
+    passed as vLLM's server passes it, as is one outside int64 (vLLM refuses it; the
+    HTTP layer's bounds refused it before). Other platforms' generators read all 64
+    bits."""
+    if (seed is None or 0 <= seed < 1 << _SEED_BITS or not -(1 << 63) <= seed < 1 << 63
+            or not current_platform.is_cpu()):
         return seed
     z = seed & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64

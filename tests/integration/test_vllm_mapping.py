@@ -708,6 +708,9 @@ def test_seeds_that_differ_past_32_bits_sample_apart_on_cpu() -> None:
     for a, b in pairs:
         assert draws(a) != draws(b), (a, b)
     assert draws(2**40 + 1) == draws(2**40 + 1)  # (the same seed, the same answer)
+    for outside in (2**63, 2**64, -(2**63) - 1):  # (past int64: vLLM's to refuse, as sent)
+        assert ENGINE._sampling_params(SamplingOptions(max_tokens=1, seed=outside)
+                                       ).seed == outside
 
 
 @pytest.mark.parametrize(("text", "name", "arguments"), [
