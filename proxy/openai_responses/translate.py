@@ -132,14 +132,17 @@ def _calls_of(message: dict[str, Any]) -> set[str]:
 
 
 def _without_resent_calls(given: list[dict[str, Any]], stored: set[str],
-                          ) -> list[dict[str, Any]]:
+                          cut: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """`given` without the stored response's calls sent again with their outputs, grouped
     ([call A, call B, output A, output B]) or each before its output ([call A, output A,
-    call B, output B]): the calls are the stored turn's, the outputs answer it."""
+    call B, output B]): the calls are the stored turn's, the outputs answer it. Its cut
+    calls sent again beside its kept ones (as its output listed them) are its too: an
+    output for one is then told it was cut."""
     kept: list[dict[str, Any]] = []
     only_outputs = True  # all kept so far answer the stored calls (read as each is kept)
     for m in given:
-        resent = bool(_calls_of(m)) and _calls_of(m) <= stored
+        calls = _calls_of(m)
+        resent = bool(calls & stored) and calls <= stored | cut
         if resent and only_outputs:
             continue
         kept.append(m)
@@ -230,7 +233,7 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
     calls of the previous response that were cut (not in `history`)."""
     given = input_messages(req.items())
     if history and (stored := _calls_of(history[-1])):
-        given = _without_resent_calls(given, stored)
+        given = _without_resent_calls(given, stored, cut)
     conversation = history + given
     _calls_answered(conversation, cut)
     fmt = req.text.format if req.text else None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy.errors import InvalidRequest
 from proxy.openai_responses import translate as X
 from proxy.openai_responses.events import Rendering
 from proxy.openai_responses.models import ResponsesRequest
@@ -106,6 +107,24 @@ def test_a_new_call_after_the_stored_turns_outputs_is_a_new_turn() -> None:
         {"type": "function_call_output", "call_id": "c", "output": "C"}]})
     _, conversation = X.chat_request(req, history)
     assert [m["role"] for m in conversation[2:]] == ["tool", "assistant", "tool"]
+
+
+def test_a_stored_turns_calls_sent_again_with_its_cut_one_tell_that_ones_output_so() -> None:
+    """A response whose end cut its second call (`incomplete`: kept out of its
+    conversation) and whose calls an agent loop sends again, grouped as its output
+    listed them, with an output each: the 400 said the kept call had no output (it has
+    one); it names the cut call and says it was cut."""
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [_call("a")]}]
+    fc = {i: {"type": "function_call", "call_id": i, "name": "f", "arguments": "{}"}
+          for i in "ab"}
+    fco = {i: {"type": "function_call_output", "call_id": i, "output": i.upper()}
+           for i in "ab"}
+    req = ResponsesRequest.model_validate({"model": "m", "input": [
+        fc["a"], fc["b"], fco["a"], fco["b"]]})
+    with pytest.raises(InvalidRequest) as e:
+        X.chat_request(req, history, frozenset({"b"}))
+    assert e.value.param == "input" and "Function call b was cut" in str(e.value)
 
 
 class _Counted(str):
