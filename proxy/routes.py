@@ -35,7 +35,7 @@ from .protocol import (
     with_model_defaults,
 )
 from .streaming import json_response as json_response  # (route modules import it here)
-from .streaming import write_sse
+from .streaming import sse, write_sse
 from .telemetry import error_fields, get_logger, labelled
 
 log = get_logger("weir.routes")
@@ -108,22 +108,62 @@ async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
     with counting_cuts(st, info, ctx), logging_prompt(st, info, ctx):
         reply = await st.chain(ctx)
     store = stored_chat.wanted(ctx)
+    told = telling_tier(ctx)
     if isinstance(reply, Completion):
         headers = {**ctx.response_headers, **reply.headers}
         info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
         note_usage(st, info, reply.body)
+        body = told(reply.body)
         if store:
-            await stored_chat.save(request.app, ctx, reply.body)
-        return json_response(reply.body, headers)
+            await stored_chat.save(request.app, ctx, body)
+        return json_response(body, headers)
     assert isinstance(reply, Stream)
     keep = stored_chat.keep_when_completed(request.app, ctx, reply) if store else None
+    if keep is not None and told is not _as_it_is:
+        keep = _keeping_as_sent(keep, told)
 
     def stream_headers() -> dict[str, str]:
         headers = {**ctx.response_headers, **reply.headers}
         info.update(cache=headers.get("x-weir-cache"), prompt_tokens=ctx.prompt_tokens)
         return headers
 
-    return await _send_stream(request, st, ctx, reply, stream_headers, info, keep)
+    return await _send_stream(request, st, ctx, reply, stream_headers, info, keep,
+                              frame=lambda c: sse(told(c)))
+
+
+#: The tier every request is served in: one engine serves them all alike.
+SERVED_TIER = "default"
+
+
+def _as_it_is(body: dict[str, Any]) -> dict[str, Any]:
+    return body
+
+
+def _keeping_as_sent(keep: Callable[[dict[str, Any]], None],
+                     told: Callable[[dict[str, Any]], dict[str, Any]]
+                     ) -> Callable[[dict[str, Any]], None]:
+    """A stored completion is assembled from the chunks as they went out."""
+    return lambda chunk: keep(told(chunk))
+
+
+def telling_tier(ctx: RequestContext) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """What a chat answer (whole, or each chunk) goes out as: where its request set
+    `service_tier`, OpenAI's answer names the tier that served it ("When the
+    `service_tier` parameter is set, the response body will include the `service_tier`
+    value based on the processing mode actually used"), here always `default`, as the
+    Responses API's answers say. Added to a copy, as the answer goes out: a cached answer
+    is shared by requests that set no tier, or another one. An upstream's own word on
+    its tier is kept."""
+    req = ctx.request
+    if not isinstance(req, ChatCompletionRequest) or req.service_tier is None:
+        return _as_it_is
+
+    def told(body: dict[str, Any]) -> dict[str, Any]:
+        if "service_tier" in body or "error" in body:
+            return body
+        return {**body, "service_tier": SERVED_TIER}
+
+    return told
 
 
 @contextmanager
@@ -180,8 +220,10 @@ class StreamTiming:
 
 async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, reply: Stream,
                        headers: Any, info: dict[str, Any],
-                       keep: Callable[[dict[str, Any]], None] | None) -> web.StreamResponse:
-    """`keep`: sees every chunk (a stored completion being assembled)."""
+                       keep: Callable[[dict[str, Any]], None] | None, *,
+                       frame: Callable[[dict[str, Any]], bytes] = sse) -> web.StreamResponse:
+    """`keep`: sees every chunk (a stored completion being assembled); `frame`: a
+    chunk's bytes."""
     timing = StreamTiming(st, ctx, info)
     usage_chunk: dict[str, Any] = {}
 
@@ -197,7 +239,7 @@ async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, 
     try:
         return await write_sse(
             request, reply, headers, write_timeout=srv.write_timeout_s,
-            keepalive=srv.keepalive_s, on_first=timing.first, on_chunk=chunk,
+            keepalive=srv.keepalive_s, on_first=timing.first, on_chunk=chunk, frame=frame,
             on_abort=lambda reason: count_abort(st, request, reason),
             log_error=lambda e: log.error("stream failed", **error_fields(e)))
     finally:

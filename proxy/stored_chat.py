@@ -133,8 +133,9 @@ class Assembly:
         if self.head is None:
             self.head = {"id": chunk["id"], "object": "chat.completion",
                          "created": chunk["created"], "model": chunk["model"]}
-            if chunk.get("system_fingerprint") is not None:
-                self.head["system_fingerprint"] = chunk["system_fingerprint"]
+            for told in ("system_fingerprint", "service_tier"):
+                if chunk.get(told) is not None:
+                    self.head[told] = chunk[told]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for c in chunk.get("choices") or ():

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MakeClient
+from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate, validate_completion_chunk
 from tests.sse import check_chat_stream, parse_sse
@@ -445,3 +445,42 @@ async def client_post(client: Any, body: dict[str, Any]) -> str:
     r = await client.post("/v1/chat/completions", json=body)
     assert r.status == 200, await r.text()
     return await r.text()
+
+
+async def test_a_chat_answer_names_the_service_tier_its_request_set(
+        make_client: MakeClient) -> None:
+    """OpenAI: "When the `service_tier` parameter is set, the response body will include
+    the `service_tier` value based on the processing mode actually used" (every chunk of
+    a stream too). One engine serves every request alike: `default`, whatever was asked,
+    as the Responses API answers; cached replays and stored completions alike. Left
+    unset, the answer says nothing of it, as before."""
+    client = await make_client(make_settings(plugins=[{"name": "cache", "config": {
+        "store_truncated": True, "semantic": {"enabled": False}}}]))
+    ask = {**CHAT, "temperature": 0, "max_tokens": 3}
+    seen = set()
+    for tier in ("auto", "flex", "priority"):
+        for _ in range(2):  # a miss, then the cache's replay of it
+            r = await client.post("/v1/chat/completions",
+                                  json={**ask, "service_tier": tier, "store": True})
+            seen.add(r.headers.get("x-weir-cache"))
+            body = await r.json()
+            validate("CreateChatCompletionResponse", body)
+            assert body["service_tier"] == "default", (tier, r.headers.get("x-weir-cache"))
+            stored = await (await client.get(f"/v1/chat/completions/{body['id']}")).json()
+            assert stored["service_tier"] == "default"
+            r = await client.post("/v1/chat/completions", json={
+                **ask, "service_tier": tier, "stream": True, "store": True,
+                "stream_options": {"include_usage": True}})
+            events, done = parse_sse(await r.text())
+            assert done and events
+            check_chat_stream(events, usage=True)
+            assert {e.get("service_tier") for e in events} == {"default"}, tier
+            stored = await (await client.get(f"/v1/chat/completions/{events[0]['id']}")).json()
+            assert stored["service_tier"] == "default"
+    assert seen == {"miss", "exact"}
+    r = await client.post("/v1/chat/completions", json=ask)
+    assert r.headers["x-weir-cache"] == "exact"  # the answer the tiers had
+    assert "service_tier" not in await r.json()
+    r = await client.post("/v1/chat/completions", json={**ask, "stream": True})
+    events, _ = parse_sse(await r.text())
+    assert all("service_tier" not in e for e in events)
