@@ -209,6 +209,16 @@ CHAT_UNSUPPORTED: Unsupported = {
     "verbosity": (inert("medium"), "this model has no verbosity setting; ask for a length "
                   "in the prompt."),
 }
+#: The types OpenAI's spec gives the parameters of `CHAT_UNSUPPORTED` that `CHAT_ENUMS`
+#: does not check: another JSON type is a 400 `invalid_type` naming it, told before the
+#: parameter is refused as unsupported (`audio: "alloy"` was "this model answers text
+#: only"), as OpenAI checks a parameter's type before anything else.
+CHAT_VALUES: dict[str, TypeAdapter[Any]] = {
+    "functions": TypeAdapter(list[Any]),
+    "audio": TypeAdapter(dict[str, Any]),
+    "web_search_options": TypeAdapter(dict[str, Any]),
+    "moderation": TypeAdapter(dict[str, Any]),
+}
 #: Chat Completions' names sent to /v1/completions, which takes other ones (or has no
 #: such thing): ignored, the answer would run to the default 16 tokens, come without
 #: logprobs, or be text where tools were offered (and a call forced).
@@ -1212,6 +1222,7 @@ class ChatCompletionRequest(_SamplingFields, CallerFields):
     @classmethod
     def _refuse_unsupported(cls, data: Any) -> Any:
         check_enums(data, CHAT_ENUMS)
+        check_values(data, CHAT_VALUES)  # (before it is refused as unsupported)
         refuse_unsupported(data, CHAT_UNSUPPORTED)
         refuse_other_tools(data)
         return data

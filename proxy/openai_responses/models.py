@@ -327,6 +327,13 @@ RESPONSES_ENUMS: dict[str, tuple[str, ...]] = {
 RESPONSES_VALUES: dict[str, TypeAdapter[Any]] = {
     "top_logprobs": TypeAdapter(TopLogprobs),
     "max_tool_calls": TypeAdapter(int),
+    # (and each refused parameter's own JSON type: `reasoning: "high"` was told "this
+    # model does not reason", not its type)
+    "reasoning": TypeAdapter(dict[str, Any]),
+    "conversation": TypeAdapter(str | dict[str, Any]),
+    "prompt": TypeAdapter(dict[str, Any]),
+    "moderation": TypeAdapter(dict[str, Any]),
+    "context_management": TypeAdapter(list[Any]),
     "context_management[].compact_threshold": TypeAdapter(Annotated[int, Field(ge=1000)]),
 }
 

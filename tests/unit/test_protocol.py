@@ -1112,3 +1112,32 @@ def test_an_object_where_a_string_or_an_object_goes_is_told_what_is_wrong_inside
     assert (e.value.param, e.value.code) == ("tool_choice.function", "invalid_type")
     assert e.value.message == ("Invalid type for `tool_choice.function`: expected an object, "
                                "but got null instead.")
+
+
+@pytest.mark.parametrize(("model", "extra", "expected"), [
+    (ResponsesRequest, {"reasoning": "high"}, "an object"),
+    (ResponsesRequest, {"reasoning": []}, "an object"),
+    (ResponsesRequest, {"conversation": 5}, "a string"),
+    (ResponsesRequest, {"prompt": "pmpt_1"}, "an object"),
+    (ResponsesRequest, {"context_management": {"type": "compaction"}}, "an array"),
+    (ResponsesRequest, {"moderation": True}, "an object"),
+    (ChatCompletionRequest, {"audio": "alloy"}, "an object"),
+    (ChatCompletionRequest, {"web_search_options": 5}, "an object"),
+    (ChatCompletionRequest, {"functions": "f"}, "an array"),
+    (ChatCompletionRequest, {"functions": {"name": "f"}}, "an array"),
+    (ChatCompletionRequest, {"moderation": "strict"}, "an object"),
+])
+def test_an_unsupported_parameter_of_the_wrong_type_is_told_its_type(
+        model: type, extra: dict[str, Any], expected: str) -> None:
+    """`reasoning: "high"` was refused as "this model does not reason" where a
+    `max_tool_calls: "3"` (or chat's `modalities: "text"`) is told its type: OpenAI checks
+    a parameter's type before anything else, and a caller sending the wrong shape should
+    hear that, not that the feature is missing (fixing only that would meet the next
+    400)."""
+    base: dict[str, Any] = ({"model": "m", "messages": MSG} if model is ChatCompletionRequest
+                            else {"model": "m", "input": "hi"})
+    name = next(iter(extra))
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(model, {**base, **extra})
+    assert (e.value.param, e.value.code) == (name, "invalid_type"), e.value.message
+    assert f"Invalid type for `{name}`: expected {expected}" in e.value.message
