@@ -153,13 +153,13 @@ def telling_tier(ctx: RequestContext) -> Callable[[dict[str, Any]], dict[str, An
     value based on the processing mode actually used"), here always `default`, as the
     Responses API's answers say. Added to a copy, as the answer goes out: a cached answer
     is shared by requests that set no tier, or another one. An upstream's own word on
-    its tier is kept."""
+    its tier is kept; its null (a vLLM server's answer has one) names no tier."""
     req = ctx.request
     if not isinstance(req, ChatCompletionRequest) or req.service_tier is None:
         return _as_it_is
 
     def told(body: dict[str, Any]) -> dict[str, Any]:
-        if "service_tier" in body or "error" in body:
+        if body.get("service_tier") is not None or "error" in body:
             return body
         return {**body, "service_tier": SERVED_TIER}
 

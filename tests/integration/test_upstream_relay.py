@@ -467,3 +467,34 @@ async def test_an_upstream_s_echo_is_the_prompt_as_the_caller_sent_it(
         assert (await r.json())["choices"][0]["text"] == "Say hello ok"
     finally:
         await server.close()
+
+
+async def test_an_upstream_s_null_service_tier_is_no_word_on_the_tier(
+        make_client: MakeClient, scripted: Scripted) -> None:
+    """A vLLM server answers `"service_tier": null` (its response model's default; an
+    OpenAI-compatible server may put it in its chunks too): that names no tier, so a
+    request that set one is answered the tier that served it, `default`, as the
+    in-process engine's answer is, not null. An upstream's tier is kept; a request that
+    set none gets the upstream's answer as sent."""
+    whole: dict[str, Any] = {**ANSWER, "service_tier": None, "system_fingerprint": None}
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if (await request.json()).get("stream"):
+            return await streaming(events(chunk("hi", service_tier=None),
+                                          chunk(finish="stop", service_tier=None)))(request)
+        return web.json_response(whole)
+
+    scripted.chat = answer
+    client = await edge(make_client, scripted)
+    asked = {**CHAT, "service_tier": "priority"}
+    body = await (await client.post("/v1/chat/completions", json=asked)).json()
+    assert body["service_tier"] == "default", body
+    r = await client.post("/v1/chat/completions", json={**asked, "stream": True})
+    got, done = parse_sse(await r.text())
+    assert done and [c["service_tier"] for c in got] == ["default"] * len(got), got
+    whole = {**whole, "service_tier": "flex"}  # the upstream's own word on it
+    body = await (await client.post("/v1/chat/completions", json=asked)).json()
+    assert body["service_tier"] == "flex"
+    whole = {**whole, "service_tier": None}
+    body = await (await client.post("/v1/chat/completions", json=CHAT)).json()
+    assert body["service_tier"] is None  # (not set: as the upstream sent it)
