@@ -33,6 +33,9 @@ log = get_logger("weir.responses")
 
 OnDone = Callable[[dict[str, Any]], Awaitable[None]]
 
+#: The message of a response whose end could not be stored for a fault of the server's.
+NOT_STORED = "The server had an error storing this response; create it again."
+
 
 class _Events:
     """Builds events in order, numbering them."""
@@ -374,12 +377,9 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
             failure = _failed(e, ServerError())
         else:
             failure = []
-        if failure:  # kept before its terminal event goes out, as a completed one is
-            e.ending = failure
-            while e.ending:
-                if len(e.ending) == 1:
-                    await _kept(on_done, e.ending[0]["response"])
-                yield e.number(e.ending.pop(0))
+        if failure:
+            async for event in _failing(e, failure, on_done):
+                yield event
             return
         if not e.output and e.texts:  # an empty answer is an empty message, as a whole one
             for event in e.text(""):
@@ -391,7 +391,22 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
         # Decided: cut while its record is stored, it ends so (`_ending`), not as a
         # cut (a drain stored a whole answer `failed`, a cancel `cancelled`).
         e.ending = [e.ev(f"response.{status}", response=final)]
-        await on_done(final)
+        try:
+            await on_done(final)
+        except Exception as exc:
+            # Not the store's outage or the record's size (`on_done` answers those: the
+            # answer goes out, not stored): a bug, or a store failing as none should.
+            # Its streams and its record end `failed`, a generic server error: a
+            # background run's followers got no terminal event, a stream was told the
+            # end never kept, and the record stayed `in_progress`.
+            log.error("response's end not stored", **error_fields(exc))
+            failure = _failed(e, ServerError(NOT_STORED))
+        else:
+            failure = []
+        if failure:
+            async for event in _failing(e, failure, on_done):
+                yield event
+            return
         yield e.number(e.ending.pop())
     finally:
         if started and not e.finished:
@@ -401,6 +416,17 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
         close = getattr(it, "aclose", None)
         if close is not None:
             await close()
+
+
+async def _failing(e: _Events, failure: list[dict[str, Any]],
+                   on_done: OnDone) -> AsyncIterator[dict[str, Any]]:
+    """A stream's own failure's events (`_failed`), its failed response kept before its
+    terminal event goes out, as a completed one is."""
+    e.ending = failure
+    while e.ending:
+        if len(e.ending) == 1:
+            await _kept(on_done, e.ending[0]["response"])
+        yield e.number(e.ending.pop(0))
 
 
 def _ending(e: _Events) -> dict[str, Any]:

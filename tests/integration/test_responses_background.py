@@ -1473,3 +1473,46 @@ async def test_a_run_cut_while_its_completed_answer_is_stored_ends_completed(
     assert not {"response.failed", "error"} & set(types), types
     assert events[-1]["response"]["status"] == "incomplete"
     assert events[-1]["response"] == await get(client, rid)
+
+
+@pytest.mark.parametrize("background", [True, False])
+async def test_an_end_the_store_fails_to_keep_for_a_bug_ends_failed(
+        make_client: MakeClient, fake_engine: FakeEngine, background: bool) -> None:
+    """A store raising what it should not (a bug: not its outage, not the record's size)
+    as a response's end is kept: the run's followers' streams ended with no terminal
+    event and its record stayed `in_progress` (until its lease lapsed, then "stopped
+    before it ended"). Its streams and its record end `failed`, a `server_error` whose
+    message names nothing of the fault."""
+    client = await make_client(keyed())
+    store = client.app[STORE]
+    replace = store.replace
+
+    async def buggy(tenant: str, rid: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        if record["response"]["status"] in ("completed", "incomplete"):
+            raise RuntimeError("secret detail")
+        return await replace(tenant, rid, record, *args, **kwargs)
+
+    store.replace = buggy  # type: ignore[method-assign]
+    if not background:  # (its `in_progress` record put as it starts, its end replacing it)
+        r = await client.post("/v1/responses", headers=A,
+                              json={**BASE, "background": False, "stream": True})
+        text = await r.text()
+    else:
+        fake_engine.token_gate = asyncio.Event()
+        rid = (await (await client.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+        await fake_engine.wait_until(lambda: fake_engine.active)
+        follower = await client.get(f"/v1/responses/{rid}?stream=true", headers=A)
+        head = await follower.content.readuntil(b"response.queued")
+        fake_engine.token_gate.set()
+        text = (head + await follower.content.read()).decode()
+    events, _ = parse_sse(text)
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    types = [e["type"] for e in events]
+    assert types[-2:] == ["error", "response.failed"], types
+    assert not {"response.completed", "response.incomplete"} & set(types)
+    failed = events[-1]["response"]
+    assert failed["error"]["code"] == "server_error"
+    assert "secret" not in text and "RuntimeError" not in text
+    assert failed == await get(client, failed["id"])
