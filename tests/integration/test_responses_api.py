@@ -1557,3 +1557,38 @@ async def test_a_call_id_holding_a_secret_is_kept_as_sent_for_its_tenant_alone(
         assert other.status == 404 and secret not in await other.text()
     metrics = await (await client.get("/metrics")).text()
     assert secret not in metrics and secret not in logs.getvalue()
+
+
+async def test_a_background_answer_sent_before_its_fallback_was_chosen_cannot_say_so(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """What the README says of `x-weir-fallback`: a background create answered `queued`
+    once the chain reached the engine, and a stream of its events opened while it was
+    `queued`, went out before the engine failed and the fallback answered: their
+    headers cannot carry it (OpenAI's schemas have no field for it in the body). A GET
+    once it ended, and a stream opened then, do."""
+    import asyncio
+
+    from proxy.openai_responses.routes import RUNNER
+
+    client = await make_client(plugins=[{"name": "breaker", "config": {
+        "minimum_calls": 1000, "fallback": [{"kind": "static", "content": "Busy, sorry."}]}}])
+    fake_engine.fail_after, fake_engine.token_gate = 0, asyncio.Event()
+    r = await client.post("/v1/responses", json={**BASE, "background": True})
+    assert r.status == 200 and "x-weir-fallback" not in r.headers
+    rid = (await r.json())["id"]
+    early = await client.get(f"/v1/responses/{rid}?stream=true")
+    assert early.status == 200 and "x-weir-fallback" not in early.headers
+    fake_engine.token_gate.set()
+    events, _ = parse_sse(await early.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert events[-1]["type"] == "response.completed"
+    run = client.app[RUNNER].find("public", rid)
+    assert run is not None and run.task is not None
+    await asyncio.wait_for(asyncio.shield(run.task), 10)
+    got = await client.get(f"/v1/responses/{rid}")
+    assert got.headers.get("x-weir-fallback") == "static"
+    assert (await got.json())["output"][0]["content"][0]["text"] == "Busy, sorry."
+    again = await client.get(f"/v1/responses/{rid}?stream=true")
+    assert again.headers.get("x-weir-fallback") == "static"
+    await again.read()
