@@ -52,6 +52,8 @@ class RecordStore(Protocol):
     #: The most one tenant's records may take (bytes), so the largest record it can keep;
     #: None: no such bound (in memory, where `max_in_memory` counts records).
     max_bytes: int | None
+    #: The longest one call may take before it gives up (0: in memory, never waits).
+    timeout_s: float
 
     async def get(self, tenant: str, record_id: str) -> Record | None: ...
 
@@ -113,6 +115,7 @@ class MemoryStore:
     def __init__(self, ttl_s: float, max_items: int, kind: str = "responses",
                  max_bytes: int | None = None, max_total_bytes: int | None = None) -> None:
         self.ttl_s = ttl_s
+        self.timeout_s = 0.0
         self.max_items = max_items
         self.kind = kind
         self.max_bytes = max_bytes

@@ -21,7 +21,7 @@ import asyncio
 import copy
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ServerError, WeirError
 from ..tasks import detach
@@ -32,6 +32,7 @@ from .models import ResponsesRequest
 log = get_logger("weir.responses")
 
 OnDone = Callable[[dict[str, Any]], Awaitable[None]]
+T = TypeVar("T")
 
 #: The message of a response whose end could not be stored for a fault of the server's.
 NOT_STORED = "The server had an error storing this response; create it again."
@@ -47,7 +48,7 @@ class _Events:
         #: A background run's: `response.created` went out `queued`, before any output.
         self.queued = False
         #: The store of a response cut short, from a task of its own (`_keep_detached`).
-        self.saving: asyncio.Future[None] | None = None
+        self.saving: asyncio.Future[Any] | None = None
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being streamed
         self.open_text: list[str] = []  # the open message's text so far
@@ -239,7 +240,7 @@ class Rendering:
         return self._e.finished
 
     @property
-    def saving(self) -> asyncio.Future[None] | None:
+    def saving(self) -> asyncio.Future[Any] | None:
         """The store of the response cut short (its stream closed before its end), under
         way in a task of its own; None: none was cut."""
         return self._e.saving
@@ -314,18 +315,21 @@ class Rendering:
         e = self._e
         if e.finished:
             return []
-        if e.ending:  # the stream's own end under way: its events not yet sent
+        decided = bool(e.ending)
+        if decided:  # the stream's own end under way: its events not yet sent
             events, e.ending = [e.number(ev) for ev in e.ending], []
         else:
             events = [e.number(ev) for ev in _failed(e, err)]
-        if self._on_done is not None:  # (the writer's own failure: it cannot wait)
-            _keep_detached(self._on_done, events[-1]["response"])
+        # (the writer's own failure: it cannot wait; not stored again where that end
+        # is being stored already)
+        if self._on_done is not None and not (decided and e.saving is not None):
+            e.saving = _keep_detached(self._on_done, events[-1]["response"])
         return events
 
 
 #: Failed responses being stored from a task of their own (a drain's cut): the store
 #: waits for them before it closes (`saves_settled`).
-_SAVES: set[asyncio.Future[None]] = set()
+_SAVES: set[asyncio.Future[Any]] = set()
 
 
 async def saves_settled(timeout: float) -> None:
@@ -337,10 +341,24 @@ async def saves_settled(timeout: float) -> None:
 def _keep_detached(on_done: OnDone, response: dict[str, Any]) -> asyncio.Future[None]:
     """`on_done(response)` in a task of its own (from where nothing can wait for it: a
     writer's failure, a stream being closed); the store waits for it before it closes."""
-    save = detach(_kept(on_done, response))
+    return _saves(detach(_kept(on_done, response)))
+
+
+def _saves(save: asyncio.Future[T]) -> asyncio.Future[T]:
+    """`save`, a record's write, waited for by the store before it closes."""
     _SAVES.add(save)
     save.add_done_callback(_SAVES.discard)
     return save
+
+
+async def _outcome(on_done: OnDone, response: dict[str, Any]) -> Exception | None:
+    """`on_done(response)`: the exception it raised, if any (for whoever waits for it,
+    from a task a cut does not cancel)."""
+    try:
+        await on_done(response)
+    except Exception as exc:
+        return exc
+    return None
 
 
 async def _kept(on_done: OnDone, response: dict[str, Any]) -> None:
@@ -391,31 +409,41 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
         # Decided: cut while its record is stored, it ends so (`_ending`), not as a
         # cut (a drain stored a whole answer `failed`, a cancel `cancelled`).
         e.ending = [e.ev(f"response.{status}", response=final)]
+        # In a task of its own, which a cut (a drain, a cancel) waits for rather than
+        # cancels: cut, its write was cancelled (landed or not) and started again from
+        # scratch as the store closed.
+        storing = _saves(detach(_outcome(on_done, final)))
         try:
-            await on_done(final)
-        except Exception as exc:
+            unkept = await asyncio.shield(storing)
+        except asyncio.CancelledError:
+            e.saving = storing
+            storing.add_done_callback(_logged)
+            raise
+        if unkept is not None:
             # Not the store's outage or the record's size (`on_done` answers those: the
             # answer goes out, not stored): a bug, or a store failing as none should.
             # Its streams and its record end `failed`, a generic server error: a
             # background run's followers got no terminal event, a stream was told the
             # end never kept, and the record stayed `in_progress`.
-            log.error("response's end not stored", **error_fields(exc))
-            failure = _failed(e, ServerError(NOT_STORED))
-        else:
-            failure = []
-        if failure:
-            async for event in _failing(e, failure, on_done):
+            log.error("response's end not stored", **error_fields(unkept))
+            async for event in _failing(e, _failed(e, ServerError(NOT_STORED)), on_done):
                 yield event
             return
         yield e.number(e.ending.pop())
     finally:
-        if started and not e.finished:
+        if started and not e.finished and e.saving is None:
             # Cut short (the client left): its id went out with `response.created`, so
             # it is kept as it stood, and a client can retrieve it or go on from it.
             e.saving = _keep_detached(on_done, _ending(e))
         close = getattr(it, "aclose", None)
         if close is not None:
             await close()
+
+
+def _logged(storing: asyncio.Future[Exception | None]) -> None:
+    """A stream's end stored after a cut, where storing it raised (a bug)."""
+    if not storing.cancelled() and (exc := storing.result()) is not None:
+        log.error("response's end not stored", **error_fields(exc))
 
 
 async def _failing(e: _Events, failure: list[dict[str, Any]],

@@ -49,8 +49,19 @@ log = get_logger("weir.responses")
 
 STORE: web.AppKey[RecordStore] = web.AppKey("weir_responses_store", RecordStore)
 RUNNER: web.AppKey[Runner] = web.AppKey("weir_responses_runner", Runner)
-#: How long a closing store waits for the failed responses still being stored.
+#: The least a closing store waits for the responses still being stored.
 _SAVES_AT_CLOSE_S = 2.0
+#: The calls of one save the close may find under way: its record replaced, then (not
+#: stored) dropped.
+_SAVE_CALLS = 2
+
+
+def saves_bound_s(store: RecordStore) -> float:
+    """How long a closing store waits for the saves under way (background runs' ends,
+    streams' ends a drain cut): as long as a save's calls may take with it (each gives
+    up past the store's `timeout_s`), at least `_SAVES_AT_CLOSE_S`. A fixed 2 s closed
+    a store whose calls may take longer under a write that would have landed."""
+    return max(_SAVES_AT_CLOSE_S, _SAVE_CALLS * store.timeout_s + 0.5)
 
 
 def _store(request: web.Request) -> RecordStore:
@@ -521,8 +532,11 @@ async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await app[RUNNER].close(_SAVES_AT_CLOSE_S)  # background runs still going: failed
-        await saves_settled(_SAVES_AT_CLOSE_S)  # failed responses a drain's cut stores
+        # (one bound for both: the shutdown's own deadline is near)
+        until = asyncio.get_running_loop().time() + saves_bound_s(store)
+        await app[RUNNER].close(saves_bound_s(store))  # background runs still going: failed
+        # ... and the ends a drain's cut stores (a stream's, failed, or decided before it)
+        await saves_settled(max(0.0, until - asyncio.get_running_loop().time()))
         await store.close()
         if flags is not None:
             await flags.close()

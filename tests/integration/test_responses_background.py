@@ -1516,3 +1516,67 @@ async def test_an_end_the_store_fails_to_keep_for_a_bug_ends_failed(
     assert failed["error"]["code"] == "server_error"
     assert "secret" not in text and "RuntimeError" not in text
     assert failed == await get(client, failed["id"])
+
+
+@pytest.mark.parametrize("background", [True, False])
+async def test_a_drain_cutting_an_end_being_stored_waits_for_that_write(
+        make_client: MakeClient, fake_engine: FakeEngine, background: bool) -> None:
+    """A drain cutting a response whose answer had ended while its record was stored
+    cancelled that write (it may or may not have landed) and started it again from
+    scratch: the end's write went to the store twice, the second as the store closed
+    (its wait a fixed 2 s, whatever the store's own timeout), so a slow store's record
+    could stay `in_progress` though its end went out. The write under way is the one
+    waited for (and no other started), and the store's close waits as long as a save
+    may take with it."""
+    client = await make_client(keyed())
+    store = client.app[STORE]
+    storing, gate = asyncio.Event(), asyncio.Event()
+    replace, ends = store.replace, []
+
+    async def slow_end(tenant: str, rid: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        if record["response"]["status"] == "incomplete":
+            ends.append(rid)
+            storing.set()
+            await gate.wait()
+        return await replace(tenant, rid, record, *args, **kwargs)
+
+    store.replace = slow_end  # type: ignore[method-assign]
+    body = {**BASE, "background": background, "stream": not background}
+    r = await client.post("/v1/responses", json=body, headers=A)
+    if background:
+        rid = (await r.json())["id"]
+    else:
+        head = await r.content.readuntil(b"response.created")
+        head += await r.content.readuntil(b"\n\n")
+        rid = parse_sse(head.decode())[0][0]["response"]["id"]
+    await asyncio.wait_for(storing.wait(), 10)
+    aborting = asyncio.ensure_future(client.app[STATE].abort_all())
+    inflight = client.app[STATE]._inflight  # (cut: cancelling, or gone already)
+    await eventually(lambda: not inflight or any(t.cancelling() for t in inflight))
+    gate.set()
+    await aborting
+    if not background:
+        await r.read()
+    await background_http_saves()
+    assert ends == [rid], ends  # (once: the write under way, not a second)
+    assert (await get(client, rid))["status"] == "incomplete"
+
+
+async def background_http_saves() -> None:
+    from proxy.openai_responses.events import saves_settled
+
+    await saves_settled(10)
+
+
+def test_the_store_is_closed_only_after_a_save_may_have_ended() -> None:
+    """How long a closing store waits for the saves under way: as long as a save's
+    calls may take with that store (each bounded by its `timeout_s`), not a fixed 2 s
+    under which a store with a longer timeout was closed mid-write."""
+    from proxy.openai_responses.routes import saves_bound_s
+    from proxy.record_store import MemoryStore
+
+    class Slow:
+        timeout_s = 30.0
+
+    assert saves_bound_s(Slow()) >= 2 * 30.0  # type: ignore[arg-type]
+    assert saves_bound_s(MemoryStore(ttl_s=60, max_items=10)) >= 2.0
