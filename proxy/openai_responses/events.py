@@ -250,7 +250,7 @@ class Rendering:
         400 of the sanitizer): its events, once the failed response is stored (cut
         meanwhile, they are `owed`)."""
         self._e.ending = _failed(self._e, err)
-        await _kept(on_done, self._e.ending[-1]["response"])
+        await _keeping(self._e, on_done, self._e.ending[-1]["response"])
         return self.owed()
 
     def cut(self) -> dict[str, Any]:
@@ -453,8 +453,20 @@ async def _failing(e: _Events, failure: list[dict[str, Any]],
     e.ending = failure
     while e.ending:
         if len(e.ending) == 1:
-            await _kept(on_done, e.ending[0]["response"])
+            await _keeping(e, on_done, e.ending[0]["response"])
         yield e.number(e.ending.pop(0))
+
+
+async def _keeping(e: _Events, on_done: OnDone, response: dict[str, Any]) -> None:
+    """A failed response kept (`_kept`) in a task of its own, which a cut (a drain, a
+    cancel) waits for rather than cancels (`saving`): cut, its write was cancelled,
+    landed or not, and started again from scratch (the stream's close, a run's cut)."""
+    save = _keep_detached(on_done, response)
+    try:
+        await asyncio.shield(save)
+    except asyncio.CancelledError:
+        e.saving = save
+        raise
 
 
 def _ending(e: _Events) -> dict[str, Any]:

@@ -1580,3 +1580,57 @@ def test_the_store_is_closed_only_after_a_save_may_have_ended() -> None:
 
     assert saves_bound_s(Slow()) >= 2 * 30.0  # type: ignore[arg-type]
     assert saves_bound_s(MemoryStore(ttl_s=60, max_items=10)) >= 2.0
+
+
+@pytest.mark.parametrize("where", ["background", "stream", "before output"])
+async def test_a_drain_cutting_a_failure_being_stored_waits_for_that_write(
+        make_client: MakeClient, fake_engine: FakeEngine, where: str) -> None:
+    """As a whole answer's: a drain cutting a response whose own failure (the engine's,
+    mid-answer or before any output) was being stored cancelled that write, landed or
+    not, and started it again from scratch (the generator's close, a run's cut). The
+    write under way is the one waited for, and no other started."""
+    client = await make_client(keyed())
+    store = client.app[STORE]
+    storing, gate = asyncio.Event(), asyncio.Event()
+    replace, ends = store.replace, []
+
+    async def slow_end(tenant: str, rid: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        if record["response"]["status"] == "failed":
+            ends.append(rid)
+            storing.set()
+            await gate.wait()
+        return await replace(tenant, rid, record, *args, **kwargs)
+
+    store.replace = slow_end  # type: ignore[method-assign]
+    fake_engine.fail_after = 0 if where == "before output" else 2
+    background = where != "stream"
+    body = {**BASE, "background": background, "stream": not background}
+    r = await client.post("/v1/responses", json=body, headers=A)
+    if background:
+        rid = (await r.json())["id"]
+    else:
+        head = await r.content.readuntil(b"response.created")
+        head += await r.content.readuntil(b"\n\n")
+        rid = parse_sse(head.decode())[0][0]["response"]["id"]
+    await asyncio.wait_for(storing.wait(), 10)
+    aborting = asyncio.ensure_future(client.app[STATE].abort_all())
+    inflight = client.app[STATE]._inflight  # (cut: cancelling, or gone already)
+    await eventually(lambda: not inflight or any(t.cancelling() for t in inflight))
+    gate.set()
+    await aborting
+    text = (await r.read()).decode() if not background else ""
+    await background_http_saves()
+    assert ends == [rid], ends  # (once: the write under way, not a second)
+    stored = await get(client, rid)
+    assert stored["status"] == "failed"
+    assert stored["error"]["code"] == "server_error"
+    if not background:
+        events, _ = parse_sse(text)
+        assert [e["type"] for e in events].count("response.failed") == 1
+        assert events[-1]["response"] == stored
+    else:
+        follower = await client.get(f"/v1/responses/{rid}?stream=true", headers=A)
+        events, _ = parse_sse(await follower.text())
+        types = [e["type"] for e in events]
+        assert types.count("response.failed") == 1 and types[-1] == "response.failed"
+        assert events[-1]["response"] == stored
