@@ -416,8 +416,7 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
         try:
             unkept = await asyncio.shield(storing)
         except asyncio.CancelledError:
-            e.saving = storing
-            storing.add_done_callback(_logged)
+            e.saving = _saves(detach(_settled(e, storing, on_done)))
             raise
         if unkept is not None:
             # Not the store's outage or the record's size (`on_done` answers those: the
@@ -440,10 +439,21 @@ async def _render(e: _Events, chunks: AsyncIterable[dict[str, Any]], on_done: On
             await close()
 
 
-def _logged(storing: asyncio.Future[Exception | None]) -> None:
-    """A stream's end stored after a cut, where storing it raised (a bug)."""
-    if not storing.cancelled() and (exc := storing.result()) is not None:
-        log.error("response's end not stored", **error_fields(exc))
+async def _settled(e: _Events, storing: asyncio.Future[Exception | None],
+                   on_done: OnDone) -> None:
+    """A whole answer's end, whose write a cut (a drain, a cancel, its client gone) waits
+    for: where storing it raised (a bug), it ends `failed` as it does uncut (`_render`):
+    its record (else `in_progress`: a run's until its lease lapsed, a stream's until it
+    expired), and the events not yet out (a background run's streams, `owed`; a stream
+    the writer ended already was told its end, which it cannot take back)."""
+    unkept = await storing
+    if unkept is None:
+        return
+    log.error("response's end not stored", **error_fields(unkept))
+    failure = _failed(e, ServerError(NOT_STORED))
+    if not e.finished:
+        e.ending = failure
+    await _kept(on_done, failure[-1]["response"])
 
 
 async def _failing(e: _Events, failure: list[dict[str, Any]],

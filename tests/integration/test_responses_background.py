@@ -1634,3 +1634,57 @@ async def test_a_drain_cutting_a_failure_being_stored_waits_for_that_write(
         types = [e["type"] for e in events]
         assert types.count("response.failed") == 1 and types[-1] == "response.failed"
         assert events[-1]["response"] == stored
+
+
+@pytest.mark.parametrize("background", [True, False])
+async def test_an_end_the_store_fails_to_keep_for_a_bug_as_a_drain_cuts_it_ends_failed(
+        make_client: MakeClient, fake_engine: FakeEngine, background: bool) -> None:
+    """A store raising what it should not (a bug) as a whole answer's end was kept, a
+    drain cutting it meanwhile: the write was waited for, its fault only logged, and a
+    background run's followers were told `response.completed` while the record stayed
+    `in_progress` (a run's until its lease lapsed; a stream's until it expired). It ends
+    `failed` as it does uncut: its record, and the events not yet out."""
+    client = await make_client(keyed())
+    store = client.app[STORE]
+    storing, gate = asyncio.Event(), asyncio.Event()
+    replace = store.replace
+
+    async def buggy(tenant: str, rid: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        if record["response"]["status"] in ("completed", "incomplete"):
+            storing.set()
+            await gate.wait()
+            raise RuntimeError("secret detail")
+        return await replace(tenant, rid, record, *args, **kwargs)
+
+    store.replace = buggy  # type: ignore[method-assign]
+    body = {**BASE, "background": background, "stream": not background}
+    r = await client.post("/v1/responses", json=body, headers=A)
+    if background:
+        rid = (await r.json())["id"]
+    else:
+        head = await r.content.readuntil(b"response.created")
+        head += await r.content.readuntil(b"\n\n")
+        rid = parse_sse(head.decode())[0][0]["response"]["id"]
+    await asyncio.wait_for(storing.wait(), 10)
+    aborting = asyncio.ensure_future(client.app[STATE].abort_all())
+    inflight = client.app[STATE]._inflight  # (cut: cancelling, or gone already)
+    await eventually(lambda: not inflight or any(t.cancelling() for t in inflight))
+    gate.set()
+    await aborting
+    text = (await r.read()).decode() if not background else ""
+    await background_http_saves()
+    stored = await get(client, rid)
+    assert stored["status"] == "failed", stored["status"]
+    assert stored["error"]["code"] == "server_error"
+    if background:
+        follower = await client.get(f"/v1/responses/{rid}?stream=true", headers=A)
+        text = await follower.text()
+        events, _ = parse_sse(text)
+        for e in events:
+            validate("ResponseStreamEvent", e)
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        types = [e["type"] for e in events]
+        assert types[-2:] == ["error", "response.failed"], types
+        assert not {"response.completed", "response.incomplete"} & set(types)
+        assert events[-1]["response"] == stored
+    assert "secret" not in text and "RuntimeError" not in text
