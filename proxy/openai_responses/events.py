@@ -321,9 +321,11 @@ class Rendering:
         else:
             events = [e.number(ev) for ev in _failed(e, err)]
         # (the writer's own failure: it cannot wait; not stored again where that end
-        # is being stored already)
+        # is being stored already, and stored after a cut's write under way, the
+        # stream's close storing it `cancelled`: both at once, the record could end
+        # `cancelled`, its stream told `failed`)
         if self._on_done is not None and not (decided and e.saving is not None):
-            e.saving = _keep_detached(self._on_done, events[-1]["response"])
+            e.saving = _keep_detached(self._on_done, events[-1]["response"], e.saving)
         return events
 
 
@@ -338,10 +340,12 @@ async def saves_settled(timeout: float) -> None:
         await asyncio.wait(set(_SAVES), timeout=timeout)
 
 
-def _keep_detached(on_done: OnDone, response: dict[str, Any]) -> asyncio.Future[None]:
+def _keep_detached(on_done: OnDone, response: dict[str, Any],
+                   after: asyncio.Future[Any] | None = None) -> asyncio.Future[None]:
     """`on_done(response)` in a task of its own (from where nothing can wait for it: a
-    writer's failure, a stream being closed); the store waits for it before it closes."""
-    return _saves(detach(_kept(on_done, response)))
+    writer's failure, a stream being closed), once `after` (an earlier write of the same
+    record) has ended; the store waits for it before it closes."""
+    return _saves(detach(_kept(on_done, response, after)))
 
 
 def _saves(save: asyncio.Future[T]) -> asyncio.Future[T]:
@@ -361,9 +365,12 @@ async def _outcome(on_done: OnDone, response: dict[str, Any]) -> Exception | Non
     return None
 
 
-async def _kept(on_done: OnDone, response: dict[str, Any]) -> None:
-    """`on_done` for a failed response: a store that fails too is logged, and the
-    failure that goes out stays the request's own."""
+async def _kept(on_done: OnDone, response: dict[str, Any],
+                after: asyncio.Future[Any] | None = None) -> None:
+    """`on_done` for a failed response (once `after` has ended): a store that fails too
+    is logged, and the failure that goes out stays the request's own."""
+    if after is not None:
+        await asyncio.wait((after,))
     try:
         await on_done(response)
     except Exception as exc:

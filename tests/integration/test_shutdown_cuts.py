@@ -194,3 +194,42 @@ async def test_a_response_cut_while_its_failure_is_stored_fails_once(
     events = await cut(client, held, await client.post("/v1/responses", json=BASE))
     types = [e["type"] for e in events]
     assert types.count("error") == 1 and types[-2:] == ["error", "response.failed"]
+
+
+
+async def test_a_stream_cut_mid_answer_is_stored_as_it_ended(
+        make_client: MakeClient) -> None:
+    """The drain ends while a stream waits for its next token: its generator, closed,
+    stores the response `cancelled`, and the writer's `response.failed` stores it
+    `failed`, two writes at once: the first one slower (on Redis, a connection being
+    opened), the record ended `cancelled` though its stream said `failed`. The failure's
+    write goes after the cut's: the record is what the stream said."""
+    from proxy.openai_responses import routes
+    from proxy.openai_responses.events import saves_settled
+    from tests.fakes import HoldingEngine
+
+    engine = HoldingEngine(after=2)
+    client = await make_client(engine=engine)
+    store = client.app[routes.STORE]
+    replace, slow = store.replace, asyncio.Event()
+
+    async def racing(tenant: str, rid: str, record: Any, *a: Any, **k: Any) -> Any:
+        if record["response"]["status"] == "cancelled":
+            await slow.wait()  # (until the next write starts, or the stream was read)
+        else:
+            slow.set()
+        return await replace(tenant, rid, record, *a, **k)
+
+    store.replace = racing  # type: ignore[method-assign]
+    r = await client.post("/v1/responses", json=BASE)
+    assert r.status == 200
+    await engine.wait_until(lambda: engine.held == 1)
+    st = client.app[STATE]
+    st.draining = True
+    assert await st.abort_all() == 1
+    events, _ = parse_sse((await r.read()).decode())
+    slow.set()
+    await saves_settled(10)
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    record = await store.get("public", events[-1]["response"]["id"])
+    assert record is not None and record["response"] == events[-1]["response"]
