@@ -1,7 +1,8 @@
 """Where stored responses and stored chat completions live: in memory, or in the cache
 plugin's Redis when it has one (one store per kind, `responses` or `chat`).
 
-A response's record is `{"response": <Response>, "conversation": [chat messages]}`; a
+A response's record is `{"response": <Response>, "conversation": [chat messages]}` (and
+`"cut"`: the calls cut in the responses before it, where there were some); a
 chat completion's, `proxy.stored_chat`'s. Every key holds the caller's tenant, so another
 tenant's id is simply not found (a 404, never a 403 that would confirm the id exists).
 Records expire after `responses.ttl_s`. A record put with a summary can be listed:

@@ -100,7 +100,8 @@ async def _create(request: web.Request, st: AppState,
     info["model"] = req.model  # a metric label: only names the server serves
     store = _store(request)
     history: list[dict[str, Any]] = []
-    cut: frozenset[str] = frozenset()
+    cut: frozenset[str] = frozenset()  # (the previous response's cut calls)
+    earlier_cut: frozenset[str] = frozenset()  # (those of the responses before it)
     if req.previous_response_id:
         record = await _stored(store, principal.tenant, req.previous_response_id)
         if record is None:  # OpenAI's answer: a 400, with a code clients look for
@@ -115,10 +116,13 @@ async def _create(request: web.Request, st: AppState,
                                  "progress; go on from it once it has completed.",
                                  param="previous_response_id", code="invalid_value")
         history = record["conversation"]
-        cut = X.cut_calls(record["response"])
+        cut, earlier_cut = X.cut_calls(record["response"]), X.cut_before(record)
     # (a background run is generated as a stream: its events are kept for its streams)
     chat_req, conversation = X.chat_request(
-        req.model_copy(update={"stream": True}) if req.background else req, history, cut)
+        req.model_copy(update={"stream": True}) if req.background else req, history, cut,
+        earlier_cut)
+    # What each of its records keeps of the calls cut before it (`X.cut_before`).
+    cut_field = {"cut": sorted(cut | earlier_cut)} if cut | earlier_cut else {}
     chat_req = with_model_defaults(chat_req, st.terminal.sampling_defaults())
     ctx = RequestContext(route="chat", request=chat_req, principal=principal,
                          request_id=request[REQUEST_ID],
@@ -149,6 +153,15 @@ async def _create(request: web.Request, st: AppState,
         if held > store.max_bytes:
             raise too_large("responses", held, store.max_bytes)
 
+    def kept(response: dict[str, Any], said: list[dict[str, Any]] | None = None,
+             ) -> dict[str, Any]:
+        """The record that keeps `response`: its input, the conversation a follow-up
+        goes on from (`said`: with its output; else as it stands), the calls cut before
+        it, the fallback that made it."""
+        return kept_fallback({"response": response, "input": inputs,
+                              "conversation": conversation if said is None else said,
+                              **cut_field}, ctx.response_headers)
+
     async def save(response: dict[str, Any], fence: str | None = None) -> None:
         """`fence`: a background run's (only over its own record: one settled without
         it, or deleted, is not overwritten by its end)."""
@@ -165,9 +178,7 @@ async def _create(request: web.Request, st: AppState,
             # A breaker's fallback answered (a fixed text, another server, a stale
             # answer): kept as the client saw it (a follow-up goes on from what it was
             # told), and a GET says so as the create did.
-            record = kept_fallback({"response": response, "input": inputs,
-                                    "conversation": conversation + X.output_messages(said)},
-                                   ctx.response_headers)
+            record = kept(response, conversation + X.output_messages(said))
             try:
                 if held:  # (one deleted while it streamed is not brought back)
                     if not await store.replace(principal.tenant, rid, record, fence=fence):
@@ -206,9 +217,7 @@ async def _create(request: web.Request, st: AppState,
             try:
                 # (its fallback decided before its first output: a GET while it streams
                 # says so, as its end's record will)
-                await store.put(principal.tenant, rid, kept_fallback({
-                    "response": response, "input": inputs, "conversation": conversation},
-                    ctx.response_headers), fresh=True)
+                await store.put(principal.tenant, rid, kept(response), fresh=True)
                 held = True
             except (Unavailable, RecordTooLarge) as e:  # (its end is stored, or not)
                 log.warning("response in progress not stored", response_id=rid,
@@ -233,7 +242,7 @@ async def _create(request: web.Request, st: AppState,
     if req.background:
         return await background_http.start(
             request, st, request.app[RUNNER], store, principal.tenant, req, rid, screen,
-            ctx, chained, save, lambda: (req, inputs, conversation))
+            ctx, chained, save, lambda: req, kept)
     reply = await chained()
     if isinstance(reply, Completion):
         note_usage(st, info, reply.body)  # token metrics, as on the chat route

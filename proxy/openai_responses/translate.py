@@ -155,8 +155,8 @@ def _calls_answered(conversation: list[dict[str, Any]], cut: frozenset[str] = fr
     """Every `function_call_output` answers a `function_call` of the assistant turn
     before it (in this input or the earlier responses'), with only other outputs between,
     and every `function_call` has its output before the next message (the chat form's
-    rules, said in the Responses API's words). `cut`: the calls of the previous response
-    that its end cut (no turn: an output for one is told so)."""
+    rules, said in the Responses API's words). `cut`: the calls of the earlier responses
+    that their ends cut (no turn: an output for one is told so)."""
     open_calls: set[str] = set()
     unanswered: dict[str, None] = {}  # (in the turn's order: the first is named)
     answered: set[str] = set()
@@ -205,6 +205,16 @@ def cut_calls(response: dict[str, Any]) -> frozenset[str]:
                      if o.get("type") == "function_call" and o.get("status") != "completed")
 
 
+def cut_before(record: dict[str, Any]) -> frozenset[str]:
+    """The `call_id`s of the calls cut in the responses before a stored one's, its chain
+    back to its first (its record's `cut`: each response keeps its predecessors', so a
+    follow-up reads one record, not the chain). A record without it (none was cut, or
+    another version's): none."""
+    kept = record.get("cut")
+    return frozenset(c for c in kept if isinstance(c, str)) if isinstance(kept, list) \
+        else frozenset()
+
+
 def _first_repeated(ids: list[str]) -> str:
     """The first id that `ids` holds again."""
     seen: set[str] = set()
@@ -227,15 +237,16 @@ VLLM_PASSED = frozenset({
 
 
 def chat_request(req: ResponsesRequest, history: list[dict[str, Any]],
-                 cut: frozenset[str] = frozenset(),
+                 cut: frozenset[str] = frozenset(), earlier_cut: frozenset[str] = frozenset(),
                  ) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
     """(the chat request, the conversation so far without instructions). `cut`: the
-    calls of the previous response that were cut (not in `history`)."""
+    calls of the previous response that were cut (not in `history`); `earlier_cut`:
+    those of the responses before it (an output for any of them is told it was cut)."""
     given = input_messages(req.items())
     if history and (stored := _calls_of(history[-1])):
         given = _without_resent_calls(given, stored, cut)
     conversation = history + given
-    _calls_answered(conversation, cut)
+    _calls_answered(conversation, cut | earlier_cut)
     fmt = req.text.format if req.text else None
     if fmt is not None and fmt.type == "json_object" and "json" not in " ".join(
             [req.instructions or ""] + [m.get("content") or "" for m in conversation]).lower():

@@ -1004,6 +1004,58 @@ async def test_an_output_for_a_call_the_token_limit_cut_is_told_so(
     assert call_id in error["message"] and "max_output_tokens" in error["message"]
 
 
+async def _ended(client: Any, rid: str) -> dict[str, Any]:
+    """Background response `rid` once its run stored its end."""
+    import asyncio
+
+    from proxy.openai_responses.routes import RUNNER
+
+    run = client.app[RUNNER].find("public", rid)
+    if run is not None and run.task is not None:
+        await asyncio.wait_for(asyncio.shield(run.task), 10)
+    got = await client.get(f"/v1/responses/{rid}")
+    assert got.status == 200, await got.text()
+    response: dict[str, Any] = await got.json()
+    return response
+
+
+async def test_an_output_for_a_call_cut_two_responses_back_is_told_so(
+        make_client: MakeClient) -> None:
+    """A response cut its call at `max_output_tokens`; the next went on from it with a
+    message; the one after sends an output for the cut call. The 400 said no call was
+    found (only the previous response's cut calls were known): every earlier response's
+    are, background or not, and the 400 names the call and says it was cut."""
+    client = await make_client()
+    names = [f"p{i}" for i in range(12)]  # arguments longer than 16 tokens
+    tool = {"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {n: {"type": "string"} for n in names},
+        "required": names}}
+    r = await client.post("/v1/responses", json={
+        **BASE, "input": "x", "tools": [tool], "tool_choice": "required",
+        "max_output_tokens": 16, "temperature": 0})
+    cut = await r.json()
+    assert [(o["type"], o["status"]) for o in cut["output"]] == [
+        ("function_call", "incomplete")]
+    call_id = cut["output"][0]["call_id"]
+    previous = cut["id"]
+    for background in (False, True, False):  # (a background one's records keep it too)
+        r = await client.post("/v1/responses", json={
+            **BASE, "previous_response_id": previous, "input": "go on",
+            "max_output_tokens": 16, "background": background})
+        assert r.status == 200, await r.text()
+        previous = (await r.json())["id"]
+        if background:
+            previous = (await _ended(client, previous))["id"]
+    r = await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": previous, "tools": [tool],
+        "input": [{"type": "function_call_output", "call_id": call_id, "output": "{}"}]})
+    assert r.status == 400, await r.text()
+    error = (await r.json())["error"]
+    validate("ErrorResponse", {"error": error})
+    assert error["param"] == "input" and error["code"] == "invalid_value"
+    assert call_id in error["message"] and "was cut" in error["message"]
+
+
 async def test_what_vllm_s_responses_api_takes_besides_openai_s_reaches_the_engine(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """vLLM's Responses API takes `seed`, `stop`, the penalties, `logit_bias` and its
