@@ -257,7 +257,11 @@ class EchoAsSent:
     """A completion's choices, as an upstream sends them, with each echoed prompt given
     back as `echo` gives it (`echoed_prompts`): the upstream echoes the prompt it was
     sent, the chain's (normalized by the sanitizer). Called on a whole answer's choices,
-    or on each chunk's (a choice's first text is its echo)."""
+    or on each chunk's: a choice's echo may come over several chunks, each of any length
+    (as an upstream splits its text), so its text is held (the chunks go out with none)
+    until it has spelled the echo, then given back with it swapped; text that leaves it
+    (the upstream echoed something else), or a choice that ends inside it, goes out as
+    it came."""
 
     def __init__(self, req: Any, sent: Any) -> None:
         self._n = 1
@@ -267,6 +271,7 @@ class EchoAsSent:
             self._swaps = {i: (given, back) for i, (given, back) in enumerate(
                 zip(req.prompts(), echoed_prompts(req, sent), strict=False))
                 if isinstance(given, str) and isinstance(back, str) and given != back}
+        self._held: dict[int, str] = {}  # a choice's text so far, inside its echo
         self._seen: set[int] = set()  # choices whose echo went by
 
     def __call__(self, choices: Any) -> None:
@@ -274,13 +279,28 @@ class EchoAsSent:
             return
         for c in choices:
             i, text = (c.get("index"), c.get("text")) if isinstance(c, dict) else (None, None)
-            if not isinstance(i, int) or not isinstance(text, str) or not text \
-                    or i in self._seen:
+            if not isinstance(i, int) or i in self._seen:
                 continue
-            self._seen.add(i)
+            held = self._held.get(i, "")
+            text = held + (text if isinstance(text, str) else "")
+            ended = c.get("finish_reason") is not None
+            if not text:
+                continue
             swap = self._swaps.get(i // self._n)
-            if swap is not None and text.startswith(swap[0]):
-                c["text"] = swap[1] + text[len(swap[0]):]
+            if swap is None:
+                self._seen.add(i)
+                continue
+            given, back = swap
+            if text.startswith(given):
+                c["text"] = back + text[len(given):]
+            elif given.startswith(text) and not ended:
+                self._held[i] = text
+                c["text"] = ""
+                continue
+            elif held:  # (not the echo after all, or cut inside it: as it came)
+                c["text"] = text
+            self._held.pop(i, None)
+            self._seen.add(i)
 
 
 def prepare_completion(engine: Engine, req: CompletionRequest,

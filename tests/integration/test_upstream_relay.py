@@ -404,15 +404,18 @@ async def test_a_fallback_answers_within_the_requests_deadline(
         assert r.status == 504 and (await r.json())["error"]["code"] == "timeout"
 
 
-@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("mode", ["whole", "stream", "split"])
 async def test_an_upstream_s_echo_is_the_prompt_as_the_caller_sent_it(
-        make_client: MakeClient, stream: bool) -> None:
+        make_client: MakeClient, mode: str) -> None:
     """A completion's `echo` over an upstream gave back the prompt the upstream was sent:
     the sanitizer's normalized one (look-alikes folded, invisible characters dropped),
     where the local engine echoes it as the caller sent it (OpenAI's). The upstream's
     echo is now given back as sent, whole and streamed, each prompt of several its own;
-    with `logprobs` it stays the engine's (its tokens spell it)."""
+    with `logprobs` it stays the engine's (its tokens spell it). `split`: an upstream
+    that streams the echo over several chunks, the first shorter than the prompt (it
+    was given back as the upstream sent it)."""
     seen: list[Any] = []
+    stream = mode != "whole"
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -428,7 +431,10 @@ async def test_an_upstream_s_echo_is_the_prompt_as_the_caller_sent_it(
         pieces = []
         for c in choices:  # the echo in a choice's first chunk, as vLLM's server sends it
             pieces.append({**head, "choices": [{**c, "text": "", "finish_reason": None}]})
-            pieces.append({**head, "choices": [{**c, "finish_reason": None}]})
+            texts = [c["text"]] if mode == "stream" else [
+                c["text"][i:i + 3] for i in range(0, len(c["text"]), 3)]
+            pieces.extend({**head, "choices": [{**c, "text": t, "finish_reason": None}]}
+                          for t in texts)
             pieces.append({**head, "choices": [{**c, "text": prompts[0], "finish_reason":
                                                 "stop"}]})
         return await streaming([f"data: {json.dumps(p)}\n\n".encode() for p in (
