@@ -268,6 +268,20 @@ def tenant_salt(tenant: str, secret: str | None = None) -> str:
     return hmac.new(secret.encode(), text, hashlib.sha256).hexdigest()[:32]
 
 
+def keyed_digest(text: str, secret: str | None, purpose: str) -> str:
+    """`text`'s digest where Weir sends a caller's string on hashed (an identifier, a
+    call id a detector fired on), 64 hex digits: an HMAC-SHA256 keyed by `secret` (the
+    gateway's, `Services.gateway_secret`: never sent, the same on every replica), so an
+    upstream cannot test guesses of a low-entropy value (an address from a known list);
+    `purpose` keeps one kind's digests from another's. With no secret, its plain
+    SHA-256."""
+    data = text.encode(errors="surrogatepass")
+    if secret is None:
+        return hashlib.sha256(data).hexdigest()
+    return hmac.new(secret.encode(), f"weir-{purpose}:".encode() + data,
+                    hashlib.sha256).hexdigest()
+
+
 def _first(headers: Mapping[str, str]) -> str | None:
     """`credentials` without the conflict check (open mode with no keys configured
     refuses no request for it): the first `Authorization` that carries a key, else the

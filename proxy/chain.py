@@ -101,6 +101,15 @@ class Services:
     def plugin(self, name: str) -> BasePlugin[Any] | None:
         return next((p for p in self.plugins if p.name == name), None)
 
+    def gateway_secret(self) -> str | None:
+        """The secret this gateway keys the digests it sends upstream with
+        (`auth.keyed_digest`): the upstream engine's `on_behalf_of_secret`, else the
+        first a plugin's upstream has (the breaker's fallbacks); None: none is set. Read
+        from the config, so every replica sharing it keys alike."""
+        secret: str | None = getattr(self.settings.engine, "on_behalf_of_secret", None)
+        return secret or next((s for p in self.plugins if (s := p.secret()) is not None),
+                              None)
+
 
 ConfigT = TypeVar("ConfigT", bound=PluginConfig)
 
@@ -153,6 +162,11 @@ class BasePlugin(Generic[ConfigT]):
         will refuse it unread (the sanitizer's limits: its detectors never read a body
         of megabytes)."""
         return True
+
+    def secret(self) -> str | None:
+        """The secret this plugin's own upstreams name callers with (its
+        `on_behalf_of_secret`), which `Services.gateway_secret` may key with; None."""
+        return None
 
     def routes(self) -> list[tuple[str, str, Callable[[web.Request], Awaitable[Any]]]]:
         """Extra HTTP routes (method, path, handler), e.g. an admin API."""

@@ -232,7 +232,8 @@ class UpstreamEngineSettings(_Strict):
         "every replica): name the caller of each request upstream in "
         "`x-weir-on-behalf-of`, as digests of its tenant, role and user keyed by this "
         "secret, which never leaves this gateway: a Weir upstream whose key is marked "
-        "`on_behalf_of` keeps this gateway's tenants apart. Unset: nothing is sent.")
+        "`on_behalf_of` keeps this gateway's tenants apart. It keys the sanitizer's "
+        "digests of identifiers and call ids too. Unset: nothing is sent.")
     cache_salt: bool = Field(
         False, description="Send vLLM's `cache_salt` with each request: a digest of the "
         "caller's tenant (keyed by `on_behalf_of_secret` where it is set, so the upstream "

@@ -48,7 +48,8 @@ class Fallback(ConfigModel):
     timeout_s: float = Field(60, gt=0, description="upstream: total timeout.")
     on_behalf_of_secret: OptionalSecret = Field(
         None, description="upstream: name each caller in "
-        "`x-weir-on-behalf-of`, keyed by this secret (as `engine.on_behalf_of_secret`).")
+        "`x-weir-on-behalf-of`, keyed by this secret (as `engine.on_behalf_of_secret`, "
+        "which the sanitizer's digests take first where it is set).")
     content: str = Field("The service is busy right now; please try again shortly.",
                          description="static: the answer's text.")
     breaker: FallbackBreaker = Field(

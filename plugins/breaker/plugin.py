@@ -201,6 +201,11 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         for u in self.upstreams.values():
             await u.close()
 
+    def secret(self) -> str | None:
+        """Its first upstream fallback's `on_behalf_of_secret` (None: none has one)."""
+        return next((f.on_behalf_of_secret for f in self.config.fallback
+                     if f.kind == "upstream" and f.on_behalf_of_secret), None)
+
     def health(self) -> dict[str, Any]:
         self._sweep()  # (a trial answering at length is not stuck)
         snapshot = self.breaker.snapshot()

@@ -22,7 +22,6 @@ is never logged or counted; metrics carry only detector and action.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal, TypeVar
@@ -30,6 +29,7 @@ from typing import Any, ClassVar, Literal, TypeVar
 from prometheus_client import Counter
 from pydantic import BaseModel
 
+from proxy.auth import keyed_digest
 from proxy.chain import BasePlugin, Next, Reply, Services
 from proxy.context import RequestContext, Screen, key_apart, screened_values
 from proxy.errors import InvalidRequest
@@ -182,8 +182,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             if isinstance(value, str) and value and self._screen([value])[0] != value:
                 # an identifier: its hash, as OpenAI asks apps to send one (a placeholder
                 # made every caller whose id is an address one user upstream)
-                update[field] = hashlib.sha256(value.encode(errors="surrogatepass")
-                                               ).hexdigest()
+                update[field] = keyed_digest(value, self.services.gateway_secret(),
+                                             "identifier")
         metadata = getattr(req, "metadata", None)
         if metadata and (values := screened_values(
                 dict(metadata), self._reading(fired))) != metadata:
@@ -533,7 +533,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         flag nor block: a server's random id reads as a number one time in a few hundred."""
         if not self._redacts:
             return {}
-        return {i: "call_" + hashlib.sha256(i.encode(errors="surrogatepass")).hexdigest()[:24]
+        secret = self.services.gateway_secret()
+        return {i: "call_" + keyed_digest(i, secret, "call-id")[:24]
                 for i in _all_call_ids(req) if self._screen([i])[0] != i}
 
     def _sampling(self, req: _R, fired: dict[str, str]) -> _R:

@@ -303,3 +303,70 @@ async def test_call_ids_count_in_the_limit_on_what_it_reads() -> None:
         await san(context(body("c" * 1000)), Completion)  # type: ignore[arg-type]
     assert (e.value.status, e.value.param, e.value.code) == (400, "messages", "invalid_value")
     assert san.screens(context(body("c" * 900)))  # (each id counted once)
+
+
+SECRET = "the-gateway-own-secret"
+EMAIL_USER = "jane.doe@example.com"
+
+
+async def _digests(settings: Settings, plugins: list[dict[str, Any]] | None = None,
+                   ) -> tuple[str, str]:
+    """(`user`, a call id) as a sanitizer under `settings` (with `plugins` after it)
+    sends on an address given as each."""
+    from proxy.chain import build_plugins
+    from proxy.settings import PluginSpec
+
+    services = Services(terminal=FakeEngine(), settings=settings, metrics=Metrics())
+    specs = [PluginSpec.model_validate({"name": "sanitizer", "config": {
+        "detectors": {"email": "redact"}}}),
+        *(PluginSpec.model_validate(p) for p in plugins or ())]
+    san = build_plugins(specs, services)[0]
+    ctx = context({"user": EMAIL_USER, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": EMAIL_USER, "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": EMAIL_USER, "content": "ok"}]})
+    spy: list[RequestContext] = []
+
+    async def seen(c: RequestContext) -> Reply:
+        spy.append(c)
+        return Completion({"choices": []})
+
+    await san(ctx, seen)
+    req = spy[0].request
+    assert isinstance(req, ChatCompletionRequest)
+    return str(req.user), str(req.messages[2].tool_call_id)  # type: ignore[union-attr]
+
+
+def _upstream(secret: str | None) -> Settings:
+    return Settings.model_validate({"engine": {
+        "kind": "upstream", "base_url": "http://127.0.0.1:9/v1", "models": ["up-model"],
+        "on_behalf_of_secret": secret}})
+
+
+async def test_identifier_and_call_id_digests_are_keyed_by_the_gateways_secret() -> None:
+    """An identifier (`user`, ...) or a call id a detector fires on went upstream as its
+    plain SHA-256: an upstream could test guesses of a low-entropy one (an address from
+    a known list). Where the gateway has its secret (`on_behalf_of_secret`, the one that
+    keys the caller's digests and the tenant's cache salt: never sent), they are HMACs
+    keyed by it, the same on every replica with that config; without one, the plain
+    digest as before."""
+    import hmac
+
+    user, call = await _digests(_upstream(SECRET))
+    assert user == hmac.new(SECRET.encode(), b"weir-identifier:" + EMAIL_USER.encode(),
+                            hashlib.sha256).hexdigest()
+    assert call == "call_" + hmac.new(SECRET.encode(), b"weir-call-id:" + EMAIL_USER.encode(),
+                                      hashlib.sha256).hexdigest()[:24]
+    assert hashlib.sha256(EMAIL_USER.encode()).hexdigest() not in (user, call[5:])
+    assert await _digests(_upstream(SECRET)) == (user, call)  # (another replica's)
+    other = await _digests(_upstream("another-gateway-secret"))
+    assert other[0] != user and other[1] != call
+    plain = await _digests(_upstream(None))
+    assert plain[0] == hashlib.sha256(EMAIL_USER.encode()).hexdigest()
+    # an in-process engine whose breaker falls back to an upstream: that one's secret
+    fallback = [{"name": "breaker", "config": {"fallback": [{
+        "kind": "upstream", "base_url": "http://127.0.0.1:9/v1",
+        "on_behalf_of_secret": SECRET}]}}]
+    assert await _digests(Settings(), fallback) == (user, call)
