@@ -17,9 +17,11 @@ so no engine process outlives Weir.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -63,6 +65,7 @@ from vllm.sampling_params import (
     SamplingParams,
     StructuredOutputsParams,
 )
+from vllm.tokenizers.hf import ThreadSafeHFTokenizerMixin
 from vllm.tool_parsers import ToolParser, ToolParserManager
 from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -150,7 +153,11 @@ class VllmEngine:
         self._llm: AsyncLLM | None = None
         self._tokenizer: Any = None
         self._bytes: TokenBytes | None = None  # (read from `_tokenizer`: `_token_bytes`)
-        self._chat_text: ChatText | None = None
+        #: Each thread's tokenizer and its `ChatText` (`_tok`, `_text`); the event loop's
+        #: (where it started; else the first to tokenize) uses `_tokenizer` itself.
+        self._own = threading.local()
+        self._home: int | None = None
+        self._homing = threading.Lock()
         self._ready = False
         self._model_path: str = settings.model
         builtin_models.check_source(settings.model)  # before listening: names the fix
@@ -236,6 +243,7 @@ class VllmEngine:
         # at 220 req/s of FAQ traffic. Weir sets none of them after this point.
         vllm_envs.enable_envs_cache()
         self._tokenizer = self._llm.get_tokenizer()
+        self._home = threading.get_ident()  # (the event loop's: `_tok`)
         # A built-in model's own template may lack what Weir serves it with (tools):
         # passed to each render (vLLM's tokenizer lends out copies of itself to render).
         self._chat_template = (builtin_models.chat_template(s.model)
@@ -302,34 +310,63 @@ class VllmEngine:
             self._bytes = TokenBytes(self._tokenizer)
         return self._bytes
 
+    def _tok(self) -> Any:
+        """This thread's tokenizer. A long prompt is prepared in the preparing thread
+        while the event loop prepares short ones (`LocalServing`), and an HF tokenizer
+        is not thread-safe: an encode sets `split_special_tokens` on its one Rust
+        tokenizer, then encodes, so another thread's encode between the two read the
+        other setting (a client's `<|end|>` made a control token, or the template's
+        marker plain text). The event loop (the thread `start` ran on, which uses it
+        beside this: logprobs' bytes, tool parsers) uses the engine's; any other thread
+        a deep copy of its own, made once. vLLM's own tokenizer lends out a copy of
+        itself to each call already: shared."""
+        tok = self._tokenizer
+        if isinstance(tok, ThreadSafeHFTokenizerMixin):
+            return tok
+        me = threading.get_ident()
+        if self._home is None:
+            with self._homing:
+                if self._home is None:
+                    self._home = me
+        if me == self._home:
+            return tok
+        own = self._own
+        if getattr(own, "source", None) is not tok:
+            own.tokenizer, own.source = copy.deepcopy(tok), tok
+        return own.tokenizer
+
     def _text(self) -> ChatText:
-        if self._chat_text is None or self._chat_text.tokenizer is not self._tokenizer:
-            self._chat_text = ChatText(self._tokenizer)
-        return self._chat_text
+        """`ChatText` over this thread's tokenizer (`_tok`)."""
+        tok, own = self._tok(), self._own
+        text: ChatText | None = getattr(own, "text", None)
+        if text is None or text.tokenizer is not tok:
+            text = own.text = ChatText(tok)
+        return text
 
     def encode(self, text: str) -> list[int]:
         # A completion prompt is the client's raw text, tokenized as vLLM's server does:
         # its special-token strings are control tokens (an app that templates a prompt
         # itself writes them); no turn of Weir's is in it to forge.
-        return list(self._tokenizer.encode(text, add_special_tokens=True))
+        return list(self._tok().encode(text, add_special_tokens=True))
 
     def decode(self, token_ids: list[int]) -> str:
-        return str(self._tokenizer.decode(token_ids))
+        return str(self._tok().decode(token_ids))
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[Any] | None, *,
                     add_generation_prompt: bool = True,
                     continue_final_message: bool = False) -> list[int]:
-        tools = self._text().escaped(tools)  # (a description is client text too)
+        text = self._text()  # (this thread's: `_tok`)
+        tools = text.escaped(tools)  # (a description is client text too)
 
         def render(msgs: list[dict[str, Any]]) -> str:
-            return str(self._tokenizer.apply_chat_template(
+            return str(text.tokenizer.apply_chat_template(
                 msgs, tools=tools, chat_template=self._chat_template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tokenize=False))
 
         try:
             # Message text never becomes a control token; the template's markers do.
-            return self._text().render(messages, render)
+            return text.render(messages, render)
         except Exception as e:  # jinja raises for roles or shapes a template refuses
             raise EngineRejected(
                 f"The model's chat template rejected the messages: {_clean(str(e))}",
@@ -476,7 +513,7 @@ class VllmEngine:
     def tool_parser(self, tools: list[dict[str, Any]]) -> _ToolParserAdapter | None:
         if self._tool_parser is None:
             return None
-        return _ToolParserAdapter(self._tool_parser, self._tokenizer, tools)
+        return _ToolParserAdapter(self._tool_parser, self._tok(), tools)
 
 
 # ------------------------------------------------------------------- tool parsing
