@@ -119,6 +119,9 @@ class RequestContext:
     #: a queue's wait and an answer's length (which the caller sets) are no engine's.
     engine_started: float | None = None
     engine_ttft_s: float | None = None
+    #: The request as the terminal prepared it ahead (`Terminal.prepare`: its request,
+    #: and what the terminal made of it), taken by the terminal's call; None: none was.
+    prepared: tuple[Any, Any] | None = None
     #: The engine tells its first token even for a whole answer (the in-process one), or
     #: for a stream (an upstream's: its first chunk).
     engine_timed: bool = False

@@ -155,14 +155,37 @@ class LocalServing:
         await self.engine.close()
         self._preparing.shutdown(wait=False, cancel_futures=True)
 
+    async def prepare(self, ctx: RequestContext) -> None:
+        """A long prompt (`OFF_LOOP_CHARS`) prepared ahead, before admission gives it an
+        engine permit: waiting for the one preparing thread behind other long prompts,
+        it held a permit the engine could have given a short request meanwhile (shed, or
+        queued, with the engine idle). A short one is prepared by the call, on the loop:
+        it waits for nothing. (What is prepared is held while the request queues for
+        its permit: its token ids, within the model's context, for a bounded queue.)"""
+        req = ctx.request
+        if (isinstance(req, ChatCompletionRequest | CompletionRequest)
+                and _prompt_chars(req) >= OFF_LOOP_CHARS and self.has_model(ctx.model)):
+            ctx.prepared = (req, await self._prepare(ctx))
+
     async def _prepare(self, ctx: RequestContext) -> Prepared:
+        """`ctx`'s request prepared; what fails in preparing it as the client is told."""
         req = ctx.request
         if isinstance(req, ChatCompletionRequest):
             prepare: Any = lambda: prepare_chat(self.engine, req)  # noqa: E731
         else:
             sent = ctx.sent if isinstance(ctx.sent, CompletionRequest) else None
             prepare = lambda: prepare_completion(self.engine, req, sent)  # noqa: E731
-        return await self._off_loop_if_long(req, prepare)  # type: ignore[no-any-return]
+        try:
+            return await self._off_loop_if_long(req, prepare)  # type: ignore[no-any-return]
+        except WeirError:
+            raise
+        except RecursionError:  # a structure nested past what the template can render
+            raise InvalidRequest("The request nests too deeply to be rendered.", param=(
+                "messages" if isinstance(req, ChatCompletionRequest) else "prompt"),
+                code="invalid_value") from None
+        except Exception as e:  # where, not what: the message may quote the request
+            log.error("preparing a request failed", **error_fields(e))
+            raise GatewayFault() from None
 
     async def _off_loop_if_long(self, req: ChatCompletionRequest | CompletionRequest,
                                 work: Callable[[], T]) -> T:
@@ -235,17 +258,9 @@ class LocalServing:
         if not self.has_model(ctx.model):
             raise ModelNotFound(ctx.model)
         req = ctx.request
-        try:
-            prep = await self._prepare(ctx)
-        except WeirError:
-            raise
-        except RecursionError:  # a structure nested past what the template can render
-            raise InvalidRequest("The request nests too deeply to be rendered.", param=(
-                "messages" if isinstance(req, ChatCompletionRequest) else "prompt"),
-                code="invalid_value") from None
-        except Exception as e:  # where, not what: the message may quote the request
-            log.error("preparing a request failed", **error_fields(e))
-            raise GatewayFault() from None
+        ahead, ctx.prepared = ctx.prepared, None  # (once: its options are changed below)
+        # (prepared ahead for this request: one a plugin replaced since is prepared anew)
+        prep = ahead[1] if ahead is not None and ahead[0] is req else await self._prepare(ctx)
         if ctx.output_ceiling is not None:  # a limit the caller named is within it already
             prep.options.max_tokens = min(prep.options.max_tokens, ctx.output_ceiling)
             check_min_tokens(prep.options, ctx.output_ceiling)

@@ -61,6 +61,12 @@ class Terminal(Protocol):
         """How a chat's prompt is rendered here (`Engine.render_digest`), for cache keys;
         None where it cannot be told (an upstream renders its own)."""
 
+    async def prepare(self, ctx: RequestContext) -> None:
+        """Whatever of the request's work can be done before admission gives it an
+        engine permit (the in-process engine's long prompt, rendered and tokenized in
+        its one preparing thread), kept on `ctx.prepared` for its call; an error the
+        request would meet there is raised here. Nothing for an upstream."""
+
     async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
                            ) -> int | None:
         """The tokens of the request's prompt as the model reads it (its

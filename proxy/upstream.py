@@ -344,6 +344,9 @@ class Upstream:
                            ) -> int | None:
         return None  # (the upstream holds the tokenizer and the template)
 
+    async def prepare(self, ctx: RequestContext) -> None:
+        return None  # (the upstream prepares its own)
+
     def has_model(self, model: str) -> bool:
         return not self.check_models or model in self._models
 

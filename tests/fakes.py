@@ -141,6 +141,9 @@ class FakeEngine:
         """(As `LocalServing.count_prompt`, for the same tests.)"""
         return prompt_tokens(self, request)
 
+    async def prepare(self, ctx: Any) -> None:
+        """(As `Terminal.prepare`, for the same tests: nothing ahead.)"""
+
     def prompt_entries(self, prompt: list[int], k: int) -> list[TokenLogprob]:
         """The prompt's logprobs: the first token has none; token i's is -i/10."""
         out = [TokenLogprob(self.decode(prompt[:1]), None, None, [])]

@@ -7,6 +7,11 @@ requests go by their role's priority (see `queue.py`); a full queue means an imm
 503 `overloaded` with Retry-After, not a timeout later. A waiter that outlives
 `max_queue_wait_s` gets 503 `queue_timeout`.
 
+A long prompt that the in-process engine prepares (renders and tokenizes) in its one
+preparing thread is prepared before it takes its place in the queue (`Terminal.prepare`),
+unless the queue is full: waiting for that thread behind other long prompts, it held a
+permit the engine could have given a short request.
+
 Embeddings run on the embedding model, beside the engine: they take permits of a gate of
 their own (as many, with as long a queue), so a burst of them never holds the engine's
 permits while it stands idle, nor the other way round.
@@ -92,13 +97,26 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         self._deadline(ctx)
+        # Embeddings run beside the engine, in one batch per request: one permit of their
+        # own gate. (A greedy request's `n` choices are one sequence in the engine.)
+        embeds = ctx.route == "embeddings"
+        if not embeds and self.gate.waiting < self.gate.max_queue:
+            # A long prompt prepared first (in the engine's one preparing thread): waiting
+            # there behind others, it held a permit the engine could have given a short
+            # request. Within the request's deadline, as its call is. Not where the wait
+            # list is full: a newcomer is likely shed at once, its preparing wasted on
+            # the thread others wait for (one that is not is prepared by its call).
+            scope = Within(ctx.deadline)
+            try:
+                async with scope:
+                    await self.services.terminal.prepare(ctx)
+            finally:
+                if scope.expired():
+                    self.timeouts.inc()
         priority = self.cfg.priorities.get(ctx.principal.role, self.cfg.default_priority)
         remaining = ctx.remaining()
         wait = self.cfg.max_queue_wait_s if remaining is None else min(
             self.cfg.max_queue_wait_s, max(remaining, 0.0))
-        # Embeddings run beside the engine, in one batch per request: one permit of their
-        # own gate. (A greedy request's `n` choices are one sequence in the engine.)
-        embeds = ctx.route == "embeddings"
         gate = self.embed_gate if embeds else self.gate
         weight = 1 if embeds else gate.weight(ctx.request.engine_sequences)
         start = time.monotonic()

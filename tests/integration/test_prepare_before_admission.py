@@ -1,0 +1,41 @@
+"""A long prompt is prepared (rendered, tokenized) in the one preparing thread before
+admission gives it an engine permit: waiting there behind other long prompts, it held a
+permit the engine could have given a short request meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from proxy.app_state import STATE
+from proxy.serving import OFF_LOOP_CHARS, LocalServing
+from tests.conftest import MakeClient
+from tests.fakes import FakeEngine
+from tests.waiting import eventually
+
+
+def _chat(text: str) -> dict[str, object]:
+    return {"model": "fake-model", "max_tokens": 2,
+            "messages": [{"role": "user", "content": text}]}
+
+
+async def test_a_long_prompt_waiting_to_be_prepared_holds_no_engine_permit(
+        make_client: MakeClient) -> None:
+    client = await make_client(engine=FakeEngine(max_model_len=4 * OFF_LOOP_CHARS),
+                               plugins=[{"name": "admission", "config": {
+                                   "max_concurrent": 1, "max_queue_wait_s": 0.5}}])
+    serving = client.app[STATE].terminal
+    assert isinstance(serving, LocalServing)
+    hold = threading.Event()
+    busy = serving._preparing.submit(hold.wait, 30)  # another long prompt, being prepared
+    try:
+        long = asyncio.ensure_future(client.post("/v1/chat/completions",
+                                                 json=_chat("x" * OFF_LOOP_CHARS)))
+        await eventually(lambda: serving._preparing._work_queue.qsize() == 1, timeout=10)
+        r = await client.post("/v1/chat/completions", json=_chat("short"))
+        assert r.status == 200, await r.text()  # (was 503: no engine slot in time)
+    finally:
+        hold.set()
+    r = await long
+    assert r.status == 200, await r.text()
+    assert busy.result() is True
