@@ -22,7 +22,8 @@ class Limits(ConfigModel):
     max_messages: int = Field(256, ge=1, description="Messages per chat request.")
     max_message_chars: int = Field(65_536, ge=1, description="Characters in one message.")
     max_total_chars: int = Field(262_144, ge=1, description=(
-        "Characters in all messages, with the tool definitions, a response format's "
+        "Characters in all messages (a completion's prompts and suffix), with the "
+        "fields sent beside them, the tool definitions, a response format's "
         "schema and the texts a Response keeps beside its input (reasoning items, "
         "metadata, user) where a detector redacts or blocks: the detectors read them "
         "all."))

@@ -279,57 +279,39 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                         "name, tool calls and refusal included.", param=f"messages[{i}]",
                         code="string_above_max_length")
                 total += n
-            self._within_total(ctx, req, total)
+            self._within_total(ctx, req, *_chat_parts(req, total))
         else:
-            texts = [p for p in req.prompts() if isinstance(p, str)]
             if len(req.prompts()) > lim.max_messages:
                 raise InvalidRequest(f"At most {lim.max_messages} prompts are allowed.",
                                      param="prompt", code="array_above_max_length")
-            if sum(len(t) for t in texts) + (
-                    _caller_chars(req) if self._redacts else 0) > lim.max_total_chars:
-                raise InvalidRequest(
-                    f"The prompt may hold at most {lim.max_total_chars} characters (with "
-                    "`user`).", param="prompt", code="string_above_max_length")
-            if sum(len(t) for t in texts) + _forwarded_chars(req) > lim.max_total_chars:
-                raise InvalidRequest(  # (read too: `_sampling`)
-                    f"The prompt, with the fields sent beside it (fields the API does not "
-                    f"name, stop sequences), may hold at most {lim.max_total_chars} "
-                    "characters in all.", param="prompt", code="invalid_value")
-            if req.suffix and sum(len(t) for t in texts) + len(req.suffix) > lim.max_total_chars:
-                raise InvalidRequest(
-                    f"The prompt and suffix may hold at most {lim.max_total_chars} "
-                    "characters in all.", param="suffix", code="invalid_value")
+            prompt = sum(len(p) for p in req.prompts() if isinstance(p, str))
+            self._within_total(ctx, req, (
+                "the prompt", "prompt", lambda: prompt), (
+                "the fields sent beside it (fields the API does not name, stop sequences)",
+                "prompt", lambda: _forwarded_chars(req)), (
+                "the suffix", "suffix", lambda: len(req.suffix or "")))
 
-    def _within_total(self, ctx: RequestContext, req: ChatCompletionRequest,
-                      messages: int) -> None:
-        """`limits.max_total_chars` over a chat request's texts that the detectors read,
-        counted in the order they are read (the messages' `messages` characters first);
-        past it, one 400 that names what it counted and the param where it went past."""
+    def _within_total(self, ctx: RequestContext, req: ChatCompletionRequest | CompletionRequest,
+                      *parts: tuple[str, str, Callable[[], int]]) -> None:
+        """`limits.max_total_chars` over a request's texts that the detectors read, each
+        of `parts` (what it is, the param it is in, its characters) counted in the order
+        they are read, then the caller's texts sent or kept beside them; past it, one 400
+        that names what it counted and the param where it went past."""
         bound = self.cfg.limits.max_total_chars
-        fmt = req.response_format
-        schema = fmt.json_schema if fmt is not None else None
-        parts: list[tuple[str, str, Callable[[], int]]] = [
-            ("messages", "messages", lambda: messages),
-            ("the fields sent beside them (fields the API does not name, stop sequences, "
-             "a prediction, call ids)", "messages", lambda: _forwarded_chars(req)),
-            # (characters, as the messages are counted: not `\u` escapes, six for a CJK
-            # character and twelve for an emoji)
-            ("tool definitions", "tools", lambda: len(json.dumps(
-                req.tool_dicts(), ensure_ascii=False)) if req.tools else 0),
-            ("the response format's schema", "response_format", lambda: len(json.dumps(
-                schema.model_dump(by_alias=True), ensure_ascii=False)) if schema else 0)]
+        parts_read = list(parts)
         if self._redacts:
             # (what a route screens aside is read as the prompt is: 4 MB of a Response's
             # reasoning items held the event loop for seconds; where no detector redacts
             # or blocks, nothing screens them aside, nor reads them)
-            parts.append((
+            parts_read.append((
                 "the texts kept beside the input (reasoning items, metadata, user)"
-                if ctx.aside_chars else "the texts sent beside them (metadata, user, "
-                "safety_identifier, prompt_cache_key)", "messages",
+                if ctx.aside_chars else "the texts sent beside "
+                f"{'them' if isinstance(req, ChatCompletionRequest) else 'it'} (metadata, "
+                "user, safety_identifier, prompt_cache_key)", parts[0][1],
                 lambda: _caller_chars(req) + ctx.aside_chars))
         total = 0
         counted: list[str] = []
-        for what, param, count in parts:
+        for what, param, count in parts_read:
             n = count()
             total += n
             if n or not counted:
@@ -865,6 +847,25 @@ def _with(model: _M, field: str, value: Any) -> _M:
 
 #: The caller's texts besides `metadata` that go on with a request in no prompt.
 _CALLER_FIELDS = ("user", "safety_identifier", "prompt_cache_key")
+
+
+def _chat_parts(req: ChatCompletionRequest, messages: int,
+                ) -> tuple[tuple[str, str, Callable[[], int]], ...]:
+    """What a chat request's detectors read, for `_within_total`: its messages'
+    `messages` characters, what is sent beside them, the tool definitions and the
+    response format's schema."""
+    fmt = req.response_format
+    schema = fmt.json_schema if fmt is not None else None
+    return (
+        ("messages", "messages", lambda: messages),
+        ("the fields sent beside them (fields the API does not name, stop sequences, "
+         "a prediction, call ids)", "messages", lambda: _forwarded_chars(req)),
+        # (characters, as the messages are counted: not `\u` escapes, six for a CJK
+        # character and twelve for an emoji)
+        ("tool definitions", "tools", lambda: len(json.dumps(
+            req.tool_dicts(), ensure_ascii=False)) if req.tools else 0),
+        ("the response format's schema", "response_format", lambda: len(json.dumps(
+            schema.model_dump(by_alias=True), ensure_ascii=False)) if schema else 0))
 
 
 def _caller_chars(req: ChatCompletionRequest | CompletionRequest) -> int:

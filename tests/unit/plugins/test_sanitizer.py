@@ -810,3 +810,28 @@ async def test_tool_and_schema_text_counts_characters_not_escapes() -> None:
         await plugin(limits={"max_total_chars": 4000})(chat_ctx("hi", **kw), Spy())
         with pytest.raises(InvalidRequest):  # the limit still holds
             await plugin(limits={"max_total_chars": 600})(chat_ctx("hi", **kw), Spy())
+
+
+def _completion_ctx(**kw: Any) -> RequestContext:
+    req = CompletionRequest.model_validate({"model": "m", **kw})
+    return RequestContext(route="completion", request=req,
+                          principal=Principal("t", "user", "u"), request_id="r")
+
+
+async def test_a_completions_texts_count_toward_one_total_as_a_chats_do() -> None:
+    """A completion's texts were checked against `max_total_chars` in three checks,
+    each the prompt with one other (`user`, the fields sent beside it, the suffix): a
+    prompt, a `user` and a field the API does not name, each under half the limit passed all three
+    while the detectors read more than it. One check counts them all, in the order
+    they are read, as a chat's does, and names what it counted."""
+    san = plugin(detectors={"secret": "redact"}, limits={"max_total_chars": 1000})
+    third = "x" * 350
+    ctx = _completion_ctx(prompt=third, user=third, x_note=third)  # (sent on as it is)
+    with pytest.raises(InvalidRequest) as e:
+        await san(ctx, Spy())
+    assert e.value.param == "prompt" and e.value.code == "invalid_value"
+    assert "1000 characters in all" in str(e.value) and "prompt" in str(e.value)
+    await san(_completion_ctx(prompt=third, user=third), Spy())  # (700: within it)
+    with pytest.raises(InvalidRequest) as e:
+        await san(_completion_ctx(prompt="x" * 1001), Spy())
+    assert e.value.param == "prompt"
