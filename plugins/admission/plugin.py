@@ -67,6 +67,7 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         self.timeouts = Counter("weir_admission_deadline_exceeded_total",
                                 "Requests cut at their deadline.", registry=reg)
         self._sheds = OutageLog(every_s=5.0)
+        self._ahead = 0  # requests preparing before they queue (`Terminal.prepare`)
 
     def health(self) -> dict[str, Any]:
         return {"in_engine": self.gate.in_use, "waiting": self.gate.waiting,
@@ -100,17 +101,21 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         # Embeddings run beside the engine, in one batch per request: one permit of their
         # own gate. (A greedy request's `n` choices are one sequence in the engine.)
         embeds = ctx.route == "embeddings"
-        if not embeds and self.gate.waiting < self.gate.max_queue:
+        if not embeds and self.gate.waiting + self._ahead < self.gate.max_queue:
             # A long prompt prepared first (in the engine's one preparing thread): waiting
             # there behind others, it held a permit the engine could have given a short
             # request. Within the request's deadline, as its call is. Not where the wait
             # list is full: a newcomer is likely shed at once, its preparing wasted on
-            # the thread others wait for (one that is not is prepared by its call).
+            # the thread others wait for (one that is not is prepared by its call). Those
+            # preparing count against the list's bound: else a burst of long prompts all
+            # waited for the thread, none shed.
             scope = Within(ctx.deadline)
+            self._ahead += 1
             try:
                 async with scope:
                     await self.services.terminal.prepare(ctx)
             finally:
+                self._ahead -= 1
                 if scope.expired():
                     self.timeouts.inc()
         priority = self.cfg.priorities.get(ctx.principal.role, self.cfg.default_priority)

@@ -39,3 +39,31 @@ async def test_a_long_prompt_waiting_to_be_prepared_holds_no_engine_permit(
     r = await long
     assert r.status == 200, await r.text()
     assert busy.result() is True
+
+
+async def test_long_prompts_waiting_to_be_prepared_count_against_the_queue(
+        make_client: MakeClient) -> None:
+    # The wait list's bound sheds at once what it cannot hold: long prompts waiting for
+    # the preparing thread ahead of it were not counted, so a burst of them all waited
+    # there (till their deadline), none shed.
+    client = await make_client(engine=FakeEngine(max_model_len=4 * OFF_LOOP_CHARS),
+                               plugins=[{"name": "admission", "config": {
+                                   "max_concurrent": 1, "max_queue": 1}}])
+    serving = client.app[STATE].terminal
+    assert isinstance(serving, LocalServing)
+    hold = threading.Event()
+    busy = serving._preparing.submit(hold.wait, 30)  # another long prompt, being prepared
+    try:
+        burst = [asyncio.ensure_future(client.post("/v1/chat/completions",
+                                                   json=_chat("x" * OFF_LOOP_CHARS)))
+                 for _ in range(4)]
+        await eventually(lambda: any(t.done() for t in burst), timeout=10)
+        shed = [t.result() for t in burst if t.done()]
+        assert [r.status for r in shed] == [503]
+        assert (await shed[0].json())["error"]["code"] == "overloaded"
+    finally:
+        hold.set()
+    statuses = [(await t).status for t in burst]  # (one ahead, one permit, one queued;
+    assert set(statuses) == {200, 503}  # the one ahead may find the list full after)
+    assert statuses.count(200) >= 2
+    assert busy.result() is True
