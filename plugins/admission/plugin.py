@@ -130,9 +130,10 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         # Every wait is observed, whatever ended it (a permit, the wait's bound, the
         # request's deadline, its client leaving, a better request taking its place):
         # only those granted were, so the waits that ran out never showed.
-        waited = True
+        waited, admitted = True, False
         try:
             await gate.acquire(priority, wait, weight, account(ctx.principal.tenant))
+            admitted = True
         except Shed as e:
             waited = e.queued  # (shed at once: it never waited)
             raise self._overloaded("full", "The server is overloaded; retry shortly.") from None
@@ -148,6 +149,8 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
             self.depth.set(self._waiting())
             if waited:
                 self.wait.observe(time.monotonic() - start)
+            if not admitted:  # (what was prepared ahead is held no longer: a breaker's
+                ctx.prepared = None  # fallback may answer it at length, holding `ctx`)
         self.in_engine.set(self.gate.in_use)
         # One deadline scope, around the call only: a stream's first chunk arrives inside
         # it (the terminal primes streams); the rest of a stream runs under its consumer's

@@ -493,3 +493,29 @@ async def test_every_wait_is_observed_whatever_ended_it() -> None:
     await first
     await high
     assert waits_observed(p) == 5 and p.gate.in_use == 0
+
+
+async def test_a_shed_request_lets_go_of_what_was_prepared_ahead() -> None:
+    # A breaker's fallback answers a shed request, its context held meanwhile: what the
+    # terminal prepared ahead (a long prompt's token ids) is no longer kept on it.
+    p, slow = plugin(max_concurrent=1, max_queue=1), Held()
+    first = asyncio.create_task(p(ctx(), slow))
+    await slow.held.wait()
+    shed = ctx()
+
+    async def prepare(c: RequestContext) -> None:
+        if c is not shed:
+            return
+        c.prepared = (c.request, object())
+        second = asyncio.create_task(p(ctx(), slow))  # the wait list fills meanwhile
+        await eventually(lambda: p.gate.waiting == 1)
+        tasks.append(second)
+
+    tasks: list[asyncio.Task[Reply]] = []
+    p.services.terminal.prepare = prepare  # type: ignore[method-assign]
+    with pytest.raises(Unavailable) as e:
+        await p(shed, slow)
+    assert e.value.code == "overloaded" and shed.prepared is None
+    slow.gate.set()
+    await first
+    await asyncio.gather(*tasks)
