@@ -65,22 +65,33 @@ def _windows(text: str) -> list[Span]:
     return _scanned(text)[2]
 
 
+# (and of the last other text read between: a window of the text decoded around its
+# escapes, `with_escapes`, whose reading must not make the next detector scan the whole
+# text again)
+_other_runs: tuple[str, list[Span], list[Span]] = ("", [], [])
+
+
 def _scanned(text: str) -> tuple[str, list[Span], list[Span]]:
-    global _runs_of
-    if _runs_of[0] is not text:
-        runs = [m.span() for m in _NUMERIC_RUN.finditer(text)]
-        windows = _merged(runs, len(text), _MARGIN, _REACH)
-        _runs_of = (text, runs, windows)
-        return text, runs, windows
-    return _runs_of
+    global _runs_of, _other_runs
+    if _runs_of[0] is text:
+        return _runs_of
+    if _other_runs[0] is text:
+        return _other_runs
+    runs = [m.span() for m in _NUMERIC_RUN.finditer(text)]
+    scan = (text, runs, _merged(runs, len(text), _MARGIN, _REACH))
+    if not _runs_of[0]:
+        _runs_of = scan  # (the first text since `forget`: the one every detector reads)
+    else:
+        _other_runs = scan
+    return scan
 
 
 def forget() -> None:
     """Drop the last text's digit runs and its reading with escapes decoded: the
     detectors' memos must not keep a prompt alive (or readable in a heap dump) once its
     scan is over."""
-    global _runs_of
-    _runs_of = ("", [], [])
+    global _runs_of, _other_runs
+    _runs_of = _other_runs = ("", [], [])
     forget_escapes()
 
 
@@ -93,12 +104,12 @@ def with_escapes(find: Finder) -> Finder:
             seen.add(span)
             yield span
         if ("%" in text or "\\" in text or "&" in text) and (
-                reading := escapes_read(text)) is not None:
-            view, at = reading
-            for a, b in find(view):
-                if (at[a], at[b]) not in seen:  # (one found as written too: "%40")
-                    seen.add((at[a], at[b]))
-                    yield at[a], at[b]
+                pieces := escapes_read(text)) is not None:
+            for view, at in pieces:  # (around the escapes only: `escapes_read`)
+                for a, b in find(view):
+                    if (at[a], at[b]) not in seen:  # (one found as written too: "%40")
+                        seen.add((at[a], at[b]))
+                        yield at[a], at[b]
 
     return both
 

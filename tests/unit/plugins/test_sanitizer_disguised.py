@@ -644,3 +644,60 @@ def test_the_look_alike_reading_reads_each_format_once_however_many_literals(
     text = "kap\u0131 " + unit * (20_000 // len(unit))
     assert credentials._unmasked(text) is None
     assert sum(read) <= 8 * len(text), (sum(read), len(text))
+
+
+# ------------------------------------------------- read again around the escapes only
+
+_FILLER = "<tr><td>Item 42</td><td>shipped</td><td>$19.00</td></tr>\n" * 800  # 45 KB
+
+
+def test_a_long_text_is_decoded_around_its_escapes_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text with one escape was decoded whole and read whole again by every detector:
+    one "&amp;" in 64 KB of HTML cost its whole page twice over (20 ms of CPU time
+    became 54). Only windows around the escapes are decoded and read again."""
+    from plugins.sanitizer import credentials
+    from plugins.sanitizer.detectors import INJECTION, forget
+    given: list[int] = []
+    decode = credentials.unescaped
+
+    def counted(text: str) -> tuple[str, list[int]] | None:
+        given.append(len(text))
+        return decode(text)
+
+    monkeypatch.setattr(credentials, "unescaped", counted)
+    text = scanned(fold(_FILLER + '<a href="/?x=1&amp;page=3">next</a>\n' + _FILLER))
+    try:
+        for detector in [*BUILTIN.values(), INJECTION]:
+            list(detector.find(text))
+    finally:
+        forget()
+    assert 0 < sum(given) < len(text) // 16, (sum(given), len(text))
+
+
+@pytest.mark.parametrize("key", [
+    f"sk%2Dproj-{'Ab3dEf6hIj9kLm2n' * 150}",  # the escape, then 2.4 KB of the key
+    f"sk-proj-{'Ab3dEf6hIj9kLm2n' * 100}%2Dend",  # 1.6 KB of the key, then the escape
+])
+def test_a_key_reaching_past_its_escape_s_window_is_read_whole(key: str) -> None:
+    """Where one escape is read again, the window around it reaches on to the blanks
+    around it: a key whose characters go on past the window's reach, either side of
+    its escape, is still read, and covered whole."""
+    said = found(f"{_FILLER}key: {key} ok\n{_FILLER}")
+    assert key in said, [s[:24] + "..." + s[-8:] for s in said]
+
+
+def test_what_is_far_from_an_escape_is_still_read_as_written_and_disguised() -> None:
+    """Around the escapes only: a key with a look-alike letter far from the text's one
+    escape (read, as before, by the look-alike reading of the text as written), an
+    escaped address beside it, a private key whose BEGIN line is escaped and whose body
+    runs on past the window."""
+    look = "s\u043a-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7"
+    assert any("Ab3dEf6hIj" in s for s in found(_FILLER + look + _FILLER + "a%20b"))
+    assert any("jane&#64;example.com" in s for s in found_by(
+        "email", _FILLER + "mail jane&#64;example.com now" + _FILLER))
+    body = "\n".join(["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7"] * 60)
+    block = (f"-----BEGIN PRIVATE KEY-----\\u000a{body}\n-----END PRIVATE KEY-----")
+    said = found(_FILLER + block + _FILLER)
+    assert any(s.endswith("-----END PRIVATE KEY-----") and s.startswith("-----BEGIN")
+               for s in said), [s[:30] for s in said]
