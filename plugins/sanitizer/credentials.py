@@ -714,13 +714,15 @@ _QUERY = re.compile(
 _TITLE_SLUG = re.compile(r"[A-Za-z][a-z]+(?:[_-][A-Za-z][a-z]+)+")
 
 
-# A key named only "key" ("?key=", "?item_key="; not "api_key", "access_key") names as
-# often a record, a section or a page as a credential: its value is a credential's only
-# where it is not a name and a number ("section2", "chapter-3", "Page_12", "tenant42",
-# "2024-01-01"): words, each with at most a few digits after it, or numbers.
-_BARE_KEY = re.compile(r"(?i:(?:[a-z0-9]+[_-])?key)")
+# A key named only "key" ("?key=", "?item_key="; not "api_key", "access_key"), and so a
+# bare "token", "secret" or "auth" ("?x&amp;token=page3"), names as often a record, a
+# section or a page as a credential: its value is a credential's only where it is not
+# a name and a number ("section2", "chapter-3", "Page_12", "tenant42", "2024-01-01"):
+# words, each with at most a few digits after it, or numbers.
+_BARE_KEY = re.compile(r"(?i:(?:[a-z0-9]+[_-])?(?:key|token|secret|auth))")
 _CREDENTIAL_KEY = re.compile(r"(?i:(?:api|access|secret|private|client|app|auth|account"
-                             r"|license|licence|master|subscription|signing|encryption)[_-]?key)")
+                             r"|license|licence|master|subscription|signing|encryption"
+                             r"|refresh|bearer|session|id)[_-]?(?:key|token|secret))")
 _NAMING = r"(?:(?:[a-z]{1,16}|[A-Z][a-z]{1,15}|[A-Z]{1,8})\d{0,6}|\d{1,6})"
 _NAME_AND_NUMBER = re.compile(rf"{_NAMING}(?:[-_.]{_NAMING})*")
 # (but not capitals in groups, two or more, with no lower-case word: a licence or an
@@ -824,6 +826,10 @@ def _phrase_ok(m: re.Match[str]) -> bool:
     if m["to"] is not None:
         return _value_ok(m["to"]) and _looks_made_up(m["to"])
     value = _unquoted(m["qv"]) if m["qv"] is not None else m["v"]
+    if (name := _query_name(m)) is not None:  # a URL's parameter: the query's rule
+        value = _QUERY_END.split(value, 1)[0]
+        if m["kp"] is None:  # (a password's plain words are one, as in a phrase)
+            return _query_value(value, name)
     env = _env_assignment(m)
     if m["v"] is not None and _code_value(m, m["v"], env):
         return False
@@ -838,6 +844,23 @@ def _phrase_ok(m: re.Match[str]) -> bool:
         return True  # "password is swordfish": plain words are passwords too
     cjk_link = m["lo"] is not None and m["lo"].strip() in ("는", "은", "は")
     return _looks_made_up(value, env) and (not cjk_link or value.isascii())
+
+
+# A phrase that is a URL query's parameter ("?x&token=page3", "&amp;token=page3" as
+# written): its keyword run into "=" after "?", "&" or ";" (a parameter's name may
+# start before it: "item_token"). Its value is the query's, to the next separator.
+_PARAM_BEFORE = re.compile(r"[?&;]([A-Za-z0-9_-]{0,64})\Z")
+_QUERY_END = re.compile(r"[&#\s\"'<>]")
+
+
+def _query_name(m: re.Match[str]) -> str | None:
+    """The query parameter's name, where the phrase `m` is one (`_PARAM_BEFORE`)."""
+    said = next((g for g in ("kp", "km", "ko") if m[g] is not None), None)
+    if said is None or m["v"] is None or m["le"] != "=" or m.string[m.end(said):m.end(
+            said) + 1] != "=":
+        return None
+    before = _PARAM_BEFORE.search(m.string, max(0, m.start() - 66), m.start())
+    return None if before is None else before[1] + m[said]
 
 
 _ENV_NAME = re.compile(r"(?:^|(?<=[\s;]))[A-Z0-9_]*\Z")

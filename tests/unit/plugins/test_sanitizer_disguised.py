@@ -374,6 +374,36 @@ def test_a_query_s_key_or_credential_is_still_one(text: str, secret: str) -> Non
     assert any(secret in s for s in found(text)), found(text)
 
 
+@pytest.mark.parametrize("text", [
+    "https://example.com/list?x&amp;token=page3",  # an HTML-escaped separator
+    "https://example.com/list?x&token=page3",
+    "https://example.com/list?x=1&#38;token=page3",
+    "https://example.com/list?x=1%26token%3Dpage3",
+    '<a href="/list?x&amp;secret=v2">next</a>',
+    "https://example.com/list?sort=asc&amp;item_token=row12",
+])
+def test_a_query_s_token_naming_a_page_is_no_secret(text: str) -> None:
+    """'?x&amp;token=page3' was redacted as a key: the phrase rule ("token=" then a
+    value with a digit) read the query's parameter as written and decoded, where the
+    query's own rule would have taken a name and a number for a page's or a record's
+    name. A query's parameter (after "?", "&" or ";", escaped or not) named a bare
+    token, key, secret or auth is read by the query's rule."""
+    assert not fires(text), found(text)
+
+
+@pytest.mark.parametrize(("text", "secret"), [
+    ("https://example.com/x?a=1&amp;token=chapter3x9", "chapter3x9"),
+    ("https://example.com/x?a=1&amp;password=hunter22", "hunter22"),
+    ("https://example.com/login?password=swordfish", "swordfish"),  # plain words too
+    ("https://example.com/login?user=bob&amp;pwd=swordfish", "swordfish"),
+    ("https://example.com/x?a=1&amp;access_token=page3", "page3"),
+    ("the token=page3 for the staging box", "page3"),  # (no query: as before)
+])
+def test_a_query_s_credential_after_an_escaped_separator_is_still_one(
+        text: str, secret: str) -> None:
+    assert any(secret in s for s in found(text)), found(text)
+
+
 @pytest.mark.parametrize(("text", "secret"), [
     ("https://example.com/activate?key=ABCD-1234-EFGH-5678", "ABCD-1234-EFGH-5678"),
     ("https://example.com/activate?key=ABCD1234-EFGH5678-IJKL9012", "EFGH5678"),
