@@ -31,7 +31,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 
-from .credentials import escapes_read, find_secrets, forget_escapes
+from .credentials import escapes_read, find_secrets, forget_escapes, unescaped
 from .injection import INJECTION as _INJECTION
 from .spans import Detector, Finder, Span, regex_finder
 
@@ -528,7 +528,8 @@ _VERSION_BEFORE = re.compile(
     r"|(?<![A-Za-z])(?:firmware|fw|kernel|cuda|cudnn|section|clause|chapter|paragraph|"
     r"figure|fig|appendix|step|rule|oid|python|java|ruby|php|perl|gcc|clang|go|rust|"
     r"dotnet|windows|ios|android|macos|chrome|firefox)\.?[\s:=\"'(]{1,4}"
-    r"|\bv|==|(?-i:\b[A-Z][A-Za-z]+/)|§\s?)\Z",  # (a product token: "Chrome/120.0.0.0")
+    r"|\bv|==|(?-i:\b[A-Z][A-Za-z]+/)|§\s?"  # (a product token: "Chrome/120.0.0.0")
+    r"|(?<=[\w\]])\s?(?:==|[<>~!]=)\s?)\Z",  # a requirement: "numpy>=1.2.3.4", "torch == "
     re.IGNORECASE)
 _TAG_AFTER = re.compile(r"-(?:alpha|beta|rc|snapshot|dev|pre|preview|final|stable|ga|"
                         r"release|nightly)\b", re.IGNORECASE)
@@ -562,11 +563,26 @@ def _unpadded(quad: str) -> str:
     return ".".join(str(int(o)) for o in quad.split("."))
 
 
+def _version_before(text: str, a: int) -> bool:
+    """Whether what comes just before `a` says a version (`_VERSION_BEFORE`), read as
+    written and with its escapes decoded ("torch%3D%3D2.1.0.1", "pkg&#61;&#61;1.2.3.4":
+    the text's windows decoded read it so, but the text as written found the quad)."""
+    if _VERSION_BEFORE.search(text, max(0, a - 16), a) is not None:
+        return True
+    head = text[max(0, a - 64):a]
+    if "%" in head or "&" in head or "\\" in head:
+        decoded = unescaped(head)
+        if decoded is not None:
+            view = decoded[0]
+            return _VERSION_BEFORE.search(view, max(0, len(view) - 16)) is not None
+    return False
+
+
 def _find_ip(text: str) -> Iterator[Span]:
     for a, b in _ip_v4(text):
         candidate = text[a:b]
-        if (_VERSION_BEFORE.search(text, max(0, a - 16), a) is None
-                and _TAG_AFTER.match(text, b) is None and not _package_version(text, a, b)
+        if (not _version_before(text, a) and _TAG_AFTER.match(text, b) is None
+                and not _package_version(text, a, b)
                 and candidate not in _MASKS
                 and _names_a_host(ipaddress.IPv4Address(_unpadded(candidate)))):
             yield a, b

@@ -617,6 +617,30 @@ def test_escapes_in_ordinary_text_make_no_finding(name: str, text: str) -> None:
     assert not found_by(name, text)
 
 
+@pytest.mark.parametrize("text", [
+    "pip install torch%3D%3D2.1.0.1",  # a version after a URL-escaped "=="
+    "requirements: numpy%3E%3D1.2.3.4",
+    "pkg&#61;&#61;10.0.0.1 pinned",
+    "pkg\\u003d\\u003d10.0.0.1",
+    "numpy>=1.2.3.4, scipy~=10.1.0.2, pandas!=2.0.0.1, torch<=3.1.0.9",
+    "numpy &gt;= 1.2.3.4",
+])
+def test_a_version_after_an_escaped_or_other_operator_is_no_address(text: str) -> None:
+    """'torch%3D%3D2.1.0.1' was an IP address: a version after "==" is none, but the
+    "==" URL-escaped (or HTML-escaped) was read as written, and ">=", "~=", "!=", "<="
+    were not read at all."""
+    assert not found_by("ip", text), found_by("ip", text)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("host%3D10.0.0.1", "10.0.0.1"),
+    ("allow from 10.0.0.1 %3E%3D all", "10.0.0.1"),
+    ("server&#61;192.168.1.20", "192.168.1.20"),
+])
+def test_an_address_after_an_escaped_sign_is_still_one(text: str, said: str) -> None:
+    assert any(said in s for s in found_by("ip", text)), found_by("ip", text)
+
+
 def test_a_text_s_escapes_are_decoded_once_for_every_detector(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The secret detector decoded a text's escapes for itself and the other detectors
