@@ -440,7 +440,11 @@ def _word_around(text: str, i: int, reach: int = 512) -> Span:
 # JavaScript's (and Rust's, Swift's) "\\u{2d}", JavaScript's escape() and IIS's "%u002D",
 # a character reference a browser reads without its ";" ("&#45"), and the named ones a
 # key's or an address's characters have, "&amp;" first (HTML escaped twice:
-# "&amp;#45;" is "&#45;", then "-").
+# "&amp;#45;" is "&#45;", then "-"). And an octal escape of three digits (C's, Python's,
+# PHP's, printf's: "sk\\055proj"), and CSS's, of one to six hex digits and the one blank
+# that may end it ("sk\\2d proj", "\\00002d"; three octal digits are read as octal),
+# its first a digit (a key's characters', ASCII or a look-alike's, are; "\\beta",
+# "\\Admin", "\\def" are LaTeX, a path, code).
 _ENTITIES = ("amp", "AMP", "lt", "gt", "quot", "apos", "hyphen", "dash", "lowbar", "UnderBar",
              "period", "colon", "sol", "bsol", "plus", "equals", "commat", "num", "percnt",
              "excl", "quest", "nbsp",
@@ -453,7 +457,9 @@ _ESCAPE = re.compile(r"%(?P<p>[2-6][0-9A-Fa-f]|7[0-9A-Ea-e])|\\u(?P<u>[0-9A-Fa-f
                      r"|\\u\{(?P<ub>[0-9A-Fa-f]{1,6})\}|%u(?P<pu>[0-9A-Fa-f]{4})"
                      r"|&#(?:(?P<d>[0-9]{1,7})|[xX](?P<h>[0-9A-Fa-f]{1,6}));?"
                      rf"|(?P<n>&(?:{'|'.join(_ENTITIES)});)"
-                     r"|(?P<bs>\\\\)(?=[uUx])")
+                     r"|(?P<bs>\\\\)(?=[uUx])"
+                     r"|\\(?P<o>(?!00[0-9A-Fa-f]{4})[0-3][0-7]{2})"
+                     r"|\\(?P<c>[0-9][0-9A-Fa-f]{0,5})(?:\r\n|[ \t\r\n\f])?")
 # Escapes are decoded round after round while a round decodes any ("%25252D" is "%252D",
 # then "%2D", then "-"): a URL encoded once more at each hop of a redirect or a proxy,
 # a JSON string of a URL. At most this many rounds: each reads the whole text, and no
@@ -476,8 +482,8 @@ def _escaped_char(m: re.Match[str]) -> str | None:
         except UnicodeDecodeError:
             return None
     else:
-        code = int(m["d"]) if m["d"] else int(
-            m["p"] or m["u"] or m["x"] or m["U"] or m["h"] or m["ub"] or m["pu"], 16)
+        code = int(m["d"]) if m["d"] else int(m["o"], 8) if m["o"] else int(
+            m["p"] or m["u"] or m["x"] or m["U"] or m["h"] or m["ub"] or m["pu"] or m["c"], 16)
         if code > 0x10FFFF:
             return None
         c = chr(code)

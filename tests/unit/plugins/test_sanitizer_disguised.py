@@ -553,6 +553,33 @@ def test_escapes_in_ordinary_code_and_markup_are_no_secret(text: str) -> None:
 
 # ------------------------------------------------- a disguised key, base64-encoded
 
+@pytest.mark.parametrize("text", [
+    f"sk\\055proj-{BODY}",  # an octal escape (C, Python, PHP, Perl, shell's printf)
+    f"sk\\055proj\\055{BODY}",
+    "gh\\160_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+    f"sk\\2d proj-{BODY}",  # a CSS escape, the blank that ends it with it
+    f"sk\\2Dproj-{BODY}",
+    f"sk\\00002dproj-{BODY}",  # (six digits: no blank needed)
+    f"s\\43a-proj-{BODY}",  # a look-alike letter CSS-escaped
+])
+def test_octal_and_css_escapes_of_a_key_are_decoded(text: str) -> None:
+    """An octal escape ("sk\\055proj-...") and a CSS one ("sk\\2d proj-...") were read
+    as written, and the key went on whole."""
+    assert text in found(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    'pattern = re.compile(r"\\d{3}-\\d{2}-\\d{4}\\s+\\b")',
+    "C:\\Users\\admin\\Documents\\100 files\\abc.txt",
+    'printf("\\033[1;31mred\\033[0m\\n")',
+    ".icon::before { content: \"\\2014 \\201C\"; }",
+    "sed 's/\\(foo\\)/\\1bar/' file",
+    "$\\beta = \\frac{\\alpha}{2}$ and \\def\\cdot in C:\\Admin\\Desktop",
+])
+def test_octal_and_css_escapes_in_ordinary_code_are_no_secret(text: str) -> None:
+    assert not fires(text), found(text)
+
+
 def _b64(text: str) -> str:
     import base64
     return base64.b64encode(text.encode()).decode()
