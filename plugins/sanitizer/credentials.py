@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+import unicodedata
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -253,6 +254,56 @@ def find_secrets(text: str) -> Iterator[Span]:
             view = look
         for a, b in _find(view):
             yield at[a], at[b]
+    if not text.isascii():
+        yield from _accented(text, hits.needs_at if len(low) == len(text) else [])
+
+
+# Accented Latin letters for a key's own ("\u015bk-proj-...", "sk-pr\u00f6j-...",
+# "\u01f5hp_..."): the letter as its base letter (one for one: a span is the text's), in
+# the words that may be a key only. Folding every accented letter of a text cost Turkish
+# prose 40%; a word is read so where it holds a format's literal as written (a letter in
+# the key's body) or a "-" or a "_" (a literal's own, "sk-", "ghp_"; prose joins few
+# words with them), and has a key's length and a digit ("\u00f6\u011frenci-i\u015fleri"
+# has neither). Each "-" and "_" is found by `str.find`, `_ACCENT_ANCHORS` at most (a
+# text with more: its literals' words only).
+_ACCENT_OF = str.maketrans({
+    chr(c): base for c in [*range(0xC0, 0x250), *range(0x1E00, 0x1F00)]
+    if (base := unicodedata.normalize("NFD", chr(c))[0]).isascii() and base.isalpha()})
+_KEY_LEAST = 20
+_DIGIT = re.compile("[0-9]")
+_ACCENT_ANCHORS = 4096
+
+
+def _accented(text: str, needs_at: list[int]) -> Iterator[Span]:
+    """Keys in the words of `text` that may be one with accented letters, those read as
+    their base letters (`_ACCENT_OF`)."""
+    anchors = [i for c in "-_" for i in _found_all(text, c, _ACCENT_ANCHORS + 1)]
+    if len(anchors) > _ACCENT_ANCHORS:
+        anchors = []  # (a text of that many: its literals' words only)
+    end = -1
+    for i in sorted([*needs_at, *anchors]):
+        if i < end:
+            continue  # (a word read already)
+        a, b = _word_around(text, i, _WORD_CHARS * 8)
+        end = b
+        if b - a < _KEY_LEAST or _DIGIT.search(text, a, b) is None:
+            continue  # (a key has 20 characters or more, a digit among them)
+        word = text[a:b]
+        if word.isascii() or (read := word.translate(_ACCENT_OF)) == word:
+            continue
+        for x, y in _find(read):
+            if read[x:y] != word[x:y]:
+                yield a + x, a + y
+
+
+def _found_all(text: str, c: str, most: int) -> list[int]:
+    """Where `c` is in `text`, `most` places at most."""
+    out: list[int] = []
+    i = text.find(c)
+    while i != -1 and len(out) < most:
+        out.append(i)
+        i = text.find(c, i + 1)
+    return out
 
 
 def _may_escape(text: str) -> bool:

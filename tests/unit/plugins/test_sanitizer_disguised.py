@@ -580,6 +580,32 @@ def test_octal_and_css_escapes_in_ordinary_code_are_no_secret(text: str) -> None
     assert not fires(text), found(text)
 
 
+@pytest.mark.parametrize("text", [
+    f"\u015bk-proj-{BODY}",  # an accented Latin letter in the literal: s with acute
+    f"sk-pr\u00f6j-{BODY}",  # o with diaeresis in its prefix
+    "\u01f5hp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",  # g with acute
+    "g\u013cpat-Ab3dEf6hIj9kLm2nOp5qRs8",
+    "sk-proj-Ab3d\u00c9f6hIj9kLm2nOp5qRs8tUv1wXy4zQ7",  # in its body
+    f"T\u00fcrk\u00e7e metin i\u00e7inde \u015bk-proj-{BODY} anahtar\u0131 var.",
+])
+def test_a_key_with_accented_latin_letters_is_one(text: str) -> None:
+    """A key with an accented Latin letter for one of its own ("\u015bk-proj-...",
+    "sk-pr\u00f6j-...", "\u01f5hp_...") was read as written: no format's literal, and
+    its body cut at the letter, so it went on whole."""
+    key = next(w for w in text.split() if len(w) > 20)
+    assert key in found(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "\u00d6\u011frenci-i\u015fleri 2024 y\u0131l\u0131nda \u00e7al\u0131\u015f\u0131yor; "
+    "k\u00fclt\u00fcr_merkezi-3 a\u00e7\u0131k.",
+    "Le caf\u00e9-th\u00e9\u00e2tre_2 est \u00e0 c\u00f4t\u00e9 de l'\u00e9cole-12.",
+    "Die Stra\u00dfe M\u00fcller-L\u00fcdenscheid_7 ist gesperrt.",
+])
+def test_prose_with_accented_letters_beside_hyphens_is_no_key(text: str) -> None:
+    assert not fires(text), found(text)
+
+
 def _b64(text: str) -> str:
     import base64
     return base64.b64encode(text.encode()).decode()
