@@ -555,9 +555,10 @@ def escapes_read(text: str) -> list[tuple[str, list[int]]] | None:
     read, as the pieces the detectors read again (`_decoded_pieces`): each with where
     its characters start in `text` (its end last). None where it holds none."""
     global _read_of
-    if _read_of[0] is not text:
-        _read_of = (text, _decoded_pieces(text))
-    return _read_of[1]
+    memo = _read_of  # (read once: a long prompt is read in the sanitizer's thread while
+    if memo[0] is not text:  # the loop reads a short one, each setting this memo)
+        memo = _read_of = (text, _decoded_pieces(text))
+    return memo[1]
 
 
 # What the detectors read again of a text with escapes: the text around its escapes,

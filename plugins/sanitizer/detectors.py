@@ -73,13 +73,14 @@ _other_runs: tuple[str, list[Span], list[Span]] = ("", [], [])
 
 def _scanned(text: str) -> tuple[str, list[Span], list[Span]]:
     global _runs_of, _other_runs
-    if _runs_of[0] is text:
-        return _runs_of
-    if _other_runs[0] is text:
-        return _other_runs
+    first, other = _runs_of, _other_runs  # (read once: a long prompt is read in the
+    if first[0] is text:  # sanitizer's thread while the loop reads a short one)
+        return first
+    if other[0] is text:
+        return other
     runs = [m.span() for m in _NUMERIC_RUN.finditer(text)]
     scan = (text, runs, _merged(runs, len(text), _MARGIN, _REACH))
-    if not _runs_of[0]:
+    if not first[0]:
         _runs_of = scan  # (the first text since `forget`: the one every detector reads)
     else:
         _other_runs = scan

@@ -835,3 +835,37 @@ async def test_a_completions_texts_count_toward_one_total_as_a_chats_do() -> Non
     with pytest.raises(InvalidRequest) as e:
         await san(_completion_ctx(prompt="x" * 1001), Spy())
     assert e.value.param == "prompt"
+
+
+async def test_a_long_prompt_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The detectors read every prompt on the event loop: 64 KB of prose held it ~30 ms,
+    and every other request's stream with it. A prompt of `OFF_LOOP_CHARS` characters
+    or more is read in the sanitizer's own thread (one: they are read one at a time);
+    a shorter one, nearly all, stays on the loop (the hop costs more than it does)."""
+    import threading
+
+    from plugins.sanitizer import plugin as module
+    read_in: list[int] = []
+    process = SanitizerPlugin._process
+
+    def recorded(self: SanitizerPlugin, *args: Any, **kw: Any) -> Any:
+        read_in.append(threading.get_ident())
+        return process(self, *args, **kw)
+
+    monkeypatch.setattr(SanitizerPlugin, "_process", recorded)
+    loop = threading.get_ident()
+    p = plugin(detectors={"email": "redact"})
+    try:
+        long = "word " * (module.OFF_LOOP_CHARS // 5) + "mail me at jane@example.com"
+        spy, ctx = Spy(), chat_ctx(long)
+        await p(ctx, spy)
+        assert read_in and loop not in read_in
+        assert ctx.flags == {"email"}
+        assert ctx.request.messages[0].content.endswith("mail me at [EMAIL]")  # type: ignore[union-attr]
+        read_in.clear()
+        ctx = chat_ctx("mail me at jane@example.com")
+        await p(ctx, Spy())
+        assert read_in and set(read_in) == {loop}
+        assert ctx.request.messages[0].content == "mail me at [EMAIL]"  # type: ignore[union-attr]
+    finally:
+        await p.close()
