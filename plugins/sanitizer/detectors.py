@@ -564,19 +564,33 @@ def _unpadded(quad: str) -> str:
     return ".".join(str(int(o)) for o in quad.split("."))
 
 
+# (but a comparison's operator after a word that names an address says no version: a
+# filter's or a rule's "ip >= 10.0.0.1", "src_ip != 10.1.2.3", "host == 10.0.0.1",
+# "clientIp <= ...")
+_ADDRESS_COMPARED = re.compile(
+    r"(?:^|[^A-Za-z0-9-])(?:[A-Za-z0-9]+[_.])*(?:(?i:ip|ipv4|ip_?addr(?:ess)?|addr|address"
+    r"|host|hostname|server|gateway|gw|src|dst|source|dest|destination|peer|remote|client"
+    r"|nameserver|dns|router|proxy|target|origin|subnet|net|network|cidr|inet)"
+    r"|[a-z0-9]+(?:Ip|IP|Addr|Address|Host))\s?(?:==|[<>~!]=)\s?\Z")
+
+
 def _version_before(text: str, a: int) -> bool:
     """Whether what comes just before `a` says a version (`_VERSION_BEFORE`), read as
     written and with its escapes decoded ("torch%3D%3D2.1.0.1", "pkg&#61;&#61;1.2.3.4":
-    the text's windows decoded read it so, but the text as written found the quad)."""
-    if _VERSION_BEFORE.search(text, max(0, a - 16), a) is not None:
-        return True
-    head = text[max(0, a - 64):a]
-    if "%" in head or "&" in head or "\\" in head:
-        decoded = unescaped(head)
-        if decoded is not None:
-            view = decoded[0]
-            return _VERSION_BEFORE.search(view, max(0, len(view) - 16)) is not None
-    return False
+    the text's windows decoded read it so, but the text as written found the quad);
+    not a comparison with a word naming an address (`_ADDRESS_COMPARED`)."""
+    view = text[max(0, a - 64):a]
+    if "%" in view or "&" in view or "\\" in view:
+        decoded = unescaped(view)
+        if decoded is not None and _said_version(decoded[0]):
+            return True
+    return _said_version(view)
+
+
+def _said_version(head: str) -> bool:
+    """Whether `head`'s end says that a version follows it."""
+    return (_VERSION_BEFORE.search(head, max(0, len(head) - 16)) is not None
+            and _ADDRESS_COMPARED.search(head) is None)
 
 
 def _find_ip(text: str) -> Iterator[Span]:

@@ -686,6 +686,33 @@ def test_a_version_after_an_escaped_or_other_operator_is_no_address(text: str) -
 
 
 @pytest.mark.parametrize(("text", "said"), [
+    ("firewall rule: ip >= 10.0.0.1 and ip <= 10.0.0.255", "10.0.0.1"),
+    ("filter: src_ip != 10.1.2.3", "10.1.2.3"),
+    ("if host == 10.0.0.1:", "10.0.0.1"),
+    ("WHERE client_ip >= 172.16.5.4", "172.16.5.4"),
+    ("source.ip != 8.8.8.8", "8.8.8.8"),
+    ("gateway==192.168.0.1", "192.168.0.1"),
+    ("if (clientIp >= 10.2.3.4)", "10.2.3.4"),
+    ("host%3D%3D10.0.0.1", "10.0.0.1"),
+])
+def test_an_address_compared_with_an_address_s_name_is_still_one(text: str,
+                                                                  said: str) -> None:
+    """'ip >= 10.0.0.1' read as a requirement's version: any word before ">=", "~=",
+    "!=", "<=" (and "==" with blanks around it) made the quad a version, a filter's
+    address among them; a word naming an address says an address."""
+    assert any(said in s for s in found_by("ip", text)), found_by("ip", text)
+
+
+@pytest.mark.parametrize("text", [
+    "influxdb-client>=1.2.3.4",  # a package's name ending in such a word is a name
+    "python-dns==10.0.0.1",
+    "kube-proxy ~= 1.28.0.1",
+])
+def test_a_package_named_for_a_network_word_keeps_its_version(text: str) -> None:
+    assert not found_by("ip", text), found_by("ip", text)
+
+
+@pytest.mark.parametrize(("text", "said"), [
     ("host%3D10.0.0.1", "10.0.0.1"),
     ("allow from 10.0.0.1 %3E%3D all", "10.0.0.1"),
     ("server&#61;192.168.1.20", "192.168.1.20"),
