@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+import threading
 import unicodedata
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -546,18 +547,23 @@ def _escaped_char(m: re.Match[str]) -> str | None:
 # A text's reading with its escapes decoded (`unescaped`), kept for the detectors that
 # run one after another on the same string: the secret detector's own reading and every
 # other's (`detectors.with_escapes`) are one decoding, not one each (up to
-# `_ESCAPE_ROUNDS` passes over the whole text apiece).
-_read_of: tuple[str, list[tuple[str, list[int]]] | None] = ("", None)
+# `_ESCAPE_ROUNDS` passes over the whole text apiece). One per thread: a long prompt is
+# read in the sanitizer's thread while the loop reads short ones, each forgetting its
+# own (a shared one was dropped mid-scan, and decoded again by every detector).
+class _Memo(threading.local):
+    read_of: tuple[str, list[tuple[str, list[int]]] | None] = ("", None)
+
+
+_memo = _Memo()
 
 
 def escapes_read(text: str) -> list[tuple[str, list[int]]] | None:
     """`text` with its escapes decoded (`unescaped`), decoded once for the last text
     read, as the pieces the detectors read again (`_decoded_pieces`): each with where
     its characters start in `text` (its end last). None where it holds none."""
-    global _read_of
-    memo = _read_of  # (read once: a long prompt is read in the sanitizer's thread while
-    if memo[0] is not text:  # the loop reads a short one, each setting this memo)
-        memo = _read_of = (text, _decoded_pieces(text))
+    memo = _memo.read_of
+    if memo[0] is not text:
+        memo = _memo.read_of = (text, _decoded_pieces(text))
     return memo[1]
 
 
@@ -643,9 +649,9 @@ def _decoded_pieces(text: str) -> list[tuple[str, list[int]]] | None:
 
 
 def forget_escapes() -> None:
-    """Drop the last text's reading (`escapes_read`): no prompt kept alive past its scan."""
-    global _read_of
-    _read_of = ("", None)
+    """Drop the last text's reading (`escapes_read`, this thread's): no prompt kept alive
+    past its scan."""
+    _memo.read_of = ("", None)
 
 
 def unescaped(text: str) -> tuple[str, list[int]] | None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import re
+import threading
 from collections.abc import Callable, Iterator
 
 from .credentials import escapes_read, find_secrets, forget_escapes, unescaped
@@ -49,12 +50,25 @@ _MARGIN = 4  # room for a leading "+86 " or "(" and the patterns' look-arounds
 # far past its run, so a number that a run's end cuts (and a card's CVV after it) is
 # still read whole.
 _REACH = 64
-_runs_of: tuple[str, list[Span], list[Span]] = ("", [], [])
+
+
+class _Memos(threading.local):
+    """The last text's digit runs (`runs_of`), and of the last other text read between
+    (`other_runs`: a window of the text decoded around its escapes, `with_escapes`, whose
+    reading must not make the next detector scan the whole text again). One pair per
+    thread: a long prompt is read in the sanitizer's thread while the loop reads short
+    ones, and each one's `forget` (or its texts) dropped the other's memo mid-scan (64 KB
+    of HTML read in the thread cost 5 times its CPU time)."""
+    runs_of: tuple[str, list[Span], list[Span]] = ("", [], [])
+    other_runs: tuple[str, list[Span], list[Span]] = ("", [], [])
+
+
+_memos = _Memos()
 
 
 def _numeric_runs(text: str) -> list[Span]:
     """Digit runs of `text`, computed once for the detectors that run one after another
-    on the same string (plugins run on the event loop's single thread)."""
+    on the same string (one memo per thread: `_Memos`)."""
     return _scanned(text)[1]
 
 
@@ -65,34 +79,27 @@ def _windows(text: str) -> list[Span]:
     return _scanned(text)[2]
 
 
-# (and of the last other text read between: a window of the text decoded around its
-# escapes, `with_escapes`, whose reading must not make the next detector scan the whole
-# text again)
-_other_runs: tuple[str, list[Span], list[Span]] = ("", [], [])
-
-
 def _scanned(text: str) -> tuple[str, list[Span], list[Span]]:
-    global _runs_of, _other_runs
-    first, other = _runs_of, _other_runs  # (read once: a long prompt is read in the
-    if first[0] is text:  # sanitizer's thread while the loop reads a short one)
+    memos = _memos
+    first, other = memos.runs_of, memos.other_runs
+    if first[0] is text:
         return first
     if other[0] is text:
         return other
     runs = [m.span() for m in _NUMERIC_RUN.finditer(text)]
     scan = (text, runs, _merged(runs, len(text), _MARGIN, _REACH))
     if not first[0]:
-        _runs_of = scan  # (the first text since `forget`: the one every detector reads)
+        memos.runs_of = scan  # (the first text since `forget`: the one every detector reads)
     else:
-        _other_runs = scan
+        memos.other_runs = scan
     return scan
 
 
 def forget() -> None:
     """Drop the last text's digit runs and its reading with escapes decoded: the
     detectors' memos must not keep a prompt alive (or readable in a heap dump) once its
-    scan is over."""
-    global _runs_of, _other_runs
-    _runs_of = _other_runs = ("", [], [])
+    scan is over (this thread's: `_Memos`)."""
+    _memos.runs_of = _memos.other_runs = ("", [], [])
     forget_escapes()
 
 

@@ -742,7 +742,7 @@ def test_a_text_s_escapes_are_decoded_once_for_every_detector(
         list(detector.find(text))
     assert calls.count(text) == 1
     forget()
-    assert credentials._read_of == ("", None)  # (no prompt kept past its scan)
+    assert credentials._memo.read_of == ("", None)  # (no prompt kept past its scan)
 
 
 class _Counted:
@@ -835,3 +835,47 @@ def test_what_is_far_from_an_escape_is_still_read_as_written_and_disguised() -> 
     said = found(_FILLER + block + _FILLER)
     assert any(s.endswith("-----END PRIVATE KEY-----") and s.startswith("-----BEGIN")
                for s in said), [s[:30] for s in said]
+
+
+def test_a_thread_s_scan_keeps_its_memos_while_another_thread_scans(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long prompt is read in the sanitizer's thread while the loop reads short ones:
+    the detectors' memos (a text's escapes decoded, its digit runs) were one for both,
+    and the loop's scan, and its `forget`, dropped the long prompt's mid-scan (each
+    detector after decoded and scanned it again: 64 KB of HTML cost 5 times its CPU
+    time). Each thread keeps its own."""
+    import threading
+
+    from plugins.sanitizer import credentials, detectors
+    calls: list[str] = []
+    decode = credentials._decoded_pieces
+
+    def counted(text: str) -> list[tuple[str, list[int]]] | None:
+        calls.append(text)
+        return decode(text)
+
+    long = scanned(fold("<p>page 12 &amp; more 3.4.5 text</p> " * 500))
+    went, done = threading.Event(), threading.Event()
+
+    def other() -> None:  # (the loop, reading a short prompt between two detectors)
+        went.wait()
+        credentials.escapes_read("a &amp; b")
+        detectors._windows("call 555 0100 now")
+        detectors.forget()
+        done.set()
+
+    monkeypatch.setattr(credentials, "_decoded_pieces", counted)
+    reader = threading.Thread(target=other)
+    reader.start()
+    try:
+        pieces = credentials.escapes_read(long)
+        runs = detectors._scanned(long)
+        went.set()
+        assert done.wait(10)
+        assert credentials.escapes_read(long) is pieces
+        assert detectors._scanned(long) is runs
+        assert calls.count(long) == 1
+    finally:
+        went.set()
+        reader.join()
+        detectors.forget()

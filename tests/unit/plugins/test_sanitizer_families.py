@@ -852,7 +852,7 @@ async def test_no_prompt_stays_in_the_detectors_memo() -> None:
     ctx = convo(secret)
     await plugin(card="flag", phone="flag")(ctx, Spy())
     assert ctx.sensitive
-    memo = detectors._runs_of
+    memo = detectors._memos.runs_of
     assert memo == ("", [], []), "the last scanned text is still held"
 
 
