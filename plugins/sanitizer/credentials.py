@@ -266,21 +266,26 @@ def find_secrets(text: str) -> Iterator[Span]:
 # the key's body) or a "-" or a "_" (a literal's own, "sk-", "ghp_"; prose joins few
 # words with them), and has a key's length and a digit ("\u00f6\u011frenci-i\u015fleri"
 # has neither). Each "-" and "_" is found by `str.find`, `_ACCENT_ANCHORS` at most (a
-# text with more: its literals' words only).
+# text with more, a rule of hyphens or a table's: the words of a key's length holding
+# one, `_LONG_WORD`; that many no longer dropped every word but its literals' from the
+# reading, "-" * 4097 before "\u015bk-proj-...").
 _ACCENT_OF = str.maketrans({
     chr(c): base for c in [*range(0xC0, 0x250), *range(0x1E00, 0x1F00)]
     if (base := unicodedata.normalize("NFD", chr(c))[0]).isascii() and base.isalpha()})
 _KEY_LEAST = 20
 _DIGIT = re.compile("[0-9]")
 _ACCENT_ANCHORS = 4096
+_LONG_WORD = re.compile(r"[^ \n]{20,}")
 
 
 def _accented(text: str, needs_at: list[int]) -> Iterator[Span]:
     """Keys in the words of `text` that may be one with accented letters, those read as
     their base letters (`_ACCENT_OF`)."""
     anchors = [i for c in "-_" for i in _found_all(text, c, _ACCENT_ANCHORS + 1)]
-    if len(anchors) > _ACCENT_ANCHORS:
-        anchors = []  # (a text of that many: its literals' words only)
+    if len(anchors) > _ACCENT_ANCHORS:  # (one for each long word holding one, and
+        anchors = [i for m in _LONG_WORD.finditer(text)  # on through a long one)
+                   if ("-" in m[0] or "_" in m[0]) and not m[0].isascii()
+                   for i in range(m.start(), m.end(), _WORD_CHARS * 4)]
     end = -1
     for i in sorted([*needs_at, *anchors]):
         if i < end:

@@ -597,6 +597,20 @@ def test_a_key_with_accented_latin_letters_is_one(text: str) -> None:
 
 
 @pytest.mark.parametrize("text", [
+    "-" * 4097 + f"\n\u015bk-proj-{BODY}",  # a rule of hyphens before it
+    "| a-b | c_d |\n" * 2100 + f"sk-pr\u00f6j-{BODY}",  # a table's
+    "a-b " * 4100 + "\u01f5hp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+    "x" * 9000 + "-" * 4097 + f"\u015bk-proj-{BODY}",  # at the end of a long word
+])
+def test_a_key_with_accented_letters_after_many_hyphens_is_one(text: str) -> None:
+    """More than 4,096 hyphens and underscores in a text (a rule, a table, a slug list)
+    and only its literals' words were read with accents as base letters: the key after
+    them went on whole. The text's long words holding one are read instead."""
+    key = text.split()[-1][-len(f"sk-proj-{BODY}"):] if "proj" in text else text.split()[-1]
+    assert any(key in s for s in found(text)), found(text)
+
+
+@pytest.mark.parametrize("text", [
     "\u00d6\u011frenci-i\u015fleri 2024 y\u0131l\u0131nda \u00e7al\u0131\u015f\u0131yor; "
     "k\u00fclt\u00fcr_merkezi-3 a\u00e7\u0131k.",
     "Le caf\u00e9-th\u00e9\u00e2tre_2 est \u00e0 c\u00f4t\u00e9 de l'\u00e9cole-12.",
