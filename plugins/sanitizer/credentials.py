@@ -784,11 +784,13 @@ _TITLE_SLUG = re.compile(r"[A-Za-z][a-z]+(?:[_-][A-Za-z][a-z]+)+")
 
 
 # A key named only "key" ("?key=", "?item_key="; not "api_key", "access_key"), and so a
-# bare "token", "secret" or "auth" ("?x&amp;token=page3"), names as often a record, a
-# section or a page as a credential: its value is a credential's only where it is not
-# a name and a number ("section2", "chapter-3", "Page_12", "tenant42", "2024-01-01"):
-# words, each with at most a few digits after it, or numbers.
-_BARE_KEY = re.compile(r"(?i:(?:[a-z0-9]+[_-])?(?:key|token|secret|auth))")
+# bare "token" or "auth" ("?x&amp;token=page3", "?auth=oauth2"), names as often a record,
+# a section, a page or a scheme as a credential: its value is a credential's only where
+# it is not a name and a number ("section2", "chapter-3", "Page_12", "tenant42",
+# "2024-01-01"): words, each with at most a few digits after it, or numbers. (Not a
+# "secret": a webhook's "?secret=Summer2024" names nothing but its secret, and a
+# person's chosen one is a word and a number.)
+_BARE_KEY = re.compile(r"(?i:(?:[a-z0-9]+[_-])?(?:key|token|auth))")
 _CREDENTIAL_KEY = re.compile(r"(?i:(?:api|access|secret|private|client|app|auth|account"
                              r"|license|licence|master|subscription|signing|encryption"
                              r"|refresh|bearer|session|id)[_-]?(?:key|token|secret))")

@@ -374,6 +374,19 @@ def test_a_query_s_key_or_credential_is_still_one(text: str, secret: str) -> Non
     assert any(secret in s for s in found(text)), found(text)
 
 
+@pytest.mark.parametrize(("text", "secret"), [
+    ("https://hooks.example.com/in?secret=Summer2024", "Summer2024"),
+    ("https://hooks.example.com/in?x=1&secret=hunter22", "hunter22"),
+    ("https://hooks.example.com/in?x=1&amp;secret=acme2023", "acme2023"),
+    ("https://hooks.example.com/in?id=7;item_secret=Tigers99", "Tigers99"),
+])
+def test_a_query_s_bare_secret_of_a_word_and_a_number_is_one(text: str, secret: str) -> None:
+    """'?secret=Summer2024' went on whole once a bare "secret" took a name and a number
+    for a page's name as "key" does: a parameter named "secret" (a webhook's) names its
+    secret only, and one a person chose is a word and a number."""
+    assert any(secret in s for s in found(text)), found(text)
+
+
 @pytest.mark.parametrize("text", [
     "https://example.com/list?x&amp;token=page3",  # an HTML-escaped separator
     "https://example.com/list?x&token=page3",
