@@ -91,18 +91,14 @@ def schema_names(schema: Any) -> list[str]:
     return out
 
 
-#: A prompt of this many characters or more (its messages' texts, or its prompts) is
+#: A request whose texts the detectors read hold this many characters or more (its
+#: messages' or prompts', its tool definitions', its response format's schema, the
+#: texts kept or sent beside them: all that `limits.max_total_chars` counts) is
 #: read in the sanitizer's own thread, not on the event loop: the detectors took ~30 ms
 #: over 64 KB of prose, and held every other request's stream that long. Shorter ones,
 #: nearly all, stay on the loop: the hop costs more than they do. (As
 #: `proxy.serving.OFF_LOOP_CHARS` prepares a prompt.)
 OFF_LOOP_CHARS = 16_384
-
-
-def _read_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
-    if isinstance(req, ChatCompletionRequest):
-        return sum(len(m.text()) for m in req.messages)
-    return sum(len(p) for p in req.prompts() if isinstance(p, str))
 
 
 class SanitizerPlugin(BasePlugin[SanitizerConfig]):
@@ -150,10 +146,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         await super().close()
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        self._check_limits(ctx)
+        chars = self._check_limits(ctx)
         fired: dict[str, str] = {}
         req = ctx.request
-        if _read_chars(req) < OFF_LOOP_CHARS:
+        if chars < OFF_LOOP_CHARS:
             key, engine, named, blocked = self._read(ctx, fired)
         else:  # (`fired` is read again here only once the thread is done with it)
             key, engine, named, blocked = await asyncio.get_running_loop().run_in_executor(
@@ -273,7 +269,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     # ------------------------------------------------------------------- limits
 
-    def _check_limits(self, ctx: RequestContext) -> None:
+    def _check_limits(self, ctx: RequestContext) -> int:
+        """Refuse a request past the limits; else the characters the detectors will read
+        (its messages' or prompts', its tools', its schema's, its caller's texts)."""
         lim = self.cfg.limits
         req = ctx.request
         limit = req.output_limit
@@ -319,24 +317,25 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                         "name, tool calls and refusal included.", param=f"messages[{i}]",
                         code="string_above_max_length")
                 total += n
-            self._within_total(ctx, req, *_chat_parts(req, total))
+            return self._within_total(ctx, req, *_chat_parts(req, total))
         else:
             if len(req.prompts()) > lim.max_messages:
                 raise InvalidRequest(f"At most {lim.max_messages} prompts are allowed.",
                                      param="prompt", code="array_above_max_length")
             prompt = sum(len(p) for p in req.prompts() if isinstance(p, str))
-            self._within_total(ctx, req, (
+            return self._within_total(ctx, req, (
                 "the prompt", "prompt", lambda: prompt), (
                 "the fields sent beside it (fields the API does not name, stop sequences)",
                 "prompt", lambda: _forwarded_chars(req)), (
                 "the suffix", "suffix", lambda: len(req.suffix or "")))
 
     def _within_total(self, ctx: RequestContext, req: ChatCompletionRequest | CompletionRequest,
-                      *parts: tuple[str, str, Callable[[], int]]) -> None:
+                      *parts: tuple[str, str, Callable[[], int]]) -> int:
         """`limits.max_total_chars` over a request's texts that the detectors read, each
         of `parts` (what it is, the param it is in, its characters) counted in the order
         they are read, then the caller's texts sent or kept beside them; past it, one 400
-        that names what it counted and the param where it went past."""
+        that names what it counted and the param where it went past. Returns the count
+        (the reading thread's measure)."""
         bound = self.cfg.limits.max_total_chars
         parts_read = list(parts)
         if self._redacts:
@@ -362,6 +361,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 raise InvalidRequest(
                     f"{said[0].upper()}{said[1:]} may hold at most {bound} characters in "
                     "all.", param=param, code="invalid_value")
+        return total
 
     # ---------------------------------------------------------------- texts
 

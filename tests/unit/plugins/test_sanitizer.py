@@ -869,3 +869,35 @@ async def test_a_long_prompt_is_read_off_the_event_loop(monkeypatch: pytest.Monk
         assert ctx.request.messages[0].content == "mail me at [EMAIL]"  # type: ignore[union-attr]
     finally:
         await p.close()
+
+
+async def test_a_short_prompt_with_long_tool_definitions_is_read_off_the_event_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the messages' texts counted toward `OFF_LOOP_CHARS`: "hi" with 200 KB of tool
+    definitions (an agent's, read by the detectors as the prompt is) was read on the
+    event loop (~55 ms of CPU time, every other stream held). Every text the detectors
+    read counts, as `limits.max_total_chars` counts it."""
+    import threading
+
+    from plugins.sanitizer import plugin as module
+    read_in: list[int] = []
+    process = SanitizerPlugin._process
+
+    def recorded(self: SanitizerPlugin, *args: Any, **kw: Any) -> Any:
+        read_in.append(threading.get_ident())
+        return process(self, *args, **kw)
+
+    monkeypatch.setattr(SanitizerPlugin, "_process", recorded)
+    p = plugin(detectors={"email": "redact"})
+    try:
+        about = "look up an order by its id " * (module.OFF_LOOP_CHARS // 20)
+        tools = [{"type": "function", "function": {"name": "find", "description": about,
+                                                   "parameters": {"type": "object"}}}]
+        await p(chat_ctx("hi", tools=tools), Spy())
+        assert read_in and threading.get_ident() not in read_in
+        for kw in ({}, {"tools": [{"type": "function", "function": {"name": "find"}}]}):
+            read_in.clear()  # (short texts, short tools: on the loop)
+            await p(chat_ctx("hi", **kw), Spy())
+            assert set(read_in) == {threading.get_ident()}
+    finally:
+        await p.close()
