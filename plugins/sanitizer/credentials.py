@@ -255,6 +255,10 @@ def find_secrets(text: str) -> Iterator[Span]:
             view = look
         for a, b in _find(view):
             yield at[a], at[b]
+        if not piece.isascii():  # (an accented letter escaped, as JSON's ASCII writes
+            for a, b in _accented(piece, []):  # "\u015bk-proj-...": "-" and "_" only)
+                if at[b] - at[a] != b - a:  # (one with no escape: read as written too)
+                    yield at[a], at[b]
     if not text.isascii():
         yield from _accented(text, hits.needs_at if len(low) == len(text) else [])
 

@@ -610,6 +610,31 @@ def test_a_key_with_accented_latin_letters_is_one(text: str) -> None:
 
 
 @pytest.mark.parametrize("text", [
+    f"\\u015bk-proj-{BODY}",  # JSON written in ASCII
+    '{"gh": "\\u01f5hp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6"}',
+    f"sk-pr&#246;j-{BODY}",  # HTML
+    f"sk-pr%C3%B6j-{BODY}",  # URL-encoded
+    f"\u015bk%2Dproj-{BODY}",  # an accented letter, and an escape beside it
+    f"see &amp; note: sk-pr\\u00f6j-{BODY} here",
+])
+def test_a_key_with_an_escaped_accented_letter_is_one(text: str) -> None:
+    """An accented letter of a key's read as its base letter, but only as written:
+    "\\u015bk-proj-..." (what JSON written in ASCII makes of "\u015bk-proj-..."),
+    "sk-pr&#246;j-..." went on whole. The text's escapes decoded are read so too."""
+    assert any(len(s) > 40 for s in found(text)), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "caf\\u00e9-th\\u00e9\\u00e2tre_2 est \\u00e0 c\\u00f4t\\u00e9 de l'\\u00e9cole-12",
+    "Stra&#223;e M&#252;ller-L&#252;denscheid_7 ist gesperrt, &#214;ffnung 2024-01-02.",
+    "\\u00d6\\u011frenci-i\\u015fleri-m\\u00fcd\\u00fcrl\\u00fc\\u011f\\u00fc-2024 "
+    "a\\u00e7\\u0131k",
+])
+def test_escaped_accented_prose_is_no_key(text: str) -> None:
+    assert not fires(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
     "-" * 4097 + f"\n\u015bk-proj-{BODY}",  # a rule of hyphens before it
     "| a-b | c_d |\n" * 2100 + f"sk-pr\u00f6j-{BODY}",  # a table's
     "a-b " * 4100 + "\u01f5hp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
