@@ -931,3 +931,25 @@ def test_a_thread_s_scan_keeps_its_memos_while_another_thread_scans(
         went.set()
         reader.join()
         detectors.forget()
+
+
+def test_windows_a_private_key_s_body_reaches_over_are_read_once() -> None:
+    """A window holding a private key's first line reaches on over its body, 8 KB; the
+    windows after it that this reaches over were read again each on its own (15 windows
+    a "private key" apiece in 64 KB: 2.4 times the text decoded and read by every
+    detector, twice the CPU time of reading it whole). They are read in it, and one
+    holding a block's first line reaches it on past its own end."""
+    from plugins.sanitizer import credentials
+    seg = 64_000 // 15
+    text = "".join("private key &amp; " + "word " * ((seg - 20) // 5) for _ in range(15))
+    pieces = credentials._decoded_pieces(text)
+    assert pieces is not None
+    assert sum(len(view) for view, _ in pieces) <= len(text)
+    # three keys, each its first line escaped, one after another: each one found
+    body = "\n".join(["MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7" + "x" * 12] * 100)
+    keys = [f"&#45;----BEGIN PRIVATE KEY-----\n{body}{n}\n-----END PRIVATE KEY-----"
+            for n in range(3)]
+    text = "word " * 400 + "\n\n".join(keys) + " word" * 400
+    said = found(text)
+    for n in range(3):
+        assert any(f"{body}{n}" in s for s in said), [s[:40] for s in said]
