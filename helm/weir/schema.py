@@ -52,6 +52,21 @@ def _plugins(defs: dict[str, Any]) -> dict[str, Any]:
                                        "else": {"oneOf": choices}}}
 
 
+#: A Kubernetes quantity (`8Gi`, `500m`, `1.5T`, `24e9`, or a plain number) as the API
+#: server reads one: any other text passed `helm install` and was refused at apply time.
+QUANTITY = {"anyOf": [
+    {"type": "string", "pattern": r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+                                  r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)"
+                                  r"|(\.[0-9]+))))?$"},
+    {"type": "number", "minimum": 0}]}
+
+
+def _resources() -> dict[str, Any]:
+    """A container's `resources`: requests and limits, each a quantity by resource."""
+    amounts = {"type": "object", "additionalProperties": QUANTITY}
+    return _own({"requests": amounts, "limits": amounts, "claims": {"type": "array"}})
+
+
 def _obj(props: dict[str, Any], **kw: Any) -> dict[str, Any]:
     return {"type": "object", "properties": props, **kw}
 
@@ -90,15 +105,16 @@ def schema() -> dict[str, Any]:
             "imagePullSecrets": {"type": "array"},
             "replicaCount": {"type": "integer", "minimum": 0},
             "gpu": _own({"count": {"type": "integer", "minimum": 0}}),
-            "resources": o, "nodeSelector": o, "tolerations": {"type": "array"}, "affinity": o,
-            "shmSize": s,
-            "modelCache": _own({"type": {"enum": ["emptyDir", "pvc"]}, "size": s,
+            "resources": _resources(), "nodeSelector": o, "tolerations": {"type": "array"},
+            "affinity": o,
+            "shmSize": QUANTITY,
+            "modelCache": _own({"type": {"enum": ["emptyDir", "pvc"]}, "size": QUANTITY,
                                 "storageClass": s, "existingClaim": s, "mountPath": s}),
             "huggingface": _own({"tokenSecret": s, "tokenKey": s}),
             "apiKeys": _own({"existingSecret": s, "reloader": b,
                              "values": {"type": "object", "additionalProperties": s}}),
             "redis": _own({"bundled": b, "url": s, "image": s, "maxmemory": s,
-                            "resources": o}),
+                            "resources": _resources()}),
             "service": _own({"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                              "port": {"type": "integer", "minimum": 1, "maximum": 65535},
                              "annotations": o}),
@@ -109,7 +125,10 @@ def schema() -> dict[str, Any]:
             "serviceAccount": _own({"create": b, "name": s, "annotations": o}),
             "autoscaling": _own({"enabled": b, "minReplicas": count, "maxReplicas": count,
                                  "targetCPUUtilizationPercentage": count}),
-            "podDisruptionBudget": _own({"enabled": b, "minAvailable": {}}),
+            # (pods, or a percentage of them, as Kubernetes takes it)
+            "podDisruptionBudget": _own({"enabled": b, "minAvailable": {"anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": "^[0-9]+%$"}]}}),
             "serviceMonitor": _own({"enabled": b, "interval": s, "labels": o,
                                     "keySecret": _own({"name": s, "key": s})}),
             "networkPolicy": _own({"enabled": b, "ingressFrom": {"type": "array"}}),

@@ -476,3 +476,44 @@ def test_the_values_schema_refuses_a_fallback_weir_refuses() -> None:
         {"kind": "stale"}, {"kind": "upstream", "base_url": url, "breaker": {"open_s": 5}},
         {"kind": "upstream", "base_url": url}, {"kind": "static", "content": "Busy."},
         {"kind": "error"})))
+
+
+@pytest.mark.parametrize(("bad", "where"), [
+    ({"shmSize": "lots"}, "shmSize"),
+    ({"modelCache": {"type": "pvc", "size": "huge"}}, "size"),
+    ({"resources": {"requests": {"cpu": "four"}}}, "cpu"),
+    ({"resources": {"limits": {"memory": "48 GB"}}}, "memory"),
+    ({"resources": {"limit": {"memory": "48Gi"}}}, "limit"),
+    ({"redis": {"resources": {"limits": {"memory": "1gig"}}}}, "memory"),
+    ({"podDisruptionBudget": {"enabled": True, "minAvailable": "most"}}, "minAvailable"),
+    ({"podDisruptionBudget": {"enabled": True, "minAvailable": -1}}, "minAvailable"),
+])
+def test_quantities_kubernetes_refuses_are_refused_at_install(
+        bad: dict[str, Any], where: str) -> None:
+    """Sizes, resources and a disruption budget's minAvailable were any text or value:
+    `helm install` passed them and Kubernetes refused the Deployment (or PDB) at apply
+    time, half the release made. They are checked as Kubernetes reads them."""
+    with pytest.raises(helm_python.HelmError) as e:
+        render(bad)
+    assert where in str(e.value)
+
+
+def test_quantities_kubernetes_takes_are_taken() -> None:
+    docs = render({"shmSize": "512Mi", "modelCache": {"type": "pvc", "size": "1.5T"},
+                   "resources": {"requests": {"cpu": 4, "memory": "24e9",
+                                              "ephemeral-storage": "10G"},
+                                 "limits": {"cpu": "500m", "memory": 1073741824}},
+                   "podDisruptionBudget": {"enabled": True, "minAvailable": "50%"}})
+    for doc in docs:
+        if doc["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(doc, K8S, strict=True)
+    assert by_kind(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == "50%"
+
+
+def test_an_autoscaler_whose_minimum_passes_its_maximum_fails_the_render() -> None:
+    """Kubernetes refuses such an HPA at apply time (after the Deployment was made)."""
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}})
+    assert "autoscaling.minReplicas" in str(e.value)
+    assert by_kind(render({"autoscaling": {"enabled": True, "minReplicas": 3,
+                                           "maxReplicas": 3}}), "HorizontalPodAutoscaler")
