@@ -399,6 +399,12 @@ async def _server_span(request: web.Request, handler: Handler,
             code = request.get(ERROR_CODE) if status >= 400 else None
             if code is not None:  # (why: a shed's `overloaded`, a deadline's `timeout`)
                 s.set_attribute("error.type", code)
+            # As every plugin span tells it (`tracing.ended_by`): a refusal of the
+            # client's request by name, a client gone as cancelled, neither an error.
+            if status == 499:
+                s.set_attribute("weir.cancelled", True)
+            elif 400 <= status < 500:
+                s.set_attribute("weir.refused", code or str(status))
             if status >= 500:
                 s.set_status(Status(StatusCode.ERROR, code))
 

@@ -630,6 +630,40 @@ async def test_a_refusal_is_no_error_in_the_plugin_spans_either(
         assert got[name].attributes["weir.cancelled"] is True, name
 
 
+async def test_the_server_span_names_a_refusal_and_a_client_gone_too(
+        make_client: MakeClient, fake_engine: Any, spans: InMemorySpanExporter) -> None:
+    """The README's rule for every span (a refusal of the client's request named in
+    `weir.refused`, a client gone in `weir.cancelled`) held for the plugin spans only:
+    the server span of a 429 or a 499 carried neither, so a trace backend filtering
+    on them missed every request refused or abandoned at the door."""
+    client = await make_client(settings(rpm=1))
+    h = {"Authorization": f"Bearer {KEY}"}
+    assert (await client.post("/v1/chat/completions", json=body(), headers=h)).status == 200
+    spans.clear()
+    assert (await client.post("/v1/chat/completions", json=body(), headers=h)).status == 429
+    server = next(s for s in spans.get_finished_spans() if s.name.startswith("HTTP POST"))
+    assert server.attributes["weir.refused"] == "rate_limit_exceeded"
+    assert "weir.cancelled" not in server.attributes
+    spans.clear()
+    fake_engine.token_gate = asyncio.Event()  # (the engine makes no token until set)
+    client = await make_client(settings())
+    call = asyncio.ensure_future(client.post("/v1/chat/completions", json=body(), headers=h))
+    await eventually(lambda: fake_engine.active)
+    call.cancel()
+    await eventually(lambda: any(s.name.startswith("HTTP") for s in spans.get_finished_spans()))
+    server = next(s for s in spans.get_finished_spans() if s.name.startswith("HTTP POST"))
+    assert server.attributes["http.response.status_code"] == 499
+    assert server.attributes["weir.cancelled"] is True
+    assert "weir.refused" not in server.attributes
+    # a success names neither
+    spans.clear()
+    fake_engine.token_gate = None
+    assert (await client.post("/v1/chat/completions", json=body(), headers=h)).status == 200
+    server = next(s for s in spans.get_finished_spans() if s.name.startswith("HTTP POST"))
+    assert "weir.refused" not in server.attributes
+    assert "weir.cancelled" not in server.attributes
+
+
 async def test_an_engine_s_refusal_is_no_error_in_its_span(
         make_client: MakeClient, fake_engine: Any, spans: InMemorySpanExporter) -> None:
     """The engine's refusal (a schema its grammar compiler cannot take) is the client's
