@@ -16,7 +16,8 @@ own cancellation can be lost the same way.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterator
+import contextvars
+from collections.abc import Awaitable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -65,6 +66,14 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
 
 #: Tasks left to finish on their own (the event loop keeps only weak references).
 _DETACHED: set[asyncio.Future[Any]] = set()
+
+
+def background(work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task of the process's own (a probe, a renewal, a reaper), started by whichever
+    request came upon the need: run in an empty context, not that request's, so its log
+    lines carry no request's id and its spans join no request's trace (the request may
+    have ended long before)."""
+    return asyncio.get_running_loop().create_task(work, context=contextvars.Context())
 
 
 def detach(work: Awaitable[T]) -> asyncio.Future[T]:

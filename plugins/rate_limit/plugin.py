@@ -61,7 +61,7 @@ from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
 from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
-from proxy.tasks import cancel_and_wait, detach
+from proxy.tasks import background, cancel_and_wait, detach
 from proxy.telemetry import OutageLog, error_fields, get_logger
 from proxy.tools import tool_chars
 
@@ -252,7 +252,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             # written back at once, as after a full Redis (the next renewal round was up
             # to `lease_s / 3` away, Redis deciding without them meanwhile).
             if self._restore and (self._restorer is None or self._restorer.done()):
-                self._restorer = asyncio.create_task(self._renew_logged())
+                self._restorer = background(self._renew_logged())
 
     async def _admit(self, buckets: list[Bucket], conc: list[tuple[str, int]],
                      lease: str) -> tuple[Decision, Store]:
@@ -341,7 +341,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         backoff until Redis answers; the renewal loop retries too)."""
         self._orphans[lease] = (keys, time.monotonic() + self.cfg.lease_s)
         if self._reaper is None or self._reaper.done():
-            self._reaper = asyncio.create_task(self._reap())
+            self._reaper = background(self._reap())
 
     async def _reap(self) -> None:
         delay = 0.05
@@ -395,7 +395,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         a Redis full meanwhile stayed unused that long once it took writes again: with
         `fail_closed` every request was a 503 whose Retry-After said 1 s."""
         if self.remote is not None and (self._prober is None or self._prober.done()):
-            self._prober = asyncio.create_task(self._probe_until_back())
+            self._prober = background(self._probe_until_back())
 
     async def _probe_until_back(self) -> None:
         every = min(self.PROBE_S, self.cfg.lease_s / 3)

@@ -1445,3 +1445,44 @@ async def test_a_replica_stays_ready_while_a_fail_closed_limiter_cannot_reach_re
         assert (await client.post("/v1/chat/completions", json=body)).status == 200
     finally:
         again.stop()
+
+
+async def test_the_probe_s_back_line_names_no_request(
+        redis_server: RedisServer, logs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The task that probes a Redis gone down was started by the request that found it
+    down, and ran in that request's context: its `rate-limit store is back`, logged
+    seconds later with no request in sight, carried that request's id (and its Redis
+    spans joined that request's trace), pointing whoever followed the id at a request
+    that had long ended. Background work runs in a context of its own."""
+    import structlog
+
+    from plugins.rate_limit.gcra import StoreError
+
+    monkeypatch.setattr(RateLimitPlugin, "PROBE_S", 0.02)
+    p = plugin(redis_server.url, rules=[{"per": "key", "rpm": 1000}],
+               on_store_error="fail_open")
+    assert p.remote is not None
+    real = p.remote.admit
+
+    async def down_once(*args: Any) -> Any:
+        p.remote.admit = real  # type: ignore[union-attr,method-assign]
+        raise StoreError("ConnectionError")
+
+    p.remote.admit = down_once  # type: ignore[method-assign]
+    tokens = structlog.contextvars.bind_contextvars(request_id="req-found-it-down")
+    try:
+        await p(ctx(), answer)
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)
+
+    def lines() -> list[dict[str, Any]]:
+        return [json.loads(x) for x in logs.getvalue().splitlines()
+                if "rate-limit store" in x]
+
+    await eventually(lambda: len(lines()) == 2)
+    down, back = lines()
+    await p.close()
+    assert (down["event"], down.get("request_id")) == ("rate-limit store unavailable",
+                                                      "req-found-it-down")
+    assert back["event"] == "rate-limit store is back"
+    assert "request_id" not in back
