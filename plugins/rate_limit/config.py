@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -9,6 +10,9 @@ from pydantic import Field, model_validator
 from proxy.chain import PluginConfig
 from proxy.config_model import ConfigModel
 from proxy.redis_client import RedisUrl
+
+#: A key as a per-key rule's overrides name it (`Principal.key_id`).
+_FINGERPRINT = re.compile(r"[0-9a-f]{12}")
 
 Per = Literal["key", "user", "tenant", "role", "model", "global"]
 
@@ -23,7 +27,8 @@ class Rule(Limits):
     per: Per = Field("key", description="What the limit is counted per.")
     overrides: dict[str, Limits] = Field(
         default_factory=dict,
-        description="Limits for particular values: a tenant (`acme`), a model, a key's id; "
+        description="Limits for particular values: a tenant (`acme`), a model, a key's "
+                    "fingerprint (the first 12 hex digits of its SHA-256); "
                     "users and roles within their tenant (`acme/alice`, `acme/analyst`). "
                     "Each names only what changes: the rule's other limits still hold "
                     "(`null` lifts one).")
@@ -55,6 +60,16 @@ class Rule(Limits):
                 raise ValueError(f"overrides of a per-{self.per} rule are keyed "
                                  f"`tenant/{self.per}` (e.g. `acme/{bad[0].strip('/')}`), "
                                  f"not `{bad[0]}`")
+        if self.per == "key":
+            # (a key is known by its fingerprint only: `anonymous` is every caller's
+            # where auth is open)
+            bad = [k for k in self.overrides
+                   if k != "anonymous" and not _FINGERPRINT.fullmatch(k)]
+            if bad:
+                raise ValueError(f"overrides of a per-key rule are keyed by the key's "
+                                 f"fingerprint, the first 12 hex digits (lowercase) of its SHA-256 "
+                                 f"(`printf %s KEY | sha256sum | cut -c1-12`), not "
+                                 f"`{bad[0]}`")
         if self.per == "global" and self.overrides:
             raise ValueError("a global rule has one value: give its limits, not overrides")
         empty = [k for k, o in self.overrides.items() if not o.model_fields_set]

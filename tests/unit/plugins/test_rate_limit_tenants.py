@@ -107,3 +107,37 @@ async def test_a_name_holding_a_slash_reaches_no_other_override(per: str) -> Non
     assert await limit(who("a", "x"), user="b") == "100"
     assert await limit(who("a", "b")) == "1"
     await p.close()
+
+
+@pytest.mark.parametrize("name", ["sk-the-key-itself", "alice", "acme/alice", "ABCDEF012345",
+                                  "abcdef01234"])
+def test_a_per_key_override_naming_no_key_fingerprint_is_refused(name: str) -> None:
+    """A per-key rule's overrides are matched against the key's fingerprint (the first 12
+    hex digits of its SHA-256), which nothing said: an override keyed by the key itself,
+    its user or anything else was accepted and never applied, the key keeping the rule's
+    limit without a word. It is refused at load, naming what to write."""
+    with pytest.raises(ValueError, match="fingerprint"):
+        RateLimitConfig.model_validate(
+            {"rules": [{"per": "key", "rpm": 100, "overrides": {name: {"rpm": 1}}}]})
+
+
+async def test_a_per_key_override_by_fingerprint_applies() -> None:
+    from proxy.auth import Authenticator
+    from proxy.settings import AuthSettings, sha256_hex
+
+    auth = Authenticator(AuthSettings.model_validate(
+        {"mode": "keys", "keys": [{"key": "sk-limited-key", "tenant": "t"},
+                                  {"key": "sk-other-key", "tenant": "t"}]}))
+    limited = auth.authenticate({"Authorization": "Bearer sk-limited-key"})
+    other = auth.authenticate({"Authorization": "Bearer sk-other-key"})
+    fingerprint = sha256_hex("sk-limited-key")[:12]
+    for allowed in (fingerprint, "anonymous"):  # (`anonymous`: every caller, auth open)
+        RateLimitConfig.model_validate(
+            {"rules": [{"per": "key", "rpm": 1, "overrides": {allowed: {"rpm": 2}}}]})
+    p = plugin([{"per": "key", "rpm": 100, "overrides": {fingerprint: {"rpm": 1}}}])
+    await p(ctx(limited), answer)
+    with pytest.raises(RateLimited):
+        await p(ctx(limited), answer)
+    await p(ctx(other), answer)
+    await p(ctx(other), answer)
+    await p.close()
