@@ -37,7 +37,7 @@ import orjson
 from proxy.auth import account
 from proxy.embedding import Embedder
 from proxy.tally import Tally
-from proxy.tasks import cancel_and_wait
+from proxy.tasks import background, cancel_and_wait
 from proxy.telemetry import get_logger, labelled
 
 from .config import CacheConfig
@@ -437,7 +437,7 @@ class CacheStore:
 
     def _start_embedder(self) -> None:
         if self._embedder_task is None or self._embedder_task.done():
-            self._embedder_task = asyncio.create_task(self._embed_when_idle())
+            self._embedder_task = background(self._embed_when_idle())
 
     # -------------------------------------------------------------------- storing
 

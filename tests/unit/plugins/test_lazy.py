@@ -346,3 +346,34 @@ async def test_a_miss_works_out_its_guard_features_once(monkeypatch: Any) -> Non
     assert calls == [q]
     assert p.store.index.partitions[next(iter(p.store.index.partitions))].gates[gate(q)] == 1
     await p.close()
+
+
+async def test_the_idle_embedder_runs_in_no_request_s_context() -> None:
+    """The task that embeds pending questions while the gateway is idle lives on, but was
+    started by the request whose answer first waited for a vector and ran in its
+    context: its log lines carried that request's id and its Redis writes joined that
+    request's trace, long after it ended. It runs in a context of its own."""
+    import structlog
+
+    seen: list[dict[str, Any]] = []
+
+    class Watching(Recording):
+        async def embed(self, texts: list[str]) -> tuple[Any, list[int]]:
+            seen.append(structlog.contextvars.get_contextvars())
+            return await super().embed(texts)
+
+    emb = Watching()
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics(),
+                        embedder=emb)  # type: ignore[arg-type]
+    p = CachePlugin(CacheConfig.model_validate({"semantic": {"threshold": 0.8}}), services)
+    busy = await Busy(p).start()
+    tokens = structlog.contextvars.bind_contextvars(request_id="req-first-pending")
+    try:
+        await p(ctx("What is the refund policy for order 5521?"), Engine())
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)
+    assert await pending_is(p, 1)
+    await busy.release()
+    assert await loop_turns(lambda: len(p.store.index) == 1)
+    assert seen and all("request_id" not in s for s in seen), seen
+    await p.close()
