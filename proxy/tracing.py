@@ -94,7 +94,12 @@ def _otlp(settings: TracingSettings) -> Any:
     if settings.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(endpoint=settings.endpoint)
+        # Plaintext unless the endpoint says `https://`: the SDK opened TLS to an
+        # endpoint with no scheme (`otel-collector:4317`, as documented), which a
+        # collector's plaintext OTLP port refuses, and no span was ever exported.
+        endpoint = settings.endpoint or ""
+        return OTLPSpanExporter(endpoint=settings.endpoint,
+                                insecure=not endpoint.lower().startswith("https://"))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
     )

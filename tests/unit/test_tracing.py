@@ -81,3 +81,49 @@ def test_the_shutdown_waits_for_a_stuck_collector_no_longer_than_its_bound(
         stuck.release.set()
     for processor in (mine, provider):
         assert tracing._shut_down(processor, 30) is True  # (not stuck: it finishes)
+
+
+@pytest.mark.parametrize("scheme", ["", "http://"])
+def test_a_grpc_endpoint_without_https_reaches_a_plaintext_collector(scheme: str) -> None:
+    """The documented gRPC endpoint (`otel-collector:4317`, no scheme) had the exporter
+    open TLS to it: a collector's ordinary plaintext OTLP port refused every handshake,
+    and no span was ever exported (only a warning that said so, retried for good). A
+    gRPC endpoint is plaintext unless it says `https://`."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as pb_grpc
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    got: list[str] = []
+
+    class Collector(pb_grpc.TraceServiceServicer):  # type: ignore[misc]
+        def Export(self, request: Any, context: Any) -> Any:  # (gRPC names it)
+            got.extend(s.name for rs in request.resource_spans for ss in rs.scope_spans
+                       for s in ss.spans)
+            return pb.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    pb_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        exporter = tracing._otlp(TracingSettings(exporter="otlp", protocol="grpc",
+                                                 endpoint=f"{scheme}127.0.0.1:{port}"))
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        with provider.get_tracer("t").start_as_current_span("exported"):
+            pass
+        provider.shutdown()
+    finally:
+        server.stop(0)
+    assert got == ["exported"]
+
+
+def test_an_https_grpc_endpoint_keeps_tls() -> None:
+    exporter = tracing._otlp(TracingSettings(exporter="otlp", protocol="grpc",
+                                             endpoint="https://collector.example:4317"))
+    assert exporter._insecure is False  # (the SDK's own record of it)
+    exporter.shutdown()
