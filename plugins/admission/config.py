@@ -8,6 +8,8 @@ from pydantic import Field, field_validator
 
 from proxy.chain import PluginConfig
 
+from .queue import DEFAULT_PRIORITY_PASSES
+
 
 class AdmissionConfig(PluginConfig):
     max_concurrent: int = Field(
@@ -20,6 +22,11 @@ class AdmissionConfig(PluginConfig):
         description="Role -> priority; lower goes first among its tenant's requests "
         "(tenants take turns first; at one turn, lower goes first).")
     default_priority: int = Field(10, description="Priority of roles not listed.")
+    priority_passes: int | None = Field(
+        DEFAULT_PRIORITY_PASSES, ge=1, description="Weighted priority within a tenant: "
+        "a request is passed by at most this many of its tenant's later requests per "
+        "point of priority between them (admin 0 and user 10: by 10 x this), so the "
+        "tenant's admin traffic cannot starve its own users; null: strict priority.")
     deadline_s: float | None = Field(
         300, gt=0, description="Default per-request deadline (None: none).")
     deadline_header: str = Field(

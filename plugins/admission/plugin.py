@@ -49,8 +49,10 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
     def __init__(self, config: AdmissionConfig, services: Services) -> None:
         super().__init__(config, services)
         self.cfg = config
-        self.gate = PriorityGate(config.max_concurrent, config.max_queue)
-        self.embed_gate = PriorityGate(config.max_concurrent, config.max_queue)
+        self.gate = PriorityGate(config.max_concurrent, config.max_queue,
+                                 config.priority_passes)
+        self.embed_gate = PriorityGate(config.max_concurrent, config.max_queue,
+                                       config.priority_passes)
         reg = services.metrics.registry
         self.depth = Gauge("weir_admission_queue_depth", "Requests waiting.", registry=reg)
         self.in_engine = Gauge("weir_admission_in_engine",

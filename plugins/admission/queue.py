@@ -9,15 +9,20 @@ A waiter that gives up (timeout, cancellation) leaves the list, and a permit han
 it in the same instant is passed on, so permits are never lost.
 
 Order: owners (tenants) take turns first, priority orders each owner's own waiters.
-Each owner's waiters, sorted by (priority, arrival), take its turns one after another
+Each owner's waiters, in its own order, take its turns one after another
 (each a turn of as many permits as it holds), the first from the owner's next turn,
 never before the turn being served; the list is sorted by (turn, priority, arrival), so
 at one turn a better priority goes first. A tenant whose keys have a better role's
 priority goes ahead of its own requests, not of every other tenant's: a tenant queueing
 a hundred admin requests waits behind its own, and another tenant's one request goes
 next. Turns given up (waiters that left or were shed) are given back. When the list is
-full it is the flooding tenant's last waiter that is shed, not the newcomer. With one
-owner the order is (priority, arrival), as before.
+full it is the flooding tenant's last waiter that is shed, not the newcomer.
+
+An owner's own order is weighted, not strict: each waiter is ranked by its arrival among
+the owner's waiters plus `priority_passes` places per point of its priority, so a waiter
+is passed by at most (its priority - theirs) x `priority_passes` of the owner's later,
+better waiters (a tenant's admin key sending steadily kept that tenant's users waiting
+until their wait ran out). `priority_passes=None`: (priority, arrival), strictly.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ import bisect
 import itertools
 from dataclasses import dataclass, field
 
+#: `priority_passes` by default: a user (10) is passed by at most 50 of its tenant's
+#: admin (0) requests that came after it.
+DEFAULT_PRIORITY_PASSES = 5
 
 class Shed(Exception):
     """No permit: the queue is full, or this waiter was displaced from it (`queued`)."""
@@ -44,15 +52,19 @@ class _Waiter:
     future: asyncio.Future[None] = field(compare=False)
     weight: int = field(default=1, compare=False)
     owner: str = field(default="", compare=False)
+    #: its rank among its owner's waiters (see the module's docstring)
+    rank: int = field(default=0, compare=False)
 
-    def own_order(self) -> tuple[int, int]:
-        return self.priority, self.seq
+    def own_order(self) -> tuple[int, int, int]:
+        return self.rank, self.priority, self.seq
 
 
 class PriorityGate:
-    def __init__(self, max_concurrent: int, max_queue: int) -> None:
+    def __init__(self, max_concurrent: int, max_queue: int,
+                 priority_passes: int | None = DEFAULT_PRIORITY_PASSES) -> None:
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
+        self.priority_passes = priority_passes
         self.in_use = 0
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
@@ -64,6 +76,8 @@ class PriorityGate:
         self._owned: dict[str, list[_Waiter]] = {}
         #: `_next`'s size past which it is next cleared of owners served up
         self._forget_at = 64
+        #: per owner with waiters, how many have arrived since it had none
+        self._arrived: dict[str, int] = {}
 
     @property
     def waiting(self) -> int:
@@ -91,8 +105,13 @@ class PriorityGate:
                 self._drop(gone)
         if owner not in self._owned:  # its first waiter: from the turn being served
             self._next[owner] = max(self._turn, self._next.get(owner, 0))
+            self._arrived[owner] = 0
+        arrival = self._arrived[owner]
+        self._arrived[owner] = arrival + 1
+        rank = (priority if self.priority_passes is None
+                else arrival + priority * self.priority_passes)
         w = _Waiter(0, priority, next(self._seq),
-                    asyncio.get_running_loop().create_future(), weight, owner)
+                    asyncio.get_running_loop().create_future(), weight, owner, rank)
         self._add(w)
         if len(self._waiters) > self.max_queue:
             worst = self._waiters[-1]  # (the last of its owner's: its turn is its latest)
@@ -139,6 +158,7 @@ class PriorityGate:
         own.remove(w)
         if not own:
             del self._owned[w.owner]
+            del self._arrived[w.owner]
         elif not last and not granted:
             self._number(w.owner)
 

@@ -253,3 +253,47 @@ async def test_many_tenants_priorities_and_weights_giving_up_leave_no_leak() -> 
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert gate.in_use == 0 and gate.waiting == 0 and not gate._owned
+
+
+async def _users_place_behind_a_flood_of_its_tenants_admins(gate: PriorityGate,
+                                                             admins: int) -> int:
+    """Where a tenant's user request, queued first, is granted among `admins` requests
+    of its tenant's admin key queued after it (priorities 10 and 0)."""
+    await gate.acquire(10, None, owner="a")
+    order: list[str] = []
+
+    async def wait(name: str, prio: int) -> None:
+        await gate.acquire(prio, None, owner="a")
+        order.append(name)
+        gate.release()
+
+    tasks = []
+    for args in [("user", 10), *((f"admin{i}", 0) for i in range(admins))]:
+        tasks.append(asyncio.create_task(wait(*args)))
+        await eventually(lambda: gate.waiting == len(tasks))
+    gate.release()
+    await asyncio.gather(*tasks)
+    assert gate.in_use == 0 and gate.waiting == 0
+    return order.index("user")
+
+
+async def test_a_tenants_admin_flood_does_not_starve_its_own_users() -> None:
+    """Priority within a tenant is weighted, not strict: a user request is passed by at
+    most `priority_passes` of its tenant's later better requests per point of priority
+    between them (an admin key's steady traffic kept its own tenant's users waiting
+    until their wait ran out)."""
+    assert await _users_place_behind_a_flood_of_its_tenants_admins(
+        PriorityGate(1, 200, priority_passes=1), 30) == 10
+    default = AdmissionConfig().priority_passes
+    assert default is not None
+    assert await _users_place_behind_a_flood_of_its_tenants_admins(
+        PriorityGate(1, 200), 20 * default) == 10 * default
+    # null: strict priority, as before (the user goes last)
+    assert await _users_place_behind_a_flood_of_its_tenants_admins(
+        PriorityGate(1, 200, priority_passes=None), 30) == 30
+
+
+async def test_the_plugin_takes_priority_passes_from_its_config() -> None:
+    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
+    plugin = AdmissionPlugin(AdmissionConfig(priority_passes=2), services)
+    assert plugin.gate.priority_passes == 2 and plugin.embed_gate.priority_passes == 2
