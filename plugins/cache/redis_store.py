@@ -14,10 +14,11 @@ A stored answer is one round trip: `persist` runs one Lua script that writes the
 entry, the semantic entry (and announces it), and counts both against the user's cap and
 the bytes written against the tenant's bound (deleting and announcing what either
 evicts, the tenant's oldest first: one tenant's flood never fills Redis for the others).
-A tenant's count may hold entries already gone (expired, evicted by the semantic index; a
-purge takes what it deletes off): they are the oldest, and go first; what it holds never
-exceeds the bound. A popped entry another tenant has stored again since, under a key they
-share (scope `global`), is that tenant's now: it stays.
+Ages (the sets' scores) are Redis's clock, not each replica's. A tenant's count may hold
+entries already gone (expired, evicted by the semantic index; a purge takes what it
+deletes off): they are the oldest, and go first; what it holds never exceeds the bound.
+A popped entry another tenant has stored again since, under a key they share (scope
+`global`), is that tenant's now: it stays.
 
 Every read runs under `timeout_s`, every write (off the request's path) under
 `write_timeout_s`: a slow Redis counts as a down Redis. Failures
@@ -82,13 +83,18 @@ EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 # KEYS: exact entry, semantic hash, the owner's sorted set, the tenant's sorted set and
 # the tenant's sizes (a hash: member -> bytes, and '#' -> their total).
 # ARGV: exact JSON ("": none), its PX; semantic field ("": none), its value, the hash's
-# PX, the events channel, the add event; the cap, the sets' PX, the time; the key
+# PX, the events channel, the add event; the cap, the sets' PX, the replica's time
+# (unused: ages are Redis's `TIME`, one clock for every replica); the key
 # prefix, this replica; the tenant's bound in bytes (0: none), the exact and semantic
 # members, the tenant (account); the members. The members popped past the caps are
 # deleted here too (their keys cannot be named in KEYS before the pop: a standalone
 # Redis, as the rest of the cache assumes) and announced in one drop event.
 _PERSIST = OWN_LUA + """
-local now, prefix, tcap = tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[13])
+-- (entries' ages on Redis's clock: a replica whose clock ran ahead stored entries that
+-- looked newer than every other replica's, and the caps evicted those first)
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
+local prefix, tcap = ARGV[11], tonumber(ARGV[13])
 local evicted = {}
 local function drop(m)
   evicted[#evicted + 1] = m

@@ -4,7 +4,9 @@ so one tenant's flood cannot fill Redis and evict the other tenants' entries."""
 
 from __future__ import annotations
 
+import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -184,3 +186,28 @@ async def test_a_tenants_bound_never_evicts_a_key_another_tenant_stored_since(
         assert await held_bytes(s, "acme") <= (bound or 4 * len(e.to_json()))
     finally:
         await s.close()
+
+
+async def test_entry_ages_are_redis_time_not_each_replicas_clock(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica whose clock ran an hour ahead stored answers that looked an hour newer
+    than every other replica's: a user's cap and a tenant's bound evicted the others'
+    newer entries first. Ages are the time Redis stores them at."""
+    import plugins.cache.redis_store as redis_store
+
+    s = store(redis_server.url, None)
+    try:
+        clock = [3600.0]
+        monkeypatch.setattr(redis_store, "time", SimpleNamespace(
+            time=lambda: time.time() + clock[0], monotonic=time.monotonic))
+        first = entry("a0", "acme", "answer")
+        assert await s.persist(first, True, 60, None, first, 60, ["x:a0"], 2, 60) == []
+        clock[0] = 0.0  # the next replica's clock is right
+        for i in (1, 2):
+            e = entry(f"a{i}", "acme", "answer")
+            evicted = await s.persist(e, True, 60, None, e, 60, [f"x:a{i}"], 2, 60)
+        assert evicted == ["x:a0"]  # the first stored goes first
+        assert await exact_keys(s) == {"a1", "a2"}
+    finally:
+        await s.close()
+
