@@ -14,9 +14,9 @@ A stored answer is one round trip: `persist` runs one Lua script that writes the
 entry, the semantic entry (and announces it), and counts both against the user's cap and
 the bytes written against the tenant's bound (deleting and announcing what either
 evicts, the tenant's oldest first: one tenant's flood never fills Redis for the others).
-Ages (the sets' scores) are Redis's clock, not each replica's. A tenant's count may hold
-entries already gone (expired, evicted by the semantic index; a purge takes what it
-deletes off): they are the oldest, and go first; what it holds never exceeds the bound.
+Ages (the sets' scores) are Redis's clock, not each replica's. A tenant's count drops
+its oldest entries that are gone on their own (expired) at each write, a few at a time (a
+purge takes what it deletes off); what it holds never exceeds the bound.
 A popped entry another tenant has stored again since, under a key they share (scope
 `global`), is that tenant's now: it stays.
 
@@ -134,6 +134,14 @@ local function untally(m)
   end
   redis.call('ZREM', KEYS[4], m)
 end
+-- Whether the entry under member `m` is still held (not expired, not deleted).
+local function held(m)
+  local kind, rest = string.sub(m, 1, 2), string.sub(m, 3)
+  if kind == 'x:' then return redis.call('EXISTS', prefix .. 'x:' .. rest) == 1 end
+  local part, id = string.match(rest, '^(.*):([^:]*)$')
+  return kind == 's:' and part ~= nil
+    and redis.pcall('HEXISTS', prefix .. 's:' .. part, id) == 1
+end
 local function tally(m, size)
   own(KEYS[4], 'zset')
   own(KEYS[5], 'hash')
@@ -185,6 +193,13 @@ if #ARGV >= 17 then
   end
 end
 if tcap > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+  -- Its oldest few that are gone on their own (expired: an L2 TTL shorter than the
+  -- semantic layer's) leave the count first (they held it until popped, and their live
+  -- semantic twins, as old, were evicted for bytes no longer held). A few a write: the
+  -- gone are the oldest, and every write looks again.
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, 7)) do
+    if not held(m) then untally(m) end
+  end
   -- The tenant's oldest entries go while its entries take more than its bound (one
   -- tenant filling Redis evicted every other tenant's entries at its maxmemory).
   local total = tonumber(redis.call('HGET', KEYS[5], '#')) or 0

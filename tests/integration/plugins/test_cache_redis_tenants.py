@@ -188,6 +188,35 @@ async def test_a_tenants_bound_never_evicts_a_key_another_tenant_stored_since(
         await s.close()
 
 
+async def test_entries_gone_on_their_own_leave_their_tenants_count(
+        redis_server: RedisServer) -> None:
+    """An exact entry that expired (L2's TTL shorter than the semantic layer's) stayed in
+    its tenant's count until popped: its live semantic twins, as old, were evicted to make
+    room for bytes no longer held. The count drops what is gone as it goes."""
+    vec = np.ones(4, dtype=np.float32) / 2
+    text = "answer " * 100
+    e = entry("a0", "acme", text)
+    sizing = store(redis_server.url, None)
+    size = len(e.to_json(with_prompt=False)) + len(sizing._pack(vec, e.to_json(), "q"))
+    await sizing.close()
+    s = store(redis_server.url, size * 7 // 2)  # room for three and a half pairs
+    try:
+        for i in range(3):
+            e = entry(f"a{i}", "acme", text)
+            assert await s.persist(e, True, 60, ("p", vec, "q"), e, 60,
+                                   [f"x:a{i}", f"s:p:a{i}"], 1000, 60) == []
+        for i in range(3):
+            await s.client.delete(s.p + f"x:a{i}")  # L2's TTL ran out
+        e = entry("a3", "acme", text)  # live: three semantic entries and this pair
+        assert await s.persist(e, True, 60, ("p", vec, "q"), e, 60,
+                               ["x:a3", "s:p:a3"], 1000, 60) == []
+        assert len(await s.client.hkeys(s.p + "s:p")) == 4
+        assert await held_bytes(s, "acme") == int(
+            (await s.client.hget(s.tenant_keys("acme")[1], "#")) or 0)
+    finally:
+        await s.close()
+
+
 async def test_entry_ages_are_redis_time_not_each_replicas_clock(
         redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """A replica whose clock ran an hour ahead stored answers that looked an hour newer
