@@ -124,8 +124,11 @@ _CODE_SYMBOLS = re.compile(
     # "sin(x) - cos(x)"; not "policy - how", "e-mail", "Wi-Fi"), or before one ("-sin")
     r"(?<![A-Za-z][A-Za-z])(?<=[A-Za-z0-9)\]])\s*-\s*(?=[A-Za-z0-9(](?![A-Za-z])|[A-Za-z]+\()|"
     r"(?:(?<=\s)|(?<=^)|(?<=[(=^,]))-(?=[A-Za-z(])")
-# Markdown emphasis is not an operator ("the **refund** policy"; "x**2" is one).
-_EMPHASIS = re.compile(r"(?<![\w*])(\*{1,2})(?=\S)(.+?)(?<=\S)\1(?![\w*])")
+# Markdown emphasis is not an operator ("the **refund** policy"; "x**2" is one). A span
+# of at most 256 characters: each opening looked for its close to the end of the line, so
+# a line of openings that never close ("**in **in ...", or U+00D7 signs, read as *)
+# cost its length squared.
+_EMPHASIS = re.compile(r"(?<![\w*])(\*{1,2})(?=\S)(.{1,256}?)(?<=\S)\1(?![\w*])")
 # Signs written two ways read alike; signs that decorate (™, °) and emoji after the
 # question's last mark ("... my password? 🙏") say nothing.
 _SAME_SIGN = str.maketrans({"\u2265": ">=", "\u2264": "<=", "\u2260": "!=", "\u00d7": "*",

@@ -93,3 +93,15 @@ def test_act_and_its_result_is_bounded_on_long_questions(
     monkeypatch.setattr(guard, "_verb_forms", counted)
     assert not guard.guard_ok(asked, stored)
     assert calls < 5_000
+
+
+@pytest.mark.timeout(30)  # a guard against the hang, far above the time it takes now
+@pytest.mark.parametrize("unit", ["\u00d7\u00d7in ", "**in ", "i.e. \u00d7"])
+def test_emphasis_that_never_closes_stays_linear(unit: str) -> None:
+    """Each markdown emphasis opening looked for its close to the end of its line: a
+    question of openings that never close (U+00D7 is read as `*`) cost its length squared,
+    an 8,000-character one 0.2 s of the event loop. A span is at most 256 characters."""
+    text = unit * 60_000
+    assert guard._symbols(text)  # (its signs are kept: no emphasis closes)
+    assert guard._symbols("What is the **refund** policy?") == ()
+    assert guard._symbols("**" + "b" * 300 + "**") != ()  # (too long to be one span)
