@@ -15,8 +15,9 @@ entry, the semantic entry (and announces it), and counts both against the user's
 the bytes written against the tenant's bound (deleting and announcing what either
 evicts, the tenant's oldest first: one tenant's flood never fills Redis for the others).
 Ages (the sets' scores) are Redis's clock, not each replica's. A tenant's count drops
-its oldest entries that are gone on their own (expired) at each write, a few at a time (a
-purge takes what it deletes off); what it holds never exceeds the bound.
+its entries that are gone on their own (expired) as it goes, a few at each write (its
+oldest, and a few more in turn through the whole count; a purge takes what it deletes
+off); what it holds never exceeds the bound.
 A popped entry another tenant has stored again since, under a key they share (scope
 `global`), is that tenant's now: it stays.
 
@@ -81,7 +82,8 @@ T = TypeVar("T")
 EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 
 # KEYS: exact entry, semantic hash, the owner's sorted set, the tenant's sorted set and
-# the tenant's sizes (a hash: member -> bytes, and '#' -> their total).
+# the tenant's sizes (a hash: member -> bytes, '#' -> their total, '@' -> the rank the
+# next write looks from for entries gone on their own).
 # ARGV: exact JSON ("": none), its PX; semantic field ("": none), its value, the hash's
 # PX, the events channel, the add event; the cap, the sets' PX, the replica's time
 # (unused: ages are Redis's `TIME`, one clock for every replica); the key
@@ -193,13 +195,26 @@ if #ARGV >= 17 then
   end
 end
 if tcap > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
-  -- Its oldest few that are gone on their own (expired: an L2 TTL shorter than the
-  -- semantic layer's) leave the count first (they held it until popped, and their live
-  -- semantic twins, as old, were evicted for bytes no longer held). A few a write: the
-  -- gone are the oldest, and every write looks again.
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, 7)) do
-    if not held(m) then untally(m) end
+  -- Its entries gone on their own (expired: an L2 TTL shorter than the semantic
+  -- layer's) leave the count first (they held it until popped, and their live semantic
+  -- twins, as old, were evicted for bytes no longer held). A few a write: its oldest 8,
+  -- and 8 more from where the last write stopped ('@' in its sizes), in turn through
+  -- the whole count (with the oldest 8 alone, once those were live semantic entries the
+  -- expired exact entries behind them were never looked at again).
+  local at = math.max(8, tonumber(redis.call('HGET', KEYS[5], '@')) or 8)
+  if at >= redis.call('ZCARD', KEYS[4]) then at = 8 end
+  local looked = redis.call('ZRANGE', KEYS[4], 0, 7)
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[4], at, at + 7)) do
+    looked[#looked + 1] = m
   end
+  local gone = 0
+  for _, m in ipairs(looked) do
+    if not held(m) then
+      untally(m)
+      gone = gone + 1
+    end
+  end
+  redis.call('HSET', KEYS[5], '@', at + 8 - gone)
   -- The tenant's oldest entries go while its entries take more than its bound (one
   -- tenant filling Redis evicted every other tenant's entries at its maxmemory).
   local total = tonumber(redis.call('HGET', KEYS[5], '#')) or 0

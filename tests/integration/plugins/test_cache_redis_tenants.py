@@ -240,3 +240,39 @@ async def test_entry_ages_are_redis_time_not_each_replicas_clock(
     finally:
         await s.close()
 
+
+
+async def test_gone_entries_behind_the_oldest_live_ones_leave_the_count_too(
+        redis_server: RedisServer) -> None:
+    """Each write looked at the tenant's 8 oldest entries only: once those were live
+    semantic entries (a longer TTL than L2's), the expired exact entries behind them held
+    their bytes for good, and the live entries were evicted for them. Every entry is
+    looked at in turn, a few a write."""
+    vec = np.ones(4, dtype=np.float32) / 2
+    text = "answer " * 100
+    e = entry("a10", "acme", text)
+    sizing = store(redis_server.url, None)
+    exact, sem = (len(e.to_json(with_prompt=False)),
+                  len(sizing._pack(vec, e.to_json(), "q")))
+    await sizing.close()
+    # room for what is live at the end (twenty semantic entries, eight exact), not more
+    s = store(redis_server.url, 20 * sem + 8 * exact + sem // 2)
+    try:
+        def pair(i: int) -> Entry:
+            return entry(f"a{i}", "acme", text)
+
+        async def put(i: int) -> list[str] | None:
+            e = pair(i)
+            return await s.persist(e, True, 60, ("p", vec, "q"), e, 60,
+                                   [f"x:a{i}", f"s:p:a{i}"], 1000, 60)
+
+        for i in range(12):
+            assert await put(i) == []
+        for i in range(12):
+            await s.client.delete(s.p + f"x:a{i}")  # L2's TTL ran out
+        for i in range(12, 20):
+            assert await put(i) == []
+        assert await held_bytes(s, "acme") == int(
+            (await s.client.hget(s.tenant_keys("acme")[1], "#")) or 0)
+    finally:
+        await s.close()
