@@ -987,8 +987,11 @@ _TENS_SPELLED = {w: 10 * i for i, w in enumerate(
     "twenty thirty forty fifty sixty seventy eighty ninety".split(), 2)}
 _SCALES_SPELLED = {"hundred": 100, "thousand": 1000, "million": 1000000}
 _SPELLED_WORD = "|".join([*_UNITS_SPELLED, *_TENS_SPELLED, *_SCALES_SPELLED])
+# At most 16 words after the first (a number spelled longer is none anyone asks): each
+# start ran on through every word after it, so a question of them each followed by a
+# hyphen ("two- two- ...": none ends one) cost its length squared.
 _SPELLED = re.compile(rf"(?<![\w-])(?:{_SPELLED_WORD})(?:[\s-]+(?:and[\s-]+)?"
-                      rf"(?:{_SPELLED_WORD}))*(?![\w-])", re.IGNORECASE)
+                      rf"(?:{_SPELLED_WORD})){{0,16}}(?![\w-])", re.IGNORECASE)
 # (a cheap first look for one: most questions spell none)
 _HAS_SPELLED = re.compile(r"\b(?:t(?:wo|hree|en|we(?:lve|nt)|hirt|hous)|f(?:our|ive|ift|ort)|"
                           r"s(?:ix|even)|e(?:ight|leven)|nine|hundred|million|zero)",
