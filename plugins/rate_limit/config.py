@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Literal
 
@@ -63,13 +64,20 @@ class Rule(Limits):
         if self.per == "key":
             # (a key is known by its fingerprint only: `anonymous` is every caller's
             # where auth is open)
-            bad = [k for k in self.overrides
+            unnamed = [i for i, k in enumerate(self.overrides)
                    if k != "anonymous" and not _FINGERPRINT.fullmatch(k)]
-            if bad:
+            if unnamed:
+                # (never the name itself: it may be the key, and this line is logged)
+                name = list(self.overrides)[unnamed[0]]
+                digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()
+                hint = (f"write it lowercase, `{name.lower()}`"
+                        if _FINGERPRINT.fullmatch(name.lower()) else
+                        f"were it the key itself, its fingerprint is `{digest[:12]}`")
                 raise ValueError(f"overrides of a per-key rule are keyed by the key's "
-                                 f"fingerprint, the first 12 hex digits (lowercase) of its SHA-256 "
-                                 f"(`printf %s KEY | sha256sum | cut -c1-12`), not "
-                                 f"`{bad[0]}`")
+                                 f"fingerprint, the first 12 hex digits (lowercase) of its "
+                                 f"SHA-256 (`printf %s KEY | sha256sum | cut -c1-12`): the "
+                                 f"name of override {unnamed[0] + 1} (of {len(self.overrides)}) "
+                                 f"is none ({hint})")
         if self.per == "global" and self.overrides:
             raise ValueError("a global rule has one value: give its limits, not overrides")
         empty = [k for k, o in self.overrides.items() if not o.model_fields_set]

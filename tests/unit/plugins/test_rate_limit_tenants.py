@@ -141,3 +141,22 @@ async def test_a_per_key_override_by_fingerprint_applies() -> None:
     await p(ctx(other), answer)
     await p(ctx(other), answer)
     await p.close()
+
+
+def test_a_refused_per_key_override_s_error_holds_no_key_text() -> None:
+    """The refusal quoted the override's name, which is the key itself when one was
+    written there (what the rule's own words, "per key", invite): the key went to the
+    startup error, and so to the logs. It names the override by its place and the
+    fingerprint to write instead."""
+    from proxy.settings import sha256_hex
+
+    key = "sk-proj-Secret0123456789abcdef"
+    with pytest.raises(ValueError) as e:
+        RateLimitConfig.model_validate({"rules": [{"per": "key", "rpm": 100, "overrides": {
+            sha256_hex("sk-other")[:12]: {"rpm": 5}, key: {"rpm": 1}}}]})
+    message = str(e.value)
+    assert key not in message and "Secret0123" not in message
+    assert "override 2" in message and sha256_hex(key)[:12] in message
+    with pytest.raises(ValueError, match="`abcdef012345`"):  # (an upper-case fingerprint)
+        RateLimitConfig.model_validate(
+            {"rules": [{"per": "key", "rpm": 100, "overrides": {"ABCDEF012345": {"rpm": 1}}}]})
