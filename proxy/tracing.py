@@ -14,6 +14,7 @@ client gone in `weir.cancelled`.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
@@ -90,16 +91,29 @@ def _shut_down(provider: Any, timeout_s: float) -> bool:
     return not worker.is_alive()
 
 
+#: What the OpenTelemetry SDK reads to choose TLS for a gRPC exporter (`insecure`, a
+#: CA certificate): an operator who set one chose, and the SDK decides by it.
+_GRPC_TLS_ENV = ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE",
+                 "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE")
+
+
+def _grpc_insecure(endpoint: str | None) -> bool | None:
+    """Plaintext unless the endpoint says `https://`: the SDK opened TLS to an endpoint
+    with no scheme (`otel-collector:4317`, as documented), which a collector's plaintext
+    OTLP port refuses, and no span was ever exported. Where the environment says
+    (`OTEL_EXPORTER_OTLP_INSECURE=false`, a certificate), None: the SDK's choice by it
+    (an `https://` endpoint is TLS whatever it says)."""
+    if any(os.environ.get(name) for name in _GRPC_TLS_ENV):
+        return None
+    return not (endpoint or "").lower().startswith("https://")
+
+
 def _otlp(settings: TracingSettings) -> Any:
     if settings.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        # Plaintext unless the endpoint says `https://`: the SDK opened TLS to an
-        # endpoint with no scheme (`otel-collector:4317`, as documented), which a
-        # collector's plaintext OTLP port refuses, and no span was ever exported.
-        endpoint = settings.endpoint or ""
         return OTLPSpanExporter(endpoint=settings.endpoint,
-                                insecure=not endpoint.lower().startswith("https://"))
+                                insecure=_grpc_insecure(settings.endpoint))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
         OTLPSpanExporter as HttpExporter,
     )

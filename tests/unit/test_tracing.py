@@ -127,3 +127,34 @@ def test_an_https_grpc_endpoint_keeps_tls() -> None:
                                              endpoint="https://collector.example:4317"))
     assert exporter._insecure is False  # (the SDK's own record of it)
     exporter.shutdown()
+
+
+@pytest.mark.parametrize("env", [{"OTEL_EXPORTER_OTLP_INSECURE": "false"},
+                                 {"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "false"},
+                                 {"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": "/etc/ca.pem"}])
+def test_a_grpc_endpoint_keeps_the_tls_its_environment_asks_for(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plaintext for an endpoint with no scheme was forced on the SDK, which then read
+    none of what the OpenTelemetry variables say of TLS: `OTEL_EXPORTER_OTLP_INSECURE=
+    false` (or a CA certificate to trust) sent the spans in the clear to a collector
+    that takes TLS only, none exported. Where they are set, they decide."""
+    import grpc
+    import opentelemetry.exporter.otlp.proto.grpc.exporter as mixin
+    import opentelemetry.exporter.otlp.proto.grpc.trace_exporter as spans
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for module in (mixin, spans):  # (no certificate file to read here)
+        monkeypatch.setattr(module, "_get_credentials",
+                            lambda *a, **k: grpc.ssl_channel_credentials())
+    exporter = tracing._otlp(TracingSettings(exporter="otlp", protocol="grpc",
+                                             endpoint="collector.example:4317"))
+    assert exporter._insecure is False
+    exporter.shutdown()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")  # (and the other way)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", raising=False)
+    exporter = tracing._otlp(TracingSettings(exporter="otlp", protocol="grpc",
+                                             endpoint="collector.example:4317"))
+    assert exporter._insecure is True
+    exporter.shutdown()
