@@ -54,10 +54,11 @@ def _plugins(defs: dict[str, Any]) -> dict[str, Any]:
 
 #: A Kubernetes quantity (`8Gi`, `500m`, `1.5T`, `24e9`, or a plain number) as the API
 #: server reads one: any other text passed `helm install` and was refused at apply time.
+#: (An exponent is a whole number: the API server's parser refuses `1e1.5`, which the
+#: grammar in its comment allows.)
 QUANTITY = {"anyOf": [
     {"type": "string", "pattern": r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-                                  r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)"
-                                  r"|(\.[0-9]+))))?$"},
+                                  r"(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"},
     {"type": "number", "minimum": 0}]}
 
 
@@ -128,7 +129,7 @@ def schema() -> dict[str, Any]:
             # (pods, or a percentage of them, as Kubernetes takes it)
             "podDisruptionBudget": _own({"enabled": b, "minAvailable": {"anyOf": [
                 {"type": "integer", "minimum": 0},
-                {"type": "string", "pattern": "^[0-9]+%$"}]}}),
+                {"type": "string", "pattern": "^0*([0-9]{1,2}|100)%$"}]}}),  # (at most all)
             "serviceMonitor": _own({"enabled": b, "interval": s, "labels": o,
                                     "keySecret": _own({"name": s, "key": s})}),
             "networkPolicy": _own({"enabled": b, "ingressFrom": {"type": "array"}}),

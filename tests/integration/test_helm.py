@@ -487,6 +487,11 @@ def test_the_values_schema_refuses_a_fallback_weir_refuses() -> None:
     ({"redis": {"resources": {"limits": {"memory": "1gig"}}}}, "memory"),
     ({"podDisruptionBudget": {"enabled": True, "minAvailable": "most"}}, "minAvailable"),
     ({"podDisruptionBudget": {"enabled": True, "minAvailable": -1}}, "minAvailable"),
+    # what the schema's first patterns took and the API server still refuses: an
+    # exponent that is no whole number, more than every pod
+    ({"shmSize": "1e1.5"}, "shmSize"),
+    ({"resources": {"limits": {"memory": "2E.5"}}}, "memory"),
+    ({"podDisruptionBudget": {"enabled": True, "minAvailable": "150%"}}, "minAvailable"),
 ])
 def test_quantities_kubernetes_refuses_are_refused_at_install(
         bad: dict[str, Any], where: str) -> None:
@@ -517,3 +522,22 @@ def test_an_autoscaler_whose_minimum_passes_its_maximum_fails_the_render() -> No
     assert "autoscaling.minReplicas" in str(e.value)
     assert by_kind(render({"autoscaling": {"enabled": True, "minReplicas": 3,
                                            "maxReplicas": 3}}), "HorizontalPodAutoscaler")
+
+
+def test_the_quantities_and_percentages_kubernetes_reads_all_pass() -> None:
+    """(Those the README and Kubernetes' docs show: fractions of a binary size, a
+    millicore, an exponent, plain numbers, extended resources, hugepages; a PDB of no
+    pod, of every pod.)"""
+    docs = render({"shmSize": "1.5Gi", "modelCache": {"type": "pvc", "size": 1e3},
+                   "resources": {"requests": {"cpu": 0.5, "memory": "1e3",
+                                              "hugepages-2Mi": "2Mi"},
+                                 "limits": {"cpu": "500m", "memory": "+1.5e+9",
+                                            "hugepages-2Mi": "2Mi", "example.com/fpga": 1}},
+                   "redis": {"bundled": True, "resources": {"limits": {"memory": ".5Gi"}}}})
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+    for share in (0, 3, "0%", "050%", "100%"):
+        pdb = by_kind(render({"podDisruptionBudget": {"enabled": True,
+                                                      "minAvailable": share}}),
+                      "PodDisruptionBudget")
+        kubernetes_validate.validate(pdb, K8S, strict=True)
