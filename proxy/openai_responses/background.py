@@ -46,7 +46,7 @@ from ..ids import new_hex
 from ..record_store import Record, RecordStore, RedisStore, fence_of, fenced
 from ..settings import BackgroundSettings
 from ..streaming import dumps
-from ..tasks import RECANCEL_MAX_S, RECANCEL_S, cancel_and_wait, detach
+from ..tasks import RECANCEL_MAX_S, RECANCEL_S, background, cancel_and_wait, detach
 from ..telemetry import error_fields, get_logger
 from .events import OnDone, Rendering
 
@@ -282,7 +282,7 @@ class Runner:
         if not run.placed.done():
             run.placed.set_result(None)
         if not self._closing and (self._watch is None or self._watch.done()):
-            self._watch = asyncio.ensure_future(self._watching())
+            self._watch = background(self._watching())  # (no request's: it outlives them)
 
     async def _main(self, run: Run, work: Work) -> None:
         run.started = True

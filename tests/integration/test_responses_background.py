@@ -1688,3 +1688,34 @@ async def test_an_end_the_store_fails_to_keep_for_a_bug_as_a_drain_cuts_it_ends_
         assert not {"response.completed", "response.incomplete"} & set(types)
         assert events[-1]["response"] == stored
     assert "secret" not in text and "RuntimeError" not in text
+
+
+async def test_the_watch_names_no_request(
+        make_client: MakeClient, fake_engine: FakeEngine, logs: io.StringIO,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch (cancels' flags, the leases of every run here) lives as long as runs
+    do, but was started by the request of the first run and ran in its context: its
+    lines, of any run, carried that request's id (and its store calls joined that
+    request's trace), long after it was answered. It runs in a context of its own."""
+    client = await make_client(responses={"background": {"poll_s": 0.01, "lease_s": 30}})
+    fake_engine.token_gate = asyncio.Event()
+    store = client.app[STORE]
+    replace = type(store).replace
+
+    async def down(self: Any, tenant: str, rid: str, record: Any, *a: Any,
+                   **kw: Any) -> bool:
+        if record.get("run"):
+            raise Unavailable("The store is down.", code="store_unavailable")
+        return await replace(self, tenant, rid, record, *a, **kw)
+
+    monkeypatch.setattr(type(store), "replace", down)
+    answer = await client.post("/v1/responses", json=BASE)
+    rid, started_it = (await answer.json())["id"], answer.headers["x-request-id"]
+    later = time.time() + 25  # (past its lease's third)
+    monkeypatch.setattr(time, "time", lambda: later)  # (the memory store's clock)
+    await eventually(lambda: "background response not watched" in logs.getvalue())
+    line = next(json.loads(x) for x in logs.getvalue().splitlines()
+                if "background response not watched" in x)
+    assert line["response_id"] == rid and "request_id" not in line, (started_it, line)
+    fake_engine.token_gate.set()
+    await ended(client, rid, "public")
