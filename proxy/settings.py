@@ -387,6 +387,21 @@ class TracingSettings(_Strict):
         "flag overrides `sample_ratio`) and what `tracestate` the span holds: false where "
         "callers are not trusted, each request a new trace sampled by `sample_ratio`.")
 
+    @model_validator(mode="after")
+    def _endpoint_fits_protocol(self) -> TracingSettings:
+        # (an exporter given another scheme exported nothing, saying so only in a warning
+        # repeated for good: the gRPC one dropped `grpcs://`, TLS meant, for plaintext;
+        # the HTTP one cannot send to `otel:4318` at all)
+        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", self.endpoint or "")
+        named = scheme.group(1).lower() if scheme else None
+        if self.endpoint and self.protocol == "http" and named not in ("http", "https"):
+            raise ValueError("an OTLP endpoint over HTTP is a URL, "
+                             "http://HOST:4318/v1/traces (https:// for TLS)")
+        if self.protocol == "grpc" and named is not None and named not in ("http", "https"):
+            raise ValueError(f"a gRPC OTLP endpoint is HOST:4317 or http://HOST:4317 "
+                             f"(plaintext), https://HOST:4317 (TLS); not {named}://")
+        return self
+
 
 #: What one tenant's stored records of a kind may take in Redis by default: hundreds of
 #: large conversations a day for a week, a small part of a Redis sized for several tenants.

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -324,3 +325,28 @@ def test_a_background_poll_must_renew_the_lease_in_time() -> None:
     ok = parse_settings("auth: {mode: open}\n"
                         "responses: {background: {poll_s: 5, lease_s: 15}}\n", env={})
     assert ok.responses.background.poll_s == 5
+
+
+@pytest.mark.parametrize(("protocol", "endpoint"), [
+    ("grpc", "grpcs://collector:4317"), ("grpc", "grpc://collector:4317"),
+    ("grpc", "dns://collector:4317"), ("http", "collector:4318/v1/traces"),
+    ("http", "grpc://collector:4318")])
+def test_an_otlp_endpoint_its_protocol_cannot_use_is_refused(protocol: str,
+                                                             endpoint: str) -> None:
+    """The exporters took any text and exported nothing with it (a warning, repeated for
+    good): gRPC's dropped an unknown scheme, `grpcs://` (TLS meant) going plaintext to a
+    TLS port; HTTP's cannot send without `http://` or `https://`."""
+    with pytest.raises(ConfigError) as e:
+        parse_settings(json.dumps({"auth": {"mode": "open"}, "tracing": {
+            "exporter": "otlp", "protocol": protocol, "endpoint": endpoint}}))
+    assert "tracing" in str(e.value) and "endpoint" in str(e.value)
+
+
+@pytest.mark.parametrize(("protocol", "endpoint"), [
+    ("grpc", "collector:4317"), ("grpc", "10.0.0.7:4317"), ("grpc", "http://c:4317"),
+    ("grpc", "HTTPS://c:4317"), ("http", "http://c:4318/v1/traces"),
+    ("http", "https://c/v1/traces"), ("http", None), ("grpc", None)])
+def test_the_otlp_endpoints_the_readme_shows_are_taken(protocol: str,
+                                                       endpoint: str | None) -> None:
+    parse_settings(json.dumps({"auth": {"mode": "open"}, "tracing": {
+        "exporter": "otlp", "protocol": protocol, "endpoint": endpoint}}))
