@@ -520,6 +520,10 @@ def test_an_autoscaler_whose_minimum_passes_its_maximum_fails_the_render() -> No
     with pytest.raises(helm_python.HelmError) as e:
         render({"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}})
     assert "autoscaling.minReplicas" in str(e.value)
+    # no maximum (a null drops the chart's): said so, not "above <nil>"
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": None}})
+    assert "autoscaling.maxReplicas is required" in str(e.value), str(e.value)
     assert by_kind(render({"autoscaling": {"enabled": True, "minReplicas": 3,
                                            "maxReplicas": 3}}), "HorizontalPodAutoscaler")
 
