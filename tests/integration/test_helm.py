@@ -545,3 +545,24 @@ def test_the_quantities_and_percentages_kubernetes_reads_all_pass() -> None:
                                                       "minAvailable": share}}),
                       "PodDisruptionBudget")
         kubernetes_validate.validate(pdb, K8S, strict=True)
+
+
+def test_gpus_named_in_resources_too_are_one_field() -> None:
+    """`gpu.count` was written after `resources`' own maps: a GPU named there as well
+    (`nvidia.com/gpu: 1`, as Kubernetes' docs write it) came out twice, a duplicate field
+    the API server refuses under strict validation (kubectl's default), and requests or
+    limits given as null rendered no YAML at all. gpu.count's is the one field."""
+    values = merged({"resources": {"requests": None, "limits": {"nvidia.com/gpu": 2,
+                                                               "memory": "48Gi"}}})
+    out = helm_python.Chart.load(CHART).render(values, name="weir", namespace="ai")
+    text = next(t for name, t in out.items() if name.endswith("deployment.yaml"))
+    assert text.count("nvidia.com/gpu") == 2, text  # (once in requests, once in limits)
+    dep = by_kind(render({"resources": {"requests": None, "limits": {
+        "nvidia.com/gpu": 2, "memory": "48Gi"}}}), "Deployment")
+    kubernetes_validate.validate(dep, K8S, strict=True)
+    resources = dep["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources == {"requests": {"nvidia.com/gpu": 1},
+                         "limits": {"nvidia.com/gpu": 1, "memory": "48Gi"}}
+    cpu = by_kind(render({"gpu": {"count": 0}, "resources": {"limits": {
+        "nvidia.com/gpu": 1}}}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert cpu["resources"]["limits"] == {"memory": "48Gi", "nvidia.com/gpu": 1}
