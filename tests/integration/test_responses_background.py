@@ -1518,6 +1518,25 @@ async def test_an_end_the_store_fails_to_keep_for_a_bug_ends_failed(
     assert failed == await get(client, failed["id"])
 
 
+async def _drained_while_storing(client: Any, r: Any, background: bool,
+                                  storing: asyncio.Event, gate: asyncio.Event) -> str:
+    """The created response's id, once a drain has cut it while its end was being stored
+    (`storing` set by the store, held at `gate`), and the drain is done."""
+    if background:
+        rid = (await r.json())["id"]
+    else:
+        head = await r.content.readuntil(b"response.created")
+        head += await r.content.readuntil(b"\n\n")
+        rid = parse_sse(head.decode())[0][0]["response"]["id"]
+    await asyncio.wait_for(storing.wait(), 10)
+    aborting = asyncio.ensure_future(client.app[STATE].abort_all())
+    inflight = client.app[STATE]._inflight  # (cut: cancelling, or gone already)
+    await eventually(lambda: not inflight or any(t.cancelling() for t in inflight))
+    gate.set()
+    await aborting
+    return str(rid)
+
+
 @pytest.mark.parametrize("background", [True, False])
 async def test_a_drain_cutting_an_end_being_stored_waits_for_that_write(
         make_client: MakeClient, fake_engine: FakeEngine, background: bool) -> None:
@@ -1543,18 +1562,7 @@ async def test_a_drain_cutting_an_end_being_stored_waits_for_that_write(
     store.replace = slow_end  # type: ignore[method-assign]
     body = {**BASE, "background": background, "stream": not background}
     r = await client.post("/v1/responses", json=body, headers=A)
-    if background:
-        rid = (await r.json())["id"]
-    else:
-        head = await r.content.readuntil(b"response.created")
-        head += await r.content.readuntil(b"\n\n")
-        rid = parse_sse(head.decode())[0][0]["response"]["id"]
-    await asyncio.wait_for(storing.wait(), 10)
-    aborting = asyncio.ensure_future(client.app[STATE].abort_all())
-    inflight = client.app[STATE]._inflight  # (cut: cancelling, or gone already)
-    await eventually(lambda: not inflight or any(t.cancelling() for t in inflight))
-    gate.set()
-    await aborting
+    rid = await _drained_while_storing(client, r, background, storing, gate)
     if not background:
         await r.read()
     await background_http_saves()
@@ -1606,18 +1614,7 @@ async def test_a_drain_cutting_a_failure_being_stored_waits_for_that_write(
     background = where != "stream"
     body = {**BASE, "background": background, "stream": not background}
     r = await client.post("/v1/responses", json=body, headers=A)
-    if background:
-        rid = (await r.json())["id"]
-    else:
-        head = await r.content.readuntil(b"response.created")
-        head += await r.content.readuntil(b"\n\n")
-        rid = parse_sse(head.decode())[0][0]["response"]["id"]
-    await asyncio.wait_for(storing.wait(), 10)
-    aborting = asyncio.ensure_future(client.app[STATE].abort_all())
-    inflight = client.app[STATE]._inflight  # (cut: cancelling, or gone already)
-    await eventually(lambda: not inflight or any(t.cancelling() for t in inflight))
-    gate.set()
-    await aborting
+    rid = await _drained_while_storing(client, r, background, storing, gate)
     text = (await r.read()).decode() if not background else ""
     await background_http_saves()
     assert ends == [rid], ends  # (once: the write under way, not a second)
@@ -1659,18 +1656,7 @@ async def test_an_end_the_store_fails_to_keep_for_a_bug_as_a_drain_cuts_it_ends_
     store.replace = buggy  # type: ignore[method-assign]
     body = {**BASE, "background": background, "stream": not background}
     r = await client.post("/v1/responses", json=body, headers=A)
-    if background:
-        rid = (await r.json())["id"]
-    else:
-        head = await r.content.readuntil(b"response.created")
-        head += await r.content.readuntil(b"\n\n")
-        rid = parse_sse(head.decode())[0][0]["response"]["id"]
-    await asyncio.wait_for(storing.wait(), 10)
-    aborting = asyncio.ensure_future(client.app[STATE].abort_all())
-    inflight = client.app[STATE]._inflight  # (cut: cancelling, or gone already)
-    await eventually(lambda: not inflight or any(t.cancelling() for t in inflight))
-    gate.set()
-    await aborting
+    rid = await _drained_while_storing(client, r, background, storing, gate)
     text = (await r.read()).decode() if not background else ""
     await background_http_saves()
     stored = await get(client, rid)
