@@ -37,7 +37,9 @@ class Prepared:
     #: A completion's `max_tokens: 0` with `echo`: the engine makes one token (it cannot
     #: make none) and the answer is the prompt alone.
     echo_only: bool = False
-    #: Chat: makes one choice's tool-call tracker (model text -> tool_calls).
+    #: Chat: makes one choice's tool-call tracker (model text -> tool_calls); None where
+    #: the request can call no tool (no `tools`, or `tool_choice: none`): its answer is
+    #: text, as a `text` tracker would pass it on, with no tracker to step per chunk.
     tracker: Any = None
     #: Chat with a tool parser reading the answer (`tool_choice: auto`): a whole answer
     #: is its stream assembled, so that the two agree on content and calls wherever the
@@ -209,8 +211,9 @@ def prepare_chat(engine: Engine, req: ChatCompletionRequest) -> Prepared:
     opts = _options(req, len(ids), engine.max_model_len, top if req.logprobs else None,
                     engine.vocab_size, "messages", engine.sampling_defaults.get("max_tokens"))
     parses = T.shape_options(req, opts, engine)
-    return Prepared([ids], opts, top_logprobs=top, streams_calls=parses,
-                    tracker=lambda: T.ToolCallTracker.for_request(req, engine.tool_parser))
+    tracker = ((lambda: T.ToolCallTracker.for_request(req, engine.tool_parser))
+               if T.mode(req, has_parser=True) != "text" else None)
+    return Prepared([ids], opts, top_logprobs=top, streams_calls=parses, tracker=tracker)
 
 
 def _tools_over(engine: Engine, req: ChatCompletionRequest, prompt: int) -> InvalidRequest:

@@ -300,6 +300,7 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
     include_usage, running = req.include_usage, continuous_usage(req)
     want_logprobs = bool(req.logprobs)
     calls = T.StreamCalls(prep.tracker)
+    tooled = prep.tracker is not None  # (else every step is its text: no call to step)
     with track:
         async with aclosing(outputs):
             async for out in outputs:
@@ -310,7 +311,10 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                     if ch.reason is not None:
                         continue
                     reason = R.finish(c.finish_reason) if c.finish_reason else None
-                    text, deltas, reason = calls.step(idx, c.text, c.token_ids, reason)
+                    if tooled:
+                        text, deltas, reason = calls.step(idx, c.text, c.token_ids, reason)
+                    else:
+                        text, deltas = c.text, []
                     shows = want_logprobs and calls.has_text(idx)
                     if not text and not deltas and reason is None and ch.started:
                         if shows:

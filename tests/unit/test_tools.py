@@ -764,3 +764,15 @@ def test_an_answer_of_another_shape_is_not_captured(body: dict[str, Any]) -> Non
     """(An upstream's.) It was stored, and each replay failed on it: a 500 for that
     prompt until the entry expired; some failed the capture itself with a 500."""
     assert E.capture_body(body, "chat") is None
+
+
+def test_a_request_that_can_call_no_tool_has_no_tracker_to_step() -> None:
+    """No `tools`, or `tool_choice: none`: the answer is text, stepped by no tracker (one
+    per chunk cost the stream's hot path); tools that may be called keep theirs."""
+    from proxy.preparing import prepare_chat
+    from tests.fakes import FakeEngine
+    assert prepare_chat(FakeEngine(), chat()).tracker is None
+    assert prepare_chat(FakeEngine(), chat(tools=[WEATHER], tool_choice="none")).tracker is None
+    for choice in ("auto", "required"):
+        made = prepare_chat(FakeEngine(), chat(tools=[WEATHER], tool_choice=choice)).tracker
+        assert made is not None and made().mode in ("text", "forced")
