@@ -36,7 +36,7 @@ from .protocol import (
 )
 from .streaming import json_response as json_response  # (route modules import it here)
 from .streaming import sse, write_sse
-from .telemetry import error_fields, get_logger, labelled
+from .telemetry import Observations, error_fields, get_logger, labelled
 
 log = get_logger("weir.routes")
 
@@ -192,14 +192,15 @@ def prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
 
 class StreamTiming:
     """A stream's time to first token and the gaps between its outputs: the metrics (by
-    route and model) and the access log's `ttft_ms`."""
+    route and model) and the access log's `ttft_ms`. The gaps are counted as they come
+    and added to the histogram in batches, the last when the stream ends (`flush`)."""
 
     __slots__ = ("_ctx", "_info", "_itl", "_last", "_ttft")
 
     def __init__(self, st: AppState, ctx: RequestContext, info: dict[str, Any]) -> None:
         route, model = info["route"], info.get("model", "")
         self._ttft = labelled(st.metrics.ttft, route, model)
-        self._itl = labelled(st.metrics.itl, route, model)
+        self._itl = Observations(labelled(st.metrics.itl, route, model))
         self._ctx, self._info = ctx, info
         self._last = 0.0
 
@@ -216,6 +217,10 @@ class StreamTiming:
         if self._last:
             self._itl.observe(now - self._last)
         self._last = now
+
+    def flush(self) -> None:
+        """The stream ended (however it did): its gaps held go to the histogram."""
+        self._itl.flush()
 
 
 async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, reply: Stream,
@@ -243,6 +248,7 @@ async def _send_stream(request: web.Request, st: AppState, ctx: RequestContext, 
             on_abort=lambda reason: count_abort(st, request, reason),
             log_error=lambda e: log.error("stream failed", **error_fields(e)))
     finally:
+        timing.flush()
         usage = reply.usage or usage_chunk.get("usage")
         if usage:
             note_usage(st, info, {"usage": usage})

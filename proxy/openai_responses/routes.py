@@ -276,6 +276,7 @@ async def _create(request: web.Request, st: AppState,
             error_events=lambda err: b"".join(
                 typed_sse(ev) for ev in rendering.failed(err)))
     finally:  # (a stream cut, its client gone, spent what it generated: counted)
+        timing.flush()
         if reply.usage:
             note_usage(st, info, {"usage": reply.usage})
     if (rendering.error_status is not None and STREAM_ERROR not in request

@@ -138,3 +138,44 @@ def test_the_latency_histogram_tells_apart_requests_as_long_as_the_defaults_allo
     bounds = telemetry._LATENCY_BUCKETS
     assert bounds[-1] >= longest
     assert any(longest / 2 <= b < longest for b in bounds)  # not one bucket for 2-10 min
+
+
+def test_observations_batched_read_as_each_observed_once_flushed() -> None:
+    """A stream's gaps are counted aside and added at once: the histogram then reads as
+    if each had been observed (bounds inclusive, as `observe`'s), and a full batch goes
+    in before the end."""
+    values = [0.0005, 0.001, 0.0011, 0.0025, 0.02, 0.3, 1.0, 7.0, 0.001]
+    one, batched = telemetry.Metrics(), telemetry.Metrics()
+    for v in values:
+        telemetry.labelled(one.itl, "chat", "m").observe(v)
+    held = telemetry.Observations(telemetry.labelled(batched.itl, "chat", "m"), batch=4)
+    for v in values:
+        held.observe(v)
+
+    def samples(m: telemetry.Metrics) -> dict[str, float]:
+        return {s.name + str(sorted(s.labels.items())): round(s.value, 9)  # (sums: float)
+                for f in m.registry.collect() if f.name == "weir_inter_token_latency_seconds"
+                for s in f.samples if not s.name.endswith("_created")}
+
+    def count(m: telemetry.Metrics) -> float:
+        return m.registry.get_sample_value("weir_inter_token_latency_seconds_count",
+                                           {"route": "chat", "model": "m"}) or 0.0
+
+    assert count(batched) == 8  # two batches of 4 went in; the ninth is held
+    held.flush()
+    assert samples(batched) == samples(one) and count(batched) == len(values)
+    held.flush()  # (nothing held: nothing added)
+    assert samples(batched) == samples(one)
+
+
+def test_observations_of_a_histogram_kept_otherwise_are_each_observed() -> None:
+    seen: list[float] = []
+
+    class Other:
+        def observe(self, v: float) -> None:
+            seen.append(v)
+
+    held = telemetry.Observations(Other())
+    held.observe(0.5)
+    held.flush()
+    assert seen == [0.5]
