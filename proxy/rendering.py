@@ -324,15 +324,24 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                     lp = (R.chat_logprobs(ch.entries(c.logprobs), prep.top_logprobs)
                           if shows else None)
                     stop_reason = c.stop_reason if reason is not None else None
-                    choices.append(T.with_call_deltas(R.chat_chunk_choice(
+                    choice = R.chat_chunk_choice(
                         idx, content=text, first=not ch.started, reason=reason, logprobs=lp,
-                        stop_reason=stop_reason), deltas))
+                        stop_reason=stop_reason)
+                    choices.append(T.with_call_deltas(choice, deltas) if deltas else choice)
                     ch.started = True
                     ch.reason, ch.stop_reason = reason, stop_reason
-                for part in T.finish_apart(choices) if choices else ():
-                    for each, usage in _split(track, part, running):
+                if not choices:
+                    continue
+                # (no call deltas without a tracker: nothing to take apart; no running
+                # usage: the chunk as it is, with none)
+                for part in T.finish_apart(choices) if tooled else (choices,):
+                    if not running:
+                        yield R.chat_chunk(id=cid, model=model, created=created, choices=part,
+                                           include_usage=include_usage)
+                        continue
+                    for each, so_far in track.running(part):
                         yield R.chat_chunk(id=cid, model=model, created=created, choices=each,
-                                           include_usage=include_usage, usage_=usage)
+                                           include_usage=include_usage, usage_=so_far)
     stream.usage = track.usage()  # (before the closing chunk: a cut there is charged)
     missing = track.unfinished()
     if missing:  # the engine ended without a reason for some choice: close it once
