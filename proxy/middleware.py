@@ -98,7 +98,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     route = _COUNTED.get(request.path) if request.method == "POST" else None
     if state is not None and route is not None:  # counted as the route counts its refusals
         labelled(state.metrics.requests, route, "", str(resp.status)).inc()
-        labelled(state.metrics.latency, route, "").observe(0.0)
+        labelled(state.metrics.latency, route, "", str(resp.status)).observe(0.0)
     if state is None or state.settings.logging.access_log:
         log_request(request, resp.status, 0.0, request_id=rid, error=request[ERROR_CODE])
     return resp
@@ -216,7 +216,7 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             if route is not None:
                 model = info.get("model", "")
                 labelled(metrics.requests, route, model, str(status)).inc()
-                labelled(metrics.latency, route, model).observe(elapsed)
+                labelled(metrics.latency, route, model, str(status)).observe(elapsed)
             if enabled and request.path != "/metrics" and not request.path.startswith("/health"):
                 log_request(request, status, elapsed,
                             **{k: v for k, v in info.items() if v is not None})

@@ -272,7 +272,7 @@ class Metrics:
         self.requests = Counter("weir_requests_total", "HTTP requests answered.",
                                 ["route", "model", "status"], registry=r)
         self.latency = Histogram("weir_request_duration_seconds", "End-to-end latency.",
-                                 ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)
+                                 ["route", "model", "status"], buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("weir_time_to_first_token_seconds", "Time to first token as "
                               "clients saw it: cache replays and fallbacks included.",
                               ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)

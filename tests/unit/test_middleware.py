@@ -165,7 +165,7 @@ async def test_access_log_counts_requests_by_route_model_and_status(logs: io.Str
     await mw(req, handler)
     labels = {"route": "chat", "model": "m"}
     assert count(metrics, "weir_requests_total", **labels, status="201") == 1
-    assert count(metrics, "weir_request_duration_seconds_count", **labels) == 1
+    assert count(metrics, "weir_request_duration_seconds_count", **labels, status="201") == 1
     [line] = [json.loads(x) for x in logs.getvalue().splitlines()]
     assert line["event"] == "request" and line["status"] == 201 and line["tenant"] == "acme"
     assert "cache" not in line  # None values are left out
