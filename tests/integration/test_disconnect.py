@@ -176,6 +176,25 @@ async def test_tokens_of_a_stream_whose_client_left_are_counted_on_every_route(
         assert metric(text, "weir_tokens_total", kind="prompt") > before, path
 
 
+async def test_gaps_of_a_stream_whose_client_left_are_observed_on_every_route(
+        make_client: MakeClient) -> None:
+    """A stream's inter-token gaps are held and added in batches (of 256): a stream cut
+    by its client's leaving, well short of a batch, adds what it held as it ends."""
+    engine = FakeEngine(delay=0.01)
+    client = await make_client(engine=engine)
+    for route, (path, body) in zip(("chat", "completion", "responses"), LONG_STREAMS,
+                                   strict=True):
+        resp = await client.post(path, json=body)
+        seen = b""
+        while seen.count(b"\n\n") < 6:  # a few events arrived, then hang up
+            seen += await resp.content.readuntil(b"\n\n")
+        resp.close()
+        await engine.wait_until(lambda: not engine.active)
+        text = await metrics_once(client, lambda t, r=route: metric(
+            t, "weir_inter_token_latency_seconds_count", route=r) > 0)
+        assert metric(text, "weir_inter_token_latency_seconds_count", route=route) > 0, path
+
+
 @pytest.mark.parametrize("route", ["chat", "responses"])
 async def test_a_whole_answer_cut_by_its_deadline_counts_the_tokens_it_spent(
         make_client: MakeClient, route: str) -> None:
