@@ -41,7 +41,7 @@ from .preparing import (
     prompt_tokens,
 )
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .tasks import cancel_and_wait
+from .tasks import OFF_LOOP_CHARS, cancel_and_wait
 from .telemetry import error_fields, get_logger
 from .tools import tool_chars
 
@@ -124,12 +124,9 @@ async def _merged(engine: Engine, prep: Prepared, base: str,
         await cancel_and_wait(*tasks)
 
 
-#: A prompt of this many characters or more (its messages' texts and tools, or its
-#: prompts) is prepared (rendered and tokenized) in a thread of its own, not on the
-#: event loop: the sanitizer's 262,144 characters took ~0.3 s to tokenize, and held every
-#: other request's stream that long, each time a client sent one (a cheap 400 past the
-#: context). Shorter ones, nearly all, stay on the loop: the hop costs more than they do.
-OFF_LOOP_CHARS = 16_384
+# A prompt of `OFF_LOOP_CHARS` characters or more (its messages' texts and tools, or its
+# prompts) is prepared (rendered and tokenized) in a thread of its own, not on the event
+# loop (a cheap 400 past the context took as long, each time a client sent one).
 
 
 def _prompt_chars(req: ChatCompletionRequest | CompletionRequest) -> int:

@@ -26,6 +26,14 @@ from .telemetry import get_logger
 log = get_logger(__name__)
 T = TypeVar("T")
 
+#: A request with this many characters or more to read is read in a thread, not on the
+#: event loop, where the work grows with its text: its prompt rendered and tokenized
+#: (`proxy.serving`: 262,144 characters took ~0.3 s to tokenize), its texts read by the
+#: sanitizer's detectors (~30 ms over 64 KB of prose); either held every other request's
+#: stream that long. Shorter ones, nearly all, stay on the loop: the hop costs more than
+#: they do.
+OFF_LOOP_CHARS = 16_384
+
 #: How long the first cancellation gets before it is repeated; each repeat waits twice
 #: as long as the one before, up to `RECANCEL_MAX_S`, so a task that cleans up on its
 #: way out (an abort sent to the engine, a connection closed) is not cut short by a

@@ -48,6 +48,7 @@ from proxy.protocol import (
     TextPart,
     ToolCall,
 )
+from proxy.tasks import OFF_LOOP_CHARS
 from proxy.telemetry import get_logger
 from proxy.text import fold, scanned, scanned_places
 
@@ -91,14 +92,10 @@ def schema_names(schema: Any) -> list[str]:
     return out
 
 
-#: A request whose texts the detectors read hold this many characters or more (its
-#: messages' or prompts', its tool definitions', its response format's schema, the
-#: texts kept or sent beside them: all that `limits.max_total_chars` counts) is
-#: read in the sanitizer's own thread, not on the event loop: the detectors took ~30 ms
-#: over 64 KB of prose, and held every other request's stream that long. Shorter ones,
-#: nearly all, stay on the loop: the hop costs more than they do. (As
-#: `proxy.serving.OFF_LOOP_CHARS` prepares a prompt.)
-OFF_LOOP_CHARS = 16_384
+# A request whose texts the detectors read hold `OFF_LOOP_CHARS` characters or more (its
+# messages' or prompts', its tool definitions', its response format's schema, the texts
+# kept or sent beside them: all that `limits.max_total_chars` counts) is read in the
+# sanitizer's own thread, not on the event loop.
 
 
 class SanitizerPlugin(BasePlugin[SanitizerConfig]):
