@@ -243,7 +243,7 @@ def find_secrets(text: str) -> Iterator[Span]:
     low = text.lower()
     hits = _scan(low)
     yield from _find(text, low, hits)
-    pieces = escapes_read(text) if _may_escape(text) else None
+    pieces = escapes_read(text) if may_escape(text) else None
     if pieces is None or len(pieces) > 1 or pieces[0][1][0] or pieces[0][1][-1] < len(text):
         # (look-alikes outside the windows read decoded, or in a text with no escape)
         if not text.isascii() and (look := _unmasked(
@@ -316,7 +316,8 @@ def _found_all(text: str, c: str, most: int) -> list[int]:
     return out
 
 
-def _may_escape(text: str) -> bool:
+def may_escape(text: str) -> bool:
+    """Whether `text` may hold an escape `unescaped` decodes (URL, HTML, backslash)."""
     return "%" in text or "\\" in text or "&" in text
 
 
@@ -329,7 +330,7 @@ def _disguised(text: str) -> tuple[str, list[int] | None] | None:
     `text` (None: one for one). None where it reads as written. (A text every detector
     reads is read so by `find_secrets`, around its escapes only.)"""
     view, at = text, None
-    if _may_escape(text) and (decoded := unescaped(text)) is not None:
+    if may_escape(text) and (decoded := unescaped(text)) is not None:
         view, at = decoded
     if not view.isascii() and (look := _unmasked(view)) is not None:
         view = look

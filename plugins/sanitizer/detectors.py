@@ -32,7 +32,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 
-from .credentials import escapes_read, find_secrets, forget_escapes, unescaped
+from .credentials import escapes_read, find_secrets, forget_escapes, may_escape, unescaped
 from .injection import INJECTION as _INJECTION
 from .spans import Detector, Finder, Span, regex_finder
 
@@ -111,7 +111,7 @@ def with_escapes(find: Finder) -> Finder:
         for span in find(text):
             seen.add(span)
             yield span
-        if ("%" in text or "\\" in text or "&" in text) and (
+        if may_escape(text) and (
                 pieces := escapes_read(text)) is not None:
             for view, at in pieces:  # (around the escapes only: `escapes_read`)
                 for a, b in find(view):
@@ -587,7 +587,7 @@ def _version_before(text: str, a: int) -> bool:
     the text's windows decoded read it so, but the text as written found the quad);
     not a comparison with a word naming an address (`_ADDRESS_COMPARED`)."""
     view = text[max(0, a - 64):a]
-    if "%" in view or "&" in view or "\\" in view:
+    if may_escape(view):
         decoded = unescaped(view)
         if decoded is not None and _said_version(decoded[0]):
             return True
