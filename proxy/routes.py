@@ -119,8 +119,11 @@ async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
         return json_response(body, headers)
     assert isinstance(reply, Stream)
     keep = stored_chat.keep_when_completed(request.app, ctx, reply) if store else None
-    if keep is not None and told is not _as_it_is:
-        keep = _keeping_as_sent(keep, told)
+    frame: Callable[[dict[str, Any]], bytes] = sse  # (each chunk as it is, unless the
+    if told is not _as_it_is:  # tier is told)
+        frame = lambda chunk: sse(told(chunk))  # noqa: E731
+        if keep is not None:
+            keep = _keeping_as_sent(keep, told)
 
     def stream_headers() -> dict[str, str]:
         headers = {**ctx.response_headers, **reply.headers}
@@ -128,7 +131,7 @@ async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
         return headers
 
     return await _send_stream(request, st, ctx, reply, stream_headers, info, keep,
-                              frame=lambda c: sse(told(c)))
+                              frame=frame)
 
 
 #: The tier every request is served in: one engine serves them all alike.
