@@ -15,7 +15,6 @@ check every admin route makes.
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
 import hashlib
 import hmac
@@ -345,8 +344,8 @@ def _bearer(header: str | None) -> str | None:
     if scheme.lower() == "basic":
         try:
             user, colon, password = base64.b64decode(token, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
+        except ValueError:  # (binascii.Error, UnicodeDecodeError, and the ValueError
+            return None     # base64 raises for text that is not ASCII: not a key)
         # the key as the password (a browser's prompt), or as the user with no password
         # (`curl -u KEY:`, as Stripe's API takes it)
         return password.strip() or (colon and user.strip()) or None

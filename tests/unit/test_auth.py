@@ -91,6 +91,17 @@ def test_admin_rights_are_per_tenant_unless_operator() -> None:
             a.authenticate(_h(bad))
 
 
+@pytest.mark.parametrize("header", [
+    "Basic \udcff\udcfe",  # bytes that are not UTF-8, as aiohttp hands them on
+    "Basic cl\u00e9",        # UTF-8, but not ASCII: not base64 either
+])
+def test_a_basic_credential_that_is_not_ascii_is_a_401(tmp_path, monkeypatch, header) -> None:  # type: ignore[no-untyped-def]
+    """base64 refuses text that is not ASCII with a ValueError, not binascii.Error: it
+    was a 500 for a header any client can send."""
+    with pytest.raises(Unauthorized):
+        auth(tmp_path, monkeypatch).authenticate(_h(header))
+
+
 @pytest.mark.parametrize("pairs", [
     [("Authorization", "Bearer hashed-key"), ("Authorization", "Bearer env-key")],
     [("Authorization", "Bearer hashed-key"), ("api-key", "env-key")],
