@@ -151,7 +151,7 @@ class Authenticator:
             hit = self._by_hash.get(digest)
             if hit is not None and hmac.compare_digest(hit[0], digest):
                 if digest in self._gateways:
-                    return self._on_behalf_of(hit[1], headers.get(ON_BEHALF_OF))
+                    return self._on_behalf_of(hit[1], _values(headers, ON_BEHALF_OF))
                 return hit[1]
         if self.open:
             return self._anonymous
@@ -162,15 +162,24 @@ class Authenticator:
             )
         raise Unauthorized()
 
-    def _on_behalf_of(self, gateway: Principal, header: str | None) -> Principal:
+    def _on_behalf_of(self, gateway: Principal, headers: list[str]) -> Principal:
         """The caller a gateway's key forwards for: a tenant of its own under the key's
         tenant and the gateway (`TENANT~GATEWAY~DIGEST`, GATEWAY the key's `user`: set
         it, the same on the old and the new key, to keep the callers' tenants across a
         key's rotation; by default the key's fingerprint), never an operator; the key
-        itself without the header (`note_unnamed` warns of a generation that way)."""
-        if header is None:
+        itself without the header (`note_unnamed` warns of a generation that way).
+
+        Two different callers named (a front that adds its header beside one its client
+        slipped in) are refused, as two keys are: which one a proxy on the way, or Weir,
+        would take is anyone's guess, and the answer could be another caller's tenant."""
+        values = {h.strip().lower() for h in headers}
+        if not values:
             return gateway
-        value = header.strip().lower()
+        value = values.pop()
+        if values:
+            raise InvalidRequest(f"`{ON_BEHALF_OF}` is sent more than once, naming "
+                                 "different callers; send it once.",
+                                 code="invalid_on_behalf_of")
         if not _CALLER.match(value):
             raise InvalidRequest(f"`{ON_BEHALF_OF}` must be two 32-digit hex digests "
                                  "joined by a dot, as a Weir in front sends it.",

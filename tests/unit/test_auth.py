@@ -178,6 +178,28 @@ def test_a_gateway_key_forwards_for_callers_as_tenants_of_their_own() -> None:
     assert e.value.code == "invalid_on_behalf_of"
 
 
+def test_a_gateway_request_naming_two_callers_is_refused() -> None:
+    """Two `x-weir-on-behalf-of` values (a front that adds its own beside one a client
+    slipped in): which one names the tenant is anyone's guess, and the first was taken,
+    so the client's could pick another caller's tenant. Refused, as two keys are; the
+    same caller named twice is one caller."""
+    from multidict import CIMultiDict
+
+    from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
+
+    a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
+        {"key": "gw", "tenant": "edge", "on_behalf_of": True}]}))
+    alice, bob = (caller_digest(Principal("acme", "user", u), "s3cret") for u in ("alice", "bob"))
+    with pytest.raises(InvalidRequest) as e:
+        a.authenticate(CIMultiDict([("Authorization", "Bearer gw"), (ON_BEHALF_OF, bob),
+                                    (ON_BEHALF_OF, alice)]))
+    assert e.value.code == "invalid_on_behalf_of"
+    twice = a.authenticate(CIMultiDict([("Authorization", "Bearer gw"), (ON_BEHALF_OF, alice),
+                                        (ON_BEHALF_OF, alice.upper())]))
+    assert twice.tenant == a.authenticate({"Authorization": "Bearer gw",
+                                           ON_BEHALF_OF: alice}).tenant
+
+
 @pytest.mark.parametrize("where", ["tenant", "anonymous_tenant"])
 def test_a_tenant_name_may_not_hold_the_gateway_separator(where: str) -> None:
     from pydantic import ValidationError
