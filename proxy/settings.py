@@ -60,6 +60,16 @@ def _http_url(value: str) -> str:
 HttpUrlText = Annotated[str, AfterValidator(_http_url)]
 
 
+def check_url_or_key(base_url: str | None, api_key: str | None) -> None:
+    """Credentials in the URL (`user:password@`, sent as HTTP Basic) and `api_key` (a
+    Bearer key) cannot both go: aiohttp refuses such a request, every one of them."""
+    from urllib.parse import urlsplit
+
+    if base_url and api_key and "@" in (urlsplit(base_url).netloc or ""):
+        raise ValueError("`base_url` holds credentials (user:password@) and `api_key` is "
+                         "set too: only one can be sent; drop one of them")
+
+
 #: A secret that may be left out; empty (`${VAR:-}` with VAR unset) is left out.
 OptionalSecret = Annotated[Annotated[str, Field(min_length=16)] | None,
                            BeforeValidator(lambda v: None if v == "" else v),
@@ -242,6 +252,11 @@ class UpstreamEngineSettings(_Strict):
         "another tenant sent does not answer faster, which would tell that it was sent. "
         "Off: an OpenAI-compatible server that does not know the field may refuse it "
         "(a Weir upstream does: it salts per caller itself, with `on_behalf_of`).")
+
+    @model_validator(mode="after")
+    def _url_or_key(self) -> UpstreamEngineSettings:
+        check_url_or_key(self.base_url, self.api_key)
+        return self
 
 
 def _engine_kind(v: Any) -> str:

@@ -9,7 +9,7 @@ from pydantic.config import JsonDict
 
 from proxy.chain import PluginConfig
 from proxy.config_model import ConfigModel
-from proxy.settings import HttpUrlText, OptionalSecret
+from proxy.settings import HttpUrlText, OptionalSecret, check_url_or_key
 
 
 class FallbackBreaker(ConfigModel):
@@ -62,6 +62,7 @@ class Fallback(ConfigModel):
             raise ValueError("an upstream fallback needs base_url")
         if self.kind != "upstream" and "breaker" in self.model_fields_set:
             raise ValueError("only an upstream fallback has a breaker of its own")
+        check_url_or_key(self.base_url, self.api_key)
         return self
 
 

@@ -167,6 +167,27 @@ def test_an_upstream_base_url_must_be_http_with_a_host(url: str) -> None:
         Fallback.model_validate({"kind": "upstream", "base_url": url})
 
 
+def test_an_upstream_url_holding_credentials_beside_an_api_key_is_refused() -> None:
+    """aiohttp refuses to send both (a ValueError on every request: each one a 500, the
+    fallback's too); the config is refused where it is read, naming both fields. Either
+    alone loads."""
+    from pydantic import ValidationError
+
+    from plugins.breaker.config import Fallback
+
+    both = "base_url: 'http://u:pw@x/v1', api_key: k"
+    with pytest.raises(ConfigError) as e:
+        parse_settings(f"auth: {{mode: open}}\nengine: {{kind: upstream, {both}}}\n", env={})
+    assert e.value.errors[0][0] == "engine" and "api_key" in e.value.errors[0][1]
+    assert "pw" not in str(e.value)  # (the password is not quoted back)
+    with pytest.raises(ValidationError):
+        Fallback.model_validate({"kind": "upstream", "base_url": "http://u:pw@x/v1",
+                                 "api_key": "k"})
+    for alone in ("base_url: 'http://u:pw@x/v1'", "base_url: 'http://x/v1', api_key: k"):
+        parse_settings(f"auth: {{mode: open}}\nengine: {{kind: upstream, {alone}}}\n", env={})
+    Fallback.model_validate({"kind": "upstream", "base_url": "http://u:pw@x/v1"})
+
+
 def test_an_unknown_builtin_embedding_model_is_a_config_error() -> None:
     from proxy.embed_models import BUILTINS
 
