@@ -438,6 +438,9 @@ class Upstream:
             self.in_flight -= 1
             _left(ctx, e)
             raise
+        except BaseException:  # (one it does not map, e.g. aiohttp's ValueError for a
+            self.in_flight -= 1  # request it will not build: still no call running)
+            raise
         if resp.status != 200 or not ctx.request.stream:
             try:
                 answer = await self._whole(resp, ctx.route, ctx.request.sequences,

@@ -246,6 +246,26 @@ async def test_a_silent_upstream_times_out(upstream: Upstream) -> None:
         await engine.close()
 
 
+async def test_a_request_aiohttp_refuses_to_send_leaves_nothing_running(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error the relay does not map (aiohttp refusing to build the request: a
+    ValueError) still ends the call's count: it stayed in `running` (/health/ready, the
+    engine gauge) for good, one more for each such request."""
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("Cannot combine AUTHORIZATION header with AUTH argument")
+
+    try:
+        monkeypatch.setattr(engine._session, "post", refuse)
+        for stream in (False, True):
+            with pytest.raises(ValueError):
+                await engine(ctx(stream=stream))
+        assert engine.stats().running == 0
+    finally:
+        await engine.close()
+
+
 def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
