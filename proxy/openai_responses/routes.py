@@ -115,6 +115,7 @@ async def _create(request: web.Request, st: AppState,
                                  f"'{shown_id(req.previous_response_id)}' is still in "
                                  "progress; go on from it once it has completed.",
                                  param="previous_response_id", code="invalid_value")
+        X.refuse_held_again(req, record)
         history = record["conversation"]
         cut, earlier_cut = X.cut_calls(record["response"]), X.cut_before(record)
     # (a background run is generated as a stream: its events are kept for its streams)

@@ -299,15 +299,42 @@ def call_item(call_id: str, name: str, arguments: str, status: str,
             "name": name, "arguments": arguments, "status": status}
 
 
+def _given_id(item: MessageItem | FunctionCallItem | FunctionCallOutputItem
+              | ReasoningItem) -> str | None:
+    """The id the client sent with `item` (None: none, or not a string)."""
+    given = (item.model_extra or {}).get("id") if not isinstance(
+        item, FunctionCallItem | ReasoningItem) else item.id
+    return given if isinstance(given, str) and given else None
+
+
+def refuse_held_again(req: ResponsesRequest, record: dict[str, Any]) -> None:
+    """A 400 for an input item sent with the id of one the previous response (`record`)
+    holds, its input's or its output's: that item is in the conversation already, and
+    sent again it would be said twice to the model (`input=prev.output + [...]` with
+    `previous_response_id`). OpenAI's answer, in its words. Spared: function calls, and
+    an output that made calls (its turn sent back with their outputs is the stored
+    one, not a second: `_without_resent_calls` drops it)."""
+    output = [i for i in record["response"].get("output") or () if isinstance(i, dict)]
+    if any(i.get("type") == "function_call" for i in output):
+        output = []
+    held = {i["id"] for i in [*output, *(record.get("input") or ())]
+            if isinstance(i, dict) and isinstance(i.get("id"), str)}
+    for item in req.given():
+        given = _given_id(item)
+        if given in held and not isinstance(item, FunctionCallItem):
+            raise InvalidRequest(f"Duplicate item found with id {shown(given)}. Remove "
+                                 "duplicate items from your input and try again.",
+                                 param="input", code="invalid_value")
+
+
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's input as the items `GET /v1/responses/{id}/input_items` lists, each
     with an id (its own where the client sent one)."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()  # an id given twice would page forever: the second is new
     for item in req.given():
-        given = (item.model_extra or {}).get("id") if not isinstance(
-            item, FunctionCallItem | ReasoningItem) else item.id
-        item_id = given if isinstance(given, str) and given and given not in seen else None
+        given = _given_id(item)
+        item_id = given if given and given not in seen else None
         if item_id is not None:
             seen.add(item_id)
         if isinstance(item, MessageItem):

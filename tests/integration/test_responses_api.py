@@ -270,6 +270,43 @@ async def test_previous_response_id_rebuilds_the_conversation(make_client: MakeC
     assert prompt == expected  # the earlier turn, without its instructions
 
 
+async def test_an_item_the_previous_response_holds_sent_again_is_a_400(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """With `previous_response_id`, the previous response's items are the conversation
+    already: its output sent back as input (`input=prev.output + [...]`) would be said
+    twice to the model (and listed under the id its first turn has). OpenAI answers
+    "Duplicate item found with id ..."; so does Weir, for its output and its input."""
+    client = await make_client()
+    first = await (await client.post("/v1/responses", json={
+        **BASE, "input": [{"role": "user", "content": "hi", "id": "msg_mine"}]})).json()
+    for item in (first["output"][0],
+                 {"type": "message", "role": "user", "content": "hi", "id": "msg_mine"}):
+        r = await client.post("/v1/responses", json={
+            **BASE, "previous_response_id": first["id"],
+            "input": [item, {"role": "user", "content": "and then?"}]})
+        assert r.status == 400
+        body = await r.json()
+        validate("ErrorResponse", body)
+        assert body["error"]["param"] == "input"
+        assert body["error"]["message"].startswith(f"Duplicate item found with id {item['id']}")
+    assert len(fake_engine.calls) == 1  # neither reached the engine
+    # An item of an id of its own goes on from it, as does the same text without an id.
+    r = await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": first["id"],
+        "input": [{"role": "user", "content": "hi", "id": "msg_other"}]})
+    assert r.status == 200
+    # An output that made calls, sent back whole with their outputs, is its own turn
+    # (the calls are answered, not made again): taken, as it was.
+    calls = await (await client.post("/v1/responses", json={
+        **BASE, "tools": [TOOL], "tool_choice": "required"})).json()
+    assert [o["type"] for o in calls["output"]] == ["function_call"]
+    r = await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": calls["id"], "tools": [TOOL],
+        "input": [*calls["output"], {"type": "function_call_output",
+                                     "call_id": calls["output"][0]["call_id"], "output": "sunny"}]})
+    assert r.status == 200, await r.text()
+
+
 async def test_function_call_items_round_trip_to_the_template(make_client: MakeClient,
                                                               fake_engine: FakeEngine) -> None:
     client = await make_client()
