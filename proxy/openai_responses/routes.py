@@ -102,6 +102,7 @@ async def _create(request: web.Request, st: AppState,
     history: list[dict[str, Any]] = []
     cut: frozenset[str] = frozenset()  # (the previous response's cut calls)
     earlier_cut: frozenset[str] = frozenset()  # (those of the responses before it)
+    earlier_held: frozenset[str] = frozenset()  # (the ids of their items: `X.held_before`)
     if req.previous_response_id:
         record = await _stored(store, principal.tenant, req.previous_response_id)
         if record is None:  # OpenAI's answer: a 400, with a code clients look for
@@ -118,12 +119,16 @@ async def _create(request: web.Request, st: AppState,
         X.refuse_held_again(req, record)
         history = record["conversation"]
         cut, earlier_cut = X.cut_calls(record["response"]), X.cut_before(record)
+        earlier_held = X.held_before(record)
     # (a background run is generated as a stream: its events are kept for its streams)
     chat_req, conversation = X.chat_request(
         req.model_copy(update={"stream": True}) if req.background else req, history, cut,
         earlier_cut)
     # What each of its records keeps of the calls cut before it (`X.cut_before`).
     cut_field = {"cut": sorted(cut | earlier_cut)} if cut | earlier_cut else {}
+    # ... and the ids of its chain's items (an item of two turns ago sent again is a 400).
+    if earlier_held:
+        cut_field["held"] = sorted(earlier_held)
     chat_req = with_model_defaults(chat_req, st.terminal.sampling_defaults())
     ctx = RequestContext(route="chat", request=chat_req, principal=principal,
                          request_id=request[REQUEST_ID],
@@ -150,7 +155,7 @@ async def _create(request: web.Request, st: AppState,
     if req.store and store.max_bytes is not None:
         # What the record will hold before any output: past the tenant's whole bound, it
         # could never be stored (a 413 now, before tokens are spent on it).
-        held = len(dumps([inputs, conversation]))  # (as the store measures it)
+        held = len(dumps([inputs, conversation, cut_field]))  # (as the store measures it)
         if held > store.max_bytes:
             raise too_large("responses", held, store.max_bytes)
 

@@ -307,18 +307,34 @@ def _given_id(item: MessageItem | FunctionCallItem | FunctionCallOutputItem
     return given if isinstance(given, str) and given else None
 
 
+def _ids(items: Any) -> set[str]:
+    """The ids of stored items (a record's `held`: the ids themselves)."""
+    return {i["id"] if isinstance(i, dict) else i
+            for i in (items if isinstance(items, list) else ())
+            if isinstance(i, str) or (isinstance(i, dict) and isinstance(i.get("id"), str))}
+
+
+def held_before(record: dict[str, Any]) -> frozenset[str]:
+    """The ids of the items a stored response's chain holds, back to its first: its
+    input's, its output's, and those its record keeps of the responses before it (its
+    `held`: each response keeps its predecessors', as it keeps their cut calls). What the
+    follow-ups of a follow-up of `record` may not send again."""
+    return frozenset(_ids(record.get("held")) | _ids(record["response"].get("output"))
+                     | _ids(record.get("input")))
+
+
 def refuse_held_again(req: ResponsesRequest, record: dict[str, Any]) -> None:
     """A 400 for an input item sent with the id of one the previous response (`record`)
-    holds, its input's or its output's: that item is in the conversation already, and
-    sent again it would be said twice to the model (`input=prev.output + [...]` with
-    `previous_response_id`). OpenAI's answer, in its words. Spared: function calls, and
-    an output that made calls (its turn sent back with their outputs is the stored
-    one, not a second: `_without_resent_calls` drops it)."""
+    holds, its input's or its output's, or one a response before it held: that item is
+    in the conversation already, and sent again it would be said twice to the model
+    (`input=prev.output + [...]` with `previous_response_id`). OpenAI's answer, in its
+    words. Spared: function calls, and the previous response's output where it made
+    calls (its turn sent back with their outputs is the stored one, not a second:
+    `_without_resent_calls` drops it)."""
     output = [i for i in record["response"].get("output") or () if isinstance(i, dict)]
     if any(i.get("type") == "function_call" for i in output):
         output = []
-    held = {i["id"] for i in [*output, *(record.get("input") or ())]
-            if isinstance(i, dict) and isinstance(i.get("id"), str)}
+    held = _ids(record.get("held")) | _ids(output) | _ids(record.get("input"))
     for item in req.given():
         given = _given_id(item)
         if given in held and not isinstance(item, FunctionCallItem):

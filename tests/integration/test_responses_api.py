@@ -307,6 +307,38 @@ async def test_an_item_the_previous_response_holds_sent_again_is_a_400(
     assert r.status == 200, await r.text()
 
 
+async def test_an_item_a_response_earlier_in_the_chain_holds_sent_again_is_a_400(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """The chain's earlier responses are the conversation too, not only the previous
+    one: an app that sends its whole history with `previous_response_id` (the answer
+    of two turns ago, with its id, before a turn whose answer made a call) had it said
+    twice to the model. Refused as the previous response's own items are."""
+    client = await make_client()
+    first = await (await client.post("/v1/responses", json=BASE)).json()
+    said = first["output"][0]
+    calls = await (await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": first["id"], "tools": [TOOL],
+        "tool_choice": "required", "input": "and the weather?"})).json()
+    call = calls["output"][0]
+    answer = {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}
+    r = await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": calls["id"], "tools": [TOOL],
+        "input": [said, {"role": "user", "content": "and the weather?"}, call, answer]})
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    assert body["error"]["message"].startswith(f"Duplicate item found with id {said['id']}")
+    # Its calls sent back with their outputs go on, as they did; and so does a turn
+    # after, with the same item sent again.
+    done = await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": calls["id"], "tools": [TOOL],
+        "input": [call, answer]})
+    assert done.status == 200, await done.text()
+    r = await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": (await done.json())["id"],
+        "input": [said, {"role": "user", "content": "thanks"}]})
+    assert r.status == 400, await r.text()
+
+
 async def test_function_call_items_round_trip_to_the_template(make_client: MakeClient,
                                                               fake_engine: FakeEngine) -> None:
     client = await make_client()
