@@ -174,13 +174,8 @@ async def _create(request: web.Request, st: AppState,
         if req.store:
             if holding is not None:  # the final record is put after the `in_progress` one
                 await asyncio.wait((holding,))
-            # A failed or cut response goes on from what it finished: an item the end
-            # cut (a call's arguments half written) is no turn to build on. One cut at
-            # its token limit (`incomplete`) keeps its text, which the model said, but
-            # not a call cut mid-arguments: a follow-up would owe it an output.
-            said = [it for it in response["output"] if it.get("status") == "completed"
-                    or (response["status"] not in ("failed", "cancelled")
-                        and it.get("type") != "function_call")]
+            # A failed or cut response goes on from what it finished (`X.said`).
+            said = X.said(response)
             # A breaker's fallback answered (a fixed text, another server, a stale
             # answer): kept as the client saw it (a follow-up goes on from what it was
             # told), and a GET says so as the create did.

@@ -314,12 +314,25 @@ def _ids(items: Any) -> set[str]:
             if isinstance(i, str) or (isinstance(i, dict) and isinstance(i.get("id"), str))}
 
 
+def said(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The output items of `response` that a follow-up goes on from (what its record's
+    conversation keeps): a failed or cut response's that it finished (an item the end
+    cut, a call's arguments half written, is no turn to build on); one cut at its token
+    limit (`incomplete`) keeps its text, which the model said, but not a call cut
+    mid-arguments (a follow-up would owe it an output)."""
+    return [it for it in response.get("output") or () if isinstance(it, dict) and (
+        it.get("status") == "completed" or (
+            response.get("status") not in ("failed", "cancelled")
+            and it.get("type") != "function_call"))]
+
+
 def held_before(record: dict[str, Any]) -> frozenset[str]:
     """The ids of the items a stored response's chain holds, back to its first: its
-    input's, its output's, and those its record keeps of the responses before it (its
-    `held`: each response keeps its predecessors', as it keeps their cut calls). What the
-    follow-ups of a follow-up of `record` may not send again."""
-    return frozenset(_ids(record.get("held")) | _ids(record["response"].get("output"))
+    input's, its output's that its conversation kept (`said`), and those its record
+    keeps of the responses before it (its `held`: each response keeps its
+    predecessors', as it keeps their cut calls). What the follow-ups of a follow-up of
+    `record` may not send again."""
+    return frozenset(_ids(record.get("held")) | _ids(said(record["response"]))
                      | _ids(record.get("input")))
 
 
@@ -328,12 +341,12 @@ def refuse_held_again(req: ResponsesRequest, record: dict[str, Any]) -> None:
     holds, its input's or its output's, or one a response before it held: that item is
     in the conversation already, and sent again it would be said twice to the model
     (`input=prev.output + [...]` with `previous_response_id`). OpenAI's answer, in its
-    words. Spared: function calls, and the previous response's output where it made
-    calls (its turn sent back with their outputs is the stored one, not a second:
-    `_without_resent_calls` drops it)."""
-    output = [i for i in record["response"].get("output") or () if isinstance(i, dict)]
-    if any(i.get("type") == "function_call" for i in output):
-        output = []
+    words. Spared: function calls; the previous response's output where it made calls
+    (its turn sent back with their outputs is the stored one, not a second:
+    `_without_resent_calls` drops it); and what its end cut (no turn: `said`)."""
+    response = record["response"]
+    output = [] if any(isinstance(i, dict) and i.get("type") == "function_call"
+                       for i in response.get("output") or ()) else said(response)
     held = _ids(record.get("held")) | _ids(output) | _ids(record.get("input"))
     for item in req.given():
         given = _given_id(item)

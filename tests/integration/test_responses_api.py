@@ -339,6 +339,32 @@ async def test_an_item_a_response_earlier_in_the_chain_holds_sent_again_is_a_400
     assert r.status == 400, await r.text()
 
 
+async def test_what_a_failed_response_cut_may_be_sent_again(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """The message a failure cut half written is no turn of the conversation a
+    follow-up goes on from: sent back (`input=prev.output + [...]`), it is said once, not
+    twice, and is no duplicate (it was refused as one). A response after it still holds
+    it: sent again there, it is one."""
+    fake_engine.fail_after = 3
+    client = await make_client()
+    events, _ = parse_sse(await (await client.post("/v1/responses", json={
+        **BASE, "stream": True})).text())
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["output"][0]["status"] == "incomplete"
+    fake_engine.fail_after = None
+    r = await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": failed["id"],
+        "input": [*failed["output"], {"role": "user", "content": "go on"}]})
+    assert r.status == 200, await r.text()
+    seen = "".join(chr(i - 2) for i in fake_engine.calls[-1][0][1:])  # (its encoding)
+    text = failed["output"][0]["content"][0]["text"]
+    assert seen.count(text) == 1
+    r = await client.post("/v1/responses", json={
+        **BASE, "previous_response_id": (await r.json())["id"],
+        "input": [*failed["output"], {"role": "user", "content": "once more"}]})
+    assert r.status == 400, await r.text()
+
+
 async def test_function_call_items_round_trip_to_the_template(make_client: MakeClient,
                                                               fake_engine: FakeEngine) -> None:
     client = await make_client()
