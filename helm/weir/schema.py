@@ -114,6 +114,15 @@ def schema() -> dict[str, Any]:
             "huggingface": _own({"tokenSecret": s, "tokenKey": s}),
             "apiKeys": _own({"existingSecret": s, "reloader": b,
                              "values": {"type": "object", "additionalProperties": s}}),
+            # (Kubernetes' own shapes, as far as the install can tell them wrong)
+            "extraEnv": {"type": "array", "items": _own(
+                {"name": {"type": "string", "minLength": 1}, "value": s, "valueFrom": o},
+                required=["name"])},
+            "extraEnvFrom": {"type": "array", "items": o},
+            "extraVolumes": {"type": "array", "items": _obj(
+                {"name": {"type": "string", "minLength": 1}}, required=["name"])},
+            "extraVolumeMounts": {"type": "array", "items": _obj(
+                {"name": s, "mountPath": s}, required=["name", "mountPath"])},
             "redis": _own({"bundled": b, "url": s, "image": s, "maxmemory": s,
                             "resources": _resources()}),
             "service": _own({"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},

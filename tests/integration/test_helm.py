@@ -566,3 +566,58 @@ def test_gpus_named_in_resources_too_are_one_field() -> None:
     cpu = by_kind(render({"gpu": {"count": 0}, "resources": {"limits": {
         "nvidia.com/gpu": 1}}}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert cpu["resources"]["limits"] == {"memory": "48Gi", "nvidia.com/gpu": 1}
+
+
+def test_extra_environment_and_volumes_reach_the_pod() -> None:
+    """Weir's config reads `${VAR}` from the environment (a Redis password, an OTLP
+    collector's headers, a key from a Secret of another name) and keys from files
+    (`key_file`), but the chart gave the pod only its own variables and volumes, and its
+    strict schema refused `extraEnv` outright: such a config could not be installed."""
+    values = {
+        "extraEnv": [
+            {"name": "REDIS_PASSWORD",
+             "valueFrom": {"secretKeyRef": {"name": "redis-auth", "key": "password"}}},
+            {"name": "WEIR_KEY_APP",
+             "valueFrom": {"secretKeyRef": {"name": "vault-keys", "key": "app"}}},
+            {"name": "OTEL_EXPORTER_OTLP_HEADERS", "value": "x-team=ai"}],
+        "extraEnvFrom": [{"configMapRef": {"name": "weir-env"}}],
+        "extraVolumes": [{"name": "key-files", "secret": {"secretName": "weir-key-files"}}],
+        "extraVolumeMounts": [{"name": "key-files", "mountPath": "/etc/weir-keys",
+                               "readOnly": True}],
+        "config": {"auth": {"mode": "keys", "keys": [
+            {"key_env": "WEIR_KEY_APP", "tenant": "default"},
+            {"key_file": "/etc/weir-keys/ops", "tenant": "ops", "role": "admin"}]},
+            "plugins": [{"name": "cache", "config": {"l2": {"enabled": True}, "redis": {
+                "url": "redis://:${REDIS_PASSWORD}@redis.infra:6379/0"}}}]},
+    }
+    docs = render(values)
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S, strict=True)
+    c = by_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    names = [e["name"] for e in c["env"]]
+    assert names[-3:] == ["REDIS_PASSWORD", "WEIR_KEY_APP", "OTEL_EXPORTER_OTLP_HEADERS"]
+    assert c["envFrom"] == [{"configMapRef": {"name": "weir-env"}}]
+    assert {"name": "key-files", "mountPath": "/etc/weir-keys", "readOnly": True} in c[
+        "volumeMounts"]
+    pod = by_kind(docs, "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "key-files", "secret": {"secretName": "weir-key-files"}} in pod["volumes"]
+    # a key an extra variable gives is given: no warning, and no refusal beside
+    # apiKeys.values that lack it
+    assert "WEIR_KEY_APP" not in _notes(values)
+    both = {**values, "apiKeys": {"values": {"WEIR_KEY_OTHER": "sk-x"}}}
+    assert by_kind(render(both), "Secret")["stringData"] == {"WEIR_KEY_OTHER": "sk-x"}
+    # envFrom's content is unknown here, as an existingSecret's: trusted
+    assert "WEIR_KEY_APP" not in _notes({"extraEnvFrom": [{"secretRef": {"name": "k"}}]})
+
+
+@pytest.mark.parametrize(("bad", "where"), [
+    ({"extraEnv": {"FOO": "bar"}}, "extraEnv"),
+    ({"extraEnv": [{"value": "bar"}]}, "name"),
+    ({"extraVolumeMounts": [{"name": "x"}]}, "mountPath"),
+    ({"extraVolumes": [{"secret": {"secretName": "x"}}]}, "name"),
+])
+def test_bad_extra_values_are_refused(bad: dict[str, Any], where: str) -> None:
+    with pytest.raises(helm_python.HelmError) as e:
+        render(bad)
+    assert where in str(e.value)
+

@@ -71,14 +71,16 @@ teardown: proxy/cli.py) + 5 s. */}}
 {{ int (include "weir.number" (list $port "config.server.port")) }}
 {{- end -}}
 
-{{/* The `key_env` names of config.auth.keys that no Secret of the chart gives the pod
-(apiKeys.existingSecret's content is unknown here: it is trusted), space-separated:
-Weir refuses to start without them. */}}
+{{/* The `key_env` names of config.auth.keys that neither a Secret of the chart nor
+extraEnv gives the pod (apiKeys.existingSecret's and extraEnvFrom's content is unknown
+here: it is trusted), space-separated: Weir refuses to start without them. */}}
 {{- define "weir.unsuppliedKeys" -}}
 {{- $auth := .Values.config.auth | default dict -}}
-{{- if and (ne (toString ($auth.mode | default "keys")) "open") (not .Values.apiKeys.existingSecret) -}}
+{{- $extra := dict -}}
+{{- range $e := (.Values.extraEnv | default list) }}{{ $_ := set $extra (toString $e.name) true }}{{ end -}}
+{{- if and (ne (toString ($auth.mode | default "keys")) "open") (not .Values.apiKeys.existingSecret) (not .Values.extraEnvFrom) -}}
 {{- range $k := ($auth.keys | default list) -}}
-{{- if and $k.key_env (not (hasKey ($.Values.apiKeys.values | default dict) $k.key_env)) -}}
+{{- if and $k.key_env (not (hasKey ($.Values.apiKeys.values | default dict) $k.key_env)) (not (hasKey $extra $k.key_env)) -}}
 {{ $k.key_env }}{{ " " }}
 {{- end -}}
 {{- end -}}
