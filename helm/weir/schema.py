@@ -133,6 +133,16 @@ def schema() -> dict[str, Any]:
             "podSecurityContext": o, "securityContext": o, "podAnnotations": o, "podLabels": o,
             "nameOverride": s, "fullnameOverride": s,
             "serviceAccount": _own({"create": b, "name": s, "annotations": o}),
+            "ingress": _own({
+                "enabled": b, "className": s, "annotations": o,
+                "hosts": {"type": "array", "items": _own({"host": s, "paths": {
+                    "type": "array", "items": _own(
+                        {"path": {"type": "string", "pattern": "^/"},
+                         "pathType": {"enum": ["Prefix", "Exact",
+                                               "ImplementationSpecific"]}},
+                        required=["path"])}})},
+                "tls": {"type": "array", "items": _own(
+                    {"secretName": s, "hosts": {"type": "array", "items": s}})}}),
             "autoscaling": _own({"enabled": b, "minReplicas": count, "maxReplicas": count,
                                  "targetCPUUtilizationPercentage": count}),
             # (pods, or a percentage of them, as Kubernetes takes it)

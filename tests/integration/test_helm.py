@@ -27,7 +27,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "everything-on": {"autoscaling": {"enabled": True, "maxReplicas": 8},
                       "podDisruptionBudget": {"enabled": True},
                       "serviceMonitor": {"enabled": True}, "networkPolicy": {"enabled": True},
-                      "grafanaDashboard": {"enabled": True},
+                      "grafanaDashboard": {"enabled": True}, "ingress": {"enabled": True},
                       "huggingface": {"tokenSecret": "hf"},
                       "apiKeys": {"values": {"WEIR_KEY_APP": "sk-x"}},
                       "nodeSelector": {"gpu": "a100"},
@@ -621,3 +621,53 @@ def test_bad_extra_values_are_refused(bad: dict[str, Any], where: str) -> None:
         render(bad)
     assert where in str(e.value)
 
+
+
+def test_an_ingress_routes_the_api_and_keeps_metrics_off_it() -> None:
+    """No Ingress could be made from the chart (its strict schema refused `ingress`).
+    Its default path is the API's, `/v1`: `/metrics` is open by default, for the
+    ServiceMonitor, and must stay off a public ingress."""
+    assert not [d for d in render({}) if d["kind"] == "Ingress"]
+    docs = render({"ingress": {
+        "enabled": True, "className": "nginx",
+        "annotations": {"nginx.ingress.kubernetes.io/proxy-buffering": "off"},
+        "hosts": [{"host": "llm.example.com"}],
+        "tls": [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}]},
+        "service": {"port": 9000}})
+    ing = by_kind(docs, "Ingress")
+    kubernetes_validate.validate(ing, K8S, strict=True)
+    assert ing["spec"]["ingressClassName"] == "nginx"
+    assert ing["metadata"]["annotations"] == {
+        "nginx.ingress.kubernetes.io/proxy-buffering": "off"}
+    (rule,) = ing["spec"]["rules"]
+    assert rule["host"] == "llm.example.com"
+    (path,) = rule["http"]["paths"]
+    assert path["path"] == "/v1" and path["pathType"] == "Prefix"
+    service = by_kind(docs, "Service")
+    assert path["backend"]["service"] == {"name": service["metadata"]["name"],
+                                          "port": {"name": "http"}}
+    assert ing["spec"]["tls"] == [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}]
+    # paths of one's own, and a host-less rule (every host)
+    ing = by_kind(render({"ingress": {"enabled": True, "hosts": [
+        {"paths": [{"path": "/v1/chat", "pathType": "Exact"}, {"path": "/dashboard"}]}]}}),
+        "Ingress")
+    kubernetes_validate.validate(ing, K8S, strict=True)
+    (rule,) = ing["spec"]["rules"]
+    assert "host" not in rule and "ingressClassName" not in ing["spec"]
+    assert [(p["path"], p["pathType"]) for p in rule["http"]["paths"]] == [
+        ("/v1/chat", "Exact"), ("/dashboard", "Prefix")]
+
+
+@pytest.mark.parametrize(("bad", "where"), [
+    ({"ingress": {"enabled": True, "hosts": [{"paths": [{"path": "/v1"}]}],
+                  "tls": "yes"}}, "tls"),
+    ({"ingress": {"enabled": True, "hosts": [{"host": "a.example", "paths": [
+        {"path": "/v1", "pathType": "Regex"}]}]}}, "pathType"),
+    ({"ingress": {"enabled": True, "hosts": [{"host": "a.example", "paths": [
+        {"path": "v1"}]}]}}, "path"),
+    ({"ingress": {"enable": True}}, "enable"),
+])
+def test_bad_ingress_values_are_refused(bad: dict[str, Any], where: str) -> None:
+    with pytest.raises(helm_python.HelmError) as e:
+        render(bad)
+    assert where in str(e.value)
