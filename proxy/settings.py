@@ -17,6 +17,7 @@ import hashlib
 import os
 import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -568,13 +569,24 @@ _REF = re.compile(r"(\$?)\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
 def interpolate(value: Any, env: dict[str, str] | None = None, path: str = "") -> Any:
-    """Replace ${VAR} / ${VAR:-default} in every string of a parsed YAML document."""
-    env = os.environ if env is None else env  # type: ignore[assignment]
-    assert env is not None
+    """Replace ${VAR} / ${VAR:-default} in every string of a parsed YAML document; a
+    ConfigError names every variable unset with no default."""
+    unset: list[tuple[str, str]] = []
+    out = _interpolate(value, os.environ if env is None else env, path, unset)
+    if unset:
+        raise ConfigError(unset)
+    return out
+
+
+def _interpolate(value: Any, env: Mapping[str, str], path: str,
+                 unset: list[tuple[str, str]]) -> Any:
+    """`interpolate`, each unset variable (no default) added to `unset` by its YAML path
+    and read as empty text, so the rest of the document is still read."""
     if isinstance(value, dict):
-        return {k: interpolate(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        return {k: _interpolate(v, env, f"{path}.{k}" if path else str(k), unset)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [interpolate(v, env, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_interpolate(v, env, f"{path}[{i}]", unset) for i, v in enumerate(value)]
     if not isinstance(value, str) or "${" not in value:
         return value
 
@@ -589,7 +601,8 @@ def interpolate(value: Any, env: dict[str, str] | None = None, path: str = "") -
             return value
         if default is not None:
             return default
-        raise ConfigError([(path, f"environment variable {name} is not set and has no default")])
+        unset.append((path, f"environment variable {name} is not set and has no default"))
+        return ""
 
     return _REF.sub(sub, value)
 
@@ -678,14 +691,18 @@ def parse_settings(text: str, env: dict[str, str] | None = None) -> Settings:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError([("", "the top level must be a mapping")])
-    raw = interpolate(raw, env)
+    unset: list[tuple[str, str]] = []
+    raw = _interpolate(raw, os.environ if env is None else env, "", unset)
     # A file that says nothing of auth fails closed, naming the choice, rather than
     # serving every caller as anonymous (`Settings()` in code keeps open mode).
-    unsaid = [] if "auth" in raw else [("auth", _AUTH_REQUIRED)]
+    unsaid = unset + ([] if "auth" in raw else [("auth", _AUTH_REQUIRED)])
     try:
         settings = Settings.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(unsaid + errors_from_validation(e)) from None
+        # (a field an unset variable left empty is told as that, not as its empty text)
+        told = {p for p, _ in unset}
+        raise ConfigError(unsaid + [(p, m) for p, m in errors_from_validation(e)
+                                    if p not in told]) from None
     except RecursionError:
         raise ConfigError([("", "nested too deeply")]) from None
     if unsaid:
@@ -711,7 +728,8 @@ def collect_errors(text: str, env: dict[str, str] | None = None,
     if any(p.startswith("plugins") for p, _ in errors):
         return errors, None
     try:
-        raw = interpolate(_load_yaml(text) or {}, env)
+        # (the root's unset variables are told already; the plugins have none)
+        raw = _interpolate(_load_yaml(text) or {}, os.environ if env is None else env, "", [])
         if isinstance(raw, dict):
             return errors, Settings.model_validate({"plugins": raw.get("plugins", [])}).plugins
     except (yaml.YAMLError, ConfigError, ValidationError, RecursionError):

@@ -154,3 +154,29 @@ def test_serve_names_the_file_of_a_refusal_found_as_it_starts(
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith(f"{f}: {where}: ") and "Traceback" not in err
+
+
+def test_check_config_names_every_unset_variable_and_the_other_errors_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first `${VAR}` that was unset (with no default) ended the check: the file's
+    other unset variables, and its other errors, came one run at a time."""
+    for name in ("WEIR_T_PORT", "WEIR_T_URL", "WEIR_T_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    f = tmp_path / "c.yaml"
+    f.write_text("auth: {mode: open}\n"
+                 "server: {port: '${WEIR_T_PORT}', drain_timeout_s: -1}\n"
+                 "engine: {kind: upstream, base_url: '${WEIR_T_URL}/v1'}\n"
+                 "logging: {level: '${WEIR_T_LEVEL}', format: xml}\n")
+    assert main(["check-config", str(f)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert f"{f}: server.port: environment variable WEIR_T_PORT is not set and has no " \
+           "default" in err
+    assert any(": engine.base_url: environment variable WEIR_T_URL " in e for e in err)
+    assert any(": logging.level: environment variable WEIR_T_LEVEL " in e for e in err)
+    assert any(": server.drain_timeout_s: " in e for e in err)
+    assert any(": logging.format: " in e for e in err)
+    # where a variable is unset, the field's own complaint of the empty text is not told
+    assert [e for e in err if ": server.port: " in e] == [
+        f"{f}: server.port: environment variable WEIR_T_PORT is not set and has no default"]
+    assert len(err) == 5, err
