@@ -671,3 +671,19 @@ def test_bad_ingress_values_are_refused(bad: dict[str, Any], where: str) -> None
     with pytest.raises(helm_python.HelmError) as e:
         render(bad)
     assert where in str(e.value)
+
+
+def test_an_autoscaler_on_cpu_needs_the_pods_to_request_cpu() -> None:
+    """The HPA scales on CPU utilization, a share of the pod's CPU request: without one
+    (`resources.requests` dropped, or given without `cpu`) it installed and never scaled
+    (the controller reports "missing request for cpu")."""
+    for resources in ({"requests": None}, {"requests": {"cpu": None, "memory": "24Gi"}}):
+        with pytest.raises(helm_python.HelmError) as e:
+            render({"autoscaling": {"enabled": True}, "resources": resources})
+        assert "resources.requests.cpu" in str(e.value), str(e.value)
+    hpa = by_kind(render({"autoscaling": {"enabled": True},
+                          "resources": {"requests": {"cpu": "500m"}}}),
+                  "HorizontalPodAutoscaler")
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    # no autoscaler: no CPU request needed
+    assert by_kind(render({"resources": {"requests": None}}), "Deployment")
