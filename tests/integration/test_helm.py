@@ -687,3 +687,20 @@ def test_an_autoscaler_on_cpu_needs_the_pods_to_request_cpu() -> None:
     assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
     # no autoscaler: no CPU request needed
     assert by_kind(render({"resources": {"requests": None}}), "Deployment")
+
+
+def test_pod_labels_that_would_unmatch_the_selector_fail_the_render() -> None:
+    """A `podLabels` key the selector reads (`app.kubernetes.io/component`, say) was
+    written twice in the pod's labels, the second winning: the pods no longer matched
+    the Deployment's selector, which the API server refuses."""
+    for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                "app.kubernetes.io/component"):
+        with pytest.raises(helm_python.HelmError) as e:
+            render({"podLabels": {key: "other", "team": "ai"}})
+        assert f"podLabels.{key}" in str(e.value), str(e.value)
+    dep = by_kind(render({"podLabels": {"team": "ai", "app.kubernetes.io/part-of": "llm"}}),
+                  "Deployment")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert labels["team"] == "ai"
+
