@@ -89,7 +89,10 @@ def schema() -> dict[str, Any]:
     b = {"type": "boolean"}
     o = {"type": "object"}
     count = {"type": "integer", "minimum": 1}
-    probe = _own({"periodSeconds": count, "failureThreshold": count, "timeoutSeconds": count})
+    # (each field and each probe given: a null drops the chart's default, and the
+    # template's nil then failed the render naming no value)
+    probe = _own({"periodSeconds": count, "failureThreshold": count, "timeoutSeconds": count},
+                 required=["periodSeconds", "failureThreshold", "timeoutSeconds"])
     return {
         "$schema": "https://json-schema.org/draft-07/schema#",
         "title": "Weir chart values",
@@ -128,7 +131,8 @@ def schema() -> dict[str, Any]:
             "service": _own({"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                              "port": {"type": "integer", "minimum": 1, "maximum": 65535},
                              "annotations": o}),
-            "probes": _own({"startup": probe, "readiness": probe, "liveness": probe}),
+            "probes": _own({"startup": probe, "readiness": probe, "liveness": probe},
+                           required=["startup", "readiness", "liveness"]),
             "preStopSleepSeconds": {"type": "integer", "minimum": 0},
             "podSecurityContext": o, "securityContext": o, "podAnnotations": o, "podLabels": o,
             "nameOverride": s, "fullnameOverride": s,

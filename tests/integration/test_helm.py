@@ -704,3 +704,15 @@ def test_pod_labels_that_would_unmatch_the_selector_fail_the_render() -> None:
     assert dep["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert labels["team"] == "ai"
 
+
+
+def test_probes_given_as_null_are_refused_by_name() -> None:
+    """A probe dropped with `null` (`--set probes.liveness=null`) failed the render with
+    "nil pointer evaluating interface {}.periodSeconds"; the values schema names it."""
+    for probe in ("startup", "readiness", "liveness"):
+        with pytest.raises(helm_python.HelmError) as e:
+            render({"probes": {probe: None}})
+        assert f"'{probe}'" in str(e.value) and "nil pointer" not in str(e.value), str(e.value)
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"probes": {"liveness": {"timeoutSeconds": None}}})
+    assert "'timeoutSeconds'" in str(e.value), str(e.value)
