@@ -716,3 +716,22 @@ def test_probes_given_as_null_are_refused_by_name() -> None:
     with pytest.raises(helm_python.HelmError) as e:
         render({"probes": {"liveness": {"timeoutSeconds": None}}})
     assert "'timeoutSeconds'" in str(e.value), str(e.value)
+
+
+def test_a_disruption_budget_that_allows_no_eviction_is_warned_of() -> None:
+    """`podDisruptionBudget.minAvailable: 1` (the chart's) with one replica, and no
+    autoscaler to add one, lets no pod be evicted: every `kubectl drain` of its node
+    (an upgrade of the cluster) waits for good, and the install said nothing."""
+    pdb = {"enabled": True, "minAvailable": 1}
+    assert "podDisruptionBudget" in _notes({"podDisruptionBudget": pdb})
+    assert "podDisruptionBudget" in _notes({"podDisruptionBudget": {
+        "enabled": True, "minAvailable": 3}, "replicaCount": 3})
+    assert "podDisruptionBudget" in _notes({"podDisruptionBudget": {
+        "enabled": True, "minAvailable": "100%"}, "replicaCount": 3})
+    for fine in ({"podDisruptionBudget": pdb, "replicaCount": 2},
+                 {"podDisruptionBudget": {"enabled": True, "minAvailable": "50%"},
+                  "replicaCount": 2},
+                 {"podDisruptionBudget": pdb, "autoscaling": {"enabled": True,
+                                                              "minReplicas": 2}},
+                 {"podDisruptionBudget": {"enabled": False}}):
+        assert "podDisruptionBudget" not in _notes(fine), fine
