@@ -735,3 +735,29 @@ def test_a_disruption_budget_that_allows_no_eviction_is_warned_of() -> None:
                                                               "minReplicas": 2}},
                  {"podDisruptionBudget": {"enabled": False}}):
         assert "podDisruptionBudget" not in _notes(fine), fine
+
+
+def test_numbers_the_chart_computes_with_read_the_variables_extra_env_sets() -> None:
+    """`config.server.port: ${WEIR_PORT:-8080}` with `extraEnv` setting WEIR_PORT: Weir
+    listens on the variable's port, the chart read the default (the container port and
+    the probes named another port: never ready), and likewise the drain behind the grace
+    period. A variable set from a Secret (`valueFrom`) is not the chart's to read: the
+    render says so rather than compute with a default Weir will not use."""
+    server = {"port": "${WEIR_PORT:-8080}", "drain_timeout_s": "${DRAIN:-45}"}
+    env = [{"name": "WEIR_PORT", "value": "9100"}, {"name": "DRAIN", "value": "100"}]
+    pod = by_kind(render({"config": {"server": server}, "extraEnv": env}),
+                  "Deployment")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["ports"][0]["containerPort"] == 9100
+    assert pod["terminationGracePeriodSeconds"] == 10 + 100 + 25
+    # set empty: Weir reads the default (as a shell's `:-` does)
+    pod = by_kind(render({"config": {"server": server},
+                          "extraEnv": [{"name": "WEIR_PORT", "value": ""}]}),
+                  "Deployment")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["ports"][0]["containerPort"] == 8080
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"config": {"server": server}, "extraEnv": [
+            {"name": "WEIR_PORT", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "p"}}}]})
+    assert "config.server.port" in str(e.value) and "WEIR_PORT" in str(e.value), str(e.value)
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"config": {"server": server}, "extraEnv": [{"name": "DRAIN", "value": "x"}]})
+    assert "config.server.drain_timeout_s" in str(e.value), str(e.value)

@@ -41,17 +41,31 @@ app.kubernetes.io/component: gateway
 {{- else -}}{{ .Values.redis.url }}{{- end -}}
 {{- end -}}
 
-{{/* A number of Weir's config the chart computes with (list VALUE PATH): the value, or
-the default of a `${VAR:-default}` reference (Weir reads the default: the chart sets no
-such variable in the pod); anything else fails the render naming PATH (Helm's `int` reads
-text as 0). */}}
+{{/* A number of Weir's config the chart computes with (list VALUE PATH ROOT): the value,
+or for a `${VAR:-default}` reference what Weir reads: the variable as `extraEnv` sets it
+(a `value`; set empty, the default), else the default (the chart sets no other); a
+variable set `valueFrom` a Secret or ConfigMap, or anything else, fails the render
+naming PATH (Helm's `int` reads text as 0). */}}
 {{- define "weir.number" -}}
-{{- $v := index . 0 -}}{{- $path := index . 1 -}}
+{{- $v := index . 0 -}}{{- $path := index . 1 -}}{{- $root := index . 2 -}}
 {{- if kindIs "string" $v -}}
-{{- if not (regexMatch "^\\$\\{[A-Za-z_][A-Za-z0-9_]*:-[0-9]+(\\.[0-9]+)?\\}$" $v) -}}
+{{- if not (regexMatch "^\\$\\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\\}$" $v) -}}
 {{- fail (printf "%s: the chart computes with it: a number, or ${VAR:-number} (got a text)" $path) -}}
 {{- end -}}
-{{- regexFind "[0-9]+(\\.[0-9]+)?\\}$" $v | trimSuffix "}" -}}
+{{- $name := regexFind "^\\$\\{[A-Za-z_][A-Za-z0-9_]*" $v | trimPrefix "${" -}}
+{{- $got := "" -}}
+{{- if contains ":-" $v -}}{{- $got = regexFind ":-[^}]*\\}$" $v | trimPrefix ":-" | trimSuffix "}" -}}{{- end -}}
+{{- range $e := ($root.Values.extraEnv | default list) -}}
+{{- if eq (toString $e.name) $name -}}
+{{- if hasKey $e "valueFrom" -}}
+{{- fail (printf "%s: the chart computes with it (the container port, the grace period) and reads ${%s}, which extraEnv sets from valueFrom, unknown at render: give it as a value" $path $name) -}}
+{{- else if $e.value -}}{{- $got = toString $e.value -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $got) -}}
+{{- fail (printf "%s: the chart computes with it: a number, or ${VAR:-number} (${%s} reads %q)" $path $name $got) -}}
+{{- end -}}
+{{- $got -}}
 {{- else -}}{{ $v }}{{- end -}}
 {{- end -}}
 
@@ -61,14 +75,14 @@ teardown: proxy/cli.py) + 5 s. */}}
 {{- define "weir.gracePeriod" -}}
 {{- $drain := 30 -}}
 {{- if and .Values.config.server (hasKey .Values.config.server "drain_timeout_s") -}}{{- $drain = .Values.config.server.drain_timeout_s -}}{{- end -}}
-{{- $drain = include "weir.number" (list $drain "config.server.drain_timeout_s") -}}
+{{- $drain = include "weir.number" (list $drain "config.server.drain_timeout_s" .) -}}
 {{ add (int .Values.preStopSleepSeconds) (int (ceil (float64 $drain))) 25 }}
 {{- end -}}
 
 {{- define "weir.port" -}}
 {{- $port := 8000 -}}
 {{- if and .Values.config.server (hasKey .Values.config.server "port") -}}{{- $port = .Values.config.server.port -}}{{- end -}}
-{{ int (include "weir.number" (list $port "config.server.port")) }}
+{{ int (include "weir.number" (list $port "config.server.port" .)) }}
 {{- end -}}
 
 {{/* The `key_env` names of config.auth.keys that neither a Secret of the chart nor
