@@ -761,3 +761,26 @@ def test_numbers_the_chart_computes_with_read_the_variables_extra_env_sets() -> 
     with pytest.raises(helm_python.HelmError) as e:
         render({"config": {"server": server}, "extraEnv": [{"name": "DRAIN", "value": "x"}]})
     assert "config.server.drain_timeout_s" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.1.1",
+                                  "${WEIR_HOST:-127.0.0.1}"])
+def test_a_loopback_listen_address_fails_the_render(host: str) -> None:
+    """`config.server.host` on the loopback (config/weir.yaml's `${WEIR_HOST:-127.0.0.1}`,
+    copied into the values) made a pod the probes and the Service cannot reach: never
+    ready, restarted when the startup probe gave up half an hour later."""
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"config": {"server": {"host": host}}})
+    assert "config.server.host" in str(e.value) and "0.0.0.0" in str(e.value), str(e.value)
+
+
+def test_listen_addresses_a_pod_can_be_reached_on_pass() -> None:
+    for host in ("0.0.0.0", "::", "${WEIR_HOST:-0.0.0.0}"):
+        assert by_kind(render({"config": {"server": {"host": host}}}), "Deployment")
+    # the variable extraEnv sets, not the default
+    assert by_kind(render({"config": {"server": {"host": "${WEIR_HOST:-127.0.0.1}"}},
+                           "extraEnv": [{"name": "WEIR_HOST", "value": "0.0.0.0"}]}),
+                   "Deployment")
+    # Weir's own default is the loopback: the values' server block dropped, refused too
+    with pytest.raises(helm_python.HelmError):
+        render({"config": {"server": {"host": None}}})

@@ -41,32 +41,54 @@ app.kubernetes.io/component: gateway
 {{- else -}}{{ .Values.redis.url }}{{- end -}}
 {{- end -}}
 
-{{/* A number of Weir's config the chart computes with (list VALUE PATH ROOT): the value,
-or for a `${VAR:-default}` reference what Weir reads: the variable as `extraEnv` sets it
-(a `value`; set empty, the default), else the default (the chart sets no other); a
-variable set `valueFrom` a Secret or ConfigMap, or anything else, fails the render
-naming PATH (Helm's `int` reads text as 0). */}}
-{{- define "weir.number" -}}
+{{/* A setting of Weir's config the chart reads (list VALUE PATH ROOT), as text: the
+value, or for a `${VAR:-default}` reference what Weir reads: the variable as `extraEnv`
+sets it (a `value`; set empty, the default), else the default (the chart sets no other).
+A variable set `valueFrom` a Secret or ConfigMap is unknown here: the render fails
+naming PATH. */}}
+{{- define "weir.setting" -}}
 {{- $v := index . 0 -}}{{- $path := index . 1 -}}{{- $root := index . 2 -}}
-{{- if kindIs "string" $v -}}
-{{- if not (regexMatch "^\\$\\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\\}$" $v) -}}
-{{- fail (printf "%s: the chart computes with it: a number, or ${VAR:-number} (got a text)" $path) -}}
-{{- end -}}
+{{- if and (kindIs "string" $v) (regexMatch "^\\$\\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\\}$" $v) -}}
 {{- $name := regexFind "^\\$\\{[A-Za-z_][A-Za-z0-9_]*" $v | trimPrefix "${" -}}
 {{- $got := "" -}}
 {{- if contains ":-" $v -}}{{- $got = regexFind ":-[^}]*\\}$" $v | trimPrefix ":-" | trimSuffix "}" -}}{{- end -}}
 {{- range $e := ($root.Values.extraEnv | default list) -}}
 {{- if eq (toString $e.name) $name -}}
 {{- if hasKey $e "valueFrom" -}}
-{{- fail (printf "%s: the chart computes with it (the container port, the grace period) and reads ${%s}, which extraEnv sets from valueFrom, unknown at render: give it as a value" $path $name) -}}
+{{- fail (printf "%s: the chart reads it (the container port, the grace period, the listen address) and it reads ${%s}, which extraEnv sets from valueFrom, unknown at render: give it as a value" $path $name) -}}
 {{- else if $e.value -}}{{- $got = toString $e.value -}}{{- end -}}
 {{- end -}}
 {{- end -}}
+{{- $got -}}
+{{- else -}}{{ $v }}{{- end -}}
+{{- end -}}
+
+{{/* A number of Weir's config the chart computes with (list VALUE PATH ROOT), read as
+`weir.setting` reads it; anything but a number fails the render naming PATH (Helm's
+`int` reads text as 0). */}}
+{{- define "weir.number" -}}
+{{- $v := index . 0 -}}{{- $path := index . 1 -}}
+{{- if kindIs "string" $v -}}
+{{- if not (regexMatch "^\\$\\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\\}$" $v) -}}
+{{- fail (printf "%s: the chart computes with it: a number, or ${VAR:-number} (got a text)" $path) -}}
+{{- end -}}
+{{- $got := include "weir.setting" . -}}
 {{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?$" $got) -}}
-{{- fail (printf "%s: the chart computes with it: a number, or ${VAR:-number} (${%s} reads %q)" $path $name $got) -}}
+{{- fail (printf "%s: the chart computes with it: a number, or ${VAR:-number} (%s reads %q)" $path $v $got) -}}
 {{- end -}}
 {{- $got -}}
 {{- else -}}{{ $v }}{{- end -}}
+{{- end -}}
+
+{{/* The listen address, checked: on the loopback the probes and the Service (the pod's
+own address) cannot reach Weir. Weir's default is the loopback. */}}
+{{- define "weir.checkHost" -}}
+{{- $host := "127.0.0.1" -}}
+{{- if and .Values.config.server (hasKey .Values.config.server "host") (ne (toString .Values.config.server.host) "<nil>") -}}{{- $host = .Values.config.server.host -}}{{- end -}}
+{{- $got := include "weir.setting" (list $host "config.server.host" .) | trim | trimPrefix "[" | trimSuffix "]" | lower -}}
+{{- if or (regexMatch "^127\\." $got) (eq $got "localhost") (eq $got "::1") (eq $got "ip6-localhost") -}}
+{{- fail (printf "config.server.host: %s is the pod's loopback, which the probes and the Service cannot reach (the pod never turns ready): listen on 0.0.0.0 (or ::)" (toString $host)) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Drain timeout from Weir's config, the grace period covers preStop + drain + what
