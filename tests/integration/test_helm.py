@@ -784,3 +784,13 @@ def test_listen_addresses_a_pod_can_be_reached_on_pass() -> None:
     # Weir's own default is the loopback: the values' server block dropped, refused too
     with pytest.raises(helm_python.HelmError):
         render({"config": {"server": {"host": None}}})
+
+
+def test_a_port_weir_picks_itself_fails_the_render() -> None:
+    """`config.server.port: 0` (Weir takes any free port: a test's setting) rendered
+    `containerPort: 0`, which the API server refuses (1-65535), and probes that could
+    not know the port."""
+    for port in (0, "${WEIR_PORT:-0}"):
+        with pytest.raises(helm_python.HelmError) as e:
+            render({"config": {"server": {"port": port}}})
+        assert "config.server.port" in str(e.value), str(e.value)

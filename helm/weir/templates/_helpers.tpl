@@ -104,7 +104,11 @@ teardown: proxy/cli.py) + 5 s. */}}
 {{- define "weir.port" -}}
 {{- $port := 8000 -}}
 {{- if and .Values.config.server (hasKey .Values.config.server "port") -}}{{- $port = .Values.config.server.port -}}{{- end -}}
-{{ int (include "weir.number" (list $port "config.server.port" .)) }}
+{{- $port = int (include "weir.number" (list $port "config.server.port" .)) -}}
+{{- if lt $port 1 -}}
+{{- fail "config.server.port: 0 (any free port) cannot be a container port, nor what the probes and the Service reach: name the port (e.g. 8000)" -}}
+{{- end -}}
+{{ $port }}
 {{- end -}}
 
 {{/* The `key_env` names of config.auth.keys that neither a Secret of the chart nor
