@@ -160,13 +160,15 @@ def test_the_service_monitor_scrapes_a_metrics_endpoint_behind_a_key() -> None:
     assert "serviceMonitor.keySecret" in str(e.value)
 
 
-@pytest.mark.parametrize("bad", ["${DRAIN}", "${DRAIN:-soon}"])
-def test_a_number_the_chart_cannot_read_fails_the_render(bad: str) -> None:
+@pytest.mark.parametrize(("bad", "named"), [
+    ("${DRAIN}", "${DRAIN}"),  # (a variable nothing gives the pod: named as that)
+    ("${DRAIN:-soon}", "config.server.drain_timeout_s")])
+def test_a_number_the_chart_cannot_read_fails_the_render(bad: str, named: str) -> None:
     """(The values' schema takes a reference without a default: Weir would read its
     variable, which the chart cannot.)"""
     with pytest.raises(helm_python.HelmError) as e:
         render({"config": {"server": {"drain_timeout_s": bad}}})
-    assert "config.server.drain_timeout_s" in str(e.value)
+    assert named in str(e.value)
 
 
 @pytest.mark.parametrize(("bad", "where"), [
@@ -794,3 +796,31 @@ def test_a_port_weir_picks_itself_fails_the_render() -> None:
         with pytest.raises(helm_python.HelmError) as e:
             render({"config": {"server": {"port": port}}})
         assert "config.server.port" in str(e.value), str(e.value)
+
+
+def test_a_variable_the_config_needs_and_nothing_gives_fails_the_render() -> None:
+    """`cache.config.redis.url: ${REDIS_URL}` (the README's scale-out) with neither
+    `redis.bundled` nor `redis.url` set: Weir refuses a `${VAR}` that is unset with no
+    default, so every pod failed at its start, and the install said nothing."""
+    l2 = [{"name": "cache", "config": {"l2": {"enabled": True},
+                                       "redis": {"url": "${REDIS_URL}"}}}]
+    keys = {"apiKeys": {"values": {"WEIR_KEY_APP": "sk-x"}}}
+    with pytest.raises(helm_python.HelmError) as e:
+        render({**keys, "config": {"plugins": l2}})
+    assert "REDIS_URL" in str(e.value) and "redis.url" in str(e.value), str(e.value)
+    given: list[dict[str, Any]] = [
+        {"redis": {"bundled": True}}, {"redis": {"url": "redis://r:6379/0"}},
+        {"extraEnv": [{"name": "REDIS_URL", "value": "redis://r:6379/0"}]},
+        {"apiKeys": {"values": {"WEIR_KEY_APP": "sk-x", "REDIS_URL": "redis://r"}}},
+        # what these hold is unknown at render: trusted
+        {"apiKeys": {"existingSecret": "keys"}},
+        {"extraEnvFrom": [{"secretRef": {"name": "env"}}]}]
+    for extra in given:
+        assert by_kind(render({**keys, **extra, "config": {"plugins": l2}}), "ConfigMap")
+    # a default, or `$${...}` (the text itself), needs no variable
+    for plugins in (
+            [{"name": "cache", "config": {"l2": {"enabled": True},
+                                          "redis": {"url": "${REDIS_URL:-redis://r:6379}"}}}],
+            [{"name": "breaker", "config": {"fallback": [
+                {"kind": "static", "content": "Busy: say $${NAME} later."}]}}]):
+        assert by_kind(render({**keys, "config": {"plugins": plugins}}), "ConfigMap")

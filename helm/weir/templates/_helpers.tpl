@@ -126,3 +126,24 @@ here: it is trusted), space-separated: Weir refuses to start without them. */}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The variables `${VAR}` (no default) in config that nothing of the chart gives the
+pod (its own variables, extraEnv, apiKeys.values; an existingSecret's or extraEnvFrom's
+content is unknown here: trusted), space-separated: Weir refuses to start without
+them. (`$${VAR}` is the text itself.) */}}
+{{- define "weir.unsuppliedVariables" -}}
+{{- if not (or .Values.apiKeys.existingSecret .Values.extraEnvFrom) -}}
+{{- $given := dict "WEIR_CACHE_DIR" true "HF_HOME" true -}}
+{{- if include "weir.redisUrl" . }}{{ $_ := set $given "REDIS_URL" true }}{{ end -}}
+{{- if .Values.huggingface.tokenSecret }}{{ $_ := set $given "HF_TOKEN" true }}{{ end -}}
+{{- range $e := (.Values.extraEnv | default list) }}{{ $_ := set $given (toString $e.name) true }}{{ end -}}
+{{- range $k, $_ := (.Values.apiKeys.values | default dict) }}{{ $_ := set $given $k true }}{{ end -}}
+{{- $seen := dict -}}
+{{- range $ref := regexFindAll "(^|[^$])\\$\\{[A-Za-z_][A-Za-z0-9_]*\\}" (toYaml .Values.config) -1 -}}
+{{- $name := regexFind "[A-Za-z_][A-Za-z0-9_]*\\}$" $ref | trimSuffix "}" -}}
+{{- if not (or (hasKey $given $name) (hasKey $seen $name)) -}}
+{{- $_ := set $seen $name true -}}{{ $name }}{{ " " }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
