@@ -824,3 +824,23 @@ def test_a_variable_the_config_needs_and_nothing_gives_fails_the_render() -> Non
             [{"name": "breaker", "config": {"fallback": [
                 {"kind": "static", "content": "Busy: say $${NAME} later."}]}}]):
         assert by_kind(render({**keys, "config": {"plugins": plugins}}), "ConfigMap")
+
+
+def test_the_bundled_redis_names_fit_kubernetes_limits_under_a_long_name() -> None:
+    """The bundled Redis's names are the release's full name (up to 63 characters) with
+    `-redis` and `-redis-headless` added: past 63 a Service name (a DNS label) is
+    refused, and past 52 a StatefulSet's revision label is."""
+    for name in ("a" * 63, "weir-" + "b" * 44 + "-", "gw"):
+        docs = render({"fullnameOverride": name, "redis": {"bundled": True}})
+        services = [d["metadata"]["name"] for d in docs if d["kind"] == "Service"]
+        assert all(len(s) <= 63 for s in services), services
+        assert len(set(services)) == len(services) == 3
+        sts = by_kind(docs, "StatefulSet")
+        assert len(sts["metadata"]["name"]) <= 52
+        assert sts["spec"]["serviceName"] in services
+        env = {e["name"]: e.get("value") for e in by_kind(docs, "Deployment")["spec"][
+            "template"]["spec"]["containers"][0]["env"]}
+        assert env["REDIS_URL"] == f"redis://{sts['metadata']['name']}:6379/0"
+        assert sts["metadata"]["name"] in services
+    assert by_kind(render({"fullnameOverride": "gw", "redis": {"bundled": True}}),
+                   "StatefulSet")["metadata"]["name"] == "gw-redis"

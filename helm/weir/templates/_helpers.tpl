@@ -33,11 +33,17 @@ app.kubernetes.io/component: gateway
 {{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
 
+{{/* The bundled Redis's name: its StatefulSet's (at most 52 characters: its revision
+label adds 11) and its Service's (`-headless` added: at most 63, a DNS label). */}}
+{{- define "weir.redisName" -}}
+{{ include "weir.fullname" . | trunc 46 | trimSuffix "-" }}-redis
+{{- end -}}
+
 {{- define "weir.redisUrl" -}}
 {{- if and .Values.redis.bundled .Values.redis.url -}}
 {{- fail "redis: set redis.bundled (a Redis in this release) or redis.url (yours), not both" -}}
 {{- end -}}
-{{- if .Values.redis.bundled -}}redis://{{ include "weir.fullname" . }}-redis:6379/0
+{{- if .Values.redis.bundled -}}redis://{{ include "weir.redisName" . }}:6379/0
 {{- else -}}{{ .Values.redis.url }}{{- end -}}
 {{- end -}}
 
