@@ -844,3 +844,25 @@ def test_the_bundled_redis_names_fit_kubernetes_limits_under_a_long_name() -> No
         assert sts["metadata"]["name"] in services
     assert by_kind(render({"fullnameOverride": "gw", "redis": {"bundled": True}}),
                    "StatefulSet")["metadata"]["name"] == "gw-redis"
+
+
+def test_a_model_cache_claim_many_pods_share_can_be_read_write_many() -> None:
+    """The chart's model-cache claim was ReadWriteOnce, always: replicas (or an
+    autoscaler's) on other nodes could not mount it (a Multi-Attach error, stuck
+    creating), and no value could ask for a shared volume. `modelCache.accessMode`
+    chooses; a ReadWriteOnce claim with more than one pod is warned of."""
+    pvc = {"type": "pvc", "accessMode": "ReadWriteMany", "storageClass": "nfs"}
+    docs = render({"modelCache": pvc, "replicaCount": 3})
+    claim = by_kind(docs, "PersistentVolumeClaim")
+    kubernetes_validate.validate(claim, K8S, strict=True)
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert "modelCache" not in _notes({"modelCache": pvc, "replicaCount": 3})
+    assert by_kind(render({"modelCache": {"type": "pvc"}}), "PersistentVolumeClaim")[
+        "spec"]["accessModes"] == ["ReadWriteOnce"]
+    for many in ({"replicaCount": 2}, {"autoscaling": {"enabled": True}}):
+        assert "modelCache" in _notes({"modelCache": {"type": "pvc"}, **many}), many
+    assert "modelCache" not in _notes({"modelCache": {"type": "pvc"}})
+    assert "modelCache" not in _notes({"replicaCount": 2})  # (emptyDir: each pod its own)
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"modelCache": {"type": "pvc", "accessMode": "ReadWriteSometimes"}})
+    assert "accessMode" in str(e.value)
