@@ -90,7 +90,31 @@ def check_config(path: str) -> int:
     assert specs is not None
     print(f"{path}: OK ({len([p for p in specs if p.enabled])} plugins enabled)")
     _warn_unreadable_keys(path)
+    _warn_missing_folders(path)
     return 0
+
+
+def _looks_like_folder(value: str | None) -> bool:
+    """A model named by its path (`/models/x`, `./x`, `~/x`), not a Hugging Face id."""
+    return bool(value) and str(value).startswith(("/", "./", "../", "~"))
+
+
+def _warn_missing_folders(path: str) -> None:
+    """Models named by a folder that is not there: a warning (the folder may be where
+    the server runs, a volume of its own), as `serve` would fail to load it once
+    the engine started loading, taking the path for a malformed Hugging Face id."""
+    from .settings import parse_settings, read_config_text
+
+    settings = parse_settings(read_config_text(path))
+    named: list[tuple[str, str | None]] = [("embeddings.model", settings.embeddings.model)]
+    if settings.engine.kind == "vllm":
+        named[:0] = [("engine.model", settings.engine.model),
+                     ("engine.tokenizer", settings.engine.tokenizer)]
+    for where, value in named:
+        if value is not None and _looks_like_folder(value) and not Path(
+                value).expanduser().is_dir():
+            print(f"{path}: warning: {where}: no such folder here ({value}); `weir serve` "
+                  "cannot load it", file=sys.stderr)
 
 
 def _warn_unreadable_keys(path: str) -> None:

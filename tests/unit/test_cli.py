@@ -180,3 +180,26 @@ def test_check_config_names_every_unset_variable_and_the_other_errors_too(
     assert [e for e in err if ": server.port: " in e] == [
         f"{f}: server.port: environment variable WEIR_T_PORT is not set and has no default"]
     assert len(err) == 5, err
+
+
+def test_check_config_warns_of_a_model_folder_that_is_not_there(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model given as a folder (`/models/...`, `./m`) that does not exist passed
+    `check-config` in silence; `weir serve` then failed once the
+    engine started loading, taking the path for a malformed Hugging Face id. Like a key held
+    elsewhere, it is a warning (the folder may be where the server runs)."""
+    f = tmp_path / "c.yaml"
+    f.write_text(f"auth: {{mode: open}}\n"
+                 f"engine: {{model: {tmp_path / 'nope'}, tokenizer: ./no-such-tokenizer}}\n"
+                 f"embeddings: {{enabled: true, model: {tmp_path / 'no-embedder'}}}\n")
+    assert main(["check-config", str(f)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: engine.model: no such folder here ({tmp_path / 'nope'})" in err
+    assert "warning: engine.tokenizer: no such folder here (./no-such-tokenizer)" in err
+    assert f"warning: embeddings.model: no such folder here ({tmp_path / 'no-embedder'})" in err
+    # a Hugging Face id, a built-in, or a folder that is there: nothing to say
+    (tmp_path / "there").mkdir()
+    f.write_text(f"auth: {{mode: open}}\nengine: {{model: {tmp_path / 'there'}, "
+                 "tokenizer: Qwen/Qwen2.5-0.5B-Instruct}\n")
+    assert main(["check-config", str(f)]) == 0
+    assert "warning" not in capsys.readouterr().err
