@@ -866,3 +866,15 @@ def test_a_model_cache_claim_many_pods_share_can_be_read_write_many() -> None:
     with pytest.raises(helm_python.HelmError) as e:
         render({"modelCache": {"type": "pvc", "accessMode": "ReadWriteSometimes"}})
     assert "accessMode" in str(e.value)
+
+
+def test_a_listen_address_a_variable_gives_from_the_pod_passes() -> None:
+    """`config.server.host: ${POD_IP}` with `extraEnv` setting POD_IP from the pod's own
+    address (`valueFrom: fieldRef: status.podIP`, what the probes and the Service reach)
+    failed the render as a value the chart could not read; the chart computes nothing
+    with the host, it only refuses a loopback it can see."""
+    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    for host in ("${POD_IP}", "${POD_IP:-0.0.0.0}"):
+        pod = by_kind(render({"config": {"server": {"host": host}}, "extraEnv": env}),
+                      "Deployment")["spec"]["template"]["spec"]
+        assert pod["containers"][0]["env"][-1]["name"] == "POD_IP"

@@ -61,7 +61,7 @@ naming PATH. */}}
 {{- range $e := ($root.Values.extraEnv | default list) -}}
 {{- if eq (toString $e.name) $name -}}
 {{- if hasKey $e "valueFrom" -}}
-{{- fail (printf "%s: the chart reads it (the container port, the grace period, the listen address) and it reads ${%s}, which extraEnv sets from valueFrom, unknown at render: give it as a value" $path $name) -}}
+{{- fail (printf "%s: the chart computes with it (the container port, the grace period) and it reads ${%s}, which extraEnv sets from valueFrom, unknown at render: give it as a value" $path $name) -}}
 {{- else if $e.value -}}{{- $got = toString $e.value -}}{{- end -}}
 {{- end -}}
 {{- end -}}
@@ -87,13 +87,22 @@ naming PATH. */}}
 {{- end -}}
 
 {{/* The listen address, checked: on the loopback the probes and the Service (the pod's
-own address) cannot reach Weir. Weir's default is the loopback. */}}
+own address) cannot reach Weir. Weir's default is the loopback. A variable extraEnv sets
+`valueFrom` (the pod's own address, `status.podIP`) is unknown here: trusted (the chart
+computes nothing with the host). */}}
 {{- define "weir.checkHost" -}}
 {{- $host := "127.0.0.1" -}}
 {{- if and .Values.config.server (hasKey .Values.config.server "host") (ne (toString .Values.config.server.host) "<nil>") -}}{{- $host = .Values.config.server.host -}}{{- end -}}
+{{- $name := regexFind "^\\$\\{[A-Za-z_][A-Za-z0-9_]*" (toString $host) | trimPrefix "${" -}}
+{{- $fromRef := false -}}
+{{- range $e := (.Values.extraEnv | default list) -}}
+{{- if and $name (eq (toString $e.name) $name) (hasKey $e "valueFrom") }}{{ $fromRef = true }}{{ end -}}
+{{- end -}}
+{{- if not $fromRef -}}
 {{- $got := include "weir.setting" (list $host "config.server.host" .) | trim | trimPrefix "[" | trimSuffix "]" | lower -}}
 {{- if or (regexMatch "^127\\." $got) (eq $got "localhost") (eq $got "::1") (eq $got "ip6-localhost") -}}
 {{- fail (printf "config.server.host: %s is the pod's loopback, which the probes and the Service cannot reach (the pod never turns ready): listen on 0.0.0.0 (or ::)" (toString $host)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
