@@ -878,3 +878,14 @@ def test_a_listen_address_a_variable_gives_from_the_pod_passes() -> None:
         pod = by_kind(render({"config": {"server": {"host": host}}, "extraEnv": env}),
                       "Deployment")["spec"]["template"]["spec"]
         assert pod["containers"][0]["env"][-1]["name"] == "POD_IP"
+
+
+def test_variables_every_pod_has_need_no_value() -> None:
+    """`tracing.service_name: weir-${HOSTNAME}`: the container runtime sets HOSTNAME (the
+    pod's name), HOME and PATH in every container, and Kubernetes its API server's
+    address; the render failed it as a variable nothing gives the pod."""
+    keys = {"apiKeys": {"values": {"WEIR_KEY_APP": "sk-x"}}}
+    for name in ("HOSTNAME", "HOME", "PATH", "KUBERNETES_SERVICE_HOST"):
+        cm = by_kind(render({**keys, "config": {"tracing": {"service_name": f"w-${{{name}}}"}}}),
+                     "ConfigMap")
+        assert f"${{{name}}}" in cm["data"]["weir.yaml"]

@@ -143,12 +143,13 @@ here: it is trusted), space-separated: Weir refuses to start without them. */}}
 {{- end -}}
 
 {{/* The variables `${VAR}` (no default) in config that nothing of the chart gives the
-pod (its own variables, extraEnv, apiKeys.values; an existingSecret's or extraEnvFrom's
-content is unknown here: trusted), space-separated: Weir refuses to start without
-them. (`$${VAR}` is the text itself.) */}}
+pod (its own variables, extraEnv, apiKeys.values; those of every container: HOSTNAME,
+HOME, PATH, the API server's address; an existingSecret's or extraEnvFrom's content is
+unknown here: trusted), space-separated: Weir refuses to start without them. (`$${VAR}`
+is the text itself.) */}}
 {{- define "weir.unsuppliedVariables" -}}
 {{- if not (or .Values.apiKeys.existingSecret .Values.extraEnvFrom) -}}
-{{- $given := dict "WEIR_CACHE_DIR" true "HF_HOME" true -}}
+{{- $given := dict "WEIR_CACHE_DIR" true "HF_HOME" true "HOSTNAME" true "HOME" true "PATH" true "KUBERNETES_SERVICE_HOST" true "KUBERNETES_SERVICE_PORT" true -}}
 {{- if include "weir.redisUrl" . }}{{ $_ := set $given "REDIS_URL" true }}{{ end -}}
 {{- if .Values.huggingface.tokenSecret }}{{ $_ := set $given "HF_TOKEN" true }}{{ end -}}
 {{- range $e := (.Values.extraEnv | default list) }}{{ $_ := set $given (toString $e.name) true }}{{ end -}}
