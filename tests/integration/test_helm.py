@@ -889,3 +889,21 @@ def test_variables_every_pod_has_need_no_value() -> None:
         cm = by_kind(render({**keys, "config": {"tracing": {"service_name": f"w-${{{name}}}"}}}),
                      "ConfigMap")
         assert f"${{{name}}}" in cm["data"]["weir.yaml"]
+
+
+def test_a_variable_right_after_another_is_checked_too() -> None:
+    """`${USER}${SUFFIX}`: the check read each reference with the character before it,
+    so the second of two adjacent ones went unseen and its pod failed at its start."""
+    keys = {"apiKeys": {"values": {"WEIR_KEY_APP": "sk-x"}}}
+    env = [{"name": "A", "value": "a"}]
+    with pytest.raises(helm_python.HelmError) as e:
+        render({**keys, "extraEnv": env,
+                "config": {"tracing": {"service_name": "${A}${NOT_GIVEN}"}}})
+    assert "NOT_GIVEN" in str(e.value), str(e.value)
+    # `$${A}` is the text itself, also right after a reference
+    assert by_kind(render({**keys, "extraEnv": env,
+                           "config": {"tracing": {"service_name": "${A}$${NOT_GIVEN}"}}}),
+                   "ConfigMap")
+    # as is a `${...}` inside a default (Weir's default ends at the first `}`)
+    assert by_kind(render({**keys, "config": {"tracing": {
+        "service_name": "${NOT_GIVEN:-${ALSO_NOT}}"}}}), "ConfigMap")

@@ -155,9 +155,11 @@ is the text itself.) */}}
 {{- range $e := (.Values.extraEnv | default list) }}{{ $_ := set $given (toString $e.name) true }}{{ end -}}
 {{- range $k, $_ := (.Values.apiKeys.values | default dict) }}{{ $_ := set $given $k true }}{{ end -}}
 {{- $seen := dict -}}
-{{- range $ref := regexFindAll "(^|[^$])\\$\\{[A-Za-z_][A-Za-z0-9_]*\\}" (toYaml .Values.config) -1 -}}
-{{- $name := regexFind "[A-Za-z_][A-Za-z0-9_]*\\}$" $ref | trimSuffix "}" -}}
-{{- if not (or (hasKey $given $name) (hasKey $seen $name)) -}}
+{{- /* each reference as Weir reads it (proxy/settings.py's _REF: leftmost, `$${` the
+       text itself, a default up to the first `}`), so `${A}${B}` is two */}}
+{{- range $ref := regexFindAll "\\$?\\$\\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\\}" (toYaml .Values.config) -1 -}}
+{{- $name := regexFind "^\\$\\{[A-Za-z_][A-Za-z0-9_]*\\}$" $ref | trimPrefix "${" | trimSuffix "}" -}}
+{{- if and $name (not (or (hasKey $given $name) (hasKey $seen $name))) -}}
 {{- $_ := set $seen $name true -}}{{ $name }}{{ " " }}
 {{- end -}}
 {{- end -}}
