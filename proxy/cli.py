@@ -106,15 +106,24 @@ def _warn_missing_folders(path: str) -> None:
     from .settings import parse_settings, read_config_text
 
     settings = parse_settings(read_config_text(path))
-    named: list[tuple[str, str | None]] = [("embeddings.model", settings.embeddings.model)]
+    named: list[tuple[str, str | None]] = []
     if settings.engine.kind == "vllm":
-        named[:0] = [("engine.model", settings.engine.model),
-                     ("engine.tokenizer", settings.engine.tokenizer)]
+        named += [("engine.model", settings.engine.model),
+                  ("engine.tokenizer", settings.engine.tokenizer)]
     for where, value in named:
         if value is not None and _looks_like_folder(value) and not Path(
                 value).expanduser().is_dir():
             print(f"{path}: warning: {where}: no such folder here ({value}); `weir serve` "
                   "cannot load it", file=sys.stderr)
+    # (a built-in or a folder, loaded only where enabled: no Hugging Face id is fetched,
+    # so `models/minilm` or `org/name` is a folder too; read as proxy/embed_models.py
+    # reads it, `~` unexpanded)
+    model = settings.embeddings.model
+    if settings.embeddings.enabled and not model.startswith("builtin:") and not Path(
+            model).is_dir():
+        print(f"{path}: warning: embeddings.model: no such folder here ({model}); "
+              "`weir serve` cannot load it (a built-in or a folder: no Hugging Face id "
+              "is fetched)", file=sys.stderr)
 
 
 def _warn_unreadable_keys(path: str) -> None:

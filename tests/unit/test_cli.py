@@ -203,3 +203,25 @@ def test_check_config_warns_of_a_model_folder_that_is_not_there(
                  "tokenizer: Qwen/Qwen2.5-0.5B-Instruct}\n")
     assert main(["check-config", str(f)]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_check_config_warns_of_an_embedding_model_only_where_serve_loads_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`embeddings.model` takes a built-in or a folder, never a Hugging Face id (nothing
+    is fetched: `serve` fails on `sentence-transformers/all-MiniLM-L6-v2` or a relative
+    `models/minilm` that is not there), and with `embeddings.enabled: false` nothing is
+    loaded, so nothing is to be said of it."""
+    f = tmp_path / "c.yaml"
+    for model in ("sentence-transformers/all-MiniLM-L6-v2", "models/minilm"):
+        f.write_text(f"auth: {{mode: open}}\nembeddings: {{model: {model}}}\n")
+        assert main(["check-config", str(f)]) == 0
+        assert f"warning: embeddings.model: no such folder here ({model})" in (
+            capsys.readouterr().err)
+    f.write_text(f"auth: {{mode: open}}\n"
+                 f"embeddings: {{enabled: false, model: {tmp_path / 'no-embedder'}}}\n")
+    assert main(["check-config", str(f)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    # the embedded default
+    f.write_text("auth: {mode: open}\n")
+    assert main(["check-config", str(f)]) == 0
+    assert "warning" not in capsys.readouterr().err
