@@ -907,3 +907,13 @@ def test_a_variable_right_after_another_is_checked_too() -> None:
     # as is a `${...}` inside a default (Weir's default ends at the first `}`)
     assert by_kind(render({**keys, "config": {"tracing": {
         "service_name": "${NOT_GIVEN:-${ALSO_NOT}}"}}}), "ConfigMap")
+
+
+def test_an_autoscaler_on_pods_whose_cpu_request_is_their_limit_renders() -> None:
+    """A CPU limit with no CPU request is the request too (Kubernetes copies it), so the
+    autoscaler can scale; the render refused it as a pod with no CPU request."""
+    for requests in (None, {"memory": "24Gi"}):
+        hpa = by_kind(render({"autoscaling": {"enabled": True}, "resources": {
+            "requests": requests, "limits": {"cpu": "4", "memory": "48Gi"}}}),
+            "HorizontalPodAutoscaler")
+        assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
