@@ -114,8 +114,9 @@ def schema() -> dict[str, Any]:
             "shmSize": QUANTITY,
             "modelCache": _own({"type": {"enum": ["emptyDir", "pvc"]}, "size": QUANTITY,
                                 "storageClass": s, "existingClaim": s, "mountPath": s,
-                                "accessMode": {"enum": ["ReadWriteOnce", "ReadWriteMany",
-                                                        "ReadWriteOncePod"]}}),
+                                # (not ReadWriteOncePod: a rolling update's new pod
+                                # could never mount what the old one holds)
+                                "accessMode": {"enum": ["ReadWriteOnce", "ReadWriteMany"]}}),
             "huggingface": _own({"tokenSecret": s, "tokenKey": s}),
             "apiKeys": _own({"existingSecret": s, "reloader": b,
                              "values": {"type": "object", "additionalProperties": s}}),

@@ -917,3 +917,12 @@ def test_an_autoscaler_on_pods_whose_cpu_request_is_their_limit_renders() -> Non
             "requests": requests, "limits": {"cpu": "4", "memory": "48Gi"}}}),
             "HorizontalPodAutoscaler")
         assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+
+
+def test_a_model_cache_claim_only_one_pod_may_mount_is_refused() -> None:
+    """`modelCache.accessMode: ReadWriteOncePod`: the Deployment rolls a new pod up
+    before the old one stops (maxSurge), and the new one can never mount the claim the
+    old one holds, so every upgrade (a config change rolls the pods) waited for good."""
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"modelCache": {"type": "pvc", "accessMode": "ReadWriteOncePod"}})
+    assert "accessMode" in str(e.value), str(e.value)
