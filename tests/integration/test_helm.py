@@ -668,6 +668,8 @@ def test_an_ingress_routes_the_api_and_keeps_metrics_off_it() -> None:
     ({"ingress": {"enabled": True, "hosts": [{"host": "a.example", "paths": [
         {"path": "v1"}]}]}}, "path"),
     ({"ingress": {"enable": True}}, "enable"),
+    # no rule and no default backend: the API server refuses such an Ingress
+    ({"ingress": {"enabled": True, "hosts": []}}, "ingress.hosts"),
 ])
 def test_bad_ingress_values_are_refused(bad: dict[str, Any], where: str) -> None:
     with pytest.raises(helm_python.HelmError) as e:
