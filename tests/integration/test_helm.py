@@ -928,3 +928,19 @@ def test_a_model_cache_claim_only_one_pod_may_mount_is_refused() -> None:
     with pytest.raises(helm_python.HelmError) as e:
         render({"modelCache": {"type": "pvc", "accessMode": "ReadWriteOncePod"}})
     assert "accessMode" in str(e.value), str(e.value)
+
+
+def test_a_loopback_default_says_how_to_give_the_variable() -> None:
+    """config/weir.yaml's `${WEIR_HOST:-127.0.0.1}` with WEIR_HOST in an `extraEnvFrom`
+    ConfigMap: the chart cannot see it and reads the default, so the render fails; the
+    message said only "listen on 0.0.0.0", not that setting WEIR_HOST in `extraEnv` is
+    read (an `existingSecret` holding only keys must not hide a loopback pod)."""
+    for extra in ({"extraEnvFrom": [{"configMapRef": {"name": "env"}}]},
+                  {"apiKeys": {"existingSecret": "keys"}}):
+        with pytest.raises(helm_python.HelmError) as e:
+            render({**extra, "config": {"server": {"host": "${WEIR_HOST:-127.0.0.1}"}}})
+        assert "WEIR_HOST" in str(e.value) and "extraEnv" in str(e.value), str(e.value)
+    assert by_kind(render({"extraEnvFrom": [{"configMapRef": {"name": "env"}}],
+                           "extraEnv": [{"name": "WEIR_HOST", "value": "0.0.0.0"}],
+                           "config": {"server": {"host": "${WEIR_HOST:-127.0.0.1}"}}}),
+                   "Deployment")

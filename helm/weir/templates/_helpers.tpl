@@ -101,7 +101,9 @@ computes nothing with the host). */}}
 {{- if not $fromRef -}}
 {{- $got := include "weir.setting" (list $host "config.server.host" .) | trim | trimPrefix "[" | trimSuffix "]" | lower -}}
 {{- if or (regexMatch "^127\\." $got) (eq $got "localhost") (eq $got "::1") (eq $got "ip6-localhost") -}}
-{{- fail (printf "config.server.host: %s is the pod's loopback, which the probes and the Service cannot reach (the pod never turns ready): listen on 0.0.0.0 (or ::)" (toString $host)) -}}
+{{- $how := "" -}}
+{{- if $name -}}{{- $how = printf "; ${%s} is read as extraEnv sets it, else its default (what extraEnvFrom or a Secret holds is unknown here): set it in extraEnv" $name -}}{{- end -}}
+{{- fail (printf "config.server.host: %s is the pod's loopback, which the probes and the Service cannot reach (the pod never turns ready): listen on 0.0.0.0 (or ::)%s" (toString $host) $how) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
