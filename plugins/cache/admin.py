@@ -2,9 +2,10 @@
 
 POST /admin/cache/purge  {"tenant", "role", "user", "key", "contains"}: all given
     fields must match (`contains`: a case-insensitive substring of the prompt or the
-    answer). Removes the entries from Redis, from this replica's L1 and vector index,
-    and, through Redis pub/sub, from every other replica's. Answers being generated
-    when the purge runs are not stored afterwards.
+    answer; `key`: what an answer's `x-weir-cache-key` named). Removes the entries
+    from Redis, from this replica's L1 and vector index, and, through Redis pub/sub,
+    from every other replica's. Answers being generated when the purge runs are not
+    stored afterwards.
 GET  /admin/cache/stats  entry counts per layer on this replica and in Redis.
 
 Scope: a key with role `admin` sees and purges only entries made by its own tenant

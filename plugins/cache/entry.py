@@ -360,7 +360,8 @@ Match = Callable[[Entry], bool]
 
 def matcher(f: dict[str, Any]) -> Match:
     """The entry filter of purges and stats: every field given (tenant, role, user, key)
-    must equal the entry's (its owner's, or an alias's asker's), except that a tenant
+    must equal the entry's (its owner's, or an alias's asker's; a key the entry's own or,
+    for a paraphrase's alias, its original's), except that a tenant
     covers the callers a gateway's key of it forwards for (`tenant~...`, `proxy.auth`);
     `contains` is a case-insensitive substring of the prompt or the answer."""
     needle = (f.get("contains") or "").casefold()
@@ -372,7 +373,7 @@ def matcher(f: dict[str, Any]) -> Match:
                 and (not role or r == role) and (not user or u == user))
 
     def match(e: Entry) -> bool:
-        if key and e.key != key:
+        if key and key != e.key and key != e.source:
             return False
         # Whose words a filter may test: the owner's prompt, where it names the owner;
         # a paraphrase alias's asker's own words, where it names the asker (each tests

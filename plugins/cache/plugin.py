@@ -13,11 +13,13 @@ normally and store it (L1 at once; Redis, the vector index and the user's cap in
 background, so a miss pays nothing for them).
 
 Responses carry `x-weir-cache: exact | semantic | miss | bypass | stale | coalesced`
-and `Age` on a hit. `miss`: looked up, not found, generated (and stored where it may
-be); `bypass`: not looked up (sensitive, sampled, `no-cache`, `max-age=0`; an answer a
-client asked fresh with `no-cache` is still stored in place of what was, unless
-`no-store`); `coalesced`: answered by an identical request's generation. A 504
-`not_cached` (`only-if-cached`) says `miss` where nothing was found, `bypass` where the
+and `Age` on a hit, and `x-weir-cache-key` (the key of the entry that answered or is to
+hold the answer: a digest, for purges by `key`) wherever it looked up or stored.
+`miss`: looked up, not found, generated (and stored where it may be); `bypass`: not
+looked up (sensitive, sampled, `no-cache`, `max-age=0`; an answer a client asked fresh
+with `no-cache` is still stored in place of what was, unless `no-store`); `coalesced`:
+answered by an identical request's generation. A 504 `not_cached`
+(`only-if-cached`) says `miss` where nothing was found, `bypass` where the
 request may not be answered from the cache. Similarity scores go to metrics and debug
 logs only: exposing them would let a client probe what other entries say.
 """
@@ -74,6 +76,9 @@ from .store import CacheStore, Lookup, SemanticKey
 
 log = get_logger("weir.cache")
 HEADER = "x-weir-cache"
+#: The key of the entry an answer is (or, once generated, is stored as) in the cache: an
+#: opaque digest, never the prompt, which `POST /admin/cache/purge {"key": ...}` takes.
+KEY_HEADER = "x-weir-cache-key"
 #: A leader's settle value when its client went away: a waiter takes the lead.
 ABANDONED = object()
 #: What a generation settles for the identical requests waiting on it.
@@ -213,6 +218,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         read, write, max_age = d.read, d.write, d.max_age
         renders = self.services.terminal.render_digest
         key = exact_key(ctx, self.cfg.scope, renders)
+        ctx.response_headers[KEY_HEADER] = key  # (a hit says its entry's: `_hit`)
         scope = scope_id(ctx.principal, self.cfg.scope)
         if read and (entry := await self.store.get(key, scope, max_age=max_age)) is not None:
             return await self._hit(ctx, entry, "exact")
@@ -462,6 +468,9 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     async def _hit(self, ctx: RequestContext, entry: Entry, layer: str) -> Reply:
         ctx.response_headers[HEADER] = layer
+        # The entry that answers: a paraphrase's alias names its original, whose purge
+        # by key removes the alias too (`matcher`).
+        ctx.response_headers[KEY_HEADER] = entry.source or entry.key
         ctx.response_headers["Age"] = str(entry.age(time.time()))
         return await self._reply(ctx, entry)
 

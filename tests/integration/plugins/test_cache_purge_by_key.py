@@ -1,0 +1,96 @@
+"""Purging one entry by its key: every answer the cache looked up or stored names its
+entry's key (`x-weir-cache-key`, an opaque digest), which `POST /admin/cache/purge`
+takes; a tenant's admin reaches only its own tenant's entries with it, even where the
+scope is `global` and the tenants share keys."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from bench.redis_server import RedisServer
+from proxy.app_state import STATE
+from tests.conftest import MakeClient, make_settings
+from tests.fakes import FakeEngine
+from tests.integration.plugins.test_cache_redis import h, settle
+
+KEYS = [{"key": "k-alice", "tenant": "acme", "user": "alice"},
+        {"key": "k-admin", "tenant": "acme", "role": "admin", "user": "root"},
+        {"key": "k-eve", "tenant": "globex", "user": "eve"},
+        {"key": "k-gadmin", "tenant": "globex", "role": "admin", "user": "groot"}]
+
+
+async def gateway(make_client: MakeClient, url: str, scope: str) -> Any:
+    cfg = {"scope": scope, "store_truncated": True, "l2": {"enabled": True},
+           "redis": {"url": url, "key_prefix": f"weir:test:{uuid.uuid4().hex[:8]}:",
+                     "timeout_s": 0.2, "store_prompts": True}}
+    settings = make_settings(auth={"mode": "keys", "keys": KEYS}, embeddings={"enabled": True},
+                             plugins=[{"name": "cache", "config": cfg}])
+    c = await make_client(settings, engine=FakeEngine())
+    await c.app[STATE].embedder.ready()
+    return c
+
+
+async def asked(client: Any, content: str, key: str, stream: bool = False,
+                headers: dict[str, str] | None = None) -> tuple[str, str]:
+    r = await client.post("/v1/chat/completions", headers={**h(key), **(headers or {})},
+                          json={"model": "fake-model", "temperature": 0, "max_tokens": 6,
+                                "stream": stream,
+                                "messages": [{"role": "user", "content": content}]})
+    assert r.status == 200
+    await r.read()
+    return r.headers["x-weir-cache"], r.headers["x-weir-cache-key"]
+
+
+async def purge(client: Any, admin: str, **f: str) -> dict[str, Any]:
+    r = await client.post("/admin/cache/purge", json=f, headers=h(admin))
+    assert r.status == 200, await r.text()
+    return (await r.json())["purged"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_names_its_entry_and_its_tenant_purges_it_by_that(
+        make_client: MakeClient, redis_server: RedisServer, stream: bool) -> None:
+    a = await gateway(make_client, redis_server.url, "global")
+    q = "What are the opening hours of the Lisbon office?"
+    layer, key = await asked(a, q, "k-alice", stream)
+    assert layer == "miss" and len(key) == 64 and int(key, 16) >= 0  # a digest, no prompt
+    await settle(a)
+    layer, again = await asked(a, q, "k-alice", stream)
+    assert (layer, again) == ("exact", key)
+    # Another tenant shares the key (scope global) but never purges acme's entry with it.
+    layer, theirs = await asked(a, q, "k-eve")
+    assert (layer, theirs) == ("exact", key)
+    assert await purge(a, "k-gadmin", key=key) == {
+        "l1": 0, "semantic_index": 0, "redis": {"exact": 0, "semantic": 0}}
+    assert (await asked(a, q, "k-eve"))[0] == "exact"
+    got = await purge(a, "k-admin", key=key)
+    assert got["l1"] == 1 and got["redis"]["exact"] == 1
+    assert (await asked(a, q, "k-alice", headers={"Cache-Control": "no-store"}))[0] == "miss"
+
+
+async def test_a_paraphrase_names_the_answer_it_was_given(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """A semantic hit (and its alias's exact hits after it) names the original entry: a
+    purge by that key removes the original and the paraphrase's alias with it."""
+    a = await gateway(make_client, redis_server.url, "tenant")
+    _, key = await asked(a, "How do I reset my password?", "k-alice")
+    await settle(a)
+    layer, named = await asked(a, "How can I reset my password?", "k-alice")
+    assert (layer, named) == ("semantic", key)
+    layer, named = await asked(a, "How can I reset my password?", "k-alice")
+    assert (layer, named) == ("exact", key)
+    await purge(a, "k-admin", key=key)
+    for q in ("How do I reset my password?", "How can I reset my password?"):
+        assert (await asked(a, q, "k-alice", headers={"Cache-Control": "no-store"}))[0] == "miss"
+
+
+async def test_a_request_the_cache_never_reads_or_stores_names_no_key(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    a = await gateway(make_client, redis_server.url, "tenant")
+    r = await a.post("/v1/chat/completions", headers=h("k-alice"), json={
+        "model": "fake-model", "temperature": 0.9, "max_tokens": 6,
+        "messages": [{"role": "user", "content": "Tell me a story"}]})
+    assert r.headers["x-weir-cache"] == "bypass" and "x-weir-cache-key" not in r.headers
