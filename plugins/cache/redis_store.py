@@ -18,8 +18,9 @@ Ages (the sets' scores) are Redis's clock, not each replica's. A tenant's count 
 its entries that are gone on their own (expired) as it goes, a few at each write (its
 oldest, and a few more in turn through the whole count; a purge takes what it deletes
 off); what it holds never exceeds the bound.
-A popped entry another tenant has stored again since, under a key they share (scope
-`global`), is that tenant's now: it stays.
+An entry another tenant has stored again since, under a key they share (scope
+`global`), is that tenant's now: popped, it stays; and the first tenant's count drops it
+as it drops an entry gone on its own (its bytes are the other tenant's).
 
 Every read runs under `timeout_s`, every write (off the request's path) under
 `write_timeout_s`: a slow Redis counts as a down Redis. Failures
@@ -85,8 +86,8 @@ EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 # the tenant's sizes (a hash: member -> bytes, '#' -> their total, '@' -> the rank the
 # next write looks from for entries gone on their own).
 # ARGV: exact JSON ("": none), its PX; semantic field ("": none), its value, the hash's
-# PX, the events channel, the add event; the cap, the sets' PX, the replica's time
-# (unused: ages are Redis's `TIME`, one clock for every replica); the key
+# PX, the events channel, the add event; the cap, the sets' PX, whether tenants share
+# keys ('1': scope `global`; ages are Redis's `TIME`, one clock for every replica); the key
 # prefix, this replica; the tenant's bound in bytes (0: none), the exact and semantic
 # members, the tenant (account); the members. The members popped past the caps are
 # deleted here too (their keys cannot be named in KEYS before the pop: a standalone
@@ -209,7 +210,9 @@ if tcap > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
   end
   local gone = 0
   for _, m in ipairs(looked) do
-    if not held(m) then
+    -- (with shared keys, `ARGV[10]`: one another tenant stored again once this
+    -- tenant's copy was gone is not held by this tenant either, and counted as theirs)
+    if not held(m) or (ARGV[10] == '1' and theirs(m)) then
       untally(m)
       gone = gone + 1
     end
@@ -261,9 +264,13 @@ return n
 
 
 class RedisStore:
-    def __init__(self, cfg: RedisConfig, errors: Counter, replica: str) -> None:
+    def __init__(self, cfg: RedisConfig, errors: Counter, replica: str,
+                 shared_keys: bool = False) -> None:
+        """`shared_keys`: every tenant's requests have one key (scope `global`), so a
+        key one tenant stored may be stored again by another once it expired."""
         assert cfg.url
         self.cfg = cfg
+        self.shared_keys = shared_keys
         self.p = cfg.key_prefix
         self.replica = replica
         self._errors = errors
@@ -478,7 +485,8 @@ class RedisStore:
                 self.user_key(entry.tenant, entry.user), *self.tenant_keys(owner)]
         args: list[str | int] = [
             data, _px(exact_ttl_s), field, value, _px(semantic_ttl_s),
-            self.p + "events", event, cap, _px(user_ttl_s), repr(time.time()), self.p,
+            self.p + "events", event, cap, _px(user_ttl_s), "1" if self.shared_keys else "",
+            self.p,
             self.replica, self.cfg.max_bytes_per_tenant or 0, exact_member(entry.key),
             semantic_member(partition, entry.key), owner, *members]
         popped = await self._call("persist", lambda: self._persist(keys=keys, args=args),

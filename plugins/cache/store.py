@@ -114,7 +114,8 @@ class CacheStore:
             cfg.semantic.max_entries_per_scope, cfg.semantic.max_partitions,
             lambda part, eid: self.users.discard(semantic_member(part, eid)),
             cfg.semantic.max_partitions_per_tenant, cfg.semantic.max_bytes)
-        self.redis = (RedisStore(cfg.redis, metrics.store_errors, self.replica)
+        self.redis = (RedisStore(cfg.redis, metrics.store_errors, self.replica,
+                                 shared_keys=cfg.scope == "global")
                       if cfg.redis.url else None)
         self._background: set[asyncio.Task[Any]] = set()
         #: Recent purges, oldest first: (when, whom it reached). An answer generated

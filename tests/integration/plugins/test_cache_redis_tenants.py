@@ -22,10 +22,12 @@ from tests.integration.plugins.test_cache_redis import ask, cache_of, replicas, 
 from tests.waiting import eventually
 
 
-def store(url: str, bound: int | None) -> RedisStore:
+def store(url: str, bound: int | None, shared: bool = False) -> RedisStore:
+    """`shared`: keys every tenant shares (scope `global`)."""
     errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
     return RedisStore(RedisConfig(url=url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
-                                  max_bytes_per_tenant=bound), errors, "r")
+                                  max_bytes_per_tenant=bound), errors, "r",
+                      shared_keys=shared)
 
 
 def entry(key: str, tenant: str, text: str) -> Entry:
@@ -184,6 +186,38 @@ async def test_a_tenants_bound_never_evicts_a_key_another_tenant_stored_since(
         assert "shared" in await exact_keys(s)
         assert await held_bytes(s, "globex") > 0
         assert await held_bytes(s, "acme") <= (bound or 4 * len(e.to_json()))
+    finally:
+        await s.close()
+
+
+async def test_a_key_another_tenant_stored_again_leaves_the_first_tenants_count(
+        redis_server: RedisServer) -> None:
+    """With `scope: global`, an entry acme stored, which expired and globex stored again
+    under the key they share, stayed in acme's count (its bytes held twice, acme's and
+    globex's) until popped: acme's live entries older than it were evicted for bytes it
+    no longer held. The count drops it as it drops an entry gone on its own."""
+    vec = np.ones(4, dtype=np.float32) / 2
+    text = "answer " * 100
+    e = entry("a0", "acme", text)
+    sizing = store(redis_server.url, None)
+    exact, sem = len(e.to_json(with_prompt=False)), len(sizing._pack(vec, e.to_json(), "q"))
+    await sizing.close()
+    s = store(redis_server.url, sem + 2 * exact + exact // 2, shared=True)
+    try:
+        older = entry("a0", "acme", text)  # in the semantic layer: longer-lived
+        await s.persist(older, False, 60, ("p", vec, "q"), older, 60, ["s:p:a0"], 1000, 60)
+        for key in ("shared", "a1"):
+            e = entry(key, "acme", text)
+            assert await s.persist(e, True, 60, None, e, 60, [f"x:{key}"], 1000, 60) == []
+        await s.client.delete(s.p + "x:shared")  # expired
+        again = entry("shared", "globex", text)
+        assert await s.persist(again, True, 60, None, again, 60, ["x:shared"], 1000, 60) == []
+        e = entry("a2", "acme", text)  # acme holds a0, a1 and a2: within its bound
+        assert await s.persist(e, True, 60, None, e, 60, ["x:a2"], 1000, 60) == []
+        assert await held_bytes(s, "acme") == int(
+            (await s.client.hget(s.tenant_keys("acme")[1], "#")) or 0)
+        assert len(await s.client.hkeys(s.p + "s:p")) == 1  # acme's older entry kept
+        assert await exact_keys(s) == {"shared", "a1", "a2"}
     finally:
         await s.close()
 
