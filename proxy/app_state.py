@@ -62,6 +62,10 @@ class AppState:
     embed_chain: Next | None = None
     embedder: Embedder | None = None
     draining: bool = False
+    #: The event loop's time by which a shutdown must be over (`weir serve` sets it as
+    #: its drain begins, where a thread ends an overrunning one): what closes past the
+    #: drain keeps its own waits within it. None: no such deadline (tests, embedding).
+    shutdown_by: float | None = None
     engine_error: BaseException | None = None
     #: Set once the engine has started (or failed to).
     engine_settled: asyncio.Event = field(default_factory=asyncio.Event)

@@ -223,6 +223,7 @@ async def serve(settings: Settings, host: str, port: int) -> int:
     drain = settings.server.drain_timeout_s
     log.info("draining", in_flight=st.in_flight, timeout_s=drain)
     deadline = _shutdown_deadline(drain + ABORT_GRACE_S + OVERRUN_S)
+    st.shutdown_by = loop.time() + drain + ABORT_GRACE_S + OVERRUN_S
     if not await _drained(st, drain, hurry):
         aborted = await st.abort_all(ABORT_GRACE_S)
         log.warning("second signal: aborted in-flight requests" if hurry.is_set()

@@ -64,6 +64,22 @@ def saves_bound_s(store: RecordStore) -> float:
     return max(_SAVES_AT_CLOSE_S, _SAVE_CALLS * store.timeout_s + 0.5)
 
 
+#: What a closing store leaves of the shutdown's deadline (`AppState.shutdown_by`) to
+#: what closes after its wait: its own client, the plugins, the embedder, the engine.
+_AFTER_SAVES_S = 2.0
+
+
+def saves_wait_s(store: RecordStore, shutdown_by: float | None, now: float) -> float:
+    """`saves_bound_s`, within the shutdown's deadline (less `_AFTER_SAVES_S`): a store
+    with a long `timeout_s` (`redis.write_timeout_s` of 5 s waits 10.5 s) and a frozen
+    Redis held the close past the deadline, and the shutdown ended as one that hung (exit
+    1) where it had only saves still waiting (each logged as not stored)."""
+    bound = saves_bound_s(store)
+    if shutdown_by is None:
+        return bound
+    return max(0.0, min(bound, shutdown_by - now - _AFTER_SAVES_S))
+
+
 def _store(request: web.Request) -> RecordStore:
     return request.app[STORE]
 
@@ -544,8 +560,10 @@ async def _store_lifespan(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         # (one bound for both: the shutdown's own deadline is near)
-        until = asyncio.get_running_loop().time() + saves_bound_s(store)
-        await app[RUNNER].close(saves_bound_s(store))  # background runs still going: failed
+        now = asyncio.get_running_loop().time()
+        wait = saves_wait_s(store, st.shutdown_by, now)
+        until = now + wait
+        await app[RUNNER].close(wait)  # background runs still going: failed
         # ... and the ends a drain's cut stores (a stream's, failed, or decided before it)
         await saves_settled(max(0.0, until - asyncio.get_running_loop().time()))
         await store.close()

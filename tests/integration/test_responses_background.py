@@ -1590,6 +1590,41 @@ def test_the_store_is_closed_only_after_a_save_may_have_ended() -> None:
     assert saves_bound_s(MemoryStore(ttl_s=60, max_items=10)) >= 2.0
 
 
+async def test_a_closing_store_waits_within_the_shutdowns_deadline(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's close waited its whole bound (`2 x timeout_s + 0.5`: 10.5 s with a
+    `write_timeout_s` of 5 s) for saves a frozen Redis never answered, past the
+    shutdown's own deadline (10 s after the drain), which then ended the process as
+    one that hung (exit 1). Its waits fit what the deadline leaves, less what closes
+    after it; without a deadline (no `weir serve`) the bound is as it was."""
+    from proxy.openai_responses import events, routes
+    from proxy.openai_responses.background import Runner
+    from proxy.record_store import MemoryStore
+
+    monkeypatch.setattr(routes, "saves_bound_s", lambda store: 10.5)
+    given: list[float] = []
+    close, settled = Runner.close, events.saves_settled
+
+    async def runner_close(self: Runner, grace: float) -> None:
+        given.append(grace)
+        await close(self, grace)
+
+    async def saves_settled(timeout: float) -> None:
+        given.append(timeout)
+        await settled(timeout)
+
+    monkeypatch.setattr(Runner, "close", runner_close)
+    monkeypatch.setattr(routes, "saves_settled", saves_settled)
+    client = await make_client(keyed())
+    loop = asyncio.get_running_loop()
+    client.app[STATE].shutdown_by = loop.time() + 4.0  # 4 s left as the store closes
+    await client.close()
+    assert len(given) == 2 and all(g <= 4.0 - routes._AFTER_SAVES_S for g in given)
+    store = MemoryStore(ttl_s=60, max_items=1)
+    assert routes.saves_wait_s(store, None, 0.0) == 10.5
+    assert routes.saves_wait_s(store, 1.0, 5.0) == 0.0  # (past it: no wait)
+
+
 @pytest.mark.parametrize("where", ["background", "stream", "before output"])
 async def test_a_drain_cutting_a_failure_being_stored_waits_for_that_write(
         make_client: MakeClient, fake_engine: FakeEngine, where: str) -> None:
