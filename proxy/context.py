@@ -103,11 +103,13 @@ class RequestContext:
     #: counts them in its limit on what it reads (`limits.max_total_chars`), as it does
     #: the prompt's.
     aside_chars: int = 0
-    #: The caller's texts a route keeps (and echoes) beside a request that no request of
-    #: the chain carries (a Response's `metadata`, keys and values): read for `block`
-    #: detectors only, as the request's own metadata is (a blocked value there is
-    #: refused, not only hidden).
-    aside_texts: tuple[str, ...] = ()
+    #: What a route keeps (and echoes) beside a request that no request of the chain
+    #: carries (a Response's `metadata`): the sanitizer reads it once, as the request's
+    #: own metadata (a `block` detector firing there refuses it, as in a prompt), and
+    #: leaves it screened as kept in `aside_said`.
+    aside_metadata: dict[str, str] | None = None
+    #: `aside_metadata` as the sanitizer screened it (None: not screened).
+    aside_said: dict[str, str] | None = None
     #: Size of the HTTP body, for plugins that enforce their own limit.
     body_bytes: int = 0
     #: The most tokens a request that names no output limit may generate (the

@@ -147,9 +147,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         fired: dict[str, str] = {}
         req = ctx.request
         if chars < OFF_LOOP_CHARS:
-            key, engine, named, blocked = self._read(ctx, fired)
+            key, engine, named, blocked, aside = self._read(ctx, fired)
         else:  # (`fired` is read again here only once the thread is done with it)
-            key, engine, named, blocked = await asyncio.get_running_loop().run_in_executor(
+            key, engine, named, blocked, aside = await asyncio.get_running_loop().run_in_executor(
                 self._reading_thread, self._read, ctx, fired)
         for name in blocked:  # (as a prompt is; no flag)
             fired[name] = "block"
@@ -170,14 +170,17 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             ctx.screen = self._screen
         if self._redacts:
             ctx.screen_aside = self._screen
+            ctx.aside_said = aside
         return await call_next(ctx)
 
     def _read(self, ctx: RequestContext, fired: dict[str, str],
               ) -> tuple[ChatCompletionRequest | CompletionRequest,
-                         ChatCompletionRequest | CompletionRequest, bool, list[str]]:
+                         ChatCompletionRequest | CompletionRequest, bool, list[str],
+                         dict[str, str] | None]:
         """The request's texts read: (the request for the cache key, the request that
         goes on, whether a name held something, the `block` detectors that fired in the
-        caller's texts), what fired in them in `fired`. Touches nothing of `ctx` (it
+        caller's texts, the route's `aside_metadata` screened), what fired in them in
+        `fired`. Touches nothing of `ctx` (it
         may run in the reading thread)."""
         req = ctx.request
         key: ChatCompletionRequest | CompletionRequest
@@ -188,26 +191,28 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             named = self._names(req, fired)
         else:
             key, engine = self._completion(req, fired)
-        blocked, engine = self._caller_texts(engine, ctx.aside_texts)
-        return key, engine, named, blocked
+        blocked, engine, aside = self._caller_texts(engine, ctx.aside_metadata)
+        return key, engine, named, blocked, aside
 
     def _caller_texts(self, req: ChatCompletionRequest | CompletionRequest,
-                      aside: tuple[str, ...] = (),
-                      ) -> tuple[list[str], ChatCompletionRequest | CompletionRequest]:
+                      aside: dict[str, str] | None = None,
+                      ) -> tuple[list[str], ChatCompletionRequest | CompletionRequest,
+                                 dict[str, str] | None]:
         """The caller's texts that no prompt holds but that go on with it (to an upstream
         engine, which may store them: `metadata`'s keys and values, `user`,
         `safety_identifier`, `prompt_cache_key`), read once: `req` with them screened as
         what a route keeps is (`_screen`), and the `block` detectors that fire in
         `metadata` or in what the route keeps beside the prompt (`aside`: a Response's
-        metadata), for which the request is refused as one whose prompt holds the same
-        (a blocked value was only hidden there, and went on to the store and the
-        upstream as a placeholder). Never read for flags (an app that sends its user's
+        metadata, given back screened as kept: one read for both, so what the route
+        keeps redacted is what blocks), for which the request is refused as one whose
+        prompt holds the same (a blocked value was only hidden there, and went on to the
+        store and the upstream as a placeholder). Never read for flags (an app that sends its user's
         address as `user` would keep every request of it out of the cache). An
         identifier is neither refused nor kept out of the cache: it goes on as its hash
         where anything fires in it (an app that sends its user's address as `user` is
         not refused every request where `email` blocks)."""
         if not self._redacts:
-            return [], req
+            return [], req, None
         fired: dict[str, str] = {}
         update: dict[str, Any] = {}
         for field in _CALLER_FIELDS:
@@ -221,10 +226,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if metadata and (values := screened_values(
                 dict(metadata), self._reading(fired))) != metadata:
             update["metadata"] = values
-        if aside and self._blocks:
-            self._reading(fired)(list(aside))  # (the route keeps its own screened copy)
+        said = screened_values(dict(aside), self._reading(fired)) if aside else aside
         blocked = [name for name in fired if name in self._blocks]
-        return blocked, req.model_copy(update=update) if update else req
+        return blocked, req.model_copy(update=update) if update else req, said
 
     def _reading(self, fired: dict[str, str]) -> Screen:
         """`_screen`, with what fires in the texts it reads fired in `fired` (each

@@ -150,7 +150,7 @@ async def _create(request: web.Request, st: AppState,
                          request_id=request[REQUEST_ID],
                          headers=header_map(request.headers.items()),
                          body_bytes=size, aside_chars=X.aside_chars(req),
-                         aside_texts=X.metadata_texts(req))
+                         aside_metadata=req.metadata or None)
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
     rid = X.new_id("resp")
     inputs = X.input_items(req) if req.store else []
@@ -318,8 +318,9 @@ def _screened(ctx: RequestContext, req: ResponsesRequest, history: list[dict[str
         req = X.screened_request(req, ctx.request)
     elif ctx.screen_aside is not None:  # (the prompt had nothing to redact)
         inputs = X.screened_reasoning(inputs, ctx.screen_aside)
-    if ctx.screen_aside is not None:  # (in no prompt: the chain never read them)
-        req = X.screened_caller_text(req, ctx.screen_aside)
+    if ctx.screen_aside is not None:  # (in no prompt: the chain never read them; its
+        # metadata, the sanitizer read once, for its blocks and as kept)
+        req = X.screened_caller_text(req, ctx.screen_aside, ctx.aside_said)
     return req, inputs, conversation
 
 

@@ -508,14 +508,18 @@ def screened_schema(schema: Any, screen: Screen) -> Any:
     return copy if found else schema
 
 
-def screened_caller_text(req: ResponsesRequest, screen: Screen) -> ResponsesRequest:
+def screened_caller_text(req: ResponsesRequest, screen: Screen,
+                         metadata: dict[str, str] | None = None) -> ResponsesRequest:
     """`req` with the caller's texts that its Response echoes and the store keeps but no
     prompt holds (`metadata`'s values, `user`, `safety_identifier`, `prompt_cache_key`)
     screened: an address in `metadata` was kept as sent beside the same one redacted in
-    the input."""
+    the input. `metadata`: `req`'s metadata as the sanitizer screened it already
+    (`RequestContext.aside_said`), not read again."""
     update: dict[str, Any] = {}
-    if req.metadata and (said := screened_values(req.metadata, screen)) != req.metadata:
-        update["metadata"] = said
+    if metadata is None and req.metadata:
+        metadata = screened_values(req.metadata, screen)
+    if req.metadata and metadata is not None and metadata != req.metadata:
+        update["metadata"] = metadata
     for field in ("user", "safety_identifier", "prompt_cache_key"):
         value = getattr(req, field)
         if value and (text := screen([value])[0]) != value:
@@ -528,13 +532,7 @@ def aside_texts(req: ResponsesRequest) -> tuple[str, ...]:
     carry (`metadata`'s keys and values, `safety_identifier`, `prompt_cache_key`; `user`
     goes on in it)."""
     out = [v for f in ("safety_identifier", "prompt_cache_key") if (v := getattr(req, f))]
-    return (*out, *metadata_texts(req))
-
-
-def metadata_texts(req: ResponsesRequest) -> tuple[str, ...]:
-    """`metadata`'s keys and values, which a `block` detector reads as it reads a
-    prompt (`RequestContext.aside_texts`; an identifier goes on as its hash instead)."""
-    return tuple(t for k, v in (req.metadata or {}).items() for t in (k, v))
+    return (*out, *(t for k, v in (req.metadata or {}).items() for t in (k, v)))
 
 
 def aside_chars(req: ResponsesRequest) -> int:

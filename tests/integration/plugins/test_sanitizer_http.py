@@ -227,6 +227,30 @@ async def test_a_block_in_the_texts_a_response_keeps_beside_its_input_blocks(
     assert "Ab3dEf6hIj" not in logs.getvalue()
 
 
+async def test_a_responses_metadata_is_read_once_what_it_keeps_redacted_blocks(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A Response's `metadata` was read twice: for `block` detectors key, value, key,
+    value; screened for the record keys first, then values. A card split over two values
+    (adjacent in the second read only) was kept redacted, and the request went through
+    though `card` blocks. One read gives both: what is kept redacted is what blocks."""
+    client = await make_client(plugins=sanitizer(detectors={"card": "block"}))
+    split = {"a": "card 4111 1111", "b": "1111 1111 thanks"}
+    r = await client.post("/v1/responses", json={
+        "model": "fake-model", "input": "hi", "max_output_tokens": 16, "metadata": split})
+    assert r.status == 400, await r.text()
+    assert (await r.json())["error"]["code"] == "content_policy_violation"
+    assert fake_engine.calls == []
+    whole = {"a": "card 4111 1111 1111 1111", "b": "thanks"}  # one text: as before
+    r = await client.post("/v1/responses", json={
+        "model": "fake-model", "input": "hi", "max_output_tokens": 16, "metadata": whole})
+    assert r.status == 400
+    r = await client.post("/v1/responses", json={  # and what holds none goes on as sent
+        "model": "fake-model", "input": "hi", "max_output_tokens": 16, "store": True,
+        "metadata": {"a": "ticket 4111", "b": "plain"}})
+    assert r.status == 200 and (await r.json())["metadata"] == {"a": "ticket 4111",
+                                                               "b": "plain"}
+
+
 async def test_an_echo_with_logprobs_is_the_prompt_its_tokens_spell(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """With `logprobs`, an echo's prompt tokens are scored, and they are the tokens of
