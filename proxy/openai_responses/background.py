@@ -11,7 +11,8 @@ its `failed` record. A client leaving does not touch it: only a cancel does.
 Its events are kept in memory, at most `max_event_bytes` a run (the oldest go first),
 for its creator's stream and for `GET /v1/responses/{id}?stream=true&starting_after=N`
 on this replica, and the last `keep_finished` ended runs' too. Another replica holds no
-events of it (a 400 there).
+events of it (a 400 there while it runs; once it has ended, its record told as events:
+`replay`).
 
 A `queued`/`in_progress` record carries a lease its run renews every `poll_s`: one
 whose lease lapsed (its replica died, or paused) is read, and stored, as `failed`. A

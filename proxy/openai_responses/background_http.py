@@ -4,7 +4,7 @@ run's events streamed (`follow`); the runs themselves are `background`'s."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -190,3 +190,17 @@ async def follow(request: web.Request, run: Run, after: int,
                            write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
                            on_chunk=carried, terminator=b"", frame=typed_sse,
                            error_events=cut)
+
+
+async def replay(request: web.Request, events: list[dict[str, Any]],
+                 headers: dict[str, str] | None = None) -> web.StreamResponse:
+    """`events` (an ended response's, `replay.replayed`) streamed as a run's are."""
+    srv = request.app[STATE].settings.server
+
+    async def told() -> AsyncIterator[dict[str, Any]]:
+        for event in events:
+            yield event
+
+    return await write_sse(request, Stream(told()), lambda: dict(headers or {}),
+                           write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
+                           terminator=b"", frame=typed_sse)

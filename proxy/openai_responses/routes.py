@@ -44,6 +44,7 @@ from . import translate as X
 from .background import RUNNING, Runner, as_read, lapsed, leasing, settle
 from .events import OUTPUT_DELTAS, Rendering, saves_settled
 from .models import RESPONSES_ENUMS, ResponsesRequest
+from .replay import can_replay, replayed
 
 log = get_logger("weir.responses")
 
@@ -383,7 +384,8 @@ def _readable(record: dict[str, Any] | None) -> dict[str, Any] | None:
 
 async def retrieve(request: web.Request) -> web.StreamResponse:
     """`GET /v1/responses/{id}`: the stored response; with `stream=true`, a background
-    response's events past `starting_after` (on the replica that runs it). `include` is
+    response's events past `starting_after` (on the replica that runs it), or, where
+    they are not held, an ended one's record told as events (`replay`). `include` is
     refused: none of what it names is available."""
     tenant, record = await _record(request)  # (a key first, then the id, as every route)
     query = request.query
@@ -408,11 +410,18 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
             "Only a response created with `background: true` can be streamed again; "
             "retrieve this one without `stream`.", param="stream", code="invalid_value")
     run = request.app[RUNNER].find(tenant, response["id"])
+    if run is None and after == -1 and can_replay(response):
+        # Its own events are gone (another replica ran it, or this one before a restart,
+        # or they aged out): its record, told as events.
+        return await background_http.replay(request, replayed(response),
+                                            told_fallback(record))
     if run is None:
         raise InvalidRequest(
             "The events of this background response are not held here: they are kept "
-            "in memory only by the server that ran it, and only for a while. Retrieve it "
-            "without `stream`.", param="stream", code="events_not_available")
+            "in memory only by the server that runs it, and only for a while. Retrieve "
+            "it without `stream`, or, once it has ended, stream it without "
+            "`starting_after` (its events told again from its record).",
+            param="stream", code="events_not_available")
     return await background_http.follow(request, run, after, told_fallback(record))
 
 

@@ -509,6 +509,65 @@ async def test_a_cancel_sent_to_the_other_replica(
     assert len(fa.aborted) == 1
 
 
+@pytest.mark.parametrize("ends", ["completed", "incomplete", "failed", "cancelled"])
+async def test_an_ended_responses_events_are_told_again_where_they_are_not_held(
+        make_client: MakeClient, redis_server: RedisServer, ends: str) -> None:
+    """A stream of an ended background response from a replica that holds none of its
+    events (another one's, or this one's after a restart) was a 400 "retrieve it without
+    stream"; OpenAI streams a stored background response's events again. Its record
+    told as events, in the shape and order a run's take, ending as it ended; resuming
+    from a `starting_after` (a live run's numbers) stays a 400."""
+    a, b, fa = await two_replicas(make_client, redis_server.url)
+    if ends != "incomplete":
+        fa.script = "The answer, told in a few short pieces."
+    body = {**BASE, "max_output_tokens": 16 if ends == "incomplete" else 64}
+    rid = (await (await a.post("/v1/responses", json=body, headers=A)).json())["id"]
+    await fa.wait_until(lambda: fa.active)
+    if ends == "cancelled":
+        assert (await a.post(f"/v1/responses/{rid}/cancel", headers=A)).status == 200
+    elif ends == "failed":
+        fa.fail_after = 2
+        fa.token_gate.set()
+    else:
+        fa.token_gate.set()
+    await ended(a, rid)
+    stored = await get(b, rid)
+    assert stored["status"] == ends
+    r = await b.get(f"/v1/responses/{rid}?stream=true", headers=A)
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
+    text = await r.text()
+    check_event_names(text)
+    events, done = parse_sse(text)
+    assert not done  # (no [DONE]: a Responses stream ends with its terminal event)
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.queued"]
+    assert events[0]["response"]["output"] == [] and events[0]["response"]["id"] == rid
+    assert events[-1]["response"] == stored
+    assert events[-1]["type"] == {"completed": "response.completed",
+                                  "failed": "response.failed"}.get(ends, "response.incomplete")
+    said = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert said == "".join(p["text"] for it in stored["output"] if it["type"] == "message"
+                           for p in it["content"])
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert done == stored["output"]
+    # The shape of the run's own events, held by its replica (each delta one, there)
+    live, _ = parse_sse(await (await a.get(f"/v1/responses/{rid}?stream=true",
+                                           headers=A)).text())
+
+    def shape(evs: list[dict[str, Any]]) -> list[str]:
+        types = [e["type"] for e in evs]
+        return [t for n, t in enumerate(types) if n == 0 or t != types[n - 1]]
+
+    assert shape(events) == shape(live)
+    assert events[-1] == {**live[-1], "sequence_number": len(events) - 1}
+    resumed = await b.get(f"/v1/responses/{rid}?stream=true&starting_after=2", headers=A)
+    assert resumed.status == 400
+    assert (await resumed.json())["error"]["code"] == "events_not_available"
+    assert (await b.get(f"/v1/responses/{rid}?stream=true", headers=B)).status == 404
+
+
 async def test_a_cancel_sent_to_the_other_replica_while_that_one_is_paused(
         make_client: MakeClient, redis_server: RedisServer) -> None:
     """The replica running it does not read the flag (paused): the cancel stores it

@@ -270,3 +270,53 @@ def test_a_known_order_changes_nothing_without_both_text_and_calls(
     order += list(range(len(message.get("tool_calls") or [])))
     assert shape(X.output_items(message, "stop", order)) == shape(
         X.output_items(message, "stop"))
+
+
+def test_an_ended_responses_calls_and_text_are_told_again_as_a_run_tells_them() -> None:
+    """`replay.replayed`: a record's message and call, each added, its text or arguments
+    in one delta, done; a call a failure cut is done without its arguments' `.done` (as
+    the run's own events were)."""
+    from proxy.openai_responses import replay
+    from proxy.openai_responses import translate as X
+    from tests.openai_spec import validate
+
+    msg = X.message_item("Let me look.", "completed", "msg_1")
+    call = X.call_item("call_1", "lookup", '{"q": "x"}', "completed", "fc_1")
+    response = {"id": "resp_1", "object": "response", "created_at": 1, "status": "completed",
+                "completed_at": 2, "error": None, "incomplete_details": None,
+                "instructions": None, "max_output_tokens": None, "model": "m",
+                "output": [msg, call], "parallel_tool_calls": True,
+                "previous_response_id": None, "store": True, "background": True,
+                "temperature": 1.0, "top_p": 1.0, "text": {"format": {"type": "text"}},
+                "tool_choice": "auto", "tools": [], "truncation": "disabled", "metadata": {},
+                "usage": {"input_tokens": 3, "input_tokens_details": {"cached_tokens": 0,
+                                                                  "cache_write_tokens": 0},
+                          "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                          "total_tokens": 8}}
+    validate("Response", response)
+    events = replay.replayed(response)
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["type"] for e in events] == [
+        "response.created", "response.queued", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    assert [e["item"] for e in events if e["type"] == "response.output_item.done"] == [
+        msg, call]
+    cut = {**response, "status": "failed", "completed_at": None,
+           "error": {"code": "server_error", "message": "The engine failed."},
+           "output": [msg, {**call, "status": "incomplete"}]}
+    events = replay.replayed(cut)
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    types = [e["type"] for e in events]
+    assert "response.function_call_arguments.done" not in types
+    assert types[-2:] == ["error", "response.failed"]
+    # a record its replica left under way (read `failed` once its lease lapsed)
+    lapsed = {**cut, "output": [{**msg, "status": "in_progress"}]}
+    types = [e["type"] for e in replay.replayed(lapsed)]
+    assert "response.output_text.done" not in types and "response.output_item.done" in types
