@@ -468,9 +468,14 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     async def _hit(self, ctx: RequestContext, entry: Entry, layer: str) -> Reply:
         ctx.response_headers[HEADER] = layer
-        # The entry that answers: a paraphrase's alias names its original, whose purge
-        # by key removes the alias too (`matcher`).
-        ctx.response_headers[KEY_HEADER] = entry.source or entry.key
+        p = ctx.principal
+        if (entry.tenant, entry.role, entry.user) == (p.tenant, p.role, p.user):
+            # The caller's own entry: a paraphrase's alias names its original, whose
+            # purge by key removes the alias too (`matcher`). Another caller's keeps the
+            # request's own key (`_look_up`): the original's is a digest of words this
+            # caller never sent (a plain SHA-256, so guessed at offline), and the alias
+            # is kept under the request's key, which a purge then reaches.
+            ctx.response_headers[KEY_HEADER] = entry.source or entry.key
         ctx.response_headers["Age"] = str(entry.age(time.time()))
         return await self._reply(ctx, entry)
 
@@ -495,6 +500,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         entry = await self.store.get(key, scope, allow_stale=True, max_age=max_age)
         if entry is None:
             return None
+        ctx.response_headers[KEY_HEADER] = key
         reply = await self._hit(ctx, entry, "stale")
         reply.headers[HEADER] = "stale"
         return reply

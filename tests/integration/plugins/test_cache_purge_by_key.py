@@ -94,3 +94,23 @@ async def test_a_request_the_cache_never_reads_or_stores_names_no_key(
         "model": "fake-model", "temperature": 0.9, "max_tokens": 6,
         "messages": [{"role": "user", "content": "Tell me a story"}]})
     assert r.headers["x-weir-cache"] == "bypass" and "x-weir-cache-key" not in r.headers
+
+
+@pytest.mark.parametrize("scope", ["global", "tenant"])
+async def test_a_paraphrase_of_another_callers_entry_names_its_own_key(
+        make_client: MakeClient, redis_server: RedisServer, scope: str) -> None:
+    """A semantic hit on an entry another caller stored (another tenant's, scope
+    `global`; another user's, scope `tenant`) named that entry's key: a digest of the
+    other caller's words (and a plain SHA-256 of what `exact_key` hashes, so it can be
+    guessed at offline). It names the paraphrase's own key, which its alias is kept
+    under: a purge by it removes the alias (and reaches nothing of the other's)."""
+    a = await gateway(make_client, redis_server.url, scope)
+    other = "k-eve" if scope == "global" else "k-admin"
+    _, original = await asked(a, "How do I reset my password?", "k-alice")
+    await settle(a)
+    q = "How can I reset my password?"
+    layer, named = await asked(a, q, other)
+    assert layer == "semantic" and named != original
+    layer, again = await asked(a, q, other)
+    assert (layer, again) == ("exact", named)  # (its alias, kept under its own key)
+    assert (await asked(a, q, other, headers={"Cache-Control": "no-cache"}))[1] == named
