@@ -410,9 +410,11 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
             "Only a response created with `background: true` can be streamed again; "
             "retrieve this one without `stream`.", param="stream", code="invalid_value")
     run = request.app[RUNNER].find(tenant, response["id"])
-    if run is None and after == -1 and can_replay(response):
+    if (after == -1 and can_replay(response)
+            and (run is None or (run.ended and run.held_from > 0))):
         # Its own events are gone (another replica ran it, or this one before a restart,
-        # or they aged out): its record, told as events.
+        # or they aged out), or its first ones are (past `max_event_bytes`): its
+        # record, told as events.
         return await background_http.replay(request, replayed(response),
                                             told_fallback(record))
     if run is None:

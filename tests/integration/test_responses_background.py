@@ -411,6 +411,32 @@ async def test_events_kept_are_bounded(make_client: MakeClient) -> None:
     assert sum(len(json.dumps(e, separators=(",", ":"))) for e in events) <= 65536
 
 
+async def test_an_ended_run_whose_first_events_are_gone_is_told_again_whole(
+        make_client: MakeClient) -> None:
+    """A stream (no `starting_after`) of an ended run whose oldest events went past
+    `max_event_bytes` was a 400 on the replica that ran it ("resume from ..."), where
+    another replica, holding none, tells its record again as events: it is told again
+    here too (a `starting_after` still resumes from what is held)."""
+    client = await make_client(responses={"background": {"max_event_bytes": 65536}})
+    r = await client.post("/v1/responses", json={**BASE, "max_output_tokens": 400})
+    rid = (await r.json())["id"]
+    await ended(client, rid, "public")
+    first = run_of(client, rid, "public").held_from
+    assert first > 1
+    r = await client.get(f"/v1/responses/{rid}?stream=true")
+    assert r.status == 200, await r.text()
+    events, _ = parse_sse(await r.text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.queued"]
+    stored = await (await client.get(f"/v1/responses/{rid}")).json()
+    assert events[-1]["response"] == stored
+    said = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert said == stored["output"][0]["content"][0]["text"]
+    resumed = await client.get(f"/v1/responses/{rid}?stream=true&starting_after={first - 1}")
+    assert (await resumed.text()) and resumed.status == 200
+
+
 async def test_a_run_renews_its_lease(make_client: MakeClient, fake_engine: FakeEngine,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that goes on past a third of its lease renews it: its record does not read
