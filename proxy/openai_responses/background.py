@@ -422,11 +422,12 @@ class Runner:
 
     async def close(self, grace: float) -> None:
         """Cancel what still runs (a shutdown: their records say `failed`) and wait, at
-        most `grace` seconds, for their records to be stored. A run is cancelled again
-        until it has ended (a cancellation can be lost, as `proxy.tasks` says, or taken
-        by a step that shields itself): cancelled once, one that ran on was left, its
-        record `in_progress` until its lease lapsed. (A run ends once its end is
-        stored: `respond` holds its final save through a cancellation.) A run opened
+        most `grace` seconds, for their records to be stored (with no time to wait, 0,
+        cancelled all the same: they ran on through the rest of the shutdown). A run is
+        cancelled again until it has ended (a cancellation can be lost, as `proxy.tasks`
+        says, or taken by a step that shields itself): cancelled once, one that ran on
+        was left, its record `in_progress` until its lease lapsed. (A run ends once its
+        end is stored: `respond` holds its final save through a cancellation.) A run opened
         but not started (its create still storing its `queued` record) is waited for
         to start (or be given back), then cut as the others: it was left, started after
         the close, and its record stayed `queued` until its lease lapsed."""
@@ -440,7 +441,9 @@ class Runner:
         if opening:
             await asyncio.wait(opening, timeout=grace)
         pending = {run.task: run for run in runs if run.task is not None}
+        cut = False
         while pending and (left := until - loop.time()) > 0:
+            cut = True
             for task, run in pending.items():
                 if run.started:  # (a task cancelled before its first step runs none
                     task.cancel()  # of it: it would store nothing)
@@ -448,6 +451,10 @@ class Runner:
             for task in done:
                 del pending[task]
             wait = min(wait * 2, RECANCEL_MAX_S)
+        if not cut:  # no time left to wait (the shutdown's deadline is near): cut, once
+            for task, run in pending.items():
+                if run.started:
+                    task.cancel()
         for run in [*pending.values(), *(r for r in runs if r.task is None
                                           and r.key in self.runs)]:
             log.warning("background response not stored as ended at shutdown",

@@ -1675,6 +1675,23 @@ def test_the_store_is_closed_only_after_a_save_may_have_ended() -> None:
     assert saves_bound_s(MemoryStore(ttl_s=60, max_items=10)) >= 2.0
 
 
+async def test_runs_are_cut_at_a_close_the_deadline_leaves_no_wait(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """With nothing left of the shutdown's deadline for the store's waits (a wait of 0),
+    the runner's close cancelled no run at all (its cancels are made within its wait):
+    they went on generating through the rest of the shutdown. They are cut all the same,
+    only not waited for."""
+    client = await make_client(keyed())
+    fake_engine.token_gate = asyncio.Event()
+    rid = (await (await client.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await fake_engine.wait_until(lambda: fake_engine.active)
+    task = run_of(client, rid).task
+    assert task is not None
+    client.app[STATE].shutdown_by = asyncio.get_running_loop().time()  # (already past)
+    await client.close()
+    assert task.done() or task.cancelling()
+
+
 async def test_a_closing_store_waits_within_the_shutdowns_deadline(
         make_client: MakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store's close waited its whole bound (`2 x timeout_s + 0.5`: 10.5 s with a
