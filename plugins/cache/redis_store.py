@@ -509,11 +509,15 @@ class RedisStore:
 
     async def purge(self, match: Callable[[Entry], bool], keys: list[str] | None = None,
                     semantic_ids: list[tuple[str, str]] | None = None,
+                    owned: Callable[[Entry], bool] | None = None,
                     ) -> tuple[int, int] | None:
         """Delete matching exact and semantic entries, and the ones named (a replica's
-        own matches: it knows their prompts, Redis may not); (exact, semantic) counts.
-        An entry that cannot be read cannot be shown not to match: it goes too (not
-        counted), and a key of another type is passed over."""
+        own matches: it knows their prompts, Redis may not) whose copy here `owned`
+        accepts (the filter's owner fields: with scope `global`, the copy a replica
+        matched may be one tenant's where Redis holds another's, stored again since under
+        the key they share); (exact, semantic) counts. An entry that cannot be read
+        cannot be shown not to match: it goes too (not counted), and a key of another
+        type is passed over."""
         exact = semantic = 0
         named = {self.p + "x:" + k for k in keys or []}
         named_sem = {(self.p + "s:" + part, eid) for part, eid in semantic_ids or []}
@@ -527,7 +531,7 @@ class RedisStore:
                     entry = self._read(raw, "exact")
                     if entry is None:
                         await self.client.delete(name)
-                    elif key in named or match(entry):
+                    elif (key in named and (owned is None or owned(entry))) or match(entry):
                         exact += await self._forget(key, "", entry)
                 async for name in self.client.scan_iter(match=self.p + "s:*", count=500):
                     hname = name.decode() if isinstance(name, bytes) else name
@@ -537,7 +541,8 @@ class RedisStore:
                         got = self._unpacked(raw)
                         if got is None:
                             await self.client.hdel(name, entry_id)
-                        elif (hname, eid) in named_sem or match(got[1]):
+                        elif (((hname, eid) in named_sem
+                               and (owned is None or owned(got[1]))) or match(got[1])):
                             semantic += await self._forget(hname, eid, got[1])
         except (RedisError, OSError, TimeoutError) as e:
             self._failed("purge", e)

@@ -756,7 +756,8 @@ class CacheStore:
         when Redis or the event failed, and the names are then owed under `f` (at most
         `OWED_MAX` filters: past it the oldest is dropped, its purge answered 503)."""
         assert self.redis is not None
-        got = await self.redis.purge(match, keys, sem)
+        got = await self.redis.purge(match, keys, sem, matcher(
+            {k: v for k, v in f.items() if k != "contains"}))
         told = await self._publish({"op": "purge", "filter": f},
                                    _members(keys, sem) if name else [])
         if got is not None and told:

@@ -14,7 +14,7 @@ from bench.redis_server import RedisServer
 from proxy.app_state import STATE
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
-from tests.integration.plugins.test_cache_redis import h, settle
+from tests.integration.plugins.test_cache_redis import cache_of, h, settle
 
 KEYS = [{"key": "k-alice", "tenant": "acme", "user": "alice"},
         {"key": "k-admin", "tenant": "acme", "role": "admin", "user": "root"},
@@ -114,3 +114,28 @@ async def test_a_paraphrase_of_another_callers_entry_names_its_own_key(
     layer, again = await asked(a, q, other)
     assert (layer, again) == ("exact", named)  # (its alias, kept under its own key)
     assert (await asked(a, q, other, headers={"Cache-Control": "no-cache"}))[1] == named
+
+
+async def test_a_purge_names_no_entry_redis_holds_for_another_tenant(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """With `scope: global`, the copy of an entry this replica's L1 holds may be acme's
+    while Redis holds globex's, stored again under the key they share once acme's copy
+    there was gone (an L1 kept longer than L2). acme's purge (by key, or by tenant)
+    named the key to Redis, which deleted it whoever held it there: a tenant's admin
+    purged another tenant's entry. Redis deletes a named entry only where the purge's
+    owner fields accept the copy it holds."""
+    import orjson
+
+    a = await gateway(make_client, redis_server.url, "global")
+    q = "What are the opening hours of the Lisbon office?"
+    _, key = await asked(a, q, "k-alice")
+    await settle(a)
+    redis = cache_of(a).store.redis
+    assert redis is not None
+    name = redis.p + "x:" + key
+    theirs = orjson.loads(await redis.client.get(name))
+    theirs.update(tenant="globex", user="eve", role="user")
+    await redis.client.set(name, orjson.dumps(theirs))  # (globex's copy, stored since)
+    got = await purge(a, "k-admin", key=key)
+    assert got["l1"] == 1 and got["redis"]["exact"] == 0  # (its semantic copy: acme's)
+    assert await redis.client.exists(name) == 1
