@@ -256,54 +256,51 @@ def find_secrets(text: str) -> Iterator[Span]:
         for a, b in _find(view):
             yield at[a], at[b]
         if not piece.isascii():  # (an accented letter escaped, as JSON's ASCII writes
-            for a, b in _accented(piece, []):  # "\u015bk-proj-...": "-" and "_" only)
+            for a, b in _accented(piece):  # "\u015bk-proj-...")
                 if at[b] - at[a] != b - a:  # (one with no escape: read as written too)
                     yield at[a], at[b]
     if not text.isascii():
-        yield from _accented(text, hits.needs_at if len(low) == len(text) else [])
+        yield from _accented(text)
 
 
 # Accented Latin letters for a key's own ("\u015bk-proj-...", "sk-pr\u00f6j-...",
-# "\u01f5hp_..."): the letter as its base letter (one for one: a span is the text's), in
-# the words that may be a key only. Folding every accented letter of a text cost Turkish
-# prose 40%; a word is read so where it holds a format's literal as written (a letter in
-# the key's body) or a "-" or a "_" (a literal's own, "sk-", "ghp_"; prose joins few
-# words with them), and has a key's length and a digit ("\u00f6\u011frenci-i\u015fleri"
-# has neither). Each "-" and "_" is found by `str.find`, `_ACCENT_ANCHORS` at most (a
-# text with more, a rule of hyphens or a table's: the words of a key's length holding
-# one, `_LONG_WORD`; that many no longer dropped every word but its literals' from the
-# reading, "-" * 4097 before "\u015bk-proj-...").
+# "\u01f5hp_...", "\u00c0KIA...", "\u00e9yJ..."): the letter as its base letter (one
+# for one: a span is the text's), in the words that may be a key only. Folding every
+# accented letter of a text cost Turkish prose 40%; a word is read so where it has a
+# key's length and a digit and holds an accented Latin letter (`_LONG_WORD`, one scan of
+# the text: prose has few such words, "\u00f6\u011frenci-i\u015fleri" neither length
+# nor digit). The words holding a literal as written, a "-" or a "_" only (as this read
+# before) missed a literal whose own letter was the accented one with no "-" or "_" in
+# its word ("\u00c0KIA...", "d\u00e0pi..."). A long word is read in pieces, one from
+# every `_WORD_CHARS * 4` characters, reaching `_WORD_CHARS * 8` either side.
 _ACCENT_OF = str.maketrans({
     chr(c): base for c in [*range(0xC0, 0x250), *range(0x1E00, 0x1F00)]
     if (base := unicodedata.normalize("NFD", chr(c))[0]).isascii() and base.isalpha()})
 _KEY_LEAST = 20
 _DIGIT = re.compile("[0-9]")
-_ACCENT_ANCHORS = 4096
-_LONG_WORD = re.compile(r"[^ \n]{20,}")
+_LONG_WORD = re.compile(r"(?<![^ \n])[^ \n]{20,}")
+_ACCENTED = re.compile(f"[{''.join(map(chr, _ACCENT_OF))}]")
 
 
-def _accented(text: str, needs_at: list[int]) -> Iterator[Span]:
+def _accented(text: str) -> Iterator[Span]:
     """Keys in the words of `text` that may be one with accented letters, those read as
     their base letters (`_ACCENT_OF`)."""
-    anchors = [i for c in "-_" for i in _found_all(text, c, _ACCENT_ANCHORS + 1)]
-    if len(anchors) > _ACCENT_ANCHORS:  # (one for each long word holding one, and
-        anchors = [i for m in _LONG_WORD.finditer(text)  # on through a long one)
-                   if ("-" in m[0] or "_" in m[0]) and not m[0].isascii()
-                   for i in range(m.start(), m.end(), _WORD_CHARS * 4)]
     end = -1
-    for i in sorted([*needs_at, *anchors]):
-        if i < end:
-            continue  # (a word read already)
-        a, b = _word_around(text, i, _WORD_CHARS * 8)
-        end = b
-        if b - a < _KEY_LEAST or _DIGIT.search(text, a, b) is None:
+    for m in _LONG_WORD.finditer(text):
+        if (m[0].isascii() or _DIGIT.search(text, m.start(), m.end()) is None
+                or _ACCENTED.search(text, m.start(), m.end()) is None):
             continue  # (a key has 20 characters or more, a digit among them)
-        word = text[a:b]
-        if word.isascii() or (read := word.translate(_ACCENT_OF)) == word:
-            continue
-        for x, y in _find(read):
-            if read[x:y] != word[x:y]:
-                yield a + x, a + y
+        for i in range(m.start(), m.end(), _WORD_CHARS * 4):
+            if i < end:
+                continue  # (a word read already)
+            a, b = _word_around(text, i, _WORD_CHARS * 8)
+            end = b
+            word = text[a:b]
+            if word.isascii() or (read := word.translate(_ACCENT_OF)) == word:
+                continue
+            for x, y in _find(read):
+                if read[x:y] != word[x:y]:
+                    yield a + x, a + y
 
 
 def _found_all(text: str, c: str, most: int) -> list[int]:

@@ -953,3 +953,40 @@ def test_windows_a_private_key_s_body_reaches_over_are_read_once() -> None:
     said = found(text)
     for n in range(3):
         assert any(f"{body}{n}" in s for s in said), [s[:40] for s in said]
+
+
+# ------------------------------------- accents in a literal with no "-" or "_" (stop 52)
+
+_JWT_PLAIN = ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
+              "dozjgNryP4J3jVmNHl0w5NaXgL0n3I9PlFUPaTHsR8U")  # (no "-" or "_" in it)
+
+
+@pytest.mark.parametrize("text", [
+    "\u00c0KIAIOSFODNN7EXAMPLF",  # A with grave in AWS's "AKIA"
+    "id A\u1e32IAIOSFODNN7EXAMPLF here",  # K with dot below
+    "\u00e9" + _JWT_PLAIN[1:],  # e with acute in a JWT's "eyJ"
+    "\u00c0IzaSyA1234567890abcdefghijklmnopqrstuv",  # Google
+    "d\u00e0pi0123456789abcdef0123456789abcdef",  # Databricks
+    "\u00c9AAA" + "Ab3dEf6hIj9kLm2nOp5q" * 3,  # Square
+    "\u00c1TATT" + "Ab3dEf6hIj9kLm2nOp5q" * 6,  # Atlassian
+])
+def test_a_key_with_an_accented_letter_and_no_hyphen_is_one(text: str) -> None:
+    """An accented letter in a literal with no "-" or "_" in its word ("\u00c0KIA...",
+    "\u00e9yJ..."): the accent reading took only the words holding a literal as written,
+    a "-" or a "_", so the key went on whole. Every word of a key's length with a digit
+    and an accented Latin letter is read so."""
+    key = next(w for w in text.split() if len(w) >= 20)
+    assert any(key in s for s in found(text)), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "\u00d8konomirapport2023f\u00f8rsteKvartal er klar.",  # Norwegian, a long word
+    "Raport\u0141\u00f3d\u017aKaliska2024Podsumowanie gotowy.",  # Polish
+    "\u00c7al\u0131\u015fmaRaporu2024Ekim\u0130stanbulOfisi haz\u0131r.",  # Turkish
+    "Stra\u00dfenverkehrsordnung2024\u00c4nderungen gelten.",  # German
+    "https://fr.wikipedia.org/wiki/\u00c9l\u00e9phant_d%27Afrique_2019 lu.",
+    "\u0110or\u0111eBala\u0161evi\u0107Koncert2019Novi\u0160ad.",  # Serbian
+    "D\u00e0pi\u00e0nLiSh\u012b2023Ni\u00e1nBa\u00f2G\u00e0o w\u00e1nch\u00e9ng.",  # pinyin
+])
+def test_long_accented_words_with_digits_are_no_key(text: str) -> None:
+    assert not fires(text), found(text)
