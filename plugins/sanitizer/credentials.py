@@ -14,13 +14,12 @@ import base64
 import html
 import re
 import threading
-import unicodedata
 from collections.abc import Iterator
 from typing import NamedTuple
 
 from proxy.text import fold, read_as
 
-from .injection import SHAPES
+from .injection import LATIN_BASES, SHAPES
 from .spans import Span, trie
 
 # (literals, one of which must occur in the lower-cased text; pattern)
@@ -273,13 +272,11 @@ def find_secrets(text: str) -> Iterator[Span]:
 # before) missed a literal whose own letter was the accented one with no "-" or "_" in
 # its word ("\u00c0KIA...", "d\u00e0pi..."). A long word is read in pieces, one from
 # every `_WORD_CHARS * 4` characters, reaching `_WORD_CHARS * 8` either side.
-_ACCENT_OF = str.maketrans({
-    chr(c): base for c in [*range(0xC0, 0x250), *range(0x1E00, 0x1F00)]
-    if (base := unicodedata.normalize("NFD", chr(c))[0]).isascii() and base.isalpha()})
+_ACCENT_OF = str.maketrans(LATIN_BASES)  # (with those of no decomposition: "\u0142")
 _KEY_LEAST = 20
 _DIGIT = re.compile("[0-9]")
 _LONG_WORD = re.compile(r"(?<![^ \n])[^ \n]{20,}")
-_ACCENTED = re.compile(f"[{''.join(map(chr, _ACCENT_OF))}]")
+_ACCENTED = re.compile(f"[{''.join(LATIN_BASES)}]")
 
 
 def _accented(text: str) -> Iterator[Span]:

@@ -144,11 +144,40 @@ _SHAPES = dict(zip(
     strict=True))
 
 
+# A Latin letter with a stroke, a bar, a hook or no dot ("\u00f8", "\u0142", "\u0111",
+# "\u0127", "\u0131") has no Unicode decomposition: its base letter is the one its name
+# gives ("LATIN SMALL LETTER L WITH STROKE"). Not "\u00df" or "\u00e6" (two letters:
+# a reading is one letter for one), nor a digraph ("\u01c5", which NFKC splits).
+_LETTER_NAMED = re.compile(r"LATIN (SMALL|CAPITAL) LETTER (?:DOTLESS )?([A-Z])"
+                           r"(?: WITH (?!.*\bLETTER\b).*)?\Z")
+
+
+def _latin_bases() -> dict[str, str]:
+    """Every accented or modified Latin letter (Latin-1 to Latin Extended-B, Latin
+    Extended Additional) as its ASCII base letter: its decomposition's first, or, with
+    none, the letter its name gives."""
+    table: dict[str, str] = {}
+    for code in [*range(0xC0, 0x250), *range(0x1E00, 0x1F00)]:
+        c = chr(code)
+        base = unicodedata.normalize("NFD", c)[0]
+        if base == c and (m := _LETTER_NAMED.match(unicodedata.name(c, ""))) is not None:
+            base = m[2] if m[1] == "CAPITAL" else m[2].lower()
+        if base != c and base.isascii() and base.isalpha():
+            table[c] = base
+    return table
+
+
+#: Accented and modified Latin letters as their ASCII base letters: the one table of
+#: them (the injection reading's, and the secret detector's for a key's letters).
+LATIN_BASES: dict[str, str] = _latin_bases()
+
+
 def _base_letters() -> dict[int, str]:
     """Letters with diacritics (Latin, Greek, Cyrillic) as their base letter, itself
-    folded: "ïgnörë" reads as "ignore", a Cyrillic "ӧ" as "o"."""
-    table: dict[int, str] = {}
-    for start, end in ((0xC0, 0x24F), (0x370, 0x4FF), (0x1E00, 0x1FFF)):
+    folded: "\u00efgn\u00f6r\u00eb" reads as "ignore", a Cyrillic "\u04e7" as "o", a
+    "\u0142" as "l"."""
+    table: dict[int, str] = {ord(c): base for c, base in LATIN_BASES.items()}
+    for start, end in ((0x370, 0x4FF), (0x1F00, 0x1FFF)):
         for code in range(start, end + 1):
             parts = unicodedata.normalize("NFD", chr(code))
             if len(parts) > 1 and all(unicodedata.combining(c) for c in parts[1:]):
