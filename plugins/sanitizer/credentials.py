@@ -626,12 +626,35 @@ def _token_out(text: str, a: int, b: int) -> Span:
     return blank + 1, min(len(text), after.start() if after is not None else b + _WINDOW_TOKEN)
 
 
+def _wrap_out(text: str, a: int, b: int) -> int:
+    """A window's end `b` moved on over the lines a key may wrap over (`_wrapped`'s, one
+    word whole each, `_WRAP_LINES` at most) where its last line is one word whole (a
+    key's first piece, or a wrapped piece of one): a key wrapped over long lines from an
+    escaped literal on its first ("sk%2Dproj-..." then eight lines of 400) ran past the
+    window's reach, and its lines past it went on."""
+    line = max(text.rfind("\n", a, b), a - 1) + 1
+    first = _FIRST_WORD.match(text, line, b)  # (the line's one word, blanks before it)
+    if first is None or first.end(1) != b or (brk := _LINE_END.match(text, b)) is None:
+        return b
+    pos = brk.end()
+    for _ in range(_WRAP_LINES):
+        m = _FIRST_WORD.match(text, pos)
+        if m is None or "\n" in text[pos:m.start(1)]:  # (a blank line ends it)
+            break
+        b = m.end(1)
+        if (brk := _LINE_END.match(text, b)) is None:  # (the key ends on this line)
+            break
+        pos = brk.end()
+    return b
+
+
 def _decoded_pieces(text: str) -> list[tuple[str, list[int]]] | None:
     """`text` decoded (`unescaped`) around its escapes (`_escape_windows`), or whole."""
     spans = _escape_windows(text)
     windows: list[Span] = []
     for lo, hi in spans or ():
         a, b = _token_out(text, max(0, lo), min(len(text), hi))
+        b = _wrap_out(text, a, b)
         if windows and a <= windows[-1][1]:
             windows[-1] = (windows[-1][0], max(b, windows[-1][1]))
         else:

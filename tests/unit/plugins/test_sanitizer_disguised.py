@@ -1005,3 +1005,44 @@ def test_a_key_with_a_letter_of_no_decomposition_is_one(text: str) -> None:
 ])
 def test_long_accented_words_with_digits_are_no_key(text: str) -> None:
     assert not fires(text), found(text)
+
+
+# ------------------------------ a wrapped key past its escape's window (stop 52)
+
+def _lines(seed: int, n: int, width: int) -> list[str]:
+    import random
+    import string
+    rnd = random.Random(seed)
+    return ["".join(rnd.choice(string.ascii_letters + string.digits) for _ in range(width))
+            for _ in range(n)]
+
+
+_WRAP = _lines(52, 9, 400)
+_PEM = _lines(53, 60, 64)
+
+
+@pytest.mark.parametrize(("text", "tail"), [
+    ("key:\nsk%2Dproj-" + "\n".join(_WRAP) + "\nthanks", _WRAP[-1]),  # URL-encoded
+    ("key:\nsk&#45;proj-" + "\n".join(_WRAP) + "\nthanks", _WRAP[-1]),  # HTML
+    ("key:\n  sk\\u002dproj-" + "\n  ".join(_WRAP) + "\nthanks", _WRAP[-1]),  # indented
+    ("t:\n&#101;yJhbGciOiJIUzI1NiJ9.eyJ" + "\n".join(_WRAP) + ".sig" + "A" * 40,
+     _WRAP[-1]),  # a JWT
+    ("&#45;----BEGIN PRIVATE KEY-----\n" + "\n".join(_PEM) + "\n-----END PRIVATE KEY-----",
+     _PEM[-1]),
+])
+def test_a_key_wrapped_past_its_escape_s_window_is_read_whole(text: str, tail: str) -> None:
+    """A key wrapped over long lines whose literal is escaped on its first line
+    ("sk%2Dproj-..." then eight lines of 400) was decoded and read in a window reaching
+    1,024 characters past the escape, to a blank: its lines past that went on. A window
+    whose last line is one word reaches on over the lines a key may wrap over."""
+    said = found(text)
+    assert any(tail in s for s in said), [s[:20] for s in said]
+    assert any(_WRAP[0][:50] in s or _PEM[0] in s for s in said)
+
+
+@pytest.mark.parametrize("text", [
+    "Tom &amp; Jerry\n" + "\n".join(["episode"] * 9),
+    "a%20list\n" + "\n".join(w * 40 for w in ("alpha", "beta", "gamma")),
+])
+def test_one_word_lines_after_an_escape_are_no_key(text: str) -> None:
+    assert not fires(text), found(text)
