@@ -840,11 +840,39 @@ _NAME_AND_NUMBER = re.compile(rf"{_NAMING}(?:[-_.]{_NAMING})*")
 _CAPS = re.compile(r"[A-Z]+")
 
 
+# A bare "token" or "auth" names a credential more often than a page ("?token=" of a
+# reset link, an invite): its name and number of eight characters or more that mixes
+# letters and digits is one ("?auth=letmein123", "?token=hunter22"), unless its first
+# word is one a page, a record, a version or a scheme is named by ("section12",
+# "version10", "oauth2-v2"); a shorter one stays a name ("page3", "row12", "oauth2").
+_NAMED_LEAST = 8
+_NAMING_WORDS = frozenset("""
+page pg p section sec chapter ch part row item entry step version ver v rev revision
+release build stage phase draft tab view slide level tier plan tenant user region zone
+shard node batch round week day month year q fy list index idx id no num number test
+demo sample example case line col column table sheet cell group team room lesson unit
+module task issue ticket order doc docs note file folder oauth oauth2 saml sso ldap
+openid oidc basic digest kerberos ntlm mfa otp
+""".split())
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def _named_by_a_word(v: str, name: str) -> bool:
+    """Whether `v`, a name and a number under a bare key, token or auth, names a page,
+    a record or a scheme rather than being a credential (`_NAMING_WORDS`)."""
+    if not name.lower().endswith(("token", "auth")) or len(v) < _NAMED_LEAST:
+        return True
+    first = _WORD.search(v)
+    return (first is None or not any(c.isdigit() for c in v)
+            or first[0].lower() in _NAMING_WORDS)
+
+
 def _query_value(value: str, name: str) -> bool:
     v = _bare(value)
     if (_BARE_KEY.fullmatch(name) is not None and _CREDENTIAL_KEY.fullmatch(name) is None
             and _NAME_AND_NUMBER.fullmatch(v) is not None
-            and not (v == v.upper() and len(_CAPS.findall(v)) > 1)):
+            and not (v == v.upper() and len(_CAPS.findall(v)) > 1)
+            and _named_by_a_word(v, name)):
         return False
     return (_value_ok(v) and _LOWER_SLUG.fullmatch(v) is None
             and _TITLE_SLUG.fullmatch(v) is None

@@ -1046,3 +1046,39 @@ def test_a_key_wrapped_past_its_escape_s_window_is_read_whole(text: str, tail: s
 ])
 def test_one_word_lines_after_an_escape_are_no_key(text: str) -> None:
     assert not fires(text), found(text)
+
+
+# ------------------------- a bare token's or auth's word-and-number value (stop 52)
+
+@pytest.mark.parametrize(("text", "secret"), [
+    ("https://example.com/login?auth=letmein123", "letmein123"),
+    ("https://example.com/reset?token=hunter22", "hunter22"),
+    ("https://example.com/x?a=1&amp;token=hunter22", "hunter22"),
+    ("https://example.com/x?a=1&auth=Summer2024&b=2", "Summer2024"),
+    ("https://example.com/x?invite_token=acme2023x", "acme2023x"),
+    ("https://example.com/x?a=1%26token%3Dletmein123", "letmein123"),
+])
+def test_a_bare_token_or_auth_of_a_word_and_a_number_is_a_secret(text: str,
+                                                                  secret: str) -> None:
+    """'?auth=letmein123' and '?token=hunter22' went on whole: a bare "token" or
+    "auth" took any name and number for a page's or a scheme's name. Eight characters
+    or more that mix letters and digits are a credential there, unless its word is one
+    a page, a record or a scheme is named by ("page", "section", "oauth")."""
+    assert any(secret in s for s in found(text)), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "https://example.com/list?token=section12",
+    "https://example.com/list?token=chapter10",
+    "https://example.com/list?token=Page_1234",
+    "https://example.com/docs?token=version10",
+    "https://example.com/login?auth=oauth2",
+    "https://example.com/login?auth=oauth2-v2",
+    "https://example.com/login?auth=ldap2",
+    "https://example.com/list?token=next",
+    "https://example.com/list?token=2024-01-01",
+    "https://example.com/list?x=1&amp;item_token=row1234",
+    "https://example.com/list?key=tenant42",  # (a bare key: as before)
+])
+def test_a_bare_token_or_auth_naming_a_page_or_a_scheme_is_no_secret(text: str) -> None:
+    assert not fires(text), found(text)
