@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import (
     TYPE_CHECKING,
@@ -154,6 +155,13 @@ class BasePlugin(Generic[ConfigT]):
         """A screen for texts a route keeps that no chain request carries (a stored chat
         completion's metadata set by an update): the sanitizer's redact detectors, as
         `RequestContext.screen_aside` in a request; None: nothing to screen."""
+        return None
+
+    def screen_thread(self, ctx: RequestContext) -> Executor | None:
+        """Where a route runs its screens (`screen_aside`, `RequestContext.screen`) of
+        `ctx`'s request: the thread this plugin reads a long one in (the sanitizer's,
+        `OFF_LOOP_CHARS` or more), so that what a route keeps of it is not read on the
+        event loop; None: on the loop."""
         return None
 
     def screens(self, ctx: RequestContext) -> bool:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Awaitable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -33,6 +34,14 @@ T = TypeVar("T")
 #: stream that long. Shorter ones, nearly all, stay on the loop: the hop costs more than
 #: they do.
 OFF_LOOP_CHARS = 16_384
+
+
+async def read_in(thread: Executor | None, work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)`, in `thread` where one is given (a long request's texts, read where
+    the sanitizer reads its prompt: `Plugin.screen_thread`), else here on the loop."""
+    if thread is None:
+        return work(*args)
+    return await asyncio.get_running_loop().run_in_executor(thread, work, *args)
 
 #: How long the first cancellation gets before it is repeated; each repeat waits twice
 #: as long as the one before, up to `RECANCEL_MAX_S`, so a task that cleans up on its

@@ -242,6 +242,13 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def screen_aside(self) -> Screen | None:
         return self._screen if self._redacts else None
 
+    def screen_thread(self, ctx: RequestContext) -> concurrent.futures.Executor | None:
+        try:
+            chars = self._check_limits(ctx)
+        except InvalidRequest:  # (refused unread: nothing to screen)
+            return None
+        return self._reading_thread if chars >= OFF_LOOP_CHARS else None
+
     def screens(self, ctx: RequestContext) -> bool:
         try:
             self._check_limits(ctx)  # (what `__call__` refuses before reading a text)

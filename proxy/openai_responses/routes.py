@@ -37,7 +37,7 @@ from ..routes import (
     read_json,
 )
 from ..streaming import STREAM_ERROR, dumps, typed_sse, write_sse
-from ..tasks import detach
+from ..tasks import detach, read_in
 from ..telemetry import error_fields, get_logger
 from . import background_http
 from . import translate as X
@@ -163,12 +163,14 @@ async def _create(request: web.Request, st: AppState,
     # One the chain will refuse unread (past the sanitizer's limits) keeps none of them.
     screen = (next((s for p in st.plugins if (s := p.screen_aside()) is not None), None)
               if req.background else None)
+    # A long request's kept texts are read where the sanitizer reads its prompt, in its
+    # own thread (`screen_thread`), not on the event loop.
+    thread = next((t for p in st.plugins if (t := p.screen_thread(ctx)) is not None), None)
     if screen is not None and not all(p.screens(ctx) for p in st.plugins):
         inputs, conversation = [], []
     elif screen is not None:
-        inputs = _screened_inputs(req, history, inputs, screen)
-        conversation = X.screened_messages(conversation, [req.instructions or ""], screen,
-                                           ["system"])
+        inputs, conversation = await read_in(thread, _screened_ahead, req, history, inputs,
+                                             conversation, screen)
     if req.store and store.max_bytes is not None:
         # What the record will hold before any output: past the tenant's whole bound, it
         # could never be stored (a 413 now, before tokens are spent on it).
@@ -254,13 +256,14 @@ async def _create(request: web.Request, st: AppState,
                 reply = await st.chain(ctx)
         except InvalidRequest as e:
             raise X.rename_param(e, bool(req.instructions)) from None
-        req, inputs, conversation = _screened(ctx, req, history, given, conversation)
+        req, inputs, conversation = await read_in(thread, _screened, ctx, req, history, given,
+                                                  conversation)
         return reply
 
     if req.background:
         return await background_http.start(
             request, st, request.app[RUNNER], store, principal.tenant, req, rid, screen,
-            ctx, chained, save, lambda: req, kept)
+            ctx, chained, save, lambda: req, kept, thread)
     reply = await chained()
     if isinstance(reply, Completion):
         note_usage(st, info, reply.body)  # token metrics, as on the chat route
@@ -323,6 +326,15 @@ def _screened(ctx: RequestContext, req: ResponsesRequest, history: list[dict[str
         # metadata, the sanitizer read once, for its blocks and as kept)
         req = X.screened_caller_text(req, ctx.screen_aside, ctx.aside_said)
     return req, inputs, conversation
+
+
+def _screened_ahead(req: ResponsesRequest, history: list[dict[str, Any]],
+                    inputs: list[dict[str, Any]], conversation: list[dict[str, Any]],
+                    screen: Screen) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A background response's input items and conversation screened by `screen` before
+    the chain ran, as the chain will screen them."""
+    return (_screened_inputs(req, history, inputs, screen),
+            X.screened_messages(conversation, [req.instructions or ""], screen, ["system"]))
 
 
 def _screened_inputs(req: ResponsesRequest, history: list[dict[str, Any]],

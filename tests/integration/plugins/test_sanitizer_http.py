@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import MakeClient
 from tests.fakes import FakeEngine
@@ -281,3 +282,48 @@ async def test_an_echo_with_logprobs_is_the_prompt_its_tokens_spell(
     # without logprobs nothing spells the prompt: echoed as sent
     r = await client.post("/v1/completions", json={**body, "logprobs": None})
     assert (await r.json())["choices"][0]["text"].startswith(sent)
+
+
+async def test_a_long_response_s_kept_texts_are_read_off_the_event_loop(
+        make_client: MakeClient, monkeypatch: Any) -> None:
+    """A stored Response's input items (and a background one's echo and record, screened
+    before the chain ran) were screened on the event loop after the chain read the same
+    long prompt in its own thread: 64 KB held every other stream as long as the prompt's
+    reading would have. A request whose texts the sanitizer reads in its thread
+    (`OFF_LOOP_CHARS` or more) has what a route keeps of it read there too."""
+    import threading
+
+    from plugins.sanitizer.plugin import SanitizerPlugin
+    from proxy.tasks import OFF_LOOP_CHARS
+
+    read_in: list[tuple[str, int]] = []
+    screened = SanitizerPlugin._screened_texts
+
+    def recorded(self: SanitizerPlugin, texts: list[str], **kw: Any) -> list[str]:
+        read_in.append((threading.current_thread().name, max(map(len, texts), default=0)))
+        return screened(self, texts, **kw)
+
+    monkeypatch.setattr(SanitizerPlugin, "_screened_texts", recorded)
+    client = await make_client(plugins=sanitizer(detectors={"email": "redact"}),
+                               engine=FakeEngine(max_model_len=65_536))
+    loop = threading.current_thread().name
+    long = "word " * (OFF_LOOP_CHARS // 5) + "mail me at jane@example.com"
+    for extra in ({}, {"background": True}):
+        read_in.clear()
+        r = await client.post("/v1/responses", json={
+            "model": "fake-model", "max_output_tokens": 16, "instructions": long,
+            "input": [{"role": "user", "content": long}], **extra})
+        assert r.status == 200, await r.text()
+        rid = (await r.json())["id"]
+        if extra:  # (a background run: its events followed to its end)
+            await (await client.get(f"/v1/responses/{rid}?stream=true")).read()
+        items = await (await client.get(f"/v1/responses/{rid}/input_items")).text()
+        assert "jane@example.com" not in items and "[EMAIL]" in items
+        long_reads = [name for name, n in read_in if n >= len(long)]
+        assert long_reads and loop not in long_reads, (extra, read_in)
+        assert all(name.startswith("weir-sanitize") for name in long_reads), read_in
+    read_in.clear()  # (a short one stays on the loop)
+    r = await client.post("/v1/responses", json={
+        "model": "fake-model", "max_output_tokens": 16, "input": "mail jane@example.com"})
+    assert r.status == 200
+    assert read_in and {name for name, _ in read_in} == {loop}
