@@ -911,6 +911,12 @@ _LINE_BREAKS = re.compile(r"[\r\n\t]")  # what a file encoded holds beside print
 _B64_RUN = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/]{24,2048}={0,2}(?![A-Za-z0-9+/=_-])")
 
 
+# A key written as the hex of its bytes (`xxd -p`, a byte string's `.hex()`, "0x..."):
+# a run of hex digits, two for each of a key's 20 characters or more, read as the bytes
+# it spells where those are printable UTF-8 (a hash or a commit id spells none).
+_HEX_RUN = re.compile(r"(?<![0-9A-Za-z])(?:0x)?((?:[0-9a-fA-F]{2}){20,1024})(?![0-9A-Za-z])")
+
+
 def _encoded(text: str) -> Iterator[Span]:
     for m in _B64_RUN.finditer(text):
         run = m.group().rstrip("=")
@@ -920,13 +926,25 @@ def _encoded(text: str) -> Iterator[Span]:
             decoded = base64.b64decode(run + "=" * (-len(run) % 4)).decode()
         except (ValueError, UnicodeDecodeError):
             continue
-        if not _LINE_BREAKS.sub("", decoded).isprintable():  # (`echo $KEY | base64`)
-            continue
-        # (what it decodes to, as written and with its own disguises undone: a key with a
-        # look-alike letter or URL-encoded, then base64-encoded)
-        reading = _disguised(decoded)
-        if _holds_a_format(decoded) or (reading is not None and _holds_a_format(reading[0])):
+        if _spells_a_key(decoded):
             yield m.span()
+    for m in _HEX_RUN.finditer(text):
+        try:
+            decoded = bytes.fromhex(m[1]).decode()
+        except ValueError:  # (UnicodeDecodeError is one)
+            continue
+        if _spells_a_key(decoded):
+            yield m.span(1)
+
+
+def _spells_a_key(decoded: str) -> bool:
+    """Whether what a run decodes to is printable text holding a key: as written, or
+    with its own disguises undone (a key with a look-alike letter or URL-encoded, then
+    encoded)."""
+    if not _LINE_BREAKS.sub("", decoded).isprintable():  # (`echo $KEY | base64`)
+        return False
+    reading = _disguised(decoded)
+    return _holds_a_format(decoded) or (reading is not None and _holds_a_format(reading[0]))
 
 
 def _holds_a_format(text: str) -> bool:

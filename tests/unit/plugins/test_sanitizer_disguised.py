@@ -1082,3 +1082,31 @@ def test_a_bare_token_or_auth_of_a_word_and_a_number_is_a_secret(text: str,
 ])
 def test_a_bare_token_or_auth_naming_a_page_or_a_scheme_is_no_secret(text: str) -> None:
     assert not fires(text), found(text)
+
+
+# --------------------------------------------------- a key hex-encoded (stop 52)
+
+@pytest.mark.parametrize("text", [
+    f"key: {KEY.encode().hex()} ok",
+    f"key: {KEY.encode().hex().upper()} ok",
+    f"key=0x{GHP.encode().hex()}",
+    b"AKIAIOSFODNN7EXAMPLF".hex(),
+    f"echo {('s' + chr(0x43a) + '-proj-' + KEY[8:]).encode().hex()} | xxd -r -p",
+])
+def test_a_key_hex_encoded_is_one(text: str) -> None:
+    """A key written as the hex of its bytes (`xxd -p`, a hex dump, a byte string's
+    `.hex()`) was read as written: no format's literal, and it went on whole. A run of
+    hex digits is read as the bytes it spells where those are printable UTF-8, as a
+    base64 run is."""
+    run = max(text.replace("0x", " ").split(), key=len)
+    assert any(run in s for s in found(text)), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    "commit 68bddaa0123456789abcdef0123456789abcdef0 fixed it",
+    "the text 'hello world, see you' is " + b"hello world, see you".hex(),
+    "ask for " + b"sk-learn-pipeline-guide".hex(),
+])
+def test_hex_that_spells_no_key_is_no_secret(text: str) -> None:
+    assert not fires(text), found(text)
