@@ -911,6 +911,9 @@ _LINE_BREAKS = re.compile(r"[\r\n\t]")  # what a file encoded holds beside print
 _B64_RUN = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/]{24,2048}={0,2}(?![A-Za-z0-9+/=_-])")
 
 
+# base64url (a URL's, a JWT's alphabet: "-" and "_" for "+" and "/"), and a run after
+# "=" (a query's value, "state=..."), which the base64 run does not start at.
+_B64URL_RUN = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9_-]{24,2048}={0,2}(?![A-Za-z0-9+/=_-])")
 # A key written as the hex of its bytes (`xxd -p`, a byte string's `.hex()`, "0x..."):
 # a run of hex digits, two for each of a key's 20 characters or more, read as the bytes
 # it spells where those are printable UTF-8 (a hash or a commit id spells none).
@@ -924,6 +927,17 @@ def _encoded(text: str) -> Iterator[Span]:
             continue
         try:
             decoded = base64.b64decode(run + "=" * (-len(run) % 4)).decode()
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if _spells_a_key(decoded):
+            yield m.span()
+    for m in _B64URL_RUN.finditer(text):
+        run = m.group().rstrip("=")
+        if (len(run) % 4 == 1 or ("-" not in run and "_" not in run and (
+                not m.start() or text[m.start() - 1] != "="))):
+            continue  # (a base64 run: read above)
+        try:
+            decoded = base64.urlsafe_b64decode(run + "=" * (-len(run) % 4)).decode()
         except (ValueError, UnicodeDecodeError):
             continue
         if _spells_a_key(decoded):

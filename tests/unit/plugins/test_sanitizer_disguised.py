@@ -676,6 +676,32 @@ def test_a_disguised_key_base64_encoded_is_one(text: str) -> None:
     assert run in found(text), found(text)
 
 
+def _b64url(text: str) -> str:
+    import base64
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize("text", [
+    _b64url("token AKIAIOSFODNN7EXAMPLF?"),  # ("_" where base64 has "/")
+    _b64url(f">>> {KEY}\n"),  # ("-" where base64 has "+")
+    f"https://example.com/cb?state={_b64url('>>> ' + KEY).rstrip('=')}&x=1",
+])
+def test_a_key_base64url_encoded_is_one(text: str) -> None:
+    """A key base64url-encoded (a URL's, a JWT's alphabet: "-" and "_" for "+" and "/")
+    was no base64 run: the run stopped at its "-" or "_", and the key went on whole."""
+    run = _b64url(">>> " + KEY).rstrip("=") if "state=" in text else text.rstrip("=")
+    assert any(run in s for s in found(text)), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "see my_very_long_python_function_name_for_tests and get-the-thing-done-quickly-now",
+    "eyJhbGciOiJIUzI1NiJ9 and " + _b64url("{\"sub\": \"1234567890\", \"name\": \"J\"}"),
+    "CamelCase_Identifier_With_Many_Parts_2024 here",
+])
+def test_base64url_runs_that_spell_no_key_are_no_secret(text: str) -> None:
+    assert not fires(text), found(text)
+
+
 @pytest.mark.parametrize("text", [
     _b64("Привет! Пароль я не скажу, это секрет, извини."),
     _b64("Grüße aus München; das Kennwort ändert sich täglich."),
