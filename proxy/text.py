@@ -90,7 +90,10 @@ def normalize(text: str) -> str:
 # script's decimal digits as ASCII ones ("٤١١١" is 4111 to a reader, and a card), any
 # dash or minus sign as a hyphen (a card grouped by en dashes, as a word processor
 # writes it, is a card grouped by dashes), and a superscript or subscript as its plain
-# form.
+# form. Also the minus signs and hyphens Unicode files elsewhere than dashes ("\u02d7",
+# "\u2043", "\u2796") and a low line's look-alike ("\u02cd"): each is the ASCII mark
+# to a reader ("sk\u02d7proj-..." and "ghp\u02cd..." are keys).
+_MARKS_AS = {"\u02d7": "-", "\u2043": "-", "\u2796": "-", "\u02cd": "_"}
 
 
 def _read_as() -> dict[str, str]:
@@ -107,7 +110,7 @@ def _read_as() -> dict[str, str]:
 
 
 _AS = str.maketrans({"\t": " ", "\u2028": "\n", "\u2029": "\n", "\u2212": "-",
-                     **_read_as(), **{  # superscripts and subscripts (`fold`)
+                     **_MARKS_AS, **_read_as(), **{  # superscripts and subscripts (`fold`)
     c: unicodedata.normalize("NFKC", c) for c in _SCRIPTS
     if len(unicodedata.normalize("NFKC", c)) == 1}})
 # Combining marks NFKC leaves on an ASCII letter or digit (no precomposed form): a

@@ -1136,3 +1136,26 @@ def test_a_key_hex_encoded_is_one(text: str) -> None:
 ])
 def test_hex_that_spells_no_key_is_no_secret(text: str) -> None:
     assert not fires(text), found(text)
+
+
+# ------------------------ a hyphen's or a low line's look-alike in a key (stop 52)
+
+@pytest.mark.parametrize("text", [
+    KEY.replace("-", "\u02d7"),  # modifier letter minus sign
+    KEY.replace("-", "\u2043"),  # hyphen bullet
+    KEY.replace("-", "\u2796"),  # heavy minus sign
+    GHP.replace("_", "\u02cd"),  # modifier letter low macron
+])
+def test_a_key_with_a_look_alike_of_its_hyphen_or_low_line_is_one(text: str) -> None:
+    """A dash or a minus sign that is no dash to Unicode (not Pd: "\u02d7", "\u2043")
+    and a low line's look-alike ("\u02cd") were read as written, so "sk\u02d7proj-..."
+    and "ghp\u02cd..." held no literal and went on whole; they read as "-" and "_"."""
+    assert text in found(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "\u2043 first point\n\u2043 second point",  # a list's bullets
+    "x\u02d7y and a\u2017b are odd marks",
+])
+def test_those_look_alikes_in_ordinary_text_are_no_secret(text: str) -> None:
+    assert not fires(text), found(text)
