@@ -953,12 +953,13 @@ def _encoded(text: str) -> Iterator[Span]:
 
 def _spells_a_key(decoded: str) -> bool:
     """Whether what a run decodes to is printable text holding a key: as written, or
-    with its own disguises undone (a key with a look-alike letter or URL-encoded, then
-    encoded)."""
+    with its own disguises undone (a key with a look-alike letter, an accented one or
+    URL-encoded, then encoded)."""
     if not _LINE_BREAKS.sub("", decoded).isprintable():  # (`echo $KEY | base64`)
         return False
     reading = _disguised(decoded)
-    return _holds_a_format(decoded) or (reading is not None and _holds_a_format(reading[0]))
+    return (_holds_a_format(decoded) or (reading is not None and _holds_a_format(reading[0]))
+            or (not decoded.isascii() and next(_accented(decoded), None) is not None))
 
 
 def _holds_a_format(text: str) -> bool:

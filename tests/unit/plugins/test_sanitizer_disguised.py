@@ -1159,3 +1159,16 @@ def test_a_key_with_a_look_alike_of_its_hyphen_or_low_line_is_one(text: str) -> 
 ])
 def test_those_look_alikes_in_ordinary_text_are_no_secret(text: str) -> None:
     assert not fires(text), found(text)
+
+
+@pytest.mark.parametrize("text", [
+    _b64("\u00c0KIAIOSFODNN7EXAMPLF"),
+    _b64("g\u0142pat-Ab3dEf6hIj9kLm2nOp5qRs8"),
+    "\u00c0KIAIOSFODNN7EXAMPLF".encode().hex(),
+    "\u0111api0123456789abcdef0123456789abcdef".encode().hex(),
+])
+def test_a_key_with_an_accented_letter_then_encoded_is_one(text: str) -> None:
+    """What a base64 or hex run decodes to was read as written and with its look-alikes
+    and escapes undone, not with its accents as base letters: "\u00c0KIA..." encoded
+    went on whole."""
+    assert text in found(text), found(text)
