@@ -256,8 +256,17 @@ async def _create(request: web.Request, st: AppState,
                 reply = await st.chain(ctx)
         except InvalidRequest as e:
             raise X.rename_param(e, bool(req.instructions)) from None
-        req, inputs, conversation = await read_in(thread, _screened, ctx, req, history, given,
-                                                  conversation)
+        try:
+            req, inputs, conversation = await read_in(thread, _screened, ctx, req, history,
+                                                      given, conversation)
+        except BaseException as e:
+            # (read in the sanitizer's thread: a wait, where the request may be cut, its
+            # client gone; a stream the chain handed back is ended, its generation
+            # stopped and what its plugins hold for it given back)
+            if isinstance(reply, Stream):
+                await reply.end_shielded(
+                    "cancelled" if isinstance(e, asyncio.CancelledError) else "failed", e)
+            raise
         return reply
 
     if req.background:

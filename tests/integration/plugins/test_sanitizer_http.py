@@ -327,3 +327,42 @@ async def test_a_long_response_s_kept_texts_are_read_off_the_event_loop(
         "model": "fake-model", "max_output_tokens": 16, "input": "mail jane@example.com"})
     assert r.status == 200
     assert read_in and {name for name, _ in read_in} == {loop}
+
+
+async def test_a_long_response_cut_while_its_kept_texts_are_read_ends_its_stream(
+        make_client: MakeClient, monkeypatch: Any) -> None:
+    """A long Response's kept texts are screened in the sanitizer's thread after the
+    chain answered (`screen_thread`): a stream the chain handed back, waiting there
+    while its client left (the route cancelled at that wait), was never ended: its
+    generation ran on in the engine, and what the chain's plugins hold for it (an
+    admission slot, a lease) was never given back."""
+    import asyncio
+    import threading
+
+    from proxy.openai_responses import routes
+    from proxy.tasks import OFF_LOOP_CHARS
+
+    reading, release = threading.Event(), threading.Event()
+    screened = routes._screened
+
+    def held(*args: Any) -> Any:  # (the thread's read, held until the client has left)
+        reading.set()
+        release.wait(30)
+        return screened(*args)
+
+    monkeypatch.setattr(routes, "_screened", held)
+    engine = FakeEngine(max_model_len=65_536)
+    client = await make_client(plugins=sanitizer(detectors={"email": "redact"}),
+                               engine=engine)
+    long = "word " * (OFF_LOOP_CHARS // 5) + "mail me at jane@example.com"
+    task = asyncio.create_task(client.post("/v1/responses", json={
+        "model": "fake-model", "max_output_tokens": 400, "stream": True, "input": long}))
+    try:
+        await asyncio.to_thread(reading.wait, 30)
+        assert len(engine.active) == 1  # (the chain's stream, primed)
+        task.cancel()  # the client leaves while the thread reads
+        await asyncio.gather(task, return_exceptions=True)
+        await engine.wait_until(lambda: not engine.active)
+        assert len(engine.aborted) == 1
+    finally:
+        release.set()
