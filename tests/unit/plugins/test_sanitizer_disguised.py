@@ -1172,3 +1172,40 @@ def test_a_key_with_an_accented_letter_then_encoded_is_one(text: str) -> None:
     and escapes undone, not with its accents as base letters: "\u00c0KIA..." encoded
     went on whole."""
     assert text in found(text), found(text)
+
+
+class _Looked(list):  # type: ignore[type-arg]
+    """`credentials._FORMAT_RX`, counting the formats looked at (all of them where it is
+    read whole)."""
+
+    looked = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).looked += len(self)
+        return super().__iter__()
+
+    def __getitem__(self, k):  # type: ignore[no-untyped-def]
+        type(self).looked += 1
+        return super().__getitem__(k)
+
+
+@pytest.mark.parametrize("prose", [
+    "the order was shipped yesterday but tracking says nothing, can you help? ",
+    "the robot obeys the laws of both worlds; sign up at https://x.io now. ",
+])
+def test_a_hex_dump_of_prose_tries_few_formats_on_its_lines(
+        prose: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each line of a hex dump of text (`xxd -p`: 30 bytes a line) spells printable
+    text, and each was tried against every format (50 literal checks a line): 64 KB of
+    such a dump cost 45% more CPU time than before hex runs were read, ten times the
+    detector's where its lines held a format's literal ("robot", "laws"). What a run
+    decodes to is tried against the formats whose literals it holds only."""
+    from plugins.sanitizer import credentials
+    _Looked.looked = 0
+    monkeypatch.setattr(credentials, "_FORMAT_RX", _Looked(credentials._FORMAT_RX))
+    data = (prose * 80).encode()
+    lines = [data[i:i + 30].hex() for i in range(0, len(data), 30)]
+    dump = "\n".join(lines)
+    assert not fires(dump)
+    assert _Looked.looked <= 2 * len(lines), (_Looked.looked, len(lines))
+    assert found(f"{dump}\n{KEY.encode().hex()}") == [KEY.encode().hex()]
