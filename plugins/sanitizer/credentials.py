@@ -936,6 +936,10 @@ def _encoded(text: str) -> Iterator[Span]:
         if (len(run) % 4 == 1 or ("-" not in run and "_" not in run and (
                 not m.start() or text[m.start() - 1] != "="))):
             continue  # (a base64 run: read above)
+        # (a name in one case, "compute_the_total_v2", "enable-the-feature-flag-2024",
+        # not decoded: a key's base64, of 18 bytes of text or more, mixes both cases)
+        if run.islower() or run.isupper():
+            continue
         try:
             decoded = base64.urlsafe_b64decode(run + "=" * (-len(run) % 4)).decode()
         except (ValueError, UnicodeDecodeError):

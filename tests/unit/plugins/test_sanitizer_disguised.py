@@ -1209,3 +1209,29 @@ def test_a_hex_dump_of_prose_tries_few_formats_on_its_lines(
     assert not fires(dump)
     assert _Looked.looked <= 2 * len(lines), (_Looked.looked, len(lines))
     assert found(f"{dump}\n{KEY.encode().hex()}") == [KEY.encode().hex()]
+
+
+def test_identifiers_and_slugs_are_not_decoded_as_base64url(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every snake_case or kebab-case name of 24 characters or more (code, a URL's slug,
+    a CLI's option) is a run of base64url's alphabet holding a "_" or a "-", and each
+    was decoded: 64 KB of Python cost a third more CPU time. A run in one case is a
+    name (a key's base64, of 18 bytes of text or more, mixes both); one that mixes them
+    is decoded as before."""
+    import base64
+    decoded: list[str] = []
+    decode = base64.urlsafe_b64decode
+
+    def counted(s: str) -> bytes:
+        decoded.append(s)
+        return decode(s)
+
+    monkeypatch.setattr(base64, "urlsafe_b64decode", counted)
+    code = ("def compute_the_total_amount_due(self, return_value_from_function_2):\n"
+            "    MAXIMUM_NUMBER_OF_RETRIES_ALLOWED = self.request_handler_factory_v2\n"
+            "see https://example.com/docs/how-to-configure-the-server-in-production\n"
+            "run: tool --enable-the-experimental-feature-flag-2024\n")
+    assert not fires(code * 20)
+    assert decoded == []
+    text = f"https://example.com/cb?state={_b64url('>>> ' + KEY).rstrip('=')}&x=1"
+    assert fires(text) and decoded
