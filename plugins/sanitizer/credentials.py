@@ -844,7 +844,8 @@ _CAPS = re.compile(r"[A-Z]+")
 # reset link, an invite): its name and number of eight characters or more that mixes
 # letters and digits is one ("?auth=letmein123", "?token=hunter22"), unless its first
 # word is one a page, a record, a version or a scheme is named by ("section12",
-# "version10", "oauth2-v2"); a shorter one stays a name ("page3", "row12", "oauth2").
+# "version10", "oauth2-v2") or a word of it names a scheme or an algorithm
+# (`_SCHEME_WORDS`); a shorter one stays a name ("page3", "row12", "oauth2").
 _NAMED_LEAST = 8
 _NAMING_WORDS = frozenset("""
 page pg p section sec chapter ch part row item entry step version ver v rev revision
@@ -852,19 +853,26 @@ release build stage phase draft tab view slide level tier plan tenant user regio
 shard node batch round week day month year q fy list index idx id no num number test
 demo sample example case line col column table sheet cell group team room lesson unit
 module task issue ticket order doc docs note file folder oauth oauth2 saml sso ldap
-openid oidc basic digest kerberos ntlm mfa otp
+openid oidc basic digest kerberos ntlm mfa otp hs rs es ps md ed
+""".split())
+# A scheme's or an algorithm's word anywhere in it names one too ("hmac-sha256",
+# "google-oauth2", "aws-sigv4", "jwt-rs256", "x509-cert").
+_SCHEME_WORDS = frozenset("""
+oauth saml sso ldap openid oidc basic digest kerberos ntlm hmac sha scram jwt jws jwe
+aws sigv tls mtls psk webauthn fido totp hotp rsa ecdsa cert
 """.split())
 _WORD = re.compile(r"[A-Za-z]+")
 
 
 def _named_by_a_word(v: str, name: str) -> bool:
     """Whether `v`, a name and a number under a bare key, token or auth, names a page,
-    a record or a scheme rather than being a credential (`_NAMING_WORDS`)."""
+    a record or a scheme rather than being a credential (`_NAMING_WORDS`,
+    `_SCHEME_WORDS`)."""
     if not name.lower().endswith(("token", "auth")) or len(v) < _NAMED_LEAST:
         return True
-    first = _WORD.search(v)
-    return (first is None or not any(c.isdigit() for c in v)
-            or first[0].lower() in _NAMING_WORDS)
+    words = [w.lower() for w in _WORD.findall(v)]
+    return (not words or not any(c.isdigit() for c in v) or words[0] in _NAMING_WORDS
+            or any(w in _SCHEME_WORDS for w in words))
 
 
 def _query_value(value: str, name: str) -> bool:

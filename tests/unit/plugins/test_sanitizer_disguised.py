@@ -1235,3 +1235,23 @@ def test_identifiers_and_slugs_are_not_decoded_as_base64url(
     assert decoded == []
     text = f"https://example.com/cb?state={_b64url('>>> ' + KEY).rstrip('=')}&x=1"
     assert fires(text) and decoded
+
+
+@pytest.mark.parametrize("text", [
+    "https://example.com/api?auth=hmac-sha256",
+    "https://example.com/db?auth=scram-sha-256",
+    "https://example.com/api?token=jwt-rs256",
+    "https://example.com/s3?auth=aws-sigv4",
+    "https://example.com/login?auth=google-oauth2",
+    "https://example.com/x?a=1&auth=tls13-psk",
+    "https://example.com/x?auth=webauthn2",
+    "https://example.com/x?token=x509-cert",
+    "https://example.com/x?auth=digest-md5",
+])
+def test_a_bare_token_or_auth_naming_a_scheme_by_any_word_is_no_secret(text: str) -> None:
+    """A scheme or an algorithm named by a word and a number went as a credential under
+    a bare token or auth once 8 characters that mix letters and digits were one there:
+    only a first word naming a page or a scheme ("oauth2-v2") kept it a name, and
+    "hmac-sha256", "google-oauth2", "aws-sigv4" were redacted. A word anywhere in it
+    that names a scheme or an algorithm keeps it a name."""
+    assert not fires(text), found(text)
