@@ -155,12 +155,13 @@ _LETTER_NAMED = re.compile(r"LATIN (SMALL|CAPITAL) LETTER (?:DOTLESS )?([A-Z])"
 def _latin_bases() -> dict[str, str]:
     """Every accented or modified Latin letter (Latin-1 to Latin Extended-B, Latin
     Extended Additional) as its ASCII base letter: its decomposition's first, or, with
-    none, the letter its name gives."""
+    none or a base of no decomposition ("\u01fe"), the letter its name gives."""
     table: dict[str, str] = {}
     for code in [*range(0xC0, 0x250), *range(0x1E00, 0x1F00)]:
         c = chr(code)
         base = unicodedata.normalize("NFD", c)[0]
-        if base == c and (m := _LETTER_NAMED.match(unicodedata.name(c, ""))) is not None:
+        if not base.isascii() and (m := _LETTER_NAMED.match(unicodedata.name(c, ""))):
+            # (none, or one with none of its own: "\u01fe" is "\u00d8" and an acute)
             base = m[2] if m[1] == "CAPITAL" else m[2].lower()
         if base != c and base.isascii() and base.isalpha():
             table[c] = base

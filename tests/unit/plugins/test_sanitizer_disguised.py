@@ -1255,3 +1255,11 @@ def test_a_bare_token_or_auth_naming_a_scheme_by_any_word_is_no_secret(text: str
     "hmac-sha256", "google-oauth2", "aws-sigv4" were redacted. A word anywhere in it
     that names a scheme or an algorithm keeps it a name."""
     assert not fires(text), found(text)
+
+
+def test_a_key_with_an_accented_letter_of_no_decomposition_is_one() -> None:
+    """A letter whose decomposition's base has none of its own ("\u01fe", "\u01ff": an
+    o with a stroke, then an acute) had no base letter once each letter's base was its
+    decomposition's ASCII one or its name's: "\u01ff" read as "o" before, and not then."""
+    text = "AKIAI\u01feSF\u01feDNN7EXAMPLF"
+    assert text in found(text), found(text)
