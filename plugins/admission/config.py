@@ -23,10 +23,11 @@ class AdmissionConfig(PluginConfig):
         "(tenants take turns first; at one turn, lower goes first).")
     default_priority: int = Field(10, description="Priority of roles not listed.")
     priority_passes: int | None = Field(
-        DEFAULT_PRIORITY_PASSES, ge=1, description="Weighted priority within a tenant: "
+        DEFAULT_PRIORITY_PASSES, ge=0, description="Weighted priority within a tenant: "
         "a request is passed by at most this many of its tenant's later requests per "
         "point of priority between them (admin 0 and user 10: by 10 x this), so the "
-        "tenant's admin traffic cannot starve its own users; null: strict priority.")
+        "tenant's admin traffic cannot starve its own users; 0: no priority, plain "
+        "arrival order (tenants still take turns); null: strict priority.")
     deadline_s: float | None = Field(
         300, gt=0, description="Default per-request deadline (None: none).")
     deadline_header: str = Field(

@@ -22,7 +22,9 @@ An owner's own order is weighted, not strict: each waiter is ranked by its arriv
 the owner's waiters plus `priority_passes` places per point of its priority, so a waiter
 is passed by at most (its priority - theirs) x `priority_passes` of the owner's later,
 better waiters (a tenant's admin key sending steadily kept that tenant's users waiting
-until their wait ran out). `priority_passes=None`: (priority, arrival), strictly.
+until their wait ran out). `priority_passes=None`: (priority, arrival), strictly;
+`priority_passes=0`: priorities play no part, at one turn either (plain arrival order
+within the tenants' turns).
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ class PriorityGate:
                       owner: str = "") -> None:
         """Take `weight` permits (see `weight()`), waiting at most `timeout`; Shed or
         TimeoutError otherwise. `owner`: whose turns it takes (its tenant)."""
+        if self.priority_passes == 0:  # (priorities off: arrival order, turns aside)
+            priority = 0
         if self.in_use + weight <= self.max_concurrent and not self._waiters:
             self.in_use += weight
             return

@@ -297,3 +297,34 @@ async def test_the_plugin_takes_priority_passes_from_its_config() -> None:
     services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
     plugin = AdmissionPlugin(AdmissionConfig(priority_passes=2), services)
     assert plugin.gate.priority_passes == 2 and plugin.embed_gate.priority_passes == 2
+
+
+async def test_priority_passes_0_is_plain_arrival_order() -> None:
+    """`priority_passes: 0`: no request passes another, whatever its priority: the user
+    goes first, as it came first (it was refused at load, though 0 is what an operator
+    writes to turn priorities off)."""
+    config = AdmissionConfig(priority_passes=0)
+    assert config.priority_passes == 0
+    assert await _users_place_behind_a_flood_of_its_tenants_admins(
+        PriorityGate(1, 200, priority_passes=config.priority_passes), 30) == 0
+
+
+async def test_priority_passes_0_lets_no_priority_go_first_at_one_turn() -> None:
+    """At one turn (two tenants, each its first waiter) the earlier goes first, not the
+    better priority: 0 turns priorities off, tenants still take turns."""
+    gate = PriorityGate(1, 10, priority_passes=0)
+    await gate.acquire(0, None, owner="x")
+    order: list[str] = []
+
+    async def wait(owner: str, prio: int) -> None:
+        await gate.acquire(prio, None, owner=owner)
+        order.append(owner)
+        gate.release()
+
+    tasks = []
+    for owner, prio in (("user-tenant", 10), ("admin-tenant", 0)):
+        tasks.append(asyncio.create_task(wait(owner, prio)))
+        await eventually(lambda: gate.waiting == len(tasks))
+    gate.release()
+    await asyncio.gather(*tasks)
+    assert order == ["user-tenant", "admin-tenant"]
