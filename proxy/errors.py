@@ -59,8 +59,11 @@ class InvalidRequest(WeirError):
 
 
 class Unauthorized(WeirError):
+    """A key missing or wrong: OpenAI's 401 is an `invalid_request_error` whose code
+    names the fault (`invalid_api_key`); its SDKs map the error by status."""
+
     status = 401
-    type = "authentication_error"
+    type = "invalid_request_error"
     default_code = "invalid_api_key"
 
     def __init__(self, message: str = "Incorrect API key provided.", **kw: Any) -> None:
@@ -158,9 +161,16 @@ class VersionNotSupported(WeirError):
 
 
 class RateLimited(WeirError):
+    """OpenAI's 429 has the limit's kind as its type: `requests` (a request rate, or
+    requests at once) or `tokens`, with code `rate_limit_exceeded`."""
+
     status = 429
-    type = "rate_limit_error"
+    type = "requests"
     default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, kind: str = "requests", **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.type = kind
 
 
 class ServerError(WeirError):

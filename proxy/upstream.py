@@ -481,7 +481,7 @@ class Upstream:
             raise EngineError(f"The upstream refused this gateway's credentials ({status}).")
         if status == 429:  # Weir's quota there; its message names the account
             raise RateLimited("The upstream's rate limit was reached; retry after the time "
-                              "given in Retry-After.",
+                              "given in Retry-After.", kind=await _limit_kind(resp),
                               headers=_retry_headers(resp.headers.get("retry-after", "")))
         try:
             raw = await _body(resp, MAX_ANSWER_BYTES)
@@ -716,6 +716,17 @@ def upstream_json(raw: bytes | bytearray) -> Any:
 
 def _only_if_cached(ctx: RequestContext) -> bool:
     return "only-if-cached" in ctx.headers.get("cache-control", "").lower()
+
+
+async def _limit_kind(resp: aiohttp.ClientResponse) -> str:
+    """An upstream 429's kind, `tokens` or `requests` (OpenAI's type), as its body says;
+    `requests` where it says neither (its message, naming its account, is not passed on)."""
+    try:
+        raw = await _body(resp, 1 << 16)  # (an error's body: small, or none of ours)
+        kind = (upstream_json(raw or b"").get("error") or {}).get("type")
+    except (aiohttp.ClientError, ValueError, AttributeError, TimeoutError):
+        kind = None
+    return "tokens" if kind == "tokens" else "requests"
 
 
 async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool) -> Timeout:

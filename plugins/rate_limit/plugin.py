@@ -545,7 +545,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             retry_ms = max(decision.retry_after_ms, 1.0)
             raise RateLimited(
                 f"Rate limit reached ({_LIMITS[limit]} for {_WHOSE[per]}); retry after "
-                "the time given in Retry-After.",
+                "the time given in Retry-After.", kind="tokens" if limit == "tpm" else "requests",
                 headers={**headers, "retry-after": str(max(1, math.ceil(retry_ms / 1000))),
                          "retry-after-ms": str(math.ceil(retry_ms))})
         ctx.response_headers.update(headers)

@@ -50,6 +50,11 @@ def test_bad_or_missing_keys_are_401(tmp_path, monkeypatch, header) -> None:  # 
         auth(tmp_path, monkeypatch).authenticate(_h(header))
     assert e.value.status == 401
     assert e.value.headers["x-should-retry"] == "false"
+    # OpenAI's 401: `invalid_request_error` (Weir's own `authentication_error` was no
+    # type of OpenAI's), the code naming the key's fault
+    err = e.value.to_body()["error"]
+    assert err["type"] == "invalid_request_error"
+    assert err["code"] in ("invalid_api_key", "missing_api_key")
 
 
 def test_open_mode_is_anonymous_but_honours_known_keys() -> None:

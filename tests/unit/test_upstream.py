@@ -563,6 +563,15 @@ async def test_an_upstream_429_is_told_in_the_gateway_s_words(upstream: Upstream
         "type": "requests", "code": "rate_limit_exceeded"}}, status=429,
         headers={"retry-after": "7"})), RateLimited)
     assert "org-SECRET" not in e.message and e.headers["retry-after"] == "7"
+    assert e.type == "requests"
+
+
+async def test_an_upstream_429_s_kind_is_kept(upstream: Upstream) -> None:
+    """Its type (`tokens` or `requests`, OpenAI's) tells the client which limit it met."""
+    e = await refused(upstream, answering(web.json_response({"error": {
+        "message": "Rate limit reached on tokens per min.", "type": "tokens",
+        "code": "rate_limit_exceeded"}}, status=429)), RateLimited)
+    assert e.to_body()["error"]["type"] == "tokens"
 
 
 async def test_an_upstream_error_s_code_and_param_are_strings(upstream: Upstream) -> None:

@@ -1486,3 +1486,29 @@ async def test_the_probe_s_back_line_names_no_request(
                                                       "req-found-it-down")
     assert back["event"] == "rate-limit store is back"
     assert "request_id" not in back
+
+
+@pytest.mark.parametrize(("rule", "kind"), [({"rpm": 1}, "requests"), ({"tpm": 60}, "tokens"),
+                                            ({"concurrent": 1}, "requests")])
+async def test_a_429_s_type_names_the_limit_as_openai_s_do(rule: dict[str, int],
+                                                           kind: str) -> None:
+    """OpenAI's 429 has type `requests` or `tokens` (code `rate_limit_exceeded`); Weir
+    sent `rate_limit_error`, a type of no OpenAI answer."""
+    p = plugin(rules=[{"per": "key", **rule}])
+    hold, running = asyncio.Event(), asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        running.set()
+        await hold.wait()
+        return Completion({"usage": {"total_tokens": 30}})
+
+    first = asyncio.create_task(p(ctx(max_tokens=10), held))
+    await running.wait()
+    with pytest.raises(RateLimited) as e:
+        await p(ctx(max_tokens=40), answer)
+    hold.set()
+    await first
+    body = e.value.to_body()["error"]
+    assert (body["type"], body["code"]) == (kind, "rate_limit_exceeded")
+    validate("ErrorResponse", e.value.to_body())
+    await p.close()
