@@ -13,12 +13,13 @@ short (its client gone, its deadline, an engine fault) is charged the tokens gen
 until then, and so is any answer its client or deadline cut once the engine had it (its
 prompt and what was generated until the cut); an answer that failed gets its tokens back.
 
-Over a limit: 429 `rate_limit_exceeded` with an integer `Retry-After` and
-`retry-after-ms`. Every answer carries OpenAI's `x-ratelimit-limit-requests`,
-`-remaining-requests`, `-reset-requests` and the `-tokens` variants (the tightest of the
-caller's own rules: a `global` or `model` rule counts every tenant's requests, so its
-counts show in no header: a 429 it gives carries the retry headers and the caller's
-own rules' counts, never its own).
+Over a limit: 429 `rate_limit_exceeded` (type `requests` or `tokens`, as OpenAI's) with
+an integer `Retry-After` and `retry-after-ms`; a request larger than a minute's tokens on
+its own is refused up front, with no Retry-After (`_too_large`). Every answer carries
+OpenAI's `x-ratelimit-limit-requests`, `-remaining-requests`, `-reset-requests` and the
+`-tokens` variants (the tightest of the caller's own rules: a `global` or `model` rule
+counts every tenant's requests, so its counts show in no header: a 429 it gives carries
+the retry headers and the caller's own rules' counts, never its own).
 
 Store failures: `fail_open` falls back to a local in-memory limiter (per replica) with
 a metric and a log line, and uses Redis again as soon as a call succeeds; `fail_closed`
@@ -508,6 +509,18 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 h[f"x-ratelimit-reset-{kind}"] = fmt_reset(tight.reset_ms)
         return h
 
+    def _too_large(self, bucket: Bucket, least: int, per_of: dict[str, str]) -> None:
+        """OpenAI's 429 for a request larger than a minute's tokens: type `tokens`, the
+        limit and what it asked for, no Retry-After (no wait lets it through: it would
+        be a lie) and `x-should-retry: false` (the OpenAI SDKs would retry a 429)."""
+        per = per_of[bucket.key].split(":")[0]
+        self.rejected.labels(per, "tpm").inc()
+        raise RateLimited(
+            f"Request too large for {_WHOSE[per]} on tokens per minute: Limit "
+            f"{bucket.limit}, Requested {least}. The input or the output limit (the most "
+            "tokens it may generate) must be reduced for it to run; no wait lets it through.",
+            kind="tokens", headers={"x-should-retry": "false"})
+
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         req = ctx.request
         prompts = len(req.prompts()) if isinstance(req, CompletionRequest) else 1
@@ -517,6 +530,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         out = (self.cfg.default_max_tokens if most is None else max(most, 1)) * prompts
         reserve = (estimate_tokens(ctx) + out) * max(1, req.n)
         rpm, tpm, conc, per_of = self._plan(ctx, reserve)
+        # What it asked for at least (its prompt, once, and each choice's `max_tokens`,
+        # or one token where it set none: the default reservation is Weir's guess)
+        # past a minute's tokens can never be served within the limit: refused before
+        # any bucket is touched, as OpenAI's "Request too large".
+        least = estimate_tokens(ctx) + (out if most is not None else prompts) * max(1, req.n)
+        if over := [b for b in tpm if least > b.limit]:
+            self._too_large(min(over, key=lambda b: b.limit), least, per_of)
         lease = new_hex()
         conc_keys = [k for k, _ in conc]
         if self.remote is None:  # the memory store decides without yielding

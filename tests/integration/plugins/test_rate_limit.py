@@ -493,7 +493,7 @@ async def test_client_gone_during_a_refused_admit_is_refunded_nothing(
 
     p.remote.admit = refused_late  # type: ignore[method-assign]
     p._admit = decide  # type: ignore[method-assign]
-    task = asyncio.create_task(p(ctx(max_tokens=5000), answer))
+    task = asyncio.create_task(p(ctx(max_tokens=900), answer))  # (within a minute's)
     await decided.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -622,16 +622,18 @@ async def test_a_token_reservation_larger_than_the_room_left_is_named_a_tpm_refu
 async def test_a_reservation_past_the_limit_is_settled_from_what_was_taken(
         where: str, redis_server: RedisServer) -> None:
     """A request may reserve more than a minute's tokens (its bucket takes the limit at
-    most). It is settled from what the bucket took: settled from the whole reservation,
-    an answer of 800 tokens against a 1,000 limit was charged nothing, and a user spent
-    2,400 tokens in a minute against a limit of 1,000 (found by an adversarial pass)."""
-    p = plugin(redis_server.url if where == "redis" else None,
+    most) where it set no maximum (the default reservation; one whose own `max_tokens`
+    passes the limit is refused up front). It is settled from what the bucket took:
+    settled from the whole reservation, an answer of 800 tokens against a 1,000 limit
+    was charged nothing, and a user spent 2,400 tokens in a minute against a limit of
+    1,000 (found by an adversarial pass)."""
+    p = plugin(redis_server.url if where == "redis" else None, default_max_tokens=1900,
                rules=[{"per": "key", "tpm": 1000}])
 
     async def used_800(c: RequestContext) -> Reply:
         return Completion({"usage": {"total_tokens": 800}})
 
-    await p(ctx(max_tokens=1900), used_800)  # reserves past the limit, uses 800
+    await p(ctx(max_tokens=None), used_800)  # reserves past the limit, uses 800
     with pytest.raises(RateLimited):  # 800 of 1,000 spent: 600 more do not fit
         await p(ctx(max_tokens=600), answer)
     await p.close()
@@ -923,7 +925,7 @@ async def test_an_override_changes_only_what_it_names(make_client: MakeClient) -
                       "overrides": {"acme": {"rpm": 200}, "initech": {"tpm": None}}}]}
     client = await make_client(make_settings(auth={"mode": "keys", "keys": keys},
                                              plugins=[{"name": "rate_limit", "config": cfg}]))
-    body = {**BODY, "max_tokens": 40}
+    body = {**BODY, "max_tokens": 15}  # (two of them pass 50 tokens; one does not)
     for key, expected, limit_tokens in (("k-acme", [200, 429], "50"),
                                         ("k-globex", [200, 429], "50"),
                                         ("k-initech", [200, 200], None)):
@@ -1100,7 +1102,7 @@ async def test_a_refused_requests_token_headers_show_its_refund(
     """A request the engine refused (its context is too long) is refunded its tokens: its
     `x-ratelimit-*-tokens` headers say so. They showed the state at admission (its large
     reservation taken: 0 remaining, a minute to reset), which it never spent."""
-    cfg: dict[str, Any] = {"rules": [{"per": "tenant", "rpm": 100, "tpm": 1000}]}
+    cfg: dict[str, Any] = {"rules": [{"per": "tenant", "rpm": 100, "tpm": 100_000}]}
     if backend == "redis":
         cfg.update(store="redis", redis={"url": redis_server.url, "key_prefix": key() + ":"})
     client = await make_client(engine=FakeEngine(), plugins=[
@@ -1110,8 +1112,8 @@ async def test_a_refused_requests_token_headers_show_its_refund(
     r = await client.post("/v1/chat/completions", json=body)
     assert r.status == 400
     validate("ErrorResponse", await r.json())
-    assert r.headers["x-ratelimit-limit-tokens"] == "1000"
-    assert r.headers["x-ratelimit-remaining-tokens"] == "1000"
+    assert r.headers["x-ratelimit-limit-tokens"] == "100000"
+    assert r.headers["x-ratelimit-remaining-tokens"] == "100000"
     assert r.headers["x-ratelimit-reset-tokens"].endswith("ms")  # (not a minute)
     assert r.headers["x-ratelimit-remaining-requests"] == "99"  # the request still counts
 
@@ -1511,4 +1513,49 @@ async def test_a_429_s_type_names_the_limit_as_openai_s_do(rule: dict[str, int],
     body = e.value.to_body()["error"]
     assert (body["type"], body["code"]) == (kind, "rate_limit_exceeded")
     validate("ErrorResponse", e.value.to_body())
+    await p.close()
+
+
+@pytest.mark.parametrize("where", ["memory", "redis"])
+async def test_a_request_larger_than_its_token_limit_is_refused_up_front(
+        where: str, redis_server: RedisServer) -> None:
+    """A request whose prompt and `max_tokens` alone pass a minute's tokens can never be
+    served within the limit: it was let in whenever the bucket was full (and drained it).
+    It is OpenAI's 429 "Request too large" (type `tokens`), with no Retry-After (no wait
+    lets it through) and `x-should-retry: false`, and takes nothing from any bucket."""
+    p = plugin(redis_server.url if where == "redis" else None,
+               rules=[{"per": "key", "rpm": 10, "tpm": 100}])
+    with pytest.raises(RateLimited) as e:
+        await p(ctx(max_tokens=200), answer)  # ~11 prompt tokens + 200
+    err, h = e.value.to_body()["error"], e.value.headers
+    assert e.value.status == 429
+    assert (err["type"], err["code"]) == ("tokens", "rate_limit_exceeded")
+    assert "Request too large" in err["message"] and "Limit 100, Requested 211" in err["message"]
+    assert "retry-after" not in h and "retry-after-ms" not in h
+    assert h["x-should-retry"] == "false"
+    reg = p.services.metrics.registry
+    assert reg.get_sample_value("weir_rate_limit_rejections_total",
+                                {"per": "key", "limit": "tpm"}) == 1
+    c = ctx(max_tokens=10)
+    await p(c, answer)  # nothing was taken: a full minute's requests and tokens
+    assert c.response_headers["x-ratelimit-remaining-requests"] == "9"
+    assert int(c.response_headers["x-ratelimit-remaining-tokens"]) >= 100 - 21
+    await p.close()
+
+
+async def test_the_too_large_check_reads_the_callers_own_override() -> None:
+    """A key's override raises (or lowers) the limit a request is measured against; a
+    request without `max_tokens` is measured by its prompt (the default reservation is
+    Weir's guess, not what it asked for)."""
+    k1 = Principal("t", "user", "u", key_id="aaaaaaaaaaaa")
+    k2 = Principal("t", "user", "u", key_id="bbbbbbbbbbbb")
+    p = plugin(rules=[{"per": "key", "tpm": 100, "overrides": {
+        "aaaaaaaaaaaa": {"tpm": 1000}, "bbbbbbbbbbbb": {"tpm": 20}}}])
+    await p(ctx(k1, max_tokens=200), answer)
+    with pytest.raises(RateLimited):
+        await p(ctx(Principal("t", "user", "u", key_id="k3"), max_tokens=200), answer)
+    with pytest.raises(RateLimited) as e:
+        await p(ctx(k2, max_tokens=10), answer)  # 21 > 20
+    assert "Limit 20, Requested 21" in e.value.message
+    await p(ctx(max_tokens=None), answer)  # ~11 + the default 256 reserved: let in
     await p.close()
