@@ -95,7 +95,7 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     rid = _request_id(request)
     resp = _refusal(request, err, rid)
     resp.force_close()
-    route = _COUNTED.get(request.path) if request.method == "POST" else None
+    route = route_label(request)
     if state is not None and route is not None:  # counted as the route counts its refusals
         labelled(state.metrics.requests, route, "", str(resp.status)).inc()
         labelled(state.metrics.latency, route, "", str(resp.status)).observe(0.0)
@@ -117,9 +117,30 @@ def _before_the_body(request: web.Request) -> WeirError | None:
     return None
 
 
-#: The routes counted in `weir_requests_total` (their POSTs), by path, under their label.
+#: The generation routes (their POSTs), by path, under their own label in
+#: `weir_requests_total` (each sets it as it opens, `routes.open_generation`).
 _COUNTED = {"/v1/chat/completions": "chat", "/v1/completions": "completion",
             "/v1/embeddings": "embeddings", "/v1/responses": "responses"}
+
+#: Methods a route's label names as sent; any other is `OTHER` (a method is the client's
+#: token, and a `*` route takes every one).
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def route_label(request: web.Request) -> str | None:
+    """A request's `route` in `weir_requests_total`: a generation route's own name, else
+    the method and the route's template (`GET /v1/responses/{response_id}`, never the
+    path sent: ids are the client's), `unmatched` for every path no route serves; None
+    for probes, scrapes and the dashboard, no API traffic. Bounded by the routes."""
+    if request.method == "POST" and request.path in _COUNTED:
+        return _COUNTED[request.path]
+    if request.path.startswith(_UNTRACED):
+        return None
+    resource = route_resource(request)
+    if not isinstance(resource, web.AbstractResource):
+        return "unmatched"
+    method = request.method if request.method in _METHODS else "OTHER"
+    return f"{method} {resource.canonical}"
 
 
 def _request_id(request: web.Request) -> str:
@@ -212,7 +233,7 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
             elif status >= 400 and (code := request.get(ERROR_CODE)) is not None:
                 info["error"] = code
             elapsed = time.perf_counter() - start
-            route = info.get("route")
+            route = info.get("route") or route_label(request)
             if route is not None:
                 model = info.get("model", "")
                 labelled(metrics.requests, route, model, str(status)).inc()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.redis_server import RedisServer
 from proxy.settings import TracingSettings
@@ -781,3 +782,39 @@ async def test_a_request_refused_after_its_key_is_known_is_logged_with_its_tenan
     assert [x.get("tenant") for x in lines] == ["acme"] * 3
     server = [s for s in spans.get_finished_spans() if s.name.startswith("HTTP")]
     assert [(s.attributes or {}).get("weir.tenant") for s in server] == ["acme"] * 3
+
+
+async def test_every_api_route_is_counted_under_a_bounded_label(make_client: MakeClient
+                                                                ) -> None:
+    """`weir_requests_total` counted the generation routes only: a client's model lists,
+    stored responses' reads, deletes and cancels, and its 404s on unknown paths were in
+    no series. Each is counted under its route's template (never the path it was sent
+    to: ids and unknown paths are the client's text), every unknown path under one
+    label; probes and scrapes are no API traffic."""
+    client = await make_client(settings())
+    h = {"Authorization": f"Bearer {KEY}"}
+    calls = [("GET", "/v1/models"), ("GET", "/v1/models/fake-model"),
+             ("GET", f"/v1/responses/resp_{MARKER}"), ("DELETE", f"/v1/responses/resp_{MARKER}"),
+             ("POST", f"/v1/responses/resp_{MARKER}/cancel"),
+             ("GET", f"/v1/{MARKER}"), ("POST", f"/nowhere/{MARKER}"), ("GET", "/v1/files"),
+             ("PURGE", "/v1/responses/compact"), ("GET", "/health/ready"), ("GET", "/metrics")]
+    for method, path in calls:
+        async with client.request(method, path, headers=h) as r:
+            assert r.status != 500, (method, path)
+    text = await (await client.get("/metrics")).text()
+    assert MARKER not in text
+
+    def counted(route: str, status: str | None = None) -> float:
+        return sum(metric(text, "weir_requests_total", route=route, model="", status=s)
+                   for s in ([status] if status else ["200", "404", "405"]))
+
+    assert counted("GET /v1/models", "200") == 1
+    assert counted("GET /v1/models/{model}", "200") == 1
+    assert counted("GET /v1/responses/{response_id}", "404") == 1
+    assert counted("DELETE /v1/responses/{response_id}", "404") == 1
+    assert counted("POST /v1/responses/{response_id}/cancel", "404") == 1
+    assert counted("unmatched", "404") == 3  # (no `/v1/files`: one of the unknown paths)
+    assert counted("OTHER /v1/responses/compact") == 1  # (no method of the client's own)
+    labels = {s.labels["route"] for f in text_string_to_metric_families(text)
+              for s in f.samples if s.name == "weir_requests_total"}
+    assert not [r for r in labels if "health" in r or "metrics" in r or "PURGE" in r]

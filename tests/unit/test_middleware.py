@@ -188,7 +188,8 @@ async def test_access_log_records_a_cancelled_request_as_499() -> None:
                  status="499") == 1
 
 
-async def test_access_log_skips_health_and_unrouted_requests(logs: io.StringIO) -> None:
+async def test_access_log_skips_health_and_counts_unrouted_requests_as_unmatched(
+        logs: io.StringIO) -> None:
     metrics = Metrics()
     mw = make_access_log(metrics, enabled=True)
 
@@ -198,9 +199,11 @@ async def test_access_log_skips_health_and_unrouted_requests(logs: io.StringIO) 
     for path in ("/health/ready", "/metrics"):
         await mw(request(path, "GET"), handler)
     assert logs.getvalue() == ""
-    await mw(request("/v1/models", "GET"), handler)  # logged, but no route: no metric
+    assert "weir_requests_total{" not in metrics.render().decode()  # (no API traffic)
+    await mw(request("/v1/models", "GET"), handler)  # logged; routed by no router here
     assert json.loads(logs.getvalue())["path"] == "/v1/models"
-    assert "weir_requests_total{" not in metrics.render().decode()
+    assert count(metrics, "weir_requests_total", route="unmatched", model="",
+                 status="200") == 1
 
 
 async def test_untraced_paths_pass_straight_through() -> None:
