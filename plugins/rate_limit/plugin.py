@@ -15,7 +15,8 @@ prompt and what was generated until the cut); an answer that failed gets its tok
 
 Over a limit: 429 `rate_limit_exceeded` (type `requests` or `tokens`, as OpenAI's) with
 an integer `Retry-After` and `retry-after-ms`; a request larger than a minute's tokens on
-its own is refused up front, with no Retry-After (`_too_large`). Every answer carries
+its own (what it fixes itself: not an estimate) is refused up front, with no Retry-After
+(`_too_large`). Every answer carries
 OpenAI's `x-ratelimit-limit-requests`, `-remaining-requests`, `-reset-requests` and the
 `-tokens` variants (the tightest of the caller's own rules: a `global` or `model` rule
 counts every tenant's requests, so its counts show in no header: a 429 it gives carries
@@ -112,6 +113,14 @@ def estimate_tokens(ctx: RequestContext) -> int:
     else:
         chars = sum(len(p) if isinstance(p, str) else len(p) * 4 for p in req.prompts())
     return chars // 4 + 1
+
+
+def _fixed_prompt_tokens(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """The prompt tokens a request names itself, its prompts of token ids (a text's are
+    only estimated, `estimate_tokens`)."""
+    if isinstance(req, ChatCompletionRequest):
+        return 0
+    return sum(len(p) for p in req.prompts() if not isinstance(p, str))
 
 
 _WHOSE = {"key": "this API key", "user": "this user", "tenant": "this tenant",
@@ -530,13 +539,18 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         out = (self.cfg.default_max_tokens if most is None else max(most, 1)) * prompts
         reserve = (estimate_tokens(ctx) + out) * max(1, req.n)
         rpm, tpm, conc, per_of = self._plan(ctx, reserve)
-        # What it asked for at least (its prompt, once, and each choice's `max_tokens`,
-        # or one token where it set none: the default reservation is Weir's guess)
-        # past a minute's tokens can never be served within the limit: refused before
-        # any bucket is touched, as OpenAI's "Request too large".
-        least = estimate_tokens(ctx) + (out if most is not None else prompts) * max(1, req.n)
-        if over := [b for b in tpm if least > b.limit]:
-            self._too_large(min(over, key=lambda b: b.limit), least, per_of)
+        # What it asked for at least past a minute's tokens can never be served within
+        # the limit: refused before any bucket is touched, as OpenAI's "Request too
+        # large". Only what the request fixes itself counts: each choice's `max_tokens`
+        # (one token where it set none: the default reservation is Weir's guess; none
+        # for an embedding) and its prompts of token ids. A text's estimate (its
+        # characters / 4) overstates some text many times over (a run of spaces): it
+        # refuses nothing for good. The message names the whole, estimate and all.
+        asked = 0 if ctx.route == "embeddings" else (
+            (out if most is not None else prompts) * max(1, req.n))
+        if over := [b for b in tpm if _fixed_prompt_tokens(req) + asked > b.limit]:
+            self._too_large(min(over, key=lambda b: b.limit), estimate_tokens(ctx) + asked,
+                            per_of)
         lease = new_hex()
         conc_keys = [k for k, _ in conc]
         if self.remote is None:  # the memory store decides without yielding

@@ -21,7 +21,7 @@ from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services, Stream
 from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
-from proxy.protocol import ChatCompletionRequest
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
 from tests.conftest import MakeClient, make_settings
@@ -1555,7 +1555,40 @@ async def test_the_too_large_check_reads_the_callers_own_override() -> None:
     with pytest.raises(RateLimited):
         await p(ctx(Principal("t", "user", "u", key_id="k3"), max_tokens=200), answer)
     with pytest.raises(RateLimited) as e:
-        await p(ctx(k2, max_tokens=10), answer)  # 21 > 20
-    assert "Limit 20, Requested 21" in e.value.message
+        await p(ctx(k2, max_tokens=21), answer)  # 21 > 20 (and ~11 prompt tokens)
+    assert "Limit 20, Requested 32" in e.value.message
     await p(ctx(max_tokens=None), answer)  # ~11 + the default 256 reserved: let in
     await p.close()
+
+
+async def test_the_too_large_check_counts_no_estimated_prompt_tokens() -> None:
+    """A text prompt's size is an estimate (its characters / 4), which overstates some
+    text many times over (4,000 spaces are ~1,000 estimated tokens, 63 of SmolLM2's), so
+    only what the request fixes itself, its output limit per choice and its prompts of
+    token ids, can refuse it for good: a request whose estimate alone passed the limit
+    was refused with no retry, though it fitted the minute."""
+    p = plugin(rules=[{"per": "key", "tpm": 100}])
+    await p(ctx(messages=[{"role": "user", "content": " " * 4000}], max_tokens=10), answer)
+    with pytest.raises(RateLimited) as e:  # a prompt of token ids is counted exactly
+        await p(completion_ctx(prompt=[7] * 95, max_tokens=10), answer)
+    assert "Limit 100, Requested 106" in e.value.message  # (95 + 10, its estimate's 1)
+    await p.close()
+
+
+async def test_an_embeddings_request_is_charged_no_output_by_the_too_large_check() -> None:
+    """An embeddings request generates nothing: its inputs (each a prompt of the
+    request's view) were each counted one output token, and 2,048 short inputs against
+    a limit of 2,000 tokens were refused for good, whatever they cost."""
+    p = plugin(rules=[{"per": "key", "tpm": 2000}])
+    view = CompletionRequest.model_construct(model="m", prompt=["hi"] * 2048, max_tokens=1,
+                                             n=1, stream=False)
+    c = RequestContext(route="embeddings", request=view, request_id="r",
+                       principal=Principal("t", "user", "u", key_id="k1"))
+    await p(c, answer)
+    await p.close()
+
+
+def completion_ctx(**kw: Any) -> RequestContext:
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "x", **kw})
+    return RequestContext(route="completion", request=req, request_id="r",
+                          principal=Principal("t", "user", "u", key_id="k1"))
