@@ -23,6 +23,7 @@ same algorithm in Lua, atomic across every bucket of a request, with time from R
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Collection
@@ -404,11 +405,12 @@ class RedisStore:
     async def close(self) -> None:
         await self.client.aclose()
 
-    async def _run(self, coro: object) -> object:
+    async def _run(self, coro: object, timeout_s: float | None = None) -> object:
         try:
             with lost_cancellation(), span("redis ratelimit", kind=SpanKind.CLIENT,
                                            **{"db.system": "redis"}):
-                return await abandon_after(coro, self.timeout_s)  # type: ignore[arg-type]
+                return await abandon_after(coro,  # type: ignore[arg-type]
+                                           timeout_s or self.timeout_s)
         except OutOfMemoryError as e:
             raise StoreFull(type(e).__name__) from None
         except (RedisError, OSError, TimeoutError) as e:
@@ -461,6 +463,17 @@ class RedisStore:
 
     async def ping(self) -> None:
         await self._run(self.client.ping())
+
+    async def warm(self, connections: int, timeout_s: float) -> None:
+        """Open `connections` connections and load the scripts, within `timeout_s`: a
+        cold store made each request of the first burst open its connection and load
+        its script (NOSCRIPT, then a load) within the per-call timeout."""
+        async def work() -> None:
+            await asyncio.gather(*(self.client.ping() for _ in range(connections)))
+            for script in (self._admit, self._adjust, self._renew, self._release_barred):
+                await self.client.script_load(script.script)
+
+        await self._run(work(), timeout_s)
 
     async def write_probe(self, key: str) -> None:
         """A write Redis refuses while it is full (StoreFull), as every script here."""

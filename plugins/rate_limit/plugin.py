@@ -146,6 +146,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     #: tried by requests (it would record nothing), and `fail_closed` answers them 503
     #: with a Retry-After of 1 s meanwhile. (At most `lease_s / 3`, the renewal's round.)
     PROBE_S: ClassVar[float] = 1.0
+    #: Redis connections opened at start, the scripts loaded with them (`_warm`), within
+    #: `WARM_S`: a first burst's requests each opened one and loaded the script past the
+    #: per-call timeout, and were decided by the local fallback.
+    WARM_CONNECTIONS: ClassVar[int] = 16
+    WARM_S: ClassVar[float] = 1.0
 
     def __init__(self, config: RateLimitConfig, services: Services,
                  clock: Any = None) -> None:
@@ -194,6 +199,11 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._restorer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        if self.remote is not None:
+            try:
+                await self.remote.warm(self.WARM_CONNECTIONS, self.WARM_S)
+            except StoreError as e:  # (out of reach: seen so at once, as a request would)
+                self._store_failed(e)
         self._renewer = asyncio.create_task(self._renew_loop())
 
     async def close(self) -> None:

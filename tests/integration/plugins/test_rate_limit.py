@@ -1592,3 +1592,40 @@ def completion_ctx(**kw: Any) -> RequestContext:
     req = CompletionRequest.model_validate({"model": "m", "prompt": "x", **kw})
     return RequestContext(route="completion", request=req, request_id="r",
                           principal=Principal("t", "user", "u", key_id="k1"))
+
+
+async def test_start_warms_the_redis_store(redis_server: RedisServer) -> None:
+    """The first burst after a start met a store with no connection open and no script
+    loaded: each request opened its own connection and loaded the script, past the
+    per-call timeout on a busy machine, and was decided by the local fallback (16 of 20
+    passed a bucket with room for 5). `start` opens the connections of a burst and
+    loads the scripts first."""
+    import redis.asyncio as aioredis
+
+    spy = aioredis.from_url(redis_server.url)
+    await spy.script_flush()
+    before = (await spy.info("clients"))["connected_clients"]
+    p = plugin(redis_server.url, rules=[{"per": "key", "tpm": 1000}])
+    await p.start()
+    assert all(await spy.script_exists(*(s.sha for s in (
+        p.remote._admit, p.remote._adjust, p.remote._renew, p.remote._release_barred))))
+    opened = (await spy.info("clients"))["connected_clients"] - before
+    assert opened >= RateLimitPlugin.WARM_CONNECTIONS
+    assert p.health() == {"store": "redis"}
+    await p.close()
+    await spy.aclose()
+
+
+async def test_a_redis_store_out_of_reach_at_start_falls_back_at_once() -> None:
+    """Warming a store that cannot be reached does not stop the start: it is seen
+    unavailable then (health and the metric say so, the local limiter decides)."""
+    p = plugin("redis://127.0.0.1:1/0", rules=[{"per": "key", "rpm": 1}])
+    await p.start()
+    assert p.health() == {"store": "local-fallback"}
+    reg = p.services.metrics.registry
+    assert reg.get_sample_value("weir_rate_limit_store_errors_total",
+                                {"reason": "unavailable"}) == 1
+    await p(ctx(), answer)
+    with pytest.raises(RateLimited):
+        await p(ctx(), answer)
+    await p.close()
