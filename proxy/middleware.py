@@ -132,13 +132,15 @@ def route_label(request: web.Request) -> str | None:
     the method and the route's template (`GET /v1/responses/{response_id}`, never the
     path sent: ids are the client's), `unmatched` for every path no route serves; None
     for probes, scrapes and the dashboard, no API traffic. Bounded by the routes."""
-    if request.method == "POST" and request.path in _COUNTED:
-        return _COUNTED[request.path]
-    if request.path.startswith(_UNTRACED):
-        return None
     resource = route_resource(request)
     if not isinstance(resource, web.AbstractResource):
-        return "unmatched"
+        # (by the route matched, not the path: `/v1/chat%2Fcompletions` decodes to the
+        # chat route's path, which serves no such request)
+        return None if request.path.startswith(_UNTRACED) else "unmatched"
+    if resource.canonical.startswith(_UNTRACED):
+        return None
+    if request.method == "POST" and resource.canonical in _COUNTED:
+        return _COUNTED[resource.canonical]
     method = request.method if request.method in _METHODS else "OTHER"
     return f"{method} {resource.canonical}"
 

@@ -818,3 +818,22 @@ async def test_every_api_route_is_counted_under_a_bounded_label(make_client: Mak
     labels = {s.labels["route"] for f in text_string_to_metric_families(text)
               for s in f.samples if s.name == "weir_requests_total"}
     assert not [r for r in labels if "health" in r or "metrics" in r or "PURGE" in r]
+
+
+async def test_a_path_no_route_serves_is_unmatched_though_it_decodes_to_a_generation_route(
+        make_client: MakeClient) -> None:
+    """`POST /v1/chat%2Fcompletions` decodes to the chat route's path, which no route
+    serves (a 404): it was counted under `chat`, whose latency percentiles and error
+    rates any client could fill with its 404s."""
+    from yarl import URL
+
+    client = await make_client(settings())
+    h = {"Authorization": f"Bearer {KEY}"}
+    for path in ("/v1/chat%2Fcompletions", "/v1/embeddings%2F"):
+        async with client.post(URL(path, encoded=True), headers=h, json={}) as r:
+            assert r.status == 404
+    text = await (await client.get("/metrics")).text()
+    assert metric(text, "weir_requests_total", route="unmatched", model="", status="404") == 2
+    routes = {s.labels["route"] for f in text_string_to_metric_families(text)
+              for s in f.samples if s.name == "weir_requests_total"}
+    assert routes == {"unmatched"}
