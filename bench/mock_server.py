@@ -3,6 +3,12 @@ config's plugins, over an engine that answers at once (bench/mock_engine.py).
 
 Prints `weir: listening on URL` like `weir serve`. With `--profile`, the whole server
 runs under cProfile and the stats are written to OUT when it gets SIGTERM/SIGINT.
+
+Before it listens, its startup heap (the plugins, the embedding model, the regexes) is
+hidden from the garbage collector, as `weir serve` hides it once its engine is up
+(`proxy.loop.freeze_startup_heap`): otherwise each collection of the oldest generation
+walked it, and a chain with more to load (the embedder) paid for its size per request
+here but not in `weir serve`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ from aiohttp import web
 
 from bench.mock_engine import InstantEngine
 from proxy.app import create_app
-from proxy.loop import run_loop
+from proxy.app_state import STATE
+from proxy.loop import freeze_startup_heap, run_loop
 from proxy.settings import load_settings
 from proxy.telemetry import configure_logging
 
@@ -29,6 +36,8 @@ async def _serve(config: str, port: int, tokens: int) -> None:
     app = create_app(settings, engine=InstantEngine(model, tokens))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
+    await startup_done(app)
+    freeze_startup_heap()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     sys.stderr.write(f"weir: listening on http://127.0.0.1:{runner.addresses[0][1]}\n")
@@ -39,6 +48,15 @@ async def _serve(config: str, port: int, tokens: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+
+
+async def startup_done(app: web.Application) -> None:
+    """The engine started and the embedding model loaded (what `weir serve` has done by
+    the time it freezes its heap: its engine takes far longer than the embedder)."""
+    st = app[STATE]
+    await st.engine_settled.wait()
+    if st.embedder is not None:
+        await st.embedder.ready()
 
 
 def main() -> None:

@@ -505,3 +505,37 @@ async def test_the_gateway_suite_s_instant_engine_serves_the_default_chain(
         assert r.status == 200, await r.text()
         assert r.headers["x-weir-cache"] == cache
         await r.read()
+
+
+async def test_the_mock_server_hides_its_startup_heap_before_it_listens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`weir serve` hides its startup heap from the garbage collector once its engine is
+    up; the mock server did not, so every collection of the oldest generation walked the
+    plugins' and the embedder's heap there, and the gateway suite charged a chain with
+    more to load for it per request. It hides it once the engine started, before it
+    listens (the first request measured finds it hidden)."""
+    import yaml
+
+    from bench import mock_server
+
+    config = tmp_path / "mock.yaml"
+    config.write_text(yaml.safe_dump({
+        "engine": {"kind": "vllm", "model": "builtin:demo", "served_model_name": "mock"},
+        "auth": {"mode": "open"}, "embeddings": {"enabled": False}, "plugins": []}))
+    events: list[str] = []
+    started = mock_server.InstantEngine.start
+
+    async def engine_start(self: Any) -> None:
+        await started(self)
+        events.append("engine started")
+
+    async def listen(self: Any) -> None:
+        events.append("listening")
+        raise asyncio.CancelledError  # (enough: the order is what is asked)
+
+    monkeypatch.setattr(mock_server.InstantEngine, "start", engine_start)
+    monkeypatch.setattr(mock_server, "freeze_startup_heap", lambda: events.append("frozen"))
+    monkeypatch.setattr(web.TCPSite, "start", listen)
+    with contextlib.suppress(asyncio.CancelledError):
+        await mock_server._serve(str(config), 0, 4)
+    assert events == ["engine started", "frozen", "listening"]
