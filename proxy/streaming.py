@@ -123,7 +123,12 @@ class _SseResponse(web.StreamResponse):
 
 
 class _Watchdog:
-    """Keep-alives while the engine is quiet; cuts a connection stuck in one write."""
+    """Keep-alives while the engine is quiet; cuts a connection stuck in one write.
+
+    A timer callback on the loop, re-armed each tick, not a task of its own: a task per
+    stream cost its creation, its first step and, to stop it, a cancellation and a wait
+    for it to end (a loop turn and more) on every stream, where a timer is cancelled at
+    once."""
 
     def __init__(self, resp: web.StreamResponse, request: web.Request, *,
                  keepalive: float, write_timeout: float,
@@ -136,7 +141,11 @@ class _Watchdog:
         self.sent = False  # some of the body (not a keep-alive) reached the socket
         self._on_first = on_first
         self._keepalive: asyncio.Task[None] | None = None
-        self._task = asyncio.create_task(self._run())
+        self._tick = max(0.05, min(self.keepalive, self.write_timeout) / 4)
+        self._mark = -1  # what was unsent when the clock last started
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(self._tick,
+                                                                         self._look)
 
     async def write(self, data: bytes, body: bool = True) -> None:
         """`body`: events or the body's end (the first such write that goes out calls
@@ -155,38 +164,38 @@ class _Watchdog:
             if self._on_first is not None:
                 self._on_first()
 
-    async def _run(self) -> None:
-        tick = max(0.05, min(self.keepalive, self.write_timeout) / 4)
-        mark = -1  # what was unsent when the clock last started
-        while True:
-            await asyncio.sleep(tick)
-            now = time.monotonic()
-            if self.writing_since is not None:
-                # A client still reading, slowly, is not stalled: `PROGRESS_BYTES` of
-                # what is unsent acknowledged restarts the clock. (A full kernel buffer
-                # takes a write only once a third of it has gone: megabytes, at a slow
-                # reader's pace, past `write_timeout_s`.) Less is a trickle that would
-                # hold the stream, its slot and its buffers for good.
-                # Judged from a second look on: progress is measured from the first, so
-                # a first look the loop ran late (a busy loop, past `write_timeout_s`)
-                # cannot cut a reader that kept reading.
-                unsent = _unsent(self.request.transport)
-                if mark < 0:
-                    mark = unsent
-                elif mark - unsent >= PROGRESS_BYTES:
-                    self.writing_since, mark = now, unsent
-                elif now - self.writing_since >= self.write_timeout:
-                    self._cut()
-                    return
-            else:
-                mark = -1
-            if self.writing_since is None and now - self.last_write >= self.keepalive:
-                # In a task of its own, timed by this loop as any write (`writing_since`):
-                # a client that stopped reading blocks whichever write crosses aiohttp's
-                # buffer, a keep-alive too, and this loop must go on watching. (Not
-                # cancelled on a timeout: the drain it waits on is the body write's too.)
-                self._keepalive = asyncio.create_task(self.write(KEEPALIVE, body=False))
-                self._keepalive.add_done_callback(_retrieved)
+    def _look(self) -> None:
+        """One tick: cut a write stuck past `write_timeout`, or send a keep-alive after
+        `keepalive` of quiet; then the next tick (none once cut)."""
+        self._timer = None
+        now = time.monotonic()
+        if self.writing_since is not None:
+            # A client still reading, slowly, is not stalled: `PROGRESS_BYTES` of
+            # what is unsent acknowledged restarts the clock. (A full kernel buffer
+            # takes a write only once a third of it has gone: megabytes, at a slow
+            # reader's pace, past `write_timeout_s`.) Less is a trickle that would
+            # hold the stream, its slot and its buffers for good.
+            # Judged from a second look on: progress is measured from the first, so
+            # a first look the loop ran late (a busy loop, past `write_timeout_s`)
+            # cannot cut a reader that kept reading.
+            unsent = _unsent(self.request.transport)
+            if self._mark < 0:
+                self._mark = unsent
+            elif self._mark - unsent >= PROGRESS_BYTES:
+                self.writing_since, self._mark = now, unsent
+            elif now - self.writing_since >= self.write_timeout:
+                self._cut()
+                return
+        else:
+            self._mark = -1
+        if self.writing_since is None and now - self.last_write >= self.keepalive:
+            # In a task of its own, timed by these ticks as any write (`writing_since`):
+            # a client that stopped reading blocks whichever write crosses aiohttp's
+            # buffer, a keep-alive too, and the ticks must go on watching. (Not
+            # cancelled on a timeout: the drain it waits on is the body write's too.)
+            self._keepalive = asyncio.create_task(self.write(KEEPALIVE, body=False))
+            self._keepalive.add_done_callback(_retrieved)
+        self._timer = self._loop.call_later(self._tick, self._look)
 
     def _cut(self) -> None:
         self.cut = self.request[WRITE_TIMED_OUT] = True
@@ -194,7 +203,10 @@ class _Watchdog:
             reset(self.request.transport)
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task, self._keepalive)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await cancel_and_wait(self._keepalive)
 
 
 def reset(transport: asyncio.Transport) -> None:

@@ -332,7 +332,7 @@ async def test_a_second_cancellation_while_stopping_still_ends_the_stream(
         try:
             await asyncio.Event().wait()
         finally:
-            self._task.cancel()
+            self._timer.cancel()  # (its ticks stop; nothing else to wait for)
 
     monkeypatch.setattr(streaming._Watchdog, "stop", stop)
 
@@ -361,16 +361,17 @@ async def test_a_shutdown_after_the_whole_answer_cuts_nothing(monkeypatch: Any) 
 
     stopping = asyncio.Event()
 
+    real_stop = streaming._Watchdog.stop
+
     async def stop(self: Any) -> None:
         if stopping.is_set():  # the second call, on the way out: a plain stop
-            self._task.cancel()
-            await asyncio.wait((self._task,))
+            await real_stop(self)
             return
         stopping.set()
         try:
             await asyncio.Event().wait()  # cut by the shutdown below
         finally:
-            self._task.cancel()
+            self._timer.cancel()
 
     monkeypatch.setattr(streaming._Watchdog, "stop", stop)
 
@@ -602,3 +603,27 @@ async def test_a_first_look_the_loop_ran_late_cuts_no_reader_still_reading() -> 
     assert not transport.aborted and not wd.cut
     writing.cancel()
     await wd.stop()
+
+
+async def test_a_stream_s_watchdog_is_no_task_and_stops_at_once() -> None:
+    """The watchdog ticks on a loop timer: a stream starts no task for it, and stopping
+    it (every stream does, as it ends) cancels the timer at once, with no loop turn to
+    wait for a task to end (a task per stream was a visible share of a stream's CPU).
+    A keep-alive under way is the one thing it waits for."""
+    from proxy.streaming import _Watchdog
+
+    class Quick(dict):  # type: ignore[type-arg]
+        transport = _Aborted()
+
+        async def write(self, data: bytes) -> None:
+            pass
+
+    resp = Quick()
+    before = asyncio.all_tasks()
+    wd = _Watchdog(resp, resp, keepalive=15, write_timeout=30)  # type: ignore[arg-type]
+    await wd.write(b"data: {}\n\n")
+    assert asyncio.all_tasks() == before and wd.sent
+    stopping = wd.stop()
+    with pytest.raises(StopIteration):  # done in its first step: nothing awaited
+        stopping.send(None)
+    assert wd._timer is None
