@@ -159,10 +159,13 @@ class LocalServing:
         queued, with the engine idle). A short one is prepared by the call, on the loop:
         it waits for nothing. (What is prepared is held while the request queues for
         its permit: its token ids, within the model's context, for a bounded queue.)"""
+        if self.prepares_ahead(ctx):
+            ctx.prepared = (ctx.request, await self._prepare(ctx))
+
+    def prepares_ahead(self, ctx: RequestContext) -> bool:
         req = ctx.request
-        if (isinstance(req, ChatCompletionRequest | CompletionRequest)
-                and _prompt_chars(req) >= OFF_LOOP_CHARS and self.has_model(ctx.model)):
-            ctx.prepared = (req, await self._prepare(ctx))
+        return (isinstance(req, ChatCompletionRequest | CompletionRequest)
+                and _prompt_chars(req) >= OFF_LOOP_CHARS and self.has_model(ctx.model))
 
     async def _prepare(self, ctx: RequestContext) -> Prepared:
         """`ctx`'s request prepared; what fails in preparing it as the client is told."""

@@ -67,6 +67,12 @@ class Terminal(Protocol):
         its one preparing thread), kept on `ctx.prepared` for its call; an error the
         request would meet there is raised here. Nothing for an upstream."""
 
+    def prepares_ahead(self, ctx: RequestContext) -> bool:
+        """Whether `prepare` has work to do for `ctx` (the in-process engine's long
+        prompt); where it has none it returns at once, and admission neither calls it
+        nor times it (a deadline scope, a loop timer set and cancelled, per request).
+        False for an upstream."""
+
     async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
                            ) -> int | None:
         """The tokens of the request's prompt as the model reads it (its

@@ -347,6 +347,9 @@ class Upstream:
     async def prepare(self, ctx: RequestContext) -> None:
         return None  # (the upstream prepares its own)
 
+    def prepares_ahead(self, ctx: RequestContext) -> bool:
+        return False
+
     def has_model(self, model: str) -> bool:
         return not self.check_models or model in self._models
 

@@ -144,6 +144,11 @@ class FakeEngine:
     async def prepare(self, ctx: Any) -> None:
         """(As `Terminal.prepare`, for the same tests: nothing ahead.)"""
 
+    def prepares_ahead(self, ctx: Any) -> bool:
+        """(As `Terminal.prepares_ahead`: True, so `prepare` is called, and a test may
+        replace it.)"""
+        return True
+
     def prompt_entries(self, prompt: list[int], k: int) -> list[TokenLogprob]:
         """The prompt's logprobs: the first token has none; token i's is -i/10."""
         out = [TokenLogprob(self.decode(prompt[:1]), None, None, [])]

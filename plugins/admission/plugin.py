@@ -103,14 +103,16 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         # Embeddings run beside the engine, in one batch per request: one permit of their
         # own gate. (A greedy request's `n` choices are one sequence in the engine.)
         embeds = ctx.route == "embeddings"
-        if not embeds and self.gate.waiting + self._ahead < self.gate.max_queue:
+        if (not embeds and self.gate.waiting + self._ahead < self.gate.max_queue
+                and self.services.terminal.prepares_ahead(ctx)):
             # A long prompt prepared first (in the engine's one preparing thread): waiting
             # there behind others, it held a permit the engine could have given a short
             # request. Within the request's deadline, as its call is. Not where the wait
             # list is full: a newcomer is likely shed at once, its preparing wasted on
             # the thread others wait for (one that is not is prepared by its call). Those
             # preparing count against the list's bound: else a burst of long prompts all
-            # waited for the thread, none shed.
+            # waited for the thread, none shed. A short prompt has nothing to prepare
+            # ahead: no call, no deadline scope (a loop timer) for it.
             scope = Within(ctx.deadline)
             self._ahead += 1
             try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 from proxy.app_state import STATE
 from proxy.serving import OFF_LOOP_CHARS, LocalServing
@@ -67,3 +68,39 @@ async def test_long_prompts_waiting_to_be_prepared_count_against_the_queue(
     assert set(statuses) == {200, 503}  # the one ahead may find the list full after)
     assert statuses.count(200) >= 2
     assert busy.result() is True
+
+
+async def test_only_a_long_prompt_is_prepared_ahead_and_timed_there(
+        make_client: MakeClient, monkeypatch: Any) -> None:
+    """Admission calls the terminal's `prepare` for what it has to prepare ahead (a long
+    prompt), inside a deadline scope; a short prompt, which it would return from at once,
+    costs neither the call nor the scope (a loop timer set and cancelled per request).
+    Both are answered alike."""
+    from proxy import context
+
+    client = await make_client(engine=FakeEngine(max_model_len=4 * OFF_LOOP_CHARS),
+                               plugins=[{"name": "admission", "config": {}}])
+    serving = client.app[STATE].terminal
+    assert isinstance(serving, LocalServing)
+    prepared: list[bool] = []
+    scopes: list[float | None] = []
+    real_prepare, real_within = serving.prepare, context.Within.__init__
+
+    async def prepare(ctx: Any) -> None:
+        await real_prepare(ctx)
+        prepared.append(ctx.prepared is not None)
+
+    def within(self: Any, deadline: float | None, *args: Any) -> None:
+        scopes.append(deadline)
+        real_within(self, deadline, *args)
+
+    monkeypatch.setattr(serving, "prepare", prepare)
+    monkeypatch.setattr(context.Within, "__init__", within)
+    r = await client.post("/v1/chat/completions", json=_chat("short"))
+    assert r.status == 200, await r.text()
+    assert prepared == []
+    short_scopes = len(scopes)
+    r = await client.post("/v1/chat/completions", json=_chat("x" * OFF_LOOP_CHARS))
+    assert r.status == 200, await r.text()
+    assert prepared == [True]
+    assert len(scopes) == 2 * short_scopes + 1  # (the long one's preparing scope besides)
