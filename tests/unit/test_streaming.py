@@ -627,3 +627,78 @@ async def test_a_stream_s_watchdog_is_no_task_and_stops_at_once() -> None:
     with pytest.raises(StopIteration):  # done in its first step: nothing awaited
         stopping.send(None)
     assert wd._timer is None
+
+
+@pytest.mark.parametrize("ending", ["completed", "failed", "client gone", "handler cancelled",
+                                    "shutdown", "write timeout"])
+async def test_a_stream_s_watchdog_is_let_go_however_the_stream_ends(
+        ending: str, monkeypatch: Any) -> None:
+    """Whichever way a stream ends (its answer whole, an error in-band, its client gone,
+    its handler cancelled, the drain's cut, a client that stopped reading cut by the
+    write timeout), its watchdog's timer is cancelled: nothing on the loop holds the
+    watchdog (and through it the request, its response and its transport) after the
+    stream ended, and no tick of it can run on a connection that is gone."""
+    import gc
+    import weakref
+
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    from proxy import streaming
+
+    watchdogs: list[weakref.ref[Any]] = []
+    real_init = streaming._Watchdog.__init__
+
+    def init(self: Any, *args: Any, **kw: Any) -> None:
+        real_init(self, *args, **kw)
+        watchdogs.append(weakref.ref(self))
+
+    cuts: list[bool] = []
+    real_cut = streaming._Watchdog._cut
+
+    def cut(self: Any) -> None:
+        cuts.append(True)
+        real_cut(self)
+
+    monkeypatch.setattr(streaming._Watchdog, "__init__", init)
+    monkeypatch.setattr(streaming._Watchdog, "_cut", cut)
+    quiet = asyncio.Event()
+
+    async def source() -> Any:
+        if ending == "write timeout":
+            yield {"text": "x" * 8_000_000}  # never read: the write blocks
+        yield {"n": 0}
+        if ending == "failed":
+            raise RuntimeError("boom")
+        if ending in ("client gone", "handler cancelled", "shutdown"):
+            quiet.set()
+            await asyncio.Event().wait()  # quiet until cut
+        yield {"n": 1}
+
+    one = OneStream(source, write_timeout=0.2 if ending == "write timeout" else 60)
+    async with TestServer(one.app) as server:
+        if ending == "write timeout":  # a client that reads nothing
+            _, writer = await asyncio.open_connection(server.host, server.port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(one.arrived.wait(), 10)
+            await asyncio.wait(one.handler, timeout=10)
+            writer.close()
+            assert cuts == [True]  # (the cut connection's handler is cancelled)
+        else:
+            async with ClientSession() as session, session.get(server.make_url("/")) as r:
+                if ending in ("completed", "failed"):
+                    await r.read()
+                else:
+                    await asyncio.wait_for(quiet.wait(), 10)
+                    if ending == "client gone":
+                        r.close()  # (aiohttp cancels the handler as the client leaves)
+                    one.handler[0].cancel(streaming.SHUTDOWN if ending == "shutdown"
+                                          else None)
+                await asyncio.wait(one.handler, timeout=10)
+    assert one.handler and all(t.done() for t in one.handler)
+    assert one.ended == ["completed" if ending == "completed" else
+                         "failed" if ending == "failed" else "cancelled"]
+    one.handler.clear()  # (a cancelled task's traceback holds the handler's frames)
+    one.transports.clear()
+    gc.collect()
+    assert len(watchdogs) == 1 and watchdogs[0]() is None
