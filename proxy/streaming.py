@@ -7,11 +7,13 @@ cached answer replayed) is one write with its `[DONE]`. What used to cost a time
 scope per chunk is done once per stream:
 - the request's deadline is one `asyncio.timeout_at` around the whole loop; when it
   passes, the generation is aborted and a 504 `timeout` error goes out in-band;
-- a watchdog task, one per stream, wakes every second or so: it sends a keep-alive
-  comment while the engine has been quiet for `keepalive_s`, and aborts the connection
-  when one write has been stuck for `write_timeout_s` (a client that stopped reading);
-  aborting with a reset (not closing) drops what is unsent at once, in the kernel too,
-  and the pending write fails.
+- a watchdog, one per stream (a loop timer re-armed each tick, cancelled as the stream
+  ends; no task), looks every quarter of the shorter of `keepalive_s` and
+  `write_timeout_s` (3.75 s by default): it sends a keep-alive comment while the
+  engine has been quiet for `keepalive_s`, and aborts the connection when one write has
+  been stuck for `write_timeout_s` (a client that stopped reading); aborting with a
+  reset (not closing) drops what is unsent at once, in the kernel too, and the pending
+  write fails.
 
 The first chunk is in hand before the response is prepared (the terminal primes the
 stream), so errors before any output still get a real HTTP status; a stream that was
