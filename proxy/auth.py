@@ -155,12 +155,16 @@ class Authenticator:
                 return hit[1]
         if self.open:
             return self._anonymous
-        if token is None:
+        if token is not None:
+            raise Unauthorized()
+        if _presented(headers):  # a credential, but none Weir can read a key from
             raise Unauthorized(
-                "You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY`.",
-                code="missing_api_key",
-            )
-        raise Unauthorized()
+                "The API key provided could not be read. Send it as `Authorization: "
+                "Bearer YOUR_KEY`.")
+        raise Unauthorized(
+            "You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY`.",
+            code="missing_api_key",
+        )
 
     def _on_behalf_of(self, gateway: Principal, headers: list[str]) -> Principal:
         """The caller a gateway's key forwards for: a tenant of its own under the key's
@@ -337,6 +341,20 @@ def _values(headers: Mapping[str, str], name: str) -> list[str]:
     if getall is not None:
         return list(getall(name, ()))
     return [headers[name]] if name in headers else []
+
+
+def _presented(headers: Mapping[str, str]) -> bool:
+    """Whether a key header carries anything: a credential in a scheme Weir does not
+    take (`Token KEY`, a bare `KEY`), or Basic that holds no key, is a wrong key (401
+    `invalid_api_key`), not a missing one; an empty header, or a scheme alone
+    (`Bearer`), presents nothing."""
+    for name in _KEY_HEADERS:
+        for value in _values(headers, name):
+            scheme, _, rest = value.strip().partition(" ")
+            if rest.strip() or (scheme and (name != "Authorization"
+                                            or scheme.lower() not in ("bearer", "basic"))):
+                return True
+    return False
 
 
 def _bearer(header: str | None) -> str | None:

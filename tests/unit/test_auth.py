@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -55,6 +56,27 @@ def test_bad_or_missing_keys_are_401(tmp_path, monkeypatch, header) -> None:  # 
     err = e.value.to_body()["error"]
     assert err["type"] == "invalid_request_error"
     assert err["code"] in ("invalid_api_key", "missing_api_key")
+
+
+@pytest.mark.parametrize(("headers", "code"), [
+    ({}, "missing_api_key"), (_h(""), "missing_api_key"), (_h("Bearer"), "missing_api_key"),
+    (_h("Bearer  "), "missing_api_key"), ({"api-key": " "}, "missing_api_key"),
+    (_h("Bearer wrong"), "invalid_api_key"), (_h("Basic abc"), "invalid_api_key"),
+    (_h("Basic !!not-base64!!"), "invalid_api_key"),
+    (_h("Basic " + base64.b64encode(b"secret-no-colon").decode()), "invalid_api_key"),
+    (_h("Basic " + base64.b64encode(b":").decode()), "invalid_api_key"),
+    (_h("Token secret-value"), "invalid_api_key"), (_h("secret-value"), "invalid_api_key"),
+    ({"x-api-key": "secret-value"}, "invalid_api_key"),
+])
+def test_a_credential_given_but_unreadable_is_an_invalid_key_not_a_missing_one(
+        tmp_path, monkeypatch, headers, code) -> None:  # type: ignore[no-untyped-def]
+    """`Token KEY` or a Basic credential holding no key was told "You didn't provide an
+    API key": one was given, and it is wrong. Neither message quotes what was sent."""
+    with pytest.raises(Unauthorized) as e:
+        auth(tmp_path, monkeypatch).authenticate(headers)
+    assert e.value.code == code
+    assert "secret" not in e.value.message and "wrong" not in e.value.message
+    assert ("didn't provide" in e.value.message) == (code == "missing_api_key")
 
 
 def test_open_mode_is_anonymous_but_honours_known_keys() -> None:
