@@ -8,8 +8,9 @@ is passed through (status, message, type, and `param` and `code` as strings), ex
 where it is about Weir's own standing with the upstream: a 401 or 403 (Weir's key) is an
 engine failure, and a 429 (Weir's quota) is a 429 in Weir's words (the upstream's names
 the account). A 5xx, a redirect, a timeout, a refused connection, an unreadable answer
-or a stream that ends before its `[DONE]` is an engine failure (502/504), which the
-breaker counts.
+or a stream that ends before its answer does is an engine failure (502/504), which the
+breaker counts. A stream that closes once each of its choices has ended (its
+`finish_reason` came) is whole, its `[DONE]` sent or not.
 
 Streams are asked for their usage (`stream_options.include_usage`) whether or not the
 client asked: the rate limiter and the cache count with it. The usage chunk goes on to
@@ -532,11 +533,7 @@ class Upstream:
                         if not asm.ended():  # (none came, or one came and never ended)
                             raise EngineError("The upstream's stream ended before its "
                                               "answer finished.")
-                        came = asm.came(choices)  # (each ended: it ignored `n`)
-                        if came is not None:
-                            raise ChoicesMissing(came, choices)
-                        asm.finish(stream)
-                        done = True
+                        done = _finished(asm, stream, choices)
                         return
                     chunk = upstream_json(data)
                     if not isinstance(chunk, dict):
@@ -558,11 +555,19 @@ class Upstream:
                         chunk.pop("usage", None)  # (`null` on every other chunk)
                     relayed = True
                     yield chunk
-            raise EngineError("The upstream's stream ended before it finished.")
+            # Closed with no `[DONE]`: an answer each of whose choices ended is whole
+            # all the same (some servers never send it); one cut short is a failure.
+            if not asm.ended():
+                raise EngineError("The upstream's stream ended before it finished.")
+            done = _finished(asm, stream, choices)
         except aiohttp.SocketTimeoutError:  # no byte for `read_timeout_s`: stalled
             raise Timeout("The upstream's stream stalled.") from None
         except TimeoutError:  # `timeout_s`, with bytes coming: the answer's length
             raise UpstreamDeadline() from None
+        except aiohttp.ClientPayloadError:  # the connection closed mid-body
+            if not asm.ended():
+                raise EngineError("The upstream stream broke.") from None
+            done = _finished(asm, stream, choices)  # (after its answer: whole)
         except (aiohttp.ClientError, ValueError):
             raise EngineError("The upstream stream broke.") from None
         finally:
@@ -570,6 +575,16 @@ class Upstream:
                 asm.cut(stream)
             self.in_flight -= 1
             resp.release()
+
+
+def _finished(asm: ChunkAssembler, stream: Stream, choices: int) -> bool:
+    """A stream whose choices that came have all ended: whole (its answer and usage left
+    on `stream`), or a `ChoicesMissing` where some of the `choices` asked never came."""
+    came = asm.came(choices)  # (each ended: it ignored `n`)
+    if came is not None:
+        raise ChoicesMissing(came, choices)
+    asm.finish(stream)
+    return True
 
 
 class SseEvents:

@@ -437,7 +437,7 @@ async def test_every_sse_framing_the_spec_allows_is_relayed(upstream: Upstream,
 
 
 @pytest.mark.parametrize("pieces", [
-    sse(*CHUNKS),  # cut off: no [DONE]
+    sse(*CHUNKS[:2]),  # cut off before its finish_reason (and no [DONE])
     sse(*CHUNKS[:2], "[DONE]"),  # a [DONE] with no finish_reason: the answer never ended
     sse("[DONE]"),  # no answer at all
     [b'{"id": "c", "object": "chat.completion", "choices": []}'],  # JSON for a stream
@@ -459,6 +459,49 @@ async def test_a_stream_that_does_not_finish_properly_is_an_engine_failure(
             async for _ in reply:
                 pass
         assert engine.stats().running == 0
+    finally:
+        await engine.close()
+
+
+def abrupt_handler(pieces: list[bytes]) -> Handler:
+    """`pieces`, then the connection closed with the chunked body unfinished."""
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"".join(pieces))
+        await resp.drain()
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    return stream
+
+
+@pytest.mark.parametrize("close", [sse_handler, abrupt_handler])
+async def test_a_stream_closed_after_its_answer_ended_without_done_is_whole(
+        upstream: Upstream, close: Callable[[list[bytes]], Handler]) -> None:
+    """An upstream that sent its finish_reason and usage, then closed (cleanly or not)
+    without `[DONE]`, had its complete answer followed by an in-band error; it ends as a
+    whole answer. Cut before a finish_reason, or with a choice asked for missing, it is
+    still a failure."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    upstream.chat = close(sse(*CHUNKS, {"id": "c", "choices": [], "usage": usage}))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True))
+        assert isinstance(reply, Stream)
+        got = [c async for c in reply]
+        assert [c["choices"][0]["delta"]["content"] for c in got] == ["t0", "t1", "t2"]
+        assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
+        assert reply.usage == usage and engine.stats().running == 0
+        for cut, error in ((CHUNKS[:2], EngineError), (CHUNKS, ChoicesMissing)):
+            upstream.chat = close(sse(*cut))
+            with pytest.raises(error):
+                reply = await engine(ctx(stream=True, n=2))
+                assert isinstance(reply, Stream)
+                async for _ in reply:
+                    pass
+            assert engine.stats().running == 0
     finally:
         await engine.close()
 
