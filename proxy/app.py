@@ -15,7 +15,7 @@ from aiohttp import web
 from . import embeddings_api
 from .app_state import STATE, AppState
 from .auth import Authenticator, KeyConfigError
-from .chain import Services, build_plugins, compose
+from .chain import Services, build_plugins, compose, deadline_warnings
 from .connections import guard_middleware
 from .embedding import LocalEmbedder
 from .engine.base import Engine
@@ -98,6 +98,9 @@ def _engine_lifespan(
         if st.auth.open:
             log.warning("auth.mode is `open`: every caller is the anonymous principal; "
                         "use API keys in production")
+        for where, message in deadline_warnings(st.settings):
+            log.warning("breaker threshold past the requests' deadline", setting=where,
+                        detail=message)
 
         async def start() -> None:
             try:

@@ -275,6 +275,37 @@ def _order_errors(
     return errors
 
 
+def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
+    """The breaker's thresholds no engine call can reach: a call is cut at the request's
+    deadline (`server.request_timeout_s`, admission's `deadline_s`, the shorter), and a
+    call cut there counts for nothing unless it ran past the threshold (a caller's own
+    short deadline must not open the circuit for all). With `slow_call_s` (or
+    `half_open_max_wait_s`) at or past that deadline, a hung engine never opens the
+    breaker (nor fails a trial): every call it holds is cut first. Warned of by
+    `check-config` and at `serve`'s start (the config stays valid)."""
+    configs = {cls.name: (config, i) for cls, config, i in validate_plugins(settings.plugins)}
+    if "breaker" not in configs:
+        return []
+    limits = [settings.server.request_timeout_s]
+    if "admission" in configs:
+        limits.append(getattr(configs["admission"][0], "deadline_s", None))
+    known = [x for x in limits if x is not None]
+    if not known:
+        return []
+    deadline = min(known)
+    breaker, i = configs["breaker"]
+    warned = []
+    for field_name, what in (("slow_call_s", "a hung engine never opens the breaker"),
+                             ("half_open_max_wait_s", "a hung trial never fails")):
+        value = getattr(breaker, field_name, None)
+        if value is not None and value >= deadline:
+            warned.append((f"plugins[{i}].config.{field_name}", (
+                f"{value:g} s is not below the requests' deadline ({deadline:g} s: "
+                "server.request_timeout_s, admission's deadline_s): every call is cut "
+                f"before it, so {what}; set it lower")))
+    return warned
+
+
 def build_plugins(specs: list[PluginSpec], services: Services) -> list[BasePlugin[Any]]:
     plugins = [cls(config, services) for cls, config, _ in validate_plugins(specs)]
     services.plugins[:] = plugins

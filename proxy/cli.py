@@ -91,6 +91,7 @@ def check_config(path: str) -> int:
     print(f"{path}: OK ({len([p for p in specs if p.enabled])} plugins enabled)")
     _warn_unreadable_keys(path)
     _warn_missing_folders(path)
+    _warn_unreachable_thresholds(path)
     return 0
 
 
@@ -124,6 +125,16 @@ def _warn_missing_folders(path: str) -> None:
         print(f"{path}: warning: embeddings.model: no such folder here ({model}); "
               "`weir serve` cannot load it (a built-in or a folder: no Hugging Face id "
               "is fetched)", file=sys.stderr)
+
+
+def _warn_unreachable_thresholds(path: str) -> None:
+    """The breaker thresholds the requests' deadline cuts every call short of
+    (`chain.deadline_warnings`)."""
+    from .chain import deadline_warnings
+    from .settings import parse_settings, read_config_text
+
+    for where, message in deadline_warnings(parse_settings(read_config_text(path))):
+        print(f"{path}: warning: {where}: {message}", file=sys.stderr)
 
 
 def _warn_unreadable_keys(path: str) -> None:

@@ -225,3 +225,31 @@ def test_check_config_warns_of_an_embedding_model_only_where_serve_loads_one(
     f.write_text("auth: {mode: open}\n")
     assert main(["check-config", str(f)]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("deadlines", "warned"), [
+    ("plugins: [{name: breaker}, {name: admission, config: {deadline_s: 5}}]",
+     ["plugins[0].config.slow_call_s", "plugins[0].config.half_open_max_wait_s"]),
+    ("server: {request_timeout_s: 20}\nplugins: [{name: breaker}]",
+     ["plugins[0].config.half_open_max_wait_s"]),
+    ("plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
+     "{name: admission, config: {deadline_s: 5}}]", []),
+    ("plugins: [{name: admission, config: {deadline_s: 5}}]", []),
+])
+def test_check_config_warns_of_breaker_thresholds_past_the_deadline(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], deadlines: str,
+        warned: list[str]) -> None:
+    """With admission's `deadline_s` below the breaker's `slow_call_s`, every call a hung
+    engine holds is cut at its deadline before it counts as slow (a deadline cut is no
+    failure: a caller's own short deadline must not open the circuit), so the breaker
+    never opened; the config stays valid, and each such threshold is warned of."""
+    from proxy.chain import deadline_warnings
+    from proxy.settings import load_settings
+
+    f = tmp_path / "c.yaml"
+    f.write_text("auth: {mode: open}\n" + deadlines + "\n")
+    assert main(["check-config", str(f)]) == 0
+    got = [ln.split(": ")[2] for ln in capsys.readouterr().err.splitlines()
+           if ": warning: " in ln]
+    assert got == warned
+    assert [w for w, _ in deadline_warnings(load_settings(f))] == warned

@@ -256,3 +256,15 @@ async def test_without_admission_the_timeout_header_shortens_the_server_s_deadli
                              headers={"x-weir-timeout-ms": "nonsense,50"})
     err = await error_of(resp, 504)
     assert err["code"] == "timeout"
+
+
+async def test_serve_warns_of_a_breaker_threshold_past_the_deadline(
+        make_client: MakeClient, logs: Any) -> None:
+    """As `check-config` does (`chain.deadline_warnings`): a hung engine never opens such
+    a breaker."""
+    await make_client(plugins=[{"name": "breaker"},
+                               {"name": "admission", "config": {"deadline_s": 5}}])
+    warned = [json.loads(line) for line in logs.getvalue().splitlines()
+              if "past the requests' deadline" in line]
+    assert [w["setting"] for w in warned] == ["plugins[0].config.slow_call_s",
+                                              "plugins[0].config.half_open_max_wait_s"]
