@@ -3,7 +3,8 @@
 The exact key hashes everything that changes the answer: route, model, the normalized
 messages (or prompt) with their tool calls and tool results, and every output-shaping
 parameter (tools, tool_choice and parallel_tool_calls included, and vLLM's extensions:
-stop_token_ids, allowed_token_ids, bad_words, the chat-template controls, ...). Never
+stop_token_ids, allowed_token_ids, bad_words, the chat-template controls, ...), a value
+that means the field left out (`presence_penalty: 0`, `logit_bias: {}`) as left out. Never
 `stream`, `stream_options`, `user` or headers. The scope id is hashed in, so the same prompt in two
 tenants has two keys. A chat's keys hold how the engine renders it too
 (`Terminal.render_digest`: its chat template, digested), so that an answer cached under
@@ -78,15 +79,52 @@ def _params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
     return dumped
 
 
+_NOTHING = object()
+
 #: What greedy decoding reads none of: vLLM resets them and draws no random number.
 _NOT_GREEDY = ("top_p", "top_k", "min_p", "seed")
 
 
-def _keyed_params(req: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    """`_params`, a greedy request's as temperature 0's (`greedy`: a temperature below
-    vLLM's epsilon, or `top_p: 0`, goes to the engine as temperature 0, whose one answer
-    no `top_p`, `top_k`, `min_p` or `seed` changes)."""
+#: Values a request may state that mean what leaving the field out means (OpenAI's
+#: default, vLLM's, and the in-process engine's reading): `presence_penalty: 0` and no
+#: `presence_penalty` ask one question. Not the sampling parameters a model's generation
+#: config may default otherwise (temperature, top_p, top_k, min_p, repetition_penalty):
+#: left out, those are the model's, which a stated value overrides. (`n: 1`, `echo:
+#: false`, chat's `logprobs: false` are the fields' defaults: one key already.)
+_AS_LEFT_OUT: dict[str, Any] = {
+    "logit_bias": {},
+    "response_format": {"type": "text"}, "parallel_tool_calls": True,
+    # (tools given, as `tool_choice` needs: `auto`, as vLLM and OpenAI read none)
+    "tool_choice": "auto",
+    "suffix": "",  # (an empty suffix is none: `preparing` reads it so)
+    "top_logprobs": 0,  # (`req.top_logprobs or 0`; with logprobs, bypassed anyway)
+}
+
+#: What a model's generation config may default otherwise too (vLLM reads its penalties),
+#: left out as `_AS_LEFT_OUT` only where the model's defaults were filled into the request
+#: before the chain (`with_model_defaults`: the in-process engine's), so that a penalty
+#: still left out is 0; an upstream applies its own, which may not be 0.
+_AS_LEFT_OUT_BY_THE_MODEL: dict[str, Any] = {"presence_penalty": 0.0,
+                                             "frequency_penalty": 0.0}
+
+
+def _keyed_params(req: ChatCompletionRequest | CompletionRequest,
+                  defaults_filled: bool) -> dict[str, Any]:
+    """`_params`, without the values that mean the field left out (`_AS_LEFT_OUT`, and
+    `best_of` equal to `n`; the penalties at 0 where `defaults_filled`), and a greedy
+    request's as temperature 0's (`greedy`: a temperature below vLLM's epsilon, or
+    `top_p: 0`, goes to the engine as temperature 0, whose one answer no `top_p`,
+    `top_k`, `min_p` or `seed` changes)."""
     params = _params(req)
+    folded = ({**_AS_LEFT_OUT, **_AS_LEFT_OUT_BY_THE_MODEL} if defaults_filled
+              else _AS_LEFT_OUT)
+    for name, left_out in folded.items():
+        v = params.get(name, _NOTHING)
+        # (a bool is no number here: `parallel_tool_calls: true` is not `1`)
+        if v == left_out and isinstance(v, bool) == isinstance(left_out, bool):
+            del params[name]
+    if params.get("best_of") == req.n:  # (candidates: `n` unless said)
+        del params["best_of"]
     if req.greedy_anywhere:  # (with `n` > 1, 1e-6 is sampled by a vLLM upstream)
         params["temperature"] = 0.0
         for name in _NOT_GREEDY:
@@ -189,11 +227,14 @@ def key_request(ctx: RequestContext) -> ChatCompletionRequest | CompletionReques
     return ctx.key_request if ctx.key_request is not None else ctx.request
 
 
-def exact_key(ctx: RequestContext, scope: str, renders: str | None = None) -> str:
+def exact_key(ctx: RequestContext, scope: str, renders: str | None = None, *,
+              defaults_filled: bool = False) -> str:
     """`renders`: how the engine renders a chat (`Terminal.render_digest`; None where it
-    cannot be told, and the key is what it was): a chat's prompt is its template's."""
+    cannot be told, and the key is what it was): a chat's prompt is its template's.
+    `defaults_filled`: the model's sampling defaults were filled into the request (the
+    in-process engine's; `_keyed_params`)."""
     req = key_request(ctx)
-    params = _keyed_params(req)
+    params = _keyed_params(req, defaults_filled)
     body: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "route": ctx.route,
                             "model": req.model, "params": params}
     if (extra := _extras(req)) is not None:
@@ -226,12 +267,12 @@ def asked_digest(ctx: RequestContext) -> str:
     return _hash(texts)
 
 
-def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None,
-                   ) -> tuple[str, str] | None:
+def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None, *,
+                   defaults_filled: bool = False) -> tuple[str, str] | None:
     """(partition, question text) for a chat request ending in a user message; None for
     what the semantic layer never serves (a completion, a tool turn, a request offering
-    tools: a paraphrase must not replay another request's tool calls). `renders`: as
-    `exact_key`'s."""
+    tools: a paraphrase must not replay another request's tool calls). `renders`,
+    `defaults_filled`: as `exact_key`'s."""
     req = key_request(ctx)
     if (not isinstance(req, ChatCompletionRequest) or req.messages[-1].role != "user"
             or req.tools):
@@ -240,7 +281,7 @@ def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None,
     if "parts" in msgs[-1] or "extra" in msgs[-1]:
         return None  # the question is more than its text: only an exact repeat is one
     question = msgs[-1]["content"]
-    params = _keyed_params(req)
+    params = _keyed_params(req, defaults_filled)
     part: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "model": req.model,
                             "context": msgs[:-1], "params": params}
     if renders is not None:

@@ -131,6 +131,9 @@ class CachePlugin(BasePlugin[CacheConfig]):
             log.warning("semantic cache needs `embeddings.enabled: true`; exact only")
         self.store = CacheStore(config, self.metrics, self.embedder)
         self._sensitive = [re.compile(p) for p in config.sensitive_patterns]
+        #: The model's sampling defaults are filled into a request before the chain (the
+        #: in-process engine's; an upstream applies its own): a penalty left out is 0.
+        self._defaults_filled = services.settings.engine.kind != "upstream"
         self._inflight: dict[str, asyncio.Future[Entry | object | None]] = {}
         self._leaders: dict[str, RequestContext] = {}  # key -> its leader's request
         self._active = 0  # requests in flight: none, and the store may embed at leisure
@@ -217,13 +220,14 @@ class CachePlugin(BasePlugin[CacheConfig]):
     async def _look_up(self, ctx: RequestContext, call_next: Next, d: Directives) -> Reply:
         read, write, max_age = d.read, d.write, d.max_age
         renders = self.services.terminal.render_digest
-        key = exact_key(ctx, self.cfg.scope, renders)
+        key = exact_key(ctx, self.cfg.scope, renders, defaults_filled=self._defaults_filled)
         ctx.response_headers[KEY_HEADER] = key  # (a hit says its entry's: `_hit`)
         scope = scope_id(ctx.principal, self.cfg.scope)
         if read and (entry := await self.store.get(key, scope, max_age=max_age)) is not None:
             return await self._hit(ctx, entry, "exact")
-        sem = (semantic_parts(ctx, self.cfg.scope, renders) if self.embedder is not None
-               else None)
+        sem = (semantic_parts(ctx, self.cfg.scope, renders,
+                              defaults_filled=self._defaults_filled)
+               if self.embedder is not None else None)
         if sem is not None and not (self.cfg.semantic.min_chars <= len(sem[1])
                                     <= self.cfg.semantic.max_chars):
             sem = None  # never embedded: no lookup, no entry
@@ -495,7 +499,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
         read, max_age = d.read, d.max_age
         if self.cfg.stale_grace_s <= 0 or not read:
             return None  # never stored (sensitive, sampled ...) or no-cache: no lookup
-        key = exact_key(ctx, self.cfg.scope, self.services.terminal.render_digest)
+        key = exact_key(ctx, self.cfg.scope, self.services.terminal.render_digest,
+                        defaults_filled=self._defaults_filled)
         scope = scope_id(ctx.principal, self.cfg.scope)
         entry = await self.store.get(key, scope, allow_stale=True, max_age=max_age)
         if entry is None:

@@ -213,8 +213,7 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     base = exact_key(ctx(), "tenant")
     assert exact_key(ctx(stream=True, stream_options={"include_usage": True}, user="x"),
                      "tenant") == base
-    for kw in ({"max_tokens": 5}, {"stop": ["x"]}, {"response_format": {"type": "text"}},
-               {"presence_penalty": 1}):
+    for kw in ({"max_tokens": 5}, {"stop": ["x"]}, {"presence_penalty": 1}):
         assert exact_key(ctx(**kw), "tenant") != base, kw
     sampled = exact_key(ctx(temperature=0.7), "tenant")  # (greedy decoding reads neither)
     for kw in ({"seed": 1}, {"top_p": 0.5}):
@@ -226,6 +225,73 @@ def test_key_ignores_transport_but_not_output_params() -> None:
     assert exact_key(ctx(principal=EVE), "tenant") != base
     assert exact_key(ctx(principal=BOB), "tenant") == base
     assert exact_key(ctx(principal=BOB), "user") != exact_key(ctx(), "user")
+
+
+_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+
+
+@pytest.mark.parametrize(("route", "base", "stated", "other"), [
+    ("chat", {}, {"logprobs": False, "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0,
+                  "logit_bias": {}, "response_format": {"type": "text"}, "top_logprobs": 0,
+                  "stream_options": None, "stop": [], "ignore_eos": False, "min_tokens": 0},
+     [{"presence_penalty": 0.5}, {"frequency_penalty": -1}, {"logit_bias": {"1": 5}},
+      {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+      {"n": 2}, {"min_tokens": 1}]),
+    ("chat", {"tools": _TOOLS}, {"tool_choice": "auto", "parallel_tool_calls": True},
+     [{"tool_choice": "none"}, {"tool_choice": "required"}, {"parallel_tool_calls": False}]),
+    ("completion", {}, {"echo": False, "n": 1, "best_of": 1, "suffix": "",
+                        "presence_penalty": 0.0, "logit_bias": {}},
+     [{"echo": True}, {"best_of": 2}, {"suffix": "."}, {"logprobs": 0},
+      {"presence_penalty": 1}]),
+    ("completion", {"n": 2}, {"best_of": 2}, [{"best_of": 3}]),
+])
+def test_a_field_stated_at_its_default_shares_the_key_of_one_left_out(
+        route: str, base: dict[str, Any], stated: dict[str, Any],
+        other: list[dict[str, Any]]) -> None:
+    """`presence_penalty: 0`, `logit_bias: {}`, a `text` response format, `best_of`
+    equal to `n` ask what leaving them out asks: each had a key of its own, and the same
+    question missed. A value that changes the answer still keys apart (completions'
+    `logprobs: 0` asks for the sampled token's logprob). The sampling defaults a model's
+    generation config may set (temperature, top_p, ...) are not folded."""
+    def key(filled: bool = True, **kw: Any) -> str:
+        if route == "chat":
+            return exact_key(ctx(**base, **kw), "tenant", defaults_filled=filled)
+        req = CompletionRequest.model_validate(
+            {"model": "m", "prompt": "Once", "temperature": 0, **base, **kw})
+        return exact_key(RequestContext(route="completion", request=req, principal=ALICE,
+                                        request_id="r", headers={}), "tenant",
+                         defaults_filled=filled)
+
+    left_out = key()
+    assert key(**stated) == left_out
+    for name, value in stated.items():
+        assert key(**{name: value}) == left_out, name
+    for kw in other:
+        assert key(**kw) != left_out, kw
+    if route == "chat" and not base:
+        assert key(temperature=1.0) != key(temperature=None)  # (the model's default)
+        # An upstream applies its model's own penalties to a request that leaves them out
+        # (vLLM reads them from its generation config): 0 is another request there.
+        assert key(False, presence_penalty=0) != key(False)
+        assert key(False, logit_bias={}, response_format={"type": "text"}) == key(False)
+
+
+async def test_penalties_at_0_share_an_entry_over_the_in_process_engine_only() -> None:
+    """The plugin says whose defaults the request holds (`engine.kind`)."""
+    from proxy.settings import Settings as S
+
+    local = plugin()
+    eng = Engine()
+    await run(local, ctx(), eng)
+    _, layer = await run(local, ctx(presence_penalty=0, frequency_penalty=0.0), eng)
+    assert layer == "exact" and eng.calls == 1
+    services = Services(terminal=FakeEngine(), settings=S.model_validate({"engine": {
+        "kind": "upstream", "base_url": "http://127.0.0.1:1/v1", "models": ["m"]}}),
+        metrics=Metrics(), embedder=FakeEmbedder())  # type: ignore[arg-type]
+    relayed = CachePlugin(CacheConfig.model_validate({}), services)
+    await run(relayed, ctx(), eng)
+    _, layer = await run(relayed, ctx(presence_penalty=0), eng)
+    assert layer == "miss" and eng.calls == 3
 
 
 def test_a_schema_s_key_order_is_keyed() -> None:
