@@ -416,9 +416,9 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     stream = flag(query, "stream")
     flag(query, "include_obfuscation")
     given = one(query, "starting_after")  # (empty: no integer, a 400 as `x` is)
-    given = "-1" if given is None else given
-    # (ASCII digits only: `int` also reads a sign, spaces, `_` and other scripts' digits)
-    after = int(given) if re.fullmatch(r"-?[0-9]{1,18}", given) else -2
+    # (ASCII digits only: `int` also reads a sign, spaces, `_` and other scripts' digits;
+    # -1 names no event, as one past the last names none: left out, all are streamed)
+    after = -1 if given is None else int(given) if re.fullmatch(r"[0-9]{1,18}", given) else -2
     if after < -1:
         raise InvalidRequest("Invalid value for `starting_after`: a sequence number "
                              "(an integer, 0 or more) is expected.",

@@ -1161,11 +1161,13 @@ async def test_a_cancel_from_the_other_replica_of_a_run_that_just_ended_leaves_n
     assert await b.app[RUNNER].flags.get("a", rid) is None
 
 
-@pytest.mark.parametrize("after", ["+4", " 4", "4 ", "\u0664", "0_4", "4.0", "0x4"])
+@pytest.mark.parametrize("after", ["+4", " 4", "4 ", "\u0664", "0_4", "4.0", "0x4", "-1",
+                                   "-4"])
 async def test_starting_after_is_a_plain_integer(make_client: MakeClient, after: str) -> None:
     """`starting_after` is a sequence number written in ASCII digits: what Python's
     `int` also reads (a sign, spaces around it, other scripts' digits, `_` between
-    digits) was taken as the number it names."""
+    digits) was taken as the number it names. `-1` streamed from the first event while
+    the refusal says "0 or more": it names no event (leaving it out streams them all)."""
     client = await make_client()
     rid = (await (await client.post("/v1/responses", json=BASE)).json())["id"]
     await ended(client, rid, "public")
@@ -1175,6 +1177,7 @@ async def test_starting_after_is_a_plain_integer(make_client: MakeClient, after:
     body = await r.json()
     validate("ErrorResponse", body)
     assert body["error"]["param"] == "starting_after"
+    assert "0 or more" in body["error"]["message"]
 
 
 async def test_a_lease_renewal_that_failed_is_tried_again_at_the_next_poll(
