@@ -64,6 +64,46 @@ async def test_errors(client) -> None:  # type: ignore[no-untyped-def]
     assert r.status == 400 and (await r.json())["error"]["param"] == "dimensions"
 
 
+async def test_a_model_asked_of_the_route_it_does_not_serve_is_told_so(
+        make_client: MakeClient) -> None:
+    """The chat model asked for embeddings, or the embedding model (listed by
+    `/v1/models`) asked for a chat, was told it "does not exist": it is a 400 naming
+    `model` that says what the model serves (vLLM's server: "The model does not support
+    Embeddings API"). A key that may not use the model is still refused it (403), and a
+    name nothing serves is still a 404."""
+    keys = {"mode": "keys", "keys": [{"key": "sk-all", "tenant": "a"},
+                                     {"key": "sk-emb", "tenant": "b", "models": [MODEL]}]}
+    client = await make_client(embeddings={"enabled": True}, auth=keys)
+    await client.app[STATE].embedder.ready()  # type: ignore[union-attr]
+    every, emb_only = ({"Authorization": f"Bearer {k}"} for k in ("sk-all", "sk-emb"))
+    r = await client.post("/v1/embeddings", json={"model": "fake-model", "input": "x"},
+                          headers=every)
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    error = body["error"]
+    assert (error["param"], error["code"]) == ("model", "model_not_supported")
+    assert "does not serve embeddings" in error["message"] and MODEL in error["message"]
+    r = await client.post("/v1/embeddings", json={"model": "fake-model", "input": "x"},
+                          headers=emb_only)
+    assert r.status == 403
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for path, req in (("/v1/chat/completions", chat),
+                      ("/v1/completions", {"model": MODEL, "prompt": "hi"}),
+                      ("/v1/responses", {"model": MODEL, "input": "hi"})):
+        r = await client.post(path, json=req, headers=emb_only)
+        assert r.status == 400, (path, await r.text())
+        error = (await r.json())["error"]
+        assert (error["param"], error["code"]) == ("model", "model_not_supported"), path
+        assert "embedding model" in error["message"]
+    r = await client.post("/v1/embeddings", json={"model": "nope", "input": "x"},
+                          headers=every)
+    assert r.status == 404
+    r = await client.post("/v1/chat/completions", json={**chat, "model": "nope"},
+                          headers=every)
+    assert r.status == 404
+
+
 async def test_an_input_longer_than_the_model_reads_is_a_400(  # type: ignore[no-untyped-def]
         client) -> None:
     """The model reads 256 tokens: a longer text's vector would stand for its start
