@@ -156,10 +156,13 @@ _NOT_ANSWER = frozenset({"user", "store", "metadata", "service_tier", "prompt_ca
 
 
 def _extras(obj: BaseModel) -> dict[str, Any] | None:
+    """The fields Weir does not know that may change the answer; one sent as null is
+    left out, as a server reads it (`reasoning_effort: null`, a message dumped by an SDK
+    with `audio: null`): OpenAI's and vLLM's read null as the field's default."""
     extra = obj.model_extra
     if not extra:
         return None
-    kept = {k: v for k, v in extra.items() if k not in _NOT_ANSWER}
+    kept = {k: v for k, v in extra.items() if k not in _NOT_ANSWER and v is not None}
     return kept or None
 
 

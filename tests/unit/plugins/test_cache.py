@@ -276,6 +276,23 @@ def test_a_field_stated_at_its_default_shares_the_key_of_one_left_out(
         assert key(False, logit_bias={}, response_format={"type": "text"}) == key(False)
 
 
+def test_a_field_weir_does_not_know_sent_as_null_keys_as_left_out() -> None:
+    """`reasoning_effort: null`, or an assistant message an SDK dumped with `audio: null`
+    and `function_call: null`, asks what leaving them out asks (a server reads null as
+    the default); each keyed apart. A value still keys apart."""
+    base = exact_key(ctx(), "tenant")
+    assert exact_key(ctx(reasoning_effort=None, verbosity=None, x_custom=None),
+                     "tenant") == base
+    assert exact_key(ctx(x_custom=0), "tenant") != base
+    turn = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "How do I reset my password?"}]
+    dumped = [*turn[:1], {**turn[1], "audio": None, "function_call": None}, *turn[2:]]
+    assert exact_key(ctx(messages=dumped), "tenant") == exact_key(ctx(messages=turn),
+                                                                  "tenant")
+    assert exact_key(ctx(messages=[*turn[:1], {**turn[1], "x_note": "a"}, *turn[2:]]),
+                     "tenant") != exact_key(ctx(messages=turn), "tenant")
+
+
 async def test_penalties_at_0_share_an_entry_over_the_in_process_engine_only() -> None:
     """The plugin says whose defaults the request holds (`engine.kind`)."""
     from proxy.settings import Settings as S
