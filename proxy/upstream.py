@@ -10,7 +10,7 @@ engine failure, and a 429 (Weir's quota) is a 429 in Weir's words (the upstream'
 the account). A 5xx, a redirect, a timeout, a refused connection, an unreadable answer
 or a stream that ends before its answer does is an engine failure (502/504), which the
 breaker counts. A stream that closes once each of its choices has ended (its
-`finish_reason` came) is whole, its `[DONE]` sent or not.
+`finish_reason` came) and its usage came is whole, its `[DONE]` sent or not.
 
 Streams are asked for their usage (`stream_options.include_usage`) whether or not the
 client asked: the rate limiter and the cache count with it. The usage chunk goes on to
@@ -555,9 +555,10 @@ class Upstream:
                         chunk.pop("usage", None)  # (`null` on every other chunk)
                     relayed = True
                     yield chunk
-            # Closed with no `[DONE]`: an answer each of whose choices ended is whole
-            # all the same (some servers never send it); one cut short is a failure.
-            if not asm.ended():
+            # Closed with no `[DONE]`: an answer each of whose choices ended, and whose
+            # usage came (asked for, it is the last chunk), is whole all the same (some
+            # servers never send it); one cut short, if only of its usage, is a failure.
+            if not _ended_without_done(asm):
                 raise EngineError("The upstream's stream ended before it finished.")
             done = _finished(asm, stream, choices)
         except aiohttp.SocketTimeoutError:  # no byte for `read_timeout_s`: stalled
@@ -565,7 +566,7 @@ class Upstream:
         except TimeoutError:  # `timeout_s`, with bytes coming: the answer's length
             raise UpstreamDeadline() from None
         except aiohttp.ClientPayloadError:  # the connection closed mid-body
-            if not asm.ended():
+            if not _ended_without_done(asm):
                 raise EngineError("The upstream stream broke.") from None
             done = _finished(asm, stream, choices)  # (after its answer: whole)
         except (aiohttp.ClientError, ValueError):
@@ -575,6 +576,14 @@ class Upstream:
                 asm.cut(stream)
             self.in_flight -= 1
             resp.release()
+
+
+def _ended_without_done(asm: ChunkAssembler) -> bool:
+    """Whether a stream that closed with no `[DONE]` had sent all it was asked for: each
+    choice's `finish_reason`, then its usage (always asked of the upstream, and sent
+    after them). Cut between the two, the answer is whole but its usage lost: a client
+    that asked for it would get none, a cache hit would replay 0 tokens."""
+    return asm.ended() and asm.usage is not None
 
 
 def _finished(asm: ChunkAssembler, stream: Stream, choices: int) -> bool:

@@ -438,6 +438,9 @@ async def test_every_sse_framing_the_spec_allows_is_relayed(upstream: Upstream,
 
 @pytest.mark.parametrize("pieces", [
     sse(*CHUNKS[:2]),  # cut off before its finish_reason (and no [DONE])
+    # ended, then cut before the usage chunk it was asked for (and no [DONE]): the
+    # client that asked for its usage would get none, a cache hit replay 0 tokens
+    sse(*CHUNKS),
     sse(*CHUNKS[:2], "[DONE]"),  # a [DONE] with no finish_reason: the answer never ended
     sse("[DONE]"),  # no answer at all
     [b'{"id": "c", "object": "chat.completion", "choices": []}'],  # JSON for a stream
@@ -494,10 +497,13 @@ async def test_a_stream_closed_after_its_answer_ended_without_done_is_whole(
         assert [c["choices"][0]["delta"]["content"] for c in got] == ["t0", "t1", "t2"]
         assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
         assert reply.usage == usage and engine.stats().running == 0
-        for cut, error in ((CHUNKS[:2], EngineError), (CHUNKS, ChoicesMissing)):
+        # (ended, then cut before the usage chunk it was asked for: not whole)
+        for cut, error, n in ((CHUNKS[:2], EngineError, 2), (CHUNKS, EngineError, 1),
+                              ([*CHUNKS, {"id": "c", "choices": [], "usage": usage}],
+                               ChoicesMissing, 2)):
             upstream.chat = close(sse(*cut))
             with pytest.raises(error):
-                reply = await engine(ctx(stream=True, n=2))
+                reply = await engine(ctx(stream=True, n=n))
                 assert isinstance(reply, Stream)
                 async for _ in reply:
                     pass
