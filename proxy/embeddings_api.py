@@ -19,7 +19,7 @@ from .body import read_json
 from .chain import Completion, Reply
 from .context import RequestContext, header_map
 from .embedding import Embedder, InputTooLong
-from .errors import InvalidRequest, ModelNotFound, shown
+from .errors import InvalidRequest, ModelNotFound, ModelNotSupported, shown
 from .inflight import generating, note_usage, refuse_if_draining
 from .protocol import CompletionRequest, EmbeddingRequest, parse_model
 from .streaming import dumps
@@ -84,12 +84,11 @@ async def _embeddings(request: web.Request, st: AppState,
         # A generation model (listed by `/v1/models`): it exists, and serves no
         # embeddings (vLLM's server: "The model does not support Embeddings API").
         principal.check_model(req.model)
-        raise InvalidRequest(
+        raise ModelNotSupported(
             f"The model `{shown(req.model)}` does not serve embeddings: it generates "
             "text." + ("" if emb is None or st.embed_chain is None
                        or not principal.may_use(emb.model_id) else
-                       f" The embedding model here is `{shown(emb.model_id)}`."),
-            param="model", code="model_not_supported")
+                       f" The embedding model here is `{shown(emb.model_id)}`."))
     principal.check_model(req.model)
     info.update(model=req.model, tenant=principal.tenant)  # (a served name: a metric label)
     if req.dimensions is not None and req.dimensions != emb.dim:

@@ -94,6 +94,17 @@ class ModelNotFound(NotFound):
         )
 
 
+class ModelNotSupported(NotFound):
+    """A model served here, asked of a route that does not serve it (the chat model's
+    embeddings, the embedding model's chat): a 404 naming `model`, as OpenAI answers
+    ("This is not a chat model and thus not supported in the v1/chat/completions
+    endpoint"), with a code of its own where OpenAI's is null."""
+    default_code = "model_not_supported"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="model")
+
+
 class MethodNotAllowed(WeirError):
     status = 405
     type = "invalid_request_error"

@@ -24,7 +24,7 @@ from .body import read_json as read_json  # route modules elsewhere import it fr
 from .chain import Completion, Stream
 from .context import RequestContext, Route, header_map
 from .engine.base import ModelInfo
-from .errors import InvalidRequest, ModelNotFound, Unauthorized, Unavailable, WeirError, shown
+from .errors import ModelNotFound, ModelNotSupported, Unauthorized, Unavailable, WeirError, shown
 from .inflight import count_abort, counting_cuts, generating, refuse_if_draining
 from .inflight import note_usage as note_usage  # (route modules import it here)
 from .middleware import ROUTE_OPTS
@@ -81,10 +81,9 @@ def check_model(st: AppState, principal: Principal, model: str) -> None:
         emb = st.embedder
         if emb is not None and st.embed_chain is not None and model == emb.model_id:
             # (listed by `/v1/models`: it exists, and is told apart from a wrong name)
-            raise InvalidRequest(
+            raise ModelNotSupported(
                 f"The model `{shown(model)}` is an embedding model: it serves "
-                "`/v1/embeddings` only, not text generation.", param="model",
-                code="model_not_supported")
+                "`/v1/embeddings` only, not text generation.")
         raise ModelNotFound(model)
 
 

@@ -67,10 +67,12 @@ async def test_errors(client) -> None:  # type: ignore[no-untyped-def]
 async def test_a_model_asked_of_the_route_it_does_not_serve_is_told_so(
         make_client: MakeClient) -> None:
     """The chat model asked for embeddings, or the embedding model (listed by
-    `/v1/models`) asked for a chat, was told it "does not exist": it is a 400 naming
-    `model` that says what the model serves (vLLM's server: "The model does not support
-    Embeddings API"). A key that may not use the model is still refused it (403), and a
-    name nothing serves is still a 404."""
+    `/v1/models`) asked for a chat, was told it "does not exist": it is a 404 naming
+    `model` that says what the model serves, as OpenAI answers a model asked of an
+    endpoint it does not serve ("This is not a chat model and thus not supported in the
+    v1/chat/completions endpoint": 404 `invalid_request_error`, `param: model`), its
+    code `model_not_supported`. A key that may not use the model is still refused it
+    (403), and a name nothing serves is still a 404 `model_not_found`."""
     keys = {"mode": "keys", "keys": [{"key": "sk-all", "tenant": "a"},
                                      {"key": "sk-emb", "tenant": "b", "models": [MODEL]}]}
     client = await make_client(embeddings={"enabled": True}, auth=keys)
@@ -78,11 +80,12 @@ async def test_a_model_asked_of_the_route_it_does_not_serve_is_told_so(
     every, emb_only = ({"Authorization": f"Bearer {k}"} for k in ("sk-all", "sk-emb"))
     r = await client.post("/v1/embeddings", json={"model": "fake-model", "input": "x"},
                           headers=every)
-    assert r.status == 400, await r.text()
+    assert r.status == 404, await r.text()
     body = await r.json()
     validate("ErrorResponse", body)
     error = body["error"]
-    assert (error["param"], error["code"]) == ("model", "model_not_supported")
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error", "model", "model_not_supported")
     assert "does not serve embeddings" in error["message"] and MODEL in error["message"]
     r = await client.post("/v1/embeddings", json={"model": "fake-model", "input": "x"},
                           headers=emb_only)
@@ -92,16 +95,17 @@ async def test_a_model_asked_of_the_route_it_does_not_serve_is_told_so(
                       ("/v1/completions", {"model": MODEL, "prompt": "hi"}),
                       ("/v1/responses", {"model": MODEL, "input": "hi"})):
         r = await client.post(path, json=req, headers=emb_only)
-        assert r.status == 400, (path, await r.text())
+        assert r.status == 404, (path, await r.text())
         error = (await r.json())["error"]
-        assert (error["param"], error["code"]) == ("model", "model_not_supported"), path
+        assert (error["type"], error["param"], error["code"]) == (
+            "invalid_request_error", "model", "model_not_supported"), path
         assert "embedding model" in error["message"]
     r = await client.post("/v1/embeddings", json={"model": "nope", "input": "x"},
                           headers=every)
-    assert r.status == 404
+    assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
     r = await client.post("/v1/chat/completions", json={**chat, "model": "nope"},
                           headers=every)
-    assert r.status == 404
+    assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
 
 
 async def test_an_input_longer_than_the_model_reads_is_a_400(  # type: ignore[no-untyped-def]
