@@ -281,7 +281,8 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
     call cut there counts for nothing unless it ran past the threshold (a caller's own
     short deadline must not open the circuit for all). With `slow_call_s` (or
     `half_open_max_wait_s`) at or past that deadline, a hung engine never opens the
-    breaker (nor fails a trial): every call it holds is cut first. Warned of by
+    breaker (nor fails a trial): every call it holds is cut first; so with an upstream
+    fallback's `timeout_s` there, for its own breaker. Warned of by
     `check-config` and at `serve`'s start (the config stays valid)."""
     configs = {cls.name: (config, i) for cls, config, i in validate_plugins(settings.plugins)}
     if "breaker" not in configs:
@@ -303,6 +304,19 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
                 f"{value:g} s is not below the requests' deadline ({deadline:g} s: "
                 "server.request_timeout_s, admission's deadline_s): every call is cut "
                 f"before it, so {what}; set it lower")))
+    # An upstream fallback's own breaker counts only its failures (no slow calls): a
+    # hung one fails at its `timeout_s`, and a call cut at the request's deadline
+    # first counts for nothing, so with `timeout_s` at or past that deadline it never
+    # opens, and every request waits out its deadline on it.
+    for j, f in enumerate(getattr(breaker, "fallback", None) or []):
+        timeout = getattr(f, "timeout_s", None)
+        if getattr(f, "kind", None) == "upstream" and timeout is not None \
+                and timeout >= deadline:
+            warned.append((f"plugins[{i}].config.fallback[{j}].timeout_s", (
+                f"{timeout:g} s is not below the requests' deadline ({deadline:g} s: "
+                "server.request_timeout_s, admission's deadline_s): every call is cut "
+                "before it, so a hung fallback never opens its own breaker (each request "
+                "waits on it to its deadline); set it lower")))
     return warned
 
 

@@ -235,6 +235,12 @@ def test_check_config_warns_of_an_embedding_model_only_where_serve_loads_one(
     ("plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
      "{name: admission, config: {deadline_s: 5}}]", []),
     ("plugins: [{name: admission, config: {deadline_s: 5}}]", []),
+    # an upstream fallback's own breaker counts a hung one only at its `timeout_s`
+    ("plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4, "
+     "fallback: [{kind: static}, {kind: upstream, base_url: 'http://a/v1'}, "
+     "{kind: upstream, base_url: 'http://b/v1', timeout_s: 4}]}}, "
+     "{name: admission, config: {deadline_s: 5}}]",
+     ["plugins[0].config.fallback[1].timeout_s"]),
 ])
 def test_check_config_warns_of_breaker_thresholds_past_the_deadline(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], deadlines: str,
