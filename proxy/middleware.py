@@ -135,9 +135,9 @@ def route_label(request: web.Request) -> str | None:
     resource = route_resource(request)
     if not isinstance(resource, web.AbstractResource):
         # (by the route matched, not the path: `/v1/chat%2Fcompletions` decodes to the
-        # chat route's path, which serves no such request)
-        return None if request.path.startswith(_UNTRACED) else "unmatched"
-    if resource.canonical.startswith(_UNTRACED):
+        # chat route's path, which serves no such request; `/healthz` is no probe)
+        return "unmatched"
+    if resource.canonical in _UNTRACED:
         return None
     if request.method == "POST" and resource.canonical in _COUNTED:
         return _COUNTED[resource.canonical]
@@ -240,7 +240,7 @@ def make_access_log(metrics: Metrics, enabled: bool) -> Any:
                 model = info.get("model", "")
                 labelled(metrics.requests, route, model, str(status)).inc()
                 labelled(metrics.latency, route, model, str(status)).observe(elapsed)
-            if enabled and request.path != "/metrics" and not request.path.startswith("/health"):
+            if enabled and not _probe_or_scrape(request):
                 log_request(request, status, elapsed,
                             **{k: v for k, v in info.items() if v is not None})
 
@@ -358,7 +358,24 @@ def route_resource(request: web.Request) -> web.AbstractResource | None:
     return None
 
 
-_UNTRACED = ("/health", "/metrics", "/dashboard")
+#: The routes of no API traffic (probes, scrapes, the dashboard): not counted nor
+#: traced, by the route a request matched (a path no route serves, `/healthz`,
+#: `/metricsx`, is a 404 like any other unknown path's).
+_UNTRACED = frozenset({"/health", "/health/live", "/health/ready", "/metrics", "/dashboard"})
+
+
+def _untraced(request: web.Request) -> str | None:
+    """The route of no API traffic a request matched (its template), else None."""
+    resource = route_resource(request)
+    if isinstance(resource, web.AbstractResource) and resource.canonical in _UNTRACED:
+        return resource.canonical
+    return None
+
+
+def _probe_or_scrape(request: web.Request) -> bool:
+    """A request the access log leaves out: a probe's or a scrape's (the dashboard's is
+    logged: a person reads it)."""
+    return _untraced(request) not in (None, "/dashboard")
 
 
 def make_tracing(trust_incoming: bool) -> Any:
@@ -369,7 +386,7 @@ def make_tracing(trust_incoming: bool) -> Any:
     @web.middleware
     async def tracing_middleware(request: web.Request,
                                  handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(_UNTRACED):
+        if _untraced(request) is not None:
             return await handler(request)
         incoming = trust_incoming and "traceparent" in request.headers
         if not tracing_enabled():

@@ -797,7 +797,8 @@ async def test_every_api_route_is_counted_under_a_bounded_label(make_client: Mak
              ("GET", f"/v1/responses/resp_{MARKER}"), ("DELETE", f"/v1/responses/resp_{MARKER}"),
              ("POST", f"/v1/responses/resp_{MARKER}/cancel"),
              ("GET", f"/v1/{MARKER}"), ("POST", f"/nowhere/{MARKER}"), ("GET", "/v1/files"),
-             ("PURGE", "/v1/responses/compact"), ("GET", "/health/ready"), ("GET", "/metrics")]
+             ("PURGE", "/v1/responses/compact"), ("GET", "/health/ready"), ("GET", "/metrics"),
+             ("GET", "/healthz"), ("GET", "/metricsx")]  # (no probe nor scrape: unknown)
     for method, path in calls:
         async with client.request(method, path, headers=h) as r:
             assert r.status != 500, (method, path)
@@ -813,7 +814,7 @@ async def test_every_api_route_is_counted_under_a_bounded_label(make_client: Mak
     assert counted("GET /v1/responses/{response_id}", "404") == 1
     assert counted("DELETE /v1/responses/{response_id}", "404") == 1
     assert counted("POST /v1/responses/{response_id}/cancel", "404") == 1
-    assert counted("unmatched", "404") == 3  # (no `/v1/files`: one of the unknown paths)
+    assert counted("unmatched", "404") == 5  # (no `/v1/files`: one of the unknown paths)
     assert counted("OTHER /v1/responses/compact") == 1  # (no method of the client's own)
     labels = {s.labels["route"] for f in text_string_to_metric_families(text)
               for s in f.samples if s.name == "weir_requests_total"}

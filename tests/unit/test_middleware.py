@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from proxy.app_state import INFO, REQUEST_ID
 from proxy.errors import InvalidRequest, RateLimited
@@ -190,18 +190,34 @@ async def test_access_log_records_a_cancelled_request_as_499() -> None:
 
 async def test_access_log_skips_health_and_counts_unrouted_requests_as_unmatched(
         logs: io.StringIO) -> None:
+    """Probes and scrapes are no API traffic, by the route they matched: a path no route
+    serves that only starts like one (`/healthz`, `/metricsx`, `/dashboards`) is a 404
+    counted and logged as `unmatched`, as any other unknown path is (it was in neither)."""
     metrics = Metrics()
-    mw = make_access_log(metrics, enabled=True)
+    app = web.Application(middlewares=[make_access_log(metrics, enabled=True),
+                                       errors_middleware])
 
     async def handler(r: web.Request) -> web.StreamResponse:
         return web.Response(text="ok")
 
-    for path in ("/health/ready", "/metrics"):
-        await mw(request(path, "GET"), handler)
-    assert logs.getvalue() == ""
-    assert "weir_requests_total{" not in metrics.render().decode()  # (no API traffic)
-    await mw(request("/v1/models", "GET"), handler)  # logged; routed by no router here
-    assert json.loads(logs.getvalue())["path"] == "/v1/models"
+    for path in ("/health", "/health/live", "/health/ready", "/metrics", "/dashboard"):
+        app.router.add_get(path, handler)
+    async with TestClient(TestServer(app)) as client:
+        for path in ("/health/ready", "/health", "/metrics"):
+            assert (await client.get(path)).status == 200
+        assert logs.getvalue() == ""
+        assert "weir_requests_total{" not in metrics.render().decode()  # (no API traffic)
+        assert (await client.get("/dashboard")).status == 200  # (logged: a person reads it)
+        assert "weir_requests_total{" not in metrics.render().decode()
+        assert [json.loads(x)["path"] for x in logs.getvalue().splitlines()] == ["/dashboard"]
+        unknown = ("/healthz", "/health/nope", "/metricsx", "/dashboards", "/v1/models")
+        for path in unknown:
+            assert (await client.get(path)).status == 404
+    lines = [json.loads(x) for x in logs.getvalue().splitlines()][1:]
+    assert [(x["path"], x["status"]) for x in lines] == [("(no route)", 404)] * len(unknown)
+    assert count(metrics, "weir_requests_total", route="unmatched", model="",
+                 status="404") == len(unknown)
+    await make_access_log(metrics, enabled=True)(request("/v1/models", "GET"), handler)
     assert count(metrics, "weir_requests_total", route="unmatched", model="",
                  status="200") == 1
 
