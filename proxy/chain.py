@@ -229,6 +229,7 @@ def validate_plugins(
     """Resolve, validate and order-check the YAML plugin list; raise ConfigError."""
     errors: list[tuple[str, str]] = []
     resolved: list[tuple[type[BasePlugin[Any]], PluginConfig, int]] = []
+    placed: list[tuple[type[BasePlugin[Any]], int]] = []  # (in the order, bad config or not)
     seen: dict[str, int] = {}
     for i, spec in enumerate(specs):
         path = f"plugins[{i}]"
@@ -244,34 +245,38 @@ def validate_plugins(
                                            f"(first at plugins[{seen[spec.name]}])"))
             continue
         seen[spec.name] = i
+        placed.append((cls, i))
         try:
             config = cls.Config.model_validate(spec.config)
         except ValidationError as e:
             errors.extend(errors_from_validation(e, prefix=f"{path}.config"))
             continue
         resolved.append((cls, config, i))
-    errors.extend(_order_errors(resolved))
+    errors.extend(_order_errors(placed))
     if errors:
         raise ConfigError(errors)
     return resolved
 
 
-def _order_errors(
-    resolved: list[tuple[type[BasePlugin[Any]], PluginConfig, int]],
-) -> list[tuple[str, str]]:
+def _order_errors(placed: list[tuple[type[BasePlugin[Any]], int]]) -> list[tuple[str, str]]:
+    """One line for each plugin out of place: the one rule it breaks first (a plugin
+    that must come first, after another, is told that only, not also each plugin it
+    must come before)."""
     errors = []
-    names = [cls.name for cls, _, _ in resolved]
-    for pos, (cls, _, i) in enumerate(resolved):
-        earlier = resolved[:pos]
-        if cls.placement == "first" and any(c.placement != "first" for c, _, _ in earlier):
+    names = [cls.name for cls, _ in placed]
+    for pos, (cls, i) in enumerate(placed):
+        earlier = [c for c, _ in placed[:pos]]
+        if cls.placement == "first" and any(c.placement != "first" for c in earlier):
             errors.append((f"plugins[{i}]", f"`{cls.name}` must come before every other plugin"))
-        if cls.placement != "last" and any(c.placement == "last" for c, _, _ in earlier):
-            last = next(c.name for c, _, _ in earlier if c.placement == "last")
-            errors.append((f"plugins[{i}]", f"`{cls.name}` must come before `{last}`, which "
-                                            "has to sit next to the engine"))
-        for other in cls.before:
-            if other in names[:pos]:
-                errors.append((f"plugins[{i}]", f"`{cls.name}` must come before `{other}`"))
+            continue
+        must = [f"`{o}`" for o in cls.before if o in names[:pos]]
+        if cls.placement != "last" and any(c.placement == "last" for c in earlier):
+            last = next(c.name for c in earlier if c.placement == "last")
+            must = [f"`{last}`, which has to sit next to the engine"] + [
+                m for m in must if m != f"`{last}`"]
+        if must:
+            errors.append((f"plugins[{i}]", f"`{cls.name}` must come before " + (
+                ", and before ".join(must))))
     return errors
 
 

@@ -83,7 +83,9 @@ def check_config(path: str) -> int:
         try:
             validate_plugins(specs)
         except ConfigError as e:
-            errors.extend(e.errors)
+            # (a field an unset variable left empty is told as that only)
+            told = {where for where, _ in errors}
+            errors.extend((where, msg) for where, msg in e.errors if where not in told)
     if errors:
         _print_errors(path, ConfigError(errors))
         return 1

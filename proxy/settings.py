@@ -716,17 +716,45 @@ _AUTH_REQUIRED = ("required: API keys (`mode: keys` with `keys`), or `mode: open
 
 def collect_errors(text: str, env: dict[str, str] | None = None,
                    ) -> tuple[list[tuple[str, str]], list[PluginSpec] | None]:
-    """All root errors of a config file, and its plugin list if that part is valid.
+    """All root errors of a config file, and its plugin list as far as it is valid.
 
     When the root has errors elsewhere, the `plugins` list is still read on its own, so
-    `check-config` can report plugin errors in the same run.
+    `check-config` can report plugin errors in the same run. An entry the root's errors
+    name outside its `config` (no `name`, an unset variable in it) stands in the list as
+    an entry turned off, so the others, and their order, are still checked where they
+    stand; one with an unset variable in its `config` stands as read (the field that
+    variable left empty is told already: the caller tells no path twice).
     """
     try:
         return [], parse_settings(text, env=env).plugins
     except ConfigError as e:
         errors = list(e.errors)
-    if any(p.startswith("plugins") for p, _ in errors):
-        return errors, None
+    try:
+        # (the root's unset variables are told already)
+        raw = _interpolate(_load_yaml(text) or {}, os.environ if env is None else env, "", [])
+        if not isinstance(raw, dict):
+            return errors, None
+        entries = raw.get("plugins", [])
+        if not isinstance(entries, list) or any(
+                p == "plugins" for p, _ in errors):
+            return errors, None
+        told = [p for p, _ in errors]
+        specs = []
+        for i, entry in enumerate(entries):
+            at = f"plugins[{i}]"
+            named = [p for p in told if p == at or p.startswith((at + ".", at + "["))]
+            spec: PluginSpec | None = None
+            if all(p.startswith(f"{at}.config.") for p in named):
+                try:
+                    spec = PluginSpec.model_validate(entry)
+                except ValidationError:
+                    spec = None
+            specs.append(spec if spec is not None
+                         else PluginSpec(name="(told)", enabled=False))
+        return errors, specs
+    except (yaml.YAMLError, ConfigError, ValidationError, RecursionError):
+        pass
+    return errors, None
     try:
         # (the root's unset variables are told already; the plugins have none)
         raw = _interpolate(_load_yaml(text) or {}, os.environ if env is None else env, "", [])

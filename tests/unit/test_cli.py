@@ -182,6 +182,47 @@ def test_check_config_names_every_unset_variable_and_the_other_errors_too(
     assert len(err) == 5, err
 
 
+def test_check_config_tells_every_plugin_error_beside_an_entry_it_cannot_read(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin entry with an unset `${VAR}` of its own (or no `name`) ended the plugin
+    list's check: the other entries' errors, and the order, came only once it was
+    fixed. Each is told in one run, the unset variable's field as that only."""
+    monkeypatch.delenv("WEIR_T_REDIS", raising=False)
+    f = tmp_path / "c.yaml"
+    for bad in ("{name: rate_limit, config: {store: redis, redis: {url: '${WEIR_T_REDIS}'}}}",
+                "{config: {}}", "{name: '${WEIR_T_REDIS}'}"):
+        f.write_text("auth: {mode: open}\nplugins:\n"
+                     f"  - {bad}\n"
+                     "  - {name: nope}\n"
+                     "  - {name: cache, config: {l2: {enabled: true}, redis: {url: notaurl}}}\n"
+                     "  - {name: sanitizer}\n")
+        assert main(["check-config", str(f)]) == 1
+        err = capsys.readouterr().err.splitlines()
+        assert len([e for e in err if ": plugins[0]" in e]) == 1, err
+        assert any(": plugins[1].name: unknown plugin `nope`" in e for e in err), err
+        assert any(": plugins[2].config.redis.url: " in e for e in err), err
+        # (the cache's config is bad, its place in the order still counts)
+        assert any(": plugins[3]: `sanitizer` must come before" in e for e in err), err
+        assert len(err) == 4, err
+
+
+@pytest.mark.parametrize(("plugins", "line"), [
+    ("[{name: cache}, {name: sanitizer}]", "`sanitizer` must come before every other plugin"),
+    ("[{name: breaker}, {name: sanitizer}]", "`sanitizer` must come before every other plugin"),
+    ("[{name: breaker}, {name: cache}]",
+     "`cache` must come before `breaker`, which has to sit next to the engine"),
+])
+def test_a_plugin_out_of_place_is_told_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], plugins: str, line: str) -> None:
+    """The sanitizer after the cache broke two rules (first of all, before the cache),
+    and each was told: two lines for one misplaced entry."""
+    f = tmp_path / "c.yaml"
+    f.write_text(f"auth: {{mode: open}}\nplugins: {plugins}\n")
+    assert main(["check-config", str(f)]) == 1
+    assert capsys.readouterr().err.splitlines() == [f"{f}: plugins[1]: {line}"]
+
+
 def test_check_config_warns_of_a_model_folder_that_is_not_there(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A model given as a folder (`/models/...`, `./m`) that does not exist passed
