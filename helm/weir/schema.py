@@ -62,6 +62,11 @@ QUANTITY = {"anyOf": [
     {"type": "number", "minimum": 0}]}
 
 
+#: A number of pods, or a percentage of them, as Kubernetes takes it (`maxSurge`).
+PODS = {"anyOf": [{"type": "integer", "minimum": 0},
+                  {"type": "string", "pattern": "^[0-9]+%$"}]}
+
+
 def _resources() -> dict[str, Any]:
     """A container's `resources`: requests and limits, each a quantity by resource."""
     amounts = {"type": "object", "additionalProperties": QUANTITY}
@@ -108,6 +113,13 @@ def schema() -> dict[str, Any]:
                           required=["repository"]),
             "imagePullSecrets": {"type": "array"},
             "replicaCount": {"type": "integer", "minimum": 0},
+            # (Kubernetes refuses a Recreate with `rollingUpdate`)
+            "updateStrategy": _own(
+                {"type": {"enum": ["RollingUpdate", "Recreate"]},
+                 "rollingUpdate": _own({"maxSurge": PODS, "maxUnavailable": PODS})},
+                required=["type"],
+                **{"if": {"properties": {"type": {"const": "Recreate"}}},
+                   "then": {"not": {"required": ["rollingUpdate"]}}}),
             "gpu": _own({"count": {"type": "integer", "minimum": 0}}),
             "resources": _resources(), "nodeSelector": o, "tolerations": {"type": "array"},
             "affinity": o,

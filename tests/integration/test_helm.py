@@ -863,7 +863,8 @@ def test_a_model_cache_claim_many_pods_share_can_be_read_write_many() -> None:
         "spec"]["accessModes"] == ["ReadWriteOnce"]
     for many in ({"replicaCount": 2}, {"autoscaling": {"enabled": True}}):
         assert "modelCache" in _notes({"modelCache": {"type": "pvc"}, **many}), many
-    assert "modelCache" not in _notes({"modelCache": {"type": "pvc"}})
+    # (one pod: not this warning; a rolling update of it is warned of as such)
+    assert "ContainerCreating" not in _notes({"modelCache": {"type": "pvc"}})
     assert "modelCache" not in _notes({"replicaCount": 2})  # (emptyDir: each pod its own)
     with pytest.raises(helm_python.HelmError) as e:
         render({"modelCache": {"type": "pvc", "accessMode": "ReadWriteSometimes"}})
@@ -944,3 +945,37 @@ def test_a_loopback_default_says_how_to_give_the_variable() -> None:
                            "extraEnv": [{"name": "WEIR_HOST", "value": "0.0.0.0"}],
                            "config": {"server": {"host": "${WEIR_HOST:-127.0.0.1}"}}}),
                    "Deployment")
+
+
+def test_a_one_node_model_cache_claim_can_be_rolled_by_recreating_the_pods() -> None:
+    """A ReadWriteOnce model-cache claim with one replica: a rolling update starts the
+    new pod before the old one stops, and where the new one lands on another node it
+    cannot mount the claim the old one holds, so every upgrade waited for good, with no
+    value to change how the pods roll. `updateStrategy` chooses (RollingUpdate by
+    default), and a rolling update of such a claim is warned of."""
+    rwo = {"modelCache": {"type": "pvc"}}
+    dep = by_kind(render(rwo), "Deployment")
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate"}
+    assert "updateStrategy" in _notes(rwo)
+    recreate = {**rwo, "updateStrategy": {"type": "Recreate"}}
+    dep = by_kind(render(recreate), "Deployment")
+    kubernetes_validate.validate(dep, K8S, strict=True)
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert "updateStrategy" not in _notes(recreate)
+    one_at_a_time = {**rwo, "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {
+        "maxSurge": 0, "maxUnavailable": 1}}}
+    dep = by_kind(render(one_at_a_time), "Deployment")
+    kubernetes_validate.validate(dep, K8S, strict=True)
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert "updateStrategy" not in _notes(one_at_a_time)
+    assert "updateStrategy" in _notes({**rwo, "updateStrategy": {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": "50%"}}})
+    # each pod its own cache, or a claim every node mounts: nothing to warn of
+    for fine in ({}, {"modelCache": {"type": "pvc", "accessMode": "ReadWriteMany"}}):
+        assert "updateStrategy" not in _notes(fine), fine
+    for bad in ({"type": "Rolling"}, {"type": "Recreate", "rollingUpdate": {"maxSurge": 1}},
+                {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "half"}}):
+        with pytest.raises(helm_python.HelmError) as e:
+            render({"updateStrategy": bad})
+        assert "updateStrategy" in str(e.value), (bad, str(e.value))
+
