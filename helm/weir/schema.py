@@ -133,9 +133,11 @@ def schema() -> dict[str, Any]:
             "apiKeys": _own({"existingSecret": s, "reloader": b,
                              "values": {"type": "object", "additionalProperties": s}}),
             # (Kubernetes' own shapes, as far as the install can tell them wrong)
+            # (a value or one read from elsewhere, not both: the API server refuses it)
             "extraEnv": {"type": "array", "items": _own(
                 {"name": {"type": "string", "minLength": 1}, "value": s, "valueFrom": o},
-                required=["name"])},
+                required=["name"], **{"if": {"required": ["value"]},
+                                      "then": {"properties": {"valueFrom": False}}})},
             "extraEnvFrom": {"type": "array", "items": o},
             "extraVolumes": {"type": "array", "items": _obj(
                 {"name": {"type": "string", "minLength": 1}}, required=["name"])},

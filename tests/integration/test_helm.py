@@ -617,11 +617,37 @@ def test_extra_environment_and_volumes_reach_the_pod() -> None:
     ({"extraEnv": [{"value": "bar"}]}, "name"),
     ({"extraVolumeMounts": [{"name": "x"}]}, "mountPath"),
     ({"extraVolumes": [{"secret": {"secretName": "x"}}]}, "name"),
+    # the API server refuses a variable with both (these passed the install)
+    ({"extraEnv": [{"name": "A", "value": "x", "valueFrom": {"fieldRef": {
+        "fieldPath": "status.podIP"}}}]}, "valueFrom"),
+    # a volume or a mount path the chart has already (a duplicate the API server
+    # refuses, or a mount hiding the chart's): the render names it
+    *[({"extraVolumes": [{"name": n, "emptyDir": {}}]}, "extraVolumes[0].name")
+      for n in ("config", "model-cache", "tmp", "dshm")],
+    ({"extraVolumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]},
+     "extraVolumes[1].name"),
+    *[({"extraVolumeMounts": [{"name": "x", "mountPath": p}]}, "extraVolumeMounts[0].mountPath")
+      for p in ("/etc/weir", "/dev/shm", "/models", "/tmp/", "/etc/weir/")],
+    ({"modelCache": {"mountPath": "/data"}, "extraVolumeMounts": [
+        {"name": "x", "mountPath": "/data"}]}, "modelCache.mountPath"),
+    ({"extraVolumeMounts": [{"name": "x", "mountPath": "/a"}, {"name": "y", "mountPath": "/a"}]},
+     "extraVolumeMounts[1].mountPath"),
 ])
 def test_bad_extra_values_are_refused(bad: dict[str, Any], where: str) -> None:
     with pytest.raises(helm_python.HelmError) as e:
         render(bad)
-    assert where in str(e.value)
+    assert where in str(e.value), str(e.value)
+
+
+def test_extra_mounts_of_the_charts_own_volumes_elsewhere_pass() -> None:
+    """A path of its own is no clash, nor the chart's volume mounted again elsewhere
+    (a `subPath` of the model cache)."""
+    dep = by_kind(render({"extraVolumes": [{"name": "keys", "emptyDir": {}}],
+                          "extraVolumeMounts": [
+                              {"name": "keys", "mountPath": "/etc/weir-keys"},
+                              {"name": "model-cache", "mountPath": "/hf", "subPath": "hf"}]}),
+                  "Deployment")
+    kubernetes_validate.validate(dep, K8S, strict=True)
 
 
 
@@ -768,7 +794,12 @@ def test_numbers_the_chart_computes_with_read_the_variables_extra_env_sets() -> 
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.1.1",
-                                  "${WEIR_HOST:-127.0.0.1}"])
+                                  "${WEIR_HOST:-127.0.0.1}",
+                                  # the loopback's other spellings (these passed)
+                                  "0:0:0:0:0:0:0:1", "0000::0001", "::0:1", "[::1]",
+                                  "[0:0:0:0:0:0:0:1]", "::ffff:127.0.0.1", "::FFFF:7f00:1",
+                                  "0:0:0:0:0:ffff:127.0.0.1", "localhost.", "::1%lo",
+                                  "${WEIR_HOST:-0:0:0:0:0:0:0:1}"])
 def test_a_loopback_listen_address_fails_the_render(host: str) -> None:
     """`config.server.host` on the loopback (config/weir.yaml's `${WEIR_HOST:-127.0.0.1}`,
     copied into the values) made a pod the probes and the Service cannot reach: never
@@ -779,7 +810,8 @@ def test_a_loopback_listen_address_fails_the_render(host: str) -> None:
 
 
 def test_listen_addresses_a_pod_can_be_reached_on_pass() -> None:
-    for host in ("0.0.0.0", "::", "${WEIR_HOST:-0.0.0.0}"):
+    for host in ("0.0.0.0", "::", "${WEIR_HOST:-0.0.0.0}", "::ffff:0.0.0.0", "::10",
+                 "1::1", "10.127.0.1", "weir.internal"):
         assert by_kind(render({"config": {"server": {"host": host}}}), "Deployment")
     # the variable extraEnv sets, not the default
     assert by_kind(render({"config": {"server": {"host": "${WEIR_HOST:-127.0.0.1}"}},

@@ -100,11 +100,21 @@ computes nothing with the host). */}}
 {{- end -}}
 {{- if not $fromRef -}}
 {{- $got := include "weir.setting" (list $host "config.server.host" .) | trim | trimPrefix "[" | trimSuffix "]" | lower -}}
-{{- if or (regexMatch "^127\\." $got) (eq $got "localhost") (eq $got "::1") (eq $got "ip6-localhost") -}}
+{{- $got = regexReplaceAll "%.*$" $got "" | trimSuffix "." -}}
+{{- if or (regexMatch "^127\\." $got) (regexMatch "^(0+177|0x0*7f)\\." $got) (has $got (list "localhost" "ip6-localhost" "ip6-loopback")) (include "weir.loopback6" $got) -}}
 {{- $how := "" -}}
 {{- if $name -}}{{- $how = printf "; ${%s} is read as extraEnv sets it, else its default (what extraEnvFrom or a Secret holds is unknown here): set it in extraEnv" $name -}}{{- end -}}
 {{- fail (printf "config.server.host: %s is the pod's loopback, which the probes and the Service cannot reach (the pod never turns ready): listen on 0.0.0.0 (or ::)%s" (toString $host) $how) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" where an IPv6 address (lower case, no brackets) is the loopback, in any
+of its forms: `::1`, `0:0:0:0:0:0:0:1`, `0::0001`; or an IPv4-mapped loopback address,
+`::ffff:127.0.0.1` (`::ffff:7f00:1`), which a dual-stack socket takes as 127.0.0.1. */}}
+{{- define "weir.loopback6" -}}
+{{- if or (regexMatch "^(0{1,4}:){7}0{0,3}1$" .) (regexMatch "^((0{1,4}:){0,6}0{1,4})?::(0{1,4}:){0,6}0{0,3}1$" .) (regexMatch "^((0{1,4}:){5}|((0{1,4}:){0,4}0{1,4})?::(0{1,4}:){0,4})ffff:(127\\.|7f[0-9a-f]{2}:)" .) -}}
+true
 {{- end -}}
 {{- end -}}
 
@@ -165,5 +175,30 @@ is the text itself.) */}}
 {{- $_ := set $seen $name true -}}{{ $name }}{{ " " }}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* extraVolumes and extraVolumeMounts beside the chart's own: a volume named as one of
+the chart's (config, dshm, tmp, model-cache) or another extra one, or a mount at a path
+the chart mounts (or another extra mount's), is a duplicate the API server refuses (or,
+for a path written another way, `/tmp/`, one mount hiding the other): the render fails
+naming it. */}}
+{{- define "weir.checkExtraVolumes" -}}
+{{- $names := dict "config" "the chart's own" "dshm" "the chart's own" "tmp" "the chart's own" "model-cache" "the chart's own" -}}
+{{- range $i, $v := (.Values.extraVolumes | default list) -}}
+{{- $n := toString $v.name -}}
+{{- if hasKey $names $n -}}
+{{- fail (printf "extraVolumes[%d].name: %q names %s volume already: name it otherwise" $i $n (get $names $n)) -}}
+{{- end -}}
+{{- $_ := set $names $n (printf "extraVolumes[%d]'s" $i) -}}
+{{- end -}}
+{{- $paths := dict "/etc/weir" "the chart's config" "/dev/shm" "the chart's dshm" "/tmp" "the chart's tmp" -}}
+{{- $_ := set $paths (clean (toString .Values.modelCache.mountPath)) "the chart's model-cache (modelCache.mountPath)" -}}
+{{- range $i, $m := (.Values.extraVolumeMounts | default list) -}}
+{{- $p := clean (toString $m.mountPath) -}}
+{{- if hasKey $paths $p -}}
+{{- fail (printf "extraVolumeMounts[%d].mountPath: %s is where %s volume is mounted already: mount it elsewhere" $i (toString $m.mountPath) (get $paths $p)) -}}
+{{- end -}}
+{{- $_ := set $paths $p (printf "extraVolumeMounts[%d]'s" $i) -}}
 {{- end -}}
 {{- end -}}
