@@ -1011,3 +1011,38 @@ def test_a_one_node_model_cache_claim_can_be_rolled_by_recreating_the_pods() -> 
             render({"updateStrategy": bad})
         assert "updateStrategy" in str(e.value), (bad, str(e.value))
 
+
+def test_numbers_read_from_a_variable_the_chart_cannot_see_are_warned_of() -> None:
+    """`config.server.port: ${WEIR_PORT:-8000}` with WEIR_PORT in an `extraEnvFrom`
+    ConfigMap or the keys' `existingSecret`: the chart cannot read it, so the container
+    port and the probes took the default, in silence, while Weir listens where the
+    variable says (never ready). The notes say what the chart assumed; a variable
+    `extraEnv` sets (which Kubernetes sets over envFrom) or `apiKeys.values` holds is
+    read."""
+    server = {"port": "${WEIR_PORT:-8000}", "drain_timeout_s": "${DRAIN:-45}"}
+    for unknown in ({"extraEnvFrom": [{"configMapRef": {"name": "env"}}]},
+                    {"apiKeys": {"existingSecret": "keys"}}):
+        notes = _notes({**unknown, "config": {"server": server}})
+        assert "config.server.port reads ${WEIR_PORT}: the container port and the probes " \
+               "assume 8000" in notes, notes
+        assert "config.server.drain_timeout_s reads ${DRAIN}" in notes, notes
+        notes = _notes({**unknown, "config": {"server": server}, "extraEnv": [
+            {"name": "WEIR_PORT", "value": "9100"}]})
+        assert "${WEIR_PORT}" not in notes and "${DRAIN}" in notes, notes
+    # nothing unknown, or numbers written as such: no warning
+    assert "reads ${" not in _notes({"config": {"server": server}})
+    assert "reads ${" not in _notes({"extraEnvFrom": [{"configMapRef": {"name": "env"}}]})
+    # the chart's own Secret it reads (Kubernetes sets extraEnv over it)
+    keys = {"WEIR_KEY_APP": "sk-x", "WEIR_PORT": "9100"}
+    pod = by_kind(render({"apiKeys": {"values": keys}, "config": {"server": server}}),
+                  "Deployment")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["ports"][0]["containerPort"] == 9100
+    pod = by_kind(render({"apiKeys": {"values": keys}, "config": {"server": server},
+                          "extraEnv": [{"name": "WEIR_PORT", "value": "9200"}]}),
+                  "Deployment")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["ports"][0]["containerPort"] == 9200
+    # as is the listen address the loopback check reads
+    assert by_kind(render({"apiKeys": {"values": {"WEIR_KEY_APP": "sk-x", "WEIR_HOST": "::"}},
+                           "config": {"server": {"host": "${WEIR_HOST:-127.0.0.1}"}}}),
+                   "Deployment")
+

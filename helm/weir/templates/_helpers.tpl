@@ -49,7 +49,9 @@ label adds 11) and its Service's (`-headless` added: at most 63, a DNS label). *
 
 {{/* A setting of Weir's config the chart reads (list VALUE PATH ROOT), as text: the
 value, or for a `${VAR:-default}` reference what Weir reads: the variable as `extraEnv`
-sets it (a `value`; set empty, the default), else the default (the chart sets no other).
+sets it (a `value`; set empty, the default), else as `apiKeys.values` does, else the
+default (the chart sets no other; what extraEnvFrom or an existingSecret holds is
+unknown here: `weir.unknownSettings` tells the notes).
 A variable set `valueFrom` a Secret or ConfigMap is unknown here: the render fails
 naming PATH. */}}
 {{- define "weir.setting" -}}
@@ -58,6 +60,9 @@ naming PATH. */}}
 {{- $name := regexFind "^\\$\\{[A-Za-z_][A-Za-z0-9_]*" $v | trimPrefix "${" -}}
 {{- $got := "" -}}
 {{- if contains ":-" $v -}}{{- $got = regexFind ":-[^}]*\\}$" $v | trimPrefix ":-" | trimSuffix "}" -}}{{- end -}}
+{{- /* the chart's Secret (envFrom), then extraEnv (env: Kubernetes sets it over envFrom) */ -}}
+{{- $held := $root.Values.apiKeys.values | default dict -}}
+{{- if and (not $root.Values.apiKeys.existingSecret) (hasKey $held $name) (get $held $name) -}}{{- $got = toString (get $held $name) -}}{{- end -}}
 {{- range $e := ($root.Values.extraEnv | default list) -}}
 {{- if eq (toString $e.name) $name -}}
 {{- if hasKey $e "valueFrom" -}}
@@ -103,7 +108,7 @@ computes nothing with the host). */}}
 {{- $got = regexReplaceAll "%.*$" $got "" | trimSuffix "." -}}
 {{- if or (regexMatch "^127\\." $got) (regexMatch "^(0+177|0x0*7f)\\." $got) (has $got (list "localhost" "ip6-localhost" "ip6-loopback")) (include "weir.loopback6" $got) -}}
 {{- $how := "" -}}
-{{- if $name -}}{{- $how = printf "; ${%s} is read as extraEnv sets it, else its default (what extraEnvFrom or a Secret holds is unknown here): set it in extraEnv" $name -}}{{- end -}}
+{{- if $name -}}{{- $how = printf "; ${%s} is read as extraEnv (or apiKeys.values) sets it, else its default (what extraEnvFrom or an existingSecret holds is unknown here): set it in extraEnv" $name -}}{{- end -}}
 {{- fail (printf "config.server.host: %s is the pod's loopback, which the probes and the Service cannot reach (the pod never turns ready): listen on 0.0.0.0 (or ::)%s" (toString $host) $how) -}}
 {{- end -}}
 {{- end -}}
@@ -200,5 +205,26 @@ naming it. */}}
 {{- fail (printf "extraVolumeMounts[%d].mountPath: %s is where %s volume is mounted already: mount it elsewhere" $i (toString $m.mountPath) (get $paths $p)) -}}
 {{- end -}}
 {{- $_ := set $paths $p (printf "extraVolumeMounts[%d]'s" $i) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The numbers the chart computes with (the container port, the grace period) read
+from a `${VAR}` that extraEnv does not set while extraEnvFrom or apiKeys.existingSecret
+may (their content is unknown here, and Kubernetes sets env over envFrom only): one line
+each, for the notes to warn of what the chart assumed. */}}
+{{- define "weir.unknownSettings" -}}
+{{- $server := .Values.config.server | default dict -}}
+{{- if or .Values.extraEnvFrom .Values.apiKeys.existingSecret -}}
+{{- range $key, $what := dict "port" "the container port and the probes assume %s" "drain_timeout_s" "the termination grace period assumes a drain of %s s" -}}
+{{- $v := get $server $key -}}
+{{- if and (kindIs "string" $v) (regexMatch "^\\$\\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\\}$" $v) -}}
+{{- $name := regexFind "^\\$\\{[A-Za-z_][A-Za-z0-9_]*" $v | trimPrefix "${" -}}
+{{- $set := false -}}
+{{- range $e := ($.Values.extraEnv | default list) }}{{ if eq (toString $e.name) $name }}{{ $set = true }}{{ end }}{{ end -}}
+{{- if not $set -}}
+{{ printf "config.server.%s reads ${%s}: " $key $name }}{{ printf $what (include "weir.setting" (list $v (printf "config.server.%s" $key) $)) }}
+{{ end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
