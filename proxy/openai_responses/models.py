@@ -398,6 +398,23 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
         return self
 
     @model_validator(mode="after")
+    def _each_id_once(self) -> ResponsesRequest:
+        """Two input items of one id are one item sent twice: the model would read it
+        twice (and it would be listed twice). OpenAI's answer, in its words; items sent
+        without an id never clash."""
+        seen: set[str] = set()
+        for item in self.given():
+            given = given_id(item)
+            if given is None:
+                continue
+            if given in seen:
+                raise InvalidRequest(f"Duplicate item found with id {shown(given)}. Remove "
+                                     "duplicate items from your input and try again.",
+                                     param="input", code="invalid_value")
+            seen.add(given)
+        return self
+
+    @model_validator(mode="after")
     def _something_to_answer(self) -> ResponsesRequest:
         if not self.items():
             raise InvalidRequest(
@@ -432,3 +449,11 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
     def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
         """The input items the prompt is made of: all but reasoning items."""
         return [i for i in self.given() if not isinstance(i, ReasoningItem)]
+
+
+def given_id(item: MessageItem | FunctionCallItem | FunctionCallOutputItem
+             | ReasoningItem) -> str | None:
+    """The id the client sent with `item` (None: none, or not a string)."""
+    given = (item.model_extra or {}).get("id") if not isinstance(
+        item, FunctionCallItem | ReasoningItem) else item.id
+    return given if isinstance(given, str) and given else None

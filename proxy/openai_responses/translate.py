@@ -32,6 +32,7 @@ from .models import (
     ReasoningItem,
     ResponsesRequest,
     ToolChoiceFunction,
+    given_id,
 )
 
 #: Chat params as the Responses API names them (for errors raised on the chat form).
@@ -299,14 +300,6 @@ def call_item(call_id: str, name: str, arguments: str, status: str,
             "name": name, "arguments": arguments, "status": status}
 
 
-def _given_id(item: MessageItem | FunctionCallItem | FunctionCallOutputItem
-              | ReasoningItem) -> str | None:
-    """The id the client sent with `item` (None: none, or not a string)."""
-    given = (item.model_extra or {}).get("id") if not isinstance(
-        item, FunctionCallItem | ReasoningItem) else item.id
-    return given if isinstance(given, str) and given else None
-
-
 def _ids(items: Any) -> set[str]:
     """The ids of stored items (a record's `held`: the ids themselves)."""
     return {i["id"] if isinstance(i, dict) else i
@@ -349,7 +342,7 @@ def refuse_held_again(req: ResponsesRequest, record: dict[str, Any]) -> None:
                        for i in response.get("output") or ()) else said(response)
     held = _ids(record.get("held")) | _ids(output) | _ids(record.get("input"))
     for item in req.given():
-        given = _given_id(item)
+        given = given_id(item)
         if given in held and not isinstance(item, FunctionCallItem):
             raise InvalidRequest(f"Duplicate item found with id {shown(given)}. Remove "
                                  "duplicate items from your input and try again.",
@@ -360,12 +353,8 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's input as the items `GET /v1/responses/{id}/input_items` lists, each
     with an id (its own where the client sent one)."""
     out: list[dict[str, Any]] = []
-    seen: set[str] = set()  # an id given twice would page forever: the second is new
     for item in req.given():
-        given = _given_id(item)
-        item_id = given if given and given not in seen else None
-        if item_id is not None:
-            seen.add(item_id)
+        item_id = given_id(item)  # (each once: `ResponsesRequest._each_id_once`)
         if isinstance(item, MessageItem):
             if item.role == "assistant":
                 out.append(message_item(item.text(), "completed", item_id))

@@ -307,6 +307,38 @@ async def test_an_item_the_previous_response_holds_sent_again_is_a_400(
     assert r.status == 200, await r.text()
 
 
+@pytest.mark.parametrize("item", [
+    {"type": "message", "role": "user", "content": "hi", "id": "msg_mine"},
+    {"type": "message", "role": "assistant", "id": "msg_mine",
+     "content": [{"type": "output_text", "text": "hello"}]},
+    {"type": "function_call", "id": "fc_mine", "call_id": "call_1", "name": "get_weather",
+     "arguments": "{}"},
+    {"type": "reasoning", "id": "rs_mine", "summary": []},
+])
+async def test_one_item_sent_twice_in_one_input_is_a_400(
+        make_client: MakeClient, fake_engine: FakeEngine, item: dict[str, Any]) -> None:
+    """The same item id twice in one `input` was taken, the second given an id of its
+    own, and the model read the item twice. OpenAI refuses it: "Duplicate item found
+    with id ..." (param `input`); so does Weir, whatever the item. Items without ids,
+    the same text twice, never clash."""
+    client = await make_client()
+    tail: list[dict[str, Any]] = (
+        [{"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+        if item["type"] == "function_call" else [])
+    r = await client.post("/v1/responses", json={
+        **BASE, "tools": [TOOL], "input": [item, *tail, item, *tail,
+                                           {"role": "user", "content": "and?"}]})
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["param"] == "input"
+    assert body["error"]["message"].startswith(f"Duplicate item found with id {item['id']}")
+    assert not fake_engine.calls
+    same = {"role": "user", "content": "hi"}
+    r = await client.post("/v1/responses", json={**BASE, "input": [same, same]})
+    assert r.status == 200, await r.text()
+
+
 async def test_an_item_a_response_earlier_in_the_chain_holds_sent_again_is_a_400(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """The chain's earlier responses are the conversation too, not only the previous

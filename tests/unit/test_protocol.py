@@ -761,14 +761,15 @@ def test_an_empty_previous_response_id_is_refused() -> None:
                                         "previous_response_id": ""}) == "previous_response_id"
 
 
-def test_input_items_given_one_id_twice_get_distinct_ids() -> None:
-    """Else paging with `after` at that id would return the same page for ever."""
-    from proxy.openai_responses.translate import input_items
-    req = parse_model(ResponsesRequest, {"model": "m", "input": [
-        {"role": "user", "content": "a", "id": "msg_same"},
-        {"role": "user", "content": "b", "id": "msg_same"}]})
-    ids = [i["id"] for i in input_items(req)]
-    assert ids[0] == "msg_same" and ids[1] != "msg_same" and len(set(ids)) == 2
+def test_input_items_given_one_id_twice_are_refused() -> None:
+    """One id is one item: sent twice, the model would read it twice (and paging with
+    `after` at that id would return the same page for ever). OpenAI's 400."""
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ResponsesRequest, {"model": "m", "input": [
+            {"role": "user", "content": "a", "id": "msg_same"},
+            {"role": "user", "content": "b", "id": "msg_same"}]})
+    assert (e.value.param, e.value.code) == ("input", "invalid_value")
+    assert e.value.message.startswith("Duplicate item found with id msg_same.")
 
 
 @pytest.mark.parametrize(("model", "tool", "param"), [
