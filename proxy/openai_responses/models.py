@@ -1,7 +1,8 @@
 """The Responses API request, as OpenAI takes it (the subset Weir serves).
 
 `input` is a string or a list of items: messages (with or without `type: "message"`;
-content a string or `input_text` / `output_text` / `refusal` parts), `function_call`
+content a string or parts: `input_text` in a user's, system's or developer's,
+`output_text` / `refusal` in an assistant's), `function_call`
 items (a call the model made earlier) and `function_call_output` items (its result).
 Tools are function tools in the Responses shape (`name` at the top, not under
 `function`). Unknown fields are accepted, as on the chat route; a field Weir cannot
@@ -39,8 +40,8 @@ from ..protocol import (
     check_values,
     inert,
     join_parts,
+    not_among,
     raw_items,
-    refuse_misplaced_refusals,
     refuse_other_tools,
     refuse_unsupported,
     type_of,
@@ -301,6 +302,13 @@ class StreamOptions(_Open):
 #: The content parts OpenAI's spec gives an input message of a role besides the
 #: assistant's (its `InputContent`): a `refusal` is an assistant's alone.
 _INPUT_PARTS = ("input_text", "input_image", "input_file")
+#: The content parts OpenAI takes in an assistant's input message (what its output
+#: messages hold): `input_text` there is refused ("Supported values are: 'output_text'
+#: and 'refusal'.").
+_OUTPUT_PARTS = ("output_text", "refusal")
+#: The parts whose role OpenAI holds them to (`text`, Chat Completions' name, is taken
+#: in any message).
+_ROLE_PARTS = frozenset({*_INPUT_PARTS, *_OUTPUT_PARTS})
 
 
 #: OpenAI's `Reasoning.summary` (and its deprecated `generate_summary`).
@@ -389,12 +397,23 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
         return self
 
     @model_validator(mode="after")
-    def _refusals_are_the_assistant_s(self) -> ResponsesRequest:
-        if not isinstance(self.input, str):
-            for i, item in enumerate(self.input):
-                if isinstance(item, MessageItem):
-                    refuse_misplaced_refusals(item.role, item.content, f"input[{i}]",
-                                              _INPUT_PARTS)
+    def _parts_of_its_role(self) -> ResponsesRequest:
+        """Each part of a message's content is one its role takes, as OpenAI holds
+        them: an assistant's `output_text` and `refusal`, another role's `input_text`
+        (`input_image`, `input_file`). The other's (`output_text` or a `refusal` in a
+        user's message, `input_text` in an assistant's) is a 400 naming the part, in
+        OpenAI's words (its `param` the part, not its `type`: the type is one the API
+        knows, in the wrong message)."""
+        if isinstance(self.input, str):
+            return self
+        for i, item in enumerate(self.input):
+            if not isinstance(item, MessageItem) or isinstance(item.content, str):
+                continue
+            allowed = _OUTPUT_PARTS if item.role == "assistant" else _INPUT_PARTS
+            for j, part in enumerate(item.content):
+                kind = getattr(part, "type", None)
+                if kind in _ROLE_PARTS and kind not in allowed:
+                    raise not_among(kind, allowed, f"input[{i}].content[{j}]")
         return self
 
     @model_validator(mode="after")

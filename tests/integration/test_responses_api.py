@@ -339,6 +339,42 @@ async def test_one_item_sent_twice_in_one_input_is_a_400(
     assert r.status == 200, await r.text()
 
 
+@pytest.mark.parametrize(("role", "part", "allowed"), [
+    ("user", "output_text", "'input_text', 'input_image', and 'input_file'"),
+    ("system", "output_text", "'input_text', 'input_image', and 'input_file'"),
+    ("developer", "output_text", "'input_text', 'input_image', and 'input_file'"),
+    ("assistant", "input_text", "'output_text' and 'refusal'"),
+])
+async def test_a_text_part_of_the_other_role_is_a_400(
+        make_client: MakeClient, fake_engine: FakeEngine, role: str, part: str,
+        allowed: str) -> None:
+    """An input message's text parts are its role's, as OpenAI holds them: a user's
+    (system's, developer's) `input_text`, an assistant's `output_text`. The other's
+    was read to the model as if it were right; OpenAI refuses it ("Invalid value:
+    'input_text'. Supported values are: 'output_text' and 'refusal'.", param
+    `input[1].content[0]`), and so does Weir. Each in its own role, and a plain string,
+    is taken."""
+    client = await make_client()
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": role, "content": [{"type": part, "text": "a"}]},
+        {"role": "user", "content": "go on"}]
+    r = await client.post("/v1/responses", json={**BASE, "input": items})
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"] == {
+        "message": f"Invalid value: '{part}'. Supported values are: {allowed}.",
+        "type": "invalid_request_error", "param": "input[1].content[0]",
+        "code": "invalid_value"}
+    assert not fake_engine.calls
+    own = "output_text" if role == "assistant" else "input_text"
+    for content in ([{"type": own, "text": "a"}], "a"):
+        items[1]["content"] = content
+        r = await client.post("/v1/responses", json={**BASE, "input": items})
+        assert r.status == 200, await r.text()
+
+
 async def test_an_item_a_response_earlier_in_the_chain_holds_sent_again_is_a_400(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """The chain's earlier responses are the conversation too, not only the previous

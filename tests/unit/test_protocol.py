@@ -130,7 +130,7 @@ def test_a_responses_refusal_part_is_an_assistant_s_alone(role: str) -> None:
         {"role": role, "content": [{"type": "input_text", "text": "a"}, refusal]}]
     with pytest.raises(InvalidRequest) as e:
         parse_model(ResponsesRequest, {"model": "m", "input": items})
-    assert (e.value.param, e.value.code) == ("input[1].content[1].type", "invalid_value")
+    assert (e.value.param, e.value.code) == ("input[1].content[1]", "invalid_value")
     assert e.value.message.startswith("Invalid value: 'refusal'.")
     parse_model(ResponsesRequest, {"model": "m", "input": [
         *items[:1], {"role": "user", "content": "go on"}]})
@@ -1086,7 +1086,7 @@ def test_a_ref_to_nothing_is_a_400_naming_it() -> None:
      "Invalid type for `truncation`: expected one of 'auto' and 'disabled', but got an "
      "integer instead."),
     (ResponsesRequest, {"input": [{"role": "user", "content": [
-        {"type": "refusal", "refusal": "no"}]}]}, "input[0].content[0].type", "invalid_value",
+        {"type": "refusal", "refusal": "no"}]}]}, "input[0].content[0]", "invalid_value",
      "Invalid value: 'refusal'. Supported values are: 'input_text', 'input_image', and "
      "'input_file'."),
 ])
