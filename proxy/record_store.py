@@ -3,7 +3,8 @@ plugin's Redis when it has one (one store per kind, `responses` or `chat`).
 
 A response's record is `{"response": <Response>, "conversation": [chat messages]}` (and
 `"cut"`: the calls cut in the responses before it, where there were some, and `"held"`:
-the ids of those responses' items, which a follow-up may not send again); a
+the ids of those responses' items, which a follow-up may not send again; and `"said"`:
+the `code` and `param` a failed response's `error` event said, which its replay says); a
 chat completion's, `proxy.stored_chat`'s. Every key holds the caller's tenant, so another
 tenant's id is simply not found (a 404, never a 403 that would confirm the id exists).
 Records expire after `responses.ttl_s`. A record put with a summary can be listed:

@@ -38,6 +38,23 @@ T = TypeVar("T")
 NOT_STORED = "The server had an error storing this response; create it again."
 
 
+class Failed(dict[str, Any]):
+    """A failed Response, with what its `error` event said (`said`: the error's own
+    `code` and `param`, which the Response's `error` cannot hold: its codes are a closed
+    list, an engine's failure there `server_error`). Its record keeps them (`kept_said`),
+    so that its events told again from it say what the run's said."""
+
+    def __init__(self, response: dict[str, Any], said: dict[str, Any]) -> None:
+        super().__init__(response)
+        self.said = said
+
+
+def kept_said(response: dict[str, Any]) -> dict[str, Any]:
+    """What a record of `response` keeps of its `error` event (`Failed`): `{"said":
+    {"code", "param"}}`, or nothing (it did not fail so: its replay says its `error`)."""
+    return {"said": response.said} if isinstance(response, Failed) else {}
+
+
 class _Events:
     """Builds events in order, numbering them."""
 
@@ -507,10 +524,11 @@ def _failed(e: _Events, err: WeirError) -> list[dict[str, Any]]:
     body = err.to_body()["error"]
     e.reason = "failed"
     e.error_status = err.status
-    return [*e.close(),
-            e.ev("error", code=body["code"], message=body["message"], param=body["param"]),
-            e.ev("response.failed", response=e.response(
-                "failed", error={"code": error_code(err), "message": body["message"]}))]
+    said = {"code": body["code"], "param": body["param"]}
+    return [*e.close(), e.ev("error", **said, message=body["message"]),
+            e.ev("response.failed", response=Failed(e.response(
+                "failed", error={"code": error_code(err), "message": body["message"]}),
+                said))]
 
 
 def error_code(err: WeirError) -> str:

@@ -30,8 +30,11 @@ def can_replay(response: dict[str, Any]) -> bool:
     return response.get("status") in _ENDS
 
 
-def replayed(response: dict[str, Any]) -> list[dict[str, Any]]:
-    """`response`'s events (`can_replay`), numbered from 0."""
+def replayed(response: dict[str, Any], said: Any = None) -> list[dict[str, Any]]:
+    """`response`'s events (`can_replay`), numbered from 0. `said`: what a failed one's
+    `error` event said (its record's `said`: its `code` and `param`; the Response's
+    `error.code` is one of a closed list, `server_error` for an engine's failure); left
+    out, or not that shape (another version's record), its `error`'s code."""
     events: list[dict[str, Any]] = []
 
     def add(type_: str, **fields: Any) -> None:
@@ -73,7 +76,11 @@ def replayed(response: dict[str, Any]) -> list[dict[str, Any]]:
         add("response.output_item.done", output_index=n, item=copy.deepcopy(item))
     if response["status"] == "failed":
         error = response.get("error") or {}
-        add("error", code=error.get("code"), message=error.get("message", ""), param=None)
+        code, param = error.get("code"), None
+        if isinstance(said, dict) and all(
+                isinstance(said.get(k), str | None) for k in ("code", "param")):
+            code, param = said.get("code"), said.get("param")
+        add("error", code=code, message=error.get("message", ""), param=param)
     add(_ENDS[response["status"]], response=copy.deepcopy(response))
     return events
 

@@ -42,7 +42,7 @@ from ..telemetry import error_fields, get_logger
 from . import background_http
 from . import translate as X
 from .background import RUNNING, Runner, as_read, lapsed, leasing, settle
-from .events import OUTPUT_DELTAS, Rendering, saves_settled
+from .events import OUTPUT_DELTAS, Rendering, kept_said, saves_settled
 from .models import RESPONSES_ENUMS, ResponsesRequest
 from .replay import can_replay, replayed
 
@@ -185,7 +185,7 @@ async def _create(request: web.Request, st: AppState,
         it, the fallback that made it."""
         return kept_fallback({"response": response, "input": inputs,
                               "conversation": conversation if said is None else said,
-                              **cut_field}, ctx.response_headers)
+                              **cut_field, **kept_said(response)}, ctx.response_headers)
 
     async def save(response: dict[str, Any], fence: str | None = None) -> None:
         """`fence`: a background run's (only over its own record: one settled without
@@ -436,7 +436,7 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
         # Its own events are gone (another replica ran it, or this one before a restart,
         # or they aged out), or its first ones are (past `max_event_bytes`): its
         # record, told as events.
-        return await background_http.replay(request, replayed(response),
+        return await background_http.replay(request, replayed(response, record.get("said")),
                                             told_fallback(record))
     if run is None:
         raise InvalidRequest(

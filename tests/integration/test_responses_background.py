@@ -1845,3 +1845,30 @@ async def test_the_watch_names_no_request(
     assert line["response_id"] == rid and "request_id" not in line, (started_it, line)
     fake_engine.token_gate.set()
     await ended(client, rid, "public")
+
+
+async def test_a_failed_response_replayed_says_the_error_its_run_said(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A run that failed mid-answer sent `error` with its own code (`engine_error`,
+    what the chat route answers); its record, told as events once the run's own are
+    gone, said `server_error`, the Response's `error.code` (a closed list). The record
+    keeps what the `error` event said, and a replay says the same; the Response stays
+    as OpenAI shapes it."""
+    client = await make_client(keyed())
+    fake_engine.fail_after = 2
+    rid = (await (await client.post("/v1/responses", json=BASE, headers=A)).json())["id"]
+    await ended(client, rid)
+    live, _ = parse_sse(await (await client.get(f"/v1/responses/{rid}?stream=true",
+                                                headers=A)).text())
+    error = next(e for e in live if e["type"] == "error")
+    assert error["code"] == "engine_error"
+    # Its events gone (aged out, or held by a replica since restarted): its record, told.
+    client.app[RUNNER]._ended.clear()
+    events, _ = parse_sse(await (await client.get(f"/v1/responses/{rid}?stream=true",
+                                                  headers=A)).text())
+    for e in events:
+        validate("ResponseStreamEvent", e)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert {**events[-2], "sequence_number": 0} == {**error, "sequence_number": 0}
+    stored = await get(client, rid)
+    assert stored["error"]["code"] == "server_error" and events[-1]["response"] == stored
