@@ -1197,7 +1197,8 @@ def refuse_misplaced_refusals(role: str, content: Any, where: str,
     """A `refusal` part outside an assistant message is a 400 naming it, as OpenAI
     answers (read as text, it was that role's own words to the model). `where`: the
     message's param; `allowed`: the part types its role takes, as the error lists them.
-    (Chat Completions' messages and the Responses API's input messages alike.)"""
+    (Chat Completions' messages; the Responses API's input messages hold each text part
+    to its role, `ResponsesRequest._parts_of_its_role`.)"""
     if role == "assistant" or not isinstance(content, list):
         return
     for j, part in enumerate(content):

@@ -65,8 +65,8 @@ class UnsupportedPart(_Open):
 
     @model_validator(mode="after")
     def _refuse(self) -> UnsupportedPart:
-        raise ValueError(f"`{shown(self.type)}` parts are not supported; send `input_text`, "
-                         "`output_text` or `refusal` parts")
+        raise ValueError(f"`{shown(self.type)}` parts are not supported; send `input_text` "
+                         "parts (an assistant's: `output_text` or `refusal`)")
 
 
 def _part_kind(v: Any) -> str:

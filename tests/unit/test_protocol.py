@@ -119,6 +119,19 @@ def test_a_refusal_part_is_an_assistant_s_alone(role: str, allowed: str) -> None
     assert e.value.message == f"Invalid value: 'refusal'. Supported values are: {allowed}."
 
 
+@pytest.mark.parametrize("role", ["user", "assistant"])
+def test_an_unsupported_responses_part_names_the_parts_its_role_takes(role: str) -> None:
+    """An image in an input message is refused; its hint named `output_text` and
+    `refusal` to a user's message too, parts its role is refused (a 400 of their own)."""
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ResponsesRequest, {"model": "m", "input": [{"role": role, "content": [
+            {"type": "input_image", "image_url": "https://example.com/a.png"}]}]})
+    assert e.value.param == "input[0].content[0]"
+    assert e.value.message.endswith("`input_image` parts are not supported; send "
+                                    "`input_text` parts (an assistant's: `output_text` or "
+                                    "`refusal`).")
+
+
 @pytest.mark.parametrize("role", ["user", "system", "developer"])
 def test_a_responses_refusal_part_is_an_assistant_s_alone(role: str) -> None:
     """As on Chat Completions: a `refusal` part in an input message of another role than
