@@ -484,8 +484,18 @@ class Upstream:
         if status in (401, 403):  # Weir's key, not the client's: an operator's fault
             raise EngineError(f"The upstream refused this gateway's credentials ({status}).")
         if status == 429:  # Weir's quota there; its message names the account
+            kind, final, too_large = await _limit_kind(resp)
+            if too_large:  # (no wait lets it through: told so, as the upstream tells it)
+                raise RateLimited("Request too large for the upstream's tokens per minute "
+                                  "limit; no wait lets it through: reduce the input or "
+                                  "the output limit.", kind="tokens",
+                                  headers={"x-should-retry": "false"})
+            if final:
+                raise RateLimited("The upstream's rate limit refused the request and says "
+                                  "not to retry it.", kind=kind,
+                                  headers={"x-should-retry": "false"})
             raise RateLimited("The upstream's rate limit was reached; retry after the time "
-                              "given in Retry-After.", kind=await _limit_kind(resp),
+                              "given in Retry-After.", kind=kind,
                               headers=_retry_headers(resp.headers.get("retry-after", "")))
         try:
             raw = await _body(resp, MAX_ANSWER_BYTES)
@@ -745,15 +755,24 @@ def _only_if_cached(ctx: RequestContext) -> bool:
     return "only-if-cached" in ctx.headers.get("cache-control", "").lower()
 
 
-async def _limit_kind(resp: aiohttp.ClientResponse) -> str:
+async def _limit_kind(resp: aiohttp.ClientResponse) -> tuple[str, bool, bool]:
     """An upstream 429's kind, `tokens` or `requests` (OpenAI's type), as its body says;
-    `requests` where it says neither (its message, naming its account, is not passed on)."""
+    `requests` where it says neither (its message, naming its account, is not passed on).
+    Then whether no wait lets it through: it says not to retry (`x-should-retry: false`,
+    as a Weir upstream and the OpenAI API send it), or it refused a request larger than
+    its limit on its own ("Request too large ...", Weir's and OpenAI's message: the
+    third value)."""
+    final = resp.headers.get("x-should-retry", "").strip().lower() == "false"
+    too_large = False
     try:
         raw = await _body(resp, 1 << 16)  # (an error's body: small, or none of ours)
-        kind = (upstream_json(raw or b"").get("error") or {}).get("type")
+        err = upstream_json(raw or b"").get("error") or {}
+        kind = err.get("type")
+        message = err.get("message")
+        too_large = isinstance(message, str) and message.startswith("Request too large")
     except (aiohttp.ClientError, ValueError, AttributeError, TimeoutError):
         kind = None
-    return "tokens" if kind == "tokens" else "requests"
+    return ("tokens" if kind == "tokens" else "requests"), final or too_large, too_large
 
 
 async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool) -> Timeout:

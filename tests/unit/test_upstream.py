@@ -623,6 +623,38 @@ async def test_an_upstream_429_s_kind_is_kept(upstream: Upstream) -> None:
     assert e.to_body()["error"]["type"] == "tokens"
 
 
+@pytest.mark.parametrize("headers", [{"x-should-retry": "false"}, {}])
+async def test_an_upstream_429_no_wait_lets_through_is_not_told_to_retry(
+        upstream: Upstream, headers: dict[str, str]) -> None:
+    """A request larger than the upstream's tokens-per-minute limit on its own (a Weir
+    upstream's "Request too large", with `x-should-retry: false` and no Retry-After, or
+    OpenAI's, told by its message) was relayed as a retryable 429 with `Retry-After: 1`
+    saying to retry after it: the SDK retried what no wait lets through. It is a 429
+    `tokens` with `x-should-retry: false` and no Retry-After, as the upstream's."""
+    e = await refused(upstream, answering(web.json_response({"error": {
+        "message": "Request too large for gpt-4o in organization org-SECRET on tokens per "
+                   "min (TPM): Limit 400, Requested 501.",
+        "type": "tokens", "param": None, "code": "rate_limit_exceeded"}}, status=429,
+        headers=headers)), RateLimited)
+    assert e.type == "tokens" and e.headers.get("x-should-retry") == "false"
+    assert not any(k.lower().startswith("retry-after") for k in e.headers)
+    assert "org-SECRET" not in e.message and "Retry-After" not in e.message
+    assert "too large" in e.message
+
+
+async def test_an_upstream_429_that_says_not_to_retry_is_not_told_to_retry(
+        upstream: Upstream) -> None:
+    """`x-should-retry: false` on another 429 (OpenAI's exhausted quota) is kept, with no
+    Retry-After, in the gateway's words."""
+    e = await refused(upstream, answering(web.json_response({"error": {
+        "message": "You exceeded your current quota (org-SECRET).",
+        "type": "insufficient_quota", "code": "insufficient_quota"}}, status=429,
+        headers={"x-should-retry": "false"})), RateLimited)
+    assert e.headers.get("x-should-retry") == "false" and e.type == "requests"
+    assert not any(k.lower().startswith("retry-after") for k in e.headers)
+    assert "org-SECRET" not in e.message and "Retry-After" not in e.message
+
+
 async def test_an_upstream_error_s_code_and_param_are_strings(upstream: Upstream) -> None:
     """vLLM's server sends `"code": 400`; OpenAI's schema has a string (or null)."""
     e = await refused(upstream, answering(web.json_response({"error": {
