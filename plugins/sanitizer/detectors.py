@@ -404,15 +404,18 @@ _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d
 # "4111...1111/12/27"), redacted with it.
 # (Not a comma between groups: "2023,2024,2025,2026" is a list of years, and one such
 # list in ten passes Luhn.)
+# Its digits bounded by what is neither a letter nor a digit: a run of decimal digits
+# inside a longer hex word (a hash, an address, `xxd -p`'s lines: 16 hex digits in a row
+# are all decimal one time in 2,000) is none ("0x7ffd4546252854754769").
 _CARD_SEP = r"[./_]"  # (spaces and dashes: `_CARD_MIX`, which takes them one kind or mixed)
 _CARD_MIX = r"(?: ?- ?| )"
 _CARD_TAIL = r"(?:[ ./_,-]| - |, )(?:\d{3,4}|\d{2}/\d{2,4})"
-_CARD = (rf"(?<![\d.,-])(?:\d{{13,19}}"
+_CARD = (rf"(?<![0-9A-Za-z.,-])(?:\d{{13,19}}"
          rf"|\d{{4}}{_CARD_MIX}\d{{4}}(?:{_CARD_MIX}\d{{4}}){{1,2}}(?:{_CARD_MIX}\d{{1,4}}(?![\d/]))?"
          rf"|\d{{4}}{_CARD_MIX}\d{{6}}{_CARD_MIX}\d{{4,5}}"
          rf"|\d{{4}}(?P<s>{_CARD_SEP})\d{{4}}(?:(?P=s)\d{{4}}){{1,2}}(?:(?P=s)\d{{1,4}}(?![\d/]))?"
          rf"|\d{{4}}(?P<t>{_CARD_SEP})\d{{6}}(?P=t)\d{{4,5}})(?:{_CARD_TAIL})?"
-         r"(?![\d]|[.,-]\d)")
+         r"(?![0-9A-Za-z]|[.,-]\d)")
 _TAIL_AT_END = re.compile(_CARD_TAIL + "$")
 
 
@@ -691,9 +694,29 @@ def _labelled_other(text: str, a: int, digits: int) -> bool:
             and _CARD_WORD.search(text, lo, a) is None)
 
 
+# A hex dump's row: its offset ("00000010:", od's "0000020") then groups of hex digits
+# (`xxd`'s of four, `hexdump`'s and `od`'s of two); groups that happen to be decimal are
+# bytes, not a card grouped by spaces.
+_HEX_ROW_BEFORE = re.compile(r"(?:^|\n)[0-9A-Fa-f]{6,16}:?(?: {1,2}[0-9A-Fa-f]{2,4})* {1,2}\Z")
+_HEX_GROUP_AFTER = re.compile(r" {1,2}[0-9A-Fa-f]{2,4}(?![0-9A-Za-z])")
+
+
+def _in_hex_row(text: str, a: int, b: int) -> bool:
+    """Whether the number at `a`..`b` is groups of a hex dump's row: after the row's
+    offset, with another group before it or after it."""
+    line = max(0, text.rfind("\n", max(0, a - 160), a))
+    before = _HEX_ROW_BEFORE.search(text, line, a)
+    if before is not None:
+        return (text[before.start():a].strip().count(" ") > 0
+                or _HEX_GROUP_AFTER.match(text, b) is not None)
+    return False
+
+
 def _find_card(text: str) -> Iterator[Span]:
     for a, b in _card(text):
         if _labelled_other(text, a, sum(c.isdigit() for c in text[a:b])):
+            continue
+        if " " in text[a:b] and _in_hex_row(text, a, b):
             continue
         for _ in range(2):  # its expiry and its code, in either order
             extra = _CARD_EXTRA.match(text, b)

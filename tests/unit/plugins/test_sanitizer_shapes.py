@@ -1,0 +1,84 @@
+"""Sanitizer: the shapes a detector reads (stop 52): a card's digits bounded as a
+number's, not a run inside a hex word or a hex dump's row; a key's body as a key's, not
+words after "sk-"; look-alikes read as the marks and capitals a reader sees."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from plugins.sanitizer.detectors import BUILTIN, forget
+from proxy.text import fold, scanned, scanned_places
+
+
+def found(name: str, text: str) -> list[str]:
+    """What detector `name` finds in `text` as the sanitizer reads it (folded, then
+    scanned), each span placed back in the folded text."""
+    folded = fold(text)
+    norm = scanned(folded)
+    at = scanned_places(folded)
+    try:
+        return [folded[at[a]:at[b - 1] + 1] for a, b in BUILTIN[name].find(norm)]
+    finally:
+        forget()
+
+
+def _xxd(data: bytes) -> str:
+    """`data` as `xxd` writes it: an offset, eight groups of two bytes, the text."""
+    rows = []
+    for i in range(0, len(data), 16):
+        row = data[i:i + 16].hex()
+        groups = " ".join(row[j:j + 4] for j in range(0, len(row), 4))
+        text = "".join(chr(b) if 32 <= b < 127 else "." for b in data[i:i + 16])
+        rows.append(f"{i:08x}: {groups:<39}  {text}")
+    return "\n".join(rows)
+
+
+def _hexdump_c(data: bytes) -> str:
+    rows = []
+    for i in range(0, len(data), 16):
+        chunk = data[i:i + 16]
+        pairs = " ".join(f"{b:02x}" for b in chunk)
+        text = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        rows.append(f"{i:08x}  {pairs:<47}  |{text}|")
+    return "\n".join(rows)
+
+
+_BYTES = random.Random(52).randbytes(16384)
+
+
+# ---------------------------------------------------------- cards in hex (stop 52)
+
+@pytest.mark.parametrize("text", [
+    _BYTES.hex(),  # `xxd -p`, `.hex()`: one long hex word
+    "\n".join(_BYTES[i:i + 30].hex() for i in range(0, len(_BYTES), 30)),  # `xxd -p` lines
+    "sha256 " + "ab4546252854754769cd" * 3,
+    "segfault at 0x7ffd4546252854754769 ip 00007f3a36147206854082 sp 7ffc4190745331541f",
+    "commit 9f4546252854754769e0c1 fixed it",
+    _xxd(bytes.fromhex("4111111111111111") + _BYTES[:24]),
+    _xxd(_BYTES[:6] + bytes.fromhex("4111111111111111") + _BYTES[:18]),
+    _hexdump_c(_BYTES[:512]),
+])
+def test_digits_inside_a_hex_word_or_a_hex_dump_are_no_card(text: str) -> None:
+    """A run of decimal digits inside a longer hex word (a hash, an address, `xxd -p`'s
+    lines: 16 hex digits in a row are all decimal one time in 2,000) was read as a card
+    wherever it passed Luhn and began as an issuer's: the card pattern's bounds were
+    digits only, so a hex letter beside the run bounded it as a space does. And a row of
+    `xxd` whose groups happen to be decimal read as a card grouped by spaces. A card's
+    digits are bounded by what is neither a letter nor a digit, and groups of a hex
+    dump's row (after its offset, beside other hex groups) are bytes."""
+    assert found("card", text) == []
+
+
+@pytest.mark.parametrize("text", [
+    "card 4111 1111 1111 1111 exp 12/29",
+    "card:4111111111111111.",
+    "カード4111111111111111です",
+    "(4111-1111-1111-1111)",
+    "pay_4111111111111111",
+    "00000010: my card is 4111 1111 1111 1111",
+    "2026-12-07 10:00:01 charge 4111 1111 1111 1111 ok",
+])
+def test_a_card_bounded_by_other_than_letters_and_digits_is_still_one(text: str) -> None:
+    assert found("card", text), text
