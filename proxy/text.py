@@ -3,7 +3,8 @@
 imports the other.
 
 NFKC folds compatibility forms (full-width letters, ligatures) into their plain forms,
-superscripts and subscripts aside ("2³" is not "23": detectors alone read them plain);
+superscripts and subscripts aside ("2³" is not "23": detectors alone read them plain),
+and a double low line (detectors read it as "_");
 then control characters other than newline and tab and every
 default-ignorable character that renders as nothing (zero-width, variation selectors,
 bidi controls) are removed, and blanks that render as a space (Hangul fillers) become
@@ -52,7 +53,11 @@ def _squeeze(text: str) -> str:
 # what the text says; `fold` keeps them (detectors still read them as digits and letters:
 # `_AS`).
 _SCRIPTS = "\u00b2\u00b3\u00b9" + "".join(map(chr, range(0x2070, 0x20a0)))
-_SCRIPTED = re.compile(f"([{_SCRIPTS}]+)")
+# A double low line ("\u2017") too: NFKC makes it a space and a combining double low
+# line, which no reader sees ("ghp\u2017..." reached the detectors as "ghp \u0333...");
+# it stays as written and detectors read it as "_" (`_AS`).
+_KEPT = _SCRIPTS + "\u2017"
+_SCRIPTED = re.compile(f"([{_KEPT}]+)")
 
 
 def _nfkc(text: str) -> str:
@@ -92,8 +97,9 @@ def normalize(text: str) -> str:
 # writes it, is a card grouped by dashes), and a superscript or subscript as its plain
 # form. Also the minus signs and hyphens Unicode files elsewhere than dashes ("\u02d7",
 # "\u2043", "\u2796") and a low line's look-alike ("\u02cd"): each is the ASCII mark
-# to a reader ("sk\u02d7proj-..." and "ghp\u02cd..." are keys).
-_MARKS_AS = {"\u02d7": "-", "\u2043": "-", "\u2796": "-", "\u02cd": "_"}
+# to a reader ("sk\u02d7proj-..." and "ghp\u02cd..." are keys), and a double low line
+# (kept through NFKC: `_KEPT`).
+_MARKS_AS = {"\u02d7": "-", "\u2043": "-", "\u2796": "-", "\u02cd": "_", "\u2017": "_"}
 
 
 def _read_as() -> dict[str, str]:
