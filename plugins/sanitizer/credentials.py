@@ -106,8 +106,26 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
      r"(?:is\s+)?[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
 ]
 _FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
-# A slug, not a key: lower-case words joined by hyphens ("sk-learn-pipeline-guide").
-_SLUG = re.compile(r"sk-[a-z]+(?:-[a-z]+)+\Z")
+# An OpenAI-style key's body is random (legacy keys 48 letters and digits, project,
+# service-account and Anthropic keys longer, a "-" or "_" among them one time in 30): a
+# run of 16 letters and digits or more, mixing digits with letters or both cases, 8 of
+# its characters different at least. Words and short numbers joined by hyphens after
+# "sk-" are a slug or a name ("sk-learn-pipeline-v2-final", "...-sk-2026-q1-planning"),
+# and one letter repeated a placeholder ("sk-xxxx...").
+_KEY_RUN = re.compile(r"[A-Za-z0-9]{16,}")
+_KEY_RUN_DISTINCT = 8
+
+
+def _key_body(said: str) -> bool:
+    """Whether what follows "sk-" in `said` holds a key's random run (`_KEY_RUN`)."""
+    for m in _KEY_RUN.finditer(said, 3):
+        run = m.group()
+        if len(set(run)) < _KEY_RUN_DISTINCT:
+            continue
+        digits = any(c.isdigit() for c in run)
+        if (digits and not run.isdigit()) or (run != run.lower() and run != run.upper()):
+            return True
+    return False
 
 
 # "password is X", "pwd: X", "api key = X", "DB_PASSWORD=X", '{"password": "X"}',
@@ -995,11 +1013,11 @@ def _holds_a_format(text: str) -> bool:
 
 
 def _format_ok(m: re.Match[str]) -> bool:
-    """A vendor format's match, unless it is a slug (sk-), its value a placeholder
-    ("postgres://user:password@host", "--password $DB_PASS") or a uid:gid pair
-    ("docker run -u 1000:1000")."""
+    """A vendor format's match, unless it is words after "sk-" (`_key_body`), its value a
+    placeholder ("postgres://user:password@host", "--password $DB_PASS") or a uid:gid
+    pair ("docker run -u 1000:1000")."""
     said = m.group(0)
-    if said.startswith("sk-") and _SLUG.match(said):
+    if said.startswith("sk-") and not _key_body(said):
         return False
     groups = m.groupdict()
     value = groups.get("v") or groups.get("q1") or groups.get("q2")

@@ -104,3 +104,67 @@ def test_a_double_low_line_for_a_low_line_hides_no_key(text: str, key: str) -> N
 def test_a_double_low_line_still_goes_on_as_written() -> None:
     assert fold("a\u2017b") == "a\u2017b"
     assert scanned(fold("a\u2017b \u00b2")) == "a_b 2"
+
+
+# ------------------------------------------------------ a key's body after sk- (stop 52)
+
+@pytest.mark.parametrize("text", [
+    "see quarterly-review-sk-2026-q1-planning-notes-final",
+    "naïve-bayes-sk-learn-pipeline-v2-final",
+    "blog/2026/sk-2026-year-in-review-part-2",
+    "tutorial sk-learn-0.24-compat-shim-notes-v3",
+    "branch feature/sk-2026-billing-migration-step-4",
+    "placeholder sk-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+    "sk-proj-your-key-goes-here-2026",
+])
+def test_words_after_sk_are_no_key(text: str) -> None:
+    """A slug or a name with "-sk-" in it, words and short numbers joined by hyphens
+    ("...-sk-2026-q1-planning-notes-final", "naïve-bayes-sk-learn-pipeline-v2-final"),
+    matched the OpenAI format's 20 characters of [A-Za-z0-9_-] and was a key: only a slug
+    of lower-case letters alone was given back. A key's body is random: a run of 16
+    letters and digits at least that mixes digits or cases, of 8 characters or more."""
+    assert found("secret", text) == []
+
+
+@pytest.mark.parametrize("key", [
+    "sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7",
+    "sk-proj-abcdefghijklmnopqrstuvwx1234",
+    "sk-proj-abcdefghijklmnopqrstuvwxyzABCDEFGH",
+    "sk-" + "T3BlbkFJ" * 6,
+    "sk-proj-" + "Ab3dEf6h-Ij9kLm2nOp5_qRs8tUv1wXy4zQ7aB3d" * 4,
+    "sk-ant-api03-" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6" * 2 + "-" + "x1Y2z3" * 4 + "AA",
+    "sk-svcacct-aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+    "sk_live_4eC39HqLyjWDarjtT1zdp7dc",
+    "sk-planted-SECRET-0123456789abcdef",
+])
+@pytest.mark.parametrize("dress", [
+    "{}", "key: {} ok", "OPENAI_API_KEY={}", '{{"api_key": "{}"}}',
+    "url?k={}&x=1",
+])
+def test_keys_after_sk_are_still_keys(key: str, dress: str) -> None:
+    text = dress.format(key)
+    assert key in found("secret", text), found("secret", text)
+
+
+@pytest.mark.parametrize("text", [
+    "s\u043a-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7",  # a Cyrillic ka
+    "sk%2Dproj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7",  # URL-encoded
+    "sk\\u002dproj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7",  # a JSON escape written out
+    "sk&#45;proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7",  # an HTML character reference
+    "\u015bk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7",  # an accented letter
+    "key " + b"sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7".hex(),
+    "key sk-proj-Ab3dEf6hIj9k\nLm2nOp5qRs8tUv1wXy4zQ7",  # wrapped
+])
+def test_a_key_after_sk_in_disguise_is_still_one(text: str) -> None:
+    assert found("secret", text), text
+
+
+@pytest.mark.parametrize("text", [
+    "https://example.com/list?x&amp;token=page3", "pip install torch%3D%3D2.1.0.1",
+    "filter: ip >= 10.0.0.1", "https://example.com/login?auth=oauth2",
+    "https://example.com/api?auth=hmac-sha256",
+])
+def test_ordinary_text_stays_clean(text: str) -> None:
+    """(The address a filter compares is one: the IP detector's, and only that.)"""
+    said = {n: found(n, text) for n in BUILTIN if found(n, text)}
+    assert said == ({"ip": ["10.0.0.1"]} if "ip >=" in text else {})
