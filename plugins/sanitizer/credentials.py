@@ -14,7 +14,7 @@ import base64
 import html
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from proxy.text import fold, read_as
@@ -280,6 +280,32 @@ def find_secrets(text: str) -> Iterator[Span]:
         yield from _accented(text)
 
 
+# A look-alike or an accented letter read as a lower-case one ("\u0131" as "i", "\u026a"
+# as "i", "\u0251" as "a") is a capital to a reader among capitals: a dotless i between
+# capitals is an "I" ("AK\u0131A..." is an AWS key id, all capitals). In a run of letters
+# and digits that is otherwise all capitals, each reads as the capital.
+def _capitals_of(table: dict[str, str]) -> Callable[[str, str], str]:
+    """What reads `text`'s letters of `table` (`read`, one for one) in capitals where a
+    run of letters and digits is otherwise all capitals."""
+    chars = re.escape("".join(table))
+    lower = re.escape("".join(c for c, v in table.items() if v.islower()))
+    run = re.compile(rf"(?<![A-Za-z0-9{chars}])[A-Z0-9{chars}]*[{lower}][A-Z0-9{chars}]*"
+                     rf"(?![A-Za-z0-9{chars}])")
+
+    def capitals(text: str, read: str) -> str:
+        out: list[str] = []
+        pos = 0
+        for m in run.finditer(text):
+            a, b = m.span()
+            if not any(c.isupper() for c in read[a:b]):
+                continue  # (no capital in it: "\u0131" alone, Turkish "\u0131l\u0131k")
+            out += [read[pos:a], read[a:b].upper()]
+            pos = b
+        return "".join([*out, read[pos:]]) if out else read
+
+    return capitals
+
+
 # Accented Latin letters for a key's own ("\u015bk-proj-...", "sk-pr\u00f6j-...",
 # "\u01f5hp_...", "\u00c0KIA...", "\u00e9yJ..."): the letter as its base letter (one
 # for one: a span is the text's), in the words that may be a key only. Folding every
@@ -291,6 +317,7 @@ def find_secrets(text: str) -> Iterator[Span]:
 # its word ("\u00c0KIA...", "d\u00e0pi..."). A long word is read in pieces, one from
 # every `_WORD_CHARS * 4` characters, reaching `_WORD_CHARS * 8` either side.
 _ACCENT_OF = str.maketrans(LATIN_BASES)  # (with those of no decomposition: "\u0142")
+_accent_capitals = _capitals_of(LATIN_BASES)
 _KEY_LEAST = 20
 _DIGIT = re.compile("[0-9]")
 _LONG_WORD = re.compile(r"(?<![^ \n])[^ \n]{20,}")
@@ -313,6 +340,7 @@ def _accented(text: str) -> Iterator[Span]:
             word = text[a:b]
             if word.isascii() or (read := word.translate(_ACCENT_OF)) == word:
                 continue
+            read = _accent_capitals(word, read)
             for x, y in _find(read):
                 if read[x:y] != word[x:y]:
                     yield a + x, a + y
@@ -355,6 +383,8 @@ def _disguised(text: str) -> tuple[str, list[int] | None] | None:
 # once. (One pattern finds each such word whole, tried at word starts only: a run of
 # text is scanned once.)
 _LOOK = str.maketrans(SHAPES)
+_look_capitals = _capitals_of(SHAPES)
+_LOWER_SHAPES = frozenset(c for c, v in SHAPES.items() if v.islower())
 _SHAPE = f"[{''.join(SHAPES)}]"
 _SHAPE_CHAR = re.compile(_SHAPE)
 _MIXED = re.compile(f"[A-Za-z0-9_-](?:(?={_SHAPE})|(?<={_SHAPE}.))")  # (where one mixes)
@@ -376,7 +406,7 @@ def _unmasked(text: str, hits: _Hits | None = None) -> str | None:
 
 
 def _folded_word(m: re.Match[str]) -> str:
-    return m.group().translate(_LOOK)
+    return _look_capitals(m.group(), m.group().translate(_LOOK))
 
 
 _HEX_LETTERS = frozenset("abcdef")
@@ -400,6 +430,8 @@ def _worth_reading(text: str, start: int, hits: _Hits | None) -> bool:
     read = text
     for c in present:
         read = read.replace(c, SHAPES[c])
+    if not _LOWER_SHAPES.isdisjoint(present):
+        read = _look_capitals(text, read)
     low = read.lower()
     if hits is None:
         written = text.lower()

@@ -159,6 +159,35 @@ def test_a_key_after_sk_in_disguise_is_still_one(text: str) -> None:
     assert found("secret", text), text
 
 
+# ------------------------------------- a look-alike among capitals is one (stop 52)
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("aws AK\u0131AIOSFODNN7EXAMPLF", "AK\u0131AIOSFODNN7EXAMPLF"),  # dotless i
+    ("aws_access_key_id=AK\u0131AIOSFODNN7EXAMPLF", "AK\u0131AIOSFODNN7EXAMPLF"),
+    ("id AKIA\u0131OSFODNN7EXAMPLF ok", "AKIA\u0131OSFODNN7EXAMPLF"),
+    ("AKIA0\u026a23456789ABCDEF", "AKIA0\u026a23456789ABCDEF"),  # a small capital I
+    ("\u0131\u0131\u0131 AKIAIOSFODNN7EX\u0251MPLF", "AKIAIOSFODNN7EX\u0251MPLF"),  # Latin alpha
+    ("key AK\u0131AIOSFODNN7EXAMPLF".encode().hex(), None),
+])
+def test_a_look_alike_in_a_word_of_capitals_reads_as_a_capital(text: str,
+                                                               key: str | None) -> None:
+    """A dotless i (or a small capital, a Latin alpha) reads as "i" (or "a"), so a key
+    all in capitals with one in it ("AK\u0131A...") matched no format of capitals: to a
+    reader "\u0131" among capitals is an "I". The look-alike reading of a word that is
+    otherwise all capitals takes the capital."""
+    said = found("secret", text)
+    assert said and (key is None or key in said), said
+
+
+@pytest.mark.parametrize("text", [
+    "Kap\u0131 a\u00e7\u0131k, AKIA bir kelime burada.",  # Turkish prose
+    "KAPI A\u00c7IK ve ISIK",  # Turkish capitals (their own dotless I is a plain I)
+    "\u0131\u0131\u0131 AK\u0131A",  # too short
+])
+def test_turkish_text_with_capitals_is_no_key(text: str) -> None:
+    assert found("secret", text) == []
+
+
 @pytest.mark.parametrize("text", [
     "https://example.com/list?x&amp;token=page3", "pip install torch%3D%3D2.1.0.1",
     "filter: ip >= 10.0.0.1", "https://example.com/login?auth=oauth2",
