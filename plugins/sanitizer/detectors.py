@@ -367,8 +367,10 @@ def _spelled_emails(text: str) -> Iterator[Span]:
 
 # International numbers (+ or 00, an optional "(0)"), and North-American shapes whose area
 # code and exchange start with 2-9 (so "100 200 3000" is not one).
+# (An international one ends where a word does, or at its extension: a hex word that
+# starts with "00" and digits, "00984641abcdef...", is none.)
 _PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .\-\u2013]?\(0\))?(?:[ .\-\u2013]?\(?\d{1,4}\)?)"
-          r"(?:[ .\-\u2013]?\d{2,4}){2,4}(?!\d)"
+          r"(?:[ .\-\u2013]?\d{2,4}){2,4}(?!\d|(?!x\s?\d|ext)[A-Za-z])"
           r"|(?<![\d.-])\(\d{3}\)[ .\-\u2013]?\d{3}[ .\-\u2013]?\d{4}(?![\d-])"
           r"|(?<![\w.+-])(?:1[ .\-\u2013]?)?[2-9]\d{2}(?P<ps>[ .\-\u2013])[2-9]\d{2}(?P=ps)\d{4}"
           r"(?=\s?(?:x|ext\.?)\s?\d|(?![\w-]|\.\d))")  # (its extension: _EXTENSION)
@@ -396,7 +398,9 @@ _PHONE_WORDS = ("phone", "tel", "call", "mob", "cell", "text", "sms", "whatsapp"
                 "number", "contact", "kontakt", "tlf", "telp", "fone", "appel", "llam", "llám",
                 "chiama", "anruf", "ruf", "ligue",
                 "電話", "电话", "携帯", "手机", "전화")
-_CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d)"
+# (bounded as a card is: not digits inside a hex word, "0x7ffd13812345678f")
+_CN_MOBILE = (r"(?<![0-9A-Za-z])(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}"
+              r"(?![0-9A-Za-z])")
 # Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5;
 # or spaces and dashes mixed, as typed by hand ("4111 1111-1111 1111", "3714 496353-98431":
 # tried first, as the one-kind form stops at the first change of separator, too short);
@@ -642,6 +646,8 @@ _SAID_REACH = 48  # how far before its number a phone word is looked for
 
 def _find_phone(text: str) -> Iterator[Span]:
     for a, b in _phone(text):
+        if _in_hex_row(text, a, b):
+            continue  # (bytes: "0012 3457" among a row's groups)
         ext = _EXTENSION.match(text, b)  # "... 0958 ext. 204": redacted with it
         yield a, ext.end() if ext is not None else b
     for m in _said(text, _PHONE_WORDS, _PHONE_SAID, lambda a, b: b + _REACH):
@@ -697,19 +703,37 @@ def _labelled_other(text: str, a: int, digits: int) -> bool:
 # A hex dump's row: its offset ("00000010:", od's "0000020") then groups of hex digits
 # (`xxd`'s of four, `hexdump`'s and `od`'s of two); groups that happen to be decimal are
 # bytes, not a card grouped by spaces.
-_HEX_ROW_BEFORE = re.compile(r"(?:^|\n)[0-9A-Fa-f]{6,16}:?(?: {1,2}[0-9A-Fa-f]{2,4})* {1,2}\Z")
+_HEX_ROW_BEFORE = re.compile(r"[0-9A-Fa-f]{6,16}:?(?: {1,2}[0-9A-Fa-f]{2,4})* {1,2}\Z")
 _HEX_GROUP_AFTER = re.compile(r" {1,2}[0-9A-Fa-f]{2,4}(?![0-9A-Za-z])")
+# (a row of six groups or more from its line's start: `od`'s offset has no ":", and a
+# number read from the offset on is the row's, "001000 26 ab ...")
+_HEX_ROW = re.compile(r"[0-9A-Fa-f]{6,16}:?(?: {1,2}[0-9A-Fa-f]{2,4}){6,}(?![0-9A-Za-z])")
+_ROW_REACH = 160  # how far back a row's offset is looked for
 
 
 def _in_hex_row(text: str, a: int, b: int) -> bool:
     """Whether the number at `a`..`b` is groups of a hex dump's row: after the row's
-    offset, with another group before it or after it."""
-    line = max(0, text.rfind("\n", max(0, a - 160), a))
-    before = _HEX_ROW_BEFORE.search(text, line, a)
-    if before is not None:
-        return (text[before.start():a].strip().count(" ") > 0
-                or _HEX_GROUP_AFTER.match(text, b) is not None)
-    return False
+    offset, with another group before it or after it, or inside a row of six groups or
+    more."""
+    nl = text.rfind("\n", max(0, a - _ROW_REACH), a)
+    if nl == -1 and a > _ROW_REACH:
+        return False
+    line = nl + 1
+    row = _HEX_ROW.match(text, line)
+    if row is not None and a < row.end():
+        return True
+    before = _HEX_ROW_BEFORE.match(text, line, a)
+    return before is not None and (text[line:a].strip().count(" ") > 0
+                                   or _HEX_GROUP_AFTER.match(text, b) is not None)
+
+
+_cn_mobile = _numeric(_CN_MOBILE)
+
+
+def _find_cn_mobile(text: str) -> Iterator[Span]:
+    for a, b in _cn_mobile(text):
+        if not _in_hex_row(text, a, b):
+            yield a, b
 
 
 def _find_card(text: str) -> Iterator[Span]:
@@ -795,7 +819,9 @@ def _find_iban(text: str) -> Iterator[Span]:
     a run of digits (every country's account number holds one), reaching back to the
     country code ("GB82 WEST 1234 5698 7654 32")."""
     for lo, hi in _merged(_numeric_runs(text), len(text), 40, 40):
-        yield from _ibans_in(text, lo, hi)
+        for a, b in _ibans_in(text, lo, hi):
+            if " " not in text[a:b] or not _in_hex_row(text, a, b):
+                yield a, b  # (not a hex dump's groups: "ee24 2b4e 7d26 f346 5ab2 6ea9")
 
 
 def _ibans_in(text: str, lo: int, hi: int) -> Iterator[Span]:
@@ -820,7 +846,7 @@ BUILTIN: dict[str, Detector] = {
             ("iban", "[IBAN]", _find_iban),
             ("cn_id", "[CN_ID]", _numeric(_CN_ID, check=cn_id_ok)),
             ("card", "[CARD]", _find_card),
-            ("cn_mobile", "[PHONE]", _numeric(_CN_MOBILE)),
+            ("cn_mobile", "[PHONE]", _find_cn_mobile),
             ("phone", "[PHONE]", _find_phone),
             ("ip", "[IP]", _find_ip),
             ("ssn", "[SSN]", _find_ssn),

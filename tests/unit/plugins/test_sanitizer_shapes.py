@@ -197,3 +197,46 @@ def test_ordinary_text_stays_clean(text: str) -> None:
     """(The address a filter compares is one: the IP detector's, and only that.)"""
     said = {n: found(n, text) for n in BUILTIN if found(n, text)}
     assert said == ({"ip": ["10.0.0.1"]} if "ip >=" in text else {})
+
+
+# ----------------------------------------- phone numbers in hex (stop 52)
+
+
+@pytest.mark.parametrize("text", [
+    "segfault at 0x7ffd13812345678f ip 00007f3a1391234567a8",
+    "sha1 f19722548486c5bd400b6abf13912345678e",
+    _xxd(bytes.fromhex("f079746432c6f19722548486400b6abf") * 2),
+    _xxd(bytes.fromhex("7536af333100224c0012345744ffa1b2") * 2),
+    "chunk 00984641abcdef0123456789abcdef01 ok",
+])
+def test_digits_inside_a_hex_word_or_a_hex_dump_are_no_phone(text: str) -> None:
+    """As a card's: a Chinese mobile number's 11 digits inside a hex word ("f197 2254
+    8486" in a row of `xxd`, "...0x7ffd13812345678f") and an international number's
+    "00" inside a hex dump's row were phone numbers."""
+    assert found("cn_mobile", text) == [] and found("phone", text) == []
+
+
+@pytest.mark.parametrize("text", [
+    "我的手机是13812345678", "+86 138 1234 5678", "手机:138-1234-5678。", "call +44 20 7946 0958",
+    "tel 0044 20 7946 0958", "00000010: call me on +44 20 7946 0958",
+    "+44 20 7946 0958x204", "0044 20 7946 0958ext204",
+])
+def test_a_phone_bounded_by_other_than_letters_and_digits_is_still_one(text: str) -> None:
+    assert found("cn_mobile", text) or found("phone", text), text
+
+
+def test_an_od_row_s_offset_is_no_phone() -> None:
+    """`od -A x -t x1z`'s rows start with an offset of six hex digits and no ":": read
+    from the offset on ("001000 26 ab ..."), the row was an international number."""
+    rows = "\n".join(f"{i:06x} " + " ".join(f"{b:02x}" for b in bytes.fromhex(
+        "2666ab3f44966810" * 2)) + "  >&f.?D.h.&f.?D.h.<" for i in range(0x1000, 0x1200, 16))
+    assert found("phone", rows) == []
+
+
+def test_a_hex_dump_s_groups_are_no_iban() -> None:
+    """Groups of `xxd` that start with a country's letters and two digits, their mod 97
+    passing by chance ("ee24 2b4e 7d26 f346 5ab2 6ea9"), read as an IBAN grouped by
+    spaces."""
+    text = _xxd(bytes.fromhex("41ab7d02ee242b4e7d26f3465ab26ea9") * 2)
+    assert found("iban", text) == []
+    assert found("iban", "00000010: IBAN GB82 WEST 1234 5698 7654 32") != []
