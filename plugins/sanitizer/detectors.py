@@ -367,10 +367,10 @@ def _spelled_emails(text: str) -> Iterator[Span]:
 
 # International numbers (+ or 00, an optional "(0)"), and North-American shapes whose area
 # code and exchange start with 2-9 (so "100 200 3000" is not one).
-# (An international one ends where a word does, or at its extension: a hex word that
-# starts with "00" and digits, "00984641abcdef...", is none.)
+# (A hex word that starts with "00" and digits, "00984641abcdef...", is none:
+# `_in_hex_word`.)
 _PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .\-\u2013]?\(0\))?(?:[ .\-\u2013]?\(?\d{1,4}\)?)"
-          r"(?:[ .\-\u2013]?\d{2,4}){2,4}(?!\d|(?!x\s?\d|ext)[A-Za-z])"
+          r"(?:[ .\-\u2013]?\d{2,4}){2,4}(?!\d)"
           r"|(?<![\d.-])\(\d{3}\)[ .\-\u2013]?\d{3}[ .\-\u2013]?\d{4}(?![\d-])"
           r"|(?<![\w.+-])(?:1[ .\-\u2013]?)?[2-9]\d{2}(?P<ps>[ .\-\u2013])[2-9]\d{2}(?P=ps)\d{4}"
           r"(?=\s?(?:x|ext\.?)\s?\d|(?![\w-]|\.\d))")  # (its extension: _EXTENSION)
@@ -398,9 +398,8 @@ _PHONE_WORDS = ("phone", "tel", "call", "mob", "cell", "text", "sms", "whatsapp"
                 "number", "contact", "kontakt", "tlf", "telp", "fone", "appel", "llam", "llám",
                 "chiama", "anruf", "ruf", "ligue",
                 "電話", "电话", "携帯", "手机", "전화")
-# (bounded as a card is: not digits inside a hex word, "0x7ffd13812345678f")
-_CN_MOBILE = (r"(?<![0-9A-Za-z])(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}"
-              r"(?![0-9A-Za-z])")
+# (not digits inside a hex word, "0x7ffd13812345678f": `_in_hex_word`)
+_CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d)"
 # Unseparated, or in groups with one kind of separator throughout: 4-4-4-4(-3), 4-6-5;
 # or spaces and dashes mixed, as typed by hand ("4111 1111-1111 1111", "3714 496353-98431":
 # tried first, as the one-kind form stops at the first change of separator, too short);
@@ -408,18 +407,18 @@ _CN_MOBILE = (r"(?<![0-9A-Za-z])(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?
 # "4111...1111/12/27"), redacted with it.
 # (Not a comma between groups: "2023,2024,2025,2026" is a list of years, and one such
 # list in ten passes Luhn.)
-# Its digits bounded by what is neither a letter nor a digit: a run of decimal digits
-# inside a longer hex word (a hash, an address, `xxd -p`'s lines: 16 hex digits in a row
-# are all decimal one time in 2,000) is none ("0x7ffd4546252854754769").
+# A run of decimal digits inside a longer hex word (a hash, an address, `xxd -p`'s
+# lines: 16 hex digits in a row are all decimal one time in 2,000) is none
+# ("0x7ffd4546252854754769": `_in_hex_word`); one glued to a label is ("card4111...").
 _CARD_SEP = r"[./_]"  # (spaces and dashes: `_CARD_MIX`, which takes them one kind or mixed)
 _CARD_MIX = r"(?: ?- ?| )"
 _CARD_TAIL = r"(?:[ ./_,-]| - |, )(?:\d{3,4}|\d{2}/\d{2,4})"
-_CARD = (rf"(?<![0-9A-Za-z.,-])(?:\d{{13,19}}"
+_CARD = (rf"(?<![\d.,-])(?:\d{{13,19}}"
          rf"|\d{{4}}{_CARD_MIX}\d{{4}}(?:{_CARD_MIX}\d{{4}}){{1,2}}(?:{_CARD_MIX}\d{{1,4}}(?![\d/]))?"
          rf"|\d{{4}}{_CARD_MIX}\d{{6}}{_CARD_MIX}\d{{4,5}}"
          rf"|\d{{4}}(?P<s>{_CARD_SEP})\d{{4}}(?:(?P=s)\d{{4}}){{1,2}}(?:(?P=s)\d{{1,4}}(?![\d/]))?"
          rf"|\d{{4}}(?P<t>{_CARD_SEP})\d{{6}}(?P=t)\d{{4,5}})(?:{_CARD_TAIL})?"
-         r"(?![0-9A-Za-z]|[.,-]\d)")
+         r"(?![\d]|[.,-]\d)")
 _TAIL_AT_END = re.compile(_CARD_TAIL + "$")
 
 
@@ -646,8 +645,8 @@ _SAID_REACH = 48  # how far before its number a phone word is looked for
 
 def _find_phone(text: str) -> Iterator[Span]:
     for a, b in _phone(text):
-        if _in_hex_row(text, a, b):
-            continue  # (bytes: "0012 3457" among a row's groups)
+        if _in_hex_word(text, a, b) or _in_hex_row(text, a, b):
+            continue  # (bytes: "00984641abcdef...", "0012 3457" among a row's groups)
         ext = _EXTENSION.match(text, b)  # "... 0958 ext. 204": redacted with it
         yield a, ext.end() if ext is not None else b
     for m in _said(text, _PHONE_WORDS, _PHONE_SAID, lambda a, b: b + _REACH):
@@ -727,12 +726,39 @@ def _in_hex_row(text: str, a: int, b: int) -> bool:
                                    or _HEX_GROUP_AFTER.match(text, b) is not None)
 
 
+# A hex word (a hash, a memory address, `xxd -p`'s lines) holds runs of decimal digits
+# that are bytes, no card or phone number: the letters and digits glued to the run are
+# all hex, and hold a digit too (a hex word mixes them) or follow "0x"
+# ("0x7ffd4546252854754769", "ab45...69cd", "00984641abcdef01..."). A word with any other
+# letter is a label glued to a number ("card4111...", "mobile138...", "ID4111...",
+# "4111...exp1229"), and so are hex letters alone ("cc4111...", "cafe4111...": a word is
+# as likely as a hash whose letters all stand on one side of its only run of digits).
+_HEX_CHARS = frozenset("0123456789abcdefABCDEF")
+_WORD_CHARS_ASCII = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_HEX_REACH = 64  # how far a hex word is read either side of the run (a long one: its part)
+
+
+def _in_hex_word(text: str, a: int, b: int) -> bool:
+    """Whether the number at `a`..`b` is a run of digits inside a hex word."""
+    lo, floor = a, max(0, a - _HEX_REACH)
+    while lo > floor and text[lo - 1] in _WORD_CHARS_ASCII:
+        lo -= 1
+    hi, ceil = b, min(len(text), b + _HEX_REACH)
+    while hi < ceil and text[hi] in _WORD_CHARS_ASCII:
+        hi += 1
+    before, after = text[lo:a], text[b:hi]
+    prefixed = before[:2] in ("0x", "0X")
+    glued = (before[2:] if prefixed else before) + after
+    return ((prefixed or bool(glued)) and _HEX_CHARS.issuperset(glued)
+            and (prefixed or any(c.isdigit() for c in glued)))
+
+
 _cn_mobile = _numeric(_CN_MOBILE)
 
 
 def _find_cn_mobile(text: str) -> Iterator[Span]:
     for a, b in _cn_mobile(text):
-        if not _in_hex_row(text, a, b):
+        if not _in_hex_word(text, a, b) and not _in_hex_row(text, a, b):
             yield a, b
 
 
@@ -740,7 +766,7 @@ def _find_card(text: str) -> Iterator[Span]:
     for a, b in _card(text):
         if _labelled_other(text, a, sum(c.isdigit() for c in text[a:b])):
             continue
-        if " " in text[a:b] and _in_hex_row(text, a, b):
+        if _in_hex_word(text, a, b) or (" " in text[a:b] and _in_hex_row(text, a, b)):
             continue
         for _ in range(2):  # its expiry and its code, in either order
             extra = _CARD_EXTRA.match(text, b)

@@ -240,3 +240,34 @@ def test_a_hex_dump_s_groups_are_no_iban() -> None:
     text = _xxd(bytes.fromhex("41ab7d02ee242b4e7d26f3465ab26ea9") * 2)
     assert found("iban", text) == []
     assert found("iban", "00000010: IBAN GB82 WEST 1234 5698 7654 32") != []
+
+
+# ----------------------------- a number glued to a label's letters (stop 52, review)
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("card", "card4111111111111111"), ("card", "cc4111111111111111"),
+    ("card", "visa4111111111111111"), ("card", "ID4111111111111111"),
+    ("card", "cafe4111111111111111"), ("card", "4111111111111111exp1229"),
+    ("card", "pay with card4111-1111-1111-1111 now"), ("card", "tel+4915112345678"),
+    ("cn_mobile", "mobile13812345678"), ("cn_mobile", "tel13812345678"),
+    ("cn_mobile", "mob13812345678 call me"), ("cn_mobile", "13812345678abc"),
+    ("phone", "call +44 20 7946 0958x204"), ("phone", "call +44 20 7946 0958ab"),
+])
+def test_a_number_glued_to_a_word_s_letters_is_still_one(name: str, text: str) -> None:
+    """A card or a phone number glued to a label ("card4111...", "mobile138...") was none
+    once a number was bounded by what is neither a letter nor a digit: a letter beside
+    it bounded it as a digit does. Only a hex word's run is none: the letters and digits
+    glued to it all hex and holding a digit too (a hash, an address, `xxd -p`'s lines
+    mix them) or following "0x"; hex letters alone beside a number ("cc", "cafe") are
+    a word, a label."""
+    assert found(name, text), text
+
+
+@pytest.mark.parametrize("text", [
+    "0x4111111111111111", "0X4111111111111111 in r8", "at 0x13812345678",
+    "a9" + "4111111111111111" + "e0", "f0" * 20 + "4111111111111111",
+    "4111111111111111" + "ab12" * 20, "ip 00007f3a13812345678e",
+])
+def test_a_run_inside_a_hex_word_is_no_card_or_phone(text: str) -> None:
+    said = {n: found(n, text) for n in ("card", "cn_mobile", "phone") if found(n, text)}
+    assert said == {}, said
