@@ -783,8 +783,12 @@ def _find_card(text: str) -> Iterator[Span]:
                 lines.append(line)
                 starts.append(at)
             at += len(line) + 1
-        for i, (a, b) in card_across(lines):
+        parts = list(card_across(lines))
+        for (i, (a, b)), (j, (c, d)) in zip(parts[::2], parts[1::2], strict=True):
+            if _in_hex_word(lines[i], a, b) or _in_hex_word(lines[j], c, d):
+                continue  # (a hex word wrapped: `xxd -p`'s lines)
             yield starts[i] + a, starts[i] + b
+            yield starts[j] + c, starts[j] + d
 
 
 # US Social Security numbers: 3-2-4 digits joined by one kind of dash, in the ranges the

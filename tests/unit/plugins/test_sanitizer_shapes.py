@@ -271,3 +271,23 @@ def test_a_number_glued_to_a_word_s_letters_is_still_one(name: str, text: str) -
 def test_a_run_inside_a_hex_word_is_no_card_or_phone(text: str) -> None:
     said = {n: found(n, text) for n in ("card", "cn_mobile", "phone") if found(n, text)}
     assert said == {}, said
+
+
+@pytest.mark.parametrize("text", [
+    "b256151345463056a7ba361048455777\n499555cb5ee821e7ebf890fdfc",
+    "1be542d547f5b119c82a6364\n824841408792bd17ef42745bf4487998",
+    "\n".join(random.Random(7).randbytes(400)[i:i + 30].hex() for i in range(0, 400, 30))
+    + "\n1088d462cc5314d9221a50906832\n476968488b707d0b1a5aed88f663f",
+])
+def test_a_hex_word_wrapped_over_lines_is_no_card(text: str) -> None:
+    """`xxd -p`'s lines (and a hash wrapped): a run of digits at one line's end and
+    another at the next one's start, each inside a hex word, passed Luhn together and
+    were a card split over two lines."""
+    assert found("card", text) == []
+
+
+@pytest.mark.parametrize("text", [
+    "card 4111 1111\n1111 1111", "card4111 1111\n1111 1111 ok", "cafe4111 1111\n1111 1111",
+])
+def test_a_card_wrapped_over_lines_is_still_one(text: str) -> None:
+    assert found("card", text), text
