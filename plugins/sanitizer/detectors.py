@@ -840,6 +840,7 @@ def _find_nino(text: str) -> Iterator[Span]:
 
 
 _IBAN_RX = re.compile(_IBAN)
+_WORD_CHAR = re.compile(r"\w")
 _LAST_GROUP = re.compile(r"[ -][A-Za-z0-9]+\Z")
 
 
@@ -857,6 +858,8 @@ def _find_iban(text: str) -> Iterator[Span]:
 def _ibans_in(text: str, lo: int, hi: int) -> Iterator[Span]:
     for m in _IBAN_RX.finditer(text, lo, hi):
         a, b = m.span()
+        if (a > 0 and _WORD_CHAR.match(text, a - 1)) or _WORD_CHAR.match(text, b):
+            continue  # (a word the window cuts: its edge read as a word's, "\b")
         for _ in range(4):  # the match, then up to three words given back
             if iban_ok(text[a:b]):
                 yield a, b

@@ -291,3 +291,13 @@ def test_a_hex_word_wrapped_over_lines_is_no_card(text: str) -> None:
 ])
 def test_a_card_wrapped_over_lines_is_still_one(text: str) -> None:
     assert found("card", text), text
+
+
+def test_a_hex_word_a_window_cuts_is_no_iban() -> None:
+    """The IBAN pattern is read in a window about runs of digits, and its "\\b" took the
+    window's edge inside a word for a word's: the first 17 characters of a commit's hash
+    ("ee23cc8aedeedbca3...", a country's letters, two digits) passed mod 97."""
+    text = ("commit c98bcb5d44ab49a6603528006e92dabb9fcb01fb\n"
+            "commit ee23cc8aedeedbca389af7bad9016f208fddd112")
+    assert found("iban", text) == []
+    assert found("iban", text + "\nIBAN GB82WEST12345698765432 ok") == ["GB82WEST12345698765432"]
