@@ -111,13 +111,23 @@ _FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
 # run of 16 letters and digits or more, mixing digits with letters or both cases, 8 of
 # its characters different at least. Words and short numbers joined by hyphens after
 # "sk-" are a slug or a name ("sk-learn-pipeline-v2-final", "...-sk-2026-q1-planning"),
-# and one letter repeated a placeholder ("sk-xxxx...").
+# and one letter repeated a placeholder ("sk-xxxx..."). A gateway's own keys are random
+# too, of one kind or in segments: a run of 24 or more with 8 different characters (one
+# case, digits alone: no word is as long), or two segments or more whose digits and
+# letters or cases interleave ("a6fafb1c-9c29-...", a UUID's shape; "resnet50", "v2", a
+# word and its number, and "MyProject", a name, do not).
 _KEY_RUN = re.compile(r"[A-Za-z0-9]{16,}")
 _KEY_RUN_DISTINCT = 8
+_KEY_RUN_ONE_KIND = 24
+_KEY_SEGMENT = re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{4,}(?![A-Za-z0-9])")
+# (digits between letters or letters between digits; or cases that change back and forth,
+# a small letter before a capital twice: "MyProject", "getHTTPServer" once)
+_INTERLEAVED = re.compile(r"[A-Za-z][0-9]+[A-Za-z]|[0-9][A-Za-z]+[0-9]|[a-z][A-Z].*[a-z][A-Z]")
 
 
 def _key_body(said: str) -> bool:
-    """Whether what follows "sk-" in `said` holds a key's random run (`_KEY_RUN`)."""
+    """Whether what follows "sk-" in `said` holds a key's random run (`_KEY_RUN`), or is
+    random segments."""
     for m in _KEY_RUN.finditer(said, 3):
         run = m.group()
         if len(set(run)) < _KEY_RUN_DISTINCT:
@@ -125,7 +135,12 @@ def _key_body(said: str) -> bool:
         digits = any(c.isdigit() for c in run)
         if (digits and not run.isdigit()) or (run != run.lower() and run != run.upper()):
             return True
-    return False
+        if len(run) >= _KEY_RUN_ONE_KIND:
+            return True
+    if len(set(said[3:])) < _KEY_RUN_DISTINCT:
+        return False
+    mixed = sum(1 for m in _KEY_SEGMENT.finditer(said, 3) if _INTERLEAVED.search(m.group()))
+    return mixed >= 2
 
 
 # "password is X", "pwd: X", "api key = X", "DB_PASSWORD=X", '{"password": "X"}',

@@ -301,3 +301,33 @@ def test_a_hex_word_a_window_cuts_is_no_iban() -> None:
             "commit ee23cc8aedeedbca389af7bad9016f208fddd112")
     assert found("iban", text) == []
     assert found("iban", text + "\nIBAN GB82WEST12345698765432 ok") == ["GB82WEST12345698765432"]
+
+
+@pytest.mark.parametrize("key", [
+    "sk-nxfnwsysvqvpeumefdpxpwqosxfeiygesqkhwryjvwntssi",  # one case, random
+    "sk-JAIPZMGFSLHKPYENWPWTGOSURAPXCMZX",
+    "sk-29042052611114405795005566713976",  # digits alone
+    "sk-KIHhQFGw-dTsRUKVl-PPUOjlx4-6PDhg7Jj-6vPUPMAJ-tP",  # in short segments
+    "sk-X6UhlSmKAQ_Vz0ViLMj3z_ZmIHkKlm3q_xYsb1ZC5A8_0yu",
+    "sk-a6fafb1c-9c29-5d3c-ac5c-b5bde7efb85c",  # a UUID's shape
+])
+@pytest.mark.parametrize("dress", ["{}", "key: {} ok", '{{"k": "{}"}}'])
+def test_a_key_body_of_one_kind_or_in_short_segments_is_still_one(key: str,
+                                                                  dress: str) -> None:
+    """`_key_body` asked for a run of 16 or more that mixes digits with letters or both
+    cases: a body of one case or of digits alone (a gateway's own keys, 32 or 48 random
+    characters), or one in short segments (a UUID's shape, `-`/`_` every 8 or 12), was
+    no key. A long run of one kind with 8 different characters is one, and so are two
+    segments or more whose digits and letters interleave (not a word and its number:
+    "resnet50", "v2")."""
+    text = dress.format(key)
+    assert key in found("secret", text), found("secret", text)
+
+
+@pytest.mark.parametrize("text", [
+    "sk-resnet50-imagenet-finetune-run12-notes",
+    "sk-llama3-8b-instruct-q4-gguf-v2",
+    "see sk-2026-12-07-release-notes-draft-final",
+])
+def test_a_slug_with_numbers_after_sk_is_still_no_key(text: str) -> None:
+    assert found("secret", text) == []
