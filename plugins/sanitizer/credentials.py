@@ -299,19 +299,24 @@ def find_secrets(text: str) -> Iterator[Span]:
 # as "i", "\u0251" as "a") is a capital to a reader among capitals: a dotless i between
 # capitals is an "I" ("AK\u0131A..." is an AWS key id, all capitals). In a run of letters
 # and digits that is otherwise all capitals, each reads as the capital.
+_SMALL = re.compile("[a-z]")
+
+
 def _capitals_of(table: dict[str, str]) -> Callable[[str, str], str]:
     """What reads `text`'s letters of `table` (`read`, one for one) in capitals where a
     run of letters and digits is otherwise all capitals."""
-    chars = re.escape("".join(table))
-    lower = re.escape("".join(c for c, v in table.items() if v.islower()))
-    run = re.compile(rf"(?<![A-Za-z0-9{chars}])[A-Z0-9{chars}]*[{lower}][A-Z0-9{chars}]*"
-                     rf"(?![A-Za-z0-9{chars}])")
+    # (each word read once: a pattern of capitals around a look-alike backtracked over
+    # every look-alike of a long word a small letter ends, "\u0131\u0131...\u0131a")
+    word = re.compile(rf"[A-Za-z0-9{re.escape(''.join(table))}]+")
+    lowers = frozenset(c for c, v in table.items() if v.islower())
 
     def capitals(text: str, read: str) -> str:
         out: list[str] = []
         pos = 0
-        for m in run.finditer(text):
+        for m in word.finditer(text):
             a, b = m.span()
+            if lowers.isdisjoint(m.group()) or _SMALL.search(text, a, b) is not None:
+                continue  # (no look-alike of a small letter, or a small letter itself)
             if not any(c.isupper() for c in read[a:b]):
                 continue  # (no capital in it: "\u0131" alone, Turkish "\u0131l\u0131k")
             out += [read[pos:a], read[a:b].upper()]

@@ -331,3 +331,14 @@ def test_a_key_body_of_one_kind_or_in_short_segments_is_still_one(key: str,
 ])
 def test_a_slug_with_numbers_after_sk_is_still_no_key(text: str) -> None:
     assert found("secret", text) == []
+
+
+@pytest.mark.timeout(30)  # a guard against a hang, far above the milliseconds they take
+@pytest.mark.parametrize("text", [
+    "\u0131" * 262144 + "a", "A\u0131" * 131072 + "a", "\u00c9\u0251" * 131072 + "b",
+])
+def test_look_alikes_among_capitals_are_read_in_one_pass(text: str) -> None:
+    """The reading of a look-alike among capitals backtracked over each look-alike of a
+    long word that a small letter ends (a 32 KiB prompt of "\u0131" took 6 s, each
+    doubling four times that); it reads each word once."""
+    assert found("secret", text) == []
