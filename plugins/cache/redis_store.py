@@ -7,6 +7,8 @@ Layout (prefix P, default `weir:cache:`):
   P u:<user hash>    sorted set of the user's entries (score: time stored), for the cap
   P t:<tenant hash>  with `max_bytes_per_tenant`: sorted set of the tenant's (account's)
                      entries (score: time stored), and P tb:<tenant hash> their sizes
+  P o:<member>       with scope `global`: who stored the entry last ("<tenant hash> <user
+                     hash>"), kept twice the sets' life
   P events           pub/sub channel: semantic adds, purges and cap evictions, so every
                      replica's L1 and vector index follow within a second
 
@@ -19,8 +21,10 @@ its entries that are gone on their own (expired) as it goes, a few at each write
 oldest, and a few more in turn through the whole count; a purge takes what it deletes
 off); what it holds never exceeds the bound.
 An entry another tenant has stored again since, under a key they share (scope
-`global`), is that tenant's now: popped, it stays; and the first tenant's count drops it
-as it drops an entry gone on its own (its bytes are the other tenant's).
+`global`), is that tenant's now: popped, it stays; and the first tenant's count and its
+user's list let go of it as it is stored again (its bytes and its place are the other's),
+or, where that was past its marker's life, as they would of an entry gone on its own.
+Whose an entry is, is read from its small `o:` marker, never from the entry itself.
 
 Every read runs under `timeout_s`, every write (off the request's path) under
 `write_timeout_s`: a slow Redis counts as a down Redis. Failures
@@ -98,6 +102,7 @@ _PERSIST = OWN_LUA + """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1e6
 local prefix, tcap = ARGV[11], tonumber(ARGV[13])
+local shared = ARGV[10] == '1'  -- (scope `global`: every tenant's keys are one)
 local evicted = {}
 local function drop(m)
   evicted[#evicted + 1] = m
@@ -108,26 +113,31 @@ local function drop(m)
     local part, id = string.match(rest, '^(.*):([^:]*)$')
     if part then redis.call('HDEL', prefix .. 's:' .. part, id) end
   end
+  if shared then redis.call('DEL', prefix .. 'o:' .. m) end
 end
--- Whether the entry under member `m` is now another tenant's (a key every tenant shares,
--- scope `global`, stored again by another once this tenant's copy was gone): popped from
--- this tenant's count or its user's list, it is not theirs to delete.
+-- With keys every tenant shares (`shared`), a small key beside each
+-- entry, P o:<member>, names who stored it last: "<tenant hash> <user hash>" (the
+-- suffixes of its tenant's count and its user's list). Whose an entry is, is read there,
+-- never by reading (and decoding) the entry itself.
+local mine_t = string.sub(KEYS[4], #prefix + 3)
+local mine = mine_t .. ' ' .. string.sub(KEYS[3], #prefix + 3)
+local function owner(m)
+  if not shared then return nil end
+  local v = redis.pcall('GET', prefix .. 'o:' .. m)
+  if type(v) == 'string' then return v end
+  return nil
+end
+-- Whether the entry under member `m` is now another tenant's (stored again by another
+-- once this tenant's copy was gone): popped from this tenant's count or its user's
+-- list, it is not theirs to delete.
 local function theirs(m)
-  local kind, rest, raw = string.sub(m, 1, 2), string.sub(m, 3), nil
-  if kind == 'x:' then
-    raw = redis.pcall('GET', prefix .. 'x:' .. rest)
-  elseif kind == 's:' then
-    local part, id = string.match(rest, '^(.*):([^:]*)$')
-    local v = part and redis.pcall('HGET', prefix .. 's:' .. part, id)
-    if type(v) == 'string' then
-      local ok, d = pcall(cjson.decode, v)
-      if ok and type(d) == 'table' then raw = d.e end
-    end
-  end
-  if type(raw) ~= 'string' then return false end
-  local ok, e = pcall(cjson.decode, raw)
-  return ok and type(e) == 'table' and type(e.tenant) == 'string'
-    and string.match(e.tenant, '^[^~]*') ~= ARGV[16]
+  local o = owner(m)
+  return o ~= nil and string.match(o, '^%S*') ~= mine_t
+end
+-- Whether it is now another user's (of this tenant or another).
+local function others(m)
+  local o = owner(m)
+  return o ~= nil and o ~= mine
 end
 local function untally(m)
   local size = tonumber(redis.call('HGET', KEYS[5], m))
@@ -153,16 +163,43 @@ local function tally(m, size)
   redis.call('HINCRBY', KEYS[5], '#', size - old)
   redis.call('ZADD', KEYS[4], now, m)
 end
+-- (scope `global`) The entry under member `m` is this user's now: its marker says so,
+-- and the user and tenant who stored it before (their copy gone, or stored again
+-- without reading it) let go of it at once: left on their list and count it cost them
+-- a place under the user's cap and its bytes under the tenant's bound until popped. The
+-- marker outlives the entry (twice the sets' life), so that the next owner finds it.
+local function claim(m)
+  local o = prefix .. 'o:' .. m
+  local was = owner(m)
+  if was ~= nil and was ~= mine then
+    local t, u = string.match(was, '^(%S*) (%S*)$')
+    if u and prefix .. 'u:' .. u ~= KEYS[3] then
+      redis.pcall('ZREM', prefix .. 'u:' .. u, m)
+    end
+    if t and t ~= mine_t then
+      local sizes = prefix .. 'tb:' .. t
+      local size = redis.pcall('HGET', sizes, m)
+      if type(size) == 'string' and tonumber(size) then
+        redis.call('HDEL', sizes, m)
+        redis.call('HINCRBY', sizes, '#', -tonumber(size))
+      end
+      redis.pcall('ZREM', prefix .. 't:' .. t, m)
+    end
+  end
+  redis.call('SET', o, mine, 'PX', 2 * tonumber(ARGV[9]))
+end
 -- (an entry larger than the tenant's whole bound is not stored, as L1 keeps none)
 if ARGV[1] ~= '' and (tcap == 0 or #ARGV[1] <= tcap) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if tcap > 0 then tally(ARGV[14], #ARGV[1]) end
+  if shared then claim(ARGV[14]) end
 end
 if ARGV[3] ~= '' and (tcap == 0 or #ARGV[4] <= tcap) then
   own(KEYS[2], 'hash')
   redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
   if tcap > 0 then tally(ARGV[15], #ARGV[4]) end
+  if shared then claim(ARGV[15]) end
   -- Two of the partition's entries at random: one past its time goes (every write keeps
   -- the hash alive, so an entry whose owner's list expired stayed in it for good).
   local some = redis.pcall('HRANDFIELD', KEYS[2], 2, 'WITHVALUES')
@@ -190,8 +227,13 @@ if #ARGV >= 17 then
   if over > 0 then
     local popped = redis.call('ZPOPMIN', KEYS[3], over)
     for j = 1, #popped, 2 do
-      if not theirs(popped[j]) then drop(popped[j]) end
-      if tcap > 0 then untally(popped[j]) end
+      -- (one another user of this tenant stored again stays in the tenant's count)
+      if not others(popped[j]) then
+        drop(popped[j])
+        if tcap > 0 then untally(popped[j]) end
+      elseif tcap > 0 and theirs(popped[j]) then
+        untally(popped[j])
+      end
     end
   end
 end
@@ -210,9 +252,9 @@ if tcap > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
   end
   local gone = 0
   for _, m in ipairs(looked) do
-    -- (with shared keys, `ARGV[10]`: one another tenant stored again once this
-    -- tenant's copy was gone is not held by this tenant either, and counted as theirs)
-    if not held(m) or (ARGV[10] == '1' and theirs(m)) then
+    -- (with shared keys: one another tenant stored again once this tenant's copy was
+    -- gone, its marker left before it was found, is not held by this tenant either)
+    if not held(m) or theirs(m) then
       untally(m)
       gone = gone + 1
     end

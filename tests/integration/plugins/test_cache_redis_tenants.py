@@ -166,7 +166,7 @@ async def test_a_tenants_bound_never_evicts_a_key_another_tenant_stored_since(
     its oldest, deleted globex's live entry (and told every replica to drop it). Only an
     entry that is still the tenant's own goes; another's stays, counted as its own
     tenant's."""
-    s = store(redis_server.url, bound)
+    s = store(redis_server.url, bound, shared=True)
     vec = np.ones(4, dtype=np.float32) / 2
     try:
         first = entry("shared", "acme", "answer " * 100)
@@ -218,6 +218,59 @@ async def test_a_key_another_tenant_stored_again_leaves_the_first_tenants_count(
             (await s.client.hget(s.tenant_keys("acme")[1], "#")) or 0)
         assert len(await s.client.hkeys(s.p + "s:p")) == 1  # acme's older entry kept
         assert await exact_keys(s) == {"shared", "a1", "a2"}
+    finally:
+        await s.close()
+
+
+async def test_a_write_in_global_scope_reads_no_entry_to_tell_whose_it_is(
+        redis_server: RedisServer) -> None:
+    """With `scope: global` and a tenant bound, each write looked at up to 16 of the
+    tenant's counted entries for whose they were now: each read from Redis (a GET, a
+    semantic hash's HGET) and decoded whole inside the script. Whose an entry is, is a
+    small marker beside it: no write reads an entry."""
+    vec = np.ones(4, dtype=np.float32) / 2
+    s = store(redis_server.url, 10**6, shared=True)
+    try:
+        for i in range(20):
+            e = entry(f"a{i}", "acme", "answer " * 50)
+            assert await s.persist(e, True, 60, ("p", vec, "q"), e, 60,
+                                   [f"x:a{i}", f"s:p:a{i}"], 1000, 60) == []
+        seen: list[str] = []
+        async with s.client.monitor() as watch:
+            e = entry("last", "acme", "answer")
+            assert await s.persist(e, True, 60, ("p", vec, "q"), e, 60,
+                                   ["x:last", "s:p:last"], 1000, 60) == []
+            await s.client.echo("weir-test-done")
+            async for command in watch.listen():
+                if "weir-test-done" in command["command"]:
+                    break
+                seen.append(command["command"])
+        assert any(c.startswith("EVALSHA") or c.startswith("EVAL") for c in seen)
+        reads = [c for c in seen if c.split(" ", 1)[0].upper() in ("GET", "HGET")
+                 and (s.p + "x:" in c or s.p + "s:" in c)]
+        assert reads == []
+    finally:
+        await s.close()
+
+
+async def test_a_key_another_user_stored_again_leaves_the_first_users_list(
+        redis_server: RedisServer) -> None:
+    """With `scope: global`, an entry acme's user stored, which expired and globex
+    stored again under the key they share, stayed on acme's user's list until popped:
+    it took a place under that user's cap, and one of the user's live entries was
+    evicted for it. It leaves the list once another stores it."""
+    s = store(redis_server.url, None, shared=True)
+    try:
+        for key in ("a1", "shared"):
+            e = entry(key, "acme", "answer")
+            assert await s.persist(e, True, 60, None, e, 60, [f"x:{key}"], 2, 60) == []
+        await s.client.delete(s.p + "x:shared")  # expired
+        again = entry("shared", "globex", "answer")
+        assert await s.persist(again, True, 60, None, again, 60, ["x:shared"], 2, 60) == []
+        e = entry("a2", "acme", "answer")  # acme's user holds a1 and a2: its cap
+        assert await s.persist(e, True, 60, None, e, 60, ["x:a2"], 2, 60) == []
+        assert await exact_keys(s) == {"shared", "a1", "a2"}
+        assert await s.client.zrange(s.user_key("acme", "u"), 0, -1) == [b"x:a1", b"x:a2"]
     finally:
         await s.close()
 
