@@ -22,7 +22,7 @@ class InstantEngine:
         self.vocab_size = 32000
         self.sampling_defaults: dict[str, object] = {}
         self.part_separator = "\n"
-        self.render_digest: str | None = None  # (no template: cache keys as without one)
+        self.answer_digest: str | None = None  # (no settings: cache keys as without one)
 
     @property
     def max_model_len(self) -> int:

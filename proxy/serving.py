@@ -230,8 +230,8 @@ class LocalServing:
             return None
 
     @property
-    def render_digest(self) -> str | None:
-        return self.engine.render_digest
+    def answer_digest(self) -> str | None:
+        return self.engine.answer_digest
 
     async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
                            ) -> int | None:

@@ -57,9 +57,10 @@ class Terminal(Protocol):
         holds its tokenizer; the engine is not ready; an id outside the vocabulary)."""
 
     @property
-    def render_digest(self) -> str | None:
-        """How a chat's prompt is rendered here (`Engine.render_digest`), for cache keys;
-        None where it cannot be told (an upstream renders its own)."""
+    def answer_digest(self) -> str | None:
+        """What answers here depend on besides the request (`Engine.answer_digest`: the
+        chat template, tool parser, structured-output options, model, ...), for cache
+        keys, taken once at start; None where none can be told."""
 
     async def prepare(self, ctx: RequestContext) -> None:
         """Whatever of the request's work can be done before admission gives it an

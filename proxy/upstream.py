@@ -34,6 +34,7 @@ import aiohttp
 from .auth import ON_BEHALF_OF, caller_digest, tenant_salt
 from .chain import Completion, Outcome, Reply, Stream
 from .context import RequestContext
+from .engine.answering import answer_digest
 from .engine.base import EngineStats, ModelInfo
 from .errors import (
     DeadlineExceeded,
@@ -216,6 +217,7 @@ class Upstream:
         self._created = int(time.time())
         self.in_flight = 0
         self._discovery: asyncio.Task[None] | None = None
+        self._answer_digest: str | None = None  # (`answer_digest`: from its model list)
         # `connect` bounds the wait for a pooled connection and its connect together,
         # `sock_connect` the connect alone: a request timed out while still waiting for
         # a connection (the trace tells) was shed here, the upstream never asked.
@@ -267,13 +269,19 @@ class Upstream:
             if raw is None:
                 return "model list too large"
             data = upstream_json(raw)
-            found = [m["id"] for m in data.get("data", [])
-                     if isinstance(m, dict) and isinstance(m.get("id"), str)]
+            listed = [m for m in data.get("data", [])
+                      if isinstance(m, dict) and isinstance(m.get("id"), str)]
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError, TypeError) as e:
             return type(e).__name__
-        if not found:
+        if not listed:
             return "no models listed"
-        self._models = found
+        self._models = [m["id"] for m in listed]
+        # What it says serves each name (vLLM's `root`: the checkpoint; its context
+        # length), for cache keys: another model behind the same name answers otherwise.
+        served = sorted(([m["id"], m.get("root"), m.get("max_model_len")] for m in listed),
+                        key=lambda s: s[0])
+        self._answer_digest = (answer_digest({"upstream": served}) if any(
+            s[1] is not None or s[2] is not None for s in served) else None)
         return None
 
     async def _discover_until_found(self, first: str) -> None:
@@ -338,8 +346,12 @@ class Upstream:
         return None  # (the upstream holds the tokenizer)
 
     @property
-    def render_digest(self) -> str | None:
-        return None  # (the upstream renders with its own template)
+    def answer_digest(self) -> str | None:
+        """What the upstream said serves its models (each one's `root` and
+        `max_model_len`, as vLLM lists them) when Weir asked it at start; None where it
+        was not asked (`models` configured) or told neither. Its own template, tool
+        parser and the like it keeps to itself."""
+        return self._answer_digest
 
     async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
                            ) -> int | None:

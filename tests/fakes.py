@@ -55,9 +55,9 @@ class FakeEngine:
         self.sampling_defaults: dict[str, Any] = {}
         #: `Engine.part_separator`: the text parts of a message read one a line
         self.part_separator = "\n"
-        #: `Engine.render_digest` (cache keys hold it; None: they are as without one): a
-        #: test sets it, and changes it as a template change would.
-        self.render_digest: str | None = None
+        #: `Engine.answer_digest` (cache keys hold it; None: they are as without one): a
+        #: test sets it, and changes it as a settings change would.
+        self.answer_digest: str | None = None
         self.fail_after: int | None = None
         #: Of each prompt, the tokens its answer reports read from the prefix cache (at
         #: most the prompt's: vLLM's `num_cached_tokens`)

@@ -6,11 +6,13 @@ parameter (tools, tool_choice and parallel_tool_calls included, and vLLM's exten
 stop_token_ids, allowed_token_ids, bad_words, the chat-template controls, ...), a value
 that means the field left out (`presence_penalty: 0`, `logit_bias: {}`) as left out. Never
 `stream`, `stream_options`, `user` or headers. The scope id is hashed in, so the same prompt in two
-tenants has two keys. A chat's keys hold how the engine renders it too
-(`Terminal.render_digest`: its chat template, digested), so that an answer cached under
-another template (an upgrade's; Redis keeps them a day) is not replayed for a prompt
-that now reads otherwise. The semantic partition is the same hash without the last user
-message: a semantic hit only ever returns an answer produced under the same scope,
+tenants has two keys. Every key holds what the engine's answers depend on besides the
+request too (`Terminal.answer_digest`: its chat template and how Weir renders a chat,
+its tool parser, structured-output options, model, context length, generation defaults
+and vLLM arguments, digested once at start), so that an answer cached under other
+settings (an upgrade's, the operator's; Redis keeps them a day) is not replayed for a
+request that is now answered otherwise. The semantic partition is the same hash without
+the last user message: a semantic hit only ever returns an answer produced under the same scope,
 model, system prompt, earlier turns and parameters.
 """
 
@@ -230,10 +232,10 @@ def key_request(ctx: RequestContext) -> ChatCompletionRequest | CompletionReques
     return ctx.key_request if ctx.key_request is not None else ctx.request
 
 
-def exact_key(ctx: RequestContext, scope: str, renders: str | None = None, *,
+def exact_key(ctx: RequestContext, scope: str, answers: str | None = None, *,
               defaults_filled: bool = False) -> str:
-    """`renders`: how the engine renders a chat (`Terminal.render_digest`; None where it
-    cannot be told, and the key is what it was): a chat's prompt is its template's.
+    """`answers`: what the engine's answers depend on besides the request
+    (`Terminal.answer_digest`; None where none can be told, and the key is what it was).
     `defaults_filled`: the model's sampling defaults were filled into the request (the
     in-process engine's; `_keyed_params`)."""
     req = key_request(ctx)
@@ -244,10 +246,10 @@ def exact_key(ctx: RequestContext, scope: str, renders: str | None = None, *,
         body["extra"] = extra
     if (in_order := _schemas_in_order(params, extra)) is not None:
         body["schemas_in_order"] = in_order
+    if answers is not None:
+        body["engine"] = answers
     if isinstance(req, ChatCompletionRequest):
         body["messages"] = _messages(req)
-        if renders is not None:
-            body["renders"] = renders
     else:
         # A raw prompt is continued as it ends: a trailing space (or a blank line) makes
         # other tokens, so only look-alikes are folded, not its blanks.
@@ -270,11 +272,11 @@ def asked_digest(ctx: RequestContext) -> str:
     return _hash(texts)
 
 
-def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None, *,
+def semantic_parts(ctx: RequestContext, scope: str, answers: str | None = None, *,
                    defaults_filled: bool = False) -> tuple[str, str] | None:
     """(partition, question text) for a chat request ending in a user message; None for
     what the semantic layer never serves (a completion, a tool turn, a request offering
-    tools: a paraphrase must not replay another request's tool calls). `renders`,
+    tools: a paraphrase must not replay another request's tool calls). `answers`,
     `defaults_filled`: as `exact_key`'s."""
     req = key_request(ctx)
     if (not isinstance(req, ChatCompletionRequest) or req.messages[-1].role != "user"
@@ -287,8 +289,8 @@ def semantic_parts(ctx: RequestContext, scope: str, renders: str | None = None, 
     params = _keyed_params(req, defaults_filled)
     part: dict[str, Any] = {"scope": scope_id(ctx.principal, scope), "model": req.model,
                             "context": msgs[:-1], "params": params}
-    if renders is not None:
-        part["renders"] = renders
+    if answers is not None:
+        part["engine"] = answers
     if msgs[-1]["name"] is not None:  # who asks is part of the prompt the model reads
         part["asker"] = msgs[-1]["name"]
     if (extra := _extras(req)) is not None:

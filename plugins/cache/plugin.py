@@ -219,13 +219,13 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     async def _look_up(self, ctx: RequestContext, call_next: Next, d: Directives) -> Reply:
         read, write, max_age = d.read, d.write, d.max_age
-        renders = self.services.terminal.render_digest
-        key = exact_key(ctx, self.cfg.scope, renders, defaults_filled=self._defaults_filled)
+        answers = self.services.terminal.answer_digest
+        key = exact_key(ctx, self.cfg.scope, answers, defaults_filled=self._defaults_filled)
         ctx.response_headers[KEY_HEADER] = key  # (a hit says its entry's: `_hit`)
         scope = scope_id(ctx.principal, self.cfg.scope)
         if read and (entry := await self.store.get(key, scope, max_age=max_age)) is not None:
             return await self._hit(ctx, entry, "exact")
-        sem = (semantic_parts(ctx, self.cfg.scope, renders,
+        sem = (semantic_parts(ctx, self.cfg.scope, answers,
                               defaults_filled=self._defaults_filled)
                if self.embedder is not None else None)
         if sem is not None and not (self.cfg.semantic.min_chars <= len(sem[1])
@@ -499,7 +499,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
         read, max_age = d.read, d.max_age
         if self.cfg.stale_grace_s <= 0 or not read:
             return None  # never stored (sensitive, sampled ...) or no-cache: no lookup
-        key = exact_key(ctx, self.cfg.scope, self.services.terminal.render_digest,
+        key = exact_key(ctx, self.cfg.scope, self.services.terminal.answer_digest,
                         defaults_filled=self._defaults_filled)
         scope = scope_id(ctx.principal, self.cfg.scope)
         entry = await self.store.get(key, scope, allow_stale=True, max_age=max_age)

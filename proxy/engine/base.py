@@ -200,9 +200,11 @@ class Engine(Protocol):
         the parts itself and writes them one after another."""
 
     @property
-    def render_digest(self) -> str | None:
-        """How this engine renders a chat (`chat_text.render_digest`: its chat template
-        as served, ...), for cache keys; None before it has started."""
+    def answer_digest(self) -> str | None:
+        """What this engine's answers depend on besides the request
+        (`answering.answer_digest`: how it renders a chat, its chat template as served,
+        its tool parser, structured-output options, model, context length, generation
+        defaults, vLLM arguments), for cache keys; None before it has started."""
 
     def encode(self, text: str) -> list[int]:
         """Tokenize a completion prompt (with the model's BOS handling)."""

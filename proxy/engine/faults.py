@@ -69,8 +69,8 @@ class FaultyEngine:
         return self.inner.part_separator
 
     @property
-    def render_digest(self) -> str | None:
-        return self.inner.render_digest
+    def answer_digest(self) -> str | None:
+        return self.inner.answer_digest
 
     def models(self) -> list[ModelInfo]:
         return self.inner.models()

@@ -30,6 +30,7 @@ from ..protocol import SCHEMA_MAPS, SUBSCHEMA, SUBSCHEMAS, model_defaults
 from ..settings import VllmEngineSettings
 from ..telemetry import get_logger
 from . import builtin_models, call_json, regex_screen
+from .answering import answer_digest
 from .base import (
     ChoiceDelta,
     EngineFailed,
@@ -170,7 +171,7 @@ class VllmEngine:
         self._vocab_size: int | None = None
         self._defaults: dict[str, Any] = {}
         self._part_separator = "\n"
-        self._render_digest: str | None = None
+        self._answer_digest: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -191,8 +192,8 @@ class VllmEngine:
         return self._part_separator
 
     @property
-    def render_digest(self) -> str | None:
-        return self._render_digest
+    def answer_digest(self) -> str | None:
+        return self._answer_digest
 
     def ready(self) -> bool:
         return self._ready and self._llm is not None and not self._llm.errored
@@ -254,15 +255,30 @@ class VllmEngine:
         self._part_separator = content_part_separator(self._tokenizer,
                                                       self._llm.model_config,
                                                       self._chat_template)
-        self._render_digest = render_digest(
-            self._chat_template or getattr(self._tokenizer, "chat_template", None),
-            self._part_separator)
         # What vLLM's server applies where a request says nothing (its
         # `--generation-config auto`): the model's generation_config.json.
         self._defaults = model_defaults(self._llm.model_config.get_diff_sampling_param())
+        self._answer_digest = self.digest_of(render_digest(
+            self._chat_template or getattr(self._tokenizer, "chat_template", None),
+            self._part_separator), self._max_model_len, self._defaults)
         if s.warmup:
             await self._warmup()
         self._ready = True
+
+    def digest_of(self, renders: str, max_model_len: int,
+                  defaults: dict[str, Any]) -> str:
+        """`answer_digest` of this engine's answer-affecting settings: how it renders a
+        chat (`renders`), the model as configured and loaded, its context length and
+        generation defaults (as started), the tool parser, compact structured output
+        and vLLM's own arguments (any of which may shape an answer: all of them)."""
+        s = self.settings
+        return answer_digest({
+            "renders": renders, "model": s.model, "tokenizer": s.tokenizer,
+            "dtype": s.dtype, "quantization": s.quantization,
+            "kv_cache_dtype": s.kv_cache_dtype, "max_model_len": max_model_len,
+            "defaults": defaults, "tool_parser": s.tool_parser,
+            "structured_output_compact": s.structured_output_compact,
+            "extra_args": s.extra_args})
 
     async def _warmup(self) -> None:
         """The paths a first request would otherwise pay for, while nobody waits: greedy

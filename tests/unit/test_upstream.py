@@ -110,6 +110,29 @@ async def test_models_are_discovered_when_none_are_configured(upstream: Upstream
     assert not engine.ready()
 
 
+async def test_what_serves_the_upstreams_models_is_in_its_answer_digest(
+        upstream: Upstream) -> None:
+    """Cache keys hold the terminal's answer digest: an upstream's is what it lists as
+    serving each model (vLLM's `root` and `max_model_len`), so that another checkpoint
+    behind the same name (Redis keeps answers a day) is not answered from the old one's;
+    none where it lists neither, or was not asked (models configured)."""
+    digests = []
+    for root in ("/models/a", "/models/a", "/models/b"):
+        async def models(request: web.Request, root: str = root) -> web.Response:
+            return web.json_response({"object": "list", "data": [
+                {"id": "up-model", "root": root, "max_model_len": 2048}]})
+        upstream.list_models = models
+        engine = await engine_for(upstream.base_url)
+        digests.append(engine.answer_digest)
+        await engine.close()
+    assert digests[0] is not None and digests[0] == digests[1] != digests[2]
+    upstream.list_models = upstream.models
+    for kw in ({}, {"models": ["up-model"]}):
+        engine = await engine_for(upstream.base_url, **kw)
+        assert engine.ready() and engine.answer_digest is None
+        await engine.close()
+
+
 async def test_an_upstream_that_names_no_models_is_not_ready_until_it_does(
         upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
     """Down at start, it took any model name a client sent (each a new metric label,

@@ -1,12 +1,15 @@
-"""Cache keys hold what the engine renders a chat with (its chat template, digested):
-an answer cached before a template change (Redis keeps them a day) is not replayed for
-a request whose prompt now reads otherwise."""
+"""Cache keys hold what the engine's answers depend on besides the request (its chat
+template, tool parser, structured-output options, ...: `Terminal.answer_digest`): an
+answer cached before such a change (Redis keeps them a day) is not replayed for a
+request that is now answered otherwise."""
 
 from __future__ import annotations
 
 from plugins.cache.keys import exact_key, semantic_parts
+from proxy.chain import Completion, Reply
 from proxy.context import RequestContext
 from proxy.engine import builtin_models
+from proxy.engine.answering import answer_digest
 from proxy.engine.chat_text import render_digest
 from proxy.protocol import CompletionRequest
 from tests.fakes import FakeEngine
@@ -21,13 +24,13 @@ async def test_an_answer_cached_under_another_template_is_not_replayed() -> None
     p, eng = plugin(semantic={"threshold": 0.8}), Engine()
     terminal = p.services.terminal
     assert isinstance(terminal, FakeEngine)
-    terminal.render_digest = render_digest(SMOLLM2_OWN, "\n")
+    terminal.answer_digest = render_digest(SMOLLM2_OWN, "\n")
     _, layer = await run(p, ctx(ASKED), eng)
     assert layer == "miss"
     assert [(await run(p, ctx(q), eng))[1] for q in (ASKED, PARAPHRASE)] == [
         "exact", "semantic"]
     # The engine now serves another template (an upgrade, the operator's): a new prompt.
-    terminal.render_digest = render_digest(builtin_models.chat_template("builtin:smollm2"),
+    terminal.answer_digest = render_digest(builtin_models.chat_template("builtin:smollm2"),
                                            "\n")
     _, layer = await run(p, ctx(ASKED), eng)  # (nor its exact nor a semantic answer)
     assert layer == "miss" and eng.calls == 2
@@ -42,10 +45,11 @@ def completion() -> RequestContext:
         request_id="r")
 
 
-def test_the_digest_is_the_rendering_s_and_only_a_chat_s_key_holds_it() -> None:
-    """The digest tells templates (and the parts' separator) apart; a completion's key
-    (no template) and every key where the terminal cannot tell it (an upstream renders)
-    stay what they were."""
+def test_the_digest_tells_renderings_apart_and_every_key_holds_it() -> None:
+    """The rendering's digest tells templates (and the parts' separator) apart; every
+    key holds the engine's digest, a completion's too (a tool parser or compact JSON
+    shapes its answer as well), and where the terminal can tell none the keys stay what
+    they were."""
     own, served = render_digest(SMOLLM2_OWN, "\n"), render_digest(
         builtin_models.chat_template("builtin:smollm2"), "\n")
     assert len({own, served, render_digest(SMOLLM2_OWN, ""), render_digest(None, "\n")}) == 4
@@ -55,7 +59,31 @@ def test_the_digest_is_the_rendering_s_and_only_a_chat_s_key_holds_it() -> None:
     assert exact_key(chat, "tenant", None) == exact_key(chat, "tenant")
     assert semantic_parts(chat, "tenant", own) != semantic_parts(chat, "tenant", served)
     assert semantic_parts(chat, "tenant", None) == semantic_parts(chat, "tenant")
-    assert exact_key(completion(), "tenant", own) == exact_key(completion(), "tenant")
+    assert exact_key(completion(), "tenant", own) != exact_key(completion(), "tenant", served)
+    assert exact_key(completion(), "tenant", None) == exact_key(completion(), "tenant")
+
+
+async def test_a_completion_cached_under_other_engine_settings_is_not_replayed() -> None:
+    """A completion's answer depends on the engine's settings too (`response_format`
+    under compact structured output, another model behind the name): its key held none
+    of them, and an answer cached before a change was replayed."""
+    p, calls = plugin(), []
+
+    async def eng(c: RequestContext) -> Reply:
+        calls.append(c)
+        return Completion({"id": "cmpl-1", "object": "text_completion", "created": 1,
+                           "model": "m", "choices": [{"index": 0, "text": "{}",
+                                                      "logprobs": None, "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                     "total_tokens": 2}})
+
+    terminal = p.services.terminal
+    assert isinstance(terminal, FakeEngine)
+    terminal.answer_digest = answer_digest({"structured_output_compact": True})
+    assert [(await run(p, completion(), eng))[1] for _ in range(2)] == ["miss", "exact"]
+    terminal.answer_digest = answer_digest({"structured_output_compact": False})
+    assert [(await run(p, completion(), eng))[1] for _ in range(2)] == ["miss", "exact"]
+    assert len(calls) == 2
 
 
 def test_the_rendering_version_moves_with_how_earlier_calls_are_shown() -> None:
