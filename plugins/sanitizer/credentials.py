@@ -872,6 +872,24 @@ def _find(text: str, low: str | None = None, hits: _Hits | None = None) -> Itera
                 yield m.span()
 
 
+
+# What `_encoded` reads: a base64 or base64url run or a hex run, each of 24 characters
+# of this class or more (a hex run's "0x" too).
+_ENCODED_RUN = re.compile(r"[A-Za-z0-9+/_-]{24}")
+
+
+def secrets_quiet(text: str, low: str) -> bool:
+    """True only where `find_secrets(text)` finds nothing, for an ASCII `text` with no
+    escape (`may_escape`) and `low` its lower-cased form: what each step of `_find`
+    starts from is absent. A strict superset of `_find`'s triggers: keep it in step with
+    `_find` (tests/unit/plugins/test_sanitizer_quiet.py compares the two)."""
+    hits = _scan(low)
+    return (not hits.words and not hits.starts  # (no format's literal, no phrase's start)
+            and not any(e in low for e in _ENV_ENDINGS)
+            and (len(text) < _B64_LEAST or _ENCODED_RUN.search(text) is None)
+            and not ("-" in text and any(w in low for w in _UUID_WORDS))
+            and not ("=" in text and any(w in low for w in _QUERY_WORDS)))
+
 # A credential in a URL's query string, named as one ("?key=...&", "&client_secret=",
 # "?access_token="): made up, not a slug ("?key=blue-shirt"), nor a page's or a
 # request's own token ("?page_token=", "?next_token="), nor a key that names a record

@@ -277,5 +277,13 @@ def _find_injection(text: str) -> Iterator[Span]:
                            _back(m.end() - 1, starts, origins) + 1)
 
 
+
+def injection_quiet(text: str) -> bool:
+    """True only where `_find_injection(text)` finds nothing, for an ASCII `text`: none
+    of its triggers is in it (read as `_find_injection` reads it)."""
+    if "_" in text:
+        text = text.replace("_", " ")
+    return _ANY_TRIGGER.search(text.lower()) is None
+
 INJECTION = Detector("injection", "[REMOVED]", _find_injection)
 

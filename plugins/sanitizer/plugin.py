@@ -54,7 +54,17 @@ from proxy.text import fold, scanned, scanned_places
 
 from .config import SanitizerConfig
 from .credentials import secrets_across
-from .detectors import BUILTIN, INJECTION, Detector, Span, card_across, custom, forget
+from .detectors import (
+    BUILTIN,
+    GATED,
+    INJECTION,
+    Detector,
+    Span,
+    card_across,
+    custom,
+    forget,
+    quiet,
+)
 
 log = get_logger("weir.sanitizer")
 
@@ -117,6 +127,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             self.detectors.append((INJECTION, actions["injection"]))
         self.detectors += [(custom(c.name, c.pattern), c.action) for c in config.custom
                            if c.action != "off"]
+        #: the detectors that still run on a text `quiet` answers for (custom patterns)
+        self._ungated: list[tuple[Detector, str]] = [
+            (d, a) for d, a in self.detectors if d not in GATED]
         self.detections = Counter(
             "weir_sanitizer_detections_total", "Sanitizer detections.",
             ["detector", "action"], registry=services.metrics.registry)
@@ -137,6 +150,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         self._hider = copy.copy(self)
         self._hider.detectors = [(d, _hidden(a)) for d, a in self.detectors]
         self._hider.across_actions = {n: _hidden(a) for n, a in self.across_actions.items()}
+        self._hider._ungated = [(d, _hidden(a)) for d, a in self._ungated]
 
     async def close(self) -> None:
         self._reading_thread.shutdown(wait=False, cancel_futures=True)
@@ -390,7 +404,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         redact: list[tuple[Span, str]] = list(extra or [])
         found = False
         try:
-            for det, action in self.detectors:
+            # An ordinary short text: one pass shows no built-in detector can fire there.
+            detectors = (self._ungated if len(norm) <= _QUIET_CHARS and quiet(norm)
+                         else self.detectors)
+            for det, action in detectors:
                 spans = list(det.find(norm))
                 if not spans:
                     continue
@@ -960,6 +977,7 @@ def _forwarded_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
 
 _CLEAN_MAX = 4096  # texts
 _CLEAN_CHARS = 1024  # the longest text remembered as clean
+_QUIET_CHARS = 2048  # the longest text `quiet` is asked about (a longer one seldom is)
 
 _RANKS = {"off": 0, "flag": 1, "redact": 2, "block": 3}
 
