@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from prometheus_client import Counter
 
@@ -158,6 +158,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self.cfg = config
         #: per rule: its overrides merged over its own limits
         self._overrides = [rule.limits_for() for rule in config.rules]
+        #: (key id, tenant, user, role, model) -> that caller's buckets (`_plan`)
+        self._plans: dict[tuple[str, str, str, str, str], _Plan] = {}
         self.local = MemoryStore(clock)
         self.remote = (RedisStore(config.redis.url, config.redis.timeout_s)
                        if config.store == "redis" and config.redis.url else None)
@@ -490,8 +492,16 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
 
     # ------------------------------------------------------------------- request
 
-    def _plan(self, ctx: RequestContext, reserve: int) -> tuple[
-            list[Bucket], list[Bucket], list[tuple[str, int]], dict[str, str]]:
+    def _plan(self, ctx: RequestContext) -> _Plan:
+        """The caller's buckets under every rule, as its key, user, tenant, role and
+        model name them: the same for each of its requests (the rules are fixed for the
+        plugin's life), so built once per caller and kept (at most `_PLANS`, the oldest
+        going first)."""
+        p = ctx.principal
+        who = (p.key_id, p.tenant, p.user, p.role, ctx.model)
+        plan = self._plans.get(who)
+        if plan is not None:
+            return plan
         rpm, tpm, conc = [], [], []
         per_of: dict[str, str] = {}
         for i, rule in enumerate(self.cfg.rules):
@@ -502,30 +512,40 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 rpm.append(Bucket(base + ":r", lim.rpm, 1))
                 per_of[base + ":r"] = f"{rule.per}:rpm"
             if lim.tpm:
-                tpm.append(Bucket(base + ":t", lim.tpm, reserve))
+                tpm.append((base + ":t", lim.tpm))
                 per_of[base + ":t"] = f"{rule.per}:tpm"
             if lim.concurrent:
                 conc.append((base + ":c", lim.concurrent))
                 per_of[base + ":c"] = f"{rule.per}:concurrent"
-        return rpm, tpm, conc, per_of
+        own = {}
+        for key, rule_limit in per_of.items():
+            per, limit = rule_limit.split(":")
+            if per not in SHARED and limit in ("rpm", "tpm"):
+                own[key] = limit
+        plan = _Plan(rpm, tpm, conc, [k for k, _ in conc], per_of, own)
+        if len(self._plans) >= _PLANS:
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[who] = plan
+        return plan
 
     @staticmethod
     def _headers(buckets: list[Bucket], states: list[BucketState],
-                 per_of: dict[str, str]) -> dict[str, str]:
+                 own: dict[str, str]) -> dict[str, str]:
         """OpenAI's `x-ratelimit-*` headers: the tightest of the caller's own buckets (a
-        shared rule's, `SHARED`, counts other tenants' traffic: it shows in none)."""
+        shared rule's, `SHARED`, counts other tenants' traffic: it shows in none; `own`:
+        the kind, rpm or tpm, of each of the caller's own buckets)."""
         h: dict[str, str] = {}
-        own: dict[str, list[BucketState]] = {"rpm": [], "tpm": []}
+        tight: dict[str, BucketState] = {}
         for b, state in zip(buckets, states, strict=True):
-            per, limit = per_of[b.key].split(":")
-            if per not in SHARED:
-                own[limit].append(state)
-        for kind, states in (("requests", own["rpm"]), ("tokens", own["tpm"])):
-            if states:
-                tight = min(states, key=lambda s: s.remaining)
-                h[f"x-ratelimit-limit-{kind}"] = str(tight.limit)
-                h[f"x-ratelimit-remaining-{kind}"] = str(max(0, tight.remaining))
-                h[f"x-ratelimit-reset-{kind}"] = fmt_reset(tight.reset_ms)
+            limit = own.get(b.key)
+            if limit is not None and ((t := tight.get(limit)) is None
+                                      or state.remaining < t.remaining):
+                tight[limit] = state
+        for limit, kind in (("rpm", "requests"), ("tpm", "tokens")):
+            if (least := tight.get(limit)) is not None:
+                h[f"x-ratelimit-limit-{kind}"] = str(least.limit)
+                h[f"x-ratelimit-remaining-{kind}"] = str(max(0, least.remaining))
+                h[f"x-ratelimit-reset-{kind}"] = fmt_reset(least.reset_ms)
         return h
 
     def _too_large(self, bucket: Bucket, least: int, per_of: dict[str, str]) -> None:
@@ -548,7 +568,9 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         most = req.output_limit
         out = (self.cfg.default_max_tokens if most is None else max(most, 1)) * prompts
         reserve = (estimate_tokens(ctx) + out) * max(1, req.n)
-        rpm, tpm, conc, per_of = self._plan(ctx, reserve)
+        plan = self._plan(ctx)
+        rpm, conc, per_of = plan.rpm, plan.conc, plan.per_of
+        tpm = [Bucket(key, limit, reserve) for key, limit in plan.tpm]
         # What it asked for at least past a minute's tokens can never be served within
         # the limit: refused before any bucket is touched, as OpenAI's "Request too
         # large". Only what the request fixes itself counts: each choice's `max_tokens`
@@ -562,7 +584,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             self._too_large(min(over, key=lambda b: b.limit), estimate_tokens(ctx) + asked,
                             per_of)
         lease = new_hex()
-        conc_keys = [k for k, _ in conc]
+        conc_keys = plan.conc_keys
         if self.remote is None:  # the memory store decides without yielding
             decision, store = await self._admit(rpm + tpm, conc, lease)
         else:
@@ -578,7 +600,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                     lambda t: self._undo(t, tpm, reserve, conc_keys, lease))
                 raise
         states = decision.states
-        headers = self._headers(rpm + tpm, states, per_of)
+        headers = self._headers(rpm + tpm, states, plan.own)
         if not decision.allowed:
             culprit = _culprit(states, rpm + tpm, per_of)
             if culprit is None:  # no bucket lacked room: a concurrency limit refused it
@@ -614,7 +636,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             # engine refused spent nothing), not its reservation taken at admission.
             ctx.response_headers.update(self._headers(tpm, [
                 after.get(b.key, s) for b, s in zip(tpm, states[len(rpm):], strict=True)],
-                per_of))
+                plan.own))
             raise
         if isinstance(reply, Completion):
             used = (reply.body.get("usage") or {}).get("total_tokens")
@@ -635,6 +657,20 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
 
         reply.on_end(ended)
         return reply
+
+
+class _Plan(NamedTuple):
+    """A caller's buckets (`RateLimitPlugin._plan`), its token buckets without their
+    cost (each request's reservation)."""
+    rpm: list[Bucket]
+    tpm: list[tuple[str, int]]
+    conc: list[tuple[str, int]]
+    conc_keys: list[str]
+    per_of: dict[str, str]  # bucket key -> "per:limit", its rule's
+    own: dict[str, str]  # the caller's own buckets' keys (not `SHARED`) -> rpm or tpm
+
+
+_PLANS = 4096  # callers whose plan is kept
 
 
 def _owed(limit: int, reserve: int, used: int) -> int:
