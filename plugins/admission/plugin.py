@@ -58,6 +58,11 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         self.in_engine = Gauge("weir_admission_in_engine",
                                "Permits held: sequences in the engine (n per prompt).",
                                registry=reg)
+        # Both read at each scrape, as they stand then: set at each of a request's
+        # transitions (queued, admitted or shed, released), they cost four updates per
+        # request and lagged a step behind a waiter granted by another's release.
+        self.depth.set_function(self._waiting)
+        self.in_engine.set_function(lambda: self.gate.in_use)
         self.wait = Histogram("weir_admission_queue_wait_seconds",
                               "Time queued for a permit, whatever ended the wait.",
                               registry=reg, buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
@@ -129,7 +134,6 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
         gate = self.embed_gate if embeds else self.gate
         weight = 1 if embeds else gate.weight(ctx.request.engine_sequences)
         start = time.monotonic()
-        self.depth.set(self._waiting() + 1)
         ctx.waiting()  # (queued for a slot: what the plugins ahead decided is known)
         # Every wait is observed, whatever ended it (a permit, the wait's bound, the
         # request's deadline, its client leaving, a better request taking its place):
@@ -150,12 +154,10 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
                 raise DeadlineExceeded("The request did not start before its deadline.") from None
             raise self._overloaded("wait", "No engine slot became free in time.") from None
         finally:
-            self.depth.set(self._waiting())
             if waited:
                 self.wait.observe(time.monotonic() - start)
             if not admitted:  # (what was prepared ahead is held no longer: a breaker's
                 ctx.prepared = None  # fallback may answer it at length, holding `ctx`)
-        self.in_engine.set(self.gate.in_use)
         # One deadline scope, around the call only: a stream's first chunk arrives inside
         # it (the terminal primes streams); the rest of a stream runs under its consumer's
         # single deadline scope (Stream.deadline).
@@ -179,7 +181,6 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
 
     def _release(self, gate: PriorityGate, weight: int) -> None:
         gate.release(weight)
-        self.in_engine.set(self.gate.in_use)
 
     def _stream_ended(self, stream: Stream, weight: int) -> None:
         self._release(self.gate, weight)  # (embeddings never stream)

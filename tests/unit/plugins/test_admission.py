@@ -519,3 +519,22 @@ async def test_a_shed_request_lets_go_of_what_was_prepared_ahead() -> None:
     slow.gate.set()
     await first
     await asyncio.gather(*tasks)
+
+
+def queue_depth(p: AdmissionPlugin) -> float:
+    return p.services.metrics.registry.get_sample_value("weir_admission_queue_depth") or 0.0
+
+
+async def test_a_scrape_reads_the_gauges_as_the_gate_stands() -> None:
+    """Read at the scrape, not set at each of a request's steps (four updates per
+    request): a waiter granted by another's release is in the engine, not waiting,
+    before its own task runs again."""
+    p = plugin(max_concurrent=1, max_queue=4)
+    await p.gate.acquire(0, None)  # (a permit held elsewhere)
+    waiter = asyncio.create_task(p(ctx(), lambda c: _completed()))
+    await eventually(lambda: p.gate.waiting == 1)
+    assert queue_depth(p) == 1 and in_engine(p) == 1
+    p.gate.release()  # grants the waiter, whose task has not run since
+    assert queue_depth(p) == 0 and in_engine(p) == 1
+    await waiter
+    assert queue_depth(p) == 0 and in_engine(p) == 0
