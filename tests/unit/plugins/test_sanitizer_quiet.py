@@ -193,3 +193,20 @@ def _texts(draw: st.DrawFn) -> str:
 @given(_texts())
 def test_quiet_is_a_superset_on_fuzz(text: str) -> None:
     _assert_superset(text)
+
+
+def test_what_a_route_keeps_hides_a_custom_block_in_a_quiet_text() -> None:
+    """A text the pre-check answers for still runs the custom patterns, with the actions
+    of the reading that a route's kept texts get (`_hider`: a block hidden as a
+    redaction): a blocked value in a quiet text is not kept as sent."""
+    cfg = SanitizerConfig.model_validate({"custom": [
+        {"name": "ticket", "pattern": r"TICKET-[A-Z]+", "action": "block"}]})
+    p = SanitizerPlugin(cfg, Services(terminal=LocalServing(FakeEngine()),
+                                      settings=Settings(), metrics=Metrics()))
+    text = "see TICKET-ABC for it"
+    assert _quiet(_read(text))
+    fired: dict[str, str] = {}
+    assert p._hider._process(text, fired) == ("see [TICKET] for it",) * 2
+    assert fired == {"ticket": "redact"}
+    fired = {}
+    assert p._process(text, fired) == (text, text) and fired == {"ticket": "block"}
