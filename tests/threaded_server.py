@@ -27,8 +27,14 @@ def serve_in_thread(make_app: Callable[[], web.Application]) -> Iterator[str]:
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        loop.run_forever()
+        try:
+            loop.run_until_complete(start())
+            loop.run_forever()
+        finally:
+            # (left open, the loop and its self-pipe's two sockets were found unclosed by a
+            # later test's garbage collection, and failed that test)
+            asyncio.set_event_loop(None)
+            loop.close()
 
     t = threading.Thread(target=run, daemon=True)
     t.start()

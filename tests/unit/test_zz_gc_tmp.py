@@ -1,0 +1,3 @@
+import gc
+def test_gc():
+    gc.collect()
