@@ -1,3 +1,0 @@
-import gc
-def test_gc():
-    gc.collect()
