@@ -8,15 +8,11 @@ from typing import Any
 import pytest
 
 from plugins.rate_limit import plugin as rate_limit_plugin
-from plugins.rate_limit.config import RateLimitConfig
 from plugins.rate_limit.plugin import RateLimitPlugin
 from proxy.auth import Principal
-from proxy.chain import Completion, Reply, Services
 from proxy.context import RequestContext
-from proxy.protocol import ChatCompletionRequest
-from proxy.settings import Settings
-from proxy.telemetry import Metrics
-from tests.fakes import FakeEngine
+from tests.unit.plugins.test_rate_limit_tenants import answer, ctx
+from tests.unit.plugins.test_rate_limit_tenants import plugin as make_plugin
 
 RULES = [{"per": "key", "rpm": 100, "tpm": 100_000, "concurrent": 4},
          {"per": "user", "rpm": 50, "overrides": {"a/vip": {"rpm": 70}}},
@@ -25,19 +21,7 @@ RULES = [{"per": "key", "rpm": 100, "tpm": 100_000, "concurrent": 4},
 
 
 def plugin() -> RateLimitPlugin:
-    services = Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
-    return RateLimitPlugin(RateLimitConfig.model_validate({"rules": RULES}), services)
-
-
-def ctx(principal: Principal, model: str = "m") -> RequestContext:
-    req = ChatCompletionRequest.model_validate(
-        {"model": model, "messages": [{"role": "user", "content": "x" * 40}],
-         "max_tokens": 10})
-    return RequestContext(route="chat", request=req, request_id="r", principal=principal)
-
-
-async def answer(c: RequestContext) -> Reply:
-    return Completion({"usage": {"total_tokens": 5}})
+    return make_plugin(RULES)
 
 
 def test_each_caller_has_its_own_buckets() -> None:
