@@ -108,6 +108,7 @@ _AS_LEFT_OUT: dict[str, Any] = {
 #: still left out is 0; an upstream applies its own, which may not be 0.
 _AS_LEFT_OUT_BY_THE_MODEL: dict[str, Any] = {"presence_penalty": 0.0,
                                              "frequency_penalty": 0.0}
+_AS_LEFT_OUT_FILLED: dict[str, Any] = {**_AS_LEFT_OUT, **_AS_LEFT_OUT_BY_THE_MODEL}
 
 
 def _keyed_params(req: ChatCompletionRequest | CompletionRequest,
@@ -118,8 +119,7 @@ def _keyed_params(req: ChatCompletionRequest | CompletionRequest,
     `top_p: 0`, goes to the engine as temperature 0, whose one answer no `top_p`,
     `top_k`, `min_p` or `seed` changes)."""
     params = _params(req)
-    folded = ({**_AS_LEFT_OUT, **_AS_LEFT_OUT_BY_THE_MODEL} if defaults_filled
-              else _AS_LEFT_OUT)
+    folded = _AS_LEFT_OUT_FILLED if defaults_filled else _AS_LEFT_OUT
     for name, left_out in folded.items():
         v = params.get(name, _NOTHING)
         # (a bool is no number here: `parallel_tool_calls: true` is not `1`)
