@@ -82,6 +82,11 @@ MAX_ANSWER_BYTES = 64 << 20
 MAX_MODELS_BYTES = 16 << 20
 #: The longest an upstream's `Retry-After` is passed on as (a later one is this long).
 MAX_RETRY_AFTER_S = 3600
+#: Longest an error's body (a 429's, a 504's, a 4xx's) is waited for once its status
+#: came: the status alone decides the answer, the body only refines it (a 429's kind, a
+#: 504's `not_cached`, a 400's message). Read within the request's whole `timeout_s`, a
+#: body that stalled held the client's 429 that long (ten minutes by default).
+ERROR_BODY_S = 5.0
 
 
 class UpstreamError(InvalidRequest):
@@ -515,6 +520,8 @@ class Upstream:
                 raise AnswerTooLarge(MAX_ANSWER_BYTES)
             data = upstream_json(raw)
         except TimeoutError:
+            if status >= 400:  # (its body stalled: the status is the answer)
+                raise UpstreamError(status, {}) from None
             raise Timeout("The upstream did not answer in time.") from None
         except (aiohttp.ClientError, ValueError):
             if status >= 400:  # the client's error, in a page that says no more
@@ -709,12 +716,14 @@ def _number_calls(chunk: dict[str, Any], last: dict[int, tuple[int, str]]) -> No
 
 
 async def _body(resp: aiohttp.ClientResponse, most: int) -> bytearray | None:
-    """The response's body, as its pieces come; None past `most` bytes (read no further)."""
+    """The response's body, as its pieces come; None past `most` bytes (read no further).
+    An error's (status 400 or more) within `ERROR_BODY_S` (TimeoutError past it)."""
     raw = bytearray()
-    async for piece in resp.content.iter_any():
-        raw += piece
-        if len(raw) > most:
-            return None
+    async with asyncio.timeout(ERROR_BODY_S if resp.status >= 400 else None):
+        async for piece in resp.content.iter_any():
+            raw += piece
+            if len(raw) > most:
+                return None
     return raw
 
 

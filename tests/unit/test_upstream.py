@@ -665,6 +665,39 @@ async def test_an_upstream_429_no_wait_lets_through_is_not_told_to_retry(
     assert "too large" in e.message
 
 
+@pytest.mark.parametrize(("status", "error"), [(429, RateLimited), (400, UpstreamError),
+                                               (504, Timeout)])
+async def test_an_upstream_error_whose_body_stalls_is_answered_by_its_status(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch, status: int,
+        error: type[WeirError]) -> None:
+    """An error's status came, then its body stalled (a proxy on the way, a server that
+    hung writing it): the body, read only for the error's details, was waited for within
+    the request's whole `timeout_s` (ten minutes by default), and the client got its 429
+    that late. It is read within `ERROR_BODY_S`; the status answers without it."""
+    import proxy.upstream as upstream_module
+
+    monkeypatch.setattr(upstream_module, "ERROR_BODY_S", 0.2, raising=False)
+    release = asyncio.Event()
+
+    async def stalled(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(status=status, headers={
+            "content-type": "application/json", "content-length": "500"})
+        await resp.prepare(request)
+        await resp.write(b'{"error": ')
+        await release.wait()
+        return resp
+
+    upstream.chat = stalled
+    engine = await engine_for(upstream.base_url, models=["up-model"], timeout_s=600)
+    try:
+        with pytest.raises(error):  # (without the bound: the whole 600 s)
+            await asyncio.wait_for(engine(ctx()), 60)
+        assert engine.stats().running == 0
+    finally:
+        release.set()
+        await engine.close()
+
+
 async def test_an_upstream_429_that_says_not_to_retry_is_not_told_to_retry(
         upstream: Upstream) -> None:
     """`x-should-retry: false` on another 429 (OpenAI's exhausted quota) is kept, with no
