@@ -548,17 +548,42 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 h[f"x-ratelimit-reset-{kind}"] = fmt_reset(least.reset_ms)
         return h
 
-    def _too_large(self, bucket: Bucket, least: int, per_of: dict[str, str]) -> None:
+    async def _standing(self, plan: _Plan) -> dict[str, str]:
+        """The `x-ratelimit-*` headers of the caller's own buckets as they stand, none
+        touched (a request refused before its admission: `_too_large`); none where the
+        store does not answer (the refusal needs no store)."""
+        peek = [Bucket(b.key, b.limit, 0) for b in plan.rpm if b.key in plan.own]
+        peek += [Bucket(key, limit, 0) for key, limit in plan.tpm if key in plan.own]
+        if not peek:
+            return {}
+        if self.remote is not None:  # (as `_admit` asks it)
+            if not self._full:
+                try:  # (a charge of nothing: each bucket's state, unchanged)
+                    states = await self.remote.adjust(peek)
+                except StoreError as e:
+                    self._store_failed(e)
+                else:
+                    self._store_ok()
+                    return self._headers(peek, states, plan.own)
+            if self.cfg.on_store_error == "fail_closed":  # (no limiter counts meanwhile)
+                return {}
+        return self._headers(peek, await self.local.adjust(peek), plan.own)
+
+    def _too_large(self, bucket: Bucket, least: int, per_of: dict[str, str],
+                   headers: dict[str, str]) -> None:
         """OpenAI's 429 for a request larger than a minute's tokens: type `tokens`, the
         limit and what it asked for, no Retry-After (no wait lets it through: it would
-        be a lie) and `x-should-retry: false` (the OpenAI SDKs would retry a 429)."""
+        be a lie) and `x-should-retry: false` (the OpenAI SDKs would retry a 429), with
+        the caller's own `x-ratelimit-*` headers as every other 429 of the limiter (a
+        shared rule's limit is named in the message, what the request must fit, but its
+        counts are in no header)."""
         per = per_of[bucket.key].split(":")[0]
         self.rejected.labels(per, "tpm").inc()
         raise RateLimited(
             f"Request too large for {_WHOSE[per]} on tokens per minute: Limit "
             f"{bucket.limit}, Requested {least}. The input or the output limit (the most "
             "tokens it may generate) must be reduced for it to run; no wait lets it through.",
-            kind="tokens", headers={"x-should-retry": "false"})
+            kind="tokens", headers={**headers, "x-should-retry": "false"})
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
         req = ctx.request
@@ -582,7 +607,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             (out if most is not None else prompts) * max(1, req.n))
         if over := [b for b in tpm if _fixed_prompt_tokens(req) + asked > b.limit]:
             self._too_large(min(over, key=lambda b: b.limit), estimate_tokens(ctx) + asked,
-                            per_of)
+                            per_of, await self._standing(plan))
         lease = new_hex()
         conc_keys = plan.conc_keys
         if self.remote is None:  # the memory store decides without yielding

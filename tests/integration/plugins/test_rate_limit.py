@@ -1543,6 +1543,52 @@ async def test_a_request_larger_than_its_token_limit_is_refused_up_front(
     await p.close()
 
 
+@pytest.mark.parametrize("where", ["memory", "redis"])
+@pytest.mark.parametrize("shared", ["global", "model"])
+async def test_a_request_too_large_carries_the_callers_own_rate_limit_headers(
+        where: str, shared: str, redis_server: RedisServer) -> None:
+    """OpenAI's 429s carry `x-ratelimit-*`, as every other 429 of the limiter does: a
+    request too large carried none, so a client pacing itself by them lost its count.
+    They are the caller's own buckets as they stand (the refusal took nothing); a shared
+    rule that refused it is named with its limit in the message (what the request must
+    fit) but its counts are in no header."""
+    p = plugin(redis_server.url if where == "redis" else None,
+               rules=[{"per": "key", "rpm": 10, "tpm": 1000}, {"per": shared, "tpm": 100}])
+    await p(ctx(max_tokens=10), answer)
+    with pytest.raises(RateLimited) as e:
+        await p(ctx(max_tokens=200), answer)
+    err, h = e.value.to_body()["error"], e.value.headers
+    what = "this server" if shared == "global" else "this model"
+    assert f"Request too large for {what}" in err["message"]
+    assert "Limit 100, Requested 211" in err["message"] and err["type"] == "tokens"
+    assert h["x-should-retry"] == "false" and "retry-after" not in h
+    assert (h["x-ratelimit-limit-requests"], h["x-ratelimit-remaining-requests"]) == ("10", "9")
+    assert h["x-ratelimit-limit-tokens"] == "1000"
+    assert 1000 - 21 <= int(h["x-ratelimit-remaining-tokens"]) < 1000
+    assert "x-ratelimit-reset-tokens" in h and "x-ratelimit-reset-requests" in h
+    await p.close()
+
+
+@pytest.mark.parametrize("on_error", ["fail_open", "fail_closed"])
+async def test_a_request_too_large_is_refused_with_the_store_out_of_reach(
+        on_error: str) -> None:
+    """Its refusal needs no store: with Redis out of reach it is the same 429, with the
+    local limiter's headers where it stands in (`fail_open`), none with `fail_closed`
+    (no limiter counts meanwhile); the store is seen down as by any call."""
+    p = plugin("redis://127.0.0.1:1/0", rules=[{"per": "key", "rpm": 10, "tpm": 100}],
+               on_store_error=on_error)
+    with pytest.raises(RateLimited) as e:
+        await p(ctx(max_tokens=200), answer)
+    assert "Request too large" in e.value.message
+    if on_error == "fail_closed":
+        assert e.value.headers == {"x-should-retry": "false"}
+        assert p.health() == {"store": "unavailable"}
+    else:
+        assert e.value.headers["x-ratelimit-remaining-requests"] == "10"
+        assert p.health() == {"store": "local-fallback"}
+    await p.close()
+
+
 async def test_the_too_large_check_reads_the_callers_own_override() -> None:
     """A key's override raises (or lowers) the limit a request is measured against; a
     request without `max_tokens` is measured by its prompt (the default reservation is
