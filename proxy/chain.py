@@ -37,7 +37,7 @@ from .context import TIMEOUT_HEADER, RequestContext, Screen, Within, asked_limit
 
 # Replies are defined in proxy.reply; plugins import them from here with the contract.
 from .reply import Completion, EndHook, Outcome, Reply, Stream
-from .settings import ConfigError, PluginSpec, errors_from_validation
+from .settings import ConfigError, PluginSpec, UpstreamEngineSettings, errors_from_validation
 from .tracing import span, tracing_enabled
 
 __all__ = ["FALLBACK_HEADER", "BasePlugin", "Completion", "EndHook", "Next", "Outcome",
@@ -287,7 +287,8 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
     short deadline must not open the circuit for all). With `slow_call_s` (or
     `half_open_max_wait_s`) at or past that deadline, a hung engine never opens the
     breaker (nor fails a trial): every call it holds is cut first; so with an upstream
-    fallback's `timeout_s` there, for its own breaker. Warned of by
+    fallback's `timeout_s` there, for its own breaker, and with an upstream engine's
+    `whole_call_s` and `timeout_s` both there (its whole answers). Warned of by
     `check-config` and at `serve`'s start (the config stays valid)."""
     configs = {cls.name: (config, i) for cls, config, i in validate_plugins(settings.plugins)}
     if "breaker" not in configs:
@@ -309,6 +310,24 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
                 f"{value:g} s is not below the requests' deadline ({deadline:g} s: "
                 "server.request_timeout_s, admission's deadline_s): every call is cut "
                 f"before it, so {what}; set it lower")))
+    # An upstream engine tells no first token of a whole answer: a hung one is slow only
+    # past `whole_call_s` (a trial failed then), or fails at its own `timeout_s` (a 504);
+    # with both at or past the deadline (or `whole_call_s` null), every such call is cut
+    # first and counts for nothing.
+    engine = settings.engine
+    if isinstance(engine, UpstreamEngineSettings):
+        whole = getattr(breaker, "whole_call_s", None)
+        if (whole is None or whole >= deadline) and engine.timeout_s >= deadline:
+            where = (f"plugins[{i}].config.whole_call_s" if whole is not None
+                     else "engine.timeout_s")
+            said = (f"whole_call_s {whole:g} s" if whole is not None
+                    else "whole_call_s null")
+            warned.append((where, (
+                f"{said} and the upstream's engine.timeout_s {engine.timeout_s:g} s are not "
+                f"below the requests' deadline ({deadline:g} s: server.request_timeout_s, "
+                "admission's deadline_s): every whole (non-streamed) answer is cut before "
+                "either, so a hung upstream never opens the breaker (nor fails a trial) and "
+                "each request waits on it to its deadline; set one lower")))
     # An upstream fallback's own breaker counts only its failures (no slow calls): a
     # hung one fails at its `timeout_s`, and a call cut at the request's deadline
     # first counts for nothing, so with `timeout_s` at or past that deadline it never

@@ -282,6 +282,24 @@ def test_check_config_warns_of_an_embedding_model_only_where_serve_loads_one(
      "{kind: upstream, base_url: 'http://b/v1', timeout_s: 4}]}}, "
      "{name: admission, config: {deadline_s: 5}}]",
      ["plugins[0].config.fallback[1].timeout_s"]),
+    # an upstream engine's whole answer is slow only past `whole_call_s`, failed at its
+    # `timeout_s`: a hung one counts only if one of them comes before the deadline
+    ("engine: {kind: upstream, base_url: 'http://a/v1'}\n"
+     "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
+     "{name: admission, config: {deadline_s: 60}}]", ["plugins[0].config.whole_call_s"]),
+    ("engine: {kind: upstream, base_url: 'http://a/v1'}\n"
+     "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4, "
+     "whole_call_s: null}}, {name: admission, config: {deadline_s: 60}}]",
+     ["engine.timeout_s"]),
+    ("engine: {kind: upstream, base_url: 'http://a/v1', timeout_s: 30}\n"
+     "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
+     "{name: admission, config: {deadline_s: 60}}]", []),
+    ("engine: {kind: upstream, base_url: 'http://a/v1'}\n"
+     "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4, "
+     "whole_call_s: 50}}, {name: admission, config: {deadline_s: 60}}]", []),
+    # (the in-process engine tells its first token: `whole_call_s` judges none of it)
+    ("plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
+     "{name: admission, config: {deadline_s: 60}}]", []),
 ])
 def test_check_config_warns_of_breaker_thresholds_past_the_deadline(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], deadlines: str,
