@@ -132,10 +132,10 @@ class UpstreamUnavailable(EngineError):
     status = 503
     default_code = "upstream_unavailable"
 
-    def __init__(self, retry_after: str) -> None:
+    def __init__(self, headers: Mapping[str, str]) -> None:
         super().__init__("The upstream is unavailable; retry after the time given in "
                          "Retry-After.")
-        self.headers.update(_retry_headers(retry_after))
+        self.headers.update(_retry_headers(headers))
 
 
 class AnswerTooLarge(GatewayFault):
@@ -493,7 +493,7 @@ class Upstream:
         if 300 <= status < 400:
             raise EngineError(f"The upstream redirected the request ({status}).")
         if status == 503:
-            raise UpstreamUnavailable(resp.headers.get("retry-after", ""))
+            raise UpstreamUnavailable(resp.headers)
         if status == 504:
             raise await _upstream_timeout(resp, only_if_cached)
         if status >= 500:
@@ -513,7 +513,7 @@ class Upstream:
                                   headers={"x-should-retry": "false"})
             raise RateLimited("The upstream's rate limit was reached; retry after the time "
                               "given in Retry-After.", kind=kind,
-                              headers=_retry_headers(resp.headers.get("retry-after", "")))
+                              headers=_retry_headers(resp.headers))
         try:
             raw = await _body(resp, MAX_ANSWER_BYTES)
             if raw is None:
@@ -755,10 +755,18 @@ def _tokens(usage: Any) -> tuple[int, int]:
     return count(u.get("prompt_tokens")), count(u.get("completion_tokens"))
 
 
-def _retry_headers(value: str) -> dict[str, str]:
+def _retry_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """`Retry-After` and `retry-after-ms` (the OpenAI SDK reads it first) for an
-    upstream's `Retry-After` (`retry_after_s`)."""
-    seconds = retry_after_s(value)
+    upstream's: its `retry-after-ms` where it sends one (a Weir upstream, OpenAI's API:
+    the finer; one sent alone was dropped, and a wait of 2.5 s told as 1 s brought the
+    client back early), else its `Retry-After` (`retry_after_s`)."""
+    ms = headers.get("retry-after-ms", "").strip()
+    whole, _, part = ms.partition(".")
+    if whole.isascii() and whole.isdigit() and (not part or (part.isascii() and part.isdigit())):
+        wait = min(math.ceil(float(ms)) if len(whole) <= 12 else math.inf,
+                   MAX_RETRY_AFTER_S * 1000)
+        return {"retry-after": str(math.ceil(wait / 1000)), "retry-after-ms": str(int(wait))}
+    seconds = retry_after_s(headers.get("retry-after", ""))
     return {"retry-after": str(seconds), "retry-after-ms": str(seconds * 1000)}
 
 

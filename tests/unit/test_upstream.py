@@ -638,6 +638,25 @@ async def test_an_upstream_429_is_told_in_the_gateway_s_words(upstream: Upstream
     assert e.type == "requests"
 
 
+@pytest.mark.parametrize(("status", "error"), [(429, RateLimited), (503, EngineError)])
+@pytest.mark.parametrize(("sent", "told"), [
+    ({"retry-after-ms": "2500"}, ("3", "2500")),
+    ({"retry-after": "1", "retry-after-ms": "250.5"}, ("1", "251")),
+    ({"retry-after": "7", "retry-after-ms": "soon"}, ("7", "7000")),
+    ({"retry-after-ms": "99999999999999999999"}, ("3600", "3600000")),
+])
+async def test_an_upstream_s_retry_after_ms_is_passed_on(
+        upstream: Upstream, status: int, error: type[WeirError], sent: dict[str, str],
+        told: tuple[str, str]) -> None:
+    """An upstream's `retry-after-ms` (a Weir upstream's, OpenAI's: the OpenAI SDK reads
+    it first) was dropped: sent alone, the client was told 1 s (a 2.5 s wait: back
+    early, to another 429); it is the wait passed on, `Retry-After` rounded up."""
+    e = await refused(upstream, answering(web.json_response({"error": {
+        "message": "Rate limit reached.", "type": "requests",
+        "code": "rate_limit_exceeded"}}, status=status, headers=sent)), error)
+    assert (e.headers["retry-after"], e.headers["retry-after-ms"]) == told
+
+
 async def test_an_upstream_429_s_kind_is_kept(upstream: Upstream) -> None:
     """Its type (`tokens` or `requests`, OpenAI's) tells the client which limit it met."""
     e = await refused(upstream, answering(web.json_response({"error": {
