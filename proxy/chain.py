@@ -288,7 +288,8 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
     `half_open_max_wait_s`) at or past that deadline, a hung engine never opens the
     breaker (nor fails a trial): every call it holds is cut first; so with an upstream
     fallback's `timeout_s` there, for its own breaker, and with an upstream engine's
-    `whole_call_s` and `timeout_s` both there (its whole answers). Warned of by
+    `whole_call_s` and `timeout_s` both there (its whole answers) or its `read_timeout_s`
+    (a stream that stalls once begun). Warned of by
     `check-config` and at `serve`'s start (the config stays valid)."""
     configs = {cls.name: (config, i) for cls, config, i in validate_plugins(settings.plugins)}
     if "breaker" not in configs:
@@ -328,6 +329,15 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
                 "admission's deadline_s): every whole (non-streamed) answer is cut before "
                 "either, so a hung upstream never opens the breaker (nor fails a trial) and "
                 "each request waits on it to its deadline; set one lower")))
+        # A stream that stalls once begun fails at `read_timeout_s` (a 504 it counts);
+        # cut at the deadline first, it counts for nothing.
+        if min(engine.read_timeout_s, engine.timeout_s) >= deadline:
+            warned.append(("engine.read_timeout_s", (
+                f"{min(engine.read_timeout_s, engine.timeout_s):g} s (the upstream's "
+                "engine.read_timeout_s, within its timeout_s) is not below the requests' "
+                f"deadline ({deadline:g} s: server.request_timeout_s, admission's "
+                "deadline_s): every stream the upstream stalls once begun is cut before "
+                "it, so a stalling upstream never opens the breaker; set it lower")))
     # An upstream fallback's own breaker counts only its failures (no slow calls): a
     # hung one fails at its `timeout_s`, and a call cut at the request's deadline
     # first counts for nothing, so with `timeout_s` at or past that deadline it never

@@ -286,17 +286,23 @@ def test_check_config_warns_of_an_embedding_model_only_where_serve_loads_one(
     # `timeout_s`: a hung one counts only if one of them comes before the deadline
     ("engine: {kind: upstream, base_url: 'http://a/v1'}\n"
      "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
-     "{name: admission, config: {deadline_s: 60}}]", ["plugins[0].config.whole_call_s"]),
+     "{name: admission, config: {deadline_s: 60}}]",
+     ["plugins[0].config.whole_call_s", "engine.read_timeout_s"]),
     ("engine: {kind: upstream, base_url: 'http://a/v1'}\n"
      "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4, "
-     "whole_call_s: null}}, {name: admission, config: {deadline_s: 60}}]",
+     "whole_call_s: null}}, {name: admission, config: {deadline_s: 200}}]",
      ["engine.timeout_s"]),
     ("engine: {kind: upstream, base_url: 'http://a/v1', timeout_s: 30}\n"
      "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
      "{name: admission, config: {deadline_s: 60}}]", []),
-    ("engine: {kind: upstream, base_url: 'http://a/v1'}\n"
+    ("engine: {kind: upstream, base_url: 'http://a/v1', read_timeout_s: 30}\n"
      "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4, "
      "whole_call_s: 50}}, {name: admission, config: {deadline_s: 60}}]", []),
+    # an upstream's stream stalled once begun fails only at its `read_timeout_s`
+    ("engine: {kind: upstream, base_url: 'http://a/v1', read_timeout_s: 90}\n"
+     "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4, "
+     "whole_call_s: 30}}, {name: admission, config: {deadline_s: 60}}]",
+     ["engine.read_timeout_s"]),
     # (the in-process engine tells its first token: `whole_call_s` judges none of it)
     ("plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
      "{name: admission, config: {deadline_s: 60}}]", []),
