@@ -6,8 +6,9 @@ life (which store granted each, renewal, orphans after a store timeout), which m
 stay in one place to release every slot exactly once.
 
 On admission, every rule's buckets are checked and charged in one atomic step: one
-request, and the tokens it may use (its prompt, estimated from its text, plus its
-`max_tokens` or `default_max_tokens`), and a concurrency lease. When the answer ends the
+request, and the tokens it may use (its prompt, estimated from its text, once, plus its
+`max_tokens` or `default_max_tokens` for each choice of each prompt), and a concurrency
+lease. When the answer ends the
 token charge is settled against the real usage and the lease released: a stream cut
 short (its client gone, its deadline, an engine fault) is charged the tokens generated
 until then, and so is any answer its client or deadline cut once the engine had it (its
@@ -589,10 +590,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         req = ctx.request
         prompts = len(req.prompts()) if isinstance(req, CompletionRequest) else 1
         # Every prompt of a completion gets its own n choices, each up to the limit.
-        # (`max_tokens: 0` with `echo` generates one token, not shown)
+        # (`max_tokens: 0` with `echo` generates one token, not shown) Its prompts are
+        # read once whatever `n` is, and counted once in its usage (OpenAI's, vLLM's,
+        # Weir's engine: each prompt's tokens, not each choice's): the estimate, which
+        # counts every prompt, is reserved once.
         most = req.output_limit
         out = (self.cfg.default_max_tokens if most is None else max(most, 1)) * prompts
-        reserve = (estimate_tokens(ctx) + out) * max(1, req.n)
+        reserve = estimate_tokens(ctx) + out * max(1, req.n)
         plan = self._plan(ctx)
         rpm, conc, per_of = plan.rpm, plan.conc, plan.per_of
         tpm = [Bucket(key, limit, reserve) for key, limit in plan.tpm]

@@ -542,11 +542,36 @@ async def test_every_prompt_of_a_completion_reserves_its_own_output() -> None:
         return Completion({})  # no usage: the reservation stands
 
     c = completion(1)
-    await p(c, unsettled)  # (1 token + 100) x 2 = 202
-    assert c.response_headers["x-ratelimit-remaining-tokens"] == str(1000 - 202)
+    await p(c, unsettled)  # 1 token of prompt + 100 x 2 choices = 201
+    assert c.response_headers["x-ratelimit-remaining-tokens"] == str(1000 - 201)
     with pytest.raises(RateLimited):
-        await p(completion(4), unsettled)  # (2 + 400) x 2 = 804 > 798 left
-    await p(completion(3), unsettled)  # (1 + 300) x 2 = 602
+        await p(completion(4), unsettled)  # 2 + 400 x 2 = 802 > 799 left
+    await p(completion(3), unsettled)  # 1 + 300 x 2 = 601
+    await p.close()
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+async def test_a_prompt_is_reserved_once_whatever_its_choices(route: str) -> None:
+    """`n` choices of one prompt read it once: the usage counts its tokens once (OpenAI's,
+    vLLM's, Weir's engine), each prompt of a completion once, not once per choice. The
+    reservation took the prompt's estimate n times over: a long prompt with `n: 4`
+    reserved four prompts, and a caller with room for it was refused."""
+    from proxy.protocol import CompletionRequest
+
+    p = plugin(None, rules=[{"per": "key", "tpm": 1000}])
+    text = "x" * 1596  # an estimate of 400 tokens, 200 for each of two prompts
+    if route == "chat":
+        c = ctx(messages=[{"role": "user", "content": text}], n=4, max_tokens=10)
+    else:  # (two prompts of 199 + 1 tokens each: 400 together, whatever n is)
+        c = RequestContext(route="completions", request=CompletionRequest.model_validate(
+            {"model": "m", "prompt": ["x" * 798] * 2, "n": 2, "max_tokens": 10}),
+            principal=Principal("t", "user", "u", key_id="k1"), request_id="r")
+
+    async def unsettled(c: RequestContext) -> Reply:
+        return Completion({})  # no usage: the reservation stands
+
+    await p(c, unsettled)  # 400 of prompt + 10 x 4 generations = 440 (not 1,640)
+    assert c.response_headers["x-ratelimit-remaining-tokens"] == str(1000 - 440)
     await p.close()
 
 
