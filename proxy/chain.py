@@ -289,7 +289,7 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
     breaker (nor fails a trial): every call it holds is cut first; so with an upstream
     fallback's `timeout_s` there, for its own breaker, and with an upstream engine's
     `whole_call_s` and `timeout_s` both there (its whole answers) or its `read_timeout_s`
-    (a stream that stalls once begun). Warned of by
+    (a stream that stalls once begun), or that not below its `timeout_s`. Warned of by
     `check-config` and at `serve`'s start (the config stays valid)."""
     configs = {cls.name: (config, i) for cls, config, i in validate_plugins(settings.plugins)}
     if "breaker" not in configs:
@@ -330,14 +330,18 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
                 "either, so a hung upstream never opens the breaker (nor fails a trial) and "
                 "each request waits on it to its deadline; set one lower")))
         # A stream that stalls once begun fails at `read_timeout_s` (a 504 it counts);
-        # cut at the deadline first, it counts for nothing.
-        if min(engine.read_timeout_s, engine.timeout_s) >= deadline:
+        # cut first at the deadline, or at the engine's `timeout_s` (a stream whose
+        # time ran out is a long answer, the caller's: `UpstreamDeadline`), it counts
+        # for nothing.
+        if engine.read_timeout_s >= min(deadline, engine.timeout_s):
+            before = (f"the requests' deadline ({deadline:g} s: server.request_timeout_s, "
+                      "admission's deadline_s)" if deadline <= engine.timeout_s else
+                      f"the upstream's engine.timeout_s ({engine.timeout_s:g} s, where a "
+                      "stream is cut as a long answer, which the breaker does not count)")
             warned.append(("engine.read_timeout_s", (
-                f"{min(engine.read_timeout_s, engine.timeout_s):g} s (the upstream's "
-                "engine.read_timeout_s, within its timeout_s) is not below the requests' "
-                f"deadline ({deadline:g} s: server.request_timeout_s, admission's "
-                "deadline_s): every stream the upstream stalls once begun is cut before "
-                "it, so a stalling upstream never opens the breaker; set it lower")))
+                f"{engine.read_timeout_s:g} s is not below {before}: every stream the "
+                "upstream stalls once begun is cut before it, so a stalling upstream "
+                "never opens the breaker; set it lower")))
     # An upstream fallback's own breaker counts only its failures (no slow calls): a
     # hung one fails at its `timeout_s`, and a call cut at the request's deadline
     # first counts for nothing, so with `timeout_s` at or past that deadline it never

@@ -292,7 +292,7 @@ def test_check_config_warns_of_an_embedding_model_only_where_serve_loads_one(
      "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4, "
      "whole_call_s: null}}, {name: admission, config: {deadline_s: 200}}]",
      ["engine.timeout_s"]),
-    ("engine: {kind: upstream, base_url: 'http://a/v1', timeout_s: 30}\n"
+    ("engine: {kind: upstream, base_url: 'http://a/v1', timeout_s: 30, read_timeout_s: 20}\n"
      "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
      "{name: admission, config: {deadline_s: 60}}]", []),
     ("engine: {kind: upstream, base_url: 'http://a/v1', read_timeout_s: 30}\n"
@@ -302,6 +302,16 @@ def test_check_config_warns_of_an_embedding_model_only_where_serve_loads_one(
     ("engine: {kind: upstream, base_url: 'http://a/v1', read_timeout_s: 90}\n"
      "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4, "
      "whole_call_s: 30}}, {name: admission, config: {deadline_s: 60}}]",
+     ["engine.read_timeout_s"]),
+    # ... or at its `timeout_s`, where that comes first: a stream cut there with its
+    # bytes still coming is a long answer, which the breaker does not count (a stall
+    # that ran into it too, with `read_timeout_s` not below it)
+    ("engine: {kind: upstream, base_url: 'http://a/v1', timeout_s: 30}\n"
+     "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
+     "{name: admission, config: {deadline_s: 60}}]", ["engine.read_timeout_s"]),
+    ("engine: {kind: upstream, base_url: 'http://a/v1', timeout_s: 30, read_timeout_s: 30}\n"
+     "plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4, "
+     "whole_call_s: 20}}, {name: admission, config: {deadline_s: 300}}]",
      ["engine.read_timeout_s"]),
     # (the in-process engine tells its first token: `whole_call_s` judges none of it)
     ("plugins: [{name: breaker, config: {slow_call_s: 2, half_open_max_wait_s: 4}}, "
