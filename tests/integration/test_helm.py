@@ -362,27 +362,37 @@ def test_a_change_of_the_api_keys_the_chart_holds_rolls_the_pods() -> None:
 
 class _FakeApiServer:
     """Just enough of a Kubernetes API server for `lookup` (its discovery of v1, and
-    one Secret of namespace `ai`), as `helm upgrade` renders against the cluster."""
+    one Secret or PersistentVolumeClaim of namespace `ai`), as `helm upgrade` renders
+    against the cluster."""
 
     def __init__(self) -> None:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.secrets: dict[str, dict[str, str]] = {}
+        self.claims: dict[str, list[str]] = {}  # name: its accessModes
         api = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 name = path.removeprefix("/api/v1/namespaces/ai/secrets/")
+                claim = path.removeprefix("/api/v1/namespaces/ai/persistentvolumeclaims/")
                 body: dict[str, Any] | None = None
                 if path == "/api/v1":
                     body = {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
                         {"name": "secrets", "singularName": "", "namespaced": True,
-                         "kind": "Secret", "verbs": ["get", "list"]}]}
+                         "kind": "Secret", "verbs": ["get", "list"]},
+                        {"name": "persistentvolumeclaims", "singularName": "",
+                         "namespaced": True, "kind": "PersistentVolumeClaim",
+                         "verbs": ["get", "list"]}]}
                 elif name in api.secrets:
                     body = {"apiVersion": "v1", "kind": "Secret", "data": api.secrets[name],
                             "metadata": {"name": name, "namespace": "ai"}}
+                elif claim in api.claims:
+                    body = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                            "metadata": {"name": claim, "namespace": "ai"},
+                            "spec": {"accessModes": api.claims[claim]}}
                 raw = json.dumps(body or {"kind": "Status", "code": 404}).encode()
                 self.send_response(200 if body else 404)
                 self.send_header("Content-Type", "application/json")
@@ -397,12 +407,19 @@ class _FakeApiServer:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def render(self, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    def _render(self, extra: dict[str, Any]) -> dict[str, str]:
         with helm_python.Config(kube_apiserver=self.url, kube_token="t", namespace="ai") as cfg:
-            out = cfg.render(helm_python.Chart.load(CHART), merged(extra), name="weir",
-                             namespace="ai", is_upgrade=True)
-        return [d for name, text in out.items() if name.endswith(".yaml")
+            out: dict[str, str] = cfg.render(helm_python.Chart.load(CHART), merged(extra),
+                                             name="weir", namespace="ai", is_upgrade=True)
+        return out
+
+    def render(self, extra: dict[str, Any]) -> list[dict[str, Any]]:
+        return [d for name, text in self._render(extra).items() if name.endswith(".yaml")
                 for d in yaml.safe_load_all(text) if d]
+
+    def notes(self, extra: dict[str, Any]) -> str:
+        return next(text for name, text in self._render(extra).items()
+                    if name.endswith("NOTES.txt"))
 
     def close(self) -> None:
         self.server.shutdown()
@@ -1046,3 +1063,47 @@ def test_numbers_read_from_a_variable_the_chart_cannot_see_are_warned_of() -> No
                            "config": {"server": {"host": "${WEIR_HOST:-127.0.0.1}"}}}),
                    "Deployment")
 
+
+
+def test_an_existing_model_cache_claim_is_read_for_its_access_mode() -> None:
+    """`modelCache.existingClaim`: the chart's warnings of a one-node claim under several
+    pods (or a rolling update) were skipped for it, and `modelCache.accessMode` was
+    ignored in silence, so a ReadWriteOnce claim of the user's under three replicas
+    rendered with no word and the pods on other nodes never started. The claim's access
+    modes are read from the cluster at an install or upgrade (`helm template`: as
+    accessMode says), a ReadWriteMany said of a claim that is not fails, and an
+    existingClaim the emptyDir type would not mount fails."""
+    mine = {"type": "pvc", "existingClaim": "models"}
+    # helm template: the claim unseen, accessMode is what the user says of it
+    assert "modelCache" not in _notes({})
+    notes = _notes({"modelCache": mine, "replicaCount": 3})
+    assert "one ReadWriteOnce claim (models)" in notes, notes
+    assert "updateStrategy" in _notes({"modelCache": mine})
+    shared = {"modelCache": {**mine, "accessMode": "ReadWriteMany"}, "replicaCount": 3}
+    assert "modelCache" not in _notes(shared)
+    assert not [d for d in render(shared) if d["kind"] == "PersistentVolumeClaim"]
+    api = _FakeApiServer()
+    try:
+        api.claims["models"] = ["ReadWriteOnce"]
+        with pytest.raises(helm_python.HelmError) as e:
+            api.render(shared)
+        assert "modelCache.accessMode" in str(e.value) and "models" in str(e.value)
+        assert "one ReadWriteOnce claim (models)" in api.notes(
+            {"modelCache": mine, "replicaCount": 3})
+        api.claims["models"] = ["ReadWriteMany"]  # the cluster's word over the default
+        assert "modelCache" not in api.notes({"modelCache": mine, "replicaCount": 3})
+        dep = by_kind(api.render(shared), "Deployment")["spec"]["template"]["spec"]
+        assert {v["name"]: v for v in dep["volumes"]}["model-cache"] == {
+            "name": "model-cache", "persistentVolumeClaim": {"claimName": "models"}}
+        for modes in (["ReadWriteOncePod"], ["ReadOnlyMany"]):
+            api.claims["models"] = modes
+            with pytest.raises(helm_python.HelmError) as e:
+                api.render({"modelCache": mine})
+            assert "modelCache.existingClaim" in str(e.value), str(e.value)
+        del api.claims["models"]  # not there (yet): as accessMode says
+        assert by_kind(api.render(shared), "Deployment")
+    finally:
+        api.close()
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"modelCache": {"existingClaim": "models"}})  # type emptyDir
+    assert "modelCache.existingClaim" in str(e.value) and "type: pvc" in str(e.value)

@@ -228,3 +228,35 @@ each, for the notes to warn of what the chart assumed. */}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The model-cache claim's access mode, what the notes warn with: the chart's claim's
+(modelCache.accessMode); an existingClaim's as the cluster holds it at `helm install` or
+`upgrade` (lookup; `helm template` cannot see it: modelCache.accessMode then, what the
+user says of it). The chart's warnings read it either way (an existing ReadWriteOnce
+claim under several pods is the same Multi-Attach as the chart's). An existing claim
+without the access modes the cache needs fails the render: one modelCache.accessMode
+says is ReadWriteMany but is not (pods on other nodes would never start), one only
+ReadWriteOncePod (a rolling update's new pod never mounts it) or only read (the cache is
+written). An existingClaim with type emptyDir (no claim mounted) fails too. */}}
+{{- define "weir.cacheAccessMode" -}}
+{{- $mc := .Values.modelCache -}}
+{{- $mode := $mc.accessMode | default "ReadWriteOnce" -}}
+{{- if and $mc.existingClaim (ne (toString $mc.type) "pvc") -}}
+{{- fail (printf "modelCache.existingClaim: %s is mounted only with modelCache.type: pvc (type %s mounts an emptyDir): set type: pvc, or leave existingClaim empty" $mc.existingClaim (toString $mc.type)) -}}
+{{- end -}}
+{{- if and (eq (toString $mc.type) "pvc") $mc.existingClaim -}}
+{{- with (lookup "v1" "PersistentVolumeClaim" .Release.Namespace $mc.existingClaim) -}}
+{{- $modes := (.spec | default dict).accessModes | default list -}}
+{{- if has "ReadWriteMany" $modes -}}{{- $mode = "ReadWriteMany" -}}
+{{- else if has "ReadWriteOnce" $modes -}}
+{{- if eq $mode "ReadWriteMany" -}}
+{{- fail (printf "modelCache.accessMode: ReadWriteMany, but the existing claim %s (modelCache.existingClaim) is %s: pods on other nodes cannot mount it. Use a ReadWriteMany claim, or set modelCache.accessMode: ReadWriteOnce (then one node; see the notes)" $mc.existingClaim (join ", " $modes)) -}}
+{{- end -}}
+{{- $mode = "ReadWriteOnce" -}}
+{{- else -}}
+{{- fail (printf "modelCache.existingClaim: the claim %s is %s: Weir writes its model cache there, and a rolling update's new pod must mount it beside the old one: give a ReadWriteOnce or ReadWriteMany claim" $mc.existingClaim (join ", " $modes)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $mode -}}
+{{- end -}}
