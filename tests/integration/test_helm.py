@@ -644,7 +644,10 @@ def test_extra_environment_and_volumes_reach_the_pod() -> None:
     ({"extraVolumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]},
      "extraVolumes[1].name"),
     *[({"extraVolumeMounts": [{"name": "x", "mountPath": p}]}, "extraVolumeMounts[0].mountPath")
-      for p in ("/etc/weir", "/dev/shm", "/models", "/tmp/", "/etc/weir/")],
+      for p in ("/etc/weir", "/dev/shm", "/models", "/tmp/", "/etc/weir/",
+                # inside the chart's read-only config mount: weir.yaml hidden by a
+                # subPath mount, or a mount point the runtime cannot make
+                "/etc/weir/weir.yaml", "/etc/weir/certs", "/etc//weir/./tls/")],
     ({"modelCache": {"mountPath": "/data"}, "extraVolumeMounts": [
         {"name": "x", "mountPath": "/data"}]}, "modelCache.mountPath"),
     ({"extraVolumeMounts": [{"name": "x", "mountPath": "/a"}, {"name": "y", "mountPath": "/a"}]},
@@ -662,6 +665,9 @@ def test_extra_mounts_of_the_charts_own_volumes_elsewhere_pass() -> None:
     dep = by_kind(render({"extraVolumes": [{"name": "keys", "emptyDir": {}}],
                           "extraVolumeMounts": [
                               {"name": "keys", "mountPath": "/etc/weir-keys"},
+                              {"name": "keys", "mountPath": "/etc/weirx", "subPath": "x"},
+                              {"name": "model-cache", "mountPath": "/models/hub",
+                               "subPath": "hub"},
                               {"name": "model-cache", "mountPath": "/hf", "subPath": "hf"}]}),
                   "Deployment")
     kubernetes_validate.validate(dep, K8S, strict=True)

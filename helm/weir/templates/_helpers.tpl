@@ -186,8 +186,9 @@ is the text itself.) */}}
 {{/* extraVolumes and extraVolumeMounts beside the chart's own: a volume named as one of
 the chart's (config, dshm, tmp, model-cache) or another extra one, or a mount at a path
 the chart mounts (or another extra mount's), is a duplicate the API server refuses (or,
-for a path written another way, `/tmp/`, one mount hiding the other): the render fails
-naming it. */}}
+for a path written another way, `/tmp/`, one mount hiding the other), or a mount inside
+the chart's read-only /etc/weir (hiding weir.yaml, or no mount point can be made there):
+the render fails naming it. */}}
 {{- define "weir.checkExtraVolumes" -}}
 {{- $names := dict "config" "the chart's own" "dshm" "the chart's own" "tmp" "the chart's own" "model-cache" "the chart's own" -}}
 {{- range $i, $v := (.Values.extraVolumes | default list) -}}
@@ -201,6 +202,9 @@ naming it. */}}
 {{- $_ := set $paths (clean (toString .Values.modelCache.mountPath)) "the chart's model-cache (modelCache.mountPath)" -}}
 {{- range $i, $m := (.Values.extraVolumeMounts | default list) -}}
 {{- $p := clean (toString $m.mountPath) -}}
+{{- if hasPrefix "/etc/weir/" $p -}}
+{{- fail (printf "extraVolumeMounts[%d].mountPath: %s is inside /etc/weir, the chart's read-only config mount: it would hide the config file Weir reads (weir.yaml) or fail the container's start (no mount point can be made in a read-only ConfigMap volume): mount it elsewhere (e.g. /etc/weir-keys)" $i (toString $m.mountPath)) -}}
+{{- end -}}
 {{- if hasKey $paths $p -}}
 {{- fail (printf "extraVolumeMounts[%d].mountPath: %s is where %s volume is mounted already: mount it elsewhere" $i (toString $m.mountPath) (get $paths $p)) -}}
 {{- end -}}
