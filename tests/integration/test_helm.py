@@ -822,7 +822,12 @@ def test_numbers_the_chart_computes_with_read_the_variables_extra_env_sets() -> 
                                   "0:0:0:0:0:0:0:1", "0000::0001", "::0:1", "[::1]",
                                   "[0:0:0:0:0:0:0:1]", "::ffff:127.0.0.1", "::FFFF:7f00:1",
                                   "0:0:0:0:0:ffff:127.0.0.1", "localhost.", "::1%lo",
-                                  "${WEIR_HOST:-0:0:0:0:0:0:0:1}"])
+                                  "${WEIR_HOST:-0:0:0:0:0:0:0:1}",
+                                  # the forms the resolver (inet_aton) reads as
+                                  # 127.0.0.1, which Weir's listener binds (these passed)
+                                  "2130706433", "0x7f000001", "0X7F000001", "017700000001",
+                                  "127.1", "0x7f.1", "0177.1", "127.0.1", "0x7F.0.0.1",
+                                  "[::ffff:127.0.0.1]", "2147483647"])
 def test_a_loopback_listen_address_fails_the_render(host: str) -> None:
     """`config.server.host` on the loopback (config/weir.yaml's `${WEIR_HOST:-127.0.0.1}`,
     copied into the values) made a pod the probes and the Service cannot reach: never
@@ -834,7 +839,10 @@ def test_a_loopback_listen_address_fails_the_render(host: str) -> None:
 
 def test_listen_addresses_a_pod_can_be_reached_on_pass() -> None:
     for host in ("0.0.0.0", "::", "${WEIR_HOST:-0.0.0.0}", "::ffff:0.0.0.0", "::10",
-                 "1::1", "10.127.0.1", "weir.internal"):
+                 "1::1", "10.127.0.1", "weir.internal",
+                 # not the loopback: 0.0.0.127, 128.0.0.0, 0127 is octal 87, 126.255.255.255
+                 "0x7f", "2147483648", "0127.0.0.1", "2130706431", "127.cafe.internal",
+                 "127.0.0.1.1"):
         assert by_kind(render({"config": {"server": {"host": host}}}), "Deployment")
     # the variable extraEnv sets, not the default
     assert by_kind(render({"config": {"server": {"host": "${WEIR_HOST:-127.0.0.1}"}},

@@ -106,11 +106,21 @@ computes nothing with the host). */}}
 {{- if not $fromRef -}}
 {{- $got := include "weir.setting" (list $host "config.server.host" .) | trim | trimPrefix "[" | trimSuffix "]" | lower -}}
 {{- $got = regexReplaceAll "%.*$" $got "" | trimSuffix "." -}}
-{{- if or (regexMatch "^127\\." $got) (regexMatch "^(0+177|0x0*7f)\\." $got) (has $got (list "localhost" "ip6-localhost" "ip6-loopback")) (include "weir.loopback6" $got) -}}
+{{- if or (include "weir.loopback4" $got) (has $got (list "localhost" "ip6-localhost" "ip6-loopback")) (include "weir.loopback6" $got) -}}
 {{- $how := "" -}}
 {{- if $name -}}{{- $how = printf "; ${%s} is read as extraEnv (or apiKeys.values) sets it, else its default (what extraEnvFrom or an existingSecret holds is unknown here): set it in extraEnv" $name -}}{{- end -}}
 {{- fail (printf "config.server.host: %s is the pod's loopback, which the probes and the Service cannot reach (the pod never turns ready): listen on 0.0.0.0 (or ::)%s" (toString $host) $how) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" where an IPv4 address (lower case) is the loopback (127.0.0.0/8) in any form
+the resolver's inet_aton takes, as Weir's listener binds it: two to four parts whose
+first is 127 (decimal, octal `0177`, hex `0x7f`: `127.1`, `0x7f.1`, `0177.0.0.1`), or
+one 32-bit number (`2130706433`, `0x7f000001`, `017700000001`). */}}
+{{- define "weir.loopback4" -}}
+{{- if or (regexMatch "^(127|0+177|0x0*7f)(\\.(0x[0-9a-f]*|[0-9]+)){1,3}$" .) (regexMatch "^0x0*7f[0-9a-f]{6}$" .) (regexMatch "^0+177[0-7]{8}$" .) (and (regexMatch "^[1-9][0-9]{9}$" .) (ge (int64 .) 2130706432) (le (int64 .) 2147483647)) -}}
+true
 {{- end -}}
 {{- end -}}
 
