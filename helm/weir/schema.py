@@ -96,8 +96,13 @@ def schema() -> dict[str, Any]:
     count = {"type": "integer", "minimum": 1}
     # (each field and each probe given: a null drops the chart's default, and the
     # template's nil then failed the render naming no value)
-    probe = _own({"periodSeconds": count, "failureThreshold": count, "timeoutSeconds": count},
-                 required=["periodSeconds", "failureThreshold", "timeoutSeconds"])
+    # (`enabled: false` drops the probe; Kubernetes takes a successThreshold other than 1
+    # on a readiness probe only)
+    timings = {"enabled": b, "initialDelaySeconds": {"type": "integer", "minimum": 0},
+               "periodSeconds": count, "failureThreshold": count, "timeoutSeconds": count}
+    required = ["periodSeconds", "failureThreshold", "timeoutSeconds"]
+    probe = _own({**timings, "successThreshold": {"const": 1}}, required=required)
+    readiness = _own({**timings, "successThreshold": count}, required=required)
     return {
         "$schema": "https://json-schema.org/draft-07/schema#",
         "title": "Weir chart values",
@@ -148,7 +153,7 @@ def schema() -> dict[str, Any]:
             "service": _own({"type": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                              "port": {"type": "integer", "minimum": 1, "maximum": 65535},
                              "annotations": o}),
-            "probes": _own({"startup": probe, "readiness": probe, "liveness": probe},
+            "probes": _own({"startup": probe, "readiness": readiness, "liveness": probe},
                            required=["startup", "readiness", "liveness"]),
             "preStopSleepSeconds": {"type": "integer", "minimum": 0},
             "podSecurityContext": o, "securityContext": o, "podAnnotations": o, "podLabels": o,

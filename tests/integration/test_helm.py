@@ -1121,3 +1121,39 @@ def test_an_existing_model_cache_claim_is_read_for_its_access_mode() -> None:
     with pytest.raises(helm_python.HelmError) as e:
         render({"modelCache": {"existingClaim": "models"}})  # type emptyDir
     assert "modelCache.existingClaim" in str(e.value) and "type: pvc" in str(e.value)
+
+
+def test_probes_can_be_disabled_and_timed() -> None:
+    """The three probes were always rendered with three fixed fields each: no value
+    dropped one (a mesh or a platform with its own health checks, a debug pod that must
+    not be restarted), nor set an initial delay or a readiness success threshold."""
+    c = by_kind(render({}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"startupProbe", "readinessProbe", "livenessProbe"} <= set(c)
+    assert c["readinessProbe"] == {"httpGet": {"path": "/health/ready", "port": "http"},
+                                   "periodSeconds": 5, "timeoutSeconds": 3,
+                                   "failureThreshold": 2}
+    for kind in ("startup", "readiness", "liveness"):
+        dep = by_kind(render({"probes": {kind: {"enabled": False}}}), "Deployment")
+        kubernetes_validate.validate(dep, K8S, strict=True)
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        assert f"{kind}Probe" not in c
+        assert len([k for k in c if k.endswith("Probe")]) == 2
+    assert "probes.readiness.enabled" in _notes({"probes": {"readiness": {"enabled": False}}})
+    assert "probes.readiness" not in _notes({"probes": {"liveness": {"enabled": False}}})
+    timed = {"probes": {"liveness": {"initialDelaySeconds": 30, "timeoutSeconds": 20},
+                        "readiness": {"successThreshold": 2, "periodSeconds": 1}}}
+    dep = by_kind(render(timed), "Deployment")
+    kubernetes_validate.validate(dep, K8S, strict=True)
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["livenessProbe"]["initialDelaySeconds"] == 30
+    assert c["livenessProbe"]["timeoutSeconds"] == 20
+    assert c["livenessProbe"]["periodSeconds"] == 10  # the chart's, kept
+    assert c["readinessProbe"]["successThreshold"] == 2
+    assert c["readinessProbe"]["periodSeconds"] == 1
+    # Kubernetes refuses a liveness or startup successThreshold other than 1; a
+    # misspelt field is refused, not ignored
+    for bad in ({"liveness": {"successThreshold": 2}}, {"startup": {"enabled": "no"}},
+                {"readiness": {"initialDelay": 5}}, {"liveness": {"initialDelaySeconds": -1}}):
+        with pytest.raises(helm_python.HelmError) as e:
+            render({"probes": bad})
+        assert "probes" in str(e.value), (bad, str(e.value))
