@@ -1157,3 +1157,23 @@ def test_probes_can_be_disabled_and_timed() -> None:
         with pytest.raises(helm_python.HelmError) as e:
             render({"probes": bad})
         assert "probes" in str(e.value), (bad, str(e.value))
+
+
+def test_the_cpu_image_with_a_gpu_asked_for_fails_the_render() -> None:
+    """`image.variant: cpu` with the chart's `gpu.count: 1` (or `nvidia.com/gpu` in
+    resources) rendered a pod holding a GPU its CPU build of the engine never uses, and
+    waiting for a GPU node: the render names what asks for it."""
+    cpu = {"image": {"variant": "cpu"}}
+    for asked, named in (({}, "gpu.count"),
+                         ({"gpu": {"count": 0}, "resources": {"limits": {
+                             "nvidia.com/gpu": 1}}}, "nvidia.com/gpu"),
+                         ({"gpu": {"count": 0}, "resources": {"requests": {
+                             "amd.com/gpu": "2"}}}, "amd.com/gpu")):
+        with pytest.raises(helm_python.HelmError) as e:
+            render({**cpu, **asked})
+        assert "image.variant" in str(e.value) and named in str(e.value), str(e.value)
+    # none asked for (or zero): renders
+    for fine in ({"gpu": {"count": 0}},
+                 {"gpu": {"count": 0}, "resources": {"limits": {"nvidia.com/gpu": 0}}}):
+        assert by_kind(render({**cpu, **fine}), "Deployment")
+    assert by_kind(render({"image": {"variant": "gpu"}}), "Deployment")

@@ -274,3 +274,23 @@ written). An existingClaim with type emptyDir (no claim mounted) fails too. */}}
 {{- end -}}
 {{- $mode -}}
 {{- end -}}
+
+{{/* The CPU image (`image.variant: cpu`, vLLM built for the CPU) with a GPU asked for
+(gpu.count, or a `*gpu*` resource in resources' requests or limits): the pod holds a GPU
+it can never use, and waits for a GPU node to run on: the render fails naming it. */}}
+{{- define "weir.checkGpu" -}}
+{{- if eq (toString .Values.image.variant) "cpu" -}}
+{{- $asked := list -}}
+{{- if gt (int .Values.gpu.count) 0 -}}{{- $asked = append $asked (printf "gpu.count: %d" (int .Values.gpu.count)) -}}{{- end -}}
+{{- range $where := list "requests" "limits" -}}
+{{- range $k, $v := (get ($.Values.resources | default dict) $where | default dict) -}}
+{{- if and (contains "gpu" (lower $k)) (not (regexMatch "^0*(\\.0*)?$" (toString $v))) -}}
+{{- $asked = append $asked (printf "resources.%s[%s]: %v" $where $k $v) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $asked -}}
+{{- fail (printf "image.variant: cpu runs the engine on the CPU and cannot use a GPU, but the pod asks for one (%s): it would hold a GPU it never uses, and wait for a GPU node. Set gpu.count: 0 (and drop the GPU from resources), or image.variant: gpu" (join ", " .)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
