@@ -1177,3 +1177,35 @@ def test_the_cpu_image_with_a_gpu_asked_for_fails_the_render() -> None:
                  {"gpu": {"count": 0}, "resources": {"limits": {"nvidia.com/gpu": 0}}}):
         assert by_kind(render({**cpu, **fine}), "Deployment")
     assert by_kind(render({"image": {"variant": "gpu"}}), "Deployment")
+
+
+def test_a_redis_url_reading_a_variable_fails_the_render() -> None:
+    """`redis.url: redis://:${REDIS_PASSWORD}@...` (or `$(REDIS_PASSWORD)`) with the
+    password in extraEnv: REDIS_URL is set before extraEnv's variables, so Kubernetes
+    does not expand `$(...)` in it, and Weir reads a variable's value as it is, so the
+    password sent was the reference's text: every Redis call refused, in silence. The
+    render fails and says the ways that work."""
+    for url in ("redis://:${REDIS_PASSWORD}@redis.infra:6379/0",
+                "redis://default:$(REDIS_PASSWORD)@redis.infra:6379/0",
+                "rediss://${REDIS_HOST:-redis}:6380/0"):
+        with pytest.raises(helm_python.HelmError) as e:
+            render({"redis": {"url": url}})
+        assert "redis.url" in str(e.value) and "extraEnv" in str(e.value), str(e.value)
+        assert url[url.index("$"):url.index("$") + 8] in str(e.value), str(e.value)
+    # the documented ways: the password in config, or the whole URL from a Secret
+    password = [{"name": "REDIS_PASSWORD",
+                 "valueFrom": {"secretKeyRef": {"name": "redis", "key": "password"}}}]
+    l2 = [{"name": "cache", "config": {"l2": {"enabled": True}, "redis": {
+        "url": "redis://:${REDIS_PASSWORD}@redis.infra:6379/0"}}}]
+    docs = render({"extraEnv": password, "config": {"plugins": l2},
+                   "apiKeys": {"existingSecret": "keys"}})
+    kubernetes_validate.validate(by_kind(docs, "Deployment"), K8S, strict=True)
+    whole = [{"name": "REDIS_URL",
+              "valueFrom": {"secretKeyRef": {"name": "redis", "key": "url"}}}]
+    l2 = [{"name": "cache", "config": {"l2": {"enabled": True}, "redis": {
+        "url": "${REDIS_URL}"}}}]
+    env = by_kind(render({"extraEnv": whole, "config": {"plugins": l2},
+                          "apiKeys": {"existingSecret": "keys"}}),
+                  "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["name"] for e in env].count("REDIS_URL") == 1
+    assert by_kind(render({"redis": {"url": "redis://redis.infra:6379/0"}}), "Deployment")

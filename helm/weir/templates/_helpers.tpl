@@ -43,6 +43,12 @@ label adds 11) and its Service's (`-headless` added: at most 63, a DNS label). *
 {{- if and .Values.redis.bundled .Values.redis.url -}}
 {{- fail "redis: set redis.bundled (a Redis in this release) or redis.url (yours), not both" -}}
 {{- end -}}
+{{- /* REDIS_URL is a value Kubernetes sets before extraEnv's variables (so a `$(VAR)`
+       in it is not expanded) and Weir reads it once (a `${VAR}` in it stays that text):
+       a password given so was sent as the text itself, refused in silence */ -}}
+{{- with (regexFind "\\$(\\{[A-Za-z_][A-Za-z0-9_]*[^}]*\\}|\\([A-Za-z_][A-Za-z0-9_]*\\))" (toString .Values.redis.url)) -}}
+{{- fail (printf "redis.url: %s is not expanded in REDIS_URL (Kubernetes sets it before extraEnv, and Weir reads a variable's value as it is): set redis.url without the password and give the password in config, e.g. cache.config.redis.url: redis://:${REDIS_PASSWORD}@redis.infra:6379/0 with REDIS_PASSWORD in extraEnv (valueFrom a Secret), or put the whole URL in a Secret and set REDIS_URL from it in extraEnv" .) -}}
+{{- end -}}
 {{- if .Values.redis.bundled -}}redis://{{ include "weir.redisName" . }}:6379/0
 {{- else -}}{{ .Values.redis.url }}{{- end -}}
 {{- end -}}
