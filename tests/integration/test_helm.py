@@ -1209,3 +1209,23 @@ def test_a_redis_url_reading_a_variable_fails_the_render() -> None:
                   "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert [e["name"] for e in env].count("REDIS_URL") == 1
     assert by_kind(render({"redis": {"url": "redis://redis.infra:6379/0"}}), "Deployment")
+
+
+def test_a_read_only_root_file_system_moves_home_to_a_writable_volume() -> None:
+    """`securityContext.readOnlyRootFilesystem: true` rendered, but the image's home
+    (/home/weir) is on the root file system, where the engine writes its caches (vLLM's
+    compile cache and config, Triton's kernels): they failed on a read-only one. HOME
+    is /tmp (the chart's emptyDir) then; the caches Weir and Hugging Face keep stay on
+    the model cache."""
+    ro = {"securityContext": {"readOnlyRootFilesystem": True,
+                              "allowPrivilegeEscalation": False,
+                              "capabilities": {"drop": ["ALL"]}}}
+    dep = by_kind(render(ro), "Deployment")
+    kubernetes_validate.validate(dep, K8S, strict=True)
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["HOME"] == "/tmp"
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    assert env["HF_HOME"] == "/models/huggingface"
+    c = by_kind(render({}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "HOME" not in {e["name"] for e in c["env"]}
