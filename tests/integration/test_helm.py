@@ -37,6 +37,26 @@ VARIANTS: dict[str, dict[str, Any]] = {
                                        "apiKeys": {"existingSecret": "weir-keys",
                                                    "reloader": True},
                                        "modelCache": {"type": "pvc", "existingClaim": "models"}},
+    "hardened-spread": {
+        "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]}},
+        "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 2000, "fsGroup": 2000,
+                               "fsGroupChangePolicy": "OnRootMismatch"},
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "weir"}}}}]}},
+        "autoscaling": {"enabled": True, "minReplicas": 2},
+        "podDisruptionBudget": {"enabled": True, "minAvailable": "50%"},
+        "modelCache": {"type": "pvc", "accessMode": "ReadWriteMany", "storageClass": "efs"},
+        "probes": {"startup": {"enabled": False}, "liveness": {"initialDelaySeconds": 900}}},
+    "redis-password-from-secret": {
+        "apiKeys": {"existingSecret": "weir-keys"},
+        "extraEnv": [{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {
+            "name": "redis", "key": "password"}}}],
+        "networkPolicy": {"enabled": True}, "serviceMonitor": {"enabled": True},
+        "config": {"plugins": [{"name": "cache", "config": {"l2": {"enabled": True}, "redis": {
+            "url": "redis://:${REDIS_PASSWORD:-}@redis.infra:6379/0"}}}]}},
 }
 
 
