@@ -55,7 +55,7 @@ from .responses import new_id, now
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
 from .tasks import cancel_and_wait
-from .telemetry import get_logger
+from .telemetry import error_fields, get_logger
 from .tools import new_call_id
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
@@ -258,8 +258,8 @@ class Upstream:
         or ended the task that asks again unseen (Weir `loading` for good)."""
         try:
             return await self._ask_models()
-        except Exception as e:
-            log.exception("upstream model discovery failed")
+        except Exception as e:  # (its type and place: its message may quote a secret)
+            log.error("upstream model discovery failed", **error_fields(e))
             return type(e).__name__
 
     async def _ask_models(self) -> str | None:

@@ -1330,3 +1330,37 @@ async def test_a_tenants_prefix_cache_salt_goes_upstream_only_when_asked(
     local.principal = Principal("a", "user", "u1")  # without a secret: the local engine's
     assert a == (hmac.new(secret.encode(), b"weir-tenant:a", hashlib.sha256).hexdigest()[:32]
                  if secret else cache_salt(local))
+
+
+async def test_a_failed_model_discovery_logs_no_exception_message(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch, logs: Any) -> None:
+    """An unexpected exception while asking the upstream for its models was logged with
+    `log.exception`: its message and whole traceback in the line, which may quote the
+    upstream's URL with its credentials, its key, or a body. The line names the error's
+    type and where it was raised, as every other unexpected error's does."""
+    from proxy import upstream as module
+    from tests.waiting import eventually
+
+    monkeypatch.setattr(module, "DISCOVERY_FIRST_S", 0.01)
+    real = UpstreamTerminal._ask_models
+    fails = 1
+    secret = "sk-upstream-SECRET-0123456789"
+
+    async def ask(self: UpstreamTerminal) -> str | None:
+        nonlocal fails
+        if fails:
+            fails -= 1
+            raise RuntimeError(f"http://weir:{secret}@upstream.internal/v1 said no")
+        return await real(self)
+
+    monkeypatch.setattr(UpstreamTerminal, "_ask_models", ask)
+    engine = await engine_for(upstream.base_url)
+    try:
+        await eventually(engine.ready, timeout=10)
+    finally:
+        await engine.close()
+    lines = [json.loads(line) for line in logs.getvalue().splitlines() if line.strip()]
+    failed = [line for line in lines if line["event"] == "upstream model discovery failed"]
+    assert failed and failed[0]["error"] == "RuntimeError", lines
+    assert "test_upstream.py" in failed[0]["at"]
+    assert secret not in logs.getvalue() and "said no" not in logs.getvalue()
