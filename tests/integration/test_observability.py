@@ -838,3 +838,58 @@ async def test_a_path_no_route_serves_is_unmatched_though_it_decodes_to_a_genera
     routes = {s.labels["route"] for f in text_string_to_metric_families(text)
               for s in f.samples if s.name == "weir_requests_total"}
     assert routes == {"unmatched"}
+
+
+async def test_every_metric_has_help_and_type_and_traffic_adds_no_series(
+        make_client: MakeClient) -> None:
+    """Every family /metrics exports, the plugins' included, says what it is (a HELP
+    text, a TYPE), and its series are set by Weir's own bounded labels: a second round
+    of traffic from other callers (new prompts, request ids, `user` fields, unknown
+    models and paths, streams and errors) adds not one series, and carries none of
+    their text. Each counter and histogram series had a `_created` gauge beside it,
+    which the chart's dashboards and alerts never read: those are gone."""
+    s = settings()
+    s.plugins.append(make_settings(plugins=[{"name": "breaker"}]).plugins[0])
+    s.plugins.append(make_settings(plugins=[{"name": "admission"}]).plugins[0])
+    client = await make_client(s)
+    h = {"Authorization": f"Bearer {KEY}"}
+
+    async def traffic(tag: str) -> None:
+        for i in range(3):
+            hi = {**h, "x-request-id": f"rid-{tag}-{i}-{MARKER}"}
+            payload = {**body(stream=bool(i % 2)), "user": f"user-{tag}-{i}",
+                       "messages": [{"role": "user", "content": f"{tag} {i} {MARKER}"}]}
+            async with client.post("/v1/chat/completions", json=payload, headers=hi) as r:
+                await r.read()
+            for bad in ({**payload, "model": f"model-{tag}-{MARKER}"},
+                        {**payload, "temperature": 99}):
+                async with client.post("/v1/chat/completions", json=bad, headers=hi) as r:
+                    await r.read()
+            async with client.get(f"/v1/{tag}-{MARKER}", headers=hi) as r:
+                await r.read()
+            async with client.post("/v1/chat/completions", json=payload,
+                                   headers={"Authorization": f"Bearer sk-{tag}-{MARKER}"}) as r:
+                await r.read()
+
+    def series(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+        return {(smp.name, tuple(sorted(smp.labels.items())))
+                for f in text_string_to_metric_families(text) for smp in f.samples}
+
+    await traffic("one")
+    first = await (await client.get("/metrics")).text()
+    await traffic("two")
+    second = await (await client.get("/metrics")).text()
+    assert series(second) == series(first), series(second) - series(first)
+    assert MARKER not in second and KEY not in second
+    families = list(text_string_to_metric_families(second))
+    assert {"weir_requests_total", "weir_cache_lookups_total", "weir_breaker_state",
+            "weir_admission_queue_depth", "weir_rate_limit_rejections_total"} <= {
+        f"{f.name}_total" if f.type == "counter" else f.name for f in families}
+    # no `_created` twin of every counter and histogram series (a gauge of its start
+    # time): as many series again for Prometheus to store, and nothing read from them
+    assert not [f.name for f in families if f.name.endswith("_created")]
+    for f in families:
+        assert f.documentation.strip(), f.name
+        assert f.type in ("counter", "gauge", "histogram"), (f.name, f.type)
+        name = f"{f.name}_total" if f.type == "counter" else f.name
+        assert f"# HELP {name} " in second and f"# TYPE {name} {f.type}\n" in second, name
