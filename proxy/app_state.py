@@ -158,22 +158,58 @@ class AppState:
 def gpu_memory() -> dict[str, int]:
     """Bytes in use per GPU (device-wide, so the engine's own process counts), if any.
 
-    Only looks where torch is already loaded, and tolerates a torch still being imported
-    by another thread (the embedder loads it in its worker): metrics never fail for it.
+    Read through NVML, which asks the driver and opens no CUDA context: torch's
+    `mem_get_info` made one on every GPU in this process at the first scrape (the engine
+    runs in its own processes, so this one had none), taking hundreds of MiB of each
+    GPU from the engine and blocking the event loop while it did. torch is asked only
+    where this process has its CUDA context already. No NVML (no driver, a CPU image)
+    and no context: nothing. Metrics never fail for it.
     """
     import sys
 
     cuda = getattr(sys.modules.get("torch"), "cuda", None)
     try:
-        if cuda is None or not cuda.is_available():
-            return {}
-        out = {}
-        for i in range(cuda.device_count()):
-            free, total = cuda.mem_get_info(i)
-            out[str(i)] = int(total - free)
-        return out
+        if cuda is not None and cuda.is_initialized():
+            out = {}
+            for i in range(cuda.device_count()):
+                free, total = cuda.mem_get_info(i)
+                out[str(i)] = int(total - free)
+            return out
+        return _nvml_memory()
     except Exception:  # a driver or init error is not worth a failed scrape
         return {}
+
+
+_NVML: list[Any] = []  # the NVML module once initialised; None where it cannot be
+
+
+def _nvml() -> Any:
+    import sys
+
+    if not _NVML:
+        import importlib
+
+        nvml: Any = None
+        try:
+            try:
+                nvml = importlib.import_module("pynvml")
+            except ImportError:
+                if "vllm" not in sys.modules:  # (not vLLM's whole import for a scrape)
+                    raise
+                nvml = importlib.import_module("vllm.third_party.pynvml")
+            nvml.nvmlInit()
+        except Exception:  # no library, no driver, no GPU
+            nvml = None
+        _NVML.append(nvml)
+    return _NVML[0]
+
+
+def _nvml_memory() -> dict[str, int]:
+    nvml = _nvml()
+    if nvml is None:
+        return {}
+    return {str(i): int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used)
+            for i in range(nvml.nvmlDeviceGetCount())}
 
 
 STATE: web.AppKey[AppState] = web.AppKey("weir_state", AppState)
