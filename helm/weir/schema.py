@@ -125,7 +125,8 @@ def schema() -> dict[str, Any]:
                 required=["type"],
                 **{"if": {"properties": {"type": {"const": "Recreate"}}},
                    "then": {"not": {"required": ["rollingUpdate"]}}}),
-            "gpu": _own({"count": {"type": "integer", "minimum": 0}}),
+            # (null: as image.variant wants, 1 GPU or none)
+            "gpu": _own({"count": {"type": ["integer", "null"], "minimum": 0}}),
             "resources": _resources(), "nodeSelector": o, "tolerations": {"type": "array"},
             "affinity": o,
             "shmSize": QUANTITY,

@@ -19,7 +19,7 @@ CHART = Path(__file__).resolve().parents[2] / "helm" / "weir"
 K8S = "1.30"
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "cpu": {"image": {"variant": "cpu"}, "gpu": {"count": 0},
+    "cpu": {"image": {"variant": "cpu"},
             "config": {"engine": {"model": "builtin:demo", "dtype": "float32",
                                   "cpu_kvcache_space_gib": 4}}},
     "bundled-redis-pvc": {"redis": {"bundled": True}, "modelCache": {"type": "pvc",
@@ -1184,7 +1184,7 @@ def test_the_cpu_image_with_a_gpu_asked_for_fails_the_render() -> None:
     resources) rendered a pod holding a GPU its CPU build of the engine never uses, and
     waiting for a GPU node: the render names what asks for it."""
     cpu = {"image": {"variant": "cpu"}}
-    for asked, named in (({}, "gpu.count"),
+    for asked, named in (({"gpu": {"count": 1}}, "gpu.count"),
                          ({"gpu": {"count": 0}, "resources": {"limits": {
                              "nvidia.com/gpu": 1}}}, "nvidia.com/gpu"),
                          ({"gpu": {"count": 0}, "resources": {"requests": {
@@ -1249,3 +1249,29 @@ def test_a_read_only_root_file_system_moves_home_to_a_writable_volume() -> None:
     assert env["HF_HOME"] == "/models/huggingface"
     c = by_kind(render({}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert "HOME" not in {e["name"] for e in c["env"]}
+
+
+def test_the_cpu_image_alone_asks_for_no_gpu() -> None:
+    """`image.variant: cpu`, the obvious way to run on CPU nodes, failed the render
+    unless `gpu.count: 0` was set beside it (the chart's default count was 1). The
+    count's default follows the variant: 1 GPU with the GPU image, none with the CPU
+    one; a count the user gives is theirs (one above 0 with the CPU image fails)."""
+    for values in ({"image": {"variant": "cpu"}},
+                   {"image": {"variant": "cpu"}, "gpu": None},
+                   {"image": {"variant": "cpu"}, "gpu": {"count": None}}):
+        pod = by_kind(render(values), "Deployment")["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        assert not [k for where in ("requests", "limits") for k in c["resources"][where]
+                    if "gpu" in k], (values, c["resources"])
+        assert not c["image"].endswith("-gpu")
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"image": {"variant": "cpu"}, "gpu": {"count": 2}})
+    assert "gpu.count: 2" in str(e.value), str(e.value)
+    for values in ({}, {"image": {"variant": "gpu"}}, {"gpu": {"count": None}}):
+        c = by_kind(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1, values
+    c = by_kind(render({"gpu": {"count": 0}}), "Deployment")["spec"]["template"]["spec"][
+        "containers"][0]
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    # the chart's values say so, for `helm show values` and the README's CPU install
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["gpu"]["count"] is None

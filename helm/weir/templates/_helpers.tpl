@@ -281,13 +281,25 @@ written). An existingClaim with type emptyDir (no claim mounted) fails too. */}}
 {{- $mode -}}
 {{- end -}}
 
+{{/* nvidia.com/gpu per pod: gpu.count as given, else (null, left out) as the image
+wants: 1 with the GPU image, none with the CPU one (`image.variant: cpu` alone runs on
+CPU nodes; a count given beside it is the user's own, and checkGpu refuses one above 0). */}}
+{{- define "weir.gpuCount" -}}
+{{- $count := (.Values.gpu | default dict).count -}}
+{{- if kindIs "invalid" $count -}}
+{{- $count = ternary 0 1 (eq (toString .Values.image.variant) "cpu") -}}
+{{- end -}}
+{{- int $count -}}
+{{- end -}}
+
 {{/* The CPU image (`image.variant: cpu`, vLLM built for the CPU) with a GPU asked for
 (gpu.count, or a `*gpu*` resource in resources' requests or limits): the pod holds a GPU
 it can never use, and waits for a GPU node to run on: the render fails naming it. */}}
 {{- define "weir.checkGpu" -}}
 {{- if eq (toString .Values.image.variant) "cpu" -}}
 {{- $asked := list -}}
-{{- if gt (int .Values.gpu.count) 0 -}}{{- $asked = append $asked (printf "gpu.count: %d" (int .Values.gpu.count)) -}}{{- end -}}
+{{- $count := include "weir.gpuCount" . | int -}}
+{{- if gt $count 0 -}}{{- $asked = append $asked (printf "gpu.count: %d" $count) -}}{{- end -}}
 {{- range $where := list "requests" "limits" -}}
 {{- range $k, $v := (get ($.Values.resources | default dict) $where | default dict) -}}
 {{- if and (contains "gpu" (lower $k)) (not (regexMatch "^0*(\\.0*)?$" (toString $v))) -}}
