@@ -1247,8 +1247,21 @@ def test_a_read_only_root_file_system_moves_home_to_a_writable_volume() -> None:
     assert env["HOME"] == "/tmp"
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
     assert env["HF_HOME"] == "/models/huggingface"
-    c = by_kind(render({}), "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert "HOME" not in {e["name"] for e in c["env"]}
+    # a writable root file system, but another user than the image's (OpenShift's
+    # random uid, a runAsUser of the operator's): HOME was `/` (no such user in the
+    # image's passwd), not writable, and the same caches failed there: HOME is /tmp
+    # whatever the security context
+    for values in ({}, {"podSecurityContext": {"runAsUser": 2000}},
+                   {"securityContext": {"runAsUser": 1000740000}}):
+        c = by_kind(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        assert [e.get("value") for e in c["env"] if e["name"] == "HOME"] == ["/tmp"], values
+    # one HOME of the operator's own (extraEnv) is the one HOME: no duplicate entry,
+    # which Kubernetes warns of and a server-side apply refuses
+    mine = [{"name": "HOME", "value": "/models/home"}]
+    for values in ({"extraEnv": mine}, {**ro, "extraEnv": mine}):
+        c = by_kind(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        assert [e.get("value") for e in c["env"] if e["name"] == "HOME"] == [
+            "/models/home"], values
 
 
 def test_the_cpu_image_alone_asks_for_no_gpu() -> None:
