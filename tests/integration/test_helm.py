@@ -391,6 +391,7 @@ class _FakeApiServer:
 
         self.secrets: dict[str, dict[str, str]] = {}
         self.claims: dict[str, list[str]] = {}  # name: its accessModes
+        self.bound: dict[str, list[str]] = {}  # name: its volume's (status.accessModes)
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -413,6 +414,8 @@ class _FakeApiServer:
                     body = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                             "metadata": {"name": claim, "namespace": "ai"},
                             "spec": {"accessModes": api.claims[claim]}}
+                    if claim in api.bound:
+                        body["status"] = {"phase": "Bound", "accessModes": api.bound[claim]}
                 raw = json.dumps(body or {"kind": "Status", "code": 404}).encode()
                 self.send_response(200 if body else 404)
                 self.send_header("Content-Type", "application/json")
@@ -1288,3 +1291,32 @@ def test_the_cpu_image_alone_asks_for_no_gpu() -> None:
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
     # the chart's values say so, for `helm show values` and the README's CPU install
     assert yaml.safe_load((CHART / "values.yaml").read_text())["gpu"]["count"] is None
+
+
+def test_an_existing_claim_is_read_for_its_volume_s_access_modes() -> None:
+    """A claim asking ReadWriteOnce bound to a volume that is ReadWriteMany (a shared
+    file system's volume made beforehand) mounts on every node: it is the volume's
+    access modes (the claim's status) that say so, not what the claim asked for. The
+    render read only what it asked for: with `accessMode: ReadWriteMany` it failed,
+    without it warned of pods that would never start. A ReadWriteOncePod claim stays
+    one pod's, whatever its volume."""
+    mine = {"type": "pvc", "existingClaim": "models"}
+    shared = {"modelCache": {**mine, "accessMode": "ReadWriteMany"}, "replicaCount": 3}
+    api = _FakeApiServer()
+    try:
+        api.claims["models"] = ["ReadWriteOnce"]
+        api.bound["models"] = ["ReadWriteMany", "ReadWriteOnce"]
+        assert by_kind(api.render(shared), "Deployment")
+        assert "modelCache" not in api.notes({"modelCache": mine, "replicaCount": 3})
+        # a volume of one node's under a claim of one node's: as before
+        api.bound["models"] = ["ReadWriteOnce"]
+        with pytest.raises(helm_python.HelmError) as e:
+            api.render(shared)
+        assert "modelCache.accessMode" in str(e.value), str(e.value)
+        api.claims["models"] = ["ReadWriteOncePod"]
+        api.bound["models"] = ["ReadWriteMany", "ReadWriteOncePod"]
+        with pytest.raises(helm_python.HelmError) as e:
+            api.render({"modelCache": mine})
+        assert "ReadWriteOncePod" in str(e.value), str(e.value)
+    finally:
+        api.close()

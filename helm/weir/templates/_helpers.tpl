@@ -266,7 +266,12 @@ written). An existingClaim with type emptyDir (no claim mounted) fails too. */}}
 {{- end -}}
 {{- if and (eq (toString $mc.type) "pvc") $mc.existingClaim -}}
 {{- with (lookup "v1" "PersistentVolumeClaim" .Release.Namespace $mc.existingClaim) -}}
-{{- $modes := (.spec | default dict).accessModes | default list -}}
+{{- /* a bound claim's volume's modes (its status) say where it mounts: a claim asking
+       ReadWriteOnce of a ReadWriteMany volume mounts on every node; ReadWriteOncePod,
+       asked for, holds the claim to one pod whatever its volume */ -}}
+{{- $asked := (.spec | default dict).accessModes | default list -}}
+{{- $modes := (.status | default dict).accessModes | default $asked -}}
+{{- if has "ReadWriteOncePod" $asked -}}{{- $modes = $asked -}}{{- end -}}
 {{- if has "ReadWriteMany" $modes -}}{{- $mode = "ReadWriteMany" -}}
 {{- else if has "ReadWriteOnce" $modes -}}
 {{- if eq $mode "ReadWriteMany" -}}
