@@ -161,21 +161,27 @@ def gpu_memory() -> dict[str, int]:
     Read through NVML, which asks the driver and opens no CUDA context: torch's
     `mem_get_info` made one on every GPU in this process at the first scrape (the engine
     runs in its own processes, so this one had none), taking hundreds of MiB of each
-    GPU from the engine and blocking the event loop while it did. torch is asked only
-    where this process has its CUDA context already. No NVML (no driver, a CPU image)
-    and no context: nothing. Metrics never fail for it.
+    GPU from the engine and blocking the event loop while it did. NVML first (a context
+    of this process's on one GPU, an embedder's, is none on the others); torch only
+    without NVML, where this process has its CUDA context already. The GPUs are those
+    CUDA sees (CUDA_VISIBLE_DEVICES), labelled as CUDA numbers them. No NVML (no driver,
+    a CPU image) and no context: nothing. Metrics never fail for it.
     """
     import sys
 
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
     try:
+        nvml = _nvml()
+        if nvml is not None:
+            return {str(i): int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+                    for i, handle in enumerate(_visible(nvml))}
+        cuda = getattr(sys.modules.get("torch"), "cuda", None)
         if cuda is not None and cuda.is_initialized():
             out = {}
             for i in range(cuda.device_count()):
                 free, total = cuda.mem_get_info(i)
                 out[str(i)] = int(total - free)
             return out
-        return _nvml_memory()
+        return {}
     except Exception:  # a driver or init error is not worth a failed scrape
         return {}
 
@@ -204,12 +210,30 @@ def _nvml() -> Any:
     return _NVML[0]
 
 
-def _nvml_memory() -> dict[str, int]:
-    nvml = _nvml()
-    if nvml is None:
-        return {}
-    return {str(i): int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used)
-            for i in range(nvml.nvmlDeviceGetCount())}
+def _visible(nvml: Any) -> list[Any]:
+    """NVML's handles of the GPUs CUDA shows this process, in CUDA's order: every one
+    of the machine's without CUDA_VISIBLE_DEVICES; with it, its indices and UUIDs
+    (`GPU-...`, `MIG-...`) up to the first CUDA cannot read (an empty one, `-1`, one
+    out of range: CUDA sees no further), as CUDA reads it."""
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+    handles = []
+    for entry in (e.strip() for e in visible.split(",")):
+        try:
+            if entry.isdigit():
+                if int(entry) >= nvml.nvmlDeviceGetCount():
+                    break
+                handles.append(nvml.nvmlDeviceGetHandleByIndex(int(entry)))
+            elif entry.startswith(("GPU-", "MIG-")):
+                handles.append(nvml.nvmlDeviceGetHandleByUUID(entry))
+            else:
+                break
+        except Exception:  # NVMLError: a UUID not on this machine
+            break
+    return handles
 
 
 STATE: web.AppKey[AppState] = web.AppKey("weir_state", AppState)
