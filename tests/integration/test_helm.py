@@ -1320,3 +1320,40 @@ def test_an_existing_claim_is_read_for_its_volume_s_access_modes() -> None:
         assert "ReadWriteOncePod" in str(e.value), str(e.value)
     finally:
         api.close()
+
+
+def test_the_readme_s_helm_installs_render(tmp_path: Path) -> None:
+    """Each `helm install` the README shows (the GPU one, the CPU one: `image.variant:
+    cpu` alone) renders with its `--set`s, its config passes `weir check-config`, and
+    the CPU one asks for no GPU."""
+    import re
+    import shlex
+
+    readme = (CHART.parents[1] / "README.md").read_text()
+    installs = [shlex.split(line) for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+                for line in block.replace("\\\n", " ").splitlines()
+                if line.startswith("helm install ")]
+    assert len(installs) >= 2, installs
+    for args in installs:
+        assert args[:4] == ["helm", "install", "weir", "helm/weir"], args
+        values: dict[str, Any] = {}
+        for flag, expr in zip(args[4::2], args[5::2], strict=True):
+            assert flag == "--set", args
+            values = merged_into(values, helm_python.parse_set_string(expr))
+        docs = render(values)
+        for d in docs:
+            kubernetes_validate.validate(d, K8S, strict=True)
+        c = by_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        f = tmp_path / "weir.yaml"
+        f.write_text(by_kind(docs, "ConfigMap")["data"]["weir.yaml"])
+        assert main(["check-config", str(f)]) == 0, args
+        gpus = c["resources"]["limits"].get("nvidia.com/gpu")
+        assert gpus == (None if "image.variant=cpu" in args else 1), (args, gpus)
+    assert any("image.variant=cpu" in args for args in installs)
+
+
+def merged_into(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    for k, v in b.items():
+        a[k] = merged_into(a.get(k, {}), v) if isinstance(v, dict) and isinstance(
+            a.get(k), dict) else v
+    return a
