@@ -213,10 +213,9 @@ def capture_body(body: dict[str, Any], route: str, order: list[str | int] | None
 
 
 def captured_usage(usage: Any) -> dict[str, Any] | None:
-    """An answer's usage as an entry keeps it (none given: zeros), or None where what it
-    gives is no usage."""
-    if usage is None:
-        return {"prompt_tokens": 0, "completion_tokens": 0}
+    """An answer's usage as an entry keeps it, or None where what it gives is no usage
+    (none given: an upstream that sent none, not asked or ignoring `stream_options`; as
+    zeros, every hit on it had said it took no tokens)."""
     if not isinstance(usage, dict):
         return None
     kept: dict[str, Any] = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}

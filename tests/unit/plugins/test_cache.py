@@ -63,6 +63,7 @@ class Engine:
                  gate: asyncio.Event | None = None) -> None:
         self.calls = 0
         self.text, self.reason, self.gate = text, reason, gate
+        self.no_usage = False  # (an upstream that ignores `stream_options`)
         self.entered = asyncio.Event()
 
     async def __call__(self, c: RequestContext) -> Reply:
@@ -83,6 +84,10 @@ class Engine:
             asm.feed(chunk)
             yield chunk
         asm.finish(stream)
+        if stream.usage is None and not self.no_usage:
+            # (as the engine and an upstream asked for it leave it: the usage is known
+            # whether or not the client asked for its chunk)
+            stream.usage = {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}
 
     async def _words(self, c: RequestContext) -> AsyncIterator[dict[str, Any]]:
         words = self.text.split(" ")
@@ -1187,3 +1192,38 @@ def test_text_parts_and_the_text_they_join_to_are_two_keys() -> None:
     assert key(parts("Hello", "world")) != key(parts("Hello\nworld"))
     assert key(parts("Hello", "world")) == key(parts("Hello", "world"))
     assert key(parts("Hello world")) == key("Hello world")  # one part reads as its text
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_that_came_without_its_usage_is_not_stored(stream: bool) -> None:
+    """An upstream that ignores `stream_options` (or sends a whole answer without
+    `usage`) leaves no usage: stored as 0 tokens, every hit on it said it took none (a
+    rate limit and a bill counting nothing). Not stored: the next answer, with its usage,
+    is; and a hit carries the usage of the answer it replays."""
+    p = plugin()
+
+    class NoUsage(Engine):
+        async def __call__(self, c: RequestContext) -> Reply:
+            reply = await super().__call__(c)
+            if isinstance(reply, Completion):
+                del reply.body["usage"]
+            return reply
+
+        async def _words(self, c: RequestContext) -> AsyncIterator[dict[str, Any]]:
+            async for chunk in super()._words(c):
+                if chunk["choices"]:  # (no usage chunk, asked for or not)
+                    yield chunk
+
+    eng = NoUsage()
+    eng.no_usage = True
+    await run(p, ctx(stream=stream), eng)
+    reply, layer = await run(p, ctx(stream=True, stream_options={"include_usage": True}), eng)
+    assert layer == "miss" and eng.calls == 2
+    if isinstance(reply, Stream):
+        assert not reply.usage or reply.usage["completion_tokens"] > 0
+    good = Engine()
+    await run(p, ctx(), good)
+    reply, layer = await run(p, ctx(stream=True, stream_options={"include_usage": True}), good)
+    assert layer == "exact" and good.calls == 1
+    usage = chunks_of(reply)[-1]["usage"]
+    assert usage["completion_tokens"] > 0 and usage["prompt_tokens"] > 0
