@@ -4,6 +4,9 @@ Layout (prefix P, default `weir:cache:`):
   P x:<key>          exact entry (JSON), expiring after TTL + stale grace
   P s:<partition>    hash: entry id -> {"v": base64 float32 vector, "g": guard digest,
                      "e": entry}
+  P se:<partition>   sorted set: the hash's entry ids by the time each is past use (its
+                     stale grace's end), so that a write deletes the expired ones without
+                     reading an entry
   P u:<user hash>    sorted set of the user's entries (score: time stored), for the cap
   P t:<tenant hash>  with `max_bytes_per_tenant`: sorted set of the tenant's (account's)
                      entries (score: time stored), and P tb:<tenant hash> their sizes
@@ -88,12 +91,13 @@ EventHandler = Callable[[dict[str, Any]], Awaitable[None]]
 
 # KEYS: exact entry, semantic hash, the owner's sorted set, the tenant's sorted set and
 # the tenant's sizes (a hash: member -> bytes, '#' -> their total, '@' -> the rank the
-# next write looks from for entries gone on their own).
+# next write looks from for entries gone on their own), the semantic hash's expiry times.
 # ARGV: exact JSON ("": none), its PX; semantic field ("": none), its value, the hash's
 # PX, the events channel, the add event; the cap, the sets' PX, whether tenants share
 # keys ('1': scope `global`; ages are Redis's `TIME`, one clock for every replica); the key
 # prefix, this replica; the tenant's bound in bytes (0: none), the exact and semantic
-# members, the tenant (account); the members. The members popped past the caps are
+# members, the tenant (account); when the semantic entry is past use (its stale grace's
+# end, seconds since the epoch); the members. The members popped past the caps are
 # deleted here too (their keys cannot be named in KEYS before the pop: a standalone
 # Redis, as the rest of the cache assumes) and announced in one drop event.
 _PERSIST = OWN_LUA + """
@@ -111,7 +115,10 @@ local function drop(m)
     redis.call('DEL', prefix .. 'x:' .. rest)
   elseif kind == 's:' then
     local part, id = string.match(rest, '^(.*):([^:]*)$')
-    if part then redis.call('HDEL', prefix .. 's:' .. part, id) end
+    if part then
+      redis.call('HDEL', prefix .. 's:' .. part, id)
+      redis.pcall('ZREM', prefix .. 'se:' .. part, id)
+    end
   end
   if shared then redis.call('DEL', prefix .. 'o:' .. m) end
 end
@@ -200,28 +207,49 @@ if ARGV[3] ~= '' and (tcap == 0 or #ARGV[4] <= tcap) then
   redis.call('PEXPIRE', KEYS[2], ARGV[5])
   if tcap > 0 then tally(ARGV[15], #ARGV[4]) end
   if shared then claim(ARGV[15]) end
-  -- Two of the partition's entries at random: one past its time goes (every write keeps
-  -- the hash alive, so an entry whose owner's list expired stayed in it for good).
-  local some = redis.pcall('HRANDFIELD', KEYS[2], 2, 'WITHVALUES')
-  if type(some) == 'table' and not some.err then
-    for j = 1, #some - 1, 2 do
-      if some[j] ~= ARGV[3] then
-        local ok, d = pcall(cjson.decode, some[j + 1])
-        local e = ok and type(d) == 'table' and type(d.e) == 'string' and d.e
-        if e then ok, e = pcall(cjson.decode, e) end
-        if ok and type(e) == 'table' and type(e.expires) == 'number'
-            and type(e.stale_until) == 'number'
-            and math.max(e.expires, e.stale_until) < now then
-          redis.call('HDEL', KEYS[2], some[j])
+  -- Its entries past use go (every write keeps the hash alive, so an entry whose
+  -- owner's list expired stayed in it for good): up to 16 a write, found by their times
+  -- in P se:<partition>, never by reading an entry (this write's own is never one).
+  own(KEYS[6], 'zset')
+  redis.call('ZADD', KEYS[6], ARGV[17], ARGV[3])
+  redis.call('PEXPIRE', KEYS[6], ARGV[5])
+  local past = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', '(' .. now, 'LIMIT', 0, 16)
+  for _, id in ipairs(past) do
+    if id ~= ARGV[3] then
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('ZREM', KEYS[6], id)
+    end
+  end
+  -- Entries stored before the times were kept (an earlier version's) are not in the
+  -- set: while the hash holds more than the set, two at random are read once, and go
+  -- if past use, else join the set with their time (unreadable ones with none: +inf).
+  if redis.call('HLEN', KEYS[2]) > redis.call('ZCARD', KEYS[6]) then
+    local some = redis.pcall('HRANDFIELD', KEYS[2], 2, 'WITHVALUES')
+    if type(some) == 'table' and not some.err then
+      for j = 1, #some - 1, 2 do
+        if redis.call('ZSCORE', KEYS[6], some[j]) == false then
+          local ok, d = pcall(cjson.decode, some[j + 1])
+          local e = ok and type(d) == 'table' and type(d.e) == 'string' and d.e
+          if e then ok, e = pcall(cjson.decode, e) end
+          local til = '+inf'
+          if ok and type(e) == 'table' and type(e.expires) == 'number'
+              and type(e.stale_until) == 'number' then
+            til = math.max(e.expires, e.stale_until)
+          end
+          if til ~= '+inf' and til < now then
+            redis.call('HDEL', KEYS[2], some[j])
+          else
+            redis.call('ZADD', KEYS[6], til, some[j])
+          end
         end
       end
     end
   end
   redis.call('PUBLISH', ARGV[6], ARGV[7])
 end
-if #ARGV >= 17 then
+if #ARGV >= 18 then
   own(KEYS[3], 'zset')
-  for i = 17, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 17) * 1e-4, ARGV[i]) end
+  for i = 18, #ARGV do redis.call('ZADD', KEYS[3], now + (i - 18) * 1e-4, ARGV[i]) end
   redis.call('PEXPIRE', KEYS[3], ARGV[9])
   local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[8])
   if over > 0 then
@@ -287,12 +315,16 @@ return evicted
 
 # A purged entry out of Redis and out of its tenant's count (left in it, its bytes held
 # the bound until they aged out, evicting the tenant's older live entries meanwhile).
-# KEYS: the exact entry or the semantic hash, the tenant's sorted set and sizes. ARGV:
-# the hash's field ("": an exact entry), the member. How many were deleted (0 or 1).
+# KEYS: the exact entry or the semantic hash, the tenant's sorted set and sizes, the
+# semantic hash's expiry times. ARGV: the hash's field ("": an exact entry), the member.
+# How many were deleted (0 or 1).
 _FORGET = """
 local n
 if ARGV[1] == '' then n = redis.call('DEL', KEYS[1])
-else n = redis.call('HDEL', KEYS[1], ARGV[1]) end
+else
+  n = redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.pcall('ZREM', KEYS[4], ARGV[1])
+end
 if redis.call('TYPE', KEYS[3])['ok'] == 'hash' then
   local size = tonumber(redis.call('HGET', KEYS[3], ARGV[2]))
   if size then
@@ -458,6 +490,7 @@ class RedisStore:
             async with self.client.pipeline(transaction=False) as pipe:
                 for partition, entry_id in items:
                     pipe.hdel(self.p + "s:" + partition, entry_id)
+                    pipe.zrem(self.p + "se:" + partition, entry_id)
                 return await pipe.execute()
 
         await self._call("hdel", run, write=True)
@@ -524,13 +557,15 @@ class RedisStore:
         partition = semantic[0] if semantic is not None else ""
         owner = account(entry.tenant) if owner is None else owner
         keys = [self.p + "x:" + entry.key, self.p + "s:" + partition,
-                self.user_key(entry.tenant, entry.user), *self.tenant_keys(owner)]
+                self.user_key(entry.tenant, entry.user), *self.tenant_keys(owner),
+                self.p + "se:" + partition]
         args: list[str | int] = [
             data, _px(exact_ttl_s), field, value, _px(semantic_ttl_s),
             self.p + "events", event, cap, _px(user_ttl_s), "1" if self.shared_keys else "",
             self.p,
             self.replica, self.cfg.max_bytes_per_tenant or 0, exact_member(entry.key),
-            semantic_member(partition, entry.key), owner, *members]
+            semantic_member(partition, entry.key), owner,
+            repr(max(semantic_entry.expires, semantic_entry.stale_until)), *members]
         popped = await self._call("persist", lambda: self._persist(keys=keys, args=args),
                                  write=True)
         return None if popped is None else [_s(m) for m in popped]
@@ -583,6 +618,8 @@ class RedisStore:
                         got = self._unpacked(raw)
                         if got is None:
                             await self.client.hdel(name, entry_id)
+                            await _or_none(self.client.zrem(
+                                self.p + "se:" + hname[len(self.p) + 2:], entry_id))
                         elif (((hname, eid) in named_sem
                                and (owned is None or owned(got[1]))) or match(got[1])):
                             semantic += await self._forget(hname, eid, got[1])
@@ -594,13 +631,16 @@ class RedisStore:
     async def _forget(self, name: str, field: str, entry: Entry) -> int:
         """Delete a purged entry (exact: key `name`; semantic: `field` of hash `name`),
         and with `max_bytes_per_tenant` take it off its tenant's count too."""
-        if not self.cfg.max_bytes_per_tenant:
-            return int(await (self.client.hdel(name, field) if field
-                              else self.client.delete(name)))
         rest = name[len(self.p) + 2:]  # past the prefix and `x:` / `s:`
+        if not self.cfg.max_bytes_per_tenant:
+            if not field:
+                return int(await self.client.delete(name))
+            await _or_none(self.client.zrem(self.p + "se:" + rest, field))  # (its time)
+            return int(await self.client.hdel(name, field))
         member = semantic_member(rest, field) if field else exact_member(rest)
         return int(await self._forget_script(
-            keys=[name, *self.tenant_keys(account(entry.tenant))], args=[field, member]))
+            keys=[name, *self.tenant_keys(account(entry.tenant)),
+                  self.p + "se:" + rest], args=[field, member]))
 
     async def count(self, match: Callable[[Entry], bool] | None = None,
                     ) -> dict[str, int] | None:

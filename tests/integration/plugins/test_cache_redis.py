@@ -725,8 +725,8 @@ async def test_an_expired_semantic_entry_leaves_its_partition_in_redis(
         redis_server: RedisServer) -> None:
     """Every write to a partition's hash renews the hash's TTL, and an entry left the
     hash only through its owner's cap or a replica's eviction: once its owner's list
-    expired, a partition written to every day kept it for good. A write now looks at two
-    of the partition's entries at random and deletes one past its time."""
+    expired, a partition written to every day kept it for good. A write now deletes the
+    partition's entries past their time (but its own)."""
     from prometheus_client import CollectorRegistry, Counter
 
     errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
@@ -751,5 +751,85 @@ async def test_an_expired_semantic_entry_leaves_its_partition_in_redis(
         # (a hash of two: both are looked at) the one past its time goes, not the new one
         assert await put(entry("new", 4e9)) == {"new"}
         assert await put(entry("next", 4e9)) == {"new", "next"}  # a live one stays
+    finally:
+        await store.close()
+
+
+async def test_a_write_deletes_its_partitions_expired_entries_by_their_times(
+        redis_server: RedisServer) -> None:
+    """A write looked at two of the partition's entries at random, decoding both (two
+    JSON decodes of whole answers a write, in Redis's one thread), and a partition with
+    many expired entries kept most of them for many writes. Each entry's time is kept in
+    a sorted set beside the hash: a write deletes up to 16 past their time, reading no
+    entry; one in its stale grace, or live, stays. Entries an earlier version stored
+    (not in the set) are read once each, and leave or join the set."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                   timeout_s=1.0), errors, "r")
+
+    def entry(key: str, expires: float, stale_until: float | None = None) -> Entry:
+        return Entry(key=key, route="chat", model="m", scope="s", tenant="t", role="r",
+                     user="u", usage={"prompt_tokens": 1, "completion_tokens": 1},
+                     choices=[{"index": 0, "text": "an answer", "finish_reason": "stop"}],
+                     created=expires - 60, expires=expires,
+                     stale_until=expires if stale_until is None else stale_until)
+
+    vec = np.ones(384, dtype=np.float32) / np.sqrt(384)
+    key, times = store.p + "s:p", store.p + "se:p"
+
+    async def put(e: Entry) -> set[str]:
+        await store.persist(e, False, 60, ("p", vec, "q"), e, 60, [], 10, 60)
+        return {k.decode() for k in await store.client.hkeys(key)}
+
+    try:
+        for i in range(20):
+            await put(entry(f"e{i}", 4e9))
+        await put(entry("grace", 1_000_000.0, 4e9))  # expired, in its stale grace
+        # (time passes: the 20 are past their time; what each holds is not read)
+        await store.client.zadd(times, {f"e{i}": 1_000_000.0 + i for i in range(20)})
+        for i in range(20):
+            await store.client.hset(key, f"e{i}", "not read")
+        assert await put(entry("a", 4e9)) == {f"e{i}" for i in range(16, 20)} | {
+            "grace", "a"}
+        assert await put(entry("b", 4e9)) == {"grace", "a", "b"}
+        # An earlier version's entries: no times in the set; read once, as written before.
+        old, live = entry("old", 1_000_000.0), entry("live", 4e9)
+        for e in (old, live):
+            await store.client.hset(key, e.key, store._pack(vec, e.to_json(), "q"))
+        for _ in range(200):  # (two at random a write: until both were read)
+            if await store.client.hlen(key) == await store.client.zcard(times):
+                break
+            await put(entry("c", 4e9))
+        assert await put(entry("d", 4e9)) == {"grace", "a", "b", "c", "d", "live"}
+        assert await store.client.zscore(times, "live") == 4e9
+        assert await store.client.hlen(key) == await store.client.zcard(times)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("bound", [None, 10**6])
+async def test_a_purged_semantic_entry_leaves_its_partitions_times(
+        redis_server: RedisServer, bound: int | None) -> None:
+    """A semantic entry deleted (a purge, a cap, a replica's drop) leaves the sorted set
+    of its partition's times with it: one left there made the set look as if it held
+    every entry, and the entries an earlier version stored were not looked at."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                   timeout_s=1.0, max_bytes_per_tenant=bound), errors, "r")
+    vec = np.ones(384, dtype=np.float32) / np.sqrt(384)
+    try:
+        for key in ("a", "b", "c"):
+            e = Entry(key=key, route="chat", model="m", scope="s", tenant="t", role="r",
+                      user="u", usage={"prompt_tokens": 1, "completion_tokens": 1},
+                      choices=[{"index": 0, "text": f"answer {key}", "finish_reason": "stop"}],
+                      expires=1e12, stale_until=1e12)
+            await store.persist(e, False, 60, ("p", vec, "q"), e, 60, [f"s:p:{key}"], 10, 60)
+        assert await store.purge(lambda e: e.key == "a") == (0, 1)
+        await store.delete_semantic([("p", "b")])
+        assert await store.client.zrange(store.p + "se:p", 0, -1) == [b"c"]
     finally:
         await store.close()
