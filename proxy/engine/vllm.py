@@ -30,7 +30,7 @@ from ..protocol import SCHEMA_MAPS, SUBSCHEMA, SUBSCHEMAS, model_defaults
 from ..settings import VllmEngineSettings
 from ..telemetry import get_logger
 from . import builtin_models, call_json, regex_screen
-from .answering import answer_digest
+from .answering import answer_digest, weights_fingerprint
 from .base import (
     ChoiceDelta,
     EngineFailed,
@@ -260,19 +260,27 @@ class VllmEngine:
         self._defaults = model_defaults(self._llm.model_config.get_diff_sampling_param())
         self._answer_digest = self.digest_of(render_digest(
             self._chat_template or getattr(self._tokenizer, "chat_template", None),
-            self._part_separator), self._max_model_len, self._defaults)
+            self._part_separator), self._max_model_len, self._defaults, {
+                # (what `auto` resolved to, and the checkpoint: one replaced under the
+                # same path kept the old one's digest, and its answers were replayed)
+                "dtype": str(self._llm.model_config.dtype),
+                # (a built-in's folder is built on each machine from what its name says)
+                "weights": None if s.model in builtin_models.BUILTINS else
+                await asyncio.to_thread(weights_fingerprint, self._model_path)})
         if s.warmup:
             await self._warmup()
         self._ready = True
 
     def digest_of(self, renders: str, max_model_len: int,
-                  defaults: dict[str, Any]) -> str:
+                  defaults: dict[str, Any], loaded: dict[str, Any] | None = None) -> str:
         """`answer_digest` of this engine's answer-affecting settings: how it renders a
         chat (`renders`), the model as configured and loaded, its context length and
         generation defaults (as started), the tool parser, compact structured output
-        and vLLM's own arguments (any of which may shape an answer: all of them)."""
+        and vLLM's own arguments (any of which may shape an answer: all of them), and
+        what identifies the weights loaded (`loaded`: the resolved dtype, the
+        checkpoint's `weights_fingerprint`)."""
         s = self.settings
-        return answer_digest({
+        return answer_digest({"loaded": loaded,
             "renders": renders, "model": s.model, "tokenizer": s.tokenizer,
             "dtype": s.dtype, "quantization": s.quantization,
             "kv_cache_dtype": s.kv_cache_dtype, "max_model_len": max_model_len,

@@ -43,6 +43,18 @@ def test_what_a_start_reads_moves_it_too() -> None:
                 digest(defaults={"temperature": 0.6})}) == 4
 
 
+def test_the_weights_loaded_move_it() -> None:
+    """What `dtype: auto` resolved to and the checkpoint's fingerprint (a checkpoint
+    replaced under the same path kept the old one's digest: its answers were replayed
+    for a day)."""
+    engine = VllmEngine(VllmEngineSettings.model_validate({}))
+
+    def loaded(**kw: str) -> str:
+        return engine.digest_of("r", 2048, {}, {"dtype": "torch.bfloat16", "weights": "a", **kw})
+    assert len({loaded(), loaded(dtype="torch.float16"), loaded(weights="b"), digest()}) == 4
+    assert loaded() == loaded()
+
+
 def test_what_only_changes_speed_does_not() -> None:
     """One config, one digest (every replica's the same: they share Redis's entries);
     batch size, memory, prefix caching, warm-up and the admin faults are no part."""
