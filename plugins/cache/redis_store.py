@@ -128,11 +128,37 @@ end
 -- never by reading (and decoding) the entry itself.
 local mine_t = string.sub(KEYS[4], #prefix + 3)
 local mine = mine_t .. ' ' .. string.sub(KEYS[3], #prefix + 3)
-local function owner(m)
+local function marker(m)
   if not shared then return nil end
   local v = redis.pcall('GET', prefix .. 'o:' .. m)
   if type(v) == 'string' then return v end
   return nil
+end
+-- An entry the previous version stored has no marker (for a day, its entries' life):
+-- whose it is is read from the entry, once, as that version read it (its tenant, the
+-- account before any '~'), and left in a marker: this tenant's, its user unknown
+-- ('<tenant hash> ?': any of its users', as that version took it), or another
+-- tenant's ('- -': no tenant's or user's hash here).
+local function owner(m)
+  local v = marker(m)
+  if v ~= nil or not shared then return v end
+  local kind, rest, raw = string.sub(m, 1, 2), string.sub(m, 3), nil
+  if kind == 'x:' then
+    raw = redis.pcall('GET', prefix .. 'x:' .. rest)
+  elseif kind == 's:' then
+    local part, id = string.match(rest, '^(.*):([^:]*)$')
+    local h = part and redis.pcall('HGET', prefix .. 's:' .. part, id)
+    if type(h) == 'string' then
+      local ok, d = pcall(cjson.decode, h)
+      if ok and type(d) == 'table' then raw = d.e end
+    end
+  end
+  if type(raw) ~= 'string' then return nil end
+  local ok, e = pcall(cjson.decode, raw)
+  if not (ok and type(e) == 'table' and type(e.tenant) == 'string') then return nil end
+  v = (string.match(e.tenant, '^[^~]*') == ARGV[16]) and (mine_t .. ' ?') or '- -'
+  redis.call('SET', prefix .. 'o:' .. m, v, 'PX', 2 * tonumber(ARGV[9]))
+  return v
 end
 -- Whether the entry under member `m` is now another tenant's (stored again by another
 -- once this tenant's copy was gone): popped from this tenant's count or its user's
@@ -144,7 +170,7 @@ end
 -- Whether it is now another user's (of this tenant or another).
 local function others(m)
   local o = owner(m)
-  return o ~= nil and o ~= mine
+  return o ~= nil and o ~= mine and o ~= mine_t .. ' ?'
 end
 local function untally(m)
   local size = tonumber(redis.call('HGET', KEYS[5], m))
@@ -177,7 +203,7 @@ end
 -- marker outlives the entry (twice the sets' life), so that the next owner finds it.
 local function claim(m)
   local o = prefix .. 'o:' .. m
-  local was = owner(m)
+  local was = marker(m)
   if was ~= nil and was ~= mine then
     local t, u = string.match(was, '^(%S*) (%S*)$')
     if u and prefix .. 'u:' .. u ~= KEYS[3] then

@@ -363,3 +363,37 @@ async def test_gone_entries_behind_the_oldest_live_ones_leave_the_count_too(
             (await s.client.hget(s.tenant_keys("acme")[1], "#")) or 0)
     finally:
         await s.close()
+
+
+async def test_an_entry_the_previous_version_stored_is_served_and_kept_for_its_tenant(
+        redis_server: RedisServer) -> None:
+    """With `scope: global`, entries the previous version stored have no owner marker
+    (for a day, their life). A read never asks the marker: such an entry is a hit, as
+    any (and scope `global` is the one scope whose keys tenants share; the others'
+    keys hold the tenant). Popped from the list of a user whose copy another tenant
+    had stored again (under that version), it was deleted as if still the user's: that
+    version read the entry's tenant and kept it. It is read so now, once, and left in
+    a marker; the tenant's own legacy entry still goes past its user's cap."""
+    s = store(redis_server.url, None, shared=True)
+    try:
+        for key in ("shared", "own"):
+            e = entry(key, "acme", "answer")
+            assert await s.persist(e, True, 60, None, e, 60, [f"x:{key}"], 2, 60) == []
+        # the previous version: globex stored the shared key again (acme's copy gone),
+        # and no entry has a marker
+        again = entry("shared", "globex", "answer")
+        await s.client.set(s.p + "x:shared", again.to_json(with_prompt=False))
+        await s.client.delete(s.p + "o:x:shared", s.p + "o:x:own")
+        got = await s.get_exact("shared")
+        assert got is not None and got.tenant == "globex"  # readable, as stored
+        e = entry("a1", "acme", "answer")  # acme's user: own, shared, a1 past its cap 2
+        evicted = await s.persist(e, True, 60, None, e, 60, ["x:a1"], 2, 60)
+        assert evicted == []  # (the shared key popped first: globex's, kept)
+        assert "shared" in await exact_keys(s)
+        assert (await s.get_exact("shared")).tenant == "globex"  # type: ignore[union-attr]
+        e = entry("a2", "acme", "answer")
+        assert await s.persist(e, True, 60, None, e, 60, ["x:a2"], 2, 60) == ["x:own"]
+        assert await exact_keys(s) == {"shared", "a1", "a2"}
+        assert await s.client.get(s.p + "o:x:shared") == b"- -"
+    finally:
+        await s.close()
