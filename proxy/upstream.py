@@ -70,6 +70,11 @@ log = get_logger("weir.upstream")
 #: doubling up to the most.
 DISCOVERY_FIRST_S = 1.0
 DISCOVERY_MAX_S = 30.0
+#: How often an upstream whose models Weir asked for is asked again once it named them:
+#: what serves each (its `root`, its context length) is in the answer digest, and a
+#: checkpoint loaded behind the same name since Weir started answers otherwise (its
+#: digest was taken at start only: the old model's answers were replayed for a day).
+MODELS_REFRESH_S = 60.0
 
 #: The most an upstream's stream may send without ending an event (a whole answer in one
 #: chunk, with its logprobs, is well under it), and the most an answer may hold, whole or
@@ -222,6 +227,7 @@ class Upstream:
         self._created = int(time.time())
         self.in_flight = 0
         self._discovery: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Task[None] | None = None  # (`MODELS_REFRESH_S`)
         self._answer_digest: str | None = None  # (`answer_digest`: from its model list)
         # `connect` bounds the wait for a pooled connection and its connect together,
         # `sock_connect` the connect alone: a request timed out while still waiting for
@@ -250,6 +256,20 @@ class Upstream:
             self._discovery = asyncio.create_task(self._discover_until_found(why))
             return
         self._ready = True
+        self._keep_asking()
+
+    def _keep_asking(self) -> None:
+        """Ask again every `MODELS_REFRESH_S` which models it serves (only where Weir
+        asked at start: `models` configured are the operator's)."""
+        if self.check_models and not self.settings.models and self._refresh is None:
+            self._refresh = asyncio.create_task(self._refresh_models())
+
+    async def _refresh_models(self) -> None:
+        while True:
+            await asyncio.sleep(MODELS_REFRESH_S)
+            # (one not answered keeps what it last said: a blip is no new model)
+            if (why := await self._discover()) is not None:
+                log.info("upstream model list not refreshed", reason=why)
 
     async def _discover(self) -> str | None:
         """Ask the upstream which models it serves: None once it named some, else why not
@@ -300,11 +320,14 @@ class Upstream:
             why = await self._discover()
         self._ready = True
         log.info("upstream models found: ready", models=len(self._models))
+        self._keep_asking()
 
     async def close(self) -> None:
         self._ready = False
         if self._discovery is not None:
             await cancel_and_wait(self._discovery)
+        if self._refresh is not None:
+            await cancel_and_wait(self._refresh)
         if self._session is not None:
             await self._session.close()
 
@@ -353,8 +376,9 @@ class Upstream:
     @property
     def answer_digest(self) -> str | None:
         """What the upstream said serves its models (each one's `root` and
-        `max_model_len`, as vLLM lists them) when Weir asked it at start; None where it
-        was not asked (`models` configured) or told neither. Its own template, tool
+        `max_model_len`, as vLLM lists them) when Weir last asked it (at start, then
+        every `MODELS_REFRESH_S`); None where it was not asked (`models` configured) or
+        told neither. Its own template, tool
         parser and the like it keeps to itself."""
         return self._answer_digest
 

@@ -133,6 +133,42 @@ async def test_what_serves_the_upstreams_models_is_in_its_answer_digest(
         await engine.close()
 
 
+async def test_the_upstreams_answer_digest_follows_a_checkpoint_loaded_since_start(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest was taken at start only: an upstream that loaded another checkpoint
+    behind the same name kept the old one's, and Redis replayed the old model's answers
+    for a day. Weir asks again every `MODELS_REFRESH_S`; one not answered keeps it."""
+    from proxy import upstream as module
+    from tests.waiting import eventually
+
+    monkeypatch.setattr(module, "MODELS_REFRESH_S", 0.01)
+    root = "/models/a"
+    asked = 0
+
+    async def models(request: web.Request) -> web.Response:
+        nonlocal asked
+        asked += 1
+        if root == "down":
+            return web.json_response({}, status=503)
+        return web.json_response({"object": "list", "data": [
+            {"id": "up-model", "root": root, "max_model_len": 2048}]})
+    upstream.list_models = models
+    engine = await engine_for(upstream.base_url)
+    try:
+        first = engine.answer_digest
+        assert first is not None
+        root = "/models/b"
+        await eventually(lambda: engine.answer_digest != first)
+        second = engine.answer_digest
+        root = "down"
+        now = asked
+        await eventually(lambda: asked >= now + 2)
+        assert engine.answer_digest == second and engine.ready()
+    finally:
+        await engine.close()
+        upstream.list_models = upstream.models
+
+
 async def test_an_upstream_that_names_no_models_is_not_ready_until_it_does(
         upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
     """Down at start, it took any model name a client sent (each a new metric label,
