@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -35,15 +36,31 @@ def answer_digest(settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
+#: How `weights_fingerprint` samples a large file (its bytes are never all read): its
+#: first and last `_SPAN` bytes (of a safetensors file's tensor data: past its header),
+#: `_CHUNKS` chunks of `_CHUNK` bytes evenly spread between, and of a safetensors file
+#: also its header and the first `_TENSOR` bytes of each tensor (up to `_TENSORS` per
+#: file, evenly spread). A file up to `_WHOLE` bytes (configs, vocabularies) is read
+#: whole. About 200 KiB a file, a few MB for a large checkpoint.
+_SPAN, _CHUNK, _CHUNKS, _TENSOR, _TENSORS = 64 << 10, 4 << 10, 8, 256, 2048
+_WHOLE, _HEADER_MAX = 256 << 10, 8 << 20
+#: A hub cache's blob: named by its content's hash (git's for small files, sha256 for
+#: large ones), the same on every machine that downloaded it.
+_BLOB = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
 def weights_fingerprint(model: str) -> str | None:
     """What identifies the checkpoint that `model` (a folder, or a hub id the hub's local
-    cache holds) names, read once at start: its config.json's bytes, and each file of
-    the folder by name and size, and by where it points for a link (the hub cache's: to
-    a blob named by its content's hash, the same on every replica), else by its
-    modification time (a checkpoint written again in place). None where no folder is
-    found (the model's name then stands for it, as before). Stat calls only, and one
-    small file read: no weights are read. Replicas share Redis's entries where their
-    checkpoints' files have the same times (one volume, an image's layers, `cp -p`)."""
+    cache holds) names, read once at start (in a thread): each file of the folder by its
+    name, its size and a digest of its bytes, whole for a small file (config.json, the
+    tokenizer's), else of a bounded sample (`_SPAN` and the rest: a safetensors file's
+    header, the start of each tensor, its data's first and last 64 KiB; a few MB read
+    for the whole checkpoint). A link into a hub cache's blobs counts by the blob's name
+    (its content's hash; not read). Content only, never a time or a path: replicas that
+    each copied or downloaded one checkpoint (at other times, without `cp -p`) have one
+    fingerprint, and share Redis's entries; one retrained with the same shapes, or
+    replaced in place, has another. None where no folder is found (the model's name then
+    stands for it, as before) or a file cannot be read."""
     folder = model if os.path.isdir(model) else _hub_folder(model)
     if folder is None:
         return None
@@ -52,17 +69,68 @@ def weights_fingerprint(model: str) -> str | None:
         with os.scandir(folder) as it:
             files = sorted(it, key=lambda e: e.name)
         for f in files:
-            if not f.is_file():  # (follows links; a subfolder is no weights' file)
+            # (follows links; a subfolder, or a dot file (`.gitattributes`, a lock, an
+            # editor's), is no part of what is loaded)
+            if f.name.startswith(".") or not f.is_file():
                 continue
-            st = f.stat()
-            which = os.readlink(f.path) if f.is_symlink() else st.st_mtime_ns
-            h.update(f"{f.name}\0{st.st_size}\0{which}\n".encode())
-            if f.name == "config.json":
-                with open(f.path, "rb") as config:
-                    h.update(hashlib.sha256(config.read()).digest())
+            size = f.stat().st_size
+            blob = os.path.basename(os.readlink(f.path)) if f.is_symlink() else ""
+            if _BLOB.fullmatch(blob):
+                which = "blob " + blob
+            else:
+                which = _sampled(f.path, size, f.name.endswith(".safetensors")).hex()
+            h.update(f"{f.name}\0{size}\0{which}\n".encode())
     except OSError:
         return None
     return h.hexdigest()[:32]
+
+
+def _sampled(path: str, size: int, safetensors: bool) -> bytes:
+    """A digest of the file at `path` (`size` bytes): whole up to `_WHOLE`, else of
+    the sample `weights_fingerprint` reads (offsets from its size and header only)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        fd = f.fileno()
+
+        def take(offset: int, n: int) -> None:
+            n = max(0, min(n, size - offset))
+            data = os.pread(fd, n, offset) if n else b""
+            h.update(len(data).to_bytes(8, "little") + data)
+
+        if size <= _WHOLE:
+            take(0, size)
+            return h.digest()
+        start = 0
+        if safetensors:
+            start = _safetensors_sample(take, fd, size)
+        take(start, _SPAN)
+        for i in range(1, _CHUNKS + 1):
+            take(start + (size - start) * i // (_CHUNKS + 1), _CHUNK)
+        take(max(start, size - _SPAN), _SPAN)
+    return h.digest()
+
+
+def _safetensors_sample(take: Callable[[int, int], None], fd: int, size: int) -> int:
+    """Sample a safetensors file's header (its tensors' names, dtypes, shapes and
+    places) and the first `_TENSOR` bytes of its tensors; where its data starts (0 where
+    the header cannot be read: the file is then sampled as any)."""
+    n = int.from_bytes(os.pread(fd, 8, 0), "little")
+    if not 0 < n <= min(_HEADER_MAX, size - 8):
+        return 0
+    raw = os.pread(fd, n, 8)
+    take(8, n)
+    try:
+        header = orjson.loads(raw)
+        places = sorted(int(t["data_offsets"][0]) for name, t in header.items()
+                        if name != "__metadata__")
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError,
+            IndexError):
+        return 8 + n
+    step = max(1, -(-len(places) // _TENSORS))  # (ceil: at most `_TENSORS` of them)
+    for at in places[::step]:
+        if 0 <= at < size - 8 - n:
+            take(8 + n + at, _TENSOR)
+    return 8 + n
 
 
 def _hub_folder(model: str) -> str | None:
