@@ -265,13 +265,21 @@ class Upstream:
             self._refresh = asyncio.create_task(self._refresh_models())
 
     async def _refresh_models(self) -> None:
+        """One not answered keeps what it last said (a blip is no new model). Said once
+        when the list stops coming and once when it comes again: an upstream down for a
+        night logged a line (and an unexpected error its traceback) every minute."""
+        failing: str | None = None
         while True:
             await asyncio.sleep(MODELS_REFRESH_S)
-            # (one not answered keeps what it last said: a blip is no new model)
-            if (why := await self._discover()) is not None:
-                log.info("upstream model list not refreshed", reason=why)
+            why = await self._discover(log_errors=failing is None)
+            if why is not None and failing is None:
+                log.warning("upstream model list not refreshed: the last one stands",
+                            reason=why, every_s=MODELS_REFRESH_S)
+            elif why is None and failing is not None:
+                log.info("upstream model list refreshed again", was=failing)
+            failing = why
 
-    async def _discover(self) -> str | None:
+    async def _discover(self, log_errors: bool = True) -> str | None:
         """Ask the upstream which models it serves: None once it named some, else why not
         (for the log: a status, an error's type; never a body, which may quote the key).
         Whatever fails is a reason to ask again: an exception here stopped Weir starting,
@@ -279,7 +287,8 @@ class Upstream:
         try:
             return await self._ask_models()
         except Exception as e:  # (its type and place: its message may quote a secret)
-            log.error("upstream model discovery failed", **error_fields(e))
+            if log_errors:
+                log.error("upstream model discovery failed", **error_fields(e))
             return type(e).__name__
 
     async def _ask_models(self) -> str | None:

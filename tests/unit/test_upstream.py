@@ -1400,3 +1400,46 @@ async def test_a_failed_model_discovery_logs_no_exception_message(
     assert failed and failed[0]["error"] == "RuntimeError", lines
     assert "test_upstream.py" in failed[0]["at"]
     assert secret not in logs.getvalue() and "said no" not in logs.getvalue()
+
+
+async def test_an_upstream_down_at_refresh_is_said_once_not_every_minute(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The list asked again every `MODELS_REFRESH_S`: an upstream down for a night
+    logged a line each time (an unexpected error its traceback). Said once when the
+    list stops coming, once when it comes again; the task ends with the terminal."""
+    from proxy import upstream as module
+    from tests.waiting import eventually
+
+    said: list[str] = []
+
+    class Spy:
+        def __getattr__(self, level: str) -> Callable[..., None]:
+            return lambda event, **fields: said.append(level)
+
+    monkeypatch.setattr(module, "MODELS_REFRESH_S", 0.01)
+    engine = await engine_for(upstream.base_url)
+    state, asked, ask = "up", 0, engine._ask_models
+
+    async def counted() -> str | None:
+        nonlocal asked
+        asked += 1
+        if state == "broken":
+            raise RuntimeError("a bug, not the upstream")
+        return "status 503" if state == "down" else await ask()
+    monkeypatch.setattr(engine, "_ask_models", counted)
+    monkeypatch.setattr(module, "log", Spy())
+
+    async def rounds(now: str, n: int) -> None:
+        nonlocal state
+        state, first = now, asked
+        await eventually(lambda: asked >= first + n)
+    try:
+        for now in ("down", "up", "down", "up", "broken", "up"):
+            await rounds(now, 5)
+        assert said == ["warning", "info", "warning", "info", "error", "warning",
+                        "info"]
+        refresh = engine._refresh
+        assert refresh is not None and not refresh.done()
+    finally:
+        await engine.close()
+    assert refresh.done() and refresh.cancelled()
