@@ -135,10 +135,13 @@ local function marker(m)
   return nil
 end
 -- An entry the previous version stored has no marker (for a day, its entries' life):
--- whose it is is read from the entry, once, as that version read it (its tenant, the
--- account before any '~'), and left in a marker: this tenant's, its user unknown
--- ('<tenant hash> ?': any of its users', as that version took it), or another
--- tenant's ('- -': no tenant's or user's hash here).
+-- whose it is is read from the entry, as that version read it (its tenant, the account
+-- before any '~'): this tenant's, its user unknown ('<tenant hash> ?': any of its
+-- users', as that version took it), left in a marker (read once); or another tenant's
+-- ('- -', to this tenant only: a marker says whose an entry is to every tenant, and
+-- that tenant's hash cannot be made here; marked so, its own tenant took it for
+-- another's too, and never deleted it past its caps. Not marked: each list holding it
+-- reads it once, as it pops it or takes it off its count).
 local function owner(m)
   local v = marker(m)
   if v ~= nil or not shared then return v end
@@ -156,7 +159,8 @@ local function owner(m)
   if type(raw) ~= 'string' then return nil end
   local ok, e = pcall(cjson.decode, raw)
   if not (ok and type(e) == 'table' and type(e.tenant) == 'string') then return nil end
-  v = (string.match(e.tenant, '^[^~]*') == ARGV[16]) and (mine_t .. ' ?') or '- -'
+  if string.match(e.tenant, '^[^~]*') ~= ARGV[16] then return '- -' end
+  v = mine_t .. ' ?'
   redis.call('SET', prefix .. 'o:' .. m, v, 'PX', 2 * tonumber(ARGV[9]))
   return v
 end

@@ -372,8 +372,8 @@ async def test_an_entry_the_previous_version_stored_is_served_and_kept_for_its_t
     any (and scope `global` is the one scope whose keys tenants share; the others'
     keys hold the tenant). Popped from the list of a user whose copy another tenant
     had stored again (under that version), it was deleted as if still the user's: that
-    version read the entry's tenant and kept it. It is read so now, once, and left in
-    a marker; the tenant's own legacy entry still goes past its user's cap."""
+    version read the entry's tenant and kept it. It is read so now (a tenant's own left in
+    a marker); the tenant's own legacy entry still goes past its user's cap."""
     s = store(redis_server.url, None, shared=True)
     try:
         for key in ("shared", "own"):
@@ -394,6 +394,36 @@ async def test_an_entry_the_previous_version_stored_is_served_and_kept_for_its_t
         e = entry("a2", "acme", "answer")
         assert await s.persist(e, True, 60, None, e, 60, ["x:a2"], 2, 60) == ["x:own"]
         assert await exact_keys(s) == {"shared", "a1", "a2"}
-        assert await s.client.get(s.p + "o:x:shared") == b"- -"
+        # (no marker: one would tell globex it is another's too)
+        assert await s.client.get(s.p + "o:x:shared") is None
+    finally:
+        await s.close()
+
+
+async def test_an_old_entry_another_tenant_looked_at_still_goes_past_its_owners_cap(
+        redis_server: RedisServer) -> None:
+    """(scope `global`) An entry the previous version stored, found another tenant's by
+    the tenant whose user list popped it, was marked so for everyone ('- -'): its own
+    tenant's user then took it for another's too, and never deleted it past its cap (it
+    held a place, and Redis, for a day). Whose it is, is said to the tenant that asked,
+    and marked only where it is that tenant's."""
+    s = store(redis_server.url, None, shared=True)
+    try:
+        e = entry("shared", "acme", "answer")
+        assert await s.persist(e, True, 60, None, e, 60, ["x:shared"], 2, 60) == []
+        # the previous version: globex stored the key again, on its user's list; no marker
+        again = entry("shared", "globex", "answer")
+        await s.client.set(s.p + "x:shared", again.to_json(with_prompt=False))
+        await s.client.delete(s.p + "o:x:shared")
+        await s.client.zadd(s.user_key("globex", "u"), {"x:shared": 1.0})
+        for key in ("a1", "a2"):  # acme's user: `shared` popped, globex's, kept
+            e = entry(key, "acme", "answer")
+            assert await s.persist(e, True, 60, None, e, 60, [f"x:{key}"], 2, 60) == []
+        assert "shared" in await exact_keys(s)
+        for key in ("g1", "g2"):  # globex's user, past its cap 2: its own `shared` goes
+            e = entry(key, "globex", "answer")
+            popped = await s.persist(e, True, 60, None, e, 60, [f"x:{key}"], 2, 60)
+        assert popped == ["x:shared"]
+        assert await exact_keys(s) == {"a1", "a2", "g1", "g2"}
     finally:
         await s.close()
