@@ -37,12 +37,15 @@ def answer_digest(settings: Mapping[str, Any]) -> str:
 
 
 #: How `weights_fingerprint` samples a large file (its bytes are never all read): its
-#: first and last `_SPAN` bytes (of a safetensors file's tensor data: past its header),
-#: `_CHUNKS` chunks of `_CHUNK` bytes evenly spread between, and of a safetensors file
-#: also its header and the first `_TENSOR` bytes of each tensor (up to `_TENSORS` per
-#: file, evenly spread). A file up to `_WHOLE` bytes (configs, vocabularies) is read
-#: whole. About 200 KiB a file, a few MB for a large checkpoint.
-_SPAN, _CHUNK, _CHUNKS, _TENSOR, _TENSORS = 64 << 10, 4 << 10, 8, 256, 2048
+#: first and last `_SPAN` bytes (of a safetensors file's tensor data: past its header;
+#: less where the checkpoint has many files, `_SPANS` over them all, at least `_CHUNK`),
+#: `_CHUNKS` chunks of up to `_CHUNK` bytes (an eighth of the span) evenly spread
+#: between, and of a safetensors file also its header and the first `_TENSOR` bytes of
+#: each tensor (up to `_TENSORS` per file, evenly spread). A file up to `_WHOLE` bytes
+#: (configs, vocabularies) is read whole. About 170 KiB for a checkpoint of one file, a
+#: few MB for one of many shards.
+_SPAN, _SPANS, _CHUNK, _CHUNKS, _TENSOR, _TENSORS = (
+    64 << 10, 1 << 20, 4 << 10, 8, 256, 2048)
 _WHOLE, _HEADER_MAX = 256 << 10, 8 << 20
 #: A hub cache's blob: named by its content's hash (git's for small files, sha256 for
 #: large ones), the same on every machine that downloaded it.
@@ -67,27 +70,28 @@ def weights_fingerprint(model: str) -> str | None:
     h = hashlib.sha256()
     try:
         with os.scandir(folder) as it:
-            files = sorted(it, key=lambda e: e.name)
-        for f in files:
             # (follows links; a subfolder, or a dot file (`.gitattributes`, a lock, an
             # editor's), is no part of what is loaded)
-            if f.name.startswith(".") or not f.is_file():
-                continue
-            size = f.stat().st_size
-            blob = os.path.basename(os.readlink(f.path)) if f.is_symlink() else ""
+            files = sorted((f.name, f.path, f.stat().st_size, os.path.basename(
+                os.readlink(f.path)) if f.is_symlink() else "") for f in it
+                if not f.name.startswith(".") and f.is_file())
+        large = sum(size > _WHOLE and not _BLOB.fullmatch(blob) for _, _, size, blob in files)
+        span = max(_CHUNK, min(_SPAN, _SPANS // max(1, 2 * large)))
+        for name, path, size, blob in files:
             if _BLOB.fullmatch(blob):
                 which = "blob " + blob
             else:
-                which = _sampled(f.path, size, f.name.endswith(".safetensors")).hex()
-            h.update(f"{f.name}\0{size}\0{which}\n".encode())
+                which = _sampled(path, size, name.endswith(".safetensors"), span).hex()
+            h.update(f"{name}\0{size}\0{which}\n".encode())
     except OSError:
         return None
     return h.hexdigest()[:32]
 
 
-def _sampled(path: str, size: int, safetensors: bool) -> bytes:
+def _sampled(path: str, size: int, safetensors: bool, span: int) -> bytes:
     """A digest of the file at `path` (`size` bytes): whole up to `_WHOLE`, else of
-    the sample `weights_fingerprint` reads (offsets from its size and header only)."""
+    the sample `weights_fingerprint` reads (`span` bytes at each end; offsets from its
+    size and header only)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         fd = f.fileno()
@@ -103,10 +107,11 @@ def _sampled(path: str, size: int, safetensors: bool) -> bytes:
         start = 0
         if safetensors:
             start = _safetensors_sample(take, fd, size)
-        take(start, _SPAN)
+        take(start, span)
+        chunk = max(512, min(_CHUNK, span // 8))
         for i in range(1, _CHUNKS + 1):
-            take(start + (size - start) * i // (_CHUNKS + 1), _CHUNK)
-        take(max(start, size - _SPAN), _SPAN)
+            take(start + (size - start) * i // (_CHUNKS + 1), chunk)
+        take(max(start, size - span), span)
     return h.digest()
 
 
