@@ -517,7 +517,7 @@ class RedisStore:
             return
 
         async def run() -> Any:
-            async with self.client.pipeline(transaction=False) as pipe:
+            async with self.client.pipeline(transaction=True) as pipe:  # (with its time)
                 for partition, entry_id in items:
                     pipe.hdel(self.p + "s:" + partition, entry_id)
                     pipe.zrem(self.p + "se:" + partition, entry_id)
@@ -647,9 +647,7 @@ class RedisStore:
                         eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                         got = self._unpacked(raw)
                         if got is None:
-                            await self.client.hdel(name, entry_id)
-                            await _or_none(self.client.zrem(
-                                self.p + "se:" + hname[len(self.p) + 2:], entry_id))
+                            await self._unset(hname, eid)
                         elif (((hname, eid) in named_sem
                                and (owned is None or owned(got[1]))) or match(got[1])):
                             semantic += await self._forget(hname, eid, got[1])
@@ -665,12 +663,24 @@ class RedisStore:
         if not self.cfg.max_bytes_per_tenant:
             if not field:
                 return int(await self.client.delete(name))
-            await _or_none(self.client.zrem(self.p + "se:" + rest, field))  # (its time)
-            return int(await self.client.hdel(name, field))
+            return await self._unset(name, field)
         member = semantic_member(rest, field) if field else exact_member(rest)
         return int(await self._forget_script(
             keys=[name, *self.tenant_keys(account(entry.tenant)),
                   self.p + "se:" + rest], args=[field, member]))
+
+    async def _unset(self, name: str, field: str) -> int:
+        """Delete semantic entry `field` of hash `name` and its time (P se:), in one
+        transaction: apart, a write of the same entry between them left its time without
+        it, or it without its time. How many were deleted (0 or 1)."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(name, field)
+            pipe.zrem(self.p + "se:" + name[len(self.p) + 2:], field)
+            # (a time key of another type fails its own command only)
+            deleted = (await pipe.execute(raise_on_error=False))[0]
+        if isinstance(deleted, Exception):
+            raise deleted
+        return int(deleted)
 
     async def count(self, match: Callable[[Entry], bool] | None = None,
                     ) -> dict[str, int] | None:

@@ -833,3 +833,50 @@ async def test_a_purged_semantic_entry_leaves_its_partitions_times(
         assert await store.client.zrange(store.p + "se:p", 0, -1) == [b"c"]
     finally:
         await store.close()
+
+
+async def test_a_purge_and_a_write_of_the_same_entry_leave_it_with_its_time(
+        redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A purge deleted a semantic entry's time and the entry in two commands: a write of
+    the same entry between them left its time (P se:) without it, which hid entries with
+    no time from the writes that look for them. One transaction now: the entry and its
+    time go together, or stay together (with `max_bytes_per_tenant`, a script did so)."""
+    from prometheus_client import CollectorRegistry, Counter
+
+    errors = Counter("e", "e", ["op"], registry=CollectorRegistry())
+    store = RedisStore(RedisConfig(url=redis_server.url, key_prefix=f"weir:t:{uuid.uuid4().hex}:",
+                                   timeout_s=1.0, max_bytes_per_tenant=None), errors, "r")
+    vec = np.ones(384, dtype=np.float32) / np.sqrt(384)
+    e = Entry(key="a", route="chat", model="m", scope="s", tenant="t", role="r", user="u",
+              usage={"prompt_tokens": 1, "completion_tokens": 1},
+              choices=[{"index": 0, "text": "answer", "finish_reason": "stop"}],
+              expires=1e12, stale_until=1e12)
+
+    async def write() -> None:
+        await store.persist(e, False, 60, ("p", vec, "q"), e, 60, [], 10, 60)
+
+    zrem, hdel = store.client.zrem, store.client.hdel
+
+    async def zrem_then_write(*args: Any) -> Any:  # (the write lands between)
+        done = await zrem(*args)
+        await write()
+        return done
+
+    async def hdel_then_write(*args: Any) -> Any:
+        done = await hdel(*args)
+        await write()
+        return done
+    try:
+        for between in (zrem_then_write, hdel_then_write):
+            await write()
+            with monkeypatch.context() as m:
+                m.setattr(store.client, "zrem", between if between is zrem_then_write
+                          else zrem)
+                m.setattr(store.client, "hdel", between if between is hdel_then_write
+                          else hdel)
+                assert await store.purge(lambda got: got.key == "a") == (0, 1)
+            held = await store.client.hexists(store.p + "s:p", "a")
+            timed = await store.client.zscore(store.p + "se:p", "a") is not None
+            assert held == timed
+    finally:
+        await store.close()
