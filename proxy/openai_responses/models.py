@@ -429,7 +429,7 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
             if given in seen:
                 raise InvalidRequest(f"Duplicate item found with id {shown(given)}. Remove "
                                      "duplicate items from your input and try again.",
-                                     param="input", code="invalid_value")
+                                     param="input", code=None)  # (OpenAI's has none)
             seen.add(given)
         return self
 

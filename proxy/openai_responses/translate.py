@@ -346,7 +346,7 @@ def refuse_held_again(req: ResponsesRequest, record: dict[str, Any]) -> None:
         if given in held and not isinstance(item, FunctionCallItem):
             raise InvalidRequest(f"Duplicate item found with id {shown(given)}. Remove "
                                  "duplicate items from your input and try again.",
-                                 param="input", code="invalid_value")
+                                 param="input", code=None)  # (OpenAI's has none)
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:

@@ -288,6 +288,7 @@ async def test_an_item_the_previous_response_holds_sent_again_is_a_400(
         body = await r.json()
         validate("ErrorResponse", body)
         assert body["error"]["param"] == "input"
+        assert body["error"]["code"] is None  # (OpenAI's has none)
         assert body["error"]["message"].startswith(f"Duplicate item found with id {item['id']}")
     assert len(fake_engine.calls) == 1  # neither reached the engine
     # An item of an id of its own goes on from it, as does the same text without an id.
@@ -332,6 +333,7 @@ async def test_one_item_sent_twice_in_one_input_is_a_400(
     body = await r.json()
     validate("ErrorResponse", body)
     assert body["error"]["param"] == "input"
+    assert body["error"]["code"] is None  # (OpenAI's has none)
     assert body["error"]["message"].startswith(f"Duplicate item found with id {item['id']}")
     assert not fake_engine.calls
     same = {"role": "user", "content": "hi"}
