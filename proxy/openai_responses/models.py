@@ -49,6 +49,14 @@ from ..protocol import (
 
 
 class InputText(_Open):
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class CallOutputText(_Open):
+    """A text part of a function call's output (`text`, Chat Completions' name, taken
+    there as it was)."""
+
     type: Literal["input_text", "output_text", "text"]
     text: str
 
@@ -65,14 +73,23 @@ class UnsupportedPart(_Open):
 
     @model_validator(mode="after")
     def _refuse(self) -> UnsupportedPart:
+        if self.type not in _UNSERVED_PARTS:  # (one the API has not: the request's 400)
+            return self
         raise ValueError(f"`{shown(self.type)}` parts are not supported; send `input_text` "
                          "parts (an assistant's: `output_text` or `refusal`)")
+
+
+#: The parts OpenAI's Responses API takes in an input message that Weir does not serve
+#: (a 400 saying so); any other type it does not know is its own 400, naming the parts
+#: the message's role takes (`ResponsesRequest._parts_of_its_role`).
+_UNSERVED_PARTS = frozenset({"input_image", "input_file", "computer_screenshot",
+                             "summary_text"})
 
 
 def _part_kind(v: Any) -> str:
     """A part's model by its `type`; tags are capitalised so error params leave them out."""
     kind = type_of(v)
-    if kind in ("input_text", "output_text", "text"):
+    if kind in ("input_text", "output_text"):
         return "Text"
     return "Refusal" if kind == "refusal" else "Unsupported"
 
@@ -107,7 +124,7 @@ class FunctionCallItem(_Open):
 class FunctionCallOutputItem(_Open):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1, max_length=64)  # (OpenAI's bound; a call's has none)
-    output: str | list[InputText]
+    output: str | list[CallOutputText]
 
     def text(self) -> str:
         return self.output if isinstance(self.output, str) else "".join(
@@ -306,9 +323,6 @@ _INPUT_PARTS = ("input_text", "input_image", "input_file")
 #: messages hold): `input_text` there is refused ("Supported values are: 'output_text'
 #: and 'refusal'.").
 _OUTPUT_PARTS = ("output_text", "refusal")
-#: The parts whose role OpenAI holds them to (`text`, Chat Completions' name, is taken
-#: in any message).
-_ROLE_PARTS = frozenset({*_INPUT_PARTS, *_OUTPUT_PARTS})
 
 
 #: OpenAI's `Reasoning.summary` (and its deprecated `generate_summary`).
@@ -403,7 +417,9 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
         (`input_image`, `input_file`). The other's (`output_text` or a `refusal` in a
         user's message, `input_text` in an assistant's) is a 400 naming the part, in
         OpenAI's words (its `param` the part, not its `type`: the type is one the API
-        knows, in the wrong message)."""
+        knows, in the wrong message). A type the API has no part of (`text`, Chat
+        Completions' name) is refused so too: OpenAI's "Invalid value: 'text'. Supported
+        values are: ..." (it was read to the model in any role)."""
         if isinstance(self.input, str):
             return self
         for i, item in enumerate(self.input):
@@ -412,7 +428,7 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
             allowed = _OUTPUT_PARTS if item.role == "assistant" else _INPUT_PARTS
             for j, part in enumerate(item.content):
                 kind = getattr(part, "type", None)
-                if kind in _ROLE_PARTS and kind not in allowed:
+                if kind not in allowed:
                     raise not_among(kind, allowed, f"input[{i}].content[{j}]")
         return self
 

@@ -1809,3 +1809,34 @@ async def test_a_background_answer_sent_before_its_fallback_was_chosen_cannot_sa
     again = await client.get(f"/v1/responses/{rid}?stream=true")
     assert again.headers.get("x-weir-fallback") == "static"
     await again.read()
+
+
+@pytest.mark.parametrize(("role", "part", "allowed"), [
+    ("user", "text", "'input_text', 'input_image', and 'input_file'"),
+    ("system", "text", "'input_text', 'input_image', and 'input_file'"),
+    ("developer", "text", "'input_text', 'input_image', and 'input_file'"),
+    ("assistant", "text", "'output_text' and 'refusal'"),
+    ("user", "image_url", "'input_text', 'input_image', and 'input_file'"),
+    ("assistant", "foo", "'output_text' and 'refusal'"),
+])
+async def test_a_part_type_the_api_does_not_know_is_a_400(
+        make_client: MakeClient, fake_engine: FakeEngine, role: str, part: str,
+        allowed: str) -> None:
+    """Chat Completions' `text` part (and any other type the Responses API has no part
+    of) was read to the model in any role. OpenAI refuses it: "Invalid value: 'text'.
+    Supported values are: ..." (`invalid_value`, param `input[i].content[j]`); Weir
+    names the parts the message's role takes, as it does for the other role's part."""
+    client = await make_client()
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": role, "content": [{"type": part, "text": "a"}]},
+        {"role": "user", "content": "go on"}]
+    r = await client.post("/v1/responses", json={**BASE, "input": items})
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"] == {
+        "message": f"Invalid value: '{part}'. Supported values are: {allowed}.",
+        "type": "invalid_request_error", "param": "input[1].content[0]",
+        "code": "invalid_value"}
+    assert not fake_engine.calls
