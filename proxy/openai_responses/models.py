@@ -20,6 +20,9 @@ from ..protocol import (
     _FUNCTION_NAME,
     CHAT_ENUMS,
     MODERATION,
+    SCHEMA_MAPS,
+    SUBSCHEMA,
+    SUBSCHEMAS,
     CallerFields,
     InvalidFunctionParameters,
     JsonSchema,
@@ -44,6 +47,7 @@ from ..protocol import (
     raw_items,
     refuse_other_tools,
     refuse_unsupported,
+    strict_problem,
     type_of,
 )
 
@@ -202,7 +206,48 @@ class FunctionTool(_Open):
     def _strict_schema(self) -> FunctionTool:
         check_strict(f"function '{shown(self.name)}'", self.parameters, self.strict,
                      InvalidFunctionParameters)
+        if self.strict is None:  # (OpenAI's default here, unlike Chat Completions')
+            normal = None if self.parameters is None else strict_normalized(self.parameters)
+            self.strict = self.parameters is None or normal is not None
+            if normal is not None:
+                self.parameters = normal
         return self
+
+
+def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """A function's `parameters` sent without `strict`, normalized into strict mode as
+    OpenAI's Responses API normalizes them: every object says `additionalProperties:
+    false` and lists every property in `required` (a copy). None where strict mode
+    cannot hold it even so (a keyword it refuses, an object open to other keys): the
+    tool is then served non-strict, as given."""
+
+    def walk(node: Any) -> Any:
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        for key, sub in node.items():
+            if key in SCHEMA_MAPS and isinstance(sub, dict):
+                out[key] = {name: walk(v) for name, v in sub.items()}
+            elif key in SUBSCHEMA and isinstance(sub, dict):
+                out[key] = walk(sub)
+            elif key in SUBSCHEMAS and isinstance(sub, list):
+                out[key] = [walk(v) for v in sub]
+            else:
+                out[key] = sub
+        kind = node.get("type")
+        props = node.get("properties")
+        if kind == "object" or (isinstance(kind, list) and "object" in kind) or isinstance(
+                props, dict):
+            out.setdefault("additionalProperties", False)
+            if isinstance(props, dict):
+                required = out.get("required")
+                given = [k for k in required if isinstance(k, str)] \
+                    if isinstance(required, list) else []
+                out["required"] = [*given, *(k for k in props if k not in given)]
+        return out
+
+    normal = walk(schema)
+    return None if strict_problem(normal) else normal  # type: ignore[no-any-return]
 
 
 class ToolChoiceFunction(_Open):

@@ -1840,3 +1840,37 @@ async def test_a_part_type_the_api_does_not_know_is_a_400(
         "type": "invalid_request_error", "param": "input[1].content[0]",
         "code": "invalid_value"}
     assert not fake_engine.calls
+
+
+async def test_a_function_tool_without_strict_is_strict_as_on_openai(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """OpenAI's Responses API makes a function tool sent without `strict` strict: its
+    schema normalized into strict mode (`additionalProperties: false`, every property
+    required) and echoed `strict: true`; Weir echoed `strict: null`. `strict: false`
+    keeps the schema as given; one strict mode cannot hold (a keyword it refuses) is
+    served non-strict, as given, rather than refused."""
+    client = await make_client()
+    nested = {"type": "object", "properties": {
+        "city": {"type": "string"},
+        "when": {"type": "object", "properties": {"day": {"type": "string"}}}}}
+    loose = {"type": "object", "properties": {"n": {"type": "integer", "not": {"const": 3}}}}
+    r = await client.post("/v1/responses", json={**BASE, "tools": [
+        TOOL, {**TOOL, "name": "nested", "parameters": nested},
+        {**TOOL, "name": "off", "strict": False},
+        {**TOOL, "name": "loose", "parameters": loose}]})
+    assert r.status == 200, await r.text()
+    body = await r.json()
+    validate("Response", body)
+    tools = {t["name"]: t for t in body["tools"]}
+    assert tools["get_weather"]["strict"] is True
+    assert tools["get_weather"]["parameters"] == {**TOOL["parameters"],  # type: ignore[dict-item]
+                                                 "additionalProperties": False}
+    assert tools["nested"]["strict"] is True
+    assert tools["nested"]["parameters"] == {
+        "type": "object", "additionalProperties": False, "required": ["city", "when"],
+        "properties": {"city": {"type": "string"}, "when": {
+            "type": "object", "properties": {"day": {"type": "string"}},
+            "additionalProperties": False, "required": ["day"]}}}
+    assert tools["off"]["strict"] is False
+    assert tools["off"]["parameters"] == TOOL["parameters"]
+    assert tools["loose"]["strict"] is False and tools["loose"]["parameters"] == loose
