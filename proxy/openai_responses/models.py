@@ -58,10 +58,9 @@ class InputText(_Open):
 
 
 class CallOutputText(_Open):
-    """A text part of a function call's output (`text`, Chat Completions' name, taken
-    there as it was)."""
+    """A text part of a function call's output."""
 
-    type: Literal["input_text", "output_text", "text"]
+    type: Literal["input_text"]
     text: str
 
 
@@ -98,6 +97,18 @@ def _part_kind(v: Any) -> str:
     return "Refusal" if kind == "refusal" else "Unsupported"
 
 
+def _output_part_kind(v: Any) -> str:
+    """A function call output's part by its `type` (`input_text`; any other is refused,
+    by `UnsupportedPart` or, a type the API has no part of, by the request)."""
+    return "Text" if type_of(v) == "input_text" else "Unsupported"
+
+
+CallOutputPart = Annotated[
+    Annotated[CallOutputText, Tag("Text")] | Annotated[UnsupportedPart, Tag("Unsupported")],
+    Discriminator(_output_part_kind),
+]
+
+
 Part = Annotated[
     Annotated[InputText, Tag("Text")] | Annotated[InputRefusal, Tag("Refusal")]
     | Annotated[UnsupportedPart, Tag("Unsupported")],
@@ -128,11 +139,11 @@ class FunctionCallItem(_Open):
 class FunctionCallOutputItem(_Open):
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1, max_length=64)  # (OpenAI's bound; a call's has none)
-    output: str | list[CallOutputText]
+    output: str | list[CallOutputPart]
 
     def text(self) -> str:
         return self.output if isinstance(self.output, str) else "".join(
-            p.text for p in self.output)
+            p.text for p in self.output if isinstance(p, CallOutputText))
 
 
 class SummaryText(_Open):
@@ -468,6 +479,10 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
         if isinstance(self.input, str):
             return self
         for i, item in enumerate(self.input):
+            if isinstance(item, FunctionCallOutputItem) and not isinstance(item.output, str):
+                for j, given in enumerate(item.output):  # (its parts are `input_text`)
+                    if isinstance(given, UnsupportedPart):
+                        raise not_among(given.type, _INPUT_PARTS, f"input[{i}].output[{j}]")
             if not isinstance(item, MessageItem) or isinstance(item.content, str):
                 continue
             allowed = _OUTPUT_PARTS if item.role == "assistant" else _INPUT_PARTS

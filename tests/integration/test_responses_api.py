@@ -1874,3 +1874,34 @@ async def test_a_function_tool_without_strict_is_strict_as_on_openai(
     assert tools["off"]["strict"] is False
     assert tools["off"]["parameters"] == TOOL["parameters"]
     assert tools["loose"]["strict"] is False and tools["loose"]["parameters"] == loose
+
+
+@pytest.mark.parametrize("part", ["text", "output_text", "refusal", "foo"])
+async def test_a_function_call_outputs_part_is_input_text(
+        make_client: MakeClient, fake_engine: FakeEngine, part: str) -> None:
+    """A function call's output given as parts takes `input_text` (images and files,
+    which are not served here): another part (Chat Completions' `text`, an assistant's
+    `output_text`) was read to the model as the output. OpenAI refuses it ("Invalid
+    value: 'output_text'. Supported values are: 'input_text', 'input_image', ...",
+    param `input[i].output[j]`), and so does Weir."""
+    client = await make_client()
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+            "arguments": "{}"}
+    output: dict[str, Any] = {"type": "function_call_output", "call_id": "call_1",
+                              "output": [{"type": "input_text", "text": "sun"},
+                                         {"type": part, "text": "ny"}]}
+    r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL],
+                                                 "input": [call, output]})
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"] == {
+        "message": f"Invalid value: '{part}'. Supported values are: 'input_text', "
+                   "'input_image', and 'input_file'.",
+        "type": "invalid_request_error", "param": "input[1].output[1]",
+        "code": "invalid_value"}
+    assert not fake_engine.calls
+    output["output"][1]["type"] = "input_text"
+    r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL],
+                                                 "input": [call, output]})
+    assert r.status == 200, await r.text()
