@@ -70,23 +70,31 @@ class InputRefusal(_Open):
 
 
 class UnsupportedPart(_Open):
-    """Any other part (an image, a file): parsed so that the error can name it."""
+    """Any other part (an image, a file, a type the API has no part of): parsed so that
+    the request can refuse it, naming the parts its place takes (`_refused_part`: which
+    those are depends on the message's role, which the part cannot see)."""
 
     type: str
 
-    @model_validator(mode="after")
-    def _refuse(self) -> UnsupportedPart:
-        if self.type not in _UNSERVED_PARTS:  # (one the API has not: the request's 400)
-            return self
-        raise ValueError(f"`{shown(self.type)}` parts are not supported; send `input_text` "
-                         "parts (an assistant's: `output_text` or `refusal`)")
+
+#: Parts OpenAI's Responses API has that no input message's list names (a message as
+#: its Conversations API lists it holds them): not served, in any message.
+_UNSERVED_PARTS = frozenset({"computer_screenshot", "summary_text"})
 
 
-#: The parts OpenAI's Responses API takes in an input message that Weir does not serve
-#: (a 400 saying so); any other type it does not know is its own 400, naming the parts
-#: the message's role takes (`ResponsesRequest._parts_of_its_role`).
-_UNSERVED_PARTS = frozenset({"input_image", "input_file", "computer_screenshot",
-                             "summary_text"})
+def _refused_part(kind: Any, allowed: tuple[str, ...], served: str, param: str,
+                  unserved: frozenset[str] = frozenset()) -> InvalidRequest:
+    """The 400 for a part its place does not take (`allowed`: the parts OpenAI takes
+    there; `served`: those of them Weir serves, in words). One OpenAI takes there (an
+    image, a file; `unserved`: others it has) is not served: it says so and what to
+    send. Any other (Chat Completions' `text`, a user's `input_image` in an assistant's
+    message) is OpenAI's own 400, "Invalid value: 'x'. Supported values are: ...",
+    naming `allowed`."""
+    if kind in allowed or kind in unserved:
+        return InvalidRequest(f"Invalid value for `{param}`: `{shown(kind)}` parts are not "
+                              f"supported; send {served}.", param=param,
+                              code="invalid_value")
+    return not_among(kind, allowed, param)
 
 
 def _part_kind(v: Any) -> str:
@@ -98,8 +106,8 @@ def _part_kind(v: Any) -> str:
 
 
 def _output_part_kind(v: Any) -> str:
-    """A function call output's part by its `type` (`input_text`; any other is refused,
-    by `UnsupportedPart` or, a type the API has no part of, by the request)."""
+    """A function call output's part by its `type` (`input_text`; any other is refused
+    by the request)."""
     return "Text" if type_of(v) == "input_text" else "Unsupported"
 
 
@@ -379,6 +387,9 @@ _INPUT_PARTS = ("input_text", "input_image", "input_file")
 #: messages hold): `input_text` there is refused ("Supported values are: 'output_text'
 #: and 'refusal'.").
 _OUTPUT_PARTS = ("output_text", "refusal")
+#: What a message of another role than the assistant's is told to send for a part Weir
+#: does not serve (an image, a file).
+_INPUT_SERVED = "`input_text` parts (an assistant's: `output_text` or `refusal`)"
 
 
 #: OpenAI's `Reasoning.summary` (and its deprecated `generate_summary`).
@@ -482,14 +493,17 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
             if isinstance(item, FunctionCallOutputItem) and not isinstance(item.output, str):
                 for j, given in enumerate(item.output):  # (its parts are `input_text`)
                     if isinstance(given, UnsupportedPart):
-                        raise not_among(given.type, _INPUT_PARTS, f"input[{i}].output[{j}]")
+                        raise _refused_part(given.type, _INPUT_PARTS, "`input_text` parts",
+                                            f"input[{i}].output[{j}]")
             if not isinstance(item, MessageItem) or isinstance(item.content, str):
                 continue
-            allowed = _OUTPUT_PARTS if item.role == "assistant" else _INPUT_PARTS
+            allowed, served = ((_OUTPUT_PARTS, "`output_text` or `refusal` parts")
+                               if item.role == "assistant" else (_INPUT_PARTS, _INPUT_SERVED))
             for j, part in enumerate(item.content):
                 kind = getattr(part, "type", None)
-                if kind not in allowed:
-                    raise not_among(kind, allowed, f"input[{i}].content[{j}]")
+                if kind not in allowed or isinstance(part, UnsupportedPart):
+                    raise _refused_part(kind, allowed, served, f"input[{i}].content[{j}]",
+                                        _UNSERVED_PARTS)
         return self
 
     @model_validator(mode="after")

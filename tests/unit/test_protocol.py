@@ -122,14 +122,35 @@ def test_a_refusal_part_is_an_assistant_s_alone(role: str, allowed: str) -> None
 @pytest.mark.parametrize("role", ["user", "assistant"])
 def test_an_unsupported_responses_part_names_the_parts_its_role_takes(role: str) -> None:
     """An image in an input message is refused; its hint named `output_text` and
-    `refusal` to a user's message too, parts its role is refused (a 400 of their own)."""
+    `refusal` to a user's message too, parts its role is refused (a 400 of their own).
+    In an assistant's message an image is no part the role takes at all: OpenAI's
+    "Invalid value: 'input_image'. Supported values are: 'output_text' and 'refusal'."
+    (it was told images are not supported, as if they were an assistant's to send)."""
     with pytest.raises(InvalidRequest) as e:
         parse_model(ResponsesRequest, {"model": "m", "input": [{"role": role, "content": [
             {"type": "input_image", "image_url": "https://example.com/a.png"}]}]})
-    assert e.value.param == "input[0].content[0]"
+    assert (e.value.param, e.value.code) == ("input[0].content[0]", "invalid_value")
+    if role == "assistant":
+        assert e.value.message == ("Invalid value: 'input_image'. Supported values are: "
+                                   "'output_text' and 'refusal'.")
+        return
     assert e.value.message.endswith("`input_image` parts are not supported; send "
                                     "`input_text` parts (an assistant's: `output_text` or "
                                     "`refusal`).")
+
+
+@pytest.mark.parametrize("part", ["input_image", "input_file"])
+def test_an_unsupported_part_of_a_function_call_output_names_its_own_parts(part: str) -> None:
+    """An image or a file in a function call's output (OpenAI takes them there, Weir
+    does not serve them) is refused with the parts that output takes, not an
+    assistant's (`output_text`, `refusal`: a 400 there of their own)."""
+    with pytest.raises(InvalidRequest) as e:
+        parse_model(ResponsesRequest, {"model": "m", "input": [
+            {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": [{"type": part}]}]})
+    assert (e.value.param, e.value.code) == ("input[1].output[0]", "invalid_value")
+    assert e.value.message == (f"Invalid value for `input[1].output[0]`: `{part}` parts "
+                               "are not supported; send `input_text` parts.")
 
 
 @pytest.mark.parametrize("role", ["user", "system", "developer"])
