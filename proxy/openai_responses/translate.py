@@ -70,8 +70,9 @@ def _responses_param(param: str, instructions: bool = False) -> str:
     return param.replace(_CHAT_SCHEMA, "text.format")
 
 
-# A chat param named in an error's text: "`max_completion_tokens` may be at most ...".
-_CHAT_NAME = re.compile(r"`((?:" + "|".join(_PARAMS) + r")(?![\w])[^`\s]*)`")
+# A chat param named in an error's text: "`max_completion_tokens` may be at most ...",
+# "past it at `tools[0].function.parameters`" (a tool's schema is flat here).
+_CHAT_NAME = re.compile(r"`((?:" + "|".join([*_PARAMS, "tools"]) + r")(?![\w])[^`\s]*)`")
 
 
 # ------------------------------------------------------------------------ to chat

@@ -1905,3 +1905,28 @@ async def test_a_function_call_outputs_part_is_input_text(
     r = await client.post("/v1/responses", json={**BASE, "tools": [TOOL],
                                                  "input": [call, output]})
     assert r.status == 200, await r.text()
+
+
+async def test_a_forced_tool_past_the_grammar_budget_once_strict_names_its_own_param(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """A tool sent without `strict` is normalized into strict mode, which adds a
+    `required` list to each object: a forced schema under the engine's bound as sent can
+    pass it so. The 400 is the chat form's, and its text named the chat param
+    (`tools[0].function.parameters`), which this API has not; it names the tool's."""
+    client = await make_client()
+    params = {"type": "object", "properties": {
+        f"p{i}": {"type": "object", "properties": {"x": {"type": "string"}}}
+        for i in range(300)}}  # (902 objects and arrays as sent, 1,203 in strict mode)
+    tool = {"type": "function", "name": "big", "parameters": params}
+    r = await client.post("/v1/responses", json={**BASE, "tools": [tool],
+                                                 "tool_choice": "required"})
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["param"] == "tools[0].parameters"
+    assert "past it at `tools[0].parameters`" in body["error"]["message"]
+    assert "function" not in body["error"]["message"]
+    assert not fake_engine.calls
+    r = await client.post("/v1/responses", json={**BASE, "tool_choice": "required",
+                                                 "tools": [{**tool, "strict": False}]})
+    assert r.status == 200, await r.text()
