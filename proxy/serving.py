@@ -229,9 +229,8 @@ class LocalServing:
         except Exception:  # (the request's own checks answer for ids the tokenizer refuses)
             return None
 
-    @property
-    def answer_digest(self) -> str | None:
-        return self.engine.answer_digest
+    def answer_digest_for(self, model: str) -> str | None:
+        return self.engine.answer_digest  # (the one model it serves)
 
     async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
                            ) -> int | None:

@@ -56,11 +56,12 @@ class Terminal(Protocol):
         that read prompts (the sanitizer); None where it cannot be told (an upstream
         holds its tokenizer; the engine is not ready; an id outside the vocabulary)."""
 
-    @property
-    def answer_digest(self) -> str | None:
-        """What answers here depend on besides the request (`Engine.answer_digest`: the
-        chat template, tool parser, structured-output options, model, ...), for cache
-        keys, taken once at start; None where none can be told."""
+    def answer_digest_for(self, model: str) -> str | None:
+        """What answers for `model` depend on besides the request (`Engine.answer_digest`:
+        the chat template, tool parser, structured-output options, model, ...; an
+        upstream's: what its model list says serves that model), for cache keys; None
+        where none can be told. Each model's own: one that comes, goes or changes
+        moves no other model's."""
 
     async def prepare(self, ctx: RequestContext) -> None:
         """Whatever of the request's work can be done before admission gives it an

@@ -213,6 +213,38 @@ async def _dequeued(session: aiohttp.ClientSession, ctx: Any,
             wait.timed.engine_live = wait.timed.engine_timed = True
 
 
+#: What a model list's entry says serves its model, for cache keys (vLLM's: `root`, the
+#: checkpoint or adapter's path; `parent`, an adapter's base model; `max_model_len`,
+#: where an answer with no `max_tokens` stops). Never the rest: vLLM's `created` is the
+#: listing's time and its `permission` a new id each listing; another server's load
+#: state comes and goes.
+_SERVES = ("root", "parent", "max_model_len")
+
+
+def served_digests(listed: list[dict[str, Any]]) -> dict[str, str]:
+    """Each listed model's answer digest, of its own entry (`_SERVES`) and, for an
+    adapter, its base model's (`parent`, where listed: the adapter's answers come from
+    those weights too). A model loaded, another one's adapter or checkpoint, moves no
+    other model's (one digest of the whole list moved every model's cache keys at
+    once). None for one whose entry tells none of `_SERVES`."""
+    told: dict[str, list[dict[str, Any]]] = {}
+    for m in listed:
+        told.setdefault(m["id"], []).append(
+            {k: m[k] for k in _SERVES if m.get(k) is not None})
+
+    def entry(model: str) -> list[dict[str, Any]]:  # (a name listed twice: both)
+        return sorted(told.get(model, ()), key=lambda e: sorted(map(repr, e.items())))
+
+    digests: dict[str, str] = {}
+    for model, entries in told.items():
+        if not any(entries):
+            continue
+        # (vLLM's adapters sit on a base model, one level deep)
+        bases = sorted({p for e in entries if isinstance(p := e.get("parent"), str)} - {model})
+        digests[model] = answer_digest({"upstream": [[m, entry(m)] for m in [model, *bases]]})
+    return digests
+
+
 class Upstream:
     """A Terminal over an upstream server. `check_models=False` (a fallback target)
     forwards whatever model the request names."""
@@ -228,7 +260,7 @@ class Upstream:
         self.in_flight = 0
         self._discovery: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[None] | None = None  # (`MODELS_REFRESH_S`)
-        self._answer_digest: str | None = None  # (`answer_digest`: from its model list)
+        self._answer_digests: dict[str, str] = {}  # (`answer_digest_for`: model list's)
         # `connect` bounds the wait for a pooled connection and its connect together,
         # `sock_connect` the connect alone: a request timed out while still waiting for
         # a connection (the trace tells) was shed here, the upstream never asked.
@@ -310,12 +342,7 @@ class Upstream:
         if not listed:
             return "no models listed"
         self._models = [m["id"] for m in listed]
-        # What it says serves each name (vLLM's `root`: the checkpoint; its context
-        # length), for cache keys: another model behind the same name answers otherwise.
-        served = sorted(([m["id"], m.get("root"), m.get("max_model_len")] for m in listed),
-                        key=lambda s: s[0])
-        self._answer_digest = (answer_digest({"upstream": served}) if any(
-            s[1] is not None or s[2] is not None for s in served) else None)
+        self._answer_digests = served_digests(listed)
         return None
 
     async def _discover_until_found(self, first: str) -> None:
@@ -382,14 +409,13 @@ class Upstream:
     def read_tokens(self, token_ids: list[int]) -> str | None:
         return None  # (the upstream holds the tokenizer)
 
-    @property
-    def answer_digest(self) -> str | None:
-        """What the upstream said serves its models (each one's `root` and
-        `max_model_len`, as vLLM lists them) when Weir last asked it (at start, then
-        every `MODELS_REFRESH_S`); None where it was not asked (`models` configured) or
-        told neither. Its own template, tool
-        parser and the like it keeps to itself."""
-        return self._answer_digest
+    def answer_digest_for(self, model: str) -> str | None:
+        """What the upstream said serves `model` (its entry's `root`, `parent` and
+        `max_model_len`, as vLLM lists them; an adapter's base model's too) when Weir
+        last asked it (at start, then every `MODELS_REFRESH_S`): `served_digests`. None
+        where it was not asked (`models` configured), does not list `model`, or told
+        none of them. Its own template, tool parser and the like it keeps to itself."""
+        return self._answer_digests.get(model)
 
     async def count_prompt(self, request: ChatCompletionRequest | CompletionRequest,
                            ) -> int | None:

@@ -58,6 +58,8 @@ class FakeEngine:
         #: `Engine.answer_digest` (cache keys hold it; None: they are as without one): a
         #: test sets it, and changes it as a settings change would.
         self.answer_digest: str | None = None
+        #: Per model (`Terminal.answer_digest_for`), over `answer_digest`.
+        self.model_digests: dict[str, str] = {}
         self.fail_after: int | None = None
         #: Of each prompt, the tokens its answer reports read from the prefix cache (at
         #: most the prompt's: vLLM's `num_cached_tokens`)
@@ -71,6 +73,10 @@ class FakeEngine:
         self._waiters: list[tuple[Any, asyncio.Future[None]]] = []
         #: request id -> tokens generated so far (`generated_tokens`), while it runs
         self.progress: dict[str, int] = {}
+
+    def answer_digest_for(self, model: str) -> str | None:
+        """`Terminal.answer_digest_for`, where a test serves this engine as the terminal."""
+        return self.model_digests.get(model, self.answer_digest)
 
     def generated_tokens(self, request_id: str) -> int | None:
         """As vLLM's: None for a request it no longer holds (dropped with its last

@@ -7,9 +7,10 @@ stop_token_ids, allowed_token_ids, bad_words, the chat-template controls, ...), 
 that means the field left out (`presence_penalty: 0`, `logit_bias: {}`) as left out. Never
 `stream`, `stream_options`, `user` or headers. The scope id is hashed in, so the same prompt in two
 tenants has two keys. Every key holds what the engine's answers depend on besides the
-request too (`Terminal.answer_digest`: its chat template and how Weir renders a chat,
-its tool parser, structured-output options, model, context length, generation defaults
-and vLLM arguments, digested once at start), so that an answer cached under other
+request too (`Terminal.answer_digest_for` the model asked for: its chat template and
+how Weir renders a chat, its tool parser, structured-output options, model, context
+length, generation defaults and vLLM arguments, digested once at start; an upstream's:
+what its model list says serves that model), so that an answer cached under other
 settings (an upgrade's, the operator's; Redis keeps them a day) is not replayed for a
 request that is now answered otherwise. The semantic partition is the same hash without
 the last user message: a semantic hit only ever returns an answer produced under the same scope,
@@ -235,7 +236,8 @@ def key_request(ctx: RequestContext) -> ChatCompletionRequest | CompletionReques
 def exact_key(ctx: RequestContext, scope: str, answers: str | None = None, *,
               defaults_filled: bool = False) -> str:
     """`answers`: what the engine's answers depend on besides the request
-    (`Terminal.answer_digest`; None where none can be told, and the key is what it was).
+    (`Terminal.answer_digest_for` the model; None where none can be told, and the key is
+    what it was).
     `defaults_filled`: the model's sampling defaults were filled into the request (the
     in-process engine's; `_keyed_params`)."""
     req = key_request(ctx)

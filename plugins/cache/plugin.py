@@ -219,7 +219,7 @@ class CachePlugin(BasePlugin[CacheConfig]):
 
     async def _look_up(self, ctx: RequestContext, call_next: Next, d: Directives) -> Reply:
         read, write, max_age = d.read, d.write, d.max_age
-        answers = self.services.terminal.answer_digest
+        answers = self.services.terminal.answer_digest_for(ctx.model)
         key = exact_key(ctx, self.cfg.scope, answers, defaults_filled=self._defaults_filled)
         ctx.response_headers[KEY_HEADER] = key  # (a hit says its entry's: `_hit`)
         scope = scope_id(ctx.principal, self.cfg.scope)
@@ -499,8 +499,8 @@ class CachePlugin(BasePlugin[CacheConfig]):
         read, max_age = d.read, d.max_age
         if self.cfg.stale_grace_s <= 0 or not read:
             return None  # never stored (sensitive, sampled ...) or no-cache: no lookup
-        key = exact_key(ctx, self.cfg.scope, self.services.terminal.answer_digest,
-                        defaults_filled=self._defaults_filled)
+        answers = self.services.terminal.answer_digest_for(ctx.model)
+        key = exact_key(ctx, self.cfg.scope, answers, defaults_filled=self._defaults_filled)
         scope = scope_id(ctx.principal, self.cfg.scope)
         entry = await self.store.get(key, scope, allow_stale=True, max_age=max_age)
         if entry is None:

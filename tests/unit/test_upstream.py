@@ -123,13 +123,13 @@ async def test_what_serves_the_upstreams_models_is_in_its_answer_digest(
                 {"id": "up-model", "root": root, "max_model_len": 2048}]})
         upstream.list_models = models
         engine = await engine_for(upstream.base_url)
-        digests.append(engine.answer_digest)
+        digests.append(engine.answer_digest_for("up-model"))
         await engine.close()
     assert digests[0] is not None and digests[0] == digests[1] != digests[2]
     upstream.list_models = upstream.models
     for kw in ({}, {"models": ["up-model"]}):
         engine = await engine_for(upstream.base_url, **kw)
-        assert engine.ready() and engine.answer_digest is None
+        assert engine.ready() and engine.answer_digest_for("up-model") is None
         await engine.close()
 
 
@@ -155,15 +155,68 @@ async def test_the_upstreams_answer_digest_follows_a_checkpoint_loaded_since_sta
     upstream.list_models = models
     engine = await engine_for(upstream.base_url)
     try:
-        first = engine.answer_digest
+        first = engine.answer_digest_for("up-model")
         assert first is not None
         root = "/models/b"
-        await eventually(lambda: engine.answer_digest != first)
-        second = engine.answer_digest
+        await eventually(lambda: engine.answer_digest_for("up-model") != first)
+        second = engine.answer_digest_for("up-model")
         root = "down"
         now = asked
         await eventually(lambda: asked >= now + 2)
-        assert engine.answer_digest == second and engine.ready()
+        assert engine.answer_digest_for("up-model") == second and engine.ready()
+    finally:
+        await engine.close()
+        upstream.list_models = upstream.models
+
+
+async def test_each_upstream_model_has_its_own_answer_digest(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The digest was one over the whole model list: an adapter vLLM loaded at runtime
+    (or any model appearing or leaving) moved every model's cache keys, and every
+    cached answer missed at once. Each model's is of its own entry (and, for an
+    adapter, its base model's): others coming and going move nothing; its own entry
+    changed (another checkpoint behind its name) moves its keys, and its adapters'."""
+    from proxy import upstream as module
+    from tests.waiting import eventually
+
+    monkeypatch.setattr(module, "MODELS_REFRESH_S", 0.01)
+    base = {"id": "up-model", "root": "/models/a", "parent": None, "max_model_len": 2048,
+            "created": 1}
+    other = {"id": "up-other", "root": "/models/o", "max_model_len": 4096}
+    listed: list[dict[str, Any]] = [base, other]
+    served = 0
+
+    async def models(request: web.Request) -> web.Response:
+        nonlocal served
+        served += 1
+        # (vLLM's `created` is the time of the listing: no part of what serves)
+        return web.json_response({"object": "list", "data": [
+            {**m, "created": m.get("created", 0) + served} for m in listed]})
+
+    async def listing(now: list[dict[str, Any]]) -> None:
+        nonlocal listed
+        listed, asked = now, served
+        await eventually(lambda: served >= asked + 2, timeout=10)  # (a whole refresh since)
+
+    upstream.list_models = models
+    engine = await engine_for(upstream.base_url)
+    try:
+        first = {m: engine.answer_digest_for(m) for m in ("up-model", "up-other")}
+        assert None not in first.values() and len(set(first.values())) == 2
+        # An adapter loaded at runtime, another model gone: nothing moves.
+        lora = {"id": "sql-lora", "root": "/adapters/sql", "parent": "up-model"}
+        await listing([base, lora])
+        assert engine.answer_digest_for("up-model") == first["up-model"]
+        adapter = engine.answer_digest_for("sql-lora")
+        assert adapter is not None and adapter not in first.values()
+        await listing([base, other])
+        assert {m: engine.answer_digest_for(m) for m in first} == first
+        # Another checkpoint behind `up-model`: its keys move (and its adapter's), only.
+        await listing([{**base, "root": "/models/b"}, other, lora])
+        assert engine.answer_digest_for("up-other") == first["up-other"]
+        assert engine.answer_digest_for("up-model") != first["up-model"]
+        assert engine.answer_digest_for("sql-lora") not in (adapter, None)
+        assert engine.answer_digest_for("elsewhere") is None
     finally:
         await engine.close()
         upstream.list_models = upstream.models

@@ -1,5 +1,5 @@
 """Cache keys hold what the engine's answers depend on besides the request (its chat
-template, tool parser, structured-output options, ...: `Terminal.answer_digest`): an
+template, tool parser, structured-output options, ...: `Terminal.answer_digest_for`): an
 answer cached before such a change (Redis keeps them a day) is not replayed for a
 request that is now answered otherwise."""
 
@@ -36,6 +36,25 @@ async def test_an_answer_cached_under_another_template_is_not_replayed() -> None
     assert layer == "miss" and eng.calls == 2
     assert [(await run(p, ctx(q), eng))[1] for q in (ASKED, PARAPHRASE)] == [
         "exact", "semantic"]  # (the answers made under the new one)
+    assert eng.calls == 2
+
+
+async def test_another_models_digest_moving_leaves_this_models_answers_served() -> None:
+    """Keys hold the digest of the model asked for (`Terminal.answer_digest_for`): an
+    upstream's one digest of its whole model list moved every model's keys when any
+    model or adapter came, and every cached answer missed at once."""
+    p, eng = plugin(semantic={"threshold": 0.8}), Engine()
+    terminal = p.services.terminal
+    assert isinstance(terminal, FakeEngine)
+    terminal.model_digests = {"m": "m-a", "other": "o-a"}
+    assert [(await run(p, ctx(q), eng))[1] for q in (ASKED, ASKED, PARAPHRASE)] == [
+        "miss", "exact", "semantic"]
+    terminal.model_digests = {"m": "m-a", "other": "o-b", "m-lora": "l-a"}
+    assert [(await run(p, ctx(q), eng))[1] for q in (ASKED, PARAPHRASE)] == [
+        "exact", "exact"]  # (the paraphrase's hit left it an alias)
+    terminal.model_digests["m"] = "m-b"  # (another checkpoint behind "m")
+    assert [(await run(p, ctx(q), eng))[1] for q in (ASKED, PARAPHRASE)] == [
+        "miss", "semantic"]  # (the paraphrase: of the answer made under "m-b")
     assert eng.calls == 2
 
 
