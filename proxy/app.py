@@ -113,7 +113,9 @@ def _engine_lifespan(
                 raise
             except BaseException as e:
                 st.engine_error = e
-                log.error("engine failed to start", error=f"{type(e).__name__}: {e}")
+                # (its type and place: its message may quote a secret, an upstream's
+                # URL with its credentials, a private path)
+                log.error("engine failed to start", **error_fields(e))
                 if on_fatal is not None:
                     on_fatal(e)
             finally:

@@ -43,7 +43,7 @@ from .embed_models import Runtime, load_runtime
 from .errors import Unavailable
 from .settings import EmbeddingSettings
 from .tasks import cancel_and_wait
-from .telemetry import get_logger
+from .telemetry import error_fields, get_logger
 
 log = get_logger("weir.embedding")
 URGENT_TEXTS = 4
@@ -259,7 +259,8 @@ class LocalEmbedder:
             await self.ready()
             failed = False
         except Exception as e:
-            log.error("embedding model failed to load", error=f"{type(e).__name__}: {e}")
+            # (its type and place: its message may quote a secret, a path, a URL's token)
+            log.error("embedding model failed to load", **error_fields(e))
             failed = True
         while True:
             await self._wake.wait()

@@ -66,6 +66,32 @@ async def test_engine_start_failure_is_reported(aiohttp_client) -> None:  # type
     assert body["status"] == "failed" and len(fatal) == 1
 
 
+SECRET = "sk-SECRET-0123456789"
+
+
+def logged(logs: Any, event: str) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in logs.getvalue().splitlines() if line.strip()]
+    return [line for line in lines if line["event"] == event]
+
+
+async def test_an_engine_that_fails_to_start_logs_no_exception_message(
+        aiohttp_client: Any, logs: Any) -> None:
+    """The line said the exception's message, which may quote a secret (an upstream's
+    URL with its credentials, a token, a private path): it names the error's type and
+    where it was raised, as every other unexpected error's line does."""
+    class Broken(FakeEngine):
+        async def start(self) -> None:
+            raise RuntimeError(f"cannot reach https://weir:{SECRET}@models.internal/x")
+
+    app = create_app(make_settings(), engine=Broken(ready=False))
+    client = await aiohttp_client(app)
+    await asyncio.wait_for(client.app[STATE].engine_settled.wait(), 5)
+    failed = logged(logs, "engine failed to start")
+    assert len(failed) == 1 and failed[0]["error"] == "RuntimeError", failed
+    assert "test_lifecycle.py" in failed[0]["at"]
+    assert SECRET not in logs.getvalue() and "models.internal" not in logs.getvalue()
+
+
 async def test_an_embedding_model_that_cannot_load_is_fatal_or_a_503(
         aiohttp_client) -> None:  # type: ignore[no-untyped-def]
     settings = make_settings(embeddings={"enabled": True, "model": "/nonexistent/emb"})

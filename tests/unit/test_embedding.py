@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -164,6 +166,27 @@ async def test_a_model_that_fails_to_load_fails_calls_instead_of_hanging() -> No
         await asyncio.wait_for(emb.embed(["q 1"]), 10)
     assert (e.value.status, e.value.code) == (503, "model_unavailable")
     await emb.close()
+
+
+async def test_a_model_that_fails_to_load_logs_no_exception_message(logs: Any) -> None:
+    """The line said the exception's message, which may quote a secret (a path, a hub
+    URL with a token): it names the error's type and where it was raised, as every
+    other unexpected error's line does."""
+    secret = "hf_SECRET0123456789"
+
+    def broken() -> Runtime:
+        raise OSError(f"https://user:{secret}@hub.internal/model: no such file")
+
+    emb = LocalEmbedder(EmbeddingSettings(), runtime=broken)
+    await emb.start()
+    with pytest.raises(Unavailable):  # (the worker logged its line before this)
+        await asyncio.wait_for(emb.embed(["q 1"]), 10)
+    await emb.close()
+    lines = [json.loads(line) for line in logs.getvalue().splitlines() if line.strip()]
+    failed = [line for line in lines if line["event"] == "embedding model failed to load"]
+    assert len(failed) == 1 and failed[0]["error"] == "OSError", lines
+    assert "test_embedding.py" in failed[0]["at"]
+    assert secret not in logs.getvalue() and "hub.internal" not in logs.getvalue()
 
 
 async def test_empty_input_and_the_protocol() -> None:
