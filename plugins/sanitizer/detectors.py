@@ -373,11 +373,18 @@ def _spelled_emails(text: str) -> Iterator[Span]:
         yield start, last
 
 
+# A phone word glued to the "+" or "00" of the number it names ("tel+4915112345678",
+# "phone+442079460958", "Mob00447700900123"): a label, as "tel:" is. Any other word
+# glued to a "+" is a sum or a name ("n+100000000", "C++"), not a number to call.
+_GLUED_PHONE_WORD = "".join(f"|(?<=(?i:{w}))" for w in (
+    "tel", "phone", "mobile", "mob", "cell", "fax", "whatsapp", "handy", "tlf", "telp",
+    "fone", "ph", "sms", "call"))
 # International numbers (+ or 00, an optional "(0)"), and North-American shapes whose area
 # code and exchange start with 2-9 (so "100 200 3000" is not one).
 # (A hex word that starts with "00" and digits, "00984641abcdef...", is none:
 # `_in_hex_word`.)
-_PHONE = (r"(?<![\w+])(?:\+|00)[1-9]\d{0,2}(?:[ .\-\u2013]?\(0\))?(?:[ .\-\u2013]?\(?\d{1,4}\)?)"
+_PHONE = (rf"(?:(?<![\w+]){_GLUED_PHONE_WORD})(?:\+|00)[1-9]\d{{0,2}}"
+          r"(?:[ .\-\u2013]?\(0\))?(?:[ .\-\u2013]?\(?\d{1,4}\)?)"
           r"(?:[ .\-\u2013]?\d{2,4}){2,4}(?!\d)"
           r"|(?<![\d.-])\(\d{3}\)[ .\-\u2013]?\d{3}[ .\-\u2013]?\d{4}(?![\d-])"
           r"|(?<![\w.+-])(?:1[ .\-\u2013]?)?[2-9]\d{2}(?P<ps>[ .\-\u2013])[2-9]\d{2}(?P=ps)\d{4}"
@@ -413,6 +420,8 @@ _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d
 # tried first, as the one-kind form stops at the first change of separator, too short);
 # then perhaps what often follows a card number: its CVV or expiry ("4111 ... 1111 123",
 # "4111...1111/12/27"), redacted with it.
+# A "." just before is a decimal's or a version's ("3.4111..."), unless a label's letters
+# come before it: an abbreviation glued to the number ("no.4111...", "Nr.4111...").
 # (Not a comma between groups: "2023,2024,2025,2026" is a list of years, and one such
 # list in ten passes Luhn.)
 # A run of decimal digits inside a longer hex word (a hash, an address, `xxd -p`'s
@@ -421,7 +430,7 @@ _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d
 _CARD_SEP = r"[./_]"  # (spaces and dashes: `_CARD_MIX`, which takes them one kind or mixed)
 _CARD_MIX = r"(?: ?- ?| )"
 _CARD_TAIL = r"(?:[ ./_,-]| - |, )(?:\d{3,4}|\d{2}/\d{2,4})"
-_CARD = (rf"(?<![\d.,-])(?:\d{{13,19}}"
+_CARD = (rf"(?<![\d,-])(?:(?<!\.)|(?<=[^\W\d_]\.))(?:\d{{13,19}}"
          rf"|\d{{4}}{_CARD_MIX}\d{{4}}(?:{_CARD_MIX}\d{{4}}){{1,2}}(?:{_CARD_MIX}\d{{1,4}}(?![\d/]))?"
          rf"|\d{{4}}{_CARD_MIX}\d{{6}}{_CARD_MIX}\d{{4,5}}"
          rf"|\d{{4}}(?P<s>{_CARD_SEP})\d{{4}}(?:(?P=s)\d{{4}}){{1,2}}(?:(?P=s)\d{{1,4}}(?![\d/]))?"

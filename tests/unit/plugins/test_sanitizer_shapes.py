@@ -342,3 +342,41 @@ def test_look_alikes_among_capitals_are_read_in_one_pass(text: str) -> None:
     long word that a small letter ends (a 32 KiB prompt of "\u0131" took 6 s, each
     doubling four times that); it reads each word once."""
     assert found("secret", text) == []
+
+
+# ------------------------- a number glued to a label by punctuation (stop 53)
+
+@pytest.mark.parametrize(("name", "text", "said"), [
+    ("phone", "phone+442079460958", "+442079460958"),
+    ("phone", "tel+4915112345678", "+4915112345678"),
+    ("phone", "Mob00447700900123 after six", "00447700900123"),
+    ("phone", "WhatsApp+44 7700 900123", "+44 7700 900123"),
+    ("card", "no.4111111111111111", "4111111111111111"),
+    ("card", "Nr.4111 1111 1111 1111 bitte", "4111 1111 1111 1111"),
+])
+def test_a_number_glued_to_a_label_by_its_plus_or_a_dot_is_one(name: str, text: str,
+                                                                said: str) -> None:
+    """A phone word glued to the number's "+" or "00" ("phone+44...") and an
+    abbreviation's dot glued to a card ("no.4111...") hid the number: a word before a
+    "+" and a "." before digits bounded it as a digit does."""
+    assert found(name, text) == [said]
+
+
+@pytest.mark.parametrize("text", [
+    "n+100000000 users", "C++20 and x+12345678", "total+4420794609 rows",
+    "pi is 3.4111111111111111 or so", "ratio .4111111111111111", "v1.4111111111111111",
+    "https://example.com/p+442079460958", "build.20240101.1234567890123",
+])
+def test_a_sum_a_decimal_or_a_version_is_no_glued_number(text: str) -> None:
+    said = {n: found(n, text) for n in ("card", "phone") if found(n, text)}
+    assert said == {}, said
+
+
+async def test_a_phone_glued_to_its_label_is_redacted_as_a_phone() -> None:
+    """"tel+4915112345678" (a German mobile, 13 digits that pass Luhn and start as
+    Visa's) went on as "tel+[CARD]": the card detector found its digits, the phone
+    detector nothing. The phone's span, from its "+", names the redaction."""
+    from tests.unit.plugins.test_sanitizer import Spy, chat_ctx, plugin
+    ctx = chat_ctx("reach me on tel+4915112345678 today")
+    await plugin(detectors={"card": "redact", "phone": "redact"})(ctx, Spy())
+    assert ctx.request.messages[0].content == "reach me on tel[PHONE] today"  # type: ignore[union-attr]
