@@ -130,6 +130,52 @@ def with_escapes(find: Finder) -> Finder:
     return both
 
 
+# A word spelled out one character at a time ("s k - p r o j - ...", "i g n o r e  a l l
+# p r e v i o u s": normalizing squeezed the double spaces between its words): a reader
+# reads the characters joined, a pattern reads single letters. A run of `_SPACED_LEAST`
+# one-character words or more is read again joined (each start tries at most the
+# run's length: linear, whatever the text).
+_SPACED_LEAST = 12
+_SPACED_RUN = re.compile(rf"(?<!\S)\S(?: \S){{{_SPACED_LEAST - 1},}}(?!\S)")
+
+
+# Whether a text may hold such a run, asked of its UTF-8 bytes (C speed: the pattern's
+# scan cost 4 KB of prose 60 us, for each of two detectors): a continuation byte dropped
+# (each character one byte), a blank as " ", any other byte as "a"; a run of twelve
+# one-character words is twelve "a"s a space apart there.
+_SPACED_BYTES = bytes(0x20 if chr(b) in " \t\n\r\x0b\x0c" else 0x61 for b in range(256))
+_CONTINUATION = bytes(range(0x80, 0xC0))
+_SPACED_NEEDLE = b" ".join([b"a"] * _SPACED_LEAST)
+
+
+def may_be_spaced(text: str) -> bool:
+    """Whether `text` may hold a run of one-character words that `with_spaced` reads (a
+    strict superset of where `_SPACED_RUN` matches)."""
+    return _SPACED_NEEDLE in text.encode("utf-8", "surrogatepass").translate(
+        _SPACED_BYTES, _CONTINUATION)
+
+
+def with_spaced(find: Finder) -> Finder:
+    """`find`, and over each run of one-character words of its text read joined
+    (`_SPACED_RUN`), each span placed back over the characters it was read from."""
+    def both(text: str) -> Iterator[Span]:
+        seen: set[Span] = set()
+        for span in find(text):
+            seen.add(span)
+            yield span
+        if not may_be_spaced(text):
+            return
+        for m in _SPACED_RUN.finditer(text):
+            at = m.start()
+            for a, b in find(m.group()[::2]):  # (one character for two: "x ")
+                span = (at + 2 * a, at + 2 * (b - 1) + 1)
+                if b > a and span not in seen:
+                    seen.add(span)
+                    yield span
+
+    return both
+
+
 def _merged(runs: list[Span], end: int, before: int, after: int) -> list[Span]:
     """Each run widened by `before` and `after` (within the text), overlapping ones
     merged: the places a pattern around the runs must read, each once."""
@@ -894,7 +940,8 @@ def _ibans_in(text: str, lo: int, hi: int) -> Iterator[Span]:
 BUILTIN: dict[str, Detector] = {
     d.name: d
     for d in [
-        Detector("secret", "[SECRET]", find_secrets),  # (escapes read by it: `_disguised`)
+        # (escapes read by it: `_disguised`)
+        Detector("secret", "[SECRET]", with_spaced(find_secrets)),
         *(Detector(name, placeholder, with_escapes(find)) for name, placeholder, find in [
             ("email", "[EMAIL]", _find_email),
             ("iban", "[IBAN]", _find_iban),
@@ -907,7 +954,8 @@ BUILTIN: dict[str, Detector] = {
             ("uk_nino", "[NINO]", _find_nino)]),
     ]
 }
-INJECTION = Detector(_INJECTION.name, _INJECTION.placeholder, with_escapes(_INJECTION.find))
+INJECTION = Detector(_INJECTION.name, _INJECTION.placeholder,
+                     with_spaced(with_escapes(_INJECTION.find)))
 
 
 def custom(name: str, pattern: str) -> Detector:
@@ -938,4 +986,7 @@ def quiet(text: str) -> bool:
         return False
     if "@" in text or _may_spell_email(text):  # (`_find_email`)
         return False
-    return secrets_quiet(text, text.lower()) and injection_quiet(text)
+    # (a run of one-character words is read joined by the secret and injection
+    # detectors: `with_spaced`)
+    return (secrets_quiet(text, text.lower()) and injection_quiet(text)
+            and not may_be_spaced(text))
