@@ -249,6 +249,90 @@ def _ordinary(family: int, text: str, m: re.Match[str]) -> bool:
     return False
 
 
+# Digits written for the letters they look like ("1gn0re prev1ous 1nstruct10ns",
+# "d1sr3gard"): in a word that mixes them with letters, each is
+# read as its letter (one for one: a span is the text's). A word of digits alone is a
+# number ("4 rules", "2024"), and stays one.
+_LEET = str.maketrans("0134578", "oieastb")
+_LEET_MIX = re.compile(r"[A-Za-z][0-9]|[0-9][A-Za-z]")
+_LEET_CHARS = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+# Whether a letter meets a digit anywhere, asked of the text's bytes (letters read as
+# "a", digits as "1", any other byte as a blank): C speed, where the
+# pattern's scan cost 4 KB of prose 60 us on every text. (A byte outside ASCII is no
+# letter or digit of `_LEET_MIX`'s.)
+_LEET_BYTES = bytes(0x61 if chr(b).isascii() and chr(b).isalpha() else
+                    0x31 if chr(b).isascii() and chr(b).isdigit() else 0x20 for b in range(256))
+
+
+def _may_leet(text: str) -> bool:
+    read = text.encode("utf-8", "surrogatepass").translate(_LEET_BYTES)
+    return b"a1" in read or b"1a" in read
+
+
+def _leet_words(text: str) -> Iterator[Span]:
+    """The words of `text` that mix digits with letters, in order and apart:
+    each found from a place where a letter and a digit meet and read once (the scan
+    goes on past it: linear, whatever the text)."""
+    pos = 0
+    for m in _LEET_MIX.finditer(text):
+        if m.start() < pos:
+            continue  # (inside a word read already)
+        a, b = m.start(), m.end()
+        while a > pos and text[a - 1] in _LEET_CHARS:
+            a -= 1
+        while b < len(text) and text[b] in _LEET_CHARS:
+            b += 1
+        yield a, b
+        pos = b
+
+
+_LEET_REACH = 24  # the longest trigger, and a word's length around it
+
+
+def _merged_around(spans: list[Span], end: int) -> list[Span]:
+    out: list[Span] = []
+    for a, b in spans:
+        lo, hi = max(0, a - _LEET_REACH), min(end, b + _LEET_REACH)
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(hi, out[-1][1]))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _triggers(low: str, lo: int = 0, hi: int | None = None) -> set[str]:
+    """The triggers in `low[lo:hi]`: one scan, not a search per word."""
+    found: set[str] = set()
+    for hit in _ANY_TRIGGER.finditer(low, lo, len(low) if hi is None else hi):
+        i = hit.start()
+        found.update(t for t in _EXTENDED[hit.group()] if low.startswith(t, i))
+    return found
+
+
+def _leet(text: str) -> tuple[str, set[str]] | None:
+    """`text` with the words that mix digits with letters read as the letters they
+    stand for (`_LEET`), and the triggers that reading holds in and around those words
+    (`_LEET_REACH` either side: "y0u are n0w"); None where no word mixes them."""
+    if not _may_leet(text):
+        return None
+    out: list[str] = []
+    pos = 0
+    words = list(_leet_words(text))
+    for a, b in words:
+        out += [text[pos:a], text[a:b].translate(_LEET)]
+        pos = b
+    if not out:
+        return None
+    read = "".join([*out, text[pos:]])
+    low = read.lower()
+    found: set[str] = set()
+    for lo, hi in _merged_around(words, len(text)):  # (each place read once)
+        found |= _triggers(low, lo, hi)
+    return read, found
+
+
 def _find_injection(text: str) -> Iterator[Span]:
     marks = None
     if not text.isascii():
@@ -256,11 +340,22 @@ def _find_injection(text: str) -> Iterator[Span]:
         text = (marks[0] if marks else text).translate(_LOOKALIKES)
     if "_" in text:  # "ignore_all_previous_instructions" (a name): one letter for one
         text = text.replace("_", " ")
-    low = text.lower()
-    found: set[str] = set()  # the triggers in the text: one scan, not a search per word
-    for hit in _ANY_TRIGGER.finditer(low):
-        i = hit.start()
-        found.update(t for t in _EXTENDED[hit.group()] if low.startswith(t, i))
+    found = _triggers(text.lower())
+    seen: set[Span] = set()
+    for span in _phrases(text, marks, found):
+        seen.add(span)
+        yield span
+    if (leet := _leet(text)) is not None and (found or leet[1]):
+        for span in _phrases(leet[0], marks, found | leet[1]):
+            if span not in seen:
+                yield span
+
+
+def _phrases(text: str, marks: tuple[str, list[int], list[int]] | None,
+             found: set[str]) -> Iterator[Span]:
+    """The phrases of `text` (read: its look-alikes and marks undone) of the families
+    whose triggers are `found`, as spans of the text it was read from (`marks`: where
+    the marks were)."""
     if not found:
         return
     for family, (rx, triggers) in enumerate(zip(_INJECTION_RX, _INJECTION_TRIGGERS,
@@ -277,13 +372,16 @@ def _find_injection(text: str) -> Iterator[Span]:
                            _back(m.end() - 1, starts, origins) + 1)
 
 
-
 def injection_quiet(text: str) -> bool:
     """True only where `_find_injection(text)` finds nothing, for an ASCII `text`: none
-    of its triggers is in it (read as `_find_injection` reads it)."""
+    of its triggers is in it (read as `_find_injection` reads it, digits for letters
+    too: `_leet`)."""
     if "_" in text:
         text = text.replace("_", " ")
-    return _ANY_TRIGGER.search(text.lower()) is None
+    if _ANY_TRIGGER.search(text.lower()) is not None:
+        return False
+    leet = _leet(text)
+    return leet is None or not leet[1]
 
 INJECTION = Detector("injection", "[REMOVED]", _find_injection)
 
