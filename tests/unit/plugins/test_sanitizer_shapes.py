@@ -4,6 +4,7 @@ words after "sk-"; look-alikes read as the marks and capitals a reader sees."""
 
 from __future__ import annotations
 
+import base64
 import random
 
 import pytest
@@ -380,3 +381,42 @@ async def test_a_phone_glued_to_its_label_is_redacted_as_a_phone() -> None:
     ctx = chat_ctx("reach me on tel+4915112345678 today")
     await plugin(detectors={"card": "redact", "phone": "redact"})(ctx, Spy())
     assert ctx.request.messages[0].content == "reach me on tel[PHONE] today"  # type: ignore[union-attr]
+
+
+# ------------------------------------------- the encoded runs' gate (stop 53)
+
+def test_prose_never_enters_the_encoded_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base64, base64url and hex passes scanned every text of 24 characters or
+    more: 13% of the secret detector's CPU time on 4 KB of prose, which holds no run of
+    24 of their characters. A text without one skips them (counted: no call)."""
+    from bench.sanitizer import prompt
+    from plugins.sanitizer import credentials
+    calls: list[str] = []
+    inner = credentials._encoded
+
+    def counting(text: str):  # type: ignore[no-untyped-def]
+        calls.append(text)
+        return inner(text)
+
+    monkeypatch.setattr(credentials, "_encoded", counting)
+    rng = random.Random(4096)
+    for size in (4096, 65536):
+        found("secret", prompt(size, rng))
+    assert calls == []
+    key = base64.b64encode(b"sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4zQ7").decode()
+    assert found("secret", f"the value is {key} ok") == [key] and len(calls) == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_encoded_gate_passes_every_text_a_pass_reads(seed: int) -> None:
+    """`may_encode` answers for the three patterns: wherever one of them matches, it
+    says so (fuzz of their characters among blanks, punctuation and other scripts)."""
+    from plugins.sanitizer import credentials
+    rng = random.Random(seed)
+    alphabet = "aZ09+/_-=x. \n\u00e9\u4e2d\ud800"
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) if rng.random() < 0.3 else rng.choice("aF3+_-")
+                       for _ in range(rng.randrange(20, 120)))
+        matched = any(rx.search(text) for rx in (
+            credentials._B64_RUN, credentials._B64URL_RUN, credentials._HEX_RUN))
+        assert credentials.may_encode(text) or not matched, text
