@@ -399,7 +399,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             folded = self._fold(text)
         norm = scanned(folded) if self.cfg.normalize else text
         engine = folded if self.cfg.engine_sees == "normalized" else text
-        if not extra and norm in self._clean:
+        blank = _blank_letters_out(text, folded) if self.cfg.normalize else None
+        if not extra and blank is None and norm in self._clean:
             return folded, engine
         redact: list[tuple[Span, str]] = list(extra or [])
         found = False
@@ -416,10 +417,26 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     fired[det.name] = action
                 if action == "redact":
                     redact.extend((s, det.placeholder) for s in spans)
+            unblanked: list[tuple[Span, str]] = []
+            if blank is not None:  # (a key split by blank letters: read them as nothing)
+                forget()
+                view, at = blank
+                read = scanned(view)
+                places = scanned_places(view)
+                for det, action in self.detectors:
+                    spans = list(det.find(read))
+                    if not spans:
+                        continue
+                    found = True
+                    if _rank(action) > _rank(fired.get(det.name, "off")):
+                        fired[det.name] = action
+                    if action == "redact":
+                        unblanked += [((at[places[a]], at[places[b - 1]] + 1), det.placeholder)
+                                      for a, b in spans if b > a]
         finally:
             forget()
-        if redact:
-            red = _apply(folded, self._placed(folded, norm, redact))
+        if redact or unblanked:
+            red = _apply(folded, self._placed(folded, norm, redact) + unblanked)
             return red, red  # redaction: nobody downstream sees the original
         if not found and len(norm) <= _CLEAN_CHARS:
             self._remember_clean(norm)
@@ -1007,6 +1024,28 @@ def _hidden(action: str) -> str:
 
 def _rank(action: str) -> int:
     return _RANKS[action]
+
+
+# Letters that render as a blank the width of a letter (the Hangul fillers, the braille
+# blank): `fold` reads them as a space ("ignore\u3164all" is "ignore all" to a reader),
+# and a key split by them ("sk-proj-Ab\u3164Cd...") read as two words, neither a key.
+# Where a text holds one, it is read a second time with them as nothing.
+_BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
+_BLANK_MARK = "\ue000"  # (a private-use character: NFKC and `fold` leave it as it is)
+_MARKED = str.maketrans(dict.fromkeys(_BLANK_LETTERS, _BLANK_MARK))
+
+
+def _blank_letters_out(text: str, folded: str) -> tuple[str, list[int]] | None:
+    """`folded` (`fold(text)`) with the blank letters `text` holds read as nothing, and
+    where each of its characters is in `folded` (its end last); None where `text` holds
+    none (or folding moved them: then it is read as folded only)."""
+    if text.isascii() or not any(c in text for c in _BLANK_LETTERS) or _BLANK_MARK in text:
+        return None
+    marked = fold(text.translate(_MARKED))
+    if len(marked) != len(folded):
+        return None
+    at = [i for i, c in enumerate(marked) if c != _BLANK_MARK]
+    return marked.replace(_BLANK_MARK, ""), [*at, len(marked)]
 
 
 def _apply(text: str, spans: list[tuple[Span, str]]) -> str:
