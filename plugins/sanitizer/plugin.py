@@ -831,19 +831,45 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if isinstance(value, str):
             return self._redacted(value, fired)
         if isinstance(value, list):
-            items = [self._json_value(v, fired) for v in value]
+            across = self._json_across(value, list(range(len(value))), fired)
+            items = [across.get(i) or self._json_value(v, fired) for i, v in enumerate(value)]
             return value if all(a is b for a, b in zip(items, value, strict=True)) else items
         if isinstance(value, dict):
             out: dict[Any, Any] = {}
             same = True
+            split = self._json_across(list(value.values()), list(value), fired)
             for k, v in value.items():
                 said = self._json_value(k, fired)
-                v2 = (self._keyed(k, v, fired) if isinstance(v, str) else
-                      self._json_value(v, fired))
+                v2 = split.get(k) or (self._keyed(k, v, fired) if isinstance(v, str) else
+                                      self._json_value(v, fired))
                 same = same and said is k and v2 is v
                 out[key_apart(said, k, out, value)] = v2  # (redacted alike: kept apart)
             return value if same else out
         return value
+
+    def _json_across(self, values: list[Any], names: list[Any], fired: dict[str, str],
+                     ) -> dict[Any, str]:
+        """A key split over the string values one after another of a JSON object or
+        array ('{"a": "sk-proj-Ab3d...", "b": "...4zQ7"}': the model reads both), as
+        split over two messages (`secrets_across`): each value that holds a piece,
+        redacted, by its name (key or index) in `names`; the secret detector fired."""
+        action = self.across_actions["secret"]
+        at = [i for i, v in enumerate(values) if isinstance(v, str)]
+        if action == "off" or len(at) < 2:
+            return {}
+        folds = [self._fold(values[i]) for i in at]
+        norms = [scanned(f) for f in folds] if self.cfg.normalize else folds
+        spans: dict[int, list[tuple[Span, str]]] = {}
+        for j, span in secrets_across(norms):
+            spans.setdefault(j, []).append((span, "[SECRET]"))
+        if not spans:
+            return {}
+        if _rank(action) > _rank(fired.get("secret", "off")):
+            fired["secret"] = action
+        if action != "redact":
+            return {}
+        return {names[at[j]]: self._redacted(_apply(folds[j], self._placed(
+            folds[j], norms[j], found)), fired) for j, found in spans.items()}
 
     def _keyed(self, key: str, value: str, fired: dict[str, str]) -> str:
         """A JSON string read after its key, as the key names it ('"ssn": "219099999"',
