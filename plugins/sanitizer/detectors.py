@@ -331,14 +331,18 @@ _MASKS = frozenset(str(ipaddress.IPv4Network(f"0.0.0.0/{n}").netmask) for n in r
 
 
 # "name at domain dot com", "name[at]domain(dot)com", "name (at) domain [dot] co [dot] uk".
+# Spanish and Italian spell them "arroba" and "punto" ("juan arroba ejemplo punto es"):
+# "punto" marks a dot only after an "at", before a top-level domain, as "dot" does.
 # Spelled-out addresses are found from their "at" (every run below is bounded, so a text
 # made of thousands of "a dot b at c" costs linear time): the local part just before it
 # (with up to two earlier parts joined by a spelled "dot"), then domain labels after it
 # ending in a spelled "dot" and a common top-level domain ("dot by dot" is not one).
 _AT_TOKEN = re.compile(
-    r"\s{0,3}(?:[\[({<]\s{0,3}(?:at|@)\s{0,3}[\])}>]|(?<=\s)at(?=\s)|@)\s{0,3}",
+    r"\s{0,3}(?:[\[({<]\s{0,3}(?:at|arroba|@)\s{0,3}[\])}>]|(?<=\s)(?:at|arroba)(?=\s)|@)"
+    r"\s{0,3}",
     re.IGNORECASE)
-_DOT = r"(?:\s{0,3}[\[({<]\s{0,3}(?:dot|\.)\s{0,3}[\])}>]\s{0,3}|\s{1,3}dot\s{1,3})"
+_DOT = (r"(?:\s{0,3}[\[({<]\s{0,3}(?:dot|punto|\.)\s{0,3}[\])}>]\s{0,3}"
+        r"|\s{1,3}(?:dot|punto)\s{1,3})")
 _LABEL = r"(?!(?:the|a|an|my|your|our|this|that|home|work|least|most|all)\b)[a-z0-9-]{1,63}"
 _TLD = ("(?:com|net|org|edu|gov|mil|int|io|co|ai|app|dev|info|biz|me|xyz|online|site|"
         "uk|us|ca|au|nz|ie|de|fr|es|it|nl|be|ch|at|se|no|dk|fi|pl|cz|pt|gr|ru|ua|tr|il|"
@@ -355,7 +359,7 @@ _DOMAIN_LOOSE = re.compile(
     rf"(?:{_DOT}|\s{{0,3}}\.\s{{0,3}}){_TLD}\b", re.IGNORECASE)
 _PART_BEFORE = re.compile(rf"[\w.%+-]{{1,64}}{_DOT}\Z", re.IGNORECASE)
 # Where the loose forms can start: an "@" with a space beside it, or a bracketed "at".
-_LOOSE_AT = re.compile(r"\s@|@\s|[\[({<]\s{0,3}(?:at|@)\s{0,3}[\])}>]", re.IGNORECASE)
+_LOOSE_AT = re.compile(r"\s@|@\s|[\[({<]\s{0,3}(?:at|arroba|@)\s{0,3}[\])}>]", re.IGNORECASE)
 # Words that come before " at X dot com" in talk about a company, not a mailbox ("I worked
 # at Amazon dot com", "we met at startup dot io").
 _NOT_A_MAILBOX = frozenset("""
@@ -401,7 +405,7 @@ def _spelled_emails(text: str) -> Iterator[Span]:
     for at in _AT_TOKEN.finditer(text):
         if at.start() < last:
             continue
-        bare = at.group(0).strip().lower() == "at"
+        bare = at.group(0).strip().lower() in ("at", "arroba")
         domain = (_DOMAIN_AFTER if bare else _DOMAIN_LOOSE).match(text, at.end())
         if domain is None:
             continue
@@ -521,7 +525,9 @@ def _find_email(text: str) -> Iterator[Span]:
 
 
 def _may_spell_email(text: str) -> bool:
-    return "dot" in text or "DOT" in text or "Dot" in text or _loose_at(text)
+    return ("dot" in text or "DOT" in text or "Dot" in text or "punto" in text
+            or "PUNTO" in text or "Punto" in text or "arroba" in text or "ARROBA" in text
+            or "Arroba" in text or _loose_at(text))
 
 
 # An address is found from its separator, in linear time whatever the text: its domain

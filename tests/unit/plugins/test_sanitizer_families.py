@@ -1008,3 +1008,28 @@ async def test_numbers_in_turns_around_a_reply_that_are_not_a_card_pass() -> Non
     ctx = convo("order 4111 1111", "go on", "1111 1112 please")  # fails Luhn
     await plugin(card="flag")(ctx, Spy())
     assert not ctx.sensitive
+
+
+# ------------------------------------- an address spelled in Spanish or Italian (stop 53)
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("escríbeme a juan arroba ejemplo punto es gracias", "juan arroba ejemplo punto es"),
+    ("juan.perez (arroba) empresa (punto) com", "juan.perez (arroba) empresa (punto) com"),
+    ("scrivimi: mario at esempio punto it", "mario at esempio punto it"),
+    ("Juan ARROBA Ejemplo PUNTO com", "Juan ARROBA Ejemplo PUNTO com"),
+])
+def test_an_address_spelled_with_arroba_or_punto_is_one(text: str, said: str) -> None:
+    """"dot" and "at" were read in English only: "arroba" and "punto", as Spanish and
+    Italian speakers spell an address, left it whole."""
+    assert [text[a:b] for a, b in BUILTIN["email"].find(text)] == [said]
+
+
+@pytest.mark.parametrize("text", [
+    "Estamos a punto de terminar el informe.",
+    "La arroba es el símbolo @ de los correos; a che punto siamo?",
+    "punto com era una empresa; arroba y punto son palabras",
+    "el punto de venta at 5 punto 30",
+    "mi punto de vista: arroba en medio del texto punto final",
+])
+def test_arroba_and_punto_in_prose_are_no_address(text: str) -> None:
+    assert list(BUILTIN["email"].find(text)) == []
