@@ -26,6 +26,7 @@ import concurrent.futures
 import copy
 import json
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -151,6 +152,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         self._hider.detectors = [(d, _hidden(a)) for d, a in self.detectors]
         self._hider.across_actions = {n: _hidden(a) for n, a in self.across_actions.items()}
         self._hider._ungated = [(d, _hidden(a)) for d, a in self._ungated]
+
+    #: The last request `_check_limits` passed (weakly), the route's aside characters
+    #: then, and its count (read on the event loop only).
+    _limits_memo: tuple[weakref.ref[Any], int, int] | None = None
 
     async def close(self) -> None:
         self._reading_thread.shutdown(wait=False, cancel_futures=True)
@@ -293,7 +298,21 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _check_limits(self, ctx: RequestContext) -> int:
         """Refuse a request past the limits; else the characters the detectors will read
-        (its messages' or prompts', its tools', its schema's, its caller's texts)."""
+        (its messages' or prompts', its tools', its schema's, its caller's texts). A
+        route that asks `screen_thread` and `screens` first counted a request three
+        times (a chat's every part and extra field, ~8 us each): the count of the last
+        request passed is kept (by a weak reference: never the request itself) and
+        given again for the same request."""
+        memo = self._limits_memo
+        if (memo is not None and memo[0]() is ctx.request
+                and memo[1] == ctx.aside_chars):
+            ctx.output_ceiling = self.cfg.limits.max_tokens
+            return memo[2]
+        chars = self._count_limits(ctx)
+        self._limits_memo = (weakref.ref(ctx.request), ctx.aside_chars, chars)
+        return chars
+
+    def _count_limits(self, ctx: RequestContext) -> int:
         lim = self.cfg.limits
         req = ctx.request
         limit = req.output_limit

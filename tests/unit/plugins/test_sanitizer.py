@@ -904,3 +904,26 @@ async def test_a_short_prompt_with_long_tool_definitions_is_read_off_the_event_l
             assert set(read_in) == {threading.get_ident()}
     finally:
         await p.close()
+
+
+async def test_a_request_s_texts_are_counted_once_however_often_it_is_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A route that asks `screen_thread` and `screens` before the chain counted the
+    request's texts three times (its parts, extra fields, call ids: ~8 us each); the
+    count is kept for the same request (a new one is counted anew)."""
+    from plugins.sanitizer import plugin as module
+    counted: list[object] = []
+    inner = module._forwarded_chars
+
+    def counting(req: Any) -> int:
+        counted.append(req)
+        return inner(req)
+
+    monkeypatch.setattr(module, "_forwarded_chars", counting)
+    san = plugin()
+    ctx = chat_ctx("hello there")
+    assert san.screen_thread(ctx) is None and san.screens(ctx)
+    await san(ctx, Spy())
+    assert len(counted) == 1
+    await san(chat_ctx("hi again"), Spy())  # (a new request: counted anew)
+    assert len(counted) == 2
