@@ -369,6 +369,14 @@ someone everyone people employee employees engineer engineers intern internship
 career careers shop shopped buy bought order ordered sell sold available found find
 site sites hosted host located based online page pages app website
 """.split())
+# Words before a bare "arroba" that name no mailbox: "arroba" is a unit of weight and the
+# "@" sign's name, and "punto es" ("the point is") everyday Spanish ("una arroba exacta
+# punto es ...", "el signo arroba sirve punto de partida").
+_NOT_A_MAILBOX_ES = frozenset("""
+un una unos unas el la los las lo media medio cada por de del al en con sin y o e es son
+era fue esa ese esta este otra otro otras otros su sus mi mis tu tus signo símbolo simbolo
+usa uso usar pon poner escribe escribir
+""".split())
 
 
 def _loose_at(text: str) -> bool:
@@ -405,14 +413,17 @@ def _spelled_emails(text: str) -> Iterator[Span]:
     for at in _AT_TOKEN.finditer(text):
         if at.start() < last:
             continue
-        bare = at.group(0).strip().lower() in ("at", "arroba")
+        word = at.group(0).strip().lower()
+        bare = word in ("at", "arroba")
         domain = (_DOMAIN_AFTER if bare else _DOMAIN_LOOSE).match(text, at.end())
         if domain is None:
             continue
         start = at.start()
         while start > last and at.start() - start < 64 and _local_char(text[start - 1]):
             start -= 1
-        if start == at.start() or (bare and text[start:at.start()].lower() in _NOT_A_MAILBOX):
+        local = text[start:at.start()].lower()
+        if start == at.start() or (bare and (local in _NOT_A_MAILBOX or (
+                word == "arroba" and local in _NOT_A_MAILBOX_ES))):
             continue
         for _ in range(2):  # "jane dot doe at ...": earlier parts of the local name
             part = _PART_BEFORE.search(text, max(last, start - 80), start)

@@ -1033,3 +1033,17 @@ def test_an_address_spelled_with_arroba_or_punto_is_one(text: str, said: str) ->
 ])
 def test_arroba_and_punto_in_prose_are_no_address(text: str) -> None:
     assert list(BUILTIN["email"].find(text)) == []
+
+
+@pytest.mark.parametrize("text", [
+    "Compró una arroba exacta punto es lo que dijo",
+    "Media arroba justa punto es suficiente",
+    "usa la arroba siempre punto es obligatorio",
+    "cada arroba vale punto es caro",
+    "el signo arroba sirve punto de partida",
+])
+def test_a_word_that_names_no_mailbox_before_arroba_is_no_address(text: str) -> None:
+    """"arroba" is a unit of weight and the "@" sign's name, and "el punto es" ("the
+    point is") is everyday Spanish: an article or a word about the sign before it
+    ("una arroba exacta punto es") named no mailbox, as "worked at X dot com" does not."""
+    assert list(BUILTIN["email"].find(text)) == []
