@@ -536,9 +536,10 @@ def _find_email(text: str) -> Iterator[Span]:
 
 
 def _may_spell_email(text: str) -> bool:
-    return ("dot" in text or "DOT" in text or "Dot" in text or "punto" in text
-            or "PUNTO" in text or "Punto" in text or "arroba" in text or "ARROBA" in text
-            or "Arroba" in text or _loose_at(text))
+    # (in any case, as `_DOT` and `_AT_TOKEN` read them: "dOt"; one `lower` and three
+    # searches cost a third of nine searches for the cases one by one)
+    low = text.lower()
+    return "dot" in low or "punto" in low or "arroba" in low or _loose_at(text)
 
 
 # An address is found from its separator, in linear time whatever the text: its domain

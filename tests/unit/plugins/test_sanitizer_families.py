@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from plugins.sanitizer.config import SanitizerConfig
-from plugins.sanitizer.detectors import _NOT_A_MAILBOX, BUILTIN, INJECTION, luhn_ok
+from plugins.sanitizer.detectors import _NOT_A_MAILBOX, BUILTIN, INJECTION, luhn_ok, quiet
 from plugins.sanitizer.plugin import SanitizerPlugin
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services
@@ -1047,3 +1047,15 @@ def test_a_word_that_names_no_mailbox_before_arroba_is_no_address(text: str) -> 
     point is") is everyday Spanish: an article or a word about the sign before it
     ("una arroba exacta punto es") named no mailbox, as "worked at X dot com" does not."""
     assert list(BUILTIN["email"].find(text)) == []
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("mail juan at example dOt com", "juan at example dOt com"),
+    ("mail juan at example DoT com", "juan at example DoT com"),
+    ("juan arroba ejemplo pUnTo es", "juan arroba ejemplo pUnTo es"),
+])
+def test_a_spelled_dot_in_mixed_case_is_one(text: str, said: str) -> None:
+    """The spelled forms are read in any case, but the check that a text may hold one
+    asked for "dot", "DOT" and "Dot" only: "dOt" left the address whole."""
+    assert [text[a:b] for a, b in BUILTIN["email"].find(text)] == [said]
+    assert not quiet(text)
