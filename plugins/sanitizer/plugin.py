@@ -438,20 +438,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     redact.extend((s, det.placeholder) for s in spans)
             unblanked: list[tuple[Span, str]] = []
             if blank is not None:  # (a key split by blank letters: read them as nothing)
-                forget()
-                view, at = blank
-                read = scanned(view)
-                places = scanned_places(view)
-                for det, action in self.detectors:
-                    spans = list(det.find(read))
-                    if not spans:
-                        continue
-                    found = True
-                    if _rank(action) > _rank(fired.get(det.name, "off")):
-                        fired[det.name] = action
-                    if action == "redact":
-                        unblanked += [((at[places[a]], at[places[b - 1]] + 1), det.placeholder)
-                                      for a, b in spans if b > a]
+                found = self._unblanked(blank, fired, unblanked) or found
         finally:
             forget()
         if redact or unblanked:
@@ -697,10 +684,11 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             for f in folds[:-1]:
                 at += len(f)
                 ends.append(at)
-            found = self._folded_spans(folded, fired)  # (what the joined text holds fires)
+            # (what the joined text holds fires)
+            found = self._folded_spans(folded, fired, "".join(texts))
             starts = [0, *ends]
-            own = [((a + at, b + at), ph) for f, at in zip(folds, starts, strict=True)
-                   for (a, b), ph in self._folded_spans(f)]
+            own = [((a + at, b + at), ph) for t, f, at in zip(texts, folds, starts, strict=True)
+                   for (a, b), ph in self._folded_spans(f, text=t)]
             red = _apply(folded, found + own)
             if found and red != _apply(folded, own):
                 # The joined reading redacts what the parts' own did not (a value across
@@ -714,10 +702,41 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             i = j
         return out_k, out_e
 
+    def _unblanked(self, blank: tuple[str, list[int]], fired: dict[str, str] | None,
+                   out: list[tuple[Span, str]]) -> bool:
+        """The detectors' reading of a text with its blank letters read as nothing
+        (`blank`: `_blank_letters_out`'s view and places): what the `redact` ones find
+        added to `out`, placed in the folded text; every detector's finding fired in
+        `fired` where it is given (else only the `redact` ones read). Whether any
+        found something."""
+        forget()  # (the memos are the first reading's: this text is every detector's now)
+        view, at = blank
+        read = scanned(view)
+        places = scanned_places(view)
+        found = False
+        try:
+            for det, action in self.detectors:
+                if action != "redact" and fired is None:
+                    continue
+                spans = list(det.find(read))
+                if not spans:
+                    continue
+                found = True
+                if fired is not None and _rank(action) > _rank(fired.get(det.name, "off")):
+                    fired[det.name] = action
+                if action == "redact":
+                    out += [((at[places[a]], at[places[b - 1]] + 1), det.placeholder)
+                            for a, b in spans if b > a]
+        finally:
+            forget()
+        return found
+
     def _folded_spans(self, folded: str, fired: dict[str, str] | None = None,
-                      ) -> list[tuple[Span, str]]:
+                      text: str | None = None) -> list[tuple[Span, str]]:
         """What the `redact` detectors find in a folded text, placed in it. Where `fired`
-        is given, what every detector finds is fired there."""
+        is given, what every detector finds is fired there. `text`: what `folded` was
+        folded from, where a caller has it: a text holding blank letters is read again
+        with them as nothing, as `_process` reads it."""
         norm = scanned(folded) if self.cfg.normalize else folded
         found: list[tuple[Span, str]] = []
         try:
@@ -732,7 +751,11 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                     found += [(span, det.placeholder) for span in spans]
         finally:
             forget()
-        return self._placed(folded, norm, found) if found else found
+        placed = self._placed(folded, norm, found) if found else found
+        if text is not None and self.cfg.normalize and (
+                blank := _blank_letters_out(text, folded)) is not None:
+            self._unblanked(blank, fired, placed)
+        return placed
 
     def _placed(self, folded: str, norm: str, spans: list[tuple[Span, str]],
                 ) -> list[tuple[Span, str]]:

@@ -210,3 +210,20 @@ def test_values_one_after_another_that_spell_no_key_are_left_alone(arguments: st
     ctx = _with_call(arguments)
     asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
     assert _args(ctx) == arguments and not ctx.flags
+
+
+@pytest.mark.parametrize("blank", ["\u3164", "\u2800"])
+def test_a_key_split_over_two_parts_and_by_a_blank_letter_is_one(blank: str) -> None:
+    """A message's adjacent text parts are read joined (`_joined_runs`), but that
+    reading read a blank letter as a space: a key split over two parts and by a Hangul
+    filler was found by neither the joined reading nor either part's own."""
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, chat_ctx, plugin
+    ctx = chat_ctx([{"type": "text", "text": "my key is " + KEY[:12]},
+                    {"type": "text", "text": KEY[12:16] + blank + KEY[16:] + " ok"}])
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    parts = ctx.request.messages[0].content
+    said = "".join(p.text for p in parts)  # type: ignore[union-attr]
+    assert "[SECRET]" in said and KEY[16:] not in said and KEY[12:16] not in said, said
+    assert said.startswith("my key is ") and said.endswith(" ok"), said
