@@ -481,17 +481,25 @@ _CN_MOBILE = r"(?<!\d)(?:(?:\+|00)?86[ .-]?)?1[3-9]\d[ .-]?\d{4}[ .-]?\d{4}(?!\d
 # tried first, as the one-kind form stops at the first change of separator, too short);
 # then perhaps what often follows a card number: its CVV or expiry ("4111 ... 1111 123",
 # "4111...1111/12/27"), redacted with it.
-# A "." just before is a decimal's or a version's ("3.4111..."), unless a label's letters
-# come before it: an abbreviation glued to the number ("no.4111...", "Nr.4111...").
+# A "." just before is a decimal's, a version's or a name's ("3.4111...", "img.4379....png"),
+# unless it ends an abbreviation that names a number ("no.4111...", "Nr.4111...":
+# `_CARD_LABEL_DOT`).
 # (Not a comma between groups: "2023,2024,2025,2026" is a list of years, and one such
 # list in ten passes Luhn.)
 # A run of decimal digits inside a longer hex word (a hash, an address, `xxd -p`'s
 # lines: 16 hex digits in a row are all decimal one time in 2,000) is none
 # ("0x7ffd4546252854754769": `_in_hex_word`); one glued to a label is ("card4111...").
+# The abbreviations that name a number before their dot ("no.", "Nr.", "Kartennr.",
+# "nº.", "Num.", "Ref.", "Acct."): a dot after any other word is a file's, a path's or
+# a dotted name's ("backup.4485...tar.gz", "img.4379....png"), and an id there is none.
+# (Each a lookbehind of its own width; "nr" ends a German compound too.)
+_CARD_LABEL_DOT = "".join(f"|(?<=(?<![^\\W\\d_]){w}\\.)" for w in (
+    "(?i:no)", "(?i:n\u00ba)", "(?i:nro)", "(?i:num)", "(?i:ref)", "(?i:acct)")) + (
+    "|(?<=(?i:nr)\\.)")
 _CARD_SEP = r"[./_]"  # (spaces and dashes: `_CARD_MIX`, which takes them one kind or mixed)
 _CARD_MIX = r"(?: ?- ?| )"
 _CARD_TAIL = r"(?:[ ./_,-]| - |, )(?:\d{3,4}|\d{2}/\d{2,4})"
-_CARD = (rf"(?<![\d,-])(?:(?<!\.)|(?<=[^\W\d_]\.))(?:\d{{13,19}}"
+_CARD = (rf"(?<![\d,-])(?:(?<!\.){_CARD_LABEL_DOT})(?:\d{{13,19}}"
          rf"|\d{{4}}{_CARD_MIX}\d{{4}}(?:{_CARD_MIX}\d{{4}}){{1,2}}(?:{_CARD_MIX}\d{{1,4}}(?![\d/]))?"
          rf"|\d{{4}}{_CARD_MIX}\d{{6}}{_CARD_MIX}\d{{4,5}}"
          rf"|\d{{4}}(?P<s>{_CARD_SEP})\d{{4}}(?:(?P=s)\d{{4}}){{1,2}}(?:(?P=s)\d{{1,4}}(?![\d/]))?"

@@ -420,3 +420,31 @@ def test_the_encoded_gate_passes_every_text_a_pass_reads(seed: int) -> None:
         matched = any(rx.search(text) for rx in (
             credentials._B64_RUN, credentials._B64URL_RUN, credentials._HEX_RUN))
         assert credentials.may_encode(text) or not matched, text
+
+
+@pytest.mark.parametrize("text", [
+    "restore backup.4485069506992057.tar.gz first",
+    "see events.4722227602602243.log",
+    "https://cdn.example.com/img.4379849638964127.png",
+    "package com.example.4971350970866196 loaded",
+    "tx.4306010343993517 and ts.4847149218137945",
+])
+def test_a_number_after_a_dot_in_a_name_or_a_path_is_no_card(text: str) -> None:
+    """A dot glued to a card is an abbreviation's ("no.4111...") only where an
+    abbreviation that names a number is before it: a file's, a path's or a dotted name's
+    dot before an id ("backup.4485...tar.gz", Luhn-valid one time in ten) is none, as
+    before."""
+    assert found("card", text) == []
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("No.4111111111111111", "4111111111111111"),
+    ("card no.4111111111111111 exp", "4111111111111111"),
+    ("Kartennr.4111111111111111", "4111111111111111"),
+    ("n\u00ba.4111111111111111", "4111111111111111"),
+    ("Num.4111-1111-1111-1111", "4111-1111-1111-1111"),
+    ("Ref.4111111111111111", "4111111111111111"),
+])
+def test_a_card_after_an_abbreviation_that_names_a_number_is_one(text: str,
+                                                                  said: str) -> None:
+    assert found("card", text) == [said]
