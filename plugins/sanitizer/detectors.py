@@ -437,9 +437,11 @@ def _spelled_emails(text: str) -> Iterator[Span]:
 # A phone word glued to the "+" or "00" of the number it names ("tel+4915112345678",
 # "phone+442079460958", "Mob00447700900123"): a label, as "tel:" is. Any other word
 # glued to a "+" is a sum or a name ("n+100000000", "C++"), not a number to call.
-_GLUED_PHONE_WORD = "".join(f"|(?<=(?i:{w}))" for w in (
-    "tel", "phone", "mobile", "mob", "cell", "fax", "whatsapp", "handy", "tlf", "telp",
-    "fone", "ph", "sms", "call"))
+# A short label is one only as a word of its own: "graph+4420...", "hotel+49..." and
+# "recall+44..." end in one and are sums; the long ones end compounds ("smartphone+44").
+_GLUED_PHONE_WORD = "".join(f"|(?<=(?<![^\\W\\d_])(?i:{w}))" for w in (
+    "tel", "mob", "cell", "fax", "tlf", "telp", "fone", "ph", "sms", "call")) + "".join(
+    f"|(?<=(?i:{w}))" for w in ("phone", "mobile", "whatsapp", "handy", "telefax"))
 # International numbers (+ or 00, an optional "(0)"), and North-American shapes whose area
 # code and exchange start with 2-9 (so "100 200 3000" is not one).
 # (A hex word that starts with "00" and digits, "00984641abcdef...", is none:

@@ -448,3 +448,24 @@ def test_a_number_after_a_dot_in_a_name_or_a_path_is_no_card(text: str) -> None:
 def test_a_card_after_an_abbreviation_that_names_a_number_is_one(text: str,
                                                                   said: str) -> None:
     assert found("card", text) == [said]
+
+
+@pytest.mark.parametrize("text", [
+    "x = graph+442079460958;", "hotel+442079460958 rooms", "Intel+442079460958",
+    "cancel+4915112345678", "recall+442079460958",
+])
+def test_a_word_that_ends_in_a_phone_label_is_no_label(text: str) -> None:
+    """"graph" ends in "ph", "hotel" and "Intel" in "tel": a short label glued to a
+    "+" is one only as a word of its own ("tel+49...", "Tel+49..."), or the sum
+    "graph+4420..." was a phone."""
+    assert found("phone", text) == []
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("Tel+4915112345678", "+4915112345678"),
+    ("ph+442079460958", "+442079460958"),
+    ("smartphone+44 7700 900123", "+44 7700 900123"),
+    ("(tel+442079460958)", "+442079460958"),
+])
+def test_a_phone_label_of_its_own_glued_to_a_plus_is_one(text: str, said: str) -> None:
+    assert found("phone", text) == [said]
