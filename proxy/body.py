@@ -1,4 +1,4 @@
-"""Reading a request body: content type and coding, the one size limit, a time limit,
+"""Reading a request body: content type, charset and coding, the one size limit, a time limit,
 then JSON.
 
 A body may come compressed (`Content-Encoding`: gzip, deflate, br or zstd; the size
@@ -46,6 +46,12 @@ from .errors import (
 )
 from .jsonbody import decode_json_object
 
+#: The charsets a JSON body may be declared in (none, or UTF-8 or its subset ASCII). A
+#: body declared in another is refused, not transcoded: JSON is UTF-8 (RFC 8259 8.1), and
+#: text read by another charset is not what a UTF-8 reader in front of Weir (a WAF, a
+#: logging proxy) saw; read as UTF-8 regardless, a Latin-1 body was mojibake, in silence.
+_UTF8 = frozenset({"", "utf-8", "utf8", "us-ascii", "ascii"})
+
 #: The codings aiohttp decodes (one at a time), and `identity`.
 _CODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 
@@ -60,6 +66,14 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise InvalidRequest(
             f"Unsupported content type `{shown(ctype or 'none')}`; send `application/json`.",
+            code="invalid_content_type",
+        )
+    charset = (request.charset or "").strip().lower().replace("_", "-")
+    if charset not in _UTF8:
+        raise InvalidRequest(
+            f"Unsupported charset `{shown(request.charset)}` in Content-Type: a JSON body is "
+            "UTF-8 (RFC 8259); send it in UTF-8, as `application/json` or "
+            "`application/json; charset=utf-8`.",
             code="invalid_content_type",
         )
     # (Several headers are several codings: aiohttp would decode by the last one alone.)

@@ -367,3 +367,34 @@ async def test_tools_that_are_no_array_are_400_naming_tools(make_client: MakeCli
     err = await error_of(await client.post(path, json={**body, "tools": tools}), 400)
     assert err["param"] == "tools" and err["code"] == "invalid_type"
     assert (await client.post(path, json=body)).status == 200
+
+
+@pytest.mark.parametrize("charset", ["latin-1", "ISO-8859-1", "utf-16", "\"utf-7\"", "cp1252"])
+async def test_a_body_in_another_charset_than_utf8_is_400_naming_it(
+        make_client: MakeClient, charset: str) -> None:
+    """A JSON body is UTF-8 (RFC 8259 8.1): one declared in another charset was read as
+    UTF-8 all the same, so a Latin-1 `"Ã©"` (two bytes that are `é` in UTF-8) reached the
+    model as `é`, in silence. It is a 400 naming the charset, not read by it: a body
+    transcoded would be text that no UTF-8 reader in front of Weir (a WAF, a logging
+    proxy) saw."""
+    client = await make_client()
+    data = json.dumps({**CHAT, "messages": [{"role": "user", "content": "Ã©"}]},
+                      ensure_ascii=False).encode("latin-1")
+    r = await client.post("/v1/chat/completions", data=data,
+                          headers={"Content-Type": f"application/json; charset={charset}"})
+    err = await error_of(r, 400)
+    assert err["code"] == "invalid_content_type"
+    assert charset.strip('"') in err["message"] and "UTF-8" in err["message"]
+
+
+@pytest.mark.parametrize("ctype", [
+    "application/json; charset=utf-8", "application/json; charset=UTF-8",
+    "application/json;charset=\"utf-8\"", "application/json; charset=utf8",
+    "application/json; charset=us-ascii", "application/json; charset=",
+    "application/json; Charset=Utf-8 ",
+])
+async def test_a_body_declared_utf8_is_read(make_client: MakeClient, ctype: str) -> None:
+    client = await make_client()
+    data = json.dumps({**CHAT, "messages": [{"role": "user", "content": "café"}]}).encode()
+    r = await client.post("/v1/chat/completions", data=data, headers={"Content-Type": ctype})
+    assert r.status == 200, await r.text()
