@@ -17,6 +17,7 @@ from .app_state import STATE, AppState
 from .auth import Authenticator, KeyConfigError
 from .chain import Services, build_plugins, compose, deadline_warnings
 from .connections import guard_middleware
+from .cors import Cors
 from .embedding import LocalEmbedder
 from .engine.base import Engine
 from .loop import freeze_startup_heap, one_blas_thread
@@ -62,6 +63,7 @@ def create_app(
     embed_chain = (compose([p for p in plugins if "embeddings" in p.serves],
                            embeddings_api.terminal(embedder), deadline_s=deadline_s)
                    if embedder is not None else None)
+    cors = Cors(settings.server.cors) if settings.server.cors.enabled else None
     app = web.Application(
         middlewares=[
             guard_middleware,
@@ -70,10 +72,13 @@ def create_app(
             http_version_middleware,
             make_tracing(settings.tracing.trust_incoming),
             errors_middleware,
+            *([cors.middleware()] if cors is not None else []),  # (off: not installed)
         ],
         client_max_size=settings.server.max_body_bytes,
     )
     app.on_response_prepare.append(request_id_header)
+    if cors is not None:
+        app.on_response_prepare.append(cors.on_response_prepare)
     app[STATE] = AppState(settings=settings, terminal=terminal, auth=auth, metrics=metrics,
                           plugins=plugins, chain=chain, embed_chain=embed_chain,
                           embedder=embedder)

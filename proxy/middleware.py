@@ -9,6 +9,8 @@
 4. `errors`: the outermost handler of exceptions: WeirError -> its OpenAI body and
    status; aiohttp's HTTP exceptions (404, 405, 413) -> OpenAI bodies; anything else ->
    a generic 500 whose details go to the log only.
+5. `cors` (`proxy.cors`, only where `server.cors` lists origins): answers a browser's
+   preflight; its `on_response_prepare` hook marks every answer to an allowed origin.
 """
 
 from __future__ import annotations

@@ -85,6 +85,84 @@ def _listen_host(value: str) -> str:
     return value
 
 
+#: The response headers a browser's script may read on a cross-origin answer (past the
+#: CORS-safelisted ones): the request id, the rate limits, the retry hints the OpenAI SDK
+#: reads, and the cache's and breaker's outcome.
+CORS_EXPOSED = ["x-request-id", "retry-after", "retry-after-ms", "x-should-retry",
+                "x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests", "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
+                "x-weir-cache", "x-weir-fallback"]
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def _origin(value: str) -> str:
+    """An origin as a browser sends it (`scheme://host[:port]`, no path), or `*`."""
+    from urllib.parse import urlsplit
+
+    if value == "*":
+        return value
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises on a port that is not a number)
+    except ValueError:
+        raise ValueError(f"`{value}` is not an origin, e.g. https://app.example.com") from None
+    if value.lower() == "null":
+        raise ValueError("`null` is the origin of sandboxed frames and local files, which "
+                         "any page can make: it cannot be allowed")
+    if not parts.scheme or not parts.hostname or any(c.isspace() for c in value):
+        raise ValueError(f"`{value}` is not an origin: scheme://host[:port], e.g. "
+                         "https://app.example.com")
+    if parts.path or parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"`{value}` is not an origin: scheme://host[:port] alone, no path "
+                         "(nor a trailing `/`), query or credentials; a browser sends "
+                         "`Origin: https://app.example.com`")
+    return value.lower()
+
+
+def _tokens(values: list[str]) -> list[str]:
+    for v in values:
+        if v != "*" and not _TOKEN.match(v):
+            raise ValueError(f"`{v}` is not an HTTP method or header name")
+    return values
+
+
+class CorsSettings(_Strict):
+    allow_origins: list[Annotated[str, AfterValidator(_origin)]] = Field(
+        [], description="Origins whose pages may call Weir from a browser "
+        "(`https://app.example.com`), or `[\"*\"]` for any. Empty (the default): CORS is "
+        "off, and no web page can drive Weir (an OPTIONS preflight is a 405).")
+    allow_methods: Annotated[list[str], AfterValidator(_tokens)] = Field(
+        ["GET", "POST", "DELETE"], description="Methods a preflight allows (`*`: any).")
+    allow_headers: Annotated[list[str], AfterValidator(_tokens)] = Field(
+        ["*"], description="Request headers a preflight allows (`*`: those it asks for). "
+        "`Accept`, `Accept-Language`, `Content-Language` and `Content-Type` always are.")
+    allow_credentials: bool = Field(
+        False, description="Whether a page may send its cookies or HTTP authentication "
+        "(`Access-Control-Allow-Credentials: true`); not needed for a Bearer key.")
+    expose_headers: Annotated[list[str], AfterValidator(_tokens)] = Field(
+        default_factory=lambda: list(CORS_EXPOSED), description="Response headers a "
+        "page's script may read (`Access-Control-Expose-Headers`).")
+    max_age_s: int = Field(600, ge=0, le=86400, description="How long a browser may "
+                           "reuse a preflight's answer (`Access-Control-Max-Age`).")
+
+    @model_validator(mode="after")
+    def _no_credentials_to_any_origin(self) -> CorsSettings:
+        if "*" in self.allow_origins:
+            if len(self.allow_origins) > 1:
+                raise ValueError("allow_origins: `*` (any origin) stands alone")
+            if self.allow_credentials:
+                raise ValueError(
+                    "allow_origins `*` with allow_credentials: browsers refuse a "
+                    "credentialed answer to any origin; list the origins allowed")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.allow_origins)
+
+
 class ServerSettings(_Strict):
     host: Annotated[str, AfterValidator(_listen_host)] = Field(
         "127.0.0.1", description="Address to listen on (0.0.0.0 or :: for every interface).")
@@ -140,6 +218,9 @@ class ServerSettings(_Strict):
         "never counts); past it the connection whose head grows gets a 503 `overloaded` "
         "and is closed. Without it, every connection sending a large head slowly held "
         "about 100 KB until `header_timeout_s`.")
+    cors: CorsSettings = Field(
+        default_factory=CorsSettings, description="Cross-origin calls from browsers: off "
+        "unless `allow_origins` lists some.")
 
 
 #: The models Weir builds itself (`proxy.engine.builtin_models`).

@@ -1,0 +1,124 @@
+"""Cross-origin calls from browsers (CORS), opt-in: `server.cors`.
+
+Off by default, and then nothing here is installed: an OPTIONS preflight is a 405 and
+a web page cannot drive Weir (every body route needs `Content-Type: application/json`,
+which no page sends to another origin without a preflight), a local `auth.mode: open`
+Weir included.
+
+With `allow_origins` set:
+
+- a preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) on a path
+  a route serves is answered here, before any key is asked for (a browser sends none
+  on a preflight): a 204 with the `Access-Control-Allow-*` headers where the origin,
+  the method and every header it asks for are allowed, else a 403 `cors_not_allowed`
+  (OpenAI-shaped, saying which) with none of them, which the browser reads as a refusal;
+- every answer to an allowed origin (a whole answer, a stream, an error of a handler,
+  a middleware or the router) carries `Access-Control-Allow-Origin` (the origin, or
+  `*` where any origin is allowed without credentials), `-Allow-Credentials` where set
+  and `-Expose-Headers`; every answer carries `Vary: Origin` where it depends on the
+  origin (`on_response_prepare`, so a stream's head has them too).
+
+Answers written on the connection below the app (a connection refused at the cap, a
+head too large, what aiohttp's parser refuses) carry none: the browser sees a network
+error, as for any unreachable server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
+
+from .errors import WeirError, shown
+from .middleware import route_resource
+from .settings import CorsSettings
+
+#: Request headers a browser may send without asking (CORS-safelisted), always allowed.
+_SAFELISTED = frozenset({"accept", "accept-language", "content-language", "content-type"})
+
+
+class CorsNotAllowed(WeirError):
+    status = 403
+    type = "invalid_request_error"
+    default_code = "cors_not_allowed"
+
+
+class Cors:
+    """`server.cors`, read once: the preflight middleware and the response hook."""
+
+    def __init__(self, settings: CorsSettings) -> None:
+        self.any_origin = settings.allow_origins == ["*"]
+        self.origins = frozenset(settings.allow_origins)
+        self.any_method = "*" in settings.allow_methods
+        self.methods = [m.upper() for m in settings.allow_methods if m != "*"]
+        self.any_header = "*" in settings.allow_headers
+        self.headers = frozenset(h.lower() for h in settings.allow_headers) | _SAFELISTED
+        self.credentials = settings.allow_credentials
+        self.expose = ", ".join(settings.expose_headers)
+        self.max_age = str(settings.max_age_s)
+
+    def allow_origin(self, origin: str | None) -> str | None:
+        """`Access-Control-Allow-Origin` for a request from `origin`, or None where it is
+        not allowed."""
+        if not origin:
+            return None
+        if self.any_origin:
+            return "*"
+        return origin if origin.lower() in self.origins else None
+
+    async def on_response_prepare(self, request: web.Request,
+                                  response: web.StreamResponse) -> None:
+        headers = response.headers
+        if not self.any_origin and "origin" not in headers.get(hdrs.VARY, "").lower():
+            headers.add(hdrs.VARY, "Origin")
+        allowed = self.allow_origin(request.headers.get(hdrs.ORIGIN))
+        if allowed is None:
+            return
+        headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = allowed
+        if self.credentials:
+            headers[hdrs.ACCESS_CONTROL_ALLOW_CREDENTIALS] = "true"
+        if self.expose and request.method != "OPTIONS":
+            headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = self.expose
+
+    def preflight(self, request: web.Request) -> web.Response:
+        """A preflight's answer, or `CorsNotAllowed` saying what is not allowed."""
+        origin = request.headers[hdrs.ORIGIN]
+        if self.allow_origin(origin) is None:
+            raise CorsNotAllowed(f"Origin `{shown(origin, 128)}` is not allowed to call "
+                                 "this server (server.cors.allow_origins).")
+        method = request.headers[hdrs.ACCESS_CONTROL_REQUEST_METHOD].strip()
+        if not self.any_method and method.upper() not in self.methods:
+            raise CorsNotAllowed(f"Method `{shown(method, 32)}` is not allowed from another "
+                                 "origin (server.cors.allow_methods).")
+        asked = [h.strip() for h in request.headers.get(
+            hdrs.ACCESS_CONTROL_REQUEST_HEADERS, "").split(",") if h.strip()]
+        if not self.any_header:
+            refused = [h for h in asked if h.lower() not in self.headers]
+            if refused:
+                raise CorsNotAllowed(
+                    f"Header `{shown(refused[0], 64)}` is not allowed from another origin "
+                    "(server.cors.allow_headers).")
+        headers = {
+            hdrs.ACCESS_CONTROL_ALLOW_METHODS: method if self.any_method
+            else ", ".join(self.methods),
+            hdrs.ACCESS_CONTROL_MAX_AGE: self.max_age,
+        }
+        if asked:
+            headers[hdrs.ACCESS_CONTROL_ALLOW_HEADERS] = ", ".join(asked)
+        return web.Response(status=204, headers=headers)
+
+    def middleware(self) -> Any:
+        """Answers a preflight on a path a route serves (any other OPTIONS, or a path no
+        route serves, goes on as without CORS: a 405 or a 404)."""
+
+        @web.middleware
+        async def cors_middleware(request: web.Request,
+                                  handler: Handler) -> web.StreamResponse:
+            if (request.method == "OPTIONS" and hdrs.ORIGIN in request.headers
+                    and hdrs.ACCESS_CONTROL_REQUEST_METHOD in request.headers
+                    and route_resource(request) is not None):
+                return self.preflight(request)
+            return await handler(request)
+
+        return cors_middleware

@@ -1,0 +1,183 @@
+"""CORS (`server.cors`): off by default (no web page can drive Weir, a local open one
+included); opted in, preflights of allowed origins are answered and every answer to
+them (whole, streamed, an error of a handler, a plugin or the router) says so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from proxy.settings import ConfigError, interpolate, parse_settings
+from tests.conftest import MakeClient
+from tests.openai_spec import validate
+
+APP = "https://app.example.com"
+EVIL = "https://evil.example.net"
+KEY = "sk-cors-test-key-0123456789"
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4}
+CORS = {"cors": {"allow_origins": [APP]}}
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+PREFLIGHT = {"Origin": APP, "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"}
+
+
+def keyed(**server: Any) -> dict[str, Any]:
+    return {"server": server, "auth": {"mode": "keys", "keys": [
+        {"key": KEY, "tenant": "t", "user": "u"}]}}
+
+
+async def test_off_by_default_a_preflight_is_a_405_and_answers_name_no_origin(
+        make_client: MakeClient) -> None:
+    client = await make_client()
+    r = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+    assert r.status == 405
+    assert "Access-Control-Allow-Origin" not in r.headers
+    r = await client.post("/v1/chat/completions", json=CHAT, headers={"Origin": APP})
+    assert r.status == 200
+    assert not any(h.lower().startswith("access-control-") for h in r.headers)
+    assert "Vary" not in r.headers
+
+
+async def test_a_preflight_of_an_allowed_origin_is_a_204_without_a_key(
+        make_client: MakeClient) -> None:
+    client = await make_client(**keyed(**CORS))
+    r = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+    assert r.status == 204, await r.text()
+    assert r.headers["Access-Control-Allow-Origin"] == APP
+    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE"
+    assert r.headers["Access-Control-Allow-Headers"] == PREFLIGHT[
+        "Access-Control-Request-Headers"]
+    assert r.headers["Access-Control-Max-Age"] == "600"
+    assert "Access-Control-Allow-Credentials" not in r.headers
+    assert "Origin" in r.headers.getall("Vary")
+    # Without the preflight's headers an OPTIONS is what it was: a 405.
+    assert (await client.options("/v1/chat/completions", headers={"Origin": APP})).status == 405
+    # A path no route serves is a 404 still.
+    assert (await client.options("/v1/nope", headers=PREFLIGHT)).status == 404
+
+
+@pytest.mark.parametrize(("headers", "says"), [
+    ({**PREFLIGHT, "Origin": EVIL}, "Origin"),
+    ({**PREFLIGHT, "Origin": "null"}, "Origin"),
+    ({**PREFLIGHT, "Origin": APP + ".evil.net"}, "Origin"),
+    ({**PREFLIGHT, "Access-Control-Request-Method": "PUT"}, "Method `PUT`"),
+])
+async def test_a_preflight_not_allowed_is_a_403_granting_nothing(
+        make_client: MakeClient, headers: dict[str, str], says: str) -> None:
+    client = await make_client(**keyed(**CORS))
+    r = await client.options("/v1/chat/completions", headers=headers)
+    assert r.status == 403
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"]["code"] == "cors_not_allowed" and says in body["error"]["message"]
+    assert "Access-Control-Allow-Methods" not in r.headers
+    if headers["Origin"] != APP:
+        assert "Access-Control-Allow-Origin" not in r.headers
+
+
+async def test_a_header_list_allows_those_and_the_safelisted_alone(
+        make_client: MakeClient) -> None:
+    client = await make_client(**keyed(cors={"allow_origins": [APP],
+                                             "allow_headers": ["Authorization"]}))
+    ok = {**PREFLIGHT, "Access-Control-Request-Headers": "authorization,content-type"}
+    assert (await client.options("/v1/chat/completions", headers=ok)).status == 204
+    r = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+    assert r.status == 403
+    assert "x-stainless-os" in (await r.json())["error"]["message"]
+
+
+async def test_answers_to_an_allowed_origin_say_so_and_expose_the_sdks_headers(
+        make_client: MakeClient) -> None:
+    client = await make_client(**keyed(**CORS))
+    auth = {"Authorization": f"Bearer {KEY}", "Origin": APP}
+    r = await client.post("/v1/chat/completions", json=CHAT, headers=auth)
+    assert r.status == 200
+    assert r.headers["Access-Control-Allow-Origin"] == APP
+    assert "Origin" in r.headers.getall("Vary")
+    exposed = {h.strip() for h in r.headers["Access-Control-Expose-Headers"].split(",")}
+    assert {"x-request-id", "retry-after", "x-ratelimit-remaining-requests"} <= exposed
+    # A stream's head, sent from inside its handler, says so too.
+    r = await client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=auth)
+    assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == APP
+    assert (await r.text()).rstrip().endswith("data: [DONE]")
+    # Another origin's answer grants nothing, and says it depends on the origin.
+    r = await client.get("/v1/models", headers={**auth, "Origin": EVIL})
+    assert r.status == 200 and "Access-Control-Allow-Origin" not in r.headers
+    assert "Origin" in r.headers.getall("Vary")
+
+
+async def test_errors_to_an_allowed_origin_say_so(make_client: MakeClient) -> None:
+    """A browser's script reads an error's body (and Retry-After) only if it carries
+    the origin: a 401, the router's 404 and 405, a 413, a plugin's 429."""
+    client = await make_client(**keyed(max_body_bytes=1024, **CORS), plugins=[
+        {"name": "rate_limit", "config": {"rules": [{"per": "key", "rpm": 1}]}}])
+    auth = {"Authorization": f"Bearer {KEY}", "Origin": APP}
+    answers = [
+        await client.post("/v1/chat/completions", json=CHAT, headers={"Origin": APP}),
+        await client.get("/v1/nope", headers=auth),
+        await client.put("/v1/chat/completions", headers=auth),
+        await client.post("/v1/chat/completions", headers=auth,
+                          json={**CHAT, "messages": [{"role": "user", "content": "x" * 2048}]}),
+        await client.post("/v1/chat/completions", json=CHAT, headers=auth),
+        await client.post("/v1/chat/completions", json=CHAT, headers=auth),
+    ]
+    assert [r.status for r in answers] == [401, 404, 405, 413, 200, 429]
+    for r in answers:
+        assert r.headers["Access-Control-Allow-Origin"] == APP, r.status
+        assert "x-request-id" in r.headers["Access-Control-Expose-Headers"]
+
+
+async def test_any_origin_is_a_star_and_credentials_are_granted_where_set(
+        make_client: MakeClient) -> None:
+    client = await make_client(server={"cors": {"allow_origins": ["*"]}})
+    r = await client.options("/v1/models", headers={**PREFLIGHT, "Origin": EVIL,
+                                                    "Access-Control-Request-Method": "GET"})
+    assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == "*"
+    r = await client.get("/v1/models", headers={"Origin": EVIL})
+    assert r.headers["Access-Control-Allow-Origin"] == "*" and "Vary" not in r.headers
+    client = await make_client(server={"cors": {"allow_origins": [APP],
+                                                "allow_credentials": True,
+                                                "allow_methods": ["*"]}})
+    r = await client.options("/v1/models", headers={
+        "Origin": APP, "Access-Control-Request-Method": "PATCH"})
+    assert r.status == 204
+    assert r.headers["Access-Control-Allow-Methods"] == "PATCH"
+    assert r.headers["Access-Control-Allow-Credentials"] == "true"
+    r = await client.get("/v1/models", headers={"Origin": APP})
+    assert r.headers["Access-Control-Allow-Credentials"] == "true"
+
+
+@pytest.mark.parametrize(("cors", "says"), [
+    ("{allow_origins: ['*'], allow_credentials: true}", "browsers refuse"),
+    ("{allow_origins: ['*', 'https://a.example']}", "stands alone"),
+    ("{allow_origins: ['https://app.example.com/']}", "no path"),
+    ("{allow_origins: ['app.example.com']}", "scheme://host"),
+    ("{allow_origins: ['null']}", "cannot be allowed"),
+    ("{allow_origins: ['https://a.example'], allow_methods: ['GET POST']}", "HTTP method"),
+    ("{max_age_s: -1}", "greater than or equal"),
+])
+def test_a_bad_cors_config_is_refused_naming_its_path(cors: str, says: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_settings(f"auth: {{mode: open}}\nserver:\n  cors: {cors}\n", env={})
+    (path, message), = e.value.errors
+    assert path.startswith("server.cors") and says in message, (path, message)
+
+
+async def test_the_readmes_cors_example_serves_its_origins(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    block, = [b for b in re.findall(r"```yaml\n(.*?)```", README, re.S)
+              if "\n  cors:\n" in b]
+    monkeypatch.setenv("WEIR_KEY_APP", KEY)
+    data = interpolate(yaml.safe_load(block))
+    client = await make_client(**data)
+    for origin in (APP, "http://localhost:5173"):
+        r = await client.options("/v1/chat/completions", headers={**PREFLIGHT, "Origin": origin})
+        assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == origin
+    r = await client.get("/v1/models", headers={"Origin": APP, "Authorization": f"Bearer {KEY}"})
+    assert r.status == 200 and r.headers["Access-Control-Allow-Origin"] == APP
+    assert (await client.options("/v1/models", headers={**PREFLIGHT, "Origin": EVIL})).status == 403
