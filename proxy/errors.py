@@ -145,6 +145,19 @@ class UnsupportedMediaType(WeirError):
     default_code = "unsupported_content_encoding"
 
 
+class MethodNotImplemented(WeirError):
+    """A method the server knows nothing of (RFC 9110 9.1: 501): the request's fault, so
+    not to be retried."""
+
+    status = 501
+    type = "invalid_request_error"
+    default_code = "method_not_implemented"
+
+    def __init__(self, message: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.headers.setdefault("x-should-retry", "false")
+
+
 class UnsupportedTransferCoding(WeirError):
     """A transfer coding besides `chunked` (RFC 9112: 501): the request's fault, so not
     to be retried."""

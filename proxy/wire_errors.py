@@ -6,14 +6,20 @@ which would otherwise quote the request (an `Authorization` key included)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import HttpVersion11, web
-from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, PayloadEncodingError
+from aiohttp.http_exceptions import (
+    BadHttpMessage,
+    BadHttpMethod,
+    HttpProcessingError,
+    PayloadEncodingError,
+)
 
 from .app_state import REQUEST_ID
-from .errors import ServerError, WeirError
+from .errors import MethodNotImplemented, ServerError, WeirError
 from .ids import new_hex
 
 
@@ -95,23 +101,45 @@ class OpenAIErrors(web.RequestHandler):
         self.log_exception("Error handling request", exc_info=exc)  # scrubbed: telemetry
         if request.writer.output_size > 0:
             raise ConnectionError("the response had started; no error answer is possible")
-        err = (ServerError() if status >= 500 else
-               WeirError("The request body is malformed (its chunked framing or its "
-                         "Content-Encoding could not be decoded).", code="invalid_body")
-               if _body_fault(exc) else
-               WeirError("The HTTP request could not be parsed (its request line or a "
-                         "header is malformed or too long).", code="invalid_http_request"))
-        err.status, err.type = status, ("invalid_request_error" if status < 500
-                                        else "server_error")
+        err: WeirError
+        if _unknown_method(exc):
+            err = MethodNotImplemented("The request method is not implemented by this server.")
+            status = err.status
+        else:
+            err = (ServerError() if status >= 500 else
+                   WeirError("The request body is malformed (its chunked framing or its "
+                             "Content-Encoding could not be decoded).", code="invalid_body")
+                   if _body_fault(exc) else
+                   WeirError("The HTTP request could not be parsed (its request line or a "
+                             "header is malformed or too long).", code="invalid_http_request"))
+            err.type = "invalid_request_error" if status < 500 else "server_error"
+        err.status = status
         # (a handler's error past the middlewares has the id they gave it)
         rid = _given_id(request) or new_hex()
         resp = web.json_response(err.to_body(), status=status,
-                                 headers={"x-request-id": rid})
+                                 headers={**err.headers, "x-request-id": rid})
         resp.force_close()
         answer_in_http_1_1(request)
         if isinstance(exc, HttpProcessingError) and self.on_refused is not None:
             self.on_refused(status, err.code, rid)  # (a handler's error was logged by its own)
         return resp
+
+
+def _unknown_method(exc: BaseException | None) -> bool:
+    """Whether aiohttp's parser refused the request line for its method alone, a token
+    (`FOO`) its C parser (llhttp) knows no method of: RFC 9110 9.1 answers that 501, not
+    the 400 of a malformed line. (A method that is no token, `G@T`, or TLS sent to this
+    plain port, stays a 400; aiohttp's Python parser takes any token: routed, a 405.)"""
+    if not isinstance(exc, BadHttpMethod):
+        return False
+    quoted = _QUOTED_LINE.search(str(exc.message))  # llhttp's quote of the request line
+    return quoted is not None and _TOKEN.fullmatch(quoted.group(1)) is not None
+
+
+#: The method in llhttp's quote of the request line (`b'FOO /v1/models HTTP/1.1'`, a
+#: byte string's repr: a byte outside printable ASCII is an escape, `\x01`, no token).
+_QUOTED_LINE = re.compile(r"""b['"]([^ '"]*)[ '"]""")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 def _given_id(request: Any) -> str | None:

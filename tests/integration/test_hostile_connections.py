@@ -23,6 +23,7 @@ from proxy.app_state import STATE
 from proxy.listener import Listener, listen
 from tests.conftest import make_settings
 from tests.fakes import FakeEngine
+from tests.openai_spec import validate
 from tests.waiting import eventually
 
 KEY = "sk-LEAKCHECK-5c1d0e7f9a2b4c6d"
@@ -852,3 +853,32 @@ async def test_heads_arriving_at_once_are_bounded_in_all(served: Listener) -> No
     for _, w in held:  # the held ones leave: their bytes are counted no more
         w.close()
     await eventually(lambda: served.guard.head_held == 0, timeout=WAIT)
+
+
+@pytest.mark.parametrize("served", [{"access_log": True}], indirect=True)
+async def test_a_method_the_server_does_not_know_is_a_501(logs: io.StringIO,
+                                                          served: Listener) -> None:
+    """A request line whose method aiohttp's parser knows no such method of (`FOO`) was
+    a 400 saying the request line is malformed; it is a well-formed request in a method
+    the server does not implement: a 501 (RFC 9110 9.1), OpenAI-shaped, not echoing the
+    request. A method it knows but the path does not serve is a 405 naming the methods
+    that are (`Allow`)."""
+    reader, writer = await connect(served)
+    writer.write(b"FOO /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                 + KEY.encode() + b"\r\n\r\n")
+    status, headers, raw = await response(reader)
+    assert status == 501, raw
+    body = json.loads(raw)
+    validate("ErrorResponse", body)
+    assert body["error"]["code"] == "method_not_implemented" and "FOO" not in raw.decode()
+    assert KEY not in raw.decode() and headers.get("x-request-id")
+    assert headers["x-should-retry"] == "false"  # (the OpenAI SDK retries a 5xx)
+    writer.close()
+    lines = [json.loads(x) for x in logs.getvalue().splitlines() if '"request"' in x]
+    assert [(x["status"], x.get("error")) for x in lines] == [(501, "method_not_implemented")]
+    reader, writer = await connect(served)
+    writer.write(b"PROPFIND /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, raw = await response(reader)
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+    assert json.loads(raw)["error"]["code"] == "method_not_allowed"
+    writer.close()
