@@ -29,6 +29,11 @@ nothing, so it is not counted.
 from __future__ import annotations
 
 import asyncio
+import codecs
+import encodings.aliases
+import functools
+import pkgutil
+import re
 from typing import Any
 
 from aiohttp import web
@@ -46,11 +51,50 @@ from .errors import (
 )
 from .jsonbody import decode_json_object
 
-#: The charsets a JSON body may be declared in (none, or UTF-8 or its subset ASCII). A
-#: body declared in another is refused, not transcoded: JSON is UTF-8 (RFC 8259 8.1), and
-#: text read by another charset is not what a UTF-8 reader in front of Weir (a WAF, a
-#: logging proxy) saw; read as UTF-8 regardless, a Latin-1 body was mojibake, in silence.
+#: The charsets a JSON body is read in as it is (none, or UTF-8 or its subset ASCII).
+#: JSON is UTF-8 (RFC 8259 8.1); a body is never transcoded from another charset, as the
+#: text read so is not what a UTF-8 reader in front of Weir (a WAF, a logging proxy) saw.
 _UTF8 = frozenset({"", "utf-8", "utf8", "us-ascii", "ascii"})
+
+
+def _label(charset: str) -> str:
+    """A charset's name as Python's codec registry normalises it (`ISO-8859-1`:
+    `iso_8859_1`; `windows-874`, which it has no alias for, `cp874`)."""
+    label = "_".join(re.findall(r"[a-z0-9.]+", charset.lower()))
+    windows = re.fullmatch(r"(?:windows|x_cp)_?(\d+)", label)
+    return f"cp{windows[1]}" if windows else label
+
+
+#: The charsets Python knows (`_label`s of its codecs' modules and their aliases): any
+#: other is refused without asking its codec registry.
+_KNOWN = frozenset(_label(n) for n in (
+    *encodings.aliases.aliases, *encodings.aliases.aliases.values(),
+    *(m.name for m in pkgutil.iter_modules(encodings.__path__))))
+
+#: The codec families that may read ASCII as ASCII (checked byte by byte: `_over_ascii`).
+_FAMILIES = re.compile(
+    r"(ascii|utf_8|latin_1|iso8859_\d+|cp\d+|koi8_\w+|mac_\w+|kz1048|ptcp154|tis_620|"
+    r"hp_roman8|euc_\w+|gb2312|gbk|gb18030|big5|big5hkscs|shift_jis\w*|johab)")
+
+
+@functools.cache  # (of `_KNOWN` labels alone: a few hundred at most)
+def _over_ascii(label: str) -> bool:
+    """Whether a charset reads every ASCII byte as that ASCII character and nothing else:
+    the single-byte ones over ASCII (ISO-8859-*, windows-*, KOI8, Mac, DOS code pages)
+    and the CJK multi-byte ones. A body all of whose bytes are ASCII is the same text in
+    any of them as in UTF-8, so it is read whatever such a charset its Content-Type
+    declares (some HTTP clients declare ISO-8859-1 by default for ASCII JSON; OpenAI and
+    vLLM ignore the charset). UTF-16/32 (not over ASCII), EBCDIC (`cp037`: other
+    letters), and UTF-7, HZ, ISO-2022-* and the escape codecs (other text in ASCII
+    bytes: UTF-7's `+ADw-` is `<`) are none of them, nor is a charset Python does not
+    know: a body declared in one is always refused."""
+    try:
+        name = codecs.lookup(label).name
+        return (_FAMILIES.fullmatch(_label(name)) is not None
+                and all(bytes([b]).decode(name) == chr(b) for b in range(128)))
+    except (LookupError, UnicodeDecodeError):
+        return False
+
 
 #: The codings aiohttp decodes (one at a time), and `identity`.
 _CODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
@@ -69,13 +113,9 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
             code="invalid_content_type",
         )
     charset = (request.charset or "").strip().lower().replace("_", "-")
-    if charset not in _UTF8:
-        raise InvalidRequest(
-            f"Unsupported charset `{shown(request.charset)}` in Content-Type: a JSON body is "
-            "UTF-8 (RFC 8259); send it in UTF-8, as `application/json` or "
-            "`application/json; charset=utf-8`.",
-            code="invalid_content_type",
-        )
+    ascii_only = charset not in _UTF8  # (read only where its bytes are ASCII)
+    if ascii_only and not ((label := _label(charset)) in _KNOWN and _over_ascii(label)):
+        raise _charset_refused(request.charset or "", ambiguous=False)
     # (Several headers are several codings: aiohttp would decode by the last one alone.)
     coding = ",".join(request.headers.getall("Content-Encoding", ())).strip().lower()
     if coding not in _CODINGS:
@@ -91,7 +131,24 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
         raise _too_large(limit)
     body = await _read(request, limit, request.app[STATE].settings.server.body_timeout_s,
                        owner)
+    if ascii_only and not body.isascii():
+        raise _charset_refused(request.charset or "", ambiguous=True)
     return decode_json_object(body), len(body)
+
+
+def _charset_refused(charset: str, ambiguous: bool) -> InvalidRequest:
+    """A body declared in a charset other than UTF-8 that Weir cannot read as UTF-8
+    without reading other text than that charset says: one that is not ASCII's superset
+    (always), or one that is, with bytes outside ASCII (`ambiguous`: the same bytes are
+    other characters in it and in UTF-8)."""
+    why = (f"A body declared `charset={shown(charset)}` with bytes outside ASCII is "
+           "ambiguous" if ambiguous else f"Unsupported charset `{shown(charset)}` in "
+           "Content-Type")
+    return InvalidRequest(
+        f"{why}: a JSON body is UTF-8 (RFC 8259); send it in UTF-8, as `application/json` "
+        "or `application/json; charset=utf-8`.",
+        code="invalid_content_type",
+    )
 
 
 async def _received(request: web.Request, limit: int, owner: str) -> bytes:

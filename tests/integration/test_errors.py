@@ -398,3 +398,57 @@ async def test_a_body_declared_utf8_is_read(make_client: MakeClient, ctype: str)
     data = json.dumps({**CHAT, "messages": [{"role": "user", "content": "café"}]}).encode()
     r = await client.post("/v1/chat/completions", data=data, headers={"Content-Type": ctype})
     assert r.status == 200, await r.text()
+
+
+@pytest.mark.parametrize("charset", [
+    "ISO-8859-1", "latin1", "windows-1252", "cp1252", "\"iso-8859-15\"", "koi8-r",
+    "Shift_JIS", "euc-jp", "gb18030", "windows-874",
+])
+@pytest.mark.parametrize("coding", ["", "gzip"])
+async def test_an_ascii_body_is_read_whatever_ascii_superset_it_is_declared_in(
+        make_client: MakeClient, charset: str, coding: str) -> None:
+    """Some HTTP clients declare `charset=ISO-8859-1` (or windows-1252) by default for a
+    JSON body that is ASCII, and OpenAI and vLLM ignore the charset: such a body was a
+    400. Bytes all ASCII are the same text in any charset over ASCII as in UTF-8 (`\\u`
+    escapes included), so it is read; counted after its Content-Encoding is undone."""
+    engine = FakeEngine()
+    client = await make_client(engine=engine)
+    data = json.dumps({**CHAT, "messages": [{"role": "user", "content": "café"}]}).encode()
+    assert data.isascii()
+    headers = {"Content-Type": f"application/json; charset={charset}"}
+    if coding:
+        data, headers = gzip.compress(data), {**headers, "Content-Encoding": coding}
+    r = await client.post("/v1/chat/completions", data=data, headers=headers)
+    assert r.status == 200, await r.text()
+    (prompt, _, _), = engine.calls
+    assert "café" in engine.decode(prompt)
+
+
+@pytest.mark.parametrize(("charset", "data"), [
+    ("utf-7", b'{"model": "fake-model", "messages": [{"role": "user", '
+              b'"content": "+ADw-script+AD4-"}]}'),  # (`<script>` to a UTF-7 reader)
+    ("UTF-7", b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'),
+    ("utf-16", b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'),
+    ("utf-16le", b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'),
+    ("utf-32", b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'),
+    ("hz-gb-2312", b'{"model": "fake-model", "messages": [{"role": "user", '
+                   b'"content": "~{<:Ky2;S{#,~}"}]}'),  # (Chinese to an HZ reader)
+    ("iso-2022-jp", b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'),
+    ("cp037", b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'),
+    ("unicode-escape", b'{"model": "fake-model", "messages": [{"role": "user", '
+                       b'"content": "\\\\u003c"}]}'),
+    ("x-unknown", b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'),
+])
+async def test_a_charset_that_reads_ascii_bytes_as_other_text_is_refused_always(
+        make_client: MakeClient, charset: str, data: bytes) -> None:
+    """UTF-7, HZ and ISO-2022 read other text from ASCII bytes (UTF-7's `+ADw-` is `<`:
+    a filter reading UTF-8 saw none), UTF-16/32 and EBCDIC are not over ASCII at all,
+    and an unknown charset may be either: a body declared in one is a 400 naming it,
+    whatever its bytes."""
+    assert data.isascii()
+    client = await make_client()
+    r = await client.post("/v1/chat/completions", data=data,
+                          headers={"Content-Type": f"application/json; charset={charset}"})
+    err = await error_of(r, 400)
+    assert err["code"] == "invalid_content_type"
+    assert f"Unsupported charset `{charset}`" in err["message"]
