@@ -118,7 +118,23 @@ def _origin(value: str) -> str:
         raise ValueError(f"`{value}` is not an origin: scheme://host[:port] alone, no path "
                          "(nor a trailing `/`), query or credentials; a browser sends "
                          "`Origin: https://app.example.com`")
-    return value.lower()
+    if "*" in parts.hostname:
+        raise ValueError(f"`{value}`: an origin is matched whole, not as a pattern; list "
+                         "each origin, or `*` alone for any")
+    # As a browser serialises it (RFC 6454 6.1), or it matched no Origin ever sent:
+    # scheme and host in lower case, the host in IDNA (`bücher.example`:
+    # `xn--bcher-kva.example`), the scheme's default port left out (`https://a.com:443`
+    # is `https://a.com`).
+    scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise ValueError(f"`{value}`: its host is no valid domain name") from None
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}" + (f":{port}" if port is not None and port != default else "")
 
 
 def _tokens(values: list[str]) -> list[str]:

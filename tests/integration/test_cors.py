@@ -158,6 +158,7 @@ async def test_any_origin_is_a_star_and_credentials_are_granted_where_set(
     ("{allow_origins: ['https://app.example.com/']}", "no path"),
     ("{allow_origins: ['app.example.com']}", "scheme://host"),
     ("{allow_origins: ['null']}", "cannot be allowed"),
+    ("{allow_origins: ['https://*.example.com']}", "not as a pattern"),
     ("{allow_origins: ['https://a.example'], allow_methods: ['GET POST']}", "HTTP method"),
     ("{max_age_s: -1}", "greater than or equal"),
 ])
@@ -166,6 +167,30 @@ def test_a_bad_cors_config_is_refused_naming_its_path(cors: str, says: str) -> N
         parse_settings(f"auth: {{mode: open}}\nserver:\n  cors: {cors}\n", env={})
     (path, message), = e.value.errors
     assert path.startswith("server.cors") and says in message, (path, message)
+
+
+@pytest.mark.parametrize(("listed", "sent"), [
+    ("https://App.Example.COM:443", "https://app.example.com"),
+    ("HTTP://app.example.com:80", "http://app.example.com"),
+    ("http://app.example.com:8080", "http://app.example.com:8080"),
+    ("https://bücher.example", "https://xn--bcher-kva.example"),
+    ("http://[::1]:80", "http://[::1]"),
+])
+async def test_an_origin_is_listed_as_a_browser_sends_it(
+        make_client: MakeClient, listed: str, sent: str) -> None:
+    """A browser serialises its origin (RFC 6454 6.1): scheme and host in lower case, the
+    host in IDNA, the scheme's default port left out. An origin listed otherwise
+    (`https://app.example.com:443`) matched no Origin ever sent, and its pages were
+    refused, in silence: it is read as the browser sends it."""
+    client = await make_client(server={"cors": {"allow_origins": [listed]}})
+    r = await client.options("/v1/models", headers={
+        "Origin": sent, "Access-Control-Request-Method": "GET"})
+    assert r.status == 204, await r.text()
+    assert r.headers["Access-Control-Allow-Origin"] == sent
+    other = "https://app.example.com:444" if sent.startswith("https") else EVIL
+    r = await client.options("/v1/models", headers={
+        "Origin": other, "Access-Control-Request-Method": "GET"})
+    assert r.status == 403
 
 
 async def test_the_readmes_cors_example_serves_its_origins(
