@@ -16,7 +16,9 @@ With `allow_origins` set:
   a middleware or the router) carries `Access-Control-Allow-Origin` (the origin, or
   `*` where any origin is allowed without credentials), `-Allow-Credentials` where set
   and `-Expose-Headers`; every answer carries `Vary: Origin` where it depends on the
-  origin (`on_response_prepare`, so a stream's head has them too).
+  origin (`on_response_prepare`, so a stream's head has them too). Allowing any origin,
+  every answer carries `*`, one without `Origin` too: the same for all, so an HTTP cache
+  in front (which keys by `Vary` alone) never serves a page an answer granting nothing.
 
 Answers written on the connection below the app (a connection refused at the cap, a
 head too large, what aiohttp's parser refuses) carry none: the browser sees a network
@@ -70,9 +72,12 @@ class Cors:
     async def on_response_prepare(self, request: web.Request,
                                   response: web.StreamResponse) -> None:
         headers = response.headers
-        if not self.any_origin and "origin" not in headers.get(hdrs.VARY, "").lower():
-            headers.add(hdrs.VARY, "Origin")
-        allowed = self.allow_origin(request.headers.get(hdrs.ORIGIN))
+        if self.any_origin:  # (`*` on every answer, Origin or none: the same for all)
+            allowed: str | None = "*"
+        else:  # (every answer, so an HTTP cache keys each by it: a hit of Weir's too)
+            if "origin" not in headers.get(hdrs.VARY, "").lower():
+                headers.add(hdrs.VARY, "Origin")
+            allowed = self.allow_origin(request.headers.get(hdrs.ORIGIN))
         if allowed is None:
             return
         headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = allowed

@@ -152,6 +152,29 @@ async def test_any_origin_is_a_star_and_credentials_are_granted_where_set(
     assert r.headers["Access-Control-Allow-Credentials"] == "true"
 
 
+@pytest.mark.parametrize("cors", [{"allow_origins": [APP]}, {"allow_origins": ["*"]}])
+async def test_a_cached_answer_names_no_other_origin(make_client: MakeClient,
+                                                     cors: dict[str, Any]) -> None:
+    """An HTTP cache between browsers and Weir keys an answer by what its `Vary` names:
+    every answer, a hit of Weir's cache (`x-weir-cache`) or none, to an allowed origin,
+    another or no origin, either says it depends on the origin or is the same for all
+    (`*`), so no cache serves one origin's grant to another, nor an answer without one
+    to a page. A hit is as its miss was (the cache holds no CORS header)."""
+    client = await make_client(server={"cors": cors}, plugins=[{"name": "cache", "config": {
+        "store_truncated": True, "semantic": {"enabled": False}}}])
+    ask = {**CHAT, "temperature": 0}
+    grants: list[str | None] = []
+    for origin in (APP, EVIL, None, APP):
+        r = await client.post("/v1/chat/completions", json=ask,
+                              headers={"Origin": origin} if origin else {})
+        assert r.status == 200, await r.text()
+        grant = r.headers.get("Access-Control-Allow-Origin")
+        grants.append(grant)
+        assert grant == "*" or "Origin" in r.headers.getall("Vary", ()), origin
+    assert grants == (["*"] * 4 if cors["allow_origins"] == ["*"] else [APP, None, None, APP])
+    assert r.headers["x-weir-cache"] != "miss"
+
+
 @pytest.mark.parametrize(("cors", "says"), [
     ("{allow_origins: ['*'], allow_credentials: true}", "browsers refuse"),
     ("{allow_origins: ['*', 'https://a.example']}", "stands alone"),
