@@ -57,6 +57,7 @@ class Cors:
         self.any_header = "*" in settings.allow_headers
         self.headers = frozenset(h.lower() for h in settings.allow_headers) | _SAFELISTED
         self.credentials = settings.allow_credentials
+        self.private_network = settings.allow_private_network
         self.expose = ", ".join(settings.expose_headers)
         self.max_age = str(settings.max_age_s)
 
@@ -104,13 +105,18 @@ class Cors:
                 raise CorsNotAllowed(
                     f"Header `{shown(refused[0], 64)}` is not allowed from another origin "
                     "(server.cors.allow_headers).")
-        headers = {
+        headers: dict[str, str] = {
             hdrs.ACCESS_CONTROL_ALLOW_METHODS: method if self.any_method
             else ", ".join(self.methods),
             hdrs.ACCESS_CONTROL_MAX_AGE: self.max_age,
         }
         if asked:
             headers[hdrs.ACCESS_CONTROL_ALLOW_HEADERS] = ", ".join(asked)
+        # (Private Network Access: a public page calling a private address; refused, the
+        # header is left out and the browser fails the preflight)
+        if self.private_network and request.headers.get(
+                "Access-Control-Request-Private-Network", "").strip().lower() == "true":
+            headers["Access-Control-Allow-Private-Network"] = "true"
         return web.Response(status=204, headers=headers)
 
     def middleware(self) -> Any:

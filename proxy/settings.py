@@ -160,6 +160,10 @@ class CorsSettings(_Strict):
     expose_headers: Annotated[list[str], AfterValidator(_tokens)] = Field(
         default_factory=lambda: list(CORS_EXPOSED), description="Response headers a "
         "page's script may read (`Access-Control-Expose-Headers`).")
+    allow_private_network: bool = Field(
+        False, description="Whether a public web page may call this Weir on a private "
+        "network address (a preflight's `Access-Control-Request-Private-Network`, "
+        "answered `Access-Control-Allow-Private-Network: true`; Chrome asks it).")
     max_age_s: int = Field(600, ge=0, le=86400, description="How long a browser may "
                            "reuse a preflight's answer (`Access-Control-Max-Age`).")
 

@@ -175,6 +175,23 @@ async def test_a_cached_answer_names_no_other_origin(make_client: MakeClient,
     assert r.headers["x-weir-cache"] != "miss"
 
 
+@pytest.mark.parametrize("allowed", [False, True])
+async def test_a_private_network_preflight_is_granted_only_where_set(
+        make_client: MakeClient, allowed: bool) -> None:
+    """Chrome asks a preflight `Access-Control-Request-Private-Network: true` of a public
+    page calling a private address (a Weir on a LAN or localhost): granted only with
+    `allow_private_network`."""
+    client = await make_client(server={"cors": {"allow_origins": [APP],
+                                                "allow_private_network": allowed}})
+    r = await client.options("/v1/chat/completions", headers={
+        **PREFLIGHT, "Access-Control-Request-Private-Network": "true"})
+    assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == APP
+    assert r.headers.get("Access-Control-Allow-Private-Network") == ("true" if allowed
+                                                                     else None)
+    r = await client.options("/v1/chat/completions", headers=PREFLIGHT)
+    assert "Access-Control-Allow-Private-Network" not in r.headers
+
+
 @pytest.mark.parametrize(("cors", "says"), [
     ("{allow_origins: ['*'], allow_credentials: true}", "browsers refuse"),
     ("{allow_origins: ['*', 'https://a.example']}", "stands alone"),
