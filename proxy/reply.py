@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from types import AsyncGeneratorType
 from typing import Any, Literal
 
 from .context import Within
@@ -150,18 +151,51 @@ class Stream:
     async def end_shielded(self, outcome: Outcome, error: BaseException | None = None,
                            ) -> None:
         """`end`, run to its end even if the caller is cancelled meanwhile (the caller
-        still gets the cancellation)."""
+        still gets the cancellation).
+
+        Where nothing of it can pause (the chunk source ran to its end, so closing it
+        is nothing to await, and each hook is a plain function that returns None), it
+        runs here, with no task: a task per stream (its creation, a shield, a loop
+        turn) cost ~8 us a request. From the first hook that hands back an awaitable on,
+        the rest runs in a task of its own as before; that awaitable has not started (a
+        coroutine runs nothing until it is awaited), so nothing of it ran in the
+        caller's task: a timeout it enters is its own task's, not the caller's."""
         if self._ended:
             return
-        await asyncio.shield(detach(self.end(outcome, error)))
-
-    async def _run_hooks(self, outcome: Outcome, hooks: list[EndHook]) -> None:
-        """Run `hooks` in order. Cut short by a cancellation inside an async hook, the
-        ones after it still run, in a task of their own: each frees what its plugin holds
-        (an engine slot, a lease), and one skipped would hold it for good."""
+        if not _spent(self._it):
+            await asyncio.shield(detach(self.end(outcome, error)))
+            return
+        self._ended = self._hooks_started = True
+        self._outcome = outcome
+        if error is not None and self.error is None:
+            self.error = error
+        hooks = self._hooks
         for i, hook in enumerate(hooks):
             try:
                 result = hook(self, outcome)
+            except Exception as e:
+                _log.error("a stream end hook failed", hook=getattr(
+                    hook, "__qualname__", repr(hook)), **error_fields(e))
+                continue
+            if result is not None:
+                await asyncio.shield(detach(self._run_hooks(outcome, hooks[i + 1:],
+                                                            (hook, result))))
+                return
+
+    async def _run_hooks(self, outcome: Outcome, hooks: list[EndHook],
+                         started: tuple[EndHook, Awaitable[None]] | None = None) -> None:
+        """Run `hooks` in order (after awaiting `started`: a hook already called, and
+        what it returned). Cut short by a cancellation inside an async hook, the
+        ones after it still run, in a task of their own: each frees what its plugin holds
+        (an engine slot, a lease), and one skipped would hold it for good."""
+        if started is not None:
+            hooks = [started[0], *hooks]
+        for i, hook in enumerate(hooks):
+            try:
+                if i == 0 and started is not None:
+                    result: Awaitable[None] | None = started[1]
+                else:
+                    result = hook(self, outcome)
                 if result is not None:
                     await result
             except asyncio.CancelledError:
@@ -214,6 +248,14 @@ class Stream:
     async def aclose(self) -> None:
         """End the stream as cancelled (the consumer gave up on it)."""
         await self.end("cancelled")
+
+
+def _spent(chunks: AsyncIterator[dict[str, Any]] | None) -> bool:
+    """Whether closing `chunks` is nothing to await: none, or an async generator that
+    ran to its end (or was closed). Any other iterator may have an `aclose` to run."""
+    if chunks is None:
+        return True
+    return isinstance(chunks, AsyncGeneratorType) and chunks.ag_frame is None
 
 
 Reply = Completion | Stream

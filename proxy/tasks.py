@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -100,6 +100,49 @@ def detach(work: Awaitable[T]) -> asyncio.Future[T]:
     _DETACHED.add(task)
     task.add_done_callback(_DETACHED.discard)
     return task
+
+
+def run_now(work: Coroutine[Any, Any, Any]) -> Awaitable[None] | None:
+    """Run `work`, a coroutine that does not pause (the in-memory rate limiter's
+    settling: async for its interface's sake, with nothing to wait on), to its end here,
+    with no task and no await; None once it has. Should it pause after all, what is left
+    of it comes back, to be awaited (its caller's caller hands it to a task: a stream's
+    end hooks)."""
+    try:
+        waiting = work.send(None)
+    except StopIteration:
+        return None
+    return _Resumed(work, waiting)
+
+
+class _Resumed:
+    """The rest of a coroutine that paused on `waiting` outside any task: awaiting this
+    waits on `waiting`, then runs the coroutine on to its end (what is thrown in, a
+    cancellation, goes to it)."""
+
+    __slots__ = ("_waiting", "_work")
+
+    def __init__(self, work: Coroutine[Any, Any, Any], waiting: Any) -> None:
+        self._work, self._waiting = work, waiting
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        work, waiting = self._work, self._waiting
+        while True:
+            try:
+                sent = yield waiting
+            except GeneratorExit:
+                work.close()
+                raise
+            except BaseException as e:
+                try:
+                    waiting = work.throw(e)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waiting = work.send(sent)
+                except StopIteration:
+                    return
 
 
 @contextmanager

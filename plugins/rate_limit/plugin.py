@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable
 from typing import Any, ClassVar, NamedTuple
 
 from prometheus_client import Counter
@@ -64,7 +65,7 @@ from proxy.context import RequestContext
 from proxy.errors import RateLimited, Unavailable
 from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
-from proxy.tasks import background, cancel_and_wait, detach
+from proxy.tasks import background, cancel_and_wait, detach, run_now
 from proxy.telemetry import OutageLog, error_fields, get_logger
 from proxy.tools import tool_chars
 
@@ -673,7 +674,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             return reply
         assert isinstance(reply, Stream)
 
-        async def ended(stream: Stream, outcome: Outcome) -> None:
+        def ended(stream: Stream, outcome: Outcome) -> Awaitable[Any] | None:
             # A stream cut short reports the usage generated until the cut; without any
             # report the reservation stands (it completed) or is refunded (it did not).
             usage = stream.usage or {}
@@ -682,7 +683,12 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 used = reserve if outcome == "completed" else 0
             elif outcome != "completed" and not usage.get("prompt_tokens"):
                 used += estimate_tokens(ctx)  # a relay cut before the upstream counted it
-            await self._settle_shielded(store, tpm, reserve, used, conc_keys, lease)
+            settle = self._settle_shielded(store, tpm, reserve, used, conc_keys, lease)
+            if store is self.remote:
+                return settle  # (the stream awaits it, in a task of its own)
+            # The memory store settles without pausing: here, at once, so the stream
+            # needs no task to end (`Stream.end_shielded`).
+            return run_now(settle)
 
         reply.on_end(ended)
         return reply

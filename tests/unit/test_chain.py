@@ -364,3 +364,53 @@ async def test_a_hook_registered_while_the_stream_closes_runs_after_the_earlier_
     async with asyncio.timeout(5):
         await ending
     assert seen == ["first:completed", "during:completed"]
+
+
+async def test_a_spent_stream_with_plain_hooks_ends_in_its_consumer_s_task() -> None:
+    """Nothing to await (the source ran out, every hook a plain function): `end_shielded`
+    runs the hooks at once, in the consumer's own task, with no task of its own (one a
+    stream cost ~8 us a request)."""
+    seen: list[Any] = []
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        yield {"n": 0}
+
+    stream = Stream(source())
+    stream.on_end(lambda s, outcome: seen.append((outcome, asyncio.current_task())))
+    stream.on_end(lambda s, outcome: seen.append(s.error))
+    it = stream.rest()
+    assert [c async for c in it] == [{"n": 0}]
+    err = RuntimeError("kept")
+    await stream.end_shielded("completed", err)
+    assert seen == [("completed", asyncio.current_task()), err] and stream.ended
+    await stream.end_shielded("failed")  # only the first end counts
+    assert len(seen) == 2
+
+
+async def test_an_async_hook_after_plain_ones_runs_in_a_task_of_its_own() -> None:
+    """From the first hook that hands back an awaitable on, the rest runs in a task of
+    its own, and none of it ran in the consumer's task before: a timeout that hook
+    enters cancels its own task, never the consumer (whose end returns normally)."""
+    seen: list[Any] = []
+    me = asyncio.current_task()
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        yield {"n": 0}
+
+    async def times_out(s: Stream, outcome: str) -> None:
+        seen.append(asyncio.current_task() is me)
+        try:
+            async with asyncio.timeout(0):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            seen.append("timed out")
+
+    stream = Stream(source())
+    stream.on_end(lambda s, outcome: seen.append(asyncio.current_task() is me))
+    stream.on_end(times_out)
+    stream.on_end(lambda s, outcome: seen.append(f"last:{outcome}"))
+    assert [c async for c in stream.rest()] == [{"n": 0}]
+    async with asyncio.timeout(10):
+        await stream.end_shielded("completed")
+    assert seen == [True, False, "timed out", "last:completed"]
+    assert me is not None and not me.cancelling()

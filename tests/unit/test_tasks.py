@@ -200,3 +200,30 @@ async def test_a_call_the_loop_ran_late_is_not_timed_out() -> None:
     with pytest.raises(TimeoutError):  # one that does not answer still times out
         await abandon_after(hang(), 0.0)
     hang.release.set()
+
+
+async def test_run_now_runs_a_coroutine_that_does_not_pause_at_once() -> None:
+    from proxy.tasks import run_now
+
+    seen: list[str] = []
+
+    async def settles() -> int:
+        seen.append("settled")
+        return 1
+
+    assert run_now(settles()) is None and seen == ["settled"]
+
+    gate = asyncio.Event()
+
+    async def pauses() -> None:
+        seen.append("began")
+        await gate.wait()
+        seen.append("ended")
+
+    rest = run_now(pauses())
+    assert rest is not None and seen == ["settled", "began"]
+    waiting = asyncio.ensure_future(rest)  # type: ignore[arg-type]
+    gate.set()
+    async with asyncio.timeout(10):
+        await waiting
+    assert seen == ["settled", "began", "ended"]

@@ -1700,3 +1700,27 @@ async def test_a_redis_store_out_of_reach_at_start_falls_back_at_once() -> None:
     with pytest.raises(RateLimited):
         await p(ctx(), answer)
     await p.close()
+
+
+async def test_a_stream_s_settle_in_memory_needs_no_task() -> None:
+    """With the memory store a stream's tokens and lease are settled at its end, at once
+    and in its consumer's own task (`Stream.end_shielded` needs no task for it)."""
+    p = plugin(rules=[{"per": "key", "tpm": 1000, "concurrent": 1}])
+    me = asyncio.current_task()
+    where: list[bool] = []
+
+    async def stream(c: RequestContext) -> Reply:
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            yield {"choices": []}
+        s = Stream(chunks())
+        s.usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+        return s
+
+    reply = await p(ctx(), stream)
+    assert isinstance(reply, Stream)
+    reply.on_end(lambda s, outcome: where.append(asyncio.current_task() is me))
+    assert [c async for c in reply.rest()] == [{"choices": []}]
+    await reply.end_shielded("completed")
+    assert where == [True] and p.local.in_flight() == 0
+    await p(ctx(), answer)  # its one slot is free again
+    await p.close()
