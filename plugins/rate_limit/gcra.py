@@ -149,15 +149,13 @@ class MemoryStore:
                     lease_ms: float) -> Decision:
         now = self._now()
         eps = _eps(now)
-        allowed, retry, states, untaken, new = True, 0.0, [], [], []
+        allowed, retry, states, tats, new = True, 0.0, [], [], []
         for b in buckets:
             t = PERIOD_MS / b.limit
             tat = self._get(b.key, now)
+            tats.append(tat)
             nt = tat + min(b.cost, b.limit) * t
             diff = nt - now
-            # as the bucket stands (what a refused request reports: it takes nothing)
-            untaken.append(BucketState(b.limit, _units(PERIOD_MS - (tat - now), eps, t,
-                                                       b.limit), tat - now))
             if diff > PERIOD_MS + eps:
                 allowed = False
                 retry = max(retry, diff - PERIOD_MS)
@@ -179,6 +177,11 @@ class MemoryStore:
                 full.append(j)
         if not allowed:
             self._swept(now)
+            # Each bucket as it stands (a refused request takes nothing): only a refusal
+            # reports them, so they are worked out only for one.
+            untaken = [BucketState(b.limit, _units(PERIOD_MS - (tat - now), eps,
+                                                   PERIOD_MS / b.limit, b.limit), tat - now)
+                       for b, tat in zip(buckets, tats, strict=True)]
             return Decision(False, retry, untaken, tuple(full))
         for b, nt in zip(buckets, new, strict=True):
             self._tat[b.key] = (nt, nt + 1000)
