@@ -173,6 +173,13 @@ class Stream:
         for i, hook in enumerate(hooks):
             try:
                 result = hook(self, outcome)
+            except asyncio.CancelledError:
+                # Raised by the hook itself (a cancelled future's result): a plain call
+                # receives no cancellation of its caller's. A failed hook, as in a task
+                # (`_run_hooks`); those after it still run.
+                _log.warning("a stream end hook was cancelled", hook=getattr(
+                    hook, "__qualname__", repr(hook)))
+                continue
             except Exception as e:
                 _log.error("a stream end hook failed", hook=getattr(
                     hook, "__qualname__", repr(hook)), **error_fields(e))

@@ -414,3 +414,28 @@ async def test_an_async_hook_after_plain_ones_runs_in_a_task_of_its_own() -> Non
         await stream.end_shielded("completed")
     assert seen == [True, False, "timed out", "last:completed"]
     assert me is not None and not me.cancelling()
+
+
+async def test_a_plain_hook_that_raises_cancelled_error_is_a_failed_hook_on_a_spent_stream(
+        ) -> None:
+    """A plain hook can raise CancelledError itself (it read a cancelled future's
+    result): no cancellation of the consumer's, which a plain call cannot receive. On
+    a spent stream, ended in its consumer's task, it is a failed hook as in a task of
+    the stream's own: logged, the hooks after it run (one skipped would hold its slot
+    for good), and the consumer's end returns rather than look cancelled."""
+    seen: list[str] = []
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        yield {"n": 0}
+
+    def reads_a_cancelled_future(s: Stream, outcome: str) -> None:
+        f = asyncio.get_running_loop().create_future()
+        f.cancel()
+        f.result()
+
+    stream = Stream(source())
+    stream.on_end(reads_a_cancelled_future)
+    stream.on_end(lambda s, outcome: seen.append(f"slot:{outcome}"))
+    assert [c async for c in stream.rest()] == [{"n": 0}]
+    await stream.end_shielded("completed")
+    assert seen == ["slot:completed"] and stream.ended
