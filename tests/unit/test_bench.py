@@ -539,3 +539,32 @@ async def test_the_mock_server_hides_its_startup_heap_before_it_listens(
     with contextlib.suppress(asyncio.CancelledError):
         await mock_server._serve(str(config), 0, 4)
     assert events == ["engine started", "frozen", "listening"]
+
+
+def test_the_cpu_cost_tool_parses_its_arguments(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench.cpu_cost` (its servers are processes: only its arguments here)."""
+    from bench import cpu_cost
+
+    monkeypatch.setattr("sys.argv", ["cpu_cost", "--help"])
+    with pytest.raises(SystemExit) as e:
+        cpu_cost.main()
+    assert e.value.code == 0 and "--against" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["cpu_cost", "--only", "some"])
+    with pytest.raises(SystemExit) as e:
+        cpu_cost.main()
+    assert e.value.code == 2
+
+
+def test_the_chain_cost_tool_measures_every_chain_it_names(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench.chain_cost`, a tiny run: config/weir.yaml's chain, none and each
+    plugin alone each serve its streams in process, and each gets a line."""
+    from bench import chain_cost
+    from bench.fleet import default_plugins
+
+    monkeypatch.setattr("sys.argv", ["chain_cost", "--n", "3", "--rounds", "1", "--each"])
+    chain_cost.main()
+    lines = capsys.readouterr().out.splitlines()
+    labels = [line.split()[0] for line in lines if "us/request" in line]
+    assert labels == ["none", "all", *(p["name"] for p in default_plugins())]
