@@ -34,11 +34,15 @@ def lookup_first(plugin: dict[str, Any], **semantic: float) -> dict[str, Any]:
     """The fake engine answers at once, where a real one takes tens of milliseconds to
     its first token: a miss would win its race against a lookup slowed by a busy machine
     and a paraphrase would be served as a miss, at random. So, unless a test says
-    otherwise, a miss waits for its semantic lookup (the race has its own unit tests)."""
+    otherwise, a miss waits for its semantic lookup (the race has its own unit tests),
+    and the lookup waits for its embedding: the model runs in a thread of lowered
+    priority (`embeddings.nice`), which a busy machine starves past the 100 ms the
+    lookup gives it by default (the slow lookup's miss has its own unit tests too)."""
     if plugin.get("name") != "cache":
         return plugin
     cfg = dict(plugin.get("config") or {})
-    cfg["semantic"] = {"head_start_ms": 10_000, **semantic, **(cfg.get("semantic") or {})}
+    cfg["semantic"] = {"head_start_ms": 10_000, "lookup_timeout_ms": 10_000, **semantic,
+                       **(cfg.get("semantic") or {})}
     return {**plugin, "config": cfg}
 
 

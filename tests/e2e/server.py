@@ -41,7 +41,7 @@ def e2e_config(**overrides: Any) -> dict[str, Any]:
     # A paraphrase's lookup (an embedding on a CPU the engine shares) is waited for, and
     # not given up after 100 ms: on a loaded machine the miss won the race, or the
     # lookup timed out, and a test that asked for a semantic hit got a miss at random.
-    cfg["plugins"] = [lookup_first(p, lookup_timeout_ms=10_000) for p in cfg["plugins"]]
+    cfg["plugins"] = [lookup_first(p) for p in cfg["plugins"]]
     return cfg
 
 

@@ -5,6 +5,7 @@ scope is `global` and the tenants share keys."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -114,6 +115,27 @@ async def test_a_paraphrase_of_another_callers_entry_names_its_own_key(
     layer, again = await asked(a, q, other)
     assert (layer, again) == ("exact", named)  # (its alias, kept under its own key)
     assert (await asked(a, q, other, headers={"Cache-Control": "no-cache"}))[1] == named
+
+
+async def test_a_paraphrase_is_a_semantic_hit_however_long_its_embedding_waits(
+        make_client: MakeClient, redis_server: RedisServer) -> None:
+    """The tests' gateways wait for a lookup's embedding: the model's thread runs at a
+    lowered priority, which a loaded machine starves past the 100 ms a lookup gives it
+    by default, and the paraphrases above were then served as misses, at random. Here
+    the embedding is made slower than that at will (a slow model, not a wait)."""
+    a = await gateway(make_client, redis_server.url, "tenant")
+    _, key = await asked(a, "How do I reset my password?", "k-alice")
+    await settle(a)
+    embedder = a.app[STATE].embedder
+    embed = embedder.embed
+
+    async def slow(texts: list[str], refuse_over: int | None = None) -> Any:
+        await asyncio.sleep(0.2)  # (the model's thread, starved)
+        return await embed(texts, refuse_over)
+
+    embedder.embed = slow
+    layer, named = await asked(a, "How can I reset my password?", "k-alice")
+    assert (layer, named) == ("semantic", key)
 
 
 async def test_a_purge_names_no_entry_redis_holds_for_another_tenant(
