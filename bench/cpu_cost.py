@@ -6,12 +6,15 @@ over the instant engine (bench/mock_engine.py, 64 tokens), and the CPU time (use
 system) its process used while it answered N streamed, sampled requests (the cache
 steps aside) is read before and after. Rounds alternate the servers. With
 max_tokens 1 and 64, the per-request floor and the per-chunk cost come apart:
-per chunk = (cpu(64) - cpu(1)) / 63.
+per chunk = (cpu(64) - cpu(1)) / 63. The kernel counts CPU time in ticks (10 ms here):
+one round's figure moves in steps of 10 ms / N (25 us a request at N = 400), so take N
+in the thousands for effects of a few microseconds, and read the medians over rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -76,6 +79,7 @@ def main() -> None:
     finally:
         for s in servers.values():
             s.stop()
+    shutil.rmtree(tmp, ignore_errors=True)  # (kept after a failure: its servers' logs)
     med = {k: statistics.median(v) for k, v in per.items()}
     for (name, mt), v in sorted(per.items()):
         print(f"{name:5s} max_tokens={mt:2d}: median {med[name, mt]:7.1f} us/request, "

@@ -332,32 +332,34 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         # than a minute's budget, and still be let in): it is settled from what it took.
         # A measured usage is charged whole; the reservation standing for an unknown one
         # (a cut upstream answer, a stream without usage) is charged what was taken.
-        owed = [Bucket(b.key, b.limit, d) for b in tpm
-                if used is not None and (d := _owed(b.limit, reserve, used))]
-        if owed:
-            try:
-                states = await store.adjust(owed)
-            except StoreError as e:  # tokens only: the reservation stands
-                self._store_failed(e)
-                if isinstance(e, StoreFull):  # the local limiter decides meanwhile
-                    states = await self.local.adjust(owed)
+        try:  # (a charge that fails in a way of its own still frees the lease)
+            owed = [Bucket(b.key, b.limit, d) for b in tpm
+                    if used is not None and (d := _owed(b.limit, reserve, used))]
+            if owed:
+                try:
+                    states = await store.adjust(owed)
+                except StoreError as e:  # tokens only: the reservation stands
+                    self._store_failed(e)
+                    if isinstance(e, StoreFull):  # the local limiter decides meanwhile
+                        states = await self.local.adjust(owed)
+                    else:
+                        states = []
+                after = {b.key: s for b, s in zip(owed, states, strict=False)}
+        finally:
+            if conc_keys:
+                if store is self.remote:  # (held there too while Redis could not decide)
+                    await self.local.release(conc_keys, lease)
+                try:
+                    if barred and isinstance(store, RedisStore):
+                        await store.release_barred(conc_keys, lease, self.cfg.lease_s * 1000)
+                    else:
+                        await store.release(conc_keys, lease)
+                except StoreError as e:
+                    self._orphan(lease, conc_keys)
+                    self._store_failed(e)
                 else:
-                    states = []
-            after = {b.key: s for b, s in zip(owed, states, strict=False)}
-        if conc_keys:
-            if store is self.remote:  # (held there too while Redis could not decide)
-                await self.local.release(conc_keys, lease)
-            try:
-                if barred and isinstance(store, RedisStore):
-                    await store.release_barred(conc_keys, lease, self.cfg.lease_s * 1000)
-                else:
-                    await store.release(conc_keys, lease)
-            except StoreError as e:
-                self._orphan(lease, conc_keys)
-                self._store_failed(e)
-            else:
-                if store is self.remote:
-                    self._orphans.pop(lease, None)
+                    if store is self.remote:
+                        self._orphans.pop(lease, None)
         return after
 
     def _orphan(self, lease: str, keys: list[str]) -> None:

@@ -1724,3 +1724,23 @@ async def test_a_stream_s_settle_in_memory_needs_no_task() -> None:
     assert where == [True] and p.local.in_flight() == 0
     await p(ctx(), answer)  # its one slot is free again
     await p.close()
+
+
+async def test_a_charge_that_fails_its_own_way_still_frees_the_concurrency_slot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settle charged the tokens, then released the lease: an error of the charge's
+    own (not a store outage, which is caught) skipped the release, and the slot stayed
+    taken until the lease expired."""
+    p = plugin(rules=[{"per": "tenant", "concurrent": 1, "tpm": 10_000}])
+
+    async def broken(buckets: list[Bucket]) -> list[Any]:
+        raise RuntimeError("a bug in the charge")
+    monkeypatch.setattr(p.local, "adjust", broken)
+    try:
+        await p(ctx(), answer)
+    except RuntimeError:
+        pass
+    assert p.local.in_flight() == 0
+    monkeypatch.undo()
+    await p(ctx(), answer)  # the one slot is free again
+    await p.close()
