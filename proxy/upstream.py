@@ -49,7 +49,7 @@ from .errors import (
 )
 from .generation import EngineSpan
 from .preparing import EchoAsSent
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, continuous_usage
 from .rendering import ChunkAssembler, usage_ok
 from .responses import new_id, now
 from .settings import UpstreamEngineSettings
@@ -537,6 +537,7 @@ class Upstream:
         stream = Stream()
         stream.attach(self._relay(resp, ChunkAssembler(ctx.route), stream,
                                   usage=ctx.request.include_usage,
+                                  running=continuous_usage(ctx.request),
                                   choices=ctx.request.sequences, head=_head(ctx),
                                   echo=EchoAsSent(ctx.request, ctx.sent)))
         primed = await stream.prime()
@@ -599,14 +600,22 @@ class Upstream:
         return Completion(data)
 
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
-                     stream: Stream, *, usage: bool, choices: int, head: dict[str, Any],
-                     echo: EchoAsSent) -> AsyncIterator[dict[str, Any]]:
+                     stream: Stream, *, usage: bool, running: bool, choices: int,
+                     head: dict[str, Any], echo: EchoAsSent,
+                     ) -> AsyncIterator[dict[str, Any]]:
         """The upstream's chunks, until its `[DONE]`; `usage`: the client asked for the
-        usage chunk (it is always asked of the upstream); `choices`: how many the answer
-        has (each must have ended by the `[DONE]`); `head`: what a chunk that lacks its
-        id, object, created or model goes out with (`_own_head`); `echo`: a
-        completion's echoed prompts, as sent."""
-        done = relayed = False
+        usage chunk (it is always asked of the upstream); `running`: it asked for the
+        usage on every chunk too (vLLM's `continuous_usage_stats`); `choices`: how many
+        the answer has (each must have ended by the `[DONE]`); `head`: what a chunk that
+        lacks its id, object, created or model goes out with (`_own_head`); `echo`: a
+        completion's echoed prompts, as sent.
+
+        The usage goes out as OpenAI sends it, whatever the upstream did: in a last chunk
+        of its own with no choices where the client asked for it (made here from the
+        upstream's usage where it came on an answer chunk, as some servers send it), on
+        no answer chunk unless it asked for the running usage (some servers send that
+        unasked), nowhere where it did not ask."""
+        done = relayed = usage_sent = False
         size = 0  # of the events so far: the answer's, as a whole answer's body is counted
         events = SseEvents()
         numbered: dict[int, tuple[int, str]] = {}  # a choice's last tool call
@@ -622,7 +631,7 @@ class Upstream:
                             raise EngineError("The upstream's stream ended before its "
                                               "answer finished.")
                         done = _finished(asm, stream, choices)
-                        return
+                        break
                     chunk = upstream_json(data)
                     if not isinstance(chunk, dict):
                         raise EngineError("The upstream failed mid-stream.")
@@ -641,14 +650,20 @@ class Upstream:
                         if not chunk.get("choices") and chunk.get("usage"):
                             continue  # the usage chunk
                         chunk.pop("usage", None)  # (`null` on every other chunk)
+                    elif not chunk.get("choices"):
+                        usage_sent = usage_sent or bool(chunk.get("usage"))
+                    elif not running and chunk.get("usage") is not None:
+                        chunk["usage"] = None  # (kept: the usage chunk made at the end)
                     relayed = True
                     yield chunk
+                if done:
+                    break
             # Closed with no `[DONE]`: an answer each of whose choices ended, and whose
             # usage came (asked for, it is the last chunk), is whole all the same (some
             # servers never send it); one cut short, if only of its usage, is a failure.
-            if not _ended_without_done(asm):
+            if not done and not _ended_without_done(asm):
                 raise EngineError("The upstream's stream ended before it finished.")
-            done = _finished(asm, stream, choices)
+            done = done or _finished(asm, stream, choices)
         except aiohttp.SocketTimeoutError:  # no byte for `read_timeout_s`: stalled
             raise Timeout("The upstream's stream stalled.") from None
         except TimeoutError:  # `timeout_s`, with bytes coming: the answer's length
@@ -664,6 +679,10 @@ class Upstream:
                 asm.cut(stream)
             self.in_flight -= 1
             resp.release()
+        if usage and not usage_sent and stream.usage is not None:
+            # (the upstream's usage came on an answer chunk, not in a chunk of its own)
+            yield {"id": head["id"], "object": head["objects"][1], "created": head["created"],
+                   "model": head["model"], "choices": [], "usage": stream.usage}
 
 
 def _ended_without_done(asm: ChunkAssembler) -> bool:

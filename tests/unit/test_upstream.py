@@ -1203,6 +1203,50 @@ async def test_a_relayed_stream_keeps_vllm_s_stop_reason_and_running_usage(
                              "stop_reason": "###"}]
     assert reply.usage == usage
 
+
+@pytest.mark.parametrize("done", [True, False])
+@pytest.mark.parametrize("asked", ["none", "usage", "continuous"])
+async def test_usage_sent_on_the_last_answer_chunk_goes_out_in_a_chunk_of_its_own(
+        upstream: Upstream, asked: str, done: bool) -> None:
+    """An upstream that puts its usage on its last answer chunk (not on a chunk of its
+    own, as OpenAI's and vLLM's do): a client that asked for the usage gets it as OpenAI
+    sends it, in a last chunk with no choices (`usage: null` on the others, unless it
+    asked vLLM's `continuous_usage_stats` too); one that did not gets none. It had the
+    usage on an answer chunk and no usage chunk (the OpenAI SDK's stream helpers, which
+    read it from the chunk with no choices, saw none)."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    last = {**CHUNKS[-1], "usage": usage}
+    pieces = sse(*CHUNKS[:-1], last, *(["[DONE]"] if done else []))
+    options = {"none": {}, "usage": {"include_usage": True},
+               "continuous": {"include_usage": True, "continuous_usage_stats": True}}[asked]
+    got, reply = await relayed(upstream, pieces, ctx(stream=True, stream_options=options))
+    if asked == "none":
+        assert got == CHUNKS
+    else:
+        assert got[:2] == CHUNKS[:2]
+        assert got[2] == {**CHUNKS[-1], "usage": usage if asked == "continuous" else None}
+        assert got[3:] == [{**HEAD, "choices": [], "usage": usage}]
+        validate("CreateChatCompletionStreamResponse", got[3])
+    assert reply.usage == usage
+    assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
+
+
+async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chunks(
+        upstream: Upstream) -> None:
+    """An upstream that sends the usage so far on every chunk (vLLM's
+    `continuous_usage_stats`, which some servers send unasked): a client that asked for
+    `include_usage` alone gets `usage: null` on each answer chunk, as OpenAI sends them,
+    and the usage in the last chunk."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    running = [{**c, "usage": {**usage, "completion_tokens": i + 1,
+                               "total_tokens": 8 + i}} for i, c in enumerate(CHUNKS)]
+    pieces = sse(*running, {**HEAD, "choices": [], "usage": usage}, "[DONE]")
+    got, reply = await relayed(upstream, pieces, ctx(
+        stream=True, stream_options={"include_usage": True}))
+    assert got == [*({**c, "usage": None} for c in CHUNKS),
+                   {**HEAD, "choices": [], "usage": usage}]
+    assert reply.usage == usage
+
 @pytest.mark.parametrize("status", [429, 503])
 @pytest.mark.parametrize(("given", "passed_on"), [
     ("7", "7"),
