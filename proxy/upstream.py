@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from . import responses as R
 from .auth import ON_BEHALF_OF, caller_digest, tenant_salt
 from .chain import Completion, Outcome, Reply, Stream
 from .context import RequestContext
@@ -591,6 +592,9 @@ class Upstream:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
         if not _answer_ok(data, "message" if route == "chat" else "text"):
             raise EngineError("The upstream sent an unreadable answer.")
+        if (u := data.get("usage")) is not None:  # (its total, as a stream's: their sum)
+            data["usage"] = {**R.usage(u["prompt_tokens"], u["completion_tokens"]),
+                             **R.usage_details(u)}
         got = {c["index"] for c in data["choices"]}
         if not set(range(choices)) <= got:
             raise ChoicesMissing(len(got & set(range(choices))), choices)

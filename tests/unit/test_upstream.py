@@ -1398,6 +1398,31 @@ def test_a_long_line_in_small_pieces_is_read_in_linear_time() -> None:
     assert time.process_time() - began < 1.0
 
 
+@pytest.mark.parametrize("given", [
+    {"prompt_tokens": 7, "completion_tokens": 3},  # (no total: some servers send none)
+    {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": None},
+    {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 12},  # not their sum
+])
+async def test_a_whole_answer_s_usage_goes_out_with_its_total(
+        upstream: Upstream, given: dict[str, Any]) -> None:
+    """A whole answer whose usage lacks its `total_tokens` (OpenAI's schema requires it),
+    or holds another than its counts' sum: it went out so, and the rate limiter, which
+    settles a reservation from the total, kept the whole reservation (up to `max_tokens`)
+    instead of charging the 10 tokens counted. It is counted as a stream's usage is:
+    prompt plus completion, its breakdowns kept."""
+    details = {"prompt_tokens_details": {"cached_tokens": 2}}
+    upstream.chat = lambda request: _json({**ANSWER, "usage": {**given, **details}})
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        whole = await engine(ctx())
+    finally:
+        await engine.close()
+    assert isinstance(whole, Completion)
+    assert whole.body["usage"] == {"prompt_tokens": 7, "completion_tokens": 3,
+                                   "total_tokens": 10, **details}
+    validate("CreateChatCompletionResponse", whole.body)
+
+
 async def test_an_answer_without_its_head_goes_out_with_one(upstream: Upstream) -> None:
     """An OpenAI-compatible server may leave out an answer's id, object, created or
     model (or send another type): they were relayed as sent, and OpenAI's schema (the
