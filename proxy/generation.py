@@ -58,14 +58,17 @@ class EngineSpan:
         inject(headers, trace.set_span_in_context(self._span) if self._span is not None
                else None)
 
-    def end(self, prompt_tokens: int, completion_tokens: int,
+    def end(self, prompt_tokens: int | None, completion_tokens: int | None,
             error: BaseException | None) -> None:
-        """Once; a later call does nothing."""
+        """Once; a later call does nothing. A count that is None is not known (an
+        upstream that sent no usage): the span says none, not 0."""
         span, self._span = self._span, None
         if span is None:
             return
         if error is not None:
             ended_by(span, error)
-        span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
-        span.set_attribute("gen_ai.usage.output_tokens", completion_tokens)
+        if prompt_tokens is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
+        if completion_tokens is not None:
+            span.set_attribute("gen_ai.usage.output_tokens", completion_tokens)
         span.end()

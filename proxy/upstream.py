@@ -441,7 +441,7 @@ class Upstream:
         try:
             reply = await self._forward(ctx, span)
         except BaseException as e:
-            span.end(0, 0, e)
+            span.end(None, None, e)  # (what it spent is not known)
             raise
         if isinstance(reply, Completion):
             span.end(*_tokens(reply.body.get("usage")), None)
@@ -827,12 +827,13 @@ def retry_after_s(value: str, default: int = 1) -> int:
     return max(0, min(math.ceil(left), MAX_RETRY_AFTER_S))
 
 
-def _tokens(usage: Any) -> tuple[int, int]:
-    """An upstream's usage as (prompt, completion) tokens; 0 where it said none."""
+def _tokens(usage: Any) -> tuple[int | None, int | None]:
+    """An upstream's usage as (prompt, completion) tokens; None where it said none (not
+    0: a span would show it as counted)."""
     u = usage if isinstance(usage, dict) else {}
 
-    def count(n: Any) -> int:
-        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+    def count(n: Any) -> int | None:
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
 
     return count(u.get("prompt_tokens")), count(u.get("completion_tokens"))
 

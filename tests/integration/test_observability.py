@@ -546,6 +546,60 @@ async def test_an_upstream_call_has_its_engine_span_the_upstream_s_parent(
         await up.close()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_answer_without_usage_counts_no_tokens_it_does_not_know(
+        make_client: MakeClient, spans: InMemorySpanExporter, logs: io.StringIO,
+        stream: bool) -> None:
+    """An upstream that sends no usage (some ignore `stream_options.include_usage`):
+    the engine span said 0 tokens in and out, as if counted; it says none. The
+    access-log line leaves the counts null and `weir_tokens_total` is not moved, and a
+    client that asked for the usage gets no usage chunk (none is known; Weir holds no
+    tokenizer for an upstream's model, and an estimate would go out as a count)."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    head = {"id": "chatcmpl-up", "created": 1, "model": "up-model"}
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        if not (await request.json()).get("stream"):
+            return web.json_response({**head, "object": "chat.completion",
+                                      "choices": [{"index": 0, "finish_reason": "stop",
+                                                   "message": {"role": "assistant",
+                                                               "content": "hi"}}]})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': [{'index': 0, 'delta': {'content': 'hi'}, 'finish_reason': 'stop'}]})}\n\n".encode())  # noqa: E501
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    up = TestServer(app, host="127.0.0.1")
+    await up.start_server()
+    try:
+        client = await make_client(make_settings(logging={"access_log": True}, engine={
+            "kind": "upstream", "base_url": str(up.make_url("/v1")), "models": ["up-model"]}))
+        payload = {"model": "up-model", "stream": stream,
+                   "messages": [{"role": "user", "content": "hi"}]}
+        if stream:
+            payload["stream_options"] = {"include_usage": True}
+        r = await client.post("/v1/chat/completions", json=payload)
+        assert r.status == 200
+        text = await r.text()
+        assert '"usage": {' not in text and '"usage":{' not in text
+        (engine,) = [s for s in spans.get_finished_spans() if s.name == "engine.generate"]
+        assert "gen_ai.usage.input_tokens" not in engine.attributes
+        assert "gen_ai.usage.output_tokens" not in engine.attributes
+        scrape = await (await client.get("/metrics")).text()
+        assert "weir_tokens_total{" not in scrape
+        line = next(json.loads(ln) for ln in logs.getvalue().splitlines()
+                    if '"request"' in ln and "/v1/chat/completions" in ln)
+        assert line["status"] == 200
+        assert line.get("prompt_tokens") is None and line.get("completion_tokens") is None
+    finally:
+        await up.close()
+
+
 async def test_every_request_line_and_span_tell_the_cache_outcome(
         make_client: MakeClient, fake_engine: Any, spans: InMemorySpanExporter,
         logs: io.StringIO) -> None:
