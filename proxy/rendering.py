@@ -482,9 +482,11 @@ class ChunkAssembler:
 
     def cut(self, stream: Stream) -> None:
         """The stream ended before the upstream's last chunk: leave what it reported, or
-        else the pieces relayed as the tokens generated (its prompt unknown: 0)."""
+        else the pieces relayed as the tokens generated, and no prompt count (not known:
+        a 0 would be logged and counted as one; the rate limiter charges its estimate)."""
         if stream.usage is None:
-            stream.usage = self.usage if self.usage is not None else R.usage(0, self.pieces)
+            stream.usage = self.usage if self.usage is not None else {
+                "completion_tokens": self.pieces, "total_tokens": self.pieces}
 
     def ended(self) -> bool:
         """Whether some choice came, and each that came ended (its `finish_reason`)."""

@@ -624,6 +624,34 @@ async def test_a_stream_closed_after_its_answer_ended_without_done_is_whole(
         await engine.close()
 
 
+async def test_a_stream_cut_before_its_usage_says_its_prompt_is_not_known(
+        upstream: Upstream) -> None:
+    """Cut before the upstream counted it (no usage came), a stream's usage is the
+    pieces relayed, as tokens generated, and no prompt count: it said 0 prompt tokens,
+    which the access log showed as counted. (The rate limiter charges its estimate of
+    the prompt beside the pieces: `RateLimitPlugin`.) A running usage that came (vLLM's
+    `continuous_usage_stats`) stands."""
+    upstream.chat = abrupt_handler(sse(*CHUNKS[:2]))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = None
+        with pytest.raises(EngineError):
+            reply = await engine(ctx(stream=True))
+            async for _ in reply:
+                pass
+        assert reply is not None
+        assert reply.usage == {"completion_tokens": 2, "total_tokens": 2}
+        running = {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}
+        upstream.chat = abrupt_handler(sse({**CHUNKS[0], "usage": running}, CHUNKS[1]))
+        with pytest.raises(EngineError):
+            reply = await engine(ctx(stream=True))
+            async for _ in reply:
+                pass
+        assert reply.usage == running
+    finally:
+        await engine.close()
+
+
 @pytest.mark.parametrize("asked", [False, True])
 async def test_a_stream_s_usage_is_always_asked_for_and_shown_when_asked(
         upstream: Upstream, asked: bool) -> None:
