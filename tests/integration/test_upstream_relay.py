@@ -504,3 +504,73 @@ async def test_an_upstream_s_null_service_tier_is_no_word_on_the_tier(
     whole = {**whole, "service_tier": None}
     body = await (await client.post("/v1/chat/completions", json=CHAT)).json()
     assert body["service_tier"] is None  # (not set: as the upstream sent it)
+
+
+def _usage_free(counted: bool) -> web.Application:
+    """An upstream of chat and completions, whole and streamed, that sends no usage
+    (some ignore `stream_options.include_usage`) unless `counted`."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        head = ({"id": "chatcmpl-up", "object": "chat.completion", "created": 1,
+                 "model": "up-model"} if chat else
+                {"id": "cmpl-up", "object": "text_completion", "created": 1,
+                 "model": "up-model"})
+        usage = {"usage": USAGE} if counted else {}
+        if not body.get("stream"):
+            choice = ({"message": {"role": "assistant", "content": "hi"}} if chat
+                      else {"text": "hi", "logprobs": None})
+            return web.json_response({**head, **usage, "choices": [
+                {"index": 0, "finish_reason": "stop", **choice}]})
+        if chat:
+            head["object"] = "chat.completion.chunk"
+        piece = {"delta": {"content": "hi"}} if chat else {"text": "hi", "logprobs": None}
+        chunks = [{**head, "choices": [{"index": 0, "finish_reason": "stop", **piece}]}]
+        if counted:
+            chunks.append({**head, "choices": [], **usage})
+        return await streaming([f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
+                               + [b"data: [DONE]\n\n"])(request)
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    app.router.add_post("/v1/completions", answer)
+    return app
+
+
+@pytest.mark.parametrize("counted", [True, False])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", ["chat", "completion", "responses"])
+async def test_a_request_whose_upstream_sent_no_usage_keeps_its_token_reservation(
+        make_client: MakeClient, route: str, stream: bool, counted: bool) -> None:
+    """The rate limiter settles a request's token reservation from the upstream's usage;
+    with none (whole or streamed, chat, completions or Responses) it is not refunded (a
+    free ride under a token limit): the reservation stands, as charged at admission.
+    With the usage, the tokens counted are charged instead."""
+    server = TestServer(_usage_free(counted), host="127.0.0.1")
+    await server.start_server()
+    try:
+        client = await make_client(make_settings(
+            engine={"kind": "upstream", "base_url": str(server.make_url("/v1")),
+                    "models": ["up-model"]},
+            plugins=[{"name": "rate_limit", "config": {
+                "rules": [{"per": "tenant", "tpm": 1000}]}}]))
+        st = client.app[STATE]
+        path, body = {
+            "chat": ("/v1/chat/completions", {**CHAT, "max_tokens": 500}),
+            "completion": ("/v1/completions", {"model": "up-model", "prompt": "hello",
+                                               "max_tokens": 500}),
+            "responses": ("/v1/responses", {"model": "up-model", "input": "hello",
+                                            "max_output_tokens": 500}),
+        }[route]
+        r = await client.post(path, json={**body, "stream": stream})
+        assert r.status == 200, await r.text()
+        await r.read()
+        await eventually(lambda: st.in_flight == 0)
+        r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1})
+        assert r.status == 200
+        left = int(r.headers["x-ratelimit-remaining-tokens"])
+        # the first's reservation (500 and its prompt) still charged, or its 8 tokens
+        assert (left < 600) is not counted, left
+        assert left > 400
+    finally:
+        await server.close()
