@@ -642,6 +642,10 @@ class Upstream:
                     if "error" in chunk:  # the client's only before any answer came
                         raise ((UpstreamError.in_band(chunk) if not relayed else None)
                                or EngineError("The upstream failed mid-stream."))
+                    groq = chunk.get("x_groq")  # (Groq's place for a stream's usage)
+                    if chunk.get("usage") is None and isinstance(groq, dict) and usage_ok(
+                            groq.get("usage")):
+                        chunk["usage"] = groq["usage"]
                     try:
                         _own_head(chunk, head, whole=False)
                         _number_calls(chunk, numbered)

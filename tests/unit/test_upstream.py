@@ -1259,6 +1259,23 @@ async def test_usage_sent_on_the_last_answer_chunk_goes_out_in_a_chunk_of_its_ow
     assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
 
 
+@pytest.mark.parametrize("asked", [False, True])
+async def test_usage_an_upstream_sends_under_x_groq_is_read(upstream: Upstream,
+                                                            asked: bool) -> None:
+    """Groq's server sends a stream's usage on its last chunk under `x_groq` (with its
+    timings), not as OpenAI's `usage`: it was read as none (the rate limiter kept the
+    whole reservation, the client that asked got no usage chunk). It is the usage."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    groq = {"id": "req_1", "usage": {**usage, "queue_time": 0.01, "total_time": 0.2}}
+    last = {**CHUNKS[-1], "x_groq": groq}
+    options = {"include_usage": True} if asked else {}
+    got, reply = await relayed(upstream, sse(*CHUNKS[:-1], last, "[DONE]"),
+                               ctx(stream=True, stream_options=options))
+    assert reply.usage == usage
+    assert got[:3] == [*CHUNKS[:-1], {**last, **({"usage": None} if asked else {})}]
+    assert got[3:] == ([{**HEAD, "choices": [], "usage": usage}] if asked else [])
+
+
 async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chunks(
         upstream: Upstream) -> None:
     """An upstream that sends the usage so far on every chunk (vLLM's
