@@ -13,8 +13,16 @@ breaker counts. A stream that closes once each of its choices has ended (its
 `finish_reason` came) and its usage came is whole, its `[DONE]` sent or not.
 
 Streams are asked for their usage (`stream_options.include_usage`) whether or not the
-client asked: the rate limiter and the cache count with it. The usage chunk goes on to
-the client only when it asked for one.
+client asked: the rate limiter and the cache count with it. The usage goes on to the
+client only when it asked for it, as OpenAI sends it (a last chunk of its own, with no
+choices), wherever the upstream put it (its own chunk, the last answer chunk, every
+chunk, Groq's `x_groq`). An upstream that sends none (it ignores the option) leaves it
+unknown: Weir holds no tokenizer for an upstream's model, and the chunks relayed count
+pieces of text, not tokens, so any number would be an estimate, which OpenAI's usage has
+no way to mark as one; a client would bill or budget with it as a count. So the client
+that asked gets no usage chunk (as from such an upstream directly), the rate limiter
+keeps the request's reservation (its prompt's estimate and its output limit), the token
+metrics and the access log count nothing for it, and the operator is warned once.
 """
 
 from __future__ import annotations
@@ -262,6 +270,7 @@ class Upstream:
         self._discovery: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[None] | None = None  # (`MODELS_REFRESH_S`)
         self._answer_digests: dict[str, str] = {}  # (`answer_digest_for`: model list's)
+        self._told_no_usage = False  # (a stream without usage is warned of once)
         # `connect` bounds the wait for a pooled connection and its connect together,
         # `sock_connect` the connect alone: a request timed out while still waiting for
         # a connection (the trace tells) was shed here, the upstream never asked.
@@ -687,6 +696,13 @@ class Upstream:
                 asm.cut(stream)
             self.in_flight -= 1
             resp.release()
+        if stream.usage is None and not self._told_no_usage:
+            self._told_no_usage = True
+            log.warning("upstream sent no usage for a stream (it ignores "
+                        "stream_options.include_usage): such streams' tokens go uncounted "
+                        "(no usage chunk for the client, none in weir_tokens_total; the "
+                        "rate limiter keeps their reservations); told once",
+                        model=head["model"])
         if usage and not usage_sent and stream.usage is not None:
             # (the upstream's usage came on an answer chunk, not in a chunk of its own)
             yield {"id": head["id"], "object": head["objects"][1], "created": head["created"],

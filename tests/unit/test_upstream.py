@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -1274,6 +1275,30 @@ async def test_usage_an_upstream_sends_under_x_groq_is_read(upstream: Upstream,
     assert reply.usage == usage
     assert got[:3] == [*CHUNKS[:-1], {**last, **({"usage": None} if asked else {})}]
     assert got[3:] == ([{**HEAD, "choices": [], "usage": usage}] if asked else [])
+
+
+async def test_a_stream_without_usage_is_told_once_and_given_none(
+        upstream: Upstream, logs: io.StringIO) -> None:
+    """An upstream that ignores `stream_options.include_usage` and sends no usage: the
+    client that asked for it gets no usage chunk (Weir holds no tokenizer for an
+    upstream's model: an estimate would go out as a count, and OpenAI's usage has no
+    word for an estimate), the stream's usage stays unknown (the rate limiter keeps
+    the reservation), and the operator is told once, in a warning naming the model, so
+    that tokens are not left uncounted in silence."""
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    upstream.chat = sse_handler(sse(*CHUNKS, "[DONE]"))
+    try:
+        for _ in range(2):
+            reply = await engine(ctx(stream=True, stream_options={"include_usage": True}))
+            assert isinstance(reply, Stream)
+            assert [c async for c in reply] == CHUNKS
+            assert reply.usage is None
+    finally:
+        await engine.close()
+    told = [json.loads(ln) for ln in logs.getvalue().splitlines()
+            if "sent no usage" in ln]
+    assert len(told) == 1 and told[0]["model"] == "up-model"
+    assert told[0]["level"] == "warning"
 
 
 async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chunks(
