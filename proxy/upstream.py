@@ -668,7 +668,9 @@ class Upstream:
                             continue  # the usage chunk
                         chunk.pop("usage", None)  # (`null` on every other chunk)
                     elif not chunk.get("choices"):
-                        usage_sent = usage_sent or bool(chunk.get("usage"))
+                        if chunk.get("usage"):  # the usage chunk: OpenAI's shape
+                            chunk["choices"], chunk["usage"] = [], asm.usage
+                            usage_sent = True
                     elif not running and chunk.get("usage") is not None:
                         chunk["usage"] = None  # (kept: the usage chunk made at the end)
                     relayed = True

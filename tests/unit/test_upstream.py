@@ -1301,6 +1301,25 @@ async def test_a_stream_without_usage_is_told_once_and_given_none(
     assert told[0]["level"] == "warning"
 
 
+@pytest.mark.parametrize("choices", ["absent", None, "no-total"])
+async def test_a_usage_chunk_without_its_choices_goes_out_with_none(
+        upstream: Upstream, choices: Any) -> None:
+    """An upstream's usage chunk that leaves out its `choices` (or sends null), or its
+    usage's `total_tokens`: it was relayed so, and OpenAI's schema requires both (the
+    choices an empty list in the usage chunk)."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    last: dict[str, Any] = {**HEAD, "usage": usage}
+    if choices is None:
+        last["choices"] = None
+    if choices == "no-total":
+        last = {**HEAD, "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
+    got, reply = await relayed(upstream, sse(*CHUNKS, last, "[DONE]"),
+                               ctx(stream=True, stream_options={"include_usage": True}))
+    assert got == [*CHUNKS, {**HEAD, "choices": [], "usage": usage}]
+    validate("CreateChatCompletionStreamResponse", got[-1])
+    assert reply.usage == usage
+
+
 async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chunks(
         upstream: Upstream) -> None:
     """An upstream that sends the usage so far on every chunk (vLLM's
