@@ -629,6 +629,7 @@ class Upstream:
         no answer chunk unless it asked for the running usage (some servers send that
         unasked), nowhere where it did not ask."""
         done = relayed = usage_sent = False
+        text = head["objects"][0] == "text_completion"
         size = 0  # of the events so far: the answer's, as a whole answer's body is counted
         events = SseEvents()
         numbered: dict[int, tuple[int, str]] = {}  # a choice's last tool call
@@ -671,8 +672,14 @@ class Upstream:
                         if chunk.get("usage"):  # the usage chunk: OpenAI's shape
                             chunk["choices"], chunk["usage"] = [], asm.usage
                             usage_sent = True
-                    elif not running and chunk.get("usage") is not None:
-                        chunk["usage"] = None  # (kept: the usage chunk made at the end)
+                    elif not running and "usage" in chunk and (
+                            text or chunk["usage"] is not None):
+                        # (kept: the usage chunk made at the end) A chat chunk has it
+                        # null, a completion's none (OpenAI's schema: not nullable).
+                        if text:
+                            del chunk["usage"]
+                        else:
+                            chunk["usage"] = None
                     relayed = True
                     yield chunk
                 if done:

@@ -1320,6 +1320,34 @@ async def test_a_usage_chunk_without_its_choices_goes_out_with_none(
     assert reply.usage == usage
 
 
+async def test_a_completion_stream_s_usage_on_its_last_chunk_goes_out_on_its_own(
+        upstream: Upstream) -> None:
+    """`/v1/completions` alike: the usage an upstream put on the last text chunk goes out
+    in a `text_completion` chunk of its own with no choices, and on no text chunk (a
+    completion's chunks have no `usage: null`: OpenAI's schema does not let it be null,
+    and Weir's own engine sends none)."""
+    from proxy.protocol import CompletionRequest
+    from tests.openai_spec import validate_completion_chunk
+
+    usage = {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    head = {**HEAD, "object": "text_completion"}
+    chunks = [{**head, "choices": [{"index": 0, "text": "a", "logprobs": None,
+                                    "finish_reason": None}]},
+              {**head, "choices": [{"index": 0, "text": "b", "logprobs": None,
+                                    "finish_reason": "length"}], "usage": usage}]
+    req = CompletionRequest.model_validate({"model": "up-model", "prompt": "hi",
+                                            "stream": True, "max_tokens": 2,
+                                            "stream_options": {"include_usage": True}})
+    c = RequestContext(route="completion", request=req, principal=Principal("t", "user", "u"),
+                       request_id="r", headers={})
+    got, reply = await relayed(upstream, sse(*chunks, "[DONE]"), c)
+    assert got == [chunks[0], {k: v for k, v in chunks[1].items() if k != "usage"},
+                   {**head, "choices": [], "usage": usage}]
+    for chunk in got:
+        validate_completion_chunk(chunk)
+    assert reply.usage == usage
+
+
 async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chunks(
         upstream: Upstream) -> None:
     """An upstream that sends the usage so far on every chunk (vLLM's
