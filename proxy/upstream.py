@@ -601,9 +601,8 @@ class Upstream:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
         if not _answer_ok(data, "message" if route == "chat" else "text"):
             raise EngineError("The upstream sent an unreadable answer.")
-        if (u := data.get("usage")) is not None:  # (its total, as a stream's: their sum)
-            data["usage"] = {**R.usage(u["prompt_tokens"], u["completion_tokens"]),
-                             **R.usage_details(u)}
+        if data.get("usage") is not None:  # (its total, as a stream's: their sum)
+            data["usage"] = _counted(data["usage"])
         got = {c["index"] for c in data["choices"]}
         if not set(range(choices)) <= got:
             raise ChoicesMissing(len(got & set(range(choices))), choices)
@@ -670,7 +669,7 @@ class Upstream:
                         chunk.pop("usage", None)  # (`null` on every other chunk)
                     elif not chunk.get("choices"):
                         if chunk.get("usage"):  # the usage chunk: OpenAI's shape
-                            chunk["choices"], chunk["usage"] = [], asm.usage
+                            chunk["choices"], chunk["usage"] = [], _counted(chunk["usage"])
                             usage_sent = True
                     elif not running and "usage" in chunk and (
                             text or chunk["usage"] is not None):
@@ -715,7 +714,7 @@ class Upstream:
         if usage and not usage_sent and stream.usage is not None:
             # (the upstream's usage came on an answer chunk, not in a chunk of its own)
             yield {"id": head["id"], "object": head["objects"][1], "created": head["created"],
-                   "model": head["model"], "choices": [], "usage": stream.usage}
+                   "model": head["model"], "choices": [], "usage": _counted(stream.usage)}
 
 
 def _ended_without_done(asm: ChunkAssembler) -> bool:
@@ -865,6 +864,13 @@ def _tokens(usage: Any) -> tuple[int | None, int | None]:
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
     return count(u.get("prompt_tokens")), count(u.get("completion_tokens"))
+
+
+def _counted(usage: dict[str, Any]) -> dict[str, Any]:
+    """An upstream's usage (`usage_ok`) as OpenAI's, in dicts of its own: its counts,
+    their sum as its total, and its breakdowns."""
+    return {**R.usage(usage["prompt_tokens"], usage["completion_tokens"]),
+            **R.usage_details(usage)}
 
 
 def _retry_headers(headers: Mapping[str, str]) -> dict[str, str]:
