@@ -9,8 +9,9 @@ where it is about Weir's own standing with the upstream: a 401 or 403 (Weir's ke
 engine failure, and a 429 (Weir's quota) is a 429 in Weir's words (the upstream's names
 the account). A 5xx, a redirect, a timeout, a refused connection, an unreadable answer
 or a stream that ends before its answer does is an engine failure (502/504), which the
-breaker counts. A stream that closes once each of its choices has ended (its
-`finish_reason` came) and its usage came is whole, its `[DONE]` sent or not.
+breaker counts. A stream that closes cleanly once each of its choices has ended (its
+`finish_reason` came) is whole, its `[DONE]` and its usage sent or not (its usage then
+not known); one whose connection breaks is whole only once its usage came too.
 
 Streams are asked for their usage (`stream_options.include_usage`) whether or not the
 client asked: the rate limiter and the cache count with it. The usage goes on to the
@@ -683,10 +684,12 @@ class Upstream:
                     yield chunk
                 if done:
                     break
-            # Closed with no `[DONE]`: an answer each of whose choices ended, and whose
-            # usage came (asked for, it is the last chunk), is whole all the same (some
-            # servers never send it); one cut short, if only of its usage, is a failure.
-            if not done and not _ended_without_done(asm):
+            # Closed cleanly with no `[DONE]` (some servers never send it): an answer each
+            # of whose choices ended is whole all the same, its usage where it came, else
+            # not known (as from an upstream that ignores `stream_options`: the cache
+            # stores no answer without its usage, the rate limiter keeps its reservation).
+            # One closed before a choice ended is a failure.
+            if not done and not asm.ended():
                 raise EngineError("The upstream's stream ended before it finished.")
             done = done or _finished(asm, stream, choices)
         except aiohttp.SocketTimeoutError:  # no byte for `read_timeout_s`: stalled
@@ -694,7 +697,7 @@ class Upstream:
         except TimeoutError:  # `timeout_s`, with bytes coming: the answer's length
             raise UpstreamDeadline() from None
         except aiohttp.ClientPayloadError:  # the connection closed mid-body
-            if not _ended_without_done(asm):
+            if not _broken_after_usage(asm):
                 raise EngineError("The upstream stream broke.") from None
             done = _finished(asm, stream, choices)  # (after its answer: whole)
         except (aiohttp.ClientError, ValueError):
@@ -717,11 +720,12 @@ class Upstream:
                    "model": head["model"], "choices": [], "usage": _counted(stream.usage)}
 
 
-def _ended_without_done(asm: ChunkAssembler) -> bool:
-    """Whether a stream that closed with no `[DONE]` had sent all it was asked for: each
-    choice's `finish_reason`, then its usage (always asked of the upstream, and sent
-    after them). Cut between the two, the answer is whole but its usage lost: a client
-    that asked for it would get none, a cache hit would replay 0 tokens."""
+def _broken_after_usage(asm: ChunkAssembler) -> bool:
+    """Whether a stream whose connection broke (no clean end, no `[DONE]`) had sent all
+    it was asked for: each choice's `finish_reason`, then its usage (always asked of the
+    upstream, and sent after them). Broken between the two, what the upstream meant to
+    send is not known (its usage, or more): a failure. A clean close is judged by its
+    choices alone (`_relay`)."""
     return asm.ended() and asm.usage is not None
 
 

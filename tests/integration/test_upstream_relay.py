@@ -299,6 +299,32 @@ async def test_a_stream_whose_choices_all_have_other_indices_is_no_answer(
     assert scripted.calls == 2  # nothing answered from the cache
 
 
+async def test_a_stream_closed_cleanly_after_its_answer_with_no_usage_nor_done_is_whole(
+        make_client: MakeClient, scripted: Scripted) -> None:
+    """An upstream that ignores `stream_options` and never sends `[DONE]` (it closes its
+    body once each choice ended): every stream was a 200 whose whole answer ended in a
+    502 the breaker counted. It ends with `[DONE]` and no usage chunk (its usage is not
+    known), is not stored by the cache (no usage: `captured_usage`), and counts as no
+    failure."""
+    scripted.chat = streaming([f"data: {json.dumps(c)}\n\n".encode()
+                               for c in (chunk("h"), chunk("i", "stop"))])
+    client = await make_client(make_settings(
+        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
+        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}},
+                 {"name": "breaker", "config": {"minimum_calls": 2, "failure_rate": 0.5,
+                                                "open_s": 60}}]))
+    ask = {**CHAT, "temperature": 0, "stream": True,
+           "stream_options": {"include_usage": True}}
+    for _ in range(2):
+        r = await client.post("/v1/chat/completions", json=ask)
+        got, done = parse_sse(await r.text())
+        assert r.status == 200 and done
+        assert [c["choices"][0]["delta"].get("content") for c in got] == ["h", "i"]
+        assert all("error" not in c and not c.get("usage") for c in got)
+    assert scripted.calls == 2  # nothing answered from the cache
+    assert await breaker_state(client) == "closed"
+
+
 async def test_a_lone_surrogate_goes_out_as_utf_8_first_and_replayed(
         make_client: MakeClient, scripted: Scripted) -> None:
     """An upstream's JSON may escape a lone surrogate (`"a\\ud800b"`, valid JSON): it went

@@ -551,9 +551,6 @@ async def test_every_sse_framing_the_spec_allows_is_relayed(upstream: Upstream,
 
 @pytest.mark.parametrize("pieces", [
     sse(*CHUNKS[:2]),  # cut off before its finish_reason (and no [DONE])
-    # ended, then cut before the usage chunk it was asked for (and no [DONE]): the
-    # client that asked for its usage would get none, a cache hit replay 0 tokens
-    sse(*CHUNKS),
     sse(*CHUNKS[:2], "[DONE]"),  # a [DONE] with no finish_reason: the answer never ended
     sse("[DONE]"),  # no answer at all
     [b'{"id": "c", "object": "chat.completion", "choices": []}'],  # JSON for a stream
@@ -610,10 +607,14 @@ async def test_a_stream_closed_after_its_answer_ended_without_done_is_whole(
         assert [c["choices"][0]["delta"]["content"] for c in got] == ["t0", "t1", "t2"]
         assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
         assert reply.usage == usage and engine.stats().running == 0
-        # (ended, then cut before the usage chunk it was asked for: not whole)
-        for cut, error, n in ((CHUNKS[:2], EngineError, 2), (CHUNKS, EngineError, 1),
-                              ([*CHUNKS, {"id": "c", "choices": [], "usage": usage}],
-                               ChoicesMissing, 2)):
+        # (ended, then broken before the usage chunk it was asked for: not whole; closed
+        # cleanly there, it is: `test_a_stream_closed_cleanly_once_it_ended_is_whole`)
+        cuts: list[tuple[list[dict[str, Any]], type[Exception], int]] = [
+            (CHUNKS[:2], EngineError, 2),
+            ([*CHUNKS, {"id": "c", "choices": [], "usage": usage}], ChoicesMissing, 2)]
+        if close is abrupt_handler:
+            cuts.insert(1, (CHUNKS, EngineError, 1))
+        for cut, error, n in cuts:
             upstream.chat = close(sse(*cut))
             with pytest.raises(error):
                 reply = await engine(ctx(stream=True, n=n))
@@ -623,6 +624,28 @@ async def test_a_stream_closed_after_its_answer_ended_without_done_is_whole(
             assert engine.stats().running == 0
     finally:
         await engine.close()
+
+
+@pytest.mark.parametrize("asked", [False, True])
+async def test_a_stream_closed_cleanly_once_it_ended_is_whole(upstream: Upstream,
+                                                              asked: bool) -> None:
+    """An upstream that sent every choice's finish_reason, then closed its body cleanly
+    with no usage and no `[DONE]` (one that ignores `stream_options` and never sends
+    `[DONE]`) failed every stream mid-way, a 502 after the whole answer. It is whole, its
+    usage not known (no usage chunk for the client, none for the plugins: the cache
+    stores no such answer, the rate limiter keeps its reservation). Closed cleanly before
+    a choice ended, or with a choice asked for missing, it is still a failure."""
+    options: dict[str, Any] = {"stream_options": {"include_usage": True}} if asked else {}
+    got, reply = await relayed(upstream, sse(*CHUNKS), ctx(stream=True, **options))
+    assert got == CHUNKS
+    assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
+    assert reply.usage is None
+    two = [{**HEAD, "choices": [{"index": i, "delta": {"content": "x"},
+                                 "finish_reason": "stop" if i == 0 else None}]}
+           for i in range(2)]
+    for pieces, error, n in ((sse(*two), EngineError, 2), (sse(*CHUNKS), ChoicesMissing, 2)):
+        with pytest.raises(error):
+            await relayed(upstream, pieces, ctx(stream=True, n=n, **options))
 
 
 async def test_a_stream_cut_before_its_usage_says_its_prompt_is_not_known(
