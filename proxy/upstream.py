@@ -628,7 +628,8 @@ class Upstream:
         upstream's usage where it came on an answer chunk, as some servers send it), on
         no answer chunk unless it asked for the running usage (some servers send that
         unasked), nowhere where it did not ask."""
-        done = relayed = usage_sent = False
+        done = relayed = False
+        last: dict[str, Any] | None = None  # the upstream's usage chunk, held to the end
         text = head["objects"][0] == "text_completion"
         size = 0  # of the events so far: the answer's, as a whole answer's body is counted
         events = SseEvents()
@@ -669,9 +670,9 @@ class Upstream:
                             continue  # the usage chunk
                         chunk.pop("usage", None)  # (`null` on every other chunk)
                     elif not chunk.get("choices"):
-                        if chunk.get("usage"):  # the usage chunk: OpenAI's shape
-                            chunk["choices"], chunk["usage"] = [], _counted(chunk["usage"])
-                            usage_sent = True
+                        if chunk.get("usage"):  # the usage chunk: out last (made below)
+                            last = chunk
+                            continue
                     elif not running and "usage" in chunk and (
                             text or chunk["usage"] is not None):
                         # (kept: the usage chunk made at the end) A chat chunk has it
@@ -714,10 +715,13 @@ class Upstream:
                         "(no usage chunk for the client, none in weir_tokens_total; the "
                         "rate limiter keeps their reservations); told once",
                         model=head["model"])
-        if usage and not usage_sent and stream.usage is not None:
-            # (the upstream's usage came on an answer chunk, not in a chunk of its own)
-            yield {"id": head["id"], "object": head["objects"][1], "created": head["created"],
-                   "model": head["model"], "choices": [], "usage": _counted(stream.usage)}
+        if usage and stream.usage is not None:
+            # OpenAI's shape, after every answer chunk, once: the upstream's usage chunk
+            # (one sent before its last answer chunk, or more than one, went out as it
+            # came), or one made where its usage came on an answer chunk
+            yield {**(last or {"id": head["id"], "object": head["objects"][1],
+                               "created": head["created"], "model": head["model"]}),
+                   "choices": [], "usage": _counted(stream.usage)}
 
 
 def _broken_after_usage(asm: ChunkAssembler) -> bool:

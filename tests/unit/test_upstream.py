@@ -1371,6 +1371,36 @@ async def test_a_completion_stream_s_usage_on_its_last_chunk_goes_out_on_its_own
     assert reply.usage == usage
 
 
+@pytest.mark.parametrize("early", [
+    [{**HEAD, "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}],
+    [],  # (the usage, on the last answer chunk only: made at the end)
+])
+async def test_a_usage_chunk_sent_before_the_answer_ended_goes_out_last_once(
+        upstream: Upstream, early: list[dict[str, Any]]) -> None:
+    """An upstream that sent a usage chunk (no choices) before its last answer chunk, or
+    one so far and one at the end: each went out as it came, so the client's stream had
+    a usage chunk before more text (OpenAI's is the last before `[DONE]`, and clients
+    read it as the end) or two of them. One goes out, after every answer chunk, with the
+    upstream's last usage (and the rest of its usage chunk: `system_fingerprint`)."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    interleaved = [{**HEAD, "choices": [{"index": i % 2, "delta": {"content": f"t{i}"},
+                                         "finish_reason": "stop" if i > 1 else None}]}
+                   for i in range(4)]
+    tail = ({**HEAD, "choices": [], "usage": usage, "system_fingerprint": "fp"}
+            if early else None)
+    last = {**interleaved[3], "usage": usage} if not early else interleaved[3]
+    pieces = sse(interleaved[0], *early, interleaved[1], {**interleaved[2], "usage": (
+        {**usage, "completion_tokens": 2} if not early else None)}, last,
+        *([tail] if tail else []), "[DONE]")
+    got, reply = await relayed(upstream, pieces, ctx(
+        stream=True, n=2, stream_options={"include_usage": True}))
+    assert [g["choices"] for g in got[:-1]] == [c["choices"] for c in interleaved]
+    assert all(g.get("usage") is None for g in got[:-1])
+    assert got[-1] == {**HEAD, "choices": [], "usage": usage,
+                       **({"system_fingerprint": "fp"} if early else {})}
+    assert reply.usage == usage
+
+
 async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chunks(
         upstream: Upstream) -> None:
     """An upstream that sends the usage so far on every chunk (vLLM's
