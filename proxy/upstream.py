@@ -673,10 +673,10 @@ class Upstream:
                         if chunk.get("usage"):  # the usage chunk: out last (made below)
                             last = chunk
                             continue
-                    elif not running and "usage" in chunk and (
-                            text or chunk["usage"] is not None):
-                        # (kept: the usage chunk made at the end) A chat chunk has it
-                        # null, a completion's none (OpenAI's schema: not nullable).
+                    elif "usage" in chunk and not (running and chunk["usage"] is not None):
+                        # (kept: the usage chunk made at the end; the running usage where
+                        # it was asked and came) A chat chunk has it null, a completion's
+                        # none (OpenAI's schema: not nullable), running usage asked or not.
                         if text:
                             del chunk["usage"]
                         else:

@@ -1401,6 +1401,48 @@ async def test_a_usage_chunk_sent_before_the_answer_ended_goes_out_last_once(
     assert reply.usage == usage
 
 
+@pytest.mark.parametrize("route", ["chat", "completion"])
+async def test_running_usage_asked_but_not_sent_leaves_each_chunk_valid(
+        upstream: Upstream, route: str) -> None:
+    """A client that asked for the running usage (`continuous_usage_stats`) of an
+    upstream that sends none, only `usage: null` on each answer chunk: a completion's
+    chunks went out with that null, which OpenAI's schema does not allow there (the
+    OpenAI SDK's types fail it). A completion's go out with none, a chat's null; the
+    usage in the last chunk, and the running usage where the upstream sends it."""
+    from proxy.protocol import CompletionRequest
+    from tests.openai_spec import validate_completion_chunk
+
+    usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    options = {"stream": True, "stream_options": {"include_usage": True,
+                                                  "continuous_usage_stats": True}}
+    if route == "chat":
+        c = ctx(**options)
+        head = HEAD
+        answer = [{**HEAD, "choices": [{"index": 0, "delta": {"content": t},
+                                        "finish_reason": f}]}
+                  for t, f in (("a", None), ("b", "stop"))]
+    else:
+        req = CompletionRequest.model_validate({"model": "up-model", "prompt": "hi",
+                                                "max_tokens": 2, **options})
+        c = RequestContext(route="completion", request=req,
+                           principal=Principal("t", "user", "u"), request_id="r", headers={})
+        head = {**HEAD, "object": "text_completion"}
+        answer = [{**head, "choices": [{"index": 0, "text": t, "logprobs": None,
+                                        "finish_reason": f}]}
+                  for t, f in (("a", None), ("b", "length"))]
+    running = {**usage, "completion_tokens": 1, "total_tokens": 8}
+    pieces = sse({**answer[0], "usage": running}, {**answer[1], "usage": None},
+                 {**head, "choices": [], "usage": usage}, "[DONE]")
+    got, reply = await relayed(upstream, pieces, c)
+    assert got == [{**answer[0], "usage": running},
+                   {**answer[1], **({"usage": None} if route == "chat" else {})},
+                   {**head, "choices": [], "usage": usage}]
+    if route == "completion":
+        for chunk in got:
+            validate_completion_chunk(chunk)
+    assert reply.usage == usage
+
+
 async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chunks(
         upstream: Upstream) -> None:
     """An upstream that sends the usage so far on every chunk (vLLM's
