@@ -681,6 +681,8 @@ class Upstream:
                             del chunk["usage"]
                         else:
                             chunk["usage"] = None
+                    elif chunk.get("usage"):  # the running usage asked for: with its total
+                        chunk["usage"] = _counted(chunk["usage"])
                     relayed = True
                     yield chunk
                 if done:

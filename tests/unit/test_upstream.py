@@ -1443,6 +1443,24 @@ async def test_running_usage_asked_but_not_sent_leaves_each_chunk_valid(
     assert reply.usage == usage
 
 
+async def test_running_usage_goes_out_with_its_total(upstream: Upstream) -> None:
+    """The running usage (`continuous_usage_stats`, asked) of an upstream that leaves out
+    its `total_tokens` (or sends another) went out so: OpenAI's usage requires it, and a
+    client summing it got none. It goes out with the prompt's and completion's sum, as
+    the last chunk's does."""
+    running = [{**c, "usage": {"prompt_tokens": 7, "completion_tokens": i + 1,
+                               **({"total_tokens": 99} if i else {})}}
+               for i, c in enumerate(CHUNKS)]
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    got, reply = await relayed(upstream, sse(*running, {**HEAD, "choices": [],
+                                                        "usage": usage}, "[DONE]"), ctx(
+        stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert [g["usage"] for g in got] == [
+        {"prompt_tokens": 7, "completion_tokens": i + 1, "total_tokens": 8 + i}
+        for i in range(3)] + [usage]
+    assert reply.usage == usage
+
+
 async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chunks(
         upstream: Upstream) -> None:
     """An upstream that sends the usage so far on every chunk (vLLM's
