@@ -34,22 +34,24 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
      r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:[\s\S]*?-----END "
      r"(?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|[\s\S]{0,8192})"),  # cut off: still a key
     (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-     r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})(?![A-Za-z0-9])"),
-    (("sk_", "rk_"), r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{10,247}\b"),  # Stripe
-    (("whsec_",), r"\bwhsec_[A-Za-z0-9+/]{24,128}={0,2}"),  # Stripe webhook signing secrets
-    (("aiza",), r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),  # Google API keys
-    (("xox", "xapp-"), r"\b(?:xox[abposre]|xapp)-[A-Za-z0-9-]{10,250}"),  # Slack (xoxe: refresh)
-    (("gocspx-",), r"\bGOCSPX-[A-Za-z0-9_-]{24,40}"),  # Google OAuth client secrets
-    (("ya29.",), r"\bya29\.[A-Za-z0-9_-]{20,2048}"),  # Google OAuth access tokens
-    (("dckr_pat_", "dckr_oat_"), r"\bdckr_(?:pat|oat)_[A-Za-z0-9_-]{20,64}"),  # Docker Hub
+     r"\b(?:gh[pousr]_(?P<b>[A-Za-z0-9]{36,255})|github_pat_(?P<b2>[A-Za-z0-9_]{22,255}))"
+     r"(?![A-Za-z0-9])"),
+    (("sk_", "rk_"), r"\b[sr]k_(?:live|test)_(?P<b>[A-Za-z0-9]{10,247})\b"),  # Stripe
+    (("whsec_",), r"\bwhsec_(?P<b>[A-Za-z0-9+/]{24,128})={0,2}"),  # Stripe webhook signing secrets
+    (("aiza",), r"\bAIza(?P<b>[0-9A-Za-z_-]{35})(?![0-9A-Za-z_-])"),  # Google API keys
+    (("xox", "xapp-"),  # Slack (xoxe: refresh)
+     r"\b(?:xox[abposre]|xapp)-(?P<b>[A-Za-z0-9-]{10,250})"),
+    (("gocspx-",), r"\bGOCSPX-(?P<b>[A-Za-z0-9_-]{24,40})"),  # Google OAuth client secrets
+    (("ya29.",), r"\bya29\.(?P<b>[A-Za-z0-9_-]{20,2048})"),  # Google OAuth access tokens
+    (("dckr_pat_", "dckr_oat_"), r"\bdckr_(?:pat|oat)_(?P<b>[A-Za-z0-9_-]{20,64})"),  # Docker Hub
     (("putty-user-key-file-",),  # a PuTTY key file, to its MAC (or cut off: still a key)
      r"PuTTY-User-Key-File-\d+:(?:[\s\S]{0,8192}?Private-MAC: ?[0-9a-fA-F]+|[\s\S]{0,8192})"),
-    (("hf_",), r"\bhf_[A-Za-z0-9]{30,64}\b"),  # Hugging Face
+    (("hf_",), r"\bhf_(?P<b>[A-Za-z0-9]{30,64})\b"),  # Hugging Face
     (("glpat-", "gldt-", "glptt-", "glrt-", "gloas-"),
-     r"\bgl(?:pat|dt|ptt|rt|oas)-[A-Za-z0-9_-]{20,}"),  # GitLab
-    (("npm_",), r"\bnpm_[A-Za-z0-9]{36}\b"),
-    (("pypi-",), r"\bpypi-[A-Za-z0-9_-]{50,}"),
-    (("sg.",), r"\bSG\.[A-Za-z0-9_-]{16,32}\.[A-Za-z0-9_-]{16,64}"),  # SendGrid
+     r"\bgl(?:pat|dt|ptt|rt|oas)-(?P<b>[A-Za-z0-9_-]{20,})"),  # GitLab
+    (("npm_",), r"\bnpm_(?P<b>[A-Za-z0-9]{36})\b"),
+    (("pypi-",), r"\bpypi-(?P<b>[A-Za-z0-9_-]{50,})"),
+    (("sg.",), r"\bSG\.[A-Za-z0-9_-]{16,32}\.(?P<b>[A-Za-z0-9_-]{16,64})"),  # SendGrid
     (("shpat_", "shpss_", "shpca_", "shppa_"), r"\bshp(?:at|ss|ca|pa)_[a-fA-F0-9]{32}\b"),
     (("dop_v1_", "doo_v1_", "dor_v1_"), r"\bdo[opr]_v1_[a-f0-9]{64}\b"),  # DigitalOcean
     # Azure: a storage or Service Bus / Event Hubs connection string's key, a SAS
@@ -67,10 +69,10 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("hooks.slack.com",),
      r"hooks\.slack\.com/services/T[A-Za-z0-9]+/B[A-Za-z0-9]+/[A-Za-z0-9]+"),
     (("bot", ":aa"), r"\b(?:bot)?\d{8,10}:AA[A-Za-z0-9_-]{30,40}"),  # Telegram bots
-    (("gsk_",), r"\bgsk_[A-Za-z0-9]{40,60}\b"),  # Groq
-    (("r8_",), r"\br8_[A-Za-z0-9]{30,40}\b"),  # Replicate
-    (("xai-",), r"\bxai-[A-Za-z0-9]{60,100}\b"),  # xAI
-    (("atatt",), r"\bATATT[A-Za-z0-9_=-]{100,}"),  # Atlassian
+    (("gsk_",), r"\bgsk_(?P<b>[A-Za-z0-9]{40,60})\b"),  # Groq
+    (("r8_",), r"\br8_(?P<b>[A-Za-z0-9]{30,40})\b"),  # Replicate
+    (("xai-",), r"\bxai-(?P<b>[A-Za-z0-9]{60,100})\b"),  # xAI
+    (("atatt",), r"\bATATT(?P<ba>[A-Za-z0-9_=-]{100,})"),  # Atlassian
     (("discord",),  # Discord bot tokens (a base64 user id, a time, an HMAC)
      r"\b[MNO][A-Za-z0-9_-]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,38}(?![A-Za-z0-9_-])"),
     (("/api/webhooks/",),
@@ -79,18 +81,22 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("key-",), r"\bkey-[0-9a-f]{32}\b"),  # Mailgun
     (("-us",), r"\b[0-9a-f]{32}-us\d{1,2}\b"),  # Mailchimp
     (("sq0atp-", "sq0csp-", "eaaa"),
-     r"\b(?:sq0atp-[A-Za-z0-9_-]{22}|sq0csp-[A-Za-z0-9_-]{43}|EAAA[A-Za-z0-9_-]{60})\b"),
+     r"\b(?:sq0atp-(?P<b>[A-Za-z0-9_-]{22})|sq0csp-(?P<b2>[A-Za-z0-9_-]{43})"
+     r"|EAAA(?P<b3>[A-Za-z0-9_-]{60}))\b"),
     (("dapi",), r"\bdapi[0-9a-f]{32}(?:-\d)?\b"),  # Databricks
     (("age-secret-key-1",), r"\bAGE-SECRET-KEY-1[0-9A-Z]{58}\b"),
-    (("hvs.", "hvb."), r"\bhv[sb]\.[A-Za-z0-9_-]{24,}"),  # HashiCorp Vault
-    (("dp.pt.", "dp.st.", "dp.sa.", "dp.ct."), r"\bdp\.(?:pt|st|sa|ct)\.[A-Za-z0-9]{40,44}"),
+    (("hvs.", "hvb."), r"\bhv[sb]\.(?P<b>[A-Za-z0-9_-]{24,})"),  # HashiCorp Vault
+    (("dp.pt.", "dp.st.", "dp.sa.", "dp.ct."), r"\bdp\.(?:pt|st|sa|ct)\.(?P<b>[A-Za-z0-9]{40,44})"),
     (("pmak-",), r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}\b"),  # Postman
-    (("lin_",), r"\blin_api_[A-Za-z0-9]{40}\b"),  # Linear ("lin_api_" hid "api" in "berlin_api")
-    (("secret_", "ntn_"), r"\b(?:secret_[A-Za-z0-9]{43}|ntn_[A-Za-z0-9]{40,50})\b"),  # Notion
-    (("figd_",), r"\bfigd_[A-Za-z0-9_-]{40,}"),  # Figma
-    (("glsa_", "glc_"), r"\b(?:glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}|glc_[A-Za-z0-9+/]{32,}={0,2})"),
-    (("sntrys_", "sntryu_"), r"\bsntry[su]_[A-Za-z0-9+/=_-]{40,}"),  # Sentry
-    (("pplx-",), r"\bpplx-[A-Za-z0-9]{40,60}\b"),  # Perplexity
+    (("lin_",),  # Linear ("lin_api_" hid "api" in "berlin_api")
+     r"\blin_api_(?P<b>[A-Za-z0-9]{40})\b"),
+    (("secret_", "ntn_"),  # Notion
+     r"\b(?:secret_(?P<b>[A-Za-z0-9]{43})|ntn_(?P<b2>[A-Za-z0-9]{40,50}))\b"),
+    (("figd_",), r"\bfigd_(?P<b>[A-Za-z0-9_-]{40,})"),  # Figma
+    (("glsa_", "glc_"),
+     r"\b(?:glsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}|glc_(?P<b>[A-Za-z0-9+/]{32,})={0,2})"),
+    (("sntrys_", "sntryu_"), r"\bsntry[su]_(?P<b>[A-Za-z0-9+/=_-]{40,})"),  # Sentry
+    (("pplx-",), r"\bpplx-(?P<b>[A-Za-z0-9]{40,60})\b"),  # Perplexity
     (("pul-",), r"\bpul-[a-f0-9]{40}\b"),  # Pulumi
     # A password in a URL ("postgres://app:s3cret@db/app", "redis://:s3cret@cache"),
     # after curl's -u, after --password, in a <password> element, after mysql's -p.
@@ -1095,14 +1101,37 @@ def _holds_a_format(text: str) -> bool:
     return False
 
 
+def _random_body(groups: dict[str, str | None]) -> bool:
+    """Whether a vendor format's body (its group `b`, `b2` or `b3`; `ba`, an Atlassian
+    token's) is random as the vendor's are: base62 or base64url, so a small letter or a
+    digit among its capitals (36 random characters of base62 lack both once in 10^13).
+    A run of capitals alone, every DNA or protein sequence's ("ghp_GATTACA...", a
+    linker "EAAAKEAAAK..." after Square's "EAAA"), is none. An Atlassian token's body
+    (180 characters and more) holds both a small letter and a digit: DNA read after
+    "ATATT", soft-masked in small letters where it repeats, holds no digit."""
+    body = groups.get("b") or groups.get("b2") or groups.get("b3")
+    if body is not None:
+        return _SMALL_OR_DIGIT.search(body) is not None
+    body = groups.get("ba")
+    if body is not None:
+        return _SMALL.search(body) is not None and _DIGIT.search(body) is not None
+    return True
+
+
+_SMALL_OR_DIGIT = re.compile("[a-z0-9]")
+
+
 def _format_ok(m: re.Match[str]) -> bool:
-    """A vendor format's match, unless it is words after "sk-" (`_key_body`), its value a
-    placeholder ("postgres://user:password@host", "--password $DB_PASS") or a uid:gid
-    pair ("docker run -u 1000:1000")."""
+    """A vendor format's match, unless it is words after "sk-" (`_key_body`), a body of
+    capitals alone (`_random_body`), its value a placeholder
+    ("postgres://user:password@host", "--password $DB_PASS") or a uid:gid pair ("docker
+    run -u 1000:1000")."""
     said = m.group(0)
     if said.startswith("sk-") and not _key_body(said):
         return False
     groups = m.groupdict()
+    if not _random_body(groups):
+        return False
     value = groups.get("v") or groups.get("q1") or groups.get("q2")
     if value is None:
         return True

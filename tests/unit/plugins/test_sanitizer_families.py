@@ -1059,3 +1059,56 @@ def test_a_spelled_dot_in_mixed_case_is_one(text: str, said: str) -> None:
     asked for "dot", "DOT" and "Dot" only: "dOt" left the address whole."""
     assert [text[a:b] for a, b in BUILTIN["email"].find(text)] == [said]
     assert not quiet(text)
+
+
+# --------------------------- a DNA or protein sequence is no vendor key (stop 53)
+
+def _sequence(first: str, letters: str, n: int, seed: int = 7) -> str:
+    import random
+    rng = random.Random(seed)
+    return first + "".join(rng.choice(letters) for _ in range(n - len(first)))
+
+
+_DNA = _sequence("ATATT", "ACGT", 130)
+_PROTEIN = _sequence("ATATT", "ACDEFGHIKLMNPQRSTVWY", 130)
+
+
+@pytest.mark.parametrize("text", [
+    _DNA,
+    f"Align this read: {_DNA} against hg38.",
+    ">chr1:1000-1130\n" + "\n".join(_DNA[i:i + 60] for i in range(0, len(_DNA), 60)),
+    " ".join(_DNA),  # spelled out, one base at a time
+    _DNA[:40] + _DNA[40:90].lower() + _DNA[90:],  # soft-masked (a repeat in small letters)
+    f"sequence {_PROTEIN} folds as a helix",
+    "the (EAAAK)n linker: " + "EAAAK" * 12 + "EAAA",  # Square's "EAAA" and 60 more
+    *(p + _sequence("", "ACGT", 60)[:n] for p, n in [
+        ("ghp_", 36), ("xoxb-", 40), ("sk_live_", 30), ("hf_", 34), ("npm_", 36),
+        ("glpat-", 24), ("GOCSPX-", 28), ("gsk_", 50), ("r8_", 36), ("xai-", 60),
+        ("pplx-", 48), ("dckr_pat_", 27), ("ya29.", 60), ("figd_", 40), ("secret_", 43),
+        ("ntn_", 44), ("hvs.", 40), ("sntrys_", 50), ("pypi-", 55), ("AIza", 35),
+        ("whsec_", 32), ("gsk_", 40), ("lin_api_", 40), ("dp.pt.", 43),
+        ("sq0csp-", 43), ("glc_", 40)]),
+])
+def test_a_dna_or_protein_sequence_is_no_vendor_key(text: str) -> None:
+    """Atlassian's pattern was "ATATT" and 100 characters of its class: a DNA read of
+    105 bases or more starting ATATT (as written, wrapped as FASTA wraps it, or spelled
+    out) was redacted as a token, and any vendor's prefix before a run of capitals alone
+    was a key. A real token's body is random: base64url or base62, small letters and
+    digits among its capitals (an Atlassian token's, 180 characters and more, always
+    both); a body of capitals alone, every DNA or protein sequence's, is none."""
+    from tests.unit.plugins.test_sanitizer_disguised import found
+    assert found(text) == [], found(text)
+
+
+_ATLASSIAN = ("ATATT3xFfGF0" + _sequence("", ALNUM + "_-", 170, seed=3)
+              + "=" + _sequence("", "0123456789ABCDEF", 8, seed=4))
+
+
+@pytest.mark.parametrize("text", [
+    _ATLASSIAN, f"JIRA_API_TOKEN is {_ATLASSIAN} ok", f"token: {' '.join(_ATLASSIAN)}",
+    "ATATT" + "Ab3dEf6hIj9kLm2nOp5q" * 6,
+    "EAAA" + "Ab3dEf6hIj9kLm2nOp5q" * 3, "ghp_" + "AB3DE6GH9JK2MN5PQ8ST1VW4YZ7BC0EF3HJ6",
+])
+def test_a_vendor_key_with_a_random_body_is_still_one(text: str) -> None:
+    from tests.unit.plugins.test_sanitizer_disguised import found
+    assert found(text), text
