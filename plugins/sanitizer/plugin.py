@@ -407,19 +407,21 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     # ---------------------------------------------------------------- texts
 
     def _process(self, text: str, fired: dict[str, str], folded: str | None = None,
-                 extra: list[tuple[Span, str]] | None = None) -> tuple[str, str]:
+                 extra: list[tuple[Span, str]] | None = None,
+                 placed: list[tuple[Span, str]] | None = None) -> tuple[str, str]:
         """(text for the cache key, text for the engine). `extra`: spans to redact that
-        were found across texts (a card split over two messages); `folded`: `_fold(text)`,
-        where the caller has it. Detectors read the text as a reader does (`scanned`); it
-        goes on folded (its layout kept, so code keeps its indentation and a part its
-        trailing space; the cache normalizes what it keys on), redacted there where a
-        detector said so."""
+        were found across texts (a card split over two messages), `placed`: such spans
+        placed in the folded text already (found with blank letters read as nothing);
+        `folded`: `_fold(text)`, where the caller has it. Detectors read the text as a
+        reader does (`scanned`); it goes on folded (its layout kept, so code keeps its
+        indentation and a part its trailing space; the cache normalizes what it keys
+        on), redacted there where a detector said so."""
         if folded is None:
             folded = self._fold(text)
         norm = scanned(folded) if self.cfg.normalize else text
         engine = folded if self.cfg.engine_sees == "normalized" else text
         blank = _blank_letters_out(text, folded) if self.cfg.normalize else None
-        if not extra and blank is None and norm in self._clean:
+        if not extra and not placed and blank is None and norm in self._clean:
             return folded, engine
         redact: list[tuple[Span, str]] = list(extra or [])
         found = False
@@ -441,8 +443,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 found = self._unblanked(blank, fired, unblanked) or found
         finally:
             forget()
-        if redact or unblanked:
-            red = _apply(folded, self._placed(folded, norm, redact) + unblanked)
+        if redact or unblanked or placed:
+            red = _apply(folded, self._placed(folded, norm, redact) + unblanked + (placed or []))
             return red, red  # redaction: nobody downstream sees the original
         if not found and len(norm) <= _CLEAN_CHARS:
             self._remember_clean(norm)
@@ -473,10 +475,31 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         """`_process` over the texts of one conversation, in order, with the cards split
         between two of them (`speakers`: who wrote each text, where known)."""
         folds = [self._fold(t) for t in texts]
-        extra = self._across([scanned(f) for f in folds] if self.cfg.normalize else texts,
-                             fired, speakers)
-        return [self._process(t, fired, f, x)
-                for t, f, x in zip(texts, folds, extra, strict=True)]
+        norms = [scanned(f) for f in folds] if self.cfg.normalize else texts
+        extra = self._across(norms, fired, speakers)
+        placed: list[list[tuple[Span, str]]] = [[] for _ in texts]
+        if (views := self._blank_views(texts, folds)) is not None:
+            # (a key split over two texts and by a blank letter: read them as nothing)
+            read = [n if at is None else scanned(v)
+                    for n, (v, at) in zip(norms, views, strict=True)]
+            for i, spans in enumerate(self._across(read, fired, speakers)):
+                placed[i] = _in_fold(views[i], spans) if spans else []
+        return [self._process(t, fired, f, x, p)
+                for t, f, x, p in zip(texts, folds, extra, placed, strict=True)]
+
+    def _blank_views(self, texts: list[str], folds: list[str],
+                     ) -> list[tuple[str, list[int] | None]] | None:
+        """Where one of `texts` holds a blank letter (and texts are normalized): each
+        folded text (`folds`) as read with its blank letters as nothing, and where each
+        of its characters is in the folded text (None: the folded text itself, one
+        with none); None where no text holds one (most: a check of each for a letter
+        outside ASCII, then for the five letters)."""
+        if not self.cfg.normalize:
+            return None
+        blanks = [_blank_letters_out(t, f) for t, f in zip(texts, folds, strict=True)]
+        if all(b is None for b in blanks):
+            return None
+        return [(f, None) if b is None else b for f, b in zip(folds, blanks, strict=True)]
 
     def _across(self, norms: list[str], fired: dict[str, str],
                 speakers: list[str] | None = None) -> list[list[tuple[Span, str]]]:
@@ -904,14 +927,23 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         spans: dict[int, list[tuple[Span, str]]] = {}
         for j, span in secrets_across(norms):
             spans.setdefault(j, []).append((span, "[SECRET]"))
-        if not spans:
+        placed: dict[int, list[tuple[Span, str]]] = {}
+        if (views := self._blank_views([values[i] for i in at], folds)) is not None:
+            # (a key split over two values and by a blank letter: read them as nothing)
+            read = [n if places is None else scanned(v)
+                    for n, (v, places) in zip(norms, views, strict=True)]
+            for j, span in secrets_across(read):
+                placed.setdefault(j, []).append((span, "[SECRET]"))
+            placed = {j: _in_fold(views[j], found) for j, found in placed.items()}
+        if not spans and not placed:
             return {}
         if _rank(action) > _rank(fired.get("secret", "off")):
             fired["secret"] = action
         if action != "redact":
             return {}
         return {names[at[j]]: self._redacted(_apply(folds[j], self._placed(
-            folds[j], norms[j], found)), fired) for j, found in spans.items()}
+            folds[j], norms[j], spans.get(j, [])) + placed.get(j, [])), fired)
+            for j in sorted(spans.keys() | placed.keys())}
 
     def _keyed(self, key: str, value: str, fired: dict[str, str]) -> str:
         """A JSON string read after its key, as the key names it ('"ssn": "219099999"',
@@ -1114,6 +1146,21 @@ def _blank_letters_out(text: str, folded: str) -> tuple[str, list[int]] | None:
         return None
     at = [i for i, c in enumerate(marked) if c != _BLANK_MARK]
     return marked.replace(_BLANK_MARK, ""), [*at, len(marked)]
+
+
+def _in_fold(view: tuple[str, list[int] | None], spans: list[tuple[Span, str]],
+             ) -> list[tuple[Span, str]]:
+    """Spans found in `scanned` of a text read with its blank letters as nothing (`view`:
+    `_blank_letters_out`'s text and places; None, the folded text itself) placed in the
+    folded text."""
+    text, at = view
+    places = scanned_places(text)
+    out: list[tuple[Span, str]] = []
+    for (a, b), placeholder in spans:
+        if b > a:
+            x, y = places[a], places[b - 1] + 1
+            out.append(((x, y) if at is None else (at[x], at[y - 1] + 1), placeholder))
+    return out
 
 
 def _apply(text: str, spans: list[tuple[Span, str]]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+from typing import Any
 
 import pytest
 
@@ -227,3 +228,101 @@ def test_a_key_split_over_two_parts_and_by_a_blank_letter_is_one(blank: str) -> 
     said = "".join(p.text for p in parts)  # type: ignore[union-attr]
     assert "[SECRET]" in said and KEY[16:] not in said and KEY[12:16] not in said, said
     assert said.startswith("my key is ") and said.endswith(" ok"), said
+
+
+# ------------------- split over messages or JSON values and by a blank letter (stop 53)
+
+def _messages(*texts: str) -> Any:
+    from proxy.auth import Principal
+    from proxy.context import RequestContext
+    from proxy.protocol import ChatCompletionRequest
+    req = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": t} for t in texts]})
+    return RequestContext(route="chat", request=req, principal=Principal("t", "user", "u"),
+                          request_id="r")
+
+
+@pytest.mark.parametrize("blank", ["\u3164", "\u2800"])
+@pytest.mark.parametrize(("first", "second"), [
+    ("my key is " + KEY[:12], KEY[12:16] + "{b}" + KEY[16:] + " ok"),
+    ("my key is " + GHP[:8] + "{b}" + GHP[8:14], GHP[14:] + " ok"),
+    ("my key is " + KEY[:10] + "{b}" + KEY[10:14], KEY[14:30] + "{b}" + KEY[30:] + " ok"),
+])
+def test_a_key_split_over_two_messages_and_by_a_blank_letter_is_one(
+        first: str, second: str, blank: str) -> None:
+    """Two messages are read joined for a key split between them (`_across`), but
+    with a blank letter as a space: a key split over two messages and by a Hangul
+    filler or the braille blank was found by neither that reading nor either
+    message's own (each read with blank letters as nothing, but each a piece)."""
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, plugin
+    ctx = _messages(first.replace("{b}", blank), second.replace("{b}", blank))
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    said = [m.content for m in ctx.request.messages]  # type: ignore[union-attr]
+    assert said[0].startswith("my key is [SECRET]"), said
+    assert said[1].startswith("[SECRET]") and said[1].endswith(" ok"), said
+    assert not any(k[-8:] in "".join(said) for k in (KEY, GHP)), said  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("blank", ["\u3164", "\u2800"])
+@pytest.mark.parametrize("values", [
+    [KEY[:14], KEY[14:20] + "{b}" + KEY[20:]],
+    ["token " + GHP[:6] + "{b}" + GHP[6:18], GHP[18:]],
+])
+def test_a_key_split_over_two_json_values_and_by_a_blank_letter_is_one(
+        values: list[str], blank: str) -> None:
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, _args, _with_call, plugin
+    arguments = json.dumps({"a": values[0].replace("{b}", blank),
+                            "b": values[1].replace("{b}", blank), "n": 3})
+    ctx = _with_call(arguments)
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    said = json.loads(_args(ctx))
+    assert "SECRET" in said["a"] and "SECRET" in said["b"] and said["n"] == 3, said
+    assert KEY[22:] not in said["b"] and GHP[18:] not in said["b"], said
+
+
+@pytest.mark.parametrize("texts", [
+    ("닉네임은 \u3164 입니다", "그리고 빈 이름 \u3164\u3164 도 있어요"),
+    ("commit\u3164" + "9f86d081884c7d659a2feaa0c55ad015", "a3bf4f1b\u3164ok"),
+    ("the sk-\u3164prefix", "names\u3164keys"),
+])
+def test_messages_with_blank_letters_and_no_key_across_are_left_alone(
+        texts: tuple[str, str]) -> None:
+    import asyncio
+
+    from proxy.text import fold
+    from tests.unit.plugins.test_sanitizer import Spy, plugin
+    ctx = _messages(*texts)
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    assert [m.content for m in ctx.request.messages] == [fold(t) for t in texts]
+    assert not ctx.flags
+
+
+@pytest.mark.parametrize(("blank", "reads"), [("", 1), ("\u3164", 2)])
+def test_texts_across_are_read_again_only_where_a_blank_letter_is(
+        blank: str, reads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second reading across texts (blank letters as nothing) is asked only of a
+    conversation or a JSON document holding one: others are read across once."""
+    import asyncio
+
+    from plugins.sanitizer import plugin as module
+    from tests.unit.plugins.test_sanitizer import Spy, _with_call, plugin
+    calls: list[int] = []
+    inner = module.secrets_across
+
+    def counting(texts: list[str]):  # type: ignore[no-untyped-def]
+        if any(KEY[:8] in t for t in texts):  # (those holding the key's pieces)
+            calls.append(len(texts))
+        return inner(texts)
+
+    monkeypatch.setattr(module, "secrets_across", counting)
+    ctx = _messages("my key is " + KEY[:12], KEY[12:16] + blank + KEY[16:] + " ok")
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    assert len(calls) == reads, calls
+    calls.clear()
+    ctx = _with_call(json.dumps({"a": KEY[:14], "b": KEY[14:20] + blank + KEY[20:]}))
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    assert len(calls) == reads, calls
