@@ -379,6 +379,23 @@ usa uso usar pon poner escribe escribir
 """.split())
 
 
+# A bare "punto" before a top-level domain that is a Spanish or Italian word as often
+# ("de", "in", "me", "no", "se"), and a word after it on the line: the phrase goes on,
+# no address ends there ("Juan at casa punto de vista", "punto in comune", "punto me
+# dijo"). Where a comma, a full stop, a bracket or the line's end follows, or "dot" or a
+# bracketed "(punto)" was written, the address is one as before.
+_PUNTO_WORD = re.compile(r"\spunto\s{1,3}(?:de|in|me|no|se)\Z", re.IGNORECASE)
+_WORD_GOES_ON = re.compile(r"[ \t]+[^\W\d_]")
+_PUNTO_REACH = 12  # (" punto", three blanks, a two-letter domain)
+
+
+def _punto_phrase(text: str, start: int, end: int) -> bool:
+    """Whether the domain spelled from `start` to `end` ends in a bare "punto" and a
+    word of the phrase it goes on with (`_PUNTO_WORD`): a word follows on its line."""
+    return (_WORD_GOES_ON.match(text, end) is not None and _PUNTO_WORD.search(
+        text, max(start, end - _PUNTO_REACH), end) is not None)
+
+
 def _loose_at(text: str) -> bool:
     """Whether a loose form may start here: an "@" with a space beside it, or a
     bracketed "at" or "@" (found by searching for the separators, not with a regex over
@@ -416,7 +433,7 @@ def _spelled_emails(text: str) -> Iterator[Span]:
         word = at.group(0).strip().lower()
         bare = word in ("at", "arroba")
         domain = (_DOMAIN_AFTER if bare else _DOMAIN_LOOSE).match(text, at.end())
-        if domain is None:
+        if domain is None or _punto_phrase(text, at.end(), domain.end()):
             continue
         start = at.start()
         while start > last and at.start() - start < 64 and _local_char(text[start - 1]):

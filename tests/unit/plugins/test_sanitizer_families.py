@@ -1112,3 +1112,38 @@ _ATLASSIAN = ("ATATT3xFfGF0" + _sequence("", ALNUM + "_-", 170, seed=3)
 def test_a_vendor_key_with_a_random_body_is_still_one(text: str) -> None:
     from tests.unit.plugins.test_sanitizer_disguised import found
     assert found(text), text
+
+
+# ------------------- "punto de vista" is no address ending in ".de" (stop 53)
+
+@pytest.mark.parametrize("text", [
+    "Juan at casa punto de vista",
+    "Trabajo at tienda punto de venta nuevo",
+    "Lo dijo Ana arroba media punto de partida clara",
+    "Luca at casa punto in comune con noi",
+    "Carlos at bar punto me dijo que sí",
+    "Eva at plaza punto se acabó la fiesta",
+    "Pedro at casa punto no hay más",
+    "Maria at scuola punto di vista diverso",
+    "Ana at oficina a punto de salir",
+    "Pedro at casa en punto",
+])
+def test_punto_and_a_word_that_is_a_domain_in_prose_is_no_address(text: str) -> None:
+    """"punto de vista" ("point of view"), "punto in comune", "punto me dijo": after a
+    bare "punto", "de", "in", "me", "no" and "se" are Spanish or Italian words as often
+    as top-level domains, and a word after them on the line goes on with the phrase.
+    ("Juan at casa punto de vista" was "juan@casa.de".)"""
+    assert list(BUILTIN["email"].find(text)) == [], text
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("escríbeme a hans at firma punto de", "hans at firma punto de"),
+    ("hans at firma punto de, gracias", "hans at firma punto de"),
+    ("hans arroba firma punto de. Saludos", "hans arroba firma punto de"),
+    ("mario at esempio punto in (India)", "mario at esempio punto in"),
+    ("juan at casa dot de vista", "juan at casa dot de"),  # (English "dot": as before)
+    ("juan (at) casa (punto) de vista", "juan (at) casa (punto) de"),  # (bracketed)
+    ("escríbeme a juan arroba ejemplo punto es gracias", "juan arroba ejemplo punto es"),
+])
+def test_punto_and_a_domain_that_ends_the_address_is_still_one(text: str, said: str) -> None:
+    assert [text[a:b] for a, b in BUILTIN["email"].find(text)] == [said]
