@@ -11,6 +11,8 @@ honour (a built-in tool such as `web_search`, an image part) is a 400 naming it.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, TypeAdapter, model_validator
@@ -266,7 +268,112 @@ def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
         return out
 
     normal = walk(schema)
-    return None if strict_problem(normal) else normal  # type: ignore[no-any-return]
+    if strict_problem(normal) or not finite(normal):
+        return None
+    return normal  # type: ignore[no-any-return]
+
+
+def _subschemas(node: dict[str, Any]) -> Iterator[Any]:
+    """The subschemas right under a schema (`true` and `false` too; not data)."""
+    for key, sub in node.items():
+        if key in SCHEMA_MAPS and isinstance(sub, dict):
+            yield from sub.values()
+        elif key in SUBSCHEMA and isinstance(sub, dict | bool):
+            yield sub
+        elif key in SUBSCHEMAS and isinstance(sub, list):
+            yield from sub
+
+
+def _pointed(schema: dict[str, Any], ref: str) -> Any:
+    """What a local `$ref` (`#`, `#/$defs/a`) points at in `schema`; None where nothing."""
+    node: Any = schema
+    for part in ref[1:].split("/")[1:] if ref not in ("#", "#/") else ():
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def finite(schema: dict[str, Any]) -> bool:
+    """Whether some finite value fits `schema`, every property it names required (as
+    strict mode makes them): a required property that refers back to its own object
+    (`{"next": {"$ref": "#"}}`) with no way out (`null`, an `anyOf` branch that is not
+    recursive, an array that may be empty) has none, and a call forced to it would
+    never end. A least fixed point over the schema's nodes (each judged on what is
+    known of its subschemas), children before their parents, a node judged again only
+    when one it rests on (a subschema, the target of its `$ref`) is found to fit: each
+    is judged a few times at most, however the references chain."""
+    nodes: list[dict[str, Any]] = []
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            nodes.append(node)
+            stack.extend(_subschemas(node))
+    nodes.reverse()
+    resting: dict[int, list[dict[str, Any]]] = {}  # a node -> the nodes resting on it
+    for node in nodes:
+        ref = node.get("$ref")
+        under = [*_subschemas(node), _pointed(schema, ref) if isinstance(ref, str) else None]
+        for sub in under:
+            if isinstance(sub, dict):
+                resting.setdefault(id(sub), []).append(node)
+    fits: set[int] = set()
+
+    def ok(sub: Any) -> bool:
+        return sub is not False and (not isinstance(sub, dict) or id(sub) in fits)
+
+    def fitting(node: dict[str, Any]) -> bool:
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ok(_pointed(schema, ref)):
+            return False
+        branches = [bs for k in ("anyOf", "oneOf") if isinstance(bs := node.get(k), list)]
+        if any(not any(ok(b) for b in bs) for bs in branches):
+            return False
+        if "const" in node or "enum" in node:
+            return True  # (a value listed)
+        kinds = node.get("type")
+        if kinds is None and isinstance(node.get("properties"), dict):
+            kinds = "object"  # (as the normalization reads it)
+        if kinds is None:
+            return True
+        for kind in [kinds] if isinstance(kinds, str) else kinds:
+            if kind == "object":
+                props = node.get("properties")
+                props = props if isinstance(props, dict) else {}
+                required = node.get("required")
+                if all(ok(props.get(k, True)) for k in required or ()
+                       if isinstance(k, str)):
+                    return True
+            elif kind == "array":
+                least = node.get("minItems", 0)
+                items, prefix = node.get("items", True), node.get("prefixItems")
+                firsts = prefix if isinstance(prefix, list) else items \
+                    if isinstance(items, list) else []
+                rest = True if isinstance(items, list) else items
+                least = least if isinstance(least, int) else 0
+                if all(ok(s) for s in firsts[:least]) and (
+                        least <= len(firsts) or ok(rest)):
+                    return True
+            elif kind in ("string", "number", "integer", "boolean", "null"):
+                return True
+        return False
+
+    todo = deque(nodes)
+    queued = {id(node) for node in nodes}
+    while todo and id(schema) not in fits:
+        node = todo.popleft()
+        queued.discard(id(node))
+        if id(node) not in fits and fitting(node):
+            fits.add(id(node))
+            for up in resting.get(id(node), ()):
+                if id(up) not in fits and id(up) not in queued:
+                    todo.append(up)
+                    queued.add(id(up))
+    return id(schema) in fits
 
 
 class ToolChoiceFunction(_Open):

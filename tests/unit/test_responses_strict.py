@@ -1,0 +1,52 @@
+"""A Responses function tool sent without `strict`: normalized into OpenAI's strict mode
+where it can hold the schema, served non-strict (`strict: false`, the schema as sent)
+where OpenAI would fall back or the normalized schema would do harm."""
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.openai_responses.models import FunctionTool
+
+
+def served(parameters: dict[str, Any]) -> FunctionTool:
+    return FunctionTool.model_validate(
+        {"type": "function", "name": "f", "parameters": parameters}, strict=True)
+
+
+def test_an_optional_self_reference_made_required_falls_back() -> None:
+    """Every property made required, an optional property referring to its own schema
+    (`#`, or a definition through `$defs`) leaves no finite value the schema takes: a
+    forced call would never end. Served non-strict, as sent."""
+    for schema in (
+            {"type": "object", "properties": {"v": {"type": "integer"},
+                                              "next": {"$ref": "#"}}},
+            {"type": "object", "properties": {"head": {"$ref": "#/$defs/node"}},
+             "$defs": {"node": {"type": "object", "properties": {
+                 "v": {"type": "string"}, "next": {"$ref": "#/$defs/node"}}}}},
+            {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "$defs": {
+                "a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}},
+                "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}}}},
+            {"properties": {"v": {"type": "integer"}, "next": {"$ref": "#"}}},
+            {"type": "object", "properties": {"list": {
+                "type": "array", "minItems": 1, "items": {"$ref": "#"}}}}):
+        tool = served(schema)
+        assert tool.strict is False, schema
+        assert tool.parameters == schema
+
+
+def test_a_recursion_with_a_way_out_stays_strict() -> None:
+    """A recursive property that can end (nullable, an `anyOf` with a branch not
+    recursive, an array that may be empty) is normalized and strict."""
+    for schema in (
+            {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"},
+                                                                 {"type": "null"}]}}},
+            {"type": "object", "properties": {"kids": {"type": "array",
+                                                       "items": {"$ref": "#"}}}},
+            {"type": "object", "properties": {"head": {"$ref": "#/$defs/node"}},
+             "$defs": {"node": {"type": ["object", "null"], "properties": {
+                 "next": {"$ref": "#/$defs/node"}}}}},
+            {"type": "object", "properties": {"next": {"anyOf": [
+                {"$ref": "#"}, {"type": "string"}]}}}):
+        tool = served(schema)
+        assert tool.strict is True, schema
+        assert tool.parameters != schema
