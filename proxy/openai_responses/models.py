@@ -268,9 +268,26 @@ def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
         return out
 
     normal = walk(schema)
-    if strict_problem(normal) or not finite(normal):
+    if strict_problem(normal) or beyond_strict(normal) or not finite(normal):
         return None
     return normal  # type: ignore[no-any-return]
+
+
+def beyond_strict(schema: dict[str, Any]) -> bool:
+    """Whether a normalized schema holds what OpenAI's strict mode takes no schema of
+    (its "Supported schemas"), so that OpenAI would serve the tool non-strict: an object
+    with no `properties` (any keys: closed, it would take `{}` alone)."""
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        kinds = node.get("type")
+        if (kinds == "object" or (isinstance(kinds, list) and "object" in kinds)) \
+                and not isinstance(node.get("properties"), dict):
+            return True
+        stack.extend(_subschemas(node))
+    return False
 
 
 def _subschemas(node: dict[str, Any]) -> Iterator[Any]:

@@ -50,3 +50,35 @@ def test_a_recursion_with_a_way_out_stays_strict() -> None:
         tool = served(schema)
         assert tool.strict is True, schema
         assert tool.parameters != schema
+
+
+def test_a_free_form_object_falls_back_rather_than_closed() -> None:
+    """An object schema with no `properties` takes any keys; closed with
+    `additionalProperties: false` it would take `{}` alone. OpenAI's strict mode wants
+    properties on every object: the tool is served non-strict, as sent."""
+    for schema in (
+            {"type": "object"},
+            {"type": "object", "properties": {"meta": {"type": "object"}}},
+            {"type": "object", "properties": {"meta": {"type": ["object", "null"]}}},
+            {"type": "object", "properties": {"rows": {"type": "array",
+                                                       "items": {"type": "object"}}}},
+            {"type": "object", "properties": {"tags": {
+                "type": "object", "additionalProperties": {"type": "object"}}}},
+            {"type": "object", "properties": {"pick": {"type": "object", "anyOf": [
+                {"type": "object", "properties": {"a": {"type": "string"}}}]}}},
+            {"type": "object", "properties": {"x": {"$ref": "#/$defs/free"}},
+             "$defs": {"free": {"type": "object"}}}):
+        tool = served(schema)
+        assert tool.strict is False, schema
+        assert tool.parameters == schema
+
+
+def test_an_object_with_properties_none_given_is_strict() -> None:
+    """`properties: {}` says the object has no keys: closed, it is strict."""
+    tool = served({"type": "object", "properties": {"empty": {
+        "type": "object", "properties": {}}}})
+    assert tool.strict is True
+    assert tool.parameters == {
+        "type": "object", "additionalProperties": False, "required": ["empty"],
+        "properties": {"empty": {"type": "object", "properties": {},
+                                 "additionalProperties": False, "required": []}}}
