@@ -273,15 +273,25 @@ def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
     return normal  # type: ignore[no-any-return]
 
 
+#: What types a subschema in strict mode (one of them must be there).
+_TYPED = ("type", "anyOf", "oneOf", "$ref", "enum", "const")
+
+
 def beyond_strict(schema: dict[str, Any]) -> bool:
     """Whether a normalized schema holds what OpenAI's strict mode takes no schema of
     (its "Supported schemas"), so that OpenAI would serve the tool non-strict: an object
-    with no `properties` (any keys: closed, it would take `{}` alone)."""
+    with no `properties` (any keys: closed, it would take `{}` alone); a subschema with
+    no type (`{}`, `true`: any value; it must say a `type`, or be an `anyOf`, a `$ref`,
+    an `enum` or a `const`). The parameters themselves may say no type: `{}` is a
+    function of no arguments, as an absent `parameters` is."""
     stack: list[Any] = [schema]
     while stack:
         node = stack.pop()
-        if not isinstance(node, dict):
+        if node is False:  # (no value: `finite` judges it)
             continue
+        if not isinstance(node, dict) or (node is not schema and not any(
+                k in node for k in _TYPED)):
+            return True
         kinds = node.get("type")
         if (kinds == "object" or (isinstance(kinds, list) and "object" in kinds)) \
                 and not isinstance(node.get("properties"), dict):

@@ -82,3 +82,32 @@ def test_an_object_with_properties_none_given_is_strict() -> None:
         "type": "object", "additionalProperties": False, "required": ["empty"],
         "properties": {"empty": {"type": "object", "properties": {},
                                  "additionalProperties": False, "required": []}}}
+
+
+def test_an_untyped_subschema_falls_back() -> None:
+    """OpenAI's strict mode wants each subschema typed (`type`, `anyOf`, `$ref`, `enum`
+    or `const`); `{}`, `true` or a description alone takes any value: served
+    non-strict, as sent."""
+    for sub in ({}, True, {"description": "anything"},
+                {"type": "array", "items": {}}, {"type": "array", "items": True},
+                {"anyOf": [{"type": "string"}, {}]}, {"$ref": "#/$defs/any"}):
+        schema: dict[str, Any] = {"type": "object", "properties": {"x": sub}}
+        if sub == {"$ref": "#/$defs/any"}:
+            schema["$defs"] = {"any": {}}
+        tool = served(schema)
+        assert tool.strict is False, sub
+        assert tool.parameters == schema
+
+
+def test_typed_subschemas_and_empty_parameters_stay_strict() -> None:
+    """Subschemas typed by `enum`, `const`, `anyOf` or `$ref` are strict; so are no
+    parameters, absent or `{}`, which both mean a function of no arguments (an empty
+    object), as OpenAI reads an absent `parameters`."""
+    schema = {"type": "object", "properties": {
+        "unit": {"enum": ["C", "F"]}, "v": {"const": 1},
+        "n": {"anyOf": [{"type": "integer"}, {"type": "null"}]}, "s": {"$ref": "#/$defs/s"}},
+        "$defs": {"s": {"type": "string"}}}
+    assert served(schema).strict is True
+    assert served({}).strict is True and served({}).parameters == {}
+    absent = FunctionTool.model_validate({"type": "function", "name": "f"}, strict=True)
+    assert absent.strict is True and absent.parameters is None
