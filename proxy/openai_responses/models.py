@@ -11,11 +11,12 @@ honour (a built-in tool such as `web_search`, an image part) is a 400 naming it.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, TypeAdapter, model_validator
+from pydantic import BaseModel, Discriminator, Field, PrivateAttr, Tag, TypeAdapter, model_validator
 
 from ..errors import InvalidRequest, shown
 from ..protocol import (
@@ -37,9 +38,11 @@ from ..protocol import (
     TopLogprobs,
     TopP,
     Unsupported,
+    _nodes,
     _NullIsDefault,
     _Open,
     check_enums,
+    check_schema_budget,
     check_strict,
     check_unique_names,
     check_values,
@@ -222,6 +225,8 @@ class FunctionTool(_Open):
     description: str | None = None
     parameters: ToolParameters | None = None
     strict: bool | None = None
+    #: The parameters as sent, where they were normalized into strict mode.
+    _sent: dict[str, Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _strict_schema(self) -> FunctionTool:
@@ -231,8 +236,13 @@ class FunctionTool(_Open):
             normal = None if self.parameters is None else strict_normalized(self.parameters)
             self.strict = self.parameters is None or normal is not None
             if normal is not None:
-                self.parameters = normal
+                self._sent, self.parameters = self.parameters, normal
         return self
+
+    def as_sent(self) -> None:
+        """Served non-strict, its parameters as sent (where it was normalized)."""
+        if self._sent is not None:
+            self.parameters, self.strict, self._sent = self._sent, False, None
 
 
 def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
@@ -664,6 +674,35 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
                 "`input` holds only reasoning items, which are not put in this model's "
                 "prompt: send a message (or a function call's output) to answer.",
                 param="input", code="invalid_value")
+        return self
+
+    @model_validator(mode="after")
+    def _normalized_within_budget(self) -> ResponsesRequest:
+        """A tool sent without `strict` is never refused for its normalized schema's size
+        (a `required` list on every object: past the schemas' limits where its schema as
+        sent was within them): normalized ones are served non-strict as sent, until the
+        request is within them, the one that grew most first (of those the limit was
+        passed at or before)."""
+        tools = self.tools or []
+        while any(t._sent is not None for t in tools):
+            choice = self.tool_choice
+            data: dict[str, Any] = {
+                "tools": [{"name": t.name, "parameters": t.parameters} for t in tools],
+                "tool_choice": choice.model_dump() if isinstance(choice, BaseModel)
+                else choice}
+            fmt = self.text.format if self.text else None
+            if fmt is not None and fmt.schema_ is not None:
+                data["text"] = {"format": {"schema": fmt.schema_}}
+            try:
+                check_schema_budget(data)
+                break
+            except InvalidRequest as e:
+                past = re.match(r"tools\[(\d+)\]", e.param or "")
+            grown = [t for t in tools if t._sent is not None]
+            before = [t for t in tools[:int(past.group(1)) + 1] if t._sent is not None
+                      ] if past else []
+            max(before or grown, key=lambda t: _nodes(t.parameters, 1 << 30)
+                - _nodes(t._sent, 1 << 30)).as_sent()
         return self
 
     @model_validator(mode="after")

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from bench.redis_server import RedisServer
+from proxy.errors import InvalidRequest
+from proxy.openai_responses.translate import rename_param
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine
 from tests.openai_spec import validate
@@ -1911,7 +1913,8 @@ async def test_a_forced_tool_past_the_grammar_budget_once_strict_names_its_own_p
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """A tool sent without `strict` is normalized into strict mode, which adds a
     `required` list to each object: a forced schema under the engine's bound as sent can
-    pass it so. The 400 is the chat form's, and its text named the chat param
+    pass it so. It was the chat form's 400; it is served non-strict as sent (see the
+    test below). A 400 the chat form raises about a tool named the chat param in its text
     (`tools[0].function.parameters`), which this API has not; it names the tool's."""
     client = await make_client()
     params = {"type": "object", "properties": {
@@ -1920,13 +1923,67 @@ async def test_a_forced_tool_past_the_grammar_budget_once_strict_names_its_own_p
     tool = {"type": "function", "name": "big", "parameters": params}
     r = await client.post("/v1/responses", json={**BASE, "tools": [tool],
                                                  "tool_choice": "required"})
-    assert r.status == 400, await r.text()
-    body = await r.json()
+    assert r.status == 200, await r.text()
+    assert (await r.json())["tools"][0]["strict"] is False
+    e = rename_param(InvalidRequest(
+        "The schemas ... (past it at `tools[0].function.parameters`); use ...",
+        param="tools[0].function.parameters", code="invalid_value"))
+    body = e.to_body()
     validate("ErrorResponse", body)
     assert body["error"]["param"] == "tools[0].parameters"
     assert "past it at `tools[0].parameters`" in body["error"]["message"]
     assert "function" not in body["error"]["message"]
-    assert not fake_engine.calls
     r = await client.post("/v1/responses", json={**BASE, "tool_choice": "required",
                                                  "tools": [{**tool, "strict": False}]})
     assert r.status == 200, await r.text()
+
+
+async def test_a_tool_without_strict_is_not_refused_for_its_normalized_size(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """Normalized into strict mode, a schema gains a `required` list on every object: a
+    forced tool within the compiled schemas' limit as sent could pass it so, and was a
+    400 for a size its sender never sent. It is served non-strict as sent (as OpenAI
+    falls back where strict mode cannot hold a schema); a small one beside it stays
+    strict, and `strict: true` on a schema past the limit as sent is still the 400."""
+    props = {f"p{i}": {"type": "object", "properties": {"a": {"type": "string"}}}
+             for i in range(300)}
+    big = {"type": "object", "properties": props}  # 902 objects and arrays; 1203 normalized
+    client = await make_client()
+    r = await client.post("/v1/responses", json={
+        **BASE, "tools": [{**TOOL, "name": "big", "parameters": big}, TOOL],
+        "tool_choice": {"type": "function", "name": "big"}})
+    assert r.status == 200, await r.text()
+    body = await r.json()
+    validate("Response", body)
+    tools = {t["name"]: t for t in body["tools"]}
+    assert tools["big"]["strict"] is False and tools["big"]["parameters"] == big
+    assert tools["get_weather"]["strict"] is True
+    assert fake_engine.calls[-1][1].json_schema == big
+    bigger = {"type": "object", "properties": {**props, **{
+        f"q{i}": {"type": "object", "properties": {"a": {"type": "string"}}}
+        for i in range(50)}}, "additionalProperties": False}
+    r = await client.post("/v1/responses", json={
+        **BASE, "tools": [{**TOOL, "name": "big", "parameters": bigger, "strict": True}],
+        "tool_choice": {"type": "function", "name": "big"}})
+    assert r.status == 400
+    assert (await r.json())["error"]["param"] == "tools[0].parameters"
+
+
+async def test_the_tool_that_grew_most_is_the_one_served_non_strict(
+        make_client: MakeClient) -> None:
+    """Under `tool_choice: required` every tool's schema is compiled: past the limit once
+    normalized, the tool that grew most is served non-strict, not the one the count
+    passed the limit at, and the others stay strict."""
+    def schema(n: int) -> dict[str, Any]:
+        return {"type": "object", "properties": {
+            f"p{i}": {"type": "object", "properties": {"a": {"type": "string"}}}
+            for i in range(n)}}
+    client = await make_client()  # 2 + 3n objects and arrays each as sent, 3 + 4n so
+    r = await client.post("/v1/responses", json={
+        **BASE, "tool_choice": "required", "tools": [
+            {**TOOL, "name": "big", "parameters": schema(200)},
+            {**TOOL, "name": "small", "parameters": schema(60)}]})
+    assert r.status == 200, await r.text()
+    tools = {t["name"]: t for t in (await r.json())["tools"]}
+    assert tools["big"]["strict"] is False and tools["big"]["parameters"] == schema(200)
+    assert tools["small"]["strict"] is True
