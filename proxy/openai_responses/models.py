@@ -283,6 +283,12 @@ def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
     return normal  # type: ignore[no-any-return]
 
 
+#: OpenAI's limits on a schema in strict mode (Structured Outputs, "Supported
+#: schemas"): object properties in all, levels of objects, enum values in all, the
+#: characters of a string enum's values where it has over 250, the characters of
+#: property and definition names, enum and const values in all.
+_STRICT_LIMITS = {"properties": 5000, "depth": 10, "enum values": 1000,
+                  "long enum chars": 15_000, "chars": 120_000}
 #: What types a subschema in strict mode (one of them must be there).
 _TYPED = ("type", "anyOf", "oneOf", "$ref", "enum", "const")
 
@@ -292,21 +298,43 @@ def beyond_strict(schema: dict[str, Any]) -> bool:
     (its "Supported schemas"), so that OpenAI would serve the tool non-strict: an object
     with no `properties` (any keys: closed, it would take `{}` alone); a subschema with
     no type (`{}`, `true`: any value; it must say a `type`, or be an `anyOf`, a `$ref`,
-    an `enum` or a `const`). The parameters themselves may say no type: `{}` is a
-    function of no arguments, as an absent `parameters` is."""
-    stack: list[Any] = [schema]
+    an `enum` or a `const`); a schema past its documented limits (`_STRICT_LIMITS`). The
+    parameters themselves may say no type: `{}` is a function of no arguments, as an
+    absent `parameters` is."""
+    properties = enum_values = text = 0
+    stack: list[tuple[Any, int]] = [(schema, 0)]  # (a subschema, the objects it is in)
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         if node is False:  # (no value: `finite` judges it)
             continue
         if not isinstance(node, dict) or (node is not schema and not any(
                 k in node for k in _TYPED)):
             return True
         kinds = node.get("type")
-        if (kinds == "object" or (isinstance(kinds, list) and "object" in kinds)) \
-                and not isinstance(node.get("properties"), dict):
+        props = node.get("properties")
+        if kinds == "object" or (isinstance(kinds, list) and "object" in kinds):
+            if not isinstance(props, dict):
+                return True
+            depth += 1
+        if isinstance(props, dict):
+            properties += len(props)
+        for key in ("$defs", "definitions", "properties"):
+            names = node.get(key)
+            text += sum(map(len, names)) if isinstance(names, dict) else 0
+        values = node.get("enum")
+        if isinstance(values, list):
+            enum_values += len(values)
+            strings = sum(len(v) for v in values if isinstance(v, str))
+            text += strings
+            if len(values) > 250 and strings > _STRICT_LIMITS["long enum chars"]:
+                return True
+        if isinstance(node.get("const"), str):
+            text += len(node["const"])
+        if depth > _STRICT_LIMITS["depth"] or properties > _STRICT_LIMITS["properties"] \
+                or enum_values > _STRICT_LIMITS["enum values"] \
+                or text > _STRICT_LIMITS["chars"]:
             return True
-        stack.extend(_subschemas(node))
+        stack.extend((sub, depth) for sub in _subschemas(node))
     return False
 
 

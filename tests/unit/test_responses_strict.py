@@ -111,3 +111,37 @@ def test_typed_subschemas_and_empty_parameters_stay_strict() -> None:
     assert served({}).strict is True and served({}).parameters == {}
     absent = FunctionTool.model_validate({"type": "function", "name": "f"}, strict=True)
     assert absent.strict is True and absent.parameters is None
+
+
+def nested(levels: int) -> dict[str, Any]:
+    """An object schema `levels` objects deep."""
+    schema: dict[str, Any] = {"type": "object", "properties": {"v": {"type": "string"}}}
+    for _ in range(levels - 1):
+        schema = {"type": "object", "properties": {"in": schema}}
+    return schema
+
+
+def test_a_schema_past_openais_strict_limits_falls_back() -> None:
+    """OpenAI's strict mode takes a schema within its documented limits ("Supported
+    schemas"): 5,000 object properties in all, 10 levels of objects, 1,000 enum values
+    in all, 15,000 characters in one string enum of over 250 values, 120,000 characters
+    of property and definition names, enum and const values. Past one, the tool is
+    served non-strict, as sent; at each, strict."""
+    def props(n: int) -> dict[str, Any]:
+        return {"type": "object",
+                "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}
+
+    def enums(n: int, width: int = 1) -> dict[str, Any]:
+        return {"type": "object", "properties": {"e": {"type": "string", "enum": [
+            f"{i:0{width}d}" for i in range(n)]}}}
+
+    def chars(n: int) -> dict[str, Any]:
+        return {"type": "object", "properties": {"k" * (n - 5): {"const": "abcde"}}}
+
+    for within, past in ((props(5000), props(5001)), (nested(10), nested(11)),
+                         (enums(1000), enums(1001)), (enums(250, 60), enums(251, 60)),
+                         (enums(300, 50), enums(300, 51)), (chars(120_000), chars(120_001))):
+        assert served(within).strict is True
+        tool = served(past)
+        assert tool.strict is False
+        assert tool.parameters == past
