@@ -362,6 +362,10 @@ def _pointed(schema: dict[str, Any], ref: str) -> Any:
     return node
 
 
+#: How many subschemas `finite` may read per node and edge of a schema.
+_FINITE_WORK = 16
+
+
 def finite(schema: dict[str, Any]) -> bool:
     """Whether some finite value fits `schema`, every property it names required (as
     strict mode makes them): a required property that refers back to its own object
@@ -370,7 +374,12 @@ def finite(schema: dict[str, Any]) -> bool:
     never end. A least fixed point over the schema's nodes (each judged on what is
     known of its subschemas), children before their parents, a node judged again only
     when one it rests on (a subschema, the target of its `$ref`) is found to fit: each
-    is judged a few times at most, however the references chain."""
+    is judged a few times at most, however the references chain. A node is judged
+    again for each of its subschemas found to fit, so a wide node at the end of long
+    chains could be judged as often as it has subschemas, each time reading them: the
+    subschemas read are counted, and past `_FINITE_WORK` times the nodes and edges
+    (never on a schema a caller writes by hand) it is judged to have none, served
+    non-strict as sent, so the work stays linear in the schema."""
     nodes: list[dict[str, Any]] = []
     stack: list[Any] = [schema]
     while stack:
@@ -387,8 +396,10 @@ def finite(schema: dict[str, Any]) -> bool:
             if isinstance(sub, dict):
                 resting.setdefault(id(sub), []).append(node)
     fits: set[int] = set()
+    work = [_FINITE_WORK * (len(nodes) + sum(map(len, resting.values())))]
 
     def ok(sub: Any) -> bool:
+        work[0] -= 1
         return sub is not False and (not isinstance(sub, dict) or id(sub) in fits)
 
     def fitting(node: dict[str, Any]) -> bool:
@@ -429,7 +440,7 @@ def finite(schema: dict[str, Any]) -> bool:
 
     todo = deque(nodes)
     queued = {id(node) for node in nodes}
-    while todo and id(schema) not in fits:
+    while todo and id(schema) not in fits and work[0] > 0:
         node = todo.popleft()
         queued.discard(id(node))
         if id(node) not in fits and fitting(node):

@@ -145,3 +145,49 @@ def test_a_schema_past_openais_strict_limits_falls_back() -> None:
         tool = served(past)
         assert tool.strict is False
         assert tool.parameters == past
+
+
+def reversed_chain(links: int) -> dict[str, Any]:
+    """An object whose every property refers to a definition at the head of a chain of
+    `anyOf`s, ordered so that the object is judged again as each link is found to fit."""
+    defs: dict[str, Any] = {f"d{links - 1}": {"type": "string"}}
+    for i in range(links - 1):
+        defs[f"d{i}"] = {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}]}
+    names = [f"p{i}" for i in reversed(range(links))]
+    return {"type": "object", "$defs": defs, "required": names, "properties": {
+        name: {"$ref": f"#/$defs/d{name[1:]}"} for name in names}}
+
+
+def test_judging_recursion_is_linear_in_the_schema() -> None:
+    """`finite` judges a node again as its subschemas are found to fit: a wide object at
+    the end of long chains of references (within the request's 4,096 objects and
+    arrays) was read over and over, work quadratic in the body. The subschemas it reads
+    are bounded by a multiple of the schema's size; past it the tool is non-strict."""
+    import sys
+    from types import FrameType
+
+    from proxy.openai_responses.models import finite
+    from proxy.protocol import schema_nodes
+
+    def reads(schema: dict[str, Any]) -> tuple[bool, int]:
+        count = 0
+
+        def profile(frame: FrameType, event: str, _: Any) -> None:
+            nonlocal count
+            if event == "call" and frame.f_code.co_name == "ok":
+                count += 1
+        sys.setprofile(profile)
+        try:
+            return finite(schema), count
+        finally:
+            sys.setprofile(None)
+
+    assert served(reversed_chain(20)).strict is True
+    hostile = reversed_chain(1000)
+    size = sum(1 for _ in schema_nodes(hostile))
+    assert size < 4096
+    fits, count = reads(hostile)
+    assert not fits
+    assert count < 64 * size, count  # (quadratic: over 500,000)
+    tool = served(hostile)
+    assert tool.strict is False and tool.parameters == hostile
