@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from urllib.parse import unquote
@@ -687,8 +688,10 @@ def regex_repeats(regex: str, limit: int) -> int:
     return added
 
 
-def _nodes(v: Any, limit: int) -> int:
-    """Objects and arrays in `v` (iterative), counting stops just past `limit`."""
+def json_nodes(v: Any, limit: int | None = None) -> int:
+    """Objects and arrays in `v` (iterative), what the schemas' limits count; counting
+    stops just past `limit` where one is given."""
+    limit = sys.maxsize if limit is None else limit
     n, stack = 0, [v]
     while stack and n <= limit:
         x = stack.pop()
@@ -773,7 +776,7 @@ def check_schema_budget(data: dict[str, Any]) -> None:
             compiled.append((param, fmt))
     total = 0
     for param, schema, _ in schemas:
-        total += _nodes(schema, MAX_SCHEMA_NODES - total)
+        total += json_nodes(schema, MAX_SCHEMA_NODES - total)
         if total > MAX_SCHEMA_NODES:
             raise InvalidRequest(
                 f"The request's JSON schemas are too large: at most {MAX_SCHEMA_NODES} "
@@ -781,7 +784,7 @@ def check_schema_budget(data: dict[str, Any]) -> None:
                 code="invalid_value")
     grammar = regex = repeats = text = formats = 0
     for param, schema in compiled:
-        grammar += _nodes(schema, MAX_GRAMMAR_NODES - grammar)
+        grammar += json_nodes(schema, MAX_GRAMMAR_NODES - grammar)
         if grammar > MAX_GRAMMAR_NODES:
             raise InvalidRequest(
                 f"The schemas the output must follow (the response format, and tools a "

@@ -38,7 +38,6 @@ from ..protocol import (
     TopLogprobs,
     TopP,
     Unsupported,
-    _nodes,
     _NullIsDefault,
     _Open,
     check_enums,
@@ -48,6 +47,7 @@ from ..protocol import (
     check_values,
     inert,
     join_parts,
+    json_nodes,
     not_among,
     raw_items,
     refuse_other_tools,
@@ -740,8 +740,8 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
             grown = [t for t in tools if t._sent is not None]
             before = [t for t in tools[:int(past.group(1)) + 1] if t._sent is not None
                       ] if past else []
-            max(before or grown, key=lambda t: _nodes(t.parameters, 1 << 30)
-                - _nodes(t._sent, 1 << 30)).as_sent()
+            max(before or grown, key=lambda t: json_nodes(t.parameters)
+                - json_nodes(t._sent)).as_sent()
         return self
 
     @model_validator(mode="after")
