@@ -11,17 +11,18 @@ honour (a built-in tool such as `web_search`, an image part) is a 400 naming it.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, PrivateAttr, Tag, TypeAdapter, model_validator
+from pydantic import Discriminator, Field, PrivateAttr, Tag, TypeAdapter, model_validator
 
 from ..errors import InvalidRequest, shown
 from ..protocol import (
     _FUNCTION_NAME,
     CHAT_ENUMS,
+    MAX_GRAMMAR_NODES,
+    MAX_SCHEMA_NODES,
     MODERATION,
     SCHEMA_MAPS,
     SUBSCHEMA,
@@ -41,7 +42,6 @@ from ..protocol import (
     _NullIsDefault,
     _Open,
     check_enums,
-    check_schema_budget,
     check_strict,
     check_unique_names,
     check_values,
@@ -719,29 +719,37 @@ class ResponsesRequest(_NullIsDefault, CallerFields):
     def _normalized_within_budget(self) -> ResponsesRequest:
         """A tool sent without `strict` is never refused for its normalized schema's size
         (a `required` list on every object: past the schemas' limits where its schema as
-        sent was within them): normalized ones are served non-strict as sent, until the
-        request is within them, the one that grew most first (of those the limit was
-        passed at or before)."""
+        sent was within them): normalized ones are served non-strict as sent, the one
+        that grew most first, until the request is within them; for the compiled
+        schemas' limit, only of the tools compiled (those a `tool_choice` forces). Each
+        schema is counted once: the work is linear in the request, whatever its tools."""
         tools = self.tools or []
-        while any(t._sent is not None for t in tools):
-            choice = self.tool_choice
-            data: dict[str, Any] = {
-                "tools": [{"name": t.name, "parameters": t.parameters} for t in tools],
-                "tool_choice": choice.model_dump() if isinstance(choice, BaseModel)
-                else choice}
-            fmt = self.text.format if self.text else None
-            if fmt is not None and fmt.schema_ is not None:
-                data["text"] = {"format": {"schema": fmt.schema_}}
-            try:
-                check_schema_budget(data)
+        if not any(t._sent is not None for t in tools):
+            return self
+        choice = self.tool_choice
+        forced = choice.name if isinstance(choice, ToolChoiceFunction) else None
+        fmt = self.text.format if self.text else None
+        text = json_nodes(fmt.schema_) if fmt is not None and fmt.schema_ is not None else 0
+        sizes = {id(t): json_nodes(t.parameters) for t in tools}
+        compiled = {id(t) for t in tools if choice == "required" or t.name == forced}
+        # (the schemas normalized, the one that grew most first)
+        grown = sorted((t for t in tools if t._sent is not None),
+                       key=lambda t: json_nodes(t._sent) - sizes[id(t)])
+        total = text + sum(sizes.values())
+        grammar = text + sum(sizes[id(t)] for t in tools if id(t) in compiled)
+        for t in grown:  # (compiled ones, within the compiled schemas' limit)
+            if grammar <= MAX_GRAMMAR_NODES:
                 break
-            except InvalidRequest as e:
-                past = re.match(r"tools\[(\d+)\]", e.param or "")
-            grown = [t for t in tools if t._sent is not None]
-            before = [t for t in tools[:int(past.group(1)) + 1] if t._sent is not None
-                      ] if past else []
-            max(before or grown, key=lambda t: json_nodes(t.parameters)
-                - json_nodes(t._sent)).as_sent()
+            if id(t) in compiled:
+                t.as_sent()
+                less = sizes[id(t)] - json_nodes(t.parameters)
+                total, grammar = total - less, grammar - less
+        for t in grown:  # (any, within the request's limit)
+            if total <= MAX_SCHEMA_NODES:
+                break
+            if t._sent is not None:
+                t.as_sent()
+                total -= sizes[id(t)] - json_nodes(t.parameters)
         return self
 
     @model_validator(mode="after")

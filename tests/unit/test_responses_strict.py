@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.openai_responses.models import FunctionTool
+import pytest
+
+from proxy.openai_responses.models import FunctionTool, ResponsesRequest
+from proxy.protocol import json_nodes
 
 
 def served(parameters: dict[str, Any]) -> FunctionTool:
@@ -191,3 +194,51 @@ def test_judging_recursion_is_linear_in_the_schema() -> None:
     assert count < 64 * size, count  # (quadratic: over 500,000)
     tool = served(hostile)
     assert tool.strict is False and tool.parameters == hostile
+
+
+def objects(n: int) -> dict[str, Any]:
+    """An object schema of `n` object properties: 2 + 3n objects and arrays as sent,
+    3 + 4n normalized (a `required` list on each object)."""
+    return {"type": "object", "properties": {
+        f"p{i}": {"type": "object", "properties": {"a": {"type": "string"}}}
+        for i in range(n)}}
+
+
+def request(tools: list[dict[str, Any]], choice: Any) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({
+        "model": "m", "input": "hi", "tool_choice": choice,
+        "tools": [{"type": "function", **t} for t in tools]}, strict=True)
+
+
+def test_a_tool_not_compiled_stays_strict_beside_a_forced_one_past_the_limit() -> None:
+    """Past the compiled schemas' limit once normalized, only a tool the `tool_choice`
+    forces is served non-strict as sent: one that grew more but is not compiled (and
+    within the request's limit) stays strict."""
+    req = request([{"name": "other", "parameters": objects(600)},
+                   {"name": "big", "parameters": objects(300)}],
+                  {"type": "function", "name": "big"})
+    strict = {t.name: t.strict for t in req.tools or ()}
+    assert strict == {"other": True, "big": False}
+
+
+def test_bringing_tools_within_the_limit_counts_each_schema_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many small forced tools past the compiled schemas' limit once normalized: each
+    served non-strict in turn recounted every schema of the request, work quadratic in
+    the tools. The objects and arrays counted stay a small multiple of the request's."""
+    import proxy.openai_responses.models as models
+    counted = 0
+
+    def counting(v: Any, limit: int | None = None) -> int:
+        nonlocal counted
+        n = json_nodes(v, limit)
+        counted += n
+        return n
+    monkeypatch.setattr(models, "json_nodes", counting)
+    tiny = {"type": "object", "properties": {"a": {"type": "object", "properties": {}}}}
+    tools = [{"name": f"t{i}", "parameters": tiny} for i in range(250)]  # 1,000 as sent
+    req = request(tools, "required")
+    served_as_sent = [t for t in req.tools or () if not t.strict]
+    assert served_as_sent and all(t.parameters == tiny for t in served_as_sent)
+    assert sum(json_nodes(t.parameters) for t in req.tools or ()) <= 1024
+    assert counted <= 4 * 6 * 250, counted
