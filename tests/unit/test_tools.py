@@ -291,6 +291,10 @@ def test_a_forced_schema_names_where_it_came_from() -> None:
     from proxy.openai_responses.translate import rename_param
     assert rename_param(Bad("x", param="tools[1].function.parameters")).param == (
         "tools[1].parameters")  # a Responses tool is flat
+    said = rename_param(Bad("The schemas ... (past it at `tools[0].function.parameters`)"
+                            "; use ...", param="tools[0].function.parameters"))
+    assert "past it at `tools[0].parameters`" in said.message  # (its text too)
+    assert "function" not in said.message
     assert rename_param(Bad("x", param="response_format.json_schema.schema")).param == (
         "text.format.schema")
 
