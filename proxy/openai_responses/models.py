@@ -389,10 +389,12 @@ def finite(schema: dict[str, Any]) -> bool:
             stack.extend(_subschemas(node))
     nodes.reverse()
     resting: dict[int, list[dict[str, Any]]] = {}  # a node -> the nodes resting on it
+    pointed: dict[int, Any] = {}  # a node -> what its `$ref` points at (read once)
     for node in nodes:
         ref = node.get("$ref")
-        under = [*_subschemas(node), _pointed(schema, ref) if isinstance(ref, str) else None]
-        for sub in under:
+        if isinstance(ref, str):
+            pointed[id(node)] = _pointed(schema, ref)
+        for sub in [*_subschemas(node), pointed.get(id(node))]:
             if isinstance(sub, dict):
                 resting.setdefault(id(sub), []).append(node)
     fits: set[int] = set()
@@ -403,8 +405,7 @@ def finite(schema: dict[str, Any]) -> bool:
         return sub is not False and (not isinstance(sub, dict) or id(sub) in fits)
 
     def fitting(node: dict[str, Any]) -> bool:
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not ok(_pointed(schema, ref)):
+        if id(node) in pointed and not ok(pointed[id(node)]):
             return False
         branches = [bs for k in ("anyOf", "oneOf") if isinstance(bs := node.get(k), list)]
         if any(not any(ok(b) for b in bs) for bs in branches):

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.openai_responses.models import FunctionTool, ResponsesRequest
-from proxy.protocol import json_nodes
+from proxy.protocol import json_nodes, schema_nodes
 
 
 def served(parameters: dict[str, Any]) -> FunctionTool:
@@ -170,7 +170,6 @@ def test_judging_recursion_is_linear_in_the_schema() -> None:
     from types import FrameType
 
     from proxy.openai_responses.models import finite
-    from proxy.protocol import schema_nodes
 
     def reads(schema: dict[str, Any]) -> tuple[bool, int]:
         count = 0
@@ -242,3 +241,22 @@ def test_bringing_tools_within_the_limit_counts_each_schema_once(
     assert served_as_sent and all(t.parameters == tiny for t in served_as_sent)
     assert sum(json_nodes(t.parameters) for t in req.tools or ()) <= 1024
     assert counted <= 4 * 6 * 250, counted
+
+
+def test_a_reference_is_followed_once_however_often_its_node_is_judged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`finite` judges a node again as its subschemas are found to fit, and followed its
+    `$ref` (a pointer as long as the body allows) each time: each is followed once."""
+    import proxy.openai_responses.models as models
+    followed = 0
+    pointed = models._pointed
+
+    def counting(schema: dict[str, Any], ref: str) -> Any:
+        nonlocal followed
+        followed += 1
+        return pointed(schema, ref)
+    monkeypatch.setattr(models, "_pointed", counting)
+    hostile = reversed_chain(300)
+    refs = sum(1 for node in schema_nodes(hostile) if "$ref" in node)
+    models.finite(hostile)
+    assert followed <= refs, (followed, refs)
