@@ -109,12 +109,17 @@ SHARED = frozenset({"global", "model"})
 
 
 def estimate_tokens(ctx: RequestContext) -> int:
+    """The prompt's tokens, estimated: each message's and each text prompt's characters
+    / 4, and a token more for each (256 prompts of "x" are 256 prompts to read, not 65
+    tokens as their characters summed said); a prompt of token ids is its count, and a
+    request at least a token."""
     req = ctx.request
     if isinstance(req, ChatCompletionRequest):
-        chars = sum(len(m.text()) for m in req.messages) + tool_chars(req)
-    else:
-        chars = sum(len(p) if isinstance(p, str) else len(p) * 4 for p in req.prompts())
-    return chars // 4 + 1
+        return (sum(len(m.text()) // 4 for m in req.messages) + tool_chars(req) // 4
+                + max(1, len(req.messages)))
+    texts = [p for p in req.prompts() if isinstance(p, str)]
+    return (sum(len(p) // 4 for p in texts) + max(1, len(texts))
+            + sum(len(p) for p in req.prompts() if not isinstance(p, str)))
 
 
 def _fixed_prompt_tokens(req: ChatCompletionRequest | CompletionRequest) -> int:

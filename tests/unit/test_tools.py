@@ -18,7 +18,7 @@ from proxy.auth import Principal
 from proxy.context import RequestContext
 from proxy.engine.base import SamplingOptions
 from proxy.errors import InvalidRequest
-from proxy.protocol import ChatCompletionRequest, parse_model
+from proxy.protocol import ChatCompletionRequest, CompletionRequest, parse_model
 from tests.fakes import FakeToolParser, schema_instance
 
 MSG = [{"role": "user", "content": "weather in Paris and Rome?"}]
@@ -488,6 +488,22 @@ def test_cache_keys_on_tools_choice_and_results() -> None:
 
 def test_rate_limit_estimate_counts_tool_definitions() -> None:
     assert estimate_tokens(_ctx(chat(tools=[WEATHER, TIME]))) > estimate_tokens(_ctx(chat())) + 20
+
+
+def test_rate_limit_estimate_counts_each_prompt_and_message_as_a_token_at_least() -> None:
+    """256 prompts of "x" are 256 prompts to read (a token each at least), not 65
+    tokens: the characters are counted per prompt, rounded up, not summed once."""
+    many = CompletionRequest.model_validate({"model": "m", "prompt": ["x"] * 256})
+    ctx = RequestContext(route="completions", request=many,
+                         principal=Principal("t", "user", "u"), request_id="r")
+    assert estimate_tokens(ctx) >= 256
+    ids = CompletionRequest.model_validate({"model": "m", "prompt": [[1, 2, 3]] * 10})
+    assert estimate_tokens(RequestContext(route="completions", request=ids,
+                                          principal=Principal("t", "user", "u"),
+                                          request_id="r")) == 31  # (30, the request's 1)
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x"}
+                for i in range(255)]
+    assert estimate_tokens(_ctx(chat(messages=messages))) >= 255
 
 
 CALL = {"id": "call_1", "type": "function",
