@@ -653,6 +653,8 @@ class Upstream:
                     if "error" in chunk:  # the client's only before any answer came
                         raise ((UpstreamError.in_band(chunk) if not relayed else None)
                                or EngineError("The upstream failed mid-stream."))
+                    if _uncounted(chunk.get("usage")):
+                        chunk["usage"] = None  # (`{}`: none, as `null` is)
                     groq = chunk.get("x_groq")  # (Groq's place for a stream's usage)
                     if chunk.get("usage") is None and isinstance(groq, dict) and usage_ok(
                             groq.get("usage")):
@@ -666,12 +668,14 @@ class Upstream:
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise EngineError("The upstream sent an unreadable chunk.") from None
                     if not usage:  # the client did not ask: its stream shows none
-                        if not chunk.get("choices") and chunk.get("usage"):
-                            continue  # the usage chunk
+                        if not chunk.get("choices") and "usage" in chunk:
+                            continue  # the usage chunk (or one with none: nothing)
                         chunk.pop("usage", None)  # (`null` on every other chunk)
                     elif not chunk.get("choices"):
                         if chunk.get("usage"):  # the usage chunk: out last (made below)
                             last = chunk
+                            continue
+                        if "usage" in chunk:  # a usage chunk with none: nothing to send
                             continue
                     elif "usage" in chunk and not (running and chunk["usage"] is not None):
                         # (kept: the usage chunk made at the end; the running usage where
@@ -874,6 +878,13 @@ def _tokens(usage: Any) -> tuple[int | None, int | None]:
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
     return count(u.get("prompt_tokens")), count(u.get("completion_tokens"))
+
+
+def _uncounted(usage: Any) -> bool:
+    """Whether an upstream's usage is a dict that counts nothing, neither the prompt's
+    tokens nor the completion's (`{}`): no usage, as `null` is, where one that holds a
+    count must be whole (`usage_ok`)."""
+    return isinstance(usage, dict) and not {"prompt_tokens", "completion_tokens"} & set(usage)
 
 
 def _counted(usage: dict[str, Any]) -> dict[str, Any]:

@@ -1461,6 +1461,24 @@ async def test_running_usage_goes_out_with_its_total(upstream: Upstream) -> None
     assert reply.usage == usage
 
 
+@pytest.mark.parametrize("options", [{"include_usage": True, "continuous_usage_stats": True},
+                                     {"include_usage": True}, None])
+async def test_an_empty_usage_is_no_usage(upstream: Upstream, options: Any) -> None:
+    """An upstream's usage `{}` (no count in it) passed the relay's checks: the running
+    usage went out as `{}`, and a usage chunk with `usage: {}` went out as it came. It is
+    no usage, as `null` is: not sent, not counted (the rate limiter keeps its
+    reservation, the cache stores nothing)."""
+    running = [{**c, "usage": {}} for c in CHUNKS]
+    got, reply = await relayed(upstream, sse(*running, {**HEAD, "choices": [], "usage": {}},
+                                             "[DONE]"),
+                               ctx(stream=True, **({"stream_options": options}
+                                                   if options else {})))
+    assert got == ([{**c, "usage": None} for c in CHUNKS] if options else CHUNKS)
+    assert reply.usage is None
+    for chunk in got:
+        validate("CreateChatCompletionStreamResponse", chunk)
+
+
 async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chunks(
         upstream: Upstream) -> None:
     """An upstream that sends the usage so far on every chunk (vLLM's
