@@ -106,7 +106,8 @@ def _lower_priority(nice: int) -> None:
         try:  # on Linux, a thread id as the "process" sets that thread's niceness
             os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
         except OSError as e:
-            log.warning("could not lower the embedding thread's priority", error=str(e))
+            log.warning("could not lower the embedding thread's priority",
+                        error=type(e).__name__)  # (its message may name a path)
 
 
 class LocalEmbedder:

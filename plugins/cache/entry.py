@@ -142,7 +142,12 @@ _REQUIRED = frozenset({"key", "route", "model", "choices", "usage", "scope", "te
 
 class BadEntry(ValueError):
     """A stored entry that cannot be read (garbage, or a shape this version does not
-    know): a miss, never an answer or a 500."""
+    know): a miss, never an answer or a 500. `field`: what of it could not be read (a
+    field's name, never its value)."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(field)
+        self.field = field
 
 
 def choices_ok(choices: list[Any]) -> bool:

@@ -464,10 +464,10 @@ class RedisStore:
             self._unreadable(kind, e)
             return None
 
-    def _unreadable(self, kind: str, e: Exception) -> None:
+    def _unreadable(self, kind: str, e: BadEntry) -> None:
         """A stored entry this version cannot read: skipped (garbage, or another
         version's shape), counted and logged (what field, never its value)."""
-        log.warning("unreadable cache entry in redis skipped", kind=kind, field=str(e)[:40])
+        log.warning("unreadable cache entry in redis skipped", kind=kind, field=e.field[:40])
 
     # ----------------------------------------------------------------- semantic
 

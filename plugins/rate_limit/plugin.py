@@ -250,7 +250,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._degraded = True
         self._watch()
         if self._outage.down():
-            log.warning("rate-limit store unavailable", error=str(e),
+            # The failed call's type, never a message: a Redis reply's text may quote
+            # what it stored, a connection error's its URL (with a password in it).
+            log.warning("rate-limit store unavailable",
+                        error=type(e.__context__ or e).__name__,
                         fallback=self.cfg.on_store_error)
 
     def _store_full(self) -> None:

@@ -328,3 +328,22 @@ async def test_a_long_text_past_the_window_is_refused_without_a_pass() -> None:
     assert counts == [2, 2_001]  # (within: embedded, the pass's counts)
     assert ["w " * 2_000 + "3"] in rt.passes
     await emb.close()
+
+
+def test_a_priority_not_lowered_logs_no_exception_message(
+        monkeypatch: pytest.MonkeyPatch, logs: Any) -> None:
+    """`setpriority` refused: the warning said the OSError's message (which may name a
+    path or more); it names the error's type."""
+    from proxy import embedding
+
+    secret = "/home/alice/sk-proj-SECRET-0123456789"
+
+    def refuse(*args: Any) -> None:
+        raise PermissionError(1, "Operation not permitted", secret)
+
+    monkeypatch.setattr(embedding.os, "setpriority", refuse)
+    embedding._lower_priority(5)
+    said = [json.loads(x) for x in logs.getvalue().splitlines()
+            if "embedding thread's priority" in x]
+    assert len(said) == 1 and said[0]["error"] == "PermissionError"
+    assert secret not in logs.getvalue()

@@ -160,3 +160,27 @@ def test_a_refused_per_key_override_s_error_holds_no_key_text() -> None:
     with pytest.raises(ValueError, match="`abcdef012345`"):  # (an upper-case fingerprint)
         RateLimitConfig.model_validate(
             {"rules": [{"per": "key", "rpm": 100, "overrides": {"ABCDEF012345": {"rpm": 1}}}]})
+
+
+async def test_a_store_outage_logs_no_exception_message(logs: Any) -> None:
+    """The rate-limit store's outage was logged with the error's message (`str(e)`),
+    which a store may fill with a Redis reply (a stored value) or a URL with its
+    password; the line names the failed call's error type."""
+    import json
+
+    from plugins.rate_limit.gcra import StoreError
+
+    secret = "redis://:SECRET-pass-0123456789@redis.internal:6379"
+    p = plugin([{"per": "key", "rpm": 10}])
+    try:
+        try:
+            raise ConnectionError(f"{secret} refused")
+        except ConnectionError:
+            raise StoreError(f"ConnectionError: {secret}") from None
+    except StoreError as e:
+        p._store_failed(e)
+    await p.close()
+    said = [json.loads(x) for x in logs.getvalue().splitlines()
+            if "rate-limit store unavailable" in x]
+    assert len(said) == 1 and said[0]["error"] == "ConnectionError"
+    assert secret not in logs.getvalue()
