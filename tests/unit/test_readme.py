@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -12,7 +13,7 @@ import yaml
 from proxy.auth import Authenticator
 from proxy.chain import validate_plugins
 from proxy.cli import main
-from proxy.settings import Settings, interpolate
+from proxy.settings import ConfigError, Settings, interpolate
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 YAML_BLOCKS = re.findall(r"```yaml\n(.*?)```", README, re.S)
@@ -86,3 +87,101 @@ def test_the_metrics_table_names_every_metric_and_its_labels() -> None:
     for name, labels in exposed.items():
         words = set(re.findall(r"\w+", table[name]))
         assert set(labels) <= words, (name, labels, table[name])
+
+
+def _loads(doc: dict[str, Any]) -> Settings:
+    """A config the README shows inline, read as `weir serve` reads it: settings and
+    every plugin's config."""
+    settings = Settings.model_validate(interpolate({"auth": {"mode": "open"}, **doc}, env={
+        "REDIS_URL": "redis://redis:6379/0", "REDIS_PASSWORD": "pw"}))
+    validate_plugins(settings.plugins)
+    return settings
+
+
+#: The config examples the README gives inline (in prose, not in a YAML block), each
+#: with the text it is written as there.
+INLINE_EXAMPLES: list[tuple[str, dict[str, Any]]] = [
+    ("`observability.metrics: admin`", {"observability": {"metrics": "admin"}}),
+    ("`metrics: operator`", {"observability": {"metrics": "operator"}}),
+    ("`engine.extra_args:\n{generation_config: vllm}`",
+     {"engine": {"extra_args": {"generation_config": "vllm"}}}),
+    ("`{override_generation_config: {...}}`",
+     {"engine": {"extra_args": {"override_generation_config": {"temperature": 0.5}}}}),
+    ("`null`: none |", {"server": {"request_timeout_s": None}}),
+    ("`priority_passes:\nnull`: strict; `0`: priorities off",
+     {"plugins": [{"name": "admission", "config": {"priority_passes": None}}]}),
+    ("`0`: priorities off",
+     {"plugins": [{"name": "admission", "config": {"priority_passes": 0}}]}),
+    ("`semantic.lazy: false`",
+     {"plugins": [{"name": "cache", "config": {"semantic": {"lazy": False}}}]}),
+    ("(120 s by default, `null`: only when its `timeout_s` ends it)",
+     {"plugins": [{"name": "breaker", "config": {"whole_call_s": None}}]}),
+    ("`breaker: {window_s, minimum_calls,\nfailure_rate, open_s}`",
+     {"plugins": [{"name": "breaker", "config": {"fallback": [
+         {"kind": "upstream", "base_url": "http://central-weir:8000/v1", "breaker": {
+             "window_s": 30, "minimum_calls": 3, "failure_rate": 0.5, "open_s": 15}}]}}]}),
+    ("`exact.max_bytes_per_tenant` and `semantic.max_partitions_per_tenant`",
+     {"plugins": [{"name": "cache", "config": {
+         "exact": {"max_bytes_per_tenant": 1 << 20},
+         "semantic": {"max_partitions_per_tenant": 16}}}]}),
+    # The Helm section's scale-out: Redis for the cache and the rate limits.
+    ("`cache.config.l2.enabled: true`, `cache.config.redis.url: ${REDIS_URL}`,\n"
+     "`rate_limit.config.store: redis` with `rate_limit.config.redis.url: ${REDIS_URL}`",
+     {"plugins": [
+         {"name": "rate_limit", "config": {"store": "redis",
+                                           "redis": {"url": "${REDIS_URL}"}}},
+         {"name": "cache", "config": {"l2": {"enabled": True},
+                                      "redis": {"url": "${REDIS_URL}"}}}]}),
+    ("`cache.config.redis.store_prompts:\ntrue`",
+     {"plugins": [{"name": "cache", "config": {"redis": {
+         "url": "${REDIS_URL}", "store_prompts": True}}}]}),
+    ("`cache.config.redis.url:\nredis://:${REDIS_PASSWORD}@redis.infra:6379/0`",
+     {"plugins": [{"name": "cache", "config": {"l2": {"enabled": True}, "redis": {
+         "url": "redis://:${REDIS_PASSWORD}@redis.infra:6379/0"}}}]}),
+    ("`trust_incoming: false` makes each\nrequest a trace of its own",
+     {"tracing": {"trust_incoming": False}}),
+]
+
+
+@pytest.mark.parametrize(("text", "doc"), INLINE_EXAMPLES, ids=[t for t, _ in INLINE_EXAMPLES])
+def test_inline_config_examples_load(text: str, doc: dict[str, Any]) -> None:
+    """Each config example the README gives in its prose is there as written and loads
+    (the YAML blocks are read above)."""
+    assert text in README, "README no longer says this; update the example"
+    _loads(doc)
+
+
+def test_the_cors_origins_the_readme_refuses_are_refused() -> None:
+    """An origin is read as a browser sends it; `null`, a `*.` pattern, a path and `*`
+    with `allow_credentials` are refused at load, as the README's CORS section says."""
+    assert "`HTTPS://App.example.com:443` is `https://app.example.com`" in README
+    settings = _loads({"server": {"cors": {"allow_origins": ["HTTPS://App.example.com:443"]}}})
+    assert settings.server.cors.allow_origins == ["https://app.example.com"]
+    for cors in ({"allow_origins": ["null"]}, {"allow_origins": ["https://*.example.com"]},
+                 {"allow_origins": ["https://app.example.com/"]},
+                 {"allow_origins": ["*"], "allow_credentials": True}):
+        with pytest.raises(ValueError):
+            _loads({"server": {"cors": cors}})
+
+
+def test_the_sanitizer_limits_the_readme_bounds_are_refused_past_them() -> None:
+    """`max_n` at most 128, `max_stop` at most 4 and `max_stop_chars` at most 1024: a
+    config past one is refused when it is read, naming the key."""
+    assert "`max_n` at most\n128, `max_stop` at most 4" in README
+    _loads({"plugins": [{"name": "sanitizer", "config": {"limits": {
+        "max_n": 128, "max_stop": 4, "max_stop_chars": 1024}}}]})
+    for key, value in (("max_n", 129), ("max_stop", 5), ("max_stop_chars", 1025)):
+        with pytest.raises(ConfigError, match=key):
+            _loads({"plugins": [{"name": "sanitizer",
+                                 "config": {"limits": {key: value}}}]})
+
+
+def test_the_plugin_order_the_readme_gives_is_enforced() -> None:
+    """The sanitizer before the cache, the breaker and admission last (breaker outside
+    admission): another order is refused at load."""
+    assert "the sanitizer first (before the cache), the breaker and\nadmission last" in README
+    _loads({"plugins": [{"name": n} for n in (
+        "sanitizer", "rate_limit", "cache", "breaker", "admission")]})
+    for order in (("cache", "sanitizer"), ("admission", "breaker"), ("breaker", "cache")):
+        with pytest.raises(ConfigError):
+            _loads({"plugins": [{"name": n} for n in order]})
