@@ -92,7 +92,8 @@ def counting_cuts(st: AppState, info: dict[str, Any], ctx: RequestContext) -> It
 def note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:
     """An answer's usage (its `usage` object): on its access-log line and in
     `weir_tokens_total`. A count it lacks (an upstream that sent none) is not known:
-    null on the line, nothing added to the counter."""
+    left off the line (the access log drops a field without a value), nothing added
+    to the counter."""
     u = body.get("usage") or {}
     info.update(prompt_tokens=u.get("prompt_tokens"), completion_tokens=u.get("completion_tokens"))
     model = info.get("model", "")
