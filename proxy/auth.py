@@ -106,7 +106,9 @@ class Authenticator:
         self._by_hash: dict[str, tuple[str, Principal]] = {}
         self._gateways: set[str] = set()  # digests of keys marked `on_behalf_of`
         self._gateway_ids: set[str] = set()  # their fingerprints (`Principal.key_id`)
+        self._by_fingerprint: set[str] = set()  # every key's (not the anonymous caller's)
         self._unnamed: set[str] = set()  # gateway keys seen without the header (warned)
+        self._unmarked: set[str] = set()  # other keys seen naming a caller (warned)
         digests: list[str] = []
         unreadable: list[tuple[str, str]] = []  # each entry's, not only the first's
         for i, spec in enumerate(settings.keys):
@@ -122,6 +124,7 @@ class Authenticator:
                 raise KeyConfigError("auth.keys", f"keys[{first[digest]}] and keys[{i}] hold "
                                      "the same key: it would stand for only one of them")
             fingerprint = digest[:12]
+            self._by_fingerprint.add(fingerprint)
             self._by_hash[digest] = (digest, Principal(
                 tenant=spec.tenant,
                 role=spec.role,
@@ -197,7 +200,22 @@ class Authenticator:
         warned of (`note_unnamed`)."""
         principal = self.authenticate(headers)
         self.note_unnamed(principal)
+        if _values(headers, ON_BEHALF_OF):
+            self.note_unmarked(principal)
         return principal
+
+    def note_unmarked(self, principal: Principal) -> None:
+        """A generation naming a caller (`x-weir-on-behalf-of`) on a key not marked
+        `on_behalf_of`: the header is not read (on such a key it is the client's text), so
+        if the key is a Weir gateway's, all of its callers share this key's tenant (its
+        cache and stored records too). Warned once per key, by its fingerprint only."""
+        key = principal.key_id
+        if (key in self._by_fingerprint and key not in self._gateway_ids
+                and key not in self._unmarked):
+            self._unmarked.add(key)
+            log.warning("a key not marked on_behalf_of named a caller in "
+                        f"{ON_BEHALF_OF}: not read, its callers share the key's tenant; "
+                        "if the key is a Weir gateway's, mark it on_behalf_of", key_id=key)
 
     def note_unnamed(self, principal: Principal) -> None:
         """A generation on a gateway's key (`on_behalf_of`) naming no caller: its callers

@@ -273,3 +273,37 @@ def test_a_gateway_key_naming_no_caller_is_warned_once(monkeypatch: pytest.Monke
         a.note_unnamed(p)
     assert len(said) == 1 and "naming no caller" in said[0][0]
     assert said[0][1] == {"key_id": gateway.key_id} and "gw-secret-key" not in str(said)
+
+
+def test_a_caller_named_on_a_key_not_marked_on_behalf_of_is_warned_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front Weir names its callers (`x-weir-on-behalf-of`) on a key this server did
+    not mark `on_behalf_of`: the header is not read (it could be any client's text), so
+    every caller of that front shares the key's tenant here, its cache and stored records
+    included, and nothing said so. A generation naming a caller on such a key is warned
+    of, once per key, by the key's fingerprint; the tenant stays the key's own."""
+    from proxy import auth as module
+    from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
+
+    said: list[tuple[str, dict[str, Any]]] = []
+
+    class Spy:
+        def warning(self, event: str, **fields: Any) -> None:
+            said.append((event, fields))
+
+    monkeypatch.setattr(module, "log", Spy())
+    a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
+        {"key": "plain-key", "tenant": "p"},
+        {"key": "other-key", "tenant": "q"},
+        {"key": "gw-secret-key", "tenant": "edge", "on_behalf_of": True}]}))
+    caller = caller_digest(Principal("t", "user", "u"), "s" * 16)
+    named = {"Authorization": "Bearer plain-key", ON_BEHALF_OF: caller}
+    assert a.authenticate(named).tenant == "p" and said == []  # (authenticating: silent)
+    for _ in range(3):
+        assert a.for_generation(named).tenant == "p"
+    a.for_generation({"Authorization": "Bearer other-key"})  # no header: nothing to say
+    a.for_generation({"Authorization": "Bearer gw-secret-key", ON_BEHALF_OF: caller})
+    assert len(said) == 1 and "not marked on_behalf_of" in said[0][0]
+    plain = a.authenticate({"Authorization": "Bearer plain-key"})
+    assert said[0][1] == {"key_id": plain.key_id}
+    assert "plain-key" not in str(said) and caller not in str(said)
