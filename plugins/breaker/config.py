@@ -50,6 +50,11 @@ class Fallback(ConfigModel):
         None, description="upstream: name each caller in "
         "`x-weir-on-behalf-of`, keyed by this secret (as `engine.on_behalf_of_secret`, "
         "which the sanitizer's digests take first where it is set).")
+    cache_salt: bool = Field(
+        False, description="upstream: send vLLM's `cache_salt` (a digest of the caller's "
+        "tenant, keyed by this fallback's `on_behalf_of_secret` where set), as "
+        "`engine.cache_salt` does: a vLLM fallback's prefix cache is then shared within a "
+        "tenant only. Off: a server that does not know the field (a Weir) may refuse it.")
     content: str = Field("The service is busy right now; please try again shortly.",
                          description="static: the answer's text.")
     breaker: FallbackBreaker = Field(
@@ -62,6 +67,8 @@ class Fallback(ConfigModel):
             raise ValueError("an upstream fallback needs base_url")
         if self.kind != "upstream" and "breaker" in self.model_fields_set:
             raise ValueError("only an upstream fallback has a breaker of its own")
+        if self.kind != "upstream" and self.cache_salt:
+            raise ValueError("only an upstream fallback sends a cache_salt")
         check_url_or_key(self.base_url, self.api_key)
         return self
 

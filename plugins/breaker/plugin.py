@@ -165,7 +165,7 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
         self.upstreams: dict[int, Upstream] = {
             i: Upstream(UpstreamEngineSettings.model_validate({
                 "base_url": f.base_url, "api_key": f.api_key, "timeout_s": f.timeout_s,
-                "on_behalf_of_secret": f.on_behalf_of_secret}),
+                "on_behalf_of_secret": f.on_behalf_of_secret, "cache_salt": f.cache_salt}),
                 check_models=False)
             for i, f in enumerate(config.fallback) if f.kind == "upstream"}
         #: Each upstream fallback's own breaker (its own thresholds, `Fallback.breaker`;

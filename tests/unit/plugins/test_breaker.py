@@ -1115,3 +1115,45 @@ async def test_a_fallback_raising_what_weir_does_not_name_goes_on_to_the_next() 
     assert isinstance(reply, Completion)
     assert reply.headers["x-weir-fallback"] == "static"
     assert p.health()["fallback_states"] == {"0": "open"}
+
+
+@pytest.mark.parametrize("asked", [False, True])
+async def test_an_upstream_fallback_salts_its_prefix_cache_per_tenant_when_asked(
+        asked: bool) -> None:
+    """An upstream fallback had no `cache_salt` to set: a vLLM fallback shared its prefix
+    cache between every tenant of this gateway (a prefix another tenant sent answered
+    faster there, which told that it was sent), where the engine's upstream, asked, keeps
+    them apart. Asked, each request to it carries its tenant's salt, keyed by its secret
+    as the engine's is; not asked (a Weir or another server, which may refuse the field),
+    none."""
+    from proxy.auth import tenant_salt
+    from tests.unit.test_upstream import Upstream as FakeUpstream
+    from tests.unit.test_upstream import ctx as upstream_ctx
+
+    up = FakeUpstream()
+    await up.server.start_server()
+    secret = "the-fallback-own-secret"
+    p = plugin(fallback=[{"kind": "upstream", "base_url": up.base_url,
+                          "on_behalf_of_secret": secret, "cache_salt": asked}])
+    fallback = p.upstreams[0]
+    await fallback.start()
+    try:
+        salts = []
+        for tenant in ("a", "a", "b"):
+            c = upstream_ctx()
+            c.principal = Principal(tenant, "user", "u")
+            await fallback(c)
+            salts.append(up.seen[-1][1].get("cache_salt"))
+    finally:
+        await fallback.close()
+        await up.server.close()
+    if not asked:
+        assert salts == [None, None, None]
+    else:
+        assert salts == [tenant_salt("a", secret), tenant_salt("a", secret),
+                         tenant_salt("b", secret)]
+        assert salts[0] != salts[2]
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):  # (only an upstream sends one)
+        BreakerConfig.model_validate({"fallback": [{"kind": "static", "cache_salt": True}]})
