@@ -42,7 +42,7 @@ from .credentials import (
 )
 from .injection import INJECTION as _INJECTION
 from .injection import injection_quiet
-from .spans import Detector, Finder, Span, regex_finder
+from .spans import Detector, Finder, Span, regex_finder, widened
 
 __all__ = ["BUILTIN", "GATED", "INJECTION", "Detector", "Span", "card_across", "cn_id_ok",
            "custom", "iban_ok", "luhn_ok", "quiet"]
@@ -95,7 +95,7 @@ def _scanned(text: str) -> tuple[str, list[Span], list[Span]]:
     if other[0] is text:
         return other
     runs = [m.span() for m in _NUMERIC_RUN.finditer(text)]
-    scan = (text, runs, _merged(runs, len(text), _MARGIN, _REACH))
+    scan = (text, runs, widened(runs, len(text), _MARGIN, _REACH))
     if not first[0]:
         memos.runs_of = scan  # (the first text since `forget`: the one every detector reads)
     else:
@@ -174,19 +174,6 @@ def with_spaced(find: Finder) -> Finder:
                     yield span
 
     return both
-
-
-def _merged(runs: list[Span], end: int, before: int, after: int) -> list[Span]:
-    """Each run widened by `before` and `after` (within the text), overlapping ones
-    merged: the places a pattern around the runs must read, each once."""
-    windows: list[Span] = []
-    for a, b in runs:
-        lo, hi = max(0, a - before), min(end, b + after)
-        if windows and lo <= windows[-1][1]:
-            windows[-1] = (windows[-1][0], max(hi, windows[-1][1]))
-        else:
-            windows.append((lo, hi))
-    return windows
 
 
 def _numeric(pattern: str, check: Callable[[str], bool] | None = None,
@@ -961,7 +948,7 @@ def _find_iban(text: str) -> Iterator[Span]:
     for its last group ("BE68 5390 0754 7034 from ..."), is given back. Read only around
     a run of digits (every country's account number holds one), reaching back to the
     country code ("GB82 WEST 1234 5698 7654 32")."""
-    for lo, hi in _merged(_numeric_runs(text), len(text), 40, 40):
+    for lo, hi in widened(_numeric_runs(text), len(text), 40, 40):
         for a, b in _ibans_in(text, lo, hi):
             if " " not in text[a:b] or not _in_hex_row(text, a, b):
                 yield a, b  # (not a hex dump's groups: "ee24 2b4e 7d26 f346 5ab2 6ea9")

@@ -11,7 +11,7 @@ import re
 import unicodedata
 from collections.abc import Iterator
 
-from .spans import Detector, Span, trie
+from .spans import Detector, Span, trie, widened
 
 _INJECTION = [
     # (a line break does not end the phrase: "Ignore the previous\ninstructions")
@@ -291,17 +291,6 @@ def _leet_words(text: str) -> Iterator[Span]:
 _LEET_REACH = 24  # the longest trigger, and a word's length around it
 
 
-def _merged_around(spans: list[Span], end: int) -> list[Span]:
-    out: list[Span] = []
-    for a, b in spans:
-        lo, hi = max(0, a - _LEET_REACH), min(end, b + _LEET_REACH)
-        if out and lo <= out[-1][1]:
-            out[-1] = (out[-1][0], max(hi, out[-1][1]))
-        else:
-            out.append((lo, hi))
-    return out
-
-
 def _triggers(low: str, lo: int = 0, hi: int | None = None) -> set[str]:
     """The triggers in `low[lo:hi]`: one scan, not a search per word."""
     found: set[str] = set()
@@ -328,7 +317,7 @@ def _leet(text: str) -> tuple[str, set[str]] | None:
     read = "".join([*out, text[pos:]])
     low = read.lower()
     found: set[str] = set()
-    for lo, hi in _merged_around(words, len(text)):  # (each place read once)
+    for lo, hi in widened(words, len(text), _LEET_REACH, _LEET_REACH):  # (each place read once)
         found |= _triggers(low, lo, hi)
     return read, found
 

@@ -37,6 +37,19 @@ def regex_finder(pattern: str, flags: int = 0, check: Callable[[str], bool] | No
     return find
 
 
+def widened(runs: list[Span], end: int, before: int, after: int) -> list[Span]:
+    """Each run widened by `before` and `after` (within a text of `end` characters),
+    overlapping ones merged: the places a pattern around the runs must read, each once."""
+    windows: list[Span] = []
+    for a, b in runs:
+        lo, hi = max(0, a - before), min(end, b + after)
+        if windows and lo <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], max(hi, windows[-1][1]))
+        else:
+            windows.append((lo, hi))
+    return windows
+
+
 def trie(words: list[str]) -> str:
     """A regex matching any of `words`, as a trie ("gh(?:p_|o_)" rather than
     "ghp_|gho_"): one branch per first character, so scanning text costs about the
