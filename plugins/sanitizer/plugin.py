@@ -733,10 +733,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         `fired` where it is given (else only the `redact` ones read). Whether any
         found something."""
         forget()  # (the memos are the first reading's: this text is every detector's now)
-        view, at = blank
-        read = scanned(view)
-        places = scanned_places(view)
+        read = scanned(blank[0])
         found = False
+        redact: list[tuple[Span, str]] = []
         try:
             for det, action in self.detectors:
                 if action != "redact" and fired is None:
@@ -748,10 +747,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 if fired is not None and _rank(action) > _rank(fired.get(det.name, "off")):
                     fired[det.name] = action
                 if action == "redact":
-                    out += [((at[places[a]], at[places[b - 1]] + 1), det.placeholder)
-                            for a, b in spans if b > a]
+                    redact += [(s, det.placeholder) for s in spans]
         finally:
             forget()
+        out += _in_fold(blank, redact)
         return found
 
     def _folded_spans(self, folded: str, fired: dict[str, str] | None = None,
