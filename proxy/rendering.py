@@ -438,6 +438,13 @@ def usage_ok(usage: Any) -> bool:
         for k in ("prompt_tokens", "completion_tokens"))
 
 
+def whole_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """An upstream's usage (`usage_ok`) as OpenAI's, in dicts of its own: its counts,
+    their sum as its total, and its breakdowns."""
+    return {**R.usage(usage["prompt_tokens"], usage["completion_tokens"]),
+            **R.usage_details(usage)}
+
+
 class ChunkAssembler:
     """A stream's answer and usage assembled from its chunks, for producers that relay
     chunks they did not render (an upstream server's)."""
@@ -477,8 +484,7 @@ class ChunkAssembler:
             u = chunk["usage"]
             if not usage_ok(u):
                 raise ValueError("usage")
-            self.usage = {**R.usage(u["prompt_tokens"], u["completion_tokens"]),
-                          **R.usage_details(u)}
+            self.usage = whole_usage(u)
 
     def cut(self, stream: Stream) -> None:
         """The stream ended before the upstream's last chunk: leave what it reported, or

@@ -40,7 +40,6 @@ from typing import Any
 
 import aiohttp
 
-from . import responses as R
 from .auth import ON_BEHALF_OF, caller_digest, tenant_salt
 from .chain import Completion, Outcome, Reply, Stream
 from .context import RequestContext
@@ -60,7 +59,7 @@ from .errors import (
 from .generation import EngineSpan
 from .preparing import EchoAsSent
 from .protocol import ChatCompletionRequest, CompletionRequest, continuous_usage
-from .rendering import ChunkAssembler, usage_ok
+from .rendering import ChunkAssembler, usage_ok, whole_usage
 from .responses import new_id, now
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
@@ -603,7 +602,7 @@ class Upstream:
         if not _answer_ok(data, "message" if route == "chat" else "text"):
             raise EngineError("The upstream sent an unreadable answer.")
         if data.get("usage") is not None:  # (its total, as a stream's: their sum)
-            data["usage"] = _counted(data["usage"])
+            data["usage"] = whole_usage(data["usage"])
         got = {c["index"] for c in data["choices"]}
         if not set(range(choices)) <= got:
             raise ChoicesMissing(len(got & set(range(choices))), choices)
@@ -686,7 +685,7 @@ class Upstream:
                         else:
                             chunk["usage"] = None
                     elif chunk.get("usage"):  # the running usage asked for: with its total
-                        chunk["usage"] = _counted(chunk["usage"])
+                        chunk["usage"] = whole_usage(chunk["usage"])
                     relayed = True
                     yield chunk
                 if done:
@@ -727,7 +726,7 @@ class Upstream:
             # came), or one made where its usage came on an answer chunk
             yield {**(last or {"id": head["id"], "object": head["objects"][1],
                                "created": head["created"], "model": head["model"]}),
-                   "choices": [], "usage": _counted(stream.usage)}
+                   "choices": [], "usage": whole_usage(stream.usage)}
 
 
 def _broken_after_usage(asm: ChunkAssembler) -> bool:
@@ -885,13 +884,6 @@ def _uncounted(usage: Any) -> bool:
     tokens nor the completion's (`{}`): no usage, as `null` is, where one that holds a
     count must be whole (`usage_ok`)."""
     return isinstance(usage, dict) and not {"prompt_tokens", "completion_tokens"} & set(usage)
-
-
-def _counted(usage: dict[str, Any]) -> dict[str, Any]:
-    """An upstream's usage (`usage_ok`) as OpenAI's, in dicts of its own: its counts,
-    their sum as its total, and its breakdowns."""
-    return {**R.usage(usage["prompt_tokens"], usage["completion_tokens"]),
-            **R.usage_details(usage)}
 
 
 def _retry_headers(headers: Mapping[str, str]) -> dict[str, str]:
