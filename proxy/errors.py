@@ -27,6 +27,9 @@ class WeirError(Exception):
     status: int = 500
     type: str = "server_error"
     default_code: str | None = None
+    #: The client's own fault, which a retry cannot change: answered with
+    #: `x-should-retry: false` (the OpenAI SDKs retry a 408, 409, 429 and 5xx otherwise).
+    not_retried: bool = False
 
     def __init__(
         self,
@@ -41,6 +44,8 @@ class WeirError(Exception):
         self.param = param
         self.code = code if code is not None else self.default_code
         self.headers: dict[str, str] = dict(headers or {})
+        if self.not_retried:
+            self.headers.setdefault("x-should-retry", "false")
 
     def to_body(self) -> dict[str, Any]:
         return {
@@ -152,10 +157,7 @@ class MethodNotImplemented(WeirError):
     status = 501
     type = "invalid_request_error"
     default_code = "method_not_implemented"
-
-    def __init__(self, message: str, **kw: Any) -> None:
-        super().__init__(message, **kw)
-        self.headers.setdefault("x-should-retry", "false")
+    not_retried = True
 
 
 class UnsupportedTransferCoding(WeirError):
@@ -165,10 +167,7 @@ class UnsupportedTransferCoding(WeirError):
     status = 501
     type = "invalid_request_error"
     default_code = "unsupported_transfer_encoding"
-
-    def __init__(self, message: str, **kw: Any) -> None:
-        super().__init__(message, **kw)
-        self.headers.setdefault("x-should-retry", "false")
+    not_retried = True
 
 
 class VersionNotSupported(WeirError):
@@ -178,10 +177,7 @@ class VersionNotSupported(WeirError):
     status = 505
     type = "invalid_request_error"
     default_code = "http_version_not_supported"
-
-    def __init__(self, message: str, **kw: Any) -> None:
-        super().__init__(message, **kw)
-        self.headers.setdefault("x-should-retry", "false")
+    not_retried = True
 
 
 class RateLimited(WeirError):
@@ -255,7 +251,4 @@ class NotCached(DeadlineExceeded):
     SDKs retry a 504 unless told not to)."""
 
     default_code = "not_cached"
-
-    def __init__(self, message: str, **kw: Any) -> None:
-        super().__init__(message, **kw)
-        self.headers.setdefault("x-should-retry", "false")
+    not_retried = True
