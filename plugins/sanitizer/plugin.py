@@ -480,9 +480,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         placed: list[list[tuple[Span, str]]] = [[] for _ in texts]
         if (views := self._blank_views(texts, folds)) is not None:
             # (a key split over two texts and by a blank letter: read them as nothing)
-            read = [n if at is None else scanned(v)
-                    for n, (v, at) in zip(norms, views, strict=True)]
-            for i, spans in enumerate(self._across(read, fired, speakers)):
+            for i, spans in enumerate(self._across(_blank_read(norms, views), fired,
+                                                   speakers)):
                 placed[i] = _in_fold(views[i], spans) if spans else []
         return [self._process(t, fired, f, x, p)
                 for t, f, x, p in zip(texts, folds, extra, placed, strict=True)]
@@ -929,9 +928,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         placed: dict[int, list[tuple[Span, str]]] = {}
         if (views := self._blank_views([values[i] for i in at], folds)) is not None:
             # (a key split over two values and by a blank letter: read them as nothing)
-            read = [n if places is None else scanned(v)
-                    for n, (v, places) in zip(norms, views, strict=True)]
-            for j, span in secrets_across(read):
+            for j, span in secrets_across(_blank_read(norms, views)):
                 placed.setdefault(j, []).append((span, "[SECRET]"))
             placed = {j: _in_fold(views[j], found) for j, found in placed.items()}
         if not spans and not placed:
@@ -1145,6 +1142,12 @@ def _blank_letters_out(text: str, folded: str) -> tuple[str, list[int]] | None:
         return None
     at = [i for i, c in enumerate(marked) if c != _BLANK_MARK]
     return marked.replace(_BLANK_MARK, ""), [*at, len(marked)]
+
+
+def _blank_read(norms: list[str], views: list[tuple[str, list[int] | None]]) -> list[str]:
+    """Each text as the detectors read it with its blank letters as nothing (`views`:
+    `_blank_views`'): its own reading (`norms`) where it holds none."""
+    return [n if at is None else scanned(v) for n, (v, at) in zip(norms, views, strict=True)]
 
 
 def _in_fold(view: tuple[str, list[int] | None], spans: list[tuple[Span, str]],
