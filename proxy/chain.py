@@ -302,6 +302,14 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
         return []
     deadline = min(known)
     breaker, i = configs["breaker"]
+    return [*_threshold_warnings(breaker, i, deadline),
+            *(_upstream_engine_warnings(settings.engine, breaker, i, deadline)
+              if isinstance(settings.engine, UpstreamEngineSettings) else []),
+            *_fallback_warnings(breaker, i, deadline)]
+
+
+def _threshold_warnings(breaker: Any, i: int, deadline: float) -> list[tuple[str, str]]:
+    """`deadline_warnings` of the breaker's own thresholds (plugin `i`)."""
     warned = []
     for field_name, what in (("slow_call_s", "a hung engine never opens the breaker"),
                              ("half_open_max_wait_s", "a hung trial never fails")):
@@ -311,41 +319,52 @@ def deadline_warnings(settings: Settings) -> list[tuple[str, str]]:
                 f"{value:g} s is not below the requests' deadline ({deadline:g} s: "
                 "server.request_timeout_s, admission's deadline_s): every call is cut "
                 f"before it, so {what}; set it lower")))
+    return warned
+
+
+def _upstream_engine_warnings(engine: UpstreamEngineSettings, breaker: Any, i: int,
+                              deadline: float) -> list[tuple[str, str]]:
+    """`deadline_warnings` of an upstream engine's timeouts."""
     # An upstream engine tells no first token of a whole answer: a hung one is slow only
     # past `whole_call_s` (a trial failed then), or fails at its own `timeout_s` (a 504);
     # with both at or past the deadline (or `whole_call_s` null), every such call is cut
     # first and counts for nothing.
-    engine = settings.engine
-    if isinstance(engine, UpstreamEngineSettings):
-        whole = getattr(breaker, "whole_call_s", None)
-        if (whole is None or whole >= deadline) and engine.timeout_s >= deadline:
-            where = (f"plugins[{i}].config.whole_call_s" if whole is not None
-                     else "engine.timeout_s")
-            said = (f"whole_call_s {whole:g} s" if whole is not None
-                    else "whole_call_s null")
-            warned.append((where, (
-                f"{said} and the upstream's engine.timeout_s {engine.timeout_s:g} s are not "
-                f"below the requests' deadline ({deadline:g} s: server.request_timeout_s, "
-                "admission's deadline_s): every whole (non-streamed) answer is cut before "
-                "either, so a hung upstream never opens the breaker (nor fails a trial) and "
-                "each request waits on it to its deadline; set one lower")))
-        # A stream that stalls once begun fails at `read_timeout_s` (a 504 it counts);
-        # cut first at the deadline, or at the engine's `timeout_s` (a stream whose
-        # time ran out is a long answer, the caller's: `UpstreamDeadline`), it counts
-        # for nothing.
-        if engine.read_timeout_s >= min(deadline, engine.timeout_s):
-            before = (f"the requests' deadline ({deadline:g} s: server.request_timeout_s, "
-                      "admission's deadline_s)" if deadline <= engine.timeout_s else
-                      f"the upstream's engine.timeout_s ({engine.timeout_s:g} s, where a "
-                      "stream is cut as a long answer, which the breaker does not count)")
-            warned.append(("engine.read_timeout_s", (
-                f"{engine.read_timeout_s:g} s is not below {before}: every stream the "
-                "upstream stalls once begun is cut before it, so a stalling upstream "
-                "never opens the breaker; set it lower")))
+    warned = []
+    whole = getattr(breaker, "whole_call_s", None)
+    if (whole is None or whole >= deadline) and engine.timeout_s >= deadline:
+        where = (f"plugins[{i}].config.whole_call_s" if whole is not None
+                 else "engine.timeout_s")
+        said = (f"whole_call_s {whole:g} s" if whole is not None
+                else "whole_call_s null")
+        warned.append((where, (
+            f"{said} and the upstream's engine.timeout_s {engine.timeout_s:g} s are not "
+            f"below the requests' deadline ({deadline:g} s: server.request_timeout_s, "
+            "admission's deadline_s): every whole (non-streamed) answer is cut before "
+            "either, so a hung upstream never opens the breaker (nor fails a trial) and "
+            "each request waits on it to its deadline; set one lower")))
+    # A stream that stalls once begun fails at `read_timeout_s` (a 504 it counts);
+    # cut first at the deadline, or at the engine's `timeout_s` (a stream whose
+    # time ran out is a long answer, the caller's: `UpstreamDeadline`), it counts
+    # for nothing.
+    if engine.read_timeout_s >= min(deadline, engine.timeout_s):
+        before = (f"the requests' deadline ({deadline:g} s: server.request_timeout_s, "
+                  "admission's deadline_s)" if deadline <= engine.timeout_s else
+                  f"the upstream's engine.timeout_s ({engine.timeout_s:g} s, where a "
+                  "stream is cut as a long answer, which the breaker does not count)")
+        warned.append(("engine.read_timeout_s", (
+            f"{engine.read_timeout_s:g} s is not below {before}: every stream the "
+            "upstream stalls once begun is cut before it, so a stalling upstream "
+            "never opens the breaker; set it lower")))
+    return warned
+
+
+def _fallback_warnings(breaker: Any, i: int, deadline: float) -> list[tuple[str, str]]:
+    """`deadline_warnings` of the breaker's upstream fallbacks' `timeout_s`."""
     # An upstream fallback's own breaker counts only its failures (no slow calls): a
     # hung one fails at its `timeout_s`, and a call cut at the request's deadline
     # first counts for nothing, so with `timeout_s` at or past that deadline it never
     # opens, and every request waits out its deadline on it.
+    warned = []
     for j, f in enumerate(getattr(breaker, "fallback", None) or []):
         timeout = getattr(f, "timeout_s", None)
         if getattr(f, "kind", None) == "upstream" and timeout is not None \
