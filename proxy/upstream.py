@@ -652,12 +652,7 @@ class Upstream:
                     if "error" in chunk:  # the client's only before any answer came
                         raise ((UpstreamError.in_band(chunk) if not relayed else None)
                                or EngineError("The upstream failed mid-stream."))
-                    if _uncounted(chunk.get("usage")):
-                        chunk["usage"] = None  # (`{}`: none, as `null` is)
-                    groq = chunk.get("x_groq")  # (Groq's place for a stream's usage)
-                    if chunk.get("usage") is None and isinstance(groq, dict) and usage_ok(
-                            groq.get("usage")):
-                        chunk["usage"] = groq["usage"]
+                    _usage_in_place(chunk)
                     try:
                         _own_head(chunk, head, whole=False)
                         _number_calls(chunk, numbered)
@@ -877,6 +872,17 @@ def _tokens(usage: Any) -> tuple[int | None, int | None]:
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
     return count(u.get("prompt_tokens")), count(u.get("completion_tokens"))
+
+
+def _usage_in_place(chunk: dict[str, Any]) -> None:
+    """An upstream's chunk with its usage where OpenAI's has it, its `usage`: none for
+    one that counts nothing (`{}`, as `null` is), Groq's (its `x_groq.usage`) where it
+    has none of its own."""
+    if _uncounted(chunk.get("usage")):
+        chunk["usage"] = None
+    groq = chunk.get("x_groq")
+    if chunk.get("usage") is None and isinstance(groq, dict) and usage_ok(groq.get("usage")):
+        chunk["usage"] = groq["usage"]
 
 
 def _uncounted(usage: Any) -> bool:
