@@ -27,6 +27,7 @@ dashes; dotted quads that are not a version number ("version 1.2.3.4").
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import ipaddress
 import re
 import threading
@@ -111,23 +112,46 @@ def forget() -> None:
     forget_escapes()
 
 
-def with_escapes(find: Finder) -> Finder:
-    """`find`, and over its text with the escapes decoded where it holds any, each span
-    placed back over the escapes it was read from."""
+#: Another reading of a text: what a detector reads instead, and where a span found in
+#: it sits in the text (None: nowhere).
+Reading = tuple[str, Callable[[int, int], Span | None]]
+
+
+def _also_reading(find: Finder, readings: Callable[[str], Iterator[Reading]]) -> Finder:
+    """`find`, and over each other reading of its text (`readings`, asked once `find`
+    has read the text as written), each span placed back in the text; one found in two
+    readings ("%40" found as written too) is yielded once."""
     def both(text: str) -> Iterator[Span]:
         seen: set[Span] = set()
         for span in find(text):
             seen.add(span)
             yield span
-        if may_escape(text) and (
-                pieces := escapes_read(text)) is not None:
-            for view, at in pieces:  # (around the escapes only: `escapes_read`)
-                for a, b in find(view):
-                    if (at[a], at[b]) not in seen:  # (one found as written too: "%40")
-                        seen.add((at[a], at[b]))
-                        yield at[a], at[b]
+        for view, place in readings(text):
+            for a, b in find(view):
+                placed = place(a, b)
+                if placed is not None and placed not in seen:
+                    seen.add(placed)
+                    yield placed
 
     return both
+
+
+def _unescaped(text: str) -> Iterator[Reading]:
+    """`text` with its escapes decoded, around the escapes only (`escapes_read`)."""
+    if may_escape(text) and (pieces := escapes_read(text)) is not None:
+        for view, at in pieces:
+            yield view, functools.partial(_through, at)
+
+
+def _through(at: list[int], a: int, b: int) -> Span:
+    """A span of a reading placed by where each of its characters starts (`at`)."""
+    return at[a], at[b]
+
+
+def with_escapes(find: Finder) -> Finder:
+    """`find`, and over its text with the escapes decoded where it holds any, each span
+    placed back over the escapes it was read from."""
+    return _also_reading(find, _unescaped)
 
 
 # A word spelled out one character at a time ("s k - p r o j - ...", "i g n o r e  a l l
@@ -155,25 +179,25 @@ def may_be_spaced(text: str) -> bool:
         _SPACED_BYTES, _CONTINUATION)
 
 
+def _joined(text: str) -> Iterator[Reading]:
+    """Each run of one-character words of `text` (`_SPACED_RUN`) read joined, one
+    character for two ("x ")."""
+    if not may_be_spaced(text):
+        return
+    for m in _SPACED_RUN.finditer(text):
+        yield m.group()[::2], functools.partial(_spread, m.start())
+
+
+def _spread(at: int, a: int, b: int) -> Span | None:
+    """A span of a run read joined, placed back over the run (at `at`) it was read from:
+    from its first character to its last (an empty one nowhere)."""
+    return (at + 2 * a, at + 2 * (b - 1) + 1) if b > a else None
+
+
 def with_spaced(find: Finder) -> Finder:
     """`find`, and over each run of one-character words of its text read joined
     (`_SPACED_RUN`), each span placed back over the characters it was read from."""
-    def both(text: str) -> Iterator[Span]:
-        seen: set[Span] = set()
-        for span in find(text):
-            seen.add(span)
-            yield span
-        if not may_be_spaced(text):
-            return
-        for m in _SPACED_RUN.finditer(text):
-            at = m.start()
-            for a, b in find(m.group()[::2]):  # (one character for two: "x ")
-                span = (at + 2 * a, at + 2 * (b - 1) + 1)
-                if b > a and span not in seen:
-                    seen.add(span)
-                    yield span
-
-    return both
+    return _also_reading(find, _joined)
 
 
 def _numeric(pattern: str, check: Callable[[str], bool] | None = None,
