@@ -429,15 +429,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             # An ordinary short text: one pass shows no built-in detector can fire there.
             detectors = (self._ungated if len(norm) <= _QUIET_CHARS and quiet(norm)
                          else self.detectors)
-            for det, action in detectors:
-                spans = list(det.find(norm))
-                if not spans:
-                    continue
-                found = True
-                if _rank(action) > _rank(fired.get(det.name, "off")):
-                    fired[det.name] = action
-                if action == "redact":
-                    redact.extend((s, det.placeholder) for s in spans)
+            found, spans = _findings(detectors, norm, fired)
+            redact += spans
             unblanked: list[tuple[Span, str]] = []
             if blank is not None:  # (a key split by blank letters: read them as nothing)
                 found = self._unblanked(blank, fired, unblanked) or found
@@ -733,20 +726,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         found something."""
         forget()  # (the memos are the first reading's: this text is every detector's now)
         read = scanned(blank[0])
-        found = False
-        redact: list[tuple[Span, str]] = []
         try:
-            for det, action in self.detectors:
-                if action != "redact" and fired is None:
-                    continue
-                spans = list(det.find(read))
-                if not spans:
-                    continue
-                found = True
-                if fired is not None and _rank(action) > _rank(fired.get(det.name, "off")):
-                    fired[det.name] = action
-                if action == "redact":
-                    redact += [(s, det.placeholder) for s in spans]
+            found, redact = _findings(self.detectors, read, fired)
         finally:
             forget()
         out += _in_fold(blank, redact)
@@ -759,17 +740,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         folded from, where a caller has it: a text holding blank letters is read again
         with them as nothing, as `_process` reads it."""
         norm = scanned(folded) if self.cfg.normalize else folded
-        found: list[tuple[Span, str]] = []
         try:
-            for det, action in self.detectors:
-                if action != "redact" and fired is None:
-                    continue
-                spans = list(det.find(norm))
-                if spans and fired is not None and _rank(action) > _rank(
-                        fired.get(det.name, "off")):
-                    fired[det.name] = action
-                if action == "redact":
-                    found += [(span, det.placeholder) for span in spans]
+            _, found = _findings(self.detectors, norm, fired)
         finally:
             forget()
         placed = self._placed(folded, norm, found) if found else found
@@ -1142,6 +1114,28 @@ def _blank_letters_out(text: str, folded: str) -> tuple[str, list[int]] | None:
         return None
     at = [i for i, c in enumerate(marked) if c != _BLANK_MARK]
     return marked.replace(_BLANK_MARK, ""), [*at, len(marked)]
+
+
+def _findings(detectors: list[tuple[Detector, str]], read: str,
+              fired: dict[str, str] | None) -> tuple[bool, list[tuple[Span, str]]]:
+    """What `detectors` (each with its action) find in `read`: whether any found
+    something, and the `redact` ones' spans with their placeholders. Each finding is
+    fired in `fired` (its detector's action, where higher than one fired already);
+    with no `fired`, only the `redact` detectors read."""
+    found = False
+    redact: list[tuple[Span, str]] = []
+    for det, action in detectors:
+        if action != "redact" and fired is None:
+            continue
+        spans = list(det.find(read))
+        if not spans:
+            continue
+        found = True
+        if fired is not None and _rank(action) > _rank(fired.get(det.name, "off")):
+            fired[det.name] = action
+        if action == "redact":
+            redact += [(s, det.placeholder) for s in spans]
+    return found, redact
 
 
 def _blank_read(norms: list[str], views: list[tuple[str, list[int] | None]]) -> list[str]:
