@@ -716,9 +716,9 @@ class Upstream:
                         "rate limiter keeps their reservations); told once",
                         model=head["model"])
         if usage and stream.usage is not None:
-            # OpenAI's shape, after every answer chunk, once: the upstream's usage chunk
-            # (one sent before its last answer chunk, or more than one, went out as it
-            # came), or one made where its usage came on an answer chunk
+            # OpenAI's shape, once, after every answer chunk: the upstream's last usage
+            # chunk (each held, however early or often it came), or one made where its
+            # usage came on an answer chunk
             yield {**(last or {"id": head["id"], "object": head["objects"][1],
                                "created": head["created"], "model": head["model"]}),
                    "choices": [], "usage": whole_usage(stream.usage)}
