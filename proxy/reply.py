@@ -177,12 +177,10 @@ class Stream:
                 # Raised by the hook itself (a cancelled future's result): a plain call
                 # receives no cancellation of its caller's. A failed hook, as in a task
                 # (`_run_hooks`); those after it still run.
-                _log.warning("a stream end hook was cancelled", hook=getattr(
-                    hook, "__qualname__", repr(hook)))
+                _log.warning("a stream end hook was cancelled", hook=_named(hook))
                 continue
             except Exception as e:
-                _log.error("a stream end hook failed", hook=getattr(
-                    hook, "__qualname__", repr(hook)), **error_fields(e))
+                _log.error("a stream end hook failed", hook=_named(hook), **error_fields(e))
                 continue
             if result is not None:
                 await asyncio.shield(detach(self._run_hooks(outcome, hooks[i + 1:],
@@ -210,15 +208,13 @@ class Stream:
                 if task is not None and not task.cancelling():
                     # Not our cancellation (a task the hook awaited was cancelled, at
                     # loop teardown say): a failed hook, like any other.
-                    _log.warning("a stream end hook was cancelled", hook=getattr(
-                        hook, "__qualname__", repr(hook)))
+                    _log.warning("a stream end hook was cancelled", hook=_named(hook))
                     continue
                 if i + 1 < len(hooks):
                     detach(self._run_hooks(outcome, hooks[i + 1:]))
                 raise
             except Exception as e:
-                _log.error("a stream end hook failed", hook=getattr(
-                    hook, "__qualname__", repr(hook)), **error_fields(e))
+                _log.error("a stream end hook failed", hook=_named(hook), **error_fields(e))
 
     # Consumers other than the SSE writer (tests, translations into other APIs) iterate
     # the stream; the iteration ends it.
@@ -255,6 +251,11 @@ class Stream:
     async def aclose(self) -> None:
         """End the stream as cancelled (the consumer gave up on it)."""
         await self.end("cancelled")
+
+
+def _named(hook: EndHook) -> str:
+    """An end hook as a log line names it."""
+    return getattr(hook, "__qualname__", repr(hook))
 
 
 def _spent(chunks: AsyncIterator[dict[str, Any]] | None) -> bool:
