@@ -94,7 +94,7 @@ CORS_EXPOSED = ["x-request-id", "retry-after", "retry-after-ms", "x-should-retry
                 "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
                 "x-weir-cache", "x-weir-fallback"]
 
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 def _origin(value: str) -> str:
@@ -139,7 +139,7 @@ def _origin(value: str) -> str:
 
 def _tokens(values: list[str]) -> list[str]:
     for v in values:
-        if v != "*" and not _TOKEN.match(v):
+        if v != "*" and not _TOKEN.fullmatch(v):
             raise ValueError(f"`{v}` is not an HTTP method or header name")
     return values
 

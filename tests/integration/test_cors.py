@@ -200,6 +200,10 @@ async def test_a_private_network_preflight_is_granted_only_where_set(
     ("{allow_origins: ['null']}", "cannot be allowed"),
     ("{allow_origins: ['https://*.example.com']}", "not as a pattern"),
     ("{allow_origins: ['https://a.example'], allow_methods: ['GET POST']}", "HTTP method"),
+    # (a trailing line break, as a YAML block scalar leaves one, went into the header:
+    # every answer to the origin then failed to be written)
+    ('{allow_origins: ["https://a.example"], allow_methods: ["GET\\n"]}', "HTTP method"),
+    ('{allow_origins: ["https://a.example"], expose_headers: ["x-a\\n"]}', "header name"),
     ("{max_age_s: -1}", "greater than or equal"),
 ])
 def test_a_bad_cors_config_is_refused_naming_its_path(cors: str, says: str) -> None:
