@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 
@@ -661,26 +661,11 @@ class Upstream:
                         asm.feed(chunk)
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise EngineError("The upstream sent an unreadable chunk.") from None
-                    if not usage:  # the client did not ask: its stream shows none
-                        if not chunk.get("choices") and "usage" in chunk:
-                            continue  # the usage chunk (or one with none: nothing)
-                        chunk.pop("usage", None)  # (`null` on every other chunk)
-                    elif not chunk.get("choices"):
-                        if chunk.get("usage"):  # the usage chunk: out last (made below)
-                            last = chunk
-                            continue
-                        if "usage" in chunk:  # a usage chunk with none: nothing to send
-                            continue
-                    elif "usage" in chunk and not (running and chunk["usage"] is not None):
-                        # (kept: the usage chunk made at the end; the running usage where
-                        # it was asked and came) A chat chunk has it null, a completion's
-                        # none (OpenAI's schema: not nullable), running usage asked or not.
-                        if text:
-                            del chunk["usage"]
-                        else:
-                            chunk["usage"] = None
-                    elif chunk.get("usage"):  # the running usage asked for: with its total
-                        chunk["usage"] = whole_usage(chunk["usage"])
+                    shown = _usage_shown(chunk, usage=usage, running=running, text=text)
+                    if shown == "hold":  # the usage chunk: out last (made below)
+                        last = chunk
+                    if shown != "send":
+                        continue
                     relayed = True
                     yield chunk
                 if done:
@@ -722,6 +707,34 @@ class Upstream:
             yield {**(last or {"id": head["id"], "object": head["objects"][1],
                                "created": head["created"], "model": head["model"]}),
                    "choices": [], "usage": whole_usage(stream.usage)}
+
+
+def _usage_shown(chunk: dict[str, Any], *, usage: bool, running: bool, text: bool,
+                 ) -> Literal["send", "hold", "drop"]:
+    """What becomes of an upstream's chunk (its usage in place: `_usage_in_place`), its
+    usage as OpenAI shows it (`_relay`'s `usage`, `running`; `text`: a completion's): a
+    chunk to send, its usage made so; the usage chunk, held to the end; or nothing to
+    send (a usage chunk the client did not ask for, or one with none)."""
+    if not usage:  # the client did not ask: its stream shows none
+        if not chunk.get("choices") and "usage" in chunk:
+            return "drop"  # the usage chunk (or one with none: nothing)
+        chunk.pop("usage", None)  # (`null` on every other chunk)
+    elif not chunk.get("choices"):
+        if chunk.get("usage"):
+            return "hold"
+        if "usage" in chunk:  # a usage chunk with none: nothing to send
+            return "drop"
+    elif "usage" in chunk and not (running and chunk["usage"] is not None):
+        # (kept: the usage chunk made at the end; the running usage where it was asked
+        # and came) A chat chunk has it null, a completion's none (OpenAI's schema: not
+        # nullable), running usage asked or not.
+        if text:
+            del chunk["usage"]
+        else:
+            chunk["usage"] = None
+    elif chunk.get("usage"):  # the running usage asked for: with its total
+        chunk["usage"] = whole_usage(chunk["usage"])
+    return "send"
 
 
 def _broken_after_usage(asm: ChunkAssembler) -> bool:
