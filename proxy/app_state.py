@@ -202,7 +202,8 @@ def _nvml() -> Any:
             except ImportError:
                 if "vllm" not in sys.modules:  # (not vLLM's whole import for a scrape)
                     raise
-                nvml = importlib.import_module("vllm.third_party.pynvml")
+                from .engine.vllm import bundled_nvml
+                nvml = bundled_nvml()
             nvml.nvmlInit()
         except Exception:  # no library, no driver, no GPU
             nvml = None

@@ -991,3 +991,11 @@ def _decoder_kinds(tokenizer: Any) -> set[str]:
             stack.extend(d.get("decoders") or [])
     return kinds
 
+
+
+def bundled_nvml() -> Any:
+    """vLLM's own copy of NVML's bindings (`vllm.third_party.pynvml`), for the GPU
+    memory metric where no `pynvml` is installed beside it: this module is the one
+    that imports vLLM."""
+    from vllm.third_party import pynvml
+    return pynvml
