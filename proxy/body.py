@@ -37,6 +37,7 @@ import re
 from typing import Any
 
 from aiohttp import web
+from aiohttp.helpers import parse_mimetype
 
 from .app_state import STATE
 from .codings import TooLarge, Undecodable, decode
@@ -112,10 +113,13 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
             f"Unsupported content type `{shown(ctype or 'none')}`; send `application/json`.",
             code="invalid_content_type",
         )
-    charset = (request.charset or "").strip().lower().replace("_", "-")
-    ascii_only = charset not in _UTF8  # (read only where its bytes are ASCII)
-    if ascii_only and not ((label := _label(charset)) in _KNOWN and _over_ascii(label)):
-        raise _charset_refused(request.charset or "", ambiguous=False)
+    # (Each `charset` given: aiohttp reads one of several, a reader in front another.)
+    declared = _charsets(request)
+    others = [c for c in declared if c.strip().lower().replace("_", "-") not in _UTF8]
+    ascii_only = bool(others)  # (read only where its bytes are ASCII)
+    for charset in others:
+        if not ((label := _label(charset)) in _KNOWN and _over_ascii(label)):
+            raise _charset_refused(charset, ambiguous=False)
     # (Several headers are several codings: aiohttp would decode by the last one alone.)
     coding = ",".join(request.headers.getall("Content-Encoding", ())).strip().lower()
     if coding not in _CODINGS:
@@ -132,8 +136,18 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
     body = await _read(request, limit, request.app[STATE].settings.server.body_timeout_s,
                        owner)
     if ascii_only and not body.isascii():
-        raise _charset_refused(request.charset or "", ambiguous=True)
+        raise _charset_refused(others[0], ambiguous=True)
     return decode_json_object(body), len(body)
+
+
+def _charsets(request: web.Request) -> list[str]:
+    """Every `charset` the Content-Type gives (one, mostly; none: `[]`), aiohttp's reading
+    first."""
+    found = [request.charset] if request.charset else []
+    header = request.headers.get("Content-Type", "")
+    if header.lower().count("charset") > 1 or not found:
+        found += parse_mimetype(header).parameters.getall("charset", [])
+    return found
 
 
 def _charset_refused(charset: str, ambiguous: bool) -> InvalidRequest:

@@ -400,6 +400,31 @@ async def test_a_body_declared_utf8_is_read(make_client: MakeClient, ctype: str)
     assert r.status == 200, await r.text()
 
 
+@pytest.mark.parametrize("ctype", [
+    "application/json; charset=utf-8; charset=latin1",
+    "application/json; charset=\"utf-8\"; charset=\"latin1\"",
+    "application/json; charset=latin1; charset=utf-8",
+    "application/json; charset=utf-8; CHARSET=utf-7",
+])
+async def test_a_body_declared_in_two_charsets_is_read_as_the_other_one_would_be(
+        make_client: MakeClient, ctype: str) -> None:
+    """`charset` given twice (one UTF-8, one not) was read by the first alone: a body of
+    UTF-8 bytes outside ASCII under `charset=utf-8; charset=latin1` was read as UTF-8,
+    where a reader in front of Weir that takes the last (a WAF, a logging proxy) saw
+    Latin-1 text. Each charset declared is judged: the body is read only as every one of
+    them reads it alike (its bytes ASCII, in charsets over ASCII), else a 400."""
+    client = await make_client()
+    data = json.dumps({**CHAT, "messages": [{"role": "user", "content": "café"}]},
+                      ensure_ascii=False).encode()
+    r = await client.post("/v1/chat/completions", data=data, headers={"Content-Type": ctype})
+    err = await error_of(r, 400)
+    assert err["code"] == "invalid_content_type"
+    ascii_data = json.dumps({**CHAT, "messages": [{"role": "user", "content": "café"}]}).encode()
+    r = await client.post("/v1/chat/completions", data=ascii_data,
+                          headers={"Content-Type": ctype})
+    assert r.status == (400 if "utf-7" in ctype else 200), await r.text()
+
+
 @pytest.mark.parametrize("charset", [
     "ISO-8859-1", "latin1", "windows-1252", "cp1252", "\"iso-8859-15\"", "koi8-r",
     "Shift_JIS", "euc-jp", "gb18030", "windows-874",
