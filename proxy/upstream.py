@@ -606,6 +606,8 @@ class Upstream:
         got = {c["index"] for c in data["choices"]}
         if not set(range(choices)) <= got:
             raise ChoicesMissing(len(got & set(range(choices))), choices)
+        if len(data["choices"]) != choices:  # (one not asked for, or an index twice)
+            raise EngineError("The upstream sent an unreadable answer.")
         if route == "chat":
             for c in data["choices"]:
                 _own_ids(c["message"].get("tool_calls") or ())
@@ -748,10 +750,13 @@ def _broken_after_usage(asm: ChunkAssembler) -> bool:
 
 def _finished(asm: ChunkAssembler, stream: Stream, choices: int) -> bool:
     """A stream whose choices that came have all ended: whole (its answer and usage left
-    on `stream`), or a `ChoicesMissing` where some of the `choices` asked never came."""
+    on `stream`), or a `ChoicesMissing` where some of the `choices` asked never came, an
+    `EngineError` where one not asked for came (an index past them)."""
     came = asm.came(choices)  # (each ended: it ignored `n`)
     if came is not None:
         raise ChoicesMissing(came, choices)
+    if asm.texts.keys() - range(choices):  # (a choice not asked for: not stored either)
+        raise EngineError("The upstream sent an unreadable chunk.")
     asm.finish(stream)
     return True
 

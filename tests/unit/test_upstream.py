@@ -1813,3 +1813,21 @@ async def test_an_upstream_down_at_refresh_is_said_once_not_every_minute(
     finally:
         await engine.close()
     assert refresh.done() and refresh.cancelled()
+
+
+@pytest.mark.parametrize("other", [3, 1, -1, 0])
+async def test_an_answer_with_a_choice_not_asked_for_is_unreadable(upstream: Upstream,
+                                                                   other: int) -> None:
+    """An upstream answer holding a choice whose index the request never asked for (`3`,
+    `1` with `n: 1`, `-1`) or one index twice went out so, and the cache stored it: a
+    client asking one choice got two, one of them the upstream's alone, and every replay
+    too. Whole or streamed, it is an unreadable answer (a 502), as a malformed one is."""
+    extra = {**ANSWER["choices"][0], "index": other}
+    e = await refused(upstream, answering(web.json_response(
+        {**ANSWER, "choices": [*ANSWER["choices"], extra]})), EngineError)
+    assert "unreadable" in e.message
+    chunk = {**HEAD, "choices": [{"index": other, "delta": {"content": "x"},
+                                  "finish_reason": "stop"}]}
+    if other:  # (a stream's index 0 again is the same choice)
+        with pytest.raises(EngineError, match="unreadable"):
+            await relayed(upstream, sse(CHUNKS[0], chunk, *CHUNKS[1:]))
