@@ -410,6 +410,8 @@ def finite(schema: dict[str, Any]) -> bool:
         branches = [bs for k in ("anyOf", "oneOf") if isinstance(bs := node.get(k), list)]
         if any(not any(ok(b) for b in bs) for bs in branches):
             return False
+        if "enum" in node and not (isinstance(node["enum"], list) and node["enum"]):
+            return False  # (none listed)
         if "const" in node or "enum" in node:
             return True  # (a value listed)
         kinds = node.get("type")
@@ -426,6 +428,8 @@ def finite(schema: dict[str, Any]) -> bool:
                        if isinstance(k, str)):
                     return True
             elif kind == "array":
+                if not _within(node, "minItems", "maxItems"):
+                    continue
                 least = node.get("minItems", 0)
                 items, prefix = node.get("items", True), node.get("prefixItems")
                 firsts = prefix if isinstance(prefix, list) else items \
@@ -435,7 +439,16 @@ def finite(schema: dict[str, Any]) -> bool:
                 if all(ok(s) for s in firsts[:least]) and (
                         least <= len(firsts) or ok(rest)):
                     return True
-            elif kind in ("string", "number", "integer", "boolean", "null"):
+            elif kind == "string":
+                if _within(node, "minLength", "maxLength"):
+                    return True
+            elif kind in ("number", "integer"):
+                if _within(node, "minimum", "maximum") and _within(
+                        node, "exclusiveMinimum", "exclusiveMaximum", open_=True) and _within(
+                        node, "minimum", "exclusiveMaximum", open_=True) and _within(
+                        node, "exclusiveMinimum", "maximum", open_=True):
+                    return True
+            elif kind in ("boolean", "null"):
                 return True
         return False
 
@@ -451,6 +464,16 @@ def finite(schema: dict[str, Any]) -> bool:
                     todo.append(up)
                     queued.add(id(up))
     return id(schema) in fits
+
+
+def _within(node: dict[str, Any], low: str, high: str, open_: bool = False) -> bool:
+    """Whether a node's bounds `low` and `high` (numbers, either left out) leave some
+    value between them (`open_`: one of them excludes its own)."""
+    lo, hi = node.get(low), node.get(high)
+    if not (isinstance(lo, int | float) and isinstance(hi, int | float)) or isinstance(
+            lo, bool) or isinstance(hi, bool):
+        return True
+    return bool(lo < hi if open_ else lo <= hi)
 
 
 class ToolChoiceFunction(_Open):

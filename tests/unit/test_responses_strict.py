@@ -260,3 +260,28 @@ def test_a_reference_is_followed_once_however_often_its_node_is_judged(
     refs = sum(1 for node in schema_nodes(hostile) if "$ref" in node)
     models.finite(hostile)
     assert followed <= refs, (followed, refs)
+
+
+def test_an_optional_property_no_value_fits_made_required_falls_back() -> None:
+    """An optional property that no value fits (`enum: []`, bounds that leave nothing
+    between them) is harmless as sent (left out), but made required by the
+    normalization no value fits the schema: it was made strict, and a call forced to it
+    could never end. Served non-strict, as sent; with a way out (a type beside it that
+    fits, bounds that meet) it stays strict."""
+    for prop in ({"type": "string", "enum": []}, {"enum": []},
+                 {"type": "integer", "minimum": 5, "maximum": 1},
+                 {"type": "number", "exclusiveMinimum": 1, "exclusiveMaximum": 1},
+                 {"type": "number", "minimum": 1, "exclusiveMaximum": 1},
+                 {"type": "string", "minLength": 3, "maxLength": 2},
+                 {"type": "array", "items": {"type": "string"}, "minItems": 2,
+                  "maxItems": 1}):
+        schema = {"type": "object", "properties": {"a": {"type": "string"}, "x": prop}}
+        tool = served(schema)
+        assert tool.strict is False, prop
+        assert tool.parameters == schema
+    for prop in ({"type": ["integer", "null"], "minimum": 5, "maximum": 1},
+                 {"type": "integer", "minimum": 1, "maximum": 1},
+                 {"type": "string", "minLength": 2, "maxLength": 2},
+                 {"type": "string", "enum": ["a"]}):
+        tool = served({"type": "object", "properties": {"x": prop}})
+        assert tool.strict is True, prop
