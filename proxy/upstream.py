@@ -241,14 +241,21 @@ def served_digests(listed: list[dict[str, Any]]) -> dict[str, str]:
         told.setdefault(m["id"], []).append(
             {k: m[k] for k in _SERVES if m.get(k) is not None})
 
-    def entry(model: str) -> list[dict[str, Any]]:  # (a name listed twice: both)
-        return sorted(told.get(model, ()), key=lambda e: sorted(map(repr, e.items())))
+    own: dict[str, str] = {}  # a model's entries' digest, each made once
+
+    def entry(model: str) -> str:  # (a name listed twice: both)
+        if model not in own:
+            own[model] = answer_digest({"entry": sorted(
+                told.get(model, ()), key=lambda e: sorted(map(repr, e.items())))})
+        return own[model]
 
     digests: dict[str, str] = {}
     for model, entries in told.items():
         if not any(entries):
             continue
-        # (vLLM's adapters sit on a base model, one level deep)
+        # (vLLM's adapters sit on a base model, one level deep) Its bases' digests, not
+        # their entries: a list naming many models many times, each with many parents,
+        # was digested in the cube of its length.
         bases = sorted({p for e in entries if isinstance(p := e.get("parent"), str)} - {model})
         digests[model] = answer_digest({"upstream": [[m, entry(m)] for m in [model, *bases]]})
     return digests
