@@ -34,7 +34,7 @@ from aiohttp.typedefs import Handler
 
 from .errors import WeirError, shown
 from .middleware import route_resource
-from .settings import CorsSettings
+from .settings import HTTP_TOKEN, CorsSettings
 
 #: Request headers a browser may send without asking (CORS-safelisted), always allowed.
 _SAFELISTED = frozenset({"accept", "accept-language", "content-language", "content-type"})
@@ -94,11 +94,15 @@ class Cors:
             raise CorsNotAllowed(f"Origin `{shown(origin, 128)}` is not allowed to call "
                                  "this server (server.cors.allow_origins).")
         method = request.headers[hdrs.ACCESS_CONTROL_REQUEST_METHOD].strip()
+        if not HTTP_TOKEN.fullmatch(method):
+            raise CorsNotAllowed(f"Method `{shown(method, 32)}` is no HTTP method name.")
         if not self.any_method and method.upper() not in self.methods:
             raise CorsNotAllowed(f"Method `{shown(method, 32)}` is not allowed from another "
                                  "origin (server.cors.allow_methods).")
         asked = [h.strip() for h in request.headers.get(
             hdrs.ACCESS_CONTROL_REQUEST_HEADERS, "").split(",") if h.strip()]
+        if bad := next((h for h in asked if not HTTP_TOKEN.fullmatch(h)), None):
+            raise CorsNotAllowed(f"Header `{shown(bad, 64)}` is no HTTP header name.")
         if not self.any_header:
             refused = [h for h in asked if h.lower() not in self.headers]
             if refused:

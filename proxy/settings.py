@@ -94,7 +94,8 @@ CORS_EXPOSED = ["x-request-id", "retry-after", "retry-after-ms", "x-should-retry
                 "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
                 "x-weir-cache", "x-weir-fallback"]
 
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+#: An HTTP token (RFC 9110 5.6.2): a method's or a header field's name.
+HTTP_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 def _origin(value: str) -> str:
@@ -139,7 +140,7 @@ def _origin(value: str) -> str:
 
 def _tokens(values: list[str]) -> list[str]:
     for v in values:
-        if v != "*" and not _TOKEN.fullmatch(v):
+        if v != "*" and not HTTP_TOKEN.fullmatch(v):
             raise ValueError(f"`{v}` is not an HTTP method or header name")
     return values
 

@@ -21,6 +21,7 @@ from aiohttp.http_exceptions import (
 from .app_state import REQUEST_ID
 from .errors import MethodNotImplemented, ServerError, WeirError
 from .ids import new_hex
+from .settings import HTTP_TOKEN
 
 
 def _answer(status: str, message: str, type_: str, code: str, extra: str = "") -> bytes:
@@ -133,13 +134,12 @@ def _unknown_method(exc: BaseException | None) -> bool:
     if not isinstance(exc, BadHttpMethod):
         return False
     quoted = _QUOTED_LINE.search(str(exc.message))  # llhttp's quote of the request line
-    return quoted is not None and _TOKEN.fullmatch(quoted.group(1)) is not None
+    return quoted is not None and HTTP_TOKEN.fullmatch(quoted.group(1)) is not None
 
 
 #: The method in llhttp's quote of the request line (`b'FOO /v1/models HTTP/1.1'`, a
 #: byte string's repr: a byte outside printable ASCII is an escape, `\x01`, no token).
 _QUOTED_LINE = re.compile(r"""b['"]([^ '"]*)[ '"]""")
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 def _given_id(request: Any) -> str | None:

@@ -66,6 +66,9 @@ async def test_a_preflight_of_an_allowed_origin_is_a_204_without_a_key(
     ({**PREFLIGHT, "Origin": "null"}, "Origin"),
     ({**PREFLIGHT, "Origin": APP + ".evil.net"}, "Origin"),
     ({**PREFLIGHT, "Access-Control-Request-Method": "PUT"}, "Method `PUT`"),
+    # (names that are no HTTP tokens: not echoed back as allowed, `*` allowing any name)
+    ({**PREFLIGHT, "Access-Control-Request-Headers": "x a, b;c"}, "no HTTP header name"),
+    ({**PREFLIGHT, "Access-Control-Request-Method": "PO ST"}, "no HTTP method name"),
 ])
 async def test_a_preflight_not_allowed_is_a_403_granting_nothing(
         make_client: MakeClient, headers: dict[str, str], says: str) -> None:
