@@ -97,6 +97,25 @@ def _over_ascii(label: str) -> bool:
         return False
 
 
+@functools.cache  # (of `_KNOWN` labels alone, as `_over_ascii`)
+def _utf8_label(label: str) -> bool:
+    try:
+        return codecs.lookup(label).name == "utf-8"
+    except LookupError:
+        return False
+
+
+def _is_utf8(charset: str) -> bool:
+    """Whether a charset is UTF-8 (or ASCII, its subset) by any name Python's codecs know
+    it by: `utf-8`, `utf8`, `u8`, `cp65001` (Windows' name, which .NET and PowerShell
+    clients send), each read as UTF-8 whatever its bytes. (`utf-8-sig` is another codec:
+    a body with a BOM.) A name Python does not know is no UTF-8."""
+    if charset.strip().lower().replace("_", "-") in _UTF8:
+        return True
+    label = _label(charset)
+    return label in _KNOWN and _utf8_label(label)
+
+
 #: The codings aiohttp decodes (one at a time), and `identity`.
 _CODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
 
@@ -115,7 +134,7 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
         )
     # (Each `charset` given: aiohttp reads one of several, a reader in front another.)
     declared = _charsets(request)
-    others = [c for c in declared if c.strip().lower().replace("_", "-") not in _UTF8]
+    others = [c for c in declared if not _is_utf8(c)]
     ascii_only = bool(others)  # (read only where its bytes are ASCII)
     for charset in others:
         if not ((label := _label(charset)) in _KNOWN and _over_ascii(label)):

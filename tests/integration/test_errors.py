@@ -400,6 +400,40 @@ async def test_a_body_declared_utf8_is_read(make_client: MakeClient, ctype: str)
     assert r.status == 200, await r.text()
 
 
+@pytest.mark.parametrize("charset", ["cp65001", "CP65001", "\"cp65001\"", "u8", "UTF_8",
+                                     "utf"])
+async def test_a_body_declared_in_another_name_of_utf8_is_read_as_utf8(
+        make_client: MakeClient, charset: str) -> None:
+    """`cp65001` (Windows' name for UTF-8, which .NET and PowerShell clients send) and the
+    other names Python's codecs know UTF-8 by were judged as some charset over ASCII: a
+    body with bytes outside ASCII was a 400 (`ambiguous`), though it is UTF-8 by its own
+    declaration. It is read as UTF-8."""
+    engine = FakeEngine()
+    client = await make_client(engine=engine)
+    data = json.dumps({**CHAT, "messages": [{"role": "user", "content": "café"}]},
+                      ensure_ascii=False).encode()
+    assert not data.isascii()
+    r = await client.post("/v1/chat/completions", data=data,
+                          headers={"Content-Type": f"application/json; charset={charset}"})
+    assert r.status == 200, await r.text()
+    (prompt, _, _), = engine.calls
+    assert "café" in engine.decode(prompt)
+
+
+@pytest.mark.parametrize("charset", ["utf-8-sig", "windows-65000", "utf-8-x"])
+async def test_a_charset_named_near_utf8_that_is_not_utf8_is_still_refused(
+        make_client: MakeClient, charset: str) -> None:
+    """Only UTF-8's own names are read as UTF-8: `utf-8-sig` (another codec, a BOM),
+    `windows-65000` (UTF-7) and a name Python does not know stay a 400."""
+    client = await make_client()
+    data = json.dumps({**CHAT, "messages": [{"role": "user", "content": "café"}]},
+                      ensure_ascii=False).encode()
+    r = await client.post("/v1/chat/completions", data=data,
+                          headers={"Content-Type": f"application/json; charset={charset}"})
+    err = await error_of(r, 400)
+    assert err["code"] == "invalid_content_type"
+
+
 @pytest.mark.parametrize("ctype", [
     "application/json; charset=utf-8; charset=latin1",
     "application/json; charset=\"utf-8\"; charset=\"latin1\"",
