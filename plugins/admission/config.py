@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 from pydantic import Field, field_validator
 
 from proxy.chain import PluginConfig
+from proxy.settings import HTTP_TOKEN
 
 from .queue import DEFAULT_PRIORITY_PASSES
 
@@ -41,9 +40,7 @@ class AdmissionConfig(PluginConfig):
         """Request headers are read by lower-cased name (`RequestContext.headers`): a name
         written `X-Request-Timeout-Ms` matched no request and was ignored without a word."""
         name = value.strip().lower()
-        if not _TOKEN.fullmatch(name):
+        if not HTTP_TOKEN.fullmatch(name):
             raise ValueError(f"`{value}` is no HTTP header name")
         return name
 
-
-_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")  # RFC 9110 5.1 (a token)
