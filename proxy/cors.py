@@ -10,8 +10,10 @@ With `allow_origins` set:
 - a preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) on a path
   a route serves is answered here, before any key is asked for (a browser sends none
   on a preflight): a 204 with the `Access-Control-Allow-*` headers where the origin,
-  the method and every header it asks for are allowed, else a 403 `cors_not_allowed`
-  (OpenAI-shaped, saying which) with none of them, which the browser reads as a refusal;
+  the method (one the path serves, as the router says: `allow_methods` is listed as far
+  as the path serves them) and every header it asks for are allowed, else a 403
+  `cors_not_allowed` (OpenAI-shaped, saying which) with none of them, which the browser
+  reads as a refusal;
 - every answer to an allowed origin (a whole answer, a stream, an error of a handler,
   a middleware or the router) carries `Access-Control-Allow-Origin` (the origin, or
   `*` where any origin is allowed without credentials), `-Allow-Credentials` where set
@@ -44,6 +46,18 @@ class CorsNotAllowed(WeirError):
     status = 403
     type = "invalid_request_error"
     default_code = "cors_not_allowed"
+
+
+def served_methods(request: web.Request) -> frozenset[str] | None:
+    """The methods the routes of a request's path serve, as the router's 405 names them
+    (HEAD wherever GET is); None where a route takes any method (`*`)."""
+    match = request.match_info
+    refused = getattr(match, "http_exception", None)
+    if isinstance(refused, web.HTTPMethodNotAllowed):
+        return frozenset(refused.allowed_methods)
+    resource = match.route.resource
+    methods = frozenset(route.method for route in resource) if resource is not None else None
+    return None if methods is None or hdrs.METH_ANY in methods else methods
 
 
 class Cors:
@@ -99,6 +113,13 @@ class Cors:
         if not self.any_method and method.upper() not in self.methods:
             raise CorsNotAllowed(f"Method `{shown(method, 32)}` is not allowed from another "
                                  "origin (server.cors.allow_methods).")
+        served = served_methods(request)
+        if served is not None and method not in served:
+            # (its request would be the router's 405: the browser is told so now, and
+            # sends none; methods are case-sensitive, as the router reads them)
+            raise CorsNotAllowed(
+                f"Method `{shown(method, 32)}` is not served on "
+                f"{shown(request.path, 128)}; allowed: {', '.join(sorted(served))}.")
         asked = [h.strip() for h in request.headers.get(
             hdrs.ACCESS_CONTROL_REQUEST_HEADERS, "").split(",") if h.strip()]
         if bad := next((h for h in asked if not HTTP_TOKEN.fullmatch(h)), None):
@@ -111,7 +132,7 @@ class Cors:
                     "(server.cors.allow_headers).")
         headers: dict[str, str] = {
             hdrs.ACCESS_CONTROL_ALLOW_METHODS: method if self.any_method
-            else ", ".join(self.methods),
+            else ", ".join(m for m in self.methods if served is None or m in served),
             hdrs.ACCESS_CONTROL_MAX_AGE: self.max_age,
         }
         if asked:

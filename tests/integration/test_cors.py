@@ -49,7 +49,8 @@ async def test_a_preflight_of_an_allowed_origin_is_a_204_without_a_key(
     r = await client.options("/v1/chat/completions", headers=PREFLIGHT)
     assert r.status == 204, await r.text()
     assert r.headers["Access-Control-Allow-Origin"] == APP
-    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE"
+    # (`allow_methods` as far as the path serves them: no DELETE)
+    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST"
     assert r.headers["Access-Control-Allow-Headers"] == PREFLIGHT[
         "Access-Control-Request-Headers"]
     assert r.headers["Access-Control-Max-Age"] == "600"
@@ -81,6 +82,38 @@ async def test_a_preflight_not_allowed_is_a_403_granting_nothing(
     assert "Access-Control-Allow-Methods" not in r.headers
     if headers["Origin"] != APP:
         assert "Access-Control-Allow-Origin" not in r.headers
+
+
+@pytest.mark.parametrize("methods", [["GET", "POST", "DELETE"], ["*"]])
+@pytest.mark.parametrize(("path", "method", "allowed"), [
+    ("/v1/chat/completions", "DELETE", "GET, HEAD, POST"),
+    ("/v1/responses", "DELETE", "POST"),
+    ("/v1/models", "POST", "GET, HEAD"),
+    ("/v1/models/fake-model", "DELETE", "GET, HEAD"),
+    ("/v1/models", "get", "GET, HEAD"),  # (methods are case-sensitive, as routed)
+])
+async def test_a_preflight_for_a_method_the_path_does_not_serve_is_a_403(
+        make_client: MakeClient, methods: list[str], path: str, method: str,
+        allowed: str) -> None:
+    """A preflight asking for a method its path does not serve was a 204 (allowed by
+    `allow_methods`, which lists methods, not routes): the browser then sent the request
+    for the router's 405. It is refused, naming what the path serves, as the 405 does;
+    a method it serves is granted, and only those are listed."""
+    client = await make_client(**keyed(cors={"allow_origins": [APP],
+                                             "allow_methods": methods}))
+    r = await client.options(path, headers={**PREFLIGHT, "Access-Control-Request-Method":
+                                            method})
+    assert r.status == 403
+    err = (await r.json())["error"]
+    assert err["code"] == "cors_not_allowed" and f"allowed: {allowed}." in err["message"]
+    assert "Access-Control-Allow-Methods" not in r.headers
+    served = "GET" if "GET" in allowed else "POST"
+    r = await client.options(path, headers={**PREFLIGHT, "Access-Control-Request-Method":
+                                            served})
+    assert r.status == 204, await r.text()
+    assert r.headers["Access-Control-Allow-Methods"] == (
+        served if methods == ["*"] else ", ".join(
+            m for m in methods if m in allowed.split(", ")))
 
 
 async def test_a_header_list_allows_those_and_the_safelisted_alone(
@@ -147,9 +180,9 @@ async def test_any_origin_is_a_star_and_credentials_are_granted_where_set(
                                                 "allow_credentials": True,
                                                 "allow_methods": ["*"]}})
     r = await client.options("/v1/models", headers={
-        "Origin": APP, "Access-Control-Request-Method": "PATCH"})
+        "Origin": APP, "Access-Control-Request-Method": "HEAD"})
     assert r.status == 204
-    assert r.headers["Access-Control-Allow-Methods"] == "PATCH"
+    assert r.headers["Access-Control-Allow-Methods"] == "HEAD"
     assert r.headers["Access-Control-Allow-Credentials"] == "true"
     r = await client.get("/v1/models", headers={"Origin": APP})
     assert r.headers["Access-Control-Allow-Credentials"] == "true"
