@@ -14,9 +14,11 @@ from aiohttp import HttpVersion11, web
 from aiohttp.http_exceptions import (
     BadHttpMessage,
     BadHttpMethod,
+    BadStatusLine,
     HttpProcessingError,
     PayloadEncodingError,
 )
+from aiohttp.http_parser import HttpRequestParserPy
 
 from .app_state import REQUEST_ID
 from .errors import MethodNotImplemented, ServerError, WeirError
@@ -96,6 +98,8 @@ class OpenAIErrors(web.RequestHandler):
                  **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.on_refused = on_refused
+        if type(self._parser) is HttpRequestParserPy:  # (AIOHTTP_NO_EXTENSIONS, no C)
+            self._parser.__class__ = _LlhttpMethods
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -128,13 +132,55 @@ class OpenAIErrors(web.RequestHandler):
 
 def _unknown_method(exc: BaseException | None) -> bool:
     """Whether aiohttp's parser refused the request line for its method alone, a token
-    (`FOO`) its C parser (llhttp) knows no method of: RFC 9110 9.1 answers that 501, not
-    the 400 of a malformed line. (A method that is no token, `G@T`, or TLS sent to this
-    plain port, stays a 400; aiohttp's Python parser takes any token: routed, a 405.)"""
-    if not isinstance(exc, BadHttpMethod):
+    (`FOO`, `get`, RTSP's `DESCRIBE`) that is none of `PARSED_METHODS`: RFC 9110 9.1
+    answers that 501, not the 400 of a malformed line. (A method that is no token,
+    `G@T`, or TLS sent to this plain port, stays a 400.) Its C parser (llhttp) says so
+    in its reason and its quote of the request line, held by
+    tests/integration/test_hostile_connections.py; its Python parser, made to read the
+    same methods (`_LlhttpMethods`), by the error's type."""
+    if isinstance(exc, UnknownMethod):
+        return True
+    if not isinstance(exc, BadStatusLine):
         return False
-    quoted = _QUOTED_LINE.search(str(exc.message))  # llhttp's quote of the request line
+    message = str(exc.message)
+    if not isinstance(exc, BadHttpMethod) and _RTSP_METHOD not in message:
+        return False
+    quoted = _QUOTED_LINE.search(message)  # llhttp's quote of the request line
     return quoted is not None and HTTP_TOKEN.fullmatch(quoted.group(1)) is not None
+
+
+#: What llhttp says of a method it knows of another protocol (RTSP's) in an HTTP line.
+_RTSP_METHOD = "Invalid method for HTTP/x.x request"
+
+#: The methods aiohttp's C parser (llhttp's HTTP methods) reads in a request line, case
+#: and all; it refuses any other (`get` included): a 501 for a token (`_unknown_method`),
+#: and a 400 for `PRI` (HTTP/2's preface, which it expects to go on as one).
+PARSED_METHODS = frozenset({
+    "DELETE", "GET", "HEAD", "POST", "PUT", "CONNECT", "OPTIONS", "TRACE", "COPY", "LOCK",
+    "MKCOL", "MOVE", "PROPFIND", "PROPPATCH", "SEARCH", "UNLOCK", "BIND", "REBIND",
+    "UNBIND", "ACL", "REPORT", "MKACTIVITY", "CHECKOUT", "MERGE", "M-SEARCH", "NOTIFY",
+    "SUBSCRIBE", "UNSUBSCRIBE", "PATCH", "PURGE", "MKCALENDAR", "LINK", "UNLINK",
+    "SOURCE", "QUERY"})
+
+
+class UnknownMethod(BadHttpMethod):
+    """A request line's method is a token but none of `PARSED_METHODS`."""
+
+
+class _LlhttpMethods(HttpRequestParserPy):
+    """aiohttp's Python parser reading the methods its C parser reads: it took any token
+    (and upper-cased it: `get` was served as GET), so under `AIOHTTP_NO_EXTENSIONS` the
+    `FOO` that is a 501 in C was routed (a 405 or a 404). Any other line it reads as it
+    did (a method that is no token is its own 400)."""
+
+    def parse_message(self, lines: list[bytes]) -> Any:
+        method, space, _ = lines[0].partition(b" ")
+        if space and method.decode("latin-1") not in PARSED_METHODS and (
+                HTTP_TOKEN.fullmatch(method.decode("latin-1"))):
+            if method == b"PRI":
+                raise BadStatusLine(error="Expected HTTP/2 Connection Preface")
+            raise UnknownMethod(error="Unknown method")  # (quoting nothing of the line)
+        return super().parse_message(lines)
 
 
 #: The method in llhttp's quote of the request line (`b'FOO /v1/models HTTP/1.1'`, a

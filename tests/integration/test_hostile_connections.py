@@ -882,3 +882,47 @@ async def test_a_method_the_server_does_not_know_is_a_501(logs: io.StringIO,
     assert status == 405 and headers["allow"] == "GET, HEAD"
     assert json.loads(raw)["error"]["code"] == "method_not_allowed"
     writer.close()
+
+
+@pytest.fixture(params=["c", "python"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """aiohttp's request parser the listener uses: its C one (llhttp), as `weir serve`
+    runs, or its Python one (what `AIOHTTP_NO_EXTENSIONS=1` runs)."""
+    import aiohttp.web_protocol
+    from aiohttp.http_parser import HttpRequestParserC, HttpRequestParserPy
+    monkeypatch.setattr(aiohttp.web_protocol, "HttpRequestParser",
+                        HttpRequestParserC if request.param == "c" else HttpRequestParserPy)
+    return str(request.param)
+
+
+@pytest.mark.parametrize(("line", "status", "code"), [
+    (b"FOO /v1/models HTTP/1.1", 501, "method_not_implemented"),
+    (b"FOO /v1/nope HTTP/1.1", 501, "method_not_implemented"),
+    (b"get /v1/models HTTP/1.1", 501, "method_not_implemented"),
+    (b"DESCRIBE /v1/models HTTP/1.1", 501, "method_not_implemented"),  # (RTSP's)
+    (b"PROPFIND /v1/models HTTP/1.1", 405, "method_not_allowed"),
+    (b"PATCH /v1/models HTTP/1.1", 405, "method_not_allowed"),
+    (b"G@T /v1/models HTTP/1.1", 400, "invalid_http_request"),
+    (b"PRI /v1/models HTTP/1.1", 400, "invalid_http_request"),
+    (b"GET /v1/models HTTP/1.1", 200, None),
+])
+async def test_a_method_is_answered_alike_by_either_parser(
+        parser: str, line: bytes, status: int, code: str | None) -> None:
+    """aiohttp's Python parser took any token as a method (upper-cased: `get` was GET):
+    the `FOO` its C parser refuses, a 501, was routed there (a 405, a 404). Either parser
+    reads the same methods, and each line gets the same answer."""
+    listener = await start()
+    try:
+        reader, writer = await connect(listener)
+        writer.write(line + b"\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+                     + b"\r\n\r\n")
+        got, _, raw = await response(reader)
+        assert got == status, (parser, raw)
+        if code is not None:
+            assert json.loads(raw)["error"]["code"] == code
+            assert KEY not in raw.decode()
+        if status == 501:
+            assert await closed_by_server(reader)
+        writer.close()
+    finally:
+        await listener.close()
