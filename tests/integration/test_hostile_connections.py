@@ -926,3 +926,35 @@ async def test_a_method_is_answered_alike_by_either_parser(
         writer.close()
     finally:
         await listener.close()
+
+
+@pytest.mark.parametrize("data", [
+    LIVE + b"G@T / HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"G@T / HTTP/1.1\r\nHost: x\r\n\r\n" + LIVE,
+    LIVE + LIVE + b"GET /\x01 HTTP/1.1\r\n\r\n" + LIVE,
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Authorization: Bearer " + KEY.encode() + b"\r\n\r\n{}G@T / HTTP/1.1\r\n\r\n",
+])
+async def test_requests_pipelined_with_a_malformed_one_end_in_its_400(
+        parser: str, data: bytes) -> None:
+    """Requests sent in one packet with a malformed request line: aiohttp's parser drops
+    what it read of that packet before the error (the requests before it are not served:
+    none ran), and the client gets the 400, OpenAI-shaped, as the connection's last
+    answer; the connection is closed and nothing of it is held (no hang, no leak)."""
+    listener = await start()
+    try:
+        reader, writer = await connect(listener)
+        writer.write(data)
+        async with asyncio.timeout(WAIT):
+            got = await reader.read()  # (to the server's close)
+        heads = [line for line in got.split(b"\r\n") if line.startswith(b"HTTP/1.1 ")]
+        assert heads and heads[-1] == b"HTTP/1.1 400 Bad Request", (parser, got)
+        assert all(h == b"HTTP/1.1 200 OK" for h in heads[:-1])
+        assert json.loads(got[got.rindex(b"\r\n\r\n") + 4:])["error"]["code"] == (
+            "invalid_http_request")
+        assert KEY.encode() not in got
+        writer.close()
+        await eventually(lambda: not listener.guard.open, timeout=WAIT)
+        assert listener.guard.head_held == 0
+    finally:
+        await listener.close()
