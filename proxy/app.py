@@ -17,7 +17,7 @@ from .app_state import STATE, AppState
 from .auth import Authenticator, KeyConfigError
 from .chain import Services, build_plugins, compose, deadline_warnings
 from .connections import guard_middleware
-from .cors import Cors
+from .cors import CORS, Cors
 from .embedding import LocalEmbedder
 from .engine.base import Engine
 from .loop import freeze_startup_heap, one_blas_thread
@@ -79,6 +79,7 @@ def create_app(
     app.on_response_prepare.append(request_id_header)
     if cors is not None:
         app.on_response_prepare.append(cors.on_response_prepare)
+        app[CORS] = cors
     app[STATE] = AppState(settings=settings, terminal=terminal, auth=auth, metrics=metrics,
                           plugins=plugins, chain=chain, embed_chain=embed_chain,
                           embedder=embedder)

@@ -40,6 +40,7 @@ malformed head) are replaced by OpenAI-shaped ones that do not quote the request
 from __future__ import annotations
 
 import asyncio
+import re
 import resource
 from collections.abc import Callable
 from typing import Any, cast
@@ -48,7 +49,7 @@ from aiohttp import StreamReader, web
 from aiohttp.typedefs import Handler
 
 from .ids import new_hex
-from .wire_errors import REFUSAL, OpenAIErrors, head_too_large, heads_full
+from .wire_errors import Grant, OpenAIErrors, head_too_large, heads_full, refusal
 
 _RESERVED_FDS = 256  # for the engine, Redis, log files, the embedding model ...
 
@@ -62,6 +63,12 @@ def default_max_connections() -> int:
 
 
 _HEAD_END = b"\r\n\r\n"
+
+#: A head's `Origin` field line, whole (its value: `Cors.wire_grant`'s to judge).
+_ORIGIN_LINE = re.compile(rb"\n(?i:origin):([^\r\n]*)\r?\n")
+#: The longest line kept, across a head's pieces, as it may be an `Origin` one (an
+#: origin listed is `scheme://host:port`, a host 253 bytes at most).
+_ORIGIN_LINE_MAX = 1024
 
 
 class _Guarded(asyncio.Protocol):
@@ -85,6 +92,8 @@ class _Guarded(asyncio.Protocol):
         self._held = False  # reading paused for them
         self._write_timer: asyncio.TimerHandle | None = None
         self.paused = False  # the transport's buffer is full: writes wait on the client
+        self.origin: str | None = None  # the head's `Origin` (where `server.cors` is on)
+        self._origin_tail = b""  # its line, begun (from its `\n`), where it came split
 
     def connection_made(self, base: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
@@ -95,7 +104,7 @@ class _Guarded(asyncio.Protocol):
             self.refused = True
             g.refused += 1
             g.note("refused")
-            transport.write(REFUSAL)
+            transport.write(g.refusal)
             transport.close()
             return
         g.open[transport] = self
@@ -111,6 +120,7 @@ class _Guarded(asyncio.Protocol):
                 self._unread is None or self._unread.is_eof()):
             self._unread, self._head_bytes, self._head_tail = None, 0, b""
             self._head_begun = False
+            self.origin, self._origin_tail = None, b""
         if self._head_bytes is not None and self._head_too_large(data):
             return
         ahead = self.busy and self._running is not None and self._running.is_eof()
@@ -140,6 +150,8 @@ class _Guarded(asyncio.Protocol):
             self._head_begun = bool(line)
         seen = self._head_tail + data
         end = seen.find(_HEAD_END) if data else -1
+        if self.guard.cors_grant is not None and self.origin is None:
+            self._find_origin(data if end < 0 else data[:end + 4 - len(self._head_tail)])
         size = self._head_bytes + skipped + (
             len(data) if end < 0 else end + 4 - len(self._head_tail))
         g = self.guard
@@ -158,8 +170,20 @@ class _Guarded(asyncio.Protocol):
             self._hold(0)
         return False
 
+    def _find_origin(self, head: bytes) -> None:
+        """The `Origin` line in this piece of the head, or in the line begun in the last
+        one (a line past `_ORIGIN_LINE_MAX` is no origin allowed: not kept)."""
+        seen = self._origin_tail + head
+        found = _ORIGIN_LINE.search(seen)
+        if found is not None:
+            self.origin, self._origin_tail = found[1].strip(b" \t").decode("latin-1"), b""
+            return
+        line = seen.rfind(b"\n")
+        rest = seen[line:] if line >= 0 else seen if self._origin_tail else b""
+        self._origin_tail = rest if len(rest) <= _ORIGIN_LINE_MAX else b""
+
     def _refuse_head(self, reason: str, status: int, code: str,
-                     answer: Callable[[str], bytes]) -> bool:
+                     answer: Callable[[str, Grant], bytes]) -> bool:
         """Refuse the head arriving: nothing more reaches aiohttp's parser; the access
         log's line and the answer carry one request id; the connection closes."""
         assert self.transport is not None
@@ -170,7 +194,7 @@ class _Guarded(asyncio.Protocol):
         rid = new_hex()
         if self.guard.on_refused is not None:
             self.guard.on_refused(status, code, rid)
-        self.transport.write(answer(rid))
+        self.transport.write(answer(rid, self.guard.wire_grant(self.transport)))
         self.transport.close()
         return True
 
@@ -214,6 +238,7 @@ class _Guarded(asyncio.Protocol):
         it after the answer): its bytes are no head. Nor are those of the body of a
         request pipelined behind it, whose head aiohttp has parsed already."""
         self.busy -= 1
+        self.origin, self._origin_tail = None, b""  # (a head that follows has its own)
         queued = getattr(self.inner, "_messages", None)  # (aiohttp's parsed requests)
         if queued:  # the last request pipelined behind it: its body may still come
             body = queued[-1][1]
@@ -274,12 +299,17 @@ class ConnectionGuard:
                  on_close: Callable[[str], None] | None = None,
                  write_timeout_s: float = 30.0, max_head_bytes: int = 65536,
                  on_refused: Callable[[int, str | None, str], None] | None = None,
-                 max_head_bytes_in_flight: int = 64 << 20) -> None:
+                 max_head_bytes_in_flight: int = 64 << 20,
+                 cors_grant: Callable[[str | None], Grant] | None = None) -> None:
         """`on_refused(status, code, request_id)`: told of each request refused before
         it was parsed (by aiohttp's parser, or past `max_head_bytes`): the access log's
         line, with the id its answer carries. `max_head_bytes_in_flight`: the bytes of
         the heads arriving in pieces, all connections' together, at most (each stalled
-        head held about twice its size in memory, on each of thousands of connections)."""
+        head held about twice its size in memory, on each of thousands of connections).
+        `cors_grant(origin)`: `server.cors`'s headers for an answer written here, below
+        the app (`Cors.wire_grant`), by the `Origin` line found in the head's bytes."""
+        self.cors_grant = cors_grant
+        self.refusal = refusal(cors_grant(None) if cors_grant is not None else ())
         self.max_head_bytes_in_flight = max_head_bytes_in_flight
         self.head_held = 0
         self.max_connections = max_connections or default_max_connections()
@@ -301,8 +331,17 @@ class ConnectionGuard:
         """aiohttp's per-connection protocol (with OpenAI-shaped errors), guarded."""
         loop = asyncio.get_running_loop()
 
-        return self.factory(lambda: OpenAIErrors(server, loop=loop,
-                                                 on_refused=self.on_refused, **kw))
+        return self.factory(lambda: OpenAIErrors(
+            server, loop=loop, on_refused=self.on_refused,
+            wire_grant=self.wire_grant if self.cors_grant is not None else None, **kw))
+
+    def wire_grant(self, transport: Any) -> Grant:
+        """`server.cors`'s headers for an answer written below the app on `transport`:
+        by the `Origin` of the head it refuses (none where `server.cors` is off)."""
+        if self.cors_grant is None:
+            return ()
+        conn = self.open.get(transport)
+        return self.cors_grant(conn.origin if conn is not None else None)
 
     def evict_idle(self) -> bool:
         """Close the oldest idle connection (the dict keeps them oldest first)."""

@@ -22,9 +22,12 @@ With `allow_origins` set:
   every answer carries `*`, one without `Origin` too: the same for all, so an HTTP cache
   in front (which keys by `Vary` alone) never serves a page an answer granting nothing.
 
-Answers written on the connection below the app (a connection refused at the cap, a
-head too large, what aiohttp's parser refuses) carry none: the browser sees a network
-error, as for any unreachable server.
+Answers written on the connection below the app, which no middleware nor hook sees,
+are marked by `wire_grant` alike (`Vary: Origin`, and the grant where the origin is
+allowed), so a page reads their status, not a network error: what aiohttp's parser
+refuses (a 400, a 501) and a head past its bound (a 431, a 503), by the `Origin` line
+`proxy.connections` finds in the head's bytes as they come; a connection refused at the
+cap, before any byte of it is read, by `*` alone, where any origin is allowed.
 """
 
 from __future__ import annotations
@@ -101,6 +104,24 @@ class Cors:
         if self.expose and request.method != "OPTIONS":
             headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = self.expose
 
+    def wire_grant(self, origin: str | None) -> list[tuple[str, str]]:
+        """The headers `on_response_prepare` gives an answer, for one written on the
+        connection below the app to a request from `origin` (None: none found)."""
+        headers: list[tuple[str, str]] = []
+        if self.any_origin:
+            allowed: str | None = "*"
+        else:
+            allowed = self.allow_origin(origin)
+            headers.append((hdrs.VARY, "Origin"))
+        if allowed is None:
+            return headers
+        headers.append((hdrs.ACCESS_CONTROL_ALLOW_ORIGIN, allowed))
+        if self.credentials:
+            headers.append((hdrs.ACCESS_CONTROL_ALLOW_CREDENTIALS, "true"))
+        if self.expose:
+            headers.append((hdrs.ACCESS_CONTROL_EXPOSE_HEADERS, self.expose))
+        return headers
+
     def preflight(self, request: web.Request) -> web.Response:
         """A preflight's answer, or `CorsNotAllowed` saying what is not allowed."""
         origin = request.headers[hdrs.ORIGIN]
@@ -158,3 +179,8 @@ class Cors:
             return await handler(request)
 
         return cors_middleware
+
+
+#: The app's `server.cors`, where it is on (`proxy.listener` marks the answers written
+#: below the app by it).
+CORS = web.AppKey("weir_cors", Cors)

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from .app_state import STATE
 from .connections import GUARD, ConnectionGuard
+from .cors import CORS
 from .middleware import log_refused
 from .settings import ServerSettings
 from .telemetry import get_logger
@@ -54,7 +55,8 @@ async def listen(app: web.Application, settings: ServerSettings, host: str, port
                             max_head_bytes=settings.max_head_bytes,
                             max_head_bytes_in_flight=settings.max_head_bytes_in_flight,
                             on_refused=log_refused if app[STATE].settings.logging.access_log
-                            else None)
+                            else None,
+                            cors_grant=cors.wire_grant if (cors := app.get(CORS)) else None)
     metrics.connections.set_function(lambda: len(guard.open))
     app[GUARD] = guard
     # (auto_decompress: a body's Content-Encoding is decoded by `proxy.body`, strictly)

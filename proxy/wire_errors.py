@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import HttpVersion11, web
@@ -35,27 +35,42 @@ def _answer(status: str, message: str, type_: str, code: str, extra: str = "") -
     return head.encode() + body
 
 
-REFUSAL = _answer("503 Service Unavailable",
-                  "The server has too many open connections; retry shortly.",
-                  "server_error", "too_many_connections", "Retry-After: 1\r\n")
+#: The headers `server.cors` gives an answer written below the app (`Cors.wire_grant`).
+Grant = Sequence[tuple[str, str]]
 
 
-def heads_full(request_id: str) -> bytes:
+def header_lines(headers: Grant) -> str:
+    return "".join(f"{name}: {value}\r\n" for name, value in headers)
+
+
+def refusal(grant: Grant = ()) -> bytes:
+    """The 503 of a connection refused at the cap (`grant`: `server.cors`'s headers)."""
+    return _answer("503 Service Unavailable",
+                   "The server has too many open connections; retry shortly.",
+                   "server_error", "too_many_connections",
+                   "Retry-After: 1\r\n" + header_lines(grant))
+
+
+REFUSAL = refusal()
+
+
+def heads_full(request_id: str, grant: Grant = ()) -> bytes:
     """The 503 of a head growing past the bound on all heads arriving, carrying the id
     its access-log line names (`x-request-id`, as `head_too_large`)."""
     return _answer("503 Service Unavailable",
                    "The server is receiving too many request heads at once; retry shortly.",
                    "server_error", "overloaded",
-                   f"Retry-After: 1\r\nx-request-id: {request_id}\r\n")
+                   f"Retry-After: 1\r\nx-request-id: {request_id}\r\n"
+                   + header_lines(grant))
 
 
-def head_too_large(request_id: str) -> bytes:
+def head_too_large(request_id: str, grant: Grant = ()) -> bytes:
     """The 431 of a request head past its bound, carrying the id its access-log line
     names (`x-request-id`, as every other answer does)."""
     return _answer("431 Request Header Fields Too Large",
                    "The request head (its request line and header fields) is too large.",
                    "invalid_request_error", "request_header_fields_too_large",
-                   f"x-request-id: {request_id}\r\n")
+                   f"x-request-id: {request_id}\r\n" + header_lines(grant))
 
 
 def answer_in_http_1_1(request: web.BaseRequest) -> None:
@@ -91,13 +106,17 @@ class OpenAIErrors(web.RequestHandler):
     each request its parser refused (the access log's line), with the id its answer
     carries (`x-request-id`, made here: no middleware gave it one)."""
 
-    __slots__ = ("on_refused",)
+    __slots__ = ("on_refused", "wire_grant")
 
     def __init__(self, *args: Any,
                  on_refused: Callable[[int, str | None, str], None] | None = None,
+                 wire_grant: Callable[[Any], Grant] | None = None,
                  **kw: Any) -> None:
+        """`wire_grant(transport)`: `server.cors`'s headers for an answer to what the
+        parser refused on that connection (`ConnectionGuard.wire_grant`)."""
         super().__init__(*args, **kw)
         self.on_refused = on_refused
+        self.wire_grant = wire_grant
         if type(self._parser) is HttpRequestParserPy:  # (AIOHTTP_NO_EXTENSIONS, no C)
             self._parser.__class__ = _LlhttpMethods
 
@@ -123,6 +142,11 @@ class OpenAIErrors(web.RequestHandler):
         rid = _given_id(request) or new_hex()
         resp = web.json_response(err.to_body(), status=status,
                                  headers={**err.headers, "x-request-id": rid})
+        if isinstance(exc, HttpProcessingError) and self.wire_grant is not None:
+            # (no middleware, no `on_response_prepare` hook runs for it: `server.cors`'s
+            # headers are given here, by the Origin line of the head as it came)
+            for name, value in self.wire_grant(self.transport):
+                resp.headers.add(name, value)
         resp.force_close()
         answer_in_http_1_1(request)
         if isinstance(exc, HttpProcessingError) and self.on_refused is not None:

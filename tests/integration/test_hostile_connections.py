@@ -958,3 +958,99 @@ async def test_requests_pipelined_with_a_malformed_one_end_in_its_400(
         assert listener.guard.head_held == 0
     finally:
         await listener.close()
+
+
+APP = "https://app.example.com"
+_BIG = b"".join(b"X-F%d: " % i + b"a" * 4000 + b"\r\n" for i in range(8))
+
+
+@pytest.mark.parametrize(("head", "status"), [
+    # (a head past `max_head_bytes`, its Origin line whole, or split across two pieces)
+    ([b"GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: " + APP.encode() + b"\r\n" + _BIG],
+     431),
+    ([b"GET /v1/models HTTP/1.1\r\nHost: x\r\nOrig", b"in: " + APP.encode()[:12],
+      APP.encode()[12:] + b"\r\n" + _BIG], 431),
+    ([b"GET /v1/models HTTP/1.1\r\nHost: x\r\norigin:" + APP.encode() + b" \r\n"
+      b"Bad\x01Field: x\r\n\r\n"], 400),  # (what the parser refuses)
+    ([b"FOO /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: " + APP.encode() + b"\r\n\r\n"], 501),
+])
+@pytest.mark.parametrize("origins", [[APP], ["*"], ["https://other.example.com"]])
+async def test_an_answer_below_the_app_to_an_allowed_origin_grants_it(
+        head: list[bytes], status: int, origins: list[str]) -> None:
+    """Answers written on the connection below the app (a head too large, what the
+    parser refuses) carried no CORS headers: a page saw a network error, not the status.
+    They carry what every other answer does, by the Origin line of the head as it came:
+    the grant where it is allowed (only then), and `Vary: Origin` where origins are
+    listed."""
+    listener = await start(max_head_bytes=16384, cors={"allow_origins": origins})
+    try:
+        reader, writer = await connect(listener)
+        for piece in head:
+            writer.write(piece)
+            await writer.drain()
+        got, headers, raw = await response(reader)
+        assert got == status, raw
+        granted = {"*": "*", APP: APP}.get(origins[0])
+        assert headers.get("access-control-allow-origin") == granted
+        assert ("x-request-id" in headers.get("access-control-expose-headers", "")) == (
+            granted is not None)
+        assert (headers.get("vary") == "Origin") == (origins != ["*"])
+        assert await closed_by_server(reader)
+        writer.close()
+    finally:
+        await listener.close()
+
+
+async def test_an_answer_below_the_app_grants_no_origin_another_head_sent() -> None:
+    """The Origin line is the refused head's own: one sent with an earlier request on
+    the connection, or in its body, grants nothing; `server.cors` off, nothing at all."""
+    listener = await start(max_head_bytes=16384, cors={"allow_origins": [APP]})
+    try:
+        reader, writer = await connect(listener)
+        body = b"\r\nOrigin: " + APP.encode() + b"\r\n"
+        writer.write(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nOrigin: " + APP.encode()
+                     + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        assert (await response(reader))[0] == 401
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + _BIG)
+        got, headers, _ = await response(reader)
+        assert got == 431 and "access-control-allow-origin" not in headers
+        writer.close()
+    finally:
+        await listener.close()
+    listener = await start(max_head_bytes=16384)
+    try:
+        reader, writer = await connect(listener)
+        writer.write(b"FOO / HTTP/1.1\r\nOrigin: " + APP.encode() + b"\r\n\r\n")
+        got, headers, _ = await response(reader)
+        assert got == 501 and not any(h.startswith("access-control") or h == "vary"
+                                      for h in headers)
+        writer.close()
+    finally:
+        await listener.close()
+
+
+@pytest.mark.parametrize("origins", [[APP], ["*"]])
+async def test_a_connection_refused_at_the_cap_grants_any_origin_alone(
+        origins: list[str]) -> None:
+    """Refused at the cap before a byte of its head is read, a connection's 503 cannot
+    know its origin: it grants `*` where any origin is allowed, and nothing (but
+    `Vary: Origin`) where origins are listed."""
+    listener = await start(max_connections=1, cors={"allow_origins": origins})
+    try:
+        held = await connect(listener)
+        held[1].write(b"GET /health/live HTTP/1.1\r\n")  # (a head in progress: not idle)
+        await held[1].drain()
+        await eventually(lambda: any(not c.idle for c in listener.guard.open.values()),
+                         timeout=WAIT)
+        reader, writer = await connect(listener)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: " + APP.encode()
+                     + b"\r\n\r\n")
+        got, headers, _ = await response(reader)
+        assert got == 503
+        assert headers.get("access-control-allow-origin") == ("*" if origins == ["*"]
+                                                              else None)
+        assert (headers.get("vary") == "Origin") == (origins != ["*"])
+        for w in (writer, held[1]):
+            w.close()
+    finally:
+        await listener.close()
