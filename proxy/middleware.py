@@ -31,6 +31,7 @@ from .app_state import INFO, REQUEST_ID, RESPONSE_HEADERS, STATE
 from .errors import (
     ExpectationFailed,
     MethodNotAllowed,
+    MethodNotImplemented,
     NotFound,
     PayloadTooLarge,
     RequestTimeout,
@@ -50,7 +51,7 @@ from .streaming import (
 )
 from .telemetry import Metrics, error_fields, get_logger, labelled
 from .tracing import extract, tracer, tracing_enabled
-from .wire_errors import answer_in_http_1_1
+from .wire_errors import PARSED_METHODS, answer_in_http_1_1
 
 log = get_logger("weir.http")
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -457,13 +458,20 @@ async def http_version_middleware(request: web.Request,
     """A request line naming a version other than HTTP/1.0 and 1.1 (`HTTP/2.0`, `HTTP/0.9`:
     aiohttp's parser takes any `1.x`-free major) was served, its answer's status line
     echoing that version (`HTTP/2.0 200 OK`), which no client of either version reads. It
-    gets a 505 that ends the connection, its status line HTTP/1.1 (as nginx answers)."""
-    if request.version in (HttpVersion10, HttpVersion11):
+    gets a 505 that ends the connection, its status line HTTP/1.1 (as nginx answers).
+    A method none of `PARSED_METHODS` (RTSP's `DESCRIBE`, which aiohttp's C parser reads
+    in an RTSP request line, `RTSP/1.0`, as version 1.0) is the 501 it is in an HTTP
+    line, not routed."""
+    if request.method not in PARSED_METHODS:
+        error: WeirError = MethodNotImplemented(
+            "The request method is not implemented by this server.")
+    elif request.version in (HttpVersion10, HttpVersion11):
         return await handler(request)
+    else:
+        error = VersionNotSupported(
+            "Unsupported HTTP version in the request line; send HTTP/1.1.")
     answer_in_http_1_1(request)
-    resp = _refusal(request, VersionNotSupported(
-        "Unsupported HTTP version in the request line; send HTTP/1.1."),
-        request.get(REQUEST_ID))
+    resp = _refusal(request, error, request.get(REQUEST_ID))
     resp.force_close()
     return resp
 

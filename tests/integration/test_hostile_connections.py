@@ -1054,3 +1054,27 @@ async def test_a_connection_refused_at_the_cap_grants_any_origin_alone(
             w.close()
     finally:
         await listener.close()
+
+
+@pytest.mark.parametrize("line", [b"DESCRIBE /v1/models RTSP/1.0",
+                                  b"SETUP /v1/chat/completions RTSP/1.0",
+                                  b"GET_PARAMETER /nope RTSP/1.0"])
+async def test_an_rtsp_method_in_an_rtsp_request_line_is_a_501_under_either_parser(
+        parser: str, line: bytes) -> None:
+    """aiohttp's C parser (llhttp) reads a request line of RTSP (`RTSP/1.0`), its
+    methods included: `DESCRIBE` was routed (a 405, a 404), where its Python parser, and
+    either one for an `HTTP/1.1` line, answers the 501 of a method Weir knows nothing of."""
+    listener = await start()
+    try:
+        reader, writer = await connect(listener)
+        writer.write(line + b"\r\nHost: x\r\nCSeq: 1\r\nAuthorization: Bearer "
+                     + KEY.encode() + b"\r\n\r\n")
+        got, headers, raw = await response(reader)
+        assert got == 501, (parser, raw)
+        assert json.loads(raw)["error"]["code"] == "method_not_implemented"
+        assert headers.get("x-should-retry") == "false"
+        assert KEY not in raw.decode()
+        assert await closed_by_server(reader)
+        writer.close()
+    finally:
+        await listener.close()
