@@ -241,7 +241,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
                 # made every caller whose id is an address one user upstream)
                 update[field] = keyed_digest(value, self.services.gateway_secret(),
                                              "identifier")
-        metadata = getattr(req, "metadata", None)
+        metadata = _own_metadata(req)
         if metadata and (values := screened_values(
                 dict(metadata), self._reading(fired))) != metadata:
             update["metadata"] = values
@@ -1022,7 +1022,14 @@ def _chat_parts(req: ChatCompletionRequest, messages: int,
 def _caller_chars(req: ChatCompletionRequest | CompletionRequest) -> int:
     """Characters of the caller's texts `_caller_texts` reads."""
     n = sum(len(v) for f in _CALLER_FIELDS if isinstance(v := getattr(req, f, None), str))
-    return n + sum(len(k) + len(v) for k, v in (getattr(req, "metadata", None) or {}).items())
+    return n + sum(len(k) + len(v) for k, v in (_own_metadata(req) or {}).items())
+
+
+def _own_metadata(req: ChatCompletionRequest | CompletionRequest) -> dict[str, str] | None:
+    """A chat request's `metadata` (a string map, as parsed). `/v1/completions` names
+    none: a `metadata` sent there is a field the API does not name, of any JSON shape,
+    read with the others (`_extras`); read as a string map, a list in it was a 500."""
+    return req.metadata if isinstance(req, ChatCompletionRequest) else None
 
 
 def _all_call_ids(req: ChatCompletionRequest) -> set[str]:

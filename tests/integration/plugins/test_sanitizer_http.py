@@ -252,6 +252,29 @@ async def test_a_responses_metadata_is_read_once_what_it_keeps_redacted_blocks(
                                                                "b": "plain"}
 
 
+async def test_a_completion_s_metadata_of_any_shape_is_an_extra_field(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """`/v1/completions` names no `metadata`: sent, it is a field the API does not name,
+    of any JSON shape, read as the others are (a `block` detector firing in it refuses
+    the request). With a detector that redacts, the sanitizer read it as chat's string
+    map: a string, a list or a number in it was a 500."""
+    client = await make_client(plugins=sanitizer(detectors={"secret": "block"}))
+    shapes: list[Any] = ["x", [1], 7, {"a": 1}, {"a": None}, {"a": {"b": [KEY]}}, {"a": "b"}]
+    for metadata in shapes:
+        r = await client.post("/v1/completions", json={
+            "model": "fake-model", "prompt": "hi", "max_tokens": 2, "metadata": metadata})
+        blocked = KEY in json.dumps(metadata)
+        assert r.status == (400 if blocked else 200), (metadata, await r.text())
+        if blocked:
+            assert (await r.json())["error"]["code"] == "content_policy_violation"
+    for metadata in [KEY, [KEY], {"k": KEY}, {KEY: "v"}]:
+        r = await client.post("/v1/completions", json={
+            "model": "fake-model", "prompt": "hi", "max_tokens": 2, "metadata": metadata})
+        assert r.status == 400, (metadata, await r.text())
+        assert (await r.json())["error"]["code"] == "content_policy_violation"
+    assert len(fake_engine.calls) == 6
+
+
 async def test_an_echo_with_logprobs_is_the_prompt_its_tokens_spell(
         make_client: MakeClient, fake_engine: FakeEngine) -> None:
     """With `logprobs`, an echo's prompt tokens are scored, and they are the tokens of
