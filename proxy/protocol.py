@@ -412,12 +412,46 @@ class InvalidFunctionParameters(ValueError):
     """OpenAI's code for it: `invalid_function_parameters`."""
 
 
+class StrictSchemaRefused(ValueError):
+    """`strict: true` on a schema strict mode refuses, answered as OpenAI answers it: its
+    message whole, the param it names (`param`, or the validator's own with `suffix`)
+    and its code."""
+
+    def __init__(self, message: str, code: str | None, suffix: str = "",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.code, self.suffix, self.param = message, code, suffix, param
+
+    def at(self, param: str) -> InvalidRequest:
+        return InvalidRequest(self.message, param=self.param or param + self.suffix,
+                              code=self.code)
+
+
+#: OpenAI's limits on a schema in strict mode (Structured Outputs, "Supported
+#: schemas"): object properties in all, levels of objects, enum values in all, the
+#: characters of a string enum's values where it has over 250, the characters of
+#: property and definition names, enum and const values in all.
+STRICT_LIMITS = {"properties": 5000, "depth": 10, "enum values": 1000,
+                 "long enum chars": 15_000, "chars": 120_000}
+#: What types a subschema in strict mode (one of them must be there).
+_TYPED = ("type", "anyOf", "oneOf", "$ref", "enum", "const")
+
+
+def _objects(node: dict[str, Any]) -> bool:
+    kind = node.get("type")
+    return kind == "object" or (isinstance(kind, list) and "object" in kind)
+
+
 def strict_problem(schema: dict[str, Any]) -> str | None:
     """What OpenAI's strict mode (`"strict": true`) refuses in a schema, in its words, or
-    None: every object must say `additionalProperties: false` and list every property in
-    `required`, and only those (the grammar then holds the answer to exactly that
-    shape); the root is an object; and no keyword the grammar cannot hold (`STRICT_REFUSED`:
-    accepted, it would be dropped, and the answer could break the schema it promised)."""
+    None: every object must say `additionalProperties: false`, have `properties` and list
+    every one in `required`, and only those (the grammar then holds the answer to exactly
+    that shape); the root is an object; every subschema says what it holds (a `type`, an
+    `anyOf`, a `$ref`, an `enum` or a `const`: `{}` and `true` are any value); no keyword
+    the grammar cannot hold (`STRICT_REFUSED`: accepted, it would be dropped, and the
+    answer could break the schema it promised); and the schema is within its documented
+    limits (`STRICT_LIMITS`). The parameters themselves may say no type: `{}` is a
+    function of no arguments, as absent `parameters` are."""
     root = schema.get("type")
     if root is None and any(k in schema for k in ("anyOf", "oneOf", "allOf")):
         # (OpenAI: the root must be an object, not an `anyOf`)
@@ -425,50 +459,80 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
     if root is not None and root != "object":
         got = shown(orjson.dumps(root).decode())
         return f"schema must be a JSON Schema of 'type: \"object\"', got 'type: {got}'."
-    stack: list[tuple[Any, tuple[str, ...]]] = [(schema, ())]
+    limits = STRICT_LIMITS
+    properties = enum_values = text = 0
+    # (a subschema, where it stands, the objects it is in)
+    stack: list[tuple[Any, tuple[str, ...], int]] = [(schema, (), 0)]
     while stack:
-        node, where = stack.pop()
-        if not isinstance(node, dict):
+        node, where, depth = stack.pop()
+        if node is False:  # (no value: allowed where a schema stands)
             continue
+        context = f"In context={shown(where, 256)}"
+        if not isinstance(node, dict) or (node is not schema and not any(
+                k in node for k in _TYPED)):
+            return f"{context}, schema must have a 'type' key."
         refused = next((k for k in node if k in STRICT_REFUSED), None)
         if refused is not None:
-            return f"In context={shown(where, 256)}, '{refused}' is not permitted."
-        kind = node.get("type")
+            return f"{context}, '{refused}' is not permitted."
         props = node.get("properties")
-        if kind == "object" or (isinstance(kind, list) and "object" in kind) or isinstance(
-                props, dict):
-            context = f"In context={shown(where, 256)}"
+        if _objects(node) or isinstance(props, dict):
             if node.get("additionalProperties") is not False:
                 return (f"{context}, 'additionalProperties' is required to be supplied and "
-                        "to be false")
-            missing = [k for k in props or {} if k not in (node.get("required") or ())]
+                        "to be false.")
+            if not isinstance(props, dict):
+                return f"{context}, object schema missing properties."
+            required = node.get("required")
+            missing = [k for k in props if k not in (required or ())]
             if missing:
                 return (f"{context}, 'required' is required to be supplied and to be an "
                         "array including every key in properties. Missing "
-                        f"'{shown(missing[0])}'")
-            required = node.get("required")
-            extra = [k for k in required if isinstance(k, str) and k not in (props or {})
+                        f"'{shown(missing[0])}'.")
+            extra = [k for k in required if isinstance(k, str) and k not in props
                      ] if isinstance(required, list) else []
             if extra:
                 return (f"{context}, 'required' is required to be supplied and to be an "
                         "array including every key in properties. Extra required key "
                         f"'{shown(extra[0])}' supplied.")
-        for key, sub in node.items():  # (subschemas only: `x-meta` and the like are data)
-            if key in SCHEMA_MAPS and isinstance(sub, dict):
-                stack.extend((v, (*where, key, name)) for name, v in sub.items())
-            elif key in SUBSCHEMA and isinstance(sub, dict):
-                stack.append((sub, (*where, key)))
-            elif key in SUBSCHEMAS and isinstance(sub, list):
-                stack.extend((v, (*where, key, str(i))) for i, v in enumerate(sub))
+        if _objects(node):
+            depth += 1
+            if depth > limits["depth"]:
+                return (f"{context}, objects are nested more than {limits['depth']} levels "
+                        "deep, past strict mode's limit.")
+        if isinstance(props, dict):
+            properties += len(props)
+        for key in ("$defs", "definitions", "properties"):
+            names = node.get(key)
+            text += sum(map(len, names)) if isinstance(names, dict) else 0
+        values = node.get("enum")
+        if isinstance(values, list):
+            enum_values += len(values)
+            strings = sum(len(v) for v in values if isinstance(v, str))
+            text += strings
+            if len(values) > 250 and strings > limits["long enum chars"]:
+                return (f"{context}, an enum of more than 250 values has more than "
+                        f"{limits['long enum chars']} characters in its strings, past "
+                        "strict mode's limit.")
+        if isinstance(node.get("const"), str):
+            text += len(node["const"])
+        past = (f"more than {limits['properties']} object properties"
+                if properties > limits["properties"] else
+                f"more than {limits['enum values']} enum values"
+                if enum_values > limits["enum values"] else
+                f"more than {limits['chars']} characters of property and definition names, "
+                "enum and const values" if text > limits["chars"] else None)
+        if past is not None:
+            return f"{context}, the schema has {past} in all, past strict mode's limit."
+        stack.extend((sub, (*where, *at), depth) for at, sub in subschemas(node))
     return None
 
 
 def check_strict(what: str, schema: dict[str, Any] | None, strict: bool | None,
-                 error: type[ValueError] = ValueError) -> None:
-    """`strict: true` on a schema strict mode refuses: a 400 saying why (OpenAI's words;
-    a function's `error` is `InvalidFunctionParameters`, its code)."""
+                 code: str | None, suffix: str = "", param: str | None = None) -> None:
+    """`strict: true` on a schema strict mode refuses: a 400 saying why, in OpenAI's
+    words, naming the param and with the code it names (`StrictSchemaRefused`)."""
     if strict and schema is not None and (problem := strict_problem(schema)):
-        raise error(f"Invalid schema for {what}: {problem}")
+        raise StrictSchemaRefused(f"Invalid schema for {what}: {problem}", code, suffix,
+                                  param)
 
 
 #: A function tool's `parameters`: a JSON schema (`check_json_schema`) of an object.
@@ -485,7 +549,7 @@ class FunctionDef(_Open):
     @model_validator(mode="after")
     def _strict_schema(self) -> FunctionDef:
         check_strict(f"function '{shown(self.name)}'", self.parameters, self.strict,
-                     InvalidFunctionParameters)
+                     "invalid_function_parameters", ".parameters")
         return self
 
 
@@ -528,6 +592,39 @@ def schema_nodes(schema: Any) -> Iterator[dict[str, Any]]:
                          if k not in SCHEMA_DATA)
         elif isinstance(x, list):
             stack.extend((v, False) for v in x)
+
+
+def subschemas(node: dict[str, Any]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """The subschemas right under a schema, each with where it stands under it
+    (`("properties", "a")`, `("anyOf", "0")`, `("items",)`): a map of names' values
+    (`properties`, `$defs`, ...), a list's items (`anyOf`, `prefixItems`, ...), a
+    keyword's one subschema (`items`, `not`, ...; `true` and `false` too). Not data
+    (`enum`, `default`), nor what no keyword of a schema holds (`x-meta`)."""
+    for key, sub in node.items():
+        if key in SCHEMA_MAPS and isinstance(sub, dict):
+            for name, v in sub.items():
+                yield (key, name), v
+        elif (key in SUBSCHEMAS or key in SUBSCHEMA) and isinstance(sub, list):
+            for i, v in enumerate(sub):
+                yield (key, str(i)), v
+        elif key in SUBSCHEMA and isinstance(sub, dict | bool):
+            yield (key,), sub
+
+
+def with_subschemas(node: dict[str, Any], f: Callable[[Any], Any]) -> dict[str, Any]:
+    """A copy of `node` with `f` of each subschema right under it (`subschemas`') in
+    its place, the rest as it is."""
+    out: dict[str, Any] = {}
+    for key, sub in node.items():
+        if key in SCHEMA_MAPS and isinstance(sub, dict):
+            out[key] = {name: f(v) for name, v in sub.items()}
+        elif (key in SUBSCHEMAS or key in SUBSCHEMA) and isinstance(sub, list):
+            out[key] = [f(v) for v in sub]
+        elif key in SUBSCHEMA and isinstance(sub, dict | bool):
+            out[key] = f(sub)
+        else:
+            out[key] = sub
+    return out
 
 
 def schema_refs(schema: dict[str, Any]) -> Iterator[str]:
@@ -973,7 +1070,9 @@ class JsonSchemaFormat(_Open):
 
     @model_validator(mode="after")
     def _strict_schema(self) -> JsonSchemaFormat:
-        check_strict(f"response_format '{shown(self.name)}'", self.schema_, self.strict)
+        # (OpenAI names `response_format`, with no code)
+        check_strict(f"response_format '{shown(self.name)}'", self.schema_, self.strict,
+                     None, param="response_format")
         return self
 
 
@@ -1561,6 +1660,8 @@ def _described(err: Any, param: str) -> InvalidRequest:
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, StrictSchemaRefused):  # (OpenAI's message whole, its param)
+        return cause.at(param)
     end = "" if msg.endswith((".", "!", "?")) else "."  # (a check's own message may end one)
     return InvalidRequest(f"Invalid value{where}: {msg}{end}", param=param or None,
                           code=("invalid_function_parameters"

@@ -12,7 +12,6 @@ honour (a built-in tool such as `web_search`, an image part) is a 400 naming it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, PrivateAttr, Tag, TypeAdapter, model_validator
@@ -24,11 +23,7 @@ from ..protocol import (
     MAX_GRAMMAR_NODES,
     MAX_SCHEMA_NODES,
     MODERATION,
-    SCHEMA_MAPS,
-    SUBSCHEMA,
-    SUBSCHEMAS,
     CallerFields,
-    InvalidFunctionParameters,
     JsonSchema,
     Metadata,
     MinP,
@@ -41,6 +36,7 @@ from ..protocol import (
     Unsupported,
     _NullIsDefault,
     _Open,
+    _pointed,
     check_enums,
     check_strict,
     check_unique_names,
@@ -53,7 +49,9 @@ from ..protocol import (
     refuse_other_tools,
     refuse_unsupported,
     strict_problem,
+    subschemas,
     type_of,
+    with_subschemas,
 )
 
 
@@ -231,7 +229,7 @@ class FunctionTool(_Open):
     @model_validator(mode="after")
     def _strict_schema(self) -> FunctionTool:
         check_strict(f"function '{shown(self.name)}'", self.parameters, self.strict,
-                     InvalidFunctionParameters)
+                     "invalid_function_parameters", ".parameters")
         if self.strict is None:  # (OpenAI's default here, unlike Chat Completions')
             normal = None if self.parameters is None else strict_normalized(self.parameters)
             self.strict = self.parameters is None or normal is not None
@@ -255,16 +253,7 @@ def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
     def walk(node: Any) -> Any:
         if not isinstance(node, dict):
             return node
-        out: dict[str, Any] = {}
-        for key, sub in node.items():
-            if key in SCHEMA_MAPS and isinstance(sub, dict):
-                out[key] = {name: walk(v) for name, v in sub.items()}
-            elif key in SUBSCHEMA and isinstance(sub, dict):
-                out[key] = walk(sub)
-            elif key in SUBSCHEMAS and isinstance(sub, list):
-                out[key] = [walk(v) for v in sub]
-            else:
-                out[key] = sub
+        out = with_subschemas(node, walk)
         kind = node.get("type")
         props = node.get("properties")
         if kind == "object" or (isinstance(kind, list) and "object" in kind) or isinstance(
@@ -278,88 +267,9 @@ def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
         return out
 
     normal = walk(schema)
-    if strict_problem(normal) or beyond_strict(normal) or not finite(normal):
+    if strict_problem(normal) or not finite(normal):
         return None
     return normal  # type: ignore[no-any-return]
-
-
-#: OpenAI's limits on a schema in strict mode (Structured Outputs, "Supported
-#: schemas"): object properties in all, levels of objects, enum values in all, the
-#: characters of a string enum's values where it has over 250, the characters of
-#: property and definition names, enum and const values in all.
-_STRICT_LIMITS = {"properties": 5000, "depth": 10, "enum values": 1000,
-                  "long enum chars": 15_000, "chars": 120_000}
-#: What types a subschema in strict mode (one of them must be there).
-_TYPED = ("type", "anyOf", "oneOf", "$ref", "enum", "const")
-
-
-def beyond_strict(schema: dict[str, Any]) -> bool:
-    """Whether a normalized schema holds what OpenAI's strict mode takes no schema of
-    (its "Supported schemas"), so that OpenAI would serve the tool non-strict: an object
-    with no `properties` (any keys: closed, it would take `{}` alone); a subschema with
-    no type (`{}`, `true`: any value; it must say a `type`, or be an `anyOf`, a `$ref`,
-    an `enum` or a `const`); a schema past its documented limits (`_STRICT_LIMITS`). The
-    parameters themselves may say no type: `{}` is a function of no arguments, as an
-    absent `parameters` is."""
-    properties = enum_values = text = 0
-    stack: list[tuple[Any, int]] = [(schema, 0)]  # (a subschema, the objects it is in)
-    while stack:
-        node, depth = stack.pop()
-        if node is False:  # (no value: `finite` judges it)
-            continue
-        if not isinstance(node, dict) or (node is not schema and not any(
-                k in node for k in _TYPED)):
-            return True
-        kinds = node.get("type")
-        props = node.get("properties")
-        if kinds == "object" or (isinstance(kinds, list) and "object" in kinds):
-            if not isinstance(props, dict):
-                return True
-            depth += 1
-        if isinstance(props, dict):
-            properties += len(props)
-        for key in ("$defs", "definitions", "properties"):
-            names = node.get(key)
-            text += sum(map(len, names)) if isinstance(names, dict) else 0
-        values = node.get("enum")
-        if isinstance(values, list):
-            enum_values += len(values)
-            strings = sum(len(v) for v in values if isinstance(v, str))
-            text += strings
-            if len(values) > 250 and strings > _STRICT_LIMITS["long enum chars"]:
-                return True
-        if isinstance(node.get("const"), str):
-            text += len(node["const"])
-        if depth > _STRICT_LIMITS["depth"] or properties > _STRICT_LIMITS["properties"] \
-                or enum_values > _STRICT_LIMITS["enum values"] \
-                or text > _STRICT_LIMITS["chars"]:
-            return True
-        stack.extend((sub, depth) for sub in _subschemas(node))
-    return False
-
-
-def _subschemas(node: dict[str, Any]) -> Iterator[Any]:
-    """The subschemas right under a schema (`true` and `false` too; not data)."""
-    for key, sub in node.items():
-        if key in SCHEMA_MAPS and isinstance(sub, dict):
-            yield from sub.values()
-        elif key in SUBSCHEMA and isinstance(sub, dict | bool):
-            yield sub
-        elif key in SUBSCHEMAS and isinstance(sub, list):
-            yield from sub
-
-
-def _pointed(schema: dict[str, Any], ref: str) -> Any:
-    """What a local `$ref` (`#`, `#/$defs/a`) points at in `schema`; None where nothing."""
-    node: Any = schema
-    for part in ref[1:].split("/")[1:] if ref not in ("#", "#/") else ():
-        if isinstance(node, dict):
-            node = node.get(part)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return None
-    return node
 
 
 #: How many subschemas `finite` may read per node and edge of a schema.
@@ -386,7 +296,7 @@ def finite(schema: dict[str, Any]) -> bool:
         node = stack.pop()
         if isinstance(node, dict):
             nodes.append(node)
-            stack.extend(_subschemas(node))
+            stack.extend(sub for _, sub in subschemas(node))
     nodes.reverse()
     resting: dict[int, list[dict[str, Any]]] = {}  # a node -> the nodes resting on it
     pointed: dict[int, Any] = {}  # a node -> what its `$ref` points at (read once)
@@ -394,7 +304,7 @@ def finite(schema: dict[str, Any]) -> bool:
         ref = node.get("$ref")
         if isinstance(ref, str):
             pointed[id(node)] = _pointed(schema, ref)
-        for sub in [*_subschemas(node), pointed.get(id(node))]:
+        for sub in [*(sub for _, sub in subschemas(node)), pointed.get(id(node))]:
             if isinstance(sub, dict):
                 resting.setdefault(id(sub), []).append(node)
     fits: set[int] = set()
@@ -492,7 +402,9 @@ class TextFormat(_Open):
     def _schema_given(self) -> TextFormat:
         if self.type != "json_schema":
             return self
-        check_strict(f"text.format '{shown(self.name)}'", self.schema_, self.strict)
+        # (OpenAI's words, `response_format`, as on Chat Completions; its code)
+        check_strict(f"response_format '{shown(self.name)}'", self.schema_, self.strict,
+                     "invalid_json_schema", ".schema")
         if self.schema_ is None:
             raise InvalidRequest("Missing required parameter: `text.format.schema`.",
                                  param="text.format.schema", code="missing_required_parameter")

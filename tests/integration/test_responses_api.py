@@ -1811,6 +1811,51 @@ async def test_a_background_answer_sent_before_its_fallback_was_chosen_cannot_sa
     await again.read()
 
 
+async def test_a_strict_schema_strict_mode_cannot_hold_is_openais_400(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """`strict: true` on a schema strict mode cannot hold (here a property with no type)
+    is OpenAI's 400: its message, the schema's param and its code, on either API; sent
+    without `strict`, the Responses API serves the tool non-strict as sent."""
+    client = await make_client()
+    loose = {"type": "object", "properties": {"a": {"description": "anything"}},
+             "required": ["a"], "additionalProperties": False}
+    problem = "In context=('properties', 'a'), schema must have a 'type' key."
+    cases = [
+        ("/v1/responses", {**BASE, "tools": [
+            {"type": "function", "name": "f", "parameters": loose, "strict": True}]},
+         "Invalid schema for function 'f'", "tools[0].parameters",
+         "invalid_function_parameters"),
+        ("/v1/responses", {**BASE, "text": {"format": {
+            "type": "json_schema", "name": "n", "schema": loose, "strict": True}}},
+         "Invalid schema for response_format 'n'", "text.format.schema",
+         "invalid_json_schema"),
+        ("/v1/chat/completions", {"model": "fake-model", "messages": [
+            {"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {
+                "name": "f", "parameters": loose, "strict": True}}]},
+         "Invalid schema for function 'f'", "tools[0].function.parameters",
+         "invalid_function_parameters"),
+        ("/v1/chat/completions", {"model": "fake-model", "messages": [
+            {"role": "user", "content": "hi"}], "response_format": {
+                "type": "json_schema", "json_schema": {
+                    "name": "n", "schema": loose, "strict": True}}},
+         "Invalid schema for response_format 'n'", "response_format", None),
+    ]
+    for path, body, what, param, code in cases:
+        r = await client.post(path, json=body)
+        assert r.status == 400, await r.text()
+        error = await r.json()
+        validate("ErrorResponse", error)
+        assert error["error"] == {"message": f"{what}: {problem}",
+                                  "type": "invalid_request_error", "param": param,
+                                  "code": code}
+    assert not fake_engine.calls
+    r = await client.post("/v1/responses", json={**BASE, "tools": [
+        {"type": "function", "name": "f", "parameters": loose}]})
+    assert r.status == 200, await r.text()
+    tool = (await r.json())["tools"][0]
+    assert tool["strict"] is False and tool["parameters"] == loose
+
+
 @pytest.mark.parametrize(("role", "part", "allowed"), [
     ("user", "text", "'input_text', 'input_image', and 'input_file'"),
     ("system", "text", "'input_text', 'input_image', and 'input_file'"),

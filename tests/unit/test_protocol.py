@@ -16,6 +16,7 @@ from proxy.protocol import (
     EmbeddingRequest,
     decode_json_object,
     parse_model,
+    strict_problem,
 )
 from tests.fakes import FakeEngine
 
@@ -929,6 +930,17 @@ def _responses_json(text: str, **kw: Any) -> Any:
         "model": "m", "input": text, "text": {"format": {"type": "json_object"}}, **kw}), [])
 
 
+def _nested(levels: int) -> dict[str, Any]:
+    """A strict schema of `levels` objects, each the one property of the one above."""
+    node: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        node = {"type": "object", "properties": {"n": node}, "required": ["n"],
+                "additionalProperties": False}
+    return node
+
+
+NESTED_11 = _nested(11)
+
 STRICT_OK = {"type": "object", "properties": {"a": {"type": "string"}, "b": {
     "type": "array", "items": {"type": "object", "properties": {"x": {"type": "integer"}},
                                "required": ["x"], "additionalProperties": False}}},
@@ -956,6 +968,30 @@ STRICT_OK = {"type": "object", "properties": {"a": {"type": "string"}, "b": {
     ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "b": {"type": "array", "items": {
         "type": "object", "properties": {"x": {"type": "integer"}}}}}},
      "In context=('properties', 'b', 'items'), 'additionalProperties'"),
+
+    # an untyped subschema (any value: the grammar holds nothing there)
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {"description": "x"}}},
+     "In context=('properties', 'a'), schema must have a 'type' key."),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": True}},
+     "In context=('properties', 'a'), schema must have a 'type' key."),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "b": {
+        "type": "array", "items": {}}}},
+     "In context=('properties', 'b', 'items'), schema must have a 'type' key."),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {"anyOf": [
+        {"type": "string"}, {}]}}},
+     "In context=('properties', 'a', 'anyOf', '1'), schema must have a 'type' key."),
+    # an object with no properties (closed, it could take `{}` alone)
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {
+        "type": "object", "additionalProperties": False}}},
+     "In context=('properties', 'a'), object schema missing properties."),
+    # past OpenAI's documented limits
+    (NESTED_11, "objects are nested more than 10 levels deep"),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {
+        "type": "string", "enum": [f"v{i}" for i in range(1001)]}}},
+     "more than 1000 enum values in all"),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {
+        "type": "string", "enum": [f"{i:03}" + "x" * 60 for i in range(251)]}}},
+     "an enum of more than 250 values has more than 15000 characters"),
 ])
 def test_strict_schemas_follow_openais_strict_mode(schema: dict[str, Any], said: str) -> None:
     """`strict: true` on a schema OpenAI's strict mode refuses is a 400 saying why (it was
@@ -963,26 +999,48 @@ def test_strict_schemas_follow_openais_strict_mode(schema: dict[str, Any], said:
     `strict` the same schema is served."""
     tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
     fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    # (OpenAI's params and codes: the schema's param, `response_format` with no code)
     cases = [
         (lambda s: chat(tools=[{**tool, "function": {**tool["function"], "strict": s}}]),
-         "tools[0].function", "invalid_function_parameters"),
+         "tools[0].function.parameters", "invalid_function_parameters", "function 'f'"),
         (lambda s: chat(response_format={**fmt, "json_schema": {**fmt["json_schema"],
                                                                 "strict": s}}),
-         "response_format.json_schema", "invalid_value"),
+         "response_format", None, "response_format 'n'"),
         (lambda s: parse_model(ResponsesRequest, {"model": "m", "input": "x", "tools": [
             {"type": "function", "name": "f", "parameters": schema, "strict": s}]}),
-         "tools[0]", "invalid_function_parameters"),
+         "tools[0].parameters", "invalid_function_parameters", "function 'f'"),
         (lambda s: parse_model(ResponsesRequest, {"model": "m", "input": "x", "text": {
             "format": {"type": "json_schema", "name": "n", "schema": schema, "strict": s}}}),
-         "text.format", "invalid_value"),
+         "text.format.schema", "invalid_json_schema", "response_format 'n'"),
     ]
-    for make, param, code in cases:
+    for make, param, code, what in cases:
         with pytest.raises(InvalidRequest) as e:
             make(True)
-        assert (e.value.param, e.value.code) == (param, code)
-        assert said in e.value.message
+        assert (e.value.status, e.value.param, e.value.code) == (400, param, code)
+        assert e.value.message.startswith(f"Invalid schema for {what}: In context=")
+        assert said in e.value.message and e.value.message.endswith(".")
         make(False)
         make(None)
+
+
+def test_strict_modes_other_limits_are_said() -> None:
+    """The limits a request's own (4,096 objects and arrays, 65,536 characters of enum
+    values in a compiled schema) may meet first: 5,000 properties in all, 120,000
+    characters of names and enum values."""
+    wide = {"type": "object", "additionalProperties": False, "required": [], "properties": {},
+            "$defs": {f"d{i}": {"type": "object", "additionalProperties": False,
+                                "required": [f"p{j}" for j in range(500)],
+                                "properties": {f"p{j}": {"type": "null"} for j in range(500)}}
+                      for i in range(11)}}
+    assert "more than 5000 object properties in all" in (strict_problem(wide) or "")
+    del wide["$defs"]["d10"]
+    assert strict_problem(wide) is None
+    long = {**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {
+        "type": "string", "enum": ["x" * 60_001, "y" * 60_000]}}}
+    assert "more than 120000 characters of property and definition names" in (
+        strict_problem(long) or "")
+    long["properties"]["a"]["enum"] = ["x" * 60_000, "y" * 59_000]
+    assert strict_problem(long) is None
 
 
 def test_the_sdks_strict_schemas_of_ordinary_models_are_taken() -> None:
@@ -1028,10 +1086,10 @@ def test_a_strict_formats_root_is_an_object(root: Any) -> None:
     schema = {**STRICT_OK, "type": root} if root else {"anyOf": [STRICT_OK]}
     for make, param in (
             (lambda s: chat(response_format={"type": "json_schema", "json_schema": {
-                "name": "n", "schema": schema, "strict": s}}), "response_format.json_schema"),
+                "name": "n", "schema": schema, "strict": s}}), "response_format"),
             (lambda s: parse_model(ResponsesRequest, {"model": "m", "input": "x", "text": {
                 "format": {"type": "json_schema", "name": "n", "schema": schema,
-                           "strict": s}}}), "text.format")):
+                           "strict": s}}}), "text.format.schema")):
         with pytest.raises(InvalidRequest) as e:
             make(True)
         assert e.value.param == param
