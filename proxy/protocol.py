@@ -594,6 +594,21 @@ def schema_nodes(schema: Any) -> Iterator[dict[str, Any]]:
             stack.extend((v, False) for v in x)
 
 
+def rewritten(node: Any, rewrite: Callable[[dict[str, Any]], dict[str, Any]],
+              named: bool = False) -> Any:
+    """A copy of a schema with `rewrite` of every object where a schema stands, as
+    `schema_nodes` reads them (data such as `enum` as it is, a map's names as names),
+    each rewritten before what is under it."""
+    if isinstance(node, list):
+        return [rewritten(v, rewrite) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if named:  # names -> schemas
+        return {k: rewritten(v, rewrite) for k, v in node.items()}
+    return {k: v if k in SCHEMA_DATA else rewritten(v, rewrite, k in SCHEMA_MAPS)
+            for k, v in rewrite(node).items()}
+
+
 def subschemas(node: dict[str, Any]) -> Iterator[tuple[tuple[str, ...], Any]]:
     """The subschemas right under a schema, each with where it stands under it
     (`("properties", "a")`, `("anyOf", "0")`, `("items",)`): a map of names' values

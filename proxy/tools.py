@@ -32,11 +32,10 @@ from . import responses as R
 from .engine.base import SamplingOptions, ToolCallDelta, ToolCallParser
 from .jsonbody import loads_finite, skip_ws
 from .protocol import (
-    SCHEMA_DATA,
-    SCHEMA_MAPS,
     ChatCompletionRequest,
     NamedToolChoice,
     ToolCall,
+    rewritten,
     schema_refs,
 )
 
@@ -127,20 +126,14 @@ def _refers(schema: dict[str, Any]) -> bool:
     return any(map(_pointer, schema_refs(schema)))
 
 
-def _rebase(node: Any, base: str, named: bool = False) -> Any:
+def _rebase(node: Any, base: str) -> Any:
     """`node` with its pointer references moved under `base`, where schemas stand (as
     `schema_refs` reads them: data such as `enum` as it is, names as names)."""
-    if isinstance(node, list):
-        return [_rebase(v, base) for v in node]
-    if not isinstance(node, dict):
-        return node
-    if named:  # names -> schemas
-        return {k: _rebase(v, base) for k, v in node.items()}
-    out = {k: v if k in SCHEMA_DATA else _rebase(v, base, k in SCHEMA_MAPS)
-           for k, v in node.items()}
-    if _pointer(node.get("$ref")):
-        out["$ref"] = base + node["$ref"][1:]
-    return out
+
+    def moved(node: dict[str, Any]) -> dict[str, Any]:
+        ref = node.get("$ref")
+        return {**node, "$ref": base + str(ref)[1:]} if _pointer(ref) else node
+    return rewritten(node, moved)
 
 
 def _forced_param(req: ChatCompletionRequest) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 import xgrammar
 
-from ..protocol import SCHEMA_DATA, SCHEMA_MAPS, schema_nodes
+from ..protocol import rewritten, schema_nodes
 
 #: The compiler's own lines: `[hh:mm:ss] /path/file.cc:123: Warning: ...`.
 _COMPILER_LINE = re.compile(rb"^\[\d\d:\d\d:\d\d\] \S+\.(?:cc|h):\d+: ")
@@ -93,29 +93,26 @@ def regexes(schema: Any) -> Iterator[str]:
             yield from names
 
 
-def without(node: Any, noisy: frozenset[str], named: bool = False) -> Any:
+def without(node: Any, noisy: frozenset[str]) -> Any:
     """`node` (a schema) without the regexes in `noisy`: such a `pattern` is dropped,
     and so is such a `patternProperties` entry, with the object's
     `additionalProperties` and `unevaluatedProperties` (the properties it matched fall
     to them: `false` there would forbid what it allowed). Looser, never stricter."""
-    if isinstance(node, list):
-        return [without(v, noisy) for v in node]
-    if not isinstance(node, dict):
-        return node
-    if named:
-        return {k: without(v, noisy) for k, v in node.items()}
-    out: dict[str, Any] = {}
-    dropped = isinstance(kept := node.get("patternProperties"), dict) and any(
-        k in noisy for k in kept)
-    for key, value in node.items():
-        if key == "pattern" and isinstance(value, str) and value in noisy:
-            continue
-        if dropped and key in ("additionalProperties", "unevaluatedProperties"):
-            continue
-        if key == "patternProperties" and isinstance(value, dict):
-            value = {k: v for k, v in value.items() if k not in noisy}
-        out[key] = value if key in SCHEMA_DATA else without(value, noisy, key in SCHEMA_MAPS)
-    return out
+
+    def cut(node: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        dropped = isinstance(kept := node.get("patternProperties"), dict) and any(
+            k in noisy for k in kept)
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str) and value in noisy:
+                continue
+            if dropped and key in ("additionalProperties", "unevaluatedProperties"):
+                continue
+            if key == "patternProperties" and isinstance(value, dict):
+                value = {k: v for k, v in value.items() if k not in noisy}
+            out[key] = value
+        return out
+    return rewritten(node, cut)
 
 
 def screened(schema: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ..protocol import SCHEMA_MAPS, SUBSCHEMA, SUBSCHEMAS, model_defaults
+from ..protocol import model_defaults, with_subschemas
 from ..settings import VllmEngineSettings
 from ..telemetry import get_logger
 from . import builtin_models, call_json, regex_screen
@@ -723,14 +723,8 @@ def _loosen(node: Any) -> Any:
                 continue
             if key in ("minLength", "maxLength") and ("pattern" in node or "format" in node):
                 continue
-        if key in SCHEMA_MAPS and isinstance(value, dict):
-            value = {k: _loosen(v) for k, v in value.items()}
-        elif key in SUBSCHEMAS and isinstance(value, list):
-            value = [_loosen(v) for v in value]
-        elif key in SUBSCHEMA:
-            value = [_loosen(v) for v in value] if isinstance(value, list) else _loosen(value)
         out[key] = value
-    return out
+    return with_subschemas(out, _loosen)
 
 
 def _clean(message: str) -> str:
