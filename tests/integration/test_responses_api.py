@@ -1856,6 +1856,34 @@ async def test_a_strict_schema_strict_mode_cannot_hold_is_openais_400(
     assert tool["strict"] is False and tool["parameters"] == loose
 
 
+@pytest.mark.parametrize("role", ["user", "system", "developer", "assistant"])
+@pytest.mark.parametrize("part", [
+    {"type": "summary_text", "text": "a"},
+    {"type": "computer_screenshot", "image_url": "data:image/png;base64,AA=="}])
+async def test_a_summary_or_screenshot_part_is_an_openai_shaped_400(
+        make_client: MakeClient, fake_engine: FakeEngine, role: str,
+        part: dict[str, Any]) -> None:
+    """The spec's `Message` lists `summary_text` and `computer_screenshot` parts, which
+    Weir does not serve: a 400 `invalid_request_error` naming the part (as the other
+    refusals of a part name it), `invalid_value`, saying what the role takes; never read
+    to the model, never a 500."""
+    client = await make_client()
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"}, {"role": role, "content": [part]}]
+    r = await client.post("/v1/responses", json={**BASE, "input": items})
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    served = ("`output_text` or `refusal` parts" if role == "assistant" else
+              "`input_text` parts (an assistant's: `output_text` or `refusal`)")
+    assert body["error"] == {
+        "message": f"Invalid value for `input[1].content[0]`: `{part['type']}` parts are "
+                   f"not supported; send {served}.",
+        "type": "invalid_request_error", "param": "input[1].content[0]",
+        "code": "invalid_value"}
+    assert not fake_engine.calls
+
+
 @pytest.mark.parametrize(("role", "part", "allowed"), [
     ("user", "text", "'input_text', 'input_image', and 'input_file'"),
     ("system", "text", "'input_text', 'input_image', and 'input_file'"),
