@@ -442,6 +442,13 @@ def _objects(node: dict[str, Any]) -> bool:
     return kind == "object" or (isinstance(kind, list) and "object" in kind)
 
 
+def _context(where: tuple[str, ...]) -> str:
+    """Where a subschema stands, as OpenAI's message says it (`In context=('properties',
+    'a')`): written only where refused (at each of thousands of subschemas under a long
+    property name it cost the name's length)."""
+    return f"In context={shown(where, 256)}"
+
+
 def strict_problem(schema: dict[str, Any]) -> str | None:
     """What OpenAI's strict mode (`"strict": true`) refuses in a schema, in its words, or
     None: every object must say `additionalProperties: false`, have `properties` and list
@@ -467,36 +474,37 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
         node, where, depth = stack.pop()
         if node is False:  # (no value: allowed where a schema stands)
             continue
-        context = f"In context={shown(where, 256)}"
         if not isinstance(node, dict) or (node is not schema and not any(
                 k in node for k in _TYPED)):
-            return f"{context}, schema must have a 'type' key."
+            return f"{_context(where)}, schema must have a 'type' key."
         refused = next((k for k in node if k in STRICT_REFUSED), None)
         if refused is not None:
-            return f"{context}, '{refused}' is not permitted."
+            return f"{_context(where)}, '{refused}' is not permitted."
         props = node.get("properties")
         if _objects(node) or isinstance(props, dict):
             if node.get("additionalProperties") is not False:
-                return (f"{context}, 'additionalProperties' is required to be supplied and "
+                return (f"{_context(where)}, 'additionalProperties' is required to be supplied and "
                         "to be false.")
             if not isinstance(props, dict):
-                return f"{context}, object schema missing properties."
+                return f"{_context(where)}, object schema missing properties."
             required = node.get("required")
-            missing = [k for k in props if k not in (required or ())]
+            listed = {k for k in required if isinstance(k, str)} if isinstance(
+                required, list) else set()
+            missing = [k for k in props if k not in listed]
             if missing:
-                return (f"{context}, 'required' is required to be supplied and to be an "
+                return (f"{_context(where)}, 'required' is required to be supplied and to be an "
                         "array including every key in properties. Missing "
                         f"'{shown(missing[0])}'.")
             extra = [k for k in required if isinstance(k, str) and k not in props
                      ] if isinstance(required, list) else []
             if extra:
-                return (f"{context}, 'required' is required to be supplied and to be an "
+                return (f"{_context(where)}, 'required' is required to be supplied and to be an "
                         "array including every key in properties. Extra required key "
                         f"'{shown(extra[0])}' supplied.")
         if _objects(node):
             depth += 1
             if depth > limits["depth"]:
-                return (f"{context}, objects are nested more than {limits['depth']} levels "
+                return (f"{_context(where)}, objects are nested more than {limits['depth']} levels "
                         "deep, past strict mode's limit.")
         if isinstance(props, dict):
             properties += len(props)
@@ -509,7 +517,7 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
             strings = sum(len(v) for v in values if isinstance(v, str))
             text += strings
             if len(values) > 250 and strings > limits["long enum chars"]:
-                return (f"{context}, an enum of more than 250 values has more than "
+                return (f"{_context(where)}, an enum of more than 250 values has more than "
                         f"{limits['long enum chars']} characters in its strings, past "
                         "strict mode's limit.")
         if isinstance(node.get("const"), str):
@@ -521,7 +529,7 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
                 f"more than {limits['chars']} characters of property and definition names, "
                 "enum and const values" if text > limits["chars"] else None)
         if past is not None:
-            return f"{context}, the schema has {past} in all, past strict mode's limit."
+            return f"{_context(where)}, the schema has {past} in all, past strict mode's limit."
         stack.extend((sub, (*where, *at), depth) for at, sub in subschemas(node))
     return None
 

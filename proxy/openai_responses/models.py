@@ -263,7 +263,8 @@ def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
                 required = out.get("required")
                 given = [k for k in required if isinstance(k, str)] \
                     if isinstance(required, list) else []
-                out["required"] = [*given, *(k for k in props if k not in given)]
+                listed = set(given)
+                out["required"] = [*given, *(k for k in props if k not in listed)]
         return out
 
     normal = walk(schema)
