@@ -482,11 +482,11 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
             return f"{_context(where)}, '{refused}' is not permitted."
         props = node.get("properties")
         if _objects(node) or isinstance(props, dict):
+            if not isinstance(props, dict):  # (OpenAI says this first: `{"type": "object"}`)
+                return f"{_context(where)}, object schema missing properties."
             if node.get("additionalProperties") is not False:
                 return (f"{_context(where)}, 'additionalProperties' is required to be supplied and "
                         "to be false.")
-            if not isinstance(props, dict):
-                return f"{_context(where)}, object schema missing properties."
             required = node.get("required")
             listed = {k for k in required if isinstance(k, str)} if isinstance(
                 required, list) else set()

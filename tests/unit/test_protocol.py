@@ -984,6 +984,12 @@ STRICT_OK = {"type": "object", "properties": {"a": {"type": "string"}, "b": {
     ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {
         "type": "object", "additionalProperties": False}}},
      "In context=('properties', 'a'), object schema missing properties."),
+    # (said first, as OpenAI says it for `{"type": "object"}` and a map of strings)
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {"type": "object"}}},
+     "In context=('properties', 'a'), object schema missing properties."),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {
+        "type": "object", "additionalProperties": {"type": "string"}}}},
+     "In context=('properties', 'a'), object schema missing properties."),
     # past OpenAI's documented limits
     (NESTED_11, "objects are nested more than 10 levels deep"),
     ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {
