@@ -454,11 +454,11 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
     None: every object must say `additionalProperties: false`, have `properties` and list
     every one in `required`, and only those (the grammar then holds the answer to exactly
     that shape); the root is an object; every subschema says what it holds (a `type`, an
-    `anyOf`, a `$ref`, an `enum` or a `const`: `{}` and `true` are any value); no keyword
-    the grammar cannot hold (`STRICT_REFUSED`: accepted, it would be dropped, and the
-    answer could break the schema it promised); and the schema is within its documented
-    limits (`STRICT_LIMITS`). The parameters themselves may say no type: `{}` is a
-    function of no arguments, as absent `parameters` are."""
+    `anyOf`, a `$ref`, an `enum` or a `const`: `{}` and `true` are any value; an array
+    its `items`); no keyword the grammar cannot hold (`STRICT_REFUSED`: accepted, it
+    would be dropped, and the answer could break the schema it promised); and the schema
+    is within its documented limits (`STRICT_LIMITS`). The parameters themselves may say
+    no type: `{}` is a function of no arguments, as absent `parameters` are."""
     root = schema.get("type")
     if root is None and any(k in schema for k in ("anyOf", "oneOf", "allOf")):
         # (OpenAI: the root must be an object, not an `anyOf`)
@@ -480,6 +480,10 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
         refused = next((k for k in node if k in STRICT_REFUSED), None)
         if refused is not None:
             return f"{_context(where)}, '{refused}' is not permitted."
+        kind = node.get("type")
+        if (kind == "array" or (isinstance(kind, list) and "array" in kind)) and not any(
+                k in node for k in ("items", "prefixItems")):  # (any items at all)
+            return f"{_context(where)}, array schema missing items."
         props = node.get("properties")
         if _objects(node) or isinstance(props, dict):
             if not isinstance(props, dict):  # (OpenAI says this first: `{"type": "object"}`)

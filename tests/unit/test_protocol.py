@@ -980,6 +980,12 @@ STRICT_OK = {"type": "object", "properties": {"a": {"type": "string"}, "b": {
     ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {"anyOf": [
         {"type": "string"}, {}]}}},
      "In context=('properties', 'a', 'anyOf', '1'), schema must have a 'type' key."),
+    # an array that says nothing of its items (any values, OpenAI's words)
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "b": {"type": "array"}}},
+     "In context=('properties', 'b'), array schema missing items."),
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "b": {
+        "type": ["array", "null"]}}},
+     "In context=('properties', 'b'), array schema missing items."),
     # an object with no properties (closed, it could take `{}` alone)
     ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {
         "type": "object", "additionalProperties": False}}},
