@@ -301,6 +301,9 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
     want_logprobs = bool(req.logprobs)
     calls = T.StreamCalls(prep.tracker)
     tooled = prep.tracker is not None  # (else every step is its text: no call to step)
+    # No tool, logprobs or running usage: a started choice's text delta is built here, as
+    # R.chat_chunk_choice and R.chat_chunk build it (the steady state, a chunk a token)
+    plain = not tooled and not want_logprobs and not running
     with track:
         async with aclosing(outputs):
             async for out in outputs:
@@ -309,6 +312,12 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                 for c in out.choices:
                     idx, ch = track.choice(out, c)
                     if ch.reason is not None:
+                        continue
+                    if plain and ch.started and not c.finish_reason:
+                        if c.text:
+                            ch.text.append(c.text)
+                            choices.append({"index": idx, "delta": {"content": c.text},
+                                            "logprobs": None, "finish_reason": None})
                         continue
                     reason = R.finish(c.finish_reason) if c.finish_reason else None
                     if tooled:
@@ -334,6 +343,13 @@ async def _chat_chunks(outputs: AsyncGenerator[EngineOutput, None], req: ChatCom
                     continue
                 # (no call deltas without a tracker: nothing to take apart; no running
                 # usage: the chunk as it is, with none)
+                if plain:
+                    chunk = {"id": cid, "object": "chat.completion.chunk",
+                             "created": created, "model": model, "choices": choices}
+                    if include_usage:
+                        chunk["usage"] = None
+                    yield chunk
+                    continue
                 for part in T.finish_apart(choices) if tooled else (choices,):
                     if not running:
                         yield R.chat_chunk(id=cid, model=model, created=created, choices=part,
