@@ -994,7 +994,7 @@ _JWT_PLAIN = ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
     "\u00c0IzaSyA1234567890abcdefghijklmnopqrstuv",  # Google
     "d\u00e0pi0123456789abcdef0123456789abcdef",  # Databricks
     "\u00c9AAA" + "Ab3dEf6hIj9kLm2nOp5q" * 3,  # Square
-    "\u00c1TATT" + "Ab3dEf6hIj9kLm2nOp5q" * 6,  # Atlassian
+    "\u00c1TATT3xFfGF0" + "Ab3dEf6hIj9kLm2nOp5q_-" * 8 + "=9C1D4B7A",  # Atlassian
 ])
 def test_a_key_with_an_accented_letter_and_no_hyphen_is_one(text: str) -> None:
     """An accented letter in a literal with no "-" or "_" in its word ("\u00c0KIA...",

@@ -1106,7 +1106,7 @@ _ATLASSIAN = ("ATATT3xFfGF0" + _sequence("", ALNUM + "_-", 170, seed=3)
 
 @pytest.mark.parametrize("text", [
     _ATLASSIAN, f"JIRA_API_TOKEN is {_ATLASSIAN} ok", f"token: {' '.join(_ATLASSIAN)}",
-    "ATATT" + "Ab3dEf6hIj9kLm2nOp5q" * 6,
+    "ATATT3xFfGF0" + "Ab3dEf6hIj9kLm2nOp5q_-" * 8 + "=9C1D4B7A",
     "EAAA" + "Ab3dEf6hIj9kLm2nOp5q" * 3, "ghp_" + "AB3DE6GH9JK2MN5PQ8ST1VW4YZ7BC0EF3HJ6",
 ])
 def test_a_vendor_key_with_a_random_body_is_still_one(text: str) -> None:
@@ -1147,3 +1147,20 @@ def test_punto_and_a_word_that_is_a_domain_in_prose_is_no_address(text: str) -> 
 ])
 def test_punto_and_a_domain_that_ends_the_address_is_still_one(text: str, said: str) -> None:
     assert [text[a:b] for a, b in BUILTIN["email"].find(text)] == [said]
+
+
+# ------------- an Atlassian token is "ATATT3xFfGF0", base64url, "=" and 8 hex (stop 54)
+
+@pytest.mark.parametrize("text", [
+    "ATATT" + "Ab3dEf6hIj9kLm2nOp5q" * 6,  # no "3xFfGF0", no checksum
+    "ATATT3xFfGF0" + "Ab3dEf6hIj9kLm2nOp5q" * 9,  # no "=" and checksum after it
+    "ATATT3xFfGF0" + "Ab3dEf6hIj9kLm2nOp5q" * 9 + "=ZZZZZZZZ",  # no hex checksum
+    "ATATT3xFfGF0" + "Ab3dEf6hIj9kLm2nOp5q" * 9 + "=9C1D4B7A0",  # nine, not eight
+    "ATATTQUFBQUFBQUFBQUFBQUFB" + "Ab3dEf6hIj9kLm2nOp5q_-" * 6 + "==",  # base64url data
+])
+def test_an_atlassian_shaped_run_without_its_format_is_no_token(text: str) -> None:
+    """The Atlassian rule took "ATATT" and any 100 base64url characters or "=": a base64
+    blob that starts so was a token. Atlassian's tokens start "ATATT3xFfGF0" and end in
+    "=" and a checksum of 8 hex digits; a run without them is none."""
+    from tests.unit.plugins.test_sanitizer_disguised import found
+    assert found(text) == [], found(text)
