@@ -123,7 +123,13 @@ _FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
 # case, digits alone: no word is as long), or two segments or more whose digits and
 # letters or cases interleave ("a6fafb1c-9c29-...", a UUID's shape; "resnet50", "v2", a
 # word and its number, and "MyProject", a name, do not).
+#
+# A run of letters alone in one case whose letters are all the amino acids' 20 ("sk-"
+# then "MKTAYIAKQRQISFVKSHFSRQ": a protein's sequence, in capitals or in small letters)
+# is no key: real ones mix digits and both cases, and a random body of 24 letters of one
+# case lacks all six of B, J, O, U, X and Z once in 540 (32: once in 4,400).
 _KEY_RUN = re.compile(r"[A-Za-z0-9]{16,}")
+_AMINO_ACIDS = frozenset("ACDEFGHIKLMNPQRSTVWY")
 _KEY_RUN_DISTINCT = 8
 _KEY_RUN_ONE_KIND = 24
 _KEY_SEGMENT = re.compile(r"(?<![A-Za-z0-9])[A-Za-z0-9]{4,}(?![A-Za-z0-9])")
@@ -142,7 +148,7 @@ def _key_body(said: str) -> bool:
         digits = any(c.isdigit() for c in run)
         if (digits and not run.isdigit()) or (run != run.lower() and run != run.upper()):
             return True
-        if len(run) >= _KEY_RUN_ONE_KIND:
+        if len(run) >= _KEY_RUN_ONE_KIND and not _AMINO_ACIDS.issuperset(run.upper()):
             return True
     if len(set(said[3:])) < _KEY_RUN_DISTINCT:
         return False

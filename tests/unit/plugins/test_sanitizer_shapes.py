@@ -469,3 +469,29 @@ def test_a_word_that_ends_in_a_phone_label_is_no_label(text: str) -> None:
 ])
 def test_a_phone_label_of_its_own_glued_to_a_plus_is_one(text: str, said: str) -> None:
     assert found("phone", text) == [said]
+
+
+# ----------------- a protein's sequence after "sk-" is no OpenAI key (stop 54)
+
+@pytest.mark.parametrize("text", [
+    "sk-MKTAYIAKQRQISFVKSHFSRQ",
+    "the construct sk-MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ folds",
+    "sk-proj-MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQAPILSRVGDGTQDNLSGAEK",
+    "sk-mktayiakqrqisfvkshfsrqleerlgliev",  # in small letters
+])
+def test_a_protein_sequence_after_sk_is_no_key(text: str) -> None:
+    """A run of 24 letters of one case after "sk-" was a key (a gateway's own keys are
+    of one case): a protein's sequence, whose letters are the amino acids' 20, is none.
+    Real keys mix digits and both cases; a random run of one case holds one of B, J, O,
+    U, X or Z but once in 540."""
+    assert found("secret", text) == []
+
+
+@pytest.mark.parametrize("key", [
+    "sk-JAIPZMGFSLHKPYENWPWTGOSURAPXCMZX",  # one case, random (a letter past the 20)
+    "sk-MKTAYIAKQRQISFVKSHFSRQ7",  # a digit in it
+    "sk-MKTAYIAKQRQISFVKSHfSRQ",  # both cases
+    "sk-proj-MKTAYIAKQRQ-ISFVKSH4FSRQLEERL_GLIEVQAP5ILSR",
+])
+def test_a_key_beside_the_amino_acids_alphabet_is_still_one(key: str) -> None:
+    assert key in found("secret", f"key {key} ok"), found("secret", f"key {key} ok")
