@@ -304,7 +304,9 @@ SECRETS = st.one_of(
     st.builds(lambda b: "AIza" + b, body_of(35, ALNUM + "_-")),
     st.builds(lambda p, b: p + b, st.sampled_from(["xoxb-", "xoxa-", "xoxp-", "xoxr-"]),
               body_of(30, ALNUM + "-")),
-    st.builds(lambda b: "AKIA" + b, body_of(16, string.ascii_uppercase + string.digits)),
+    # (base32, as AWS writes them; a body of amino acids' letters alone is a peptide's)
+    st.builds(lambda b: "AKIA" + b, body_of(16, string.ascii_uppercase + "234567").filter(
+        lambda b: not set(b) <= set("ACDEFGHIKLMNPQRSTVWY"))),
     st.builds(lambda k, s, b: f"{k}{s}{b}",
               st.sampled_from(["aws_secret_access_key", "AWS secret key", "aws secret",
                                "AWS_SECRET_ACCESS_KEY"]),
@@ -1162,5 +1164,38 @@ def test_an_atlassian_shaped_run_without_its_format_is_no_token(text: str) -> No
     """The Atlassian rule took "ATATT" and any 100 base64url characters or "=": a base64
     blob that starts so was a token. Atlassian's tokens start "ATATT3xFfGF0" and end in
     "=" and a checksum of 8 hex digits; a run without them is none."""
+    from tests.unit.plugins.test_sanitizer_disguised import found
+    assert found(text) == [], found(text)
+
+
+# ---------------- a peptide after AKIA or ASIA is no AWS key id (stop 54)
+
+@pytest.mark.parametrize("text", [
+    "AKIAKQRQISFVKSHFSRQL",
+    "the peptide ASIAKQRQISFVKSHFSRQL binds the receptor",
+    "peptides: AKIAPLSTVEEHNKRWMGQS, ASIAGGSSHHRRKKLLVVTT.",
+])
+def test_a_peptide_after_an_aws_prefix_is_no_key_id(text: str) -> None:
+    """AKIA, ASIA and 16 capitals, a word of their own, was an AWS key id: a peptide of
+    20 residues that starts so too. A real id's 16 characters hold a digit (96.4%) or a
+    capital no amino acid has (B, J, O, U, X, Z)."""
+    from tests.unit.plugins.test_sanitizer_disguised import found
+    assert found(text) == [], found(text)
+
+
+@pytest.mark.parametrize("key", [
+    "AKIAIOSFODNN7EXAMPLE", "ASIAKQRQISFVKSHFSRQB", "AKIAKQRQISFVKSHFSRQ2",
+    "AKIAJQRQISFVKSHFSRQL",
+])
+def test_an_aws_key_id_beside_a_peptide_is_still_one(key: str) -> None:
+    from tests.unit.plugins.test_sanitizer_disguised import found
+    assert found(f"id {key} ok"), key
+
+
+@pytest.mark.parametrize("text", [
+    "MKTAYAKIAKQRQISFVKSHFSRQLEERLG",  # inside a longer run of capitals
+    "AKIAIOSFODNN7EXAMPLEX", "XAKIAIOSFODNN7EXAMPLE",
+])
+def test_an_aws_prefix_inside_a_longer_capital_run_is_no_key_id(text: str) -> None:
     from tests.unit.plugins.test_sanitizer_disguised import found
     assert found(text) == [], found(text)
