@@ -396,15 +396,20 @@ usa uso usar pon poner escribe escribir
 # dijo"). Where a comma, a full stop, a bracket or the line's end follows, or "dot" or a
 # bracketed "(punto)" was written, the address is one as before.
 _PUNTO_WORD = re.compile(r"\spunto\s{1,3}(?:de|in|me|no|se)\Z", re.IGNORECASE)
-_WORD_GOES_ON = re.compile(r"[ \t]+[^\W\d_]")
+# (A capitalized word after it starts the next sentence, its full stop left out: "hans at
+# firma punto de Gracias" ends the address; a word in capitals alone, "PUNTO DE VISTA",
+# is shouted, and goes on.)
+_WORD_GOES_ON = re.compile(r"[ \t]+([^\W\d_]\w*)")
 _PUNTO_REACH = 12  # (" punto", three blanks, a two-letter domain)
 
 
 def _punto_phrase(text: str, start: int, end: int) -> bool:
     """Whether the domain spelled from `start` to `end` ends in a bare "punto" and a
     word of the phrase it goes on with (`_PUNTO_WORD`): a word follows on its line."""
-    return (_WORD_GOES_ON.match(text, end) is not None and _PUNTO_WORD.search(
-        text, max(start, end - _PUNTO_REACH), end) is not None)
+    word = _WORD_GOES_ON.match(text, end)
+    if word is None or (word[1][0].isupper() and not word[1].isupper()):
+        return False
+    return _PUNTO_WORD.search(text, max(start, end - _PUNTO_REACH), end) is not None
 
 
 def _loose_at(text: str) -> bool:

@@ -1199,3 +1199,27 @@ def test_an_aws_key_id_beside_a_peptide_is_still_one(key: str) -> None:
 def test_an_aws_prefix_inside_a_longer_capital_run_is_no_key_id(text: str) -> None:
     from tests.unit.plugins.test_sanitizer_disguised import found
     assert found(text) == [], found(text)
+
+
+# ------- "punto de" then a capitalized word ends the address: the next sentence (stop 54)
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("hans at firma punto de Gracias", "hans at firma punto de"),
+    ("escríbeme a hans arroba firma punto de Saludos, Ana", "hans arroba firma punto de"),
+    ("luca at azienda punto in Grazie mille", "luca at azienda punto in"),
+])
+def test_punto_and_a_domain_before_the_next_sentence_is_an_address(text: str,
+                                                                    said: str) -> None:
+    """"punto de vista" was made no address (a word after "punto de" goes on with the
+    phrase), and so "hans at firma punto de Gracias" went on whole: a capitalized word
+    after it starts the next sentence, its full stop left out."""
+    assert [text[a:b] for a, b in BUILTIN["email"].find(text)] == [said]
+
+
+@pytest.mark.parametrize("text", [
+    "JUAN AT CASA PUNTO DE VISTA",  # shouted: the phrase goes on
+    "Juan at casa punto de VISTA",
+    "Lo dijo una arroba media punto de Partida",
+])
+def test_punto_de_and_a_word_going_on_is_still_no_address(text: str) -> None:
+    assert list(BUILTIN["email"].find(text)) == [], text
