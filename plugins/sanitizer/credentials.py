@@ -731,17 +731,50 @@ def _wrap_out(text: str, a: int, b: int) -> int:
     return b
 
 
-def _decoded_pieces(text: str) -> list[tuple[str, list[int]]] | None:
-    """`text` decoded (`unescaped`) around its escapes (`_escape_windows`), or whole."""
-    spans = _escape_windows(text)
+def _widened(text: str, spans: list[Span]) -> list[Span]:
+    """`spans` (each a place's reach, merged) widened to the words around them and on
+    over the lines a key wrapped from them runs over (`_token_out`, `_wrap_out`), the
+    ones that then overlap merged."""
     windows: list[Span] = []
-    for lo, hi in spans or ():
+    for lo, hi in spans:
         a, b = _token_out(text, max(0, lo), min(len(text), hi))
         b = _wrap_out(text, a, b)
         if windows and a <= windows[-1][1]:
             windows[-1] = (windows[-1][0], max(b, windows[-1][1]))
         else:
             windows.append((a, b))
+    return windows
+
+
+def windows_around(text: str, places: list[int]) -> list[Span] | None:
+    """The parts of `text` a detector's match at or beside `places` (sorted) can reach,
+    as the escapes' windows are (`_WINDOW_REACH` either side, out to the words around,
+    over a wrapped key's lines; one holding a private key's first line over its body),
+    merged; None where they are many or most of the text (it is read whole)."""
+    spans: list[Span] = []
+    for i in places:
+        lo, hi = i - _WINDOW_REACH, i + 1 + _WINDOW_REACH
+        if spans and lo <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], hi)
+        elif len(spans) == _WINDOWS_MOST:
+            return None
+        else:
+            spans.append((lo, hi))
+    windows: list[Span] = []
+    for a, b in _widened(text, spans):
+        if b < len(text) and _holds_block(text[a:b]):
+            b = _token_out(text, a, min(len(text), b + _BLOCK_REACH))[1]  # (its body)
+        if windows and a <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], max(b, windows[-1][1]))
+        else:
+            windows.append((a, b))
+    return None if sum(b - a for a, b in windows) > len(text) // 2 else windows
+
+
+def _decoded_pieces(text: str) -> list[tuple[str, list[int]]] | None:
+    """`text` decoded (`unescaped`) around its escapes (`_escape_windows`), or whole."""
+    spans = _escape_windows(text)
+    windows = _widened(text, spans or [])
     if spans is None or sum(b - a for a, b in windows) > len(text) // 2:
         decoded = unescaped(text)
         return None if decoded is None else [decoded]

@@ -54,7 +54,7 @@ from proxy.telemetry import get_logger
 from proxy.text import fold, scanned, scanned_places
 
 from .config import SanitizerConfig
-from .credentials import secrets_across
+from .credentials import secrets_across, windows_around
 from .detectors import (
     BUILTIN,
     GATED,
@@ -723,14 +723,22 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         (`blank`: `_blank_letters_out`'s view and places): what the `redact` ones find
         added to `out`, placed in the folded text; every detector's finding fired in
         `fired` where it is given (else only the `redact` ones read). Whether any
-        found something."""
-        forget()  # (the memos are the first reading's: this text is every detector's now)
-        read = scanned(blank[0])
-        try:
-            found, redact = _findings(self.detectors, read, fired)
-        finally:
-            forget()
-        out += _in_fold(blank, redact)
+        found something. The text was read whole already, with its blank letters as
+        blanks: what reads otherwise here is around them, so only the parts a match
+        there can reach are read again (`windows_around`; a text of 64 KB with one
+        braille blank was read twice), or all of it where they are many."""
+        view, at = blank
+        windows = windows_around(view, _blanks_at(at))
+        found = False
+        for a, b in [(0, len(view))] if windows is None else windows:
+            forget()  # (the memos are the last reading's: this one is every detector's now)
+            piece = view if windows is None else view[a:b]
+            try:
+                here, redact = _findings(self.detectors, scanned(piece), fired)
+            finally:
+                forget()
+            found = here or found
+            out += _in_fold((piece, at if windows is None else at[a:b + 1]), redact)
         return found
 
     def _folded_spans(self, folded: str, fired: dict[str, str] | None = None,
@@ -1143,6 +1151,13 @@ def _findings(detectors: list[tuple[Detector, str]], read: str,
         if action == "redact":
             redact += [(s, det.placeholder) for s in spans]
     return found, redact
+
+
+def _blanks_at(at: list[int]) -> list[int]:
+    """Where a blank letter was in a text read with them as nothing (`at`: where each
+    of its characters is in the folded text, its end last): before each character
+    whose place skips one."""
+    return [j for j in range(len(at)) if at[j] != (at[j - 1] + 1 if j else 0)]
 
 
 def _blank_read(norms: list[str], views: list[tuple[str, list[int] | None]]) -> list[str]:

@@ -326,3 +326,47 @@ def test_texts_across_are_read_again_only_where_a_blank_letter_is(
     ctx = _with_call(json.dumps({"a": KEY[:14], "b": KEY[14:20] + blank + KEY[20:]}))
     asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
     assert len(calls) == reads, calls
+
+
+# ------------------ a text with a blank letter is read again around it only (stop 54)
+
+_PROSE_LINE = "the order was shipped yesterday but tracking says nothing, please help\n"
+
+
+@pytest.mark.parametrize("blank", ["\u3164", "\u2800"])
+@pytest.mark.parametrize("where", [0, 450, 899])
+def test_a_long_text_with_a_blank_letter_is_read_again_around_it_only(
+        blank: str, where: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A text holding a blank letter was read whole a second time, with them as
+    nothing: 64 KB of prose with one braille blank cost the detectors twice. The
+    second reading reads the parts around the blank letters only; the key they split
+    is found, wherever it is."""
+    import asyncio
+
+    from plugins.sanitizer import plugin as module
+    from tests.unit.plugins.test_sanitizer import Spy, chat_ctx, plugin
+    lines = [_PROSE_LINE] * 900
+    lines[where] = f"my key is {KEY[:14]}{blank}{KEY[14:]} ok\n"
+    text = "".join(lines)
+    read: list[int] = []
+    inner = module._findings
+
+    def counting(detectors, norm, fired):  # type: ignore[no-untyped-def]
+        read.append(len(norm))
+        return inner(detectors, norm, fired)
+
+    monkeypatch.setattr(module, "_findings", counting)
+    ctx = chat_ctx(text)
+    asyncio.run(plugin(detectors={"secret": "redact", "email": "redact"})(ctx, Spy()))
+    said = ctx.request.messages[0].content
+    assert "my key is [SECRET] ok" in said and KEY[14:] not in said  # type: ignore[operator]
+    assert said.count(_PROSE_LINE) == 899  # type: ignore[union-attr]
+    assert sum(read) < len(text) + 4 * 1024 + 2 * len(_PROSE_LINE), read
+
+
+def test_a_text_with_many_blank_letters_is_read_again_whole() -> None:
+    """Blank letters all through a text (a Korean nickname list): read again whole, as
+    before; a key split by one at its end is found."""
+    text = "이름\u3164입니다 " * 2000 + f"key {KEY[:9]}\u3164{KEY[9:]} end"
+    said = _sent(text)
+    assert said.endswith("key [SECRET] end") and KEY[9:] not in said, said[-80:]
