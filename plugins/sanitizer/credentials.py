@@ -889,6 +889,8 @@ def _find(text: str, low: str | None = None, hits: _Hits | None = None) -> Itera
                         yield m.span()
         if "\n" in text and len(low) == len(text):
             yield from _wrapped(text, needs_at)
+        if ('"' in text or "'" in text) and len(low) == len(text):
+            yield from _split_values(text, needs_at)
     if len(low) != len(text):  # lower-casing moved offsets (rare letters): scan it all
         matches: Iterator[re.Match[str]] = _PHRASE.finditer(text)
     else:  # the phrase tried only where one of its first words starts a word
@@ -1473,6 +1475,54 @@ def _wrapped(text: str, needs_at: list[int]) -> Iterator[Span]:
         done = pieces[-1][2]
         for found in _joined(pieces, [text]):
             yield found[0][1][0], found[-1][1][1]
+
+
+# A key split over two string values of JSON (or a Python dict) pasted as text, not read
+# as a document ('{"a": "sk-proj-Ab3d...", "b": "...4zQ7"}', a document's values are read
+# one after another where a request's structure carries it, `secrets_across`): the value
+# holding a format's literal, closed, then "," and the next value (after its key, in an
+# object) are read joined, and on over the values after while each is one word whole,
+# as the lines of a wrapped key are (`_joined`: a key found across the break, what goes
+# on after it made up). The first value must hold a made-up piece of the key after its
+# literal ('"sk-proj-"' or '"sk-"', then an id or a UUID, is a prefix named beside it,
+# not a key's first half), and not be a key whole ('{"openai": "sk-proj-...",
+# "org": "org-Ab3d..."}': the value after is another; a key whose first half alone reads
+# as one has that half redacted, and is no key).
+_VALUE_WORD = re.compile(r"[^\s\"'\\]{1,512}")
+_NEXT_VALUE = re.compile(r"\\?[\"'][ \t]*,[ \t\r\n]{0,64}"
+                         r"(?:\\?[\"'][^\"'\\\n]{0,128}\\?[\"'][ \t]*:[ \t]{0,64})?\\?[\"']")
+_KEY_SEPARATORS = re.compile(r".*[-_.]")
+
+
+def _split_values(text: str, needs_at: list[int]) -> Iterator[Span]:
+    """Keys split over string values one after another of JSON pasted as text (from the
+    words holding a format's literal, `needs_at`)."""
+    done = 0
+    for at in needs_at:
+        if at < done:
+            continue
+        first = _VALUE_WORD.match(text, at)
+        if first is None or (sep := _NEXT_VALUE.match(text, first.end())) is None:
+            continue
+        start = _word_start(text, at)
+        start = max(start, text.rfind('"', start, at) + 1, text.rfind("'", start, at) + 1)
+        head = text[start:first.end()]
+        cut = _KEY_SEPARATORS.match(head)
+        if not _random_looking(head[cut.end() if cut else 0:]) or any(
+                b == len(head) for _, b in _find(head)):
+            continue  # (a prefix, or a key whole: the value after it is another's)
+        pieces = [(0, start, first.end())]
+        for _ in range(_WRAP_LINES):
+            m = _VALUE_WORD.match(text, sep.end())
+            if m is None:
+                break
+            pieces.append((0, m.start(), m.end()))
+            if (sep := _NEXT_VALUE.match(text, m.end())) is None:
+                break
+        done = pieces[-1][2]
+        for found in _joined(pieces, [text]):
+            for _, span in found:
+                yield span
 
 
 def _word_start(text: str, end: int) -> int:

@@ -370,3 +370,43 @@ def test_a_text_with_many_blank_letters_is_read_again_whole() -> None:
     text = "이름\u3164입니다 " * 2000 + f"key {KEY[:9]}\u3164{KEY[9:]} end"
     said = _sent(text)
     assert said.endswith("key [SECRET] end") and KEY[9:] not in said, said[-80:]
+
+
+# --------------------- split over a JSON document's values pasted as text (stop 54)
+
+@pytest.mark.parametrize(("text", "gone"), [
+    (json.dumps({"a": KEY[:14], "b": KEY[14:]}), KEY[14:]),
+    ("here: " + json.dumps({"a": KEY[:14], "b": KEY[14:]}, indent=2) + " thanks", KEY[14:]),
+    (json.dumps(["x", KEY[:12], KEY[12:24], KEY[24:], "y"]), KEY[24:]),
+    (json.dumps({"auth": {"p1": "token " + GHP[:12], "p2": GHP[12:], "n": 3}}), GHP[12:]),
+    (str({"a": KEY[:14], "b": KEY[14:]}), KEY[14:]),  # a Python dict's repr
+    ("config: {\\\"a\\\": \\\"" + KEY[:14] + "\\\", \\\"b\\\": \\\"" + KEY[14:] + "\\\"}",
+     KEY[14:]),  # JSON in a JSON string, its quotes escaped
+])
+def test_a_key_split_over_json_values_pasted_as_text_is_one(text: str, gone: str) -> None:
+    """A key split over two string values of a JSON document was found where the
+    request's structure carries the document (call arguments), not where a user pasted
+    it into a message: each value held a piece too short for a key."""
+    said = _sent(text, secret="redact")
+    assert "[SECRET]" in said and gone not in said, said
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"sha": "9f86d081884c7d659a2feaa0c55ad015", "id": "123e4567-e89b-12d3-a456-"
+                "426614174000"}),
+    json.dumps({"prefix": "sk-", "docs": "the sk- prefix names OpenAI keys"}),
+    json.dumps({"prefix": "sk-proj-", "id": "123e4567-e89b-12d3-a456-426614174000"}),
+    json.dumps({"url": "https://example.com/a", "q": "sk-learn", "n": "v2 final"}),
+    json.dumps({"lib": "sk-learn", "doc": "Documentation", "v": "1.5.2"}),
+    json.dumps(["ghp_", "abc123def456ghi789jkl012mno345pqr678"]),  # (a prefix, a hash)
+    json.dumps({"pkg": "task-runner", "ver": "2.0.1", "hash": "a1b2c3d4e5f6a7b8c9d0"}),
+])
+def test_json_pasted_as_text_that_spells_no_key_is_left_alone(text: str) -> None:
+    from proxy.text import fold
+    assert _sent(text, secret="redact") == fold(text)
+
+
+def test_a_whole_key_in_pasted_json_leaves_the_value_after_it() -> None:
+    text = json.dumps({"key": KEY, "org": "org-Ab3dEf6hIj9kLm2n"})
+    said = _sent(text, secret="redact")
+    assert KEY not in said and "org-Ab3dEf6hIj9kLm2n" in said, said
