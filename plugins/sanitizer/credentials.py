@@ -72,8 +72,11 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
     (("gsk_",), r"\bgsk_(?P<b>[A-Za-z0-9]{40,60})\b"),  # Groq
     (("r8_",), r"\br8_(?P<b>[A-Za-z0-9]{30,40})\b"),  # Replicate
     (("xai-",), r"\bxai-(?P<b>[A-Za-z0-9]{60,100})\b"),  # xAI
-    # Atlassian API tokens: "ATATT3xFfGF0", base64url, "=" and a checksum of 8 hex digits
-    (("atatt3xffgf0",), r"\bATATT3xFfGF0(?P<ba>[A-Za-z0-9_-]{100,})=[0-9A-Fa-f]{8}(?![\w-])"),
+    # Atlassian API tokens: "ATATT3xFfGF0", base64url (171 characters), "=" and a checksum
+    # of 8 hex digits (the body bounded: a run of "ATATT3xFfGF0-" with no "=" in it was
+    # read on to its end from each literal, 64 KB of it two seconds)
+    (("atatt3xffgf0",),
+     r"\bATATT3xFfGF0(?P<ba>[A-Za-z0-9_-]{100,400})=[0-9A-Fa-f]{8}(?![\w-])"),
     (("discord",),  # Discord bot tokens (a base64 user id, a time, an HMAC)
      r"\b[MNO][A-Za-z0-9_-]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,38}(?![A-Za-z0-9_-])"),
     (("/api/webhooks/",),

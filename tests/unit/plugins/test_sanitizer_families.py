@@ -1223,3 +1223,14 @@ def test_punto_and_a_domain_before_the_next_sentence_is_an_address(text: str,
 ])
 def test_punto_de_and_a_word_going_on_is_still_no_address(text: str) -> None:
     assert list(BUILTIN["email"].find(text)) == [], text
+
+
+def test_an_atlassian_run_far_past_a_tokens_length_is_no_token() -> None:
+    """The token's body was read unbounded before its "=": a run of "ATATT3xFfGF0-"
+    with no "=" in it was read on to its end from each literal and back (64 KB of it
+    two seconds of CPU time). A token's body is 171 characters; one of 401 and more
+    is none, and a real token beside such a run is still found."""
+    from tests.unit.plugins.test_sanitizer_disguised import found
+    token = "ATATT3xFfGF0" + "Ab3dEf6hIj9kLm2nOp5q_-" * 8 + "=9C1D4B7A"
+    assert found("ATATT3xFfGF0" + "Ab3dEf6hIj9kLm2nOp5q_-" * 19 + "=9C1D4B7A") == []
+    assert found("ATATT3xFfGF0-" * 400 + " " + token) == [token]
