@@ -14,6 +14,7 @@ import base64
 import html
 import re
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -763,15 +764,48 @@ def windows_around(text: str, places: list[int]) -> list[Span] | None:
             return None
         else:
             spans.append((lo, hi))
+    widened = _widened(text, spans)
+    if sum(b - a for a, b in widened) > len(text) // 2:
+        return None
+    low = text.lower()  # (as `_find`: lower-casing moved offsets, no chain read)
+    literals = _scan(low).needs_at if len(low) == len(text) else []
     windows: list[Span] = []
-    for a, b in _widened(text, spans):
+    for a, b in widened:
+        a, b = _chains_over(text, a, b, literals)
         if b < len(text) and _holds_block(text[a:b]):
             b = _token_out(text, a, min(len(text), b + _BLOCK_REACH))[1]  # (its body)
-        if windows and a <= windows[-1][1]:
-            windows[-1] = (windows[-1][0], max(b, windows[-1][1]))
-        else:
-            windows.append((a, b))
+        while windows and a <= windows[-1][1]:
+            a, b = min(a, windows[-1][0]), max(b, windows.pop()[1])
+        windows.append((a, b))
     return None if sum(b - a for a, b in windows) > len(text) // 2 else windows
+
+
+# How far before a window a key wrapped over lines or split over values may start and
+# still run into it: its first piece and `_WRAP_LINES` more, each with what parts it from
+# the one before (`_FIRST_WORD`'s blanks; `_NEXT_VALUE`, a mapping's key between: 400
+# characters at most).
+_CHAIN_REACH = 9 * (512 + 512)  # (`_WRAP_LINES` + 1 pieces)
+_WORD_STOP = re.compile(r"[\s\"'\\]")
+
+
+def _chains_over(text: str, a: int, b: int, literals: list[int]) -> Span:
+    """The window `a`..`b` widened over every key wrapped over lines or split over
+    string values (`_wrap_pieces`, `_value_pieces`) from a format's literal (`literals`:
+    where each is in `text`, sorted) that runs into it from before it or out of it past
+    its end: a blank letter in a key's last line or value, its literal over
+    `_WINDOW_REACH` before, was read in a window without it, and the key's pieces from
+    the blank letter on went on."""
+    start, end = a, b
+    done = 0  # (the literals of one word read as its first: each starts the same chains)
+    for at in literals[bisect_left(literals, a - _CHAIN_REACH):bisect_left(literals, b)]:
+        if at < done or a <= at < b - _CHAIN_REACH:
+            continue  # (read already, or a chain from here ends in the window)
+        stop = _WORD_STOP.search(text, at, at + _WORD_CHARS)
+        done = stop.start() if stop is not None else at + _WORD_CHARS
+        for pieces in (_wrap_pieces(text, at), _value_pieces(text, at)):
+            if pieces is not None and len(pieces) > 1 and pieces[-1][2] > a:
+                start, end = min(start, pieces[0][1]), max(end, pieces[-1][2])
+    return start, end
 
 
 def _decoded_pieces(text: str) -> list[tuple[str, list[int]]] | None:
@@ -1456,28 +1490,32 @@ def _wrapped(text: str, needs_at: list[int]) -> Iterator[Span]:
     (`needs_at`) that end a line."""
     done = 0
     for at in needs_at:
-        if at < done:
+        if at < done or (pieces := _wrap_pieces(text, at)) is None:
             continue
-        space = _SPACE.search(text, at, at + _WORD_CHARS)
-        if space is None:
-            continue
-        brk = _LINE_END.match(text, space.start())
-        if brk is None:
-            continue
-        pieces = [(0, _word_start(text, space.start()), space.start())]
-        pos = brk.end()
-        for _ in range(_WRAP_LINES):
-            m = _FIRST_WORD.match(text, pos)
-            if m is None or "\n" in text[pos:m.start(1)]:  # (a blank line ends it)
-                break
-            pieces.append((0, m.start(1), m.end(1)))
-            brk = _LINE_END.match(text, m.end(1))
-            if brk is None:  # the key ends on this line
-                break
-            pos = brk.end()
         done = pieces[-1][2]
         for found in _joined(pieces, [text]):
             yield found[0][1][0], found[-1][1][1]
+
+
+def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
+    """The pieces (0, start, end) a key wrapped over lines from the word holding a
+    format's literal at `at` may run over: that word, where it ends its line, then each
+    line's first word (`_WRAP_LINES` at most); None where the word ends no line."""
+    space = _SPACE.search(text, at, at + _WORD_CHARS)
+    if space is None or (brk := _LINE_END.match(text, space.start())) is None:
+        return None
+    pieces = [(0, _word_start(text, space.start()), space.start())]
+    pos = brk.end()
+    for _ in range(_WRAP_LINES):
+        m = _FIRST_WORD.match(text, pos)
+        if m is None or "\n" in text[pos:m.start(1)]:  # (a blank line ends it)
+            break
+        pieces.append((0, m.start(1), m.end(1)))
+        brk = _LINE_END.match(text, m.end(1))
+        if brk is None:  # the key ends on this line
+            break
+        pos = brk.end()
+    return pieces
 
 
 # A key split over two string values of JSON (or a Python dict) pasted as text, not read
@@ -1492,8 +1530,8 @@ def _wrapped(text: str, needs_at: list[int]) -> Iterator[Span]:
 # "org": "org-Ab3d..."}': the value after is another; a key whose first half alone reads
 # as one has that half redacted, and is no key).
 _VALUE_WORD = re.compile(r"[^\s\"'\\]{1,512}")
-_NEXT_VALUE = re.compile(r"\\?[\"'][ \t]*,[ \t\r\n]{0,64}"
-                         r"(?:\\?[\"'][^\"'\\\n]{0,128}\\?[\"'][ \t]*:[ \t]{0,64})?\\?[\"']")
+_NEXT_VALUE = re.compile(r"\\?[\"'][ \t]{0,64},[ \t\r\n]{0,64}"
+                         r"(?:\\?[\"'][^\"'\\\n]{0,128}\\?[\"'][ \t]{0,64}:[ \t]{0,64})?\\?[\"']")
 _KEY_SEPARATORS = re.compile(r".*[-_.]")
 
 
@@ -1504,28 +1542,37 @@ def _split_values(text: str, needs_at: list[int]) -> Iterator[Span]:
     for at in needs_at:
         if at < done:
             continue
-        first = _VALUE_WORD.match(text, at)
-        if first is None or (sep := _NEXT_VALUE.match(text, first.end())) is None:
+        if (pieces := _value_pieces(text, at)) is None:
             continue
-        start = _word_start(text, at)
-        start = max(start, text.rfind('"', start, at) + 1, text.rfind("'", start, at) + 1)
-        head = text[start:first.end()]
+        head = text[pieces[0][1]:pieces[0][2]]
         cut = _KEY_SEPARATORS.match(head)
         if not _random_looking(head[cut.end() if cut else 0:]) or any(
                 b == len(head) for _, b in _find(head)):
             continue  # (a prefix, or a key whole: the value after it is another's)
-        pieces = [(0, start, first.end())]
-        for _ in range(_WRAP_LINES):
-            m = _VALUE_WORD.match(text, sep.end())
-            if m is None:
-                break
-            pieces.append((0, m.start(), m.end()))
-            if (sep := _NEXT_VALUE.match(text, m.end())) is None:
-                break
         done = pieces[-1][2]
         for found in _joined(pieces, [text]):
             for _, span in found:
                 yield span
+
+
+def _value_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
+    """The pieces (0, start, end) a key split over string values from the one holding a
+    format's literal at `at` may run over: that value, where another follows it, then
+    each one word whole after it (`_WRAP_LINES` at most); None where none follows."""
+    first = _VALUE_WORD.match(text, at)
+    if first is None or (sep := _NEXT_VALUE.match(text, first.end())) is None:
+        return None
+    start = _word_start(text, at)
+    start = max(start, text.rfind('"', start, at) + 1, text.rfind("'", start, at) + 1)
+    pieces = [(0, start, first.end())]
+    for _ in range(_WRAP_LINES):
+        m = _VALUE_WORD.match(text, sep.end())
+        if m is None:
+            break
+        pieces.append((0, m.start(), m.end()))
+        if (sep := _NEXT_VALUE.match(text, m.end())) is None:
+            break
+    return pieces
 
 
 def _word_start(text: str, end: int) -> int:

@@ -410,3 +410,44 @@ def test_a_whole_key_in_pasted_json_leaves_the_value_after_it() -> None:
     text = json.dumps({"key": KEY, "org": "org-Ab3dEf6hIj9kLm2n"})
     said = _sent(text, secret="redact")
     assert KEY not in said and "org-Ab3dEf6hIj9kLm2n" in said, said
+
+
+def _long_key(n: int, seed: int) -> str:
+    import random
+    pick = random.Random(seed).choice
+    return "".join(pick("ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789")
+                   for _ in range(n))
+
+
+_WRAPPED_LINES = ["sk-proj-" + _long_key(292, 1)] + [_long_key(300, k) for k in range(2, 10)]
+_SPLIT_VALUES = ["sk-proj-Ab3dEf6h", "Ij9kLm2nOp5q", "Rs8tUv1wXy4z", "Q7Zq4Wx8Rt2Y",
+                 "u6Io0Pa3Sd7F", "g1Hj5Kl9Mn3B", "v5Cx7Zq9Wy2E", "r4Ty6Ui8Op0A"]
+
+
+@pytest.mark.parametrize("where", [0, 4, 6, 8])
+def test_a_blank_letter_far_into_a_wrapped_key_leaves_none_of_it(where: int) -> None:
+    """A key wrapped over long lines, a blank letter in a line over `_WINDOW_REACH`
+    past its literal: the window read around the blank letter held no literal, and
+    the whole reading, the blank letter a space, found the key up to it: the rest of
+    its lines went on."""
+    lines = list(_WRAPPED_LINES)
+    lines[where] = lines[where][:150] + "\u3164" + lines[where][150:]
+    said = _sent("x " * 5000 + "\n" + "\n".join(lines) + "\n" + " y" * 5000, secret="redact")
+    left = [k for k, line in enumerate(_WRAPPED_LINES)
+            if any(line[i:i + 12] in said for i in range(0, 288, 6))]
+    assert left == [], left
+
+
+@pytest.mark.parametrize("where", [0, 1, 6, 7])
+def test_a_blank_letter_in_a_key_split_over_far_apart_values_leaves_none_of_it(
+        where: int) -> None:
+    """A key split over eight values of pretty-printed JSON, long names between them:
+    a blank letter in its first value had the window end before its last values (they
+    went on), one in its last values had the window start past its literal."""
+    values = list(_SPLIT_VALUES)
+    values[where] = values[where][:6] + "\u3164" + values[where][6:]
+    doc = json.dumps({f"k{k}" + "x" * 120: v for k, v in enumerate(values)}, indent=60,
+                     ensure_ascii=False)
+    said = _sent("x " * 5000 + doc + " y" * 5000, secret="redact")
+    left = [v for v in _SPLIT_VALUES if v[:4] in said or v[-4:] in said]
+    assert left == [], left
