@@ -1522,7 +1522,9 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
 # as a document ('{"a": "sk-proj-Ab3d...", "b": "...4zQ7"}', a document's values are read
 # one after another where a request's structure carries it, `secrets_across`): the value
 # holding a format's literal, closed, then "," and the next value (after its key, in an
-# object) are read joined, and on over the values after while each is one word whole,
+# object), or the next string literal it is concatenated with in code ('"sk-proj-Ab3d"'
+# then, on the next line, '"...4zQ7"' in Python, or after "+" in JavaScript) are read
+# joined, and on over the values after while each is one word whole,
 # as the lines of a wrapped key are (`_joined`: a key found across the break, what goes
 # on after it made up). The first value must hold a made-up piece of the key after its
 # literal ('"sk-proj-"' or '"sk-"', then an id or a UUID, is a prefix named beside it,
@@ -1530,8 +1532,9 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
 # "org": "org-Ab3d..."}': the value after is another; a key whose first half alone reads
 # as one has that half redacted, and is no key).
 _VALUE_WORD = re.compile(r"[^\s\"'\\]{1,512}")
-_NEXT_VALUE = re.compile(r"\\?[\"'][ \t]{0,64},[ \t\r\n]{0,64}"
-                         r"(?:\\?[\"'][^\"'\\\n]{0,128}\\?[\"'][ \t]{0,64}:[ \t]{0,64})?\\?[\"']")
+_NEXT_VALUE = re.compile(r"\\?[\"'][ \t]{0,64}(?:,[ \t\r\n]{0,64}"
+                         r"(?:\\?[\"'][^\"'\\\n]{0,128}\\?[\"'][ \t]{0,64}:[ \t]{0,64})?"
+                         r"|\+[ \t\r\n]{0,64}|\r?\n[ \t]{0,64}(?:\+[ \t]{0,64})?)\\?[\"']")
 _KEY_SEPARATORS = re.compile(r".*[-_.]")
 
 

@@ -451,3 +451,27 @@ def test_a_blank_letter_in_a_key_split_over_far_apart_values_leaves_none_of_it(
     said = _sent("x " * 5000 + doc + " y" * 5000, secret="redact")
     left = [v for v in _SPLIT_VALUES if v[:4] in said or v[-4:] in said]
     assert left == [], left
+
+
+@pytest.mark.parametrize("text", [
+    f'OPENAI_API_KEY = (\n    "{KEY[:20]}"\n    "{KEY[20:]}"\n)',  # Python, a line too long
+    f'const key = "{KEY[:20]}" +\n  "{KEY[20:]}";',  # JavaScript
+    f'const key = "{KEY[:20]}"\n  + "{KEY[20:]}";',
+    f"let k = '{KEY[:14]}' + '{KEY[14:28]}' + '{KEY[28:]}'",
+])
+def test_a_key_split_over_string_literals_concatenated_in_code_is_one(text: str) -> None:
+    """A key split over string literals that code concatenates (Python's adjacent
+    literals on lines of their own, JavaScript's "+") was read
+    as two words, each too short or no key: only a comma between values was read."""
+    said = _sent(text, secret="redact")
+    assert "[SECRET]" in said and KEY[20:] not in said and KEY[28:] not in said, said
+
+
+@pytest.mark.parametrize("text", [
+    'msg = ("the sk-learn docs say "\n       "Documentation is here")',
+    'names = ("sk-proj-"\n         "123e4567-e89b-12d3-a456-426614174000")',
+    'x = "task-9f86d081" +\n    "v2 final"',
+])
+def test_string_literals_concatenated_that_spell_no_key_are_left_alone(text: str) -> None:
+    from proxy.text import fold
+    assert _sent(text, secret="redact") == fold(text)
