@@ -1166,6 +1166,7 @@ def _spells_a_key(decoded: str) -> bool:
 # check of 50 literals a line, cost 64 KB of such a dump 45% more CPU time (ten times
 # the detector's where its lines held a literal: "robot", "laws").
 _NEED_AT = re.compile(f"(?=({trie(_NEEDS)}))")
+_NEED_MOST = max(map(len, _NEEDS))
 _FORMATS_OF: dict[str, list[int]] = {
     w: [k for k, (needs, _) in enumerate(_FORMATS) if any(n.startswith(w) for n in needs)]
     for w in _NEEDS}
@@ -1530,7 +1531,9 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
 # literal ('"sk-proj-"' or '"sk-"', then an id or a UUID, is a prefix named beside it,
 # not a key's first half), and not be a key whole ('{"openai": "sk-proj-...",
 # "org": "org-Ab3d..."}': the value after is another; a key whose first half alone reads
-# as one has that half redacted, and is no key).
+# as one has that half redacted, and is no key). A value that starts with a format's
+# literal starts another key (or a key's hint: '"sk-proj-1a2B", "sk-proj-1a2B...xY9z"'):
+# the values end before it.
 _VALUE_WORD = re.compile(r"[^\s\"'\\]{1,512}")
 _NEXT_VALUE = re.compile(r"\\?[\"'][ \t]{0,64}(?:,[ \t\r\n]{0,64}"
                          r"(?:\\?[\"'][^\"'\\\n]{0,128}\\?[\"'][ \t]{0,64}:[ \t]{0,64})?"
@@ -1545,7 +1548,7 @@ def _split_values(text: str, needs_at: list[int]) -> Iterator[Span]:
     for at in needs_at:
         if at < done:
             continue
-        if (pieces := _value_pieces(text, at)) is None:
+        if (pieces := _value_pieces(text, at)) is None or len(pieces) < 2:
             continue
         head = text[pieces[0][1]:pieces[0][2]]
         cut = _KEY_SEPARATORS.match(head)
@@ -1570,8 +1573,8 @@ def _value_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     pieces = [(0, start, first.end())]
     for _ in range(_WRAP_LINES):
         m = _VALUE_WORD.match(text, sep.end())
-        if m is None:
-            break
+        if m is None or _NEED_AT.match(text[m.start():m.start() + _NEED_MOST].lower()):
+            break  # (a value starting with a format's literal is another key's, or a hint)
         pieces.append((0, m.start(), m.end()))
         if (sep := _NEXT_VALUE.match(text, m.end())) is None:
             break

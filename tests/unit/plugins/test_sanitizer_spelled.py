@@ -475,3 +475,22 @@ def test_a_key_split_over_string_literals_concatenated_in_code_is_one(text: str)
 def test_string_literals_concatenated_that_spell_no_key_are_left_alone(text: str) -> None:
     from proxy.text import fold
     assert _sent(text, secret="redact") == fold(text)
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"key_prefix": "sk-proj-1a2B", "display": "sk-proj-1a2B...xY9z"}),
+    json.dumps(["sk-proj-Ab3d", "sk-proj-Ef6h", "sk-proj-Ij9k", "sk-proj-Lm2n"]),
+    'hints = ("sk-ant-api03-Xy"\n         "sk-proj-1a2B")',
+])
+def test_a_value_starting_with_a_literal_is_no_piece_of_the_key_before(text: str) -> None:
+    """A value that starts with a format's literal starts another key, or names one
+    (a key's hint, its prefix): it was read joined to the value before, and a list of
+    hints read as one key."""
+    from proxy.text import fold
+    assert _sent(text, secret="redact") == fold(text)
+
+
+def test_a_key_split_over_values_ends_before_a_value_starting_with_a_literal() -> None:
+    text = json.dumps([KEY[:14], KEY[14:], "sk-proj-1a2B...xY9z"])
+    said = _sent(text, secret="redact")
+    assert KEY[14:] not in said and "sk-proj-1a2B...xY9z" in said, said
