@@ -62,7 +62,8 @@ class _NullIsDefault(_Open):
     def _null_is_default(cls, data: Any) -> Any:
         if isinstance(data, dict):
             defaulted = _defaulted(cls)
-            if any(data.get(k, 0) is None for k in defaulted):
+            # (the body's few fields walked, not the model's many)
+            if any(v is None and k in defaulted for k, v in data.items()):
                 data = {k: v for k, v in data.items() if not (v is None and k in defaulted)}
         return data
 
@@ -86,8 +87,8 @@ def inert(*values: Any) -> Callable[[Any], bool]:
 def refuse_unsupported(data: Any, table: Unsupported) -> None:
     """A parameter OpenAI defines and Weir cannot honour is a 400 naming it: ignored, the
     answer would claim what was not done. (Unknown fields are still accepted.)"""
-    if not isinstance(data, dict):
-        return
+    if not isinstance(data, dict) or table.keys().isdisjoint(data):
+        return  # (most requests: none of them sent, nothing to walk)
     for name, (asks_nothing, why) in table.items():
         if name in data and not asks_nothing(data[name]):
             raise InvalidRequest(f"Unsupported parameter: `{name}`: {why}", param=name,
@@ -120,6 +121,8 @@ def check_enums(data: Any, table: Mapping[str, tuple[str, ...]]) -> None:
     if not isinstance(data, dict):
         return
     for path, values in table.items():
+        if _head(path) not in data:  # (most requests send none of them: no walk)
+            continue
         if path.endswith("[]"):  # (an array of them: another JSON type is its own error)
             for param, v in _at_path(data, path[:-2]):
                 if v is not None and not isinstance(v, list):
@@ -142,6 +145,8 @@ def check_values(data: Any, table: Mapping[str, TypeAdapter[Any]]) -> None:
     if not isinstance(data, dict):
         return
     for path, adapter in table.items():
+        if _head(path) not in data:
+            continue
         for param, v in _at_path(data, path):
             if v is None:
                 continue
@@ -163,6 +168,13 @@ def not_among(value: Any, values: Iterable[str], param: str) -> InvalidRequest:
                               f"{_json_type(value)} instead.", param=param, code="invalid_type")
     return InvalidRequest(f"Invalid value: {shown(value)!r}. Supported values are: {listed}.",
                           param=param, code="invalid_value")
+
+
+@functools.cache
+def _head(path: str) -> str:
+    """The field a `_at_path` path starts at (`a` of `a.b`, `a[]`): where the request has
+    none, the path finds nothing."""
+    return path.split(".", 1)[0].removesuffix("[]")
 
 
 def _at_path(data: dict[str, Any], path: str) -> Iterator[tuple[str, Any]]:
