@@ -214,8 +214,11 @@ def _too_large(limit: int) -> PayloadTooLarge:
 async def _read(request: web.Request, limit: int, timeout: float, owner: str) -> bytes:
     coding = ",".join(request.headers.getall("Content-Encoding", ())).strip().lower()
     try:
-        async with asyncio.timeout(timeout):
-            body = await _received(request, limit, owner)
+        if request.content.is_eof():  # all here (a small body comes with the headers):
+            body = await _received(request, limit, owner)  # nothing to wait for, no timer
+        else:
+            async with asyncio.timeout(timeout):
+                body = await _received(request, limit, owner)
     except TimeoutError:
         raise RequestTimeout(
             f"The request body did not arrive within {timeout:g} s.") from None
