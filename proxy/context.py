@@ -177,7 +177,9 @@ TIMEOUT_HEADER = "x-weir-timeout-ms"
 def asked_limit(raw: str | None, limit: float | None) -> float | None:
     """`limit` (seconds; None: none), shortened by a timeout header's value `raw` (ms):
     sent twice, the shorter holds; a value that is no positive number is ignored."""
-    for value in (raw or "").split(","):
+    if not raw:  # (most requests send none)
+        return limit
+    for value in raw.split(","):
         try:
             asked = float(value) / 1000
         except ValueError:
