@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 from aiohttp import web
@@ -76,17 +77,24 @@ def _count_abort(st: AppState, request: web.Request) -> bool:
     return True
 
 
-@contextmanager
-def counting_cuts(st: AppState, info: dict[str, Any], ctx: RequestContext) -> Iterator[None]:
+class counting_cuts:  # (lower case: used as the function it was)
     """Around a whole answer's generation: one cut before it came back (its client gone,
     its deadline) spent what the engine read and generated (`ctx.usage_so_far`, which
-    the rate limiter charges): counted as a cut stream's tokens are (they were not)."""
-    try:
-        yield
-    except BaseException:
-        if ctx.usage_so_far:
-            note_usage(st, info, {"usage": ctx.usage_so_far})
-        raise
+    the rate limiter charges): counted as a cut stream's tokens are (they were not).
+    (A class, not a generator's context manager: half the cost, on every request.)"""
+
+    __slots__ = ("_ctx", "_info", "_st")
+
+    def __init__(self, st: AppState, info: dict[str, Any], ctx: RequestContext) -> None:
+        self._st, self._info, self._ctx = st, info, ctx
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if kind is not None and self._ctx.usage_so_far:
+            note_usage(self._st, self._info, {"usage": self._ctx.usage_so_far})
 
 
 def note_usage(st: AppState, info: dict[str, Any], body: dict[str, Any]) -> None:

@@ -10,9 +10,9 @@ serves the model (404), then run the chain and send its Reply.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from aiohttp import web
@@ -175,21 +175,30 @@ def telling_tier(ctx: RequestContext) -> Callable[[dict[str, Any]], dict[str, An
     return told
 
 
-@contextmanager
-def logging_prompt(st: AppState, info: dict[str, Any], ctx: RequestContext) -> Iterator[None]:
+class logging_prompt:  # (lower case: used as the function it was)
     """Around the chain, with `logging.include_prompts` (off by default: prompts are
     user data): the prompt on the access-log line as the chain's sanitizer passed it on,
     its redactions made, and none where the sanitizer refused the request (a `block`, a
     limit): what it keeps from the engine and every store stays out of the log too (the
     prompt as sent was logged, a key it redacted or blocked in it). Without a sanitizer,
-    as sent."""
-    try:
-        yield
-    finally:
+    as sent. (A class, not a generator's context manager: half the cost, on every
+    request.)"""
+
+    __slots__ = ("_ctx", "_info", "_st")
+
+    def __init__(self, st: AppState, info: dict[str, Any], ctx: RequestContext) -> None:
+        self._st, self._info, self._ctx = st, info, ctx
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        st, ctx = self._st, self._ctx
         if st.settings.logging.include_prompts and (
                 ctx.key_request is not None  # (set by the sanitizer as it passes it on)
                 or not any(p.name == "sanitizer" for p in st.plugins)):
-            info["prompt"] = prompt_text(ctx.request)
+            self._info["prompt"] = prompt_text(ctx.request)
 
 
 def prompt_text(req: ChatCompletionRequest | CompletionRequest) -> str:
