@@ -121,6 +121,62 @@ async def test_stalled_body_is_a_408(served: Listener) -> None:
     writer.close()
 
 
+_WHOLE = json.dumps({"model": "fake-model", "max_tokens": 2,
+                     "messages": [{"role": "user", "content": "hi"}]}).encode()
+_ZIPPED = gzip.compress(_WHOLE)
+
+
+def _chunks(body: bytes, end: bool) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(body), body) + (b"0\r\n\r\n" if end else b"")
+
+
+_BODIES = {  # name: (head fields, the whole body as sent)
+    "chunked": (b"Transfer-Encoding: chunked\r\n", _chunks(_WHOLE, True)),
+    "gzip": (b"Content-Encoding: gzip\r\nContent-Length: %d\r\n" % len(_ZIPPED), _ZIPPED),
+    "gzip-chunked": (b"Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
+                     _chunks(_ZIPPED, True)),
+}
+
+
+@pytest.mark.parametrize("served", [{"body_timeout_s": 0.3}], indirect=True)
+@pytest.mark.parametrize("kind", sorted(_BODIES))
+@pytest.mark.parametrize("whole", [True, False])
+async def test_a_body_is_timed_unless_it_came_whole_with_its_head(
+        served: Listener, kind: str, whole: bool) -> None:
+    """A body that came whole with its head is read at once, without the body timeout's
+    timer (it has nothing left to wait for): chunked or compressed, it is answered. One
+    that has not all come (its last chunk, its last compressed bytes) is still timed: a
+    408, not a handler held."""
+    fields, body = _BODIES[kind]
+    if not whole:  # all but its end: the terminating chunk, or the gzip trailer
+        body = body[:-5]
+    reader, writer = await connect(served)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\n" + fields + b"\r\n" + body)
+    status, _, raw = await response(reader)
+    assert status == (200 if whole else 408), raw
+    if not whole:
+        assert json.loads(raw)["error"]["code"] == "request_timeout"
+    writer.close()
+
+
+@pytest.mark.parametrize("served", [{"body_timeout_s": 0.3}], indirect=True)
+async def test_a_body_stalled_after_its_100_continue_is_a_408(served: Listener) -> None:
+    reader, writer = await connect(served)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                 b"Expect: 100-continue\r\n\r\n" % len(_WHOLE))
+    async with asyncio.timeout(WAIT):
+        assert await reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+        assert await reader.readline() == b"\r\n"
+    writer.write(_WHOLE[:10])  # and never the rest
+    status, _, raw = await response(reader)
+    assert status == 408 and json.loads(raw)["error"]["code"] == "request_timeout"
+    writer.close()
+
+
 @pytest.mark.parametrize("served", [{"idle_timeout_s": 0.3}], indirect=True)
 async def test_idle_connection_is_closed(served: Listener) -> None:
     reader, writer = await connect(served)
