@@ -268,3 +268,36 @@ async def test_serve_warns_of_a_breaker_threshold_past_the_deadline(
               if "past the requests' deadline" in line]
     assert [w["setting"] for w in warned] == ["plugins[0].config.slow_call_s",
                                               "plugins[0].config.half_open_max_wait_s"]
+
+
+@pytest.mark.parametrize("error", [ValueError("x"), asyncio.CancelledError(), KeyboardInterrupt()])
+def test_the_context_managers_around_the_chain_let_every_error_through(
+        error: BaseException) -> None:
+    """`counting_cuts` and `logging_prompt` (around every chain call) suppress nothing, a
+    cancellation included: a cut notes the usage spent until it, and the prompt is logged
+    whether the chain answered or not; an answer notes no usage there (it has its own)."""
+    from types import SimpleNamespace
+
+    from proxy.inflight import counting_cuts
+    from proxy.protocol import ChatCompletionRequest, parse_model
+    from proxy.routes import logging_prompt
+    from proxy.telemetry import Metrics
+    from tests.conftest import make_settings
+
+    st: Any = SimpleNamespace(metrics=Metrics(), plugins=[],
+                              settings=make_settings(logging={"include_prompts": True}))
+    ctx: Any = SimpleNamespace(key_request=None, request=parse_model(ChatCompletionRequest, CHAT),
+                               usage_so_far={"prompt_tokens": 3, "completion_tokens": 2})
+    info: dict[str, Any] = {"model": "fake-model"}
+    with pytest.raises(type(error)), counting_cuts(st, info, ctx), logging_prompt(st, info, ctx):
+        raise error
+    assert info == {"model": "fake-model", "prompt": "user: hello", "prompt_tokens": 3,
+                    "completion_tokens": 2}
+
+    def answered() -> str:
+        with counting_cuts(st, info, ctx), logging_prompt(st, info, ctx):
+            return "answer"
+
+    info = {"model": "fake-model"}
+    assert answered() == "answer"
+    assert info == {"model": "fake-model", "prompt": "user: hello"}
