@@ -23,6 +23,15 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def retry_headers(wait_ms: float) -> dict[str, str]:
+    """`Retry-After` and `retry-after-ms` (the OpenAI SDK reads it first) for a wait of
+    `wait_ms`: the one place either is formed. Rounded up (2.5 s said as 2 had a client
+    that honours it come back early, beside a `retry-after-ms` of 2500), and never
+    under 1 s and 1 ms: a `Retry-After: 0` has a client retry at once, in a loop."""
+    ms = max(1, math.ceil(round(wait_ms, 6)))  # (0.3 s is 300 ms, not 301)
+    return {"retry-after": str(max(1, math.ceil(ms / 1000))), "retry-after-ms": str(ms)}
+
+
 class WeirError(Exception):
     status: int = 500
     type: str = "server_error"
@@ -225,11 +234,8 @@ class Unavailable(WeirError):
     def __init__(self, message: str, *, retry_after: float | None = 1.0, **kw: Any) -> None:
         super().__init__(message, **kw)
         if retry_after is not None:
-            # (rounded up, as the rate limiter's and the breaker's: 2.5 s said as 2 had a
-            # client that honours it come back early, beside a `retry-after-ms` of 2500)
-            ms = math.ceil(round(retry_after * 1000, 6))  # (0.3 s is 300 ms, not 301)
-            self.headers.setdefault("retry-after", str(max(1, math.ceil(ms / 1000))))
-            self.headers.setdefault("retry-after-ms", str(ms))
+            for name, value in retry_headers(retry_after * 1000).items():
+                self.headers.setdefault(name, value)
 
 
 class Timeout(WeirError):

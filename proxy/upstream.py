@@ -55,6 +55,7 @@ from .errors import (
     RateLimited,
     Timeout,
     Unavailable,
+    retry_headers,
 )
 from .generation import EngineSpan
 from .preparing import EchoAsSent
@@ -872,11 +873,15 @@ async def _body(resp: aiohttp.ClientResponse, most: int) -> bytearray | None:
 
 def retry_after_s(value: str, default: int = 1) -> int:
     """An upstream's `Retry-After` in whole seconds: ASCII digits or an HTTP date (from
-    now), within 0 and `MAX_RETRY_AFTER_S`; anything else (`²`, Arabic-Indic digits, a
-    number or a date that does not parse) is `default`."""
+    now), at most `MAX_RETRY_AFTER_S`; anything else (`²`, Arabic-Indic digits, a number
+    or a date that does not parse), and a wait of none (`0`, a date passed), is
+    `default`: told on as `Retry-After: 0`, clients retried at once, in a loop (OpenAI's
+    SDK reads a wait of none as none given, and waits its own backoff)."""
     value = value.strip()
     if value.isascii() and value.isdigit():
-        digits = value.lstrip("0") or "0"  # (a number of any length: not read whole)
+        digits = value.lstrip("0")  # (a number of any length: not read whole)
+        if not digits:
+            return default
         return MAX_RETRY_AFTER_S if len(digits) > 9 else min(int(digits), MAX_RETRY_AFTER_S)
     try:
         when = parsedate_to_datetime(value)
@@ -884,8 +889,8 @@ def retry_after_s(value: str, default: int = 1) -> int:
         return default
     if when.tzinfo is None:  # (`-0000`: UTC, as HTTP dates are)
         when = when.replace(tzinfo=UTC)
-    left = (when - datetime.now(UTC)).total_seconds()
-    return max(0, min(math.ceil(left), MAX_RETRY_AFTER_S))
+    left = math.ceil((when - datetime.now(UTC)).total_seconds())
+    return default if left <= 0 else min(left, MAX_RETRY_AFTER_S)
 
 
 def _tokens(usage: Any) -> tuple[int | None, int | None]:
@@ -921,15 +926,15 @@ def _retry_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """`Retry-After` and `retry-after-ms` (the OpenAI SDK reads it first) for an
     upstream's: its `retry-after-ms` where it sends one (a Weir upstream, OpenAI's API:
     the finer; one sent alone was dropped, and a wait of 2.5 s told as 1 s brought the
-    client back early), else its `Retry-After` (`retry_after_s`)."""
+    client back early), else its `Retry-After` (`retry_after_s`). A `retry-after-ms` of
+    none (`0`), or one that is no number (`-5`, `soon`), is as none sent. Formed as every
+    other wait Weir tells (`errors.retry_headers`: never under 1 s)."""
     ms = headers.get("retry-after-ms", "").strip()
     whole, _, part = ms.partition(".")
-    if whole.isascii() and whole.isdigit() and (not part or (part.isascii() and part.isdigit())):
-        wait = min(math.ceil(float(ms)) if len(whole) <= 12 else math.inf,
-                   MAX_RETRY_AFTER_S * 1000)
-        return {"retry-after": str(math.ceil(wait / 1000)), "retry-after-ms": str(int(wait))}
-    seconds = retry_after_s(headers.get("retry-after", ""))
-    return {"retry-after": str(seconds), "retry-after-ms": str(seconds * 1000)}
+    if (whole.isascii() and whole.isdigit() and (not part or (part.isascii() and part.isdigit()))
+            and (wait := float(ms) if len(whole) <= 12 else math.inf) > 0):
+        return retry_headers(min(wait, MAX_RETRY_AFTER_S * 1000))
+    return retry_headers(retry_after_s(headers.get("retry-after", "")) * 1000)
 
 
 def upstream_json(raw: bytes | bytearray) -> Any:

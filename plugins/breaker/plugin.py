@@ -48,6 +48,7 @@ from proxy.errors import (
     Timeout,
     Unavailable,
     WeirError,
+    retry_headers,
 )
 from proxy.settings import UpstreamEngineSettings
 from proxy.telemetry import get_logger
@@ -405,11 +406,9 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
             # frees): a client that waits that long and retries is the one the breaker
             # wants, so no `x-should-retry: false` (OpenAI's SDK obeys it before
             # Retry-After, and gave up at once).
-            wait_ms = max(1, math.ceil(self.breaker.retry_in() * 1000))
             raise Unavailable("The model is temporarily unavailable; the circuit breaker is "
                               "open.", code="circuit_open", retry_after=None,
-                              headers={"retry-after": str(max(1, math.ceil(wait_ms / 1000))),
-                                       "retry-after-ms": str(wait_ms)})
+                              headers=retry_headers(self.breaker.retry_in() * 1000))
         assert error is not None
         raise error
 

@@ -62,7 +62,7 @@ from prometheus_client import Counter
 from proxy.auth import key_part
 from proxy.chain import BasePlugin, Completion, Next, Outcome, Reply, Services, Stream
 from proxy.context import RequestContext
-from proxy.errors import RateLimited, Unavailable
+from proxy.errors import RateLimited, Unavailable, retry_headers
 from proxy.ids import new_hex
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.tasks import background, cancel_and_wait, detach, run_now
@@ -648,12 +648,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                            else "any:concurrent")
             per, limit = culprit.split(":")
             self.rejected.labels(per, limit).inc()
-            retry_ms = max(decision.retry_after_ms, 1.0)
             raise RateLimited(
                 f"Rate limit reached ({_LIMITS[limit]} for {_WHOSE[per]}); retry after "
                 "the time given in Retry-After.", kind="tokens" if limit == "tpm" else "requests",
-                headers={**headers, "retry-after": str(max(1, math.ceil(retry_ms / 1000))),
-                         "retry-after-ms": str(math.ceil(retry_ms))})
+                headers={**headers, **retry_headers(decision.retry_after_ms)})
         ctx.response_headers.update(headers)
         if conc_keys:
             self._active[lease] = (store, conc_keys)

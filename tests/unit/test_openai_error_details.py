@@ -80,6 +80,18 @@ def test_a_503_s_retry_after_is_rounded_up(after: float, seconds: str, ms: str) 
     assert (e.headers["retry-after"], e.headers["retry-after-ms"]) == (seconds, ms)
 
 
+@pytest.mark.parametrize(("wait_ms", "told"), [
+    (0, ("1", "1")), (-5, ("1", "1")), (0.4, ("1", "1")), (2500, ("3", "2500")),
+    (300.0000001, ("1", "300"))])
+def test_a_wait_is_never_told_as_none(wait_ms: float, told: tuple[str, str]) -> None:
+    """Every wait Weir tells is formed in one place, never `Retry-After: 0` (a client
+    honouring it retries at once, in a loop) nor `retry-after-ms: 0`."""
+    from proxy.errors import retry_headers
+
+    assert (retry_headers(wait_ms)["retry-after"], retry_headers(wait_ms)["retry-after-ms"]
+            ) == told
+
+
 def test_an_engine_s_refusal_has_a_code_as_weir_s_own_checks_do() -> None:
     """A schema the grammar compiler refuses was a 400 with `code: null`; Weir's own
     check of the same kind says `invalid_value`."""

@@ -785,6 +785,13 @@ async def test_an_upstream_429_is_told_in_the_gateway_s_words(upstream: Upstream
     ({"retry-after": "1", "retry-after-ms": "250.5"}, ("1", "251")),
     ({"retry-after": "7", "retry-after-ms": "soon"}, ("7", "7000")),
     ({"retry-after-ms": "99999999999999999999"}, ("3600", "3600000")),
+    # A wait of none, or none that is a number, is as none sent (`Retry-After: 0` had
+    # clients retry at once, in a loop): the upstream's `Retry-After`, else 1 s.
+    ({"retry-after-ms": "0"}, ("1", "1000")),
+    ({"retry-after-ms": "0.000"}, ("1", "1000")),
+    ({"retry-after-ms": "0", "retry-after": "5"}, ("5", "5000")),
+    ({"retry-after-ms": "-5"}, ("1", "1000")),
+    ({"retry-after-ms": "0.2"}, ("1", "1")),
 ])
 async def test_an_upstream_s_retry_after_ms_is_passed_on(
         upstream: Upstream, status: int, error: type[WeirError], sent: dict[str, str],
@@ -1502,7 +1509,9 @@ async def test_running_usage_the_client_did_not_ask_for_is_not_on_its_answer_chu
     ("١٢", "1"),  # (Arabic-Indic digits: passed on raw)
     ("9" * 30, "3600"),  # (passed on raw: a client told to wait forever)
     ("Wed, 21 Oct 2099 07:28:00 GMT", "3600"),  # (an HTTP date: it was "1")
-    ("Wed, 21 Oct 2015 07:28:00 GMT", "0"),
+    ("Wed, 21 Oct 2015 07:28:00 GMT", "1"),  # (a date passed: it was "0", a loop)
+    ("0", "1"),
+    ("000", "1"),
     ("soon", "1"),
 ])
 async def test_an_upstream_s_retry_after_is_read_strictly(
