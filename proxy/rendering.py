@@ -447,11 +447,33 @@ def _split(track: Choices, choices: list[dict[str, Any]], running: bool
         yield choices, None
 
 
+#: The most a count an upstream sends (a usage's tokens, a choice's index) may be: past
+#: it a JSON number is no exact integer to a JavaScript client, and no answer's count.
+MAX_COUNT = (1 << 53) - 1
+
+
+def is_count(value: Any) -> bool:
+    """Whether `value` (an upstream's JSON) is a count: a whole number from 0 to
+    `MAX_COUNT`; not `true` (Python's `isinstance(True, int)` read it as 1), `1.0`, a
+    negative one or one of a hundred digits."""
+    return type(value) is int and 0 <= value <= MAX_COUNT
+
+
 def usage_ok(usage: Any) -> bool:
-    """Whether `usage` (an upstream's) counts tokens as OpenAI's does: whole numbers."""
-    return isinstance(usage, dict) and all(
-        type(usage.get(k)) is int and usage[k] >= 0
-        for k in ("prompt_tokens", "completion_tokens"))
+    """Whether `usage` (an upstream's) counts tokens as OpenAI's does: its prompt's and
+    completion's tokens as counts (`is_count`), and each number its breakdowns give
+    (`prompt_tokens_details`, ...) too; a breakdown's null, text or object is no count
+    and is dropped (`R.usage_details`), but a number that is no count (`true`, `-3`,
+    `2.5`) is a usage misread, not one to drop."""
+    if not isinstance(usage, dict) or not all(
+            is_count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")):
+        return False
+    for name in R.USAGE_DETAILS:
+        d = usage.get(name)
+        if isinstance(d, dict) and not all(
+                is_count(v) for v in d.values() if isinstance(v, int | float)):
+            return False
+    return True
 
 
 def whole_usage(usage: dict[str, Any]) -> dict[str, Any]:
@@ -485,8 +507,14 @@ class ChunkAssembler:
             i = c["index"]
             delta = c.get("delta") or {}
             piece = delta.get("content") if self.route == "chat" else c.get("text")
-            if not isinstance(piece or "", str) or not isinstance(i, int):
-                raise TypeError("a choice's index or text")
+            reason = c.get("finish_reason")
+            if not isinstance(piece or "", str) or not is_count(i) or not isinstance(
+                    reason or "", str):
+                raise TypeError("a choice's index, text or finish reason")
+            if self.route == "chat" and delta.get("tool_calls"):
+                if not isinstance(calls := delta["tool_calls"], list) or not all(
+                        isinstance(d, dict) and is_count(d.get("index")) for d in calls):
+                    raise TypeError("a tool call's index")
             self.texts.setdefault(i, []).append(piece or "")
             if self.route == "chat" and delta.get("tool_calls"):
                 self.calls.setdefault(i, T.CallAssembler()).feed(delta["tool_calls"])

@@ -60,7 +60,7 @@ from .errors import (
 from .generation import EngineSpan
 from .preparing import EchoAsSent
 from .protocol import ChatCompletionRequest, CompletionRequest, continuous_usage
-from .rendering import ChunkAssembler, usage_ok, whole_usage
+from .rendering import ChunkAssembler, is_count, usage_ok, whole_usage
 from .responses import new_id, now
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
@@ -843,14 +843,16 @@ def _number_calls(chunk: dict[str, Any], last: dict[int, tuple[int, str]]) -> No
     """Give each tool call delta its `index` where the upstream left it out (some servers
     send each call whole, unnumbered, in a chunk of its own; some repeat its id on every
     piece): a delta with an id other than the last call's starts the next call, any other
-    goes on with the last. `last`: each choice's last call (index, id)."""
+    goes on with the last. `last`: each choice's last call (index, id). An index given
+    that is no count (`true`, `-1`, `0.5`) is a `TypeError`: the chunk is unreadable."""
     for c in chunk.get("choices") or ():
         choice = c["index"]
         for d in (c.get("delta") or {}).get("tool_calls") or ():
             before, before_id = last.get(choice, (-1, ""))
             call_id = d.get("id") or ""
-            if type(d.get("index")) is int:
-                i = d["index"]
+            if d.get("index") is not None:  # (a count, or the chunk is unreadable)
+                if not is_count(i := d["index"]):
+                    raise TypeError("a tool call's index")
             elif before < 0 or (call_id and call_id != before_id):
                 i = before + 1
             else:

@@ -1867,3 +1867,51 @@ def test_the_answer_digests_read_each_models_entries_once(
     digests = upstream_module.served_digests(listed)
     assert len(set(digests.values())) == k
     assert digested[0] < 4 * len(orjson.dumps(listed))
+
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": True, "completion_tokens": 1},  # (Python's 1)
+    {"prompt_tokens": 1, "completion_tokens": -2},
+    {"prompt_tokens": 1.0, "completion_tokens": 1},
+    {"prompt_tokens": 10 ** 20, "completion_tokens": 1},  # (no count: the limiter's)
+    {"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": {
+        "cached_tokens": True}},
+    {"prompt_tokens": 1, "completion_tokens": 1, "completion_tokens_details": {
+        "reasoning_tokens": -1}},
+    {"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": {
+        "cached_tokens": 0.5}},
+])
+async def test_an_upstream_s_usage_that_counts_no_whole_tokens_is_unreadable(
+        upstream: Upstream, usage: dict[str, Any]) -> None:
+    """Counts an upstream sends are read strictly: `true` (Python's 1), a negative, a
+    fraction or a number past any answer's was counted, or a breakdown's dropped as if
+    absent. Whole or streamed, such a usage is an unreadable answer (a 502), never a
+    count passed on, charged or cached."""
+    e = await refused(upstream, answering(web.json_response({**ANSWER, "usage": usage})),
+                      EngineError)
+    assert "unreadable" in e.message
+    with pytest.raises(EngineError, match="unreadable"):
+        await relayed(upstream, sse(*CHUNKS, {**HEAD, "choices": [], "usage": usage},
+                                    "[DONE]"))
+
+
+@pytest.mark.parametrize("choice", [
+    {"index": True, "delta": {"content": "x"}, "finish_reason": "stop"},  # (read as 1)
+    {"index": 0.0, "delta": {"content": "x"}, "finish_reason": "stop"},
+    {"index": 1, "delta": {"content": "x"}, "finish_reason": 7},
+    {"index": 1, "delta": {"tool_calls": [{"index": True, "id": "call_1", "type": "function",
+                                           "function": {"name": "f", "arguments": "{}"}}]},
+     "finish_reason": "tool_calls"},
+    {"index": 1, "delta": {"tool_calls": [{"index": -1, "id": "call_1", "type": "function",
+                                           "function": {"name": "f", "arguments": "{}"}}]},
+     "finish_reason": "tool_calls"},
+])
+async def test_a_stream_s_index_or_finish_reason_of_another_type_is_unreadable(
+        upstream: Upstream, choice: dict[str, Any]) -> None:
+    """A choice's `index: true` was read as choice 1 (`isinstance(True, int)`): with
+    `n: 2` the answer passed for whole, relayed with `index: true` and cached so; a
+    finish reason that is no string was relayed and stored, a tool call's `true` index
+    renumbered, its `-1` relayed. Each is an unreadable chunk (a 502)."""
+    with pytest.raises(EngineError, match="unreadable"):
+        await relayed(upstream, sse(*CHUNKS, {**HEAD, "choices": [choice]}, "[DONE]"),
+                      ctx(stream=True, n=2))
