@@ -607,6 +607,11 @@ class Upstream:
             raise EngineError("The upstream sent an unreadable answer.") from None
         if status >= 400:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
+        if isinstance(data, dict) and "usage" in data and (
+                data["usage"] is None or _uncounted(data["usage"])):
+            # No usage, as a stream's `{}` is (not known: no count to pass on, charge or
+            # cache with), and absent as OpenAI's whole answer has it (never null).
+            del data["usage"]
         if not _answer_ok(data, "message" if route == "chat" else "text"):
             raise EngineError("The upstream sent an unreadable answer.")
         if data.get("usage") is not None:  # (its total, as a stream's: their sum)

@@ -532,9 +532,10 @@ async def test_an_upstream_s_null_service_tier_is_no_word_on_the_tier(
     assert body["service_tier"] is None  # (not set: as the upstream sent it)
 
 
-def _usage_free(counted: bool) -> web.Application:
+def _usage_free(counted: bool, empty: bool = False) -> web.Application:
     """An upstream of chat and completions, whole and streamed, that sends no usage
-    (some ignore `stream_options.include_usage`) unless `counted`."""
+    (some ignore `stream_options.include_usage`) unless `counted`; `empty`: one that
+    sends its usage as `{}`, counting nothing."""
     async def answer(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         chat = request.path.endswith("/chat/completions")
@@ -542,7 +543,7 @@ def _usage_free(counted: bool) -> web.Application:
                  "model": "up-model"} if chat else
                 {"id": "cmpl-up", "object": "text_completion", "created": 1,
                  "model": "up-model"})
-        usage = {"usage": USAGE} if counted else {}
+        usage = {"usage": USAGE} if counted else {"usage": {}} if empty else {}
         if not body.get("stream"):
             choice = ({"message": {"role": "assistant", "content": "hi"}} if chat
                       else {"text": "hi", "logprobs": None})
@@ -552,7 +553,7 @@ def _usage_free(counted: bool) -> web.Application:
             head["object"] = "chat.completion.chunk"
         piece = {"delta": {"content": "hi"}} if chat else {"text": "hi", "logprobs": None}
         chunks = [{**head, "choices": [{"index": 0, "finish_reason": "stop", **piece}]}]
-        if counted:
+        if usage:
             chunks.append({**head, "choices": [], **usage})
         return await streaming([f"data: {json.dumps(c)}\n\n".encode() for c in chunks]
                                + [b"data: [DONE]\n\n"])(request)
@@ -563,16 +564,18 @@ def _usage_free(counted: bool) -> web.Application:
     return app
 
 
-@pytest.mark.parametrize("counted", [True, False])
+@pytest.mark.parametrize(("counted", "empty"), [(True, False), (False, False), (False, True)])
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("route", ["chat", "completion", "responses"])
 async def test_a_request_whose_upstream_sent_no_usage_keeps_its_token_reservation(
-        make_client: MakeClient, route: str, stream: bool, counted: bool) -> None:
+        make_client: MakeClient, route: str, stream: bool, counted: bool,
+        empty: bool) -> None:
     """The rate limiter settles a request's token reservation from the upstream's usage;
     with none (whole or streamed, chat, completions or Responses) it is not refunded (a
     free ride under a token limit): the reservation stands, as charged at admission.
-    With the usage, the tokens counted are charged instead."""
-    server = TestServer(_usage_free(counted), host="127.0.0.1")
+    With the usage, the tokens counted are charged instead. A usage of `{}` is none,
+    whole as streamed (a whole answer's was a 502)."""
+    server = TestServer(_usage_free(counted, empty), host="127.0.0.1")
     await server.start_server()
     try:
         client = await make_client(make_settings(

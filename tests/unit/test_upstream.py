@@ -980,7 +980,6 @@ def _choice(**kw: Any) -> dict[str, Any]:
     _choice(finish_reason=7),
     _choice(index="zero"),
     {**ANSWER, "usage": [1, 2]},
-    {**ANSWER, "usage": {}},  # (the Responses route read its counts: a KeyError, a 500)
     {**ANSWER, "usage": {"prompt_tokens": -1, "completion_tokens": 1}},
     {**ANSWER, "choices": []},
     _choice(message={"role": "assistant", "content": None, "tool_calls": [
@@ -1915,3 +1914,20 @@ async def test_a_stream_s_index_or_finish_reason_of_another_type_is_unreadable(
     with pytest.raises(EngineError, match="unreadable"):
         await relayed(upstream, sse(*CHUNKS, {**HEAD, "choices": [choice]}, "[DONE]"),
                       ctx(stream=True, n=2))
+
+
+@pytest.mark.parametrize("usage", [{}, None, {"total_tokens": 3}])
+async def test_a_whole_answer_s_empty_usage_is_no_usage(upstream: Upstream,
+                                                        usage: Any) -> None:
+    """A whole answer's `usage: {}` (no count in it) was a 502, where a stream's is no
+    usage, as `null` is: so is a whole answer's, which goes out with none (OpenAI's has
+    it absent, never null: a `null` went out so too) and is counted as not known (the
+    rate limiter keeps its reservation, the cache stores nothing)."""
+    upstream.chat = answering(web.json_response({**ANSWER, "usage": usage}))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx())
+    finally:
+        await engine.close()
+    assert isinstance(reply, Completion) and "usage" not in reply.body
+    validate("CreateChatCompletionResponse", reply.body)
