@@ -100,7 +100,9 @@ MAX_RETRY_AFTER_S = 3600
 #: Longest an error's body (a 429's, a 504's, a 4xx's) is waited for once its status
 #: came: the status alone decides the answer, the body only refines it (a 429's kind, a
 #: 504's `not_cached`, a 400's message). Read within the request's whole `timeout_s`, a
-#: body that stalled held the client's 429 that long (ten minutes by default).
+#: body that stalled held the client's 429 that long (ten minutes by default). Shorter
+#: where the upstream's `read_timeout_s` is (`Upstream._error_body_s`): a body no byte of
+#: came for that long has stalled, by the operator's own measure.
 ERROR_BODY_S = 5.0
 
 
@@ -573,13 +575,13 @@ class Upstream:
         if status == 503:
             raise UpstreamUnavailable(resp.headers)
         if status == 504:
-            raise await _upstream_timeout(resp, only_if_cached)
+            raise await _upstream_timeout(resp, only_if_cached, self._error_body_s())
         if status >= 500:
             raise EngineError(f"The upstream failed ({status}).")
         if status in (401, 403):  # Weir's key, not the client's: an operator's fault
             raise EngineError(f"The upstream refused this gateway's credentials ({status}).")
         if status == 429:  # Weir's quota there; its message names the account
-            kind, final, too_large = await _limit_kind(resp)
+            kind, final, too_large = await _limit_kind(resp, self._error_body_s())
             if too_large:  # (no wait lets it through: told so, as the upstream tells it)
                 raise RateLimited("Request too large for the upstream's tokens per minute "
                                   "limit; no wait lets it through: reduce the input or "
@@ -593,7 +595,7 @@ class Upstream:
                               "given in Retry-After.", kind=kind,
                               headers=_retry_headers(resp.headers))
         try:
-            raw = await _body(resp, MAX_ANSWER_BYTES)
+            raw = await _body(resp, MAX_ANSWER_BYTES, self._error_body_s())
             if raw is None:
                 raise AnswerTooLarge(MAX_ANSWER_BYTES)
             data = upstream_json(raw)
@@ -625,6 +627,13 @@ class Upstream:
             for c in data["choices"]:
                 _own_ids(c["message"].get("tool_calls") or ())
         return Completion(data)
+
+    def _error_body_s(self) -> float:
+        """How long an error's body is waited for once its status came: `ERROR_BODY_S`,
+        or the upstream's `read_timeout_s` where that is shorter (no byte for it: a
+        stall, as a stream's is; with `read_timeout_s: 1` a stalled 429 body held the
+        client 5 s)."""
+        return min(ERROR_BODY_S, self.settings.read_timeout_s)
 
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
                      stream: Stream, *, usage: bool, running: bool, choices: int,
@@ -866,11 +875,15 @@ def _number_calls(chunk: dict[str, Any], last: dict[int, tuple[int, str]]) -> No
             last[choice] = (i, call_id or (before_id if i == before else ""))
 
 
-async def _body(resp: aiohttp.ClientResponse, most: int) -> bytearray | None:
+async def _body(resp: aiohttp.ClientResponse, most: int,
+                error_s: float | None = None) -> bytearray | None:
     """The response's body, as its pieces come; None past `most` bytes (read no further).
-    An error's (status 400 or more) within `ERROR_BODY_S` (TimeoutError past it)."""
+    An error's (status 400 or more) within `error_s` (`ERROR_BODY_S` where not given;
+    TimeoutError past it)."""
     raw = bytearray()
-    async with asyncio.timeout(ERROR_BODY_S if resp.status >= 400 else None):
+    if error_s is None:
+        error_s = ERROR_BODY_S
+    async with asyncio.timeout(error_s if resp.status >= 400 else None):
         async for piece in resp.content.iter_any():
             raw += piece
             if len(raw) > most:
@@ -958,17 +971,18 @@ def _only_if_cached(ctx: RequestContext) -> bool:
     return "only-if-cached" in ctx.headers.get("cache-control", "").lower()
 
 
-async def _limit_kind(resp: aiohttp.ClientResponse) -> tuple[str, bool, bool]:
+async def _limit_kind(resp: aiohttp.ClientResponse, error_s: float
+                      ) -> tuple[str, bool, bool]:
     """An upstream 429's kind, `tokens` or `requests` (OpenAI's type), as its body says;
     `requests` where it says neither (its message, naming its account, is not passed on).
     Then whether no wait lets it through: it says not to retry (`x-should-retry: false`,
     as a Weir upstream and the OpenAI API send it), or it refused a request larger than
     its limit on its own ("Request too large ...", Weir's and OpenAI's message: the
-    third value)."""
+    third value). `error_s`: how long its body is waited for (`_body`)."""
     final = resp.headers.get("x-should-retry", "").strip().lower() == "false"
     too_large = False
     try:
-        raw = await _body(resp, 1 << 16)  # (an error's body: small, or none of ours)
+        raw = await _body(resp, 1 << 16, error_s)  # (an error's body: small, or none of ours)
         err = upstream_json(raw or b"").get("error") or {}
         kind = err.get("type")
         message = err.get("message")
@@ -978,13 +992,15 @@ async def _limit_kind(resp: aiohttp.ClientResponse) -> tuple[str, bool, bool]:
     return ("tokens" if kind == "tokens" else "requests"), final or too_large, too_large
 
 
-async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool) -> Timeout:
+async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool,
+                            error_s: float) -> Timeout:
     """An upstream 504: its own `not_cached` (a Weir upstream asked `only-if-cached`, the
     client's `Cache-Control` passed on), or any 504 to a request that asked for a cached
     answer only (an HTTP cache on the way says so in its own words), is the client's
-    answer, which the breaker does not count; any other is the upstream timing out."""
+    answer, which the breaker does not count; any other is the upstream timing out.
+    `error_s`: how long its body is waited for (`_body`)."""
     try:
-        raw = await _body(resp, 1 << 16)  # (an error's body: small, or none of ours)
+        raw = await _body(resp, 1 << 16, error_s)  # (an error's body: small, or none of ours)
         err = upstream_json(raw or b"").get("error") or {}
         code = err.get("code")
     except (aiohttp.ClientError, ValueError, AttributeError, TimeoutError):

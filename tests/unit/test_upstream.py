@@ -865,6 +865,39 @@ async def test_an_upstream_error_whose_body_stalls_is_answered_by_its_status(
         await engine.close()
 
 
+@pytest.mark.parametrize(("status", "error"), [(429, RateLimited), (400, UpstreamError),
+                                               (504, Timeout)])
+async def test_an_error_body_is_waited_for_no_longer_than_the_read_timeout(
+        upstream: Upstream, monkeypatch: pytest.MonkeyPatch, status: int,
+        error: type[WeirError]) -> None:
+    """An error's body that stalled was waited for `ERROR_BODY_S` whatever the
+    upstream's `read_timeout_s` (the longest no byte may come before the upstream has
+    stalled): it is waited for the shorter of the two."""
+    import proxy.upstream as upstream_module
+
+    monkeypatch.setattr(upstream_module, "ERROR_BODY_S", 600, raising=False)
+    release = asyncio.Event()
+
+    async def stalled(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(status=status, headers={
+            "content-type": "application/json", "content-length": "500"})
+        await resp.prepare(request)
+        await resp.write(b'{"error": ')
+        await release.wait()
+        return resp
+
+    upstream.chat = stalled
+    engine = await engine_for(upstream.base_url, models=["up-model"], timeout_s=600,
+                              read_timeout_s=0.2)
+    try:
+        with pytest.raises(error):  # (without the bound: `ERROR_BODY_S`, 600 s)
+            await asyncio.wait_for(engine(ctx()), 30)
+        assert engine.stats().running == 0
+    finally:
+        release.set()
+        await engine.close()
+
+
 async def test_an_upstream_429_that_says_not_to_retry_is_not_told_to_retry(
         upstream: Upstream) -> None:
     """`x-should-retry: false` on another 429 (OpenAI's exhausted quota) is kept, with no
