@@ -520,7 +520,7 @@ class ChunkAssembler:
                 self.calls.setdefault(i, T.CallAssembler()).feed(delta["tool_calls"])
             self.pieces += bool(piece or delta.get("tool_calls")
                                 or delta.get("reasoning_content"))
-            if c.get("finish_reason"):
+            if c.get("finish_reason") and i not in self.reasons:  # (the first stands)
                 self.reasons[i] = c["finish_reason"]
                 if "stop_reason" in c:  # (vLLM's; OpenAI's servers send none)
                     self.stop_reasons[i] = c["stop_reason"]

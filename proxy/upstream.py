@@ -24,6 +24,12 @@ no way to mark as one; a client would bill or budget with it as a count. So the 
 that asked gets no usage chunk (as from such an upstream directly), the rate limiter
 keeps the request's reservation (its prompt's estimate and its output limit), the token
 metrics and the access log count nothing for it, and the operator is warned once.
+
+A choice is over at its finish reason, as OpenAI's streams have it: what an upstream
+sends for it after that (text, calls, reasoning, logprobs) is dropped, neither relayed
+nor kept in the answer the cache stores (its first finish reason stands; an entry that
+carries nothing passes), and the operator is warned once. Its usage is passed on as it
+came (it may count what was dropped: it is what the upstream spent).
 """
 
 from __future__ import annotations
@@ -281,6 +287,7 @@ class Upstream:
         self._refresh: asyncio.Task[None] | None = None  # (`MODELS_REFRESH_S`)
         self._answer_digests: dict[str, str] = {}  # (`answer_digest_for`: model list's)
         self._told_no_usage = False  # (a stream without usage is warned of once)
+        self._told_past_finish = False  # (a choice going on after its end: once)
         # `connect` bounds the wait for a pooled connection and its connect together,
         # `sock_connect` the connect alone: a request timed out while still waiting for
         # a connection (the trace tells) was shed here, the upstream never asked.
@@ -635,6 +642,12 @@ class Upstream:
         client 5 s)."""
         return min(ERROR_BODY_S, self.settings.read_timeout_s)
 
+    def _tell_past_finish(self, model: str) -> None:
+        if not self._told_past_finish:
+            self._told_past_finish = True
+            log.warning("upstream streamed a choice on after its finish_reason: what came "
+                        "after is dropped (not relayed nor cached); told once", model=model)
+
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
                      stream: Stream, *, usage: bool, running: bool, choices: int,
                      head: dict[str, Any], echo: EchoAsSent,
@@ -678,6 +691,11 @@ class Upstream:
                                or EngineError("The upstream failed mid-stream."))
                     _usage_in_place(chunk)
                     try:
+                        dropped, nothing_left = _past_finish(chunk, asm.reasons)
+                        if dropped:
+                            self._tell_past_finish(head["model"])
+                        if nothing_left:
+                            continue
                         _own_head(chunk, head, whole=False)
                         _number_calls(chunk, numbered)
                         _own_delta_ids(chunk, ids)
@@ -759,6 +777,37 @@ def _usage_shown(chunk: dict[str, Any], *, usage: bool, running: bool, text: boo
     elif chunk.get("usage"):  # the running usage asked for: with its total
         chunk["usage"] = whole_usage(chunk["usage"])
     return "send"
+
+
+def _past_finish(chunk: dict[str, Any], ended: Mapping[int, str]) -> tuple[bool, bool]:
+    """Take out of an upstream's chunk what it sends for a choice after that choice's
+    finish reason (`ended`: each ended choice's), which OpenAI's never does: an entry
+    with text, calls, reasoning or logprobs is not relayed, nor kept in the choice's
+    answer (the cache stores what the client got). One that carries none passes (a
+    finish repeated with an empty delta; Azure's content-filter results), with the
+    choice's first finish reason where it gives one. Whether an entry was dropped, and
+    whether nothing is left to send (the chunk had choices, none is left, nor a usage).
+    (An index that is no count is left for the assembler to refuse: `true` would match
+    choice 1.)"""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False, False
+    kept = []
+    for c in choices:
+        if not (isinstance(c, dict) and is_count(c.get("index")) and c["index"] in ended):
+            kept.append(c)
+            continue
+        delta = c.get("delta")
+        if (c.get("text") or c.get("logprobs") is not None or (isinstance(delta, dict) and any(
+                v for k, v in delta.items() if k != "role")) or not isinstance(delta or {}, dict)):
+            continue
+        if c.get("finish_reason") is not None:
+            c["finish_reason"] = ended[c["index"]]
+        kept.append(c)
+    if len(kept) == len(choices):
+        return False, False
+    chunk["choices"] = kept
+    return True, not kept and not chunk.get("usage")
 
 
 def _broken_after_usage(asm: ChunkAssembler) -> bool:

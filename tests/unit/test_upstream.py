@@ -1964,3 +1964,32 @@ async def test_a_whole_answer_s_empty_usage_is_no_usage(upstream: Upstream,
         await engine.close()
     assert isinstance(reply, Completion) and "usage" not in reply.body
     validate("CreateChatCompletionResponse", reply.body)
+
+
+async def test_what_a_choice_streams_after_its_finish_is_dropped(upstream: Upstream) -> None:
+    """OpenAI's streams send nothing for a choice after its finish reason. An upstream's
+    text, calls or second reason after it were relayed and kept in the answer the cache
+    stores (`t0t1t2 and more`, a replay so). They are dropped: the client gets the
+    answer as it ended, the cache stores the same, the first finish reason stands; what
+    else the chunk holds (another choice's text, the usage) goes on, and an entry that
+    carries nothing (a finish repeated) passes with the first reason."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    pieces = sse(*CHUNKS, {**HEAD, "choices": [{"index": 1, "delta": {"content": "u"}}]},
+                 {**HEAD, "choices": [{"index": 0, "delta": {"content": " and more"}}]},
+                 {**HEAD, "choices": [
+                     {"index": 0, "delta": {"content": "!"}, "finish_reason": "length"},
+                     {"index": 1, "delta": {"content": "v"}, "finish_reason": "stop"}]},
+                 {**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                  "usage": usage}, "[DONE]")
+    got, reply = await relayed(upstream, pieces, ctx(
+        stream=True, n=2, stream_options={"include_usage": True}))
+    assert [c["choices"] for c in got] == [
+        *(c["choices"] for c in CHUNKS),
+        [{"index": 1, "delta": {"content": "u"}, "finish_reason": None}],
+        [{"index": 1, "delta": {"content": "v"}, "finish_reason": "stop"}],
+        [{"index": 0, "delta": {}, "finish_reason": "stop"}], []]
+    assert got[-1]["usage"] == usage
+    assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"},
+                            {"index": 1, "text": "uv", "finish_reason": "stop"}]
+    for chunk in got:
+        validate("CreateChatCompletionStreamResponse", chunk)
