@@ -478,7 +478,12 @@ def usage_ok(usage: Any) -> bool:
 
 def whole_usage(usage: dict[str, Any]) -> dict[str, Any]:
     """An upstream's usage (`usage_ok`) as OpenAI's, in dicts of its own: its counts,
-    their sum as its total, and its breakdowns."""
+    their sum as its total, and its breakdowns. Nothing else: OpenAI's `CompletionUsage`
+    allows keys of a server's own, but this usage is what Weir counts, stores and
+    replays, and such keys are not counts of this answer (Groq's `queue_time`, one
+    request's timing, replayed stale by the cache; DeepSeek's `prompt_cache_hit_tokens`,
+    the miss's prompt's, wrong for a semantic hit's). The chunk's own fields (Groq's
+    `x_groq`) pass on as they came."""
     return {**R.usage(usage["prompt_tokens"], usage["completion_tokens"]),
             **R.usage_details(usage)}
 

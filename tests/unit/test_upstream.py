@@ -1993,3 +1993,28 @@ async def test_what_a_choice_streams_after_its_finish_is_dropped(upstream: Upstr
                             {"index": 1, "text": "uv", "finish_reason": "stop"}]
     for chunk in got:
         validate("CreateChatCompletionStreamResponse", chunk)
+
+
+async def test_an_upstream_s_own_usage_keys_are_not_passed_on_as_usage(
+        upstream: Upstream) -> None:
+    """OpenAI's `CompletionUsage` allows keys of its own (no `additionalProperties:
+    false`), but Weir's usage is what it counts, stores and replays: counts and their
+    breakdowns only. Groq's timings (`queue_time`: one request's, replayed stale by the
+    cache) and DeepSeek's cache counts (`prompt_cache_hit_tokens`: the miss's prompt,
+    wrong for a semantic hit's) are left out of it, whole or streamed; what else the
+    upstream's chunk carries (Groq's `x_groq`) passes as it came."""
+    own = {"queue_time": 0.02, "prompt_cache_hit_tokens": 5, "prompt_cache_miss_tokens": 2}
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    upstream.chat = lambda request: _json({**ANSWER, "usage": {**usage, **own}})
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        whole = await engine(ctx())
+    finally:
+        await engine.close()
+    assert isinstance(whole, Completion) and whole.body["usage"] == usage
+    groq = {"id": "req_1", "usage": {"queue_time": 0.02}}
+    got, reply = await relayed(upstream, sse(
+        *CHUNKS, {**HEAD, "choices": [], "usage": {**usage, **own}, "x_groq": groq},
+        "[DONE]"), ctx(stream=True, stream_options={"include_usage": True}))
+    assert got[-1]["usage"] == usage and got[-1]["x_groq"] == groq
+    assert reply.usage == usage
