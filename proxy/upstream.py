@@ -43,6 +43,7 @@ from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -286,6 +287,11 @@ class Upstream:
         self._discovery: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[None] | None = None  # (`MODELS_REFRESH_S`)
         self._answer_digests: dict[str, str] = {}  # (`answer_digest_for`: model list's)
+        #: What its warnings name it by: host and port, never the credentials a
+        #: `base_url` may hold (a primary and a fallback may serve one model name).
+        where = urlsplit(self.base)
+        host = f"[{where.hostname}]" if ":" in (where.hostname or "") else where.hostname
+        self.named = f"{host}:{where.port or (443 if where.scheme == 'https' else 80)}"
         self._told_no_usage = False  # (a stream without usage is warned of once)
         self._told_past_finish = False  # (a choice going on after its end: once)
         # `connect` bounds the wait for a pooled connection and its connect together,
@@ -646,7 +652,8 @@ class Upstream:
         if not self._told_past_finish:
             self._told_past_finish = True
             log.warning("upstream streamed a choice on after its finish_reason: what came "
-                        "after is dropped (not relayed nor cached); told once", model=model)
+                        "after is dropped (not relayed nor cached); told once", model=model,
+                        upstream=self.named)
 
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
                      stream: Stream, *, usage: bool, running: bool, choices: int,
@@ -741,7 +748,7 @@ class Upstream:
                         "stream_options.include_usage): such streams' tokens go uncounted "
                         "(no usage chunk for the client, none in weir_tokens_total; the "
                         "rate limiter keeps their reservations); told once",
-                        model=head["model"])
+                        model=head["model"], upstream=self.named)
         if usage and stream.usage is not None:
             # OpenAI's shape, once, after every answer chunk: the upstream's last usage
             # chunk (each held, however early or often it came), or one made where its

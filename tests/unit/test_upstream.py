@@ -2018,3 +2018,36 @@ async def test_an_upstream_s_own_usage_keys_are_not_passed_on_as_usage(
         "[DONE]"), ctx(stream=True, stream_options={"include_usage": True}))
     assert got[-1]["usage"] == usage and got[-1]["x_groq"] == groq
     assert reply.usage == usage
+
+
+async def test_each_upstream_s_told_once_warnings_name_that_upstream(
+        logs: io.StringIO) -> None:
+    """A stream that goes on after its finish, or comes without usage, is told once per
+    upstream; the warning named the model alone, so of a primary upstream and a fallback
+    serving the same model the second's was one more line the operator could not tell
+    from the first's. Each names its upstream's host and port (never the credentials a
+    `base_url` may hold)."""
+    after = sse(*[dict(c) for c in CHUNKS],
+                {**HEAD, "choices": [{"index": 0, "delta": {"content": "more"}}]}, "[DONE]")
+    ups = [Upstream(), Upstream()]
+    engines, named = [], []
+    try:
+        for up in ups:
+            await up.server.start_server()
+            named.append(f"127.0.0.1:{up.server.port}")
+            up.chat = sse_handler(after)
+            url = up.base_url.replace("://", "://user:sec-ret-password@")
+            engines.append(await engine_for(url, models=["up-model"]))
+        for engine in [*engines, *engines]:
+            reply = await engine(ctx(stream=True))
+            assert isinstance(reply, Stream)
+            assert len([c async for c in reply]) == len(CHUNKS)
+    finally:
+        for engine in engines:
+            await engine.close()
+        for up in ups:
+            await up.server.close()
+    assert "sec-ret-password" not in logs.getvalue()
+    for told in ("after its finish_reason", "sent no usage"):
+        lines = [json.loads(ln) for ln in logs.getvalue().splitlines() if told in ln]
+        assert sorted(ln["upstream"] for ln in lines) == sorted(named)
