@@ -796,6 +796,8 @@ def _past_finish(chunk: dict[str, Any], ended: Mapping[int, str]) -> tuple[bool,
     whether nothing is left to send (the chunk had choices, none is left, nor a usage).
     (An index that is no count is left for the assembler to refuse: `true` would match
     choice 1.)"""
+    if not ended:  # (every chunk until a choice's finish: nothing to look at, per chunk)
+        return False, False
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices:
         return False, False
