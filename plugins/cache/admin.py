@@ -30,7 +30,7 @@ from proxy.app_state import STATE
 from proxy.auth import Principal, account
 from proxy.body import read_json
 from proxy.config_model import ConfigModel
-from proxy.errors import InvalidRequest, PermissionDenied, RateLimited, Unavailable
+from proxy.errors import InvalidRequest, PermissionDenied, RateLimited, Unavailable, retry_headers
 from proxy.protocol import parse_model
 
 from .entry import matcher
@@ -80,10 +80,9 @@ class OneAtATime:
     def held(self, principal: Principal) -> Iterator[None]:
         who = "~operator" if principal.operator else principal.tenant  # (no tenant's name)
         if who in self._running:
-            refused = RateLimited("A cache purge or stats call of this tenant is already "
-                                  "running; retry when it ends.", code="admin_busy")
-            refused.headers["retry-after"] = "1"
-            raise refused
+            raise RateLimited("A cache purge or stats call of this tenant is already "
+                              "running; retry when it ends.", code="admin_busy",
+                              headers=retry_headers(1000))
         self._running.add(who)
         try:
             yield
