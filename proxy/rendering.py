@@ -513,8 +513,8 @@ class ChunkAssembler:
             delta = c.get("delta") or {}
             piece = delta.get("content") if self.route == "chat" else c.get("text")
             reason = c.get("finish_reason")
-            if not isinstance(piece or "", str) or not is_count(i) or not isinstance(
-                    reason or "", str):
+            if (piece is not None and not isinstance(piece, str)) or not is_count(i) or (
+                    reason is not None and not isinstance(reason, str)):  # (`false`: no none)
                 raise TypeError("a choice's index, text or finish reason")
             if self.route == "chat" and delta.get("tool_calls"):
                 if not isinstance(calls := delta["tool_calls"], list) or not all(

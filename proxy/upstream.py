@@ -1153,14 +1153,14 @@ def _answer_ok(data: Any, kind: str) -> bool:
     for c in choices:
         if not isinstance(c, dict) or type(c.get("index")) is not int:
             return False
-        if not isinstance(c.get("finish_reason") or "", str):
+        if not isinstance(c.get("finish_reason", ""), str | None):  # (`false`: no none)
             return False
         if kind == "text":
             if not isinstance(c.get("text"), str):
                 return False
             continue
         m = c.get("message")
-        if not isinstance(m, dict) or not isinstance(m.get("content") or "", str):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str | None):
             return False
         calls = m.get("tool_calls") or []
         if not isinstance(calls, list) or not all(

@@ -1011,6 +1011,10 @@ def _choice(**kw: Any) -> dict[str, Any]:
     _choice(message={"role": "assistant", "content": 5}),
     _choice(message={"role": "assistant", "content": None, "tool_calls": "notalist"}),
     _choice(finish_reason=7),
+    _choice(finish_reason=False),  # (a falsy one was read as none given, and passed on)
+    _choice(finish_reason=0),
+    _choice(message={"role": "assistant", "content": 0}),
+    _choice(message={"role": "assistant", "content": False}),
     _choice(index="zero"),
     {**ANSWER, "usage": [1, 2]},
     {**ANSWER, "usage": {"prompt_tokens": -1, "completion_tokens": 1}},
@@ -1931,6 +1935,10 @@ async def test_an_upstream_s_usage_that_counts_no_whole_tokens_is_unreadable(
     {"index": True, "delta": {"content": "x"}, "finish_reason": "stop"},  # (read as 1)
     {"index": 0.0, "delta": {"content": "x"}, "finish_reason": "stop"},
     {"index": 1, "delta": {"content": "x"}, "finish_reason": 7},
+    # (a falsy one, `false`, `0`, `[]`, was read as none given: relayed as it came)
+    {"index": 1, "delta": {"content": "x"}, "finish_reason": False},
+    {"index": 1, "delta": {"content": 0}, "finish_reason": "stop"},
+    {"index": 1, "delta": {"content": []}, "finish_reason": "stop"},
     {"index": 1, "delta": {"tool_calls": [{"index": True, "id": "call_1", "type": "function",
                                            "function": {"name": "f", "arguments": "{}"}}]},
      "finish_reason": "tool_calls"},
