@@ -23,7 +23,8 @@ pieces of text, not tokens, so any number would be an estimate, which OpenAI's u
 no way to mark as one; a client would bill or budget with it as a count. So the client
 that asked gets no usage chunk (as from such an upstream directly), the rate limiter
 keeps the request's reservation (its prompt's estimate and its output limit), the token
-metrics and the access log count nothing for it, and the operator is warned once.
+metrics and the access log count nothing for it, and the operator is warned once (as
+of a whole answer without usage, counted so too).
 
 A choice is over at its finish reason, as OpenAI's streams have it: what an upstream
 sends for it after that (text, calls, reasoning, logprobs) is dropped, neither relayed
@@ -292,7 +293,7 @@ class Upstream:
         where = urlsplit(self.base)
         host = f"[{where.hostname}]" if ":" in (where.hostname or "") else where.hostname
         self.named = f"{host}:{where.port or (443 if where.scheme == 'https' else 80)}"
-        self._told_no_usage = False  # (a stream without usage is warned of once)
+        self._told_no_usage = False  # (an answer without usage is warned of once)
         self._told_past_finish = False  # (a choice going on after its end: once)
         # `connect` bounds the wait for a pooled connection and its connect together,
         # `sock_connect` the connect alone: a request timed out while still waiting for
@@ -477,6 +478,8 @@ class Upstream:
             raise
         if isinstance(reply, Completion):
             span.end(*_tokens(reply.body.get("usage")), None)
+            if reply.body.get("usage") is None:
+                self._tell_no_usage(ctx.model, streamed=False)
             return reply
         if not span.recording:
             return reply
@@ -648,6 +651,17 @@ class Upstream:
         client 5 s)."""
         return min(ERROR_BODY_S, self.settings.read_timeout_s)
 
+    def _tell_no_usage(self, model: str, *, streamed: bool) -> None:
+        """An answer came without usage (a stream's: the upstream ignores
+        `stream_options.include_usage`; a whole answer's: it sends none, or `{}`)."""
+        if not self._told_no_usage:
+            self._told_no_usage = True
+            log.warning("upstream sent no usage for an answer (a stream's: it ignores "
+                        "stream_options.include_usage): such answers' tokens go uncounted "
+                        "(no usage for the client, none in weir_tokens_total; the rate "
+                        "limiter keeps their reservations); told once", model=model,
+                        streamed=streamed, upstream=self.named)
+
     def _tell_past_finish(self, model: str) -> None:
         if not self._told_past_finish:
             self._told_past_finish = True
@@ -742,13 +756,8 @@ class Upstream:
                 asm.cut(stream)
             self.in_flight -= 1
             resp.release()
-        if stream.usage is None and not self._told_no_usage:
-            self._told_no_usage = True
-            log.warning("upstream sent no usage for a stream (it ignores "
-                        "stream_options.include_usage): such streams' tokens go uncounted "
-                        "(no usage chunk for the client, none in weir_tokens_total; the "
-                        "rate limiter keeps their reservations); told once",
-                        model=head["model"], upstream=self.named)
+        if stream.usage is None:
+            self._tell_no_usage(head["model"], streamed=True)
         if usage and stream.usage is not None:
             # OpenAI's shape, once, after every answer chunk: the upstream's last usage
             # chunk (each held, however early or often it came), or one made where its

@@ -2059,3 +2059,28 @@ async def test_each_upstream_s_told_once_warnings_name_that_upstream(
     for told in ("after its finish_reason", "sent no usage"):
         lines = [json.loads(ln) for ln in logs.getvalue().splitlines() if told in ln]
         assert sorted(ln["upstream"] for ln in lines) == sorted(named)
+
+
+@pytest.mark.parametrize("usage", ["absent", None, {}])
+async def test_a_whole_answer_without_usage_is_told_once(
+        upstream: Upstream, logs: io.StringIO, usage: Any) -> None:
+    """A stream without usage was warned of once; a whole answer so (none, `null`, or
+    `{}`: no usage either) went uncounted in silence (no tokens in `weir_tokens_total`,
+    the rate limiter keeping its reservation) however many came. It is told once too."""
+    body = {k: v for k, v in ANSWER.items() if k != "usage"}
+    if usage != "absent":
+        body["usage"] = usage
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response(body)
+
+    upstream.chat = answer
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        for _ in range(2):
+            reply = await engine(ctx())
+            assert isinstance(reply, Completion) and "usage" not in reply.body
+    finally:
+        await engine.close()
+    told = [json.loads(ln) for ln in logs.getvalue().splitlines() if "sent no usage" in ln]
+    assert [(t["level"], t["model"], t["streamed"]) for t in told] == [
+        ("warning", "up-model", False)]
