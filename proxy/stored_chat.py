@@ -146,7 +146,10 @@ class Assembly:
         if self.head is None:
             return None
         choices = [self.choices[i].whole(i) for i in sorted(self.choices)]
-        return {**self.head, "choices": choices, "usage": self.usage or usage}
+        # (none known, an upstream's that sent none: absent, as a whole answer's is;
+        # OpenAI's chat completion has no `usage: null`)
+        known = self.usage or usage
+        return {**self.head, "choices": choices, **({"usage": known} if known else {})}
 
 
 _TEXTS = ("content", "refusal")

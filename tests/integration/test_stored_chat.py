@@ -335,6 +335,24 @@ def test_a_chunk_the_assembly_cannot_read_stops_storing_not_the_stream() -> None
     keep({"id": "c", "created": 1, "model": "m", "choices": []})
 
 
+def test_a_stream_stored_without_its_usage_is_stored_with_none() -> None:
+    """A stream whose usage is not known (an upstream that sent none) was stored with
+    `usage: null`, which OpenAI's chat completion has no room for (its usage is absent or
+    counts): retrieved, it failed the schema, where a whole answer so is stored without
+    one. It is stored without `usage`."""
+    from proxy.stored_chat import Assembly
+
+    chunks = Assembly()
+    chunks.add({"id": "c", "created": 1, "model": "m", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"},
+                             "finish_reason": "stop", "logprobs": None}]})
+    completion = chunks.completion(None)
+    assert completion is not None and "usage" not in completion
+    validate("CreateChatCompletionResponse", completion)
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    assert chunks.completion(usage) == {**completion, "usage": usage}
+
+
 async def test_an_answer_without_an_id_is_not_stored_and_still_answered() -> None:
     """(an upstream engine's body the store cannot name: logged, not a 500)"""
     from proxy.context import RequestContext
