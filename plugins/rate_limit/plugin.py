@@ -158,6 +158,9 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     #: per-call timeout, and were decided by the local fallback.
     WARM_CONNECTIONS: ClassVar[int] = 16
     WARM_S: ClassVar[float] = 1.0
+    #: The orphan reaper's first wait while Redis does not answer (doubled each round,
+    #: at most `lease_s / 3`); Redis seen back ends the wait at once (`_store_ok`).
+    REAP_FIRST_S: ClassVar[float] = 0.05
 
     def __init__(self, config: RateLimitConfig, services: Services,
                  clock: Any = None) -> None:
@@ -204,6 +207,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._restore: set[str] = set()
         self._renewer: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
+        #: set when Redis is seen back: the reaper's backoff ends (`_reap`)
+        self._back = asyncio.Event()
         self._prober: asyncio.Task[None] | None = None
         self._restorer: asyncio.Task[None] | None = None
 
@@ -278,6 +283,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
     def _store_ok(self) -> None:
         if self._degraded:
             self._degraded = False
+            self._back.set()  # (the orphans' releases, now: `_reap`)
             if self._outage.back():
                 log.info("rate-limit store is back")
             # The leases of requests that ran through the outage may have lapsed there:
@@ -378,13 +384,23 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             self._reaper = background(self._reap())
 
     async def _reap(self) -> None:
-        delay = 0.05
+        delay = self.REAP_FIRST_S
         while self._orphans:
             await self._retry_orphans()
             if not self._orphans or all(lease in self._active for lease in self._orphans):
                 return
-            await asyncio.sleep(delay)  # backing off while Redis does not answer
-            delay = min(delay * 2, self.cfg.lease_s / 3)
+            # Backing off while Redis does not answer, until it is seen back: the
+            # admissions it ran late (their timeout given up on) hold slots meanwhile,
+            # and their releases were cut one by one (waiting out a backoff of up to
+            # `lease_s / 3` with Redis back refused every request on those slots).
+            try:
+                async with asyncio.timeout(delay):
+                    await self._back.wait()
+            except TimeoutError:
+                delay = min(delay * 2, self.cfg.lease_s / 3)
+            else:
+                delay = self.REAP_FIRST_S
+            self._back.clear()
 
     def idle(self) -> bool:
         """No lease held by a running request, and none left to release in Redis."""

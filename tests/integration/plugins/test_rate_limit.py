@@ -1744,3 +1744,40 @@ async def test_a_charge_that_fails_its_own_way_still_frees_the_concurrency_slot(
     monkeypatch.undo()
     await p(ctx(), answer)  # the one slot is free again
     await p.close()
+
+
+async def test_leases_an_outage_left_in_redis_are_released_as_soon_as_it_is_back(
+        redis_server: RedisServer) -> None:
+    """A slow Redis runs the admissions whose timeout the limiter gave up on once it
+    answers again, taking their slots, while their releases, tried one at a time, were
+    cut: the reaper then waited out its backoff (up to `lease_s / 3`) with Redis back,
+    and every request of the caller was a 429 for a concurrency no request held."""
+    from plugins.rate_limit.gcra import StoreError
+
+    p = plugin(redis_server.url, rules=[{"per": "tenant", "concurrent": 1, "tpm": 10_000}])
+    p.REAP_FIRST_S = 30.0  # type: ignore[misc]  # (a reaper deep in its backoff)
+    assert p.remote is not None
+    remote = p.remote
+    admit, release_barred = remote.admit, remote.release_barred
+    tried: list[str] = []
+
+    async def ran_after_its_timeout(*a: Any, **kw: Any) -> Any:
+        await admit(*a, **kw)  # Redis took the lease...
+        raise StoreError("TimeoutError")  # ...after the limiter gave up on it
+
+    async def cut(conc: list[str], lease: str, lease_ms: float) -> None:
+        tried.append(lease)
+        raise StoreError("TimeoutError")
+
+    remote.admit = ran_after_its_timeout  # type: ignore[method-assign]
+    remote.release_barred = cut  # type: ignore[method-assign]
+    try:
+        await p(ctx(), answer)  # the local limiter decided; its lease orphaned in Redis
+        await eventually(lambda: bool(tried))  # its release cut: the reaper backs off
+        remote.admit, remote.release_barred = admit, release_barred  # type: ignore[method-assign]
+        with pytest.raises(RateLimited):
+            await p(ctx(), answer)  # (the orphan holds the slot as Redis comes back)
+        await eventually(p.idle)
+        await p(ctx(), answer)  # the one slot is free again
+    finally:
+        await p.close()
