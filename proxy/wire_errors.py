@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aiohttp import HttpVersion11, web
+from aiohttp import HttpVersion11, http_parser, web
 from aiohttp.http_exceptions import (
     BadHttpMessage,
     BadHttpMethod,
@@ -96,6 +96,10 @@ def _body_fault(exc: BaseException | None) -> bool:
         isinstance(exc, BadHttpMessage) and "chunk" in str(exc.message).split(":")[0].lower())
 
 
+#: aiohttp's C parser (llhttp); None where it has none (`AIOHTTP_NO_EXTENSIONS`).
+_PARSER_C = getattr(http_parser, "HttpRequestParserC", None)
+
+
 class OpenAIErrors(web.RequestHandler):
     """aiohttp's protocol, whose own error answers (a malformed request head, before any
     middleware runs) are OpenAI-shaped and never echo the request: aiohttp's quote the
@@ -119,6 +123,8 @@ class OpenAIErrors(web.RequestHandler):
         self.wire_grant = wire_grant
         if type(self._parser) is HttpRequestParserPy:  # (AIOHTTP_NO_EXTENSIONS, no C)
             self._parser.__class__ = _LlhttpMethods
+        elif type(self._parser) is _PARSER_C:  # (llhttp, as `weir serve` runs)
+            self._parser = _HttpOnly(self._parser)  # type: ignore[assignment]
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -205,6 +211,50 @@ class _LlhttpMethods(HttpRequestParserPy):
                 raise BadStatusLine(error="Expected HTTP/2 Connection Preface")
             raise UnknownMethod(error="Unknown method")  # (quoting nothing of the line)
         return super().parse_message(lines)
+
+
+#: A request line in a protocol llhttp reads besides HTTP (RTSP's, Icecast's), whole; a
+#: line break ends it, so no JSON body holds one (in a string, a raw CR or LF is none).
+_FOREIGN_LINE = re.compile(
+    rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+) +[^ \r\n]+ +(?:RTSP|ICE)/[0-9]\.[0-9]\r?\n")
+#: What must be in the bytes for `_FOREIGN_LINE` to be looked for.
+_FOREIGN_MARKS = (b"RTSP/", b"ICE/")
+#: The longest request line `_HttpOnly` keeps across pieces (aiohttp's bound on it).
+_LINE_MAX = 8190
+
+
+class _HttpOnly:
+    """aiohttp's C parser (llhttp), refusing a request line in another protocol than
+    HTTP: llhttp reads RTSP's (`GET /v1/models RTSP/1.0`) and Icecast's (`ICE/1.0`) as
+    HTTP/1.0, and says nothing of it in what it parsed, so `GET /v1/models RTSP/1.0` was
+    served. The bytes it is fed are looked through for such a line (its start kept
+    across pieces), refused as aiohttp's Python parser refuses it: a 400, or the 501 of
+    a method none of `PARSED_METHODS` (`DESCRIBE`), as in an HTTP line. A line in a body
+    would be refused too, but no body Weir reads holds one: a JSON body has no bare
+    `RTSP/1.0` followed by a line break (a compressed one could only by chance)."""
+
+    __slots__ = ("_line", "_parser")
+
+    def __init__(self, parser: Any) -> None:
+        self._parser = parser
+        self._line = b""  # the last line begun (since its last LF): its end
+
+    def feed_data(self, data: bytes) -> Any:
+        edge = self._line[-4:] + data[:4]  # (a mark split between pieces)
+        if any(mark in data or mark in edge for mark in _FOREIGN_MARKS):
+            found = _FOREIGN_LINE.search(self._line + data)
+            if found is not None:
+                if found[1].decode("latin-1") not in PARSED_METHODS:
+                    raise UnknownMethod(error="Unknown method")  # (quoting nothing)
+                raise BadStatusLine(error="Expected HTTP/")
+        end = data.rfind(b"\n")
+        line = data[end + 1:] if end >= 0 else (
+            self._line + data if len(data) < _LINE_MAX else data)
+        self._line = line[-_LINE_MAX:]
+        return self._parser.feed_data(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
 
 
 #: The method in llhttp's quote of the request line (`b'FOO /v1/models HTTP/1.1'`, a

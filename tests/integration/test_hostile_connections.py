@@ -1134,3 +1134,51 @@ async def test_an_rtsp_method_in_an_rtsp_request_line_is_a_501_under_either_pars
         writer.close()
     finally:
         await listener.close()
+
+
+async def _line_answer(parser: str, pieces: list[bytes]) -> tuple[int, dict[str, str], bytes]:
+    """The last answer to `pieces` sent one after another on one connection (which the
+    server must then close), under `parser`."""
+    listener = await start()
+    try:
+        reader, writer = await connect(listener)
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+        async with asyncio.timeout(WAIT):
+            got = await reader.read()  # (to the server's close)
+        writer.close()
+        head, _, body = got[got.rindex(b"HTTP/1.1 "):].partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = {k.strip().lower(): v.strip()
+                   for k, _, v in (h.partition(":") for h in lines[1:])}
+        assert KEY.encode() not in got, (parser, got)
+        return int(lines[0].split()[1]), headers, body
+    finally:
+        await listener.close()
+
+
+_AUTH = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+
+
+@pytest.mark.parametrize("pieces", [
+    [b"GET /v1/models RTSP/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],
+    [b"GET /v1/models RTSP/2.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],
+    [b"POST /v1/chat/completions RTSP/1.0\r\nHost: x\r\n" + _AUTH
+     + b"Content-Length: 2\r\n\r\n{}"],
+    [b"SOURCE /v1/models ICE/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],
+    [b"GET /v1/models RT", b"SP/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],  # (split)
+    [LIVE + b"GET /v1/models RTSP/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],  # (pipelined)
+    [b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n" + _AUTH
+     + b"\r\n{}GET /v1/models RTSP/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],
+])
+async def test_a_request_line_in_another_protocol_is_a_400_under_either_parser(
+        parser: str, pieces: list[bytes]) -> None:
+    """A request line whose protocol is no HTTP (`RTSP/1.0`, `ICE/1.0`) is no HTTP request:
+    aiohttp's C parser (llhttp) read it as HTTP/1.0 (a 200, its model list answered) where
+    its Python parser refuses it, as nginx and Envoy do: a 400 under either, that ends
+    the connection."""
+    status, headers, body = await _line_answer(parser, pieces)
+    assert status == 400, (parser, body)
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    assert headers.get("connection") == "close"
