@@ -21,7 +21,7 @@ from aiohttp.http_exceptions import (
 from aiohttp.http_parser import HttpRequestParserPy
 
 from .app_state import REQUEST_ID
-from .errors import MethodNotImplemented, ServerError, WeirError
+from .errors import MethodNotImplemented, ServerError, VersionNotSupported, WeirError
 from .ids import new_hex
 from .settings import HTTP_TOKEN
 
@@ -135,6 +135,10 @@ class OpenAIErrors(web.RequestHandler):
         if _unknown_method(exc):
             err = MethodNotImplemented("The request method is not implemented by this server.")
             status = err.status
+        elif _unsupported_version(exc):
+            err = VersionNotSupported(
+                "Unsupported HTTP version in the request line; send HTTP/1.1.")
+            status = err.status
         else:
             err = (ServerError() if status >= 500 else
                    WeirError("The request body is malformed (its chunked framing or its "
@@ -179,6 +183,20 @@ def _unknown_method(exc: BaseException | None) -> bool:
     return quoted is not None and HTTP_TOKEN.fullmatch(quoted.group(1)) is not None
 
 
+def _unsupported_version(exc: BaseException | None) -> bool:
+    """Whether aiohttp's C parser (llhttp) refused the request line for its version
+    alone, one of HTTP's syntax (`HTTP/1.2`, `HTTP/3.0`) but not 1.0, 1.1, 2.0 or 0.9
+    (which it reads, for `http_version_middleware`'s 505): the same 505 as those, and as
+    its Python parser (which reads any) gives. (`HTTP/1.10`, `http/1.1` stay a 400.)"""
+    return (isinstance(exc, BadStatusLine) and _BAD_VERSION in str(exc.message)
+            and _QUOTED_VERSION.search(str(exc.message)) is not None)
+
+
+#: What llhttp says of a request line's version it does not read, and its quote of the
+#: line ending in a version of HTTP's syntax.
+_BAD_VERSION = "Invalid HTTP version"
+_QUOTED_VERSION = re.compile(r"""b['"][^ '"]+ +[^ '"]+ +HTTP/[0-9]\.[0-9]['"]\n""")
+
 #: What llhttp says of a method it knows of another protocol (RTSP's) in an HTTP line.
 _RTSP_METHOD = "Invalid method for HTTP/x.x request"
 
@@ -200,11 +218,17 @@ class UnknownMethod(BadHttpMethod):
 class _LlhttpMethods(HttpRequestParserPy):
     """aiohttp's Python parser reading the methods its C parser reads: it took any token
     (and upper-cased it: `get` was served as GET), so under `AIOHTTP_NO_EXTENSIONS` the
-    `FOO` that is a 501 in C was routed (a 405 or a 404). Any other line it reads as it
-    did (a method that is no token is its own 400)."""
+    `FOO` that is a 501 in C was routed (a 405 or a 404). HTTP/0.9's line (`GET /`, no
+    version) it refused as a bad method: it reads it as llhttp does, as version 0.9 (a
+    505). Any other line it reads as it did (a method that is no token is its own 400)."""
 
     def parse_message(self, lines: list[bytes]) -> Any:
-        method, space, _ = lines[0].partition(b" ")
+        method, space, target = lines[0].partition(b" ")
+        if space and target and b" " not in target and (
+                method.decode("latin-1") in PARSED_METHODS):
+            # HTTP/0.9's line (no version): llhttp reads it as 0.9, a 505 (this parser
+            # refused it as a bad method, a 400)
+            lines = [lines[0] + b" HTTP/0.9", *lines[1:]]
         if space and method.decode("latin-1") not in PARSED_METHODS and (
                 HTTP_TOKEN.fullmatch(method.decode("latin-1"))):
             if method == b"PRI":
@@ -258,8 +282,9 @@ class _HttpOnly:
 
 
 #: The method in llhttp's quote of the request line (`b'FOO /v1/models HTTP/1.1'`, a
-#: byte string's repr: a byte outside printable ASCII is an escape, `\x01`, no token).
-_QUOTED_LINE = re.compile(r"""b['"]([^ '"]*)[ '"]""")
+#: byte string's repr: a byte outside printable ASCII is an escape, `\x01`, no token),
+#: before its space (a line of one word, `FOO`, is no request line: a 400).
+_QUOTED_LINE = re.compile(r"""b['"]([^ '"]*) """)
 
 
 def _given_id(request: Any) -> str | None:

@@ -665,7 +665,7 @@ async def test_a_body_its_coding_does_not_end_is_an_invalid_body(
 
 
 @pytest.mark.parametrize("head", [
-    b"GET /v1/models HTTP/1.2\r\nHost: x\r\n\r\n",
+    b"GET /v1/models HTTP/1.10\r\nHost: x\r\n\r\n",  # (HTTP/1.2: a 505)
     b"GET /v1/models HTTP/1.1\r\n\r\n",  # no Host
     b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\r\n folded\r\n\r\n",
     b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
@@ -1182,3 +1182,35 @@ async def test_a_request_line_in_another_protocol_is_a_400_under_either_parser(
     assert status == 400, (parser, body)
     assert json.loads(body)["error"]["code"] == "invalid_http_request"
     assert headers.get("connection") == "close"
+
+
+@pytest.mark.parametrize(("line", "status", "code"), [
+    (b"FOO", 400, "invalid_http_request"),  # (no request line: no method, target, version)
+    (b"GET", 400, "invalid_http_request"),
+    (b"GET /v1/models", 505, "http_version_not_supported"),  # (HTTP/0.9's line)
+    (b"POST /v1/chat/completions", 505, "http_version_not_supported"),
+    (b"GET /v1/models HTTP/1.2", 505, "http_version_not_supported"),
+    (b"GET /v1/models HTTP/2.0", 505, "http_version_not_supported"),
+    (b"GET /v1/models HTTP/3.0", 505, "http_version_not_supported"),
+    (b"GET /v1/models HTTP/0.9", 505, "http_version_not_supported"),
+    (b"GET /v1/models HTTP/9.9", 505, "http_version_not_supported"),
+    (b"GET /v1/models HTTP/1.10", 400, "invalid_http_request"),  # (no version's syntax)
+    (b"GET /v1/models HTTP/11.1", 400, "invalid_http_request"),
+    (b"GET /v1/models http/1.1", 400, "invalid_http_request"),
+    (b"GET /v1/models HTTP/1", 400, "invalid_http_request"),
+    (b"GET /v1/models HTTP/1.1 x", 400, "invalid_http_request"),
+])
+async def test_a_request_lines_version_is_answered_alike_by_either_parser(
+        parser: str, line: bytes, status: int, code: str) -> None:
+    """A bare `FOO` was llhttp's 501 (an unknown method) and the Python parser's 400; a
+    line without a version (HTTP/0.9's) llhttp's 505 and the Python parser's 400; a
+    version of HTTP's syntax but not 1.0 or 1.1 (`HTTP/1.2`, `HTTP/3.0`) llhttp's 400 and
+    the Python parser's 505. Either answers each alike: a line that is none is a 400, a
+    version Weir does not speak a 505 (as the README says), each ending the connection."""
+    got, headers, body = await _line_answer(parser, [line + b"\r\nHost: x\r\n" + _AUTH
+                                                     + b"\r\n"])
+    assert got == status, (parser, body)
+    assert json.loads(body)["error"]["code"] == code
+    assert headers.get("connection") == "close"
+    if status == 505:
+        assert headers.get("x-should-retry") == "false"
