@@ -51,9 +51,6 @@ def refusal(grant: Grant = ()) -> bytes:
                    "Retry-After: 1\r\n" + header_lines(grant))
 
 
-REFUSAL = refusal()
-
-
 def heads_full(request_id: str, grant: Grant = ()) -> bytes:
     """The 503 of a head growing past the bound on all heads arriving, carrying the id
     its access-log line names (`x-request-id`, as `head_too_large`)."""
