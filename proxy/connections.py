@@ -150,7 +150,7 @@ class _Guarded(asyncio.Protocol):
             self._head_begun = bool(line)
         seen = self._head_tail + data
         end = seen.find(_HEAD_END) if data else -1
-        if self.guard.cors_grant is not None and self.origin is None:
+        if self.guard.sniff_origin and self.origin is None:
             self._find_origin(data if end < 0 else data[:end + 4 - len(self._head_tail)])
         size = self._head_bytes + skipped + (
             len(data) if end < 0 else end + 4 - len(self._head_tail))
@@ -300,15 +300,19 @@ class ConnectionGuard:
                  write_timeout_s: float = 30.0, max_head_bytes: int = 65536,
                  on_refused: Callable[[int, str | None, str], None] | None = None,
                  max_head_bytes_in_flight: int = 64 << 20,
-                 cors_grant: Callable[[str | None], Grant] | None = None) -> None:
+                 cors_grant: Callable[[str | None], Grant] | None = None,
+                 any_origin: bool = False) -> None:
         """`on_refused(status, code, request_id)`: told of each request refused before
         it was parsed (by aiohttp's parser, or past `max_head_bytes`): the access log's
         line, with the id its answer carries. `max_head_bytes_in_flight`: the bytes of
         the heads arriving in pieces, all connections' together, at most (each stalled
         head held about twice its size in memory, on each of thousands of connections).
         `cors_grant(origin)`: `server.cors`'s headers for an answer written here, below
-        the app (`Cors.wire_grant`), by the `Origin` line found in the head's bytes."""
+        the app (`Cors.wire_grant`), by the `Origin` line found in the head's bytes;
+        `any_origin`: it grants any alike (`allow_origins: ["*"]`), so no head is
+        searched for its `Origin` line."""
         self.cors_grant = cors_grant
+        self.sniff_origin = cors_grant is not None and not any_origin
         self.refusal = refusal(cors_grant(None) if cors_grant is not None else ())
         self.max_head_bytes_in_flight = max_head_bytes_in_flight
         self.head_held = 0

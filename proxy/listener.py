@@ -56,7 +56,8 @@ async def listen(app: web.Application, settings: ServerSettings, host: str, port
                             max_head_bytes_in_flight=settings.max_head_bytes_in_flight,
                             on_refused=log_refused if app[STATE].settings.logging.access_log
                             else None,
-                            cors_grant=cors.wire_grant if (cors := app.get(CORS)) else None)
+                            cors_grant=cors.wire_grant if (cors := app.get(CORS)) else None,
+                            any_origin=cors is not None and cors.any_origin)
     metrics.connections.set_function(lambda: len(guard.open))
     app[GUARD] = guard
     # (auto_decompress: a body's Content-Encoding is decoded by `proxy.body`, strictly)

@@ -1214,3 +1214,32 @@ async def test_a_request_lines_version_is_answered_alike_by_either_parser(
     assert headers.get("connection") == "close"
     if status == 505:
         assert headers.get("x-should-retry") == "false"
+
+
+@pytest.mark.parametrize("origins", [["*"], [APP]])
+async def test_the_origin_line_is_looked_for_only_where_origins_are_listed(
+        origins: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `allow_origins: ["*"]` an answer below the app grants `*` whatever the head's
+    Origin: its heads are not searched for one (they were, for nothing), and the grant
+    still goes out; where origins are listed, they are, and it is the head's own."""
+    import proxy.connections
+    searched: list[bytes] = []
+    find = proxy.connections._Guarded._find_origin
+
+    def counted(self: Any, head: bytes) -> None:
+        searched.append(head)
+        find(self, head)
+
+    monkeypatch.setattr(proxy.connections._Guarded, "_find_origin", counted)
+    listener = await start(max_head_bytes=16384, cors={"allow_origins": origins})
+    try:
+        reader, writer = await connect(listener)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nOrigin: " + APP.encode()
+                     + b"\r\n" + _BIG)
+        got, headers, _ = await response(reader)
+        assert got == 431
+        assert headers.get("access-control-allow-origin") == origins[0]
+        assert bool(searched) == (origins != ["*"])
+        writer.close()
+    finally:
+        await listener.close()
