@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from .auth import Principal
-from .errors import DeadlineExceeded
+from .errors import DeadlineExceeded, InvalidRequest, shown
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 Route = Literal["chat", "completion", "embeddings"]
@@ -174,19 +175,31 @@ class RequestContext:
 TIMEOUT_HEADER = "x-weir-timeout-ms"
 
 
-def asked_limit(raw: str | None, limit: float | None) -> float | None:
-    """`limit` (seconds; None: none), shortened by a timeout header's value `raw` (ms):
-    sent twice, the shorter holds; a value that is no positive number is ignored."""
-    if not raw:  # (most requests send none)
+def asked_limit(raw: str | None, limit: float | None,
+                name: str = TIMEOUT_HEADER) -> float | None:
+    """`limit` (seconds; None: none), shortened by a timeout header's value `raw` (ms),
+    the header `name`: sent twice (a list), the shorter holds. A value that is no
+    positive number of milliseconds (`0`, `-1`, `abc`, empty) is the client's 400 naming
+    the header: ignored, the client would think it had set a deadline it had not."""
+    if raw is None:
         return limit
-    for value in raw.split(","):
+    values = [v.strip() for v in raw.split(",")]
+    for value in [v for v in values if v] or [""]:  # (an empty list element is none)
         try:
-            asked = float(value) / 1000
+            asked = float(value) / 1000 if _MS.fullmatch(value) else math.nan
         except ValueError:
-            continue
-        if asked > 0 and math.isfinite(asked):
-            limit = asked if limit is None else min(limit, asked)
+            asked = math.nan
+        if not (asked > 0 and math.isfinite(asked)):
+            raise InvalidRequest(
+                f"Invalid value for the `{name}` header: {shown(raw)!r}; expected a "
+                "positive number of milliseconds.", code="invalid_value")
+        limit = asked if limit is None else min(limit, asked)
     return limit
+
+
+#: A timeout header's value: a number of milliseconds, a fraction or an exponent allowed
+#: (`1500`, `1500.5`, `1e3`), no sign, no `inf` or `nan`, no `_` (what float() takes).
+_MS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def loop_time(deadline: float | None) -> float | None:

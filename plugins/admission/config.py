@@ -30,8 +30,9 @@ class AdmissionConfig(PluginConfig):
     deadline_s: float | None = Field(
         300, gt=0, description="Default per-request deadline (None: none).")
     deadline_header: str = Field(
-        "x-weir-timeout-ms", description="Header that may shorten the deadline (ms); its "
-        "name in any case, as HTTP reads it.")
+        "x-weir-timeout-ms", description="Header that may shorten the deadline (ms; a "
+        "value that is no positive number is a 400 naming it); its name in any case, as "
+        "HTTP reads it.")
     retry_after_s: float = Field(1, gt=0, description="Retry-After on a shed request.")
 
     @field_validator("deadline_header")

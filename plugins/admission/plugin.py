@@ -90,7 +90,8 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
 
     def _deadline(self, ctx: RequestContext) -> None:
         """`deadline_s`, shortened by the header; applied again it changes nothing."""
-        limit = asked_limit(ctx.headers.get(self.cfg.deadline_header), self.cfg.deadline_s)
+        name = self.cfg.deadline_header
+        limit = asked_limit(ctx.headers.get(name), self.cfg.deadline_s, name)
         if limit is not None:
             deadline = ctx.started + limit
             ctx.deadline = deadline if ctx.deadline is None else min(ctx.deadline, deadline)

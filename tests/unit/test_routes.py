@@ -253,9 +253,26 @@ async def test_without_admission_the_timeout_header_shortens_the_server_s_deadli
     fake_engine.token_gate = asyncio.Event()  # never set: the engine hangs
     client = await make_client()  # (server.request_timeout_s: its default)
     resp = await client.post("/v1/chat/completions", json=CHAT,
-                             headers={"x-weir-timeout-ms": "nonsense,50"})
+                             headers={"x-weir-timeout-ms": "5000, 50"})
     err = await error_of(resp, 504)
     assert err["code"] == "timeout"
+
+
+@pytest.mark.parametrize("plugins", [[], [{"name": "admission"}]])
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", ""])
+async def test_a_timeout_header_that_is_no_positive_number_is_a_400(
+        make_client: MakeClient, fake_engine: FakeEngine, raw: str,
+        plugins: list[dict[str, Any]]) -> None:
+    """`x-weir-timeout-ms: 0` (or `-1`, `abc`, nothing) was ignored, with or without the
+    admission plugin: the client thought it had set a deadline. It is a 400 naming the
+    header, before the engine is asked."""
+    client = await make_client(plugins=plugins)
+    resp = await client.post("/v1/chat/completions", json=CHAT,
+                             headers={"x-weir-timeout-ms": raw})
+    err = await error_of(resp, 400)
+    assert err["type"] == "invalid_request_error" and err["code"] == "invalid_value"
+    assert err["param"] is None and "`x-weir-timeout-ms` header" in err["message"]
+    assert not fake_engine.calls
 
 
 async def test_serve_warns_of_a_breaker_threshold_past_the_deadline(

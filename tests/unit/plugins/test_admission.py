@@ -15,7 +15,7 @@ from plugins.admission.queue import PriorityGate, Shed
 from proxy.auth import Principal
 from proxy.chain import Completion, Reply, Services, Stream
 from proxy.context import RequestContext
-from proxy.errors import EngineError, Timeout, Unavailable
+from proxy.errors import EngineError, InvalidRequest, Timeout, Unavailable
 from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.settings import Settings
 from proxy.telemetry import Metrics
@@ -289,16 +289,30 @@ async def test_deadline_header_cuts_the_request() -> None:
 
 
 @pytest.mark.parametrize(("raw", "seconds"), [
-    ("20", 0.02), ("5000, 20", 0.02), ("20,5000", 0.02), ("x, 20", 0.02), ("x", 300.0),
-    ("inf", 300.0), ("-5, 0", 300.0),
+    ("20", 0.02), ("5000, 20", 0.02), ("20,5000", 0.02), ("20, ", 0.02), ("1e3", 1.0),
+    ("0.5", 0.0005),
 ])
 def test_a_deadline_header_sent_twice_keeps_the_shorter(raw: str, seconds: float) -> None:
-    """Sent on two lines the header is one list (`5000, 20`): the shortest valid value
-    holds; values that are no positive number are ignored (`deadline_s` holds)."""
+    """Sent on two lines the header is one list (`5000, 20`): the shortest value holds."""
     c = ctx({"x-weir-timeout-ms": raw})
     plugin(deadline_s=300).enter(c)
     assert c.deadline is not None
     assert c.deadline - c.started == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "abc", "", " ", "inf", "nan", "1_000", "+5",
+                                 "x, 20", "20, -5", "1e999"])
+@pytest.mark.parametrize("name", ["x-weir-timeout-ms", "x-request-timeout-ms"])
+def test_a_deadline_header_that_is_no_positive_number_is_a_400(raw: str, name: str) -> None:
+    """A value that is no positive number of milliseconds was ignored (`deadline_s`
+    held): the client thought it had set a deadline. It is a 400 naming the header the
+    plugin reads (its `deadline_header`)."""
+    c = ctx({name: raw})
+    with pytest.raises(InvalidRequest) as caught:
+        plugin(deadline_s=300, deadline_header=name).enter(c)
+    assert caught.value.status == 400 and caught.value.code == "invalid_value"
+    assert f"`{name}` header" in caught.value.message
+    assert c.deadline is None
 
 
 async def test_stream_deadline_and_release() -> None:
