@@ -40,7 +40,7 @@ from aiohttp import web
 from aiohttp.helpers import parse_mimetype
 
 from .app_state import STATE
-from .codings import TooLarge, Undecodable, decode
+from .codings import MAX_CODINGS, TooLarge, Undecodable, decode_all
 from .errors import (
     InvalidRequest,
     PayloadTooLarge,
@@ -116,8 +116,17 @@ def _is_utf8(charset: str) -> bool:
     return label in _KNOWN and _utf8_label(label)
 
 
-#: The codings aiohttp decodes (one at a time), and `identity`.
-_CODINGS = frozenset({"", "identity", "gzip", "deflate", "br", "zstd"})
+#: The codings `proxy.codings` decodes (aiohttp's, one at a time).
+_CODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
+
+
+def _codings(request: web.Request) -> list[str]:
+    """The body's codings, in the order applied (`Content-Encoding: gzip, br`; several
+    header lines are one list: aiohttp would decode by the last one alone), lower-cased;
+    `identity` (no coding) and empty list elements are none."""
+    joined = ",".join(request.headers.getall("Content-Encoding", ())).lower()
+    return [c for c in (part.strip() for part in joined.split(","))
+            if c not in ("", "identity")]
 
 
 async def read_json(request: web.Request, limit: int, owner: str = "",
@@ -139,12 +148,15 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
     for charset in others:
         if not ((label := _label(charset)) in _KNOWN and _over_ascii(label)):
             raise _charset_refused(charset, ambiguous=False)
-    # (Several headers are several codings: aiohttp would decode by the last one alone.)
-    coding = ",".join(request.headers.getall("Content-Encoding", ())).strip().lower()
-    if coding not in _CODINGS:
+    codings = _codings(request)
+    if any(c not in _CODINGS for c in codings):
         raise UnsupportedMediaType(
             "Unsupported Content-Encoding; send the body as is, or in one of gzip, "
             "deflate, br or zstd.")
+    if len(codings) > MAX_CODINGS:
+        raise UnsupportedMediaType(
+            f"Unsupported Content-Encoding: a body in {len(codings)} codings, one over "
+            f"another; send it in at most {MAX_CODINGS}.")
     transfer = ",".join(request.headers.getall("Transfer-Encoding", ())).strip().lower()
     if transfer not in ("", "chunked"):
         raise UnsupportedTransferCoding(
@@ -153,7 +165,7 @@ async def read_json(request: web.Request, limit: int, owner: str = "",
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit)
     body = await _read(request, limit, request.app[STATE].settings.server.body_timeout_s,
-                       owner)
+                       owner, codings)
     if ascii_only and not body.isascii():
         raise _charset_refused(others[0], ambiguous=True)
     return decode_json_object(body), len(body)
@@ -211,8 +223,9 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
 
 
-async def _read(request: web.Request, limit: int, timeout: float, owner: str) -> bytes:
-    coding = ",".join(request.headers.getall("Content-Encoding", ())).strip().lower()
+async def _read(request: web.Request, limit: int, timeout: float, owner: str,
+                codings: list[str]) -> bytes:
+    coding = ", ".join(codings)
     try:
         if request.content.is_eof():  # all here (a small body comes with the headers):
             body = await _received(request, limit, owner)  # nothing to wait for, no timer
@@ -225,9 +238,9 @@ async def _read(request: web.Request, limit: int, timeout: float, owner: str) ->
     except web.RequestPayloadError:  # a broken body (chunking), or its coding refused it
         raise _undecodable(coding) from None
     # (aiohttp counts what it decoded: where it did not, the body is as it came)
-    if coding not in ("", "identity") and request.content.total_compressed_bytes is None:
+    if codings and request.content.total_compressed_bytes is None:
         try:
-            body = decode(body, coding, limit)
+            body = decode_all(body, codings, limit)
         except TooLarge:
             raise _too_large(limit) from None
         except Undecodable:
@@ -237,6 +250,6 @@ async def _read(request: web.Request, limit: int, timeout: float, owner: str) ->
 
 def _undecodable(coding: str) -> InvalidRequest:
     return InvalidRequest(
-        "The request body is malformed." if coding in ("", "identity") else
+        "The request body is malformed." if not coding else
         f"The request body could not be decoded as its Content-Encoding ({shown(coding)}) says.",
         code="invalid_body")

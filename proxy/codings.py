@@ -9,13 +9,15 @@ zstd frames may follow one another (their contents are joined, as RFC 1952 and R
 say; up to `MAX_MEMBERS` of them, each handed about its own bytes), and nothing else
 may follow, but zero bytes after a gzip body's last member (padding, which `gzip -d`
 and Python's gzip module take). Output is bounded as it is produced, so a small body
-that expands past the limit (a decompression bomb) costs no more than the limit.
+that expands past the limit (a decompression bomb) costs no more than the limit. A body
+may be in up to `MAX_CODINGS` codings, one over another (`gzip, br`: RFC 9110 8.4),
+each layer decoded within the limit.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import brotli
@@ -151,3 +153,19 @@ def decode(data: bytes, coding: str, limit: int) -> bytes:
     """`data` decoded as `coding` (one of gzip, deflate, br, zstd), or `Undecodable`, or
     `TooLarge` once it passes `limit` bytes. An empty body stays empty."""
     return _DECODERS[coding](data, limit) if data else data
+
+
+#: How many codings a body may be in, one applied over another (`gzip, br`): each layer
+#: costs a pass within the size limit. No client stacks more than two (a gzipped file
+#: sent by a client that compresses what it sends).
+MAX_CODINGS = 2
+
+
+def decode_all(data: bytes, codings: Sequence[str], limit: int) -> bytes:
+    """`data` decoded as `codings` say (each one of gzip, deflate, br, zstd; at most
+    `MAX_CODINGS`), listed in the order they were applied: the last is decoded first.
+    Each layer is `Undecodable` where its stream is, `TooLarge` past `limit`."""
+    assert len(codings) <= MAX_CODINGS
+    for coding in reversed(codings):
+        data = decode(data, coding, limit)
+    return data

@@ -152,7 +152,7 @@ async def test_a_body_its_coding_refused_logs_no_error(make_client: MakeClient,
     assert "Unhandled exception" not in logs.getvalue()
 
 
-@pytest.mark.parametrize("coding", ["compress", "x-gzip", "gzip, br", "foo"])
+@pytest.mark.parametrize("coding", ["compress", "x-gzip", "gzip, foo", "foo"])
 async def test_codings_it_cannot_decode_are_415(make_client: MakeClient, coding: str) -> None:
     """They were passed on undecoded (a body in an unknown coding read as JSON)."""
     client = await make_client()
@@ -163,6 +163,69 @@ async def test_codings_it_cannot_decode_are_415(make_client: MakeClient, coding:
     assert err["code"] == "unsupported_content_encoding" and err["type"] == (
         "invalid_request_error")
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+
+
+@pytest.mark.parametrize("codings", [["gzip", "gzip"], ["gzip", "br"], ["zstd", "deflate"],
+                                     ["identity", "gzip", "gzip"]])
+async def test_a_body_in_two_codings_is_decoded_in_turn(make_client: MakeClient,
+                                                        codings: list[str]) -> None:
+    """`Content-Encoding: gzip, br` is a body gzipped, then compressed in br (RFC 9110
+    8.4: codings listed in the order applied); it was a 415. Up to two (identity is
+    none) are decoded, last first, each within `max_body_bytes`: a bomb in two layers
+    is the 413 of one. Two header lines are one list."""
+    from multidict import CIMultiDict
+
+    encoders = {"gzip": gzip.compress, "br": _brotli_compress, "zstd": _zstd_compress,
+                "deflate": _zlib_compress, "identity": lambda b: b}
+    client = await make_client(server={"max_body_bytes": 4096})
+
+    def coded(raw: bytes) -> bytes:
+        for coding in codings:
+            raw = encoders[coding](raw)
+        return raw
+
+    raw = json.dumps({**CHAT, "max_tokens": 2}).encode()
+    for headers in (
+            CIMultiDict([("Content-Type", "application/json"),
+                         ("Content-Encoding", ", ".join(codings))]),
+            CIMultiDict([("Content-Type", "application/json"),
+                         *(("Content-Encoding", c) for c in codings)])):
+        r = await client.post("/v1/chat/completions", data=coded(raw), headers=headers)
+        assert r.status == 200, await r.text()
+    headers = CIMultiDict([("Content-Type", "application/json"),
+                           ("Content-Encoding", ", ".join(codings))])
+    bomb = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 1_000_000}]})
+    r = await client.post("/v1/chat/completions", data=coded(bomb.encode()), headers=headers)
+    assert (await error_of(r, 413))["code"] == "request_too_large"
+    r = await client.post("/v1/chat/completions", data=gzip.compress(raw), headers=headers)
+    assert (await error_of(r, 400))["code"] == "invalid_body"  # (one layer of two)
+
+
+async def test_a_body_in_more_than_two_codings_is_a_415(make_client: MakeClient) -> None:
+    """Each layer decoded costs a pass within the size limit: past two, refused, saying
+    so (a 415, as a coding Weir does not decode)."""
+    client = await make_client()
+    body = gzip.compress(gzip.compress(gzip.compress(json.dumps(CHAT).encode())))
+    r = await client.post("/v1/chat/completions", data=body,
+                          headers={"Content-Type": "application/json",
+                                   "Content-Encoding": "gzip, gzip, gzip"})
+    err = await error_of(r, 415)
+    assert err["code"] == "unsupported_content_encoding" and "at most 2" in err["message"]
+
+
+def _brotli_compress(data: bytes) -> bytes:
+    import brotli
+    return bytes(brotli.compress(data))
+
+
+def _zstd_compress(data: bytes) -> bytes:
+    from backports.zstd import compress
+    return bytes(compress(data))
+
+
+def _zlib_compress(data: bytes) -> bytes:
+    import zlib
+    return zlib.compress(data)
 
 
 async def test_body_too_large_is_413(make_client: MakeClient) -> None:

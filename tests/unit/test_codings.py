@@ -10,7 +10,7 @@ import brotli
 import pytest
 from backports.zstd import compress as zstd_compress
 
-from proxy.codings import TooLarge, Undecodable, decode
+from proxy.codings import TooLarge, Undecodable, decode, decode_all
 
 RAW = b'{"model": "m", "messages": [{"role": "user", "content": "hi there"}]}'
 ENCODERS: dict[str, Callable[[bytes], bytes]] = {
@@ -134,3 +134,15 @@ def test_members_past_the_bound_are_refused(coding: str) -> None:
     assert decode(member * (MAX_MEMBERS - 1) + whole, coding, len(RAW)) == RAW
     with pytest.raises(Undecodable):
         decode(member * MAX_MEMBERS + whole, coding, len(RAW))
+
+
+def test_codings_one_over_another_are_decoded_last_first_each_within_the_limit() -> None:
+    """`gzip, br`: gzipped, then compressed in br; decoded br first. Each layer is held
+    to the limit: a bomb in its inner layer is `TooLarge` however small the outer."""
+    assert decode_all(brotli.compress(gzip.compress(RAW)), ["gzip", "br"], 1000) == RAW
+    with pytest.raises(Undecodable):  # (the other order)
+        decode_all(brotli.compress(gzip.compress(RAW)), ["br", "gzip"], 1000)
+    bomb = gzip.compress(gzip.compress(b"x" * 10_000_000))
+    assert len(bomb) < 2000
+    with pytest.raises(TooLarge):
+        decode_all(bomb, ["gzip", "gzip"], 100_000)
