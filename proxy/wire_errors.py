@@ -234,45 +234,58 @@ class _LlhttpMethods(HttpRequestParserPy):
         return super().parse_message(lines)
 
 
-#: A request line in a protocol llhttp reads besides HTTP (RTSP's, Icecast's), whole; a
-#: line break ends it, so no JSON body holds one (in a string, a raw CR or LF is none).
-_FOREIGN_LINE = re.compile(
-    rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+) +[^ \r\n]+ +(?:RTSP|ICE)/[0-9]\.[0-9]\r?\n")
-#: What must be in the bytes for `_FOREIGN_LINE` to be looked for.
-_FOREIGN_MARKS = (b"RTSP/", b"ICE/")
-#: The longest request line `_HttpOnly` keeps across pieces (aiohttp's bound on it).
-_LINE_MAX = 8190
+#: How many of the bytes last fed `_HttpOnly` keeps (a request line is 8,190 at most,
+#: aiohttp's bound), to find a request line that came in pieces.
+_KEPT = 16384
 
 
 class _HttpOnly:
     """aiohttp's C parser (llhttp), refusing a request line in another protocol than
     HTTP: llhttp reads RTSP's (`GET /v1/models RTSP/1.0`) and Icecast's (`ICE/1.0`) as
-    HTTP/1.0, and says nothing of it in what it parsed, so `GET /v1/models RTSP/1.0` was
-    served. The bytes it is fed are looked through for such a line (its start kept
-    across pieces), refused as aiohttp's Python parser refuses it: a 400, or the 501 of
-    a method none of `PARSED_METHODS` (`DESCRIBE`), as in an HTTP line. A line in a body
-    would be refused too, but no body Weir reads holds one: a JSON body has no bare
-    `RTSP/1.0` followed by a line break (a compressed one could only by chance)."""
+    HTTP (1.0, or 1.1 for `RTSP/1.1`) and says nothing of it in what it parsed, so such a
+    line was served. Only the lines of the requests it parsed are looked for, by their
+    method and target (`GET /v1/models RTSP/`), among the bytes of this piece and the
+    last ones kept, and only where that request's HTTP line is not there: no body is
+    scanned (a chunk of a JSON body ending in `GET / RTSP/1.0` is no request line), and
+    each request costs a search or two for a fixed string. Refused as aiohttp's Python
+    parser refuses it: a 400, or the 501 of a method none of `PARSED_METHODS`. A line
+    not found (split past `_KEPT`, or its spaces doubled) is served as llhttp read it."""
 
-    __slots__ = ("_line", "_parser")
+    __slots__ = ("_parser", "_seen")
 
     def __init__(self, parser: Any) -> None:
         self._parser = parser
-        self._line = b""  # the last line begun (since its last LF): its end
+        self._seen = bytearray()  # the last bytes fed (`_KEPT` to twice that), since
+        # the last request line found
 
     def feed_data(self, data: bytes) -> Any:
-        edge = self._line[-4:] + data[:4]  # (a mark split between pieces)
-        if any(mark in data or mark in edge for mark in _FOREIGN_MARKS):
-            found = _FOREIGN_LINE.search(self._line + data)
-            if found is not None:
-                if found[1].decode("latin-1") not in PARSED_METHODS:
+        parsed = self._parser.feed_data(data)
+        pos = 0  # (each request's line comes after the one before: searched from there)
+        for i, (message, _) in enumerate(parsed[0]):  # (the heads that ended here)
+            line = f"{message.method} {message.path} ".encode("utf-8", "surrogateescape")
+            at = data.find(line + b"HTTP/", pos)
+            if at >= 0:
+                pos = at + len(line)
+                continue
+            # (the first may have begun in the bytes kept: its line split across)
+            joint = bytes(self._seen[-_KEPT:]) + data[:_KEPT] if i == 0 else b""
+            if line + b"HTTP/" in joint:
+                continue
+            if any(data.find(line + mark, pos) >= 0 or line + mark in joint
+                   for mark in (b"RTSP/", b"ICE/")):
+                if message.method not in PARSED_METHODS:
                     raise UnknownMethod(error="Unknown method")  # (quoting nothing)
                 raise BadStatusLine(error="Expected HTTP/")
-        end = data.rfind(b"\n")
-        line = data[end + 1:] if end >= 0 else (
-            self._line + data if len(data) < _LINE_MAX else data)
-        self._line = line[-_LINE_MAX:]
-        return self._parser.feed_data(data)
+        seen = self._seen
+        if parsed[0]:  # (the next line begins past those: none of theirs is kept)
+            seen[:] = data[max(pos, len(data) - _KEPT):]
+        elif len(data) >= _KEPT:
+            seen[:] = data[-_KEPT:]
+        else:
+            seen += data
+            if len(seen) > 2 * _KEPT:
+                del seen[:-_KEPT]
+        return parsed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._parser, name)

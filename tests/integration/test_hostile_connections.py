@@ -1163,11 +1163,13 @@ _AUTH = b"Authorization: Bearer " + KEY.encode() + b"\r\n"
 
 @pytest.mark.parametrize("pieces", [
     [b"GET /v1/models RTSP/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],
+    [b"GET /v1/models RTSP/1.1\r\nHost: x\r\n" + _AUTH + b"\r\n"],  # (llhttp: HTTP/1.1)
     [b"GET /v1/models RTSP/2.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],
     [b"POST /v1/chat/completions RTSP/1.0\r\nHost: x\r\n" + _AUTH
      + b"Content-Length: 2\r\n\r\n{}"],
     [b"SOURCE /v1/models ICE/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],
     [b"GET /v1/models RT", b"SP/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],  # (split)
+    [b"GET /v1/models RTSP/1.0\r\nHost: x\r\n", _AUTH, b"\r\n"],  # (head in pieces)
     [LIVE + b"GET /v1/models RTSP/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],  # (pipelined)
     [b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n" + _AUTH
      + b"\r\n{}GET /v1/models RTSP/1.0\r\nHost: x\r\n" + _AUTH + b"\r\n"],
@@ -1241,5 +1243,30 @@ async def test_the_origin_line_is_looked_for_only_where_origins_are_listed(
         assert headers.get("access-control-allow-origin") == origins[0]
         assert bool(searched) == (origins != ["*"])
         writer.close()
+    finally:
+        await listener.close()
+
+
+@pytest.mark.parametrize("text", [b"GET / RTSP/1.0", b"SOURCE /mount ICE/1.0"])
+async def test_a_body_chunk_ending_in_words_like_a_request_line_is_served(
+        parser: str, text: bytes) -> None:
+    """A chunked body is the client's: a chunk that ends inside a JSON string with
+    `GET / RTSP/1.0` (the chunk's CR LF after it) is no request line. Scanning all bytes
+    for such lines refused this legit request (a 400) and cost a body of one long word
+    and an `RTSP/` CPU quadratic in its length; Weir looks at no body for them."""
+    listener = await start()
+    try:
+        reader, writer = await connect(listener)
+        first = b'{"model": "fake-model", "messages": [{"role": "user", "content": "' + text
+        rest = b'"}]}'
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + _AUTH
+                     + b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(first), first,
+                                                               len(rest), rest))
+        await writer.drain()
+        status, _, body = await response(reader)
+        writer.close()
+        assert status == 200, (parser, body)
+        assert json.loads(body)["object"] == "chat.completion"
     finally:
         await listener.close()

@@ -29,3 +29,38 @@ async def test_an_aiohttp_without_those_fields_still_answers() -> None:
     request = make_mocked_request("GET", "/v1/models", version=HttpVersion(2, 0))
     del request._cache
     answer_in_http_1_1(request)
+
+
+def test_a_split_rtsp_line_after_an_http_one_on_its_connection_is_refused() -> None:
+    """llhttp reads `GET /v1/models RTSP/1.0` as HTTP/1.0. The check looks for a request's
+    own line where it came (split: the bytes kept of the piece before): the HTTP line of
+    the request before it on the connection, same method and target, was kept too and
+    taken for its own, so the RTSP line was served."""
+    import asyncio
+    from unittest import mock
+
+    from aiohttp import http_parser
+    from aiohttp.http_exceptions import BadStatusLine
+
+    from proxy.wire_errors import _HttpOnly
+
+    parser_c = getattr(http_parser, "HttpRequestParserC", None)
+    if parser_c is None:
+        pytest.skip("aiohttp without its C parser")
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = mock.Mock(_reading_paused=False)
+        parser = _HttpOnly(parser_c(protocol, loop, 2**16, max_line_size=8190,
+                                    max_field_size=8190))
+        messages, _, _ = parser.feed_data(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert len(messages) == 1
+        assert not parser.feed_data(b"GET /v1/models RT")[0]
+        with pytest.raises(BadStatusLine):
+            parser.feed_data(b"SP/1.0\r\nHost: x\r\n\r\n")
+        # an HTTP line split so is served
+        parser = _HttpOnly(parser_c(protocol, loop, 2**16, max_line_size=8190,
+                                    max_field_size=8190))
+        parser.feed_data(b"GET /v1/models HT")
+        assert len(parser.feed_data(b"TP/1.1\r\nHost: x\r\n\r\n")[0]) == 1
+    finally:
+        loop.close()
