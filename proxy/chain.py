@@ -391,12 +391,13 @@ def compose(plugins: Sequence[Plugin], terminal: Next, *,
     (admission's own may only shorten it) and enforced around `terminal`, so a request
     has one, and is cut at it, with no plugin that sets or enforces one."""
     admission = any(p.name == "admission" for p in plugins)  # (it enforces deadlines)
-    handler = terminal if deadline_s is None or admission else _within_deadline(terminal)
+    # (without admission, `x-weir-timeout-ms` may set one where the server has none)
+    handler = terminal if admission else _within_deadline(terminal)
     for plugin in reversed(plugins):
         handler = _link(plugin, handler)
     entering = [f for p in plugins if (f := getattr(p, "enter", None)) is not None
                 and getattr(f, "__func__", None) is not BasePlugin.enter]
-    if deadline_s is not None:  # (admission reads the timeout header: its own name)
+    if deadline_s is not None or not admission:  # (admission reads the timeout header)
         entering.insert(0, _server_deadline(deadline_s, header=not admission))
     if not entering:
         return handler
@@ -410,13 +411,16 @@ def compose(plugins: Sequence[Plugin], terminal: Next, *,
     return run
 
 
-def _server_deadline(limit: float, *, header: bool) -> Callable[[RequestContext], None]:
-    """Sets the request's deadline: `limit`, shortened by `x-weir-timeout-ms` where
-    `header` (no admission plugin, which otherwise reads it)."""
+def _server_deadline(limit: float | None, *,
+                     header: bool) -> Callable[[RequestContext], None]:
+    """Sets the request's deadline: `limit` (None: none), shortened (or set) by
+    `x-weir-timeout-ms` where `header` (no admission plugin, which otherwise reads it)."""
 
     def enter(ctx: RequestContext) -> None:
         asked = asked_limit(ctx.headers.get(TIMEOUT_HEADER), limit) if header else limit
-        deadline = ctx.started + (limit if asked is None else asked)
+        if asked is None:
+            return
+        deadline = ctx.started + asked
         ctx.deadline = deadline if ctx.deadline is None else min(ctx.deadline, deadline)
 
     return enter

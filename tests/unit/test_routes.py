@@ -275,6 +275,24 @@ async def test_a_timeout_header_that_is_no_positive_number_is_a_400(
     assert not fake_engine.calls
 
 
+async def test_the_timeout_header_is_read_with_no_server_deadline_too(
+        make_client: MakeClient, fake_engine: FakeEngine) -> None:
+    """With `server.request_timeout_s: null` and no admission plugin the header was not
+    read at all: a hung engine's request was held past the caller's 50 ms (until the
+    client left), and `x-weir-timeout-ms: abc` was served, not the README's 400."""
+    client = await make_client(server={"request_timeout_s": None})
+    resp = await client.post("/v1/chat/completions", json=CHAT,
+                             headers={"x-weir-timeout-ms": "abc"})
+    assert (await error_of(resp, 400))["code"] == "invalid_value"
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    fake_engine.token_gate = asyncio.Event()  # never set: the engine hangs
+    for stream in (False, True):
+        resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream},
+                                 headers={"x-weir-timeout-ms": "50"})
+        assert (await error_of(resp, 504))["code"] == "timeout"
+    assert not fake_engine.active  # (their generations aborted)
+
+
 async def test_serve_warns_of_a_breaker_threshold_past_the_deadline(
         make_client: MakeClient, logs: Any) -> None:
     """As `check-config` does (`chain.deadline_warnings`): a hung engine never opens such
