@@ -239,13 +239,18 @@ def test_user_index_add_discard_over() -> None:
 
 
 async def test_entries_orjson_refuses_still_store_and_round_trip() -> None:
-    """A lone surrogate (an upstream's JSON can carry one) or an integer past 64 bits:
-    stored and read back as they were, never an error on the request's path."""
+    """A lone surrogate (an upstream's JSON can carry one): stored and read back as it
+    was, never an error on the request's path. An integer past 64 bits (which orjson
+    refuses) is written without an error too, and read back as no count (an upstream's
+    count past `rendering.MAX_COUNT` is refused before it is stored)."""
     odd = entry("k1", text="half a pair: \ud83d, and on")
-    odd.usage["completion_tokens"] = 2**70
     for e in (odd, entry("k2", text="ünïcødé ✓ 答え")):
         assert Entry.from_json(e.to_json()) == e
         assert Entry.from_json(e.to_json(with_prompt=False)).prompt == ""
+    huge = entry("k3")
+    huge.usage["completion_tokens"] = 2**70
+    with pytest.raises(BadEntry):
+        Entry.from_json(huge.to_json())
     s = store()
     s.put(odd)
     await s.drain()
