@@ -1160,7 +1160,7 @@ def _answer_ok(data: Any, kind: str) -> bool:
     if not isinstance(choices, list) or not choices or not (usage is None or usage_ok(usage)):
         return False
     for c in choices:
-        if not isinstance(c, dict) or type(c.get("index")) is not int:
+        if not isinstance(c, dict) or not is_count(c.get("index")):
             return False
         if not isinstance(c.get("finish_reason", ""), str | None):  # (`false`: no none)
             return False

@@ -1957,6 +1957,19 @@ async def test_a_stream_s_index_or_finish_reason_of_another_type_is_unreadable(
                       ctx(stream=True, n=2))
 
 
+@pytest.mark.parametrize("index", [True, -1, 10 ** 20, 0.0])
+async def test_a_whole_answer_s_choice_index_that_is_no_count_is_unreadable(
+        upstream: Upstream, index: Any) -> None:
+    """A whole answer's choice index was held to `type(...) is int` alone, where a
+    stream's is a count (`rendering.is_count`): `-1` or `10**20` was read as a choice
+    missing (`ChoicesMissing`, "fewer choices than asked": an upstream that ignores `n`,
+    which the breaker does not count). Read as a stream's is: an unreadable answer."""
+    choice = {**ANSWER["choices"][0], "index": index}
+    e = await refused(upstream, answering(web.json_response({**ANSWER, "choices": [choice]})),
+                      EngineError)
+    assert "unreadable" in e.message
+
+
 @pytest.mark.parametrize("usage", [{}, None, {"total_tokens": 3}])
 async def test_a_whole_answer_s_empty_usage_is_no_usage(upstream: Upstream,
                                                         usage: Any) -> None:
