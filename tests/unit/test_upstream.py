@@ -832,6 +832,32 @@ async def test_an_upstream_429_no_wait_lets_through_is_not_told_to_retry(
     assert "too large" in e.message
 
 
+async def stalled_error_body(upstream: Upstream, status: int, error: type[WeirError],
+                             within_s: float, **engine: Any) -> None:
+    """An upstream answers `status`, then its body stalls: the engine (with `engine`'s
+    settings, `timeout_s` 600) raises `error` within `within_s`, running nothing."""
+    release = asyncio.Event()
+
+    async def stalled(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(status=status, headers={
+            "content-type": "application/json", "content-length": "500"})
+        await resp.prepare(request)
+        await resp.write(b'{"error": ')
+        await release.wait()
+        return resp
+
+    upstream.chat = stalled
+    client = await engine_for(upstream.base_url, models=["up-model"], timeout_s=600,
+                              **engine)
+    try:
+        with pytest.raises(error):
+            await asyncio.wait_for(client(ctx()), within_s)
+        assert client.stats().running == 0
+    finally:
+        release.set()
+        await client.close()
+
+
 @pytest.mark.parametrize(("status", "error"), [(429, RateLimited), (400, UpstreamError),
                                                (504, Timeout)])
 async def test_an_upstream_error_whose_body_stalls_is_answered_by_its_status(
@@ -844,25 +870,8 @@ async def test_an_upstream_error_whose_body_stalls_is_answered_by_its_status(
     import proxy.upstream as upstream_module
 
     monkeypatch.setattr(upstream_module, "ERROR_BODY_S", 0.2, raising=False)
-    release = asyncio.Event()
-
-    async def stalled(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(status=status, headers={
-            "content-type": "application/json", "content-length": "500"})
-        await resp.prepare(request)
-        await resp.write(b'{"error": ')
-        await release.wait()
-        return resp
-
-    upstream.chat = stalled
-    engine = await engine_for(upstream.base_url, models=["up-model"], timeout_s=600)
-    try:
-        with pytest.raises(error):  # (without the bound: the whole 600 s)
-            await asyncio.wait_for(engine(ctx()), 60)
-        assert engine.stats().running == 0
-    finally:
-        release.set()
-        await engine.close()
+    # (without the bound: the whole 600 s)
+    await stalled_error_body(upstream, status, error, 60)
 
 
 @pytest.mark.parametrize(("status", "error"), [(429, RateLimited), (400, UpstreamError),
@@ -876,26 +885,8 @@ async def test_an_error_body_is_waited_for_no_longer_than_the_read_timeout(
     import proxy.upstream as upstream_module
 
     monkeypatch.setattr(upstream_module, "ERROR_BODY_S", 600, raising=False)
-    release = asyncio.Event()
-
-    async def stalled(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(status=status, headers={
-            "content-type": "application/json", "content-length": "500"})
-        await resp.prepare(request)
-        await resp.write(b'{"error": ')
-        await release.wait()
-        return resp
-
-    upstream.chat = stalled
-    engine = await engine_for(upstream.base_url, models=["up-model"], timeout_s=600,
-                              read_timeout_s=0.2)
-    try:
-        with pytest.raises(error):  # (without the bound: `ERROR_BODY_S`, 600 s)
-            await asyncio.wait_for(engine(ctx()), 30)
-        assert engine.stats().running == 0
-    finally:
-        release.set()
-        await engine.close()
+    # (without the bound: `ERROR_BODY_S`, 600 s)
+    await stalled_error_body(upstream, status, error, 30, read_timeout_s=0.2)
 
 
 async def test_an_upstream_429_that_says_not_to_retry_is_not_told_to_retry(
