@@ -246,13 +246,9 @@ def test_the_first_authorization_that_carries_a_key_is_read(
     assert a.authenticate(headers).user == "bob"
 
 
-def test_a_gateway_key_naming_no_caller_is_warned_once(monkeypatch: pytest.MonkeyPatch,
-                                                       ) -> None:
-    """Its callers then share one tenant (the gateway has no secret set): said once per
-    key, by its fingerprint only, of a generation (a gateway's model discovery names no
-    caller, and is no cause for it); never of a named caller or another key."""
+def warnings_said(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """What `proxy.auth` warns of from now on: (event, fields) each."""
     from proxy import auth as module
-    from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
 
     said: list[tuple[str, dict[str, Any]]] = []
 
@@ -261,6 +257,17 @@ def test_a_gateway_key_naming_no_caller_is_warned_once(monkeypatch: pytest.Monke
             said.append((event, fields))
 
     monkeypatch.setattr(module, "log", Spy())
+    return said
+
+
+def test_a_gateway_key_naming_no_caller_is_warned_once(monkeypatch: pytest.MonkeyPatch,
+                                                       ) -> None:
+    """Its callers then share one tenant (the gateway has no secret set): said once per
+    key, by its fingerprint only, of a generation (a gateway's model discovery names no
+    caller, and is no cause for it); never of a named caller or another key."""
+    from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
+
+    said = warnings_said(monkeypatch)
     a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
         {"key": "gw-secret-key", "tenant": "edge", "on_behalf_of": True},
         {"key": "plain-key", "tenant": "p"}]}))
@@ -282,16 +289,9 @@ def test_a_caller_named_on_a_key_not_marked_on_behalf_of_is_warned_once(
     every caller of that front shares the key's tenant here, its cache and stored records
     included, and nothing said so. A generation naming a caller on such a key is warned
     of, once per key, by the key's fingerprint; the tenant stays the key's own."""
-    from proxy import auth as module
     from proxy.auth import ON_BEHALF_OF, Principal, caller_digest
 
-    said: list[tuple[str, dict[str, Any]]] = []
-
-    class Spy:
-        def warning(self, event: str, **fields: Any) -> None:
-            said.append((event, fields))
-
-    monkeypatch.setattr(module, "log", Spy())
+    said = warnings_said(monkeypatch)
     a = Authenticator(AuthSettings.model_validate({"mode": "keys", "keys": [
         {"key": "plain-key", "tenant": "p"},
         {"key": "other-key", "tenant": "q"},
