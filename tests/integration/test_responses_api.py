@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
 
 from bench.redis_server import RedisServer
 from tests.conftest import MakeClient, make_settings
@@ -341,6 +343,28 @@ async def test_one_item_sent_twice_in_one_input_is_a_400(
     assert r.status == 200, await r.text()
 
 
+async def part_refused(client: TestClient[Any, web.Application],
+                       fake_engine: FakeEngine, role: str, part: str, allowed: str
+                       ) -> list[dict[str, Any]]:
+    """A message of `role` with a text part of type `part` (the second of three input
+    items) is OpenAI's 400 naming the part and the types `allowed`, the engine not
+    asked; the items sent, for more."""
+    items: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": role, "content": [{"type": part, "text": "a"}]},
+        {"role": "user", "content": "go on"}]
+    r = await client.post("/v1/responses", json={**BASE, "input": items})
+    assert r.status == 400, await r.text()
+    body = await r.json()
+    validate("ErrorResponse", body)
+    assert body["error"] == {
+        "message": f"Invalid value: '{part}'. Supported values are: {allowed}.",
+        "type": "invalid_request_error", "param": "input[1].content[0]",
+        "code": "invalid_value"}
+    assert not fake_engine.calls
+    return items
+
+
 @pytest.mark.parametrize(("role", "part", "allowed"), [
     ("user", "output_text", "'input_text', 'input_image', and 'input_file'"),
     ("system", "output_text", "'input_text', 'input_image', and 'input_file'"),
@@ -357,19 +381,7 @@ async def test_a_text_part_of_the_other_role_is_a_400(
     `input[1].content[0]`), and so does Weir. Each in its own role, and a plain string,
     is taken."""
     client = await make_client()
-    items: list[dict[str, Any]] = [
-        {"role": "user", "content": "hi"},
-        {"role": role, "content": [{"type": part, "text": "a"}]},
-        {"role": "user", "content": "go on"}]
-    r = await client.post("/v1/responses", json={**BASE, "input": items})
-    assert r.status == 400, await r.text()
-    body = await r.json()
-    validate("ErrorResponse", body)
-    assert body["error"] == {
-        "message": f"Invalid value: '{part}'. Supported values are: {allowed}.",
-        "type": "invalid_request_error", "param": "input[1].content[0]",
-        "code": "invalid_value"}
-    assert not fake_engine.calls
+    items = await part_refused(client, fake_engine, role, part, allowed)
     own = "output_text" if role == "assistant" else "input_text"
     for content in ([{"type": own, "text": "a"}], "a"):
         items[1]["content"] = content
@@ -1899,20 +1911,7 @@ async def test_a_part_type_the_api_does_not_know_is_a_400(
     of) was read to the model in any role. OpenAI refuses it: "Invalid value: 'text'.
     Supported values are: ..." (`invalid_value`, param `input[i].content[j]`); Weir
     names the parts the message's role takes, as it does for the other role's part."""
-    client = await make_client()
-    items: list[dict[str, Any]] = [
-        {"role": "user", "content": "hi"},
-        {"role": role, "content": [{"type": part, "text": "a"}]},
-        {"role": "user", "content": "go on"}]
-    r = await client.post("/v1/responses", json={**BASE, "input": items})
-    assert r.status == 400, await r.text()
-    body = await r.json()
-    validate("ErrorResponse", body)
-    assert body["error"] == {
-        "message": f"Invalid value: '{part}'. Supported values are: {allowed}.",
-        "type": "invalid_request_error", "param": "input[1].content[0]",
-        "code": "invalid_value"}
-    assert not fake_engine.calls
+    await part_refused(await make_client(), fake_engine, role, part, allowed)
 
 
 async def test_a_function_tool_without_strict_is_strict_as_on_openai(
