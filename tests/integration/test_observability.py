@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -480,6 +482,54 @@ async def test_an_embeddings_requests_tokens_are_counted(make_client: MakeClient
     assert line["prompt_tokens"] == 3 and line["status"] == 200
 
 
+class ChatUpstream:
+    """An upstream serving chat (`async with`), whole and streamed (one choice, `hi`),
+    with `usage` (None: it sends none); it keeps each request's `traceparent` (`seen`)
+    and answers a 500 while `fail`."""
+
+    def __init__(self, usage: dict[str, Any] | None) -> None:
+        self.usage = usage
+        self.seen: list[str] = []
+        self.fail = False
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("/v1"))
+
+    async def __aenter__(self) -> ChatUpstream:
+        await self.server.start_server()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.close()
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        if "traceparent" in request.headers:
+            self.seen.append(request.headers["traceparent"])
+        if self.fail:
+            return web.json_response({"error": {"message": "down"}}, status=500)
+        head = {"id": "chatcmpl-up", "created": 1, "model": "up-model"}
+        usage = {} if self.usage is None else {"usage": self.usage}
+        if not (await request.json()).get("stream"):
+            return web.json_response({**head, "object": "chat.completion", **usage,
+                                      "choices": [{"index": 0, "finish_reason": "stop",
+                                                   "message": {"role": "assistant",
+                                                               "content": "hi"}}]})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunks = [{**head, "object": "chat.completion.chunk", "choices": [
+            {"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}]
+        if usage:
+            chunks.append({**head, "object": "chat.completion.chunk", "choices": [], **usage})
+        for c in chunks:
+            await resp.write(f"data: {json.dumps(c)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_upstream_call_has_its_engine_span_the_upstream_s_parent(
         make_client: MakeClient, spans: InMemorySpanExporter, stream: bool) -> None:
@@ -487,41 +537,12 @@ async def test_an_upstream_call_has_its_engine_span_the_upstream_s_parent(
     failures and its tokens were in no span, and the upstream's server span hung off the
     innermost plugin's. The call is a client span now, the one its `traceparent` names,
     with the tokens the upstream counted and an error status when it failed."""
-    from aiohttp import web
-    from aiohttp.test_utils import TestServer
     from opentelemetry.trace import SpanKind, StatusCode
 
     usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-    seen: list[str] = []
-    fail = False
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        seen.append(request.headers["traceparent"])
-        if fail:
-            return web.json_response({"error": {"message": "down"}}, status=500)
-        head = {"id": "chatcmpl-up", "created": 1, "model": "up-model"}
-        if not (await request.json()).get("stream"):
-            return web.json_response({**head, "object": "chat.completion", "usage": usage,
-                                      "choices": [{"index": 0, "finish_reason": "stop",
-                                                   "message": {"role": "assistant",
-                                                               "content": "hi"}}]})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for c in ({**head, "object": "chat.completion.chunk", "choices": [
-                      {"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]},
-                  {**head, "object": "chat.completion.chunk", "choices": [],
-                   "usage": usage}):
-            await resp.write(f"data: {json.dumps(c)}\n\n".encode())
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    up = TestServer(app, host="127.0.0.1")
-    await up.start_server()
-    try:
+    async with ChatUpstream(usage) as up:
         client = await make_client(make_settings(engine={
-            "kind": "upstream", "base_url": str(up.make_url("/v1")), "models": ["up-model"]}))
+            "kind": "upstream", "base_url": up.url, "models": ["up-model"]}))
         payload = {"model": "up-model", "stream": stream,
                    "messages": [{"role": "user", "content": "hi"}]}
         r = await client.post("/v1/chat/completions", json=payload)
@@ -533,17 +554,15 @@ async def test_an_upstream_call_has_its_engine_span_the_upstream_s_parent(
         assert engine.attributes["gen_ai.usage.input_tokens"] == 5
         assert engine.attributes["gen_ai.usage.output_tokens"] == 3
         assert engine.status.status_code != StatusCode.ERROR
-        (sent,) = seen
+        (sent,) = up.seen
         assert sent.split("-")[1:3] == [format(engine.context.trace_id, "032x"),
                                         format(engine.context.span_id, "016x")]
         spans.clear()
-        fail = True
+        up.fail = True
         r = await client.post("/v1/chat/completions", json=payload)
         assert r.status == 502
         (engine,) = [s for s in spans.get_finished_spans() if s.name == "engine.generate"]
         assert engine.status.status_code == StatusCode.ERROR
-    finally:
-        await up.close()
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -555,30 +574,9 @@ async def test_an_upstream_answer_without_usage_counts_no_tokens_it_does_not_kno
     access-log line leaves the counts null and `weir_tokens_total` is not moved, and a
     client that asked for the usage gets no usage chunk (none is known; Weir holds no
     tokenizer for an upstream's model, and an estimate would go out as a count)."""
-    from aiohttp import web
-    from aiohttp.test_utils import TestServer
-
-    head = {"id": "chatcmpl-up", "created": 1, "model": "up-model"}
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        if not (await request.json()).get("stream"):
-            return web.json_response({**head, "object": "chat.completion",
-                                      "choices": [{"index": 0, "finish_reason": "stop",
-                                                   "message": {"role": "assistant",
-                                                               "content": "hi"}}]})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': [{'index': 0, 'delta': {'content': 'hi'}, 'finish_reason': 'stop'}]})}\n\n".encode())  # noqa: E501
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    up = TestServer(app, host="127.0.0.1")
-    await up.start_server()
-    try:
+    async with ChatUpstream(None) as up:
         client = await make_client(make_settings(logging={"access_log": True}, engine={
-            "kind": "upstream", "base_url": str(up.make_url("/v1")), "models": ["up-model"]}))
+            "kind": "upstream", "base_url": up.url, "models": ["up-model"]}))
         payload = {"model": "up-model", "stream": stream,
                    "messages": [{"role": "user", "content": "hi"}]}
         if stream:
@@ -596,8 +594,6 @@ async def test_an_upstream_answer_without_usage_counts_no_tokens_it_does_not_kno
                     if '"request"' in ln and "/v1/chat/completions" in ln)
         assert line["status"] == 200
         assert "prompt_tokens" not in line and "completion_tokens" not in line
-    finally:
-        await up.close()
 
 
 async def test_every_request_line_and_span_tell_the_cache_outcome(
