@@ -90,35 +90,31 @@ class Cors:
     async def on_response_prepare(self, request: web.Request,
                                   response: web.StreamResponse) -> None:
         headers = response.headers
-        if self.any_origin:  # (`*` on every answer, Origin or none: the same for all)
-            allowed: str | None = "*"
-        else:  # (every answer, so an HTTP cache keys each by it: a hit of Weir's too)
-            if "origin" not in headers.get(hdrs.VARY, "").lower():
-                headers.add(hdrs.VARY, "Origin")
-            allowed = self.allow_origin(request.headers.get(hdrs.ORIGIN))
-        if allowed is None:
-            return
-        headers[hdrs.ACCESS_CONTROL_ALLOW_ORIGIN] = allowed
-        if self.credentials:
-            headers[hdrs.ACCESS_CONTROL_ALLOW_CREDENTIALS] = "true"
-        if self.expose and request.method != "OPTIONS":
-            headers[hdrs.ACCESS_CONTROL_EXPOSE_HEADERS] = self.expose
+        # (every answer, so an HTTP cache keys each by it: a hit of Weir's too)
+        if not self.any_origin and "origin" not in headers.get(hdrs.VARY, "").lower():
+            headers.add(hdrs.VARY, "Origin")
+        for name, value in self._grant(request.headers.get(hdrs.ORIGIN),
+                                       request.method != "OPTIONS"):
+            headers[name] = value
 
     def wire_grant(self, origin: str | None) -> list[tuple[str, str]]:
         """The headers `on_response_prepare` gives an answer, for one written on the
         connection below the app to a request from `origin` (None: none found)."""
-        headers: list[tuple[str, str]] = []
-        if self.any_origin:
-            allowed: str | None = "*"
-        else:
-            allowed = self.allow_origin(origin)
-            headers.append((hdrs.VARY, "Origin"))
+        vary: list[tuple[str, str]] = [] if self.any_origin else [(hdrs.VARY, "Origin")]
+        return vary + self._grant(origin, True)
+
+    def _grant(self, origin: str | None, expose: bool) -> list[tuple[str, str]]:
+        """The `Access-Control-Allow-*` headers (and `-Expose-Headers` where `expose`: not
+        on a preflight's answer) of an answer to a request from `origin`; none where it
+        is not allowed. With any origin allowed, `*` on every answer, Origin or none:
+        the same for all."""
+        allowed = "*" if self.any_origin else self.allow_origin(origin)
         if allowed is None:
-            return headers
-        headers.append((hdrs.ACCESS_CONTROL_ALLOW_ORIGIN, allowed))
+            return []
+        headers: list[tuple[str, str]] = [(hdrs.ACCESS_CONTROL_ALLOW_ORIGIN, allowed)]
         if self.credentials:
             headers.append((hdrs.ACCESS_CONTROL_ALLOW_CREDENTIALS, "true"))
-        if self.expose:
+        if self.expose and expose:
             headers.append((hdrs.ACCESS_CONTROL_EXPOSE_HEADERS, self.expose))
         return headers
 
