@@ -414,7 +414,7 @@ JsonSchema = Annotated[dict[str, Any], AfterValidator(check_json_schema)]
 def _object_schema(v: dict[str, Any]) -> dict[str, Any]:
     """A function's arguments are an object: its `parameters` say so, or say no type."""
     kind = v.get("type", "object")
-    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+    if not may_be(kind, "object"):
         raise InvalidFunctionParameters(f"the function's parameters must be a JSON schema "
                                         f"of type `object`, not `{shown(kind)}`")
     return v
@@ -449,9 +449,9 @@ STRICT_LIMITS = {"properties": 5000, "depth": 10, "enum values": 1000,
 _TYPED = ("type", "anyOf", "oneOf", "$ref", "enum", "const")
 
 
-def _objects(node: dict[str, Any]) -> bool:
-    kind = node.get("type")
-    return kind == "object" or (isinstance(kind, list) and "object" in kind)
+def may_be(kind: Any, name: str) -> bool:
+    """Whether a schema's `type` (a name, or a list of names) is or takes `name`."""
+    return kind == name or (isinstance(kind, list) and name in kind)
 
 
 def _context(where: tuple[str, ...]) -> str:
@@ -493,11 +493,12 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
         if refused is not None:
             return f"{_context(where)}, '{refused}' is not permitted."
         kind = node.get("type")
-        if (kind == "array" or (isinstance(kind, list) and "array" in kind)) and not any(
+        if may_be(kind, "array") and not any(
                 k in node for k in ("items", "prefixItems")):  # (any items at all)
             return f"{_context(where)}, array schema missing items."
         props = node.get("properties")
-        if _objects(node) or isinstance(props, dict):
+        objects = may_be(kind, "object")
+        if objects or isinstance(props, dict):
             if not isinstance(props, dict):  # (OpenAI says this first: `{"type": "object"}`)
                 return f"{_context(where)}, object schema missing properties."
             if node.get("additionalProperties") is not False:
@@ -517,7 +518,7 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
                 return (f"{_context(where)}, 'required' is required to be supplied and to be an "
                         "array including every key in properties. Extra required key "
                         f"'{shown(extra[0])}' supplied.")
-        if _objects(node):
+        if objects:
             depth += 1
             if depth > limits["depth"]:
                 return (f"{_context(where)}, objects are nested more than {limits['depth']} levels "

@@ -44,6 +44,7 @@ from ..protocol import (
     inert,
     join_parts,
     json_nodes,
+    may_be,
     not_among,
     raw_items,
     refuse_other_tools,
@@ -256,8 +257,7 @@ def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
         out = with_subschemas(node, walk)
         kind = node.get("type")
         props = node.get("properties")
-        if kind == "object" or (isinstance(kind, list) and "object" in kind) or isinstance(
-                props, dict):
+        if may_be(kind, "object") or isinstance(props, dict):
             out.setdefault("additionalProperties", False)
             if isinstance(props, dict):
                 required = out.get("required")
