@@ -77,11 +77,11 @@ def _count_abort(st: AppState, request: web.Request) -> bool:
     return True
 
 
-class counting_cuts:  # (lower case: used as the function it was)
-    """Around a whole answer's generation: one cut before it came back (its client gone,
-    its deadline) spent what the engine read and generated (`ctx.usage_so_far`, which
-    the rate limiter charges): counted as a cut stream's tokens are (they were not).
-    (A class, not a generator's context manager: half the cost, on every request.)"""
+class AroundChain:
+    """A context manager around a chain call, given the app's state, the access-log
+    line's fields and the request's context: its `__exit__` does its work, and
+    suppresses nothing. (A class, not a generator's context manager: half the cost, on
+    every request.)"""
 
     __slots__ = ("_ctx", "_info", "_st")
 
@@ -90,6 +90,14 @@ class counting_cuts:  # (lower case: used as the function it was)
 
     def __enter__(self) -> None:
         return None
+
+
+class counting_cuts(AroundChain):  # (lower case: used as the function it was)
+    """Around a whole answer's generation: one cut before it came back (its client gone,
+    its deadline) spent what the engine read and generated (`ctx.usage_so_far`, which
+    the rate limiter charges): counted as a cut stream's tokens are (they were not)."""
+
+    __slots__ = ()
 
     def __exit__(self, kind: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
