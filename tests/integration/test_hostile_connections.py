@@ -27,6 +27,9 @@ from tests.openai_spec import validate
 from tests.waiting import eventually
 
 KEY = "sk-LEAKCHECK-5c1d0e7f9a2b4c6d"
+#: A chat request's head with its key, up to its body's framing fields and its end.
+CHAT_POST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+             + KEY.encode() + b"\r\nContent-Type: application/json\r\n")
 WAIT = 10  # bound on any wait for the server; the limits under test are well below it
 
 
@@ -109,9 +112,7 @@ async def test_idle_time_between_requests_is_not_head_time(served: Listener) -> 
 @pytest.mark.parametrize("served", [{"body_timeout_s": 0.3}], indirect=True)
 async def test_stalled_body_is_a_408(served: Listener) -> None:
     reader, writer = await connect(served)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"")
+    writer.write(CHAT_POST + b"Content-Length: 100\r\n\r\n{\"model\"")
     status, headers, body = await response(reader)
     assert status == 408
     assert json.loads(body)["error"]["code"] == "request_timeout"
@@ -151,9 +152,7 @@ async def test_a_body_is_timed_unless_it_came_whole_with_its_head(
     if not whole:  # all but its end: the terminating chunk, or the gzip trailer
         body = body[:-5]
     reader, writer = await connect(served)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
-                 b"Content-Type: application/json\r\n" + fields + b"\r\n" + body)
+    writer.write(CHAT_POST + fields + b"\r\n" + body)
     status, _, raw = await response(reader)
     assert status == (200 if whole else 408), raw
     if not whole:
@@ -164,10 +163,8 @@ async def test_a_body_is_timed_unless_it_came_whole_with_its_head(
 @pytest.mark.parametrize("served", [{"body_timeout_s": 0.3}], indirect=True)
 async def test_a_body_stalled_after_its_100_continue_is_a_408(served: Listener) -> None:
     reader, writer = await connect(served)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: %d\r\n"
-                 b"Expect: 100-continue\r\n\r\n" % len(_WHOLE))
+    writer.write(CHAT_POST + b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n"
+                 % len(_WHOLE))
     async with asyncio.timeout(WAIT):
         assert await reader.readline() == b"HTTP/1.1 100 Continue\r\n"
         assert await reader.readline() == b"\r\n"
@@ -293,10 +290,7 @@ async def test_an_expectation_it_cannot_meet_is_an_openai_417(logs: io.StringIO,
 
     body = json.dumps({"model": "fake-model", "max_tokens": 2,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            b"Authorization: Bearer " + KEY.encode() + b"\r\n"
-            b"Content-Type: application/json\r\nContent-Length: "
-            + str(len(body)).encode() + b"\r\n")
+    head = CHAT_POST + b"Content-Length: " + str(len(body)).encode() + b"\r\n"
     reader, writer = await connect(served)
     writer.write(head + b"Expect: 100-continue\r\n\r\n")
     async with asyncio.timeout(WAIT):
@@ -327,10 +321,8 @@ async def test_a_body_over_the_limit_is_refused_before_the_client_sends_it(
     at once, not a `100 Continue` that had the client upload it all first."""
     limit = served.runner.app[STATE].settings.server.max_body_bytes
     reader, writer = await connect(served)
-    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: "
-                 + str(limit + 1).encode() + b"\r\nExpect: 100-continue\r\n\r\n")
+    writer.write(CHAT_POST + b"Content-Length: " + str(limit + 1).encode()
+                 + b"\r\nExpect: 100-continue\r\n\r\n")
     status, headers, raw = await response(reader)
     writer.close()
     assert status == 413 and headers.get("connection") == "close"
@@ -409,9 +401,7 @@ async def test_a_whole_answer_its_client_does_not_read_is_cut() -> None:
     loop = asyncio.get_running_loop()
     try:
         await loop.sock_connect(sock, ("127.0.0.1", listener.port))
-        await loop.sock_sendall(sock, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                                b"Authorization: Bearer " + KEY.encode() + b"\r\n"
-                                b"Content-Type: application/json\r\nContent-Length: "
+        await loop.sock_sendall(sock, CHAT_POST + b"Content-Length: "
                                 + str(len(body)).encode() + b"\r\n\r\n" + body)
         await eventually(lambda: len(engine.calls) == 1, timeout=WAIT)  # answered ...
         await eventually(lambda: not listener.guard.open, timeout=WAIT)  # ... never read
