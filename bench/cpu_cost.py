@@ -34,8 +34,7 @@ from typing import Any
 
 from bench.fleet import default_plugins
 from bench.load import run_load
-from bench.overhead import _bodies as question_bodies
-from bench.overhead import mock_weir
+from bench.overhead import mock_weir, question_bodies
 from bench.procs import Server
 from proxy.loop import run_loop
 

@@ -174,8 +174,11 @@ def mock_weir(tmp: Path, name: str, plugins: list[dict[str, Any]], embeddings: b
     return Server(f"mock-{name}", cmd, f"{base}/health/live", base, tmp / f"mock-{name}.log")
 
 
-def _bodies(n: int, *, stream: bool, deterministic: bool, distinct: int | None = None,
-            ) -> list[dict[str, Any]]:
+def question_bodies(n: int, *, stream: bool, deterministic: bool,
+                    distinct: int | None = None) -> list[dict[str, Any]]:
+    """`n` chat bodies for the mock model, each a question on a store's hours: `distinct`
+    of them over and over (an exact cache hit after the first), else each its own;
+    `deterministic`: at temperature 0."""
     out = []
     for i in range(n):
         q = f"What are the opening hours of store {i % distinct if distinct else i}?"
@@ -220,12 +223,12 @@ def gateway(fleet: Fleet) -> dict[str, Any]:
         for s in servers.values():
             s.start(timeout=120)
         for s in servers.values():  # warm-up
-            _latencies(s.base_url, _bodies(100, stream=False, deterministic=False), 1)
+            _latencies(s.base_url, question_bodies(100, stream=False, deterministic=False), 1)
         lat: dict[str, dict[str, RunResult]] = {}
         for kind, stream in (("whole", False), ("stream", True)):
             lat[kind] = {}
             for name in ("none", "all", "none", "all")[: 2 if fleet.quick else 4]:
-                r = _latencies(servers[name].base_url, _bodies(n1, stream=stream,
+                r = _latencies(servers[name].base_url, question_bodies(n1, stream=stream,
                                                           deterministic=False), 1)
                 prev = lat[kind].get(name)
                 if prev is not None:
@@ -240,17 +243,17 @@ def gateway(fleet: Fleet) -> dict[str, Any]:
                          "added_p99_ms": round(p99["all"] - p99["none"], 3),
                          "errors": {k: len(r.samples) - len(r.ok()) for k, r in per.items()}}
         hits_url = servers["all"].base_url
-        _latencies(hits_url, _bodies(10, stream=False, deterministic=True, distinct=10), 1)
-        hit_bodies = _bodies(hits_n, stream=False, deterministic=True, distinct=10)
+        _latencies(hits_url, question_bodies(10, stream=False, deterministic=True, distinct=10), 1)
+        hit_bodies = question_bodies(hits_n, stream=False, deterministic=True, distinct=10)
         hits = _carried(hits_url, hit_bodies)
         out["exact_hits"] = {**summarize(hits),
                              "cache": sorted({s.cache or "-" for s in hits.samples})}
-        misses_all = _carried(hits_url, _bodies(hits_n // 2, stream=False,
+        misses_all = _carried(hits_url, question_bodies(hits_n // 2, stream=False,
                                                 deterministic=False))
         out["misses_all_plugins"] = summarize(misses_all)
         stored: dict[str, list[RunResult]] = {"all": [], "all+l2": []}
         for rnd, name in enumerate(("all", "all+l2", "all+l2", "all")[: 2 if fleet.quick else 4]):
-            bodies = _bodies(hits_n // 4, stream=False, deterministic=True)
+            bodies = question_bodies(hits_n // 4, stream=False, deterministic=True)
             for b in bodies:  # questions no earlier round asked
                 b["messages"][0]["content"] += f" (round {rnd})"
             stored[name].append(_carried(servers[name].base_url, bodies))
