@@ -516,17 +516,17 @@ class ChunkAssembler:
             if (piece is not None and not isinstance(piece, str)) or not is_count(i) or (
                     reason is not None and not isinstance(reason, str)):  # (`false`: no none)
                 raise TypeError("a choice's index, text or finish reason")
-            if self.route == "chat" and delta.get("tool_calls"):
-                if not isinstance(calls := delta["tool_calls"], list) or not all(
-                        isinstance(d, dict) and is_count(d.get("index")) for d in calls):
-                    raise TypeError("a tool call's index")
+            calls = delta.get("tool_calls") if self.route == "chat" else None
+            if calls and (not isinstance(calls, list) or not all(
+                    isinstance(d, dict) and is_count(d.get("index")) for d in calls)):
+                raise TypeError("a tool call's index")
             self.texts.setdefault(i, []).append(piece or "")
-            if self.route == "chat" and delta.get("tool_calls"):
-                self.calls.setdefault(i, T.CallAssembler()).feed(delta["tool_calls"])
+            if calls:
+                self.calls.setdefault(i, T.CallAssembler()).feed(calls)
             self.pieces += bool(piece or delta.get("tool_calls")
                                 or delta.get("reasoning_content"))
-            if c.get("finish_reason") and i not in self.reasons:  # (the first stands)
-                self.reasons[i] = c["finish_reason"]
+            if reason and i not in self.reasons:  # (the first stands)
+                self.reasons[i] = reason
                 if "stop_reason" in c:  # (vLLM's; OpenAI's servers send none)
                     self.stop_reasons[i] = c["stop_reason"]
         if chunk.get("usage"):

@@ -984,11 +984,9 @@ def _tokens(usage: Any) -> tuple[int | None, int | None]:
     """An upstream's usage as (prompt, completion) tokens; None where it said none (not
     0: a span would show it as counted)."""
     u = usage if isinstance(usage, dict) else {}
-
-    def count(n: Any) -> int | None:
-        return n if isinstance(n, int) and not isinstance(n, bool) else None
-
-    return count(u.get("prompt_tokens")), count(u.get("completion_tokens"))
+    prompt, completion = u.get("prompt_tokens"), u.get("completion_tokens")
+    return (prompt if is_count(prompt) else None,
+            completion if is_count(completion) else None)
 
 
 def _usage_in_place(chunk: dict[str, Any]) -> None:
