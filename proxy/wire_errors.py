@@ -221,13 +221,12 @@ class _LlhttpMethods(HttpRequestParserPy):
 
     def parse_message(self, lines: list[bytes]) -> Any:
         method, space, target = lines[0].partition(b" ")
-        if space and target and b" " not in target and (
-                method.decode("latin-1") in PARSED_METHODS):
+        name = method.decode("latin-1")
+        if space and target and b" " not in target and name in PARSED_METHODS:
             # HTTP/0.9's line (no version): llhttp reads it as 0.9, a 505 (this parser
             # refused it as a bad method, a 400)
             lines = [lines[0] + b" HTTP/0.9", *lines[1:]]
-        if space and method.decode("latin-1") not in PARSED_METHODS and (
-                HTTP_TOKEN.fullmatch(method.decode("latin-1"))):
+        if space and name not in PARSED_METHODS and HTTP_TOKEN.fullmatch(name):
             if method == b"PRI":
                 raise BadStatusLine(error="Expected HTTP/2 Connection Preface")
             raise UnknownMethod(error="Unknown method")  # (quoting nothing of the line)
