@@ -461,6 +461,28 @@ def _context(where: tuple[str, ...]) -> str:
     return f"In context={shown(where, 256)}"
 
 
+def _object_problem(node: dict[str, Any], props: Any) -> str | None:
+    """What strict mode refuses in an object's schema (`props`: its `properties`), in
+    OpenAI's words after the context, in the order OpenAI says them; None: nothing."""
+    if not isinstance(props, dict):  # (OpenAI says this first: `{"type": "object"}`)
+        return "object schema missing properties."
+    if node.get("additionalProperties") is not False:
+        return "'additionalProperties' is required to be supplied and to be false."
+    required = node.get("required")
+    listed = {k for k in required if isinstance(k, str)} if isinstance(
+        required, list) else set()
+    missing = [k for k in props if k not in listed]
+    if missing:
+        return ("'required' is required to be supplied and to be an array including every "
+                f"key in properties. Missing '{shown(missing[0])}'.")
+    extra = [k for k in required if isinstance(k, str) and k not in props
+             ] if isinstance(required, list) else []
+    if extra:
+        return ("'required' is required to be supplied and to be an array including every "
+                f"key in properties. Extra required key '{shown(extra[0])}' supplied.")
+    return None
+
+
 def strict_problem(schema: dict[str, Any]) -> str | None:
     """What OpenAI's strict mode (`"strict": true`) refuses in a schema, in its words, or
     None: every object must say `additionalProperties: false`, have `properties` and list
@@ -498,26 +520,9 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
             return f"{_context(where)}, array schema missing items."
         props = node.get("properties")
         objects = may_be(kind, "object")
-        if objects or isinstance(props, dict):
-            if not isinstance(props, dict):  # (OpenAI says this first: `{"type": "object"}`)
-                return f"{_context(where)}, object schema missing properties."
-            if node.get("additionalProperties") is not False:
-                return (f"{_context(where)}, 'additionalProperties' is required to be supplied and "
-                        "to be false.")
-            required = node.get("required")
-            listed = {k for k in required if isinstance(k, str)} if isinstance(
-                required, list) else set()
-            missing = [k for k in props if k not in listed]
-            if missing:
-                return (f"{_context(where)}, 'required' is required to be supplied and to be an "
-                        "array including every key in properties. Missing "
-                        f"'{shown(missing[0])}'.")
-            extra = [k for k in required if isinstance(k, str) and k not in props
-                     ] if isinstance(required, list) else []
-            if extra:
-                return (f"{_context(where)}, 'required' is required to be supplied and to be an "
-                        "array including every key in properties. Extra required key "
-                        f"'{shown(extra[0])}' supplied.")
+        if (objects or isinstance(props, dict)) and (
+                problem := _object_problem(node, props)) is not None:
+            return f"{_context(where)}, {problem}"
         if objects:
             depth += 1
             if depth > limits["depth"]:
