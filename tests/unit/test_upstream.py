@@ -743,6 +743,16 @@ def answering(reply: web.StreamResponse | Exception) -> Handler:
     return handle
 
 
+async def answered(upstream: Upstream, c: RequestContext | None = None) -> Any:
+    """What the engine over `upstream` answers the request `c` (a whole chat one where
+    none), the engine closed after."""
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        return await engine(c if c is not None else ctx())
+    finally:
+        await engine.close()
+
+
 async def refused(upstream: Upstream, handler: Handler, error: type[E]) -> E:
     """What the engine raises (`error`) for a request the upstream answers with
     `handler`; it is left running nothing."""
@@ -954,11 +964,7 @@ async def test_calls_sharing_an_id_go_out_with_ids_of_their_own(upstream: Upstre
             "message": {"role": "assistant", "content": None, "tool_calls": same}}]})
 
     upstream.chat = whole
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        reply = await engine(ctx())
-    finally:
-        await engine.close()
+    reply = await answered(upstream)
     assert isinstance(reply, Completion)
     got = [c["id"] for c in reply.body["choices"][0]["message"]["tool_calls"]]
     assert got[0] == "dup" and len(set(got)) == 3 and all(got)
@@ -1023,11 +1029,7 @@ async def test_a_whole_answer_of_another_shape_is_an_engine_failure(
 async def test_what_a_tenant_stores_is_not_stored_upstream_too(upstream: Upstream) -> None:
     """Weir keeps stored completions per tenant; the upstream sees every tenant under one
     key, and kept them all where any holder of that key could list them."""
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        await engine(ctx(store=True, metadata={"owner": "tenant-t1"}))
-    finally:
-        await engine.close()
+    await answered(upstream, ctx(store=True, metadata={"owner": "tenant-t1"}))
     body = upstream.seen[-1][1]
     assert "store" not in body and "metadata" not in body
 
@@ -1087,11 +1089,7 @@ async def test_only_what_the_client_sent_goes_upstream(upstream: Upstream) -> No
     """Not the defaults Weir's models fill in (`ignore_eos`, `min_tokens`, `n`,
     `logprobs`...): OpenAI's own server refuses a field it does not know, so every
     request to it was a 400 (and a breaker fallback to it passed that 400 on)."""
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        await engine(ctx())
-    finally:
-        await engine.close()
+    await answered(upstream)
     assert set(upstream.seen[-1][1]) == {"model", "stream", "max_tokens", "messages"}
 
 
@@ -1120,11 +1118,7 @@ async def test_a_completions_output_ceiling_holds_upstream(
     c = RequestContext(route="completion", request=req, principal=Principal("t", "user", "u"),
                        request_id="r", headers={})
     c.output_ceiling = ceiling
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        await engine(c)
-    finally:
-        await engine.close()
+    await answered(upstream, c)
     assert upstream.seen[-1][1]["max_tokens"] == expected
 
 
@@ -1696,11 +1690,7 @@ async def test_a_whole_answer_s_usage_goes_out_with_its_total(
     prompt plus completion, its breakdowns kept."""
     details = {"prompt_tokens_details": {"cached_tokens": 2}}
     upstream.chat = lambda request: _json({**ANSWER, "usage": {**given, **details}})
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        whole = await engine(ctx())
-    finally:
-        await engine.close()
+    whole = await answered(upstream)
     assert isinstance(whole, Completion)
     assert whole.body["usage"] == {"prompt_tokens": 7, "completion_tokens": 3,
                                    "total_tokens": 10, **details}
@@ -1714,11 +1704,7 @@ async def test_an_answer_without_its_head_goes_out_with_one(upstream: Upstream) 
     bare = {"choices": ANSWER["choices"], "usage": ANSWER["usage"], "created": "soon",
             "object": "text_completion"}
     upstream.chat = lambda request: _json(bare)
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        whole = await engine(ctx())
-    finally:
-        await engine.close()
+    whole = await answered(upstream)
     assert isinstance(whole, Completion)
     validate("CreateChatCompletionResponse", whole.body)
     assert whole.body["id"].startswith("chatcmpl-") and whole.body["model"] == "up-model"
@@ -1969,11 +1955,7 @@ async def test_a_whole_answer_s_empty_usage_is_no_usage(upstream: Upstream,
     it absent, never null: a `null` went out so too) and is counted as not known (the
     rate limiter keeps its reservation, the cache stores nothing)."""
     upstream.chat = answering(web.json_response({**ANSWER, "usage": usage}))
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        reply = await engine(ctx())
-    finally:
-        await engine.close()
+    reply = await answered(upstream)
     assert isinstance(reply, Completion) and "usage" not in reply.body
     validate("CreateChatCompletionResponse", reply.body)
 
@@ -2018,11 +2000,7 @@ async def test_an_upstream_s_own_usage_keys_are_not_passed_on_as_usage(
     own = {"queue_time": 0.02, "prompt_cache_hit_tokens": 5, "prompt_cache_miss_tokens": 2}
     usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
     upstream.chat = lambda request: _json({**ANSWER, "usage": {**usage, **own}})
-    engine = await engine_for(upstream.base_url, models=["up-model"])
-    try:
-        whole = await engine(ctx())
-    finally:
-        await engine.close()
+    whole = await answered(upstream)
     assert isinstance(whole, Completion) and whole.body["usage"] == usage
     groq = {"id": "req_1", "usage": {"queue_time": 0.02}}
     got, reply = await relayed(upstream, sse(
