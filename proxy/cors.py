@@ -64,7 +64,8 @@ def served_methods(request: web.Request) -> frozenset[str] | None:
 
 
 class Cors:
-    """`server.cors`, read once: the preflight middleware and the response hook."""
+    """`server.cors`, read once: the preflight middleware, the response hook, and the
+    grant of an answer written below the app (`wire_grant`)."""
 
     def __init__(self, settings: CorsSettings) -> None:
         self.any_origin = settings.allow_origins == ["*"]

@@ -248,8 +248,9 @@ def strict_normalized(schema: dict[str, Any]) -> dict[str, Any] | None:
     """A function's `parameters` sent without `strict`, normalized into strict mode as
     OpenAI's Responses API normalizes them: every object says `additionalProperties:
     false` and lists every property in `required` (a copy). None where strict mode
-    cannot hold it even so (a keyword it refuses, an object open to other keys): the
-    tool is then served non-strict, as given."""
+    cannot hold it even so (`strict_problem`: a keyword it refuses, an object open to
+    other keys or without properties, an untyped subschema, a schema past its limits;
+    or one no value fits, `finite`): the tool is then served non-strict, as given."""
 
     def walk(node: Any) -> Any:
         if not isinstance(node, dict):
