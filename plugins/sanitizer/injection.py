@@ -195,6 +195,16 @@ _MARKS = re.compile("[\u0300-\u036f\u0483-\u0489\u1ab0-\u1aff\u1dc0-\u1dff"
                     "\u20d0-\u20ff\ufe20-\ufe2f]+")
 
 
+# A run of characters outside ASCII: `_LOOKALIKES` reads no ASCII one as another, so
+# only these runs go through its table (`str.translate` looks up every character: 64 KB
+# of prose with a few words of Chinese cost 5 ms, its runs alone 0.3 ms).
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
+def _looked(m: re.Match[str]) -> str:
+    return m.group().translate(_LOOKALIKES)
+
+
 def _without_marks(text: str) -> tuple[str, list[int], list[int]] | None:
     """`text` without its combining marks, and where each kept piece starts in the
     result and in `text` (None: it has none)."""
@@ -326,7 +336,7 @@ def _find_injection(text: str) -> Iterator[Span]:
     marks = None
     if not text.isascii():
         marks = _without_marks(text)
-        text = (marks[0] if marks else text).translate(_LOOKALIKES)
+        text = _NON_ASCII.sub(_looked, marks[0] if marks else text)
     if "_" in text:  # "ignore_all_previous_instructions" (a name): one letter for one
         text = text.replace("_", " ")
     found = _triggers(text.lower())

@@ -408,17 +408,20 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
 
     def _process(self, text: str, fired: dict[str, str], folded: str | None = None,
                  extra: list[tuple[Span, str]] | None = None,
-                 placed: list[tuple[Span, str]] | None = None) -> tuple[str, str]:
+                 placed: list[tuple[Span, str]] | None = None,
+                 norm: str | None = None) -> tuple[str, str]:
         """(text for the cache key, text for the engine). `extra`: spans to redact that
         were found across texts (a card split over two messages), `placed`: such spans
         placed in the folded text already (found with blank letters read as nothing);
-        `folded`: `_fold(text)`, where the caller has it. Detectors read the text as a
+        `folded`: `_fold(text)`, and `norm`, what detectors read of it, where the caller
+        has them. Detectors read the text as a
         reader does (`scanned`); it goes on folded (its layout kept, so code keeps its
         indentation and a part its trailing space; the cache normalizes what it keys
         on), redacted there where a detector said so."""
         if folded is None:
             folded = self._fold(text)
-        norm = scanned(folded) if self.cfg.normalize else text
+        if norm is None:
+            norm = scanned(folded) if self.cfg.normalize else text
         engine = folded if self.cfg.engine_sees == "normalized" else text
         blank = _blank_letters_out(text, folded) if self.cfg.normalize else None
         if not extra and not placed and blank is None and norm in self._clean:
@@ -476,8 +479,8 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             for i, spans in enumerate(self._across(_blank_read(norms, views), fired,
                                                    speakers)):
                 placed[i] = _in_fold(views[i], spans) if spans else []
-        return [self._process(t, fired, f, x, p)
-                for t, f, x, p in zip(texts, folds, extra, placed, strict=True)]
+        return [self._process(t, fired, f, x, p, n)
+                for t, f, x, p, n in zip(texts, folds, extra, placed, norms, strict=True)]
 
     def _blank_views(self, texts: list[str], folds: list[str],
                      ) -> list[tuple[str, list[int] | None]] | None:

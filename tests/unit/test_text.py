@@ -100,3 +100,24 @@ def test_superscripts_and_subscripts_stay_as_written(text: str, folded: str) -> 
 
     assert fold(text) == folded
     assert normalize("What is 2\u00b3?") != normalize("What is 23?")
+
+
+def test_only_runs_outside_ascii_are_read_through_the_table() -> None:
+    """`_as_read` sends only non-ASCII runs through `_AS` (a tab aside): the table must
+    read no other ASCII character as another, and the result is the whole text's."""
+    from proxy.text import _AS, _as_read
+
+    assert [k for k in _AS if k < 0x80] == [ord("\t")]
+    text = "a\tb \u0664\u0661\u0661\u0661 \u2013 x\u2212y\u00b2 这个 \u2028 end\t"
+    assert _as_read(text) == text.translate(_AS)
+
+
+def test_lookalike_and_accent_tables_read_no_ascii_character() -> None:
+    """The injection reading sends only non-ASCII runs through `_LOOKALIKES`, and the
+    accented-key reading skips texts with no letter of `_LATIN_BLOCKS`: neither table
+    may hold an ASCII character, nor a letter outside those blocks."""
+    from plugins.sanitizer.credentials import _LATIN_BLOCKS
+    from plugins.sanitizer.injection import _LOOKALIKES, LATIN_BASES
+
+    assert all(c >= 0x80 for c in _LOOKALIKES)
+    assert all(_LATIN_BLOCKS.match(c) for c in LATIN_BASES)
