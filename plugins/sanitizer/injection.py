@@ -116,6 +116,65 @@ _INJECTION_TRIGGERS: list[tuple[str, ...]] = [
     ("new instruction",),
 ]
 _INJECTION_RX = [re.compile(p, re.IGNORECASE) for p in _INJECTION]
+# The words each family's phrase begins with, in any case (None: it begins otherwise, and
+# its pattern scans the whole text). In an ASCII text, a family's pattern is tried only
+# where one of them is (`_anchored`): a case-blind pattern that starts at a word is tried
+# at every place of the text (64 KB of code, where "print" and "show" are common: 5 ms
+# a family, ten families, twice with digits read as letters).
+_FIRST_WORDS: list[tuple[str, ...] | None] = [
+    ("ignore", "disregard", "forget", "override", "bypass"),
+    ("reveal", "show", "print", "repeat", "output", "leak", "tell me"),
+    ("you",),
+    ("new", "updated"),
+    None,  # (a line's start)
+    None, None, None,  # (Chinese: no ASCII text holds them)
+    ("ignore", "disregard", "forget", "override", "bypass"),
+    ("ignore", "disregard", "forget"),
+    ("ignore", "disregard", "forget"),
+    ("ignore", "disregard", "forget"),
+    ("print", "output", "reveal", "repeat"),
+    ("ignore", "oublie"),
+    ("ignoriere", "vergiss", "vergessen"),
+    ("ignor", "olvid"),
+    ("ignore", "disregard", "forget", "override", "bypass"),
+    ("forget",),
+    ("from", "starting", "henceforth"),
+    ("act", "behave"),
+    ("pretend", "imagine", "assume", "act", "you", "no"),
+    ("jailbreak", "jailbroken", "god", "dan", "enable", "chatgpt", "you", "assistant", "ai"),
+    ("do",),
+    ("stop", "quit"),
+    ("ignore", "disregard", "forget"),
+    ("new",),
+]
+
+
+def _starts(low: str, words: tuple[str, ...], memo: dict[str, list[int]]) -> list[int]:
+    """Where one of `words` begins in `low` (a lower-cased ASCII text), in order
+    (`memo`: each word's places, found once per text)."""
+    places: set[int] = set()
+    for word in words:
+        if (at := memo.get(word)) is None:
+            at = []
+            i = low.find(word)
+            while i >= 0:
+                at.append(i)
+                i = low.find(word, i + 1)
+            memo[word] = at
+        places.update(at)
+    return sorted(places)
+
+
+def _anchored(rx: re.Pattern[str], text: str, starts: list[int]) -> Iterator[re.Match[str]]:
+    """`rx.finditer(text)` where every match begins at one of `starts`: the same
+    matches, each tried only there (a match ends before the next is tried)."""
+    end = 0
+    for at in starts:
+        if at < end:
+            continue
+        if (m := rx.match(text, at)) is not None:
+            yield m
+            end = max(m.end(), at + 1)
 # Any trigger at all: one scan, and most prompts stop there.
 _TRIGGERS = sorted({t for ts in _INJECTION_TRIGGERS for t in ts})
 _ANY_TRIGGER = re.compile(trie(_TRIGGERS))
@@ -357,10 +416,15 @@ def _phrases(text: str, marks: tuple[str, list[int], list[int]] | None,
     the marks were)."""
     if not found:
         return
+    low = text.lower() if text.isascii() else None  # (one for one in ASCII)
+    memo: dict[str, list[int]] = {}
     for family, (rx, triggers) in enumerate(zip(_INJECTION_RX, _INJECTION_TRIGGERS,
                                                  strict=True)):
         if not found.isdisjoint(triggers):
-            for m in rx.finditer(text):
+            firsts = _FIRST_WORDS[family]
+            matches = (rx.finditer(text) if low is None or firsts is None
+                       else _anchored(rx, text, _starts(low, firsts, memo)))
+            for m in matches:
                 if _ordinary(family, text, m):
                     continue
                 if marks is None:
