@@ -364,8 +364,11 @@ def _triggers(low: str, lo: int = 0, hi: int | None = None) -> set[str]:
     """The triggers in `low[lo:hi]`: one scan, not a search per word."""
     found: set[str] = set()
     for hit in _ANY_TRIGGER.finditer(low, lo, len(low) if hi is None else hi):
+        longer = _EXTENDED[hit.group()]
+        if found.issuperset(longer):
+            continue  # (each found already: a text of triggers checked each once per hit)
         i = hit.start()
-        found.update(t for t in _EXTENDED[hit.group()] if low.startswith(t, i))
+        found.update(t for t in longer if low.startswith(t, i))
     return found
 
 

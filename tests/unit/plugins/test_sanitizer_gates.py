@@ -24,11 +24,14 @@ except ImportError:  # (before Python 3.11)
 
 from plugins.sanitizer import detectors
 from plugins.sanitizer.injection import (
+    _ANY_TRIGGER,
+    _EXTENDED,
     _FIRST_WORDS,
     _INJECTION,
     _INJECTION_RX,
     _anchored,
     _starts,
+    _triggers,
 )
 
 _HERE = Path(__file__).parent
@@ -204,3 +207,13 @@ def test_numbers_looked_for_first_are_found_the_same(pattern: str, ahead: str) -
         assert [m.span() for m in fast.finditer(text)] == spans, text
         found += len(spans)
     assert found
+
+
+def test_triggers_skip_only_hits_whose_triggers_are_found() -> None:
+    """`_triggers` skips a hit whose every trigger is found already: the same set as
+    checking each hit."""
+    for text in CORPUS + _fuzz(5, 1000) + _phrases(5, 1000):
+        low = text.lower()
+        each = {t for hit in _ANY_TRIGGER.finditer(low) for t in _EXTENDED[hit.group()]
+                if low.startswith(t, hit.start())}
+        assert _triggers(low) == each, text
