@@ -2,7 +2,8 @@
 then JSON.
 
 A body may come compressed (`Content-Encoding`: gzip, deflate, br or zstd; the size
-limit counts the decoded bytes); any other coding, or several, is a 415, and a body its
+limit counts the decoded bytes; two, one over another, are decoded in turn, the last
+first); any other coding, or more than two, is a 415, and a body its
 coding cannot decode, or that its stream does not end (`proxy.codings`), a 400. `weir
 serve` has aiohttp leave the body as it came, decoded here; a server that lets aiohttp
 decode it (aiohttp's test server) gets it decoded, less strictly. Its transfer coding
