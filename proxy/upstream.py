@@ -795,14 +795,19 @@ def _usage_shown(chunk: dict[str, Any], *, usage: bool, running: bool, text: boo
     return "send"
 
 
+#: What a stream choice's entry holds that says nothing once its content is none.
+_BARE_ENTRY = frozenset({"index", "delta", "finish_reason", "logprobs", "text"})
+
+
 def _past_finish(chunk: dict[str, Any], ended: Mapping[int, str]) -> tuple[bool, bool]:
     """Take out of an upstream's chunk what it sends for a choice after that choice's
     finish reason (`ended`: each ended choice's), which OpenAI's never does: an entry
     with text, calls, reasoning or logprobs is not relayed, nor kept in the choice's
-    answer (the cache stores what the client got). One that carries none passes (a
-    finish repeated with an empty delta; Azure's content-filter results), with the
-    choice's first finish reason where it gives one. Whether an entry was dropped, and
-    whether nothing is left to send (the chunk had choices, none is left, nor a usage).
+    answer (the cache stores what the client got), nor a finish reason given again (a
+    choice's ends once in OpenAI's streams; a client counting them saw two). One that
+    carries something else (Azure's content-filter results) passes without it. Whether
+    an entry was dropped, and whether nothing is left to send (the chunk had choices,
+    none is left, nor a usage).
     (An index that is no count is left for the assembler to refuse: `true` would match
     choice 1.)"""
     if not ended:  # (every chunk until a choice's finish: nothing to look at, per chunk)
@@ -819,8 +824,10 @@ def _past_finish(chunk: dict[str, Any], ended: Mapping[int, str]) -> tuple[bool,
         if (c.get("text") or c.get("logprobs") is not None or (isinstance(delta, dict) and any(
                 v for k, v in delta.items() if k != "role")) or not isinstance(delta or {}, dict)):
             continue
-        if c.get("finish_reason") is not None:
-            c["finish_reason"] = ended[c["index"]]
+        if c.get("finish_reason") is not None:  # (given again: it went out once)
+            c["finish_reason"] = None
+            if c.keys() <= _BARE_ENTRY:  # (nothing else to pass on)
+                continue
         kept.append(c)
     if len(kept) == len(choices):
         return False, False

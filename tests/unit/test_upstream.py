@@ -691,9 +691,9 @@ async def test_a_stream_s_usage_is_always_asked_for_and_shown_when_asked(
     c = ctx(stream=True, max_tokens=None, **options)
     c.output_ceiling = 64
     got, reply = await relayed(upstream, pieces, c)
-    assert got[:4] == ([{**c, "usage": None} for c in CHUNKS + done] if asked
-                       else CHUNKS + done)
-    assert [g.get("usage") for g in got[4:]] == ([usage] if asked else [])
+    # (`done` repeats CHUNKS' finish: dropped, a choice ends once)
+    assert got[:3] == ([{**c, "usage": None} for c in CHUNKS] if asked else CHUNKS)
+    assert [g.get("usage") for g in got[3:]] == ([usage] if asked else [])
     assert reply.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
     assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
     body = upstream.seen[-1][1]
@@ -1965,8 +1965,8 @@ async def test_what_a_choice_streams_after_its_finish_is_dropped(upstream: Upstr
     text, calls or second reason after it were relayed and kept in the answer the cache
     stores (`t0t1t2 and more`, a replay so). They are dropped: the client gets the
     answer as it ended, the cache stores the same, the first finish reason stands; what
-    else the chunk holds (another choice's text, the usage) goes on, and an entry that
-    carries nothing (a finish repeated) passes with the first reason."""
+    else the chunk holds (another choice's text, the usage) goes on; a finish repeated
+    is dropped too (a choice's finish reason goes out once)."""
     usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
     pieces = sse(*CHUNKS, {**HEAD, "choices": [{"index": 1, "delta": {"content": "u"}}]},
                  {**HEAD, "choices": [{"index": 0, "delta": {"content": " and more"}}]},
@@ -1980,13 +1980,31 @@ async def test_what_a_choice_streams_after_its_finish_is_dropped(upstream: Upstr
     assert [c["choices"] for c in got] == [
         *(c["choices"] for c in CHUNKS),
         [{"index": 1, "delta": {"content": "u"}, "finish_reason": None}],
-        [{"index": 1, "delta": {"content": "v"}, "finish_reason": "stop"}],
-        [{"index": 0, "delta": {}, "finish_reason": "stop"}], []]
+        [{"index": 1, "delta": {"content": "v"}, "finish_reason": "stop"}], []]
     assert got[-1]["usage"] == usage
     assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"},
                             {"index": 1, "text": "uv", "finish_reason": "stop"}]
     for chunk in got:
         validate("CreateChatCompletionStreamResponse", chunk)
+
+
+async def test_a_finish_reason_repeated_goes_out_once(upstream: Upstream) -> None:
+    """OpenAI's streams give each choice's finish reason once, in one chunk. An
+    upstream that repeats it (an empty delta, or `length` after `stop`) had the repeat
+    relayed, as the first reason: a client counting a choice's ends saw two. The repeat
+    is dropped; what else such an entry carries (Azure's `content_filter_results`) goes
+    on without it."""
+    filtered = {"hate": {"filtered": False, "severity": "safe"}}
+    got, reply = await relayed(upstream, sse(
+        *CHUNKS, {**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**HEAD, "choices": [{"index": 0, "delta": {}, "finish_reason": "length",
+                              "content_filter_results": filtered}]},
+        "[DONE]"), ctx(stream=True))
+    ends = [c for chunk in got for c in chunk["choices"] if c.get("finish_reason")]
+    assert ends == [CHUNKS[-1]["choices"][0]]
+    assert got[-1]["choices"] == [{"index": 0, "delta": {}, "finish_reason": None,
+                                   "content_filter_results": filtered}]
+    assert reply.answer == [{"index": 0, "text": "t0t1t2", "finish_reason": "stop"}]
 
 
 async def test_an_upstream_s_own_usage_keys_are_not_passed_on_as_usage(
