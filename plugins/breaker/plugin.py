@@ -349,8 +349,14 @@ class BreakerPlugin(BasePlugin[BreakerConfig]):
                     self.breaker.answering(p)
         for p in [p for p in self._made if p not in self._running]:
             del self._made[p]
+        # Every new request sweeps every call under way: one the engine has had for less
+        # than both limits (`slow_call_s`, and `whole_call_s` that `_whole_slow` reads) is
+        # passed over at once (at 64 streams awaiting their first token, the full test of
+        # each was ~13 us a request, on the first token's path).
+        whole = self.cfg.whole_call_s
+        least = self.cfg.slow_call_s if whole is None else min(self.cfg.slow_call_s, whole)
         late = [p for p, c in self._running.items() if c.engine_ttft_s is None
-                and c.engine_started is not None
+                and c.engine_started is not None and now - c.engine_started > least
                 and ((now - c.engine_started > self.cfg.slow_call_s
                       and (c.engine_live or _made_none(c)))
                      or self._whole_slow(c, now))]
