@@ -1,4 +1,4 @@
-"""`python -m bench.cpu_cost [--rounds R] [--n N] [--concurrency C] [--hits]`: the
+"""`python -m bench.cpu_cost [--rounds R] [--n N] [--concurrency C] [--step] [--hits]`: the
 gateway's CPU time per streamed miss, every plugin on (config/weir.yaml's chain) against
 none; with `--hits`, per exact cache hit, every plugin on (below).
 
@@ -10,6 +10,9 @@ max_tokens 1 and 64, the per-request floor and the per-chunk cost come apart:
 per chunk = (cpu(64) - cpu(1)) / 63. The kernel counts CPU time in ticks (10 ms here):
 one round's figure moves in steps of 10 ms / N (25 us a request at N = 400), so take N
 in the thousands for effects of a few microseconds, and read the medians over rounds.
+`--step`: the engine hands one token per turn of the event loop, as a real one does
+(`bench.mock_engine`): the streams interleave, and each awaits its first token while the
+others run (an `--against` checkout must know `bench.mock_server --step` too).
 
 `--hits`: the CPU time per exact cache hit, every plugin on: whole (non-streamed)
 answers to deterministic questions (temperature 0), 10 distinct ones asked over and
@@ -54,6 +57,8 @@ def main() -> None:
     p.add_argument("--against", metavar="ROOT",
                    help="another checkout of Weir (a commit to compare with): its servers "
                         "run beside these, rounds alternated (named old-all, old-none)")
+    p.add_argument("--step", action="store_true",
+                   help="the engine hands one token per turn of the event loop")
     p.add_argument("--hits", action="store_true",
                    help="CPU per exact cache hit (whole answers), every plugin on")
     p.add_argument("--profile", metavar="OUT",
@@ -76,7 +81,7 @@ def main() -> None:
             old.env["PYTHONPATH"] = a.against
             servers[f"old-{name}"] = old
     for s in servers.values():
-        s.cmd += ["--tokens", "64"]
+        s.cmd += ["--tokens", "64", *(["--step"] if a.step else [])]
     per: dict[tuple[str, int], list[float]] = {}
     try:
         for s in servers.values():

@@ -4,10 +4,16 @@ It speaks Weir's Engine protocol like the real one: `tokens` deltas per answer, 
 each, the last with finish reason `stop` (`length` when `max_tokens` cuts it first);
 nothing waits, so every microsecond a request takes is the gateway's (HTTP, auth,
 plugins, rendering, SSE).
+
+`step=True`: one token per turn of the event loop, as a real engine hands its outputs
+(one engine step's deltas at a time, the loop running the other requests in between):
+the streams under way interleave, and each waits a turn for its first token, where the
+instant engine answered each whole before the next one ran.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -15,9 +21,11 @@ from proxy.engine.base import ChoiceDelta, EngineOutput, EngineStats, ModelInfo,
 
 
 class InstantEngine:
-    def __init__(self, model: str = "mock", tokens: int = 16, max_model_len: int = 4096) -> None:
+    def __init__(self, model: str = "mock", tokens: int = 16, max_model_len: int = 4096,
+                 step: bool = False) -> None:
         self.model = model
         self.tokens = tokens
+        self.step = step
         self._max_model_len = max_model_len
         self.vocab_size = 32000
         self.sampling_defaults: dict[str, object] = {}
@@ -64,6 +72,8 @@ class InstantEngine:
         n = min(self.tokens, options.max_tokens)
         reason = "stop" if n < options.max_tokens else "length"
         for i in range(n):
+            if self.step:
+                await asyncio.sleep(0)  # (one engine step: the loop runs the others)
             last = i == n - 1
             yield EngineOutput(
                 choices=[ChoiceDelta(index=c, text=" word", token_ids=[100 + i],

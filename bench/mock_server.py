@@ -1,5 +1,6 @@
-"""`python -m bench.mock_server --config FILE [--tokens N] [--profile OUT]`: Weir with the
-config's plugins, over an engine that answers at once (bench/mock_engine.py).
+"""`python -m bench.mock_server --config FILE [--tokens N] [--step] [--profile OUT]`: Weir
+with the config's plugins, over an engine that answers at once (bench/mock_engine.py;
+`--step`: one token per turn of the event loop, as a real engine hands them).
 
 Prints `weir: listening on URL` like `weir serve`. With `--profile`, the whole server
 runs under cProfile and the stats are written to OUT when it gets SIGTERM/SIGINT.
@@ -29,11 +30,11 @@ from proxy.settings import load_settings
 from proxy.telemetry import configure_logging
 
 
-async def _serve(config: str, port: int, tokens: int) -> None:
+async def _serve(config: str, port: int, tokens: int, step: bool = False) -> None:
     settings = load_settings(config)
     configure_logging(settings.logging)
     model = settings.engine.served_model_name or "mock"
-    app = create_app(settings, engine=InstantEngine(model, tokens))
+    app = create_app(settings, engine=InstantEngine(model, tokens, step=step))
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     await startup_done(app)
@@ -64,18 +65,19 @@ def main() -> None:
     p.add_argument("--config", required=True)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--step", action="store_true")
     p.add_argument("--profile")
     a = p.parse_args()
     if a.profile:
         prof = cProfile.Profile()
         prof.enable()
         try:
-            run_loop(_serve(a.config, a.port, a.tokens))
+            run_loop(_serve(a.config, a.port, a.tokens, a.step))
         finally:
             prof.disable()
             prof.dump_stats(a.profile)
     else:
-        run_loop(_serve(a.config, a.port, a.tokens))
+        run_loop(_serve(a.config, a.port, a.tokens, a.step))
 
 
 if __name__ == "__main__":
