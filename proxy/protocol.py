@@ -502,10 +502,9 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
         return f"schema must be a JSON Schema of 'type: \"object\"', got 'type: {got}'."
     limits = STRICT_LIMITS
     properties = enum_values = text = 0
-    # (a subschema, where it stands, the objects it is in)
-    stack: list[tuple[Any, tuple[str, ...], int]] = [(schema, (), 0)]
+    stack: list[tuple[Any, tuple[str, ...]]] = [(schema, ())]  # (a subschema, where)
     while stack:
-        node, where, depth = stack.pop()
+        node, where = stack.pop()
         if node is False:  # (no value: allowed where a schema stands)
             continue
         if not isinstance(node, dict) or (node is not schema and not any(
@@ -519,15 +518,9 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
                 k in node for k in ("items", "prefixItems")):  # (any items at all)
             return f"{_context(where)}, array schema missing items."
         props = node.get("properties")
-        objects = may_be(kind, "object")
-        if (objects or isinstance(props, dict)) and (
+        if (may_be(kind, "object") or isinstance(props, dict)) and (
                 problem := _object_problem(node, props)) is not None:
             return f"{_context(where)}, {problem}"
-        if objects:
-            depth += 1
-            if depth > limits["depth"]:
-                return (f"{_context(where)}, objects are nested more than {limits['depth']} levels "
-                        "deep, past strict mode's limit.")
         if isinstance(props, dict):
             properties += len(props)
         for key in ("$defs", "definitions", "properties"):
@@ -552,8 +545,51 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
                 "enum and const values" if text > limits["chars"] else None)
         if past is not None:
             return f"{_context(where)}, the schema has {past} in all, past strict mode's limit."
-        stack.extend((sub, (*where, *at), depth) for at, sub in subschemas(node))
+        stack.extend((sub, (*where, *at)) for at, sub in subschemas(node))
+    if _nesting(schema) > limits["depth"]:
+        return (f"{_context(())}, objects are nested more than {limits['depth']} levels "
+                "deep, past strict mode's limit.")
     return None
+
+
+def _nesting(schema: dict[str, Any]) -> int:
+    """How many objects deep a schema nests, through its `$ref`s as through its
+    subschemas (a chain of models in `$defs` nests as deep as the same models inline).
+    A reference back to a schema it is inside (recursion, which strict mode takes) adds
+    nothing there: only paths that do not come back count. Each subschema's depth is
+    found once and kept (iterative, depth first), so the work is linear in the schema
+    and its references however they branch and meet again (a diamond of `$ref`s is
+    read once per node, not once per path)."""
+    height: dict[int, int] = {}  # a subschema done -> the objects it nests
+    inside: set[int] = set()  # the subschemas being read (a reference to one recurses)
+
+    def enter(node: dict[str, Any]) -> list[Any]:
+        inside.add(id(node))
+        subs = [sub for _, sub in subschemas(node) if isinstance(sub, dict)]
+        ref = node.get("$ref")
+        target = _pointed(schema, ref) if isinstance(ref, str) else None
+        if isinstance(target, dict):
+            subs.append(target)
+        return [node, subs, 0, 0]  # (node, its subschemas, the next one, deepest so far)
+
+    frames = [enter(schema)]
+    while frames:
+        frame = frames[-1]
+        node, subs, i, deepest = frame
+        if i < len(subs):
+            frame[2] = i + 1
+            sub = subs[i]
+            if id(sub) in height:
+                frame[3] = max(deepest, height[id(sub)])
+            elif id(sub) not in inside:
+                frames.append(enter(sub))
+            continue
+        frames.pop()
+        inside.discard(id(node))
+        height[id(node)] = deepest + may_be(node.get("type"), "object")
+        if frames:
+            frames[-1][3] = max(frames[-1][3], height[id(node)])
+    return height[id(schema)]
 
 
 def check_strict(what: str, schema: dict[str, Any] | None, strict: bool | None,

@@ -1097,6 +1097,67 @@ def test_strict_modes_other_limits_are_said() -> None:
     assert strict_problem(long) is None
 
 
+def test_strict_nesting_is_counted_through_refs() -> None:
+    """Objects nest as deep through `$ref`s as inline: a chain of 11 Pydantic models (the
+    SDK sends each in `$defs`) is past strict mode's 10 levels, 10 are within it, and a
+    recursive model (a reference back to a schema it is inside) is taken."""
+    import openai
+    from openai.lib._parsing._completions import type_to_response_format_param
+    from pydantic import BaseModel, create_model
+
+    def chain(levels: int) -> type[BaseModel]:
+        model: type[BaseModel] = create_model("M0", n=(int, ...))
+        for i in range(1, levels):
+            model = create_model(f"M{i}", n=(model, ...))
+        return model
+
+    for make in (lambda m: chat(tools=[openai.pydantic_function_tool(m)]),
+                 lambda m: chat(response_format=type_to_response_format_param(m))):
+        with pytest.raises(InvalidRequest) as e:
+            make(chain(11))
+        assert "nested more than 10 levels" in e.value.message
+        make(chain(10))
+
+    class Tree(BaseModel):
+        name: str
+        children: list[Tree]
+
+    chat(tools=[openai.pydantic_function_tool(Tree)])
+    chat(response_format=type_to_response_format_param(Tree))
+
+
+def test_strict_nesting_through_a_diamond_of_refs_is_linear(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each `$def` of a chain of 60 refers to the next twice (2^60 paths): the depth is
+    found reading each subschema a bounded number of times, taken where the chain is of
+    unions (one object deep) and refused where it is of objects (60 deep)."""
+    import proxy.protocol as protocol
+    real = protocol.subschemas
+    read = [0]
+
+    def counted(node: dict[str, Any]) -> Any:
+        read[0] += 1
+        return real(node)
+
+    monkeypatch.setattr(protocol, "subschemas", counted)
+    leaf = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+            "additionalProperties": False}
+    unions: dict[str, Any] = {"d60": leaf}
+    objects: dict[str, Any] = {"d60": leaf}
+    for i in range(60):
+        ref = {"$ref": f"#/$defs/d{i + 1}"}
+        unions[f"d{i}"] = {"anyOf": [ref, dict(ref)]}
+        objects[f"d{i}"] = {"type": "object", "properties": {"l": ref, "r": dict(ref)},
+                            "required": ["l", "r"], "additionalProperties": False}
+    for defs, refused in ((unions, False), (objects, True)):
+        schema = {"type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}},
+                  "required": ["x"], "additionalProperties": False, "$defs": defs}
+        read[0] = 0
+        said = strict_problem(schema)
+        assert (said is not None) == refused
+        assert read[0] < 10 * 200
+
+
 def test_the_sdks_strict_schemas_of_ordinary_models_are_taken() -> None:
     """What the OpenAI SDK's strict helpers send for ordinary Pydantic models (optional,
     enum, literal, nested and recursive models, lists, sets, tuples, dates, UUIDs) is
