@@ -445,7 +445,8 @@ class StrictSchemaRefused(ValueError):
 #: property and definition names, enum and const values in all.
 STRICT_LIMITS = {"properties": 5000, "depth": 10, "enum values": 1000,
                  "long enum chars": 15_000, "chars": 120_000}
-#: What types a subschema in strict mode (one of them must be there).
+#: What types a subschema in strict mode (one of them must be there; a `oneOf` is
+#: then refused as a keyword, as OpenAI says it).
 _TYPED = ("type", "anyOf", "oneOf", "$ref", "enum", "const")
 
 
@@ -632,11 +633,14 @@ SUBSCHEMA = frozenset({"items", "additionalProperties", "not", "if", "then", "el
                        "unevaluatedItems", "additionalItems"})
 SUBSCHEMAS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems", "items"})
 #: What OpenAI's strict mode refuses ("'not' is not permitted."): its documented list of
-#: keywords not supported, draft 7's `dependencies`, and dynamic references. Not
+#: keywords not supported, draft 7's `dependencies`, dynamic references, and `oneOf`
+#: (not in its list of supported types, which names `anyOf`; refused in its words,
+#: "'oneOf' is not permitted.", for the discriminated unions Pydantic and Zod write:
+#: an `anyOf` of the same branches is taken). Not
 #: `uniqueItems`: a Pydantic `set` field says it, which the OpenAI SDK's strict helpers
 #: send, and the set takes a repeated item as it is.
 STRICT_REFUSED = frozenset({
-    "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+    "allOf", "oneOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
     "dependencies", "patternProperties", "unevaluatedProperties", "propertyNames",
     "minProperties", "maxProperties", "unevaluatedItems", "contains", "minContains",
     "maxContains", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",

@@ -965,6 +965,10 @@ STRICT_OK = {"type": "object", "properties": {"a": {"type": "string"}, "b": {
                                     "permitted."),
     ({**STRICT_OK, "if": {"properties": {"a": {"const": "x"}}}, "then": {"required": ["b"]}},
      "In context=(), 'if' is not permitted."),
+    # (OpenAI supports `anyOf` alone: a discriminated union's `oneOf` is refused)
+    ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "a": {"oneOf": [
+        {"type": "string"}, {"type": "integer"}]}}},
+     "In context=('properties', 'a'), 'oneOf' is not permitted."),
     ({**STRICT_OK, "properties": {**STRICT_OK["properties"], "b": {"type": "array", "items": {
         "type": "object", "properties": {"x": {"type": "integer"}}}}}},
      "In context=('properties', 'b', 'items'), 'additionalProperties'"),
