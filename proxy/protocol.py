@@ -484,7 +484,7 @@ def _object_problem(node: dict[str, Any], props: Any) -> str | None:
     return None
 
 
-def strict_problem(schema: dict[str, Any]) -> str | None:
+def strict_problem(schema: dict[str, Any], format_: bool = False) -> str | None:
     """What OpenAI's strict mode (`"strict": true`) refuses in a schema, in its words, or
     None: every object must say `additionalProperties: false`, have `properties` and list
     every one in `required`, and only those (the grammar then holds the answer to exactly
@@ -493,9 +493,10 @@ def strict_problem(schema: dict[str, Any]) -> str | None:
     its `items`); no keyword the grammar cannot hold (`STRICT_REFUSED`: accepted, it
     would be dropped, and the answer could break the schema it promised); and the schema
     is within its documented limits (`STRICT_LIMITS`). The parameters themselves may say
-    no type: `{}` is a function of no arguments, as absent `parameters` are."""
+    no type: `{}` is a function of no arguments, as absent `parameters` are; a format's
+    schema (`format_`) may not: OpenAI's root is an object, said."""
     root = schema.get("type")
-    if root is None and any(k in schema for k in ("anyOf", "oneOf", "allOf")):
+    if root is None and (format_ or any(k in schema for k in ("anyOf", "oneOf", "allOf"))):
         # (OpenAI: the root must be an object, not an `anyOf`)
         return "schema must be a JSON Schema of 'type: \"object\"', got 'type: \"None\"'."
     if root is not None and root != "object":
@@ -594,10 +595,12 @@ def _nesting(schema: dict[str, Any]) -> int:
 
 
 def check_strict(what: str, schema: dict[str, Any] | None, strict: bool | None,
-                 code: str | None, suffix: str = "", param: str | None = None) -> None:
+                 code: str | None, suffix: str = "", param: str | None = None,
+                 format_: bool = False) -> None:
     """`strict: true` on a schema strict mode refuses: a 400 saying why, in OpenAI's
-    words, naming the param and with the code it names (`StrictSchemaRefused`)."""
-    if strict and schema is not None and (problem := strict_problem(schema)):
+    words, naming the param and with the code it names (`StrictSchemaRefused`); a
+    format's schema (`format_`, not a function's parameters) says its root's type."""
+    if strict and schema is not None and (problem := strict_problem(schema, format_)):
         raise StrictSchemaRefused(f"Invalid schema for {what}: {problem}", code, suffix,
                                   param)
 
@@ -1157,7 +1160,7 @@ class JsonSchemaFormat(_Open):
     def _strict_schema(self) -> JsonSchemaFormat:
         # (OpenAI names `response_format`, with no code)
         check_strict(f"response_format '{shown(self.name)}'", self.schema_, self.strict,
-                     None, param="response_format")
+                     None, param="response_format", format_=True)
         return self
 
 

@@ -406,7 +406,7 @@ class TextFormat(_Open):
             return self
         # (OpenAI's words, `response_format`, as on Chat Completions; its code)
         check_strict(f"response_format '{shown(self.name)}'", self.schema_, self.strict,
-                     "invalid_json_schema", ".schema")
+                     "invalid_json_schema", ".schema", format_=True)
         if self.schema_ is None:
             raise InvalidRequest("Missing required parameter: `text.format.schema`.",
                                  param="text.format.schema", code="missing_required_parameter")

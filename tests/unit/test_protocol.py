@@ -1200,9 +1200,13 @@ def test_the_sdks_strict_schemas_of_ordinary_models_are_taken() -> None:
     chat(response_format=type_to_response_format_param(Everything))
 
 
-@pytest.mark.parametrize("root", ["array", ["object", "null"], None])
+@pytest.mark.parametrize("root", ["array", ["object", "null"], None, "untyped"])
 def test_a_strict_formats_root_is_an_object(root: Any) -> None:
-    schema = {**STRICT_OK, "type": root} if root else {"anyOf": [STRICT_OK]}
+    """A format's root must say `type: "object"` (OpenAI's root is an object): another
+    type, an `anyOf`, or no type at all (a function's parameters may say none)."""
+    untyped = {k: v for k, v in STRICT_OK.items() if k != "type"}
+    schema = untyped if root == "untyped" else {**STRICT_OK, "type": root} if root else {
+        "anyOf": [STRICT_OK]}
     for make, param in (
             (lambda s: chat(response_format={"type": "json_schema", "json_schema": {
                 "name": "n", "schema": schema, "strict": s}}), "response_format"),
@@ -1215,6 +1219,9 @@ def test_a_strict_formats_root_is_an_object(root: Any) -> None:
         assert "schema must be a JSON Schema of 'type: \"object\"', got 'type: " in (
             e.value.message)
         make(False)
+    if root == "untyped":
+        chat(tools=[{"type": "function", "function": {"name": "f", "strict": True,
+                                                      "parameters": schema}}])
 
 
 def test_a_strict_schema_that_follows_strict_mode_is_served() -> None:
