@@ -534,23 +534,22 @@ def strict_problem(schema: dict[str, Any], format_: bool = False) -> str | None:
             strings = sum(len(v) for v in values if isinstance(v, str))
             text += strings
             if len(values) > 250 and strings > limits["long enum chars"]:
-                return (f"{_context(where)}, an enum of more than 250 values has more than "
-                        f"{limits['long enum chars']} characters in its strings, past "
-                        "strict mode's limit.")
+                return (f"{_context(where)}, {strings} characters of enum values exceeds limit "
+                        f"of {limits['long enum chars']} for an enum of more than 250 values.")
         if isinstance(node.get("const"), str):
             text += len(node["const"])
-        past = (f"more than {limits['properties']} object properties"
-                if properties > limits["properties"] else
-                f"more than {limits['enum values']} enum values"
-                if enum_values > limits["enum values"] else
-                f"more than {limits['chars']} characters of property and definition names, "
-                "enum and const values" if text > limits["chars"] else None)
-        if past is not None:
-            return f"{_context(where)}, the schema has {past} in all, past strict mode's limit."
         stack.extend((sub, (*where, *at)) for at, sub in subschemas(node))
-    if _nesting(schema) > limits["depth"]:
-        return (f"{_context(())}, objects are nested more than {limits['depth']} levels "
-                "deep, past strict mode's limit.")
+    # (the totals, counted over the whole schema, in OpenAI's words: "14 levels of
+    # nesting exceeds limit of 10.", "6000 parameters exceeds limit of 5000.")
+    depth = _nesting(schema)
+    for count, what, limit in (
+            (depth, "levels of nesting", limits["depth"]),
+            (properties, "parameters", limits["properties"]),
+            (enum_values, "enum values", limits["enum values"]),
+            (text, "characters of property names, definition names, enum and const values",
+             limits["chars"])):
+        if count > limit:
+            return f"{count} {what} exceeds limit of {limit}."
     return None
 
 
