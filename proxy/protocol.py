@@ -556,40 +556,84 @@ def strict_problem(schema: dict[str, Any], format_: bool = False) -> str | None:
 def _nesting(schema: dict[str, Any]) -> int:
     """How many objects deep a schema nests, through its `$ref`s as through its
     subschemas (a chain of models in `$defs` nests as deep as the same models inline).
-    A reference back to a schema it is inside (recursion, which strict mode takes) adds
-    nothing there: only paths that do not come back count. Each subschema's depth is
-    found once and kept (iterative, depth first), so the work is linear in the schema
-    and its references however they branch and meet again (a diamond of `$ref`s is
-    read once per node, not once per path)."""
-    height: dict[int, int] = {}  # a subschema done -> the objects it nests
-    inside: set[int] = set()  # the subschemas being read (a reference to one recurses)
+    A recursion (schemas that lead back to one another through `$ref`s, which strict
+    mode takes) adds nothing: a `$ref` to a schema that leads back to it counts nothing,
+    however many schemas take part (a union of a dozen node kinds, each holding a node,
+    nests as deep as one of them), while what hangs off a recursion without leading
+    back counts in full. The recursions are the strongly connected components of
+    subschemas and references (Tarjan's, iterative); without the references inside
+    them what is left has no cycle, and the deepest path through it is found once per
+    subschema: linear in the schema and its references however they branch and meet
+    again, and the same whatever order the walk meets them in."""
+    edges: dict[int, tuple[list[dict[str, Any]], dict[str, Any] | None]] = {}
 
-    def enter(node: dict[str, Any]) -> list[Any]:
+    def read(node: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        # (its subschemas, and what its `$ref` points at), read once
+        if id(node) not in edges:
+            ref = node.get("$ref")
+            target = _pointed(schema, ref) if isinstance(ref, str) else None
+            edges[id(node)] = ([sub for _, sub in subschemas(node) if isinstance(sub, dict)],
+                               target if isinstance(target, dict) else None)
+        return edges[id(node)]
+
+    # the recursions: each subschema's component (Tarjan's, iterative)
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    component: dict[int, int] = {}
+    held: list[dict[str, Any]] = []  # (Tarjan's stack)
+    walk: list[tuple[dict[str, Any], Iterator[dict[str, Any]]]] = []
+
+    def visit(node: dict[str, Any]) -> None:
+        index[id(node)] = low[id(node)] = len(index)
+        held.append(node)
+        subs, target = read(node)
+        walk.append((node, iter([*subs, *([target] if target is not None else [])])))
+
+    visit(schema)
+    while walk:
+        node, nexts = walk[-1]
+        sub = next(nexts, None)
+        if sub is not None:
+            if id(sub) not in index:
+                visit(sub)
+            elif id(sub) not in component:  # (held: in this walk's component)
+                low[id(node)] = min(low[id(node)], index[id(sub)])
+            continue
+        walk.pop()
+        if walk:
+            up = id(walk[-1][0])
+            low[up] = min(low[up], low[id(node)])
+        if low[id(node)] == index[id(node)]:
+            while True:
+                member = held.pop()
+                component[id(member)] = index[id(node)]
+                if member is node:
+                    break
+
+    # the deepest path, a `$ref` within its recursion left out (iterative, kept)
+    height: dict[int, int] = {}
+    inside: set[int] = set()  # (a schema holding itself, which JSON cannot say: no loop)
+    frames: list[tuple[dict[str, Any], list[dict[str, Any]], Iterator[dict[str, Any]]]] = []
+
+    def enter(node: dict[str, Any]) -> None:
         inside.add(id(node))
-        subs = [sub for _, sub in subschemas(node) if isinstance(sub, dict)]
-        ref = node.get("$ref")
-        target = _pointed(schema, ref) if isinstance(ref, str) else None
-        if isinstance(target, dict):
-            subs.append(target)
-        return [node, subs, 0, 0]  # (node, its subschemas, the next one, deepest so far)
+        subs, target = read(node)
+        if target is not None and component[id(target)] != component[id(node)]:
+            subs = [*subs, target]
+        frames.append((node, subs, iter(subs)))
 
-    frames = [enter(schema)]
+    enter(schema)
     while frames:
-        frame = frames[-1]
-        node, subs, i, deepest = frame
-        if i < len(subs):
-            frame[2] = i + 1
-            sub = subs[i]
-            if id(sub) in height:
-                frame[3] = max(deepest, height[id(sub)])
-            elif id(sub) not in inside:
-                frames.append(enter(sub))
+        node, subs, nexts = frames[-1]
+        sub = next(nexts, None)
+        if sub is not None:
+            if id(sub) not in height and id(sub) not in inside:
+                enter(sub)
             continue
         frames.pop()
         inside.discard(id(node))
-        height[id(node)] = deepest + may_be(node.get("type"), "object")
-        if frames:
-            frames[-1][3] = max(frames[-1][3], height[id(node)])
+        height[id(node)] = may_be(node.get("type"), "object") + max(
+            (height.get(id(sub), 0) for sub in subs), default=0)
     return height[id(schema)]
 
 

@@ -1166,6 +1166,48 @@ def test_strict_nesting_through_a_diamond_of_refs_is_linear(
         assert read[0] < 10 * 200
 
 
+def _strict_object(props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "required": list(props),
+            "additionalProperties": False}
+
+
+def test_strict_nesting_through_a_recursion_adds_nothing_in_any_order() -> None:
+    """A recursion through `$ref`s (schemas that lead back to each other) adds nothing,
+    however many schemas take part and in whatever order the walk meets them: twelve
+    mutually recursive Pydantic models (a union of node kinds, each holding a node) are
+    taken, and a pair that refer to each other nests as deep whichever the properties
+    name first; what hangs off a recursion without leading back still counts."""
+    import openai
+    from openai.lib._parsing._completions import type_to_response_format_param
+
+    kinds = [f"K{i}" for i in range(12)]
+    union = " | ".join(kinds)
+    space: dict[str, Any] = {}
+    exec("from typing import Literal\nfrom pydantic import BaseModel\n" + "".join(
+        f"class {k}(BaseModel):\n    kind: Literal['{k}']\n    child: {union} | None\n"
+        for k in kinds), space)
+    for k in kinds:
+        space[k].model_rebuild(_types_namespace=space)
+    chat(tools=[openai.pydantic_function_tool(space["K0"])])
+    chat(response_format=type_to_response_format_param(space["K0"]))
+
+    def pair(first: str, links: int) -> dict[str, Any]:
+        # (A and B refer to each other; A also holds a chain of `links` objects)
+        defs = {f"C{i}": _strict_object(
+            {"c": {"$ref": f"#/$defs/C{i + 1}"}} if i < links - 1 else {"v": {"type": "string"}})
+            for i in range(links)}
+        defs["A"] = _strict_object({"b": {"$ref": "#/$defs/B"}, "deep": {"$ref": "#/$defs/C0"}})
+        defs["B"] = _strict_object({"a": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}})
+        props = {"a": {"$ref": "#/$defs/A"}, "b": {"$ref": "#/$defs/B"}}
+        if first == "b":
+            props = dict(reversed(props.items()))
+        return {**_strict_object(props), "$defs": defs}
+
+    for first in ("a", "b"):  # (the root, A, then the chain: 10 objects; then 11)
+        assert strict_problem(pair(first, 8)) is None
+        assert strict_problem(pair(first, 9)) == "11 levels of nesting exceeds limit of 10."
+
+
 def test_the_sdks_strict_schemas_of_ordinary_models_are_taken() -> None:
     """What the OpenAI SDK's strict helpers send for ordinary Pydantic models (optional,
     enum, literal, nested and recursive models, lists, sets, tuples, dates, UUIDs) is
