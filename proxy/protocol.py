@@ -539,17 +539,18 @@ def strict_problem(schema: dict[str, Any], format_: bool = False) -> str | None:
         if isinstance(node.get("const"), str):
             text += len(node["const"])
         stack.extend((sub, (*where, *at)) for at, sub in subschemas(node))
-    # (the totals, counted over the whole schema, in OpenAI's words: "14 levels of
-    # nesting exceeds limit of 10.", "6000 parameters exceeds limit of 5000.")
+    # (the totals, counted over the whole schema, in OpenAI's words as clients quote
+    # them: "6 levels of nesting exceeds limit of 5.", "144 parameters exceed the limit
+    # of 100."; the enum and character limits' words are not known, said alike)
     depth = _nesting(schema)
     for count, what, limit in (
-            (depth, "levels of nesting", limits["depth"]),
-            (properties, "parameters", limits["properties"]),
-            (enum_values, "enum values", limits["enum values"]),
-            (text, "characters of property names, definition names, enum and const values",
-             limits["chars"])):
+            (depth, "levels of nesting exceeds limit of", limits["depth"]),
+            (properties, "parameters exceed the limit of", limits["properties"]),
+            (enum_values, "enum values exceeds limit of", limits["enum values"]),
+            (text, "characters of property names, definition names, enum and const values "
+             "exceeds limit of", limits["chars"])):
         if count > limit:
-            return f"{count} {what} exceeds limit of {limit}."
+            return f"{count} {what} {limit}."
     return None
 
 
