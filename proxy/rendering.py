@@ -459,33 +459,44 @@ def is_count(value: Any) -> bool:
     return type(value) is int and 0 <= value <= MAX_COUNT
 
 
+def as_count(value: Any) -> int | None:
+    """An upstream's usage count (`is_count`) as an int, None where it is none: a whole
+    float (`12.0`, as a server that sums its counts in floats sends them) is the int it
+    is, as JSON has one number type; `2.5`, `-1.0`, `true` or `"3"` is no count."""
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    return value if is_count(value) else None
+
+
 def usage_ok(usage: Any) -> bool:
     """Whether `usage` (an upstream's) counts tokens as OpenAI's does: its prompt's and
-    completion's tokens as counts (`is_count`), and each number its breakdowns give
-    (`prompt_tokens_details`, ...) too; a breakdown's null, text or object is no count
-    and is dropped (`R.usage_details`), but a number that is no count (`true`, `-3`,
-    `2.5`) is a usage misread, not one to drop."""
+    completion's tokens as counts (`as_count`: `12.0` is 12), and each number its
+    breakdowns give (`prompt_tokens_details`, ...) too; a breakdown's null, text or
+    object is no count and is dropped (`R.usage_details`), but a number that is no
+    count (`true`, `-3`, `2.5`) is a usage misread, not one to drop."""
     if not isinstance(usage, dict) or not all(
-            is_count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")):
+            as_count(usage.get(k)) is not None for k in ("prompt_tokens", "completion_tokens")):
         return False
     for name in R.USAGE_DETAILS:
         d = usage.get(name)
         if isinstance(d, dict) and not all(
-                is_count(v) for v in d.values() if isinstance(v, int | float)):
+                as_count(v) is not None for v in d.values() if isinstance(v, int | float)):
             return False
     return True
 
 
 def whole_usage(usage: dict[str, Any]) -> dict[str, Any]:
-    """An upstream's usage (`usage_ok`) as OpenAI's, in dicts of its own: its counts,
-    their sum as its total, and its breakdowns. Nothing else: OpenAI's `CompletionUsage`
-    allows keys of a server's own, but this usage is what Weir counts, stores and
-    replays, and such keys are not counts of this answer (Groq's `queue_time`, one
-    request's timing, replayed stale by the cache; DeepSeek's `prompt_cache_hit_tokens`,
-    the miss's prompt's, wrong for a semantic hit's). The chunk's own fields (Groq's
-    `x_groq`) pass on as they came."""
-    return {**R.usage(usage["prompt_tokens"], usage["completion_tokens"]),
-            **R.usage_details(usage)}
+    """An upstream's usage (`usage_ok`) as OpenAI's, in dicts of its own: its counts
+    (ints: a whole float's too), their sum as its total, and its breakdowns. Nothing
+    else: OpenAI's `CompletionUsage` allows keys of a server's own, but this usage is
+    what Weir counts, stores and replays, and such keys are not counts of this answer
+    (Groq's `queue_time`, one request's timing, replayed stale by the cache; DeepSeek's
+    `prompt_cache_hit_tokens`, the miss's prompt's, wrong for a semantic hit's). The
+    chunk's own fields (Groq's `x_groq`) pass on as they came."""
+    details = {name: {k: as_count(v) if type(v) is float else v for k, v in d.items()}
+               for name in R.USAGE_DETAILS if isinstance(d := usage.get(name), dict)}
+    prompt, completion = as_count(usage["prompt_tokens"]), as_count(usage["completion_tokens"])
+    return {**R.usage(prompt or 0, completion or 0), **R.usage_details(details)}
 
 
 class ChunkAssembler:

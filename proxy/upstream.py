@@ -68,7 +68,7 @@ from .errors import (
 from .generation import EngineSpan
 from .preparing import EchoAsSent
 from .protocol import ChatCompletionRequest, CompletionRequest, continuous_usage
-from .rendering import ChunkAssembler, is_count, usage_ok, whole_usage
+from .rendering import ChunkAssembler, as_count, is_count, usage_ok, whole_usage
 from .responses import new_id, now
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
@@ -992,8 +992,7 @@ def _tokens(usage: Any) -> tuple[int | None, int | None]:
     0: a span would show it as counted)."""
     u = usage if isinstance(usage, dict) else {}
     prompt, completion = u.get("prompt_tokens"), u.get("completion_tokens")
-    return (prompt if is_count(prompt) else None,
-            completion if is_count(completion) else None)
+    return as_count(prompt), as_count(completion)
 
 
 def _usage_in_place(chunk: dict[str, Any]) -> None:

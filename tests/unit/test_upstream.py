@@ -1885,7 +1885,10 @@ def test_the_answer_digests_read_each_models_entries_once(
 @pytest.mark.parametrize("usage", [
     {"prompt_tokens": True, "completion_tokens": 1},  # (Python's 1)
     {"prompt_tokens": 1, "completion_tokens": -2},
-    {"prompt_tokens": 1.0, "completion_tokens": 1},
+    {"prompt_tokens": 1.5, "completion_tokens": 1},
+    {"prompt_tokens": 1, "completion_tokens": -1.0},
+    {"prompt_tokens": "1", "completion_tokens": 1},
+    {"prompt_tokens": 1e300, "completion_tokens": 1},
     {"prompt_tokens": 10 ** 20, "completion_tokens": 1},  # (no count: the limiter's)
     {"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": {
         "cached_tokens": True}},
@@ -1906,6 +1909,29 @@ async def test_an_upstream_s_usage_that_counts_no_whole_tokens_is_unreadable(
     with pytest.raises(EngineError, match="unreadable"):
         await relayed(upstream, sse(*CHUNKS, {**HEAD, "choices": [], "usage": usage},
                                     "[DONE]"))
+
+
+async def test_an_upstream_s_usage_in_whole_floats_is_read_as_its_counts(
+        upstream: Upstream) -> None:
+    """A usage counted in whole floats (`prompt_tokens: 12.0`, `cached_tokens: 0.0`: one
+    number type in JSON, a server summing in floats) was a 502: each is the count it
+    is, passed on, charged and cached as an int, whole or streamed."""
+    usage = {"prompt_tokens": 12.0, "completion_tokens": 3.0, "total_tokens": 15.0,
+             "prompt_tokens_details": {"cached_tokens": 4.0},
+             "completion_tokens_details": {"reasoning_tokens": 0.0}}
+    want = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15,
+            "prompt_tokens_details": {"cached_tokens": 4},
+            "completion_tokens_details": {"reasoning_tokens": 0}}
+    upstream.chat = answering(web.json_response({**ANSWER, "usage": usage}))
+    reply = await answered(upstream)
+    assert isinstance(reply, Completion)
+    assert reply.body["usage"] == want
+    assert all(type(v) is int for v in reply.body["usage"]["prompt_tokens_details"].values())
+    chunks, stream = await relayed(upstream, sse(*CHUNKS, {**HEAD, "choices": [],
+                                                           "usage": usage}, "[DONE]"),
+                                   ctx(stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1]["usage"] == want and stream.usage == want
+    assert type(chunks[-1]["usage"]["prompt_tokens"]) is int
 
 
 @pytest.mark.parametrize("choice", [
