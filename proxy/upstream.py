@@ -295,6 +295,7 @@ class Upstream:
         self.named = f"{host}:{where.port or (443 if where.scheme == 'https' else 80)}"
         self._told_no_usage = False  # (an answer without usage is warned of once)
         self._told_past_finish = False  # (a choice going on after its end: once)
+        self._told_finish = False  # (a finish reason outside the spec's: once)
         # `connect` bounds the wait for a pooled connection and its connect together,
         # `sock_connect` the connect alone: a request timed out while still waiting for
         # a connection (the trace tells) was shed here, the upstream never asked.
@@ -561,6 +562,7 @@ class Upstream:
             try:
                 answer = await self._whole(resp, ctx.route, ctx.request.sequences,
                                            _only_if_cached(ctx))
+                self._spec_finishes(answer.body["choices"], ctx.route, ctx.model)
                 _own_head(answer.body, _head(ctx), whole=True)
                 EchoAsSent(ctx.request, ctx.sent)(answer.body["choices"])
                 return answer
@@ -662,6 +664,18 @@ class Upstream:
                         "limiter keeps their reservations); told once", model=model,
                         streamed=streamed, upstream=self.named)
 
+    def _spec_finishes(self, choices: Any, route: str, model: str) -> None:
+        """Each of `choices`' finish reason (a stream chunk's or a whole answer's) as
+        the spec's enum has it (`spec_finish`), in place; one unknown is told once."""
+        for c in choices if isinstance(choices, list) else ():
+            if isinstance(c, dict) and isinstance(reason := c.get("finish_reason"), str):
+                c["finish_reason"], known = spec_finish(reason, route)
+                if not known and not self._told_finish:
+                    self._told_finish = True
+                    log.warning("upstream sent a finish_reason outside OpenAI's enum: "
+                                "relayed as stop; told once", model=model,
+                                finish_reason=reason[:32], upstream=self.named)
+
     def _tell_past_finish(self, model: str) -> None:
         if not self._told_past_finish:
             self._told_past_finish = True
@@ -718,6 +732,7 @@ class Upstream:
                         if nothing_left:
                             continue
                         _own_head(chunk, head, whole=False)
+                        self._spec_finishes(chunk.get("choices"), asm.route, head["model"])
                         _number_calls(chunk, numbered)
                         _own_delta_ids(chunk, ids)
                         echo(chunk.get("choices"))
@@ -833,6 +848,46 @@ def _past_finish(chunk: dict[str, Any], ended: Mapping[int, str]) -> tuple[bool,
         return False, False
     chunk["choices"] = kept
     return True, not kept and not chunk.get("usage")
+
+
+#: The finish reasons OpenAI's spec names, by route (`function_call`: chat's, deprecated).
+_SPEC_FINISH = {"chat": frozenset({"stop", "length", "tool_calls", "content_filter",
+                                   "function_call"}),
+                "completions": frozenset({"stop", "length", "content_filter"})}
+
+#: Other servers' finish reasons (lowercased) as the spec's: Anthropic's, Gemini's,
+#: Cohere's, Mistral's, Hugging Face's TGI, Bedrock's (as LiteLLM maps them).
+_FINISH_ALIASES = {
+    "end_turn": "stop", "stop_sequence": "stop", "eos": "stop", "eos_token": "stop",
+    "complete": "stop", "finish_reason_unspecified": "stop", "pause_turn": "stop",
+    "max_tokens": "length", "max_length": "length", "model_length": "length",
+    "max_output_tokens": "length", "token_limit": "length",
+    "tool_use": "tool_calls", "tool_call": "tool_calls", "function_call": "tool_calls",
+    "safety": "content_filter", "recitation": "content_filter", "blocklist": "content_filter",
+    "prohibited_content": "content_filter", "spii": "content_filter",
+    "content_filtered": "content_filter", "guardrail_intervened": "content_filter",
+    "refusal": "content_filter",
+}
+
+
+def spec_finish(reason: str, route: str) -> tuple[str | None, bool]:
+    """An upstream's finish reason as OpenAI's spec has it for `route`, and whether it
+    was one known: the spec's own (any case: Gemini's `STOP`), a known alias
+    (`end_turn` -> `stop`, `max_tokens` -> `length`, `tool_use` -> `tool_calls`), else
+    `stop` (SDKs that check the enum refused the chunk). `""` is none (not ended).
+    A completion has no calls: its `tool_calls` is `stop`."""
+    if not reason:
+        return None, True
+    allowed = _SPEC_FINISH["chat" if route == "chat" else "completions"]
+    low = reason.strip().lower()
+    if low in allowed:
+        return low, True
+    mapped = _FINISH_ALIASES.get(low)
+    if mapped is None and low in _SPEC_FINISH["chat"]:  # (a chat reason on completions)
+        mapped = "stop"
+    if mapped is not None:
+        return (mapped if mapped in allowed else "stop"), True
+    return "stop", False
 
 
 def _broken_after_usage(asm: ChunkAssembler) -> bool:

@@ -2110,3 +2110,61 @@ async def test_a_whole_answer_without_usage_is_told_once(
     told = [json.loads(ln) for ln in logs.getvalue().splitlines() if "sent no usage" in ln]
     assert [(t["level"], t["model"], t["streamed"]) for t in told] == [
         ("warning", "up-model", False)]
+
+
+@pytest.mark.parametrize(("sent", "relayed_as"), [
+    ("end_turn", "stop"), ("eos", "stop"), ("stop_sequence", "stop"), ("STOP", "stop"),
+    ("max_tokens", "length"), ("MAX_TOKENS", "length"), ("tool_use", "tool_calls"),
+    ("SAFETY", "content_filter"), ("length", "length"), ("made_up_reason", "stop"),
+])
+async def test_a_finish_reason_outside_the_spec_s_enum_is_relayed_as_the_spec_s(
+        upstream: Upstream, sent: str, relayed_as: str) -> None:
+    """Anthropic's `end_turn`, TGI's `eos`, Gemini's `STOP` or `MAX_TOKENS` was relayed as
+    it came: an SDK checking the spec's enum refused the answer, and the cache stored it
+    so. Known aliases are the spec's value; one unknown is `stop`. Whole or streamed."""
+    choice = {**ANSWER["choices"][0], "finish_reason": sent}
+    upstream.chat = answering(web.json_response({**ANSWER, "choices": [choice]}))
+    reply = await answered(upstream)
+    assert isinstance(reply, Completion)
+    assert reply.body["choices"][0]["finish_reason"] == relayed_as
+    validate("CreateChatCompletionResponse", reply.body)
+    last = {**HEAD, "choices": [{"index": 0, "delta": {"content": "t2"},
+                                 "finish_reason": sent}]}
+    chunks, stream = await relayed(upstream, sse(*CHUNKS[:2], last, "[DONE]"))
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, relayed_as]
+    assert stream.answer is not None and stream.answer[0]["finish_reason"] == relayed_as
+
+
+async def test_a_finish_reason_unknown_is_told_once_without_the_answer(
+        upstream: Upstream, logs: io.StringIO) -> None:
+    """An unknown finish reason is relayed as `stop` and told once, naming the reason
+    and the upstream, never the answer's text."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": "secret words"},
+              "finish_reason": "weird_reason"}
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response({**ANSWER, "choices": [choice]})
+
+    upstream.chat = answer
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        for _ in range(2):
+            reply = await engine(ctx())
+            assert isinstance(reply, Completion)
+            assert reply.body["choices"][0]["finish_reason"] == "stop"
+    finally:
+        await engine.close()
+    told = [json.loads(ln) for ln in logs.getvalue().splitlines() if "finish_reason" in ln]
+    assert len(told) == 1
+    assert told[0]["finish_reason"] == "weird_reason"
+    assert "secret words" not in logs.getvalue()
+
+
+def test_a_completion_s_finish_reason_is_the_completions_enum() -> None:
+    """A completion has no calls: `tool_calls`, `tool_use` or `function_call` is `stop`
+    there; `""` is no finish (the choice goes on)."""
+    from proxy.upstream import spec_finish
+    assert spec_finish("tool_calls", "completion") == ("stop", True)
+    assert spec_finish("tool_use", "completion") == ("stop", True)
+    assert spec_finish("function_call", "chat") == ("function_call", True)
+    assert spec_finish("max_tokens", "completion") == ("length", True)
+    assert spec_finish("", "chat") == (None, True)
