@@ -558,10 +558,16 @@ class Upstream:
         except BaseException:  # (one it does not map, e.g. aiohttp's ValueError for a
             self.in_flight -= 1  # request it will not build: still no call running)
             raise
-        if resp.status != 200 or not ctx.request.stream:
+        # (a stream asked for and a JSON body come: an error said with a 200, or a server
+        # that ignores `stream`; read whole, its error told as it tells it)
+        whole_json = ctx.request.stream and resp.content_type == "application/json"
+        if resp.status != 200 or not ctx.request.stream or whole_json:
             try:
                 answer = await self._whole(resp, ctx.route, ctx.request.sequences,
                                            _only_if_cached(ctx))
+                if ctx.request.stream:
+                    raise EngineError("The upstream answered a stream request with a whole "
+                                      "answer.")
                 self._spec_finishes(answer.body["choices"], ctx.route, ctx.model)
                 _own_head(answer.body, _head(ctx), whole=True)
                 EchoAsSent(ctx.request, ctx.sent)(answer.body["choices"])
@@ -627,6 +633,9 @@ class Upstream:
             raise EngineError("The upstream sent an unreadable answer.") from None
         if status >= 400:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
+        if isinstance(data, dict) and "error" in data:  # an error said with a 200
+            raise UpstreamError.in_band(data) or EngineError("The upstream failed (an error "
+                                                             "in a 200 answer).")
         if isinstance(data, dict) and "usage" in data and (
                 data["usage"] is None or _uncounted(data["usage"])):
             # No usage, as a stream's `{}` is (not known: no count to pass on, charge or

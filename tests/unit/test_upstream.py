@@ -2168,3 +2168,38 @@ def test_a_completion_s_finish_reason_is_the_completions_enum() -> None:
     assert spec_finish("function_call", "chat") == ("function_call", True)
     assert spec_finish("max_tokens", "completion") == ("length", True)
     assert spec_finish("", "chat") == (None, True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_error_said_with_a_200_is_the_upstream_s_error(
+        upstream: Upstream, stream: bool) -> None:
+    """A 200 whose JSON body is an OpenAI error (some servers and proxies answer so) was
+    read as an unreadable answer (whole) or a stream that ended early (streamed): a 502
+    the breaker counted, the client's own error (a model it does not serve, a value
+    refused) lost. It is read as an in-band error is: the client's 400 where it says so,
+    else the upstream's failure."""
+    err = {"error": {"message": "bad value", "type": "invalid_request_error",
+                     "param": "top_p", "code": None}}
+    e = await refused(upstream, answering(web.json_response(err)), UpstreamError) \
+        if not stream else None
+    if stream:
+        async def answer(request: web.Request) -> web.StreamResponse:
+            return web.json_response(err)
+        upstream.chat = answer
+        with pytest.raises(UpstreamError) as got:
+            await answered(upstream, ctx(stream=True))
+        e = got.value
+    assert e is not None and e.status == 400 and e.message == "bad value"
+    failed = {"error": {"message": "boom", "type": "server_error", "code": 500}}
+    upstream.chat = answering(web.json_response(failed))
+    with pytest.raises(EngineError, match="an error in a 200"):
+        await answered(upstream, ctx(stream=stream))
+
+
+async def test_a_whole_answer_to_a_stream_request_is_an_engine_failure(
+        upstream: Upstream) -> None:
+    """An upstream that ignores `stream` and answers JSON was read as an event stream of
+    no events: "ended before it finished". It is told as what it is."""
+    upstream.chat = answering(web.json_response(ANSWER))
+    with pytest.raises(EngineError, match="whole answer"):
+        await answered(upstream, ctx(stream=True))
