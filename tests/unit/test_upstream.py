@@ -2203,3 +2203,17 @@ async def test_a_whole_answer_to_a_stream_request_is_an_engine_failure(
     upstream.chat = answering(web.json_response(ANSWER))
     with pytest.raises(EngineError, match="whole answer"):
         await answered(upstream, ctx(stream=True))
+
+
+@pytest.mark.parametrize("entry", [{"delta": None}, {}])
+async def test_a_chunk_s_delta_null_or_absent_goes_out_as_an_object(
+        upstream: Upstream, entry: dict[str, Any]) -> None:
+    """A chat chunk's choice with `delta: null` (or none: a server's bare finish chunk)
+    was relayed so; the spec requires the delta, an object (an SDK reading
+    `choice.delta.content` failed on `None`). It goes out as `{}`."""
+    last = {**HEAD, "choices": [{"index": 0, **entry, "finish_reason": "stop"}]}
+    chunks, stream = await relayed(upstream, sse(*CHUNKS[:2], last, "[DONE]"))
+    assert chunks[-1]["choices"][0]["delta"] == {}
+    for chunk in chunks:
+        validate("CreateChatCompletionStreamResponse", chunk)
+    assert stream.answer is not None and stream.answer[0]["text"] == "t0t1"
