@@ -633,6 +633,8 @@ class Upstream:
             raise EngineError("The upstream sent an unreadable answer.") from None
         if status >= 400:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
+        if isinstance(data, dict) and "error" in data and data["error"] is None:
+            del data["error"]  # (`error: null` beside an answer: no error, not passed on)
         if isinstance(data, dict) and "error" in data:  # an error said with a 200
             raise UpstreamError.in_band(data) or EngineError("The upstream failed (an error "
                                                              "in a 200 answer).")
@@ -730,6 +732,8 @@ class Upstream:
                     chunk = upstream_json(data)
                     if not isinstance(chunk, dict):
                         raise EngineError("The upstream failed mid-stream.")
+                    if "error" in chunk and chunk["error"] is None:
+                        del chunk["error"]  # (`error: null`: none, not passed on)
                     if "error" in chunk:  # the client's only before any answer came
                         raise ((UpstreamError.in_band(chunk) if not relayed else None)
                                or EngineError("The upstream failed mid-stream."))

@@ -2217,3 +2217,19 @@ async def test_a_chunk_s_delta_null_or_absent_goes_out_as_an_object(
     for chunk in chunks:
         validate("CreateChatCompletionStreamResponse", chunk)
     assert stream.answer is not None and stream.answer[0]["text"] == "t0t1"
+
+
+async def test_an_answer_with_error_null_is_an_answer(upstream: Upstream) -> None:
+    """`"error": null` beside an answer (some proxies always send the key) was read as an
+    error: a whole answer unreadable, a stream failed mid-way. Null is no error; the key
+    is not passed on."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response({**ANSWER, "error": None})
+
+    upstream.chat = answer
+    reply = await answered(upstream)
+    assert isinstance(reply, Completion) and "error" not in reply.body
+    chunks, stream = await relayed(upstream, sse(*[{**c, "error": None} for c in CHUNKS],
+                                                 "[DONE]"))
+    assert len(chunks) == len(CHUNKS) and all("error" not in c for c in chunks)
+    assert stream.answer is not None and stream.answer[0]["text"] == "t0t1t2"
