@@ -1948,6 +1948,11 @@ async def test_an_upstream_s_usage_in_whole_floats_is_read_as_its_counts(
     {"index": 1, "delta": {"tool_calls": [{"index": -1, "id": "call_1", "type": "function",
                                            "function": {"name": "f", "arguments": "{}"}}]},
      "finish_reason": "tool_calls"},
+    # (a numeric string: no server sends one, vLLM's, OpenAI's, TGI's send ints; read as
+    # a count, "01" and "0" would be one call, or a later piece's "1 " another)
+    {"index": 1, "delta": {"tool_calls": [{"index": "0", "id": "call_1", "type": "function",
+                                           "function": {"name": "f", "arguments": "{}"}}]},
+     "finish_reason": "tool_calls"},
 ])
 async def test_a_stream_s_index_or_finish_reason_of_another_type_is_unreadable(
         upstream: Upstream, choice: dict[str, Any]) -> None:
