@@ -568,7 +568,7 @@ class Upstream:
                 if ctx.request.stream:
                     raise EngineError("The upstream answered a stream request with a whole "
                                       "answer.")
-                self._spec_finishes(answer.body["choices"], ctx.route, ctx.model)
+                self._spec_finishes(answer.body["choices"], ctx.route, ctx.model, whole=True)
                 _own_head(answer.body, _head(ctx), whole=True)
                 EchoAsSent(ctx.request, ctx.sent)(answer.body["choices"])
                 return answer
@@ -675,11 +675,19 @@ class Upstream:
                         "limiter keeps their reservations); told once", model=model,
                         streamed=streamed, upstream=self.named)
 
-    def _spec_finishes(self, choices: Any, route: str, model: str) -> None:
+    def _spec_finishes(self, choices: Any, route: str, model: str, *,
+                       whole: bool = False) -> None:
         """Each of `choices`' finish reason (a stream chunk's or a whole answer's) as
-        the spec's enum has it (`spec_finish`), in place; one unknown is told once."""
+        the spec's enum has it (`spec_finish`), in place; one unknown is told once. A
+        whole answer's choice ended: one with none (null, `""`, left out: the spec's
+        enum has no null there) is `stop`, told as unknown."""
         for c in choices if isinstance(choices, list) else ():
-            if isinstance(c, dict) and isinstance(reason := c.get("finish_reason"), str):
+            if not isinstance(c, dict):
+                continue
+            reason = c.get("finish_reason")
+            if whole and not reason:  # (None or "": `_answer_ok` took no other)
+                reason = "null"
+            if isinstance(reason, str):
                 c["finish_reason"], known = spec_finish(reason, route)
                 if not known and not self._told_finish:
                     self._told_finish = True

@@ -2238,3 +2238,20 @@ async def test_an_answer_with_error_null_is_an_answer(upstream: Upstream) -> Non
                                                  "[DONE]"))
     assert len(chunks) == len(CHUNKS) and all("error" not in c for c in chunks)
     assert stream.answer is not None and stream.answer[0]["text"] == "t0t1t2"
+
+
+@pytest.mark.parametrize("reason", [None, "", "absent"])
+async def test_a_whole_answer_s_choice_without_a_finish_reason_ended_with_stop(
+        upstream: Upstream, logs: io.StringIO, reason: Any) -> None:
+    """A whole answer's choice with no finish reason (null, `""`, left out) went out
+    with `finish_reason: null`, which the spec's enum for a whole answer does not allow
+    (an SDK checking it refused the answer). Its choice ended: `stop`, told once."""
+    choice = {k: v for k, v in ANSWER["choices"][0].items() if k != "finish_reason"}
+    if reason != "absent":
+        choice["finish_reason"] = reason
+    upstream.chat = answering(web.json_response({**ANSWER, "choices": [choice]}))
+    reply = await answered(upstream)
+    assert isinstance(reply, Completion)
+    assert reply.body["choices"][0]["finish_reason"] == "stop"
+    validate("CreateChatCompletionResponse", reply.body)
+    assert "outside OpenAI's enum" in logs.getvalue()
