@@ -1023,6 +1023,22 @@ def _number_calls(chunk: dict[str, Any], last: dict[int, tuple[int, str]]) -> No
                 i = before
             d["index"] = i
             last[choice] = (i, call_id or (before_id if i == before else ""))
+            _no_nulls(d)
+
+
+def _no_nulls(call: dict[str, Any]) -> None:
+    """A tool call delta without the nulls some servers send for what a piece lacks
+    (`function: null`, `type: null`, a function's `name: null`): the spec's chunk has
+    them absent, never null (an SDK checking it refused the chunk). Its `id` is
+    `_own_delta_ids`'."""
+    for key in ("type", "function"):
+        if key in call and call[key] is None:
+            del call[key]
+    fn = call.get("function")
+    if isinstance(fn, dict):
+        for key in ("name", "arguments"):
+            if key in fn and fn[key] is None:
+                del fn[key]
 
 
 async def _body(resp: aiohttp.ClientResponse, most: int,

@@ -2255,3 +2255,27 @@ async def test_a_whole_answer_s_choice_without_a_finish_reason_ended_with_stop(
     assert reply.body["choices"][0]["finish_reason"] == "stop"
     validate("CreateChatCompletionResponse", reply.body)
     assert "outside OpenAI's enum" in logs.getvalue()
+
+
+@pytest.mark.parametrize("call", [
+    {"index": 0, "id": "call_1", "type": None, "function": {"name": "f", "arguments": "{}"}},
+    {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f",
+                                                                  "arguments": None}},
+])
+async def test_a_tool_call_delta_s_nulls_are_left_out(upstream: Upstream,
+                                                       call: dict[str, Any]) -> None:
+    """A tool call delta's `type: null`, `function: null` or a function's `name: null`
+    (some servers send what a piece lacks so) was relayed as it came, outside the
+    spec's chunk (absent, never null): an SDK checking it refused the chunk. The nulls
+    are left out; the call is assembled as before."""
+    more = {"index": 0, "type": "function", "function": None}
+    name_null = {"index": 0, "function": {"name": None, "arguments": ""}}
+    chunks, stream = await relayed(upstream, sse(
+        {**HEAD, "choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+        {**HEAD, "choices": [{"index": 0, "delta": {"tool_calls": [more]}}]},
+        {**HEAD, "choices": [{"index": 0, "delta": {"tool_calls": [name_null]},
+                              "finish_reason": "tool_calls"}]}, "[DONE]"))
+    for chunk in chunks:
+        validate("CreateChatCompletionStreamResponse", chunk)
+    assert stream.answer is not None
+    assert stream.answer[0]["tool_calls"][0]["function"]["name"] == "f"
