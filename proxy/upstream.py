@@ -1244,8 +1244,18 @@ def _own_head(data: dict[str, Any], head: dict[str, Any], *, whole: bool) -> Non
         if whole or text:
             c.setdefault("logprobs", None)
         if whole and not text:
-            c["message"].setdefault("content", None)
-            c["message"].setdefault("refusal", None)
+            m = c["message"]
+            m.setdefault("content", None)
+            m.setdefault("refusal", None)
+            # (what some servers leave out or send null that the spec requires, or has
+            # absent: the role, a call's type, `tool_calls: null`)
+            if m.get("role") is None:
+                m["role"] = "assistant"
+            if "tool_calls" in m and m["tool_calls"] is None:
+                del m["tool_calls"]
+            for call in m.get("tool_calls") or ():
+                if call.get("type") is None:
+                    call["type"] = "function"
 
 
 def _answer_ok(data: Any, kind: str) -> bool:

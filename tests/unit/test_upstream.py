@@ -2279,3 +2279,26 @@ async def test_a_tool_call_delta_s_nulls_are_left_out(upstream: Upstream,
         validate("CreateChatCompletionStreamResponse", chunk)
     assert stream.answer is not None
     assert stream.answer[0]["tool_calls"][0]["function"]["name"] == "f"
+
+
+@pytest.mark.parametrize("message", [
+    {"content": "x"},  # (no role)
+    {"role": None, "content": "x"},
+    {"role": "assistant", "content": "x", "tool_calls": None},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "function": {"name": "f", "arguments": "{}"}}]},  # (no type)
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": None, "function": {"name": "f", "arguments": "{}"}}]},
+])
+async def test_a_whole_answer_s_message_is_given_what_the_spec_requires(
+        upstream: Upstream, message: dict[str, Any]) -> None:
+    """A whole answer's message without its role (or `role: null`), with `tool_calls:
+    null`, or a call without its `type` was relayed and cached so, outside the spec (an
+    SDK checking it refused the answer): the role is `assistant`, a call's type
+    `function`, and `tool_calls: null` is left out."""
+    choice = {"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}
+    upstream.chat = answering(web.json_response({**ANSWER, "choices": [choice]}))
+    reply = await answered(upstream)
+    assert isinstance(reply, Completion)
+    validate("CreateChatCompletionResponse", reply.body)
+    assert reply.body["choices"][0]["message"]["role"] == "assistant"
