@@ -1239,8 +1239,13 @@ def _own_head(data: dict[str, Any], head: dict[str, Any], *, whole: bool) -> Non
     text = head["objects"][0] == "text_completion"
     for c in data.get("choices") or ():  # (their nullable fields OpenAI's schema requires)
         c.setdefault("finish_reason", None)
-        if not whole and not text and c.get("delta") is None:  # (required: an object)
-            c["delta"] = {}
+        if not whole and not text:
+            if c.get("delta") is None:  # (required: an object)
+                c["delta"] = {}
+            elif isinstance(delta := c["delta"], dict):  # (absent in the spec, not null)
+                for key in ("role", "tool_calls"):
+                    if key in delta and delta[key] is None:
+                        del delta[key]
         if whole or text:
             c.setdefault("logprobs", None)
         if whole and not text:

@@ -2302,3 +2302,18 @@ async def test_a_whole_answer_s_message_is_given_what_the_spec_requires(
     assert isinstance(reply, Completion)
     validate("CreateChatCompletionResponse", reply.body)
     assert reply.body["choices"][0]["message"]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("delta", [{"role": None, "content": "t2"},
+                                   {"content": "t2", "tool_calls": None}])
+async def test_a_chunk_s_delta_nulls_are_left_out(upstream: Upstream,
+                                                  delta: dict[str, Any]) -> None:
+    """A chunk's delta with `role: null` or `tool_calls: null` (servers that send every
+    field on every chunk) was relayed so, outside the spec's chunk (absent, never
+    null). They are left out; the text is relayed as it came."""
+    last = {**HEAD, "choices": [{"index": 0, "delta": delta, "finish_reason": "stop"}]}
+    chunks, stream = await relayed(upstream, sse(*CHUNKS[:2], last, "[DONE]"))
+    assert chunks[-1]["choices"][0]["delta"] == {"content": "t2"}
+    for chunk in chunks:
+        validate("CreateChatCompletionStreamResponse", chunk)
+    assert stream.answer is not None and stream.answer[0]["text"] == "t0t1t2"
