@@ -1112,12 +1112,26 @@ def _retry_headers(headers: Mapping[str, str]) -> dict[str, str]:
     client back early), else its `Retry-After` (`retry_after_s`). A `retry-after-ms` of
     none (`0`), or one that is no number (`-5`, `soon`), is as none sent. Formed as every
     other wait Weir tells (`errors.retry_headers`: never under 1 s)."""
-    ms = headers.get("retry-after-ms", "").strip()
-    whole, _, part = ms.partition(".")
-    if (whole.isascii() and whole.isdigit() and (not part or (part.isascii() and part.isdigit()))
-            and (wait := float(ms) if len(whole) <= 12 else math.inf) > 0):
+    wait = _decimal(headers.get("retry-after-ms", ""))
+    if wait > 0:
         return retry_headers(min(wait, MAX_RETRY_AFTER_S * 1000))
-    return retry_headers(retry_after_s(headers.get("retry-after", "")) * 1000)
+    # (`Retry-After: 1.5`, outside RFC 9110's digits but sent by some servers: 1.5 s, not
+    # the default 1 s that had the client back early; told rounded up)
+    seconds = headers.get("retry-after", "")
+    if "." in seconds and (wait := _decimal(seconds)) > 0:
+        return retry_headers(min(wait * 1000, MAX_RETRY_AFTER_S * 1000))
+    return retry_headers(retry_after_s(seconds) * 1000)
+
+
+def _decimal(value: str) -> float:
+    """A header's plain decimal number (`2500`, `0.2`: ASCII digits, one point), 0 where
+    it is none (`-5`, `soon`, `1e3`); one of more than 12 whole digits is infinite."""
+    value = value.strip()
+    whole, _, part = value.partition(".")
+    if not (whole.isascii() and whole.isdigit() and (not part or (part.isascii()
+                                                                  and part.isdigit()))):
+        return 0.0
+    return float(value) if len(whole) <= 12 else math.inf
 
 
 def upstream_json(raw: bytes | bytearray) -> Any:

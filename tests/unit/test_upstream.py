@@ -1546,6 +1546,20 @@ async def test_an_upstream_s_retry_after_is_read_strictly(
     assert e.headers["retry-after-ms"] == str(int(passed_on) * 1000)
 
 
+@pytest.mark.parametrize(("given", "told"), [("1.5", ("2", "1500")), ("0.2", ("1", "200")),
+                                            ("2.", ("2", "2000")), ("1.5.2", ("1", "1000")),
+                                            ("-1.5", ("1", "1000")), (".5", ("1", "1000"))])
+async def test_an_upstream_s_retry_after_in_decimal_seconds_is_its_wait(
+        upstream: Upstream, given: str, told: tuple[str, str]) -> None:
+    """`Retry-After: 1.5` (not RFC 9110's digits, but sent by some servers) was read as
+    none, the default 1 s: the client came back early, to another 429. It is the wait
+    it says, `Retry-After` rounded up to whole seconds."""
+    upstream.chat = answering(web.json_response(
+        {"error": {"message": "busy"}}, status=429, headers={"Retry-After": given}))
+    e = await refused(upstream, upstream.chat, RateLimited)
+    assert (e.headers["retry-after"], e.headers["retry-after-ms"]) == told
+
+
 async def test_an_upstream_s_retry_after_as_a_date_counts_from_now(upstream: Upstream) -> None:
     import time
     from email.utils import formatdate
