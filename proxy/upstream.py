@@ -846,15 +846,19 @@ def _past_finish(chunk: dict[str, Any], ended: Mapping[int, str]) -> tuple[bool,
     none is left, nor a usage).
     (An index that is no count is left for the assembler to refuse: `true` would match
     choice 1.)"""
-    if not ended:  # (every chunk until a choice's finish: nothing to look at, per chunk)
-        return False, False
     choices = chunk.get("choices")
-    if not isinstance(choices, list) or not choices:
+    # (every chunk of one entry until a choice's finish: nothing to look at, per chunk;
+    # a chunk of several may end a choice in one entry and go on with it in the next)
+    if not isinstance(choices, list) or not choices or (not ended and len(choices) < 2):
         return False, False
     kept = []
+    closing: set[int] = set()  # (the choices an entry of this chunk ended)
     for c in choices:
-        if not (isinstance(c, dict) and is_count(c.get("index")) and c["index"] in ended):
+        if not (isinstance(c, dict) and is_count(i := c.get("index"))
+                and (i in ended or i in closing)):
             kept.append(c)
+            if isinstance(c, dict) and is_count(c.get("index")) and c.get("finish_reason"):
+                closing.add(c["index"])
             continue
         delta = c.get("delta")
         if (c.get("text") or c.get("logprobs") is not None or (isinstance(delta, dict) and any(

@@ -2331,3 +2331,16 @@ async def test_a_chunk_s_delta_nulls_are_left_out(upstream: Upstream,
     for chunk in chunks:
         validate("CreateChatCompletionStreamResponse", chunk)
     assert stream.answer is not None and stream.answer[0]["text"] == "t0t1t2"
+
+
+async def test_a_choice_going_on_after_its_finish_in_the_same_chunk_is_dropped(
+        upstream: Upstream) -> None:
+    """A chunk whose entries end a choice and then go on with it (two entries of one
+    index, the first with its finish reason) had the second's text relayed and kept in
+    the answer the cache stores, as a later chunk's is not: it is dropped too."""
+    last = {**HEAD, "choices": [
+        {"index": 0, "delta": {"content": "t2"}, "finish_reason": "stop"},
+        {"index": 0, "delta": {"content": "more"}, "finish_reason": None}]}
+    chunks, stream = await relayed(upstream, sse(*CHUNKS[:2], last, "[DONE]"))
+    assert [e["delta"].get("content") for e in chunks[-1]["choices"]] == ["t2"]
+    assert stream.answer is not None and stream.answer[0]["text"] == "t0t1t2"
