@@ -894,17 +894,25 @@ _FINISH_ALIASES = {
     "refusal": "content_filter",
 }
 
+#: Finish reasons that end a choice cut by the upstream's own failure (vLLM's `abort` and
+#: `error`, Cohere's `ERROR`, DeepSeek's `insufficient_system_resource`, Zhipu's
+#: `network_error`): no answer to relay as `stop`, nor for the cache to store as whole.
+_FAILED_FINISH = frozenset({"abort", "error", "insufficient_system_resource", "network_error"})
+
 
 def spec_finish(reason: str, route: str) -> tuple[str | None, bool]:
     """An upstream's finish reason as OpenAI's spec has it for `route`, and whether it
     was one known: the spec's own (any case: Gemini's `STOP`), a known alias
     (`end_turn` -> `stop`, `max_tokens` -> `length`, `tool_use` -> `tool_calls`), else
     `stop` (SDKs that check the enum refused the chunk). `""` is none (not ended).
-    A completion has no calls: its `tool_calls` is `stop`."""
+    A completion has no calls: its `tool_calls` is `stop`. One that says the upstream
+    failed (`_FAILED_FINISH`) is an `EngineError`."""
     if not reason:
         return None, True
     allowed = _SPEC_FINISH["chat" if route == "chat" else "completions"]
     low = reason.strip().lower()
+    if low in _FAILED_FINISH:
+        raise EngineError("The upstream ended a choice in failure.")
     if low in allowed:
         return low, True
     mapped = _FINISH_ALIASES.get(low)

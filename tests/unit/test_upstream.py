@@ -2344,3 +2344,31 @@ async def test_a_choice_going_on_after_its_finish_in_the_same_chunk_is_dropped(
     chunks, stream = await relayed(upstream, sse(*CHUNKS[:2], last, "[DONE]"))
     assert [e["delta"].get("content") for e in chunks[-1]["choices"]] == ["t2"]
     assert stream.answer is not None and stream.answer[0]["text"] == "t0t1t2"
+
+
+@pytest.mark.parametrize("sent", ["abort", "error", "ERROR", "insufficient_system_resource",
+                                  "network_error"])
+async def test_a_finish_reason_that_says_the_upstream_failed_is_an_engine_failure(
+        upstream: Upstream, sent: str) -> None:
+    """vLLM's `abort` and `error`, Cohere's `ERROR`, DeepSeek's
+    `insufficient_system_resource`, Zhipu's `network_error` end a choice cut by the
+    upstream's failure: relayed as `stop` (an unknown reason's), the cut answer was
+    stored by the cache (which keeps `stop`, never `abort`) and replayed as whole. It is
+    an engine failure, whole or streamed (in-band once chunks went out), never cached."""
+    choice = {**ANSWER["choices"][0], "finish_reason": sent}
+    upstream.chat = answering(web.json_response({**ANSWER, "choices": [choice]}))
+    with pytest.raises(EngineError, match="ended a choice in failure"):
+        await answered(upstream)
+    last = {**HEAD, "choices": [{"index": 0, "delta": {"content": "t2"},
+                                 "finish_reason": sent}]}
+    upstream.chat = sse_handler(sse(*CHUNKS[:2], last, "[DONE]"))
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True))
+        assert isinstance(reply, Stream)
+        with pytest.raises(EngineError, match="ended a choice in failure"):
+            async for _ in reply:
+                pass
+        assert reply.answer is None
+    finally:
+        await engine.close()
