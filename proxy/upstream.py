@@ -886,12 +886,20 @@ _FINISH_ALIASES = {
     "end_turn": "stop", "stop_sequence": "stop", "eos": "stop", "eos_token": "stop",
     "complete": "stop", "finish_reason_unspecified": "stop", "pause_turn": "stop",
     "max_tokens": "length", "max_length": "length", "model_length": "length",
-    "max_output_tokens": "length", "token_limit": "length",
+    "max_output_tokens": "length", "token_limit": "length", "compaction": "length",
+    "model_context_window_exceeded": "length",
     "tool_use": "tool_calls", "tool_call": "tool_calls", "function_call": "tool_calls",
+    "malformed_function_call": "stop", "unexpected_tool_call": "stop",
+    "too_many_tool_calls": "stop", "malformed_response": "stop",
+    "missing_thought_signature": "stop",
     "safety": "content_filter", "recitation": "content_filter", "blocklist": "content_filter",
     "prohibited_content": "content_filter", "spii": "content_filter",
     "content_filtered": "content_filter", "guardrail_intervened": "content_filter",
-    "refusal": "content_filter",
+    "refusal": "content_filter", "error_toxic": "content_filter", "sensitive": "content_filter",
+    "language": "content_filter", "other": "content_filter", "escalation": "content_filter",
+    "image_safety": "content_filter", "image_prohibited_content": "content_filter",
+    "image_recitation": "content_filter", "image_other": "content_filter",
+    "no_image": "content_filter",
 }
 
 #: Finish reasons that end a choice cut by the upstream's own failure (vLLM's `abort` and

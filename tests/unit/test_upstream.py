@@ -2372,3 +2372,17 @@ async def test_a_finish_reason_that_says_the_upstream_failed_is_an_engine_failur
         assert reply.answer is None
     finally:
         await engine.close()
+
+
+@pytest.mark.parametrize(("sent", "want"), [
+    ("ERROR_TOXIC", "content_filter"), ("sensitive", "content_filter"),
+    ("IMAGE_SAFETY", "content_filter"), ("LANGUAGE", "content_filter"),
+    ("OTHER", "content_filter"), ("compaction", "length"),
+    ("model_context_window_exceeded", "length"), ("MALFORMED_FUNCTION_CALL", "stop"),
+])
+def test_other_servers_finish_reasons_map_as_litellm_maps_them(sent: str, want: str) -> None:
+    """Cohere's `ERROR_TOXIC`, Zhipu's `sensitive`, Gemini's image and language filters
+    were unknown, so `stop`: an answer a filter cut went out (and was cached) as whole.
+    They are the spec's `content_filter`; Anthropic's context-window ends `length`."""
+    from proxy.upstream import spec_finish
+    assert spec_finish(sent, "chat") == (want, True)
