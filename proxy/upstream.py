@@ -633,8 +633,8 @@ class Upstream:
             raise EngineError("The upstream sent an unreadable answer.") from None
         if status >= 400:
             raise UpstreamError(status, data if isinstance(data, dict) else {})
-        if isinstance(data, dict) and "error" in data and data["error"] is None:
-            del data["error"]  # (`error: null` beside an answer: no error, not passed on)
+        if isinstance(data, dict):
+            _drop_empty_error(data)
         if isinstance(data, dict) and "error" in data:  # an error said with a 200
             raise UpstreamError.in_band(data) or EngineError("The upstream failed (an error "
                                                              "in a 200 answer).")
@@ -740,8 +740,7 @@ class Upstream:
                     chunk = upstream_json(data)
                     if not isinstance(chunk, dict):
                         raise EngineError("The upstream failed mid-stream.")
-                    if "error" in chunk and chunk["error"] is None:
-                        del chunk["error"]  # (`error: null`: none, not passed on)
+                    _drop_empty_error(chunk)
                     if "error" in chunk:  # the client's only before any answer came
                         raise ((UpstreamError.in_band(chunk) if not relayed else None)
                                or EngineError("The upstream failed mid-stream."))
@@ -1152,6 +1151,14 @@ def _decimal(value: str) -> float:
                                                                   and part.isdigit()))):
         return 0.0
     return float(value) if len(whole) <= 12 else math.inf
+
+
+def _drop_empty_error(data: dict[str, Any]) -> None:
+    """An answer's or chunk's `error` of none (`null`, `{}`, `""`, `false`: some proxies
+    always send the key) left out: no error, as OpenAI's SDK reads only a truthy one as
+    an error, and not passed on."""
+    if "error" in data and not data["error"]:
+        del data["error"]
 
 
 def upstream_json(raw: bytes | bytearray) -> Any:

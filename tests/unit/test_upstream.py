@@ -2386,3 +2386,21 @@ def test_other_servers_finish_reasons_map_as_litellm_maps_them(sent: str, want: 
     They are the spec's `content_filter`; Anthropic's context-window ends `length`."""
     from proxy.upstream import spec_finish
     assert spec_finish(sent, "chat") == (want, True)
+
+
+@pytest.mark.parametrize("error", [{}, "", False])
+async def test_an_answer_with_an_empty_error_is_an_answer(upstream: Upstream,
+                                                          error: Any) -> None:
+    """`"error": {}` (or `""`, `false`) beside an answer was read as an error: a whole
+    answer a 502, a stream failed. OpenAI's SDK reads an error only where `error` is
+    truthy; so does Weir, and the empty key is not passed on."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response({**ANSWER, "error": error})
+
+    upstream.chat = answer
+    reply = await answered(upstream)
+    assert isinstance(reply, Completion) and "error" not in reply.body
+    chunks, stream = await relayed(upstream, sse(*[{**c, "error": error} for c in CHUNKS],
+                                                 "[DONE]"))
+    assert len(chunks) == len(CHUNKS) and all("error" not in c for c in chunks)
+    assert stream.answer is not None and stream.answer[0]["text"] == "t0t1t2"
