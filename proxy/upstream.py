@@ -63,6 +63,7 @@ from .errors import (
     RateLimited,
     Timeout,
     Unavailable,
+    WeirError,
     retry_headers,
 )
 from .generation import EngineSpan
@@ -558,16 +559,10 @@ class Upstream:
         except BaseException:  # (one it does not map, e.g. aiohttp's ValueError for a
             self.in_flight -= 1  # request it will not build: still no call running)
             raise
-        # (a stream asked for and a JSON body come: an error said with a 200, or a server
-        # that ignores `stream`; read whole, its error told as it tells it)
-        whole_json = ctx.request.stream and resp.content_type == "application/json"
-        if resp.status != 200 or not ctx.request.stream or whole_json:
+        if resp.status != 200 or not ctx.request.stream:
             try:
                 answer = await self._whole(resp, ctx.route, ctx.request.sequences,
                                            _only_if_cached(ctx))
-                if ctx.request.stream:
-                    raise EngineError("The upstream answered a stream request with a whole "
-                                      "answer.")
                 self._spec_finishes(answer.body["choices"], ctx.route, ctx.model, whole=True)
                 _own_head(answer.body, _head(ctx), whole=True)
                 EchoAsSent(ctx.request, ctx.sent)(answer.body["choices"])
@@ -636,8 +631,7 @@ class Upstream:
         if isinstance(data, dict):
             _drop_empty_error(data)
         if isinstance(data, dict) and "error" in data:  # an error said with a 200
-            raise UpstreamError.in_band(data) or EngineError("The upstream failed (an error "
-                                                             "in a 200 answer).")
+            raise _error_in_200(data)
         if isinstance(data, dict) and "usage" in data and (
                 data["usage"] is None or _uncounted(data["usage"])):
             # No usage, as a stream's `{}` is (not known: no count to pass on, charge or
@@ -723,11 +717,19 @@ class Upstream:
         text = head["objects"][0] == "text_completion"
         size = 0  # of the events so far: the answer's, as a whole answer's body is counted
         events = SseEvents()
+        # (a JSON-typed body, until an event comes: some servers send their events under
+        # JSON's type; one with none is a JSON body, `_json_to_stream`)
+        body = bytearray() if resp.content_type == "application/json" else None
         numbered: dict[int, tuple[int, str]] = {}  # a choice's last tool call
         ids: dict[tuple[int, int], str] = {}  # (choice, call) -> the id it goes out with
         try:
             async for piece in _with_end(resp.content.iter_any()):
+                if body is not None:
+                    body += piece
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise AnswerTooLarge(MAX_ANSWER_BYTES)
                 for data in events.feed(piece) if piece else events.end():
+                    body = None  # (an event: a stream)
                     size += len(data)
                     if size > MAX_ANSWER_BYTES:  # (its text is kept, for the plugins)
                         raise AnswerTooLarge(MAX_ANSWER_BYTES)
@@ -773,6 +775,8 @@ class Upstream:
             # not known (as from an upstream that ignores `stream_options`: the cache
             # stores no answer without its usage, the rate limiter keeps its reservation).
             # One closed before a choice ended is a failure.
+            if body is not None and (told := _json_to_stream(body)) is not None:
+                raise told
             if not done and not asm.ended():
                 raise EngineError("The upstream's stream ended before it finished.")
             done = done or _finished(asm, stream, choices)
@@ -1151,6 +1155,29 @@ def _decimal(value: str) -> float:
                                                                   and part.isdigit()))):
         return 0.0
     return float(value) if len(whole) <= 12 else math.inf
+
+
+def _error_in_200(data: dict[str, Any]) -> WeirError:
+    """What an answer with an `error` (`_drop_empty_error`'d) said with a 200 is: the
+    client's error where it says so (`UpstreamError.in_band`), else the upstream's."""
+    return UpstreamError.in_band(data) or EngineError("The upstream failed (an error in a "
+                                                      "200 answer).")
+
+
+def _json_to_stream(body: bytes | bytearray) -> WeirError | None:
+    """What a JSON body with no event in it, sent to a stream request, says: an error
+    said with a 200 (`_error_in_200`), or a whole answer from a server that ignores
+    `stream`; None where it is no JSON object (a stream that ended before it began)."""
+    try:
+        data = upstream_json(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    _drop_empty_error(data)
+    if "error" in data:
+        return _error_in_200(data)
+    return EngineError("The upstream answered a stream request with a whole answer.")
 
 
 def _drop_empty_error(data: dict[str, Any]) -> None:

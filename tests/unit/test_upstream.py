@@ -2404,3 +2404,29 @@ async def test_an_answer_with_an_empty_error_is_an_answer(upstream: Upstream,
                                                  "[DONE]"))
     assert len(chunks) == len(CHUNKS) and all("error" not in c for c in chunks)
     assert stream.answer is not None and stream.answer[0]["text"] == "t0t1t2"
+
+
+async def test_a_stream_sent_as_json_s_content_type_is_relayed(upstream: Upstream) -> None:
+    """A server that sends its events under `Content-Type: application/json` had them
+    relayed; reading every JSON-typed body to a stream request as a whole answer made
+    them a 502 ("unreadable answer"). The body tells: events are relayed, a JSON body
+    (an error said with a 200, a whole answer) is read as one."""
+    pieces = sse(*CHUNKS, "[DONE]")
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for piece in pieces:
+            await resp.write(piece)
+        await resp.write_eof()
+        return resp
+
+    upstream.chat = stream
+    engine = await engine_for(upstream.base_url, models=["up-model"])
+    try:
+        reply = await engine(ctx(stream=True))
+        assert isinstance(reply, Stream)
+        assert [c["choices"][0]["delta"]["content"] async for c in reply] == ["t0", "t1", "t2"]
+        assert reply.answer is not None and reply.answer[0]["text"] == "t0t1t2"
+    finally:
+        await engine.close()
