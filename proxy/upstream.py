@@ -1314,6 +1314,8 @@ def _own_head(data: dict[str, Any], head: dict[str, Any], *, whole: bool) -> Non
                 for key in ("role", "tool_calls"):
                     if key in delta and delta[key] is None:
                         del delta[key]
+                if delta.get("role", "assistant") != "assistant":  # (an answer's: `model`)
+                    delta["role"] = "assistant"
         if whole or text:
             c.setdefault("logprobs", None)
         if whole and not text:
@@ -1321,8 +1323,9 @@ def _own_head(data: dict[str, Any], head: dict[str, Any], *, whole: bool) -> Non
             m.setdefault("content", None)
             m.setdefault("refusal", None)
             # (what some servers leave out or send null that the spec requires, or has
-            # absent: the role, a call's type, `tool_calls: null`)
-            if m.get("role") is None:
+            # absent: the role, a call's type, `tool_calls: null`; a role not the
+            # answer's, `model`, is the answer's all the same)
+            if m.get("role") != "assistant":
                 m["role"] = "assistant"
             if "tool_calls" in m and m["tool_calls"] is None:
                 del m["tool_calls"]

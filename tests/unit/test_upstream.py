@@ -2430,3 +2430,20 @@ async def test_a_stream_sent_as_json_s_content_type_is_relayed(upstream: Upstrea
         assert reply.answer is not None and reply.answer[0]["text"] == "t0t1t2"
     finally:
         await engine.close()
+
+
+@pytest.mark.parametrize("role", ["model", "user", 5])
+async def test_an_answer_s_role_other_than_assistant_goes_out_as_assistant(
+        upstream: Upstream, role: Any) -> None:
+    """A role the spec's answer does not have (`model`, as some Gemini shims send it, or
+    no string at all) was relayed and cached as it came, though a missing or null one
+    was made `assistant`: an SDK checking the enum refused it. Whole or streamed, the
+    answer's role is `assistant`."""
+    choice = {"index": 0, "message": {"role": role, "content": "x"}, "finish_reason": "stop"}
+    upstream.chat = answering(web.json_response({**ANSWER, "choices": [choice]}))
+    reply = await answered(upstream)
+    assert isinstance(reply, Completion)
+    validate("CreateChatCompletionResponse", reply.body)
+    first = {**HEAD, "choices": [{"index": 0, "delta": {"role": role, "content": "t0"}}]}
+    chunks, _ = await relayed(upstream, sse(first, *CHUNKS[1:], "[DONE]"))
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
