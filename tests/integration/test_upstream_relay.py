@@ -603,3 +603,37 @@ async def test_a_request_whose_upstream_sent_no_usage_keeps_its_token_reservatio
         assert left > 400
     finally:
         await server.close()
+
+
+@pytest.mark.parametrize("sent", ["end_turn", "abort"])
+async def test_a_finish_reason_outside_the_spec_is_cached_mapped_or_not_at_all(
+        make_client: MakeClient, scripted: Scripted, sent: str) -> None:
+    """An alias (`end_turn`) is relayed, cached and replayed as the spec's `stop`, whole
+    and streamed alike; a reason that says the upstream failed (`abort`: the answer was
+    cut) was relayed as `stop` and cached as whole: it is a 502, never stored."""
+    async def answer(request: web.Request) -> web.StreamResponse:
+        if (await request.json()).get("stream"):
+            return await streaming(events(chunk("hi", sent)))(request)
+        return web.json_response({**ANSWER, "choices": [{**ANSWER["choices"][0],
+                                                         "finish_reason": sent}]})
+
+    scripted.chat = answer
+    client = await make_client(make_settings(
+        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
+        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}}]))
+    ask = {**CHAT, "temperature": 0}
+    for stream in (False, False, True, True):  # the second of each: the cache's replay
+        r = await client.post("/v1/chat/completions", json={
+            **ask, "stream": stream, "max_tokens": 5 if stream else 4})
+        text = await r.text()
+        if sent == "abort":
+            assert r.status == 502 or (stream and "error" in text), text
+            continue
+        assert r.status == 200
+        if stream:
+            got, done = parse_sse(text)
+            assert done and [c["choices"][0]["finish_reason"] for c in got
+                             if c["choices"]][-1] == "stop"
+        else:
+            assert json.loads(text)["choices"][0]["finish_reason"] == "stop"
+    assert scripted.calls == (4 if sent == "abort" else 2)
