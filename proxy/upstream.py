@@ -1308,7 +1308,7 @@ def _own_head(data: dict[str, Any], head: dict[str, Any], *, whole: bool) -> Non
     for c in data.get("choices") or ():  # (their nullable fields OpenAI's schema requires)
         c.setdefault("finish_reason", None)
         if not whole and not text:
-            if c.get("delta") is None:  # (required: an object)
+            if not c.get("delta"):  # (required: an object; `null`, `[]`, `""` are none)
                 c["delta"] = {}
             elif isinstance(delta := c["delta"], dict):  # (absent in the spec, not null)
                 for key in ("role", "tool_calls"):

@@ -2447,3 +2447,17 @@ async def test_an_answer_s_role_other_than_assistant_goes_out_as_assistant(
     first = {**HEAD, "choices": [{"index": 0, "delta": {"role": role, "content": "t0"}}]}
     chunks, _ = await relayed(upstream, sse(first, *CHUNKS[1:], "[DONE]"))
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("delta", [[], "", False])
+async def test_a_chunk_s_empty_delta_of_another_type_goes_out_as_an_object(
+        upstream: Upstream, delta: Any) -> None:
+    """A delta of `[]`, `""` or `false` was read as none (`{}`) for the answer, yet
+    relayed as it came, where `null` went out as `{}`: an SDK reading `delta.content`
+    failed. It goes out as `{}` too."""
+    last = {**HEAD, "choices": [{"index": 0, "delta": delta, "finish_reason": "stop"}]}
+    chunks, stream = await relayed(upstream, sse(*CHUNKS[:2], last, "[DONE]"))
+    assert chunks[-1]["choices"][0]["delta"] == {}
+    for chunk in chunks:
+        validate("CreateChatCompletionStreamResponse", chunk)
+    assert stream.answer is not None and stream.answer[0]["text"] == "t0t1"
