@@ -890,7 +890,7 @@ _FINISH_ALIASES = {
     "complete": "stop", "finish_reason_unspecified": "stop", "pause_turn": "stop",
     "max_tokens": "length", "max_length": "length", "model_length": "length",
     "max_output_tokens": "length", "token_limit": "length", "compaction": "length",
-    "model_context_window_exceeded": "length",
+    "model_context_window_exceeded": "length", "error_limit": "length",
     "tool_use": "tool_calls", "tool_call": "tool_calls", "function_call": "tool_calls",
     "malformed_function_call": "stop", "unexpected_tool_call": "stop",
     "too_many_tool_calls": "stop", "malformed_response": "stop",
@@ -906,9 +906,11 @@ _FINISH_ALIASES = {
 }
 
 #: Finish reasons that end a choice cut by the upstream's own failure (vLLM's `abort` and
-#: `error`, Cohere's `ERROR`, DeepSeek's `insufficient_system_resource`, Zhipu's
-#: `network_error`): no answer to relay as `stop`, nor for the cache to store as whole.
-_FAILED_FINISH = frozenset({"abort", "error", "insufficient_system_resource", "network_error"})
+#: `error`, Cohere's `ERROR`, `TIMEOUT`, `USER_CANCEL`, DeepSeek's
+#: `insufficient_system_resource`, Zhipu's `network_error`): no answer to relay as
+#: `stop`, nor for the cache to store as whole.
+_FAILED_FINISH = frozenset({"abort", "error", "insufficient_system_resource", "network_error",
+                            "timeout", "user_cancel"})
 
 
 def spec_finish(reason: str, route: str) -> tuple[str | None, bool]:

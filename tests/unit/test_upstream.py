@@ -2347,7 +2347,7 @@ async def test_a_choice_going_on_after_its_finish_in_the_same_chunk_is_dropped(
 
 
 @pytest.mark.parametrize("sent", ["abort", "error", "ERROR", "insufficient_system_resource",
-                                  "network_error"])
+                                  "network_error", "TIMEOUT", "USER_CANCEL"])
 async def test_a_finish_reason_that_says_the_upstream_failed_is_an_engine_failure(
         upstream: Upstream, sent: str) -> None:
     """vLLM's `abort` and `error`, Cohere's `ERROR`, DeepSeek's
@@ -2379,6 +2379,7 @@ async def test_a_finish_reason_that_says_the_upstream_failed_is_an_engine_failur
     ("IMAGE_SAFETY", "content_filter"), ("LANGUAGE", "content_filter"),
     ("OTHER", "content_filter"), ("compaction", "length"),
     ("model_context_window_exceeded", "length"), ("MALFORMED_FUNCTION_CALL", "stop"),
+    ("ERROR_LIMIT", "length"),
 ])
 def test_other_servers_finish_reasons_map_as_litellm_maps_them(sent: str, want: str) -> None:
     """Cohere's `ERROR_TOXIC`, Zhipu's `sensitive`, Gemini's image and language filters
