@@ -15,7 +15,7 @@ import html
 import re
 import threading
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from proxy.text import fold, read_as
@@ -696,12 +696,16 @@ def _escape_windows(text: str) -> list[Span] | None:
                 return None
             starts.append(i)
             i = text.find(c, i + 1)
+    found = (m for i in sorted(starts) if (m := _ESCAPE.match(text, i)) is not None)
+    return _reaches((m.start(), m.end()) for m in found)
+
+
+def _reaches(places: Iterable[Span]) -> list[Span] | None:
+    """Each of `places` (sorted by start) widened by `_WINDOW_REACH` either side, the
+    overlapping ones merged; None where they are more than `_WINDOWS_MOST`."""
     spans: list[Span] = []
-    for i in sorted(starts):
-        m = _ESCAPE.match(text, i)
-        if m is None:
-            continue
-        lo, hi = m.start() - _WINDOW_REACH, m.end() + _WINDOW_REACH
+    for a, b in places:
+        lo, hi = a - _WINDOW_REACH, b + _WINDOW_REACH
         if spans and lo <= spans[-1][1]:
             spans[-1] = (spans[-1][0], hi)
         elif len(spans) == _WINDOWS_MOST:
@@ -763,15 +767,9 @@ def windows_around(text: str, places: list[int]) -> list[Span] | None:
     as the escapes' windows are (`_WINDOW_REACH` either side, out to the words around,
     over a wrapped key's lines; one holding a private key's first line over its body),
     merged; None where they are many or most of the text (it is read whole)."""
-    spans: list[Span] = []
-    for i in places:
-        lo, hi = i - _WINDOW_REACH, i + 1 + _WINDOW_REACH
-        if spans and lo <= spans[-1][1]:
-            spans[-1] = (spans[-1][0], hi)
-        elif len(spans) == _WINDOWS_MOST:
-            return None
-        else:
-            spans.append((lo, hi))
+    spans = _reaches((i, i + 1) for i in places)
+    if spans is None:
+        return None
     widened = _widened(text, spans)
     if sum(b - a for a, b in widened) > len(text) // 2:
         return None
