@@ -1443,8 +1443,9 @@ def secrets_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
         a = texts[i]
         end = len(a.rstrip())
         start = _word_start(a, end)
-        if start == end or not any(n in a[start:end].lower() for n in _NEEDS):
-            continue
+        if start == end or not any(n in a[start:end].lower() for n in _NEEDS) or (
+                _ends_a_key(a[start:end])):
+            continue  # (no literal, or a key whole: the next text's first word is another)
         pieces = [(i, start, end)]
         for j in range(i + 1, min(len(texts), i + 1 + _WRAP_LINES)):
             m = _FIRST_WORD.match(texts[j])
@@ -1558,8 +1559,7 @@ def _split_values(text: str, needs_at: list[int]) -> Iterator[Span]:
             continue
         head = text[pieces[0][1]:pieces[0][2]]
         cut = _KEY_SEPARATORS.match(head)
-        if not _random_looking(head[cut.end() if cut else 0:]) or any(
-                b == len(head) for _, b in _find(head)):
+        if not _random_looking(head[cut.end() if cut else 0:]) or _ends_a_key(head):
             continue  # (a prefix, or a key whole: the value after it is another's)
         done = pieces[-1][2]
         for found in _joined(pieces, [text]):
@@ -1585,6 +1585,12 @@ def _value_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
         if (sep := _NEXT_VALUE.match(text, m.end())) is None:
             break
     return pieces
+
+
+def _ends_a_key(head: str) -> bool:
+    """`head` (a key's first piece: a value, a text's last word) ends with a key whole:
+    the piece after it is another's ('"sk-proj-...", "org-..."'), not this key's rest."""
+    return any(b == len(head) for _, b in _find(head))
 
 
 def _word_start(text: str, end: int) -> int:

@@ -412,6 +412,23 @@ def test_a_whole_key_in_pasted_json_leaves_the_value_after_it() -> None:
     assert KEY not in said and "org-Ab3dEf6hIj9kLm2n" in said, said
 
 
+def test_a_whole_key_in_call_arguments_or_a_message_leaves_the_value_after_it() -> None:
+    """Values and messages read one after another (`secrets_across`) lacked the pasted
+    JSON's guard: a value that is a key whole had the value after it read as the key's
+    rest, and that (an organization's id, the next message's first word) redacted."""
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, _args, _with_call, plugin
+    ctx = _with_call(json.dumps({"key": KEY, "org": "org9Ab3dEf6hIj9kLm2n"}))
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    said = json.loads(_args(ctx))
+    assert KEY not in said["key"] and said["org"] == "org9Ab3dEf6hIj9kLm2n", said
+    ctx = _messages("the openai key: " + KEY, "Org9xQ2wE5rT8yU1iO4p is our org id")
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    texts = [m.content for m in ctx.request.messages]
+    assert KEY not in texts[0] and texts[1] == "Org9xQ2wE5rT8yU1iO4p is our org id", texts
+
+
 def _long_key(n: int, seed: int) -> str:
     import random
     pick = random.Random(seed).choice
