@@ -298,7 +298,10 @@ def find_secrets(text: str) -> Iterator[Span]:
         if not text.isascii() and (look := _unmasked(
                 text, hits if len(low) == len(text) else None)) is not None:
             yield from _find(look)
-    for piece, at in pieces or ():
+    for kept, at in pieces or ():
+        piece = blanks_as_spaces(kept)
+        if piece is not kept:  # (an escaped blank letter: read as nothing too)
+            yield from _blanks_out(kept, at)
         view = piece
         if not piece.isascii() and (look := _unmasked(piece)) is not None:
             view = look
@@ -310,6 +313,15 @@ def find_secrets(text: str) -> Iterator[Span]:
                     yield at[a], at[b]
     if not text.isascii():
         yield from _accented(text)
+
+
+def _blanks_out(kept: str, at: list[int]) -> Iterator[Span]:
+    """Keys in a decoded piece (`kept`, its blank letters kept; `at`, where each of its
+    characters starts) read with its blank letters as nothing ("sk-proj-Ab\\u3164Cd..."
+    in a pasted JSON value), each span placed back over the piece's text."""
+    idx = [j for j, c in enumerate(kept) if c not in BLANK_LETTERS]
+    for a, b in _find("".join(kept[j] for j in idx)):
+        yield at[idx[a]], at[idx[b - 1] + 1]
 
 
 # A look-alike or an accented letter read as a lower-case one ("\u0131" as "i", "\u026a"
@@ -619,10 +631,28 @@ _ESCAPE = re.compile(r"%(?P<p>[2-6][0-9A-Fa-f]|7[0-9A-Ea-e])|\\u(?P<u>[0-9A-Fa-f
 _ESCAPE_ROUNDS = 8
 
 
-def _escaped_char(m: re.Match[str]) -> str | None:
+# Letters that render as a blank a letter wide (the Hangul fillers, the braille blank):
+# `fold` reads them as a space, and a key split by them ("sk-proj-Ab\u3164Cd...") is
+# read a second time with them as nothing (`plugin._blank_letters_out`; escaped, by
+# `find_secrets`).
+BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
+_BLANK_LETTER = re.compile(f"[{BLANK_LETTERS}]")
+_BLANKS_AS_SPACES = str.maketrans(dict.fromkeys(BLANK_LETTERS, " "))
+
+
+def blanks_as_spaces(view: str) -> str:
+    """`view` (a decoding kept its blank letters, `unescaped`) with each a space, as
+    `fold` reads one written as it is (one for one)."""
+    if view.isascii() or _BLANK_LETTER.search(view) is None:
+        return view
+    return view.translate(_BLANKS_AS_SPACES)
+
+
+def _escaped_char(m: re.Match[str], keep_blanks: bool = False) -> str | None:
     """What the escape `m` names, read as the text's own characters are (`read_as`: a
-    full-width or look-alike letter as it is read, an invisible one as nothing), or None
-    where it names no character read here."""
+    full-width or look-alike letter as it is read, an invisible one as nothing; with
+    `keep_blanks`, a blank letter as itself), or None where it names no character read
+    here."""
     if m["bs"] is not None:
         return "\\"
     if m["n"] is not None:
@@ -640,7 +670,7 @@ def _escaped_char(m: re.Match[str]) -> str | None:
         c = chr(code)
     if not c.isprintable() and fold(c):  # (a lone surrogate, a control character)
         return None
-    return c if c.isascii() else read_as(c)
+    return c if c.isascii() or (keep_blanks and c in BLANK_LETTERS) else read_as(c)
 
 
 # A text's reading with its escapes decoded (`unescaped`), kept for the detectors that
@@ -819,14 +849,14 @@ def _decoded_pieces(text: str) -> list[tuple[str, list[int]]] | None:
     spans = _escape_windows(text)
     windows = _widened(text, spans or [])
     if spans is None or sum(b - a for a, b in windows) > len(text) // 2:
-        decoded = unescaped(text)
+        decoded = unescaped(text, True)
         return None if decoded is None else [decoded]
     pieces: list[tuple[str, list[int]]] = []
     i = 0
     while i < len(windows):
         a, b = windows[i]
         i += 1
-        decoded = unescaped(text[a:b])
+        decoded = unescaped(text[a:b], True)
         if decoded is None:
             continue
         if b < len(text) and _holds_block(decoded[0]):
@@ -837,17 +867,17 @@ def _decoded_pieces(text: str) -> list[tuple[str, list[int]]] | None:
             while i < len(windows) and windows[i][1] <= b:
                 wa, wb = windows[i]
                 i += 1
-                inner = unescaped(text[wa:wb])
+                inner = unescaped(text[wa:wb], True)
                 if wb < len(text) and inner is not None and _holds_block(inner[0]):
                     b = max(b, _token_out(text, a, min(len(text), wb + _BLOCK_REACH))[1])
-            decoded = unescaped(text[a:b]) or decoded
+            decoded = unescaped(text[a:b], True) or decoded
         view, at = decoded
         pieces.append((view, [a + j for j in at]))
     return pieces or None
 
 
 def _holds_block(view: str) -> bool:
-    low = view.lower()
+    low = blanks_as_spaces(view).lower()
     return any(w in low for w in _BLOCK_WORDS)
 
 
@@ -857,17 +887,18 @@ def forget_escapes() -> None:
     _memo.read_of = ("", None)
 
 
-def unescaped(text: str) -> tuple[str, list[int]] | None:
+def unescaped(text: str, keep_blanks: bool = False) -> tuple[str, list[int]] | None:
     """`text` with its escapes decoded (`_ESCAPE`, round after round: "%25252D" is "-"), and
     where each of its characters starts in `text` (the text's end last); None where it
-    holds none."""
+    holds none. With `keep_blanks`, an escaped blank letter is decoded as itself (not a
+    space: `find_secrets` reads a key split by one joined too)."""
     at: list[int] | None = None
     for _ in range(_ESCAPE_ROUNDS):
         out: list[str] = []
         places: list[int] = []
         pos = 0
         for m in _ESCAPE.finditer(text):
-            c = _escaped_char(m)
+            c = _escaped_char(m, keep_blanks)
             if c is None:
                 continue
             out.append(text[pos:m.start()])

@@ -35,6 +35,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from .credentials import (
+    blanks_as_spaces,
     escapes_read,
     find_secrets,
     forget_escapes,
@@ -140,8 +141,8 @@ def _also_reading(find: Finder, readings: Callable[[str], Iterator[Reading]]) ->
 def _unescaped(text: str) -> Iterator[Reading]:
     """`text` with its escapes decoded, around the escapes only (`escapes_read`)."""
     if may_escape(text) and (pieces := escapes_read(text)) is not None:
-        for view, at in pieces:
-            yield view, functools.partial(_through, at)
+        for view, at in pieces:  # (an escaped blank letter a space, as `fold` reads it)
+            yield blanks_as_spaces(view), functools.partial(_through, at)
 
 
 def _through(at: list[int], a: int, b: int) -> Span:

@@ -54,7 +54,7 @@ from proxy.telemetry import get_logger
 from proxy.text import fold, scanned, scanned_places
 
 from .config import SanitizerConfig
-from .credentials import secrets_across, windows_around
+from .credentials import BLANK_LETTERS, secrets_across, windows_around
 from .detectors import (
     BUILTIN,
     GATED,
@@ -1115,17 +1115,16 @@ def _rank(action: str) -> int:
 # Letters that render as a blank the width of a letter (the Hangul fillers, the braille
 # blank): `fold` reads them as a space ("ignore\u3164all" is "ignore all" to a reader),
 # and a key split by them ("sk-proj-Ab\u3164Cd...") read as two words, neither a key.
-# Where a text holds one, it is read a second time with them as nothing.
-_BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
+# Where a text holds one, it is read a second time with them as nothing (`BLANK_LETTERS`).
 _BLANK_MARK = "\ue000"  # (a private-use character: NFKC and `fold` leave it as it is)
-_MARKED = str.maketrans(dict.fromkeys(_BLANK_LETTERS, _BLANK_MARK))
+_MARKED = str.maketrans(dict.fromkeys(BLANK_LETTERS, _BLANK_MARK))
 
 
 def _blank_letters_out(text: str, folded: str) -> tuple[str, list[int]] | None:
     """`folded` (`fold(text)`) with the blank letters `text` holds read as nothing, and
     where each of its characters is in `folded` (its end last); None where `text` holds
     none (or folding moved them: then it is read as folded only)."""
-    if text.isascii() or not any(c in text for c in _BLANK_LETTERS) or _BLANK_MARK in text:
+    if text.isascii() or not any(c in text for c in BLANK_LETTERS) or _BLANK_MARK in text:
         return None
     marked = fold(text.translate(_MARKED))
     if len(marked) != len(folded):

@@ -810,9 +810,9 @@ def test_a_text_s_escapes_are_decoded_once_for_every_detector(
     calls: list[str] = []
     decode = credentials.unescaped
 
-    def counted(text: str) -> tuple[str, list[int]] | None:
+    def counted(text: str, keep_blanks: bool = False) -> tuple[str, list[int]] | None:
         calls.append(text)
-        return decode(text)
+        return decode(text, keep_blanks)
 
     monkeypatch.setattr(credentials, "unescaped", counted)
     text = scanned(fold("see https://x.io/?q=a%2520b and jane&#64;example.com " * 50))
@@ -873,9 +873,9 @@ def test_a_long_text_is_decoded_around_its_escapes_only(
     given: list[int] = []
     decode = credentials.unescaped
 
-    def counted(text: str) -> tuple[str, list[int]] | None:
+    def counted(text: str, keep_blanks: bool = False) -> tuple[str, list[int]] | None:
         given.append(len(text))
-        return decode(text)
+        return decode(text, keep_blanks)
 
     monkeypatch.setattr(credentials, "unescaped", counted)
     text = scanned(fold(_FILLER + '<a href="/?x=1&amp;page=3">next</a>\n' + _FILLER))
