@@ -116,7 +116,32 @@ _FORMATS: list[tuple[tuple[str, ...], str]] = [
      r"(?i:aws[\w \-]{0,20}?secret[\w \-]{0,20}?|secret_?access_?key)[\"']?\s*[:=]?\s*"
      r"(?:is\s+)?[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
 ]
-_FORMAT_RX = [(needs, re.compile(p)) for needs, p in _FORMATS]
+# A format's pattern that starts with "\b" then a literal (or one of a few of one width:
+# "\b(?:AKIA|ASIA|...)") is compiled with the literal first and the "\b" after it, as a
+# look-behind: the same matches, but the engine skips to where the literal is (a "\b"
+# first had it try every place of the text: 2 ms per format over 64 KB of code, every
+# format's literal in it 100 ms).
+_HEAD_TOKEN = r"(?:[A-Za-z0-9_-]|\\\.|\[[A-Za-z0-9]+\])"
+_HEAD_RUN = rf"(?:[A-Za-z0-9_]|\[[A-Za-z0-9]+\]){_HEAD_TOKEN}*"
+_LITERAL_HEAD = re.compile(rf"\\b({_HEAD_RUN}|\(\?:{_HEAD_RUN}(?:\|{_HEAD_RUN})+\))")
+_TOKEN = re.compile(_HEAD_TOKEN)
+
+
+def literal_first(pattern: str) -> str:
+    """`pattern` with its leading "\b" and literal turned about (`_LITERAL_HEAD`): the
+    literal, then a look-behind that no word character is before it."""
+    m = _LITERAL_HEAD.match(pattern)
+    if m is None or pattern[m.end():m.end() + 1] in ("?", "*", "+", "{"):
+        return pattern  # (none, or its last character is a quantifier's)
+    head = m[1]
+    alternatives = head[3:-1].split("|") if head.startswith("(?:") else [head]
+    widths = {len(_TOKEN.findall(a)) for a in alternatives}
+    if len(widths) != 1:
+        return pattern
+    return f"{head}(?<!\\w.{{{widths.pop()}}}){pattern[m.end():]}"
+
+
+_FORMAT_RX = [(needs, re.compile(literal_first(p))) for needs, p in _FORMATS]
 # An OpenAI-style key's body is random (legacy keys 48 letters and digits, project,
 # service-account and Anthropic keys longer, a "-" or "_" among them one time in 30): a
 # run of 16 letters and digits or more, mixing digits with letters or both cases, 8 of

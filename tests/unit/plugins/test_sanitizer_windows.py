@@ -1,7 +1,8 @@
 """Sanitizer: the windows read around a text's escapes and around a detector's places
 (`credentials._reaches`, shared by `_escape_windows` and `windows_around`) are the ones
 the two loops it replaced merged: each place widened by the reach, overlapping ones
-merged, None past the most windows."""
+merged, None past the most windows; a key format's pattern compiled with its literal
+first (`literal_first`) matches as the pattern written does."""
 
 from __future__ import annotations
 
@@ -30,3 +31,45 @@ def test_reaches_merge_as_the_two_loops_did(seed: int) -> None:
         starts = sorted(rng.randrange(0, 80_000) for _ in range(rng.randrange(0, 40)))
         places = [(s, s + rng.choice((1, 1, 3, 6))) for s in starts]
         assert credentials._reaches(places) == _merged_as_before(places)
+
+
+# ------------------------------- a format's literal first, its "\b" a look-behind after
+
+def _format_texts(seed: int, needs: tuple[str, ...]) -> list[str]:
+    rng = random.Random(seed)
+    glue = [" ", "\n", "_", "-", ".", "é", "x", "9", "\"", "=", "/", "ж", "", ":"]
+    body = "ABCDEFabcdef0123456789_-+/=.xyzXYZ"
+    out = []
+    for _ in range(60):
+        parts: list[str] = []
+        for _ in range(rng.randrange(1, 8)):
+            need = rng.choice(needs)
+            need = rng.choice([need, need.upper(), need.capitalize(), need.title()])
+            parts += [rng.choice(glue), need,
+                      "".join(rng.choice(body) for _ in range(rng.randrange(0, 120)))]
+        out.append("".join(parts))
+    return out
+
+
+@pytest.mark.parametrize("k", range(len(credentials._FORMATS)))
+def test_a_format_with_its_literal_first_matches_as_written(k: int) -> None:
+    """`literal_first` moves a format's leading "\\b" after its literal (the engine then
+    skips to the literal): every match, and every group of each, is the pattern's as
+    written."""
+    import re
+
+    from tests.unit.plugins.test_sanitizer_gates import CORPUS
+    needs, pattern = credentials._FORMATS[k]
+    written, fast = re.compile(pattern), credentials._FORMAT_RX[k][1]
+    for text in [*CORPUS, *_format_texts(k, needs)]:
+        assert ([(m.span(), m.groups()) for m in fast.finditer(text)]
+                == [(m.span(), m.groups()) for m in written.finditer(text)]), (pattern, text)
+
+
+def test_literal_first_turns_only_a_plain_head_about() -> None:
+    turn = credentials.literal_first
+    assert turn(r"\bsk-(?:a|b)x") == r"sk-(?<!\w.{3})(?:a|b)x"
+    assert turn(r"\b(?:AKIA|ASIA)(?P<a>\d)") == r"(?:AKIA|ASIA)(?<!\w.{4})(?P<a>\d)"
+    assert turn(r"\bhv[sb]\.(?P<b>x)") == r"hv[sb]\.(?<!\w.{4})(?P<b>x)"
+    for kept in (r"\b(?:bot)?\d", r"\bab?c", r"\b(?:ab|c)d", r"(?i:\bbearer)\s", r"x\by"):
+        assert turn(kept) == kept
