@@ -187,13 +187,14 @@ def test_said_words_on_fuzz() -> None:
 _NUMBER_BITS = ["+", "00", "tel", "Mob", "phone", "hotel", "C++", "n", " ", "-", ".", "(0)",
                 "(", ")", "1", "44", "20", "7946", "0958", "415", "555", "0132", "\u2013",
                 "x", "4111", "1111", "5500", "0000", "0004", "378282", "246310005", "No.",
-                "ref.", "Nr.", "img.", ",", "/", "_", "12/28", " - ", ", ", "123"]
+                "ref.", "Nr.", "img.", ",", "/", "_", "12/28", " - ", ", ", "123", "000000", "+0",
+                "0"]
 
 
-@pytest.mark.parametrize(("pattern", "ahead"), [(detectors._PHONE, "(?=\\+|00)"),
+@pytest.mark.parametrize(("pattern", "ahead"), [(detectors._PHONE, "(?=(?:\\+|00)[1-9])"),
                                                 (detectors._CARD, "(?=\\d{4})")])
 def test_numbers_looked_for_first_are_found_the_same(pattern: str, ahead: str) -> None:
-    """`_PHONE` asks for its "+" or "00", `_CARD` for its four digits, before their
+    """`_PHONE` asks for its "+" or "00" and a digit, `_CARD` for its four digits, before their
     look-behinds: the same matches as without that look-ahead."""
     fast = re.compile(pattern)
     slow = re.compile(pattern.replace(ahead, "", 1))
