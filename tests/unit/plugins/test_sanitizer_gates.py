@@ -218,3 +218,19 @@ def test_triggers_skip_only_hits_whose_triggers_are_found() -> None:
         each = {t for hit in _ANY_TRIGGER.finditer(low) for t in _EXTENDED[hit.group()]
                 if low.startswith(t, hit.start())}
         assert _triggers(low) == each, text
+
+
+def test_a_quad_names_a_host_as_ipaddress_reads_it() -> None:
+    """`_quad_names_a_host` reads a dotted quad's octets: the answer `ipaddress` gives
+    (`_names_a_host`) for every quad `_IPV4` finds, padded octets too."""
+    import ipaddress
+
+    rng = random.Random(7)
+    edges = [0, 1, 9, 10, 126, 127, 128, 168, 169, 170, 223, 224, 239, 240, 253, 254, 255]
+    quads = [[rng.choice(edges) if rng.random() < 0.7 else rng.randrange(256)
+              for _ in range(4)] for _ in range(20000)]
+    for q in quads:
+        quad = ".".join(f"{o:03d}" if rng.random() < 0.2 else str(o) for o in q)
+        assert re.fullmatch(detectors._IPV4, quad), quad
+        want = detectors._names_a_host(ipaddress.IPv4Address(".".join(map(str, q))))
+        assert detectors._quad_names_a_host(quad) == want, quad
