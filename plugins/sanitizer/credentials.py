@@ -1485,6 +1485,8 @@ _WRAP_LINES = 8  # lines after the first that one key may run over
 _WORD_CHARS = 512  # the longest piece of a key one line holds
 _FIRST_WORD = re.compile(r"[ \t\r\n]{0,64}(\S{1,512})")
 _LINE_END = re.compile(r"[ \t\r]*\n")
+_LIST_MARK = re.compile(r"[ \t]{0,64}-[ \t]{1,8}")  # (a YAML list item's, before its word)
+_ITEM_WORD = re.compile(r"(\S{1,512})")
 _BLANK_REST = re.compile(r"\s*\Z")
 _SPACE = re.compile(r"\s")
 # A variable's assignment ("NAME=value"; a key's characters hold "=" only as its
@@ -1568,12 +1570,22 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     space = _SPACE.search(text, at, at + _WORD_CHARS)
     if space is None or (brk := _LINE_END.match(text, space.start())) is None:
         return None
-    pieces = [(0, _word_start(text, space.start()), space.start())]
+    start = _word_start(text, space.start())
+    pieces = [(0, start, space.start())]
     pos = brk.end()
+    # (a YAML list's items, "  - piece" on each line: the item's word, where the next
+    # line is an item of the same list, its marker and indentation the same)
+    mark = _LIST_MARK.fullmatch(text, text.rfind("\n", 0, start) + 1, start)
+    item = None if mark is None or not text.startswith(mark[0], pos) else mark[0]
+    if item is not None and not _starts_a_split(text[start:space.start()]):
+        return None  # (as a value's: a prefix named, "- sk-learn", or a key whole)
     for _ in range(_WRAP_LINES):
-        m = _FIRST_WORD.match(text, pos)
-        if m is None or "\n" in text[pos:m.start(1)]:  # (a blank line ends it)
-            break
+        if item is not None:
+            if not text.startswith(item, pos) or (m := _ITEM_WORD.match(
+                    text, pos + len(item))) is None:
+                break
+        elif (m := _FIRST_WORD.match(text, pos)) is None or "\n" in text[pos:m.start(1)]:
+            break  # (a blank line ends it)
         pieces.append((0, m.start(1), m.end(1)))
         brk = _LINE_END.match(text, m.end(1))
         if brk is None:  # the key ends on this line
@@ -1613,9 +1625,7 @@ def _split_values(text: str, needs_at: list[int]) -> Iterator[Span]:
             continue
         if (pieces := _value_pieces(text, at)) is None or len(pieces) < 2:
             continue
-        head = text[pieces[0][1]:pieces[0][2]]
-        cut = _KEY_SEPARATORS.match(head)
-        if not _random_looking(head[cut.end() if cut else 0:]) or _ends_a_key(head):
+        if not _starts_a_split(text[pieces[0][1]:pieces[0][2]]):
             continue  # (a prefix, or a key whole: the value after it is another's)
         done = pieces[-1][2]
         for found in _joined(pieces, [text]):
@@ -1641,6 +1651,14 @@ def _value_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
         if (sep := _NEXT_VALUE.match(text, m.end())) is None:
             break
     return pieces
+
+
+def _starts_a_split(head: str) -> bool:
+    """`head` (the first of a key's values, or list items) may start a key split over
+    them: a made-up piece after its literal ('"sk-proj-"' then an id is a prefix named
+    beside it), and no key whole (`_ends_a_key`)."""
+    cut = _KEY_SEPARATORS.match(head)
+    return _random_looking(head[cut.end() if cut else 0:]) and not _ends_a_key(head)
 
 
 def _ends_a_key(head: str) -> bool:

@@ -452,6 +452,36 @@ def test_escaped_blank_letters_beside_no_key_read_as_before(text: str) -> None:
     assert said == (fold(text) if "sha" in text else "[REMOVED] now"), said
 
 
+@pytest.mark.parametrize("text", [
+    "config:\n  keys:\n    - " + KEY[:14] + "\n    - " + KEY[14:28] + "\n    - " + KEY[28:]
+    + "\n  other: 1",
+    "- " + GHP[:10] + "\n- " + GHP[10:] + "\n",
+    "token:\n\t-\t" + KEY[:20] + "\n\t-\t" + KEY[20:],
+])
+def test_a_key_split_over_a_yaml_lists_items_is_one(text: str) -> None:
+    """A key split over a YAML list's items ("- piece" a line) was read as words, the
+    next line's first one its "-": each piece too short for a key."""
+    said = _sent(text, secret="redact")
+    assert "[SECRET]" in said and KEY[28:] not in said and KEY[20:] not in said, said
+    assert GHP[10:] not in said and not said.endswith("- "), said
+
+
+@pytest.mark.parametrize("text", [
+    "deps:\n  - sk-learn\n  - Documentation2\n  - numpy\n",
+    "items:\n- sk-proj-\n- 123e4567-e89b-12d3-a456-426614174000\n",
+    "- ghp_\n- abc123def456ghi789jkl012mno345pqr678\n",
+    "steps:\n  - run: pip install sk-video\n  - run: pytest -q tests2\n",
+])
+def test_yaml_lists_that_spell_no_key_are_left_alone(text: str) -> None:
+    from proxy.text import fold
+    assert _sent(text, secret="redact") == fold(text)
+
+
+def test_a_whole_key_in_a_yaml_list_leaves_the_item_after_it() -> None:
+    said = _sent("keys:\n  - " + KEY + "\n  - org-Ab3dEf6hIj9kLm2n\n", secret="redact")
+    assert said == "keys:\n  - [SECRET]\n  - org-Ab3dEf6hIj9kLm2n\n", said
+
+
 def _long_key(n: int, seed: int) -> str:
     import random
     pick = random.Random(seed).choice
