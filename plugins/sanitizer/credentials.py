@@ -846,7 +846,7 @@ def windows_around(text: str, places: list[int]) -> list[Span] | None:
 # the one before (`_FIRST_WORD`'s blanks; `_NEXT_VALUE`, a mapping's key between: 400
 # characters at most).
 _CHAIN_REACH = 9 * (512 + 512)  # (`_WRAP_LINES` + 1 pieces)
-_WORD_STOP = re.compile(r"[\s\"'\\]")
+_WORD_STOP = re.compile(r"[\s\"'`\\]")
 
 
 def _chains_over(text: str, a: int, b: int, literals: list[int]) -> Span:
@@ -988,7 +988,7 @@ def _find(text: str, low: str | None = None, hits: _Hits | None = None) -> Itera
                         yield m.span()
         if "\n" in text and len(low) == len(text):
             yield from _wrapped(text, needs_at)
-        if ('"' in text or "'" in text) and len(low) == len(text):
+        if ('"' in text or "'" in text or "`" in text) and len(low) == len(text):
             yield from _split_values(text, needs_at)
     if len(low) != len(text):  # lower-casing moved offsets (rare letters): scan it all
         matches: Iterator[re.Match[str]] = _PHRASE.finditer(text)
@@ -1609,10 +1609,10 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
 # as one has that half redacted, and is no key). A value that starts with a format's
 # literal starts another key (or a key's hint: '"sk-proj-1a2B", "sk-proj-1a2B...xY9z"'):
 # the values end before it.
-_VALUE_WORD = re.compile(r"[^\s\"'\\]{1,512}")
-_NEXT_VALUE = re.compile(r"\\?[\"'][ \t]{0,64}(?:,[ \t\r\n]{0,64}"
+_VALUE_WORD = re.compile(r"[^\s\"'`\\]{1,512}")
+_NEXT_VALUE = re.compile(r"\\?[\"'`][ \t]{0,64}(?:,[ \t\r\n]{0,64}"
                          r"(?:\\?[\"'][^\"'\\\n]{0,128}\\?[\"'][ \t]{0,64}:[ \t]{0,64})?"
-                         r"|\+[ \t\r\n]{0,64}|\r?\n[ \t]{0,64}(?:\+[ \t]{0,64})?)\\?[\"']")
+                         r"|\+[ \t\r\n]{0,64}|\r?\n[ \t]{0,64}(?:\+[ \t]{0,64})?)\\?[\"'`]")
 _KEY_SEPARATORS = re.compile(r".*[-_.]")
 
 
@@ -1641,7 +1641,7 @@ def _value_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     if first is None or (sep := _NEXT_VALUE.match(text, first.end())) is None:
         return None
     start = _word_start(text, at)
-    start = max(start, text.rfind('"', start, at) + 1, text.rfind("'", start, at) + 1)
+    start = max(start, *(text.rfind(q, start, at) + 1 for q in "\"'`"))
     pieces = [(0, start, first.end())]
     for _ in range(_WRAP_LINES):
         m = _VALUE_WORD.match(text, sep.end())

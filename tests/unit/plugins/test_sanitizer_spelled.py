@@ -482,6 +482,33 @@ def test_a_whole_key_in_a_yaml_list_leaves_the_item_after_it() -> None:
     assert said == "keys:\n  - [SECRET]\n  - org-Ab3dEf6hIj9kLm2n\n", said
 
 
+@pytest.mark.parametrize(("text", "gone"), [
+    ("const k = `" + KEY[:14] + "` + `" + KEY[14:] + "`;", KEY[14:]),  # template literals
+    ("keys = [`" + GHP[:10] + "`, `" + GHP[10:] + "`]", GHP[10:]),
+    ("k = `" + KEY[:14] + "`\n  + '" + KEY[14:] + "'", KEY[14:]),
+])
+def test_a_key_split_over_backtick_quoted_values_is_one(text: str, gone: str) -> None:
+    """Values quoted in backticks (JavaScript's template literals, Markdown's code) were
+    no values: a key split over two read as two words, neither a key."""
+    said = _sent(text, secret="redact")
+    assert "[SECRET]" in said and gone not in said, said
+
+
+@pytest.mark.parametrize("text", [
+    "run `pip install sk-learn`, then `Documentation2`",
+    "`sk-proj-`, `123e4567-e89b-12d3-a456-426614174000`",
+    "prefixes: `sk-`, `ghp_`, `AKIA`; see `docs/keys.md`",
+])
+def test_backtick_quoted_values_that_spell_no_key_are_left_alone(text: str) -> None:
+    from proxy.text import fold
+    assert _sent(text, secret="redact") == fold(text)
+
+
+def test_a_whole_key_in_backticks_leaves_the_value_after_it() -> None:
+    said = _sent("use `" + KEY + "`, `org-Ab3dEf6hIj9kLm2n`", secret="redact")
+    assert said == "use `[SECRET]`, `org-Ab3dEf6hIj9kLm2n`", said
+
+
 def _long_key(n: int, seed: int) -> str:
     import random
     pick = random.Random(seed).choice
