@@ -1482,6 +1482,10 @@ def _matches_at(text: str, starts: list[int]) -> Iterator[re.Match[str]]:
 # or mixed case), as a key's characters do: "see sk-learn" then "Documentation" is no
 # key.
 _WRAP_LINES = 8  # lines after the first that one key may run over
+# (or more where they are short, a key split over 4-character values or lines: up to
+# this many pieces in all, all of them within `_CHAIN_REACH` of the first's start, so
+# that a window reaching back that far still reads every chain into it)
+_PIECES_MOST = 24
 _WORD_CHARS = 512  # the longest piece of a key one line holds
 _FIRST_WORD = re.compile(r"[ \t\r\n]{0,64}(\S{1,512})")
 _LINE_END = re.compile(r"[ \t\r]*\n")
@@ -1579,13 +1583,15 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     item = None if mark is None or not text.startswith(mark[0], pos) else mark[0]
     if item is not None and not _starts_a_split(text[start:space.start()]):
         return None  # (as a value's: a prefix named, "- sk-learn", or a key whole)
-    for _ in range(_WRAP_LINES):
+    for k in range(_PIECES_MOST - 1):
         if item is not None:
             if not text.startswith(item, pos) or (m := _ITEM_WORD.match(
                     text, pos + len(item))) is None:
                 break
         elif (m := _FIRST_WORD.match(text, pos)) is None or "\n" in text[pos:m.start(1)]:
             break  # (a blank line ends it)
+        if k >= _WRAP_LINES and m.end(1) - start > _CHAIN_REACH:
+            break  # (past `_WRAP_LINES`, short pieces only: `_PIECES_MOST`)
         pieces.append((0, m.start(1), m.end(1)))
         brk = _LINE_END.match(text, m.end(1))
         if brk is None:  # the key ends on this line
@@ -1643,10 +1649,12 @@ def _value_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     start = _word_start(text, at)
     start = max(start, *(text.rfind(q, start, at) + 1 for q in "\"'`"))
     pieces = [(0, start, first.end())]
-    for _ in range(_WRAP_LINES):
+    for k in range(_PIECES_MOST - 1):
         m = _VALUE_WORD.match(text, sep.end())
         if m is None or _NEED_AT.match(text[m.start():m.start() + _NEED_MOST].lower()):
             break  # (a value starting with a format's literal is another key's, or a hint)
+        if k >= _WRAP_LINES and m.end() - start > _CHAIN_REACH:
+            break
         pieces.append((0, m.start(), m.end()))
         if (sep := _NEXT_VALUE.match(text, m.end())) is None:
             break

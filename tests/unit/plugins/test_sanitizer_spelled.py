@@ -509,6 +509,23 @@ def test_a_whole_key_in_backticks_leaves_the_value_after_it() -> None:
     assert said == "use `[SECRET]`, `org-Ab3dEf6hIj9kLm2n`", said
 
 
+def _in_threes(key: str, head: int) -> list[str]:
+    return [key[:head]] + [key[i:i + 3] for i in range(head, len(key), 3)]
+
+
+@pytest.mark.parametrize("layout", ["json", "lines", "list"])
+@pytest.mark.parametrize(("key", "head"), [(KEY, 11), (GHP, 8)])
+def test_a_key_split_over_more_than_nine_short_pieces_leaves_none(
+        layout: str, key: str, head: int) -> None:
+    """A key split over twelve pieces of three characters (values, lines, list items)
+    was read over its first nine only: the rest of it went on."""
+    parts = _in_threes(key, head)
+    text = {"json": json.dumps(parts), "lines": "k:\n" + "\n".join(parts),
+            "list": "k:\n- " + "\n- ".join(parts)}[layout]
+    said = _sent(text, secret="redact")
+    assert not any(p in said for p in parts[1:] if p.isalnum() and len(p) == 3), said
+
+
 def _long_key(n: int, seed: int) -> str:
     import random
     pick = random.Random(seed).choice
