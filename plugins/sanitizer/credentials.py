@@ -1176,8 +1176,21 @@ _B64URL_RUN = re.compile(r"(?<![A-Za-z0-9+/_-])[A-Za-z0-9_-]{24,2048}={0,2}(?![A
 _HEX_RUN = re.compile(r"(?<![0-9A-Za-z])(?:0x)?((?:[0-9a-fA-F]{2}){20,1024})(?![0-9A-Za-z])")
 
 
+# Each pattern above matches inside a run of 24 characters of `_ENCODED_CLASS` or more
+# (and up to two "=" and the character after them): it is tried in those runs only, found
+# once, not at every place of the text (three scans of 64 KB of code: 4 ms of 4.4).
+_ENCODED_RUN = re.compile(r"[A-Za-z0-9+/_-]{24,}")
+
+
+def in_runs(rx: re.Pattern[str], text: str, runs: list[Span]) -> Iterator[re.Match[str]]:
+    """`rx.finditer(text)`, for a pattern of `_encoded`'s, read in `runs` (`_ENCODED_RUN`'s)."""
+    for a, b in runs:
+        yield from rx.finditer(text, a, min(len(text), b + 3))
+
+
 def _encoded(text: str) -> Iterator[Span]:
-    for m in _B64_RUN.finditer(text):
+    runs = [m.span() for m in _ENCODED_RUN.finditer(text)]
+    for m in in_runs(_B64_RUN, text, runs):
         run = m.group().rstrip("=")
         if len(run) % 4 == 1:
             continue
@@ -1187,7 +1200,7 @@ def _encoded(text: str) -> Iterator[Span]:
             continue
         if _spells_a_key(decoded):
             yield m.span()
-    for m in _B64URL_RUN.finditer(text):
+    for m in in_runs(_B64URL_RUN, text, runs):
         run = m.group().rstrip("=")
         if (len(run) % 4 == 1 or ("-" not in run and "_" not in run and (
                 not m.start() or text[m.start() - 1] != "="))):
@@ -1202,7 +1215,7 @@ def _encoded(text: str) -> Iterator[Span]:
             continue
         if _spells_a_key(decoded):
             yield m.span()
-    for m in _HEX_RUN.finditer(text):
+    for m in in_runs(_HEX_RUN, text, runs):
         try:
             decoded = bytes.fromhex(m[1]).decode()
         except ValueError:  # (UnicodeDecodeError is one)

@@ -73,3 +73,31 @@ def test_literal_first_turns_only_a_plain_head_about() -> None:
     assert turn(r"\bhv[sb]\.(?P<b>x)") == r"hv[sb]\.(?<!\w.{4})(?P<b>x)"
     for kept in (r"\b(?:bot)?\d", r"\bab?c", r"\b(?:ab|c)d", r"(?i:\bbearer)\s", r"x\by"):
         assert turn(kept) == kept
+
+
+# ------------------------- `_encoded`'s patterns read in the runs they can match in only
+
+def _encoded_texts(seed: int) -> list[str]:
+    import base64
+
+    rng = random.Random(seed)
+    bits = [base64.b64encode(b"sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z").decode(),
+            base64.urlsafe_b64encode(bytes(range(120, 160))).decode(),
+            b"ghp_aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6".hex(), "0x", "=", "==",
+            "===", "+", "/", "_", "-", " ", "\n", "é", "ж", "state=", "abcdefghijkl",
+            "ABCDEF012345", "9f86d081884c7d659a2feaa0c55ad015", '"', ".", ":"]
+    return ["".join(rng.choice(bits) for _ in range(rng.randrange(1, 24)))
+            for _ in range(3000)]
+
+
+@pytest.mark.parametrize("name", ["_B64_RUN", "_B64URL_RUN", "_HEX_RUN"])
+def test_encoded_patterns_read_in_runs_match_as_over_the_text(name: str) -> None:
+    from tests.unit.plugins.test_sanitizer_gates import CORPUS
+    rx = getattr(credentials, name)
+    found = 0
+    for text in [*CORPUS, *_encoded_texts(11)]:
+        runs = [m.span() for m in credentials._ENCODED_RUN.finditer(text)]
+        want = [(m.span(), m.groups()) for m in rx.finditer(text)]
+        assert [(m.span(), m.groups()) for m in credentials.in_runs(rx, text, runs)] == want
+        found += len(want)
+    assert found
