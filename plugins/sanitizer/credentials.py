@@ -1511,16 +1511,20 @@ _SPACE = re.compile(r"\s")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*=[^=]")
 
 
-def secrets_across(texts: list[str]) -> Iterator[tuple[int, Span]]:
+def secrets_across(texts: list[str], values: bool = False) -> Iterator[tuple[int, Span]]:
     """Keys split over the end of one text and the start of the next (two messages):
-    (text index, span) for each piece."""
+    (text index, span) for each piece. With `values` (a JSON object's or array's string
+    values), a value that is a key whole starts none, as pasted JSON's (`_starts_a_split`):
+    the value after it is another's. Messages are one text broken anywhere: a key's first
+    piece there reads as a key whole wherever the break falls past its format's shortest
+    (a 164-character key broken past its 23rd), and its rest is the next message's start."""
     for i in range(len(texts) - 1):
         a = texts[i]
         end = len(a.rstrip())
         start = _word_start(a, end)
         if start == end or not any(n in a[start:end].lower() for n in _NEEDS) or (
-                _ends_a_key(a[start:end])):
-            continue  # (no literal, or a key whole: the next text's first word is another)
+                values and _ends_a_key(a[start:end])):
+            continue  # (no literal, or a value that is a key whole: the next is another)
         pieces = [(i, start, end)]
         for j in range(i + 1, min(len(texts), i + 1 + _WRAP_LINES)):
             m = _FIRST_WORD.match(texts[j])

@@ -906,12 +906,12 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         folds = [self._fold(values[i]) for i in at]
         norms = [scanned(f) for f in folds] if self.cfg.normalize else folds
         spans: dict[int, list[tuple[Span, str]]] = {}
-        for j, span in secrets_across(norms):
+        for j, span in secrets_across(norms, values=True):
             spans.setdefault(j, []).append((span, "[SECRET]"))
         placed: dict[int, list[tuple[Span, str]]] = {}
         if (views := self._blank_views([values[i] for i in at], folds)) is not None:
             # (a key split over two values and by a blank letter: read them as nothing)
-            for j, span in secrets_across(_blank_read(norms, views)):
+            for j, span in secrets_across(_blank_read(norms, views), values=True):
                 placed.setdefault(j, []).append((span, "[SECRET]"))
             placed = {j: _in_fold(views[j], found) for j, found in placed.items()}
         if not spans and not placed:

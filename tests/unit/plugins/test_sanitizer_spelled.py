@@ -313,10 +313,10 @@ def test_texts_across_are_read_again_only_where_a_blank_letter_is(
     calls: list[int] = []
     inner = module.secrets_across
 
-    def counting(texts: list[str]):  # type: ignore[no-untyped-def]
+    def counting(texts: list[str], values: bool = False):  # type: ignore[no-untyped-def]
         if any(KEY[:8] in t for t in texts):  # (those holding the key's pieces)
             calls.append(len(texts))
-        return inner(texts)
+        return inner(texts, values)
 
     monkeypatch.setattr(module, "secrets_across", counting)
     ctx = _messages("my key is " + KEY[:12], KEY[12:16] + blank + KEY[16:] + " ok")
@@ -412,10 +412,10 @@ def test_a_whole_key_in_pasted_json_leaves_the_value_after_it() -> None:
     assert KEY not in said and "org-Ab3dEf6hIj9kLm2n" in said, said
 
 
-def test_a_whole_key_in_call_arguments_or_a_message_leaves_the_value_after_it() -> None:
-    """Values and messages read one after another (`secrets_across`) lacked the pasted
-    JSON's guard: a value that is a key whole had the value after it read as the key's
-    rest, and that (an organization's id, the next message's first word) redacted."""
+def test_a_whole_key_in_call_arguments_leaves_the_value_after_it() -> None:
+    """Values read one after another (`secrets_across`) lacked the pasted JSON's
+    guard: a value that is a key whole had the value after it read as the key's rest,
+    and that (an organization's id) redacted."""
     import asyncio
 
     from tests.unit.plugins.test_sanitizer import Spy, _args, _with_call, plugin
@@ -423,10 +423,21 @@ def test_a_whole_key_in_call_arguments_or_a_message_leaves_the_value_after_it() 
     asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
     said = json.loads(_args(ctx))
     assert KEY not in said["key"] and said["org"] == "org9Ab3dEf6hIj9kLm2n", said
-    ctx = _messages("the openai key: " + KEY, "Org9xQ2wE5rT8yU1iO4p is our org id")
+
+
+@pytest.mark.parametrize("cut", [12, 26, 40, 61, 100, 150])
+def test_a_long_key_broken_over_two_messages_is_redacted_in_both(cut: int) -> None:
+    """A key broken over two messages reads as a key whole in the first wherever the
+    break falls past its format's shortest (sk- and 20 characters): the guard values
+    have (a value that is a key whole starts none) left its rest in the second message."""
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, plugin
+    key = "sk-proj-" + _long_key(156, 3)
+    ctx = _messages("my key is " + key[:cut], key[cut:] + " thanks")
     asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
     texts = [m.content for m in ctx.request.messages]
-    assert KEY not in texts[0] and texts[1] == "Org9xQ2wE5rT8yU1iO4p is our org id", texts
+    assert texts == ["my key is [SECRET]", "[SECRET] thanks"], texts
 
 
 @pytest.mark.parametrize("blank", ["\\u3164", "\\u2800", "\\uffa0", "\\u115f", "&#x3164;",
