@@ -1607,8 +1607,10 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
                 break
         elif (m := _FIRST_WORD.match(text, pos)) is None or "\n" in text[pos:m.start(1)]:
             break  # (a blank line ends it)
-        if k >= _WRAP_LINES and m.end(1) - start > _CHAIN_REACH:
-            break  # (past `_WRAP_LINES`, short pieces only: `_PIECES_MOST`)
+        if k >= _WRAP_LINES and (m.end(1) - start > _CHAIN_REACH or _NEED_AT.match(
+                text[m.start(1):m.start(1) + _NEED_MOST].lower())):
+            break  # (past `_WRAP_LINES`, short pieces only, none another key's literal:
+            # a chain read past it hid the key wrapped from there, `_wrapped`'s `done`)
         pieces.append((0, m.start(1), m.end(1)))
         brk = _LINE_END.match(text, m.end(1))
         if brk is None:  # the key ends on this line

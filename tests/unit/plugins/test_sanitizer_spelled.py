@@ -537,6 +537,20 @@ def test_a_key_split_over_more_than_nine_short_pieces_leaves_none(
     assert not any(p in said for p in parts[1:] if p.isalnum() and len(p) == 3), said
 
 
+@pytest.mark.parametrize("layout", ["lines", "list"])
+def test_a_key_wrapped_below_short_lines_with_a_literal_is_read_from_its_own(
+        layout: str) -> None:
+    """A chain read on past nine short lines from a literal ("sk-test1") ran over a key
+    wrapped below them, and the lines it ran over were not read for a chain of their
+    own: that key's wrapped lines went on."""
+    key = "sk-proj-" + _long_key(96, 4)
+    lines = ["sk-test1", "staging", "v2", "prod", "eu1", "us2", "ap3", "none", "todo",
+             "done", key[:20], key[20:44], key[44:68], key[68:]]
+    mark = {"lines": "", "list": "- "}[layout]
+    said = _sent("k:\n" + "\n".join(mark + line for line in lines), secret="redact")
+    assert not any(key[i:i + 24] in said for i in (20, 44, 68)), said
+
+
 def _long_key(n: int, seed: int) -> str:
     import random
     pick = random.Random(seed).choice
