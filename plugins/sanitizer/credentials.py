@@ -1665,8 +1665,10 @@ def _value_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     first = _VALUE_WORD.match(text, at)
     if first is None or (sep := _NEXT_VALUE.match(text, first.end())) is None:
         return None
-    start = _word_start(text, at)
-    start = max(start, *(text.rfind(q, start, at) + 1 for q in "\"'`"))
+    # (the word from its opening quote, where one is nearer than a blank: that quote
+    # found first, not every character of a run of values with no blank walked back)
+    lo = max(text.rfind(q, max(0, at - _WORD_CHARS), at) for q in "\"'`") + 1
+    start = _word_start(text, at, lo)
     pieces = [(0, start, first.end())]
     for k in range(_PIECES_MOST - 1):
         m = _VALUE_WORD.match(text, sep.end())
@@ -1694,9 +1696,10 @@ def _ends_a_key(head: str) -> bool:
     return any(b == len(head) for _, b in _find(head))
 
 
-def _word_start(text: str, end: int) -> int:
-    """Where the word that ends at `end` starts (at most `_WORD_CHARS` back)."""
-    start, lo = end, max(0, end - _WORD_CHARS)
+def _word_start(text: str, end: int, floor: int = 0) -> int:
+    """Where the word that ends at `end` starts (at most `_WORD_CHARS` back, and not
+    before `floor`)."""
+    start, lo = end, max(floor, end - _WORD_CHARS)
     while start > lo and not text[start - 1].isspace():
         start -= 1
     return start

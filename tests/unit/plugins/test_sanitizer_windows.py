@@ -101,3 +101,23 @@ def test_encoded_patterns_read_in_runs_match_as_over_the_text(name: str) -> None
         assert [(m.span(), m.groups()) for m in credentials.in_runs(rx, text, runs)] == want
         found += len(want)
     assert found
+
+
+# ------------------- a value's word read back to its opening quote, found first (stop 55)
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_value_s_start_is_the_word_s_after_its_last_quote(seed: int) -> None:
+    """`_value_pieces` finds its first value's opening quote first and walks back to
+    it only (a run of quoted values with no blank, "`sk-ab1`,`sk-cd1`,...", was walked
+    back 512 characters at every literal): the start the word's start and the last
+    quote in it gave."""
+    rng = random.Random(seed)
+    bits = ["sk-", "`", '"', "'", " ", "\n", ",", "+", "ab1", "Xy9", "-", "_", "\\"]
+    for _ in range(400):
+        text = "".join(rng.choice(bits) for _ in range(rng.randrange(1, 400)))
+        for at in credentials._scan(text.lower()).needs_at:
+            word = credentials._word_start(text, at)
+            want = max(word, *(text.rfind(q, word, at) + 1 for q in "\"'`"))
+            pieces = credentials._value_pieces(text, at)
+            if pieces is not None:
+                assert pieces[0][1] == want, (text, at)
