@@ -1607,10 +1607,13 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
                 break
         elif (m := _FIRST_WORD.match(text, pos)) is None or "\n" in text[pos:m.start(1)]:
             break  # (a blank line ends it)
-        if k >= _WRAP_LINES and (m.end(1) - start > _CHAIN_REACH or _NEED_AT.match(
-                text[m.start(1):m.start(1) + _NEED_MOST].lower())):
-            break  # (past `_WRAP_LINES`, short pieces only, none another key's literal:
-            # a chain read past it hid the key wrapped from there, `_wrapped`'s `done`)
+        if (k >= _WRAP_LINES or item is not None) and _NEED_AT.match(
+                text[m.start(1):m.start(1) + _NEED_MOST].lower()):
+            break  # (an item, or a line past `_WRAP_LINES`, starting with a format's
+            # literal starts another key, as a value does: a chain read over it hid the
+            # key wrapped from there, `_wrapped`'s `done`)
+        if k >= _WRAP_LINES and m.end(1) - start > _CHAIN_REACH:
+            break  # (past `_WRAP_LINES`, short pieces only: `_PIECES_MOST`)
         pieces.append((0, m.start(1), m.end(1)))
         brk = _LINE_END.match(text, m.end(1))
         if brk is None:  # the key ends on this line

@@ -551,6 +551,17 @@ def test_a_key_wrapped_below_short_lines_with_a_literal_is_read_from_its_own(
     assert not any(key[i:i + 24] in said for i in (20, 44, 68)), said
 
 
+def test_a_key_in_a_list_item_after_one_with_a_literal_is_read_from_its_own() -> None:
+    """A list's items were read joined from an item with a literal ("- sk-test1") over
+    the next item holding a key's start (a key of its own, wrapped on below it as the
+    item's indented lines): that key was read as the first item's rest, and its
+    wrapped lines went on."""
+    key = "sk-proj-" + _long_key(96, 5)
+    text = f"keys:\n  - sk-test1\n  - {key[:20]}\n    {key[20:60]}\n    {key[60:]}\n"
+    said = _sent(text, secret="redact")
+    assert key[20:60] not in said and key[60:] not in said, said
+
+
 def _long_key(n: int, seed: int) -> str:
     import random
     pick = random.Random(seed).choice
