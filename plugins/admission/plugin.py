@@ -105,7 +105,8 @@ class AdmissionPlugin(BasePlugin[AdmissionConfig]):
                            retry_after=self.cfg.retry_after_s)
 
     async def __call__(self, ctx: RequestContext, call_next: Next) -> Reply:
-        self._deadline(ctx)
+        if ctx.deadline_cut is None:  # (no `enter` ran: a chain built without hooks)
+            self._deadline(ctx)
         # Embeddings run beside the engine, in one batch per request: one permit of their
         # own gate. (A greedy request's `n` choices are one sequence in the engine.)
         embeds = ctx.route == "embeddings"

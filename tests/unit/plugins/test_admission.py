@@ -552,3 +552,33 @@ async def test_a_scrape_reads_the_gauges_as_the_gate_stands() -> None:
     assert queue_depth(p) == 0 and in_engine(p) == 1
     await waiter
     assert queue_depth(p) == 0 and in_engine(p) == 0
+
+
+async def test_the_deadline_is_worked_out_once_per_request(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """`enter` sets the request's deadline (header and all) before the chain runs: the
+    plugin's call does not work it out again; called with no `enter` (a chain built
+    without hooks) it still does."""
+    import plugins.admission.plugin as admission
+    from proxy.chain import compose
+
+    calls: list[str | None] = []
+    real = admission.asked_limit
+
+    def counted(raw: str | None, *args: Any) -> float | None:
+        calls.append(raw)
+        return real(raw, *args)
+
+    monkeypatch.setattr(admission, "asked_limit", counted)
+    p = plugin(deadline_s=300)
+
+    async def done(c: RequestContext) -> Reply:
+        return Completion({})
+
+    c = ctx({"x-weir-timeout-ms": "5000"})
+    await compose([p], done)(c)
+    assert calls == ["5000"] and c.deadline is not None
+    assert c.deadline == pytest.approx(c.started + 5.0)
+    bare = ctx({"x-weir-timeout-ms": "4000"})
+    await p(bare, done)
+    assert bare.deadline == pytest.approx(bare.started + 4.0)
