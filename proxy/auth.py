@@ -146,6 +146,10 @@ class Authenticator:
     def authenticate(self, headers: Mapping[str, str]) -> Principal:
         """The caller that a request's headers present (see `credentials`): 401 without a
         valid key unless auth is open."""
+        if not self._by_hash and self.open:
+            # No key configured: every caller is the anonymous one, whatever it presents
+            # (its key was read and hashed per request, for a lookup that always missed).
+            return self._anonymous
         token = _bearer(credentials(headers) if self._by_hash else _first(headers))
         if token is not None:
             # The lookup is by the key's hash, so its timing says nothing about the key;

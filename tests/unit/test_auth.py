@@ -307,3 +307,16 @@ def test_a_caller_named_on_a_key_not_marked_on_behalf_of_is_warned_once(
     plain = a.authenticate({"Authorization": "Bearer plain-key"})
     assert said[0][1] == {"key_id": plain.key_id}
     assert "plain-key" not in str(said) and caller not in str(said)
+
+
+def test_open_mode_without_keys_hashes_no_presented_key(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """With no key configured every caller is the anonymous one: a presented key is
+    neither read nor hashed (a per-request SHA-256 for a lookup that always missed)."""
+    import proxy.auth
+
+    hashed: list[str] = []
+    monkeypatch.setattr(proxy.auth, "sha256_hex", lambda v: hashed.append(v) or "0" * 64)
+    a = Authenticator(AuthSettings.model_validate({"mode": "open"}))
+    p = a.authenticate({"Authorization": "Bearer sk-something"})
+    assert p.tenant == "public" and p.user == "anonymous" and hashed == []
