@@ -252,6 +252,9 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self.store_errors.labels("unavailable").inc()
         if not self._degraded:
             self._hold_locally()
+            # An outage begins: Redis seen back before it (set then with no orphans,
+            # so no reaper cleared it) must not end this one's first backoff at once.
+            self._back.clear()
         self._degraded = True
         self._watch()
         if self._outage.down():

@@ -1781,3 +1781,34 @@ async def test_leases_an_outage_left_in_redis_are_released_as_soon_as_it_is_back
         await p(ctx(), answer)  # the one slot is free again
     finally:
         await p.close()
+
+
+async def test_redis_seen_back_before_an_outage_does_not_cut_its_first_backoff(
+        tmp_path: Path) -> None:
+    """Redis back after an outage that left no orphans set the reaper's `_back` with no
+    reaper to clear it: the next outage's first backoff ended at once (a release retried
+    at once, one round more than its backoff allows)."""
+    from bench.redis_server import free_port
+    from plugins.rate_limit.gcra import StoreError
+
+    p = plugin(f"redis://127.0.0.1:{free_port()}/0", rules=[{"per": "key", "concurrent": 2}])
+    p.REAP_FIRST_S = 60.0  # (its first backoff outlasts the test)
+    tries = 0
+
+    async def down(*args: Any) -> None:
+        nonlocal tries
+        tries += 1
+        raise StoreError("ConnectionError")
+
+    p.remote.release_barred = down  # type: ignore[union-attr, method-assign]
+    try:
+        p._store_failed(StoreError("ConnectionError"))  # an outage with no orphan
+        p._store_ok()  # Redis back: seen so
+        p._store_failed(StoreError("ConnectionError"))  # the next outage
+        p._orphan("lease", ["k"])
+        await eventually(lambda: tries >= 1)
+        for _ in range(50):  # (turns of the loop, bounded: a second try needs none)
+            await asyncio.sleep(0)
+        assert tries == 1 and not p._back.is_set()
+    finally:
+        await p.close()
