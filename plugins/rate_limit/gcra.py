@@ -76,6 +76,10 @@ class Decision(NamedTuple):
     #: the concurrency limits (their places in `conc`) that were full: a refusal names
     #: its rule by them
     full: tuple[int, ...] = ()
+    #: Redis's lease sets' epoch, where it decided on a concurrency limit (0: none): a
+    #: new one means Redis lost its data since (a restart, FLUSHALL), the leases of the
+    #: requests still running with it (`RateLimitPlugin._rewrite_leases`)
+    epoch: int = 0
 
 
 class StoreError(Exception):
@@ -271,6 +275,18 @@ local nb, nc = tonumber(ARGV[1]), tonumber(ARGV[2])
 local lease, lease_ms, period = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local allowed, retry = 1, 0
 local out, untaken, new, full = {}, {}, {}, {}
+-- the lease sets' epoch: a new one where Redis holds none (it lost its data: every
+-- running lease with it; or it is the first), so that each replica writes its own back
+local epoch = 0
+if nc > 0 then
+  local key = KEYS[nb + nc + 1]
+  local raw = redis.pcall('GET', key)
+  epoch = type(raw) == 'string' and tonumber(raw) or nil
+  if epoch == nil or epoch ~= epoch or epoch < 1 then
+    epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', key, string.format('%d', epoch))
+  end
+end
 for i = 1, nb do
   local limit = tonumber(ARGV[5 + (i - 1) * 2 + 1])
   local cost = math.min(tonumber(ARGV[5 + (i - 1) * 2 + 2]), limit)
@@ -318,8 +334,9 @@ if allowed == 1 then
   end
 end
 if allowed == 0 then out = untaken end
--- allowed, retry, the full concurrency limits (a count, then their places), the states
-local res = {allowed, math.ceil(retry), #full}
+-- allowed, retry, the epoch, the full concurrency limits (a count, then their places),
+-- the states
+local res = {allowed, math.ceil(retry), epoch, #full}
 for _, j in ipairs(full) do res[#res + 1] = j end
 for _, v in ipairs(out) do res[#res + 1] = v end
 return res
@@ -396,14 +413,43 @@ return 1
 """
 
 
+# The lease sets' epoch (`Decision.epoch`), made anew where Redis holds none.
+_EPOCH = """
+local raw = redis.pcall('GET', KEYS[1])
+local epoch = type(raw) == 'string' and tonumber(raw) or nil
+if epoch == nil or epoch ~= epoch or epoch < 1 then
+  local t = redis.call('TIME')
+  epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[1], string.format('%d', epoch))
+end
+return epoch
+"""
+
+_COUNT = _READ + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local out = {}
+for i = 1, #KEYS do
+  local key = leases_of(KEYS[i])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  out[i] = redis.call('ZCARD', key)
+end
+return out
+"""
+
+
 class RedisStore:
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, key_prefix: str = "weir:rl:") -> None:
         self.timeout_s = timeout_s
+        #: where the lease sets' epoch is kept (`Decision.epoch`)
+        self.epoch_key = f"{key_prefix}epoch"
         self.client = blocking_client(url, timeout_s, max_connections=64)
         self._admit = self.client.register_script(_ADMIT)
         self._adjust = self.client.register_script(_ADJUST)
         self._renew = self.client.register_script(_RENEW)
         self._release_barred = self.client.register_script(_RELEASE_BARRED)
+        self._count = self.client.register_script(_COUNT)
+        self._epoch = self.client.register_script(_EPOCH)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -426,13 +472,25 @@ class RedisStore:
             args += [b.limit, b.cost]
         args += [limit for _, limit in conc]
         keys = [b.key for b in buckets] + [k for k, _ in conc]
+        if conc:
+            keys.append(self.epoch_key)
         res = await self._run(self._admit(keys=keys, args=args))
         vals = [float(v) for v in res]  # type: ignore[attr-defined]
-        first = 3 + int(vals[2])
+        first = 4 + int(vals[3])
         states = [BucketState(int(vals[i]), int(vals[i + 1]), vals[i + 2])
                   for i in range(first, len(vals), 3)]
         return Decision(vals[0] == 1, vals[1], states,
-                        tuple(int(v) for v in vals[3:first]))
+                        tuple(int(v) for v in vals[4:first]), int(vals[2]))
+
+    async def epoch(self) -> int:
+        """The lease sets' epoch (a new one where Redis lost it)."""
+        res = await self._run(self._epoch(keys=[self.epoch_key], args=[]))
+        return int(str(res))
+
+    async def count(self, conc: list[str]) -> list[int]:
+        """The running leases each lease set holds (those past their expiry dropped)."""
+        res = await self._run(self._count(keys=conc, args=[]))
+        return [int(v) for v in res]  # type: ignore[attr-defined]
 
     async def adjust(self, buckets: list[Bucket]) -> list[BucketState]:
         if not buckets:
@@ -473,7 +531,8 @@ class RedisStore:
         its script (NOSCRIPT, then a load) within the per-call timeout."""
         async def work() -> None:
             await asyncio.gather(*(self.client.ping() for _ in range(connections)))
-            for script in (self._admit, self._adjust, self._renew, self._release_barred):
+            for script in (self._admit, self._adjust, self._renew, self._release_barred,
+                           self._count, self._epoch):
                 await self.client.script_load(script.script)
 
         await self._run(work(), timeout_s)

@@ -171,7 +171,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         #: (key id, tenant, user, role, model) -> that caller's buckets (`_plan`)
         self._plans: dict[tuple[str, str, str, str, str], _Plan] = {}
         self.local = MemoryStore(clock)
-        self.remote = (RedisStore(config.redis.url, config.redis.timeout_s)
+        self.remote = (RedisStore(config.redis.url, config.redis.timeout_s,
+                                  config.redis.key_prefix)
                        if config.store == "redis" and config.redis.url else None)
         reg = services.metrics.registry
         self.rejected = Counter("weir_rate_limit_rejections_total", "429s.", ["per", "limit"],
@@ -211,6 +212,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._back = asyncio.Event()
         self._prober: asyncio.Task[None] | None = None
         self._restorer: asyncio.Task[None] | None = None
+        #: the epoch of Redis's lease sets last seen (0: none yet), the task writing this
+        #: replica's running leases back there when a new one is seen (`_rewrite_leases`),
+        #: and how many such rewrites have ended
+        self._epoch = 0
+        self._rewrite: asyncio.Task[None] | None = None
+        self._rewritten = 0
+        self._epoch_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.remote is not None:
@@ -219,9 +227,12 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             except StoreError as e:  # (out of reach: seen so at once, as a request would)
                 self._store_failed(e)
         self._renewer = asyncio.create_task(self._renew_loop())
+        if self.remote is not None:
+            self._epoch_watch = asyncio.create_task(self._watch_epoch())
 
     async def close(self) -> None:
-        await cancel_and_wait(self._renewer, self._reaper, self._prober, self._restorer)
+        await cancel_and_wait(self._renewer, self._reaper, self._prober, self._restorer,
+                              self._epoch_watch, self._rewrite)
         if self.remote is not None:
             await self._retry_orphans()
             await self.remote.close()
@@ -300,8 +311,14 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         lease_ms = self.cfg.lease_s * 1000
         if self.remote is not None:
             if not self._full:  # (full: it would record nothing of what it admits)
+                before = self._rewritten
                 try:
                     decision = await self.remote.admit(buckets, conc, lease, lease_ms)
+                    if decision.epoch and (decision.epoch != self._epoch
+                                           or self._rewritten != before
+                                           or self._rewrite is not None):
+                        decision = await self._recount(decision, buckets, conc, lease,
+                                                       before)
                 except StoreError as e:
                     # it may still take the lease: its release bars it (a full Redis
                     # refused the script's first write: it took nothing)
@@ -315,6 +332,80 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 raise Unavailable("Rate limiting is unavailable; retry shortly.",
                                   code="rate_limiter_unavailable")
         return await self.local.admit(buckets, conc, lease, lease_ms), self.local
+
+    async def _recount(self, decision: Decision, buckets: list[Bucket],
+                       conc: list[tuple[str, int]], lease: str, before: int) -> Decision:
+        """An admission Redis decided with a new epoch of its lease sets (it lost its data,
+        a restart or FLUSHALL, and with it the leases of the requests still running: a
+        concurrency limit let as many again in until each lease's next renewal), or
+        before this replica's running leases were written back after one: they are
+        written back (`_rewrite_leases`, once per epoch), and a lease set now past its
+        limit refuses this request after all (its lease released, its charges
+        refunded). (The first epoch a replica sees holds none of its leases: none ran.)"""
+        assert self.remote is not None
+        if decision.epoch != self._epoch:
+            first, self._epoch = not self._epoch, decision.epoch
+            if first:
+                return decision
+            self._rewrite = asyncio.create_task(self._rewrite_leases())
+        if self._rewrite is not None:
+            rewrite = self._rewrite
+            await asyncio.shield(rewrite)
+            if self._rewrite is rewrite:
+                self._rewrite = None
+        if not decision.allowed or self._rewritten == before:
+            return decision
+        keys = [k for k, _ in conc]
+        held = await self.remote.count(keys)
+        over = tuple(j for j, ((_, limit), n) in enumerate(zip(conc, held, strict=True))
+                     if n > limit)
+        if not over:
+            return decision
+        states = await self.remote.adjust([Bucket(b.key, b.limit, -min(b.cost, b.limit))
+                                           for b in buckets])
+        try:
+            await self.remote.release(keys, lease)
+        except StoreError as e:
+            self._orphan(lease, keys)
+            self._store_failed(e)
+        return Decision(False, 1000.0, states, over, decision.epoch)
+
+    async def _watch_epoch(self) -> None:
+        """While Redis holds leases of this replica's running requests, read its lease
+        sets' epoch every `PROBE_S`: a new one (Redis lost its data) has them written
+        back within a second, where this replica admits nothing meanwhile (its
+        admissions see it at once) and another's admission counts without them."""
+        assert self.remote is not None
+        every = min(self.PROBE_S, self.cfg.lease_s / 3)
+        while True:
+            await asyncio.sleep(every)
+            if (not self._epoch or self._degraded or self._full
+                    or not any(store is self.remote for store, _ in self._active.values())):
+                continue
+            try:
+                epoch = await self.remote.epoch()
+            except StoreError:
+                continue  # (an outage: the requests and the prober see it)
+            except Exception as e:  # (the next round tries again)
+                log.error("rate-limit epoch read failed", **error_fields(e))
+                continue
+            if epoch != self._epoch and (self._rewrite is None or self._rewrite.done()):
+                self._epoch = epoch
+                self._rewrite = asyncio.create_task(self._rewrite_leases())
+
+    async def _rewrite_leases(self) -> None:
+        """Write this replica's running leases back into Redis, which lost them (unless
+        their release came first: `_restore`)."""
+        try:
+            running = {lease: keys for lease, (store, keys) in self._active.items()
+                       if store is self.remote}
+            if running and self.remote is not None:
+                self._restore |= running.keys()
+                await self.remote.renew(running, self.cfg.lease_s * 1000, running.keys())
+        except StoreError as e:
+            self._store_failed(e)
+        finally:
+            self._rewritten += 1
 
     async def _settle_shielded(self, store: Store, tpm: list[Bucket], reserve: int,
                                used: int | None, conc_keys: list[str], lease: str

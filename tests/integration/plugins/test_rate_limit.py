@@ -1812,3 +1812,68 @@ async def test_redis_seen_back_before_an_outage_does_not_cut_its_first_backoff(
         assert tries == 1 and not p._back.is_set()
     finally:
         await p.close()
+
+
+@pytest.mark.parametrize("restart", [False, True])
+async def test_redis_losing_its_leases_mid_flight_lets_no_replica_past_its_limit(
+        tmp_path: Path, restart: bool) -> None:
+    """Redis losing its data (FLUSHALL, or a restart without persistence) while requests
+    ran lost their leases: redis-py reconnects silently, and `concurrent: 3` admitted as
+    many again until each lease's next renewal (5 in flight seen with two replicas). A
+    replica that sees the lease sets' epoch new (reading it every `PROBE_S` while it
+    holds leases, or in an admission's answer) writes its running leases back, and the
+    admission that saw it stands only if the limit still holds."""
+    server = RedisServer(tmp_path).start()
+    prefix = key() + ":"
+    cfg = {"store": "redis", "redis": {"url": server.url, "key_prefix": prefix,
+                                       "timeout_s": 1.0},
+           "rules": [{"per": "tenant", "concurrent": 3}]}
+    services = [Services(terminal=FakeEngine(), settings=Settings(), metrics=Metrics())
+                for _ in range(2)]
+    a, b = (RateLimitPlugin(RateLimitConfig.model_validate(cfg), s) for s in services)
+    a.PROBE_S = 3600.0  # (a sees the new epoch only in its admission's answer)
+    b.PROBE_S = 0.02  # (b reads it soon, with no admission of its own)
+    await a.start()
+    await b.start()
+    release = asyncio.Event()
+    running = 0
+    leases = prefix + "0:tenant:t:c"
+
+    async def held(c: RequestContext) -> Reply:
+        nonlocal running
+        running += 1
+        try:
+            await release.wait()
+        finally:
+            running -= 1
+        return Completion({})
+
+    tasks = []
+    try:
+        for replica in (a, a, b):
+            tasks.append(asyncio.create_task(replica(ctx(), held)))
+            await eventually(lambda: running == len(tasks))
+        if restart:
+            server.stop()
+            server = RedisServer(tmp_path, port=server.port).start()
+        else:
+            await a.remote.client.flushall()  # type: ignore[union-attr]
+        import redis.asyncio as aioredis
+
+        client = aioredis.from_url(server.url)
+        async with asyncio.timeout(5):  # b's lease back (a cross-process effect: polled)
+            while await client.zcard(leases) != 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+        with pytest.raises(RateLimited):  # a's two back, and this one: four of three
+            await a(ctx(), answer)
+        assert await client.zcard(leases) == 3
+        with pytest.raises(RateLimited):
+            await b(ctx(), answer)
+        assert running == 3
+        await client.aclose()
+    finally:
+        release.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await a.close()
+        await b.close()
+        server.stop()
