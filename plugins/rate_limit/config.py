@@ -107,8 +107,10 @@ class RateLimitConfig(PluginConfig):
     default_max_tokens: int = Field(
         256, ge=1, description="Completion tokens reserved when a request sets no maximum.")
     lease_s: float = Field(
-        30, ge=1, description="A concurrency slot's lease: renewed every lease_s/3 while its "
-        "request runs, so a slot every release missed (a crash) frees itself this soon.")
+        30, ge=1, le=86_400, description="A concurrency slot's lease: renewed every "
+        "lease_s/3 while its request runs, so a slot every release missed (a crash) frees "
+        "itself this soon (at most a day: Redis refused the expiry of a lease of 1e14 s "
+        "or more, and every admission fell back to the local limiter).")
 
     @model_validator(mode="after")
     def _redis_url(self) -> RateLimitConfig:

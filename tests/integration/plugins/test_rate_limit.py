@@ -1877,3 +1877,21 @@ async def test_redis_losing_its_leases_mid_flight_lets_no_replica_past_its_limit
         await a.close()
         await b.close()
         server.stop()
+
+
+async def test_the_longest_lease_a_config_takes_is_one_redis_keeps(
+        redis_server: RedisServer) -> None:
+    """A lease of 1e15 s passed the config and Redis refused its expiry (an error on
+    every admission: the local limiter decided for good, a lease orphaned each time):
+    the config takes at most a day, and a day's lease works through Redis."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="lease_s"):
+        plugin(redis_server.url, lease_s=1e15, rules=[{"per": "key", "concurrent": 1}])
+    p = plugin(redis_server.url, lease_s=86_400, rules=[{"per": "key", "concurrent": 1}])
+    try:
+        for _ in range(3):  # one at a time: each released
+            await p(ctx(), answer)
+        assert p.health() == {"store": "redis"} and p.idle()
+    finally:
+        await p.close()
