@@ -211,7 +211,6 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         #: set when Redis is seen back: the reaper's backoff ends (`_reap`)
         self._back = asyncio.Event()
         self._prober: asyncio.Task[None] | None = None
-        self._restorer: asyncio.Task[None] | None = None
         #: the epoch of Redis's lease sets last seen (0: none yet), the task writing this
         #: replica's running leases back there when a new one is seen (`_rewrite_leases`),
         #: and how many such rewrites have ended
@@ -231,8 +230,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             self._epoch_watch = asyncio.create_task(self._watch_epoch())
 
     async def close(self) -> None:
-        await cancel_and_wait(self._renewer, self._reaper, self._prober, self._restorer,
-                              self._epoch_watch, self._rewrite)
+        await cancel_and_wait(self._renewer, self._reaper, self._prober, self._epoch_watch,
+                              self._rewrite)
         if self.remote is not None:
             await self._retry_orphans()
             await self.remote.close()
@@ -298,13 +297,26 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         if self._degraded:
             self._degraded = False
             self._back.set()  # (the orphans' releases, now: `_reap`)
+            self._adopt_local()
             if self._outage.back():
                 log.info("rate-limit store is back")
             # The leases of requests that ran through the outage may have lapsed there:
             # written back at once, as after a full Redis (the next renewal round was up
-            # to `lease_s / 3` away, Redis deciding without them meanwhile).
-            if self._restore and (self._restorer is None or self._restorer.done()):
-                self._restorer = background(self._renew_logged())
+            # to `lease_s / 3` away, Redis deciding without them meanwhile), and an
+            # admission Redis decided before that is counted again (`_recount`).
+            if self._restore:
+                self._start_rewrite()
+
+    def _adopt_local(self) -> None:
+        """Redis decides again: the leases the local limiter granted meanwhile, whose
+        requests still run, are Redis's from now on (written there by the renewal that
+        follows, `_restore`, and released there too, as well as locally). Redis counted
+        none of them: every replica's requests admitted over the outage let as many
+        again in through Redis until they ended (minutes, for a long stream)."""
+        for lease, (store, keys) in self._active.items():
+            if store is self.local and keys:
+                self._active[lease] = (self.remote, keys)  # type: ignore[assignment]
+                self._restore.add(lease)
 
     async def _admit(self, buckets: list[Bucket], conc: list[tuple[str, int]],
                      lease: str) -> tuple[Decision, Store]:
@@ -314,6 +326,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 before = self._rewritten
                 try:
                     decision = await self.remote.admit(buckets, conc, lease, lease_ms)
+                    self._store_ok()
                     if decision.epoch and (decision.epoch != self._epoch
                                            or self._rewritten != before
                                            or self._rewrite is not None):
@@ -326,7 +339,6 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                         self._orphan(lease, [k for k, _ in conc])
                     self._store_failed(e)
                 else:
-                    self._store_ok()
                     return decision, self.remote
             if self.cfg.on_store_error == "fail_closed":
                 raise Unavailable("Rate limiting is unavailable; retry shortly.",
@@ -341,13 +353,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         before this replica's running leases were written back after one: they are
         written back (`_rewrite_leases`, once per epoch), and a lease set now past its
         limit refuses this request after all (its lease released, its charges
-        refunded). (The first epoch a replica sees holds none of its leases: none ran.)"""
+        refunded). (The first epoch a replica sees needs no rewrite of its own: no lease
+        of its ran through Redis before; the local limiter's, Redis back, have theirs.)"""
         assert self.remote is not None
         if decision.epoch != self._epoch:
             first, self._epoch = not self._epoch, decision.epoch
-            if first:
-                return decision
-            self._rewrite = asyncio.create_task(self._rewrite_leases())
+            if not first:
+                self._start_rewrite()
         if self._rewrite is not None:
             rewrite = self._rewrite
             await asyncio.shield(rewrite)
@@ -389,13 +401,22 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             except Exception as e:  # (the next round tries again)
                 log.error("rate-limit epoch read failed", **error_fields(e))
                 continue
-            if epoch != self._epoch and (self._rewrite is None or self._rewrite.done()):
+            if epoch != self._epoch:
                 self._epoch = epoch
-                self._rewrite = asyncio.create_task(self._rewrite_leases())
+                self._start_rewrite()
 
-    async def _rewrite_leases(self) -> None:
-        """Write this replica's running leases back into Redis, which lost them (unless
-        their release came first: `_restore`)."""
+    def _start_rewrite(self) -> None:
+        """`_rewrite_leases`, once more (one under way may have read the running leases
+        before those that need it now): the admissions Redis decided before it ends
+        await it and count again (`_recount`)."""
+        previous = self._rewrite
+        self._rewrite = background(self._rewrite_leases(previous))
+
+    async def _rewrite_leases(self, previous: asyncio.Task[None] | None = None) -> None:
+        """Write this replica's running leases back into Redis, which lost them or never
+        had them (unless their release came first: `_restore`)."""
+        if previous is not None and not previous.done():
+            await asyncio.shield(previous)  # (one at a time, in order)
         try:
             running = {lease: keys for lease, (store, keys) in self._active.items()
                        if store is self.remote}
@@ -404,6 +425,8 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 await self.remote.renew(running, self.cfg.lease_s * 1000, running.keys())
         except StoreError as e:
             self._store_failed(e)
+        except Exception as e:  # (the next renewal round tries again)
+            log.error("rate-limit lease renewal failed", **error_fields(e))
         finally:
             self._rewritten += 1
 
@@ -432,7 +455,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                       conc_keys: list[str], lease: str) -> dict[str, BucketState]:
         """Settle the token reservation and release the lease; the token buckets it
         changed, as they stand after that (key -> state)."""
-        self._active.pop(lease, None)
+        running = self._active.pop(lease, None)
+        # The store that holds its lease: the one that granted it, or Redis, which took
+        # over the lease the local limiter granted over an outage (`_adopt_local`).
+        holder = store if running is None else running[0]
         barred = lease in self._restore  # (a renewal may write it back: bar it)
         self._restore.discard(lease)
         after: dict[str, BucketState] = {}
@@ -455,18 +481,18 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 after = {b.key: s for b, s in zip(owed, states, strict=False)}
         finally:
             if conc_keys:
-                if store is self.remote:  # (held there too while Redis could not decide)
+                if holder is self.remote:  # (held there too while Redis could not decide)
                     await self.local.release(conc_keys, lease)
                 try:
-                    if barred and isinstance(store, RedisStore):
-                        await store.release_barred(conc_keys, lease, self.cfg.lease_s * 1000)
+                    if barred and isinstance(holder, RedisStore):
+                        await holder.release_barred(conc_keys, lease, self.cfg.lease_s * 1000)
                     else:
-                        await store.release(conc_keys, lease)
+                        await holder.release(conc_keys, lease)
                 except StoreError as e:
                     self._orphan(lease, conc_keys)
                     self._store_failed(e)
                 else:
-                    if store is self.remote:
+                    if holder is self.remote:
                         self._orphans.pop(lease, None)
         return after
 
@@ -526,13 +552,6 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         else:
             self._store_ok()
 
-    async def _renew_logged(self) -> None:
-        """`_renew` out of the round (`_store_ok`): a failure is logged, as the round's."""
-        try:
-            await self._renew()
-        except Exception as e:  # (the next round tries again)
-            log.error("rate-limit lease renewal failed", **error_fields(e))
-
     def _watch(self) -> None:
         """Redis is full or down: try it every `PROBE_S` until it is back (one task,
         ended then). Tried only in the renewal's round (`lease_s / 3`, 10 s by default),
@@ -560,9 +579,12 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
             except StoreError:
                 return
             self._full = False
+            self._adopt_local()
             if self._full_log.back():
                 log.info("rate-limit store takes writes again")
-            await self._renew()  # its running leases back at once (they may have lapsed)
+            # its running leases back at once (they may have lapsed, or never been there)
+            self._start_rewrite()
+            await asyncio.shield(self._rewrite)  # type: ignore[arg-type]
         if self._degraded and self.remote is not None:
             try:
                 await self.remote.ping()

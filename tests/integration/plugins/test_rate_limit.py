@@ -1895,3 +1895,55 @@ async def test_the_longest_lease_a_config_takes_is_one_redis_keeps(
         assert p.health() == {"store": "redis"} and p.idle()
     finally:
         await p.close()
+
+
+async def test_leases_the_local_limiter_granted_count_in_redis_once_it_is_back(
+        tmp_path: Path) -> None:
+    """Requests the local limiter admitted over an outage (fail_open) still ran once Redis
+    was back, and Redis counted none of them: every replica let as many again in until
+    they ended. Redis back takes their leases over (written there, released there)."""
+    server = RedisServer(tmp_path).start()
+    url, port = server.url, server.port
+    server.stop()
+    prefix = key() + ":"
+    cfg = {"store": "redis", "redis": {"url": url, "key_prefix": prefix, "timeout_s": 0.5},
+           "rules": [{"per": "tenant", "concurrent": 3}]}
+    a, b = (RateLimitPlugin(RateLimitConfig.model_validate(cfg), Services(
+        terminal=FakeEngine(), settings=Settings(), metrics=Metrics())) for _ in range(2))
+    release = asyncio.Event()
+    running = 0
+
+    async def held(c: RequestContext) -> Reply:
+        nonlocal running
+        running += 1
+        try:
+            await release.wait()
+        finally:
+            running -= 1
+        return Completion({})
+
+    tasks: list[asyncio.Task[Reply]] = []
+    again = None
+    try:
+        for _ in range(3):  # Redis down: a's local limiter admits them
+            tasks.append(asyncio.create_task(a(ctx(), held)))
+            await eventually(lambda: running == len(tasks))
+        assert a.health() == {"store": "local-fallback"}
+        again = RedisServer(tmp_path, port=port).start()
+        with pytest.raises(RateLimited):  # through Redis, back: three run, no slot
+            await a(ctx(), answer)
+        assert a.health() == {"store": "redis"}
+        with pytest.raises(RateLimited):  # nor for b
+            await b(ctx(), answer)
+        release.set()
+        await asyncio.gather(*tasks)
+        assert a.idle()
+        await b(ctx(), answer)  # each slot released in Redis
+        assert await a.remote.client.zcard(prefix + "0:tenant:t:c") == 0  # type: ignore[union-attr]
+    finally:
+        release.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await a.close()
+        await b.close()
+        if again is not None:
+            again.stop()
