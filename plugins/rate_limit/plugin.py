@@ -217,6 +217,9 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         self._epoch = 0
         self._rewrite: asyncio.Task[None] | None = None
         self._rewritten = 0
+        #: every rewrite not yet ended: each waits on the one before it, so close
+        #: cancels them all (the last alone left the earlier ones writing past close)
+        self._rewrites: set[asyncio.Task[None]] = set()
         self._epoch_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -231,7 +234,7 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
 
     async def close(self) -> None:
         await cancel_and_wait(self._renewer, self._reaper, self._prober, self._epoch_watch,
-                              self._rewrite)
+                              *self._rewrites)
         if self.remote is not None:
             await self._retry_orphans()
             await self.remote.close()
@@ -410,7 +413,9 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         before those that need it now): the admissions Redis decided before it ends
         await it and count again (`_recount`)."""
         previous = self._rewrite
-        self._rewrite = background(self._rewrite_leases(previous))
+        self._rewrite = task = background(self._rewrite_leases(previous))
+        self._rewrites.add(task)
+        task.add_done_callback(self._rewrites.discard)
 
     async def _rewrite_leases(self, previous: asyncio.Task[None] | None = None) -> None:
         """Write this replica's running leases back into Redis, which lost them or never

@@ -1947,3 +1947,40 @@ async def test_leases_the_local_limiter_granted_count_in_redis_once_it_is_back(
         await b.close()
         if again is not None:
             again.stop()
+
+
+async def test_close_ends_every_lease_rewrite_not_only_the_last(
+        redis_server: RedisServer) -> None:
+    """Each rewrite of the running leases waits on the one before it (`_start_rewrite`):
+    close cancelled only the last, and an earlier one still writing (a slow Redis) ran
+    on past close, its failure on the closed client starting a prober that ran for good."""
+    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 2}])
+    await p.start()
+    release = asyncio.Event()
+    writing = asyncio.Event()
+
+    async def slow(*args: Any) -> set[str]:
+        writing.set()
+        await release.wait()  # (never set: a Redis that does not answer)
+        return set()
+
+    p.remote.renew = slow  # type: ignore[union-attr, method-assign]
+
+    async def held(c: RequestContext) -> Reply:
+        await asyncio.Event().wait()
+        return Completion({})
+
+    task = asyncio.create_task(p(ctx(), held))
+    await eventually(lambda: bool(p._active))
+    p._start_rewrite()
+    first = p._rewrite
+    await writing.wait()
+    p._start_rewrite()  # (a second epoch seen meanwhile)
+    try:
+        await p.close()
+        assert first is not None and first.done()
+        assert p._prober is None or p._prober.done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        release.set()
