@@ -797,6 +797,13 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                 # crossed): `_hold_locally` ran before this lease was known.
                 self.local.hold(conc_keys, lease, self.cfg.lease_s * 1000)
                 self._restore.add(lease)
+            elif (store is not self.remote and self.remote is not None
+                  and not (self._full or self._degraded)):
+                # The local limiter admitted it as Redis was seen back (the two crossed):
+                # `_adopt_local` ran before this lease was known. Redis's from now on.
+                self._active[lease] = (self.remote, conc_keys)
+                self._restore.add(lease)
+                self._start_rewrite()
         try:
             reply = await call_next(ctx)
         except BaseException:

@@ -1984,3 +1984,43 @@ async def test_close_ends_every_lease_rewrite_not_only_the_last(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         release.set()
+
+
+async def test_a_local_admission_crossing_redis_back_is_counted_there(
+        redis_server: RedisServer) -> None:
+    """The local limiter admitted a request as Redis was seen taking writes again (the
+    probe's answer landed before the admission's caller resumed): Redis taking over the
+    local leases (`_adopt_local`) ran before this one was known, so Redis never counted
+    it and let a full `concurrent` more in beside it until it ended."""
+    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 1}])
+    p.PROBE_S = 3600.0  # (the test runs the probe itself, at the crossing)
+    await p.start()
+    real = p.local.admit
+
+    async def crossing(*args: Any) -> Any:
+        decision = await real(*args)
+        await p._probe()  # Redis takes writes again, before the caller resumes
+        return decision
+
+    p.local.admit = crossing  # type: ignore[method-assign]
+    p._store_full()
+    release = asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        await release.wait()
+        return Completion({})
+
+    task = asyncio.create_task(p(ctx(), held))
+    try:
+        await eventually(lambda: bool(p._active))
+        assert p.health() == {"store": "redis"}
+        with pytest.raises(RateLimited):  # Redis counts the one running
+            await p(ctx(), answer)
+        release.set()
+        await task
+        assert p.idle()
+        await p(ctx(), answer)  # its slot released in Redis too
+    finally:
+        release.set()
+        await asyncio.gather(task, return_exceptions=True)
+        await p.close()
