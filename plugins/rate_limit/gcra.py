@@ -267,7 +267,25 @@ local function leases_of(key)
 end
 """
 
-_ADMIT = _READ + """
+# The lease sets' epoch (`Decision.epoch`): a new one (Redis TIME in microseconds, 16
+# digits) where Redis holds none, or anything but up to 16 digits. At most 17 bytes of it
+# are read: one read whole (GET) made each admission copy whatever was stored there (50
+# MB: 0.3 s per admission, every replica's, for good), and `inf` or `1e300` stood as an
+# epoch that Redis returned as -2^63.
+_EPOCH_OF = """
+local function epoch_of(key, t)
+  local raw = redis.pcall('GETRANGE', key, 0, 16)
+  local epoch = type(raw) == 'string' and #raw <= 16 and string.match(raw, '^%d+$')
+    and tonumber(raw) or nil
+  if epoch == nil or epoch < 1 then
+    epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', key, string.format('%d', epoch))
+  end
+  return epoch
+end
+"""
+
+_ADMIT = _READ + _EPOCH_OF + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local eps = math.max($EPS_MS, now * $EPS_ULPS)
@@ -278,15 +296,7 @@ local out, untaken, new, full = {}, {}, {}, {}
 -- the lease sets' epoch: a new one where Redis holds none (it lost its data: every
 -- running lease with it; or it is the first), so that each replica writes its own back
 local epoch = 0
-if nc > 0 then
-  local key = KEYS[nb + nc + 1]
-  local raw = redis.pcall('GET', key)
-  epoch = type(raw) == 'string' and tonumber(raw) or nil
-  if epoch == nil or epoch ~= epoch or epoch < 1 then
-    epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', key, string.format('%d', epoch))
-  end
-end
+if nc > 0 then epoch = epoch_of(KEYS[nb + nc + 1], t) end
 for i = 1, nb do
   local limit = tonumber(ARGV[5 + (i - 1) * 2 + 1])
   local cost = math.min(tonumber(ARGV[5 + (i - 1) * 2 + 2]), limit)
@@ -414,15 +424,8 @@ return 1
 
 
 # The lease sets' epoch (`Decision.epoch`), made anew where Redis holds none.
-_EPOCH = """
-local raw = redis.pcall('GET', KEYS[1])
-local epoch = type(raw) == 'string' and tonumber(raw) or nil
-if epoch == nil or epoch ~= epoch or epoch < 1 then
-  local t = redis.call('TIME')
-  epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[1], string.format('%d', epoch))
-end
-return epoch
+_EPOCH = _EPOCH_OF + """
+return epoch_of(KEYS[1], redis.call('TIME'))
 """
 
 _COUNT = _READ + """

@@ -2024,3 +2024,22 @@ async def test_a_local_admission_crossing_redis_back_is_counted_there(
         release.set()
         await asyncio.gather(task, return_exceptions=True)
         await p.close()
+
+
+@pytest.mark.parametrize("stored", ["inf", "1e300", "0x10", "7" * 1_000_000])
+async def test_an_epoch_key_holding_no_epoch_is_replaced_and_read_in_part(
+        redis_server: RedisServer, stored: str) -> None:
+    """The lease sets' epoch key holding what no replica wrote: `inf` or `1e300` stood as
+    an epoch that came back as -2^63, and a huge value was read whole by every admission
+    (50 MB: 0.3 s each, every replica's, for good: the key never expires). Anything but
+    up to 16 digits is replaced by a new epoch, read only in part."""
+    store = RedisStore(redis_server.url, 2.0, key() + ":")
+    try:
+        await store.client.set(store.epoch_key, stored)
+        first = await store.admit([], [(key(), 2)], "lease", 30_000)
+        again = await store.admit([], [(key(), 2)], "lease", 30_000)
+        held = await store.client.get(store.epoch_key)
+        assert first.epoch > 0 and first.epoch == again.epoch == int(held)
+        assert len(held) <= 16 and await store.epoch() == first.epoch
+    finally:
+        await store.close()
