@@ -376,13 +376,15 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
                      if n > limit)
         if not over:
             return decision
-        states = await self.remote.adjust([Bucket(b.key, b.limit, -min(b.cost, b.limit))
-                                           for b in buckets])
         try:
-            await self.remote.release(keys, lease)
-        except StoreError as e:
-            self._orphan(lease, keys)
-            self._store_failed(e)
+            states = await self.remote.adjust([Bucket(b.key, b.limit, -min(b.cost, b.limit))
+                                               for b in buckets])
+        finally:  # (the lease is Redis's whatever the refund did: a full Redis takes no orphan)
+            try:
+                await self.remote.release(keys, lease)
+            except StoreError as e:
+                self._orphan(lease, keys)
+                self._store_failed(e)
         return Decision(False, 1000.0, states, over, decision.epoch)
 
     async def _watch_epoch(self) -> None:

@@ -2043,3 +2043,44 @@ async def test_an_epoch_key_holding_no_epoch_is_replaced_and_read_in_part(
         assert len(held) <= 16 and await store.epoch() == first.epoch
     finally:
         await store.close()
+
+
+async def test_an_admission_refused_on_its_recount_frees_its_lease_when_the_refund_fails(
+        redis_server: RedisServer) -> None:
+    """Redis lost its data: an admission it granted is counted again once this replica's
+    running leases are written back, and refused past the limit. Its refund failing at a
+    full Redis (which takes no orphan: an admission it refused took nothing) left this
+    one's lease, which Redis had taken, held there for `lease_s`."""
+    from plugins.rate_limit.gcra import StoreFull
+
+    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 1, "rpm": 100}],
+               redis={"url": redis_server.url, "key_prefix": key() + ":",
+                      "timeout_s": 5.0})  # (no call cut by a busy machine)
+    p.PROBE_S = 3600.0  # (the admission sees the new epoch, not the watch)
+    await p.start()
+    release = asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        await release.wait()
+        return Completion({})
+
+    task = asyncio.create_task(p(ctx(), held))
+    try:
+        await eventually(lambda: bool(p._active))
+        leases = p._active[next(iter(p._active))][1][0]
+        client = p.remote.client  # type: ignore[union-attr]
+        # its data lost (this test's keys only: the server is shared)
+        await client.delete(*[k async for k in client.scan_iter(
+            match=p.cfg.redis.key_prefix + "*")])
+
+        async def full(*args: Any) -> Any:
+            raise StoreFull("OutOfMemoryError")
+
+        p.remote.adjust = full  # type: ignore[union-attr, method-assign]
+        with pytest.raises(RateLimited):
+            await p(ctx(), answer)
+        assert await p.remote.client.zcard(leases) == 1  # type: ignore[union-attr]
+    finally:
+        release.set()
+        await asyncio.gather(task, return_exceptions=True)
+        await p.close()
