@@ -1954,7 +1954,9 @@ async def test_close_ends_every_lease_rewrite_not_only_the_last(
     """Each rewrite of the running leases waits on the one before it (`_start_rewrite`):
     close cancelled only the last, and an earlier one still writing (a slow Redis) ran
     on past close, its failure on the closed client starting a prober that ran for good."""
-    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 2}])
+    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 2}],
+               redis={"url": redis_server.url, "key_prefix": key() + ":",
+                      "timeout_s": 5.0})  # (no call cut by a busy machine)
     await p.start()
     release = asyncio.Event()
     writing = asyncio.Event()
@@ -1976,13 +1978,13 @@ async def test_close_ends_every_lease_rewrite_not_only_the_last(
     first = p._rewrite
     await writing.wait()
     p._start_rewrite()  # (a second epoch seen meanwhile)
+    task.cancel()  # (its lease released before close: the rewrites run on)
+    await asyncio.gather(task, return_exceptions=True)
     try:
         await p.close()
         assert first is not None and first.done()
         assert p._prober is None or p._prober.done()
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         release.set()
 
 
@@ -1992,7 +1994,9 @@ async def test_a_local_admission_crossing_redis_back_is_counted_there(
     probe's answer landed before the admission's caller resumed): Redis taking over the
     local leases (`_adopt_local`) ran before this one was known, so Redis never counted
     it and let a full `concurrent` more in beside it until it ended."""
-    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 1}])
+    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 1}],
+               redis={"url": redis_server.url, "key_prefix": key() + ":",
+                      "timeout_s": 5.0})  # (no call cut by a busy machine)
     p.PROBE_S = 3600.0  # (the test runs the probe itself, at the crossing)
     await p.start()
     real = p.local.admit
