@@ -396,7 +396,10 @@ class RateLimitPlugin(BasePlugin[RateLimitConfig]):
         every = min(self.PROBE_S, self.cfg.lease_s / 3)
         while True:
             await asyncio.sleep(every)
-            if (not self._epoch or self._degraded or self._full
+            # (with no epoch seen yet too: leases Redis took over from the local limiter,
+            # `_adopt_local`, with no admission of this replica's decided there since;
+            # the first epoch read has them written back again, in case it is new)
+            if (self._degraded or self._full
                     or not any(store is self.remote for store, _ in self._active.values())):
                 continue
             try:

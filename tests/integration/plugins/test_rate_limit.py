@@ -2088,3 +2088,52 @@ async def test_an_admission_refused_on_its_recount_frees_its_lease_when_the_refu
         release.set()
         await asyncio.gather(task, return_exceptions=True)
         await p.close()
+
+
+async def test_a_replica_holding_only_leases_redis_took_over_watches_the_epoch(
+        redis_server: RedisServer) -> None:
+    """A replica whose running leases the local limiter granted (Redis down at their
+    admission) and Redis took over once back had seen no epoch (no admission of its had
+    Redis decide a concurrency limit): its watch skipped every round, and Redis losing
+    its data then lost those leases until their next renewal (`lease_s / 3`)."""
+    from plugins.rate_limit.gcra import StoreError
+
+    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 2}],
+               redis={"url": redis_server.url, "key_prefix": key() + ":",
+                      "timeout_s": 5.0})  # (no call cut by a busy machine)
+    p.PROBE_S = 0.01  # (the epoch watch's round, and the outage's probe)
+    await p.start()
+    real = {name: getattr(p.remote, name) for name in ("admit", "release_barred", "ping")}
+
+    async def down(*args: Any) -> Any:
+        raise StoreError("ConnectionError")
+
+    for name in real:  # Redis out of reach
+        setattr(p.remote, name, down)
+    p._store_failed(StoreError("ConnectionError"))
+    release = asyncio.Event()
+
+    async def held(c: RequestContext) -> Reply:
+        await release.wait()
+        return Completion({})
+
+    task = asyncio.create_task(p(ctx(), held))
+    client = p.remote.client  # type: ignore[union-attr]
+    try:
+        await eventually(lambda: bool(p._active))
+        leases = p._active[next(iter(p._active))][1][0]
+        for name, call in real.items():  # back: Redis takes the lease over
+            setattr(p.remote, name, call)
+        async with asyncio.timeout(5):  # (a cross-process effect: polled)
+            while await client.zcard(leases) != 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+        # its data lost (this test's keys only: the server is shared)
+        await client.delete(*[k async for k in client.scan_iter(
+            match=p.cfg.redis.key_prefix + "*")])
+        async with asyncio.timeout(5):  # written back (a cross-process effect: polled)
+            while await client.zcard(leases) != 1:  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+    finally:
+        release.set()
+        await asyncio.gather(task, return_exceptions=True)
+        await p.close()
