@@ -120,13 +120,17 @@ def _is_utf8(charset: str) -> bool:
 #: The codings `proxy.codings` decodes (aiohttp's, one at a time).
 _CODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 
+#: Old names a recipient should take as the coding they name (RFC 9110 8.4.1.3:
+#: `x-gzip` is gzip; `x-compress` would be compress, which is not decoded here).
+_ALIASES = {"x-gzip": "gzip"}
+
 
 def _codings(request: web.Request) -> list[str]:
     """The body's codings, in the order applied (`Content-Encoding: gzip, br`; several
     header lines are one list: aiohttp would decode by the last one alone), lower-cased;
-    `identity` (no coding) and empty list elements are none."""
+    `identity` (no coding) and empty list elements are none; `x-gzip` is `gzip`."""
     joined = ",".join(request.headers.getall("Content-Encoding", ())).lower()
-    return [c for c in (part.strip() for part in joined.split(","))
+    return [_ALIASES.get(c, c) for c in (part.strip() for part in joined.split(","))
             if c not in ("", "identity")]
 
 

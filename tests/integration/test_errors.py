@@ -152,7 +152,7 @@ async def test_a_body_its_coding_refused_logs_no_error(make_client: MakeClient,
     assert "Unhandled exception" not in logs.getvalue()
 
 
-@pytest.mark.parametrize("coding", ["compress", "x-gzip", "gzip, foo", "foo"])
+@pytest.mark.parametrize("coding", ["compress", "x-compress", "gzip, foo", "foo"])
 async def test_codings_it_cannot_decode_are_415(make_client: MakeClient, coding: str) -> None:
     """They were passed on undecoded (a body in an unknown coding read as JSON)."""
     client = await make_client()
@@ -163,6 +163,25 @@ async def test_codings_it_cannot_decode_are_415(make_client: MakeClient, coding:
     assert err["code"] == "unsupported_content_encoding" and err["type"] == (
         "invalid_request_error")
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+
+
+async def test_x_gzip_is_read_as_gzip(make_client: MakeClient) -> None:
+    """RFC 9110 8.4.1.3: a recipient should take `x-gzip` as gzip (it was a 415)."""
+    client = await make_client()
+    raw = json.dumps({**CHAT, "max_tokens": 2}).encode()
+    for coding in ("x-gzip", "X-GZIP", "x-gzip, br"):
+        data = gzip.compress(raw)
+        if coding.endswith("br"):
+            data = _brotli_compress(data)
+        r = await client.post("/v1/chat/completions", data=data,
+                              headers={"Content-Type": "application/json",
+                                       "Content-Encoding": coding})
+        assert r.status == 200, await r.text()
+    r = await client.post("/v1/chat/completions", data=b"\x00 not gzip",
+                          headers={"Content-Type": "application/json",
+                                   "Content-Encoding": "x-gzip"})
+    err = await error_of(r, 400)
+    assert err["code"] == "invalid_body" and "gzip" in err["message"]
 
 
 @pytest.mark.parametrize("codings", [["gzip", "gzip"], ["gzip", "br"], ["zstd", "deflate"],
