@@ -237,54 +237,85 @@ class _LlhttpMethods(HttpRequestParserPy):
 #: aiohttp's bound), to find a request line that came in pieces.
 _KEPT = 16384
 
+#: How many pieces `_HttpOnly` keeps before joining them into one (a client sending its
+#: head a byte at a time would otherwise have it kept as thousands of objects).
+_PIECES = 32
+
 
 class _HttpOnly:
     """aiohttp's C parser (llhttp), refusing a request line in another protocol than
     HTTP: llhttp reads RTSP's (`GET /v1/models RTSP/1.0`) and Icecast's (`ICE/1.0`) as
-    HTTP (1.0, or 1.1 for `RTSP/1.1`) and says nothing of it in what it parsed, so such a
-    line was served. Only the lines of the requests it parsed are looked for, by their
-    method and target (`GET /v1/models RTSP/`), among the bytes of this piece and the
-    last ones kept, and only where that request's HTTP line is not there: no body is
-    scanned (a chunk of a JSON body ending in `GET / RTSP/1.0` is no request line), and
-    each request costs a search or two for a fixed string. Refused as aiohttp's Python
-    parser refuses it: a 400, or the 501 of a method none of `PARSED_METHODS`. A line
-    not found (split past `_KEPT`, or its spaces doubled) is served as llhttp read it."""
+    HTTP (1.0, or 1.1 for `RTSP/1.1`) and says nothing of it in what it parsed, so such
+    a line was served (aiohttp's Python parser refuses it). Only the lines of the
+    requests it parsed are looked for, by their method and target (`GET /v1/models
+    HTTP/`), among the bytes of this piece and the last ones kept, and only where that
+    request's HTTP line is not there: no body is scanned (a chunk of a JSON body ending
+    in `GET / RTSP/1.0` is no request line). A request whose line is where it should be
+    costs one comparison, in place, and the pieces fed are kept by reference (no copy)
+    until a line must be looked for across them. Refused as aiohttp's Python parser
+    refuses it: a 400, or the 501 of a method none of `PARSED_METHODS`. A line not
+    found (split past `_KEPT`, or its spaces doubled) is served as llhttp read it."""
 
-    __slots__ = ("_parser", "_seen")
+    __slots__ = ("_kept", "_parser", "_size", "_start")
 
     def __init__(self, parser: Any) -> None:
         self._parser = parser
-        self._seen = bytearray()  # the last bytes fed (`_KEPT` to twice that), since
-        # the last request line found
+        # the last pieces fed (`_KEPT` to twice that bytes, from `_start` in the first),
+        # since the last request line found
+        self._kept: list[bytes] = []
+        self._start = 0
+        self._size = 0
 
     def feed_data(self, data: bytes) -> Any:
         parsed = self._parser.feed_data(data)
+        messages = parsed[0]  # (the heads that ended here)
+        if not messages:
+            self._keep(data)
+            return parsed
         pos = 0  # (each request's line comes after the one before: searched from there)
-        for i, (message, _) in enumerate(parsed[0]):  # (the heads that ended here)
-            line = f"{message.method} {message.path} ".encode("utf-8", "surrogateescape")
-            at = data.find(line + b"HTTP/", pos)
-            if at >= 0:
+        first = True
+        for message, _ in messages:
+            line = f"{message.method} {message.path} HTTP/".encode("utf-8", "surrogateescape")
+            if data.startswith(line, pos):  # (where it is, most often: no search)
+                pos += len(line)
+            elif (at := data.find(line, pos)) >= 0:
                 pos = at + len(line)
-                continue
-            # (the first may have begun in the bytes kept: its line split across)
-            joint = bytes(self._seen[-_KEPT:]) + data[:_KEPT] if i == 0 else b""
-            if line + b"HTTP/" in joint:
-                continue
-            if any(data.find(line + mark, pos) >= 0 or line + mark in joint
-                   for mark in (b"RTSP/", b"ICE/")):
-                if message.method not in PARSED_METHODS:
-                    raise UnknownMethod(error="Unknown method")  # (quoting nothing)
-                raise BadStatusLine(error="Expected HTTP/")
-        seen = self._seen
-        if parsed[0]:  # (the next line begins past those: none of theirs is kept)
-            seen[:] = data[max(pos, len(data) - _KEPT):]
-        elif len(data) >= _KEPT:
-            seen[:] = data[-_KEPT:]
-        else:
-            seen += data
-            if len(seen) > 2 * _KEPT:
-                del seen[:-_KEPT]
+            else:
+                self._check_line(message.method, line[:-5], data, pos, first)
+            first = False
+        if len(data) - pos > _KEPT:
+            pos = len(data) - _KEPT
+        self._kept, self._start, self._size = [data], pos, len(data) - pos
         return parsed
+
+    def _keep(self, data: bytes) -> None:
+        kept = self._kept
+        kept.append(data)
+        self._size += len(data)
+        while len(kept) > 1 and self._size - (len(kept[0]) - self._start) >= _KEPT:
+            self._size -= len(kept[0]) - self._start
+            del kept[0]
+            self._start = 0
+        if len(kept) > _PIECES:
+            self._kept, self._start = [b"".join(kept)[self._start:]], 0
+
+    def _check_line(self, method: str, line: bytes, data: bytes, pos: int,
+                    first: bool) -> None:
+        """The request's own HTTP line is not at `pos` or past it in `data`: the first
+        request's may have begun in the bytes kept (its line split across). Otherwise its
+        line in another protocol is refused."""
+        joint = b""
+        if first:
+            kept = b"".join(self._kept)[self._start:]
+            joint = kept[-_KEPT:] + data[:_KEPT]
+            if line + b"HTTP/" in joint:
+                return
+        if not any(data.find(line + mark, pos) >= 0 or line + mark in joint
+                   for mark in (b"RTSP/", b"ICE/")):
+            return
+        if method not in PARSED_METHODS:
+            raise UnknownMethod(error="Unknown method")  # (quoting nothing)
+        raise BadStatusLine(error="Expected HTTP/")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._parser, name)
