@@ -243,10 +243,11 @@ _PIECES = 32
 
 
 class _HttpOnly:
-    """aiohttp's C parser (llhttp), refusing a request line in another protocol than
-    HTTP: llhttp reads RTSP's (`GET /v1/models RTSP/1.0`) and Icecast's (`ICE/1.0`) as
-    HTTP (1.0, or 1.1 for `RTSP/1.1`) and says nothing of it in what it parsed, so such
-    a line was served (aiohttp's Python parser refuses it). Only the lines of the
+    """aiohttp's C parser (llhttp), refusing a request line that is no HTTP/1.x line of
+    RFC 9112's grammar: llhttp reads RTSP's (`GET /v1/models RTSP/1.0`) and Icecast's
+    (`ICE/1.0`) as HTTP (1.0, or 1.1 for `RTSP/1.1`), and a line whose spaces are doubled
+    (`GET  /  HTTP/1.1`) as the line with single ones, and says nothing of it in what it
+    parsed, so such a line was served (aiohttp's Python parser refuses each). Only the lines of the
     requests it parsed are looked for, by their method and target (`GET /v1/models
     HTTP/`), among the bytes of this piece and the last ones kept, and only where that
     request's HTTP line is not there: no body is scanned (a chunk of a JSON body ending
@@ -254,7 +255,7 @@ class _HttpOnly:
     costs one comparison, in place, and the pieces fed are kept by reference (no copy)
     until a line must be looked for across them. Refused as aiohttp's Python parser
     refuses it: a 400, or the 501 of a method none of `PARSED_METHODS`. A line not
-    found (split past `_KEPT`, or its spaces doubled) is served as llhttp read it."""
+    found at all (split past `_KEPT`) is served as llhttp read it."""
 
     __slots__ = ("_kept", "_parser", "_size", "_start")
 
@@ -303,15 +304,17 @@ class _HttpOnly:
                     first: bool) -> None:
         """The request's own HTTP line is not at `pos` or past it in `data`: the first
         request's may have begun in the bytes kept (its line split across). Otherwise its
-        line in another protocol is refused."""
+        line in another protocol, or with its spaces doubled, is refused."""
         joint = b""
         if first:
             kept = b"".join(self._kept)[self._start:]
             joint = kept[-_KEPT:] + data[:_KEPT]
             if line + b"HTTP/" in joint:
                 return
-        if not any(data.find(line + mark, pos) >= 0 or line + mark in joint
-                   for mark in (b"RTSP/", b"ICE/")):
+        name, target = line[:len(method)], line[len(method) + 1:-1]
+        other = re.compile(re.escape(name) + b" +" + re.escape(target)
+                           + b" +(?:HTTP|RTSP|ICE)/")
+        if other.search(data, pos) is None and other.search(joint) is None:
             return
         if method not in PARSED_METHODS:
             raise UnknownMethod(error="Unknown method")  # (quoting nothing)

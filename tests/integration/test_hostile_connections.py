@@ -1176,6 +1176,26 @@ async def test_a_request_line_in_another_protocol_is_a_400_under_either_parser(
     assert headers.get("connection") == "close"
 
 
+@pytest.mark.parametrize("pieces", [
+    [b"GET  /v1/models  HTTP/1.1\r\nHost: x\r\n" + _AUTH + b"\r\n"],
+    [b"GET /v1/models  HTTP/1.1\r\nHost: x\r\n" + _AUTH + b"\r\n"],
+    [b"GET  /v1/models HTTP/1.1\r\nHost: x\r\n" + _AUTH + b"\r\n"],
+    [b"POST   /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n" + _AUTH
+     + b"\r\n{}"],
+    [b"GET  /v1/mo", b"dels HTTP/1.1\r\nHost: x\r\n" + _AUTH + b"\r\n"],  # (split)
+    [LIVE + b"GET /v1/models  HTTP/1.1\r\nHost: x\r\n" + _AUTH + b"\r\n"],  # (pipelined)
+])
+async def test_a_request_line_with_doubled_spaces_is_a_400_under_either_parser(
+        parser: str, pieces: list[bytes]) -> None:
+    """RFC 9112 3: a request line is its method, target and version, each after one space.
+    aiohttp's C parser (llhttp) read `GET  /  HTTP/1.1` as `GET / HTTP/1.1` (served)
+    where its Python parser refuses it: a 400 under either, that ends the connection."""
+    status, headers, body = await _line_answer(parser, pieces)
+    assert status == 400, (parser, body)
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    assert headers.get("connection") == "close"
+
+
 @pytest.mark.parametrize(("line", "status", "code"), [
     (b"FOO", 400, "invalid_http_request"),  # (no request line: no method, target, version)
     (b"GET", 400, "invalid_http_request"),
