@@ -1280,3 +1280,25 @@ async def test_a_body_chunk_ending_in_words_like_a_request_line_is_served(
         assert json.loads(body)["object"] == "chat.completion"
     finally:
         await listener.close()
+
+
+async def test_an_unknown_method_logs_one_clean_line_under_either_parser(
+        parser: str, logs: io.StringIO, capfd: pytest.CaptureFixture[str]) -> None:
+    """An unknown method's 501 logs one line (aiohttp's "Error handling request", its
+    error's type alone) under either parser: no traceback, nothing of the request."""
+    listener = await start()
+    try:
+        reader, writer = await connect(listener)
+        writer.write(b"FOO /v1/models HTTP/1.1\r\nHost: x\r\n" + _AUTH + b"\r\n")
+        status, _, _ = await response(reader)
+        assert status == 501
+        assert await closed_by_server(reader)
+        writer.close()
+    finally:
+        await listener.close()
+    out, err = capfd.readouterr()
+    text = logs.getvalue()
+    assert len([x for x in text.splitlines() if "Error handling request" in x]) == 1
+    for where in (text, out, err):
+        assert "Traceback" not in where and "FOO" not in where, (parser, where)
+        assert KEY not in where and "/v1/models" not in where
