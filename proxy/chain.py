@@ -395,10 +395,7 @@ def compose(plugins: Sequence[Plugin], terminal: Next, *,
     handler = terminal if admission else _within_deadline(terminal)
     for plugin in reversed(plugins):
         handler = _link(plugin, handler)
-    entering = [f for p in plugins if (f := getattr(p, "enter", None)) is not None
-                and getattr(f, "__func__", None) is not BasePlugin.enter]
-    if deadline_s is not None or not admission:  # (admission reads the timeout header)
-        entering.insert(0, _server_deadline(deadline_s, header=not admission))
+    entering = _entering(plugins, deadline_s)
     if not entering:
         return handler
     chain = handler
@@ -409,6 +406,27 @@ def compose(plugins: Sequence[Plugin], terminal: Next, *,
         return await chain(ctx)
 
     return run
+
+
+def _entering(plugins: Sequence[Plugin],
+              deadline_s: float | None) -> list[Callable[[RequestContext], None]]:
+    """The chain's `enter` hooks, in the order it runs them (see `compose`)."""
+    admission = any(p.name == "admission" for p in plugins)  # (it reads the header)
+    entering = [f for p in plugins if (f := getattr(p, "enter", None)) is not None
+                and getattr(f, "__func__", None) is not BasePlugin.enter]
+    if deadline_s is not None or not admission:
+        entering.insert(0, _server_deadline(deadline_s, header=not admission))
+    return entering
+
+
+def enter_ahead(plugins: Sequence[Plugin], ctx: RequestContext, *,
+                deadline_s: float | None) -> None:
+    """Runs the `enter` hooks of the chain `compose(plugins, ..., deadline_s=...)` on
+    `ctx` now: what it refuses from the request's head alone (a bad `x-weir-timeout-ms`,
+    a 400) is refused before a background run is queued, not later, in its record. Each
+    hook, run again by the chain, changes nothing more (a deadline only shortens)."""
+    for hook in _entering(plugins, deadline_s):
+        hook(ctx)
 
 
 def _server_deadline(limit: float | None, *,

@@ -18,7 +18,7 @@ from multidict import MultiMapping
 
 from ..app_state import ABORTED, INFO, REQUEST_ID, RESPONSE_HEADERS, STATE, AppState
 from ..auth import Principal, account
-from ..chain import Completion, Reply, Stream, kept_fallback, told_fallback
+from ..chain import Completion, Reply, Stream, enter_ahead, kept_fallback, told_fallback
 from ..context import RequestContext, Screen, header_map
 from ..errors import InvalidRequest, NotFound, RecordTooLarge, Unavailable
 from ..ids import shown_id
@@ -153,6 +153,10 @@ async def _create(request: web.Request, st: AppState,
                          body_bytes=size, aside_chars=X.aside_chars(req),
                          aside_metadata=req.metadata or None)
     request[RESPONSE_HEADERS] = ctx.response_headers  # an error answer carries them
+    if req.background:
+        # (what the chain refuses from the request's head alone, refused now: a 400,
+        # not a `queued` answer whose record ends `failed`)
+        enter_ahead(st.plugins, ctx, deadline_s=st.settings.server.request_timeout_s)
     rid = X.new_id("resp")
     inputs = X.input_items(req) if req.store else []
     given = inputs  # (what the chain's screen reads; `inputs` is what is kept)

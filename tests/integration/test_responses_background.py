@@ -1872,3 +1872,26 @@ async def test_a_failed_response_replayed_says_the_error_its_run_said(
     assert {**events[-2], "sequence_number": 0} == {**error, "sequence_number": 0}
     stored = await get(client, rid)
     assert stored["error"]["code"] == "server_error" and events[-1]["response"] == stored
+
+
+@pytest.mark.parametrize("admission", [False, True])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", ""])
+async def test_a_bad_timeout_header_is_a_400_before_anything_is_queued(
+        make_client: MakeClient, admission: bool, value: str) -> None:
+    """A bad `x-weir-timeout-ms` (which the chain refuses from the head alone) was
+    answered 200 `queued`, and the record ended `failed`: it is the 400 a foreground
+    create gets, and nothing is queued or stored."""
+    plugins = [{"name": "admission"}] if admission else []
+    client = await make_client(keyed(plugins=plugins))
+    r = await client.post("/v1/responses", json=BASE,
+                          headers={**A, "x-weir-timeout-ms": value})
+    assert r.status == 400, await r.text()
+    err = (await r.json())["error"]
+    assert err["code"] == "invalid_value" and "x-weir-timeout-ms" in err["message"]
+    assert not client.app[RUNNER].runs
+    r = await client.post("/v1/responses", json=BASE,
+                          headers={**A, "x-weir-timeout-ms": "5000"})
+    body = await r.json()
+    assert r.status == 200 and body["status"] == "queued"
+    await ended(client, body["id"])
+    assert (await get(client, body["id"]))["status"] in ("completed", "incomplete")
