@@ -164,6 +164,11 @@ class BasePlugin(Generic[ConfigT]):
         event loop; None: on the loop."""
         return None
 
+    def refuse_ahead(self, ctx: RequestContext) -> None:
+        """Raises what this plugin refuses `ctx`'s request for from the request alone,
+        before the chain runs (a background response's create answers it at once, not
+        in a record that ends `failed`): the sanitizer's limits. Nothing by default."""
+
     def screens(self, ctx: RequestContext) -> bool:
         """Whether `screen_aside` may read `ctx`'s request before the chain runs (a
         background response's record is stored screened first): False where this plugin
@@ -422,11 +427,15 @@ def _entering(plugins: Sequence[Plugin],
 def enter_ahead(plugins: Sequence[Plugin], ctx: RequestContext, *,
                 deadline_s: float | None) -> None:
     """Runs the `enter` hooks of the chain `compose(plugins, ..., deadline_s=...)` on
-    `ctx` now: what it refuses from the request's head alone (a bad `x-weir-timeout-ms`,
-    a 400) is refused before a background run is queued, not later, in its record. Each
-    hook, run again by the chain, changes nothing more (a deadline only shortens)."""
+    `ctx` now, then each plugin's `refuse_ahead`: what it refuses from the request alone
+    (a bad `x-weir-timeout-ms`, a prompt past the sanitizer's limits: a 400) is refused
+    before a background run is queued, not later, in its record. Each hook, run again by
+    the chain, changes nothing more (a deadline only shortens)."""
     for hook in _entering(plugins, deadline_s):
         hook(ctx)
+    for plugin in plugins:
+        if (refuse := getattr(plugin, "refuse_ahead", None)) is not None:
+            refuse(ctx)
 
 
 def _server_deadline(limit: float | None, *,

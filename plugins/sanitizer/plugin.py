@@ -268,6 +268,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             return None
         return self._reading_thread if chars >= OFF_LOOP_CHARS else None
 
+    def refuse_ahead(self, ctx: RequestContext) -> None:
+        self._check_limits(ctx)  # (what `__call__` refuses before reading a text)
+
     def screens(self, ctx: RequestContext) -> bool:
         try:
             self._check_limits(ctx)  # (what `__call__` refuses before reading a text)

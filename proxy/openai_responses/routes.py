@@ -156,7 +156,10 @@ async def _create(request: web.Request, st: AppState,
     if req.background:
         # (what the chain refuses from the request's head alone, refused now: a 400,
         # not a `queued` answer whose record ends `failed`)
-        enter_ahead(st.plugins, ctx, deadline_s=st.settings.server.request_timeout_s)
+        try:
+            enter_ahead(st.plugins, ctx, deadline_s=st.settings.server.request_timeout_s)
+        except InvalidRequest as e:
+            raise X.rename_param(e, bool(req.instructions)) from None
     rid = X.new_id("resp")
     inputs = X.input_items(req) if req.store else []
     given = inputs  # (what the chain's screen reads; `inputs` is what is kept)

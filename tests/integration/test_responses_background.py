@@ -948,12 +948,13 @@ async def test_a_shutdown_waits_for_the_failed_record_through_its_cancels(
     assert body["status"] == "failed" and "shut down" in body["error"]["message"]
 
 
-async def test_what_the_sanitizer_refuses_unread_is_not_screened_before_the_chain(
+async def test_what_the_sanitizer_refuses_unread_is_a_400_before_anything_is_queued(
         make_client: MakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """A request past the sanitizer's limits is refused by it before it reads a text (a
     body of megabytes held the event loop for seconds): its background record, screened
-    before the chain runs, was screened all the same, its whole input and conversation
-    read by the detectors. It is refused as ever, and keeps none of them."""
+    before the chain runs, was screened all the same, its whole input read by the
+    detectors; then it was answered `queued`, its record ending `failed`. It is the 400
+    a foreground create gets, at once: nothing is read, queued or stored."""
     from plugins.sanitizer.plugin import SanitizerPlugin
 
     client = await make_client(plugins=[{"name": "sanitizer", "config": {
@@ -967,15 +968,19 @@ async def test_what_the_sanitizer_refuses_unread_is_not_screened_before_the_chai
 
     monkeypatch.setattr(SanitizerPlugin, "_screen", counted)
     mail = "leak.check@example.com"
-    r = await client.post("/v1/responses", json={**BASE, "input": f"to {mail} " + "x" * 5000})
-    assert r.status == 200
-    rid = (await r.json())["id"]
-    await ended(client, rid, "public")
-    body = await get(client, rid, {})
-    assert body["status"] == "failed" and body["error"]["code"] == "invalid_prompt"
-    assert all(n <= 1000 for n in read), read
-    record = await client.app[STORE].get("public", rid)
-    assert mail not in json.dumps(record)
+    long = {**BASE, "input": f"to {mail} " + "x" * 5000}
+    r = await client.post("/v1/responses", json={**long, "background": False})
+    assert r.status == 400
+    foreground = await r.json()
+    r = await client.post("/v1/responses", json=long)
+    assert r.status == 400, await r.text()
+    assert await r.json() == foreground
+    assert not read and not client.app[RUNNER].runs
+    r = await client.post("/v1/responses", json={**BASE, "input": f"to {mail}"})
+    body = await r.json()
+    assert r.status == 200 and body["status"] == "queued"
+    await ended(client, body["id"], "public")
+    assert mail not in json.dumps(await client.app[STORE].get("public", body["id"]))
 
 
 async def test_a_shutdown_settles_a_run_opened_but_not_started(
