@@ -230,7 +230,13 @@ class _LlhttpMethods(HttpRequestParserPy):
             if method == b"PRI":
                 raise BadStatusLine(error="Expected HTTP/2 Connection Preface")
             raise UnknownMethod(error="Unknown method")  # (quoting nothing of the line)
-        return super().parse_message(lines)
+        message = super().parse_message(lines)
+        # `chunked` named twice (RFC 9112 6.1: never applied more than once): llhttp
+        # refuses the head, a 400; this parser framed the body as chunked and went on
+        transfer = ",".join(message.headers.getall("Transfer-Encoding", ())).lower()
+        if [c.strip() for c in transfer.split(",")].count("chunked") > 1:
+            raise BadHttpMessage("Transfer-Encoding: chunked more than once")  # (a head fault)
+        return message
 
 
 #: How many of the bytes last fed `_HttpOnly` keeps (a request line is 8,190 at most,

@@ -1302,3 +1302,23 @@ async def test_an_unknown_method_logs_one_clean_line_under_either_parser(
     for where in (text, out, err):
         assert "Traceback" not in where and "FOO" not in where, (parser, where)
         assert KEY not in where and "/v1/models" not in where
+
+
+@pytest.mark.parametrize("head", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    b"Transfer-Encoding: CHUNKED\r\n",
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n",
+])
+async def test_chunked_named_twice_is_a_400_under_either_parser(parser: str,
+                                                                head: bytes) -> None:
+    """RFC 9112 6.1: chunked is never applied more than once. aiohttp's C parser refuses
+    such a head (a 400); its Python parser framed the body as chunked once (a GET was
+    served, a POST was the route's 501 for a transfer coding besides chunked)."""
+    body = b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}'
+    status, headers, raw = await _line_answer(parser, [
+        head + _AUTH + b"Content-Type: application/json\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)])
+    assert status == 400, (parser, raw)
+    assert json.loads(raw)["error"]["code"] == "invalid_http_request"
+    assert headers.get("connection") == "close"
