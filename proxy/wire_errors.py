@@ -236,6 +236,11 @@ class _LlhttpMethods(HttpRequestParserPy):
         transfer = ",".join(message.headers.getall("Transfer-Encoding", ())).lower()
         if [c.strip() for c in transfer.split(",")].count("chunked") > 1:
             raise BadHttpMessage("Transfer-Encoding: chunked more than once")  # (a head fault)
+        # a length past 64 bits: llhttp's overflow, a 400 (this parser's int took it: the
+        # route's 413)
+        length = message.headers.get("Content-Length", "")
+        if len(length) >= 20 and int(length) >= 2**64:
+            raise BadHttpMessage("Content-Length: too large a number")
         return message
 
 

@@ -1322,3 +1322,16 @@ async def test_chunked_named_twice_is_a_400_under_either_parser(parser: str,
     assert status == 400, (parser, raw)
     assert json.loads(raw)["error"]["code"] == "invalid_http_request"
     assert headers.get("connection") == "close"
+
+
+@pytest.mark.parametrize("length", [b"18446744073709551616",  # (2**64)
+                                    b"99999999999999999999999"])
+async def test_a_content_length_past_64_bits_is_answered_alike_by_either_parser(
+        parser: str, length: bytes) -> None:
+    """A Content-Length past 64 bits was llhttp's 400 (it overflows) and the Python
+    parser's 413 (Python's int took it): a 400 under either."""
+    got, _, raw = await _line_answer(parser, [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + _AUTH
+        + b"Content-Type: application/json\r\nContent-Length: " + length + b"\r\n\r\n"])
+    assert got == 400, (parser, raw)
+    assert json.loads(raw)["error"]["code"] == "invalid_http_request"
