@@ -220,6 +220,9 @@ class _LlhttpMethods(HttpRequestParserPy):
     505). Any other line it reads as it did (a method that is no token is its own 400)."""
 
     def parse_message(self, lines: list[bytes]) -> Any:
+        if not lines[0].isascii():  # (a byte past ASCII in its target: llhttp's 400;
+            # this parser routed it, a 404 quoting it)
+            raise BadStatusLine(error="Invalid request line")  # (quoting nothing)
         method, space, target = lines[0].partition(b" ")
         name = method.decode("latin-1")
         if space and target and b" " not in target and name in PARSED_METHODS:

@@ -1335,3 +1335,17 @@ async def test_a_content_length_past_64_bits_is_answered_alike_by_either_parser(
         + b"Content-Type: application/json\r\nContent-Length: " + length + b"\r\n\r\n"])
     assert got == 400, (parser, raw)
     assert json.loads(raw)["error"]["code"] == "invalid_http_request"
+
+
+@pytest.mark.parametrize("line", [b"GET /v1/models\xff HTTP/1.1",
+                                  b"GET /v1/models?a=\xc3\xa9 HTTP/1.1",
+                                  b"GET /v1/\xc3\xa9 HTTP/1.1"])
+async def test_a_byte_past_ascii_in_the_request_target_is_a_400_under_either_parser(
+        parser: str, line: bytes) -> None:
+    """RFC 3986 targets are ASCII: llhttp refuses one with a byte past it (a 400) where
+    aiohttp's Python parser routed it (a 404 quoting the byte, or the models served)."""
+    status, headers, body = await _line_answer(parser, [line + b"\r\nHost: x\r\n" + _AUTH
+                                                        + b"\r\n"])
+    assert status == 400, (parser, body)
+    assert json.loads(body)["error"]["code"] == "invalid_http_request"
+    assert headers.get("connection") == "close"
