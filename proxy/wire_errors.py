@@ -266,8 +266,10 @@ class _HttpOnly:
     HTTP/`), among the bytes of this piece and the last ones kept, and only where that
     request's HTTP line is not there: no body is scanned (a chunk of a JSON body ending
     in `GET / RTSP/1.0` is no request line). A request whose line is where it should be
-    costs one comparison, in place, and the pieces fed are kept by reference (no copy)
-    until a line must be looked for across them. Refused as aiohttp's Python parser
+    costs one comparison, in place, and the pieces fed are kept by reference (no copy;
+    a large read's tail alone, and past `_PIECES` small ones their last `_KEPT` bytes,
+    joined: at most three times `_KEPT` held) until a line must be looked for across
+    them. Refused as aiohttp's Python parser
     refuses it: a 400, or the 501 of a method none of `PARSED_METHODS`. A line not
     found at all (split past `_KEPT`) is served as llhttp read it."""
 
@@ -275,7 +277,7 @@ class _HttpOnly:
 
     def __init__(self, parser: Any) -> None:
         self._parser = parser
-        # the last pieces fed (`_KEPT` to twice that bytes, from `_start` in the first),
+        # the last pieces fed (`_KEPT` to three times that bytes, from `_start` in the first),
         # since the last request line found
         self._kept: list[bytes] = []
         self._start = 0
@@ -301,9 +303,18 @@ class _HttpOnly:
         if len(data) - pos > _KEPT:
             pos = len(data) - _KEPT
         self._kept, self._start, self._size = [data], pos, len(data) - pos
+        if len(data) > 2 * _KEPT:  # (a large read is not held whole: its tail, copied)
+            self._kept, self._start = [data[pos:]], 0
         return parsed
 
     def _keep(self, data: bytes) -> None:
+        """`data` kept after the pieces before it, of which the last `_KEPT` bytes (or
+        more, up to a few times that) are held: a large piece's tail alone, copied; the
+        pieces, past `_PIECES`, joined into their last `_KEPT` bytes."""
+        if len(data) >= _KEPT:  # (nothing before it is looked for again)
+            tail = data if len(data) <= 2 * _KEPT else data[-_KEPT:]
+            self._kept, self._start, self._size = [tail], 0, len(tail)
+            return
         kept = self._kept
         kept.append(data)
         self._size += len(data)
@@ -312,7 +323,8 @@ class _HttpOnly:
             del kept[0]
             self._start = 0
         if len(kept) > _PIECES:
-            self._kept, self._start = [b"".join(kept)[self._start:]], 0
+            tail = b"".join(kept)[self._start:][-_KEPT:]
+            self._kept, self._start, self._size = [tail], 0, len(tail)
 
     def _check_line(self, method: str, line: bytes, data: bytes, pos: int,
                     first: bool) -> None:

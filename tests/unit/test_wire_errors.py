@@ -98,3 +98,52 @@ def test_the_http_only_check_copies_no_bytes_of_a_request_whose_line_is_where_it
         assert len(parser.feed_data(head[-1:])[0]) == 1
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("piece", [20, 3000, 200_000])
+def test_the_http_only_check_holds_a_bounded_tail_of_what_it_was_fed(piece: int) -> None:
+    """The check keeps the last bytes fed (to find a request line split across reads).
+    It kept pieces by reference and, past 32 of them, joined them into one that it never
+    cut: a body sent in small reads (a chunked upload's small writes) was all held, and
+    copied again every 32 reads (2 MB in 50-byte reads: 2 MB held, over a second of
+    copying); a single large read was held whole (256 KiB a connection). Now at most
+    three times `_KEPT` is held, and a line split across many reads is still found."""
+    import asyncio
+    from unittest import mock
+
+    from aiohttp import http_parser
+    from aiohttp.http_exceptions import BadStatusLine
+
+    from proxy.wire_errors import _KEPT, _HttpOnly
+
+    parser_c = getattr(http_parser, "HttpRequestParserC", None)
+    if parser_c is None:
+        pytest.skip("aiohttp without its C parser")
+    loop = asyncio.new_event_loop()
+
+    def held(parser: _HttpOnly) -> int:
+        return sum(len(k) for k in parser._kept)
+
+    try:
+        protocol = mock.Mock(_reading_paused=False)
+        parser = _HttpOnly(parser_c(protocol, loop, 2**16, max_line_size=8190,
+                                    max_field_size=8190))
+        size = min(piece * 5000, 400_000)
+        head = b"POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size
+        body = b"GET  /v1/models  HTTP/1.1\r\n" * (size // 27 + 1)
+        body = body[:size]
+        first = head + body[:piece]
+        assert len(parser.feed_data(first)[0]) == 1
+        assert held(parser) <= 3 * _KEPT
+        for at in range(piece, size, piece):  # (bounded: 5,000 reads at most)
+            assert not parser.feed_data(body[at:at + piece])[0]
+            assert held(parser) <= 3 * _KEPT, (at, held(parser))
+        # the next request's line, in other protocols and split in reads of a byte, is
+        # still found (and a body's words like a line were no request line)
+        line = b"GET /v1/models RTSP/1.0\r\nHost: x\r\n\r\n"
+        for i in range(len(line) - 1):
+            assert not parser.feed_data(line[i:i + 1])[0]
+        with pytest.raises(BadStatusLine):
+            parser.feed_data(line[-1:])
+    finally:
+        loop.close()
