@@ -145,7 +145,9 @@ class BasePlugin(Generic[ConfigT]):
     def enter(self, ctx: RequestContext) -> None:
         """What the whole chain should know of a request from its start, set before any
         plugin runs, in chain order (admission: the request's deadline, which a plugin
-        ahead of it that waits, e.g. the cache's coalescing, must honour too)."""
+        ahead of it that waits, e.g. the cache's coalescing, must honour too). It may run
+        twice on one request (`enter_ahead`: a background response's create, then its
+        run): applied again it must change nothing (take no permit, count nothing)."""
 
     def health(self) -> dict[str, Any] | None:
         """Details for /health/ready (e.g. breaker state); None: nothing to show."""

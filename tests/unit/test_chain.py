@@ -439,3 +439,29 @@ async def test_a_plain_hook_that_raises_cancelled_error_is_a_failed_hook_on_a_sp
     assert [c async for c in stream.rest()] == [{"n": 0}]
     await stream.end_shielded("completed")
     assert seen == ["slot:completed"] and stream.ended
+
+
+def test_the_built_in_enter_hooks_applied_twice_change_nothing() -> None:
+    """A background Responses create runs the chain's `enter` hooks (and `refuse_ahead`)
+    before it queues the run (`enter_ahead`), and the run runs them again: applied twice
+    they leave the request's deadline and every metric as once."""
+    from proxy.chain import _entering, enter_ahead
+
+    svc = services()
+    ps = build_plugins([PluginSpec.model_validate(s) for s in (
+        {"name": "sanitizer"}, {"name": "rate_limit"}, {"name": "breaker"},
+        {"name": "admission"})], svc)
+    c = ctx()
+    c.headers = {"x-weir-timeout-ms": "5000"}
+
+    def metrics() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for m in svc.metrics.registry.collect() for s in m.samples
+                if not s.name.endswith("_created")}
+
+    enter_ahead(ps, c, deadline_s=30)
+    once = (c.deadline, c.deadline_cut, c.output_ceiling, metrics())
+    assert c.deadline is not None and c.deadline - c.started == pytest.approx(5)
+    for hook in _entering(ps, 30):  # (as the chain runs them)
+        hook(c)
+    assert (c.deadline, c.deadline_cut, c.output_ceiling, metrics()) == once
