@@ -169,14 +169,9 @@ class BasePlugin(Generic[ConfigT]):
     def refuse_ahead(self, ctx: RequestContext) -> None:
         """Raises what this plugin refuses `ctx`'s request for from the request alone,
         before the chain runs (a background response's create answers it at once, not
-        in a record that ends `failed`): the sanitizer's limits. Nothing by default."""
-
-    def screens(self, ctx: RequestContext) -> bool:
-        """Whether `screen_aside` may read `ctx`'s request before the chain runs (a
-        background response's record is stored screened first): False where this plugin
-        will refuse it unread (the sanitizer's limits: its detectors never read a body
-        of megabytes)."""
-        return True
+        in a record that ends `failed`; nor is its record screened first, by
+        `screen_aside`): the sanitizer's limits (its detectors never read a body of
+        megabytes). Nothing by default."""
 
     def secret(self) -> str | None:
         """The secret this plugin's own upstreams name callers with (its

@@ -271,13 +271,6 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def refuse_ahead(self, ctx: RequestContext) -> None:
         self._check_limits(ctx)  # (what `__call__` refuses before reading a text)
 
-    def screens(self, ctx: RequestContext) -> bool:
-        try:
-            self._check_limits(ctx)  # (what `__call__` refuses before reading a text)
-        except InvalidRequest:
-            return False
-        return True
-
     def _screen(self, texts: list[str], *, json: bool = False,
                 speakers: list[str] | None = None) -> list[str]:
         """Texts of the request, in order, as the chain passed them on
@@ -302,7 +295,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
     def _check_limits(self, ctx: RequestContext) -> int:
         """Refuse a request past the limits; else the characters the detectors will read
         (its messages' or prompts', its tools', its schema's, its caller's texts). A
-        route that asks `screen_thread` and `screens` first counted a request three
+        route that asks `screen_thread` and `refuse_ahead` first counted a request three
         times (a chat's every part and extra field, ~8 us each): the count of the last
         request passed is kept (by a weak reference: never the request itself) and
         given again for the same request."""

@@ -166,16 +166,14 @@ async def _create(request: web.Request, st: AppState,
     # A background response's record is stored before the chain screened its request,
     # and kept if the chain refuses it: what it keeps of it (its input, the
     # conversation a follow-up goes on from), screened as the chain will from the start
-    # (`input_items` lists it at once).
-    # One the chain will refuse unread (past the sanitizer's limits) keeps none of them.
+    # (`input_items` lists it at once). (One the chain will refuse unread, past the
+    # sanitizer's limits, was refused above: `refuse_ahead`.)
     screen = (next((s for p in st.plugins if (s := p.screen_aside()) is not None), None)
               if req.background else None)
     # A long request's kept texts are read where the sanitizer reads its prompt, in its
     # own thread (`screen_thread`), not on the event loop.
     thread = next((t for p in st.plugins if (t := p.screen_thread(ctx)) is not None), None)
-    if screen is not None and not all(p.screens(ctx) for p in st.plugins):
-        inputs, conversation = [], []
-    elif screen is not None:
+    if screen is not None:
         inputs, conversation = await read_in(thread, _screened_ahead, req, history, inputs,
                                              conversation, screen)
     if req.store and store.max_bytes is not None:

@@ -908,7 +908,7 @@ async def test_a_short_prompt_with_long_tool_definitions_is_read_off_the_event_l
 
 async def test_a_request_s_texts_are_counted_once_however_often_it_is_asked(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A route that asks `screen_thread` and `screens` before the chain counted the
+    """A route that asks `screen_thread` and `refuse_ahead` before the chain counted the
     request's texts three times (its parts, extra fields, call ids: ~8 us each); the
     count is kept for the same request (a new one is counted anew)."""
     from plugins.sanitizer import plugin as module
@@ -922,7 +922,8 @@ async def test_a_request_s_texts_are_counted_once_however_often_it_is_asked(
     monkeypatch.setattr(module, "_forwarded_chars", counting)
     san = plugin()
     ctx = chat_ctx("hello there")
-    assert san.screen_thread(ctx) is None and san.screens(ctx)
+    assert san.screen_thread(ctx) is None
+    san.refuse_ahead(ctx)  # (not refused)
     await san(ctx, Spy())
     assert len(counted) == 1
     await san(chat_ctx("hi again"), Spy())  # (a new request: counted anew)

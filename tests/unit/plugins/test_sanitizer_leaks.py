@@ -179,7 +179,8 @@ async def test_texts_screened_aside_count_in_the_limit_on_what_it_reads() -> Non
     assert X.aside_chars(req) == 1200
     ctx = chat(("user", "hi"), ("user", "go on"))
     ctx.aside_chars = X.aside_chars(req)
-    assert not san.screens(ctx)
+    with pytest.raises(InvalidRequest):
+        san.refuse_ahead(ctx)
     with pytest.raises(InvalidRequest) as e:
         await san(ctx, Spy())
     assert (e.value.status, e.value.param) == (400, "messages")  # (`input`, as Responses)
@@ -199,7 +200,7 @@ async def test_texts_aside_do_not_count_where_no_detector_reads_them() -> None:
     ctx = chat(("user", "hi"), ("user", "go on"))
     ctx.aside_chars = 1200
     ctx.request = ctx.request.model_copy(update={"user": "u" * 1200})
-    assert san.screens(ctx)
+    san.refuse_ahead(ctx)  # (not refused)
     spy = Spy()
     await san(ctx, spy)
     assert spy.ctx is not None

@@ -257,7 +257,7 @@ async def test_what_goes_on_beside_the_prompt_counts_in_the_limit_on_what_it_rea
         await san(context(body), Completion)  # type: ignore[arg-type]
     assert (e.value.status, e.value.param, e.value.code) == (400, "messages", "invalid_value")
     small = context({"messages": [{"role": "user", "content": "hi", "note": "x" * 900}]})
-    assert san.screens(small)
+    san.refuse_ahead(small)  # (not refused)
 
 
 async def test_a_completion_s_extra_fields_count_in_its_limit() -> None:
@@ -267,7 +267,8 @@ async def test_a_completion_s_extra_fields_count_in_its_limit() -> None:
     req = CompletionRequest.model_validate({"model": "m", "prompt": "hi", "x": "y" * 1000})
     ctx = RequestContext(route="completion", request=req,
                          principal=Principal("t", "user", "u"), request_id="r")
-    assert not san.screens(ctx)
+    with pytest.raises(InvalidRequest):
+        san.refuse_ahead(ctx)
 
 
 def test_metadata_keys_redacted_alike_stay_apart() -> None:
@@ -302,7 +303,7 @@ async def test_call_ids_count_in_the_limit_on_what_it_reads() -> None:
     with pytest.raises(InvalidRequest) as e:
         await san(context(body("c" * 1000)), Completion)  # type: ignore[arg-type]
     assert (e.value.status, e.value.param, e.value.code) == (400, "messages", "invalid_value")
-    assert san.screens(context(body("c" * 900)))  # (each id counted once)
+    san.refuse_ahead(context(body("c" * 900)))  # (each id counted once: not refused)
 
 
 SECRET = "the-gateway-own-secret"
