@@ -129,10 +129,22 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
         # id or did not), so it does not, rather than run on for nobody to find.
         detach(_undone(runner, store, run))
         raise
+    if _gone(request):
+        # Its client left as the chain decided, and no cancellation reached this
+        # handler (its connection found closing only now): its answer, where its id is
+        # told, would reach no one. Undone as a create cut above (logged 499).
+        detach(_undone(runner, store, run))
+        raise asyncio.CancelledError
     headers = _told(ctx, replied, refused)
     if not req.stream:
         return json_response(queued[0]["response"], headers)
     return await follow(request, run, -1, headers)
+
+
+def _gone(request: web.Request) -> bool:
+    """Whether `request`'s client has left: its connection closed or closing."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 async def _undone(runner: Runner, store: RecordStore, run: Run) -> None:

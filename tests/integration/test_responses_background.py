@@ -6,12 +6,14 @@ tenant; cancelled from another replica on a shared Redis; truthful after a shutd
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import time
 import uuid
 from typing import Any
 
+import aiohttp
 import pytest
 from redis.asyncio import Redis
 
@@ -1340,6 +1342,48 @@ async def test_a_create_whose_client_left_before_its_answer_did_not_happen(
     assert run.cancelled and not fake_engine.calls
     assert await store.get("public", run.rid) is None
     assert (await client.get(f"/v1/responses/{run.rid}")).status == 404
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_create_whose_client_left_as_the_chain_decided_did_not_happen(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
+    """A client gone as the chain decided, found by no cancellation (its connection
+    closing only as its handler answered: logged 499), got no id either. Its `queued`
+    answer went to a closed connection while its run went on and its record was kept,
+    found by no one; the create is undone as one cut while the chain decided."""
+    client = await make_client()
+    st, runner, store = client.app[STATE], client.app[RUNNER], client.app[STORE]
+    chain, start = st.chain, background_http.start
+    seen: list[Any] = []
+
+    async def deciding(ctx: Any) -> Any:
+        reply = await chain(ctx)
+        # (its client's connection closing as the chain decided, no cancellation sent)
+        monkeypatch.setattr(seen[0].transport, "is_closing", lambda: True)
+        return reply
+
+    async def started(request: Any, *args: Any, **kw: Any) -> Any:
+        seen.append(request)
+        return await start(request, *args, **kw)
+
+    monkeypatch.setattr(st, "chain", deciding)
+    monkeypatch.setattr(background_http, "start", started)
+    put, stored = type(store).put, []
+
+    async def kept(self: Any, tenant: str, rid: str, *args: Any, **kw: Any) -> None:
+        await put(self, tenant, rid, *args, **kw)
+        stored.append(rid)
+
+    monkeypatch.setattr(type(store), "put", kept)
+    with contextlib.suppress(aiohttp.ClientError):
+        r = await client.post("/v1/responses", json={**BASE, "stream": stream})
+        await r.read()
+    run = runner.runs.get(("public", stored[0]))
+    if run is not None and run.task is not None:
+        await asyncio.wait_for(asyncio.shield(run.task), 10)
+    await eventually(lambda: ("public", stored[0]) not in runner.runs, timeout=10)
+    assert await store.get("public", stored[0]) is None
+    assert (await client.get(f"/v1/responses/{stored[0]}")).status == 404
 
 
 @pytest.mark.parametrize("shared", [False, True])
