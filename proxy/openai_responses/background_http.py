@@ -136,9 +136,32 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
         detach(_undone(runner, store, run))
         raise asyncio.CancelledError
     headers = _told(ctx, replied, refused)
-    if not req.stream:
-        return json_response(queued[0]["response"], headers)
-    return await follow(request, run, -1, headers)
+    # Its answer is written here, not by aiohttp once the middlewares have returned (a
+    # cancellation or a closed connection met there, the id unsent, would undo nothing);
+    # the middlewares' headers go on it as they would (`x-request-id` and CORS's are
+    # `on_response_prepare`'s). Cut before the answer, or its first event, went out
+    # whole, the create is undone as one cut above.
+    told = False
+
+    def sent() -> None:
+        nonlocal told
+        told = True
+
+    def aborted(_why: str) -> None:
+        if not told:
+            detach(_undone(runner, store, run))
+
+    try:
+        if not req.stream:
+            resp = json_response(queued[0]["response"], headers)
+            await resp.prepare(request)
+            await resp.write_eof()
+            sent()
+            return resp
+        return await follow(request, run, -1, headers, on_first=sent, on_abort=aborted)
+    except (asyncio.CancelledError, ConnectionError):
+        aborted("cut")
+        raise
 
 
 def _gone(request: web.Request) -> bool:
@@ -181,9 +204,12 @@ def _told(ctx: RequestContext, replied: list[Reply], refused: list[WeirError],
 
 
 async def follow(request: web.Request, run: Run, after: int,
-                 headers: dict[str, str] | None = None) -> web.StreamResponse:
+                 headers: dict[str, str] | None = None, *,
+                 on_first: Callable[[], None] | None = None,
+                 on_abort: Callable[[str], None] | None = None) -> web.StreamResponse:
     """A background run's events numbered past `after`, as they come; its client leaving
-    ends this stream, not the run. `headers`: its answer's (its creator's: the chain's)."""
+    ends this stream, not the run. `headers`: its answer's (its creator's: the chain's).
+    `on_first`, `on_abort`: `write_sse`'s (its first event written; its client gone)."""
     srv = request.app[STATE].settings.server
     run.check(after)
     last = after  # the number of the last event this stream carried
@@ -203,8 +229,8 @@ async def follow(request: web.Request, run: Run, after: int,
 
     return await write_sse(request, Stream(run.follow(after)), lambda: dict(headers or {}),
                            write_timeout=srv.write_timeout_s, keepalive=srv.keepalive_s,
-                           on_chunk=carried, terminator=b"", frame=typed_sse,
-                           error_events=cut)
+                           on_first=on_first, on_abort=on_abort, on_chunk=carried,
+                           terminator=b"", frame=typed_sse, error_events=cut)
 
 
 async def replay(request: web.Request, events: list[dict[str, Any]],

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from redis.asyncio import Redis
 
 from bench.redis_server import RedisServer
@@ -23,6 +24,7 @@ from proxy.errors import Unavailable
 from proxy.openai_responses import background_http
 from proxy.openai_responses.background import Run
 from proxy.openai_responses.routes import RUNNER, STORE
+from proxy.streaming import _SseResponse
 from proxy.tasks import cancel_and_wait
 from tests.conftest import MakeClient, make_settings
 from tests.fakes import FakeEngine, HoldingEngine
@@ -1384,6 +1386,52 @@ async def test_a_create_whose_client_left_as_the_chain_decided_did_not_happen(
     await eventually(lambda: ("public", stored[0]) not in runner.runs, timeout=10)
     assert await store.get("public", stored[0]) is None
     assert (await client.get(f"/v1/responses/{stored[0]}")).status == 404
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("cut", ["cancelled", "reset"])
+async def test_a_create_whose_client_left_as_its_answer_was_written_did_not_happen(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch, cut: str,
+        stream: bool) -> None:
+    """A create whose client left after its handler returned its `queued` answer, as
+    the middlewares returned it and aiohttp wrote it (a cancellation, a connection
+    reset), kept its record and its run, its id told to no one. Its answer is written
+    inside the handler, under the undo of a create cut before it: undone. An answer
+    that goes out still carries the middlewares' headers (`x-request-id`, CORS's)."""
+    app = "https://app.example"
+    client = await make_client(server={"cors": {"allow_origins": [app]}})
+    runner, store = client.app[RUNNER], client.app[STORE]
+    r = await client.post("/v1/responses", json={**BASE, "stream": stream},
+                          headers={"Origin": app, "x-request-id": "req-told"})
+    assert r.status == 200 and b"queued" in await r.read()
+    assert r.headers["x-request-id"] == "req-told"
+    assert r.headers["Access-Control-Allow-Origin"] == app
+    # (a whole answer's head, or a stream's first event, its head with it)
+    answer, step = (_SseResponse, "write") if stream else (web.Response, "prepare")
+    written, put, stored = getattr(answer, step), type(store).put, []
+
+    async def kept(self: Any, tenant: str, rid: str, *args: Any, **kw: Any) -> None:
+        await put(self, tenant, rid, *args, **kw)
+        stored.append(rid)
+
+    async def writing(self: Any, *args: Any) -> Any:
+        request = self._req or args[0]
+        if request.method == "POST" and request.path == "/v1/responses":
+            # (its client leaving as its answer is written)
+            if cut == "cancelled":
+                raise asyncio.CancelledError
+            raise ConnectionResetError("Cannot write to closing transport")
+        return await written(self, *args)
+
+    monkeypatch.setattr(type(store), "put", kept)
+    monkeypatch.setattr(answer, step, writing)
+    with contextlib.suppress(aiohttp.ClientError):
+        r = await client.post("/v1/responses", json={**BASE, "stream": stream})
+        await r.read()
+    monkeypatch.setattr(answer, step, written)
+    await eventually(lambda: ("public", stored[-1]) not in runner.runs, timeout=10)
+    assert await store.get("public", stored[-1]) is None
+    assert (await client.get(f"/v1/responses/{stored[-1]}")).status == 404
 
 
 @pytest.mark.parametrize("shared", [False, True])
