@@ -130,6 +130,8 @@ async def _answer(request: web.Request, st: AppState, ctx: RequestContext,
         frame = lambda chunk: sse(told(chunk))  # noqa: E731
         if keep is not None:
             keep = _keeping_as_sent(keep, told)
+    if ctx.request.sequences > 1:
+        frame = one_choice_each(frame)
 
     def stream_headers() -> dict[str, str]:
         headers = {**ctx.response_headers, **reply.headers}
@@ -146,6 +148,23 @@ SERVED_TIER = "default"
 
 def _as_it_is(body: dict[str, Any]) -> dict[str, Any]:
     return body
+
+
+def one_choice_each(frame: Callable[[dict[str, Any]], bytes]
+                    ) -> Callable[[dict[str, Any]], bytes]:
+    """`frame`, a chunk of several choices (an engine step of n > 1, as made, cached or
+    coalesced) sent as one event a choice, as OpenAI's and vLLM's servers send them: many
+    clients read only `choices[0]` of an event. Its other fields go with each (the usage
+    chunk, with no choices, and a chunk of one go as they are). Only a request of several
+    choices frames with it: the one-choice stream's chunks cost nothing more."""
+
+    def framed(chunk: dict[str, Any]) -> bytes:
+        choices = chunk.get("choices")
+        if not choices or len(choices) == 1:
+            return frame(chunk)
+        return b"".join([frame({**chunk, "choices": [c]}) for c in choices])
+
+    return framed
 
 
 def _keeping_as_sent(keep: Callable[[dict[str, Any]], None],

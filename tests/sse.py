@@ -40,6 +40,7 @@ def check_chat_stream(events: list[dict[str, Any]], n: int = 1, usage: bool = Fa
     for e in body:
         validate("CreateChatCompletionStreamResponse", e)
         assert e["choices"], "only the usage chunk may have no choices"
+        assert len(e["choices"]) == 1, "one choice a chunk, as OpenAI's streams send them"
         for c in e["choices"]:
             i = c["index"]
             if "role" in c["delta"]:
