@@ -17,7 +17,7 @@ from ..errors import RecordTooLarge, Unavailable, WeirError
 from ..inflight import note_usage
 from ..record_store import RecordStore
 from ..routes import json_response
-from ..streaming import typed_sse, write_sse
+from ..streaming import WRITE_TIMED_OUT, reset, typed_sse, write_sse
 from ..tasks import detach, read_in
 from ..telemetry import get_logger
 from . import translate as X
@@ -154,14 +154,33 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
     try:
         if not req.stream:
             resp = json_response(queued[0]["response"], headers)
-            await resp.prepare(request)
-            await resp.write_eof()
+            await _written(request, resp, st.settings.server.write_timeout_s)
             sent()
             return resp
         return await follow(request, run, -1, headers, on_first=sent, on_abort=aborted)
-    except (asyncio.CancelledError, ConnectionError):
+    except asyncio.CancelledError:
         aborted("cut")
         raise
+    except ConnectionError as e:
+        # (its client gone, or cut for not reading: a client's leaving, logged 499 as
+        # one that left earlier, not the handler's error, a 500 aiohttp logged)
+        aborted("client gone")
+        raise asyncio.CancelledError from e
+
+
+async def _written(request: web.Request, resp: web.Response, write_timeout: float) -> None:
+    """`resp` written whole inside its handler, timed as `ConnectionGuard` times a
+    returned answer's writes (only once its handler has returned: none here): a client
+    that has not read it down within `write_timeout` is cut (`ConnectionResetError`)."""
+    try:
+        async with asyncio.timeout(write_timeout):
+            await resp.prepare(request)
+            await resp.write_eof()
+    except TimeoutError:
+        request[WRITE_TIMED_OUT] = True
+        if request.transport is not None:
+            reset(request.transport)
+        raise ConnectionResetError("its client stopped reading its answer") from None
 
 
 def _gone(request: web.Request) -> bool:

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import io
 import json
+import socket
 import time
 import uuid
 from typing import Any
@@ -1432,6 +1433,74 @@ async def test_a_create_whose_client_left_as_its_answer_was_written_did_not_happ
     await eventually(lambda: ("public", stored[-1]) not in runner.runs, timeout=10)
     assert await store.get("public", stored[-1]) is None
     assert (await client.get(f"/v1/responses/{stored[-1]}")).status == 404
+
+
+async def test_a_create_whose_client_reset_as_its_answer_was_written_is_its_leaving(
+        make_client: MakeClient, monkeypatch: pytest.MonkeyPatch, logs: Any) -> None:
+    """A reset met as a background create's whole answer is written in its handler was
+    the handler's own error: aiohttp logged an error with its traceback, and the request
+    was counted a 500. It is its client leaving, counted 499 as one that left earlier."""
+    client = await make_client()
+    prepare = web.Response.prepare
+
+    async def writing(self: Any, request: Any) -> Any:
+        if request.method == "POST" and request.path == "/v1/responses":
+            raise ConnectionResetError("Cannot write to closing transport")
+        return await prepare(self, request)
+
+    monkeypatch.setattr(web.Response, "prepare", writing)
+    with contextlib.suppress(aiohttp.ClientError):
+        await (await client.post("/v1/responses", json=BASE)).read()
+    monkeypatch.setattr(web.Response, "prepare", prepare)
+    registry = client.app[STATE].metrics.registry
+
+    def counted(status: str) -> float:
+        return registry.get_sample_value("weir_requests_total", {
+            "route": "responses", "model": "fake-model", "status": status}) or 0.0
+
+    await eventually(lambda: counted("499") + counted("500") > 0, timeout=10)
+    assert (counted("499"), counted("500")) == (1, 0)
+    assert "Error handling request" not in logs.getvalue()
+
+
+async def test_a_create_whose_client_stopped_reading_its_answer_is_cut(
+        make_client: MakeClient) -> None:
+    """A background create's whole answer, written in its handler, had no write timeout
+    (the connection guard times only writes after a handler returned): a client that
+    sent it and never read its answer (a long `instructions` echoed) held the handler
+    and its connection for good. `server.write_timeout_s` cuts it, and the create, its
+    answer unread, is undone."""
+    engine = HoldingEngine(after=1)  # (its run goes on until undone)
+    client = await make_client(engine=engine, server={"write_timeout_s": 0.3,
+                                                      "max_body_bytes": 24 << 20})
+    runner, store = client.app[RUNNER], client.app[STORE]
+    put, stored = type(store).put, []
+
+    async def kept(self: Any, tenant: str, rid: str, *args: Any, **kw: Any) -> None:
+        await put(self, tenant, rid, *args, **kw)
+        stored.append(rid)
+
+    # (tools echoed in its answer: 16 MB of it, more than the socket buffers take)
+    tools = [{"type": "function", "name": f"f{i}", "description": "d" * (1 << 20),
+              "parameters": {"type": "object", "properties": {}}} for i in range(16)]
+    body = json.dumps({**BASE, "tools": tools}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that stalls
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(store), "put", kept)
+        try:
+            await loop.sock_connect(sock, (client.host, client.port))
+            await loop.sock_sendall(sock, b"POST /v1/responses HTTP/1.1\r\nHost: x\r\n"
+                                    b"Content-Type: application/json\r\nContent-Length: "
+                                    + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await engine.wait_until(lambda: engine.held == 1)
+            assert len(stored) == 1 and ("public", stored[0]) in runner.runs
+            await eventually(lambda: ("public", stored[0]) not in runner.runs, timeout=10)
+        finally:
+            sock.close()
+    assert await store.get("public", stored[0]) is None
 
 
 @pytest.mark.parametrize("shared", [False, True])
