@@ -1663,7 +1663,12 @@ class CompletionRequest(_SamplingFields):
 
     @property
     def sequences(self) -> int:
-        return self.n * len(self.prompts())
+        """As `prompts()` counts them, from the prompt's first item alone (a list is all
+        token ids or all prompts, as validated): it is read on every request, and a
+        token-id prompt of 32k scanned and copied whole took 2 ms."""
+        p = self.prompt
+        one = isinstance(p, str) or not p or isinstance(p[0], int)
+        return self.n * (1 if one else len(p))
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of single prompts (text or token ids)."""
