@@ -326,7 +326,7 @@ async def write_sse(
             except Exception as e:  # after the first byte an error goes out in-band
                 outcome, error, errored = "failed", e, True
                 await _error_event(request, write, e, log_error, framed, _take(held))
-            if held and _gone(request):  # a whole stream's events go out only now: its
+            if held and gone(request):  # a whole stream's events go out only now: its
                 outcome = "cancelled"  # client, gone, never had any of the answer
                 raise ConnectionResetError("the client is gone")
             # Settle before the client can see the answer's end: the OpenAI SDK stops at
@@ -397,8 +397,8 @@ async def _cut_for_shutdown(request: web.Request, watchdog: _Watchdog,
         pass
 
 
-def _gone(request: web.Request) -> bool:
-    """The client closed its connection (nothing written to it can arrive)."""
+def gone(request: web.Request) -> bool:
+    """The client closed its connection, or is closing it (nothing written to it can arrive)."""
     return request.transport is None or request.transport.is_closing()
 
 

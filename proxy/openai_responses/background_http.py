@@ -17,7 +17,7 @@ from ..errors import RecordTooLarge, Unavailable, WeirError
 from ..inflight import note_usage
 from ..record_store import RecordStore
 from ..routes import json_response
-from ..streaming import WRITE_TIMED_OUT, reset, typed_sse, write_sse
+from ..streaming import WRITE_TIMED_OUT, gone, reset, typed_sse, write_sse
 from ..tasks import detach, read_in
 from ..telemetry import get_logger
 from . import translate as X
@@ -129,7 +129,7 @@ async def start(request: web.Request, st: AppState, runner: Runner, store: Recor
         # id or did not), so it does not, rather than run on for nobody to find.
         detach(_undone(runner, store, run))
         raise
-    if _gone(request):
+    if gone(request):
         # Its client left as the chain decided, and no cancellation reached this
         # handler (its connection found closing only now): its answer, where its id is
         # told, would reach no one. Undone as a create cut above (logged 499).
@@ -181,12 +181,6 @@ async def _written(request: web.Request, resp: web.Response, write_timeout: floa
         if request.transport is not None:
             reset(request.transport)
         raise ConnectionResetError("its client stopped reading its answer") from None
-
-
-def _gone(request: web.Request) -> bool:
-    """Whether `request`'s client has left: its connection closed or closing."""
-    transport = request.transport
-    return transport is None or transport.is_closing()
 
 
 async def _undone(runner: Runner, store: RecordStore, run: Run) -> None:
