@@ -97,8 +97,14 @@ from .guard_degrees import degrees, degrees_differ
 from .guard_ends import ends, ends_differ
 from .guard_modals import modals, modals_differ
 from .guard_native import english_frame, joined, plain, small_words
-from .guard_quantifiers import all_against_one, quantifiers, quantifiers_differ
+from .guard_quantifiers import (
+    QUANTIFIER_WORDS,
+    all_against_one,
+    quantifiers,
+    quantifiers_differ,
+)
 from .guard_roles import (
+    CLAUSE_WORDS,
     IRREGULAR_PARTICIPLES,
     agents,
     agents_differ,
@@ -109,7 +115,14 @@ from .guard_roles import (
     parties_differ,
     state,
 )
-from .guard_units import CURRENCY_CODE, CURRENCY_CODES, relative_differs, units, units_differ
+from .guard_units import (
+    CURRENCY_CODE,
+    CURRENCY_CODES,
+    UNIT_WORDS,
+    relative_differs,
+    units,
+    units_differ,
+)
 
 # A number, with its sign where one is written on it ("-7"; not the operator of "7-5")
 _NUMBER = re.compile(r"(?:(?<![\w)])[-\u2212](?=\d))?\d+(?:[.,]\d+)*")
@@ -589,45 +602,66 @@ def signature(text: str) -> Signature:
         text = _HAPPENS_WHEN.sub(r"\1 if", text)
         lowered = text.lower()
     letters = _LETTERS.findall(lowered)
-    if any(pair in _PHRASE_PAIRS for pair in itertools.pairwise(letters)):
+    # The question's runs of letters, once: a pass whose every match holds one of its
+    # words (the gates at the end of this module) is skipped where the question holds
+    # none of them (most passes, for most questions).
+    runs = frozenset(letters)
+    if (not _PHRASE_FIRST.isdisjoint(runs) and not _PHRASE_SECOND.isdisjoint(runs)
+            and any(pair in _PHRASE_PAIRS for pair in itertools.pairwise(letters))):
         low = _PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
     else:  # (most questions: no two words in a row are a phrase's)
         low = lowered
     if "back" in low:
         low = _GOT_BACK.sub(r"restore\1", low)
-    low = _RECEIVING.sub("receive", low)
+    if "get" in low or "got" in low:  # (each of `_RECEIVING`'s matches holds one)
+        low = _RECEIVING.sub("receive", low)
     if " in" in low or " out" in low:
         low = _MOVED.sub(_moved, low)
-    if text.isascii():
-        instructions, focus, seen = _INSTRUCTIONS_ASCII, _FOCUS_ASCII, lowered
+    if text.isascii():  # (lowered, without IGNORECASE: the same matches, faster)
+        numbers = _numbers(text) if _DIGIT.search(lowered) or _HAS_SPELLED_ASCII.search(
+            lowered) else ()
+        negations = (len(_NEGATION_ASCII.findall(lowered))
+                     if "'" in lowered or not _NEGATION_WORDS.isdisjoint(runs) else 0)
+        instructions = (_instructions(_INSTRUCTIONS_ASCII, lowered)
+                        if _may_instruct(runs, lowered) else frozenset())
+        focus = frozenset(k for k, p in _FOCUS_ASCII.items()
+                          if not _FOCUS_WORDS[k].isdisjoint(runs) and p.search(lowered))
+        counts = (tuple(_count(m.group(1)) for m in _COUNT_WORD_ASCII.finditer(lowered))
+                  if not _COUNT_WORDS.isdisjoint(runs) else ())
     else:
-        instructions, focus, seen = _INSTRUCTIONS, _FOCUS, text
+        numbers, negations = _numbers(text), _negations(text)
+        instructions = _instructions(_INSTRUCTIONS, text)
+        focus = frozenset(k for k, p in _FOCUS.items() if p.search(text))
+        counts = _counts(text)
     words = _WORD.findall(low)
-    route = _FROM_TO.search(low)
+    route = _FROM_TO.search(low) if "from" in low else None
     return Signature(
-        numbers=_numbers(text),
-        negations=_negations(text),
-        names=_names(text),
+        numbers=numbers,
+        negations=negations,
+        names=_names(text) if _CAPITAL.search(text, 1) else (),
         directions=tuple(d for w in words if w in _DIRECTION for d in _DIRECTION[w]),
         words=frozenset(words),
         route=(route.group(1), route.group(2)) if route else None,
-        instructions=_instructions(instructions, seen),
-        focus=frozenset(k for k, p in focus.items() if p.search(seen)),
-        tokens=_tokens(english_frame(lowered, language)),
+        instructions=instructions,
+        focus=focus,
+        tokens=_tokens(frame := english_frame(lowered, language),
+                       runs if frame is lowered else None),
         layout=tuple(_INDENT.findall(text)) if "\n" in text else (),
         language=language,
         native=_native(text, language),
         tense=_tense(lowered),
         symbols=_symbols(text),
-        counts=_counts(text),
+        counts=counts,
         owners=owners(lowered),
         doer=doer(lowered),
         degrees=degrees(lowered),
-        units=units(lowered),
-        quantifiers=quantifiers(lowered),
+        units=(units(lowered) if not UNIT_WORDS.isdisjoint(runs)
+               or _UNIT_SIGN_OR_DIGIT.search(lowered) else ()),
+        quantifiers=(quantifiers(lowered) if not QUANTIFIER_WORDS.isdisjoint(runs)
+                     else frozenset()),
         modals=modals(lowered),
         ends=ends(low),
-        agents=agents(lowered),
+        agents=agents(lowered) if not CLAUSE_WORDS.isdisjoint(runs) else (),
         state=state(lowered),
     )
 
@@ -696,7 +730,7 @@ _LETTERS = re.compile(r"[a-z]+")
 _VERB_FIRST = frozenset(m.split()[0] for m in _PHRASES if _VERB_PHRASE.fullmatch(m))
 
 
-def _tokens(lowered: str) -> tuple[str, ...]:
+def _tokens(lowered: str, runs: frozenset[str] | None = None) -> tuple[str, ...]:
     """The question's words, numbers spelled in words as their digits (`_spelled`), a
     negated contraction with its apostrophe (`_NO_APOSTROPHE`), a month's or a
     weekday's short name as its full one and a day without its ordinal, after its month
@@ -706,7 +740,10 @@ def _tokens(lowered: str) -> tuple[str, ...]:
     "is"/"are" as their contraction (`_FULL`), and words that ask the same thing in the
     same frame as one (`_SAME_ASK`), a phrasal verb as its one word (`_VERB_PHRASE`), a
     "get" that receives as "receive" (`_RECEIVING`), a "get ... back" as "restore"
-    (`_GOT_BACK`)."""
+    (`_GOT_BACK`). `runs`: the text's runs of letters (`_LETTERS`), if the caller has
+    them: each pass a word of it opens (`_SAME_ASK_WORDS`, ...) is skipped where none is
+    there."""
+    given = lowered
     if _HAS_SPELLED.search(lowered):  # "two bags" reads as "2 bags"
         for start, end, n in reversed(_spelled(lowered)):
             lowered = f"{lowered[:start]}{n}{lowered[end:]}"
@@ -715,19 +752,27 @@ def _tokens(lowered: str) -> tuple[str, ...]:
                                      lowered)
     if _CURRENCY_HINT.search(lowered):  # "in USD", "in US dollars" as "in dollars"
         lowered = CURRENCY_CODE.sub(lambda m: CURRENCY_CODES.get(m.group(0), ""), lowered)
-    lowered = _SHORT_NAME.sub(lambda m: _ABBREVIATED[m.group(1)], lowered)
+    if runs is None or lowered != given:
+        runs = frozenset(_LETTERS.findall(lowered))
+    if not _ABBREVIATED_WORDS.isdisjoint(runs):
+        lowered, runs = _rerun(lowered, _SHORT_NAME.sub(
+            lambda m: _ABBREVIATED[m.group(1)], lowered), runs)
     if _DIGIT.search(lowered):  # (an ordinal and a day both follow a digit)
-        lowered = _DAY_MONTH.sub(r"\2 \1", _ORDINAL.sub("", lowered))
+        lowered, runs = _rerun(lowered, _DAY_MONTH.sub(r"\2 \1", _ORDINAL.sub("", lowered)),
+                               runs)
     if "nt" in lowered:
-        lowered = _NO_APOSTROPHE.sub(r"\1n't", lowered)
+        lowered, runs = _rerun(lowered, _NO_APOSTROPHE.sub(r"\1n't", lowered), runs)
     if "reason" in lowered or "how come" in lowered:
-        lowered = _REASON_FRAME.sub("why that ", lowered)
+        lowered, runs = _rerun(lowered, _REASON_FRAME.sub("why that ", lowered), runs)
     if " is" in lowered or " are" in lowered:
-        lowered = _FULL.sub(lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered)
-    lowered = _SAME_ASK.sub(_same_ask, lowered)
-    if _CHANNEL_HINT.search(lowered):
-        lowered = _CHANNEL.sub(lambda m: _CHANNELS[_channel_key(m.group(0))], lowered)
-    if not _VERB_FIRST.isdisjoint(_LETTERS.findall(lowered)):
+        lowered, runs = _rerun(lowered, _FULL.sub(
+            lambda m: f"{m.group(1)} {_CONTRACTED[m.group(2)]}", lowered), runs)
+    if not _SAME_ASK_WORDS.isdisjoint(runs):
+        lowered, runs = _rerun(lowered, _SAME_ASK.sub(_same_ask, lowered), runs)
+    if not _CHANNEL_WORDS.isdisjoint(runs) and _CHANNEL_HINT.search(lowered):
+        lowered, runs = _rerun(lowered, _CHANNEL.sub(
+            lambda m: _CHANNELS[_channel_key(m.group(0))], lowered), runs)
+    if not _VERB_FIRST.isdisjoint(runs):
         lowered = _VERB_PHRASE.sub(lambda m: _PHRASES[m.group(0)], lowered)
     if "back" in lowered:
         lowered = _GOT_BACK.sub(r"restore\1", lowered)
@@ -765,6 +810,10 @@ _CHANNEL = re.compile(r"\b(?:" + "|".join(
 _CHANNEL_HINT = re.compile(r"\b(?:online|web|site|app|phone|telephone|calling|person|store|"
                            r"shop|counter|desk|branch|post|mail|letter|face|email|e-mail)\b")
 _CHANNEL_NAMES = frozenset(_CHANNEL_WAYS)
+#: The words `_CHANNEL_HINT` looks for, each whole ("e-mail": "mail"): where the text
+#: holds none, it is not searched.
+_CHANNEL_WORDS = frozenset("online web site app phone telephone calling person store shop "
+                           "counter desk branch post mail letter face email".split())
 
 
 def _channel_key(said: str) -> str:
@@ -832,11 +881,13 @@ def _language(text: str) -> str:
             if len(chars.findall(text)) > latin:
                 return lang
     words = _LATIN_WORD.findall(text.lower())
+    if _FOREIGN_STOPWORDS.isdisjoint(words):  # (most questions: no other language's word)
+        return "es" if "\u00bf" in text or "\u00a1" in text else ""
     counts = dict.fromkeys(_STOPWORDS, 0)  # (in `_STOPWORDS`' order: `max` takes the first)
     for w in words:
         for lang in _STOPWORD_LANGUAGES.get(w, ()):
             counts[lang] += 1
-    best = max(counts, key=lambda lang: counts[lang])
+    best = max(counts, key=counts.__getitem__)
     if best != "en" and counts[best] >= 2 and counts[best] > counts["en"]:
         return best
     if "\u00bf" in text or "\u00a1" in text:  # "¿", "¡": Spanish, however short
@@ -865,6 +916,10 @@ def _native(text: str, language: str) -> frozenset[str]:
 _STOPWORD_LANGUAGES: dict[str, tuple[str, ...]] = {
     w: tuple(lang for lang, stop in _STOPWORDS.items() if w in stop)
     for w in frozenset().union(*_STOPWORDS.values())}
+#: The small words of a language other than English: a question holding none of them
+#: has English's counted alone (`_language`: English, or a "¿").
+_FOREIGN_STOPWORDS = frozenset(w for w, langs in _STOPWORD_LANGUAGES.items()
+                               if any(lang != "en" for lang in langs))
 _PLAIN_STOPWORDS = {lang: frozenset(map(plain, words)) for lang, words in _STOPWORDS.items()
                     if lang != "en"}
 
@@ -1926,3 +1981,98 @@ def guard_ok(question: str, stored: str) -> bool:
             and not actions_differ(_content(nouns(checked(merged(ta)))),
                                    _content(nouns(checked(merged(tb)))))
             and not _reordered(a.tokens, b.tokens))
+
+
+
+# The gates of `signature`'s passes: each set holds a word (a run of letters, `_LETTERS`)
+# that every match of its pass holds, whole: each such word in the pattern stands
+# between word boundaries, or between blanks and a boundary, so the run of letters round
+# it is that word. A question holding none of them (most questions, for most passes) is
+# not searched; tests/unit/plugins/test_cache_guard_signature_gates.py checks that the
+# signature stays the one the ungated passes give.
+#: `_PHRASE_PAIRS`' first words and their second words.
+_PHRASE_FIRST = frozenset(first for first, _ in _PHRASE_PAIRS)
+_PHRASE_SECOND = frozenset(second for _, second in _PHRASE_PAIRS)
+_HAS_SPELLED_ASCII = re.compile(_HAS_SPELLED.pattern)
+#: What names a unit but its words (guard_units.UNIT_WORDS): a sign, or a digit before a
+#: time of day's half ("9am").
+#: A capital after the text's first character: a name (`_NAME`: an ASCII capital, not the
+#: first) needs one.
+_CAPITAL = re.compile("[A-Z]")
+#: The short names `_SHORT_NAME` reads, and a word of each of `_SAME_ASK`'s phrases.
+_ABBREVIATED_WORDS = frozenset(_ABBREVIATED)
+_SAME_ASK_WORDS = frozenset(("time", "have", "provide", *(
+    max(re.findall("[a-z]+", said), key=len) for said in DEGREE_SYNONYMS)))
+
+
+def _rerun(before: str, after: str, runs: frozenset[str]) -> tuple[str, frozenset[str]]:
+    """The text after a pass, and its runs of letters (read again where it changed)."""
+    return after, runs if after == before else frozenset(_LETTERS.findall(after))
+
+_UNIT_SIGN_OR_DIGIT = re.compile(r"[$\u20ac\u00a3\u00a5\u20b9%\d]")
+#: `_NEGATION`'s words on ASCII text ("n't" and "n'" hold an apostrophe: looked for
+#: apart).
+_NEGATION_WORDS = frozenset(
+    "not no never none nothing cannot without neither nor non unable impossible fail fails "
+    "failed failing ne jamais aucun aucune nicht kein keine keinem keinen keiner keines nie "
+    "niemals nunca nenhum nenhuma niet geen nooit nada ningun ninguno ninguna nessun "
+    "nessuno nessuna".split()) | frozenset(f"{stem}nt" for stem in _NT_STEMS.split("|"))
+#: Each focus's words (`_FOCUS`).
+_FOCUS_WORDS = {
+    "time": frozenset(("how", "when", "what", "deadline", "hours", "delivery")),
+    "cost": frozenset(("how", "cost", "costs", "price", "prices", "fee", "fees", "free",
+                       "pay")),
+    "place": frozenset(("where", "which", "what")),
+    "reason": frozenset(("why", "what", "reason", "how")),
+    "person": frozenset(("who", "whom", "whose")),
+}
+assert _FOCUS_WORDS.keys() == _FOCUS.keys()
+#: `_COUNT_WORD`'s first words ("pair of", "one and a half", "time and a half": "half").
+_COUNT_WORDS = frozenset(("half", "one", *(said.split()[0] for said in _COUNTS)))
+#: The words of `_INSTRUCTIONS` that stand whole; and the pieces that need not
+#: (`_INSTRUCTION_PARTS`: "briefly", "answering", "bulleted", "in a sentence").
+_INSTRUCTION_WORDS = frozenset((
+    # language (a name between blanks, or opening the question before its colon)
+    *_LANGUAGES.split("|"),
+    # format
+    *"json yaml xml csv markdown html table numbered poem haiku limerick song rap sonnet "
+     "essay tweet code caps uppercase lowercase list".split(),
+    # persona
+    "like", "style", "voice", "act", "acting", "pretend",
+    # audience (the noun after "for" / "to", in each of its forms)
+    *"beginner beginners novice novices newbie newbies dummies kid kids child children "
+     "toddler toddlers teen teens teenager teenagers year years expert experts specialist "
+     "specialists professional professionals physicist physicists scientist scientists "
+     "mathematician mathematicians student students graduate graduates developer "
+     "developers programmer programmers engineer engineers manager managers executive "
+     "executives ceo ceos doctor doctors lawyer lawyers teacher teachers parent parents "
+     "senior seniors marketer marketers investor investors layperson lay laymen layman "
+     "non nonexpert nonexperts grandma grandmother grandpa grandparent grandparents".split(),
+    # tone
+    *"sad happy funny humorous humourous hilarious scary spooky creepy romantic dark "
+     "serious formal informal casual polite rude friendly angry sarcastic witty cheerful "
+     "motivational inspirational inspiring persuasive dramatic silly whimsical playful "
+     "heartwarming bittersweet emotional upbeat gloomy optimistic pessimistic "
+     "enthusiastic".split(),
+    # plain ("in simple terms", "like I'm five")
+    "terms", "english", "words", "language",
+    # directive (a verb that a blank follows)
+    *"keep be use include say start end".split()))
+_INSTRUCTION_PARTS = (
+    # length (a count's unit, "in a word", "max 50", ...)
+    "word", "sentence", "line", "paragraph", "point", "bullet", "brief", "concise", "short",
+    "succinct", "detail", "step by step", "summar", "tldr", "tl;dr", "no more than",
+    "at most", "max", "yes or no", "true or false", "only a ", "only one ",
+    # persona
+    "you are a", "as if", "role", "eli5",
+    # directive
+    "answer", "respond", "reply", "write", "format", "translate", "explain", "explanation",
+    "give only", "give just", "give me only", "give me just")
+
+
+def _may_instruct(runs: frozenset[str], lowered: str) -> bool:
+    """Whether an ASCII question, lowered, may hold an instruction (`_INSTRUCTIONS`): a
+    word of one, or a piece of one."""
+    return not _INSTRUCTION_WORDS.isdisjoint(runs) or any(
+        part in lowered for part in _INSTRUCTION_PARTS)
+

@@ -29,6 +29,10 @@ _QUANTIFIER = re.compile(
     r"(?<!which )(?<!no )(?<!the )(?<!this )(?<!that )(?<!any )(?<!every )(?<!each )"
     r"(?<!than )(?<!some )(?<!in )(?<!at )one(?!\s+(?:another|more)\b)(?=\s+[a-z]))\b")
 
+#: `_QUANTIFIER`'s words, each whole: a question holding none of them carries no
+#: quantifier (guard.signature looks no further).
+QUANTIFIER_WORDS = frozenset(_KIND)
+
 
 def quantifiers(lowered: str) -> frozenset[str]:
     """The kinds of quantifier a question carries: "all", "some"."""

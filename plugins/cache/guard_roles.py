@@ -205,6 +205,10 @@ def _event(verb: str, lowered: str, end: int) -> bool:
 
 _CLAUSE_WORDS = ("if ", "when", "once ", "unless ", "after ", "before ", "until ",
                  "because ", "while ")
+#: `_CLAUSE`'s opening words, each whole: a question holding none of them has no clause
+#: (guard.signature looks no further).
+CLAUSE_WORDS = frozenset(("if", "when", "whenever", "once", "unless", "after", "before",
+                          "until", "because", "while"))
 
 
 def _verb_like(word: str) -> bool:

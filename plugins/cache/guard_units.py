@@ -71,6 +71,9 @@ CURRENCY_CODES = {"usd": "dollars", "eur": "euros", "gbp": "pounds", "jpy": "yen
 CURRENCY_CODE = re.compile(r"\b(?:usd|eur|gbp|jpy|inr)\b|\bu\.?s\.?\s+(?=dollars?\b)")
 _UNIT = re.compile(r"[$\u20ac\u00a3\u00a5\u20b9%]|\b(?:" + "|".join(
     sorted((re.escape(w) for w in _CANON if w.isalpha()), key=len, reverse=True)) + r")\b")
+#: `_UNIT`'s words, each whole: a question holding none of them, no sign and no digit
+#: names no unit (guard.signature looks no further).
+UNIT_WORDS = frozenset(w for w in _CANON if w.isalpha())
 # Where no unit can be (most questions): no search.
 _HINT = re.compile(
     r"[$\u20ac\u00a3\u00a5\u20b9%]|\d|\b(?:hour|hr|day|daily|week|fortnight|month|quarter|"
