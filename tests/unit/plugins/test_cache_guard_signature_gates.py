@@ -366,7 +366,10 @@ def test_each_word_the_patterns_name_opens_their_passes() -> None:
     the signature the ungated passes give: a word that a pass reads but its gate left
     out shuts the pass on it (found here even where the random texts above happen to
     open the gate with another word)."""
-    frames = ["{}", "{} to it", "in {}", "to a {}", "{} user", "x {} 9"]
+    # (the last frames: a directive's verb and what must follow it, "end with", "keep
+    # it", "use only", "be brief": the word alone reads as no directive)
+    frames = ["{}", "{} to it", "in {}", "to a {}", "{} user", "x {} 9", "{} with it.",
+              "{} it", "{} only", "{} brief", "{} a joke"]
     for word in _pattern_words():
         for frame in frames:
             text = frame.format(word)
