@@ -1994,8 +1994,6 @@ def guard_ok(question: str, stored: str) -> bool:
 _PHRASE_FIRST = frozenset(first for first, _ in _PHRASE_PAIRS)
 _PHRASE_SECOND = frozenset(second for _, second in _PHRASE_PAIRS)
 _HAS_SPELLED_ASCII = re.compile(_HAS_SPELLED.pattern)
-#: What names a unit but its words (guard_units.UNIT_WORDS): a sign, or a digit before a
-#: time of day's half ("9am").
 #: A capital after the text's first character: a name (`_NAME`: an ASCII capital, not the
 #: first) needs one.
 _CAPITAL = re.compile("[A-Z]")
@@ -2009,6 +2007,9 @@ def _rerun(before: str, after: str, runs: frozenset[str]) -> tuple[str, frozense
     """The text after a pass, and its runs of letters (read again where it changed)."""
     return after, runs if after == before else frozenset(_LETTERS.findall(after))
 
+
+#: What names a unit but its words (guard_units.UNIT_WORDS): a sign, or a digit before a
+#: time of day's half ("9am").
 _UNIT_SIGN_OR_DIGIT = re.compile(r"[$\u20ac\u00a3\u00a5\u20b9%\d]")
 #: `_NEGATION`'s words on ASCII text ("n't" and "n'" hold an apostrophe: looked for
 #: apart).
@@ -2075,4 +2076,3 @@ def _may_instruct(runs: frozenset[str], lowered: str) -> bool:
     word of one, or a piece of one."""
     return not _INSTRUCTION_WORDS.isdisjoint(runs) or any(
         part in lowered for part in _INSTRUCTION_PARTS)
-
