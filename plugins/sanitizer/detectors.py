@@ -48,7 +48,8 @@ from .injection import injection_quiet
 from .spans import Detector, Finder, Span, regex_finder, widened
 
 __all__ = ["BUILTIN", "GATED", "INJECTION", "Detector", "Span", "card_across", "cn_id_ok",
-           "custom", "iban_ok", "luhn_ok", "quiet"]
+           "custom", "iban_ok", "luhn_ok", "quiet",
+           "quiet_ones"]
 
 _regex = regex_finder
 
@@ -1074,25 +1075,43 @@ GATED: frozenset[Detector] = frozenset([*BUILTIN.values(), INJECTION])
 
 
 def quiet(text: str) -> bool:
-    """True only where no detector of `GATED` can find anything in `text`: one pass
-    over what each of them starts from, so that an ordinary prompt (most are) skips
-    eleven detectors. A strict superset of their triggers, checked against them on the
-    sanitizer tests' texts and on fuzz (tests/unit/plugins/test_sanitizer_quiet.py);
-    a change to a detector's first steps changes this with it. Only an ASCII text with
-    no escape is answered (False for any other: the look-alike, accent and escape
-    readings run on those). Leaves the digit-run memo set: call it where `forget`
-    follows, as the detectors are."""
+    """True only where no detector of `GATED` can find anything in `text` (`quiet_ones`
+    answers for every one of them)."""
+    return quiet_ones(text) == GATED
+
+
+# The gated detectors by the clause of `quiet_ones` that answers for them.
+_NUMBERS = frozenset(BUILTIN[n] for n in ("cn_id", "cn_mobile", "card", "phone", "ip",
+                                          "ssn", "uk_nino", "iban"))
+_NONE: frozenset[Detector] = frozenset()
+
+
+def quiet_ones(text: str) -> frozenset[Detector]:
+    """The detectors of `GATED` that can find nothing in `text`: one pass over what each
+    of them starts from, so that an ordinary prompt skips the detectors it gives nothing
+    to read ("Tell me about store 12" names an injection trigger, "tell me", and runs
+    that detector alone). Each clause a strict superset of its detectors' triggers,
+    checked against each of them on the sanitizer tests' texts and on fuzz
+    (tests/unit/plugins/test_sanitizer_quiet.py); a change to a detector's first steps
+    changes this with it. Only an ASCII text with no escape is answered (none for any
+    other: the look-alike, accent and escape readings run on those). Leaves the
+    digit-run memo set: call it where `forget` follows, as the detectors are."""
     if not text.isascii() or may_escape(text):
-        return False
+        return _NONE
+    out: set[Detector] = set()
     # cn_id, cn_mobile, card, phone, ssn, uk_nino, iban and IPv4 read only around a run
     # of digits (`_windows`, `_numeric_runs`); a card split over lines needs digits at
     # both ends of a line break; an IPv6 address needs two colons.
-    if _numeric_runs(text) or text.count(":") >= 2 or (
-            "\n" in text and _DIGITS_ACROSS_LINE.search(text) is not None):
-        return False
-    if "@" in text or _may_spell_email(text):  # (`_find_email`)
-        return False
+    if not (_numeric_runs(text) or text.count(":") >= 2 or (
+            "\n" in text and _DIGITS_ACROSS_LINE.search(text) is not None)):
+        out |= _NUMBERS
+    if "@" not in text and not _may_spell_email(text):  # (`_find_email`)
+        out.add(BUILTIN["email"])
     # (a run of one-character words is read joined by the secret and injection
     # detectors: `with_spaced`)
-    return (secrets_quiet(text, text.lower()) and injection_quiet(text)
-            and not may_be_spaced(text))
+    if not may_be_spaced(text):
+        if secrets_quiet(text, text.lower()):
+            out.add(BUILTIN["secret"])
+        if injection_quiet(text):
+            out.add(INJECTION)
+    return GATED if len(out) == len(GATED) else frozenset(out)

@@ -57,14 +57,13 @@ from .config import SanitizerConfig
 from .credentials import BLANK_LETTERS, secrets_across, windows_around
 from .detectors import (
     BUILTIN,
-    GATED,
     INJECTION,
     Detector,
     Span,
     card_across,
     custom,
     forget,
-    quiet,
+    quiet_ones,
 )
 
 log = get_logger("weir.sanitizer")
@@ -128,9 +127,10 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
             self.detectors.append((INJECTION, actions["injection"]))
         self.detectors += [(custom(c.name, c.pattern), c.action) for c in config.custom
                            if c.action != "off"]
-        #: the detectors that still run on a text `quiet` answers for (custom patterns)
-        self._ungated: list[tuple[Detector, str]] = [
-            (d, a) for d, a in self.detectors if d not in GATED]
+        #: the detectors that still run on a text, by those `quiet_ones` answers for
+        #: (filled as met: a few combinations of its clauses)
+        self._running: dict[frozenset[Detector], tuple[
+            list[tuple[Detector, str]], list[tuple[Detector, str]]]] = {}
         self.detections = Counter(
             "weir_sanitizer_detections_total", "Sanitizer detections.",
             ["detector", "action"], registry=services.metrics.registry)
@@ -151,7 +151,7 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         self._hider = copy.copy(self)
         self._hider.detectors = [(d, _hidden(a)) for d, a in self.detectors]
         self._hider.across_actions = {n: _hidden(a) for n, a in self.across_actions.items()}
-        self._hider._ungated = [(d, _hidden(a)) for d, a in self._ungated]
+        self._hider._running = {}
 
     #: The last request `_check_limits` passed (weakly), the route's aside characters
     #: then, and its count (read on the event loop only).
@@ -425,8 +425,9 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         redact: list[tuple[Span, str]] = list(extra or [])
         found = False
         try:
-            # An ordinary short text: one pass shows no built-in detector can fire there.
-            detectors = (self._ungated if len(norm) <= _QUIET_CHARS and quiet(norm)
+            # An ordinary short text: one pass shows which built-in detectors can fire
+            # there, and only those read it.
+            detectors = (self._unquiet(quiet_ones(norm)) if len(norm) <= _QUIET_CHARS
                          else self.detectors)
             found, spans = _findings(detectors, norm, fired)
             redact += spans
@@ -441,6 +442,17 @@ class SanitizerPlugin(BasePlugin[SanitizerConfig]):
         if not found and len(norm) <= _CLEAN_CHARS:
             self._remember_clean(norm)
         return folded, engine
+
+    def _unquiet(self, quiet: frozenset[Detector]) -> list[tuple[Detector, str]]:
+        """`detectors` but those `quiet` names (which can find nothing in the text)."""
+        detectors = self.detectors
+        if not quiet:
+            return detectors
+        memo = self._running.get(quiet)
+        if memo is None or memo[0] is not detectors:  # (kept for this list of detectors)
+            memo = detectors, [(d, a) for d, a in detectors if d not in quiet]
+            self._running[quiet] = memo
+        return memo[1]
 
     def _fold(self, text: str) -> str:
         """`text` as it goes on when nothing in it is redacted: folded, when normalizing."""

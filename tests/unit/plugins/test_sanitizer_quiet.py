@@ -1,8 +1,9 @@
-"""Sanitizer: the shared pre-check (`quiet`) that lets an ordinary prompt skip the
-built-in detectors is a strict superset of their triggers: wherever it says a text is
-quiet, none of them finds anything, and the plugin reads every text alike with it and
-without it. Texts: every string of the sanitizer's own tests, the semantic cache's
-labelled prompts, pieces of those, and fuzz built from the detectors' literals."""
+"""Sanitizer: the shared pre-check (`quiet_ones`, `quiet`) that lets an ordinary prompt
+skip the built-in detectors is a strict superset of each one's triggers: wherever it
+says a detector is quiet in a text, that detector finds nothing there, and the plugin
+reads every text alike with it and without it. Texts: every string of the sanitizer's
+own tests, the semantic cache's labelled prompts, pieces of those, and fuzz built from
+the detectors' literals."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 from plugins.sanitizer import plugin as sanitizer_plugin
 from plugins.sanitizer.config import SanitizerConfig
 from plugins.sanitizer.credentials import _ENV_ENDINGS, _NEEDS, _PHRASE_STARTS, _QUERY_WORDS
-from plugins.sanitizer.detectors import GATED, forget, quiet
+from plugins.sanitizer.detectors import GATED, forget, quiet, quiet_ones
 from plugins.sanitizer.injection import _TRIGGERS
 from plugins.sanitizer.plugin import SanitizerPlugin
 from proxy.chain import Services
@@ -93,10 +94,21 @@ def _quiet(norm: str) -> bool:
         forget()
 
 
+def _quiet_ones(norm: str) -> frozenset[Any]:
+    try:
+        return quiet_ones(norm)
+    finally:
+        forget()
+
+
 def _assert_superset(text: str) -> None:
     for norm in {text, _read(text)}:
         if _quiet(norm):
             assert _found(norm) == {}, norm
+        # each detector it answers for, alone, finds nothing
+        silent = _quiet_ones(norm)
+        assert not {d.name for d in silent} & _found(norm).keys(), norm
+        assert (silent == GATED) == _quiet(norm), norm
 
 
 def test_gated_detectors_are_every_builtin_one() -> None:
@@ -111,6 +123,16 @@ def test_quiet_is_a_superset_on_the_test_corpora() -> None:
         quiet_ones += _quiet(_read(text))
     # (not vacuous: many texts are quiet, and many are not)
     assert 0.2 * len(CORPUS) < quiet_ones < 0.8 * len(CORPUS)
+
+
+def test_quiet_answers_for_some_detectors_where_not_for_all() -> None:
+    """Most texts that one detector may read give the others nothing to read: those skip
+    them (not vacuous: many texts of the corpora are quiet for some detectors only)."""
+    some = sum(0 < len(_quiet_ones(_read(t))) < len(GATED) for t in CORPUS)
+    assert some > 0.1 * len(CORPUS)
+    assert {d.name for d in GATED - _quiet_ones("Tell me about store 12.")} == {"injection"}
+    assert {d.name for d in GATED - _quiet_ones("Call 415 555 2671")} >= {"phone", "card"}
+    assert _quiet_ones("café") == frozenset() and _quiet_ones("q%20") == frozenset()
 
 
 def test_ordinary_prompts_are_quiet() -> None:
@@ -156,7 +178,7 @@ def test_the_plugin_reads_every_text_alike_with_the_pre_check_and_without(
         return out
 
     with_check = read(gated)
-    monkeypatch.setattr(sanitizer_plugin, "quiet", lambda text: False)
+    monkeypatch.setattr(sanitizer_plugin, "quiet_ones", lambda text: frozenset())
     assert read(full) == with_check
     if custom:
         assert with_check[-1][1] == {"ticket": action}
