@@ -1080,10 +1080,17 @@ def quiet(text: str) -> bool:
     return quiet_ones(text) == GATED
 
 
-# The gated detectors by the clause of `quiet_ones` that answers for them.
+# The gated detectors by the clause of `quiet_ones` that answers for them, and what it
+# answers for by which clauses held (numbers, email, secret, injection).
 _NUMBERS = frozenset(BUILTIN[n] for n in ("cn_id", "cn_mobile", "card", "phone", "ip",
                                           "ssn", "uk_nino", "iban"))
 _NONE: frozenset[Detector] = frozenset()
+_QUIET: dict[tuple[bool, bool, bool, bool], frozenset[Detector]] = {
+    (n, e, s, i): GATED if n and e and s and i else frozenset(
+        [*(_NUMBERS if n else ()), *([BUILTIN["email"]] if e else ()),
+         *([BUILTIN["secret"]] if s else ()), *([INJECTION] if i else ())])
+    for n in (False, True) for e in (False, True) for s in (False, True)
+    for i in (False, True)}
 
 
 def quiet_ones(text: str) -> frozenset[Detector]:
@@ -1093,25 +1100,22 @@ def quiet_ones(text: str) -> frozenset[Detector]:
     that detector alone). Each clause a strict superset of its detectors' triggers,
     checked against each of them on the sanitizer tests' texts and on fuzz
     (tests/unit/plugins/test_sanitizer_quiet.py); a change to a detector's first steps
-    changes this with it. Only an ASCII text with no escape is answered (none for any
-    other: the look-alike, accent and escape readings run on those). Leaves the
-    digit-run memo set: call it where `forget` follows, as the detectors are."""
-    if not text.isascii() or may_escape(text):
+    changes this with it. None for a text with an escape (its decoded reading runs);
+    the secret and injection detectors for an ASCII text only (their look-alike and
+    accent readings run on any other). Leaves the digit-run memo set: call it where
+    `forget` follows, as the detectors are."""
+    if may_escape(text):
         return _NONE
-    out: set[Detector] = set()
     # cn_id, cn_mobile, card, phone, ssn, uk_nino, iban and IPv4 read only around a run
-    # of digits (`_windows`, `_numeric_runs`); a card split over lines needs digits at
-    # both ends of a line break; an IPv6 address needs two colons.
-    if not (_numeric_runs(text) or text.count(":") >= 2 or (
-            "\n" in text and _DIGITS_ACROSS_LINE.search(text) is not None)):
-        out |= _NUMBERS
-    if "@" not in text and not _may_spell_email(text):  # (`_find_email`)
-        out.add(BUILTIN["email"])
+    # of digits (`_windows`, `_numeric_runs`: any script's digits); a card split over
+    # lines needs digits at both ends of a line break; an IPv6 address needs two colons.
+    numbers = not (_numeric_runs(text) or text.count(":") >= 2 or (
+        "\n" in text and _DIGITS_ACROSS_LINE.search(text) is not None))
+    email = "@" not in text and not _may_spell_email(text)  # (`_find_email`)
+    if not text.isascii():
+        return _QUIET[numbers, email, False, False]
     # (a run of one-character words is read joined by the secret and injection
     # detectors: `with_spaced`)
-    if not may_be_spaced(text):
-        if secrets_quiet(text, text.lower()):
-            out.add(BUILTIN["secret"])
-        if injection_quiet(text):
-            out.add(INJECTION)
-    return GATED if len(out) == len(GATED) else frozenset(out)
+    spaced = may_be_spaced(text)
+    return _QUIET[numbers, email, not spaced and secrets_quiet(text, text.lower()),
+                  not spaced and injection_quiet(text)]

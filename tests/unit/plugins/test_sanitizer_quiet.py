@@ -132,7 +132,12 @@ def test_quiet_answers_for_some_detectors_where_not_for_all() -> None:
     assert some > 0.1 * len(CORPUS)
     assert {d.name for d in GATED - _quiet_ones("Tell me about store 12.")} == {"injection"}
     assert {d.name for d in GATED - _quiet_ones("Call 415 555 2671")} >= {"phone", "card"}
-    assert _quiet_ones("café") == frozenset() and _quiet_ones("q%20") == frozenset()
+    assert _quiet_ones("q%20") == frozenset()  # (an escape: its decoded reading runs)
+    # outside ASCII, the secret and injection detectors always read (look-alikes,
+    # accents); the others as in ASCII
+    assert {d.name for d in GATED - _quiet_ones("café")} == {"secret", "injection"}
+    assert "phone" not in {d.name for d in _quiet_ones("电话 ١٣٨١٢٣٤٥٦٧٨")}
+    assert "email" not in {d.name for d in _quiet_ones(_read("写信给 jane＠例子.中国"))}
 
 
 def test_ordinary_prompts_are_quiet() -> None:
@@ -214,6 +219,32 @@ def _texts(draw: st.DrawFn) -> str:
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_texts())
 def test_quiet_is_a_superset_on_fuzz(text: str) -> None:
+    _assert_superset(text)
+
+
+# Outside ASCII: digits of other scripts and full-width ones, look-alike letters, marks,
+# at signs and dots of other forms, CJK text, blanks of other widths.
+_OTHER = ("١٣٨۴१１２①²๑৩"
+          "＠﹫。．：∶аеорсі"
+          "οéüıİ́​　  电话"
+          "邮件号码卡‐–−")
+
+
+@st.composite
+def _other_texts(draw: st.DrawFn) -> str:
+    parts = draw(st.lists(st.one_of(
+        st.sampled_from(_WORDS),
+        st.text(_OTHER + string.digits + " -.:@", min_size=1, max_size=20),
+        st.text(string.ascii_letters + string.digits + _OTHER, min_size=1, max_size=24)),
+        min_size=1, max_size=12))
+    seps = draw(st.lists(st.sampled_from([*_SEPARATORS, "\u3000", "\uff1a", "\u3002"]),
+                         min_size=len(parts), max_size=len(parts)))
+    return "".join(p + s for p, s in zip(parts, seps, strict=True))
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_other_texts())
+def test_quiet_is_a_superset_on_fuzz_outside_ascii(text: str) -> None:
     _assert_superset(text)
 
 
