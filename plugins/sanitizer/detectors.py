@@ -311,11 +311,18 @@ NL NO OM PK PL PS PT QA RO RS RU SA SC SD SE SI SK SM SO ST SV TL TN TR UA VA VG
 """.split())
 
 
+# The letters outside ASCII that `_IBAN`'s case-insensitive groups match and `upper`
+# keeps: a capital I with a dot and the Kelvin sign, read as the letters they are.
+_IBAN_FOLDED = str.maketrans({"\u0130": "I", "\u212a": "K"})
+
+
 def iban_ok(candidate: str) -> bool:
     s = candidate.replace(" ", "").replace("-", "")
     if s != s.upper() and s[:2].upper() not in _IBAN_COUNTRIES:
         return False
-    s = s.upper()
+    s = s.upper().translate(_IBAN_FOLDED)
+    if not all(c.isdecimal() or "A" <= c <= "Z" for c in s):
+        return False  # (each one a base-36 digit: no other letter reaches `int`)
     if not 15 <= len(s) <= 34:
         return False
     rearranged = s[4:] + s[:4]

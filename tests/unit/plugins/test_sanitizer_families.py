@@ -1234,3 +1234,26 @@ def test_an_atlassian_run_far_past_a_tokens_length_is_no_token() -> None:
     token = "ATATT3xFfGF0" + "Ab3dEf6hIj9kLm2nOp5q_-" * 8 + "=9C1D4B7A"
     assert found("ATATT3xFfGF0" + "Ab3dEf6hIj9kLm2nOp5q_-" * 19 + "=9C1D4B7A") == []
     assert found("ATATT3xFfGF0-" * 400 + " " + token) == [token]
+
+
+# ------------------------------------- an IBAN with a letter that case-folds to ASCII
+
+@pytest.mark.parametrize("text", [
+    # "I" and "K" written as U+0130 and U+212A (Kelvin): the case-insensitive groups
+    # match them, and the checksum read each as no base-36 digit (ValueError: a 500)
+    "pay to GB73 W\u0130ST 1234 5698 7654 32 please",
+    "IBAN gb73 w\u0130st 1234 5698 7654 32",
+    "GB39 \u212aBC\u0130 1234 5698 7654 32",
+])
+@pytest.mark.parametrize("normalize_", [True, False])
+async def test_an_iban_with_a_case_folded_letter_is_read_not_a_crash(
+        text: str, normalize_: bool) -> None:
+    cfg = SanitizerConfig.model_validate({"detectors": {"iban": "redact"},
+                                          "normalize": normalize_})
+    p = SanitizerPlugin(cfg, Services(terminal=FakeEngine(), settings=Settings(),
+                                      metrics=Metrics()))
+    spy = Spy()
+    await p(convo(text), spy)
+    assert spy.ctx is not None
+    sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
+    assert "3457" not in sent and "5698" not in sent and "0532" not in sent
