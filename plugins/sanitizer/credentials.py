@@ -1451,14 +1451,15 @@ def _tail(text: str, end: int, *, passphrase: bool) -> list[int]:
         if nxt is None:
             break
         word = nxt[1]
-        bare = word.rstrip(".,;:!?)").lower()
+        kept = word.rstrip(".,;:!?)")
+        bare = kept.lower()  # (ends counted on `kept`: "\u0130" lower-cases as two)
         if (not bare or bare in _CLAUSE or word.endswith(":")  # (a label: "Host:")
                 or (passphrase and _PROSE.fullmatch(bare) is not None)
                 or (not passphrase and bare in _NOT_A_VALUE)):
             break
-        end = nxt.start(1) + len(bare)
+        end = nxt.start(1) + len(kept)
         ends.append(end)
-        if len(bare) != len(word):  # the clause ends with this word
+        if len(kept) != len(word):  # the clause ends with this word
             break
     return ends
 

@@ -1257,3 +1257,17 @@ async def test_an_iban_with_a_case_folded_letter_is_read_not_a_crash(
     assert spy.ctx is not None
     sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
     assert "3457" not in sent and "5698" not in sent and "0532" not in sent
+
+
+@pytest.mark.parametrize("text", [
+    # a password's tail word holding "\u0130", which lower-cases as two characters: its
+    # end was counted on the lower-cased word, past the text (IndexError: a 500)
+    "password%3Dhunter2x \u0130", "password%3Dhunter2x%26user%3Dbob \u0130",
+    "smtp&#64;_passwd=sw%40ordfish \u0130",
+])
+async def test_a_password_before_a_letter_lower_cased_as_two_is_redacted(text: str) -> None:
+    spy = Spy()
+    await plugin(secret="redact")(convo(text), spy)
+    assert spy.ctx is not None
+    sent = spy.ctx.request.messages[0].text()  # type: ignore[union-attr]
+    assert "hunter2x" not in sent and "ordfish" not in sent
