@@ -24,7 +24,15 @@ from .body import read_json as read_json  # route modules elsewhere import it fr
 from .chain import Completion, Stream
 from .context import RequestContext, Route, header_map
 from .engine.base import ModelInfo
-from .errors import ModelNotFound, ModelNotSupported, Unauthorized, Unavailable, WeirError, shown
+from .errors import (
+    ModelNotFound,
+    ModelNotSupported,
+    Unauthorized,
+    Unavailable,
+    WeirError,
+    retry_headers,
+    shown,
+)
 from .inflight import AroundChain, count_abort, counting_cuts, generating, refuse_if_draining
 from .inflight import note_usage as note_usage  # (route modules import it here)
 from .middleware import ROUTE_OPTS
@@ -358,7 +366,7 @@ async def ready(request: web.Request) -> web.Response:
     st = _state(request)
     body = st.readiness()
     status = 200 if body["status"] == "ready" else 503
-    headers = {"Retry-After": "5"} if status == 503 else None
+    headers = retry_headers(5000) if status == 503 else None
     try:
         _admin_gate(request, st.settings.observability.health_details, "Readiness details")
     except WeirError:

@@ -21,7 +21,13 @@ from aiohttp.http_exceptions import (
 from aiohttp.http_parser import HttpRequestParserPy
 
 from .app_state import REQUEST_ID
-from .errors import MethodNotImplemented, ServerError, VersionNotSupported, WeirError
+from .errors import (
+    MethodNotImplemented,
+    ServerError,
+    VersionNotSupported,
+    WeirError,
+    retry_headers,
+)
 from .ids import new_hex
 from .settings import HTTP_TOKEN
 
@@ -43,12 +49,17 @@ def header_lines(headers: Grant) -> str:
     return "".join(f"{name}: {value}\r\n" for name, value in headers)
 
 
+def _retry_lines(wait_ms: float) -> str:
+    """`Retry-After` and `retry-after-ms` as `errors.retry_headers` forms them."""
+    return header_lines(tuple(retry_headers(wait_ms).items()))
+
+
 def refusal(grant: Grant = ()) -> bytes:
     """The 503 of a connection refused at the cap (`grant`: `server.cors`'s headers)."""
     return _answer("503 Service Unavailable",
                    "The server has too many open connections; retry shortly.",
                    "server_error", "too_many_connections",
-                   "Retry-After: 1\r\n" + header_lines(grant))
+                   _retry_lines(1000) + header_lines(grant))
 
 
 def heads_full(request_id: str, grant: Grant = ()) -> bytes:
@@ -57,7 +68,7 @@ def heads_full(request_id: str, grant: Grant = ()) -> bytes:
     return _answer("503 Service Unavailable",
                    "The server is receiving too many request heads at once; retry shortly.",
                    "server_error", "overloaded",
-                   f"Retry-After: 1\r\nx-request-id: {request_id}\r\n"
+                   _retry_lines(1000) + f"x-request-id: {request_id}\r\n"
                    + header_lines(grant))
 
 

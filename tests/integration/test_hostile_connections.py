@@ -216,6 +216,7 @@ async def test_connection_cap_refuses_cleanly_when_none_is_idle(served: Listener
     writer.write(LIVE)
     status, headers, body = await response(reader)
     assert status == 503 and headers["connection"] == "close"
+    assert headers["retry-after"] == "1" and headers["retry-after-ms"] == "1000"
     assert json.loads(body)["error"]["code"] == "too_many_connections"
     assert await closed_by_server(reader)
     assert served.guard.refused == 1
@@ -886,6 +887,7 @@ async def test_heads_arriving_at_once_are_bounded_in_all(served: Listener) -> No
     writer.write(part)
     status, headers, body = await response(reader)
     assert status == 503 and headers.get("retry-after") == "1"
+    assert headers.get("retry-after-ms") == "1000"
     assert json.loads(body)["error"]["code"] == "overloaded"
     # (the id its access-log line names, as every other answer carries)
     assert re.fullmatch(r"[0-9a-f]{32}", headers.get("x-request-id", "")), headers

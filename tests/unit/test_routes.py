@@ -194,6 +194,7 @@ async def test_health_metrics_and_dashboard(make_client: MakeClient,
     fake_engine.set_ready(False)
     r = await client.get("/health/ready")
     assert r.status == 503 and r.headers["Retry-After"] == "5"
+    assert r.headers["retry-after-ms"] == "5000"  # (as every other wait Weir tells)
     assert (await client.get("/health/live")).status == 200  # alive while loading
     r = await client.get("/metrics")
     assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
