@@ -43,7 +43,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -68,7 +68,7 @@ from .errors import (
 )
 from .generation import EngineSpan
 from .preparing import EchoAsSent
-from .protocol import ChatCompletionRequest, CompletionRequest, continuous_usage
+from .protocol import ChatCompletionRequest, CompletionRequest, ServiceTier, continuous_usage
 from .rendering import ChunkAssembler, as_count, is_count, usage_ok, whole_usage
 from .responses import new_id, now
 from .settings import UpstreamEngineSettings
@@ -1288,15 +1288,26 @@ def _head(ctx: RequestContext) -> dict[str, Any]:
             "objects": (whole, chunk)}
 
 
+#: The tiers OpenAI's schema lists for an answer's `service_tier` (null aside).
+_TIERS = frozenset(get_args(ServiceTier))
+
+
 def _own_head(data: dict[str, Any], head: dict[str, Any], *, whole: bool) -> None:
     """Give an upstream's answer (or chunk) the id, object, created and model OpenAI's
     schema requires of it, where the upstream left one out or sent another type, and
     the nullable fields it requires (`finish_reason`, `logprobs`, `refusal`) as null
     where left out: an OpenAI-compatible server may omit them (the SDK's models, a
     cache's replay and a stored completion read them). A stream's chunks take the
-    first's, as OpenAI's share one id; `object` is always the route's. (A whole
+    first's, as OpenAI's share one id; `object` is always the route's. A
+    `system_fingerprint` that is no string (vLLM's null) and a `service_tier` outside
+    the spec's enum (null aside) are dropped: the schema refuses both. (A whole
     answer's choices were checked by `_answer_ok`; a chunk's are in the relay's check.)"""
     data["object"] = head["objects"][0 if whole else 1]
+    if "system_fingerprint" in data and not isinstance(data["system_fingerprint"], str):
+        del data["system_fingerprint"]
+    tier = data.get("service_tier")
+    if tier is not None and not (isinstance(tier, str) and tier in _TIERS):
+        del data["service_tier"]
     first = not head.get("seen")
     head["seen"] = True
     for key, kind in (("id", str), ("created", int), ("model", str)):

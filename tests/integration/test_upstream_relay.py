@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app_state import STATE
 from tests.conftest import MakeClient, make_settings
+from tests.openai_spec import validate
 from tests.sse import parse_sse
 from tests.waiting import eventually
 
@@ -530,6 +531,42 @@ async def test_an_upstream_s_null_service_tier_is_no_word_on_the_tier(
     whole = {**whole, "service_tier": None}
     body = await (await client.post("/v1/chat/completions", json=CHAT)).json()
     assert body["service_tier"] is None  # (not set: as the upstream sent it)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_null_fingerprint_and_an_unlisted_tier_are_dropped(
+        make_client: MakeClient, scripted: Scripted, stream: bool) -> None:
+    """`system_fingerprint: null` and a `service_tier` outside the spec's enum (`on_demand`,
+    a list) were relayed as the upstream sent them, which OpenAI's schema refuses: both
+    are dropped now, whole and streamed; a listed tier and a fingerprint are kept."""
+    cases: list[tuple[Any, Any, dict[str, Any]]] = [
+        ("on_demand", None, {}), ([1], 5, {}),
+        ("flex", "fp_1", {"service_tier": "flex", "system_fingerprint": "fp_1"})]
+    for tier, fingerprint, kept in cases:
+        told: dict[str, Any] = {"service_tier": tier, "system_fingerprint": fingerprint}
+        if stream:
+            scripted.chat = streaming(events({**chunk("hi"), **told},
+                                             {**chunk(finish="stop"), **told}))
+        else:
+            scripted.chat = _json({**ANSWER, **told})
+        client = await edge(make_client, scripted)
+        r = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+        if stream:
+            got, done = parse_sse(await r.text())
+            assert done and len(got) == 2, got
+        else:
+            got = [await r.json()]
+        for body in got:
+            assert {k: body[k] for k in told if k in body} == kept, body
+            validate("CreateChatCompletionStreamResponse" if stream
+                     else "CreateChatCompletionResponse", body)
+
+
+def _json(body: dict[str, Any]) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return web.json_response(body)
+
+    return handle
 
 
 def _usage_free(counted: bool, empty: bool = False) -> web.Application:
