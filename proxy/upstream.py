@@ -549,6 +549,12 @@ class Upstream:
                 raise Unavailable("Every connection to the upstream is busy; retry shortly.",
                                   code="overloaded") from None
             raise Timeout("The upstream did not answer in time.") from None
+        except aiohttp.ClientResponseError:  # (its head, or a body's first chunk size)
+            # It answered, in no HTTP aiohttp reads (a garbage status line, a bad header,
+            # a broken chunked encoding): not unreachable, and its words are not quoted.
+            self.in_flight -= 1
+            raise EngineError(f"The upstream ({self.named}) sent an unreadable answer: "
+                              "its HTTP could not be parsed.") from None
         except aiohttp.ClientError:
             self.in_flight -= 1
             raise EngineError("The upstream is unreachable.") from None

@@ -395,6 +395,47 @@ async def test_an_unreachable_upstream_is_an_engine_failure() -> None:
         await engine.close()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("raw", [
+    b"GARBAGE sk-secret-words\r\n\r\n",
+    b"HTTP/1.1 abc OK\r\nContent-Length: 2\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\nSk Bad Header\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\nzz-secret\r\n{}\r\n0\r\n\r\n",
+], ids=["status-line", "status-code", "header", "chunked"])
+async def test_an_answer_in_no_readable_http_is_not_an_unreachable_upstream(
+        raw: bytes, stream: bool) -> None:
+    """An upstream that answered in HTTP aiohttp cannot parse (a garbage status line, a
+    bad header, a broken chunked encoding) was reported as "unreachable", which sent
+    operators looking at the network: it is a 502 `engine_error` saying the upstream
+    (host:port) sent an unreadable answer now, quoting none of what it sent."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            writer.write(raw)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    engine = await engine_for(f"http://127.0.0.1:{port}/v1", models=["up-model"])
+    try:
+        with pytest.raises(EngineError) as e:
+            await engine(ctx(stream=stream))
+        assert e.value.status == 502 and e.value.code == "engine_error"
+        assert "unreachable" not in e.value.message
+        assert f"127.0.0.1:{port}" in e.value.message and "unreadable" in e.value.message
+        assert "secret" not in e.value.message.lower() and "Sk" not in e.value.message
+        assert engine.stats().running == 0
+    finally:
+        await engine.close()
+        server.close()
+        await server.wait_closed()
+
+
 def sse(*chunks: Any) -> list[bytes]:
     """The events of `chunks` (a string is sent as it is); each chunk dict is given the
     head an OpenAI chunk has, and its choices their `finish_reason`, where it lacks one
