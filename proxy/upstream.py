@@ -36,11 +36,12 @@ came (it may count what was dropped: it is what the upstream spent).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal, get_args
@@ -70,12 +71,12 @@ from .generation import EngineSpan
 from .preparing import EchoAsSent
 from .protocol import ChatCompletionRequest, CompletionRequest, ServiceTier, continuous_usage
 from .rendering import ChunkAssembler, as_count, is_count, usage_ok, whole_usage
-from .responses import new_id, now
+from .responses import chat_choice, chat_completion, completion_body, completion_choice, new_id, now
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
 from .tasks import cancel_and_wait
 from .telemetry import error_fields, get_logger
-from .tools import new_call_id
+from .tools import new_call_id, with_calls
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
 #: A route's answer's `object`, whole and streamed, and its id's prefix.
@@ -565,6 +566,13 @@ class Upstream:
         except BaseException:  # (one it does not map, e.g. aiohttp's ValueError for a
             self.in_flight -= 1  # request it will not build: still no call running)
             raise
+        if (resp.status == 200 and not ctx.request.stream
+                and resp.content_type == "text/event-stream"):
+            try:  # (the relay ends the call's count and releases `resp`)
+                return await self._whole_of_events(resp, ctx)
+            except asyncio.CancelledError as e:
+                _left(ctx, e)
+                raise
         if resp.status != 200 or not ctx.request.stream:
             try:
                 answer = await self._whole(resp, ctx.route, ctx.request.sequences,
@@ -657,6 +665,43 @@ class Upstream:
                 _own_ids(c["message"].get("tool_calls") or ())
         return Completion(data)
 
+    async def _whole_of_events(self, resp: aiohttp.ClientResponse,
+                               ctx: RequestContext) -> Completion:
+        """The whole answer to a request that asked for none streamed, from an upstream
+        that streamed it all the same (a 502 "unreadable answer" before): its events read
+        as a stream's are (`_relay`: the same checks, ids, finish reasons and echo), and
+        put together as the cache puts a stream's answer together (`ChunkAssembler`),
+        in the whole answer's shape (the ids, created, model, fingerprint and tier of
+        its chunks; its usage where one came)."""
+        stream, head = Stream(), _head(ctx)
+        first: dict[str, Any] | None = None
+        async with contextlib.aclosing(self._relay(
+                resp, ChunkAssembler(ctx.route), stream, usage=False, running=False,
+                choices=ctx.request.sequences, head=head,
+                echo=EchoAsSent(ctx.request, ctx.sent))) as chunks:
+            async for chunk in chunks:
+                first = first or chunk
+        if not stream.answer:  # (`_finished` raised for an answer not whole)
+            raise EngineError("The upstream sent an unreadable answer.")
+        usage = stream.usage
+        if ctx.route == "chat":
+            body = chat_completion(
+                id=head["id"], model=head["model"], created=head["created"], usage_=usage or {},
+                choices=[with_calls(chat_choice(c["index"], c["text"], c["finish_reason"],
+                                                None, c.get("stop_reason")),
+                                    c.get("tool_calls") or []) for c in stream.answer])
+        else:
+            body = completion_body(
+                id=head["id"], model=head["model"], created=head["created"], usage_=usage,
+                choices=[completion_choice(c["index"], c["text"], c["finish_reason"], None,
+                                           c.get("stop_reason")) for c in stream.answer])
+        if usage is None:  # (absent, as a whole answer's with none is)
+            body.pop("usage", None)
+        for told in ("system_fingerprint", "service_tier"):  # (`_own_head`'d)
+            if first is not None and told in first:
+                body[told] = first[told]
+        return Completion(body)
+
     def _error_body_s(self) -> float:
         """How long an error's body is waited for once its status came: `ERROR_BODY_S`,
         or the upstream's `read_timeout_s` where that is shorter (no byte for it: a
@@ -705,7 +750,7 @@ class Upstream:
     async def _relay(self, resp: aiohttp.ClientResponse, asm: ChunkAssembler,
                      stream: Stream, *, usage: bool, running: bool, choices: int,
                      head: dict[str, Any], echo: EchoAsSent,
-                     ) -> AsyncIterator[dict[str, Any]]:
+                     ) -> AsyncGenerator[dict[str, Any], None]:
         """The upstream's chunks, until its `[DONE]`; `usage`: the client asked for the
         usage chunk (it is always asked of the upstream); `running`: it asked for the
         usage on every chunk too (vLLM's `continuous_usage_stats`); `choices`: how many

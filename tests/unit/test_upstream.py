@@ -22,7 +22,7 @@ from proxy.auth import Principal
 from proxy.chain import Completion, Stream
 from proxy.context import RequestContext
 from proxy.errors import EngineError, ModelNotFound, RateLimited, Timeout, WeirError
-from proxy.protocol import ChatCompletionRequest
+from proxy.protocol import ChatCompletionRequest, CompletionRequest
 from proxy.settings import UpstreamEngineSettings
 from proxy.streaming import SHUTDOWN
 from proxy.upstream import ChoicesMissing, UpstreamError
@@ -570,6 +570,58 @@ CHUNKS = [{**HEAD, "choices": [{"index": 0, "delta": {"content": f"t{i}"},
                                 "finish_reason": None}]}
           for i in range(2)] + [{**HEAD, "choices": [{"index": 0, "delta": {
               "content": "t2"}, "finish_reason": "stop"}]}]
+
+
+async def test_a_whole_answer_sent_as_events_is_assembled(upstream: Upstream) -> None:
+    """An upstream that streams whatever it is asked (a 200 `text/event-stream` to a
+    request with `stream: false`) was a 502 "unreadable answer": its events are read as
+    a stream's and put together into the whole answer now, text, calls and usage; one
+    that never finishes its answer is still a 502."""
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": '{"a"'}}
+    usage = {**HEAD, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
+                                              "total_tokens": 7}}
+    upstream.chat = sse_handler(sse(
+        *CHUNKS[:2], {**HEAD, "system_fingerprint": "fp_1", "choices": [
+            {"index": 0, "delta": {"tool_calls": [call]}}]},
+        {**HEAD, "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": ": 1}"}}]}, "finish_reason": "tool_calls"}]},
+        usage, "[DONE]"))
+    reply = await answered(upstream)
+    assert isinstance(reply, Completion), reply
+    body = reply.body
+    validate("CreateChatCompletionResponse", body)
+    assert body["id"] == "c" and body["object"] == "chat.completion"
+    message = body["choices"][0]["message"]
+    assert message["content"] == "t0t1" and body["choices"][0]["finish_reason"] == "tool_calls"
+    assert [(c["id"], c["function"]) for c in message["tool_calls"]] == [
+        ("call_1", {"name": "f", "arguments": '{"a": 1}'})]
+    assert body["usage"]["total_tokens"] == 7
+    upstream.chat = sse_handler(sse(*CHUNKS[:2], "[DONE]"))  # (never finished)
+    with pytest.raises(EngineError):
+        await answered(upstream)
+
+
+async def test_a_whole_completion_sent_as_events_is_assembled(upstream: Upstream) -> None:
+    """As a chat answer sent as events is (above): a completion's, in its own shape."""
+    head = {"id": "cmpl-up", "object": "text_completion", "created": 1, "model": "up-model"}
+    upstream.chat = sse_handler(sse(
+        {**head, "choices": [{"index": 0, "text": "he", "finish_reason": None,
+                              "logprobs": None}]},
+        {**head, "choices": [{"index": 0, "text": "llo", "finish_reason": "length",
+                              "logprobs": None}]},
+        {**head, "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2,
+                                          "total_tokens": 3}}, "[DONE]"))
+    req = CompletionRequest.model_validate({"model": "up-model", "prompt": "hi"})
+    c = RequestContext(route="completion", request=req, principal=Principal("t", "user", "u"),
+                       request_id="r", headers={})
+    reply = await answered(upstream, c)
+    assert isinstance(reply, Completion), reply
+    validate("CreateCompletionResponse", reply.body)
+    assert reply.body["object"] == "text_completion" and reply.body["id"] == "cmpl-up"
+    assert [(x["text"], x["finish_reason"]) for x in reply.body["choices"]] == [
+        ("hello", "length")]
+    assert reply.body["usage"]["total_tokens"] == 3
 
 
 @pytest.mark.parametrize("framing", ["crlf", "cr", "no-space", "split-crlf"])
