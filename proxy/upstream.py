@@ -662,6 +662,8 @@ class Upstream:
             raise EngineError("The upstream sent an unreadable answer.")
         if route == "chat":
             for c in data["choices"]:
+                if _nameless(c["message"].get("tool_calls") or ()):
+                    raise _nameless_call()
                 _own_ids(c["message"].get("tool_calls") or ())
         return Completion(data)
 
@@ -810,8 +812,14 @@ class Upstream:
                         _own_delta_ids(chunk, ids)
                         echo(chunk.get("choices"))
                         asm.feed(chunk)
+                        ended_nameless = any(
+                            c.get("finish_reason") and c["index"] in asm.calls
+                            and _nameless(asm.calls[c["index"]].result())
+                            for c in chunk.get("choices") or ())
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise EngineError("The upstream sent an unreadable chunk.") from None
+                    if ended_nameless:  # (before its end goes out: the answer is no whole)
+                        raise _nameless_call()
                     shown = _usage_shown(chunk, usage=usage, running=running, text=text)
                     if shown == "hold":  # the usage chunk: out last (made below)
                         last = chunk
@@ -1300,6 +1308,18 @@ async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool,
 class NotCachedUpstream(NotCached):
     """An upstream Weir had no cached answer for a request that asked for one only: the
     client's own choice (its `Cache-Control: only-if-cached`), never the engine's fault."""
+
+
+def _nameless(calls: Any) -> bool:
+    """Whether a tool call of `calls` (a whole answer's, or a choice's put together from
+    its stream) has no name: a call naming no function is no call a client can run, so
+    the answer is unusable (a 502, relayed whole nowhere and never cached)."""
+    return any(not (call.get("function") or {}).get("name") for call in calls)
+
+
+def _nameless_call() -> EngineError:
+    """What an answer holding a tool call without a name (`_nameless`) is."""
+    return EngineError("The upstream sent a tool call without a name.")
 
 
 def _own_ids(calls: Any) -> None:

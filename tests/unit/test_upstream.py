@@ -826,6 +826,45 @@ async def test_a_relayed_stream_s_answer_keeps_its_tool_calls(upstream: Upstream
                                  "name": "weather", "arguments": '{"city": "Oslo"}'}}]}]
 
 
+@pytest.mark.parametrize("name", ["", None, "absent"])
+async def test_a_tool_call_without_a_name_is_an_unusable_answer(
+        upstream: Upstream, name: str | None) -> None:
+    """A tool call whose name never came was relayed, and stored, as `name: ""`: a call
+    no client can run. An answer holding one is a 502 `engine_error` now, whole and
+    streamed alike (the stream ends before that choice's end goes out, so no plugin
+    stores it), and so is one streamed to a request that asked for a whole answer."""
+    fn: dict[str, Any] = {"arguments": "{}"} if name == "absent" else {
+        "name": name, "arguments": "{}"}
+    message = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": fn}]}
+    if name != "absent" and name is not None:  # (a whole answer's null is unreadable)
+        upstream.chat = answering(web.json_response({**ANSWER, "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls"}]}))
+        with pytest.raises(EngineError, match="without a name"):
+            await answered(upstream)
+    pieces = sse(
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function", "function": fn}]}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": ""}}]}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        "[DONE]")
+    got: list[dict[str, Any]] = []
+    with pytest.raises(EngineError, match="without a name") as e:
+        upstream.chat = sse_handler(pieces)
+        engine = await engine_for(upstream.base_url, models=["up-model"])
+        try:
+            reply = await engine(ctx(stream=True))
+            assert isinstance(reply, Stream)
+            got.extend([chunk async for chunk in reply])
+        finally:
+            await engine.close()
+    assert e.value.status == 502 and e.value.code == "engine_error"
+    assert not any(c["choices"] and c["choices"][0]["finish_reason"] for c in got), got
+    with pytest.raises(EngineError, match="without a name"):
+        await answered(upstream)  # (the events, to a request for a whole answer)
+
+
 def answering(reply: web.StreamResponse | Exception) -> Handler:
     """A chat handler that always answers `reply` (or raises it: a redirect)."""
     async def handle(request: web.Request) -> web.StreamResponse:
