@@ -1317,9 +1317,22 @@ def _nameless(calls: Any) -> bool:
     return any(not (call.get("function") or {}).get("name") for call in calls)
 
 
-def _nameless_call() -> EngineError:
+class NamelessCall(GatewayFault):
+    """An answer holding a tool call without a name (`_nameless`): a 502 `engine_error`,
+    never cached, but not counted by the breaker: what the model calls is the request's
+    to steer (its tools, its prompt), so one tenant's requests must not open the circuit
+    for every tenant while the upstream answers everything else (as `ChoicesMissing`)."""
+
+    status = 502
+    default_code = "engine_error"
+
+    def __init__(self) -> None:
+        super().__init__("The upstream sent a tool call without a name.")
+
+
+def _nameless_call() -> NamelessCall:
     """What an answer holding a tool call without a name (`_nameless`) is."""
-    return EngineError("The upstream sent a tool call without a name.")
+    return NamelessCall()
 
 
 def _own_ids(calls: Any) -> None:

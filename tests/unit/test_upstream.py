@@ -832,7 +832,10 @@ async def test_a_tool_call_without_a_name_is_an_unusable_answer(
     """A tool call whose name never came was relayed, and stored, as `name: ""`: a call
     no client can run. An answer holding one is a 502 `engine_error` now, whole and
     streamed alike (the stream ends before that choice's end goes out, so no plugin
-    stores it), and so is one streamed to a request that asked for a whole answer."""
+    stores it), and so is one streamed to a request that asked for a whole answer. The
+    breaker does not count it: what a model calls is the request's to steer, and one
+    tenant's requests must not open the circuit for all (as `ChoicesMissing`)."""
+    from plugins.breaker.plugin import is_engine_failure
     fn: dict[str, Any] = {"arguments": "{}"} if name == "absent" else {
         "name": name, "arguments": "{}"}
     message = {"role": "assistant", "content": None, "tool_calls": [
@@ -840,8 +843,10 @@ async def test_a_tool_call_without_a_name_is_an_unusable_answer(
     if name != "absent" and name is not None:  # (a whole answer's null is unreadable)
         upstream.chat = answering(web.json_response({**ANSWER, "choices": [
             {"index": 0, "message": message, "finish_reason": "tool_calls"}]}))
-        with pytest.raises(EngineError, match="without a name"):
+        with pytest.raises(WeirError, match="without a name") as whole:
             await answered(upstream)
+        assert whole.value.status == 502 and whole.value.code == "engine_error"
+        assert not is_engine_failure(whole.value)
     pieces = sse(
         {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
             {"index": 0, "id": "call_1", "type": "function", "function": fn}]}}]},
@@ -850,7 +855,7 @@ async def test_a_tool_call_without_a_name_is_an_unusable_answer(
         {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
         "[DONE]")
     got: list[dict[str, Any]] = []
-    with pytest.raises(EngineError, match="without a name") as e:
+    with pytest.raises(WeirError, match="without a name") as e:
         upstream.chat = sse_handler(pieces)
         engine = await engine_for(upstream.base_url, models=["up-model"])
         try:
@@ -860,9 +865,11 @@ async def test_a_tool_call_without_a_name_is_an_unusable_answer(
         finally:
             await engine.close()
     assert e.value.status == 502 and e.value.code == "engine_error"
+    assert not is_engine_failure(e.value)
     assert not any(c["choices"] and c["choices"][0]["finish_reason"] for c in got), got
-    with pytest.raises(EngineError, match="without a name"):
+    with pytest.raises(WeirError, match="without a name") as events:
         await answered(upstream)  # (the events, to a request for a whole answer)
+    assert not is_engine_failure(events.value)
 
 
 def answering(reply: web.StreamResponse | Exception) -> Handler:
