@@ -677,12 +677,17 @@ class Upstream:
         its chunks; its usage where one came)."""
         stream, head = Stream(), _head(ctx)
         first: dict[str, Any] | None = None
+        extras = _Extras(ctx.route)
         async with contextlib.aclosing(self._relay(
                 resp, ChunkAssembler(ctx.route), stream, usage=False, running=False,
                 choices=ctx.request.sequences, head=head,
                 echo=EchoAsSent(ctx.request, ctx.sent))) as chunks:
             async for chunk in chunks:
                 first = first or chunk
+                try:
+                    extras.feed(chunk)
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    raise EngineError("The upstream sent an unreadable chunk.") from None
         if not stream.answer:  # (`_finished` raised for an answer not whole)
             raise EngineError("The upstream sent an unreadable answer.")
         usage = stream.usage
@@ -699,6 +704,7 @@ class Upstream:
                                            c.get("stop_reason")) for c in stream.answer])
         if usage is None:  # (absent, as a whole answer's with none is)
             body.pop("usage", None)
+        extras.put(body["choices"])
         for told in ("system_fingerprint", "service_tier"):  # (`_own_head`'d)
             if first is not None and told in first:
                 body[told] = first[told]
@@ -1308,6 +1314,55 @@ async def _upstream_timeout(resp: aiohttp.ClientResponse, only_if_cached: bool,
 class NotCachedUpstream(NotCached):
     """An upstream Weir had no cached answer for a request that asked for one only: the
     client's own choice (its `Cache-Control: only-if-cached`), never the engine's fault."""
+
+
+class _Extras:
+    """What a whole answer holds beside its text and calls, put together from the chunks
+    of an upstream that streamed it (`Upstream._whole_of_events`; `ChunkAssembler` keeps
+    a stream's text, calls and usage alone): each choice's logprobs (their lists joined:
+    chat's `content` and `refusal`, a completion's `tokens`, `token_logprobs`,
+    `top_logprobs`, `text_offset`), and a chat choice's `refusal` and reasoning
+    (`reasoning_content`, `reasoning`), as the whole answer would have carried them."""
+
+    _LISTS = {"chat": ("content", "refusal"),
+              "completion": ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    _TEXTS = ("refusal", "reasoning_content", "reasoning")
+
+    def __init__(self, route: str) -> None:
+        self.route = route
+        self.logprobs: dict[int, dict[str, list[Any]]] = {}
+        self.texts: dict[int, dict[str, list[str]]] = {}
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        for c in chunk.get("choices") or ():
+            i = c["index"]
+            if (lp := c.get("logprobs")) is not None:
+                if not isinstance(lp, dict):
+                    raise TypeError("a choice's logprobs")
+                kept = self.logprobs.setdefault(i, {})
+                for key in self._LISTS["chat" if self.route == "chat" else "completion"]:
+                    if (part := lp.get(key)) is not None:
+                        if not isinstance(part, list):
+                            raise TypeError("a choice's logprobs")
+                        kept.setdefault(key, []).extend(part)
+            delta = c.get("delta") or {} if self.route == "chat" else {}
+            for key in self._TEXTS:
+                if (piece := delta.get(key)) is not None:
+                    if not isinstance(piece, str):
+                        raise TypeError("a delta's text")
+                    self.texts.setdefault(i, {}).setdefault(key, []).append(piece)
+
+    def put(self, choices: list[dict[str, Any]]) -> None:
+        """Give each of `choices` (the whole answer's) what came for it."""
+        for c in choices:
+            i = c["index"]
+            if i in self.logprobs:
+                lp = self.logprobs[i]
+                c["logprobs"] = ({"content": lp.get("content"), "refusal": lp.get("refusal")}
+                                 if self.route == "chat" else
+                                 {key: lp.get(key, []) for key in self._LISTS["completion"]})
+            for key, pieces in self.texts.get(i, {}).items():
+                c["message"][key] = "".join(pieces)
 
 
 def _nameless(calls: Any) -> bool:

@@ -2601,3 +2601,52 @@ async def test_a_chunk_s_empty_delta_of_another_type_goes_out_as_an_object(
     for chunk in chunks:
         validate("CreateChatCompletionStreamResponse", chunk)
     assert stream.answer is not None and stream.answer[0]["text"] == "t0t1"
+
+
+async def test_an_answer_sent_as_events_keeps_its_logprobs_and_reasoning(
+        upstream: Upstream) -> None:
+    """A whole answer assembled from an upstream's events (`stream: false` answered with
+    a stream) lost what `ChunkAssembler` does not keep: the logprobs asked for (the
+    answer said `logprobs: null`, as if none were asked), the reasoning and a refusal.
+    They are joined as the whole answer would have carried them now, chat's and a
+    completion's alike."""
+    def lp(token: str) -> dict[str, Any]:
+        return {"content": [{"token": token, "logprob": -0.5, "bytes": None,
+                             "top_logprobs": []}], "refusal": None}
+
+    upstream.chat = sse_handler(sse(
+        {**HEAD, "choices": [{"index": 0, "delta": {"reasoning_content": "think "},
+                              "logprobs": None, "finish_reason": None}]},
+        {**HEAD, "choices": [{"index": 0, "delta": {"reasoning_content": "more"},
+                              "logprobs": None, "finish_reason": None}]},
+        {**HEAD, "choices": [{"index": 0, "delta": {"content": "a"}, "logprobs": lp("a"),
+                              "finish_reason": None}]},
+        {**HEAD, "choices": [{"index": 0, "delta": {"content": "b"}, "logprobs": lp("b"),
+                              "finish_reason": "stop"}]}, "[DONE]"))
+    reply = await answered(upstream, ctx(logprobs=True))
+    assert isinstance(reply, Completion), reply
+    validate("CreateChatCompletionResponse", reply.body)
+    choice = reply.body["choices"][0]
+    assert choice["message"]["content"] == "ab"
+    assert choice["message"]["reasoning_content"] == "think more"
+    assert [t["token"] for t in choice["logprobs"]["content"]] == ["a", "b"]
+
+    head = {"id": "cmpl-up", "object": "text_completion", "created": 1, "model": "up-model"}
+
+    def piece(text: str, at: int, finish: str | None) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "text": text, "finish_reason": finish,
+                                     "logprobs": {"tokens": [text], "token_logprobs": [-1.0],
+                                                  "top_logprobs": [{text: -1.0}],
+                                                  "text_offset": [at]}}]}
+
+    upstream.chat = sse_handler(sse(piece("he", 0, None), piece("llo", 2, "length"),
+                                    "[DONE]"))
+    req = CompletionRequest.model_validate({"model": "up-model", "prompt": "hi", "logprobs": 1})
+    c = RequestContext(route="completion", request=req, principal=Principal("t", "user", "u"),
+                       request_id="r", headers={})
+    reply = await answered(upstream, c)
+    assert isinstance(reply, Completion), reply
+    validate("CreateCompletionResponse", reply.body)
+    assert reply.body["choices"][0]["logprobs"] == {
+        "tokens": ["he", "llo"], "token_logprobs": [-1.0, -1.0],
+        "top_logprobs": [{"he": -1.0}, {"llo": -1.0}], "text_offset": [0, 2]}
