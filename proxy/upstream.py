@@ -1511,7 +1511,7 @@ def _answer_ok(data: Any, kind: str) -> bool:
         if not isinstance(calls, list) or not all(
                 isinstance(t, dict) and isinstance(t.get("id"), str)
                 and isinstance(t.get("function"), dict)
-                and isinstance(t["function"].get("name"), str)
+                and isinstance(t["function"].get("name"), str | None)  # (`_nameless`)
                 and isinstance(t["function"].get("arguments"), str) for t in calls):
             return False
     return True

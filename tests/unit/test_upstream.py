@@ -840,13 +840,12 @@ async def test_a_tool_call_without_a_name_is_an_unusable_answer(
         "name": name, "arguments": "{}"}
     message = {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": fn}]}
-    if name != "absent" and name is not None:  # (a whole answer's null is unreadable)
-        upstream.chat = answering(web.json_response({**ANSWER, "choices": [
-            {"index": 0, "message": message, "finish_reason": "tool_calls"}]}))
-        with pytest.raises(WeirError, match="without a name") as whole:
-            await answered(upstream)
-        assert whole.value.status == 502 and whole.value.code == "engine_error"
-        assert not is_engine_failure(whole.value)
+    upstream.chat = answering(web.json_response({**ANSWER, "choices": [
+        {"index": 0, "message": message, "finish_reason": "tool_calls"}]}))
+    with pytest.raises(WeirError, match="without a name") as whole:
+        await answered(upstream)
+    assert whole.value.status == 502 and whole.value.code == "engine_error"
+    assert not is_engine_failure(whole.value)
     pieces = sse(
         {"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
             {"index": 0, "id": "call_1", "type": "function", "function": fn}]}}]},
