@@ -678,16 +678,19 @@ class Upstream:
         stream, head = Stream(), _head(ctx)
         first: dict[str, Any] | None = None
         extras = _Extras(ctx.route)
-        async with contextlib.aclosing(self._relay(
-                resp, ChunkAssembler(ctx.route), stream, usage=False, running=False,
-                choices=ctx.request.sequences, head=head,
-                echo=EchoAsSent(ctx.request, ctx.sent))) as chunks:
-            async for chunk in chunks:
-                first = first or chunk
-                try:
-                    extras.feed(chunk)
-                except (KeyError, TypeError, ValueError, AttributeError):
-                    raise EngineError("The upstream sent an unreadable chunk.") from None
+        try:
+            async with contextlib.aclosing(self._relay(
+                    resp, ChunkAssembler(ctx.route), stream, usage=False, running=False,
+                    choices=ctx.request.sequences, head=head,
+                    echo=EchoAsSent(ctx.request, ctx.sent))) as chunks:
+                async for chunk in chunks:
+                    first = first or chunk
+                    try:
+                        extras.feed(chunk)
+                    except (KeyError, TypeError, ValueError, AttributeError):
+                        raise EngineError("The upstream sent an unreadable chunk.") from None
+        except UpstreamDeadline:  # (a whole answer's wait, no `read_timeout_s`: `_whole`'s)
+            raise Timeout("The upstream did not answer in time.") from None
         if not stream.answer:  # (`_finished` raised for an answer not whole)
             raise EngineError("The upstream sent an unreadable answer.")
         usage = stream.usage

@@ -2649,3 +2649,32 @@ async def test_an_answer_sent_as_events_keeps_its_logprobs_and_reasoning(
     assert reply.body["choices"][0]["logprobs"] == {
         "tokens": ["he", "llo"], "token_logprobs": [-1.0, -1.0],
         "top_logprobs": [{"he": -1.0}, {"llo": -1.0}], "text_offset": [0, 2]}
+
+
+async def test_events_to_a_whole_request_that_stall_are_the_upstream_s_timeout(
+        upstream: Upstream) -> None:
+    """An upstream that streams a request for a whole answer, then stalls, was told as a
+    stream's `timeout_s` is (`UpstreamDeadline`: "ask for fewer tokens", a deadline the
+    breaker never counts): a hung upstream that always answers so never opened it. A
+    whole answer's wait is timed as one (no `read_timeout_s` on it), so running past
+    `timeout_s` is the upstream's `Timeout`, as a JSON body's that stalls is."""
+    from plugins.breaker.plugin import is_engine_failure
+    release = asyncio.Event()
+
+    async def stalled(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"".join(sse(CHUNKS[0])))
+        await release.wait()
+        return resp
+
+    upstream.chat = stalled
+    engine = await engine_for(upstream.base_url, models=["up-model"], timeout_s=0.2)
+    try:
+        with pytest.raises(Timeout) as e:
+            await engine(ctx())
+        assert type(e.value) is Timeout and is_engine_failure(e.value)
+        assert engine.stats().running == 0
+    finally:
+        release.set()
+        await engine.close()
