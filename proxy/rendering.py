@@ -579,3 +579,80 @@ class ChunkAssembler:
             if c["index"] in self.calls:
                 c["tool_calls"] = self.calls[c["index"]].result()
         stream.answer = answer
+
+
+class ChatAssembly:
+    """A chat completion put back together from its stream's chunks (pieces kept in lists,
+    joined once at the end): the one stored (`stored_chat`), and the whole answer an
+    upstream streamed to a request for one (`upstream`)."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] | None = None
+        self.choices: dict[int, _ChatPieces] = {}
+        self.usage: dict[str, Any] | None = None
+        self.broken = False
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        if self.head is None:
+            self.head = {"id": chunk["id"], "object": "chat.completion",
+                         "created": chunk["created"], "model": chunk["model"]}
+            for told in ("system_fingerprint", "service_tier"):
+                if chunk.get(told) is not None:
+                    self.head[told] = chunk[told]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for c in chunk.get("choices") or ():
+            i = c["index"]
+            (self.choices.get(i) or self.choices.setdefault(i, _ChatPieces())).add(c)
+
+    def completion(self, usage: dict[str, Any] | None) -> dict[str, Any] | None:
+        if self.head is None:
+            return None
+        choices = [self.choices[i].whole(i) for i in sorted(self.choices)]
+        # (none known, an upstream's that sent none: absent, as a whole answer's is;
+        # OpenAI's chat completion has no `usage: null`)
+        known = self.usage or usage
+        return {**self.head, "choices": choices, **({"usage": known} if known else {})}
+
+
+_CHAT_TEXTS = ("content", "refusal")
+
+
+class _ChatPieces:
+    """One choice's pieces: texts and logprobs by field (a field never sent stays null),
+    calls, finish reason (and vLLM's `stop_reason` beside it)."""
+
+    __slots__ = ("calls", "logprobs", "reason", "stop_reason", "texts")
+
+    def __init__(self) -> None:
+        self.texts: dict[str, list[str]] = {}
+        self.logprobs: dict[str, list[Any]] | None = None
+        self.calls = T.CallAssembler()
+        self.reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+    def add(self, c: dict[str, Any]) -> None:
+        delta = c.get("delta") or {}
+        for name in _CHAT_TEXTS:
+            if delta.get(name) is not None:
+                self.texts.setdefault(name, []).append(delta[name])
+        if delta.get("tool_calls"):
+            self.calls.feed(delta["tool_calls"])
+        if c.get("logprobs"):
+            held = self.logprobs = self.logprobs if self.logprobs is not None else {}
+            for name in _CHAT_TEXTS:
+                if c["logprobs"].get(name) is not None:
+                    held.setdefault(name, []).extend(c["logprobs"][name])
+        if c.get("finish_reason") is not None:
+            self.reason = c["finish_reason"]
+            self.stop_reason = c.get("stop_reason")
+
+    def whole(self, index: int) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", **{
+            n: "".join(self.texts[n]) if n in self.texts else None for n in _CHAT_TEXTS}}
+        if self.calls.calls:
+            message["tool_calls"] = self.calls.result()
+        logprobs = None if self.logprobs is None else {
+            f: self.logprobs.get(f) for f in _CHAT_TEXTS}
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": self.reason, "stop_reason": self.stop_reason}

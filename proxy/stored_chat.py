@@ -31,10 +31,10 @@ from .middleware import ROUTE_OPTS
 from .pagination import listing, no_such_cursor, one, page, params
 from .protocol import ChatCompletionRequest, Metadata, parse_model
 from .record_store import Record, RecordStore, cache_redis, make_store
+from .rendering import ChatAssembly
 from .reply import Outcome, Stream
 from .streaming import json_response
 from .telemetry import error_fields, get_logger
-from .tools import CallAssembler
 
 log = get_logger("weir.stored_chat")
 
@@ -84,7 +84,7 @@ def keep_when_completed(app: web.Application, ctx: RequestContext,
     """Assemble `stream`'s chunks as they go out (the returned callable takes each) and
     store the completion when the stream ends completed. A chunk it cannot read stops
     the assembly (logged), never the stream."""
-    chunks = Assembly()
+    chunks = ChatAssembly()
 
     def add(chunk: dict[str, Any]) -> None:
         if chunks.broken:
@@ -117,82 +117,6 @@ def _message(mid: str, m: dict[str, Any]) -> dict[str, Any]:
         if m.get(extra) is not None:
             out[extra] = m[extra]
     return out
-
-
-class Assembly:
-    """A chat completion put back together from its stream's chunks (pieces kept in lists,
-    joined once at the end)."""
-
-    def __init__(self) -> None:
-        self.head: dict[str, Any] | None = None
-        self.choices: dict[int, _Choice] = {}
-        self.usage: dict[str, Any] | None = None
-        self.broken = False
-
-    def add(self, chunk: dict[str, Any]) -> None:
-        if self.head is None:
-            self.head = {"id": chunk["id"], "object": "chat.completion",
-                         "created": chunk["created"], "model": chunk["model"]}
-            for told in ("system_fingerprint", "service_tier"):
-                if chunk.get(told) is not None:
-                    self.head[told] = chunk[told]
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for c in chunk.get("choices") or ():
-            i = c["index"]
-            (self.choices.get(i) or self.choices.setdefault(i, _Choice())).add(c)
-
-    def completion(self, usage: dict[str, Any] | None) -> dict[str, Any] | None:
-        if self.head is None:
-            return None
-        choices = [self.choices[i].whole(i) for i in sorted(self.choices)]
-        # (none known, an upstream's that sent none: absent, as a whole answer's is;
-        # OpenAI's chat completion has no `usage: null`)
-        known = self.usage or usage
-        return {**self.head, "choices": choices, **({"usage": known} if known else {})}
-
-
-_TEXTS = ("content", "refusal")
-
-
-class _Choice:
-    """One choice's pieces: texts and logprobs by field (a field never sent stays null),
-    calls, finish reason (and vLLM's `stop_reason` beside it)."""
-
-    __slots__ = ("calls", "logprobs", "reason", "stop_reason", "texts")
-
-    def __init__(self) -> None:
-        self.texts: dict[str, list[str]] = {}
-        self.logprobs: dict[str, list[Any]] | None = None
-        self.calls = CallAssembler()
-        self.reason: str | None = None
-        self.stop_reason: int | str | None = None
-
-    def add(self, c: dict[str, Any]) -> None:
-        delta = c.get("delta") or {}
-        for field in _TEXTS:
-            if delta.get(field) is not None:
-                self.texts.setdefault(field, []).append(delta[field])
-        if delta.get("tool_calls"):
-            self.calls.feed(delta["tool_calls"])
-        if c.get("logprobs"):
-            held = self.logprobs = self.logprobs if self.logprobs is not None else {}
-            for field in _TEXTS:
-                if c["logprobs"].get(field) is not None:
-                    held.setdefault(field, []).extend(c["logprobs"][field])
-        if c.get("finish_reason") is not None:
-            self.reason = c["finish_reason"]
-            self.stop_reason = c.get("stop_reason")
-
-    def whole(self, index: int) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", **{
-            f: "".join(self.texts[f]) if f in self.texts else None for f in _TEXTS}}
-        if self.calls.calls:
-            message["tool_calls"] = self.calls.result()
-        logprobs = None if self.logprobs is None else {
-            f: self.logprobs.get(f) for f in _TEXTS}
-        return {"index": index, "message": message, "logprobs": logprobs,
-                "finish_reason": self.reason, "stop_reason": self.stop_reason}
 
 
 # ------------------------------------------------------------------------------ routes

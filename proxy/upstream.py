@@ -70,13 +70,13 @@ from .errors import (
 from .generation import EngineSpan
 from .preparing import EchoAsSent
 from .protocol import ChatCompletionRequest, CompletionRequest, ServiceTier, continuous_usage
-from .rendering import ChunkAssembler, as_count, is_count, usage_ok, whole_usage
-from .responses import chat_choice, chat_completion, completion_body, completion_choice, new_id, now
+from .rendering import ChatAssembly, ChunkAssembler, as_count, is_count, usage_ok, whole_usage
+from .responses import completion_body, completion_choice, new_id, now
 from .settings import UpstreamEngineSettings
 from .streaming import SHUTDOWN
 from .tasks import cancel_and_wait
 from .telemetry import error_fields, get_logger
-from .tools import new_call_id, with_calls
+from .tools import new_call_id
 
 _PATHS = {"chat": "/chat/completions", "completion": "/completions"}
 #: A route's answer's `object`, whole and streamed, and its id's prefix.
@@ -672,20 +672,20 @@ class Upstream:
         """The whole answer to a request that asked for none streamed, from an upstream
         that streamed it all the same (a 502 "unreadable answer" before): its events read
         as a stream's are (`_relay`: the same checks, ids, finish reasons and echo), and
-        put together as the cache puts a stream's answer together (`ChunkAssembler`),
-        in the whole answer's shape (the ids, created, model, fingerprint and tier of
-        its chunks; its usage where one came)."""
+        put together as a stored chat's stream is (`ChatAssembly`: text, refusal, calls,
+        logprobs, its chunks' head), a chat's reasoning and a completion's text and
+        logprobs beside it (`_Extras`), with its usage where one came."""
         stream, head = Stream(), _head(ctx)
-        first: dict[str, Any] | None = None
-        extras = _Extras(ctx.route)
+        chat, extras = ChatAssembly(), _Extras(ctx.route)
         try:
             async with contextlib.aclosing(self._relay(
                     resp, ChunkAssembler(ctx.route), stream, usage=False, running=False,
                     choices=ctx.request.sequences, head=head,
                     echo=EchoAsSent(ctx.request, ctx.sent))) as chunks:
                 async for chunk in chunks:
-                    first = first or chunk
                     try:
+                        if ctx.route == "chat":
+                            chat.add(chunk)
                         extras.feed(chunk)
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise EngineError("The upstream sent an unreadable chunk.") from None
@@ -693,24 +693,18 @@ class Upstream:
             raise Timeout("The upstream did not answer in time.") from None
         if not stream.answer:  # (`_finished` raised for an answer not whole)
             raise EngineError("The upstream sent an unreadable answer.")
-        usage = stream.usage
         if ctx.route == "chat":
-            body = chat_completion(
-                id=head["id"], model=head["model"], created=head["created"], usage_=usage or {},
-                choices=[with_calls(chat_choice(c["index"], c["text"], c["finish_reason"],
-                                                None, c.get("stop_reason")),
-                                    c.get("tool_calls") or []) for c in stream.answer])
+            body = chat.completion(stream.usage)
+            assert body is not None  # (an answer came: its head with it)
         else:
             body = completion_body(
-                id=head["id"], model=head["model"], created=head["created"], usage_=usage,
+                id=head["id"], model=head["model"], created=head["created"],
+                usage_=stream.usage,
                 choices=[completion_choice(c["index"], c["text"], c["finish_reason"], None,
                                            c.get("stop_reason")) for c in stream.answer])
-        if usage is None:  # (absent, as a whole answer's with none is)
-            body.pop("usage", None)
+            if stream.usage is None:  # (absent, as a whole answer's with none is)
+                body.pop("usage", None)
         extras.put(body["choices"])
-        for told in ("system_fingerprint", "service_tier"):  # (`_own_head`'d)
-            if first is not None and told in first:
-                body[told] = first[told]
         return Completion(body)
 
     def _error_body_s(self) -> float:
@@ -1320,35 +1314,32 @@ class NotCachedUpstream(NotCached):
 
 
 class _Extras:
-    """What a whole answer holds beside its text and calls, put together from the chunks
-    of an upstream that streamed it (`Upstream._whole_of_events`; `ChunkAssembler` keeps
-    a stream's text, calls and usage alone): each choice's logprobs (their lists joined:
-    chat's `content` and `refusal`, a completion's `tokens`, `token_logprobs`,
-    `top_logprobs`, `text_offset`), and a chat choice's `refusal` and reasoning
-    (`reasoning_content`, `reasoning`), as the whole answer would have carried them."""
+    """What `ChatAssembly` does not keep of a streamed answer put together whole
+    (`Upstream._whole_of_events`): a chat choice's reasoning (`reasoning_content`,
+    `reasoning`, as vLLM's whole answer carries it), a completion choice's logprobs (its
+    `tokens`, `token_logprobs`, `top_logprobs` and `text_offset` joined)."""
 
-    _LISTS = {"chat": ("content", "refusal"),
-              "completion": ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
-    _TEXTS = ("refusal", "reasoning_content", "reasoning")
+    _LISTS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    _TEXTS = ("reasoning_content", "reasoning")
 
     def __init__(self, route: str) -> None:
-        self.route = route
+        self.chat = route == "chat"
         self.logprobs: dict[int, dict[str, list[Any]]] = {}
         self.texts: dict[int, dict[str, list[str]]] = {}
 
     def feed(self, chunk: dict[str, Any]) -> None:
         for c in chunk.get("choices") or ():
             i = c["index"]
-            if (lp := c.get("logprobs")) is not None:
+            if not self.chat and (lp := c.get("logprobs")) is not None:
                 if not isinstance(lp, dict):
                     raise TypeError("a choice's logprobs")
                 kept = self.logprobs.setdefault(i, {})
-                for key in self._LISTS["chat" if self.route == "chat" else "completion"]:
+                for key in self._LISTS:
                     if (part := lp.get(key)) is not None:
                         if not isinstance(part, list):
                             raise TypeError("a choice's logprobs")
                         kept.setdefault(key, []).extend(part)
-            delta = c.get("delta") or {} if self.route == "chat" else {}
+            delta = (c.get("delta") or {}) if self.chat else {}
             for key in self._TEXTS:
                 if (piece := delta.get(key)) is not None:
                     if not isinstance(piece, str):
@@ -1360,10 +1351,7 @@ class _Extras:
         for c in choices:
             i = c["index"]
             if i in self.logprobs:
-                lp = self.logprobs[i]
-                c["logprobs"] = ({"content": lp.get("content"), "refusal": lp.get("refusal")}
-                                 if self.route == "chat" else
-                                 {key: lp.get(key, []) for key in self._LISTS["completion"]})
+                c["logprobs"] = {key: self.logprobs[i].get(key, []) for key in self._LISTS}
             for key, pieces in self.texts.get(i, {}).items():
                 c["message"][key] = "".join(pieces)
 

@@ -340,9 +340,9 @@ def test_a_stream_stored_without_its_usage_is_stored_with_none() -> None:
     `usage: null`, which OpenAI's chat completion has no room for (its usage is absent or
     counts): retrieved, it failed the schema, where a whole answer so is stored without
     one. It is stored without `usage`."""
-    from proxy.stored_chat import Assembly
+    from proxy.rendering import ChatAssembly
 
-    chunks = Assembly()
+    chunks = ChatAssembly()
     chunks.add({"id": "c", "created": 1, "model": "m", "object": "chat.completion.chunk",
                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"},
                              "finish_reason": "stop", "logprobs": None}]})
