@@ -1523,9 +1523,9 @@ def secrets_across(texts: list[str], values: bool = False) -> Iterator[tuple[int
         a = texts[i]
         end = len(a.rstrip())
         start = _word_start(a, end)
-        if start == end or not any(n in a[start:end].lower() for n in _NEEDS) or (
-                values and _ends_a_key(a[start:end])):
-            continue  # (no literal, or a value that is a key whole: the next is another)
+        if start == end or not any(n in a[start:end].lower() for n in _NEEDS):
+            continue  # (no literal)
+        whole = values and _ends_a_key(a[start:end])  # (the next is another's, or its tail)
         pieces = [(i, start, end)]
         for j in range(i + 1, min(len(texts), i + 1 + _WRAP_LINES)):
             m = _FIRST_WORD.match(texts[j])
@@ -1534,6 +1534,8 @@ def secrets_across(texts: list[str], values: bool = False) -> Iterator[tuple[int
             pieces.append((j, m.start(1), m.end(1)))
             if _BLANK_REST.match(texts[j], m.end(1)) is None:  # the key ends in this text
                 break
+        if whole and (pieces := _tail_of_a_key(pieces, texts) or []) == []:
+            continue
         for found in _joined(pieces, texts):
             yield from found
     yield from _blocks_across(texts)
@@ -1599,8 +1601,10 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     # line is an item of the same list, its marker and indentation the same)
     mark = _LIST_MARK.fullmatch(text, text.rfind("\n", 0, start) + 1, start)
     item = None if mark is None or not text.startswith(mark[0], pos) else mark[0]
-    if item is not None and not _starts_a_split(text[start:space.start()]):
-        return None  # (as a value's: a prefix named, "- sk-learn", or a key whole)
+    whole = item is not None and not _starts_a_split(head := text[start:space.start()])
+    if whole and not _ends_a_key(head):
+        return None  # (as a value's: a prefix named, "- sk-learn", or a key whole, save
+        # its tail: `_tail_of_a_key`)
     for k in range(_PIECES_MOST - 1):
         if item is not None:
             if not text.startswith(item, pos) or (m := _ITEM_WORD.match(
@@ -1620,7 +1624,7 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
         if brk is None:  # the key ends on this line
             break
         pos = brk.end()
-    return pieces
+    return _tail_of_a_key(pieces, [text]) if whole else pieces
 
 
 # A key split over two string values of JSON (or a Python dict) pasted as text, not read
@@ -1654,8 +1658,11 @@ def _split_values(text: str, needs_at: list[int]) -> Iterator[Span]:
             continue
         if (pieces := _value_pieces(text, at)) is None or len(pieces) < 2:
             continue
-        if not _starts_a_split(text[pieces[0][1]:pieces[0][2]]):
-            continue  # (a prefix, or a key whole: the value after it is another's)
+        if not _starts_a_split(head := text[pieces[0][1]:pieces[0][2]]) and (
+                not _ends_a_key(head) or (pieces := _tail_of_a_key(pieces, [text]) or [])
+                == []):
+            continue  # (a prefix, or a key whole: the value after it is another's, save
+            # its tail, `_tail_of_a_key`)
         done = pieces[-1][2]
         for found in _joined(pieces, [text]):
             for _, span in found:
@@ -1698,6 +1705,49 @@ def _ends_a_key(head: str) -> bool:
     """`head` (a key's first piece: a value, a text's last word) ends with a key whole:
     the piece after it is another's ('"sk-proj-...", "org-..."'), not this key's rest."""
     return any(b == len(head) for _, b in _find(head))
+
+
+# A long key split over values (or list items) whose first piece is a key whole by
+# itself ('"sk-proj-<92>", "<64>"': the format reads 20 characters on as a key) left its
+# tail sent on: the guard above reads the next value as another's. Its tail is read
+# joined where the pieces after it make the key exactly its format's documented length,
+# each a run of the key's characters, together no name ("gpt-4o-mini", "org-main"): an
+# organization's id or a word after a key whole does not make it that length by chance.
+_WHOLE_LENGTHS = (("sk-proj-", 164), ("sk-svcacct-", 164), ("sk-ant-api03-", 108),
+                  ("github_pat_", 93), ("ghp_", 40), ("gho_", 40), ("ghu_", 40),
+                  ("ghs_", 40), ("ghr_", 40), ("hf_", 37), ("gsk_", 56), ("glpat-", 26),
+                  ("xai-", 84), ("pplx-", 53), ("sk-", 51))
+_TAIL_PIECE = re.compile(r"[A-Za-z0-9_-]{1,512}")
+
+
+def _tail_of_a_key(pieces: list[tuple[int, int, int]], texts: list[str],
+                   ) -> list[tuple[int, int, int]] | None:
+    """The pieces a key whole in the first of `pieces` runs on over to its format's
+    documented length (`_WHOLE_LENGTHS`), or None where they do not make it that."""
+    i, a, b = pieces[0]
+    head = texts[i][a:b]
+    key = max(((s, e) for s, e in _find(head) if e == len(head)), default=None)
+    if key is None:
+        return None
+    word = head[key[0]:]
+    whole = next((n for p, n in _WHOLE_LENGTHS if word.startswith(p)), None)
+    if whole is None or len(word) >= whole:
+        return None
+    have = len(word)
+    for k in range(1, len(pieces)):
+        j, s, e = pieces[k]
+        if _TAIL_PIECE.fullmatch(texts[j], s, e) is None:
+            return None
+        have += e - s
+        if have > whole:
+            return None
+        if have == whole:
+            tail = "".join(texts[j][s:e] for j, s, e in pieces[1:k + 1])
+            if (not _random_looking(tail) or _NAME_AND_NUMBER.fullmatch(tail) is not None
+                    or (len(tail) >= 16 and len(set(tail)) < _KEY_RUN_DISTINCT)):
+                return None  # (a name, a word, or a run of one character or a few)
+            return pieces[:k + 1]
+    return None
 
 
 def _word_start(text: str, end: int, floor: int = 0) -> int:

@@ -644,3 +644,54 @@ def test_a_key_split_over_values_ends_before_a_value_starting_with_a_literal() -
     text = json.dumps([KEY[:14], KEY[14:], "sk-proj-1a2B...xY9z"])
     said = _sent(text, secret="redact")
     assert KEY[14:] not in said and "sk-proj-1a2B...xY9z" in said, said
+
+
+_LONG = "sk-proj-" + _long_key(156, 3)  # (a project key its documented 164 characters)
+
+
+def _tail_texts(cut: int) -> list[str]:
+    head, tail = _LONG[:cut], _LONG[cut:]
+    return [json.dumps({"key": head, "rest": tail}),
+            "keys:\n  - " + head + "\n  - " + tail + "\n",
+            json.dumps([head, tail[:len(tail) // 2], tail[len(tail) // 2:]])]
+
+
+@pytest.mark.parametrize("cut", [40, 100, 150])
+def test_the_tail_of_a_long_key_split_over_values_or_items_is_redacted(cut: int) -> None:
+    """A long key's first piece, a key whole by itself past 20 characters, stopped the
+    reading joined (the value after a key whole is another's): its tail, the next value
+    or list item, was sent on. It is read joined where it makes the key its length."""
+    for text in _tail_texts(cut):
+        said = _sent(text, secret="redact")
+        half = cut + (len(_LONG) - cut) // 2
+        assert _LONG[cut:half] not in said and _LONG[half:] not in said, (text, said)
+        assert _LONG[:cut] not in said, said
+
+
+def test_the_tail_of_a_long_key_in_call_arguments_is_redacted() -> None:
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, _args, _with_call, plugin
+    ctx = _with_call(json.dumps({"key": _LONG[:100], "rest": _LONG[100:], "n": 3}))
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    said = json.loads(_args(ctx))
+    assert said == {"key": "[SECRET]", "rest": "[SECRET]", "n": 3}, said
+
+
+@pytest.mark.parametrize("after", [
+    "org9Ab3dEf6hIj9kLm2n", "org-Ab3dEf6hIj9kLm2n", "gpt-4o-mini-2024-07-18", "Documentation",
+    "proj_Ab3dEf6hIj9kLm2n", "hello world", "v2",
+    # (an id that would make the key its length, but a name: "gpt-4o-mini" and the like)
+    "x" * (164 - len(KEY)), "gpt-" + "4" * (164 - len(KEY) - 4),
+])
+def test_a_value_after_a_key_whole_that_is_no_tail_is_left_alone(after: str) -> None:
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, _args, _with_call, plugin
+    ctx = _with_call(json.dumps({"key": KEY, "next": after}))
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    said = json.loads(_args(ctx))
+    assert said == {"key": "[SECRET]", "next": after}, said
+    for text in (json.dumps({"key": KEY, "next": after}),
+                 "keys:\n  - " + KEY + "\n  - " + after + "\n"):
+        assert _sent(text, secret="redact") == text.replace(KEY, "[SECRET]"), text
