@@ -990,6 +990,8 @@ def _find(text: str, low: str | None = None, hits: _Hits | None = None) -> Itera
             yield from _wrapped(text, needs_at)
         if ('"' in text or "'" in text or "`" in text) and len(low) == len(text):
             yield from _split_values(text, needs_at)
+        if "," in text and len(low) == len(text):
+            yield from _split_cells(text, needs_at)
     if len(low) != len(text):  # lower-casing moved offsets (rare letters): scan it all
         matches: Iterator[re.Match[str]] = _PHRASE.finditer(text)
     else:  # the phrase tried only where one of its first words starts a word
@@ -1690,6 +1692,88 @@ def _value_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
         pieces.append((0, m.start(), m.end()))
         if (sep := _NEXT_VALUE.match(text, m.end())) is None:
             break
+    return pieces
+
+
+# A key split over the cells of CSV ("prod,sk-proj-Ab3d...,...4zQ7" along a row, or down
+# a column: "prod,sk-proj-Ab3d..." then "prod,...4zQ7" on the next line): the cell holding
+# a format's literal, a word whole, is read joined with the cells after it along its row
+# while each is a word whole, else with the same column's cells of the lines after it,
+# with the guards of JSON values (`_starts_a_split`, `_tail_of_a_key`, `_joined`).
+_CELL_WORD = re.compile(r"[^\s,\"'`\\;]{1,512}")
+_CELL_END = re.compile(r",|[ \t]*(?:\r?\n|\Z)")
+_CELLS_MOST = 64  # (the widest row whose column is read down)
+_ROW_CHARS = 4096  # (and the longest rest of a row skipped to the next)
+
+
+def _split_cells(text: str, needs_at: list[int]) -> Iterator[Span]:
+    """Keys split over cells of CSV (from the words holding a format's literal,
+    `needs_at`)."""
+    done = 0
+    for at in needs_at:
+        if at < done or (pieces := _cell_pieces(text, at)) is None or len(pieces) < 2:
+            continue
+        head = text[pieces[0][1]:pieces[0][2]]
+        if not _starts_a_split(head) and (not _ends_a_key(head) or (
+                pieces := _tail_of_a_key(pieces, [text]) or []) == []):
+            continue  # (a prefix, or a key whole: the cell after it is another's)
+        done = pieces[-1][2]
+        for found in _joined(pieces, [text]):
+            for _, span in found:
+                yield span
+
+
+def _cell(text: str, pos: int) -> tuple[int, int] | None:
+    """The cell at `pos` where it is one word whole (its end at "," or a line's)."""
+    m = _CELL_WORD.match(text, pos)
+    if m is None or _CELL_END.match(text, m.end()) is None:
+        return None
+    return m.start(), m.end()
+
+
+def _cell_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
+    """The pieces (0, start, end) a key split over CSV cells from the one holding a
+    format's literal at `at` may run over: that cell, then the cells after it in its row
+    or, where it is followed by none that goes on, in its column (`_WRAP_LINES` more at
+    most); None where the cell is no word whole on a line that holds a comma."""
+    lo = max(0, at - _WORD_CHARS)
+    line = text.rfind("\n", lo, at) + 1 or lo  # (or a line too long to count its cells)
+    start = max(line, text.rfind(",", line, at) + 1)
+    if _CELL_WORD.fullmatch(text, start, at + 1) is None or (
+            first := _cell(text, at)) is None:
+        return None
+    head = text[start:first[1]]
+    cut = _KEY_SEPARATORS.match(head)
+    if len(made := head[cut.end() if cut else 0:]) < 4 or not _random_looking(made):
+        return None  # (a word or a prefix named: "sk-learn", "sk-proj-", "sk-" then "2")
+    pieces = [(0, start, first[1])]
+    pos = first[1]
+    while len(pieces) <= _WRAP_LINES and text.startswith(",", pos):  # (along its row)
+        if (cell := _cell(text, pos + 1)) is None or _NEED_AT.match(
+                text[cell[0]:cell[0] + _NEED_MOST].lower()) or (
+                len(pieces) == 1 and not _random_looking(text[cell[0]:cell[1]])):
+            break  # (another key's cell, or a word: the key may go on down its column)
+        pieces.append((0, *cell))
+        pos = cell[1]
+    if len(pieces) > 1:
+        return pieces
+    column = text.count(",", line, start) if line == 0 or text[line - 1] == "\n" else _CELLS_MOST
+    if (column == 0 and not text.startswith(",", first[1])) or column >= _CELLS_MOST:
+        return None  # (no comma on its line: no CSV, the lines read as lines, `_wrapped`)
+    for _ in range(_WRAP_LINES):  # (down its column)
+        if (end := text.find("\n", pos, pos + _ROW_CHARS)) < 0:
+            break  # (the rest of its row skipped: a cell holds no line's end)
+        pos = end + 1
+        for _ in range(column):
+            comma = text.find(",", pos, pos + _WORD_CHARS)
+            if comma < 0 or text.find("\n", pos, comma) >= 0:
+                return pieces
+            pos = comma + 1
+        if (cell := _cell(text, pos)) is None or _NEED_AT.match(
+                text[cell[0]:cell[0] + _NEED_MOST].lower()):
+            break
+        pieces.append((0, *cell))
+        pos = cell[1]
     return pieces
 
 

@@ -695,3 +695,38 @@ def test_a_value_after_a_key_whole_that_is_no_tail_is_left_alone(after: str) -> 
     for text in (json.dumps({"key": KEY, "next": after}),
                  "keys:\n  - " + KEY + "\n  - " + after + "\n"):
         assert _sent(text, secret="redact") == text.replace(KEY, "[SECRET]"), text
+
+
+@pytest.mark.parametrize(("text", "gone"), [
+    ("name,key\nprod," + KEY[:16] + "," + KEY[16:30] + "," + KEY[30:] + "\n", KEY[16:]),
+    ("env,key,n\nprod," + KEY[:16] + ",x\nprod," + KEY[16:30] + ",y\nprod," + KEY[30:]
+     + ",z\n", KEY[16:]),
+    ("env,key\nprod," + KEY[:16] + "\nprod," + KEY[16:30] + "\nprod," + KEY[30:], KEY[16:]),
+    ("a,b,c\n1," + _LONG[:100] + "," + _LONG[100:] + "\n", _LONG[100:]),
+])
+def test_a_key_split_over_csv_cells_is_redacted(text: str, gone: str) -> None:
+    """A key split over CSV cells, along a row or down a column, was read cell by cell:
+    each piece too short for a key (or its tail after a key whole) was sent on."""
+    said = _sent(text, secret="redact")
+    assert "[SECRET]" in said, said
+    for piece in (gone[:14], gone[14:]) if gone != _LONG[100:] else (gone,):
+        assert piece not in said, (piece, said)
+
+
+@pytest.mark.parametrize("text", [
+    "package,version\nsk-learn,1.5.2\nscikit-image,0.22\nnumpy,2.1.0\n",
+    "prefix,id\nsk-proj-,123e4567-e89b-12d3-a456-426614174000\n",
+    "name,token\nci,sk-test\nprod,abc2def3\n",
+    "lib,doc,v\nsk-video,Documentation,1.1.10\nsk-learn,README,1.5.2\n",
+    "id,hash,prefix\n1,9f86d081884c7d659a2feaa0c55ad015,sk-\n2,a1b2c3d4e5f6a7b8c9d0,sk-\n",
+    "ts,event,model\n2026-01-02T03:04:05Z,sk-ant,gpt-4o-mini-2024-07-18\n",
+])
+def test_csv_that_spells_no_key_is_left_alone(text: str) -> None:
+    from proxy.text import fold
+    assert _sent(text, secret="redact") == fold(text)
+
+
+def test_a_whole_key_in_csv_leaves_the_cells_after_it() -> None:
+    text = ("id,key,org\n1," + KEY + ",org-Ab3dEf6hIj9kLm2n\n2," + KEY
+            + ",org9Ab3dEf6hIj9kLm2n\n")
+    assert _sent(text, secret="redact") == text.replace(KEY, "[SECRET]")
