@@ -1527,7 +1527,6 @@ def secrets_across(texts: list[str], values: bool = False) -> Iterator[tuple[int
         start = _word_start(a, end)
         if start == end or not any(n in a[start:end].lower() for n in _NEEDS):
             continue  # (no literal)
-        whole = values and _ends_a_key(a[start:end])  # (the next is another's, or its tail)
         pieces = [(i, start, end)]
         for j in range(i + 1, min(len(texts), i + 1 + _WRAP_LINES)):
             m = _FIRST_WORD.match(texts[j])
@@ -1536,8 +1535,8 @@ def secrets_across(texts: list[str], values: bool = False) -> Iterator[tuple[int
             pieces.append((j, m.start(1), m.end(1)))
             if _BLANK_REST.match(texts[j], m.end(1)) is None:  # the key ends in this text
                 break
-        if whole and (pieces := _tail_of_a_key(pieces, texts) or []) == []:
-            continue
+        if values and (pieces := _may_start(pieces, texts) or []) == []:
+            continue  # (a prefix named, or a key whole: the next is another's)
         for found in _joined(pieces, texts):
             yield from found
     yield from _blocks_across(texts)
@@ -1603,10 +1602,6 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     # line is an item of the same list, its marker and indentation the same)
     mark = _LIST_MARK.fullmatch(text, text.rfind("\n", 0, start) + 1, start)
     item = None if mark is None or not text.startswith(mark[0], pos) else mark[0]
-    whole = item is not None and not _starts_a_split(head := text[start:space.start()])
-    if whole and not _ends_a_key(head):
-        return None  # (as a value's: a prefix named, "- sk-learn", or a key whole, save
-        # its tail: `_tail_of_a_key`)
     for k in range(_PIECES_MOST - 1):
         if item is not None:
             if not text.startswith(item, pos) or (m := _ITEM_WORD.match(
@@ -1626,7 +1621,8 @@ def _wrap_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
         if brk is None:  # the key ends on this line
             break
         pos = brk.end()
-    return _tail_of_a_key(pieces, [text]) if whole else pieces
+    # (as a value's: a prefix named, "- sk-learn", or a key whole starts none)
+    return pieces if item is None else _may_start(pieces, [text])
 
 
 # A key split over two string values of JSON (or a Python dict) pasted as text, not read
@@ -1660,11 +1656,8 @@ def _split_values(text: str, needs_at: list[int]) -> Iterator[Span]:
             continue
         if (pieces := _value_pieces(text, at)) is None or len(pieces) < 2:
             continue
-        if not _starts_a_split(head := text[pieces[0][1]:pieces[0][2]]) and (
-                not _ends_a_key(head) or (pieces := _tail_of_a_key(pieces, [text]) or [])
-                == []):
-            continue  # (a prefix, or a key whole: the value after it is another's, save
-            # its tail, `_tail_of_a_key`)
+        if (pieces := _may_start(pieces, [text]) or []) == []:
+            continue  # (a prefix, or a key whole: the value after it is another's)
         done = pieces[-1][2]
         for found in _joined(pieces, [text]):
             for _, span in found:
@@ -1713,9 +1706,7 @@ def _split_cells(text: str, needs_at: list[int]) -> Iterator[Span]:
     for at in needs_at:
         if at < done or (pieces := _cell_pieces(text, at)) is None or len(pieces) < 2:
             continue
-        head = text[pieces[0][1]:pieces[0][2]]
-        if not _starts_a_split(head) and (not _ends_a_key(head) or (
-                pieces := _tail_of_a_key(pieces, [text]) or []) == []):
+        if (pieces := _may_start(pieces, [text]) or []) == []:
             continue  # (a prefix, or a key whole: the cell after it is another's)
         done = pieces[-1][2]
         for found in _joined(pieces, [text]):
@@ -1744,8 +1735,10 @@ def _cell_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
         return None
     head = text[start:first[1]]
     cut = _KEY_SEPARATORS.match(head)
-    if len(made := head[cut.end() if cut else 0:]) < 4 or not _random_looking(made):
-        return None  # (a word or a prefix named: "sk-learn", "sk-proj-", "sk-" then "2")
+    if (len(made := head[cut.end() if cut else 0:]) < 4 or not _random_looking(made)) and not any(
+            3 < len(head) < len(lit) and lit.startswith(head) for lit in _SPLIT_LITERALS):
+        return None  # (a word or a prefix named: "sk-learn", "sk-proj-", "sk-" then "2";
+        # not a literal's part, `_splits_a_literal`)
     pieces = [(0, start, first[1])]
     pos = first[1]
     while len(pieces) <= _WRAP_LINES and text.startswith(",", pos):  # (along its row)
@@ -1775,6 +1768,44 @@ def _cell_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
         pieces.append((0, *cell))
         pos = cell[1]
     return pieces
+
+
+def _may_start(pieces: list[tuple[int, int, int]], texts: list[str],
+               ) -> list[tuple[int, int, int]] | None:
+    """The pieces a key split over values (list items, cells) may run over from the
+    first: all where it starts a split (`_starts_a_split`) or splits a format's literal
+    (`_splits_a_literal`), the tail where it is a key whole (`_tail_of_a_key`); None
+    where it starts none (a prefix named, a word)."""
+    i, a, b = pieces[0]
+    head = texts[i][a:b]
+    if _starts_a_split(head):
+        return pieces
+    if _ends_a_key(head):
+        return _tail_of_a_key(pieces, texts)
+    if len(pieces) > 1 and _splits_a_literal(head, texts[pieces[1][0]][pieces[1][1]:pieces[1][2]]):
+        return pieces
+    return None
+
+
+# A key split inside its literal ('"sk-p", "roj-Ab3d..."'): the first value a part of a
+# longer literal past "sk-", the next its rest and a key's body, no UUID or hash ("sk-proj-"
+# then an id is a prefix named beside it, and a split there reads as one).
+_SPLIT_LITERALS = ("sk-proj-", "sk-live-", "sk-test-", "sk-ant-")
+_HEX = re.compile(r"[0-9a-fA-F-]*")
+
+
+def _splits_a_literal(head: str, nxt: str) -> bool:
+    """`head` ends with a part of a format's literal (`_SPLIT_LITERALS`) past "sk-" that
+    `nxt` completes, then a key's body."""
+    for lit in _SPLIT_LITERALS:
+        cut = head.rfind(lit[:4])
+        part = head[cut:] if cut >= 0 else ""
+        if 3 < len(part) < len(lit) and lit.startswith(part) and nxt.startswith(
+                lit[len(part):]):
+            body = nxt[len(lit) - len(part):]
+            return (_HEX.fullmatch(body) is None and _UUID.match(body) is None
+                    and _key_body("sk-" + body))
+    return False
 
 
 def _starts_a_split(head: str) -> bool:

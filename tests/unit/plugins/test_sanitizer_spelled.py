@@ -730,3 +730,33 @@ def test_a_whole_key_in_csv_leaves_the_cells_after_it() -> None:
     text = ("id,key,org\n1," + KEY + ",org-Ab3dEf6hIj9kLm2n\n2," + KEY
             + ",org9Ab3dEf6hIj9kLm2n\n")
     assert _sent(text, secret="redact") == text.replace(KEY, "[SECRET]")
+
+
+@pytest.mark.parametrize("cut", [4, 5, 6, 7])
+def test_a_key_split_inside_its_literal_is_redacted(cut: int) -> None:
+    """A key split inside its literal ('"sk-p", "roj-..."') was read value by value:
+    neither a key, both sent on (call arguments read it; pasted JSON, YAML did not)."""
+    for text in (json.dumps({"a": KEY[:cut], "b": KEY[cut:]}),
+                 "- " + KEY[:cut] + "\n- " + KEY[cut:] + "\n",
+                 "x," + KEY[:cut] + "," + KEY[cut:] + "\n"):
+        said = _sent(text, secret="redact")
+        assert KEY[cut:] not in said and "[SECRET]" in said, (text, said)
+
+
+@pytest.mark.parametrize("pair", [
+    ["sk-proj-", "123e4567-e89b-12d3-a456-426614174000"],
+    ["sk-p", "roj-123e4567-e89b-12d3-a456-426614174000"],
+    ["sk-pro", "j-9f86d081884c7d659a2feaa0c55ad015"],
+    ["sk-proj", "ect-manager"],
+])
+def test_a_prefix_beside_an_id_in_call_arguments_is_left_alone(pair: list[str]) -> None:
+    """Call arguments read a value that is a format's literal named ("sk-proj-") joined
+    with the id after it: "sk-proj-" then a UUID was redacted as a key."""
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, _args, _with_call, plugin
+    args = json.dumps({"prefix": pair[0], "id": pair[1]})
+    ctx = _with_call(args)
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    assert _args(ctx) == args
+    assert _sent(args, secret="redact") == args
