@@ -1828,10 +1828,14 @@ def _ends_a_key(head: str) -> bool:
 # joined where the pieces after it make the key exactly its format's documented length,
 # each a run of the key's characters, together no name ("gpt-4o-mini", "org-main"): an
 # organization's id or a word after a key whole does not make it that length by chance.
-_WHOLE_LENGTHS = (("sk-proj-", 164), ("sk-svcacct-", 164), ("sk-ant-api03-", 108),
-                  ("github_pat_", 93), ("ghp_", 40), ("gho_", 40), ("ghu_", 40),
-                  ("ghs_", 40), ("ghr_", 40), ("hf_", 37), ("gsk_", 56), ("glpat-", 26),
-                  ("xai-", 84), ("pplx-", 53), ("sk-", 51))
+_WHOLE_LENGTHS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    # (OpenAI's project, service-account and admin keys: 58 or 74 characters each side
+    # of "T3BlbkFJ"; the longer literals first, "sk-" the legacy key's last)
+    ("sk-proj-", (132, 164)), ("sk-svcacct-", (135, 167)), ("sk-admin-", (133, 165)),
+    ("sk-ant-api03-", (108,)), ("sk-ant-admin01-", (110,)), ("github_pat_", (93,)),
+    ("ghp_", (40,)), ("gho_", (40,)), ("ghu_", (40,)), ("ghs_", (40,)), ("ghr_", (40,)),
+    ("hf_", (37,)), ("gsk_", (56,)), ("glpat-", (26,)), ("xai-", (84,)), ("pplx-", (53,)),
+    ("sk-", (51,)))
 _TAIL_PIECE = re.compile(r"[A-Za-z0-9_-]{1,512}")
 
 
@@ -1845,23 +1849,23 @@ def _tail_of_a_key(pieces: list[tuple[int, int, int]], texts: list[str],
     if key is None:
         return None
     word = head[key[0]:]
-    whole = next((n for p, n in _WHOLE_LENGTHS if word.startswith(p)), None)
-    if whole is None or len(word) >= whole:
-        return None
-    have = len(word)
-    for k in range(1, len(pieces)):
+    lengths = next((n for p, n in _WHOLE_LENGTHS if word.startswith(p)), ())
+    have, upto = len(word), 0
+    for k in range(1, len(pieces)):  # (the longest of its lengths the pieces make)
         j, s, e = pieces[k]
         if _TAIL_PIECE.fullmatch(texts[j], s, e) is None:
-            return None
+            break
         have += e - s
-        if have > whole:
-            return None
-        if have == whole:
-            tail = "".join(texts[j][s:e] for j, s, e in pieces[1:k + 1])
-            if (not _random_looking(tail) or _NAME_AND_NUMBER.fullmatch(tail) is not None
-                    or (len(tail) >= 16 and len(set(tail)) < _KEY_RUN_DISTINCT)):
-                return None  # (a name, a word, or a run of one character or a few)
-            return pieces[:k + 1]
+        if have in lengths:
+            upto = k
+        if have >= max(lengths, default=0):
+            break
+    if upto:
+        tail = "".join(texts[j][s:e] for j, s, e in pieces[1:upto + 1])
+        if (not _random_looking(tail) or _NAME_AND_NUMBER.fullmatch(tail) is not None
+                or (len(tail) >= 16 and len(set(tail)) < _KEY_RUN_DISTINCT)):
+            return None  # (a name, a word, or a run of one character or a few)
+        return pieces[:upto + 1]
     return None
 
 

@@ -760,3 +760,26 @@ def test_a_prefix_beside_an_id_in_call_arguments_is_left_alone(pair: list[str]) 
     asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
     assert _args(ctx) == args
     assert _sent(args, secret="redact") == args
+
+
+def _openai_key(prefix: str, side: int, seed: int) -> str:
+    return prefix + _long_key(side, seed) + "T3BlbkFJ" + _long_key(side, seed + 1)
+
+
+@pytest.mark.parametrize("key", [
+    _openai_key("sk-proj-", 58, 11), _openai_key("sk-svcacct-", 74, 12),
+    _openai_key("sk-svcacct-", 58, 13), _openai_key("sk-admin-", 74, 14),
+    _openai_key("sk-admin-", 58, 15), "sk-ant-admin01-" + _long_key(93, 16) + "AA",
+])
+@pytest.mark.parametrize("cut", [40, 90])
+def test_the_tail_of_a_key_of_each_documented_length_is_redacted(key: str, cut: int) -> None:
+    """OpenAI's project, service-account and admin keys are 58 or 74 characters each side
+    of "T3BlbkFJ" (132 or 164 characters for "sk-proj-", 135 or 167 for "sk-svcacct-"),
+    Anthropic's admin keys 110: read as one length (164 for both), the tail of the others
+    split over values after a first piece that is a key whole was sent on."""
+    head, tail = key[:cut], key[cut:]
+    for text in (json.dumps({"key": head, "rest": tail}),
+                 "keys:\n  - " + head + "\n  - " + tail + "\n",
+                 "a,b,c\n1," + head + "," + tail + "\n"):
+        said = _sent(text, secret="redact")
+        assert tail not in said and head not in said, (text, said)
