@@ -1736,7 +1736,8 @@ def _cell_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     head = text[start:first[1]]
     cut = _KEY_SEPARATORS.match(head)
     if (len(made := head[cut.end() if cut else 0:]) < 4 or not _random_looking(made)) and not any(
-            3 < len(head) < len(lit) and lit.startswith(head) for lit in _SPLIT_LITERALS):
+            3 < len(head) < len(lit) and lit.startswith(head) for lit in _SPLIT_LITERALS
+    ) and not _ends_a_key(head):
         return None  # (a word or a prefix named: "sk-learn", "sk-proj-", "sk-" then "2";
         # not a literal's part, `_splits_a_literal`)
     pieces = [(0, start, first[1])]

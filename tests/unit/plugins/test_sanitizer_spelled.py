@@ -783,3 +783,16 @@ def test_the_tail_of_a_key_of_each_documented_length_is_redacted(key: str, cut: 
                  "a,b,c\n1," + head + "," + tail + "\n"):
         said = _sent(text, secret="redact")
         assert tail not in said and head not in said, (text, said)
+
+
+@pytest.mark.parametrize("cut", [30, 51])
+def test_the_tail_of_a_key_with_separators_split_over_csv_cells_is_redacted(cut: int) -> None:
+    """A key's body holds "_" and "-" (base64url): a first cell that is a key whole with
+    a short run after its last "-" or "_" was read as no key's start, its tail sent on."""
+    key = ("sk-proj--QAqq0nv3Vth1Ls6v6_O9JL8ZsoWw-Rxl_IUiTeNUJ_HLRwb8GPJ7KTSJS0Sw5UQsvzU9Kk1v1"
+           "T3BlbkFJMIdzu4xCxf8CvgroOx9ye17SWjAEVaSZJ0oVeMmLRLTq10V7suW9zrlSaWnPsPW23C-L9WXuHM")
+    assert len(key) == 164
+    for text in ("e,k,r\np," + key[:cut] + "," + key[cut:] + "\n",
+                 "e,k\np," + key[:cut] + "\nq," + key[cut:] + "\n"):
+        said = _sent(text, secret="redact")
+        assert key[cut:] not in said and key[:cut] not in said, (text, said)
