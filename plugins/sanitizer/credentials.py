@@ -1785,7 +1785,7 @@ def _may_start(pieces: list[tuple[int, int, int]], texts: list[str],
         return _tail_of_a_key(pieces, texts)
     if len(pieces) > 1 and _splits_a_literal(head, texts[pieces[1][0]][pieces[1][1]:pieces[1][2]]):
         return pieces
-    return None
+    return _whole_from_a_literal(pieces, texts)
 
 
 # A key split inside its literal ('"sk-p", "roj-Ab3d..."'): the first value a part of a
@@ -1837,6 +1837,7 @@ _WHOLE_LENGTHS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("ghp_", (40,)), ("gho_", (40,)), ("ghu_", (40,)), ("ghs_", (40,)), ("ghr_", (40,)),
     ("hf_", (37,)), ("gsk_", (56,)), ("glpat-", (26,)), ("xai-", (84,)), ("pplx-", (53,)),
     ("sk-", (51,)))
+_WHOLE_MOST = max(n for _, lengths in _WHOLE_LENGTHS for n in lengths)
 _TAIL_PIECE = re.compile(r"[A-Za-z0-9_-]{1,512}")
 
 
@@ -1868,6 +1869,39 @@ def _tail_of_a_key(pieces: list[tuple[int, int, int]], texts: list[str],
             return None  # (a name, a word, or a run of one character or a few)
         return pieces[:upto + 1]
     return None
+
+
+def _whole_from_a_literal(pieces: list[tuple[int, int, int]], texts: list[str],
+                          ) -> list[tuple[int, int, int]] | None:
+    """The pieces from a first that starts with a format's literal and is too short to
+    read as a key's start ('"ghp_"', '"sk-ant-"', '"sk-proj-Ab3dEf_g"') where together
+    they make a key exactly its documented length (`_WHOLE_LENGTHS`) and its body is no
+    UUID, hash or name: a prefix named beside an id does not make that length by chance."""
+    if len(pieces) < 2:
+        return None
+    words = []
+    for j, s, e in pieces:
+        if _TAIL_PIECE.fullmatch(texts[j], s, e) is None:
+            break
+        words.append(texts[j][s:e])
+    joined, upto = words[0] if words else "", 0
+    for k in range(1, len(words)):
+        joined += words[k]
+        lengths = next((n for p, n in _WHOLE_LENGTHS if joined.startswith(p)), ())
+        if len(joined) in lengths:
+            upto = k
+        if len(joined) >= _WHOLE_MOST:
+            break
+    if not upto:
+        return None
+    joined = "".join(words[:upto + 1])
+    body = joined[next(len(p) for p, _ in _WHOLE_LENGTHS if joined.startswith(p)):]
+    if (_HEX.fullmatch(body) is not None or _UUID.search(body) is not None
+            or body.lower() == body or body.upper() == body  # (a key's body mixes case)
+            or _NAME_AND_NUMBER.fullmatch(body) is not None
+            or len(set(body)) < _KEY_RUN_DISTINCT):
+        return None  # (an id, a hash or a name after a prefix named)
+    return pieces[:upto + 1]
 
 
 def _word_start(text: str, end: int, floor: int = 0) -> int:

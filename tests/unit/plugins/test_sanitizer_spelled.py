@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from plugins.sanitizer import detectors, injection
+from plugins.sanitizer import credentials, detectors, injection
 from plugins.sanitizer.detectors import BUILTIN, INJECTION, quiet
 from proxy.text import normalize
 from tests.unit.plugins.test_sanitizer_disguised import found
@@ -796,3 +796,47 @@ def test_the_tail_of_a_key_with_separators_split_over_csv_cells_is_redacted(cut:
                  "e,k\np," + key[:cut] + "\nq," + key[cut:] + "\n"):
         said = _sent(text, secret="redact")
         assert key[cut:] not in said and key[:cut] not in said, (text, said)
+
+
+_REAL_KEYS = [_openai_key("sk-proj-", 74, 21), "sk-ant-api03-" + _long_key(93, 22) + "AA",
+              "ghp_" + _long_key(36, 23), "hf_" + "".join(c for c in _long_key(60, 24)
+                                                          if c.isalpha())[:34],
+              "sk-" + _long_key(20, 25) + "T3BlbkFJ" + _long_key(20, 26)]
+
+
+@pytest.mark.parametrize("key", _REAL_KEYS)
+@pytest.mark.parametrize("cut", ["literal", "literal+1", "inside"])
+def test_a_key_split_at_its_literal_in_call_arguments_is_redacted(key: str, cut: str) -> None:
+    """Call arguments took pasted JSON's guard (a first value that is a prefix named
+    starts no split): a real key split just after its literal ('"ghp_", "<36>"',
+    '"sk-ant-", "api03-..."') was sent on where main redacted it. It is read joined where
+    the pieces make the key exactly its documented length."""
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, _args, _with_call, plugin
+    lit = next(p for p, _ in credentials._WHOLE_LENGTHS if key.startswith(p))
+    at = {"literal": len(lit), "literal+1": len(lit) + 1, "inside": 4}[cut]
+    args = json.dumps({"a": key[:at], "b": key[at:], "n": 1})
+    ctx = _with_call(args)
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    assert key[at:] not in _args(ctx), _args(ctx)
+    assert key[at:] not in _sent(args, secret="redact")
+
+
+@pytest.mark.parametrize("pair", [
+    ["ghp_", "abc123def456ghi789jkl012mno345pqr678"],
+    ["ghp_", "ABC123DEF456GHI789JKL012MNO345PQR678"],
+    ["sk-", "9f86d081884c7d659a2feaa0c55ad0159f86d081884c7d65"],
+    ["sk-", "123e4567-e89b-12d3-a456-42661417400012345678901"],
+    ["hf_", "documentationdocumentationdocument"],
+    ["sk-proj-", "x" * 124],
+])
+def test_a_prefix_beside_an_id_of_a_keys_length_is_left_alone(pair: list[str]) -> None:
+    import asyncio
+
+    from tests.unit.plugins.test_sanitizer import Spy, _args, _with_call, plugin
+    args = json.dumps({"prefix": pair[0], "id": pair[1]})
+    ctx = _with_call(args)
+    asyncio.run(plugin(detectors={"secret": "redact"})(ctx, Spy()))
+    assert _args(ctx) == args
+    assert _sent(args, secret="redact") == args
