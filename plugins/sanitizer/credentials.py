@@ -1706,12 +1706,22 @@ def _split_cells(text: str, needs_at: list[int]) -> Iterator[Span]:
     for at in needs_at:
         if at < done or (pieces := _cell_pieces(text, at)) is None or len(pieces) < 2:
             continue
-        if (pieces := _may_start(pieces, [text]) or []) == []:
-            continue  # (a prefix, or a key whole: the cell after it is another's)
+        if (pieces := _may_start(pieces, [text]) or []) == [] or not _mixes_case(
+                "".join(text[a:b] for _, a, b in pieces)):
+            continue  # (a prefix, or a key whole: the cell after it is another's; an SKU)
         done = pieces[-1][2]
         for found in _joined(pieces, [text]):
             for _, span in found:
                 yield span
+
+
+def _mixes_case(joined: str) -> bool:
+    """A key split over cells from a literal of `_WHOLE_LENGTHS` has a body of both cases
+    (base62 or base64url, 20 characters or more); an SKU and a serial in cells after it
+    ("sk-A1B2C3,9F8E7D6C5B4A3210", or "sk-a1b2c3,9f8e...") have one."""
+    lit = next((p for p, _ in _WHOLE_LENGTHS if joined.startswith(p)), None)
+    body = joined if lit is None else joined[len(lit):]
+    return lit is None or (body.lower() != body and body.upper() != body)
 
 
 def _cell(text: str, pos: int) -> tuple[int, int] | None:
@@ -1730,8 +1740,9 @@ def _cell_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     lo = max(0, at - _WORD_CHARS)
     line = text.rfind("\n", lo, at) + 1 or lo  # (or a line too long to count its cells)
     start = max(line, text.rfind(",", line, at) + 1)
-    if _CELL_WORD.fullmatch(text, start, at + 1) is None or (
-            first := _cell(text, at)) is None:
+    if _CELL_WORD.fullmatch(text, start, at + 1) is None or (text[at - 1:at].isalnum() and (
+            at > start)) or (first := _cell(text, at)) is None:  # (a literal mid-word: no
+        # key's start, "...3210sk-D4E5F6" where lines are read joined, `_wrapped`)
         return None
     head = text[start:first[1]]
     cut = _KEY_SEPARATORS.match(head)
@@ -1743,8 +1754,8 @@ def _cell_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
     pieces = [(0, start, first[1])]
     pos = first[1]
     while len(pieces) <= _WRAP_LINES and text.startswith(",", pos):  # (along its row)
-        if (cell := _cell(text, pos + 1)) is None or _NEED_AT.match(
-                text[cell[0]:cell[0] + _NEED_MOST].lower()) or (
+        if (cell := _cell(text, pos + 1)) is None or _NEED_AT.search(
+                text[cell[0]:cell[1]].lower()) or (
                 len(pieces) == 1 and not _random_looking(text[cell[0]:cell[1]])):
             break  # (another key's cell, or a word: the key may go on down its column)
         pieces.append((0, *cell))
@@ -1763,9 +1774,9 @@ def _cell_pieces(text: str, at: int) -> list[tuple[int, int, int]] | None:
             if comma < 0 or text.find("\n", pos, comma) >= 0:
                 return pieces
             pos = comma + 1
-        if (cell := _cell(text, pos)) is None or _NEED_AT.match(
-                text[cell[0]:cell[0] + _NEED_MOST].lower()):
-            break
+        if (cell := _cell(text, pos)) is None or _NEED_AT.search(
+                text[cell[0]:cell[1]].lower()):
+            break  # (a cell holding a literal: another key's, "...3210sk-D4E5F6")
         pieces.append((0, *cell))
         pos = cell[1]
     return pieces

@@ -720,6 +720,8 @@ def test_a_key_split_over_csv_cells_is_redacted(text: str, gone: str) -> None:
     "lib,doc,v\nsk-video,Documentation,1.1.10\nsk-learn,README,1.5.2\n",
     "id,hash,prefix\n1,9f86d081884c7d659a2feaa0c55ad015,sk-\n2,a1b2c3d4e5f6a7b8c9d0,sk-\n",
     "ts,event,model\n2026-01-02T03:04:05Z,sk-ant,gpt-4o-mini-2024-07-18\n",
+    "sku,serial\nsk-A1B2C3,9F8E7D6C5B4A3210\nsk-D4E5F6,ZX81YW72VU63TS54\n",
+    "sku,serial\nsk-a1b2c3,9f8e7d6c5b4a3210\nsk-d4e5f6,0a1b2c3d4e5f6a7b\n",
 ])
 def test_csv_that_spells_no_key_is_left_alone(text: str) -> None:
     from proxy.text import fold
