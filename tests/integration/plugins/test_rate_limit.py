@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +312,20 @@ def plugin(redis_url: str | None = None, **cfg: Any) -> RateLimitPlugin:
 
 async def answer(c: RequestContext) -> Reply:
     return Completion({"usage": {"total_tokens": 5}})
+
+
+def patient_plugin(redis_url: str, **cfg: Any) -> RateLimitPlugin:
+    """A Redis-backed plugin whose Redis calls no busy machine cuts (`timeout_s` 5)."""
+    return plugin(redis_url, redis={"url": redis_url, "key_prefix": key() + ":",
+                                    "timeout_s": 5.0}, **cfg)
+
+
+def held_until(release: asyncio.Event) -> Callable[[RequestContext], Awaitable[Reply]]:
+    """A handler whose request runs until `release` is set."""
+    async def held(c: RequestContext) -> Reply:
+        await release.wait()
+        return Completion({})
+    return held
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])
@@ -1954,9 +1968,7 @@ async def test_close_ends_every_lease_rewrite_not_only_the_last(
     """Each rewrite of the running leases waits on the one before it (`_start_rewrite`):
     close cancelled only the last, and an earlier one still writing (a slow Redis) ran
     on past close, its failure on the closed client starting a prober that ran for good."""
-    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 2}],
-               redis={"url": redis_server.url, "key_prefix": key() + ":",
-                      "timeout_s": 5.0})  # (no call cut by a busy machine)
+    p = patient_plugin(redis_server.url, rules=[{"per": "key", "concurrent": 2}])
     await p.start()
     release = asyncio.Event()
     writing = asyncio.Event()
@@ -1968,10 +1980,7 @@ async def test_close_ends_every_lease_rewrite_not_only_the_last(
 
     p.remote.renew = slow  # type: ignore[union-attr, method-assign]
 
-    async def held(c: RequestContext) -> Reply:
-        await asyncio.Event().wait()
-        return Completion({})
-
+    held = held_until(asyncio.Event())  # (never set: it runs until close)
     task = asyncio.create_task(p(ctx(), held))
     await eventually(lambda: bool(p._active))
     p._start_rewrite()
@@ -1994,9 +2003,7 @@ async def test_a_local_admission_crossing_redis_back_is_counted_there(
     probe's answer landed before the admission's caller resumed): Redis taking over the
     local leases (`_adopt_local`) ran before this one was known, so Redis never counted
     it and let a full `concurrent` more in beside it until it ended."""
-    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 1}],
-               redis={"url": redis_server.url, "key_prefix": key() + ":",
-                      "timeout_s": 5.0})  # (no call cut by a busy machine)
+    p = patient_plugin(redis_server.url, rules=[{"per": "key", "concurrent": 1}])
     p.PROBE_S = 3600.0  # (the test runs the probe itself, at the crossing)
     await p.start()
     real = p.local.admit
@@ -2010,10 +2017,7 @@ async def test_a_local_admission_crossing_redis_back_is_counted_there(
     p._store_full()
     release = asyncio.Event()
 
-    async def held(c: RequestContext) -> Reply:
-        await release.wait()
-        return Completion({})
-
+    held = held_until(release)
     task = asyncio.create_task(p(ctx(), held))
     try:
         await eventually(lambda: bool(p._active))
@@ -2057,17 +2061,12 @@ async def test_an_admission_refused_on_its_recount_frees_its_lease_when_the_refu
     one's lease, which Redis had taken, held there for `lease_s`."""
     from plugins.rate_limit.gcra import StoreFull
 
-    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 1, "rpm": 100}],
-               redis={"url": redis_server.url, "key_prefix": key() + ":",
-                      "timeout_s": 5.0})  # (no call cut by a busy machine)
+    p = patient_plugin(redis_server.url, rules=[{"per": "key", "concurrent": 1, "rpm": 100}])
     p.PROBE_S = 3600.0  # (the admission sees the new epoch, not the watch)
     await p.start()
     release = asyncio.Event()
 
-    async def held(c: RequestContext) -> Reply:
-        await release.wait()
-        return Completion({})
-
+    held = held_until(release)
     task = asyncio.create_task(p(ctx(), held))
     try:
         await eventually(lambda: bool(p._active))
@@ -2098,9 +2097,7 @@ async def test_a_replica_holding_only_leases_redis_took_over_watches_the_epoch(
     its data then lost those leases until their next renewal (`lease_s / 3`)."""
     from plugins.rate_limit.gcra import StoreError
 
-    p = plugin(redis_server.url, rules=[{"per": "key", "concurrent": 2}],
-               redis={"url": redis_server.url, "key_prefix": key() + ":",
-                      "timeout_s": 5.0})  # (no call cut by a busy machine)
+    p = patient_plugin(redis_server.url, rules=[{"per": "key", "concurrent": 2}])
     p.PROBE_S = 0.01  # (the epoch watch's round, and the outage's probe)
     await p.start()
     real = {name: getattr(p.remote, name) for name in ("admit", "release_barred", "ping")}
@@ -2113,10 +2110,7 @@ async def test_a_replica_holding_only_leases_redis_took_over_watches_the_epoch(
     p._store_failed(StoreError("ConnectionError"))
     release = asyncio.Event()
 
-    async def held(c: RequestContext) -> Reply:
-        await release.wait()
-        return Completion({})
-
+    held = held_until(release)
     task = asyncio.create_task(p(ctx(), held))
     client = p.remote.client  # type: ignore[union-attr]
     try:
