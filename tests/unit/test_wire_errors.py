@@ -4,11 +4,31 @@ fields to what the status line says, so an aiohttp that changed them fails here.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from unittest import mock
+
 import pytest
-from aiohttp import HttpVersion, HttpVersion10, HttpVersion11, web
+from aiohttp import HttpVersion, HttpVersion10, HttpVersion11, http_parser, web
 from aiohttp.test_utils import make_mocked_request
 
-from proxy.wire_errors import answer_in_http_1_1
+from proxy.wire_errors import _HttpOnly, answer_in_http_1_1
+
+
+@contextlib.contextmanager
+def _http_only_parsers() -> Iterator[Callable[[], _HttpOnly]]:
+    """Makes the HTTP-only check over aiohttp's C parser, on one loop (skips without it)."""
+    parser_c = getattr(http_parser, "HttpRequestParserC", None)
+    if parser_c is None:
+        pytest.skip("aiohttp without its C parser")
+    loop = asyncio.new_event_loop()
+    protocol = mock.Mock(_reading_paused=False)
+    try:
+        yield lambda: _HttpOnly(parser_c(protocol, loop, 2**16, max_line_size=8190,
+                                         max_field_size=8190))
+    finally:
+        loop.close()
 
 
 @pytest.mark.parametrize("version", [HttpVersion(2, 0), HttpVersion10, HttpVersion(0, 9)])
@@ -36,34 +56,19 @@ def test_a_split_rtsp_line_after_an_http_one_on_its_connection_is_refused() -> N
     own line where it came (split: the bytes kept of the piece before): the HTTP line of
     the request before it on the connection, same method and target, was kept too and
     taken for its own, so the RTSP line was served."""
-    import asyncio
-    from unittest import mock
-
-    from aiohttp import http_parser
     from aiohttp.http_exceptions import BadStatusLine
 
-    from proxy.wire_errors import _HttpOnly
-
-    parser_c = getattr(http_parser, "HttpRequestParserC", None)
-    if parser_c is None:
-        pytest.skip("aiohttp without its C parser")
-    loop = asyncio.new_event_loop()
-    try:
-        protocol = mock.Mock(_reading_paused=False)
-        parser = _HttpOnly(parser_c(protocol, loop, 2**16, max_line_size=8190,
-                                    max_field_size=8190))
+    with _http_only_parsers() as make:
+        parser = make()
         messages, _, _ = parser.feed_data(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         assert len(messages) == 1
         assert not parser.feed_data(b"GET /v1/models RT")[0]
         with pytest.raises(BadStatusLine):
             parser.feed_data(b"SP/1.0\r\nHost: x\r\n\r\n")
         # an HTTP line split so is served
-        parser = _HttpOnly(parser_c(protocol, loop, 2**16, max_line_size=8190,
-                                    max_field_size=8190))
+        parser = make()
         parser.feed_data(b"GET /v1/models HT")
         assert len(parser.feed_data(b"TP/1.1\r\nHost: x\r\n\r\n")[0]) == 1
-    finally:
-        loop.close()
 
 
 def test_the_http_only_check_copies_no_bytes_of_a_request_whose_line_is_where_it_is() -> None:
@@ -71,21 +76,10 @@ def test_the_http_only_check_copies_no_bytes_of_a_request_whose_line_is_where_it
     twice and copied the bytes after each head (a body, up to 16 KiB) to keep them. Now
     a line where it should be is matched in place and the pieces fed are kept by
     reference; they are joined only where a line must be looked for across them."""
-    import asyncio
-    from unittest import mock
+    from proxy.wire_errors import _KEPT, _PIECES
 
-    from aiohttp import http_parser
-
-    from proxy.wire_errors import _KEPT, _PIECES, _HttpOnly
-
-    parser_c = getattr(http_parser, "HttpRequestParserC", None)
-    if parser_c is None:
-        pytest.skip("aiohttp without its C parser")
-    loop = asyncio.new_event_loop()
-    try:
-        protocol = mock.Mock(_reading_paused=False)
-        parser = _HttpOnly(parser_c(protocol, loop, 2**16, max_line_size=8190,
-                                    max_field_size=8190))
+    with _http_only_parsers() as make:
+        parser = make()
         data = b"POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n{}"
         assert len(parser.feed_data(data)[0]) == 1
         assert parser._kept[0] is data  # (not copied)
@@ -96,8 +90,6 @@ def test_the_http_only_check_copies_no_bytes_of_a_request_whose_line_is_where_it
             assert not parser.feed_data(head[i:i + 1])[0]
             assert len(parser._kept) <= _PIECES + 1 and parser._size <= 2 * _KEPT
         assert len(parser.feed_data(head[-1:])[0]) == 1
-    finally:
-        loop.close()
 
 
 @pytest.mark.parametrize("piece", [20, 3000, 200_000])
@@ -108,26 +100,15 @@ def test_the_http_only_check_holds_a_bounded_tail_of_what_it_was_fed(piece: int)
     copied again every 32 reads (2 MB in 50-byte reads: 2 MB held, over a second of
     copying); a single large read was held whole (256 KiB a connection). Now at most
     three times `_KEPT` is held, and a line split across many reads is still found."""
-    import asyncio
-    from unittest import mock
-
-    from aiohttp import http_parser
     from aiohttp.http_exceptions import BadStatusLine
 
-    from proxy.wire_errors import _KEPT, _HttpOnly
-
-    parser_c = getattr(http_parser, "HttpRequestParserC", None)
-    if parser_c is None:
-        pytest.skip("aiohttp without its C parser")
-    loop = asyncio.new_event_loop()
+    from proxy.wire_errors import _KEPT
 
     def held(parser: _HttpOnly) -> int:
         return sum(len(k) for k in parser._kept)
 
-    try:
-        protocol = mock.Mock(_reading_paused=False)
-        parser = _HttpOnly(parser_c(protocol, loop, 2**16, max_line_size=8190,
-                                    max_field_size=8190))
+    with _http_only_parsers() as make:
+        parser = make()
         size = min(piece * 5000, 400_000)
         head = b"POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % size
         body = b"GET  /v1/models  HTTP/1.1\r\n" * (size // 27 + 1)
@@ -145,5 +126,3 @@ def test_the_http_only_check_holds_a_bounded_tail_of_what_it_was_fed(piece: int)
             assert not parser.feed_data(line[i:i + 1])[0]
         with pytest.raises(BadStatusLine):
             parser.feed_data(line[-1:])
-    finally:
-        loop.close()
