@@ -80,6 +80,21 @@ async def closed_by_server(reader: asyncio.StreamReader) -> bool:
             return True
 
 
+async def answer_then_close(head: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Sends `head` on a connection to a listener of its own: its answer, the connection
+    (asserted) closed by the server after it."""
+    listener = await start()
+    try:
+        reader, writer = await connect(listener)
+        writer.write(head)
+        answer = await response(reader)
+        assert await closed_by_server(reader), answer
+        writer.close()
+    finally:
+        await listener.close()
+    return answer
+
+
 def metrics(listener: Listener) -> str:
     return listener.runner.app[STATE].metrics.render().decode()
 
@@ -241,19 +256,11 @@ async def test_connection_cap_refuses_cleanly_when_none_is_idle(served: Listener
 ])
 async def test_parser_errors_never_log_the_key(head: bytes, logs: io.StringIO,
                                                capfd: pytest.CaptureFixture[str]) -> None:
-    listener = await start()
-    try:
-        reader, writer = await connect(listener)
-        writer.write(head)
-        status, _, body = await response(reader)
-        assert status in (400, 413, 431)
-        error = json.loads(body)["error"]  # OpenAI's shape, not aiohttp's echo of the line
-        assert set(error) == {"message", "type", "param", "code"}
-        assert KEY[3:15].encode() not in body
-        assert await closed_by_server(reader)
-        writer.close()
-    finally:
-        await listener.close()
+    status, _, body = await answer_then_close(head)
+    assert status in (400, 413, 431)
+    error = json.loads(body)["error"]  # OpenAI's shape, not aiohttp's echo of the line
+    assert set(error) == {"message", "type", "param", "code"}
+    assert KEY[3:15].encode() not in body
     out, err = capfd.readouterr()
     text = logs.getvalue()
     assert "Error handling request" in text  # it was logged (the positive control) ...
@@ -1112,20 +1119,13 @@ async def test_an_rtsp_method_in_an_rtsp_request_line_is_a_501_under_either_pars
     """aiohttp's C parser (llhttp) reads a request line of RTSP (`RTSP/1.0`), its
     methods included: `DESCRIBE` was routed (a 405, a 404), where its Python parser, and
     either one for an `HTTP/1.1` line, answers the 501 of a method Weir knows nothing of."""
-    listener = await start()
-    try:
-        reader, writer = await connect(listener)
-        writer.write(line + b"\r\nHost: x\r\nCSeq: 1\r\nAuthorization: Bearer "
-                     + KEY.encode() + b"\r\n\r\n")
-        got, headers, raw = await response(reader)
-        assert got == 501, (parser, raw)
-        assert json.loads(raw)["error"]["code"] == "method_not_implemented"
-        assert headers.get("x-should-retry") == "false"
-        assert KEY not in raw.decode()
-        assert await closed_by_server(reader)
-        writer.close()
-    finally:
-        await listener.close()
+    got, headers, raw = await answer_then_close(
+        line + b"\r\nHost: x\r\nCSeq: 1\r\nAuthorization: Bearer " + KEY.encode()
+        + b"\r\n\r\n")
+    assert got == 501, (parser, raw)
+    assert json.loads(raw)["error"]["code"] == "method_not_implemented"
+    assert headers.get("x-should-retry") == "false"
+    assert KEY not in raw.decode()
 
 
 async def _line_answer(parser: str, pieces: list[bytes]) -> tuple[int, dict[str, str], bytes]:
@@ -1288,16 +1288,9 @@ async def test_an_unknown_method_logs_one_clean_line_under_either_parser(
         parser: str, logs: io.StringIO, capfd: pytest.CaptureFixture[str]) -> None:
     """An unknown method's 501 logs one line (aiohttp's "Error handling request", its
     error's type alone) under either parser: no traceback, nothing of the request."""
-    listener = await start()
-    try:
-        reader, writer = await connect(listener)
-        writer.write(b"FOO /v1/models HTTP/1.1\r\nHost: x\r\n" + _AUTH + b"\r\n")
-        status, _, _ = await response(reader)
-        assert status == 501
-        assert await closed_by_server(reader)
-        writer.close()
-    finally:
-        await listener.close()
+    status, _, _ = await answer_then_close(
+        b"FOO /v1/models HTTP/1.1\r\nHost: x\r\n" + _AUTH + b"\r\n")
+    assert status == 501
     out, err = capfd.readouterr()
     text = logs.getvalue()
     assert len([x for x in text.splitlines() if "Error handling request" in x]) == 1
