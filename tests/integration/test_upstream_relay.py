@@ -94,6 +94,27 @@ async def edge(make_client: MakeClient, up: Scripted, *, minimum_calls: int = 2,
                                                 "failure_rate": 0.5, "open_s": 60}}]))
 
 
+async def cached(make_client: MakeClient, up: Scripted) -> TestClient[Any, web.Application]:
+    """An edge over `up` with an exact-match cache (its semantic one off)."""
+    return await make_client(make_settings(
+        engine={"kind": "upstream", "base_url": up.url, "models": ["up-model"]},
+        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}}]))
+
+
+async def asked_twice_each_way(
+        client: TestClient[Any, web.Application]) -> list[tuple[bool, int, str]]:
+    """One chat asked plain twice, then streamed twice (the second of each: the cache's
+    replay, where the first was stored): each one's `stream`, status and text (UTF-8,
+    strict: raises on a raw surrogate)."""
+    ask = {**CHAT, "temperature": 0}
+    answers = []
+    for stream in (False, False, True, True):
+        r = await client.post("/v1/chat/completions", json={
+            **ask, "stream": stream, "max_tokens": 5 if stream else 4})
+        answers.append((stream, r.status, (await r.read()).decode("utf-8")))
+    return answers
+
+
 async def breaker_state(client: TestClient[Any, web.Application]) -> str:
     ready = await (await client.get("/health/ready")).json()
     return str(ready["plugins"]["breaker"]["state"])
@@ -289,9 +310,7 @@ async def test_a_stream_whose_choices_all_have_other_indices_is_no_answer(
     """One choice asked, one came, index 1: none of the asked ones. It passed the
     choices check (none of them counted as every one) and was cached."""
     scripted.chat = streaming(events(chunk("hi", "stop", index=1)))
-    client = await make_client(make_settings(
-        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
-        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}}]))
+    client = await cached(make_client, scripted)
     ask = {**CHAT, "temperature": 0, "stream": True}
     for _ in range(2):
         got, done = parse_sse(await (await client.post("/v1/chat/completions",
@@ -341,14 +360,8 @@ async def test_a_lone_surrogate_goes_out_as_utf_8_first_and_replayed(
         return web.json_response(body)  # (json.dumps: the escape, in ASCII)
 
     scripted.chat = answer
-    client = await make_client(make_settings(
-        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
-        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}}]))
-    ask = {**CHAT, "temperature": 0}
-    for stream in (False, False, True, True):  # the second of each: the cache's replay
-        r = await client.post("/v1/chat/completions", json={  # (a miss each, then a hit)
-            **ask, "stream": stream, "max_tokens": 5 if stream else 4})
-        text = (await r.read()).decode("utf-8")  # (strict: raised on the raw surrogate)
+    client = await cached(make_client, scripted)
+    for stream, _, text in await asked_twice_each_way(client):  # (a miss, then a hit)
         if stream:
             got, done = parse_sse(text)
             assert done and "".join(c["choices"][0]["delta"].get("content") or ""
@@ -655,18 +668,12 @@ async def test_a_finish_reason_outside_the_spec_is_cached_mapped_or_not_at_all(
                                                          "finish_reason": sent}]})
 
     scripted.chat = answer
-    client = await make_client(make_settings(
-        engine={"kind": "upstream", "base_url": scripted.url, "models": ["up-model"]},
-        plugins=[{"name": "cache", "config": {"semantic": {"enabled": False}}}]))
-    ask = {**CHAT, "temperature": 0}
-    for stream in (False, False, True, True):  # the second of each: the cache's replay
-        r = await client.post("/v1/chat/completions", json={
-            **ask, "stream": stream, "max_tokens": 5 if stream else 4})
-        text = await r.text()
+    client = await cached(make_client, scripted)
+    for stream, status, text in await asked_twice_each_way(client):
         if sent == "abort":
-            assert r.status == 502 or (stream and "error" in text), text
+            assert status == 502 or (stream and "error" in text), text
             continue
-        assert r.status == 200
+        assert status == 200
         if stream:
             got, done = parse_sse(text)
             assert done and [c["choices"][0]["finish_reason"] for c in got
