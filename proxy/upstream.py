@@ -663,7 +663,7 @@ class Upstream:
         if route == "chat":
             for c in data["choices"]:
                 if _nameless(c["message"].get("tool_calls") or ()):
-                    raise _nameless_call()
+                    raise NamelessCall()
                 _own_ids(c["message"].get("tool_calls") or ())
         return Completion(data)
 
@@ -822,7 +822,7 @@ class Upstream:
                     except (KeyError, TypeError, ValueError, AttributeError):
                         raise EngineError("The upstream sent an unreadable chunk.") from None
                     if ended_nameless:  # (before its end goes out: the answer is no whole)
-                        raise _nameless_call()
+                        raise NamelessCall()
                     shown = _usage_shown(chunk, usage=usage, running=running, text=text)
                     if shown == "hold":  # the usage chunk: out last (made below)
                         last = chunk
@@ -1374,11 +1374,6 @@ class NamelessCall(GatewayFault):
 
     def __init__(self) -> None:
         super().__init__("The upstream sent a tool call without a name.")
-
-
-def _nameless_call() -> NamelessCall:
-    """What an answer holding a tool call without a name (`_nameless`) is."""
-    return NamelessCall()
 
 
 def _own_ids(calls: Any) -> None:
