@@ -314,6 +314,22 @@ async def answer(c: RequestContext) -> Reply:
     return Completion({"usage": {"total_tokens": 5}})
 
 
+class Holding:
+    """A handler whose requests run until `release` is set, counting those running."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.running = 0
+
+    async def __call__(self, c: RequestContext) -> Reply:
+        self.running += 1
+        try:
+            await self.release.wait()
+        finally:
+            self.running -= 1
+        return Completion({})
+
+
 def patient_plugin(redis_url: str, **cfg: Any) -> RateLimitPlugin:
     """A Redis-backed plugin whose Redis calls no busy machine cuts (`timeout_s` 5)."""
     return plugin(redis_url, redis={"url": redis_url, "key_prefix": key() + ":",
@@ -1849,24 +1865,15 @@ async def test_redis_losing_its_leases_mid_flight_lets_no_replica_past_its_limit
     b.PROBE_S = 0.02  # (b reads it soon, with no admission of its own)
     await a.start()
     await b.start()
-    release = asyncio.Event()
-    running = 0
+    held = Holding()
+    release = held.release
     leases = prefix + "0:tenant:t:c"
-
-    async def held(c: RequestContext) -> Reply:
-        nonlocal running
-        running += 1
-        try:
-            await release.wait()
-        finally:
-            running -= 1
-        return Completion({})
 
     tasks = []
     try:
         for replica in (a, a, b):
             tasks.append(asyncio.create_task(replica(ctx(), held)))
-            await eventually(lambda: running == len(tasks))
+            await eventually(lambda: held.running == len(tasks))
         if restart:
             server.stop()
             server = RedisServer(tmp_path, port=server.port).start()
@@ -1883,7 +1890,7 @@ async def test_redis_losing_its_leases_mid_flight_lets_no_replica_past_its_limit
         assert await client.zcard(leases) == 3
         with pytest.raises(RateLimited):
             await b(ctx(), answer)
-        assert running == 3
+        assert held.running == 3
         await client.aclose()
     finally:
         release.set()
@@ -1924,24 +1931,15 @@ async def test_leases_the_local_limiter_granted_count_in_redis_once_it_is_back(
            "rules": [{"per": "tenant", "concurrent": 3}]}
     a, b = (RateLimitPlugin(RateLimitConfig.model_validate(cfg), Services(
         terminal=FakeEngine(), settings=Settings(), metrics=Metrics())) for _ in range(2))
-    release = asyncio.Event()
-    running = 0
-
-    async def held(c: RequestContext) -> Reply:
-        nonlocal running
-        running += 1
-        try:
-            await release.wait()
-        finally:
-            running -= 1
-        return Completion({})
+    held = Holding()
+    release = held.release
 
     tasks: list[asyncio.Task[Reply]] = []
     again = None
     try:
         for _ in range(3):  # Redis down: a's local limiter admits them
             tasks.append(asyncio.create_task(a(ctx(), held)))
-            await eventually(lambda: running == len(tasks))
+            await eventually(lambda: held.running == len(tasks))
         assert a.health() == {"store": "local-fallback"}
         again = RedisServer(tmp_path, port=port).start()
         with pytest.raises(RateLimited):  # through Redis, back: three run, no slot
