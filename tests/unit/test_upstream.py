@@ -450,9 +450,10 @@ def sse(*chunks: Any) -> list[bytes]:
         f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n".encode() for c in chunks]
 
 
-def sse_handler(pieces: list[bytes], step: int = 7) -> Handler:
+def sse_handler(pieces: list[bytes], step: int = 7,
+                content_type: str = "text/event-stream") -> Handler:
     async def stream(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
         await resp.prepare(request)
         blob = b"".join(pieces)
         for i in range(0, len(blob), step):  # events split at arbitrary points
@@ -2550,17 +2551,7 @@ async def test_a_stream_sent_as_json_s_content_type_is_relayed(upstream: Upstrea
     relayed; reading every JSON-typed body to a stream request as a whole answer made
     them a 502 ("unreadable answer"). The body tells: events are relayed, a JSON body
     (an error said with a 200, a whole answer) is read as one."""
-    pieces = sse(*CHUNKS, "[DONE]")
-
-    async def stream(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await resp.prepare(request)
-        for piece in pieces:
-            await resp.write(piece)
-        await resp.write_eof()
-        return resp
-
-    upstream.chat = stream
+    upstream.chat = sse_handler(sse(*CHUNKS, "[DONE]"), content_type="application/json")
     engine = await engine_for(upstream.base_url, models=["up-model"])
     try:
         reply = await engine(ctx(stream=True))
